@@ -1,0 +1,278 @@
+//! Checkpoints: one directory per iteration (`iter_0000100/mp_rank_00/model_optim_rng.bin`) and
+//! Megatron's tracker file `latest_checkpointed_iteration.txt`. Every file is written under a
+//! temporary name, fsynced and renamed, and the tracker moves only after the iteration directory
+//! is complete, so a crash at any moment leaves the previous checkpoint intact and the latest one
+//! named. Each file ends with a checksum that is verified on load.
+
+use crate::error::{Error, Result};
+use crate::rng::fnv1a64;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 12] = b"TRIDENTCKPT\0";
+const VERSION: u32 = 1;
+pub const TRACKER: &str = "latest_checkpointed_iteration.txt";
+pub const SHARD_FILE: &str = "model_optim_rng.bin";
+
+/// One named f32 tensor in a checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SavedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// The contents of one shard: text metadata (iteration, data position, model shape, layout) and
+/// tensors (parameters and optimizer moments).
+#[derive(Clone, Debug, Default)]
+pub struct Shard {
+    pub meta: BTreeMap<String, String>,
+    pub tensors: Vec<SavedTensor>,
+}
+
+impl Shard {
+    /// A metadata value parsed as `T`; a missing or malformed one is a format error on `path`.
+    pub fn meta_value<T: std::str::FromStr>(&self, path: &Path, key: &str) -> Result<T> {
+        let raw = self.meta.get(key).ok_or_else(|| Error::format(path, format!("missing metadata '{key}'")))?;
+        raw.parse().map_err(|_| Error::format(path, format!("metadata '{key}' has malformed value '{raw}'")))
+    }
+
+    pub fn tensor(&self, path: &Path, name: &str) -> Result<&SavedTensor> {
+        self.tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::format(path, format!("tensor '{name}' is missing")))
+    }
+}
+
+pub fn iteration_dir(dir: &Path, iteration: u64) -> PathBuf {
+    dir.join(format!("iter_{iteration:07}"))
+}
+
+pub fn shard_path(dir: &Path, iteration: u64, rank: usize) -> PathBuf {
+    iteration_dir(dir, iteration).join(format!("mp_rank_{rank:02}")).join(SHARD_FILE)
+}
+
+fn encode(shard: &Shard) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    let header: String = shard.meta.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&(shard.tensors.len() as u64).to_le_bytes());
+    for t in &shard.tensors {
+        out.extend_from_slice(&(t.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(t.name.as_bytes());
+        out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+        for &d in &t.shape {
+            out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&(t.data.len() as u64).to_le_bytes());
+        out.reserve(t.data.len() * 4);
+        for &x in &t.data {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let sum = fnv1a64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// A bounds-checked little-endian reader over a shard's bytes; running off the end is a format
+/// error that names the file.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
+            Error::format(self.path, format!("truncated: {what} needs {n} bytes at offset {}", self.pos))
+        })?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+    }
+    fn len(&mut self, what: &str) -> Result<usize> {
+        let v = self.u64(what)?;
+        usize::try_from(v).ok().filter(|&v| v <= self.bytes.len()).ok_or_else(|| {
+            Error::format(self.path, format!("{what} {v} is larger than the file"))
+        })
+    }
+}
+
+fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
+    if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(Error::format(path, "not a trident checkpoint shard (bad magic)"));
+    }
+    let body_len = bytes.len() - 8;
+    let stored = u64::from_le_bytes(bytes[body_len..].try_into().expect("8 bytes"));
+    let actual = fnv1a64(&bytes[..body_len]);
+    if stored != actual {
+        return Err(Error::format(
+            path,
+            format!("checksum mismatch (stored {stored:016x}, computed {actual:016x}): the file is corrupt or truncated"),
+        ));
+    }
+    let mut r = Reader { bytes: &bytes[..body_len], pos: MAGIC.len(), path };
+    let version = r.u32("version")?;
+    if version != VERSION {
+        return Err(Error::format(path, format!("checkpoint version {version}, this build reads version {VERSION}")));
+    }
+    let header_len = r.len("header length")?;
+    let header = std::str::from_utf8(r.take(header_len, "header")?)
+        .map_err(|_| Error::format(path, "header is not UTF-8"))?;
+    let mut shard = Shard::default();
+    for line in header.lines() {
+        let (k, v) = line.split_once('=').ok_or_else(|| Error::format(path, format!("malformed header line '{line}'")))?;
+        shard.meta.insert(k.to_string(), v.to_string());
+    }
+    let count = r.len("tensor count")?;
+    for _ in 0..count {
+        let name_len = r.u32("name length")? as usize;
+        let name = String::from_utf8(r.take(name_len, "tensor name")?.to_vec())
+            .map_err(|_| Error::format(path, "tensor name is not UTF-8"))?;
+        let ndim = r.u32("rank")? as usize;
+        let mut shape = Vec::with_capacity(ndim.min(8));
+        for _ in 0..ndim {
+            shape.push(r.len("dimension")?);
+        }
+        let numel = r.len("element count")?;
+        if shape.iter().product::<usize>() != numel {
+            return Err(Error::format(path, format!("tensor '{name}': shape {shape:?} does not hold {numel} elements")));
+        }
+        let raw = r.take(numel * 4, "tensor data")?;
+        let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+        shard.tensors.push(SavedTensor { name, shape, data });
+    }
+    if r.pos != body_len {
+        return Err(Error::format(path, "trailing bytes after the last tensor"));
+    }
+    Ok(shard)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| Error::io(path, "create", e))?;
+    f.write_all(bytes).map_err(|e| Error::io(path, "write", e))?;
+    f.sync_all().map_err(|e| Error::io(path, "fsync", e))
+}
+
+fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path).and_then(|d| d.sync_all()).map_err(|e| Error::io(path, "fsync directory", e))
+}
+
+/// Writes `shard` as rank `rank`'s shard of iteration `iteration` under `dir`, then points the
+/// tracker at it. Returns the iteration directory.
+pub fn save(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<PathBuf> {
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
+    let final_dir = iteration_dir(dir, iteration);
+    let pid = std::process::id();
+    let tmp_dir = dir.join(format!(".iter_{iteration:07}.tmp.{pid}"));
+    if tmp_dir.exists() {
+        fs::remove_dir_all(&tmp_dir).map_err(|e| Error::io(&tmp_dir, "remove stale temporary", e))?;
+    }
+    let rank_dir = tmp_dir.join(format!("mp_rank_{rank:02}"));
+    fs::create_dir_all(&rank_dir).map_err(|e| Error::io(&rank_dir, "create directory", e))?;
+    write_synced(&rank_dir.join(SHARD_FILE), &encode(shard))?;
+    sync_dir(&rank_dir)?;
+    sync_dir(&tmp_dir)?;
+    // Replacing an existing directory of the same iteration takes two renames; the tracker still
+    // names an intact directory (old or new) at every instant in between except the last rename.
+    let old_dir = dir.join(format!(".iter_{iteration:07}.old.{pid}"));
+    let replaced = final_dir.exists();
+    if replaced {
+        fs::rename(&final_dir, &old_dir).map_err(|e| Error::io(&final_dir, "rename", e))?;
+    }
+    fs::rename(&tmp_dir, &final_dir).map_err(|e| Error::io(&tmp_dir, "rename", e))?;
+    sync_dir(dir)?;
+    if replaced {
+        fs::remove_dir_all(&old_dir).map_err(|e| Error::io(&old_dir, "remove", e))?;
+    }
+    let tracker_tmp = dir.join(format!(".{TRACKER}.tmp.{pid}"));
+    write_synced(&tracker_tmp, format!("{iteration}\n").as_bytes())?;
+    let tracker = dir.join(TRACKER);
+    fs::rename(&tracker_tmp, &tracker).map_err(|e| Error::io(&tracker, "rename", e))?;
+    sync_dir(dir)?;
+    Ok(final_dir)
+}
+
+/// The iteration the tracker file in `dir` names.
+pub fn latest_iteration(dir: &Path) -> Result<u64> {
+    let tracker = dir.join(TRACKER);
+    let text = fs::read_to_string(&tracker).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::format(dir, format!("no {TRACKER}: not a checkpoint directory written by `trident train --save`"))
+        } else {
+            Error::io(&tracker, "read", e)
+        }
+    })?;
+    text.trim()
+        .parse()
+        .map_err(|_| Error::format(&tracker, format!("expected an iteration number, found '{}'", text.trim())))
+}
+
+/// Reads and verifies rank `rank`'s shard of the latest checkpoint in `dir`.
+pub fn load_latest(dir: &Path, rank: usize) -> Result<(u64, PathBuf, Shard)> {
+    let iteration = latest_iteration(dir)?;
+    let path = shard_path(dir, iteration, rank);
+    let bytes = fs::read(&path).map_err(|e| Error::io(&path, "read checkpoint shard", e))?;
+    let shard = decode(&bytes, &path)?;
+    Ok((iteration, path, shard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Shard {
+        let mut s = Shard::default();
+        s.meta.insert("iteration".into(), "7".into());
+        s.tensors.push(SavedTensor { name: "w".into(), shape: vec![2, 3], data: vec![1.0, 2.0, 3.0, 4.0, 5.0, -6.5] });
+        s
+    }
+
+    #[test]
+    fn round_trip_and_corruption_is_detected() {
+        let s = sample();
+        let bytes = encode(&s);
+        let p = Path::new("x.bin");
+        let back = decode(&bytes, p).unwrap();
+        assert_eq!(back.tensors, s.tensors);
+        assert_eq!(back.meta, s.meta);
+        let mut bad = bytes.clone();
+        bad[30] ^= 1;
+        assert!(decode(&bad, p).unwrap_err().to_string().contains("checksum"));
+        assert!(decode(&bytes[..bytes.len() - 3], p).is_err());
+        assert!(decode(b"garbage", p).unwrap_err().to_string().contains("magic"));
+    }
+
+    #[test]
+    fn save_replaces_and_tracks_latest() {
+        let dir = std::env::temp_dir().join(format!("trident-ckpt-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        save(&dir, 5, 0, &sample()).unwrap();
+        save(&dir, 5, 0, &sample()).unwrap();
+        save(&dir, 9, 0, &sample()).unwrap();
+        let (it, _, shard) = load_latest(&dir, 0).unwrap();
+        assert_eq!(it, 9);
+        assert_eq!(shard.tensors, sample().tensors);
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left behind");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,342 @@
+//! `trident train`'s configuration: Megatron's flag names mapped onto a typed config, the model
+//! presets, and every check that makes an impossible configuration a clear error before any work.
+
+use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::data::tokenizer::ByteTokenizer;
+use crate::error::{Error, Result};
+use crate::model::GptConfig;
+use crate::optim::lr::{DecayStyle, LrSchedule};
+use crate::optim::AdamWConfig;
+use std::path::PathBuf;
+
+/// The flags of `trident train`, with Megatron's names.
+pub const TRAIN_FLAGS: &[FlagSpec] = &[
+    flag("--preset", "NAME", "model and recipe: tiny, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b (default tiny)"),
+    flag("--num-layers", "N", "transformer layers"),
+    flag("--hidden-size", "H", "hidden size"),
+    flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
+    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+    flag("--seq-length", "S", "tokens per sample"),
+    flag("--max-position-embeddings", "P", "rows of the position embedding (default: the sequence length)"),
+    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+    flag("--init-method-std", "X", "standard deviation of weight initialisation (default 0.02)"),
+    flag("--micro-batch-size", "B", "samples per micro-batch"),
+    flag("--global-batch-size", "G", "samples per iteration (a multiple of the micro-batch size)"),
+    flag("--train-iters", "N", "iterations to train"),
+    flag("--lr", "LR", "peak learning rate"),
+    flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
+    flag("--lr-warmup-iters", "N", "iterations of linear warmup from 0"),
+    flag("--lr-decay-iters", "N", "iterations over which to decay (default --train-iters)"),
+    flag("--lr-decay-style", "STYLE", "constant, linear or cosine"),
+    flag("--weight-decay", "WD", "decoupled weight decay (default 0.01; none on biases and LayerNorm)"),
+    flag("--clip-grad", "C", "global gradient-norm clip (default 1.0; 0 disables)"),
+    flag("--adam-beta1", "B1", "AdamW beta1 (default 0.9)"),
+    flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),
+    flag("--adam-eps", "EPS", "AdamW epsilon (default 1e-8)"),
+    flag("--seed", "SEED", "random seed for initialisation and data order (default 1234)"),
+    flag("--data-path", "PREFIX", "dataset prefix written by `trident prepare` (P_text_document)"),
+    flag("--split", "A,B,C", "train/valid/test document split weights (default 969,30,1)"),
+    flag("--eval-interval", "N", "validate every N iterations (default 1000)"),
+    flag("--eval-iters", "N", "global batches per validation (default 100)"),
+    flag("--log-interval", "N", "log every N iterations (default 100)"),
+    flag("--log-json", "FILE", "also write each logged iteration as a JSON line to FILE"),
+    flag("--save", "DIR", "checkpoint directory to write"),
+    flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
+    flag("--load", "DIR", "checkpoint directory to resume from"),
+    flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
+    flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
+    flag("--device", "KIND", "cpu (GPU backends are not built yet)"),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+    flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
+    flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
+    flag("--tensor-model-parallel-size", "T", "tensor parallelism (only 1 in this build)"),
+    flag("--pipeline-model-parallel-size", "P", "pipeline parallelism (only 1 in this build)"),
+    switch("--bf16", "bf16 mixed precision (not built yet)"),
+    switch("--fp16", "fp16 mixed precision (not built yet)"),
+];
+
+/// A named model shape and a training recipe that works for it on this hardware class.
+pub struct Preset {
+    pub name: &'static str,
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub seq_length: usize,
+    pub micro_batch_size: usize,
+    pub global_batch_size: usize,
+    pub train_iters: u64,
+    pub lr: f64,
+    pub min_lr: f64,
+    pub warmup_iters: u64,
+    pub eval_interval: u64,
+    pub eval_iters: u64,
+    pub log_interval: u64,
+}
+
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "tiny",
+        num_layers: 4,
+        hidden_size: 128,
+        num_attention_heads: 4,
+        seq_length: 128,
+        micro_batch_size: 16,
+        global_batch_size: 16,
+        train_iters: 1500,
+        lr: 2e-3,
+        min_lr: 1e-4,
+        warmup_iters: 100,
+        eval_interval: 250,
+        eval_iters: 20,
+        log_interval: 50,
+    },
+    Preset {
+        name: "gpt2-124m",
+        num_layers: 12,
+        hidden_size: 768,
+        num_attention_heads: 12,
+        seq_length: 1024,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters: 100,
+        lr: 6e-4,
+        min_lr: 6e-5,
+        warmup_iters: 10,
+        eval_interval: 50,
+        eval_iters: 2,
+        log_interval: 1,
+    },
+    Preset {
+        name: "gpt2-350m",
+        num_layers: 24,
+        hidden_size: 1024,
+        num_attention_heads: 16,
+        seq_length: 1024,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters: 100,
+        lr: 3e-4,
+        min_lr: 3e-5,
+        warmup_iters: 10,
+        eval_interval: 50,
+        eval_iters: 2,
+        log_interval: 1,
+    },
+    Preset {
+        name: "gpt2-760m",
+        num_layers: 24,
+        hidden_size: 1536,
+        num_attention_heads: 16,
+        seq_length: 1024,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters: 100,
+        lr: 2.5e-4,
+        min_lr: 2.5e-5,
+        warmup_iters: 10,
+        eval_interval: 50,
+        eval_iters: 2,
+        log_interval: 1,
+    },
+    Preset {
+        name: "gpt2-1.5b",
+        num_layers: 48,
+        hidden_size: 1600,
+        num_attention_heads: 25,
+        seq_length: 1024,
+        micro_batch_size: 1,
+        global_batch_size: 8,
+        train_iters: 100,
+        lr: 2e-4,
+        min_lr: 2e-5,
+        warmup_iters: 10,
+        eval_interval: 50,
+        eval_iters: 2,
+        log_interval: 1,
+    },
+];
+
+pub fn preset(name: &str) -> Result<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
+        Error::flag("--preset", format!("'{name}'"), format!("one of {}", names.join(", ")))
+    })
+}
+
+/// Everything `trident train` needs, validated.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub preset: String,
+    pub model: GptConfig,
+    pub seq_length: usize,
+    pub micro_batch_size: usize,
+    pub global_batch_size: usize,
+    pub train_iters: u64,
+    pub lr: LrSchedule,
+    pub adam: AdamWConfig,
+    pub clip_grad: f64,
+    pub seed: u64,
+    pub data_path: PathBuf,
+    pub split: Vec<f64>,
+    pub eval_interval: u64,
+    pub eval_iters: u64,
+    pub log_interval: u64,
+    pub log_json: Option<PathBuf>,
+    pub save: Option<PathBuf>,
+    pub save_interval: Option<u64>,
+    pub load: Option<PathBuf>,
+    pub exit_interval: Option<u64>,
+    pub cpu_threads: usize,
+}
+
+impl TrainConfig {
+    pub fn num_micro_batches(&self) -> usize {
+        self.global_batch_size / self.micro_batch_size
+    }
+
+    pub fn from_args(args: &Args) -> Result<TrainConfig> {
+        reject_unbuilt(args)?;
+        let p = preset(args.str("--preset").unwrap_or("tiny"))?;
+        let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
+        let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
+        let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
+        let seq_length = args.usize("--seq-length")?.unwrap_or(p.seq_length);
+        let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(seq_length);
+        let divisible_by = args.usize("--make-vocab-size-divisible-by")?.unwrap_or(128);
+        if divisible_by == 0 {
+            return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
+        }
+        let vocab = ByteTokenizer::VOCAB_SIZE;
+        let model = GptConfig {
+            num_layers,
+            hidden_size,
+            num_attention_heads: heads,
+            ffn_hidden_size: args.usize("--ffn-hidden-size")?.unwrap_or(4 * hidden_size),
+            max_position_embeddings: max_pos,
+            vocab_size: vocab,
+            padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by),
+            init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
+        };
+        model.validate()?;
+        if seq_length == 0 {
+            return Err(Error::flag("--seq-length", 0, "a positive whole number"));
+        }
+        if seq_length > max_pos {
+            return Err(Error::Config(format!(
+                "--seq-length {seq_length} is above --max-position-embeddings {max_pos}"
+            )));
+        }
+        let micro_batch_size = args.usize("--micro-batch-size")?.unwrap_or(p.micro_batch_size);
+        let global_batch_size = args.usize("--global-batch-size")?.unwrap_or(p.global_batch_size.max(micro_batch_size));
+        if micro_batch_size == 0 || global_batch_size == 0 {
+            return Err(Error::Config("--micro-batch-size and --global-batch-size must be at least 1".into()));
+        }
+        if global_batch_size % micro_batch_size != 0 {
+            return Err(Error::Config(format!(
+                "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size} \
+                 (times the data-parallel size 1)"
+            )));
+        }
+        let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
+        let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
+        let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
+        let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters);
+        let decay_iters = args.u64("--lr-decay-iters")?.unwrap_or(train_iters);
+        let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"))?;
+        if max_lr <= 0.0 || min_lr < 0.0 || min_lr > max_lr {
+            return Err(Error::Config(format!("need 0 <= --min-lr ({min_lr}) <= --lr ({max_lr}) and --lr > 0")));
+        }
+        if style != DecayStyle::Constant && decay_iters <= warmup_iters {
+            return Err(Error::Config(format!(
+                "--lr-decay-iters {decay_iters} must be above --lr-warmup-iters {warmup_iters}"
+            )));
+        }
+        let adam = AdamWConfig {
+            beta1: args.f64("--adam-beta1")?.unwrap_or(0.9) as f32,
+            beta2: args.f64("--adam-beta2")?.unwrap_or(0.999) as f32,
+            eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
+            weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
+        };
+        for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(Error::flag(name, b, "a number in [0, 1)"));
+            }
+        }
+        let data_path = args.path("--data-path").ok_or_else(|| {
+            Error::Usage("--data-path is required: run `trident prepare --input FILE --output-prefix P` and pass \
+                          --data-path P_text_document"
+                .into())
+        })?;
+        let split = crate::data::gpt_dataset::parse_split(args.str("--split").unwrap_or("969,30,1"))?;
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(Error::flag(name, 0, "a positive whole number"))
+            } else {
+                Ok(v)
+            }
+        };
+        let cpu_threads = match args.usize("--cpu-threads")? {
+            Some(0) => return Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
+            Some(n) => n,
+            None => crate::device::cpu::pool::default_threads(),
+        };
+        Ok(TrainConfig {
+            preset: p.name.to_string(),
+            model,
+            seq_length,
+            micro_batch_size,
+            global_batch_size,
+            train_iters,
+            lr: LrSchedule { max_lr, min_lr, warmup_iters, decay_iters, style },
+            adam,
+            clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
+            seed: args.u64("--seed")?.unwrap_or(1234),
+            data_path,
+            split,
+            eval_interval: positive("--eval-interval", args.u64("--eval-interval")?.unwrap_or(p.eval_interval))?,
+            eval_iters: args.u64("--eval-iters")?.unwrap_or(p.eval_iters),
+            log_interval: positive("--log-interval", args.u64("--log-interval")?.unwrap_or(p.log_interval))?,
+            log_json: args.path("--log-json"),
+            save: args.path("--save"),
+            save_interval: args.u64("--save-interval")?.map(|v| positive("--save-interval", v)).transpose()?,
+            load: args.path("--load"),
+            exit_interval: args.u64("--exit-interval")?.map(|v| positive("--exit-interval", v)).transpose()?,
+            cpu_threads,
+        })
+    }
+}
+
+/// Flags whose feature arrives with a later part of trident: any value but the neutral one is
+/// refused with a message that says so, rather than silently ignored.
+fn reject_unbuilt(args: &Args) -> Result<()> {
+    for name in ["--hidden-dropout", "--attention-dropout"] {
+        if let Some(p) = args.f64(name)? {
+            if p != 0.0 {
+                return Err(Error::Unsupported(format!("{name} {p}: dropout is not implemented; use 0")));
+            }
+        }
+    }
+    for name in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
+        if let Some(n) = args.usize(name)? {
+            if n != 1 {
+                return Err(Error::Unsupported(format!("{name} {n}: this build trains on one rank; use 1")));
+            }
+        }
+    }
+    for name in ["--bf16", "--fp16"] {
+        if args.has(name) {
+            return Err(Error::Unsupported(format!("{name}: mixed precision is not built yet; training runs in f32")));
+        }
+    }
+    if let Some(d) = args.str("--device") {
+        if d != "cpu" {
+            return Err(Error::Unsupported(format!("--device {d}: only the cpu backend is built so far")));
+        }
+    }
+    if let Some(t) = args.str("--tokenizer-type") {
+        if t != "ByteTokenizer" {
+            return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
+        }
+    }
+    Ok(())
+}

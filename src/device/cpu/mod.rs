@@ -1,0 +1,361 @@
+//! The CPU backend: f32 buffers in host memory, GEMMs on packed AVX-512 / AVX2 / portable
+//! micro-kernels, and every other op from `device::kernels` spread over a small thread pool.
+//! Work is split into blocks whose sizes do not depend on the thread count, and reductions add
+//! block results in a fixed order, so results are bit-identical for any `--cpu-threads`.
+
+pub mod gemm;
+pub mod peak;
+pub mod pool;
+pub mod simd;
+
+use super::{AdamWStep, AttentionShape, Device};
+use gemm::MatRef;
+use pool::ThreadPool;
+
+/// Rows per task for row-wise ops, elements per task for element-wise ones: fixed sizes, so the
+/// grouping of floating-point sums never depends on how many threads there are.
+const ROWS_PER_TASK: usize = 16;
+const ELEMS_PER_TASK: usize = 1 << 14;
+const COLS_PER_TASK: usize = 32;
+
+/// A raw pointer that may cross into pool tasks. Each task derives a disjoint sub-slice from it.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: used only to hand disjoint regions of one buffer to different tasks.
+unsafe impl<T> Send for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    fn new(slice: &mut [T]) -> Self {
+        SharedMut(slice.as_mut_ptr())
+    }
+    /// The raw pointer, for kernels that take one (a method, so closures capture `self` whole).
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+    /// # Safety
+    /// `start..start+len` must lie inside the original slice and be touched by no other task.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(start), len)
+    }
+}
+
+pub struct CpuDevice {
+    pool: ThreadPool,
+}
+
+impl CpuDevice {
+    pub fn new(threads: usize) -> CpuDevice {
+        CpuDevice { pool: ThreadPool::new(threads.max(1)) }
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    /// Runs `f(start, len)` over `0..total` in blocks of `block`, in parallel.
+    fn for_blocks(&self, total: usize, block: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let tasks = total.div_ceil(block);
+        if tasks <= 1 {
+            if total > 0 {
+                f(0, total);
+            }
+            return;
+        }
+        self.pool.run(tasks, &|i| {
+            let start = i * block;
+            f(start, block.min(total - start));
+        });
+    }
+}
+
+impl Device for CpuDevice {
+    type Buf = Vec<f32>;
+
+    fn describe(&self) -> String {
+        format!("cpu: {} threads, gemm kernel {:?}", self.pool.threads(), gemm::best_kernel())
+    }
+    fn alloc(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+    fn upload(&self, dst: &mut Vec<f32>, src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn fill(&self, dst: &mut Vec<f32>, value: f32) {
+        dst.fill(value);
+    }
+
+    fn add_assign(&self, acc: &mut Vec<f32>, x: &Vec<f32>) {
+        assert_eq!(acc.len(), x.len());
+        let acc_ptr = SharedMut::new(acc);
+        self.for_blocks(x.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: blocks are disjoint and inside the buffer.
+            let a = unsafe { acc_ptr.slice(s, n) };
+            for (a, &b) in a.iter_mut().zip(&x[s..s + n]) {
+                *a += b;
+            }
+        });
+    }
+    fn add(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) {
+        assert!(a.len() == out.len() && b.len() == out.len());
+        let out_ptr = SharedMut::new(out);
+        self.for_blocks(a.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: blocks are disjoint and inside the buffer.
+            let o = unsafe { out_ptr.slice(s, n) };
+            for ((o, &x), &y) in o.iter_mut().zip(&a[s..s + n]).zip(&b[s..s + n]) {
+                *o = x + y;
+            }
+        });
+    }
+    fn sum_squares(&self, buf: &Vec<f32>) -> f64 {
+        let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
+        let p = SharedMut::new(&mut partial);
+        self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
+            let sum: f64 = buf[s..s + n].iter().map(|&x| (x as f64) * (x as f64)).sum();
+            // SAFETY: one slot per block.
+            unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
+        });
+        partial.iter().sum()
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &mut Vec<f32>,
+        tokens: &[u32],
+        wte: &Vec<f32>,
+        wpe: &Vec<f32>,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        let out_ptr = SharedMut::new(out);
+        self.for_blocks(seq, ROWS_PER_TASK, &|t0, nt| {
+            // SAFETY: positions t0..t0+nt own rows t0*batch..(t0+nt)*batch.
+            let o = unsafe { out_ptr.slice(t0 * batch * hidden, nt * batch * hidden) };
+            unsafe { simd::embedding_forward_rows(o, tokens, wte, wpe, batch, seq, hidden, t0) };
+        });
+    }
+    fn embedding_backward(
+        &self,
+        dwte: &mut Vec<f32>,
+        dwpe: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        tokens: &[u32],
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        let (te, pe) = (SharedMut::new(dwte), SharedMut::new(dwpe));
+        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
+            // SAFETY: each task owns columns c0..c0+nc of both gradients.
+            unsafe { simd::embedding_backward_cols(te.ptr(), pe.ptr(), dout, tokens, batch, seq, hidden, c0, c0 + nc) }
+        });
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        bias: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let (o, m, r) = (SharedMut::new(out), SharedMut::new(mean), SharedMut::new(rstd));
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            // SAFETY: rows r0..r0+nr belong to this task in all three outputs.
+            unsafe {
+                simd::layernorm_forward_rows(
+                    o.slice(r0 * cols, nr * cols),
+                    m.slice(r0, nr),
+                    r.slice(r0, nr),
+                    &inp[r0 * cols..(r0 + nr) * cols],
+                    weight,
+                    bias,
+                    cols,
+                )
+            }
+        });
+    }
+    fn layernorm_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dweight: &mut Vec<f32>,
+        dbias: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) {
+        // Each block of rows adds its weight/bias contribution into its own slot; the slots are
+        // then added in block order, which keeps the result independent of the thread count.
+        let blocks = rows.div_ceil(ROWS_PER_TASK);
+        let mut partial = vec![0.0f32; blocks * 2 * cols];
+        let (dx, pp) = (SharedMut::new(dinp), SharedMut::new(&mut partial));
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            let blk = r0 / ROWS_PER_TASK;
+            // SAFETY: rows r0..r0+nr of dinp and slot `blk` of the partials belong to this task.
+            unsafe {
+                let slot = pp.slice(blk * 2 * cols, 2 * cols);
+                let (dw, db) = slot.split_at_mut(cols);
+                simd::layernorm_backward_rows(
+                    dx.slice(r0 * cols, nr * cols),
+                    dw,
+                    db,
+                    &dout[r0 * cols..(r0 + nr) * cols],
+                    &inp[r0 * cols..(r0 + nr) * cols],
+                    weight,
+                    &mean[r0..r0 + nr],
+                    &rstd[r0..r0 + nr],
+                    cols,
+                )
+            }
+        });
+        for slot in partial.chunks_exact(2 * cols) {
+            for c in 0..cols {
+                dweight[c] += slot[c];
+                dbias[c] += slot[cols + c];
+            }
+        }
+    }
+
+    fn linear_forward(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        let out = &mut out[..rows * n];
+        if let Some(bias) = bias {
+            for row in out.chunks_exact_mut(n) {
+                row.copy_from_slice(bias);
+            }
+        }
+        let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
+        let b = MatRef { data: &weight[..n * k], row_stride: 1, col_stride: k };
+        gemm::gemm(&self.pool, rows, n, k, a, b, out, n, bias.is_some());
+    }
+    fn linear_backward(
+        &self,
+        dinp: Option<&mut Vec<f32>>,
+        dweight: &mut Vec<f32>,
+        dbias: Option<&mut Vec<f32>>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        if let Some(dinp) = dinp {
+            let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
+            let b = MatRef { data: &weight[..n * k], row_stride: k, col_stride: 1 };
+            gemm::gemm(&self.pool, rows, k, n, a, b, &mut dinp[..rows * k], k, false);
+        }
+        let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
+        let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
+        gemm::gemm(&self.pool, n, k, rows, a, b, &mut dweight[..n * k], k, true);
+        if let Some(dbias) = dbias {
+            let db = SharedMut::new(dbias);
+            self.for_blocks(n, COLS_PER_TASK, &|c0, nc| {
+                // SAFETY: columns c0..c0+nc of dbias belong to this task.
+                let out = unsafe { db.slice(c0, nc) };
+                for r in 0..rows {
+                    for (o, &g) in out.iter_mut().zip(&dout[r * n + c0..r * n + c0 + nc]) {
+                        *o += g;
+                    }
+                }
+            });
+        }
+    }
+
+    fn gelu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>) {
+        let o = SharedMut::new(out);
+        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n]) };
+        });
+    }
+    fn gelu_backward(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>) {
+        let d = SharedMut::new(dinp);
+        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            unsafe { simd::gelu_backward_slice(d.slice(s, n), &inp[s..s + n], &dout[s..s + n]) };
+        });
+    }
+
+    fn attention_forward(&self, out: &mut Vec<f32>, lse: &mut Vec<f32>, qkv: &Vec<f32>, shape: AttentionShape) {
+        assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
+        assert!(qkv.len() >= 3 * shape.rows() * shape.width());
+        let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
+        self.pool.run(shape.batch * shape.heads, &|i| {
+            // SAFETY: sizes checked above; task i owns the (b, head) pair it names.
+            unsafe { simd::attention_forward_head(o.ptr(), l.ptr(), qkv, shape, i / shape.heads, i % shape.heads) }
+        });
+    }
+    fn attention_backward(
+        &self,
+        dqkv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        qkv: &Vec<f32>,
+        out: &Vec<f32>,
+        lse: &Vec<f32>,
+        shape: AttentionShape,
+    ) {
+        assert!(dqkv.len() >= 3 * shape.rows() * shape.width());
+        let d = SharedMut::new(dqkv);
+        self.pool.run(shape.batch * shape.heads, &|i| {
+            // SAFETY: size checked above; task i owns the (b, head) columns it names.
+            unsafe {
+                simd::attention_backward_head(d.ptr(), dout, qkv, out, lse, shape, i / shape.heads, i % shape.heads)
+            }
+        });
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &mut Vec<f32>,
+        targets: &[u32],
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> f64 {
+        let mut losses = vec![0.0f64; rows];
+        let (lg, ls) = (SharedMut::new(logits), SharedMut::new(&mut losses));
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            for r in r0..r0 + nr {
+                // SAFETY: row r of the logits and slot r of the losses belong to this task.
+                unsafe {
+                    ls.slice(r, 1)[0] =
+                        simd::cross_entropy_row(lg.slice(r * vocab, vocab), targets[r] as usize, grad_scale)
+                };
+            }
+        });
+        losses.iter().sum()
+    }
+
+    fn adamw(&self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, step: AdamWStep) {
+        let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
+        self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks of the three state arrays.
+            unsafe { simd::adamw_slice(p.slice(s, n), &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step) }
+        });
+    }
+}

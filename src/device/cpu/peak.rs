@@ -1,0 +1,221 @@
+//! A short probe of this machine's f32 FMA throughput, the denominator for "fraction of peak" in
+//! GEMM benchmarks and start-up logs.
+//!
+//! Every pool thread runs a loop of independent FMA chains (enough accumulators to cover the FMA
+//! latency on every port) on the widest vector unit `best_kernel` would use. Work is counted in
+//! chunks of a fixed iteration count between clock reads, so the timer's granularity and cost do
+//! not matter, and the accumulators pass through `black_box` so the loop cannot be deleted. The
+//! aggregate rate is all threads' FLOPs over the common measurement window, so threads that did
+//! not actually overlap cannot inflate it.
+
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::gemm::{best_kernel, GemmKernel};
+use super::pool::ThreadPool;
+
+/// The measured FMA throughput of one pool.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Peak {
+    /// Aggregate GFLOP/s of all threads together (one FMA counts as two FLOPs).
+    pub gflops: f64,
+    /// `gflops / threads`.
+    pub gflops_per_thread: f64,
+    pub threads: usize,
+    /// Which instruction set was measured, e.g. "avx512f".
+    pub isa: &'static str,
+}
+
+/// One timed burst per thread: FLOPs done inside the window and the window itself.
+struct Burst {
+    flops: f64,
+    begin: Instant,
+    end: Instant,
+}
+
+/// Measures the aggregate FMA peak of `pool` over about `millis` milliseconds (plus a warm-up of
+/// a fifth of that, at most 30 ms, which lets clocks and wide units power up).
+pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
+    let kernel = best_kernel();
+    let warmup = Duration::from_millis((millis / 5).clamp(1, 30));
+    let window = Duration::from_millis(millis.max(1));
+    let start = Instant::now();
+    let (measure_from, measure_until) = (start + warmup, start + warmup + window);
+    let bursts = Mutex::new(Vec::new());
+
+    pool.run(pool.threads(), &|_| {
+        let mut chunk = fma_chunk(kernel);
+        // Warm up with the same code, then count whole chunks until the deadline.
+        while Instant::now() < measure_from {
+            chunk.run();
+        }
+        let begin = Instant::now();
+        let mut chunks = 0u64;
+        let mut end = begin;
+        while end < measure_until {
+            chunk.run();
+            chunks += 1;
+            end = Instant::now();
+        }
+        let burst = Burst { flops: chunks as f64 * chunk.flops_per_chunk(), begin, end };
+        bursts.lock().unwrap_or_else(|p| p.into_inner()).push(burst);
+    });
+
+    let bursts = bursts.into_inner().unwrap_or_else(|p| p.into_inner());
+    let flops: f64 = bursts.iter().map(|b| b.flops).sum();
+    let begin = bursts.iter().map(|b| b.begin).min().unwrap_or(start);
+    let end = bursts.iter().map(|b| b.end).max().unwrap_or(start);
+    let seconds = end.duration_since(begin).as_secs_f64().max(1e-9);
+    let gflops = flops / seconds / 1e9;
+    let threads = pool.threads();
+    Peak { gflops, gflops_per_thread: gflops / threads as f64, threads, isa: isa_name(kernel) }
+}
+
+fn isa_name(kernel: GemmKernel) -> &'static str {
+    match kernel {
+        GemmKernel::Avx512 => "avx512f",
+        GemmKernel::Avx2 => "avx2+fma",
+        GemmKernel::Portable => "portable",
+    }
+}
+
+/// Loop iterations between two clock reads: a few microseconds of FMAs, far above the cost and
+/// granularity of `Instant::now`.
+const ITERATIONS_PER_CHUNK: usize = 4096;
+
+/// Independent accumulators: two FMA ports × four cycles of latency need eight; sixteen leaves
+/// headroom for wider or slower cores.
+const ACCUMULATORS: usize = 16;
+
+/// The accumulator state of one thread's FMA loop. Each chunk multiplies by a number just below
+/// one and adds a small constant, so values converge to a fixed point instead of overflowing or
+/// going subnormal (which would slow the units down).
+enum FmaChunk {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    Avx512([[f32; 16]; ACCUMULATORS]),
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    Avx2([[f32; 8]; ACCUMULATORS / 4 * 3]),
+    Portable([f32; 4 * ACCUMULATORS]),
+}
+
+fn fma_chunk(kernel: GemmKernel) -> FmaChunk {
+    match kernel {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx512 => FmaChunk::Avx512([[0.5; 16]; ACCUMULATORS]),
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx2 => FmaChunk::Avx2([[0.5; 8]; ACCUMULATORS / 4 * 3]),
+        _ => FmaChunk::Portable([0.5; 4 * ACCUMULATORS]),
+    }
+}
+
+const SCALE: f32 = 0.999_999;
+const OFFSET: f32 = 1.0e-6;
+
+impl FmaChunk {
+    fn flops_per_chunk(&self) -> f64 {
+        let lanes = match self {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            FmaChunk::Avx512(acc) => acc.len() * 16,
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            FmaChunk::Avx2(acc) => acc.len() * 8,
+            FmaChunk::Portable(acc) => acc.len(),
+        };
+        (2 * lanes * ITERATIONS_PER_CHUNK) as f64
+    }
+
+    fn run(&mut self) {
+        match self {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            // SAFETY: this variant is only built when best_kernel() found avx512f.
+            FmaChunk::Avx512(acc) => unsafe { x86::chunk_avx512(acc) },
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            // SAFETY: this variant is only built when best_kernel() found avx2 and fma.
+            FmaChunk::Avx2(acc) => unsafe { x86::chunk_avx2(acc) },
+            FmaChunk::Portable(acc) => {
+                for _ in 0..ITERATIONS_PER_CHUNK {
+                    for value in acc.iter_mut() {
+                        *value = *value * SCALE + OFFSET;
+                    }
+                }
+                black_box(acc);
+            }
+        }
+    }
+}
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod x86 {
+    #[cfg(target_arch = "x86")]
+    use std::arch::x86::*;
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+
+    use super::{ACCUMULATORS, ITERATIONS_PER_CHUNK, OFFSET, SCALE};
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn chunk_avx512(state: &mut [[f32; 16]; ACCUMULATORS]) {
+        // SAFETY: every load and store stays inside `state`; the caller checked the feature.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); ACCUMULATORS];
+            for (reg, lanes) in acc.iter_mut().zip(state.iter()) {
+                *reg = _mm512_loadu_ps(lanes.as_ptr());
+            }
+            let (scale, offset) = (_mm512_set1_ps(SCALE), _mm512_set1_ps(OFFSET));
+            for _ in 0..ITERATIONS_PER_CHUNK {
+                for reg in acc.iter_mut() {
+                    *reg = _mm512_fmadd_ps(*reg, scale, offset);
+                }
+            }
+            let acc = black_box(acc);
+            for (reg, lanes) in acc.iter().zip(state.iter_mut()) {
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *reg);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn chunk_avx2(state: &mut [[f32; 8]; ACCUMULATORS / 4 * 3]) {
+        // SAFETY: every load and store stays inside `state`; the caller checked the features.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); ACCUMULATORS / 4 * 3];
+            for (reg, lanes) in acc.iter_mut().zip(state.iter()) {
+                *reg = _mm256_loadu_ps(lanes.as_ptr());
+            }
+            let (scale, offset) = (_mm256_set1_ps(SCALE), _mm256_set1_ps(OFFSET));
+            for _ in 0..ITERATIONS_PER_CHUNK {
+                for reg in acc.iter_mut() {
+                    *reg = _mm256_fmadd_ps(*reg, scale, offset);
+                }
+            }
+            let acc = black_box(acc);
+            for (reg, lanes) in acc.iter().zip(state.iter_mut()) {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *reg);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measures_a_positive_peak_quickly() {
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let started = Instant::now();
+            let peak = measure_fma_peak(&pool, 20);
+            assert!(started.elapsed() < Duration::from_secs(2));
+            assert!(peak.gflops > 0.0 && peak.gflops.is_finite(), "{peak:?}");
+            assert!(peak.gflops_per_thread > 0.0, "{peak:?}");
+            assert_eq!(peak.threads, threads);
+            assert!(!peak.isa.is_empty());
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Instruction-set dispatch for the element-wise and row-wise kernels: each generic kernel of
+//! `device::kernels` is instantiated for f32 three times, compiled for AVX-512, for AVX2+FMA and
+//! for baseline x86-64, and the best one the CPU supports is picked at run time. The kernels use
+//! no fused multiply-adds and fix their summation order, so all three give identical bits.
+
+use crate::device::kernels;
+use crate::device::AdamWStep;
+use crate::device::AttentionShape;
+use std::sync::OnceLock;
+
+/// The vector instruction sets the dispatch distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+/// The best level this CPU supports (detected once).
+pub fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+            {
+                return Level::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Baseline
+    })
+}
+
+/// Defines `pub unsafe fn name(args) -> ret` that runs `kernel(args)` compiled for the CPU's best
+/// level. The kernels are `#[inline(always)]`, so each instantiation is compiled with the target
+/// features of the wrapper it lands in.
+macro_rules! multiversion {
+    ($( $(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $kernel:path; )*) => { $(
+        $(#[$meta])*
+        /// # Safety
+        /// The same contract as the kernel it dispatches to.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $kernel($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $kernel($($arg),*)
+                }
+                match level() {
+                    Level::Avx512 => return avx512($($arg),*),
+                    Level::Avx2 => return avx2($($arg),*),
+                    Level::Baseline => {}
+                }
+            }
+            #[allow(unused_unsafe)]
+            unsafe { $kernel($($arg),*) }
+        }
+    )* };
+}
+
+multiversion! {
+    fn layernorm_forward_rows(out: &mut [f32], mean: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32],
+        bias: &[f32], cols: usize) = kernels::layernorm_forward_rows::<f32>;
+    fn layernorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dbias: &mut [f32], dout: &[f32], inp: &[f32],
+        weight: &[f32], mean: &[f32], rstd: &[f32], cols: usize) = kernels::layernorm_backward_rows::<f32>;
+    fn gelu_forward_slice(out: &mut [f32], inp: &[f32]) = kernels::gelu_forward_slice::<f32>;
+    fn gelu_backward_slice(dinp: &mut [f32], inp: &[f32], dout: &[f32]) = kernels::gelu_backward_slice::<f32>;
+    fn attention_forward_head(out: *mut f32, lse: *mut f32, qkv: &[f32], shape: AttentionShape, b: usize,
+        head: usize) = kernels::attention_forward_head::<f32>;
+    fn attention_backward_head(dqkv: *mut f32, dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32],
+        shape: AttentionShape, b: usize, head: usize) = kernels::attention_backward_head::<f32>;
+    fn cross_entropy_row(row: &mut [f32], target: usize, grad_scale: Option<f32>) -> f64
+        = kernels::cross_entropy_row::<f32>;
+    fn adamw_slice(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &AdamWStep)
+        = kernels::adamw_slice::<f32>;
+    fn embedding_forward_rows(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], batch: usize, seq: usize,
+        hidden: usize, t0: usize) = kernels::embedding_forward_rows::<f32>;
+    fn embedding_backward_cols(dwte: *mut f32, dwpe: *mut f32, dout: &[f32], tokens: &[u32], batch: usize,
+        seq: usize, hidden: usize, c0: usize, c1: usize) = kernels::embedding_backward_cols::<f32>;
+}

@@ -1,0 +1,401 @@
+//! The math of every fused op except GEMM, written once over `Real` and over a slice of rows or
+//! one attention head: the reference device runs it serially in f64, the CPU device in parallel
+//! in f32, so the oracle and the fast path cannot drift apart in their formulas.
+
+use super::{AdamWStep, AttentionShape};
+use crate::real::Real;
+
+/// Megatron's default `--layernorm-epsilon`.
+pub const LAYERNORM_EPS: f64 = 1e-5;
+
+/// sqrt(2/pi) and the cubic coefficient of GPT-2's tanh-approximated GELU.
+const GELU_SCALE: f64 = 0.797_884_560_802_865_4;
+const GELU_CUBIC: f64 = 0.044_715;
+
+/// LayerNorm of the rows in `inp` (a whole number of rows of width `cols`).
+#[inline(always)]
+pub fn layernorm_forward_rows<R: Real>(
+    out: &mut [R],
+    mean: &mut [R],
+    rstd: &mut [R],
+    inp: &[R],
+    weight: &[R],
+    bias: &[R],
+    cols: usize,
+) {
+    let eps = R::from_f64(LAYERNORM_EPS);
+    let n = R::from_f64(cols as f64);
+    for (r, (x, y)) in inp.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
+        let mut sum = R::ZERO;
+        for &v in x {
+            sum += v;
+        }
+        let mu = sum / n;
+        let mut var = R::ZERO;
+        for &v in x {
+            let d = v - mu;
+            var += d * d;
+        }
+        let rs = R::ONE / (var / n + eps).sqrt();
+        for c in 0..cols {
+            y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
+        }
+        mean[r] = mu;
+        rstd[r] = rs;
+    }
+}
+
+/// LayerNorm backward for a block of rows: `dinp +=` the input gradient, and the block's
+/// contribution to the weight and bias gradients is added to `dweight` / `dbias`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn layernorm_backward_rows<R: Real>(
+    dinp: &mut [R],
+    dweight: &mut [R],
+    dbias: &mut [R],
+    dout: &[R],
+    inp: &[R],
+    weight: &[R],
+    mean: &[R],
+    rstd: &[R],
+    cols: usize,
+) {
+    let n = R::from_f64(cols as f64);
+    for r in 0..mean.len() {
+        let x = &inp[r * cols..(r + 1) * cols];
+        let dy = &dout[r * cols..(r + 1) * cols];
+        let dx = &mut dinp[r * cols..(r + 1) * cols];
+        let (mu, rs) = (mean[r], rstd[r]);
+        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight.
+        let mut mean_g = R::ZERO;
+        let mut mean_gx = R::ZERO;
+        for c in 0..cols {
+            let xhat = (x[c] - mu) * rs;
+            let g = dy[c] * weight[c];
+            mean_g += g;
+            mean_gx += g * xhat;
+            dweight[c] += dy[c] * xhat;
+            dbias[c] += dy[c];
+        }
+        mean_g = mean_g / n;
+        mean_gx = mean_gx / n;
+        for c in 0..cols {
+            let xhat = (x[c] - mu) * rs;
+            dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
+        }
+    }
+}
+
+#[inline(always)]
+pub fn gelu<R: Real>(x: R) -> R {
+    let u = R::from_f64(GELU_SCALE) * (x + R::from_f64(GELU_CUBIC) * x * x * x);
+    R::from_f64(0.5) * x * (R::ONE + u.tanh_fast())
+}
+
+#[inline(always)]
+pub fn gelu_grad<R: Real>(x: R) -> R {
+    let s = R::from_f64(GELU_SCALE);
+    let c = R::from_f64(GELU_CUBIC);
+    let u = s * (x + c * x * x * x);
+    let t = u.tanh_fast();
+    let half = R::from_f64(0.5);
+    half * (R::ONE + t) + half * x * (R::ONE - t * t) * s * (R::ONE + R::from_f64(3.0) * c * x * x)
+}
+
+#[inline(always)]
+pub fn gelu_forward_slice<R: Real>(out: &mut [R], inp: &[R]) {
+    for (y, &x) in out.iter_mut().zip(inp) {
+        *y = gelu(x);
+    }
+}
+
+#[inline(always)]
+pub fn gelu_backward_slice<R: Real>(dinp: &mut [R], inp: &[R], dout: &[R]) {
+    for ((dx, &x), &dy) in dinp.iter_mut().zip(inp).zip(dout) {
+        *dx = dy * gelu_grad(x);
+    }
+}
+
+/// A dot product summed in 16 interleaved partial sums: the fixed grouping lets the compiler
+/// use full vector registers while the result stays the same on every instruction set.
+#[inline(always)]
+pub fn dot<R: Real>(a: &[R], b: &[R]) -> R {
+    const LANES: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [R::ZERO; LANES];
+    let whole = n / LANES * LANES;
+    for (ca, cb) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut tail = R::ZERO;
+    for i in whole..n {
+        tail += a[i] * b[i];
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] = acc[l] + acc[l + width];
+        }
+    }
+    acc[0] + tail
+}
+
+/// Offsets of the q, k and v vectors of token row `row` and head `head` inside the fused QKV
+/// activation.
+#[inline(always)]
+fn qkv_offsets(shape: &AttentionShape, row: usize, head: usize) -> (usize, usize, usize) {
+    let d = shape.head_dim;
+    let base = row * 3 * shape.width() + head * 3 * d;
+    (base, base + d, base + 2 * d)
+}
+
+/// Copies the q, k and v vectors of one (sequence, head) pair out of the fused QKV activation:
+/// `q` and `v` as [seq, d] rows, and k both as rows and transposed ([d, seq]) so that scores for
+/// one query against all keys are a sum of contiguous vector updates (no horizontal sums).
+struct HeadQkv<R> {
+    q: Vec<R>,
+    k: Vec<R>,
+    v: Vec<R>,
+    kt: Vec<R>,
+}
+
+#[inline(always)]
+fn gather_head<R: Real>(qkv: &[R], shape: &AttentionShape, b: usize, head: usize) -> HeadQkv<R> {
+    let (s, d) = (shape.seq, shape.head_dim);
+    let mut h = HeadQkv { q: vec![R::ZERO; s * d], k: vec![R::ZERO; s * d], v: vec![R::ZERO; s * d], kt: vec![R::ZERO; s * d] };
+    for t in 0..s {
+        let (q0, k0, v0) = qkv_offsets(shape, t * shape.batch + b, head);
+        h.q[t * d..(t + 1) * d].copy_from_slice(&qkv[q0..q0 + d]);
+        h.k[t * d..(t + 1) * d].copy_from_slice(&qkv[k0..k0 + d]);
+        h.v[t * d..(t + 1) * d].copy_from_slice(&qkv[v0..v0 + d]);
+        for i in 0..d {
+            h.kt[i * s + t] = qkv[k0 + i];
+        }
+    }
+    h
+}
+
+/// `scores[j] = Σ_i a[i] · bt[i][j]` for `j < n`, where `bt` is [d, stride] (a transposed matrix).
+#[inline(always)]
+fn row_times_transposed<R: Real>(scores: &mut [R], a: &[R], bt: &[R], stride: usize, n: usize) {
+    let scores = &mut scores[..n];
+    scores.fill(R::ZERO);
+    for (i, &ai) in a.iter().enumerate() {
+        let col = &bt[i * stride..i * stride + n];
+        for (sj, &bj) in scores.iter_mut().zip(col) {
+            *sj += ai * bj;
+        }
+    }
+}
+
+/// `y += alpha · x`.
+#[inline(always)]
+fn axpy<R: Real>(y: &mut [R], alpha: R, x: &[R]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// Causal attention for one (sequence, head) pair. `out` and `lse` are the whole output arrays;
+/// this call writes only the columns of head `head` in the rows of sequence `b`, and the lse
+/// entries of (b, head), so different pairs may run at once on disjoint memory.
+///
+/// # Safety
+/// `out` must point to `rows * heads * head_dim` elements and `lse` to `batch * heads * seq`, and
+/// no other thread may touch the (b, head) part of either during the call.
+#[inline(always)]
+pub unsafe fn attention_forward_head<R: Real>(
+    out: *mut R,
+    lse: *mut R,
+    qkv: &[R],
+    shape: AttentionShape,
+    b: usize,
+    head: usize,
+) {
+    let (s, d) = (shape.seq, shape.head_dim);
+    let scale = R::from_f64(1.0 / (d as f64).sqrt());
+    let h = gather_head(qkv, &shape, b, head);
+    let mut scores = vec![R::ZERO; s];
+    let mut o = vec![R::ZERO; d];
+    for t in 0..s {
+        row_times_transposed(&mut scores, &h.q[t * d..(t + 1) * d], &h.kt, s, t + 1);
+        let mut max = R::NEG_INFINITY;
+        for sc in scores[..=t].iter_mut() {
+            *sc *= scale;
+            max = max.max(*sc);
+        }
+        let mut sum = R::ZERO;
+        for sc in scores[..=t].iter_mut() {
+            *sc = (*sc - max).exp_fast();
+            sum += *sc;
+        }
+        let inv = R::ONE / sum;
+        o.fill(R::ZERO);
+        for (j, &p) in scores[..=t].iter().enumerate() {
+            axpy(&mut o, p * inv, &h.v[j * d..(j + 1) * d]);
+        }
+        // SAFETY: the caller guarantees these (b, head) elements are ours and in bounds.
+        std::slice::from_raw_parts_mut(out.add((t * shape.batch + b) * shape.width() + head * d), d).copy_from_slice(&o);
+        *lse.add((b * shape.heads + head) * s + t) = max + sum.ln();
+    }
+}
+
+/// Backward of `attention_forward_head` for one (sequence, head) pair: writes (overwrites) the
+/// q, k and v gradient columns of that pair in `dqkv`, rebuilding each probability from the
+/// saved log-sum-exp instead of storing the [seq, seq] matrix.
+///
+/// # Safety
+/// `dqkv` must point to `rows * 3 * heads * head_dim` elements, and no other thread may touch the
+/// (b, head) columns during the call.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn attention_backward_head<R: Real>(
+    dqkv: *mut R,
+    dout: &[R],
+    qkv: &[R],
+    out: &[R],
+    lse: &[R],
+    shape: AttentionShape,
+    b: usize,
+    head: usize,
+) {
+    let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
+    let scale = R::from_f64(1.0 / (d as f64).sqrt());
+    let h = gather_head(qkv, &shape, b, head);
+    // dy as rows, and v transposed so that dy·v_j for all j is a sum of vector updates.
+    let mut dy = vec![R::ZERO; s * d];
+    let mut vt = vec![R::ZERO; s * d];
+    let mut delta = vec![R::ZERO; s];
+    for t in 0..s {
+        let o_off = (t * shape.batch + b) * w + head * d;
+        dy[t * d..(t + 1) * d].copy_from_slice(&dout[o_off..o_off + d]);
+        delta[t] = dot(&dout[o_off..o_off + d], &out[o_off..o_off + d]);
+        for i in 0..d {
+            vt[i * s + t] = h.v[t * d + i];
+        }
+    }
+    let (mut dq, mut dk, mut dv) = (vec![R::ZERO; s * d], vec![R::ZERO; s * d], vec![R::ZERO; s * d]);
+    let (mut p, mut dp) = (vec![R::ZERO; s], vec![R::ZERO; s]);
+    for t in 0..s {
+        let l = lse[(b * shape.heads + head) * s + t];
+        let (q_t, dy_t) = (&h.q[t * d..(t + 1) * d], &dy[t * d..(t + 1) * d]);
+        row_times_transposed(&mut p, q_t, &h.kt, s, t + 1);
+        row_times_transposed(&mut dp, dy_t, &vt, s, t + 1);
+        for j in 0..=t {
+            let pj = (p[j] * scale - l).exp_fast();
+            let ds = pj * (dp[j] - delta[t]) * scale;
+            axpy(&mut dq[t * d..(t + 1) * d], ds, &h.k[j * d..(j + 1) * d]);
+            axpy(&mut dk[j * d..(j + 1) * d], ds, q_t);
+            axpy(&mut dv[j * d..(j + 1) * d], pj, dy_t);
+        }
+    }
+    for t in 0..s {
+        let (q0, k0, v0) = qkv_offsets(&shape, t * shape.batch + b, head);
+        // SAFETY: the q, k and v columns of (row t, head) lie inside dqkv and belong to this call.
+        std::slice::from_raw_parts_mut(dqkv.add(q0), d).copy_from_slice(&dq[t * d..(t + 1) * d]);
+        std::slice::from_raw_parts_mut(dqkv.add(k0), d).copy_from_slice(&dk[t * d..(t + 1) * d]);
+        std::slice::from_raw_parts_mut(dqkv.add(v0), d).copy_from_slice(&dv[t * d..(t + 1) * d]);
+    }
+}
+
+/// Cross-entropy of one row of logits against `target`. Returns the loss; with `grad_scale`, the
+/// row is replaced by `grad_scale * (softmax - onehot)`.
+#[inline(always)]
+pub fn cross_entropy_row<R: Real>(row: &mut [R], target: usize, grad_scale: Option<R>) -> f64 {
+    let mut max = R::NEG_INFINITY;
+    for &x in row.iter() {
+        max = max.max(x);
+    }
+    let mut sum = R::ZERO;
+    for &x in row.iter() {
+        sum += (x - max).exp_fast();
+    }
+    let log_sum = sum.ln() + max;
+    let loss = (log_sum - row[target]).to_f64();
+    if let Some(scale) = grad_scale {
+        for x in row.iter_mut() {
+            *x = (*x - log_sum).exp_fast() * scale;
+        }
+        row[target] -= scale;
+    }
+    loss
+}
+
+/// AdamW with decoupled weight decay, as Megatron's fused Adam applies it:
+/// `p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)`.
+#[inline(always)]
+pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R], s: &AdamWStep) {
+    let b1 = R::from_f32(s.beta1);
+    let b2 = R::from_f32(s.beta2);
+    let c1 = R::ONE / R::from_f64(1.0 - (s.beta1 as f64).powi(s.step as i32));
+    let c2 = R::ONE / R::from_f64(1.0 - (s.beta2 as f64).powi(s.step as i32));
+    let (lr, eps, wd, gs) = (R::from_f32(s.lr), R::from_f32(s.eps), R::from_f32(s.weight_decay), R::from_f32(s.grad_scale));
+    for i in 0..param.len() {
+        let g = grad[i] * gs;
+        m[i] = b1 * m[i] + (R::ONE - b1) * g;
+        v[i] = b2 * v[i] + (R::ONE - b2) * g * g;
+        let update = (m[i] * c1) / ((v[i] * c2).sqrt() + eps) + wd * param[i];
+        param[i] -= lr * update;
+    }
+}
+
+/// Embedding lookup for the rows of positions `t0..t1` (sequence-first rows `t * batch + b`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn embedding_forward_rows<R: Real>(
+    out: &mut [R],
+    tokens: &[u32],
+    wte: &[R],
+    wpe: &[R],
+    batch: usize,
+    seq: usize,
+    hidden: usize,
+    t0: usize,
+) {
+    for (i, row) in out.chunks_exact_mut(hidden).enumerate() {
+        let t = t0 + i / batch;
+        let b = i % batch;
+        let tok = tokens[b * seq + t] as usize;
+        let e = &wte[tok * hidden..(tok + 1) * hidden];
+        let p = &wpe[t * hidden..(t + 1) * hidden];
+        for c in 0..hidden {
+            row[c] = e[c] + p[c];
+        }
+    }
+}
+
+/// Embedding backward restricted to the hidden columns `c0..c1`, so that column blocks can run in
+/// parallel while every element is still summed in token order (deterministic).
+///
+/// # Safety
+/// `dwte` and `dwpe` must point to the full gradient arrays, and no other thread may touch
+/// columns `c0..c1` of them during the call.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn embedding_backward_cols<R: Real>(
+    dwte: *mut R,
+    dwpe: *mut R,
+    dout: &[R],
+    tokens: &[u32],
+    batch: usize,
+    seq: usize,
+    hidden: usize,
+    c0: usize,
+    c1: usize,
+) {
+    for t in 0..seq {
+        for b in 0..batch {
+            let tok = tokens[b * seq + t] as usize;
+            let g = &dout[(t * batch + b) * hidden..(t * batch + b + 1) * hidden];
+            for c in c0..c1 {
+                // SAFETY: column c of row tok / t is inside the arrays and owned by this call.
+                *dwte.add(tok * hidden + c) += g[c];
+                *dwpe.add(t * hidden + c) += g[c];
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The crate's one error type: every failure a user can cause ends here, with the file or flag it
+//! concerns, what was found and what was expected, and is printed by `main` as a single line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Everything that can go wrong outside a programming bug. Each variant carries enough context
+/// that its one-line rendering tells a user what to fix without reading the source.
+#[derive(Debug)]
+pub enum Error {
+    /// A command-line flag that is unknown, missing its value, or has a value of the wrong form.
+    Flag { name: String, found: String, expected: String },
+    /// A command line that does not make sense as a whole (no subcommand, missing required flag).
+    Usage(String),
+    /// An operating-system error on a named file.
+    Io { path: PathBuf, action: &'static str, source: std::io::Error },
+    /// A file whose contents do not follow its format.
+    Format { path: PathBuf, problem: String },
+    /// A configuration that cannot be run (shapes that do not divide, batch sizes that do not fit).
+    Config(String),
+    /// Training data that is present and well-formed but unusable (token ids out of range, too
+    /// few tokens for one sample).
+    Data(String),
+    /// A feature this build does not provide; the message says which and what to use instead.
+    Unsupported(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn flag(name: &str, found: impl fmt::Display, expected: impl fmt::Display) -> Error {
+        Error::Flag { name: name.to_string(), found: found.to_string(), expected: expected.to_string() }
+    }
+
+    pub fn io(path: &Path, action: &'static str, source: std::io::Error) -> Error {
+        Error::Io { path: path.to_path_buf(), action, source }
+    }
+
+    pub fn format(path: &Path, problem: impl Into<String>) -> Error {
+        Error::Format { path: path.to_path_buf(), problem: problem.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Flag { name, found, expected } => {
+                write!(f, "flag {name}: found {found}, expected {expected}")
+            }
+            Error::Usage(msg) => write!(f, "{msg}"),
+            Error::Io { path, action, source } => {
+                write!(f, "{}: cannot {action}: {source}", path.display())
+            }
+            Error::Format { path, problem } => write!(f, "{}: {problem}", path.display()),
+            Error::Config(msg) => write!(f, "invalid configuration: {msg}"),
+            Error::Data(msg) => write!(f, "bad training data: {msg}"),
+            Error::Unsupported(msg) => write!(f, "not supported by this build: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

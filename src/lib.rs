@@ -1,0 +1,18 @@
+//! trident: Megatron-style GPT training in one binary. The library holds everything; `main.rs`
+//! only turns a command line into a call and an exit code.
+
+pub mod bench_gemm;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod log;
+pub mod model;
+pub mod optim;
+pub mod real;
+pub mod rng;
+pub mod tensor;
+pub mod train;

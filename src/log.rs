@@ -1,0 +1,178 @@
+//! Training output: aligned log lines in Megatron's format for people, and (behind
+//! `--log-json`) the same figures as JSON lines for programs.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The figures of one logged iteration, averaged over the iterations since the previous log line.
+#[derive(Clone, Debug, Default)]
+pub struct IterationStats {
+    pub iteration: u64,
+    pub train_iters: u64,
+    pub consumed_samples: u64,
+    pub ms_per_iter: f64,
+    pub lr: f64,
+    pub global_batch_size: usize,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub tokens_per_s: f64,
+    pub tflops: f64,
+    pub mfu: f64,
+    pub val_loss: Option<f64>,
+}
+
+/// `[2026-11-22 01:02:03]` in UTC, as Megatron stamps its lines.
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm), valid for every date after 1970.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// Scientific notation as Python's `{:.6E}` prints it (and so Megatron's logs): a signed,
+/// at-least-two-digit exponent, `2.500000E-03`.
+pub fn sci(x: f64, digits: usize) -> String {
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let s = format!("{x:.digits$E}");
+    match s.split_once('E') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = exp.strip_prefix('-').map_or(("+", exp), |d| ("-", d));
+            format!("{mantissa}E{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+pub fn iteration_line(s: &IterationStats) -> String {
+    let width = s.train_iters.to_string().len().max(4);
+    format!(
+        " [{}] iteration {:>width$}/{:>width$} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1} | \
+         learning rate: {} | global batch size: {:>5} | lm loss: {} | grad norm: {:.3} | \
+         tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
+        timestamp(),
+        s.iteration,
+        s.train_iters,
+        s.consumed_samples,
+        s.ms_per_iter,
+        sci(s.lr, 6),
+        s.global_batch_size,
+        sci(s.loss, 6),
+        s.grad_norm,
+        s.tokens_per_s,
+        s.tflops,
+        100.0 * s.mfu,
+    )
+}
+
+pub fn validation_line(label: &str, iteration: u64, loss: f64) -> String {
+    let text = format!(
+        " {label} loss at iteration {iteration} | lm loss value: {} | lm loss PPL: {} | ",
+        sci(loss, 6),
+        sci(loss.min(700.0).exp(), 6)
+    );
+    let rule = "-".repeat(text.len());
+    format!("{rule}\n{text}\n{rule}")
+}
+
+/// A number as JSON: non-finite values become null, since JSON has no NaN.
+fn json_number(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x}")
+    } else {
+        "null".to_string()
+    }
+}
+
+pub fn json_line(s: &IterationStats) -> String {
+    let mut line = format!(
+        "{{\"iteration\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, \"ms_per_iter\": {}, \
+         \"tokens_per_s\": {}, \"tflops\": {}, \"mfu\": {}, \"consumed_samples\": {}",
+        s.iteration,
+        json_number(s.loss),
+        json_number(s.lr),
+        json_number(s.grad_norm),
+        json_number(s.ms_per_iter),
+        json_number(s.tokens_per_s),
+        json_number(s.tflops),
+        json_number(s.mfu),
+        s.consumed_samples,
+    );
+    if let Some(v) = s.val_loss {
+        line.push_str(&format!(", \"val_loss\": {}", json_number(v)));
+    }
+    line.push('}');
+    line
+}
+
+/// The `--log-json` file, flushed after every line so a crashed run keeps what it logged.
+pub struct JsonLog {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl JsonLog {
+    /// Opens for appending when resuming (so one file holds the whole run), else truncates.
+    pub fn open(path: &Path, append: bool) -> Result<JsonLog> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .map_err(|e| Error::io(path, "open for writing", e))?;
+        Ok(JsonLog { path: path.to_path_buf(), out: BufWriter::new(file) })
+    }
+
+    pub fn write(&mut self, s: &IterationStats) -> Result<()> {
+        writeln!(self.out, "{}", json_line(s))
+            .and_then(|_| self.out.flush())
+            .map_err(|e| Error::io(&self.path, "write", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_the_documented_keys() {
+        let s = IterationStats { iteration: 3, loss: 2.5, val_loss: Some(2.25), ..Default::default() };
+        let j = json_line(&s);
+        for key in ["iteration", "loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "tflops", "mfu", "val_loss"] {
+            assert!(j.contains(&format!("\"{key}\": ")), "{key} missing in {j}");
+        }
+        let nan = IterationStats { loss: f64::NAN, ..Default::default() };
+        assert!(json_line(&nan).contains("\"loss\": null"));
+    }
+
+    #[test]
+    fn scientific_notation_matches_python() {
+        assert_eq!(sci(0.0025, 6), "2.500000E-03");
+        assert_eq!(sci(4.935883, 6), "4.935883E+00");
+        assert_eq!(sci(12345.0, 2), "1.23E+04");
+        assert_eq!(sci(1e-120, 1), "1.0E-120");
+    }
+
+    #[test]
+    fn timestamp_is_well_formed() {
+        let t = timestamp();
+        assert_eq!(t.len(), 19, "{t}");
+        assert!(t.starts_with("20"));
+    }
+}

@@ -1,0 +1,216 @@
+//! The `trident` command: parses the subcommand and its flags, runs it, and turns any error into
+//! one line on stderr and a non-zero exit status.
+
+use std::process::ExitCode;
+use trident::cli::{self, flag, many, switch, Args, FlagSpec};
+use trident::config::{TrainConfig, TRAIN_FLAGS};
+use trident::data::prepare::{self, PrepareArgs, TextDocuments};
+use trident::device::cpu::{gemm, peak, pool};
+use trident::error::{Error, Result};
+
+const USAGE: &str = "\
+trident: Megatron-style GPT training in one binary
+
+usage: trident <command> [flags]     (trident <command> --help lists the flags)
+
+commands:
+  prepare    text or JSON-lines files -> a Megatron .bin/.idx token dataset
+  train      train a GPT model on a prepared dataset
+  generate   sample text from a checkpoint
+  bench      microbenchmarks: `bench peak` (FMA peak), `bench gemm` (GEMM sweep)
+  info       what this binary found on this machine
+";
+
+const PREPARE_FLAGS: &[FlagSpec] = &[
+    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
+    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
+    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
+    switch("--append-eod", "end every document with the end-of-document token"),
+    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+];
+
+const GENERATE_FLAGS: &[FlagSpec] = &[
+    flag("--load", "DIR", "checkpoint directory written by `trident train --save`"),
+    flag("--prompt", "TEXT", "text to continue (default: start of a document)"),
+    flag("--max-new-tokens", "N", "tokens to sample (default 256)"),
+    flag("--temperature", "T", "softmax temperature (default 1.0; 0 is greedy)"),
+    flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
+    flag("--seed", "SEED", "sampling seed (default 1234)"),
+    flag("--cpu-threads", "N", "CPU threads"),
+];
+
+const BENCH_FLAGS: &[FlagSpec] = &[
+    flag("--cpu-threads", "N", "CPU threads"),
+    flag("--min-seconds", "S", "time per shape (default 0.3)"),
+];
+
+const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
+
+/// Parses flags or prints the help text; `None` means help was printed.
+fn flags(command: &str, summary: &str, specs: &[FlagSpec], rest: &[String]) -> Result<Option<Args>> {
+    let parsed = cli::parse(command, specs, rest)?;
+    if parsed.is_none() {
+        print!("{}", cli::help(command, summary, specs));
+    }
+    Ok(parsed)
+}
+
+fn threads(args: &Args) -> Result<usize> {
+    match args.usize("--cpu-threads")? {
+        Some(0) => Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
+        Some(n) => Ok(n),
+        None => Ok(pool::default_threads()),
+    }
+}
+
+fn cmd_prepare(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("prepare", "tokenize text into a Megatron .bin/.idx dataset", PREPARE_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let inputs = a.list("--input").ok_or_else(|| Error::Usage("prepare needs --input FILE...".into()))?;
+    let output_prefix = a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
+    if let Some(t) = a.str("--tokenizer-type") {
+        if t != "ByteTokenizer" {
+            return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
+        }
+    }
+    let text_documents = match a.str("--text-documents").unwrap_or("paragraph") {
+        "paragraph" => TextDocuments::Paragraph,
+        "line" => TextDocuments::Line,
+        "file" => TextDocuments::File,
+        other => return Err(Error::flag("--text-documents", format!("'{other}'"), "paragraph, line or file")),
+    };
+    let args = PrepareArgs {
+        inputs: inputs.iter().map(Into::into).collect(),
+        output_prefix: output_prefix.to_string(),
+        json_keys: a.list("--json-keys").map(|k| k.to_vec()).unwrap_or_else(|| vec!["text".to_string()]),
+        append_eod: a.has("--append-eod"),
+        text_documents,
+        force_json: None,
+    };
+    let mut shown = false;
+    let summary = prepare::prepare(&args, &mut |p| {
+        eprint!(
+            "\r prepare: {:.1}/{:.1} MiB, {} documents, {} tokens, {:.1} s",
+            p.bytes_done as f64 / 1048576.0,
+            p.bytes_total as f64 / 1048576.0,
+            p.documents,
+            p.tokens,
+            p.seconds
+        );
+        shown = true;
+    })?;
+    if shown {
+        eprintln!();
+    }
+    println!("{summary}");
+    Ok(())
+}
+
+fn cmd_train(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let cfg = TrainConfig::from_args(&a)?;
+    trident::train::run(&cfg).map(|_| ())
+}
+
+fn cmd_generate(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("generate", "sample a continuation from a checkpoint", GENERATE_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let load = a.path("--load").ok_or_else(|| Error::Usage("generate needs --load DIR".into()))?;
+    let temperature = a.f64("--temperature")?.unwrap_or(1.0);
+    if temperature < 0.0 {
+        return Err(Error::flag("--temperature", temperature, "a number >= 0"));
+    }
+    trident::generate::run(&trident::generate::GenerateArgs {
+        load,
+        prompt: a.str("--prompt").unwrap_or("").to_string(),
+        max_new_tokens: a.usize("--max-new-tokens")?.unwrap_or(256),
+        temperature,
+        top_k: a.usize("--top-k")?.unwrap_or(40),
+        seed: a.u64("--seed")?.unwrap_or(1234),
+        cpu_threads: threads(&a)?,
+    })
+}
+
+fn cmd_bench(rest: &[String]) -> Result<()> {
+    let (what, rest) = match rest.split_first() {
+        Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
+        _ => return Err(Error::Usage("bench needs a target: `trident bench peak` or `trident bench gemm`".into())),
+    };
+    let Some(a) = flags(&format!("bench {what}"), "microbenchmarks", BENCH_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let pool = pool::ThreadPool::new(threads(&a)?);
+    match what {
+        "peak" => {
+            let p = peak::measure_fma_peak(&pool, 500);
+            println!(
+                "fma peak: {:.1} GFLOP/s on {} threads ({:.1} per thread), {}",
+                p.gflops, p.threads, p.gflops_per_thread, p.isa
+            );
+            Ok(())
+        }
+        "gemm" => {
+            let p = peak::measure_fma_peak(&pool, 300);
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            println!("fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}", p.gflops, p.threads, gemm::best_kernel());
+            let rows = trident::bench_gemm::gemm_sweep(&pool, trident::bench_gemm::DEFAULT_SHAPES, &p, secs);
+            trident::bench_gemm::print_table(&rows);
+            Ok(())
+        }
+        other => Err(Error::Usage(format!("unknown bench target '{other}': use peak or gemm"))),
+    }
+}
+
+fn cmd_info(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("info", "what this binary found on this machine", INFO_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let pool = pool::ThreadPool::new(threads(&a)?);
+    let p = peak::measure_fma_peak(&pool, 150);
+    println!("trident {}", env!("CARGO_PKG_VERSION"));
+    println!("cpu: {} threads; gemm kernel {:?}; fma peak {:.1} GFLOP/s ({})", pool.threads(), gemm::best_kernel(), p.gflops, p.isa);
+    println!("cuda: not built into this version (the CUDA backend arrives with its issue)");
+    println!("hip: not built into this version (the HIP backend arrives with its issue)");
+    println!("mpi: not built into this version (single rank only)");
+    Ok(())
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let Some((command, rest)) = args.split_first() else {
+        print!("{USAGE}");
+        return Err(Error::Usage("no command given".into()));
+    };
+    match command.as_str() {
+        "prepare" => cmd_prepare(rest),
+        "train" => cmd_train(rest),
+        "generate" => cmd_generate(rest),
+        "bench" => cmd_bench(rest),
+        "info" => cmd_info(rest),
+        "plan" | "convert" => Err(Error::Unsupported(format!("`trident {command}` is not built yet"))),
+        "--help" | "-h" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        "--version" => {
+            println!("trident {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        other => Err(Error::Usage(format!("unknown command '{other}' (see `trident --help`)"))),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("trident: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

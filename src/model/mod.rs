@@ -1,0 +1,109 @@
+//! The GPT-2 model on one device: its configuration, its parameters (Megatron's names and
+//! initialisation), and the hand-written forward and backward passes in `gpt.rs`.
+
+pub mod gpt;
+
+pub use gpt::Gpt;
+
+use crate::error::{Error, Result};
+use crate::tensor::{Init, ParamInfo};
+
+/// The shape of a GPT-2 model. `padded_vocab_size` is the vocabulary rounded up as Megatron
+/// pads it (`--make-vocab-size-divisible-by`), which is the row count of the word embedding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptConfig {
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub ffn_hidden_size: usize,
+    pub max_position_embeddings: usize,
+    pub vocab_size: usize,
+    pub padded_vocab_size: usize,
+    pub init_method_std: f64,
+}
+
+impl GptConfig {
+    /// Checks the shape; every error names the flags to change.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("--num-layers", self.num_layers),
+            ("--hidden-size", self.hidden_size),
+            ("--num-attention-heads", self.num_attention_heads),
+            ("--ffn-hidden-size", self.ffn_hidden_size),
+            ("--max-position-embeddings", self.max_position_embeddings),
+        ];
+        for (flag, v) in positive {
+            if v == 0 {
+                return Err(Error::Config(format!("{flag} must be at least 1")));
+            }
+        }
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err(Error::Config(format!(
+                "--hidden-size {} is not divisible by --num-attention-heads {}",
+                self.hidden_size, self.num_attention_heads
+            )));
+        }
+        if self.padded_vocab_size < self.vocab_size {
+            return Err(Error::Config("padded vocabulary smaller than the vocabulary".into()));
+        }
+        if !(self.init_method_std > 0.0 && self.init_method_std.is_finite()) {
+            return Err(Error::Config(format!("--init-method-std {} must be positive", self.init_method_std)));
+        }
+        Ok(())
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// Megatron's padding: the smallest multiple of `divisible_by` at or above `vocab`.
+    pub fn pad_vocab(vocab: usize, divisible_by: usize) -> usize {
+        vocab.div_ceil(divisible_by.max(1)) * divisible_by.max(1)
+    }
+
+    /// Every parameter in the model's canonical order, with Megatron-core GPT names.
+    pub fn parameters(&self) -> Vec<ParamInfo> {
+        let h = self.hidden_size;
+        let f = self.ffn_hidden_size;
+        let std = self.init_method_std;
+        let scaled = std / (2.0 * self.num_layers as f64).sqrt();
+        let p = |name: String, shape: Vec<usize>, init: Init| ParamInfo { name, shape, init };
+        let mut out = vec![
+            p("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }),
+            p("embedding.position_embeddings.weight".into(), vec![self.max_position_embeddings, h], Init::Normal { std }),
+        ];
+        for l in 0..self.num_layers {
+            let n = |s: &str| format!("decoder.layers.{l}.{s}");
+            out.extend([
+                p(n("input_layernorm.weight"), vec![h], Init::Constant(1.0)),
+                p(n("input_layernorm.bias"), vec![h], Init::Constant(0.0)),
+                p(n("self_attention.linear_qkv.weight"), vec![3 * h, h], Init::Normal { std }),
+                p(n("self_attention.linear_qkv.bias"), vec![3 * h], Init::Constant(0.0)),
+                p(n("self_attention.linear_proj.weight"), vec![h, h], Init::Normal { std: scaled }),
+                p(n("self_attention.linear_proj.bias"), vec![h], Init::Constant(0.0)),
+                p(n("pre_mlp_layernorm.weight"), vec![h], Init::Constant(1.0)),
+                p(n("pre_mlp_layernorm.bias"), vec![h], Init::Constant(0.0)),
+                p(n("mlp.linear_fc1.weight"), vec![f, h], Init::Normal { std }),
+                p(n("mlp.linear_fc1.bias"), vec![f], Init::Constant(0.0)),
+                p(n("mlp.linear_fc2.weight"), vec![h, f], Init::Normal { std: scaled }),
+                p(n("mlp.linear_fc2.bias"), vec![h], Init::Constant(0.0)),
+            ]);
+        }
+        out.push(p("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
+        out.push(p("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
+        out
+    }
+
+    /// Model FLOPs of one iteration over `samples` sequences of length `seq` (Narayanan et al.
+    /// 2021, no recompute): 72 B s l h² (1 + s/(6h) + V/(12 l h)).
+    pub fn flops_per_iteration(&self, samples: usize, seq: usize) -> f64 {
+        let (b, s, l, h, v) = (
+            samples as f64,
+            seq as f64,
+            self.num_layers as f64,
+            self.hidden_size as f64,
+            self.padded_vocab_size as f64,
+        );
+        72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h))
+    }
+}

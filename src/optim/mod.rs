@@ -1,0 +1,69 @@
+//! The optimizer side of a training step: AdamW state per parameter, the global gradient norm and
+//! clipping, and (in `lr.rs`) the learning-rate schedule.
+
+pub mod lr;
+
+use crate::device::{AdamWStep, Device};
+use crate::tensor::ParamSet;
+
+/// AdamW hyper-parameters (Megatron's `--adam-beta1 --adam-beta2 --adam-eps --weight-decay`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// First and second moments for every parameter, on the device, plus the step count.
+pub struct AdamW<D: Device> {
+    pub config: AdamWConfig,
+    pub m: Vec<D::Buf>,
+    pub v: Vec<D::Buf>,
+    /// Steps taken so far; the next step uses `step + 1` for bias correction.
+    pub step: u64,
+}
+
+impl<D: Device> AdamW<D> {
+    pub fn new(dev: &D, params: &ParamSet<D>, config: AdamWConfig) -> AdamW<D> {
+        let alloc = || params.info.iter().map(|p| dev.alloc(p.numel())).collect();
+        AdamW { config, m: alloc(), v: alloc(), step: 0 }
+    }
+
+    /// One update of every parameter. `grad_scale` multiplies each gradient first (clipping).
+    pub fn step(&mut self, dev: &D, params: &mut ParamSet<D>, lr: f32, grad_scale: f32) {
+        self.step += 1;
+        for i in 0..params.info.len() {
+            let weight_decay = if params.info[i].decayed() { self.config.weight_decay } else { 0.0 };
+            let step = AdamWStep {
+                lr,
+                beta1: self.config.beta1,
+                beta2: self.config.beta2,
+                eps: self.config.eps,
+                weight_decay,
+                step: self.step,
+                grad_scale,
+            };
+            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step);
+        }
+    }
+}
+
+/// The L2 norm of all gradients together, each parameter counted once.
+pub fn global_grad_norm<D: Device>(dev: &D, params: &ParamSet<D>) -> f64 {
+    params.grads.iter().map(|g| dev.sum_squares(g)).sum::<f64>().sqrt()
+}
+
+/// Megatron's clipping coefficient: `clip / (norm + 1e-6)` when that is below 1, else 1. A
+/// `clip` of 0 disables clipping.
+pub fn clip_coefficient(norm: f64, clip: f64) -> f32 {
+    if clip <= 0.0 {
+        return 1.0;
+    }
+    let coef = clip / (norm + 1e-6);
+    if coef < 1.0 {
+        coef as f32
+    } else {
+        1.0
+    }
+}

@@ -1,0 +1,203 @@
+//! The CPU backend (f32, threaded, SIMD GEMM) against the f64 reference device: every op and the
+//! whole model's loss and gradients, plus bit-identical results for any thread count.
+
+use trident::device::cpu::CpuDevice;
+use trident::device::reference::ReferenceDevice;
+use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::model::{Gpt, GptConfig};
+use trident::rng::Stream;
+
+fn random(n: usize, name: &str, scale: f64) -> Vec<f32> {
+    let s = Stream::new(5, name, 3);
+    (0..n).map(|i| (scale * s.normal(i as u64)) as f32).collect()
+}
+
+fn on<D: Device>(dev: &D, host: &[f32]) -> D::Buf {
+    let mut b = dev.alloc(host.len());
+    dev.upload(&mut b, host);
+    b
+}
+
+fn host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
+    let mut h = vec![0.0; dev.len(buf)];
+    dev.download(buf, &mut h);
+    h
+}
+
+/// f32 results must match the f64 oracle to within a few f32 roundings of the values involved:
+/// the error norm is at most `rel` times the reference norm.
+fn assert_close(what: &str, fast: &[f32], oracle: &[f32], rel: f64) {
+    assert_eq!(fast.len(), oracle.len(), "{what}: lengths");
+    let err: f64 = fast.iter().zip(oracle).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = oracle.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+    assert!(err <= rel * norm.max(1e-30), "{what}: error norm {err} vs reference norm {norm}");
+}
+
+/// Runs `op` on both devices with the same inputs and compares every output buffer.
+fn compare(what: &str, inputs: &[Vec<f32>], op: &dyn Fn(&dyn AnyDevice, &[Vec<f32>]) -> Vec<Vec<f32>>) {
+    let cpu = CpuDevice::new(2);
+    let fast = op(&cpu, inputs);
+    let oracle = op(&ReferenceDevice, inputs);
+    for (i, (f, o)) in fast.iter().zip(&oracle).enumerate() {
+        assert_close(&format!("{what} output {i}"), f, o, 2e-6);
+    }
+}
+
+/// The ops under test, over host vectors, so one closure drives both devices.
+trait AnyDevice {
+    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>>;
+    fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
+    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>>;
+    fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>>;
+    fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
+}
+
+impl<D: Device> AnyDevice for D {
+    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>> {
+        let (x, w, b, dy) = (on(self, x), on(self, w), on(self, b), on(self, dy));
+        let mut out = self.alloc(rows * n);
+        self.linear_forward(&mut out, &x, &w, Some(&b), rows, k, n);
+        let mut dx = self.alloc(rows * k);
+        let mut dw = on(self, &vec![0.5; n * k]);
+        let mut db = on(self, &vec![0.25; n]);
+        self.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &dy, &x, &w, rows, k, n);
+        vec![host(self, &out), host(self, &dx), host(self, &dw), host(self, &db)]
+    }
+    fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>> {
+        let (x, w, b, dy) = (on(self, x), on(self, w), on(self, b), on(self, dy));
+        let (mut out, mut mean, mut rstd) = (self.alloc(rows * cols), self.alloc(rows), self.alloc(rows));
+        self.layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, rows, cols);
+        let mut dx = on(self, &vec![1.0; rows * cols]);
+        let (mut dw, mut db) = (self.alloc(cols), self.alloc(cols));
+        self.layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, rows, cols);
+        vec![host(self, &out), host(self, &dx), host(self, &dw), host(self, &db)]
+    }
+    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>> {
+        let (qkv, dy) = (on(self, qkv), on(self, dy));
+        let (mut out, mut lse) = (self.alloc(shape.rows() * shape.width()), self.alloc(shape.rows() * shape.heads));
+        self.attention_forward(&mut out, &mut lse, &qkv, shape);
+        let mut dqkv = self.alloc(3 * shape.rows() * shape.width());
+        self.attention_backward(&mut dqkv, &dy, &qkv, &out, &lse, shape);
+        vec![host(self, &out), host(self, &lse), host(self, &dqkv)]
+    }
+    fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>> {
+        let mut l = on(self, logits);
+        let loss = self.cross_entropy(&mut l, targets, rows, vocab, Some(0.5));
+        vec![vec![loss as f32], host(self, &l)]
+    }
+    fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>> {
+        let (xb, yb) = (on(self, x), on(self, y));
+        let mut g = self.alloc(x.len());
+        self.gelu_forward(&mut g, &xb);
+        let mut dg = self.alloc(x.len());
+        self.gelu_backward(&mut dg, &xb, &yb);
+        let mut sum = self.alloc(x.len());
+        self.add(&mut sum, &xb, &yb);
+        self.add_assign(&mut sum, &xb);
+        let ss = self.sum_squares(&yb) as f32;
+        let (mut p, mut m, mut v) = (on(self, x), self.alloc(x.len()), self.alloc(x.len()));
+        let step = AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
+        for s in 1..=3 {
+            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step });
+        }
+        vec![host(self, &g), host(self, &dg), host(self, &sum), vec![ss], host(self, &p), host(self, &m), host(self, &v)]
+    }
+}
+
+#[test]
+fn linear_matches_reference_on_awkward_shapes() {
+    for &(rows, k, n) in &[(1, 1, 1), (7, 5, 3), (67, 129, 200), (130, 64, 17), (33, 300, 96)] {
+        let inputs = vec![random(rows * k, "x", 1.0), random(n * k, "w", 0.1), random(n, "b", 1.0), random(rows * n, "dy", 1.0)];
+        compare(&format!("linear {rows}x{k}x{n}"), &inputs, &|d, i| d.linear(&i[0], &i[1], &i[2], rows, k, n, &i[3]));
+    }
+}
+
+#[test]
+fn layernorm_matches_reference() {
+    for &(rows, cols) in &[(1, 4), (37, 96), (100, 257)] {
+        let inputs = vec![random(rows * cols, "x", 2.0), random(cols, "w", 1.0), random(cols, "b", 1.0), random(rows * cols, "dy", 1.0)];
+        compare(&format!("layernorm {rows}x{cols}"), &inputs, &|d, i| d.layernorm(&i[0], &i[1], &i[2], rows, cols, &i[3]));
+    }
+}
+
+#[test]
+fn attention_matches_reference() {
+    for shape in [
+        AttentionShape { batch: 1, seq: 1, heads: 1, head_dim: 4 },
+        AttentionShape { batch: 3, seq: 17, heads: 2, head_dim: 8 },
+        AttentionShape { batch: 2, seq: 64, heads: 4, head_dim: 32 },
+    ] {
+        let inputs = vec![random(3 * shape.rows() * shape.width(), "qkv", 1.0), random(shape.rows() * shape.width(), "dy", 1.0)];
+        compare(&format!("attention {shape:?}"), &inputs, &|d, i| d.attention(&i[0], shape, &i[1]));
+    }
+}
+
+#[test]
+fn cross_entropy_gelu_residual_and_adamw_match_reference() {
+    let (rows, vocab) = (45, 384);
+    let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 37) % 257).collect();
+    let inputs = vec![random(rows * vocab, "logits", 3.0)];
+    compare("cross entropy", &inputs, &|d, i| d.cross_entropy(&i[0], &targets, rows, vocab));
+    let n = 40_000; // more than one block of the element-wise ops
+    let inputs = vec![random(n, "x", 2.0), random(n, "y", 1.0)];
+    compare("element-wise ops", &inputs, &|d, i| d.misc(&i[0], &i[1]));
+}
+
+fn small_config() -> GptConfig {
+    GptConfig {
+        num_layers: 2,
+        hidden_size: 64,
+        num_attention_heads: 4,
+        ffn_hidden_size: 256,
+        max_position_embeddings: 32,
+        vocab_size: 257,
+        padded_vocab_size: 384,
+        init_method_std: 0.02,
+    }
+}
+
+fn batch(batch: usize, seq: usize) -> (Vec<u32>, Vec<u32>) {
+    let s = Stream::new(3, "tokens", 0);
+    let toks: Vec<u32> = (0..batch * (seq + 1)).map(|i| (s.uniform(i as u64, 0) * 257.0) as u32 % 257).collect();
+    let mut tokens = Vec::new();
+    let mut labels = Vec::new();
+    for b in 0..batch {
+        tokens.extend_from_slice(&toks[b * (seq + 1)..b * (seq + 1) + seq]);
+        labels.extend_from_slice(&toks[b * (seq + 1) + 1..(b + 1) * (seq + 1)]);
+    }
+    (tokens, labels)
+}
+
+fn model_grads<D: Device>(dev: &D, tokens: &[u32], labels: &[u32], b: usize, s: usize) -> (f64, Vec<Vec<f32>>) {
+    let mut model = Gpt::new(dev, small_config(), 1234);
+    model.params.zero_grads(dev);
+    let loss = model.forward_backward(dev, tokens, labels, b, s, 1.0 / (b * s) as f32);
+    (loss, model.params.grads.iter().map(|g| host(dev, g)).collect())
+}
+
+#[test]
+fn whole_model_matches_reference() {
+    let (b, s) = (3, 24);
+    let (tokens, labels) = batch(b, s);
+    let (loss_fast, grads_fast) = model_grads(&CpuDevice::new(2), &tokens, &labels, b, s);
+    let (loss_ref, grads_ref) = model_grads(&ReferenceDevice, &tokens, &labels, b, s);
+    assert!((loss_fast - loss_ref).abs() <= 1e-5 * loss_ref.abs(), "loss {loss_fast} vs {loss_ref}");
+    let names = small_config().parameters();
+    for ((f, r), info) in grads_fast.iter().zip(&grads_ref).zip(&names) {
+        assert_close(&info.name, f, r, 1e-4);
+    }
+}
+
+#[test]
+fn cpu_results_do_not_depend_on_thread_count() {
+    let (b, s) = (4, 32);
+    let (tokens, labels) = batch(b, s);
+    let (loss1, grads1) = model_grads(&CpuDevice::new(1), &tokens, &labels, b, s);
+    for threads in [2, 3] {
+        let (loss, grads) = model_grads(&CpuDevice::new(threads), &tokens, &labels, b, s);
+        assert_eq!(loss.to_bits(), loss1.to_bits(), "{threads} threads");
+        for (g, g1) in grads.iter().zip(&grads1) {
+            assert!(g.iter().zip(g1).all(|(a, b)| a.to_bits() == b.to_bits()), "{threads} threads");
+        }
+    }
+}

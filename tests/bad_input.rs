@@ -1,0 +1,143 @@
+//! Bad input never panics: each malformed file or impossible flag gives one clear line on stderr
+//! and a non-zero exit, naming what was wrong.
+
+mod common;
+use common::*;
+
+fn train_on(prefix: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["train", "--data-path", prefix, "--train-iters", "3"];
+    args.extend_from_slice(SMALL);
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// A valid little dataset of 40 documents, written by hand.
+fn good_dataset(dir: &std::path::Path, name: &str) -> String {
+    let docs: Vec<Vec<u16>> = (0..40).map(|d| (0..50 + d).map(|t| ((t * 7 + d) % 256) as u16).collect()).collect();
+    let prefix = dir.join(name);
+    write_u16_dataset(&prefix, &docs);
+    prefix.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_good_hand_written_dataset_trains() {
+    let dir = scratch("good");
+    let p = good_dataset(&dir, "ok");
+    let o = train_on(&p, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("iteration"), "{}", stdout(&o));
+}
+
+#[test]
+fn missing_bin() {
+    let dir = scratch("missing-bin");
+    let p = good_dataset(&dir, "d");
+    std::fs::remove_file(format!("{p}.bin")).unwrap();
+    assert_clean_error(&train_on(&p, &[]), &["d.bin"]);
+}
+
+#[test]
+fn missing_dataset_entirely() {
+    let dir = scratch("missing-all");
+    let p = dir.join("nothing_text_document");
+    assert_clean_error(&train_on(p.to_str().unwrap(), &[]), &["nothing_text_document"]);
+}
+
+#[test]
+fn truncated_bin() {
+    let dir = scratch("trunc-bin");
+    let p = good_dataset(&dir, "d");
+    let bin = std::fs::read(format!("{p}.bin")).unwrap();
+    std::fs::write(format!("{p}.bin"), &bin[..bin.len() / 2]).unwrap();
+    assert_clean_error(&train_on(&p, &[]), &["d.bin"]);
+}
+
+#[test]
+fn wrong_idx_magic() {
+    let dir = scratch("magic");
+    let p = good_dataset(&dir, "d");
+    let mut idx = std::fs::read(format!("{p}.idx")).unwrap();
+    idx[0] = b'X';
+    std::fs::write(format!("{p}.idx"), idx).unwrap();
+    assert_clean_error(&train_on(&p, &[]), &["d.idx", "magic"]);
+}
+
+#[test]
+fn wrong_idx_version() {
+    let dir = scratch("version");
+    let p = good_dataset(&dir, "d");
+    let mut idx = std::fs::read(format!("{p}.idx")).unwrap();
+    idx[9..17].copy_from_slice(&2u64.to_le_bytes());
+    std::fs::write(format!("{p}.idx"), idx).unwrap();
+    assert_clean_error(&train_on(&p, &[]), &["d.idx", "version"]);
+}
+
+#[test]
+fn idx_pointers_past_the_bin() {
+    let dir = scratch("past");
+    let p = good_dataset(&dir, "d");
+    let mut idx = std::fs::read(format!("{p}.idx")).unwrap();
+    // Grow the last sequence's length: the pointers stay consistent, but the last sequence now
+    // ends beyond the end of the .bin.
+    let last = 34 + 4 * 39;
+    idx[last..last + 4].copy_from_slice(&1000i32.to_le_bytes());
+    std::fs::write(format!("{p}.idx"), idx).unwrap();
+    assert_clean_error(&train_on(&p, &[]), &["d.bin"]);
+}
+
+#[test]
+fn token_ids_at_or_above_the_vocabulary() {
+    let dir = scratch("vocab");
+    let docs: Vec<Vec<u16>> = (0..40).map(|d| (0..60).map(|t| if t == 5 { 300 } else { ((t + d) % 256) as u16 }).collect()).collect();
+    let prefix = dir.join("big");
+    write_u16_dataset(&prefix, &docs);
+    assert_clean_error(&train_on(prefix.to_str().unwrap(), &[]), &["300", "257"]);
+}
+
+#[test]
+fn sequence_longer_than_the_position_table() {
+    let dir = scratch("seq");
+    let p = good_dataset(&dir, "d");
+    assert_clean_error(&train_on(&p, &["--max-position-embeddings", "16"]), &["--seq-length 32", "--max-position-embeddings 16"]);
+}
+
+#[test]
+fn global_batch_not_a_multiple_of_the_micro_batch() {
+    let dir = scratch("gbs");
+    let p = good_dataset(&dir, "d");
+    let mut args = vec!["train", "--data-path", p.as_str(), "--train-iters", "3"];
+    args.extend_from_slice(SMALL);
+    let pos = args.iter().position(|a| *a == "--global-batch-size").unwrap();
+    args[pos + 1] = "10";
+    assert_clean_error(&run(&args), &["--global-batch-size 10", "--micro-batch-size 4"]);
+}
+
+#[test]
+fn hidden_size_not_divisible_by_heads() {
+    let dir = scratch("heads");
+    let p = good_dataset(&dir, "d");
+    let mut args = vec!["train", "--data-path", p.as_str(), "--train-iters", "3"];
+    args.extend_from_slice(SMALL);
+    let pos = args.iter().position(|a| *a == "--num-attention-heads").unwrap();
+    args[pos + 1] = "5";
+    assert_clean_error(&run(&args), &["--hidden-size 32", "--num-attention-heads 5"]);
+}
+
+#[test]
+fn unknown_and_malformed_flags_are_named() {
+    assert_clean_error(&run(&["train", "--num-layer", "3"]), &["--num-layer", "did you mean --num-layers"]);
+    assert_clean_error(&run(&["train", "--lr", "fast"]), &["--lr", "'fast'"]);
+    assert_clean_error(&run(&["train", "--micro-batch-size"]), &["--micro-batch-size", "no value"]);
+    assert_clean_error(&run(&["frobnicate"]), &["frobnicate"]);
+    assert_clean_error(&run(&["train", "--hidden-dropout", "0.1"]), &["--hidden-dropout", "not implemented"]);
+}
+
+#[test]
+fn load_from_a_directory_that_is_not_a_checkpoint() {
+    let dir = scratch("noload");
+    let p = good_dataset(&dir, "d");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    assert_clean_error(&train_on(&p, &["--load", empty.to_str().unwrap()]), &["latest_checkpointed_iteration.txt"]);
+    assert_clean_error(&run(&["generate", "--load", empty.to_str().unwrap()]), &["latest_checkpointed_iteration.txt"]);
+}

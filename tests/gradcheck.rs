@@ -1,0 +1,224 @@
+//! Finite-difference gradient checks: every layer's backward and the whole model's, on the f64
+//! reference device, against central differences of the forward pass.
+
+use trident::device::reference::ReferenceDevice;
+use trident::device::{AttentionShape, Device};
+use trident::model::{Gpt, GptConfig};
+use trident::rng::Stream;
+
+const EPS: f64 = 1e-6;
+
+fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
+    let s = Stream::new(99, name, 7);
+    (0..n).map(|i| scale * s.normal(i as u64)).collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Compares an analytic gradient with central differences of `objective` around `x`, element by
+/// element: |analytic - numeric| <= 1e-7 + 1e-6 |numeric|.
+fn check(what: &str, x: &mut [f64], analytic: &[f64], objective: &mut dyn FnMut(&[f64]) -> f64) {
+    assert_eq!(x.len(), analytic.len());
+    let mut worst: f64 = 0.0;
+    for i in 0..x.len() {
+        let orig = x[i];
+        x[i] = orig + EPS;
+        let up = objective(x);
+        x[i] = orig - EPS;
+        let down = objective(x);
+        x[i] = orig;
+        let numeric = (up - down) / (2.0 * EPS);
+        let err = (analytic[i] - numeric).abs();
+        worst = worst.max(err / (1e-7 + 1e-6 * numeric.abs()));
+        assert!(
+            err <= 1e-7 + 1e-6 * numeric.abs(),
+            "{what}[{i}]: analytic {} vs numeric {numeric}",
+            analytic[i]
+        );
+    }
+    assert!(worst.is_finite(), "{what}: no elements checked");
+}
+
+#[test]
+fn layernorm_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let (rows, cols) = (3, 7);
+    let mut x = random(rows * cols, "x", 1.0);
+    let mut w = random(cols, "w", 1.0);
+    let mut b = random(cols, "b", 1.0);
+    let r = random(rows * cols, "r", 1.0);
+    let fwd = |x: &[f64], w: &[f64], b: &[f64]| {
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
+        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &x.to_vec(), &w.to_vec(), &b.to_vec(), rows, cols);
+        (out, mean, rstd)
+    };
+    let (_, mean, rstd) = fwd(&x, &w, &b);
+    let (mut dx, mut dw, mut db) = (vec![0.0; rows * cols], vec![0.0; cols], vec![0.0; cols]);
+    dev.layernorm_backward(&mut dx, &mut dw, &mut db, &r, &x, &w, &mean, &rstd, rows, cols);
+    let (x0, w0, b0) = (x.clone(), w.clone(), b.clone());
+    check("layernorm dx", &mut x, &dx, &mut |x| dot(&fwd(x, &w0, &b0).0, &r));
+    check("layernorm dw", &mut w, &dw, &mut |w| dot(&fwd(&x0, w, &b0).0, &r));
+    check("layernorm db", &mut b, &db, &mut |b| dot(&fwd(&x0, &w0, b).0, &r));
+}
+
+#[test]
+fn linear_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let (rows, k, n) = (4, 5, 3);
+    let mut x = random(rows * k, "x", 1.0);
+    let mut w = random(n * k, "w", 1.0);
+    let mut b = random(n, "b", 1.0);
+    let r = random(rows * n, "r", 1.0);
+    let fwd = |x: &[f64], w: &[f64], b: &[f64]| {
+        let mut out = vec![0.0; rows * n];
+        dev.linear_forward(&mut out, &x.to_vec(), &w.to_vec(), Some(&b.to_vec()), rows, k, n);
+        dot(&out, &r)
+    };
+    let (mut dx, mut dw, mut db) = (vec![0.0; rows * k], vec![0.0; n * k], vec![0.0; n]);
+    dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &r, &x, &w, rows, k, n);
+    let (x0, w0, b0) = (x.clone(), w.clone(), b.clone());
+    check("linear dx", &mut x, &dx, &mut |x| fwd(x, &w0, &b0));
+    check("linear dw", &mut w, &dw, &mut |w| fwd(&x0, w, &b0));
+    check("linear db", &mut b, &db, &mut |b| fwd(&x0, &w0, b));
+}
+
+#[test]
+fn gelu_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let mut x = random(40, "x", 2.0);
+    let r = random(40, "r", 1.0);
+    let fwd = |x: &[f64]| {
+        let mut out = vec![0.0; x.len()];
+        dev.gelu_forward(&mut out, &x.to_vec());
+        dot(&out, &r)
+    };
+    let mut dx = vec![0.0; 40];
+    dev.gelu_backward(&mut dx, &x, &r);
+    check("gelu dx", &mut x, &dx, &mut |x| fwd(x));
+}
+
+#[test]
+fn attention_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let shape = AttentionShape { batch: 2, seq: 5, heads: 2, head_dim: 3 };
+    let (rows, width) = (shape.rows(), shape.width());
+    let mut qkv = random(rows * 3 * width, "qkv", 1.0);
+    let r = random(rows * width, "r", 1.0);
+    let fwd = |qkv: &[f64]| {
+        let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape);
+        (out, lse)
+    };
+    let (out, lse) = fwd(&qkv);
+    let mut dqkv = vec![0.0; qkv.len()];
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape);
+    check("attention dqkv", &mut qkv, &dqkv, &mut |q| dot(&fwd(q).0, &r));
+}
+
+#[test]
+fn attention_is_causal() {
+    // Changing the last token's q, k and v must not change any earlier position's output.
+    let dev = ReferenceDevice;
+    let shape = AttentionShape { batch: 1, seq: 4, heads: 2, head_dim: 2 };
+    let mut qkv = random(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    let run = |qkv: &Vec<f64>| {
+        let (mut out, mut lse) = (vec![0.0; shape.rows() * shape.width()], vec![0.0; shape.rows() * shape.heads]);
+        dev.attention_forward(&mut out, &mut lse, qkv, shape);
+        out
+    };
+    let before = run(&qkv);
+    let last_row = (shape.seq - 1) * 3 * shape.width();
+    for v in &mut qkv[last_row..] {
+        *v += 1.0;
+    }
+    let after = run(&qkv);
+    let earlier = (shape.seq - 1) * shape.width();
+    assert_eq!(before[..earlier], after[..earlier]);
+    assert_ne!(before[earlier..], after[earlier..]);
+}
+
+#[test]
+fn cross_entropy_gradient_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let (rows, vocab) = (3, 6);
+    let mut logits = random(rows * vocab, "logits", 2.0);
+    let targets = [1u32, 5, 0];
+    let loss = |l: &[f64]| dev.cross_entropy(&mut l.to_vec(), &targets, rows, vocab, None);
+    let mut grad = logits.clone();
+    dev.cross_entropy(&mut grad, &targets, rows, vocab, Some(1.0));
+    check("cross entropy dlogits", &mut logits, &grad, &mut |l| loss(l));
+}
+
+#[test]
+fn embedding_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let (batch, seq, hidden, vocab) = (2, 3, 4, 5);
+    let tokens = [1u32, 4, 1, 0, 2, 4];
+    let mut wte = random(vocab * hidden, "wte", 1.0);
+    let mut wpe = random(seq * hidden, "wpe", 1.0);
+    let r = random(batch * seq * hidden, "r", 1.0);
+    let fwd = |wte: &[f64], wpe: &[f64]| {
+        let mut out = vec![0.0; batch * seq * hidden];
+        dev.embedding_forward(&mut out, &tokens, &wte.to_vec(), &wpe.to_vec(), batch, seq, hidden);
+        dot(&out, &r)
+    };
+    let (mut dte, mut dpe) = (vec![0.0; wte.len()], vec![0.0; wpe.len()]);
+    dev.embedding_backward(&mut dte, &mut dpe, &r, &tokens, batch, seq, hidden);
+    let (te0, pe0) = (wte.clone(), wpe.clone());
+    check("embedding dwte", &mut wte, &dte, &mut |w| fwd(w, &pe0));
+    check("embedding dwpe", &mut wpe, &dpe, &mut |w| fwd(&te0, w));
+}
+
+pub fn tiny_config() -> GptConfig {
+    GptConfig {
+        num_layers: 2,
+        hidden_size: 8,
+        num_attention_heads: 2,
+        ffn_hidden_size: 32,
+        max_position_embeddings: 6,
+        vocab_size: 11,
+        padded_vocab_size: 16,
+        init_method_std: 0.3,
+    }
+}
+
+#[test]
+fn whole_model_backward_matches_finite_differences() {
+    let dev = ReferenceDevice;
+    let cfg = tiny_config();
+    let (batch, seq) = (2, 5);
+    let tokens: Vec<u32> = (0..batch * seq).map(|i| (i * 7 % 11) as u32).collect();
+    let labels: Vec<u32> = (0..batch * seq).map(|i| (i * 5 % 11) as u32).collect();
+    let mut model: Gpt<ReferenceDevice> = Gpt::new(&dev, cfg, 42);
+    // Random LayerNorm and bias values, so their gradients are not a special case.
+    for i in 0..model.params.info.len() {
+        if !model.params.info[i].decayed() {
+            let n = model.params.values[i].len();
+            let noise = random(n, &model.params.info[i].name, 0.3);
+            for (v, e) in model.params.values[i].iter_mut().zip(noise) {
+                *v += e;
+            }
+        }
+    }
+    let scale = 1.0 / (batch * seq) as f32;
+    model.params.zero_grads(&dev);
+    model.forward_backward(&dev, &tokens, &labels, batch, seq, scale);
+    let grads = model.params.grads.clone();
+    for p in 0..model.params.info.len() {
+        let name = model.params.info[p].name.clone();
+        let n = model.params.values[p].len();
+        for i in 0..n {
+            let orig = model.params.values[p][i];
+            model.params.values[p][i] = orig + EPS;
+            let up = model.loss(&dev, &tokens, &labels, batch, seq) * scale as f64;
+            model.params.values[p][i] = orig - EPS;
+            let down = model.loss(&dev, &tokens, &labels, batch, seq) * scale as f64;
+            model.params.values[p][i] = orig;
+            let numeric = (up - down) / (2.0 * EPS);
+            let err = (grads[p][i] - numeric).abs();
+            assert!(err <= 1e-7 + 1e-5 * numeric.abs(), "{name}[{i}]: analytic {} vs numeric {numeric}", grads[p][i]);
+        }
+    }
+}
