@@ -231,7 +231,7 @@ impl TrainConfig {
         if micro_batch_size == 0 || global_batch_size == 0 {
             return Err(Error::Config("--micro-batch-size and --global-batch-size must be at least 1".into()));
         }
-        if global_batch_size % micro_batch_size != 0 {
+        if !global_batch_size.is_multiple_of(micro_batch_size) {
             return Err(Error::Config(format!(
                 "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size} \
                  (times the data-parallel size 1)"

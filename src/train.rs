@@ -34,7 +34,8 @@ struct Datasets {
 
 fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
     let data = Arc::new(IndexedDataset::open(&cfg.data_path)?);
-    let ranges = split_ranges(&cfg.split, data.num_documents())?;
+    // Megatron's GPT split counts sequences (its `numel_low_level_dataset`), not documents.
+    let ranges = split_ranges(&cfg.split, data.num_sequences())?;
     let gbs = cfg.global_batch_size;
     let train_samples = cfg.train_iters as usize * gbs;
     let valid_samples = (cfg.train_iters / cfg.eval_interval + 1) as usize * cfg.eval_iters as usize * gbs;
@@ -259,7 +260,7 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainSummary> {
         window_iters += 1;
         window_secs += started.elapsed().as_secs_f64();
 
-        let validate = iteration % cfg.eval_interval == 0 || iteration == cfg.train_iters;
+        let validate = iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters;
         let mut val_loss = None;
         if validate && cfg.eval_iters > 0 {
             if let Some(valid) = &data.valid {
@@ -270,7 +271,7 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainSummary> {
                 summary.final_val_loss = Some(v);
             }
         }
-        if iteration % cfg.log_interval == 0 || validate {
+        if iteration.is_multiple_of(cfg.log_interval) || validate {
             let secs = window_secs / window_iters as f64;
             let stats = IterationStats {
                 iteration,
@@ -292,9 +293,9 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainSummary> {
             }
             (window_loss, window_iters, window_secs) = (0.0, 0, 0.0);
         }
-        let exiting = cfg.exit_interval.is_some_and(|n| iteration % n == 0) && iteration < cfg.train_iters;
+        let exiting = cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) && iteration < cfg.train_iters;
         if let Some(dir) = &cfg.save {
-            let at_interval = cfg.save_interval.is_some_and(|n| iteration % n == 0);
+            let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
             if at_interval || exiting || iteration == cfg.train_iters {
                 save_checkpoint(dir, &dev, &model, &opt, cfg, progress)?;
             }

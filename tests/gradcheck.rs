@@ -185,6 +185,7 @@ pub fn tiny_config() -> GptConfig {
 }
 
 #[test]
+#[allow(clippy::needless_range_loop)] // indices name the parameter and element in failures
 fn whole_model_backward_matches_finite_differences() {
     let dev = ReferenceDevice;
     let cfg = tiny_config();

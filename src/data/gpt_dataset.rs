@@ -105,12 +105,14 @@ pub struct GptDataset {
 }
 
 impl GptDataset {
-    /// Builds the indices for `documents` of `data` so that at least `num_samples` samples exist
-    /// (usually more: the last epoch is used up to its end). `name` is the split's name
-    /// ("train", "valid", "test"); `vocab_size` bounds the token ids `get` accepts.
+    /// Builds the indices for the sequences `sequences` of `data` (Megatron's GPT split is over
+    /// sequence indices, which equal document indices unless documents are empty or split into
+    /// sentences) so that at least `num_samples` samples exist (usually more: the last epoch is
+    /// used up to its end). `name` is the split's name ("train", "valid", "test"); `vocab_size`
+    /// bounds the token ids `get` accepts.
     pub fn build(
         data: Arc<IndexedDataset>,
-        documents: Range<usize>,
+        sequences: Range<usize>,
         num_samples: usize,
         seq_length: usize,
         seed: u64,
@@ -123,10 +125,11 @@ impl GptDataset {
             return Err(Error::flag("--seq-length", 0, "a positive number of tokens"));
         }
         let description = format!("{name} split of {}", data.path_prefix().display());
-        let sequences = data.document_sequences(documents.clone())?;
-        if documents.is_empty() {
+        if sequences.is_empty() || sequences.end > data.num_sequences() {
             return Err(Error::Data(format!(
-                "{description} has 0 documents; give it a larger --split weight or use more data"
+                "{description} has {} sequences (of {} in the file); give it a larger --split weight or use more data",
+                sequences.len(),
+                data.num_sequences()
             )));
         }
 
@@ -135,9 +138,9 @@ impl GptDataset {
         let tokens_per_epoch: u64 = sequences.clone().map(|i| data.sequence_length(i) as u64).sum();
         if tokens_per_epoch < s + 1 {
             return Err(Error::Data(format!(
-                "{description} has {} documents with {tokens_per_epoch} tokens, fewer than the {} \
+                "{description} has {} sequences with {tokens_per_epoch} tokens, fewer than the {} \
                  tokens one sample of --seq-length {seq_length} needs",
-                documents.len(),
+                sequences.len(),
                 s + 1
             )));
         }
@@ -462,10 +465,10 @@ mod tests {
             GptDataset::build(data.clone(), documents, 10, seq_length, seed, "valid", 500).err().unwrap().to_string()
         };
         let prefix = data.path_prefix().display().to_string();
-        assert_eq!(err(2..2, 4, 1), format!("bad training data: valid split of {prefix} has 0 documents; give it a larger --split weight or use more data"));
+        assert_eq!(err(2..2, 4, 1), format!("bad training data: valid split of {prefix} has 0 sequences (of 2 in the file); give it a larger --split weight or use more data"));
         assert!(err(0..2, 8, 1)
-            .contains(&format!("valid split of {prefix} has 2 documents with 8 tokens, fewer than the 9 tokens")));
-        assert!(err(0..3, 4, 1).contains("documents 0..3 requested"));
+            .contains(&format!("valid split of {prefix} has 2 sequences with 8 tokens, fewer than the 9 tokens")));
+        assert!(err(0..3, 4, 1).contains("has 3 sequences (of 2 in the file)"));
         assert!(err(0..2, 0, 1).starts_with("flag --seq-length"));
         assert!(err(0..2, 4, 1 << 32).starts_with("flag --seed"));
         let ds = GptDataset::build(data, 0..2, 1, 4, 1, "valid", 500).unwrap();

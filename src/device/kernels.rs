@@ -138,7 +138,8 @@ pub fn dot<R: Real>(a: &[R], b: &[R]) -> R {
     while width > 1 {
         width /= 2;
         for l in 0..width {
-            acc[l] = acc[l] + acc[l + width];
+            let upper = acc[l + width];
+            acc[l] += upper;
         }
     }
     acc[0] + tail
@@ -391,10 +392,14 @@ pub unsafe fn embedding_backward_cols<R: Real>(
         for b in 0..batch {
             let tok = tokens[b * seq + t] as usize;
             let g = &dout[(t * batch + b) * hidden..(t * batch + b + 1) * hidden];
-            for c in c0..c1 {
-                // SAFETY: column c of row tok / t is inside the arrays and owned by this call.
-                *dwte.add(tok * hidden + c) += g[c];
-                *dwpe.add(t * hidden + c) += g[c];
+            // SAFETY: columns c0..c1 of rows tok and t are inside the arrays and owned by this call.
+            let te = std::slice::from_raw_parts_mut(dwte.add(tok * hidden + c0), c1 - c0);
+            for (d, &x) in te.iter_mut().zip(&g[c0..c1]) {
+                *d += x;
+            }
+            let pe = std::slice::from_raw_parts_mut(dwpe.add(t * hidden + c0), c1 - c0);
+            for (d, &x) in pe.iter_mut().zip(&g[c0..c1]) {
+                *d += x;
             }
         }
     }

@@ -61,6 +61,7 @@ pub trait Device: Send + Sync {
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
 
     /// `out[t*batch+b] = wte[tokens[b*seq+t]] + wpe[t]`; tokens are sample-major as read.
+    #[allow(clippy::too_many_arguments)]
     fn embedding_forward(
         &self,
         out: &mut Self::Buf,
@@ -72,6 +73,7 @@ pub trait Device: Send + Sync {
         hidden: usize,
     );
     /// `dwte[tokens] += dout`, `dwpe[t] += Σ_b dout` (both "+=").
+    #[allow(clippy::too_many_arguments)]
     fn embedding_backward(
         &self,
         dwte: &mut Self::Buf,

@@ -37,7 +37,7 @@ impl GptConfig {
                 return Err(Error::Config(format!("{flag} must be at least 1")));
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(Error::Config(format!(
                 "--hidden-size {} is not divisible by --num-attention-heads {}",
                 self.hidden_size, self.num_attention_heads

@@ -340,11 +340,10 @@ impl Device for CpuDevice {
         let mut losses = vec![0.0f64; rows];
         let (lg, ls) = (SharedMut::new(logits), SharedMut::new(&mut losses));
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
-            for r in r0..r0 + nr {
+            for (r, &target) in targets.iter().enumerate().skip(r0).take(nr) {
                 // SAFETY: row r of the logits and slot r of the losses belong to this task.
                 unsafe {
-                    ls.slice(r, 1)[0] =
-                        simd::cross_entropy_row(lg.slice(r * vocab, vocab), targets[r] as usize, grad_scale)
+                    ls.slice(r, 1)[0] = simd::cross_entropy_row(lg.slice(r * vocab, vocab), target as usize, grad_scale)
                 };
             }
         });

@@ -58,7 +58,11 @@ pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
             chunks += 1;
             end = Instant::now();
         }
-        let burst = Burst { flops: chunks as f64 * chunk.flops_per_chunk(), begin, end };
+        let burst = Burst {
+            flops: chunks as f64 * chunk.flops_per_chunk(),
+            begin,
+            end,
+        };
         bursts.lock().unwrap_or_else(|p| p.into_inner()).push(burst);
     });
 
@@ -69,7 +73,12 @@ pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
     let seconds = end.duration_since(begin).as_secs_f64().max(1e-9);
     let gflops = flops / seconds / 1e9;
     let threads = pool.threads();
-    Peak { gflops, gflops_per_thread: gflops / threads as f64, threads, isa: isa_name(kernel) }
+    Peak {
+        gflops,
+        gflops_per_thread: gflops / threads as f64,
+        threads,
+        isa: isa_name(kernel),
+    }
 }
 
 fn isa_name(kernel: GemmKernel) -> &'static str {
@@ -84,28 +93,28 @@ fn isa_name(kernel: GemmKernel) -> &'static str {
 /// granularity of `Instant::now`.
 const ITERATIONS_PER_CHUNK: usize = 4096;
 
-/// Independent accumulators: two FMA ports × four cycles of latency need eight; sixteen leaves
-/// headroom for wider or slower cores.
-const ACCUMULATORS: usize = 16;
+/// Independent zmm accumulators: two FMA ports × four cycles of latency need eight; sixteen
+/// leaves headroom for wider or slower cores.
+const AVX512_ACCUMULATORS: usize = 16;
+/// Independent ymm accumulators: twelve of the sixteen ymm registers, the rest hold constants.
+const AVX2_ACCUMULATORS: usize = 12;
+/// Lanes of the portable loop, which the compiler vectorises at the baseline width.
+const PORTABLE_LANES: usize = 64;
 
-/// The accumulator state of one thread's FMA loop. Each chunk multiplies by a number just below
-/// one and adds a small constant, so values converge to a fixed point instead of overflowing or
-/// going subnormal (which would slow the units down).
-enum FmaChunk {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    Avx512([[f32; 16]; ACCUMULATORS]),
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    Avx2([[f32; 8]; ACCUMULATORS / 4 * 3]),
-    Portable([f32; 4 * ACCUMULATORS]),
+const STATE_FLOATS: usize = 16 * AVX512_ACCUMULATORS;
+
+/// One thread's FMA loop. Each chunk multiplies the accumulators by a number just below one and
+/// adds a small constant, so values converge to a fixed point instead of overflowing or going
+/// subnormal (which would slow the units down). The state lives in memory between chunks.
+struct FmaChunk {
+    kernel: GemmKernel,
+    state: [f32; STATE_FLOATS],
 }
 
 fn fma_chunk(kernel: GemmKernel) -> FmaChunk {
-    match kernel {
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        GemmKernel::Avx512 => FmaChunk::Avx512([[0.5; 16]; ACCUMULATORS]),
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        GemmKernel::Avx2 => FmaChunk::Avx2([[0.5; 8]; ACCUMULATORS / 4 * 3]),
-        _ => FmaChunk::Portable([0.5; 4 * ACCUMULATORS]),
+    FmaChunk {
+        kernel,
+        state: [0.5; STATE_FLOATS],
     }
 }
 
@@ -114,31 +123,30 @@ const OFFSET: f32 = 1.0e-6;
 
 impl FmaChunk {
     fn flops_per_chunk(&self) -> f64 {
-        let lanes = match self {
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            FmaChunk::Avx512(acc) => acc.len() * 16,
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            FmaChunk::Avx2(acc) => acc.len() * 8,
-            FmaChunk::Portable(acc) => acc.len(),
+        let lanes = match self.kernel {
+            GemmKernel::Avx512 => 16 * AVX512_ACCUMULATORS,
+            GemmKernel::Avx2 => 8 * AVX2_ACCUMULATORS,
+            GemmKernel::Portable => PORTABLE_LANES,
         };
         (2 * lanes * ITERATIONS_PER_CHUNK) as f64
     }
 
     fn run(&mut self) {
-        match self {
+        match self.kernel {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: this variant is only built when best_kernel() found avx512f.
-            FmaChunk::Avx512(acc) => unsafe { x86::chunk_avx512(acc) },
+            // SAFETY: best_kernel() only returns Avx512 after detecting avx512f.
+            GemmKernel::Avx512 => unsafe { x86::chunk_avx512(&mut self.state) },
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: this variant is only built when best_kernel() found avx2 and fma.
-            FmaChunk::Avx2(acc) => unsafe { x86::chunk_avx2(acc) },
-            FmaChunk::Portable(acc) => {
+            // SAFETY: best_kernel() only returns Avx2 after detecting avx2 and fma.
+            GemmKernel::Avx2 => unsafe { x86::chunk_avx2(&mut self.state) },
+            _ => {
+                let lanes = &mut self.state[..PORTABLE_LANES];
                 for _ in 0..ITERATIONS_PER_CHUNK {
-                    for value in acc.iter_mut() {
+                    for value in lanes.iter_mut() {
                         *value = *value * SCALE + OFFSET;
                     }
                 }
-                black_box(acc);
+                black_box(lanes);
             }
         }
     }
@@ -152,16 +160,19 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::hint::black_box;
 
-    use super::{ACCUMULATORS, ITERATIONS_PER_CHUNK, OFFSET, SCALE};
+    use super::{
+        AVX2_ACCUMULATORS, AVX512_ACCUMULATORS, ITERATIONS_PER_CHUNK, OFFSET, SCALE, STATE_FLOATS,
+    };
 
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn chunk_avx512(state: &mut [[f32; 16]; ACCUMULATORS]) {
-        // SAFETY: every load and store stays inside `state`; the caller checked the feature.
+    pub unsafe fn chunk_avx512(state: &mut [f32; STATE_FLOATS]) {
+        // SAFETY: every load and store stays inside `state` (16 accumulators × 16 lanes); the
+        // caller checked the feature.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); ACCUMULATORS];
-            for (reg, lanes) in acc.iter_mut().zip(state.iter()) {
+            let mut acc = [_mm512_setzero_ps(); AVX512_ACCUMULATORS];
+            for (reg, lanes) in acc.iter_mut().zip(state.chunks_exact(16)) {
                 *reg = _mm512_loadu_ps(lanes.as_ptr());
             }
             let (scale, offset) = (_mm512_set1_ps(SCALE), _mm512_set1_ps(OFFSET));
@@ -171,7 +182,7 @@ mod x86 {
                 }
             }
             let acc = black_box(acc);
-            for (reg, lanes) in acc.iter().zip(state.iter_mut()) {
+            for (reg, lanes) in acc.iter().zip(state.chunks_exact_mut(16)) {
                 _mm512_storeu_ps(lanes.as_mut_ptr(), *reg);
             }
         }
@@ -180,11 +191,12 @@ mod x86 {
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn chunk_avx2(state: &mut [[f32; 8]; ACCUMULATORS / 4 * 3]) {
-        // SAFETY: every load and store stays inside `state`; the caller checked the features.
+    pub unsafe fn chunk_avx2(state: &mut [f32; STATE_FLOATS]) {
+        // SAFETY: every load and store stays inside `state` (12 accumulators × 8 lanes); the
+        // caller checked the features.
         unsafe {
-            let mut acc = [_mm256_setzero_ps(); ACCUMULATORS / 4 * 3];
-            for (reg, lanes) in acc.iter_mut().zip(state.iter()) {
+            let mut acc = [_mm256_setzero_ps(); AVX2_ACCUMULATORS];
+            for (reg, lanes) in acc.iter_mut().zip(state.chunks_exact(8)) {
                 *reg = _mm256_loadu_ps(lanes.as_ptr());
             }
             let (scale, offset) = (_mm256_set1_ps(SCALE), _mm256_set1_ps(OFFSET));
@@ -194,7 +206,7 @@ mod x86 {
                 }
             }
             let acc = black_box(acc);
-            for (reg, lanes) in acc.iter().zip(state.iter_mut()) {
+            for (reg, lanes) in acc.iter().zip(state.chunks_exact_mut(8)) {
                 _mm256_storeu_ps(lanes.as_mut_ptr(), *reg);
             }
         }

@@ -89,7 +89,9 @@ struct Shared {
 
 /// Locks a mutex whose data stays consistent even if a holder panicked, so poisoning is ignored.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Polls `done` for `SPIN_BEFORE_SLEEP`; returns true as soon as it holds.
@@ -185,7 +187,11 @@ impl ThreadPool {
                     .expect("the OS refused to spawn a thread-pool worker")
             })
             .collect();
-        ThreadPool { shared, workers, busy: AtomicBool::new(false) }
+        ThreadPool {
+            shared,
+            workers,
+            busy: AtomicBool::new(false),
+        }
     }
 
     /// Total threads that run tasks, the caller included.
@@ -204,7 +210,17 @@ impl ThreadPool {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok();
         if !parallel {
-            (0..tasks).for_each(task);
+            // Same contract as the parallel path: every task runs, then the first panic is
+            // re-raised.
+            let mut first_panic = None;
+            for index in 0..tasks {
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| task(index))) {
+                    first_panic.get_or_insert(payload);
+                }
+            }
+            if let Some(payload) = first_panic {
+                resume_unwind(payload);
+            }
             return;
         }
 
@@ -216,7 +232,10 @@ impl ThreadPool {
             panic: Mutex::new(None),
         };
         let shared = &*self.shared;
-        shared.job.store(&job as *const Job<'_> as *mut Job<'static>, Ordering::SeqCst);
+        shared.job.store(
+            &job as *const Job<'_> as *mut Job<'static>,
+            Ordering::SeqCst,
+        );
         shared.announce();
         job.work(shared);
         self.wait_finished(&job);
@@ -382,6 +401,20 @@ mod tests {
     }
 
     #[test]
+    fn panics_propagate_from_serial_runs_too() {
+        let pool = ThreadPool::new(1);
+        let ran = AtomicUsize::new(0);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(5, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 1, "serial task failed on purpose");
+            });
+        }));
+        assert!(result.is_err());
+        assert_eq!(ran.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
     fn many_tiny_runs_are_fast_and_correct() {
         let pool = ThreadPool::new(2);
         let total = AtomicUsize::new(0);
@@ -395,7 +428,10 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 100_000 * 3);
         // About a microsecond per call when both threads are free; the bound leaves room for a
         // loaded machine while still catching a pool that sleeps between calls.
-        assert!(elapsed < Duration::from_secs(10), "100k runs took {elapsed:?}");
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "100k runs took {elapsed:?}"
+        );
     }
 
     #[test]
@@ -403,7 +439,15 @@ mod tests {
         let pool = ThreadPool::new(3);
         let total = AtomicUsize::new(0);
         for _ in 0..3 {
-            std::thread::sleep(Duration::from_millis(5));
+            // Well past the spin window every worker must be blocked, not polling.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while pool.shared.sleepers.load(Ordering::SeqCst) < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "idle workers never went to sleep"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
             pool.run(6, &|_| {
                 total.fetch_add(1, Ordering::Relaxed);
             });
