@@ -33,8 +33,11 @@ fn assert_close(what: &str, fast: &[f32], oracle: &[f32], rel: f64) {
     assert!(err <= rel * norm.max(1e-30), "{what}: error norm {err} vs reference norm {norm}");
 }
 
+/// An op under test: inputs in, every output buffer out, on whichever device it is given.
+type Op<'a> = &'a dyn Fn(&dyn AnyDevice, &[Vec<f32>]) -> Vec<Vec<f32>>;
+
 /// Runs `op` on both devices with the same inputs and compares every output buffer.
-fn compare(what: &str, inputs: &[Vec<f32>], op: &dyn Fn(&dyn AnyDevice, &[Vec<f32>]) -> Vec<Vec<f32>>) {
+fn compare(what: &str, inputs: &[Vec<f32>], op: Op) {
     let cpu = CpuDevice::new(2);
     let fast = op(&cpu, inputs);
     let oracle = op(&ReferenceDevice, inputs);
@@ -44,6 +47,7 @@ fn compare(what: &str, inputs: &[Vec<f32>], op: &dyn Fn(&dyn AnyDevice, &[Vec<f3
 }
 
 /// The ops under test, over host vectors, so one closure drives both devices.
+#[allow(clippy::too_many_arguments)]
 trait AnyDevice {
     fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>>;
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
@@ -52,6 +56,7 @@ trait AnyDevice {
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
 }
 
+#[allow(clippy::too_many_arguments)]
 impl<D: Device> AnyDevice for D {
     fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>> {
         let (x, w, b, dy) = (on(self, x), on(self, w), on(self, b), on(self, dy));
