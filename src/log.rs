@@ -129,6 +129,9 @@ pub struct JsonLog {
 impl JsonLog {
     /// Opens for appending when resuming (so one file holds the whole run), else truncates.
     pub fn open(path: &Path, append: bool) -> Result<JsonLog> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
