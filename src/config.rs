@@ -17,7 +17,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
     flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
     flag("--seq-length", "S", "tokens per sample"),
-    flag("--max-position-embeddings", "P", "rows of the position embedding (default: the sequence length)"),
+    flag("--max-position-embeddings", "P", "rows of the position embedding (default: the preset's, at least the sequence length)"),
     flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
     flag("--init-method-std", "X", "standard deviation of weight initialisation (default 0.02)"),
     flag("--micro-batch-size", "B", "samples per micro-batch"),
@@ -25,7 +25,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--train-iters", "N", "iterations to train"),
     flag("--lr", "LR", "peak learning rate"),
     flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
-    flag("--lr-warmup-iters", "N", "iterations of linear warmup from 0"),
+    flag("--lr-warmup-iters", "N", "iterations of linear warmup from 0 (default: the preset's, at most a tenth of the run)"),
     flag("--lr-decay-iters", "N", "iterations over which to decay (default --train-iters)"),
     flag("--lr-decay-style", "STYLE", "constant, linear or cosine"),
     flag("--weight-decay", "WD", "decoupled weight decay (default 0.01; none on biases and LayerNorm)"),
@@ -62,6 +62,7 @@ pub struct Preset {
     pub hidden_size: usize,
     pub num_attention_heads: usize,
     pub seq_length: usize,
+    pub max_position_embeddings: usize,
     pub micro_batch_size: usize,
     pub global_batch_size: usize,
     pub train_iters: u64,
@@ -80,6 +81,7 @@ pub const PRESETS: &[Preset] = &[
         hidden_size: 128,
         num_attention_heads: 4,
         seq_length: 128,
+        max_position_embeddings: 128,
         micro_batch_size: 16,
         global_batch_size: 16,
         train_iters: 1500,
@@ -96,6 +98,7 @@ pub const PRESETS: &[Preset] = &[
         hidden_size: 768,
         num_attention_heads: 12,
         seq_length: 1024,
+        max_position_embeddings: 1024,
         micro_batch_size: 1,
         global_batch_size: 8,
         train_iters: 100,
@@ -112,6 +115,7 @@ pub const PRESETS: &[Preset] = &[
         hidden_size: 1024,
         num_attention_heads: 16,
         seq_length: 1024,
+        max_position_embeddings: 1024,
         micro_batch_size: 1,
         global_batch_size: 8,
         train_iters: 100,
@@ -128,6 +132,7 @@ pub const PRESETS: &[Preset] = &[
         hidden_size: 1536,
         num_attention_heads: 16,
         seq_length: 1024,
+        max_position_embeddings: 1024,
         micro_batch_size: 1,
         global_batch_size: 8,
         train_iters: 100,
@@ -144,6 +149,7 @@ pub const PRESETS: &[Preset] = &[
         hidden_size: 1600,
         num_attention_heads: 25,
         seq_length: 1024,
+        max_position_embeddings: 1024,
         micro_batch_size: 1,
         global_batch_size: 8,
         train_iters: 100,
@@ -201,7 +207,7 @@ impl TrainConfig {
         let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
         let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
         let seq_length = args.usize("--seq-length")?.unwrap_or(p.seq_length);
-        let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(seq_length);
+        let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(p.max_position_embeddings.max(seq_length));
         let divisible_by = args.usize("--make-vocab-size-divisible-by")?.unwrap_or(128);
         if divisible_by == 0 {
             return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
@@ -240,7 +246,9 @@ impl TrainConfig {
         let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
         let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
         let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
-        let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters);
+        // A preset's warmup shrinks to a tenth of a shorter run, so `--train-iters 20` just works;
+        // an explicit --lr-warmup-iters is taken as given and checked below.
+        let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters.min(train_iters / 10));
         let decay_iters = args.u64("--lr-decay-iters")?.unwrap_or(train_iters);
         let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"))?;
         if max_lr <= 0.0 || min_lr < 0.0 || min_lr > max_lr {
