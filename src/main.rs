@@ -172,8 +172,15 @@ fn cmd_info(rest: &[String]) -> Result<()> {
     };
     let pool = pool::ThreadPool::new(threads(&a)?);
     let p = peak::measure_fma_peak(&pool, 150);
-    println!("trident {}", env!("CARGO_PKG_VERSION"));
-    println!("cpu: {} threads; gemm kernel {:?}; fma peak {:.1} GFLOP/s ({})", pool.threads(), gemm::best_kernel(), p.gflops, p.isa);
+    println!("trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
+    println!(
+        "cpu: {} threads; gemm kernel {:?}; element-wise kernels {:?}; fma peak {:.1} GFLOP/s ({})",
+        pool.threads(),
+        gemm::best_kernel(),
+        trident::device::cpu::simd::level(),
+        p.gflops,
+        p.isa
+    );
     println!("cuda: not built into this version (the CUDA backend arrives with its issue)");
     println!("hip: not built into this version (the HIP backend arrives with its issue)");
     println!("mpi: not built into this version (single rank only)");
@@ -197,7 +204,7 @@ fn run(args: &[String]) -> Result<()> {
             Ok(())
         }
         "--version" => {
-            println!("trident {}", env!("CARGO_PKG_VERSION"));
+            println!("trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
             Ok(())
         }
         other => Err(Error::Usage(format!("unknown command '{other}' (see `trident --help`)"))),

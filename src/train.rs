@@ -190,6 +190,7 @@ pub fn run(cfg: &TrainConfig) -> Result<TrainSummary> {
     let dev = CpuDevice::new(cfg.cpu_threads);
     let peak = peak::measure_fma_peak(dev.pool(), 150);
     let m = &cfg.model;
+    println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
     println!(
         " trident train: preset {} | {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | device {} | \
          peak {:.1} GFLOP/s ({})",
