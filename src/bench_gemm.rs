@@ -91,14 +91,7 @@ const CHECKED_ELEMENTS: usize = 512;
 
 /// Max relative error of `c` against a naive f64 dot product, over every element when C is small
 /// and over a fixed spread of elements (the four corners included) otherwise.
-fn max_relative_error(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &MatRef<'_>,
-    b: &MatRef<'_>,
-    c: &[f32],
-) -> f64 {
+fn max_relative_error(m: usize, n: usize, k: usize, a: &MatRef<'_>, b: &MatRef<'_>, c: &[f32]) -> f64 {
     let mut points: Vec<(usize, usize)> = if m * n <= CHECKED_ELEMENTS {
         (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).collect()
     } else {
@@ -108,10 +101,7 @@ fn max_relative_error(
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                (
-                    (state % m as u64) as usize,
-                    ((state >> 32) % n as u64) as usize,
-                )
+                ((state % m as u64) as usize, ((state >> 32) % n as u64) as usize)
             })
             .collect()
     };
@@ -218,12 +208,7 @@ mod tests {
     #[test]
     fn sweep_validates_and_times_small_shapes() {
         let pool = ThreadPool::new(2);
-        let peak = Peak {
-            gflops: 100.0,
-            gflops_per_thread: 50.0,
-            threads: 2,
-            isa: "test",
-        };
+        let peak = Peak { gflops: 100.0, gflops_per_thread: 50.0, threads: 2, isa: "test" };
         let rows = gemm_sweep(&pool, &[(33, 65, 17), (64, 64, 64)], &peak, 0.001);
         assert_eq!(rows.len(), 6);
         for row in &rows {

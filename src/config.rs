@@ -17,7 +17,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
     flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
     flag("--seq-length", "S", "tokens per sample"),
-    flag("--max-position-embeddings", "P", "rows of the position embedding (default: the preset's, at least the sequence length)"),
+    flag(
+        "--max-position-embeddings",
+        "P",
+        "rows of the position embedding (default: the preset's, at least the sequence length)",
+    ),
     flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
     flag("--init-method-std", "X", "standard deviation of weight initialisation (default 0.02)"),
     flag("--micro-batch-size", "B", "samples per micro-batch"),
@@ -25,7 +29,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--train-iters", "N", "iterations to train"),
     flag("--lr", "LR", "peak learning rate"),
     flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
-    flag("--lr-warmup-iters", "N", "iterations of linear warmup from 0 (default: the preset's, at most a tenth of the run)"),
+    flag(
+        "--lr-warmup-iters",
+        "N",
+        "iterations of linear warmup from 0 (default: the preset's, at most a tenth of the run)",
+    ),
     flag("--lr-decay-iters", "N", "iterations over which to decay (default --train-iters)"),
     flag("--lr-decay-style", "STYLE", "constant, linear or cosine"),
     flag("--weight-decay", "WD", "decoupled weight decay (default 0.01; none on biases and LayerNorm)"),
@@ -271,9 +279,11 @@ impl TrainConfig {
             }
         }
         let data_path = args.path("--data-path").ok_or_else(|| {
-            Error::Usage("--data-path is required: run `trident prepare --input FILE --output-prefix P` and pass \
+            Error::Usage(
+                "--data-path is required: run `trident prepare --input FILE --output-prefix P` and pass \
                           --data-path P_text_document"
-                .into())
+                    .into(),
+            )
         })?;
         let split = crate::data::gpt_dataset::parse_split(args.str("--split").unwrap_or("969,30,1"))?;
         let positive = |name: &str, v: u64| {

@@ -54,7 +54,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     for (i, info) in model.params.info.iter().enumerate() {
         let t = shard.tensor(&path, &format!("param/{}", info.name))?;
         if t.shape != info.shape {
-            return Err(Error::format(&path, format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape)));
+            return Err(Error::format(
+                &path,
+                format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
+            ));
         }
         dev.upload(&mut model.params.values[i], &t.data);
     }

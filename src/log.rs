@@ -25,10 +25,7 @@ pub struct IterationStats {
 
 /// `[2026-11-22 01:02:03]` in UTC, as Megatron stamps its lines.
 pub fn timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (Howard Hinnant's algorithm), valid for every date after 1970.
     let z = days as i64 + 719_468;
@@ -157,7 +154,8 @@ mod tests {
     fn json_has_the_documented_keys() {
         let s = IterationStats { iteration: 3, loss: 2.5, val_loss: Some(2.25), ..Default::default() };
         let j = json_line(&s);
-        for key in ["iteration", "loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "tflops", "mfu", "val_loss"] {
+        for key in ["iteration", "loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_s", "tflops", "mfu", "val_loss"]
+        {
             assert!(j.contains(&format!("\"{key}\": ")), "{key} missing in {j}");
         }
         let nan = IterationStats { loss: f64::NAN, ..Default::default() };

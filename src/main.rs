@@ -40,10 +40,8 @@ const GENERATE_FLAGS: &[FlagSpec] = &[
     flag("--cpu-threads", "N", "CPU threads"),
 ];
 
-const BENCH_FLAGS: &[FlagSpec] = &[
-    flag("--cpu-threads", "N", "CPU threads"),
-    flag("--min-seconds", "S", "time per shape (default 0.3)"),
-];
+const BENCH_FLAGS: &[FlagSpec] =
+    &[flag("--cpu-threads", "N", "CPU threads"), flag("--min-seconds", "S", "time per shape (default 0.3)")];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
 
@@ -69,7 +67,8 @@ fn cmd_prepare(rest: &[String]) -> Result<()> {
         return Ok(());
     };
     let inputs = a.list("--input").ok_or_else(|| Error::Usage("prepare needs --input FILE...".into()))?;
-    let output_prefix = a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
+    let output_prefix =
+        a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
     if let Some(t) = a.str("--tokenizer-type") {
         if t != "ByteTokenizer" {
             return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
@@ -157,7 +156,12 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         "gemm" => {
             let p = peak::measure_fma_peak(&pool, 300);
             let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
-            println!("fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}", p.gflops, p.threads, gemm::best_kernel());
+            println!(
+                "fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}",
+                p.gflops,
+                p.threads,
+                gemm::best_kernel()
+            );
             let rows = trident::bench_gemm::gemm_sweep(&pool, trident::bench_gemm::DEFAULT_SHAPES, &p, secs);
             trident::bench_gemm::print_table(&rows);
             Ok(())

@@ -59,7 +59,14 @@ fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
 }
 
 /// Fills `tokens` and `labels` (sample-major) with `count` consecutive samples from `first`.
-fn fetch_batch(ds: &GptDataset, first: u64, count: usize, seq: usize, tokens: &mut [u32], labels: &mut [u32]) -> Result<()> {
+fn fetch_batch(
+    ds: &GptDataset,
+    first: u64,
+    count: usize,
+    seq: usize,
+    tokens: &mut [u32],
+    labels: &mut [u32],
+) -> Result<()> {
     let mut sample = vec![0u32; seq + 1];
     for i in 0..count {
         ds.get(first as usize + i, &mut sample)?;
@@ -70,7 +77,14 @@ fn fetch_batch(ds: &GptDataset, first: u64, count: usize, seq: usize, tokens: &m
 }
 
 /// Mean per-token loss over `iters` global batches of `ds` starting at sample `first`.
-fn evaluate<D: Device>(model: &mut Gpt<D>, dev: &D, ds: &GptDataset, cfg: &TrainConfig, first: u64, iters: u64) -> Result<f64> {
+fn evaluate<D: Device>(
+    model: &mut Gpt<D>,
+    dev: &D,
+    ds: &GptDataset,
+    cfg: &TrainConfig,
+    first: u64,
+    iters: u64,
+) -> Result<f64> {
     let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
     let mut tokens = vec![0u32; mbs * seq];
     let mut labels = vec![0u32; mbs * seq];
@@ -117,7 +131,14 @@ pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
     })
 }
 
-fn save_checkpoint<D: Device>(dir: &Path, dev: &D, model: &Gpt<D>, opt: &AdamW<D>, cfg: &TrainConfig, progress: Progress) -> Result<()> {
+fn save_checkpoint<D: Device>(
+    dir: &Path,
+    dev: &D,
+    model: &Gpt<D>,
+    opt: &AdamW<D>,
+    cfg: &TrainConfig,
+    progress: Progress,
+) -> Result<()> {
     let mut shard = Shard::default();
     let meta = [
         ("format", "trident-checkpoint".to_string()),
@@ -144,7 +165,11 @@ fn save_checkpoint<D: Device>(dir: &Path, dev: &D, model: &Gpt<D>, opt: &AdamW<D
     for (i, info) in model.params.info.iter().enumerate() {
         let n = info.numel();
         for (prefix, buf) in [("param", &model.params.values[i]), ("adam_m", &opt.m[i]), ("adam_v", &opt.v[i])] {
-            shard.tensors.push(SavedTensor { name: format!("{prefix}/{}", info.name), shape: info.shape.clone(), data: download(buf, n) });
+            shard.tensors.push(SavedTensor {
+                name: format!("{prefix}/{}", info.name),
+                shape: info.shape.clone(),
+                data: download(buf, n),
+            });
         }
     }
     let path = checkpoint::save(dir, progress.iteration, 0, &shard)?;
@@ -167,10 +192,15 @@ fn load_checkpoint<D: Device>(dir: &Path, dev: &D, model: &mut Gpt<D>, opt: &mut
         return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));
     }
     for (i, info) in model.params.info.iter().enumerate() {
-        for (prefix, buf) in [("param", &mut model.params.values[i]), ("adam_m", &mut opt.m[i]), ("adam_v", &mut opt.v[i])] {
+        for (prefix, buf) in
+            [("param", &mut model.params.values[i]), ("adam_m", &mut opt.m[i]), ("adam_v", &mut opt.v[i])]
+        {
             let t = shard.tensor(&path, &format!("{prefix}/{}", info.name))?;
             if t.shape != info.shape {
-                return Err(Error::format(&path, format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape)));
+                return Err(Error::format(
+                    &path,
+                    format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
+                ));
             }
             dev.upload(buf, &t.data);
         }

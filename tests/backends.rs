@@ -101,18 +101,28 @@ impl<D: Device> AnyDevice for D {
         self.add_assign(&mut sum, &xb);
         let ss = self.sum_squares(&yb) as f32;
         let (mut p, mut m, mut v) = (on(self, x), self.alloc(x.len()), self.alloc(x.len()));
-        let step = AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
+        let step =
+            AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
         for s in 1..=3 {
             self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step });
         }
-        vec![host(self, &g), host(self, &dg), host(self, &sum), vec![ss], host(self, &p), host(self, &m), host(self, &v)]
+        vec![
+            host(self, &g),
+            host(self, &dg),
+            host(self, &sum),
+            vec![ss],
+            host(self, &p),
+            host(self, &m),
+            host(self, &v),
+        ]
     }
 }
 
 #[test]
 fn linear_matches_reference_on_awkward_shapes() {
     for &(rows, k, n) in &[(1, 1, 1), (7, 5, 3), (67, 129, 200), (130, 64, 17), (33, 300, 96)] {
-        let inputs = vec![random(rows * k, "x", 1.0), random(n * k, "w", 0.1), random(n, "b", 1.0), random(rows * n, "dy", 1.0)];
+        let inputs =
+            vec![random(rows * k, "x", 1.0), random(n * k, "w", 0.1), random(n, "b", 1.0), random(rows * n, "dy", 1.0)];
         compare(&format!("linear {rows}x{k}x{n}"), &inputs, &|d, i| d.linear(&i[0], &i[1], &i[2], rows, k, n, &i[3]));
     }
 }
@@ -120,8 +130,15 @@ fn linear_matches_reference_on_awkward_shapes() {
 #[test]
 fn layernorm_matches_reference() {
     for &(rows, cols) in &[(1, 4), (37, 96), (100, 257)] {
-        let inputs = vec![random(rows * cols, "x", 2.0), random(cols, "w", 1.0), random(cols, "b", 1.0), random(rows * cols, "dy", 1.0)];
-        compare(&format!("layernorm {rows}x{cols}"), &inputs, &|d, i| d.layernorm(&i[0], &i[1], &i[2], rows, cols, &i[3]));
+        let inputs = vec![
+            random(rows * cols, "x", 2.0),
+            random(cols, "w", 1.0),
+            random(cols, "b", 1.0),
+            random(rows * cols, "dy", 1.0),
+        ];
+        compare(&format!("layernorm {rows}x{cols}"), &inputs, &|d, i| {
+            d.layernorm(&i[0], &i[1], &i[2], rows, cols, &i[3])
+        });
     }
 }
 
@@ -132,7 +149,8 @@ fn attention_matches_reference() {
         AttentionShape { batch: 3, seq: 17, heads: 2, head_dim: 8 },
         AttentionShape { batch: 2, seq: 64, heads: 4, head_dim: 32 },
     ] {
-        let inputs = vec![random(3 * shape.rows() * shape.width(), "qkv", 1.0), random(shape.rows() * shape.width(), "dy", 1.0)];
+        let inputs =
+            vec![random(3 * shape.rows() * shape.width(), "qkv", 1.0), random(shape.rows() * shape.width(), "dy", 1.0)];
         compare(&format!("attention {shape:?}"), &inputs, &|d, i| d.attention(&i[0], shape, &i[1]));
     }
 }

@@ -88,7 +88,8 @@ fn idx_pointers_past_the_bin() {
 #[test]
 fn token_ids_at_or_above_the_vocabulary() {
     let dir = scratch("vocab");
-    let docs: Vec<Vec<u16>> = (0..40).map(|d| (0..60).map(|t| if t == 5 { 300 } else { ((t + d) % 256) as u16 }).collect()).collect();
+    let docs: Vec<Vec<u16>> =
+        (0..40).map(|d| (0..60).map(|t| if t == 5 { 300 } else { ((t + d) % 256) as u16 }).collect()).collect();
     let prefix = dir.join("big");
     write_u16_dataset(&prefix, &docs);
     assert_clean_error(&train_on(prefix.to_str().unwrap(), &[]), &["300", "257"]);
@@ -98,7 +99,10 @@ fn token_ids_at_or_above_the_vocabulary() {
 fn sequence_longer_than_the_position_table() {
     let dir = scratch("seq");
     let p = good_dataset(&dir, "d");
-    assert_clean_error(&train_on(&p, &["--max-position-embeddings", "16"]), &["--seq-length 32", "--max-position-embeddings 16"]);
+    assert_clean_error(
+        &train_on(&p, &["--max-position-embeddings", "16"]),
+        &["--seq-length 32", "--max-position-embeddings 16"],
+    );
 }
 
 #[test]

@@ -32,11 +32,7 @@ fn check(what: &str, x: &mut [f64], analytic: &[f64], objective: &mut dyn FnMut(
         let numeric = (up - down) / (2.0 * EPS);
         let err = (analytic[i] - numeric).abs();
         worst = worst.max(err / (1e-7 + 1e-6 * numeric.abs()));
-        assert!(
-            err <= 1e-7 + 1e-6 * numeric.abs(),
-            "{what}[{i}]: analytic {} vs numeric {numeric}",
-            analytic[i]
-        );
+        assert!(err <= 1e-7 + 1e-6 * numeric.abs(), "{what}[{i}]: analytic {} vs numeric {numeric}", analytic[i]);
     }
     assert!(worst.is_finite(), "{what}: no elements checked");
 }

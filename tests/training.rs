@@ -67,7 +67,21 @@ fn same_seed_same_curve_and_resume_is_bit_exact() {
     assert_clean_error(&run(&args), &["hidden_size is 32 in the checkpoint but 64 here"]);
 
     // The checkpoint generates: greedy decoding is deterministic and prints the prompt first.
-    let g = |seed: &str| run(&["generate", "--load", &ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--top-k", "1", "--seed", seed]);
+    let g = |seed: &str| {
+        run(&[
+            "generate",
+            "--load",
+            &ckpt,
+            "--prompt",
+            "ROMEO:",
+            "--max-new-tokens",
+            "20",
+            "--top-k",
+            "1",
+            "--seed",
+            seed,
+        ])
+    };
     let (g1, g2) = (g("1"), g("2"));
     assert!(g1.status.success(), "{}", stderr(&g1));
     assert!(stdout(&g1).starts_with("ROMEO:"));

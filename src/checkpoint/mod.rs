@@ -106,9 +106,10 @@ impl<'a> Reader<'a> {
     }
     fn len(&mut self, what: &str) -> Result<usize> {
         let v = self.u64(what)?;
-        usize::try_from(v).ok().filter(|&v| v <= self.bytes.len()).ok_or_else(|| {
-            Error::format(self.path, format!("{what} {v} is larger than the file"))
-        })
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v <= self.bytes.len())
+            .ok_or_else(|| Error::format(self.path, format!("{what} {v} is larger than the file")))
     }
 }
 
@@ -122,7 +123,9 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
     if stored != actual {
         return Err(Error::format(
             path,
-            format!("checksum mismatch (stored {stored:016x}, computed {actual:016x}): the file is corrupt or truncated"),
+            format!(
+                "checksum mismatch (stored {stored:016x}, computed {actual:016x}): the file is corrupt or truncated"
+            ),
         ));
     }
     let mut r = Reader { bytes: &bytes[..body_len], pos: MAGIC.len(), path };
@@ -131,11 +134,12 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
         return Err(Error::format(path, format!("checkpoint version {version}, this build reads version {VERSION}")));
     }
     let header_len = r.len("header length")?;
-    let header = std::str::from_utf8(r.take(header_len, "header")?)
-        .map_err(|_| Error::format(path, "header is not UTF-8"))?;
+    let header =
+        std::str::from_utf8(r.take(header_len, "header")?).map_err(|_| Error::format(path, "header is not UTF-8"))?;
     let mut shard = Shard::default();
     for line in header.lines() {
-        let (k, v) = line.split_once('=').ok_or_else(|| Error::format(path, format!("malformed header line '{line}'")))?;
+        let (k, v) =
+            line.split_once('=').ok_or_else(|| Error::format(path, format!("malformed header line '{line}'")))?;
         shard.meta.insert(k.to_string(), v.to_string());
     }
     let count = r.len("tensor count")?;
@@ -150,7 +154,10 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
         }
         let numel = r.len("element count")?;
         if shape.iter().product::<usize>() != numel {
-            return Err(Error::format(path, format!("tensor '{name}': shape {shape:?} does not hold {numel} elements")));
+            return Err(Error::format(
+                path,
+                format!("tensor '{name}': shape {shape:?} does not hold {numel} elements"),
+            ));
         }
         let raw = r.take(numel * 4, "tensor data")?;
         let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();

@@ -167,7 +167,8 @@ struct HeadQkv<R> {
 #[inline(always)]
 fn gather_head<R: Real>(qkv: &[R], shape: &AttentionShape, b: usize, head: usize) -> HeadQkv<R> {
     let (s, d) = (shape.seq, shape.head_dim);
-    let mut h = HeadQkv { q: vec![R::ZERO; s * d], k: vec![R::ZERO; s * d], v: vec![R::ZERO; s * d], kt: vec![R::ZERO; s * d] };
+    let mut h =
+        HeadQkv { q: vec![R::ZERO; s * d], k: vec![R::ZERO; s * d], v: vec![R::ZERO; s * d], kt: vec![R::ZERO; s * d] };
     for t in 0..s {
         let (q0, k0, v0) = qkv_offsets(shape, t * shape.batch + b, head);
         h.q[t * d..(t + 1) * d].copy_from_slice(&qkv[q0..q0 + d]);
@@ -240,7 +241,8 @@ pub unsafe fn attention_forward_head<R: Real>(
             axpy(&mut o, p * inv, &h.v[j * d..(j + 1) * d]);
         }
         // SAFETY: the caller guarantees these (b, head) elements are ours and in bounds.
-        std::slice::from_raw_parts_mut(out.add((t * shape.batch + b) * shape.width() + head * d), d).copy_from_slice(&o);
+        std::slice::from_raw_parts_mut(out.add((t * shape.batch + b) * shape.width() + head * d), d)
+            .copy_from_slice(&o);
         *lse.add((b * shape.heads + head) * s + t) = max + sum.ln();
     }
 }
@@ -334,7 +336,8 @@ pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R
     let b2 = R::from_f32(s.beta2);
     let c1 = R::ONE / R::from_f64(1.0 - (s.beta1 as f64).powi(s.step as i32));
     let c2 = R::ONE / R::from_f64(1.0 - (s.beta2 as f64).powi(s.step as i32));
-    let (lr, eps, wd, gs) = (R::from_f32(s.lr), R::from_f32(s.eps), R::from_f32(s.weight_decay), R::from_f32(s.grad_scale));
+    let (lr, eps, wd, gs) =
+        (R::from_f32(s.lr), R::from_f32(s.eps), R::from_f32(s.weight_decay), R::from_f32(s.grad_scale));
     for i in 0..param.len() {
         let g = grad[i] * gs;
         m[i] = b1 * m[i] + (R::ONE - b1) * g;

@@ -149,13 +149,7 @@ pub trait Device: Send + Sync {
 
     /// Causal softmax attention; `out` is [rows, heads*head_dim], `lse` the per-(b, head, t)
     /// log-sum-exp of the scaled scores, which is all backward needs to rebuild probabilities.
-    fn attention_forward(
-        &self,
-        out: &mut Self::Buf,
-        lse: &mut Self::Buf,
-        qkv: &Self::Buf,
-        shape: AttentionShape,
-    );
+    fn attention_forward(&self, out: &mut Self::Buf, lse: &mut Self::Buf, qkv: &Self::Buf, shape: AttentionShape);
     /// `dqkv` (overwrite) from `dout`, recomputing probabilities from `qkv` and `lse`.
     fn attention_backward(
         &self,
@@ -180,12 +174,5 @@ pub trait Device: Send + Sync {
     ) -> f64;
 
     /// One decoupled-weight-decay Adam step on one parameter tensor.
-    fn adamw(
-        &self,
-        param: &mut Self::Buf,
-        grad: &Self::Buf,
-        m: &mut Self::Buf,
-        v: &mut Self::Buf,
-        step: AdamWStep,
-    );
+    fn adamw(&self, param: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, step: AdamWStep);
 }

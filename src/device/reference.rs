@@ -99,7 +99,15 @@ impl Device for ReferenceDevice {
         cols: usize,
     ) {
         let n = rows * cols;
-        kernels::layernorm_forward_rows(&mut out[..n], &mut mean[..rows], &mut rstd[..rows], &inp[..n], weight, bias, cols);
+        kernels::layernorm_forward_rows(
+            &mut out[..n],
+            &mut mean[..rows],
+            &mut rstd[..rows],
+            &inp[..n],
+            weight,
+            bias,
+            cols,
+        );
     }
     fn layernorm_backward(
         &self,

@@ -154,7 +154,16 @@ impl<D: Device> Gpt<D> {
             dev.attention_forward(&mut la.attn, &mut la.lse, &la.qkv, shape);
             dev.linear_forward(&mut a.tmp_h, &la.attn, w(PROJ_W), Some(w(PROJ_B)), m, h, h);
             dev.add(&mut la.resid_mid, x_in, &a.tmp_h);
-            dev.layernorm_forward(&mut la.ln2, &mut la.ln2_mean, &mut la.ln2_rstd, &la.resid_mid, w(LN2_W), w(LN2_B), m, h);
+            dev.layernorm_forward(
+                &mut la.ln2,
+                &mut la.ln2_mean,
+                &mut la.ln2_rstd,
+                &la.resid_mid,
+                w(LN2_W),
+                w(LN2_B),
+                m,
+                h,
+            );
             dev.linear_forward(&mut la.fc1, &la.ln2, w(FC1_W), Some(w(FC1_B)), m, h, f);
             dev.gelu_forward(&mut la.gelu, &la.fc1);
             dev.linear_forward(&mut a.tmp_h, &la.gelu, w(FC2_W), Some(w(FC2_B)), m, f, h);
@@ -224,7 +233,18 @@ impl<D: Device> Gpt<D> {
             }
             {
                 let (gw, gb) = pair_mut(g, layer_param(l, LN2_W), layer_param(l, LN2_B));
-                dev.layernorm_backward(&mut a.d_resid, gw, gb, &a.d_h, &la.resid_mid, w(LN2_W), &la.ln2_mean, &la.ln2_rstd, m, h);
+                dev.layernorm_backward(
+                    &mut a.d_resid,
+                    gw,
+                    gb,
+                    &a.d_h,
+                    &la.resid_mid,
+                    w(LN2_W),
+                    &la.ln2_mean,
+                    &la.ln2_rstd,
+                    m,
+                    h,
+                );
             }
             // Attention: d_resid now holds the gradient of the mid-block residual.
             {
@@ -238,7 +258,18 @@ impl<D: Device> Gpt<D> {
             }
             {
                 let (gw, gb) = pair_mut(g, layer_param(l, LN1_W), layer_param(l, LN1_B));
-                dev.layernorm_backward(&mut a.d_resid, gw, gb, &a.d_h, x_in, w(LN1_W), &la.ln1_mean, &la.ln1_rstd, m, h);
+                dev.layernorm_backward(
+                    &mut a.d_resid,
+                    gw,
+                    gb,
+                    &a.d_h,
+                    x_in,
+                    w(LN1_W),
+                    &la.ln1_mean,
+                    &la.ln1_rstd,
+                    m,
+                    h,
+                );
             }
         }
         let (gte, gpe) = pair_mut(g, WTE, WPE);

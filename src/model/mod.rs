@@ -70,7 +70,11 @@ impl GptConfig {
         let p = |name: String, shape: Vec<usize>, init: Init| ParamInfo { name, shape, init };
         let mut out = vec![
             p("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }),
-            p("embedding.position_embeddings.weight".into(), vec![self.max_position_embeddings, h], Init::Normal { std }),
+            p(
+                "embedding.position_embeddings.weight".into(),
+                vec![self.max_position_embeddings, h],
+                Init::Normal { std },
+            ),
         ];
         for l in 0..self.num_layers {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");

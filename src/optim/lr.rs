@@ -68,7 +68,8 @@ mod tests {
 
     #[test]
     fn warmup_then_cosine_reaches_min() {
-        let s = LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 10, decay_iters: 110, style: DecayStyle::Cosine };
+        let s =
+            LrSchedule { max_lr: 1e-3, min_lr: 1e-4, warmup_iters: 10, decay_iters: 110, style: DecayStyle::Cosine };
         assert!((s.at(5) - 5e-4).abs() < 1e-12);
         assert!((s.at(10) - 1e-3).abs() < 1e-12);
         assert!((s.at(60) - 5.5e-4).abs() < 1e-12);

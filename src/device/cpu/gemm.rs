@@ -55,21 +55,13 @@ pub struct MatRef<'a> {
 impl<'a> MatRef<'a> {
     /// A row-major matrix with `cols` columns per row.
     pub fn row_major(data: &'a [f32], cols: usize) -> MatRef<'a> {
-        MatRef {
-            data,
-            row_stride: cols,
-            col_stride: 1,
-        }
+        MatRef { data, row_stride: cols, col_stride: 1 }
     }
 
     /// A view with `rows` rows whose storage is its transpose in row-major order, i.e. element
     /// `(i, j)` is `data[j * rows + i]` (a weight `[out, in]` seen as `in × out`).
     pub fn transposed(data: &'a [f32], rows: usize) -> MatRef<'a> {
-        MatRef {
-            data,
-            row_stride: 1,
-            col_stride: rows,
-        }
+        MatRef { data, row_stride: 1, col_stride: rows }
     }
 }
 
@@ -100,9 +92,7 @@ impl GemmKernel {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             GemmKernel::Avx512 => std::is_x86_feature_detected!("avx512f"),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            GemmKernel::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-            }
+            GemmKernel::Avx2 => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
             #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
             GemmKernel::Avx512 | GemmKernel::Avx2 => false,
             GemmKernel::Portable => true,
@@ -114,10 +104,7 @@ impl GemmKernel {
 pub fn best_kernel() -> GemmKernel {
     static BEST: OnceLock<GemmKernel> = OnceLock::new();
     *BEST.get_or_init(|| {
-        GemmKernel::ALL
-            .into_iter()
-            .find(|kernel| kernel.is_available())
-            .unwrap_or(GemmKernel::Portable)
+        GemmKernel::ALL.into_iter().find(|kernel| kernel.is_available()).unwrap_or(GemmKernel::Portable)
     })
 }
 
@@ -153,26 +140,15 @@ pub fn gemm_with(
     ldc: usize,
     accumulate: bool,
 ) {
-    assert!(
-        kernel.is_available(),
-        "GEMM kernel {} is not supported by this CPU",
-        kernel.name()
-    );
+    assert!(kernel.is_available(), "GEMM kernel {} is not supported by this CPU", kernel.name());
     check_view("A", &a, m, k);
     check_view("B", &b, k, n);
     if m == 0 || n == 0 {
         return;
     }
     assert!(ldc >= n, "GEMM: ldc {ldc} is smaller than n {n}");
-    let c_needed = (m - 1)
-        .checked_mul(ldc)
-        .and_then(|x| x.checked_add(n))
-        .expect("GEMM: C extent overflows usize");
-    assert!(
-        c.len() >= c_needed,
-        "GEMM: C has {} elements, needs {c_needed}",
-        c.len()
-    );
+    let c_needed = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n)).expect("GEMM: C extent overflows usize");
+    assert!(c.len() >= c_needed, "GEMM: C has {} elements, needs {c_needed}", c.len());
 
     if k == 0 {
         // An empty sum: C keeps its value when accumulating and becomes zero otherwise.
@@ -182,16 +158,7 @@ pub fn gemm_with(
         return;
     }
 
-    let problem = Problem {
-        m,
-        n,
-        k,
-        a,
-        b,
-        c: SharedMut(c.as_mut_ptr()),
-        ldc,
-        accumulate,
-    };
+    let problem = Problem { m, n, k, a, b, c: SharedMut(c.as_mut_ptr()), ldc, accumulate };
     match kernel {
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         GemmKernel::Avx512 => drive::<x86::Avx512>(pool, &problem),
@@ -211,11 +178,7 @@ fn check_view(name: &str, view: &MatRef<'_>, rows: usize, cols: usize) {
     }
     let last = (rows - 1)
         .checked_mul(view.row_stride)
-        .and_then(|r| {
-            (cols - 1)
-                .checked_mul(view.col_stride)
-                .and_then(|c| r.checked_add(c))
-        })
+        .and_then(|r| (cols - 1).checked_mul(view.col_stride).and_then(|c| r.checked_add(c)))
         .unwrap_or_else(|| panic!("GEMM: {name} extent overflows usize"));
     assert!(
         last < view.data.len(),
@@ -272,10 +235,7 @@ trait MicroKernel {
     /// kernels that already require AVX-512 opt in, so the other kernels' tests cover the
     /// portable packing too).
     // Only x86 has AVX-512 packing to select, so elsewhere nothing reads this.
-    #[cfg_attr(
-        not(any(target_arch = "x86", target_arch = "x86_64")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
     const AVX512_PACKING: bool = false;
 
     /// Computes the `MR × NR` tile `acc = Σ_p a[p*MR + r] · b[p*NR + j]` over `kc` steps, then
@@ -284,14 +244,7 @@ trait MicroKernel {
     /// # Safety
     /// `a` holds `kc * MR` and `b` holds `kc * NR` readable floats, C rows `0..MR` with stride
     /// `ldc` have `NR` writable floats each, and the CPU supports the kernel's instructions.
-    unsafe fn tile(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    );
+    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool);
 }
 
 /// Below this many multiply-adds (about 10 µs on one core) a GEMM runs on the calling thread
@@ -329,11 +282,7 @@ impl AlignedBuffer {
         if self.storage.len() < len + Self::ALIGN_FLOATS {
             self.storage = vec![0.0; len + Self::ALIGN_FLOATS];
         }
-        let offset = self
-            .storage
-            .as_ptr()
-            .align_offset(64)
-            .min(Self::ALIGN_FLOATS);
+        let offset = self.storage.as_ptr().align_offset(64).min(Self::ALIGN_FLOATS);
         &mut self.storage[offset..offset + len]
     }
 }
@@ -372,11 +321,7 @@ fn drive<K: MicroKernel>(pool: &ThreadPool, p: &Problem<'_>) {
     let parallel = threads > 1 && p.m.saturating_mul(p.n).saturating_mul(p.k) >= PARALLEL_MIN_MACS;
     let row_tiles = div_ceil(p.m, K::MR);
     let col_tiles = div_ceil(p.n, K::NR);
-    let grid = if parallel {
-        Grid::choose(row_tiles, col_tiles, threads, p.m, p.n)
-    } else {
-        Grid::SERIAL
-    };
+    let grid = if parallel { Grid::choose(row_tiles, col_tiles, threads, p.m, p.n) } else { Grid::SERIAL };
     run_tasks(pool, parallel, grid.rows * grid.cols, &|task| {
         let (tiles, slivers) = grid.task(task, row_tiles, col_tiles);
         let rows = tiles.start * K::MR..(tiles.end * K::MR).min(p.m);
@@ -461,24 +406,8 @@ fn blocked_gemm<K: MicroKernel>(p: &Problem<'_>, rows: Range<usize>, cols: Range
                         // A(i, q): i is the wide index, q the depth.
                         let packed_a = &mut packed_a[..div_ceil(mc, mr) * mr * kc];
                         let a_base = ic * p.a.row_stride + pc * p.a.col_stride;
-                        pack::<K>(
-                            p.a.data,
-                            a_base,
-                            p.a.row_stride,
-                            p.a.col_stride,
-                            mc,
-                            kc,
-                            mr,
-                            packed_a,
-                        );
-                        let block = Block {
-                            kc,
-                            i0: ic,
-                            mc,
-                            j0: jc,
-                            nc,
-                            accumulate,
-                        };
+                        pack::<K>(p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, mr, packed_a);
+                        let block = Block { kc, i0: ic, mc, j0: jc, nc, accumulate };
                         let pack_b = if index == 0 { Some(&b_slab) } else { None };
                         macro_kernel::<K>(p, packed_a, packed_b, pack_b, &block);
                     }
@@ -520,16 +449,7 @@ impl Slab<'_> {
     fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
         let base = self.base + s * self.lanes * self.wide_stride;
         let width = self.group_width(s, count);
-        pack::<K>(
-            self.src,
-            base,
-            self.wide_stride,
-            self.deep_stride,
-            width,
-            self.kc,
-            self.lanes,
-            dst,
-        );
+        pack::<K>(self.src, base, self.wide_stride, self.deep_stride, width, self.kc, self.lanes, dst);
     }
 
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
@@ -548,10 +468,7 @@ impl Slab<'_> {
         for run in part * runs / parts..(part + 1) * runs / parts {
             let start = base + run * run_stride;
             if let Some(line) = self.src.get(start..start + run_len) {
-                line.iter()
-                    .step_by(16)
-                    .chain(line.last())
-                    .for_each(prefetch_l2);
+                line.iter().step_by(16).chain(line.last()).for_each(prefetch_l2);
             }
         }
     }
@@ -620,11 +537,7 @@ fn macro_kernel<K: MicroKernel>(
                     // SAFETY: rows < height and columns < width of this tile are inside C.
                     let c_row = unsafe { std::slice::from_raw_parts_mut(c.add(ii * p.ldc), width) };
                     for (out, &value) in c_row.iter_mut().zip(edge_row) {
-                        *out = if block.accumulate {
-                            *out + value
-                        } else {
-                            value
-                        };
+                        *out = if block.accumulate { *out + value } else { value };
                     }
                 }
             }
@@ -666,10 +579,7 @@ fn pack<K: MicroKernel>(
             for q in 0..kc {
                 if q + PREFETCH_STEPS < kc {
                     let ahead = (q + PREFETCH_STEPS) * deep_stride;
-                    src[ahead + begin..ahead + end]
-                        .iter()
-                        .step_by(16)
-                        .for_each(prefetch);
+                    src[ahead + begin..ahead + end].iter().step_by(16).for_each(prefetch);
                 }
                 let line = &src[q * deep_stride + begin..q * deep_stride + end];
                 for (i, chunk) in line.chunks(lanes).enumerate() {
@@ -696,16 +606,7 @@ fn pack<K: MicroKernel>(
                 // SAFETY: `sliver_src` holds rows 0..sliver_width of kc contiguous floats at
                 // stride `wide_stride` (checked above), `sliver` holds kc*lanes floats, and the
                 // kernel only asks for AVX-512 packing when it is an AVX-512 kernel.
-                unsafe {
-                    x86::pack_transposed_avx512(
-                        sliver_src,
-                        wide_stride,
-                        sliver_width,
-                        kc,
-                        lanes,
-                        sliver,
-                    )
-                };
+                unsafe { x86::pack_transposed_avx512(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
                 continue;
             }
             pack_transposed(sliver_src, wide_stride, sliver_width, kc, lanes, sliver);
@@ -754,9 +655,7 @@ fn prefetch(value: &f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (value as *const f32).cast::<i8>(),
-        )
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((value as *const f32).cast::<i8>())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
@@ -769,9 +668,7 @@ fn prefetch_l2(value: &f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-            (value as *const f32).cast::<i8>(),
-        )
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>((value as *const f32).cast::<i8>())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
@@ -779,14 +676,7 @@ fn prefetch_l2(value: &f32) {
 
 /// The portable transposing pack: `width` rows of `kc` contiguous floats at stride `row_stride`
 /// become `kc` packed lines of `lanes`. Blocks of eight depth steps keep both sides in L1.
-fn pack_transposed(
-    src: &[f32],
-    row_stride: usize,
-    width: usize,
-    kc: usize,
-    lanes: usize,
-    dst: &mut [f32],
-) {
+fn pack_transposed(src: &[f32], row_stride: usize, width: usize, kc: usize, lanes: usize, dst: &mut [f32]) {
     const DEPTH_BLOCK: usize = 8;
     if width < lanes {
         dst.fill(0.0);
@@ -819,21 +709,9 @@ mod portable {
         const MC: usize = 128;
         const NC: usize = 2048;
 
-        unsafe fn tile(
-            kc: usize,
-            a: *const f32,
-            b: *const f32,
-            c: *mut f32,
-            ldc: usize,
-            accumulate: bool,
-        ) {
+        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
             // SAFETY: the caller guarantees kc*MR and kc*NR readable floats.
-            let (a, b) = unsafe {
-                (
-                    std::slice::from_raw_parts(a, kc * MR),
-                    std::slice::from_raw_parts(b, kc * NR),
-                )
-            };
+            let (a, b) = unsafe { (std::slice::from_raw_parts(a, kc * MR), std::slice::from_raw_parts(b, kc * NR)) };
             let mut acc = [[0.0f32; NR]; MR];
             for (a_step, b_step) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
                 for (acc_row, &a_value) in acc.iter_mut().zip(a_step) {
@@ -877,14 +755,7 @@ mod x86 {
         const NC: usize = 3072;
         const AVX512_PACKING: bool = true;
 
-        unsafe fn tile(
-            kc: usize,
-            a: *const f32,
-            b: *const f32,
-            c: *mut f32,
-            ldc: usize,
-            accumulate: bool,
-        ) {
+        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
             // SAFETY: forwarded contract; `drive` only instantiates this kernel after
             // `is_x86_feature_detected!("avx512f")`.
             unsafe { tile_avx512::<AVX512_MR>(kc, a, b, c, ldc, accumulate) }
@@ -928,10 +799,7 @@ mod x86 {
                 let row = c.add(i * ldc);
                 if accumulate {
                     _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), lo[i]));
-                    _mm512_storeu_ps(
-                        row.add(16),
-                        _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]),
-                    );
+                    _mm512_storeu_ps(row.add(16), _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]));
                 } else {
                     _mm512_storeu_ps(row, lo[i]);
                     _mm512_storeu_ps(row.add(16), hi[i]);
@@ -978,9 +846,7 @@ mod x86 {
                     if r < valid_rows && q0 + PREFETCH_FLOATS < kc {
                         // The rows are separate streams too many for the hardware prefetcher to
                         // follow; fetching a few lines ahead hides most of the miss latency.
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            row_ptr(r).wrapping_add(q0 + PREFETCH_FLOATS) as *const i8
-                        );
+                        _mm_prefetch::<_MM_HINT_T0>(row_ptr(r).wrapping_add(q0 + PREFETCH_FLOATS) as *const i8);
                     }
                 }
                 // SAFETY: the caller guarantees AVX-512F.
@@ -988,13 +854,7 @@ mod x86 {
                 for (q, column) in columns.iter().enumerate() {
                     if q < depth {
                         // SAFETY: line q0+q < kc, lanes group..group+group_lanes <= lanes.
-                        unsafe {
-                            _mm512_mask_storeu_ps(
-                                dst.add((q0 + q) * lanes + group),
-                                store_mask,
-                                *column,
-                            )
-                        };
+                        unsafe { _mm512_mask_storeu_ps(dst.add((q0 + q) * lanes + group), store_mask, *column) };
                     }
                 }
             }
@@ -1053,14 +913,7 @@ mod x86 {
         const MC: usize = 6 * 16;
         const NC: usize = 3072;
 
-        unsafe fn tile(
-            kc: usize,
-            a: *const f32,
-            b: *const f32,
-            c: *mut f32,
-            ldc: usize,
-            accumulate: bool,
-        ) {
+        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
             // SAFETY: forwarded contract; `drive` only instantiates this kernel after detecting
             // avx2 and fma.
             unsafe { tile_avx2::<AVX2_MR>(kc, a, b, c, ldc, accumulate) }
@@ -1100,10 +953,7 @@ mod x86 {
                 let row = c.add(i * ldc);
                 if accumulate {
                     _mm256_storeu_ps(row, _mm256_add_ps(_mm256_loadu_ps(row), lo[i]));
-                    _mm256_storeu_ps(
-                        row.add(8),
-                        _mm256_add_ps(_mm256_loadu_ps(row.add(8)), hi[i]),
-                    );
+                    _mm256_storeu_ps(row.add(8), _mm256_add_ps(_mm256_loadu_ps(row.add(8)), hi[i]));
                 } else {
                     _mm256_storeu_ps(row, lo[i]);
                     _mm256_storeu_ps(row.add(8), hi[i]);
@@ -1207,10 +1057,7 @@ mod tests {
     }
 
     fn available_kernels() -> Vec<GemmKernel> {
-        GemmKernel::ALL
-            .into_iter()
-            .filter(|k| k.is_available())
-            .collect()
+        GemmKernel::ALL.into_iter().filter(|k| k.is_available()).collect()
     }
 
     const STORAGES: [(Storage, Storage); 4] = [
@@ -1232,17 +1079,7 @@ mod tests {
                     let k = sizes[(index * 3 + step * 5) % sizes.len()];
                     let (a_storage, b_storage) = STORAGES[(index + step) % 4];
                     let accumulate = step % 2 == 1;
-                    check_case(
-                        kernel,
-                        &pool,
-                        m,
-                        n,
-                        k,
-                        a_storage,
-                        b_storage,
-                        accumulate,
-                        step % 3,
-                    );
+                    check_case(kernel, &pool, m, n, k, a_storage, b_storage, accumulate, step % 3);
                 }
             }
         }
@@ -1251,12 +1088,7 @@ mod tests {
     #[test]
     fn matches_reference_in_every_layout() {
         let pool = ThreadPool::new(2);
-        let shapes = [
-            (257, 300, 129),
-            (33, 257, 300),
-            (300, 31, 257),
-            (64, 129, 100),
-        ];
+        let shapes = [(257, 300, 129), (33, 257, 300), (300, 31, 257), (64, 129, 100)];
         for kernel in available_kernels() {
             for &(m, n, k) in &shapes {
                 for (a_storage, b_storage) in STORAGES {
@@ -1274,28 +1106,8 @@ mod tests {
         // multi-block accumulation and the jc loop are exercised.
         let pool = ThreadPool::new(3);
         for kernel in available_kernels() {
-            check_case(
-                kernel,
-                &pool,
-                150,
-                3100,
-                600,
-                Storage::RowMajor,
-                Storage::Transposed,
-                false,
-                0,
-            );
-            check_case(
-                kernel,
-                &pool,
-                301,
-                70,
-                530,
-                Storage::Transposed,
-                Storage::RowMajor,
-                true,
-                5,
-            );
+            check_case(kernel, &pool, 150, 3100, 600, Storage::RowMajor, Storage::Transposed, false, 0);
+            check_case(kernel, &pool, 301, 70, 530, Storage::Transposed, Storage::RowMajor, true, 5);
         }
     }
 
@@ -1312,42 +1124,15 @@ mod tests {
                 assert_eq!(x, if index % 6 < 4 { 0.0 } else { 5.0 });
             }
             // Zero rows or columns leave C alone, even a C that is empty.
-            gemm_with(
-                kernel,
-                &pool,
-                0,
-                4,
-                3,
-                empty,
-                MatRef::row_major(&[1.0; 12], 4),
-                &mut [],
-                4,
-                false,
-            );
-            gemm_with(
-                kernel,
-                &pool,
-                2,
-                0,
-                3,
-                MatRef::row_major(&[1.0; 6], 3),
-                empty,
-                &mut [],
-                0,
-                false,
-            );
+            gemm_with(kernel, &pool, 0, 4, 3, empty, MatRef::row_major(&[1.0; 12], 4), &mut [], 4, false);
+            gemm_with(kernel, &pool, 2, 0, 3, MatRef::row_major(&[1.0; 6], 3), empty, &mut [], 0, false);
         }
     }
 
     #[test]
     fn bit_identical_for_any_thread_count() {
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-        let shapes = [
-            (64, 768, 3072),
-            (4096, 64, 256),
-            (129, 257, 300),
-            (300, 3100, 70),
-        ];
+        let shapes = [(64, 768, 3072), (4096, 64, 256), (129, 257, 300), (300, 3100, 70)];
         for kernel in available_kernels() {
             for &(m, n, k) in &shapes {
                 for (a_storage, b_storage) in STORAGES {
@@ -1364,10 +1149,7 @@ mod tests {
                         })
                         .collect();
                     for other in &results[1..] {
-                        let same = results[0]
-                            .iter()
-                            .zip(other)
-                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        let same = results[0].iter().zip(other).all(|(x, y)| x.to_bits() == y.to_bits());
                         assert!(same, "{kernel:?} {m}x{n}x{k} differs across thread counts");
                     }
                 }
@@ -1390,10 +1172,7 @@ mod tests {
             for threads in [2, 3] {
                 let grid = Grid::choose(row_tiles, col_tiles, threads, m, n);
                 let tasks = grid.rows * grid.cols;
-                assert!(
-                    tasks >= threads.min(row_tiles * col_tiles),
-                    "{m}x{n}: {grid:?}"
-                );
+                assert!(tasks >= threads.min(row_tiles * col_tiles), "{m}x{n}: {grid:?}");
                 let mut owner = vec![0u32; row_tiles * col_tiles];
                 for task in 0..tasks {
                     let (rows, cols) = grid.task(task, row_tiles, col_tiles);

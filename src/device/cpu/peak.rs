@@ -58,11 +58,7 @@ pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
             chunks += 1;
             end = Instant::now();
         }
-        let burst = Burst {
-            flops: chunks as f64 * chunk.flops_per_chunk(),
-            begin,
-            end,
-        };
+        let burst = Burst { flops: chunks as f64 * chunk.flops_per_chunk(), begin, end };
         bursts.lock().unwrap_or_else(|p| p.into_inner()).push(burst);
     });
 
@@ -73,12 +69,7 @@ pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
     let seconds = end.duration_since(begin).as_secs_f64().max(1e-9);
     let gflops = flops / seconds / 1e9;
     let threads = pool.threads();
-    Peak {
-        gflops,
-        gflops_per_thread: gflops / threads as f64,
-        threads,
-        isa: isa_name(kernel),
-    }
+    Peak { gflops, gflops_per_thread: gflops / threads as f64, threads, isa: isa_name(kernel) }
 }
 
 fn isa_name(kernel: GemmKernel) -> &'static str {
@@ -112,10 +103,7 @@ struct FmaChunk {
 }
 
 fn fma_chunk(kernel: GemmKernel) -> FmaChunk {
-    FmaChunk {
-        kernel,
-        state: [0.5; STATE_FLOATS],
-    }
+    FmaChunk { kernel, state: [0.5; STATE_FLOATS] }
 }
 
 const SCALE: f32 = 0.999_999;
@@ -160,9 +148,7 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::hint::black_box;
 
-    use super::{
-        AVX2_ACCUMULATORS, AVX512_ACCUMULATORS, ITERATIONS_PER_CHUNK, OFFSET, SCALE, STATE_FLOATS,
-    };
+    use super::{AVX2_ACCUMULATORS, AVX512_ACCUMULATORS, ITERATIONS_PER_CHUNK, OFFSET, SCALE, STATE_FLOATS};
 
     /// # Safety
     /// The CPU must support AVX-512F.

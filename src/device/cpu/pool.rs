@@ -89,9 +89,7 @@ struct Shared {
 
 /// Locks a mutex whose data stays consistent even if a holder panicked, so poisoning is ignored.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Polls `done` for `SPIN_BEFORE_SLEEP`; returns true as soon as it holds.
@@ -187,11 +185,7 @@ impl ThreadPool {
                     .expect("the OS refused to spawn a thread-pool worker")
             })
             .collect();
-        ThreadPool {
-            shared,
-            workers,
-            busy: AtomicBool::new(false),
-        }
+        ThreadPool { shared, workers, busy: AtomicBool::new(false) }
     }
 
     /// Total threads that run tasks, the caller included.
@@ -205,10 +199,7 @@ impl ThreadPool {
     pub fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         let parallel = tasks > 1
             && !self.workers.is_empty()
-            && self
-                .busy
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok();
+            && self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
         if !parallel {
             // Same contract as the parallel path: every task runs, then the first panic is
             // re-raised.
@@ -224,18 +215,10 @@ impl ThreadPool {
             return;
         }
 
-        let job = Job {
-            task,
-            tasks,
-            next: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
-            panic: Mutex::new(None),
-        };
+        let job =
+            Job { task, tasks, next: AtomicUsize::new(0), finished: AtomicUsize::new(0), panic: Mutex::new(None) };
         let shared = &*self.shared;
-        shared.job.store(
-            &job as *const Job<'_> as *mut Job<'static>,
-            Ordering::SeqCst,
-        );
+        shared.job.store(&job as *const Job<'_> as *mut Job<'static>, Ordering::SeqCst);
         shared.announce();
         job.work(shared);
         self.wait_finished(&job);
@@ -386,10 +369,7 @@ mod tests {
             });
         }));
         let payload = result.expect_err("the task panic must reach the caller");
-        let message = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let message = payload.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(message.contains("failed on purpose"), "{message}");
         assert_eq!(ran.load(Ordering::Relaxed), 64);
         // The pool must still work afterwards.
@@ -428,10 +408,7 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 100_000 * 3);
         // About a microsecond per call when both threads are free; the bound leaves room for a
         // loaded machine while still catching a pool that sleeps between calls.
-        assert!(
-            elapsed < Duration::from_secs(10),
-            "100k runs took {elapsed:?}"
-        );
+        assert!(elapsed < Duration::from_secs(10), "100k runs took {elapsed:?}");
     }
 
     #[test]
@@ -442,10 +419,7 @@ mod tests {
             // Well past the spin window every worker must be blocked, not polling.
             let deadline = Instant::now() + Duration::from_secs(5);
             while pool.shared.sleepers.load(Ordering::SeqCst) < 2 {
-                assert!(
-                    Instant::now() < deadline,
-                    "idle workers never went to sleep"
-                );
+                assert!(Instant::now() < deadline, "idle workers never went to sleep");
                 std::thread::sleep(Duration::from_millis(1));
             }
             pool.run(6, &|_| {
