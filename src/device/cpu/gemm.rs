@@ -649,29 +649,32 @@ const PREFETCH_STEPS: usize = 4;
 /// Slivers the streaming pack fills per pass over the depth.
 const SLIVERS_PER_PASS: usize = 8;
 
-/// Hints that the cache line holding `value` will be read soon. A no-op off x86-64.
+/// Which cache level a prefetch fills: L1 for data needed next, L2 for data needed far ahead (so
+/// it does not evict the working set in L1). The values are x86's `_MM_HINT_T0` / `_MM_HINT_T1`.
+const TO_L1: i32 = 3;
+const TO_L2: i32 = 2;
+
+/// Hints that the cache line holding `value` will be read soon, into the level `HINT` names. A
+/// no-op off x86-64.
 #[inline(always)]
-fn prefetch(value: &f32) {
+fn prefetch_to<const HINT: i32>(value: &f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((value as *const f32).cast::<i8>())
+        std::arch::x86_64::_mm_prefetch::<HINT>((value as *const f32).cast::<i8>())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
 }
 
-/// Hints that the cache line holding `value` will be read soon, into L2 only, so that a
-/// prefetch far ahead does not evict the working set in L1. A no-op off x86-64.
+#[inline(always)]
+fn prefetch(value: &f32) {
+    prefetch_to::<TO_L1>(value)
+}
+
 #[inline(always)]
 fn prefetch_l2(value: &f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>((value as *const f32).cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
+    prefetch_to::<TO_L2>(value)
 }
 
 /// The portable transposing pack: `width` rows of `kc` contiguous floats at stride `row_stride`
