@@ -57,8 +57,10 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
     flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
-    flag("--tensor-model-parallel-size", "T", "tensor parallelism (only 1 in this build)"),
+    flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
+    switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
     flag("--pipeline-model-parallel-size", "P", "pipeline parallelism (only 1 in this build)"),
+    flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision (not built yet)"),
     switch("--fp16", "fp16 mixed precision (not built yet)"),
 ];
@@ -200,7 +202,12 @@ pub struct TrainConfig {
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
     pub exit_interval: Option<u64>,
-    pub cpu_threads: usize,
+    /// None: decided per rank from its share of the node (`Runtime::default_threads`).
+    pub cpu_threads: Option<usize>,
+    pub tensor_parallel: usize,
+    pub pipeline_parallel: usize,
+    pub sequence_parallel: bool,
+    pub ddp_bucket_size: usize,
 }
 
 impl TrainConfig {
@@ -247,8 +254,7 @@ impl TrainConfig {
         }
         if !global_batch_size.is_multiple_of(micro_batch_size) {
             return Err(Error::Config(format!(
-                "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size} \
-                 (times the data-parallel size 1)"
+                "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size}"
             )));
         }
         let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
@@ -295,8 +301,15 @@ impl TrainConfig {
         };
         let cpu_threads = match args.usize("--cpu-threads")? {
             Some(0) => return Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
-            Some(n) => n,
-            None => crate::device::cpu::pool::default_threads(),
+            other => other,
+        };
+        let tensor_parallel = match args.usize("--tensor-model-parallel-size")? {
+            Some(0) => return Err(Error::flag("--tensor-model-parallel-size", 0, "a positive whole number")),
+            other => other.unwrap_or(1),
+        };
+        let ddp_bucket_size = match args.usize("--ddp-bucket-size")? {
+            Some(0) => return Err(Error::flag("--ddp-bucket-size", 0, "a positive number of elements")),
+            other => other.unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS),
         };
         Ok(TrainConfig {
             preset: p.name.to_string(),
@@ -320,6 +333,10 @@ impl TrainConfig {
             load: args.path("--load"),
             exit_interval: args.u64("--exit-interval")?.map(|v| positive("--exit-interval", v)).transpose()?,
             cpu_threads,
+            tensor_parallel,
+            pipeline_parallel: 1,
+            sequence_parallel: args.has("--sequence-parallel"),
+            ddp_bucket_size,
         })
     }
 }
@@ -334,11 +351,11 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             }
         }
     }
-    for name in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
-        if let Some(n) = args.usize(name)? {
-            if n != 1 {
-                return Err(Error::Unsupported(format!("{name} {n}: this build trains on one rank; use 1")));
-            }
+    if let Some(n) = args.usize("--pipeline-model-parallel-size")? {
+        if n != 1 {
+            return Err(Error::Unsupported(format!(
+                "--pipeline-model-parallel-size {n}: pipeline parallelism is not built yet; use 1"
+            )));
         }
     }
     for name in ["--bf16", "--fp16"] {

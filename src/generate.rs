@@ -7,6 +7,7 @@ use crate::device::cpu::CpuDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::Gpt;
+use crate::parallel::tensor::TensorParallel;
 use crate::rng::Stream;
 use crate::train::model_from_shard;
 use std::io::Write;
@@ -47,6 +48,14 @@ pub fn sample_token(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let (iteration, path, shard) = checkpoint::load_latest(&args.load, 0)?;
+    let saved_tp: usize = shard.meta_value(&path, "tensor_model_parallel_size").unwrap_or(1);
+    if saved_tp != 1 {
+        return Err(Error::Unsupported(format!(
+            "{} holds one of {saved_tp} tensor-parallel shards; generate reads single-rank checkpoints (resharding \
+             arrives with `trident convert`)",
+            path.display()
+        )));
+    }
     let cfg = model_from_shard(&shard, &path)?;
     cfg.validate()?;
     let dev = CpuDevice::new(args.cpu_threads);
@@ -77,7 +86,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     for step in 0..args.max_new_tokens {
         let start = context.len().saturating_sub(window);
         let ctx = &context[start..];
-        let logits = model.forward(&dev, ctx, 1, ctx.len());
+        let logits = model.forward(&dev, TensorParallel::single(), ctx, 1, ctx.len());
         // Row order is t * batch + b, so with batch 1 the last position is the last row.
         let all = dev.len(logits);
         let mut full = vec![0.0f32; all];

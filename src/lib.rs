@@ -4,6 +4,7 @@
 pub mod bench_gemm;
 pub mod checkpoint;
 pub mod cli;
+pub mod comm;
 pub mod config;
 pub mod data;
 pub mod device;
@@ -12,6 +13,7 @@ pub mod generate;
 pub mod log;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod real;
 pub mod rng;
 pub mod tensor;

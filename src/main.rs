@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 use trident::cli::{self, flag, many, switch, Args, FlagSpec};
+use trident::comm::runtime::Runtime;
 use trident::config::{TrainConfig, TRAIN_FLAGS};
 use trident::data::prepare::{self, PrepareArgs, TextDocuments};
 use trident::device::cpu::{gemm, peak, pool};
@@ -107,12 +108,39 @@ fn cmd_prepare(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn cmd_train(rest: &[String]) -> Result<()> {
-    let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
-        return Ok(());
+/// `trident train` on every rank of the job. MPI starts first, so that an error every rank
+/// detects alike (a flag, a layout) is printed once, by rank 0, and every rank exits non-zero;
+/// an error only some ranks see (a failed read) is printed by that rank, which then ends the
+/// whole job so that no rank waits forever in a collective.
+fn cmd_train(rest: &[String]) -> ExitCode {
+    let rt = match Runtime::init() {
+        Ok(rt) => rt,
+        Err(Some(e)) => {
+            eprintln!("trident: error: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(None) => return ExitCode::FAILURE,
     };
-    let cfg = TrainConfig::from_args(&a)?;
-    trident::train::run(&cfg).map(|_| ())
+    let result = (|| {
+        let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
+            return Ok(());
+        };
+        let cfg = TrainConfig::from_args(&a)?;
+        trident::train::run(&cfg, &rt).map(|_| ())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_collective() || rt.world_size == 1 => {
+            if rt.world_rank == 0 {
+                eprintln!("trident: error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("trident: error: rank {}: {e}", rt.world_rank);
+            rt.abort(1)
+        }
+    }
 }
 
 fn cmd_generate(rest: &[String]) -> Result<()> {
@@ -198,7 +226,7 @@ fn run(args: &[String]) -> Result<()> {
     };
     match command.as_str() {
         "prepare" => cmd_prepare(rest),
-        "train" => cmd_train(rest),
+        "train" => unreachable!("train is dispatched before run"),
         "generate" => cmd_generate(rest),
         "bench" => cmd_bench(rest),
         "info" => cmd_info(rest),
@@ -217,6 +245,9 @@ fn run(args: &[String]) -> Result<()> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("train") {
+        return cmd_train(&args[1..]);
+    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -13,17 +13,62 @@ pub enum Init {
     Constant(f32),
 }
 
+/// How a tensor-parallel parameter is split: along `dim` of its full shape into `parts` equal
+/// contiguous pieces, of which this rank holds piece `rank`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partition {
+    pub dim: usize,
+    pub rank: usize,
+    pub parts: usize,
+}
+
 /// What the model and optimizer know about a parameter besides its storage.
 #[derive(Clone, Debug)]
 pub struct ParamInfo {
     pub name: String,
+    /// This rank's shape (the full shape divided along the partition dimension).
     pub shape: Vec<usize>,
+    pub full_shape: Vec<usize>,
     pub init: Init,
+    /// None for parameters every tensor-parallel rank holds whole (LayerNorm, row-parallel
+    /// biases, position embedding).
+    pub partition: Option<Partition>,
+    /// Under sequence parallelism this replicated parameter's gradient is computed from this
+    /// rank's sequence shard only, and must be summed over the tensor-parallel group.
+    pub sequence_parallel: bool,
 }
 
 impl ParamInfo {
+    /// A parameter held whole by every rank.
+    pub fn replicated(name: String, shape: Vec<usize>, init: Init) -> ParamInfo {
+        ParamInfo { name, full_shape: shape.clone(), shape, init, partition: None, sequence_parallel: false }
+    }
+
+    /// A parameter split along `dim` over `parts` ranks, of which this is `rank`.
+    pub fn split(name: String, full_shape: Vec<usize>, init: Init, dim: usize, rank: usize, parts: usize) -> ParamInfo {
+        let mut shape = full_shape.clone();
+        assert!(
+            shape[dim].is_multiple_of(parts),
+            "{name}: dimension {dim} of {full_shape:?} does not split {parts} ways"
+        );
+        shape[dim] /= parts;
+        let partition = (parts > 1).then_some(Partition { dim, rank, parts });
+        ParamInfo { name, shape, full_shape, init, partition, sequence_parallel: false }
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The index in the full tensor of this shard's element `local`.
+    pub fn global_index(&self, local: usize) -> usize {
+        let Some(p) = self.partition else { return local };
+        // Row-major: split the local index at the partition dimension, offset that coordinate.
+        let inner: usize = self.shape[p.dim + 1..].iter().product();
+        let (outer, rest) = (local / (self.shape[p.dim] * inner), local % (self.shape[p.dim] * inner));
+        let (coord, inner_index) = (rest / inner, rest % inner);
+        let global_coord = p.rank * self.shape[p.dim] + coord;
+        (outer * self.full_shape[p.dim] + global_coord) * inner + inner_index
     }
 
     /// Weight decay applies to matrices and embeddings, not to biases or LayerNorm parameters.
@@ -31,15 +76,15 @@ impl ParamInfo {
         matches!(self.init, Init::Normal { .. })
     }
 
-    /// Elements `range` of the full tensor's initial values, under `seed`. The stream is keyed by
-    /// the parameter's name and indexed by the element's position in the full tensor, so a shard
-    /// computes exactly the values the unsharded tensor has there.
+    /// Initial values of this rank's elements `range`, under `seed`. The stream is keyed by the
+    /// parameter's name and indexed by the element's position in the full tensor, so a shard
+    /// holds exactly the values the unsharded tensor has there.
     pub fn initial_values(&self, seed: u64, range: std::ops::Range<usize>) -> Vec<f32> {
         match self.init {
             Init::Constant(c) => vec![c; range.len()],
             Init::Normal { std } => {
                 let stream = Stream::new(seed, &self.name, 0);
-                range.map(|i| (std * stream.normal(i as u64)) as f32).collect()
+                range.map(|i| (std * stream.normal(self.global_index(i) as u64)) as f32).collect()
             }
         }
     }
@@ -79,6 +124,31 @@ impl<D: Device> ParamSet<D> {
 
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.info.iter().position(|p| p.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_hold_exactly_the_full_tensors_values() {
+        let init = Init::Normal { std: 1.0 };
+        let full = ParamInfo::replicated("w".into(), vec![4, 6], init);
+        let all = full.initial_values(9, 0..24);
+        for dim in 0..2 {
+            let parts = [2, 3][dim];
+            for rank in 0..parts {
+                let shard = ParamInfo::split("w".into(), vec![4, 6], init, dim, rank, parts);
+                let vals = shard.initial_values(9, 0..shard.numel());
+                for (local, v) in vals.iter().enumerate() {
+                    let (r, c) = (local / shard.shape[1], local % shard.shape[1]);
+                    let (gr, gc) =
+                        if dim == 0 { (rank * shard.shape[0] + r, c) } else { (r, rank * shard.shape[1] + c) };
+                    assert_eq!(*v, all[gr * 6 + gc], "dim {dim} rank {rank} element {local}");
+                }
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use trident::device::cpu::CpuDevice;
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
 use trident::model::{Gpt, GptConfig};
+use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
 fn random(n: usize, name: &str, scale: f64) -> Vec<f32> {
@@ -53,6 +54,16 @@ trait AnyDevice {
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
     fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>>;
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>>;
+    fn embedding(
+        &self,
+        tokens: &[u32],
+        wte: &[f32],
+        wpe: &[f32],
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+        dy: &[f32],
+    ) -> Vec<Vec<f32>>;
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
 }
 
@@ -87,8 +98,34 @@ impl<D: Device> AnyDevice for D {
     }
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>> {
         let mut l = on(self, logits);
-        let loss = self.cross_entropy(&mut l, targets, rows, vocab, Some(0.5));
-        vec![vec![loss as f32], host(self, &l)]
+        // A shard starting at 100: targets below it are in another shard.
+        let (mut max, mut sum_exp, mut target) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        self.cross_entropy_max(&l, rows, vocab, &mut max);
+        self.cross_entropy_partials(&l, targets, 100, rows, vocab, &max, &mut sum_exp, &mut target);
+        self.cross_entropy_backward(&mut l, targets, 100, rows, vocab, &max, &sum_exp, 0.5);
+        let as32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        vec![as32(&max), as32(&sum_exp), as32(&target), host(self, &l)]
+    }
+    fn embedding(
+        &self,
+        tokens: &[u32],
+        wte: &[f32],
+        wpe: &[f32],
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+        dy: &[f32],
+    ) -> Vec<Vec<f32>> {
+        let (wte_b, wpe_b, dy) = (on(self, wte), on(self, wpe), on(self, dy));
+        let mut out = self.alloc(batch * seq * hidden);
+        self.embedding_forward(&mut out, tokens, &wte_b, 3, batch, seq, hidden);
+        self.position_forward(&mut out, &wpe_b, batch, 0, seq, hidden);
+        let (mut dte, mut dpe) = (on(self, wte), on(self, wpe));
+        self.embedding_backward(&mut dte, &dy, tokens, 3, batch, seq, hidden);
+        self.position_backward(&mut dpe, &dy, batch, 0, seq, hidden);
+        let mut biased = on(self, &host(self, &out));
+        self.add_bias(&mut biased, &on(self, &wpe[..hidden]), batch * seq, hidden);
+        vec![host(self, &out), host(self, &dte), host(self, &dpe), host(self, &biased)]
     }
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>> {
         let (xb, yb) = (on(self, x), on(self, y));
@@ -161,6 +198,14 @@ fn cross_entropy_gelu_residual_and_adamw_match_reference() {
     let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 37) % 257).collect();
     let inputs = vec![random(rows * vocab, "logits", 3.0)];
     compare("cross entropy", &inputs, &|d, i| d.cross_entropy(&i[0], &targets, rows, vocab));
+    let (batch, seq, hidden) = (3, 37, 48);
+    let tokens: Vec<u32> = (0..batch * seq).map(|i| (i * 13 % 50) as u32).collect();
+    let inputs = vec![
+        random(40 * hidden, "wte", 1.0),
+        random(seq * hidden, "wpe", 1.0),
+        random(batch * seq * hidden, "dy", 1.0),
+    ];
+    compare("embedding", &inputs, &|d, i| d.embedding(&tokens, &i[0], &i[1], batch, seq, hidden, &i[2]));
     let n = 40_000; // more than one block of the element-wise ops
     let inputs = vec![random(n, "x", 2.0), random(n, "y", 1.0)];
     compare("element-wise ops", &inputs, &|d, i| d.misc(&i[0], &i[1]));
@@ -194,7 +239,16 @@ fn batch(batch: usize, seq: usize) -> (Vec<u32>, Vec<u32>) {
 fn model_grads<D: Device>(dev: &D, tokens: &[u32], labels: &[u32], b: usize, s: usize) -> (f64, Vec<Vec<f32>>) {
     let mut model = Gpt::new(dev, small_config(), 1234);
     model.params.zero_grads(dev);
-    let loss = model.forward_backward(dev, tokens, labels, b, s, 1.0 / (b * s) as f32);
+    let loss = model.forward_backward(
+        dev,
+        TensorParallel::single(),
+        tokens,
+        labels,
+        b,
+        s,
+        1.0 / (b * s) as f32,
+        &mut |_, _| {},
+    );
     (loss, model.params.grads.iter().map(|g| host(dev, g)).collect())
 }
 
@@ -205,7 +259,7 @@ fn whole_model_matches_reference() {
     let (loss_fast, grads_fast) = model_grads(&CpuDevice::new(2), &tokens, &labels, b, s);
     let (loss_ref, grads_ref) = model_grads(&ReferenceDevice, &tokens, &labels, b, s);
     assert!((loss_fast - loss_ref).abs() <= 1e-5 * loss_ref.abs(), "loss {loss_fast} vs {loss_ref}");
-    let names = small_config().parameters();
+    let names = small_config().parameters(&trident::model::ModelParallel::single());
     for ((f, r), info) in grads_fast.iter().zip(&grads_ref).zip(&names) {
         assert_close(&info.name, f, r, 1e-4);
     }

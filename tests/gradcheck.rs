@@ -4,6 +4,7 @@
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AttentionShape, Device};
 use trident::model::{Gpt, GptConfig};
+use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
 const EPS: f64 = 1e-6;
@@ -141,9 +142,19 @@ fn cross_entropy_gradient_matches_finite_differences() {
     let (rows, vocab) = (3, 6);
     let mut logits = random(rows * vocab, "logits", 2.0);
     let targets = [1u32, 5, 0];
-    let loss = |l: &[f64]| dev.cross_entropy(&mut l.to_vec(), &targets, rows, vocab, None);
+    let stats = |l: &Vec<f64>| {
+        let (mut max, mut sum_exp, mut target) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        dev.cross_entropy_max(l, rows, vocab, &mut max);
+        dev.cross_entropy_partials(l, &targets, 0, rows, vocab, &max, &mut sum_exp, &mut target);
+        (max, sum_exp, target)
+    };
+    let loss = |l: &[f64]| {
+        let (max, sum_exp, target) = stats(&l.to_vec());
+        (0..rows).map(|r| sum_exp[r].ln() + max[r] - target[r]).sum::<f64>()
+    };
     let mut grad = logits.clone();
-    dev.cross_entropy(&mut grad, &targets, rows, vocab, Some(1.0));
+    let (max, sum_exp, _) = stats(&grad);
+    dev.cross_entropy_backward(&mut grad, &targets, 0, rows, vocab, &max, &sum_exp, 1.0);
     check("cross entropy dlogits", &mut logits, &grad, &mut |l| loss(l));
 }
 
@@ -157,11 +168,13 @@ fn embedding_backward_matches_finite_differences() {
     let r = random(batch * seq * hidden, "r", 1.0);
     let fwd = |wte: &[f64], wpe: &[f64]| {
         let mut out = vec![0.0; batch * seq * hidden];
-        dev.embedding_forward(&mut out, &tokens, &wte.to_vec(), &wpe.to_vec(), batch, seq, hidden);
+        dev.embedding_forward(&mut out, &tokens, &wte.to_vec(), 0, batch, seq, hidden);
+        dev.position_forward(&mut out, &wpe.to_vec(), batch, 0, seq, hidden);
         dot(&out, &r)
     };
     let (mut dte, mut dpe) = (vec![0.0; wte.len()], vec![0.0; wpe.len()]);
-    dev.embedding_backward(&mut dte, &mut dpe, &r, &tokens, batch, seq, hidden);
+    dev.embedding_backward(&mut dte, &r, &tokens, 0, batch, seq, hidden);
+    dev.position_backward(&mut dpe, &r, batch, 0, seq, hidden);
     let (te0, pe0) = (wte.clone(), wpe.clone());
     check("embedding dwte", &mut wte, &dte, &mut |w| fwd(w, &pe0));
     check("embedding dwpe", &mut wpe, &dpe, &mut |w| fwd(&te0, w));
@@ -201,7 +214,7 @@ fn whole_model_backward_matches_finite_differences() {
     }
     let scale = 1.0 / (batch * seq) as f32;
     model.params.zero_grads(&dev);
-    model.forward_backward(&dev, &tokens, &labels, batch, seq, scale);
+    model.forward_backward(&dev, TensorParallel::single(), &tokens, &labels, batch, seq, scale, &mut |_, _| {});
     let grads = model.params.grads.clone();
     for p in 0..model.params.info.len() {
         let name = model.params.info[p].name.clone();
@@ -209,9 +222,9 @@ fn whole_model_backward_matches_finite_differences() {
         for i in 0..n {
             let orig = model.params.values[p][i];
             model.params.values[p][i] = orig + EPS;
-            let up = model.loss(&dev, &tokens, &labels, batch, seq) * scale as f64;
+            let up = model.loss(&dev, TensorParallel::single(), &tokens, &labels, batch, seq) * scale as f64;
             model.params.values[p][i] = orig - EPS;
-            let down = model.loss(&dev, &tokens, &labels, batch, seq) * scale as f64;
+            let down = model.loss(&dev, TensorParallel::single(), &tokens, &labels, batch, seq) * scale as f64;
             model.params.values[p][i] = orig;
             let numeric = (up - down) / (2.0 * EPS);
             let err = (grads[p][i] - numeric).abs();

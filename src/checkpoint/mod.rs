@@ -179,39 +179,64 @@ fn sync_dir(path: &Path) -> Result<()> {
     File::open(path).and_then(|d| d.sync_all()).map_err(|e| Error::io(path, "fsync directory", e))
 }
 
-/// Writes `shard` as rank `rank`'s shard of iteration `iteration` under `dir`, then points the
-/// tracker at it. Returns the iteration directory.
-pub fn save(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<PathBuf> {
+/// Where the shards of iteration `iteration` are written before the directory is renamed into
+/// place; one name for every rank of the job.
+pub fn staging_dir(dir: &Path, iteration: u64) -> PathBuf {
+    dir.join(format!(".iter_{iteration:07}.tmp"))
+}
+
+/// Step 1 (one rank): an empty staging directory for iteration `iteration`.
+pub fn begin(dir: &Path, iteration: u64) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
-    let final_dir = iteration_dir(dir, iteration);
-    let pid = std::process::id();
-    let tmp_dir = dir.join(format!(".iter_{iteration:07}.tmp.{pid}"));
-    if tmp_dir.exists() {
-        fs::remove_dir_all(&tmp_dir).map_err(|e| Error::io(&tmp_dir, "remove stale temporary", e))?;
+    let staging = staging_dir(dir, iteration);
+    if staging.exists() {
+        fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, "remove stale temporary", e))?;
     }
-    let rank_dir = tmp_dir.join(format!("mp_rank_{rank:02}"));
+    fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, "create directory", e))
+}
+
+/// Step 2 (every writing rank): rank `rank`'s shard into the staging directory, fsynced.
+pub fn write_shard(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<()> {
+    let rank_dir = staging_dir(dir, iteration).join(format!("mp_rank_{rank:02}"));
     fs::create_dir_all(&rank_dir).map_err(|e| Error::io(&rank_dir, "create directory", e))?;
     write_synced(&rank_dir.join(SHARD_FILE), &encode(shard))?;
-    sync_dir(&rank_dir)?;
-    sync_dir(&tmp_dir)?;
-    // Replacing an existing directory of the same iteration takes two renames; the tracker still
-    // names an intact directory (old or new) at every instant in between except the last rename.
-    let old_dir = dir.join(format!(".iter_{iteration:07}.old.{pid}"));
+    sync_dir(&rank_dir)
+}
+
+/// Step 3 (one rank, after every shard is written): renames the staging directory into place and
+/// then points the tracker at it. Returns the iteration directory.
+pub fn commit(dir: &Path, iteration: u64) -> Result<PathBuf> {
+    let staging = staging_dir(dir, iteration);
+    sync_dir(&staging)?;
+    let final_dir = iteration_dir(dir, iteration);
+    // Replacing an existing directory of the same iteration takes two renames; the tracker names
+    // an intact directory (old or new) at every instant except between them.
+    let old_dir = dir.join(format!(".iter_{iteration:07}.old"));
     let replaced = final_dir.exists();
     if replaced {
+        if old_dir.exists() {
+            fs::remove_dir_all(&old_dir).map_err(|e| Error::io(&old_dir, "remove", e))?;
+        }
         fs::rename(&final_dir, &old_dir).map_err(|e| Error::io(&final_dir, "rename", e))?;
     }
-    fs::rename(&tmp_dir, &final_dir).map_err(|e| Error::io(&tmp_dir, "rename", e))?;
+    fs::rename(&staging, &final_dir).map_err(|e| Error::io(&staging, "rename", e))?;
     sync_dir(dir)?;
     if replaced {
         fs::remove_dir_all(&old_dir).map_err(|e| Error::io(&old_dir, "remove", e))?;
     }
-    let tracker_tmp = dir.join(format!(".{TRACKER}.tmp.{pid}"));
+    let tracker_tmp = dir.join(format!(".{TRACKER}.tmp"));
     write_synced(&tracker_tmp, format!("{iteration}\n").as_bytes())?;
     let tracker = dir.join(TRACKER);
     fs::rename(&tracker_tmp, &tracker).map_err(|e| Error::io(&tracker, "rename", e))?;
     sync_dir(dir)?;
     Ok(final_dir)
+}
+
+/// All three steps for a job with one writer.
+pub fn save(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<PathBuf> {
+    begin(dir, iteration)?;
+    write_shard(dir, iteration, rank, shard)?;
+    commit(dir, iteration)
 }
 
 /// The iteration the tracker file in `dir` names.

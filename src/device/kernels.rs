@@ -305,27 +305,44 @@ pub unsafe fn attention_backward_head<R: Real>(
     }
 }
 
-/// Cross-entropy of one row of logits against `target`. Returns the loss; with `grad_scale`, the
-/// row is replaced by `grad_scale * (softmax - onehot)`.
+/// The largest logit of a row (the first all-reduce of the vocab-parallel cross-entropy).
 #[inline(always)]
-pub fn cross_entropy_row<R: Real>(row: &mut [R], target: usize, grad_scale: Option<R>) -> f64 {
+pub fn row_max<R: Real>(row: &[R]) -> R {
     let mut max = R::NEG_INFINITY;
-    for &x in row.iter() {
+    for &x in row {
         max = max.max(x);
     }
+    max
+}
+
+/// This shard's part of a row's softmax denominator, `Σ exp(x - max)` against the global max, and
+/// the target's logit if the target falls in this shard (else 0): the second and third
+/// all-reduces of the vocab-parallel cross-entropy sum these over the shards.
+#[inline(always)]
+pub fn cross_entropy_partials_row<R: Real>(row: &[R], target: Option<usize>, max: R) -> (R, R) {
     let mut sum = R::ZERO;
-    for &x in row.iter() {
+    for &x in row {
         sum += (x - max).exp_fast();
     }
-    let log_sum = sum.ln() + max;
-    let loss = (log_sum - row[target]).to_f64();
-    if let Some(scale) = grad_scale {
-        for x in row.iter_mut() {
-            *x = (*x - log_sum).exp_fast() * scale;
-        }
-        row[target] -= scale;
+    (sum, target.map_or(R::ZERO, |t| row[t]))
+}
+
+/// The row's logits become `scale * (softmax - onehot)`, from the global max and denominator.
+#[inline(always)]
+pub fn cross_entropy_backward_row<R: Real>(row: &mut [R], target: Option<usize>, max: R, sum_exp: R, scale: R) {
+    let inv = scale / sum_exp;
+    for x in row.iter_mut() {
+        *x = (*x - max).exp_fast() * inv;
     }
-    loss
+    if let Some(t) = target {
+        row[t] -= scale;
+    }
+}
+
+/// A token's row in a vocabulary shard that starts at `vocab_start` and holds `vocab_rows` rows.
+#[inline(always)]
+pub fn local_row(token: u32, vocab_start: usize, vocab_rows: usize) -> Option<usize> {
+    (token as usize).checked_sub(vocab_start).filter(|&r| r < vocab_rows)
 }
 
 /// AdamW with decoupled weight decay, as Megatron's fused Adam applies it:
@@ -347,44 +364,58 @@ pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R
     }
 }
 
-/// Embedding lookup for the rows of positions `t0..t1` (sequence-first rows `t * batch + b`).
+/// Word-embedding lookup for the rows of positions `t0..` (sequence-first rows `t * batch + b`),
+/// against a vocabulary shard starting at `vocab_start`: tokens outside it give zero rows, which
+/// the tensor-parallel all-reduce fills in from the shard that holds them.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn embedding_forward_rows<R: Real>(
     out: &mut [R],
     tokens: &[u32],
     wte: &[R],
-    wpe: &[R],
+    vocab_start: usize,
     batch: usize,
     seq: usize,
     hidden: usize,
     t0: usize,
 ) {
+    let vocab_rows = wte.len() / hidden;
     for (i, row) in out.chunks_exact_mut(hidden).enumerate() {
         let t = t0 + i / batch;
         let b = i % batch;
-        let tok = tokens[b * seq + t] as usize;
-        let e = &wte[tok * hidden..(tok + 1) * hidden];
-        let p = &wpe[t * hidden..(t + 1) * hidden];
-        for c in 0..hidden {
-            row[c] = e[c] + p[c];
+        match local_row(tokens[b * seq + t], vocab_start, vocab_rows) {
+            Some(r) => row.copy_from_slice(&wte[r * hidden..(r + 1) * hidden]),
+            None => row.fill(R::ZERO),
         }
     }
 }
 
-/// Embedding backward restricted to the hidden columns `c0..c1`, so that column blocks can run in
-/// parallel while every element is still summed in token order (deterministic).
+/// Adds the position embedding to rows that hold positions `t0..` (row `i` is position
+/// `t0 + i / batch`).
+#[inline(always)]
+pub fn position_forward_rows<R: Real>(out: &mut [R], wpe: &[R], batch: usize, hidden: usize, t0: usize) {
+    for (i, row) in out.chunks_exact_mut(hidden).enumerate() {
+        let t = t0 + i / batch;
+        for (o, &p) in row.iter_mut().zip(&wpe[t * hidden..(t + 1) * hidden]) {
+            *o += p;
+        }
+    }
+}
+
+/// Word-embedding backward restricted to the hidden columns `c0..c1`, so that column blocks run
+/// in parallel while every element is still summed in token order (deterministic).
 ///
 /// # Safety
-/// `dwte` and `dwpe` must point to the full gradient arrays, and no other thread may touch
-/// columns `c0..c1` of them during the call.
+/// `dwte` must point to the shard's full gradient, and no other thread may touch its columns
+/// `c0..c1` during the call.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn embedding_backward_cols<R: Real>(
     dwte: *mut R,
-    dwpe: *mut R,
+    vocab_rows: usize,
     dout: &[R],
     tokens: &[u32],
+    vocab_start: usize,
     batch: usize,
     seq: usize,
     hidden: usize,
@@ -393,17 +424,50 @@ pub unsafe fn embedding_backward_cols<R: Real>(
 ) {
     for t in 0..seq {
         for b in 0..batch {
-            let tok = tokens[b * seq + t] as usize;
-            let g = &dout[(t * batch + b) * hidden..(t * batch + b + 1) * hidden];
-            // SAFETY: columns c0..c1 of rows tok and t are inside the arrays and owned by this call.
-            let te = std::slice::from_raw_parts_mut(dwte.add(tok * hidden + c0), c1 - c0);
-            for (d, &x) in te.iter_mut().zip(&g[c0..c1]) {
+            let Some(r) = local_row(tokens[b * seq + t], vocab_start, vocab_rows) else { continue };
+            let g = &dout[(t * batch + b) * hidden + c0..(t * batch + b) * hidden + c1];
+            // SAFETY: columns c0..c1 of row r are inside the gradient and owned by this call.
+            let d = std::slice::from_raw_parts_mut(dwte.add(r * hidden + c0), c1 - c0);
+            for (d, &x) in d.iter_mut().zip(g) {
                 *d += x;
             }
-            let pe = std::slice::from_raw_parts_mut(dwpe.add(t * hidden + c0), c1 - c0);
-            for (d, &x) in pe.iter_mut().zip(&g[c0..c1]) {
-                *d += x;
-            }
+        }
+    }
+}
+
+/// Position-embedding backward for the rows of positions `t0..t0+nt`, columns `c0..c1`.
+///
+/// # Safety
+/// `dwpe` must point to the full gradient, and no other thread may touch its columns `c0..c1`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn position_backward_cols<R: Real>(
+    dwpe: *mut R,
+    dout: &[R],
+    batch: usize,
+    t0: usize,
+    nt: usize,
+    hidden: usize,
+    c0: usize,
+    c1: usize,
+) {
+    for i in 0..nt * batch {
+        let t = t0 + i / batch;
+        let g = &dout[i * hidden + c0..i * hidden + c1];
+        // SAFETY: columns c0..c1 of row t are inside the gradient and owned by this call.
+        let d = std::slice::from_raw_parts_mut(dwpe.add(t * hidden + c0), c1 - c0);
+        for (d, &x) in d.iter_mut().zip(g) {
+            *d += x;
+        }
+    }
+}
+
+/// `out[r] += bias` for every row.
+#[inline(always)]
+pub fn add_bias_rows<R: Real>(out: &mut [R], bias: &[R]) {
+    for row in out.chunks_exact_mut(bias.len()) {
+        for (o, &b) in row.iter_mut().zip(bias) {
+            *o += b;
         }
     }
 }

@@ -60,28 +60,49 @@ pub trait Device: Send + Sync {
     /// Sum of squares of every element, accumulated in f64 (for the global gradient norm).
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
 
-    /// `out[t*batch+b] = wte[tokens[b*seq+t]] + wpe[t]`; tokens are sample-major as read.
+    /// Word embedding: `out[t*batch+b] = wte[tokens[b*seq+t] - vocab_start]` for tokens in this
+    /// vocabulary shard (the `wte` rows), zero rows for the others; tokens are sample-major.
     #[allow(clippy::too_many_arguments)]
     fn embedding_forward(
         &self,
         out: &mut Self::Buf,
         tokens: &[u32],
         wte: &Self::Buf,
-        wpe: &Self::Buf,
+        vocab_start: usize,
         batch: usize,
         seq: usize,
         hidden: usize,
     );
-    /// `dwte[tokens] += dout`, `dwpe[t] += Σ_b dout` (both "+=").
+    /// `dwte[token - vocab_start] += dout[row]` for the tokens in this shard ("+=").
     #[allow(clippy::too_many_arguments)]
     fn embedding_backward(
         &self,
         dwte: &mut Self::Buf,
-        dwpe: &mut Self::Buf,
         dout: &Self::Buf,
         tokens: &[u32],
+        vocab_start: usize,
         batch: usize,
         seq: usize,
+        hidden: usize,
+    );
+    /// `out[(t - t0)*batch + b] += wpe[t]` for positions `t0..t0+positions`.
+    fn position_forward(
+        &self,
+        out: &mut Self::Buf,
+        wpe: &Self::Buf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    );
+    /// `dwpe[t] += Σ_b dout[(t - t0)*batch + b]` ("+=").
+    fn position_backward(
+        &self,
+        dwpe: &mut Self::Buf,
+        dout: &Self::Buf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
         hidden: usize,
     );
 
@@ -161,17 +182,50 @@ pub trait Device: Send + Sync {
         shape: AttentionShape,
     );
 
-    /// Softmax cross-entropy over `vocab` logits per row against `targets` (one per row). Returns
-    /// the sum of the rows' losses; when `grad_scale` is given, the logits are overwritten in place
-    /// with `grad_scale · (softmax − onehot)`, so the [rows, vocab] matrix is touched once.
-    fn cross_entropy(
+    /// `out[r] += bias` for each of `rows` rows of width `cols` (the bias of a row-parallel layer,
+    /// added after its all-reduce).
+    fn add_bias(&self, out: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize);
+
+    /// Cross-entropy, step 1: each row's largest logit in this vocabulary shard.
+    fn cross_entropy_max(&self, logits: &Self::Buf, rows: usize, vocab: usize, max: &mut [f64]);
+    /// Step 2, against the global max: this shard's `Σ exp(logit - max)` per row, and the target's
+    /// logit where the target (`targets[r] - vocab_start`) is in this shard, else 0.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_partials(
+        &self,
+        logits: &Self::Buf,
+        targets: &[u32],
+        vocab_start: usize,
+        rows: usize,
+        vocab: usize,
+        max: &[f64],
+        sum_exp: &mut [f64],
+        target_logit: &mut [f64],
+    );
+    /// Step 3, with the global max and denominator: logits become `grad_scale * (softmax - onehot)`
+    /// in place, so the [rows, vocab] matrix is never copied.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_backward(
         &self,
         logits: &mut Self::Buf,
         targets: &[u32],
+        vocab_start: usize,
         rows: usize,
         vocab: usize,
-        grad_scale: Option<f32>,
-    ) -> f64;
+        max: &[f64],
+        sum_exp: &[f64],
+        grad_scale: f32,
+    );
+
+    /// The buffer as host f32 memory, when the device keeps it there; collectives then work on it
+    /// in place. Devices without host-visible f32 buffers return None and are staged through
+    /// `download` / `upload`.
+    fn host_f32<'a>(&self, _buf: &'a mut Self::Buf) -> Option<&'a mut [f32]> {
+        None
+    }
+    fn host_f32_ref<'a>(&self, _buf: &'a Self::Buf) -> Option<&'a [f32]> {
+        None
+    }
 
     /// One decoupled-weight-decay Adam step on one parameter tensor.
     fn adamw(&self, param: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, step: AdamWStep);

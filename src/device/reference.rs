@@ -54,30 +54,41 @@ impl Device for ReferenceDevice {
         out: &mut Vec<f64>,
         tokens: &[u32],
         wte: &Vec<f64>,
-        wpe: &Vec<f64>,
+        vocab_start: usize,
         batch: usize,
         seq: usize,
         hidden: usize,
     ) {
-        kernels::embedding_forward_rows(out, tokens, wte, wpe, batch, seq, hidden, 0);
+        kernels::embedding_forward_rows(
+            &mut out[..batch * seq * hidden],
+            tokens,
+            wte,
+            vocab_start,
+            batch,
+            seq,
+            hidden,
+            0,
+        );
     }
     fn embedding_backward(
         &self,
         dwte: &mut Vec<f64>,
-        dwpe: &mut Vec<f64>,
         dout: &Vec<f64>,
         tokens: &[u32],
+        vocab_start: usize,
         batch: usize,
         seq: usize,
         hidden: usize,
     ) {
-        // SAFETY: both pointers cover their whole arrays and nothing else runs.
+        let rows = dwte.len() / hidden;
+        // SAFETY: the pointer covers the whole gradient and nothing else runs.
         unsafe {
             kernels::embedding_backward_cols(
                 dwte.as_mut_ptr(),
-                dwpe.as_mut_ptr(),
+                rows,
                 dout,
                 tokens,
+                vocab_start,
                 batch,
                 seq,
                 hidden,
@@ -85,6 +96,29 @@ impl Device for ReferenceDevice {
                 hidden,
             )
         }
+    }
+    fn position_forward(
+        &self,
+        out: &mut Vec<f64>,
+        wpe: &Vec<f64>,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        kernels::position_forward_rows(&mut out[..positions * batch * hidden], wpe, batch, hidden, t0);
+    }
+    fn position_backward(
+        &self,
+        dwpe: &mut Vec<f64>,
+        dout: &Vec<f64>,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        // SAFETY: the pointer covers the whole gradient and nothing else runs.
+        unsafe { kernels::position_backward_cols(dwpe.as_mut_ptr(), dout, batch, t0, positions, hidden, 0, hidden) }
     }
 
     fn layernorm_forward(
@@ -229,20 +263,49 @@ impl Device for ReferenceDevice {
         }
     }
 
-    fn cross_entropy(
+    fn add_bias(&self, out: &mut Vec<f64>, bias: &Vec<f64>, rows: usize, cols: usize) {
+        kernels::add_bias_rows(&mut out[..rows * cols], bias);
+    }
+
+    fn cross_entropy_max(&self, logits: &Vec<f64>, rows: usize, vocab: usize, max: &mut [f64]) {
+        for (r, m) in max.iter_mut().enumerate().take(rows) {
+            *m = kernels::row_max(&logits[r * vocab..(r + 1) * vocab]);
+        }
+    }
+    fn cross_entropy_partials(
+        &self,
+        logits: &Vec<f64>,
+        targets: &[u32],
+        vocab_start: usize,
+        rows: usize,
+        vocab: usize,
+        max: &[f64],
+        sum_exp: &mut [f64],
+        target_logit: &mut [f64],
+    ) {
+        for r in 0..rows {
+            let target = kernels::local_row(targets[r], vocab_start, vocab);
+            let (s, t) = kernels::cross_entropy_partials_row(&logits[r * vocab..(r + 1) * vocab], target, max[r]);
+            sum_exp[r] = s;
+            target_logit[r] = t;
+        }
+    }
+    fn cross_entropy_backward(
         &self,
         logits: &mut Vec<f64>,
         targets: &[u32],
+        vocab_start: usize,
         rows: usize,
         vocab: usize,
-        grad_scale: Option<f32>,
-    ) -> f64 {
-        let mut total = 0.0;
+        max: &[f64],
+        sum_exp: &[f64],
+        grad_scale: f32,
+    ) {
         for r in 0..rows {
+            let target = kernels::local_row(targets[r], vocab_start, vocab);
             let row = &mut logits[r * vocab..(r + 1) * vocab];
-            total += kernels::cross_entropy_row(row, targets[r] as usize, grad_scale.map(|s| s as f64));
+            kernels::cross_entropy_backward_row(row, target, max[r], sum_exp[r], grad_scale as f64);
         }
-        total
     }
 
     fn adamw(&self, param: &mut Vec<f64>, grad: &Vec<f64>, m: &mut Vec<f64>, v: &mut Vec<f64>, step: AdamWStep) {

@@ -8,6 +8,21 @@ pub use gpt::Gpt;
 use crate::error::{Error, Result};
 use crate::tensor::{Init, ParamInfo};
 
+/// How this rank's model replica is split: its tensor-parallel size and rank, and whether the
+/// activations outside attention and MLP are split along the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelParallel {
+    pub tp_size: usize,
+    pub tp_rank: usize,
+    pub sequence_parallel: bool,
+}
+
+impl ModelParallel {
+    pub fn single() -> ModelParallel {
+        ModelParallel { tp_size: 1, tp_rank: 0, sequence_parallel: false }
+    }
+}
+
 /// The shape of a GPT-2 model. `padded_vocab_size` is the vocabulary rounded up as Megatron
 /// pads it (`--make-vocab-size-divisible-by`), which is the row count of the word embedding.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,16 +76,58 @@ impl GptConfig {
         vocab.div_ceil(divisible_by.max(1)) * divisible_by.max(1)
     }
 
-    /// Every parameter in the model's canonical order, with Megatron-core GPT names.
-    pub fn parameters(&self) -> Vec<ParamInfo> {
+    /// Checks that the model splits over `mp`: heads, MLP width and padded vocabulary divide by
+    /// the tensor-parallel size, and under sequence parallelism the sequence does too.
+    pub fn validate_parallel(&self, mp: &ModelParallel, seq_length: usize) -> Result<()> {
+        let t = mp.tp_size;
+        let flag = "--tensor-model-parallel-size";
+        if !self.num_attention_heads.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "--num-attention-heads {} is not divisible by {flag} {t}",
+                self.num_attention_heads
+            )));
+        }
+        if !self.ffn_hidden_size.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "--ffn-hidden-size {} is not divisible by {flag} {t}",
+                self.ffn_hidden_size
+            )));
+        }
+        if !self.padded_vocab_size.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "the padded vocabulary {} ({} rounded up to --make-vocab-size-divisible-by) is not divisible by {flag} \
+                 {t}; pick --make-vocab-size-divisible-by as a multiple of {t}",
+                self.padded_vocab_size, self.vocab_size
+            )));
+        }
+        if mp.sequence_parallel && !seq_length.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "--seq-length {seq_length} is not divisible by {flag} {t}, which --sequence-parallel needs"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every parameter in the model's canonical order, with Megatron-core GPT names, as this
+    /// tensor-parallel rank holds it: QKV and fc1 split by output rows (column-parallel), the
+    /// attention projection and fc2 by input columns (row-parallel), the word embedding by
+    /// vocabulary rows; everything else replicated.
+    pub fn parameters(&self, mp: &ModelParallel) -> Vec<ParamInfo> {
         let h = self.hidden_size;
         let f = self.ffn_hidden_size;
         let std = self.init_method_std;
         let scaled = std / (2.0 * self.num_layers as f64).sqrt();
-        let p = |name: String, shape: Vec<usize>, init: Init| ParamInfo { name, shape, init };
+        let (t, r) = (mp.tp_size, mp.tp_rank);
+        let sp = mp.sequence_parallel && t > 1;
+        let rep = |name: String, shape: Vec<usize>, init: Init| ParamInfo::replicated(name, shape, init);
+        // LayerNorms and the position embedding see only this rank's sequence shard under SP.
+        let rep_sp =
+            |name: String, shape: Vec<usize>, init: Init| ParamInfo { sequence_parallel: sp, ..rep(name, shape, init) };
+        let split =
+            |name: String, shape: Vec<usize>, init: Init, dim: usize| ParamInfo::split(name, shape, init, dim, r, t);
         let mut out = vec![
-            p("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }),
-            p(
+            split("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }, 0),
+            rep_sp(
                 "embedding.position_embeddings.weight".into(),
                 vec![self.max_position_embeddings, h],
                 Init::Normal { std },
@@ -79,22 +136,22 @@ impl GptConfig {
         for l in 0..self.num_layers {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");
             out.extend([
-                p(n("input_layernorm.weight"), vec![h], Init::Constant(1.0)),
-                p(n("input_layernorm.bias"), vec![h], Init::Constant(0.0)),
-                p(n("self_attention.linear_qkv.weight"), vec![3 * h, h], Init::Normal { std }),
-                p(n("self_attention.linear_qkv.bias"), vec![3 * h], Init::Constant(0.0)),
-                p(n("self_attention.linear_proj.weight"), vec![h, h], Init::Normal { std: scaled }),
-                p(n("self_attention.linear_proj.bias"), vec![h], Init::Constant(0.0)),
-                p(n("pre_mlp_layernorm.weight"), vec![h], Init::Constant(1.0)),
-                p(n("pre_mlp_layernorm.bias"), vec![h], Init::Constant(0.0)),
-                p(n("mlp.linear_fc1.weight"), vec![f, h], Init::Normal { std }),
-                p(n("mlp.linear_fc1.bias"), vec![f], Init::Constant(0.0)),
-                p(n("mlp.linear_fc2.weight"), vec![h, f], Init::Normal { std: scaled }),
-                p(n("mlp.linear_fc2.bias"), vec![h], Init::Constant(0.0)),
+                rep_sp(n("input_layernorm.weight"), vec![h], Init::Constant(1.0)),
+                rep_sp(n("input_layernorm.bias"), vec![h], Init::Constant(0.0)),
+                split(n("self_attention.linear_qkv.weight"), vec![3 * h, h], Init::Normal { std }, 0),
+                split(n("self_attention.linear_qkv.bias"), vec![3 * h], Init::Constant(0.0), 0),
+                split(n("self_attention.linear_proj.weight"), vec![h, h], Init::Normal { std: scaled }, 1),
+                rep(n("self_attention.linear_proj.bias"), vec![h], Init::Constant(0.0)),
+                rep_sp(n("pre_mlp_layernorm.weight"), vec![h], Init::Constant(1.0)),
+                rep_sp(n("pre_mlp_layernorm.bias"), vec![h], Init::Constant(0.0)),
+                split(n("mlp.linear_fc1.weight"), vec![f, h], Init::Normal { std }, 0),
+                split(n("mlp.linear_fc1.bias"), vec![f], Init::Constant(0.0), 0),
+                split(n("mlp.linear_fc2.weight"), vec![h, f], Init::Normal { std: scaled }, 1),
+                rep(n("mlp.linear_fc2.bias"), vec![h], Init::Constant(0.0)),
             ]);
         }
-        out.push(p("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
-        out.push(p("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
+        out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
+        out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
         out
     }
 

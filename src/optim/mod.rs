@@ -49,11 +49,6 @@ impl<D: Device> AdamW<D> {
     }
 }
 
-/// The L2 norm of all gradients together, each parameter counted once.
-pub fn global_grad_norm<D: Device>(dev: &D, params: &ParamSet<D>) -> f64 {
-    params.grads.iter().map(|g| dev.sum_squares(g)).sum::<f64>().sqrt()
-}
-
 /// Megatron's clipping coefficient: `clip / (norm + 1e-6)` when that is below 1, else 1. A
 /// `clip` of 0 disables clipping.
 pub fn clip_coefficient(norm: f64, clip: f64) -> f32 {

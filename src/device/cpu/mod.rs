@@ -8,7 +8,7 @@ pub mod peak;
 pub mod pool;
 pub mod simd;
 
-use super::{AdamWStep, AttentionShape, Device};
+use super::{kernels, AdamWStep, AttentionShape, Device};
 use gemm::MatRef;
 use pool::ThreadPool;
 
@@ -131,7 +131,7 @@ impl Device for CpuDevice {
         out: &mut Vec<f32>,
         tokens: &[u32],
         wte: &Vec<f32>,
-        wpe: &Vec<f32>,
+        vocab_start: usize,
         batch: usize,
         seq: usize,
         hidden: usize,
@@ -140,23 +140,68 @@ impl Device for CpuDevice {
         self.for_blocks(seq, ROWS_PER_TASK, &|t0, nt| {
             // SAFETY: positions t0..t0+nt own rows t0*batch..(t0+nt)*batch.
             let o = unsafe { out_ptr.slice(t0 * batch * hidden, nt * batch * hidden) };
-            unsafe { simd::embedding_forward_rows(o, tokens, wte, wpe, batch, seq, hidden, t0) };
+            unsafe { simd::embedding_forward_rows(o, tokens, wte, vocab_start, batch, seq, hidden, t0) };
         });
     }
     fn embedding_backward(
         &self,
         dwte: &mut Vec<f32>,
-        dwpe: &mut Vec<f32>,
         dout: &Vec<f32>,
         tokens: &[u32],
+        vocab_start: usize,
         batch: usize,
         seq: usize,
         hidden: usize,
     ) {
-        let (te, pe) = (SharedMut::new(dwte), SharedMut::new(dwpe));
+        let rows = dwte.len() / hidden;
+        let te = SharedMut::new(dwte);
         self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
-            // SAFETY: each task owns columns c0..c0+nc of both gradients.
-            unsafe { simd::embedding_backward_cols(te.ptr(), pe.ptr(), dout, tokens, batch, seq, hidden, c0, c0 + nc) }
+            // SAFETY: each task owns columns c0..c0+nc of the gradient.
+            unsafe {
+                simd::embedding_backward_cols(
+                    te.ptr(),
+                    rows,
+                    dout,
+                    tokens,
+                    vocab_start,
+                    batch,
+                    seq,
+                    hidden,
+                    c0,
+                    c0 + nc,
+                )
+            }
+        });
+    }
+    fn position_forward(
+        &self,
+        out: &mut Vec<f32>,
+        wpe: &Vec<f32>,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        let out_ptr = SharedMut::new(out);
+        self.for_blocks(positions, ROWS_PER_TASK, &|p0, np| {
+            // SAFETY: positions p0..p0+np own rows p0*batch..(p0+np)*batch.
+            let o = unsafe { out_ptr.slice(p0 * batch * hidden, np * batch * hidden) };
+            unsafe { simd::position_forward_rows(o, wpe, batch, hidden, t0 + p0) };
+        });
+    }
+    fn position_backward(
+        &self,
+        dwpe: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        let pe = SharedMut::new(dwpe);
+        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
+            // SAFETY: each task owns columns c0..c0+nc of the gradient.
+            unsafe { simd::position_backward_cols(pe.ptr(), dout, batch, t0, positions, hidden, c0, c0 + nc) }
         });
     }
 
@@ -329,25 +374,82 @@ impl Device for CpuDevice {
         });
     }
 
-    fn cross_entropy(
+    fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) {
+        let o = SharedMut::new(out);
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            // SAFETY: rows r0..r0+nr belong to this task.
+            unsafe { simd::add_bias_rows(o.slice(r0 * cols, nr * cols), bias) };
+        });
+    }
+
+    fn cross_entropy_max(&self, logits: &Vec<f32>, rows: usize, vocab: usize, max: &mut [f64]) {
+        let m = SharedMut::new(max);
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            for r in r0..r0 + nr {
+                // SAFETY: slot r belongs to this task.
+                unsafe { m.slice(r, 1)[0] = simd::row_max(&logits[r * vocab..(r + 1) * vocab]) as f64 };
+            }
+        });
+    }
+    fn cross_entropy_partials(
+        &self,
+        logits: &Vec<f32>,
+        targets: &[u32],
+        vocab_start: usize,
+        rows: usize,
+        vocab: usize,
+        max: &[f64],
+        sum_exp: &mut [f64],
+        target_logit: &mut [f64],
+    ) {
+        let (se, tl) = (SharedMut::new(sum_exp), SharedMut::new(target_logit));
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            for r in r0..r0 + nr {
+                let target = kernels::local_row(targets[r], vocab_start, vocab);
+                // SAFETY: slot r of both outputs belongs to this task.
+                unsafe {
+                    let (s, t) =
+                        simd::cross_entropy_partials_row(&logits[r * vocab..(r + 1) * vocab], target, max[r] as f32);
+                    se.slice(r, 1)[0] = s as f64;
+                    tl.slice(r, 1)[0] = t as f64;
+                }
+            }
+        });
+    }
+    fn cross_entropy_backward(
         &self,
         logits: &mut Vec<f32>,
         targets: &[u32],
+        vocab_start: usize,
         rows: usize,
         vocab: usize,
-        grad_scale: Option<f32>,
-    ) -> f64 {
-        let mut losses = vec![0.0f64; rows];
-        let (lg, ls) = (SharedMut::new(logits), SharedMut::new(&mut losses));
+        max: &[f64],
+        sum_exp: &[f64],
+        grad_scale: f32,
+    ) {
+        let lg = SharedMut::new(logits);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
-            for (r, &target) in targets.iter().enumerate().skip(r0).take(nr) {
-                // SAFETY: row r of the logits and slot r of the losses belong to this task.
+            for r in r0..r0 + nr {
+                let target = kernels::local_row(targets[r], vocab_start, vocab);
+                // SAFETY: row r belongs to this task.
                 unsafe {
-                    ls.slice(r, 1)[0] = simd::cross_entropy_row(lg.slice(r * vocab, vocab), target as usize, grad_scale)
+                    simd::cross_entropy_backward_row(
+                        lg.slice(r * vocab, vocab),
+                        target,
+                        max[r] as f32,
+                        sum_exp[r] as f32,
+                        grad_scale,
+                    )
                 };
             }
         });
-        losses.iter().sum()
+    }
+
+    fn host_f32<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
+        Some(buf.as_mut_slice())
+    }
+    fn host_f32_ref<'a>(&self, buf: &'a Vec<f32>) -> Option<&'a [f32]> {
+        Some(buf.as_slice())
     }
 
     fn adamw(&self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, step: AdamWStep) {

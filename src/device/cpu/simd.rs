@@ -82,12 +82,20 @@ multiversion! {
         head: usize) = kernels::attention_forward_head::<f32>;
     fn attention_backward_head(dqkv: *mut f32, dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32],
         shape: AttentionShape, b: usize, head: usize) = kernels::attention_backward_head::<f32>;
-    fn cross_entropy_row(row: &mut [f32], target: usize, grad_scale: Option<f32>) -> f64
-        = kernels::cross_entropy_row::<f32>;
+    fn row_max(row: &[f32]) -> f32 = kernels::row_max::<f32>;
+    fn cross_entropy_partials_row(row: &[f32], target: Option<usize>, max: f32) -> (f32, f32)
+        = kernels::cross_entropy_partials_row::<f32>;
+    fn cross_entropy_backward_row(row: &mut [f32], target: Option<usize>, max: f32, sum_exp: f32, scale: f32)
+        = kernels::cross_entropy_backward_row::<f32>;
     fn adamw_slice(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &AdamWStep)
         = kernels::adamw_slice::<f32>;
-    fn embedding_forward_rows(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], batch: usize, seq: usize,
-        hidden: usize, t0: usize) = kernels::embedding_forward_rows::<f32>;
-    fn embedding_backward_cols(dwte: *mut f32, dwpe: *mut f32, dout: &[f32], tokens: &[u32], batch: usize,
-        seq: usize, hidden: usize, c0: usize, c1: usize) = kernels::embedding_backward_cols::<f32>;
+    fn embedding_forward_rows(out: &mut [f32], tokens: &[u32], wte: &[f32], vocab_start: usize, batch: usize,
+        seq: usize, hidden: usize, t0: usize) = kernels::embedding_forward_rows::<f32>;
+    fn position_forward_rows(out: &mut [f32], wpe: &[f32], batch: usize, hidden: usize, t0: usize)
+        = kernels::position_forward_rows::<f32>;
+    fn embedding_backward_cols(dwte: *mut f32, vocab_rows: usize, dout: &[f32], tokens: &[u32], vocab_start: usize,
+        batch: usize, seq: usize, hidden: usize, c0: usize, c1: usize) = kernels::embedding_backward_cols::<f32>;
+    fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, t0: usize, nt: usize, hidden: usize,
+        c0: usize, c1: usize) = kernels::position_backward_cols::<f32>;
+    fn add_bias_rows(out: &mut [f32], bias: &[f32]) = kernels::add_bias_rows::<f32>;
 }

@@ -1,0 +1,222 @@
+//! The Comm seam: collectives and point-to-point transfers on one process group, over host
+//! buffers of f32 or bf16. MPI implements it (`mpi.rs`); a group of one rank is `SelfComm`.
+//! Process groups are values (`parallel::grid::Groups`), never globals.
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod runtime;
+
+use bytemuck::{Pod, Zeroable};
+
+/// The reductions the training step needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+}
+
+/// Element types a Comm moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F64,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+            Dtype::Bf16 => 2,
+        }
+    }
+}
+
+/// bfloat16 as its bit pattern: the top half of an f32.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+// SAFETY: a transparent wrapper of u16: every bit pattern is valid and there is no padding.
+unsafe impl Zeroable for Bf16 {}
+// SAFETY: as above.
+unsafe impl Pod for Bf16 {}
+
+impl Bf16 {
+    /// Round to nearest even (NaN stays NaN).
+    pub fn from_f32(x: f32) -> Bf16 {
+        let bits = x.to_bits();
+        if x.is_nan() {
+            return Bf16(((bits >> 16) | 0x40) as u16);
+        }
+        let round = 0x7fff + ((bits >> 16) & 1);
+        Bf16((bits.wrapping_add(round) >> 16) as u16)
+    }
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+/// A type a Comm can move: its bytes and the dtype that names them.
+pub trait Element: Pod {
+    const DTYPE: Dtype;
+}
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+impl Element for f64 {
+    const DTYPE: Dtype = Dtype::F64;
+}
+impl Element for Bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+
+/// How many elements of each kind a rank has sent, per collective kind (for `--log-comm` and the
+/// volume checks of later layouts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommCounters {
+    pub all_reduce: u64,
+    pub all_gather: u64,
+    pub reduce_scatter: u64,
+    pub broadcast: u64,
+    pub send: u64,
+}
+
+/// A sum all-reduce of an f32 buffer in flight (data-parallel gradient buckets): `poll` drives
+/// it without blocking, `wait` finishes it and returns the reduced buffer.
+pub trait PendingReduce {
+    fn poll(&mut self) -> bool;
+    fn wait(self: Box<Self>) -> Vec<f32>;
+}
+
+/// A reduction that was complete when it started (a group of one).
+pub struct Ready(pub Vec<f32>);
+
+impl PendingReduce for Ready {
+    fn poll(&mut self) -> bool {
+        true
+    }
+    fn wait(self: Box<Self>) -> Vec<f32> {
+        self.0
+    }
+}
+
+/// One process group. Every rank of the group must make the same calls in the same order, with
+/// the same sizes; buffers are host memory. Byte slices carry elements of `dtype`.
+pub trait Comm {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// `buf` becomes the element-wise reduction of every rank's `buf`.
+    fn all_reduce_bytes(&self, buf: &mut [u8], dtype: Dtype, op: ReduceOp);
+    /// `recv` (size × len(send)) becomes every rank's `send`, in rank order.
+    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
+    /// `recv` (len(send) / size) becomes the sum over ranks of this rank's chunk of `send`.
+    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
+    /// `buf` becomes root's `buf`.
+    fn broadcast_bytes(&self, buf: &mut [u8], root: usize);
+    /// Sends `send` to its peer and receives `recv` from its peer, both posted together so that
+    /// pairs of ranks exchanging in both directions cannot deadlock.
+    fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>);
+    fn barrier(&self);
+    fn counters(&self) -> CommCounters;
+    /// Starts a sum all-reduce that completes later, so communication overlaps computation.
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce>;
+}
+
+impl dyn Comm + '_ {
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) {
+        if self.size() > 1 {
+            self.all_reduce_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, op);
+        }
+    }
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) {
+        assert_eq!(send.len() * self.size(), recv.len(), "all_gather: receive buffer must hold size x send");
+        self.all_gather_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE);
+    }
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T]) {
+        assert_eq!(recv.len() * self.size(), send.len(), "reduce_scatter: send buffer must hold size x receive");
+        self.reduce_scatter_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE);
+    }
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) {
+        if self.size() > 1 {
+            self.broadcast_bytes(bytemuck::cast_slice_mut(buf), root);
+        }
+    }
+    pub fn send_recv<T: Element>(&self, send: Option<(&[T], usize)>, recv: Option<(&mut [T], usize)>) {
+        self.send_recv_bytes(
+            send.map(|(b, peer)| (bytemuck::cast_slice(b), peer)),
+            recv.map(|(b, peer)| (bytemuck::cast_slice_mut(b), peer)),
+        );
+    }
+    /// Sum of `x` over the group, in f64 (loss and norm bookkeeping).
+    pub fn sum_f64(&self, x: f64) -> f64 {
+        if self.size() == 1 {
+            return x;
+        }
+        // Split into a high f32 and the f32 remainder so the sum keeps about 48 bits.
+        let hi = x as f32;
+        let lo = (x - hi as f64) as f32;
+        let mut parts = vec![0f32; 2 * self.size()];
+        self.all_gather(&[hi, lo], &mut parts);
+        parts.chunks_exact(2).map(|p| p[0] as f64 + p[1] as f64).sum()
+    }
+}
+
+/// The group of one rank: every collective is the identity (or a copy), and nothing is sent.
+#[derive(Default)]
+pub struct SelfComm;
+
+impl Comm for SelfComm {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_bytes(&self, _buf: &mut [u8], _dtype: Dtype, _op: ReduceOp) {}
+    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype) {
+        recv.copy_from_slice(send);
+    }
+    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype) {
+        recv.copy_from_slice(send);
+    }
+    fn broadcast_bytes(&self, _buf: &mut [u8], _root: usize) {}
+    fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
+        if let (Some((s, _)), Some((r, _))) = (send, recv) {
+            r.copy_from_slice(s);
+        }
+    }
+    fn barrier(&self) {}
+    fn counters(&self) -> CommCounters {
+        CommCounters::default()
+    }
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce> {
+        Box::new(Ready(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(Bf16::from_f32(1.0).to_f32(), 1.0);
+        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0); // tie -> even
+        assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 4.0 / 256.0);
+        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+    }
+
+    #[test]
+    fn self_comm_is_the_identity() {
+        let c: &dyn Comm = &SelfComm;
+        let mut x = [1.0f32, 2.0];
+        c.all_reduce(&mut x, ReduceOp::Sum);
+        assert_eq!(x, [1.0, 2.0]);
+        let mut y = [0.0f32; 2];
+        c.all_gather(&x, &mut y);
+        assert_eq!(y, x);
+        assert_eq!(c.sum_f64(0.1), 0.1);
+    }
+}

@@ -1,0 +1,371 @@
+//! The MPI implementation of the Comm seam, on host buffers. Every operation is posted
+//! non-blocking and completed by polling: when more ranks share a node than it has cores, the
+//! poll yields the core between tests, because some MPI builds (Debian's MPICH) busy-wait inside
+//! blocking calls and then cost a scheduler time slice per rank per collective.
+
+use super::{Comm, CommCounters, Dtype, PendingReduce, ReduceOp};
+use mpi::ffi;
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
+use mpi::traits::AsRaw;
+use std::cell::Cell;
+use std::os::raw::{c_int, c_void};
+use std::sync::OnceLock;
+
+/// bf16 reductions are user operations (MPI has no bf16 type): each element is widened to f32,
+/// combined, and rounded back.
+unsafe extern "C" fn bf16_sum(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
+    bf16_combine(invec, inoutvec, len, |a, b| a + b)
+}
+
+unsafe extern "C" fn bf16_max(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
+    bf16_combine(invec, inoutvec, len, f32::max)
+}
+
+unsafe fn bf16_combine(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, f: impl Fn(f32, f32) -> f32) {
+    // SAFETY: MPI passes `len` elements of the uint16 datatype in both buffers.
+    let n = *len as usize;
+    let a = std::slice::from_raw_parts(invec as *const super::Bf16, n);
+    let b = std::slice::from_raw_parts_mut(inoutvec as *mut super::Bf16, n);
+    for (y, &x) in b.iter_mut().zip(a) {
+        *y = super::Bf16::from_f32(f(x.to_f32(), y.to_f32()));
+    }
+}
+
+/// MPI handles created once per process (the bf16 operations).
+struct Ops {
+    bf16_sum: ffi::MPI_Op,
+    bf16_max: ffi::MPI_Op,
+}
+// SAFETY: MPI_Op handles are process-global identifiers; they are only used from MPI calls.
+unsafe impl Send for Ops {}
+// SAFETY: as above.
+unsafe impl Sync for Ops {}
+
+fn ops() -> &'static Ops {
+    static OPS: OnceLock<Ops> = OnceLock::new();
+    OPS.get_or_init(|| {
+        let create = |f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut ffi::MPI_Datatype)| {
+            let mut op = std::mem::MaybeUninit::<ffi::MPI_Op>::uninit();
+            // SAFETY: MPI is initialised (a Comm exists) and `op` is written by the call.
+            unsafe {
+                ffi::MPI_Op_create(Some(f), 1, op.as_mut_ptr());
+                op.assume_init()
+            }
+        };
+        Ops { bf16_sum: create(bf16_sum), bf16_max: create(bf16_max) }
+    })
+}
+
+fn datatype(dtype: Dtype) -> ffi::MPI_Datatype {
+    // SAFETY: reading the library's predefined datatype handles.
+    unsafe {
+        match dtype {
+            Dtype::F32 => ffi::RSMPI_FLOAT,
+            Dtype::F64 => ffi::RSMPI_DOUBLE,
+            Dtype::Bf16 => ffi::RSMPI_UINT16_T,
+        }
+    }
+}
+
+fn operation(dtype: Dtype, op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: reading the library's predefined operation handles.
+    unsafe {
+        match (dtype, op) {
+            (Dtype::F32 | Dtype::F64, ReduceOp::Sum) => ffi::RSMPI_SUM,
+            (Dtype::F32 | Dtype::F64, ReduceOp::Max) => ffi::RSMPI_MAX,
+            (Dtype::Bf16, ReduceOp::Sum) => ops().bf16_sum,
+            (Dtype::Bf16, ReduceOp::Max) => ops().bf16_max,
+        }
+    }
+}
+
+fn count(bytes: usize, dtype: Dtype) -> c_int {
+    c_int::try_from(bytes / dtype.bytes()).expect("a single collective moves at most 2^31 - 1 elements")
+}
+
+/// Completes `req`, yielding the core between polls when the node is oversubscribed.
+fn complete(req: &mut ffi::MPI_Request, oversubscribed: bool) {
+    // SAFETY: `req` is a live request from a non-blocking call whose buffers outlive this wait.
+    unsafe {
+        if !oversubscribed {
+            ffi::MPI_Wait(req, ffi::RSMPI_STATUS_IGNORE);
+            return;
+        }
+        loop {
+            let mut done: c_int = 0;
+            ffi::MPI_Test(req, &mut done, ffi::RSMPI_STATUS_IGNORE);
+            if done != 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One MPI communicator as a Comm.
+pub struct MpiComm {
+    comm: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    oversubscribed: bool,
+    counters: Cell<CommCounters>,
+}
+
+impl MpiComm {
+    pub fn new(comm: SimpleCommunicator, oversubscribed: bool) -> MpiComm {
+        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        MpiComm { comm, rank, size, oversubscribed, counters: Cell::new(CommCounters::default()) }
+    }
+
+    pub fn raw(&self) -> &SimpleCommunicator {
+        &self.comm
+    }
+
+    fn count_sent(&self, f: impl FnOnce(&mut CommCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+
+    /// Starts a sum all-reduce of `buf` that completes in `PendingAllReduce::wait`, so that
+    /// gradient buckets can be reduced while backward goes on.
+    fn start_all_reduce(&self, buf: Vec<f32>) -> PendingAllReduce {
+        self.count_sent(|c| c.all_reduce += buf.len() as u64);
+        let send = buf.clone();
+        let mut recv = buf;
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
+        // request completes in `wait` or `drop`.
+        let req = unsafe {
+            ffi::MPI_Iallreduce(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                count(send.len() * 4, Dtype::F32),
+                datatype(Dtype::F32),
+                operation(Dtype::F32, ReduceOp::Sum),
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            req.assume_init()
+        };
+        PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false }
+    }
+}
+
+/// A posted all-reduce. Dropping it waits for completion, so its buffers are never freed early.
+pub struct PendingAllReduce {
+    #[allow(dead_code)] // kept alive for MPI until completion
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    req: ffi::MPI_Request,
+    oversubscribed: bool,
+    done: bool,
+}
+
+impl PendingReduce for PendingAllReduce {
+    /// Drives MPI's progress without blocking; true once the reduction finished.
+    fn poll(&mut self) -> bool {
+        if !self.done {
+            let mut flag: c_int = 0;
+            // SAFETY: the request is live until `done`.
+            unsafe { ffi::MPI_Test(&mut self.req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            self.done = flag != 0;
+        }
+        self.done
+    }
+
+    fn wait(mut self: Box<Self>) -> Vec<f32> {
+        if !self.done {
+            complete(&mut self.req, self.oversubscribed);
+            self.done = true;
+        }
+        std::mem::take(&mut self.recv)
+    }
+}
+
+impl Drop for PendingAllReduce {
+    fn drop(&mut self) {
+        if !self.done {
+            complete(&mut self.req, self.oversubscribed);
+        }
+    }
+}
+
+impl Comm for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_bytes(&self, buf: &mut [u8], dtype: Dtype, op: ReduceOp) {
+        let n = count(buf.len(), dtype);
+        self.count_sent(|c| c.all_reduce += n as u64);
+        let send = buf.to_vec();
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: both buffers outlive the request, which completes before returning.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                send.as_ptr() as *const c_void,
+                buf.as_mut_ptr() as *mut c_void,
+                n,
+                datatype(dtype),
+                operation(dtype, op),
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
+    }
+
+    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype) {
+        assert_eq!(send.len() * self.size, recv.len());
+        let n = count(send.len(), dtype);
+        self.count_sent(|c| c.all_gather += n as u64);
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: both buffers outlive the request, which completes before returning.
+        unsafe {
+            ffi::MPI_Iallgather(
+                send.as_ptr() as *const c_void,
+                n,
+                datatype(dtype),
+                recv.as_mut_ptr() as *mut c_void,
+                n,
+                datatype(dtype),
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
+    }
+
+    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype) {
+        assert_eq!(recv.len() * self.size, send.len());
+        let n = count(recv.len(), dtype);
+        self.count_sent(|c| c.reduce_scatter += count(send.len(), dtype) as u64);
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: both buffers outlive the request, which completes before returning.
+        unsafe {
+            ffi::MPI_Ireduce_scatter_block(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                n,
+                datatype(dtype),
+                operation(dtype, ReduceOp::Sum),
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
+    }
+
+    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) {
+        if self.rank == root {
+            self.count_sent(|c| c.broadcast += buf.len() as u64);
+        }
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the buffer outlives the request, which completes before returning.
+        unsafe {
+            ffi::MPI_Ibcast(
+                buf.as_mut_ptr() as *mut c_void,
+                c_int::try_from(buf.len()).expect("broadcast of at most 2 GiB"),
+                ffi::RSMPI_UINT8_T,
+                root as c_int,
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
+    }
+
+    fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
+        let mut reqs = Vec::with_capacity(2);
+        // SAFETY: both buffers outlive the requests, which complete before returning.
+        unsafe {
+            if let Some((buf, peer)) = recv {
+                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+                ffi::MPI_Irecv(
+                    buf.as_mut_ptr() as *mut c_void,
+                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
+                    ffi::RSMPI_UINT8_T,
+                    peer as c_int,
+                    0,
+                    self.comm.as_raw(),
+                    req.as_mut_ptr(),
+                );
+                reqs.push(req.assume_init());
+            }
+            if let Some((buf, peer)) = send {
+                self.count_sent(|c| c.send += buf.len() as u64);
+                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+                ffi::MPI_Isend(
+                    buf.as_ptr() as *const c_void,
+                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
+                    ffi::RSMPI_UINT8_T,
+                    peer as c_int,
+                    0,
+                    self.comm.as_raw(),
+                    req.as_mut_ptr(),
+                );
+                reqs.push(req.assume_init());
+            }
+            for req in &mut reqs {
+                complete(req, self.oversubscribed);
+            }
+        }
+    }
+
+    fn barrier(&self) {
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: a barrier has no buffers; it completes before returning.
+        unsafe {
+            ffi::MPI_Ibarrier(self.comm.as_raw(), req.as_mut_ptr());
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
+    }
+
+    fn counters(&self) -> CommCounters {
+        self.counters.get()
+    }
+
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce> {
+        Box::new(self.start_all_reduce(buf))
+    }
+}
+
+/// The MPI side of the process: the universe (finalised on drop) and the world communicator.
+pub struct MpiWorld {
+    _universe: mpi::environment::Universe,
+    pub world: SimpleCommunicator,
+    pub library: String,
+}
+
+impl MpiWorld {
+    pub fn init() -> Option<MpiWorld> {
+        let universe = mpi::initialize()?;
+        let world = universe.world();
+        let library = mpi::environment::library_version()
+            .map(|s| s.trim_end_matches('\0').lines().next().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|_| "unknown MPI".into());
+        Some(MpiWorld { _universe: universe, world, library })
+    }
+
+    /// Rank and size within this node (MPI's shared-memory split of the world).
+    pub fn local(&self) -> (usize, usize) {
+        let node = self.world.split_shared(self.world.rank());
+        (node.rank() as usize, node.size() as usize)
+    }
+
+    /// A communicator of the ranks with the same `color`, ordered by `key`. Collective over the
+    /// whole world: every rank calls it, in the same order.
+    pub fn split(&self, color: usize, key: usize) -> SimpleCommunicator {
+        self.world
+            .split_by_color_with_key(Color::with_value(color as c_int), key as c_int)
+            .expect("every rank passes a defined color")
+    }
+
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.abort(code)
+    }
+}

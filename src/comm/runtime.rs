@@ -1,0 +1,169 @@
+//! The process-level view of a run: which rank this is, how many there are, how many share this
+//! node, and how to build the communicator of a group of ranks. With MPI (the default build) the
+//! launcher decides; without a launcher, or in a build without MPI, it is one rank.
+
+use super::{Comm, SelfComm};
+use crate::error::Error;
+
+/// Environment variables through which launchers announce the job size: Open MPI's mpirun,
+/// MPICH's hydra (and other PMI launchers), and Slurm's srun (set per job step).
+const LAUNCHER_SIZE_VARS: &[(&str, &str)] = &[
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("PMI_SIZE", "PMI_RANK"),
+    ("PMIX_SIZE", "PMIX_RANK"),
+    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),
+];
+
+pub struct Runtime {
+    pub world_rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_size: usize,
+    /// More ranks on this node than it has cores: collectives yield while they wait.
+    pub oversubscribed: bool,
+    /// The MPI library this binary runs with, or a note that it has none.
+    pub library: String,
+    #[cfg(feature = "mpi")]
+    mpi: Option<super::mpi::MpiWorld>,
+}
+
+fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        1
+    }
+}
+
+/// The job size a launcher announced in the environment, if any, and this process's rank in it.
+fn launcher_job() -> Option<(&'static str, usize, usize)> {
+    LAUNCHER_SIZE_VARS.iter().find_map(|(size_var, rank_var)| {
+        let size: usize = std::env::var(size_var).ok()?.trim().parse().ok()?;
+        let rank = std::env::var(rank_var).ok().and_then(|r| r.trim().parse().ok()).unwrap_or(0);
+        Some((*size_var, size, rank))
+    })
+}
+
+impl Runtime {
+    /// One process, no MPI.
+    pub fn single() -> Runtime {
+        Runtime {
+            world_rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_size: 1,
+            oversubscribed: false,
+            library: "none (single process)".into(),
+            #[cfg(feature = "mpi")]
+            mpi: None,
+        }
+    }
+
+    /// Initialises MPI when this build has it, and checks that the launcher and the library
+    /// agree on the job size: a binary started by another MPI's launcher runs as N silent
+    /// singletons, which is reported here instead. The error is printed by the launcher's rank 0
+    /// only (`Err(None)` on the others), so the job shows it once.
+    pub fn init() -> std::result::Result<Runtime, Option<Error>> {
+        #[cfg(feature = "mpi")]
+        {
+            let Some(world) = super::mpi::MpiWorld::init() else {
+                return Err(Some(Error::Usage("MPI was already initialised".into())));
+            };
+            use mpi::topology::Communicator;
+            let (rank, size) = (world.world.rank() as usize, world.world.size() as usize);
+            if size == 1 {
+                if let Some((var, job_size, job_rank)) = launcher_job().filter(|j| j.1 > 1) {
+                    let err = Error::Usage(format!(
+                        "the launcher started {job_size} processes ({var}={job_size}) but MPI sees each as a world \
+                         of 1: this binary is linked against {} and was started by a different MPI's launcher; \
+                         use the mpirun/mpiexec of the same MPI (or srun with the matching --mpi plugin)",
+                        world.library
+                    ));
+                    return Err((job_rank == 0).then_some(err));
+                }
+            }
+            let (local_rank, local_size) = world.local();
+            let library = world.library.clone();
+            Ok(Runtime {
+                world_rank: rank,
+                world_size: size,
+                local_rank,
+                local_size,
+                oversubscribed: local_size > online_cpus(),
+                library,
+                mpi: Some(world),
+            })
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            if let Some((var, job_size, job_rank)) = launcher_job().filter(|j| j.1 > 1) {
+                let err = Error::Unsupported(format!(
+                    "started as one of {job_size} processes ({var}={job_size}), but this binary was built without \
+                     MPI (cargo --no-default-features); rebuild with the default features to run on many ranks"
+                ));
+                return Err((job_rank == 0).then_some(err));
+            }
+            Ok(Runtime::single())
+        }
+    }
+
+    /// CPU threads a rank should use by default: its affinity mask, shared fairly with the other
+    /// ranks on the node.
+    pub fn default_threads(&self) -> usize {
+        let fair = (online_cpus() / self.local_size.max(1)).max(1);
+        crate::device::cpu::pool::default_threads().min(fair).max(1)
+    }
+
+    /// The communicator of the group `ranks` (world ranks, in group order) that contains this
+    /// rank. Collective over the world: every rank calls it for its own group, in the same order.
+    pub fn group(&self, ranks: &[usize]) -> Box<dyn Comm> {
+        debug_assert!(ranks.contains(&self.world_rank));
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = &self.mpi {
+            // MPI's split is collective over the world even for groups of one.
+            let color = *ranks.iter().min().expect("a group has ranks");
+            let key = ranks.iter().position(|&r| r == self.world_rank).expect("this rank is in its group");
+            let comm = mpi.split(color, key);
+            if ranks.len() > 1 {
+                return Box::new(super::mpi::MpiComm::new(comm, self.oversubscribed));
+            }
+        }
+        let _ = ranks;
+        Box::new(SelfComm)
+    }
+
+    /// Ends the whole job now: used when one rank fails alone, where returning would leave the
+    /// others waiting in a collective forever.
+    pub fn abort(&self, code: i32) -> ! {
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = &self.mpi {
+            if self.world_size > 1 {
+                mpi.abort(code);
+            }
+        }
+        std::process::exit(code)
+    }
+}
+
+impl Error {
+    /// Whether every rank detects this error identically (flags, layouts, shared files), so rank
+    /// 0 alone can print it and all ranks can exit normally.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Error::Flag { .. } | Error::Usage(_) | Error::Config(_) | Error::Unsupported(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_runtime_has_one_rank_and_self_groups() {
+        let rt = Runtime::single();
+        assert_eq!((rt.world_rank, rt.world_size), (0, 1));
+        assert_eq!(rt.group(&[0]).size(), 1);
+        assert!(rt.default_threads() >= 1);
+    }
+}

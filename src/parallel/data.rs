@@ -1,0 +1,160 @@
+//! Data-parallel gradient reduction: parameters are grouped into buckets in the order backward
+//! finishes them (last layer first), and each bucket's all-reduce is posted as soon as every
+//! gradient in it is final, so communication overlaps the rest of backward. Also the
+//! tensor-parallel sum of the gradients that sequence parallelism leaves partial.
+
+use crate::comm::{Comm, PendingReduce, ReduceOp};
+use crate::device::Device;
+use crate::tensor::{ParamInfo, ParamSet};
+use std::ops::Range;
+
+/// Megatron's default bucket size (`--ddp-bucket-size`), in elements.
+pub const DEFAULT_BUCKET_ELEMENTS: usize = 40_000_000;
+
+struct Bucket {
+    params: Range<usize>,
+    pending: Option<Box<dyn PendingReduce>>,
+}
+
+/// The buckets of one model replica and the state of the current iteration's reduction.
+pub struct GradBuckets {
+    buckets: Vec<Bucket>,
+    final_params: Vec<bool>,
+}
+
+/// Copies the gradients of `params` into one flat host vector.
+fn flatten<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>) -> Vec<f32> {
+    let total: usize = params.clone().map(|i| set.info[i].numel()).sum();
+    let mut flat = Vec::with_capacity(total);
+    for i in params {
+        match dev.host_f32_ref(&set.grads[i]) {
+            Some(g) => flat.extend_from_slice(g),
+            None => {
+                let start = flat.len();
+                flat.resize(start + set.info[i].numel(), 0.0);
+                dev.download(&set.grads[i], &mut flat[start..]);
+            }
+        }
+    }
+    flat
+}
+
+/// Writes a flat vector made by `flatten` back into the gradients.
+fn unflatten<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range<usize>, flat: &[f32]) {
+    let mut offset = 0;
+    for i in params {
+        let n = set.info[i].numel();
+        dev.upload(&mut set.grads[i], &flat[offset..offset + n]);
+        offset += n;
+    }
+}
+
+impl GradBuckets {
+    /// Buckets of at least `bucket_elements` elements (the last one may be smaller), each a
+    /// contiguous range of parameters, built from the last parameter backwards.
+    pub fn new(info: &[ParamInfo], bucket_elements: usize) -> GradBuckets {
+        let mut buckets = Vec::new();
+        let mut end = info.len();
+        let mut size = 0;
+        for i in (0..info.len()).rev() {
+            size += info[i].numel();
+            if size >= bucket_elements || i == 0 {
+                buckets.push(Bucket { params: i..end, pending: None });
+                end = i;
+                size = 0;
+            }
+        }
+        GradBuckets { buckets, final_params: vec![false; info.len()] }
+    }
+
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// Records that the gradients of `params` are final for this iteration, and starts the
+    /// all-reduce of every bucket that is now complete.
+    pub fn mark_final<D: Device>(&mut self, dev: &D, comm: &dyn Comm, set: &ParamSet<D>, params: Range<usize>) {
+        for i in params {
+            self.final_params[i] = true;
+        }
+        for bucket in &mut self.buckets {
+            if bucket.pending.is_none() && bucket.params.clone().all(|i| self.final_params[i]) {
+                bucket.pending = Some(comm.all_reduce_start(flatten(dev, set, bucket.params.clone())));
+            } else if let Some(p) = bucket.pending.as_mut() {
+                p.poll();
+            }
+        }
+    }
+
+    /// Finishes every bucket's all-reduce (starting any that never became final, which a model
+    /// that reports every parameter does not leave) and writes the sums back.
+    pub fn finish<D: Device>(&mut self, dev: &D, comm: &dyn Comm, set: &mut ParamSet<D>) {
+        for bucket in &mut self.buckets {
+            let pending = match bucket.pending.take() {
+                Some(p) => p,
+                None => comm.all_reduce_start(flatten(dev, set, bucket.params.clone())),
+            };
+            let flat = pending.wait();
+            unflatten(dev, set, bucket.params.clone(), &flat);
+        }
+        self.final_params.fill(false);
+    }
+}
+
+/// Sums, over the tensor-parallel group, the gradients that sequence parallelism computed from
+/// one sequence shard each (LayerNorm parameters, the position embedding), in one all-reduce.
+pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &mut ParamSet<D>) {
+    if tp.size() == 1 {
+        return;
+    }
+    let indices: Vec<usize> = (0..set.info.len()).filter(|&i| set.info[i].sequence_parallel).collect();
+    if indices.is_empty() {
+        return;
+    }
+    let mut flat = Vec::new();
+    for &i in &indices {
+        flat.extend(flatten(dev, set, i..i + 1));
+    }
+    tp.all_reduce(&mut flat, ReduceOp::Sum);
+    let mut offset = 0;
+    for &i in &indices {
+        let n = set.info[i].numel();
+        unflatten(dev, set, i..i + 1, &flat[offset..offset + n]);
+        offset += n;
+    }
+}
+
+/// The global L2 norm of the gradients, each parameter counted once (Megatron's rule): a
+/// tensor-parallel shard on every rank, a replicated parameter on tensor-parallel rank 0 only;
+/// summed over the model-parallel group.
+pub fn global_grad_norm<D: Device>(dev: &D, set: &ParamSet<D>, tp_rank: usize, mp: &dyn Comm) -> f64 {
+    let local: f64 = (0..set.info.len())
+        .filter(|&i| set.info[i].partition.is_some() || tp_rank == 0)
+        .map(|i| dev.sum_squares(&set.grads[i]))
+        .sum();
+    let mut total = [local];
+    mp.all_reduce(&mut total, ReduceOp::Sum);
+    total[0].sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Init;
+
+    #[test]
+    fn buckets_cover_every_parameter_once_from_the_end() {
+        let info: Vec<ParamInfo> = [5, 3, 8, 2, 7]
+            .iter()
+            .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
+            .collect();
+        let b = GradBuckets::new(&info, 9);
+        let ranges: Vec<_> = b.buckets.iter().map(|b| b.params.clone()).collect();
+        assert_eq!(ranges, vec![3..5, 1..3, 0..1]);
+        assert_eq!(GradBuckets::new(&info, usize::MAX).len(), 1);
+    }
+}

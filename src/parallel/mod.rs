@@ -1,0 +1,6 @@
+//! Parallel layouts: the rank grid and its process groups (`grid.rs`), the tensor-parallel
+//! mappings used by the model (`tensor.rs`), and data-parallel gradient reduction (`data.rs`).
+
+pub mod data;
+pub mod grid;
+pub mod tensor;

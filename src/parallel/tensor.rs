@@ -1,0 +1,91 @@
+//! Tensor-parallel communication on device buffers: the all-reduce, all-gather and reduce-scatter
+//! that Megatron's column- and row-parallel layers, vocab-parallel embedding and sequence
+//! parallelism place around the local math. Buffers a device keeps in host memory are handed to
+//! the Comm in place; others are staged through the host.
+
+use crate::comm::{Comm, ReduceOp};
+use crate::device::Device;
+
+/// The tensor-parallel group of a model replica and whether activations outside the attention and
+/// MLP cores are split along the sequence (`--sequence-parallel`).
+#[derive(Clone, Copy)]
+pub struct TensorParallel<'a> {
+    pub comm: &'a dyn Comm,
+    pub sequence_parallel: bool,
+}
+
+impl TensorParallel<'static> {
+    /// No tensor parallelism: a group of one rank.
+    pub fn single() -> TensorParallel<'static> {
+        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false }
+    }
+}
+
+impl TensorParallel<'_> {
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+}
+
+/// Sums `buf` over the group (the forward of a row-parallel layer, the backward of a
+/// column-parallel one).
+pub fn all_reduce<D: Device>(dev: &D, comm: &dyn Comm, buf: &mut D::Buf) {
+    if comm.size() == 1 {
+        return;
+    }
+    if let Some(host) = dev.host_f32(buf) {
+        comm.all_reduce(host, ReduceOp::Sum);
+        return;
+    }
+    let mut host = vec![0f32; dev.len(buf)];
+    dev.download(buf, &mut host);
+    comm.all_reduce(&mut host, ReduceOp::Sum);
+    dev.upload(buf, &host);
+}
+
+/// `full` becomes every rank's `local`, in rank order (sequence-parallel: shards of contiguous
+/// rows become the whole sequence).
+pub fn all_gather<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, full: &mut D::Buf) {
+    let staged_local;
+    let local_host = match dev.host_f32_ref(local) {
+        Some(l) => l,
+        None => {
+            let mut h = vec![0f32; dev.len(local)];
+            dev.download(local, &mut h);
+            staged_local = h;
+            &staged_local
+        }
+    };
+    if let Some(f) = dev.host_f32(full) {
+        comm.all_gather(local_host, f);
+        return;
+    }
+    let mut h = vec![0f32; dev.len(full)];
+    comm.all_gather(local_host, &mut h);
+    dev.upload(full, &h);
+}
+
+/// `local` becomes the sum over ranks of this rank's shard of `full` (sequence-parallel: the
+/// reduction of a row-parallel layer, leaving each rank its rows).
+pub fn reduce_scatter<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, local: &mut D::Buf) {
+    let staged_full;
+    let full_host = match dev.host_f32_ref(full) {
+        Some(f) => f,
+        None => {
+            let mut h = vec![0f32; dev.len(full)];
+            dev.download(full, &mut h);
+            staged_full = h;
+            &staged_full
+        }
+    };
+    if let Some(l) = dev.host_f32(local) {
+        comm.reduce_scatter(full_host, l);
+        return;
+    }
+    let mut h = vec![0f32; dev.len(local)];
+    comm.reduce_scatter(full_host, &mut h);
+    dev.upload(local, &h);
+}
