@@ -127,6 +127,13 @@ impl<D: Device> ParamSet<D> {
     }
 }
 
+/// Two distinct elements of a slice, both mutable.
+pub fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
+    assert!(i < j, "pair_mut needs i < j");
+    let (head, tail) = v.split_at_mut(j);
+    (&mut head[i], &mut tail[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,11 +157,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Two distinct elements of a slice, both mutable.
-pub fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
-    assert!(i < j, "pair_mut needs i < j");
-    let (head, tail) = v.split_at_mut(j);
-    (&mut head[i], &mut tail[0])
 }
