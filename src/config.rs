@@ -186,6 +186,9 @@ pub struct TrainConfig {
     pub model: GptConfig,
     pub seq_length: usize,
     pub micro_batch_size: usize,
+    /// Whether --micro-batch-size was given; a preset's micro-batch shrinks to fit the
+    /// data-parallel size, an explicit one does not.
+    pub micro_batch_explicit: bool,
     pub global_batch_size: usize,
     pub train_iters: u64,
     pub lr: LrSchedule,
@@ -211,8 +214,16 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    pub fn num_micro_batches(&self) -> usize {
-        self.global_batch_size / self.micro_batch_size
+    /// The configuration for `dp` data-parallel ranks: a preset's micro-batch becomes the
+    /// largest size at or below it that splits the global batch evenly over the ranks.
+    pub fn for_data_parallel(&self, dp: usize) -> TrainConfig {
+        let mut cfg = self.clone();
+        if !self.micro_batch_explicit && self.global_batch_size.is_multiple_of(dp) {
+            let per_rank = self.global_batch_size / dp;
+            cfg.micro_batch_size =
+                (1..=self.micro_batch_size.min(per_rank)).rev().find(|m| per_rank.is_multiple_of(*m)).unwrap_or(1);
+        }
+        cfg
     }
 
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
@@ -316,6 +327,7 @@ impl TrainConfig {
             model,
             seq_length,
             micro_batch_size,
+            micro_batch_explicit: args.has("--micro-batch-size"),
             global_batch_size,
             train_iters,
             lr: LrSchedule { max_lr, min_lr, warmup_iters, decay_iters, style },

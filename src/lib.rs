@@ -1,6 +1,7 @@
 //! trident: Megatron-style GPT training in one binary. The library holds everything; `main.rs`
 //! only turns a command line into a call and an exit code.
 
+pub mod bench_comm;
 pub mod bench_gemm;
 pub mod checkpoint;
 pub mod cli;

@@ -2,6 +2,7 @@
 //! one line on stderr and a non-zero exit status.
 
 use std::process::ExitCode;
+use trident::bench_comm::CommBench;
 use trident::cli::{self, flag, many, switch, Args, FlagSpec};
 use trident::comm::runtime::Runtime;
 use trident::config::{TrainConfig, TRAIN_FLAGS};
@@ -18,7 +19,8 @@ commands:
   prepare    text or JSON-lines files -> a Megatron .bin/.idx token dataset
   train      train a GPT model on a prepared dataset
   generate   sample text from a checkpoint
-  bench      microbenchmarks: `bench peak` (FMA peak), `bench gemm` (GEMM sweep)
+  bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), allreduce, allgather,
+             reducescatter, sendrecv (collectives, under mpirun)
   info       what this binary found on this machine
 ";
 
@@ -41,8 +43,11 @@ const GENERATE_FLAGS: &[FlagSpec] = &[
     flag("--cpu-threads", "N", "CPU threads"),
 ];
 
-const BENCH_FLAGS: &[FlagSpec] =
-    &[flag("--cpu-threads", "N", "CPU threads"), flag("--min-seconds", "S", "time per shape (default 0.3)")];
+const BENCH_FLAGS: &[FlagSpec] = &[
+    flag("--cpu-threads", "N", "CPU threads"),
+    flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
+    flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
+];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
 
@@ -163,10 +168,64 @@ fn cmd_generate(rest: &[String]) -> Result<()> {
     })
 }
 
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+fn parse_bytes(flag_name: &str, s: &str) -> Result<usize> {
+    let (digits, scale) = match s.trim().to_ascii_uppercase().chars().last() {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(scale))
+        .filter(|&v| v >= 1024)
+        .ok_or_else(|| Error::flag(flag_name, format!("'{s}'"), "a size of at least 1K, like 64M or 1G"))
+}
+
+/// `trident bench <collective>` on every rank of the job (MPI first, errors printed once).
+fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
+    let rt = match Runtime::init() {
+        Ok(rt) => rt,
+        Err(Some(e)) => {
+            eprintln!("trident: error: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(None) => return ExitCode::FAILURE,
+    };
+    let result = (|| -> Result<()> {
+        let Some(a) = flags("bench", "collective microbenchmarks", BENCH_FLAGS, rest)? else {
+            return Ok(());
+        };
+        let max = a.str("--max-size").map(|s| parse_bytes("--max-size", s)).transpose()?.unwrap_or(1 << 30);
+        let secs = a.f64("--min-seconds")?.unwrap_or(0.1);
+        let rows = trident::bench_comm::sweep(bench, &rt, max, secs)?;
+        if rt.world_rank == 0 {
+            trident::bench_comm::print_table(bench, rt.world_size, &rt.library, &rows);
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if rt.world_rank == 0 {
+                eprintln!("trident: error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn cmd_bench(rest: &[String]) -> Result<()> {
     let (what, rest) = match rest.split_first() {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
-        _ => return Err(Error::Usage("bench needs a target: `trident bench peak` or `trident bench gemm`".into())),
+        _ => {
+            return Err(Error::Usage(
+                "bench needs a target: peak, gemm, allreduce, allgather, reducescatter or sendrecv".into(),
+            ))
+        }
     };
     let Some(a) = flags(&format!("bench {what}"), "microbenchmarks", BENCH_FLAGS, rest)? else {
         return Ok(());
@@ -194,7 +253,9 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
             trident::bench_gemm::print_table(&rows);
             Ok(())
         }
-        other => Err(Error::Usage(format!("unknown bench target '{other}': use peak or gemm"))),
+        other => Err(Error::Usage(format!(
+            "unknown bench target '{other}': use peak, gemm, allreduce, allgather, reducescatter or sendrecv"
+        ))),
     }
 }
 
@@ -247,6 +308,11 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("train") {
         return cmd_train(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("bench") {
+        if let Some(bench) = args.get(1).and_then(|w| CommBench::parse(w)) {
+            return cmd_bench_comm(bench, &args[2..]);
+        }
     }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

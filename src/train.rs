@@ -277,8 +277,9 @@ fn load_checkpoint<D: Device>(
 
 /// Checks the layout against the world and the model, before any work: each failure is the same
 /// on every rank.
-pub fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(Grid, ModelParallel)> {
+pub fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelParallel)> {
     let grid = Grid::new(rt.world_size, rt.world_rank, cfg.tensor_parallel, cfg.pipeline_parallel)?;
+    let cfg = cfg.for_data_parallel(grid.dp);
     if !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size * grid.dp) {
         return Err(Error::Config(format!(
             "--global-batch-size {} is not a multiple of --micro-batch-size {} x the data-parallel size {}",
@@ -291,12 +292,13 @@ pub fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(Grid, ModelParallel)> 
         sequence_parallel: cfg.sequence_parallel && grid.tp > 1,
     };
     cfg.model.validate_parallel(&mp, cfg.seq_length)?;
-    Ok((grid, mp))
+    Ok((cfg, grid, mp))
 }
 
 /// Runs `trident train` with a validated configuration on this rank of the job.
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
-    let (grid, mp) = layout(cfg, rt)?;
+    let (cfg, grid, mp) = layout(cfg, rt)?;
+    let cfg = &cfg;
     let say = grid.rank == 0;
     let groups = if rt.world_size > 1 { Groups::new(rt, grid) } else { Groups::single() };
     let tp = TensorParallel { comm: &*groups.tp, sequence_parallel: mp.sequence_parallel };

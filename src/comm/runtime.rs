@@ -134,6 +134,18 @@ impl Runtime {
         Box::new(SelfComm)
     }
 
+    /// The MPI library's own blocking all-reduce on the world (the baseline of the comm
+    /// benchmarks); None without MPI.
+    pub fn library_all_reduce(&self, send: &[f32], recv: &mut [f32]) -> Option<()> {
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = &self.mpi {
+            mpi.library_all_reduce(send, recv);
+            return Some(());
+        }
+        let _ = (send, recv);
+        None
+    }
+
     /// Ends the whole job now: used when one rank fails alone, where returning would leave the
     /// others waiting in a collective forever.
     pub fn abort(&self, code: i32) -> ! {

@@ -1,0 +1,256 @@
+//! Multi-rank runs under Open MPI's mpirun: every layout of tensor, sequence and data parallelism
+//! computes the single-rank run (losses and final weights within 1e-5), impossible layouts fail
+//! once and cleanly, a killed rank ends the job, a foreign launcher is detected, the collective
+//! benchmark runs, and the binary links nothing but the C runtime and MPI.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use trident::checkpoint;
+use trident::model::ModelParallel;
+use trident::train::model_from_shard;
+
+fn mpirun(ranks: usize, args: &[&str]) -> Output {
+    let out = Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
+        .args(args)
+        .output();
+    out.expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
+}
+
+/// Losses of a --log-json file.
+fn losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let start = l.find("\"loss\": ").unwrap() + 8;
+            l[start..].split([',', '}']).next().unwrap().trim().parse().unwrap()
+        })
+        .collect()
+}
+
+/// Every parameter of the latest checkpoint in `dir`, reassembled from its tensor-parallel shards
+/// into full tensors (in the canonical parameter order).
+fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let (_, path, first) = checkpoint::load_latest(dir, 0).unwrap();
+    let tp: usize = first.meta_value(&path, "tensor_model_parallel_size").unwrap();
+    let sp: bool = first.meta_value(&path, "sequence_parallel").unwrap();
+    let cfg = model_from_shard(&first, &path).unwrap();
+    let mut full: Vec<(String, Vec<f32>)> =
+        cfg.parameters(&ModelParallel::single()).iter().map(|p| (p.name.clone(), vec![f32::NAN; p.numel()])).collect();
+    for rank in 0..tp {
+        let (_, path, shard) = checkpoint::load_latest(dir, rank).unwrap();
+        let infos = cfg.parameters(&ModelParallel { tp_size: tp, tp_rank: rank, sequence_parallel: sp });
+        for (info, (name, values)) in infos.iter().zip(full.iter_mut()) {
+            let t = shard.tensor(&path, &format!("param/{name}")).unwrap();
+            for (local, &v) in t.data.iter().enumerate() {
+                values[info.global_index(local)] = v;
+            }
+        }
+    }
+    full
+}
+
+#[test]
+fn every_layout_computes_the_single_rank_run() {
+    let dir = scratch("layouts");
+    let data = prepared_corpus(&dir);
+    let run_args = |json: &str, ckpt: &str| {
+        vec![
+            "train".to_string(),
+            "--preset".into(),
+            "tiny".into(),
+            "--data-path".into(),
+            data.clone(),
+            // The tiny preset's own recipe (1500 iterations, warmup 100), stopped after 10.
+            "--exit-interval".into(),
+            "10".into(),
+            "--log-interval".into(),
+            "1".into(),
+            "--log-json".into(),
+            json.into(),
+            "--save".into(),
+            ckpt.into(),
+        ]
+    };
+    let base_json = dir.join("base.jsonl");
+    let base_ckpt = dir.join("base");
+    let args = run_args(base_json.to_str().unwrap(), base_ckpt.to_str().unwrap());
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base_losses = losses(&base_json);
+    assert_eq!(base_losses.len(), 10);
+    let base_weights = full_weights(&base_ckpt);
+
+    let layouts: &[(usize, &[&str])] = &[
+        (2, &["--tensor-model-parallel-size", "2"]),
+        (4, &["--tensor-model-parallel-size", "4"]),
+        (2, &[]),
+        (4, &[]),
+        (4, &["--tensor-model-parallel-size", "2"]),
+        (2, &["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+        (4, &["--tensor-model-parallel-size", "4", "--sequence-parallel"]),
+        // 8 ranks, TP=2 x DP=4, with small buckets so the overlapped reduction uses several.
+        (8, &["--tensor-model-parallel-size", "2", "--ddp-bucket-size", "100000"]),
+    ];
+    for (i, (ranks, extra)) in layouts.iter().enumerate() {
+        let json = dir.join(format!("l{i}.jsonl"));
+        let ckpt = dir.join(format!("l{i}"));
+        let mut args = run_args(json.to_str().unwrap(), ckpt.to_str().unwrap());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let what = format!("{ranks} ranks {extra:?}");
+        assert!(o.status.success(), "{what}: {}", stderr(&o));
+        let got = losses(&json);
+        assert_eq!(got.len(), base_losses.len(), "{what}");
+        let loss_rel = got.iter().zip(&base_losses).fold(0f64, |m, (a, b)| m.max((a - b).abs() / b.abs()));
+        let mut weight_abs = 0f32;
+        for (it, (a, b)) in got.iter().zip(&base_losses).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
+        }
+        // Every element of every tensor agrees to 1e-5 (weights are O(0.01..1)).
+        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
+            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
+            weight_abs = weight_abs.max(worst);
+        }
+        eprintln!("{what}: losses within {loss_rel:.1e} relative, weights within {weight_abs:.1e}");
+    }
+}
+
+/// Asserts that an mpirun job failed, with exactly one trident error line naming `needles`.
+fn assert_one_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("trident: error:")).collect();
+    assert_eq!(lines.len(), 1, "expected the error once, from rank 0: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "'{n}' not in {}", lines[0]);
+    }
+}
+
+#[test]
+fn impossible_layouts_fail_once_on_every_rank() {
+    let dir = scratch("bad-layouts");
+    let data = prepared_corpus(&dir);
+    let base = ["train", "--data-path", data.as_str(), "--train-iters", "3"];
+    let case = |ranks: usize, extra: &[&str], needles: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let started = Instant::now();
+        let o = mpirun(ranks, &args);
+        assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+        assert_one_error(&o, needles);
+    };
+    case(6, &["--tensor-model-parallel-size", "4"], &["6 ranks", "--tensor-model-parallel-size 4"]);
+    case(3, &["--tensor-model-parallel-size", "3"], &["--num-attention-heads 4", "--tensor-model-parallel-size 3"]);
+    case(2, &["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "1"], &["padded vocabulary 257"]);
+    case(
+        4,
+        &["--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "126"],
+        &["--seq-length 126", "--sequence-parallel"],
+    );
+}
+
+#[test]
+fn a_killed_rank_ends_the_job() {
+    let dir = scratch("kill");
+    let data = prepared_corpus(&dir);
+    let mut child = Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "train", "--data-path", &data])
+        .args(["--train-iters", "100000", "--log-interval", "1", "--tensor-model-parallel-size", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mpirun runs");
+    // Wait until both ranks are up, then kill one of them (a child of mpirun) outright.
+    let mpirun_pid = child.id();
+    let started = Instant::now();
+    let victim = loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "ranks did not start");
+        let ranks = children_named(mpirun_pid, "trident");
+        if ranks.len() == 2 {
+            std::thread::sleep(Duration::from_secs(2));
+            break ranks[1];
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // SAFETY: sending a signal to a process id has no memory-safety preconditions.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success(), "the job should fail when a rank dies");
+            break;
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the job was still running 30 s after a rank died");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pids of the children of `parent` whose command name starts with `name` (from /proc).
+fn children_named(parent: u32, name: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The command name is in parentheses; the parent pid is the second field after it.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let comm = &stat[open + 1..close];
+        let ppid = stat[close + 2..].split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) && comm.starts_with(name) {
+            out.push(pid);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_foreign_launcher_is_detected() {
+    // The binary links Open MPI; MPICH's hydra launcher would start it as silent singletons.
+    if Command::new("mpiexec.mpich").arg("--version").output().is_err() {
+        panic!("mpiexec.mpich is not installed (Debian: mpich), which .ci/run installs");
+    }
+    let dir = scratch("foreign");
+    let data = prepared_corpus(&dir);
+    let o = Command::new("mpiexec.mpich")
+        .args(["-n", "2", BIN, "train", "--data-path", &data, "--train-iters", "2"])
+        .output()
+        .unwrap();
+    assert_one_error(&o, &["PMI_SIZE=2", "different MPI's launcher"]);
+}
+
+#[test]
+fn the_allreduce_benchmark_prints_its_table() {
+    let o = mpirun(2, &["bench", "allreduce", "--max-size", "1M", "--min-seconds", "0.01"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for needle in ["busbw GB/s", "MPI_Allreduce", "1 KiB", "1 MiB"] {
+        assert!(text.contains(needle), "'{needle}' missing in:\n{text}");
+    }
+    let o = run(&["bench", "allreduce"]);
+    assert_clean_error(&o, &["at least 2 ranks"]);
+}
+
+#[test]
+fn the_binary_links_only_the_c_runtime_and_mpi() {
+    let o = Command::new("ldd").arg(BIN).output().expect("ldd runs");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && !text.is_empty(), "{text}");
+    for line in text.lines() {
+        let lib = line.trim();
+        assert!(!lib.contains("not found"), "unresolved library: {lib}");
+        for forbidden in ["cuda", "nccl", "rccl", "hip", "/root/", "/home/", "/target/", "/work/"] {
+            assert!(!lib.contains(forbidden), "{forbidden} in {lib}");
+        }
+    }
+    assert!(text.contains("libmpi") && text.contains("libc.so"), "{text}");
+}
