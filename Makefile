@@ -1,23 +1,62 @@
-# trident: the commands of the README. `make train` and `make test` work on a fresh clone.
+# trident: the commands of the README. `make train` and `make test` work on a fresh clone of a
+# Debian/Ubuntu machine (they install what is missing with apt when run as root); elsewhere load
+# your site's MPI module first, or build single-rank with `make NO_MPI=1 ...`.
 
 CARGO   ?= cargo
-BIN     := target/release/trident
 RUNS    ?= runs
 DATA    := $(RUNS)/data/shakespeare
 PRESET  ?= tiny
 THREADS ?=
+NO_MPI  ?=
 
-.PHONY: all build train test lint bench deps clean
+# Link Open MPI explicitly where Debian's alternatives offer both MPIs, so the launcher the tests
+# use (mpirun.openmpi) matches the library; a site's own mpicc is used as it is.
+MPICC ?= $(shell command -v mpicc.openmpi >/dev/null 2>&1 && echo mpicc.openmpi || echo mpicc)
+export MPICC
+
+ifeq ($(NO_MPI),)
+FEATURES :=
+BIN      := target/release/trident
+else
+FEATURES := --no-default-features
+BIN      := target-nompi/release/trident
+TARGET_DIR := --target-dir target-nompi
+endif
+
+APT_PACKAGES      := libopenmpi-dev openmpi-bin libclang-dev
+APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev
+
+.PHONY: all build train test lint bench deps test-deps mpich-check clean
 
 all: build
+
+# Installs packages with apt when they are missing and we may (root on Debian/Ubuntu); a private
+# archive cache keeps another apt run on the machine from deleting our downloads mid-install.
+apt_install = if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing $(1) with apt-get"; \
+	  mkdir -p /tmp/trident-apt-cache/partial; \
+	  apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    -o Dir::Cache::archives=/tmp/trident-apt-cache $(1) >/dev/null; \
+	else \
+	  echo "trident needs $(1) (an MPI library with its mpicc wrapper, and libclang for the mpi crate's bindings):"; \
+	  echo "load your site's MPI module, install them, or build single-rank with 'make NO_MPI=1'"; \
+	  exit 1; \
+	fi
 
 deps:
 	@command -v $(CARGO) >/dev/null 2>&1 || { \
 	  echo "trident needs a Rust toolchain (cargo): install it with rustup (https://rustup.rs) or your site's module system"; \
 	  exit 1; }
+ifeq ($(NO_MPI),)
+	@command -v $(MPICC) >/dev/null 2>&1 && { [ -n "$$LIBCLANG_PATH" ] || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; } || { $(call apt_install,$(APT_PACKAGES)) ; }
+endif
+
+test-deps: deps
+	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
 
 build: deps
-	$(CARGO) build --release
+	$(CARGO) build --release $(FEATURES) $(TARGET_DIR)
 
 $(DATA)_text_document.idx: data/tinyshakespeare.txt | build
 	@mkdir -p $(RUNS)/data
@@ -30,16 +69,24 @@ train: build $(DATA)_text_document.idx
 	@echo "---- sample from $(RUNS)/$(PRESET) ----"
 	$(BIN) generate --load $(RUNS)/$(PRESET) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 40
 
-test: deps
+test: test-deps
 	$(CARGO) test --release
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings
+	$(CARGO) clippy --release --all-targets --no-default-features --target-dir target-nompi -- -D warnings
+
+# The other MPI keeps building: link MPICH (a separate target dir, since the mpi crate does not
+# notice a change of MPICC) and run a 2-rank all-reduce benchmark under MPICH's own launcher.
+mpich-check: test-deps
+	MPICC=mpicc.mpich $(CARGO) build --release --target-dir target-mpich
+	mpiexec.mpich -n 2 target-mpich/release/trident bench allreduce --max-size 64K --min-seconds 0.01
 
 bench: build
 	$(BIN) bench peak
 	$(BIN) bench gemm
+	mpirun --oversubscribe --allow-run-as-root -np 2 $(BIN) bench allreduce --max-size 256M
 
 clean:
 	$(CARGO) clean
-	rm -rf $(RUNS)
+	rm -rf $(RUNS) target-nompi target-mpich

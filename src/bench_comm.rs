@@ -49,22 +49,25 @@ pub struct CommBenchRow {
     pub library_busbw_gbs: Option<f64>,
 }
 
-/// Times `op` (one call) until `min_seconds` have passed (at least 3 calls after a warm-up) and
-/// returns the slowest rank's mean seconds per call.
+/// Times `op` (one call) in doubling batches until `min_seconds` have passed (at least 3 calls
+/// after a warm-up) and returns the slowest rank's mean seconds per call. The ranks agree on when
+/// to stop through one all-reduce per batch, whose cost the doubling amortises.
 fn time_op(world: &dyn Comm, min_seconds: f64, op: &mut dyn FnMut()) -> f64 {
     op();
     world.barrier();
     let start = Instant::now();
-    let mut calls = 0u32;
+    let (mut calls, mut batch) = (0u64, 1u64);
     loop {
-        op();
-        calls += 1;
-        // Every rank must agree on when to stop, so the decision is the slowest rank's.
+        for _ in 0..batch {
+            op();
+        }
+        calls += batch;
         let mut elapsed = [start.elapsed().as_secs_f64()];
         world.all_reduce(&mut elapsed, ReduceOp::Max);
-        if calls >= 3 && elapsed[0] >= min_seconds || calls >= 1000 {
+        if calls >= 3 && elapsed[0] >= min_seconds || calls >= 100_000 {
             return elapsed[0] / calls as f64;
         }
+        batch = (batch * 2).min(4096);
     }
 }
 
