@@ -23,6 +23,8 @@ pub enum Error {
     Data(String),
     /// A feature this build does not provide; the message says which and what to use instead.
     Unsupported(String),
+    /// The communication layer misbehaved (a collective returned wrong values).
+    Comm(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -55,6 +57,7 @@ impl fmt::Display for Error {
             Error::Config(msg) => write!(f, "invalid configuration: {msg}"),
             Error::Data(msg) => write!(f, "bad training data: {msg}"),
             Error::Unsupported(msg) => write!(f, "not supported by this build: {msg}"),
+            Error::Comm(msg) => write!(f, "communication failure: {msg}"),
         }
     }
 }

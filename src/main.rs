@@ -21,6 +21,7 @@ commands:
   generate   sample text from a checkpoint
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), allreduce, allgather,
              reducescatter, sendrecv (collectives, under mpirun)
+  check      `check comm`: verify every collective of the Comm seam on this job (under mpirun)
   info       what this binary found on this machine
 ";
 
@@ -218,6 +219,34 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
     }
 }
 
+/// `trident check comm`: the Comm seam verified on every rank of the job.
+fn cmd_check(rest: &[String]) -> ExitCode {
+    if rest.first().map(String::as_str) != Some("comm") {
+        eprintln!("trident: error: check needs a target: `trident check comm` (run it under mpirun)");
+        return ExitCode::FAILURE;
+    }
+    let rt = match Runtime::init() {
+        Ok(rt) => rt,
+        Err(Some(e)) => {
+            eprintln!("trident: error: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(None) => return ExitCode::FAILURE,
+    };
+    match trident::check_comm::run(&rt) {
+        Ok(passed) => {
+            if rt.world_rank == 0 {
+                println!("comm check: {passed} checks passed on each of {} ranks ({})", rt.world_size, rt.library);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("trident: error: {e}");
+            rt.abort(1)
+        }
+    }
+}
+
 fn cmd_bench(rest: &[String]) -> Result<()> {
     let (what, rest) = match rest.split_first() {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
@@ -308,6 +337,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("train") {
         return cmd_train(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("check") {
+        return cmd_check(&args[1..]);
     }
     if args.first().map(String::as_str) == Some("bench") {
         if let Some(bench) = args.get(1).and_then(|w| CommBench::parse(w)) {

@@ -229,6 +229,15 @@ fn a_foreign_launcher_is_detected() {
 }
 
 #[test]
+fn every_collective_of_the_comm_seam_is_correct() {
+    for ranks in [1, 2, 3, 4] {
+        let o = mpirun(ranks, &["check", "comm"]);
+        assert!(o.status.success(), "{ranks} ranks: {}", stderr(&o));
+        assert!(stdout(&o).contains(&format!("48 checks passed on each of {ranks} ranks")), "{}", stdout(&o));
+    }
+}
+
+#[test]
 fn the_allreduce_benchmark_prints_its_table() {
     let o = mpirun(2, &["bench", "allreduce", "--max-size", "1M", "--min-seconds", "0.01"]);
     assert!(o.status.success(), "{}", stderr(&o));
