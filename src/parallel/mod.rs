@@ -3,4 +3,5 @@
 
 pub mod data;
 pub mod grid;
+pub mod pipeline;
 pub mod tensor;

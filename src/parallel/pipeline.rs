@@ -1,0 +1,260 @@
+//! Pipeline schedules (Megatron's, shared/reference/megatron.md §4): for each stage, the ordered
+//! list of forward and backward passes over (micro-batch, model chunk) that GPipe, 1F1B and
+//! interleaved 1F1B prescribe, and the split of layers into stages and virtual chunks. The
+//! executor (`train.rs`) runs a stage's list in order; sends are non-blocking and receives are
+//! matched by tag, so any of these orders completes without deadlock.
+
+use crate::error::{Error, Result};
+use std::ops::Range;
+
+/// One pass of the schedule on this stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Forward { micro: usize, chunk: usize },
+    Backward { micro: usize, chunk: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// All forwards, then all backwards (stashes every micro-batch).
+    GPipe,
+    /// One forward, one backward in the steady state; stage r keeps at most p - r in flight.
+    OneFOneB,
+    /// 1F1B over v virtual chunks per stage; bubble (p-1)/(v m).
+    Interleaved,
+}
+
+impl Schedule {
+    pub fn parse(s: &str) -> Result<Schedule> {
+        match s {
+            "gpipe" => Ok(Schedule::GPipe),
+            "1f1b" => Ok(Schedule::OneFOneB),
+            "interleaved-1f1b" | "interleaved" => Ok(Schedule::Interleaved),
+            _ => Err(Error::flag("--pipeline-schedule", format!("'{s}'"), "gpipe, 1f1b or interleaved-1f1b")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved-1f1b",
+        }
+    }
+}
+
+/// The passes stage `rank` of `stages` runs for `micro` micro-batches and `chunks` model chunks
+/// per stage (chunks > 1 only for the interleaved schedule).
+pub fn passes(schedule: Schedule, stages: usize, rank: usize, micro: usize, chunks: usize) -> Vec<Pass> {
+    let f = |micro, chunk| Pass::Forward { micro, chunk };
+    let b = |micro, chunk| Pass::Backward { micro, chunk };
+    match schedule {
+        Schedule::GPipe => (0..micro).map(|m| f(m, 0)).chain((0..micro).map(|m| b(m, 0))).collect(),
+        Schedule::OneFOneB => {
+            let warmup = (stages - rank - 1).min(micro);
+            let steady = micro - warmup;
+            let mut out: Vec<Pass> = (0..warmup).map(|m| f(m, 0)).collect();
+            for i in 0..steady {
+                out.push(f(warmup + i, 0));
+                out.push(b(i, 0));
+            }
+            out.extend((steady..micro).map(|m| b(m, 0)));
+            out
+        }
+        Schedule::Interleaved => {
+            // Megatron's schedule table with groups of p micro-batches per chunk: forward step k
+            // runs table[k]; backward step k runs the same micro-batch on the mirrored chunk.
+            let group = stages;
+            let mut table = Vec::with_capacity(micro * chunks);
+            for g0 in (0..micro).step_by(group) {
+                let g1 = (g0 + group).min(micro);
+                for c in 0..chunks {
+                    table.extend((g0..g1).map(|m| (m, c)));
+                }
+            }
+            let total = table.len();
+            let warmup = ((stages - rank - 1) * 2 + (chunks - 1) * group).min(total);
+            let steady = total - warmup;
+            let fwd = |k: usize| f(table[k].0, table[k].1);
+            let bwd = |k: usize| b(table[k].0, chunks - 1 - table[k].1);
+            let mut out: Vec<Pass> = (0..warmup).map(fwd).collect();
+            for k in 0..steady {
+                out.push(fwd(k + warmup));
+                out.push(bwd(k));
+            }
+            out.extend((steady..total).map(bwd));
+            out
+        }
+    }
+}
+
+/// The most micro-batch activations (per chunk) alive at once when running `passes`.
+pub fn peak_in_flight(passes: &[Pass]) -> usize {
+    let (mut live, mut peak) = (0usize, 0usize);
+    for p in passes {
+        match p {
+            Pass::Forward { .. } => {
+                live += 1;
+                peak = peak.max(live);
+            }
+            Pass::Backward { .. } => live -= 1,
+        }
+    }
+    peak
+}
+
+/// Checks the pipeline layout: virtual chunks need p > 1, the interleaved schedule needs a
+/// micro-batch count that is a multiple of p (Megatron's groups of p per chunk).
+pub fn validate(schedule: Schedule, stages: usize, chunks: usize, micro: usize) -> Result<()> {
+    if chunks > 1 && stages == 1 {
+        return Err(Error::Config(
+            "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1".into(),
+        ));
+    }
+    if chunks > 1 && schedule != Schedule::Interleaved {
+        return Err(Error::Config(format!(
+            "virtual pipeline stages need --pipeline-schedule interleaved-1f1b, not {}",
+            schedule.name()
+        )));
+    }
+    if schedule == Schedule::Interleaved && (micro < stages || !micro.is_multiple_of(stages)) {
+        return Err(Error::Config(format!(
+            "the interleaved schedule needs a micro-batch count that is a multiple of \
+             --pipeline-model-parallel-size {stages}, and this global batch gives {micro} \
+             (--global-batch-size / (--micro-batch-size x data-parallel size))"
+        )));
+    }
+    Ok(())
+}
+
+/// Layers of model chunk `chunk` on stage `rank`: the model is cut into `stages * chunks`
+/// virtual stages in order (stage r holds virtual stages r, r + p, ...). `first` and `last`
+/// optionally fix the layer counts of the first and last virtual stage, the rest splitting the
+/// remaining layers evenly.
+pub fn chunk_layers(
+    num_layers: usize,
+    stages: usize,
+    chunks: usize,
+    rank: usize,
+    chunk: usize,
+    first: Option<usize>,
+    last: Option<usize>,
+) -> Result<Range<usize>> {
+    let virtual_stages = stages * chunks;
+    let mut sizes = vec![0usize; virtual_stages];
+    let mut rest = num_layers;
+    let mut middle = virtual_stages;
+    if let Some(f) = first {
+        sizes[0] = f;
+        rest = rest
+            .checked_sub(f)
+            .ok_or_else(|| Error::Config("--decoder-first-pipeline-num-layers exceeds --num-layers".into()))?;
+        middle -= 1;
+    }
+    if let Some(l) = last {
+        if virtual_stages < 2 {
+            return Err(Error::Config("--decoder-last-pipeline-num-layers needs a pipeline".into()));
+        }
+        sizes[virtual_stages - 1] = l;
+        rest = rest
+            .checked_sub(l)
+            .ok_or_else(|| Error::Config("--decoder-last-pipeline-num-layers exceeds --num-layers".into()))?;
+        middle -= 1;
+    }
+    if middle > 0 {
+        if !rest.is_multiple_of(middle) {
+            return Err(Error::Config(format!(
+                "{rest} layers do not split evenly over {middle} pipeline stages (--num-layers {num_layers}, \
+                 --pipeline-model-parallel-size {stages}{})",
+                if chunks > 1 { format!(" x {chunks} virtual stages") } else { String::new() }
+            )));
+        }
+        let start = usize::from(first.is_some());
+        let end = virtual_stages - usize::from(last.is_some());
+        sizes[start..end].fill(rest / middle);
+    } else if rest != 0 {
+        return Err(Error::Config(format!("the first and last stage layer counts leave {rest} layers unplaced")));
+    }
+    let index = chunk * stages + rank;
+    let start: usize = sizes[..index].iter().sum();
+    Ok(start..start + sizes[index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Pass::{Backward as B, Forward as F};
+
+    fn check_complete(passes: &[Pass], micro: usize, chunks: usize) {
+        for m in 0..micro {
+            for c in 0..chunks {
+                let fi = passes.iter().position(|p| *p == F { micro: m, chunk: c }).expect("forward present");
+                let bi = passes.iter().position(|p| *p == B { micro: m, chunk: c }).expect("backward present");
+                assert!(fi < bi, "backward of ({m}, {c}) before its forward");
+            }
+        }
+        assert_eq!(passes.len(), 2 * micro * chunks);
+    }
+
+    #[test]
+    fn one_f_one_b_keeps_p_minus_rank_in_flight() {
+        for p in [2, 4] {
+            for m in [p, 2 * p, 4 * p + 1] {
+                for r in 0..p {
+                    let s = passes(Schedule::OneFOneB, p, r, m, 1);
+                    check_complete(&s, m, 1);
+                    assert_eq!(peak_in_flight(&s), (p - r).min(m), "p {p} m {m} rank {r}");
+                }
+            }
+        }
+        let g = passes(Schedule::GPipe, 4, 1, 8, 1);
+        check_complete(&g, 8, 1);
+        assert_eq!(peak_in_flight(&g), 8);
+    }
+
+    #[test]
+    fn interleaved_matches_megatrons_worked_example() {
+        // p=2, v=2, m=4 (shared/reference/megatron.md §4.4).
+        let r0 = passes(Schedule::Interleaved, 2, 0, 4, 2);
+        let expect0 = vec![
+            F { micro: 0, chunk: 0 },
+            F { micro: 1, chunk: 0 },
+            F { micro: 0, chunk: 1 },
+            F { micro: 1, chunk: 1 },
+            F { micro: 2, chunk: 0 },
+            B { micro: 0, chunk: 1 },
+            F { micro: 3, chunk: 0 },
+            B { micro: 1, chunk: 1 },
+            F { micro: 2, chunk: 1 },
+            B { micro: 0, chunk: 0 },
+            F { micro: 3, chunk: 1 },
+            B { micro: 1, chunk: 0 },
+            B { micro: 2, chunk: 1 },
+            B { micro: 3, chunk: 1 },
+            B { micro: 2, chunk: 0 },
+            B { micro: 3, chunk: 0 },
+        ];
+        assert_eq!(r0, expect0);
+        let r1 = passes(Schedule::Interleaved, 2, 1, 4, 2);
+        assert_eq!(
+            &r1[..4],
+            &[F { micro: 0, chunk: 0 }, F { micro: 1, chunk: 0 }, F { micro: 0, chunk: 1 }, B { micro: 0, chunk: 1 }]
+        );
+        check_complete(&r0, 4, 2);
+        check_complete(&r1, 4, 2);
+        assert!(validate(Schedule::Interleaved, 2, 2, 3).is_err());
+        assert!(validate(Schedule::Interleaved, 1, 2, 4).is_err());
+    }
+
+    #[test]
+    fn layers_split_into_virtual_stages() {
+        // L=16, p=4, v=2: rank 0 holds layers 0-1 and 8-9.
+        assert_eq!(chunk_layers(16, 4, 2, 0, 0, None, None).unwrap(), 0..2);
+        assert_eq!(chunk_layers(16, 4, 2, 0, 1, None, None).unwrap(), 8..10);
+        assert_eq!(chunk_layers(16, 4, 2, 3, 1, None, None).unwrap(), 14..16);
+        assert_eq!(chunk_layers(10, 4, 1, 0, 0, Some(1), Some(3)).unwrap(), 0..1);
+        assert_eq!(chunk_layers(10, 4, 1, 1, 0, Some(1), Some(3)).unwrap(), 1..4);
+        assert_eq!(chunk_layers(10, 4, 1, 3, 0, Some(1), Some(3)).unwrap(), 7..10);
+        assert!(chunk_layers(10, 4, 1, 0, 0, None, None).unwrap_err().to_string().contains("do not split evenly"));
+    }
+}
