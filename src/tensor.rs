@@ -36,12 +36,23 @@ pub struct ParamInfo {
     /// Under sequence parallelism this replicated parameter's gradient is computed from this
     /// rank's sequence shard only, and must be summed over the tensor-parallel group.
     pub sequence_parallel: bool,
+    /// The last pipeline stage's copy of the word embedding (the tied output layer): kept equal
+    /// to the first stage's by summing the two gradients, and counted once in the norm.
+    pub tied_copy: bool,
 }
 
 impl ParamInfo {
     /// A parameter held whole by every rank.
     pub fn replicated(name: String, shape: Vec<usize>, init: Init) -> ParamInfo {
-        ParamInfo { name, full_shape: shape.clone(), shape, init, partition: None, sequence_parallel: false }
+        ParamInfo {
+            name,
+            full_shape: shape.clone(),
+            shape,
+            init,
+            partition: None,
+            sequence_parallel: false,
+            tied_copy: false,
+        }
     }
 
     /// A parameter split along `dim` over `parts` ranks, of which this is `rank`.
@@ -53,7 +64,7 @@ impl ParamInfo {
         );
         shape[dim] /= parts;
         let partition = (parts > 1).then_some(Partition { dim, rank, parts });
-        ParamInfo { name, shape, full_shape, init, partition, sequence_parallel: false }
+        ParamInfo { name, shape, full_shape, init, partition, sequence_parallel: false, tied_copy: false }
     }
 
     pub fn numel(&self) -> usize {

@@ -9,7 +9,7 @@
 //! positions, and all-gather / reduce-scatter replace the all-reduces. A group of one rank makes
 //! every collective a no-op, so the single-rank model is the same code.
 
-use super::{GptConfig, ModelParallel};
+use super::{ChunkPlan, GptConfig, ModelParallel};
 use crate::comm::ReduceOp;
 use crate::device::{AttentionShape, Device};
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
@@ -30,16 +30,54 @@ const FC1_B: usize = 9;
 const FC2_W: usize = 10;
 const FC2_B: usize = 11;
 const PER_LAYER: usize = 12;
-const WTE: usize = 0;
-const WPE: usize = 1;
 
-fn layer_param(layer: usize, which: usize) -> usize {
-    2 + layer * PER_LAYER + which
+/// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    /// Index of the first layer's first parameter (after the embeddings on the first chunk).
+    layers_base: usize,
+    num_layers: usize,
+    first: bool,
+    last: bool,
 }
 
-/// The parameter indices of layer `layer` (for gradient-ready notifications).
-pub fn layer_params(layer: usize) -> Range<usize> {
-    layer_param(layer, 0)..layer_param(layer, PER_LAYER)
+impl Layout {
+    fn new(plan: &ChunkPlan) -> Layout {
+        Layout {
+            layers_base: if plan.first { 2 } else { 0 },
+            num_layers: plan.layers.len(),
+            first: plan.first,
+            last: plan.last,
+        }
+    }
+    /// Parameter `which` of the chunk's local layer `layer`.
+    fn layer(&self, layer: usize, which: usize) -> usize {
+        self.layers_base + layer * PER_LAYER + which
+    }
+    fn layer_params(&self, layer: usize) -> Range<usize> {
+        self.layer(layer, 0)..self.layer(layer, PER_LAYER)
+    }
+    const WTE: usize = 0;
+    const WPE: usize = 1;
+    /// The final LayerNorm weight (bias follows), on the last chunk.
+    fn lnf(&self) -> usize {
+        self.layers_base + self.num_layers * PER_LAYER
+    }
+    /// The output layer's weight: the word embedding itself, or the last stage's tied copy.
+    fn head(&self) -> usize {
+        if self.first {
+            Layout::WTE
+        } else {
+            self.lnf() + 2
+        }
+    }
+}
+
+/// What a forward pass of a chunk produced: the hidden states to send to the next stage, or the
+/// summed token loss on the last stage.
+pub enum ChunkOutput {
+    Hidden(Vec<f32>),
+    Loss(f64),
 }
 
 /// Row counts of one micro-batch on this rank.
@@ -76,19 +114,29 @@ struct LayerActs<B> {
     gelu: B,
 }
 
-/// Every activation and scratch buffer for one (batch, seq) shape, allocated once and reused by
-/// each micro-batch of that shape.
-struct Activations<B> {
-    rows: Rows,
-    /// The residual stream entering each block, and (last) leaving the final block.
-    resid: Vec<B>,
-    layers: Vec<LayerActs<B>>,
+/// The last chunk's final LayerNorm, logits and cross-entropy state.
+struct HeadActs<B> {
     lnf: B,
     lnf_mean: B,
     lnf_rstd: B,
     lnf_full: Option<B>,
     logits: B,
-    /// Sequence parallel: the embedding before its reduce-scatter.
+    /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics.
+    targets: Vec<u32>,
+    ce_max: Vec<f64>,
+    ce_stats: Vec<f64>,
+}
+
+/// Every activation and scratch buffer of one micro-batch in flight through this chunk.
+struct Activations<B> {
+    rows: Rows,
+    /// The residual stream entering each block, and (last) leaving the chunk's final block.
+    resid: Vec<B>,
+    layers: Vec<LayerActs<B>>,
+    head: Option<HeadActs<B>>,
+    /// The first chunk's tokens (its embedding backward needs them).
+    tokens: Vec<u32>,
+    /// Sequence parallel, first chunk: the embedding before its reduce-scatter.
     emb_full: Option<B>,
     /// Outputs of the row-parallel layers before their reduction (all rows)...
     tmp_full: B,
@@ -104,19 +152,22 @@ struct Activations<B> {
     d_qkv: B,
     d_ffn: B,
     d_ffn2: B,
-    /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics.
-    targets: Vec<u32>,
-    ce_max: Vec<f64>,
-    ce_stats: Vec<f64>,
 }
 
-/// A buffer of `len` elements when sequence parallelism needs it.
-fn sp_alloc<D: Device>(dev: &D, sp: bool, len: usize) -> Option<D::Buf> {
-    sp.then(|| dev.alloc(len))
+/// A buffer of `len` elements when `needed`.
+fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D::Buf> {
+    needed.then(|| dev.alloc(len))
 }
 
 impl<B> Activations<B> {
-    fn new<D: Device<Buf = B>>(dev: &D, cfg: &GptConfig, mp: &ModelParallel, batch: usize, seq: usize) -> Self {
+    fn new<D: Device<Buf = B>>(
+        dev: &D,
+        cfg: &GptConfig,
+        mp: &ModelParallel,
+        plan: &ChunkPlan,
+        batch: usize,
+        seq: usize,
+    ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
         let t = mp.tp_size;
         let full = batch * seq;
@@ -133,12 +184,14 @@ impl<B> Activations<B> {
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
         let (m, ml) = (rows.full, rows.local);
         let lse = batch * (cfg.num_attention_heads / t) * seq;
-        let layers = (0..cfg.num_layers)
+        let layers = plan
+            .layers
+            .clone()
             .map(|_| LayerActs {
                 ln1: dev.alloc(ml * h),
                 ln1_mean: dev.alloc(ml),
                 ln1_rstd: dev.alloc(ml),
-                ln1_full: sp_alloc(dev, sp, m * h),
+                ln1_full: alloc_if(dev, sp, m * h),
                 qkv: dev.alloc(m * 3 * hl),
                 attn: dev.alloc(m * hl),
                 lse: dev.alloc(lse),
@@ -146,34 +199,38 @@ impl<B> Activations<B> {
                 ln2: dev.alloc(ml * h),
                 ln2_mean: dev.alloc(ml),
                 ln2_rstd: dev.alloc(ml),
-                ln2_full: sp_alloc(dev, sp, m * h),
+                ln2_full: alloc_if(dev, sp, m * h),
                 fc1: dev.alloc(m * fl),
                 gelu: dev.alloc(m * fl),
             })
             .collect();
-        Activations {
-            rows,
-            resid: (0..=cfg.num_layers).map(|_| dev.alloc(ml * h)).collect(),
-            layers,
+        let head = plan.last.then(|| HeadActs {
             lnf: dev.alloc(ml * h),
             lnf_mean: dev.alloc(ml),
             lnf_rstd: dev.alloc(ml),
-            lnf_full: sp_alloc(dev, sp, m * h),
+            lnf_full: alloc_if(dev, sp, m * h),
             logits: dev.alloc(m * vl),
-            emb_full: sp_alloc(dev, sp, m * h),
+            targets: vec![0; m],
+            ce_max: vec![0.0; m],
+            ce_stats: vec![0.0; 2 * m],
+        });
+        Activations {
+            rows,
+            resid: (0..=plan.layers.len()).map(|_| dev.alloc(ml * h)).collect(),
+            layers,
+            head,
+            tokens: vec![0; full],
+            emb_full: alloc_if(dev, sp && plan.first, m * h),
             tmp_full: dev.alloc(m * h),
-            tmp_local: sp_alloc(dev, sp, ml * h),
+            tmp_local: alloc_if(dev, sp, ml * h),
             d_resid: dev.alloc(ml * h),
-            d_full: sp_alloc(dev, sp, m * h),
+            d_full: alloc_if(dev, sp, m * h),
             d_h_full: dev.alloc(m * h),
-            d_h_local: sp_alloc(dev, sp, ml * h),
+            d_h_local: alloc_if(dev, sp, ml * h),
             d_attn: dev.alloc(m * hl),
             d_qkv: dev.alloc(m * 3 * hl),
             d_ffn: dev.alloc(m * fl),
             d_ffn2: dev.alloc(m * fl),
-            targets: vec![0; m],
-            ce_max: vec![0.0; m],
-            ce_stats: vec![0.0; 2 * m],
         }
     }
 }
@@ -210,72 +267,164 @@ fn reduced<'a, D: Device>(
     }
 }
 
-/// A GPT-2 model (this rank's shard of it) whose parameters live on device `D`.
+fn to_host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
+    match dev.host_f32_ref(buf) {
+        Some(h) => h.to_vec(),
+        None => {
+            let mut h = vec![0f32; dev.len(buf)];
+            dev.download(buf, &mut h);
+            h
+        }
+    }
+}
+
+/// One chunk of a GPT-2 model (this rank's tensor-parallel shard of the layers `plan` names, with
+/// the embeddings on the first chunk and the head on the last) whose parameters live on `D`.
+/// Several micro-batches can be in flight: each forward takes an activation set keyed by its
+/// micro-batch, and its backward gives the set back for reuse.
 pub struct Gpt<D: Device> {
     pub cfg: GptConfig,
     pub mp: ModelParallel,
+    pub plan: ChunkPlan,
     pub params: ParamSet<D>,
-    acts: Option<Activations<D::Buf>>,
+    layout: Layout,
+    /// Allocated activation sets, and which micro-batch (if any) holds each.
+    pool: Vec<(Option<usize>, Activations<D::Buf>)>,
+    live: usize,
+    peak_live: usize,
 }
 
 impl<D: Device> Gpt<D> {
-    /// A freshly initialised model on one rank: every element from (seed, parameter name, index).
+    /// A freshly initialised whole model on one rank: every element from (seed, name, index).
     pub fn new(dev: &D, cfg: GptConfig, seed: u64) -> Gpt<D> {
         Gpt::new_parallel(dev, cfg, ModelParallel::single(), seed)
     }
 
-    /// This tensor-parallel rank's shard of the model, holding exactly the values the single-rank
-    /// model has at the same positions.
+    /// This tensor-parallel rank's shard of the whole model, holding exactly the values the
+    /// single-rank model has at the same positions.
     pub fn new_parallel(dev: &D, cfg: GptConfig, mp: ModelParallel, seed: u64) -> Gpt<D> {
-        let params = ParamSet::new(dev, cfg.parameters(&mp), seed);
-        Gpt { cfg, mp, params, acts: None }
+        let plan = ChunkPlan::whole(&cfg);
+        Gpt::new_chunk(dev, cfg, mp, plan, seed)
     }
 
-    fn activations(&mut self, dev: &D, batch: usize, seq: usize) {
-        let fits = matches!(&self.acts, Some(a) if a.rows.batch == batch && a.rows.seq == seq);
-        if !fits {
-            self.acts = None; // free the old shape before allocating the new one
-            self.acts = Some(Activations::new(dev, &self.cfg, &self.mp, batch, seq));
+    /// One chunk of the model (a pipeline stage or virtual stage).
+    pub fn new_chunk(dev: &D, cfg: GptConfig, mp: ModelParallel, plan: ChunkPlan, seed: u64) -> Gpt<D> {
+        let params = ParamSet::new(dev, cfg.chunk_parameters(&mp, &plan), seed);
+        let layout = Layout::new(&plan);
+        Gpt { cfg, mp, plan, params, layout, pool: Vec::new(), live: 0, peak_live: 0 }
+    }
+
+    /// The most micro-batches whose activations were held at once since the last reset.
+    pub fn peak_in_flight(&self) -> usize {
+        self.peak_live
+    }
+
+    pub fn reset_peak_in_flight(&mut self) {
+        self.peak_live = self.live;
+    }
+
+    /// The activation set for micro-batch `key`, taking a free one (or allocating one) for a new
+    /// key. Sets of another shape are dropped first.
+    fn slot(&mut self, dev: &D, key: usize, batch: usize, seq: usize) -> usize {
+        if let Some(i) = self.pool.iter().position(|(k, _)| *k == Some(key)) {
+            return i;
         }
+        self.pool.retain(|(k, a)| k.is_some() || (a.rows.batch == batch && a.rows.seq == seq));
+        self.live += 1;
+        self.peak_live = self.peak_live.max(self.live);
+        if let Some(i) = self.pool.iter().position(|(k, _)| k.is_none()) {
+            self.pool[i].0 = Some(key);
+            return i;
+        }
+        self.pool.push((Some(key), Activations::new(dev, &self.cfg, &self.mp, &self.plan, batch, seq)));
+        self.pool.len() - 1
+    }
+
+    fn release(&mut self, index: usize) {
+        if self.pool[index].0.take().is_some() {
+            self.live -= 1;
+        }
+    }
+
+    fn held(&self, key: usize) -> usize {
+        self.pool.iter().position(|(k, _)| *k == Some(key)).expect("backward of a micro-batch that ran forward")
     }
 
     fn vocab_start(&self) -> usize {
         self.mp.tp_rank * (self.cfg.padded_vocab_size / self.mp.tp_size)
     }
 
-    /// Runs the forward pass over `tokens` (`batch` samples of `seq` tokens, sample-major) and
-    /// returns this rank's logits: [seq * batch, padded_vocab / tp] in row order `t * batch + b`.
-    pub fn forward(&mut self, dev: &D, tp: TensorParallel, tokens: &[u32], batch: usize, seq: usize) -> &D::Buf {
-        assert_eq!(tokens.len(), batch * seq);
+    /// Forward of micro-batch `key` through this chunk. The first chunk embeds `tokens`
+    /// (`batch` samples of `seq`, sample-major); others start from `hidden` (this rank's rows of
+    /// the previous chunk's output). The last chunk computes the loss against `labels` and
+    /// returns its sum over tokens; the others return their output hidden states.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_micro(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        key: usize,
+        tokens: &[u32],
+        hidden: Option<&[f32]>,
+        labels: Option<&[u32]>,
+        batch: usize,
+        seq: usize,
+    ) -> ChunkOutput {
+        let index = self.slot(dev, key, batch, seq);
+        self.run_forward(dev, tp, index, tokens, hidden, batch, seq);
+        if self.layout.last {
+            let labels = labels.expect("the last chunk needs labels");
+            ChunkOutput::Loss(self.cross_entropy_loss(dev, tp, index, labels))
+        } else {
+            let a = &self.pool[index].1;
+            ChunkOutput::Hidden(to_host(dev, &a.resid[self.layout.num_layers]))
+        }
+    }
+
+    fn run_forward(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        index: usize,
+        tokens: &[u32],
+        hidden: Option<&[f32]>,
+        batch: usize,
+        seq: usize,
+    ) {
         assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
-        self.activations(dev, batch, seq);
         let vocab_start = self.vocab_start();
-        let cfg = &self.cfg;
+        let (cfg, lay) = (&self.cfg, self.layout);
         let t = self.mp.tp_size;
         let p = &self.params.values;
-        let a = self.acts.as_mut().expect("allocated above");
+        let a = &mut self.pool[index].1;
         let r = a.rows;
         let (h, hl, fl, vl) =
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
         let shape = AttentionShape { batch, seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
 
-        // Embedding: this shard's word rows, summed over the group (reduce-scattered to this
-        // rank's positions under SP), then the position embedding of those positions.
-        match &mut a.emb_full {
-            Some(emb) => {
-                dev.embedding_forward(emb, tokens, &p[WTE], vocab_start, batch, seq, h);
-                reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
+        if lay.first {
+            assert_eq!(tokens.len(), batch * seq);
+            a.tokens.copy_from_slice(tokens);
+            // This shard's word rows, summed over the group (reduce-scattered to this rank's
+            // positions under SP), then the position embedding of those positions.
+            match &mut a.emb_full {
+                Some(emb) => {
+                    dev.embedding_forward(emb, tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                    reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
+                }
+                None => {
+                    dev.embedding_forward(&mut a.resid[0], tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                    all_reduce(dev, tp.comm, &mut a.resid[0]);
+                }
             }
-            None => {
-                dev.embedding_forward(&mut a.resid[0], tokens, &p[WTE], vocab_start, batch, seq, h);
-                all_reduce(dev, tp.comm, &mut a.resid[0]);
-            }
+            dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+        } else {
+            dev.upload(&mut a.resid[0], hidden.expect("a chunk after the first needs its input"));
         }
-        dev.position_forward(&mut a.resid[0], &p[WPE], batch, r.t0, r.positions, h);
 
-        for l in 0..cfg.num_layers {
-            let w = |k| &p[layer_param(l, k)];
+        for l in 0..lay.num_layers {
+            let w = |k| &p[lay.layer(l, k)];
             let (before, after) = a.resid.split_at_mut(l + 1);
             let (x_in, x_out) = (&before[l], &mut after[0]);
             let la = &mut a.layers[l];
@@ -314,109 +463,104 @@ impl<D: Device> Gpt<D> {
             dev.add(x_out, &la.resid_mid, fc2);
             dev.add_bias(x_out, w(FC2_B), r.local, h);
         }
-        let lnf_w = p.len() - 2;
-        let x_last = &a.resid[cfg.num_layers];
-        dev.layernorm_forward(
-            &mut a.lnf,
-            &mut a.lnf_mean,
-            &mut a.lnf_rstd,
-            x_last,
-            &p[lnf_w],
-            &p[lnf_w + 1],
-            r.local,
-            h,
-        );
-        let lnf = gathered(dev, tp, &a.lnf, &mut a.lnf_full);
-        dev.linear_forward(&mut a.logits, lnf, &p[WTE], None, r.full, h, vl);
-        &a.logits
+        if let Some(hd) = a.head.as_mut() {
+            let lnf_w = lay.lnf();
+            let x_last = &a.resid[lay.num_layers];
+            dev.layernorm_forward(
+                &mut hd.lnf,
+                &mut hd.lnf_mean,
+                &mut hd.lnf_rstd,
+                x_last,
+                &p[lnf_w],
+                &p[lnf_w + 1],
+                r.local,
+                h,
+            );
+            let lnf = gathered(dev, tp, &hd.lnf, &mut hd.lnf_full);
+            dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
+        }
     }
 
-    /// The vocab-parallel cross-entropy of the logits of the last forward against `labels`
-    /// (sample-major): the max, target-logit and sum-exp all-reduces over the group. Returns the
-    /// sum of the rows' losses.
-    fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, labels: &[u32]) -> f64 {
+    /// The vocab-parallel cross-entropy of a forward's logits against `labels` (sample-major):
+    /// the max, target-logit and sum-exp all-reduces over the group. Returns the sum of the rows'
+    /// losses and keeps the statistics for backward.
+    fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, index: usize, labels: &[u32]) -> f64 {
         let vocab_start = self.vocab_start();
         let vl = self.cfg.padded_vocab_size / self.mp.tp_size;
-        let a = self.acts.as_mut().expect("forward allocated activations");
+        let a = &mut self.pool[index].1;
         let r = a.rows;
-        reorder_to_rows(&mut a.targets, labels, r.batch, r.seq);
-        dev.cross_entropy_max(&a.logits, r.full, vl, &mut a.ce_max);
-        tp.comm.all_reduce(&mut a.ce_max, ReduceOp::Max);
-        let (sum_exp, target_logit) = a.ce_stats.split_at_mut(r.full);
-        dev.cross_entropy_partials(&a.logits, &a.targets, vocab_start, r.full, vl, &a.ce_max, sum_exp, target_logit);
+        let hd = a.head.as_mut().expect("the last chunk has a head");
+        reorder_to_rows(&mut hd.targets, labels, r.batch, r.seq);
+        dev.cross_entropy_max(&hd.logits, r.full, vl, &mut hd.ce_max);
+        tp.comm.all_reduce(&mut hd.ce_max, ReduceOp::Max);
+        let (sum_exp, target_logit) = hd.ce_stats.split_at_mut(r.full);
+        dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, sum_exp, target_logit);
         // Sum-exp and target logit travel in one all-reduce.
-        tp.comm.all_reduce(&mut a.ce_stats, ReduceOp::Sum);
-        let (sum_exp, target_logit) = a.ce_stats.split_at(r.full);
-        (0..r.full).map(|i| sum_exp[i].ln() + a.ce_max[i] - target_logit[i]).sum()
+        tp.comm.all_reduce(&mut hd.ce_stats, ReduceOp::Sum);
+        let (sum_exp, target_logit) = hd.ce_stats.split_at(r.full);
+        (0..r.full).map(|i| sum_exp[i].ln() + hd.ce_max[i] - target_logit[i]).sum()
     }
 
-    /// Sum over all tokens of the cross-entropy loss, without gradients (validation).
-    pub fn loss(
+    /// Backward of micro-batch `key` through this chunk, adding gradients into `params.grads`
+    /// scaled by `grad_scale` (1 / tokens in the global batch, so micro-batches accumulate to the
+    /// mean). The last chunk starts from its loss; the others from `d_hidden`, the gradient of
+    /// their output. `ready` is told, in order, each range of parameters whose gradients this call
+    /// will not touch again (so data-parallel reduction of them can start). Returns the gradient
+    /// of the chunk's input for the previous stage (None on the first chunk), and frees the
+    /// micro-batch's activations.
+    pub fn backward_micro(
         &mut self,
         dev: &D,
         tp: TensorParallel,
-        tokens: &[u32],
-        labels: &[u32],
-        batch: usize,
-        seq: usize,
-    ) -> f64 {
-        self.forward(dev, tp, tokens, batch, seq);
-        self.cross_entropy_loss(dev, tp, labels)
-    }
-
-    /// Forward and backward of one micro-batch. Gradients are added into `params.grads`, scaled
-    /// by `grad_scale` (1 / tokens in the global batch, so that micro-batches accumulate to the
-    /// mean). `ready` is told, in order, each range of parameters whose gradients this call will
-    /// not touch again (so data-parallel reduction of them can start). Returns the sum of the
-    /// micro-batch's token losses.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_backward(
-        &mut self,
-        dev: &D,
-        tp: TensorParallel,
-        tokens: &[u32],
-        labels: &[u32],
-        batch: usize,
-        seq: usize,
+        key: usize,
+        d_hidden: Option<&[f32]>,
         grad_scale: f32,
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
-    ) -> f64 {
-        self.forward(dev, tp, tokens, batch, seq);
-        let loss = self.cross_entropy_loss(dev, tp, labels);
+    ) -> Option<Vec<f32>> {
+        let index = self.held(key);
         let vocab_start = self.vocab_start();
-        let cfg = &self.cfg;
+        let (cfg, lay) = (&self.cfg, self.layout);
         let t = self.mp.tp_size;
         let (h, hl, fl, vl) =
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
-        let shape = AttentionShape { batch, seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
         let num_params = self.params.info.len();
-        let a = self.acts.as_mut().expect("forward allocated activations");
+        let a = &mut self.pool[index].1;
         let r = a.rows;
-        {
-            let (sum_exp, _) = a.ce_stats.split_at(r.full);
+        let shape =
+            AttentionShape { batch: r.batch, seq: r.seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
+
+        if let Some(hd) = a.head.as_mut() {
+            // Output layer (tied to the word embedding) and final LayerNorm.
+            let (sum_exp, _) = hd.ce_stats.split_at(r.full);
             dev.cross_entropy_backward(
-                &mut a.logits,
-                &a.targets,
+                &mut hd.logits,
+                &hd.targets,
                 vocab_start,
                 r.full,
                 vl,
-                &a.ce_max,
+                &hd.ce_max,
                 sum_exp,
                 grad_scale,
             );
-        }
-
-        // Output layer (tied to the word embedding) and final LayerNorm.
-        let lnf_w = num_params - 2;
-        {
             let p = &self.params.values;
             let g = &mut self.params.grads;
-            let lnf = a.lnf_full.as_ref().unwrap_or(&a.lnf);
-            dev.linear_backward(Some(&mut a.d_h_full), &mut g[WTE], None, &a.logits, lnf, &p[WTE], r.full, h, vl);
+            let lnf = hd.lnf_full.as_ref().unwrap_or(&hd.lnf);
+            dev.linear_backward(
+                Some(&mut a.d_h_full),
+                &mut g[lay.head()],
+                None,
+                &hd.logits,
+                lnf,
+                &p[lay.head()],
+                r.full,
+                h,
+                vl,
+            );
             let d_lnf = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
             dev.fill(&mut a.d_resid, 0.0);
+            let lnf_w = lay.lnf();
             let (gw, gb) = pair_mut(g, lnf_w, lnf_w + 1);
-            let x_last = &a.resid[cfg.num_layers];
+            let x_last = &a.resid[lay.num_layers];
             dev.layernorm_backward(
                 &mut a.d_resid,
                 gw,
@@ -424,36 +568,41 @@ impl<D: Device> Gpt<D> {
                 d_lnf,
                 x_last,
                 &p[lnf_w],
-                &a.lnf_mean,
-                &a.lnf_rstd,
+                &hd.lnf_mean,
+                &hd.lnf_rstd,
                 r.local,
                 h,
             );
+            // The tied copy (last stage only) is final too; the first stage's word embedding is
+            // final after the embedding backward below.
+            let end = if lay.first { lnf_w + 2 } else { num_params };
+            ready(&self.params, lnf_w..end);
+        } else {
+            dev.upload(&mut a.d_resid, d_hidden.expect("a chunk before the last needs its output's gradient"));
         }
-        ready(&self.params, lnf_w..num_params);
 
-        for l in (0..cfg.num_layers).rev() {
+        for l in (0..lay.num_layers).rev() {
             {
                 let p = &self.params.values;
                 let g = &mut self.params.grads;
                 let la = &a.layers[l];
-                let w = |k| &p[layer_param(l, k)];
+                let w = |k| &p[lay.layer(l, k)];
                 let x_in = &a.resid[l];
                 // MLP: d_resid holds the gradient of the block's output (this rank's rows).
                 let d_out = gathered(dev, tp, &a.d_resid, &mut a.d_full);
                 {
-                    let (gw, gb) = pair_mut(g, layer_param(l, FC2_W), layer_param(l, FC2_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, FC2_W), lay.layer(l, FC2_B));
                     dev.linear_backward(Some(&mut a.d_ffn), gw, Some(gb), d_out, &la.gelu, w(FC2_W), r.full, fl, h);
                 }
                 dev.gelu_backward(&mut a.d_ffn2, &la.fc1, &a.d_ffn);
                 {
                     let ln2 = la.ln2_full.as_ref().unwrap_or(&la.ln2);
-                    let (gw, gb) = pair_mut(g, layer_param(l, FC1_W), layer_param(l, FC1_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, FC1_W), lay.layer(l, FC1_B));
                     dev.linear_backward(Some(&mut a.d_h_full), gw, Some(gb), &a.d_ffn2, ln2, w(FC1_W), r.full, h, fl);
                 }
                 {
                     let d_ln2 = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
-                    let (gw, gb) = pair_mut(g, layer_param(l, LN2_W), layer_param(l, LN2_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, LN2_W), lay.layer(l, LN2_B));
                     dev.layernorm_backward(
                         &mut a.d_resid,
                         gw,
@@ -470,13 +619,13 @@ impl<D: Device> Gpt<D> {
                 // Attention: d_resid now holds the gradient of the mid-block residual.
                 let d_mid = gathered(dev, tp, &a.d_resid, &mut a.d_full);
                 {
-                    let (gw, gb) = pair_mut(g, layer_param(l, PROJ_W), layer_param(l, PROJ_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, PROJ_W), lay.layer(l, PROJ_B));
                     dev.linear_backward(Some(&mut a.d_attn), gw, Some(gb), d_mid, &la.attn, w(PROJ_W), r.full, hl, h);
                 }
                 dev.attention_backward(&mut a.d_qkv, &a.d_attn, &la.qkv, &la.attn, &la.lse, shape);
                 {
                     let ln1 = la.ln1_full.as_ref().unwrap_or(&la.ln1);
-                    let (gw, gb) = pair_mut(g, layer_param(l, QKV_W), layer_param(l, QKV_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, QKV_W), lay.layer(l, QKV_B));
                     dev.linear_backward(
                         Some(&mut a.d_h_full),
                         gw,
@@ -491,7 +640,7 @@ impl<D: Device> Gpt<D> {
                 }
                 {
                     let d_ln1 = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
-                    let (gw, gb) = pair_mut(g, layer_param(l, LN1_W), layer_param(l, LN1_B));
+                    let (gw, gb) = pair_mut(g, lay.layer(l, LN1_W), lay.layer(l, LN1_B));
                     dev.layernorm_backward(
                         &mut a.d_resid,
                         gw,
@@ -506,15 +655,72 @@ impl<D: Device> Gpt<D> {
                     );
                 }
             }
-            ready(&self.params, layer_params(l));
+            ready(&self.params, lay.layer_params(l));
         }
-        {
+        let d_input = if lay.first {
             let g = &mut self.params.grads;
-            dev.position_backward(&mut g[WPE], &a.d_resid, batch, r.t0, r.positions, h);
+            dev.position_backward(&mut g[Layout::WPE], &a.d_resid, r.batch, r.t0, r.positions, h);
             let d_emb = gathered(dev, tp, &a.d_resid, &mut a.d_full);
-            dev.embedding_backward(&mut g[WTE], d_emb, tokens, vocab_start, batch, seq, h);
+            dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
+            ready(&self.params, Layout::WTE..Layout::WPE + 1);
+            None
+        } else {
+            Some(to_host(dev, &a.d_resid))
+        };
+        self.release(index);
+        d_input
+    }
+
+    /// Runs the forward pass of the whole model (a chunk that is both first and last) over
+    /// `tokens` and returns this rank's logits: [seq * batch, padded_vocab / tp] in row order
+    /// `t * batch + b`. Used for generation; the activations are released at once.
+    pub fn forward(&mut self, dev: &D, tp: TensorParallel, tokens: &[u32], batch: usize, seq: usize) -> &D::Buf {
+        assert!(self.layout.first && self.layout.last, "forward() needs the whole model");
+        let index = self.slot(dev, usize::MAX, batch, seq);
+        self.run_forward(dev, tp, index, tokens, None, batch, seq);
+        self.release(index);
+        &self.pool[index].1.head.as_ref().expect("the whole model has a head").logits
+    }
+
+    /// Sum over all tokens of the cross-entropy loss of the whole model, without gradients.
+    pub fn loss(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        tokens: &[u32],
+        labels: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> f64 {
+        match self.forward_micro(dev, tp, usize::MAX, tokens, None, Some(labels), batch, seq) {
+            ChunkOutput::Loss(loss) => {
+                let index = self.held(usize::MAX);
+                self.release(index);
+                loss
+            }
+            ChunkOutput::Hidden(_) => unreachable!("the whole model ends in its loss"),
         }
-        ready(&self.params, WTE..WPE + 1);
+    }
+
+    /// Forward and backward of one micro-batch through the whole model. Returns the sum of the
+    /// micro-batch's token losses; see `backward_micro` for `grad_scale` and `ready`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        tokens: &[u32],
+        labels: &[u32],
+        batch: usize,
+        seq: usize,
+        grad_scale: f32,
+        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+    ) -> f64 {
+        let loss = match self.forward_micro(dev, tp, 0, tokens, None, Some(labels), batch, seq) {
+            ChunkOutput::Loss(loss) => loss,
+            ChunkOutput::Hidden(_) => unreachable!("forward_backward needs the whole model"),
+        };
+        self.backward_micro(dev, tp, 0, None, grad_scale, ready);
         loss
     }
 }

@@ -23,6 +23,23 @@ impl ModelParallel {
     }
 }
 
+/// Which part of the model one chunk (a pipeline stage, or one virtual stage of it) holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkPlan {
+    /// Transformer layers, by global index.
+    pub layers: std::ops::Range<usize>,
+    /// Holds the embeddings (the first virtual stage).
+    pub first: bool,
+    /// Holds the final LayerNorm, the output layer and the loss (the last virtual stage).
+    pub last: bool,
+}
+
+impl ChunkPlan {
+    pub fn whole(cfg: &GptConfig) -> ChunkPlan {
+        ChunkPlan { layers: 0..cfg.num_layers, first: true, last: true }
+    }
+}
+
 /// The shape of a GPT-2 model. `padded_vocab_size` is the vocabulary rounded up as Megatron
 /// pads it (`--make-vocab-size-divisible-by`), which is the row count of the word embedding.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,11 +125,17 @@ impl GptConfig {
         Ok(())
     }
 
-    /// Every parameter in the model's canonical order, with Megatron-core GPT names, as this
-    /// tensor-parallel rank holds it: QKV and fc1 split by output rows (column-parallel), the
-    /// attention projection and fc2 by input columns (row-parallel), the word embedding by
-    /// vocabulary rows; everything else replicated.
+    /// Every parameter of the whole model in canonical order (one chunk holding everything).
     pub fn parameters(&self, mp: &ModelParallel) -> Vec<ParamInfo> {
+        self.chunk_parameters(mp, &ChunkPlan::whole(self))
+    }
+
+    /// The parameters of one model chunk in canonical order, with Megatron-core GPT names, as this
+    /// tensor-parallel rank holds them: QKV and fc1 split by output rows (column-parallel), the
+    /// attention projection and fc2 by input columns (row-parallel), the word embedding by
+    /// vocabulary rows; everything else replicated. The first chunk holds the embeddings, the last
+    /// the final LayerNorm and (when it is not also the first) its copy of the tied embedding.
+    pub fn chunk_parameters(&self, mp: &ModelParallel, plan: &ChunkPlan) -> Vec<ParamInfo> {
         let h = self.hidden_size;
         let f = self.ffn_hidden_size;
         let std = self.init_method_std;
@@ -125,15 +148,19 @@ impl GptConfig {
             |name: String, shape: Vec<usize>, init: Init| ParamInfo { sequence_parallel: sp, ..rep(name, shape, init) };
         let split =
             |name: String, shape: Vec<usize>, init: Init, dim: usize| ParamInfo::split(name, shape, init, dim, r, t);
-        let mut out = vec![
-            split("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }, 0),
-            rep_sp(
+        let word = || {
+            split("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }, 0)
+        };
+        let mut out = Vec::new();
+        if plan.first {
+            out.push(word());
+            out.push(rep_sp(
                 "embedding.position_embeddings.weight".into(),
                 vec![self.max_position_embeddings, h],
                 Init::Normal { std },
-            ),
-        ];
-        for l in 0..self.num_layers {
+            ));
+        }
+        for l in plan.layers.clone() {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");
             out.extend([
                 rep_sp(n("input_layernorm.weight"), vec![h], Init::Constant(1.0)),
@@ -150,8 +177,14 @@ impl GptConfig {
                 rep(n("mlp.linear_fc2.bias"), vec![h], Init::Constant(0.0)),
             ]);
         }
-        out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
-        out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
+        if plan.last {
+            out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
+            out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
+            if !plan.first {
+                // Same name, so the same initial values as the first stage's embedding.
+                out.push(ParamInfo { tied_copy: true, ..word() });
+            }
+        }
         out
     }
 
