@@ -381,6 +381,7 @@ impl<D: Device> Gpt<D> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_forward(
         &mut self,
         dev: &D,
