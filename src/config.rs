@@ -59,7 +59,12 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
-    flag("--pipeline-model-parallel-size", "P", "pipeline parallelism (only 1 in this build)"),
+    flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
+    flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
+    flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
+    flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
+    flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
+    flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision (not built yet)"),
     switch("--fp16", "fp16 mixed precision (not built yet)"),
@@ -211,6 +216,12 @@ pub struct TrainConfig {
     pub pipeline_parallel: usize,
     pub sequence_parallel: bool,
     pub ddp_bucket_size: usize,
+    pub layers_per_virtual_stage: Option<usize>,
+    /// None: Megatron's choice (interleaved with virtual stages, else 1F1B).
+    pub pipeline_schedule: Option<crate::parallel::pipeline::Schedule>,
+    pub first_stage_layers: Option<usize>,
+    pub last_stage_layers: Option<usize>,
+    pub timing_trace: Option<PathBuf>,
 }
 
 impl TrainConfig {
@@ -346,7 +357,23 @@ impl TrainConfig {
             exit_interval: args.u64("--exit-interval")?.map(|v| positive("--exit-interval", v)).transpose()?,
             cpu_threads,
             tensor_parallel,
-            pipeline_parallel: 1,
+            pipeline_parallel: match args.usize("--pipeline-model-parallel-size")? {
+                Some(0) => return Err(Error::flag("--pipeline-model-parallel-size", 0, "a positive whole number")),
+                other => other.unwrap_or(1),
+            },
+            layers_per_virtual_stage: match args.usize("--num-layers-per-virtual-pipeline-stage")? {
+                Some(0) => {
+                    return Err(Error::flag("--num-layers-per-virtual-pipeline-stage", 0, "a positive whole number"))
+                }
+                other => other,
+            },
+            pipeline_schedule: args
+                .str("--pipeline-schedule")
+                .map(crate::parallel::pipeline::Schedule::parse)
+                .transpose()?,
+            first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
+            last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
+            timing_trace: args.path("--timing-trace"),
             sequence_parallel: args.has("--sequence-parallel"),
             ddp_bucket_size,
         })
@@ -361,13 +388,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             if p != 0.0 {
                 return Err(Error::Unsupported(format!("{name} {p}: dropout is not implemented; use 0")));
             }
-        }
-    }
-    if let Some(n) = args.usize("--pipeline-model-parallel-size")? {
-        if n != 1 {
-            return Err(Error::Unsupported(format!(
-                "--pipeline-model-parallel-size {n}: pipeline parallelism is not built yet; use 1"
-            )));
         }
     }
     for name in ["--bf16", "--fp16"] {

@@ -47,12 +47,13 @@ pub fn sample_token(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let (iteration, path, shard) = checkpoint::load_latest(&args.load, 0)?;
+    let (iteration, path, shard) = checkpoint::load_latest(&args.load, &checkpoint::shard_name(0, 0, 1))?;
     let saved_tp: usize = shard.meta_value(&path, "tensor_model_parallel_size").unwrap_or(1);
-    if saved_tp != 1 {
+    let saved_pp: usize = shard.meta_value(&path, "pipeline_model_parallel_size").unwrap_or(1);
+    if saved_tp != 1 || saved_pp != 1 {
         return Err(Error::Unsupported(format!(
-            "{} holds one of {saved_tp} tensor-parallel shards; generate reads single-rank checkpoints (resharding \
-             arrives with `trident convert`)",
+            "{} holds one shard of a tensor-parallel {saved_tp} x pipeline {saved_pp} model; generate reads \
+             single-rank checkpoints (resharding arrives with `trident convert`)",
             path.display()
         )));
     }
@@ -61,7 +62,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let dev = CpuDevice::new(args.cpu_threads);
     let mut model = Gpt::new(&dev, cfg.clone(), 0);
     for (i, info) in model.params.info.iter().enumerate() {
-        let t = shard.tensor(&path, &format!("param/{}", info.name))?;
+        let t = shard.tensor(&path, &format!("param/chunk0/{}", info.name))?;
         if t.shape != info.shape {
             return Err(Error::format(
                 &path,

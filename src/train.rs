@@ -6,6 +6,7 @@
 
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::runtime::Runtime;
+use crate::comm::Pending;
 use crate::config::TrainConfig;
 use crate::data::gpt_dataset::{split_ranges, GptDataset};
 use crate::data::indexed::IndexedDataset;
@@ -13,10 +14,12 @@ use crate::device::cpu::{peak, CpuDevice};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
-use crate::model::{Gpt, GptConfig, ModelParallel};
+use crate::model::gpt::ChunkOutput;
+use crate::model::{ChunkPlan, Gpt, GptConfig, ModelParallel};
 use crate::optim::{clip_coefficient, AdamW};
-use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, GradBuckets};
+use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
 use crate::parallel::grid::{Grid, Groups};
+use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::tensor::TensorParallel;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,6 +32,12 @@ pub struct TrainSummary {
     /// Loss of every iteration this process ran, in order.
     pub losses: Vec<f64>,
     pub final_val_loss: Option<f64>,
+    /// Per model chunk: the most micro-batches whose activations were held at once in the last
+    /// iteration.
+    pub peak_in_flight: Vec<usize>,
+    /// Per pipeline stage: the measured bubble fraction, and the schedule's theory.
+    pub bubble_fractions: Vec<f64>,
+    pub bubble_theory: f64,
 }
 
 /// The train, validation and test datasets of a run.
@@ -89,36 +98,294 @@ fn micro_batch_start(consumed: u64, micro: usize, mbs: usize, grid: &Grid) -> u6
     consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64
 }
 
-/// Mean per-token loss over `iters` global batches of `ds` starting at sample `first`, over all
-/// data-parallel ranks.
-#[allow(clippy::too_many_arguments)]
-fn evaluate<D: Device>(
-    model: &mut Gpt<D>,
-    dev: &D,
-    groups: &Groups,
-    tp: TensorParallel,
-    ds: &GptDataset,
-    cfg: &TrainConfig,
-    first: u64,
-    iters: u64,
-) -> Result<f64> {
-    let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
-    let mut tokens = vec![0u32; mbs * seq];
-    let mut labels = vec![0u32; mbs * seq];
-    let mut total = 0.0;
-    let micro_batches = iters as usize * num_micro_batches(cfg, &groups.grid);
-    for i in 0..micro_batches {
-        fetch_batch(ds, micro_batch_start(first, i, mbs, &groups.grid), mbs, seq, &mut tokens, &mut labels)?;
-        total += model.loss(dev, tp, &tokens, &labels, mbs, seq);
-    }
-    Ok(groups.dp.sum_f64(total) / (iters as usize * cfg.global_batch_size * seq) as f64)
-}
-
 fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
     cfg.global_batch_size / (cfg.micro_batch_size * grid.dp)
 }
 
-/// Position in the run that a checkpoint must carry besides weights and optimizer state.
+/// One model chunk of this rank with its optimizer state and data-parallel buckets.
+struct Chunk {
+    model: Gpt<CpuDevice>,
+    opt: AdamW<CpuDevice>,
+    buckets: GradBuckets,
+}
+
+/// A span of the timing trace: what ran, for which (micro-batch, chunk), from when, how long.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    kind: SpanKind,
+    micro: usize,
+    chunk: usize,
+    start_us: f64,
+    dur_us: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpanKind {
+    Forward,
+    Backward,
+    Send,
+    Recv,
+    Optimizer,
+}
+
+impl SpanKind {
+    fn name(self) -> &'static str {
+        match self {
+            SpanKind::Forward => "forward",
+            SpanKind::Backward => "backward",
+            SpanKind::Send => "send",
+            SpanKind::Recv => "recv",
+            SpanKind::Optimizer => "optimizer",
+        }
+    }
+    fn from_code(code: f64) -> SpanKind {
+        [SpanKind::Forward, SpanKind::Backward, SpanKind::Send, SpanKind::Recv, SpanKind::Optimizer][code as usize]
+    }
+    fn code(self) -> f64 {
+        self as usize as f64
+    }
+}
+
+/// The timing record of this rank: trace spans (with `--timing-trace`) and the per-iteration
+/// pipeline busy and wall time behind the measured bubble fraction.
+struct Timeline {
+    origin: Instant,
+    record_spans: bool,
+    spans: Vec<Span>,
+    busy_secs: f64,
+    wall_secs: f64,
+}
+
+impl Timeline {
+    fn now_us(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64() * 1e6
+    }
+    fn span(&mut self, kind: SpanKind, micro: usize, chunk: usize, start_us: f64) {
+        let dur_us = self.now_us() - start_us;
+        if matches!(kind, SpanKind::Forward | SpanKind::Backward) {
+            self.busy_secs += dur_us * 1e-6;
+        }
+        if self.record_spans {
+            self.spans.push(Span { kind, micro, chunk, start_us, dur_us });
+        }
+    }
+}
+
+/// Tags of pipeline messages: which (micro-batch, chunk) on the receiving stage, which direction.
+fn p2p_tag(micro: usize, chunk: usize, chunks: usize, backward: bool) -> u32 {
+    ((micro * chunks + chunk) * 2 + usize::from(backward)) as u32
+}
+
+/// Everything one training or evaluation pass over the pipeline needs.
+struct Pipeline<'a> {
+    dev: &'a CpuDevice,
+    groups: &'a Groups,
+    tp: TensorParallel<'a>,
+    schedule: Schedule,
+    chunks: usize,
+    micro: usize,
+    hidden_len: usize,
+}
+
+impl Pipeline<'_> {
+    fn stages(&self) -> usize {
+        self.groups.grid.pp
+    }
+    fn stage(&self) -> usize {
+        self.groups.grid.pp_rank
+    }
+    fn virtual_stage(&self, chunk: usize) -> usize {
+        chunk * self.stages() + self.stage()
+    }
+    fn last_virtual(&self) -> usize {
+        self.stages() * self.chunks - 1
+    }
+
+    /// Receives the input of (micro, chunk) from the previous virtual stage.
+    fn recv_forward(&self, tl: &mut Timeline, micro: usize, chunk: usize) -> Vec<f32> {
+        let p = self.stages();
+        let t0 = tl.now_us();
+        let mut buf = vec![0f32; self.hidden_len];
+        self.groups.pp.recv_tagged(&mut buf, (self.stage() + p - 1) % p, p2p_tag(micro, chunk, self.chunks, false));
+        tl.span(SpanKind::Recv, micro, chunk, t0);
+        buf
+    }
+
+    /// Receives the gradient of (micro, chunk)'s output from the next virtual stage.
+    fn recv_backward(&self, tl: &mut Timeline, micro: usize, chunk: usize) -> Vec<f32> {
+        let p = self.stages();
+        let t0 = tl.now_us();
+        let mut buf = vec![0f32; self.hidden_len];
+        self.groups.pp.recv_tagged(&mut buf, (self.stage() + 1) % p, p2p_tag(micro, chunk, self.chunks, true));
+        tl.span(SpanKind::Recv, micro, chunk, t0);
+        buf
+    }
+
+    /// Sends (micro, chunk)'s output on to the next virtual stage.
+    fn send_forward(
+        &self,
+        tl: &mut Timeline,
+        sends: &mut Vec<Box<dyn Pending>>,
+        out: Vec<f32>,
+        micro: usize,
+        chunk: usize,
+    ) {
+        let p = self.stages();
+        let next_chunk = if self.stage() == p - 1 { chunk + 1 } else { chunk };
+        let t0 = tl.now_us();
+        sends.push(self.groups.pp.send_start(
+            out,
+            (self.stage() + 1) % p,
+            p2p_tag(micro, next_chunk, self.chunks, false),
+        ));
+        tl.span(SpanKind::Send, micro, chunk, t0);
+    }
+
+    /// Sends the gradient of (micro, chunk)'s input back to the previous virtual stage.
+    fn send_backward(
+        &self,
+        tl: &mut Timeline,
+        sends: &mut Vec<Box<dyn Pending>>,
+        d: Vec<f32>,
+        micro: usize,
+        chunk: usize,
+    ) {
+        let p = self.stages();
+        let prev_chunk = if self.stage() == 0 { chunk - 1 } else { chunk };
+        let t0 = tl.now_us();
+        sends.push(self.groups.pp.send_start(
+            d,
+            (self.stage() + p - 1) % p,
+            p2p_tag(micro, prev_chunk, self.chunks, true),
+        ));
+        tl.span(SpanKind::Send, micro, chunk, t0);
+    }
+
+    /// One iteration's forward and backward passes in this stage's schedule order. Returns the
+    /// summed token loss (nonzero on the last stage only).
+    #[allow(clippy::too_many_arguments)]
+    fn train_step(
+        &self,
+        chunks: &mut [Chunk],
+        ds: &GptDataset,
+        cfg: &TrainConfig,
+        consumed: u64,
+        grad_scale: f32,
+        tl: &mut Timeline,
+    ) -> Result<f64> {
+        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
+        let grid = &self.groups.grid;
+        let mut tokens = vec![0u32; mbs * seq];
+        let mut labels = vec![0u32; mbs * seq];
+        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let mut loss_sum = 0.0;
+        let started = tl.now_us();
+        let busy_before = tl.busy_secs;
+        for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
+            match pass {
+                Pass::Forward { micro, chunk } => {
+                    let vs = self.virtual_stage(chunk);
+                    let hidden = (vs > 0).then(|| self.recv_forward(tl, micro, chunk));
+                    fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
+                    let t0 = tl.now_us();
+                    let out = chunks[chunk].model.forward_micro(
+                        self.dev,
+                        self.tp,
+                        micro,
+                        &tokens,
+                        hidden.as_deref(),
+                        Some(&labels),
+                        mbs,
+                        seq,
+                    );
+                    tl.span(SpanKind::Forward, micro, chunk, t0);
+                    match out {
+                        ChunkOutput::Loss(l) => loss_sum += l,
+                        ChunkOutput::Hidden(h) => self.send_forward(tl, &mut sends, h, micro, chunk),
+                    }
+                }
+                Pass::Backward { micro, chunk } => {
+                    let vs = self.virtual_stage(chunk);
+                    let d_out = (vs < self.last_virtual()).then(|| self.recv_backward(tl, micro, chunk));
+                    // Data-parallel buckets start reducing during each chunk's last backward.
+                    let last = micro + 1 == self.micro && grid.dp > 1;
+                    let Chunk { model, buckets, .. } = &mut chunks[chunk];
+                    let (dev, dp) = (self.dev, &*self.groups.dp);
+                    let mut ready = |set: &crate::tensor::ParamSet<CpuDevice>, params: std::ops::Range<usize>| {
+                        if last {
+                            buckets.mark_final(dev, dp, set, params);
+                        }
+                    };
+                    let t0 = tl.now_us();
+                    let d_in = model.backward_micro(self.dev, self.tp, micro, d_out.as_deref(), grad_scale, &mut ready);
+                    tl.span(SpanKind::Backward, micro, chunk, t0);
+                    if let Some(d) = d_in {
+                        self.send_backward(tl, &mut sends, d, micro, chunk);
+                    }
+                }
+            }
+        }
+        for s in sends {
+            s.wait();
+        }
+        tl.wall_secs += (tl.now_us() - started) * 1e-6;
+        let _ = busy_before;
+        Ok(loss_sum)
+    }
+
+    /// Forward passes only over `iters` global batches from sample `first` (validation): every
+    /// stage runs (micro-batch, chunk) in order, which respects every dependency.
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate(
+        &self,
+        chunks: &mut [Chunk],
+        ds: &GptDataset,
+        cfg: &TrainConfig,
+        first: u64,
+        iters: u64,
+        tl: &mut Timeline,
+    ) -> Result<f64> {
+        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
+        let grid = &self.groups.grid;
+        let mut tokens = vec![0u32; mbs * seq];
+        let mut labels = vec![0u32; mbs * seq];
+        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let mut total = 0.0;
+        for it in 0..iters {
+            let consumed = first + it * cfg.global_batch_size as u64;
+            for micro in 0..self.micro {
+                fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
+                for chunk in 0..self.chunks {
+                    let hidden = (self.virtual_stage(chunk) > 0).then(|| self.recv_forward(tl, micro, chunk));
+                    let model = &mut chunks[chunk].model;
+                    let out = model.forward_micro(
+                        self.dev,
+                        self.tp,
+                        micro,
+                        &tokens,
+                        hidden.as_deref(),
+                        Some(&labels),
+                        mbs,
+                        seq,
+                    );
+                    model.discard(micro);
+                    match out {
+                        ChunkOutput::Loss(l) => total += l,
+                        ChunkOutput::Hidden(h) => self.send_forward(tl, &mut sends, h, micro, chunk),
+                    }
+                }
+            }
+            for s in sends.drain(..) {
+                s.wait();
+            }
+        }
+        // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
+        // gives every rank the mean.
+        let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(total));
+        Ok(total / (iters as usize * cfg.global_batch_size * seq) as f64)
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Progress {
     iteration: u64,
@@ -153,24 +420,24 @@ pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn save_checkpoint<D: Device>(
+fn save_checkpoint(
     dir: &Path,
-    dev: &D,
+    dev: &CpuDevice,
     groups: &Groups,
-    model: &Gpt<D>,
-    opt: &AdamW<D>,
+    chunks: &[Chunk],
     cfg: &TrainConfig,
     progress: Progress,
     say: bool,
 ) -> Result<()> {
     let grid = &groups.grid;
     let mut shard = Shard::default();
+    let first = &chunks[0];
     let meta = [
         ("format", "trident-checkpoint".to_string()),
         ("iteration", progress.iteration.to_string()),
         ("consumed_train_samples", progress.consumed_train.to_string()),
         ("consumed_valid_samples", progress.consumed_valid.to_string()),
-        ("adam_step", opt.step.to_string()),
+        ("adam_step", first.opt.step.to_string()),
         ("seed", cfg.seed.to_string()),
         ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
         ("seq_length", cfg.seq_length.to_string()),
@@ -178,35 +445,45 @@ fn save_checkpoint<D: Device>(
         ("tensor_model_parallel_size", grid.tp.to_string()),
         ("tensor_model_parallel_rank", grid.tp_rank.to_string()),
         ("pipeline_model_parallel_size", grid.pp.to_string()),
+        ("pipeline_model_parallel_rank", grid.pp_rank.to_string()),
+        ("virtual_pipeline_chunks", chunks.len().to_string()),
         ("data_parallel_size", grid.dp.to_string()),
-        ("sequence_parallel", model.mp.sequence_parallel.to_string()),
+        ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
     ];
-    for (k, v) in meta.into_iter().chain(model_meta(&model.cfg)) {
+    for (k, v) in meta.into_iter().chain(model_meta(&first.model.cfg)) {
         shard.meta.insert(k.to_string(), v);
     }
-    let download = |buf: &D::Buf, n: usize| {
+    let download = |buf: &Vec<f32>, n: usize| {
         let mut host = vec![0.0f32; n];
         dev.download(buf, &mut host);
         host
     };
-    for (i, info) in model.params.info.iter().enumerate() {
-        let n = info.numel();
-        for (prefix, buf) in [("param", &model.params.values[i]), ("adam_m", &opt.m[i]), ("adam_v", &opt.v[i])] {
-            shard.tensors.push(SavedTensor {
-                name: format!("{prefix}/{}", info.name),
-                shape: info.shape.clone(),
-                data: download(buf, n),
-            });
+    for (c, chunk) in chunks.iter().enumerate() {
+        let (model, opt) = (&chunk.model, &chunk.opt);
+        for (i, info) in model.params.info.iter().enumerate() {
+            let n = info.numel();
+            for (prefix, buf) in [("param", &model.params.values[i]), ("adam_m", &opt.m[i]), ("adam_v", &opt.v[i])] {
+                shard.tensors.push(SavedTensor {
+                    name: format!("{prefix}/chunk{c}/{}", info.name),
+                    shape: info.shape.clone(),
+                    data: download(buf, n),
+                });
+            }
         }
     }
     // Rank 0 prepares the staging directory, one data-parallel replica writes a shard per
-    // tensor-parallel rank, and rank 0 renames it into place once all are written.
+    // model-parallel rank, and rank 0 renames it into place once all are written.
     if grid.rank == 0 {
         checkpoint::begin(dir, progress.iteration)?;
     }
     groups.world.barrier();
     if grid.dp_rank == 0 {
-        checkpoint::write_shard(dir, progress.iteration, grid.tp_rank, &shard)?;
+        checkpoint::write_shard(
+            dir,
+            progress.iteration,
+            &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp),
+            &shard,
+        )?;
     }
     groups.world.barrier();
     if grid.rank == 0 {
@@ -220,26 +497,26 @@ fn save_checkpoint<D: Device>(
 }
 
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
-fn load_checkpoint<D: Device>(
-    dir: &Path,
-    dev: &D,
-    grid: &Grid,
-    model: &mut Gpt<D>,
-    opt: &mut AdamW<D>,
-    say: bool,
-) -> Result<Progress> {
-    let (_, path, shard) = checkpoint::load_latest(dir, grid.tp_rank)?;
+fn load_checkpoint(dir: &Path, dev: &CpuDevice, grid: &Grid, chunks: &mut [Chunk], say: bool) -> Result<Progress> {
+    let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
     let saved = model_from_shard(&shard, &path)?;
-    let saved_tp: usize = shard.meta_value(&path, "tensor_model_parallel_size").unwrap_or(1);
-    if saved_tp != grid.tp {
+    let layout = |key: &str| shard.meta_value::<usize>(&path, key).unwrap_or(1);
+    let (saved_tp, saved_pp, saved_v) = (
+        layout("tensor_model_parallel_size"),
+        layout("pipeline_model_parallel_size"),
+        layout("virtual_pipeline_chunks"),
+    );
+    if (saved_tp, saved_pp, saved_v) != (grid.tp, grid.pp, chunks.len()) {
         return Err(Error::Config(format!(
-            "{} was written with --tensor-model-parallel-size {saved_tp}, this run uses {}; resharding arrives with \
-             `trident convert`",
+            "{} was written with tensor-parallel size {saved_tp}, pipeline size {saved_pp} and {saved_v} virtual \
+             stages per rank; this run uses {}, {} and {}; resharding arrives with `trident convert`",
             path.display(),
-            grid.tp
+            grid.tp,
+            grid.pp,
+            chunks.len()
         )));
     }
-    let ours = &model.cfg;
+    let ours = &chunks[0].model.cfg;
     let mismatches: Vec<String> = model_meta(&saved)
         .into_iter()
         .zip(model_meta(ours))
@@ -249,21 +526,25 @@ fn load_checkpoint<D: Device>(
     if !mismatches.is_empty() {
         return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));
     }
-    for (i, info) in model.params.info.iter().enumerate() {
-        for (prefix, buf) in
-            [("param", &mut model.params.values[i]), ("adam_m", &mut opt.m[i]), ("adam_v", &mut opt.v[i])]
-        {
-            let t = shard.tensor(&path, &format!("{prefix}/{}", info.name))?;
-            if t.shape != info.shape {
-                return Err(Error::format(
-                    &path,
-                    format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
-                ));
+    let step: u64 = shard.meta_value(&path, "adam_step")?;
+    for (c, chunk) in chunks.iter_mut().enumerate() {
+        let (model, opt) = (&mut chunk.model, &mut chunk.opt);
+        for (i, info) in model.params.info.iter().enumerate() {
+            for (prefix, buf) in
+                [("param", &mut model.params.values[i]), ("adam_m", &mut opt.m[i]), ("adam_v", &mut opt.v[i])]
+            {
+                let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
+                if t.shape != info.shape {
+                    return Err(Error::format(
+                        &path,
+                        format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
+                    ));
+                }
+                dev.upload(buf, &t.data);
             }
-            dev.upload(buf, &t.data);
         }
+        opt.step = step;
     }
-    opt.step = shard.meta_value(&path, "adam_step")?;
     let progress = Progress {
         iteration: shard.meta_value(&path, "iteration")?,
         consumed_train: shard.meta_value(&path, "consumed_train_samples")?,
@@ -273,6 +554,12 @@ fn load_checkpoint<D: Device>(
         println!(" loaded checkpoint {} (iteration {})", path.display(), progress.iteration);
     }
     Ok(progress)
+}
+
+/// This rank's pipeline: its chunks' layer plans, the schedule, and the chunk count.
+struct StagePlan {
+    plans: Vec<ChunkPlan>,
+    schedule: Schedule,
 }
 
 /// Checks the layout against the world and the model, before any work: each failure is the same
@@ -295,10 +582,93 @@ pub fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, Mod
     Ok((cfg, grid, mp))
 }
 
+/// The pipeline layout of this rank: how many virtual stages, which layers each chunk holds, and
+/// the schedule (Megatron's choice unless `--pipeline-schedule` says otherwise).
+fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
+    let (p, layers) = (grid.pp, cfg.model.num_layers);
+    let chunks = match cfg.layers_per_virtual_stage {
+        None => 1,
+        Some(n) => {
+            if p == 1 {
+                return Err(Error::Config(
+                    "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1".into(),
+                ));
+            }
+            if !layers.is_multiple_of(n * p) {
+                return Err(Error::Config(format!(
+                    "--num-layers {layers} is not a multiple of --num-layers-per-virtual-pipeline-stage {n} x \
+                     --pipeline-model-parallel-size {p}"
+                )));
+            }
+            layers / (n * p)
+        }
+    };
+    let schedule = cfg.pipeline_schedule.unwrap_or(if chunks > 1 { Schedule::Interleaved } else { Schedule::OneFOneB });
+    let micro = num_micro_batches(cfg, grid);
+    pipeline::validate(schedule, p, chunks, micro)?;
+    let (first, last) = (cfg.first_stage_layers, cfg.last_stage_layers);
+    if (first.is_some() || last.is_some()) && chunks > 1 {
+        return Err(Error::Unsupported("--decoder-first/last-pipeline-num-layers with virtual pipeline stages".into()));
+    }
+    let plans = (0..chunks)
+        .map(|c| {
+            let layers = pipeline::chunk_layers(layers, p, chunks, grid.pp_rank, c, first, last)?;
+            Ok(ChunkPlan { layers, first: grid.pp_rank == 0 && c == 0, last: grid.pp_rank == p - 1 && c == chunks - 1 })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Every rank checks every stage's split, so a layout error stops all ranks alike.
+    for r in 0..p {
+        for c in 0..chunks {
+            pipeline::chunk_layers(layers, p, chunks, r, c, first, last)?;
+        }
+    }
+    Ok(StagePlan { plans, schedule })
+}
+
+/// Writes the Chrome trace of every rank's spans (gathered to rank 0) to `path`.
+fn write_trace(path: &Path, groups: &Groups, tl: &Timeline) -> Result<()> {
+    let world = &*groups.world;
+    let mine: Vec<f64> =
+        tl.spans.iter().flat_map(|s| [s.kind.code(), s.micro as f64, s.chunk as f64, s.start_us, s.dur_us]).collect();
+    let mut counts = vec![0f64; world.size()];
+    world.all_gather(&[mine.len() as f64], &mut counts);
+    let longest = counts.iter().fold(0f64, |m, &c| m.max(c)) as usize;
+    let mut padded = mine.clone();
+    padded.resize(longest, 0.0);
+    let mut all = vec![0f64; longest * world.size()];
+    world.all_gather(&padded, &mut all);
+    if groups.grid.rank != 0 {
+        return Ok(());
+    }
+    let mut events = Vec::new();
+    for (rank, block) in all.chunks(longest.max(1)).enumerate().take(world.size()) {
+        let g = Grid { rank, ..groups.grid };
+        let (tp, dp, pp) = (rank % g.tp, (rank / g.tp) % g.dp, rank / (g.tp * g.dp));
+        events.push(format!(
+            "{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": {rank}, \"args\": {{\"name\": \"rank {rank} (pp {pp}, tp {tp}, dp {dp})\"}}}}"
+        ));
+        for e in block[..counts[rank] as usize].chunks_exact(5) {
+            let kind = SpanKind::from_code(e[0]);
+            let label = match kind {
+                SpanKind::Optimizer => "optimizer".to_string(),
+                _ => format!("{} mb{} c{}", kind.name(), e[1], e[2]),
+            };
+            events.push(format!(
+                "{{\"name\": \"{label}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3}, \"dur\": {:.3}, \"pid\": 0, \"tid\": {rank}}}",
+                kind.name(),
+                e[3],
+                e[4]
+            ));
+        }
+    }
+    let text = format!("{{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n{}\n]}}\n", events.join(",\n"));
+    std::fs::write(path, text).map_err(|e| Error::io(path, "write", e))
+}
 /// Runs `trident train` with a validated configuration on this rank of the job.
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let (cfg, grid, mp) = layout(cfg, rt)?;
     let cfg = &cfg;
+    let stage = stage_plan(cfg, &grid)?;
     let say = grid.rank == 0;
     let groups = if rt.world_size > 1 { Groups::new(rt, grid) } else { Groups::single() };
     let tp = TensorParallel { comm: &*groups.tp, sequence_parallel: mp.sequence_parallel };
@@ -306,10 +676,12 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let dev = CpuDevice::new(threads);
     let peak = peak::measure_fma_peak(dev.pool(), 150);
     let m = &cfg.model;
+    let n_micro = num_micro_batches(cfg, &grid);
+    let v = stage.plans.len();
     if say {
         println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
         println!(
-            " trident train: preset {} | {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} ranks: {}{}{} | \
+            " trident train: preset {} | {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} ranks: {}{}{}{} | \
              MPI: {} | device {} | peak {:.1} GFLOP/s per rank ({})",
             cfg.preset,
             m.num_layers,
@@ -321,6 +693,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             rt.world_size,
             grid.describe(),
             if mp.sequence_parallel { ", sequence parallel" } else { "" },
+            if grid.pp > 1 { format!(", {} schedule, {v} chunk(s) per stage", stage.schedule.name()) } else { String::new() },
             if rt.oversubscribed { ", oversubscribed (collectives yield)" } else { "" },
             rt.library,
             dev.describe(),
@@ -329,76 +702,108 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         );
     }
     let data = build_datasets(cfg, m.vocab_size)?;
-    let mut model = Gpt::new_parallel(&dev, m.clone(), mp, cfg.seed);
-    let mut opt = AdamW::new(&dev, &model.params, cfg.adam);
-    let mut buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
-    let n_micro = num_micro_batches(cfg, &grid);
+    let mut chunks: Vec<Chunk> = stage
+        .plans
+        .iter()
+        .map(|plan| {
+            let model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
+            let opt = AdamW::new(&dev, &model.params, cfg.adam);
+            let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
+            Chunk { model, opt, buckets }
+        })
+        .collect();
     if say {
         println!(
             " parameters: {} on this rank | micro-batch {} x {} micro-batches x {} data-parallel = global batch {} | \
              {} gradient buckets | train samples available {}",
-            model.params.num_elements(),
+            chunks.iter().map(|c| c.model.params.num_elements()).sum::<usize>(),
             cfg.micro_batch_size,
             n_micro,
             grid.dp,
             cfg.global_batch_size,
-            buckets.len(),
+            chunks.iter().map(|c| c.buckets.len()).sum::<usize>(),
             data.train.len()
         );
     }
     let mut progress = Progress::default();
     if let Some(dir) = &cfg.load {
-        progress = load_checkpoint(dir, &dev, &grid, &mut model, &mut opt, say)?;
+        progress = load_checkpoint(dir, &dev, &grid, &mut chunks, say)?;
     }
     let mut json = match (&cfg.log_json, say) {
         (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
         _ => None,
     };
 
-    let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
+    let rows_local = cfg.micro_batch_size * cfg.seq_length / if mp.sequence_parallel { grid.tp } else { 1 };
+    let pipe = Pipeline {
+        dev: &dev,
+        groups: &groups,
+        tp,
+        schedule: stage.schedule,
+        chunks: v,
+        micro: n_micro,
+        hidden_len: rows_local * m.hidden_size,
+    };
+    if (n_micro * v * 2) as u64 >= 1 << 30 {
+        return Err(Error::Config(format!("{n_micro} micro-batches x {v} chunks exceed the pipeline's message tags")));
+    }
+    groups.world.barrier();
+    let mut tl = Timeline {
+        origin: Instant::now(),
+        record_spans: cfg.timing_trace.is_some(),
+        spans: Vec::new(),
+        busy_secs: 0.0,
+        wall_secs: 0.0,
+    };
+    let seq = cfg.seq_length;
     let tokens_per_iter = (cfg.global_batch_size * seq) as f64;
     let flops_per_rank = m.flops_per_iteration(cfg.global_batch_size, seq) / rt.world_size as f64;
     let grad_scale = 1.0 / tokens_per_iter as f32;
-    let mut tokens = vec![0u32; mbs * seq];
-    let mut labels = vec![0u32; mbs * seq];
     let mut summary = TrainSummary::default();
     let (mut window_loss, mut window_iters, mut window_secs) = (0.0, 0u64, 0.0);
+    // The bubble is measured from the second iteration on (the first one warms caches up).
+    let (mut bubble_busy, mut bubble_wall) = (0.0, 0.0);
 
     while progress.iteration < cfg.train_iters {
         let iteration = progress.iteration + 1;
         let started = Instant::now();
         let lr = cfg.lr.at(iteration);
-        model.params.zero_grads(&dev);
-        let mut loss_sum = 0.0;
-        for micro in 0..n_micro {
-            let first = micro_batch_start(progress.consumed_train, micro, mbs, &grid);
-            fetch_batch(&data.train, first, mbs, seq, &mut tokens, &mut labels)?;
-            // Data-parallel buckets start reducing during the last micro-batch's backward.
-            let last = micro + 1 == n_micro && grid.dp > 1;
-            let dp = &*groups.dp;
-            let mut ready = |set: &crate::tensor::ParamSet<CpuDevice>, params: std::ops::Range<usize>| {
-                if last {
-                    buckets.mark_final(&dev, dp, set, params);
-                }
-            };
-            loss_sum += model.forward_backward(&dev, tp, &tokens, &labels, mbs, seq, grad_scale, &mut ready);
+        for c in chunks.iter_mut() {
+            c.model.params.zero_grads(&dev);
+            c.model.reset_peak_in_flight();
         }
-        if grid.dp > 1 {
-            buckets.finish(&dev, &*groups.dp, &mut model.params);
+        let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
+        let loss_sum = pipe.train_step(&mut chunks, &data.train, cfg, progress.consumed_train, grad_scale, &mut tl)?;
+        if summary.iterations > 0 {
+            bubble_busy += tl.busy_secs - busy0;
+            bubble_wall += tl.wall_secs - wall0;
         }
-        reduce_sequence_parallel_grads(&dev, &*groups.tp, &mut model.params);
-        let loss = groups.dp.sum_f64(loss_sum) / tokens_per_iter;
-        let grad_norm = global_grad_norm(&dev, &model.params, grid.tp_rank, &*groups.mp);
+        let t_opt = tl.now_us();
+        for c in chunks.iter_mut() {
+            if grid.dp > 1 {
+                c.buckets.finish(&dev, &*groups.dp, &mut c.model.params);
+            }
+            reduce_tied_embedding(&dev, &*groups.embedding, &mut c.model.params);
+            reduce_sequence_parallel_grads(&dev, &*groups.tp, &mut c.model.params);
+        }
+        let loss = groups.dp.sum_f64(groups.pp.sum_f64(loss_sum)) / tokens_per_iter;
+        let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
+        let grad_norm = global_grad_norm(&dev, &sets, grid.tp_rank, &*groups.mp);
         if !loss.is_finite() || !grad_norm.is_finite() {
             return Err(Error::Config(format!(
                 "iteration {iteration}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data"
             )));
         }
-        opt.step(&dev, &mut model.params, lr as f32, clip_coefficient(grad_norm, cfg.clip_grad));
+        let coef = clip_coefficient(grad_norm, cfg.clip_grad);
+        for c in chunks.iter_mut() {
+            c.opt.step(&dev, &mut c.model.params, lr as f32, coef);
+        }
+        tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         progress.iteration = iteration;
         progress.consumed_train += cfg.global_batch_size as u64;
         summary.losses.push(loss);
         summary.iterations += 1;
+        summary.peak_in_flight = chunks.iter().map(|c| c.model.peak_in_flight()).collect();
         window_loss += loss;
         window_iters += 1;
         window_secs += started.elapsed().as_secs_f64();
@@ -407,7 +812,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         let mut val_loss = None;
         if validate && cfg.eval_iters > 0 {
             if let Some(valid) = &data.valid {
-                let v = evaluate(&mut model, &dev, &groups, tp, valid, cfg, progress.consumed_valid, cfg.eval_iters)?;
+                let v = pipe.evaluate(&mut chunks, valid, cfg, progress.consumed_valid, cfg.eval_iters, &mut tl)?;
                 progress.consumed_valid += cfg.eval_iters * cfg.global_batch_size as u64;
                 if say {
                     println!("{}", validation_line("validation", iteration, v));
@@ -444,21 +849,67 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         if let Some(dir) = &cfg.save {
             let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
             if at_interval || exiting || iteration == cfg.train_iters {
-                save_checkpoint(dir, &dev, &groups, &model, &opt, cfg, progress, say)?;
+                save_checkpoint(dir, &dev, &groups, &chunks, cfg, progress, say)?;
             }
         }
         if exiting {
             if say {
                 println!(" exiting program at iteration {iteration} (--exit-interval)");
             }
-            return Ok(summary);
+            break;
         }
     }
-    if let (Some(test), true) = (&data.test, cfg.eval_iters > 0) {
-        let t = evaluate(&mut model, &dev, &groups, tp, test, cfg, 0, cfg.eval_iters)?;
+    if progress.iteration >= cfg.train_iters {
+        if let (Some(test), true) = (&data.test, cfg.eval_iters > 0) {
+            let t = pipe.evaluate(&mut chunks, test, cfg, 0, cfg.eval_iters, &mut tl)?;
+            if say {
+                println!("{}", validation_line("test", progress.iteration, t));
+            }
+        }
+    }
+    if grid.pp > 1 {
+        report_bubbles(&groups, stage.schedule, v, n_micro, bubble_busy, bubble_wall, say, &mut summary);
+    }
+    if let Some(path) = &cfg.timing_trace {
+        write_trace(path, &groups, &tl)?;
         if say {
-            println!("{}", validation_line("test", progress.iteration, t));
+            println!(" wrote the timing trace of {} ranks to {}", rt.world_size, path.display());
         }
     }
     Ok(summary)
+}
+
+/// Prints, per pipeline stage, the measured bubble fraction (time not spent in forward or
+/// backward passes over time spent in them, during the pipelined part of each iteration) beside
+/// the schedule's theory, (p-1)/m or (p-1)/(v m).
+#[allow(clippy::too_many_arguments)]
+fn report_bubbles(
+    groups: &Groups,
+    schedule: Schedule,
+    v: usize,
+    m: usize,
+    busy: f64,
+    wall: f64,
+    say: bool,
+    summary: &mut TrainSummary,
+) {
+    let grid = &groups.grid;
+    let measured = if busy > 0.0 { (wall - busy) / busy } else { f64::NAN };
+    let mut all = vec![0f64; 2 * groups.world.size()];
+    groups.world.all_gather(&[grid.pp_rank as f64, measured], &mut all);
+    let p = grid.pp as f64;
+    let theory =
+        if schedule == Schedule::Interleaved { (p - 1.0) / (v as f64 * m as f64) } else { (p - 1.0) / m as f64 };
+    let mut per_stage = vec![0f64; grid.pp];
+    // Stage figures come from tensor- and data-parallel rank 0 of each stage.
+    for r in 0..grid.pp {
+        per_stage[r] = all[2 * grid.rank_of(0, 0, r) + 1];
+    }
+    if say {
+        for (r, b) in per_stage.iter().enumerate() {
+            println!(" pipeline stage {r}: bubble fraction {b:.3} measured, {theory:.3} in theory ({} schedule, p {}, m {m}, v {v})", schedule.name(), grid.pp);
+        }
+    }
+    summary.bubble_fractions = per_stage;
+    summary.bubble_theory = theory;
 }

@@ -51,8 +51,18 @@ pub fn iteration_dir(dir: &Path, iteration: u64) -> PathBuf {
     dir.join(format!("iter_{iteration:07}"))
 }
 
-pub fn shard_path(dir: &Path, iteration: u64, rank: usize) -> PathBuf {
-    iteration_dir(dir, iteration).join(format!("mp_rank_{rank:02}")).join(SHARD_FILE)
+/// Megatron's name for a model-parallel rank's shard directory: `mp_rank_TT` without a pipeline,
+/// `mp_rank_TT_PPP` with one.
+pub fn shard_name(tp_rank: usize, pp_rank: usize, pp_size: usize) -> String {
+    if pp_size > 1 {
+        format!("mp_rank_{tp_rank:02}_{pp_rank:03}")
+    } else {
+        format!("mp_rank_{tp_rank:02}")
+    }
+}
+
+pub fn shard_path(dir: &Path, iteration: u64, name: &str) -> PathBuf {
+    iteration_dir(dir, iteration).join(name).join(SHARD_FILE)
 }
 
 fn encode(shard: &Shard) -> Vec<u8> {
@@ -195,9 +205,10 @@ pub fn begin(dir: &Path, iteration: u64) -> Result<()> {
     fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, "create directory", e))
 }
 
-/// Step 2 (every writing rank): rank `rank`'s shard into the staging directory, fsynced.
-pub fn write_shard(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<()> {
-    let rank_dir = staging_dir(dir, iteration).join(format!("mp_rank_{rank:02}"));
+/// Step 2 (every writing rank): the shard `name` (see `shard_name`) into the staging directory,
+/// fsynced.
+pub fn write_shard(dir: &Path, iteration: u64, name: &str, shard: &Shard) -> Result<()> {
+    let rank_dir = staging_dir(dir, iteration).join(name);
     fs::create_dir_all(&rank_dir).map_err(|e| Error::io(&rank_dir, "create directory", e))?;
     write_synced(&rank_dir.join(SHARD_FILE), &encode(shard))?;
     sync_dir(&rank_dir)
@@ -233,9 +244,9 @@ pub fn commit(dir: &Path, iteration: u64) -> Result<PathBuf> {
 }
 
 /// All three steps for a job with one writer.
-pub fn save(dir: &Path, iteration: u64, rank: usize, shard: &Shard) -> Result<PathBuf> {
+pub fn save(dir: &Path, iteration: u64, name: &str, shard: &Shard) -> Result<PathBuf> {
     begin(dir, iteration)?;
-    write_shard(dir, iteration, rank, shard)?;
+    write_shard(dir, iteration, name, shard)?;
     commit(dir, iteration)
 }
 
@@ -254,10 +265,10 @@ pub fn latest_iteration(dir: &Path) -> Result<u64> {
         .map_err(|_| Error::format(&tracker, format!("expected an iteration number, found '{}'", text.trim())))
 }
 
-/// Reads and verifies rank `rank`'s shard of the latest checkpoint in `dir`.
-pub fn load_latest(dir: &Path, rank: usize) -> Result<(u64, PathBuf, Shard)> {
+/// Reads and verifies the shard `name` of the latest checkpoint in `dir`.
+pub fn load_latest(dir: &Path, name: &str) -> Result<(u64, PathBuf, Shard)> {
     let iteration = latest_iteration(dir)?;
-    let path = shard_path(dir, iteration, rank);
+    let path = shard_path(dir, iteration, name);
     let bytes = fs::read(&path).map_err(|e| Error::io(&path, "read checkpoint shard", e))?;
     let shard = decode(&bytes, &path)?;
     Ok((iteration, path, shard))
@@ -293,10 +304,10 @@ mod tests {
     fn save_replaces_and_tracks_latest() {
         let dir = std::env::temp_dir().join(format!("trident-ckpt-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        save(&dir, 5, 0, &sample()).unwrap();
-        save(&dir, 5, 0, &sample()).unwrap();
-        save(&dir, 9, 0, &sample()).unwrap();
-        let (it, _, shard) = load_latest(&dir, 0).unwrap();
+        save(&dir, 5, "mp_rank_00", &sample()).unwrap();
+        save(&dir, 5, "mp_rank_00", &sample()).unwrap();
+        save(&dir, 9, "mp_rank_00", &sample()).unwrap();
+        let (it, _, shard) = load_latest(&dir, "mp_rank_00").unwrap();
         assert_eq!(it, 9);
         assert_eq!(shard.tensors, sample().tensors);
         let leftovers: Vec<_> = fs::read_dir(&dir)

@@ -83,9 +83,10 @@ pub struct CommCounters {
     pub send: u64,
 }
 
-/// A sum all-reduce of an f32 buffer in flight (data-parallel gradient buckets): `poll` drives
-/// it without blocking, `wait` finishes it and returns the reduced buffer.
-pub trait PendingReduce {
+/// A transfer in flight (a data-parallel bucket's sum all-reduce, a pipeline send): `poll`
+/// drives it without blocking, `wait` finishes it and returns the buffer (reduced, for an
+/// all-reduce).
+pub trait Pending {
     fn poll(&mut self) -> bool;
     fn wait(self: Box<Self>) -> Vec<f32>;
 }
@@ -93,7 +94,7 @@ pub trait PendingReduce {
 /// A reduction that was complete when it started (a group of one).
 pub struct Ready(pub Vec<f32>);
 
-impl PendingReduce for Ready {
+impl Pending for Ready {
     fn poll(&mut self) -> bool {
         true
     }
@@ -121,7 +122,12 @@ pub trait Comm {
     fn barrier(&self);
     fn counters(&self) -> CommCounters;
     /// Starts a sum all-reduce that completes later, so communication overlaps computation.
-    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce>;
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending>;
+    /// Starts sending `buf` to `peer` under `tag`; it never blocks, so a schedule whose receives
+    /// are matched by tag cannot deadlock on its sends.
+    fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending>;
+    /// Receives the message `peer` sent under `tag` into `buf` (exactly its length).
+    fn recv_tagged(&self, buf: &mut [f32], peer: usize, tag: u32);
 }
 
 impl dyn Comm + '_ {
@@ -191,8 +197,14 @@ impl Comm for SelfComm {
     fn counters(&self) -> CommCounters {
         CommCounters::default()
     }
-    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce> {
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending> {
         Box::new(Ready(buf))
+    }
+    fn send_start(&self, _buf: Vec<f32>, _peer: usize, _tag: u32) -> Box<dyn Pending> {
+        unreachable!("a group of one rank has no peer to send to")
+    }
+    fn recv_tagged(&self, _buf: &mut [f32], _peer: usize, _tag: u32) {
+        unreachable!("a group of one rank has no peer to receive from")
     }
 }
 

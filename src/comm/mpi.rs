@@ -3,7 +3,7 @@
 //! poll yields the core between tests, because some MPI builds (Debian's MPICH) busy-wait inside
 //! blocking calls and then cost a scheduler time slice per rank per collective.
 
-use super::{Comm, CommCounters, Dtype, PendingReduce, ReduceOp};
+use super::{Comm, CommCounters, Dtype, Pending, ReduceOp};
 use mpi::ffi;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::AsRaw;
@@ -188,7 +188,8 @@ impl MpiComm {
     }
 }
 
-/// A posted all-reduce. Dropping it waits for completion, so its buffers are never freed early.
+/// A posted all-reduce or send. Dropping it waits for completion, so its buffers are never freed
+/// early.
 pub struct PendingAllReduce {
     #[allow(dead_code)] // kept alive for MPI until completion
     send: Vec<f32>,
@@ -198,7 +199,7 @@ pub struct PendingAllReduce {
     done: bool,
 }
 
-impl PendingReduce for PendingAllReduce {
+impl Pending for PendingAllReduce {
     /// Drives MPI's progress without blocking; true once the reduction finished.
     fn poll(&mut self) -> bool {
         if !self.done {
@@ -368,8 +369,51 @@ impl Comm for MpiComm {
         self.counters.get()
     }
 
-    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn PendingReduce> {
+    fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending> {
         Box::new(self.start_all_reduce(buf))
+    }
+
+    fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
+        self.count_sent(|c| c.send += buf.len() as u64);
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
+        // request completes in `wait` or `drop`.
+        let req = unsafe {
+            ffi::MPI_Isend(
+                buf.as_ptr() as *const c_void,
+                count(buf.len() * 4, Dtype::F32),
+                datatype(Dtype::F32),
+                peer as c_int,
+                tag as c_int,
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            req.assume_init()
+        };
+        Box::new(PendingAllReduce {
+            send: Vec::new(),
+            recv: buf,
+            req,
+            oversubscribed: self.oversubscribed,
+            done: false,
+        })
+    }
+
+    fn recv_tagged(&self, buf: &mut [f32], peer: usize, tag: u32) {
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the buffer outlives the request, which completes before returning.
+        unsafe {
+            ffi::MPI_Irecv(
+                buf.as_mut_ptr() as *mut c_void,
+                count(buf.len() * 4, Dtype::F32),
+                datatype(Dtype::F32),
+                peer as c_int,
+                tag as c_int,
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            complete(&mut req.assume_init(), self.oversubscribed);
+        }
     }
 }
 

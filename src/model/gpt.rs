@@ -346,6 +346,13 @@ impl<D: Device> Gpt<D> {
         }
     }
 
+    /// Drops micro-batch `key`'s activations without a backward (evaluation).
+    pub fn discard(&mut self, key: usize) {
+        if let Some(i) = self.pool.iter().position(|(k, _)| *k == Some(key)) {
+            self.release(i);
+        }
+    }
+
     fn held(&self, key: usize) -> usize {
         self.pool.iter().position(|(k, _)| *k == Some(key)).expect("backward of a micro-batch that ran forward")
     }

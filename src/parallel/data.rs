@@ -3,7 +3,7 @@
 //! gradient in it is final, so communication overlaps the rest of backward. Also the
 //! tensor-parallel sum of the gradients that sequence parallelism leaves partial.
 
-use crate::comm::{Comm, PendingReduce, ReduceOp};
+use crate::comm::{Comm, Pending, ReduceOp};
 use crate::device::Device;
 use crate::tensor::{ParamInfo, ParamSet};
 use std::ops::Range;
@@ -13,7 +13,7 @@ pub const DEFAULT_BUCKET_ELEMENTS: usize = 40_000_000;
 
 struct Bucket {
     params: Range<usize>,
-    pending: Option<Box<dyn PendingReduce>>,
+    pending: Option<Box<dyn Pending>>,
 }
 
 /// The buckets of one model replica and the state of the current iteration's reduction.
@@ -128,13 +128,30 @@ pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &m
     }
 }
 
-/// The global L2 norm of the gradients, each parameter counted once (Megatron's rule): a
-/// tensor-parallel shard on every rank, a replicated parameter on tensor-parallel rank 0 only;
-/// summed over the model-parallel group.
-pub fn global_grad_norm<D: Device>(dev: &D, set: &ParamSet<D>, tp_rank: usize, mp: &dyn Comm) -> f64 {
-    let local: f64 = (0..set.info.len())
-        .filter(|&i| set.info[i].partition.is_some() || tp_rank == 0)
-        .map(|i| dev.sum_squares(&set.grads[i]))
+/// Sums the gradient of the tied word embedding over the embedding group (the first stage's
+/// embedding and the last stage's output-layer copy), so both copies take the same step.
+pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut ParamSet<D>) {
+    if group.size() == 1 {
+        return;
+    }
+    let name = "embedding.word_embeddings.weight";
+    if let Some(i) = set.info.iter().position(|p| p.name == name) {
+        let mut flat = flatten(dev, set, i..i + 1);
+        group.all_reduce(&mut flat, ReduceOp::Sum);
+        unflatten(dev, set, i..i + 1, &flat);
+    }
+}
+
+/// The global L2 norm of the gradients of all `sets` (this rank's model chunks), each parameter
+/// counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated parameter
+/// on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all; summed over
+/// the model-parallel group.
+pub fn global_grad_norm<D: Device>(dev: &D, sets: &[&ParamSet<D>], tp_rank: usize, mp: &dyn Comm) -> f64 {
+    let local: f64 = sets
+        .iter()
+        .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))
+        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0))
+        .map(|(set, i)| dev.sum_squares(&set.grads[i]))
         .sum();
     let mut total = [local];
     mp.all_reduce(&mut total, ReduceOp::Sum);

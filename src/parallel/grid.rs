@@ -77,6 +77,16 @@ impl Grid {
             .collect()
     }
 
+    /// The embedding group: the first and last pipeline stage of this replica, which sum the
+    /// gradients of the tied word embedding; a group of one elsewhere and without a pipeline.
+    pub fn embedding_group(&self) -> Vec<usize> {
+        if self.pp > 1 && (self.pp_rank == 0 || self.pp_rank == self.pp - 1) {
+            vec![self.rank_of(self.tp_rank, self.dp_rank, 0), self.rank_of(self.tp_rank, self.dp_rank, self.pp - 1)]
+        } else {
+            vec![self.rank]
+        }
+    }
+
     /// Short description for logs: `tp 2 x dp 4 x pp 1`.
     pub fn describe(&self) -> String {
         format!("tp {} x dp {} x pp {}", self.tp, self.dp, self.pp)
@@ -91,6 +101,7 @@ pub struct Groups {
     pub dp: Box<dyn Comm>,
     pub pp: Box<dyn Comm>,
     pub mp: Box<dyn Comm>,
+    pub embedding: Box<dyn Comm>,
 }
 
 impl Groups {
@@ -104,6 +115,7 @@ impl Groups {
             mp: rt.group(&grid.mp_group()),
             tp: rt.group(&grid.tp_group()),
             pp: rt.group(&grid.pp_group()),
+            embedding: rt.group(&grid.embedding_group()),
             grid,
         }
     }
@@ -116,6 +128,7 @@ impl Groups {
             dp: Box::new(SelfComm),
             pp: Box::new(SelfComm),
             mp: Box::new(SelfComm),
+            embedding: Box::new(SelfComm),
         }
     }
 }
@@ -135,6 +148,9 @@ mod tests {
         assert_eq!(g(2).pp_group(), vec![2, 6, 10, 14]);
         assert_eq!(g(7).pp_group(), vec![3, 7, 11, 15]);
         assert_eq!(g(6).mp_group(), vec![2, 3, 6, 7, 10, 11, 14, 15]);
+        assert_eq!(g(3).embedding_group(), vec![3, 15]);
+        assert_eq!(g(15).embedding_group(), vec![3, 15]);
+        assert_eq!(g(7).embedding_group(), vec![7]);
         let c = g(11);
         assert_eq!((c.tp_rank, c.dp_rank, c.pp_rank), (1, 1, 2));
         assert_eq!(c.rank_of(1, 1, 2), 11);
