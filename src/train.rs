@@ -6,7 +6,7 @@
 
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::runtime::Runtime;
-use crate::comm::Pending;
+use crate::comm::{Pending, ReduceOp};
 use crate::config::TrainConfig;
 use crate::data::gpt_dataset::{split_ranges, GptDataset};
 use crate::data::indexed::IndexedDataset;
@@ -154,6 +154,8 @@ struct Timeline {
     spans: Vec<Span>,
     busy_secs: f64,
     wall_secs: f64,
+    /// The most micro-batch activation sets held at once in one iteration.
+    peak_live: usize,
 }
 
 impl Timeline {
@@ -280,7 +282,7 @@ impl Pipeline<'_> {
         let mut sends: Vec<Box<dyn Pending>> = Vec::new();
         let mut loss_sum = 0.0;
         let started = tl.now_us();
-        let busy_before = tl.busy_secs;
+        let mut peak_live = 0;
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
             match pass {
                 Pass::Forward { micro, chunk } => {
@@ -299,6 +301,8 @@ impl Pipeline<'_> {
                         seq,
                     );
                     tl.span(SpanKind::Forward, micro, chunk, t0);
+                    // Activation sets the chunks hold right now, counted by the model itself.
+                    peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                     match out {
                         ChunkOutput::Loss(l) => loss_sum += l,
                         ChunkOutput::Hidden(h) => self.send_forward(tl, &mut sends, h, micro, chunk),
@@ -329,7 +333,7 @@ impl Pipeline<'_> {
             s.wait();
         }
         tl.wall_secs += (tl.now_us() - started) * 1e-6;
-        let _ = busy_before;
+        tl.peak_live = tl.peak_live.max(peak_live);
         Ok(loss_sum)
     }
 
@@ -754,6 +758,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         spans: Vec::new(),
         busy_secs: 0.0,
         wall_secs: 0.0,
+        peak_live: 0,
     };
     let seq = cfg.seq_length;
     let tokens_per_iter = (cfg.global_batch_size * seq) as f64;
@@ -774,9 +779,13 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         }
         let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
         let loss_sum = pipe.train_step(&mut chunks, &data.train, cfg, progress.consumed_train, grad_scale, &mut tl)?;
-        if summary.iterations > 0 {
+        if summary.iterations > 0 && grid.pp > 1 {
+            // Every stage's pipeline ends with the slowest one (the optimizer waits for all), so
+            // the bubble is measured against the longest pipelined time in the group.
+            let mut wall = [tl.wall_secs - wall0];
+            groups.pp.all_reduce(&mut wall, ReduceOp::Max);
             bubble_busy += tl.busy_secs - busy0;
-            bubble_wall += tl.wall_secs - wall0;
+            bubble_wall += wall[0];
         }
         let t_opt = tl.now_us();
         for c in chunks.iter_mut() {
@@ -868,7 +877,17 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         }
     }
     if grid.pp > 1 {
-        report_bubbles(&groups, stage.schedule, v, n_micro, bubble_busy, bubble_wall, say, &mut summary);
+        let bound = pipeline::peak_in_flight(&pipeline::passes(stage.schedule, grid.pp, grid.pp_rank, n_micro, v));
+        report_pipeline(
+            &groups,
+            stage.schedule,
+            v,
+            n_micro,
+            (bubble_busy, bubble_wall),
+            (tl.peak_live, bound),
+            say,
+            &mut summary,
+        );
     }
     if let Some(path) = &cfg.timing_trace {
         write_trace(path, &groups, &tl)?;
@@ -880,36 +899,42 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
 }
 
 /// Prints, per pipeline stage, the measured bubble fraction (time not spent in forward or
-/// backward passes over time spent in them, during the pipelined part of each iteration) beside
-/// the schedule's theory, (p-1)/m or (p-1)/(v m).
+/// backward passes over time spent in them, against the longest pipelined time of the iteration)
+/// beside the schedule's theory, (p-1)/m or (p-1)/(v m); and the most micro-batch activations the
+/// stage held at once beside the bound its schedule implies.
 #[allow(clippy::too_many_arguments)]
-fn report_bubbles(
+fn report_pipeline(
     groups: &Groups,
     schedule: Schedule,
     v: usize,
     m: usize,
-    busy: f64,
-    wall: f64,
+    (busy, wall): (f64, f64),
+    (peak, bound): (usize, usize),
     say: bool,
     summary: &mut TrainSummary,
 ) {
     let grid = &groups.grid;
     let measured = if busy > 0.0 { (wall - busy) / busy } else { f64::NAN };
-    let mut all = vec![0f64; 2 * groups.world.size()];
-    groups.world.all_gather(&[grid.pp_rank as f64, measured], &mut all);
+    let mut all = vec![0f64; 3 * groups.world.size()];
+    groups.world.all_gather(&[measured, peak as f64, bound as f64], &mut all);
     let p = grid.pp as f64;
     let theory =
         if schedule == Schedule::Interleaved { (p - 1.0) / (v as f64 * m as f64) } else { (p - 1.0) / m as f64 };
-    let mut per_stage = vec![0f64; grid.pp];
     // Stage figures come from tensor- and data-parallel rank 0 of each stage.
-    for r in 0..grid.pp {
-        per_stage[r] = all[2 * grid.rank_of(0, 0, r) + 1];
-    }
+    let at = |r: usize, k: usize| all[3 * grid.rank_of(0, 0, r) + k];
+    summary.bubble_fractions = (0..grid.pp).map(|r| at(r, 0)).collect();
+    summary.bubble_theory = theory;
     if say {
-        for (r, b) in per_stage.iter().enumerate() {
-            println!(" pipeline stage {r}: bubble fraction {b:.3} measured, {theory:.3} in theory ({} schedule, p {}, m {m}, v {v})", schedule.name(), grid.pp);
+        for r in 0..grid.pp {
+            println!(
+                " pipeline stage {r}: bubble fraction {:.3} measured, {theory:.3} in theory ({}, p {}, m {m}, v {v}) | \
+                 peak {} micro-batch activations held (schedule bound {})",
+                at(r, 0),
+                schedule.name(),
+                grid.pp,
+                at(r, 1),
+                at(r, 2)
+            );
         }
     }
-    summary.bubble_fractions = per_stage;
-    summary.bubble_theory = theory;
 }

@@ -137,6 +137,226 @@ fn every_layout_computes_the_single_rank_run() {
     }
 }
 
+#[test]
+fn pipeline_layouts_compute_the_single_rank_run() {
+    let dir = scratch("pipelines");
+    let data = prepared_corpus(&dir);
+    // An 8-layer model with the tiny preset's recipe, 8 micro-batches of 2 (m >= 2p for p <= 4).
+    let run_args = |json: &str, ckpt: &str| {
+        ["train", "--preset", "tiny", "--num-layers", "8", "--micro-batch-size", "2", "--data-path", &data]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                ["--exit-interval", "10", "--log-interval", "1", "--log-json", json, "--save", ckpt].map(String::from),
+            )
+            .collect::<Vec<String>>()
+    };
+    let (base_json, base_ckpt) = (dir.join("base.jsonl"), dir.join("base"));
+    let args = run_args(base_json.to_str().unwrap(), base_ckpt.to_str().unwrap());
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base_losses = losses(&base_json);
+    let base_weights = full_weights(&base_ckpt);
+    let trace = dir.join("trace.json");
+    let trace_flag = format!("--timing-trace={}", trace.display());
+    let layouts: Vec<(usize, Vec<&str>)> = vec![
+        (2, vec!["--pipeline-model-parallel-size", "2"]),
+        (4, vec!["--pipeline-model-parallel-size", "4"]),
+        (2, vec!["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"]),
+        (2, vec!["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"]),
+        (4, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"]),
+        (4, vec!["--pipeline-model-parallel-size", "2"]),
+        (8, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", &trace_flag]),
+    ];
+    for (i, (ranks, extra)) in layouts.iter().enumerate() {
+        let (json, ckpt) = (dir.join(format!("p{i}.jsonl")), dir.join(format!("p{i}")));
+        let mut args = run_args(json.to_str().unwrap(), ckpt.to_str().unwrap());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let what = format!("{ranks} ranks {extra:?}");
+        assert!(o.status.success(), "{what}: {}", stderr(&o));
+        for (it, (a, b)) in losses(&json).iter().zip(&base_losses).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
+        }
+        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
+            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
+        }
+        // Each stage held exactly as many micro-batch activations as its schedule allows.
+        let text = stdout(&o);
+        let stages: Vec<&str> = text.lines().filter(|l| l.contains("micro-batch activations held")).collect();
+        assert!(!stages.is_empty(), "{what}: no pipeline report in {text}");
+        for line in stages {
+            let held = line.split("peak ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap();
+            let bound = line.split("schedule bound ").nth(1).unwrap().trim_end_matches(')');
+            assert_eq!(held, bound, "{what}: {line}");
+        }
+    }
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let events = chrome_trace_events(&text);
+    let ranks_seen: std::collections::BTreeSet<String> = events.iter().map(|e| e["tid"].clone()).collect();
+    assert_eq!(ranks_seen.len(), 8, "the trace should hold every rank");
+    for kind in ["forward", "backward", "send", "recv", "optimizer"] {
+        assert!(events.iter().any(|e| e.get("cat").map(String::as_str) == Some(kind)), "no {kind} span in the trace");
+    }
+}
+
+/// A small strict JSON reader for the trace: returns the `traceEvents` objects as maps of their
+/// scalar fields (numbers and strings as text), failing on anything that is not JSON.
+fn chrome_trace_events(text: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    #[derive(Debug)]
+    enum J {
+        Obj(Vec<(String, J)>),
+        Arr(Vec<J>),
+        Str(String),
+        Num(String),
+        Lit,
+    }
+    struct P<'a>(&'a [u8], usize);
+    impl P<'_> {
+        fn ws(&mut self) {
+            while self.1 < self.0.len() && self.0[self.1].is_ascii_whitespace() {
+                self.1 += 1;
+            }
+        }
+        fn eat(&mut self, c: u8) {
+            self.ws();
+            assert_eq!(self.0.get(self.1), Some(&c), "expected '{}' at byte {}", c as char, self.1);
+            self.1 += 1;
+        }
+        fn value(&mut self) -> J {
+            self.ws();
+            match self.0[self.1] {
+                b'{' => {
+                    self.1 += 1;
+                    let mut fields = Vec::new();
+                    self.ws();
+                    if self.0[self.1] == b'}' {
+                        self.1 += 1;
+                        return J::Obj(fields);
+                    }
+                    loop {
+                        let J::Str(key) = self.value() else { panic!("object key must be a string") };
+                        self.eat(b':');
+                        fields.push((key, self.value()));
+                        self.ws();
+                        self.1 += 1;
+                        match self.0[self.1 - 1] {
+                            b',' => continue,
+                            b'}' => return J::Obj(fields),
+                            c => panic!("unexpected '{}' in object", c as char),
+                        }
+                    }
+                }
+                b'[' => {
+                    self.1 += 1;
+                    let mut items = Vec::new();
+                    self.ws();
+                    if self.0[self.1] == b']' {
+                        self.1 += 1;
+                        return J::Arr(items);
+                    }
+                    loop {
+                        items.push(self.value());
+                        self.ws();
+                        self.1 += 1;
+                        match self.0[self.1 - 1] {
+                            b',' => continue,
+                            b']' => return J::Arr(items),
+                            c => panic!("unexpected '{}' in array", c as char),
+                        }
+                    }
+                }
+                b'"' => {
+                    self.1 += 1;
+                    let start = self.1;
+                    while self.0[self.1] != b'"' {
+                        assert_ne!(self.0[self.1], b'\\', "escapes are not expected in the trace");
+                        self.1 += 1;
+                    }
+                    self.1 += 1;
+                    J::Str(String::from_utf8(self.0[start..self.1 - 1].to_vec()).unwrap())
+                }
+                b't' | b'f' | b'n' => {
+                    for lit in ["true", "false", "null"] {
+                        if self.0[self.1..].starts_with(lit.as_bytes()) {
+                            self.1 += lit.len();
+                            return J::Lit;
+                        }
+                    }
+                    panic!("bad literal at {}", self.1)
+                }
+                _ => {
+                    let start = self.1;
+                    while self.1 < self.0.len()
+                        && (self.0[self.1].is_ascii_digit() || b"+-.eE".contains(&self.0[self.1]))
+                    {
+                        self.1 += 1;
+                    }
+                    let num = std::str::from_utf8(&self.0[start..self.1]).unwrap();
+                    num.parse::<f64>().unwrap_or_else(|_| panic!("bad number '{num}' at {start}"));
+                    J::Num(num.to_string())
+                }
+            }
+        }
+    }
+    let mut p = P(text.as_bytes(), 0);
+    let J::Obj(top) = p.value() else { panic!("a trace is an object") };
+    p.ws();
+    assert_eq!(p.1, text.len(), "trailing bytes after the trace object");
+    let (_, J::Arr(events)) = top.into_iter().find(|(k, _)| k == "traceEvents").expect("traceEvents") else {
+        panic!("traceEvents must be an array")
+    };
+    let mut out = Vec::new();
+    for e in events {
+        let J::Obj(fields) = e else { panic!("an event is an object") };
+        let map: std::collections::BTreeMap<String, String> = fields
+            .into_iter()
+            .filter_map(|(k, v)| match v {
+                J::Str(s) | J::Num(s) => Some((k, s)),
+                _ => None,
+            })
+            .collect();
+        for key in ["name", "ph", "pid", "tid"] {
+            assert!(map.contains_key(key), "event without {key}: {map:?}");
+        }
+        if map["ph"] == "X" {
+            assert!(map.contains_key("ts") && map.contains_key("dur"), "complete event without ts/dur: {map:?}");
+            out.push(map);
+        }
+    }
+    out
+}
+
+#[test]
+fn impossible_pipelines_fail_once() {
+    let dir = scratch("bad-pipelines");
+    let data = prepared_corpus(&dir);
+    let base = ["train", "--data-path", data.as_str(), "--train-iters", "3"];
+    let case = |ranks: usize, extra: &[&str], needles: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let o = if ranks == 1 { run(&args) } else { mpirun(ranks, &args) };
+        assert_one_error(&o, needles);
+    };
+    case(4, &["--pipeline-model-parallel-size", "4", "--num-layers", "6"], &["do not split evenly", "--num-layers 6"]);
+    case(1, &["--num-layers-per-virtual-pipeline-stage", "2"], &["needs --pipeline-model-parallel-size > 1"]);
+    case(
+        2,
+        &[
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers-per-virtual-pipeline-stage",
+            "1",
+            "--global-batch-size",
+            "6",
+            "--micro-batch-size",
+            "2",
+        ],
+        &["interleaved schedule", "gives 3"],
+    );
+}
+
 /// Asserts that an mpirun job failed, with exactly one trident error line naming `needles`.
 fn assert_one_error(o: &Output, needles: &[&str]) {
     let err = stderr(o);

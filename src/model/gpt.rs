@@ -319,6 +319,11 @@ impl<D: Device> Gpt<D> {
         self.peak_live
     }
 
+    /// Micro-batches whose activations this chunk holds now.
+    pub fn in_flight(&self) -> usize {
+        self.live
+    }
+
     pub fn reset_peak_in_flight(&mut self) {
         self.peak_live = self.live;
     }
