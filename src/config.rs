@@ -11,7 +11,11 @@ use std::path::PathBuf;
 
 /// The flags of `trident train`, with Megatron's names.
 pub const TRAIN_FLAGS: &[FlagSpec] = &[
-    flag("--preset", "NAME", "model and recipe: tiny, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b (default tiny)"),
+    flag(
+        "--preset",
+        "NAME",
+        "model and recipe: tiny, small, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b (default tiny)",
+    ),
     flag("--num-layers", "N", "transformer layers"),
     flag("--hidden-size", "H", "hidden size"),
     flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
@@ -98,6 +102,23 @@ pub const PRESETS: &[Preset] = &[
         seq_length: 128,
         max_position_embeddings: 128,
         micro_batch_size: 16,
+        global_batch_size: 16,
+        train_iters: 1500,
+        lr: 2e-3,
+        min_lr: 1e-4,
+        warmup_iters: 100,
+        eval_interval: 250,
+        eval_iters: 20,
+        log_interval: 50,
+    },
+    Preset {
+        name: "small",
+        num_layers: 8,
+        hidden_size: 128,
+        num_attention_heads: 4,
+        seq_length: 128,
+        max_position_embeddings: 128,
+        micro_batch_size: 2,
         global_batch_size: 16,
         train_iters: 1500,
         lr: 2e-3,

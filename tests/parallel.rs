@@ -141,9 +141,9 @@ fn every_layout_computes_the_single_rank_run() {
 fn pipeline_layouts_compute_the_single_rank_run() {
     let dir = scratch("pipelines");
     let data = prepared_corpus(&dir);
-    // An 8-layer model with the tiny preset's recipe, 8 micro-batches of 2 (m >= 2p for p <= 4).
+    // The 8-layer preset: 8 micro-batches of 2 per global batch (m >= 2p for p <= 4).
     let run_args = |json: &str, ckpt: &str| {
-        ["train", "--preset", "tiny", "--num-layers", "8", "--micro-batch-size", "2", "--data-path", &data]
+        ["train", "--preset", "small", "--data-path", &data]
             .iter()
             .map(|s| s.to_string())
             .chain(
