@@ -1,0 +1,144 @@
+//! Checkpoints survive SIGKILL at any moment: a run that saves every iteration is killed at
+//! pseudo-random points (most land inside a checkpoint write) twenty times; each time `--load`
+//! resumes from the last complete checkpoint without error, and every loss the resumed runs log
+//! equals the uninterrupted run's bit for bit.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// iteration -> the exact text of its logged loss, from a --log-json file (absent file: empty).
+fn losses(path: &Path) -> BTreeMap<u64, String> {
+    let Ok(text) = std::fs::read_to_string(path) else { return BTreeMap::new() };
+    text.lines()
+        .filter(|l| l.ends_with('}')) // a line cut by the kill is not a record
+        .map(|l| {
+            let field = |key: &str| {
+                let start = l.find(&format!("\"{key}\": ")).unwrap() + key.len() + 4;
+                l[start..].split([',', '}']).next().unwrap().trim().to_string()
+            };
+            (field("iteration").parse().unwrap(), field("loss"))
+        })
+        .collect()
+}
+
+const ITERS: &str = "40";
+
+fn flags(data: &str) -> Vec<String> {
+    [
+        "train",
+        "--data-path",
+        data,
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "2",
+        "--seq-length",
+        "64",
+        "--micro-batch-size",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--lr-warmup-iters",
+        "4",
+        "--train-iters",
+        ITERS,
+        "--log-interval",
+        "1",
+        "--eval-iters",
+        "0",
+        "--cpu-threads",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[test]
+fn sigkill_during_checkpoint_writes_never_breaks_resume() {
+    let dir = scratch("sigkill");
+    let data = prepared_corpus(&dir);
+    let base_json = dir.join("base.jsonl");
+    let mut args = flags(&data);
+    args.extend(["--log-json".to_string(), base_json.display().to_string()]);
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base = losses(&base_json);
+    assert_eq!(base.len(), 40);
+
+    let ckpt = dir.join("ckpt");
+    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut kills = 0;
+    let mut round = 0;
+    let mut resumed_kills = 0;
+    while kills < 20 {
+        round += 1;
+        assert!(round < 60, "could not land 20 kills");
+        // Start (or resume) a run that checkpoints every iteration, and kill it after a
+        // pseudo-random delay.
+        let json = dir.join(format!("run{round}.jsonl"));
+        let mut args = flags(&data);
+        args.extend(
+            ["--save", ckpt.to_str().unwrap(), "--save-interval", "1", "--log-json", json.to_str().unwrap()]
+                .map(String::from),
+        );
+        let resuming = ckpt.join("latest_checkpointed_iteration.txt").exists();
+        if resuming {
+            args.extend(["--load".to_string(), ckpt.display().to_string()]);
+        }
+        let mut child = Command::new(BIN).args(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let delay = Duration::from_millis(450 + (rng >> 33) % 500);
+        let started = Instant::now();
+        let finished = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() >= delay {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        match finished {
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                resumed_kills += usize::from(resuming && !losses(&json).is_empty());
+            }
+            Some(status) => {
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+                assert!(status.success(), "round {round}: the run failed: {err}");
+            }
+        }
+        // Whatever the resumed run logged matches the uninterrupted run bit for bit.
+        for (it, loss) in losses(&json) {
+            assert_eq!(Some(&loss), base.get(&it), "round {round}: iteration {it}");
+        }
+        // Start over once a run reached the end, so that kills keep landing mid-run.
+        if finished.is_some() {
+            std::fs::remove_dir_all(&ckpt).unwrap();
+        }
+    }
+    assert!(resumed_kills >= 10, "only {resumed_kills} kills hit a resumed run that was training");
+    // A final resume (if a checkpoint is left) completes the run cleanly.
+    if ckpt.join("latest_checkpointed_iteration.txt").exists() {
+        let json = dir.join("final.jsonl");
+        let mut args = flags(&data);
+        args.extend(["--load", ckpt.to_str().unwrap(), "--log-json", json.to_str().unwrap()].map(String::from));
+        let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "final resume: {}", stderr(&o));
+        for (it, loss) in losses(&json) {
+            assert_eq!(Some(&loss), base.get(&it), "final resume: iteration {it}");
+        }
+    }
+}
