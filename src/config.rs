@@ -59,6 +59,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
     flag("--device", "KIND", "cpu (GPU backends are not built yet)"),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+    flag(
+        "--vocab-size",
+        "V",
+        "vocabulary size before padding (default 257, the byte tokenizer's; larger to continue a GPT-2)",
+    ),
     flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
     flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
@@ -270,7 +275,14 @@ impl TrainConfig {
         if divisible_by == 0 {
             return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
         }
-        let vocab = ByteTokenizer::VOCAB_SIZE;
+        let vocab = args.usize("--vocab-size")?.unwrap_or(ByteTokenizer::VOCAB_SIZE);
+        if vocab < ByteTokenizer::VOCAB_SIZE {
+            return Err(Error::flag(
+                "--vocab-size",
+                vocab,
+                format!("at least {} (the byte tokenizer's ids)", ByteTokenizer::VOCAB_SIZE),
+            ));
+        }
         let model = GptConfig {
             num_layers,
             hidden_size,

@@ -19,6 +19,7 @@ commands:
   prepare    text or JSON-lines files -> a Megatron .bin/.idx token dataset
   train      train a GPT model on a prepared dataset
   generate   sample text from a checkpoint
+  convert    reshard a checkpoint to another TP/PP layout; export to / import from Hugging Face
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), allreduce, allgather,
              reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun)
@@ -42,6 +43,17 @@ const GENERATE_FLAGS: &[FlagSpec] = &[
     flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
     flag("--seed", "SEED", "sampling seed (default 1234)"),
     flag("--cpu-threads", "N", "CPU threads"),
+];
+
+const CONVERT_FLAGS: &[FlagSpec] = &[
+    flag("--load", "DIR", "checkpoint to read (its latest iteration)"),
+    flag("--load-hf", "DIR", "a Hugging Face GPT-2 directory (config.json, model.safetensors) to read instead"),
+    flag("--save", "DIR", "write a checkpoint of the target layout"),
+    flag("--save-hf", "DIR", "write config.json and model.safetensors for Hugging Face transformers"),
+    flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),
+    flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
+    flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),
+    switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
 ];
 
 const BENCH_FLAGS: &[FlagSpec] = &[
@@ -167,6 +179,101 @@ fn cmd_generate(rest: &[String]) -> Result<()> {
         seed: a.u64("--seed")?.unwrap_or(1234),
         cpu_threads: threads(&a)?,
     })
+}
+
+/// `trident convert`: reshard a checkpoint, or move weights to and from Hugging Face's format.
+fn cmd_convert(rest: &[String]) -> Result<()> {
+    use trident::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
+    use trident::checkpoint::safetensors::{export_hf, import_hf};
+    let Some(a) =
+        flags("convert", "reshard a checkpoint, or export / import Hugging Face GPT-2 weights", CONVERT_FLAGS, rest)?
+    else {
+        return Ok(());
+    };
+    let full = match (a.path("--load"), a.path("--load-hf")) {
+        (Some(dir), None) => read_full(&dir)?,
+        (None, Some(dir)) => {
+            let (model, params) = import_hf(&dir)?;
+            let mut meta = std::collections::BTreeMap::new();
+            for (k, v) in [
+                ("format", "trident-checkpoint".to_string()),
+                ("iteration", "0".to_string()),
+                ("consumed_train_samples", "0".to_string()),
+                ("consumed_valid_samples", "0".to_string()),
+                ("adam_step", "0".to_string()),
+                ("seed", "1234".to_string()),
+                ("tokenizer", "ByteTokenizer".to_string()),
+                ("seq_length", model.max_position_embeddings.to_string()),
+                ("imported_from", dir.display().to_string()),
+            ]
+            .into_iter()
+            .chain(trident::train::model_meta(&model))
+            {
+                meta.insert(k.to_string(), v);
+            }
+            let mut tensors = std::collections::BTreeMap::new();
+            for (name, values) in params {
+                tensors.insert(format!("adam_m/{name}"), vec![0.0; values.len()]);
+                tensors.insert(format!("adam_v/{name}"), vec![0.0; values.len()]);
+                tensors.insert(format!("param/{name}"), values);
+            }
+            let layout = Layout {
+                tp: 1,
+                pp: 1,
+                chunks: 1,
+                first_stage_layers: None,
+                last_stage_layers: None,
+                sequence_parallel: false,
+            };
+            FullCheckpoint { iteration: 0, meta, model, layout, tensors }
+        }
+        _ => return Err(Error::Usage("convert needs exactly one of --load DIR or --load-hf DIR".into())),
+    };
+    if a.path("--save").is_none() && a.path("--save-hf").is_none() {
+        return Err(Error::Usage("convert needs --save DIR and/or --save-hf DIR".into()));
+    }
+    if let Some(dir) = a.path("--save-hf") {
+        export_hf(&full, &dir)?;
+        println!("wrote {} and {}", dir.join("config.json").display(), dir.join("model.safetensors").display());
+    }
+    if let Some(dir) = a.path("--save") {
+        let positive = |name: &str, default: usize| -> Result<usize> {
+            match a.usize(name)? {
+                Some(0) => Err(Error::flag(name, 0, "a positive whole number")),
+                other => Ok(other.unwrap_or(default)),
+            }
+        };
+        let (tp, pp) = (positive("--target-tensor-parallel-size", 1)?, positive("--target-pipeline-parallel-size", 1)?);
+        let chunks = match a.usize("--target-num-layers-per-virtual-pipeline-stage")? {
+            None => 1,
+            Some(n) if n > 0 && pp > 1 && full.model.num_layers.is_multiple_of(n * pp) => {
+                full.model.num_layers / (n * pp)
+            }
+            Some(n) => {
+                return Err(Error::Config(format!(
+                    "--target-num-layers-per-virtual-pipeline-stage {n} does not split {} layers over {pp} stages",
+                    full.model.num_layers
+                )))
+            }
+        };
+        let target = Layout {
+            tp,
+            pp,
+            chunks,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            sequence_parallel: a.has("--target-sequence-parallel"),
+        };
+        let written = write_layout(&full, &dir, target)?;
+        println!(
+            "converted iteration {} from tensor-parallel {} x pipeline {} to tensor-parallel {tp} x pipeline {pp}: {}",
+            full.iteration,
+            full.layout.tp,
+            full.layout.pp,
+            written.display()
+        );
+    }
+    Ok(())
 }
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024).
@@ -320,7 +427,8 @@ fn run(args: &[String]) -> Result<()> {
         "generate" => cmd_generate(rest),
         "bench" => cmd_bench(rest),
         "info" => cmd_info(rest),
-        "plan" | "convert" => Err(Error::Unsupported(format!("`trident {command}` is not built yet"))),
+        "convert" => cmd_convert(rest),
+        "plan" => Err(Error::Unsupported(format!("`trident {command}` is not built yet"))),
         "--help" | "-h" | "help" => {
             print!("{USAGE}");
             Ok(())

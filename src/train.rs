@@ -397,7 +397,8 @@ struct Progress {
     consumed_valid: u64,
 }
 
-fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
+/// The model shape as checkpoint metadata.
+pub fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
     vec![
         ("num_layers", m.num_layers.to_string()),
         ("hidden_size", m.hidden_size.to_string()),
@@ -451,6 +452,8 @@ fn save_checkpoint(
         ("pipeline_model_parallel_size", grid.pp.to_string()),
         ("pipeline_model_parallel_rank", grid.pp_rank.to_string()),
         ("virtual_pipeline_chunks", chunks.len().to_string()),
+        ("decoder_first_pipeline_num_layers", cfg.first_stage_layers.map_or("none".into(), |n| n.to_string())),
+        ("decoder_last_pipeline_num_layers", cfg.last_stage_layers.map_or("none".into(), |n| n.to_string())),
         ("data_parallel_size", grid.dp.to_string()),
         ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
     ];

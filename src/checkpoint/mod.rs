@@ -4,6 +4,9 @@
 //! is complete, so a crash at any moment leaves the previous checkpoint intact and the latest one
 //! named. Each file ends with a checksum that is verified on load.
 
+pub mod convert;
+pub mod safetensors;
+
 use crate::error::{Error, Result};
 use crate::rng::fnv1a64;
 use std::collections::BTreeMap;
@@ -179,7 +182,7 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
     Ok(shard)
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(|e| Error::io(path, "create", e))?;
     f.write_all(bytes).map_err(|e| Error::io(path, "write", e))?;
     f.sync_all().map_err(|e| Error::io(path, "fsync", e))

@@ -1,0 +1,169 @@
+//! `trident convert`: reshards a checkpoint to another tensor- and pipeline-parallel layout. Every
+//! shard is read, each parameter and both AdamW moments are reassembled into full tensors (the
+//! partition of every parameter is known from its name and the layout), and the full tensors are
+//! cut again for the target layout and written as a new checkpoint, atomically like any other.
+
+use super::{SavedTensor, Shard};
+use crate::error::{Error, Result};
+use crate::model::{ChunkPlan, GptConfig, ModelParallel};
+use crate::parallel::pipeline::chunk_layers;
+use crate::train::model_from_shard;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The model-parallel layout of a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub tp: usize,
+    pub pp: usize,
+    /// Model chunks per pipeline stage (virtual stages).
+    pub chunks: usize,
+    pub first_stage_layers: Option<usize>,
+    pub last_stage_layers: Option<usize>,
+    pub sequence_parallel: bool,
+}
+
+impl Layout {
+    /// The chunks pipeline stage `pp_rank` holds.
+    pub fn plans(&self, cfg: &GptConfig, pp_rank: usize) -> Result<Vec<ChunkPlan>> {
+        (0..self.chunks)
+            .map(|c| {
+                let layers = chunk_layers(
+                    cfg.num_layers,
+                    self.pp,
+                    self.chunks,
+                    pp_rank,
+                    c,
+                    self.first_stage_layers,
+                    self.last_stage_layers,
+                )?;
+                Ok(ChunkPlan {
+                    layers,
+                    first: pp_rank == 0 && c == 0,
+                    last: pp_rank == self.pp - 1 && c == self.chunks - 1,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A checkpoint with every tensor whole: `prefix/name` (prefix param, adam_m or adam_v) to values.
+pub struct FullCheckpoint {
+    pub iteration: u64,
+    pub meta: BTreeMap<String, String>,
+    pub model: GptConfig,
+    pub layout: Layout,
+    pub tensors: BTreeMap<String, Vec<f32>>,
+}
+
+const PREFIXES: [&str; 3] = ["param", "adam_m", "adam_v"];
+
+fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
+    let count = |key: &str| -> Result<usize> { shard.meta_value(path, key) };
+    let optional = |key: &str| -> Result<Option<usize>> {
+        match shard.meta.get(key).map(String::as_str) {
+            None | Some("none") => Ok(None),
+            Some(_) => shard.meta_value(path, key).map(Some),
+        }
+    };
+    Ok(Layout {
+        tp: count("tensor_model_parallel_size")?,
+        pp: count("pipeline_model_parallel_size")?,
+        chunks: count("virtual_pipeline_chunks").unwrap_or(1),
+        first_stage_layers: optional("decoder_first_pipeline_num_layers")?,
+        last_stage_layers: optional("decoder_last_pipeline_num_layers")?,
+        sequence_parallel: shard.meta_value(path, "sequence_parallel").unwrap_or(false),
+    })
+}
+
+/// Reads every shard of the latest checkpoint in `dir` and reassembles full tensors.
+pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
+    let iteration = super::latest_iteration(dir)?;
+    let iter_dir = super::iteration_dir(dir, iteration);
+    // The first shard names the layout: mp_rank_00 without a pipeline, mp_rank_00_000 with one.
+    let first_name = [super::shard_name(0, 0, 1), super::shard_name(0, 0, 2)]
+        .into_iter()
+        .find(|n| iter_dir.join(n).exists())
+        .ok_or_else(|| Error::format(&iter_dir, "no mp_rank_00 or mp_rank_00_000 shard: not a complete checkpoint"))?;
+    let (_, first_path, first) = super::load_latest(dir, &first_name)?;
+    let model = model_from_shard(&first, &first_path)?;
+    let layout = layout_of(&first, &first_path)?;
+    let mut tensors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    for p in model.parameters(&ModelParallel::single()) {
+        for prefix in PREFIXES {
+            tensors.insert(format!("{prefix}/{}", p.name), vec![f32::NAN; p.numel()]);
+        }
+    }
+    for tp_rank in 0..layout.tp {
+        for pp_rank in 0..layout.pp {
+            let (_, path, shard) = super::load_latest(dir, &super::shard_name(tp_rank, pp_rank, layout.pp))?;
+            let mp = ModelParallel { tp_size: layout.tp, tp_rank, sequence_parallel: layout.sequence_parallel };
+            for (c, plan) in layout.plans(&model, pp_rank)?.iter().enumerate() {
+                for info in model.chunk_parameters(&mp, plan).iter().filter(|i| !i.tied_copy) {
+                    for prefix in PREFIXES {
+                        let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
+                        if t.data.len() != info.numel() {
+                            return Err(Error::format(
+                                &path,
+                                format!("tensor '{}' has {} elements, expected {}", t.name, t.data.len(), info.numel()),
+                            ));
+                        }
+                        let full =
+                            tensors.get_mut(&format!("{prefix}/{}", info.name)).expect("every parameter was listed");
+                        for (local, &v) in t.data.iter().enumerate() {
+                            full[info.global_index(local)] = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some((name, _)) = tensors.iter().find(|(_, v)| v.iter().any(|x| x.is_nan())) {
+        return Err(Error::format(&iter_dir, format!("the shards do not cover all of {name}")));
+    }
+    Ok(FullCheckpoint { iteration, meta: first.meta.clone(), model, layout, tensors })
+}
+
+/// Writes `full` as a checkpoint of layout `target` in `dir`. Returns the iteration directory.
+pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result<PathBuf> {
+    let cfg = &full.model;
+    let mp0 = ModelParallel { tp_size: target.tp, tp_rank: 0, sequence_parallel: target.sequence_parallel };
+    cfg.validate_parallel(&mp0, 0)?;
+    super::begin(dir, full.iteration)?;
+    for tp_rank in 0..target.tp {
+        for pp_rank in 0..target.pp {
+            let mp = ModelParallel { tp_rank, ..mp0 };
+            let mut shard = Shard { meta: full.meta.clone(), tensors: Vec::new() };
+            for (k, v) in [
+                ("tensor_model_parallel_size", target.tp.to_string()),
+                ("tensor_model_parallel_rank", tp_rank.to_string()),
+                ("pipeline_model_parallel_size", target.pp.to_string()),
+                ("pipeline_model_parallel_rank", pp_rank.to_string()),
+                ("virtual_pipeline_chunks", target.chunks.to_string()),
+                (
+                    "decoder_first_pipeline_num_layers",
+                    target.first_stage_layers.map_or("none".into(), |n| n.to_string()),
+                ),
+                ("decoder_last_pipeline_num_layers", target.last_stage_layers.map_or("none".into(), |n| n.to_string())),
+                ("sequence_parallel", target.sequence_parallel.to_string()),
+            ] {
+                shard.meta.insert(k.to_string(), v);
+            }
+            for (c, plan) in target.plans(cfg, pp_rank)?.iter().enumerate() {
+                for info in cfg.chunk_parameters(&mp, plan) {
+                    for prefix in PREFIXES {
+                        let whole = &full.tensors[&format!("{prefix}/{}", info.name)];
+                        let data = (0..info.numel()).map(|local| whole[info.global_index(local)]).collect();
+                        shard.tensors.push(SavedTensor {
+                            name: format!("{prefix}/chunk{c}/{}", info.name),
+                            shape: info.shape.clone(),
+                            data,
+                        });
+                    }
+                }
+            }
+            super::write_shard(dir, full.iteration, &super::shard_name(tp_rank, pp_rank, target.pp), &shard)?;
+        }
+    }
+    super::commit(dir, full.iteration)
+}

@@ -1,0 +1,183 @@
+//! `trident convert`: a checkpoint resharded to other tensor/pipeline layouts continues the
+//! original run's losses; export to Hugging Face safetensors and import back is bit-exact; and bad
+//! inputs (no tracker, a truncated shard or safetensors file, another model shape) fail with one
+//! clear line naming the file.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+use trident::checkpoint::convert::read_full;
+
+fn mpirun(ranks: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
+        .args(args)
+        .output()
+        .expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
+}
+
+fn losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let start = l.find("\"loss\": ").unwrap() + 8;
+            l[start..].split([',', '}']).next().unwrap().trim().parse().unwrap()
+        })
+        .collect()
+}
+
+fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "{}", stderr(&o));
+    o
+}
+
+#[test]
+fn resharded_checkpoints_continue_the_original_run() {
+    let dir = scratch("convert");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    let train = |ranks: usize, layout: &[&str], extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--preset",
+            "small",
+            "--data-path",
+            &data,
+            "--train-iters",
+            "10",
+            "--log-interval",
+            "1",
+            "--eval-iters",
+            "0",
+        ];
+        args.extend_from_slice(layout);
+        args.extend_from_slice(extra);
+        ok(if ranks == 1 { run(&args) } else { mpirun(ranks, &args) })
+    };
+    let tp2pp2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
+    train(4, &tp2pp2, &["--save", &p("orig"), "--exit-interval", "6"]);
+    train(4, &tp2pp2, &["--load", &p("orig"), "--log-json", &p("orig.jsonl")]);
+    let reference = losses(Path::new(&p("orig.jsonl")));
+    assert_eq!(reference.len(), 4);
+
+    ok(run(&["convert", "--load", &p("orig"), "--save", &p("t1")]));
+    ok(run(&["convert", "--load", &p("orig"), "--save", &p("t4"), "--target-tensor-parallel-size", "4"]));
+    let back = ["--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2"];
+    ok(run(&["convert", "--load", &p("t4"), "--save", &p("back"), back[0], back[1], back[2], back[3]]));
+
+    // Back at the original layout, every tensor (weights and both moments) is bit-identical.
+    let (a, b) = (read_full(Path::new(&p("orig"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
+    assert_eq!(a.tensors.len(), b.tensors.len());
+    for (name, values) in &a.tensors {
+        assert!(values.iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} changed");
+    }
+
+    train(1, &[], &["--load", &p("t1"), "--log-json", &p("t1.jsonl")]);
+    train(4, &["--tensor-model-parallel-size", "4"], &["--load", &p("t4"), "--log-json", &p("t4.jsonl")]);
+    train(4, &tp2pp2, &["--load", &p("back"), "--log-json", &p("back.jsonl")]);
+    for name in ["t1.jsonl", "t4.jsonl", "back.jsonl"] {
+        let got = losses(Path::new(&p(name)));
+        assert_eq!(got.len(), reference.len(), "{name}");
+        for (a, b) in got.iter().zip(&reference) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: {a} vs the original layout's {b}");
+        }
+    }
+}
+
+#[test]
+fn hugging_face_export_and_import_round_trip_bit_exactly() {
+    let dir = scratch("hf");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    ok(run(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--data-path",
+        &data,
+        "--train-iters",
+        "3",
+        "--eval-iters",
+        "0",
+        "--save",
+        &p("ckpt"),
+    ]));
+    ok(run(&["convert", "--load", &p("ckpt"), "--save-hf", &p("hf")]));
+    let config = std::fs::read_to_string(dir.join("hf/config.json")).unwrap();
+    assert!(config.contains("\"model_type\": \"gpt2\"") && config.contains("\"n_layer\": 4"), "{config}");
+    ok(run(&["convert", "--load-hf", &p("hf"), "--save", &p("back")]));
+    let (a, b) = (read_full(Path::new(&p("ckpt"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
+    let params: Vec<_> = a.tensors.keys().filter(|k| k.starts_with("param/")).collect();
+    assert_eq!(params.len(), 4 * 12 + 4);
+    for name in params {
+        assert!(
+            a.tensors[name].iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name} changed"
+        );
+    }
+    // The imported weights train further here.
+    ok(run(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--data-path",
+        &data,
+        "--train-iters",
+        "2",
+        "--eval-iters",
+        "0",
+        "--load",
+        &p("back"),
+    ]));
+
+    // A truncated safetensors file names itself.
+    let st = dir.join("hf/model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_error(
+        &run(&["convert", "--load-hf", &p("hf"), "--save", &p("x")]),
+        &["model.safetensors", "truncated"],
+    );
+    // Another model shape: config.json that disagrees with the tensors.
+    std::fs::write(&st, &bytes).unwrap();
+    std::fs::write(dir.join("hf/config.json"), config.replace("\"n_embd\": 128", "\"n_embd\": 64")).unwrap();
+    assert_clean_error(
+        &run(&["convert", "--load-hf", &p("hf"), "--save", &p("x")]),
+        &["model.safetensors", "wte.weight", "shape"],
+    );
+}
+
+#[test]
+fn bad_checkpoints_give_one_clear_error() {
+    let dir = scratch("convert-bad");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    assert_clean_error(
+        &run(&["convert", "--load", &p("empty"), "--save", &p("x")]),
+        &["latest_checkpointed_iteration.txt"],
+    );
+    ok(run(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--data-path",
+        &data,
+        "--train-iters",
+        "2",
+        "--eval-iters",
+        "0",
+        "--save",
+        &p("ckpt"),
+    ]));
+    let shard = dir.join("ckpt/iter_0000002/mp_rank_00/model_optim_rng.bin");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    assert_clean_error(
+        &run(&["convert", "--load", &p("ckpt"), "--save", &p("x")]),
+        &["model_optim_rng.bin", "checksum"],
+    );
+    assert_clean_error(&run(&["convert", "--save", &p("x")]), &["--load"]);
+}
