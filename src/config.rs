@@ -74,6 +74,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
     flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
     flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
+    flag(
+        "--recompute-granularity",
+        "KIND",
+        "full (recompute layers from their inputs) or selective (the attention core)",
+    ),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision (not built yet)"),
     switch("--fp16", "fp16 mixed precision (not built yet)"),
@@ -248,6 +253,7 @@ pub struct TrainConfig {
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
+    pub recompute: crate::model::Recompute,
 }
 
 impl TrainConfig {
@@ -407,6 +413,11 @@ impl TrainConfig {
             first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
+            recompute: args
+                .str("--recompute-granularity")
+                .map(crate::model::Recompute::parse)
+                .transpose()?
+                .unwrap_or_default(),
             sequence_parallel: args.has("--sequence-parallel"),
             ddp_bucket_size,
         })

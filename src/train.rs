@@ -38,6 +38,8 @@ pub struct TrainSummary {
     /// Per pipeline stage: the measured bubble fraction, and the schedule's theory.
     pub bubble_fractions: Vec<f64>,
     pub bubble_theory: f64,
+    /// Bytes of activation buffers this rank holds (all chunks) after the last iteration.
+    pub activation_bytes: usize,
 }
 
 /// The train, validation and test datasets of a run.
@@ -713,7 +715,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         .plans
         .iter()
         .map(|plan| {
-            let model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
+            let mut model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
+            model.set_recompute(cfg.recompute);
             let opt = AdamW::new(&dev, &model.params, cfg.adam);
             let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
             Chunk { model, opt, buckets }
@@ -816,6 +819,14 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         summary.losses.push(loss);
         summary.iterations += 1;
         summary.peak_in_flight = chunks.iter().map(|c| c.model.peak_in_flight()).collect();
+        summary.activation_bytes = chunks.iter().map(|c| c.model.activation_bytes(&dev)).sum();
+        if summary.iterations == 1 && say {
+            println!(
+                " activation memory on rank 0 after the first iteration: {:.1} MiB (recompute: {:?})",
+                summary.activation_bytes as f64 / 1048576.0,
+                cfg.recompute
+            );
+        }
         window_loss += loss;
         window_iters += 1;
         window_secs += started.elapsed().as_secs_f64();

@@ -103,3 +103,28 @@ fn a_corrupted_checkpoint_is_refused() {
     args.extend_from_slice(SMALL);
     assert_clean_error(&run(&args), &["checksum", "model_optim_rng.bin"]);
 }
+
+#[test]
+fn recompute_gives_the_same_losses_with_less_activation_memory() {
+    let dir = scratch("recompute");
+    let data = prepared_corpus(&dir);
+    let mib = |o: &std::process::Output| -> f64 {
+        let text = stdout(o);
+        let line = text.lines().find(|l| l.contains("activation memory")).expect("activation memory line").to_string();
+        line.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+    };
+    let mut runs = Vec::new();
+    for mode in ["none", "selective", "full"] {
+        let json = dir.join(format!("{mode}.jsonl"));
+        let o = train(&data, "5", &["--recompute-granularity", mode, "--log-json", json.to_str().unwrap()]);
+        runs.push((mode, losses(&json), mib(&o)));
+    }
+    let (_, base, base_mib) = &runs[0];
+    for (mode, got, mem) in &runs[1..] {
+        for ((_, a), (_, b)) in got.iter().zip(base) {
+            let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "{mode}: {a} vs {b}");
+        }
+        assert!(mem < base_mib, "{mode}: {mem} MiB of activations, not less than {base_mib} without recompute");
+    }
+}

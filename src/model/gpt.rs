@@ -9,7 +9,7 @@
 //! positions, and all-gather / reduce-scatter replace the all-reduces. A group of one rank makes
 //! every collective a no-op, so the single-rank model is the same code.
 
-use super::{ChunkPlan, GptConfig, ModelParallel};
+use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::ReduceOp;
 use crate::device::{AttentionShape, Device};
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
@@ -103,8 +103,10 @@ struct LayerActs<B> {
     ln1_rstd: B,
     ln1_full: Option<B>,
     qkv: B,
-    attn: B,
-    lse: B,
+    /// The attention output and its log-sum-exp; None under selective recompute, where backward
+    /// recomputes them into the chunk's spare buffers.
+    attn: Option<B>,
+    lse: Option<B>,
     resid_mid: B,
     ln2: B,
     ln2_mean: B,
@@ -159,51 +161,112 @@ fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D::Buf> {
     needed.then(|| dev.alloc(len))
 }
 
+impl Rows {
+    fn new(mp: &ModelParallel, batch: usize, seq: usize) -> Rows {
+        let sp = mp.sequence_parallel && mp.tp_size > 1;
+        let positions = if sp { seq / mp.tp_size } else { seq };
+        let t0 = if sp { mp.tp_rank * positions } else { 0 };
+        Rows { batch, seq, full: batch * seq, local: batch * positions, t0, positions }
+    }
+}
+
+impl<B> LayerActs<B> {
+    /// One layer's saved activations; `with_attention` false leaves out the attention output.
+    fn new<D: Device<Buf = B>>(dev: &D, cfg: &GptConfig, mp: &ModelParallel, rows: Rows, with_attention: bool) -> Self {
+        let sp = mp.sequence_parallel && mp.tp_size > 1;
+        let t = mp.tp_size;
+        let (h, hl, fl) = (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t);
+        let (m, ml) = (rows.full, rows.local);
+        let lse = rows.batch * (cfg.num_attention_heads / t) * rows.seq;
+        LayerActs {
+            ln1: dev.alloc(ml * h),
+            ln1_mean: dev.alloc(ml),
+            ln1_rstd: dev.alloc(ml),
+            ln1_full: alloc_if(dev, sp, m * h),
+            qkv: dev.alloc(m * 3 * hl),
+            attn: alloc_if(dev, with_attention, m * hl),
+            lse: alloc_if(dev, with_attention, lse),
+            resid_mid: dev.alloc(ml * h),
+            ln2: dev.alloc(ml * h),
+            ln2_mean: dev.alloc(ml),
+            ln2_rstd: dev.alloc(ml),
+            ln2_full: alloc_if(dev, sp, m * h),
+            fc1: dev.alloc(m * fl),
+            gelu: dev.alloc(m * fl),
+        }
+    }
+}
+
+impl<B> LayerActs<B> {
+    /// Bytes of the buffers this layer holds (for `--log-memory`).
+    fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
+        let all = [
+            &self.ln1,
+            &self.ln1_mean,
+            &self.ln1_rstd,
+            &self.qkv,
+            &self.resid_mid,
+            &self.ln2,
+            &self.ln2_mean,
+            &self.ln2_rstd,
+            &self.fc1,
+            &self.gelu,
+        ];
+        4 * (all.iter().map(|b| dev.len(b)).sum::<usize>()
+            + opt(&self.ln1_full)
+            + opt(&self.ln2_full)
+            + opt(&self.attn)
+            + opt(&self.lse))
+    }
+}
+
 impl<B> Activations<B> {
+    /// Bytes of the buffers this activation set holds.
+    fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
+        let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
+        let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
+        let head = self.head.as_ref().map_or(0, |h| {
+            4 * (dev.len(&h.lnf) + dev.len(&h.lnf_mean) + dev.len(&h.lnf_rstd) + opt(&h.lnf_full) + dev.len(&h.logits))
+        });
+        let scratch =
+            [&self.tmp_full, &self.d_resid, &self.d_h_full, &self.d_attn, &self.d_qkv, &self.d_ffn, &self.d_ffn2];
+        let scratch = 4
+            * (scratch.iter().map(|b| dev.len(b)).sum::<usize>()
+                + opt(&self.emb_full)
+                + opt(&self.tmp_local)
+                + opt(&self.d_full)
+                + opt(&self.d_h_local));
+        layers + resid + head + scratch
+    }
+}
+
+impl<B> Activations<B> {
+    #[allow(clippy::too_many_arguments)]
     fn new<D: Device<Buf = B>>(
         dev: &D,
         cfg: &GptConfig,
         mp: &ModelParallel,
         plan: &ChunkPlan,
+        recompute: Recompute,
         batch: usize,
         seq: usize,
     ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
         let t = mp.tp_size;
-        let full = batch * seq;
-        let positions = if sp { seq / t } else { seq };
-        let rows = Rows {
-            batch,
-            seq,
-            full,
-            local: batch * positions,
-            t0: if sp { mp.tp_rank * positions } else { 0 },
-            positions,
-        };
+        let rows = Rows::new(mp, batch, seq);
+        let full = rows.full;
         let (h, hl, fl, vl) =
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
         let (m, ml) = (rows.full, rows.local);
-        let lse = batch * (cfg.num_attention_heads / t) * seq;
-        let layers = plan
-            .layers
-            .clone()
-            .map(|_| LayerActs {
-                ln1: dev.alloc(ml * h),
-                ln1_mean: dev.alloc(ml),
-                ln1_rstd: dev.alloc(ml),
-                ln1_full: alloc_if(dev, sp, m * h),
-                qkv: dev.alloc(m * 3 * hl),
-                attn: dev.alloc(m * hl),
-                lse: dev.alloc(lse),
-                resid_mid: dev.alloc(ml * h),
-                ln2: dev.alloc(ml * h),
-                ln2_mean: dev.alloc(ml),
-                ln2_rstd: dev.alloc(ml),
-                ln2_full: alloc_if(dev, sp, m * h),
-                fc1: dev.alloc(m * fl),
-                gelu: dev.alloc(m * fl),
-            })
-            .collect();
+        // Full recompute keeps only each layer's input; selective recompute drops the attention
+        // core's output; both are rebuilt in backward.
+        let layers = match recompute {
+            Recompute::Full => Vec::new(),
+            Recompute::Selective => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, false)).collect(),
+            Recompute::None => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, true)).collect(),
+        };
         let head = plan.last.then(|| HeadActs {
             lnf: dev.alloc(ml * h),
             lnf_mean: dev.alloc(ml),
@@ -267,6 +330,68 @@ fn reduced<'a, D: Device>(
     }
 }
 
+/// The sizes one layer's forward and backward work with.
+#[derive(Clone, Copy)]
+struct Dims {
+    rows: Rows,
+    shape: AttentionShape,
+    h: usize,
+    hl: usize,
+    fl: usize,
+}
+
+/// One transformer block's forward from `x_in`, saving what backward needs into `la` (and the
+/// attention output into `attn_spare` when `la` does not keep it). Writes the block's output to
+/// `x_out` unless it is None (recomputation, where the output is already known).
+#[allow(clippy::too_many_arguments)]
+fn layer_forward<'w, D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    w: &dyn Fn(usize) -> &'w D::Buf,
+    dims: Dims,
+    x_in: &D::Buf,
+    x_out: Option<&mut D::Buf>,
+    la: &mut LayerActs<D::Buf>,
+    attn_spare: Option<(&mut D::Buf, &mut D::Buf)>,
+    tmp_full: &mut D::Buf,
+    tmp_local: &mut Option<D::Buf>,
+) where
+    D::Buf: 'w,
+{
+    let Dims { rows: r, shape, h, hl, fl } = dims;
+    dev.layernorm_forward(&mut la.ln1, &mut la.ln1_mean, &mut la.ln1_rstd, x_in, w(LN1_W), w(LN1_B), r.local, h);
+    let ln1 = gathered(dev, tp, &la.ln1, &mut la.ln1_full);
+    dev.linear_forward(&mut la.qkv, ln1, w(QKV_W), Some(w(QKV_B)), r.full, h, 3 * hl);
+    let (attn, lse) = match (&mut la.attn, &mut la.lse, attn_spare) {
+        (Some(attn), Some(lse), _) => (attn, lse),
+        (_, _, Some(spare)) => spare,
+        _ => unreachable!("a layer without its attention output has a spare"),
+    };
+    dev.attention_forward(attn, lse, &la.qkv, shape);
+    dev.linear_forward(tmp_full, attn, w(PROJ_W), None, r.full, hl, h);
+    let proj = reduced(dev, tp, tmp_full, tmp_local);
+    dev.add(&mut la.resid_mid, x_in, proj);
+    dev.add_bias(&mut la.resid_mid, w(PROJ_B), r.local, h);
+    dev.layernorm_forward(
+        &mut la.ln2,
+        &mut la.ln2_mean,
+        &mut la.ln2_rstd,
+        &la.resid_mid,
+        w(LN2_W),
+        w(LN2_B),
+        r.local,
+        h,
+    );
+    let ln2 = gathered(dev, tp, &la.ln2, &mut la.ln2_full);
+    dev.linear_forward(&mut la.fc1, ln2, w(FC1_W), Some(w(FC1_B)), r.full, h, fl);
+    dev.gelu_forward(&mut la.gelu, &la.fc1);
+    let Some(x_out) = x_out else { return };
+    dev.linear_forward(tmp_full, &la.gelu, w(FC2_W), None, r.full, fl, h);
+    let fc2 = reduced(dev, tp, tmp_full, tmp_local);
+    dev.add(x_out, &la.resid_mid, fc2);
+    dev.add_bias(x_out, w(FC2_B), r.local, h);
+}
+
 fn to_host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
     match dev.host_f32_ref(buf) {
         Some(h) => h.to_vec(),
@@ -292,6 +417,12 @@ pub struct Gpt<D: Device> {
     pool: Vec<(Option<usize>, Activations<D::Buf>)>,
     live: usize,
     peak_live: usize,
+    recompute: Recompute,
+    /// What recomputation rebuilds into, shared by every layer and micro-batch of the chunk, for
+    /// the shape it was made for: one layer's buffers (full), or one attention output and its
+    /// log-sum-exp (selective).
+    spare: Option<(Rows, LayerActs<D::Buf>)>,
+    spare_attention: Option<(Rows, D::Buf, D::Buf)>,
 }
 
 impl<D: Device> Gpt<D> {
@@ -311,12 +442,38 @@ impl<D: Device> Gpt<D> {
     pub fn new_chunk(dev: &D, cfg: GptConfig, mp: ModelParallel, plan: ChunkPlan, seed: u64) -> Gpt<D> {
         let params = ParamSet::new(dev, cfg.chunk_parameters(&mp, &plan), seed);
         let layout = Layout::new(&plan);
-        Gpt { cfg, mp, plan, params, layout, pool: Vec::new(), live: 0, peak_live: 0 }
+        Gpt {
+            cfg,
+            mp,
+            plan,
+            params,
+            layout,
+            pool: Vec::new(),
+            live: 0,
+            peak_live: 0,
+            recompute: Recompute::None,
+            spare: None,
+            spare_attention: None,
+        }
     }
 
     /// The most micro-batches whose activations were held at once since the last reset.
     pub fn peak_in_flight(&self) -> usize {
         self.peak_live
+    }
+
+    /// Chooses activation recomputation; takes effect for activation sets made afterwards.
+    pub fn set_recompute(&mut self, recompute: Recompute) {
+        self.recompute = recompute;
+        self.pool.retain(|(k, _)| k.is_some());
+    }
+
+    /// Bytes of activation buffers allocated now (every held and pooled set, and the spare
+    /// layer), for `--log-memory`.
+    pub fn activation_bytes(&self, dev: &D) -> usize {
+        let sets: usize = self.pool.iter().map(|(_, a)| a.bytes(dev)).sum();
+        sets + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
     }
 
     /// Micro-batches whose activations this chunk holds now.
@@ -341,7 +498,20 @@ impl<D: Device> Gpt<D> {
             self.pool[i].0 = Some(key);
             return i;
         }
-        self.pool.push((Some(key), Activations::new(dev, &self.cfg, &self.mp, &self.plan, batch, seq)));
+        self.pool.push((Some(key), Activations::new(dev, &self.cfg, &self.mp, &self.plan, self.recompute, batch, seq)));
+        let rows = Rows::new(&self.mp, batch, seq);
+        match self.recompute {
+            Recompute::Full if self.spare.as_ref().is_none_or(|(r, _)| *r != rows) => {
+                self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, true)));
+            }
+            Recompute::Selective if self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) => {
+                let t = self.mp.tp_size;
+                let attn = dev.alloc(rows.full * self.cfg.hidden_size / t);
+                let lse = dev.alloc(rows.batch * (self.cfg.num_attention_heads / t) * rows.seq);
+                self.spare_attention = Some((rows, attn, lse));
+            }
+            _ => {}
+        }
         self.pool.len() - 1
     }
 
@@ -411,6 +581,7 @@ impl<D: Device> Gpt<D> {
         let t = self.mp.tp_size;
         let p = &self.params.values;
         let a = &mut self.pool[index].1;
+        let (spare, spare_attention) = (&mut self.spare, &mut self.spare_attention);
         let r = a.rows;
         let (h, hl, fl, vl) =
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
@@ -436,45 +607,20 @@ impl<D: Device> Gpt<D> {
             dev.upload(&mut a.resid[0], hidden.expect("a chunk after the first needs its input"));
         }
 
+        let dims = Dims { rows: r, shape, h, hl, fl };
         for l in 0..lay.num_layers {
             let w = |k| &p[lay.layer(l, k)];
             let (before, after) = a.resid.split_at_mut(l + 1);
             let (x_in, x_out) = (&before[l], &mut after[0]);
-            let la = &mut a.layers[l];
-            dev.layernorm_forward(
-                &mut la.ln1,
-                &mut la.ln1_mean,
-                &mut la.ln1_rstd,
-                x_in,
-                w(LN1_W),
-                w(LN1_B),
-                r.local,
-                h,
-            );
-            let ln1 = gathered(dev, tp, &la.ln1, &mut la.ln1_full);
-            dev.linear_forward(&mut la.qkv, ln1, w(QKV_W), Some(w(QKV_B)), r.full, h, 3 * hl);
-            dev.attention_forward(&mut la.attn, &mut la.lse, &la.qkv, shape);
-            dev.linear_forward(&mut a.tmp_full, &la.attn, w(PROJ_W), None, r.full, hl, h);
-            let proj = reduced(dev, tp, &mut a.tmp_full, &mut a.tmp_local);
-            dev.add(&mut la.resid_mid, x_in, proj);
-            dev.add_bias(&mut la.resid_mid, w(PROJ_B), r.local, h);
-            dev.layernorm_forward(
-                &mut la.ln2,
-                &mut la.ln2_mean,
-                &mut la.ln2_rstd,
-                &la.resid_mid,
-                w(LN2_W),
-                w(LN2_B),
-                r.local,
-                h,
-            );
-            let ln2 = gathered(dev, tp, &la.ln2, &mut la.ln2_full);
-            dev.linear_forward(&mut la.fc1, ln2, w(FC1_W), Some(w(FC1_B)), r.full, h, fl);
-            dev.gelu_forward(&mut la.gelu, &la.fc1);
-            dev.linear_forward(&mut a.tmp_full, &la.gelu, w(FC2_W), None, r.full, fl, h);
-            let fc2 = reduced(dev, tp, &mut a.tmp_full, &mut a.tmp_local);
-            dev.add(x_out, &la.resid_mid, fc2);
-            dev.add_bias(x_out, w(FC2_B), r.local, h);
+            // Full recompute writes every layer into the spare set (only the residual stream is
+            // kept); selective keeps the layer's set but the attention output goes to the spare.
+            let attn_spare = spare_attention.as_mut().map(|(_, a, l)| (a, l));
+            let (la, attn_spare) = match (a.layers.get_mut(l), spare.as_mut()) {
+                (Some(la), _) => (la, attn_spare),
+                (None, Some((_, layer))) => (layer, None),
+                (None, None) => unreachable!("full recompute has a spare layer"),
+            };
+            layer_forward(dev, tp, &w, dims, x_in, Some(x_out), la, attn_spare, &mut a.tmp_full, &mut a.tmp_local);
         }
         if let Some(hd) = a.head.as_mut() {
             let lnf_w = lay.lnf();
@@ -538,6 +684,7 @@ impl<D: Device> Gpt<D> {
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
         let num_params = self.params.info.len();
         let a = &mut self.pool[index].1;
+        let (spare, spare_attention) = (&mut self.spare, &mut self.spare_attention);
         let r = a.rows;
         let shape =
             AttentionShape { batch: r.batch, seq: r.seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
@@ -598,9 +745,28 @@ impl<D: Device> Gpt<D> {
             {
                 let p = &self.params.values;
                 let g = &mut self.params.grads;
-                let la = &a.layers[l];
                 let w = |k| &p[lay.layer(l, k)];
                 let x_in = &a.resid[l];
+                // Rebuild what recomputation dropped: the whole layer from its input (full), or
+                // the attention core from the saved QKV (selective), into the spare set.
+                let (la, attn, lse): (&LayerActs<D::Buf>, &D::Buf, &D::Buf) = match (a.layers.get(l), spare.as_mut()) {
+                    (Some(la), _) if la.attn.is_some() => {
+                        (la, la.attn.as_ref().expect("kept"), la.lse.as_ref().expect("kept"))
+                    }
+                    (Some(la), _) => {
+                        let (_, attn, lse) =
+                            spare_attention.as_mut().expect("selective recompute has a spare attention");
+                        dev.attention_forward(attn, lse, &la.qkv, shape);
+                        (la, &*attn, &*lse)
+                    }
+                    (None, Some((_, sp))) => {
+                        let dims = Dims { rows: r, shape, h, hl, fl };
+                        layer_forward(dev, tp, &w, dims, x_in, None, sp, None, &mut a.tmp_full, &mut a.tmp_local);
+                        let sp = &*sp;
+                        (sp, sp.attn.as_ref().expect("spare attn"), sp.lse.as_ref().expect("spare lse"))
+                    }
+                    _ => unreachable!("recomputation has a spare layer"),
+                };
                 // MLP: d_resid holds the gradient of the block's output (this rank's rows).
                 let d_out = gathered(dev, tp, &a.d_resid, &mut a.d_full);
                 {
@@ -633,9 +799,9 @@ impl<D: Device> Gpt<D> {
                 let d_mid = gathered(dev, tp, &a.d_resid, &mut a.d_full);
                 {
                     let (gw, gb) = pair_mut(g, lay.layer(l, PROJ_W), lay.layer(l, PROJ_B));
-                    dev.linear_backward(Some(&mut a.d_attn), gw, Some(gb), d_mid, &la.attn, w(PROJ_W), r.full, hl, h);
+                    dev.linear_backward(Some(&mut a.d_attn), gw, Some(gb), d_mid, attn, w(PROJ_W), r.full, hl, h);
                 }
-                dev.attention_backward(&mut a.d_qkv, &a.d_attn, &la.qkv, &la.attn, &la.lse, shape);
+                dev.attention_backward(&mut a.d_qkv, &a.d_attn, &la.qkv, attn, lse, shape);
                 {
                     let ln1 = la.ln1_full.as_ref().unwrap_or(&la.ln1);
                     let (gw, gb) = pair_mut(g, lay.layer(l, QKV_W), lay.layer(l, QKV_B));

@@ -23,6 +23,27 @@ impl ModelParallel {
     }
 }
 
+/// Activation recomputation (`--recompute-granularity`): keep every activation for backward, or
+/// recompute the attention core (selective), or whole layers from their inputs (full).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    #[default]
+    None,
+    Selective,
+    Full,
+}
+
+impl Recompute {
+    pub fn parse(s: &str) -> Result<Recompute> {
+        match s {
+            "full" => Ok(Recompute::Full),
+            "selective" => Ok(Recompute::Selective),
+            "none" => Ok(Recompute::None),
+            _ => Err(Error::flag("--recompute-granularity", format!("'{s}'"), "full or selective")),
+        }
+    }
+}
+
 /// Which part of the model one chunk (a pipeline stage, or one virtual stage of it) holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkPlan {
