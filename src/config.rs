@@ -74,6 +74,8 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
     flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
     flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
+    switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
+    switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     flag(
         "--recompute-granularity",
         "KIND",
@@ -254,6 +256,8 @@ pub struct TrainConfig {
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
     pub recompute: crate::model::Recompute,
+    pub use_distributed_optimizer: bool,
+    pub log_memory: bool,
 }
 
 impl TrainConfig {
@@ -413,6 +417,8 @@ impl TrainConfig {
             first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
+            use_distributed_optimizer: args.has("--use-distributed-optimizer"),
+            log_memory: args.has("--log-memory"),
             recompute: args
                 .str("--recompute-granularity")
                 .map(crate::model::Recompute::parse)

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
 use crate::model::gpt::ChunkOutput;
 use crate::model::{ChunkPlan, Gpt, GptConfig, ModelParallel};
+use crate::optim::distributed::{self, DistributedAdamW};
 use crate::optim::{clip_coefficient, AdamW};
 use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
 use crate::parallel::grid::{Grid, Groups};
@@ -40,6 +41,8 @@ pub struct TrainSummary {
     pub bubble_theory: f64,
     /// Bytes of activation buffers this rank holds (all chunks) after the last iteration.
     pub activation_bytes: usize,
+    /// Bytes of AdamW state (both moments) this rank holds.
+    pub optimizer_state_bytes: usize,
 }
 
 /// The train, validation and test datasets of a run.
@@ -107,8 +110,29 @@ fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
 /// One model chunk of this rank with its optimizer state and data-parallel buckets.
 struct Chunk {
     model: Gpt<CpuDevice>,
-    opt: AdamW<CpuDevice>,
+    opt: Optimizer,
     buckets: GradBuckets,
+}
+
+/// AdamW with the full state on every data-parallel rank, or sharded over them (ZeRO-1).
+enum Optimizer {
+    Replicated(AdamW<CpuDevice>),
+    Distributed(DistributedAdamW<CpuDevice>),
+}
+
+impl Optimizer {
+    fn step_count(&self) -> u64 {
+        match self {
+            Optimizer::Replicated(o) => o.step,
+            Optimizer::Distributed(o) => o.step,
+        }
+    }
+    fn state_bytes(&self, dev: &CpuDevice) -> usize {
+        match self {
+            Optimizer::Replicated(o) => o.m.iter().chain(&o.v).map(|b| 4 * dev.len(b)).sum(),
+            Optimizer::Distributed(o) => o.state_bytes(dev),
+        }
+    }
 }
 
 /// A span of the timing trace: what ran, for which (micro-batch, chunk), from when, how long.
@@ -189,6 +213,7 @@ struct Pipeline<'a> {
     chunks: usize,
     micro: usize,
     hidden_len: usize,
+    zero: bool,
 }
 
 impl Pipeline<'_> {
@@ -313,8 +338,9 @@ impl Pipeline<'_> {
                 Pass::Backward { micro, chunk } => {
                     let vs = self.virtual_stage(chunk);
                     let d_out = (vs < self.last_virtual()).then(|| self.recv_backward(tl, micro, chunk));
-                    // Data-parallel buckets start reducing during each chunk's last backward.
-                    let last = micro + 1 == self.micro && grid.dp > 1;
+                    // Data-parallel buckets start reducing during each chunk's last backward (the
+                    // distributed optimizer reduce-scatters once backward is done instead).
+                    let last = micro + 1 == self.micro && grid.dp > 1 && !self.zero;
                     let Chunk { model, buckets, .. } = &mut chunks[chunk];
                     let (dev, dp) = (self.dev, &*self.groups.dp);
                     let mut ready = |set: &crate::tensor::ParamSet<CpuDevice>, params: std::ops::Range<usize>| {
@@ -444,7 +470,7 @@ fn save_checkpoint(
         ("iteration", progress.iteration.to_string()),
         ("consumed_train_samples", progress.consumed_train.to_string()),
         ("consumed_valid_samples", progress.consumed_valid.to_string()),
-        ("adam_step", first.opt.step.to_string()),
+        ("adam_step", first.opt.step_count().to_string()),
         ("seed", cfg.seed.to_string()),
         ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
         ("seq_length", cfg.seq_length.to_string()),
@@ -468,14 +494,23 @@ fn save_checkpoint(
         host
     };
     for (c, chunk) in chunks.iter().enumerate() {
-        let (model, opt) = (&chunk.model, &chunk.opt);
+        let model = &chunk.model;
+        // Whole moments per parameter (gathered from the data-parallel shards under ZeRO-1), so
+        // a checkpoint does not depend on the optimizer's sharding.
+        let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = match &chunk.opt {
+            Optimizer::Replicated(o) => (
+                o.m.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
+                o.v.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
+            ),
+            Optimizer::Distributed(z) => z.gather_state(dev, &*groups.dp, &model.params),
+        };
         for (i, info) in model.params.info.iter().enumerate() {
-            let n = info.numel();
-            for (prefix, buf) in [("param", &model.params.values[i]), ("adam_m", &opt.m[i]), ("adam_v", &opt.v[i])] {
+            let value = download(&model.params.values[i], info.numel());
+            for (prefix, data) in [("param", value), ("adam_m", m[i].clone()), ("adam_v", v[i].clone())] {
                 shard.tensors.push(SavedTensor {
                     name: format!("{prefix}/chunk{c}/{}", info.name),
                     shape: info.shape.clone(),
-                    data: download(buf, n),
+                    data,
                 });
             }
         }
@@ -537,11 +572,10 @@ fn load_checkpoint(dir: &Path, dev: &CpuDevice, grid: &Grid, chunks: &mut [Chunk
     }
     let step: u64 = shard.meta_value(&path, "adam_step")?;
     for (c, chunk) in chunks.iter_mut().enumerate() {
-        let (model, opt) = (&mut chunk.model, &mut chunk.opt);
+        let model = &mut chunk.model;
+        let (mut m, mut v) = (Vec::new(), Vec::new());
         for (i, info) in model.params.info.iter().enumerate() {
-            for (prefix, buf) in
-                [("param", &mut model.params.values[i]), ("adam_m", &mut opt.m[i]), ("adam_v", &mut opt.v[i])]
-            {
+            for prefix in ["param", "adam_m", "adam_v"] {
                 let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
                 if t.shape != info.shape {
                     return Err(Error::format(
@@ -549,10 +583,26 @@ fn load_checkpoint(dir: &Path, dev: &CpuDevice, grid: &Grid, chunks: &mut [Chunk
                         format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
                     ));
                 }
-                dev.upload(buf, &t.data);
+                match prefix {
+                    "param" => dev.upload(&mut model.params.values[i], &t.data),
+                    "adam_m" => m.push(t.data.clone()),
+                    _ => v.push(t.data.clone()),
+                }
             }
         }
-        opt.step = step;
+        match &mut chunk.opt {
+            Optimizer::Replicated(o) => {
+                for i in 0..m.len() {
+                    dev.upload(&mut o.m[i], &m[i]);
+                    dev.upload(&mut o.v[i], &v[i]);
+                }
+                o.step = step;
+            }
+            Optimizer::Distributed(z) => {
+                z.load_state(dev, &m, &v);
+                z.step = step;
+            }
+        }
     }
     let progress = Progress {
         iteration: shard.meta_value(&path, "iteration")?,
@@ -717,7 +767,11 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         .map(|plan| {
             let mut model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
             model.set_recompute(cfg.recompute);
-            let opt = AdamW::new(&dev, &model.params, cfg.adam);
+            let opt = if cfg.use_distributed_optimizer && grid.dp > 1 {
+                Optimizer::Distributed(DistributedAdamW::new(&dev, &model.params, cfg.adam, grid.dp_rank, grid.dp))
+            } else {
+                Optimizer::Replicated(AdamW::new(&dev, &model.params, cfg.adam))
+            };
             let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
             Chunk { model, opt, buckets }
         })
@@ -753,6 +807,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         chunks: v,
         micro: n_micro,
         hidden_len: rows_local * m.hidden_size,
+        zero: cfg.use_distributed_optimizer && grid.dp > 1,
     };
     if (n_micro * v * 2) as u64 >= 1 << 30 {
         return Err(Error::Config(format!("{n_micro} micro-batches x {v} chunks exceed the pipeline's message tags")));
@@ -794,24 +849,50 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             bubble_wall += wall[0];
         }
         let t_opt = tl.now_us();
+        // Finalise gradients: the tied embedding and sequence-parallel sums, and the data-parallel
+        // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
+        let mut shard_grads = Vec::with_capacity(chunks.len());
         for c in chunks.iter_mut() {
-            if grid.dp > 1 {
+            // The buckets' all-reduces were posted during backward from the gradients as they
+            // were then, so they finish before the other sums touch the gradients; the
+            // distributed optimizer's reduce-scatter reads the gradients after those sums.
+            if let (Optimizer::Replicated(_), true) = (&c.opt, grid.dp > 1) {
                 c.buckets.finish(&dev, &*groups.dp, &mut c.model.params);
             }
             reduce_tied_embedding(&dev, &*groups.embedding, &mut c.model.params);
             reduce_sequence_parallel_grads(&dev, &*groups.tp, &mut c.model.params);
+            if let Optimizer::Distributed(z) = &c.opt {
+                shard_grads.push(z.reduce_scatter_grads(&dev, &*groups.dp, &c.model.params));
+            }
         }
         let loss = groups.dp.sum_f64(groups.pp.sum_f64(loss_sum)) / tokens_per_iter;
-        let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
-        let grad_norm = global_grad_norm(&dev, &sets, grid.tp_rank, &*groups.mp);
+        let grad_norm = if pipe.zero {
+            let local: f64 = chunks
+                .iter()
+                .zip(&shard_grads)
+                .map(|(c, g)| match &c.opt {
+                    Optimizer::Distributed(z) => z.sum_squares(g, &c.model.params, grid.tp_rank),
+                    Optimizer::Replicated(_) => unreachable!("every chunk shards its state under ZeRO-1"),
+                })
+                .sum();
+            distributed::global_norm(local, &*groups.world)
+        } else {
+            let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
+            global_grad_norm(&dev, &sets, grid.tp_rank, &*groups.mp)
+        };
         if !loss.is_finite() || !grad_norm.is_finite() {
             return Err(Error::Config(format!(
                 "iteration {iteration}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data"
             )));
         }
         let coef = clip_coefficient(grad_norm, cfg.clip_grad);
-        for c in chunks.iter_mut() {
-            c.opt.step(&dev, &mut c.model.params, lr as f32, coef);
+        for (i, c) in chunks.iter_mut().enumerate() {
+            match &mut c.opt {
+                Optimizer::Replicated(o) => o.step(&dev, &mut c.model.params, lr as f32, coef),
+                Optimizer::Distributed(z) => {
+                    z.step(&dev, &*groups.dp, &mut c.model.params, &shard_grads[i], lr as f32, coef)
+                }
+            }
         }
         tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         progress.iteration = iteration;
@@ -820,6 +901,11 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         summary.iterations += 1;
         summary.peak_in_flight = chunks.iter().map(|c| c.model.peak_in_flight()).collect();
         summary.activation_bytes = chunks.iter().map(|c| c.model.activation_bytes(&dev)).sum();
+        summary.optimizer_state_bytes = chunks.iter().map(|c| c.opt.state_bytes(&dev)).sum();
+        if summary.iterations == 1 && cfg.log_memory {
+            let bound = pipeline::peak_in_flight(&pipeline::passes(stage.schedule, grid.pp, grid.pp_rank, n_micro, v));
+            log_memory(&dev, &groups, &chunks, cfg, bound, say);
+        }
         if summary.iterations == 1 && say {
             println!(
                 " activation memory on rank 0 after the first iteration: {:.1} MiB (recompute: {:?})",
@@ -910,6 +996,56 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         }
     }
     Ok(summary)
+}
+
+/// The process's peak resident memory (VmHWM), in bytes, where /proc reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// `--log-memory`: per rank, bytes of weights, gradients, optimizer state and activations,
+/// predicted (from parameter counts, the data-parallel sharding and the schedule's in-flight
+/// bound) beside measured (the buffers held, and the process's peak resident memory).
+fn log_memory(dev: &CpuDevice, groups: &Groups, chunks: &[Chunk], cfg: &TrainConfig, bound: usize, say: bool) {
+    let grid = &groups.grid;
+    let params: usize = chunks.iter().map(|c| c.model.params.num_elements()).sum();
+    let zero = cfg.use_distributed_optimizer && grid.dp > 1;
+    let predicted_state = if zero {
+        chunks.iter().map(|c| 8 * c.model.params.num_elements().div_ceil(grid.dp)).sum::<usize>()
+    } else {
+        8 * params
+    };
+    let predicted_acts: usize = chunks.iter().map(|c| c.model.set_bytes(dev) * bound + c.model.spare_bytes(dev)).sum();
+    let measured_state: usize = chunks.iter().map(|c| c.opt.state_bytes(dev)).sum();
+    let measured_acts: usize = chunks.iter().map(|c| c.model.activation_bytes(dev)).sum();
+    let rss = peak_rss_bytes().unwrap_or(0);
+    let mine = [
+        4.0 * params as f64,
+        predicted_state as f64,
+        measured_state as f64,
+        predicted_acts as f64,
+        measured_acts as f64,
+        rss as f64,
+    ];
+    let mut all = vec![0f64; mine.len() * groups.world.size()];
+    groups.world.all_gather(&mine, &mut all);
+    if say {
+        let mib = |b: f64| b / 1048576.0;
+        println!(" memory per rank (MiB): weights = gradients | optimizer state predicted / measured | activations predicted / measured | peak RSS");
+        for (rank, r) in all.chunks_exact(mine.len()).enumerate() {
+            println!(
+                "   rank {rank:>3}: {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.1}",
+                mib(r[0]),
+                mib(r[1]),
+                mib(r[2]),
+                mib(r[3]),
+                mib(r[4]),
+                mib(r[5])
+            );
+        }
+    }
 }
 
 /// Prints, per pipeline stage, the measured bubble fraction (time not spent in forward or

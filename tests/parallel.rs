@@ -357,6 +357,50 @@ fn impossible_pipelines_fail_once() {
     );
 }
 
+#[test]
+fn the_distributed_optimizer_matches_plain_data_parallelism_with_a_quarter_of_the_state() {
+    let dir = scratch("zero");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    let args = |json: String, extra: &[&str]| {
+        let mut a: Vec<String> =
+            ["train", "--preset", "tiny", "--data-path", &data, "--exit-interval", "10", "--log-interval", "1"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+        a.extend(["--log-memory".to_string(), "--log-json".to_string(), json]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run4 = |a: Vec<String>| {
+        let o = mpirun(4, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    // Measured optimizer state of rank 0, in MiB, from the --log-memory table.
+    let state = |text: &str| -> f64 {
+        let row = text.lines().find(|l| l.trim_start().starts_with("rank   0:")).expect("memory table");
+        row.split('|').nth(1).unwrap().split('/').nth(1).unwrap().trim().parse().unwrap()
+    };
+    let plain = run4(args(p("plain.jsonl"), &[]));
+    let zero =
+        run4(args(p("zero.jsonl"), &["--use-distributed-optimizer", "--save", &p("ckpt"), "--save-interval", "5"]));
+    let (a, b) = (losses(Path::new(&p("plain.jsonl"))), losses(Path::new(&p("zero.jsonl"))));
+    assert_eq!(a.len(), 10);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "ZeRO-1 loss {y} vs plain {x}");
+    }
+    let (s_plain, s_zero) = (state(&plain), state(&zero));
+    assert!((s_zero * 4.0 - s_plain).abs() <= 0.05, "ZeRO-1 state {s_zero} MiB is not a quarter of {s_plain} MiB");
+    // Its checkpoint (moments gathered whole) resumes without the distributed optimizer.
+    std::fs::write(dir.join("ckpt/latest_checkpointed_iteration.txt"), "5\n").unwrap();
+    run4(args(p("resumed.jsonl"), &["--load", &p("ckpt")]));
+    let c = losses(Path::new(&p("resumed.jsonl")));
+    for (x, y) in a[5..].iter().zip(&c) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "resumed loss {y} vs plain {x}");
+    }
+}
+
 /// Asserts that an mpirun job failed, with exactly one trident error line naming `needles`.
 fn assert_one_error(o: &Output, needles: &[&str]) {
     let err = stderr(o);

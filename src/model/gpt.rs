@@ -476,6 +476,17 @@ impl<D: Device> Gpt<D> {
             + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
     }
 
+    /// Bytes of one micro-batch's activation set (0 before the first forward).
+    pub fn set_bytes(&self, dev: &D) -> usize {
+        self.pool.first().map_or(0, |(_, a)| a.bytes(dev))
+    }
+
+    /// Bytes of the spare buffers recomputation rebuilds into.
+    pub fn spare_bytes(&self, dev: &D) -> usize {
+        self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+    }
+
     /// Micro-batches whose activations this chunk holds now.
     pub fn in_flight(&self) -> usize {
         self.live

@@ -1,6 +1,7 @@
 //! The optimizer side of a training step: AdamW state per parameter, the global gradient norm and
 //! clipping, and (in `lr.rs`) the learning-rate schedule.
 
+pub mod distributed;
 pub mod lr;
 
 use crate::device::{AdamWStep, Device};

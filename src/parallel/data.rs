@@ -23,7 +23,7 @@ pub struct GradBuckets {
 }
 
 /// Copies the gradients of `params` into one flat host vector.
-fn flatten<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>) -> Vec<f32> {
+pub(crate) fn flatten<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>) -> Vec<f32> {
     let total: usize = params.clone().map(|i| set.info[i].numel()).sum();
     let mut flat = Vec::with_capacity(total);
     for i in params {
@@ -40,7 +40,7 @@ fn flatten<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>) -> Vec<f
 }
 
 /// Writes a flat vector made by `flatten` back into the gradients.
-fn unflatten<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range<usize>, flat: &[f32]) {
+pub(crate) fn unflatten<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range<usize>, flat: &[f32]) {
     let mut offset = 0;
     for i in params {
         let n = set.info[i].numel();

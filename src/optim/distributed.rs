@@ -1,0 +1,194 @@
+//! The distributed optimizer (ZeRO-1, `--use-distributed-optimizer`): a chunk's parameters are
+//! seen as one flat vector, padded to a multiple of the data-parallel size and cut into equal
+//! contiguous shards; each data-parallel rank keeps the AdamW state of its shard only. Gradients
+//! are reduce-scattered (each rank receives the sum of its shard), the rank updates its shard, and
+//! the updated shards are all-gathered back into every rank's parameters.
+
+use super::AdamWConfig;
+use crate::comm::{Comm, ReduceOp};
+use crate::device::{AdamWStep, Device};
+use crate::parallel::data::flatten;
+use crate::tensor::ParamSet;
+use std::ops::Range;
+
+/// The part of one parameter inside this rank's shard, with its optimizer state.
+struct Segment<B> {
+    param: usize,
+    /// Elements of the parameter.
+    range: Range<usize>,
+    /// Offset of the segment inside the shard.
+    offset: usize,
+    m: B,
+    v: B,
+    /// Staging buffers for the segment's values and gradient on the device.
+    value: B,
+    grad: B,
+}
+
+pub struct DistributedAdamW<D: Device> {
+    pub config: AdamWConfig,
+    pub step: u64,
+    /// This rank's shard of the flat (padded) parameter vector.
+    shard: Range<usize>,
+    padded_len: usize,
+    segments: Vec<Segment<D::Buf>>,
+}
+
+impl<D: Device> DistributedAdamW<D> {
+    pub fn new(
+        dev: &D,
+        params: &ParamSet<D>,
+        config: AdamWConfig,
+        dp_rank: usize,
+        dp_size: usize,
+    ) -> DistributedAdamW<D> {
+        let total: usize = params.info.iter().map(|p| p.numel()).sum();
+        let shard_len = total.div_ceil(dp_size);
+        let shard = dp_rank * shard_len..(dp_rank + 1) * shard_len;
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for (i, p) in params.info.iter().enumerate() {
+            let end = start + p.numel();
+            let (lo, hi) = (start.max(shard.start), end.min(shard.end));
+            if lo < hi {
+                let n = hi - lo;
+                segments.push(Segment {
+                    param: i,
+                    range: lo - start..hi - start,
+                    offset: lo - shard.start,
+                    m: dev.alloc(n),
+                    v: dev.alloc(n),
+                    value: dev.alloc(n),
+                    grad: dev.alloc(n),
+                });
+            }
+            start = end;
+        }
+        DistributedAdamW { config, step: 0, shard, padded_len: shard_len * dp_size, segments }
+    }
+
+    /// Bytes of optimizer state (both moments) this rank holds.
+    pub fn state_bytes(&self, dev: &D) -> usize {
+        self.segments.iter().map(|s| 4 * (dev.len(&s.m) + dev.len(&s.v))).sum()
+    }
+
+    /// Sums the gradients over the data-parallel group, keeping only this rank's shard.
+    pub fn reduce_scatter_grads(&self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> Vec<f32> {
+        let mut flat = flatten(dev, params, 0..params.info.len());
+        flat.resize(self.padded_len, 0.0);
+        let mut shard = vec![0f32; self.shard.len()];
+        dp.reduce_scatter(&flat, &mut shard);
+        shard
+    }
+
+    /// This shard's share of the squared gradient norm, each parameter counted once (Megatron's
+    /// rule: shards on every tensor-parallel rank, replicated parameters on rank 0, the tied copy
+    /// not at all).
+    pub fn sum_squares(&self, shard_grads: &[f32], params: &ParamSet<D>, tp_rank: usize) -> f64 {
+        self.segments
+            .iter()
+            .filter(|s| {
+                let info = &params.info[s.param];
+                !info.tied_copy && (info.partition.is_some() || tp_rank == 0)
+            })
+            .map(|s| {
+                shard_grads[s.offset..s.offset + s.range.len()].iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()
+            })
+            .sum()
+    }
+
+    /// Updates this rank's shard from its summed gradients and all-gathers the parameters.
+    pub fn step(
+        &mut self,
+        dev: &D,
+        dp: &dyn Comm,
+        params: &mut ParamSet<D>,
+        shard_grads: &[f32],
+        lr: f32,
+        grad_scale: f32,
+    ) {
+        self.step += 1;
+        let all = 0..params.info.len();
+        let mut flat = flatten_values(dev, params);
+        flat.resize(self.padded_len, 0.0);
+        let mut updated = flat[self.shard.clone()].to_vec();
+        for s in &mut self.segments {
+            let n = s.range.len();
+            let weight_decay = if params.info[s.param].decayed() { self.config.weight_decay } else { 0.0 };
+            dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
+            dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
+            let step = AdamWStep {
+                lr,
+                beta1: self.config.beta1,
+                beta2: self.config.beta2,
+                eps: self.config.eps,
+                weight_decay,
+                step: self.step,
+                grad_scale,
+            };
+            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step);
+            dev.download(&s.value, &mut updated[s.offset..s.offset + n]);
+        }
+        dp.all_gather(&updated, &mut flat);
+        let total: usize = params.info.iter().map(|p| p.numel()).sum();
+        let mut offset = 0;
+        for i in all {
+            let n = params.info[i].numel();
+            dev.upload(&mut params.values[i], &flat[offset..offset + n]);
+            offset += n;
+        }
+        debug_assert_eq!(offset, total);
+    }
+
+    /// Both moments of every parameter, whole (gathered from every data-parallel rank), for a
+    /// checkpoint that does not depend on the data-parallel size.
+    pub fn gather_state(&self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let mut moments = Vec::new();
+        for which in 0..2 {
+            let mut shard = vec![0f32; self.shard.len()];
+            for s in &self.segments {
+                let buf = if which == 0 { &s.m } else { &s.v };
+                dev.download(buf, &mut shard[s.offset..s.offset + s.range.len()]);
+            }
+            let mut flat = vec![0f32; self.padded_len];
+            dp.all_gather(&shard, &mut flat);
+            let mut per_param = Vec::new();
+            let mut offset = 0;
+            for p in &params.info {
+                per_param.push(flat[offset..offset + p.numel()].to_vec());
+                offset += p.numel();
+            }
+            moments.push(per_param);
+        }
+        let v = moments.pop().expect("two moments");
+        let m = moments.pop().expect("two moments");
+        (m, v)
+    }
+
+    /// Restores this rank's shard of both moments from whole per-parameter tensors.
+    pub fn load_state(&mut self, dev: &D, m: &[Vec<f32>], v: &[Vec<f32>]) {
+        for s in &mut self.segments {
+            dev.upload(&mut s.m, &m[s.param][s.range.clone()]);
+            dev.upload(&mut s.v, &v[s.param][s.range.clone()]);
+        }
+    }
+}
+
+/// The parameter values as one flat host vector.
+fn flatten_values<D: Device>(dev: &D, params: &ParamSet<D>) -> Vec<f32> {
+    let mut flat = Vec::new();
+    for (i, p) in params.info.iter().enumerate() {
+        let start = flat.len();
+        flat.resize(start + p.numel(), 0.0);
+        dev.download(&params.values[i], &mut flat[start..]);
+    }
+    flat
+}
+
+/// The gradient-norm share of this rank, summed over the whole job (data-parallel ranks hold
+/// disjoint shards, tensor and pipeline ranks disjoint parameters).
+pub fn global_norm(local_sum_squares: f64, world: &dyn Comm) -> f64 {
+    let mut total = [local_sum_squares];
+    world.all_reduce(&mut total, ReduceOp::Sum);
+    total[0].sqrt()
+}
