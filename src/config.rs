@@ -82,8 +82,13 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
         "full (recompute layers from their inputs) or selective (the attention core)",
     ),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
-    switch("--bf16", "bf16 mixed precision (not built yet)"),
-    switch("--fp16", "fp16 mixed precision (not built yet)"),
+    switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
+    switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),
+    flag("--initial-loss-scale", "S", "fp16: the first loss scale (default 4294967296 = 2^32)"),
+    flag("--min-loss-scale", "S", "fp16: the smallest loss scale (default 1)"),
+    flag("--loss-scale-window", "N", "fp16: clean steps before the scale doubles (default 1000)"),
+    flag("--hysteresis", "N", "fp16: overflowing steps tolerated before the scale halves (default 2)"),
+    flag("--loss-scale", "S", "a constant loss scale instead of the dynamic one"),
 ];
 
 /// A named model shape and a training recipe that works for it on this hardware class.
@@ -258,6 +263,10 @@ pub struct TrainConfig {
     pub recompute: crate::model::Recompute,
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
+    /// The format weights and activations are held in for compute (`--bf16`, `--fp16`).
+    pub precision: crate::real::Precision,
+    /// fp16's dynamic loss scaler, or a constant scale (`--loss-scale`); None without scaling.
+    pub loss_scaler: Option<crate::optim::scaler::LossScaler>,
 }
 
 impl TrainConfig {
@@ -417,6 +426,24 @@ impl TrainConfig {
             first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
+            precision: if args.has("--bf16") {
+                crate::real::Precision::Bf16
+            } else if args.has("--fp16") {
+                crate::real::Precision::F16
+            } else {
+                crate::real::Precision::F32
+            },
+            loss_scaler: match (args.f64("--loss-scale")?, args.has("--fp16")) {
+                (Some(s), _) if s > 0.0 => Some(crate::optim::scaler::LossScaler::constant(s)),
+                (Some(s), _) => return Err(Error::flag("--loss-scale", s, "a positive number")),
+                (None, true) => Some(crate::optim::scaler::LossScaler::dynamic(
+                    args.f64("--initial-loss-scale")?.unwrap_or(4294967296.0),
+                    args.f64("--min-loss-scale")?.unwrap_or(1.0),
+                    args.u64("--loss-scale-window")?.unwrap_or(1000).max(1),
+                    args.u64("--hysteresis")?.unwrap_or(2).max(1) as u32,
+                )),
+                (None, false) => None,
+            },
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
             log_memory: args.has("--log-memory"),
             recompute: args
@@ -440,10 +467,8 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             }
         }
     }
-    for name in ["--bf16", "--fp16"] {
-        if args.has(name) {
-            return Err(Error::Unsupported(format!("{name}: mixed precision is not built yet; training runs in f32")));
-        }
+    if args.has("--bf16") && args.has("--fp16") {
+        return Err(Error::Usage("--bf16 and --fp16 exclude each other".into()));
     }
     if let Some(d) = args.str("--device") {
         if d != "cpu" {

@@ -21,6 +21,9 @@ pub struct IterationStats {
     pub tflops: f64,
     pub mfu: f64,
     pub val_loss: Option<f64>,
+    /// The loss scale in force (1 without fp16) and the steps skipped for overflow so far.
+    pub loss_scale: f64,
+    pub skipped_iterations: u64,
 }
 
 /// `[2026-11-22 01:02:03]` in UTC, as Megatron stamps its lines.
@@ -60,8 +63,8 @@ pub fn iteration_line(s: &IterationStats) -> String {
     let width = s.train_iters.to_string().len().max(4);
     format!(
         " [{}] iteration {:>width$}/{:>width$} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1} | \
-         learning rate: {} | global batch size: {:>5} | lm loss: {} | grad norm: {:.3} | \
-         tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
+         learning rate: {} | global batch size: {:>5} | lm loss: {} | loss scale: {:.1} | grad norm: {:.3} | \
+         number of skipped iterations: {:>3} | tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
         timestamp(),
         s.iteration,
         s.train_iters,
@@ -70,7 +73,9 @@ pub fn iteration_line(s: &IterationStats) -> String {
         sci(s.lr, 6),
         s.global_batch_size,
         sci(s.loss, 6),
+        s.loss_scale,
         s.grad_norm,
+        s.skipped_iterations,
         s.tokens_per_s,
         s.tflops,
         100.0 * s.mfu,
@@ -99,7 +104,8 @@ fn json_number(x: f64) -> String {
 pub fn json_line(s: &IterationStats) -> String {
     let mut line = format!(
         "{{\"iteration\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, \"ms_per_iter\": {}, \
-         \"tokens_per_s\": {}, \"tflops\": {}, \"mfu\": {}, \"consumed_samples\": {}",
+         \"tokens_per_s\": {}, \"tflops\": {}, \"mfu\": {}, \"consumed_samples\": {}, \"loss_scale\": {}, \
+         \"skipped_iterations\": {}",
         s.iteration,
         json_number(s.loss),
         json_number(s.lr),
@@ -109,6 +115,8 @@ pub fn json_line(s: &IterationStats) -> String {
         json_number(s.tflops),
         json_number(s.mfu),
         s.consumed_samples,
+        json_number(s.loss_scale),
+        s.skipped_iterations,
     );
     if let Some(v) = s.val_loss {
         line.push_str(&format!(", \"val_loss\": {}", json_number(v)));

@@ -137,3 +137,67 @@ mod tests {
         assert_eq!(exp_f32(0.0), 1.0);
     }
 }
+
+/// Floating-point formats a value can be rounded to where it would be stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Precision {
+    /// `x` rounded to the nearest value of this format (ties to even), as an f32. f16 overflows to
+    /// infinity above 65504 and loses precision below 2^-14 as real half-precision does.
+    #[inline(always)]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::F32 => x,
+            Precision::Bf16 => {
+                let bits = x.to_bits();
+                if x.is_nan() {
+                    return x;
+                }
+                let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+                f32::from_bits(rounded)
+            }
+            Precision::F16 => {
+                if !x.is_finite() {
+                    return x;
+                }
+                let a = x.abs();
+                if a >= 65520.0 {
+                    return f32::INFINITY.copysign(x);
+                }
+                // Spacing of f16 values around `a`: 2^(e-10) for normals, 2^-24 below 2^-14.
+                let e = if a < 6.103_515_6e-5 { -14 } else { (a.to_bits() >> 23) as i32 - 127 };
+                let quantum = f32::from_bits(((e - 10 + 127) as u32) << 23);
+                let q = a / quantum;
+                // Ties to even on the quantised value (exact in f32 for these magnitudes).
+                let r = q.round();
+                let r = if (q - q.trunc() - 0.5).abs() == 0.0 && r % 2.0 != 0.0 { r - 1.0 } else { r };
+                (r * quantum).copysign(x)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod precision_tests {
+    use super::Precision;
+
+    #[test]
+    fn rounding_to_bf16_and_f16() {
+        assert_eq!(Precision::Bf16.round(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(Precision::Bf16.round(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert_eq!(Precision::F16.round(1.0 + 1.0 / 4096.0), 1.0);
+        assert_eq!(Precision::F16.round(1.0 + 3.0 / 2048.0), 1.0 + 2.0 / 1024.0);
+        assert_eq!(Precision::F16.round(65504.0), 65504.0);
+        assert_eq!(Precision::F16.round(70000.0), f32::INFINITY);
+        assert_eq!(Precision::F16.round(-1e6), f32::NEG_INFINITY);
+        assert_eq!(Precision::F16.round(2f32.powi(-24)), 2f32.powi(-24));
+        assert_eq!(Precision::F16.round(2f32.powi(-26)), 0.0);
+        assert_eq!(Precision::F32.round(0.1), 0.1);
+    }
+}

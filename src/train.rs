@@ -17,11 +17,13 @@ use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
 use crate::model::gpt::ChunkOutput;
 use crate::model::{ChunkPlan, Gpt, GptConfig, ModelParallel};
 use crate::optim::distributed::{self, DistributedAdamW};
+use crate::optim::scaler::LossScaler;
 use crate::optim::{clip_coefficient, AdamW};
 use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::tensor::TensorParallel;
+use crate::real::Precision;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -423,6 +425,8 @@ struct Progress {
     iteration: u64,
     consumed_train: u64,
     consumed_valid: u64,
+    /// The fp16 loss scaler's state, when there is one.
+    scaler: Option<LossScaler>,
 }
 
 /// The model shape as checkpoint metadata.
@@ -485,6 +489,11 @@ fn save_checkpoint(
         ("data_parallel_size", grid.dp.to_string()),
         ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
     ];
+    if let Some(sc) = progress.scaler {
+        shard.meta.insert("loss_scale".into(), sc.scale.to_string());
+        shard.meta.insert("loss_scale_growth_tracker".into(), sc.growth_tracker.to_string());
+        shard.meta.insert("loss_scale_hysteresis_left".into(), sc.hysteresis_left.to_string());
+    }
     for (k, v) in meta.into_iter().chain(model_meta(&first.model.cfg)) {
         shard.meta.insert(k.to_string(), v);
     }
@@ -541,7 +550,14 @@ fn save_checkpoint(
 }
 
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
-fn load_checkpoint(dir: &Path, dev: &CpuDevice, grid: &Grid, chunks: &mut [Chunk], say: bool) -> Result<Progress> {
+fn load_checkpoint(
+    dir: &Path,
+    dev: &CpuDevice,
+    grid: &Grid,
+    chunks: &mut [Chunk],
+    scaler_config: Option<LossScaler>,
+    say: bool,
+) -> Result<Progress> {
     let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
     let saved = model_from_shard(&shard, &path)?;
     let layout = |key: &str| shard.meta_value::<usize>(&path, key).unwrap_or(1);
@@ -604,11 +620,20 @@ fn load_checkpoint(dir: &Path, dev: &CpuDevice, grid: &Grid, chunks: &mut [Chunk
             }
         }
     }
-    let progress = Progress {
+    let mut progress = Progress {
         iteration: shard.meta_value(&path, "iteration")?,
         consumed_train: shard.meta_value(&path, "consumed_train_samples")?,
         consumed_valid: shard.meta_value(&path, "consumed_valid_samples")?,
+        scaler: scaler_config,
     };
+    if let (Some(sc), true) = (progress.scaler.as_mut(), shard.meta.contains_key("loss_scale")) {
+        sc.scale = shard.meta_value(&path, "loss_scale")?;
+        sc.growth_tracker = shard.meta_value(&path, "loss_scale_growth_tracker")?;
+        sc.hysteresis_left = shard.meta_value(&path, "loss_scale_hysteresis_left")?;
+    }
+    for c in chunks.iter_mut() {
+        c.model.refresh_working_weights(dev);
+    }
     if say {
         println!(" loaded checkpoint {} (iteration {})", path.display(), progress.iteration);
     }
@@ -767,6 +792,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         .map(|plan| {
             let mut model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
             model.set_recompute(cfg.recompute);
+            model.set_precision(&dev, cfg.precision);
             let opt = if cfg.use_distributed_optimizer && grid.dp > 1 {
                 Optimizer::Distributed(DistributedAdamW::new(&dev, &model.params, cfg.adam, grid.dp_rank, grid.dp))
             } else {
@@ -789,9 +815,9 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             data.train.len()
         );
     }
-    let mut progress = Progress::default();
+    let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
     if let Some(dir) = &cfg.load {
-        progress = load_checkpoint(dir, &dev, &grid, &mut chunks, say)?;
+        progress = load_checkpoint(dir, &dev, &grid, &mut chunks, cfg.loss_scaler, say)?;
     }
     let mut json = match (&cfg.log_json, say) {
         (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
@@ -829,6 +855,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let (mut window_loss, mut window_iters, mut window_secs) = (0.0, 0u64, 0.0);
     // The bubble is measured from the second iteration on (the first one warms caches up).
     let (mut bubble_busy, mut bubble_wall) = (0.0, 0.0);
+    let mut skipped_iterations = 0u64;
 
     while progress.iteration < cfg.train_iters {
         let iteration = progress.iteration + 1;
@@ -839,7 +866,15 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             c.model.reset_peak_in_flight();
         }
         let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
-        let loss_sum = pipe.train_step(&mut chunks, &data.train, cfg, progress.consumed_train, grad_scale, &mut tl)?;
+        let scale = progress.scaler.map_or(1.0, |s| s.scale);
+        let loss_sum = pipe.train_step(
+            &mut chunks,
+            &data.train,
+            cfg,
+            progress.consumed_train,
+            grad_scale * scale as f32,
+            &mut tl,
+        )?;
         if summary.iterations > 0 && grid.pp > 1 {
             // Every stage's pipeline ends with the slowest one (the optimizer waits for all), so
             // the bubble is measured against the longest pipelined time in the group.
@@ -858,6 +893,12 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             // distributed optimizer's reduce-scatter reads the gradients after those sums.
             if let (Optimizer::Replicated(_), true) = (&c.opt, grid.dp > 1) {
                 c.buckets.finish(&dev, &*groups.dp, &mut c.model.params);
+            }
+            // fp16 gradients overflow to infinity where real half precision would.
+            if cfg.precision == Precision::F16 {
+                for g in c.model.params.grads.iter_mut() {
+                    dev.round_to(g, Precision::F16);
+                }
             }
             reduce_tied_embedding(&dev, &*groups.embedding, &mut c.model.params);
             reduce_sequence_parallel_grads(&dev, &*groups.tp, &mut c.model.params);
@@ -880,18 +921,36 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
             global_grad_norm(&dev, &sets, grid.tp_rank, &*groups.mp)
         };
-        if !loss.is_finite() || !grad_norm.is_finite() {
+        // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
+        // the scaled gradients overflowed: the step is skipped and the scale backs off.
+        let overflow = progress.scaler.is_some() && !grad_norm.is_finite();
+        let grad_norm = grad_norm / scale;
+        if !loss.is_finite() || (!overflow && !grad_norm.is_finite()) {
             return Err(Error::Config(format!(
                 "iteration {iteration}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data"
             )));
         }
-        let coef = clip_coefficient(grad_norm, cfg.clip_grad);
-        for (i, c) in chunks.iter_mut().enumerate() {
-            match &mut c.opt {
-                Optimizer::Replicated(o) => o.step(&dev, &mut c.model.params, lr as f32, coef),
-                Optimizer::Distributed(z) => {
-                    z.step(&dev, &*groups.dp, &mut c.model.params, &shard_grads[i], lr as f32, coef)
+        if let Some(s) = progress.scaler.as_mut() {
+            s.update(overflow);
+        }
+        if overflow {
+            skipped_iterations += 1;
+            if say {
+                println!(
+                    " iteration {iteration}: gradients overflowed at loss scale {scale}; step skipped, loss scale now {}",
+                    progress.scaler.map_or(1.0, |s| s.scale)
+                );
+            }
+        } else {
+            let coef = clip_coefficient(grad_norm, cfg.clip_grad) / scale as f32;
+            for (i, c) in chunks.iter_mut().enumerate() {
+                match &mut c.opt {
+                    Optimizer::Replicated(o) => o.step(&dev, &mut c.model.params, lr as f32, coef),
+                    Optimizer::Distributed(z) => {
+                        z.step(&dev, &*groups.dp, &mut c.model.params, &shard_grads[i], lr as f32, coef)
+                    }
                 }
+                c.model.refresh_working_weights(&dev);
             }
         }
         tl.span(SpanKind::Optimizer, 0, 0, t_opt);
@@ -945,6 +1004,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                 tflops: flops_per_rank / secs / 1e12,
                 mfu: flops_per_rank / secs / (peak.gflops * 1e9),
                 val_loss,
+                loss_scale: progress.scaler.map_or(1.0, |s| s.scale),
+                skipped_iterations,
             };
             if say {
                 println!("{}", iteration_line(&stats));

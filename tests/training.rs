@@ -128,3 +128,55 @@ fn recompute_gives_the_same_losses_with_less_activation_memory() {
         assert!(mem < base_mib, "{mode}: {mem} MiB of activations, not less than {base_mib} without recompute");
     }
 }
+
+#[test]
+fn bf16_follows_the_f32_curve_within_one_percent() {
+    let dir = scratch("bf16");
+    let data = prepared_corpus(&dir);
+    let runs: Vec<_> = ["", "--bf16"]
+        .iter()
+        .map(|flag| {
+            let json = dir.join(format!("run{}.jsonl", flag.len()));
+            let mut args: Vec<String> = ["train", "--preset", "tiny", "--data-path", &data, "--exit-interval", "200"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.extend(
+                ["--log-interval", "10", "--eval-iters", "0", "--cpu-threads", "1", "--log-json"].map(String::from),
+            );
+            args.push(json.display().to_string());
+            if !flag.is_empty() {
+                args.push(flag.to_string());
+            }
+            (std::thread::spawn(move || run(&args.iter().map(String::as_str).collect::<Vec<_>>())), json)
+        })
+        .collect();
+    let mut curves = Vec::new();
+    for (handle, json) in runs {
+        let o = handle.join().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        curves.push(losses(&json));
+    }
+    assert_eq!(curves[0].len(), 20);
+    for ((it, a), (_, b)) in curves[0].iter().zip(&curves[1]) {
+        let (a, b): (f64, f64) = (a.parse().unwrap(), b.parse().unwrap());
+        assert!((a - b).abs() <= 0.01 * a, "iteration {it}: bf16 loss {b} vs f32 {a}");
+    }
+}
+
+#[test]
+fn fp16_overflow_skips_the_step_and_halves_the_scale() {
+    let dir = scratch("fp16");
+    let data = prepared_corpus(&dir);
+    let json = dir.join("fp16.jsonl");
+    let o = train(&data, "4", &["--fp16", "--hysteresis", "1", "--log-json", json.to_str().unwrap()]);
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "iteration 1: gradients overflowed at loss scale 4294967296; step skipped, loss scale now 2147483648"
+        ),
+        "{text}"
+    );
+    let first = std::fs::read_to_string(&json).unwrap().lines().next().unwrap().to_string();
+    assert!(first.contains("\"skipped_iterations\": 1") && first.contains("\"loss_scale\": 2147483648"), "{first}");
+}

@@ -217,6 +217,10 @@ pub trait Device: Send + Sync {
         grad_scale: f32,
     );
 
+    /// Rounds every element to `precision` where it would be stored (bf16 / fp16 emulation on
+    /// backends that compute in f32).
+    fn round_to(&self, buf: &mut Self::Buf, precision: crate::real::Precision);
+
     /// The buffer as host f32 memory, when the device keeps it there; collectives then work on it
     /// in place. Devices without host-visible f32 buffers return None and are staged through
     /// `download` / `upload`.

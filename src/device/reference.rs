@@ -263,6 +263,16 @@ impl Device for ReferenceDevice {
         }
     }
 
+    fn round_to(&self, buf: &mut Vec<f64>, precision: crate::real::Precision) {
+        // f32 "storage" on the f64 oracle keeps its full precision.
+        if precision == crate::real::Precision::F32 {
+            return;
+        }
+        for x in buf.iter_mut() {
+            *x = precision.round(*x as f32) as f64;
+        }
+    }
+
     fn add_bias(&self, out: &mut Vec<f64>, bias: &Vec<f64>, rows: usize, cols: usize) {
         kernels::add_bias_rows(&mut out[..rows * cols], bias);
     }

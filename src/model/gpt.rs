@@ -13,6 +13,7 @@ use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::ReduceOp;
 use crate::device::{AttentionShape, Device};
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
+use crate::real::Precision;
 use crate::tensor::{pair_mut, ParamSet};
 use std::ops::Range;
 
@@ -338,6 +339,8 @@ struct Dims {
     h: usize,
     hl: usize,
     fl: usize,
+    /// Where activations are rounded to under mixed precision.
+    precision: Precision,
 }
 
 /// One transformer block's forward from `x_in`, saving what backward needs into `la` (and the
@@ -358,16 +361,19 @@ fn layer_forward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    let Dims { rows: r, shape, h, hl, fl } = dims;
+    let Dims { rows: r, shape, h, hl, fl, precision } = dims;
     dev.layernorm_forward(&mut la.ln1, &mut la.ln1_mean, &mut la.ln1_rstd, x_in, w(LN1_W), w(LN1_B), r.local, h);
+    dev.round_to(&mut la.ln1, precision);
     let ln1 = gathered(dev, tp, &la.ln1, &mut la.ln1_full);
     dev.linear_forward(&mut la.qkv, ln1, w(QKV_W), Some(w(QKV_B)), r.full, h, 3 * hl);
+    dev.round_to(&mut la.qkv, precision);
     let (attn, lse) = match (&mut la.attn, &mut la.lse, attn_spare) {
         (Some(attn), Some(lse), _) => (attn, lse),
         (_, _, Some(spare)) => spare,
         _ => unreachable!("a layer without its attention output has a spare"),
     };
     dev.attention_forward(attn, lse, &la.qkv, shape);
+    dev.round_to(attn, precision);
     dev.linear_forward(tmp_full, attn, w(PROJ_W), None, r.full, hl, h);
     let proj = reduced(dev, tp, tmp_full, tmp_local);
     dev.add(&mut la.resid_mid, x_in, proj);
@@ -390,6 +396,7 @@ fn layer_forward<'w, D: Device>(
     let fc2 = reduced(dev, tp, tmp_full, tmp_local);
     dev.add(x_out, &la.resid_mid, fc2);
     dev.add_bias(x_out, w(FC2_B), r.local, h);
+    dev.round_to(x_out, precision);
 }
 
 fn to_host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
@@ -423,6 +430,10 @@ pub struct Gpt<D: Device> {
     /// log-sum-exp (selective).
     spare: Option<(Rows, LayerActs<D::Buf>)>,
     spare_attention: Option<(Rows, D::Buf, D::Buf)>,
+    /// Mixed precision: the format weights and activations are held in for compute, and the
+    /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
+    precision: Precision,
+    working: Option<Vec<D::Buf>>,
 }
 
 impl<D: Device> Gpt<D> {
@@ -454,12 +465,35 @@ impl<D: Device> Gpt<D> {
             recompute: Recompute::None,
             spare: None,
             spare_attention: None,
+            precision: Precision::F32,
+            working: None,
         }
     }
 
     /// The most micro-batches whose activations were held at once since the last reset.
     pub fn peak_in_flight(&self) -> usize {
         self.peak_live
+    }
+
+    /// Chooses the compute precision (bf16 or fp16 mixed precision, or f32) and makes the working
+    /// weights from the masters.
+    pub fn set_precision(&mut self, dev: &D, precision: Precision) {
+        self.precision = precision;
+        self.working =
+            (precision != Precision::F32).then(|| self.params.info.iter().map(|p| dev.alloc(p.numel())).collect());
+        self.refresh_working_weights(dev);
+    }
+
+    /// Rounds the master weights into the working copy (after every optimizer step).
+    pub fn refresh_working_weights(&mut self, dev: &D) {
+        if let Some(working) = self.working.as_mut() {
+            for (w, (m, info)) in working.iter_mut().zip(self.params.values.iter().zip(&self.params.info)) {
+                let mut host = vec![0f32; info.numel()];
+                dev.download(m, &mut host);
+                dev.upload(w, &host);
+                dev.round_to(w, self.precision);
+            }
+        }
     }
 
     /// Chooses activation recomputation; takes effect for activation sets made afterwards.
@@ -588,9 +622,9 @@ impl<D: Device> Gpt<D> {
         assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
         let vocab_start = self.vocab_start();
-        let (cfg, lay) = (&self.cfg, self.layout);
+        let (cfg, lay, precision) = (&self.cfg, self.layout, self.precision);
         let t = self.mp.tp_size;
-        let p = &self.params.values;
+        let p = self.working.as_ref().unwrap_or(&self.params.values);
         let a = &mut self.pool[index].1;
         let (spare, spare_attention) = (&mut self.spare, &mut self.spare_attention);
         let r = a.rows;
@@ -614,11 +648,12 @@ impl<D: Device> Gpt<D> {
                 }
             }
             dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+            dev.round_to(&mut a.resid[0], precision);
         } else {
             dev.upload(&mut a.resid[0], hidden.expect("a chunk after the first needs its input"));
         }
 
-        let dims = Dims { rows: r, shape, h, hl, fl };
+        let dims = Dims { rows: r, shape, h, hl, fl, precision };
         for l in 0..lay.num_layers {
             let w = |k| &p[lay.layer(l, k)];
             let (before, after) = a.resid.split_at_mut(l + 1);
@@ -646,6 +681,7 @@ impl<D: Device> Gpt<D> {
                 r.local,
                 h,
             );
+            dev.round_to(&mut hd.lnf, precision);
             let lnf = gathered(dev, tp, &hd.lnf, &mut hd.lnf_full);
             dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
         }
@@ -689,7 +725,7 @@ impl<D: Device> Gpt<D> {
     ) -> Option<Vec<f32>> {
         let index = self.held(key);
         let vocab_start = self.vocab_start();
-        let (cfg, lay) = (&self.cfg, self.layout);
+        let (cfg, lay, precision) = (&self.cfg, self.layout, self.precision);
         let t = self.mp.tp_size;
         let (h, hl, fl, vl) =
             (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
@@ -713,7 +749,7 @@ impl<D: Device> Gpt<D> {
                 sum_exp,
                 grad_scale,
             );
-            let p = &self.params.values;
+            let p = self.working.as_ref().unwrap_or(&self.params.values);
             let g = &mut self.params.grads;
             let lnf = hd.lnf_full.as_ref().unwrap_or(&hd.lnf);
             dev.linear_backward(
@@ -754,7 +790,7 @@ impl<D: Device> Gpt<D> {
 
         for l in (0..lay.num_layers).rev() {
             {
-                let p = &self.params.values;
+                let p = self.working.as_ref().unwrap_or(&self.params.values);
                 let g = &mut self.params.grads;
                 let w = |k| &p[lay.layer(l, k)];
                 let x_in = &a.resid[l];
@@ -771,7 +807,7 @@ impl<D: Device> Gpt<D> {
                         (la, &*attn, &*lse)
                     }
                     (None, Some((_, sp))) => {
-                        let dims = Dims { rows: r, shape, h, hl, fl };
+                        let dims = Dims { rows: r, shape, h, hl, fl, precision };
                         layer_forward(dev, tp, &w, dims, x_in, None, sp, None, &mut a.tmp_full, &mut a.tmp_local);
                         let sp = &*sp;
                         (sp, sp.attn.as_ref().expect("spare attn"), sp.lse.as_ref().expect("spare lse"))

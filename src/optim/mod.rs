@@ -3,6 +3,7 @@
 
 pub mod distributed;
 pub mod lr;
+pub mod scaler;
 
 use crate::device::{AdamWStep, Device};
 use crate::tensor::ParamSet;

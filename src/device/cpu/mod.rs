@@ -20,7 +20,10 @@ const COLS_PER_TASK: usize = 32;
 
 /// A raw pointer that may cross into pool tasks. Each task derives a disjoint sub-slice from it.
 #[derive(Clone, Copy)]
-struct SharedMut<T>(*mut T);
+struct SharedMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
 // SAFETY: used only to hand disjoint regions of one buffer to different tasks.
 unsafe impl<T> Send for SharedMut<T> {}
 // SAFETY: as above.
@@ -28,17 +31,18 @@ unsafe impl<T> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
     fn new(slice: &mut [T]) -> Self {
-        SharedMut(slice.as_mut_ptr())
+        SharedMut { ptr: slice.as_mut_ptr(), len: slice.len() }
     }
     /// The raw pointer, for kernels that take one (a method, so closures capture `self` whole).
     fn ptr(&self) -> *mut T {
-        self.0
+        self.ptr
     }
     /// # Safety
     /// `start..start+len` must lie inside the original slice and be touched by no other task.
     #[allow(clippy::mut_from_ref)]
     unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
-        std::slice::from_raw_parts_mut(self.0.add(start), len)
+        debug_assert!(start + len <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }
 
@@ -370,6 +374,20 @@ impl Device for CpuDevice {
             // SAFETY: size checked above; task i owns the (b, head) columns it names.
             unsafe {
                 simd::attention_backward_head(d.ptr(), dout, qkv, out, lse, shape, i / shape.heads, i % shape.heads)
+            }
+        });
+    }
+
+    fn round_to(&self, buf: &mut Vec<f32>, precision: crate::real::Precision) {
+        if precision == crate::real::Precision::F32 {
+            return;
+        }
+        let b = SharedMut::new(buf);
+        let len = b.len;
+        self.for_blocks(len, ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            for x in unsafe { b.slice(s, n) } {
+                *x = precision.round(*x);
             }
         });
     }
