@@ -5,25 +5,15 @@
 
 mod common;
 use common::*;
+
+/// iteration -> the exact text of its logged loss.
+fn losses(path: &Path) -> BTreeMap<u64, String> {
+    logged_losses(path).into_iter().collect()
+}
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// iteration -> the exact text of its logged loss, from a --log-json file (absent file: empty).
-fn losses(path: &Path) -> BTreeMap<u64, String> {
-    let Ok(text) = std::fs::read_to_string(path) else { return BTreeMap::new() };
-    text.lines()
-        .filter(|l| l.ends_with('}')) // a line cut by the kill is not a record
-        .map(|l| {
-            let field = |key: &str| {
-                let start = l.find(&format!("\"{key}\": ")).unwrap() + key.len() + 4;
-                l[start..].split([',', '}']).next().unwrap().trim().to_string()
-            };
-            (field("iteration").parse().unwrap(), field("loss"))
-        })
-        .collect()
-}
 
 const ITERS: &str = "40";
 

@@ -6,27 +6,8 @@
 mod common;
 use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use trident::checkpoint::convert::read_full;
-
-fn mpirun(ranks: usize, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
-        .args(args)
-        .output()
-        .expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
-}
-
-fn losses(path: &Path) -> Vec<f64> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let start = l.find("\"loss\": ").unwrap() + 8;
-            l[start..].split([',', '}']).next().unwrap().trim().parse().unwrap()
-        })
-        .collect()
-}
 
 fn ok(o: Output) -> Output {
     assert!(o.status.success(), "{}", stderr(&o));
@@ -59,7 +40,7 @@ fn resharded_checkpoints_continue_the_original_run() {
     let tp2pp2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
     train(4, &tp2pp2, &["--save", &p("orig"), "--exit-interval", "6"]);
     train(4, &tp2pp2, &["--load", &p("orig"), "--log-json", &p("orig.jsonl")]);
-    let reference = losses(Path::new(&p("orig.jsonl")));
+    let reference = loss_values(Path::new(&p("orig.jsonl")));
     assert_eq!(reference.len(), 4);
 
     ok(run(&["convert", "--load", &p("orig"), "--save", &p("t1")]));
@@ -78,7 +59,7 @@ fn resharded_checkpoints_continue_the_original_run() {
     train(4, &["--tensor-model-parallel-size", "4"], &["--load", &p("t4"), "--log-json", &p("t4.jsonl")]);
     train(4, &tp2pp2, &["--load", &p("back"), "--log-json", &p("back.jsonl")]);
     for name in ["t1.jsonl", "t4.jsonl", "back.jsonl"] {
-        let got = losses(Path::new(&p(name)));
+        let got = loss_values(Path::new(&p(name)));
         assert_eq!(got.len(), reference.len(), "{name}");
         for (a, b) in got.iter().zip(&reference) {
             assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: {a} vs the original layout's {b}");

@@ -13,26 +13,6 @@ use trident::model::{ChunkPlan, ModelParallel};
 use trident::parallel::pipeline::chunk_layers;
 use trident::train::model_from_shard;
 
-fn mpirun(ranks: usize, args: &[&str]) -> Output {
-    let out = Command::new("mpirun")
-        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
-        .args(args)
-        .output();
-    out.expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
-}
-
-/// Losses of a --log-json file.
-fn losses(path: &Path) -> Vec<f64> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let start = l.find("\"loss\": ").unwrap() + 8;
-            l[start..].split([',', '}']).next().unwrap().trim().parse().unwrap()
-        })
-        .collect()
-}
-
 /// Every parameter of the latest checkpoint in `dir`, reassembled from its tensor- and
 /// pipeline-parallel shards into full tensors (in the canonical parameter order).
 fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
@@ -97,7 +77,7 @@ fn every_layout_computes_the_single_rank_run() {
     let args = run_args(base_json.to_str().unwrap(), base_ckpt.to_str().unwrap());
     let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "{}", stderr(&o));
-    let base_losses = losses(&base_json);
+    let base_losses = loss_values(&base_json);
     assert_eq!(base_losses.len(), 10);
     let base_weights = full_weights(&base_ckpt);
 
@@ -120,7 +100,7 @@ fn every_layout_computes_the_single_rank_run() {
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
-        let got = losses(&json);
+        let got = loss_values(&json);
         assert_eq!(got.len(), base_losses.len(), "{what}");
         let loss_rel = got.iter().zip(&base_losses).fold(0f64, |m, (a, b)| m.max((a - b).abs() / b.abs()));
         let mut weight_abs = 0f32;
@@ -155,7 +135,7 @@ fn pipeline_layouts_compute_the_single_rank_run() {
     let args = run_args(base_json.to_str().unwrap(), base_ckpt.to_str().unwrap());
     let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "{}", stderr(&o));
-    let base_losses = losses(&base_json);
+    let base_losses = loss_values(&base_json);
     let base_weights = full_weights(&base_ckpt);
     let trace = dir.join("trace.json");
     let trace_flag = format!("--timing-trace={}", trace.display());
@@ -175,7 +155,7 @@ fn pipeline_layouts_compute_the_single_rank_run() {
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
-        for (it, (a, b)) in losses(&json).iter().zip(&base_losses).enumerate() {
+        for (it, (a, b)) in loss_values(&json).iter().zip(&base_losses).enumerate() {
             assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
         }
         for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
@@ -385,7 +365,7 @@ fn the_distributed_optimizer_matches_plain_data_parallelism_with_a_quarter_of_th
     let plain = run4(args(p("plain.jsonl"), &[]));
     let zero =
         run4(args(p("zero.jsonl"), &["--use-distributed-optimizer", "--save", &p("ckpt"), "--save-interval", "5"]));
-    let (a, b) = (losses(Path::new(&p("plain.jsonl"))), losses(Path::new(&p("zero.jsonl"))));
+    let (a, b) = (loss_values(Path::new(&p("plain.jsonl"))), loss_values(Path::new(&p("zero.jsonl"))));
     assert_eq!(a.len(), 10);
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * x.abs(), "ZeRO-1 loss {y} vs plain {x}");
@@ -395,7 +375,7 @@ fn the_distributed_optimizer_matches_plain_data_parallelism_with_a_quarter_of_th
     // Its checkpoint (moments gathered whole) resumes without the distributed optimizer.
     std::fs::write(dir.join("ckpt/latest_checkpointed_iteration.txt"), "5\n").unwrap();
     run4(args(p("resumed.jsonl"), &["--load", &p("ckpt")]));
-    let c = losses(Path::new(&p("resumed.jsonl")));
+    let c = loss_values(Path::new(&p("resumed.jsonl")));
     for (x, y) in a[5..].iter().zip(&c) {
         assert!((x - y).abs() <= 1e-5 * x.abs(), "resumed loss {y} vs plain {x}");
     }

@@ -6,20 +6,6 @@ mod common;
 use common::*;
 use std::path::Path;
 
-/// The "loss" values of a --log-json file, as the exact text written (so equality is bitwise).
-fn losses(path: &Path) -> Vec<(u64, String)> {
-    let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
-        .map(|l| {
-            let field = |key: &str| {
-                let start = l.find(&format!("\"{key}\": ")).unwrap() + key.len() + 4;
-                l[start..].split([',', '}']).next().unwrap().trim().to_string()
-            };
-            (field("iteration").parse().unwrap(), field("loss"))
-        })
-        .collect()
-}
-
 fn train(prefix: &str, iters: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["train", "--data-path", prefix, "--train-iters", iters];
     args.extend_from_slice(SMALL);
@@ -38,7 +24,7 @@ fn same_seed_same_curve_and_resume_is_bit_exact() {
     let (a, b) = (j("a.jsonl"), j("b.jsonl"));
     train(&data, "12", &["--log-json", &a]);
     train(&data, "12", &["--log-json", &b]);
-    let (la, lb) = (losses(Path::new(&a)), losses(Path::new(&b)));
+    let (la, lb) = (logged_losses(Path::new(&a)), logged_losses(Path::new(&b)));
     assert_eq!(la.len(), 12);
     assert_eq!(la, lb, "two identical runs differ");
     assert!(la.windows(2).any(|w| w[0].1 != w[1].1), "loss never changed");
@@ -46,7 +32,7 @@ fn same_seed_same_curve_and_resume_is_bit_exact() {
     // A different seed gives a different curve, so the comparison above can fail.
     let c = j("c.jsonl");
     train(&data, "12", &["--log-json", &c, "--seed", "7"]);
-    assert_ne!(losses(Path::new(&c)), la);
+    assert_ne!(logged_losses(Path::new(&c)), la);
 
     // Stop at iteration 6 with a checkpoint, resume to 12: iterations 7..12 match bit for bit.
     let (ckpt, r1) = (j("ckpt"), j("r1.jsonl"));
@@ -54,7 +40,7 @@ fn same_seed_same_curve_and_resume_is_bit_exact() {
     assert!(stdout(&o).contains("exiting program at iteration 6"));
     assert_eq!(std::fs::read_to_string(dir.join("ckpt/latest_checkpointed_iteration.txt")).unwrap().trim(), "6");
     train(&data, "12", &["--load", &ckpt, "--save", &ckpt, "--log-json", &r1]);
-    let resumed = losses(Path::new(&r1));
+    let resumed = logged_losses(Path::new(&r1));
     assert_eq!(resumed.iter().map(|l| l.0).collect::<Vec<_>>(), (1..=12).collect::<Vec<u64>>(), "appended log");
     assert_eq!(resumed[6..], la[6..], "resumed run differs from the uninterrupted one");
     assert_eq!(resumed[..6], la[..6]);
@@ -117,7 +103,7 @@ fn recompute_gives_the_same_losses_with_less_activation_memory() {
     for mode in ["none", "selective", "full"] {
         let json = dir.join(format!("{mode}.jsonl"));
         let o = train(&data, "5", &["--recompute-granularity", mode, "--log-json", json.to_str().unwrap()]);
-        runs.push((mode, losses(&json), mib(&o)));
+        runs.push((mode, logged_losses(&json), mib(&o)));
     }
     let (_, base, base_mib) = &runs[0];
     for (mode, got, mem) in &runs[1..] {
@@ -155,7 +141,7 @@ fn bf16_follows_the_f32_curve_within_one_percent() {
     for (handle, json) in runs {
         let o = handle.join().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        curves.push(losses(&json));
+        curves.push(logged_losses(&json));
     }
     assert_eq!(curves[0].len(), 20);
     for ((it, a), (_, b)) in curves[0].iter().zip(&curves[1]) {

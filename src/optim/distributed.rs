@@ -6,7 +6,7 @@
 
 use super::AdamWConfig;
 use crate::comm::{Comm, ReduceOp};
-use crate::device::{AdamWStep, Device};
+use crate::device::Device;
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
 use std::ops::Range;
@@ -114,18 +114,9 @@ impl<D: Device> DistributedAdamW<D> {
         let mut updated = flat[self.shard.clone()].to_vec();
         for s in &mut self.segments {
             let n = s.range.len();
-            let weight_decay = if params.info[s.param].decayed() { self.config.weight_decay } else { 0.0 };
             dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
             dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
-            let step = AdamWStep {
-                lr,
-                beta1: self.config.beta1,
-                beta2: self.config.beta2,
-                eps: self.config.eps,
-                weight_decay,
-                step: self.step,
-                grad_scale,
-            };
+            let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
             dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step);
             dev.download(&s.value, &mut updated[s.offset..s.offset + n]);
         }

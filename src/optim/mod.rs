@@ -17,6 +17,21 @@ pub struct AdamWConfig {
     pub weight_decay: f32,
 }
 
+impl AdamWConfig {
+    /// The hyper-parameters of one update of a parameter (no weight decay unless `decayed`).
+    pub fn step(&self, lr: f32, decayed: bool, step: u64, grad_scale: f32) -> AdamWStep {
+        AdamWStep {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: if decayed { self.weight_decay } else { 0.0 },
+            step,
+            grad_scale,
+        }
+    }
+}
+
 /// First and second moments for every parameter, on the device, plus the step count.
 pub struct AdamW<D: Device> {
     pub config: AdamWConfig,
@@ -36,16 +51,7 @@ impl<D: Device> AdamW<D> {
     pub fn step(&mut self, dev: &D, params: &mut ParamSet<D>, lr: f32, grad_scale: f32) {
         self.step += 1;
         for i in 0..params.info.len() {
-            let weight_decay = if params.info[i].decayed() { self.config.weight_decay } else { 0.0 };
-            let step = AdamWStep {
-                lr,
-                beta1: self.config.beta1,
-                beta2: self.config.beta2,
-                eps: self.config.eps,
-                weight_decay,
-                step: self.step,
-                grad_scale,
-            };
+            let step = self.config.step(lr, params.info[i].decayed(), self.step, grad_scale);
             dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step);
         }
     }

@@ -16,6 +16,36 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Runs the binary on `ranks` ranks under Open MPI's mpirun (as root, oversubscribed).
+pub fn mpirun(ranks: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
+        .args(args)
+        .output()
+        .expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
+}
+
+/// The text of field `key` in one `--log-json` line.
+pub fn json_field(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+    Some(line[start..].split([',', '}']).next()?.trim().to_string())
+}
+
+/// (iteration, exact text of the loss) of every complete line of a `--log-json` file (a line
+/// cut short by a killed process is skipped; a missing file has none).
+pub fn logged_losses(path: &Path) -> Vec<(u64, String)> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    text.lines()
+        .filter(|l| l.ends_with('}'))
+        .map(|l| (json_field(l, "iteration").unwrap().parse().unwrap(), json_field(l, "loss").unwrap()))
+        .collect()
+}
+
+/// The losses of a `--log-json` file as numbers.
+pub fn loss_values(path: &Path) -> Vec<f64> {
+    logged_losses(path).iter().map(|(_, l)| l.parse().unwrap()).collect()
+}
+
 pub fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("the trident binary runs")
 }
