@@ -85,6 +85,9 @@ mpich-check: test-deps
 bench: build
 	$(BIN) bench peak
 	$(BIN) bench gemm
+	$(BIN) bench attention
+	$(BIN) bench layernorm
+	$(BIN) bench step
 	mpirun --oversubscribe --allow-run-as-root -np 2 $(BIN) bench allreduce --max-size 256M
 
 clean:

@@ -3,6 +3,7 @@
 
 pub mod bench_comm;
 pub mod bench_gemm;
+pub mod bench_ops;
 pub mod check_comm;
 pub mod checkpoint;
 pub mod cli;

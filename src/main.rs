@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 use trident::bench_comm::CommBench;
+use trident::bench_ops::{print_records, Record};
 use trident::cli::{self, flag, many, switch, Args, FlagSpec};
 use trident::comm::runtime::Runtime;
 use trident::config::{TrainConfig, TRAIN_FLAGS};
@@ -20,8 +21,8 @@ commands:
   train      train a GPT model on a prepared dataset
   generate   sample text from a checkpoint
   convert    reshard a checkpoint to another TP/PP layout; export to / import from Hugging Face
-  bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), allreduce, allgather,
-             reducescatter, sendrecv (collectives, under mpirun)
+  bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), attention, layernorm, step,
+             allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun)
   info       what this binary found on this machine
 ";
@@ -60,6 +61,11 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--cpu-threads", "N", "CPU threads"),
     flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
+    switch("--json", "print one JSON object per measurement"),
+    flag("--preset", "NAME", "step: the model (default gpt2-124m)"),
+    flag("--micro-batch-size", "B", "step: samples per step (default 4)"),
+    flag("--seq-length", "S", "step: tokens per sample (default 64)"),
+    flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
 ];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
@@ -359,7 +365,7 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
         _ => {
             return Err(Error::Usage(
-                "bench needs a target: peak, gemm, allreduce, allgather, reducescatter or sendrecv".into(),
+                "bench needs a target: peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv".into(),
             ))
         }
     };
@@ -379,18 +385,51 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         "gemm" => {
             let p = peak::measure_fma_peak(&pool, 300);
             let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
-            println!(
-                "fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}",
-                p.gflops,
-                p.threads,
-                gemm::best_kernel()
-            );
             let rows = trident::bench_gemm::gemm_sweep(&pool, trident::bench_gemm::DEFAULT_SHAPES, &p, secs);
-            trident::bench_gemm::print_table(&rows);
+            if a.has("--json") {
+                let records: Vec<Record> = rows
+                    .iter()
+                    .map(|r| Record {
+                        bench: "gemm",
+                        shape: format!("{}x{}x{} {}", r.m, r.n, r.k, r.layout),
+                        dtype: "f32",
+                        threads: pool.threads(),
+                        achieved: r.gflops,
+                        unit: "GFLOP/s",
+                        peak: p.gflops,
+                        ms: 2.0 * (r.m * r.n * r.k) as f64 / r.gflops / 1e6,
+                        note: format!("kernel {}, max rel err {:.1e}", r.kernel, r.max_rel_err),
+                    })
+                    .collect();
+                print_records(&records, true);
+            } else {
+                println!("fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}", p.gflops, p.threads, gemm::best_kernel());
+                trident::bench_gemm::print_table(&rows);
+            }
+            Ok(())
+        }
+        "attention" | "layernorm" | "step" => {
+            let dev = trident::device::cpu::CpuDevice::new(pool.threads());
+            let p = peak::measure_fma_peak(dev.pool(), 300);
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            let records = match what {
+                "attention" => trident::bench_ops::attention(&dev, &p, secs),
+                "layernorm" => trident::bench_ops::layernorm(&dev, trident::bench_ops::triad_bandwidth(dev.pool(), secs), secs),
+                _ => trident::bench_ops::step(
+                    &dev,
+                    &p,
+                    a.str("--preset").unwrap_or("gpt2-124m"),
+                    a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
+                    a.usize("--seq-length")?.unwrap_or(64).max(1),
+                    a.usize("--vocab-size")?.unwrap_or(50257).max(257),
+                    secs,
+                )?,
+            };
+            print_records(&records, a.has("--json"));
             Ok(())
         }
         other => Err(Error::Usage(format!(
-            "unknown bench target '{other}': use peak, gemm, allreduce, allgather, reducescatter or sendrecv"
+            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
 }
