@@ -242,17 +242,21 @@ fn attention_forward_matches_the_textbook_formula() {
     let qkv = random(rows * 3 * width, "qkv", 1.5);
     let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
     dev.attention_forward(&mut out, &mut lse, &qkv, shape);
-    let at = |t: usize, b: usize, h: usize, part: usize, j: usize| qkv[(t * shape.batch + b) * 3 * width + h * 3 * d + part * d + j];
+    let at = |t: usize, b: usize, h: usize, part: usize, j: usize| {
+        qkv[(t * shape.batch + b) * 3 * width + h * 3 * d + part * d + j]
+    };
     for b in 0..shape.batch {
         for h in 0..shape.heads {
             for t in 0..shape.seq {
-                let scores: Vec<f64> =
-                    (0..=t).map(|u| (0..d).map(|j| at(t, b, h, 0, j) * at(u, b, h, 1, j)).sum::<f64>() / (d as f64).sqrt()).collect();
+                let scores: Vec<f64> = (0..=t)
+                    .map(|u| (0..d).map(|j| at(t, b, h, 0, j) * at(u, b, h, 1, j)).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
                 assert!((lse[(b * shape.heads + h) * shape.seq + t] - (max + z.ln())).abs() < 1e-12);
                 for j in 0..d {
-                    let expect: f64 = scores.iter().enumerate().map(|(u, s)| (s - max).exp() / z * at(u, b, h, 2, j)).sum();
+                    let expect: f64 =
+                        scores.iter().enumerate().map(|(u, s)| (s - max).exp() / z * at(u, b, h, 2, j)).sum();
                     let got = out[(t * shape.batch + b) * width + h * d + j];
                     assert!((got - expect).abs() < 1e-12, "b {b} h {h} t {t} j {j}: {got} vs {expect}");
                 }

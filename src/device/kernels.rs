@@ -181,19 +181,6 @@ fn gather_head<R: Real>(qkv: &[R], shape: &AttentionShape, b: usize, head: usize
     h
 }
 
-/// `scores[j] = Σ_i a[i] · bt[i][j]` for `j < n`, where `bt` is [d, stride] (a transposed matrix).
-#[inline(always)]
-fn row_times_transposed<R: Real>(scores: &mut [R], a: &[R], bt: &[R], stride: usize, n: usize) {
-    let scores = &mut scores[..n];
-    scores.fill(R::ZERO);
-    for (i, &ai) in a.iter().enumerate() {
-        let col = &bt[i * stride..i * stride + n];
-        for (sj, &bj) in scores.iter_mut().zip(col) {
-            *sj += ai * bj;
-        }
-    }
-}
-
 /// `y += alpha · x`.
 #[inline(always)]
 fn axpy<R: Real>(y: &mut [R], alpha: R, x: &[R]) {
@@ -202,9 +189,45 @@ fn axpy<R: Real>(y: &mut [R], alpha: R, x: &[R]) {
     }
 }
 
-/// Causal attention for one (sequence, head) pair. `out` and `lse` are the whole output arrays;
-/// this call writes only the columns of head `head` in the rows of sequence `b`, and the lse
-/// entries of (b, head), so different pairs may run at once on disjoint memory.
+/// Query rows and key columns of one tile of the score matrix: a tile's scores stay in L1 and
+/// each key (or value) row loaded is used for `QUERY_TILE` queries.
+const QUERY_TILE: usize = 8;
+const KEY_TILE: usize = 64;
+
+/// `tile[r][c] = Σ_i a[(r0 + r) * d + i] · bt[i * stride + c0 + c]` for the tile's `rows` x
+/// `cols`: query-by-key products of a tile, vectorised over keys.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile_products<R: Real>(
+    tile: &mut [[R; KEY_TILE]; QUERY_TILE],
+    a: &[R],
+    bt: &[R],
+    d: usize,
+    stride: usize,
+    r0: usize,
+    rows: usize,
+    c0: usize,
+    cols: usize,
+) {
+    for row in tile.iter_mut().take(rows) {
+        row[..cols].fill(R::ZERO);
+    }
+    for i in 0..d {
+        let b_row = &bt[i * stride + c0..i * stride + c0 + cols];
+        for (r, row) in tile.iter_mut().enumerate().take(rows) {
+            let av = a[(r0 + r) * d + i];
+            for (t, &bv) in row[..cols].iter_mut().zip(b_row) {
+                *t += av * bv;
+            }
+        }
+    }
+}
+
+/// Causal attention for one (sequence, head) pair, FlashAttention-style: queries in tiles of
+/// `QUERY_TILE`, keys in tiles of `KEY_TILE`, a running max and sum per query (online softmax),
+/// so only the log-sum-exp is kept and no [seq, seq] matrix exists. `out` and `lse` are the whole
+/// output arrays; this call writes only the columns of head `head` in the rows of sequence `b`,
+/// and the lse entries of (b, head), so different pairs may run at once on disjoint memory.
 ///
 /// # Safety
 /// `out` must point to `rows * heads * head_dim` elements and `lse` to `batch * heads * seq`, and
@@ -221,35 +244,62 @@ pub unsafe fn attention_forward_head<R: Real>(
     let (s, d) = (shape.seq, shape.head_dim);
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
     let h = gather_head(qkv, &shape, b, head);
-    let mut scores = vec![R::ZERO; s];
-    let mut o = vec![R::ZERO; d];
-    for t in 0..s {
-        row_times_transposed(&mut scores, &h.q[t * d..(t + 1) * d], &h.kt, s, t + 1);
-        let mut max = R::NEG_INFINITY;
-        for sc in scores[..=t].iter_mut() {
-            *sc *= scale;
-            max = max.max(*sc);
+    let mut tile = [[R::ZERO; KEY_TILE]; QUERY_TILE];
+    let mut acc = vec![R::ZERO; QUERY_TILE * d];
+    for q0 in (0..s).step_by(QUERY_TILE) {
+        let qn = QUERY_TILE.min(s - q0);
+        let mut max = [R::NEG_INFINITY; QUERY_TILE];
+        let mut sum = [R::ZERO; QUERY_TILE];
+        acc.fill(R::ZERO);
+        let keys = q0 + qn;
+        for k0 in (0..keys).step_by(KEY_TILE) {
+            let kn = KEY_TILE.min(keys - k0);
+            tile_products(&mut tile, &h.q, &h.kt, d, s, q0, qn, k0, kn);
+            for (r, row) in tile.iter_mut().enumerate().take(qn) {
+                let t = q0 + r;
+                if t < k0 {
+                    continue;
+                }
+                let row = &mut row[..kn.min(t + 1 - k0)];
+                let mut m = max[r];
+                for v in row.iter_mut() {
+                    *v *= scale;
+                    m = m.max(*v);
+                }
+                // Rescale what was accumulated under the old max.
+                let correction = (max[r] - m).exp_fast();
+                let mut z = R::ZERO;
+                for v in row.iter_mut() {
+                    *v = (*v - m).exp_fast();
+                    z += *v;
+                }
+                sum[r] = sum[r] * correction + z;
+                max[r] = m;
+                let a = &mut acc[r * d..(r + 1) * d];
+                for x in a.iter_mut() {
+                    *x *= correction;
+                }
+                for (j, &p) in row.iter().enumerate() {
+                    axpy(a, p, &h.v[(k0 + j) * d..(k0 + j + 1) * d]);
+                }
+            }
         }
-        let mut sum = R::ZERO;
-        for sc in scores[..=t].iter_mut() {
-            *sc = (*sc - max).exp_fast();
-            sum += *sc;
+        for r in 0..qn {
+            let t = q0 + r;
+            let inv = R::ONE / sum[r];
+            // SAFETY: the caller guarantees these (b, head) elements are ours and in bounds.
+            let o = std::slice::from_raw_parts_mut(out.add((t * shape.batch + b) * shape.width() + head * d), d);
+            for (o, &x) in o.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
+                *o = x * inv;
+            }
+            *lse.add((b * shape.heads + head) * s + t) = max[r] + sum[r].ln();
         }
-        let inv = R::ONE / sum;
-        o.fill(R::ZERO);
-        for (j, &p) in scores[..=t].iter().enumerate() {
-            axpy(&mut o, p * inv, &h.v[j * d..(j + 1) * d]);
-        }
-        // SAFETY: the caller guarantees these (b, head) elements are ours and in bounds.
-        std::slice::from_raw_parts_mut(out.add((t * shape.batch + b) * shape.width() + head * d), d)
-            .copy_from_slice(&o);
-        *lse.add((b * shape.heads + head) * s + t) = max + sum.ln();
     }
 }
 
 /// Backward of `attention_forward_head` for one (sequence, head) pair: writes (overwrites) the
-/// q, k and v gradient columns of that pair in `dqkv`, rebuilding each probability from the
-/// saved log-sum-exp instead of storing the [seq, seq] matrix.
+/// q, k and v gradient columns of that pair in `dqkv`, rebuilding each tile of probabilities from
+/// the saved log-sum-exp instead of storing the [seq, seq] matrix.
 ///
 /// # Safety
 /// `dqkv` must point to `rows * 3 * heads * head_dim` elements, and no other thread may touch the
@@ -269,7 +319,7 @@ pub unsafe fn attention_backward_head<R: Real>(
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
     let h = gather_head(qkv, &shape, b, head);
-    // dy as rows, and v transposed so that dy·v_j for all j is a sum of vector updates.
+    // dy as rows, and v transposed so that dy·v for a tile of keys is a sum of vector updates.
     let mut dy = vec![R::ZERO; s * d];
     let mut vt = vec![R::ZERO; s * d];
     let mut delta = vec![R::ZERO; s];
@@ -282,18 +332,46 @@ pub unsafe fn attention_backward_head<R: Real>(
         }
     }
     let (mut dq, mut dk, mut dv) = (vec![R::ZERO; s * d], vec![R::ZERO; s * d], vec![R::ZERO; s * d]);
-    let (mut p, mut dp) = (vec![R::ZERO; s], vec![R::ZERO; s]);
-    for t in 0..s {
-        let l = lse[(b * shape.heads + head) * s + t];
-        let (q_t, dy_t) = (&h.q[t * d..(t + 1) * d], &dy[t * d..(t + 1) * d]);
-        row_times_transposed(&mut p, q_t, &h.kt, s, t + 1);
-        row_times_transposed(&mut dp, dy_t, &vt, s, t + 1);
-        for j in 0..=t {
-            let pj = (p[j] * scale - l).exp_fast();
-            let ds = pj * (dp[j] - delta[t]) * scale;
-            axpy(&mut dq[t * d..(t + 1) * d], ds, &h.k[j * d..(j + 1) * d]);
-            axpy(&mut dk[j * d..(j + 1) * d], ds, q_t);
-            axpy(&mut dv[j * d..(j + 1) * d], pj, dy_t);
+    let mut p = [[R::ZERO; KEY_TILE]; QUERY_TILE];
+    let mut ds = [[R::ZERO; KEY_TILE]; QUERY_TILE];
+    let lse = &lse[(b * shape.heads + head) * s..(b * shape.heads + head + 1) * s];
+    for q0 in (0..s).step_by(QUERY_TILE) {
+        let qn = QUERY_TILE.min(s - q0);
+        let keys = q0 + qn;
+        for k0 in (0..keys).step_by(KEY_TILE) {
+            let kn = KEY_TILE.min(keys - k0);
+            tile_products(&mut p, &h.q, &h.kt, d, s, q0, qn, k0, kn);
+            tile_products(&mut ds, &dy, &vt, d, s, q0, qn, k0, kn);
+            for r in 0..qn {
+                let t = q0 + r;
+                let valid = if t < k0 { 0 } else { kn.min(t + 1 - k0) };
+                for j in 0..kn {
+                    if j < valid {
+                        let pj = (p[r][j] * scale - lse[t]).exp_fast();
+                        p[r][j] = pj;
+                        ds[r][j] = pj * (ds[r][j] - delta[t]) * scale;
+                    } else {
+                        p[r][j] = R::ZERO;
+                        ds[r][j] = R::ZERO;
+                    }
+                }
+                let dq_t = &mut dq[t * d..(t + 1) * d];
+                for (j, &g) in ds[r][..valid].iter().enumerate() {
+                    axpy(dq_t, g, &h.k[(k0 + j) * d..(k0 + j + 1) * d]);
+                }
+            }
+            // Each key row gathers its gradient from the tile's queries.
+            for j in 0..kn {
+                let key = k0 + j;
+                let (dk_j, dv_j) = (&mut dk[key * d..(key + 1) * d], &mut dv[key * d..(key + 1) * d]);
+                for r in 0..qn {
+                    let t = q0 + r;
+                    if ds[r][j] != R::ZERO || p[r][j] != R::ZERO {
+                        axpy(dk_j, ds[r][j], &h.q[t * d..(t + 1) * d]);
+                        axpy(dv_j, p[r][j], &dy[t * d..(t + 1) * d]);
+                    }
+                }
+            }
         }
     }
     for t in 0..s {
