@@ -3,6 +3,7 @@
 //! Work is split into blocks whose sizes do not depend on the thread count, and reductions add
 //! block results in a fixed order, so results are bit-identical for any `--cpu-threads`.
 
+pub mod attention;
 pub mod gemm;
 pub mod peak;
 pub mod pool;
@@ -354,9 +355,17 @@ impl Device for CpuDevice {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         assert!(qkv.len() >= 3 * shape.rows() * shape.width());
         let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
+        let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
         self.pool.run(shape.batch * shape.heads, &|i| {
-            // SAFETY: sizes checked above; task i owns the (b, head) pair it names.
-            unsafe { simd::attention_forward_head(o.ptr(), l.ptr(), qkv, shape, i / shape.heads, i % shape.heads) }
+            let (b, head) = (i / shape.heads, i % shape.heads);
+            let (rows, lses) = attention::forward_head(&self.pool, qkv, shape, b, head);
+            // SAFETY: sizes checked above; task i owns the (b, head) columns and lse entries.
+            unsafe {
+                for t in 0..s {
+                    o.slice((t * shape.batch + b) * w + head * d, d).copy_from_slice(&rows[t * d..(t + 1) * d]);
+                }
+                l.slice((b * shape.heads + head) * s, s).copy_from_slice(&lses);
+            }
         });
     }
     fn attention_backward(
@@ -369,11 +378,17 @@ impl Device for CpuDevice {
         shape: AttentionShape,
     ) {
         assert!(dqkv.len() >= 3 * shape.rows() * shape.width());
-        let d = SharedMut::new(dqkv);
+        let dq = SharedMut::new(dqkv);
+        let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
         self.pool.run(shape.batch * shape.heads, &|i| {
-            // SAFETY: size checked above; task i owns the (b, head) columns it names.
-            unsafe {
-                simd::attention_backward_head(d.ptr(), dout, qkv, out, lse, shape, i / shape.heads, i % shape.heads)
+            let (b, head) = (i / shape.heads, i % shape.heads);
+            let grads = attention::backward_head(&self.pool, dout, qkv, out, lse, shape, b, head);
+            for t in 0..s {
+                for (part, g) in grads.iter().enumerate() {
+                    let at = (t * shape.batch + b) * 3 * w + head * 3 * d + part * d;
+                    // SAFETY: size checked above; task i owns the (b, head) columns of dqkv.
+                    unsafe { dq.slice(at, d) }.copy_from_slice(&g[t * d..(t + 1) * d]);
+                }
             }
         });
     }

@@ -5,7 +5,6 @@
 
 use crate::device::kernels;
 use crate::device::AdamWStep;
-use crate::device::AttentionShape;
 use std::sync::OnceLock;
 
 /// The vector instruction sets the dispatch distinguishes.
@@ -78,10 +77,6 @@ multiversion! {
         weight: &[f32], mean: &[f32], rstd: &[f32], cols: usize) = kernels::layernorm_backward_rows::<f32>;
     fn gelu_forward_slice(out: &mut [f32], inp: &[f32]) = kernels::gelu_forward_slice::<f32>;
     fn gelu_backward_slice(dinp: &mut [f32], inp: &[f32], dout: &[f32]) = kernels::gelu_backward_slice::<f32>;
-    fn attention_forward_head(out: *mut f32, lse: *mut f32, qkv: &[f32], shape: AttentionShape, b: usize,
-        head: usize) = kernels::attention_forward_head::<f32>;
-    fn attention_backward_head(dqkv: *mut f32, dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32],
-        shape: AttentionShape, b: usize, head: usize) = kernels::attention_backward_head::<f32>;
     fn row_max(row: &[f32]) -> f32 = kernels::row_max::<f32>;
     fn cross_entropy_partials_row(row: &[f32], target: Option<usize>, max: f32) -> (f32, f32)
         = kernels::cross_entropy_partials_row::<f32>;
