@@ -132,18 +132,24 @@ fn cmd_prepare(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Starts MPI (or a single process); a launcher mismatch is reported once and ends the process.
+fn start_mpi() -> std::result::Result<Runtime, ExitCode> {
+    Runtime::init().map_err(|e| {
+        if let Some(e) = e {
+            eprintln!("trident: error: {e}");
+        }
+        ExitCode::FAILURE
+    })
+}
+
 /// `trident train` on every rank of the job. MPI starts first, so that an error every rank
 /// detects alike (a flag, a layout) is printed once, by rank 0, and every rank exits non-zero;
 /// an error only some ranks see (a failed read) is printed by that rank, which then ends the
 /// whole job so that no rank waits forever in a collective.
 fn cmd_train(rest: &[String]) -> ExitCode {
-    let rt = match Runtime::init() {
+    let rt = match start_mpi() {
         Ok(rt) => rt,
-        Err(Some(e)) => {
-            eprintln!("trident: error: {e}");
-            return ExitCode::FAILURE;
-        }
-        Err(None) => return ExitCode::FAILURE,
+        Err(code) => return code,
     };
     let result = (|| {
         let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
@@ -301,13 +307,9 @@ fn parse_bytes(flag_name: &str, s: &str) -> Result<usize> {
 
 /// `trident bench <collective>` on every rank of the job (MPI first, errors printed once).
 fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
-    let rt = match Runtime::init() {
+    let rt = match start_mpi() {
         Ok(rt) => rt,
-        Err(Some(e)) => {
-            eprintln!("trident: error: {e}");
-            return ExitCode::FAILURE;
-        }
-        Err(None) => return ExitCode::FAILURE,
+        Err(code) => return code,
     };
     let result = (|| -> Result<()> {
         let Some(a) = flags("bench", "collective microbenchmarks", BENCH_FLAGS, rest)? else {
@@ -338,13 +340,9 @@ fn cmd_check(rest: &[String]) -> ExitCode {
         eprintln!("trident: error: check needs a target: `trident check comm` (run it under mpirun)");
         return ExitCode::FAILURE;
     }
-    let rt = match Runtime::init() {
+    let rt = match start_mpi() {
         Ok(rt) => rt,
-        Err(Some(e)) => {
-            eprintln!("trident: error: {e}");
-            return ExitCode::FAILURE;
-        }
-        Err(None) => return ExitCode::FAILURE,
+        Err(code) => return code,
     };
     match trident::check_comm::run(&rt) {
         Ok(passed) => {
