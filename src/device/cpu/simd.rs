@@ -46,26 +46,41 @@ macro_rules! multiversion {
         /// The same contract as the kernel it dispatches to.
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $kernel($($arg),*)
+            $name::at(level(), $($arg),*)
+        }
+
+        /// The kernel compiled for one chosen level (tests compare the levels).
+        pub mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// # Safety
+            /// The kernel's contract, and the CPU must support `level` (every level up to
+            /// `simd::level()` does).
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn at(level: Level, $($arg: $ty),*) $(-> $ret)? {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+                    #[allow(clippy::too_many_arguments)]
+                    unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                        $kernel($($arg),*)
+                    }
+                    #[target_feature(enable = "avx2,fma")]
+                    #[allow(clippy::too_many_arguments)]
+                    unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                        $kernel($($arg),*)
+                    }
+                    match level {
+                        Level::Avx512 => return avx512($($arg),*),
+                        Level::Avx2 => return avx2($($arg),*),
+                        Level::Baseline => {}
+                    }
                 }
-                #[target_feature(enable = "avx2,fma")]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $kernel($($arg),*)
-                }
-                match level() {
-                    Level::Avx512 => return avx512($($arg),*),
-                    Level::Avx2 => return avx2($($arg),*),
-                    Level::Baseline => {}
-                }
+                let _ = level;
+                #[allow(unused_unsafe)]
+                unsafe { $kernel($($arg),*) }
             }
-            #[allow(unused_unsafe)]
-            unsafe { $kernel($($arg),*) }
         }
     )* };
 }
@@ -93,4 +108,83 @@ multiversion! {
     fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, t0: usize, nt: usize, hidden: usize,
         c0: usize, c1: usize) = kernels::position_backward_cols::<f32>;
     fn add_bias_rows(out: &mut [f32], bias: &[f32]) = kernels::add_bias_rows::<f32>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Stream;
+
+    /// Every level this CPU supports, best first.
+    fn levels() -> Vec<Level> {
+        match level() {
+            Level::Avx512 => vec![Level::Avx512, Level::Avx2, Level::Baseline],
+            Level::Avx2 => vec![Level::Avx2, Level::Baseline],
+            Level::Baseline => vec![Level::Baseline],
+        }
+    }
+
+    fn random(n: usize, name: &str) -> Vec<f32> {
+        let s = Stream::new(11, name, 0);
+        (0..n).map(|i| s.normal(i as u64) as f32).collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let (rows, cols) = (13, 77); // ragged: not a multiple of any vector width
+        let x = random(rows * cols, "x");
+        let (w, b) = (random(cols, "w"), random(cols, "b"));
+        let dy = random(rows * cols, "dy");
+        let mut results: Vec<Vec<Vec<u32>>> = Vec::new();
+        for lv in levels() {
+            let mut r = Vec::new();
+            // SAFETY: every level returned by `levels` is supported; slices are sized for the kernels.
+            unsafe {
+                let (mut y, mut mean, mut rstd) = (vec![0f32; rows * cols], vec![0f32; rows], vec![0f32; rows]);
+                layernorm_forward_rows::at(lv, &mut y, &mut mean, &mut rstd, &x, &w, &b, cols);
+                let (mut dx, mut dw, mut db) = (vec![0.5f32; rows * cols], vec![0f32; cols], vec![0f32; cols]);
+                layernorm_backward_rows::at(lv, &mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, cols);
+                let (mut g, mut dg) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+                gelu_forward_slice::at(lv, &mut g, &x);
+                gelu_backward_slice::at(lv, &mut dg, &x, &dy);
+                let mut logits = x[..cols].to_vec();
+                let m = row_max::at(lv, &logits);
+                let (se, tl) = cross_entropy_partials_row::at(lv, &logits, Some(5), m);
+                cross_entropy_backward_row::at(lv, &mut logits, Some(5), m, se, 0.25);
+                let (mut p, mut mm, mut vv) = (w.clone(), vec![0f32; cols], vec![0f32; cols]);
+                let step = crate::device::AdamWStep {
+                    lr: 1e-2,
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: 0.1,
+                    step: 3,
+                    grad_scale: 0.7,
+                };
+                adamw_slice::at(lv, &mut p, &b, &mut mm, &mut vv, &step);
+                r.extend([
+                    bits(&y),
+                    bits(&dx),
+                    bits(&dw),
+                    bits(&db),
+                    bits(&g),
+                    bits(&dg),
+                    bits(&logits),
+                    bits(&[m, se, tl]),
+                    bits(&p),
+                    bits(&vv),
+                ]);
+            }
+            results.push(r);
+        }
+        for (lv, r) in levels().iter().zip(&results).skip(1) {
+            for (i, (a, b)) in r.iter().zip(&results[0]).enumerate() {
+                assert_eq!(a, b, "output {i} differs between {lv:?} and {:?}", levels()[0]);
+            }
+        }
+    }
 }
