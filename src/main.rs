@@ -449,7 +449,16 @@ fn cmd_info(rest: &[String]) -> Result<()> {
     );
     println!("cuda: not built into this version (the CUDA backend arrives with its issue)");
     println!("hip: not built into this version (the HIP backend arrives with its issue)");
-    println!("mpi: not built into this version (single rank only)");
+    #[cfg(feature = "mpi")]
+    {
+        // MPI_Get_library_version may be called before MPI starts.
+        let library = mpi::environment::library_version()
+            .map(|s| s.trim_end_matches('\0').lines().next().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|_| "an MPI library".into());
+        println!("mpi: built with {library}; start many ranks with that MPI's mpirun/mpiexec or srun");
+    }
+    #[cfg(not(feature = "mpi"))]
+    println!("mpi: not built into this binary (cargo --no-default-features): one rank only");
     Ok(())
 }
 
