@@ -121,28 +121,59 @@ fn max_relative_error(m: usize, n: usize, k: usize, a: &MatRef<'_>, b: &MatRef<'
         .fold(0.0, f64::max)
 }
 
+/// Which GEMM a sweep measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmDtype {
+    F32,
+    /// bf16 operands (rounded while packing), f32 accumulation: `gemm_bf16`.
+    Bf16,
+}
+
 /// Validates and times every shape in every layout with the best kernel. Each (shape, layout)
 /// gets one checked call, a warm-up, then samples of repeated calls until at least
-/// `min_seconds` have passed and at least three samples exist; the fastest sample counts.
+/// `min_seconds` have passed and at least three samples exist; the fastest sample counts. The
+/// bf16 GEMM is checked against the f64 products of its bf16-rounded inputs.
 pub fn gemm_sweep(
     pool: &ThreadPool,
     shapes: &[(usize, usize, usize)],
     peak: &Peak,
     min_seconds: f64,
 ) -> Vec<GemmBenchRow> {
-    let kernel = best_kernel();
+    gemm_sweep_dtype(pool, shapes, peak, min_seconds, GemmDtype::F32)
+}
+
+pub fn gemm_sweep_dtype(
+    pool: &ThreadPool,
+    shapes: &[(usize, usize, usize)],
+    peak: &Peak,
+    min_seconds: f64,
+    dtype: GemmDtype,
+) -> Vec<GemmBenchRow> {
+    use crate::device::cpu::gemm_bf16::{best_bf16_kernel, from_bf16, gemm_bf16, to_bf16};
+    let kernel_name = match dtype {
+        GemmDtype::F32 => best_kernel().name(),
+        GemmDtype::Bf16 => best_bf16_kernel().name(),
+    };
+    let round = |v: Vec<f32>| match dtype {
+        GemmDtype::F32 => v,
+        GemmDtype::Bf16 => v.into_iter().map(|x| from_bf16(to_bf16(x))).collect(),
+    };
     let mut rows = Vec::new();
     for &(m, n, k) in shapes {
         if m == 0 || n == 0 || k == 0 {
             continue;
         }
-        let a_data = fill(m * k, 1);
-        let b_data = fill(k * n, 2);
+        // Inputs already representable in bf16 make the bf16 check exact up to summation order.
+        let a_data = round(fill(m * k, 1));
+        let b_data = round(fill(k * n, 2));
         let mut c = vec![0.0f32; m * n];
         for layout in Layout::ALL {
             let a = layout.a_view(&a_data, m, k);
             let b = layout.b_view(&b_data, k, n);
-            let call = |c: &mut [f32]| gemm(pool, m, n, k, a, b, c, n, false);
+            let call = |c: &mut [f32]| match dtype {
+                GemmDtype::F32 => gemm(pool, m, n, k, a, b, c, n, false),
+                GemmDtype::Bf16 => gemm_bf16(pool, m, n, k, a, b, c, n, false),
+            };
 
             call(&mut c);
             let max_rel_err = max_relative_error(m, n, k, &a, &b, &c);
@@ -170,7 +201,7 @@ pub fn gemm_sweep(
                 n,
                 k,
                 layout: layout.name(),
-                kernel: kernel.name(),
+                kernel: kernel_name,
                 gflops,
                 fraction_of_peak: gflops / peak.gflops,
                 max_rel_err,

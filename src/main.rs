@@ -62,6 +62,7 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
     switch("--json", "print one JSON object per measurement"),
+    flag("--dtype", "T", "gemm: f32 (default) or bf16"),
     flag("--preset", "NAME", "step: the model (default gpt2-124m)"),
     flag("--micro-batch-size", "B", "step: samples per step (default 4)"),
     flag("--seq-length", "S", "step: tokens per sample (default 64)"),
@@ -383,14 +384,19 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         "gemm" => {
             let p = peak::measure_fma_peak(&pool, 300);
             let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
-            let rows = trident::bench_gemm::gemm_sweep(&pool, trident::bench_gemm::DEFAULT_SHAPES, &p, secs);
+            let dtype = match a.str("--dtype").unwrap_or("f32") {
+                "f32" => trident::bench_gemm::GemmDtype::F32,
+                "bf16" => trident::bench_gemm::GemmDtype::Bf16,
+                other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+            };
+            let rows = trident::bench_gemm::gemm_sweep_dtype(&pool, trident::bench_gemm::DEFAULT_SHAPES, &p, secs, dtype);
             if a.has("--json") {
                 let records: Vec<Record> = rows
                     .iter()
                     .map(|r| Record {
                         bench: "gemm",
                         shape: format!("{}x{}x{} {}", r.m, r.n, r.k, r.layout),
-                        dtype: "f32",
+                        dtype: if dtype == trident::bench_gemm::GemmDtype::Bf16 { "bf16" } else { "f32" },
                         threads: pool.threads(),
                         achieved: r.gflops,
                         unit: "GFLOP/s",

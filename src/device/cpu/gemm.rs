@@ -172,7 +172,7 @@ pub fn gemm_with(
 
 /// Asserts that every element of a `rows × cols` view lies inside its slice, which is what makes
 /// the unchecked reads in the packing routines sound.
-fn check_view(name: &str, view: &MatRef<'_>, rows: usize, cols: usize) {
+pub(crate) fn check_view(name: &str, view: &MatRef<'_>, rows: usize, cols: usize) {
     if rows == 0 || cols == 0 {
         return;
     }
@@ -250,10 +250,10 @@ trait MicroKernel {
 /// Below this many multiply-adds (about 10 µs on one core) a GEMM runs on the calling thread
 /// alone: below it, splitting measured slower than not. The cut-off cannot change results, only
 /// speed.
-const PARALLEL_MIN_MACS: usize = 1 << 21;
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 21;
 
 /// Runs `tasks` tasks on the pool, or inline when the problem is too small to split.
-fn run_tasks(pool: &ThreadPool, parallel: bool, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+pub(crate) fn run_tasks(pool: &ThreadPool, parallel: bool, tasks: usize, task: &(dyn Fn(usize) + Sync)) {
     if parallel {
         pool.run(tasks, task);
     } else {
@@ -336,19 +336,19 @@ fn drive<K: MicroKernel>(pool: &ThreadPool, p: &Problem<'_>) {
 /// The cut decides only which thread computes a tile, never how, so any grid gives the same
 /// bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Grid {
-    rows: usize,
-    cols: usize,
+pub(crate) struct Grid {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
 }
 
 impl Grid {
-    const SERIAL: Grid = Grid { rows: 1, cols: 1 };
+    pub(crate) const SERIAL: Grid = Grid { rows: 1, cols: 1 };
 
     /// Picks the grid with the shortest critical path when its tasks are handed out to
     /// `threads` threads, counting work in tiles. Among equals it picks the one that packs the
     /// least twice: every extra row cut packs all of B's `n` columns again, every extra column
     /// cut all of A's `m` rows. Then, fewer tasks.
-    fn choose(row_tiles: usize, col_tiles: usize, threads: usize, m: usize, n: usize) -> Grid {
+    pub(crate) fn choose(row_tiles: usize, col_tiles: usize, threads: usize, m: usize, n: usize) -> Grid {
         let max_tasks = 4 * threads;
         let mut best = ((usize::MAX, usize::MAX, usize::MAX), Grid::SERIAL);
         for rows in 1..=row_tiles.min(max_tasks) {
@@ -367,7 +367,7 @@ impl Grid {
     }
 
     /// The tile rows and tile columns of task `task`, split as evenly as whole tiles allow.
-    fn task(self, task: usize, row_tiles: usize, col_tiles: usize) -> (Range<usize>, Range<usize>) {
+    pub(crate) fn task(self, task: usize, row_tiles: usize, col_tiles: usize) -> (Range<usize>, Range<usize>) {
         let (r, c) = (task / self.cols, task % self.cols);
         let rows = r * row_tiles / self.rows..(r + 1) * row_tiles / self.rows;
         let cols = c * col_tiles / self.cols..(c + 1) * col_tiles / self.cols;
@@ -735,7 +735,7 @@ mod portable {
 }
 
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-mod x86 {
+pub(crate) mod x86 {
     #[cfg(target_arch = "x86")]
     use std::arch::x86::*;
     #[cfg(target_arch = "x86_64")]
@@ -874,7 +874,7 @@ mod x86 {
     /// The CPU must support AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    pub(crate) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
         // After the interleaves, quad[4g + t] holds, in 128-bit lane j, rows 4g..4g+4 of
         // column 4j + t.
         let mut quad = [_mm512_setzero_ps(); 16];

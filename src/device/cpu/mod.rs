@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod gemm;
+pub mod gemm_bf16;
 pub mod peak;
 pub mod pool;
 pub mod simd;

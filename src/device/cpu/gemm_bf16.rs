@@ -1,0 +1,906 @@
+//! bf16 GEMM for the CPU backend: f32 operands rounded to bf16 while packing, multiplied in
+//! pairs along the depth with AVX512-BF16 `vdpbf16ps` (or a bit-identical portable kernel), f32
+//! accumulation and f32 output.
+//!
+//! `gemm_bf16` has the contract of `gemm::gemm`: `C[i*ldc + j] = (accumulate ? C : 0) +
+//! Σ_p bf16(A(i,p))·bf16(B(p,j))` for strided views A and B, where `bf16` rounds to nearest even.
+//!
+//! Arithmetic, as `vdpbf16ps` does it (verified on this machine, 10⁶ random cases, bitwise): each
+//! packed word holds the bf16 values of depth steps `2t` (low half) and `2t + 1` (high half); one
+//! step computes `acc = (acc + a_odd·b_odd) + a_even·b_even`, the odd product first, each add
+//! rounded to nearest even. Products of two bf16 values are exact in f32. Denormal inputs and
+//! outputs are flushed to zero. Packing flushes denormal inputs for both kernels, and the portable
+//! kernel flushes denormal products and sums, so the two kernels give the same bits.
+//!
+//! Structure: the blocking and parallel split of `gemm` (its `Grid`: one rectangle of whole tiles
+//! per task, every sum's order fixed by the shape alone, so results are bit-identical for any
+//! thread count), with one 8 × 32 tile shape shared by both kernels. Packed slivers hold `u32`
+//! words of two bf16 values, `ceil(kc / 2)` words deep; an odd depth is padded with a zero half.
+//! On the AVX512-BF16 path, unit-stride slabs are packed with AVX-512F integer rounding (and a
+//! 16×16 word transpose when the depth is the contiguous index), bit-identical to `to_bf16`; a
+//! test compares the two on random bit patterns. Packing costs more than the multiply when done
+//! scalar, which is why it is vectorized.
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::gemm::{check_view, run_tasks, Grid, MatRef, PARALLEL_MIN_MACS};
+use super::pool::ThreadPool;
+
+/// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bf16Kernel {
+    /// AVX512-BF16 `vdpbf16ps` on zmm registers.
+    Avx512Bf16,
+    /// Plain Rust with the same rounding, for any CPU.
+    Portable,
+}
+
+impl Bf16Kernel {
+    /// Every kernel, fastest first.
+    pub const ALL: [Bf16Kernel; 2] = [Bf16Kernel::Avx512Bf16, Bf16Kernel::Portable];
+
+    /// A short name for logs and benchmark tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Kernel::Avx512Bf16 => "avx512bf16",
+            Bf16Kernel::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Bf16Kernel::Avx512Bf16 => {
+                std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16Kernel::Avx512Bf16 => false,
+            Bf16Kernel::Portable => true,
+        }
+    }
+}
+
+/// The fastest bf16 kernel this CPU supports, detected once.
+pub fn best_bf16_kernel() -> Bf16Kernel {
+    static BEST: OnceLock<Bf16Kernel> = OnceLock::new();
+    *BEST.get_or_init(|| Bf16Kernel::ALL.into_iter().find(|k| k.is_available()).unwrap_or(Bf16Kernel::Portable))
+}
+
+/// Rounds an f32 to bf16 bits: nearest even, NaN kept quiet, denormals flushed to signed zero
+/// (as `vcvtne2ps2bf16` and `vdpbf16ps` treat them).
+pub fn to_bf16(x: f32) -> u16 {
+    // Branch-free selects, so that packing loops can vectorize.
+    let bits = x.to_bits();
+    let magnitude = bits & 0x7FFF_FFFF;
+    // Adding 0x7FFF plus the lowest kept bit rounds half to even; overflow carries into the
+    // exponent and yields infinity, as it should.
+    let rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x0040;
+    let signed_zero = (bits >> 16) & 0x8000;
+    let out = if magnitude > 0x7F80_0000 {
+        quiet_nan
+    } else if magnitude < 0x0080_0000 {
+        signed_zero
+    } else {
+        rounded
+    };
+    out as u16
+}
+
+/// The f32 value of bf16 bits.
+pub fn from_bf16(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `C = (accumulate ? C : 0) + bf16(A)·bf16(B)` for an `m × k` view A, a `k × n` view B and a
+/// row-major C with row stride `ldc`, using the best bf16 kernel for this CPU.
+#[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
+pub fn gemm_bf16(
+    pool: &ThreadPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    gemm_bf16_with(best_bf16_kernel(), pool, m, n, k, a, b, c, ldc, accumulate);
+}
+
+/// `gemm_bf16` with an explicit kernel, for tests and benchmarks. Panics if the CPU cannot run
+/// `kernel` (check `Bf16Kernel::is_available` first) or if a slice is too short for its shape.
+#[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
+pub fn gemm_bf16_with(
+    kernel: Bf16Kernel,
+    pool: &ThreadPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(kernel.is_available(), "bf16 GEMM kernel {} is not supported by this CPU", kernel.name());
+    check_view("A", &a, m, k);
+    check_view("B", &b, k, n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ldc >= n, "GEMM: ldc {ldc} is smaller than n {n}");
+    let c_needed = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n)).expect("GEMM: C extent overflows usize");
+    assert!(c.len() >= c_needed, "GEMM: C has {} elements, needs {c_needed}", c.len());
+    if k == 0 {
+        if !accumulate {
+            c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
+        }
+        return;
+    }
+    let problem = Problem { m, n, k, a, b, c: SharedMut(c.as_mut_ptr()), ldc, accumulate, kernel };
+    drive(pool, &problem);
+}
+
+/// Rows of C per tile.
+const MR: usize = 8;
+/// Columns of C per tile (two zmm of f32).
+const NR: usize = 32;
+/// Depth block in depth steps (even, so no pair straddles two blocks). It fixes the order of the
+/// sums, so it must not depend on the thread count.
+const KC: usize = 768;
+/// Row block (a multiple of `MR`): the packed `MC × KC` A block stays in L2.
+const MC: usize = 128;
+/// Column block (a multiple of `NR`): the packed B block every row block reuses.
+const NC: usize = 3072;
+
+/// A raw pointer to C that tasks on several threads hold at once; each writes a disjoint region.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+
+// SAFETY: the pointer is only dereferenced inside the rectangle of C a task owns (see `drive`),
+// so no two threads touch the same element; `ThreadPool::run` returning orders the writes.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// Taking `self` by value makes closures capture the whole wrapper, not the bare pointer.
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// The validated arguments of one call.
+struct Problem<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'a>,
+    b: MatRef<'a>,
+    c: SharedMut,
+    ldc: usize,
+    accumulate: bool,
+    kernel: Bf16Kernel,
+}
+
+/// A growable `u32` buffer whose working slice starts on a 64-byte boundary.
+#[derive(Default)]
+struct AlignedWords {
+    storage: Vec<u32>,
+}
+
+impl AlignedWords {
+    const ALIGN_WORDS: usize = 16;
+
+    fn slice(&mut self, len: usize) -> &mut [u32] {
+        if self.storage.len() < len + Self::ALIGN_WORDS {
+            self.storage = vec![0; len + Self::ALIGN_WORDS];
+        }
+        let offset = self.storage.as_ptr().align_offset(64).min(Self::ALIGN_WORDS);
+        &mut self.storage[offset..offset + len]
+    }
+}
+
+thread_local! {
+    /// Each thread's packed A block, reused across calls.
+    static PACKED_A: RefCell<AlignedWords> = RefCell::new(AlignedWords::default());
+    /// Each thread's packed B block, reused across calls.
+    static PACKED_B: RefCell<AlignedWords> = RefCell::new(AlignedWords::default());
+}
+
+/// Runs `body` with a thread-local buffer of `len` words, or a fresh one if that buffer is
+/// already borrowed further up this thread's stack.
+fn with_buffer<R>(
+    key: &'static std::thread::LocalKey<RefCell<AlignedWords>>,
+    len: usize,
+    body: impl FnOnce(&mut [u32]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buffer) => body(buffer.slice(len)),
+        Err(_) => body(AlignedWords::default().slice(len)),
+    })
+}
+
+/// Cuts C into one rectangle of whole tiles per task (the same `Grid` as `gemm`) and runs the
+/// blocked loop nest on each.
+fn drive(pool: &ThreadPool, p: &Problem<'_>) {
+    let threads = pool.threads();
+    let parallel = threads > 1 && p.m.saturating_mul(p.n).saturating_mul(p.k) >= PARALLEL_MIN_MACS;
+    let (row_tiles, col_tiles) = (p.m.div_ceil(MR), p.n.div_ceil(NR));
+    let grid = if parallel { Grid::choose(row_tiles, col_tiles, threads, p.m, p.n) } else { Grid::SERIAL };
+    run_tasks(pool, parallel, grid.rows * grid.cols, &|task| {
+        let (tiles, slivers) = grid.task(task, row_tiles, col_tiles);
+        let rows = tiles.start * MR..(tiles.end * MR).min(p.m);
+        let cols = slivers.start * NR..(slivers.end * NR).min(p.n);
+        if !rows.is_empty() && !cols.is_empty() {
+            blocked(p, rows, cols);
+        }
+    });
+}
+
+/// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
+fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+    let words_max = KC.min(p.k).div_ceil(2);
+    let nc_max = NC.min(cols.len()).div_ceil(NR) * NR;
+    let mc_max = MC.min(rows.len()).div_ceil(MR) * MR;
+    with_buffer(&PACKED_B, words_max * nc_max, |packed_b| {
+        with_buffer(&PACKED_A, words_max * mc_max, |packed_a| {
+            for jc in cols.clone().step_by(NC) {
+                let nc = NC.min(cols.end - jc);
+                for pc in (0..p.k).step_by(KC) {
+                    let kc = KC.min(p.k - pc);
+                    let words = kc.div_ceil(2);
+                    let packed_b = &mut packed_b[..nc.div_ceil(NR) * NR * words];
+                    let b_base = pc * p.b.row_stride + jc * p.b.col_stride;
+                    pack(p.kernel, p.b.data, b_base, p.b.col_stride, p.b.row_stride, nc, kc, NR, packed_b);
+                    let accumulate = p.accumulate || pc > 0;
+                    for ic in rows.clone().step_by(MC) {
+                        let mc = MC.min(rows.end - ic);
+                        let packed_a = &mut packed_a[..mc.div_ceil(MR) * MR * words];
+                        let a_base = ic * p.a.row_stride + pc * p.a.col_stride;
+                        pack(p.kernel, p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, MR, packed_a);
+                        macro_kernel(p, packed_a, packed_b, words, (ic, mc), (jc, nc), accumulate);
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// Multiplies a packed A block (rows `i0..i0+mc`) by a packed B block (columns `j0..j0+nc`),
+/// `words` pairs deep, into C. Edge tiles go through a scratch tile and then get the same single
+/// add (or store) per element that a full tile gets, so they round identically.
+fn macro_kernel(
+    p: &Problem<'_>,
+    packed_a: &[u32],
+    packed_b: &[u32],
+    words: usize,
+    (i0, mc): (usize, usize),
+    (j0, nc): (usize, usize),
+    accumulate: bool,
+) {
+    let mut edge = [0.0f32; MR * NR];
+    for (s, b) in packed_b.chunks_exact(words * NR).enumerate() {
+        let j = j0 + s * NR;
+        let width = NR.min(j0 + nc - j);
+        for (r, a) in packed_a.chunks_exact(words * MR).enumerate() {
+            let i = i0 + r * MR;
+            let height = MR.min(i0 + mc - i);
+            // SAFETY: `i < m` and `j < n`, so the tile origin lies inside C (checked against the
+            // slice length at entry); this task owns the rectangle the block lies in.
+            let c = unsafe { p.c.ptr().add(i * p.ldc + j) };
+            if height == MR && width == NR {
+                // SAFETY: a full tile lies inside C with row stride ldc; the slivers hold
+                // words*MR and words*NR words; the kernel was checked available at entry.
+                unsafe { tile(p.kernel, words, a, b, c, p.ldc, accumulate) };
+            } else {
+                // SAFETY: the scratch tile holds MR*NR floats with row stride NR.
+                unsafe { tile(p.kernel, words, a, b, edge.as_mut_ptr(), NR, false) };
+                for (ii, edge_row) in edge.chunks_exact(NR).take(height).enumerate() {
+                    // SAFETY: rows < height and columns < width of this tile are inside C.
+                    let c_row = unsafe { std::slice::from_raw_parts_mut(c.add(ii * p.ldc), width) };
+                    for (out, &value) in c_row.iter_mut().zip(edge_row) {
+                        *out = if accumulate { *out + value } else { value };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Dispatches one `MR × NR` tile: `acc = Σ_t dot2(a word t, b word t)`, then `C = acc` or
+/// `C = C + acc`.
+///
+/// # Safety
+/// `a` holds `words * MR` and `b` `words * NR` words; C rows `0..MR` at stride `ldc` have `NR`
+/// writable floats each; the CPU supports `kernel`.
+unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: usize, acc: bool) {
+    debug_assert!(a.len() == words * MR && b.len() == words * NR);
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: forwarded contract; availability was asserted in `gemm_bf16_with`.
+        Bf16Kernel::Avx512Bf16 => unsafe { x86::tile_avx512bf16(words, a.as_ptr(), b.as_ptr(), c, ldc, acc) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Bf16Kernel::Avx512Bf16 => unreachable!("checked by is_available"),
+        // SAFETY: forwarded contract.
+        Bf16Kernel::Portable => unsafe { tile_portable(words, a, b, c, ldc, acc) },
+    }
+}
+
+/// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16
+/// pairs: `dst[s*words*lanes + t*lanes + w]` holds element `(s*lanes + w, 2t)` in its low half
+/// and `(s*lanes + w, 2t + 1)` in its high half, where element `(w, q)` is
+/// `src[base + w*wide_stride + q*deep_stride]`. Lanes past `width` and the half past an odd `kc`
+/// are zero.
+#[allow(clippy::too_many_arguments)] // Internal; the strides read best spelled out.
+fn pack(
+    kernel: Bf16Kernel,
+    src: &[f32],
+    base: usize,
+    wide_stride: usize,
+    deep_stride: usize,
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [u32],
+) {
+    let words = kc.div_ceil(2);
+    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * words);
+    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
+    assert!(last < src.len(), "bf16 GEMM pack out of bounds");
+    let src = &src[base..=last];
+    let word = |w: usize, q: usize| -> u32 {
+        let at = w * wide_stride + q * deep_stride;
+        let low = to_bf16(src[at]) as u32;
+        let high = if q + 1 < kc { to_bf16(src[at + deep_stride]) as u32 } else { 0 };
+        low | high << 16
+    };
+    for (s, sliver) in dst.chunks_exact_mut(words * lanes).enumerate() {
+        let w0 = s * lanes;
+        let sliver_width = lanes.min(width - w0);
+        #[cfg(target_arch = "x86_64")]
+        if kernel == Bf16Kernel::Avx512Bf16 && (wide_stride == 1 || deep_stride == 1) {
+            let sliver_src = &src[w0 * wide_stride..];
+            // SAFETY: `sliver_src` holds elements (w, q) for w < sliver_width, q < kc at the given
+            // strides (its far corner was checked above), `sliver` holds words*lanes words, and
+            // this kernel is only used after detecting AVX-512F.
+            unsafe { x86::pack_sliver(sliver_src, wide_stride, deep_stride, sliver_width, kc, lanes, sliver) };
+            continue;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = kernel;
+        if sliver_width < lanes {
+            sliver.fill(0);
+        }
+        if deep_stride == 1 {
+            // Walk each source row along the depth (contiguous reads), scattering into lines.
+            for w in 0..sliver_width {
+                for t in 0..words {
+                    sliver[t * lanes + w] = word(w0 + w, 2 * t);
+                }
+            }
+        } else {
+            for (t, line) in sliver.chunks_exact_mut(lanes).enumerate() {
+                for (w, slot) in line[..sliver_width].iter_mut().enumerate() {
+                    *slot = word(w0 + w, 2 * t);
+                }
+            }
+        }
+    }
+}
+
+/// Flushes a denormal to zero of the same sign, as `vdpbf16ps` does with its results.
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    if x.is_subnormal() {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// The portable tile, computing exactly what `vdpbf16ps` computes: per word, the odd product is
+/// added first, then the even one, each add rounded, denormals flushed.
+///
+/// # Safety
+/// C rows `0..MR` at stride `ldc` have `NR` writable floats each.
+unsafe fn tile_portable(words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: usize, accumulate: bool) {
+    let mut acc = [[0.0f32; NR]; MR];
+    let split = |word: u32| (from_bf16(word as u16), from_bf16((word >> 16) as u16));
+    for (a_step, b_step) in a.chunks_exact(MR).zip(b.chunks_exact(NR)).take(words) {
+        for (acc_row, &a_word) in acc.iter_mut().zip(a_step) {
+            let (a_even, a_odd) = split(a_word);
+            for (slot, &b_word) in acc_row.iter_mut().zip(b_step) {
+                let (b_even, b_odd) = split(b_word);
+                let sum = flush(*slot + flush(a_odd * b_odd));
+                *slot = flush(sum + flush(a_even * b_even));
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        // SAFETY: the caller guarantees NR writable floats in each of the MR rows.
+        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), NR) };
+        for (out, &value) in row.iter_mut().zip(acc_row) {
+            *out = if accumulate { *out + value } else { value };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+    use crate::device::cpu::gemm::x86::transpose16;
+
+    /// `to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
+    /// bits of its f32 lane in its low half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn to_bf16_x16(v: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(v);
+        let top = _mm512_srli_epi32::<16>(bits);
+        let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
+        let odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd));
+        let quiet_nan = _mm512_or_si512(top, _mm512_set1_epi32(0x0040));
+        let signed_zero = _mm512_and_si512(top, _mm512_set1_epi32(0x8000));
+        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
+        let tiny = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x0080_0000));
+        _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(rounded, nan, quiet_nan), tiny, signed_zero)
+    }
+
+    /// Lanes `0..count` set (`count <= 16`).
+    fn mask(count: usize) -> __mmask16 {
+        ((1u32 << count.min(16)) - 1) as __mmask16
+    }
+
+    /// The AVX-512 form of one sliver of `super::pack` (bit-identical to the scalar one): element
+    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]`, and `dst[t*lanes + w]` becomes the word of
+    /// `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and past `kc`. One of the strides is 1.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every element `(w, q)` with `w < width`, `q < kc` lies in
+    /// `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and `width <=
+    /// lanes`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pack_sliver(
+        src: &[f32],
+        wide_stride: usize,
+        deep_stride: usize,
+        width: usize,
+        kc: usize,
+        lanes: usize,
+        dst: &mut [u32],
+    ) {
+        let words = kc.div_ceil(2);
+        debug_assert!(width >= 1 && width <= lanes && dst.len() == words * lanes && lanes.is_multiple_of(8));
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        // Addresses of masked-off elements are formed with wrapping arithmetic only; a load with
+        // an all-zero mask reads no memory and yields zeros.
+        let at = |w: usize, q: usize| src.wrapping_add(w * wide_stride + q * deep_stride);
+        for group in (0..lanes).step_by(16) {
+            let group_lanes = 16.min(lanes - group);
+            let store = mask(group_lanes);
+            let valid = width.saturating_sub(group).min(16);
+            if wide_stride == 1 {
+                // Depth steps 2t and 2t+1 are two contiguous runs of lanes.
+                for t in 0..words {
+                    // SAFETY: unmasked lanes are elements (group + w, q) with w < valid, q < kc;
+                    // the store writes lanes group..group+group_lanes of line t.
+                    unsafe {
+                        let even = _mm512_maskz_loadu_ps(mask(valid), at(group, 2 * t));
+                        let odd_mask = if 2 * t + 1 < kc { mask(valid) } else { 0 };
+                        let odd = _mm512_maskz_loadu_ps(odd_mask, at(group, 2 * t + 1));
+                        let word = _mm512_or_si512(to_bf16_x16(even), _mm512_slli_epi32::<16>(to_bf16_x16(odd)));
+                        _mm512_mask_storeu_epi32(dst.add(t * lanes + group).cast(), store, word);
+                    }
+                }
+            } else {
+                // Each row is contiguous along the depth: convert 32 depth steps (16 words) of 16
+                // rows, pair even and odd steps, then transpose rows into lines.
+                let even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd_index = _mm512_add_epi32(even_index, _mm512_set1_epi32(1));
+                for q0 in (0..kc).step_by(32) {
+                    let depth = 32.min(kc - q0);
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (r, row) in rows.iter_mut().enumerate().take(valid) {
+                        // SAFETY: unmasked lanes are elements (group + r, q) with q < kc.
+                        let (first, second) = unsafe {
+                            (
+                                _mm512_maskz_loadu_ps(mask(depth), at(group + r, q0)),
+                                _mm512_maskz_loadu_ps(mask(depth.saturating_sub(16)), at(group + r, q0 + 16)),
+                            )
+                        };
+                        let (first, second) = (to_bf16_x16(first), to_bf16_x16(second));
+                        let even = _mm512_permutex2var_epi32(first, even_index, second);
+                        let odd = _mm512_permutex2var_epi32(first, odd_index, second);
+                        *row = _mm512_castsi512_ps(_mm512_or_si512(even, _mm512_slli_epi32::<16>(odd)));
+                    }
+                    // SAFETY: the CPU supports AVX-512F.
+                    let lines = unsafe { transpose16(rows) };
+                    for (t, line) in lines.iter().enumerate().take(depth.div_ceil(2)) {
+                        // SAFETY: line q0/2 + t < words; lanes group..group+group_lanes <= lanes.
+                        unsafe {
+                            _mm512_mask_storeu_epi32(
+                                dst.add((q0 / 2 + t) * lanes + group).cast(),
+                                store,
+                                _mm512_castps_si512(*line),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX512-BF16 tile: 8 rows × 2 zmm (32 columns), 16 accumulators; per depth pair one
+    /// broadcast of A's word and two `vdpbf16ps` per row.
+    ///
+    /// # Safety
+    /// `a` holds `words * MR` and `b` `words * NR` readable words; C rows `0..MR` at stride `ldc`
+    /// have `NR` writable floats each; the CPU supports AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn tile_avx512bf16(
+        words: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees; the
+        // transmutes reinterpret 64 bytes of packed bf16 pairs as the bf16 vector type.
+        unsafe {
+            for i in 0..MR {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
+            }
+            let mut lo = [_mm512_setzero_ps(); MR];
+            let mut hi = [_mm512_setzero_ps(); MR];
+            let (mut a, mut b) = (a, b);
+            for _ in 0..words {
+                let b_lo = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.cast()));
+                let b_hi = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(16).cast()));
+                for i in 0..MR {
+                    let a_i = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(i) as i32));
+                    lo[i] = _mm512_dpbf16_ps(lo[i], a_i, b_lo);
+                    hi[i] = _mm512_dpbf16_ps(hi[i], a_i, b_hi);
+                }
+                a = a.add(MR);
+                b = b.add(NR);
+            }
+            for i in 0..MR {
+                let row = c.add(i * ldc);
+                if accumulate {
+                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), lo[i]));
+                    _mm512_storeu_ps(row.add(16), _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]));
+                } else {
+                    _mm512_storeu_ps(row, lo[i]);
+                    _mm512_storeu_ps(row.add(16), hi[i]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random fill in [-1, 1).
+    fn fill(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// How a test operand is stored: as the matrix itself or as its transpose.
+    #[derive(Clone, Copy, Debug)]
+    enum Storage {
+        RowMajor,
+        Transposed,
+    }
+
+    fn view(data: &[f32], rows: usize, cols: usize, storage: Storage) -> MatRef<'_> {
+        match storage {
+            Storage::RowMajor => MatRef::row_major(data, cols),
+            Storage::Transposed => MatRef::transposed(data, rows),
+        }
+    }
+
+    const STORAGES: [(Storage, Storage); 4] = [
+        (Storage::RowMajor, Storage::RowMajor),
+        (Storage::RowMajor, Storage::Transposed),
+        (Storage::Transposed, Storage::RowMajor),
+        (Storage::Transposed, Storage::Transposed),
+    ];
+
+    fn rounded(x: f32) -> f64 {
+        from_bf16(to_bf16(x)) as f64
+    }
+
+    /// f64 oracle over the bf16-rounded inputs: (value, Σ|a·b|) per element.
+    fn reference(m: usize, n: usize, k: usize, a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<(f64, f64)> {
+        let mut out = vec![(0.0, 0.0); m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut scale) = (0.0f64, 0.0f64);
+                for p in 0..k {
+                    let x = rounded(a.data[i * a.row_stride + p * a.col_stride]);
+                    let y = rounded(b.data[p * b.row_stride + j * b.col_stride]);
+                    sum += x * y;
+                    scale += (x * y).abs();
+                }
+                out[i * n + j] = (sum, scale);
+            }
+        }
+        out
+    }
+
+    fn available_kernels() -> Vec<Bf16Kernel> {
+        let kernels: Vec<_> = Bf16Kernel::ALL.into_iter().filter(|k| k.is_available()).collect();
+        if !kernels.contains(&Bf16Kernel::Avx512Bf16) {
+            eprintln!("note: CPU lacks avx512bf16, only the portable kernel is tested");
+        }
+        kernels
+    }
+
+    #[allow(clippy::too_many_arguments)] // One flat list of case parameters reads best here.
+    fn check_case(
+        kernel: Bf16Kernel,
+        pool: &ThreadPool,
+        (m, n, k): (usize, usize, usize),
+        a_storage: Storage,
+        b_storage: Storage,
+        accumulate: bool,
+        ldc_pad: usize,
+    ) {
+        let seed = (m * 1_000_003 + n * 1009 + k) as u64;
+        let a_data = fill(m * k, seed);
+        let b_data = fill(k * n, seed + 1);
+        let a = view(&a_data, m, k, a_storage);
+        let b = view(&b_data, k, n, b_storage);
+        let ldc = n + ldc_pad;
+        let initial = fill(m.max(1) * ldc, seed + 2);
+        let mut c = initial.clone();
+        gemm_bf16_with(kernel, pool, m, n, k, a, b, &mut c, ldc, accumulate);
+        let expected = reference(m, n, k, &a, &b);
+        let tolerance = 1e-5 * (k.max(1) as f64).sqrt();
+        for i in 0..m {
+            for j in 0..ldc {
+                let got = c[i * ldc + j] as f64;
+                let before = initial[i * ldc + j] as f64;
+                if j >= n {
+                    assert_eq!(got, before, "padding ({i},{j}) was written");
+                    continue;
+                }
+                let (sum, scale) = expected[i * n + j];
+                let want = if accumulate { before + sum } else { sum };
+                let error = (got - want).abs() / (scale + if accumulate { before.abs() } else { 0.0 } + 1e-30);
+                assert!(
+                    error <= tolerance || (got - want).abs() < 1e-30,
+                    "{kernel:?} m={m} n={n} k={k} A {a_storage:?} B {b_storage:?} acc={accumulate} \
+                     ldc={ldc}: C({i},{j}) = {got}, want {want} (relative error {error:e})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_rounding_is_nearest_even() {
+        assert_eq!(to_bf16(1.0), 0x3F80);
+        // Exactly halfway between 1.0 and the next bf16: ties to the even 1.0.
+        assert_eq!(to_bf16(f32::from_bits(0x3F80_8000)), 0x3F80);
+        // Halfway above an odd mantissa: ties up to even.
+        assert_eq!(to_bf16(f32::from_bits(0x3F81_8000)), 0x3F82);
+        assert_eq!(to_bf16(f32::from_bits(0x3F80_8001)), 0x3F81);
+        assert_eq!(to_bf16(-2.5), 0xC020);
+        assert_eq!(to_bf16(f32::MAX), 0x7F80);
+        assert_eq!(to_bf16(f32::INFINITY), 0x7F80);
+        assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
+        assert_eq!(to_bf16(f32::from_bits(1)), 0);
+        assert_eq!(to_bf16(-f32::from_bits(1)), 0x8000);
+    }
+
+    #[test]
+    fn gemm_bf16_matches_reference_on_ragged_shapes() {
+        let pool = ThreadPool::new(2);
+        let sizes = [1, 7, 17, 33, 100, 257];
+        let depths = [1, 3, 7, 17, 33, 101, 257];
+        for kernel in available_kernels() {
+            for (index, &m) in sizes.iter().enumerate() {
+                for step in 0..sizes.len() {
+                    let n = sizes[(index + step) % sizes.len()];
+                    let k = depths[(index * 3 + step * 5) % depths.len()];
+                    let (a_storage, b_storage) = STORAGES[(index + step) % 4];
+                    check_case(kernel, &pool, (m, n, k), a_storage, b_storage, step % 2 == 1, step % 3);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_matches_reference_in_every_layout() {
+        let pool = ThreadPool::new(2);
+        let shapes = [(257, 100, 33), (33, 257, 101), (100, 17, 257), (7, 33, 1)];
+        for kernel in available_kernels() {
+            for &shape in &shapes {
+                for (a_storage, b_storage) in STORAGES {
+                    for accumulate in [false, true] {
+                        check_case(kernel, &pool, shape, a_storage, b_storage, accumulate, 3);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_crosses_every_blocking_boundary() {
+        // Deeper than KC (and odd), wider than NC and taller than MC.
+        let pool = ThreadPool::new(3);
+        for kernel in available_kernels() {
+            check_case(kernel, &pool, (150, 3100, 801), Storage::RowMajor, Storage::Transposed, false, 0);
+            check_case(kernel, &pool, (301, 70, 1537), Storage::Transposed, Storage::RowMajor, true, 5);
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_empty_depth_zeroes_or_keeps_c() {
+        let pool = ThreadPool::new(2);
+        for kernel in available_kernels() {
+            let mut c = vec![5.0f32; 3 * 6];
+            let empty = MatRef::row_major(&[], 0);
+            gemm_bf16_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, true);
+            assert!(c.iter().all(|&x| x == 5.0));
+            gemm_bf16_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, false);
+            for (index, &x) in c.iter().enumerate() {
+                assert_eq!(x, if index % 6 < 4 { 0.0 } else { 5.0 });
+            }
+        }
+    }
+
+    fn run(
+        kernel: Bf16Kernel,
+        pool: &ThreadPool,
+        (m, n, k): (usize, usize, usize),
+        storage: (Storage, Storage),
+    ) -> Vec<f32> {
+        let a_data = fill(m * k, 11);
+        let b_data = fill(k * n, 12);
+        let a = view(&a_data, m, k, storage.0);
+        let b = view(&b_data, k, n, storage.1);
+        let mut c = fill(m * n, 13);
+        gemm_bf16_with(kernel, pool, m, n, k, a, b, &mut c, n, true);
+        c
+    }
+
+    fn same_bits(x: &[f32], y: &[f32]) -> bool {
+        x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn gemm_bf16_bit_identical_for_any_thread_count() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+        let shapes = [(64, 768, 3072), (1024, 64, 255), (129, 257, 301), (300, 3100, 71)];
+        for kernel in available_kernels() {
+            for &shape in &shapes {
+                for storage in STORAGES {
+                    let results: Vec<Vec<f32>> = pools.iter().map(|pool| run(kernel, pool, shape, storage)).collect();
+                    for other in &results[1..] {
+                        assert!(same_bits(&results[0], other), "{kernel:?} {shape:?} differs across thread counts");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_avx512bf16_is_bitwise_equal_to_portable() {
+        if !Bf16Kernel::Avx512Bf16.is_available() {
+            eprintln!("skipped: CPU lacks avx512bf16");
+            return;
+        }
+        let pool = ThreadPool::new(2);
+        for shape in [(257, 100, 33), (33, 257, 1537), (100, 3100, 17), (64, 768, 769)] {
+            for storage in STORAGES {
+                let fast = run(Bf16Kernel::Avx512Bf16, &pool, shape, storage);
+                let portable = run(Bf16Kernel::Portable, &pool, shape, storage);
+                assert!(same_bits(&fast, &portable), "{shape:?} {storage:?}: kernels differ");
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_avx512_packing_is_bitwise_equal_to_scalar() {
+        if !Bf16Kernel::Avx512Bf16.is_available() {
+            eprintln!("skipped: CPU lacks avx512bf16");
+            return;
+        }
+        // Random bit patterns (NaNs, infinities, denormals, ties) plus some exact ties.
+        let mut state = 0x1234_5678_9ABC_DEFFu64;
+        let mut data: Vec<f32> = (0..40 * 70)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                f32::from_bits((state >> 20) as u32)
+            })
+            .collect();
+        data[3] = f32::from_bits(0x3F80_8000);
+        data[4] = f32::from_bits(0x3F81_8000);
+        data[5] = f32::from_bits(0x8000_0001);
+        data[6] = f32::MAX;
+        for (lanes, width) in [(32, 32), (32, 17), (8, 8), (8, 3)] {
+            for kc in [1, 2, 31, 33, 64, 69] {
+                for (wide, deep) in [(1, 40), (70, 1), (3, 100)] {
+                    let len = (width - 1) * wide + (kc - 1) * deep + 1;
+                    if len > data.len() {
+                        continue;
+                    }
+                    let size = kc.div_ceil(2) * lanes;
+                    let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
+                    pack(Bf16Kernel::Avx512Bf16, &data, 0, wide, deep, width, kc, lanes, &mut fast);
+                    pack(Bf16Kernel::Portable, &data, 0, wide, deep, width, kc, lanes, &mut scalar);
+                    assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide}, {deep})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_best_kernel_is_available() {
+        assert!(best_bf16_kernel().is_available());
+    }
+
+    /// GFLOP/s of bf16 vs f32 GEMM on 2 threads against the FMA peak:
+    /// `cargo test --release gemm_bf16_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn gemm_bf16_bench() {
+        use std::time::Instant;
+        let pool = ThreadPool::new(2);
+        let peak = crate::device::cpu::peak::measure_fma_peak(&pool, 300);
+        println!("FMA peak: {:.1} GFLOP/s ({} threads, {})", peak.gflops, peak.threads, peak.isa);
+        for (m, n, k, layout) in [(2048, 2048, 2048, "NN"), (256, 2304, 768, "NT"), (256, 2304, 768, "NN")] {
+            let a_data = fill(m * k, 1);
+            let b_data = fill(k * n, 2);
+            let a = MatRef::row_major(&a_data, k);
+            let b = if layout == "NT" { MatRef::transposed(&b_data, k) } else { MatRef::row_major(&b_data, n) };
+            let mut c = vec![0.0f32; m * n];
+            let flops = 2.0 * (m * n * k) as f64;
+            let time = |f: &mut dyn FnMut()| {
+                f();
+                let reps = ((2e10 / flops) as usize).clamp(3, 200);
+                let mut best = f64::MAX;
+                for _ in 0..reps {
+                    let start = Instant::now();
+                    f();
+                    best = best.min(start.elapsed().as_secs_f64());
+                }
+                flops / best / 1e9
+            };
+            let f32_rate = time(&mut || crate::device::cpu::gemm::gemm(&pool, m, n, k, a, b, &mut c, n, false));
+            let bf16_rate = time(&mut || gemm_bf16(&pool, m, n, k, a, b, &mut c, n, false));
+            println!(
+                "{m}x{n}x{k} {layout}: f32 {f32_rate:.1} GFLOP/s ({:.0}% peak), bf16 [{}] {bf16_rate:.1} GFLOP/s \
+                 ({:.0}% of FMA peak, {:.2}x f32)",
+                100.0 * f32_rate / peak.gflops,
+                best_bf16_kernel().name(),
+                100.0 * bf16_rate / peak.gflops,
+                bf16_rate / f32_rate
+            );
+        }
+    }
+}
