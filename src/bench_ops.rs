@@ -232,6 +232,7 @@ pub fn layernorm(dev: &CpuDevice, bandwidth: f64, min_seconds: f64) -> Vec<Recor
 
 /// One training step (forward, backward, AdamW) of a preset's model on synthetic tokens, as MFU:
 /// Megatron's model FLOPs over the measured FMA peak.
+#[allow(clippy::too_many_arguments)]
 pub fn step(
     dev: &CpuDevice,
     peak: &Peak,
@@ -239,6 +240,7 @@ pub fn step(
     micro_batch: usize,
     seq: usize,
     vocab: usize,
+    precision: crate::real::Precision,
     min_seconds: f64,
 ) -> Result<Vec<Record>> {
     let p = preset(preset_name)?;
@@ -254,6 +256,8 @@ pub fn step(
     };
     cfg.validate()?;
     let mut model = Gpt::new(dev, cfg.clone(), 1234);
+    model.set_precision(dev, precision);
+    dev.set_matmul_precision(precision);
     let mut opt = AdamW::new(dev, &model.params, AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 });
     let tokens: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 31 % 256) as u32).collect();
     let labels: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 17 % 256) as u32).collect();
@@ -271,12 +275,18 @@ pub fn step(
             &mut |_, _| {},
         );
         opt.step(dev, &mut model.params, 1e-4, 1.0);
+        model.refresh_working_weights(dev);
     });
+    dev.set_matmul_precision(crate::real::Precision::F32);
     let flops = cfg.flops_per_iteration(micro_batch, seq);
     Ok(vec![Record {
         bench: "step",
         shape: format!("{preset_name} mb{micro_batch} s{seq} V{}", cfg.padded_vocab_size),
-        dtype: "f32",
+        dtype: match precision {
+            crate::real::Precision::F32 => "f32",
+            crate::real::Precision::Bf16 => "bf16",
+            crate::real::Precision::F16 => "fp16",
+        },
         threads: dev.pool().threads(),
         achieved: flops / secs / 1e9,
         unit: "GFLOP/s",

@@ -62,7 +62,7 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
     switch("--json", "print one JSON object per measurement"),
-    flag("--dtype", "T", "gemm: f32 (default) or bf16"),
+    flag("--dtype", "T", "gemm and step: f32 (default) or bf16"),
     flag("--preset", "NAME", "step: the model (default gpt2-124m)"),
     flag("--micro-batch-size", "B", "step: samples per step (default 4)"),
     flag("--seq-length", "S", "step: tokens per sample (default 64)"),
@@ -426,6 +426,11 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
                     a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
                     a.usize("--seq-length")?.unwrap_or(64).max(1),
                     a.usize("--vocab-size")?.unwrap_or(50257).max(257),
+                    match a.str("--dtype").unwrap_or("f32") {
+                        "f32" => trident::real::Precision::F32,
+                        "bf16" => trident::real::Precision::Bf16,
+                        other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                    },
                     secs,
                 )?,
             };

@@ -758,6 +758,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let tp = TensorParallel { comm: &*groups.tp, sequence_parallel: mp.sequence_parallel };
     let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
     let dev = CpuDevice::new(threads);
+    dev.set_matmul_precision(cfg.precision);
     let peak = peak::measure_fma_peak(dev.pool(), 150);
     let m = &cfg.model;
     let n_micro = num_micro_batches(cfg, &grid);

@@ -217,6 +217,11 @@ pub trait Device: Send + Sync {
         grad_scale: f32,
     );
 
+    /// The precision of the operands of matrix products from now on (bf16 mixed precision runs its
+    /// GEMMs on bf16 operands with f32 accumulation where the backend has such a GEMM; others
+    /// ignore it).
+    fn set_matmul_precision(&self, _precision: crate::real::Precision) {}
+
     /// Rounds every element to `precision` where it would be stored (bf16 / fp16 emulation on
     /// backends that compute in f32).
     fn round_to(&self, buf: &mut Self::Buf, precision: crate::real::Precision);

@@ -488,9 +488,15 @@ impl<D: Device> Gpt<D> {
     pub fn refresh_working_weights(&mut self, dev: &D) {
         if let Some(working) = self.working.as_mut() {
             for (w, (m, info)) in working.iter_mut().zip(self.params.values.iter().zip(&self.params.info)) {
-                let mut host = vec![0f32; info.numel()];
-                dev.download(m, &mut host);
-                dev.upload(w, &host);
+                // Copy in place where the device keeps buffers in host memory; stage otherwise.
+                match (dev.host_f32_ref(m), dev.host_f32(w)) {
+                    (Some(src), Some(dst)) => dst.copy_from_slice(src),
+                    _ => {
+                        let mut host = vec![0f32; info.numel()];
+                        dev.download(m, &mut host);
+                        dev.upload(w, &host);
+                    }
+                }
                 dev.round_to(w, self.precision);
             }
         }

@@ -50,15 +50,37 @@ impl<T> SharedMut<T> {
 
 pub struct CpuDevice {
     pool: ThreadPool,
+    /// Whether linear layers multiply bf16 operands (`gemm_bf16`) instead of f32 ones.
+    bf16_matmul: std::sync::atomic::AtomicBool,
 }
 
 impl CpuDevice {
     pub fn new(threads: usize) -> CpuDevice {
-        CpuDevice { pool: ThreadPool::new(threads.max(1)) }
+        CpuDevice { pool: ThreadPool::new(threads.max(1)), bf16_matmul: std::sync::atomic::AtomicBool::new(false) }
     }
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    /// The GEMM the linear layers use: f32, or bf16 operands under bf16 mixed precision.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        c: &mut [f32],
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        if self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed) {
+            gemm_bf16::gemm_bf16(&self.pool, m, n, k, a, b, c, ldc, accumulate);
+        } else {
+            gemm::gemm(&self.pool, m, n, k, a, b, c, ldc, accumulate);
+        }
     }
 
     /// Runs `f(start, len)` over `0..total` in blocks of `block`, in parallel.
@@ -301,7 +323,7 @@ impl Device for CpuDevice {
         }
         let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
         let b = MatRef { data: &weight[..n * k], row_stride: 1, col_stride: k };
-        gemm::gemm(&self.pool, rows, n, k, a, b, out, n, bias.is_some());
+        self.matmul(rows, n, k, a, b, out, n, bias.is_some());
     }
     fn linear_backward(
         &self,
@@ -318,11 +340,11 @@ impl Device for CpuDevice {
         if let Some(dinp) = dinp {
             let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
             let b = MatRef { data: &weight[..n * k], row_stride: k, col_stride: 1 };
-            gemm::gemm(&self.pool, rows, k, n, a, b, &mut dinp[..rows * k], k, false);
+            self.matmul(rows, k, n, a, b, &mut dinp[..rows * k], k, false);
         }
         let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
         let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
-        gemm::gemm(&self.pool, n, k, rows, a, b, &mut dweight[..n * k], k, true);
+        self.matmul(n, k, rows, a, b, &mut dweight[..n * k], k, true);
         if let Some(dbias) = dbias {
             let db = SharedMut::new(dbias);
             self.for_blocks(n, COLS_PER_TASK, &|c0, nc| {
@@ -392,6 +414,10 @@ impl Device for CpuDevice {
                 }
             }
         });
+    }
+
+    fn set_matmul_precision(&self, precision: crate::real::Precision) {
+        self.bf16_matmul.store(precision == crate::real::Precision::Bf16, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn round_to(&self, buf: &mut Vec<f32>, precision: crate::real::Precision) {
