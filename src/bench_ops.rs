@@ -143,6 +143,7 @@ fn gemm_rate(pool: &ThreadPool, min_seconds: f64) -> f64 {
 /// Causal attention forward and backward on the shapes of the presets; FLOPs as FlashAttention
 /// counts them (forward 4 s^2 d per head, backward 2.5x, halved for causal masking).
 pub fn attention(dev: &CpuDevice, peak: &Peak, min_seconds: f64) -> Vec<Record> {
+    const MIB: f64 = 1048576.0;
     let gemm_gflops = gemm_rate(dev.pool(), min_seconds);
     let shapes = [
         ("tiny b16 s128 h4 d32", AttentionShape { batch: 16, seq: 128, heads: 4, head_dim: 32 }),
@@ -175,9 +176,12 @@ pub fn attention(dev: &CpuDevice, peak: &Peak, min_seconds: f64) -> Vec<Record> 
             peak: peak.gflops,
             ms: 1e3 * (fwd + bwd),
             note: format!(
-                "fwd+bwd; {:.0}% of the 1024^3 GEMM rate ({gemm_gflops:.0} GFLOP/s); buffers {:.1} MiB, no s x s matrix",
+                "fwd+bwd; {:.0}% of the 1024^3 GEMM rate ({gemm_gflops:.0} GFLOP/s); tensors {:.1} MiB + scratch {:.1} MiB \
+                 (the s x s score matrices would be {:.1} MiB)",
                 100.0 * achieved / gemm_gflops,
-                held as f64 / 1048576.0
+                held as f64 / MIB,
+                crate::device::cpu::attention::scratch_bytes(&shape, dev.pool().threads()) as f64 / MIB,
+                (4 * shape.seq * shape.seq * shape.batch * shape.heads) as f64 / MIB
             ),
         });
     }

@@ -386,11 +386,103 @@ pub unsafe fn attention_backward_head<R: Real>(
 /// The largest logit of a row (the first all-reduce of the vocab-parallel cross-entropy).
 #[inline(always)]
 pub fn row_max<R: Real>(row: &[R]) -> R {
-    let mut max = R::NEG_INFINITY;
-    for &x in row {
-        max = max.max(x);
+    let mut acc = [R::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] = acc[l].max(c[l]);
+        }
     }
-    max
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        acc[l] = acc[l].max(x);
+    }
+    acc.iter().fold(R::NEG_INFINITY, |m, &x| m.max(x))
+}
+
+/// Width of the partial-sum arrays of the row reductions: sixteen independent accumulators let a
+/// loop run in vector registers, and since the width is fixed (not the machine's), the summation
+/// order, and so every bit of the result, is the same at every instruction-set level.
+const LANES: usize = 16;
+
+/// `Σ f(x)` over a slice, where `f` may also rewrite the element: element i goes to partial sum
+/// `i % LANES`, and the partial sums are combined pairwise at the end.
+#[inline(always)]
+fn lane_sum<R: Real>(xs: &mut [R], mut f: impl FnMut(&mut R) -> R) -> R {
+    let mut acc = [R::ZERO; LANES];
+    let mut chunks = xs.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += f(&mut c[l]);
+        }
+    }
+    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
+        acc[l] += f(x);
+    }
+    combine_lanes(acc)
+}
+
+/// The partial sums of `lane_sum`, combined pairwise.
+#[inline(always)]
+fn combine_lanes<R: Real>(mut acc: [R; LANES]) -> R {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// Dot product in the fixed lane order of `lane_sum`.
+#[inline(always)]
+pub fn dot_lanes<R: Real>(a: &[R], b: &[R]) -> R {
+    let mut acc = [R::ZERO; LANES];
+    let n = a.len().min(b.len());
+    let (mut ca, mut cb) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] += x * y;
+    }
+    combine_lanes(acc)
+}
+
+/// One query's row of causal attention scores, in place: `row[..n]` holds the raw products q·k of
+/// the keys the query may see and becomes softmax(scale · q·k); `row[n..]` (masked keys) becomes 0.
+/// Returns the log-sum-exp of the scaled scores, which the backward pass rebuilds the row from.
+#[inline(always)]
+pub fn attention_softmax_row<R: Real>(row: &mut [R], n: usize, scale: R) -> R {
+    // The scale is positive, so the largest scaled score is the scaled largest score, exactly.
+    let max = row_max(&row[..n]) * scale;
+    let sum = lane_sum(&mut row[..n], |x| {
+        let e = (*x * scale - max).exp_fast();
+        *x = e;
+        e
+    });
+    let inv = R::ONE / sum;
+    for x in row[..n].iter_mut() {
+        *x *= inv;
+    }
+    row[n..].fill(R::ZERO);
+    max + sum.ln()
+}
+
+/// One query's rows of the attention backward, in place: `p[..n]` holds the raw scores q·k and
+/// becomes the probabilities exp(scale · q·k - lse); `ds[..n]` holds dy·v and becomes the score
+/// gradient p · (dy·v - delta) · scale, where delta = dy·y; masked entries become 0.
+#[inline(always)]
+pub fn attention_backward_row<R: Real>(p: &mut [R], ds: &mut [R], n: usize, scale: R, lse: R, delta: R) {
+    for (pj, dj) in p[..n].iter_mut().zip(ds[..n].iter_mut()) {
+        let e = (*pj * scale - lse).exp_fast();
+        *pj = e;
+        *dj = e * (*dj - delta) * scale;
+    }
+    p[n..].fill(R::ZERO);
+    ds[n..].fill(R::ZERO);
 }
 
 /// This shard's part of a row's softmax denominator, `Σ exp(x - max)` against the global max, and
@@ -398,11 +490,17 @@ pub fn row_max<R: Real>(row: &[R]) -> R {
 /// all-reduces of the vocab-parallel cross-entropy sum these over the shards.
 #[inline(always)]
 pub fn cross_entropy_partials_row<R: Real>(row: &[R], target: Option<usize>, max: R) -> (R, R) {
-    let mut sum = R::ZERO;
-    for &x in row {
-        sum += (x - max).exp_fast();
+    let mut acc = [R::ZERO; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += (c[l] - max).exp_fast();
+        }
     }
-    (sum, target.map_or(R::ZERO, |t| row[t]))
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        acc[l] += (x - max).exp_fast();
+    }
+    (combine_lanes(acc), target.map_or(R::ZERO, |t| row[t]))
 }
 
 /// The row's logits become `scale * (softmax - onehot)`, from the global max and denominator.

@@ -7,10 +7,20 @@
 
 use super::gemm::{gemm, MatRef};
 use super::pool::ThreadPool;
+use super::simd;
 use crate::device::AttentionShape;
-use crate::real::Real;
 
-const QUERY_TILE: usize = 64;
+const QUERY_TILE: usize = 128;
+
+/// Bytes of scratch the kernels hold while `threads` (sequence, head) pairs run at once: per pair,
+/// two [tile, seq] score blocks (backward) and the pair's dq, dk and dv rows. An s x s score
+/// matrix per pair would be `4 * seq * seq` bytes.
+pub fn scratch_bytes(shape: &AttentionShape, threads: usize) -> usize {
+    let (s, d) = (shape.seq, shape.head_dim);
+    let forward = QUERY_TILE.min(s) * s + s * d + s;
+    let backward = 2 * QUERY_TILE.min(s) * s + 3 * s * d;
+    4 * forward.max(backward) * threads.min(shape.batch * shape.heads)
+}
 
 /// Where the q, k or v vectors of (sequence b, head) start in the fused QKV activation, and the
 /// stride between consecutive positions.
@@ -55,23 +65,8 @@ pub fn forward_head(
         gemm(pool, qn, kend, d, qkv_view(qkv, &shape, b, head, 0, q0), transposed(keys), sc, kend, false);
         for r in 0..qn {
             let t = q0 + r;
-            let row = &mut sc[r * kend..(r + 1) * kend];
-            let mut max = f32::NEG_INFINITY;
-            for v in row[..=t].iter_mut() {
-                *v *= scale;
-                max = max.max(*v);
-            }
-            let mut sum = 0f32;
-            for v in row[..=t].iter_mut() {
-                *v = (*v - max).exp_fast();
-                sum += *v;
-            }
-            let inv = 1.0 / sum;
-            for v in row[..=t].iter_mut() {
-                *v *= inv;
-            }
-            row[t + 1..].fill(0.0);
-            lse[t] = max + sum.ln();
+            // SAFETY: the row kernel has no preconditions beyond its slice bounds.
+            lse[t] = unsafe { simd::attention_softmax_row(&mut sc[r * kend..(r + 1) * kend], t + 1, scale) };
         }
         gemm(
             pool,
@@ -122,15 +117,12 @@ pub fn backward_head(
         for r in 0..qn {
             let t = q0 + r;
             let o = (t * shape.batch + b) * w + head * d;
-            let delta: f32 = dout[o..o + d].iter().zip(&out[o..o + d]).map(|(a, c)| a * c).sum();
-            let (prow, dsrow) = (&mut pt[r * kend..(r + 1) * kend], &mut dst[r * kend..(r + 1) * kend]);
-            for j in 0..=t {
-                let pj = (prow[j] * scale - lse[t]).exp_fast();
-                prow[j] = pj;
-                dsrow[j] = pj * (dsrow[j] - delta) * scale;
+            // SAFETY: the row kernels have no preconditions beyond their slice bounds.
+            unsafe {
+                let delta = simd::dot_lanes(&dout[o..o + d], &out[o..o + d]);
+                let (prow, dsrow) = (&mut pt[r * kend..(r + 1) * kend], &mut dst[r * kend..(r + 1) * kend]);
+                simd::attention_backward_row(prow, dsrow, t + 1, scale, lse[t], delta);
             }
-            prow[t + 1..].fill(0.0);
-            dsrow[t + 1..].fill(0.0);
         }
         let ds_view = MatRef { data: dst, row_stride: kend, col_stride: 1 };
         let p_view = MatRef { data: pt, row_stride: kend, col_stride: 1 };

@@ -108,6 +108,10 @@ multiversion! {
     fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, t0: usize, nt: usize, hidden: usize,
         c0: usize, c1: usize) = kernels::position_backward_cols::<f32>;
     fn add_bias_rows(out: &mut [f32], bias: &[f32]) = kernels::add_bias_rows::<f32>;
+    fn dot_lanes(a: &[f32], b: &[f32]) -> f32 = kernels::dot_lanes::<f32>;
+    fn attention_softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 = kernels::attention_softmax_row::<f32>;
+    fn attention_backward_row(p: &mut [f32], ds: &mut [f32], n: usize, scale: f32, lse: f32, delta: f32)
+        = kernels::attention_backward_row::<f32>;
 }
 
 #[cfg(test)]
@@ -166,6 +170,11 @@ mod tests {
                     grad_scale: 0.7,
                 };
                 adamw_slice::at(lv, &mut p, &b, &mut mm, &mut vv, &step);
+                let mut scores = x[..cols].to_vec();
+                let lse = attention_softmax_row::at(lv, &mut scores, cols - 7, 0.125);
+                let (mut pr, mut ds) = (x[cols..2 * cols].to_vec(), dy[..cols].to_vec());
+                let delta = dot_lanes::at(lv, &x[..cols], &dy[..cols]);
+                attention_backward_row::at(lv, &mut pr, &mut ds, cols - 7, 0.125, lse, delta);
                 r.extend([
                     bits(&y),
                     bits(&dx),
@@ -177,6 +186,10 @@ mod tests {
                     bits(&[m, se, tl]),
                     bits(&p),
                     bits(&vv),
+                    bits(&scores),
+                    bits(&pr),
+                    bits(&ds),
+                    bits(&[lse, delta]),
                 ]);
             }
             results.push(r);
