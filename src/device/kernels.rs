@@ -26,16 +26,8 @@ pub fn layernorm_forward_rows<R: Real>(
     let eps = R::from_f64(LAYERNORM_EPS);
     let n = R::from_f64(cols as f64);
     for (r, (x, y)) in inp.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
-        let mut sum = R::ZERO;
-        for &v in x {
-            sum += v;
-        }
-        let mu = sum / n;
-        let mut var = R::ZERO;
-        for &v in x {
-            let d = v - mu;
-            var += d * d;
-        }
+        let mu = lane_sum_of(x, |v| v) / n;
+        let var = lane_sum_of(x, |v| (v - mu) * (v - mu));
         let rs = R::ONE / (var / n + eps).sqrt();
         for c in 0..cols {
             y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
@@ -67,18 +59,27 @@ pub fn layernorm_backward_rows<R: Real>(
         let dx = &mut dinp[r * cols..(r + 1) * cols];
         let (mu, rs) = (mean[r], rstd[r]);
         // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight.
-        let mut mean_g = R::ZERO;
-        let mut mean_gx = R::ZERO;
-        for c in 0..cols {
+        let (dweight, dbias, weight) = (&mut dweight[..cols], &mut dbias[..cols], &weight[..cols]);
+        let (mut acc_g, mut acc_gx) = ([R::ZERO; LANES], [R::ZERO; LANES]);
+        let mut column = |c: usize, l: usize| {
             let xhat = (x[c] - mu) * rs;
             let g = dy[c] * weight[c];
-            mean_g += g;
-            mean_gx += g * xhat;
+            acc_g[l] += g;
+            acc_gx[l] += g * xhat;
             dweight[c] += dy[c] * xhat;
             dbias[c] += dy[c];
+        };
+        let full = cols - cols % LANES;
+        for c0 in (0..full).step_by(LANES) {
+            for l in 0..LANES {
+                column(c0 + l, l);
+            }
         }
-        mean_g = mean_g / n;
-        mean_gx = mean_gx / n;
+        for c in full..cols {
+            column(c, c - full);
+        }
+        let mean_g = combine_lanes(acc_g) / n;
+        let mean_gx = combine_lanes(acc_gx) / n;
         for c in 0..cols {
             let xhat = (x[c] - mu) * rs;
             dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
@@ -421,6 +422,22 @@ fn lane_sum<R: Real>(xs: &mut [R], mut f: impl FnMut(&mut R) -> R) -> R {
     combine_lanes(acc)
 }
 
+/// `Σ f(x)` over a read-only slice, in the lane order of `lane_sum`.
+#[inline(always)]
+fn lane_sum_of<R: Real>(xs: &[R], f: impl Fn(R) -> R) -> R {
+    let mut acc = [R::ZERO; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += f(c[l]);
+        }
+    }
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        acc[l] += f(x);
+    }
+    combine_lanes(acc)
+}
+
 /// The partial sums of `lane_sum`, combined pairwise.
 #[inline(always)]
 fn combine_lanes<R: Real>(mut acc: [R; LANES]) -> R {
@@ -490,17 +507,7 @@ pub fn attention_backward_row<R: Real>(p: &mut [R], ds: &mut [R], n: usize, scal
 /// all-reduces of the vocab-parallel cross-entropy sum these over the shards.
 #[inline(always)]
 pub fn cross_entropy_partials_row<R: Real>(row: &[R], target: Option<usize>, max: R) -> (R, R) {
-    let mut acc = [R::ZERO; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for l in 0..LANES {
-            acc[l] += (c[l] - max).exp_fast();
-        }
-    }
-    for (l, &x) in chunks.remainder().iter().enumerate() {
-        acc[l] += (x - max).exp_fast();
-    }
-    (combine_lanes(acc), target.map_or(R::ZERO, |t| row[t]))
+    (lane_sum_of(row, |x| (x - max).exp_fast()), target.map_or(R::ZERO, |t| row[t]))
 }
 
 /// The row's logits become `scale * (softmax - onehot)`, from the global max and denominator.
