@@ -73,7 +73,7 @@ impl Layout {
 }
 
 /// Deterministic values in [-1, 1).
-fn fill(len: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn fill(len: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {

@@ -591,62 +591,11 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::gemm::test_support::{self, fill, view, Storage, STORAGES};
     use super::*;
-
-    /// A deterministic pseudo-random fill in [-1, 1).
-    fn fill(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// How a test operand is stored: as the matrix itself or as its transpose.
-    #[derive(Clone, Copy, Debug)]
-    enum Storage {
-        RowMajor,
-        Transposed,
-    }
-
-    fn view(data: &[f32], rows: usize, cols: usize, storage: Storage) -> MatRef<'_> {
-        match storage {
-            Storage::RowMajor => MatRef::row_major(data, cols),
-            Storage::Transposed => MatRef::transposed(data, rows),
-        }
-    }
-
-    const STORAGES: [(Storage, Storage); 4] = [
-        (Storage::RowMajor, Storage::RowMajor),
-        (Storage::RowMajor, Storage::Transposed),
-        (Storage::Transposed, Storage::RowMajor),
-        (Storage::Transposed, Storage::Transposed),
-    ];
 
     fn rounded(x: f32) -> f64 {
         from_bf16(to_bf16(x)) as f64
-    }
-
-    /// f64 oracle over the bf16-rounded inputs: (value, Σ|a·b|) per element.
-    fn reference(m: usize, n: usize, k: usize, a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<(f64, f64)> {
-        let mut out = vec![(0.0, 0.0); m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let (mut sum, mut scale) = (0.0f64, 0.0f64);
-                for p in 0..k {
-                    let x = rounded(a.data[i * a.row_stride + p * a.col_stride]);
-                    let y = rounded(b.data[p * b.row_stride + j * b.col_stride]);
-                    sum += x * y;
-                    scale += (x * y).abs();
-                }
-                out[i * n + j] = (sum, scale);
-            }
-        }
-        out
     }
 
     fn available_kernels() -> Vec<Bf16Kernel> {
@@ -657,7 +606,7 @@ mod tests {
         kernels
     }
 
-    #[allow(clippy::too_many_arguments)] // One flat list of case parameters reads best here.
+    /// One case against the f64 oracle over the bf16-rounded inputs.
     fn check_case(
         kernel: Bf16Kernel,
         pool: &ThreadPool,
@@ -667,35 +616,17 @@ mod tests {
         accumulate: bool,
         ldc_pad: usize,
     ) {
-        let seed = (m * 1_000_003 + n * 1009 + k) as u64;
-        let a_data = fill(m * k, seed);
-        let b_data = fill(k * n, seed + 1);
-        let a = view(&a_data, m, k, a_storage);
-        let b = view(&b_data, k, n, b_storage);
-        let ldc = n + ldc_pad;
-        let initial = fill(m.max(1) * ldc, seed + 2);
-        let mut c = initial.clone();
-        gemm_bf16_with(kernel, pool, m, n, k, a, b, &mut c, ldc, accumulate);
-        let expected = reference(m, n, k, &a, &b);
         let tolerance = 1e-5 * (k.max(1) as f64).sqrt();
-        for i in 0..m {
-            for j in 0..ldc {
-                let got = c[i * ldc + j] as f64;
-                let before = initial[i * ldc + j] as f64;
-                if j >= n {
-                    assert_eq!(got, before, "padding ({i},{j}) was written");
-                    continue;
-                }
-                let (sum, scale) = expected[i * n + j];
-                let want = if accumulate { before + sum } else { sum };
-                let error = (got - want).abs() / (scale + if accumulate { before.abs() } else { 0.0 } + 1e-30);
-                assert!(
-                    error <= tolerance || (got - want).abs() < 1e-30,
-                    "{kernel:?} m={m} n={n} k={k} A {a_storage:?} B {b_storage:?} acc={accumulate} \
-                     ldc={ldc}: C({i},{j}) = {got}, want {want} (relative error {error:e})"
-                );
-            }
-        }
+        test_support::check_case(
+            &format!("{kernel:?}"),
+            (m, n, k),
+            (a_storage, b_storage),
+            accumulate,
+            ldc_pad,
+            tolerance,
+            rounded,
+            |a, b, c, ldc| gemm_bf16_with(kernel, pool, m, n, k, a, b, c, ldc, accumulate),
+        );
     }
 
     #[test]
