@@ -55,7 +55,7 @@ pub fn forward_head(
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; s * d];
     let mut lse = vec![0f32; s];
-    let mut scores = vec![0f32; QUERY_TILE * s];
+    let mut scores = vec![0f32; QUERY_TILE.min(s) * s];
     let keys = qkv_view(qkv, &shape, b, head, 1, 0);
     let values = qkv_view(qkv, &shape, b, head, 2, 0);
     for q0 in (0..s).step_by(QUERY_TILE) {
@@ -98,7 +98,7 @@ pub fn backward_head(
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
     let scale = 1.0 / (d as f32).sqrt();
     let (mut dq, mut dk, mut dv) = (vec![0f32; s * d], vec![0f32; s * d], vec![0f32; s * d]);
-    let (mut p, mut ds) = (vec![0f32; QUERY_TILE * s], vec![0f32; QUERY_TILE * s]);
+    let (mut p, mut ds) = (vec![0f32; QUERY_TILE.min(s) * s], vec![0f32; QUERY_TILE.min(s) * s]);
     let keys = qkv_view(qkv, &shape, b, head, 1, 0);
     let values = qkv_view(qkv, &shape, b, head, 2, 0);
     let dy_view = |first: usize| MatRef {
