@@ -5,6 +5,8 @@
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod runtime;
+#[cfg(test)]
+pub mod threads;
 
 use bytemuck::{Pod, Zeroable};
 

@@ -6,6 +6,95 @@ use crate::comm::runtime::Runtime;
 use crate::comm::{Comm, SelfComm};
 use crate::error::{Error, Result};
 
+/// How a tensor-parallel group splits each layer (`--tensor-parallel-mode`): Megatron's 1-D split
+/// of weights along one dimension, or the SUMMA layouts of Optimus (2-D: a q x q grid, t = q²) and
+/// Tesseract (2.5-D: d stacked q x q grids, t = d q²), which split weights and activations into
+/// blocks (shared/reference/tp-advanced.md §1, §2). 2-D is the depth-1 case of 2.5-D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorMode {
+    OneD,
+    Summa { q: usize, depth: usize },
+}
+
+impl TensorMode {
+    /// The mode from `--tensor-parallel-mode` and `--tesseract-depth` for a group of `t` ranks;
+    /// a size that is not q² (2-D) or d q² (2.5-D) is an error naming the sizes that would work.
+    pub fn new(mode: &str, depth: Option<usize>, t: usize) -> Result<TensorMode> {
+        let depth_flag = |d: usize| -> Result<usize> {
+            if d == 0 {
+                return Err(Error::flag("--tesseract-depth", 0, "a positive whole number"));
+            }
+            Ok(d)
+        };
+        match mode {
+            "1d" => {
+                if depth.is_some() {
+                    return Err(Error::Config("--tesseract-depth needs --tensor-parallel-mode 2.5d".into()));
+                }
+                Ok(TensorMode::OneD)
+            }
+            "2d" | "2.5d" => {
+                let d = match (mode, depth) {
+                    ("2d", Some(_)) => {
+                        return Err(Error::Config(
+                            "--tesseract-depth is for --tensor-parallel-mode 2.5d (2-D has depth 1)".into(),
+                        ))
+                    }
+                    ("2d", None) => 1,
+                    (_, None) => return Err(Error::Config("--tensor-parallel-mode 2.5d needs --tesseract-depth d".into())),
+                    (_, Some(d)) => depth_flag(d)?,
+                };
+                let q = (1..=t).find(|q| q * q * d >= t).unwrap_or(1);
+                if q * q * d != t || q < 2 {
+                    let what = if d == 1 {
+                        "a square q x q grid with q >= 2 (4, 9, 16, ...)".to_string()
+                    } else {
+                        format!("d x q x q with --tesseract-depth {d} and q >= 2 ({}, {}, {}, ...)", 4 * d, 9 * d, 16 * d)
+                    };
+                    return Err(Error::Config(format!(
+                        "--tensor-model-parallel-size {t} does not form {what}, which --tensor-parallel-mode {mode} needs"
+                    )));
+                }
+                Ok(TensorMode::Summa { q, depth: d })
+            }
+            _ => Err(Error::flag("--tensor-parallel-mode", format!("'{mode}'"), "1d, 2d or 2.5d")),
+        }
+    }
+
+    /// `1d`, `2d (q 2)`, `2.5d (q 2, depth 2)`.
+    pub fn describe(&self) -> String {
+        match *self {
+            TensorMode::OneD => "1d".into(),
+            TensorMode::Summa { q, depth: 1 } => format!("2d (q {q})"),
+            TensorMode::Summa { q, depth } => format!("2.5d (q {q}, depth {depth})"),
+        }
+    }
+}
+
+/// A rank's place in a SUMMA grid: tensor-parallel rank `col + q * row + q² * dep`
+/// (Colossal-AI's order, shared/reference/tp-advanced.md §4.2): row groups are q adjacent ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SummaCoord {
+    pub q: usize,
+    pub depth: usize,
+    pub row: usize,
+    pub col: usize,
+    pub dep: usize,
+}
+
+impl SummaCoord {
+    pub fn of(tp_rank: usize, q: usize, depth: usize) -> SummaCoord {
+        SummaCoord { q, depth, col: tp_rank % q, row: (tp_rank / q) % q, dep: tp_rank / (q * q) }
+    }
+    pub fn tp_rank(&self, row: usize, col: usize, dep: usize) -> usize {
+        col + self.q * row + self.q * self.q * dep
+    }
+    /// The batch block this rank's activations hold: depth layer, then row within it.
+    pub fn batch_block(&self) -> usize {
+        self.dep * self.q + self.row
+    }
+}
+
 /// This rank's coordinates in a (tp, dp, pp) layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
@@ -17,6 +106,7 @@ pub struct Grid {
     pub tp_rank: usize,
     pub dp_rank: usize,
     pub pp_rank: usize,
+    pub tensor_mode: TensorMode,
 }
 
 impl Grid {
@@ -45,7 +135,63 @@ impl Grid {
             tp_rank: rank % tp,
             dp_rank: (rank / tp) % dp,
             pp_rank: rank / (tp * dp),
+            tensor_mode: TensorMode::OneD,
         })
+    }
+
+    /// The same layout with the tensor-parallel group split as `mode` says.
+    pub fn with_tensor_mode(self, mode: TensorMode) -> Grid {
+        if let TensorMode::Summa { q, depth } = mode {
+            assert_eq!(q * q * depth, self.tp, "a SUMMA grid fills the tensor-parallel group");
+        }
+        Grid { tensor_mode: mode, ..self }
+    }
+
+    /// This rank's SUMMA coordinates (None under 1-D tensor parallelism).
+    pub fn summa(&self) -> Option<SummaCoord> {
+        match self.tensor_mode {
+            TensorMode::OneD => None,
+            TensorMode::Summa { q, depth } => Some(SummaCoord::of(self.tp_rank, q, depth)),
+        }
+    }
+
+    /// SUMMA row group: same row and depth layer, every column, in column order (this rank's
+    /// hidden block varies along it). A group of one under 1-D.
+    pub fn summa_row_group(&self) -> Vec<usize> {
+        match self.summa() {
+            None => vec![self.rank],
+            Some(c) => (0..c.q).map(|j| self.rank_of(c.tp_rank(c.row, j, c.dep), self.dp_rank, self.pp_rank)).collect(),
+        }
+    }
+
+    /// SUMMA column group: same column and depth layer, every row, in row order.
+    pub fn summa_col_group(&self) -> Vec<usize> {
+        match self.summa() {
+            None => vec![self.rank],
+            Some(c) => (0..c.q).map(|i| self.rank_of(c.tp_rank(i, c.col, c.dep), self.dp_rank, self.pp_rank)).collect(),
+        }
+    }
+
+    /// 2.5-D depth group: same row and column in every depth layer (they hold the same weight
+    /// blocks and different batch slices, so their gradients are summed once per step).
+    pub fn depth_group(&self) -> Vec<usize> {
+        match self.summa() {
+            None => vec![self.rank],
+            Some(c) => {
+                (0..c.depth).map(|k| self.rank_of(c.tp_rank(c.row, c.col, k), self.dp_rank, self.pp_rank)).collect()
+            }
+        }
+    }
+
+    /// Ranks holding the same parameter shard and different data: the data-parallel group, times
+    /// the depth layers under 2.5-D (depth-major within each data-parallel replica), in the order
+    /// gradient reduction and ZeRO-1 sharding use.
+    pub fn replica_group(&self) -> Vec<usize> {
+        let Some(c) = self.summa() else { return self.dp_group() };
+        (0..self.dp)
+            .flat_map(|d| (0..c.depth).map(move |k| (d, k)))
+            .map(|(d, k)| self.rank_of(c.tp_rank(c.row, c.col, k), d, self.pp_rank))
+            .collect()
     }
 
     pub fn single() -> Grid {
@@ -87,9 +233,12 @@ impl Grid {
         }
     }
 
-    /// Short description for logs: `tp 2 x dp 4 x pp 1`.
+    /// Short description for logs: `tp 2 x dp 4 x pp 1`, or `tp 8 [2.5d (q 2, depth 2)] x ...`.
     pub fn describe(&self) -> String {
-        format!("tp {} x dp {} x pp {}", self.tp, self.dp, self.pp)
+        match self.tensor_mode {
+            TensorMode::OneD => format!("tp {} x dp {} x pp {}", self.tp, self.dp, self.pp),
+            m => format!("tp {} [{}] x dp {} x pp {}", self.tp, m.describe(), self.dp, self.pp),
+        }
     }
 }
 
@@ -102,6 +251,12 @@ pub struct Groups {
     pub pp: Box<dyn Comm>,
     pub mp: Box<dyn Comm>,
     pub embedding: Box<dyn Comm>,
+    /// SUMMA groups (groups of one under 1-D): the row (hidden blocks), the column (batch
+    /// blocks), the depth layers, and data-parallel x depth (the ranks that sum gradients).
+    pub summa_row: Box<dyn Comm>,
+    pub summa_col: Box<dyn Comm>,
+    pub depth: Box<dyn Comm>,
+    pub replica: Box<dyn Comm>,
 }
 
 impl Groups {
@@ -116,6 +271,10 @@ impl Groups {
             tp: rt.group(&grid.tp_group()),
             pp: rt.group(&grid.pp_group()),
             embedding: rt.group(&grid.embedding_group()),
+            summa_row: rt.group(&grid.summa_row_group()),
+            summa_col: rt.group(&grid.summa_col_group()),
+            depth: rt.group(&grid.depth_group()),
+            replica: rt.group(&grid.replica_group()),
             grid,
         }
     }
@@ -129,6 +288,10 @@ impl Groups {
             pp: Box::new(SelfComm),
             mp: Box::new(SelfComm),
             embedding: Box::new(SelfComm),
+            summa_row: Box::new(SelfComm),
+            summa_col: Box::new(SelfComm),
+            depth: Box::new(SelfComm),
+            replica: Box::new(SelfComm),
         }
     }
 }
@@ -154,6 +317,43 @@ mod tests {
         let c = g(11);
         assert_eq!((c.tp_rank, c.dp_rank, c.pp_rank), (1, 1, 2));
         assert_eq!(c.rank_of(1, 1, 2), 11);
+    }
+
+    #[test]
+    fn summa_groups_follow_the_col_row_depth_order() {
+        // 16 ranks: tp 8 as 2.5-D [q 2, depth 2], dp 2, pp 1.
+        let g = |r| Grid::new(16, r, 8, 1).unwrap().with_tensor_mode(TensorMode::Summa { q: 2, depth: 2 });
+        let c = g(13).summa().unwrap(); // tp rank 5 of replica 1: col 1, row 0, dep 1
+        assert_eq!((c.col, c.row, c.dep, c.batch_block()), (1, 0, 1, 2));
+        assert_eq!(g(13).summa_row_group(), vec![12, 13]);
+        assert_eq!(g(13).summa_col_group(), vec![13, 15]);
+        assert_eq!(g(13).depth_group(), vec![9, 13]);
+        assert_eq!(g(13).replica_group(), vec![1, 5, 9, 13]);
+        let one = Grid::new(16, 13, 8, 1).unwrap();
+        assert_eq!(one.summa_row_group(), vec![13]);
+        assert_eq!(one.replica_group(), one.dp_group());
+        assert!(g(0).describe().contains("2.5d (q 2, depth 2)"));
+    }
+
+    #[test]
+    fn tensor_modes_check_the_group_size() {
+        assert_eq!(TensorMode::new("1d", None, 6).unwrap(), TensorMode::OneD);
+        assert_eq!(TensorMode::new("2d", None, 4).unwrap(), TensorMode::Summa { q: 2, depth: 1 });
+        assert_eq!(TensorMode::new("2.5d", Some(2), 8).unwrap(), TensorMode::Summa { q: 2, depth: 2 });
+        assert_eq!(TensorMode::new("2.5d", Some(1), 9).unwrap(), TensorMode::Summa { q: 3, depth: 1 });
+        for (mode, depth, t, needle) in [
+            ("2d", None, 8, "does not form a square q x q grid"),
+            ("2d", None, 1, "does not form a square"),
+            ("2.5d", Some(2), 4, "d x q x q with --tesseract-depth 2"),
+            ("2.5d", None, 8, "needs --tesseract-depth"),
+            ("2.5d", Some(0), 8, "--tesseract-depth"),
+            ("2d", Some(2), 8, "is for --tensor-parallel-mode 2.5d"),
+            ("1d", Some(2), 8, "needs --tensor-parallel-mode 2.5d"),
+            ("3d", None, 8, "1d, 2d or 2.5d"),
+        ] {
+            let e = TensorMode::new(mode, depth, t).unwrap_err().to_string();
+            assert!(e.contains(needle), "{mode} {depth:?} {t}: {e}");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Parallel layouts: the rank grid and its process groups (`grid.rs`), the tensor-parallel
-//! mappings used by the model (`tensor.rs`), and data-parallel gradient reduction (`data.rs`).
+//! mappings used by the model (`tensor.rs`), SUMMA products for 2-D / 2.5-D tensor parallelism
+//! (`summa.rs`), and data-parallel gradient reduction (`data.rs`).
 
 pub mod data;
 pub mod grid;
 pub mod pipeline;
+pub mod summa;
 pub mod tensor;

@@ -1,0 +1,394 @@
+//! SUMMA matrix products for 2-D (Optimus) and 2.5-D (Tesseract) tensor parallelism, in the
+//! panel form of shared/reference/tp-advanced.md §1.2: one all-gather per operand instead of q
+//! broadcasts, one reduce-scatter per partial result instead of q reduces. The per-device volume
+//! is the same as broadcast-SUMMA's, 3(q-1)(MK + KN)/q² elements per linear layer (forward and both
+//! backward products), with two collectives per product instead of 2q, which is what MPI and NCCL
+//! move best; the price is panel buffers q times a block.
+//!
+//! Layout on device (row i, column j) of a q x q grid (2.5-D: of its depth layer):
+//! * activations `[m, k/q]`: this device's batch block (rows) and hidden block j (columns);
+//! * a linear weight in Megatron's `[n, k]` layout: the block of output rows j and input columns
+//!   i, `[n/q, k/q]` (so the output's hidden block is again j);
+//! * a bias `[n]`: sub-block i of output block j, `[n/q²]` (Colossal-AI's sharding, §4.3),
+//!   all-gathered down the column before use;
+//! * the word embedding `[v, h]` (tied to the output layer): vocabulary block i, hidden block j,
+//!   `[v/q, h/q]`; the logits come out as vocabulary block j of this device's rows.
+//!
+//! Row groups (fixed row, every column) are in column order and column groups in row order, as
+//! `Grid::summa_row_group` / `summa_col_group` build them.
+
+use crate::comm::Comm;
+use crate::device::Device;
+use std::borrow::Cow;
+
+/// The two groups a SUMMA product talks over, and the grid side.
+#[derive(Clone, Copy)]
+pub struct Summa<'a> {
+    pub row: &'a dyn Comm,
+    pub col: &'a dyn Comm,
+    pub q: usize,
+}
+
+/// Panel buffers reused across calls (reallocated when a shape changes).
+pub struct Scratch<B> {
+    a_panel: Option<B>,
+    w_panel: Option<B>,
+    d_panel: Option<B>,
+    dw_panel: Option<B>,
+    bias: Option<B>,
+}
+
+impl<B> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch { a_panel: None, w_panel: None, d_panel: None, dw_panel: None, bias: None }
+    }
+}
+
+impl<B> Scratch<B> {
+    /// Bytes held (for `--log-memory`).
+    pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        [&self.a_panel, &self.w_panel, &self.d_panel, &self.dw_panel, &self.bias]
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| 4 * dev.len(b)))
+            .sum()
+    }
+}
+
+fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &'b mut D::Buf {
+    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
+        *slot = Some(dev.alloc(len));
+    }
+    slot.as_mut().expect("just allocated")
+}
+
+/// The buffer's values on the host: borrowed where the device keeps them there.
+pub(crate) fn host<'b, D: Device>(dev: &D, buf: &'b D::Buf) -> Cow<'b, [f32]> {
+    match dev.host_f32_ref(buf) {
+        Some(h) => Cow::Borrowed(h),
+        None => {
+            let mut h = vec![0f32; dev.len(buf)];
+            dev.download(buf, &mut h);
+            Cow::Owned(h)
+        }
+    }
+}
+
+/// Lets `f` write the buffer's values through host memory.
+pub(crate) fn write<D: Device>(dev: &D, buf: &mut D::Buf, f: impl FnOnce(&mut [f32])) {
+    if let Some(h) = dev.host_f32(buf) {
+        return f(h);
+    }
+    let mut h = vec![0f32; dev.len(buf)];
+    dev.download(buf, &mut h);
+    f(&mut h);
+    dev.upload(buf, &h);
+}
+
+/// `[q][rows][w]` blocks side by side as `[rows][q * w]`.
+fn blocks_to_panel(blocks: &[f32], panel: &mut [f32], q: usize, rows: usize, w: usize) {
+    for (l, block) in blocks.chunks_exact(rows * w).enumerate().take(q) {
+        for (r, src) in block.chunks_exact(w).enumerate() {
+            panel[r * q * w + l * w..][..w].copy_from_slice(src);
+        }
+    }
+}
+
+/// The inverse: `[rows][q * w]` cut into `[q][rows][w]`.
+fn panel_to_blocks(panel: &[f32], blocks: &mut [f32], q: usize, rows: usize, w: usize) {
+    for (l, block) in blocks.chunks_exact_mut(rows * w).enumerate().take(q) {
+        for (r, dst) in block.chunks_exact_mut(w).enumerate() {
+            dst.copy_from_slice(&panel[r * q * w + l * w..][..w]);
+        }
+    }
+}
+
+/// `panel [rows, q*w]` = every group member's `local [rows, w]`, side by side in group order.
+pub fn gather_panel<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, panel: &mut D::Buf, rows: usize, w: usize) {
+    let q = comm.size();
+    let mine = host(dev, local);
+    let mut blocks = vec![0f32; q * rows * w];
+    comm.all_gather(&mine[..], &mut blocks);
+    write(dev, panel, |p| blocks_to_panel(&blocks, p, q, rows, w));
+}
+
+/// Sums `panel [rows, q*w]` over the group and returns this member's column block `[rows, w]`.
+pub fn scatter_panel<D: Device>(dev: &D, comm: &dyn Comm, panel: &D::Buf, rows: usize, w: usize) -> Vec<f32> {
+    let q = comm.size();
+    let p = host(dev, panel);
+    let mut blocks = vec![0f32; q * rows * w];
+    panel_to_blocks(&p, &mut blocks, q, rows, w);
+    let mut out = vec![0f32; rows * w];
+    comm.reduce_scatter(&blocks, &mut out);
+    out
+}
+
+/// `full` = every group member's `local`, stacked in group order (contiguous pieces).
+pub fn gather_stacked<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, full: &mut D::Buf) {
+    let mine = host(dev, local);
+    write(dev, full, |f| comm.all_gather(&mine[..], f));
+}
+
+/// `acc += ` this member's piece of `full` summed over the group (contiguous pieces).
+pub fn scatter_stacked_add<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, acc: &mut D::Buf) {
+    let f = host(dev, full);
+    let mut piece = vec![0f32; f.len() / comm.size()];
+    comm.reduce_scatter(&f[..], &mut piece);
+    write(dev, acc, |a| a.iter_mut().zip(&piece).for_each(|(a, p)| *a += p));
+}
+
+impl Summa<'_> {
+    /// `out [m, n/q] = inp · weightᵀ (+ bias)` for the whole `[rows, k] x [n, k]ᵀ` product: the
+    /// input's row panel gathered along the row, the weight's column panel down the column.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_forward<D: Device>(
+        &self,
+        dev: &D,
+        out: &mut D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        bias: Option<&D::Buf>,
+        m: usize,
+        k: usize,
+        n: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (q, kb, nb) = (self.q, k / self.q, n / self.q);
+        let a = ensure(dev, &mut s.a_panel, m * k);
+        gather_panel(dev, self.row, inp, a, m, kb);
+        let w = ensure(dev, &mut s.w_panel, nb * k);
+        gather_panel(dev, self.col, weight, w, nb, kb);
+        let bias = bias.map(|b| {
+            let full = ensure(dev, &mut s.bias, nb);
+            gather_stacked(dev, self.col, b, full);
+            &*full
+        });
+        debug_assert_eq!(q * kb, k);
+        dev.linear_forward(out, s.a_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"), bias, m, k, nb);
+    }
+
+    /// Both backward products: `dinp [m, k/q] = (dout · weight)` reduce-scattered along the row
+    /// (overwrite), `dweight [n/q, k/q] += (doutᵀ · inp)` reduce-scattered down the column, and
+    /// `dbias [n/q²] +=` the column's sum of `dout`'s rows. Operand panels are gathered again,
+    /// as broadcast-SUMMA broadcasts them again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_backward<D: Device>(
+        &self,
+        dev: &D,
+        dinp: Option<&mut D::Buf>,
+        dweight: &mut D::Buf,
+        dbias: Option<&mut D::Buf>,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        m: usize,
+        k: usize,
+        n: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (kb, nb) = (k / self.q, n / self.q);
+        gather_panel(dev, self.row, inp, ensure(dev, &mut s.a_panel, m * k), m, kb);
+        gather_panel(dev, self.col, weight, ensure(dev, &mut s.w_panel, nb * k), nb, kb);
+        let dw = ensure(dev, &mut s.dw_panel, nb * k);
+        dev.fill(dw, 0.0);
+        let db = dbias.is_some().then(|| {
+            let b = ensure(dev, &mut s.bias, nb);
+            dev.fill(b, 0.0);
+        });
+        let d_panel = dinp.is_some().then(|| ensure(dev, &mut s.d_panel, m * k));
+        let (a, w) = (s.a_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"));
+        let dw = s.dw_panel.as_mut().expect("allocated");
+        let db_buf = if db.is_some() { s.bias.as_mut() } else { None };
+        dev.linear_backward(d_panel, dw, db_buf, dout, a, w, m, k, nb);
+        if let Some(dinp) = dinp {
+            let mine = scatter_panel(dev, self.row, s.d_panel.as_ref().expect("computed"), m, kb);
+            dev.upload(dinp, &mine);
+        }
+        let mine = scatter_panel(dev, self.col, s.dw_panel.as_ref().expect("computed"), nb, kb);
+        write(dev, dweight, |g| g.iter_mut().zip(&mine).for_each(|(g, d)| *g += d));
+        if let Some(dbias) = dbias {
+            scatter_stacked_add(dev, self.col, s.bias.as_ref().expect("computed"), dbias);
+        }
+    }
+
+    /// The output layer tied to the word embedding: `logits [m, v/q]` (vocabulary block j) of
+    /// `inp [m, h/q] · wteᵀ`, with `wte [v/q, h/q]` (vocabulary block i, hidden block j): the
+    /// embedding's hidden column panel gathered down the column, the partial logits of every
+    /// vocabulary block reduce-scattered along the row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_forward<D: Device>(
+        &self,
+        dev: &D,
+        out: &mut D::Buf,
+        inp: &D::Buf,
+        wte: &D::Buf,
+        m: usize,
+        h: usize,
+        v: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (hb, vb) = (h / self.q, v / self.q);
+        let e = ensure(dev, &mut s.w_panel, v * hb);
+        gather_stacked(dev, self.col, wte, e);
+        let partial = ensure(dev, &mut s.d_panel, m * v);
+        dev.linear_forward(partial, inp, s.w_panel.as_ref().expect("gathered"), None, m, hb, v);
+        let mine = scatter_panel(dev, self.row, s.d_panel.as_ref().expect("computed"), m, vb);
+        dev.upload(out, &mine);
+    }
+
+    /// Backward of `logits_forward`: `dinp [m, h/q]` (overwrite) and `dwte [v/q, h/q] +=`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_backward<D: Device>(
+        &self,
+        dev: &D,
+        dinp: &mut D::Buf,
+        dwte: &mut D::Buf,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        wte: &D::Buf,
+        m: usize,
+        h: usize,
+        v: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (hb, vb) = (h / self.q, v / self.q);
+        gather_panel(dev, self.row, dout, ensure(dev, &mut s.d_panel, m * v), m, vb);
+        gather_stacked(dev, self.col, wte, ensure(dev, &mut s.w_panel, v * hb));
+        let de = ensure(dev, &mut s.dw_panel, v * hb);
+        dev.fill(de, 0.0);
+        let (d, e) = (s.d_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"));
+        dev.linear_backward(Some(dinp), s.dw_panel.as_mut().expect("allocated"), None, d, inp, e, m, hb, v);
+        scatter_stacked_add(dev, self.col, s.dw_panel.as_ref().expect("computed"), dwte);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::threads::{run_group, ThreadComm};
+    use crate::device::reference::ReferenceDevice;
+    use crate::parallel::grid::SummaCoord;
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len).map(|i| (((i * 7919 + seed * 104_729) % 1999) as f32 / 1999.0 - 0.5) * 2.0).collect()
+    }
+
+    /// Rows `r0..r0+nr`, columns `c0..c0+nc` of a row-major matrix with `cols` columns.
+    fn block(x: &[f32], cols: usize, (r0, nr): (usize, usize), (c0, nc): (usize, usize)) -> Vec<f32> {
+        (r0..r0 + nr).flat_map(|r| x[r * cols + c0..][..nc].to_vec()).collect()
+    }
+
+    fn close(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{what}[{i}]: {x} vs {y}");
+        }
+    }
+
+    /// Runs `f` on a q x q grid of threads with row and column groups, giving each its coordinates.
+    fn on_grid<T: Send>(q: usize, f: impl Fn(SummaCoord, Summa) -> T + Sync) -> Vec<T> {
+        // Row groups: q groups of q threads; column groups likewise. Each thread takes its
+        // handle from the group it belongs to.
+        let rows: Vec<Vec<ThreadComm>> = (0..q).map(|_| ThreadComm::group(q)).collect();
+        let cols: Vec<Vec<ThreadComm>> = (0..q).map(|_| ThreadComm::group(q)).collect();
+        let rows: Vec<std::sync::Mutex<Vec<Option<ThreadComm>>>> =
+            rows.into_iter().map(|g| std::sync::Mutex::new(g.into_iter().map(Some).collect())).collect();
+        let cols: Vec<std::sync::Mutex<Vec<Option<ThreadComm>>>> =
+            cols.into_iter().map(|g| std::sync::Mutex::new(g.into_iter().map(Some).collect())).collect();
+        run_group(q * q, |t, _| {
+            let c = SummaCoord::of(t, q, 1);
+            let row = rows[c.row].lock().unwrap()[c.col].take().unwrap();
+            let col = cols[c.col].lock().unwrap()[c.row].take().unwrap();
+            f(c, Summa { row: &row, col: &col, q })
+        })
+    }
+
+    #[test]
+    fn summa_linear_matches_the_whole_product() {
+        let dev = ReferenceDevice;
+        for (q, m, k, n) in [(2usize, 6usize, 8usize, 12usize), (3, 5, 9, 18)] {
+            // The whole problem: rows = q batch blocks of m rows each.
+            let (x, w, b, dy) =
+                (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
+            let mut y = dev.alloc(q * m * n);
+            let up = |v: &[f32]| {
+                let mut buf = dev.alloc(v.len());
+                dev.upload(&mut buf, v);
+                buf
+            };
+            dev.linear_forward(&mut y, &up(&x), &up(&w), Some(&up(&b)), q * m, k, n);
+            let (mut dx, mut dw, mut db) = (dev.alloc(q * m * k), dev.alloc(n * k), dev.alloc(n));
+            dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &up(&dy), &up(&x), &up(&w), q * m, k, n);
+            let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+            let (y, dx, dw, db) = (whole(&y), whole(&dx), whole(&dw), whole(&db));
+            let (kb, nb) = (k / q, n / q);
+            let got = on_grid(q, |c, s| {
+                let dev = ReferenceDevice;
+                let up = |v: Vec<f32>| {
+                    let mut buf = dev.alloc(v.len());
+                    dev.upload(&mut buf, &v);
+                    buf
+                };
+                let xi = up(block(&x, k, (c.row * m, m), (c.col * kb, kb)));
+                let wi = up(block(&w, k, (c.col * nb, nb), (c.row * kb, kb)));
+                let bi = up(b[c.col * nb + c.row * (nb / q)..][..nb / q].to_vec());
+                let dyi = up(block(&dy, n, (c.row * m, m), (c.col * nb, nb)));
+                let mut scratch = Scratch::default();
+                let mut yi = dev.alloc(m * nb);
+                s.linear_forward(&dev, &mut yi, &xi, &wi, Some(&bi), m, k, n, &mut scratch);
+                let (mut dxi, mut dwi, mut dbi) = (dev.alloc(m * kb), dev.alloc(nb * kb), dev.alloc(nb / q));
+                s.linear_backward(&dev, Some(&mut dxi), &mut dwi, Some(&mut dbi), &dyi, &xi, &wi, m, k, n, &mut scratch);
+                let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+                (c, f(yi), f(dxi), f(dwi), f(dbi))
+            });
+            for (c, yi, dxi, dwi, dbi) in got {
+                let at = format!("q {q} ({}, {})", c.row, c.col);
+                close(&yi, &block(&y, n, (c.row * m, m), (c.col * nb, nb)), &format!("{at} y"));
+                close(&dxi, &block(&dx, k, (c.row * m, m), (c.col * kb, kb)), &format!("{at} dx"));
+                close(&dwi, &block(&dw, k, (c.col * nb, nb), (c.row * kb, kb)), &format!("{at} dw"));
+                close(&dbi, &db[c.col * nb + c.row * (nb / q)..][..nb / q], &format!("{at} db"));
+            }
+        }
+    }
+
+    #[test]
+    fn summa_logits_match_the_tied_output_layer() {
+        let dev = ReferenceDevice;
+        let (q, m, h, v) = (2usize, 3usize, 8usize, 10usize);
+        let (x, e, dl) = (values(q * m * h, 5), values(v * h, 6), values(q * m * v, 7));
+        let up = |v: &[f32]| {
+            let mut buf = dev.alloc(v.len());
+            dev.upload(&mut buf, v);
+            buf
+        };
+        let mut logits = dev.alloc(q * m * v);
+        dev.linear_forward(&mut logits, &up(&x), &up(&e), None, q * m, h, v);
+        let (mut dx, mut de) = (dev.alloc(q * m * h), dev.alloc(v * h));
+        dev.linear_backward(Some(&mut dx), &mut de, None, &up(&dl), &up(&x), &up(&e), q * m, h, v);
+        let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let (logits, dx, de) = (whole(&logits), whole(&dx), whole(&de));
+        let (hb, vb) = (h / q, v / q);
+        let got = on_grid(q, |c, s| {
+            let dev = ReferenceDevice;
+            let up = |v: Vec<f32>| {
+                let mut buf = dev.alloc(v.len());
+                dev.upload(&mut buf, &v);
+                buf
+            };
+            let xi = up(block(&x, h, (c.row * m, m), (c.col * hb, hb)));
+            let ei = up(block(&e, h, (c.row * vb, vb), (c.col * hb, hb)));
+            let dli = up(block(&dl, v, (c.row * m, m), (c.col * vb, vb)));
+            let mut scratch = Scratch::default();
+            let mut li = dev.alloc(m * vb);
+            s.logits_forward(&dev, &mut li, &xi, &ei, m, h, v, &mut scratch);
+            let (mut dxi, mut dei) = (dev.alloc(m * hb), dev.alloc(vb * hb));
+            s.logits_backward(&dev, &mut dxi, &mut dei, &dli, &xi, &ei, m, h, v, &mut scratch);
+            let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+            (c, f(li), f(dxi), f(dei))
+        });
+        for (c, li, dxi, dei) in got {
+            close(&li, &block(&logits, v, (c.row * m, m), (c.col * vb, vb)), "logits");
+            close(&dxi, &block(&dx, h, (c.row * m, m), (c.col * hb, hb)), "dx");
+            close(&dei, &block(&de, h, (c.row * vb, vb), (c.col * hb, hb)), "de");
+        }
+    }
+}
