@@ -87,6 +87,98 @@ pub fn layernorm_backward_rows<R: Real>(
     }
 }
 
+/// LayerNorm over a hidden dimension split across ranks (2-D tensor parallelism), step 1 of the
+/// forward: each row's sum over this rank's columns, of `x` (no `mean`) or of `(x - mean)²`.
+pub fn layernorm_sums_rows<R: Real>(inp: &[R], cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+    for (r, x) in inp.chunks_exact(cols).enumerate() {
+        out[r] = match mean {
+            None => x.iter().map(|v| v.to_f64()).sum(),
+            Some(m) => x.iter().map(|v| (v.to_f64() - m[r]) * (v.to_f64() - m[r])).sum(),
+        };
+    }
+}
+
+/// Step 2: normalise with the whole row's statistics and apply this rank's slice of the scale
+/// and shift; the statistics are saved in the device's format for backward.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_apply_rows<R: Real>(
+    out: &mut [R],
+    mean_out: &mut [R],
+    rstd_out: &mut [R],
+    inp: &[R],
+    weight: &[R],
+    bias: &[R],
+    mean: &[f64],
+    rstd: &[f64],
+    cols: usize,
+) {
+    for (r, (x, y)) in inp.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
+        let (mu, rs) = (R::from_f64(mean[r]), R::from_f64(rstd[r]));
+        for c in 0..cols {
+            y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
+        }
+        mean_out[r] = mu;
+        rstd_out[r] = rs;
+    }
+}
+
+/// Backward step 1: each row's `Σ g` and `Σ g·x̂` over this rank's columns (`g = dy·weight`), as
+/// pairs in `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward_sums_rows<R: Real>(
+    dout: &[R],
+    inp: &[R],
+    weight: &[R],
+    mean: &[R],
+    rstd: &[R],
+    cols: usize,
+    out: &mut [f64],
+) {
+    for r in 0..mean.len() {
+        let (x, dy) = (&inp[r * cols..(r + 1) * cols], &dout[r * cols..(r + 1) * cols]);
+        let (mut sg, mut sgx) = (0.0f64, 0.0f64);
+        for c in 0..cols {
+            let xhat = ((x[c] - mean[r]) * rstd[r]).to_f64();
+            let g = (dy[c] * weight[c]).to_f64();
+            sg += g;
+            sgx += g * xhat;
+        }
+        out[2 * r] = sg;
+        out[2 * r + 1] = sgx;
+    }
+}
+
+/// Backward step 2, with the whole rows' sums over `n` columns: `dinp +=` the input gradient,
+/// `dweight`/`dbias +=` this block of rows' contributions.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward_apply_rows<R: Real>(
+    dinp: &mut [R],
+    dweight: &mut [R],
+    dbias: &mut [R],
+    dout: &[R],
+    inp: &[R],
+    weight: &[R],
+    mean: &[R],
+    rstd: &[R],
+    sums: &[f64],
+    n: usize,
+    cols: usize,
+) {
+    for r in 0..mean.len() {
+        let (x, dy) = (&inp[r * cols..(r + 1) * cols], &dout[r * cols..(r + 1) * cols]);
+        let dx = &mut dinp[r * cols..(r + 1) * cols];
+        let (mu, rs) = (mean[r], rstd[r]);
+        let mean_g = R::from_f64(sums[2 * r] / n as f64);
+        let mean_gx = R::from_f64(sums[2 * r + 1] / n as f64);
+        for c in 0..cols {
+            let xhat = (x[c] - mu) * rs;
+            dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
+            dweight[c] += dy[c] * xhat;
+            dbias[c] += dy[c];
+        }
+    }
+}
+
 #[inline(always)]
 pub fn gelu<R: Real>(x: R) -> R {
     let u = R::from_f64(GELU_SCALE) * (x + R::from_f64(GELU_CUBIC) * x * x * x);

@@ -135,6 +135,58 @@ pub trait Device: Send + Sync {
         cols: usize,
     );
 
+    /// LayerNorm over a hidden dimension split across ranks (2-D / 2.5-D tensor parallelism):
+    /// each row's sum over these `cols` columns of `x`, or of `(x - mean)²` when `mean` is given.
+    /// The caller sums them over the ranks that hold the row's other columns.
+    fn layernorm_sums(&self, inp: &Self::Buf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]);
+    /// Normalises with the whole rows' `mean` and `rstd` (saved into `mean_out`/`rstd_out`) and
+    /// applies this slice of the scale and shift.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_apply(
+        &self,
+        out: &mut Self::Buf,
+        mean_out: &mut Self::Buf,
+        rstd_out: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        bias: &Self::Buf,
+        mean: &[f64],
+        rstd: &[f64],
+        rows: usize,
+        cols: usize,
+    );
+    /// Split LayerNorm backward, step 1: per row `Σ dy·w` and `Σ dy·w·x̂` over these columns
+    /// (pairs in `out`).
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_sums(
+        &self,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        out: &mut [f64],
+    );
+    /// Step 2, with those sums over the whole rows of `n` columns: dinp, dweight and dbias "+=".
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward_apply(
+        &self,
+        dinp: &mut Self::Buf,
+        dweight: &mut Self::Buf,
+        dbias: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        sums: &[f64],
+        n: usize,
+        rows: usize,
+        cols: usize,
+    );
+
     /// `out[rows, n] = inp[rows, k] · weight[n, k]ᵀ (+ bias[n])`: Megatron's [out, in] weight layout.
     #[allow(clippy::too_many_arguments)]
     fn linear_forward(

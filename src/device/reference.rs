@@ -170,6 +170,88 @@ impl Device for ReferenceDevice {
         );
     }
 
+    fn layernorm_sums(&self, inp: &Vec<f64>, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+        kernels::layernorm_sums_rows(&inp[..rows * cols], cols, mean, &mut out[..rows]);
+    }
+    fn layernorm_apply(
+        &self,
+        out: &mut Vec<f64>,
+        mean_out: &mut Vec<f64>,
+        rstd_out: &mut Vec<f64>,
+        inp: &Vec<f64>,
+        weight: &Vec<f64>,
+        bias: &Vec<f64>,
+        mean: &[f64],
+        rstd: &[f64],
+        rows: usize,
+        cols: usize,
+    ) {
+        let n = rows * cols;
+        kernels::layernorm_apply_rows(
+            &mut out[..n],
+            &mut mean_out[..rows],
+            &mut rstd_out[..rows],
+            &inp[..n],
+            weight,
+            bias,
+            mean,
+            rstd,
+            cols,
+        );
+    }
+    fn layernorm_backward_sums(
+        &self,
+        dout: &Vec<f64>,
+        inp: &Vec<f64>,
+        weight: &Vec<f64>,
+        mean: &Vec<f64>,
+        rstd: &Vec<f64>,
+        rows: usize,
+        cols: usize,
+        out: &mut [f64],
+    ) {
+        let n = rows * cols;
+        kernels::layernorm_backward_sums_rows(
+            &dout[..n],
+            &inp[..n],
+            weight,
+            &mean[..rows],
+            &rstd[..rows],
+            cols,
+            &mut out[..2 * rows],
+        );
+    }
+    fn layernorm_backward_apply(
+        &self,
+        dinp: &mut Vec<f64>,
+        dweight: &mut Vec<f64>,
+        dbias: &mut Vec<f64>,
+        dout: &Vec<f64>,
+        inp: &Vec<f64>,
+        weight: &Vec<f64>,
+        mean: &Vec<f64>,
+        rstd: &Vec<f64>,
+        sums: &[f64],
+        n_cols: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let n = rows * cols;
+        kernels::layernorm_backward_apply_rows(
+            &mut dinp[..n],
+            dweight,
+            dbias,
+            &dout[..n],
+            &inp[..n],
+            weight,
+            &mean[..rows],
+            &rstd[..rows],
+            sums,
+            n_cols,
+            cols,
+        );
+    }
+
     fn linear_forward(
         &self,
         out: &mut Vec<f64>,

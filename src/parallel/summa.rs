@@ -17,7 +17,8 @@
 //! Row groups (fixed row, every column) are in column order and column groups in row order, as
 //! `Grid::summa_row_group` / `summa_col_group` build them.
 
-use crate::comm::Comm;
+use crate::comm::{Comm, ReduceOp};
+use crate::device::kernels::LAYERNORM_EPS;
 use crate::device::Device;
 use std::borrow::Cow;
 
@@ -36,18 +37,20 @@ pub struct Scratch<B> {
     d_panel: Option<B>,
     dw_panel: Option<B>,
     bias: Option<B>,
+    gamma: Option<B>,
+    beta: Option<B>,
 }
 
 impl<B> Default for Scratch<B> {
     fn default() -> Self {
-        Scratch { a_panel: None, w_panel: None, d_panel: None, dw_panel: None, bias: None }
+        Scratch { a_panel: None, w_panel: None, d_panel: None, dw_panel: None, bias: None, gamma: None, beta: None }
     }
 }
 
 impl<B> Scratch<B> {
     /// Bytes held (for `--log-memory`).
     pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        [&self.a_panel, &self.w_panel, &self.d_panel, &self.dw_panel, &self.bias]
+        [&self.a_panel, &self.w_panel, &self.d_panel, &self.dw_panel, &self.bias, &self.gamma, &self.beta]
             .iter()
             .map(|b| b.as_ref().map_or(0, |b| 4 * dev.len(b)))
             .sum()
@@ -261,6 +264,75 @@ impl Summa<'_> {
     }
 }
 
+impl Summa<'_> {
+    /// LayerNorm of `rows` rows of width `h` whose columns are split along the row group (this
+    /// rank holds `h/q`): the mean and the centred sum of squares are each summed over the row
+    /// (two all-reduces of one f64 per row), and the scale and shift (`[h/q²]` shards) are
+    /// gathered down the column. Saves mean and rstd like `Device::layernorm_forward`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward<D: Device>(
+        &self,
+        dev: &D,
+        out: &mut D::Buf,
+        mean_out: &mut D::Buf,
+        rstd_out: &mut D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        bias: &D::Buf,
+        rows: usize,
+        h: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let cols = h / self.q;
+        gather_stacked(dev, self.col, weight, ensure(dev, &mut s.gamma, cols));
+        gather_stacked(dev, self.col, bias, ensure(dev, &mut s.beta, cols));
+        let mut mean = vec![0f64; rows];
+        dev.layernorm_sums(inp, rows, cols, None, &mut mean);
+        self.row.all_reduce(&mut mean, ReduceOp::Sum);
+        mean.iter_mut().for_each(|m| *m /= h as f64);
+        let mut rstd = vec![0f64; rows];
+        dev.layernorm_sums(inp, rows, cols, Some(&mean), &mut rstd);
+        self.row.all_reduce(&mut rstd, ReduceOp::Sum);
+        rstd.iter_mut().for_each(|v| *v = 1.0 / (*v / h as f64 + LAYERNORM_EPS).sqrt());
+        let (g, b) = (s.gamma.as_ref().expect("gathered"), s.beta.as_ref().expect("gathered"));
+        dev.layernorm_apply(out, mean_out, rstd_out, inp, g, b, &mean, &rstd, rows, cols);
+    }
+
+    /// Backward of `layernorm_forward`: `dinp +=`, and the scale and shift gradients `+=` their
+    /// shards (reduce-scattered down the column).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward<D: Device>(
+        &self,
+        dev: &D,
+        dinp: &mut D::Buf,
+        dweight: &mut D::Buf,
+        dbias: &mut D::Buf,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        mean: &D::Buf,
+        rstd: &D::Buf,
+        rows: usize,
+        h: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let cols = h / self.q;
+        gather_stacked(dev, self.col, weight, ensure(dev, &mut s.bias, cols));
+        let g = s.bias.as_ref().expect("gathered");
+        let mut sums = vec![0f64; 2 * rows];
+        dev.layernorm_backward_sums(dout, inp, g, mean, rstd, rows, cols, &mut sums);
+        self.row.all_reduce(&mut sums, ReduceOp::Sum);
+        let dg = ensure(dev, &mut s.gamma, cols);
+        dev.fill(dg, 0.0);
+        let db = ensure(dev, &mut s.beta, cols);
+        dev.fill(db, 0.0);
+        let (dg, db) = (s.gamma.as_mut().expect("allocated"), s.beta.as_mut().expect("allocated"));
+        dev.layernorm_backward_apply(dinp, dg, db, dout, inp, g, mean, rstd, &sums, h, rows, cols);
+        scatter_stacked_add(dev, self.col, s.gamma.as_ref().expect("computed"), dweight);
+        scatter_stacked_add(dev, self.col, s.beta.as_ref().expect("computed"), dbias);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +419,50 @@ mod tests {
                 close(&dwi, &block(&dw, k, (c.col * nb, nb), (c.row * kb, kb)), &format!("{at} dw"));
                 close(&dbi, &db[c.col * nb + c.row * (nb / q)..][..nb / q], &format!("{at} db"));
             }
+        }
+    }
+
+    #[test]
+    fn split_layernorm_matches_the_whole_rows() {
+        let dev = ReferenceDevice;
+        let (q, m, h) = (2usize, 5usize, 12usize);
+        let (x, g, b, dy) = (values(q * m * h, 8), values(h, 9), values(h, 10), values(q * m * h, 11));
+        let up = |v: &[f32]| {
+            let mut buf = dev.alloc(v.len());
+            dev.upload(&mut buf, v);
+            buf
+        };
+        let rows = q * m;
+        let (mut y, mut mean, mut rstd) = (dev.alloc(rows * h), dev.alloc(rows), dev.alloc(rows));
+        dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &up(&x), &up(&g), &up(&b), rows, h);
+        let (mut dx, mut dg, mut db) = (dev.alloc(rows * h), dev.alloc(h), dev.alloc(h));
+        dev.layernorm_backward(&mut dx, &mut dg, &mut db, &up(&dy), &up(&x), &up(&g), &mean, &rstd, rows, h);
+        let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let (y, dx, dg, db) = (whole(&y), whole(&dx), whole(&dg), whole(&db));
+        let (hb, hs) = (h / q, h / (q * q));
+        let got = on_grid(q, |c, s| {
+            let dev = ReferenceDevice;
+            let up = |v: Vec<f32>| {
+                let mut buf = dev.alloc(v.len());
+                dev.upload(&mut buf, &v);
+                buf
+            };
+            let shard = |v: &[f32]| v[c.col * hb + c.row * hs..][..hs].to_vec();
+            let (xi, gi, bi) = (up(block(&x, h, (c.row * m, m), (c.col * hb, hb))), up(shard(&g)), up(shard(&b)));
+            let dyi = up(block(&dy, h, (c.row * m, m), (c.col * hb, hb)));
+            let mut scratch = Scratch::default();
+            let (mut yi, mut mi, mut ri) = (dev.alloc(m * hb), dev.alloc(m), dev.alloc(m));
+            s.layernorm_forward(&dev, &mut yi, &mut mi, &mut ri, &xi, &gi, &bi, m, h, &mut scratch);
+            let (mut dxi, mut dgi, mut dbi) = (dev.alloc(m * hb), dev.alloc(hs), dev.alloc(hs));
+            s.layernorm_backward(&dev, &mut dxi, &mut dgi, &mut dbi, &dyi, &xi, &gi, &mi, &ri, m, h, &mut scratch);
+            let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+            (c, f(yi), f(dxi), f(dgi), f(dbi))
+        });
+        for (c, yi, dxi, dgi, dbi) in got {
+            close(&yi, &block(&y, h, (c.row * m, m), (c.col * hb, hb)), "y");
+            close(&dxi, &block(&dx, h, (c.row * m, m), (c.col * hb, hb)), "dx");
+            close(&dgi, &dg[c.col * hb + c.row * hs..][..hs], "dgamma");
+            close(&dbi, &db[c.col * hb + c.row * hs..][..hs], "dbeta");
         }
     }
 
