@@ -68,6 +68,12 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
+    flag(
+        "--tensor-parallel-mode",
+        "MODE",
+        "1d (Megatron, default), 2d (SUMMA on a q x q grid, T = q²) or 2.5d (d stacked q x q grids, T = d q²)",
+    ),
+    flag("--tesseract-depth", "D", "depth d of the 2.5d grid (the batch splits over d q rows of grids)"),
     flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
     flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
     flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
@@ -253,6 +259,10 @@ pub struct TrainConfig {
     pub tensor_parallel: usize,
     pub pipeline_parallel: usize,
     pub sequence_parallel: bool,
+    /// `--tensor-parallel-mode` and `--tesseract-depth`, checked against the group size when the
+    /// layout is made.
+    pub tensor_mode: String,
+    pub tesseract_depth: Option<usize>,
     pub ddp_bucket_size: usize,
     pub layers_per_virtual_stage: Option<usize>,
     /// None: Megatron's choice (interleaved with virtual stages, else 1F1B).
@@ -452,6 +462,8 @@ impl TrainConfig {
                 .transpose()?
                 .unwrap_or_default(),
             sequence_parallel: args.has("--sequence-parallel"),
+            tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
+            tesseract_depth: args.usize("--tesseract-depth")?,
             ddp_bucket_size,
         })
     }

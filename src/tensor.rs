@@ -33,6 +33,8 @@ pub struct ParamInfo {
     /// None for parameters every tensor-parallel rank holds whole (LayerNorm, row-parallel
     /// biases, position embedding).
     pub partition: Option<Partition>,
+    /// A second split along another dimension (2-D tensor parallelism's blocks of a matrix).
+    pub partition2: Option<Partition>,
     /// Under sequence parallelism this replicated parameter's gradient is computed from this
     /// rank's sequence shard only, and must be summed over the tensor-parallel group.
     pub sequence_parallel: bool,
@@ -50,6 +52,7 @@ impl ParamInfo {
             shape,
             init,
             partition: None,
+            partition2: None,
             sequence_parallel: false,
             tied_copy: false,
         }
@@ -64,7 +67,23 @@ impl ParamInfo {
         );
         shape[dim] /= parts;
         let partition = (parts > 1).then_some(Partition { dim, rank, parts });
-        ParamInfo { name, shape, full_shape, init, partition, sequence_parallel: false, tied_copy: false }
+        ParamInfo { name, shape, full_shape, init, partition, partition2: None, sequence_parallel: false, tied_copy: false }
+    }
+
+    /// A matrix split into a grid of blocks: `(rank, parts)` along dimension 0 and along
+    /// dimension 1 (2-D tensor parallelism).
+    pub fn block(
+        name: String,
+        full_shape: Vec<usize>,
+        init: Init,
+        (r0, p0): (usize, usize),
+        (r1, p1): (usize, usize),
+    ) -> ParamInfo {
+        let mut info = ParamInfo::split(name, full_shape, init, 0, r0, p0);
+        assert!(info.shape[1].is_multiple_of(p1), "{}: dimension 1 of {:?} does not split {p1} ways", info.name, info.full_shape);
+        info.shape[1] /= p1;
+        info.partition2 = (p1 > 1).then_some(Partition { dim: 1, rank: r1, parts: p1 });
+        info
     }
 
     pub fn numel(&self) -> usize {
@@ -73,13 +92,24 @@ impl ParamInfo {
 
     /// The index in the full tensor of this shard's element `local`.
     pub fn global_index(&self, local: usize) -> usize {
-        let Some(p) = self.partition else { return local };
-        // Row-major: split the local index at the partition dimension, offset that coordinate.
-        let inner: usize = self.shape[p.dim + 1..].iter().product();
-        let (outer, rest) = (local / (self.shape[p.dim] * inner), local % (self.shape[p.dim] * inner));
-        let (coord, inner_index) = (rest / inner, rest % inner);
-        let global_coord = p.rank * self.shape[p.dim] + coord;
-        (outer * self.full_shape[p.dim] + global_coord) * inner + inner_index
+        match (self.partition, self.partition2) {
+            (None, None) => local,
+            (Some(p), None) => {
+                // Row-major: split the local index at the partition dimension, offset that coordinate.
+                let inner: usize = self.shape[p.dim + 1..].iter().product();
+                let (outer, rest) = (local / (self.shape[p.dim] * inner), local % (self.shape[p.dim] * inner));
+                let (coord, inner_index) = (rest / inner, rest % inner);
+                let global_coord = p.rank * self.shape[p.dim] + coord;
+                (outer * self.full_shape[p.dim] + global_coord) * inner + inner_index
+            }
+            (p0, p1) => {
+                // A block of a matrix: offset both coordinates.
+                let (r, c) = (local / self.shape[1], local % self.shape[1]);
+                let off = |p: Option<Partition>, d: usize| p.filter(|p| p.dim == d).map_or(0, |p| p.rank * self.shape[d]);
+                let (r, c) = (r + off(p0, 0) + off(p1, 0), c + off(p0, 1) + off(p1, 1));
+                r * self.full_shape[1] + c
+            }
+        }
     }
 
     /// Weight decay applies to matrices and embeddings, not to biases or LayerNorm parameters.
@@ -165,6 +195,16 @@ mod tests {
                         if dim == 0 { (rank * shard.shape[0] + r, c) } else { (r, rank * shard.shape[1] + c) };
                     assert_eq!(*v, all[gr * 6 + gc], "dim {dim} rank {rank} element {local}");
                 }
+            }
+        }
+        // Blocks of a 2 x 3 grid.
+        for (r0, r1) in [(0, 0), (1, 2), (0, 1)] {
+            let shard = ParamInfo::block("w".into(), vec![4, 6], init, (r0, 2), (r1, 3));
+            assert_eq!(shard.shape, vec![2, 2]);
+            let vals = shard.initial_values(9, 0..shard.numel());
+            for (local, v) in vals.iter().enumerate() {
+                let (r, c) = (r0 * 2 + local / 2, r1 * 2 + local % 2);
+                assert_eq!(*v, all[r * 6 + c], "block ({r0}, {r1}) element {local}");
             }
         }
     }

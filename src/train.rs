@@ -20,8 +20,9 @@ use crate::optim::distributed::{self, DistributedAdamW};
 use crate::optim::scaler::LossScaler;
 use crate::optim::{clip_coefficient, AdamW};
 use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
-use crate::parallel::grid::{Grid, Groups};
+use crate::parallel::grid::{Grid, Groups, TensorMode};
 use crate::parallel::pipeline::{self, Pass, Schedule};
+use crate::parallel::summa::Summa;
 use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
 use std::path::Path;
@@ -342,9 +343,9 @@ impl Pipeline<'_> {
                     let d_out = (vs < self.last_virtual()).then(|| self.recv_backward(tl, micro, chunk));
                     // Data-parallel buckets start reducing during each chunk's last backward (the
                     // distributed optimizer reduce-scatters once backward is done instead).
-                    let last = micro + 1 == self.micro && grid.dp > 1 && !self.zero;
+                    let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
                     let Chunk { model, buckets, .. } = &mut chunks[chunk];
-                    let (dev, dp) = (self.dev, &*self.groups.dp);
+                    let (dev, dp) = (self.dev, &*self.groups.replica);
                     let mut ready = |set: &crate::tensor::ParamSet<CpuDevice>, params: std::ops::Range<usize>| {
                         if last {
                             buckets.mark_final(dev, dp, set, params);
@@ -488,6 +489,7 @@ fn save_checkpoint(
         ("decoder_last_pipeline_num_layers", cfg.last_stage_layers.map_or("none".into(), |n| n.to_string())),
         ("data_parallel_size", grid.dp.to_string()),
         ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
+        ("tensor_parallel_mode", grid.tensor_mode.describe()),
     ];
     if let Some(sc) = progress.scaler {
         shard.meta.insert("loss_scale".into(), sc.scale.to_string());
@@ -511,7 +513,7 @@ fn save_checkpoint(
                 o.m.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
                 o.v.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
             ),
-            Optimizer::Distributed(z) => z.gather_state(dev, &*groups.dp, &model.params),
+            Optimizer::Distributed(z) => z.gather_state(dev, &*groups.replica, &model.params),
         };
         for (i, info) in model.params.info.iter().enumerate() {
             let value = download(&model.params.values[i], info.numel());
@@ -566,6 +568,15 @@ fn load_checkpoint(
         layout("pipeline_model_parallel_size"),
         layout("virtual_pipeline_chunks"),
     );
+    let saved_mode = shard.meta.get("tensor_parallel_mode").cloned().unwrap_or_else(|| "1d".into());
+    if saved_mode != grid.tensor_mode.describe() {
+        return Err(Error::Config(format!(
+            "{} was written with --tensor-parallel-mode {saved_mode}; this run uses {}: resume with the layout it \
+             was saved with",
+            path.display(),
+            grid.tensor_mode.describe()
+        )));
+    }
     if (saved_tp, saved_pp, saved_v) != (grid.tp, grid.pp, chunks.len()) {
         return Err(Error::Config(format!(
             "{} was written with tensor-parallel size {saved_tp}, pipeline size {saved_pp} and {saved_v} virtual \
@@ -657,11 +668,34 @@ pub fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, Mod
             cfg.global_batch_size, cfg.micro_batch_size, grid.dp
         )));
     }
+    let mode = TensorMode::new(&cfg.tensor_mode, cfg.tesseract_depth, grid.tp)?;
+    let grid = grid.with_tensor_mode(mode);
     let mp = ModelParallel {
         tp_size: grid.tp,
         tp_rank: grid.tp_rank,
         sequence_parallel: cfg.sequence_parallel && grid.tp > 1,
+        summa: grid.summa(),
     };
+    if let Some(c) = mp.summa {
+        if cfg.sequence_parallel {
+            return Err(Error::Config(
+                "--sequence-parallel is for 1-D tensor parallelism; 2-D and 2.5-D split every activation already"
+                    .into(),
+            ));
+        }
+        let split = c.q * c.depth;
+        if !cfg.micro_batch_size.is_multiple_of(split) {
+            return Err(Error::Config(format!(
+                "--micro-batch-size {} is not divisible by {}, which --tensor-parallel-mode {} needs (the batch \
+                 splits over the grid's {} rows{})",
+                cfg.micro_batch_size,
+                split,
+                cfg.tensor_mode,
+                c.q,
+                if c.depth > 1 { format!(" in each of {} depth layers", c.depth) } else { String::new() }
+            )));
+        }
+    }
     cfg.model.validate_parallel(&mp, cfg.seq_length)?;
     Ok((cfg, grid, mp))
 }
@@ -755,7 +789,11 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let stage = stage_plan(cfg, &grid)?;
     let say = grid.rank == 0;
     let groups = if rt.world_size > 1 { Groups::new(rt, grid) } else { Groups::single() };
-    let tp = TensorParallel { comm: &*groups.tp, sequence_parallel: mp.sequence_parallel };
+    let tp = TensorParallel {
+        comm: &*groups.tp,
+        sequence_parallel: mp.sequence_parallel,
+        summa: mp.summa.map(|c| (Summa { row: &*groups.summa_row, col: &*groups.summa_col, q: c.q }, &*groups.depth)),
+    };
     let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
     let dev = CpuDevice::new(threads);
     dev.set_matmul_precision(cfg.precision);
@@ -794,8 +832,11 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             let mut model = Gpt::new_chunk(&dev, m.clone(), mp, plan.clone(), cfg.seed);
             model.set_recompute(cfg.recompute);
             model.set_precision(&dev, cfg.precision);
-            let opt = if cfg.use_distributed_optimizer && grid.dp > 1 {
-                Optimizer::Distributed(DistributedAdamW::new(&dev, &model.params, cfg.adam, grid.dp_rank, grid.dp))
+            // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
+            let replica = &*groups.replica;
+            let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
+                let (rank, size) = (replica.rank(), replica.size());
+                Optimizer::Distributed(DistributedAdamW::new(&dev, &model.params, cfg.adam, rank, size))
             } else {
                 Optimizer::Replicated(AdamW::new(&dev, &model.params, cfg.adam))
             };
@@ -825,7 +866,12 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         _ => None,
     };
 
-    let rows_local = cfg.micro_batch_size * cfg.seq_length / if mp.sequence_parallel { grid.tp } else { 1 };
+    // Elements of the hidden states one rank passes between pipeline stages: its rows (a sequence
+    // shard under SP, a batch block under SUMMA) of its hidden columns.
+    let hidden_len = match mp.summa {
+        Some(c) => cfg.micro_batch_size / (c.q * c.depth) * cfg.seq_length * m.hidden_size / c.q,
+        None => cfg.micro_batch_size * cfg.seq_length / if mp.sequence_parallel { grid.tp } else { 1 } * m.hidden_size,
+    };
     let pipe = Pipeline {
         dev: &dev,
         groups: &groups,
@@ -833,8 +879,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         schedule: stage.schedule,
         chunks: v,
         micro: n_micro,
-        hidden_len: rows_local * m.hidden_size,
-        zero: cfg.use_distributed_optimizer && grid.dp > 1,
+        hidden_len,
+        zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
     };
     if (n_micro * v * 2) as u64 >= 1 << 30 {
         return Err(Error::Config(format!("{n_micro} micro-batches x {v} chunks exceed the pipeline's message tags")));
@@ -892,8 +938,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             // The buckets' all-reduces were posted during backward from the gradients as they
             // were then, so they finish before the other sums touch the gradients; the
             // distributed optimizer's reduce-scatter reads the gradients after those sums.
-            if let (Optimizer::Replicated(_), true) = (&c.opt, grid.dp > 1) {
-                c.buckets.finish(&dev, &*groups.dp, &mut c.model.params);
+            if let (Optimizer::Replicated(_), true) = (&c.opt, groups.replica.size() > 1) {
+                c.buckets.finish(&dev, &*groups.replica, &mut c.model.params);
             }
             // fp16 gradients overflow to infinity where real half precision would.
             if cfg.precision == Precision::F16 {
@@ -904,7 +950,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             reduce_tied_embedding(&dev, &*groups.embedding, &mut c.model.params);
             reduce_sequence_parallel_grads(&dev, &*groups.tp, &mut c.model.params);
             if let Optimizer::Distributed(z) = &c.opt {
-                shard_grads.push(z.reduce_scatter_grads(&dev, &*groups.dp, &c.model.params));
+                shard_grads.push(z.reduce_scatter_grads(&dev, &*groups.replica, &c.model.params));
             }
         }
         let loss = groups.dp.sum_f64(groups.pp.sum_f64(loss_sum)) / tokens_per_iter;
@@ -920,7 +966,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             distributed::global_norm(local, &*groups.world)
         } else {
             let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
-            global_grad_norm(&dev, &sets, grid.tp_rank, &*groups.mp)
+            global_grad_norm(&dev, &sets, grid.tp_rank, mp.counts_parameters(), &*groups.mp)
         };
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
         // the scaled gradients overflowed: the step is skipped and the scale backs off.
@@ -948,7 +994,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                 match &mut c.opt {
                     Optimizer::Replicated(o) => o.step(&dev, &mut c.model.params, lr as f32, coef),
                     Optimizer::Distributed(z) => {
-                        z.step(&dev, &*groups.dp, &mut c.model.params, &shard_grads[i], lr as f32, coef)
+                        z.step(&dev, &*groups.replica, &mut c.model.params, &shard_grads[i], lr as f32, coef)
                     }
                 }
                 c.model.refresh_working_weights(&dev);

@@ -97,7 +97,7 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     for tp_rank in 0..layout.tp {
         for pp_rank in 0..layout.pp {
             let (_, path, shard) = super::load_latest(dir, &super::shard_name(tp_rank, pp_rank, layout.pp))?;
-            let mp = ModelParallel { tp_size: layout.tp, tp_rank, sequence_parallel: layout.sequence_parallel };
+            let mp = ModelParallel::one_d(layout.tp, tp_rank, layout.sequence_parallel);
             for (c, plan) in layout.plans(&model, pp_rank)?.iter().enumerate() {
                 for info in model.chunk_parameters(&mp, plan).iter().filter(|i| !i.tied_copy) {
                     for prefix in PREFIXES {
@@ -127,7 +127,7 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
 /// Writes `full` as a checkpoint of layout `target` in `dir`. Returns the iteration directory.
 pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result<PathBuf> {
     let cfg = &full.model;
-    let mp0 = ModelParallel { tp_size: target.tp, tp_rank: 0, sequence_parallel: target.sequence_parallel };
+    let mp0 = ModelParallel::one_d(target.tp, 0, target.sequence_parallel);
     cfg.validate_parallel(&mp0, 0)?;
     super::begin(dir, full.iteration)?;
     for tp_rank in 0..target.tp {

@@ -12,6 +12,7 @@
 use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::ReduceOp;
 use crate::device::{AttentionShape, Device};
+use crate::parallel::summa::{self, Scratch};
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
 use crate::real::Precision;
 use crate::tensor::{pair_mut, ParamSet};
@@ -86,7 +87,12 @@ pub enum ChunkOutput {
 struct Rows {
     batch: usize,
     seq: usize,
-    /// All rows, `batch * seq` (inputs of the column-parallel layers).
+    /// The samples whose rows this rank holds: the whole micro-batch under 1-D, this rank's
+    /// batch block (`batch / (d q)`) under SUMMA.
+    sub_batch: usize,
+    /// The first of those samples.
+    first_sample: usize,
+    /// All rows, `sub_batch * seq` (inputs of the column-parallel layers).
     full: usize,
     /// Rows of the residual stream on this rank (`full / tp` under sequence parallelism).
     local: usize,
@@ -167,7 +173,39 @@ impl Rows {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
         let positions = if sp { seq / mp.tp_size } else { seq };
         let t0 = if sp { mp.tp_rank * positions } else { 0 };
-        Rows { batch, seq, full: batch * seq, local: batch * positions, t0, positions }
+        let sub_batch = batch / mp.batch_split();
+        let first_sample = mp.summa.map_or(0, |c| c.batch_block() * sub_batch);
+        Rows { batch, seq, sub_batch, first_sample, full: sub_batch * seq, local: sub_batch * positions, t0, positions }
+    }
+}
+
+/// Widths of one rank's activations: the residual stream (`h`, or `h/q` under SUMMA), the
+/// attention core and QKV block (`h/t` or `h/q`), the MLP (`f/t`, `f/q`), the logits (`V/t`,
+/// `V/q`), and the heads this rank computes.
+#[derive(Clone, Copy, Debug)]
+struct Widths {
+    h: usize,
+    f: usize,
+    hr: usize,
+    hl: usize,
+    fl: usize,
+    vl: usize,
+    heads: usize,
+}
+
+impl Widths {
+    fn new(cfg: &GptConfig, mp: &ModelParallel) -> Widths {
+        let s = mp.feature_split();
+        let h = cfg.hidden_size;
+        Widths {
+            h,
+            f: cfg.ffn_hidden_size,
+            hr: if mp.summa.is_some() { h / s } else { h },
+            hl: h / s,
+            fl: cfg.ffn_hidden_size / s,
+            vl: cfg.padded_vocab_size / s,
+            heads: cfg.num_attention_heads / s,
+        }
     }
 }
 
@@ -175,10 +213,9 @@ impl<B> LayerActs<B> {
     /// One layer's saved activations; `with_attention` false leaves out the attention output.
     fn new<D: Device<Buf = B>>(dev: &D, cfg: &GptConfig, mp: &ModelParallel, rows: Rows, with_attention: bool) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
-        let t = mp.tp_size;
-        let (h, hl, fl) = (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t);
+        let Widths { hr: h, hl, fl, heads, .. } = Widths::new(cfg, mp);
         let (m, ml) = (rows.full, rows.local);
-        let lse = rows.batch * (cfg.num_attention_heads / t) * rows.seq;
+        let lse = rows.sub_batch * heads * rows.seq;
         LayerActs {
             ln1: dev.alloc(ml * h),
             ln1_mean: dev.alloc(ml),
@@ -255,12 +292,16 @@ impl<B> Activations<B> {
         seq: usize,
     ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
-        let t = mp.tp_size;
         let rows = Rows::new(mp, batch, seq);
-        let full = rows.full;
-        let (h, hl, fl, vl) =
-            (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
+        let Widths { hr: h, hl, fl, vl, .. } = Widths::new(cfg, mp);
         let (m, ml) = (rows.full, rows.local);
+        // The first chunk's embedding before its reduction: all rows under sequence parallelism;
+        // under SUMMA the rows of every batch block of this depth layer (also the gather target
+        // of the embedding's backward).
+        let emb_rows = match mp.summa {
+            Some(c) => plan.first.then_some(c.q * m),
+            None => (sp && plan.first).then_some(m),
+        };
         // Full recompute keeps only each layer's input; selective recompute drops the attention
         // core's output; both are rebuilt in backward.
         let layers = match recompute {
@@ -283,8 +324,8 @@ impl<B> Activations<B> {
             resid: (0..=plan.layers.len()).map(|_| dev.alloc(ml * h)).collect(),
             layers,
             head,
-            tokens: vec![0; full],
-            emb_full: alloc_if(dev, sp && plan.first, m * h),
+            tokens: vec![0; batch * seq],
+            emb_full: emb_rows.map(|rows| dev.alloc(rows * h)),
             tmp_full: dev.alloc(m * h),
             tmp_local: alloc_if(dev, sp, ml * h),
             d_resid: dev.alloc(ml * h),
@@ -331,14 +372,164 @@ fn reduced<'a, D: Device>(
     }
 }
 
+/// LayerNorm of this rank's residual rows: whole rows under 1-D, the hidden dimension split along
+/// the SUMMA row under 2-D / 2.5-D.
+#[allow(clippy::too_many_arguments)]
+fn ln_forward<D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    out: &mut D::Buf,
+    mean: &mut D::Buf,
+    rstd: &mut D::Buf,
+    inp: &D::Buf,
+    weight: &D::Buf,
+    bias: &D::Buf,
+    rows: usize,
+    h: usize,
+) {
+    match tp.summa {
+        None => dev.layernorm_forward(out, mean, rstd, inp, weight, bias, rows, h),
+        Some((s, _)) => s.layernorm_forward(dev, out, mean, rstd, inp, weight, bias, rows, h, sc),
+    }
+}
+
+/// Backward of `ln_forward`: `dinp`, `dweight`, `dbias` "+=".
+#[allow(clippy::too_many_arguments)]
+fn ln_backward<D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    dinp: &mut D::Buf,
+    (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+    dout: &D::Buf,
+    inp: &D::Buf,
+    weight: &D::Buf,
+    mean: &D::Buf,
+    rstd: &D::Buf,
+    rows: usize,
+    h: usize,
+) {
+    match tp.summa {
+        None => dev.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h),
+        Some((s, _)) => s.layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h, sc),
+    }
+}
+
+/// A linear layer that reads a LayerNorm output (QKV, fc1) for the whole `[k] -> [n]` product:
+/// column-parallel under 1-D (all-gathering the input under sequence parallelism), SUMMA
+/// otherwise. `out` holds this rank's output features.
+#[allow(clippy::too_many_arguments)]
+fn linear_in_forward<D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    out: &mut D::Buf,
+    (inp, inp_full): (&D::Buf, &mut Option<D::Buf>),
+    weight: &D::Buf,
+    bias: &D::Buf,
+    r: Rows,
+    (k, n): (usize, usize),
+) {
+    match tp.summa {
+        None => {
+            let inp = gathered(dev, tp, inp, inp_full);
+            dev.linear_forward(out, inp, weight, Some(bias), r.full, k, n / tp.size());
+        }
+        Some((s, _)) => s.linear_forward(dev, out, inp, weight, Some(bias), r.full, k, n, sc),
+    }
+}
+
+/// A linear layer that writes back into the residual stream (the attention projection, fc2):
+/// `x_out = resid + inp · weightᵀ + bias` for the whole `[k] -> [n]` product. Row-parallel under
+/// 1-D (partial sums reduced over the group, or reduce-scattered under sequence parallelism),
+/// SUMMA otherwise.
+#[allow(clippy::too_many_arguments)]
+fn linear_out_forward<D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    x_out: &mut D::Buf,
+    resid: &D::Buf,
+    inp: &D::Buf,
+    weight: &D::Buf,
+    bias: &D::Buf,
+    (tmp_full, tmp_local): (&mut D::Buf, &mut Option<D::Buf>),
+    r: Rows,
+    (k, n): (usize, usize),
+) {
+    match tp.summa {
+        None => {
+            dev.linear_forward(tmp_full, inp, weight, None, r.full, k / tp.size(), n);
+            let sum = reduced(dev, tp, tmp_full, tmp_local);
+            dev.add(x_out, resid, sum);
+            dev.add_bias(x_out, bias, r.local, n);
+        }
+        Some((s, _)) => {
+            s.linear_forward(dev, tmp_full, inp, weight, Some(bias), r.full, k, n, sc);
+            dev.add(x_out, resid, tmp_full);
+        }
+    }
+}
+
+/// Backward of `linear_out_forward` from the residual gradient `d_resid`: `d_inp` (overwrite),
+/// weight and bias gradients "+=".
+#[allow(clippy::too_many_arguments)]
+fn linear_out_backward<D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    d_inp: &mut D::Buf,
+    (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+    (d_resid, d_full): (&D::Buf, &mut Option<D::Buf>),
+    inp: &D::Buf,
+    weight: &D::Buf,
+    r: Rows,
+    (k, n): (usize, usize),
+) {
+    match tp.summa {
+        None => {
+            let d_out = gathered(dev, tp, d_resid, d_full);
+            dev.linear_backward(Some(d_inp), dweight, Some(dbias), d_out, inp, weight, r.full, k / tp.size(), n);
+        }
+        Some((s, _)) => s.linear_backward(dev, Some(d_inp), dweight, Some(dbias), d_resid, inp, weight, r.full, k, n, sc),
+    }
+}
+
+/// Backward of `linear_in_forward`: returns the gradient of the LayerNorm output on this rank's
+/// rows (reduced over the group under 1-D), computed in `d_full` (and `d_local`).
+#[allow(clippy::too_many_arguments)]
+fn linear_in_backward<'a, D: Device>(
+    dev: &D,
+    tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
+    (d_full, d_local): (&'a mut D::Buf, &'a mut Option<D::Buf>),
+    (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+    d_out: &D::Buf,
+    (inp, inp_full): (&D::Buf, &Option<D::Buf>),
+    weight: &D::Buf,
+    r: Rows,
+    (k, n): (usize, usize),
+) -> &'a D::Buf {
+    match tp.summa {
+        None => {
+            let inp = inp_full.as_ref().unwrap_or(inp);
+            dev.linear_backward(Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n / tp.size());
+            reduced(dev, tp, d_full, d_local)
+        }
+        Some((s, _)) => {
+            s.linear_backward(dev, Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n, sc);
+            d_full
+        }
+    }
+}
+
 /// The sizes one layer's forward and backward work with.
 #[derive(Clone, Copy)]
 struct Dims {
     rows: Rows,
     shape: AttentionShape,
-    h: usize,
-    hl: usize,
-    fl: usize,
+    wd: Widths,
     /// Where activations are rounded to under mixed precision.
     precision: Precision,
 }
@@ -350,6 +541,7 @@ struct Dims {
 fn layer_forward<'w, D: Device>(
     dev: &D,
     tp: TensorParallel,
+    sc: &mut Scratch<D::Buf>,
     w: &dyn Fn(usize) -> &'w D::Buf,
     dims: Dims,
     x_in: &D::Buf,
@@ -361,11 +553,11 @@ fn layer_forward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    let Dims { rows: r, shape, h, hl, fl, precision } = dims;
-    dev.layernorm_forward(&mut la.ln1, &mut la.ln1_mean, &mut la.ln1_rstd, x_in, w(LN1_W), w(LN1_B), r.local, h);
+    let Dims { rows: r, shape, wd, precision } = dims;
+    let (h, f) = (wd.h, wd.f);
+    ln_forward(dev, tp, sc, &mut la.ln1, &mut la.ln1_mean, &mut la.ln1_rstd, x_in, w(LN1_W), w(LN1_B), r.local, h);
     dev.round_to(&mut la.ln1, precision);
-    let ln1 = gathered(dev, tp, &la.ln1, &mut la.ln1_full);
-    dev.linear_forward(&mut la.qkv, ln1, w(QKV_W), Some(w(QKV_B)), r.full, h, 3 * hl);
+    linear_in_forward(dev, tp, sc, &mut la.qkv, (&la.ln1, &mut la.ln1_full), w(QKV_W), w(QKV_B), r, (h, 3 * h));
     dev.round_to(&mut la.qkv, precision);
     let (attn, lse) = match (&mut la.attn, &mut la.lse, attn_spare) {
         (Some(attn), Some(lse), _) => (attn, lse),
@@ -374,28 +566,14 @@ fn layer_forward<'w, D: Device>(
     };
     dev.attention_forward(attn, lse, &la.qkv, shape);
     dev.round_to(attn, precision);
-    dev.linear_forward(tmp_full, attn, w(PROJ_W), None, r.full, hl, h);
-    let proj = reduced(dev, tp, tmp_full, tmp_local);
-    dev.add(&mut la.resid_mid, x_in, proj);
-    dev.add_bias(&mut la.resid_mid, w(PROJ_B), r.local, h);
-    dev.layernorm_forward(
-        &mut la.ln2,
-        &mut la.ln2_mean,
-        &mut la.ln2_rstd,
-        &la.resid_mid,
-        w(LN2_W),
-        w(LN2_B),
-        r.local,
-        h,
-    );
-    let ln2 = gathered(dev, tp, &la.ln2, &mut la.ln2_full);
-    dev.linear_forward(&mut la.fc1, ln2, w(FC1_W), Some(w(FC1_B)), r.full, h, fl);
+    let tmp = (&mut *tmp_full, &mut *tmp_local);
+    linear_out_forward(dev, tp, sc, &mut la.resid_mid, x_in, attn, w(PROJ_W), w(PROJ_B), tmp, r, (h, h));
+    ln_forward(dev, tp, sc, &mut la.ln2, &mut la.ln2_mean, &mut la.ln2_rstd, &la.resid_mid, w(LN2_W), w(LN2_B), r.local, h);
+    linear_in_forward(dev, tp, sc, &mut la.fc1, (&la.ln2, &mut la.ln2_full), w(FC1_W), w(FC1_B), r, (h, f));
     dev.gelu_forward(&mut la.gelu, &la.fc1);
     let Some(x_out) = x_out else { return };
-    dev.linear_forward(tmp_full, &la.gelu, w(FC2_W), None, r.full, fl, h);
-    let fc2 = reduced(dev, tp, tmp_full, tmp_local);
-    dev.add(x_out, &la.resid_mid, fc2);
-    dev.add_bias(x_out, w(FC2_B), r.local, h);
+    let tmp = (tmp_full, tmp_local);
+    linear_out_forward(dev, tp, sc, x_out, &la.resid_mid, &la.gelu, w(FC2_W), w(FC2_B), tmp, r, (f, h));
     dev.round_to(x_out, precision);
 }
 
@@ -434,6 +612,8 @@ pub struct Gpt<D: Device> {
     /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
     precision: Precision,
     working: Option<Vec<D::Buf>>,
+    /// SUMMA's panel buffers (unused under 1-D).
+    scratch: Scratch<D::Buf>,
 }
 
 impl<D: Device> Gpt<D> {
@@ -467,6 +647,7 @@ impl<D: Device> Gpt<D> {
             spare_attention: None,
             precision: Precision::F32,
             working: None,
+            scratch: Scratch::default(),
         }
     }
 
@@ -556,9 +737,9 @@ impl<D: Device> Gpt<D> {
                 self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, true)));
             }
             Recompute::Selective if self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) => {
-                let t = self.mp.tp_size;
-                let attn = dev.alloc(rows.full * self.cfg.hidden_size / t);
-                let lse = dev.alloc(rows.batch * (self.cfg.num_attention_heads / t) * rows.seq);
+                let wd = Widths::new(&self.cfg, &self.mp);
+                let attn = dev.alloc(rows.full * wd.hl);
+                let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
                 self.spare_attention = Some((rows, attn, lse));
             }
             _ => {}
@@ -583,8 +764,17 @@ impl<D: Device> Gpt<D> {
         self.pool.iter().position(|(k, _)| *k == Some(key)).expect("backward of a micro-batch that ran forward")
     }
 
+    /// The first vocabulary row of this rank's word-embedding shard (under SUMMA, of its row's
+    /// vocabulary block).
     fn vocab_start(&self) -> usize {
-        self.mp.tp_rank * (self.cfg.padded_vocab_size / self.mp.tp_size)
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
+        self.mp.summa.map_or(self.mp.tp_rank, |c| c.row) * vl
+    }
+
+    /// The first vocabulary entry of this rank's logits (under SUMMA, of its column's block).
+    fn logits_start(&self) -> usize {
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
+        self.mp.summa.map_or(self.mp.tp_rank, |c| c.col) * vl
     }
 
     /// Forward of micro-batch `key` through this chunk. The first chunk embeds `tokens`
@@ -628,38 +818,52 @@ impl<D: Device> Gpt<D> {
         assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
         let vocab_start = self.vocab_start();
-        let (cfg, lay, precision) = (&self.cfg, self.layout, self.precision);
-        let t = self.mp.tp_size;
+        let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
         let p = self.working.as_ref().unwrap_or(&self.params.values);
         let a = &mut self.pool[index].1;
-        let (spare, spare_attention) = (&mut self.spare, &mut self.spare_attention);
+        let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
         let r = a.rows;
-        let (h, hl, fl, vl) =
-            (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
-        let shape = AttentionShape { batch, seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
+        let wd = Widths::new(cfg, &mp);
+        let (h, vl) = (wd.h, wd.vl);
+        let shape = AttentionShape { batch: r.sub_batch, seq, heads: wd.heads, head_dim: cfg.head_dim() };
 
         if lay.first {
             assert_eq!(tokens.len(), batch * seq);
             a.tokens.copy_from_slice(tokens);
             // This shard's word rows, summed over the group (reduce-scattered to this rank's
-            // positions under SP), then the position embedding of those positions.
-            match &mut a.emb_full {
-                Some(emb) => {
+            // positions under SP; to this rank's batch block under SUMMA), then the position
+            // embedding of those positions.
+            match (&mut a.emb_full, tp.summa, mp.summa) {
+                (Some(emb), Some((s, _)), Some(c)) => {
+                    let bd = batch / c.depth;
+                    let mine = &tokens[c.dep * bd * seq..(c.dep + 1) * bd * seq];
+                    dev.embedding_forward(emb, mine, &p[Layout::WTE], vocab_start, bd, seq, wd.hr);
+                    let blocks = rows_to_batch_blocks(&summa::host(dev, emb), c.q, r.sub_batch, seq, wd.hr);
+                    let mut out = vec![0f32; r.full * wd.hr];
+                    s.col.reduce_scatter(&blocks, &mut out);
+                    dev.upload(&mut a.resid[0], &out);
+                    let mut wpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
+                    summa::gather_stacked(dev, s.col, &p[Layout::WPE], &mut wpe);
+                    dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr);
+                }
+                (Some(emb), _, _) => {
                     dev.embedding_forward(emb, tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
                     reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
                 }
-                None => {
+                _ => {
                     dev.embedding_forward(&mut a.resid[0], tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
                     all_reduce(dev, tp.comm, &mut a.resid[0]);
                 }
             }
-            dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+            if mp.summa.is_none() {
+                dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+            }
             dev.round_to(&mut a.resid[0], precision);
         } else {
             dev.upload(&mut a.resid[0], hidden.expect("a chunk after the first needs its input"));
         }
 
-        let dims = Dims { rows: r, shape, h, hl, fl, precision };
+        let dims = Dims { rows: r, shape, wd, precision };
         for l in 0..lay.num_layers {
             let w = |k| &p[lay.layer(l, k)];
             let (before, after) = a.resid.split_at_mut(l + 1);
@@ -672,24 +876,25 @@ impl<D: Device> Gpt<D> {
                 (None, Some((_, layer))) => (layer, None),
                 (None, None) => unreachable!("full recompute has a spare layer"),
             };
-            layer_forward(dev, tp, &w, dims, x_in, Some(x_out), la, attn_spare, &mut a.tmp_full, &mut a.tmp_local);
+            let tmp = (&mut a.tmp_full, &mut a.tmp_local);
+            layer_forward(dev, tp, sc, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         }
         if let Some(hd) = a.head.as_mut() {
             let lnf_w = lay.lnf();
             let x_last = &a.resid[lay.num_layers];
-            dev.layernorm_forward(
-                &mut hd.lnf,
-                &mut hd.lnf_mean,
-                &mut hd.lnf_rstd,
-                x_last,
-                &p[lnf_w],
-                &p[lnf_w + 1],
-                r.local,
-                h,
-            );
+            let (lnf, mean, rstd) = (&mut hd.lnf, &mut hd.lnf_mean, &mut hd.lnf_rstd);
+            ln_forward(dev, tp, sc, lnf, mean, rstd, x_last, &p[lnf_w], &p[lnf_w + 1], r.local, h);
             dev.round_to(&mut hd.lnf, precision);
-            let lnf = gathered(dev, tp, &hd.lnf, &mut hd.lnf_full);
-            dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
+            match tp.summa {
+                None => {
+                    let lnf = gathered(dev, tp, &hd.lnf, &mut hd.lnf_full);
+                    dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
+                }
+                Some((s, _)) => {
+                    let v = cfg.padded_vocab_size;
+                    s.logits_forward(dev, &mut hd.logits, &hd.lnf, &p[lay.head()], r.full, h, v, sc);
+                }
+            }
         }
     }
 
@@ -697,20 +902,28 @@ impl<D: Device> Gpt<D> {
     /// the max, target-logit and sum-exp all-reduces over the group. Returns the sum of the rows'
     /// losses and keeps the statistics for backward.
     fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, index: usize, labels: &[u32]) -> f64 {
-        let vocab_start = self.vocab_start();
-        let vl = self.cfg.padded_vocab_size / self.mp.tp_size;
+        let vocab_start = self.logits_start();
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
         let a = &mut self.pool[index].1;
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
-        reorder_to_rows(&mut hd.targets, labels, r.batch, r.seq);
+        // The vocabulary is split over the group under 1-D, over the row under SUMMA.
+        let comm = tp.summa.map_or(tp.comm, |(s, _)| s.row);
+        let mine = &labels[r.first_sample * r.seq..(r.first_sample + r.sub_batch) * r.seq];
+        reorder_to_rows(&mut hd.targets, mine, r.sub_batch, r.seq);
         dev.cross_entropy_max(&hd.logits, r.full, vl, &mut hd.ce_max);
-        tp.comm.all_reduce(&mut hd.ce_max, ReduceOp::Max);
+        comm.all_reduce(&mut hd.ce_max, ReduceOp::Max);
         let (sum_exp, target_logit) = hd.ce_stats.split_at_mut(r.full);
         dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, sum_exp, target_logit);
         // Sum-exp and target logit travel in one all-reduce.
-        tp.comm.all_reduce(&mut hd.ce_stats, ReduceOp::Sum);
+        comm.all_reduce(&mut hd.ce_stats, ReduceOp::Sum);
         let (sum_exp, target_logit) = hd.ce_stats.split_at(r.full);
-        (0..r.full).map(|i| sum_exp[i].ln() + hd.ce_max[i] - target_logit[i]).sum()
+        let loss: f64 = (0..r.full).map(|i| sum_exp[i].ln() + hd.ce_max[i] - target_logit[i]).sum();
+        // Under SUMMA each rank has its batch block's loss: sum the blocks of the micro-batch.
+        match tp.summa {
+            None => loss,
+            Some((s, depth)) => depth.sum_f64(s.col.sum_f64(loss)),
+        }
     }
 
     /// Backward of micro-batch `key` through this chunk, adding gradients into `params.grads`
@@ -730,17 +943,15 @@ impl<D: Device> Gpt<D> {
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
     ) -> Option<Vec<f32>> {
         let index = self.held(key);
-        let vocab_start = self.vocab_start();
-        let (cfg, lay, precision) = (&self.cfg, self.layout, self.precision);
-        let t = self.mp.tp_size;
-        let (h, hl, fl, vl) =
-            (cfg.hidden_size, cfg.hidden_size / t, cfg.ffn_hidden_size / t, cfg.padded_vocab_size / t);
+        let (vocab_start, logits_start) = (self.vocab_start(), self.logits_start());
+        let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
+        let wd = Widths::new(cfg, &mp);
+        let (h, f, vl) = (wd.h, wd.f, wd.vl);
         let num_params = self.params.info.len();
         let a = &mut self.pool[index].1;
-        let (spare, spare_attention) = (&mut self.spare, &mut self.spare_attention);
+        let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
         let r = a.rows;
-        let shape =
-            AttentionShape { batch: r.batch, seq: r.seq, heads: cfg.num_attention_heads / t, head_dim: cfg.head_dim() };
+        let shape = AttentionShape { batch: r.sub_batch, seq: r.seq, heads: wd.heads, head_dim: cfg.head_dim() };
 
         if let Some(hd) = a.head.as_mut() {
             // Output layer (tied to the word embedding) and final LayerNorm.
@@ -748,7 +959,7 @@ impl<D: Device> Gpt<D> {
             dev.cross_entropy_backward(
                 &mut hd.logits,
                 &hd.targets,
-                vocab_start,
+                logits_start,
                 r.full,
                 vl,
                 &hd.ce_max,
@@ -757,35 +968,25 @@ impl<D: Device> Gpt<D> {
             );
             let p = self.working.as_ref().unwrap_or(&self.params.values);
             let g = &mut self.params.grads;
-            let lnf = hd.lnf_full.as_ref().unwrap_or(&hd.lnf);
-            dev.linear_backward(
-                Some(&mut a.d_h_full),
-                &mut g[lay.head()],
-                None,
-                &hd.logits,
-                lnf,
-                &p[lay.head()],
-                r.full,
-                h,
-                vl,
-            );
-            let d_lnf = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
+            let d_lnf = match tp.summa {
+                None => {
+                    let lnf = hd.lnf_full.as_ref().unwrap_or(&hd.lnf);
+                    let (d, dw) = (&mut a.d_h_full, &mut g[lay.head()]);
+                    dev.linear_backward(Some(d), dw, None, &hd.logits, lnf, &p[lay.head()], r.full, h, vl);
+                    reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local)
+                }
+                Some((s, _)) => {
+                    let (d, dw, v) = (&mut a.d_h_full, &mut g[lay.head()], cfg.padded_vocab_size);
+                    s.logits_backward(dev, d, dw, &hd.logits, &hd.lnf, &p[lay.head()], r.full, h, v, sc);
+                    &a.d_h_full
+                }
+            };
             dev.fill(&mut a.d_resid, 0.0);
             let lnf_w = lay.lnf();
-            let (gw, gb) = pair_mut(g, lnf_w, lnf_w + 1);
             let x_last = &a.resid[lay.num_layers];
-            dev.layernorm_backward(
-                &mut a.d_resid,
-                gw,
-                gb,
-                d_lnf,
-                x_last,
-                &p[lnf_w],
-                &hd.lnf_mean,
-                &hd.lnf_rstd,
-                r.local,
-                h,
-            );
+            let (mean, rstd) = (&hd.lnf_mean, &hd.lnf_rstd);
+            let gs = pair_mut(g, lnf_w, lnf_w + 1);
+            ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_lnf, x_last, &p[lnf_w], mean, rstd, r.local, h);
             // The tied copy (last stage only) is final too; the first stage's word embedding is
             // final after the embedding backward below.
             let end = if lay.first { lnf_w + 2 } else { num_params };
@@ -813,87 +1014,68 @@ impl<D: Device> Gpt<D> {
                         (la, &*attn, &*lse)
                     }
                     (None, Some((_, sp))) => {
-                        let dims = Dims { rows: r, shape, h, hl, fl, precision };
-                        layer_forward(dev, tp, &w, dims, x_in, None, sp, None, &mut a.tmp_full, &mut a.tmp_local);
+                        let dims = Dims { rows: r, shape, wd, precision };
+                        layer_forward(dev, tp, sc, &w, dims, x_in, None, sp, None, &mut a.tmp_full, &mut a.tmp_local);
                         let sp = &*sp;
                         (sp, sp.attn.as_ref().expect("spare attn"), sp.lse.as_ref().expect("spare lse"))
                     }
                     _ => unreachable!("recomputation has a spare layer"),
                 };
                 // MLP: d_resid holds the gradient of the block's output (this rank's rows).
-                let d_out = gathered(dev, tp, &a.d_resid, &mut a.d_full);
-                {
-                    let (gw, gb) = pair_mut(g, lay.layer(l, FC2_W), lay.layer(l, FC2_B));
-                    dev.linear_backward(Some(&mut a.d_ffn), gw, Some(gb), d_out, &la.gelu, w(FC2_W), r.full, fl, h);
-                }
+                let gs = pair_mut(g, lay.layer(l, FC2_W), lay.layer(l, FC2_B));
+                let d_out = (&a.d_resid, &mut a.d_full);
+                linear_out_backward(dev, tp, sc, &mut a.d_ffn, gs, d_out, &la.gelu, w(FC2_W), r, (f, h));
                 dev.gelu_backward(&mut a.d_ffn2, &la.fc1, &a.d_ffn);
                 {
-                    let ln2 = la.ln2_full.as_ref().unwrap_or(&la.ln2);
-                    let (gw, gb) = pair_mut(g, lay.layer(l, FC1_W), lay.layer(l, FC1_B));
-                    dev.linear_backward(Some(&mut a.d_h_full), gw, Some(gb), &a.d_ffn2, ln2, w(FC1_W), r.full, h, fl);
-                }
-                {
-                    let d_ln2 = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
-                    let (gw, gb) = pair_mut(g, lay.layer(l, LN2_W), lay.layer(l, LN2_B));
-                    dev.layernorm_backward(
-                        &mut a.d_resid,
-                        gw,
-                        gb,
-                        d_ln2,
-                        &la.resid_mid,
-                        w(LN2_W),
-                        &la.ln2_mean,
-                        &la.ln2_rstd,
-                        r.local,
-                        h,
-                    );
+                    let gs = pair_mut(g, lay.layer(l, FC1_W), lay.layer(l, FC1_B));
+                    let d = (&mut a.d_h_full, &mut a.d_h_local);
+                    let ln2 = (&la.ln2, &la.ln2_full);
+                    let d_ln2 = linear_in_backward(dev, tp, sc, d, gs, &a.d_ffn2, ln2, w(FC1_W), r, (h, f));
+                    let gs = pair_mut(g, lay.layer(l, LN2_W), lay.layer(l, LN2_B));
+                    let (mean, rstd) = (&la.ln2_mean, &la.ln2_rstd);
+                    ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_ln2, &la.resid_mid, w(LN2_W), mean, rstd, r.local, h);
                 }
                 // Attention: d_resid now holds the gradient of the mid-block residual.
-                let d_mid = gathered(dev, tp, &a.d_resid, &mut a.d_full);
-                {
-                    let (gw, gb) = pair_mut(g, lay.layer(l, PROJ_W), lay.layer(l, PROJ_B));
-                    dev.linear_backward(Some(&mut a.d_attn), gw, Some(gb), d_mid, attn, w(PROJ_W), r.full, hl, h);
-                }
+                let gs = pair_mut(g, lay.layer(l, PROJ_W), lay.layer(l, PROJ_B));
+                let d_mid = (&a.d_resid, &mut a.d_full);
+                linear_out_backward(dev, tp, sc, &mut a.d_attn, gs, d_mid, attn, w(PROJ_W), r, (h, h));
                 dev.attention_backward(&mut a.d_qkv, &a.d_attn, &la.qkv, attn, lse, shape);
                 {
-                    let ln1 = la.ln1_full.as_ref().unwrap_or(&la.ln1);
-                    let (gw, gb) = pair_mut(g, lay.layer(l, QKV_W), lay.layer(l, QKV_B));
-                    dev.linear_backward(
-                        Some(&mut a.d_h_full),
-                        gw,
-                        Some(gb),
-                        &a.d_qkv,
-                        ln1,
-                        w(QKV_W),
-                        r.full,
-                        h,
-                        3 * hl,
-                    );
-                }
-                {
-                    let d_ln1 = reduced(dev, tp, &mut a.d_h_full, &mut a.d_h_local);
-                    let (gw, gb) = pair_mut(g, lay.layer(l, LN1_W), lay.layer(l, LN1_B));
-                    dev.layernorm_backward(
-                        &mut a.d_resid,
-                        gw,
-                        gb,
-                        d_ln1,
-                        x_in,
-                        w(LN1_W),
-                        &la.ln1_mean,
-                        &la.ln1_rstd,
-                        r.local,
-                        h,
-                    );
+                    let gs = pair_mut(g, lay.layer(l, QKV_W), lay.layer(l, QKV_B));
+                    let d = (&mut a.d_h_full, &mut a.d_h_local);
+                    let ln1 = (&la.ln1, &la.ln1_full);
+                    let d_ln1 = linear_in_backward(dev, tp, sc, d, gs, &a.d_qkv, ln1, w(QKV_W), r, (h, 3 * h));
+                    let gs = pair_mut(g, lay.layer(l, LN1_W), lay.layer(l, LN1_B));
+                    let (mean, rstd) = (&la.ln1_mean, &la.ln1_rstd);
+                    ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_ln1, x_in, w(LN1_W), mean, rstd, r.local, h);
                 }
             }
             ready(&self.params, lay.layer_params(l));
         }
         let d_input = if lay.first {
             let g = &mut self.params.grads;
-            dev.position_backward(&mut g[Layout::WPE], &a.d_resid, r.batch, r.t0, r.positions, h);
-            let d_emb = gathered(dev, tp, &a.d_resid, &mut a.d_full);
-            dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
+            match (tp.summa, mp.summa) {
+                (Some((s, _)), Some(c)) => {
+                    // Position rows: this block's gradient, summed down the column into the shard.
+                    let mut dwpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
+                    dev.position_backward(&mut dwpe, &a.d_resid, r.sub_batch, 0, r.seq, wd.hr);
+                    summa::scatter_stacked_add(dev, s.col, &dwpe, &mut g[Layout::WPE]);
+                    // Word rows: every batch block of the depth layer against this vocabulary block.
+                    let mut blocks = vec![0f32; c.q * r.full * wd.hr];
+                    s.col.all_gather(&summa::host(dev, &a.d_resid), &mut blocks);
+                    let rows = batch_blocks_to_rows(&blocks, c.q, r.sub_batch, r.seq, wd.hr);
+                    let emb = a.emb_full.as_mut().expect("the first SUMMA chunk has an embedding buffer");
+                    dev.upload(emb, &rows);
+                    let bd = r.batch / c.depth;
+                    let mine = &a.tokens[c.dep * bd * r.seq..(c.dep + 1) * bd * r.seq];
+                    dev.embedding_backward(&mut g[Layout::WTE], emb, mine, vocab_start, bd, r.seq, wd.hr);
+                }
+                _ => {
+                    dev.position_backward(&mut g[Layout::WPE], &a.d_resid, r.batch, r.t0, r.positions, h);
+                    let d_emb = gathered(dev, tp, &a.d_resid, &mut a.d_full);
+                    dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
+                }
+            }
             ready(&self.params, Layout::WTE..Layout::WPE + 1);
             None
         } else {
@@ -955,6 +1137,37 @@ impl<D: Device> Gpt<D> {
         self.backward_micro(dev, tp, 0, None, grad_scale, ready);
         loss
     }
+}
+
+/// Rows `t * (q * sub) + b` of `width` (a depth layer's rows) regrouped into `q` blocks of
+/// `sub` samples each, block `l` holding samples `l * sub..` in row order `t * sub + b`.
+fn rows_to_batch_blocks(rows: &[f32], q: usize, sub: usize, seq: usize, width: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows.len()];
+    for l in 0..q {
+        for t in 0..seq {
+            for b in 0..sub {
+                let src = (t * q * sub + l * sub + b) * width;
+                let dst = (l * seq * sub + t * sub + b) * width;
+                out[dst..dst + width].copy_from_slice(&rows[src..src + width]);
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of `rows_to_batch_blocks`.
+fn batch_blocks_to_rows(blocks: &[f32], q: usize, sub: usize, seq: usize, width: usize) -> Vec<f32> {
+    let mut out = vec![0f32; blocks.len()];
+    for l in 0..q {
+        for t in 0..seq {
+            for b in 0..sub {
+                let dst = (t * q * sub + l * sub + b) * width;
+                let src = (l * seq * sub + t * sub + b) * width;
+                out[dst..dst + width].copy_from_slice(&blocks[src..src + width]);
+            }
+        }
+    }
+    out
 }
 
 /// Sample-major labels `[b][t]` to the activations' row order `t * batch + b`.

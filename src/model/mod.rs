@@ -6,20 +6,45 @@ pub mod gpt;
 pub use gpt::Gpt;
 
 use crate::error::{Error, Result};
+use crate::parallel::grid::SummaCoord;
 use crate::tensor::{Init, ParamInfo};
 
-/// How this rank's model replica is split: its tensor-parallel size and rank, and whether the
-/// activations outside attention and MLP are split along the sequence.
+/// How this rank's model replica is split: its tensor-parallel size and rank, whether the
+/// activations outside attention and MLP are split along the sequence (1-D), and its place in a
+/// SUMMA grid under 2-D / 2.5-D tensor parallelism (None under 1-D).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelParallel {
     pub tp_size: usize,
     pub tp_rank: usize,
     pub sequence_parallel: bool,
+    pub summa: Option<SummaCoord>,
 }
 
 impl ModelParallel {
     pub fn single() -> ModelParallel {
-        ModelParallel { tp_size: 1, tp_rank: 0, sequence_parallel: false }
+        ModelParallel { tp_size: 1, tp_rank: 0, sequence_parallel: false, summa: None }
+    }
+
+    /// 1-D tensor parallelism over `tp_size` ranks.
+    pub fn one_d(tp_size: usize, tp_rank: usize, sequence_parallel: bool) -> ModelParallel {
+        ModelParallel { tp_size, tp_rank, sequence_parallel, summa: None }
+    }
+
+    /// How many ways attention heads, and the MLP's and QKV's output features, are split: t under
+    /// 1-D, q under SUMMA.
+    pub fn feature_split(&self) -> usize {
+        self.summa.map_or(self.tp_size, |c| c.q)
+    }
+
+    /// How many ways the batch of a micro-batch is split: d q under SUMMA, 1 under 1-D.
+    pub fn batch_split(&self) -> usize {
+        self.summa.map_or(1, |c| c.q * c.depth)
+    }
+
+    /// Whether this rank counts the parameters it holds in the gradient norm: every rank but the
+    /// depth copies of 2.5-D (which hold the same shards as depth layer 0).
+    pub fn counts_parameters(&self) -> bool {
+        self.summa.is_none_or(|c| c.dep == 0)
     }
 }
 
@@ -117,6 +142,9 @@ impl GptConfig {
     /// Checks that the model splits over `mp`: heads, MLP width and padded vocabulary divide by
     /// the tensor-parallel size, and under sequence parallelism the sequence does too.
     pub fn validate_parallel(&self, mp: &ModelParallel, seq_length: usize) -> Result<()> {
+        if let Some(c) = mp.summa {
+            return self.validate_summa(c.q);
+        }
         let t = mp.tp_size;
         let flag = "--tensor-model-parallel-size";
         if !self.num_attention_heads.is_multiple_of(t) {
@@ -146,6 +174,32 @@ impl GptConfig {
         Ok(())
     }
 
+    /// Checks that the model splits over a q x q SUMMA grid: heads by q (attention stays local),
+    /// hidden and MLP widths by q² (LayerNorm and bias shards), the vocabulary and the position
+    /// table by q (embedding blocks).
+    fn validate_summa(&self, q: usize) -> Result<()> {
+        let why = format!("which 2-D / 2.5-D tensor parallelism with a {q} x {q} grid needs");
+        let checks = [
+            ("--num-attention-heads", self.num_attention_heads, q, "q"),
+            ("--hidden-size", self.hidden_size, q * q, "q²"),
+            ("--ffn-hidden-size", self.ffn_hidden_size, q * q, "q²"),
+            ("--max-position-embeddings", self.max_position_embeddings, q, "q"),
+        ];
+        for (flag, v, by, what) in checks {
+            if !v.is_multiple_of(by) {
+                return Err(Error::Config(format!("{flag} {v} is not divisible by {what} = {by}, {why}")));
+            }
+        }
+        if !self.padded_vocab_size.is_multiple_of(q) {
+            return Err(Error::Config(format!(
+                "the padded vocabulary {} is not divisible by q = {q}, {why}; pick --make-vocab-size-divisible-by \
+                 as a multiple of {q}",
+                self.padded_vocab_size
+            )));
+        }
+        Ok(())
+    }
+
     /// Every parameter of the whole model in canonical order (one chunk holding everything).
     pub fn parameters(&self, mp: &ModelParallel) -> Vec<ParamInfo> {
         self.chunk_parameters(mp, &ChunkPlan::whole(self))
@@ -157,6 +211,9 @@ impl GptConfig {
     /// vocabulary rows; everything else replicated. The first chunk holds the embeddings, the last
     /// the final LayerNorm and (when it is not also the first) its copy of the tied embedding.
     pub fn chunk_parameters(&self, mp: &ModelParallel, plan: &ChunkPlan) -> Vec<ParamInfo> {
+        if let Some(c) = mp.summa {
+            return self.summa_chunk_parameters(c, plan);
+        }
         let h = self.hidden_size;
         let f = self.ffn_hidden_size;
         let std = self.init_method_std;
@@ -203,6 +260,65 @@ impl GptConfig {
             out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
             if !plan.first {
                 // Same name, so the same initial values as the first stage's embedding.
+                out.push(ParamInfo { tied_copy: true, ..word() });
+            }
+        }
+        out
+    }
+
+    /// The parameters of one chunk as SUMMA grid position (row i, column j) holds them
+    /// (parallel::summa's layout): a linear weight `[n, k]` as the block of output rows j and
+    /// input columns i; a vector over features as sub-block i of block j (`[n/q²]`); the word
+    /// embedding as vocabulary block i, hidden block j; the position table as position block i,
+    /// hidden block j. Depth layers of 2.5-D hold the same blocks.
+    fn summa_chunk_parameters(&self, c: SummaCoord, plan: &ChunkPlan) -> Vec<ParamInfo> {
+        let (h, f, q) = (self.hidden_size, self.ffn_hidden_size, c.q);
+        let std = self.init_method_std;
+        let scaled = std / (2.0 * self.num_layers as f64).sqrt();
+        let (i, j) = (c.row, c.col);
+        let matrix = |name: String, n: usize, k: usize, init: Init| ParamInfo::block(name, vec![n, k], init, (j, q), (i, q));
+        let vector = |name: String, n: usize, init: Init| ParamInfo::split(name, vec![n], init, 0, j * q + i, q * q);
+        let word = || {
+            ParamInfo::block(
+                "embedding.word_embeddings.weight".into(),
+                vec![self.padded_vocab_size, h],
+                Init::Normal { std },
+                (i, q),
+                (j, q),
+            )
+        };
+        let mut out = Vec::new();
+        if plan.first {
+            out.push(word());
+            out.push(ParamInfo::block(
+                "embedding.position_embeddings.weight".into(),
+                vec![self.max_position_embeddings, h],
+                Init::Normal { std },
+                (i, q),
+                (j, q),
+            ));
+        }
+        for l in plan.layers.clone() {
+            let n = |s: &str| format!("decoder.layers.{l}.{s}");
+            out.extend([
+                vector(n("input_layernorm.weight"), h, Init::Constant(1.0)),
+                vector(n("input_layernorm.bias"), h, Init::Constant(0.0)),
+                matrix(n("self_attention.linear_qkv.weight"), 3 * h, h, Init::Normal { std }),
+                vector(n("self_attention.linear_qkv.bias"), 3 * h, Init::Constant(0.0)),
+                matrix(n("self_attention.linear_proj.weight"), h, h, Init::Normal { std: scaled }),
+                vector(n("self_attention.linear_proj.bias"), h, Init::Constant(0.0)),
+                vector(n("pre_mlp_layernorm.weight"), h, Init::Constant(1.0)),
+                vector(n("pre_mlp_layernorm.bias"), h, Init::Constant(0.0)),
+                matrix(n("mlp.linear_fc1.weight"), f, h, Init::Normal { std }),
+                vector(n("mlp.linear_fc1.bias"), f, Init::Constant(0.0)),
+                matrix(n("mlp.linear_fc2.weight"), h, f, Init::Normal { std: scaled }),
+                vector(n("mlp.linear_fc2.bias"), h, Init::Constant(0.0)),
+            ]);
+        }
+        if plan.last {
+            out.push(vector("decoder.final_layernorm.weight".into(), h, Init::Constant(1.0)));
+            out.push(vector("decoder.final_layernorm.bias".into(), h, Init::Constant(0.0)));
+            if !plan.first {
                 out.push(ParamInfo { tied_copy: true, ..word() });
             }
         }

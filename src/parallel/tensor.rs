@@ -5,19 +5,22 @@
 
 use crate::comm::{Comm, ReduceOp};
 use crate::device::Device;
+use crate::parallel::summa::Summa;
 
-/// The tensor-parallel group of a model replica and whether activations outside the attention and
-/// MLP cores are split along the sequence (`--sequence-parallel`).
+/// The tensor-parallel group of a model replica, whether activations outside the attention and
+/// MLP cores are split along the sequence (`--sequence-parallel`), and under 2-D / 2.5-D tensor
+/// parallelism the SUMMA row and column groups and the depth group.
 #[derive(Clone, Copy)]
 pub struct TensorParallel<'a> {
     pub comm: &'a dyn Comm,
     pub sequence_parallel: bool,
+    pub summa: Option<(Summa<'a>, &'a dyn Comm)>,
 }
 
 impl TensorParallel<'static> {
     /// No tensor parallelism: a group of one rank.
     pub fn single() -> TensorParallel<'static> {
-        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false }
+        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false, summa: None }
     }
 }
 
