@@ -82,6 +82,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
     switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
+    switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
     flag(
         "--recompute-granularity",
         "KIND",
@@ -273,6 +274,7 @@ pub struct TrainConfig {
     pub recompute: crate::model::Recompute,
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
+    pub log_comm: bool,
     /// The format weights and activations are held in for compute (`--bf16`, `--fp16`).
     pub precision: crate::real::Precision,
     /// fp16's dynamic loss scaler, or a constant scale (`--loss-scale`); None without scaling.
@@ -456,6 +458,7 @@ impl TrainConfig {
             },
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
             log_memory: args.has("--log-memory"),
+            log_comm: args.has("--log-comm"),
             recompute: args
                 .str("--recompute-granularity")
                 .map(crate::model::Recompute::parse)

@@ -6,7 +6,7 @@
 
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::runtime::Runtime;
-use crate::comm::{Pending, ReduceOp};
+use crate::comm::{CommCounters, Pending, ReduceOp};
 use crate::config::TrainConfig;
 use crate::data::gpt_dataset::{split_ranges, GptDataset};
 use crate::data::indexed::IndexedDataset;
@@ -490,6 +490,8 @@ fn save_checkpoint(
         ("data_parallel_size", grid.dp.to_string()),
         ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
         ("tensor_parallel_mode", grid.tensor_mode.describe()),
+        ("summa_q", grid.summa().map_or(0, |c| c.q).to_string()),
+        ("tesseract_depth", grid.summa().map_or(0, |c| c.depth).to_string()),
     ];
     if let Some(sc) = progress.scaler {
         shard.meta.insert("loss_scale".into(), sc.scale.to_string());
@@ -911,7 +913,9 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         for c in chunks.iter_mut() {
             c.model.params.zero_grads(&dev);
             c.model.reset_peak_in_flight();
+            c.model.reset_layer_comm();
         }
+        let comm_before = group_counters(&groups);
         let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
         let scale = progress.scaler.map_or(1.0, |s| s.scale);
         let loss_sum = pipe.train_step(
@@ -1001,6 +1005,14 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             }
         }
         tl.span(SpanKind::Optimizer, 0, 0, t_opt);
+        let step_comm: Vec<_> = group_counters(&groups)
+            .into_iter()
+            .zip(&comm_before)
+            .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
+            .collect();
+        // The layers' counts of this training step (before evaluation adds its forwards).
+        let layer_comm: Vec<(usize, Vec<[CommCounters; 3]>)> =
+            chunks.iter().map(|c| (c.model.plan.layers.start, c.model.layer_comm().to_vec())).collect();
         progress.iteration = iteration;
         progress.consumed_train += cfg.global_batch_size as u64;
         summary.losses.push(loss);
@@ -1057,6 +1069,9 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             if say {
                 println!("{}", iteration_line(&stats));
             }
+            if cfg.log_comm && grid.dp_rank == 0 && grid.tp_rank == 0 {
+                log_comm(&grid, &layer_comm, n_micro, &step_comm, iteration);
+            }
             if let Some(j) = json.as_mut() {
                 j.write(&stats)?;
             }
@@ -1111,6 +1126,63 @@ fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// Every group's counters, named, with its size.
+fn group_counters(groups: &Groups) -> Vec<(&'static str, usize, CommCounters)> {
+    [
+        ("tensor", &groups.tp),
+        ("summa row", &groups.summa_row),
+        ("summa column", &groups.summa_col),
+        ("depth", &groups.depth),
+        ("data-parallel x depth", &groups.replica),
+        ("pipeline", &groups.pp),
+        ("embedding", &groups.embedding),
+    ]
+    .into_iter()
+    .map(|(name, c)| (name, c.size(), c.counters()))
+    .collect()
+}
+
+/// `--log-comm`: the elements this rank moved (bandwidth-optimal counts, `CommCounters::moved`)
+/// per layer per micro-batch, by group, and per step by group and collective, for comparison
+/// with the volume formulas of shared/reference/tp-advanced.md. Printed by the first tensor- and
+/// data-parallel rank of each pipeline stage for its own layers.
+fn log_comm(
+    grid: &Grid,
+    layers: &[(usize, Vec<[CommCounters; 3]>)],
+    n_micro: usize,
+    step: &[(&str, usize, CommCounters)],
+    iteration: u64,
+) {
+    let rank = grid.rank;
+    println!(" comm at iteration {iteration}, rank {rank} (elements moved per rank, bandwidth-optimal counts):");
+    let sizes = [step[0].1, step[1].1, step[2].1];
+    for (first, chunk) in layers {
+        for (l, groups) in chunk.iter().enumerate() {
+            let per: Vec<f64> = groups.iter().zip(sizes).map(|(g, n)| g.moved(n) / n_micro as f64).collect();
+            println!(
+                "   layer {:>3} per micro-batch: {:.0} = tensor {:.0} + summa row {:.0} + summa column {:.0}",
+                first + l,
+                per.iter().sum::<f64>(),
+                per[0],
+                per[1],
+                per[2]
+            );
+        }
+    }
+    for (name, n, k) in step.iter().filter(|(_, n, _)| *n > 1) {
+        println!(
+            "   step, {name} group of {n}: {:.0} (all-reduce {}, all-gather {}, reduce-scatter {}, broadcast {}, send {} \
+             elements counted)",
+            k.moved(*n),
+            k.all_reduce,
+            k.all_gather,
+            k.reduce_scatter,
+            k.broadcast,
+            k.send
+        );
+    }
 }
 
 /// `--log-memory`: per rank, bytes of weights, gradients, optimizer state and activations,

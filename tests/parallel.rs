@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use trident::checkpoint;
 use trident::model::{ChunkPlan, ModelParallel};
+use trident::parallel::grid::SummaCoord;
 use trident::parallel::pipeline::chunk_layers;
 use trident::train::model_from_shard;
 
@@ -29,7 +30,13 @@ fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
     for tp_rank in 0..tp {
         for pp_rank in 0..pp {
             let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(tp_rank, pp_rank, pp)).unwrap();
-            let mp = ModelParallel { tp_size: tp, tp_rank, sequence_parallel: sp };
+            let mut mp = ModelParallel::one_d(tp, tp_rank, sp);
+            // 2-D / 2.5-D shards are blocks of the SUMMA grid (depth copies repeat layer 0's).
+            let q: usize = first.meta_value(&path, "summa_q").unwrap_or(0);
+            if q > 0 {
+                let depth: usize = first.meta_value(&path, "tesseract_depth").unwrap();
+                mp.summa = Some(SummaCoord::of(tp_rank, q, depth));
+            }
             for c in 0..chunks {
                 let layers = chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None).unwrap();
                 let plan =
@@ -414,6 +421,42 @@ fn impossible_layouts_fail_once_on_every_rank() {
         &["--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "126"],
         &["--seq-length 126", "--sequence-parallel"],
     );
+    // 2-D and 2.5-D: a group that is not q² or d q², a batch that does not split over d q rows,
+    // heads or hidden size that do not split over the grid.
+    let summa = ["--tensor-parallel-mode", "2d", "--micro-batch-size", "4", "--global-batch-size", "8"];
+    let with = |extra: &[&'static str]| summa.iter().chain(extra).copied().collect::<Vec<&str>>();
+    case(8, &with(&["--tensor-model-parallel-size", "8"]), &["--tensor-model-parallel-size 8", "square q x q grid"]);
+    case(
+        4,
+        &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2.5d", "--tesseract-depth", "2"],
+        &["--tensor-model-parallel-size 4", "--tesseract-depth 2"],
+    );
+    case(
+        8,
+        &[
+            "--tensor-model-parallel-size",
+            "8",
+            "--tensor-parallel-mode",
+            "2.5d",
+            "--tesseract-depth",
+            "2",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "8",
+        ],
+        &["--micro-batch-size 2", "divisible by 4"],
+    );
+    case(
+        4,
+        &with(&["--tensor-model-parallel-size", "4", "--num-attention-heads", "3", "--hidden-size", "96"]),
+        &["--num-attention-heads 3", "q = 2"],
+    );
+    case(
+        4,
+        &with(&["--tensor-model-parallel-size", "4", "--num-attention-heads", "2", "--hidden-size", "130"]),
+        &["--hidden-size 130", "q² = 4"],
+    );
 }
 
 #[test]
@@ -522,4 +565,147 @@ fn the_binary_links_only_the_c_runtime_and_mpi() {
         }
     }
     assert!(text.contains("libmpi") && text.contains("libc.so"), "{text}");
+}
+
+#[test]
+fn summa_layouts_compute_the_single_rank_run() {
+    // 2-D (Optimus) and 2.5-D (Tesseract) tensor parallelism alone and with pipeline, data
+    // parallelism and ZeRO-1: losses and every weight of the tiny preset (heads 4, hidden 128,
+    // micro-batch 16) after 10 iterations, against the single-rank run.
+    let dir = scratch("summa-layouts");
+    let data = prepared_corpus(&dir);
+    let run_args = |json: &Path, ckpt: &Path| {
+        ["train", "--preset", "tiny", "--data-path", &data, "--exit-interval", "10", "--log-interval", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--log-json".into(), json.display().to_string(), "--save".into(), ckpt.display().to_string()])
+            .collect::<Vec<String>>()
+    };
+    let (base_json, base_ckpt) = (dir.join("base.jsonl"), dir.join("base"));
+    let args = run_args(&base_json, &base_ckpt);
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base_losses = loss_values(&base_json);
+    let base_weights = full_weights(&base_ckpt);
+    let two_d = ["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"];
+    let two_half = ["--tensor-model-parallel-size", "8", "--tensor-parallel-mode", "2.5d", "--tesseract-depth", "2"];
+    let layouts: Vec<(usize, Vec<&str>)> = vec![
+        (4, two_d.to_vec()),
+        (8, two_half.to_vec()),
+        (8, [&two_d[..], &["--pipeline-model-parallel-size", "2"]].concat()),
+        (8, two_d.to_vec()),
+        (8, [&two_half[..], &["--use-distributed-optimizer"]].concat()),
+    ];
+    for (i, (ranks, extra)) in layouts.iter().enumerate() {
+        let (json, ckpt) = (dir.join(format!("s{i}.jsonl")), dir.join(format!("s{i}")));
+        let mut args = run_args(&json, &ckpt);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let what = format!("{ranks} ranks {extra:?}");
+        assert!(o.status.success(), "{what}: {}", stderr(&o));
+        let got = loss_values(&json);
+        assert_eq!(got.len(), 10, "{what}");
+        for (it, (a, b)) in got.iter().zip(&base_losses).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
+        }
+        let mut worst_weight = 0f32;
+        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
+            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
+            worst_weight = worst_weight.max(worst);
+        }
+        eprintln!("{what}: losses and weights (within {worst_weight:.1e}) match the single-rank run");
+    }
+}
+
+/// The numbers of `--log-comm`'s lines: per layer per micro-batch (total, tensor, row, column),
+/// and per step the data-parallel x depth group's total; and the rank's parameter count.
+fn comm_report(out: &str) -> (Vec<[f64; 4]>, Option<f64>, f64) {
+    let num = |s: &str| s.trim().parse::<f64>().unwrap();
+    let mut layers = Vec::new();
+    let mut replica = None;
+    let mut params = 0.0;
+    for line in out.lines() {
+        if let Some(rest) = line.split("per micro-batch: ").nth(1) {
+            let parts: Vec<f64> = rest
+                .split(|c| c == '=' || c == '+')
+                .map(|p| num(p.trim().trim_start_matches(|c: char| c.is_alphabetic() || c == ' ')))
+                .collect();
+            layers.push([parts[0], parts[1], parts[2], parts[3]]);
+        }
+        if let Some(rest) = line.split("step, data-parallel x depth group of 2: ").nth(1) {
+            replica = Some(num(rest.split(' ').next().unwrap()));
+        }
+        if let Some(rest) = line.split("parameters: ").nth(1) {
+            params = num(rest.split(' ').next().unwrap());
+        }
+    }
+    (layers, replica, params)
+}
+
+#[test]
+fn summa_communication_matches_the_volume_formulas() {
+    // shared/reference/tp-advanced.md §1.4 and §2.3, per layer per micro-batch (f = 4h):
+    //   V_2D   = 3(q-1)/q² (7 bsh + 12 h²),  V_2.5D = 3(q-1)/q² (7 bsh/d + 12 h²),
+    // plus, once per step, the depth all-reduce of every parameter, 2(d-1)/d x the rank's count.
+    let dir = scratch("summa-volumes");
+    let data = prepared_corpus(&dir);
+    for (layers, h, heads, s, b) in [(2usize, 128usize, 4usize, 32usize, 8usize), (1, 256, 8, 64, 4)] {
+        for (ranks, d) in [(4usize, 1usize), (8, 2)] {
+            let (q, t) = (2usize, ranks);
+            let mut args: Vec<String> = [
+                "train",
+                "--data-path",
+                &data,
+                "--train-iters",
+                "1",
+                "--eval-iters",
+                "0",
+                "--log-comm",
+                "--cpu-threads",
+                "1",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            for (flag, v) in [
+                ("--num-layers", layers),
+                ("--hidden-size", h),
+                ("--num-attention-heads", heads),
+                ("--seq-length", s),
+                ("--micro-batch-size", b),
+                ("--global-batch-size", b),
+                ("--tensor-model-parallel-size", t),
+            ] {
+                args.extend([flag.to_string(), v.to_string()]);
+            }
+            if d == 1 {
+                args.extend(["--tensor-parallel-mode".into(), "2d".into()]);
+            } else {
+                args.extend(["--tensor-parallel-mode".into(), "2.5d".into(), "--tesseract-depth".into(), "2".into()]);
+            }
+            let o = mpirun(ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+            let what = format!("h {h}, s {s}, b {b}, q {q}, d {d}");
+            assert!(o.status.success(), "{what}: {}", stderr(&o));
+            let (per_layer, replica, params) = comm_report(&stdout(&o));
+            assert_eq!(per_layer.len(), layers, "{what}: {}", stdout(&o));
+            let (bsh, hh) = ((b * s * h) as f64, (h * h) as f64);
+            let formula = 3.0 * (q - 1) as f64 / (q * q) as f64 * (7.0 * bsh / d as f64 + 12.0 * hh);
+            for (l, [total, tensor, row, col]) in per_layer.iter().enumerate() {
+                assert_eq!(*tensor, 0.0, "{what}: SUMMA layers use the row and column groups only");
+                assert!((row + col - total).abs() <= 1.0, "{what}: layer {l} total");
+                let rel = (total - formula) / formula;
+                eprintln!("{what}: layer {l}: counted {total:.0}, formula {formula:.0} ({:+.2}%)", 100.0 * rel);
+                assert!(rel.abs() < 0.01, "{what}: layer {l}: counted {total} vs formula {formula}");
+            }
+            if d > 1 {
+                let depth = replica.expect("a depth all-reduce per step");
+                assert_eq!(depth, 2.0 * (d - 1) as f64 / d as f64 * params, "{what}: depth all-reduce");
+                let per_layer_params = 12.0 * hh / (q * q) as f64;
+                eprintln!("{what}: depth all-reduce {depth:.0} per step ({per_layer_params:.0} per layer's weights)");
+            } else {
+                assert_eq!(replica, None, "{what}: no depth group under 2-D");
+            }
+        }
+    }
 }

@@ -85,6 +85,39 @@ pub struct CommCounters {
     pub send: u64,
 }
 
+impl CommCounters {
+    /// What was counted after `before` was.
+    pub fn since(&self, before: &CommCounters) -> CommCounters {
+        CommCounters {
+            all_reduce: self.all_reduce - before.all_reduce,
+            all_gather: self.all_gather - before.all_gather,
+            reduce_scatter: self.reduce_scatter - before.reduce_scatter,
+            broadcast: self.broadcast - before.broadcast,
+            send: self.send - before.send,
+        }
+    }
+
+    pub fn add(&mut self, other: &CommCounters) {
+        self.all_reduce += other.all_reduce;
+        self.all_gather += other.all_gather;
+        self.reduce_scatter += other.reduce_scatter;
+        self.broadcast += other.broadcast;
+        self.send += other.send;
+    }
+
+    /// Elements each rank of a group of `n` moves for these calls, with the bandwidth-optimal
+    /// counts of shared/reference/tp-advanced.md §0: an all-reduce of S moves 2(n-1)/n S, an
+    /// all-gather or reduce-scatter of full size S moves (n-1)/n S (the counters hold the piece
+    /// S/n for an all-gather and the full S for a reduce-scatter), a broadcast (n-1)/n S, a send S.
+    pub fn moved(&self, n: usize) -> f64 {
+        let f = (n.max(1) - 1) as f64 / n.max(1) as f64;
+        2.0 * f * self.all_reduce as f64
+            + (n.max(1) - 1) as f64 * self.all_gather as f64
+            + f * (self.reduce_scatter + self.broadcast) as f64
+            + self.send as f64
+    }
+}
+
 /// A transfer in flight (a data-parallel bucket's sum all-reduce, a pipeline send): `poll`
 /// drives it without blocking, `wait` finishes it and returns the buffer (reduced, for an
 /// all-reduce).

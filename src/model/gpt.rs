@@ -10,7 +10,7 @@
 //! every collective a no-op, so the single-rank model is the same code.
 
 use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
-use crate::comm::ReduceOp;
+use crate::comm::{CommCounters, ReduceOp};
 use crate::device::{AttentionShape, Device};
 use crate::parallel::summa::{self, Scratch};
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
@@ -614,6 +614,24 @@ pub struct Gpt<D: Device> {
     working: Option<Vec<D::Buf>>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
+    /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
+    /// layer's forward and backward passes (recomputation included) since the last reset.
+    layer_comm: Vec<[CommCounters; 3]>,
+}
+
+/// The counters of the groups a layer talks over: the tensor-parallel group, then the SUMMA row
+/// and column (zero under 1-D).
+fn tp_counters(tp: TensorParallel) -> [CommCounters; 3] {
+    match tp.summa {
+        None => [tp.comm.counters(), CommCounters::default(), CommCounters::default()],
+        Some((s, _)) => [tp.comm.counters(), s.row.counters(), s.col.counters()],
+    }
+}
+
+fn add_since(acc: &mut [CommCounters; 3], now: &[CommCounters; 3], before: &[CommCounters; 3]) {
+    for g in 0..3 {
+        acc[g].add(&now[g].since(&before[g]));
+    }
 }
 
 impl<D: Device> Gpt<D> {
@@ -648,7 +666,18 @@ impl<D: Device> Gpt<D> {
             precision: Precision::F32,
             working: None,
             scratch: Scratch::default(),
+            layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
         }
+    }
+
+    /// Per layer of this chunk, the elements its tensor-parallel group, SUMMA row and SUMMA column
+    /// moved since `reset_layer_comm` (forward, backward and recomputation).
+    pub fn layer_comm(&self) -> &[[CommCounters; 3]] {
+        &self.layer_comm
+    }
+
+    pub fn reset_layer_comm(&mut self) {
+        self.layer_comm.iter_mut().for_each(|l| *l = Default::default());
     }
 
     /// The most micro-batches whose activations were held at once since the last reset.
@@ -822,6 +851,7 @@ impl<D: Device> Gpt<D> {
         let p = self.working.as_ref().unwrap_or(&self.params.values);
         let a = &mut self.pool[index].1;
         let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
+        let layer_comm = &mut self.layer_comm;
         let r = a.rows;
         let wd = Widths::new(cfg, &mp);
         let (h, vl) = (wd.h, wd.vl);
@@ -877,7 +907,9 @@ impl<D: Device> Gpt<D> {
                 (None, None) => unreachable!("full recompute has a spare layer"),
             };
             let tmp = (&mut a.tmp_full, &mut a.tmp_local);
+            let before = tp_counters(tp);
             layer_forward(dev, tp, sc, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
+            add_since(&mut layer_comm[l], &tp_counters(tp), &before);
         }
         if let Some(hd) = a.head.as_mut() {
             let lnf_w = lay.lnf();
@@ -950,6 +982,7 @@ impl<D: Device> Gpt<D> {
         let num_params = self.params.info.len();
         let a = &mut self.pool[index].1;
         let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
+        let layer_comm = &mut self.layer_comm;
         let r = a.rows;
         let shape = AttentionShape { batch: r.sub_batch, seq: r.seq, heads: wd.heads, head_dim: cfg.head_dim() };
 
@@ -996,6 +1029,7 @@ impl<D: Device> Gpt<D> {
         }
 
         for l in (0..lay.num_layers).rev() {
+            let before = tp_counters(tp);
             {
                 let p = self.working.as_ref().unwrap_or(&self.params.values);
                 let g = &mut self.params.grads;
@@ -1050,6 +1084,7 @@ impl<D: Device> Gpt<D> {
                     ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_ln1, x_in, w(LN1_W), mean, rstd, r.local, h);
                 }
             }
+            add_since(&mut layer_comm[l], &tp_counters(tp), &before);
             ready(&self.params, lay.layer_params(l));
         }
         let d_input = if lay.first {
