@@ -628,7 +628,7 @@ fn comm_report(out: &str) -> (Vec<[f64; 4]>, Option<f64>, f64) {
     for line in out.lines() {
         if let Some(rest) = line.split("per micro-batch: ").nth(1) {
             let parts: Vec<f64> = rest
-                .split(|c| c == '=' || c == '+')
+                .split(['=', '+'])
                 .map(|p| num(p.trim().trim_start_matches(|c: char| c.is_alphabetic() || c == ' ')))
                 .collect();
             layers.push([parts[0], parts[1], parts[2], parts[3]]);
