@@ -1,5 +1,6 @@
 //! `trident check comm`: verifies the Comm seam on the running job before anyone trusts it with
-//! a training run: every collective and the paired send/receive, in f32, f64 and bf16, on odd
+//! a training run: every collective (blocking and in flight) and the paired send/receive, in f32,
+//! f64 and bf16, on odd
 //! sizes, against results each rank computes locally. Useful on a new machine or MPI build.
 
 use crate::comm::runtime::Runtime;
@@ -82,6 +83,19 @@ pub fn run(rt: &Runtime) -> Result<usize> {
 
         let pending = world.all_reduce_start(mine.clone());
         check(&format!("f32 overlapped all-reduce of {len}"), pending.wait() == sum)?;
+
+        // Reductions onto one rank and broadcasts in flight (broadcast-SUMMA's steps).
+        let mut onto = vec![-1f32; len];
+        world.reduce(&mine, &mut onto, root);
+        check(&format!("f32 reduce of {len} onto rank {root}"), me != root || onto == sum)?;
+        let reduced = world.reduce_start(mine.clone(), 0).wait();
+        check(&format!("f32 overlapped reduce of {len} onto rank 0"), me != 0 || reduced == sum)?;
+        let buf = if me == root { mine.clone() } else { vec![-1.0; len] };
+        let got = world.broadcast_start(buf, root).wait();
+        check(
+            &format!("f32 overlapped broadcast of {len} from rank {root}"),
+            got.iter().enumerate().all(|(i, &v)| v == value(root, i)),
+        )?;
     }
     world.barrier();
     Ok(passed)

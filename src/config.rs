@@ -74,6 +74,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
         "1d (Megatron, default), 2d (SUMMA on a q x q grid, T = q²) or 2.5d (d stacked q x q grids, T = d q²)",
     ),
     flag("--tesseract-depth", "D", "depth d of the 2.5d grid (the batch splits over d q rows of grids)"),
+    flag(
+        "--summa-algorithm",
+        "NAME",
+        "panel (gathered panels, 2 collectives per product; default) or broadcast (q double-buffered steps)",
+    ),
     flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
     flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
     flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
@@ -264,6 +269,7 @@ pub struct TrainConfig {
     /// layout is made.
     pub tensor_mode: String,
     pub tesseract_depth: Option<usize>,
+    pub summa_algorithm: crate::parallel::summa::Algorithm,
     pub ddp_bucket_size: usize,
     pub layers_per_virtual_stage: Option<usize>,
     /// None: Megatron's choice (interleaved with virtual stages, else 1F1B).
@@ -467,6 +473,11 @@ impl TrainConfig {
             sequence_parallel: args.has("--sequence-parallel"),
             tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
             tesseract_depth: args.usize("--tesseract-depth")?,
+            summa_algorithm: args
+                .str("--summa-algorithm")
+                .map(crate::parallel::summa::Algorithm::parse)
+                .transpose()?
+                .unwrap_or_default(),
             ddp_bucket_size,
         })
     }

@@ -63,9 +63,10 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
     switch("--json", "print one JSON object per measurement"),
     flag("--dtype", "T", "gemm and step: f32 (default) or bf16"),
-    flag("--preset", "NAME", "step: the model (default gpt2-124m)"),
-    flag("--micro-batch-size", "B", "step: samples per step (default 4)"),
-    flag("--seq-length", "S", "step: tokens per sample (default 64)"),
+    flag("--preset", "NAME", "step, summa: the model (default gpt2-124m)"),
+    flag("--hidden-size", "H", "summa: hidden size (default: the preset's)"),
+    flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
+    flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
 ];
 
@@ -335,6 +336,43 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
     }
 }
 
+/// `trident bench summa`: panel against broadcast SUMMA on a q x q grid of ranks.
+fn cmd_bench_summa(rest: &[String]) -> ExitCode {
+    let rt = match start_mpi() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let result = (|| -> Result<()> {
+        let Some(a) = flags("bench summa", "2-D tensor-parallel SUMMA algorithms", BENCH_FLAGS, rest)? else {
+            return Ok(());
+        };
+        let p = trident::config::preset(a.str("--preset").unwrap_or("gpt2-124m"))?;
+        let h = a.usize("--hidden-size")?.unwrap_or(p.hidden_size);
+        let mb = a.usize("--micro-batch-size")?.unwrap_or(4);
+        let seq = a.usize("--seq-length")?.unwrap_or(p.seq_length.min(256));
+        let q = (1..=rt.world_size).find(|q| q * q >= rt.world_size).unwrap_or(1).max(1);
+        if !mb.is_multiple_of(q) {
+            return Err(Error::Config(format!("--micro-batch-size {mb} is not divisible by q = {q}")));
+        }
+        let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+        let threads = a.usize("--cpu-threads")?.unwrap_or_else(|| rt.default_threads());
+        let rows = trident::bench_summa::run(&rt, threads, h, mb / q * seq, secs)?;
+        if rt.world_rank == 0 {
+            trident::bench_summa::print_table(&rows, q, &rt.library);
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if rt.world_rank == 0 {
+                eprintln!("trident: error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `trident check comm`: the Comm seam verified on every rank of the job.
 fn cmd_check(rest: &[String]) -> ExitCode {
     if rest.first().map(String::as_str) != Some("comm") {
@@ -509,6 +547,9 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("bench") {
         if let Some(bench) = args.get(1).and_then(|w| CommBench::parse(w)) {
             return cmd_bench_comm(bench, &args[2..]);
+        }
+        if args.get(1).map(String::as_str) == Some("summa") {
+            return cmd_bench_summa(&args[2..]);
         }
     }
     match run(&args) {

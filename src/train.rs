@@ -794,7 +794,10 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     let tp = TensorParallel {
         comm: &*groups.tp,
         sequence_parallel: mp.sequence_parallel,
-        summa: mp.summa.map(|c| (Summa { row: &*groups.summa_row, col: &*groups.summa_col, q: c.q }, &*groups.depth)),
+        summa: mp.summa.map(|c| {
+            let (row, col) = (&*groups.summa_row, &*groups.summa_col);
+            (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
+        }),
     };
     let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
     let dev = CpuDevice::new(threads);

@@ -82,6 +82,7 @@ pub struct CommCounters {
     pub all_gather: u64,
     pub reduce_scatter: u64,
     pub broadcast: u64,
+    pub reduce: u64,
     pub send: u64,
 }
 
@@ -93,6 +94,7 @@ impl CommCounters {
             all_gather: self.all_gather - before.all_gather,
             reduce_scatter: self.reduce_scatter - before.reduce_scatter,
             broadcast: self.broadcast - before.broadcast,
+            reduce: self.reduce - before.reduce,
             send: self.send - before.send,
         }
     }
@@ -102,18 +104,20 @@ impl CommCounters {
         self.all_gather += other.all_gather;
         self.reduce_scatter += other.reduce_scatter;
         self.broadcast += other.broadcast;
+        self.reduce += other.reduce;
         self.send += other.send;
     }
 
     /// Elements each rank of a group of `n` moves for these calls, with the bandwidth-optimal
     /// counts of shared/reference/tp-advanced.md §0: an all-reduce of S moves 2(n-1)/n S, an
     /// all-gather or reduce-scatter of full size S moves (n-1)/n S (the counters hold the piece
-    /// S/n for an all-gather and the full S for a reduce-scatter), a broadcast (n-1)/n S, a send S.
+    /// S/n for an all-gather and the full S for a reduce-scatter), a broadcast or a reduce to one
+    /// rank (n-1)/n S averaged over the group (every rank counts S), a send S.
     pub fn moved(&self, n: usize) -> f64 {
         let f = (n.max(1) - 1) as f64 / n.max(1) as f64;
         2.0 * f * self.all_reduce as f64
             + (n.max(1) - 1) as f64 * self.all_gather as f64
-            + f * (self.reduce_scatter + self.broadcast) as f64
+            + f * (self.reduce_scatter + self.broadcast + self.reduce) as f64
             + self.send as f64
     }
 }
@@ -150,7 +154,10 @@ pub trait Comm {
     /// `recv` (len(send) / size) becomes the sum over ranks of this rank's chunk of `send`.
     fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
     /// `buf` becomes root's `buf`.
-    fn broadcast_bytes(&self, buf: &mut [u8], root: usize);
+    fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize);
+    /// Root's `recv` becomes the element-wise sum of every rank's `send` (other ranks' `recv` is
+    /// left alone).
+    fn reduce_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype, root: usize);
     /// Sends `send` to its peer and receives `recv` from its peer, both posted together so that
     /// pairs of ranks exchanging in both directions cannot deadlock.
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>);
@@ -158,6 +165,12 @@ pub trait Comm {
     fn counters(&self) -> CommCounters;
     /// Starts a sum all-reduce that completes later, so communication overlaps computation.
     fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending>;
+    /// Starts a broadcast of root's `buf` (every rank passes a buffer of the same length); `wait`
+    /// returns it filled. Lets broadcast-SUMMA fetch the next step's blocks during this one's GEMM.
+    fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending>;
+    /// Starts a sum of every rank's `buf` onto `root`; `wait` returns the sum on root (and an
+    /// unspecified buffer of the same length elsewhere).
+    fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending>;
     /// Starts sending `buf` to `peer` under `tag`; it never blocks, so a schedule whose receives
     /// are matched by tag cannot deadlock on its sends.
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending>;
@@ -181,8 +194,12 @@ impl dyn Comm + '_ {
     }
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) {
         if self.size() > 1 {
-            self.broadcast_bytes(bytemuck::cast_slice_mut(buf), root);
+            self.broadcast_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, root);
         }
+    }
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) {
+        assert_eq!(send.len(), recv.len(), "reduce: send and receive buffers have the same length");
+        self.reduce_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE, root);
     }
     pub fn send_recv<T: Element>(&self, send: Option<(&[T], usize)>, recv: Option<(&mut [T], usize)>) {
         self.send_recv_bytes(
@@ -222,7 +239,16 @@ impl Comm for SelfComm {
     fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype) {
         recv.copy_from_slice(send);
     }
-    fn broadcast_bytes(&self, _buf: &mut [u8], _root: usize) {}
+    fn broadcast_bytes(&self, _buf: &mut [u8], _dtype: Dtype, _root: usize) {}
+    fn reduce_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype, _root: usize) {
+        recv.copy_from_slice(send);
+    }
+    fn broadcast_start(&self, buf: Vec<f32>, _root: usize) -> Box<dyn Pending> {
+        Box::new(Ready(buf))
+    }
+    fn reduce_start(&self, buf: Vec<f32>, _root: usize) -> Box<dyn Pending> {
+        Box::new(Ready(buf))
+    }
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
         if let (Some((s, _)), Some((r, _))) = (send, recv) {
             r.copy_from_slice(s);

@@ -294,10 +294,8 @@ impl Comm for MpiComm {
         }
     }
 
-    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) {
-        if self.rank == root {
-            self.count_sent(|c| c.broadcast += buf.len() as u64);
-        }
+    fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize) {
+        self.count_sent(|c| c.broadcast += (buf.len() / dtype.bytes()) as u64);
         let n = c_int::try_from(buf.len()).expect("broadcast of at most 2 GiB");
         let (b, comm) = (buf.as_mut_ptr() as *mut c_void, self.comm.as_raw());
         // SAFETY: the buffer outlives the call, which completes before returning.
@@ -311,6 +309,66 @@ impl Comm for MpiComm {
                 },
             )
         }
+    }
+
+    fn reduce_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype, root: usize) {
+        assert_eq!(send.len(), recv.len());
+        let n = count(send.len(), dtype);
+        self.count_sent(|c| c.reduce += n as u64);
+        let (dt, op, comm) = (datatype(dtype), operation(dtype, ReduceOp::Sum), self.comm.as_raw());
+        let (s, r) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void);
+        // SAFETY: both buffers outlive the call, which completes before returning.
+        unsafe {
+            self.complete_with(
+                || {
+                    ffi::MPI_Reduce(s, r, n, dt, op, root as c_int, comm);
+                },
+                |req| {
+                    ffi::MPI_Ireduce(s, r, n, dt, op, root as c_int, comm, req);
+                },
+            )
+        }
+    }
+
+    fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        self.count_sent(|c| c.broadcast += buf.len() as u64);
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
+        // request completes in `wait` or `drop`.
+        let req = unsafe {
+            ffi::MPI_Ibcast(
+                buf.as_mut_ptr() as *mut c_void,
+                count(buf.len() * 4, Dtype::F32),
+                datatype(Dtype::F32),
+                root as c_int,
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            req.assume_init()
+        };
+        Box::new(PendingAllReduce { send: Vec::new(), recv: buf, req, oversubscribed: self.oversubscribed, done: false })
+    }
+
+    fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        self.count_sent(|c| c.reduce += buf.len() as u64);
+        let mut recv = vec![0f32; buf.len()];
+        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
+        // request completes in `wait` or `drop`.
+        let req = unsafe {
+            ffi::MPI_Ireduce(
+                buf.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                count(buf.len() * 4, Dtype::F32),
+                datatype(Dtype::F32),
+                operation(Dtype::F32, ReduceOp::Sum),
+                root as c_int,
+                self.comm.as_raw(),
+                req.as_mut_ptr(),
+            );
+            req.assume_init()
+        };
+        Box::new(PendingAllReduce { send: buf, recv, req, oversubscribed: self.oversubscribed, done: false })
     }
 
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {

@@ -95,12 +95,27 @@ impl Comm for ThreadComm {
         let parts: Vec<&[u8]> = all.iter().map(|p| &p[self.rank * n..(self.rank + 1) * n]).collect();
         reduce_into(recv, &parts, dtype, ReduceOp::Sum);
     }
-    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) {
-        if self.rank == root {
-            self.count(|c| c.broadcast += buf.len() as u64);
-        }
+    fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize) {
+        self.count(|c| c.broadcast += (buf.len() / dtype.bytes()) as u64);
         let all = self.exchange(buf);
         buf.copy_from_slice(&all[root]);
+    }
+    fn reduce_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype, root: usize) {
+        self.count(|c| c.reduce += (send.len() / dtype.bytes()) as u64);
+        let all = self.exchange(send);
+        if self.rank == root {
+            let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+            reduce_into(recv, &parts, dtype, ReduceOp::Sum);
+        }
+    }
+    fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        self.broadcast_bytes(bytemuck::cast_slice_mut(&mut buf), Dtype::F32, root);
+        Box::new(Ready(buf))
+    }
+    fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        let mut out = buf.clone();
+        self.reduce_bytes(bytemuck::cast_slice(&buf), bytemuck::cast_slice_mut(&mut out), Dtype::F32, root);
+        Box::new(Ready(out))
     }
     fn send_recv_bytes(&self, _send: Option<(&[u8], usize)>, _recv: Option<(&mut [u8], usize)>) {
         unimplemented!("the thread group is for collectives only")

@@ -22,12 +22,34 @@ use crate::device::kernels::LAYERNORM_EPS;
 use crate::device::Device;
 use std::borrow::Cow;
 
-/// The two groups a SUMMA product talks over, and the grid side.
+/// How a SUMMA linear layer moves its blocks (`--summa-algorithm`): gathered panels and one
+/// local GEMM (two collectives per product), or q broadcast steps with the next step's blocks in
+/// flight during this step's GEMM (broadcast-SUMMA with double buffering, as Optimus and
+/// Colossal-AI run it: 2q collectives per product, two blocks of memory instead of a panel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    #[default]
+    Panel,
+    Broadcast,
+}
+
+impl Algorithm {
+    pub fn parse(s: &str) -> crate::error::Result<Algorithm> {
+        match s {
+            "panel" => Ok(Algorithm::Panel),
+            "broadcast" => Ok(Algorithm::Broadcast),
+            _ => Err(crate::error::Error::flag("--summa-algorithm", format!("'{s}'"), "panel or broadcast")),
+        }
+    }
+}
+
+/// The two groups a SUMMA product talks over, the grid side, and how linear layers move blocks.
 #[derive(Clone, Copy)]
 pub struct Summa<'a> {
     pub row: &'a dyn Comm,
     pub col: &'a dyn Comm,
     pub q: usize,
+    pub algorithm: Algorithm,
 }
 
 /// Panel buffers reused across calls (reallocated when a shape changes).
@@ -74,6 +96,11 @@ pub(crate) fn host<'b, D: Device>(dev: &D, buf: &'b D::Buf) -> Cow<'b, [f32]> {
             Cow::Owned(h)
         }
     }
+}
+
+/// The buffer's values as an owned host vector.
+fn summa_host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
+    host(dev, buf).into_owned()
 }
 
 /// Lets `f` write the buffer's values through host memory.
@@ -155,6 +182,9 @@ impl Summa<'_> {
         n: usize,
         s: &mut Scratch<D::Buf>,
     ) {
+        if self.algorithm == Algorithm::Broadcast {
+            return self.broadcast_forward(dev, out, inp, weight, bias, m, k, n, s);
+        }
         let (q, kb, nb) = (self.q, k / self.q, n / self.q);
         let a = ensure(dev, &mut s.a_panel, m * k);
         gather_panel(dev, self.row, inp, a, m, kb);
@@ -188,6 +218,9 @@ impl Summa<'_> {
         n: usize,
         s: &mut Scratch<D::Buf>,
     ) {
+        if self.algorithm == Algorithm::Broadcast {
+            return self.broadcast_backward(dev, dinp, dweight, dbias, dout, inp, weight, m, k, n, s);
+        }
         let (kb, nb) = (k / self.q, n / self.q);
         gather_panel(dev, self.row, inp, ensure(dev, &mut s.a_panel, m * k), m, kb);
         gather_panel(dev, self.col, weight, ensure(dev, &mut s.w_panel, nb * k), nb, kb);
@@ -210,6 +243,124 @@ impl Summa<'_> {
         write(dev, dweight, |g| g.iter_mut().zip(&mine).for_each(|(g, d)| *g += d));
         if let Some(dbias) = dbias {
             scatter_stacked_add(dev, self.col, s.bias.as_ref().expect("computed"), dbias);
+        }
+    }
+
+    /// Broadcast-SUMMA forward: step l broadcasts the input block of column l along each row and
+    /// the weight block of row l down each column, and every rank accumulates their product; the
+    /// broadcasts of step l + 1 are posted before step l's GEMM.
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast_forward<D: Device>(
+        &self,
+        dev: &D,
+        out: &mut D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        bias: Option<&D::Buf>,
+        m: usize,
+        k: usize,
+        n: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (q, kb, nb) = (self.q, k / self.q, n / self.q);
+        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
+        let (a_host, w_host) = (host(dev, inp).into_owned(), host(dev, weight).into_owned());
+        let post = |l: usize| {
+            let a = if col_rank == l { a_host.clone() } else { vec![0f32; m * kb] };
+            let w = if row_rank == l { w_host.clone() } else { vec![0f32; nb * kb] };
+            (self.row.broadcast_start(a, l), self.col.broadcast_start(w, l))
+        };
+        match bias {
+            Some(b) => {
+                let full = ensure(dev, &mut s.bias, nb);
+                gather_stacked(dev, self.col, b, full);
+                let full = summa_host(dev, full);
+                write(dev, out, |o| o.chunks_exact_mut(nb).for_each(|r| r.copy_from_slice(&full)));
+            }
+            None => dev.fill(out, 0.0),
+        }
+        let mut next = Some(post(0));
+        for l in 0..q {
+            let (pa, pw) = next.take().expect("posted");
+            let (a, w) = (pa.wait(), pw.wait());
+            if l + 1 < q {
+                next = Some(post(l + 1));
+            }
+            dev.upload(ensure(dev, &mut s.a_panel, m * kb), &a);
+            dev.upload(ensure(dev, &mut s.w_panel, nb * kb), &w);
+            let part = ensure(dev, &mut s.d_panel, m * nb);
+            dev.linear_forward(part, s.a_panel.as_ref().expect("set"), s.w_panel.as_ref().expect("set"), None, m, kb, nb);
+            dev.add_assign(out, s.d_panel.as_ref().expect("computed"));
+        }
+    }
+
+    /// Broadcast-SUMMA backward: step l broadcasts the weight block of row l down each column and
+    /// the input block of column l along each row; every rank forms its partial input gradient
+    /// for column l (reduced along the row onto column l) and its partial weight gradient for
+    /// row l (reduced down the column onto row l). Broadcasts run one step ahead; reductions
+    /// complete at the end.
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast_backward<D: Device>(
+        &self,
+        dev: &D,
+        dinp: Option<&mut D::Buf>,
+        dweight: &mut D::Buf,
+        dbias: Option<&mut D::Buf>,
+        dout: &D::Buf,
+        inp: &D::Buf,
+        weight: &D::Buf,
+        m: usize,
+        k: usize,
+        n: usize,
+        s: &mut Scratch<D::Buf>,
+    ) {
+        let (q, kb, nb) = (self.q, k / self.q, n / self.q);
+        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
+        let (a_host, w_host) = (host(dev, inp).into_owned(), host(dev, weight).into_owned());
+        let post = |l: usize| {
+            let a = if col_rank == l { a_host.clone() } else { vec![0f32; m * kb] };
+            let w = if row_rank == l { w_host.clone() } else { vec![0f32; nb * kb] };
+            (self.row.broadcast_start(a, l), self.col.broadcast_start(w, l))
+        };
+        if let Some(dbias) = dbias {
+            // The bias gradient: this rank's column sums, reduce-scattered down the column.
+            let b = ensure(dev, &mut s.bias, nb);
+            let rows = host(dev, dout);
+            let mut sums = vec![0f32; nb];
+            rows.chunks_exact(nb).for_each(|r| sums.iter_mut().zip(r).for_each(|(s, x)| *s += x));
+            dev.upload(b, &sums);
+            scatter_stacked_add(dev, self.col, s.bias.as_ref().expect("set"), dbias);
+        }
+        let want_dinp = dinp.is_some();
+        let mut reductions = Vec::with_capacity(2 * q);
+        let mut next = Some(post(0));
+        for l in 0..q {
+            let (pa, pw) = next.take().expect("posted");
+            let (a, w) = (pa.wait(), pw.wait());
+            if l + 1 < q {
+                next = Some(post(l + 1));
+            }
+            dev.upload(ensure(dev, &mut s.a_panel, m * kb), &a);
+            dev.upload(ensure(dev, &mut s.w_panel, nb * kb), &w);
+            let dw = ensure(dev, &mut s.dw_panel, nb * kb);
+            dev.fill(dw, 0.0);
+            let d_part = want_dinp.then(|| ensure(dev, &mut s.d_panel, m * kb));
+            let (ab, wb) = (s.a_panel.as_ref().expect("set"), s.w_panel.as_ref().expect("set"));
+            dev.linear_backward(d_part, s.dw_panel.as_mut().expect("set"), None, dout, ab, wb, m, kb, nb);
+            let d_part = want_dinp.then(|| self.row.reduce_start(summa_host(dev, s.d_panel.as_ref().expect("set")), l));
+            let dw_part = self.col.reduce_start(summa_host(dev, s.dw_panel.as_ref().expect("set")), l);
+            reductions.push((l, d_part, dw_part));
+        }
+        let mut dinp = dinp;
+        for (l, d_part, dw_part) in reductions {
+            let d_sum = d_part.map(|p| p.wait());
+            let dw_sum = dw_part.wait();
+            if let (Some(d), true, Some(dinp)) = (d_sum, l == col_rank, dinp.as_deref_mut()) {
+                dev.upload(dinp, &d);
+            }
+            if l == row_rank {
+                write(dev, dweight, |g| g.iter_mut().zip(&dw_sum).for_each(|(g, d)| *g += d));
+            }
         }
     }
 
@@ -357,7 +508,7 @@ mod tests {
     }
 
     /// Runs `f` on a q x q grid of threads with row and column groups, giving each its coordinates.
-    fn on_grid<T: Send>(q: usize, f: impl Fn(SummaCoord, Summa) -> T + Sync) -> Vec<T> {
+    fn on_grid<T: Send>(q: usize, algorithm: Algorithm, f: impl Fn(SummaCoord, Summa) -> T + Sync) -> Vec<T> {
         // Row groups: q groups of q threads; column groups likewise. Each thread takes its
         // handle from the group it belongs to.
         let rows: Vec<Vec<ThreadComm>> = (0..q).map(|_| ThreadComm::group(q)).collect();
@@ -370,14 +521,19 @@ mod tests {
             let c = SummaCoord::of(t, q, 1);
             let row = rows[c.row].lock().unwrap()[c.col].take().unwrap();
             let col = cols[c.col].lock().unwrap()[c.row].take().unwrap();
-            f(c, Summa { row: &row, col: &col, q })
+            f(c, Summa { row: &row, col: &col, q, algorithm })
         })
     }
 
     #[test]
     fn summa_linear_matches_the_whole_product() {
         let dev = ReferenceDevice;
-        for (q, m, k, n) in [(2usize, 6usize, 8usize, 12usize), (3, 5, 9, 18)] {
+        for (q, m, k, n, algorithm) in [
+            (2usize, 6usize, 8usize, 12usize, Algorithm::Panel),
+            (3, 5, 9, 18, Algorithm::Panel),
+            (2, 6, 8, 12, Algorithm::Broadcast),
+            (3, 5, 9, 18, Algorithm::Broadcast),
+        ] {
             // The whole problem: rows = q batch blocks of m rows each.
             let (x, w, b, dy) =
                 (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
@@ -393,7 +549,7 @@ mod tests {
             let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
             let (y, dx, dw, db) = (whole(&y), whole(&dx), whole(&dw), whole(&db));
             let (kb, nb) = (k / q, n / q);
-            let got = on_grid(q, |c, s| {
+            let got = on_grid(q, algorithm, |c, s| {
                 let dev = ReferenceDevice;
                 let up = |v: Vec<f32>| {
                     let mut buf = dev.alloc(v.len());
@@ -413,7 +569,7 @@ mod tests {
                 (c, f(yi), f(dxi), f(dwi), f(dbi))
             });
             for (c, yi, dxi, dwi, dbi) in got {
-                let at = format!("q {q} ({}, {})", c.row, c.col);
+                let at = format!("{algorithm:?} q {q} ({}, {})", c.row, c.col);
                 close(&yi, &block(&y, n, (c.row * m, m), (c.col * nb, nb)), &format!("{at} y"));
                 close(&dxi, &block(&dx, k, (c.row * m, m), (c.col * kb, kb)), &format!("{at} dx"));
                 close(&dwi, &block(&dw, k, (c.col * nb, nb), (c.row * kb, kb)), &format!("{at} dw"));
@@ -440,7 +596,7 @@ mod tests {
         let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let (y, dx, dg, db) = (whole(&y), whole(&dx), whole(&dg), whole(&db));
         let (hb, hs) = (h / q, h / (q * q));
-        let got = on_grid(q, |c, s| {
+        let got = on_grid(q, Algorithm::Panel, |c, s| {
             let dev = ReferenceDevice;
             let up = |v: Vec<f32>| {
                 let mut buf = dev.alloc(v.len());
@@ -483,7 +639,7 @@ mod tests {
         let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let (logits, dx, de) = (whole(&logits), whole(&dx), whole(&de));
         let (hb, vb) = (h / q, v / q);
-        let got = on_grid(q, |c, s| {
+        let got = on_grid(q, Algorithm::Panel, |c, s| {
             let dev = ReferenceDevice;
             let up = |v: Vec<f32>| {
                 let mut buf = dev.alloc(v.len());
