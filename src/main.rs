@@ -447,7 +447,8 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
 /// `trident plan`: rank tensor/pipeline/data-parallel layouts for a model on N GPUs.
 fn cmd_plan(rest: &[String]) -> Result<()> {
     use trident::plan::{self, report, request::PLAN_FLAGS, Request};
-    let Some(a) = flags("plan", "choose a TP/PP/DP layout: memory per GPU and iteration time of each", PLAN_FLAGS, rest)?
+    let Some(a) =
+        flags("plan", "choose a TP/PP/DP layout: memory per GPU and iteration time of each", PLAN_FLAGS, rest)?
     else {
         return Ok(());
     };

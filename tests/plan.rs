@@ -18,21 +18,47 @@ struct Row {
     tflops: f64,
 }
 
-const fn row(params_b: f64, heads: usize, hidden: usize, layers: usize, tp: usize, pp: usize, gpus: usize, batch: usize, tflops: f64) -> Row {
-    Row { params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops }
-}
-
 const TABLE: &[Row] = &[
-    row(1.7, 24, 2304, 24, 1, 1, 32, 512, 137.0),
-    row(3.6, 32, 3072, 30, 2, 1, 64, 512, 138.0),
-    row(7.5, 32, 4096, 36, 4, 1, 128, 512, 142.0),
-    row(18.4, 48, 6144, 40, 8, 1, 256, 1024, 135.0),
-    row(39.1, 64, 8192, 48, 8, 2, 512, 1536, 138.0),
-    row(76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140.0),
-    row(145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148.0),
-    row(310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155.0),
-    row(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163.0),
-    row(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163.0),
+    Row { params_b: 1.7, heads: 24, hidden: 2304, layers: 24, tp: 1, pp: 1, gpus: 32, batch: 512, tflops: 137.0 },
+    Row { params_b: 3.6, heads: 32, hidden: 3072, layers: 30, tp: 2, pp: 1, gpus: 64, batch: 512, tflops: 138.0 },
+    Row { params_b: 7.5, heads: 32, hidden: 4096, layers: 36, tp: 4, pp: 1, gpus: 128, batch: 512, tflops: 142.0 },
+    Row { params_b: 18.4, heads: 48, hidden: 6144, layers: 40, tp: 8, pp: 1, gpus: 256, batch: 1024, tflops: 135.0 },
+    Row { params_b: 39.1, heads: 64, hidden: 8192, layers: 48, tp: 8, pp: 2, gpus: 512, batch: 1536, tflops: 138.0 },
+    Row { params_b: 76.1, heads: 80, hidden: 10240, layers: 60, tp: 8, pp: 4, gpus: 1024, batch: 1792, tflops: 140.0 },
+    Row { params_b: 145.6, heads: 96, hidden: 12288, layers: 80, tp: 8, pp: 8, gpus: 1536, batch: 2304, tflops: 148.0 },
+    Row {
+        params_b: 310.1,
+        heads: 128,
+        hidden: 16384,
+        layers: 96,
+        tp: 8,
+        pp: 16,
+        gpus: 1920,
+        batch: 2160,
+        tflops: 155.0,
+    },
+    Row {
+        params_b: 529.6,
+        heads: 128,
+        hidden: 20480,
+        layers: 105,
+        tp: 8,
+        pp: 35,
+        gpus: 2520,
+        batch: 2520,
+        tflops: 163.0,
+    },
+    Row {
+        params_b: 1008.0,
+        heads: 160,
+        hidden: 25600,
+        layers: 128,
+        tp: 8,
+        pp: 64,
+        gpus: 3072,
+        batch: 3072,
+        tflops: 163.0,
+    },
 ];
 
 /// The keys every JSON object has: the documented ten, then the documented extras.
@@ -99,11 +125,33 @@ fn number(line: &str, key: &str) -> f64 {
 /// Plans a row as the paper ran it: its shape, GPUs and batch on A100s, fp16, and without a
 /// distributed optimizer (Megatron had none in 2021), everything else the planner's choice.
 fn plan_row(r: &Row) -> String {
-    let (l, h, a, g, b) = (r.layers.to_string(), r.hidden.to_string(), r.heads.to_string(), r.gpus.to_string(), r.batch.to_string());
+    let (l, h, a, g, b) =
+        (r.layers.to_string(), r.hidden.to_string(), r.heads.to_string(), r.gpus.to_string(), r.batch.to_string());
     let o = run(&[
-        "plan", "--num-layers", &l, "--hidden-size", &h, "--num-attention-heads", &a, "--seq-length", "2048",
-        "--vocab-size", "51200", "--gpus", &g, "--global-batch-size", &b, "--gpu", "a100", "--precision", "fp16",
-        "--zero1", "off", "--json", "--top", "1",
+        "plan",
+        "--num-layers",
+        &l,
+        "--hidden-size",
+        &h,
+        "--num-attention-heads",
+        &a,
+        "--seq-length",
+        "2048",
+        "--vocab-size",
+        "51200",
+        "--gpus",
+        &g,
+        "--global-batch-size",
+        &b,
+        "--gpu",
+        "a100",
+        "--precision",
+        "fp16",
+        "--zero1",
+        "off",
+        "--json",
+        "--top",
+        "1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     stdout(&o).lines().next().expect("one layout").to_string()
@@ -115,7 +163,8 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
     let mut report = String::from("params   paper tp pp TFLOP/s | planned tp pp TFLOP/s  error\n");
     for r in TABLE {
         let best = plan_row(r);
-        let (tp, pp, tflops) = (number(&best, "tp") as usize, number(&best, "pp") as usize, number(&best, "tflops_per_gpu"));
+        let (tp, pp, tflops) =
+            (number(&best, "tp") as usize, number(&best, "pp") as usize, number(&best, "tflops_per_gpu"));
         let error = tflops / r.tflops - 1.0;
         let same = tp == r.tp && pp == r.pp;
         if same && error.abs() <= 0.15 {
@@ -123,7 +172,15 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
         }
         report.push_str(&format!(
             "{:>7.1}B  {:>6} {:>2} {:>7.0} | {:>7} {:>2} {:>7.1} {:>+6.1}% {}\n",
-            r.params_b, r.tp, r.pp, r.tflops, tp, pp, tflops, 100.0 * error, if same { "same layout" } else { "" }
+            r.params_b,
+            r.tp,
+            r.pp,
+            r.tflops,
+            tp,
+            pp,
+            tflops,
+            100.0 * error,
+            if same { "same layout" } else { "" }
         ));
     }
     eprintln!("{report}{matched} of {} rows: the paper's TP and PP, TFLOP/s within 15%", TABLE.len());
@@ -132,7 +189,18 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
 
 #[test]
 fn json_has_exactly_the_documented_keys_best_first() {
-    let o = run(&["plan", "--model", "megatron-39.1b", "--gpus", "512", "--global-batch-size", "1536", "--json", "--top", "8"]);
+    let o = run(&[
+        "plan",
+        "--model",
+        "megatron-39.1b",
+        "--gpus",
+        "512",
+        "--global-batch-size",
+        "1536",
+        "--json",
+        "--top",
+        "8",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
@@ -147,15 +215,29 @@ fn json_has_exactly_the_documented_keys_best_first() {
         assert!(number(line, "memory_gib") <= 72.0, "{line}");
         let (tp, pp, dp) = (number(line, "tp"), number(line, "pp"), number(line, "dp"));
         assert_eq!(tp * pp * dp, 512.0, "{line}");
-        assert!(["\"none\"", "\"selective\"", "\"full\""].contains(&field(line, "recompute").unwrap().as_str()), "{line}");
+        assert!(
+            ["\"none\"", "\"selective\"", "\"full\""].contains(&field(line, "recompute").unwrap().as_str()),
+            "{line}"
+        );
     }
 }
 
 #[test]
 fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
     let o = run(&[
-        "plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch-size", "1536",
-        "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "16", "--recompute-granularity", "full",
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--tensor-model-parallel-size",
+        "8",
+        "--pipeline-model-parallel-size",
+        "16",
+        "--recompute-granularity",
+        "full",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
@@ -163,8 +245,20 @@ fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
         assert!(out.contains(needle), "'{needle}' missing:\n{out}");
     }
     let o = run(&[
-        "plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch-size", "1536", "--json",
-        "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "16", "--micro-batch-size", "2",
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--json",
+        "--tensor-model-parallel-size",
+        "8",
+        "--pipeline-model-parallel-size",
+        "16",
+        "--micro-batch-size",
+        "2",
     ]);
     for line in stdout(&o).lines() {
         assert_eq!((number(line, "tp"), number(line, "pp"), number(line, "micro_batch")), (8.0, 16.0, 2.0), "{line}");
@@ -179,7 +273,10 @@ fn bad_input_is_one_clear_line() {
         run(&args)
     };
     // GPUs that do not fill whole nodes.
-    assert_clean_error(&plan(&["--model", "gpt2-350m", "--gpus", "12", "--global-batch-size", "48"]), &["--gpus 12", "--gpus-per-node 8"]);
+    assert_clean_error(
+        &plan(&["--model", "gpt2-350m", "--gpus", "12", "--global-batch-size", "48"]),
+        &["--gpus 12", "--gpus-per-node 8"],
+    );
     // A model that fits nowhere names the smallest memory it needs.
     assert_clean_error(
         &plan(&["--model", "megatron-1t", "--gpus", "64", "--global-batch-size", "64"]),
@@ -187,20 +284,55 @@ fn bad_input_is_one_clear_line() {
     );
     // A pinned TP size that does not split the heads says why.
     assert_clean_error(
-        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--tensor-model-parallel-size", "8"]),
+        &plan(&[
+            "--model",
+            "gpt2-124m",
+            "--gpus",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--tensor-model-parallel-size",
+            "8",
+        ]),
         &["--tensor-model-parallel-size 8", "12 attention heads"],
     );
     assert_clean_error(
-        &plan(&["--model", "megatron-1.7b", "--gpus", "32", "--global-batch-size", "512", "--pipeline-model-parallel-size", "5"]),
+        &plan(&[
+            "--model",
+            "megatron-1.7b",
+            "--gpus",
+            "32",
+            "--global-batch-size",
+            "512",
+            "--pipeline-model-parallel-size",
+            "5",
+        ]),
         &["--pipeline-model-parallel-size 5"],
     );
     assert_clean_error(
-        &plan(&["--model", "megatron-1.7b", "--gpus", "32", "--global-batch-size", "100", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]),
+        &plan(&[
+            "--model",
+            "megatron-1.7b",
+            "--gpus",
+            "32",
+            "--global-batch-size",
+            "100",
+            "--tensor-model-parallel-size",
+            "1",
+            "--pipeline-model-parallel-size",
+            "1",
+        ]),
         &["--global-batch-size 100"],
     );
     assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "8"]), &["--global-batch-size"]);
-    assert_clean_error(&plan(&["--model", "gpt-9", "--gpus", "8", "--global-batch-size", "8"]), &["--model", "megatron-1t"]);
-    assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gpu", "v100"]), &["--gpu", "a100"]);
+    assert_clean_error(
+        &plan(&["--model", "gpt-9", "--gpus", "8", "--global-batch-size", "8"]),
+        &["--model", "megatron-1t"],
+    );
+    assert_clean_error(
+        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gpu", "v100"]),
+        &["--gpu", "a100"],
+    );
     assert_clean_error(&plan(&["--num-layers", "4", "--gpus", "8", "--global-batch-size", "8"]), &["--hidden-size"]);
     assert_clean_error(
         &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gemm-efficiency", "1.5"]),
@@ -214,7 +346,9 @@ fn help_lists_the_flags() {
     let o = run(&["plan", "--help"]);
     assert!(o.status.success());
     let out = stdout(&o);
-    for flag in ["--gpus-per-node", "--global-batch-size", "--gemm-efficiency", "--inter-node-bandwidth", "--json", "--top"] {
+    for flag in
+        ["--gpus-per-node", "--global-batch-size", "--gemm-efficiency", "--inter-node-bandwidth", "--json", "--top"]
+    {
         assert!(out.contains(flag), "{flag} missing:\n{out}");
     }
 }

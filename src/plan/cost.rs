@@ -290,7 +290,12 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     let first = body + embedding_comm + pp_comm;
     let last = body + logits_gemm + logits_memory + loss_comm + pp_comm;
     let (slow, slow_extra_gemm, slow_extra_mem, slow_extra_comm) = if d.p == 1 {
-        (body + embedding_comm + logits_gemm + logits_memory + loss_comm, logits_gemm, logits_memory, embedding_comm + loss_comm)
+        (
+            body + embedding_comm + logits_gemm + logits_memory + loss_comm,
+            logits_gemm,
+            logits_memory,
+            embedding_comm + loss_comm,
+        )
     } else if last >= first {
         (last, logits_gemm, logits_memory, loss_comm)
     } else {
@@ -316,7 +321,11 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     // The two copies of the tied word embedding (first and last stage) are summed every step.
     let tied = if d.p > 1 {
         let embedding_grad = d.v * d.h / d.t * 4.0;
-        machine.collective_s(Collective::AllReduce, embedding_grad, Placement { size: 2, per_node: if across { 1 } else { 2 } })
+        machine.collective_s(
+            Collective::AllReduce,
+            embedding_grad,
+            Placement { size: 2, per_node: if across { 1 } else { 2 } },
+        )
     } else {
         0.0
     };
@@ -347,7 +356,12 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
             }
             let count = if layout.recompute == Recompute::Full { 6.0 } else { 4.0 };
             let bytes = d.s * d.b * d.h * 2.0 * d.scale;
-            count * machine.collective_s(Collective::AllReduce, bytes, Placement::strided(layout.tp, 1, machine.gpus_per_node))
+            count
+                * machine.collective_s(
+                    Collective::AllReduce,
+                    bytes,
+                    Placement::strided(layout.tp, 1, machine.gpus_per_node),
+                )
         }
     }
 }

@@ -358,7 +358,8 @@ pub fn plan(req: &Request) -> Result<Plan> {
         })));
     }
     if ranked.is_empty() {
-        let smallest = by_tp_pp.values().map(|v| v.1).min_by(|a, b| a.memory.total_bytes().total_cmp(&b.memory.total_bytes()));
+        let smallest =
+            by_tp_pp.values().map(|v| v.1).min_by(|a, b| a.memory.total_bytes().total_cmp(&b.memory.total_bytes()));
         let s = smallest.expect("considered > 0 means at least one priced layout");
         return Err(Error::Config(format!(
             "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \

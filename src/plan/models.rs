@@ -78,7 +78,10 @@ pub fn named(name: &str) -> Result<Shape> {
     if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
         // The GPT-2 sizes are planned with GPT-2's vocabulary; tiny and small with the bytes'.
         let vocab = if p.name.starts_with("gpt2") { 50304 } else { 384 };
-        return Ok(Shape { max_position_embeddings: p.max_position_embeddings, ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, vocab) });
+        return Ok(Shape {
+            max_position_embeddings: p.max_position_embeddings,
+            ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, vocab)
+        });
     }
     Err(Error::flag("--model", format!("'{name}'"), format!("one of {}", names().join(", "))))
 }

@@ -32,9 +32,24 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
     let tp_link = if c.layout.tp > g { "inter-node" } else { "intra-node" };
     let recompute_s = t.gemm_s * (1.0 - c.model_flops / c.executed_flops);
     let mut parts = vec![
-        (t.bubble_s, format!("bubble (pp {}, {} micro-batches{})", c.layout.pp, c.micro_batches(), if c.layout.vpp > 1 { format!(", vpp {}", c.layout.vpp) } else { String::new() })),
+        (
+            t.bubble_s,
+            format!(
+                "bubble (pp {}, {} micro-batches{})",
+                c.layout.pp,
+                c.micro_batches(),
+                if c.layout.vpp > 1 { format!(", vpp {}", c.layout.vpp) } else { String::new() }
+            ),
+        ),
         (t.tp_comm_s, format!("TP all-reduces ({tp_link})")),
-        (t.dp_comm_s, if c.layout.zero1 { "ZeRO-1 reduce-scatter + all-gather".to_string() } else { "DP gradient all-reduce".to_string() }),
+        (
+            t.dp_comm_s,
+            if c.layout.zero1 {
+                "ZeRO-1 reduce-scatter + all-gather".to_string()
+            } else {
+                "DP gradient all-reduce".to_string()
+            },
+        ),
         (t.pp_comm_s, "pipeline sends".to_string()),
         (t.memory_bound_s, "memory-bound attention and element-wise work".to_string()),
         (t.optimizer_s, "optimizer step".to_string()),
@@ -42,7 +57,8 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
     ];
     parts.retain(|(s, _)| *s / total >= 0.01);
     parts.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let mut out: Vec<String> = parts.iter().take(3).map(|(s, what)| format!("{what} {:.0}%", 100.0 * s / total)).collect();
+    let mut out: Vec<String> =
+        parts.iter().take(3).map(|(s, what)| format!("{what} {:.0}%", 100.0 * s / total)).collect();
     if out.is_empty() {
         out.push("GEMM-bound".into());
     }
@@ -111,7 +127,18 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
     println!();
     println!(
         "{:>4} {:>4} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10} {:>11} {:>12} {:>11}  bounded by",
-        "rank", "tp", "pp", "dp", "vpp", "micro", "recompute", "zero1", "memory GiB", "iteration s", "TFLOP/s/GPU", "tokens/s"
+        "rank",
+        "tp",
+        "pp",
+        "dp",
+        "vpp",
+        "micro",
+        "recompute",
+        "zero1",
+        "memory GiB",
+        "iteration s",
+        "TFLOP/s/GPU",
+        "tokens/s"
     );
     let shown = if top == 0 { plan.ranked.len() } else { top.min(plan.ranked.len()) };
     for (i, c) in plan.ranked.iter().take(shown).enumerate() {

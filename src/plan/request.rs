@@ -9,7 +9,11 @@ use crate::error::{Error, Result};
 use crate::model::{GptConfig, Recompute};
 
 pub const PLAN_FLAGS: &[FlagSpec] = &[
-    flag("--model", "NAME", "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b"),
+    flag(
+        "--model",
+        "NAME",
+        "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
+    ),
     flag("--num-layers", "N", "transformer layers (with the next three, instead of or over --model)"),
     flag("--hidden-size", "H", "hidden size"),
     flag("--num-attention-heads", "A", "attention heads"),
@@ -90,9 +94,10 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
         (None, Some(s)) => s.padded_vocab_size,
         (None, None) => GptConfig::pad_vocab(50257, divisible_by),
     };
-    let custom = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"]
-        .iter()
-        .any(|f| a.has(f));
+    let custom =
+        ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"]
+            .iter()
+            .any(|f| a.has(f));
     let name = match a.str("--model") {
         Some(m) if !custom => m.to_string(),
         Some(m) => format!("{m} (modified)"),
@@ -155,7 +160,9 @@ impl Request {
             }
         }
         let memory_headroom = match a.f64("--memory-headroom")? {
-            Some(h) if !(0.0..1.0).contains(&h) => return Err(Error::flag("--memory-headroom", h, "a fraction in [0, 1)")),
+            Some(h) if !(0.0..1.0).contains(&h) => {
+                return Err(Error::flag("--memory-headroom", h, "a fraction in [0, 1)"))
+            }
             Some(h) => h,
             None => 0.1,
         };
@@ -166,7 +173,11 @@ impl Request {
             vpp: positive(a, "--num-virtual-stages-per-pipeline-rank")?,
             recompute: a
                 .str("--recompute-granularity")
-                .map(|s| Recompute::parse(s).map_err(|_| Error::flag("--recompute-granularity", format!("'{s}'"), "none, selective or full")))
+                .map(|s| {
+                    Recompute::parse(s).map_err(|_| {
+                        Error::flag("--recompute-granularity", format!("'{s}'"), "none, selective or full")
+                    })
+                })
                 .transpose()?,
             zero1: match a.str("--zero1") {
                 None => None,
