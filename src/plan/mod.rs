@@ -363,12 +363,13 @@ pub fn plan(req: &Request) -> Result<Plan> {
         let s = smallest.expect("considered > 0 means at least one priced layout");
         return Err(Error::Config(format!(
             "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \
-             use more GPUs, a GPU with more memory, or allow recompute / ZeRO-1",
+             use more GPUs or a GPU with more memory{}",
             req.usable_bytes() / GIB,
             req.machine.memory_bytes / GIB,
             1.0 - req.memory_headroom,
             s.memory_gib(),
             report::describe(&s.layout),
+            if pins.recompute.is_some() || pins.zero1.is_some() { ", or unpin recompute / ZeRO-1" } else { "" },
         )));
     }
     ranked.sort_by(ranking);
