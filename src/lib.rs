@@ -18,6 +18,7 @@ pub mod log;
 pub mod model;
 pub mod optim;
 pub mod parallel;
+pub mod plan;
 pub mod real;
 pub mod rng;
 pub mod tensor;

@@ -24,6 +24,7 @@ commands:
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), attention, layernorm, step,
              allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun)
+  plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
 ";
 
@@ -481,6 +482,25 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
     }
 }
 
+/// `trident plan`: rank tensor/pipeline/data-parallel layouts for a model on N GPUs.
+fn cmd_plan(rest: &[String]) -> Result<()> {
+    use trident::plan::{self, report, request::PLAN_FLAGS, Request};
+    let Some(a) =
+        flags("plan", "choose a TP/PP/DP layout: memory per GPU and iteration time of each", PLAN_FLAGS, rest)?
+    else {
+        return Ok(());
+    };
+    let req = Request::from_args(&a)?;
+    let top = a.usize("--top")?.unwrap_or(5);
+    let result = plan::plan(&req)?;
+    if a.has("--json") {
+        report::print_json(&result, &req, top);
+    } else {
+        report::print_text(&result, &req, top);
+    }
+    Ok(())
+}
+
 fn cmd_info(rest: &[String]) -> Result<()> {
     let Some(a) = flags("info", "what this binary found on this machine", INFO_FLAGS, rest)? else {
         return Ok(());
@@ -523,7 +543,7 @@ fn run(args: &[String]) -> Result<()> {
         "bench" => cmd_bench(rest),
         "info" => cmd_info(rest),
         "convert" => cmd_convert(rest),
-        "plan" => Err(Error::Unsupported(format!("`trident {command}` is not built yet"))),
+        "plan" => cmd_plan(rest),
         "--help" | "-h" | "help" => {
             print!("{USAGE}");
             Ok(())

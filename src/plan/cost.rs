@@ -1,0 +1,455 @@
+//! The price of one layout: bytes per GPU (weights, gradients, optimizer state, activations) and
+//! seconds per iteration (GEMMs, memory-bound work, tensor-parallel collectives, pipeline
+//! point-to-point, the bubble, the data-parallel gradient reduction, the optimizer step).
+//!
+//! Formulas: shared/reference/tp-advanced.md §5.2 (activations, Korthikanti et al.), §7 (model
+//! states, Megatron's 18 bytes per parameter with fp32 gradients), §8 (per-micro-batch
+//! communication, the bubble); shared/reference/megatron.md §8 (the paper's FLOP counts).
+
+use super::hardware::{Collective, Machine, Placement};
+use super::models::{layer_parameters, Shape};
+use super::{Layout, Precision, TpMode};
+use crate::model::Recompute;
+
+/// Bytes each GPU holds, for the stage that holds the most.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Memory {
+    pub weights_bytes: f64,
+    pub grads_bytes: f64,
+    pub optimizer_bytes: f64,
+    pub activations_bytes: f64,
+}
+
+impl Memory {
+    pub fn total_bytes(&self) -> f64 {
+        self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+    }
+}
+
+/// Seconds per iteration, split by what they are spent on. `pipeline_s` already contains the
+/// per-micro-batch parts of the slowest stage times the micro-batch count, plus the bubble.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timing {
+    /// GEMMs of the slowest stage over all micro-batches (including recompute).
+    pub gemm_s: f64,
+    /// Memory-bound work of the slowest stage: attention scores, LayerNorm, GELU, residuals.
+    pub memory_bound_s: f64,
+    /// Tensor-parallel collectives of the slowest stage.
+    pub tp_comm_s: f64,
+    /// Pipeline sends and receives of the slowest stage.
+    pub pp_comm_s: f64,
+    /// Fill and drain of the pipeline: (p - 1) / v micro-batch times of an average stage.
+    pub bubble_s: f64,
+    /// The part of the data-parallel gradient reduction (or ZeRO-1 reduce-scatter + all-gather)
+    /// that does not overlap with compute, plus the tied-embedding all-reduce.
+    pub dp_comm_s: f64,
+    /// The AdamW step (memory-bound).
+    pub optimizer_s: f64,
+}
+
+impl Timing {
+    pub fn iteration_s(&self) -> f64 {
+        self.gemm_s
+            + self.memory_bound_s
+            + self.tp_comm_s
+            + self.pp_comm_s
+            + self.bubble_s
+            + self.dp_comm_s
+            + self.optimizer_s
+    }
+}
+
+/// Bytes of memory traffic per attention-score element (a·s²·b of them per layer and
+/// micro-batch), forward plus backward, with the scores held in memory as Megatron's 2021
+/// attention does: forward 13 bytes (QKᵀ writes 2, the fused scale-mask-softmax reads and writes
+/// 4, dropout writes a 1-byte mask and a 2-byte output after reading 2, attention·V reads 2),
+/// backward twice that. Recompute of the attention core (selective or full) adds a forward.
+pub const SCORE_BYTES_FWD: f64 = 13.0;
+
+/// Memory-bound traffic of the h-wide element-wise work (LayerNorms, bias-GELU, residual adds) as
+/// a multiple of the activation bytes it stores: written in forward, read in backward, and the
+/// gradient written once.
+pub const ELEMENTWISE_PASSES: f64 = 3.0;
+
+/// Bytes per element of weights and activations, and the bytes per parameter of weights,
+/// gradients and optimizer state (trident's mixed precision: 16-bit working weights, fp32
+/// gradients, fp32 master weights and AdamW moments).
+struct Bytes {
+    element: f64,
+    weight: f64,
+    grad: f64,
+    optimizer: f64,
+}
+
+fn bytes(p: Precision) -> Bytes {
+    match p {
+        Precision::Bf16 | Precision::Fp16 => Bytes { element: 2.0, weight: 2.0, grad: 4.0, optimizer: 12.0 },
+        Precision::Fp32 => Bytes { element: 4.0, weight: 4.0, grad: 4.0, optimizer: 8.0 },
+    }
+}
+
+/// What every stage needs to know about the layout, in f64.
+struct Dims {
+    s: f64,
+    b: f64,
+    h: f64,
+    a: f64,
+    f: f64,
+    v: f64,
+    t: f64,
+    p: usize,
+    layers_per_stage: f64,
+    sp: bool,
+    /// Element bytes / 2: the reference formulas count 16-bit activations.
+    scale: f64,
+}
+
+fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
+    Dims {
+        s: shape.seq_length as f64,
+        b: layout.micro_batch as f64,
+        h: shape.hidden_size as f64,
+        a: shape.num_attention_heads as f64,
+        f: shape.ffn_hidden_size as f64,
+        v: shape.padded_vocab_size as f64,
+        t: layout.tp_degree() as f64,
+        p: layout.pp,
+        layers_per_stage: (shape.num_layers / layout.pp) as f64,
+        sp: layout.sequence_parallel && layout.tp > 1,
+        scale: bytes(precision).element / 2.0,
+    }
+}
+
+/// Activation bytes one layer keeps for one micro-batch (tp-advanced.md §5.2) for a recompute
+/// mode: none keeps all, selective drops the attention scores (5as/h), full keeps the layer input.
+fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
+    let sbh = d.s * d.b * d.h;
+    // 10 sbh is replicated over TP ranks without SP (LayerNorm inputs, QKV and fc1 inputs,
+    // dropout masks); 8 + 4f/h (24 for f = 4h) is split; 5as/h is the attention-score part.
+    let split = 8.0 + 4.0 * d.f / d.h;
+    let scores = 5.0 * d.a * d.s / d.h;
+    let bytes = match (recompute, d.sp) {
+        (Recompute::None, false) => sbh * (10.0 + (split + scores) / d.t),
+        (Recompute::None, true) => sbh * (10.0 + split + scores) / d.t,
+        (Recompute::Selective, false) => sbh * (10.0 + split / d.t),
+        (Recompute::Selective, true) => sbh * (10.0 + split) / d.t,
+        (Recompute::Full, false) => 2.0 * sbh,
+        (Recompute::Full, true) => 2.0 * sbh / d.t,
+    };
+    bytes * d.scale
+}
+
+/// Parameters one GPU of a stage holds: its layers' TP shards plus the replicated biases and
+/// LayerNorms, and on the first stage the word and position embeddings, on the last the final
+/// LayerNorm and (when it is not also the first) its copy of the tied word embedding.
+fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
+    let (h, f) = (d.h, d.f);
+    let replicated = 6.0 * h; // two LayerNorms, the projection and fc2 biases
+    let per_layer = (layer_parameters(h, f) - replicated) / d.t + replicated;
+    let mut n = d.layers_per_stage * per_layer;
+    if first {
+        n += d.v * h / d.t + shape.max_position_embeddings as f64 * h;
+    }
+    if last {
+        n += 2.0 * h;
+        if !first {
+            n += d.v * h / d.t;
+        }
+    }
+    n
+}
+
+/// Micro-batches whose activations stage 0 holds at its peak: 1F1B keeps min(p, m), the
+/// interleaved schedule (1 + (p-1)/(pv)) times that (tp-advanced.md §5.2, §8).
+fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
+    if layout.pp == 1 {
+        return 1.0;
+    }
+    let base = layout.pp.min(m) as f64;
+    if layout.vpp > 1 {
+        let (p, v) = (layout.pp as f64, layout.vpp as f64);
+        base * (1.0 + (p - 1.0) / (p * v))
+    } else {
+        base
+    }
+}
+
+/// Bytes per GPU of the heavier of the first and the last stage.
+pub fn memory(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize) -> Memory {
+    let d = dims(shape, layout, precision);
+    let by = bytes(precision);
+    let m = layout.micro_batches(global_batch);
+    let stored = layer_activation_bytes(&d, layout.recompute);
+    // Full recompute rebuilds one layer's whole activation set during its backward.
+    let working = if layout.recompute == Recompute::Full { layer_activation_bytes(&d, Recompute::None) } else { 0.0 };
+    // The loss needs fp32 logits over this rank's vocabulary shard and the final hidden states
+    // (Megatron's 4sbh(1 + V/h) with the vocabulary split over TP).
+    let logits = 4.0 * d.s * d.b * (d.h + d.v / d.t);
+    let optimizer_share = if layout.zero1 { 1.0 / layout.dp as f64 } else { 1.0 };
+    let stage = |first: bool, last: bool, in_flight: f64| {
+        let params = stage_parameters(shape, &d, first, last);
+        let mut acts = in_flight * d.layers_per_stage * stored + working;
+        if last {
+            acts += logits;
+        }
+        Memory {
+            weights_bytes: params * by.weight,
+            grads_bytes: params * by.grad,
+            optimizer_bytes: params * by.optimizer * optimizer_share,
+            activations_bytes: acts,
+        }
+    };
+    let first = stage(true, d.p == 1, in_flight_first_stage(layout, m));
+    if d.p == 1 {
+        return first;
+    }
+    let last = stage(false, true, 1.0);
+    if last.total_bytes() > first.total_bytes() {
+        last
+    } else {
+        first
+    }
+}
+
+/// FLOPs of one layer's forward pass for one micro-batch, whole (not divided over TP): the
+/// paper's 24bsh² + 4bs²h, with the MLP width as given.
+fn layer_forward_flops(d: &Dims) -> f64 {
+    2.0 * d.b * d.s * (4.0 * d.h * d.h + 2.0 * d.h * d.f) + 4.0 * d.b * d.s * d.s * d.h
+}
+
+/// FLOPs one layer executes per micro-batch, forward and backward (backward = 2 x forward),
+/// with the extra forward of full recompute or the attention core of selective recompute.
+fn layer_executed_flops(d: &Dims, recompute: Recompute) -> f64 {
+    let fwd = layer_forward_flops(d);
+    3.0 * fwd
+        + match recompute {
+            Recompute::None => 0.0,
+            Recompute::Selective => 4.0 * d.b * d.s * d.s * d.h,
+            Recompute::Full => fwd,
+        }
+}
+
+/// FLOPs the whole job executes per iteration (recompute included), the numerator of the
+/// paper's TFLOP/s per GPU: with full recompute this is 96Bslh²(1 + s/6h + V/16lh).
+pub fn executed_flops(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize) -> f64 {
+    let d = dims(shape, layout, precision);
+    let per_micro = shape.num_layers as f64 * layer_executed_flops(&d, layout.recompute) + 6.0 * d.b * d.s * d.h * d.v;
+    per_micro * (global_batch as f64 / d.b)
+}
+
+/// Model FLOPs per iteration, 72Bslh²(1 + s/6h + V/12lh): what MFU counts.
+pub fn model_flops(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize) -> f64 {
+    let none = Layout { recompute: Recompute::None, ..*layout };
+    executed_flops(shape, &none, precision, global_batch)
+}
+
+/// Seconds per iteration on `machine` (see `Timing` for the parts).
+pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize, machine: &Machine) -> Timing {
+    let d = dims(shape, layout, precision);
+    let by = bytes(precision);
+    let m = layout.micro_batches(global_batch) as f64;
+    let g = machine.gpus_per_node;
+    let peak = match precision {
+        Precision::Fp32 => machine.peak_fp32_flops,
+        _ => machine.peak_16bit_flops,
+    } * machine.gemm_efficiency;
+    let hbm = machine.hbm_bytes_per_s;
+
+    // One layer, one micro-batch, on one GPU.
+    let gemm = layer_executed_flops(&d, layout.recompute) / d.t / peak;
+    let score_passes = match layout.recompute {
+        Recompute::None => 3.0,
+        Recompute::Selective | Recompute::Full => 4.0,
+    };
+    let scores = d.a / d.t * d.s * d.s * d.b;
+    let score_bytes = scores * SCORE_BYTES_FWD * score_passes * d.scale;
+    let hidden_stored = layer_activation_bytes(&d, Recompute::Selective);
+    let recompute_factor = if layout.recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
+    let memory_bound = (score_bytes + ELEMENTWISE_PASSES * hidden_stored * recompute_factor) / hbm;
+    let tp_comm = tp_layer_comm_s(&d, layout, machine);
+
+    // The output layer and loss on the last stage (not recomputed), the embedding on the first.
+    let logits_gemm = 6.0 * d.b * d.s * d.h * d.v / d.t / peak;
+    let logits_memory = 3.0 * 4.0 * d.s * d.b * d.v / d.t / hbm;
+    let activation_bytes = d.s * d.b * d.h * by.element;
+    let tp = Placement::strided(layout.tp, 1, g);
+    // Embedding forward and output-layer input-gradient all-reduces, and the loss's three small
+    // all-reduces of per-token statistics.
+    let embedding_comm = machine.collective_s(Collective::AllReduce, activation_bytes, tp);
+    let loss_comm = machine.collective_s(Collective::AllReduce, activation_bytes, tp)
+        + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * d.s * d.b, tp);
+
+    // Pipeline messages: each stage receives an activation and sends a gradient per micro-batch
+    // and chunk (sequence-sharded under SP). Stages are tp * dp ranks apart.
+    let pp_bytes = if d.sp { activation_bytes / d.t } else { activation_bytes };
+    let across = layout.tp * layout.dp >= g;
+    let pp_comm = if d.p > 1 { 2.0 * layout.vpp as f64 * machine.p2p_s(pp_bytes, across) } else { 0.0 };
+
+    let layers = d.layers_per_stage;
+    let body = layers * (gemm + memory_bound + tp_comm);
+    let first = body + embedding_comm + pp_comm;
+    let last = body + logits_gemm + logits_memory + loss_comm + pp_comm;
+    let (slow, slow_extra_gemm, slow_extra_mem, slow_extra_comm) = if d.p == 1 {
+        (
+            body + embedding_comm + logits_gemm + logits_memory + loss_comm,
+            logits_gemm,
+            logits_memory,
+            embedding_comm + loss_comm,
+        )
+    } else if last >= first {
+        (last, logits_gemm, logits_memory, loss_comm)
+    } else {
+        (first, 0.0, 0.0, embedding_comm)
+    };
+    let mean = if d.p == 1 { slow } else { (first + last + (d.p as f64 - 2.0) * (body + pp_comm)) / d.p as f64 };
+    let bubble = (d.p as f64 - 1.0) / layout.vpp as f64 * mean;
+
+    // Data parallelism: fp32 gradients of the largest stage. Plain DP all-reduces buckets as the
+    // last micro-batch's backward finishes them (overlap with up to that backward); trident's
+    // ZeRO-1 reduce-scatters after the backward and all-gathers the updated fp32 shards after
+    // the step, neither overlapped.
+    let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
+    let grad_bytes = params * 4.0;
+    let dp_group = Placement::strided(layout.dp, layout.tp, g);
+    let dp_comm = if layout.zero1 {
+        machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group)
+            + machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
+    } else {
+        let last_backward = 2.0 / 3.0 * layers * (gemm + memory_bound);
+        (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0)
+    };
+    // The two copies of the tied word embedding (first and last stage) are summed every step.
+    let tied = if d.p > 1 {
+        let embedding_grad = d.v * d.h / d.t * 4.0;
+        machine.collective_s(
+            Collective::AllReduce,
+            embedding_grad,
+            Placement { size: 2, per_node: if across { 1 } else { 2 } },
+        )
+    } else {
+        0.0
+    };
+    // AdamW reads gradient, master weights and both moments, writes weights and moments.
+    let updated = if layout.zero1 { params / layout.dp as f64 } else { params };
+    let optimizer = updated * (4.0 * 4.0 + 3.0 * 4.0 + by.weight) / hbm;
+
+    Timing {
+        gemm_s: m * (layers * gemm + slow_extra_gemm),
+        memory_bound_s: m * (layers * memory_bound + slow_extra_mem),
+        tp_comm_s: m * (layers * tp_comm + slow_extra_comm),
+        pp_comm_s: m * if d.p > 1 { pp_comm } else { 0.0 },
+        bubble_s: bubble,
+        dp_comm_s: dp_comm + tied,
+        optimizer_s: optimizer,
+    }
+}
+
+/// Tensor-parallel communication of one layer for one micro-batch (tp-advanced.md §8): 1-D
+/// Megatron TP all-reduces the b·s·h activation twice in forward and twice in backward (SP's
+/// all-gathers and reduce-scatters move the same volume), and full recompute replays the two
+/// forward ones. The group is `tp` adjacent ranks: one node while tp <= GPUs per node.
+fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
+    match layout.tp_mode {
+        TpMode::OneD => {
+            if layout.tp == 1 {
+                return 0.0;
+            }
+            let count = if layout.recompute == Recompute::Full { 6.0 } else { 4.0 };
+            let bytes = d.s * d.b * d.h * 2.0 * d.scale;
+            count
+                * machine.collective_s(
+                    Collective::AllReduce,
+                    bytes,
+                    Placement::strided(layout.tp, 1, machine.gpus_per_node),
+                )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Shape {
+        Shape {
+            num_layers: 4,
+            hidden_size: 1024,
+            num_attention_heads: 16,
+            ffn_hidden_size: 4096,
+            seq_length: 1024,
+            max_position_embeddings: 1024,
+            padded_vocab_size: 2048,
+        }
+    }
+
+    fn layout(dp: usize, recompute: Recompute, zero1: bool) -> Layout {
+        Layout {
+            tp_mode: TpMode::OneD,
+            tp: 2,
+            pp: 2,
+            dp,
+            vpp: 1,
+            micro_batch: 2,
+            recompute,
+            zero1,
+            sequence_parallel: false,
+        }
+    }
+
+    /// Worked by hand: h = 1024, f = 4h, 4 layers over 2 stages, TP 2, b = 2, s = 1024, V = 2048.
+    /// A layer holds 4h² + 2hf + 9h + f = 12,596,224 parameters, of which 6h = 6144 replicated:
+    /// per GPU (12,596,224 - 6144)/2 + 6144 = 6,301,184. The first stage adds V h / 2 = 1,048,576
+    /// and the position embedding 1,048,576: 14,699,520 parameters, at 2 + 4 + 12 bytes.
+    /// Activations per layer and micro-batch: sbh (10 + (24 + 5as/h)/t) = 2,097,152 x 62 =
+    /// 130,023,424 bytes; 1F1B's first stage holds min(p, m) = 2 micro-batches of 2 layers.
+    #[test]
+    fn memory_matches_a_hand_computed_case() {
+        let m = memory(&small(), &layout(1, Recompute::None, false), Precision::Bf16, 8);
+        assert_eq!(m.weights_bytes, 14_699_520.0 * 2.0);
+        assert_eq!(m.grads_bytes, 14_699_520.0 * 4.0);
+        assert_eq!(m.optimizer_bytes, 14_699_520.0 * 12.0);
+        assert_eq!(m.activations_bytes, 4.0 * 130_023_424.0);
+        // ZeRO-1 over 2 data-parallel ranks halves the optimizer state only.
+        let z = memory(&small(), &layout(2, Recompute::None, true), Precision::Bf16, 8);
+        assert_eq!(z.optimizer_bytes, 14_699_520.0 * 6.0);
+        assert_eq!(z.weights_bytes, m.weights_bytes);
+        // Full recompute keeps 2sbh per layer and micro-batch plus one layer's whole set.
+        let f = memory(&small(), &layout(1, Recompute::Full, false), Precision::Bf16, 8);
+        assert_eq!(f.activations_bytes, 4.0 * 2.0 * 2_097_152.0 + 130_023_424.0);
+        // Selective drops the 5as/h term: 10 + 24/2 = 22 sbh.
+        let s = memory(&small(), &layout(1, Recompute::Selective, false), Precision::Bf16, 8);
+        assert_eq!(s.activations_bytes, 4.0 * 22.0 * 2_097_152.0);
+    }
+
+    #[test]
+    fn executed_flops_are_the_papers_formulas() {
+        let shape = crate::plan::models::named("megatron-1t").unwrap();
+        let (b, s, l, h, v) = (3072.0, 2048.0, 128.0, 25600.0, 51200.0);
+        let with_recompute = 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+        let without = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
+        let full = Layout { tp: 8, pp: 64, dp: 6, ..layout(6, Recompute::Full, false) };
+        let got = executed_flops(&shape, &full, Precision::Fp16, 3072);
+        assert!((got / with_recompute - 1.0).abs() < 1e-12, "{got} vs {with_recompute}");
+        let got = model_flops(&shape, &full, Precision::Fp16, 3072);
+        assert!((got / without - 1.0).abs() < 1e-12, "{got} vs {without}");
+    }
+
+    #[test]
+    fn more_bubble_and_more_communication_cost_time() {
+        let shape = crate::plan::models::named("megatron-39.1b").unwrap();
+        let machine = crate::plan::hardware::machine("a100").unwrap();
+        let base = Layout { tp: 8, pp: 2, dp: 32, micro_batch: 1, ..layout(32, Recompute::None, false) };
+        let t = |l: Layout| timing(&shape, &l, Precision::Bf16, 1536, &machine);
+        // Interleaving halves the bubble.
+        let plain = t(base);
+        let interleaved = t(Layout { vpp: 2, ..base });
+        assert!((interleaved.bubble_s / plain.bubble_s - 0.5).abs() < 0.05, "{plain:?} {interleaved:?}");
+        // Full recompute adds a forward: GEMM time grows by a third.
+        let full = t(Layout { recompute: Recompute::Full, ..base });
+        assert!((full.gemm_s / plain.gemm_s - 4.0 / 3.0).abs() < 0.01);
+        // TP over two nodes pays the network, not NVLink.
+        let wide = t(Layout { tp: 16, pp: 1, dp: 32, ..base });
+        let narrow = t(Layout { tp: 8, pp: 1, dp: 64, ..base });
+        assert!(wide.tp_comm_s > 3.0 * narrow.tp_comm_s, "{wide:?} {narrow:?}");
+    }
+}

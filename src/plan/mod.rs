@@ -1,0 +1,404 @@
+//! `trident plan`: enumerates tensor/pipeline/data-parallel layouts (with virtual stages,
+//! micro-batch size, recompute and ZeRO-1) for a model on N GPUs, prices each one's memory per GPU
+//! and iteration time with the closed-form model of `cost.rs` on a `hardware::Machine`, drops the
+//! ones that do not fit, and ranks the rest. Pure functions: no MPI, no device, so it runs on a
+//! login node and in the `--no-default-features` build.
+//!
+//! The comm-cost model and the layout carry a `TpMode`, so 2-D / 2.5-D tensor parallelism
+//! (tp-advanced.md §1-2) can be added as new variants with their own volumes and memory divisors.
+
+pub mod cost;
+pub mod hardware;
+pub mod models;
+pub mod report;
+pub mod request;
+
+use crate::error::{Error, Result};
+use crate::model::Recompute;
+use cost::{Memory, Timing};
+use hardware::{Machine, GIB};
+use models::Shape;
+use std::collections::BTreeMap;
+
+/// Number format of weights and activations (`--precision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+impl Precision {
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" => Ok(Precision::Fp16),
+            "fp32" => Ok(Precision::Fp32),
+            _ => Err(Error::flag("--precision", format!("'{s}'"), "bf16, fp16 or fp32")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        }
+    }
+}
+
+/// How a layer's matrices are split over the tensor-parallel group. Only Megatron's 1-D split is
+/// built; 2-D (SUMMA on a q x q grid) and 2.5-D ([q, q, d]) arrive with
+/// `--tensor-parallel-mode` and add variants here, their volumes in `cost::tp_layer_comm_s` and
+/// their activation divisors in `cost::layer_activation_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TpMode {
+    OneD,
+}
+
+impl TpMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TpMode::OneD => "1d",
+        }
+    }
+}
+
+/// One way to lay a training job out on the GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub tp_mode: TpMode,
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: usize,
+    /// Virtual pipeline stages (model chunks) per pipeline rank; 1 is plain 1F1B.
+    pub vpp: usize,
+    pub micro_batch: usize,
+    pub recompute: Recompute,
+    pub zero1: bool,
+    pub sequence_parallel: bool,
+}
+
+impl Layout {
+    /// The factor by which TP divides a layer's weights and work (t for 1-D).
+    pub fn tp_degree(&self) -> usize {
+        match self.tp_mode {
+            TpMode::OneD => self.tp,
+        }
+    }
+
+    /// Micro-batches per iteration on each pipeline.
+    pub fn micro_batches(&self, global_batch: usize) -> usize {
+        global_batch / (self.dp * self.micro_batch)
+    }
+}
+
+pub fn recompute_name(r: Recompute) -> &'static str {
+    match r {
+        Recompute::None => "none",
+        Recompute::Selective => "selective",
+        Recompute::Full => "full",
+    }
+}
+
+/// Dimensions the user fixed; None lets the planner choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pins {
+    pub tp: Option<usize>,
+    pub pp: Option<usize>,
+    pub micro_batch: Option<usize>,
+    pub vpp: Option<usize>,
+    pub recompute: Option<Recompute>,
+    pub zero1: Option<bool>,
+}
+
+/// Everything `plan` needs.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The model's name for the report (`--model`, or "custom").
+    pub model_name: String,
+    pub shape: Shape,
+    pub gpus: usize,
+    pub global_batch: usize,
+    pub machine: Machine,
+    pub precision: Precision,
+    /// Fraction of GPU memory kept free for the runtime, communication buffers and fragmentation.
+    pub memory_headroom: f64,
+    pub sequence_parallel: bool,
+    pub pins: Pins,
+}
+
+impl Request {
+    pub fn usable_bytes(&self) -> f64 {
+        self.machine.memory_bytes * (1.0 - self.memory_headroom)
+    }
+}
+
+/// A priced layout.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate {
+    pub layout: Layout,
+    pub memory: Memory,
+    pub timing: Timing,
+    pub executed_flops: f64,
+    pub model_flops: f64,
+    pub gpus: usize,
+    pub global_batch: usize,
+    pub seq_length: usize,
+}
+
+impl Candidate {
+    pub fn iteration_s(&self) -> f64 {
+        self.timing.iteration_s()
+    }
+
+    pub fn memory_gib(&self) -> f64 {
+        self.memory.total_bytes() / GIB
+    }
+
+    /// Executed FLOPs (recompute included) per second per GPU, as the 2021 paper reports them.
+    pub fn tflops_per_gpu(&self) -> f64 {
+        self.executed_flops / self.iteration_s() / self.gpus as f64 / 1e12
+    }
+
+    /// Model FLOPs (72Bslh²(...), no recompute) per second per GPU: the numerator of MFU.
+    pub fn model_tflops_per_gpu(&self) -> f64 {
+        self.model_flops / self.iteration_s() / self.gpus as f64 / 1e12
+    }
+
+    pub fn tokens_per_s(&self) -> f64 {
+        (self.global_batch * self.seq_length) as f64 / self.iteration_s()
+    }
+
+    pub fn micro_batches(&self) -> usize {
+        self.layout.micro_batches(self.global_batch)
+    }
+
+    pub fn bubble_fraction(&self) -> f64 {
+        (self.layout.pp as f64 - 1.0) / (self.layout.vpp * self.micro_batches()) as f64
+    }
+}
+
+/// The outcome of planning: every layout that fits, best first, and what was dropped.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub ranked: Vec<Candidate>,
+    /// Layouts priced (valid shapes), of which `ranked.len()` fit.
+    pub considered: usize,
+    /// Per (tp, pp): the fastest layout that fits, and the one that needs the least memory.
+    pub by_tp_pp: BTreeMap<(usize, usize), (Option<Candidate>, Candidate)>,
+}
+
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// Why a tensor-parallel size cannot split this model on these nodes, if it cannot.
+fn tp_problem(req: &Request, t: usize) -> Option<String> {
+    let s = &req.shape;
+    let g = req.machine.gpus_per_node;
+    if t == 0 || !req.gpus.is_multiple_of(t) {
+        return Some(format!("{t} does not divide {} GPUs", req.gpus));
+    }
+    if !s.num_attention_heads.is_multiple_of(t) {
+        return Some(format!("{} attention heads are not divisible by {t}", s.num_attention_heads));
+    }
+    if !s.ffn_hidden_size.is_multiple_of(t) {
+        return Some(format!("the MLP width {} is not divisible by {t}", s.ffn_hidden_size));
+    }
+    if !s.padded_vocab_size.is_multiple_of(t) {
+        return Some(format!("the padded vocabulary {} is not divisible by {t}", s.padded_vocab_size));
+    }
+    if req.sequence_parallel && !s.seq_length.is_multiple_of(t) {
+        return Some(format!("the sequence {} is not divisible by {t} (sequence parallelism)", s.seq_length));
+    }
+    if (t <= g && !g.is_multiple_of(t)) || (t > g && !t.is_multiple_of(g)) {
+        return Some(format!("a group of {t} does not tile nodes of {g} GPUs"));
+    }
+    None
+}
+
+/// Why a pipeline size cannot split this model over the GPUs left by TP, if it cannot.
+fn pp_problem(req: &Request, t: usize, p: usize) -> Option<String> {
+    let layers = req.shape.num_layers;
+    if p == 0 || !(req.gpus / t).is_multiple_of(p) {
+        return Some(format!("{p} does not divide the {} GPUs left by tensor-parallel size {t}", req.gpus / t));
+    }
+    if p > layers || !layers.is_multiple_of(p) {
+        return Some(format!("{layers} layers do not split evenly into {p} stages"));
+    }
+    None
+}
+
+/// Why a virtual-stage count cannot be used, if it cannot (trident's interleaved schedule needs
+/// equal chunks and a micro-batch count that is a multiple of the pipeline size).
+fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
+    if v == 1 {
+        return None;
+    }
+    if v == 0 || p == 1 {
+        return Some("virtual stages need a pipeline (pipeline size above 1)".into());
+    }
+    if !req.shape.num_layers.is_multiple_of(p * v) {
+        return Some(format!("{} layers do not split into {p} x {v} equal chunks", req.shape.num_layers));
+    }
+    if m < p || !m.is_multiple_of(p) {
+        return Some(format!("{m} micro-batches are not a multiple of the pipeline size {p}"));
+    }
+    None
+}
+
+/// Enumerates, prices and ranks every layout `req` allows.
+pub fn plan(req: &Request) -> Result<Plan> {
+    let n = req.gpus;
+    let g = req.machine.gpus_per_node;
+    if n == 0 {
+        return Err(Error::flag("--gpus", 0, "a positive number of GPUs"));
+    }
+    if n > g && !n.is_multiple_of(g) {
+        return Err(Error::Config(format!(
+            "--gpus {n} is not a multiple of --gpus-per-node {g}: a job fills whole nodes"
+        )));
+    }
+    if req.global_batch == 0 {
+        return Err(Error::flag("--global-batch-size", 0, "a positive number of sequences"));
+    }
+    let pinned = |name: &str, value: usize, why: String| Error::Config(format!("{name} {value}: {why}"));
+    let pins = req.pins;
+    let mut ranked = Vec::new();
+    let mut by_tp_pp: BTreeMap<(usize, usize), (Option<Candidate>, Candidate)> = BTreeMap::new();
+    let mut considered = 0;
+    let mut batch_problem = None;
+    for t in pins.tp.map(|t| vec![t]).unwrap_or_else(|| divisors(n)) {
+        if let Some(why) = tp_problem(req, t) {
+            match pins.tp {
+                Some(_) => return Err(pinned("--tensor-model-parallel-size", t, why)),
+                None => continue,
+            }
+        }
+        for p in pins.pp.map(|p| vec![p]).unwrap_or_else(|| divisors(n / t)) {
+            if let Some(why) = pp_problem(req, t, p) {
+                match pins.pp {
+                    Some(_) => return Err(pinned("--pipeline-model-parallel-size", p, why)),
+                    None => continue,
+                }
+            }
+            let dp = n / (t * p);
+            if !req.global_batch.is_multiple_of(dp) {
+                batch_problem.get_or_insert(format!(
+                    "--global-batch-size {} does not split over {dp} data-parallel ranks (tp {t}, pp {p})",
+                    req.global_batch
+                ));
+                continue;
+            }
+            let per_rank = req.global_batch / dp;
+            for b in pins.micro_batch.map(|b| vec![b]).unwrap_or_else(|| divisors(per_rank)) {
+                if b == 0 || !per_rank.is_multiple_of(b) {
+                    batch_problem.get_or_insert(format!(
+                        "--micro-batch-size {b} does not divide the {per_rank} sequences per data-parallel rank (tp {t}, pp {p})"
+                    ));
+                    continue;
+                }
+                let m = per_rank / b;
+                let vpps: Vec<usize> = match pins.vpp {
+                    Some(v) => vec![v],
+                    None => divisors(req.shape.num_layers / p),
+                };
+                for v in vpps {
+                    if let Some(why) = vpp_problem(req, p, v, m) {
+                        if pins.vpp.is_some() {
+                            batch_problem.get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {v}: {why}"));
+                        }
+                        continue;
+                    }
+                    let recomputes = match pins.recompute {
+                        Some(r) => vec![r],
+                        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+                    };
+                    for recompute in recomputes {
+                        let zero1s = match pins.zero1 {
+                            Some(z) => vec![z],
+                            None if dp == 1 => vec![false],
+                            None => vec![false, true],
+                        };
+                        for zero1 in zero1s {
+                            let layout = Layout {
+                                tp_mode: TpMode::OneD,
+                                tp: t,
+                                pp: p,
+                                dp,
+                                vpp: v,
+                                micro_batch: b,
+                                recompute,
+                                zero1,
+                                sequence_parallel: req.sequence_parallel && t > 1,
+                            };
+                            let c = price(req, layout);
+                            considered += 1;
+                            let fits = c.memory.total_bytes() <= req.usable_bytes();
+                            let entry = by_tp_pp.entry((t, p)).or_insert((None, c));
+                            if c.memory.total_bytes() < entry.1.memory.total_bytes() {
+                                entry.1 = c;
+                            }
+                            if fits {
+                                if entry.0.is_none_or(|best| better(&c, &best)) {
+                                    entry.0 = Some(c);
+                                }
+                                ranked.push(c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if considered == 0 {
+        return Err(Error::Config(batch_problem.unwrap_or_else(|| {
+            format!("no tensor- and pipeline-parallel split of this model fits {n} GPUs of {g} per node")
+        })));
+    }
+    if ranked.is_empty() {
+        let smallest =
+            by_tp_pp.values().map(|v| v.1).min_by(|a, b| a.memory.total_bytes().total_cmp(&b.memory.total_bytes()));
+        let s = smallest.expect("considered > 0 means at least one priced layout");
+        return Err(Error::Config(format!(
+            "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \
+             use more GPUs or a GPU with more memory{}",
+            req.usable_bytes() / GIB,
+            req.machine.memory_bytes / GIB,
+            1.0 - req.memory_headroom,
+            s.memory_gib(),
+            report::describe(&s.layout),
+            if pins.recompute.is_some() || pins.zero1.is_some() { ", or unpin recompute / ZeRO-1" } else { "" },
+        )));
+    }
+    ranked.sort_by(ranking);
+    Ok(Plan { ranked, considered, by_tp_pp })
+}
+
+/// Ranking: shorter iteration first; at equal time, less memory, then the smaller
+/// model-parallel group (fewer GPUs to coordinate). A total order, so sorting is well defined.
+fn ranking(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    a.iteration_s()
+        .total_cmp(&b.iteration_s())
+        .then(a.memory.total_bytes().total_cmp(&b.memory.total_bytes()))
+        .then((a.layout.tp * a.layout.pp).cmp(&(b.layout.tp * b.layout.pp)))
+}
+
+fn better(a: &Candidate, b: &Candidate) -> bool {
+    ranking(a, b) == std::cmp::Ordering::Less
+}
+
+/// Prices one layout.
+pub fn price(req: &Request, layout: Layout) -> Candidate {
+    Candidate {
+        layout,
+        memory: cost::memory(&req.shape, &layout, req.precision, req.global_batch),
+        timing: cost::timing(&req.shape, &layout, req.precision, req.global_batch, &req.machine),
+        executed_flops: cost::executed_flops(&req.shape, &layout, req.precision, req.global_batch),
+        model_flops: cost::model_flops(&req.shape, &layout, req.precision, req.global_batch),
+        gpus: req.gpus,
+        global_batch: req.global_batch,
+        seq_length: req.shape.seq_length,
+    }
+}

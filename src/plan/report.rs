@@ -1,0 +1,271 @@
+//! What `trident plan` prints: the assumptions, a table of the best layouts with the reason each
+//! is bounded where it is, a line per dropped (tp, pp) alternative, or JSON lines.
+
+use super::hardware::GIB;
+use super::{recompute_name, Candidate, Layout, Plan, Request};
+
+/// A layout in one short phrase, for messages.
+pub fn describe(l: &Layout) -> String {
+    let mut s = format!(
+        "tp {} pp {} dp {} micro-batch {} recompute {}",
+        l.tp,
+        l.pp,
+        l.dp,
+        l.micro_batch,
+        recompute_name(l.recompute)
+    );
+    if l.vpp > 1 {
+        s.push_str(&format!(" vpp {}", l.vpp));
+    }
+    if l.zero1 {
+        s.push_str(" zero1");
+    }
+    s
+}
+
+/// What bounds a layout: its largest costs besides the GEMMs, as shares of the iteration, and how
+/// close it is to the memory limit.
+pub fn reason(c: &Candidate, req: &Request) -> String {
+    let t = &c.timing;
+    let total = c.iteration_s();
+    let g = req.machine.gpus_per_node;
+    let tp_link = if c.layout.tp > g { "inter-node" } else { "intra-node" };
+    let recompute_s = t.gemm_s * (1.0 - c.model_flops / c.executed_flops);
+    let mut parts = vec![
+        (
+            t.bubble_s,
+            format!(
+                "bubble (pp {}, {} micro-batches{})",
+                c.layout.pp,
+                c.micro_batches(),
+                if c.layout.vpp > 1 { format!(", vpp {}", c.layout.vpp) } else { String::new() }
+            ),
+        ),
+        (t.tp_comm_s, format!("TP all-reduces ({tp_link})")),
+        (
+            t.dp_comm_s,
+            if c.layout.zero1 {
+                "ZeRO-1 reduce-scatter + all-gather".to_string()
+            } else {
+                "DP gradient all-reduce".to_string()
+            },
+        ),
+        (t.pp_comm_s, "pipeline sends".to_string()),
+        (t.memory_bound_s, "memory-bound attention and element-wise work".to_string()),
+        (t.optimizer_s, "optimizer step".to_string()),
+        (recompute_s, format!("{} recompute", recompute_name(c.layout.recompute))),
+    ];
+    parts.retain(|(s, _)| *s / total >= 0.01);
+    parts.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut out: Vec<String> =
+        parts.iter().take(3).map(|(s, what)| format!("{what} {:.0}%", 100.0 * s / total)).collect();
+    if out.is_empty() {
+        out.push("GEMM-bound".into());
+    }
+    let used = c.memory.total_bytes() / req.usable_bytes();
+    if used > 0.9 {
+        out.push(format!("memory {:.0}% of usable", 100.0 * used));
+    }
+    out.join("; ")
+}
+
+/// The assumptions the numbers rest on, one line each.
+pub fn assumptions(req: &Request) -> Vec<String> {
+    let m = &req.machine;
+    let peak = match req.precision {
+        super::Precision::Fp32 => m.peak_fp32_flops,
+        _ => m.peak_16bit_flops,
+    };
+    vec![
+        format!(
+            "GPU {}: {:.0} TFLOP/s dense {} x GEMM efficiency {:.2}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free",
+            m.name,
+            peak / 1e12,
+            req.precision.name(),
+            m.gemm_efficiency,
+            m.hbm_bytes_per_s / 1e9,
+            m.memory_bytes / GIB,
+            100.0 * req.memory_headroom
+        ),
+        format!(
+            "links: {} GPUs per node; intra-node {:.0} GB/s bus bandwidth, {:.0} us per step; inter-node {:.1} GB/s per GPU, {:.0} us per step",
+            m.gpus_per_node,
+            m.intra.bytes_per_s / 1e9,
+            m.intra.latency_s * 1e6,
+            m.inter.bytes_per_s / 1e9,
+            m.inter.latency_s * 1e6
+        ),
+        "model: Megatron's FLOPs (24bsh²+4bs²h per layer forward, backward 2x, full recompute +1 forward); attention \
+         scores held in memory (13 B per score forward, 2x backward, at HBM speed); activations per Korthikanti et al.; \
+         16-bit weights + fp32 grads, master weights and AdamW (18 B/param, 6 + 12/dp with ZeRO-1)"
+            .into(),
+        "comm: hierarchical ring collectives (alpha-beta); TP all-reduces not overlapped; DP all-reduce overlaps only \
+         the last micro-batch's backward; ZeRO-1 reduce-scatter + fp32 all-gather not overlapped; pipeline time \
+         m x slowest stage + (p-1)/v x mean stage"
+            .into(),
+    ]
+}
+
+pub fn print_text(plan: &Plan, req: &Request, top: usize) {
+    let s = &req.shape;
+    println!(
+        "trident plan: {} ({:.2}B parameters: {} layers, hidden {}, {} heads, sequence {}, vocabulary {}) on {} x {}, global batch {}",
+        req.model_name,
+        s.parameters() / 1e9,
+        s.num_layers,
+        s.hidden_size,
+        s.num_attention_heads,
+        s.seq_length,
+        s.padded_vocab_size,
+        req.gpus,
+        req.machine.name,
+        req.global_batch
+    );
+    for line in assumptions(req) {
+        println!("  {line}");
+    }
+    println!();
+    println!(
+        "{:>4} {:>4} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10} {:>11} {:>12} {:>11}  bounded by",
+        "rank",
+        "tp",
+        "pp",
+        "dp",
+        "vpp",
+        "micro",
+        "recompute",
+        "zero1",
+        "memory GiB",
+        "iteration s",
+        "TFLOP/s/GPU",
+        "tokens/s"
+    );
+    let shown = if top == 0 { plan.ranked.len() } else { top.min(plan.ranked.len()) };
+    for (i, c) in plan.ranked.iter().take(shown).enumerate() {
+        let l = &c.layout;
+        println!(
+            "{:>4} {:>4} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10.1} {:>11.3} {:>12.1} {:>11.0}  {}",
+            i + 1,
+            l.tp,
+            l.pp,
+            l.dp,
+            l.vpp,
+            l.micro_batch,
+            recompute_name(l.recompute),
+            if l.zero1 { "yes" } else { "no" },
+            c.memory_gib(),
+            c.iteration_s(),
+            c.tflops_per_gpu(),
+            c.tokens_per_s(),
+            reason(c, req)
+        );
+    }
+    let best = plan.ranked[0];
+    println!();
+    println!("other tensor x pipeline splits:");
+    let mut lines = Vec::new();
+    for (&(t, p), (fit, smallest)) in &plan.by_tp_pp {
+        if (t, p) == (best.layout.tp, best.layout.pp) {
+            continue;
+        }
+        let line = match fit {
+            Some(c) => {
+                let slower = c.iteration_s() / best.iteration_s() - 1.0;
+                (slower, format!("  tp {t:>3} pp {p:>3}: {:.1}% slower at best ({})", 100.0 * slower, reason(c, req)))
+            }
+            None => (
+                f64::INFINITY,
+                format!(
+                    "  tp {t:>3} pp {p:>3}: does not fit, needs at least {:.1} GiB ({}) of {:.1} GiB usable",
+                    smallest.memory_gib(),
+                    describe(&smallest.layout),
+                    req.usable_bytes() / GIB
+                ),
+            ),
+        };
+        lines.push((t * p, line));
+    }
+    // The nearest competitors first, then the splits that do not fit (smallest model-parallel
+    // size first), at most ten lines.
+    lines.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.0.cmp(&b.0)));
+    for (_, (_, line)) in lines.iter().take(10) {
+        println!("{line}");
+    }
+    if lines.len() > 10 {
+        println!("  ... and {} more", lines.len() - 10);
+    }
+    println!();
+    println!(
+        "{} layouts priced, {} fit; best: {} at {:.3} s per iteration, {:.1} TFLOP/s per GPU ({:.0}% of peak, model FLOPs {:.1})",
+        plan.considered,
+        plan.ranked.len(),
+        describe(&best.layout),
+        best.iteration_s(),
+        best.tflops_per_gpu(),
+        100.0 * best.tflops_per_gpu() * 1e12
+            / match req.precision {
+                super::Precision::Fp32 => req.machine.peak_fp32_flops,
+                _ => req.machine.peak_16bit_flops,
+            },
+        best.model_tflops_per_gpu()
+    );
+}
+
+fn json_number(x: f64) -> String {
+    if x.is_finite() {
+        format!("{}", (x * 1e4).round() / 1e4)
+    } else {
+        "null".into()
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// One JSON object for a layout: the documented keys `tp pp dp vpp micro_batch recompute zero1
+/// memory_gib iteration_s tflops_per_gpu`, then the extras `tp_mode sequence_parallel
+/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s reason`.
+pub fn json(c: &Candidate, req: &Request) -> String {
+    let l = &c.layout;
+    format!(
+        "{{\"tp\":{},\"pp\":{},\"dp\":{},\"vpp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"zero1\":{},\
+         \"memory_gib\":{},\"iteration_s\":{},\"tflops_per_gpu\":{},\"tp_mode\":\"{}\",\"sequence_parallel\":{},\
+         \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"reason\":{}}}",
+        l.tp,
+        l.pp,
+        l.dp,
+        l.vpp,
+        l.micro_batch,
+        recompute_name(l.recompute),
+        l.zero1,
+        json_number(c.memory_gib()),
+        json_number(c.iteration_s()),
+        json_number(c.tflops_per_gpu()),
+        l.tp_mode.name(),
+        l.sequence_parallel,
+        c.micro_batches(),
+        json_number(c.bubble_fraction()),
+        json_number(c.model_tflops_per_gpu()),
+        json_number(c.tokens_per_s()),
+        json_string(&reason(c, req))
+    )
+}
+
+pub fn print_json(plan: &Plan, req: &Request, top: usize) {
+    let shown = if top == 0 { plan.ranked.len() } else { top.min(plan.ranked.len()) };
+    for c in plan.ranked.iter().take(shown) {
+        println!("{}", json(c, req));
+    }
+}

@@ -1,0 +1,201 @@
+//! `trident plan`'s flags (Megatron's names where Megatron has one) and their translation into a
+//! validated `Request`.
+
+use super::hardware::{machine, GIB};
+use super::models::{self, Shape};
+use super::{Pins, Precision, Request};
+use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::error::{Error, Result};
+use crate::model::{GptConfig, Recompute};
+
+pub const PLAN_FLAGS: &[FlagSpec] = &[
+    flag(
+        "--model",
+        "NAME",
+        "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
+    ),
+    flag("--num-layers", "N", "transformer layers (with the next three, instead of or over --model)"),
+    flag("--hidden-size", "H", "hidden size"),
+    flag("--num-attention-heads", "A", "attention heads"),
+    flag("--seq-length", "S", "tokens per sample"),
+    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+    flag("--max-position-embeddings", "P", "rows of the position embedding (default the sequence length)"),
+    flag("--vocab-size", "V", "vocabulary before padding (default 50257 without --model)"),
+    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+    flag("--gpus", "N", "GPUs of the job (required)"),
+    flag("--gpus-per-node", "G", "GPUs per node (default 8)"),
+    flag("--gpu", "KIND", "a100 (default), h100, mi250x (one GCD) or mi300x"),
+    flag("--global-batch-size", "B", "sequences per iteration (required)"),
+    flag("--precision", "P", "bf16 (default), fp16 or fp32"),
+    flag("--tensor-model-parallel-size", "T", "pin the tensor-parallel size"),
+    flag("--pipeline-model-parallel-size", "P", "pin the pipeline size"),
+    flag("--micro-batch-size", "B", "pin the micro-batch size"),
+    flag("--num-virtual-stages-per-pipeline-rank", "V", "pin the virtual stages per pipeline rank (1: plain 1F1B)"),
+    flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
+    flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
+    switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
+    flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.65)"),
+    flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
+    flag("--hbm-bandwidth", "GB/s", "memory bandwidth per GPU (default: the GPU's)"),
+    flag("--memory-gib", "GIB", "memory per GPU (default: the GPU's)"),
+    flag("--memory-headroom", "X", "fraction of memory kept free for the runtime and buffers (default 0.1)"),
+    flag("--intra-node-bandwidth", "GB/s", "all-reduce bus bandwidth inside a node (default: the GPU's)"),
+    flag("--intra-node-latency-us", "US", "latency per collective step inside a node (default 5)"),
+    flag("--inter-node-bandwidth", "GB/s", "network bandwidth per GPU, one direction (default: the GPU's)"),
+    flag("--inter-node-latency-us", "US", "latency per step between nodes (default 10)"),
+    flag("--top", "K", "layouts to print (default 5; 0 prints all that fit)"),
+    switch("--json", "print one JSON object per layout, best first"),
+];
+
+fn positive(a: &Args, name: &str) -> Result<Option<usize>> {
+    match a.usize(name)? {
+        Some(0) => Err(Error::flag(name, 0, "a positive whole number")),
+        other => Ok(other),
+    }
+}
+
+fn positive_f64(a: &Args, name: &str) -> Result<Option<f64>> {
+    match a.f64(name)? {
+        Some(x) if x <= 0.0 => Err(Error::flag(name, x, "a positive number")),
+        other => Ok(other),
+    }
+}
+
+/// The model shape: `--model`, with any shape flag given on top of it, or the shape flags alone.
+fn shape(a: &Args) -> Result<(String, Shape)> {
+    let base = a.str("--model").map(models::named).transpose()?;
+    let need = |name: &str, from_model: Option<usize>| -> Result<usize> {
+        match (positive(a, name)?, from_model) {
+            (Some(v), _) | (None, Some(v)) => Ok(v),
+            (None, None) => Err(Error::Usage(format!(
+                "plan needs --model NAME or the model's shape: {name} is missing (see `trident plan --help`)"
+            ))),
+        }
+    };
+    let layers = need("--num-layers", base.as_ref().map(|s| s.num_layers))?;
+    let hidden = need("--hidden-size", base.as_ref().map(|s| s.hidden_size))?;
+    let heads = need("--num-attention-heads", base.as_ref().map(|s| s.num_attention_heads))?;
+    let seq = need("--seq-length", base.as_ref().map(|s| s.seq_length))?;
+    if !hidden.is_multiple_of(heads) {
+        return Err(Error::Config(format!("--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")));
+    }
+    let ffn = positive(a, "--ffn-hidden-size")?.unwrap_or(match &base {
+        Some(s) if s.hidden_size == hidden => s.ffn_hidden_size,
+        _ => 4 * hidden,
+    });
+    let positions = positive(a, "--max-position-embeddings")?
+        .unwrap_or(base.as_ref().map(|s| s.max_position_embeddings.max(seq)).unwrap_or(seq));
+    if seq > positions {
+        return Err(Error::Config(format!("--seq-length {seq} is above --max-position-embeddings {positions}")));
+    }
+    let divisible_by = positive(a, "--make-vocab-size-divisible-by")?.unwrap_or(128);
+    let padded_vocab = match (positive(a, "--vocab-size")?, &base) {
+        (Some(v), _) => GptConfig::pad_vocab(v, divisible_by),
+        (None, Some(s)) => s.padded_vocab_size,
+        (None, None) => GptConfig::pad_vocab(50257, divisible_by),
+    };
+    let custom =
+        ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"]
+            .iter()
+            .any(|f| a.has(f));
+    let name = match a.str("--model") {
+        Some(m) if !custom => m.to_string(),
+        Some(m) => format!("{m} (modified)"),
+        None => "custom".to_string(),
+    };
+    Ok((
+        name,
+        Shape {
+            num_layers: layers,
+            hidden_size: hidden,
+            num_attention_heads: heads,
+            ffn_hidden_size: ffn,
+            seq_length: seq,
+            max_position_embeddings: positions,
+            padded_vocab_size: padded_vocab,
+        },
+    ))
+}
+
+impl Request {
+    pub fn from_args(a: &Args) -> Result<Request> {
+        let (model_name, shape) = shape(a)?;
+        let gpus = positive(a, "--gpus")?.ok_or_else(|| Error::Usage("plan needs --gpus N".into()))?;
+        let global_batch = positive(a, "--global-batch-size")?
+            .ok_or_else(|| Error::Usage("plan needs --global-batch-size B".into()))?;
+        let precision = Precision::parse(a.str("--precision").unwrap_or("bf16"))?;
+        let mut m = machine(a.str("--gpu").unwrap_or("a100"))?;
+        if let Some(g) = positive(a, "--gpus-per-node")? {
+            m.gpus_per_node = g;
+        }
+        if let Some(e) = a.f64("--gemm-efficiency")? {
+            if !(e > 0.0 && e <= 1.0) {
+                return Err(Error::flag("--gemm-efficiency", e, "a fraction in (0, 1]"));
+            }
+            m.gemm_efficiency = e;
+        }
+        if let Some(p) = positive_f64(a, "--peak-tflops")? {
+            match precision {
+                Precision::Fp32 => m.peak_fp32_flops = p * 1e12,
+                _ => m.peak_16bit_flops = p * 1e12,
+            }
+        }
+        if let Some(bw) = positive_f64(a, "--hbm-bandwidth")? {
+            m.hbm_bytes_per_s = bw * 1e9;
+        }
+        if let Some(gib) = positive_f64(a, "--memory-gib")? {
+            m.memory_bytes = gib * GIB;
+        }
+        if let Some(bw) = positive_f64(a, "--intra-node-bandwidth")? {
+            m.intra.bytes_per_s = bw * 1e9;
+        }
+        if let Some(bw) = positive_f64(a, "--inter-node-bandwidth")? {
+            m.inter.bytes_per_s = bw * 1e9;
+        }
+        for (name, link) in [("--intra-node-latency-us", &mut m.intra), ("--inter-node-latency-us", &mut m.inter)] {
+            match a.f64(name)? {
+                Some(us) if us < 0.0 => return Err(Error::flag(name, us, "a latency >= 0")),
+                Some(us) => link.latency_s = us * 1e-6,
+                None => {}
+            }
+        }
+        let memory_headroom = match a.f64("--memory-headroom")? {
+            Some(h) if !(0.0..1.0).contains(&h) => {
+                return Err(Error::flag("--memory-headroom", h, "a fraction in [0, 1)"))
+            }
+            Some(h) => h,
+            None => 0.1,
+        };
+        let pins = Pins {
+            tp: positive(a, "--tensor-model-parallel-size")?,
+            pp: positive(a, "--pipeline-model-parallel-size")?,
+            micro_batch: positive(a, "--micro-batch-size")?,
+            vpp: positive(a, "--num-virtual-stages-per-pipeline-rank")?,
+            recompute: a
+                .str("--recompute-granularity")
+                .map(|s| {
+                    Recompute::parse(s).map_err(|_| {
+                        Error::flag("--recompute-granularity", format!("'{s}'"), "none, selective or full")
+                    })
+                })
+                .transpose()?,
+            zero1: match a.str("--zero1") {
+                None => None,
+                Some("on") => Some(true),
+                Some("off") => Some(false),
+                Some(other) => return Err(Error::flag("--zero1", format!("'{other}'"), "on or off")),
+            },
+        };
+        Ok(Request {
+            model_name,
+            shape,
+            gpus,
+            global_batch,
+            machine: m,
+            precision,
+            memory_headroom,
+            sequence_parallel: a.has("--sequence-parallel"),
+            pins,
+        })
+    }
+}

@@ -1,0 +1,354 @@
+//! `trident plan` from the outside: Megatron's 2021 weak-scaling table (shared/reference/
+//! megatron.md §9.1) as the check of its layout choices and throughput, the JSON shape, and bad
+//! input.
+
+mod common;
+use common::*;
+
+/// One row of Narayanan et al. 2021, Table 1 (A100 80GB, sequence 2048, vocabulary 51,200).
+struct Row {
+    params_b: f64,
+    heads: usize,
+    hidden: usize,
+    layers: usize,
+    tp: usize,
+    pp: usize,
+    gpus: usize,
+    batch: usize,
+    tflops: f64,
+}
+
+const TABLE: &[Row] = &[
+    Row { params_b: 1.7, heads: 24, hidden: 2304, layers: 24, tp: 1, pp: 1, gpus: 32, batch: 512, tflops: 137.0 },
+    Row { params_b: 3.6, heads: 32, hidden: 3072, layers: 30, tp: 2, pp: 1, gpus: 64, batch: 512, tflops: 138.0 },
+    Row { params_b: 7.5, heads: 32, hidden: 4096, layers: 36, tp: 4, pp: 1, gpus: 128, batch: 512, tflops: 142.0 },
+    Row { params_b: 18.4, heads: 48, hidden: 6144, layers: 40, tp: 8, pp: 1, gpus: 256, batch: 1024, tflops: 135.0 },
+    Row { params_b: 39.1, heads: 64, hidden: 8192, layers: 48, tp: 8, pp: 2, gpus: 512, batch: 1536, tflops: 138.0 },
+    Row { params_b: 76.1, heads: 80, hidden: 10240, layers: 60, tp: 8, pp: 4, gpus: 1024, batch: 1792, tflops: 140.0 },
+    Row { params_b: 145.6, heads: 96, hidden: 12288, layers: 80, tp: 8, pp: 8, gpus: 1536, batch: 2304, tflops: 148.0 },
+    Row {
+        params_b: 310.1,
+        heads: 128,
+        hidden: 16384,
+        layers: 96,
+        tp: 8,
+        pp: 16,
+        gpus: 1920,
+        batch: 2160,
+        tflops: 155.0,
+    },
+    Row {
+        params_b: 529.6,
+        heads: 128,
+        hidden: 20480,
+        layers: 105,
+        tp: 8,
+        pp: 35,
+        gpus: 2520,
+        batch: 2520,
+        tflops: 163.0,
+    },
+    Row {
+        params_b: 1008.0,
+        heads: 160,
+        hidden: 25600,
+        layers: 128,
+        tp: 8,
+        pp: 64,
+        gpus: 3072,
+        batch: 3072,
+        tflops: 163.0,
+    },
+];
+
+/// The keys every JSON object has: the documented ten, then the documented extras.
+const JSON_KEYS: &[&str] = &[
+    "tp",
+    "pp",
+    "dp",
+    "vpp",
+    "micro_batch",
+    "recompute",
+    "zero1",
+    "memory_gib",
+    "iteration_s",
+    "tflops_per_gpu",
+    "tp_mode",
+    "sequence_parallel",
+    "micro_batches",
+    "bubble_fraction",
+    "model_tflops_per_gpu",
+    "tokens_per_s",
+    "reason",
+];
+
+/// The top-level keys of a flat JSON object, in order (strings may hold any character).
+fn json_keys(line: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    let (mut in_string, mut escaped, mut current, mut expect_key) = (false, false, String::new(), true);
+    for ch in line.chars() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if ch == '\\' {
+                escaped = true;
+            } else if ch == '"' {
+                in_string = false;
+                if expect_key {
+                    keys.push(std::mem::take(&mut current));
+                }
+            } else if expect_key {
+                current.push(ch);
+            }
+            continue;
+        }
+        match ch {
+            '"' => in_string = true,
+            ':' => expect_key = false,
+            ',' | '{' => expect_key = true,
+            _ => {}
+        }
+    }
+    keys
+}
+
+/// The text of a top-level field of one `plan --json` line (numbers, booleans, simple strings).
+fn field(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    Some(line[start..].split([',', '}']).next()?.trim().to_string())
+}
+
+fn number(line: &str, key: &str) -> f64 {
+    field(line, key).unwrap_or_else(|| panic!("no {key} in {line}")).parse().unwrap()
+}
+
+/// Plans a row as the paper ran it: its shape, GPUs and batch on A100s, fp16, and without a
+/// distributed optimizer (Megatron had none in 2021), everything else the planner's choice.
+fn plan_row(r: &Row) -> String {
+    let (l, h, a, g, b) =
+        (r.layers.to_string(), r.hidden.to_string(), r.heads.to_string(), r.gpus.to_string(), r.batch.to_string());
+    let o = run(&[
+        "plan",
+        "--num-layers",
+        &l,
+        "--hidden-size",
+        &h,
+        "--num-attention-heads",
+        &a,
+        "--seq-length",
+        "2048",
+        "--vocab-size",
+        "51200",
+        "--gpus",
+        &g,
+        "--global-batch-size",
+        &b,
+        "--gpu",
+        "a100",
+        "--precision",
+        "fp16",
+        "--zero1",
+        "off",
+        "--json",
+        "--top",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).lines().next().expect("one layout").to_string()
+}
+
+#[test]
+fn picks_the_papers_layouts_and_predicts_their_throughput() {
+    let mut matched = 0;
+    let mut report = String::from("params   paper tp pp TFLOP/s | planned tp pp TFLOP/s  error\n");
+    for r in TABLE {
+        let best = plan_row(r);
+        let (tp, pp, tflops) =
+            (number(&best, "tp") as usize, number(&best, "pp") as usize, number(&best, "tflops_per_gpu"));
+        let error = tflops / r.tflops - 1.0;
+        let same = tp == r.tp && pp == r.pp;
+        if same && error.abs() <= 0.15 {
+            matched += 1;
+        }
+        report.push_str(&format!(
+            "{:>7.1}B  {:>6} {:>2} {:>7.0} | {:>7} {:>2} {:>7.1} {:>+6.1}% {}\n",
+            r.params_b,
+            r.tp,
+            r.pp,
+            r.tflops,
+            tp,
+            pp,
+            tflops,
+            100.0 * error,
+            if same { "same layout" } else { "" }
+        ));
+    }
+    eprintln!("{report}{matched} of {} rows: the paper's TP and PP, TFLOP/s within 15%", TABLE.len());
+    assert!(matched >= 5, "only {matched} rows matched:\n{report}");
+}
+
+#[test]
+fn json_has_exactly_the_documented_keys_best_first() {
+    let o = run(&[
+        "plan",
+        "--model",
+        "megatron-39.1b",
+        "--gpus",
+        "512",
+        "--global-batch-size",
+        "1536",
+        "--json",
+        "--top",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    let mut previous = 0.0;
+    for line in &lines {
+        assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
+        assert_eq!(json_keys(line), JSON_KEYS, "{line}");
+        let t = number(line, "iteration_s");
+        assert!(t >= previous, "not best first: {out}");
+        previous = t;
+        assert!(number(line, "memory_gib") <= 72.0, "{line}");
+        let (tp, pp, dp) = (number(line, "tp"), number(line, "pp"), number(line, "dp"));
+        assert_eq!(tp * pp * dp, 512.0, "{line}");
+        assert!(
+            ["\"none\"", "\"selective\"", "\"full\""].contains(&field(line, "recompute").unwrap().as_str()),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
+    let o = run(&[
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--tensor-model-parallel-size",
+        "8",
+        "--pipeline-model-parallel-size",
+        "16",
+        "--recompute-granularity",
+        "full",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in ["312 TFLOP/s", "GEMM efficiency 0.65", "230 GB/s", "23.0 GB/s per GPU", "bounded by", "full"] {
+        assert!(out.contains(needle), "'{needle}' missing:\n{out}");
+    }
+    let o = run(&[
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--json",
+        "--tensor-model-parallel-size",
+        "8",
+        "--pipeline-model-parallel-size",
+        "16",
+        "--micro-batch-size",
+        "2",
+    ]);
+    for line in stdout(&o).lines() {
+        assert_eq!((number(line, "tp"), number(line, "pp"), number(line, "micro_batch")), (8.0, 16.0, 2.0), "{line}");
+    }
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan"];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    // GPUs that do not fill whole nodes.
+    assert_clean_error(
+        &plan(&["--model", "gpt2-350m", "--gpus", "12", "--global-batch-size", "48"]),
+        &["--gpus 12", "--gpus-per-node 8"],
+    );
+    // A model that fits nowhere names the smallest memory it needs.
+    assert_clean_error(
+        &plan(&["--model", "megatron-1t", "--gpus", "64", "--global-batch-size", "64"]),
+        &["no layout fits", "the smallest needs", "GiB"],
+    );
+    // A pinned TP size that does not split the heads says why.
+    assert_clean_error(
+        &plan(&[
+            "--model",
+            "gpt2-124m",
+            "--gpus",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--tensor-model-parallel-size",
+            "8",
+        ]),
+        &["--tensor-model-parallel-size 8", "12 attention heads"],
+    );
+    assert_clean_error(
+        &plan(&[
+            "--model",
+            "megatron-1.7b",
+            "--gpus",
+            "32",
+            "--global-batch-size",
+            "512",
+            "--pipeline-model-parallel-size",
+            "5",
+        ]),
+        &["--pipeline-model-parallel-size 5"],
+    );
+    assert_clean_error(
+        &plan(&[
+            "--model",
+            "megatron-1.7b",
+            "--gpus",
+            "32",
+            "--global-batch-size",
+            "100",
+            "--tensor-model-parallel-size",
+            "1",
+            "--pipeline-model-parallel-size",
+            "1",
+        ]),
+        &["--global-batch-size 100"],
+    );
+    assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "8"]), &["--global-batch-size"]);
+    assert_clean_error(
+        &plan(&["--model", "gpt-9", "--gpus", "8", "--global-batch-size", "8"]),
+        &["--model", "megatron-1t"],
+    );
+    assert_clean_error(
+        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gpu", "v100"]),
+        &["--gpu", "a100"],
+    );
+    assert_clean_error(&plan(&["--num-layers", "4", "--gpus", "8", "--global-batch-size", "8"]), &["--hidden-size"]);
+    assert_clean_error(
+        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gemm-efficiency", "1.5"]),
+        &["--gemm-efficiency"],
+    );
+    assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "0", "--global-batch-size", "8"]), &["--gpus"]);
+}
+
+#[test]
+fn help_lists_the_flags() {
+    let o = run(&["plan", "--help"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for flag in
+        ["--gpus-per-node", "--global-batch-size", "--gemm-efficiency", "--inter-node-bandwidth", "--json", "--top"]
+    {
+        assert!(out.contains(flag), "{flag} missing:\n{out}");
+    }
+}
