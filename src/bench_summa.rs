@@ -60,8 +60,10 @@ pub fn run(rt: &Runtime, threads: usize, h: usize, rows: usize, min_seconds: f64
             dev.upload(&mut b, &v);
             b
         };
-        let (x, w, bias, dy) = (up(fill(rows * kb, 1)), up(fill(nb * kb, 2)), up(fill(nb / q, 3)), up(fill(rows * nb, 4)));
-        let (mut y, mut dx, mut dw, mut db) = (dev.alloc(rows * nb), dev.alloc(rows * kb), dev.alloc(nb * kb), dev.alloc(nb / q));
+        let (x, w, bias, dy) =
+            (up(fill(rows * kb, 1)), up(fill(nb * kb, 2)), up(fill(nb / q, 3)), up(fill(rows * nb, 4)));
+        let (mut y, mut dx, mut dw, mut db) =
+            (dev.alloc(rows * nb), dev.alloc(rows * kb), dev.alloc(nb * kb), dev.alloc(nb / q));
         // Alternate the two algorithms over rounds and keep each one's best, so that drift in the
         // machine's speed does not favour whichever ran first.
         let mut best = [f64::INFINITY; 2];
@@ -79,7 +81,15 @@ pub fn run(rt: &Runtime, threads: usize, h: usize, rows: usize, min_seconds: f64
         }
         let flops = 6.0 * (rows * q) as f64 * k as f64 * nn as f64 / (q * q) as f64;
         for (secs, algorithm) in best.into_iter().zip([Algorithm::Panel, Algorithm::Broadcast]) {
-            out.push(SummaRow { layer, m: rows, k, n: nn, algorithm, ms: secs * 1e3, gflops_per_rank: flops / secs / 1e9 });
+            out.push(SummaRow {
+                layer,
+                m: rows,
+                k,
+                n: nn,
+                algorithm,
+                ms: secs * 1e3,
+                gflops_per_rank: flops / secs / 1e9,
+            });
         }
     }
     Ok(out)
@@ -108,12 +118,23 @@ fn time(world: &dyn Comm, min_seconds: f64, op: &mut dyn FnMut()) -> f64 {
 
 pub fn print_table(rows: &[SummaRow], q: usize, library: &str) {
     println!("SUMMA linear layers, forward + backward, on a {q} x {q} grid ({library}); rows = token rows per rank");
-    println!("{:<6} {:>6} {:>6} {:>6}  {:>10} {:>10}  {:>10} {:>10}  broadcast/panel", "layer", "rows", "k", "n", "panel ms", "GFLOP/s", "bcast ms", "GFLOP/s");
+    println!(
+        "{:<6} {:>6} {:>6} {:>6}  {:>10} {:>10}  {:>10} {:>10}  broadcast/panel",
+        "layer", "rows", "k", "n", "panel ms", "GFLOP/s", "bcast ms", "GFLOP/s"
+    );
     for pair in rows.chunks_exact(2) {
         let (p, b) = (&pair[0], &pair[1]);
         println!(
             "{:<6} {:>6} {:>6} {:>6}  {:>10.2} {:>10.1}  {:>10.2} {:>10.1}  {:>8.2}x",
-            p.layer, p.m, p.k, p.n, p.ms, p.gflops_per_rank, b.ms, b.gflops_per_rank, b.ms / p.ms
+            p.layer,
+            p.m,
+            p.k,
+            p.n,
+            p.ms,
+            p.gflops_per_rank,
+            b.ms,
+            b.gflops_per_rank,
+            b.ms / p.ms
         );
     }
 }

@@ -2,9 +2,9 @@
 //! only turns a command line into a call and an exit code.
 
 pub mod bench_comm;
-pub mod bench_summa;
 pub mod bench_gemm;
 pub mod bench_ops;
+pub mod bench_summa;
 pub mod check_comm;
 pub mod checkpoint;
 pub mod cli;

@@ -56,6 +56,8 @@ const CONVERT_FLAGS: &[FlagSpec] = &[
     flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
     flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),
     switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
+    flag("--target-tensor-parallel-mode", "MODE", "1d (default), 2d or 2.5d: how the written checkpoint's TP splits"),
+    flag("--target-tesseract-depth", "D", "depth of a written 2.5d checkpoint"),
 ];
 
 const BENCH_FLAGS: &[FlagSpec] = &[
@@ -239,6 +241,7 @@ fn cmd_convert(rest: &[String]) -> Result<()> {
                 first_stage_layers: None,
                 last_stage_layers: None,
                 sequence_parallel: false,
+                summa: None,
             };
             FullCheckpoint { iteration: 0, meta, model, layout, tensors }
         }
@@ -271,6 +274,12 @@ fn cmd_convert(rest: &[String]) -> Result<()> {
                 )))
             }
         };
+        let mode = trident::parallel::grid::TensorMode::new(
+            a.str("--target-tensor-parallel-mode").unwrap_or("1d"),
+            a.usize("--target-tesseract-depth")?,
+            tp,
+        )
+        .map_err(|e| Error::Config(e.to_string().replace("--t", "--target-t")))?;
         let target = Layout {
             tp,
             pp,
@@ -278,13 +287,20 @@ fn cmd_convert(rest: &[String]) -> Result<()> {
             first_stage_layers: None,
             last_stage_layers: None,
             sequence_parallel: a.has("--target-sequence-parallel"),
+            summa: match mode {
+                trident::parallel::grid::TensorMode::OneD => None,
+                trident::parallel::grid::TensorMode::Summa { q, depth } => Some((q, depth)),
+            },
         };
         let written = write_layout(&full, &dir, target)?;
         println!(
-            "converted iteration {} from tensor-parallel {} x pipeline {} to tensor-parallel {tp} x pipeline {pp}: {}",
+            "converted iteration {} from tensor-parallel {} [{}] x pipeline {} to tensor-parallel {tp} [{}] x pipeline \
+             {pp}: {}",
             full.iteration,
             full.layout.tp,
+            full.layout.tensor_mode().describe(),
             full.layout.pp,
+            target.tensor_mode().describe(),
             written.display()
         );
     }

@@ -67,7 +67,16 @@ impl ParamInfo {
         );
         shape[dim] /= parts;
         let partition = (parts > 1).then_some(Partition { dim, rank, parts });
-        ParamInfo { name, shape, full_shape, init, partition, partition2: None, sequence_parallel: false, tied_copy: false }
+        ParamInfo {
+            name,
+            shape,
+            full_shape,
+            init,
+            partition,
+            partition2: None,
+            sequence_parallel: false,
+            tied_copy: false,
+        }
     }
 
     /// A matrix split into a grid of blocks: `(rank, parts)` along dimension 0 and along
@@ -80,7 +89,12 @@ impl ParamInfo {
         (r1, p1): (usize, usize),
     ) -> ParamInfo {
         let mut info = ParamInfo::split(name, full_shape, init, 0, r0, p0);
-        assert!(info.shape[1].is_multiple_of(p1), "{}: dimension 1 of {:?} does not split {p1} ways", info.name, info.full_shape);
+        assert!(
+            info.shape[1].is_multiple_of(p1),
+            "{}: dimension 1 of {:?} does not split {p1} ways",
+            info.name,
+            info.full_shape
+        );
         info.shape[1] /= p1;
         info.partition2 = (p1 > 1).then_some(Partition { dim: 1, rank: r1, parts: p1 });
         info
@@ -105,7 +119,8 @@ impl ParamInfo {
             (p0, p1) => {
                 // A block of a matrix: offset both coordinates.
                 let (r, c) = (local / self.shape[1], local % self.shape[1]);
-                let off = |p: Option<Partition>, d: usize| p.filter(|p| p.dim == d).map_or(0, |p| p.rank * self.shape[d]);
+                let off =
+                    |p: Option<Partition>, d: usize| p.filter(|p| p.dim == d).map_or(0, |p| p.rank * self.shape[d]);
                 let (r, c) = (r + off(p0, 0) + off(p1, 0), c + off(p0, 1) + off(p1, 1));
                 r * self.full_shape[1] + c
             }

@@ -574,7 +574,7 @@ fn load_checkpoint(
     if saved_mode != grid.tensor_mode.describe() {
         return Err(Error::Config(format!(
             "{} was written with --tensor-parallel-mode {saved_mode}; this run uses {}: resume with the layout it \
-             was saved with",
+             was saved with, or reshard it with `trident convert --target-tensor-parallel-mode`",
             path.display(),
             grid.tensor_mode.describe()
         )));
@@ -1192,11 +1192,11 @@ fn log_comm(
 /// predicted (from parameter counts, the data-parallel sharding and the schedule's in-flight
 /// bound) beside measured (the buffers held, and the process's peak resident memory).
 fn log_memory(dev: &CpuDevice, groups: &Groups, chunks: &[Chunk], cfg: &TrainConfig, bound: usize, say: bool) {
-    let grid = &groups.grid;
     let params: usize = chunks.iter().map(|c| c.model.params.num_elements()).sum();
-    let zero = cfg.use_distributed_optimizer && grid.dp > 1;
+    let replicas = groups.replica.size();
+    let zero = cfg.use_distributed_optimizer && replicas > 1;
     let predicted_state = if zero {
-        chunks.iter().map(|c| 8 * c.model.params.num_elements().div_ceil(grid.dp)).sum::<usize>()
+        chunks.iter().map(|c| 8 * c.model.params.num_elements().div_ceil(replicas)).sum::<usize>()
     } else {
         8 * params
     };

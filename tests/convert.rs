@@ -68,6 +68,87 @@ fn resharded_checkpoints_continue_the_original_run() {
 }
 
 #[test]
+fn summa_checkpoints_resume_bit_exactly_and_convert_to_and_from_1d() {
+    // A 2-D checkpoint resumes with the uninterrupted run's losses bit for bit, converts to 1-D
+    // and to 2.5-D (and the 2.5-D one back to 2-D, tensor for tensor), and every conversion
+    // continues the original losses; a mismatched mode is one clear error.
+    let dir = scratch("convert-summa");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    let train = |ranks: usize, layout: &[&str], extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--data-path",
+            &data,
+            "--train-iters",
+            "8",
+            "--seq-length",
+            "32",
+            "--micro-batch-size",
+            "4",
+            "--global-batch-size",
+            "8",
+            "--log-interval",
+            "1",
+            "--eval-iters",
+            "0",
+        ];
+        args.extend_from_slice(layout);
+        args.extend_from_slice(extra);
+        if ranks == 1 {
+            run(&args)
+        } else {
+            mpirun(ranks, &args)
+        }
+    };
+    let two_d = ["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"];
+    let two_half = ["--tensor-model-parallel-size", "8", "--tensor-parallel-mode", "2.5d", "--tesseract-depth", "2"];
+    ok(train(4, &two_d, &["--log-json", &p("whole.jsonl")]));
+    ok(train(4, &two_d, &["--save", &p("orig"), "--exit-interval", "4"]));
+    ok(train(4, &two_d, &["--load", &p("orig"), "--log-json", &p("resumed.jsonl")]));
+    let whole = loss_values(Path::new(&p("whole.jsonl")));
+    let resumed = loss_values(Path::new(&p("resumed.jsonl")));
+    assert_eq!(resumed.len(), 4);
+    for (a, b) in resumed.iter().zip(&whole[4..]) {
+        assert_eq!(a.to_bits(), b.to_bits(), "resumed 2-D loss {a} vs uninterrupted {b}");
+    }
+
+    ok(run(&["convert", "--load", &p("orig"), "--save", &p("one")]));
+    let to_25 = ["--target-tensor-parallel-size", "8", "--target-tensor-parallel-mode", "2.5d"];
+    ok(run(&[
+        "convert",
+        "--load",
+        &p("orig"),
+        "--save",
+        &p("t25"),
+        to_25[0],
+        to_25[1],
+        to_25[2],
+        to_25[3],
+        "--target-tesseract-depth",
+        "2",
+    ]));
+    let to_2d = ["--target-tensor-parallel-size", "4", "--target-tensor-parallel-mode", "2d"];
+    ok(run(&["convert", "--load", &p("t25"), "--save", &p("back"), to_2d[0], to_2d[1], to_2d[2], to_2d[3]]));
+    let (a, b) = (read_full(Path::new(&p("orig"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
+    for (name, values) in &a.tensors {
+        assert!(values.iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} changed");
+    }
+
+    ok(train(1, &[], &["--load", &p("one"), "--log-json", &p("one.jsonl")]));
+    ok(train(8, &two_half, &["--load", &p("t25"), "--log-json", &p("t25.jsonl")]));
+    for name in ["one.jsonl", "t25.jsonl"] {
+        let got = loss_values(Path::new(&p(name)));
+        assert_eq!(got.len(), 4, "{name}");
+        for (a, b) in got.iter().zip(&whole[4..]) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: {a} vs the 2-D run's {b}");
+        }
+    }
+    let o = train(1, &[], &["--load", &p("orig")]);
+    assert_clean_error(&o, &["--tensor-parallel-mode 2d (q 2)", "trident convert"]);
+}
+
+#[test]
 fn hugging_face_export_and_import_round_trip_bit_exactly() {
     let dir = scratch("hf");
     let data = prepared_corpus(&dir);

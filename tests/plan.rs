@@ -122,8 +122,9 @@ fn number(line: &str, key: &str) -> f64 {
     field(line, key).unwrap_or_else(|| panic!("no {key} in {line}")).parse().unwrap()
 }
 
-/// Plans a row as the paper ran it: its shape, GPUs and batch on A100s, fp16, and without a
-/// distributed optimizer (Megatron had none in 2021), everything else the planner's choice.
+/// Plans a row as the paper ran it: its shape, GPUs and batch on A100s, fp16, Megatron's 1-D
+/// tensor parallelism, and without a distributed optimizer (Megatron had none in 2021), everything
+/// else the planner's choice.
 fn plan_row(r: &Row) -> String {
     let (l, h, a, g, b) =
         (r.layers.to_string(), r.hidden.to_string(), r.heads.to_string(), r.gpus.to_string(), r.batch.to_string());
@@ -149,6 +150,8 @@ fn plan_row(r: &Row) -> String {
         "fp16",
         "--zero1",
         "off",
+        "--tensor-parallel-mode",
+        "1d",
         "--json",
         "--top",
         "1",
@@ -293,8 +296,47 @@ fn bad_input_is_one_clear_line() {
             "8",
             "--tensor-model-parallel-size",
             "8",
+            "--tensor-parallel-mode",
+            "1d",
         ]),
         &["--tensor-model-parallel-size 8", "12 attention heads"],
+    );
+    // A pinned size that is no SUMMA grid, and a grid whose side does not split the heads.
+    assert_clean_error(
+        &plan(&[
+            "--model",
+            "gpt2-124m",
+            "--gpus",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--tensor-model-parallel-size",
+            "8",
+            "--tensor-parallel-mode",
+            "2d",
+        ]),
+        &["--tensor-model-parallel-size 8", "--tensor-parallel-mode 2d"],
+    );
+    assert_clean_error(
+        &plan(&[
+            "--num-layers",
+            "4",
+            "--hidden-size",
+            "576",
+            "--num-attention-heads",
+            "9",
+            "--seq-length",
+            "1024",
+            "--gpus",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--tensor-model-parallel-size",
+            "4",
+            "--tensor-parallel-mode",
+            "2d",
+        ]),
+        &["--tensor-model-parallel-size 4", "9 attention heads", "q = 2"],
     );
     assert_clean_error(
         &plan(&[
@@ -351,4 +393,43 @@ fn help_lists_the_flags() {
     {
         assert!(out.contains(flag), "{flag} missing:\n{out}");
     }
+}
+
+#[test]
+fn two_and_two_and_a_half_d_layouts_are_planned_with_their_volumes() {
+    // GPT-3 175B on 1024 A100s with a tensor-parallel group of 16 (two nodes): every mode that
+    // can split the model is priced, and the report says which beats 1-D.
+    let o = run(&[
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--tensor-model-parallel-size",
+        "16",
+        "--json",
+        "--top",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for mode in ["\"tp_mode\":\"1d\"", "\"tp_mode\":\"2d\"", "\"tp_mode\":\"2.5d\""] {
+        assert!(out.contains(mode), "no {mode} layout in the plan");
+    }
+    let text = run(&[
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--gpus",
+        "1024",
+        "--global-batch-size",
+        "1536",
+        "--tensor-model-parallel-size",
+        "16",
+    ]);
+    let text = stdout(&text);
+    assert!(text.contains("tensor-parallel modes: best 1d"), "{text}");
+    assert!(text.contains("2.5d: best is") && (text.contains("beats 1d") || text.contains("trails 1d")), "{text}");
 }

@@ -6,6 +6,7 @@
 use super::{SavedTensor, Shard};
 use crate::error::{Error, Result};
 use crate::model::{ChunkPlan, GptConfig, ModelParallel};
+use crate::parallel::grid::{SummaCoord, TensorMode};
 use crate::parallel::pipeline::chunk_layers;
 use crate::train::model_from_shard;
 use std::collections::BTreeMap;
@@ -21,9 +22,23 @@ pub struct Layout {
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub sequence_parallel: bool,
+    /// A SUMMA grid (side q, depth d) under 2-D / 2.5-D tensor parallelism; None under 1-D.
+    pub summa: Option<(usize, usize)>,
 }
 
 impl Layout {
+    /// How tensor-parallel rank `tp_rank` of this layout splits the model.
+    pub fn model_parallel(&self, tp_rank: usize) -> ModelParallel {
+        let mut mp = ModelParallel::one_d(self.tp, tp_rank, self.sequence_parallel);
+        mp.summa = self.summa.map(|(q, d)| SummaCoord::of(tp_rank, q, d));
+        mp
+    }
+
+    /// `1d`, `2d (q 2)`, `2.5d (q 2, depth 2)`: what checkpoints record.
+    pub fn tensor_mode(&self) -> TensorMode {
+        self.summa.map_or(TensorMode::OneD, |(q, depth)| TensorMode::Summa { q, depth })
+    }
+
     /// The chunks pipeline stage `pp_rank` holds.
     pub fn plans(&self, cfg: &GptConfig, pp_rank: usize) -> Result<Vec<ChunkPlan>> {
         (0..self.chunks)
@@ -73,6 +88,10 @@ fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
         first_stage_layers: optional("decoder_first_pipeline_num_layers")?,
         last_stage_layers: optional("decoder_last_pipeline_num_layers")?,
         sequence_parallel: shard.meta_value(path, "sequence_parallel").unwrap_or(false),
+        summa: match count("summa_q").unwrap_or(0) {
+            0 => None,
+            q => Some((q, count("tesseract_depth")?)),
+        },
     })
 }
 
@@ -97,7 +116,7 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     for tp_rank in 0..layout.tp {
         for pp_rank in 0..layout.pp {
             let (_, path, shard) = super::load_latest(dir, &super::shard_name(tp_rank, pp_rank, layout.pp))?;
-            let mp = ModelParallel::one_d(layout.tp, tp_rank, layout.sequence_parallel);
+            let mp = layout.model_parallel(tp_rank);
             for (c, plan) in layout.plans(&model, pp_rank)?.iter().enumerate() {
                 for info in model.chunk_parameters(&mp, plan).iter().filter(|i| !i.tied_copy) {
                     for prefix in PREFIXES {
@@ -127,12 +146,11 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
 /// Writes `full` as a checkpoint of layout `target` in `dir`. Returns the iteration directory.
 pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result<PathBuf> {
     let cfg = &full.model;
-    let mp0 = ModelParallel::one_d(target.tp, 0, target.sequence_parallel);
-    cfg.validate_parallel(&mp0, 0)?;
+    cfg.validate_parallel(&target.model_parallel(0), 0)?;
     super::begin(dir, full.iteration)?;
     for tp_rank in 0..target.tp {
         for pp_rank in 0..target.pp {
-            let mp = ModelParallel { tp_rank, ..mp0 };
+            let mp = target.model_parallel(tp_rank);
             let mut shard = Shard { meta: full.meta.clone(), tensors: Vec::new() };
             for (k, v) in [
                 ("tensor_model_parallel_size", target.tp.to_string()),
@@ -146,6 +164,9 @@ pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result
                 ),
                 ("decoder_last_pipeline_num_layers", target.last_stage_layers.map_or("none".into(), |n| n.to_string())),
                 ("sequence_parallel", target.sequence_parallel.to_string()),
+                ("tensor_parallel_mode", target.tensor_mode().describe()),
+                ("summa_q", target.summa.map_or(0, |(q, _)| q).to_string()),
+                ("tesseract_depth", target.summa.map_or(0, |(_, d)| d).to_string()),
             ] {
                 shard.meta.insert(k.to_string(), v);
             }

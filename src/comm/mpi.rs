@@ -346,7 +346,13 @@ impl Comm for MpiComm {
             );
             req.assume_init()
         };
-        Box::new(PendingAllReduce { send: Vec::new(), recv: buf, req, oversubscribed: self.oversubscribed, done: false })
+        Box::new(PendingAllReduce {
+            send: Vec::new(),
+            recv: buf,
+            req,
+            oversubscribed: self.oversubscribed,
+            done: false,
+        })
     }
 
     fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {

@@ -24,7 +24,12 @@ impl ThreadComm {
     pub fn group(size: usize) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared { barrier: Barrier::new(size), slots: Mutex::new(vec![Vec::new(); size]) });
         (0..size)
-            .map(|rank| ThreadComm { rank, size, shared: shared.clone(), counters: Mutex::new(CommCounters::default()) })
+            .map(|rank| ThreadComm {
+                rank,
+                size,
+                shared: shared.clone(),
+                counters: Mutex::new(CommCounters::default()),
+            })
             .collect()
     }
 
@@ -142,7 +147,14 @@ impl Comm for ThreadComm {
 pub fn run_group<T: Send>(size: usize, f: impl Fn(usize, &ThreadComm) -> T + Sync) -> Vec<T> {
     let comms = ThreadComm::group(size);
     std::thread::scope(|s| {
-        let handles: Vec<_> = comms.iter().enumerate().map(|(r, c)| { let f = &f; s.spawn(move || f(r, c)) }).collect();
+        let handles: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let f = &f;
+                s.spawn(move || f(r, c))
+            })
+            .collect();
         handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
     })
 }

@@ -492,7 +492,9 @@ fn linear_out_backward<D: Device>(
             let d_out = gathered(dev, tp, d_resid, d_full);
             dev.linear_backward(Some(d_inp), dweight, Some(dbias), d_out, inp, weight, r.full, k / tp.size(), n);
         }
-        Some((s, _)) => s.linear_backward(dev, Some(d_inp), dweight, Some(dbias), d_resid, inp, weight, r.full, k, n, sc),
+        Some((s, _)) => {
+            s.linear_backward(dev, Some(d_inp), dweight, Some(dbias), d_resid, inp, weight, r.full, k, n, sc)
+        }
     }
 }
 
@@ -568,7 +570,19 @@ fn layer_forward<'w, D: Device>(
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
     linear_out_forward(dev, tp, sc, &mut la.resid_mid, x_in, attn, w(PROJ_W), w(PROJ_B), tmp, r, (h, h));
-    ln_forward(dev, tp, sc, &mut la.ln2, &mut la.ln2_mean, &mut la.ln2_rstd, &la.resid_mid, w(LN2_W), w(LN2_B), r.local, h);
+    ln_forward(
+        dev,
+        tp,
+        sc,
+        &mut la.ln2,
+        &mut la.ln2_mean,
+        &mut la.ln2_rstd,
+        &la.resid_mid,
+        w(LN2_W),
+        w(LN2_B),
+        r.local,
+        h,
+    );
     linear_in_forward(dev, tp, sc, &mut la.fc1, (&la.ln2, &mut la.ln2_full), w(FC1_W), w(FC1_B), r, (h, f));
     dev.gelu_forward(&mut la.gelu, &la.fc1);
     let Some(x_out) = x_out else { return };
@@ -1067,7 +1081,20 @@ impl<D: Device> Gpt<D> {
                     let d_ln2 = linear_in_backward(dev, tp, sc, d, gs, &a.d_ffn2, ln2, w(FC1_W), r, (h, f));
                     let gs = pair_mut(g, lay.layer(l, LN2_W), lay.layer(l, LN2_B));
                     let (mean, rstd) = (&la.ln2_mean, &la.ln2_rstd);
-                    ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_ln2, &la.resid_mid, w(LN2_W), mean, rstd, r.local, h);
+                    ln_backward(
+                        dev,
+                        tp,
+                        sc,
+                        &mut a.d_resid,
+                        gs,
+                        d_ln2,
+                        &la.resid_mid,
+                        w(LN2_W),
+                        mean,
+                        rstd,
+                        r.local,
+                        h,
+                    );
                 }
                 // Attention: d_resid now holds the gradient of the mid-block residual.
                 let gs = pair_mut(g, lay.layer(l, PROJ_W), lay.layer(l, PROJ_B));

@@ -276,7 +276,8 @@ impl GptConfig {
         let std = self.init_method_std;
         let scaled = std / (2.0 * self.num_layers as f64).sqrt();
         let (i, j) = (c.row, c.col);
-        let matrix = |name: String, n: usize, k: usize, init: Init| ParamInfo::block(name, vec![n, k], init, (j, q), (i, q));
+        let matrix =
+            |name: String, n: usize, k: usize, init: Init| ParamInfo::block(name, vec![n, k], init, (j, q), (i, q));
         let vector = |name: String, n: usize, init: Init| ParamInfo::split(name, vec![n], init, 0, j * q + i, q * q);
         let word = || {
             ParamInfo::block(

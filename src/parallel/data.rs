@@ -146,13 +146,7 @@ pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut Par
 /// counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated parameter
 /// on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all, nothing on the
 /// depth copies of 2.5-D (`counts` false); summed over the model-parallel group.
-pub fn global_grad_norm<D: Device>(
-    dev: &D,
-    sets: &[&ParamSet<D>],
-    tp_rank: usize,
-    counts: bool,
-    mp: &dyn Comm,
-) -> f64 {
+pub fn global_grad_norm<D: Device>(dev: &D, sets: &[&ParamSet<D>], tp_rank: usize, counts: bool, mp: &dyn Comm) -> f64 {
     let local: f64 = sets
         .iter()
         .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))

@@ -41,7 +41,9 @@ impl TensorMode {
                         ))
                     }
                     ("2d", None) => 1,
-                    (_, None) => return Err(Error::Config("--tensor-parallel-mode 2.5d needs --tesseract-depth d".into())),
+                    (_, None) => {
+                        return Err(Error::Config("--tensor-parallel-mode 2.5d needs --tesseract-depth d".into()))
+                    }
                     (_, Some(d)) => depth_flag(d)?,
                 };
                 let q = (1..=t).find(|q| q * q * d >= t).unwrap_or(1);
@@ -49,7 +51,12 @@ impl TensorMode {
                     let what = if d == 1 {
                         "a square q x q grid with q >= 2 (4, 9, 16, ...)".to_string()
                     } else {
-                        format!("d x q x q with --tesseract-depth {d} and q >= 2 ({}, {}, {}, ...)", 4 * d, 9 * d, 16 * d)
+                        format!(
+                            "d x q x q with --tesseract-depth {d} and q >= 2 ({}, {}, {}, ...)",
+                            4 * d,
+                            9 * d,
+                            16 * d
+                        )
                     };
                     return Err(Error::Config(format!(
                         "--tensor-model-parallel-size {t} does not form {what}, which --tensor-parallel-mode {mode} needs"

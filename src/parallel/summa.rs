@@ -196,7 +196,15 @@ impl Summa<'_> {
             &*full
         });
         debug_assert_eq!(q * kb, k);
-        dev.linear_forward(out, s.a_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"), bias, m, k, nb);
+        dev.linear_forward(
+            out,
+            s.a_panel.as_ref().expect("gathered"),
+            s.w_panel.as_ref().expect("gathered"),
+            bias,
+            m,
+            k,
+            nb,
+        );
     }
 
     /// Both backward products: `dinp [m, k/q] = (dout · weight)` reduce-scattered along the row
@@ -289,7 +297,15 @@ impl Summa<'_> {
             dev.upload(ensure(dev, &mut s.a_panel, m * kb), &a);
             dev.upload(ensure(dev, &mut s.w_panel, nb * kb), &w);
             let part = ensure(dev, &mut s.d_panel, m * nb);
-            dev.linear_forward(part, s.a_panel.as_ref().expect("set"), s.w_panel.as_ref().expect("set"), None, m, kb, nb);
+            dev.linear_forward(
+                part,
+                s.a_panel.as_ref().expect("set"),
+                s.w_panel.as_ref().expect("set"),
+                None,
+                m,
+                kb,
+                nb,
+            );
             dev.add_assign(out, s.d_panel.as_ref().expect("computed"));
         }
     }
@@ -535,8 +551,7 @@ mod tests {
             (3, 5, 9, 18, Algorithm::Broadcast),
         ] {
             // The whole problem: rows = q batch blocks of m rows each.
-            let (x, w, b, dy) =
-                (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
+            let (x, w, b, dy) = (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
             let mut y = dev.alloc(q * m * n);
             let up = |v: &[f32]| {
                 let mut buf = dev.alloc(v.len());
@@ -564,7 +579,19 @@ mod tests {
                 let mut yi = dev.alloc(m * nb);
                 s.linear_forward(&dev, &mut yi, &xi, &wi, Some(&bi), m, k, n, &mut scratch);
                 let (mut dxi, mut dwi, mut dbi) = (dev.alloc(m * kb), dev.alloc(nb * kb), dev.alloc(nb / q));
-                s.linear_backward(&dev, Some(&mut dxi), &mut dwi, Some(&mut dbi), &dyi, &xi, &wi, m, k, n, &mut scratch);
+                s.linear_backward(
+                    &dev,
+                    Some(&mut dxi),
+                    &mut dwi,
+                    Some(&mut dbi),
+                    &dyi,
+                    &xi,
+                    &wi,
+                    m,
+                    k,
+                    n,
+                    &mut scratch,
+                );
                 let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
                 (c, f(yi), f(dxi), f(dwi), f(dbi))
             });

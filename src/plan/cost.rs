@@ -96,9 +96,15 @@ struct Dims {
     a: f64,
     f: f64,
     v: f64,
+    /// Ranks the layer's work and (SUMMA) activations are split over: the TP group.
     t: f64,
+    /// Ways the weights are split: t under 1-D, q² under SUMMA.
+    tw: f64,
+    /// The SUMMA grid side and depth.
+    summa: Option<(f64, f64)>,
     p: usize,
     layers_per_stage: f64,
+    /// Activations split over all t ranks (sequence parallelism, or any SUMMA grid).
     sp: bool,
     /// Element bytes / 2: the reference formulas count 16-bit activations.
     scale: f64,
@@ -112,10 +118,12 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
         a: shape.num_attention_heads as f64,
         f: shape.ffn_hidden_size as f64,
         v: shape.padded_vocab_size as f64,
-        t: layout.tp_degree() as f64,
+        t: layout.tp as f64,
+        tw: layout.tp_degree() as f64,
+        summa: layout.summa().map(|(q, d)| (q as f64, d as f64)),
         p: layout.pp,
         layers_per_stage: (shape.num_layers / layout.pp) as f64,
-        sp: layout.sequence_parallel && layout.tp > 1,
+        sp: (layout.sequence_parallel && layout.tp > 1) || layout.summa().is_some(),
         scale: bytes(precision).element / 2.0,
     }
 }
@@ -144,16 +152,21 @@ fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
 /// LayerNorm and (when it is not also the first) its copy of the tied word embedding.
 fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
     let (h, f) = (d.h, d.f);
-    let replicated = 6.0 * h; // two LayerNorms, the projection and fc2 biases
-    let per_layer = (layer_parameters(h, f) - replicated) / d.t + replicated;
+    // 1-D replicates two LayerNorms and the projection and fc2 biases; SUMMA shards everything
+    // (and the position table) over its q² blocks.
+    let (replicated, positions) = match d.summa {
+        None => (6.0 * h, shape.max_position_embeddings as f64 * h),
+        Some(_) => (0.0, shape.max_position_embeddings as f64 * h / d.tw),
+    };
+    let per_layer = (layer_parameters(h, f) - replicated) / d.tw + replicated;
     let mut n = d.layers_per_stage * per_layer;
     if first {
-        n += d.v * h / d.t + shape.max_position_embeddings as f64 * h;
+        n += d.v * h / d.tw + positions;
     }
     if last {
-        n += 2.0 * h;
+        n += if d.summa.is_some() { 2.0 * h / d.tw } else { 2.0 * h };
         if !first {
-            n += d.v * h / d.t;
+            n += d.v * h / d.tw;
         }
     }
     n
@@ -184,8 +197,13 @@ pub fn memory(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     let working = if layout.recompute == Recompute::Full { layer_activation_bytes(&d, Recompute::None) } else { 0.0 };
     // The loss needs fp32 logits over this rank's vocabulary shard and the final hidden states
     // (Megatron's 4sbh(1 + V/h) with the vocabulary split over TP).
-    let logits = 4.0 * d.s * d.b * (d.h + d.v / d.t);
-    let optimizer_share = if layout.zero1 { 1.0 / layout.dp as f64 } else { 1.0 };
+    let logits = match d.summa {
+        None => 4.0 * d.s * d.b * (d.h + d.v / d.t),
+        Some(_) => 4.0 * d.s * d.b * (d.h + d.v) / d.t,
+    };
+    // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
+    let replicas = (layout.dp * layout.tp_mode.summa_depth()) as f64;
+    let optimizer_share = if layout.zero1 { 1.0 / replicas } else { 1.0 };
     let stage = |first: bool, last: bool, in_flight: f64| {
         let params = stage_parameters(shape, &d, first, last);
         let mut acts = in_flight * d.layers_per_stage * stored + working;
@@ -275,9 +293,25 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     let tp = Placement::strided(layout.tp, 1, g);
     // Embedding forward and output-layer input-gradient all-reduces, and the loss's three small
     // all-reduces of per-token statistics.
-    let embedding_comm = machine.collective_s(Collective::AllReduce, activation_bytes, tp);
-    let loss_comm = machine.collective_s(Collective::AllReduce, activation_bytes, tp)
-        + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * d.s * d.b, tp);
+    // Under SUMMA: the embedding's reduce-scatter and gather down the column, the output layer as
+    // one SUMMA product, the loss's statistics along the row.
+    let (embedding_comm, loss_comm) = match d.summa {
+        None => (
+            machine.collective_s(Collective::AllReduce, activation_bytes, tp),
+            machine.collective_s(Collective::AllReduce, activation_bytes, tp)
+                + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * d.s * d.b, tp),
+        ),
+        Some((q, depth)) => {
+            let (row, col) = summa_groups(layout, g);
+            let rows_per_rank = d.s * d.b / (depth * q);
+            let column_rows = rows_per_rank * q * d.h / q * by.element;
+            (
+                2.0 * machine.collective_s(Collective::ReduceScatter, column_rows, col),
+                summa_linear_s(machine, rows_per_rank, d.h, d.v, q, by.element, 3.0, (row, col))
+                    + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * rows_per_rank, row),
+            )
+        }
+    };
 
     // Pipeline messages: each stage receives an activation and sends a gradient per micro-batch
     // and chunk (sequence-sharded under SP). Stages are tp * dp ranks apart.
@@ -310,7 +344,10 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     // the step, neither overlapped.
     let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
     let grad_bytes = params * 4.0;
-    let dp_group = Placement::strided(layout.dp, layout.tp, g);
+    // Gradients are summed over data-parallel x depth: under 2.5-D the depth copies of a shard
+    // sit q² ranks apart, then the data-parallel replicas (d q² apart), so one stride of q².
+    let replicas = layout.dp * layout.tp_mode.summa_depth();
+    let dp_group = Placement::strided(replicas, layout.tp_degree(), g);
     let dp_comm = if layout.zero1 {
         machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group)
             + machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
@@ -320,7 +357,7 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     };
     // The two copies of the tied word embedding (first and last stage) are summed every step.
     let tied = if d.p > 1 {
-        let embedding_grad = d.v * d.h / d.t * 4.0;
+        let embedding_grad = d.v * d.h / d.tw * 4.0;
         machine.collective_s(
             Collective::AllReduce,
             embedding_grad,
@@ -330,7 +367,7 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
         0.0
     };
     // AdamW reads gradient, master weights and both moments, writes weights and moments.
-    let updated = if layout.zero1 { params / layout.dp as f64 } else { params };
+    let updated = if layout.zero1 { params / replicas as f64 } else { params };
     let optimizer = updated * (4.0 * 4.0 + 3.0 * 4.0 + by.weight) / hbm;
 
     Timing {
@@ -363,7 +400,48 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
                     Placement::strided(layout.tp, 1, machine.gpus_per_node),
                 )
         }
+        TpMode::Summa { q, depth } => {
+            // Per linear layer, panel SUMMA: the input panel all-gathered along the row and the
+            // weight panel down the column, forward and again in backward, and the two partial
+            // gradients reduce-scattered (3(q-1)(MK + KN)/q² elements, tp-advanced.md §1.4,
+            // §2.3); full recompute repeats the forward gathers.
+            let (qf, df) = (q as f64, depth as f64);
+            let rows = d.s * d.b / (df * qf);
+            let element = 2.0 * d.scale;
+            let passes = if layout.recompute == Recompute::Full { 4.0 } else { 3.0 };
+            let groups = summa_groups(layout, machine.gpus_per_node);
+            [(d.h, 3.0 * d.h), (d.h, d.h), (d.h, d.f), (d.f, d.h)]
+                .iter()
+                .map(|&(k, n)| summa_linear_s(machine, rows, k, n, qf, element, passes, groups))
+                .sum()
+        }
     }
+}
+
+/// The row group (q adjacent ranks) and column group (q ranks, q apart) of a SUMMA layout.
+fn summa_groups(layout: &Layout, gpus_per_node: usize) -> (Placement, Placement) {
+    let q = layout.summa().map_or(1, |(q, _)| q);
+    (Placement::strided(q, 1, gpus_per_node), Placement::strided(q, q, gpus_per_node))
+}
+
+/// Seconds of one SUMMA product `[rows, k] x [n, k]ᵀ` on a q x q grid, `passes` times each
+/// operand's panel collective (3: forward gather, backward gather and reduce-scatter).
+#[allow(clippy::too_many_arguments)]
+fn summa_linear_s(
+    machine: &Machine,
+    rows: f64,
+    k: f64,
+    n: f64,
+    q: f64,
+    element: f64,
+    passes: f64,
+    (row, col): (Placement, Placement),
+) -> f64 {
+    let input_panel = rows * k * element;
+    let weight_panel = n / q * k * element;
+    passes
+        * (machine.collective_s(Collective::AllGather, input_panel, row)
+            + machine.collective_s(Collective::AllGather, weight_panel, col))
 }
 
 #[cfg(test)]
@@ -402,6 +480,26 @@ mod tests {
     /// and the position embedding 1,048,576: 14,699,520 parameters, at 2 + 4 + 12 bytes.
     /// Activations per layer and micro-batch: sbh (10 + (24 + 5as/h)/t) = 2,097,152 x 62 =
     /// 130,023,424 bytes; 1F1B's first stage holds min(p, m) = 2 micro-batches of 2 layers.
+    #[test]
+    fn summa_time_is_the_volume_formula_over_the_link() {
+        // Bandwidth only (no latency), inside one node: time x bandwidth / element bytes is the
+        // per-rank volume 3(q-1)/q² (7 bsh/d + 12 h²) of tp-advanced.md §2.3 (f = 4h).
+        let mut m = crate::plan::hardware::machine("a100").unwrap();
+        m.intra.latency_s = 0.0;
+        m.gpus_per_node = 64;
+        let shape = small();
+        for (q, depth) in [(2usize, 1usize), (2, 2), (4, 1)] {
+            let layout =
+                Layout { tp_mode: TpMode::Summa { q, depth }, tp: q * q * depth, ..layout(1, Recompute::None, false) };
+            let d = dims(&shape, &layout, Precision::Bf16);
+            let seconds = tp_layer_comm_s(&d, &layout, &m);
+            let elements = seconds * m.intra.bytes_per_s / 2.0;
+            let (q, depth) = (q as f64, depth as f64);
+            let formula = 3.0 * (q - 1.0) / (q * q) * (7.0 * d.b * d.s * d.h / depth + 12.0 * d.h * d.h);
+            assert!((elements - formula).abs() <= 1e-6 * formula, "q {q} d {depth}: {elements} vs {formula}");
+        }
+    }
+
     #[test]
     fn memory_matches_a_hand_computed_case() {
         let m = memory(&small(), &layout(1, Recompute::None, false), Precision::Bf16, 8);

@@ -4,8 +4,8 @@
 //! ones that do not fit, and ranks the rest. Pure functions: no MPI, no device, so it runs on a
 //! login node and in the `--no-default-features` build.
 //!
-//! The comm-cost model and the layout carry a `TpMode`, so 2-D / 2.5-D tensor parallelism
-//! (tp-advanced.md §1-2) can be added as new variants with their own volumes and memory divisors.
+//! The layout carries a `TpMode`: Megatron's 1-D split, or 2-D / 2.5-D SUMMA grids
+//! (tp-advanced.md §1-2) with their own communication volumes and memory divisors.
 
 pub mod cost;
 pub mod hardware;
@@ -47,20 +47,47 @@ impl Precision {
     }
 }
 
-/// How a layer's matrices are split over the tensor-parallel group. Only Megatron's 1-D split is
-/// built; 2-D (SUMMA on a q x q grid) and 2.5-D ([q, q, d]) arrive with
-/// `--tensor-parallel-mode` and add variants here, their volumes in `cost::tp_layer_comm_s` and
-/// their activation divisors in `cost::layer_activation_bytes`.
+/// How a layer's matrices are split over the tensor-parallel group (`--tensor-parallel-mode`):
+/// Megatron's 1-D split, or a SUMMA grid of q x q (2-D, depth 1) or d stacked q x q grids (2.5-D)
+/// whose weights are split q² ways and whose activations and work are split over all d q² ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TpMode {
     OneD,
+    Summa { q: usize, depth: usize },
 }
 
 impl TpMode {
+    /// Depth copies of each weight shard (1 except under 2.5-D).
+    pub fn summa_depth(self) -> usize {
+        match self {
+            TpMode::OneD => 1,
+            TpMode::Summa { depth, .. } => depth,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             TpMode::OneD => "1d",
+            TpMode::Summa { depth: 1, .. } => "2d",
+            TpMode::Summa { .. } => "2.5d",
         }
+    }
+
+    /// The modes a tensor-parallel group of `t` ranks can take: 1-D, 2-D when t = q², and 2.5-D
+    /// for every depth d >= 2 with t = d q² (q >= 2).
+    pub fn for_group(t: usize) -> Vec<TpMode> {
+        let mut out = vec![TpMode::OneD];
+        for depth in 1..=t {
+            if !t.is_multiple_of(depth) {
+                continue;
+            }
+            let r = t / depth;
+            let q = (r as f64).sqrt().round() as usize;
+            if q >= 2 && q * q == r {
+                out.push(TpMode::Summa { q, depth });
+            }
+        }
+        out
     }
 }
 
@@ -80,10 +107,20 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The factor by which TP divides a layer's weights and work (t for 1-D).
+    /// The factor by which TP divides a layer's weights (t for 1-D, q² for SUMMA: the depth
+    /// layers of 2.5-D hold copies). Work and activations are split over all `tp` ranks.
     pub fn tp_degree(&self) -> usize {
         match self.tp_mode {
             TpMode::OneD => self.tp,
+            TpMode::Summa { q, .. } => q * q,
+        }
+    }
+
+    /// The SUMMA grid side and depth, if the layout has one.
+    pub fn summa(&self) -> Option<(usize, usize)> {
+        match self.tp_mode {
+            TpMode::OneD => None,
+            TpMode::Summa { q, depth } => Some((q, depth)),
         }
     }
 
@@ -110,6 +147,9 @@ pub struct Pins {
     pub vpp: Option<usize>,
     pub recompute: Option<Recompute>,
     pub zero1: Option<bool>,
+    /// `--tensor-parallel-mode` (1d, 2d, 2.5d) and `--tesseract-depth`.
+    pub tp_mode: Option<&'static str>,
+    pub depth: Option<usize>,
 }
 
 /// Everything `plan` needs.
@@ -193,13 +233,29 @@ fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
-/// Why a tensor-parallel size cannot split this model on these nodes, if it cannot.
+/// Why a tensor-parallel group of `t` ranks cannot sit on these GPUs, if it cannot.
 fn tp_problem(req: &Request, t: usize) -> Option<String> {
-    let s = &req.shape;
     let g = req.machine.gpus_per_node;
     if t == 0 || !req.gpus.is_multiple_of(t) {
         return Some(format!("{t} does not divide {} GPUs", req.gpus));
     }
+    if (t <= g && !g.is_multiple_of(t)) || (t > g && !t.is_multiple_of(g)) {
+        return Some(format!("a group of {t} does not tile nodes of {g} GPUs"));
+    }
+    None
+}
+
+/// Why a tensor-parallel mode cannot split this model over `t` ranks, if it cannot.
+fn mode_problem(req: &Request, t: usize, mode: TpMode) -> Option<String> {
+    match mode {
+        TpMode::OneD => one_d_problem(req, t),
+        TpMode::Summa { q, .. } => summa_problem(req, q),
+    }
+}
+
+/// Why Megatron's 1-D split over `t` ranks cannot split this model, if it cannot.
+fn one_d_problem(req: &Request, t: usize) -> Option<String> {
+    let s = &req.shape;
     if !s.num_attention_heads.is_multiple_of(t) {
         return Some(format!("{} attention heads are not divisible by {t}", s.num_attention_heads));
     }
@@ -212,8 +268,23 @@ fn tp_problem(req: &Request, t: usize) -> Option<String> {
     if req.sequence_parallel && !s.seq_length.is_multiple_of(t) {
         return Some(format!("the sequence {} is not divisible by {t} (sequence parallelism)", s.seq_length));
     }
-    if (t <= g && !g.is_multiple_of(t)) || (t > g && !t.is_multiple_of(g)) {
-        return Some(format!("a group of {t} does not tile nodes of {g} GPUs"));
+    None
+}
+
+/// Why a SUMMA grid of side q cannot split this model, if it cannot (the same rules as
+/// `GptConfig::validate_summa`: heads by q, hidden and MLP widths by q², vocabulary by q).
+fn summa_problem(req: &Request, q: usize) -> Option<String> {
+    let s = &req.shape;
+    if !s.num_attention_heads.is_multiple_of(q) {
+        return Some(format!("{} attention heads are not divisible by q = {q}", s.num_attention_heads));
+    }
+    for (what, v) in [("hidden size", s.hidden_size), ("MLP width", s.ffn_hidden_size)] {
+        if !v.is_multiple_of(q * q) {
+            return Some(format!("the {what} {v} is not divisible by q² = {}", q * q));
+        }
+    }
+    if !s.padded_vocab_size.is_multiple_of(q) {
+        return Some(format!("the padded vocabulary {} is not divisible by q = {q}", s.padded_vocab_size));
     }
     None
 }
@@ -300,51 +371,85 @@ pub fn plan(req: &Request) -> Result<Plan> {
                     continue;
                 }
                 let m = per_rank / b;
-                let vpps: Vec<usize> = match pins.vpp {
-                    Some(v) => vec![v],
-                    None => divisors(req.shape.num_layers / p),
-                };
-                for v in vpps {
-                    if let Some(why) = vpp_problem(req, p, v, m) {
-                        if pins.vpp.is_some() {
-                            batch_problem.get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {v}: {why}"));
+                let wanted: Vec<TpMode> = TpMode::for_group(t)
+                    .into_iter()
+                    .filter(|mode| pins.tp_mode.is_none_or(|name| name == mode.name()))
+                    .filter(|mode| match (mode, pins.depth) {
+                        (TpMode::Summa { depth, .. }, Some(d)) => *depth == d,
+                        _ => true,
+                    })
+                    .collect();
+                let mut modes = Vec::new();
+                let mut why_not = None;
+                for mode in wanted {
+                    match mode_problem(req, t, mode) {
+                        None => modes.push(mode),
+                        Some(why) => {
+                            why_not.get_or_insert(why);
                         }
-                        continue;
                     }
-                    let recomputes = match pins.recompute {
-                        Some(r) => vec![r],
-                        None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+                }
+                if modes.is_empty() && pins.tp.is_some() {
+                    let why = why_not.unwrap_or_else(|| {
+                        let mode = pins.tp_mode.unwrap_or("1d");
+                        format!("{t} ranks do not form the grid --tensor-parallel-mode {mode} needs (q², or d q²)")
+                    });
+                    return Err(pinned("--tensor-model-parallel-size", t, why));
+                }
+                for mode in modes {
+                    if let TpMode::Summa { q, depth } = mode {
+                        if !b.is_multiple_of(q * depth) {
+                            continue;
+                        }
+                    }
+                    let vpps: Vec<usize> = match pins.vpp {
+                        Some(v) => vec![v],
+                        None => divisors(req.shape.num_layers / p),
                     };
-                    for recompute in recomputes {
-                        let zero1s = match pins.zero1 {
-                            Some(z) => vec![z],
-                            None if dp == 1 => vec![false],
-                            None => vec![false, true],
-                        };
-                        for zero1 in zero1s {
-                            let layout = Layout {
-                                tp_mode: TpMode::OneD,
-                                tp: t,
-                                pp: p,
-                                dp,
-                                vpp: v,
-                                micro_batch: b,
-                                recompute,
-                                zero1,
-                                sequence_parallel: req.sequence_parallel && t > 1,
-                            };
-                            let c = price(req, layout);
-                            considered += 1;
-                            let fits = c.memory.total_bytes() <= req.usable_bytes();
-                            let entry = by_tp_pp.entry((t, p)).or_insert((None, c));
-                            if c.memory.total_bytes() < entry.1.memory.total_bytes() {
-                                entry.1 = c;
+                    for v in vpps {
+                        if let Some(why) = vpp_problem(req, p, v, m) {
+                            if pins.vpp.is_some() {
+                                batch_problem
+                                    .get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {v}: {why}"));
                             }
-                            if fits {
-                                if entry.0.is_none_or(|best| better(&c, &best)) {
-                                    entry.0 = Some(c);
+                            continue;
+                        }
+                        let recomputes = match pins.recompute {
+                            Some(r) => vec![r],
+                            None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+                        };
+                        for recompute in recomputes {
+                            let replicas = dp * mode.summa_depth();
+                            let zero1s = match pins.zero1 {
+                                Some(z) => vec![z],
+                                None if replicas == 1 => vec![false],
+                                None => vec![false, true],
+                            };
+                            for zero1 in zero1s {
+                                let layout = Layout {
+                                    tp_mode: mode,
+                                    tp: t,
+                                    pp: p,
+                                    dp,
+                                    vpp: v,
+                                    micro_batch: b,
+                                    recompute,
+                                    zero1,
+                                    sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
+                                };
+                                let c = price(req, layout);
+                                considered += 1;
+                                let fits = c.memory.total_bytes() <= req.usable_bytes();
+                                let entry = by_tp_pp.entry((t, p)).or_insert((None, c));
+                                if c.memory.total_bytes() < entry.1.memory.total_bytes() {
+                                    entry.1 = c;
                                 }
-                                ranked.push(c);
+                                if fits {
+                                    if entry.0.is_none_or(|best| better(&c, &best)) {
+                                        entry.0 = Some(c);
+                                    }
+                                    ranked.push(c);
+                                }
                             }
                         }
                     }

@@ -6,8 +6,13 @@ use super::{recompute_name, Candidate, Layout, Plan, Request};
 
 /// A layout in one short phrase, for messages.
 pub fn describe(l: &Layout) -> String {
+    let mode = match l.tp_mode {
+        super::TpMode::OneD => String::new(),
+        super::TpMode::Summa { q, depth: 1 } => format!(" (2d, q {q})"),
+        super::TpMode::Summa { q, depth } => format!(" (2.5d, q {q}, depth {depth})"),
+    };
     let mut s = format!(
-        "tp {} pp {} dp {} micro-batch {} recompute {}",
+        "tp {}{mode} pp {} dp {} micro-batch {} recompute {}",
         l.tp,
         l.pp,
         l.dp,
@@ -41,7 +46,13 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
                 if c.layout.vpp > 1 { format!(", vpp {}", c.layout.vpp) } else { String::new() }
             ),
         ),
-        (t.tp_comm_s, format!("TP all-reduces ({tp_link})")),
+        (
+            t.tp_comm_s,
+            match c.layout.tp_mode {
+                super::TpMode::OneD => format!("TP all-reduces ({tp_link})"),
+                _ => format!("SUMMA gathers and reduce-scatters ({tp_link})"),
+            },
+        ),
         (
             t.dp_comm_s,
             if c.layout.zero1 {
@@ -126,9 +137,10 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
     }
     println!();
     println!(
-        "{:>4} {:>4} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10} {:>11} {:>12} {:>11}  bounded by",
+        "{:>4} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10} {:>11} {:>12} {:>11}  bounded by",
         "rank",
         "tp",
+        "mode",
         "pp",
         "dp",
         "vpp",
@@ -144,9 +156,13 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
     for (i, c) in plan.ranked.iter().take(shown).enumerate() {
         let l = &c.layout;
         println!(
-            "{:>4} {:>4} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10.1} {:>11.3} {:>12.1} {:>11.0}  {}",
+            "{:>4} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10.1} {:>11.3} {:>12.1} {:>11.0}  {}",
             i + 1,
             l.tp,
+            match l.tp_mode {
+                super::TpMode::Summa { depth, .. } if depth > 1 => format!("2.5d{depth}"),
+                m => m.name().to_string(),
+            },
             l.pp,
             l.dp,
             l.vpp,
@@ -195,6 +211,10 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
         println!("  ... and {} more", lines.len() - 10);
     }
     println!();
+    for line in mode_comparison(plan) {
+        println!("{line}");
+    }
+    println!();
     println!(
         "{} layouts priced, {} fit; best: {} at {:.3} s per iteration, {:.1} TFLOP/s per GPU ({:.0}% of peak, model FLOPs {:.1})",
         plan.considered,
@@ -209,6 +229,43 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
             },
         best.model_tflops_per_gpu()
     );
+}
+
+/// Whether 2-D and 2.5-D tensor parallelism beat Megatron's 1-D here: the best layout of each
+/// mode against the best 1-D one, and, at each tensor-parallel size both can use, which wins.
+pub fn mode_comparison(plan: &Plan) -> Vec<String> {
+    let best_of = |name: &str| plan.ranked.iter().find(|c| c.layout.tp_mode.name() == name);
+    let mut out = Vec::new();
+    let Some(one_d) = best_of("1d") else {
+        out.push("tensor-parallel modes: no 1-D layout fits".into());
+        for name in ["2d", "2.5d"] {
+            if let Some(c) = best_of(name) {
+                out.push(format!("  {name}: best is {} at {:.3} s", describe(&c.layout), c.iteration_s()));
+            }
+        }
+        return out;
+    };
+    out.push(format!("tensor-parallel modes: best 1d is {} at {:.3} s", describe(&one_d.layout), one_d.iteration_s()));
+    for name in ["2d", "2.5d"] {
+        let Some(c) = best_of(name) else {
+            out.push(format!("  {name}: no layout of this mode fits (or the grid does not divide the model)"));
+            continue;
+        };
+        let gain = one_d.iteration_s() / c.iteration_s() - 1.0;
+        // At the same tensor-parallel size, with everything else free.
+        let same_t = plan.ranked.iter().find(|o| o.layout.tp_mode.name() == "1d" && o.layout.tp == c.layout.tp);
+        let vs_same = same_t.map_or(String::new(), |o| {
+            format!("; against 1d at tp {}: {:+.1}%", o.layout.tp, 100.0 * (o.iteration_s() / c.iteration_s() - 1.0))
+        });
+        out.push(format!(
+            "  {name}: best is {} at {:.3} s, {} 1d by {:.1}%{vs_same}",
+            describe(&c.layout),
+            c.iteration_s(),
+            if gain > 0.0 { "beats" } else { "trails" },
+            100.0 * gain.abs()
+        ));
+    }
+    out
 }
 
 fn json_number(x: f64) -> String {

@@ -33,6 +33,8 @@ pub const PLAN_FLAGS: &[FlagSpec] = &[
     flag("--num-virtual-stages-per-pipeline-rank", "V", "pin the virtual stages per pipeline rank (1: plain 1F1B)"),
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
+    flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
+    flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),
     switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
     flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.65)"),
     flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
@@ -185,6 +187,16 @@ impl Request {
                 Some("off") => Some(false),
                 Some(other) => return Err(Error::flag("--zero1", format!("'{other}'"), "on or off")),
             },
+            tp_mode: match a.str("--tensor-parallel-mode") {
+                None => None,
+                Some("1d") => Some("1d"),
+                Some("2d") => Some("2d"),
+                Some("2.5d") => Some("2.5d"),
+                Some(other) => {
+                    return Err(Error::flag("--tensor-parallel-mode", format!("'{other}'"), "1d, 2d or 2.5d"))
+                }
+            },
+            depth: positive(a, "--tesseract-depth")?,
         };
         Ok(Request {
             model_name,
