@@ -89,6 +89,7 @@ bench: build
 	$(BIN) bench layernorm
 	$(BIN) bench step
 	mpirun --oversubscribe --allow-run-as-root -np 2 $(BIN) bench allreduce --max-size 256M
+	mpirun --oversubscribe --allow-run-as-root -np 4 $(BIN) bench summa --cpu-threads 1
 
 clean:
 	$(CARGO) clean

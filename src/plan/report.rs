@@ -110,8 +110,8 @@ pub fn assumptions(req: &Request) -> Vec<String> {
          scores held in memory (13 B per score forward, 2x backward, at HBM speed); activations per Korthikanti et al.; \
          16-bit weights + fp32 grads, master weights and AdamW (18 B/param, 6 + 12/dp with ZeRO-1)"
             .into(),
-        "comm: hierarchical ring collectives (alpha-beta); TP all-reduces not overlapped; DP all-reduce overlaps only \
-         the last micro-batch's backward; ZeRO-1 reduce-scatter + fp32 all-gather not overlapped; pipeline time \
+        "comm: hierarchical ring collectives (alpha-beta); TP all-reduces and SUMMA panel gathers / reduce-scatters \
+         (2-D, 2.5-D) not overlapped; DP all-reduce overlaps only the last micro-batch's backward; ZeRO-1 reduce-scatter + fp32 all-gather not overlapped; pipeline time \
          m x slowest stage + (p-1)/v x mean stage"
             .into(),
     ]
