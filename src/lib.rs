@@ -19,5 +19,6 @@ pub mod optim;
 pub mod parallel;
 pub mod real;
 pub mod rng;
+pub mod stop;
 pub mod tensor;
 pub mod train;
