@@ -121,7 +121,7 @@ check_placements() {
     printf '      rank %s: node %s local %s visible %-28s -> gpu %s (physical %s)\n' \
       "$rank" "${node:-localhost}" "$local_" "$visible" "$gpu" "$physical"
     n=$((n + 1))
-  done < <(grep -o 'placement: rank .*' "$out")
+  done < <(grep -o 'placement: rank .*' "$out" | sort -k3,3n)
   [ "$n" = "$ranks" ] || fail "$n placement lines in $out, expected $ranks"
 }
 
@@ -222,6 +222,7 @@ step "    job $(cat "$WORK/polaris.id") done in $(($(date +%s) - t)) s"
 grep -q -- "--exit-duration-in-mins 50" "$WORK/polaris.out" || fail "polaris.pbs did not derive --exit-duration-in-mins from its walltime"
 check_finished "$WORK/polaris.out" "$ITERS"
 check_placements "$WORK/polaris.out" 4 2 3,2,1,0
-grep -q "PMI_LOCAL_RANK=[0-9]* agrees" "$WORK/polaris.out" || fail "no PALS local-rank cross-check in $WORK/polaris.out"
+[ "$(grep -cE "(PALS_LOCAL_RANKID|PMI_LOCAL_RANK)=[0-9]+ agrees" "$WORK/polaris.out")" = 4 ] ||
+  fail "not every rank's PALS local rank agrees with the MPI split in $WORK/polaris.out"
 
 step "all passed in $(($(date +%s) - T0)) s"
