@@ -126,10 +126,11 @@ impl StopWatch {
         let mine = self.local_code();
         let mut code = [mine];
         world.all_reduce(&mut code, ReduceOp::Max);
-        match code[0] {
-            c if c == 0.0 => None,
-            c if c == 1.0 => Some(StopReason::Duration),
-            c => Some(StopReason::Signal((mine == c).then_some(c as i32))),
+        // The codes are small whole numbers, exact in f64.
+        match code[0] as i32 {
+            0 => None,
+            1 => Some(StopReason::Duration),
+            c => Some(StopReason::Signal((mine as i32 == c).then_some(c))),
         }
     }
 }

@@ -81,7 +81,10 @@ fn dry_runs_print_each_sites_launch_line() {
             "perlmutter.sbatch",
             &["srun -N 2 -n 8 --ntasks-per-node=4 -c 32 --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1 "],
         ),
-        ("dgx.sbatch", &["srun --mpi=pmix -N 2 -n 16 --ntasks-per-node=8 -c ", " --cpu-bind=cores --kill-on-bad-exit=1 "]),
+        (
+            "dgx.sbatch",
+            &["srun --mpi=pmix -N 2 -n 16 --ntasks-per-node=8 -c ", " --cpu-bind=cores --kill-on-bad-exit=1 "],
+        ),
         ("polaris.pbs", &["mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 "]),
     ];
     for (name, launcher) in cases {
@@ -101,12 +104,16 @@ fn dry_runs_print_each_sites_launch_line() {
     let frontier = env("frontier.sbatch");
     assert!(frontier.contains("FI_CXI_RDZV_PROTO=alt_read") && frontier.contains("NCCL_NET=OFI"), "{frontier}");
     let directives = std::fs::read_to_string(script("frontier.sbatch")).unwrap();
-    assert!(directives.contains("#SBATCH --network=disable_rdzv_get") && directives.contains("#SBATCH --signal=B:USR1@"));
+    assert!(
+        directives.contains("#SBATCH --network=disable_rdzv_get") && directives.contains("#SBATCH --signal=B:USR1@")
+    );
     assert!(env("perlmutter.sbatch").contains("TRIDENT_GPU_ORDER=3,2,1,0"));
     assert!(env("polaris.pbs").contains("TRIDENT_GPU_ORDER=3,2,1,0"));
     // Polaris has no warning signal: the walltime (01:00:00) minus 10 minutes bounds the run.
     assert!(launch(&dry_run("polaris.pbs", &run, &[])).ends_with("--exit-duration-in-mins 50"));
-    assert!(launch(&dry_run("polaris.pbs", &run, &[("EXIT_DURATION_MINS", "5")])).ends_with("--exit-duration-in-mins 5"));
+    assert!(
+        launch(&dry_run("polaris.pbs", &run, &[("EXIT_DURATION_MINS", "5")])).ends_with("--exit-duration-in-mins 5")
+    );
 
     let local = launch(&dry_run("local.sh", &run, &[("MPIEXEC", "mpiexec.mpich"), ("NP", "4")]));
     assert_in_order(&local, &["mpiexec.mpich -np 4 /opt/trident/bin/trident train --preset tiny", "--device cpu"]);
