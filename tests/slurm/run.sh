@@ -17,6 +17,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
+KEEP_WORK=${WORK:+1}
 WORK=${WORK:-$(mktemp -d -t trident-slurm-test.XXXXXX)}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
@@ -36,7 +37,11 @@ cleanup() {
     SLURM_CONF=$c/etc/slurm.conf scancel --full --quiet --user=root 2>/dev/null || true
     "$CLUSTER" stop "$c" || true
   done
-  if [ "$rc" != 0 ]; then echo "[slurm-test] logs and job output are in $WORK" >&2; fi
+  if [ "$rc" != 0 ]; then
+    echo "[slurm-test] logs and job output are in $WORK" >&2
+  elif [ -z "$KEEP_WORK" ]; then
+    rm -rf "$WORK"
+  fi
 }
 trap cleanup EXIT
 
