@@ -23,10 +23,12 @@ BIN      := target-nompi/release/trident
 TARGET_DIR := --target-dir target-nompi
 endif
 
+, := ,
 APT_PACKAGES      := libopenmpi-dev openmpi-bin libclang-dev
 APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev
+APT_SLURM_PACKAGES := slurm-wlm munge shellcheck
 
-.PHONY: all build train test lint bench deps test-deps mpich-check clean
+.PHONY: all build train test lint bench deps test-deps slurm-deps slurm-test mpich-check clean
 
 all: build
 
@@ -39,8 +41,8 @@ apt_install = if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    -o Dir::Cache::archives=/tmp/trident-apt-cache $(1) >/dev/null; \
 	else \
-	  echo "trident needs $(1) (an MPI library with its mpicc wrapper, and libclang for the mpi crate's bindings):"; \
-	  echo "load your site's MPI module, install them, or build single-rank with 'make NO_MPI=1'"; \
+	  echo "trident needs $(1) $(if $(2),$(2),(an MPI library with its mpicc wrapper, and libclang for the mpi crate's bindings):)"; \
+	  echo "$(if $(2),install them (Debian/Ubuntu: apt-get install $(1)) and run again,load your site's MPI module$(,) install them$(,) or build single-rank with 'make NO_MPI=1')"; \
 	  exit 1; \
 	fi
 
@@ -75,6 +77,16 @@ test: test-deps
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings
 	$(CARGO) clippy --release --all-targets --no-default-features --target-dir target-nompi -- -D warnings
+
+# The job scripts for real: a one-node Slurm on localhost (dgx.sbatch on the CPUs, 4 ranks TP=2 x
+# PP=2, and a stop -> checkpoint -> requeue -> resume), then two fake nodes (frontier.sbatch, and
+# polaris.pbs through a PBS shim); shellcheck and the dry runs first. Needs root (it installs
+# slurm-wlm, munge and shellcheck with apt when missing); stops only the daemons it started.
+slurm-deps: test-deps
+	@command -v sbatch >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 && command -v shellcheck >/dev/null 2>&1 || { $(call apt_install,$(APT_SLURM_PACKAGES),(Slurm$(,) munge and shellcheck$(,) to run the job scripts on a local cluster):) ; }
+
+slurm-test: slurm-deps build
+	tests/slurm/run.sh
 
 # The other MPI keeps building: link MPICH (a separate target dir, since the mpi crate does not
 # notice a change of MPICC) and run a 2-rank all-reduce benchmark under MPICH's own launcher.

@@ -56,6 +56,15 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
     flag("--load", "DIR", "checkpoint directory to resume from"),
     flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
+    switch(
+        "--exit-signal-handler",
+        "on SIGUSR1 or SIGTERM: finish the iteration, checkpoint to --save, exit 75 (requeue me)",
+    ),
+    flag(
+        "--exit-duration-in-mins",
+        "N",
+        "after N minutes (fractions allowed) from start: checkpoint to --save at the iteration's end, exit 75",
+    ),
     flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
     flag("--device", "KIND", "cpu (GPU backends are not built yet)"),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
@@ -260,6 +269,12 @@ pub struct TrainConfig {
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
     pub exit_interval: Option<u64>,
+    /// `--exit-signal-handler`: SIGUSR1 / SIGTERM stop the run after a checkpoint (`stop.rs`).
+    pub exit_signal_handler: bool,
+    /// `--exit-duration-in-mins`: minutes after the start of `trident train` to stop after.
+    pub exit_duration_mins: Option<f64>,
+    /// `--device`: only "cpu" is built; the GPU placement is still decided and printed.
+    pub device: String,
     /// None: decided per rank from its share of the node (`Runtime::default_threads`).
     pub cpu_threads: Option<usize>,
     pub tensor_parallel: usize,
@@ -395,6 +410,20 @@ impl TrainConfig {
             Some(0) => return Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
             other => other,
         };
+        let save = args.path("--save");
+        let exit_signal_handler = args.has("--exit-signal-handler");
+        let exit_duration_mins = match args.f64("--exit-duration-in-mins")? {
+            Some(m) if m <= 0.0 => {
+                return Err(Error::flag("--exit-duration-in-mins", m, "a positive number of minutes"))
+            }
+            other => other,
+        };
+        if (exit_signal_handler || exit_duration_mins.is_some()) && save.is_none() {
+            let name = if exit_signal_handler { "--exit-signal-handler" } else { "--exit-duration-in-mins" };
+            return Err(Error::Usage(format!(
+                "{name} checkpoints before it stops the run: it needs --save DIR (and --load DIR to resume)"
+            )));
+        }
         let tensor_parallel = match args.usize("--tensor-model-parallel-size")? {
             Some(0) => return Err(Error::flag("--tensor-model-parallel-size", 0, "a positive whole number")),
             other => other.unwrap_or(1),
@@ -421,10 +450,13 @@ impl TrainConfig {
             eval_iters: args.u64("--eval-iters")?.unwrap_or(p.eval_iters),
             log_interval: positive("--log-interval", args.u64("--log-interval")?.unwrap_or(p.log_interval))?,
             log_json: args.path("--log-json"),
-            save: args.path("--save"),
+            save,
             save_interval: args.u64("--save-interval")?.map(|v| positive("--save-interval", v)).transpose()?,
             load: args.path("--load"),
             exit_interval: args.u64("--exit-interval")?.map(|v| positive("--exit-interval", v)).transpose()?,
+            exit_signal_handler,
+            exit_duration_mins,
+            device: args.str("--device").unwrap_or("cpu").to_string(),
             cpu_threads,
             tensor_parallel,
             pipeline_parallel: match args.usize("--pipeline-model-parallel-size")? {

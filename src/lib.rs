@@ -21,5 +21,6 @@ pub mod parallel;
 pub mod plan;
 pub mod real;
 pub mod rng;
+pub mod stop;
 pub mod tensor;
 pub mod train;

@@ -158,13 +158,15 @@ fn cmd_train(rest: &[String]) -> ExitCode {
     };
     let result = (|| {
         let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
-            return Ok(());
+            return Ok(false);
         };
         let cfg = TrainConfig::from_args(&a)?;
-        trident::train::run(&cfg, &rt).map(|_| ())
+        trident::train::run(&cfg, &rt).map(|summary| summary.stopped.is_some())
     })();
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::SUCCESS,
+        // Stopped early after a checkpoint (--exit-signal-handler, --exit-duration-in-mins).
+        Ok(true) => ExitCode::from(trident::stop::REQUEUE_EXIT_CODE),
         Err(e) if e.is_collective() || rt.world_size == 1 => {
             if rt.world_rank == 0 {
                 eprintln!("trident: error: {e}");

@@ -5,6 +5,7 @@
 //! logs, validates and checkpoints; resuming continues the uninterrupted run bit for bit.
 
 use crate::checkpoint::{self, SavedTensor, Shard};
+use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::{CommCounters, Pending, ReduceOp};
 use crate::config::TrainConfig;
@@ -25,6 +26,7 @@ use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::summa::Summa;
 use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
+use crate::stop::{self, StopReason, StopWatch};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +48,9 @@ pub struct TrainSummary {
     pub activation_bytes: usize,
     /// Bytes of AdamW state (both moments) this rank holds.
     pub optimizer_state_bytes: usize,
+    /// Why the run stopped before its last iteration after a checkpoint (`--exit-signal-handler`,
+    /// `--exit-duration-in-mins`); the process then exits with `stop::REQUEUE_EXIT_CODE`.
+    pub stopped: Option<StopReason>,
 }
 
 /// The train, validation and test datasets of a run.
@@ -786,6 +791,14 @@ fn write_trace(path: &Path, groups: &Groups, tl: &Timeline) -> Result<()> {
 }
 /// Runs `trident train` with a validated configuration on this rank of the job.
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let placement = Placement::decide(
+        (rt.world_rank, rt.world_size),
+        (rt.local_rank, rt.local_size),
+        &cfg.device,
+        None,
+        &|name: &str| std::env::var(name).ok(),
+    );
     let (cfg, grid, mp) = layout(cfg, rt)?;
     let cfg = &cfg;
     let stage = stage_plan(cfg, &grid)?;
@@ -828,6 +841,25 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             peak.gflops,
             peak.isa
         );
+    }
+    // A placement error can be one rank's own (its environment): the ranks agree before any of
+    // them stops, each failing rank says why, and rank 0 sums up.
+    let mut failed = [f64::from(u8::from(placement.is_err()))];
+    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
+    let placement = match placement {
+        Err(e) => {
+            eprintln!("trident: error: rank {}: {e}", grid.rank);
+            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
+        }
+        Ok(_) if failed[0] > 0.0 => {
+            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
+        }
+        Ok(p) => p,
+    };
+    println!(" {placement}");
+    let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
+    if let (Some(dir), true) = (&cfg.save, say) {
+        stop::clear_marker(dir)?;
     }
     let data = build_datasets(cfg, m.vocab_size)?;
     let mut chunks: Vec<Chunk> = stage
@@ -1080,12 +1112,29 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             }
             (window_loss, window_iters, window_secs) = (0.0, 0, 0.0);
         }
-        let exiting = cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) && iteration < cfg.train_iters;
+        // Every rank reaches this check at the same iteration; it is one all-reduce when enabled.
+        let stop = if iteration < cfg.train_iters { watch.check(&*groups.world) } else { None };
+        let exiting = (cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) || stop.is_some())
+            && iteration < cfg.train_iters;
         if let Some(dir) = &cfg.save {
             let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
             if at_interval || exiting || iteration == cfg.train_iters {
                 save_checkpoint(dir, &dev, &groups, &chunks, cfg, progress, say)?;
             }
+        }
+        if let Some(reason) = stop {
+            if let (Some(dir), true) = (&cfg.save, say) {
+                stop::write_marker(dir, iteration, reason)?;
+            }
+            if say {
+                println!(
+                    " exiting program at iteration {iteration}: {reason}; checkpoint saved; exit code {} \
+                     (resume with --load)",
+                    stop::REQUEUE_EXIT_CODE
+                );
+            }
+            summary.stopped = Some(reason);
+            break;
         }
         if exiting {
             if say {

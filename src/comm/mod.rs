@@ -4,6 +4,7 @@
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod placement;
 pub mod runtime;
 #[cfg(test)]
 pub mod threads;

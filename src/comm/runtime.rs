@@ -5,8 +5,13 @@
 use super::{Comm, SelfComm};
 use crate::error::Error;
 
-/// Environment variables through which launchers announce the job size: Open MPI's mpirun,
-/// MPICH's hydra (and other PMI launchers), and Slurm's srun (set per job step).
+/// Environment variables through which launchers announce the job size, in the order they are
+/// trusted: Open MPI's mpirun, MPICH's hydra and Cray PALS (`PMI_SIZE`), PMIx launchers, and
+/// Slurm's srun. Slurm's is the step's own count, `SLURM_STEP_NUM_TASKS`, which only an srun step
+/// sets; `SLURM_NTASKS` is not used, because mpirun or mpiexec inside a batch script hands every
+/// rank the allocation's count (4 for a `mpirun -n 2` in an `sbatch -n 4` job). A launcher nested
+/// inside an srun step (mpirun starting its daemons with srun) sets its own variable, which is
+/// found first.
 const LAUNCHER_SIZE_VARS: &[(&str, &str)] = &[
     ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
     ("PMI_SIZE", "PMI_RANK"),
@@ -38,12 +43,46 @@ fn online_cpus() -> usize {
 }
 
 /// The job size a launcher announced in the environment, if any, and this process's rank in it.
-fn launcher_job() -> Option<(&'static str, usize, usize)> {
+fn launcher_job(env: &dyn Fn(&str) -> Option<String>) -> Option<(&'static str, usize, usize)> {
     LAUNCHER_SIZE_VARS.iter().find_map(|(size_var, rank_var)| {
-        let size: usize = std::env::var(size_var).ok()?.trim().parse().ok()?;
-        let rank = std::env::var(rank_var).ok().and_then(|r| r.trim().parse().ok()).unwrap_or(0);
+        let size: usize = env(size_var)?.trim().parse().ok()?;
+        let rank = env(rank_var).and_then(|r| r.trim().parse().ok()).unwrap_or(0);
         Some((*size_var, size, rank))
     })
+}
+
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Checks the world MPI built against the size the launcher announced. A mismatch means the
+/// ranks do not form one job: a binary started by another MPI's launcher (or srun with the wrong
+/// `--mpi` plugin) runs as N silent singletons, each training alone. Returns the error and
+/// whether this process should print it (the launcher's rank 0, so the job shows it once).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn check_world(
+    size: usize,
+    library: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> std::result::Result<(), (Error, bool)> {
+    let Some((var, job_size, job_rank)) = launcher_job(env) else { return Ok(()) };
+    if job_size == size {
+        return Ok(());
+    }
+    let err = if size == 1 {
+        Error::Usage(format!(
+            "the launcher started {job_size} processes ({var}={job_size}) but MPI sees each as a world \
+             of 1: this binary is linked against {library} and was started by a different MPI's launcher; \
+             use the mpirun/mpiexec of the same MPI (or srun with the matching --mpi plugin)"
+        ))
+    } else {
+        Error::Usage(format!(
+            "the launcher announced {job_size} processes ({var}={job_size}) but MPI's world has {size}: \
+             the ranks do not form the job the launcher started (a nested or mismatched launcher); \
+             start the binary directly with one mpirun/mpiexec/srun"
+        ))
+    };
+    Err((err, job_rank == 0))
 }
 
 impl Runtime {
@@ -73,16 +112,10 @@ impl Runtime {
             };
             use mpi::topology::Communicator;
             let (rank, size) = (world.world.rank() as usize, world.world.size() as usize);
-            if size == 1 {
-                if let Some((var, job_size, job_rank)) = launcher_job().filter(|j| j.1 > 1) {
-                    let err = Error::Usage(format!(
-                        "the launcher started {job_size} processes ({var}={job_size}) but MPI sees each as a world \
-                         of 1: this binary is linked against {} and was started by a different MPI's launcher; \
-                         use the mpirun/mpiexec of the same MPI (or srun with the matching --mpi plugin)",
-                        world.library
-                    ));
-                    return Err((job_rank == 0).then_some(err));
-                }
+            if let Err((err, print)) = check_world(size, &world.library, &process_env) {
+                // With a real world of several ranks, MPI's rank 0 prints, not the launcher's.
+                let print = if size > 1 { rank == 0 } else { print };
+                return Err(print.then_some(err));
             }
             let (local_rank, local_size) = world.local();
             let library = world.library.clone();
@@ -98,7 +131,7 @@ impl Runtime {
         }
         #[cfg(not(feature = "mpi"))]
         {
-            if let Some((var, job_size, job_rank)) = launcher_job().filter(|j| j.1 > 1) {
+            if let Some((var, job_size, job_rank)) = launcher_job(&process_env).filter(|j| j.1 > 1) {
                 let err = Error::Unsupported(format!(
                     "started as one of {job_size} processes ({var}={job_size}), but this binary was built without \
                      MPI (cargo --no-default-features); rebuild with the default features to run on many ranks"
@@ -177,5 +210,33 @@ mod tests {
         assert_eq!((rt.world_rank, rt.world_size), (0, 1));
         assert_eq!(rt.group(&[0]).size(), 1);
         assert!(rt.default_threads() >= 1);
+    }
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn world_check_catches_singletons_and_mismatches() {
+        // MPICH started by srun --mpi=pmix: each of 4 processes is a world of 1.
+        let e = check_world(1, "MPICH", &env_of(&[("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "2")])).unwrap_err();
+        assert!(e.0.to_string().contains("SLURM_STEP_NUM_TASKS=4") && e.0.to_string().contains("world of 1"));
+        assert!(!e.1, "only the launcher's rank 0 prints");
+        let e = check_world(2, "Open MPI", &env_of(&[("PMI_SIZE", "4"), ("PMI_RANK", "0")])).unwrap_err();
+        assert!(e.0.to_string().contains("PMI_SIZE=4") && e.0.to_string().contains("world has 2") && e.1);
+        assert!(check_world(4, "Open MPI", &env_of(&[("OMPI_COMM_WORLD_SIZE", "4")])).is_ok());
+        assert!(check_world(1, "Open MPI", &env_of(&[])).is_ok());
+    }
+
+    #[test]
+    fn mpirun_inside_sbatch_is_judged_by_its_own_variables() {
+        // The batch step's SLURM_NTASKS=4 is inherited by the 2 ranks of `mpirun -n 2`: not a
+        // mismatch. Open MPI's own variable is trusted first.
+        let env = env_of(&[("SLURM_NTASKS", "4"), ("SLURM_PROCID", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]);
+        assert!(check_world(2, "Open MPI", &env).is_ok());
+        // Multi-node mpirun starts its daemons with srun: the ranks see that step's count (the
+        // node count), but mpirun's variable wins.
+        let env = env_of(&[("SLURM_STEP_NUM_TASKS", "2"), ("OMPI_COMM_WORLD_SIZE", "8")]);
+        assert!(check_world(8, "Open MPI", &env).is_ok());
     }
 }
