@@ -183,9 +183,80 @@ impl Precision {
     }
 }
 
+impl Precision {
+    /// The 16-bit pattern of `x`, a value of this format (one that `round` returned): bf16's top
+    /// half of the f32, or IEEE binary16 for f16. Exact for such values; `from_bits16` inverts it.
+    #[inline(always)]
+    pub fn to_bits16(self, x: f32) -> u16 {
+        match self {
+            Precision::F32 | Precision::Bf16 => (x.to_bits() >> 16) as u16,
+            Precision::F16 => {
+                let sign = ((x.to_bits() >> 16) & 0x8000) as u16;
+                let a = x.abs();
+                if a.is_nan() {
+                    return sign | 0x7e00;
+                }
+                if a.is_infinite() {
+                    return sign | 0x7c00;
+                }
+                if a < 6.103_515_6e-5 {
+                    // Subnormal (or zero): a whole number of 2^-24.
+                    return sign | (a * 16_777_216.0) as u16;
+                }
+                let bits = a.to_bits();
+                let exponent = ((bits >> 23) as i32 - 127 + 15) as u16;
+                sign | (exponent << 10) | ((bits >> 13) & 0x3ff) as u16
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn from_bits16(self, b: u16) -> f32 {
+        match self {
+            Precision::F32 | Precision::Bf16 => f32::from_bits((b as u32) << 16),
+            Precision::F16 => {
+                let (exponent, mantissa) = ((b >> 10) & 0x1f, (b & 0x3ff) as u32);
+                let v = match exponent {
+                    0 => mantissa as f32 / 16_777_216.0,
+                    31 if mantissa == 0 => f32::INFINITY,
+                    31 => f32::NAN,
+                    e => f32::from_bits(((e as u32 + 112) << 23) | (mantissa << 13)),
+                };
+                if b & 0x8000 != 0 {
+                    -v
+                } else {
+                    v
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod precision_tests {
     use super::Precision;
+
+    #[test]
+    fn sixteen_bit_patterns_hold_rounded_values_exactly() {
+        let mut x = 1.2345e-9f32;
+        let mut values = vec![0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 65504.0, 2f32.powi(-24), -2f32.powi(-20)];
+        while x < 1e6 {
+            values.extend([x, -x, x * 1.37, -x * 0.71]);
+            x *= 1.9;
+        }
+        for p in [Precision::Bf16, Precision::F16] {
+            for &v in &values {
+                let r = p.round(v);
+                let back = p.from_bits16(p.to_bits16(r));
+                assert!(back == r || (back.is_nan() && r.is_nan()), "{p:?}: {v} rounds to {r}, comes back as {back}");
+                assert_eq!(back.is_sign_negative(), r.is_sign_negative(), "{p:?}: sign of {r}");
+            }
+        }
+        // The patterns are the formats' own: 1.0 and -2.0.
+        assert_eq!(Precision::F16.to_bits16(1.0), 0x3c00);
+        assert_eq!(Precision::F16.to_bits16(-2.0), 0xc000);
+        assert_eq!(Precision::Bf16.to_bits16(1.0), 0x3f80);
+    }
 
     #[test]
     fn rounding_to_bf16_and_f16() {

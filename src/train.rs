@@ -1253,7 +1253,10 @@ fn log_memory(dev: &CpuDevice, groups: &Groups, chunks: &[Chunk], cfg: &TrainCon
     let measured_state: usize = chunks.iter().map(|c| c.opt.state_bytes(dev)).sum();
     let measured_acts: usize = chunks.iter().map(|c| c.model.activation_bytes(dev)).sum();
     let rss = peak_rss_bytes().unwrap_or(0);
+    // Masters, plus mixed precision's working copy.
+    let working: usize = chunks.iter().map(|c| c.model.working_bytes(dev)).sum();
     let mine = [
+        (4 * params + working) as f64,
         4.0 * params as f64,
         predicted_state as f64,
         measured_state as f64,
@@ -1265,16 +1268,20 @@ fn log_memory(dev: &CpuDevice, groups: &Groups, chunks: &[Chunk], cfg: &TrainCon
     groups.world.all_gather(&mine, &mut all);
     if say {
         let mib = |b: f64| b / 1048576.0;
-        println!(" memory per rank (MiB): weights = gradients | optimizer state predicted / measured | activations predicted / measured | peak RSS");
+        println!(
+            " memory per rank (MiB): weights | gradients | optimizer state predicted / measured | activations \
+             predicted / measured | peak RSS"
+        );
         for (rank, r) in all.chunks_exact(mine.len()).enumerate() {
             println!(
-                "   rank {rank:>3}: {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.1}",
+                "   rank {rank:>3}: {:>9.2} | {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.1}",
                 mib(r[0]),
                 mib(r[1]),
                 mib(r[2]),
                 mib(r[3]),
                 mib(r[4]),
-                mib(r[5])
+                mib(r[5]),
+                mib(r[6])
             );
         }
     }

@@ -367,7 +367,7 @@ fn the_distributed_optimizer_matches_plain_data_parallelism_with_a_quarter_of_th
     // Measured optimizer state of rank 0, in MiB, from the --log-memory table.
     let state = |text: &str| -> f64 {
         let row = text.lines().find(|l| l.trim_start().starts_with("rank   0:")).expect("memory table");
-        row.split('|').nth(1).unwrap().split('/').nth(1).unwrap().trim().parse().unwrap()
+        row.split('|').nth(2).unwrap().split('/').nth(1).unwrap().trim().parse().unwrap()
     };
     let plain = run4(args(p("plain.jsonl"), &[]));
     let zero =

@@ -151,6 +151,43 @@ fn bf16_follows_the_f32_curve_within_one_percent() {
 }
 
 #[test]
+fn mixed_precision_holds_saved_activations_in_16_bits_exactly() {
+    // Under --bf16 / --fp16 each layer's saved activations wait for backward as 16-bit copies.
+    // The copies are exact: the losses equal full recompute's (which keeps no copies and rebuilds
+    // each layer from its input) bit for bit, and selective recompute's too; and the activation
+    // memory falls against f32.
+    let dir = scratch("half-storage");
+    let data = prepared_corpus(&dir);
+    let shape = ["--num-layers", "6", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64"];
+    let mib = |o: &std::process::Output| -> f64 {
+        let text = stdout(o);
+        let line = text.lines().find(|l| l.contains("activation memory")).expect("activation memory line").to_string();
+        line.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+    };
+    let run_with = |extra: &[&str], json: &str| {
+        let mut args = vec!["train", "--data-path", data.as_str(), "--train-iters", "4", "--log-interval", "1"];
+        args.extend_from_slice(&shape);
+        args.extend_from_slice(&["--micro-batch-size", "8", "--global-batch-size", "8", "--eval-iters", "0"]);
+        args.extend_from_slice(extra);
+        let path = dir.join(json);
+        args.extend_from_slice(&["--log-json", path.to_str().unwrap()]);
+        let o = run(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        (logged_losses(&path), mib(&o))
+    };
+    let (_, f32_mib) = run_with(&[], "f32.jsonl");
+    for precision in ["--bf16", "--fp16"] {
+        let (kept, kept_mib) = run_with(&[precision], "kept.jsonl");
+        let (full, _) = run_with(&[precision, "--recompute-granularity", "full"], "full.jsonl");
+        let (selective, _) = run_with(&[precision, "--recompute-granularity", "selective"], "selective.jsonl");
+        assert_eq!(kept.len(), 4);
+        assert_eq!(kept, full, "{precision}: 16-bit copies changed the losses against full recompute");
+        assert_eq!(kept, selective, "{precision}: 16-bit copies changed the losses against selective recompute");
+        assert!(kept_mib < 0.8 * f32_mib, "{precision}: {kept_mib} MiB of activations against {f32_mib} in f32");
+    }
+}
+
+#[test]
 fn fp16_overflow_skips_the_step_and_halves_the_scale() {
     let dir = scratch("fp16");
     let data = prepared_corpus(&dir);

@@ -278,6 +278,20 @@ pub trait Device: Send + Sync {
     /// backends that compute in f32).
     fn round_to(&self, buf: &mut Self::Buf, precision: crate::real::Precision);
 
+    /// A 16-bit copy of `buf`, whose values are already rounded to `precision` (bf16 or f16), so
+    /// the copy is exact: mixed precision keeps saved activations this way between a layer's
+    /// forward and its backward.
+    fn to_half(&self, buf: &Self::Buf, precision: crate::real::Precision) -> Vec<u16> {
+        let mut host = vec![0f32; self.len(buf)];
+        self.download(buf, &mut host);
+        host.iter().map(|&x| precision.to_bits16(x)).collect()
+    }
+    /// `dst` (of `src.len()` elements) becomes the values of the 16-bit copy `src`.
+    fn load_half(&self, src: &[u16], precision: crate::real::Precision, dst: &mut Self::Buf) {
+        let host: Vec<f32> = src.iter().map(|&b| precision.from_bits16(b)).collect();
+        self.upload(dst, &host);
+    }
+
     /// The buffer as host f32 memory, when the device keeps it there; collectives then work on it
     /// in place. Devices without host-visible f32 buffers return None and are staged through
     /// `download` / `upload`.

@@ -161,6 +161,9 @@ struct Activations<B> {
     d_qkv: B,
     d_ffn: B,
     d_ffn2: B,
+    /// Mixed precision (without full recompute): each layer's saved activations between its
+    /// forward and its backward, in 16 bits; the layer computes in the chunk's spare set.
+    compact: Vec<Option<Vec<Stash>>>,
 }
 
 /// A buffer of `len` elements when `needed`.
@@ -236,26 +239,97 @@ impl<B> LayerActs<B> {
 }
 
 impl<B> LayerActs<B> {
+    /// Every buffer this layer holds, in a fixed order, each marked true when it holds
+    /// activations (rounded to the compute format under mixed precision) and false for the f32
+    /// statistics (LayerNorm mean and rstd, the attention's log-sum-exp).
+    fn buffers(&self) -> Vec<(&B, bool)> {
+        let mut out = vec![
+            (&self.ln1, true),
+            (&self.ln1_mean, false),
+            (&self.ln1_rstd, false),
+            (&self.qkv, true),
+            (&self.resid_mid, true),
+            (&self.ln2, true),
+            (&self.ln2_mean, false),
+            (&self.ln2_rstd, false),
+            (&self.fc1, true),
+            (&self.gelu, true),
+        ];
+        out.extend(self.ln1_full.iter().chain(&self.ln2_full).chain(&self.attn).map(|b| (b, true)));
+        out.extend(self.lse.iter().map(|b| (b, false)));
+        out
+    }
+
+    /// The same buffers, in the same order, to write.
+    fn buffers_mut(&mut self) -> Vec<&mut B> {
+        let mut out = vec![
+            &mut self.ln1,
+            &mut self.ln1_mean,
+            &mut self.ln1_rstd,
+            &mut self.qkv,
+            &mut self.resid_mid,
+            &mut self.ln2,
+            &mut self.ln2_mean,
+            &mut self.ln2_rstd,
+            &mut self.fc1,
+            &mut self.gelu,
+        ];
+        out.extend(self.ln1_full.iter_mut().chain(self.ln2_full.iter_mut()).chain(self.attn.iter_mut()));
+        out.extend(self.lse.iter_mut());
+        out
+    }
+
     /// Bytes of the buffers this layer holds (for `--log-memory`).
     fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
-        let all = [
-            &self.ln1,
-            &self.ln1_mean,
-            &self.ln1_rstd,
-            &self.qkv,
-            &self.resid_mid,
-            &self.ln2,
-            &self.ln2_mean,
-            &self.ln2_rstd,
-            &self.fc1,
-            &self.gelu,
-        ];
-        4 * (all.iter().map(|b| dev.len(b)).sum::<usize>()
-            + opt(&self.ln1_full)
-            + opt(&self.ln2_full)
-            + opt(&self.attn)
-            + opt(&self.lse))
+        4 * self.buffers().iter().map(|(b, _)| dev.len(b)).sum::<usize>()
+    }
+
+    /// Bytes of this layer's buffers held in 16 bits (activations) and f32 (statistics).
+    fn stash_bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        self.buffers().iter().map(|(b, half)| if *half { 2 } else { 4 } * dev.len(b)).sum()
+    }
+
+    /// This layer's saved buffers as a 16-bit copy (exact: under mixed precision every activation
+    /// was rounded to `precision` where it was stored).
+    fn stash<D: Device<Buf = B>>(&self, dev: &D, precision: Precision) -> Vec<Stash> {
+        self.buffers()
+            .into_iter()
+            .map(|(b, half)| {
+                if half {
+                    Stash::Half(dev.to_half(b, precision))
+                } else {
+                    let mut h = vec![0f32; dev.len(b)];
+                    dev.download(b, &mut h);
+                    Stash::Full(h)
+                }
+            })
+            .collect()
+    }
+
+    /// Restores what `stash` copied.
+    fn unstash<D: Device<Buf = B>>(&mut self, dev: &D, stash: &[Stash], precision: Precision) {
+        for (b, s) in self.buffers_mut().into_iter().zip(stash) {
+            match s {
+                Stash::Half(h) => dev.load_half(h, precision, b),
+                Stash::Full(f) => dev.upload(b, f),
+            }
+        }
+    }
+}
+
+/// One saved buffer of a layer between its forward and its backward under mixed precision:
+/// activations in 16 bits, statistics in f32.
+enum Stash {
+    Half(Vec<u16>),
+    Full(Vec<f32>),
+}
+
+impl Stash {
+    fn bytes(&self) -> usize {
+        match self {
+            Stash::Half(h) => 2 * h.len(),
+            Stash::Full(f) => 4 * f.len(),
+        }
     }
 }
 
@@ -276,7 +350,8 @@ impl<B> Activations<B> {
                 + opt(&self.tmp_local)
                 + opt(&self.d_full)
                 + opt(&self.d_h_local));
-        layers + resid + head + scratch
+        let compact: usize = self.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+        layers + resid + head + scratch + compact
     }
 }
 
@@ -288,6 +363,7 @@ impl<B> Activations<B> {
         mp: &ModelParallel,
         plan: &ChunkPlan,
         recompute: Recompute,
+        compact: bool,
         batch: usize,
         seq: usize,
     ) -> Self {
@@ -306,6 +382,7 @@ impl<B> Activations<B> {
         // core's output; both are rebuilt in backward.
         let layers = match recompute {
             Recompute::Full => Vec::new(),
+            _ if compact => Vec::new(),
             Recompute::Selective => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, false)).collect(),
             Recompute::None => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, true)).collect(),
         };
@@ -336,6 +413,7 @@ impl<B> Activations<B> {
             d_qkv: dev.alloc(m * 3 * hl),
             d_ffn: dev.alloc(m * fl),
             d_ffn2: dev.alloc(m * fl),
+            compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
         }
     }
 }
@@ -570,6 +648,7 @@ fn layer_forward<'w, D: Device>(
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
     linear_out_forward(dev, tp, sc, &mut la.resid_mid, x_in, attn, w(PROJ_W), w(PROJ_B), tmp, r, (h, h));
+    dev.round_to(&mut la.resid_mid, precision);
     ln_forward(
         dev,
         tp,
@@ -583,8 +662,11 @@ fn layer_forward<'w, D: Device>(
         r.local,
         h,
     );
+    dev.round_to(&mut la.ln2, precision);
     linear_in_forward(dev, tp, sc, &mut la.fc1, (&la.ln2, &mut la.ln2_full), w(FC1_W), w(FC1_B), r, (h, f));
+    dev.round_to(&mut la.fc1, precision);
     dev.gelu_forward(&mut la.gelu, &la.fc1);
+    dev.round_to(&mut la.gelu, precision);
     let Some(x_out) = x_out else { return };
     let tmp = (tmp_full, tmp_local);
     linear_out_forward(dev, tp, sc, x_out, &la.resid_mid, &la.gelu, w(FC2_W), w(FC2_B), tmp, r, (f, h));
@@ -631,6 +713,9 @@ pub struct Gpt<D: Device> {
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
     /// layer's forward and backward passes (recomputation included) since the last reset.
     layer_comm: Vec<[CommCounters; 3]>,
+    /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
+    stashed: usize,
+    peak_stashed: usize,
 }
 
 /// The counters of the groups a layer talks over: the tensor-parallel group, then the SUMMA row
@@ -681,6 +766,8 @@ impl<D: Device> Gpt<D> {
             working: None,
             scratch: Scratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
+            stashed: 0,
+            peak_stashed: 0,
         }
     }
 
@@ -703,6 +790,8 @@ impl<D: Device> Gpt<D> {
     /// weights from the masters.
     pub fn set_precision(&mut self, dev: &D, precision: Precision) {
         self.precision = precision;
+        // Activation sets made from now on hold their layers in the new format.
+        self.pool.retain(|(k, _)| k.is_some());
         self.working =
             (precision != Precision::F32).then(|| self.params.info.iter().map(|p| dev.alloc(p.numel())).collect());
         self.refresh_working_weights(dev);
@@ -726,6 +815,12 @@ impl<D: Device> Gpt<D> {
         }
     }
 
+    /// Bytes of the working copy of the weights mixed precision computes with (its values are
+    /// 16-bit, held in the device's f32 buffers), 0 in f32.
+    pub fn working_bytes(&self, dev: &D) -> usize {
+        self.working.as_ref().map_or(0, |w| w.iter().map(|b| 4 * dev.len(b)).sum())
+    }
+
     /// Chooses activation recomputation; takes effect for activation sets made afterwards.
     pub fn set_recompute(&mut self, recompute: Recompute) {
         self.recompute = recompute;
@@ -734,15 +829,32 @@ impl<D: Device> Gpt<D> {
 
     /// Bytes of activation buffers allocated now (every held and pooled set, and the spare
     /// layer), for `--log-memory`.
+    /// Under mixed precision the 16-bit copies of saved layers come and go with each micro-batch,
+    /// so their most since the last `reset_peak_in_flight` is counted.
     pub fn activation_bytes(&self, dev: &D) -> usize {
         let sets: usize = self.pool.iter().map(|(_, a)| a.bytes(dev)).sum();
-        sets + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
+        let now: usize =
+            self.pool.iter().flat_map(|(_, a)| a.compact.iter().flatten().flatten()).map(Stash::bytes).sum();
+        sets - now
+            + self.peak_stashed
+            + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
             + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
     }
 
-    /// Bytes of one micro-batch's activation set (0 before the first forward).
+    /// Bytes of one micro-batch's activation set while it is in flight (0 before the first
+    /// forward): under mixed precision, with every layer's 16-bit copy.
     pub fn set_bytes(&self, dev: &D) -> usize {
-        self.pool.first().map_or(0, |(_, a)| a.bytes(dev))
+        self.pool.first().map_or(0, |(_, a)| {
+            let now: usize = a.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+            let per_layer = self.spare.as_ref().map_or(0, |(_, l)| l.stash_bytes(dev));
+            a.bytes(dev) - now + a.compact.len() * per_layer
+        })
+    }
+
+    /// Whether saved layers are held in 16 bits between forward and backward (mixed precision,
+    /// unless full recompute keeps only the layer inputs anyway).
+    fn compacting(&self) -> bool {
+        self.precision != Precision::F32 && self.recompute != Recompute::Full
     }
 
     /// Bytes of the spare buffers recomputation rebuilds into.
@@ -757,6 +869,7 @@ impl<D: Device> Gpt<D> {
     }
 
     pub fn reset_peak_in_flight(&mut self) {
+        self.peak_stashed = self.stashed;
         self.peak_live = self.live;
     }
 
@@ -773,19 +886,23 @@ impl<D: Device> Gpt<D> {
             self.pool[i].0 = Some(key);
             return i;
         }
-        self.pool.push((Some(key), Activations::new(dev, &self.cfg, &self.mp, &self.plan, self.recompute, batch, seq)));
+        let compact = self.compacting();
+        let set = Activations::new(dev, &self.cfg, &self.mp, &self.plan, self.recompute, compact, batch, seq);
+        self.pool.push((Some(key), set));
         let rows = Rows::new(&self.mp, batch, seq);
-        match self.recompute {
-            Recompute::Full if self.spare.as_ref().is_none_or(|(r, _)| *r != rows) => {
-                self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, true)));
-            }
-            Recompute::Selective if self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) => {
-                let wd = Widths::new(&self.cfg, &self.mp);
-                let attn = dev.alloc(rows.full * wd.hl);
-                let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
-                self.spare_attention = Some((rows, attn, lse));
-            }
-            _ => {}
+        // Full recompute rebuilds each layer into one spare set, and 16-bit storage computes each
+        // layer there (with its attention output unless selective recompute drops it).
+        let with_attention = self.recompute != Recompute::Selective;
+        if (self.recompute == Recompute::Full || compact)
+            && self.spare.as_ref().is_none_or(|(r, l)| *r != rows || l.attn.is_some() != with_attention)
+        {
+            self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, with_attention)));
+        }
+        if self.recompute == Recompute::Selective && self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) {
+            let wd = Widths::new(&self.cfg, &self.mp);
+            let attn = dev.alloc(rows.full * wd.hl);
+            let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
+            self.spare_attention = Some((rows, attn, lse));
         }
         self.pool.len() - 1
     }
@@ -866,6 +983,7 @@ impl<D: Device> Gpt<D> {
         let a = &mut self.pool[index].1;
         let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
         let layer_comm = &mut self.layer_comm;
+        let (stashed, peak_stashed) = (&mut self.stashed, &mut self.peak_stashed);
         let r = a.rows;
         let wd = Widths::new(cfg, &mp);
         let (h, vl) = (wd.h, wd.vl);
@@ -915,8 +1033,10 @@ impl<D: Device> Gpt<D> {
             // Full recompute writes every layer into the spare set (only the residual stream is
             // kept); selective keeps the layer's set but the attention output goes to the spare.
             let attn_spare = spare_attention.as_mut().map(|(_, a, l)| (a, l));
+            // Under 16-bit storage the layer computes in the spare set and is then copied out.
             let (la, attn_spare) = match (a.layers.get_mut(l), spare.as_mut()) {
                 (Some(la), _) => (la, attn_spare),
+                (None, Some((_, layer))) if layer.attn.is_none() => (layer, attn_spare),
                 (None, Some((_, layer))) => (layer, None),
                 (None, None) => unreachable!("full recompute has a spare layer"),
             };
@@ -924,6 +1044,12 @@ impl<D: Device> Gpt<D> {
             let before = tp_counters(tp);
             layer_forward(dev, tp, sc, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
             add_since(&mut layer_comm[l], &tp_counters(tp), &before);
+            if let Some(slot) = a.compact.get_mut(l) {
+                let copy = la.stash(dev, precision);
+                *stashed += copy.iter().map(Stash::bytes).sum::<usize>();
+                *peak_stashed = (*peak_stashed).max(*stashed);
+                *slot = Some(copy);
+            }
         }
         if let Some(hd) = a.head.as_mut() {
             let lnf_w = lay.lnf();
@@ -997,6 +1123,7 @@ impl<D: Device> Gpt<D> {
         let a = &mut self.pool[index].1;
         let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
         let layer_comm = &mut self.layer_comm;
+        let stashed = &mut self.stashed;
         let r = a.rows;
         let shape = AttentionShape { batch: r.sub_batch, seq: r.seq, heads: wd.heads, head_dim: cfg.head_dim() };
 
@@ -1051,24 +1178,55 @@ impl<D: Device> Gpt<D> {
                 let x_in = &a.resid[l];
                 // Rebuild what recomputation dropped: the whole layer from its input (full), or
                 // the attention core from the saved QKV (selective), into the spare set.
-                let (la, attn, lse): (&LayerActs<D::Buf>, &D::Buf, &D::Buf) = match (a.layers.get(l), spare.as_mut()) {
-                    (Some(la), _) if la.attn.is_some() => {
-                        (la, la.attn.as_ref().expect("kept"), la.lse.as_ref().expect("kept"))
-                    }
-                    (Some(la), _) => {
-                        let (_, attn, lse) =
-                            spare_attention.as_mut().expect("selective recompute has a spare attention");
-                        dev.attention_forward(attn, lse, &la.qkv, shape);
-                        (la, &*attn, &*lse)
-                    }
-                    (None, Some((_, sp))) => {
-                        let dims = Dims { rows: r, shape, wd, precision };
-                        layer_forward(dev, tp, sc, &w, dims, x_in, None, sp, None, &mut a.tmp_full, &mut a.tmp_local);
-                        let sp = &*sp;
-                        (sp, sp.attn.as_ref().expect("spare attn"), sp.lse.as_ref().expect("spare lse"))
-                    }
-                    _ => unreachable!("recomputation has a spare layer"),
-                };
+                // Under 16-bit storage the layer's copy is restored into the spare set first.
+                let stash = a.compact.get_mut(l).and_then(Option::take);
+                let (la, attn, lse): (&LayerActs<D::Buf>, &D::Buf, &D::Buf) =
+                    match (a.layers.get(l), spare.as_mut(), stash) {
+                        (Some(la), _, _) if la.attn.is_some() => {
+                            (la, la.attn.as_ref().expect("kept"), la.lse.as_ref().expect("kept"))
+                        }
+                        (Some(la), _, _) => {
+                            let (_, attn, lse) =
+                                spare_attention.as_mut().expect("selective recompute has a spare attention");
+                            dev.attention_forward(attn, lse, &la.qkv, shape);
+                            dev.round_to(attn, precision);
+                            (la, &*attn, &*lse)
+                        }
+                        (None, Some((_, sp)), Some(stash)) => {
+                            sp.unstash(dev, &stash, precision);
+                            *stashed -= stash.iter().map(Stash::bytes).sum::<usize>();
+                            let sp = &*sp;
+                            match (sp.attn.as_ref(), sp.lse.as_ref()) {
+                                (Some(attn), Some(lse)) => (sp, attn, lse),
+                                _ => {
+                                    let (_, attn, lse) =
+                                        spare_attention.as_mut().expect("selective recompute has a spare attention");
+                                    dev.attention_forward(attn, lse, &sp.qkv, shape);
+                                    dev.round_to(attn, precision);
+                                    (sp, &*attn, &*lse)
+                                }
+                            }
+                        }
+                        (None, Some((_, sp)), None) => {
+                            let dims = Dims { rows: r, shape, wd, precision };
+                            layer_forward(
+                                dev,
+                                tp,
+                                sc,
+                                &w,
+                                dims,
+                                x_in,
+                                None,
+                                sp,
+                                None,
+                                &mut a.tmp_full,
+                                &mut a.tmp_local,
+                            );
+                            let sp = &*sp;
+                            (sp, sp.attn.as_ref().expect("spare attn"), sp.lse.as_ref().expect("spare lse"))
+                        }
+                        _ => unreachable!("recomputation has a spare layer"),
+                    };
                 // MLP: d_resid holds the gradient of the block's output (this rank's rows).
                 let gs = pair_mut(g, lay.layer(l, FC2_W), lay.layer(l, FC2_B));
                 let d_out = (&a.d_resid, &mut a.d_full);

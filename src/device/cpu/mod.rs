@@ -516,6 +516,27 @@ impl Device for CpuDevice {
         });
     }
 
+    fn to_half(&self, buf: &Vec<f32>, precision: crate::real::Precision) -> Vec<u16> {
+        let mut out = vec![0u16; buf.len()];
+        let o = SharedMut::new(&mut out);
+        self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            for (d, &x) in unsafe { o.slice(s, n) }.iter_mut().zip(&buf[s..s + n]) {
+                *d = precision.to_bits16(x);
+            }
+        });
+        out
+    }
+    fn load_half(&self, src: &[u16], precision: crate::real::Precision, dst: &mut Vec<f32>) {
+        let o = SharedMut::new(dst);
+        self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            for (d, &b) in unsafe { o.slice(s, n) }.iter_mut().zip(&src[s..s + n]) {
+                *d = precision.from_bits16(b);
+            }
+        });
+    }
+
     fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) {
         let o = SharedMut::new(out);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
