@@ -260,8 +260,8 @@ pub fn step(
     };
     cfg.validate()?;
     let mut model = Gpt::new(dev, cfg.clone(), 1234);
-    model.set_precision(dev, precision);
     dev.set_matmul_precision(precision);
+    model.set_precision(dev, precision);
     let mut opt = AdamW::new(dev, &model.params, AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 });
     let tokens: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 31 % 256) as u32).collect();
     let labels: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 17 % 256) as u32).collect();

@@ -274,6 +274,12 @@ pub trait Device: Send + Sync {
     /// ignore it).
     fn set_matmul_precision(&self, _precision: crate::real::Precision) {}
 
+    /// Whether matrix products round both operands to `precision` themselves (a bf16 GEMM that
+    /// converts f32 operands while packing), so weights read only by GEMMs need no rounded copy.
+    fn matmul_rounds_operands(&self, _precision: crate::real::Precision) -> bool {
+        false
+    }
+
     /// Rounds every element to `precision` where it would be stored (bf16 / fp16 emulation on
     /// backends that compute in f32).
     fn round_to(&self, buf: &mut Self::Buf, precision: crate::real::Precision);

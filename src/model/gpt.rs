@@ -707,7 +707,9 @@ pub struct Gpt<D: Device> {
     /// Mixed precision: the format weights and activations are held in for compute, and the
     /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
     precision: Precision,
-    working: Option<Vec<D::Buf>>,
+    /// Per parameter: None where the device's GEMM rounds its operands itself (the matrices and
+    /// the word embedding under bf16), which then read the masters.
+    working: Option<Vec<Option<D::Buf>>>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
@@ -792,15 +794,24 @@ impl<D: Device> Gpt<D> {
         self.precision = precision;
         // Activation sets made from now on hold their layers in the new format.
         self.pool.retain(|(k, _)| k.is_some());
-        self.working =
-            (precision != Precision::F32).then(|| self.params.info.iter().map(|p| dev.alloc(p.numel())).collect());
+        // Matrices that only GEMMs read (and the word embedding, whose looked-up rows are rounded
+        // as they are read) need no rounded copy where the GEMM rounds its operands itself.
+        let gemm_rounds = dev.matmul_rounds_operands(precision);
+        self.working = (precision != Precision::F32).then(|| {
+            self.params
+                .info
+                .iter()
+                .map(|p| (!(gemm_rounds && is_gemm_operand(&p.name))).then(|| dev.alloc(p.numel())))
+                .collect()
+        });
         self.refresh_working_weights(dev);
     }
 
     /// Rounds the master weights into the working copy (after every optimizer step).
     pub fn refresh_working_weights(&mut self, dev: &D) {
         if let Some(working) = self.working.as_mut() {
-            for (w, (m, info)) in working.iter_mut().zip(self.params.values.iter().zip(&self.params.info)) {
+            let pairs = working.iter_mut().zip(self.params.values.iter().zip(&self.params.info));
+            for (w, (m, info)) in pairs.filter_map(|(w, rest)| w.as_mut().map(|w| (w, rest))) {
                 // Copy in place where the device keeps buffers in host memory; stage otherwise.
                 match (dev.host_f32_ref(m), dev.host_f32(w)) {
                     (Some(src), Some(dst)) => dst.copy_from_slice(src),
@@ -818,7 +829,7 @@ impl<D: Device> Gpt<D> {
     /// Bytes of the working copy of the weights mixed precision computes with (its values are
     /// 16-bit, held in the device's f32 buffers), 0 in f32.
     pub fn working_bytes(&self, dev: &D) -> usize {
-        self.working.as_ref().map_or(0, |w| w.iter().map(|b| 4 * dev.len(b)).sum())
+        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| 4 * dev.len(b)).sum())
     }
 
     /// Chooses activation recomputation; takes effect for activation sets made afterwards.
@@ -979,7 +990,7 @@ impl<D: Device> Gpt<D> {
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
         let vocab_start = self.vocab_start();
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
-        let p = self.working.as_ref().unwrap_or(&self.params.values);
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
         let (spare, spare_attention, sc) = (&mut self.spare, &mut self.spare_attention, &mut self.scratch);
         let layer_comm = &mut self.layer_comm;
@@ -1000,6 +1011,8 @@ impl<D: Device> Gpt<D> {
                     let bd = batch / c.depth;
                     let mine = &tokens[c.dep * bd * seq..(c.dep + 1) * bd * seq];
                     dev.embedding_forward(emb, mine, &p[Layout::WTE], vocab_start, bd, seq, wd.hr);
+                    // The rows as the compute format holds them (the table may be the master).
+                    dev.round_to(emb, precision);
                     let blocks = rows_to_batch_blocks(&summa::host(dev, emb), c.q, r.sub_batch, seq, wd.hr);
                     let mut out = vec![0f32; r.full * wd.hr];
                     s.col.reduce_scatter(&blocks, &mut out);
@@ -1010,10 +1023,12 @@ impl<D: Device> Gpt<D> {
                 }
                 (Some(emb), _, _) => {
                     dev.embedding_forward(emb, tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                    dev.round_to(emb, precision);
                     reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
                 }
                 _ => {
                     dev.embedding_forward(&mut a.resid[0], tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                    dev.round_to(&mut a.resid[0], precision);
                     all_reduce(dev, tp.comm, &mut a.resid[0]);
                 }
             }
@@ -1140,7 +1155,7 @@ impl<D: Device> Gpt<D> {
                 sum_exp,
                 grad_scale,
             );
-            let p = self.working.as_ref().unwrap_or(&self.params.values);
+            let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
             let g = &mut self.params.grads;
             let d_lnf = match tp.summa {
                 None => {
@@ -1172,7 +1187,7 @@ impl<D: Device> Gpt<D> {
         for l in (0..lay.num_layers).rev() {
             let before = tp_counters(tp);
             {
-                let p = self.working.as_ref().unwrap_or(&self.params.values);
+                let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
                 let g = &mut self.params.grads;
                 let w = |k| &p[lay.layer(l, k)];
                 let x_in = &a.resid[l];
@@ -1390,6 +1405,28 @@ fn batch_blocks_to_rows(blocks: &[f32], q: usize, sub: usize, seq: usize, width:
     out
 }
 
+/// Whether parameter `name` is read only as a GEMM operand (the linear layers' weight matrices)
+/// or, for the word embedding, also by a lookup whose output is rounded.
+fn is_gemm_operand(name: &str) -> bool {
+    name == "embedding.word_embeddings.weight"
+        || ["linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+}
+
+/// The weights a pass reads: parameter `i` from the working copy if it has one, else the master.
+struct Weights<'a, B> {
+    working: Option<&'a [Option<B>]>,
+    masters: &'a [B],
+}
+
+impl<B> std::ops::Index<usize> for Weights<'_, B> {
+    type Output = B;
+    fn index(&self, i: usize) -> &B {
+        self.working.and_then(|w| w[i].as_ref()).unwrap_or(&self.masters[i])
+    }
+}
+
 /// Sample-major labels `[b][t]` to the activations' row order `t * batch + b`.
 fn reorder_to_rows(rows: &mut [u32], sample_major: &[u32], batch: usize, seq: usize) {
     assert_eq!(sample_major.len(), batch * seq);
@@ -1397,5 +1434,54 @@ fn reorder_to_rows(rows: &mut [u32], sample_major: &[u32], batch: usize, seq: us
         for t in 0..seq {
             rows[t * batch + b] = sample_major[b * seq + t];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+
+    #[test]
+    fn bf16_without_rounded_matrix_copies_computes_the_same_bits() {
+        // Under bf16 the matrices and the word embedding are read as masters (the bf16 GEMM rounds
+        // its operands; looked-up rows are rounded): the loss and every gradient equal those of a
+        // model that keeps a rounded copy of every weight.
+        let cfg = GptConfig {
+            num_layers: 2,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            ffn_hidden_size: 256,
+            max_position_embeddings: 16,
+            vocab_size: 257,
+            padded_vocab_size: 384,
+            init_method_std: 0.02,
+        };
+        let dev = CpuDevice::new(2);
+        dev.set_matmul_precision(Precision::Bf16);
+        let (batch, seq) = (3usize, 16usize);
+        let tokens: Vec<u32> = (0..batch * seq).map(|i| ((i * 37 + 11) % 257) as u32).collect();
+        let labels: Vec<u32> = (0..batch * seq).map(|i| ((i * 53 + 5) % 257) as u32).collect();
+        let run = |keep_every_copy: bool| {
+            let mut m = Gpt::new(&dev, cfg.clone(), 7);
+            m.set_precision(&dev, Precision::Bf16);
+            if keep_every_copy {
+                let info = m.params.info.clone();
+                let working = m.working.as_mut().expect("bf16 has a working copy");
+                for (w, p) in working.iter_mut().zip(&info) {
+                    w.get_or_insert_with(|| dev.alloc(p.numel()));
+                }
+                m.refresh_working_weights(&dev);
+            }
+            let loss =
+                m.forward_backward(&dev, TensorParallel::single(), &tokens, &labels, batch, seq, 1.0, &mut |_, _| {});
+            (loss, m.params.grads.clone(), m.working_bytes(&dev))
+        };
+        let (lean, full) = (run(false), run(true));
+        assert_eq!(lean.0.to_bits(), full.0.to_bits(), "loss {} vs {}", lean.0, full.0);
+        for (i, (a, b)) in lean.1.iter().zip(&full.1).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "gradient {i} differs");
+        }
+        assert!(lean.2 * 10 < full.2, "working copy {} bytes, not far below {}", lean.2, full.2);
     }
 }

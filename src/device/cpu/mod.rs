@@ -502,6 +502,12 @@ impl Device for CpuDevice {
         self.bf16_matmul.store(precision == crate::real::Precision::Bf16, std::sync::atomic::Ordering::Relaxed);
     }
 
+    fn matmul_rounds_operands(&self, precision: crate::real::Precision) -> bool {
+        // The bf16 GEMM (on every CPU: AVX512-BF16 or its portable twin) rounds to nearest even
+        // while packing, exactly as `Precision::Bf16` rounds.
+        precision == crate::real::Precision::Bf16 && self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn round_to(&self, buf: &mut Vec<f32>, precision: crate::real::Precision) {
         if precision == crate::real::Precision::F32 {
             return;
