@@ -158,6 +158,9 @@ tj_launch() {
   trap - USR1 TERM
   after=$(tj_latest)
   if [ "$rc" = 0 ]; then
+    # srun can end 0 when the step never started (a launch failure on the node): trident's banner
+    # is the proof that the ranks ran.
+    grep -q '^ trident ' "$log" || tj_die "the launcher exited 0 but trident never started; see $log"
     tj_say "finished: training complete (last checkpoint: iteration $after)"
     exit 0
   fi

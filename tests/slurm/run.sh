@@ -175,7 +175,12 @@ step "    job $job: SIGUSR1 sent to the batch shell after iteration $(losses "$W
 # slurmd refuses a credential issued in the same second as the requeue revoked the old one.
 for _ in $(seq 600); do
   if squeue -h -j "$job" -o '%T %r' 2>/dev/null | grep -q 'PENDING BeginTime'; then
-    sleep 2
+    # The node must have cleaned up the old step first, or the new step's launch can fail.
+    for _ in $(seq 100); do
+      [ "$(sinfo -h -o %T 2>/dev/null | tr -d '*' | sort -u)" = idle ] && break
+      sleep 0.1
+    done
+    sleep 3
     scontrol update JobId="$job" StartTime=now
     step "    job $job requeued; released from its BeginTime hold"
     break
