@@ -52,7 +52,7 @@ pub struct CommBenchRow {
 /// Times `op` (one call) in doubling batches until `min_seconds` have passed (at least 3 calls
 /// after a warm-up) and returns the slowest rank's mean seconds per call. The ranks agree on when
 /// to stop through one all-reduce per batch, whose cost the doubling amortises.
-fn time_op(world: &dyn Comm, min_seconds: f64, op: &mut dyn FnMut()) -> f64 {
+pub(crate) fn time_op(world: &dyn Comm, min_seconds: f64, op: &mut dyn FnMut()) -> f64 {
     op();
     world.barrier();
     let start = Instant::now();

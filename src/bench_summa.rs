@@ -3,14 +3,13 @@
 //! fc2) at a preset's shapes: gathered panels with one GEMM per product, and q broadcast steps
 //! with the next step's blocks in flight. The world is one q x q grid (4, 9, 16, ... ranks).
 
+use crate::bench_comm::time_op;
 use crate::comm::runtime::Runtime;
-use crate::comm::{Comm, ReduceOp};
 use crate::device::cpu::CpuDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::parallel::grid::SummaCoord;
 use crate::parallel::summa::{Algorithm, Scratch, Summa};
-use std::time::Instant;
 
 /// One timed product: forward and both backward products of one linear layer.
 #[derive(Clone, Debug)]
@@ -76,7 +75,7 @@ pub fn run(rt: &Runtime, threads: usize, h: usize, rows: usize, min_seconds: f64
                     let (dx, dw, db) = (Some(&mut dx), &mut dw, Some(&mut db));
                     s.linear_backward(&dev, dx, dw, db, &dy, &x, &w, rows, k, nn, &mut scratch);
                 };
-                best[i] = best[i].min(time(&*world, min_seconds / 3.0, &mut step));
+                best[i] = best[i].min(time_op(&*world, min_seconds / 3.0, &mut step));
             }
         }
         let flops = 6.0 * (rows * q) as f64 * k as f64 * nn as f64 / (q * q) as f64;
@@ -93,27 +92,6 @@ pub fn run(rt: &Runtime, threads: usize, h: usize, rows: usize, min_seconds: f64
         }
     }
     Ok(out)
-}
-
-/// Mean seconds per call of `op` on the slowest rank, over batches that double until
-/// `min_seconds` have passed.
-fn time(world: &dyn Comm, min_seconds: f64, op: &mut dyn FnMut()) -> f64 {
-    op();
-    world.barrier();
-    let start = Instant::now();
-    let (mut calls, mut batch) = (0u64, 1u64);
-    loop {
-        for _ in 0..batch {
-            op();
-        }
-        calls += batch;
-        let mut elapsed = [start.elapsed().as_secs_f64()];
-        world.all_reduce(&mut elapsed, ReduceOp::Max);
-        if calls >= 3 && elapsed[0] >= min_seconds {
-            return elapsed[0] / calls as f64;
-        }
-        batch = (batch * 2).min(64);
-    }
 }
 
 pub fn print_table(rows: &[SummaRow], q: usize, library: &str) {
