@@ -150,7 +150,7 @@ pub const NCCL_RESULT_NAMES: &[(&str, &str)] = &[
     ("ncclInvalidUsage", "invalid usage"),
     ("ncclRemoteError", "remote process exited or there was a network error"),
     ("ncclInProgress", "NCCL operation in progress"),
-    ("ncclTimeout", "operation timed out"),
+    ("ncclTimeout", "timeout"),
 ];
 
 /// The name of a `CUresult`, or `CUDA_ERROR_<code>` for a code this table does not know.
