@@ -28,7 +28,15 @@ APT_PACKAGES      := libopenmpi-dev openmpi-bin libclang-dev
 APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev
 APT_SLURM_PACKAGES := slurm-wlm munge shellcheck
 
-.PHONY: all build train test lint bench deps test-deps slurm-deps slurm-test mpich-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs gpu-check slurm-deps slurm-test mpich-check clean
+
+# The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
+# to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
+# installed once into a cache directory outside the clone (about 490 MB; pinned versions).
+GPU_TEST_WHEELS := nvidia-cuda-nvrtc==13.5.37 nvidia-nccl-cu13==2.32.3
+GPU_TEST_LIBS   ?= $(HOME)/.cache/trident-gpu-libs/nvrtc-13.5.37-nccl-2.32.3
+TEST_NVRTC      := $(GPU_TEST_LIBS)/nvidia/cu13/lib/libnvrtc.so.13
+TEST_NCCL       := $(GPU_TEST_LIBS)/nvidia/nccl/lib/libnccl.so.2
 
 all: build
 
@@ -57,6 +65,16 @@ endif
 test-deps: deps
 	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
 
+gpu-test-libs:
+	@if [ -f $(TEST_NVRTC) ] && [ -f $(TEST_NCCL) ]; then :; else \
+	  python3 -m pip --version >/dev/null 2>&1 || { $(call apt_install,python3-pip,(Python's pip$(,) to install the NVRTC and NCCL wheels the tests load):) ; }; \
+	  echo "installing $(GPU_TEST_WHEELS) with pip into $(GPU_TEST_LIBS)"; \
+	  rm -rf $(GPU_TEST_LIBS).partial && \
+	  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+	    --target $(GPU_TEST_LIBS).partial $(GPU_TEST_WHEELS) && \
+	  rm -rf $(GPU_TEST_LIBS) && mv $(GPU_TEST_LIBS).partial $(GPU_TEST_LIBS); \
+	fi
+
 build: deps
 	$(CARGO) build --release $(FEATURES) $(TARGET_DIR)
 
@@ -71,8 +89,14 @@ train: build $(DATA)_text_document.idx
 	@echo "---- sample from $(RUNS)/$(PRESET) ----"
 	$(BIN) generate --load $(RUNS)/$(PRESET) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 40
 
-test: test-deps
-	$(CARGO) test --release
+test: test-deps gpu-test-libs
+	TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) $(CARGO) test --release
+
+# On a GPU node: what the binary finds, then a kernel compiled by NVRTC, loaded and launched on
+# every GPU and its result checked. Without an NVIDIA GPU it says it needs one and fails.
+gpu-check: build
+	$(BIN) info
+	$(BIN) check gpu
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings

@@ -64,8 +64,9 @@ tj_setup() {
     *) tj_die "DEVICE=$DEVICE: expected cpu, cuda or hip" ;;
   esac
   if [ "$DEVICE" != cpu ]; then
-    tj_say "DEVICE=$DEVICE: trident's GPU backends are not built yet, so the binary will stop at once with" \
-      "'only the cpu backend is built so far'; DEVICE=cpu trains on the nodes' CPUs"
+    tj_say "DEVICE=$DEVICE: trident's GPU backends are not built yet, so the binary will stop at once" \
+      "(cuda: 'the CUDA backend is not built yet', or 'libcuda.so.1 not found' without a driver;" \
+      "hip: 'only the cpu backend is built so far'); DEVICE=cpu trains on the nodes' CPUs"
   fi
 }
 

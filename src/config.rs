@@ -66,7 +66,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
         "after N minutes (fractions allowed) from start: checkpoint to --save at the iteration's end, exit 75",
     ),
     flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
-    flag("--device", "KIND", "cpu (GPU backends are not built yet)"),
+    flag(
+        "--device",
+        "KIND",
+        "cpu (the CUDA and HIP backends are not built yet; `trident info` lists the GPU libraries found)",
+    ),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
         "--vocab-size",
@@ -529,6 +533,9 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
         return Err(Error::Usage("--bf16 and --fp16 exclude each other".into()));
     }
     if let Some(d) = args.str("--device") {
+        if d == "cuda" {
+            return Err(crate::gpu::cuda_device_unavailable());
+        }
         if d != "cpu" {
             return Err(Error::Unsupported(format!("--device {d}: only the cpu backend is built so far")));
         }

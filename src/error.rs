@@ -25,6 +25,11 @@ pub enum Error {
     Unsupported(String),
     /// The communication layer misbehaved (a collective returned wrong values).
     Comm(String),
+    /// A GPU library loaded at run time (libcuda, NVRTC, NCCL) is absent, or lacks a symbol.
+    GpuLibrary { library: String, problem: String },
+    /// A call into a GPU library returned an error code: which API and call, the code, its name
+    /// (`CUDA_ERROR_NO_DEVICE`, `NVRTC_ERROR_COMPILATION`, `ncclInvalidArgument`) and its message.
+    GpuCall { api: &'static str, call: &'static str, code: i32, name: String, message: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -58,6 +63,10 @@ impl fmt::Display for Error {
             Error::Data(msg) => write!(f, "bad training data: {msg}"),
             Error::Unsupported(msg) => write!(f, "not supported by this build: {msg}"),
             Error::Comm(msg) => write!(f, "communication failure: {msg}"),
+            Error::GpuLibrary { library, problem } => write!(f, "{library} {problem}"),
+            Error::GpuCall { api, call, code, name, message } => {
+                write!(f, "{api}: {call} failed with {name} ({code}): {message}")
+            }
         }
     }
 }

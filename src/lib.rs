@@ -14,6 +14,7 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod log;
 pub mod model;
 pub mod optim;

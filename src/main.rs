@@ -23,7 +23,9 @@ commands:
   convert    reshard a checkpoint to another TP/PP layout; export to / import from Hugging Face
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), attention, layernorm, step,
              allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
-  check      `check comm`: verify every collective of the Comm seam on this job (under mpirun)
+  check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
+             `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
+             `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU (needs one)
   plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
 ";
@@ -393,15 +395,100 @@ fn cmd_bench_summa(rest: &[String]) -> ExitCode {
 }
 
 /// `trident check comm`: the Comm seam verified on every rank of the job.
+/// `trident check gpu`: the device smoke test on every visible NVIDIA GPU.
+fn check_gpu() -> Result<()> {
+    use trident::gpu::{cache::ModuleCache, nvrtc::Nvrtc, smoke};
+    let driver = trident::gpu::require_driver("check gpu")?;
+    let n = driver.device_count()?;
+    if n == 0 {
+        return Err(Error::Usage(format!(
+            "check gpu needs an NVIDIA GPU: the driver ({}) sees no device",
+            driver.path()
+        )));
+    }
+    let nvrtc = Nvrtc::load()?;
+    let cache = ModuleCache::at_default_root()?;
+    for ordinal in 0..n {
+        let r = smoke::run(&driver, &nvrtc, &cache, ordinal)?;
+        println!(
+            "gpu check: device {ordinal} ({}, {}): {} launched over {} elements in {} blocks, result exact ({})",
+            r.device,
+            r.arch,
+            smoke::AXPY_NAME,
+            r.elements,
+            r.blocks,
+            r.cache
+        );
+    }
+    println!(
+        "gpu check: passed on {n} device{} (the fused kernels are compared once the CUDA Device exists)",
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
+
+/// `trident check nccl-id`: rank 0 creates an NCCL unique id, the Comm seam broadcasts it, and
+/// every rank's copy is gathered back to rank 0 and compared.
+fn check_nccl_id(rt: &Runtime) -> Result<String> {
+    use trident::gpu::nccl::{exchange_unique_id, Flavor, Nccl, UNIQUE_ID_BYTES};
+    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+    let mut nccl = None;
+    let id = exchange_unique_id(world.as_ref(), || {
+        let lib = Nccl::load(Flavor::Nccl)?;
+        let id = lib.unique_id()?;
+        nccl = Some(lib);
+        Ok(id)
+    })?;
+    let mut all = vec![0u8; UNIQUE_ID_BYTES * rt.world_size];
+    world.all_gather_bytes(&id.internal, &mut all, trident::comm::Dtype::F32);
+    if let Some(bad) = all.chunks_exact(UNIQUE_ID_BYTES).position(|c| c != id.internal) {
+        return Err(Error::Comm(format!("rank {bad} received another NCCL unique id than rank 0's")));
+    }
+    let (version, path) = match &nccl {
+        Some(n) => (n.version()?, n.path()),
+        None => (String::new(), String::new()),
+    };
+    Ok(format!(
+        "nccl id check: rank 0 created {:?} with NCCL {version} ({path}); all {} ranks hold the same {UNIQUE_ID_BYTES} bytes",
+        id, rt.world_size
+    ))
+}
+
 fn cmd_check(rest: &[String]) -> ExitCode {
-    if rest.first().map(String::as_str) != Some("comm") {
-        eprintln!("trident: error: check needs a target: `trident check comm` (run it under mpirun)");
+    let target = rest.first().map(String::as_str);
+    if target == Some("gpu") {
+        return match check_gpu() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("trident: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if target != Some("comm") && target != Some("nccl-id") {
+        eprintln!("trident: error: check needs a target: `trident check comm` or `check nccl-id` (run them under mpirun), or `check gpu`");
         return ExitCode::FAILURE;
     }
     let rt = match start_mpi() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    if target == Some("nccl-id") {
+        return match check_nccl_id(&rt) {
+            Ok(line) => {
+                if rt.world_rank == 0 {
+                    println!("{line}");
+                }
+                ExitCode::SUCCESS
+            }
+            // Rank 0's own failure is printed there; the others only learn that it failed.
+            Err(Error::Comm(m)) if rt.world_rank != 0 && m.starts_with("rank 0 could not") => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("trident: error: {e}");
+                rt.abort(1)
+            }
+        };
+    }
     match trident::check_comm::run(&rt) {
         Ok(passed) => {
             if rt.world_rank == 0 {
@@ -534,7 +621,9 @@ fn cmd_info(rest: &[String]) -> Result<()> {
         p.gflops,
         p.isa
     );
-    println!("cuda: not built into this version (the CUDA backend arrives with its issue)");
+    for line in trident::gpu::info_lines() {
+        println!("{line}");
+    }
     println!("hip: not built into this version (the HIP backend arrives with its issue)");
     #[cfg(feature = "mpi")]
     {

@@ -1,0 +1,240 @@
+//! The on-disk module cache: a kernel compiled by NVRTC for one architecture is kept under
+//! `$TRIDENT_CACHE_DIR`, else `$XDG_CACHE_HOME/trident`, else `~/.cache/trident` (in `kernels/`),
+//! keyed by a hash of (source, architecture, NVRTC version, options), so a second run loads the
+//! CUBIN instead of compiling it. Entries are written to a temporary file and renamed (a crash
+//! never leaves a half-written entry under the real name) and carry their length and an FNV-1a
+//! checksum; an entry that fails either check is compiled again and replaced.
+//!
+//! Entry layout (little-endian): magic `TRIDENTK`, format version u32, image kind u32 (0 CUBIN,
+//! 1 PTX), key u64, payload length u64, payload FNV-1a u64, payload.
+
+use super::nvrtc::{Image, Nvrtc};
+use crate::error::{Error, Result};
+use crate::rng::fnv1a64;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"TRIDENTK";
+const FORMAT_VERSION: u32 = 1;
+const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 8 + 8;
+
+/// The variable that moves the cache (the kernels go in its `kernels/` folder).
+pub const CACHE_DIR_VAR: &str = "TRIDENT_CACHE_DIR";
+
+/// How an image was obtained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Read from the cache; NVRTC was not called.
+    Hit,
+    /// Not in the cache: compiled and stored.
+    Compiled,
+    /// In the cache but damaged (the reason): compiled again and replaced.
+    Recompiled(String),
+}
+
+pub struct CachedImage {
+    pub image: Image,
+    pub bytes: Vec<u8>,
+    pub path: PathBuf,
+    pub outcome: Outcome,
+}
+
+pub struct ModuleCache {
+    dir: PathBuf,
+}
+
+/// The cache root: `$TRIDENT_CACHE_DIR`, `$XDG_CACHE_HOME/trident` or `$HOME/.cache/trident`.
+pub fn default_root(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
+    let set = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(d) = set(CACHE_DIR_VAR) {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = set("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(d).join("trident"));
+    }
+    if let Some(h) = set("HOME") {
+        return Ok(PathBuf::from(h).join(".cache").join("trident"));
+    }
+    Err(Error::Config(format!("no place for the kernel cache: set {CACHE_DIR_VAR}, XDG_CACHE_HOME or HOME")))
+}
+
+/// The cache key of a compilation. Every field is length-prefixed so that no two different
+/// inputs concatenate to the same bytes.
+pub fn key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &[String]) -> u64 {
+    let mut bytes = Vec::with_capacity(source.len() + 64);
+    let mut field = |b: &[u8]| {
+        bytes.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(b);
+    };
+    field(source.as_bytes());
+    field(arch.as_bytes());
+    field(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
+    for o in options {
+        field(o.as_bytes());
+    }
+    fnv1a64(&bytes)
+}
+
+fn encode(image: Image, key: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(if image == Image::Cubin { 0u32 } else { 1u32 }).to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&fnv1a64(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a cache entry, or why the entry is unusable.
+fn decode(bytes: &[u8], want_image: Image, want_key: u64) -> std::result::Result<Vec<u8>, String> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(format!("{} bytes, shorter than the {HEADER_BYTES}-byte header", bytes.len()));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+    if &bytes[..8] != MAGIC {
+        return Err("not a trident kernel cache entry (bad magic)".into());
+    }
+    if u32_at(8) != FORMAT_VERSION {
+        return Err(format!("format version {} (expected {FORMAT_VERSION})", u32_at(8)));
+    }
+    let kind = if want_image == Image::Cubin { 0 } else { 1 };
+    if u32_at(12) != kind || u64_at(16) != want_key {
+        return Err("header names another compilation".into());
+    }
+    let len = u64_at(24);
+    let payload = &bytes[HEADER_BYTES..];
+    if payload.len() as u64 != len {
+        return Err(format!("payload of {} bytes, header says {len}", payload.len()));
+    }
+    if fnv1a64(payload) != u64_at(32) {
+        return Err("checksum mismatch".into());
+    }
+    Ok(payload.to_vec())
+}
+
+impl ModuleCache {
+    /// A cache in `root/kernels` (created on first store).
+    pub fn new(root: &Path) -> ModuleCache {
+        ModuleCache { dir: root.join("kernels") }
+    }
+
+    /// The cache at the default root of this process's environment.
+    pub fn at_default_root() -> Result<ModuleCache> {
+        Ok(ModuleCache::new(&default_root(&|k| std::env::var(k).ok())?))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file an entry lives in: readable names, the key making it unique.
+    pub fn entry_path(&self, name: &str, arch: &str, key: u64) -> PathBuf {
+        let image = if Image::for_arch(arch) == Some(Image::Ptx) { "ptx" } else { "cubin" };
+        self.dir.join(format!("{name}-{arch}-{key:016x}.{image}"))
+    }
+
+    /// The image of kernel `name` for `arch`: from the cache when a valid entry exists, else
+    /// compiled with NVRTC and stored.
+    pub fn get_or_compile(
+        &self,
+        nvrtc: &Nvrtc,
+        name: &str,
+        source: &str,
+        arch: &str,
+        options: &[String],
+    ) -> Result<CachedImage> {
+        let image = Image::for_arch(arch).ok_or_else(|| {
+            Error::Config(format!("kernel {name}: '{arch}' is not a GPU architecture (expected sm_XX or compute_XX)"))
+        })?;
+        let key = key(source, arch, nvrtc.version()?, options);
+        let path = self.entry_path(name, arch, key);
+        let mut outcome = Outcome::Compiled;
+        match std::fs::read(&path) {
+            Ok(bytes) => match decode(&bytes, image, key) {
+                Ok(payload) => return Ok(CachedImage { image, bytes: payload, path, outcome: Outcome::Hit }),
+                Err(reason) => outcome = Outcome::Recompiled(reason),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&path, "read the kernel cache entry", e)),
+        }
+        let compiled = nvrtc.compile(name, source, arch, options)?;
+        self.store(&path, &encode(image, key, &compiled.bytes))?;
+        Ok(CachedImage { image, bytes: compiled.bytes, path, outcome })
+    }
+
+    /// Writes `bytes` to a temporary file beside `path`, syncs it and renames it into place.
+    fn store(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "create the kernel cache directory", e))?;
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(&tmp, "write the kernel cache entry", e));
+        }
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(path, "rename the kernel cache entry into place", e)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_changes_with_every_input() {
+        let o = vec!["-O3".to_string()];
+        let k = key("src", "sm_80", (13, 5), &o);
+        assert_eq!(k, key("src", "sm_80", (13, 5), &o));
+        assert_ne!(k, key("src2", "sm_80", (13, 5), &o));
+        assert_ne!(k, key("src", "sm_90a", (13, 5), &o));
+        assert_ne!(k, key("src", "sm_80", (12, 9), &o));
+        assert_ne!(k, key("src", "sm_80", (13, 5), &[]));
+        // Length prefixes: moving a byte between fields changes the key.
+        assert_ne!(key("ab", "c", (13, 5), &[]), key("a", "bc", (13, 5), &[]));
+    }
+
+    #[test]
+    fn entries_round_trip_and_damage_is_detected() {
+        let payload = b"\x7fELF cubin bytes".to_vec();
+        let e = encode(Image::Cubin, 42, &payload);
+        assert_eq!(decode(&e, Image::Cubin, 42).unwrap(), payload);
+        assert!(decode(&e, Image::Cubin, 43).unwrap_err().contains("another compilation"));
+        assert!(decode(&e, Image::Ptx, 42).unwrap_err().contains("another compilation"));
+        assert!(decode(&e[..e.len() - 1], Image::Cubin, 42).unwrap_err().contains("header says"));
+        assert!(decode(&e[..10], Image::Cubin, 42).unwrap_err().contains("shorter"));
+        let mut flipped = e.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(decode(&flipped, Image::Cubin, 42).unwrap_err(), "checksum mismatch");
+        let mut magic = e;
+        magic[0] = b'X';
+        assert!(decode(&magic, Image::Cubin, 42).unwrap_err().contains("magic"));
+    }
+
+    #[test]
+    fn the_root_follows_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(default_root(&env(&[("TRIDENT_CACHE_DIR", "/c"), ("HOME", "/h")])).unwrap(), PathBuf::from("/c"));
+        assert_eq!(
+            default_root(&env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])).unwrap(),
+            PathBuf::from("/x/trident")
+        );
+        assert_eq!(
+            default_root(&env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")])).unwrap(),
+            PathBuf::from("/h/.cache/trident")
+        );
+        assert!(default_root(&env(&[])).is_err());
+    }
+}
