@@ -1,0 +1,174 @@
+// harness.cpp: runs one kernel of kernels-cuda/ under the SIMT emulation on inputs that
+// tests/cuda_emulation.rs wrote, and writes the outputs back for it to compare with trident's
+// reference device. Built by that test with
+//   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
+// Usage: harness <op> <dir> <integer and real arguments of the op>
+// Files in <dir> are raw little-endian arrays named <name>.bf16 (u16 bit patterns) or
+// <name>.f32; an input file that does not exist is passed to the kernel as a null pointer.
+#include <string>
+
+#include "../../adamw.cu"
+#include "../../gelu.cu"
+#include "../../gemm_bf16.cu"
+#include "../../layernorm.cu"
+
+namespace {
+
+std::string dir;
+
+template <class T>
+std::vector<T> read(const char* name, const char* ext, size_t n, bool* present = nullptr) {
+  std::string path = dir + "/" + name + "." + ext;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (present) *present = f != nullptr;
+  std::vector<T> v(n);
+  if (!f) {
+    if (present) return {};
+    std::fprintf(stderr, "harness: cannot open %s\n", path.c_str());
+    std::exit(2);
+  }
+  if (std::fread(v.data(), sizeof(T), n, f) != n) {
+    std::fprintf(stderr, "harness: %s holds fewer than %zu elements\n", path.c_str(), n);
+    std::exit(2);
+  }
+  std::fclose(f);
+  return v;
+}
+std::vector<bf16> read_bf16(const char* name, size_t n, bool* present = nullptr) { return read<bf16>(name, "bf16", n, present); }
+std::vector<float> read_f32(const char* name, size_t n, bool* present = nullptr) { return read<float>(name, "f32", n, present); }
+
+template <class T>
+void write(const char* name, const char* ext, const std::vector<T>& v) {
+  std::string path = dir + "/" + name + "." + ext;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(v.data(), sizeof(T), v.size(), f) != v.size()) {
+    std::fprintf(stderr, "harness: cannot write %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::fclose(f);
+}
+void write_bf16(const char* name, const std::vector<bf16>& v) { write(name, "bf16", v); }
+void write_f32(const char* name, const std::vector<float>& v) { write(name, "f32", v); }
+template <class T>
+T* or_null(std::vector<T>& v) { return v.empty() ? nullptr : v.data(); }
+
+// A test of ldmatrix itself: a 16x16 tile holding its own element indices, read by every
+// variant with lane l addressing row l % 16, column block l / 16; registers out in lane order.
+__global__ void ldmatrix_probe(uint32_t* out) {
+  __shared__ __align__(16) uint16_t tile[16][16];
+  for (int i = threadIdx.x; i < 256; i += 32) tile[i / 16][i % 16] = uint16_t(i);
+  __syncthreads();
+  const void* row = &tile[threadIdx.x % 16][(threadIdx.x / 16) * 8];
+  uint32_t r1[1], r2[2], r4[4];
+  uint32_t* o = out + threadIdx.x * 14;
+  ldmatrix_x1(r1, row);
+  o[0] = r1[0];
+  ldmatrix_x2(r2, row);
+  o[1] = r2[0], o[2] = r2[1];
+  ldmatrix_x4(r4, row);
+  for (int i = 0; i < 4; ++i) o[3 + i] = r4[i];
+  ldmatrix_x1_trans(r1, row);
+  o[7] = r1[0];
+  ldmatrix_x2_trans(r2, row);
+  o[8] = r2[0], o[9] = r2[1];
+  ldmatrix_x4_trans(r4, row);
+  for (int i = 0; i < 4; ++i) o[10 + i] = r4[i];
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: harness <op> <dir> args...\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return usage();
+  const std::string op = argv[1];
+  dir = argv[2];
+  auto arg = [&](int i) {
+    if (3 + i >= argc) std::exit(usage());
+    return std::atoi(argv[3 + i]);
+  };
+  auto real = [&](int i) {
+    if (3 + i >= argc) std::exit(usage());
+    return float(std::atof(argv[3 + i]));
+  };
+
+  if (op == "gemm_f32out" || op == "gemm_bf16out") {
+    const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
+    auto A = read_bf16("a", size_t(M) * K);
+    auto W = read_bf16("w", size_t(N) * K);
+    bool has_bias = false;
+    auto bias = read_f32("bias", N, &has_bias);
+    const dim3 grid(ceil_div(N, 64), ceil_div(M, 64));
+    if (op == "gemm_f32out") {
+      auto residual = read_f32("residual", size_t(M) * N, &has_bias);
+      std::vector<float> out(size_t(M) * N, -1.0f);
+      emu::launch(grid, dim3(128), gemm_fwd_bf16_f32out, out.data(), A.data(), W.data(), or_null(bias),
+                  or_null(residual), M, N, K, gelu);
+      write_f32("out", out);
+    } else {
+      auto residual = read_bf16("residual", size_t(M) * N, &has_bias);
+      std::vector<bf16> out(size_t(M) * N, to_bf16(-1.0f));
+      emu::launch(grid, dim3(128), gemm_fwd_bf16, out.data(), A.data(), W.data(), or_null(bias), or_null(residual), M, N,
+                  K, gelu);
+      write_bf16("out", out);
+    }
+  } else if (op == "layernorm_fwd") {
+    const int rows = arg(0), C = arg(1);
+    auto inp = read_bf16("inp", size_t(rows) * C);
+    bool has_residual = false;
+    auto residual = read_bf16("residual", size_t(rows) * C, &has_residual);
+    auto weight = read_f32("weight", C), bias = read_f32("bias", C);
+    std::vector<bf16> out(size_t(rows) * C), resid_out(has_residual ? size_t(rows) * C : 0);
+    std::vector<float> mean(rows), rstd(rows);
+    emu::launch(dim3(ceil_div(rows, 4)), dim3(128), layernorm_fwd_bf16, out.data(), mean.data(), rstd.data(),
+                or_null(resid_out), inp.data(), or_null(residual), weight.data(), bias.data(), rows, C);
+    write_bf16("out", out);
+    write_f32("mean", mean);
+    write_f32("rstd", rstd);
+    if (has_residual) write_bf16("resid_out", resid_out);
+  } else if (op == "layernorm_bwd") {
+    const int rows = arg(0), C = arg(1);
+    auto dout = read_bf16("dout", size_t(rows) * C), inp = read_bf16("inp", size_t(rows) * C);
+    auto weight = read_f32("weight", C), mean = read_f32("mean", rows), rstd = read_f32("rstd", rows);
+    auto dinp = read_f32("dinp", size_t(rows) * C);
+    auto dweight = read_f32("dweight", C), dbias = read_f32("dbias", C);
+    emu::launch(dim3(ceil_div(rows, 4)), dim3(128), layernorm_bwd_dx_bf16, dinp.data(), dout.data(), inp.data(),
+                weight.data(), mean.data(), rstd.data(), rows, C);
+    emu::launch(dim3(ceil_div(C, 128)), dim3(128), layernorm_bwd_dparams_bf16, dweight.data(), dbias.data(), dout.data(),
+                inp.data(), mean.data(), rstd.data(), rows, C);
+    write_f32("dinp", dinp);
+    write_f32("dweight", dweight);
+    write_f32("dbias", dbias);
+  } else if (op == "gelu_fwd" || op == "gelu_bwd") {
+    const int n = arg(0), blocks = arg(1), threads = arg(2);
+    auto inp = read_bf16("inp", n);
+    std::vector<bf16> out(n);
+    if (op == "gelu_fwd") {
+      emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data(), inp.data(), n);
+    } else {
+      auto dout = read_bf16("dout", n);
+      emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data(), inp.data(), dout.data(), n);
+    }
+    write_bf16("out", out);
+  } else if (op == "adamw") {
+    const int n = arg(0), blocks = arg(1), threads = arg(2);
+    auto param = read_f32("param", n), grad = read_f32("grad", n), m = read_f32("m", n), v = read_f32("v", n);
+    std::vector<bf16> param_bf16(n);
+    emu::launch(dim3(blocks), dim3(threads), adamw_f32_bf16, param.data(), param_bf16.data(), grad.data(), m.data(),
+                v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10));
+    write_f32("param", param);
+    write_bf16("param_bf16", param_bf16);
+    write_f32("m", m);
+    write_f32("v", v);
+  } else if (op == "ldmatrix") {
+    std::vector<uint32_t> out(32 * 14);
+    emu::launch(dim3(1), dim3(32), ldmatrix_probe, out.data());
+    write("regs", "u32", out);
+  } else {
+    return usage();
+  }
+  return 0;
+}
