@@ -74,8 +74,11 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
   const bool async = K % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
 
   float acc[2][4][4];
+  UNROLL
   for (int i = 0; i < 2; ++i)
+    UNROLL
     for (int j = 0; j < 4; ++j)
+      UNROLL
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
   auto load_stage = [&](int stage, int k0) {
@@ -101,17 +104,20 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
     }
     __syncthreads();  // every thread's copies into this stage are visible
 
+    UNROLL
     for (int kk = 0; kk < kTileK; kk += 16) {
       // A fragments: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
       // (rows 8-15, k 8-15) of the 16x16 sub-tile are a[0..3]; lane l addresses row l % 16,
       // column block l / 16.
       uint32_t a[2][4];
+      UNROLL
       for (int i = 0; i < 2; ++i)
         ldmatrix_x4(a[i], &tiles.a[stage][warp_m + i * 16 + lane % 16][kk + (lane / 16) * 8]);
       // B fragments for two n8 tiles per ldmatrix.x4: matrices (n 0-7, k 0-7), (n 0-7, k 8-15),
       // (n 8-15, k 0-7), (n 8-15, k 8-15); lane l addresses W row l % 8 + 8 (l / 16), k block
       // (l / 8) % 2.
       uint32_t b[4][2];
+      UNROLL
       for (int p = 0; p < 2; ++p) {
         uint32_t r[4];
         ldmatrix_x4(r, &tiles.w[stage][warp_n + p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
@@ -120,7 +126,9 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
         b[2 * p + 1][0] = r[2];
         b[2 * p + 1][1] = r[3];
       }
+      UNROLL
       for (int i = 0; i < 2; ++i)
+        UNROLL
         for (int j = 0; j < 4; ++j) mma_m16n8k16_bf16(acc[i][j], a[i], b[j], acc[i][j]);
     }
     __syncthreads();  // everyone is done reading this stage before it is refilled
@@ -129,8 +137,11 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
   // Epilogue straight from the accumulator fragments: lane (g, t) holds rows g and g + 8,
   // columns 2t and 2t + 1 of each 16x8 tile.
   const int g = lane / 4, t = lane % 4;
+  UNROLL
   for (int i = 0; i < 2; ++i)
+    UNROLL
     for (int j = 0; j < 4; ++j)
+      UNROLL
       for (int e = 0; e < 4; ++e) {
         const int row = m0 + warp_m + i * 16 + g + (e / 2) * 8;
         const int col = n0 + warp_n + j * 8 + 2 * t + e % 2;

@@ -37,12 +37,7 @@ fn harness() -> &'static Path {
             .arg(&exe)
             .output()
             .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx} (install g++): {e}"));
-        assert!(
-            out.status.success(),
-            "compiling {} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
         exe
     })
 }
@@ -230,7 +225,11 @@ fn gemm_fused_epilogues() {
 fn run_layernorm(rows: usize, cols: usize, residual: bool) {
     let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
     let case = Case::new(&name);
-    let inp = bf16_values(rows * cols, "inp", 2.0).iter().map(|x| x + 0.5).map(|x| Precision::Bf16.round(x)).collect::<Vec<_>>();
+    let inp = bf16_values(rows * cols, "inp", 2.0)
+        .iter()
+        .map(|x| x + 0.5)
+        .map(|x| Precision::Bf16.round(x))
+        .collect::<Vec<_>>();
     let res = bf16_values(rows * cols, "res", 1.0);
     let weight = f32_values(cols, "weight", 0.2, 1.0);
     let bias = f32_values(cols, "bias", 0.2, 0.0);

@@ -43,3 +43,11 @@ __device__ __forceinline__ bf16 from_float<bf16>(float f) { return to_bf16(f); }
 __host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + tile - 1) / tile; }
 
 #define FULL_WARP_MASK 0xffffffffu
+
+// Full unrolling of a fixed-count loop, so that register arrays indexed by its counter stay in
+// registers on the GPU (nvcc otherwise places them in local memory); the host build ignores it.
+#ifdef TRIDENT_EMU
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
