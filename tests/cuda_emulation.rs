@@ -62,6 +62,10 @@ impl Case {
         let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
         std::fs::write(self.dir.join(format!("{name}.f32")), bytes).unwrap();
     }
+    fn put_u32(&self, name: &str, values: &[u32]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(self.dir.join(format!("{name}.u32")), bytes).unwrap();
+    }
     fn get_bf16(&self, name: &str) -> Vec<f32> {
         let bytes = std::fs::read(self.dir.join(format!("{name}.bf16"))).unwrap();
         bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
@@ -377,6 +381,91 @@ fn adamw_f32_master_bf16_weights() {
         // The bf16 copy is exactly the rounded master weight.
         let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
         assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+    }
+}
+
+// ---- softmax cross-entropy (vocab-parallel pieces) ----------------------------------------
+
+fn tokens(n: usize, name: &str, below: u32) -> Vec<u32> {
+    let s = Stream::new(11, name, 9);
+    (0..n).map(|i| ((s.uniform(i as u64, 0) * below as f64) as u32).min(below - 1)).collect()
+}
+
+#[test]
+fn softmax_cross_entropy_pieces() {
+    let mut hits = 0;
+    // A shard in the middle of a vocabulary (targets below, inside and above it); widths that
+    // are not multiples of the 256-thread block; a GPT-2-sized shard; one column.
+    for (rows, vocab, vocab_start, total_vocab) in
+        [(5, 1000, 500, 2000), (3, 333, 0, 333), (2, 12565, 12565, 50260), (4, 1, 7, 9)]
+    {
+        let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
+        let case = Case::new(&name);
+        let logits = bf16_values(rows * vocab, "logits", 3.0);
+        let targets = tokens(rows, "targets", total_vocab as u32);
+        let scale = 1.0f32 / 7.0;
+        hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
+        case.put_bf16("logits", &logits);
+        case.put_u32("targets", &targets);
+        case.run("xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
+
+        let dev = ReferenceDevice;
+        let mut rl = reference(&dev, &logits);
+        let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        dev.cross_entropy_max(&rl, rows, vocab, &mut max);
+        dev.cross_entropy_partials(&rl, &targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+        check_f32(&format!("{name} max"), &case.get_f32("max"), &max, 0.0);
+        check_f32(&format!("{name} sum_exp"), &case.get_f32("sum_exp"), &sum_exp, 1e-5);
+        check_f32(&format!("{name} target_logit"), &case.get_f32("target_logit"), &target_logit, 0.0);
+        dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
+        check_bf16(&format!("{name} dlogits"), &case.get_bf16("dlogits"), &rl);
+    }
+    assert!(hits > 0, "some targets must fall inside the shard");
+}
+
+// ---- embedding ----------------------------------------------------------------------------
+
+#[test]
+fn embedding_forward_backward() {
+    // A vocabulary shard with tokens outside it and repeated tokens (a small vocabulary); hidden
+    // sizes that are not multiples of the 128-thread block; with and without positions.
+    for (batch, seq, hidden, vocab_start, vocab_rows, total, positions) in [
+        (2, 5, 96, 10, 20, 40, true),
+        (3, 7, 130, 0, 11, 11, true),
+        (1, 4, 200, 3, 6, 12, false),
+        (4, 3, 33, 0, 64, 64, true),
+    ] {
+        let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
+        let case = Case::new(&name);
+        let toks = tokens(batch * seq, "tokens", total);
+        let wte = bf16_values(vocab_rows * hidden, "wte", 0.5);
+        let wpe = f32_values(seq * hidden, "wpe", 0.1, 0.0);
+        let dout = bf16_values(batch * seq * hidden, "dout", 1.0);
+        let dwte0 = f32_values(vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = f32_values(seq * hidden, "dwpe0", 0.1, 0.0);
+        case.put_u32("tokens", &toks);
+        case.put_bf16("wte", &wte);
+        if positions {
+            case.put_f32("wpe", &wpe);
+        }
+        case.put_bf16("dout", &dout);
+        case.put_f32("dwte", &dwte0);
+        case.put_f32("dwpe", &dwpe0);
+        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+
+        let dev = ReferenceDevice;
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        if positions {
+            dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
+        }
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        let rd = reference(&dev, &dout);
+        let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
+        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
+        check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
     }
 }
 

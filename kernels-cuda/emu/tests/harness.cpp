@@ -8,9 +8,11 @@
 #include <string>
 
 #include "../../adamw.cu"
+#include "../../embedding.cu"
 #include "../../gelu.cu"
 #include "../../gemm_bf16.cu"
 #include "../../layernorm.cu"
+#include "../../softmax_xent.cu"
 
 namespace {
 
@@ -36,6 +38,7 @@ std::vector<T> read(const char* name, const char* ext, size_t n, bool* present =
 }
 std::vector<bf16> read_bf16(const char* name, size_t n, bool* present = nullptr) { return read<bf16>(name, "bf16", n, present); }
 std::vector<float> read_f32(const char* name, size_t n, bool* present = nullptr) { return read<float>(name, "f32", n, present); }
+std::vector<uint32_t> read_u32(const char* name, size_t n) { return read<uint32_t>(name, "u32", n); }
 
 template <class T>
 void write(const char* name, const char* ext, const std::vector<T>& v) {
@@ -163,6 +166,41 @@ int main(int argc, char** argv) {
     write_bf16("param_bf16", param_bf16);
     write_f32("m", m);
     write_f32("v", v);
+  } else if (op == "xent") {
+    const int rows = arg(0), V = arg(1), vocab_start = arg(2);
+    const float scale = real(3);
+    auto logits = read_bf16("logits", size_t(rows) * V);
+    auto targets = read_u32("targets", rows);
+    std::vector<float> max(rows), sum_exp(rows), target_logit(rows);
+    emu::launch(dim3(rows), dim3(256), xent_max_bf16, max.data(), logits.data(), rows, V);
+    emu::launch(dim3(rows), dim3(256), xent_partials_bf16, sum_exp.data(), target_logit.data(), logits.data(),
+                targets.data(), vocab_start, max.data(), rows, V);
+    // In place, as the model runs it: the logits buffer becomes the gradient.
+    emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), logits.data(), targets.data(), vocab_start,
+                max.data(), sum_exp.data(), scale, rows, V);
+    write_f32("max", max);
+    write_f32("sum_exp", sum_exp);
+    write_f32("target_logit", target_logit);
+    write_bf16("dlogits", logits);
+  } else if (op == "embedding") {
+    const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4);
+    const size_t rows = size_t(batch) * seq;
+    auto tokens = read_u32("tokens", rows);
+    auto wte = read_bf16("wte", size_t(vocab_rows) * hidden);
+    bool has_wpe = false;
+    auto wpe = read_f32("wpe", size_t(seq) * hidden, &has_wpe);
+    auto dout = read_bf16("dout", rows * hidden);
+    auto dwte = read_f32("dwte", size_t(vocab_rows) * hidden), dwpe = read_f32("dwpe", size_t(seq) * hidden);
+    std::vector<bf16> out(rows * hidden);
+    emu::launch(dim3(ceil_div(hidden, 128), unsigned(rows)), dim3(128), embedding_fwd_bf16, out.data(), tokens.data(),
+                wte.data(), or_null(wpe), vocab_start, vocab_rows, batch, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 128)), dim3(128), embedding_bwd_wte_bf16, dwte.data(), dout.data(), tokens.data(),
+                vocab_start, vocab_rows, batch, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 128), seq), dim3(128), embedding_bwd_wpe_bf16, dwpe.data(), dout.data(), batch,
+                seq, hidden);
+    write_bf16("out", out);
+    write_f32("dwte", dwte);
+    write_f32("dwpe", dwpe);
   } else if (op == "ldmatrix") {
     std::vector<uint32_t> out(32 * 14);
     emu::launch(dim3(1), dim3(32), ldmatrix_probe, out.data());
