@@ -78,6 +78,16 @@ impl Case {
         let bytes = std::fs::read(self.dir.join(format!("{name}.u32"))).unwrap();
         bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     }
+    fn get_i32(&self, name: &str) -> Vec<i32> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.i32"))).unwrap();
+        bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    /// Runs an op that must fail; returns its stderr.
+    fn run_failing(&self, op: &str) -> String {
+        let out = Command::new(harness()).arg(op).arg(&self.dir).output().unwrap();
+        assert!(!out.status.success(), "{op} should have failed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
     fn run(&self, op: &str, args: &[String]) {
         let out = Command::new(harness()).arg(op).arg(&self.dir).args(args).output().unwrap();
         assert!(
@@ -503,4 +513,45 @@ fn ldmatrix_layouts() {
         ];
         assert_eq!(&regs[lane as usize * 14..lane as usize * 14 + 14], &want, "lane {lane}");
     }
+}
+
+/// The warp collectives against CUDA's documented semantics: lanes in segments of `width`;
+/// up/down leave a lane whose source falls outside its segment unchanged; xor may read an earlier
+/// segment but not a later one.
+#[test]
+fn shuffles_and_votes() {
+    let case = Case::new("shuffle");
+    case.run("shuffle", &[]);
+    let got = case.get_i32("values");
+    for t in 0..64i32 {
+        let (warp, lane) = (t / 32, t % 32);
+        let v = |l: i32| 100 * warp + l;
+        let idx = |src: i32, width: i32| v((lane & !(width - 1)) + (src & (width - 1)));
+        let up = |d: i32, width: i32| if lane - d >= (lane & !(width - 1)) { v(lane - d) } else { v(lane) };
+        let down = |d: i32, width: i32| if lane + d < (lane & !(width - 1)) + width { v(lane + d) } else { v(lane) };
+        let xor = |m: i32, width: i32| if (lane ^ m) < (lane & !(width - 1)) + width { v(lane ^ m) } else { v(lane) };
+        let ballot = (0..32).filter(|l| l % 3 == 0).fold(0u32, |b, l| b | (1 << l)) as i32;
+        let want = [
+            idx(lane * 7 + 3, 32),
+            idx(lane * 3, 8),
+            up(3, 32),
+            up(2, 8),
+            down(5, 32),
+            down(1, 16),
+            xor(6, 32),
+            xor(1, 4),
+            (warp == 1) as i32,
+            0,
+            ballot,
+        ];
+        assert_eq!(&got[t as usize * 11..t as usize * 11 + 11], &want, "thread {t}");
+    }
+}
+
+/// A lane that returns before a full-warp collective is reported as a deadlock, not a hang.
+#[test]
+fn divergent_collective_is_reported() {
+    let case = Case::new("early_return");
+    let stderr = case.run_failing("early_return");
+    assert!(stderr.contains("deadlock"), "unexpected report: {stderr}");
 }

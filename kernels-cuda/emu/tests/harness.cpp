@@ -78,6 +78,31 @@ __global__ void ldmatrix_probe(uint32_t* out) {
   for (int i = 0; i < 4; ++i) o[10 + i] = r4[i];
 }
 
+// A test of the warp collectives: each thread of two full warps records the results of every
+// shuffle kind (with and without sub-warp widths) and the votes.
+__global__ void shuffle_probe(int* out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, v = 100 * warp + lane;
+  int* o = out + threadIdx.x * 11;
+  o[0] = __shfl_sync(FULL_WARP_MASK, v, lane * 7 + 3);
+  o[1] = __shfl_sync(FULL_WARP_MASK, v, lane * 3, 8);
+  o[2] = __shfl_up_sync(FULL_WARP_MASK, v, 3);
+  o[3] = __shfl_up_sync(FULL_WARP_MASK, v, 2, 8);
+  o[4] = __shfl_down_sync(FULL_WARP_MASK, v, 5);
+  o[5] = __shfl_down_sync(FULL_WARP_MASK, v, 1, 16);
+  o[6] = __shfl_xor_sync(FULL_WARP_MASK, v, 6);
+  o[7] = __shfl_xor_sync(FULL_WARP_MASK, v, 1, 4);
+  o[8] = __any_sync(FULL_WARP_MASK, lane == 5 && warp == 1);
+  o[9] = __all_sync(FULL_WARP_MASK, lane < 31);
+  o[10] = int(__ballot_sync(FULL_WARP_MASK, lane % 3 == 0));
+}
+
+// A kernel with a bug the emulation must report rather than hang on: one lane returns before a
+// full-warp collective.
+__global__ void early_return_probe(float* out) {
+  if (threadIdx.x == 3) return;
+  out[threadIdx.x] = warp_sum(1.0f);
+}
+
 int usage() {
   std::fprintf(stderr, "usage: harness <op> <dir> args...\n");
   return 2;
@@ -201,6 +226,13 @@ int main(int argc, char** argv) {
     write_bf16("out", out);
     write_f32("dwte", dwte);
     write_f32("dwpe", dwpe);
+  } else if (op == "shuffle") {
+    std::vector<int> out(64 * 11);
+    emu::launch(dim3(1), dim3(64), shuffle_probe, out.data());
+    write("values", "i32", out);
+  } else if (op == "early_return") {
+    std::vector<float> out(32);
+    emu::launch(dim3(1), dim3(32), early_return_probe, out.data());
   } else if (op == "ldmatrix") {
     std::vector<uint32_t> out(32 * 14);
     emu::launch(dim3(1), dim3(32), ldmatrix_probe, out.data());
