@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `make kernels-check`: compiles every kernel in kernels-cuda/ with nvcc for sm_80 and sm_90a,
 # prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
-# spill, and confirms the tensor-core instructions in the SASS: HMMA in the GEMM (both archs).
-# No GPU is needed. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags (e.g. -maxrregcount=24 to see the
-# spill gate fail). nvcc comes from NVIDIA's pip wheels, installed once into
-# .cache/cuda-toolchain (pip --target: no venv, and untouched by Debian's externally-managed
-# Python rule) and reused while the pinned versions match.
+# spill, and confirms the tensor-core instructions in the SASS: HMMA in the GEMM and the attention
+# kernels (both archs).
+# No GPU is needed. nvcc comes from NVIDIA's pip wheels, installed once into .cache/cuda-toolchain
+# (pip --target: no venv, and untouched by Debian's externally-managed Python rule) and reused
+# while the pinned versions match. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags for experiments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ trap 'rm -rf "$OUT"' EXIT
 # arch name -> nvcc target flags
 declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a,code=sm_90a")
 # kernel file -> SASS instruction that must appear (the tensor-core path is really taken)
-declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA")
+declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [attention_fwd.cu]="HMMA")
 
 status=0
 printf '%-7s %-16s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld

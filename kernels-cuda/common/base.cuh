@@ -32,6 +32,17 @@ __device__ __forceinline__ bf16 to_bf16(float f) { return __float2bfloat16_rn(f)
 #endif
 
 __device__ __forceinline__ float to_float(float x) { return x; }
+
+// Two floats rounded to bf16 and packed as one .b32 register (lo in the low half): the operand
+// format of mma.sync's A and B fragments.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#ifdef TRIDENT_EMU
+  return emu::pack_halves(to_bf16(lo).bits, to_bf16(hi).bits);
+#else
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+#endif
+}
 template <class T>
 __device__ __forceinline__ T from_float(float f);
 template <>
