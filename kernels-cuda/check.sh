@@ -31,7 +31,7 @@ trap 'rm -rf "$OUT"' EXIT
 # arch name -> nvcc target flags
 declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a,code=sm_90a")
 # kernel file -> SASS instruction that must appear (the tensor-core path is really taken)
-declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [attention_fwd.cu]="HMMA")
+declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [attention_fwd.cu]="HMMA" [attention_bwd.cu]="HMMA")
 
 status=0
 printf '%-7s %-16s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../../adamw.cu"
+#include "../../attention_bwd.cu"
 #include "../../attention_fwd.cu"
 #include "../../embedding.cu"
 #include "../../gelu.cu"
@@ -243,6 +244,31 @@ int main(int argc, char** argv) {
     }
     write_bf16("out", out);
     write_f32("lse", lse);
+  } else if (op == "attention_bwd") {
+    const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
+    const size_t rows = size_t(batch) * seq;
+    auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+    auto out = read_bf16("out", rows * heads * d), dout = read_bf16("dout", rows * heads * d);
+    auto lse = read_f32("lse", rows * heads);
+    std::vector<float> delta(rows * heads, -7.0f);
+    std::vector<bf16> dqkv(rows * 3 * heads * d, to_bf16(-7.0f));  // every element must be written
+    emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(128), attention_bwd_delta_bf16, delta.data(), dout.data(),
+                out.data(), batch, seq, heads, d);
+    const dim3 grid(ceil_div(seq, 64), batch * heads);
+    if (d == 64) {
+      emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+    } else if (d == 128) {
+      emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+    } else {
+      return usage();
+    }
+    write_bf16("dqkv", dqkv);
   } else if (op == "shuffle") {
     std::vector<int> out(64 * 11);
     emu::launch(dim3(1), dim3(64), shuffle_probe, out.data());
