@@ -25,10 +25,10 @@ endif
 
 , := ,
 APT_PACKAGES      := libopenmpi-dev openmpi-bin libclang-dev
-APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev
+APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev g++
 APT_SLURM_PACKAGES := slurm-wlm munge shellcheck
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs gpu-check slurm-deps slurm-test mpich-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs gpu-check slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -63,7 +63,7 @@ ifeq ($(NO_MPI),)
 endif
 
 test-deps: deps
-	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
+	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
 
 gpu-test-libs:
 	@if [ -f $(TEST_NVRTC) ] && [ -f $(TEST_NCCL) ]; then :; else \
@@ -117,6 +117,12 @@ slurm-test: slurm-deps build
 mpich-check: test-deps
 	MPICC=mpicc.mpich $(CARGO) build --release --target-dir target-mpich
 	mpiexec.mpich -n 2 target-mpich/release/trident bench allreduce --max-size 64K --min-seconds 0.01
+
+# The CUDA kernels through nvcc (pip wheels, cached in .cache/cuda-toolchain; no GPU needed):
+# sm_80 and sm_90a, registers / shared memory / spills per kernel, fails on a spill, and checks
+# the GEMM's SASS for tensor-core HMMA. `cargo test` runs the same kernels under the emulation.
+kernels-check:
+	kernels-cuda/check.sh
 
 bench: build
 	$(BIN) bench peak

@@ -1,0 +1,343 @@
+// attention_bwd.cu: causal self-attention backward, FlashAttention-2 style, on sm_80+ tensor cores,
+// deterministic (no atomics).
+//
+// Computes, for each sequence b and head h, with scale s = 1/sqrt(d), P_ij = exp(s q_i·k_j - lse_i)
+// for j <= i (0 otherwise) rebuilt from the forward's log-sum-exp, and delta_i = dO_i · O_i:
+//   dV_j = Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
+//   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
+// Inputs: qkv [seq·batch, heads·3·d] bf16 (the forward's fused rows), out and dout
+// [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
+// (overwritten: each of q, k, v columns is written once). Head dims 64 and 128; any seq >= 1.
+// Three kernels, launched in this order:
+//   attention_bwd_delta_bf16:      delta [batch·heads·seq] f32. Grid ⌈seq·batch·heads / 4⌉ blocks
+//                                  of 128, a warp per (row, head), warp_sum over d.
+//   attention_bwd_dkv_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//                                  keys, a warp 16 of them, and walks the query tiles from the
+//                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
+//                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
+//                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
+//                                  / Q through ldmatrix.trans. Query tiles: 32 (d 64), 16 (d 128).
+//   attention_bwd_dq_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//                                  queries, a warp 16, and walks the key tiles up to the
+//                                  diagonal, recomputing S and dP, then dQ += dS K (K through
+//                                  ldmatrix.trans). Key tiles: 32 (d 64), 16 (d 128).
+// Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
+// into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
+//
+// Shared memory (static, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) and Q, dO
+// tile x (d + 8) bf16 plus 2 x tile f32 = 27904 B (d 64), 43648 B (d 128); dq: Q, dO 64 x (d + 8)
+// and K, V tile x (d + 8) = 27648 B (d 64), 43520 B (d 128). Registers: dkv holds dK and dV
+// (d f32 per thread) and two score tiles, dq holds dQ (d/2) and two; `make kernels-check`
+// prints the counts and rejects spills.
+//
+// Reference: `attention_backward` of the reference device (`attention_backward_head` in
+// src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
+#include "common/base.cuh"
+#include "common/ptx.cuh"
+#include "common/reduce.cuh"
+
+namespace attention_bwd_detail {
+
+constexpr int kBlockRows = 64, kThreads = 128;
+
+// Rows row0..row0+ROWS-1 (positions t; rows past seq load as zeros) of one head's d columns
+// starting at column col0 of a [seq·batch, row_stride] activation, into a padded tile.
+template <int D, int ROWS>
+__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* base, size_t row_stride, size_t col0,
+                                          int row0, int seq, int batch, int b) {
+  constexpr int chunks = D / 8;
+  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
+    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
+    const bf16* src = base;
+    int bytes = 0;
+    if (t < seq) {
+      src = base + ((size_t)t * batch + b) * row_stride + col0 + c;
+      bytes = 16;
+    }
+    cp_async_16(&tile[r][c], src, bytes);
+  }
+}
+
+// The A fragment of the 16x16 block at (row0, k0) of a row-major tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], bf16 (*tile)[D + 8], int row0, int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, &tile[row0 + lane % 16][k0 + (lane / 16) * 8]);
+}
+// B fragments of n-tiles n0..n0+7 and n0+8..n0+15 when the tile's rows are B's columns
+// (tile[n][k], e.g. K when computing Q Kᵀ).
+template <int D>
+__device__ __forceinline__ void load_b_rows(uint32_t (&b0)[2], uint32_t (&b1)[2], bf16 (*tile)[D + 8], int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4(r, &tile[n0 + lane % 8 + (lane / 16) * 8][k0 + ((lane / 8) % 2) * 8]);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// B fragments of n-tiles n0.. and n0+8.. when the tile is B itself, row-major (tile[k][n], e.g.
+// V when computing P V): the transposing ldmatrix.
+template <int D>
+__device__ __forceinline__ void load_b_trans(uint32_t (&b0)[2], uint32_t (&b1)[2], bf16 (*tile)[D + 8], int k0,
+                                             int n0) {
+  const int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, &tile[k0 + lane % 16][n0 + (lane / 16) * 8]);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// The A fragment of k16 block c of a 16-row matrix held as accumulator n-tiles (2c, 2c + 1).
+__device__ __forceinline__ void repack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16x2(lo[0], lo[1]);
+  a[1] = pack_bf16x2(lo[2], lo[3]);
+  a[2] = pack_bf16x2(hi[0], hi[1]);
+  a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+template <int D, int BQ>
+struct DkvTiles {
+  bf16 k[kBlockRows][D + 8];
+  bf16 v[kBlockRows][D + 8];
+  bf16 q[BQ][D + 8];
+  bf16 dout[BQ][D + 8];
+  float lse[BQ];
+  float delta[BQ];
+};
+
+template <int D, int BQ>
+__device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
+                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+  __shared__ __align__(16) DkvTiles<D, BQ> tiles;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int k0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
+  const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+  const float scale = 1.0f / sqrtf((float)D);
+
+  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+
+  float dk[D / 8][4], dv[D / 8][4];
+  UNROLL
+  for (int j = 0; j < D / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  const int key_base = k0 + warp * 16 + g;  // keys of this lane's rows: key_base, key_base + 8
+
+  for (int qs = (k0 / BQ) * BQ; qs < seq; qs += BQ) {
+    load_rows<D, BQ>(tiles.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
+    load_rows<D, BQ>(tiles.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
+    cp_async_commit();
+    for (int i = threadIdx.x; i < BQ; i += kThreads) {
+      // A query past the end gets lse = +inf, so its P (and dS) are exactly 0.
+      tiles.lse[i] = qs + i < seq ? lse_bh[qs + i] : INFINITY;
+      tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
+    float st[BQ / 8][4], dpt[BQ / 8][4];
+    UNROLL
+    for (int j = 0; j < BQ / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t ka[4], va[4];
+      load_a<D>(ka, tiles.k, warp * 16, kk);
+      load_a<D>(va, tiles.v, warp * 16, kk);
+      UNROLL
+      for (int p = 0; p < BQ / 16; ++p) {
+        uint32_t b0[2], b1[2];
+        load_b_rows<D>(b0, b1, tiles.q, p * 16, kk);
+        mma_m16n8k16_bf16(st[2 * p], ka, b0, st[2 * p]);
+        mma_m16n8k16_bf16(st[2 * p + 1], ka, b1, st[2 * p + 1]);
+        load_b_rows<D>(b0, b1, tiles.dout, p * 16, kk);
+        mma_m16n8k16_bf16(dpt[2 * p], va, b0, dpt[2 * p]);
+        mma_m16n8k16_bf16(dpt[2 * p + 1], va, b1, dpt[2 * p + 1]);
+      }
+    }
+    // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
+    // qs + 8j + 2 t4 + e % 2.
+    UNROLL
+    for (int j = 0; j < BQ / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
+        const float p = key <= qs + qi ? expf(st[j][e] * scale - tiles.lse[qi]) : 0.0f;
+        st[j][e] = p;
+        dpt[j][e] = p * (dpt[j][e] - tiles.delta[qi]);
+      }
+    // dV += Pᵀ dO, dK += dSᵀ Q (the scale of dK is applied once at the end).
+    UNROLL
+    for (int c = 0; c < BQ / 16; ++c) {
+      uint32_t pa[4], dsa[4];
+      repack_a(pa, st[2 * c], st[2 * c + 1]);
+      repack_a(dsa, dpt[2 * c], dpt[2 * c + 1]);
+      UNROLL
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b0[2], b1[2];
+        load_b_trans<D>(b0, b1, tiles.dout, c * 16, dp * 16);
+        mma_m16n8k16_bf16(dv[2 * dp], pa, b0, dv[2 * dp]);
+        mma_m16n8k16_bf16(dv[2 * dp + 1], pa, b1, dv[2 * dp + 1]);
+        load_b_trans<D>(b0, b1, tiles.q, c * 16, dp * 16);
+        mma_m16n8k16_bf16(dk[2 * dp], dsa, b0, dk[2 * dp]);
+        mma_m16n8k16_bf16(dk[2 * dp + 1], dsa, b1, dk[2 * dp + 1]);
+      }
+    }
+    __syncthreads();  // the tile is consumed before the next one overwrites it
+  }
+
+  UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_base + 8 * h;
+    if (key >= seq) continue;
+    bf16* row = dqkv + ((size_t)key * batch + b) * qkv_stride + head_col;
+    UNROLL
+    for (int j = 0; j < D / 8; ++j) {
+      const int c = 8 * j + 2 * t4;
+      row[D + c] = to_bf16(dk[j][2 * h] * scale);
+      row[D + c + 1] = to_bf16(dk[j][2 * h + 1] * scale);
+      row[2 * D + c] = to_bf16(dv[j][2 * h]);
+      row[2 * D + c + 1] = to_bf16(dv[j][2 * h + 1]);
+    }
+  }
+}
+
+template <int D, int BK>
+struct DqTiles {
+  bf16 q[kBlockRows][D + 8];
+  bf16 dout[kBlockRows][D + 8];
+  bf16 k[BK][D + 8];
+  bf16 v[BK][D + 8];
+};
+
+template <int D, int BK>
+__device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
+                                        const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                        const float* __restrict__ delta, int batch, int seq, int heads) {
+  __shared__ __align__(16) DqTiles<D, BK> tiles;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  const float scale = 1.0f / sqrtf((float)D);
+
+  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
+
+  const int row_base = q0 + warp * 16 + g;  // queries of this lane's rows: row_base, row_base + 8
+  float row_lse[2], row_delta[2];
+  UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_base + 8 * h;
+    const size_t at = ((size_t)b * heads + head) * seq + row;
+    row_lse[h] = row < seq ? lse[at] : INFINITY;
+    row_delta[h] = row < seq ? delta[at] : 0.0f;
+  }
+  float dq[D / 8][4];
+  UNROLL
+  for (int j = 0; j < D / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+
+  const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
+  for (int k0 = 0; k0 <= last_query; k0 += BK) {
+    load_rows<D, BK>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
+    load_rows<D, BK>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float s[BK / 8][4], dp[BK / 8][4];
+    UNROLL
+    for (int j = 0; j < BK / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t qa[4], oa[4];
+      load_a<D>(qa, tiles.q, warp * 16, kk);
+      load_a<D>(oa, tiles.dout, warp * 16, kk);
+      UNROLL
+      for (int p = 0; p < BK / 16; ++p) {
+        uint32_t b0[2], b1[2];
+        load_b_rows<D>(b0, b1, tiles.k, p * 16, kk);
+        mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
+        mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
+        load_b_rows<D>(b0, b1, tiles.v, p * 16, kk);
+        mma_m16n8k16_bf16(dp[2 * p], oa, b0, dp[2 * p]);
+        mma_m16n8k16_bf16(dp[2 * p + 1], oa, b1, dp[2 * p + 1]);
+      }
+    }
+    // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
+    UNROLL
+    for (int j = 0; j < BK / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
+        const float p = key <= row ? expf(s[j][e] * scale - row_lse[e / 2]) : 0.0f;
+        s[j][e] = p * (dp[j][e] - row_delta[e / 2]);
+      }
+    // dQ += dS K.
+    UNROLL
+    for (int c = 0; c < BK / 16; ++c) {
+      uint32_t dsa[4];
+      repack_a(dsa, s[2 * c], s[2 * c + 1]);
+      UNROLL
+      for (int dn = 0; dn < D / 16; ++dn) {
+        uint32_t b0[2], b1[2];
+        load_b_trans<D>(b0, b1, tiles.k, c * 16, dn * 16);
+        mma_m16n8k16_bf16(dq[2 * dn], dsa, b0, dq[2 * dn]);
+        mma_m16n8k16_bf16(dq[2 * dn + 1], dsa, b1, dq[2 * dn + 1]);
+      }
+    }
+    __syncthreads();
+  }
+
+  UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int row = row_base + 8 * h;
+    if (row >= seq) continue;
+    bf16* dst = dqkv + ((size_t)row * batch + b) * qkv_stride + head_col;
+    UNROLL
+    for (int j = 0; j < D / 8; ++j) {
+      dst[8 * j + 2 * t4] = to_bf16(dq[j][2 * h] * scale);
+      dst[8 * j + 2 * t4 + 1] = to_bf16(dq[j][2 * h + 1] * scale);
+    }
+  }
+}
+
+}  // namespace attention_bwd_detail
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads, int d) {
+  const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (item >= seq * batch * heads) return;  // the whole warp leaves together
+  const int row = item / heads, head = item % heads, t = row / batch, b = row % batch;
+  const size_t base = (size_t)row * heads * d + (size_t)head * d;
+  float sum = 0.0f;
+  for (int c = lane; c < d; c += 32) sum += to_float(dout[base + c]) * to_float(out[base + c]);
+  sum = warp_sum(sum);
+  if (lane == 0) delta[((size_t)b * heads + head) * seq + t] = sum;
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                                int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}

@@ -1,0 +1,198 @@
+// attention_fwd.cu: causal self-attention forward, FlashAttention-2 style, on sm_80+ tensor cores.
+//
+// Computes, for each sequence b, head h and query position t < seq:
+//   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u
+//   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
+// from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, each row
+// holding per head [q | k | v], as trident's model lays it out); out [seq·batch, heads·d] bf16;
+// lse f32. Head dims 64 (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128); any seq >= 1.
+// No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
+// and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
+//
+// Grid: (⌈seq/64⌉, batch·heads) blocks of 128 threads. A block owns 64 queries of one (b, h); each
+// warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 64,
+// 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
+// ldmatrix, K's rows being B's columns), masks u > t, rescales its O accumulator, and multiplies
+// P (rounded to bf16, repacked from the S accumulator fragments straight into A fragments) by V,
+// whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's
+// last query, so every row sees key 0 in its first tile and the running max is finite from then
+// on. Tiles are loaded with cp.async (zero-fill past seq); K/V are single-buffered in this
+// version (loads and math do not overlap yet).
+//
+// Shared memory (static): Q 64 x (d + 8) plus K and V BN x (d + 8) bf16 (8 bf16 of padding per row
+// spread ldmatrix rows over the banks) = 27648 B for d 64, 34816 B for d 128. Registers: the O
+// accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16); `make kernels-check` prints
+// the counts and rejects spills.
+//
+// Reference: `attention_forward` of the reference device (`attention_forward_head` in
+// src/device/kernels.rs), f64 on the same bf16 qkv (tests/cuda_emulation.rs).
+#include "common/base.cuh"
+#include "common/ptx.cuh"
+
+namespace attention_fwd_detail {
+
+constexpr int kQueries = 64, kThreads = 128;
+
+template <int D, int BN>
+struct Tiles {
+  bf16 q[kQueries][D + 8];
+  bf16 k[BN][D + 8];
+  bf16 v[BN][D + 8];
+};
+
+// rows row0.. of one of q / k / v (column offset `part`·d within the head) into a tile.
+template <int D, int ROWS>
+__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* qkv, int part, int row0, int seq, int batch,
+                                          int b, int head, int heads) {
+  constexpr int chunks = D / 8;
+  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
+    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
+    const bf16* src = qkv;
+    int bytes = 0;
+    if (t < seq) {
+      src = qkv + ((size_t)t * batch + b) * (size_t)(3 * heads * D) + (size_t)head * 3 * D + part * D + c;
+      bytes = 16;
+    }
+    cp_async_16(&tile[r][c], src, bytes);
+  }
+}
+
+template <int D, int BN>
+__device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
+                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+  __shared__ __align__(16) Tiles<D, BN> tiles;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int q0 = blockIdx.x * kQueries, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const float scale = 1.0f / sqrtf((float)D);
+
+  load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);
+  cp_async_commit();
+
+  float o[D / 8][4];
+  UNROLL
+  for (int j = 0; j < D / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+  // Row state for the lane's two rows (g and g + 8 of the warp's 16): the running max, and this
+  // lane's part of the running sum (the four lanes of a group are added at the end).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int row_base = q0 + warp * 16 + g;
+
+  const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
+  const int key_tiles = last_query / BN + 1;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int k0 = kt * BN;
+    load_rows<D, BN>(tiles.k, qkv, 1, k0, seq, batch, b, head, heads);
+    load_rows<D, BN>(tiles.v, qkv, 2, k0, seq, batch, b, head, heads);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();  // Q (first time), K and V of this tile are in shared memory
+
+    // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
+    float s[BN / 8][4];
+    UNROLL
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    UNROLL
+    for (int kk = 0; kk < D; kk += 16) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, &tiles.q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
+      UNROLL
+      for (int p = 0; p < BN / 16; ++p) {
+        uint32_t r[4];
+        ldmatrix_x4(r, &tiles.k[p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
+        mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
+      }
+    }
+
+    // Scale, causal mask, online softmax. Element e of n-tile j is row g + 8 (e / 2), key
+    // k0 + 8j + 2 t4 + e % 2.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    UNROLL
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
+        const float v = key <= row ? s[j][e] * scale : -INFINITY;
+        s[j][e] = v;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
+      }
+    float correction[2];
+    UNROLL
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
+      const float m_new = fmaxf(m[h], tile_max[h]);
+      // A row that has seen no key yet has m = -inf and nothing to rescale.
+      correction[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+      m[h] = m_new;
+      l[h] *= correction[h];
+    }
+    UNROLL
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float p = m[e / 2] == -INFINITY ? 0.0f : expf(s[j][e] - m[e / 2]);
+        s[j][e] = p;
+        l[e / 2] += p;
+      }
+    UNROLL
+    for (int j = 0; j < D / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
+
+    // O += P V. The accumulator fragments of S n-tiles 2c and 2c + 1 are exactly the A fragment
+    // of P's k16 block c: a[0] = row g, keys 2t4.. of tile 2c; a[1] = row g + 8 of it; a[2], a[3]
+    // the same of tile 2c + 1.
+    UNROLL
+    for (int c = 0; c < BN / 16; ++c) {
+      const uint32_t pa[4] = {pack_bf16x2(s[2 * c][0], s[2 * c][1]), pack_bf16x2(s[2 * c][2], s[2 * c][3]),
+                              pack_bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
+                              pack_bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
+      UNROLL
+      for (int dp = 0; dp < D / 16; ++dp) {
+        // Matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
+        // of V's 16x16 block, transposed: B fragments of d n-tiles 2dp and 2dp + 1.
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, &tiles.v[c * 16 + lane % 16][dp * 16 + (lane / 16) * 8]);
+        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+        mma_m16n8k16_bf16(o[2 * dp], pa, b0, o[2 * dp]);
+        mma_m16n8k16_bf16(o[2 * dp + 1], pa, b1, o[2 * dp + 1]);
+      }
+    }
+    __syncthreads();  // everyone is done with K and V before the next tile overwrites them
+  }
+
+  const size_t width = (size_t)heads * D;
+  UNROLL
+  for (int h = 0; h < 2; ++h) {
+    float total = l[h];
+    total += __shfl_xor_sync(FULL_WARP_MASK, total, 1);
+    total += __shfl_xor_sync(FULL_WARP_MASK, total, 2);
+    const int row = row_base + 8 * h;
+    if (row >= seq) continue;
+    const float inv = 1.0f / total;
+    bf16* dst = out + ((size_t)row * batch + b) * width + (size_t)head * D;
+    UNROLL
+    for (int j = 0; j < D / 8; ++j) {
+      dst[8 * j + 2 * t4] = to_bf16(o[j][2 * h] * inv);
+      dst[8 * j + 2 * t4 + 1] = to_bf16(o[j][2 * h + 1] * inv);
+    }
+    if (t4 == 0) lse[((size_t)b * heads + head) * seq + row] = m[h] + logf(total);
+  }
+}
+
+}  // namespace attention_fwd_detail
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<64, 64>(out, lse, qkv, batch, seq, heads);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<128, 32>(out, lse, qkv, batch, seq, heads);
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# `make kernels-check`: compiles every kernel in kernels-cuda/ with nvcc for sm_80 and sm_90a,
+# prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
+# spill, and confirms the tensor-core instructions in the SASS: HMMA in the GEMM and the attention
+# kernels (both archs).
+# No GPU is needed. nvcc comes from NVIDIA's pip wheels, installed once into .cache/cuda-toolchain
+# (pip --target: no venv, and untouched by Debian's externally-managed Python rule) and reused
+# while the pinned versions match. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags for experiments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLCHAIN=.cache/cuda-toolchain
+PINS="nvidia-cuda-nvcc==13.5.37 nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6 nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37"
+BIN=$TOOLCHAIN/nvidia/cu13/bin
+
+if [ ! -x "$BIN/nvcc" ] || [ "$(cat "$TOOLCHAIN/.pins" 2>/dev/null)" != "$PINS" ]; then
+  command -v python3 >/dev/null 2>&1 || { echo "kernels-check: needs python3 with pip to fetch nvcc" >&2; exit 1; }
+  echo "kernels-check: installing the CUDA compiler wheels into $TOOLCHAIN ($PINS)"
+  rm -rf "$TOOLCHAIN"
+  # shellcheck disable=SC2086 # PINS is a list of requirements
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$TOOLCHAIN" $PINS
+  echo "$PINS" >"$TOOLCHAIN/.pins"
+fi
+NVCC=$BIN/nvcc
+CUOBJDUMP=$BIN/cuobjdump
+"$NVCC" --version | tail -1
+
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+# arch name -> nvcc target flags
+declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a,code=sm_90a")
+# kernel file -> SASS instruction that must appear (the tensor-core path is really taken)
+declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [attention_fwd.cu]="HMMA" [attention_bwd.cu]="HMMA")
+
+status=0
+printf '%-7s %-16s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
+for src in kernels-cuda/*.cu; do
+  file=$(basename "$src")
+  for arch in sm_80 sm_90a; do
+    cubin=$OUT/${file%.cu}.$arch.cubin
+    # shellcheck disable=SC2086 # the flags are words
+    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
+      echo "$log" >&2
+      echo "kernels-check: $file does not compile for $arch" >&2
+      status=1
+      continue
+    fi
+    # ptxas -v reports per entry: "Compiling entry function 'k' for 'sm_80'", then the stack and
+    # spill line, then "Used N registers, ... M bytes smem ...".
+    table=$(awk -v arch="$arch" -v file="$file" '
+      /Compiling entry function/ { match($0, /function .[^'"'"']*/); name = substr($0, RSTART + 10, RLENGTH - 10); stack = 0; st = 0; ld = 0 }
+      /bytes stack frame/ { stack = $1; st = $5; ld = $9 }
+      /Used [0-9]+ registers/ {
+        regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
+        smem = 0; if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART, RLENGTH); sub(/ bytes smem/, "", smem) }
+        printf "%-7s %-16s %-30s %5s %10s %9s %14s\n", arch, file, name, regs, smem, stack, st "/" ld
+        if (st + ld > 0) spills = 1
+      }
+      END { exit spills }' <<<"$log") || { status=1; spill_seen=1; }
+    echo "$table"
+    if [ "${spill_seen:-0}" = 1 ]; then
+      echo "kernels-check: $file spills registers on $arch (a kernel that spills is a bug)" >&2
+      spill_seen=0
+    fi
+    if [ -n "${MUST_HAVE[$file]:-}" ]; then
+      want=${MUST_HAVE[$file]}
+      n=$("$CUOBJDUMP" -sass "$cubin" | grep -c "$want" || true)
+      if [ "$n" -gt 0 ]; then
+        ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "$want[.A-Z0-9]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+        echo "        SASS of $file for $arch: $ops"
+      else
+        echo "kernels-check: no $want in the SASS of $file for $arch" >&2
+        status=1
+      fi
+    fi
+  done
+done
+if [ $status = 0 ]; then echo "kernels-check: all kernels compile for sm_80 and sm_90a, no spills"; fi
+exit $status

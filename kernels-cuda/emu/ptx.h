@@ -1,0 +1,134 @@
+// ptx.h: C++ versions of the PTX instructions the kernels issue through inline asm on the GPU,
+// reproducing the PTX ISA's register-fragment and shared-memory layouts exactly, so a wrong
+// fragment index gives a wrong answer here just as it would on an A100.
+//
+//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   (warp-wide; see mma_m16n8k16 below)
+//   ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16
+//   cp.async.cg.shared.global [dst], [src], 16, src_size;  cp.async.commit_group;  cp.async.wait_group N
+//
+// Layout facts used (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"): a lane's
+// group is lane / 4 and its index in the group is lane % 4; a .b32 register holding two 16-bit
+// elements keeps the one with the lower column (or row) index in its low half.
+#pragma once
+
+#include "simt.h"
+
+namespace emu {
+
+inline float bf16_bits_to_float(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t low_half(uint32_t r) { return uint16_t(r & 0xffffu); }
+inline uint16_t high_half(uint32_t r) { return uint16_t(r >> 16); }
+inline uint32_t pack_halves(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+// D = A * B + C for a 16x16 (row-major) A, a 16x8 (column-major) B and 16x8 f32 C and D.
+// Per lane (g = lane / 4, t = lane % 4):
+//   a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//   b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
+//   c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]  (and D likewise)
+// The products of bf16 values are exact; the sums are taken in double and rounded once to f32,
+// which is within the hardware's accumulation error of any order it uses.
+struct MmaOperand {
+  uint32_t a[4];
+  uint32_t b[2];
+  float c[4];
+};
+struct MmaResult {
+  float d[4];
+};
+inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  MmaOperand op;
+  std::memcpy(op.a, a, sizeof op.a);
+  std::memcpy(op.b, b, sizeof op.b);
+  std::memcpy(op.c, c, sizeof op.c);
+  MmaResult r = warp_collective<MmaOperand, MmaResult>(kMma, 0xffffffffu, op, [](const MmaOperand* ops, MmaResult* res,
+                                                                                   unsigned lanes) {
+    if (lanes != 32) fail("mma.sync in a partial warp");
+    float A[16][16], B[16][8], C[16][8];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      const unsigned g = lane / 4, t = lane % 4;
+      const MmaOperand& o = ops[lane];
+      for (int h = 0; h < 2; ++h) {
+        auto half = [h](uint32_t reg) { return bf16_bits_to_float(h ? high_half(reg) : low_half(reg)); };
+        A[g][2 * t + h] = half(o.a[0]);
+        A[g + 8][2 * t + h] = half(o.a[1]);
+        A[g][2 * t + 8 + h] = half(o.a[2]);
+        A[g + 8][2 * t + 8 + h] = half(o.a[3]);
+        B[2 * t + h][g] = half(o.b[0]);
+        B[2 * t + 8 + h][g] = half(o.b[1]);
+        C[g][2 * t + h] = o.c[h];
+        C[g + 8][2 * t + h] = o.c[2 + h];
+      }
+    }
+    float D[16][8];
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 8; ++j) {
+        double acc = C[i][j];
+        for (int k = 0; k < 16; ++k) acc += double(A[i][k]) * double(B[k][j]);
+        D[i][j] = float(acc);
+      }
+    for (unsigned lane = 0; lane < 32; ++lane) {
+      const unsigned g = lane / 4, t = lane % 4;
+      res[lane] = MmaResult{{D[g][2 * t], D[g][2 * t + 1], D[g + 8][2 * t], D[g + 8][2 * t + 1]}};
+    }
+  });
+  std::memcpy(d, r.d, sizeof r.d);
+}
+
+// ldmatrix: `matrices` 8x8 matrices of 16-bit elements; lanes 8i..8i+7 give the addresses of
+// the eight 16-byte rows of matrix i (lanes beyond 8*matrices give none). Lane l receives, in
+// register i, row l/4 elements 2(l%4) and 2(l%4)+1 of matrix i; with .trans, elements
+// [2(l%4)][l/4] and [2(l%4)+1][l/4], i.e. the same fragment of the transposed matrix.
+struct LdmatrixResult {
+  uint32_t r[4];
+};
+inline void ldmatrix(uint32_t* regs, int matrices, bool trans, const void* row_address) {
+  if (reinterpret_cast<uintptr_t>(row_address) % 16) fail("ldmatrix row address not 16-byte aligned");
+  const int kind = kLdmatrix + 16 * (matrices + 8 * int(trans));
+  LdmatrixResult r = warp_collective<const void*, LdmatrixResult>(
+      kind, 0xffffffffu, row_address, [matrices, trans](const void* const* rows, LdmatrixResult* res, unsigned lanes) {
+        if (lanes != 32) fail("ldmatrix in a partial warp");
+        for (unsigned lane = 0; lane < 32; ++lane) {
+          for (int i = 0; i < matrices; ++i) {
+            auto element = [&](unsigned row, unsigned col) {
+              uint16_t v;
+              std::memcpy(&v, static_cast<const unsigned char*>(rows[8 * i + row]) + 2 * col, 2);
+              return v;
+            };
+            const unsigned a = lane / 4, b = 2 * (lane % 4);
+            res[lane].r[i] = trans ? pack_halves(element(b, a), element(b + 1, a)) : pack_halves(element(a, b), element(a, b + 1));
+          }
+        }
+      });
+  std::memcpy(regs, r.r, sizeof(uint32_t) * unsigned(matrices));
+}
+
+// cp.async: the copy is recorded and performed when a cp.async.wait_group covers its group (the
+// latest moment the PTX memory model allows), so a kernel that reads its tile before waiting,
+// or before the barrier that follows the wait, reads stale shared memory here too. Bytes past
+// src_bytes are zero-filled.
+inline void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes || (src_bytes && reinterpret_cast<uintptr_t>(src) % bytes))
+    fail("cp.async address not aligned to the copy size");
+  if (src_bytes > bytes) fail("cp.async src_size larger than the copy");
+  Fiber& f = self();
+  f.copies.push_back(PendingCopy{dst, src, bytes, src_bytes, f.committed_groups});
+}
+inline void cp_async_commit() { self().committed_groups++; }
+inline void cp_async_wait(unsigned newest_pending) {
+  Fiber& f = self();
+  const unsigned complete_before = f.committed_groups >= newest_pending ? f.committed_groups - newest_pending : 0;
+  auto done = std::stable_partition(f.copies.begin(), f.copies.end(),
+                                    [&](const PendingCopy& c) { return c.group >= complete_before; });
+  for (auto it = done; it != f.copies.end(); ++it) {
+    std::memcpy(it->dst, it->src, it->src_bytes);
+    std::memset(static_cast<unsigned char*>(it->dst) + it->src_bytes, 0, it->bytes - it->src_bytes);
+  }
+  f.copies.erase(done, f.copies.end());
+}
+
+}  // namespace emu

@@ -1,0 +1,616 @@
+//! The CUDA kernels of `kernels-cuda/` on the CPU: the same sources, compiled by the host C++
+//! compiler against the SIMT emulation (`kernels-cuda/emu/`), run on inputs written here and
+//! compared with trident's reference device (serial f64) on the same bf16-rounded inputs, within
+//! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
+//! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
+//! multiples of any tile).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use trident::device::reference::ReferenceDevice;
+use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::real::Precision;
+use trident::rng::Stream;
+
+const BF16_RTOL: f64 = 0.079;
+const BF16_ATOL: f64 = 1e-2;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The harness binary, compiled once per test process (about 2 s).
+fn harness() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu");
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join(format!("harness-{}", std::process::id()));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let src = root().join("kernels-cuda/emu/tests/harness.cpp");
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-DTRIDENT_EMU", "-pthread"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx} (install g++): {e}"));
+        assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+        exe
+    })
+}
+
+/// A case's directory of input and output arrays.
+struct Case {
+    dir: PathBuf,
+}
+
+impl Case {
+    fn new(name: &str) -> Case {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu").join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Case { dir }
+    }
+    fn put_bf16(&self, name: &str, values: &[f32]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|&x| Precision::Bf16.to_bits16(x).to_le_bytes()).collect();
+        std::fs::write(self.dir.join(format!("{name}.bf16")), bytes).unwrap();
+    }
+    fn put_f32(&self, name: &str, values: &[f32]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(self.dir.join(format!("{name}.f32")), bytes).unwrap();
+    }
+    fn put_u32(&self, name: &str, values: &[u32]) {
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(self.dir.join(format!("{name}.u32")), bytes).unwrap();
+    }
+    fn get_bf16(&self, name: &str) -> Vec<f32> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.bf16"))).unwrap();
+        bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
+    }
+    fn get_f32(&self, name: &str) -> Vec<f32> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.f32"))).unwrap();
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    fn get_u32(&self, name: &str) -> Vec<u32> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.u32"))).unwrap();
+        bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    fn get_i32(&self, name: &str) -> Vec<i32> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.i32"))).unwrap();
+        bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    /// Runs an op that must fail; returns its stderr.
+    fn run_failing(&self, op: &str) -> String {
+        let out = Command::new(harness()).arg(op).arg(&self.dir).output().unwrap();
+        assert!(!out.status.success(), "{op} should have failed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+    fn run(&self, op: &str, args: &[String]) {
+        let out = Command::new(harness()).arg(op).arg(&self.dir).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "emulated kernel {op} {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn args(xs: &[&dyn std::fmt::Display]) -> Vec<String> {
+    xs.iter().map(|x| x.to_string()).collect()
+}
+
+/// Normal values of the given scale, rounded to bf16 (the kernels' storage format), so the
+/// reference sees exactly the kernel's inputs.
+fn bf16_values(n: usize, name: &str, scale: f64) -> Vec<f32> {
+    let s = Stream::new(11, name, 7);
+    (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
+}
+fn f32_values(n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
+    let s = Stream::new(11, name, 7);
+    (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
+}
+
+fn reference(dev: &ReferenceDevice, host: &[f32]) -> Vec<f64> {
+    let mut b = dev.alloc(host.len());
+    dev.upload(&mut b, host);
+    b
+}
+
+/// Asserts |got - want| <= atol + rtol |want| elementwise; returns the largest absolute error.
+fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        assert!(
+            err <= atol + rtol * w.abs(),
+            "{what}: element {i} is {g}, the reference {w} (|error| {err:.3e} > {atol:.1e} + {rtol} |ref|)"
+        );
+        if err > worst.0 {
+            worst = (err, i);
+        }
+    }
+    println!("{what}: max |error| {:.3e} (element {}), {} elements", worst.0, worst.1, got.len());
+    worst.0
+}
+
+/// bf16 outputs: DESIGN.md's rule.
+fn check_bf16(what: &str, got: &[f32], want: &[f64]) -> f64 {
+    check(what, got, want, BF16_ATOL, BF16_RTOL)
+}
+
+/// f32 outputs of f32 arithmetic on exact inputs: a few f32 roundings of the largest value.
+fn check_f32(what: &str, got: &[f32], want: &[f64], rtol: f64) -> f64 {
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    check(what, got, want, rtol * scale, rtol)
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+struct GemmCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    bias: bool,
+    gelu: bool,
+    residual: bool,
+    bf16_out: bool,
+}
+
+fn run_gemm(c: GemmCase) {
+    let GemmCase { m, n, k, bias, gelu, residual, bf16_out } = c;
+    let name = format!(
+        "gemm_{m}x{n}x{k}{}{}{}{}",
+        if bias { "_bias" } else { "" },
+        if gelu { "_gelu" } else { "" },
+        if residual { "_res" } else { "" },
+        if bf16_out { "_bf16" } else { "_f32" }
+    );
+    let case = Case::new(&name);
+    let a = bf16_values(m * k, "a", 1.0);
+    let w = bf16_values(n * k, "w", 0.2);
+    let b = f32_values(n, "bias", 0.5, 0.0);
+    let res: Vec<f32> = if bf16_out { bf16_values(m * n, "res", 1.0) } else { f32_values(m * n, "res", 1.0, 0.0) };
+    case.put_bf16("a", &a);
+    case.put_bf16("w", &w);
+    if bias {
+        case.put_f32("bias", &b);
+    }
+    if residual {
+        if bf16_out {
+            case.put_bf16("residual", &res);
+        } else {
+            case.put_f32("residual", &res);
+        }
+    }
+    let op = if bf16_out { "gemm_bf16out" } else { "gemm_f32out" };
+    case.run(op, &args(&[&m, &n, &k, &(gelu as i32)]));
+
+    let dev = ReferenceDevice;
+    let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
+    let mut want = dev.alloc(m * n);
+    dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), m, k, n);
+    if gelu {
+        let pre = want.clone();
+        dev.gelu_forward(&mut want, &pre);
+    }
+    if residual {
+        let pre = want.clone();
+        dev.add(&mut want, &pre, &reference(&dev, &res));
+    }
+    if bf16_out {
+        check_bf16(&name, &case.get_bf16("out"), &want);
+    } else {
+        check_f32(&name, &case.get_f32("out"), &want, 1e-5);
+    }
+}
+
+fn gemm(m: usize, n: usize, k: usize) -> GemmCase {
+    GemmCase { m, n, k, bias: false, gelu: false, residual: false, bf16_out: false }
+}
+
+#[test]
+fn gemm_plain_f32_out() {
+    // One full tile; ragged in M, N and K with K a multiple of 8 (the cp.async path, zero-fill at
+    // the K edge); K not a multiple of 8 (the plain-load path); several tiles in every direction.
+    for (m, n, k) in [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)] {
+        run_gemm(gemm(m, n, k));
+    }
+}
+
+#[test]
+fn gemm_fused_epilogues() {
+    for (m, n, k) in [(64, 64, 64), (77, 99, 56), (129, 65, 33)] {
+        run_gemm(GemmCase { bias: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bias: true, gelu: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { residual: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bias: true, gelu: true, residual: true, bf16_out: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bf16_out: true, ..gemm(m, n, k) });
+    }
+}
+
+// ---- LayerNorm ------------------------------------------------------------------------------
+
+fn run_layernorm(rows: usize, cols: usize, residual: bool) {
+    let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
+    let case = Case::new(&name);
+    let inp = bf16_values(rows * cols, "inp", 2.0)
+        .iter()
+        .map(|x| x + 0.5)
+        .map(|x| Precision::Bf16.round(x))
+        .collect::<Vec<_>>();
+    let res = bf16_values(rows * cols, "res", 1.0);
+    let weight = f32_values(cols, "weight", 0.2, 1.0);
+    let bias = f32_values(cols, "bias", 0.2, 0.0);
+    case.put_bf16("inp", &inp);
+    if residual {
+        case.put_bf16("residual", &res);
+    }
+    case.put_f32("weight", &weight);
+    case.put_f32("bias", &bias);
+    case.run("layernorm_fwd", &args(&[&rows, &cols]));
+
+    // The fused residual add stores x + residual rounded to bf16; the reference normalises that.
+    let x: Vec<f32> =
+        if residual { inp.iter().zip(&res).map(|(a, b)| Precision::Bf16.round(a + b)).collect() } else { inp.clone() };
+    let dev = ReferenceDevice;
+    let (rx, rw, rb) = (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias));
+    let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
+    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    if residual {
+        let got = case.get_bf16("resid_out");
+        assert_eq!(got, x, "{name}: the stored residual sum must be the bf16-rounded sum");
+    }
+    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
+    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+
+    // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
+    // nonzero gradients as the model does.
+    let dout = bf16_values(rows * cols, "dout", 1.0);
+    let dinp0 = f32_values(rows * cols, "dinp0", 0.1, 0.0);
+    let dw0 = f32_values(cols, "dw0", 0.1, 0.0);
+    let db0 = f32_values(cols, "db0", 0.1, 0.0);
+    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
+    case.put_bf16("dout", &dout);
+    case.put_bf16("inp", &x);
+    case.put_f32("mean", &mean32);
+    case.put_f32("rstd", &rstd32);
+    case.put_f32("dinp", &dinp0);
+    case.put_f32("dweight", &dw0);
+    case.put_f32("dbias", &db0);
+    case.run("layernorm_bwd", &args(&[&rows, &cols]));
+    let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
+    dev.layernorm_backward(
+        &mut dinp,
+        &mut dw,
+        &mut db,
+        &reference(&dev, &dout),
+        &rx,
+        &rw,
+        &reference(&dev, &mean32),
+        &reference(&dev, &rstd32),
+        rows,
+        cols,
+    );
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
+    check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+}
+
+#[test]
+fn layernorm_forward_backward() {
+    // Rows not a multiple of the block's 4 warps; widths below, at and above the 32 lanes, and
+    // not multiples of 32; a GPT-2 width.
+    for (rows, cols) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5)] {
+        run_layernorm(rows, cols, false);
+    }
+    for (rows, cols) in [(5, 96), (9, 130), (2, 31)] {
+        run_layernorm(rows, cols, true);
+    }
+}
+
+// ---- GELU ---------------------------------------------------------------------------------
+
+#[test]
+fn gelu_forward_backward() {
+    // Element counts that leave the last block partly empty, several grid-stride rounds, and one
+    // element; block sizes that are not multiples of 32.
+    for (n, blocks, threads) in [(1000, 4, 256), (4099, 3, 96), (1, 1, 32), (777, 2, 100)] {
+        let name = format!("gelu_{n}_{blocks}x{threads}");
+        let case = Case::new(&name);
+        let inp = bf16_values(n, "inp", 2.0);
+        let dout = bf16_values(n, "dout", 1.0);
+        case.put_bf16("inp", &inp);
+        case.put_bf16("dout", &dout);
+        let dev = ReferenceDevice;
+        let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
+        case.run("gelu_fwd", &args(&[&n, &blocks, &threads]));
+        let mut want = dev.alloc(n);
+        dev.gelu_forward(&mut want, &ri);
+        check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
+        case.run("gelu_bwd", &args(&[&n, &blocks, &threads]));
+        dev.gelu_backward(&mut want, &ri, &rd);
+        check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
+    }
+}
+
+// ---- AdamW --------------------------------------------------------------------------------
+
+#[test]
+fn adamw_f32_master_bf16_weights() {
+    for (n, blocks, threads, step_no) in [(1000, 2, 256, 1u64), (3333, 5, 128, 7), (31, 1, 64, 1000)] {
+        let name = format!("adamw_{n}_step{step_no}");
+        let case = Case::new(&name);
+        let param = f32_values(n, "param", 0.05, 0.0);
+        let grad = f32_values(n, "grad", 0.01, 0.0);
+        let m: Vec<f32> = f32_values(n, "m", 0.001, 0.0);
+        let v: Vec<f32> = f32_values(n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
+        let step = AdamWStep {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: step_no,
+            grad_scale: 0.5,
+        };
+        let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
+        let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
+        for (k, x) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
+            case.put_f32(k, x);
+        }
+        case.run(
+            "adamw",
+            &args(&[
+                &n,
+                &blocks,
+                &threads,
+                &step.lr,
+                &step.beta1,
+                &step.beta2,
+                &step.eps,
+                &step.weight_decay,
+                &step.grad_scale,
+                &(c1 as f32),
+                &(c2 as f32),
+            ]),
+        );
+        let dev = ReferenceDevice;
+        let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &v));
+        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step);
+        check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
+        check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
+        check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
+        check_f32(&format!("{name} v"), &case.get_f32("v"), &rv, 1e-5);
+        // The bf16 copy is exactly the rounded master weight.
+        let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
+        assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+    }
+}
+
+// ---- softmax cross-entropy (vocab-parallel pieces) ----------------------------------------
+
+fn tokens(n: usize, name: &str, below: u32) -> Vec<u32> {
+    let s = Stream::new(11, name, 9);
+    (0..n).map(|i| ((s.uniform(i as u64, 0) * below as f64) as u32).min(below - 1)).collect()
+}
+
+#[test]
+fn softmax_cross_entropy_pieces() {
+    let mut hits = 0;
+    // A shard in the middle of a vocabulary (targets below, inside and above it); widths that
+    // are not multiples of the 256-thread block; a GPT-2-sized shard; one column.
+    for (rows, vocab, vocab_start, total_vocab) in
+        [(5, 1000, 500, 2000), (3, 333, 0, 333), (2, 12565, 12565, 50260), (4, 1, 7, 9)]
+    {
+        let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
+        let case = Case::new(&name);
+        let logits = bf16_values(rows * vocab, "logits", 3.0);
+        let targets = tokens(rows, "targets", total_vocab as u32);
+        let scale = 1.0f32 / 7.0;
+        hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
+        case.put_bf16("logits", &logits);
+        case.put_u32("targets", &targets);
+        case.run("xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
+
+        let dev = ReferenceDevice;
+        let mut rl = reference(&dev, &logits);
+        let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        dev.cross_entropy_max(&rl, rows, vocab, &mut max);
+        dev.cross_entropy_partials(&rl, &targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+        check_f32(&format!("{name} max"), &case.get_f32("max"), &max, 0.0);
+        check_f32(&format!("{name} sum_exp"), &case.get_f32("sum_exp"), &sum_exp, 1e-5);
+        check_f32(&format!("{name} target_logit"), &case.get_f32("target_logit"), &target_logit, 0.0);
+        dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
+        check_bf16(&format!("{name} dlogits"), &case.get_bf16("dlogits"), &rl);
+    }
+    assert!(hits > 0, "some targets must fall inside the shard");
+}
+
+// ---- embedding ----------------------------------------------------------------------------
+
+#[test]
+fn embedding_forward_backward() {
+    // A vocabulary shard with tokens outside it and repeated tokens (a small vocabulary); hidden
+    // sizes that are not multiples of the 128-thread block; with and without positions.
+    for (batch, seq, hidden, vocab_start, vocab_rows, total, positions) in [
+        (2, 5, 96, 10, 20, 40, true),
+        (3, 7, 130, 0, 11, 11, true),
+        (1, 4, 200, 3, 6, 12, false),
+        (4, 3, 33, 0, 64, 64, true),
+    ] {
+        let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
+        let case = Case::new(&name);
+        let toks = tokens(batch * seq, "tokens", total);
+        let wte = bf16_values(vocab_rows * hidden, "wte", 0.5);
+        let wpe = f32_values(seq * hidden, "wpe", 0.1, 0.0);
+        let dout = bf16_values(batch * seq * hidden, "dout", 1.0);
+        let dwte0 = f32_values(vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = f32_values(seq * hidden, "dwpe0", 0.1, 0.0);
+        case.put_u32("tokens", &toks);
+        case.put_bf16("wte", &wte);
+        if positions {
+            case.put_f32("wpe", &wpe);
+        }
+        case.put_bf16("dout", &dout);
+        case.put_f32("dwte", &dwte0);
+        case.put_f32("dwpe", &dwpe0);
+        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+
+        let dev = ReferenceDevice;
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        if positions {
+            dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
+        }
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        let rd = reference(&dev, &dout);
+        let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
+        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
+        check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
+    }
+}
+
+// ---- attention --------------------------------------------------------------------------
+
+#[test]
+fn attention_forward_causal() {
+    // Whole and ragged query blocks (64) and key tiles (64 for d 64, 32 for d 128), one token,
+    // several sequences and heads interleaved in the fused QKV rows.
+    for (batch, seq, heads, head_dim) in
+        [(1, 64, 1, 64), (2, 100, 3, 64), (1, 1, 2, 64), (1, 77, 2, 128), (2, 130, 1, 128), (1, 5, 1, 128)]
+    {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let case = Case::new(&name);
+        let qkv = bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        case.put_bf16("qkv", &qkv);
+        case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        let dev = ReferenceDevice;
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
+    }
+}
+
+#[test]
+fn attention_backward_causal() {
+    // The forward's output and log-sum-exp come from the reference (rounded to the kernels'
+    // bf16 / f32 storage) and are given to both sides, so only the backward is compared.
+    for (batch, seq, heads, head_dim) in
+        [(1, 64, 1, 64), (2, 100, 2, 64), (1, 1, 1, 64), (1, 77, 2, 128), (2, 70, 1, 128), (1, 3, 1, 128)]
+    {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let case = Case::new(&name);
+        let qkv = bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        let dout = bf16_values(shape.rows() * shape.width(), "dout", 1.0);
+        let dev = ReferenceDevice;
+        let rqkv = reference(&dev, &qkv);
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
+        let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
+        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        case.put_bf16("qkv", &qkv);
+        case.put_bf16("out", &out);
+        case.put_bf16("dout", &dout);
+        case.put_f32("lse", &lse);
+        case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
+        dev.attention_backward(
+            &mut dqkv,
+            &reference(&dev, &dout),
+            &rqkv,
+            &reference(&dev, &out),
+            &reference(&dev, &lse),
+            shape,
+        );
+        check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
+    }
+}
+
+// ---- primitives ---------------------------------------------------------------------------
+
+/// ldmatrix in every variant against the PTX ISA's layout, computed here independently: a 16x16
+/// tile holds its element indices, lane l addresses row l % 16, column block l / 16, so matrix i
+/// of an .x4 is (rows 8(i%2).., columns 8(i/2)..).
+#[test]
+fn ldmatrix_layouts() {
+    let case = Case::new("ldmatrix");
+    case.run("ldmatrix", &[]);
+    let regs = case.get_u32("regs");
+    let element = |matrix: u32, r: u32, c: u32| 16 * (8 * (matrix % 2) + r) + 8 * (matrix / 2) + c;
+    let pack = |lo: u32, hi: u32| lo | (hi << 16);
+    for lane in 0..32u32 {
+        let (a, b) = (lane / 4, 2 * (lane % 4));
+        let plain = |i: u32| pack(element(i, a, b), element(i, a, b + 1));
+        let trans = |i: u32| pack(element(i, b, a), element(i, b + 1, a));
+        let want = [
+            plain(0),
+            plain(0),
+            plain(1),
+            plain(0),
+            plain(1),
+            plain(2),
+            plain(3),
+            trans(0),
+            trans(0),
+            trans(1),
+            trans(0),
+            trans(1),
+            trans(2),
+            trans(3),
+        ];
+        assert_eq!(&regs[lane as usize * 14..lane as usize * 14 + 14], &want, "lane {lane}");
+    }
+}
+
+/// The warp collectives against CUDA's documented semantics: lanes in segments of `width`;
+/// up/down leave a lane whose source falls outside its segment unchanged; xor may read an earlier
+/// segment but not a later one.
+#[test]
+fn shuffles_and_votes() {
+    let case = Case::new("shuffle");
+    case.run("shuffle", &[]);
+    let got = case.get_i32("values");
+    for t in 0..64i32 {
+        let (warp, lane) = (t / 32, t % 32);
+        let v = |l: i32| 100 * warp + l;
+        let idx = |src: i32, width: i32| v((lane & !(width - 1)) + (src & (width - 1)));
+        let up = |d: i32, width: i32| if lane - d >= (lane & !(width - 1)) { v(lane - d) } else { v(lane) };
+        let down = |d: i32, width: i32| if lane + d < (lane & !(width - 1)) + width { v(lane + d) } else { v(lane) };
+        let xor = |m: i32, width: i32| if (lane ^ m) < (lane & !(width - 1)) + width { v(lane ^ m) } else { v(lane) };
+        let ballot = (0..32).filter(|l| l % 3 == 0).fold(0u32, |b, l| b | (1 << l)) as i32;
+        let want = [
+            idx(lane * 7 + 3, 32),
+            idx(lane * 3, 8),
+            up(3, 32),
+            up(2, 8),
+            down(5, 32),
+            down(1, 16),
+            xor(6, 32),
+            xor(1, 4),
+            (warp == 1) as i32,
+            0,
+            ballot,
+        ];
+        assert_eq!(&got[t as usize * 11..t as usize * 11 + 11], &want, "thread {t}");
+    }
+}
+
+/// A lane that returns before a full-warp collective is reported as a deadlock, not a hang.
+#[test]
+fn divergent_collective_is_reported() {
+    let case = Case::new("early_return");
+    let stderr = case.run_failing("early_return");
+    assert!(stderr.contains("deadlock"), "unexpected report: {stderr}");
+}
