@@ -609,7 +609,6 @@ mod tests {
 
     #[test]
     fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
-        // The shapes and launches of tests/cuda_emulation.rs (kernels-cuda/emu/tests/harness.cpp).
         let g = p(Op::GemmFwd { m: 100, n: 70, k: 33, out: GemmOut::Bf16 });
         assert_eq!((g.spec.function, g.config.grid, g.config.block), ("gemm_fwd_bf16", [2, 2, 1], [128, 1, 1]));
         assert_eq!((g.config.shared_bytes, g.spec.static_shared), (0, 20480));
@@ -653,6 +652,57 @@ mod tests {
             (q.spec.function, q.config.grid, q.spec.static_shared),
             ("attention_bwd_dq_bf16_d64", [1, 1, 1], 27648)
         );
+    }
+
+    /// Every shape `tests/cuda_emulation.rs` runs, with the grid its harness
+    /// (`kernels-cuda/emu/tests/harness.cpp`) launches: the same numbers, restated here.
+    #[test]
+    fn geometry_matches_the_emulation_harness_on_its_shapes() {
+        let cd = |n: usize, t: usize| n.div_ceil(t) as u32;
+        for (m, n, k) in [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)]
+            .into_iter()
+            .chain([(64, 64, 64), (77, 99, 56), (129, 65, 33)])
+        {
+            for out in [GemmOut::F32, GemmOut::Bf16] {
+                let g = p(Op::GemmFwd { m, n, k, out });
+                assert_eq!((g.config.grid, g.config.block), ([cd(n, 64), cd(m, 64), 1], [128, 1, 1]));
+            }
+        }
+        for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
+            assert_eq!(p(Op::LayernormFwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
+            assert_eq!(p(Op::LayernormBwdDx { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
+            assert_eq!(p(Op::LayernormBwdParams { rows, channels }).config.grid, [cd(channels, 128), 1, 1]);
+        }
+        for (rows, vocab) in [(5, 1000), (3, 333), (2, 12565), (4, 1)] {
+            for op in [Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }] {
+                assert_eq!((p(op).config.grid, p(op).config.block), ([rows as u32, 1, 1], [256, 1, 1]));
+            }
+        }
+        for (batch, seq, hidden) in [(2, 5, 96), (3, 7, 130), (1, 4, 200), (4, 3, 33)] {
+            let h = cd(hidden, 128);
+            assert_eq!(p(Op::EmbeddingFwd { batch, seq, hidden }).config.grid, [h, (seq * batch) as u32, 1]);
+            assert_eq!(p(Op::EmbeddingBwdWte { batch, seq, hidden }).config.grid, [h, 1, 1]);
+            assert_eq!(p(Op::EmbeddingBwdWpe { batch, seq, hidden }).config.grid, [h, seq as u32, 1]);
+        }
+        for (batch, seq, heads, head_dim) in [
+            (1, 64, 1, 64),
+            (2, 100, 3, 64),
+            (1, 1, 2, 64),
+            (1, 77, 2, 128),
+            (2, 130, 1, 128),
+            (1, 5, 1, 128),
+            (2, 100, 2, 64),
+            (1, 1, 1, 64),
+            (2, 70, 1, 128),
+            (1, 3, 1, 128),
+        ] {
+            let grid = [cd(seq, 64), (batch * heads) as u32, 1];
+            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, head_dim }).config.grid, grid);
+            let delta = p(Op::AttentionBwdDelta { batch, seq, heads, head_dim });
+            assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
+        }
     }
 
     #[test]
