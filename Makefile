@@ -123,6 +123,12 @@ mpich-check: test-deps
 # the GEMM's SASS for tensor-core HMMA. `cargo test` runs the same kernels under the emulation.
 kernels-check:
 	kernels-cuda/check.sh
+	@echo "kernels-check: a build with the kernels compiled ahead of time (TRIDENT_CUDA_ARCHS=80;90a)"
+	TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
+	  $(CARGO) test --release --no-default-features --target-dir target-aot --lib gpu::kernels
+	TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
+	  $(CARGO) build --release --no-default-features --target-dir target-aot
+	target-aot/release/trident info | grep "precompiled for sm_80, sm_90a"
 
 bench: build
 	$(BIN) bench peak

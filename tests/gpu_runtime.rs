@@ -408,3 +408,56 @@ fn a_driver_without_the_cuda_backend_is_reported_not_used() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Every embedded kernel file compiles with NVRTC for sm_80 and sm_90a (headers by include name),
+/// each CUBIN holds the functions of the kernel table with the static shared memory the table
+/// states, and a second request is a cache hit. Prints the compile time and size per file.
+#[test]
+fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
+    use trident::gpu::kernels::{self, KernelModules, Origin};
+    let Some(nvrtc) = nvrtc() else { return };
+    let dir = scratch("nvrtc-kernels");
+    let modules = KernelModules::nvrtc_only(ModuleCache::new(&dir), nvrtc);
+    let mut report = String::new();
+    for (file, _) in kernels::files() {
+        for arch in ["sm_80", "sm_90a"] {
+            let t = std::time::Instant::now();
+            let first = modules.image(file, arch).unwrap_or_else(|e| panic!("{file} for {arch}: {e}"));
+            let seconds = t.elapsed().as_secs_f64();
+            assert_eq!(first.origin, Origin::Nvrtc(Outcome::Compiled), "{file} {arch}");
+            let info = kernels::read_cubin(&first.bytes).unwrap();
+            for k in kernels::KERNELS.iter().filter(|k| k.file == *file) {
+                assert!(
+                    info.functions.iter().any(|f| f == k.function),
+                    "{} missing from {file} for {arch}: {:?}",
+                    k.function,
+                    info.functions
+                );
+                // sm_90a CUBINs place a kernel's shared variables after a 1 KiB window the
+                // system reserves (section `.nv.shared.reserved.0`): the section is 1024 B longer.
+                let reserved = if arch == "sm_90a" && k.static_shared > 0 { 1024 } else { 0 };
+                assert_eq!(
+                    info.static_shared(k.function),
+                    (k.static_shared + reserved) as u64,
+                    "static shared memory of {} ({arch})",
+                    k.function
+                );
+            }
+            for declared in kernels::declared_functions(kernels::source(file).unwrap()) {
+                assert!(info.functions.contains(&declared), "{declared} missing from {file} for {arch}");
+            }
+            let t = std::time::Instant::now();
+            let second = modules.image(file, arch).unwrap();
+            assert_eq!(second.origin, Origin::Nvrtc(Outcome::Hit), "{file} {arch}");
+            assert_eq!(second.bytes, first.bytes);
+            report.push_str(&format!(
+                "{file:18} {arch:7} nvrtc {:6.2} s  cubin {:7} B  cache hit {:5.1} ms\n",
+                seconds,
+                first.bytes.len(),
+                t.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+    }
+    let _ = writeln!(std::io::stderr(), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,10 +4,28 @@
 // kernel's .cu source is the same text for both. It also holds the bf16 type and conversions;
 // kernels convert through to_float / to_bf16 only, so both builds round the same way
 // (round-to-nearest-even).
+//
+// A third target is NVRTC (__CUDACC_RTC__, trident's run-time compilation, src/gpu/kernels.rs):
+// it has no system or toolkit include path, so neither <cuda_bf16.h>, <stdint.h> nor <math.h>
+// (INFINITY) can be included. There bf16 is the same 16-bit struct as under emulation, the
+// integer types and INFINITY are defined here, and the conversions are the sm_80 PTX
+// instructions cvt.rn.bf16{,x2}.f32 that cuda_bf16.h's __float2bfloat16_rn /
+// __floats2bfloat162_rn compile to (same rounding).
 #pragma once
 
-#ifdef TRIDENT_EMU
+#if defined(TRIDENT_EMU)
 #include "../emu/ptx.h"
+#elif defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned long long uintptr_t;
+#define INFINITY __int_as_float(0x7f800000)
 #else
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -25,6 +43,16 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t(u >> 16)};
 }
+#elif defined(__CUDACC_RTC__)
+struct __align__(2) bf16 {
+  uint16_t bits;
+};
+__device__ __forceinline__ float to_float(bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
+__device__ __forceinline__ bf16 to_bf16(float f) {
+  bf16 r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+  return r;
+}
 #else
 typedef __nv_bfloat16 bf16;
 __device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
@@ -36,8 +64,12 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 // Two floats rounded to bf16 and packed as one .b32 register (lo in the low half): the operand
 // format of mma.sync's A and B fragments.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-#ifdef TRIDENT_EMU
+#if defined(TRIDENT_EMU)
   return emu::pack_halves(to_bf16(lo).bits, to_bf16(hi).bits);
+#elif defined(__CUDACC_RTC__)
+  uint32_t v;  // cvt.rn.bf16x2.f32 d, a, b puts a in the upper half, b in the lower
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+  return v;
 #else
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);

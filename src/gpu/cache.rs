@@ -61,6 +61,18 @@ pub fn default_root(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
 /// The cache key of a compilation. Every field is length-prefixed so that no two different
 /// inputs concatenate to the same bytes.
 pub fn key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &[String]) -> u64 {
+    key_with_headers(source, &[], arch, nvrtc_version, options)
+}
+
+/// The key of a compilation with headers: as `key`, then each header's name and text (after a
+/// marker no option can spell, since options cannot hold a NUL), so editing a header changes it.
+pub fn key_with_headers(
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: &str,
+    nvrtc_version: (i32, i32),
+    options: &[String],
+) -> u64 {
     let mut bytes = Vec::with_capacity(source.len() + 64);
     let mut field = |b: &[u8]| {
         bytes.extend_from_slice(&(b.len() as u64).to_le_bytes());
@@ -71,6 +83,13 @@ pub fn key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &[Strin
     field(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
     for o in options {
         field(o.as_bytes());
+    }
+    if !headers.is_empty() {
+        field(b"\0headers");
+        for (name, text) in headers {
+            field(name.as_bytes());
+            field(text.as_bytes());
+        }
     }
     fnv1a64(&bytes)
 }
@@ -146,10 +165,24 @@ impl ModuleCache {
         arch: &str,
         options: &[String],
     ) -> Result<CachedImage> {
+        self.get_or_compile_with_headers(nvrtc, name, source, &[], arch, options)
+    }
+
+    /// As `get_or_compile`, for a source that includes `headers` ((include name, text) pairs);
+    /// their texts are part of the key.
+    pub fn get_or_compile_with_headers(
+        &self,
+        nvrtc: &Nvrtc,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: &str,
+        options: &[String],
+    ) -> Result<CachedImage> {
         let image = Image::for_arch(arch).ok_or_else(|| {
             Error::Config(format!("kernel {name}: '{arch}' is not a GPU architecture (expected sm_XX or compute_XX)"))
         })?;
-        let key = key(source, arch, nvrtc.version()?, options);
+        let key = key_with_headers(source, headers, arch, nvrtc.version()?, options);
         let path = self.entry_path(name, arch, key);
         let mut outcome = Outcome::Compiled;
         match std::fs::read(&path) {
@@ -160,7 +193,7 @@ impl ModuleCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(&path, "read the kernel cache entry", e)),
         }
-        let compiled = nvrtc.compile(name, source, arch, options)?;
+        let compiled = nvrtc.compile_with_headers(name, source, headers, arch, options)?;
         self.store(&path, &encode(image, key, &compiled.bytes))?;
         Ok(CachedImage { image, bytes: compiled.bytes, path, outcome })
     }
@@ -202,6 +235,12 @@ mod tests {
         assert_ne!(k, key("src", "sm_80", (13, 5), &[]));
         // Length prefixes: moving a byte between fields changes the key.
         assert_ne!(key("ab", "c", (13, 5), &[]), key("a", "bc", (13, 5), &[]));
+        // Headers: none is the plain key; each header's name and text count.
+        assert_eq!(key_with_headers("src", &[], "sm_80", (13, 5), &o), k);
+        let h = key_with_headers("src", &[("common/base.cuh", "x")], "sm_80", (13, 5), &o);
+        assert_ne!(h, k);
+        assert_ne!(h, key_with_headers("src", &[("common/base.cuh", "y")], "sm_80", (13, 5), &o));
+        assert_ne!(h, key_with_headers("src", &[("common/other.cuh", "x")], "sm_80", (13, 5), &o));
     }
 
     #[test]

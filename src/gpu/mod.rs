@@ -1,13 +1,15 @@
 //! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
 //! RCCL (`nccl`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
 //! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
-//! (`launch`) and the device smoke test behind `make gpu-check` (`smoke`). The binary links none
-//! of them: on a machine without them, everything here answers with an error naming the library.
+//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`) and the device smoke
+//! test behind `make gpu-check` (`smoke`). The binary links none of them: on a machine without
+//! them, everything here answers with an error naming the library.
 //! The CUDA Device (the `Device` trait on a GPU) is not built yet; it will sit on these tables.
 
 pub mod cache;
 pub mod dl;
 pub mod driver;
+pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
@@ -55,6 +57,7 @@ pub fn info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("nccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("nccl: {e}")),
     }
+    lines.push(kernels::info_line());
     match cache::default_root(&|k| std::env::var(k).ok()) {
         Ok(root) => lines.push(format!("kernel cache: {}", cache::ModuleCache::new(&root).dir().display())),
         Err(e) => lines.push(format!("kernel cache: {e}")),

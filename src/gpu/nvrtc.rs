@@ -128,6 +128,20 @@ impl Nvrtc {
     /// Compiles `source` (named `name` in messages) for `arch` with extra `options`. A failed
     /// compilation is one error carrying NVRTC's log on one line.
     pub fn compile(&self, name: &str, source: &str, arch: &str, options: &[String]) -> Result<Compiled> {
+        self.compile_with_headers(name, source, &[], arch, options)
+    }
+
+    /// As `compile`, with `headers` as (include name, text) pairs that `#include "name"` in the
+    /// source resolves to (NVRTC has no include path of its own; a header's own relative includes
+    /// resolve against its directory, so `common/gelu.cuh`'s `"base.cuh"` finds `common/base.cuh`).
+    pub fn compile_with_headers(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: &str,
+        options: &[String],
+    ) -> Result<Compiled> {
         let image = Image::for_arch(arch).ok_or_else(|| {
             crate::error::Error::Config(format!(
                 "kernel {name}: '{arch}' is not a GPU architecture (expected sm_XX for a CUBIN or compute_XX for PTX, e.g. sm_80, sm_90a)"
@@ -147,17 +161,29 @@ impl Nvrtc {
             })
             .collect::<Result<_>>()?;
         let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let to_c = |what: &str, text: &str| {
+            CString::new(text)
+                .map_err(|_| crate::error::Error::Config(format!("kernel {name}: {what} contains a NUL byte")))
+        };
+        let header_texts: Vec<CString> =
+            headers.iter().map(|(n, t)| to_c(&format!("header {n}"), t)).collect::<Result<_>>()?;
+        let header_names: Vec<CString> =
+            headers.iter().map(|(n, _)| to_c("a header name", n)).collect::<Result<_>>()?;
+        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
 
         let mut handle: NvrtcProgram = std::ptr::null_mut();
-        // SAFETY: source and name are C strings that outlive the call (NVRTC copies them); no headers.
+        // SAFETY: source, name and the headers' texts and names are C strings that outlive the
+        // call (NVRTC copies them); the two header arrays hold headers.len() pointers each (null
+        // arrays when there are none, as NVRTC allows).
         self.check("nvrtcCreateProgram", unsafe {
             self.api.nvrtcCreateProgram(
                 &mut handle,
                 c_source.as_ptr(),
                 c_name.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
+                headers.len() as i32,
+                if headers.is_empty() { std::ptr::null() } else { text_ptrs.as_ptr() },
+                if headers.is_empty() { std::ptr::null() } else { name_ptrs.as_ptr() },
             )
         }?)?;
         let program = Program { api: &self.api, handle };
