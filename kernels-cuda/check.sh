@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make kernels-check`: compiles every kernel in kernels-cuda/ with nvcc for sm_80 and sm_90a,
 # prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
-# spill, and confirms the tensor-core instructions in the SASS: HMMA in the GEMM and the attention
-# kernels (both archs).
+# spill, and confirms the tensor-core instructions in the SASS: HMMA (mma.sync) in the GEMMs of
+# gemm_bf16.cu and gemm_bf16_bwd.cu and in the attention kernels (both archs; attention stays on
+# mma.sync on sm_90a too), HGMMA (wgmma) in gemm_bf16_sm90.cu for sm_90a (for sm_80 that file
+# compiles to a trapping stub, so nothing is required there).
 # No GPU is needed. nvcc comes from NVIDIA's pip wheels, installed once into .cache/cuda-toolchain
 # (pip --target: no venv, and untouched by Debian's externally-managed Python rule) and reused
 # while the pinned versions match. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags for experiments.
@@ -30,11 +32,13 @@ trap 'rm -rf "$OUT"' EXIT
 
 # arch name -> nvcc target flags
 declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a,code=sm_90a")
-# kernel file -> SASS instruction that must appear (the tensor-core path is really taken)
-declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [attention_fwd.cu]="HMMA" [attention_bwd.cu]="HMMA")
+# kernel file (or file:arch) -> SASS instruction that must appear (the tensor-core path is
+# really taken)
+declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [gemm_bf16_bwd.cu]="HMMA" [attention_fwd.cu]="HMMA"
+  [attention_bwd.cu]="HMMA" [gemm_bf16_sm90.cu:sm_90a]="HGMMA")
 
 status=0
-printf '%-7s %-16s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
+printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
 for src in kernels-cuda/*.cu; do
   file=$(basename "$src")
   for arch in sm_80 sm_90a; do
@@ -54,7 +58,7 @@ for src in kernels-cuda/*.cu; do
       /Used [0-9]+ registers/ {
         regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
         smem = 0; if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART, RLENGTH); sub(/ bytes smem/, "", smem) }
-        printf "%-7s %-16s %-30s %5s %10s %9s %14s\n", arch, file, name, regs, smem, stack, st "/" ld
+        printf "%-7s %-18s %-30s %5s %10s %9s %14s\n", arch, file, name, regs, smem, stack, st "/" ld
         if (st + ld > 0) spills = 1
       }
       END { exit spills }' <<<"$log") || { status=1; spill_seen=1; }
@@ -63,11 +67,11 @@ for src in kernels-cuda/*.cu; do
       echo "kernels-check: $file spills registers on $arch (a kernel that spills is a bug)" >&2
       spill_seen=0
     fi
-    if [ -n "${MUST_HAVE[$file]:-}" ]; then
-      want=${MUST_HAVE[$file]}
+    want=${MUST_HAVE[$file:$arch]:-${MUST_HAVE[$file]:-}}
+    if [ -n "$want" ]; then
       n=$("$CUOBJDUMP" -sass "$cubin" | grep -c "$want" || true)
       if [ "$n" -gt 0 ]; then
-        ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "$want[.A-Z0-9]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+        ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "$want[.A-Z0-9x]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
         echo "        SASS of $file for $arch: $ops"
       else
         echo "kernels-check: no $want in the SASS of $file for $arch" >&2
@@ -76,5 +80,6 @@ for src in kernels-cuda/*.cu; do
     fi
   done
 done
+echo "kernels-check: on sm_90a the forward GEMM has a wgmma version (gemm_bf16_sm90.cu, HGMMA); the backward GEMMs and attention stay on mma.sync (HMMA)"
 if [ $status = 0 ]; then echo "kernels-check: all kernels compile for sm_80 and sm_90a, no spills"; fi
 exit $status

@@ -160,12 +160,16 @@ struct GemmCase {
     gelu: bool,
     residual: bool,
     bf16_out: bool,
+    /// The sm_90a wgmma kernel (gemm_bf16_sm90.cu, f32 output) instead of the mma.sync one.
+    wgmma: bool,
 }
 
 fn run_gemm(c: GemmCase) {
-    let GemmCase { m, n, k, bias, gelu, residual, bf16_out } = c;
+    let GemmCase { m, n, k, bias, gelu, residual, bf16_out, wgmma } = c;
+    assert!(!(wgmma && bf16_out), "the wgmma GEMM writes f32 only");
     let name = format!(
-        "gemm_{m}x{n}x{k}{}{}{}{}",
+        "gemm_{m}x{n}x{k}{}{}{}{}{}",
+        if wgmma { "_sm90" } else { "" },
         if bias { "_bias" } else { "" },
         if gelu { "_gelu" } else { "" },
         if residual { "_res" } else { "" },
@@ -188,7 +192,13 @@ fn run_gemm(c: GemmCase) {
             case.put_f32("residual", &res);
         }
     }
-    let op = if bf16_out { "gemm_bf16out" } else { "gemm_f32out" };
+    let op = if wgmma {
+        "gemm_sm90_f32out"
+    } else if bf16_out {
+        "gemm_bf16out"
+    } else {
+        "gemm_f32out"
+    };
     case.run(op, &args(&[&m, &n, &k, &(gelu as i32)]));
 
     let dev = ReferenceDevice;
@@ -211,7 +221,7 @@ fn run_gemm(c: GemmCase) {
 }
 
 fn gemm(m: usize, n: usize, k: usize) -> GemmCase {
-    GemmCase { m, n, k, bias: false, gelu: false, residual: false, bf16_out: false }
+    GemmCase { m, n, k, bias: false, gelu: false, residual: false, bf16_out: false, wgmma: false }
 }
 
 #[test]
@@ -231,6 +241,83 @@ fn gemm_fused_epilogues() {
         run_gemm(GemmCase { residual: true, ..gemm(m, n, k) });
         run_gemm(GemmCase { bias: true, gelu: true, residual: true, bf16_out: true, ..gemm(m, n, k) });
         run_gemm(GemmCase { bf16_out: true, ..gemm(m, n, k) });
+    }
+}
+
+#[test]
+fn gemm_wgmma_sm90() {
+    // The wgmma kernel on the shapes of the mma.sync one: a full tile, ragged M/N/K on the
+    // cp.async path, K not a multiple of 8 (plain loads), several tiles each way, tiny; then the
+    // fused epilogue.
+    for (m, n, k) in [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)] {
+        run_gemm(GemmCase { wgmma: true, ..gemm(m, n, k) });
+    }
+    run_gemm(GemmCase { wgmma: true, bias: true, gelu: true, residual: true, ..gemm(77, 99, 56) });
+}
+
+/// dinp = dout · W and dweight += doutᵀ · inp (both f32) against `linear_backward`.
+fn run_gemm_bwd(m: usize, n: usize, k: usize) {
+    let name = format!("gemm_bwd_{m}x{n}x{k}");
+    let case = Case::new(&name);
+    let dout = bf16_values(m * n, "dout", 1.0);
+    let w = bf16_values(n * k, "w", 0.2);
+    let inp = bf16_values(m * k, "inp", 1.0);
+    let dweight0 = f32_values(n * k, "dweight0", 0.5, 0.0);
+    case.put_bf16("dout", &dout);
+    case.put_bf16("w", &w);
+    case.put_bf16("inp", &inp);
+    case.put_f32("dweight", &dweight0);
+    case.run("gemm_bwd", &args(&[&m, &n, &k]));
+
+    let dev = ReferenceDevice;
+    let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
+    let mut dinp = dev.alloc(m * k);
+    let mut dweight = reference(&dev, &dweight0);
+    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
+}
+
+#[test]
+fn gemm_backward() {
+    // Full tiles; ragged everywhere with the row lengths multiples of 8 (cp.async, zero-fill at
+    // the edges); odd sizes (plain loads for every operand); several tiles and reduction steps.
+    for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
+        run_gemm_bwd(m, n, k);
+    }
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+
+#[test]
+fn casts_f32_bf16() {
+    // Aligned (16-byte groups plus a ragged tail, and enough groups for the grid-stride loop to
+    // wrap) and unaligned (offset 1: one element at a time); bit for bit against trident's rounding.
+    for (n, offset) in [(1, 0), (7, 0), (8, 0), (1003, 0), (20000, 0), (1003, 1), (64, 3)] {
+        let case = Case::new(&format!("casts_{n}_{offset}"));
+        let mut x = f32_values(n, "x", 3.0, 0.0);
+        if n > 4 {
+            // Ties to even, a value past bf16's range and a NaN.
+            x[1] = f32::from_bits(0x3f80_8000);
+            x[2] = f32::from_bits(0x3f81_8000);
+            x[3] = 3.4e38;
+            x[4] = f32::NAN;
+        }
+        let h = bf16_values(n, "h", 2.0);
+        case.put_f32("x", &x);
+        case.put_bf16("h", &h);
+        case.run("casts", &args(&[&n, &offset]));
+        let rounded = case.get_bf16("rounded");
+        for (i, (&got, &want)) in
+            rounded.iter().zip(x.iter().map(|&v| Precision::Bf16.round(v)).collect::<Vec<_>>().iter()).enumerate()
+        {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "casts {n}+{offset}: f32 -> bf16 element {i}: {got} != {want}"
+            );
+        }
+        assert_eq!(case.get_f32("back"), h, "casts {n}+{offset}: bf16 -> f32 must be exact");
+        println!("casts {n} (offset {offset}): bit-exact both ways");
     }
 }
 

@@ -10,9 +10,12 @@
 #include "../../adamw.cu"
 #include "../../attention_bwd.cu"
 #include "../../attention_fwd.cu"
+#include "../../casts.cu"
 #include "../../embedding.cu"
 #include "../../gelu.cu"
 #include "../../gemm_bf16.cu"
+#include "../../gemm_bf16_bwd.cu"
+#include "../../gemm_bf16_sm90.cu"
 #include "../../layernorm.cu"
 #include "../../softmax_xent.cu"
 
@@ -145,6 +148,43 @@ int main(int argc, char** argv) {
                   K, gelu);
       write_bf16("out", out);
     }
+  } else if (op == "gemm_sm90_f32out") {
+    const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
+    auto A = read_bf16("a", size_t(M) * K);
+    auto W = read_bf16("w", size_t(N) * K);
+    bool present = false;
+    auto bias = read_f32("bias", N, &present);
+    auto residual = read_f32("residual", size_t(M) * N, &present);
+    std::vector<float> out(size_t(M) * N, -1.0f);
+    emu::launch(dim3(ceil_div(N, 64), ceil_div(M, 64)), dim3(128), gemm_fwd_bf16_f32out_sm90, out.data(), A.data(),
+                W.data(), or_null(bias), or_null(residual), M, N, K, gelu);
+    write_f32("out", out);
+  } else if (op == "gemm_bwd") {
+    const int M = arg(0), N = arg(1), K = arg(2);
+    auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K), inp = read_bf16("inp", size_t(M) * K);
+    auto dweight = read_f32("dweight", size_t(N) * K);
+    std::vector<float> dinp(size_t(M) * K, -1.0f);
+    emu::launch(dim3(ceil_div(K, 64), ceil_div(M, 64)), dim3(128), gemm_bwd_input_bf16, dinp.data(), dout.data(),
+                W.data(), M, N, K);
+    emu::launch(dim3(ceil_div(K, 64), ceil_div(N, 64)), dim3(128), gemm_bwd_weight_bf16, dweight.data(), dout.data(),
+                inp.data(), M, N, K);
+    write_f32("dinp", dinp);
+    write_f32("dweight", dweight);
+  } else if (op == "casts") {
+    // Both directions on n elements that start `offset` elements into their buffers (an offset
+    // that is not a multiple of 4 takes the one-at-a-time path).
+    const int n = arg(0), offset = arg(1);
+    auto x = read_f32("x", n);
+    auto h = read_bf16("h", n);
+    std::vector<float> xs(size_t(n) + offset), back(size_t(n) + offset, -1.0f);
+    std::vector<bf16> hs(size_t(n) + offset), rounded(size_t(n) + offset, to_bf16(-1.0f));
+    std::copy(x.begin(), x.end(), xs.begin() + offset);
+    std::copy(h.begin(), h.end(), hs.begin() + offset);
+    const dim3 grid(std::min(ceil_div(ceil_div(n, 8), 256), 3));
+    emu::launch(grid, dim3(256), cast_f32_to_bf16, rounded.data() + offset, xs.data() + offset, n);
+    emu::launch(grid, dim3(256), cast_bf16_to_f32, back.data() + offset, hs.data() + offset, n);
+    write_bf16("rounded", std::vector<bf16>(rounded.begin() + offset, rounded.end()));
+    write_f32("back", std::vector<float>(back.begin() + offset, back.end()));
   } else if (op == "layernorm_fwd") {
     const int rows = arg(0), C = arg(1);
     auto inp = read_bf16("inp", size_t(rows) * C);

@@ -1,0 +1,109 @@
+// wgmma.cuh: sm_90a's warpgroup matrix-multiply instructions as device functions, destination
+// operand first. The GPU build issues the PTX named in each comment and exists only where the
+// instructions do: __CUDA_ARCH__ >= 900 with the arch-specific feature set (sm_90a, which defines
+// __CUDA_ARCH_FEAT_SM90_ALL); elsewhere TRIDENT_WGMMA is undefined and a kernel built on these
+// must not be launched (gemm_bf16_sm90.cu traps). The emulation build calls the C++ models of
+// ../emu/wgmma.h, which document the descriptor and accumulator layouts.
+#pragma once
+#include "base.cuh"
+
+#if defined(TRIDENT_EMU)
+#include "../emu/wgmma.h"
+#define TRIDENT_WGMMA 1
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TRIDENT_WGMMA 1
+#endif
+
+// Names the kernel's shared memory for the descriptors' addresses: a no-op on the GPU (they are
+// real shared addresses there); under emulation the start of the window offsets are taken from.
+__device__ __forceinline__ void wgmma_shared_window(const void* base, size_t bytes) {
+#ifdef TRIDENT_EMU
+  emu::wgmma_shared_window(base, bytes);
+#else
+  (void)base;
+  (void)bytes;
+#endif
+}
+
+// The 64-bit shared-memory matrix descriptor for the no-swizzle layout: start address >> 4 in
+// bits 0-13, leading-dimension byte offset (between core matrices adjacent in K) >> 4 in bits
+// 16-29, stride-dimension byte offset (between core matrices adjacent in M or N) >> 4 in bits
+// 32-45; base offset and swizzle mode (bits 49-51, 62-63) zero. All three must be multiples of 16.
+__device__ __forceinline__ uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+#ifdef TRIDENT_EMU
+  const uint32_t address = emu::wgmma_shared_offset(smem);
+#else
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+#endif
+  return uint64_t((address & 0x3ffffu) >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3fffu) << 16) |
+         (uint64_t((sbo_bytes >> 4) & 0x3fffu) << 32);
+}
+
+// fence.proxy.async.shared::cta: this thread's ordinary writes to shared memory become visible
+// to the async proxy that wgmma reads its operands through. Issue after filling a tile and
+// before the barrier that precedes the wgmma.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(TRIDENT_WGMMA) && !defined(TRIDENT_EMU)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// wgmma.fence.sync.aligned: orders this warpgroup's register accesses to the accumulators before
+// the wgmma.mma_async that follow.
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef TRIDENT_EMU
+  emu::wgmma_fence();
+#elif defined(TRIDENT_WGMMA)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// wgmma.commit_group.sync.aligned: closes the group of the mma_async issued since the last one.
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef TRIDENT_EMU
+  emu::wgmma_commit();
+#elif defined(TRIDENT_WGMMA)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// wgmma.wait_group.sync.aligned N: waits until at most N of the latest groups are in flight; only
+// then may the accumulators be read and the operand tiles be overwritten.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef TRIDENT_EMU
+  emu::wgmma_wait(N);
+#elif defined(TRIDENT_WGMMA)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// d = A · B + (scale_d ? d : 0), one warpgroup-wide
+// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 with A (64x16) and B (16x64, stored as
+// 64 rows of 16 K-contiguous elements) both K-major in shared memory, named by descriptors.
+// d is the thread's 32 f32 accumulators in the m64nNk16 fragment layout (../emu/wgmma.h).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+#ifdef TRIDENT_EMU
+  emu::wgmma_m64n64k16_bf16(d, desc_a, desc_b, scale_d);
+#elif defined(TRIDENT_WGMMA)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d;
+  (void)desc_a;
+  (void)desc_b;
+  (void)scale_d;
+#endif
+}

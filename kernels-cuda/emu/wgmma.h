@@ -1,0 +1,192 @@
+// wgmma.h: C++ versions of sm_90a's warpgroup matrix-multiply instructions, for kernels that
+// issue them through ../common/wgmma.cuh, following the PTX ISA ("Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate Instructions") exactly where a kernel can observe it:
+//
+//   wgmma.fence.sync.aligned
+//   wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, 0, 0
+//   wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N
+//
+// A warpgroup is four consecutive warps (threads 128w..128w+127). Every instruction is a
+// warpgroup collective: all 128 threads must reach the same one (else the emulation reports a
+// deadlock or a mismatch), and mma_async must see the same descriptors in every thread.
+//
+// Asynchrony: mma_async only records the operation (the descriptors, scale-d and where each
+// thread keeps its 32 accumulators). It is performed when a wait_group covers its commit group,
+// the latest moment the PTX ISA allows: shared memory is read then and the accumulators are
+// gathered, updated and scattered then, so a kernel that overwrites an operand tile or reads its
+// accumulators before waiting gets a wrong answer here too.
+//
+// Matrix descriptor (64 bits): bits 0-13 start address >> 4, bits 16-29 leading-dimension byte
+// offset (LBO) >> 4, bits 32-45 stride-dimension byte offset (SBO) >> 4, bits 49-51 base offset,
+// bits 62-63 swizzle mode. Only no-swizzle (0) with base offset 0 is emulated; others fail. A and
+// B are K-major (transpose flags 0): the operand is made of 8x8 "core matrices", 8 rows
+// (M for A, N for B) of 16 contiguous bytes (8 bf16 along K), rows 16 bytes apart. Element
+// (row, k) of the operand is at
+//     start + (row / 8) * SBO + (k / 8) * LBO + (row % 8) * 16 + (k % 8) * 2,
+// i.e. SBO steps between core matrices adjacent in M or N, LBO between the two adjacent in K.
+//
+// Accumulator fragment of m64nNk16 (f32): warp w of the warpgroup holds rows 16w..16w+15; lane
+// (g = lane / 4, t = lane % 4) holds, for each n8 column block j, registers
+//     d[4j + 0] = D[16w + g][8j + 2t]      d[4j + 1] = D[16w + g][8j + 2t + 1]
+//     d[4j + 2] = D[16w + g + 8][8j + 2t]  d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
+//
+// Shared addresses: a descriptor holds an offset in the CTA's shared window. On the GPU that is
+// the cvta'd address; here the kernel names its shared window with wgmma_shared_window (a no-op
+// on the GPU) and offsets are taken from its start, and checked against its size.
+#pragma once
+
+#include "simt.h"
+
+namespace emu {
+
+inline constexpr int kWgmmaN = 64;  // the one shape the kernels use: m64n64k16
+
+struct WgmmaOp {
+  uint64_t desc_a, desc_b;
+  int scale_d;
+  unsigned group;
+  float* d[128];
+};
+
+enum class WgKind : int { Fence = 1, Mma, Commit, Wait };
+
+struct WgOperand {
+  WgKind kind;
+  uint64_t desc_a, desc_b;
+  int scale_d;
+  int wait_n;
+  float* d;
+};
+
+struct Warpgroup {
+  const Block* owner = nullptr;  // the block (and blockIdx) this state belongs to
+  dim3 owner_idx;
+  unsigned arrived = 0;
+  unsigned committed = 0;  // commit groups closed so far
+  WgOperand ops[128];
+  std::vector<WgmmaOp> pending;
+};
+inline thread_local Warpgroup warpgroups[8];
+
+struct SharedWindow {
+  const unsigned char* base = nullptr;
+  size_t bytes = 0;
+};
+inline thread_local SharedWindow shared_window;
+
+inline void wgmma_shared_window(const void* base, size_t bytes) {
+  shared_window = SharedWindow{static_cast<const unsigned char*>(base), bytes};
+}
+inline uint32_t wgmma_shared_offset(const void* p) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (!shared_window.base || c < shared_window.base || c >= shared_window.base + shared_window.bytes)
+    fail("wgmma descriptor address outside the shared window (call wgmma_shared_window first)");
+  return uint32_t(c - shared_window.base);
+}
+
+// Element (row, k) of a K-major bf16 operand through its descriptor.
+inline float wgmma_operand(uint64_t desc, unsigned row, unsigned k) {
+  const uint64_t start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4, sbo = ((desc >> 32) & 0x3fffu) << 4;
+  if ((desc >> 62) != 0) fail("wgmma descriptor: only the no-swizzle layout is emulated");
+  if (((desc >> 49) & 7u) != 0) fail("wgmma descriptor: nonzero base offset");
+  const uint64_t at = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
+  if (at + 2 > shared_window.bytes) fail("wgmma operand read past the shared window");
+  uint16_t v;
+  std::memcpy(&v, shared_window.base + at, 2);
+  return bf16_bits_to_float(v);
+}
+
+// D = A · B (+ C when scale-d), over the warpgroup's gathered accumulators.
+inline void wgmma_perform(const WgmmaOp& op) {
+  double A[64][16], B[kWgmmaN][16];
+  for (unsigned r = 0; r < 64; ++r)
+    for (unsigned k = 0; k < 16; ++k) A[r][k] = wgmma_operand(op.desc_a, r, k);
+  for (unsigned n = 0; n < kWgmmaN; ++n)
+    for (unsigned k = 0; k < 16; ++k) B[n][k] = wgmma_operand(op.desc_b, n, k);
+  float D[64][kWgmmaN];
+  for (unsigned thread = 0; thread < 128; ++thread) {
+    const unsigned w = thread / 32, g = (thread % 32) / 4, t = thread % 4;
+    for (unsigned j = 0; j < kWgmmaN / 8; ++j)
+      for (unsigned e = 0; e < 4; ++e) D[16 * w + g + 8 * (e / 2)][8 * j + 2 * t + e % 2] = op.d[thread][4 * j + e];
+  }
+  for (unsigned m = 0; m < 64; ++m)
+    for (unsigned n = 0; n < kWgmmaN; ++n) {
+      double acc = op.scale_d ? double(D[m][n]) : 0.0;
+      for (unsigned k = 0; k < 16; ++k) acc += A[m][k] * B[n][k];
+      D[m][n] = float(acc);
+    }
+  for (unsigned thread = 0; thread < 128; ++thread) {
+    const unsigned w = thread / 32, g = (thread % 32) / 4, t = thread % 4;
+    for (unsigned j = 0; j < kWgmmaN / 8; ++j)
+      for (unsigned e = 0; e < 4; ++e) op.d[thread][4 * j + e] = D[16 * w + g + 8 * (e / 2)][8 * j + 2 * t + e % 2];
+  }
+}
+
+// The warpgroup collective: every thread deposits its operand; the last to arrive checks them
+// and acts for all, then releases the others.
+inline void warpgroup_collective(const WgOperand& operand) {
+  Fiber& f = self();
+  if (block->fibers.size() % 128) fail("wgmma in a block whose size is not a multiple of 128 threads");
+  Warpgroup& wg = warpgroups[f.linear / 128];
+  if (wg.owner != block || wg.owner_idx.x != blockIdx.x || wg.owner_idx.y != blockIdx.y ||
+      wg.owner_idx.z != blockIdx.z) {
+    if (wg.arrived == 0) {
+      // A new block: the previous one must have waited for all its operations.
+      if (!wg.pending.empty()) fail("wgmma operations still pending when a block ended");
+      wg.owner = block;
+      wg.owner_idx = blockIdx;
+      wg.committed = 0;
+    }
+  }
+  wg.ops[f.linear % 128] = operand;
+  if (++wg.arrived < 128) {
+    f.state = State::AtWarp;
+    yield_to_scheduler();
+    return;
+  }
+  wg.arrived = 0;
+  const WgOperand& first = wg.ops[0];
+  for (unsigned i = 1; i < 128; ++i) {
+    const WgOperand& o = wg.ops[i];
+    if (o.kind != first.kind) fail("threads of one warpgroup reached different wgmma instructions");
+    if (o.desc_a != first.desc_a || o.desc_b != first.desc_b || o.scale_d != first.scale_d || o.wait_n != first.wait_n)
+      fail("wgmma operands differ across the warpgroup");
+  }
+  switch (first.kind) {
+    case WgKind::Fence: break;
+    case WgKind::Mma: {
+      WgmmaOp op{first.desc_a, first.desc_b, first.scale_d, wg.committed, {}};
+      for (unsigned i = 0; i < 128; ++i) op.d[i] = wg.ops[i].d;
+      wg.pending.push_back(op);
+      break;
+    }
+    case WgKind::Commit: wg.committed++; break;
+    case WgKind::Wait: {
+      const unsigned n = unsigned(first.wait_n);
+      const unsigned complete_before = wg.committed >= n ? wg.committed - n : 0;
+      std::vector<WgmmaOp> still;
+      for (const WgmmaOp& op : wg.pending) {
+        if (op.group < complete_before)
+          wgmma_perform(op);
+        else
+          still.push_back(op);
+      }
+      wg.pending.swap(still);
+      break;
+    }
+  }
+  const unsigned base = f.linear - f.linear % 128;
+  for (unsigned i = 0; i < 128; ++i) {
+    Fiber& other = block->fibers[base + i];
+    if (&other != &f) other.state = State::Runnable;
+  }
+}
+
+inline void wgmma_fence() { warpgroup_collective(WgOperand{WgKind::Fence, 0, 0, 0, 0, nullptr}); }
+inline void wgmma_commit() { warpgroup_collective(WgOperand{WgKind::Commit, 0, 0, 0, 0, nullptr}); }
+inline void wgmma_wait(int n) { warpgroup_collective(WgOperand{WgKind::Wait, 0, 0, 0, n, nullptr}); }
+inline void wgmma_m64n64k16_bf16(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  warpgroup_collective(WgOperand{WgKind::Mma, desc_a, desc_b, scale_d != 0, 0, d});
+}
+
+}  // namespace emu
