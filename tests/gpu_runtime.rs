@@ -426,6 +426,7 @@ fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
             let seconds = t.elapsed().as_secs_f64();
             assert_eq!(first.origin, Origin::Nvrtc(Outcome::Compiled), "{file} {arch}");
             let info = kernels::read_cubin(&first.bytes).unwrap();
+            let arch_number: u32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap();
             for k in kernels::KERNELS.iter().filter(|k| k.file == *file) {
                 assert!(
                     info.functions.iter().any(|f| f == k.function),
@@ -436,6 +437,9 @@ fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
                 // sm_90a CUBINs place a kernel's shared variables after a 1 KiB window the
                 // system reserves (section `.nv.shared.reserved.0`): the section is 1024 B longer.
                 let reserved = if arch == "sm_90a" && k.static_shared > 0 { 1024 } else { 0 };
+                if arch_number < k.min_arch {
+                    continue; // compiled as a trapping stub below its architecture
+                }
                 assert_eq!(
                     info.static_shared(k.function),
                     (k.static_shared + reserved) as u64,

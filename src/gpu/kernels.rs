@@ -274,10 +274,17 @@ pub struct KernelSpec {
     pub file: &'static str,
     pub threads: u32,
     pub static_shared: u32,
+    /// The lowest compute capability (major x 10 + minor) the kernel runs on; below it the
+    /// function is compiled as a stub that traps (the sm_90a wgmma GEMM).
+    pub min_arch: u32,
 }
 
 const fn spec(function: &'static str, file: &'static str, threads: u32, static_shared: u32) -> KernelSpec {
-    KernelSpec { function, file, threads, static_shared }
+    KernelSpec { function, file, threads, static_shared, min_arch: 80 }
+}
+
+const fn spec_sm90(function: &'static str, file: &'static str, threads: u32, static_shared: u32) -> KernelSpec {
+    KernelSpec { function, file, threads, static_shared, min_arch: 90 }
 }
 
 /// Every kernel function the CUDA Device launches.
@@ -297,6 +304,11 @@ pub const KERNELS: &[KernelSpec] = &[
     spec("gelu_bwd_bf16", "gelu.cu", 256, 0),
     spec("gemm_fwd_bf16_f32out", "gemm_bf16.cu", 128, 20480),
     spec("gemm_fwd_bf16", "gemm_bf16.cu", 128, 20480),
+    spec("gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 128, 19456),
+    spec("gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 128, 18432),
+    spec_sm90("gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 128, 16384),
+    spec("cast_f32_to_bf16", "casts.cu", 256, 0),
+    spec("cast_bf16_to_f32", "casts.cu", 256, 0),
     spec("layernorm_fwd_bf16", "layernorm.cu", 128, 0),
     spec("layernorm_bwd_dx_bf16", "layernorm.cu", 128, 0),
     spec("layernorm_bwd_dparams_bf16", "layernorm.cu", 128, 0),
@@ -326,6 +338,30 @@ pub enum Op {
         n: usize,
         k: usize,
         out: GemmOut,
+    },
+    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite).
+    GemmBwdInput {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// dW [n, k] += dout [m, n]ᵀ · inp [m, k].
+    GemmBwdWeight {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// The forward GEMM on sm_90a's wgmma (f32 output; compute capability 9.0 only).
+    GemmFwdSm90 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    CastF32ToBf16 {
+        n: usize,
+    },
+    CastBf16ToF32 {
+        n: usize,
     },
     LayernormFwd {
         rows: usize,
@@ -429,7 +465,15 @@ pub fn plan(op: &Op, limits: &DeviceLimits, multiprocessors: u32) -> Result<Kern
     }
     let t = spec.threads as usize;
     let (problem, tile) = match *op {
-        Op::GemmFwd { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        Op::GemmFwd { m, n, .. } | Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        // A 64 x 64 tile of dinp [m, k] or of dW [n, k] per block.
+        Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [64, 64, 1]),
+        Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [64, 64, 1]),
+        // Eight elements per thread, grid-stride, capped like GELU's.
+        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
+        }
         Op::LayernormFwd { rows, .. } | Op::LayernormBwdDx { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
         Op::LayernormBwdParams { channels, .. } => ([channels, 1, 1], [t, 1, 1]),
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
@@ -469,6 +513,11 @@ fn function_of(op: &Op) -> Result<&'static str> {
     Ok(match *op {
         Op::GemmFwd { out: GemmOut::F32, .. } => "gemm_fwd_bf16_f32out",
         Op::GemmFwd { out: GemmOut::Bf16, .. } => "gemm_fwd_bf16",
+        Op::GemmBwdInput { .. } => "gemm_bwd_input_bf16",
+        Op::GemmBwdWeight { .. } => "gemm_bwd_weight_bf16",
+        Op::GemmFwdSm90 { .. } => "gemm_fwd_bf16_f32out_sm90",
+        Op::CastF32ToBf16 { .. } => "cast_f32_to_bf16",
+        Op::CastBf16ToF32 { .. } => "cast_bf16_to_f32",
         Op::LayernormFwd { .. } => "layernorm_fwd_bf16",
         Op::LayernormBwdDx { .. } => "layernorm_bwd_dx_bf16",
         Op::LayernormBwdParams { .. } => "layernorm_bwd_dparams_bf16",
@@ -499,7 +548,11 @@ fn function_of(op: &Op) -> Result<&'static str> {
 /// The sizes an op passes to its kernel as `int`, or that the kernel indexes with `int`.
 fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
     match *op {
-        Op::GemmFwd { m, n, k, .. } => vec![("M", m), ("N", n), ("K", k)],
+        Op::GemmFwd { m, n, k, .. }
+        | Op::GemmBwdInput { m, n, k }
+        | Op::GemmBwdWeight { m, n, k }
+        | Op::GemmFwdSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
+        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
         Op::LayernormFwd { rows, channels }
         | Op::LayernormBwdDx { rows, channels }
         | Op::LayernormBwdParams { rows, channels } => {
@@ -656,6 +709,23 @@ mod tests {
 
     /// Every shape `tests/cuda_emulation.rs` runs, with the grid its harness
     /// (`kernels-cuda/emu/tests/harness.cpp`) launches: the same numbers, restated here.
+    #[test]
+    fn backward_gemm_wgmma_and_cast_launches_match_their_headers() {
+        // gemm_bf16_bwd.cu: a 64 x 64 tile of dinp [M, K] or dW [N, K] per block of 128 threads.
+        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33 });
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 2, 1], [128, 1, 1]));
+        let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
+        assert_eq!((w.spec.function, w.config.grid), ("gemm_bwd_weight_bf16", [2, 3, 1]));
+        // gemm_bf16_sm90.cu: one warpgroup per 64 x 64 tile of out [M, N]; sm_90a only.
+        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
+        assert_eq!((g.config.grid, g.spec.min_arch), ([3, 3, 1], 90));
+        // casts.cu: eight elements per thread, blocks of 256, grid-stride.
+        assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
+        assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
+        assert_eq!(p(Op::CastF32ToBf16 { n: 1 << 30 }).config.grid, [8 * 108, 1, 1]);
+        assert!(plan(&Op::GemmBwdInput { m: 0, n: 1, k: 1 }, &DeviceLimits::A100, 108).is_err());
+    }
+
     #[test]
     fn geometry_matches_the_emulation_harness_on_its_shapes() {
         let cd = |n: usize, t: usize| n.div_ceil(t) as u32;
