@@ -536,6 +536,9 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
         if d == "cuda" {
             return Err(crate::gpu::cuda_device_unavailable());
         }
+        if d == "hip" {
+            return Err(crate::gpu::hip_device_unavailable());
+        }
         if d != "cpu" {
             return Err(Error::Unsupported(format!("--device {d}: only the cpu backend is built so far")));
         }

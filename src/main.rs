@@ -624,7 +624,9 @@ fn cmd_info(rest: &[String]) -> Result<()> {
     for line in trident::gpu::info_lines() {
         println!("{line}");
     }
-    println!("hip: not built into this version (the HIP backend arrives with its issue)");
+    for line in trident::gpu::hip_info_lines() {
+        println!("{line}");
+    }
     #[cfg(feature = "mpi")]
     {
         // MPI_Get_library_version may be called before MPI starts.

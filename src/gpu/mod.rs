@@ -1,14 +1,17 @@
 //! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
-//! RCCL (`nccl`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
+//! RCCL (`nccl`), the HIP runtime (`hip`) and hipRTC (`hiprtc`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
 //! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
 //! (`launch`), the embedded CUDA kernels and their launch table (`kernels`) and the device smoke
 //! test behind `make gpu-check` (`smoke`). The binary links none of them: on a machine without
 //! them, everything here answers with an error naming the library.
-//! The CUDA Device (the `Device` trait on a GPU) is not built yet; it will sit on these tables.
+//! The CUDA and HIP Devices (the `Device` trait on a GPU) are not built yet; they will sit on
+//! these tables.
 
 pub mod cache;
 pub mod dl;
 pub mod driver;
+pub mod hip;
+pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
 pub mod nccl;
@@ -63,6 +66,72 @@ pub fn info_lines() -> Vec<String> {
         Err(e) => lines.push(format!("kernel cache: {e}")),
     }
     lines
+}
+
+/// `trident info`'s AMD section: the HIP runtime and its devices, hipRTC, RCCL.
+pub fn hip_info_lines() -> Vec<String> {
+    let mut lines = Vec::new();
+    match hip::Hip::load() {
+        Err(e) => lines.push(format!("hip runtime: {e}")),
+        Ok(h) => match (h.runtime_version(), h.driver_version(), h.device_count()) {
+            (Ok(runtime), Ok(driver), Ok(n)) => {
+                lines.push(format!(
+                    "hip runtime: HIP {runtime}, driver {driver} ({}), {n} device{}",
+                    h.path(),
+                    if n == 1 { "" } else { "s" }
+                ));
+                for i in 0..n {
+                    match h.device_info(i) {
+                        Ok(d) => lines.push(format!(
+                            "hip device {i}: {}, {}, {} compute units, {:.1} GiB",
+                            d.name,
+                            d.arch.as_deref().unwrap_or("gfx architecture unknown"),
+                            d.compute_units,
+                            d.total_bytes as f64 / (1u64 << 30) as f64
+                        )),
+                        Err(e) => lines.push(format!("hip device {i}: {e}")),
+                    }
+                }
+            }
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                lines.push(format!("hip runtime: {} loaded, but {e}", h.path()))
+            }
+        },
+    }
+    lines.push("hip backend: not built yet (the HIP runtime, hipRTC and RCCL load at run time)".into());
+    match hiprtc::Hiprtc::load().and_then(|r| r.version().map(|v| (r, v))) {
+        Ok((r, (major, minor))) => lines.push(format!("hiprtc: {major}.{minor} ({})", r.path())),
+        Err(e) => lines.push(format!("hiprtc: {e}")),
+    }
+    match nccl::Nccl::load(nccl::Flavor::Rccl).and_then(|n| n.version().map(|v| (n, v))) {
+        Ok((n, v)) => lines.push(format!("rccl: {v} ({})", n.path())),
+        Err(e) => lines.push(format!("rccl: {e}")),
+    }
+    lines
+}
+
+/// Why `--device hip` cannot run: no HIP runtime, one that fails, or (with a working runtime) the
+/// HIP backend that is not built yet.
+pub fn hip_device_unavailable() -> Error {
+    match hip::Hip::load() {
+        Err(e @ Error::GpuLibrary { .. }) => {
+            Error::Usage(format!("--device hip: {e}; train on the CPU with --device cpu"))
+        }
+        Err(e) => Error::Usage(format!(
+            "--device hip: the HIP runtime was found but {e}; train on the CPU with --device cpu"
+        )),
+        Ok(h) => {
+            let found = match (h.runtime_version(), h.device_count()) {
+                (Ok(v), Ok(n)) => {
+                    format!("the HIP runtime (HIP {v}, {n} device{}) was found", if n == 1 { "" } else { "s" })
+                }
+                (Err(e), _) | (_, Err(e)) => format!("the HIP runtime was found but {e}"),
+            };
+            Error::Unsupported(format!(
+                "--device hip: {found}, but the HIP backend is not built yet (this version trains on the CPU: --device cpu)"
+            ))
+        }
+    }
 }
 
 /// Why `--device cuda` cannot run on this build and machine: no driver, a driver that fails, or

@@ -1,6 +1,7 @@
 //! Status codes of the GPU libraries and their mapping onto `Error::GpuCall`: `CUresult` (CUDA
-//! driver), `nvrtcResult` (NVRTC) and `ncclResult_t` (NCCL and RCCL). The tables hold the names
-//! from `cuda.h`, `nvrtc.h` and `nccl.h` (CUDA 13.5, NCCL 2.32), so an error can be named even when
+//! driver), `nvrtcResult` (NVRTC), `ncclResult_t` (NCCL and RCCL), `hipError_t` (HIP runtime) and
+//! `hiprtcResult` (hipRTC). The tables hold the names from `cuda.h`, `nvrtc.h` and `nccl.h` (CUDA
+//! 13.5, NCCL 2.32), `hip_runtime_api.h` and `hiprtc.h` (ROCm 5 and 6 agree on these), so an error can be named even when
 //! the library that would describe it (`cuGetErrorName`) is the one that is missing; the library's
 //! own message is preferred when it can be had.
 
@@ -153,6 +154,136 @@ pub const NCCL_RESULT_NAMES: &[(&str, &str)] = &[
     ("ncclTimeout", "timeout"),
 ];
 
+/// `hipError_t` values and names, from `hip_runtime_api.h` (ROCm 6; the values have not moved
+/// since ROCm 4). Deprecated aliases (`hipErrorMemoryAllocation` = 2, ...) give way to the
+/// current names.
+pub const HIP_ERROR_NAMES: &[(i32, &str)] = &[
+    (0, "hipSuccess"),
+    (1, "hipErrorInvalidValue"),
+    (2, "hipErrorOutOfMemory"),
+    (3, "hipErrorNotInitialized"),
+    (4, "hipErrorDeinitialized"),
+    (5, "hipErrorProfilerDisabled"),
+    (6, "hipErrorProfilerNotInitialized"),
+    (7, "hipErrorProfilerAlreadyStarted"),
+    (8, "hipErrorProfilerAlreadyStopped"),
+    (9, "hipErrorInvalidConfiguration"),
+    (12, "hipErrorInvalidPitchValue"),
+    (13, "hipErrorInvalidSymbol"),
+    (17, "hipErrorInvalidDevicePointer"),
+    (21, "hipErrorInvalidMemcpyDirection"),
+    (35, "hipErrorInsufficientDriver"),
+    (52, "hipErrorMissingConfiguration"),
+    (53, "hipErrorPriorLaunchFailure"),
+    (98, "hipErrorInvalidDeviceFunction"),
+    (100, "hipErrorNoDevice"),
+    (101, "hipErrorInvalidDevice"),
+    (200, "hipErrorInvalidImage"),
+    (201, "hipErrorInvalidContext"),
+    (202, "hipErrorContextAlreadyCurrent"),
+    (205, "hipErrorMapFailed"),
+    (206, "hipErrorUnmapFailed"),
+    (207, "hipErrorArrayIsMapped"),
+    (208, "hipErrorAlreadyMapped"),
+    (209, "hipErrorNoBinaryForGpu"),
+    (210, "hipErrorAlreadyAcquired"),
+    (211, "hipErrorNotMapped"),
+    (212, "hipErrorNotMappedAsArray"),
+    (213, "hipErrorNotMappedAsPointer"),
+    (214, "hipErrorECCNotCorrectable"),
+    (215, "hipErrorUnsupportedLimit"),
+    (216, "hipErrorContextAlreadyInUse"),
+    (217, "hipErrorPeerAccessUnsupported"),
+    (218, "hipErrorInvalidKernelFile"),
+    (219, "hipErrorInvalidGraphicsContext"),
+    (300, "hipErrorInvalidSource"),
+    (301, "hipErrorFileNotFound"),
+    (302, "hipErrorSharedObjectSymbolNotFound"),
+    (303, "hipErrorSharedObjectInitFailed"),
+    (304, "hipErrorOperatingSystem"),
+    (400, "hipErrorInvalidHandle"),
+    (401, "hipErrorIllegalState"),
+    (500, "hipErrorNotFound"),
+    (600, "hipErrorNotReady"),
+    (700, "hipErrorIllegalAddress"),
+    (701, "hipErrorLaunchOutOfResources"),
+    (702, "hipErrorLaunchTimeOut"),
+    (704, "hipErrorPeerAccessAlreadyEnabled"),
+    (705, "hipErrorPeerAccessNotEnabled"),
+    (708, "hipErrorSetOnActiveProcess"),
+    (709, "hipErrorContextIsDestroyed"),
+    (710, "hipErrorAssert"),
+    (712, "hipErrorHostMemoryAlreadyRegistered"),
+    (713, "hipErrorHostMemoryNotRegistered"),
+    (719, "hipErrorLaunchFailure"),
+    (720, "hipErrorCooperativeLaunchTooLarge"),
+    (801, "hipErrorNotSupported"),
+    (900, "hipErrorStreamCaptureUnsupported"),
+    (901, "hipErrorStreamCaptureInvalidated"),
+    (902, "hipErrorStreamCaptureMerge"),
+    (903, "hipErrorStreamCaptureUnmatched"),
+    (904, "hipErrorStreamCaptureUnjoined"),
+    (905, "hipErrorStreamCaptureIsolation"),
+    (906, "hipErrorStreamCaptureImplicit"),
+    (907, "hipErrorCapturedEvent"),
+    (908, "hipErrorStreamCaptureWrongThread"),
+    (910, "hipErrorGraphExecUpdateFailure"),
+    (911, "hipErrorInvalidChannelDescriptor"),
+    (912, "hipErrorInvalidTexture"),
+    (999, "hipErrorUnknown"),
+    (1052, "hipErrorRuntimeMemory"),
+    (1053, "hipErrorRuntimeOther"),
+];
+
+/// `hiprtcResult` values and names, from `hiprtc.h` (ROCm 5 and 6).
+pub const HIPRTC_RESULT_NAMES: &[(i32, &str)] = &[
+    (0, "HIPRTC_SUCCESS"),
+    (1, "HIPRTC_ERROR_OUT_OF_MEMORY"),
+    (2, "HIPRTC_ERROR_PROGRAM_CREATION_FAILURE"),
+    (3, "HIPRTC_ERROR_INVALID_INPUT"),
+    (4, "HIPRTC_ERROR_INVALID_PROGRAM"),
+    (5, "HIPRTC_ERROR_INVALID_OPTION"),
+    (6, "HIPRTC_ERROR_COMPILATION"),
+    (7, "HIPRTC_ERROR_BUILTIN_OPERATION_FAILURE"),
+    (8, "HIPRTC_ERROR_NO_NAME_EXPRESSIONS_AFTER_COMPILATION"),
+    (9, "HIPRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION"),
+    (10, "HIPRTC_ERROR_NAME_EXPRESSION_NOT_VALID"),
+    (11, "HIPRTC_ERROR_INTERNAL_ERROR"),
+    (100, "HIPRTC_ERROR_LINKING"),
+];
+
+/// The name of a `hipError_t`, or `hipError <code>` for a code this table does not know.
+pub fn hip_error_name(code: i32) -> String {
+    HIP_ERROR_NAMES
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| format!("hipError {code} (unknown to this build)"))
+}
+
+/// The name of a `hiprtcResult`.
+pub fn hiprtc_result_name(code: i32) -> String {
+    HIPRTC_RESULT_NAMES
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| format!("HIPRTC_ERROR_{code} (unknown to this build)"))
+}
+
+/// The error for a failed HIP runtime call. `described` is the runtime's own (name, message)
+/// from hipGetErrorName / hipGetErrorString, when it could give them.
+pub fn hip_error(call: &'static str, code: i32, described: Option<(String, String)>) -> Error {
+    let (name, message) =
+        described.unwrap_or_else(|| (hip_error_name(code), "no description (hipGetErrorString unavailable)".into()));
+    Error::GpuCall { api: "HIP", call, code, name, message }
+}
+
+/// The error for a failed hipRTC call; `library_message` is hiprtcGetErrorString's text.
+pub fn hiprtc_error(call: &'static str, code: i32, library_message: Option<String>) -> Error {
+    let message = library_message.unwrap_or_else(|| "no description (hiprtcGetErrorString unavailable)".into());
+    Error::GpuCall { api: "hipRTC", call, code, name: hiprtc_result_name(code), message }
+}
+
 /// The name of a `CUresult`, or `CUDA_ERROR_<code>` for a code this table does not know.
 pub fn cu_result_name(code: i32) -> String {
     CU_RESULT_NAMES
@@ -241,6 +372,39 @@ mod tests {
         assert_eq!(nccl_result_name(4).0, "ncclInvalidArgument");
         assert_eq!(nccl_result_name(8).0, "ncclTimeout");
         assert!(nccl_result_name(9).0.contains('9'));
+    }
+
+    #[test]
+    fn hip_and_hiprtc_codes_map_to_their_header_names() {
+        for (code, name) in [
+            (0, "hipSuccess"),
+            (1, "hipErrorInvalidValue"),
+            (2, "hipErrorOutOfMemory"),
+            (3, "hipErrorNotInitialized"),
+            (98, "hipErrorInvalidDeviceFunction"),
+            (100, "hipErrorNoDevice"),
+            (101, "hipErrorInvalidDevice"),
+            (209, "hipErrorNoBinaryForGpu"),
+            (218, "hipErrorInvalidKernelFile"),
+            (400, "hipErrorInvalidHandle"),
+            (700, "hipErrorIllegalAddress"),
+            (719, "hipErrorLaunchFailure"),
+            (801, "hipErrorNotSupported"),
+            (999, "hipErrorUnknown"),
+            (1053, "hipErrorRuntimeOther"),
+        ] {
+            assert_eq!(hip_error_name(code), name);
+        }
+        assert!(hip_error_name(77).contains("77"));
+        assert!(HIP_ERROR_NAMES.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(hiprtc_result_name(6), "HIPRTC_ERROR_COMPILATION");
+        assert_eq!(hiprtc_result_name(100), "HIPRTC_ERROR_LINKING");
+        assert!(hiprtc_result_name(12).contains("12"));
+        assert!(HIPRTC_RESULT_NAMES.windows(2).all(|w| w[0].0 < w[1].0));
+        let e = hip_error("hipInit", 100, None).to_string();
+        assert!(e.starts_with("HIP: hipInit failed with hipErrorNoDevice (100): no description"), "{e}");
+        let e = hiprtc_error("hiprtcCompileProgram", 6, Some("x.hip:1: error".into())).to_string();
+        assert_eq!(e, "hipRTC: hiprtcCompileProgram failed with HIPRTC_ERROR_COMPILATION (6): x.hip:1: error");
     }
 
     #[test]
