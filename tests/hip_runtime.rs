@@ -75,7 +75,10 @@ fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
         assert!(out.contains(line), "{line} not in {out}");
     }
     let o = run_env(&TRAIN_HIP, &missing[..1]);
-    assert_clean_error(&o, &["--device hip: /nonexistent/libamdhip64.so not found (no ROCm on this machine)", "--device cpu"]);
+    assert_clean_error(
+        &o,
+        &["--device hip: /nonexistent/libamdhip64.so not found (no ROCm on this machine)", "--device cpu"],
+    );
 }
 
 #[test]
@@ -103,14 +106,19 @@ fn a_hip_runtime_without_the_hip_backend_is_reported_not_used() {
     c.args(["info", "--cpu-threads", "1"]).env("TRIDENT_LIBAMDHIP64", &lib).env("FAKE_HIP_INIT_FAIL", "1");
     let out = stdout(&c.output().unwrap());
     assert!(
-        out.contains("hip runtime: HIP: hipInit failed with hipErrorNoDevice (100): no ROCm-capable device is detected"),
+        out.contains(
+            "hip runtime: HIP: hipInit failed with hipErrorNoDevice (100): no ROCm-capable device is detected"
+        ),
         "{out}"
     );
     let mut c = Command::new(BIN);
     c.args(TRAIN_HIP).env("TRIDENT_LIBAMDHIP64", &lib).env("FAKE_HIP_INIT_FAIL", "1");
     assert_clean_error(
         &c.output().unwrap(),
-        &["--device hip: the HIP runtime was found but HIP: hipInit failed with hipErrorNoDevice (100)", "--device cpu"],
+        &[
+            "--device hip: the HIP runtime was found but HIP: hipInit failed with hipErrorNoDevice (100)",
+            "--device cpu",
+        ],
     );
 
     // A runtime that lacks entry points: the missing symbol is named, and without hipGetErrorName
@@ -120,7 +128,11 @@ fn a_hip_runtime_without_the_hip_backend_is_reported_not_used() {
     let old_lib = fake_libamdhip64(&old, &["-DFAKE_HIP_OLD"]);
     let o = run_env(&["info", "--cpu-threads", "1"], &[("TRIDENT_LIBAMDHIP64", &old_lib)]);
     let out = stdout(&o);
-    assert!(o.status.success() && out.contains("hip device 0: ") && out.contains("has no symbol hipDeviceGetAttribute"), "{out}{}", stderr(&o));
+    assert!(
+        o.status.success() && out.contains("hip device 0: ") && out.contains("has no symbol hipDeviceGetAttribute"),
+        "{out}{}",
+        stderr(&o)
+    );
     let mut c = Command::new(BIN);
     c.args(["info", "--cpu-threads", "1"]).env("TRIDENT_LIBAMDHIP64", &old_lib).env("FAKE_HIP_INIT_FAIL", "1");
     let out = stdout(&c.output().unwrap());

@@ -162,7 +162,9 @@ impl Hip {
     fn attribute(&self, ordinal: usize, attribute: i32) -> Result<i32> {
         let mut v = 0;
         // SAFETY: writes one int.
-        self.check("hipDeviceGetAttribute", unsafe { self.api.hipDeviceGetAttribute(&mut v, attribute, ordinal as i32) }?)?;
+        self.check("hipDeviceGetAttribute", unsafe {
+            self.api.hipDeviceGetAttribute(&mut v, attribute, ordinal as i32)
+        }?)?;
         Ok(v)
     }
 

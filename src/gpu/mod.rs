@@ -117,9 +117,9 @@ pub fn hip_device_unavailable() -> Error {
         Err(e @ Error::GpuLibrary { .. }) => {
             Error::Usage(format!("--device hip: {e}; train on the CPU with --device cpu"))
         }
-        Err(e) => Error::Usage(format!(
-            "--device hip: the HIP runtime was found but {e}; train on the CPU with --device cpu"
-        )),
+        Err(e) => {
+            Error::Usage(format!("--device hip: the HIP runtime was found but {e}; train on the CPU with --device cpu"))
+        }
         Ok(h) => {
             let found = match (h.runtime_version(), h.device_count()) {
                 (Ok(v), Ok(n)) => {
