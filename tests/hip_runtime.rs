@@ -52,7 +52,10 @@ fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
         eprintln!("this machine has an AMD GPU driver: the no-ROCm lines are checked with missing files");
     } else {
         assert!(out.contains("hip runtime: libamdhip64.so not found (no ROCm on this machine)"), "{out}");
-        assert!(out.contains("hiprtc: libhiprtc.so / libhiprtc.so.6 / libhiprtc.so.5 not found"), "{out}");
+        assert!(
+            out.contains("hiprtc: libhiprtc.so / libhiprtc.so.7 / libhiprtc.so.6 / libhiprtc.so.5 not found"),
+            "{out}"
+        );
         assert!(out.contains("rccl: librccl.so.1 / librccl.so not found"), "{out}");
         let o = run_env(&TRAIN_HIP, &[]);
         assert_clean_error(

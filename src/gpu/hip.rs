@@ -1,6 +1,7 @@
-//! The HIP runtime (`libamdhip64.so`, else `.so.6` / `.so.5`, or the file `$TRIDENT_LIBAMDHIP64`
-//! names), loaded at run time: the entry-point table, the device queries behind `trident info`
-//! and `--device hip`, and the module / launch / memory entry points the HIP Device will use.
+//! The HIP runtime (`libamdhip64.so`, else `.so.7` / `.so.6` / `.so.5`, or the file
+//! `$TRIDENT_LIBAMDHIP64` names), loaded at run time: the entry-point table, the device queries
+//! behind `trident info` and `--device hip`, and the module / launch / memory entry points the HIP
+//! Device will use.
 //!
 //! Device facts come from `hipDeviceGetName`, `hipDeviceTotalMem` and `hipDeviceGetAttribute`,
 //! whose signatures and attribute values are stable across ROCm 5 and 6. `hipDeviceProp_t` is
@@ -25,7 +26,8 @@ pub type HipDevicePtr = *mut c_void;
 
 pub const LIBAMDHIP64_VAR: &str = "TRIDENT_LIBAMDHIP64";
 /// The unversioned name (present with the -dev package), then the runtime sonames, newest first.
-pub const LIBAMDHIP64_SONAMES: &[&str] = &["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
+pub const LIBAMDHIP64_SONAMES: &[&str] =
+    &["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"];
 
 /// `hipDeviceAttribute_t` values used here, from `hip_runtime_api.h` (ROCm 5 and 6 agree).
 pub mod attribute {

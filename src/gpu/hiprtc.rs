@@ -1,7 +1,7 @@
-//! hipRTC (`libhiprtc.so`, else `.so.6` / `.so.5`, or the file `$TRIDENT_HIPRTC` names), loaded
+//! hipRTC (`libhiprtc.so`, else `.so.7` / `.so.6` / `.so.5`, or the file `$TRIDENT_HIPRTC` names), loaded
 //! at run time: the entry-point table and the version query of `trident info`. Compiling HIP
 //! source to a code object for a `gfx` architecture (`hiprtcCompileProgram`, `hiprtcGetCode`)
-//! is declared here for the HIP Device, which is not built yet. Before ROCm 5.3 hipRTC lived
+//! is declared here for the HIP Device, which is not built yet. Older ROCm 5 releases ship hipRTC
 //! inside `libamdhip64.so`; `TRIDENT_HIPRTC` can name that file on such an install.
 
 use super::dl::{api_table, candidates, Library};
@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void, CStr};
 pub type HiprtcProgram = *mut c_void;
 
 pub const HIPRTC_VAR: &str = "TRIDENT_HIPRTC";
-pub const HIPRTC_SONAMES: &[&str] = &["libhiprtc.so", "libhiprtc.so.6", "libhiprtc.so.5"];
+pub const HIPRTC_SONAMES: &[&str] = &["libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so.5"];
 
 api_table! {
     /// hipRTC entry points, as declared in `hiprtc.h`.
