@@ -15,6 +15,10 @@
 // barrier that can never open are reported as a deadlock with the block and thread states, and
 // the process aborts: divergent barriers are bugs the emulation finds rather than hides.
 //
+// Wave size. TRIDENT_EMU_WAVE_SIZE (a compile-time parameter, 32 unless defined) is the number
+// of lanes a warp collective spans: 32 for CUDA warps, 64 for AMD wavefronts (kernels-hip/emu/
+// hip.h defines it as 64). Lane masks are 64-bit for wave64 (emu::LaneMask), as HIP's __ballot.
+//
 // __shared__ is `static thread_local`: one copy per OS thread, which is one block at a time.
 // Kernels therefore use static shared memory only, and launches do not nest.
 #pragma once
@@ -40,8 +44,13 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+#ifndef TRIDENT_EMU_WAVE_SIZE
+#define TRIDENT_EMU_WAVE_SIZE 32
+#endif
+static_assert(TRIDENT_EMU_WAVE_SIZE == 32 || TRIDENT_EMU_WAVE_SIZE == 64, "a wave has 32 or 64 lanes");
+
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
-inline constexpr int warpSize = 32;
+inline constexpr int warpSize = TRIDENT_EMU_WAVE_SIZE;
 
 #define __global__
 #define __device__
@@ -57,6 +66,12 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 
 namespace emu {
+
+inline constexpr unsigned kWaveSize = TRIDENT_EMU_WAVE_SIZE;
+using LaneMask = std::conditional_t<kWaveSize == 64, uint64_t, uint32_t>;
+inline constexpr LaneMask kAllLanes = ~LaneMask(0);
+// The mask of the first `lanes` lanes of a wave.
+inline constexpr LaneMask lanes_mask(unsigned lanes) { return lanes >= kWaveSize ? kAllLanes : ((LaneMask(1) << lanes) - 1); }
 
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "emu: block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y, blockIdx.z,
@@ -124,9 +139,9 @@ struct Fiber {
 // slots keep a fast lane's next operand from overwriting one that is still being read.
 inline constexpr size_t kOperandBytes = 48, kResultBytes = 16;
 struct WarpSlot {
-  alignas(16) unsigned char operand[32][kOperandBytes];
-  alignas(16) unsigned char result[32][kResultBytes];
-  int kind[32];
+  alignas(16) unsigned char operand[kWaveSize][kOperandBytes];
+  alignas(16) unsigned char result[kWaveSize][kResultBytes];
+  int kind[kWaveSize];
   unsigned arrived = 0;
 };
 struct Warp {
@@ -146,7 +161,7 @@ struct Block {
 inline thread_local Block* block;
 
 inline Fiber& self() { return *block->current; }
-inline unsigned lane_id() { return self().linear % 32; }
+inline unsigned lane_id() { return self().linear % kWaveSize; }
 
 inline void yield_to_scheduler() {
   Fiber& f = self();
@@ -244,8 +259,8 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
       b.fibers[t].linear = t;
       b.fibers[t].stack.reset(new unsigned char[kStackBytes]);
     }
-    b.warps.resize((threads + 31) / 32);
-    for (unsigned w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = std::min(32u, threads - 32 * w);
+    b.warps.resize((threads + kWaveSize - 1) / kWaveSize);
+    for (unsigned w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = std::min(kWaveSize, threads - kWaveSize * w);
     b.body = [](void* p) { (*static_cast<decltype(body)*>(p))(); };
     b.body_arg = &body;
     block = &b;
@@ -267,21 +282,21 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
 // the last lane to arrive, over all lanes' operands. The mask must name every lane of the warp:
 // partial-warp collectives are not used by the kernels and are not emulated.
 template <class Operand, class Result, class Compute>
-Result warp_collective(int kind, unsigned mask, const Operand& operand, Compute compute) {
+Result warp_collective(int kind, LaneMask mask, const Operand& operand, Compute compute) {
   static_assert(sizeof(Operand) <= kOperandBytes && sizeof(Result) <= kResultBytes);
   static_assert(std::is_trivially_copyable_v<Operand> && std::is_trivially_copyable_v<Result>);
   Fiber& f = self();
-  Warp& w = block->warps[f.linear / 32];
-  const unsigned lane = f.linear % 32;
-  const unsigned full = w.lanes == 32 ? 0xffffffffu : ((1u << w.lanes) - 1);
-  if (mask != 0xffffffffu && mask != full) fail("warp collective with a partial mask (not emulated)");
+  Warp& w = block->warps[f.linear / kWaveSize];
+  const unsigned lane = f.linear % kWaveSize;
+  const LaneMask full = lanes_mask(w.lanes);
+  if (mask != kAllLanes && mask != full) fail("warp collective with a partial mask (not emulated)");
   WarpSlot& s = w.slot[f.collective_count++ & 1];
   std::memcpy(s.operand[lane], &operand, sizeof(Operand));
   s.kind[lane] = kind;
   if (++s.arrived == w.lanes) {
     s.arrived = 0;
-    Operand ops[32];
-    Result res[32];
+    Operand ops[kWaveSize];
+    Result res[kWaveSize];
     for (unsigned l = 0; l < w.lanes; ++l) {
       if (s.kind[l] != kind) fail("lanes of one warp reached different warp collectives");
       std::memcpy(&ops[l], s.operand[l], sizeof(Operand));
@@ -306,9 +321,9 @@ enum Kind : int { kSyncWarp = 1, kShfl, kVote, kMma, kLdmatrix };
 enum class Shuffle { Index, Up, Down, Xor };
 
 template <class T>
-T shuffle(Shuffle how, unsigned mask, T value, int arg, int width) {
+T shuffle(Shuffle how, LaneMask mask, T value, int arg, int width) {
   static_assert(sizeof(T) <= 8);
-  if (width < 1 || width > 32 || (width & (width - 1))) fail("shuffle width must be a power of two <= 32");
+  if (width < 1 || width > int(kWaveSize) || (width & (width - 1))) fail("shuffle width must be a power of two <= the wave size");
   struct Operand {
     T value;
     int source;
@@ -333,12 +348,12 @@ T shuffle(Shuffle how, unsigned mask, T value, int arg, int width) {
 }
 
 enum class Vote { Any, All, Ballot };
-inline unsigned vote(Vote how, unsigned mask, bool predicate) {
-  return warp_collective<int, unsigned>(kVote, mask, int(predicate), [how](const int* ops, unsigned* res, unsigned lanes) {
-    unsigned ballot = 0;
-    for (unsigned l = 0; l < lanes; ++l) ballot |= unsigned(ops[l] != 0) << l;
-    const unsigned full = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1);
-    const unsigned r = how == Vote::Ballot ? ballot : how == Vote::Any ? unsigned(ballot != 0) : unsigned(ballot == full);
+inline LaneMask vote(Vote how, LaneMask mask, bool predicate) {
+  return warp_collective<int, LaneMask>(kVote, mask, int(predicate), [how](const int* ops, LaneMask* res, unsigned lanes) {
+    LaneMask ballot = 0;
+    for (unsigned l = 0; l < lanes; ++l) ballot |= LaneMask(ops[l] != 0) << l;
+    const LaneMask full = lanes_mask(lanes);
+    const LaneMask r = how == Vote::Ballot ? ballot : how == Vote::Any ? LaneMask(ballot != 0) : LaneMask(ballot == full);
     for (unsigned l = 0; l < lanes; ++l) res[l] = r;
   });
 }
@@ -373,4 +388,4 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
 }
 inline int __any_sync(unsigned mask, int p) { return int(emu::vote(emu::Vote::Any, mask, p != 0)); }
 inline int __all_sync(unsigned mask, int p) { return int(emu::vote(emu::Vote::All, mask, p != 0)); }
-inline unsigned __ballot_sync(unsigned mask, int p) { return emu::vote(emu::Vote::Ballot, mask, p != 0); }
+inline unsigned __ballot_sync(unsigned mask, int p) { return unsigned(emu::vote(emu::Vote::Ballot, mask, p != 0)); }
