@@ -1,0 +1,56 @@
+// base.h: what every HIP kernel includes first. It selects the target: hipcc (the GPU build)
+// or the host C++ compiler with -DTRIDENT_EMU (the SIMT emulation of ../emu/hip.h, 64-lane
+// wavefronts), so a kernel's .hip source is the same text for both. It holds the bf16 type and
+// its conversions (round-to-nearest-even, bit for bit the same in both builds, and the same as
+// kernels-cuda/common/base.cuh), the wave size, and the LDS budget.
+//
+// Wave size. kWaveSize is the target's wavefront: 64 on CDNA (gfx90a, gfx942) and under the
+// emulation. Reductions and lane arithmetic take it as a template parameter (WaveSize) and
+// never spell 32 or 64, so a wave32 assumption is a visible, testable choice (see
+// tests/hip_emulation.rs, the planted wave32 bug).
+//
+// LDS. A workgroup may use at most 64 KiB of LDS on gfx90a and gfx942 (kLdsBytes); every kernel
+// states its use in its header and static_asserts it against this budget.
+#pragma once
+
+#if defined(TRIDENT_EMU)
+#include "../emu/hip.h"
+#else
+#include <hip/hip_runtime.h>
+#include <stdint.h>
+#endif
+
+#ifdef TRIDENT_EMU
+inline constexpr int kWaveSize = TRIDENT_EMU_WAVE_SIZE;
+#else
+inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
+#endif
+inline constexpr unsigned kLdsBytes = 64 * 1024;
+
+// bf16 as its bit pattern on both targets (HIP 5.2's hip_bfloat16 is a host/device class with
+// its own rounding rules; the bit pattern keeps both builds identical).
+struct bf16 {
+  uint16_t bits;
+};
+__device__ __forceinline__ float to_float(bf16 x) {
+  const uint32_t u = uint32_t(x.bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+__device__ __forceinline__ bf16 to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+
+// Number of tiles of `tile` covering `n` (the last one ragged).
+__host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + tile - 1) / tile; }
+
+#ifdef TRIDENT_EMU
+#define UNROLL
+#else
+#define UNROLL _Pragma("unroll")
+#endif
