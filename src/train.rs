@@ -1040,14 +1040,18 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             }
         }
         tl.span(SpanKind::Optimizer, 0, 0, t_opt);
-        let step_comm: Vec<_> = group_counters(&groups)
-            .into_iter()
-            .zip(&comm_before)
-            .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
-            .collect();
-        // The layers' counts of this training step (before evaluation adds its forwards).
-        let layer_comm: Vec<(usize, Vec<[CommCounters; 3]>)> =
-            chunks.iter().map(|c| (c.model.plan.layers.start, c.model.layer_comm().to_vec())).collect();
+        // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
+        // adds its forwards).
+        let comm_report = cfg.log_comm.then(|| {
+            let step: Vec<_> = group_counters(&groups)
+                .into_iter()
+                .zip(&comm_before)
+                .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
+                .collect();
+            let layers: Vec<(usize, Vec<[CommCounters; 3]>)> =
+                chunks.iter().map(|c| (c.model.plan.layers.start, c.model.layer_comm().to_vec())).collect();
+            (step, layers)
+        });
         progress.iteration = iteration;
         progress.consumed_train += cfg.global_batch_size as u64;
         summary.losses.push(loss);
@@ -1104,8 +1108,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             if say {
                 println!("{}", iteration_line(&stats));
             }
-            if cfg.log_comm && grid.dp_rank == 0 && grid.tp_rank == 0 {
-                log_comm(&grid, &layer_comm, n_micro, &step_comm, iteration);
+            if let (Some((step, layers)), 0, 0) = (&comm_report, grid.dp_rank, grid.tp_rank) {
+                log_comm(&grid, layers, n_micro, step, iteration);
             }
             if let Some(j) = json.as_mut() {
                 j.write(&stats)?;

@@ -5,8 +5,10 @@
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile).
 
+mod common;
+use common::emu::*;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use trident::device::reference::ReferenceDevice;
@@ -14,139 +16,13 @@ use trident::device::{AdamWStep, AttentionShape, Device};
 use trident::real::Precision;
 use trident::rng::Stream;
 
-const BF16_RTOL: f64 = 0.079;
-const BF16_ATOL: f64 = 1e-2;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+const KIND: &str = "cuda-emu";
+const SEED: u64 = 11;
 
 /// The harness binary, compiled once per test process (about 2 s).
 fn harness() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu");
-        std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join(format!("harness-{}", std::process::id()));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let src = root().join("kernels-cuda/emu/tests/harness.cpp");
-        let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-DTRIDENT_EMU", "-pthread"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx} (install g++): {e}"));
-        assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
-        exe
-    })
-}
-
-/// A case's directory of input and output arrays.
-struct Case {
-    dir: PathBuf,
-}
-
-impl Case {
-    fn new(name: &str) -> Case {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu").join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Case { dir }
-    }
-    fn put_bf16(&self, name: &str, values: &[f32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|&x| Precision::Bf16.to_bits16(x).to_le_bytes()).collect();
-        std::fs::write(self.dir.join(format!("{name}.bf16")), bytes).unwrap();
-    }
-    fn put_f32(&self, name: &str, values: &[f32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(self.dir.join(format!("{name}.f32")), bytes).unwrap();
-    }
-    fn put_u32(&self, name: &str, values: &[u32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(self.dir.join(format!("{name}.u32")), bytes).unwrap();
-    }
-    fn get_bf16(&self, name: &str) -> Vec<f32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.bf16"))).unwrap();
-        bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
-    }
-    fn get_f32(&self, name: &str) -> Vec<f32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.f32"))).unwrap();
-        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-    }
-    fn get_u32(&self, name: &str) -> Vec<u32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.u32"))).unwrap();
-        bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-    }
-    fn get_i32(&self, name: &str) -> Vec<i32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.i32"))).unwrap();
-        bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-    }
-    /// Runs an op that must fail; returns its stderr.
-    fn run_failing(&self, op: &str) -> String {
-        let out = Command::new(harness()).arg(op).arg(&self.dir).output().unwrap();
-        assert!(!out.status.success(), "{op} should have failed");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-    fn run(&self, op: &str, args: &[String]) {
-        let out = Command::new(harness()).arg(op).arg(&self.dir).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "emulated kernel {op} {args:?} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-fn args(xs: &[&dyn std::fmt::Display]) -> Vec<String> {
-    xs.iter().map(|x| x.to_string()).collect()
-}
-
-/// Normal values of the given scale, rounded to bf16 (the kernels' storage format), so the
-/// reference sees exactly the kernel's inputs.
-fn bf16_values(n: usize, name: &str, scale: f64) -> Vec<f32> {
-    let s = Stream::new(11, name, 7);
-    (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
-}
-fn f32_values(n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
-    let s = Stream::new(11, name, 7);
-    (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
-}
-
-fn reference(dev: &ReferenceDevice, host: &[f32]) -> Vec<f64> {
-    let mut b = dev.alloc(host.len());
-    dev.upload(&mut b, host);
-    b
-}
-
-/// Asserts |got - want| <= atol + rtol |want| elementwise; returns the largest absolute error.
-fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let mut worst = (0.0f64, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (g as f64 - w).abs();
-        assert!(
-            err <= atol + rtol * w.abs(),
-            "{what}: element {i} is {g}, the reference {w} (|error| {err:.3e} > {atol:.1e} + {rtol} |ref|)"
-        );
-        if err > worst.0 {
-            worst = (err, i);
-        }
-    }
-    println!("{what}: max |error| {:.3e} (element {}), {} elements", worst.0, worst.1, got.len());
-    worst.0
-}
-
-/// bf16 outputs: DESIGN.md's rule.
-fn check_bf16(what: &str, got: &[f32], want: &[f64]) -> f64 {
-    check(what, got, want, BF16_ATOL, BF16_RTOL)
-}
-
-/// f32 outputs of f32 arithmetic on exact inputs: a few f32 roundings of the largest value.
-fn check_f32(what: &str, got: &[f32], want: &[f64], rtol: f64) -> f64 {
-    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
-    check(what, got, want, rtol * scale, rtol)
+    BUILT.get_or_init(|| compile_harness("kernels-cuda/emu/tests/harness.cpp", KIND, "cuda", &[]))
 }
 
 // ---- GEMM ---------------------------------------------------------------------------------
@@ -175,11 +51,12 @@ fn run_gemm(c: GemmCase) {
         if residual { "_res" } else { "" },
         if bf16_out { "_bf16" } else { "_f32" }
     );
-    let case = Case::new(&name);
-    let a = bf16_values(m * k, "a", 1.0);
-    let w = bf16_values(n * k, "w", 0.2);
-    let b = f32_values(n, "bias", 0.5, 0.0);
-    let res: Vec<f32> = if bf16_out { bf16_values(m * n, "res", 1.0) } else { f32_values(m * n, "res", 1.0, 0.0) };
+    let case = Case::new(KIND, &name);
+    let a = bf16_values(SEED, m * k, "a", 1.0);
+    let w = bf16_values(SEED, n * k, "w", 0.2);
+    let b = f32_values(SEED, n, "bias", 0.5, 0.0);
+    let res: Vec<f32> =
+        if bf16_out { bf16_values(SEED, m * n, "res", 1.0) } else { f32_values(SEED, m * n, "res", 1.0, 0.0) };
     case.put_bf16("a", &a);
     case.put_bf16("w", &w);
     if bias {
@@ -199,7 +76,7 @@ fn run_gemm(c: GemmCase) {
     } else {
         "gemm_f32out"
     };
-    case.run(op, &args(&[&m, &n, &k, &(gelu as i32)]));
+    case.run_on(harness(), op, &args(&[&m, &n, &k, &(gelu as i32)]));
 
     let dev = ReferenceDevice;
     let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
@@ -258,16 +135,16 @@ fn gemm_wgmma_sm90() {
 /// dinp = dout · W and dweight += doutᵀ · inp (both f32) against `linear_backward`.
 fn run_gemm_bwd(m: usize, n: usize, k: usize) {
     let name = format!("gemm_bwd_{m}x{n}x{k}");
-    let case = Case::new(&name);
-    let dout = bf16_values(m * n, "dout", 1.0);
-    let w = bf16_values(n * k, "w", 0.2);
-    let inp = bf16_values(m * k, "inp", 1.0);
-    let dweight0 = f32_values(n * k, "dweight0", 0.5, 0.0);
+    let case = Case::new(KIND, &name);
+    let dout = bf16_values(SEED, m * n, "dout", 1.0);
+    let w = bf16_values(SEED, n * k, "w", 0.2);
+    let inp = bf16_values(SEED, m * k, "inp", 1.0);
+    let dweight0 = f32_values(SEED, n * k, "dweight0", 0.5, 0.0);
     case.put_bf16("dout", &dout);
     case.put_bf16("w", &w);
     case.put_bf16("inp", &inp);
     case.put_f32("dweight", &dweight0);
-    case.run("gemm_bwd", &args(&[&m, &n, &k]));
+    case.run_on(harness(), "gemm_bwd", &args(&[&m, &n, &k]));
 
     let dev = ReferenceDevice;
     let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
@@ -294,8 +171,8 @@ fn casts_f32_bf16() {
     // Aligned (16-byte groups plus a ragged tail, and enough groups for the grid-stride loop to
     // wrap) and unaligned (offset 1: one element at a time); bit for bit against trident's rounding.
     for (n, offset) in [(1, 0), (7, 0), (8, 0), (1003, 0), (20000, 0), (1003, 1), (64, 3)] {
-        let case = Case::new(&format!("casts_{n}_{offset}"));
-        let mut x = f32_values(n, "x", 3.0, 0.0);
+        let case = Case::new(KIND, &format!("casts_{n}_{offset}"));
+        let mut x = f32_values(SEED, n, "x", 3.0, 0.0);
         if n > 4 {
             // Ties to even, a value past bf16's range and a NaN.
             x[1] = f32::from_bits(0x3f80_8000);
@@ -303,10 +180,10 @@ fn casts_f32_bf16() {
             x[3] = 3.4e38;
             x[4] = f32::NAN;
         }
-        let h = bf16_values(n, "h", 2.0);
+        let h = bf16_values(SEED, n, "h", 2.0);
         case.put_f32("x", &x);
         case.put_bf16("h", &h);
-        case.run("casts", &args(&[&n, &offset]));
+        case.run_on(harness(), "casts", &args(&[&n, &offset]));
         let rounded = case.get_bf16("rounded");
         for (i, (&got, &want)) in
             rounded.iter().zip(x.iter().map(|&v| Precision::Bf16.round(v)).collect::<Vec<_>>().iter()).enumerate()
@@ -325,22 +202,22 @@ fn casts_f32_bf16() {
 
 fn run_layernorm(rows: usize, cols: usize, residual: bool) {
     let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
-    let case = Case::new(&name);
-    let inp = bf16_values(rows * cols, "inp", 2.0)
+    let case = Case::new(KIND, &name);
+    let inp = bf16_values(SEED, rows * cols, "inp", 2.0)
         .iter()
         .map(|x| x + 0.5)
         .map(|x| Precision::Bf16.round(x))
         .collect::<Vec<_>>();
-    let res = bf16_values(rows * cols, "res", 1.0);
-    let weight = f32_values(cols, "weight", 0.2, 1.0);
-    let bias = f32_values(cols, "bias", 0.2, 0.0);
+    let res = bf16_values(SEED, rows * cols, "res", 1.0);
+    let weight = f32_values(SEED, cols, "weight", 0.2, 1.0);
+    let bias = f32_values(SEED, cols, "bias", 0.2, 0.0);
     case.put_bf16("inp", &inp);
     if residual {
         case.put_bf16("residual", &res);
     }
     case.put_f32("weight", &weight);
     case.put_f32("bias", &bias);
-    case.run("layernorm_fwd", &args(&[&rows, &cols]));
+    case.run_on(harness(), "layernorm_fwd", &args(&[&rows, &cols]));
 
     // The fused residual add stores x + residual rounded to bf16; the reference normalises that.
     let x: Vec<f32> =
@@ -359,10 +236,10 @@ fn run_layernorm(rows: usize, cols: usize, residual: bool) {
 
     // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
     // nonzero gradients as the model does.
-    let dout = bf16_values(rows * cols, "dout", 1.0);
-    let dinp0 = f32_values(rows * cols, "dinp0", 0.1, 0.0);
-    let dw0 = f32_values(cols, "dw0", 0.1, 0.0);
-    let db0 = f32_values(cols, "db0", 0.1, 0.0);
+    let dout = bf16_values(SEED, rows * cols, "dout", 1.0);
+    let dinp0 = f32_values(SEED, rows * cols, "dinp0", 0.1, 0.0);
+    let dw0 = f32_values(SEED, cols, "dw0", 0.1, 0.0);
+    let db0 = f32_values(SEED, cols, "db0", 0.1, 0.0);
     let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
     case.put_bf16("dout", &dout);
     case.put_bf16("inp", &x);
@@ -371,7 +248,7 @@ fn run_layernorm(rows: usize, cols: usize, residual: bool) {
     case.put_f32("dinp", &dinp0);
     case.put_f32("dweight", &dw0);
     case.put_f32("dbias", &db0);
-    case.run("layernorm_bwd", &args(&[&rows, &cols]));
+    case.run_on(harness(), "layernorm_bwd", &args(&[&rows, &cols]));
     let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
     dev.layernorm_backward(
         &mut dinp,
@@ -410,18 +287,18 @@ fn gelu_forward_backward() {
     // element; block sizes that are not multiples of 32.
     for (n, blocks, threads) in [(1000, 4, 256), (4099, 3, 96), (1, 1, 32), (777, 2, 100)] {
         let name = format!("gelu_{n}_{blocks}x{threads}");
-        let case = Case::new(&name);
-        let inp = bf16_values(n, "inp", 2.0);
-        let dout = bf16_values(n, "dout", 1.0);
+        let case = Case::new(KIND, &name);
+        let inp = bf16_values(SEED, n, "inp", 2.0);
+        let dout = bf16_values(SEED, n, "dout", 1.0);
         case.put_bf16("inp", &inp);
         case.put_bf16("dout", &dout);
         let dev = ReferenceDevice;
         let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
-        case.run("gelu_fwd", &args(&[&n, &blocks, &threads]));
+        case.run_on(harness(), "gelu_fwd", &args(&[&n, &blocks, &threads]));
         let mut want = dev.alloc(n);
         dev.gelu_forward(&mut want, &ri);
         check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
-        case.run("gelu_bwd", &args(&[&n, &blocks, &threads]));
+        case.run_on(harness(), "gelu_bwd", &args(&[&n, &blocks, &threads]));
         dev.gelu_backward(&mut want, &ri, &rd);
         check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
     }
@@ -433,11 +310,11 @@ fn gelu_forward_backward() {
 fn adamw_f32_master_bf16_weights() {
     for (n, blocks, threads, step_no) in [(1000, 2, 256, 1u64), (3333, 5, 128, 7), (31, 1, 64, 1000)] {
         let name = format!("adamw_{n}_step{step_no}");
-        let case = Case::new(&name);
-        let param = f32_values(n, "param", 0.05, 0.0);
-        let grad = f32_values(n, "grad", 0.01, 0.0);
-        let m: Vec<f32> = f32_values(n, "m", 0.001, 0.0);
-        let v: Vec<f32> = f32_values(n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
+        let case = Case::new(KIND, &name);
+        let param = f32_values(SEED, n, "param", 0.05, 0.0);
+        let grad = f32_values(SEED, n, "grad", 0.01, 0.0);
+        let m: Vec<f32> = f32_values(SEED, n, "m", 0.001, 0.0);
+        let v: Vec<f32> = f32_values(SEED, n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
         let step = AdamWStep {
             lr: 3e-4,
             beta1: 0.9,
@@ -452,7 +329,8 @@ fn adamw_f32_master_bf16_weights() {
         for (k, x) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
             case.put_f32(k, x);
         }
-        case.run(
+        case.run_on(
+            harness(),
             "adamw",
             &args(&[
                 &n,
@@ -497,14 +375,14 @@ fn softmax_cross_entropy_pieces() {
         [(5, 1000, 500, 2000), (3, 333, 0, 333), (2, 12565, 12565, 50260), (4, 1, 7, 9)]
     {
         let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
-        let case = Case::new(&name);
-        let logits = bf16_values(rows * vocab, "logits", 3.0);
+        let case = Case::new(KIND, &name);
+        let logits = bf16_values(SEED, rows * vocab, "logits", 3.0);
         let targets = tokens(rows, "targets", total_vocab as u32);
         let scale = 1.0f32 / 7.0;
         hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
         case.put_bf16("logits", &logits);
         case.put_u32("targets", &targets);
-        case.run("xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
+        case.run_on(harness(), "xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
 
         let dev = ReferenceDevice;
         let mut rl = reference(&dev, &logits);
@@ -533,13 +411,13 @@ fn embedding_forward_backward() {
         (4, 3, 33, 0, 64, 64, true),
     ] {
         let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
-        let case = Case::new(&name);
+        let case = Case::new(KIND, &name);
         let toks = tokens(batch * seq, "tokens", total);
-        let wte = bf16_values(vocab_rows * hidden, "wte", 0.5);
-        let wpe = f32_values(seq * hidden, "wpe", 0.1, 0.0);
-        let dout = bf16_values(batch * seq * hidden, "dout", 1.0);
-        let dwte0 = f32_values(vocab_rows * hidden, "dwte0", 0.1, 0.0);
-        let dwpe0 = f32_values(seq * hidden, "dwpe0", 0.1, 0.0);
+        let wte = bf16_values(SEED, vocab_rows * hidden, "wte", 0.5);
+        let wpe = f32_values(SEED, seq * hidden, "wpe", 0.1, 0.0);
+        let dout = bf16_values(SEED, batch * seq * hidden, "dout", 1.0);
+        let dwte0 = f32_values(SEED, vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = f32_values(SEED, seq * hidden, "dwpe0", 0.1, 0.0);
         case.put_u32("tokens", &toks);
         case.put_bf16("wte", &wte);
         if positions {
@@ -548,7 +426,7 @@ fn embedding_forward_backward() {
         case.put_bf16("dout", &dout);
         case.put_f32("dwte", &dwte0);
         case.put_f32("dwpe", &dwpe0);
-        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+        case.run_on(harness(), "embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
 
         let dev = ReferenceDevice;
         let mut out = dev.alloc(batch * seq * hidden);
@@ -577,10 +455,10 @@ fn attention_forward_causal() {
     {
         let shape = AttentionShape { batch, seq, heads, head_dim };
         let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
-        let case = Case::new(&name);
-        let qkv = bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        let case = Case::new(KIND, &name);
+        let qkv = bf16_values(SEED, shape.rows() * 3 * shape.width(), "qkv", 1.0);
         case.put_bf16("qkv", &qkv);
-        case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        case.run_on(harness(), "attention_fwd", &args(&[&batch, &seq, &heads, &head_dim]));
         let dev = ReferenceDevice;
         let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
         dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
@@ -598,9 +476,9 @@ fn attention_backward_causal() {
     {
         let shape = AttentionShape { batch, seq, heads, head_dim };
         let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
-        let case = Case::new(&name);
-        let qkv = bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
-        let dout = bf16_values(shape.rows() * shape.width(), "dout", 1.0);
+        let case = Case::new(KIND, &name);
+        let qkv = bf16_values(SEED, shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        let dout = bf16_values(SEED, shape.rows() * shape.width(), "dout", 1.0);
         let dev = ReferenceDevice;
         let rqkv = reference(&dev, &qkv);
         let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
@@ -611,7 +489,7 @@ fn attention_backward_causal() {
         case.put_bf16("out", &out);
         case.put_bf16("dout", &dout);
         case.put_f32("lse", &lse);
-        case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        case.run_on(harness(), "attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
         let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
         dev.attention_backward(
             &mut dqkv,
@@ -632,8 +510,8 @@ fn attention_backward_causal() {
 /// of an .x4 is (rows 8(i%2).., columns 8(i/2)..).
 #[test]
 fn ldmatrix_layouts() {
-    let case = Case::new("ldmatrix");
-    case.run("ldmatrix", &[]);
+    let case = Case::new(KIND, "ldmatrix");
+    case.run_on(harness(), "ldmatrix", &[]);
     let regs = case.get_u32("regs");
     let element = |matrix: u32, r: u32, c: u32| 16 * (8 * (matrix % 2) + r) + 8 * (matrix / 2) + c;
     let pack = |lo: u32, hi: u32| lo | (hi << 16);
@@ -666,8 +544,8 @@ fn ldmatrix_layouts() {
 /// segment but not a later one.
 #[test]
 fn shuffles_and_votes() {
-    let case = Case::new("shuffle");
-    case.run("shuffle", &[]);
+    let case = Case::new(KIND, "shuffle");
+    case.run_on(harness(), "shuffle", &[]);
     let got = case.get_i32("values");
     for t in 0..64i32 {
         let (warp, lane) = (t / 32, t % 32);
@@ -697,7 +575,7 @@ fn shuffles_and_votes() {
 /// A lane that returns before a full-warp collective is reported as a deadlock, not a hang.
 #[test]
 fn divergent_collective_is_reported() {
-    let case = Case::new("early_return");
-    let stderr = case.run_failing("early_return");
+    let case = Case::new(KIND, "early_return");
+    let stderr = case.run_failing_on(harness(), "early_return");
     assert!(stderr.contains("deadlock"), "unexpected report: {stderr}");
 }

@@ -6,20 +6,19 @@
 //! on at least three shapes, ragged ones included. One test builds the kernels with a planted
 //! wave32 assumption (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and
 //! asserts that the LayerNorm comparison catches it.
-//!
-//! The case-directory helpers mirror tests/cuda_emulation.rs's.
+
+mod common;
+use common::emu::*;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::Device;
 use trident::real::Precision;
-use trident::rng::Stream;
 
-const BF16_RTOL: f64 = 0.079;
-const BF16_ATOL: f64 = 1e-2;
+const KIND: &str = "hip-emu";
+const SEED: u64 = 13;
 
 /// Which build of the harness: the kernels as written, or with the planted wave32 reduction.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -28,162 +27,25 @@ enum Build {
     PlantedWave32Bug,
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn compile(build: Build) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip-emu");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(format!("harness-{build:?}-{}", std::process::id()));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    let src = root().join("kernels-hip/emu/tests/harness.cpp");
-    let mut cmd = Command::new(&cxx);
-    cmd.args(["-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-DTRIDENT_EMU", "-pthread"]);
-    if build == Build::PlantedWave32Bug {
-        cmd.arg("-DTRIDENT_PLANT_WAVE32_BUG");
-    }
-    let out = cmd
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx} (install g++): {e}"));
-    assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
-    exe
-}
-
 /// The harness binary of a build, compiled once per test process (about 2 s).
 fn harness(build: Build) -> &'static Path {
     static CORRECT: OnceLock<PathBuf> = OnceLock::new();
     static PLANTED: OnceLock<PathBuf> = OnceLock::new();
+    let source = "kernels-hip/emu/tests/harness.cpp";
     match build {
-        Build::Correct => CORRECT.get_or_init(|| compile(build)),
-        Build::PlantedWave32Bug => PLANTED.get_or_init(|| compile(build)),
-    }
-}
-
-/// A case's directory of input and output arrays.
-struct Case {
-    dir: PathBuf,
-}
-
-impl Case {
-    fn new(name: &str) -> Case {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip-emu").join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Case { dir }
-    }
-    fn put_bf16(&self, name: &str, values: &[f32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|&x| Precision::Bf16.to_bits16(x).to_le_bytes()).collect();
-        std::fs::write(self.dir.join(format!("{name}.bf16")), bytes).unwrap();
-    }
-    fn put_f32(&self, name: &str, values: &[f32]) {
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(self.dir.join(format!("{name}.f32")), bytes).unwrap();
-    }
-    fn get_bf16(&self, name: &str) -> Vec<f32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.bf16"))).unwrap();
-        bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
-    }
-    fn get_f32(&self, name: &str) -> Vec<f32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.f32"))).unwrap();
-        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-    }
-    fn get_i32(&self, name: &str) -> Vec<i32> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.i32"))).unwrap();
-        bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-    }
-    fn run(&self, build: Build, op: &str, args: &[usize]) {
-        let args: Vec<String> = args.iter().map(|x| x.to_string()).collect();
-        let out = Command::new(harness(build)).arg(op).arg(&self.dir).args(&args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "emulated kernel {op} {args:?} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-/// Normal values of the given scale, rounded to bf16 (the kernels' storage format), so the
-/// reference sees exactly the kernel's inputs.
-fn bf16_values(n: usize, name: &str, scale: f64) -> Vec<f32> {
-    let s = Stream::new(13, name, 7);
-    (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
-}
-fn f32_values(n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
-    let s = Stream::new(13, name, 7);
-    (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
-}
-
-fn reference(dev: &ReferenceDevice, host: &[f32]) -> Vec<f64> {
-    let mut b = dev.alloc(host.len());
-    dev.upload(&mut b, host);
-    b
-}
-
-/// How far outputs are from the reference: the largest |error| and the number of elements
-/// outside atol + rtol |ref|, with the first of them.
-struct Comparison {
-    worst: f64,
-    violations: usize,
-    first: Option<(usize, f32, f64)>,
-}
-
-fn compare(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> Comparison {
-    assert_eq!(got.len(), want.len(), "output length");
-    let mut c = Comparison { worst: 0.0, violations: 0, first: None };
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (g as f64 - w).abs();
-        // A NaN fails the bound as well.
-        if err.is_nan() || err > atol + rtol * w.abs() {
-            c.violations += 1;
-            c.first.get_or_insert((i, g, w));
-        }
-        if err > c.worst {
-            c.worst = err;
+        Build::Correct => CORRECT.get_or_init(|| compile_harness(source, KIND, "correct", &[])),
+        Build::PlantedWave32Bug => {
+            PLANTED.get_or_init(|| compile_harness(source, KIND, "planted", &["-DTRIDENT_PLANT_WAVE32_BUG"]))
         }
     }
-    c
-}
-
-/// Asserts |got - want| <= atol + rtol |want| elementwise; returns the largest absolute error.
-fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
-    let c = compare(got, want, atol, rtol);
-    if let Some((i, g, w)) = c.first {
-        panic!("{what}: {} elements out of bounds, first element {i} is {g}, the reference {w} (atol {atol:.1e}, rtol {rtol})", c.violations);
-    }
-    println!("{what}: max |error| {:.3e}, {} elements", c.worst, got.len());
-    c.worst
-}
-
-fn bf16_bounds() -> (f64, f64) {
-    (BF16_ATOL, BF16_RTOL)
-}
-
-/// f32 outputs of f32 arithmetic on exact inputs: a few f32 roundings of the largest value.
-fn f32_bounds(want: &[f64], rtol: f64) -> (f64, f64) {
-    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
-    (rtol * scale, rtol)
-}
-
-fn check_bf16(what: &str, got: &[f32], want: &[f64]) -> f64 {
-    let (atol, rtol) = bf16_bounds();
-    check(what, got, want, atol, rtol)
-}
-fn check_f32(what: &str, got: &[f32], want: &[f64], rtol: f64) -> f64 {
-    let (atol, rtol) = f32_bounds(want, rtol);
-    check(what, got, want, atol, rtol)
 }
 
 // ---- wave64 collectives ----------------------------------------------------------------------
 
 #[test]
 fn wave64_collectives() {
-    let case = Case::new("wave64_probe");
-    case.run(Build::Correct, "wave64_probe", &[]);
+    let case = Case::new(KIND, "wave64_probe");
+    case.run_on(harness(Build::Correct), "wave64_probe", &[]);
     let out = case.get_i32("out");
     let ballot: u64 = (0..64).filter(|l| l % 3 == 0).fold(0, |b, l| b | 1u64 << l);
     for t in 0..128usize {
@@ -208,16 +70,16 @@ fn wave64_collectives() {
 
 fn run_gemm(m: usize, n: usize, k: usize, bias: bool) -> f64 {
     let name = format!("gemm_mfma_{m}x{n}x{k}{}", if bias { "_bias" } else { "" });
-    let case = Case::new(&name);
-    let a = bf16_values(m * k, "a", 1.0);
-    let w = bf16_values(n * k, "w", 0.2);
-    let b = f32_values(n, "bias", 0.5, 0.0);
+    let case = Case::new(KIND, &name);
+    let a = bf16_values(SEED, m * k, "a", 1.0);
+    let w = bf16_values(SEED, n * k, "w", 0.2);
+    let b = f32_values(SEED, n, "bias", 0.5, 0.0);
     case.put_bf16("a", &a);
     case.put_bf16("w", &w);
     if bias {
         case.put_f32("bias", &b);
     }
-    case.run(Build::Correct, "gemm_f32out", &[m, n, k]);
+    case.run_on(harness(Build::Correct), "gemm_f32out", &args(&[&m, &n, &k]));
     let dev = ReferenceDevice;
     let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
     let mut want = dev.alloc(m * n);
@@ -241,18 +103,18 @@ fn gemm_mfma_bf16() {
 
 /// Inputs of a LayerNorm case, with a nonzero mean so a wrong sum shows in every output.
 fn layernorm_inputs(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let inp = bf16_values(rows * cols, "inp", 2.0).iter().map(|x| Precision::Bf16.round(x + 0.5)).collect();
-    (inp, f32_values(cols, "weight", 0.2, 1.0), f32_values(cols, "bias", 0.2, 0.0))
+    let inp = bf16_values(SEED, rows * cols, "inp", 2.0).iter().map(|x| Precision::Bf16.round(x + 0.5)).collect();
+    (inp, f32_values(SEED, cols, "weight", 0.2, 1.0), f32_values(SEED, cols, "bias", 0.2, 0.0))
 }
 
 /// Runs the forward of `build` and returns the case with (out, mean, rstd) from the reference.
 fn layernorm_forward(build: Build, name: &str, rows: usize, cols: usize) -> (Case, [Vec<f64>; 3]) {
-    let case = Case::new(name);
+    let case = Case::new(KIND, name);
     let (inp, weight, bias) = layernorm_inputs(rows, cols);
     case.put_bf16("inp", &inp);
     case.put_f32("weight", &weight);
     case.put_f32("bias", &bias);
-    case.run(build, "layernorm_fwd", &[rows, cols]);
+    case.run_on(harness(build), "layernorm_fwd", &args(&[&rows, &cols]));
     let dev = ReferenceDevice;
     let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
     dev.layernorm_forward(
@@ -278,10 +140,10 @@ fn run_layernorm(rows: usize, cols: usize) {
     // Backward on the forward's saved f32 statistics, accumulating into nonzero gradients.
     let dev = ReferenceDevice;
     let (inp, weight, _) = layernorm_inputs(rows, cols);
-    let dout = bf16_values(rows * cols, "dout", 1.0);
-    let dinp0 = f32_values(rows * cols, "dinp0", 0.1, 0.0);
-    let dw0 = f32_values(cols, "dw0", 0.1, 0.0);
-    let db0 = f32_values(cols, "db0", 0.1, 0.0);
+    let dout = bf16_values(SEED, rows * cols, "dout", 1.0);
+    let dinp0 = f32_values(SEED, rows * cols, "dinp0", 0.1, 0.0);
+    let dw0 = f32_values(SEED, cols, "dw0", 0.1, 0.0);
+    let db0 = f32_values(SEED, cols, "db0", 0.1, 0.0);
     let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
     case.put_bf16("dout", &dout);
     case.put_f32("mean", &mean32);
@@ -289,7 +151,7 @@ fn run_layernorm(rows: usize, cols: usize) {
     case.put_f32("dinp", &dinp0);
     case.put_f32("dweight", &dw0);
     case.put_f32("dbias", &db0);
-    case.run(Build::Correct, "layernorm_bwd", &[rows, cols]);
+    case.run_on(harness(Build::Correct), "layernorm_bwd", &args(&[&rows, &cols]));
     let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
     dev.layernorm_backward(
         &mut dinp,

@@ -268,21 +268,27 @@ const MAX_TILE: usize = 16 * 64;
 #[repr(C, align(64))]
 struct EdgeTile([f32; MAX_TILE]);
 
-/// A growable f32 buffer whose working slice starts on a 64-byte boundary, so that packed
-/// slivers never straddle cache lines.
-#[derive(Default)]
-struct AlignedBuffer {
-    storage: Vec<f32>,
+/// A growable buffer (of f32, or of packed bf16 pairs) whose working slice starts on a 64-byte
+/// boundary, so that packed slivers never straddle cache lines.
+pub(crate) struct AlignedBuffer<T> {
+    storage: Vec<T>,
 }
 
-impl AlignedBuffer {
-    const ALIGN_FLOATS: usize = 16;
+impl<T> Default for AlignedBuffer<T> {
+    fn default() -> Self {
+        AlignedBuffer { storage: Vec::new() }
+    }
+}
 
-    fn slice(&mut self, len: usize) -> &mut [f32] {
-        if self.storage.len() < len + Self::ALIGN_FLOATS {
-            self.storage = vec![0.0; len + Self::ALIGN_FLOATS];
+impl<T: Copy + Default> AlignedBuffer<T> {
+    /// Elements of slack so the slice can start on a 64-byte boundary.
+    const SLACK: usize = 64 / std::mem::size_of::<T>();
+
+    fn slice(&mut self, len: usize) -> &mut [T] {
+        if self.storage.len() < len + Self::SLACK {
+            self.storage = vec![T::default(); len + Self::SLACK];
         }
-        let offset = self.storage.as_ptr().align_offset(64).min(Self::ALIGN_FLOATS);
+        let offset = self.storage.as_ptr().align_offset(64).min(Self::SLACK);
         &mut self.storage[offset..offset + len]
     }
 }
@@ -290,17 +296,17 @@ impl AlignedBuffer {
 thread_local! {
     /// Each thread's packed A block, reused across calls so that steady-state GEMMs never touch
     /// the allocator or fault in fresh pages.
-    static PACKED_A: RefCell<AlignedBuffer> = RefCell::new(AlignedBuffer::default());
+    static PACKED_A: RefCell<AlignedBuffer<f32>> = RefCell::new(AlignedBuffer::default());
     /// Each thread's packed B block (up to `KC × NC` floats, 9 MiB for AVX-512), reused likewise.
-    static PACKED_B: RefCell<AlignedBuffer> = RefCell::new(AlignedBuffer::default());
+    static PACKED_B: RefCell<AlignedBuffer<f32>> = RefCell::new(AlignedBuffer::default());
 }
 
-/// Runs `body` with a thread-local buffer of `len` floats, or a fresh one if that buffer is
+/// Runs `body` with a thread-local buffer of `len` elements, or a fresh one if that buffer is
 /// already in use further up this thread's stack.
-fn with_buffer<R>(
-    key: &'static std::thread::LocalKey<RefCell<AlignedBuffer>>,
+pub(crate) fn with_buffer<T: Copy + Default, R>(
+    key: &'static std::thread::LocalKey<RefCell<AlignedBuffer<T>>>,
     len: usize,
-    body: impl FnOnce(&mut [f32]) -> R,
+    body: impl FnOnce(&mut [T]) -> R,
 ) -> R {
     key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buffer) => body(buffer.slice(len)),

@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::gemm::{check_view, run_tasks, Grid, MatRef, PARALLEL_MIN_MACS};
+use super::gemm::{check_view, run_tasks, with_buffer, AlignedBuffer, Grid, MatRef, PARALLEL_MIN_MACS};
 use super::pool::ThreadPool;
 
 /// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports.
@@ -188,42 +188,11 @@ struct Problem<'a> {
     kernel: Bf16Kernel,
 }
 
-/// A growable `u32` buffer whose working slice starts on a 64-byte boundary.
-#[derive(Default)]
-struct AlignedWords {
-    storage: Vec<u32>,
-}
-
-impl AlignedWords {
-    const ALIGN_WORDS: usize = 16;
-
-    fn slice(&mut self, len: usize) -> &mut [u32] {
-        if self.storage.len() < len + Self::ALIGN_WORDS {
-            self.storage = vec![0; len + Self::ALIGN_WORDS];
-        }
-        let offset = self.storage.as_ptr().align_offset(64).min(Self::ALIGN_WORDS);
-        &mut self.storage[offset..offset + len]
-    }
-}
-
 thread_local! {
-    /// Each thread's packed A block, reused across calls.
-    static PACKED_A: RefCell<AlignedWords> = RefCell::new(AlignedWords::default());
-    /// Each thread's packed B block, reused across calls.
-    static PACKED_B: RefCell<AlignedWords> = RefCell::new(AlignedWords::default());
-}
-
-/// Runs `body` with a thread-local buffer of `len` words, or a fresh one if that buffer is
-/// already borrowed further up this thread's stack.
-fn with_buffer<R>(
-    key: &'static std::thread::LocalKey<RefCell<AlignedWords>>,
-    len: usize,
-    body: impl FnOnce(&mut [u32]) -> R,
-) -> R {
-    key.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut buffer) => body(buffer.slice(len)),
-        Err(_) => body(AlignedWords::default().slice(len)),
-    })
+    /// Each thread's packed A block (bf16 pairs), reused across calls.
+    static PACKED_A: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
+    /// Each thread's packed B block (bf16 pairs), reused across calls.
+    static PACKED_B: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
 }
 
 /// Cuts C into one rectangle of whole tiles per task (the same `Grid` as `gemm`) and runs the

@@ -1,0 +1,182 @@
+//! What the kernel-emulation tests (`cuda_emulation.rs`, `hip_emulation.rs`) share: compiling a
+//! C++ harness against the SIMT emulation, a case directory of input and output arrays the
+//! harness reads and writes, deterministic inputs, and the comparison with the reference device
+//! under DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a tighter bound for f32).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use trident::device::reference::ReferenceDevice;
+use trident::device::Device;
+use trident::real::Precision;
+use trident::rng::Stream;
+
+pub const BF16_RTOL: f64 = 0.079;
+pub const BF16_ATOL: f64 = 1e-2;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Compiles the harness `source` (relative to the checkout) with the emulation and `defines`,
+/// into `CARGO_TARGET_TMPDIR/<kind>/harness-<tag>-<pid>`.
+pub fn compile_harness(source: &str, kind: &str, tag: &str, defines: &[&str]) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(kind);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join(format!("harness-{tag}-{}", std::process::id()));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let src = root().join(source);
+    let out = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-DTRIDENT_EMU", "-pthread"])
+        .args(defines)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx} (install g++): {e}"));
+    assert!(out.status.success(), "compiling {} failed:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// A case's directory of input and output arrays.
+pub struct Case {
+    pub dir: PathBuf,
+}
+
+impl Case {
+    /// A fresh directory `CARGO_TARGET_TMPDIR/<kind>/<name>`.
+    pub fn new(kind: &str, name: &str) -> Case {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(kind).join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Case { dir }
+    }
+    fn write(&self, name: &str, ext: &str, bytes: Vec<u8>) {
+        std::fs::write(self.dir.join(format!("{name}.{ext}")), bytes).unwrap();
+    }
+    fn read(&self, name: &str, ext: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(format!("{name}.{ext}"))).unwrap()
+    }
+    pub fn put_bf16(&self, name: &str, values: &[f32]) {
+        self.write(name, "bf16", values.iter().flat_map(|&x| Precision::Bf16.to_bits16(x).to_le_bytes()).collect());
+    }
+    pub fn put_f32(&self, name: &str, values: &[f32]) {
+        self.write(name, "f32", values.iter().flat_map(|x| x.to_le_bytes()).collect());
+    }
+    pub fn put_u32(&self, name: &str, values: &[u32]) {
+        self.write(name, "u32", values.iter().flat_map(|x| x.to_le_bytes()).collect());
+    }
+    pub fn get_bf16(&self, name: &str) -> Vec<f32> {
+        let bytes = self.read(name, "bf16");
+        bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
+    }
+    pub fn get_f32(&self, name: &str) -> Vec<f32> {
+        self.read(name, "f32").chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    pub fn get_u32(&self, name: &str) -> Vec<u32> {
+        self.read(name, "u32").chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    pub fn get_i32(&self, name: &str) -> Vec<i32> {
+        self.read(name, "i32").chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+    /// Runs `op` of the harness on this case; it must succeed.
+    pub fn run_on(&self, harness: &Path, op: &str, args: &[String]) {
+        let out = Command::new(harness).arg(op).arg(&self.dir).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "emulated kernel {op} {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    /// Runs an op that must fail; returns its stderr.
+    pub fn run_failing_on(&self, harness: &Path, op: &str) -> String {
+        let out = Command::new(harness).arg(op).arg(&self.dir).output().unwrap();
+        assert!(!out.status.success(), "{op} should have failed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+/// The harness's command-line arguments.
+pub fn args(xs: &[&dyn std::fmt::Display]) -> Vec<String> {
+    xs.iter().map(|x| x.to_string()).collect()
+}
+
+/// Normal values of the given scale from stream `seed`, rounded to bf16 (the kernels' storage
+/// format), so the reference sees exactly the kernel's inputs.
+pub fn bf16_values(seed: u64, n: usize, name: &str, scale: f64) -> Vec<f32> {
+    let s = Stream::new(seed, name, 7);
+    (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
+}
+pub fn f32_values(seed: u64, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
+    let s = Stream::new(seed, name, 7);
+    (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
+}
+
+pub fn reference(dev: &ReferenceDevice, host: &[f32]) -> Vec<f64> {
+    let mut b = dev.alloc(host.len());
+    dev.upload(&mut b, host);
+    b
+}
+
+/// How far outputs are from the reference: the largest |error| and the number of elements
+/// outside atol + rtol |ref|, with the first of them.
+pub struct Comparison {
+    pub worst: f64,
+    pub violations: usize,
+    pub first: Option<(usize, f32, f64)>,
+}
+
+pub fn compare(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> Comparison {
+    assert_eq!(got.len(), want.len(), "output length");
+    let mut c = Comparison { worst: 0.0, violations: 0, first: None };
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        // A NaN fails the bound as well.
+        if err.is_nan() || err > atol + rtol * w.abs() {
+            c.violations += 1;
+            c.first.get_or_insert((i, g, w));
+        }
+        if err > c.worst {
+            c.worst = err;
+        }
+    }
+    c
+}
+
+/// Asserts |got - want| <= atol + rtol |want| elementwise; returns the largest absolute error.
+pub fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let c = compare(got, want, atol, rtol);
+    if let Some((i, g, w)) = c.first {
+        let err = (g as f64 - w).abs();
+        panic!(
+            "{what}: {} elements out of bounds; element {i} is {g}, the reference {w} (|error| {err:.3e} > \
+             {atol:.1e} + {rtol} |ref|)",
+            c.violations
+        );
+    }
+    println!("{what}: max |error| {:.3e}, {} elements", c.worst, got.len());
+    c.worst
+}
+
+/// bf16 outputs: DESIGN.md's rule.
+pub fn bf16_bounds() -> (f64, f64) {
+    (BF16_ATOL, BF16_RTOL)
+}
+
+/// f32 outputs of f32 arithmetic on exact inputs: a few f32 roundings of the largest value.
+pub fn f32_bounds(want: &[f64], rtol: f64) -> (f64, f64) {
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    (rtol * scale, rtol)
+}
+
+pub fn check_bf16(what: &str, got: &[f32], want: &[f64]) -> f64 {
+    let (atol, rtol) = bf16_bounds();
+    check(what, got, want, atol, rtol)
+}
+
+pub fn check_f32(what: &str, got: &[f32], want: &[f64], rtol: f64) -> f64 {
+    let (atol, rtol) = f32_bounds(want, rtol);
+    check(what, got, want, atol, rtol)
+}
