@@ -1,12 +1,14 @@
-// layernorm.hip: LayerNorm forward and backward on 64-lane wavefronts, one wave per row (the
-// CDNA counterpart of kernels-cuda/layernorm.cu, without its fused residual add).
+// layernorm.hip: LayerNorm forward (optionally fused with the residual add before it) and
+// backward on 64-lane wavefronts, one wave per row (the CDNA counterpart of
+// kernels-cuda/layernorm.cu, same kernel names and arguments).
 //
-// Forward  layernorm_fwd_bf16_wave64:  out = (x - mean) · rstd · weight + bias,
-//          mean = Σx / C, rstd = 1 / sqrt(Σ(x - mean)² / C + 1e-5)
-//          inp, out [rows, C] bf16; weight, bias [C] f32; mean, rstd [rows] f32 (saved for backward).
-// Backward layernorm_bwd_dx_bf16_wave64:  dinp += rstd · (g - mean(g) - x̂ · mean(g · x̂)),
+// Forward  layernorm_fwd_bf16:  x = inp (+ residual, rounded to bf16 and stored in resid_out);
+//          out = (x - mean) · rstd · weight + bias, mean = Σx / C, rstd = 1 / sqrt(Σ(x - mean)² / C + 1e-5)
+//          inp, residual, resid_out, out [rows, C] bf16; weight, bias [C] f32; mean, rstd [rows]
+//          f32 (saved for backward). residual and resid_out are both null or both set.
+// Backward layernorm_bwd_dx_bf16:  dinp += rstd · (g - mean(g) - x̂ · mean(g · x̂)),
 //          g = dout · weight, x̂ = (inp - mean) · rstd; dinp [rows, C] f32, accumulated.
-//          layernorm_bwd_dparams_bf16_wave64:  dweight[c] += Σ_rows dout · x̂, dbias[c] += Σ_rows dout,
+//          layernorm_bwd_dparams_bf16:  dweight[c] += Σ_rows dout · x̂, dbias[c] += Σ_rows dout,
 //          one thread per column, rows in order (deterministic).
 //
 // Grid: forward and dx: ⌈rows/4⌉ workgroups of 4 wave64s (256 threads); wave w of workgroup b
@@ -23,22 +25,33 @@
 #define LAYERNORM_HIP_EPS 1e-5f
 
 extern "C" __global__ void __launch_bounds__(256)
-    layernorm_fwd_bf16_wave64(bf16* out, float* mean, float* rstd, const bf16* inp, const float* weight,
-                              const float* bias, int rows, int C) {
+    layernorm_fwd_bf16(bf16* out, float* mean, float* rstd, bf16* resid_out, const bf16* inp, const bf16* residual,
+                       const float* weight, const float* bias, int rows, int C) {
   const int row = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   if (row >= rows) return;  // the whole wave leaves together
   const size_t base = (size_t)row * C;
+  // Pass 1: the row's sum; with a residual, form x = inp + residual once and store it rounded,
+  // so the statistics, the output and the backward pass all see the stored value.
   float sum = 0.0f;
-  for (int c = lane; c < C; c += kWaveSize) sum += to_float(inp[base + c]);
+  for (int c = lane; c < C; c += kWaveSize) {
+    float x = to_float(inp[base + c]);
+    if (residual) {
+      const bf16 s = to_bf16(x + to_float(residual[base + c]));
+      resid_out[base + c] = s;
+      x = to_float(s);
+    }
+    sum += x;
+  }
+  const bf16* xs = residual ? resid_out : inp;  // this lane reads back only what it wrote
   const float mu = wave_sum(sum) / C;
   float sq = 0.0f;
   for (int c = lane; c < C; c += kWaveSize) {
-    const float d = to_float(inp[base + c]) - mu;
+    const float d = to_float(xs[base + c]) - mu;
     sq += d * d;
   }
   const float rs = rsqrtf(wave_sum(sq) / C + LAYERNORM_HIP_EPS);
   for (int c = lane; c < C; c += kWaveSize)
-    out[base + c] = to_bf16((to_float(inp[base + c]) - mu) * rs * weight[c] + bias[c]);
+    out[base + c] = to_bf16((to_float(xs[base + c]) - mu) * rs * weight[c] + bias[c]);
   if (lane == 0) {
     mean[row] = mu;
     rstd[row] = rs;
@@ -46,8 +59,8 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    layernorm_bwd_dx_bf16_wave64(float* dinp, const bf16* dout, const bf16* inp, const float* weight,
-                                 const float* mean, const float* rstd, int rows, int C) {
+    layernorm_bwd_dx_bf16(float* dinp, const bf16* dout, const bf16* inp, const float* weight, const float* mean,
+                          const float* rstd, int rows, int C) {
   const int row = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   if (row >= rows) return;
   const size_t base = (size_t)row * C;
@@ -66,8 +79,8 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    layernorm_bwd_dparams_bf16_wave64(float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                                      const float* mean, const float* rstd, int rows, int C) {
+    layernorm_bwd_dparams_bf16(float* dweight, float* dbias, const bf16* dout, const bf16* inp, const float* mean,
+                               const float* rstd, int rows, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float dw = 0.0f, db = 0.0f;

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use trident::device::reference::ReferenceDevice;
-use trident::device::Device;
+use trident::device::{AdamWStep, Device};
 use trident::real::Precision;
+use trident::rng::Stream;
 
 const KIND: &str = "hip-emu";
 const SEED: u64 = 13;
@@ -66,40 +67,239 @@ fn wave64_collectives() {
     println!("wave64 probe: shuffles, 64-bit ballot, votes and wave_sum exact on 2 wavefronts");
 }
 
-// ---- GEMM (MFMA) -----------------------------------------------------------------------------
+// ---- GEMM (MFMA) ---------------------------------------------------------------------------------
 
-fn run_gemm(m: usize, n: usize, k: usize, bias: bool) -> f64 {
-    let name = format!("gemm_mfma_{m}x{n}x{k}{}", if bias { "_bias" } else { "" });
+#[derive(Clone, Copy)]
+struct GemmCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    bias: bool,
+    gelu: bool,
+    residual: bool,
+    bf16_out: bool,
+}
+
+fn run_gemm(c: GemmCase) {
+    let GemmCase { m, n, k, bias, gelu, residual, bf16_out } = c;
+    let name = format!(
+        "gemm_mfma_{m}x{n}x{k}{}{}{}{}",
+        if bias { "_bias" } else { "" },
+        if gelu { "_gelu" } else { "" },
+        if residual { "_res" } else { "" },
+        if bf16_out { "_bf16" } else { "_f32" }
+    );
     let case = Case::new(KIND, &name);
     let a = bf16_values(SEED, m * k, "a", 1.0);
     let w = bf16_values(SEED, n * k, "w", 0.2);
     let b = f32_values(SEED, n, "bias", 0.5, 0.0);
+    let res: Vec<f32> =
+        if bf16_out { bf16_values(SEED, m * n, "res", 1.0) } else { f32_values(SEED, m * n, "res", 1.0, 0.0) };
     case.put_bf16("a", &a);
     case.put_bf16("w", &w);
     if bias {
         case.put_f32("bias", &b);
     }
-    case.run_on(harness(Build::Correct), "gemm_f32out", &args(&[&m, &n, &k]));
+    if residual {
+        if bf16_out {
+            case.put_bf16("residual", &res);
+        } else {
+            case.put_f32("residual", &res);
+        }
+    }
+    let op = if bf16_out { "gemm_bf16out" } else { "gemm_f32out" };
+    case.run_on(harness(Build::Correct), op, &args(&[&m, &n, &k, &(gelu as i32)]));
+
     let dev = ReferenceDevice;
     let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
     let mut want = dev.alloc(m * n);
     dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), m, k, n);
-    check_f32(&name, &case.get_f32("out"), &want, 1e-5)
+    if gelu {
+        let pre = want.clone();
+        dev.gelu_forward(&mut want, &pre);
+    }
+    if residual {
+        let pre = want.clone();
+        dev.add(&mut want, &pre, &reference(&dev, &res));
+    }
+    if bf16_out {
+        check_bf16(&name, &case.get_bf16("out"), &want);
+    } else {
+        check_f32(&name, &case.get_f32("out"), &want, 1e-5);
+    }
+}
+
+fn gemm(m: usize, n: usize, k: usize) -> GemmCase {
+    GemmCase { m, n, k, bias: false, gelu: false, residual: false, bf16_out: false }
 }
 
 #[test]
-fn gemm_mfma_bf16() {
-    // One full tile; ragged M, N and K (K not a multiple of the 32-wide slab nor of MFMA's 8);
-    // several tiles and K steps each way; tiny. Then the bias epilogue on ragged shapes.
+fn gemm_plain_f32_out() {
+    // One full tile; ragged M, N and K (K not a multiple of the 32-deep slab nor of MFMA's 8);
+    // several tiles and K steps each way; tiny.
     for (m, n, k) in [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)] {
-        run_gemm(m, n, k, false);
-    }
-    for (m, n, k) in [(64, 64, 64), (77, 99, 56), (129, 65, 33)] {
-        run_gemm(m, n, k, true);
+        run_gemm(gemm(m, n, k));
     }
 }
 
-// ---- LayerNorm (wave64 reductions) -----------------------------------------------------------
+#[test]
+fn gemm_fused_epilogues() {
+    for (m, n, k) in [(64, 64, 64), (77, 99, 56), (129, 65, 33)] {
+        run_gemm(GemmCase { bias: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bias: true, gelu: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { residual: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bias: true, gelu: true, residual: true, bf16_out: true, ..gemm(m, n, k) });
+        run_gemm(GemmCase { bf16_out: true, ..gemm(m, n, k) });
+    }
+}
+
+/// dinp = dout · W and dweight += doutᵀ · inp (both f32) against `linear_backward`.
+fn run_gemm_bwd(m: usize, n: usize, k: usize) {
+    let name = format!("gemm_mfma_bwd_{m}x{n}x{k}");
+    let case = Case::new(KIND, &name);
+    let dout = bf16_values(SEED, m * n, "dout", 1.0);
+    let w = bf16_values(SEED, n * k, "w", 0.2);
+    let inp = bf16_values(SEED, m * k, "inp", 1.0);
+    let dweight0 = f32_values(SEED, n * k, "dweight0", 0.5, 0.0);
+    case.put_bf16("dout", &dout);
+    case.put_bf16("w", &w);
+    case.put_bf16("inp", &inp);
+    case.put_f32("dweight", &dweight0);
+    case.run_on(harness(Build::Correct), "gemm_bwd", &args(&[&m, &n, &k]));
+
+    let dev = ReferenceDevice;
+    let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
+    let mut dinp = dev.alloc(m * k);
+    let mut dweight = reference(&dev, &dweight0);
+    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
+}
+
+#[test]
+fn gemm_backward() {
+    // Full tiles; ragged everywhere (sizes not multiples of the 64 tile, the 32-deep slab or
+    // MFMA's 8); several tiles and reduction steps; tiny.
+    for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
+        run_gemm_bwd(m, n, k);
+    }
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+
+#[test]
+fn casts_f32_bf16() {
+    // Aligned (16-byte groups plus a ragged tail, and enough groups for the grid-stride loop to
+    // wrap) and unaligned (offset 1: one element at a time); bit for bit against trident's rounding.
+    for (n, offset) in [(1, 0), (7, 0), (8, 0), (1003, 0), (20000, 0), (1003, 1), (64, 3)] {
+        let case = Case::new(KIND, &format!("casts_{n}_{offset}"));
+        let mut x = f32_values(SEED, n, "x", 3.0, 0.0);
+        if n > 4 {
+            // Ties to even, a value past bf16's range and a NaN.
+            x[1] = f32::from_bits(0x3f80_8000);
+            x[2] = f32::from_bits(0x3f81_8000);
+            x[3] = 3.4e38;
+            x[4] = f32::NAN;
+        }
+        let h = bf16_values(SEED, n, "h", 2.0);
+        case.put_f32("x", &x);
+        case.put_bf16("h", &h);
+        case.run_on(harness(Build::Correct), "casts", &args(&[&n, &offset]));
+        let rounded = case.get_bf16("rounded");
+        for (i, (&got, &want)) in
+            rounded.iter().zip(x.iter().map(|&v| Precision::Bf16.round(v)).collect::<Vec<_>>().iter()).enumerate()
+        {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "casts {n}+{offset}: f32 -> bf16 element {i}: {got} != {want}"
+            );
+        }
+        assert_eq!(case.get_f32("back"), h, "casts {n}+{offset}: bf16 -> f32 must be exact");
+        println!("casts {n} (offset {offset}): bit-exact both ways");
+    }
+}
+
+// ---- LayerNorm (wave64 reductions) ------------------------------------------------------------------------------
+
+fn run_layernorm(rows: usize, cols: usize, residual: bool) {
+    let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
+    let case = Case::new(KIND, &name);
+    let inp = bf16_values(SEED, rows * cols, "inp", 2.0)
+        .iter()
+        .map(|x| x + 0.5)
+        .map(|x| Precision::Bf16.round(x))
+        .collect::<Vec<_>>();
+    let res = bf16_values(SEED, rows * cols, "res", 1.0);
+    let weight = f32_values(SEED, cols, "weight", 0.2, 1.0);
+    let bias = f32_values(SEED, cols, "bias", 0.2, 0.0);
+    case.put_bf16("inp", &inp);
+    if residual {
+        case.put_bf16("residual", &res);
+    }
+    case.put_f32("weight", &weight);
+    case.put_f32("bias", &bias);
+    case.run_on(harness(Build::Correct), "layernorm_fwd", &args(&[&rows, &cols]));
+
+    // The fused residual add stores x + residual rounded to bf16; the reference normalises that.
+    let x: Vec<f32> =
+        if residual { inp.iter().zip(&res).map(|(a, b)| Precision::Bf16.round(a + b)).collect() } else { inp.clone() };
+    let dev = ReferenceDevice;
+    let (rx, rw, rb) = (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias));
+    let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
+    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    if residual {
+        let got = case.get_bf16("resid_out");
+        assert_eq!(got, x, "{name}: the stored residual sum must be the bf16-rounded sum");
+    }
+    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
+    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+
+    // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
+    // nonzero gradients as the model does.
+    let dout = bf16_values(SEED, rows * cols, "dout", 1.0);
+    let dinp0 = f32_values(SEED, rows * cols, "dinp0", 0.1, 0.0);
+    let dw0 = f32_values(SEED, cols, "dw0", 0.1, 0.0);
+    let db0 = f32_values(SEED, cols, "db0", 0.1, 0.0);
+    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
+    case.put_bf16("dout", &dout);
+    case.put_bf16("inp", &x);
+    case.put_f32("mean", &mean32);
+    case.put_f32("rstd", &rstd32);
+    case.put_f32("dinp", &dinp0);
+    case.put_f32("dweight", &dw0);
+    case.put_f32("dbias", &db0);
+    case.run_on(harness(Build::Correct), "layernorm_bwd", &args(&[&rows, &cols]));
+    let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
+    dev.layernorm_backward(
+        &mut dinp,
+        &mut dw,
+        &mut db,
+        &reference(&dev, &dout),
+        &rx,
+        &rw,
+        &reference(&dev, &mean32),
+        &reference(&dev, &rstd32),
+        rows,
+        cols,
+    );
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
+    check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+}
+
+#[test]
+fn layernorm_wave64_forward_backward() {
+    // Rows not a multiple of the workgroup's 4 waves; widths below, at and above the 64 lanes
+    // (and above 32, where a wave32 reduction would lose half the row), not multiples of 64; a
+    // GPT-2 width.
+    for (rows, cols) in [(4, 64), (7, 50), (13, 200), (6, 768), (3, 5), (5, 130)] {
+        run_layernorm(rows, cols, false);
+    }
+    for (rows, cols) in [(5, 96), (9, 130), (2, 31)] {
+        run_layernorm(rows, cols, true);
+    }
+}
 
 /// Inputs of a LayerNorm case, with a nonzero mean so a wrong sum shows in every output.
 fn layernorm_inputs(rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -130,53 +330,168 @@ fn layernorm_forward(build: Build, name: &str, rows: usize, cols: usize) -> (Cas
     (case, [out, mean, rstd])
 }
 
-fn run_layernorm(rows: usize, cols: usize) {
-    let name = format!("layernorm_wave64_{rows}x{cols}");
-    let (case, [out, mean, rstd]) = layernorm_forward(Build::Correct, &name, rows, cols);
-    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
-    check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
-    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+// ---- GELU ---------------------------------------------------------------------------------
 
-    // Backward on the forward's saved f32 statistics, accumulating into nonzero gradients.
-    let dev = ReferenceDevice;
-    let (inp, weight, _) = layernorm_inputs(rows, cols);
-    let dout = bf16_values(SEED, rows * cols, "dout", 1.0);
-    let dinp0 = f32_values(SEED, rows * cols, "dinp0", 0.1, 0.0);
-    let dw0 = f32_values(SEED, cols, "dw0", 0.1, 0.0);
-    let db0 = f32_values(SEED, cols, "db0", 0.1, 0.0);
-    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
-    case.put_bf16("dout", &dout);
-    case.put_f32("mean", &mean32);
-    case.put_f32("rstd", &rstd32);
-    case.put_f32("dinp", &dinp0);
-    case.put_f32("dweight", &dw0);
-    case.put_f32("dbias", &db0);
-    case.run_on(harness(Build::Correct), "layernorm_bwd", &args(&[&rows, &cols]));
-    let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
-    dev.layernorm_backward(
-        &mut dinp,
-        &mut dw,
-        &mut db,
-        &reference(&dev, &dout),
-        &reference(&dev, &inp),
-        &reference(&dev, &weight),
-        &reference(&dev, &mean32),
-        &reference(&dev, &rstd32),
-        rows,
-        cols,
-    );
-    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
-    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
-    check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+#[test]
+fn gelu_forward_backward() {
+    // Element counts that leave the last workgroup partly empty, several grid-stride rounds, and
+    // one element; workgroup sizes that are not multiples of 64 (a partial last wave).
+    for (n, blocks, threads) in [(1000, 4, 256), (4099, 3, 96), (1, 1, 32), (777, 2, 100)] {
+        let name = format!("gelu_{n}_{blocks}x{threads}");
+        let case = Case::new(KIND, &name);
+        let inp = bf16_values(SEED, n, "inp", 2.0);
+        let dout = bf16_values(SEED, n, "dout", 1.0);
+        case.put_bf16("inp", &inp);
+        case.put_bf16("dout", &dout);
+        let dev = ReferenceDevice;
+        let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
+        case.run_on(harness(Build::Correct), "gelu_fwd", &args(&[&n, &blocks, &threads]));
+        let mut want = dev.alloc(n);
+        dev.gelu_forward(&mut want, &ri);
+        check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
+        case.run_on(harness(Build::Correct), "gelu_bwd", &args(&[&n, &blocks, &threads]));
+        dev.gelu_backward(&mut want, &ri, &rd);
+        check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
+    }
+}
+
+// ---- AdamW --------------------------------------------------------------------------------
+
+#[test]
+fn adamw_f32_master_bf16_weights() {
+    for (n, blocks, threads, step_no) in [(1000, 2, 256, 1u64), (3333, 5, 128, 7), (31, 1, 64, 1000)] {
+        let name = format!("adamw_{n}_step{step_no}");
+        let case = Case::new(KIND, &name);
+        let param = f32_values(SEED, n, "param", 0.05, 0.0);
+        let grad = f32_values(SEED, n, "grad", 0.01, 0.0);
+        let m: Vec<f32> = f32_values(SEED, n, "m", 0.001, 0.0);
+        let v: Vec<f32> = f32_values(SEED, n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
+        let step = AdamWStep {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: step_no,
+            grad_scale: 0.5,
+        };
+        let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
+        let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
+        for (k, x) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &v)] {
+            case.put_f32(k, x);
+        }
+        case.run_on(
+            harness(Build::Correct),
+            "adamw",
+            &args(&[
+                &n,
+                &blocks,
+                &threads,
+                &step.lr,
+                &step.beta1,
+                &step.beta2,
+                &step.eps,
+                &step.weight_decay,
+                &step.grad_scale,
+                &(c1 as f32),
+                &(c2 as f32),
+            ]),
+        );
+        let dev = ReferenceDevice;
+        let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &v));
+        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step);
+        check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
+        check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
+        check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
+        check_f32(&format!("{name} v"), &case.get_f32("v"), &rv, 1e-5);
+        // The bf16 copy is exactly the rounded master weight.
+        let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
+        assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+    }
+}
+
+// ---- softmax cross-entropy (vocab-parallel pieces) ----------------------------------------
+
+fn tokens(n: usize, name: &str, below: u32) -> Vec<u32> {
+    let s = Stream::new(SEED, name, 9);
+    (0..n).map(|i| ((s.uniform(i as u64, 0) * below as f64) as u32).min(below - 1)).collect()
 }
 
 #[test]
-fn layernorm_wave64_forward_backward() {
-    // Rows not a multiple of the workgroup's 4 waves; widths below, at and above the 64 lanes
-    // (and above 32, where a wave32 reduction would lose half the row), not multiples of 64; a
-    // GPT-2 width.
-    for (rows, cols) in [(4, 64), (7, 50), (13, 200), (6, 768), (3, 5), (5, 130)] {
-        run_layernorm(rows, cols);
+fn softmax_cross_entropy_pieces() {
+    let mut hits = 0;
+    // A shard in the middle of a vocabulary (targets below, inside and above it); widths that
+    // are not multiples of the 256-thread block; a GPT-2-sized shard; one column.
+    for (rows, vocab, vocab_start, total_vocab) in
+        [(5, 1000, 500, 2000), (3, 333, 0, 333), (2, 12565, 12565, 50260), (4, 1, 7, 9)]
+    {
+        let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
+        let case = Case::new(KIND, &name);
+        let logits = bf16_values(SEED, rows * vocab, "logits", 3.0);
+        let targets = tokens(rows, "targets", total_vocab as u32);
+        let scale = 1.0f32 / 7.0;
+        hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
+        case.put_bf16("logits", &logits);
+        case.put_u32("targets", &targets);
+        case.run_on(harness(Build::Correct), "xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
+
+        let dev = ReferenceDevice;
+        let mut rl = reference(&dev, &logits);
+        let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        dev.cross_entropy_max(&rl, rows, vocab, &mut max);
+        dev.cross_entropy_partials(&rl, &targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+        check_f32(&format!("{name} max"), &case.get_f32("max"), &max, 0.0);
+        check_f32(&format!("{name} sum_exp"), &case.get_f32("sum_exp"), &sum_exp, 1e-5);
+        check_f32(&format!("{name} target_logit"), &case.get_f32("target_logit"), &target_logit, 0.0);
+        dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
+        check_bf16(&format!("{name} dlogits"), &case.get_bf16("dlogits"), &rl);
+    }
+    assert!(hits > 0, "some targets must fall inside the shard");
+}
+
+// ---- embedding ----------------------------------------------------------------------------
+
+#[test]
+fn embedding_forward_backward() {
+    // A vocabulary shard with tokens outside it and repeated tokens (a small vocabulary); hidden
+    // sizes that are not multiples of the 128-thread block; with and without positions.
+    for (batch, seq, hidden, vocab_start, vocab_rows, total, positions) in [
+        (2, 5, 96, 10, 20, 40, true),
+        (3, 7, 130, 0, 11, 11, true),
+        (1, 4, 200, 3, 6, 12, false),
+        (4, 3, 33, 0, 64, 64, true),
+    ] {
+        let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
+        let case = Case::new(KIND, &name);
+        let toks = tokens(batch * seq, "tokens", total);
+        let wte = bf16_values(SEED, vocab_rows * hidden, "wte", 0.5);
+        let wpe = f32_values(SEED, seq * hidden, "wpe", 0.1, 0.0);
+        let dout = bf16_values(SEED, batch * seq * hidden, "dout", 1.0);
+        let dwte0 = f32_values(SEED, vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = f32_values(SEED, seq * hidden, "dwpe0", 0.1, 0.0);
+        case.put_u32("tokens", &toks);
+        case.put_bf16("wte", &wte);
+        if positions {
+            case.put_f32("wpe", &wpe);
+        }
+        case.put_bf16("dout", &dout);
+        case.put_f32("dwte", &dwte0);
+        case.put_f32("dwpe", &dwpe0);
+        case.run_on(harness(Build::Correct), "embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+
+        let dev = ReferenceDevice;
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        if positions {
+            dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
+        }
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        let rd = reference(&dev, &dout);
+        let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
+        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
+        check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
     }
 }
 

@@ -46,6 +46,14 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
   return bf16{uint16_t(u >> 16)};
 }
 
+__device__ __forceinline__ float to_float(float x) { return x; }
+template <class T>
+__device__ __forceinline__ T from_float(float f);
+template <>
+__device__ __forceinline__ float from_float<float>(float f) { return f; }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float f) { return to_bf16(f); }
+
 // Number of tiles of `tile` covering `n` (the last one ragged).
 __host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + tile - 1) / tile; }
 

@@ -9,11 +9,34 @@
 //   acc[r] = D[8 (r / 4) + 4 (l / 32) + r % 4][l % 32]                          r = 0..15
 // The row and column of accumulator r are given by mfma_row / mfma_col so kernels never
 // re-derive the mapping.
+//
+// Two consequences the kernels use (FlashAttention and the backward GEMMs): registers 4kb..4kb+3
+// of an accumulator C hold C[8kb + 4 (l / 32) + j][l % 32], j = 0..3, which is exactly the B
+// operand of k-block kb of a product with C as its B matrix (reduction over C's rows), and the A
+// operand of one with Cᵀ as its A matrix. So a product's result feeds the next MFMA with no
+// shuffle and no LDS round trip (mfma_acc_operand).
+//
+// Architectures. gfx90a (MI250X) and gfx940/941/942 (MI300) have this instruction; clang's
+// builtin has the same name on both, and the assembler prints the gfx940 spelling, so the only
+// arch selection is the guard below (gfx908 would need 2 x v_mfma_f32_32x32x4bf16 per k8, RDNA has
+// no MFMA at all). Debian's clang-15 hipcc accepts gfx90a and gfx940 but not gfx942
+// (gpu-toolchains.md); gfx942 builds with clang-19 and the gfx942 device-library shim.
 #pragma once
 #include "base.h"
 
+#if defined(__HIP_DEVICE_COMPILE__) && !defined(TRIDENT_EMU) && !defined(__gfx90a__) && !defined(__gfx940__) && \
+    !defined(__gfx941__) && !defined(__gfx942__)
+#error "kernels-hip needs v_mfma_f32_32x32x8bf16_1k: build for gfx90a or gfx940/941/942"
+#endif
+
+// The MFMA block: kMfmaM x kMfmaN outputs, kMfmaK deep, kMfmaAcc accumulators per lane. These
+// are matrix dimensions of the instruction, not the wave size.
+inline constexpr int kMfmaM = 32, kMfmaN = 32, kMfmaK = 8, kMfmaAcc = 16;
+
 __device__ __forceinline__ int mfma_row(int lane, int r) { return 8 * (r / 4) + 4 * (lane / 32) + r % 4; }
 __device__ __forceinline__ int mfma_col(int lane) { return lane % 32; }
+// The first of the 4 consecutive k indices lane `lane` supplies in its A and B operands.
+__device__ __forceinline__ int mfma_k(int lane) { return 4 * (lane / 32); }
 
 #ifdef TRIDENT_EMU
 struct mfma_acc {
@@ -36,3 +59,11 @@ __device__ __forceinline__ void mfma_32x32x8_bf16(mfma_acc& acc, const bf16 a[4]
   acc.v = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(av, bv, acc.v, 0, 0, 0);
 }
 #endif
+
+__device__ __forceinline__ void mfma_zero(mfma_acc& acc) {
+  UNROLL for (int r = 0; r < kMfmaAcc; ++r) acc.v[r] = 0.0f;
+}
+// Registers 4kb..4kb+3 of acc, rounded to bf16: the operand of k-block kb described above.
+__device__ __forceinline__ void mfma_acc_operand(bf16 op[4], const mfma_acc& acc, int kb) {
+  UNROLL for (int j = 0; j < 4; ++j) op[j] = to_bf16(acc.v[4 * kb + j]);
+}

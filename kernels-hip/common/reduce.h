@@ -30,3 +30,31 @@ __device__ __forceinline__ float wave_max(float v) {
   for (int offset = wave_first_offset<WaveSize>(); offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor(v, offset, WaveSize));
   return v;
 }
+
+// The sum (max) of v over the workgroup (blockDim.x a multiple of WaveSize, at most 1024 threads),
+// returned to every thread: wave butterflies, then the wave totals in wave order. `scratch` is
+// kMaxWaves floats of LDS; the function ends with a barrier so scratch may be reused at once.
+// Every thread of the workgroup must call it.
+inline constexpr int kMaxWaves = 1024 / kWaveSize;
+template <int WaveSize = kWaveSize>
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % WaveSize, wave = threadIdx.x / WaveSize, waves = blockDim.x / WaveSize;
+  v = wave_sum<WaveSize>(v);
+  if (lane == 0) scratch[wave] = v;
+  __syncthreads();
+  float total = lane < waves ? scratch[lane] : 0.0f;
+  total = wave_sum<WaveSize>(total);
+  __syncthreads();
+  return total;
+}
+template <int WaveSize = kWaveSize>
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % WaveSize, wave = threadIdx.x / WaveSize, waves = blockDim.x / WaveSize;
+  v = wave_max<WaveSize>(v);
+  if (lane == 0) scratch[wave] = v;
+  __syncthreads();
+  float total = lane < waves ? scratch[lane] : -INFINITY;
+  total = wave_max<WaveSize>(total);
+  __syncthreads();
+  return total;
+}

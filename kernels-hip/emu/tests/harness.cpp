@@ -3,13 +3,21 @@
 // trident's reference device. Built by that test with
 //   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
 // (and once more with -DTRIDENT_PLANT_WAVE32_BUG, the planted wave32 reduction).
-// Usage: harness <op> <dir> <integer arguments of the op>
+// Usage: harness <op> <dir> <arguments of the op (integers, and reals for adamw / xent)>
 // Files in <dir> are raw little-endian arrays named <name>.bf16 (u16 bit patterns) or
 // <name>.f32; an input file that does not exist is passed to the kernel as a null pointer.
 #include <string>
 
+#include <algorithm>
+
+#include "../../adamw.hip"
+#include "../../casts.hip"
+#include "../../embedding.hip"
+#include "../../gelu.hip"
 #include "../../gemm_bf16.hip"
+#include "../../gemm_bf16_bwd.hip"
 #include "../../layernorm.hip"
+#include "../../softmax_xent.hip"
 
 namespace {
 
@@ -34,7 +42,9 @@ std::vector<T> read(const char* name, const char* ext, size_t n, bool* present =
   return v;
 }
 std::vector<bf16> read_bf16(const char* name, size_t n) { return read<bf16>(name, "bf16", n); }
+std::vector<bf16> read_bf16(const char* name, size_t n, bool* present) { return read<bf16>(name, "bf16", n, present); }
 std::vector<float> read_f32(const char* name, size_t n, bool* present = nullptr) { return read<float>(name, "f32", n, present); }
+std::vector<uint32_t> read_u32(const char* name, size_t n) { return read<uint32_t>(name, "u32", n); }
 
 template <class T>
 void write(const char* name, const char* ext, const std::vector<T>& v) {
@@ -83,41 +93,140 @@ int main(int argc, char** argv) {
     if (3 + i >= argc) std::exit(usage());
     return std::atoi(argv[3 + i]);
   };
+  auto real = [&](int i) {
+    if (3 + i >= argc) std::exit(usage());
+    return float(std::atof(argv[3 + i]));
+  };
 
-  if (op == "gemm_f32out") {
-    const int M = arg(0), N = arg(1), K = arg(2);
+  if (op == "gemm_f32out" || op == "gemm_bf16out") {
+    const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
     auto A = read_bf16("a", size_t(M) * K);
     auto W = read_bf16("w", size_t(N) * K);
-    bool has_bias = false;
-    auto bias = read_f32("bias", N, &has_bias);
-    std::vector<float> out(size_t(M) * N, -1.0f);
-    emu::launch(dim3(ceil_div(N, 64), ceil_div(M, 64)), dim3(256), gemm_fwd_bf16_f32out_mfma, out.data(), A.data(),
-                W.data(), or_null(bias), M, N, K);
-    write_f32("out", out);
+    bool present = false;
+    auto bias = read_f32("bias", N, &present);
+    const dim3 grid(ceil_div(N, 64), ceil_div(M, 64));
+    if (op == "gemm_f32out") {
+      auto residual = read_f32("residual", size_t(M) * N, &present);
+      std::vector<float> out(size_t(M) * N, -1.0f);
+      emu::launch(grid, dim3(256), gemm_fwd_bf16_f32out, out.data(), A.data(), W.data(), or_null(bias),
+                  or_null(residual), M, N, K, gelu);
+      write_f32("out", out);
+    } else {
+      auto residual = read_bf16("residual", size_t(M) * N, &present);
+      std::vector<bf16> out(size_t(M) * N, to_bf16(-1.0f));
+      emu::launch(grid, dim3(256), gemm_fwd_bf16, out.data(), A.data(), W.data(), or_null(bias), or_null(residual), M, N,
+                  K, gelu);
+      write_bf16("out", out);
+    }
+  } else if (op == "gemm_bwd") {
+    const int M = arg(0), N = arg(1), K = arg(2);
+    auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K), inp = read_bf16("inp", size_t(M) * K);
+    auto dweight = read_f32("dweight", size_t(N) * K);
+    std::vector<float> dinp(size_t(M) * K, -1.0f);
+    emu::launch(dim3(ceil_div(K, 64), ceil_div(M, 64)), dim3(256), gemm_bwd_input_bf16, dinp.data(), dout.data(),
+                W.data(), M, N, K);
+    emu::launch(dim3(ceil_div(K, 64), ceil_div(N, 64)), dim3(256), gemm_bwd_weight_bf16, dweight.data(), dout.data(),
+                inp.data(), M, N, K);
+    write_f32("dinp", dinp);
+    write_f32("dweight", dweight);
+  } else if (op == "casts") {
+    // Both directions on n elements that start `offset` elements into their buffers (an offset
+    // that is not a multiple of 4 takes the one-at-a-time path).
+    const int n = arg(0), offset = arg(1);
+    auto x = read_f32("x", n);
+    auto h = read_bf16("h", n);
+    std::vector<float> xs(size_t(n) + offset), back(size_t(n) + offset, -1.0f);
+    std::vector<bf16> hs(size_t(n) + offset), rounded(size_t(n) + offset, to_bf16(-1.0f));
+    std::copy(x.begin(), x.end(), xs.begin() + offset);
+    std::copy(h.begin(), h.end(), hs.begin() + offset);
+    const dim3 grid(std::min(ceil_div(ceil_div(n, 8), 256), 3));
+    emu::launch(grid, dim3(256), cast_f32_to_bf16, rounded.data() + offset, xs.data() + offset, n);
+    emu::launch(grid, dim3(256), cast_bf16_to_f32, back.data() + offset, hs.data() + offset, n);
+    write_bf16("rounded", std::vector<bf16>(rounded.begin() + offset, rounded.end()));
+    write_f32("back", std::vector<float>(back.begin() + offset, back.end()));
   } else if (op == "layernorm_fwd") {
     const int rows = arg(0), C = arg(1);
     auto inp = read_bf16("inp", size_t(rows) * C);
+    bool has_residual = false;
+    auto residual = read_bf16("residual", size_t(rows) * C, &has_residual);
     auto weight = read_f32("weight", C), bias = read_f32("bias", C);
-    std::vector<bf16> out(size_t(rows) * C);
+    std::vector<bf16> out(size_t(rows) * C), resid_out(has_residual ? size_t(rows) * C : 0);
     std::vector<float> mean(rows), rstd(rows);
-    emu::launch(dim3(ceil_div(rows, 4)), dim3(256), layernorm_fwd_bf16_wave64, out.data(), mean.data(), rstd.data(),
-                inp.data(), weight.data(), bias.data(), rows, C);
+    emu::launch(dim3(ceil_div(rows, 4)), dim3(256), layernorm_fwd_bf16, out.data(), mean.data(), rstd.data(),
+                or_null(resid_out), inp.data(), or_null(residual), weight.data(), bias.data(), rows, C);
     write_bf16("out", out);
     write_f32("mean", mean);
     write_f32("rstd", rstd);
+    if (has_residual) write_bf16("resid_out", resid_out);
   } else if (op == "layernorm_bwd") {
     const int rows = arg(0), C = arg(1);
     auto dout = read_bf16("dout", size_t(rows) * C), inp = read_bf16("inp", size_t(rows) * C);
     auto weight = read_f32("weight", C), mean = read_f32("mean", rows), rstd = read_f32("rstd", rows);
     auto dinp = read_f32("dinp", size_t(rows) * C);
     auto dweight = read_f32("dweight", C), dbias = read_f32("dbias", C);
-    emu::launch(dim3(ceil_div(rows, 4)), dim3(256), layernorm_bwd_dx_bf16_wave64, dinp.data(), dout.data(),
-                inp.data(), weight.data(), mean.data(), rstd.data(), rows, C);
-    emu::launch(dim3(ceil_div(C, 256)), dim3(256), layernorm_bwd_dparams_bf16_wave64, dweight.data(), dbias.data(),
-                dout.data(), inp.data(), mean.data(), rstd.data(), rows, C);
+    emu::launch(dim3(ceil_div(rows, 4)), dim3(256), layernorm_bwd_dx_bf16, dinp.data(), dout.data(), inp.data(),
+                weight.data(), mean.data(), rstd.data(), rows, C);
+    emu::launch(dim3(ceil_div(C, 256)), dim3(256), layernorm_bwd_dparams_bf16, dweight.data(), dbias.data(), dout.data(),
+                inp.data(), mean.data(), rstd.data(), rows, C);
     write_f32("dinp", dinp);
     write_f32("dweight", dweight);
     write_f32("dbias", dbias);
+  } else if (op == "gelu_fwd" || op == "gelu_bwd") {
+    const int n = arg(0), blocks = arg(1), threads = arg(2);
+    auto inp = read_bf16("inp", n);
+    std::vector<bf16> out(n);
+    if (op == "gelu_fwd") {
+      emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data(), inp.data(), n);
+    } else {
+      auto dout = read_bf16("dout", n);
+      emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data(), inp.data(), dout.data(), n);
+    }
+    write_bf16("out", out);
+  } else if (op == "adamw") {
+    const int n = arg(0), blocks = arg(1), threads = arg(2);
+    auto param = read_f32("param", n), grad = read_f32("grad", n), m = read_f32("m", n), v = read_f32("v", n);
+    std::vector<bf16> param_bf16(n);
+    emu::launch(dim3(blocks), dim3(threads), adamw_f32_bf16, param.data(), param_bf16.data(), grad.data(), m.data(),
+                v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10));
+    write_f32("param", param);
+    write_bf16("param_bf16", param_bf16);
+    write_f32("m", m);
+    write_f32("v", v);
+  } else if (op == "xent") {
+    const int rows = arg(0), V = arg(1), vocab_start = arg(2);
+    const float scale = real(3);
+    auto logits = read_bf16("logits", size_t(rows) * V);
+    auto targets = read_u32("targets", rows);
+    std::vector<float> max(rows), sum_exp(rows), target_logit(rows);
+    emu::launch(dim3(rows), dim3(256), xent_max_bf16, max.data(), logits.data(), rows, V);
+    emu::launch(dim3(rows), dim3(256), xent_partials_bf16, sum_exp.data(), target_logit.data(), logits.data(),
+                targets.data(), vocab_start, max.data(), rows, V);
+    // In place, as the model runs it: the logits buffer becomes the gradient.
+    emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), logits.data(), targets.data(), vocab_start,
+                max.data(), sum_exp.data(), scale, rows, V);
+    write_f32("max", max);
+    write_f32("sum_exp", sum_exp);
+    write_f32("target_logit", target_logit);
+    write_bf16("dlogits", logits);
+  } else if (op == "embedding") {
+    const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4);
+    const size_t rows = size_t(batch) * seq;
+    auto tokens = read_u32("tokens", rows);
+    auto wte = read_bf16("wte", size_t(vocab_rows) * hidden);
+    bool has_wpe = false;
+    auto wpe = read_f32("wpe", size_t(seq) * hidden, &has_wpe);
+    auto dout = read_bf16("dout", rows * hidden);
+    auto dwte = read_f32("dwte", size_t(vocab_rows) * hidden), dwpe = read_f32("dwpe", size_t(seq) * hidden);
+    std::vector<bf16> out(rows * hidden);
+    emu::launch(dim3(ceil_div(hidden, 128), unsigned(rows)), dim3(128), embedding_fwd_bf16, out.data(), tokens.data(),
+                wte.data(), or_null(wpe), vocab_start, vocab_rows, batch, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 128)), dim3(128), embedding_bwd_wte_bf16, dwte.data(), dout.data(), tokens.data(),
+                vocab_start, vocab_rows, batch, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 128), seq), dim3(128), embedding_bwd_wpe_bf16, dwpe.data(), dout.data(), batch,
+                seq, hidden);
+    write_bf16("out", out);
+    write_f32("dwte", dwte);
+    write_f32("dwpe", dwpe);
   } else if (op == "wave64_probe") {
     std::vector<int> out(128 * 8, -1);
     emu::launch(dim3(1), dim3(128), wave64_probe, out.data());

@@ -1,0 +1,56 @@
+// embedding.hip: the GPT input embedding, word (vocab-parallel) plus position, forward and
+// backward (the CDNA counterpart of kernels-cuda/embedding.cu, same kernel names and arguments).
+//
+// Forward  embedding_fwd_bf16:  out[t·batch + b][c] = wte[tokens[b·seq + t] - vocab_start][c]
+//          (+ wpe[t][c] when wpe is set), or 0 + wpe when the token is outside this rank's
+//          vocabulary shard (the tensor-parallel all-reduce fills it in from the owner). Rows are
+//          sequence-first as in Megatron. tokens [batch, seq] u32 (global ids); wte
+//          [vocab_rows, hidden] bf16; wpe [seq, hidden] f32 or null; out [seq·batch, hidden] bf16.
+// Backward embedding_bwd_wte_bf16:  dwte[token - vocab_start][c] += dout[t·batch + b][c] for every
+//          position in order t, then b, in f32: one thread per column walks all positions, so
+//          repeated tokens are summed in a fixed order (deterministic, no atomics).
+//          embedding_bwd_wpe_bf16:  dwpe[t][c] += Σ_b dout[t·batch + b][c], thread per (t, c).
+//          dout [seq·batch, hidden] bf16; dwte, dwpe f32.
+//
+// Grid (as the CUDA file): forward ⌈hidden/128⌉ x (seq·batch) workgroups of 128 threads (two
+// wave64s, a thread per output element, coalesced along the row); bwd_wte ⌈hidden/128⌉
+// workgroups of 128; bwd_wpe ⌈hidden/128⌉ x seq workgroups of 128. No LDS; few VGPRs.
+//
+// Reference: `embedding_forward` + `position_forward` and `embedding_backward` /
+// `position_backward` of the reference device (f64) on the same bf16 tables and gradients
+// (tests/hip_emulation.rs).
+#include "common/base.h"
+
+extern "C" __global__ void __launch_bounds__(128)
+    embedding_fwd_bf16(bf16* out, const uint32_t* tokens, const bf16* wte, const float* wpe, int vocab_start,
+                       int vocab_rows, int batch, int seq, int hidden) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+  if (c >= hidden) return;
+  const int t = i / batch, b = i % batch;
+  const long long r = (long long)tokens[(size_t)b * seq + t] - vocab_start;
+  float v = r >= 0 && r < vocab_rows ? to_float(wte[(size_t)r * hidden + c]) : 0.0f;
+  if (wpe) v += wpe[(size_t)t * hidden + c];
+  out[(size_t)i * hidden + c] = to_bf16(v);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    embedding_bwd_wte_bf16(float* dwte, const bf16* dout, const uint32_t* tokens, int vocab_start, int vocab_rows,
+                           int batch, int seq, int hidden) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= hidden) return;
+  for (int t = 0; t < seq; ++t)
+    for (int b = 0; b < batch; ++b) {
+      const long long r = (long long)tokens[(size_t)b * seq + t] - vocab_start;
+      if (r < 0 || r >= vocab_rows) continue;
+      dwte[(size_t)r * hidden + c] += to_float(dout[((size_t)t * batch + b) * hidden + c]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    embedding_bwd_wpe_bf16(float* dwpe, const bf16* dout, int batch, int seq, int hidden) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (c >= hidden || t >= seq) return;
+  float s = 0.0f;
+  for (int b = 0; b < batch; ++b) s += to_float(dout[((size_t)t * batch + b) * hidden + c]);
+  dwpe[(size_t)t * hidden + c] += s;
+}
