@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AdamWStep, Device};
+use trident::device::{AdamWStep, AttentionShape, Device};
 use trident::real::Precision;
 use trident::rng::Stream;
 
@@ -492,6 +492,29 @@ fn embedding_forward_backward() {
         dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
         check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
         check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
+    }
+}
+
+// ---- attention --------------------------------------------------------------------------
+
+#[test]
+fn attention_forward_causal() {
+    // Whole and ragged query blocks (64, 32 per wave) and key tiles (32), one token, several
+    // sequences and heads interleaved in the fused QKV rows, for both head dims.
+    for (batch, seq, heads, head_dim) in
+        [(1, 64, 1, 64), (2, 100, 3, 64), (1, 1, 2, 64), (1, 77, 2, 128), (2, 130, 1, 128), (1, 5, 1, 128)]
+    {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_mfma_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let case = Case::new(KIND, &name);
+        let qkv = bf16_values(SEED, shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        case.put_bf16("qkv", &qkv);
+        case.run_on(harness(Build::Correct), "attention_fwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        let dev = ReferenceDevice;
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
     }
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "../../adamw.hip"
+#include "../../attention_fwd.hip"
 #include "../../casts.hip"
 #include "../../embedding.hip"
 #include "../../gelu.hip"
@@ -227,6 +228,22 @@ int main(int argc, char** argv) {
     write_bf16("out", out);
     write_f32("dwte", dwte);
     write_f32("dwpe", dwpe);
+  } else if (op == "attention_fwd") {
+    const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
+    const size_t rows = size_t(batch) * seq;
+    auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+    std::vector<bf16> out(rows * heads * d, to_bf16(-7.0f));
+    std::vector<float> lse(rows * heads, -7.0f);
+    const dim3 grid(ceil_div(seq, 64), batch * heads);
+    if (d == 64) {
+      emu::launch(grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv.data(), batch, seq, heads);
+    } else if (d == 128) {
+      emu::launch(grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv.data(), batch, seq, heads);
+    } else {
+      return usage();
+    }
+    write_bf16("out", out);
+    write_f32("lse", lse);
   } else if (op == "wave64_probe") {
     std::vector<int> out(128 * 8, -1);
     emu::launch(dim3(1), dim3(128), wave64_probe, out.data());

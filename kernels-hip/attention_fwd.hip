@@ -1,0 +1,133 @@
+// attention_fwd.hip: causal self-attention forward, FlashAttention-2 style, on AMD matrix cores
+// (the CDNA counterpart of kernels-cuda/attention_fwd.cu, same kernel names and arguments).
+//
+// Computes, for each sequence b, head h and query position t < seq:
+//   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u
+//   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
+// from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, per head
+// [q | k | v]); out [seq·batch, heads·d] bf16; lse f32. Head dims 64 (attention_fwd_bf16_d64) and
+// 128 (attention_fwd_bf16_d128); any seq >= 1. Online softmax with the division deferred to the
+// end (FA-2); no [seq, seq] matrix exists.
+//
+// Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid.
+// A workgroup owns 64 queries of one (b, h), each wave 32 of them (split-Q, no cross-wave
+// reduction). Per tile of 32 keys a wave computes the transposed scores Sᵀ = K Qᵀ (32 keys x 32
+// queries) with d/8 v_mfma_f32_32x32x8bf16_1k (v_mfma_f32_32x32x8_bf16 on gfx940+), so lane l
+// holds query l % 32 and 16 of the tile's keys: the row max is a max over the lane's registers
+// and one __shfl_xor with the other half-wave, and the running max m and the lane's part of the
+// sum l are per lane. Then Oᵀ += Vᵀ Pᵀ (d/32 accumulators of 32 d x 32 queries, 4 MFMAs each):
+// Pᵀ's B operand for keys 8kb.. is exactly registers 4kb..4kb+3 of the Sᵀ accumulator
+// (common/mfma.h), rounded to bf16, and the rescaling of Oᵀ by exp(m_old - m_new) is per lane.
+// Tiles that lie wholly above a wave's diagonal are skipped (wave-uniform).
+//
+// LDS: Q 64 x (d + 8), K and V 32 x (d + 8) bf16 = 18432 B (d 64), 34816 B (d 128) of the 64 KiB.
+// Registers: Oᵀ d/2 f32 per lane (32 or 64, AGPRs on gfx90a), Sᵀ 16, operands 4; hipcc's counts
+// are in the README (no scratch).
+//
+// Reference: `attention_forward` of the reference device (f64) on the same bf16 qkv
+// (tests/hip_emulation.rs).
+#include "common/attention.h"
+#include "common/base.h"
+#include "common/mfma.h"
+
+namespace attention_fwd_detail {
+
+using namespace attention_common;
+
+template <int D>
+struct Tiles {
+  bf16 q[kBlockRows][D + kPad];
+  bf16 k[kTileRows][D + kPad];
+  bf16 v[kTileRows][D + kPad];
+};
+
+template <int D>
+__device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
+                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+  __shared__ Tiles<D> tiles;
+  static_assert(sizeof(Tiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
+  static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
+  constexpr int kDBlocks = D / kMfmaM;
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D;
+  const float scale = 1.0f / sqrtf((float)D);
+  const int wave_q = wave * kMfmaN;                       // the wave's first query in the block
+  const int query = q0 + wave_q + mfma_col(lane);         // this lane's query
+  const int wave_last = q0 + wave_q + kMfmaN - 1;         // the wave's last query
+
+  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
+
+  mfma_acc o[kDBlocks];
+  UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(o[n]);
+  float m = -INFINITY, l = 0.0f;
+
+  const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
+  for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
+    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    __syncthreads();  // Q (first time), K and V of this tile are in LDS
+    if (k0 <= wave_last) {
+      // Sᵀ = K Qᵀ: register r holds the score of key k0 + mfma_row(lane, r) for `query`.
+      mfma_acc s;
+      mfma_zero(s);
+      UNROLL for (int kk = 0; kk < D; kk += kMfmaK) {
+        bf16 ka[4], qb[4];
+        UNROLL for (int j = 0; j < 4; ++j) {
+          ka[j] = tiles.k[mfma_col(lane)][kk + mfma_k(lane) + j];
+          qb[j] = tiles.q[wave_q + mfma_col(lane)][kk + mfma_k(lane) + j];
+        }
+        mfma_32x32x8_bf16(s, ka, qb);
+      }
+      // Scale, causal mask, online softmax. Key 0 is in every query's first tile, so m is finite
+      // from then on (both half-waves share it through the exchange below).
+      float tile_max = -INFINITY;
+      UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+        const float v = k0 + mfma_row(lane, r) <= query ? s.v[r] * scale : -INFINITY;
+        s.v[r] = v;
+        tile_max = fmaxf(tile_max, v);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor(tile_max, kMfmaN));  // the other half-wave's keys
+      const float m_new = fmaxf(m, tile_max);
+      const float correction = m == -INFINITY ? 0.0f : expf(m - m_new);
+      m = m_new;
+      l *= correction;
+      UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+        const float p = expf(s.v[r] - m);
+        s.v[r] = p;
+        l += p;
+      }
+      // Oᵀ = correction · Oᵀ + Vᵀ Pᵀ, d block n: A = Vᵀ (row d, column key), B = Pᵀ from s.
+      UNROLL for (int n = 0; n < kDBlocks; ++n) {
+        UNROLL for (int r = 0; r < kMfmaAcc; ++r) o[n].v[r] *= correction;
+        UNROLL for (int kb = 0; kb < kMfmaM / kMfmaK; ++kb) {
+          bf16 va[4], pb[4];
+          UNROLL for (int j = 0; j < 4; ++j) va[j] = tiles.v[kMfmaK * kb + mfma_k(lane) + j][kMfmaM * n + mfma_col(lane)];
+          mfma_acc_operand(pb, s, kb);
+          mfma_32x32x8_bf16(o[n], va, pb);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with K and V before the next tile overwrites them
+  }
+
+  const float total = l + __shfl_xor(l, kMfmaN);
+  if (query >= seq) return;  // no collective follows
+  const float inv = 1.0f / total;
+  bf16* dst = out + ((size_t)query * batch + b) * heads * D + (size_t)head * D;
+  UNROLL for (int n = 0; n < kDBlocks; ++n)
+    UNROLL for (int r = 0; r < kMfmaAcc; ++r) dst[kMfmaM * n + mfma_row(lane, r)] = to_bf16(o[n].v[r] * inv);
+  if (lane < kMfmaN) lse[((size_t)b * heads + head) * seq + query] = m + logf(total);
+}
+
+}  // namespace attention_fwd_detail
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads);
+}
