@@ -518,6 +518,42 @@ fn attention_forward_causal() {
     }
 }
 
+#[test]
+fn attention_backward_causal() {
+    // The forward's output and log-sum-exp come from the reference (rounded to the kernels'
+    // bf16 / f32 storage) and are given to both sides, so only the backward is compared.
+    for (batch, seq, heads, head_dim) in
+        [(1, 64, 1, 64), (2, 100, 2, 64), (1, 1, 1, 64), (1, 77, 2, 128), (2, 70, 1, 128), (1, 3, 1, 128)]
+    {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_mfma_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let case = Case::new(KIND, &name);
+        let qkv = bf16_values(SEED, shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        let dout = bf16_values(SEED, shape.rows() * shape.width(), "dout", 1.0);
+        let dev = ReferenceDevice;
+        let rqkv = reference(&dev, &qkv);
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
+        let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
+        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        case.put_bf16("qkv", &qkv);
+        case.put_bf16("out", &out);
+        case.put_bf16("dout", &dout);
+        case.put_f32("lse", &lse);
+        case.run_on(harness(Build::Correct), "attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
+        dev.attention_backward(
+            &mut dqkv,
+            &reference(&dev, &dout),
+            &rqkv,
+            &reference(&dev, &out),
+            &reference(&dev, &lse),
+            shape,
+        );
+        check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
+    }
+}
+
 /// The planted wave32 assumption: the same kernels built with a butterfly that starts at 16
 /// lanes. Each half-wave then normalises with its own half's statistics, and the comparison that
 /// `layernorm_wave64_forward_backward` makes must reject the output; the correct build must

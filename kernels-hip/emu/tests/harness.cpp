@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "../../adamw.hip"
+#include "../../attention_bwd.hip"
 #include "../../attention_fwd.hip"
 #include "../../casts.hip"
 #include "../../embedding.hip"
@@ -244,6 +245,31 @@ int main(int argc, char** argv) {
     }
     write_bf16("out", out);
     write_f32("lse", lse);
+  } else if (op == "attention_bwd") {
+    const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
+    const size_t rows = size_t(batch) * seq;
+    auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+    auto out = read_bf16("out", rows * heads * d), dout = read_bf16("dout", rows * heads * d);
+    auto lse = read_f32("lse", rows * heads);
+    std::vector<float> delta(rows * heads, -7.0f);
+    std::vector<bf16> dqkv(rows * 3 * heads * d, to_bf16(-7.0f));  // every element must be written
+    emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(256), attention_bwd_delta_bf16, delta.data(), dout.data(),
+                out.data(), batch, seq, heads, d);
+    const dim3 grid(ceil_div(seq, 64), batch * heads);
+    if (d == 64) {
+      emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+    } else if (d == 128) {
+      emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                  delta.data(), batch, seq, heads);
+    } else {
+      return usage();
+    }
+    write_bf16("dqkv", dqkv);
   } else if (op == "wave64_probe") {
     std::vector<int> out(128 * 8, -1);
     emu::launch(dim3(1), dim3(128), wave64_probe, out.data());

@@ -1,0 +1,240 @@
+// attention_bwd.hip: causal self-attention backward, FlashAttention-2 style, on AMD matrix cores,
+// deterministic (no atomics). The CDNA counterpart of kernels-cuda/attention_bwd.cu, same kernel
+// names and arguments.
+//
+// Computes, for each sequence b and head h, with scale s = 1/sqrt(d), P_ij = exp(s q_i·k_j - lse_i)
+// for j <= i (0 otherwise) rebuilt from the forward's log-sum-exp, and delta_i = dO_i · O_i:
+//   dV_j = Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
+//   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
+// Inputs: qkv [seq·batch, heads·3·d] bf16, out and dout [seq·batch, heads·d] bf16, lse
+// [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16 (each element written once).
+// Head dims 64 and 128; any seq >= 1. Three kernels, launched in this order:
+//   attention_bwd_delta_bf16:  delta [batch·heads·seq] f32. ⌈seq·batch·heads / 4⌉ workgroups of
+//                              256 (4 wave64s), a wave per (row, head), wave_sum over d.
+//   attention_bwd_dkv_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s); a
+//                              workgroup owns 64 keys, a wave 32, and walks the 32-query tiles from
+//                              the diagonal to the end. Per tile a wave computes S = Q Kᵀ and
+//                              dP = dO Vᵀ (32 queries x the wave's 32 keys, d/8 MFMAs each), so lane
+//                              l holds key l % 32; then dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (d/32 blocks,
+//                              4 MFMAs each) with P and dS as B operands straight from the
+//                              accumulator registers (common/mfma.h), dOᵀ and Qᵀ read as columns
+//                              of the LDS tiles.
+//   attention_bwd_dq_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a workgroup owns
+//                              64 queries, a wave 32, and walks the 32-key tiles up to the
+//                              diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
+//                              l % 32, so its lse and delta are per lane), then dQᵀ += Kᵀ dSᵀ.
+// Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
+// into dQ, and makes the result independent of scheduling (DESIGN.md's determinism). Tiles wholly
+// above a wave's diagonal are skipped (wave-uniform). All MFMAs are v_mfma_f32_32x32x8bf16_1k
+// (v_mfma_f32_32x32x8_bf16 on gfx940+).
+//
+// LDS (8 bf16 of padding per row): dkv: K, V 64 x (d + 8) and Q, dO 32 x (d + 8) bf16 plus 2 x 32
+// f32 = 27904 B (d 64), 52480 B (d 128); dq: Q, dO 64 x (d + 8) and K, V 32 x (d + 8) = 27648 B
+// (d 64), 52224 B (d 128); all within the 64 KiB. Registers: dkv holds dKᵀ and dVᵀ (d f32 per
+// lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in the README.
+//
+// Reference: `attention_backward` of the reference device (f64) on the same bf16 inputs and f32
+// lse (tests/hip_emulation.rs).
+#include "common/attention.h"
+#include "common/base.h"
+#include "common/mfma.h"
+#include "common/reduce.h"
+
+namespace attention_bwd_detail {
+
+using namespace attention_common;
+
+// acc += X · Yᵀ over d for a 32 x 32 block: X rows x0.. of tile x, Y rows y0.. of tile y (both
+// [position][d] row-major), i.e. A[i][k] = x[x0 + i][k], B[k][j] = y[y0 + j][k].
+template <int D>
+__device__ __forceinline__ void rows_product(mfma_acc& acc, bf16 (*x)[D + kPad], int x0, bf16 (*y)[D + kPad], int y0) {
+  const int lane = threadIdx.x % kWaveSize;
+  UNROLL for (int kk = 0; kk < D; kk += kMfmaK) {
+    bf16 a[4], b[4];
+    UNROLL for (int j = 0; j < 4; ++j) {
+      a[j] = x[x0 + mfma_col(lane)][kk + mfma_k(lane) + j];
+      b[j] = y[y0 + mfma_col(lane)][kk + mfma_k(lane) + j];
+    }
+    mfma_32x32x8_bf16(acc, a, b);
+  }
+}
+
+// acc[n] += Xᵀ · C for every d block n: A[i = d][k = position] = x[k][32 n + i] (a column of
+// tile x, positions 0..31), B = C, the 32 x 32 accumulator whose rows are those positions.
+template <int D>
+__device__ __forceinline__ void columns_product(mfma_acc (&acc)[D / kMfmaM], bf16 (*x)[D + kPad], const mfma_acc& c) {
+  const int lane = threadIdx.x % kWaveSize;
+  UNROLL for (int kb = 0; kb < kMfmaM / kMfmaK; ++kb) {
+    bf16 b[4];
+    mfma_acc_operand(b, c, kb);
+    UNROLL for (int n = 0; n < D / kMfmaM; ++n) {
+      bf16 a[4];
+      UNROLL for (int j = 0; j < 4; ++j) a[j] = x[kMfmaK * kb + mfma_k(lane) + j][kMfmaM * n + mfma_col(lane)];
+      mfma_32x32x8_bf16(acc[n], a, b);
+    }
+  }
+}
+
+template <int D>
+struct DkvTiles {
+  bf16 k[kBlockRows][D + kPad];
+  bf16 v[kBlockRows][D + kPad];
+  bf16 q[kTileRows][D + kPad];
+  bf16 dout[kTileRows][D + kPad];
+  float lse[kTileRows];
+  float delta[kTileRows];
+};
+
+template <int D>
+__device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
+                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+  __shared__ DkvTiles<D> tiles;
+  static_assert(sizeof(DkvTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
+  static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
+  constexpr int kDBlocks = D / kMfmaM;
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  const int k0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
+  const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+  const float scale = 1.0f / sqrtf((float)D);
+  const int wave_k = wave * kMfmaN;                 // the wave's first key in the block
+  const int key = k0 + wave_k + mfma_col(lane);     // this lane's key
+
+  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+
+  mfma_acc dk[kDBlocks], dv[kDBlocks];
+  UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(dk[n]), mfma_zero(dv[n]);
+
+  for (int qs = k0; qs < seq; qs += kTileRows) {
+    load_rows<D, kTileRows>(tiles.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
+    for (int i = threadIdx.x; i < kTileRows; i += blockDim.x) {
+      // A query past the end gets lse = +inf, so its P (and dS) are exactly 0.
+      tiles.lse[i] = qs + i < seq ? lse_bh[qs + i] : INFINITY;
+      tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
+    }
+    __syncthreads();
+    if (qs + kTileRows - 1 >= k0 + wave_k) {  // some query of the tile sees some key of the wave
+      // S = Q Kᵀ and dP = dO Vᵀ: register r is query qs + mfma_row(lane, r), key `key`.
+      mfma_acc s, dp;
+      mfma_zero(s);
+      mfma_zero(dp);
+      rows_product<D>(s, tiles.q, 0, tiles.k, wave_k);
+      rows_product<D>(dp, tiles.dout, 0, tiles.v, wave_k);
+      UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+        const int qi = mfma_row(lane, r);
+        const float p = key <= qs + qi ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
+        s.v[r] = p;
+        dp.v[r] = p * (dp.v[r] - tiles.delta[qi]);
+      }
+      // dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS (the scale of dK is applied once at the end).
+      columns_product<D>(dv, tiles.dout, s);
+      columns_product<D>(dk, tiles.q, dp);
+    }
+    __syncthreads();  // the tile is consumed before the next one overwrites it
+  }
+
+  if (key >= seq) return;
+  bf16* row = dqkv + ((size_t)key * batch + b) * qkv_stride + head_col;
+  UNROLL for (int n = 0; n < kDBlocks; ++n)
+    UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+      const int c = kMfmaM * n + mfma_row(lane, r);
+      row[D + c] = to_bf16(dk[n].v[r] * scale);
+      row[2 * D + c] = to_bf16(dv[n].v[r]);
+    }
+}
+
+template <int D>
+struct DqTiles {
+  bf16 q[kBlockRows][D + kPad];
+  bf16 dout[kBlockRows][D + kPad];
+  bf16 k[kTileRows][D + kPad];
+  bf16 v[kTileRows][D + kPad];
+};
+
+template <int D>
+__device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
+                                        const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                        const float* __restrict__ delta, int batch, int seq, int heads) {
+  __shared__ DqTiles<D> tiles;
+  static_assert(sizeof(DqTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
+  constexpr int kDBlocks = D / kMfmaM;
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  const float scale = 1.0f / sqrtf((float)D);
+  const int wave_q = wave * kMfmaN, wave_last = q0 + wave_q + kMfmaN - 1;
+  const int query = q0 + wave_q + mfma_col(lane);  // this lane's query
+
+  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
+  const size_t at = ((size_t)b * heads + head) * seq + query;
+  const float row_lse = query < seq ? lse[at] : INFINITY, row_delta = query < seq ? delta[at] : 0.0f;
+
+  mfma_acc dq[kDBlocks];
+  UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(dq[n]);
+
+  const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
+  for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
+    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    __syncthreads();
+    if (k0 <= wave_last) {
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: register r is key k0 + mfma_row(lane, r), query `query`.
+      mfma_acc s, dp;
+      mfma_zero(s);
+      mfma_zero(dp);
+      rows_product<D>(s, tiles.k, 0, tiles.q, wave_q);
+      rows_product<D>(dp, tiles.v, 0, tiles.dout, wave_q);
+      UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+        const float p = k0 + mfma_row(lane, r) <= query ? expf(s.v[r] * scale - row_lse) : 0.0f;
+        s.v[r] = p * (dp.v[r] - row_delta);
+      }
+      columns_product<D>(dq, tiles.k, s);  // dQᵀ += Kᵀ dSᵀ
+    }
+    __syncthreads();
+  }
+
+  if (query >= seq) return;
+  bf16* dst = dqkv + ((size_t)query * batch + b) * qkv_stride + head_col;
+  UNROLL for (int n = 0; n < kDBlocks; ++n)
+    UNROLL for (int r = 0; r < kMfmaAcc; ++r) dst[kMfmaM * n + mfma_row(lane, r)] = to_bf16(dq[n].v[r] * scale);
+}
+
+}  // namespace attention_bwd_detail
+
+extern "C" __global__ void __launch_bounds__(256)
+    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads, int d) {
+  const int item = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  if (item >= seq * batch * heads) return;  // the whole wave leaves together
+  const int row = item / heads, head = item % heads, t = row / batch, b = row % batch;
+  const size_t base = (size_t)row * heads * d + (size_t)head * d;
+  float sum = 0.0f;
+  for (int c = lane; c < d; c += kWaveSize) sum += to_float(dout[base + c]) * to_float(out[base + c]);
+  sum = wave_sum(sum);
+  if (lane == 0) delta[((size_t)b * heads + head) * seq + t] = sum;
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                                int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
