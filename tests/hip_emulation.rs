@@ -1,11 +1,15 @@
 //! The HIP kernels of `kernels-hip/` on the CPU: the same sources, compiled by the host C++
 //! compiler against the SIMT emulation with 64-lane wavefronts (`kernels-hip/emu/hip.h`, on
-//! `kernels-cuda/emu/simt.h`), run on inputs written here and compared with trident's reference
-//! device (serial f64) on the same bf16-rounded inputs, within DESIGN.md's bf16 rule
-//! |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32 outputs). Every kernel runs
-//! on at least three shapes, ragged ones included. One test builds the kernels with a planted
-//! wave32 assumption (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and
-//! asserts that the LayerNorm comparison catches it.
+//! `kernels-cuda/emu/simt.h`, with a model of `v_mfma_f32_32x32x8bf16_1k`), run on inputs written
+//! here and compared with trident's reference device (serial f64) on the same bf16-rounded
+//! inputs, within DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound
+//! for f32 outputs). The tests mirror `cuda_emulation.rs` kernel for kernel (the HIP kernels have
+//! the CUDA names and arguments): the MFMA GEMMs with every epilogue and both backward products,
+//! casts, LayerNorm, GELU, AdamW, the cross-entropy pieces, the embedding, and FlashAttention
+//! forward and backward on MFMA for head dims 64 and 128. Every kernel runs on at least three
+//! shapes, ragged ones included. One test builds the kernels with a planted wave32 assumption
+//! (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and asserts that the
+//! LayerNorm comparison catches it.
 
 mod common;
 use common::emu::*;

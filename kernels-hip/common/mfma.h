@@ -33,10 +33,11 @@
 // are matrix dimensions of the instruction, not the wave size.
 inline constexpr int kMfmaM = 32, kMfmaN = 32, kMfmaK = 8, kMfmaAcc = 16;
 
-__device__ __forceinline__ int mfma_row(int lane, int r) { return 8 * (r / 4) + 4 * (lane / 32) + r % 4; }
-__device__ __forceinline__ int mfma_col(int lane) { return lane % 32; }
+// Lanes l and l + kMfmaN hold the same column (the two halves of the wavefront split k and rows).
+__device__ __forceinline__ int mfma_row(int lane, int r) { return 8 * (r / 4) + 4 * (lane / kMfmaN) + r % 4; }
+__device__ __forceinline__ int mfma_col(int lane) { return lane % kMfmaN; }
 // The first of the 4 consecutive k indices lane `lane` supplies in its A and B operands.
-__device__ __forceinline__ int mfma_k(int lane) { return 4 * (lane / 32); }
+__device__ __forceinline__ int mfma_k(int lane) { return 4 * (lane / kMfmaN); }
 
 #ifdef TRIDENT_EMU
 struct mfma_acc {
