@@ -19,11 +19,7 @@ namespace casts_detail {
 struct alignas(16) F32x4 {
   float v[4];
 };
-struct alignas(16) Bf16x8 {
-  bf16 v[8];
-};
-
-__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+using Bf16x8 = bf16x8;
 
 }  // namespace casts_detail
 

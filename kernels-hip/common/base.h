@@ -47,6 +47,12 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
+
+// Eight bf16 moved as one 16-byte load or store (global_load_dwordx4, ds_write_b128).
+struct alignas(16) bf16x8 {
+  bf16 v[8];
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 template <class T>
 __device__ __forceinline__ T from_float(float f);
 template <>
