@@ -76,7 +76,7 @@ __device__ __forceinline__ void columns_product(mfma_acc (&acc)[D / kMfmaM], bf1
 }
 
 template <int D>
-struct DkvTiles {
+struct alignas(16) DkvTiles {
   bf16 k[kBlockRows][D + kPad];
   bf16 v[kBlockRows][D + kPad];
   bf16 q[kTileRows][D + kPad];
@@ -148,7 +148,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
 }
 
 template <int D>
-struct DqTiles {
+struct alignas(16) DqTiles {
   bf16 q[kBlockRows][D + kPad];
   bf16 dout[kBlockRows][D + kPad];
   bf16 k[kTileRows][D + kPad];

@@ -20,7 +20,10 @@
 // (common/mfma.h), rounded to bf16, and the rescaling of Oᵀ by exp(m_old - m_new) is per lane.
 // Tiles that lie wholly above a wave's diagonal are skipped (wave-uniform).
 //
-// LDS: Q 64 x (d + 8), K and V 32 x (d + 8) bf16 = 18432 B (d 64), 34816 B (d 128) of the 64 KiB.
+// Tiles are loaded with 16-byte loads; V is stored transposed (d x (32 + 8)) so that each lane's
+// Vᵀ operand is one 8-byte LDS read.
+//
+// LDS: Q 64 x (d + 8), K 32 x (d + 8), Vᵀ d x 40 bf16 = 18944 B (d 64), 36352 B (d 128) of the 64 KiB.
 // Registers: Oᵀ d/2 f32 per lane (32 or 64, AGPRs on gfx90a), Sᵀ 16, operands 4; hipcc's counts
 // are in the README (no scratch).
 //
@@ -35,10 +38,10 @@ namespace attention_fwd_detail {
 using namespace attention_common;
 
 template <int D>
-struct Tiles {
+struct alignas(16) Tiles {
   bf16 q[kBlockRows][D + kPad];
   bf16 k[kTileRows][D + kPad];
-  bf16 v[kTileRows][D + kPad];
+  bf16 vt[D][kTileRows + kPad];  // V transposed: the PV product reads it along keys
 };
 
 template <int D>
@@ -65,7 +68,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
   for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
     load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-    load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    load_rows_transposed<D, kTileRows>(tiles.vt, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
     __syncthreads();  // Q (first time), K and V of this tile are in LDS
     if (k0 <= wave_last) {
       // Sᵀ = K Qᵀ: register r holds the score of key k0 + mfma_row(lane, r) for `query`.
@@ -102,7 +105,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
         UNROLL for (int r = 0; r < kMfmaAcc; ++r) o[n].v[r] *= correction;
         UNROLL for (int kb = 0; kb < kMfmaM / kMfmaK; ++kb) {
           bf16 va[4], pb[4];
-          UNROLL for (int j = 0; j < 4; ++j) va[j] = tiles.v[kMfmaK * kb + mfma_k(lane) + j][kMfmaM * n + mfma_col(lane)];
+          UNROLL for (int j = 0; j < 4; ++j) va[j] = tiles.vt[kMfmaM * n + mfma_col(lane)][kMfmaK * kb + mfma_k(lane) + j];
           mfma_acc_operand(pb, s, kb);
           mfma_32x32x8_bf16(o[n], va, pb);
         }
