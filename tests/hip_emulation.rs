@@ -71,6 +71,29 @@ fn wave64_collectives() {
     println!("wave64 probe: shuffles, 64-bit ballot, votes and wave_sum exact on 2 wavefronts");
 }
 
+/// v_mfma_f32_32x32x8bf16_1k as the CDNA 2 ISA lays it out, written here independently of the
+/// emulation's model and of common/mfma.h: lane l supplies A[l % 32][4 (l / 32) + j] and
+/// B[4 (l / 32) + j][l % 32] (j = 0..3), and its register r holds D[8 (r / 4) + 4 (l / 32) + r % 4][l % 32].
+/// Small integers keep every product and sum exact.
+#[test]
+fn mfma_layout() {
+    let case = Case::new(KIND, "mfma_probe");
+    let a: Vec<f32> = (0..32 * 8).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let b: Vec<f32> = (0..8 * 32).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+    case.put_bf16("a", &a);
+    case.put_bf16("b", &b);
+    case.run_on(harness(Build::Correct), "mfma_probe", &[]);
+    let out = case.get_f32("out");
+    for lane in 0..64usize {
+        for r in 0..16usize {
+            let (row, col) = (8 * (r / 4) + 4 * (lane / 32) + r % 4, lane % 32);
+            let dot: f32 = (0..8).map(|k| a[row * 8 + k] * b[k * 32 + col]).sum();
+            assert_eq!(out[lane * 16 + r], (lane * 16 + r) as f32 + dot, "lane {lane} register {r}");
+        }
+    }
+    println!("mfma probe: 64 lanes x 16 accumulators exact");
+}
+
 // ---- GEMM (MFMA) ---------------------------------------------------------------------------------
 
 #[derive(Clone, Copy)]

@@ -80,6 +80,22 @@ __global__ void wave64_probe(int* out) {
   o[7] = int(wave_sum(float(lane)));
 }
 
+// A test of the MFMA model and common/mfma.h's lane mapping: one wavefront multiplies A [32 x 8]
+// by B [8 x 32] (row-major, bf16) onto accumulators that start at lane·16 + r, each lane taking
+// its operands by mfma_col / mfma_k; every lane writes its 16 registers.
+__global__ void mfma_probe(float* out, const bf16* A, const bf16* B) {
+  const int lane = threadIdx.x % kWaveSize;
+  bf16 a[4], b[4];
+  for (int j = 0; j < 4; ++j) {
+    a[j] = A[mfma_col(lane) * kMfmaK + mfma_k(lane) + j];
+    b[j] = B[(mfma_k(lane) + j) * kMfmaN + mfma_col(lane)];
+  }
+  mfma_acc acc;
+  for (int r = 0; r < kMfmaAcc; ++r) acc.v[r] = float(lane * kMfmaAcc + r);
+  mfma_32x32x8_bf16(acc, a, b);
+  for (int r = 0; r < kMfmaAcc; ++r) out[lane * kMfmaAcc + r] = acc.v[r];
+}
+
 int usage() {
   std::fprintf(stderr, "usage: harness <op> <dir> args...\n");
   return 2;
@@ -270,6 +286,11 @@ int main(int argc, char** argv) {
       return usage();
     }
     write_bf16("dqkv", dqkv);
+  } else if (op == "mfma_probe") {
+    auto A = read_bf16("a", 32 * 8), B = read_bf16("b", 8 * 32);
+    std::vector<float> out(64 * 16, -1.0f);
+    emu::launch(dim3(1), dim3(64), mfma_probe, out.data(), A.data(), B.data());
+    write_f32("out", out);
   } else if (op == "wave64_probe") {
     std::vector<int> out(128 * 8, -1);
     emu::launch(dim3(1), dim3(128), wave64_probe, out.data());
