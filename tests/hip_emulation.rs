@@ -527,16 +527,23 @@ fn embedding_forward_backward() {
 #[test]
 fn attention_forward_causal() {
     // Whole and ragged query blocks (64, 32 per wave) and key tiles (32), one token, several
-    // sequences and heads interleaved in the fused QKV rows, for both head dims.
-    for (batch, seq, heads, head_dim) in
-        [(1, 64, 1, 64), (2, 100, 3, 64), (1, 1, 2, 64), (1, 77, 2, 128), (2, 130, 1, 128), (1, 5, 1, 128)]
-    {
+    // sequences and heads interleaved in the fused QKV rows, for both head dims; qkv at an odd
+    // element offset (not 16-byte aligned: the scalar loads).
+    for (batch, seq, heads, head_dim, offset) in [
+        (1, 64, 1, 64, 0),
+        (2, 100, 3, 64, 0),
+        (1, 1, 2, 64, 0),
+        (1, 77, 2, 128, 0),
+        (2, 130, 1, 128, 0),
+        (1, 5, 1, 128, 0),
+        (2, 45, 2, 64, 1),
+    ] {
         let shape = AttentionShape { batch, seq, heads, head_dim };
-        let name = format!("attention_mfma_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let name = format!("attention_mfma_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
         let case = Case::new(KIND, &name);
         let qkv = bf16_values(SEED, shape.rows() * 3 * shape.width(), "qkv", 1.0);
         case.put_bf16("qkv", &qkv);
-        case.run_on(harness(Build::Correct), "attention_fwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        case.run_on(harness(Build::Correct), "attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
         let dev = ReferenceDevice;
         let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
         dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);

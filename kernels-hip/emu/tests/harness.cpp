@@ -246,16 +246,20 @@ int main(int argc, char** argv) {
     write_f32("dwte", dwte);
     write_f32("dwpe", dwpe);
   } else if (op == "attention_fwd") {
-    const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
+    // qkv starts `offset` elements into its buffer (an odd offset takes the scalar-load path).
+    const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3), offset = arg(4);
     const size_t rows = size_t(batch) * seq;
-    auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+    auto qkv_file = read_bf16("qkv", rows * 3 * heads * d);
+    std::vector<bf16> qkv_buffer(qkv_file.size() + offset);
+    std::copy(qkv_file.begin(), qkv_file.end(), qkv_buffer.begin() + offset);
+    const bf16* qkv_data = qkv_buffer.data() + offset;
     std::vector<bf16> out(rows * heads * d, to_bf16(-7.0f));
     std::vector<float> lse(rows * heads, -7.0f);
     const dim3 grid(ceil_div(seq, 64), batch * heads);
     if (d == 64) {
-      emu::launch(grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv_data, batch, seq, heads);
     } else if (d == 128) {
-      emu::launch(grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv.data(), batch, seq, heads);
+      emu::launch(grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv_data, batch, seq, heads);
     } else {
       return usage();
     }
