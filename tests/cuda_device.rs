@@ -62,7 +62,10 @@ fn emulated() -> Option<&'static Emulated> {
             let nvrtc = nvrtc_path()?;
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-device");
             std::fs::create_dir_all(&dir).unwrap();
-            let lib = dir.join(format!("libcuda-emu-{}.so", std::process::id()));
+            // Built under a private name, then renamed over the shared one (a process that still
+            // has the old file mapped keeps it).
+            let building = dir.join(format!("libcuda-emu.so.{}", std::process::id()));
+            let lib = dir.join("libcuda-emu.so");
             let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/emu_libcuda.cpp");
             let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
             let out = Command::new(&cxx)
@@ -79,7 +82,7 @@ fn emulated() -> Option<&'static Emulated> {
                 ])
                 .arg(&src)
                 .arg("-o")
-                .arg(&lib)
+                .arg(&building)
                 .output()
                 .unwrap_or_else(|e| panic!("cannot run {cxx} (install g++): {e}"));
             assert!(
@@ -87,6 +90,7 @@ fn emulated() -> Option<&'static Emulated> {
                 "building the emulating driver failed:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            std::fs::rename(&building, &lib).unwrap();
             let env = vec![
                 ("TRIDENT_LIBCUDA", lib),
                 ("TRIDENT_NVRTC", nvrtc),
@@ -409,28 +413,49 @@ const TINY_GPU: &[&str] = &[
     "--bf16",
 ];
 
+/// Trains 6 iterations on `ranks` ranks (under mpirun when more than one) and returns the losses.
+fn train_losses(
+    env: &[(&'static str, PathBuf)],
+    dir: &Path,
+    data: &str,
+    device: &str,
+    ranks: usize,
+    extra: &[&str],
+) -> Vec<f64> {
+    let log = dir.join(format!("{device}-{ranks}.jsonl"));
+    let log_s = log.to_str().unwrap().to_string();
+    let mut args = vec!["train", "--device", device, "--data-path", data, "--train-iters", "6"];
+    args.extend_from_slice(TINY_GPU);
+    args.extend_from_slice(&["--log-json", &log_s, "--cpu-threads", "1"]);
+    args.extend_from_slice(extra);
+    let t = std::time::Instant::now();
+    let o = if ranks == 1 {
+        run_with(env, &args)
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]).args(&args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("mpirun runs: install Open MPI")
+    };
+    assert!(o.status.success(), "--device {device} on {ranks} ranks: {}{}", stdout(&o), stderr(&o));
+    eprintln!("--device {device} on {ranks} rank(s) {extra:?}: {:.1} s", t.elapsed().as_secs_f64());
+    if device == "cuda" {
+        assert!(stdout(&o).contains("device cuda: Emulated A100"), "{}", stdout(&o));
+    }
+    let losses = loss_values(&log);
+    assert_eq!(losses.len(), 6, "{device} on {ranks} ranks");
+    losses
+}
+
 #[test]
-fn train_on_cuda_follows_the_cpu_bf16_losses() {
+fn train_on_cuda_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("cuda-train");
     let data = prepared_corpus(&dir);
-    let losses = |device: &str| {
-        let log = dir.join(format!("{device}.jsonl"));
-        let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "6"];
-        args.extend_from_slice(TINY_GPU);
-        let log_s = log.to_str().unwrap().to_string();
-        args.extend_from_slice(&["--log-json", &log_s, "--cpu-threads", "1"]);
-        let t = std::time::Instant::now();
-        let o = run_with(&emu.env, &args);
-        assert!(o.status.success(), "--device {device}: {}{}", stdout(&o), stderr(&o));
-        eprintln!("--device {device}: {:.1} s", t.elapsed().as_secs_f64());
-        if device == "cuda" {
-            assert!(stdout(&o).contains("device cuda: Emulated A100"), "{}", stdout(&o));
-        }
-        loss_values(&log)
-    };
-    let (cpu, gpu) = (losses("cpu"), losses("cuda"));
-    assert_eq!((cpu.len(), gpu.len()), (6, 6));
+    let cpu = train_losses(&emu.env, &dir, &data, "cpu", 1, &[]);
+    let gpu = train_losses(&emu.env, &dir, &data, "cuda", 1, &[]);
     for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         let rel = (c - g).abs() / c.abs();
         eprintln!("iteration {}: cpu {c:.6} cuda {g:.6} (relative difference {rel:.2e})", i + 1);
@@ -439,6 +464,18 @@ fn train_on_cuda_follows_the_cpu_bf16_losses() {
         assert!(rel < 5e-3, "iteration {}: cpu loss {c}, cuda loss {g}", i + 1);
     }
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the cuda loss never changed");
+    // Tensor x pipeline parallel on the CUDA Device, through the host-staged MPI path: the same
+    // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
+    let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
+    let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, &tp_pp);
+    for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
+        let rel = (one - four).abs() / one.abs();
+        eprintln!(
+            "iteration {}: cuda on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})",
+            i + 1
+        );
+        assert!(rel < 1e-3, "iteration {}: one rank {one}, TP 2 x PP 2 {four}", i + 1);
+    }
 }
 
 #[test]
