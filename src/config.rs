@@ -69,7 +69,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "KIND",
-        "cpu (the CUDA and HIP backends are not built yet; `trident info` lists the GPU libraries found)",
+        "cpu, or cuda (needs --bf16; head dim 64 or 128); the HIP backend is not built yet; `trident info` lists the GPU libraries found",
     ),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
@@ -534,13 +534,20 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     }
     if let Some(d) = args.str("--device") {
         if d == "cuda" {
-            return Err(crate::gpu::cuda_device_unavailable());
+            // The CUDA Device computes GEMMs and attention on bf16 operands: the run must say so.
+            crate::gpu::driver::Driver::load()
+                .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
+            if !args.has("--bf16") {
+                return Err(Error::Usage(
+                    "--device cuda needs --bf16 (the CUDA kernels multiply bf16 operands with f32 accumulation)".into(),
+                ));
+            }
         }
         if d == "hip" {
             return Err(crate::gpu::hip_device_unavailable());
         }
-        if d != "cpu" {
-            return Err(Error::Unsupported(format!("--device {d}: only the cpu backend is built so far")));
+        if d != "cpu" && d != "cuda" {
+            return Err(Error::Unsupported(format!("--device {d}: the cpu and cuda backends are built (not {d})")));
         }
     }
     if let Some(t) = args.str("--tokenizer-type") {

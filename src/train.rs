@@ -116,26 +116,26 @@ fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
 }
 
 /// One model chunk of this rank with its optimizer state and data-parallel buckets.
-struct Chunk {
-    model: Gpt<CpuDevice>,
-    opt: Optimizer,
+struct Chunk<D: Device> {
+    model: Gpt<D>,
+    opt: Optimizer<D>,
     buckets: GradBuckets,
 }
 
 /// AdamW with the full state on every data-parallel rank, or sharded over them (ZeRO-1).
-enum Optimizer {
-    Replicated(AdamW<CpuDevice>),
-    Distributed(DistributedAdamW<CpuDevice>),
+enum Optimizer<D: Device> {
+    Replicated(AdamW<D>),
+    Distributed(DistributedAdamW<D>),
 }
 
-impl Optimizer {
+impl<D: Device> Optimizer<D> {
     fn step_count(&self) -> u64 {
         match self {
             Optimizer::Replicated(o) => o.step,
             Optimizer::Distributed(o) => o.step,
         }
     }
-    fn state_bytes(&self, dev: &CpuDevice) -> usize {
+    fn state_bytes(&self, dev: &D) -> usize {
         match self {
             Optimizer::Replicated(o) => o.m.iter().chain(&o.v).map(|b| 4 * dev.len(b)).sum(),
             Optimizer::Distributed(o) => o.state_bytes(dev),
@@ -213,8 +213,8 @@ fn p2p_tag(micro: usize, chunk: usize, chunks: usize, backward: bool) -> u32 {
 }
 
 /// Everything one training or evaluation pass over the pipeline needs.
-struct Pipeline<'a> {
-    dev: &'a CpuDevice,
+struct Pipeline<'a, D: Device> {
+    dev: &'a D,
     groups: &'a Groups,
     tp: TensorParallel<'a>,
     schedule: Schedule,
@@ -224,7 +224,7 @@ struct Pipeline<'a> {
     zero: bool,
 }
 
-impl Pipeline<'_> {
+impl<D: Device> Pipeline<'_, D> {
     fn stages(&self) -> usize {
         self.groups.grid.pp
     }
@@ -303,7 +303,7 @@ impl Pipeline<'_> {
     #[allow(clippy::too_many_arguments)]
     fn train_step(
         &self,
-        chunks: &mut [Chunk],
+        chunks: &mut [Chunk<D>],
         ds: &GptDataset,
         cfg: &TrainConfig,
         consumed: u64,
@@ -351,7 +351,7 @@ impl Pipeline<'_> {
                     let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
                     let Chunk { model, buckets, .. } = &mut chunks[chunk];
                     let (dev, dp) = (self.dev, &*self.groups.replica);
-                    let mut ready = |set: &crate::tensor::ParamSet<CpuDevice>, params: std::ops::Range<usize>| {
+                    let mut ready = |set: &crate::tensor::ParamSet<D>, params: std::ops::Range<usize>| {
                         if last {
                             buckets.mark_final(dev, dp, set, params);
                         }
@@ -378,7 +378,7 @@ impl Pipeline<'_> {
     #[allow(clippy::too_many_arguments)]
     fn evaluate(
         &self,
-        chunks: &mut [Chunk],
+        chunks: &mut [Chunk<D>],
         ds: &GptDataset,
         cfg: &TrainConfig,
         first: u64,
@@ -463,11 +463,11 @@ pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn save_checkpoint(
+fn save_checkpoint<D: Device>(
     dir: &Path,
-    dev: &CpuDevice,
+    dev: &D,
     groups: &Groups,
-    chunks: &[Chunk],
+    chunks: &[Chunk<D>],
     cfg: &TrainConfig,
     progress: Progress,
     say: bool,
@@ -506,7 +506,7 @@ fn save_checkpoint(
     for (k, v) in meta.into_iter().chain(model_meta(&first.model.cfg)) {
         shard.meta.insert(k.to_string(), v);
     }
-    let download = |buf: &Vec<f32>, n: usize| {
+    let download = |buf: &D::Buf, n: usize| {
         let mut host = vec![0.0f32; n];
         dev.download(buf, &mut host);
         host
@@ -559,11 +559,11 @@ fn save_checkpoint(
 }
 
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
-fn load_checkpoint(
+fn load_checkpoint<D: Device>(
     dir: &Path,
-    dev: &CpuDevice,
+    dev: &D,
     grid: &Grid,
-    chunks: &mut [Chunk],
+    chunks: &mut [Chunk<D>],
     scaler_config: Option<LossScaler>,
     say: bool,
 ) -> Result<Progress> {
@@ -789,14 +789,59 @@ fn write_trace(path: &Path, groups: &Groups, tl: &Timeline) -> Result<()> {
     let text = format!("{{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n{}\n]}}\n", events.join(",\n"));
     std::fs::write(path, text).map_err(|e| Error::io(path, "write", e))
 }
-/// Runs `trident train` with a validated configuration on this rank of the job.
+/// The throughput a rank's device is measured against for MFU: the CPU's measured FMA peak, or
+/// a GPU's nominal dense bf16 tensor-core peak.
+pub struct DevicePeak {
+    pub gflops: f64,
+    pub what: String,
+}
+
+/// Runs `trident train` with a validated configuration on this rank of the job, on the device
+/// `--device` names: the CPU backend, or the CUDA Device on the rank's GPU.
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
+    match cfg.device.as_str() {
+        "cuda" => {
+            let driver = crate::gpu::driver::Driver::load()
+                .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
+            let count = driver.device_count()?;
+            run_on(cfg, rt, Some(count), |placement| {
+                // Placement chose the rank's GPU (local rank modulo the visible devices).
+                let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
+                crate::gpu::device::GpuDevice::check_head_dim(cfg.model.hidden_size / cfg.model.num_attention_heads)?;
+                let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
+                let (major, minor) = driver.device_info(ordinal)?.compute_capability;
+                // Dense bf16 tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
+                let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
+                let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
+                Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
+            })
+        }
+        _ => {
+            let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
+            run_on(cfg, rt, None, |_| {
+                let dev = CpuDevice::new(threads);
+                let peak = peak::measure_fma_peak(dev.pool(), 150);
+                Ok((dev, DevicePeak { gflops: peak.gflops, what: peak.isa.to_string() }))
+            })
+        }
+    }
+}
+
+/// The training run on one device type; `make_device` creates this rank's device once the ranks
+/// agree on their placement. Parallel layouts move tensors through the host-staged MPI path
+/// (`host_f32` / `download` / `upload`); NCCL on device memory would plug in at `Groups`.
+fn run_on<D: Device>(
+    cfg: &TrainConfig,
+    rt: &Runtime,
+    device_count: Option<usize>,
+    make_device: impl FnOnce(&Placement) -> Result<(D, DevicePeak)>,
+) -> Result<TrainSummary> {
     let started = Instant::now();
     let placement = Placement::decide(
         (rt.world_rank, rt.world_size),
         (rt.local_rank, rt.local_size),
         &cfg.device,
-        None,
+        device_count,
         &|name: &str| std::env::var(name).ok(),
     );
     let (cfg, grid, mp) = layout(cfg, rt)?;
@@ -812,13 +857,40 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
         }),
     };
-    let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
-    let dev = CpuDevice::new(threads);
-    dev.set_matmul_precision(cfg.precision);
-    let peak = peak::measure_fma_peak(dev.pool(), 150);
     let m = &cfg.model;
     let n_micro = num_micro_batches(cfg, &grid);
     let v = stage.plans.len();
+    // A placement error can be one rank's own (its environment): the ranks agree before any of
+    // them stops, each failing rank says why, and rank 0 sums up.
+    let mut failed = [f64::from(u8::from(placement.is_err()))];
+    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
+    let placement = match placement {
+        Err(e) => {
+            eprintln!("trident: error: rank {}: {e}", grid.rank);
+            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
+        }
+        Ok(_) if failed[0] > 0.0 => {
+            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
+        }
+        Ok(p) => p,
+    };
+    // Creating the device can fail on one rank (its GPU, its driver): as with the placement, the
+    // ranks agree before any of them stops.
+    let made = make_device(&placement);
+    let mut failed = [f64::from(u8::from(made.is_err()))];
+    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
+    let (dev, peak) = match made {
+        Err(e) if rt.world_size > 1 => {
+            eprintln!("trident: error: rank {}: {e}", grid.rank);
+            return Err(Error::Usage(format!("{} rank(s) could not create their device (see above)", failed[0])));
+        }
+        Err(e) => return Err(e),
+        Ok(_) if failed[0] > 0.0 => {
+            return Err(Error::Usage(format!("{} rank(s) could not create their device (see above)", failed[0])));
+        }
+        Ok(made) => made,
+    };
+    dev.set_matmul_precision(cfg.precision);
     if say {
         println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
         println!(
@@ -839,30 +911,16 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             rt.library,
             dev.describe(),
             peak.gflops,
-            peak.isa
+            peak.what
         );
     }
-    // A placement error can be one rank's own (its environment): the ranks agree before any of
-    // them stops, each failing rank says why, and rank 0 sums up.
-    let mut failed = [f64::from(u8::from(placement.is_err()))];
-    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
-    let placement = match placement {
-        Err(e) => {
-            eprintln!("trident: error: rank {}: {e}", grid.rank);
-            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
-        }
-        Ok(_) if failed[0] > 0.0 => {
-            return Err(Error::Usage(format!("{} rank(s) could not choose their GPU (see above)", failed[0])));
-        }
-        Ok(p) => p,
-    };
     println!(" {placement}");
     let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
     if let (Some(dir), true) = (&cfg.save, say) {
         stop::clear_marker(dir)?;
     }
     let data = build_datasets(cfg, m.vocab_size)?;
-    let mut chunks: Vec<Chunk> = stage
+    let mut chunks: Vec<Chunk<D>> = stage
         .plans
         .iter()
         .map(|plan| {
@@ -1244,7 +1302,7 @@ fn log_comm(
 /// `--log-memory`: per rank, bytes of weights, gradients, optimizer state and activations,
 /// predicted (from parameter counts, the data-parallel sharding and the schedule's in-flight
 /// bound) beside measured (the buffers held, and the process's peak resident memory).
-fn log_memory(dev: &CpuDevice, groups: &Groups, chunks: &[Chunk], cfg: &TrainConfig, bound: usize, say: bool) {
+fn log_memory<D: Device>(dev: &D, groups: &Groups, chunks: &[Chunk<D>], cfg: &TrainConfig, bound: usize, say: bool) {
     let params: usize = chunks.iter().map(|c| c.model.params.num_elements()).sum();
     let replicas = groups.replica.size();
     let zero = cfg.use_distributed_optimizer && replicas > 1;

@@ -2,7 +2,8 @@
 //! module cache (hits, corruption, syntax errors), NCCL's version, unique id, error strings and
 //! header values, the NCCL id exchange under mpirun, `trident info`, `--device cuda` and
 //! `check gpu` with no driver, and with a fake `libcuda.so.1` (built here from
-//! `tests/gpu/fake_libcuda.c`) that reports two A100s but cannot run kernels.
+//! `tests/gpu/fake_libcuda.c`) that reports two A100s but cannot run kernels (the emulating
+//! driver that does run them is tests/cuda_device.rs's).
 //!
 //! NVRTC and NCCL come from their pip wheels: `make test` installs them and passes their paths in
 //! `TRIDENT_NVRTC` / `TRIDENT_NCCL`. Without them these tests fail, unless
@@ -305,7 +306,7 @@ fn without_a_driver_info_says_so_and_cuda_commands_fail_in_one_line() {
     } else {
         assert!(out.contains("cuda driver: libcuda.so.1 not found (no NVIDIA driver on this machine)"), "{out}");
     }
-    assert!(out.contains("cuda backend: not built yet") && out.contains("cpu: 1 threads"), "{out}");
+    assert!(out.contains("cuda backend: `train --device cuda --bf16`") && out.contains("cpu: 1 threads"), "{out}");
     if let (Some(nvrtc), Some(nccl)) = (&nvrtc, &nccl) {
         env.push(("TRIDENT_NVRTC", nvrtc));
         env.push(("TRIDENT_NCCL", nccl));
@@ -370,12 +371,11 @@ fn a_driver_without_the_cuda_backend_is_reported_not_used() {
         out.contains("cuda device 1: Fake A100-SXM4-40GB, compute capability 8.0 (sm_80), 108 SMs, 40.0 GiB"),
         "{out}"
     );
+    // The CUDA Device needs --bf16; with it, creating the Device reaches cuModuleLoadData, which
+    // this fake refuses (tests/cuda_device.rs trains on the emulating one).
     let o =
         run_env(&["train", "--device", "cuda", "--preset", "tiny", "--data-path", "x"], &[("TRIDENT_LIBCUDA", &lib)]);
-    assert_clean_error(
-        &o,
-        &["--device cuda: the NVIDIA driver (CUDA 12.4, 2 devices) was found", "the CUDA backend is not built yet"],
-    );
+    assert_clean_error(&o, &["--device cuda needs --bf16"]);
 
     // cuInit failing: the driver's own name and message for the code.
     let mut c = Command::new(BIN);
@@ -405,6 +405,31 @@ fn a_driver_without_the_cuda_backend_is_reported_not_used() {
             std::fs::read_dir(cache.join("kernels")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(entries.len(), 1);
         assert!(entries[0].to_string_lossy().starts_with("trident_smoke_axpy-sm_80-"), "{entries:?}");
+
+        // Training creates the CUDA Device, whose first module load the fake refuses: one clean
+        // line naming the call (the kernels compile into the cache tests/cuda_device.rs shares).
+        let shared_cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-device/kernel-cache");
+        let env = [
+            ("TRIDENT_LIBCUDA", lib.as_path()),
+            ("TRIDENT_NVRTC", nvrtc.as_path()),
+            ("TRIDENT_CACHE_DIR", shared_cache.as_path()),
+        ];
+        let o = run_env(
+            &[
+                "train",
+                "--device",
+                "cuda",
+                "--bf16",
+                "--preset",
+                "tiny",
+                "--num-attention-heads",
+                "2",
+                "--data-path",
+                "x",
+            ],
+            &env,
+        );
+        assert_clean_error(&o, &["cuModuleLoadData failed with CUDA_ERROR_NOT_SUPPORTED (801)"]);
     }
     let _ = std::fs::remove_dir_all(dir);
 }

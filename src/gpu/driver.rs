@@ -1,7 +1,7 @@
 //! The CUDA driver API (`libcuda.so.1`), loaded at run time: the entry-point table, device
 //! queries for `trident info` and `--device cuda`, and the small owned wrappers (primary context,
-//! module, device buffer) that `make gpu-check` launches a kernel through. The CUDA Device will be
-//! built on the same table.
+//! module, device buffer) that `make gpu-check` launches a kernel through. The CUDA Device
+//! (`device.rs`) is built on the same table.
 
 use super::dl::{api_table, candidates, Library};
 use super::launch::DeviceLimits;
@@ -68,6 +68,7 @@ api_table! {
         fn cuMemFree_v2(pointer: CuDevicePtr) -> i32;
         fn cuMemcpyHtoD_v2(destination: CuDevicePtr, source: *const c_void, bytes: usize) -> i32;
         fn cuMemcpyDtoH_v2(destination: *mut c_void, source: CuDevicePtr, bytes: usize) -> i32;
+        fn cuMemsetD32_v2(destination: CuDevicePtr, value: u32, count: usize) -> i32;
         fn cuStreamCreate(stream: *mut CuStream, flags: u32) -> i32;
         fn cuStreamDestroy_v2(stream: CuStream) -> i32;
         fn cuStreamSynchronize(stream: CuStream) -> i32;

@@ -315,6 +315,30 @@ pub const KERNELS: &[KernelSpec] = &[
     spec("xent_max_bf16", "softmax_xent.cu", 256, 128),
     spec("xent_partials_bf16", "softmax_xent.cu", 256, 128),
     spec("xent_bwd_bf16", "softmax_xent.cu", 256, 0),
+    // tensor_ops.cu: the CUDA Device's f32 ops. Element-wise and per-column kernels run blocks
+    // of 256, per-row kernels a warp per row in blocks of 128.
+    spec("add_f32", "tensor_ops.cu", 256, 0),
+    spec("add_assign_f32", "tensor_ops.cu", 256, 0),
+    spec("add_bias_f32", "tensor_ops.cu", 256, 0),
+    spec("round_bf16_f32", "tensor_ops.cu", 256, 0),
+    spec("gelu_fwd_f32", "tensor_ops.cu", 256, 0),
+    spec("gelu_bwd_f32", "tensor_ops.cu", 256, 0),
+    spec("embedding_fwd_f32", "tensor_ops.cu", 256, 0),
+    spec("position_fwd_f32", "tensor_ops.cu", 256, 0),
+    spec("layernorm_apply_f32", "tensor_ops.cu", 256, 0),
+    spec("layernorm_bwd_apply_dx_f32", "tensor_ops.cu", 256, 0),
+    spec("xent_bwd_f32", "tensor_ops.cu", 256, 0),
+    spec("embedding_bwd_f32", "tensor_ops.cu", 256, 0),
+    spec("position_bwd_f32", "tensor_ops.cu", 256, 0),
+    spec("column_sum_add_f32", "tensor_ops.cu", 256, 0),
+    spec("layernorm_bwd_params_f32", "tensor_ops.cu", 256, 0),
+    spec("layernorm_fwd_f32", "tensor_ops.cu", 128, 0),
+    spec("layernorm_bwd_dx_f32", "tensor_ops.cu", 128, 0),
+    spec("layernorm_sums_f32", "tensor_ops.cu", 128, 0),
+    spec("layernorm_bwd_sums_f32", "tensor_ops.cu", 128, 0),
+    spec("xent_max_f32", "tensor_ops.cu", 128, 0),
+    spec("xent_partials_f32", "tensor_ops.cu", 128, 0),
+    spec("sum_squares_f32", "tensor_ops.cu", 256, 64),
 ];
 
 /// The spec of a kernel function.

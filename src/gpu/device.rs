@@ -1,0 +1,1128 @@
+//! The CUDA Device: the `Device` trait on one NVIDIA GPU. Buffers are device allocations of f32
+//! (freed on drop; each holds an `Arc` of the runtime, so the context outlives every buffer).
+//! Linear layers cast both operands to bf16 into device scratch (`casts.cu`) and run the
+//! mma.sync GEMMs (`gemm_bf16.cu` with the bias fused, `gemm_bf16_bwd.cu`); attention casts the
+//! fused QKV to bf16 and runs `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128); every
+//! other op runs an f32 kernel of `tensor_ops.cu`, and AdamW `adamw.cu` on the f32 masters.
+//! So the Device computes like the CPU backend's `--bf16`: GEMM and attention operands in bf16,
+//! f32 accumulation and storage.
+//!
+//! The GPU calls go through `GpuRuntime` (allocate, free, copy, memset, load a module, find a
+//! function, launch, synchronize): `CudaRuntime` implements it on the driver table of
+//! `driver.rs`; a HIP runtime (hipMalloc, hipModuleLaunchKernel, the same kernel names) can
+//! implement it next and reuse `GpuDevice` unchanged. Everything runs on the legacy default
+//! stream, in order; `download`, `sum_squares` and the cross-entropy / split-LayerNorm row sums
+//! copy to the host synchronously. A failed GPU call inside an op (the trait's ops return no
+//! `Result`) ends the process with one `trident: error:` line naming the call.
+
+use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver};
+use super::kernels::{arch_for, KernelModules};
+use crate::device::{AdamWStep, AttentionShape, Device};
+use crate::error::{Error, Result};
+use crate::real::Precision;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What the Device needs of a GPU runtime. Pointers are device addresses; handles are opaque.
+pub trait GpuRuntime: Send + Sync {
+    fn alloc(&self, bytes: usize) -> Result<u64>;
+    fn free(&self, pointer: u64);
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
+    fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()>;
+    /// Sets `count` 32-bit words at `dst` to `value`.
+    fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()>;
+    /// Loads a compiled module (CUBIN) and returns its handle; it stays loaded for the runtime's life.
+    fn load_module(&self, image: &[u8]) -> Result<usize>;
+    fn function(&self, module: usize, name: &str) -> Result<usize>;
+    /// Launches `function` with `params[i]` pointing to argument i, no dynamic shared memory.
+    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()>;
+    fn synchronize(&self) -> Result<()>;
+    /// A one-line description: the GPU, its architecture and the driver.
+    fn describe(&self) -> String;
+}
+
+/// The CUDA driver as a `GpuRuntime`: the primary context of one device, made current on every
+/// thread that calls in, and the modules it loaded (unloaded on drop).
+pub struct CudaRuntime {
+    driver: Driver,
+    info: DeviceInfo,
+    context: CuContext,
+    modules: std::sync::Mutex<Vec<CuModule>>,
+}
+
+// SAFETY: the context and module handles are process-wide driver objects; the driver API is
+// thread-safe, and each thread makes the context current before using it (`current`).
+unsafe impl Send for CudaRuntime {}
+// SAFETY: as above; the module list is behind a mutex.
+unsafe impl Sync for CudaRuntime {}
+
+thread_local! {
+    static CONTEXT_SET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl CudaRuntime {
+    /// Retains the primary context of device `ordinal` (compute capability 8.0 or newer).
+    pub fn new(driver: Driver, ordinal: usize) -> Result<CudaRuntime> {
+        let info = driver.device_info(ordinal)?;
+        arch_for(info.compute_capability)?;
+        let device = driver.device(ordinal)?;
+        let mut context: CuContext = std::ptr::null_mut();
+        // SAFETY: writes one context handle for a device the driver just returned.
+        driver
+            .check("cuDevicePrimaryCtxRetain", unsafe { driver.api.cuDevicePrimaryCtxRetain(&mut context, device) }?)?;
+        let rt = CudaRuntime { driver, info, context, modules: std::sync::Mutex::new(Vec::new()) };
+        rt.current()?;
+        Ok(rt)
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Makes the context current on this thread (once per thread and context).
+    fn current(&self) -> Result<()> {
+        let key = self.context as usize;
+        if CONTEXT_SET.with(|c| c.get()) == key {
+            return Ok(());
+        }
+        // SAFETY: the context was retained in `new` and is released only on drop.
+        self.driver.check("cuCtxSetCurrent", unsafe { self.driver.api.cuCtxSetCurrent(self.context) }?)?;
+        CONTEXT_SET.with(|c| c.set(key));
+        Ok(())
+    }
+}
+
+impl Drop for CudaRuntime {
+    fn drop(&mut self) {
+        let _ = self.current();
+        for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
+            // SAFETY: each handle came from cuModuleLoadData and is unloaded once.
+            let _ = unsafe { self.driver.api.cuModuleUnload(m) };
+        }
+        if let Ok(device) = self.driver.device(self.info.ordinal) {
+            // SAFETY: balances the retain in `new`.
+            let _ = unsafe { self.driver.api.cuDevicePrimaryCtxRelease_v2(device) };
+        }
+        CONTEXT_SET.with(|c| c.set(0));
+    }
+}
+
+impl GpuRuntime for CudaRuntime {
+    fn alloc(&self, bytes: usize) -> Result<u64> {
+        self.current()?;
+        let mut p = 0;
+        // SAFETY: writes one device pointer; a context is current.
+        self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
+        Ok(p)
+    }
+    fn free(&self, pointer: u64) {
+        if self.current().is_ok() {
+            // SAFETY: the pointer came from cuMemAlloc_v2 and is freed once (by its owner's drop).
+            let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
+        }
+    }
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.current()?;
+        // SAFETY: the caller's allocation at dst holds src.len() bytes; synchronous copy.
+        self.driver
+            .check("cuMemcpyHtoD_v2", unsafe { self.driver.api.cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }?)
+    }
+    fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.current()?;
+        // SAFETY: the allocation at src holds dst.len() bytes; synchronous after prior work.
+        self.driver.check("cuMemcpyDtoH_v2", unsafe {
+            self.driver.api.cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+        }?)
+    }
+    fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: the allocation at dst holds count words.
+        self.driver.check("cuMemsetD32_v2", unsafe { self.driver.api.cuMemsetD32_v2(dst, value, count) }?)
+    }
+    fn load_module(&self, image: &[u8]) -> Result<usize> {
+        self.current()?;
+        let mut m: CuModule = std::ptr::null_mut();
+        // SAFETY: the image outlives the call (the driver copies it).
+        self.driver
+            .check("cuModuleLoadData", unsafe { self.driver.api.cuModuleLoadData(&mut m, image.as_ptr().cast()) }?)?;
+        self.modules.lock().expect("module list").push(m);
+        Ok(m as usize)
+    }
+    fn function(&self, module: usize, name: &str) -> Result<usize> {
+        self.current()?;
+        let c = CString::new(name).map_err(|_| Error::Config(format!("kernel name {name:?}")))?;
+        let mut f: CuFunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; writes one handle.
+        self.driver.check("cuModuleGetFunction", unsafe {
+            self.driver.api.cuModuleGetFunction(&mut f, module as CuModule, c.as_ptr())
+        }?)?;
+        Ok(f as usize)
+    }
+    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()> {
+        self.current()?;
+        // SAFETY: params point to live arguments of the kernel's types (see `Arg`); the null
+        // stream is the legacy default stream, ordered with the synchronous copies.
+        self.driver.check("cuLaunchKernel", unsafe {
+            self.driver.api.cuLaunchKernel(
+                function as CuFunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }?)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.current()?;
+        // SAFETY: a context is current.
+        self.driver.check("cuCtxSynchronize", unsafe { self.driver.api.cuCtxSynchronize() }?)
+    }
+    fn describe(&self) -> String {
+        let driver = match self.driver.version() {
+            Ok((major, minor)) => format!("CUDA {major}.{minor} driver"),
+            Err(_) => "CUDA driver".into(),
+        };
+        format!(
+            "cuda: {} (device {}, {}, {} SMs), {driver} {}",
+            self.info.name,
+            self.info.ordinal,
+            self.info.arch(),
+            self.info.multiprocessors,
+            self.driver.path()
+        )
+    }
+}
+
+/// Every kernel the Device launches: a typed index into its function table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum K {
+    AddF32,
+    AddAssignF32,
+    AddBiasF32,
+    RoundBf16F32,
+    GeluFwdF32,
+    GeluBwdF32,
+    EmbeddingFwdF32,
+    EmbeddingBwdF32,
+    PositionFwdF32,
+    PositionBwdF32,
+    ColumnSumAddF32,
+    LayernormFwdF32,
+    LayernormBwdDxF32,
+    LayernormBwdParamsF32,
+    LayernormSumsF32,
+    LayernormApplyF32,
+    LayernormBwdSumsF32,
+    LayernormBwdApplyDxF32,
+    XentMaxF32,
+    XentPartialsF32,
+    XentBwdF32,
+    SumSquaresF32,
+    AdamW,
+    CastF32ToBf16,
+    CastBf16ToF32,
+    GemmFwdF32Out,
+    GemmBwdInput,
+    GemmBwdWeight,
+    AttentionFwdD64,
+    AttentionFwdD128,
+    AttentionBwdDelta,
+    AttentionBwdDkvD64,
+    AttentionBwdDkvD128,
+    AttentionBwdDqD64,
+    AttentionBwdDqD128,
+}
+
+/// (kernel, file, function name), in `K`'s order.
+const FUNCTIONS: &[(K, &str, &str)] = &[
+    (K::AddF32, "tensor_ops.cu", "add_f32"),
+    (K::AddAssignF32, "tensor_ops.cu", "add_assign_f32"),
+    (K::AddBiasF32, "tensor_ops.cu", "add_bias_f32"),
+    (K::RoundBf16F32, "tensor_ops.cu", "round_bf16_f32"),
+    (K::GeluFwdF32, "tensor_ops.cu", "gelu_fwd_f32"),
+    (K::GeluBwdF32, "tensor_ops.cu", "gelu_bwd_f32"),
+    (K::EmbeddingFwdF32, "tensor_ops.cu", "embedding_fwd_f32"),
+    (K::EmbeddingBwdF32, "tensor_ops.cu", "embedding_bwd_f32"),
+    (K::PositionFwdF32, "tensor_ops.cu", "position_fwd_f32"),
+    (K::PositionBwdF32, "tensor_ops.cu", "position_bwd_f32"),
+    (K::ColumnSumAddF32, "tensor_ops.cu", "column_sum_add_f32"),
+    (K::LayernormFwdF32, "tensor_ops.cu", "layernorm_fwd_f32"),
+    (K::LayernormBwdDxF32, "tensor_ops.cu", "layernorm_bwd_dx_f32"),
+    (K::LayernormBwdParamsF32, "tensor_ops.cu", "layernorm_bwd_params_f32"),
+    (K::LayernormSumsF32, "tensor_ops.cu", "layernorm_sums_f32"),
+    (K::LayernormApplyF32, "tensor_ops.cu", "layernorm_apply_f32"),
+    (K::LayernormBwdSumsF32, "tensor_ops.cu", "layernorm_bwd_sums_f32"),
+    (K::LayernormBwdApplyDxF32, "tensor_ops.cu", "layernorm_bwd_apply_dx_f32"),
+    (K::XentMaxF32, "tensor_ops.cu", "xent_max_f32"),
+    (K::XentPartialsF32, "tensor_ops.cu", "xent_partials_f32"),
+    (K::XentBwdF32, "tensor_ops.cu", "xent_bwd_f32"),
+    (K::SumSquaresF32, "tensor_ops.cu", "sum_squares_f32"),
+    (K::AdamW, "adamw.cu", "adamw_f32_bf16"),
+    (K::CastF32ToBf16, "casts.cu", "cast_f32_to_bf16"),
+    (K::CastBf16ToF32, "casts.cu", "cast_bf16_to_f32"),
+    (K::GemmFwdF32Out, "gemm_bf16.cu", "gemm_fwd_bf16_f32out"),
+    (K::GemmBwdInput, "gemm_bf16_bwd.cu", "gemm_bwd_input_bf16"),
+    (K::GemmBwdWeight, "gemm_bf16_bwd.cu", "gemm_bwd_weight_bf16"),
+    (K::AttentionFwdD64, "attention_fwd.cu", "attention_fwd_bf16_d64"),
+    (K::AttentionFwdD128, "attention_fwd.cu", "attention_fwd_bf16_d128"),
+    (K::AttentionBwdDelta, "attention_bwd.cu", "attention_bwd_delta_bf16"),
+    (K::AttentionBwdDkvD64, "attention_bwd.cu", "attention_bwd_dkv_bf16_d64"),
+    (K::AttentionBwdDkvD128, "attention_bwd.cu", "attention_bwd_dkv_bf16_d128"),
+    (K::AttentionBwdDqD64, "attention_bwd.cu", "attention_bwd_dq_bf16_d64"),
+    (K::AttentionBwdDqD128, "attention_bwd.cu", "attention_bwd_dq_bf16_d128"),
+];
+
+/// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
+const SUM_SQUARES_CHUNK: usize = 8192;
+/// Grid-stride kernels launch at most this many blocks of 256 per SM.
+const BLOCKS_PER_SM: usize = 8;
+
+/// A device allocation of `bytes`, freed on drop.
+pub struct DeviceMem {
+    rt: Arc<dyn GpuRuntime>,
+    pointer: u64,
+}
+
+impl DeviceMem {
+    fn alloc(rt: &Arc<dyn GpuRuntime>, bytes: usize) -> Result<DeviceMem> {
+        // A zero-byte request is legal for the Device but not for cuMemAlloc: it holds no memory.
+        let pointer = if bytes == 0 { 0 } else { rt.alloc(bytes)? };
+        Ok(DeviceMem { rt: rt.clone(), pointer })
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        if self.pointer != 0 {
+            self.rt.free(self.pointer);
+        }
+    }
+}
+
+/// The CUDA Device's buffer: `len` f32 in device memory.
+pub struct GpuBuf {
+    mem: DeviceMem,
+    len: usize,
+}
+
+impl GpuBuf {
+    fn ptr(&self) -> u64 {
+        self.mem.pointer
+    }
+}
+
+/// One kernel argument, passed by address as `cuLaunchKernel` wants.
+#[derive(Clone, Copy)]
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+/// The Device over any `GpuRuntime`.
+pub struct GpuDevice {
+    rt: Arc<dyn GpuRuntime>,
+    functions: Vec<usize>,
+    multiprocessors: usize,
+    limits: super::launch::DeviceLimits,
+    bf16_matmul: AtomicBool,
+}
+
+/// The CUDA Device.
+pub type CudaDevice = GpuDevice;
+
+/// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
+fn fatal(e: Error) -> ! {
+    eprintln!("trident: error: cuda device: {e}");
+    std::process::exit(1)
+}
+
+fn ok<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| fatal(e))
+}
+
+fn int(what: &str, v: usize) -> i32 {
+    i32::try_from(v).unwrap_or_else(|_| {
+        fatal(Error::Config(format!("{what} = {v} does not fit the kernels' int arguments (at most {})", i32::MAX)))
+    })
+}
+
+impl GpuDevice {
+    /// The CUDA Device on GPU `ordinal` of the driver, its kernels compiled by NVRTC through the
+    /// disk cache (or taken from this build's precompiled images).
+    pub fn cuda(ordinal: usize) -> Result<GpuDevice> {
+        let driver = Driver::load()?;
+        let rt = CudaRuntime::new(driver, ordinal)?;
+        let info = rt.info().clone();
+        let arch = arch_for(info.compute_capability)?;
+        let root = super::cache::default_root(&|k| std::env::var(k).ok())?;
+        let modules = KernelModules::new(super::cache::ModuleCache::new(&root));
+        let rt: Arc<dyn GpuRuntime> = Arc::new(rt);
+        GpuDevice::new(rt, &modules, &arch, info.multiprocessors.max(1) as usize, info.limits)
+    }
+
+    /// Loads every file the Device uses and finds its functions.
+    pub fn new(
+        rt: Arc<dyn GpuRuntime>,
+        modules: &KernelModules,
+        arch: &str,
+        multiprocessors: usize,
+        limits: super::launch::DeviceLimits,
+    ) -> Result<GpuDevice> {
+        let mut loaded: Vec<(&str, usize)> = Vec::new();
+        let mut functions = Vec::with_capacity(FUNCTIONS.len());
+        for (i, (k, file, name)) in FUNCTIONS.iter().enumerate() {
+            debug_assert_eq!(*k as usize, i, "FUNCTIONS follows K's order");
+            let module = match loaded.iter().find(|(f, _)| f == file) {
+                Some((_, m)) => *m,
+                None => {
+                    let image = modules.image(file, arch)?;
+                    let m = rt.load_module(&image.bytes)?;
+                    loaded.push((file, m));
+                    m
+                }
+            };
+            functions.push(rt.function(module, name)?);
+        }
+        Ok(GpuDevice { rt, functions, multiprocessors, limits, bf16_matmul: AtomicBool::new(false) })
+    }
+
+    /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).
+    pub fn check_head_dim(head_dim: usize) -> Result<()> {
+        if head_dim == 64 || head_dim == 128 {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "--device cuda: the attention kernels are built for head dims 64 and 128, and this model's head dim \
+             (hidden size / attention heads) is {head_dim}"
+        )))
+    }
+
+    fn launch(&self, k: K, grid: [usize; 3], block: u32, args: &[Arg]) {
+        let name = FUNCTIONS[k as usize].2;
+        let config = ok(super::launch::tiled(name, grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+        ok(self.rt.launch(self.functions[k as usize], config.grid, config.block, &mut params));
+    }
+
+    /// A grid-stride launch over `n` elements in blocks of 256 (nothing when n is 0).
+    fn elementwise(&self, k: K, n: usize, args: &[Arg]) {
+        if n == 0 {
+            return;
+        }
+        let blocks = n.div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
+        self.launch(k, [blocks, 1, 1], 256, args);
+    }
+
+    /// One warp per row, four rows per block of 128.
+    fn rowwise(&self, k: K, rows: usize, args: &[Arg]) {
+        if rows > 0 {
+            self.launch(k, [rows.div_ceil(4), 1, 1], 128, args);
+        }
+    }
+
+    /// One thread per column, blocks of 256.
+    fn columnwise(&self, k: K, cols: usize, args: &[Arg]) {
+        if cols > 0 {
+            self.launch(k, [cols.div_ceil(256), 1, 1], 256, args);
+        }
+    }
+
+    fn scratch(&self, bytes: usize) -> DeviceMem {
+        ok(DeviceMem::alloc(&self.rt, bytes))
+    }
+
+    fn upload_bytes(&self, bytes: &[u8]) -> DeviceMem {
+        let m = self.scratch(bytes.len());
+        if !bytes.is_empty() {
+            ok(self.rt.copy_to_device(m.pointer, bytes));
+        }
+        m
+    }
+
+    fn upload_u32(&self, v: &[u32]) -> DeviceMem {
+        self.upload_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn upload_f64(&self, v: &[f64]) -> DeviceMem {
+        self.upload_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn download_f64(&self, m: &DeviceMem, out: &mut [f64]) {
+        let mut bytes = vec![0u8; out.len() * 8];
+        if !bytes.is_empty() {
+            ok(self.rt.copy_to_host(&mut bytes, m.pointer));
+        }
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+            *o = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+        }
+    }
+
+    /// A bf16 copy of the first `n` elements of `src` (round to nearest even), in scratch.
+    fn to_bf16(&self, src: &GpuBuf, n: usize) -> DeviceMem {
+        assert!(n <= src.len, "bf16 cast of {n} elements from a buffer of {}", src.len);
+        let out = self.scratch(2 * n);
+        self.cast(K::CastF32ToBf16, out.pointer, src.ptr(), n);
+        out
+    }
+
+    fn cast(&self, k: K, dst: u64, src: u64, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let blocks = n.div_ceil(8).div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
+        self.launch(k, [blocks, 1, 1], 256, &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
+    }
+
+    fn attention_kernels(head_dim: usize) -> (K, K, K) {
+        match head_dim {
+            64 => (K::AttentionFwdD64, K::AttentionBwdDkvD64, K::AttentionBwdDqD64),
+            128 => (K::AttentionFwdD128, K::AttentionBwdDkvD128, K::AttentionBwdDqD128),
+            d => fatal(Error::Unsupported(format!(
+                "attention on CUDA: head dim {d} (the kernels are built for 64 and 128)"
+            ))),
+        }
+    }
+}
+
+use Arg::{Ptr, F32, I32};
+
+impl Device for GpuDevice {
+    type Buf = GpuBuf;
+
+    fn describe(&self) -> String {
+        format!("{}, bf16 GEMMs and attention (mma.sync)", self.rt.describe())
+    }
+    fn alloc(&self, len: usize) -> GpuBuf {
+        let mem = self.scratch(4 * len);
+        if len > 0 {
+            ok(self.rt.memset_u32(mem.pointer, 0, len));
+        }
+        GpuBuf { mem, len }
+    }
+    fn len(&self, buf: &GpuBuf) -> usize {
+        buf.len
+    }
+    fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
+        assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
+        if !src.is_empty() {
+            // SAFETY: f32 has no padding; the byte view covers exactly the slice.
+            let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 4 * src.len()) };
+            ok(self.rt.copy_to_device(dst.ptr(), bytes));
+        }
+    }
+    fn download(&self, src: &GpuBuf, dst: &mut [f32]) {
+        assert_eq!(src.len, dst.len(), "download: buffer and host lengths differ");
+        if !dst.is_empty() {
+            // SAFETY: every bit pattern is a valid f32; the byte view covers exactly the slice.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), 4 * dst.len()) };
+            ok(self.rt.copy_to_host(bytes, src.ptr()));
+        }
+    }
+    fn fill(&self, dst: &mut GpuBuf, value: f32) {
+        if dst.len > 0 {
+            ok(self.rt.memset_u32(dst.ptr(), value.to_bits(), dst.len));
+        }
+    }
+
+    fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
+        assert_eq!(acc.len, x.len);
+        self.elementwise(K::AddAssignF32, x.len, &[Ptr(acc.ptr()), Ptr(x.ptr()), I32(int("n", x.len))]);
+    }
+    fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
+        assert!(a.len == out.len && b.len == out.len);
+        self.elementwise(K::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
+    }
+    fn sum_squares(&self, buf: &GpuBuf) -> f64 {
+        let blocks = buf.len.div_ceil(SUM_SQUARES_CHUNK);
+        if blocks == 0 {
+            return 0.0;
+        }
+        let partials = self.scratch(8 * blocks);
+        self.launch(
+            K::SumSquaresF32,
+            [blocks, 1, 1],
+            256,
+            &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))],
+        );
+        let mut host = vec![0f64; blocks];
+        self.download_f64(&partials, &mut host);
+        host.iter().sum()
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &mut GpuBuf,
+        tokens: &[u32],
+        wte: &GpuBuf,
+        vocab_start: usize,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        let t = self.upload_u32(&tokens[..batch * seq]);
+        let rows = wte.len / hidden;
+        self.elementwise(
+            K::EmbeddingFwdF32,
+            int("batch·seq·hidden", batch * seq * hidden) as usize,
+            &[
+                Ptr(out.ptr()),
+                Ptr(t.pointer),
+                Ptr(wte.ptr()),
+                I32(int("vocab_start", vocab_start)),
+                I32(int("vocab rows", rows)),
+                I32(int("batch", batch)),
+                I32(int("seq", seq)),
+                I32(int("hidden", hidden)),
+            ],
+        );
+    }
+    fn embedding_backward(
+        &self,
+        dwte: &mut GpuBuf,
+        dout: &GpuBuf,
+        tokens: &[u32],
+        vocab_start: usize,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) {
+        let t = self.upload_u32(&tokens[..batch * seq]);
+        let rows = dwte.len / hidden;
+        self.columnwise(
+            K::EmbeddingBwdF32,
+            hidden,
+            &[
+                Ptr(dwte.ptr()),
+                Ptr(dout.ptr()),
+                Ptr(t.pointer),
+                I32(int("vocab_start", vocab_start)),
+                I32(int("vocab rows", rows)),
+                I32(int("batch", batch)),
+                I32(int("seq", seq)),
+                I32(int("hidden", hidden)),
+            ],
+        );
+    }
+    fn position_forward(
+        &self,
+        out: &mut GpuBuf,
+        wpe: &GpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        self.elementwise(
+            K::PositionFwdF32,
+            int("positions·batch·hidden", positions * batch * hidden) as usize,
+            &[
+                Ptr(out.ptr()),
+                Ptr(wpe.ptr()),
+                I32(int("batch", batch)),
+                I32(int("t0", t0)),
+                I32(int("positions", positions)),
+                I32(int("hidden", hidden)),
+            ],
+        );
+    }
+    fn position_backward(
+        &self,
+        dwpe: &mut GpuBuf,
+        dout: &GpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        if hidden == 0 || positions == 0 {
+            return;
+        }
+        self.launch(
+            K::PositionBwdF32,
+            [hidden.div_ceil(256), positions, 1],
+            256,
+            &[
+                Ptr(dwpe.ptr()),
+                Ptr(dout.ptr()),
+                I32(int("batch", batch)),
+                I32(int("t0", t0)),
+                I32(int("positions", positions)),
+                I32(int("hidden", hidden)),
+            ],
+        );
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut GpuBuf,
+        mean: &mut GpuBuf,
+        rstd: &mut GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        bias: &GpuBuf,
+        rows: usize,
+        cols: usize,
+    ) {
+        int("rows·cols", rows * cols);
+        self.rowwise(
+            K::LayernormFwdF32,
+            rows,
+            &[
+                Ptr(out.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(weight.ptr()),
+                Ptr(bias.ptr()),
+                I32(int("rows", rows)),
+                I32(int("cols", cols)),
+            ],
+        );
+    }
+    fn layernorm_backward(
+        &self,
+        dinp: &mut GpuBuf,
+        dweight: &mut GpuBuf,
+        dbias: &mut GpuBuf,
+        dout: &GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        mean: &GpuBuf,
+        rstd: &GpuBuf,
+        rows: usize,
+        cols: usize,
+    ) {
+        let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
+        int("rows·cols", rows * cols);
+        self.rowwise(
+            K::LayernormBwdDxF32,
+            rows,
+            &[
+                Ptr(dinp.ptr()),
+                Ptr(dout.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(weight.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                r,
+                c,
+            ],
+        );
+        self.columnwise(
+            K::LayernormBwdParamsF32,
+            cols,
+            &[
+                Ptr(dweight.ptr()),
+                Ptr(dbias.ptr()),
+                Ptr(dout.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                r,
+                c,
+            ],
+        );
+    }
+
+    fn layernorm_sums(&self, inp: &GpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+        let m = mean.map(|m| self.upload_f64(&m[..rows]));
+        let sums = self.scratch(8 * rows);
+        self.rowwise(
+            K::LayernormSumsF32,
+            rows,
+            &[
+                Ptr(sums.pointer),
+                Ptr(inp.ptr()),
+                Ptr(m.as_ref().map_or(0, |m| m.pointer)),
+                I32(int("rows", rows)),
+                I32(int("cols", cols)),
+            ],
+        );
+        self.download_f64(&sums, &mut out[..rows]);
+    }
+    fn layernorm_apply(
+        &self,
+        out: &mut GpuBuf,
+        mean_out: &mut GpuBuf,
+        rstd_out: &mut GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        bias: &GpuBuf,
+        mean: &[f64],
+        rstd: &[f64],
+        rows: usize,
+        cols: usize,
+    ) {
+        let (m, r) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
+        self.elementwise(
+            K::LayernormApplyF32,
+            int("rows·cols", rows * cols) as usize,
+            &[
+                Ptr(out.ptr()),
+                Ptr(mean_out.ptr()),
+                Ptr(rstd_out.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(weight.ptr()),
+                Ptr(bias.ptr()),
+                Ptr(m.pointer),
+                Ptr(r.pointer),
+                I32(int("rows", rows)),
+                I32(int("cols", cols)),
+            ],
+        );
+    }
+    fn layernorm_backward_sums(
+        &self,
+        dout: &GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        mean: &GpuBuf,
+        rstd: &GpuBuf,
+        rows: usize,
+        cols: usize,
+        out: &mut [f64],
+    ) {
+        let sums = self.scratch(16 * rows);
+        self.rowwise(
+            K::LayernormBwdSumsF32,
+            rows,
+            &[
+                Ptr(sums.pointer),
+                Ptr(dout.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(weight.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                I32(int("rows", rows)),
+                I32(int("cols", cols)),
+            ],
+        );
+        self.download_f64(&sums, &mut out[..2 * rows]);
+    }
+    fn layernorm_backward_apply(
+        &self,
+        dinp: &mut GpuBuf,
+        dweight: &mut GpuBuf,
+        dbias: &mut GpuBuf,
+        dout: &GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        mean: &GpuBuf,
+        rstd: &GpuBuf,
+        sums: &[f64],
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let s = self.upload_f64(&sums[..2 * rows]);
+        let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
+        self.elementwise(
+            K::LayernormBwdApplyDxF32,
+            int("rows·cols", rows * cols) as usize,
+            &[
+                Ptr(dinp.ptr()),
+                Ptr(dout.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(weight.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                Ptr(s.pointer),
+                I32(int("n", n)),
+                r,
+                c,
+            ],
+        );
+        self.columnwise(
+            K::LayernormBwdParamsF32,
+            cols,
+            &[
+                Ptr(dweight.ptr()),
+                Ptr(dbias.ptr()),
+                Ptr(dout.ptr()),
+                Ptr(inp.ptr()),
+                Ptr(mean.ptr()),
+                Ptr(rstd.ptr()),
+                r,
+                c,
+            ],
+        );
+    }
+
+    fn linear_forward(
+        &self,
+        out: &mut GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        bias: Option<&GpuBuf>,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        if rows == 0 || n == 0 {
+            return;
+        }
+        assert!(out.len >= rows * n && weight.len >= n * k);
+        let (a, w) = (self.to_bf16(inp, rows * k), self.to_bf16(weight, n * k));
+        self.launch(
+            K::GemmFwdF32Out,
+            [n.div_ceil(64), rows.div_ceil(64), 1],
+            128,
+            &[
+                Ptr(out.ptr()),
+                Ptr(a.pointer),
+                Ptr(w.pointer),
+                Ptr(bias.map_or(0, |b| b.ptr())),
+                Ptr(0),
+                I32(int("rows", rows)),
+                I32(int("n", n)),
+                I32(int("k", k)),
+                I32(0),
+            ],
+        );
+    }
+    fn linear_backward(
+        &self,
+        dinp: Option<&mut GpuBuf>,
+        dweight: &mut GpuBuf,
+        dbias: Option<&mut GpuBuf>,
+        dout: &GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        if rows == 0 || n == 0 || k == 0 {
+            return;
+        }
+        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
+        let d = self.to_bf16(dout, rows * n);
+        if let Some(dinp) = dinp {
+            let w = self.to_bf16(weight, n * k);
+            self.launch(
+                K::GemmBwdInput,
+                [k.div_ceil(64), rows.div_ceil(64), 1],
+                128,
+                &[Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
+            );
+        }
+        let x = self.to_bf16(inp, rows * k);
+        self.launch(
+            K::GemmBwdWeight,
+            [k.div_ceil(64), n.div_ceil(64), 1],
+            128,
+            &[Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
+        );
+        if let Some(dbias) = dbias {
+            self.columnwise(K::ColumnSumAddF32, n, &[Ptr(dbias.ptr()), Ptr(dout.ptr()), m_, n_]);
+        }
+    }
+
+    fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
+        self.elementwise(K::GeluFwdF32, inp.len, &[Ptr(out.ptr()), Ptr(inp.ptr()), I32(int("n", inp.len))]);
+    }
+    fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
+        self.elementwise(
+            K::GeluBwdF32,
+            inp.len,
+            &[Ptr(dinp.ptr()), Ptr(inp.ptr()), Ptr(dout.ptr()), I32(int("n", inp.len))],
+        );
+    }
+
+    fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
+        let (rows, w) = (shape.rows(), shape.width());
+        assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= 3 * rows * w);
+        if rows == 0 {
+            return;
+        }
+        let (fwd, _, _) = Self::attention_kernels(shape.head_dim);
+        let q = self.to_bf16(qkv, 3 * rows * w);
+        let o = self.scratch(2 * rows * w);
+        int("batch·heads·seq", rows * shape.heads);
+        let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
+        self.launch(
+            fwd,
+            [shape.seq.div_ceil(64), shape.batch * shape.heads, 1],
+            128,
+            &[Ptr(o.pointer), Ptr(lse.ptr()), Ptr(q.pointer), b, s, h],
+        );
+        self.cast(K::CastBf16ToF32, out.ptr(), o.pointer, rows * w);
+    }
+    fn attention_backward(
+        &self,
+        dqkv: &mut GpuBuf,
+        dout: &GpuBuf,
+        qkv: &GpuBuf,
+        out: &GpuBuf,
+        lse: &GpuBuf,
+        shape: AttentionShape,
+    ) {
+        let (rows, w) = (shape.rows(), shape.width());
+        assert!(dqkv.len >= 3 * rows * w);
+        if rows == 0 {
+            return;
+        }
+        let (_, dkv, dq) = Self::attention_kernels(shape.head_dim);
+        let (q, o, d) = (self.to_bf16(qkv, 3 * rows * w), self.to_bf16(out, rows * w), self.to_bf16(dout, rows * w));
+        let delta = self.scratch(4 * rows * shape.heads);
+        let grad = self.scratch(2 * 3 * rows * w);
+        let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
+        self.launch(
+            K::AttentionBwdDelta,
+            [(rows * shape.heads).div_ceil(4), 1, 1],
+            128,
+            &[Ptr(delta.pointer), Ptr(d.pointer), Ptr(o.pointer), b, s, h, I32(int("head dim", shape.head_dim))],
+        );
+        let grid = [shape.seq.div_ceil(64), shape.batch * shape.heads, 1];
+        let args = [Ptr(grad.pointer), Ptr(q.pointer), Ptr(d.pointer), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
+        self.launch(dkv, grid, 128, &args);
+        self.launch(dq, grid, 128, &args);
+        self.cast(K::CastBf16ToF32, dqkv.ptr(), grad.pointer, 3 * rows * w);
+    }
+
+    fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
+        self.elementwise(
+            K::AddBiasF32,
+            int("rows·cols", rows * cols) as usize,
+            &[Ptr(out.ptr()), Ptr(bias.ptr()), I32(int("rows", rows)), I32(int("cols", cols))],
+        );
+    }
+
+    fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut [f64]) {
+        int("rows·vocab", rows * vocab);
+        let m = self.scratch(8 * rows);
+        self.rowwise(
+            K::XentMaxF32,
+            rows,
+            &[Ptr(m.pointer), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
+        );
+        self.download_f64(&m, &mut max[..rows]);
+    }
+    fn cross_entropy_partials(
+        &self,
+        logits: &GpuBuf,
+        targets: &[u32],
+        vocab_start: usize,
+        rows: usize,
+        vocab: usize,
+        max: &[f64],
+        sum_exp: &mut [f64],
+        target_logit: &mut [f64],
+    ) {
+        let (t, m) = (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]));
+        let (s, tl) = (self.scratch(8 * rows), self.scratch(8 * rows));
+        self.rowwise(
+            K::XentPartialsF32,
+            rows,
+            &[
+                Ptr(s.pointer),
+                Ptr(tl.pointer),
+                Ptr(logits.ptr()),
+                Ptr(t.pointer),
+                I32(int("vocab_start", vocab_start)),
+                Ptr(m.pointer),
+                I32(int("rows", rows)),
+                I32(int("vocab", vocab)),
+            ],
+        );
+        self.download_f64(&s, &mut sum_exp[..rows]);
+        self.download_f64(&tl, &mut target_logit[..rows]);
+    }
+    fn cross_entropy_backward(
+        &self,
+        logits: &mut GpuBuf,
+        targets: &[u32],
+        vocab_start: usize,
+        rows: usize,
+        vocab: usize,
+        max: &[f64],
+        sum_exp: &[f64],
+        grad_scale: f32,
+    ) {
+        let (t, m, s) =
+            (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]), self.upload_f64(&sum_exp[..rows]));
+        self.elementwise(
+            K::XentBwdF32,
+            int("rows·vocab", rows * vocab) as usize,
+            &[
+                Ptr(logits.ptr()),
+                Ptr(t.pointer),
+                I32(int("vocab_start", vocab_start)),
+                Ptr(m.pointer),
+                Ptr(s.pointer),
+                F32(grad_scale),
+                I32(int("rows", rows)),
+                I32(int("vocab", vocab)),
+            ],
+        );
+    }
+
+    fn set_matmul_precision(&self, precision: Precision) {
+        self.bf16_matmul.store(precision == Precision::Bf16, Ordering::Relaxed);
+    }
+    fn matmul_rounds_operands(&self, precision: Precision) -> bool {
+        // The GEMMs cast both f32 operands to bf16 (round to nearest even) before multiplying,
+        // whatever the precision: exactly `Precision::Bf16.round`.
+        precision == Precision::Bf16
+    }
+
+    fn round_to(&self, buf: &mut GpuBuf, precision: Precision) {
+        match precision {
+            Precision::F32 => {}
+            Precision::Bf16 => {
+                self.elementwise(K::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
+            }
+            Precision::F16 => {
+                // No fp16 kernels: the Device is bf16-only (`--device cuda` requires --bf16),
+                // so this stays correct, on the host.
+                let mut host = vec![0f32; buf.len];
+                self.download(buf, &mut host);
+                for x in host.iter_mut() {
+                    *x = precision.round(*x);
+                }
+                self.upload(buf, &host);
+            }
+        }
+    }
+
+    fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {
+        let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
+        let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
+        self.elementwise(
+            K::AdamW,
+            grad.len,
+            &[
+                Ptr(param.ptr()),
+                Ptr(0),
+                Ptr(grad.ptr()),
+                Ptr(m.ptr()),
+                Ptr(v.ptr()),
+                I32(int("n", grad.len)),
+                F32(step.lr),
+                F32(step.beta1),
+                F32(step.beta2),
+                F32(step.eps),
+                F32(step.weight_decay),
+                F32(step.grad_scale),
+                F32(c1 as f32),
+                F32(c2 as f32),
+            ],
+        );
+    }
+}

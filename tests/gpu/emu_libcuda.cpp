@@ -1,0 +1,294 @@
+// emu_libcuda.cpp: a CUDA driver (libcuda.so.1's entry points, as src/gpu/driver.rs's table names
+// them) that runs trident's kernels on the CPU, so the CUDA Device trains end to end on a machine
+// without a GPU. tests/cuda_device.rs builds it with
+//   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread emu_libcuda.cpp -o libcuda-emu.so
+// and points TRIDENT_LIBCUDA at the result.
+//
+// Model. One device that describes itself as an A100 (sm_80, 108 SMs, 48 KiB shared memory per
+// block, 163 KiB opt-in, 40 GiB). Device memory is host memory: cuMemAlloc is an aligned malloc,
+// copies are memcpy, asynchronous variants run synchronously, streams and contexts are tokens.
+// cuModuleLoadData accepts only an ELF image (NVRTC really compiles the kernels to a CUBIN through
+// the pip wheel's libnvrtc) and keeps its bytes; cuModuleGetFunction resolves a name in the table
+// of every extern "C" kernel of kernels-cuda/ below, and answers CUDA_ERROR_NOT_FOUND when the
+// image does not contain that name or the table lacks it. cuLaunchKernel unpacks kernelParams
+// with the kernel's own C++ signature and runs the kernel's source under the SIMT emulation
+// (kernels-cuda/emu/simt.h). Dynamic shared memory and `extra` are refused (trident's kernels use
+// static shared memory and kernelParams only).
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "../../kernels-cuda/adamw.cu"
+#include "../../kernels-cuda/attention_bwd.cu"
+#include "../../kernels-cuda/attention_fwd.cu"
+#include "../../kernels-cuda/casts.cu"
+#include "../../kernels-cuda/embedding.cu"
+#include "../../kernels-cuda/gelu.cu"
+#include "../../kernels-cuda/gemm_bf16.cu"
+#include "../../kernels-cuda/gemm_bf16_bwd.cu"
+#include "../../kernels-cuda/gemm_bf16_sm90.cu"
+#include "../../kernels-cuda/layernorm.cu"
+#include "../../kernels-cuda/softmax_xent.cu"
+#include "../../kernels-cuda/tensor_ops.cu"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+namespace {
+
+enum : CUresult {
+  kSuccess = 0,
+  kInvalidValue = 1,
+  kOutOfMemory = 2,
+  kNoDevice = 100,
+  kInvalidDevice = 101,
+  kInvalidImage = 200,
+  kInvalidHandle = 400,
+  kNotFound = 500,
+  kLaunchFailed = 719,
+};
+
+// Calls a kernel of type void(Args...) with its arguments read from kernelParams, as the driver
+// does: params[i] points to argument i.
+template <class... Args, size_t... I>
+void launch_unpacked(void (*kernel)(Args...), dim3 grid, dim3 block, void** params, std::index_sequence<I...>) {
+  emu::launch(grid, block, kernel, *static_cast<std::remove_cv_t<std::remove_reference_t<Args>>*>(params[I])...);
+}
+template <class... Args>
+void launch_kernel(void (*kernel)(Args...), dim3 grid, dim3 block, void** params) {
+  launch_unpacked(kernel, grid, block, params, std::index_sequence_for<Args...>{});
+}
+
+struct KernelEntry {
+  const char* name;
+  void (*launch)(dim3, dim3, void**);
+};
+
+#define KERNEL(k) {#k, [](dim3 g, dim3 b, void** p) { launch_kernel(k, g, b, p); }}
+const KernelEntry kKernels[] = {
+    KERNEL(adamw_f32_bf16),
+    KERNEL(attention_bwd_delta_bf16),
+    KERNEL(attention_bwd_dkv_bf16_d64),
+    KERNEL(attention_bwd_dkv_bf16_d128),
+    KERNEL(attention_bwd_dq_bf16_d64),
+    KERNEL(attention_bwd_dq_bf16_d128),
+    KERNEL(attention_fwd_bf16_d64),
+    KERNEL(attention_fwd_bf16_d128),
+    KERNEL(cast_f32_to_bf16),
+    KERNEL(cast_bf16_to_f32),
+    KERNEL(embedding_fwd_bf16),
+    KERNEL(embedding_bwd_wte_bf16),
+    KERNEL(embedding_bwd_wpe_bf16),
+    KERNEL(gelu_fwd_bf16),
+    KERNEL(gelu_bwd_bf16),
+    KERNEL(gemm_fwd_bf16_f32out),
+    KERNEL(gemm_fwd_bf16),
+    KERNEL(gemm_bwd_input_bf16),
+    KERNEL(gemm_bwd_weight_bf16),
+    KERNEL(gemm_fwd_bf16_f32out_sm90),
+    KERNEL(layernorm_fwd_bf16),
+    KERNEL(layernorm_bwd_dx_bf16),
+    KERNEL(layernorm_bwd_dparams_bf16),
+    KERNEL(xent_max_bf16),
+    KERNEL(xent_partials_bf16),
+    KERNEL(xent_bwd_bf16),
+    KERNEL(add_f32),
+    KERNEL(add_assign_f32),
+    KERNEL(add_bias_f32),
+    KERNEL(round_bf16_f32),
+    KERNEL(gelu_fwd_f32),
+    KERNEL(gelu_bwd_f32),
+    KERNEL(embedding_fwd_f32),
+    KERNEL(position_fwd_f32),
+    KERNEL(layernorm_apply_f32),
+    KERNEL(layernorm_bwd_apply_dx_f32),
+    KERNEL(xent_bwd_f32),
+    KERNEL(embedding_bwd_f32),
+    KERNEL(position_bwd_f32),
+    KERNEL(column_sum_add_f32),
+    KERNEL(layernorm_bwd_params_f32),
+    KERNEL(layernorm_fwd_f32),
+    KERNEL(layernorm_bwd_dx_f32),
+    KERNEL(layernorm_sums_f32),
+    KERNEL(layernorm_bwd_sums_f32),
+    KERNEL(xent_max_f32),
+    KERNEL(xent_partials_f32),
+    KERNEL(sum_squares_f32),
+};
+#undef KERNEL
+
+struct Module {
+  std::string image;  // the ELF file's bytes
+};
+
+int context_token;
+int stream_token;
+
+// The size of an ELF64 image from its header: the section header table ends the file (as in
+// every CUBIN NVRTC writes); the program headers are checked too.
+size_t elf_size(const unsigned char* p) {
+  uint64_t shoff, phoff;
+  uint16_t shentsize, shnum, phentsize, phnum;
+  std::memcpy(&phoff, p + 0x20, 8);
+  std::memcpy(&shoff, p + 0x28, 8);
+  std::memcpy(&phentsize, p + 0x36, 2);
+  std::memcpy(&phnum, p + 0x38, 2);
+  std::memcpy(&shentsize, p + 0x3a, 2);
+  std::memcpy(&shnum, p + 0x3c, 2);
+  size_t end = std::max<size_t>(shoff + size_t(shentsize) * shnum, phoff + size_t(phentsize) * phnum);
+  return std::max<size_t>(end, 64);
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuInit(unsigned flags) { return flags == 0 ? kSuccess : kInvalidValue; }
+CUresult cuDriverGetVersion(int* v) {
+  *v = 12040;
+  return kSuccess;
+}
+CUresult cuDeviceGetCount(int* n) {
+  *n = 1;
+  return kSuccess;
+}
+CUresult cuDeviceGet(int* d, int ordinal) {
+  if (ordinal != 0) return kInvalidDevice;
+  *d = 0;
+  return kSuccess;
+}
+CUresult cuDeviceGetName(char* name, int len, int) {
+  std::strncpy(name, "Emulated A100-SXM4-40GB (trident SIMT emulation)", size_t(len));
+  if (len > 0) name[len - 1] = 0;
+  return kSuccess;
+}
+CUresult cuDeviceGetAttribute(int* v, int attribute, int) {
+  switch (attribute) {
+    case 1: case 2: case 3: *v = 1024; return kSuccess;  // threads per block, block x, y
+    case 4: *v = 64; return kSuccess;                     // block z
+    case 5: *v = 2147483647; return kSuccess;             // grid x
+    case 6: case 7: *v = 65535; return kSuccess;          // grid y, z
+    case 8: *v = 49152; return kSuccess;                  // shared memory per block
+    case 10: *v = 32; return kSuccess;                    // warp size
+    case 16: *v = 108; return kSuccess;                   // SMs
+    case 75: *v = 8; return kSuccess;                     // compute capability 8.0
+    case 76: *v = 0; return kSuccess;
+    case 97: *v = 166912; return kSuccess;                // opt-in shared memory
+    default: return kInvalidValue;
+  }
+}
+CUresult cuDeviceTotalMem_v2(size_t* bytes, int) {
+  *bytes = size_t(40) << 30;
+  return kSuccess;
+}
+CUresult cuGetErrorName(CUresult code, const char** name) {
+  switch (code) {
+    case kInvalidValue: *name = "CUDA_ERROR_INVALID_VALUE"; return kSuccess;
+    case kOutOfMemory: *name = "CUDA_ERROR_OUT_OF_MEMORY"; return kSuccess;
+    case kInvalidImage: *name = "CUDA_ERROR_INVALID_IMAGE"; return kSuccess;
+    case kInvalidHandle: *name = "CUDA_ERROR_INVALID_HANDLE"; return kSuccess;
+    case kNotFound: *name = "CUDA_ERROR_NOT_FOUND"; return kSuccess;
+    default: return kInvalidValue;
+  }
+}
+CUresult cuGetErrorString(CUresult code, const char** message) {
+  switch (code) {
+    case kInvalidValue: *message = "emulated driver: invalid argument"; return kSuccess;
+    case kOutOfMemory: *message = "emulated driver: out of memory"; return kSuccess;
+    case kInvalidImage: *message = "emulated driver: the image is not a CUBIN (ELF)"; return kSuccess;
+    case kInvalidHandle: *message = "emulated driver: invalid handle"; return kSuccess;
+    case kNotFound: *message = "emulated driver: no such kernel in the module"; return kSuccess;
+    default: return kInvalidValue;
+  }
+}
+CUresult cuDevicePrimaryCtxRetain(void** context, int) {
+  *context = &context_token;
+  return kSuccess;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int) { return kSuccess; }
+CUresult cuCtxCreate_v2(void** context, unsigned, int) {
+  *context = &context_token;
+  return kSuccess;
+}
+CUresult cuCtxSetCurrent(void*) { return kSuccess; }
+CUresult cuCtxSynchronize() { return kSuccess; }
+
+CUresult cuModuleLoadData(void** module, const void* image) {
+  const auto* p = static_cast<const unsigned char*>(image);
+  if (!p || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return kInvalidImage;
+  *module = new Module{std::string(reinterpret_cast<const char*>(p), elf_size(p))};
+  return kSuccess;
+}
+CUresult cuModuleUnload(void* module) {
+  delete static_cast<Module*>(module);
+  return kSuccess;
+}
+CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
+  if (!module || !name) return kInvalidHandle;
+  const std::string& image = static_cast<Module*>(module)->image;
+  // The symbol's name followed by its NUL, as the string table holds it.
+  if (image.find(std::string(name) + '\0') == std::string::npos) return kNotFound;
+  for (const KernelEntry& k : kKernels)
+    if (std::strcmp(k.name, name) == 0) {
+      *function = const_cast<KernelEntry*>(&k);
+      return kSuccess;
+    }
+  return kNotFound;
+}
+CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared_bytes, void*, void** params, void** extra) {
+  if (!function || extra || shared_bytes > 0) return kInvalidValue;
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024) return kInvalidValue;
+  if (gy > 65535 || gz > 65535) return kInvalidValue;
+  static_cast<KernelEntry*>(function)->launch(dim3(gx, gy, gz), dim3(bx, by, bz), params);
+  return kSuccess;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (!p) return kOutOfMemory;
+  *pointer = reinterpret_cast<CUdeviceptr>(p);
+  return kSuccess;
+}
+CUresult cuMemFree_v2(CUdeviceptr pointer) {
+  std::free(reinterpret_cast<void*>(pointer));
+  return kSuccess;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  return kSuccess;
+}
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+  if (bytes) std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  return kSuccess;
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  if (bytes) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return kSuccess;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void*) {
+  return cuMemcpyHtoD_v2(dst, src, bytes);
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void*) {
+  return cuMemcpyDtoH_v2(dst, src, bytes);
+}
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, size_t count) {
+  auto* p = reinterpret_cast<uint32_t*>(dst);
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+  return kSuccess;
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, void*) {
+  return cuMemsetD32_v2(dst, value, count);
+}
+CUresult cuStreamCreate(void** stream, unsigned) {
+  *stream = &stream_token;
+  return kSuccess;
+}
+CUresult cuStreamDestroy_v2(void*) { return kSuccess; }
+CUresult cuStreamSynchronize(void*) { return kSuccess; }
+
+}  // extern "C"
