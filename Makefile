@@ -30,6 +30,8 @@ APT_SLURM_PACKAGES := slurm-wlm munge shellcheck
 # The AMD kernel toolchain: Debian's ROCm 5.2 (hipcc on clang-15, HIP headers, device libraries;
 # its libamdhip64 also holds hipRTC) and clang-19 for gfx942. About 170 MB of downloads.
 APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm-19
+# hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
+APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
 .PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check slurm-deps slurm-test mpich-check kernels-check clean
 
@@ -65,8 +67,10 @@ ifeq ($(NO_MPI),)
 	@command -v $(MPICC) >/dev/null 2>&1 && { [ -n "$$LIBCLANG_PATH" ] || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; } || { $(call apt_install,$(APT_PACKAGES)) ; }
 endif
 
+# hipRTC is added only where apt can add it (root on Debian/Ubuntu); elsewhere its tests say they skip.
 test-deps: deps
 	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
+	@ldconfig -p 2>/dev/null | grep -q 'libhiprtc' || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { $(call apt_install,$(APT_HIPRTC_PACKAGES)) ; }
 
 gpu-test-libs:
 	@if [ -f $(TEST_NVRTC) ] && [ -f $(TEST_NCCL) ]; then :; else \
