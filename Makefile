@@ -27,8 +27,13 @@ endif
 APT_PACKAGES      := libopenmpi-dev openmpi-bin libclang-dev
 APT_TEST_PACKAGES := $(APT_PACKAGES) mpich libmpich-dev g++
 APT_SLURM_PACKAGES := slurm-wlm munge shellcheck
+# The AMD kernel toolchain: Debian's ROCm 5.2 (hipcc on clang-15, HIP headers, device libraries;
+# its libamdhip64 also holds hipRTC) and clang-19 for gfx942. About 170 MB of downloads.
+APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm-19
+# hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
+APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs gpu-check slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -62,8 +67,10 @@ ifeq ($(NO_MPI),)
 	@command -v $(MPICC) >/dev/null 2>&1 && { [ -n "$$LIBCLANG_PATH" ] || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1; } || { $(call apt_install,$(APT_PACKAGES)) ; }
 endif
 
+# hipRTC is added only where apt can add it (root on Debian/Ubuntu); elsewhere its tests say they skip.
 test-deps: deps
 	@command -v mpirun.openmpi >/dev/null 2>&1 && command -v mpiexec.mpich >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { $(call apt_install,$(APT_TEST_PACKAGES)) ; }
+	@ldconfig -p 2>/dev/null | grep -q 'libhiprtc' || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { $(call apt_install,$(APT_HIPRTC_PACKAGES)) ; }
 
 gpu-test-libs:
 	@if [ -f $(TEST_NVRTC) ] && [ -f $(TEST_NCCL) ]; then :; else \
@@ -118,17 +125,30 @@ mpich-check: test-deps
 	MPICC=mpicc.mpich $(CARGO) build --release --target-dir target-mpich
 	mpiexec.mpich -n 2 target-mpich/release/trident bench allreduce --max-size 64K --min-seconds 0.01
 
+hip-deps:
+	@command -v hipcc >/dev/null 2>&1 && command -v clang++-19 >/dev/null 2>&1 && command -v llvm-objdump-19 >/dev/null 2>&1 && [ -f /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc ] || { $(call apt_install,$(APT_HIP_PACKAGES),(ROCm's hipcc and device libraries and clang-19$(,) to compile the HIP kernels for gfx90a and gfx942):) ; }
+
 # The CUDA kernels through nvcc (pip wheels, cached in .cache/cuda-toolchain; no GPU needed):
 # sm_80 and sm_90a, registers / shared memory / spills per kernel, fails on a spill, and checks
-# the GEMM's SASS for tensor-core HMMA. `cargo test` runs the same kernels under the emulation.
-kernels-check:
+# the GEMM's SASS for tensor-core HMMA. Then the HIP kernels (kernels-hip/check.sh): gfx90a with
+# Debian's hipcc and gfx942 with clang-19, SGPR / VGPR / AGPR / scratch / LDS per kernel, fails on
+# scratch, v_mfma in the GEMM and attention code. Then one build with both sets compiled ahead of
+# time. `cargo test` runs the same kernels under the emulation.
+# The HIP side of the ahead-of-time build: Debian's clang-19 with the ROCm 5.2 headers and the
+# gfx942 device-library shim kernels-hip/check.sh builds (it also compiles gfx90a).
+HIP_DEVLIBS ?= $(HOME)/.cache/trident-hip-devlibs
+AOT_ENV := TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
+	TRIDENT_HIP_ARCHS="gfx90a;gfx942" TRIDENT_HIPCC=clang++-19 TRIDENT_HIP_FLAGS="-x hip --rocm-path=/usr" \
+	TRIDENT_HIP_DEVICE_LIBS=$(HIP_DEVLIBS)/gfx942
+
+kernels-check: hip-deps
 	kernels-cuda/check.sh
-	@echo "kernels-check: a build with the kernels compiled ahead of time (TRIDENT_CUDA_ARCHS=80;90a)"
-	TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
-	  $(CARGO) test --release --no-default-features --target-dir target-aot --lib gpu::kernels
-	TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
-	  $(CARGO) build --release --no-default-features --target-dir target-aot
+	TRIDENT_HIP_DEVLIBS=$(HIP_DEVLIBS) kernels-hip/check.sh
+	@echo "kernels-check: a build with the kernels compiled ahead of time (TRIDENT_CUDA_ARCHS=80;90a, TRIDENT_HIP_ARCHS=gfx90a;gfx942)"
+	$(AOT_ENV) $(CARGO) test --release --no-default-features --target-dir target-aot --lib -- gpu::kernels gpu::hip_kernels
+	$(AOT_ENV) $(CARGO) build --release --no-default-features --target-dir target-aot
 	target-aot/release/trident info | grep "precompiled for sm_80, sm_90a"
+	target-aot/release/trident info | grep "precompiled for gfx90a, gfx942"
 
 bench: build
 	$(BIN) bench peak

@@ -25,7 +25,7 @@ commands:
              allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
-             `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU (needs one)
+             `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU, else each AMD GPU
   plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
 ";
@@ -395,33 +395,65 @@ fn cmd_bench_summa(rest: &[String]) -> ExitCode {
 }
 
 /// `trident check comm`: the Comm seam verified on every rank of the job.
-/// `trident check gpu`: the device smoke test on every visible NVIDIA GPU.
+/// `trident check gpu`: the device smoke test on every visible NVIDIA GPU, else on every visible
+/// AMD GPU; with neither, one line naming what each vendor's side is missing.
 fn check_gpu() -> Result<()> {
+    use trident::gpu::{driver::Driver, hip::Hip};
+    let nvidia = match Driver::load() {
+        Ok(driver) => match driver.device_count() {
+            Ok(n) if n > 0 => return check_gpu_cuda(&driver, n),
+            Ok(_) => format!("the driver ({}) sees no device", driver.path()),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    let amd = match Hip::load() {
+        Ok(hip) => match hip.device_count() {
+            Ok(n) if n > 0 => return check_gpu_hip(&hip, n),
+            Ok(_) => format!("the HIP runtime ({}) sees no device", hip.path()),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    Err(Error::Usage(format!("check gpu needs an NVIDIA GPU: {nvidia}; or an AMD GPU: {amd}")))
+}
+
+fn print_smoke(ordinal: usize, r: &trident::gpu::smoke::SmokeReport) {
+    println!(
+        "gpu check: device {ordinal} ({}, {}): {} launched over {} elements in {} blocks, result exact ({})",
+        r.device,
+        r.arch,
+        trident::gpu::smoke::AXPY_NAME,
+        r.elements,
+        r.blocks,
+        r.cache
+    );
+}
+
+fn check_gpu_cuda(driver: &trident::gpu::driver::Driver, n: usize) -> Result<()> {
     use trident::gpu::{cache::ModuleCache, nvrtc::Nvrtc, smoke};
-    let driver = trident::gpu::require_driver("check gpu")?;
-    let n = driver.device_count()?;
-    if n == 0 {
-        return Err(Error::Usage(format!(
-            "check gpu needs an NVIDIA GPU: the driver ({}) sees no device",
-            driver.path()
-        )));
-    }
     let nvrtc = Nvrtc::load()?;
     let cache = ModuleCache::at_default_root()?;
     for ordinal in 0..n {
-        let r = smoke::run(&driver, &nvrtc, &cache, ordinal)?;
-        println!(
-            "gpu check: device {ordinal} ({}, {}): {} launched over {} elements in {} blocks, result exact ({})",
-            r.device,
-            r.arch,
-            smoke::AXPY_NAME,
-            r.elements,
-            r.blocks,
-            r.cache
-        );
+        print_smoke(ordinal, &smoke::run(driver, &nvrtc, &cache, ordinal)?);
     }
     println!(
-        "gpu check: passed on {n} device{} (the fused kernels are compared once the CUDA Device exists)",
+        "gpu check: passed on {n} NVIDIA device{} (the fused kernels are compared once the CUDA Device exists)",
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
+
+fn check_gpu_hip(hip: &trident::gpu::hip::Hip, n: usize) -> Result<()> {
+    use trident::gpu::{cache::ModuleCache, hiprtc::Hiprtc, smoke};
+    let hiprtc =
+        Hiprtc::load().map_err(|e| Error::Usage(format!("check gpu on AMD compiles its kernel with hipRTC: {e}")))?;
+    let cache = ModuleCache::at_default_root()?;
+    for ordinal in 0..n {
+        print_smoke(ordinal, &smoke::run_hip(hip, &hiprtc, &cache, ordinal)?);
+    }
+    println!(
+        "gpu check: passed on {n} AMD device{} (the fused kernels are compared once the HIP Device exists)",
         if n == 1 { "" } else { "s" }
     );
     Ok(())

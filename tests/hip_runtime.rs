@@ -2,7 +2,12 @@
 //! section and `--device hip` with nothing installed, and with a fake `libamdhip64.so` (built
 //! here from `tests/gpu/fake_libamdhip64.c`) that reports two MI250X GCDs but cannot run kernels,
 //! one whose `hipInit` fails, and one that lacks an entry point; and a fake `libhiprtc.so`
-//! (`tests/gpu/fake_libhiprtc.c`) for hipRTC's version line and error mapping.
+//! (`tests/gpu/fake_libhiprtc.c`) for hipRTC's version line and error mapping. `trident check gpu`
+//! on AMD runs end to end against the fake runtime (which executes the smoke kernel on the host),
+//! its kernel compiled by the real hipRTC when the machine has one (Debian's ROCm 5.2 holds it in
+//! libamdhip64.so.5 and compiles without a GPU), else by the fake. With the real hipRTC, every
+//! embedded kernels-hip file is compiled for gfx90a and checked (code object header, kernels
+//! present, cache hit on the second request).
 
 mod common;
 
@@ -10,7 +15,23 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const HIP_VARS: [&str; 4] = ["TRIDENT_LIBAMDHIP64", "TRIDENT_HIPRTC", "TRIDENT_RCCL", "FAKE_HIP_INIT_FAIL"];
+const HIP_VARS: [&str; 7] = [
+    "TRIDENT_LIBAMDHIP64",
+    "TRIDENT_HIPRTC",
+    "TRIDENT_RCCL",
+    "FAKE_HIP_INIT_FAIL",
+    "FAKE_HIP_RUNS",
+    "FAKE_HIP_WRONG",
+    "TRIDENT_CACHE_DIR",
+];
+
+/// Whether the dynamic loader knows a HIP runtime (ROCm installed, with or without a GPU).
+fn rocm_installed() -> bool {
+    Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libamdhip64.so"))
+}
 
 /// Runs the binary with extra environment variables (and no inherited HIP library variables).
 fn run_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
@@ -44,16 +65,18 @@ const TRAIN_HIP: [&str; 7] = ["train", "--device", "hip", "--preset", "tiny", "-
 
 #[test]
 fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
-    let rocm = Path::new("/dev/kfd").exists();
+    let rocm = Path::new("/dev/kfd").exists() || rocm_installed();
     let o = run_env(&["info", "--cpu-threads", "1"], &[]);
     let out = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     if rocm {
-        eprintln!("this machine has an AMD GPU driver: the no-ROCm lines are checked with missing files");
+        eprintln!("this machine has a ROCm install: the no-ROCm lines are checked with missing files");
     } else {
         assert!(out.contains("hip runtime: libamdhip64.so not found (no ROCm on this machine)"), "{out}");
         assert!(
-            out.contains("hiprtc: libhiprtc.so / libhiprtc.so.7 / libhiprtc.so.6 / libhiprtc.so.5 not found"),
+            out.contains(
+                "hiprtc: libhiprtc.so / libhiprtc.so.7 / libhiprtc.so.6 / libhiprtc.so.5 / libamdhip64.so.5 not found"
+            ),
             "{out}"
         );
         assert!(out.contains("rccl: librccl.so.1 / librccl.so not found"), "{out}");
@@ -150,7 +173,7 @@ fn a_hip_runtime_without_the_hip_backend_is_reported_not_used() {
 fn hiprtc_reports_its_version_and_names_its_codes() {
     use trident::gpu::hiprtc::Hiprtc;
     let dir = scratch("fake-libhiprtc");
-    let lib = fake_library(&dir, "libhiprtc", &[]);
+    let lib = fake_library(&dir, "libhiprtc", &["-DFAKE_HIPRTC_VERSION_ONLY"]);
     let out = stdout(&run_env(&["info", "--cpu-threads", "1"], &[("TRIDENT_HIPRTC", &lib)]));
     assert!(out.contains(&format!("hiprtc: 6.2 ({})", lib.canonicalize().unwrap().display())), "{out}");
     let hiprtc = Hiprtc::open(&[lib.display().to_string()]).unwrap();
@@ -163,5 +186,143 @@ fn hiprtc_reports_its_version_and_names_its_codes() {
     // SAFETY: the call fails at symbol lookup, before any pointer is used.
     let e = unsafe { hiprtc.api.hiprtcGetCodeSize(std::ptr::null_mut(), std::ptr::null_mut()) }.err().unwrap();
     assert!(e.to_string().contains("has no symbol hiprtcGetCodeSize"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The real hipRTC when the machine has one (`$TRIDENT_HIPRTC`, else the sonames, which include
+/// ROCm 5's libamdhip64.so.5), else None after saying why the test is skipped.
+fn real_hiprtc(test: &str) -> Option<trident::gpu::hiprtc::Hiprtc> {
+    match trident::gpu::hiprtc::Hiprtc::load() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "!!!!! SKIPPED {test}: no hipRTC on this machine ({e}); `make test` installs Debian's (libamdhip64-5 libhiprtc-builtins5) when run as root !!!!!"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn check_gpu_on_amd_compiles_launches_and_checks_the_result_exactly() {
+    let dir = scratch("hip-check-gpu");
+    let runtime = fake_libamdhip64(&dir, &[]);
+    let fake_rtc_dir = dir.join("rtc");
+    std::fs::create_dir_all(&fake_rtc_dir).unwrap();
+    let fake_rtc = fake_library(&fake_rtc_dir, "libhiprtc", &[]);
+    let cache = dir.join("cache");
+    let no_cuda = Path::new("/nonexistent/libcuda.so.1");
+    let run = |hiprtc: Option<&Path>, extra: &[(&str, &str)]| {
+        let mut c = Command::new(BIN);
+        c.args(["check", "gpu"]);
+        for v in HIP_VARS {
+            c.env_remove(v);
+        }
+        c.env("TRIDENT_LIBCUDA", no_cuda).env("TRIDENT_LIBAMDHIP64", &runtime).env("TRIDENT_CACHE_DIR", &cache);
+        if let Some(h) = hiprtc {
+            c.env("TRIDENT_HIPRTC", h);
+        }
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // The real hipRTC when there is one (it compiles for gfx90a without a GPU), else the fake.
+    let real = real_hiprtc("the real hipRTC half of check gpu on AMD").is_some();
+    let hiprtc = if real { None } else { Some(fake_rtc.as_path()) };
+    let o = run(hiprtc, &[("FAKE_HIP_RUNS", "1")]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let line = "gpu check: device 0 (AMD Instinct MI250X, gfx90a): trident_smoke_axpy launched over 1048579 elements in 4097 blocks, result exact (compiled by hipRTC, stored in ";
+    assert!(out.contains(line), "{out}");
+    assert!(out.contains("gpu check: device 1 (AMD Instinct MI250X, gfx90a): trident_smoke_axpy launched over 1048579 elements in 4097 blocks, result exact (cached "), "{out}");
+    assert!(out.contains("gpu check: passed on 2 AMD devices"), "{out}");
+    let entries: Vec<String> = std::fs::read_dir(cache.join("kernels"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        entries.len() == 1 && entries[0].starts_with("trident_smoke_axpy-gfx90a-") && entries[0].ends_with(".co"),
+        "{entries:?}"
+    );
+    // The second run loads the cached code object.
+    let out = stdout(&run(hiprtc, &[("FAKE_HIP_RUNS", "1")]));
+    assert!(!out.contains("compiled by hipRTC") && out.contains("result exact (cached "), "{out}");
+
+    // One wrong element is caught, named, and fails the check.
+    let o = run(hiprtc, &[("FAKE_HIP_RUNS", "1"), ("FAKE_HIP_WRONG", "1")]);
+    assert_clean_error(
+        &o,
+        &["gpu check: trident_smoke_axpy on device 0 (AMD Instinct MI250X) computed y[1048578] = 1163, expected 1162"],
+    );
+    // A runtime that cannot load the code object: its own error, one line.
+    let o = run(hiprtc, &[]);
+    assert_clean_error(
+        &o,
+        &["HIP: hipModuleLoadData failed with hipErrorNotSupported (801): fake HIP runtime: cannot run kernels"],
+    );
+    // Neither vendor present: what each side is missing, one line, non-zero exit.
+    let mut c = Command::new(BIN);
+    c.args(["check", "gpu"]).env("TRIDENT_LIBCUDA", no_cuda).env("TRIDENT_LIBAMDHIP64", "/nonexistent/libamdhip64.so");
+    assert_clean_error(
+        &c.output().unwrap(),
+        &[
+            "check gpu needs an NVIDIA GPU: /nonexistent/libcuda.so.1 not found",
+            "or an AMD GPU: /nonexistent/libamdhip64.so not found (no ROCm on this machine)",
+        ],
+    );
+    // A runtime whose hipInit fails: named in the one line.
+    let o = run(Some(&fake_rtc), &[("FAKE_HIP_RUNS", "1"), ("FAKE_HIP_INIT_FAIL", "1")]);
+    assert_clean_error(&o, &["or an AMD GPU: HIP: hipInit failed with hipErrorNoDevice (100)"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hiprtc_compiles_every_hip_kernel_for_gfx90a() {
+    use trident::gpu::cache::{ModuleCache, Outcome};
+    use trident::gpu::hip_kernels::{self, code_object_header, HipKernelModules, HipOrigin};
+    use trident::gpu::kernels::{declared_functions, read_cubin};
+    let Some(hiprtc) = real_hiprtc("hiprtc_compiles_every_hip_kernel_for_gfx90a") else { return };
+    let dir = scratch("hiprtc-kernels");
+    let modules = HipKernelModules::hiprtc_only(ModuleCache::new(&dir), hiprtc);
+    for (file, text) in hip_kernels::files() {
+        let started = std::time::Instant::now();
+        let got = modules.image(file, "gfx90a").unwrap_or_else(|e| panic!("{file}: {e}"));
+        let ms = started.elapsed().as_millis();
+        assert_eq!(got.origin, HipOrigin::Hiprtc(Outcome::Compiled), "{file}");
+        let header = code_object_header(&got.bytes).unwrap();
+        assert_eq!(header.arch, Some("gfx90a"), "{file}");
+        assert!(header.version >= 4, "{file}: code object v{}", header.version);
+        let functions = read_cubin(&got.bytes).unwrap().functions;
+        for f in declared_functions(text) {
+            assert!(functions.contains(&f), "{f} not in the code object of {file}: {functions:?}");
+        }
+        eprintln!("hipRTC {file} for gfx90a: {} bytes in {ms} ms", got.bytes.len());
+        assert_eq!(modules.image(file, "gfx90a").unwrap().origin, HipOrigin::Hiprtc(Outcome::Hit), "{file}");
+    }
+    let e = modules.image("gemm_bf16.hip", "sm_80").err().expect("not an AMD architecture").to_string();
+    assert!(e.contains("'sm_80' is not an AMD GPU architecture"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_hip_compile_error_is_one_line_with_the_log() {
+    use trident::gpu::cache::ModuleCache;
+    let dir = scratch("hiprtc-broken");
+    let lib = fake_library(&dir, "libhiprtc", &[]);
+    let hiprtc = trident::gpu::hiprtc::Hiprtc::open(&[lib.display().to_string()]).unwrap();
+    let cache = ModuleCache::new(&dir);
+    let e = cache
+        .get_or_compile_hip(&hiprtc, "broken", "#error planted\n", &[], "gfx90a", &[])
+        .err()
+        .expect("a compile error")
+        .to_string();
+    assert_eq!(
+        e,
+        "hipRTC: hiprtcCompileProgram failed with HIPRTC_ERROR_COMPILATION (6): kernel broken for gfx90a: kernel.hip:1:2: error: planted | 1 error generated."
+    );
+    assert!(!dir.join("kernels").exists(), "nothing cached for a failed compile");
     let _ = std::fs::remove_dir_all(dir);
 }

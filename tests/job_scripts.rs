@@ -103,6 +103,14 @@ fn dry_runs_print_each_sites_launch_line() {
     // Frontier's alt_read rendezvous goes with the #SBATCH --network=disable_rdzv_get line.
     let frontier = env("frontier.sbatch");
     assert!(frontier.contains("FI_CXI_RDZV_PROTO=alt_read") && frontier.contains("NCCL_NET=OFI"), "{frontier}");
+    // RCCL over Slingshot: ATS off, GPU-direct up to the host bridge, and the aws-ofi-rccl plugin
+    // first on the loader path when AWS_OFI_RCCL_DIR names one.
+    for setting in ["FI_CXI_ATS=0", "NCCL_NET_GDR_LEVEL=PHB", "NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3"] {
+        assert!(frontier.contains(setting), "{setting} not in {frontier}");
+    }
+    assert!(!frontier.contains("LD_LIBRARY_PATH="), "{frontier}");
+    let with_plugin = stdout(&dry_run("frontier.sbatch", &run, &[("AWS_OFI_RCCL_DIR", "/opt/aws-ofi-rccl")]));
+    assert!(with_plugin.contains("LD_LIBRARY_PATH=/opt/aws-ofi-rccl/lib"), "{with_plugin}");
     let directives = std::fs::read_to_string(script("frontier.sbatch")).unwrap();
     assert!(
         directives.contains("#SBATCH --network=disable_rdzv_get") && directives.contains("#SBATCH --signal=B:USR1@")

@@ -1,5 +1,5 @@
-// base.h: what every HIP kernel includes first. It selects the target: hipcc (the GPU build)
-// or the host C++ compiler with -DTRIDENT_EMU (the SIMT emulation of ../emu/hip.h, 64-lane
+// base.h: what every HIP kernel includes first. It selects the target: hipcc or hipRTC (the GPU
+// builds) or the host C++ compiler with -DTRIDENT_EMU (the SIMT emulation of ../emu/hip.h, 64-lane
 // wavefronts), so a kernel's .hip source is the same text for both. It holds the bf16 type and
 // its conversions (round-to-nearest-even, bit for bit the same in both builds, and the same as
 // kernels-cuda/common/base.cuh), the wave size, and the LDS budget.
@@ -15,6 +15,16 @@
 
 #if defined(TRIDENT_EMU)
 #include "../emu/hip.h"
+#elif defined(__HIPCC_RTC__)
+// hipRTC (the run-time compile): hip_runtime is built in and there is no <stdint.h> (ROCm 5
+// declares only the 64-bit types), so the narrower ones are declared here as every ROCm spells
+// them (an identical repeated typedef is legal C++).
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
 #else
 #include <hip/hip_runtime.h>
 #include <stdint.h>

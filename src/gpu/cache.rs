@@ -1,13 +1,14 @@
-//! The on-disk module cache: a kernel compiled by NVRTC for one architecture is kept under
+//! The on-disk module cache: a kernel compiled by NVRTC (or hipRTC) for one architecture is kept under
 //! `$TRIDENT_CACHE_DIR`, else `$XDG_CACHE_HOME/trident`, else `~/.cache/trident` (in `kernels/`),
-//! keyed by a hash of (source, architecture, NVRTC version, options), so a second run loads the
-//! CUBIN instead of compiling it. Entries are written to a temporary file and renamed (a crash
+//! keyed by a hash of (source, headers, architecture, compiler and its version, options), so a
+//! second run loads the CUBIN (or the AMD code object, `.co`) instead of compiling it. Entries are written to a temporary file and renamed (a crash
 //! never leaves a half-written entry under the real name) and carry their length and an FNV-1a
 //! checksum; an entry that fails either check is compiled again and replaced.
 //!
 //! Entry layout (little-endian): magic `TRIDENTK`, format version u32, image kind u32 (0 CUBIN,
-//! 1 PTX), key u64, payload length u64, payload FNV-1a u64, payload.
+//! 1 PTX, 2 AMD code object), key u64, payload length u64, payload FNV-1a u64, payload.
 
+use super::hiprtc::Hiprtc;
 use super::nvrtc::{Image, Nvrtc};
 use crate::error::{Error, Result};
 use crate::rng::fnv1a64;
@@ -17,6 +18,18 @@ use std::path::{Path, PathBuf};
 const MAGIC: &[u8; 8] = b"TRIDENTK";
 const FORMAT_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 8 + 8;
+/// The image kinds of the entry header.
+const KIND_CUBIN: u32 = 0;
+const KIND_PTX: u32 = 1;
+const KIND_HIP_CODE_OBJECT: u32 = 2;
+
+fn kind_of(image: Image) -> u32 {
+    if image == Image::Cubin {
+        KIND_CUBIN
+    } else {
+        KIND_PTX
+    }
+}
 
 /// The variable that moves the cache (the kernels go in its `kernels/` folder).
 pub const CACHE_DIR_VAR: &str = "TRIDENT_CACHE_DIR";
@@ -34,6 +47,13 @@ pub enum Outcome {
 
 pub struct CachedImage {
     pub image: Image,
+    pub bytes: Vec<u8>,
+    pub path: PathBuf,
+    pub outcome: Outcome,
+}
+
+/// An AMD code object from the cache or hipRTC.
+pub struct CachedCodeObject {
     pub bytes: Vec<u8>,
     pub path: PathBuf,
     pub outcome: Outcome,
@@ -73,6 +93,11 @@ pub fn key_with_headers(
     nvrtc_version: (i32, i32),
     options: &[String],
 ) -> u64 {
+    key_for(&format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1), source, headers, arch, options)
+}
+
+/// The key of a compilation by `compiler` (its name and version, e.g. `hiprtc 5.2`), with headers.
+pub fn key_for(compiler: &str, source: &str, headers: &[(&str, &str)], arch: &str, options: &[String]) -> u64 {
     let mut bytes = Vec::with_capacity(source.len() + 64);
     let mut field = |b: &[u8]| {
         bytes.extend_from_slice(&(b.len() as u64).to_le_bytes());
@@ -80,7 +105,7 @@ pub fn key_with_headers(
     };
     field(source.as_bytes());
     field(arch.as_bytes());
-    field(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
+    field(compiler.as_bytes());
     for o in options {
         field(o.as_bytes());
     }
@@ -94,11 +119,11 @@ pub fn key_with_headers(
     fnv1a64(&bytes)
 }
 
-fn encode(image: Image, key: u64, payload: &[u8]) -> Vec<u8> {
+fn encode(kind: u32, key: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(if image == Image::Cubin { 0u32 } else { 1u32 }).to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&key.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     out.extend_from_slice(&fnv1a64(payload).to_le_bytes());
@@ -107,7 +132,7 @@ fn encode(image: Image, key: u64, payload: &[u8]) -> Vec<u8> {
 }
 
 /// The payload of a cache entry, or why the entry is unusable.
-fn decode(bytes: &[u8], want_image: Image, want_key: u64) -> std::result::Result<Vec<u8>, String> {
+fn decode(bytes: &[u8], kind: u32, want_key: u64) -> std::result::Result<Vec<u8>, String> {
     if bytes.len() < HEADER_BYTES {
         return Err(format!("{} bytes, shorter than the {HEADER_BYTES}-byte header", bytes.len()));
     }
@@ -119,7 +144,6 @@ fn decode(bytes: &[u8], want_image: Image, want_key: u64) -> std::result::Result
     if u32_at(8) != FORMAT_VERSION {
         return Err(format!("format version {} (expected {FORMAT_VERSION})", u32_at(8)));
     }
-    let kind = if want_image == Image::Cubin { 0 } else { 1 };
     if u32_at(12) != kind || u64_at(16) != want_key {
         return Err("header names another compilation".into());
     }
@@ -184,18 +208,58 @@ impl ModuleCache {
         })?;
         let key = key_with_headers(source, headers, arch, nvrtc.version()?, options);
         let path = self.entry_path(name, arch, key);
+        let (bytes, outcome) = self.get_or_build(&path, kind_of(image), key, || {
+            Ok(nvrtc.compile_with_headers(name, source, headers, arch, options)?.bytes)
+        })?;
+        Ok(CachedImage { image, bytes, path, outcome })
+    }
+
+    /// The AMD code object of kernel `name` for `arch` (a `gfx...`): from the cache when a valid
+    /// entry exists, else compiled by hipRTC (`--offload-arch=<arch>` and `options`) and stored.
+    /// The key covers the source, the headers, the architecture, hipRTC's version and library file
+    /// and the options.
+    pub fn get_or_compile_hip(
+        &self,
+        hiprtc: &Hiprtc,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: &str,
+        options: &[String],
+    ) -> Result<CachedCodeObject> {
+        // hipRTC's version alone says little (ROCm 5.2's reports 9.0), so the library's file name,
+        // which carries the ROCm release (libamdhip64.so.5.2.21153), is part of the key too.
+        let (major, minor) = hiprtc.version()?;
+        let path = hiprtc.path();
+        let file = Path::new(&path).file_name().map_or(path.clone(), |f| f.to_string_lossy().into_owned());
+        let key = key_for(&format!("hiprtc {major}.{minor} {file}"), source, headers, arch, options);
+        let path = self.dir.join(format!("{name}-{arch}-{key:016x}.co"));
+        let (bytes, outcome) = self.get_or_build(&path, KIND_HIP_CODE_OBJECT, key, || {
+            Ok(hiprtc.compile(name, source, headers, arch, options)?.code)
+        })?;
+        Ok(CachedCodeObject { bytes, path, outcome })
+    }
+
+    /// The payload of the entry at `path` when it is valid, else `build()`'s, stored there.
+    fn get_or_build(
+        &self,
+        path: &Path,
+        kind: u32,
+        key: u64,
+        build: impl FnOnce() -> Result<Vec<u8>>,
+    ) -> Result<(Vec<u8>, Outcome)> {
         let mut outcome = Outcome::Compiled;
-        match std::fs::read(&path) {
-            Ok(bytes) => match decode(&bytes, image, key) {
-                Ok(payload) => return Ok(CachedImage { image, bytes: payload, path, outcome: Outcome::Hit }),
+        match std::fs::read(path) {
+            Ok(bytes) => match decode(&bytes, kind, key) {
+                Ok(payload) => return Ok((payload, Outcome::Hit)),
                 Err(reason) => outcome = Outcome::Recompiled(reason),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&path, "read the kernel cache entry", e)),
+            Err(e) => return Err(Error::io(path, "read the kernel cache entry", e)),
         }
-        let compiled = nvrtc.compile_with_headers(name, source, headers, arch, options)?;
-        self.store(&path, &encode(image, key, &compiled.bytes))?;
-        Ok(CachedImage { image, bytes: compiled.bytes, path, outcome })
+        let bytes = build()?;
+        self.store(path, &encode(kind, key, &bytes))?;
+        Ok((bytes, outcome))
     }
 
     /// Writes `bytes` to a temporary file beside `path`, syncs it and renames it into place.
@@ -241,23 +305,29 @@ mod tests {
         assert_ne!(h, k);
         assert_ne!(h, key_with_headers("src", &[("common/base.cuh", "y")], "sm_80", (13, 5), &o));
         assert_ne!(h, key_with_headers("src", &[("common/other.cuh", "x")], "sm_80", (13, 5), &o));
+        // The compiler and its version count: hipRTC's key differs from NVRTC's and by version.
+        let hip = key_for("hiprtc 5.2", "src", &[], "gfx90a", &o);
+        assert_ne!(hip, key_for("hiprtc 6.2", "src", &[], "gfx90a", &o));
+        assert_ne!(hip, key_for("hiprtc 5.2", "src", &[], "gfx942", &o));
+        assert_eq!(key_for("nvrtc 13.5", "src", &[], "sm_80", &o), k);
     }
 
     #[test]
     fn entries_round_trip_and_damage_is_detected() {
         let payload = b"\x7fELF cubin bytes".to_vec();
-        let e = encode(Image::Cubin, 42, &payload);
-        assert_eq!(decode(&e, Image::Cubin, 42).unwrap(), payload);
-        assert!(decode(&e, Image::Cubin, 43).unwrap_err().contains("another compilation"));
-        assert!(decode(&e, Image::Ptx, 42).unwrap_err().contains("another compilation"));
-        assert!(decode(&e[..e.len() - 1], Image::Cubin, 42).unwrap_err().contains("header says"));
-        assert!(decode(&e[..10], Image::Cubin, 42).unwrap_err().contains("shorter"));
+        let e = encode(KIND_CUBIN, 42, &payload);
+        assert_eq!(decode(&e, KIND_CUBIN, 42).unwrap(), payload);
+        assert!(decode(&e, KIND_CUBIN, 43).unwrap_err().contains("another compilation"));
+        assert!(decode(&e, KIND_PTX, 42).unwrap_err().contains("another compilation"));
+        assert!(decode(&e, KIND_HIP_CODE_OBJECT, 42).unwrap_err().contains("another compilation"));
+        assert!(decode(&e[..e.len() - 1], KIND_CUBIN, 42).unwrap_err().contains("header says"));
+        assert!(decode(&e[..10], KIND_CUBIN, 42).unwrap_err().contains("shorter"));
         let mut flipped = e.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert_eq!(decode(&flipped, Image::Cubin, 42).unwrap_err(), "checksum mismatch");
+        assert_eq!(decode(&flipped, KIND_CUBIN, 42).unwrap_err(), "checksum mismatch");
         let mut magic = e;
         magic[0] = b'X';
-        assert!(decode(&magic, Image::Cubin, 42).unwrap_err().contains("magic"));
+        assert!(decode(&magic, KIND_CUBIN, 42).unwrap_err().contains("magic"));
     }
 
     #[test]

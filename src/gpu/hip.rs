@@ -1,7 +1,8 @@
 //! The HIP runtime (`libamdhip64.so`, else `.so.7` / `.so.6` / `.so.5`, or the file
 //! `$TRIDENT_LIBAMDHIP64` names), loaded at run time: the entry-point table, the device queries
-//! behind `trident info` and `--device hip`, and the module / launch / memory entry points the HIP
-//! Device will use.
+//! behind `trident info` and `--device hip`, and the module / launch / memory entry points that
+//! `trident check gpu` uses on AMD (with owning wrappers: `HipBuffer`, `HipLoadedModule`) and the
+//! HIP Device will use.
 //!
 //! Device facts come from `hipDeviceGetName`, `hipDeviceTotalMem` and `hipDeviceGetAttribute`,
 //! whose signatures and attribute values are stable across ROCm 5 and 6. `hipDeviceProp_t` is
@@ -74,6 +75,7 @@ api_table! {
         fn hipStreamCreate(stream: *mut HipStream) -> i32;
         fn hipStreamDestroy(stream: HipStream) -> i32;
         fn hipStreamSynchronize(stream: HipStream) -> i32;
+        fn hipDeviceSynchronize() -> i32;
     }
 }
 
@@ -202,6 +204,84 @@ impl Hip {
         // SAFETY: a u64 slice viewed as its bytes; same allocation, length in bytes.
         let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u8>(), DEVICE_PROP_BUFFER_BYTES) };
         find_gfx_arch(bytes, DEVICE_PROP_NAME_BYTES)
+    }
+}
+
+/// Device memory from `hipMalloc`, freed when dropped.
+pub struct HipBuffer<'a> {
+    hip: &'a Hip,
+    pub pointer: HipDevicePtr,
+    pub bytes: usize,
+}
+
+impl<'a> HipBuffer<'a> {
+    /// `bytes` of memory on the current device.
+    pub fn alloc(hip: &'a Hip, bytes: usize) -> Result<HipBuffer<'a>> {
+        let mut pointer: HipDevicePtr = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        hip.check("hipMalloc", unsafe { hip.api.hipMalloc(&mut pointer, bytes) }?)?;
+        Ok(HipBuffer { hip, pointer, bytes })
+    }
+
+    /// Copies `data` (exactly the buffer's size) to the device.
+    pub fn upload(&self, data: &[u8]) -> Result<()> {
+        assert_eq!(data.len(), self.bytes, "upload of a different size than the buffer");
+        // SAFETY: the device buffer and the host slice both hold self.bytes bytes.
+        self.hip.check("hipMemcpyHtoD", unsafe {
+            self.hip.api.hipMemcpyHtoD(self.pointer, data.as_ptr().cast(), self.bytes)
+        }?)
+    }
+
+    /// Copies the buffer back into `data` (exactly the buffer's size).
+    pub fn download(&self, data: &mut [u8]) -> Result<()> {
+        assert_eq!(data.len(), self.bytes, "download of a different size than the buffer");
+        // SAFETY: the device buffer and the host slice both hold self.bytes bytes.
+        self.hip.check("hipMemcpyDtoH", unsafe {
+            self.hip.api.hipMemcpyDtoH(data.as_mut_ptr().cast(), self.pointer, self.bytes)
+        }?)
+    }
+}
+
+impl Drop for HipBuffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipMalloc and is freed once.
+        let _ = unsafe { self.hip.api.hipFree(self.pointer) };
+    }
+}
+
+/// A code object loaded with `hipModuleLoadData`, unloaded when dropped.
+pub struct HipLoadedModule<'a> {
+    hip: &'a Hip,
+    module: HipModule,
+}
+
+impl<'a> HipLoadedModule<'a> {
+    /// Loads `code` (an AMD code object) on the current device.
+    pub fn load(hip: &'a Hip, code: &[u8]) -> Result<HipLoadedModule<'a>> {
+        let mut module: HipModule = std::ptr::null_mut();
+        // SAFETY: code is a complete code object in memory for the duration of the call (the
+        // runtime copies what it keeps); writes one module handle.
+        hip.check("hipModuleLoadData", unsafe { hip.api.hipModuleLoadData(&mut module, code.as_ptr().cast()) }?)?;
+        Ok(HipLoadedModule { hip, module })
+    }
+
+    /// The kernel `name` of the module.
+    pub fn function(&self, name: &str) -> Result<HipFunction> {
+        let c = std::ffi::CString::new(name)
+            .map_err(|_| Error::Config(format!("kernel name {name:?} contains a NUL byte")))?;
+        let mut function: HipFunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; c is a C string; writes one function handle.
+        self.hip.check("hipModuleGetFunction", unsafe {
+            self.hip.api.hipModuleGetFunction(&mut function, self.module, c.as_ptr())
+        }?)?;
+        Ok(function)
+    }
+}
+
+impl Drop for HipLoadedModule<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the module came from hipModuleLoadData and is unloaded once.
+        let _ = unsafe { self.hip.api.hipModuleUnload(self.module) };
     }
 }
 

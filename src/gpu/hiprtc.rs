@@ -1,18 +1,21 @@
-//! hipRTC (`libhiprtc.so`, else `.so.7` / `.so.6` / `.so.5`, or the file `$TRIDENT_HIPRTC` names), loaded
-//! at run time: the entry-point table and the version query of `trident info`. Compiling HIP
-//! source to a code object for a `gfx` architecture (`hiprtcCompileProgram`, `hiprtcGetCode`)
-//! is declared here for the HIP Device, which is not built yet. Older ROCm 5 releases ship hipRTC
-//! inside `libamdhip64.so`; `TRIDENT_HIPRTC` can name that file on such an install.
+//! hipRTC (`libhiprtc.so`, else `.so.7` / `.so.6` / `.so.5`, else the HIP runtime
+//! `libamdhip64.so` / `.so.5`, or the file `$TRIDENT_HIPRTC` names), loaded at run time: the
+//! entry-point table, the version query of `trident info`, and `compile`, which turns HIP source
+//! (with its headers passed by include name) into an AMD code object for one `gfx` architecture
+//! (`--offload-arch=gfx90a`). ROCm 5 ships hipRTC inside `libamdhip64.so` (Debian's ROCm 5.2
+//! does), hence the fallback; its compiler needs no GPU, so the tests compile for real with it.
 
 use super::dl::{api_table, candidates, Library};
 use super::status::hiprtc_error;
-use crate::error::Result;
-use std::ffi::{c_char, c_void, CStr};
+use crate::error::{Error, Result};
+use std::ffi::{c_char, c_void, CStr, CString};
 
 pub type HiprtcProgram = *mut c_void;
 
 pub const HIPRTC_VAR: &str = "TRIDENT_HIPRTC";
-pub const HIPRTC_SONAMES: &[&str] = &["libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so.5"];
+/// The hipRTC library of ROCm 6 and 7 first, then ROCm 5's HIP runtime, which contains hipRTC.
+pub const HIPRTC_SONAMES: &[&str] =
+    &["libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so.5", "libamdhip64.so.5"];
 
 api_table! {
     /// hipRTC entry points, as declared in `hiprtc.h`.
@@ -30,6 +33,32 @@ api_table! {
         fn hiprtcDestroyProgram(program: *mut HiprtcProgram) -> i32;
         fn hiprtcGetErrorString(code: i32) -> *const c_char;
     }
+}
+
+/// A code object compiled by hipRTC, and its log (warnings; empty when there were none).
+pub struct HipCode {
+    pub code: Vec<u8>,
+    pub log: String,
+}
+
+/// A hipRTC program, destroyed when dropped.
+struct Program<'a> {
+    api: &'a HiprtcApi,
+    handle: HiprtcProgram,
+}
+
+impl Drop for Program<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from hiprtcCreateProgram and is destroyed once.
+        let _ = unsafe { self.api.hiprtcDestroyProgram(&mut self.handle) };
+    }
+}
+
+/// Whether `arch` reads `gfx` + lowercase hex digits (`gfx90a`, `gfx942`), what `--offload-arch`
+/// takes.
+pub fn is_gfx_arch(arch: &str) -> bool {
+    arch.strip_prefix("gfx")
+        .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)))
 }
 
 pub struct Hiprtc {
@@ -64,11 +93,116 @@ impl Hiprtc {
         Err(hiprtc_error(call, code, message))
     }
 
+    /// Compiles `source` (named `name` in messages) to a code object for `arch` (a `gfx...`) with
+    /// extra `options`; `headers` are (include name, text) pairs that `#include "name"` resolves
+    /// to. A failed compilation is one error carrying hipRTC's log on one line.
+    pub fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: &str,
+        options: &[String],
+    ) -> Result<HipCode> {
+        if !is_gfx_arch(arch) {
+            return Err(Error::Config(format!(
+                "kernel {name}: '{arch}' is not an AMD GPU architecture (expected gfx followed by its number, e.g. gfx90a, gfx942)"
+            )));
+        }
+        let to_c = |what: &str, text: &str| {
+            CString::new(text).map_err(|_| Error::Config(format!("kernel {name}: {what} contains a NUL byte")))
+        };
+        let c_source = to_c("the source", source)?;
+        let c_name = to_c("the name", &format!("{name}.hip"))?;
+        let mut all_options = vec![format!("--offload-arch={arch}")];
+        all_options.extend(options.iter().cloned());
+        let c_options: Vec<CString> =
+            all_options.iter().map(|o| to_c(&format!("option {o:?}"), o)).collect::<Result<_>>()?;
+        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
+        let header_texts: Vec<CString> =
+            headers.iter().map(|(n, t)| to_c(&format!("header {n}"), t)).collect::<Result<_>>()?;
+        let header_names: Vec<CString> =
+            headers.iter().map(|(n, _)| to_c("a header name", n)).collect::<Result<_>>()?;
+        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
+        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
+
+        let mut handle: HiprtcProgram = std::ptr::null_mut();
+        // SAFETY: source, name and the headers' texts and names are C strings that outlive the
+        // call (hipRTC copies them); the two header arrays hold headers.len() pointers each (null
+        // when there are none).
+        self.check("hiprtcCreateProgram", unsafe {
+            self.api.hiprtcCreateProgram(
+                &mut handle,
+                c_source.as_ptr(),
+                c_name.as_ptr(),
+                headers.len() as i32,
+                if headers.is_empty() { std::ptr::null() } else { text_ptrs.as_ptr() },
+                if headers.is_empty() { std::ptr::null() } else { name_ptrs.as_ptr() },
+            )
+        }?)?;
+        let program = Program { api: &self.api, handle };
+        // SAFETY: the option array holds option_ptrs.len() C strings alive for the call.
+        let status =
+            unsafe { self.api.hiprtcCompileProgram(program.handle, option_ptrs.len() as i32, option_ptrs.as_ptr()) }?;
+        let log = self.log(&program)?;
+        if status != 0 {
+            let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+            return Err(hiprtc_error(
+                "hiprtcCompileProgram",
+                status,
+                Some(format!(
+                    "kernel {name} for {arch}: {}",
+                    if lines.is_empty() { "no log".to_string() } else { lines.join(" | ") }
+                )),
+            ));
+        }
+        let mut n = 0;
+        // SAFETY: writes one size_t.
+        self.check("hiprtcGetCodeSize", unsafe { self.api.hiprtcGetCodeSize(program.handle, &mut n) }?)?;
+        let mut code = vec![0u8; n];
+        // SAFETY: the buffer holds exactly the size hipRTC reported.
+        self.check("hiprtcGetCode", unsafe { self.api.hiprtcGetCode(program.handle, code.as_mut_ptr().cast()) }?)?;
+        if code.is_empty() {
+            return Err(Error::Config(format!(
+                "kernel {name} for {arch}: hipRTC reported success but produced no code"
+            )));
+        }
+        Ok(HipCode { code, log })
+    }
+
+    fn log(&self, program: &Program) -> Result<String> {
+        let mut n = 0;
+        // SAFETY: writes one size_t (including the NUL).
+        self.check("hiprtcGetProgramLogSize", unsafe { self.api.hiprtcGetProgramLogSize(program.handle, &mut n) }?)?;
+        let mut buf = vec![0u8; n.max(1)];
+        // SAFETY: the buffer holds at least the size hipRTC reported.
+        self.check("hiprtcGetProgramLog", unsafe {
+            self.api.hiprtcGetProgramLog(program.handle, buf.as_mut_ptr().cast())
+        }?)?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).trim().to_string())
+    }
+
     /// hipRTC's (major, minor).
     pub fn version(&self) -> Result<(i32, i32)> {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: writes two ints.
         self.check("hiprtcVersion", unsafe { self.api.hiprtcVersion(&mut major, &mut minor) }?)?;
         Ok((major, minor))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_gfx_arch;
+
+    #[test]
+    fn gfx_architectures_are_recognised() {
+        for ok in ["gfx90a", "gfx942", "gfx908", "gfx1100"] {
+            assert!(is_gfx_arch(ok), "{ok}");
+        }
+        for bad in ["", "gfx", "sm_80", "gfx90A", "gfx90a:xnack-", "gfx 90a"] {
+            assert!(!is_gfx_arch(bad), "{bad}");
+        }
     }
 }

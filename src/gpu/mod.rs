@@ -1,8 +1,9 @@
 //! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
 //! RCCL (`nccl`), the HIP runtime (`hip`) and hipRTC (`hiprtc`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
 //! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
-//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`) and the device smoke
-//! test behind `make gpu-check` (`smoke`). The binary links none of them: on a machine without
+//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`), the embedded HIP
+//! kernels (`hip_kernels`) and the device smoke test behind `make gpu-check` (`smoke`, NVIDIA
+//! and AMD). The binary links none of them: on a machine without
 //! them, everything here answers with an error naming the library.
 //! The CUDA Device (the `Device` trait on an NVIDIA GPU) is `device`, on the driver table behind
 //! a small runtime trait a HIP Device can implement next (not built yet).
@@ -12,6 +13,7 @@ pub mod device;
 pub mod dl;
 pub mod driver;
 pub mod hip;
+pub mod hip_kernels;
 pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
@@ -20,7 +22,7 @@ pub mod nvrtc;
 pub mod smoke;
 pub mod status;
 
-use crate::error::{Error, Result};
+use crate::error::Error;
 
 /// `trident info`'s lines about the GPU libraries: the driver and its devices, NVRTC, NCCL.
 pub fn info_lines() -> Vec<String> {
@@ -108,6 +110,7 @@ pub fn hip_info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("rccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("rccl: {e}")),
     }
+    lines.push(hip_kernels::info_line());
     lines
 }
 

@@ -3,9 +3,14 @@
 //! `cuModuleLoadData`, launch it over a ragged size, copy the result back and compare it with the
 //! host's, exactly. It exercises every table entry the CUDA Device will need. The full comparison
 //! of every fused kernel against the CPU reference arrives with the CUDA Device.
+//! `run_hip` is the same test on an AMD GPU: the same kernel source compiled by hipRTC for the
+//! device's gfx architecture (through the same cache), loaded with `hipModuleLoadData` and
+//! launched with `hipModuleLaunchKernel` in 256-thread workgroups.
 
 use super::cache::ModuleCache;
 use super::driver::{DeviceBuffer, Driver, Module, PrimaryContext};
+use super::hip::{Hip, HipBuffer, HipLoadedModule};
+use super::hiprtc::Hiprtc;
 use super::launch;
 use super::nvrtc::Nvrtc;
 use crate::error::{Error, Result};
@@ -29,6 +34,93 @@ pub struct SmokeReport {
     pub cache: String,
 }
 
+/// The inputs of the test: a ragged size (not a multiple of the block) so the guard of the last
+/// block is exercised; small integers keep a * x + y exact in f32.
+fn axpy_inputs() -> (usize, f32, Vec<f32>, Vec<f32>) {
+    let n: usize = (1 << 20) + 3;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    (n, 2.0, x, y)
+}
+
+/// The first element where `out` is not exactly `a * x + y`, as an error naming the device.
+fn check_axpy(out: &[f32], a: f32, x: &[f32], y: &[f32], ordinal: usize, device: &str) -> Result<()> {
+    match (0..out.len()).find(|&i| out[i] != a * x[i] + y[i]) {
+        None => Ok(()),
+        Some(i) => Err(Error::Usage(format!(
+            "gpu check: {AXPY_NAME} on device {ordinal} ({device}) computed y[{i}] = {}, expected {}",
+            out[i],
+            a * x[i] + y[i]
+        ))),
+    }
+}
+
+/// The workgroup size of the AMD test: four wave64s.
+pub const HIP_BLOCK: usize = 256;
+
+/// Runs the smoke test on AMD device `ordinal`, the kernel compiled by hipRTC through `cache`.
+pub fn run_hip(hip: &Hip, hiprtc: &Hiprtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
+    let info = hip.device_info(ordinal)?;
+    let arch = info.arch.clone().ok_or_else(|| {
+        Error::Unsupported(format!(
+            "gpu check: device {ordinal} ({}): the HIP runtime did not name its gfx architecture, so there is nothing to compile for",
+            info.name
+        ))
+    })?;
+    let options = vec!["-O3".to_string()];
+    let image = cache.get_or_compile_hip(hiprtc, AXPY_NAME, AXPY_SOURCE, &[], &arch, &options)?;
+    // SAFETY: takes a device ordinal, checked by the runtime.
+    hip.check("hipSetDevice", unsafe { hip.api.hipSetDevice(ordinal as i32) }?)?;
+    let module = HipLoadedModule::load(hip, &image.bytes)?;
+    let function = module.function(AXPY_NAME)?;
+
+    let (n, a, x, y) = axpy_inputs();
+    let bytes = n * 4;
+    let dx = HipBuffer::alloc(hip, bytes)?;
+    let dy = HipBuffer::alloc(hip, bytes)?;
+    dx.upload(bytemuck::cast_slice(&x))?;
+    dy.upload(bytemuck::cast_slice(&y))?;
+    let blocks = n.div_ceil(HIP_BLOCK) as u64;
+    let grid = u32::try_from(blocks)
+        .map_err(|_| Error::Config(format!("gpu check: {blocks} workgroups exceed the grid's 32-bit x dimension")))?;
+    let (mut pa, mut px, mut py, mut pn) = (a, dx.pointer, dy.pointer, n as u64);
+    let mut params: [*mut c_void; 4] = [
+        (&mut pa as *mut f32).cast(),
+        (&mut px as *mut *mut c_void).cast(),
+        (&mut py as *mut *mut c_void).cast(),
+        (&mut pn as *mut u64).cast(),
+    ];
+    // SAFETY: the function takes (float, const float*, float*, unsigned long long), matched by
+    // the four parameter pointers, which outlive the launch (synchronized below); 256 threads
+    // per workgroup is within every AMD GPU's limit of 1024.
+    let status = unsafe {
+        hip.api.hipModuleLaunchKernel(
+            function,
+            grid,
+            1,
+            1,
+            HIP_BLOCK as u32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }?;
+    hip.check("hipModuleLaunchKernel", status)?;
+    // SAFETY: no arguments; waits for the launch above.
+    hip.check("hipDeviceSynchronize", unsafe { hip.api.hipDeviceSynchronize() }?)?;
+    let mut out = vec![0f32; n];
+    dy.download(bytemuck::cast_slice_mut(&mut out))?;
+    check_axpy(&out, a, &x, &y, ordinal, &info.name)?;
+    let cache = match image.outcome {
+        super::cache::Outcome::Hit => format!("cached {}", image.path.display()),
+        _ => format!("compiled by hipRTC, stored in {}", image.path.display()),
+    };
+    Ok(SmokeReport { device: info.name, arch, elements: n, blocks, cache })
+}
+
 /// Runs the smoke test on device `ordinal`.
 pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
     let info = driver.device_info(ordinal)?;
@@ -38,12 +130,7 @@ pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) 
     let module = Module::load(&context, &image.bytes)?;
     let function = module.function(AXPY_NAME)?;
 
-    // A ragged size (not a multiple of the block) so the guard of the last block is exercised;
-    // small integers keep a * x + y exact in f32.
-    let n: usize = (1 << 20) + 3;
-    let a = 2.0f32;
-    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
-    let y: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let (n, a, x, y) = axpy_inputs();
     let bytes = n * 4;
     let dx = DeviceBuffer::alloc(&context, bytes)?;
     let dy = DeviceBuffer::alloc(&context, bytes)?;
@@ -79,14 +166,7 @@ pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) 
     context.synchronize()?;
     let mut out = vec![0f32; n];
     dy.download(bytemuck::cast_slice_mut(&mut out))?;
-    if let Some(i) = (0..n).find(|&i| out[i] != a * x[i] + y[i]) {
-        return Err(Error::Data(format!(
-            "gpu check: {AXPY_NAME} on device {ordinal} ({}) computed y[{i}] = {}, expected {}",
-            info.name,
-            out[i],
-            a * x[i] + y[i]
-        )));
-    }
+    check_axpy(&out, a, &x, &y, ordinal, &info.name)?;
     let cache = match image.outcome {
         super::cache::Outcome::Hit => format!("cached {}", image.path.display()),
         _ => format!("compiled by NVRTC, stored in {}", image.path.display()),

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `make kernels-check`, the AMD half: compiles every kernel file in kernels-hip/ as a device-only
+# code object (v4, for the ROCm 5.x runtime) for gfx90a (MI250X, Frontier) with Debian's hipcc
+# (ROCm 5.2, clang-15) and for gfx942 (MI300X) with Debian's clang-19, which needs one shim: ROCm
+# 5.2 ships no oclc_isa_version_942.bc, so a device-library directory is made of links to the 5.2
+# bitcode plus that file, generated from the gfx940 one with its ISA number changed (built once
+# into $TRIDENT_HIP_DEVLIBS, by default ~/.cache/trident-hip-devlibs, never inside the clone).
+# It prints each kernel's SGPRs, VGPRs, AGPRs, scratch, LDS and occupancy (clang's
+# kernel-resource-usage remarks), fails on a compile error or any scratch use or spill, and
+# requires v_mfma in the disassembly of every gemm_*.hip and attention_*.hip (the bf16 MFMA is
+# v_mfma_f32_32x32x8bf16_1k on gfx90a and v_mfma_f32_32x32x8_bf16 on gfx942: one encoding, two
+# names). No GPU is needed. The compilers come from apt (`make hip-deps`).
+# KERNELS_CHECK_HIP_FLAGS adds compiler flags for experiments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# hipcc picks the NVIDIA platform when an nvcc is on the PATH; the AMD one is always meant here.
+export HIP_PLATFORM=amd
+HIPCC=${HIPCC:-hipcc}
+CLANG19=${CLANG19:-clang++-19}
+OBJDUMP=${OBJDUMP:-llvm-objdump-19}
+BITCODE=${ROCM_DEVICE_LIBS:-/usr/lib/x86_64-linux-gnu/amdgcn/bitcode}
+for tool in "$HIPCC" "$CLANG19" "$OBJDUMP" llvm-dis-19 llvm-as-19; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "kernels-check: $tool not found (run 'make hip-deps': hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm-19)" >&2; exit 1; }
+done
+[ -f "$BITCODE/oclc_isa_version_940.bc" ] || { echo "kernels-check: no ROCm device libraries in $BITCODE (apt-get install rocm-device-libs)" >&2; exit 1; }
+
+# The gfx942 shim: links to the 5.2 device libraries plus oclc_isa_version_942.bc. Rebuilt when
+# the 5.2 libraries change (their listing is the stamp).
+DEVLIBS=${TRIDENT_HIP_DEVLIBS:-${XDG_CACHE_HOME:-$HOME/.cache}/trident-hip-devlibs}/gfx942
+stamp=$(find "$BITCODE" -name '*.bc' -printf '%f %s %T@\n' | sort | md5sum | cut -d' ' -f1)
+if [ "$(cat "$DEVLIBS/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  echo "kernels-check: building the gfx942 device-library shim in $DEVLIBS"
+  rm -rf "$DEVLIBS.partial" && mkdir -p "$DEVLIBS.partial"
+  ln -s "$BITCODE"/*.bc "$DEVLIBS.partial/"
+  llvm-dis-19 "$BITCODE/oclc_isa_version_940.bc" -o - | sed 's/i32 9400/i32 9402/' \
+    | llvm-as-19 -o "$DEVLIBS.partial/oclc_isa_version_942.bc"
+  echo "$stamp" >"$DEVLIBS.partial/.stamp"
+  rm -rf "$DEVLIBS" && mv "$DEVLIBS.partial" "$DEVLIBS"
+fi
+echo "kernels-check: $(hipconfig --version 2>/dev/null | head -1 | sed 's/^/HIP /') hipcc ($("$HIPCC" --version 2>/dev/null | grep -m1 -o 'clang version [0-9.]*' || echo clang-15)) for gfx90a; $("$CLANG19" --version | head -1) for gfx942"
+
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+# arch -> the device-only compile command (a plain ELF code object, no offload bundle)
+compile() { # arch source output
+  local common=(-O3 -std=c++17 -mcode-object-version=4 --cuda-device-only --no-gpu-bundle-output -c
+    -Rpass-analysis=kernel-resource-usage -I kernels-hip)
+  # shellcheck disable=SC2086 # the flags are words
+  case $1 in
+    gfx90a) "$HIPCC" --offload-arch=gfx90a "${common[@]}" ${KERNELS_CHECK_HIP_FLAGS:-} -o "$3" "$2" ;;
+    gfx942) "$CLANG19" -x hip --rocm-path=/usr --rocm-device-lib-path="$DEVLIBS" --offload-arch=gfx942 \
+      "${common[@]}" ${KERNELS_CHECK_HIP_FLAGS:-} -o "$3" "$2" ;;
+  esac
+}
+
+status=0
+printf '%-7s %-18s %-36s %5s %5s %5s %8s %6s %6s\n' arch file kernel SGPR VGPR AGPR scratch LDS waves
+for src in kernels-hip/*.hip; do
+  file=$(basename "$src")
+  for arch in gfx90a gfx942; do
+    co=$OUT/${file%.hip}.$arch.co
+    if ! log=$(compile "$arch" "$src" "$co" 2>&1); then
+      echo "$log" | grep -v 'remark:' >&2
+      echo "kernels-check: $file does not compile for $arch" >&2
+      status=1
+      continue
+    fi
+    # One remark block per kernel: "Function Name: k", then "SGPRs: n", "VGPRs: n", "AGPRs: n",
+    # "ScratchSize [bytes/lane]: n", "Occupancy [waves/SIMD]: n", "SGPRs Spill: n",
+    # "VGPRs Spill: n", "LDS Size [bytes/block]: n".
+    if ! awk -v arch="$arch" -v file="$file" '
+      function flush() {
+        if (name == "") return
+        printf "%-7s %-18s %-36s %5s %5s %5s %8s %6s %6s\n", arch, file, name, sgpr, vgpr, agpr, scratch, lds, waves
+        if (scratch + sspill + vspill > 0) {
+          printf "kernels-check: %s uses scratch on %s (%s bytes/lane; %s SGPRs and %s VGPRs spilled): a kernel that spills is a bug\n", name, arch, scratch, sspill, vspill > "/dev/stderr"
+          bad = 1
+        }
+      }
+      function value() { v = $0; sub(/ \[-Rpass-analysis.*/, "", v); sub(/.*: /, "", v); return v }
+      /remark: Function Name:/ { flush(); name = value(); sgpr = vgpr = agpr = scratch = lds = sspill = vspill = 0; waves = "-" }
+      /remark: +SGPRs:/ { sgpr = value() }
+      /remark: +VGPRs:/ { vgpr = value() }
+      /remark: +AGPRs:/ { agpr = value() }
+      /remark: +ScratchSize/ { scratch = value() }
+      /remark: +Occupancy/ { waves = value() }
+      /remark: +SGPRs Spill:/ { sspill = value() }
+      /remark: +VGPRs Spill:/ { vspill = value() }
+      /remark: +LDS Size/ { lds = value() }
+      END { flush(); if (name == "") { printf "kernels-check: no kernel resource report for %s on %s\n", file, arch > "/dev/stderr"; bad = 1 } exit bad }' <<<"$log"; then
+      status=1
+    fi
+    # e_ident[EI_ABIVERSION] 2 is code object v4, what the ROCm 5.x runtime loads.
+    abi=$(od -An -tu1 -j8 -N1 "$co" | tr -d ' ')
+    if [ "$abi" != 2 ]; then
+      echo "kernels-check: $file for $arch is not code object v4 (ELF ABI version $abi)" >&2
+      status=1
+    fi
+    case $file in
+      gemm_*|attention_*)
+        ops=$("$OBJDUMP" -d --mcpu="$arch" "$co" | { grep -oE 'v_mfma_[a-z0-9_]+' || true; } | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+        if [ -n "$ops" ]; then
+          echo "        $file on $arch: $ops"
+        else
+          echo "kernels-check: no v_mfma in the disassembly of $file for $arch (the matrix cores are not used)" >&2
+          status=1
+        fi ;;
+    esac
+  done
+done
+if [ $status = 0 ]; then echo "kernels-check: all HIP kernels compile for gfx90a and gfx942 (code object v4), no scratch, MFMA in the GEMM and attention code"; fi
+exit $status
