@@ -22,7 +22,7 @@ pub mod nvrtc;
 pub mod smoke;
 pub mod status;
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 
 /// `trident info`'s lines about the GPU libraries: the driver and its devices, NVRTC, NCCL.
 pub fn info_lines() -> Vec<String> {
