@@ -30,6 +30,10 @@ typedef int int32_t;
 #include <stdint.h>
 #endif
 
+#ifndef INFINITY  // hipRTC has no <math.h> macros
+#define INFINITY __builtin_huge_valf()
+#endif
+
 #ifdef TRIDENT_EMU
 inline constexpr int kWaveSize = TRIDENT_EMU_WAVE_SIZE;
 #else
@@ -62,7 +66,7 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 struct alignas(16) bf16x8 {
   bf16 v[8];
 };
-__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<__UINTPTR_TYPE__>(p) % 16 == 0; }  // no uintptr_t under hipRTC
 template <class T>
 __device__ __forceinline__ T from_float(float f);
 template <>
