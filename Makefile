@@ -101,9 +101,11 @@ test: test-deps gpu-test-libs
 
 # On a GPU node: what the binary finds, then a kernel compiled by NVRTC, loaded and launched on
 # every GPU and its result checked. Without an NVIDIA GPU it says it needs one and fails.
-gpu-check: build
+# On a GPU node: check gpu, check ops (every Device op against the reference) and a 20-iteration
+# TP=2 x PP=2 run compared with the CPU backend (tests/gpu/gpu-check.sh; its header lists the knobs).
+gpu-check: build $(DATA)_text_document.idx
 	$(BIN) info
-	$(BIN) check gpu
+	tests/gpu/gpu-check.sh $(BIN) $(DATA)_text_document
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings

@@ -25,6 +25,8 @@ pub enum Error {
     Unsupported(String),
     /// The communication layer misbehaved (a collective returned wrong values).
     Comm(String),
+    /// A check (`trident check ops`, `check losses`) found results outside their bounds.
+    Check(String),
     /// A GPU library loaded at run time (libcuda, NVRTC, NCCL) is absent, or lacks a symbol.
     GpuLibrary { library: String, problem: String },
     /// A call into a GPU library returned an error code: which API and call, the code, its name
@@ -63,6 +65,7 @@ impl fmt::Display for Error {
             Error::Data(msg) => write!(f, "bad training data: {msg}"),
             Error::Unsupported(msg) => write!(f, "not supported by this build: {msg}"),
             Error::Comm(msg) => write!(f, "communication failure: {msg}"),
+            Error::Check(msg) => write!(f, "{msg}"),
             Error::GpuLibrary { library, problem } => write!(f, "{library} {problem}"),
             Error::GpuCall { api, call, code, name, message } => {
                 write!(f, "{api}: {call} failed with {name} ({code}): {message}")

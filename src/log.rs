@@ -154,6 +154,30 @@ impl JsonLog {
     }
 }
 
+/// The `(iteration, loss)` pairs of a `--log-json` file (lines without a numeric loss skipped).
+pub fn read_losses(path: &Path) -> Result<Vec<(u64, f64)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+    let number = |line: &str, key: &str| -> Option<f64> {
+        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+        let rest = &line[at..];
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
+        rest[..end].trim().parse().ok()
+    };
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let Some(iteration) = number(line, "iteration") else {
+            return Err(Error::Format {
+                path: path.to_path_buf(),
+                problem: format!("line {} is not a --log-json line (no \"iteration\")", n + 1),
+            });
+        };
+        if let Some(loss) = number(line, "loss") {
+            out.push((iteration as u64, loss));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +192,21 @@ mod tests {
         }
         let nan = IterationStats { loss: f64::NAN, ..Default::default() };
         assert!(json_line(&nan).contains("\"loss\": null"));
+    }
+
+    #[test]
+    fn read_losses_reads_back_json_lines() {
+        let dir = std::env::temp_dir().join(format!("trident-read-losses-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("a.jsonl");
+        let a = IterationStats { iteration: 1, loss: 2.5, ..Default::default() };
+        let b = IterationStats { iteration: 2, loss: 2.25, val_loss: Some(2.0), ..Default::default() };
+        let nan = IterationStats { iteration: 3, loss: f64::NAN, ..Default::default() };
+        std::fs::write(&p, format!("{}\n{}\n{}\n", json_line(&a), json_line(&b), json_line(&nan))).unwrap();
+        assert_eq!(read_losses(&p).unwrap(), vec![(1, 2.5), (2, 2.25)]);
+        std::fs::write(&p, "not json\n").unwrap();
+        assert!(read_losses(&p).unwrap_err().to_string().contains("line 1 is not a --log-json line"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

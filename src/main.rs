@@ -25,7 +25,9 @@ commands:
              allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
-             `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU, else each AMD GPU
+             `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU, else each AMD GPU;
+             `check ops --device cuda|cpu [--size small|full] [--gpu N]`: every Device op against
+             the f64 reference; `check losses A.jsonl B.jsonl [--rtol R]`: two runs' losses agree
   plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
 ";
@@ -438,7 +440,7 @@ fn check_gpu_cuda(driver: &trident::gpu::driver::Driver, n: usize) -> Result<()>
         print_smoke(ordinal, &smoke::run(driver, &nvrtc, &cache, ordinal)?);
     }
     println!(
-        "gpu check: passed on {n} NVIDIA device{} (the fused kernels are compared once the CUDA Device exists)",
+        "gpu check: passed on {n} NVIDIA device{}; `trident check ops` compares every fused op with the reference",
         if n == 1 { "" } else { "s" }
     );
     Ok(())
@@ -453,7 +455,7 @@ fn check_gpu_hip(hip: &trident::gpu::hip::Hip, n: usize) -> Result<()> {
         print_smoke(ordinal, &smoke::run_hip(hip, &hiprtc, &cache, ordinal)?);
     }
     println!(
-        "gpu check: passed on {n} AMD device{} (the fused kernels are compared once the HIP Device exists)",
+        "gpu check: passed on {n} AMD device{}; `trident check ops` compares every fused op with the reference",
         if n == 1 { "" } else { "s" }
     );
     Ok(())
@@ -486,8 +488,130 @@ fn check_nccl_id(rt: &Runtime) -> Result<String> {
     ))
 }
 
+/// `trident check ops [--device cpu|cuda] [--size small|full] [--gpu N]`: every op of the device
+/// against the f64 reference device (`device::check`); a table, then one verdict line.
+fn check_ops(args: &[String]) -> Result<()> {
+    use trident::device::Device;
+    use trident::device::check::{run_all, Size};
+    let (mut device, mut size, mut ordinal) = ("cuda".to_string(), Size::Full, 0usize);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| Error::Usage(format!("check ops: {flag} needs a value")))?;
+        match flag.as_str() {
+            "--device" => device = value.clone(),
+            "--size" => {
+                size = match value.as_str() {
+                    "small" => Size::Small,
+                    "full" => Size::Full,
+                    other => return Err(Error::Usage(format!("check ops: --size is small or full, not {other:?}"))),
+                }
+            }
+            "--gpu" => {
+                ordinal = value
+                    .parse()
+                    .map_err(|_| Error::Usage(format!("check ops: --gpu takes a device number, not {value:?}")))?
+            }
+            other => {
+                return Err(Error::Usage(format!("check ops: unknown flag {other} (--device, --size, --gpu)")));
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    let (name, checks) = match device.as_str() {
+        "cpu" => {
+            let dev = trident::device::cpu::CpuDevice::new(pool::default_threads());
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], false, 7))
+        }
+        "cuda" => {
+            let dev = trident::gpu::device::GpuDevice::cuda(ordinal)?;
+            (dev.describe(), run_all(&dev, size, &[64, 128], true, 7))
+        }
+        other => return Err(Error::Usage(format!("check ops: --device is cpu or cuda, not {other:?}"))),
+    };
+    println!("{:<28} {:<28} {:>9} {:>11}  verdict", "op", "case", "elements", "max |error|");
+    for c in &checks {
+        println!("{}", c.line());
+    }
+    let failed = checks.iter().filter(|c| !c.passed()).count();
+    let secs = started.elapsed().as_secs_f64();
+    if failed > 0 {
+        return Err(Error::Check(format!(
+            "check ops on {name}: {failed} of {} outputs outside their bounds (see the table)",
+            checks.len()
+        )));
+    }
+    println!("ops check: all {} outputs within their bounds on {name} ({secs:.1} s)", checks.len());
+    Ok(())
+}
+
+/// `trident check losses A.jsonl B.jsonl [--rtol R]`: two runs' `--log-json` losses, iteration by
+/// iteration; fails when an iteration is missing from one of them or differs by more than `R`
+/// (relative; default 5e-3, bf16's agreement between backends).
+fn check_losses(args: &[String]) -> Result<()> {
+    let (mut files, mut rtol) = (Vec::new(), 5e-3f64);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--rtol" {
+            let v = it.next().ok_or_else(|| Error::Usage("check losses: --rtol needs a value".into()))?;
+            rtol = v
+                .parse()
+                .ok()
+                .filter(|r: &f64| *r >= 0.0)
+                .ok_or_else(|| Error::Usage(format!("check losses: --rtol takes a number >= 0, not {v:?}")))?;
+        } else {
+            files.push(std::path::PathBuf::from(a));
+        }
+    }
+    let [a, b] = files.as_slice() else {
+        return Err(Error::Usage("check losses needs two --log-json files: check losses A.jsonl B.jsonl [--rtol R]".into()));
+    };
+    let (la, lb) = (trident::log::read_losses(a)?, trident::log::read_losses(b)?);
+    if la.is_empty() {
+        return Err(Error::Usage(format!("check losses: {} holds no losses", a.display())));
+    }
+    let its = |l: &[(u64, f64)]| l.iter().map(|x| x.0).collect::<Vec<_>>();
+    if its(&la) != its(&lb) {
+        return Err(Error::Usage(format!(
+            "check losses: {} logs iterations {:?}, {} logs {:?}",
+            a.display(),
+            its(&la),
+            b.display(),
+            its(&lb)
+        )));
+    }
+    let mut worst = 0.0f64;
+    for ((i, x), (_, y)) in la.iter().zip(&lb) {
+        let rel = (x - y).abs() / x.abs().max(1e-30);
+        println!("iteration {i:>5}: {x:.6} {y:.6} (relative difference {rel:.2e})");
+        if rel > rtol || rel.is_nan() {
+            return Err(Error::Check(format!(
+                "check losses: iteration {i}: {x} in {} and {y} in {} differ by {rel:.2e} > {rtol:e}",
+                a.display(),
+                b.display()
+            )));
+        }
+        worst = worst.max(rel);
+    }
+    println!("losses check: {} iterations agree within {rtol:e} (largest relative difference {worst:.2e})", la.len());
+    Ok(())
+}
+
 fn cmd_check(rest: &[String]) -> ExitCode {
     let target = rest.first().map(String::as_str);
+    let local: Option<fn(&[String]) -> Result<()>> = match target {
+        Some("ops") => Some(check_ops),
+        Some("losses") => Some(check_losses),
+        _ => None,
+    };
+    if let Some(f) = local {
+        return match f(&rest[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("trident: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if target == Some("gpu") {
         return match check_gpu() {
             Ok(()) => ExitCode::SUCCESS,
@@ -498,7 +622,7 @@ fn cmd_check(rest: &[String]) -> ExitCode {
         };
     }
     if target != Some("comm") && target != Some("nccl-id") {
-        eprintln!("trident: error: check needs a target: `trident check comm` or `check nccl-id` (run them under mpirun), or `check gpu`");
+        eprintln!("trident: error: check needs a target: `trident check comm` or `check nccl-id` (run them under mpirun), `check gpu`, `check ops` or `check losses`");
         return ExitCode::FAILURE;
     }
     let rt = match start_mpi() {

@@ -1,0 +1,438 @@
+//! `trident check ops`: every op of a Device run on deterministic inputs and compared with the
+//! f64 reference device (what `make gpu-check` runs on a GPU node, and what the tests run on the
+//! emulated GPUs). Each case reports its largest error as a fraction of its bound:
+//! - f32 arithmetic on exact inputs: `|x - ref| <= 2e-5 (max|ref| + |ref|)`;
+//! - bf16 products (GEMMs on bf16 operands, attention): DESIGN.md's rule `1e-2 + 0.079 |ref|`;
+//! - exact ops (`round_to`, `fill`, `cross_entropy_max`, the target logit): equality.
+//!
+//! Inputs of the bf16 products are bf16 values already, so the reference sees exactly the operands
+//! the kernels multiply.
+
+use super::reference::ReferenceDevice;
+use super::{AdamWStep, AttentionShape, Device};
+use crate::real::Precision;
+use crate::rng::Stream;
+
+/// Case sizes: `Small` keeps an emulated GPU fast; `Full` adds GPT-2-sized shapes for a real one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Size {
+    Small,
+    Full,
+}
+
+/// How a case is judged.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    /// f32 arithmetic: `rtol (max|ref| + |ref|)`.
+    F32(f64),
+    /// DESIGN.md's bf16 rule: `atol + rtol |ref|`.
+    Bf16,
+    Exact,
+}
+
+impl Bound {
+    fn allows(self, want: f64, scale: f64) -> f64 {
+        match self {
+            Bound::F32(rtol) => rtol * (scale + want.abs()),
+            Bound::Bf16 => 1e-2 + 0.079 * want.abs(),
+            Bound::Exact => 0.0,
+        }
+    }
+}
+
+/// One compared output.
+#[derive(Clone, Debug)]
+pub struct OpCheck {
+    pub op: &'static str,
+    pub case: String,
+    pub elements: usize,
+    /// The largest |error|.
+    pub max_error: f64,
+    /// Elements outside their bound (a NaN counts).
+    pub violations: usize,
+    /// The first violation: index, value, reference.
+    pub first: Option<(usize, f32, f64)>,
+}
+
+impl OpCheck {
+    pub fn passed(&self) -> bool {
+        self.violations == 0
+    }
+    /// One table row.
+    pub fn line(&self) -> String {
+        let verdict = match self.first {
+            None => "ok".to_string(),
+            Some((i, g, w)) => format!("FAILED: {} of them, element {i} is {g}, the reference {w}", self.violations),
+        };
+        format!("{:<28} {:<28} {:>9} {:>11.3e}  {verdict}", self.op, self.case, self.elements, self.max_error)
+    }
+}
+
+/// Compares `got` with `want` under `bound`.
+pub fn compare(op: &'static str, case: &str, got: &[f32], want: &[f64], bound: Bound) -> OpCheck {
+    let mut c = OpCheck { op, case: case.to_string(), elements: got.len(), max_error: 0.0, violations: 0, first: None };
+    if got.len() != want.len() {
+        c.violations = 1;
+        c.first = Some((got.len().min(want.len()), f32::NAN, f64::NAN));
+        return c;
+    }
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g as f64 - w).abs();
+        if err.is_nan() || err > bound.allows(w, scale) {
+            c.violations += 1;
+            c.first.get_or_insert((i, g, w));
+        }
+        if err > c.max_error {
+            c.max_error = err;
+        }
+    }
+    c
+}
+
+/// Normal values from a named stream (`round` to bf16 for operands of bf16 products).
+fn values(seed: u64, n: usize, name: &str, scale: f64, offset: f64, round: bool) -> Vec<f32> {
+    let s = Stream::new(seed, name, 11);
+    (0..n)
+        .map(|i| {
+            let x = (offset + scale * s.normal(i as u64)) as f32;
+            if round {
+                Precision::Bf16.round(x)
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+struct Run<'a, D: Device> {
+    dev: &'a D,
+    seed: u64,
+    out: Vec<OpCheck>,
+}
+
+impl<D: Device> Run<'_, D> {
+    fn up(&self, host: &[f32]) -> D::Buf {
+        let mut b = self.dev.alloc(host.len());
+        self.dev.upload(&mut b, host);
+        b
+    }
+    fn down(&self, b: &D::Buf) -> Vec<f32> {
+        let mut host = vec![0f32; self.dev.len(b)];
+        self.dev.download(b, &mut host);
+        host
+    }
+    fn f32s(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
+        values(self.seed, n, name, scale, offset, false)
+    }
+    fn bf16s(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
+        values(self.seed, n, name, scale, 0.0, true)
+    }
+    fn push(&mut self, op: &'static str, case: &str, got: &[f32], want: &[f64], bound: Bound) {
+        self.out.push(compare(op, case, got, want, bound));
+    }
+    fn push_dev(&mut self, op: &'static str, case: &str, got: &D::Buf, want: &[f64], bound: Bound) {
+        let host = self.down(got);
+        self.push(op, case, &host, want, bound);
+    }
+    fn push_host(&mut self, op: &'static str, case: &str, got: &[f64], want: &[f64], bound: Bound) {
+        let got: Vec<f32> = got.iter().map(|&v| v as f32).collect();
+        // Host sums in f64 are compared at their own scale (f32 storage of the inputs only).
+        self.push(op, case, &got, want, bound);
+    }
+}
+
+fn refb(host: &[f32]) -> Vec<f64> {
+    host.iter().map(|&x| x as f64).collect()
+}
+
+const F32: Bound = Bound::F32(2e-5);
+
+fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &n in sizes {
+        let case = format!("n={n}");
+        let a = run.f32s(n, "a", 1.0, 0.0);
+        let b = run.f32s(n, "b", 2.0, 0.5);
+        let (ga, gb) = (run.up(&a), run.up(&b));
+        let (ra, rb) = (refb(&a), refb(&b));
+        let mut out = dev.alloc(n);
+        let mut want = r.alloc(n);
+        dev.add(&mut out, &ga, &gb);
+        r.add(&mut want, &ra, &rb);
+        run.push_dev("add", &case, &out, &want, F32);
+        let mut acc = run.up(&a);
+        dev.add_assign(&mut acc, &gb);
+        run.push_dev("add_assign", &case, &acc, &want, F32);
+        dev.gelu_forward(&mut out, &ga);
+        r.gelu_forward(&mut want, &ra);
+        run.push_dev("gelu_forward", &case, &out, &want, F32);
+        dev.gelu_backward(&mut out, &ga, &gb);
+        r.gelu_backward(&mut want, &ra, &rb);
+        run.push_dev("gelu_backward", &case, &out, &want, F32);
+        let (ss, rs) = (dev.sum_squares(&ga), r.sum_squares(&ra));
+        run.push_host("sum_squares", &case, &[ss], &[rs], Bound::F32(1e-6));
+        let mut rounded = run.up(&a);
+        dev.round_to(&mut rounded, Precision::Bf16);
+        let bits: Vec<f64> = a.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
+        run.push_dev("round_to bf16", &case, &rounded, &bits, Bound::Exact);
+        dev.fill(&mut rounded, 0.25);
+        run.push_dev("fill", &case, &rounded, &vec![0.25; n], Bound::Exact);
+        let zeros = dev.alloc(n);
+        run.push_dev("alloc (zeroed)", &case, &zeros, &vec![0.0; n], Bound::Exact);
+    }
+    for (rows, cols) in [(1, 1), (7, 33), (64, 300)] {
+        let x = run.f32s(rows * cols, "x", 1.0, 0.0);
+        let bias = run.f32s(cols, "bias", 1.0, 0.0);
+        let mut g = run.up(&x);
+        dev.add_bias(&mut g, &run.up(&bias), rows, cols);
+        let mut want = refb(&x);
+        r.add_bias(&mut want, &refb(&bias), rows, cols);
+        run.push_dev("add_bias", &format!("{rows}x{cols}"), &g, &want, F32);
+    }
+    for &n in sizes {
+        let p = run.f32s(n, "p", 1.0, 0.0);
+        let g = run.f32s(n, "g", 0.1, 0.0);
+        let m = run.f32s(n, "m", 0.01, 0.0);
+        let v: Vec<f32> = run.f32s(n, "v", 0.001, 0.0).iter().map(|x| x.abs()).collect();
+        let step = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3, grad_scale: 0.5 };
+        let (mut gp, mut gm, mut gv) = (run.up(&p), run.up(&m), run.up(&v));
+        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step);
+        let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
+        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step);
+        let case = format!("n={n}");
+        run.push_dev("adamw param", &case, &gp, &rp, F32);
+        run.push_dev("adamw m", &case, &gm, &rm, F32);
+        run.push_dev("adamw v", &case, &gv, &rv, F32);
+    }
+}
+
+fn embeddings<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &(batch, seq, hidden, rows, start) in cases {
+        let tokens: Vec<u32> = (0..batch * seq).map(|i| ((i * 7 + 3) % (rows + start + 5)) as u32).collect();
+        let wte = run.f32s(rows * hidden, "wte", 1.0, 0.0);
+        let wpe = run.f32s((seq + 2) * hidden, "wpe", 1.0, 0.0);
+        let dout = run.f32s(batch * seq * hidden, "dout", 1.0, 0.0);
+        let case = format!("{batch}x{seq}x{hidden} vocab {start}+{rows}");
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &tokens, &run.up(&wte), start, batch, seq, hidden);
+        let mut want = r.alloc(batch * seq * hidden);
+        r.embedding_forward(&mut want, &tokens, &refb(&wte), start, batch, seq, hidden);
+        run.push_dev("embedding_forward", &case, &out, &want, F32);
+        dev.position_forward(&mut out, &run.up(&wpe), batch, 2, seq, hidden);
+        r.position_forward(&mut want, &refb(&wpe), batch, 2, seq, hidden);
+        run.push_dev("position_forward", &case, &out, &want, F32);
+        let dwte0 = run.f32s(rows * hidden, "dwte", 1.0, 0.0);
+        let mut dwte = run.up(&dwte0);
+        dev.embedding_backward(&mut dwte, &run.up(&dout), &tokens, start, batch, seq, hidden);
+        let mut rwte = refb(&dwte0);
+        r.embedding_backward(&mut rwte, &refb(&dout), &tokens, start, batch, seq, hidden);
+        run.push_dev("embedding_backward", &case, &dwte, &rwte, F32);
+        let dwpe0 = run.f32s((seq + 2) * hidden, "dwpe", 1.0, 0.0);
+        let mut dwpe = run.up(&dwpe0);
+        dev.position_backward(&mut dwpe, &run.up(&dout), batch, 2, seq, hidden);
+        let mut rwpe = refb(&dwpe0);
+        r.position_backward(&mut rwpe, &refb(&dout), batch, 2, seq, hidden);
+        run.push_dev("position_backward", &case, &dwpe, &rwpe, F32);
+    }
+}
+
+fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &(rows, cols) in cases {
+        let x = run.f32s(rows * cols, "x", 2.0, 0.3);
+        let w = run.f32s(cols, "w", 0.5, 1.0);
+        let b = run.f32s(cols, "b", 0.5, 0.0);
+        let dy = run.f32s(rows * cols, "dy", 1.0, 0.0);
+        let dx0 = run.f32s(rows * cols, "dx0", 1.0, 0.0);
+        let case = format!("{rows}x{cols}");
+        let (gx, gw, gb, gdy) = (run.up(&x), run.up(&w), run.up(&b), run.up(&dy));
+        let (rx, rw, rb, rdy) = (refb(&x), refb(&w), refb(&b), refb(&dy));
+        let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
+        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &gx, &gw, &gb, rows, cols);
+        let (mut rout, mut rmean, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows), r.alloc(rows));
+        r.layernorm_forward(&mut rout, &mut rmean, &mut rrstd, &rx, &rw, &rb, rows, cols);
+        run.push_dev("layernorm_forward out", &case, &out, &rout, F32);
+        run.push_dev("layernorm_forward mean", &case, &mean, &rmean, F32);
+        run.push_dev("layernorm_forward rstd", &case, &rstd, &rrstd, F32);
+        let (mut dx, mut dw, mut db) = (run.up(&dx0), run.up(&b), run.up(&w));
+        dev.layernorm_backward(&mut dx, &mut dw, &mut db, &gdy, &gx, &gw, &mean, &rstd, rows, cols);
+        let (mut rdx, mut rdw, mut rdb) = (refb(&dx0), refb(&b), refb(&w));
+        r.layernorm_backward(&mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, rows, cols);
+        run.push_dev("layernorm_backward dinp", &case, &dx, &rdx, F32);
+        run.push_dev("layernorm_backward dweight", &case, &dw, &rdw, F32);
+        run.push_dev("layernorm_backward dbias", &case, &db, &rdb, F32);
+
+        // The split pieces (2-D / 2.5-D TP), on this block of columns as if it were a whole row.
+        let (mut s, mut rs) = (vec![0f64; rows], vec![0f64; rows]);
+        dev.layernorm_sums(&gx, rows, cols, None, &mut s);
+        r.layernorm_sums(&rx, rows, cols, None, &mut rs);
+        run.push_host("layernorm_sums", &case, &s, &rs, F32);
+        let mu: Vec<f64> = rs.iter().map(|v| v / cols as f64).collect();
+        dev.layernorm_sums(&gx, rows, cols, Some(&mu), &mut s);
+        r.layernorm_sums(&rx, rows, cols, Some(&mu), &mut rs);
+        run.push_host("layernorm_sums centred", &case, &s, &rs, F32);
+        let rstd_h: Vec<f64> = rs.iter().map(|v| 1.0 / (v / cols as f64 + 1e-5).sqrt()).collect();
+        dev.layernorm_apply(&mut out, &mut mean, &mut rstd, &gx, &gw, &gb, &mu, &rstd_h, rows, cols);
+        r.layernorm_apply(&mut rout, &mut rmean, &mut rrstd, &rx, &rw, &rb, &mu, &rstd_h, rows, cols);
+        run.push_dev("layernorm_apply", &case, &out, &rout, F32);
+        let (mut bs, mut rbs) = (vec![0f64; 2 * rows], vec![0f64; 2 * rows]);
+        dev.layernorm_backward_sums(&gdy, &gx, &gw, &mean, &rstd, rows, cols, &mut bs);
+        r.layernorm_backward_sums(&rdy, &rx, &rw, &rmean, &rrstd, rows, cols, &mut rbs);
+        run.push_host("layernorm_backward_sums", &case, &bs, &rbs, F32);
+        let (mut dx, mut dw, mut db) = (run.up(&dx0), run.up(&b), run.up(&w));
+        dev.layernorm_backward_apply(&mut dx, &mut dw, &mut db, &gdy, &gx, &gw, &mean, &rstd, &rbs, cols, rows, cols);
+        let (mut rdx, mut rdw, mut rdb) = (refb(&dx0), refb(&b), refb(&w));
+        r.layernorm_backward_apply(&mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, &rbs, cols, rows, cols);
+        run.push_dev("layernorm_backward_apply dx", &case, &dx, &rdx, F32);
+        run.push_dev("layernorm_backward_apply dw", &case, &dw, &rdw, F32);
+        run.push_dev("layernorm_backward_apply db", &case, &db, &rdb, F32);
+    }
+}
+
+fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &(rows, vocab, start) in cases {
+        let logits = run.f32s(rows * vocab, "logits", 3.0, 0.0);
+        let targets: Vec<u32> = (0..rows).map(|i| ((i * 389) % (start + vocab)) as u32).collect();
+        let case = format!("{rows}x{vocab} from {start}");
+        let (g, rl) = (run.up(&logits), refb(&logits));
+        let (mut max, mut rmax) = (vec![0f64; rows], vec![0f64; rows]);
+        dev.cross_entropy_max(&g, rows, vocab, &mut max);
+        r.cross_entropy_max(&rl, rows, vocab, &mut rmax);
+        run.push_host("cross_entropy_max", &case, &max, &rmax, Bound::Exact);
+        let (mut se, mut tl) = (vec![0f64; rows], vec![0f64; rows]);
+        let (mut rse, mut rtl) = (vec![0f64; rows], vec![0f64; rows]);
+        dev.cross_entropy_partials(&g, &targets, start, rows, vocab, &rmax, &mut se, &mut tl);
+        r.cross_entropy_partials(&rl, &targets, start, rows, vocab, &rmax, &mut rse, &mut rtl);
+        run.push_host("cross_entropy sum_exp", &case, &se, &rse, F32);
+        run.push_host("cross_entropy target_logit", &case, &tl, &rtl, Bound::Exact);
+        let mut gg = run.up(&logits);
+        dev.cross_entropy_backward(&mut gg, &targets, start, rows, vocab, &rmax, &rse, 0.5);
+        let mut rg = rl.clone();
+        r.cross_entropy_backward(&mut rg, &targets, start, rows, vocab, &rmax, &rse, 0.5);
+        run.push_dev("cross_entropy_backward", &case, &gg, &rg, Bound::F32(1e-5));
+    }
+}
+
+fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)], bound: Bound) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &(rows, k, n) in cases {
+        let x = run.bf16s(rows * k, "x", 1.0);
+        let w = run.bf16s(n * k, "w", 0.2);
+        let bias = run.f32s(n, "bias", 0.5, 0.0);
+        let dy = run.bf16s(rows * n, "dy", 1.0);
+        let dw0 = run.f32s(n * k, "dw0", 1.0, 0.0);
+        let case = format!("{rows}x{k}->{n}");
+        let (gx, gw, gbias, gdy) = (run.up(&x), run.up(&w), run.up(&bias), run.up(&dy));
+        let (rx, rw, rbias, rdy) = (refb(&x), refb(&w), refb(&bias), refb(&dy));
+        let mut out = dev.alloc(rows * n);
+        dev.linear_forward(&mut out, &gx, &gw, Some(&gbias), rows, k, n);
+        let mut want = r.alloc(rows * n);
+        r.linear_forward(&mut want, &rx, &rw, Some(&rbias), rows, k, n);
+        run.push_dev("linear_forward", &case, &out, &want, bound);
+        // dinp overwrites (it starts as garbage); dweight and dbias accumulate.
+        let mut dx = run.up(&vec![7.0; rows * k]);
+        let (mut dw, mut db) = (run.up(&dw0), run.up(&bias));
+        dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &gdy, &gx, &gw, rows, k, n);
+        let (mut rdx, mut rdw, mut rdb) = (r.alloc(rows * k), refb(&dw0), refb(&bias));
+        r.linear_backward(Some(&mut rdx), &mut rdw, Some(&mut rdb), &rdy, &rx, &rw, rows, k, n);
+        run.push_dev("linear_backward dinp", &case, &dx, &rdx, bound);
+        run.push_dev("linear_backward dweight", &case, &dw, &rdw, bound);
+        run.push_dev("linear_backward dbias", &case, &db, &rdb, bound);
+    }
+}
+
+fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for &(batch, seq, heads, head_dim) in cases {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let (rows, w) = (shape.rows(), shape.width());
+        let qkv = run.bf16s(3 * rows * w, "qkv", 1.0);
+        let dout = run.bf16s(rows * w, "dout", 1.0);
+        let case = format!("b{batch} s{seq} h{heads} d{head_dim}");
+        let gq = run.up(&qkv);
+        let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
+        dev.attention_forward(&mut out, &mut lse, &gq, shape);
+        let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
+        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape);
+        run.push_dev("attention_forward out", &case, &out, &rout, Bound::Bf16);
+        run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
+        // Backward from the device's own forward output, as training runs it.
+        let (out_host, lse_host) = (run.down(&out), run.down(&lse));
+        let mut dqkv = run.up(&vec![9.0; 3 * rows * w]);
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape);
+        let mut rdqkv = r.alloc(3 * rows * w);
+        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape);
+        run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, Bound::Bf16);
+    }
+}
+
+/// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
+/// `head_dims` are the attention head dimensions the device supports; `bf16_products` says the
+/// device multiplies matrices on bf16 operands (the GPU kernels; the CPU under `--bf16`), which
+/// judges the GEMMs by the bf16 rule instead of f32's.
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], bf16_products: bool, seed: u64) -> Vec<OpCheck> {
+    let mut run = Run { dev, seed, out: Vec::new() };
+    let full = size == Size::Full;
+    let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
+    elementwise(&mut run, sizes);
+    let mut emb = vec![(1, 1, 1, 3, 0), (2, 5, 33, 10, 0), (3, 7, 130, 20, 10)];
+    let mut ln = vec![(1, 1), (5, 33), (13, 200)];
+    let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];
+    let mut lin = vec![(1, 1, 1), (37, 72, 130), (100, 33, 70)];
+    let mut attn: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for &d in head_dims {
+        attn.extend([(1, 1, 1, d), (2, 37, 2, d)]);
+    }
+    if full {
+        emb.push((4, 256, 768, 50304, 0));
+        ln.push((1024, 768));
+        xent.push((512, 25152, 25152));
+        lin.extend([(512, 768, 2304), (512, 3072, 768)]);
+        for &d in head_dims {
+            attn.push((2, 512, 768 / d, d));
+        }
+    } else if let Some(&d) = head_dims.last() {
+        attn.push((1, 70, 1, d));
+    }
+    embeddings(&mut run, &emb);
+    layernorm(&mut run, &ln);
+    cross_entropy(&mut run, &xent);
+    let lin_bound = if bf16_products { Bound::Bf16 } else { Bound::F32(2e-5) };
+    if bf16_products {
+        dev.set_matmul_precision(Precision::Bf16);
+    }
+    linear(&mut run, &lin, lin_bound);
+    attention(&mut run, &attn);
+    run.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+
+    #[test]
+    fn the_cpu_device_passes_every_op() {
+        let dev = CpuDevice::new(2);
+        let checks = run_all(&dev, Size::Small, &[32, 64], false, 5);
+        assert!(checks.len() > 60, "{} checks", checks.len());
+        for c in &checks {
+            assert!(c.passed(), "{}", c.line());
+        }
+    }
+
+    #[test]
+    fn a_wrong_output_is_reported_with_its_first_bad_element() {
+        let c = compare("op", "case", &[1.0, 2.0, 3.5], &[1.0, 2.0, 3.0], F32);
+        assert!(!c.passed() && c.violations == 1 && c.first == Some((2, 3.5, 3.0)), "{c:?}");
+        assert!(c.line().contains("FAILED: 1 of them, element 2 is 3.5, the reference 3"), "{}", c.line());
+        let nan = compare("op", "case", &[f32::NAN], &[0.0], Bound::Bf16);
+        assert!(!nan.passed());
+        assert!(!compare("op", "case", &[1.0], &[1.0, 2.0], Bound::Exact).passed(), "a short output fails");
+        assert!(compare("op", "case", &[1.005], &[1.0], Bound::Bf16).passed());
+        assert!(!compare("op", "case", &[1.0 + 1e-7], &[1.0], Bound::Exact).passed());
+    }
+}
