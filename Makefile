@@ -99,8 +99,9 @@ train: build $(DATA)_text_document.idx
 test: test-deps gpu-test-libs
 	TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) $(CARGO) test --release
 
-# On a GPU node: what the binary finds, then a kernel compiled by NVRTC, loaded and launched on
-# every GPU and its result checked. Without an NVIDIA GPU it says it needs one and fails.
+# On a GPU node: what the binary finds, then a kernel compiled by NVRTC (NVIDIA) or hipRTC (AMD),
+# loaded and launched on every GPU and its result checked. Without a GPU it says what is missing
+# and fails.
 gpu-check: build
 	$(BIN) info
 	$(BIN) check gpu
