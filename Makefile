@@ -99,10 +99,10 @@ train: build $(DATA)_text_document.idx
 test: test-deps gpu-test-libs
 	TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) $(CARGO) test --release
 
-# On a GPU node: what the binary finds, then a kernel compiled by NVRTC, loaded and launched on
-# every GPU and its result checked. Without an NVIDIA GPU it says it needs one and fails.
-# On a GPU node: check gpu, check ops (every Device op against the reference) and a 20-iteration
-# TP=2 x PP=2 run compared with the CPU backend (tests/gpu/gpu-check.sh; its header lists the knobs).
+# On a GPU node (NVIDIA, else AMD): check gpu (a kernel compiled by NVRTC or hipRTC, launched and
+# checked on every GPU), check ops (every Device op against the reference) and a 20-iteration
+# TP=2 x PP=2 run compared with the CPU backend (tests/gpu/gpu-check.sh; its header lists the
+# knobs). Without a GPU it says what is missing and fails.
 gpu-check: build $(DATA)_text_document.idx
 	$(BIN) info
 	tests/gpu/gpu-check.sh $(BIN) $(DATA)_text_document

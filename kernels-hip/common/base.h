@@ -16,15 +16,19 @@
 #if defined(TRIDENT_EMU)
 #include "../emu/hip.h"
 #elif defined(__HIPCC_RTC__)
-// hipRTC (the run-time compile): hip_runtime is built in and there is no <stdint.h> (ROCm 5
-// declares only the 64-bit types), so the narrower ones are declared here as every ROCm spells
-// them (an identical repeated typedef is legal C++).
+// hipRTC (the run-time compile): hip_runtime is built in and there is no <stdint.h> or <math.h>
+// (ROCm 5 declares only the 64-bit integer types), so the narrower ones, uintptr_t (the
+// compiler's own type) and INFINITY are declared here (an identical repeated typedef is legal).
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef signed char int8_t;
 typedef short int16_t;
 typedef int int32_t;
+typedef __UINTPTR_TYPE__ uintptr_t;
+#ifndef INFINITY
+#define INFINITY __builtin_huge_valf()
+#endif
 #else
 #include <hip/hip_runtime.h>
 #include <stdint.h>

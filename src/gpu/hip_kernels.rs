@@ -232,6 +232,20 @@ mod tests {
     }
 
     #[test]
+    fn without_hiprtc_or_a_precompiled_object_the_error_says_both() {
+        let cell = OnceCell::new();
+        let _ = cell.set(Err("libhiprtc.so not found (no ROCm on this machine)".to_string()));
+        let dir = std::env::temp_dir().join(format!("trident-hip-none-{}", std::process::id()));
+        let modules = HipKernelModules { cache: ModuleCache::new(&dir), hiprtc: cell, precompiled: &[] };
+        let e = modules.image("gemm_bf16.hip", "gfx90a").err().expect("nothing to compile with").to_string();
+        assert_eq!(
+            e,
+            "not supported by this build: HIP kernel gemm_bf16.hip for gfx90a: this build holds no precompiled HIP kernels and libhiprtc.so not found (no ROCm on this machine)"
+        );
+        assert!(modules.image("nope.hip", "gfx90a").err().unwrap().to_string().contains("no embedded HIP kernel file"));
+    }
+
+    #[test]
     fn info_names_the_embedded_hip_kernels() {
         let line = info_line();
         assert!(line.contains(&format!("{} files embedded", files().len())), "{line}");
