@@ -421,7 +421,7 @@ fn check_gpu() -> Result<()> {
         );
     }
     println!(
-        "gpu check: passed on {n} device{} (the fused kernels are compared once the CUDA Device exists)",
+        "gpu check: passed on {n} device{} (the Device ops are compared with the reference in tests/cuda_device.rs)",
         if n == 1 { "" } else { "s" }
     );
     Ok(())
