@@ -501,3 +501,17 @@ fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let o = run_with(&emu.env, &args);
     assert_clean_error(&o, &["head dims 64 and 128", "is 32"]);
 }
+
+#[test]
+fn check_gpu_compares_the_device_with_the_reference() {
+    let Some(emu) = emulated() else { return };
+    let o = run_with(&emu.env, &["check", "gpu"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
+    assert!(
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 14 op outputs"),
+        "{out}"
+    );
+    assert!(out.contains("gpu check: passed on 1 device"), "{out}");
+}
