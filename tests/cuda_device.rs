@@ -515,3 +515,31 @@ fn check_gpu_compares_the_device_with_the_reference() {
     );
     assert!(out.contains("gpu check: passed on 1 device"), "{out}");
 }
+
+#[test]
+fn the_emulating_driver_checks_images_names_and_launches() {
+    use trident::gpu::cache::ModuleCache;
+    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::driver::Driver;
+    use trident::gpu::kernels::KernelModules;
+    let Some(emu) = emulated() else { return };
+    let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
+    let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
+    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80").unwrap();
+    // A CUBIN loads; a name it does not hold is not found, even one another file defines.
+    let module = rt.load_module(&image.bytes).unwrap();
+    assert!(rt.function(module, "cast_f32_to_bf16").is_ok());
+    let e = rt.function(module, "add_f32").unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_NOT_FOUND"), "{e}");
+    // PTX text (or anything not ELF) is refused.
+    let e = rt.load_module(b".version 8.0\n.target sm_80\0").unwrap_err().to_string();
+    assert!(e.contains("cuModuleLoadData") && e.contains("CUDA_ERROR_INVALID_IMAGE"), "{e}");
+    // A launch runs (n = 0 elements: nothing to touch); more than 1024 threads per block is refused.
+    let f = rt.function(module, "cast_f32_to_bf16").unwrap();
+    let (mut out, mut inp, mut n) = (0u64, 0u64, 0i32);
+    let mut params: Vec<*mut std::ffi::c_void> =
+        vec![(&mut out as *mut u64).cast(), (&mut inp as *mut u64).cast(), (&mut n as *mut i32).cast()];
+    assert!(rt.launch(f, [1, 1, 1], [32, 1, 1], &mut params).is_ok());
+    let e = rt.launch(f, [1, 1, 1], [2048, 1, 1], &mut params).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+}
