@@ -165,6 +165,12 @@ fn elementwise_ops_match_the_reference() {
         dev.round_to(&mut rounded, Precision::Bf16);
         let want_bits: Vec<f32> = a.iter().map(|&x| Precision::Bf16.round(x)).collect();
         assert_eq!(down(dev, &rounded), want_bits, "round_to bf16 n={n}");
+        // The 16-bit copy of bf16 values (mixed precision's saved activations) is exact both ways.
+        let half = dev.to_half(&rounded, Precision::Bf16);
+        assert_eq!(half, want_bits.iter().map(|&x| Precision::Bf16.to_bits16(x)).collect::<Vec<u16>>());
+        let mut back = dev.alloc(n);
+        dev.load_half(&half, Precision::Bf16, &mut back);
+        assert_eq!(down(dev, &back), want_bits, "load_half n={n}");
         dev.fill(&mut rounded, 0.25);
         assert!(down(dev, &rounded).iter().all(|&x| x == 0.25));
         assert!(dev.len(&dev.alloc(n)) == n && down(dev, &dev.alloc(n)).iter().all(|&x| x == 0.0), "alloc is zeroed");

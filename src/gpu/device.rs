@@ -1150,6 +1150,30 @@ impl Device for GpuDevice {
         }
     }
 
+    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> Vec<u16> {
+        if precision != Precision::Bf16 {
+            let mut host = vec![0f32; buf.len];
+            self.download(buf, &mut host);
+            return host.iter().map(|&x| precision.to_bits16(x)).collect();
+        }
+        // Cast on the device and copy half the bytes; the values are already bf16, so exact.
+        let half = self.to_bf16(buf, buf.len);
+        let mut bytes = vec![0u8; 2 * buf.len];
+        if !bytes.is_empty() {
+            ok(self.rt.copy_to_host(&mut bytes, half.pointer));
+        }
+        bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+    }
+    fn load_half(&self, src: &[u16], precision: Precision, dst: &mut GpuBuf) {
+        assert_eq!(dst.len, src.len(), "load_half: buffer and host lengths differ");
+        if precision != Precision::Bf16 {
+            let host: Vec<f32> = src.iter().map(|&b| precision.from_bits16(b)).collect();
+            return self.upload(dst, &host);
+        }
+        let half = self.upload_bytes(&src.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>());
+        self.cast(K::CastBf16ToF32, dst.ptr(), half.pointer, src.len());
+    }
+
     fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
