@@ -456,7 +456,7 @@ fn train_losses(
 }
 
 #[test]
-fn train_on_cuda_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
+fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_rank() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("cuda-train");
     let data = prepared_corpus(&dir);
@@ -480,16 +480,19 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     assert_eq!(resumed, gpu[3..], "the resumed run differs from the uninterrupted one");
     // Tensor x pipeline parallel on the CUDA Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
-    let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
-    let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, &tp_pp);
-    assert_eq!(parallel.len(), 6);
-    for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
-        let rel = (one - four).abs() / one.abs();
-        eprintln!(
-            "iteration {}: cuda on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})",
-            i + 1
-        );
-        assert!(rel < 1e-3, "iteration {}: one rank {one}, TP 2 x PP 2 {four}", i + 1);
+    // 2-D tensor parallelism (SUMMA) adds the split LayerNorm (`layernorm_sums` and friends).
+    let layouts: [(&str, &[&str]); 2] = [
+        ("TP 2 x PP 2", &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+        ("2-D TP 2 x 2", &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
+    ];
+    for (name, flags) in layouts {
+        let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, flags);
+        assert_eq!(parallel.len(), 6, "{name}");
+        for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
+            let rel = (one - four).abs() / one.abs();
+            eprintln!("iteration {}: cuda on 1 rank {one:.6}, {name} {four:.6} (relative difference {rel:.2e})", i + 1);
+            assert!(rel < 1e-3, "iteration {}: one rank {one}, {name} {four}", i + 1);
+        }
     }
 }
 
