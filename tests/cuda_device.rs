@@ -494,6 +494,7 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
             assert!(rel < 1e-3, "iteration {}: one rank {one}, {name} {four}", i + 1);
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -509,6 +510,7 @@ fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     args[pos + 1] = "4";
     let o = run_with(&emu.env, &args);
     assert_clean_error(&o, &["head dims 64 and 128", "is 32"]);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
