@@ -63,10 +63,12 @@ tj_setup() {
     cpu | cuda | hip) ;;
     *) tj_die "DEVICE=$DEVICE: expected cpu, cuda or hip" ;;
   esac
-  if [ "$DEVICE" != cpu ]; then
-    tj_say "DEVICE=$DEVICE: trident's GPU backends are not built yet, so the binary will stop at once" \
-      "(cuda: 'the CUDA backend is not built yet', or 'libcuda.so.1 not found' without a driver;" \
-      "hip: 'only the cpu backend is built so far'); DEVICE=cpu trains on the nodes' CPUs"
+  if [ "$DEVICE" = hip ]; then
+    tj_say "DEVICE=hip: trident's HIP backend is not built yet, so the binary will stop at once" \
+      "('the HIP backend is not built yet', or 'libamdhip64.so not found' without ROCm);" \
+      "DEVICE=cpu trains on the nodes' CPUs"
+  elif [ "$DEVICE" = cuda ]; then
+    tj_say "DEVICE=cuda: trains with --bf16 (the CUDA backend computes in bf16; head dim 64 or 128)"
   fi
 }
 
@@ -102,6 +104,10 @@ tj_train_args() {
     --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
     --device "$DEVICE" --save "$TJ_CKPT" --save-interval "$SAVE_INTERVAL"
     --log-json "$RUN_DIR/logs/metrics.jsonl" --exit-signal-handler)
+  # The CUDA backend requires bf16 mixed precision.
+  if [ "$DEVICE" = cuda ] && [[ " $TRAIN_ARGS " != *" --bf16 "* ]]; then
+    TJ_ARGS+=(--bf16)
+  fi
   if [ -n "$EXIT_DURATION_MINS" ]; then
     TJ_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_MINS")
   fi

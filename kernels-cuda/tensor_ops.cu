@@ -1,7 +1,8 @@
 // tensor_ops.cu: the f32-storage ops of the CUDA Device (src/gpu/device.rs) besides the bf16
-// GEMMs and attention: every buffer of the Device is f32, so these read and write f32 and
-// accumulate every reduction in f64 (row statistics, column sums of the LayerNorm parameter
-// gradients excepted, which add in f32 in row order exactly as the reference's loop does).
+// GEMMs and attention: every buffer of the Device is f32, so these read and write f32. Row and
+// block reductions (LayerNorm statistics, split-LayerNorm sums, cross-entropy, sum of squares)
+// accumulate in f64; column sums (the embedding, position, bias and LayerNorm parameter
+// gradients) add in f32 in row order, the order of the reference's loops, with no atomics.
 //
 //   element-wise (grid-stride, any 1-D grid of 1-D blocks; launched as ⌈n/256⌉ blocks of 256, capped):
 //     add_f32            out[i] = a[i] + b[i]

@@ -432,12 +432,29 @@ fn print_smoke(ordinal: usize, r: &trident::gpu::smoke::SmokeReport) {
     );
 }
 
+/// The GPU Device's ops against the reference device on small shapes, as one line (`check ops`
+/// prints the table).
+fn device_ops_line<D: trident::device::Device>(ordinal: usize, api: &str, dev: &D, head_dims: &[usize]) -> Result<()> {
+    use trident::device::check::{run_all, Size};
+    let checks = run_all(dev, Size::Small, head_dims, true, 7);
+    if let Some(bad) = checks.iter().find(|c| !c.passed()) {
+        return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
+    }
+    println!(
+        "gpu check: device {ordinal}: the {api} Device matches the reference device on {} op outputs",
+        checks.len()
+    );
+    Ok(())
+}
+
 fn check_gpu_cuda(driver: &trident::gpu::driver::Driver, n: usize) -> Result<()> {
     use trident::gpu::{cache::ModuleCache, nvrtc::Nvrtc, smoke};
     let nvrtc = Nvrtc::load()?;
     let cache = ModuleCache::at_default_root()?;
     for ordinal in 0..n {
         print_smoke(ordinal, &smoke::run(driver, &nvrtc, &cache, ordinal)?);
+        let dev = trident::gpu::device::GpuDevice::cuda(ordinal)?;
+        device_ops_line(ordinal, "CUDA", &dev, &[64, 128])?;
     }
     println!(
         "gpu check: passed on {n} NVIDIA device{}; `trident check ops` compares every fused op with the reference",

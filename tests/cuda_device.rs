@@ -165,6 +165,12 @@ fn elementwise_ops_match_the_reference() {
         dev.round_to(&mut rounded, Precision::Bf16);
         let want_bits: Vec<f32> = a.iter().map(|&x| Precision::Bf16.round(x)).collect();
         assert_eq!(down(dev, &rounded), want_bits, "round_to bf16 n={n}");
+        // The 16-bit copy of bf16 values (mixed precision's saved activations) is exact both ways.
+        let half = dev.to_half(&rounded, Precision::Bf16);
+        assert_eq!(half, want_bits.iter().map(|&x| Precision::Bf16.to_bits16(x)).collect::<Vec<u16>>());
+        let mut back = dev.alloc(n);
+        dev.load_half(&half, Precision::Bf16, &mut back);
+        assert_eq!(down(dev, &back), want_bits, "load_half n={n}");
         dev.fill(&mut rounded, 0.25);
         assert!(down(dev, &rounded).iter().all(|&x| x == 0.25));
         assert!(dev.len(&dev.alloc(n)) == n && down(dev, &dev.alloc(n)).iter().all(|&x| x == 0.0), "alloc is zeroed");
@@ -410,6 +416,8 @@ const TINY_GPU: &[&str] = &[
     "1e-3",
     "--log-interval",
     "1",
+    "--eval-iters",
+    "1",
     "--bf16",
 ];
 
@@ -422,7 +430,7 @@ fn train_losses(
     ranks: usize,
     extra: &[&str],
 ) -> Vec<f64> {
-    let log = dir.join(format!("{device}-{ranks}.jsonl"));
+    let log = dir.join(format!("{device}-{ranks}-{}.jsonl", extra.join("").replace(['-', '/'], "")));
     let log_s = log.to_str().unwrap().to_string();
     let mut args = vec!["train", "--device", device, "--data-path", data, "--train-iters", "6"];
     args.extend_from_slice(TINY_GPU);
@@ -444,13 +452,11 @@ fn train_losses(
     if device == "cuda" {
         assert!(stdout(&o).contains("device cuda: Emulated A100"), "{}", stdout(&o));
     }
-    let losses = loss_values(&log);
-    assert_eq!(losses.len(), 6, "{device} on {ranks} ranks");
-    losses
+    loss_values(&log)
 }
 
 #[test]
-fn train_on_cuda_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
+fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_rank() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("cuda-train");
     let data = prepared_corpus(&dir);
@@ -463,19 +469,32 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
         // bf16 probabilities and outputs), so the curves agree to bf16 precision, not bit for bit.
         assert!(rel < 5e-3, "iteration {}: cpu loss {c}, cuda loss {g}", i + 1);
     }
+    assert_eq!((cpu.len(), gpu.len()), (6, 6));
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the cuda loss never changed");
+    // Deterministic, and a checkpoint of device buffers resumes the run bit for bit.
+    let ckpt = dir.join("ckpt");
+    let ckpt_s = ckpt.to_str().unwrap();
+    let first = train_losses(&emu.env, &dir, &data, "cuda", 1, &["--save", ckpt_s, "--exit-interval", "3"]);
+    let resumed = train_losses(&emu.env, &dir, &data, "cuda", 1, &["--load", ckpt_s]);
+    assert_eq!(first, gpu[..3], "a second run differs");
+    assert_eq!(resumed, gpu[3..], "the resumed run differs from the uninterrupted one");
     // Tensor x pipeline parallel on the CUDA Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
-    let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
-    let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, &tp_pp);
-    for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
-        let rel = (one - four).abs() / one.abs();
-        eprintln!(
-            "iteration {}: cuda on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})",
-            i + 1
-        );
-        assert!(rel < 1e-3, "iteration {}: one rank {one}, TP 2 x PP 2 {four}", i + 1);
+    // 2-D tensor parallelism (SUMMA) adds the split LayerNorm (`layernorm_sums` and friends).
+    let layouts: [(&str, &[&str]); 2] = [
+        ("TP 2 x PP 2", &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+        ("2-D TP 2 x 2", &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
+    ];
+    for (name, flags) in layouts {
+        let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, flags);
+        assert_eq!(parallel.len(), 6, "{name}");
+        for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
+            let rel = (one - four).abs() / one.abs();
+            eprintln!("iteration {}: cuda on 1 rank {one:.6}, {name} {four:.6} (relative difference {rel:.2e})", i + 1);
+            assert!(rel < 1e-3, "iteration {}: one rank {one}, {name} {four}", i + 1);
+        }
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -491,4 +510,47 @@ fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     args[pos + 1] = "4";
     let o = run_with(&emu.env, &args);
     assert_clean_error(&o, &["head dims 64 and 128", "is 32"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_gpu_compares_the_device_with_the_reference() {
+    let Some(emu) = emulated() else { return };
+    let o = run_with(&emu.env, &["check", "gpu"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
+    assert!(
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 126 op outputs"),
+        "{out}"
+    );
+    assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
+}
+
+#[test]
+fn the_emulating_driver_checks_images_names_and_launches() {
+    use trident::gpu::cache::ModuleCache;
+    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::driver::Driver;
+    use trident::gpu::kernels::KernelModules;
+    let Some(emu) = emulated() else { return };
+    let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
+    let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
+    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80").unwrap();
+    // A CUBIN loads; a name it does not hold is not found, even one another file defines.
+    let module = rt.load_module(&image.bytes).unwrap();
+    assert!(rt.function(module, "cast_f32_to_bf16").is_ok());
+    let e = rt.function(module, "add_f32").unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_NOT_FOUND"), "{e}");
+    // PTX text (or anything not ELF) is refused.
+    let e = rt.load_module(b".version 8.0\n.target sm_80\0").unwrap_err().to_string();
+    assert!(e.contains("cuModuleLoadData") && e.contains("CUDA_ERROR_INVALID_IMAGE"), "{e}");
+    // A launch runs (n = 0 elements: nothing to touch); more than 1024 threads per block is refused.
+    let f = rt.function(module, "cast_f32_to_bf16").unwrap();
+    let (mut out, mut inp, mut n) = (0u64, 0u64, 0i32);
+    let mut params: Vec<*mut std::ffi::c_void> =
+        vec![(&mut out as *mut u64).cast(), (&mut inp as *mut u64).cast(), (&mut n as *mut i32).cast()];
+    assert!(rt.launch(f, [1, 1, 1], [32, 1, 1], &mut params).is_ok());
+    let e = rt.launch(f, [1, 1, 1], [2048, 1, 1], &mut params).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
 }

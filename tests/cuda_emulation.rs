@@ -446,6 +446,99 @@ fn embedding_forward_backward() {
 
 // ---- attention --------------------------------------------------------------------------
 
+// ---- tensor_ops.cu (the CUDA Device's f32 ops) ----------------------------------------------
+
+/// The reductions of tensor_ops.cu (a warp per row, a thread per column, fixed blocks) and two of
+/// its grid-stride kernels on one matrix, against the reference device. The CUDA Device's tests
+/// (tests/cuda_device.rs) run every kernel of the file through the Device as well.
+#[test]
+fn tensor_ops_reductions() {
+    for (rows, cols, blocks, vocab_rows) in [(1usize, 1usize, 1usize, 1usize), (7, 33, 2, 5), (40, 300, 3, 17)] {
+        let name = format!("tensor_ops_{rows}x{cols}");
+        let case = Case::new(KIND, &name);
+        let n = rows * cols;
+        let x = f32_values(SEED, n, "x", 2.0, 0.3);
+        let dy = f32_values(SEED, n, "dy", 1.0, 0.0);
+        let w = f32_values(SEED, cols, "w", 0.5, 1.0);
+        let b = f32_values(SEED, cols, "b", 0.5, 0.0);
+        let (dinp0, dw0, db0) = (
+            f32_values(SEED, n, "dinp", 1.0, 0.0),
+            f32_values(SEED, cols, "dw", 1.0, 0.0),
+            f32_values(SEED, cols, "db", 1.0, 0.0),
+        );
+        let dwte0 = f32_values(SEED, vocab_rows * cols, "dwte", 1.0, 0.0);
+        let tokens: Vec<u32> = (0..rows).map(|i| ((i * 5 + 2) % (vocab_rows + 1)) as u32).collect();
+        for (k, v) in [
+            ("x", &x),
+            ("dy", &dy),
+            ("w", &w),
+            ("b", &b),
+            ("dinp", &dinp0),
+            ("dweight", &dw0),
+            ("dbias", &db0),
+            ("dwte", &dwte0),
+        ] {
+            case.put_f32(k, v);
+        }
+        case.put_u32("tokens", &tokens);
+        case.run_on(harness(), "tensor_ops", &args(&[&rows, &cols, &blocks, &vocab_rows]));
+
+        let dev = ReferenceDevice;
+        let f = |h: &[f32]| reference(&dev, h);
+        let (rx, rdy, rw, rb) = (f(&x), f(&dy), f(&w), f(&b));
+        let (mut out, mut mean, mut rstd) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
+        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+        check_f32(&format!("{name} layernorm out"), &case.get_f32("out"), &out, 1e-5);
+        check_f32(&format!("{name} layernorm rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+        let (mut dinp, mut dw, mut db) = (f(&dinp0), f(&dw0), f(&db0));
+        dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdy, &rx, &rw, &mean, &rstd, rows, cols);
+        // The harness adds Σ_rows dy into dbias once more (column_sum_add_f32, the bias gradient).
+        for (c, d) in db.iter_mut().enumerate() {
+            *d += (0..rows).map(|r| rdy[r * cols + c]).sum::<f64>();
+        }
+        check_f32(&format!("{name} layernorm dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+        check_f32(&format!("{name} layernorm dweight"), &case.get_f32("dweight"), &dw, 1e-5);
+        check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-5);
+        let mut sums = vec![0f64; rows];
+        dev.layernorm_sums(&rx, rows, cols, None, &mut sums);
+        check_f32(
+            &format!("{name} layernorm_sums"),
+            &case.get_f64("sums").iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &sums,
+            1e-6,
+        );
+        let (mut max, mut sum_exp, mut target) = (vec![0f64; rows], vec![0f64; rows], vec![0f64; rows]);
+        dev.cross_entropy_max(&rx, rows, cols, &mut max);
+        assert_eq!(case.get_f64("max"), max, "{name} xent max");
+        dev.cross_entropy_partials(&rx, &tokens, 0, rows, cols, &max, &mut sum_exp, &mut target);
+        check_f32(
+            &format!("{name} xent sum_exp"),
+            &case.get_f64("sum_exp").iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &sum_exp,
+            1e-6,
+        );
+        assert_eq!(case.get_f64("target_logit"), target, "{name} xent target logit");
+        let mut dlogits = rx.clone();
+        dev.cross_entropy_backward(&mut dlogits, &tokens, 0, rows, cols, &max, &sum_exp, 0.5);
+        check(&format!("{name} xent backward"), &case.get_f32("dlogits"), &dlogits, 1e-6, 1e-5);
+        let mut dwte = f(&dwte0);
+        dev.embedding_backward(&mut dwte, &rdy, &tokens, 0, 1, rows, cols);
+        check_f32(&format!("{name} embedding backward"), &case.get_f32("dwte"), &dwte, 1e-5);
+        let mut biased = rx.clone();
+        dev.add_bias(&mut biased, &rb, rows, cols);
+        check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
+        let mut gelu = dev.alloc(n);
+        dev.gelu_forward(&mut gelu, &rx);
+        check_f32(&format!("{name} gelu"), &case.get_f32("gelu"), &gelu, 1e-5);
+        let squares = case.get_f64("squares");
+        assert_eq!(squares.len(), n.div_ceil(8192), "{name}: one partial per 8192 elements");
+        for (i, &s) in squares.iter().enumerate() {
+            let want: f64 = rx[i * 8192..((i + 1) * 8192).min(n)].iter().map(|v| v * v).sum();
+            assert!((s - want).abs() <= 1e-12 * want.max(1.0), "{name} sum of squares block {i}: {s} vs {want}");
+        }
+    }
+}
+
 #[test]
 fn attention_forward_causal() {
     // Whole and ragged query blocks (64) and key tiles (64 for d 64, 32 for d 128), one token,

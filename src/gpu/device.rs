@@ -288,15 +288,50 @@ const BLOCKS_PER_SM: usize = 8;
 pub struct DeviceMem {
     rt: Arc<dyn GpuRuntime>,
     pointer: u64,
+    bytes: usize,
 }
 
 impl DeviceMem {
     fn alloc(rt: &Arc<dyn GpuRuntime>, bytes: usize) -> Result<DeviceMem> {
         // A zero-byte request is legal for the Device but not for cuMemAlloc: it holds no memory.
         let pointer = if bytes == 0 { 0 } else { rt.alloc(bytes)? };
-        Ok(DeviceMem { rt: rt.clone(), pointer })
+        Ok(DeviceMem { rt: rt.clone(), pointer, bytes })
     }
 }
+
+/// Scratch memory (bf16 operand copies, uploaded token ids, row sums) borrowed from the device's
+/// pool and given back on drop. Reusing a block right after the kernels that read it were
+/// launched is safe because every launch and copy runs in order on the one stream; the pool
+/// saves a cuMemAlloc / cuMemFree pair (each of which synchronizes the device) per operand.
+struct Scratch<'d> {
+    mem: Option<DeviceMem>,
+    pool: &'d std::sync::Mutex<Vec<DeviceMem>>,
+}
+
+impl std::ops::Deref for Scratch<'_> {
+    type Target = DeviceMem;
+    fn deref(&self) -> &DeviceMem {
+        self.mem.as_ref().expect("held until drop")
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        if let (Some(mem), Ok(mut free)) = (self.mem.take(), self.pool.lock()) {
+            if mem.bytes > 0 {
+                free.push(mem);
+                // Keep the pool bounded: the smallest blocks go first.
+                if free.len() > SCRATCH_BLOCKS {
+                    free.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+                    free.truncate(SCRATCH_BLOCKS);
+                }
+            }
+        }
+    }
+}
+
+/// How many free scratch blocks the pool keeps.
+const SCRATCH_BLOCKS: usize = 16;
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
@@ -333,6 +368,7 @@ pub struct GpuDevice {
     multiprocessors: usize,
     limits: super::launch::DeviceLimits,
     bf16_matmul: AtomicBool,
+    scratch: std::sync::Mutex<Vec<DeviceMem>>,
 }
 
 /// The CUDA Device.
@@ -391,7 +427,14 @@ impl GpuDevice {
             };
             functions.push(rt.function(module, name)?);
         }
-        Ok(GpuDevice { rt, functions, multiprocessors, limits, bf16_matmul: AtomicBool::new(false) })
+        Ok(GpuDevice {
+            rt,
+            functions,
+            multiprocessors,
+            limits,
+            bf16_matmul: AtomicBool::new(false),
+            scratch: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).
@@ -443,11 +486,17 @@ impl GpuDevice {
         }
     }
 
-    fn scratch(&self, bytes: usize) -> DeviceMem {
-        ok(DeviceMem::alloc(&self.rt, bytes))
+    /// A scratch block of at least `bytes`: the smallest free one that fits, else a new one.
+    fn scratch(&self, bytes: usize) -> Scratch<'_> {
+        let reused = self.scratch.lock().ok().and_then(|mut free| {
+            let best = free.iter().enumerate().filter(|(_, m)| m.bytes >= bytes).min_by_key(|(_, m)| m.bytes)?.0;
+            Some(free.swap_remove(best))
+        });
+        let mem = reused.unwrap_or_else(|| ok(DeviceMem::alloc(&self.rt, bytes)));
+        Scratch { mem: Some(mem), pool: &self.scratch }
     }
 
-    fn upload_bytes(&self, bytes: &[u8]) -> DeviceMem {
+    fn upload_bytes(&self, bytes: &[u8]) -> Scratch<'_> {
         let m = self.scratch(bytes.len());
         if !bytes.is_empty() {
             ok(self.rt.copy_to_device(m.pointer, bytes));
@@ -455,11 +504,11 @@ impl GpuDevice {
         m
     }
 
-    fn upload_u32(&self, v: &[u32]) -> DeviceMem {
+    fn upload_u32(&self, v: &[u32]) -> Scratch<'_> {
         self.upload_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
     }
 
-    fn upload_f64(&self, v: &[f64]) -> DeviceMem {
+    fn upload_f64(&self, v: &[f64]) -> Scratch<'_> {
         self.upload_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
     }
 
@@ -474,7 +523,7 @@ impl GpuDevice {
     }
 
     /// A bf16 copy of the first `n` elements of `src` (round to nearest even), in scratch.
-    fn to_bf16(&self, src: &GpuBuf, n: usize) -> DeviceMem {
+    fn to_bf16(&self, src: &GpuBuf, n: usize) -> Scratch<'_> {
         assert!(n <= src.len, "bf16 cast of {n} elements from a buffer of {}", src.len);
         let out = self.scratch(2 * n);
         self.cast(K::CastF32ToBf16, out.pointer, src.ptr(), n);
@@ -509,7 +558,7 @@ impl Device for GpuDevice {
         format!("{}, bf16 GEMMs and attention (mma.sync)", self.rt.describe())
     }
     fn alloc(&self, len: usize) -> GpuBuf {
-        let mem = self.scratch(4 * len);
+        let mem = ok(DeviceMem::alloc(&self.rt, 4 * len));
         if len > 0 {
             ok(self.rt.memset_u32(mem.pointer, 0, len));
         }
@@ -1099,6 +1148,30 @@ impl Device for GpuDevice {
                 self.upload(buf, &host);
             }
         }
+    }
+
+    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> Vec<u16> {
+        if precision != Precision::Bf16 {
+            let mut host = vec![0f32; buf.len];
+            self.download(buf, &mut host);
+            return host.iter().map(|&x| precision.to_bits16(x)).collect();
+        }
+        // Cast on the device and copy half the bytes; the values are already bf16, so exact.
+        let half = self.to_bf16(buf, buf.len);
+        let mut bytes = vec![0u8; 2 * buf.len];
+        if !bytes.is_empty() {
+            ok(self.rt.copy_to_host(&mut bytes, half.pointer));
+        }
+        bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+    }
+    fn load_half(&self, src: &[u16], precision: Precision, dst: &mut GpuBuf) {
+        assert_eq!(dst.len, src.len(), "load_half: buffer and host lengths differ");
+        if precision != Precision::Bf16 {
+            let host: Vec<f32> = src.iter().map(|&b| precision.from_bits16(b)).collect();
+            return self.upload(dst, &host);
+        }
+        let half = self.upload_bytes(&src.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>());
+        self.cast(K::CastBf16ToF32, dst.ptr(), half.pointer, src.len());
     }
 
     fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {

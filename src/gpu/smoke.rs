@@ -1,8 +1,8 @@
 //! The device smoke test behind `make gpu-check` (`trident check gpu`): on a real GPU, compile a
 //! small kernel with NVRTC for the device's architecture (through the module cache), load it with
 //! `cuModuleLoadData`, launch it over a ragged size, copy the result back and compare it with the
-//! host's, exactly. It exercises every table entry the CUDA Device will need. The full comparison
-//! of every fused kernel against the CPU reference arrives with the CUDA Device.
+//! host's, exactly. `trident check gpu` then compares the GPU Device's ops with the reference
+//! device there (`device::check`, small shapes; `trident check ops` runs the full set).
 //! `run_hip` is the same test on an AMD GPU: the same kernel source compiled by hipRTC for the
 //! device's gfx architecture (through the same cache), loaded with `hipModuleLoadData` and
 //! launched with `hipModuleLaunchKernel` in 256-thread workgroups.
@@ -173,3 +173,4 @@ pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) 
     };
     Ok(SmokeReport { device: info.name, arch, elements: n, blocks: cfg.blocks(), cache })
 }
+

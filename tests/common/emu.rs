@@ -76,6 +76,9 @@ impl Case {
     pub fn get_u32(&self, name: &str) -> Vec<u32> {
         self.read(name, "u32").chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     }
+    pub fn get_f64(&self, name: &str) -> Vec<f64> {
+        self.read(name, "f64").chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect()
+    }
     pub fn get_i32(&self, name: &str) -> Vec<i32> {
         self.read(name, "i32").chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     }

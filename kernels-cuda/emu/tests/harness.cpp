@@ -18,6 +18,7 @@
 #include "../../gemm_bf16_sm90.cu"
 #include "../../layernorm.cu"
 #include "../../softmax_xent.cu"
+#include "../../tensor_ops.cu"
 
 namespace {
 
@@ -309,6 +310,55 @@ int main(int argc, char** argv) {
       return usage();
     }
     write_bf16("dqkv", dqkv);
+  } else if (op == "tensor_ops") {
+    // tensor_ops.cu's row, column and block reductions on one [rows, cols] matrix x, with the
+    // Device's geometry (a warp per row in blocks of 128; a thread per column in blocks of 256;
+    // 8192-element blocks for the squares) and grid-stride kernels on `blocks` blocks of 256.
+    const int rows = arg(0), cols = arg(1), blocks = arg(2), vocab_rows = arg(3);
+    const size_t n = size_t(rows) * cols;
+    auto x = read_f32("x", n), dy = read_f32("dy", n), w = read_f32("w", cols), b = read_f32("b", cols);
+    auto tokens = read_u32("tokens", rows);
+    auto dinp = read_f32("dinp", n), dweight = read_f32("dweight", cols), dbias = read_f32("dbias", cols);
+    auto dwte = read_f32("dwte", size_t(vocab_rows) * cols);
+    std::vector<float> out(n), mean(rows), rstd(rows), gelu(n), biased = x;
+    const dim3 row_grid(ceil_div(rows, 4)), col_grid(ceil_div(cols, 256));
+    emu::launch(row_grid, dim3(128), layernorm_fwd_f32, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                b.data(), rows, cols);
+    emu::launch(row_grid, dim3(128), layernorm_bwd_dx_f32, dinp.data(), dy.data(), x.data(), w.data(), mean.data(),
+                rstd.data(), rows, cols);
+    emu::launch(col_grid, dim3(256), layernorm_bwd_params_f32, dweight.data(), dbias.data(), dy.data(), x.data(),
+                mean.data(), rstd.data(), rows, cols);
+    std::vector<double> sums(rows), max(rows), sum_exp(rows), target_logit(rows);
+    emu::launch(row_grid, dim3(128), layernorm_sums_f32, sums.data(), x.data(), (const double*)nullptr, rows, cols);
+    emu::launch(row_grid, dim3(128), xent_max_f32, max.data(), x.data(), rows, cols);
+    emu::launch(row_grid, dim3(128), xent_partials_f32, sum_exp.data(), target_logit.data(), x.data(), tokens.data(), 0,
+                max.data(), rows, cols);
+    std::vector<float> dlogits = x;
+    emu::launch(dim3(blocks), dim3(256), xent_bwd_f32, dlogits.data(), tokens.data(), 0, max.data(), sum_exp.data(),
+                0.5f, rows, cols);
+    // Rows of x as one sequence of `rows` tokens of width `cols`: the word-embedding gradient.
+    emu::launch(col_grid, dim3(256), embedding_bwd_f32, dwte.data(), dy.data(), tokens.data(), 0, vocab_rows, 1, rows,
+                cols);
+    emu::launch(col_grid, dim3(256), column_sum_add_f32, dbias.data(), dy.data(), rows, cols);
+    emu::launch(dim3(blocks), dim3(256), add_bias_f32, biased.data(), b.data(), rows, cols);
+    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, gelu.data(), x.data(), int(n));
+    std::vector<double> squares(ceil_div(int(n), 8192));
+    emu::launch(dim3(unsigned(squares.size())), dim3(256), sum_squares_f32, squares.data(), x.data(), int(n));
+    write_f32("out", out);
+    write_f32("mean", mean);
+    write_f32("rstd", rstd);
+    write_f32("dinp", dinp);
+    write_f32("dweight", dweight);
+    write_f32("dbias", dbias);
+    write("sums", "f64", sums);
+    write("max", "f64", max);
+    write("sum_exp", "f64", sum_exp);
+    write("target_logit", "f64", target_logit);
+    write_f32("dlogits", dlogits);
+    write_f32("dwte", dwte);
+    write_f32("biased", biased);
+    write_f32("gelu", gelu);
+    write("squares", "f64", squares);
   } else if (op == "shuffle") {
     std::vector<int> out(64 * 11);
     emu::launch(dim3(1), dim3(64), shuffle_probe, out.data());
