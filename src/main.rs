@@ -508,8 +508,8 @@ fn check_nccl_id(rt: &Runtime) -> Result<String> {
 /// `trident check ops [--device cpu|cuda] [--size small|full] [--gpu N]`: every op of the device
 /// against the f64 reference device (`device::check`); a table, then one verdict line.
 fn check_ops(args: &[String]) -> Result<()> {
-    use trident::device::Device;
     use trident::device::check::{run_all, Size};
+    use trident::device::Device;
     let (mut device, mut size, mut ordinal) = ("cuda".to_string(), Size::Full, 0usize);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -580,7 +580,9 @@ fn check_losses(args: &[String]) -> Result<()> {
         }
     }
     let [a, b] = files.as_slice() else {
-        return Err(Error::Usage("check losses needs two --log-json files: check losses A.jsonl B.jsonl [--rtol R]".into()));
+        return Err(Error::Usage(
+            "check losses needs two --log-json files: check losses A.jsonl B.jsonl [--rtol R]".into(),
+        ));
     };
     let (la, lb) = (trident::log::read_losses(a)?, trident::log::read_losses(b)?);
     if la.is_empty() {

@@ -554,3 +554,46 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     let e = rt.launch(f, [1, 1, 1], [2048, 1, 1], &mut params).unwrap_err().to_string();
     assert!(e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
 }
+
+/// `make gpu-check`'s script end to end on the emulated GPU (small shapes and model, 6
+/// iterations): check gpu, check ops, TP 2 x PP 2 on cuda vs cpu; and the same with a loss
+/// tolerance no two backends meet, which must fail in the last step.
+#[test]
+fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-gpu-check");
+    let data = prepared_corpus(&dir);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-check.sh");
+    let run = |rtol: &str| {
+        let mut c = Command::new("bash");
+        c.arg(&script).arg(BIN).arg(&data);
+        for (k, v) in &emu.env {
+            c.env(k, v);
+        }
+        c.env("GPU_CHECK_ITERS", "6")
+            .env("GPU_CHECK_SIZE", "small")
+            .env("GPU_CHECK_RTOL", rtol)
+            .env("GPU_CHECK_DIR", dir.join(format!("logs-{rtol}")))
+            .env(
+                "GPU_CHECK_MODEL",
+                "--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 \
+                 --global-batch-size 4 --lr 1e-3 --eval-iters 1 --cpu-threads 1",
+            );
+        c.output().unwrap()
+    };
+    let o = run("1e-2");
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "passed on 1 NVIDIA device",
+        "ops check: all 126 outputs within their bounds",
+        "losses check: 6 iterations agree",
+        "gpu-check: passed on cuda",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    let o = run("1e-9");
+    assert!(!o.status.success(), "a 1e-9 loss tolerance passed:\n{}", stdout(&o));
+    assert!(stderr(&o).contains("check losses: iteration") && stderr(&o).contains("> 1e-9"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -195,7 +195,8 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let g = run.f32s(n, "g", 0.1, 0.0);
         let m = run.f32s(n, "m", 0.01, 0.0);
         let v: Vec<f32> = run.f32s(n, "v", 0.001, 0.0).iter().map(|x| x.abs()).collect();
-        let step = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3, grad_scale: 0.5 };
+        let step =
+            AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3, grad_scale: 0.5 };
         let (mut gp, mut gm, mut gv) = (run.up(&p), run.up(&m), run.up(&v));
         dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step);
         let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
@@ -284,7 +285,9 @@ fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
         let (mut dx, mut dw, mut db) = (run.up(&dx0), run.up(&b), run.up(&w));
         dev.layernorm_backward_apply(&mut dx, &mut dw, &mut db, &gdy, &gx, &gw, &mean, &rstd, &rbs, cols, rows, cols);
         let (mut rdx, mut rdw, mut rdb) = (refb(&dx0), refb(&b), refb(&w));
-        r.layernorm_backward_apply(&mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, &rbs, cols, rows, cols);
+        r.layernorm_backward_apply(
+            &mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, &rbs, cols, rows, cols,
+        );
         run.push_dev("layernorm_backward_apply dx", &case, &dx, &rdx, F32);
         run.push_dev("layernorm_backward_apply dw", &case, &dw, &rdw, F32);
         run.push_dev("layernorm_backward_apply db", &case, &db, &rdb, F32);

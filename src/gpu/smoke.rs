@@ -173,4 +173,3 @@ pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) 
     };
     Ok(SmokeReport { device: info.name, arch, elements: n, blocks: cfg.blocks(), cache })
 }
-
