@@ -25,6 +25,7 @@ commands:
              allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
+             `check nccl`: every NCCL collective on GPU memory against MPI (under mpirun);
              `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU (needs one)
   plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
@@ -454,6 +455,59 @@ fn check_nccl_id(rt: &Runtime) -> Result<String> {
     ))
 }
 
+const CHECK_NCCL_FLAGS: &[FlagSpec] =
+    &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
+
+/// `--comm-library`: which library of the NCCL ABI the GPU collectives load.
+fn comm_library(a: &Args) -> Result<trident::gpu::nccl::Flavor> {
+    use trident::gpu::nccl::Flavor;
+    match a.str("--comm-library").unwrap_or("nccl") {
+        "nccl" => Ok(Flavor::Nccl),
+        "rccl" => Ok(Flavor::Rccl),
+        other => Err(Error::flag("--comm-library", format!("'{other}'"), "nccl or rccl")),
+    }
+}
+
+/// How a rank ends after a GPU-collective error: an error every rank meets alike (a flag, a missing
+/// library) is printed once by rank 0 and every rank exits; any other (a peer that died, a
+/// mismatch seen here) is printed by the rank that met it, which then ends the whole job, after a
+/// moment in which the other surviving ranks print theirs (they time out together).
+fn end_after_gpu_comm_error(rt: &Runtime, e: Error) -> ExitCode {
+    let library_missing = matches!(e, Error::GpuLibrary { .. });
+    if e.is_collective() || library_missing || rt.world_size == 1 {
+        if rt.world_rank == 0 {
+            eprintln!("trident: error: {e}");
+        }
+        return ExitCode::FAILURE;
+    }
+    if matches!(&e, Error::Comm(m) if rt.world_rank != 0 && m.starts_with("rank 0 could not")) {
+        return ExitCode::FAILURE;
+    }
+    eprintln!("trident: error: rank {}: {e}", rt.world_rank);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    rt.abort(1)
+}
+
+/// `trident check nccl`: every collective through NCCL/RCCL on device memory against MPI.
+fn check_nccl(rt: &Runtime, rest: &[String]) -> ExitCode {
+    let result = (|| -> Result<Option<String>> {
+        let Some(a) = flags("check nccl", "NCCL collectives on device memory against MPI", CHECK_NCCL_FLAGS, rest)?
+        else {
+            return Ok(None);
+        };
+        trident::gpu::collectives::check(rt, comm_library(&a)?).map(Some)
+    })();
+    match result {
+        Ok(line) => {
+            if let (Some(line), 0) = (line, rt.world_rank) {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => end_after_gpu_comm_error(rt, e),
+    }
+}
+
 fn cmd_check(rest: &[String]) -> ExitCode {
     let target = rest.first().map(String::as_str);
     if target == Some("gpu") {
@@ -465,14 +519,17 @@ fn cmd_check(rest: &[String]) -> ExitCode {
             }
         };
     }
-    if target != Some("comm") && target != Some("nccl-id") {
-        eprintln!("trident: error: check needs a target: `trident check comm` or `check nccl-id` (run them under mpirun), or `check gpu`");
+    if target != Some("comm") && target != Some("nccl-id") && target != Some("nccl") {
+        eprintln!("trident: error: check needs a target: `trident check comm`, `check nccl-id` or `check nccl` (run them under mpirun), or `check gpu`");
         return ExitCode::FAILURE;
     }
     let rt = match start_mpi() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    if target == Some("nccl") {
+        return check_nccl(&rt, &rest[1..]);
+    }
     if target == Some("nccl-id") {
         return match check_nccl_id(&rt) {
             Ok(line) => {

@@ -8,6 +8,7 @@
 //! these tables.
 
 pub mod cache;
+pub mod collectives;
 pub mod dl;
 pub mod driver;
 pub mod hip;
