@@ -74,6 +74,8 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
     flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
+    flag("--device", "D", "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL)"),
+    flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
 ];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
@@ -341,6 +343,27 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
         };
         let max = a.str("--max-size").map(|s| parse_bytes("--max-size", s)).transpose()?.unwrap_or(1 << 30);
         let secs = a.f64("--min-seconds")?.unwrap_or(0.1);
+        match (a.str("--device").unwrap_or("cpu"), bench) {
+            ("cpu", _) => {}
+            ("cuda", CommBench::AllReduce) => {
+                let dtype = match a.str("--dtype").unwrap_or("f32") {
+                    "f32" => trident::comm::Dtype::F32,
+                    "bf16" => trident::comm::Dtype::Bf16,
+                    other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                };
+                let records = trident::bench_cuda::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?;
+                if rt.world_rank == 0 {
+                    print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
+                }
+                return Ok(());
+            }
+            ("cuda", _) => {
+                return Err(Error::Unsupported(
+                    "--device cuda: of the collectives, only allreduce is benchmarked on the GPU".into(),
+                ))
+            }
+            (other, _) => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+        }
         let rows = trident::bench_comm::sweep(bench, &rt, max, secs)?;
         if rt.world_rank == 0 {
             trident::bench_comm::print_table(bench, rt.world_size, &rt.library, &rows);
@@ -349,12 +372,7 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
     })();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if rt.world_rank == 0 {
-                eprintln!("trident: error: {e}");
-            }
-            ExitCode::FAILURE
-        }
+        Err(e) => end_after_gpu_comm_error(&rt, e),
     }
 }
 
@@ -572,6 +590,24 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
     let Some(a) = flags(&format!("bench {what}"), "microbenchmarks", BENCH_FLAGS, rest)? else {
         return Ok(());
     };
+    match a.str("--device").unwrap_or("cpu") {
+        "cpu" => {}
+        "cuda" => {
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            let records = match what {
+                "gemm" => trident::bench_cuda::gemm(secs)?,
+                "attention" => trident::bench_cuda::attention(secs)?,
+                other => {
+                    return Err(Error::Unsupported(format!(
+                        "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"
+                    )))
+                }
+            };
+            print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
+            return Ok(());
+        }
+        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+    }
     let pool = pool::ThreadPool::new(threads(&a)?);
     match what {
         "peak" => {

@@ -5,6 +5,9 @@
 //! runs every collective on "device" memory and compares it with MPI on host memory bit for bit;
 //! these tests run it on 2 and 4 ranks, with a wrong result planted, with a peer that vanishes or
 //! exits, with RCCL selected by `--comm-library rccl` and `TRIDENT_RCCL`, and with no driver.
+//! `trident bench allreduce --device cuda` runs on the same fakes (the fake device is named like an
+//! A100 SXM4 40GB, so its fraction is of that row's NVLink bandwidth); `bench gemm|attention
+//! --device cuda` go as far as the fake driver allows (it loads no module) and fail in one line.
 
 mod common;
 
@@ -154,5 +157,92 @@ fn without_a_driver_check_nccl_says_so_once() {
         error_lines(&o),
         ["trident: error: check nccl (NCCL) needs an NVIDIA GPU: /nonexistent/libcuda.so.1 not found (no NVIDIA driver on this machine)"]
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs the binary alone with the fakes (no mpirun).
+fn run_with(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args);
+    for v in ["TRIDENT_LIBCUDA", "TRIDENT_NCCL", "TRIDENT_RCCL"] {
+        c.env_remove(v);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the trident binary runs")
+}
+
+/// NVRTC from `make gpu-test-libs` (TRIDENT_NVRTC or the default cache), if installed.
+fn nvrtc() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TRIDENT_NVRTC") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let root = PathBuf::from(std::env::var("HOME").ok()?).join(".cache/trident-gpu-libs");
+    std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("nvidia/cu13/lib/libnvrtc.so.13"))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
+    let dir = scratch("cuda-bench");
+    let (cuda, nccl) = build_fakes(&dir);
+    // All-reduce through the fake NCCL on 2 ranks: one JSON line per size, printed once.
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "bench", "allreduce", "--device", "cuda"])
+        .args(["--max-size", "64K", "--min-seconds", "0.01", "--json"])
+        .env("TRIDENT_LIBCUDA", &cuda)
+        .env("TRIDENT_NCCL", &nccl);
+    let o = c.output().expect("mpirun runs");
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}{out}", stderr(&o));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 7, "1 KiB .. 64 KiB: {out}");
+    for (line, size) in lines.iter().zip(["1 KiB", "2 KiB", "4 KiB", "8 KiB", "16 KiB", "32 KiB", "64 KiB"]) {
+        assert!(line.contains(&format!("\"shape\": \"{size} on 2 ranks\"")), "{line}");
+        assert!(line.contains("\"device\": \"Fake A100-SXM4-40GB\"") && line.contains("\"peak\": 300.0"), "{line}");
+        assert!(line.contains("\"unit\": \"GB/s bus\"") && line.contains("NCCL 2.32.99"), "{line}");
+        let ratio: f64 = json_field(line, "ratio").unwrap().parse().unwrap();
+        let achieved: f64 = json_field(line, "achieved").unwrap().parse().unwrap();
+        assert!(achieved > 0.0 && (ratio - achieved / 300.0).abs() < 1e-3, "{line}");
+    }
+
+    // No driver: one line, non-zero, for each CUDA benchmark.
+    let none = Path::new("/nonexistent/libcuda.so.1");
+    for what in ["gemm", "attention"] {
+        let o = run_with(&["bench", what, "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
+        assert_clean_error(
+            &o,
+            &[&format!("bench {what} --device cuda needs an NVIDIA GPU: /nonexistent/libcuda.so.1 not found")],
+        );
+    }
+    let o = run_with(&["bench", "allreduce", "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
+    assert_clean_error(&o, &["bench allreduce --device cuda needs an NVIDIA GPU"]);
+    let o = run_with(&["bench", "layernorm", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
+    assert_clean_error(&o, &["the CUDA benchmarks are gemm, attention and allreduce"]);
+    let o = run_with(&["bench", "gemm", "--device", "gpu"], &[]);
+    assert_clean_error(&o, &["flag --device: found 'gpu', expected cpu or cuda"]);
+
+    // The fake driver: the kernel file compiles (NVRTC) and the module load is refused.
+    if let Some(nvrtc) = nvrtc() {
+        let cache = dir.join("cache");
+        let env = [
+            ("TRIDENT_LIBCUDA", cuda.as_path()),
+            ("TRIDENT_NVRTC", nvrtc.as_path()),
+            ("TRIDENT_CACHE_DIR", cache.as_path()),
+        ];
+        for what in ["gemm", "attention"] {
+            let o = run_with(&["bench", what, "--device", "cuda"], &env);
+            assert_clean_error(
+                &o,
+                &["cuModuleLoadData failed with CUDA_ERROR_NOT_SUPPORTED (801): fake driver: cannot run kernels"],
+            );
+        }
+    } else {
+        eprintln!("!!!!! NVRTC not installed (make gpu-test-libs): the fake-driver part of the CUDA bench test is skipped !!!!!");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
+pub mod peaks;
 pub mod smoke;
 pub mod status;
 
