@@ -368,14 +368,7 @@ pub fn allreduce(
 ) -> Result<Vec<CudaRecord>> {
     let command = "bench allreduce --device cuda";
     let driver = crate::gpu::require_driver(command)?;
-    let devices = driver.device_count()?;
-    if devices == 0 {
-        return Err(Error::Usage(format!(
-            "{command} needs an NVIDIA GPU: the driver ({}) sees no device",
-            driver.path()
-        )));
-    }
-    let ordinal = rt.local_rank % devices;
+    let ordinal = collectives::rank_device(rt, &driver, command)?;
     let info = driver.device_info(ordinal)?;
     let peak = peaks::lookup(&info.name);
     let context = PrimaryContext::retain(&driver, ordinal)?;

@@ -28,6 +28,7 @@
 
 use super::driver::{CuDevicePtr, DeviceBuffer, Driver, Event, PrimaryContext, Stream};
 use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
+use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::{Bf16, Comm, Dtype, ReduceOp};
 use crate::error::{Error, Result};
@@ -104,6 +105,9 @@ impl<'a> NcclComm<'a> {
     /// call it. `context` is the device's context, current on this thread.
     pub fn new(nccl: &'a Nccl, context: &PrimaryContext<'a>, group: &dyn Comm, timeout: Duration) -> Result<Self> {
         let driver: &'a Driver = context.driver();
+        // The stream and events first: a failure here leaves no communicator behind.
+        let stream = Stream::non_blocking(driver)?;
+        let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
         let id = nccl::exchange_unique_id(group, || nccl.unique_id())?;
         let (rank, size) = (group.rank(), group.size());
         let mut handle: nccl::NcclComm = std::ptr::null_mut();
@@ -116,17 +120,7 @@ impl<'a> NcclComm<'a> {
             nccl.check_comm("ncclCommInitRank", init, handle)?;
             nccl.check_comm("ncclGroupEnd", end, handle)?;
         }
-        let comm = NcclComm {
-            nccl,
-            handle: Cell::new(handle),
-            stream: Stream::non_blocking(driver)?,
-            compute_done: Event::new(driver, false)?,
-            comm_done: Event::new(driver, false)?,
-            rank,
-            size,
-            timeout,
-        };
-        Ok(comm)
+        Ok(NcclComm { nccl, handle: Cell::new(handle), stream, compute_done, comm_done, rank, size, timeout })
     }
 
     pub fn rank(&self) -> usize {
@@ -521,17 +515,34 @@ pub fn check_cases(ranks: usize) -> Vec<Collective> {
     cases
 }
 
+/// The device ordinal this rank drives, chosen as training chooses it (`comm::placement`: the
+/// node-local rank over the visible devices, or `TRIDENT_GPU_ORDER`).
+pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize> {
+    let devices = driver.device_count()?;
+    if devices == 0 {
+        return Err(Error::Usage(format!("{command} needs a GPU: the driver ({}) sees no device", driver.path())));
+    }
+    let placement = Placement::decide(
+        (rt.world_rank, rt.world_size),
+        (rt.local_rank, rt.local_size),
+        "cuda",
+        Some(devices),
+        &|name: &str| std::env::var(name).ok(),
+    )?;
+    let ordinal = placement.gpu.map_or(0, |g| g.ordinal);
+    if ordinal >= devices {
+        return Err(Error::Usage(format!("{command}: device {ordinal} was chosen but the driver sees {devices}")));
+    }
+    Ok(ordinal)
+}
+
 /// `trident check nccl`: on every rank of the job, an NCCL (or RCCL) communicator over the world
 /// runs every case of `check_cases` on device memory, ordered after a compute stream with events,
 /// and the result is compared bit for bit with the same op through MPI on host memory. Returns
 /// the report line.
 pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
     let driver = super::require_driver(&format!("check nccl ({})", flavor.api()))?;
-    let devices = driver.device_count()?;
-    if devices == 0 {
-        return Err(Error::Usage(format!("check nccl needs a GPU: the driver ({}) sees no device", driver.path())));
-    }
-    let ordinal = rt.local_rank % devices;
+    let ordinal = rank_device(rt, &driver, "check nccl")?;
     let context = PrimaryContext::retain(&driver, ordinal)?;
     let nccl = Nccl::load(flavor)?;
     let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
