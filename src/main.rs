@@ -501,7 +501,9 @@ fn end_after_gpu_comm_error(rt: &Runtime, e: Error) -> ExitCode {
     if matches!(&e, Error::Comm(m) if rt.world_rank != 0 && m.starts_with("rank 0 could not")) {
         return ExitCode::FAILURE;
     }
-    eprintln!("trident: error: rank {}: {e}", rt.world_rank);
+    // One write, so that the lines of ranks failing together do not interleave.
+    let line = format!("trident: error: rank {}: {e}\n", rt.world_rank);
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     std::thread::sleep(std::time::Duration::from_millis(500));
     rt.abort(1)
 }

@@ -13,7 +13,7 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Compiles the fakes into `dir`: (libcuda.so.1, libnccl.so.2).
@@ -26,6 +26,7 @@ fn build_fakes(dir: &Path) -> (PathBuf, PathBuf) {
             .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
             .arg(out)
             .args(files.iter().map(|f| src.join(f)))
+            .args(["-lpthread", "-ldl"])
             .output()
             .expect("cc runs");
         assert!(o.status.success(), "{}", stderr(&o));
@@ -40,15 +41,44 @@ fn check_nccl(ranks: usize, cuda: &Path, nccl: &Path, extra_args: &[&str], env: 
         .args(extra_args)
         .env("TRIDENT_LIBCUDA", cuda)
         .env("TRIDENT_NCCL", nccl);
-    for v in ["TRIDENT_RCCL", "TRIDENT_NCCL_TIMEOUT_SECS", "FAKE_NCCL_FAIL_RANK", "FAKE_NCCL_CORRUPT_RANK"] {
+    for v in [
+        "TRIDENT_RCCL",
+        "TRIDENT_NCCL_TIMEOUT_SECS",
+        "FAKE_NCCL_FAIL_RANK",
+        "FAKE_NCCL_CORRUPT_RANK",
+        "FAKE_NCCL_ASYNC",
+    ] {
         c.env_remove(v);
     }
     for (k, v) in env {
         c.env(k, v);
     }
     let start = Instant::now();
-    let o = c.output().expect("mpirun runs");
-    (o, start.elapsed())
+    (output_within(c, Duration::from_secs(90)), start.elapsed())
+}
+
+/// The output of `c`, killing it (and failing the test) if it runs longer than `limit`: a hang is
+/// a failure here, not a stuck test run.
+fn output_within(mut c: Command, limit: Duration) -> Output {
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("mpirun runs");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.expect("mpirun runs"),
+        Err(_) => {
+            // SIGTERM first: mpirun passes it on to the ranks it started; SIGKILL if it lingers.
+            // SAFETY: sending a signal to a process id has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            panic!("mpirun was still running after {limit:?}: the job hung");
+        }
+    }
 }
 
 /// The lines of stderr that trident printed.
@@ -60,8 +90,10 @@ fn error_lines(o: &Output) -> Vec<String> {
 fn every_collective_equals_mpi_bit_for_bit_on_2_and_4_ranks() {
     let dir = scratch("nccl-fake");
     let (cuda, nccl) = build_fakes(&dir);
-    for ranks in [2, 4] {
-        let (o, took) = check_nccl(ranks, &cuda, &nccl, &[], &[]);
+    // Synchronous fake calls, then asynchronous ones (a worker thread per communicator, streams
+    // busy until it is done: synchronize polls).
+    for (ranks, asynchronous) in [(2, "0"), (4, "0"), (2, "1"), (4, "1")] {
+        let (o, took) = check_nccl(ranks, &cuda, &nccl, &[], &[("FAKE_NCCL_ASYNC", asynchronous)]);
         let out = stdout(&o);
         assert!(o.status.success(), "{ranks} ranks: {}{out}", stderr(&o));
         assert!(
@@ -71,7 +103,7 @@ fn every_collective_equals_mpi_bit_for_bit_on_2_and_4_ranks() {
             "{out}"
         );
         assert_eq!(out.lines().count(), 1, "printed once: {out}");
-        eprintln!("{ranks} ranks: check nccl took {:.2} s", took.as_secs_f64());
+        eprintln!("{ranks} ranks, FAKE_NCCL_ASYNC={asynchronous}: check nccl took {:.2} s", took.as_secs_f64());
     }
     // A wrong element on one rank (a bit flipped by the fake after its all-gather) is caught.
     let (o, _) = check_nccl(4, &cuda, &nccl, &[], &[("FAKE_NCCL_CORRUPT_RANK", "2")]);
@@ -110,6 +142,49 @@ fn a_peer_that_vanishes_ends_every_surviving_rank_with_a_clear_error() {
     }
     assert!(!errors.iter().any(|l| l.contains("rank 1:")), "{errors:?}");
     assert!(!stderr(&o).contains("panicked"));
+
+    // Asynchronous calls: the survivors' streams never finish, and trident's own timeout
+    // (TRIDENT_NCCL_TIMEOUT_SECS, polling the stream) aborts the communicator first.
+    let env = [
+        ("FAKE_NCCL_ASYNC", "1"),
+        ("FAKE_NCCL_FAIL_RANK", "1"),
+        ("FAKE_NCCL_FAIL_AT", "3"),
+        ("FAKE_NCCL_TIMEOUT_SECS", "120"),
+        ("TRIDENT_NCCL_TIMEOUT_SECS", "2"),
+    ];
+    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
+    assert!(!o.status.success());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let errors = error_lines(&o);
+    for survivor in [0, 2, 3] {
+        let wanted = format!(
+            "trident: error: rank {survivor}: communication failure: NCCL: rank {survivor} of 4: the communication \
+             stream did not finish within 2 s (TRIDENT_NCCL_TIMEOUT_SECS); a peer rank has probably exited or hung; \
+             the communicator was aborted"
+        );
+        assert!(errors.contains(&wanted), "{wanted}\nnot in: {}", stderr(&o));
+    }
+    // ... and when NCCL notices first, its asynchronous error is the message.
+    let env = [
+        ("FAKE_NCCL_ASYNC", "1"),
+        ("FAKE_NCCL_FAIL_RANK", "1"),
+        ("FAKE_NCCL_FAIL_AT", "3"),
+        ("FAKE_NCCL_TIMEOUT_SECS", "1"),
+        ("TRIDENT_NCCL_TIMEOUT_SECS", "60"),
+    ];
+    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
+    assert!(!o.status.success());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let errors = error_lines(&o);
+    for survivor in [0, 2, 3] {
+        let line = errors.iter().find(|l| l.starts_with(&format!("trident: error: rank {survivor}: ")));
+        let line = line.unwrap_or_else(|| panic!("rank {survivor} printed no error: {}", stderr(&o)));
+        assert!(
+            line.contains("NCCL: an enqueued operation (ncclCommGetAsyncError) failed with ncclRemoteError (6)")
+                && line.contains("rank 1 did not arrive at ncclReduceScatter within 1 s"),
+            "{line}"
+        );
+    }
 
     // Rank 2 exits outright before its first collective: the job ends, non-zero, at once.
     let env = [("FAKE_NCCL_FAIL_RANK", "2"), ("FAKE_NCCL_FAIL_MODE", "exit"), ("FAKE_NCCL_TIMEOUT_SECS", "5")];

@@ -329,17 +329,18 @@ impl<'a> NcclComm<'a> {
     pub fn synchronize(&self) -> Result<()> {
         let h = self.live("synchronize")?;
         let done = wait_with_timeout(self.timeout, || {
-            if self.stream.is_idle()? {
-                return Ok(true);
-            }
+            // The asynchronous error first: a failed operation may leave the stream idle.
             let mut async_error = 0;
             // SAFETY: writes one ncclResult_t of a live communicator.
             let code = unsafe { self.nccl.api.ncclCommGetAsyncError(h, &mut async_error) }?;
             self.nccl.check_comm("ncclCommGetAsyncError", code, h)?;
             if async_error != 0 && async_error != NCCL_IN_PROGRESS {
-                return self.nccl.check_comm("a collective (asynchronous error)", async_error, h).map(|_| false);
+                return self
+                    .nccl
+                    .check_comm("an enqueued operation (ncclCommGetAsyncError)", async_error, h)
+                    .map(|_| false);
             }
-            Ok(false)
+            self.stream.is_idle()
         });
         match done {
             Ok(true) => Ok(()),

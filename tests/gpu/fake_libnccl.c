@@ -15,16 +15,24 @@
  * asynchronous error. Sends and receives between ncclGroupStart and ncclGroupEnd are queued and
  * progressed together at ncclGroupEnd (one message in flight per ordered pair, in order per peer),
  * so a ring of grouped send+recv cannot deadlock. Calls are synchronous: when one returns, its
- * result is in place, and every stream is idle.
+ * result is in place, and every stream is idle (unless FAKE_NCCL_ASYNC is set, below).
  *
  * Failure injection for the tests: FAKE_NCCL_FAIL_RANK=r makes rank r, at its
  * FAKE_NCCL_FAIL_AT-th collective or send/recv group (default 1), either exit the process
  * (FAKE_NCCL_FAIL_MODE=exit) or stop taking part forever (vanish, the default: a peer whose node
- * died without its launcher noticing). FAKE_NCCL_CORRUPT_RANK=r flips one bit of the last element
+ * died without its launcher noticing).
+ * FAKE_NCCL_CORRUPT_RANK=r flips one bit of the last element
  * every ncclAllGather leaves on rank r (a wrong result the comparison against MPI must catch).
+ *
+ * FAKE_NCCL_ASYNC=1 makes calls asynchronous, as NCCL's are: each communicator runs its operations
+ * in order on a worker thread (its "stream"), a failure becomes the communicator's asynchronous
+ * error, and the exported fake_nccl_pending() counts operations not yet finished, which the fake
+ * libcuda's stream and event queries consult (a stream is busy while any is pending).
+ * ncclCommAbort stops a worker stuck in a barrier. Event timings mean nothing in this mode.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -68,6 +76,7 @@ struct segment {
     /* then nranks slots of SLOT_BYTES, then nranks * nranks channels */
 };
 
+struct job;
 struct fake_comm {
     int rank, nranks;
     char name[64];
@@ -75,8 +84,17 @@ struct fake_comm {
     size_t bytes;
     uint64_t barriers; /* barriers this rank has entered */
     uint64_t ops;      /* collectives and groups issued, for failure injection */
-    ncclResult_t async_error;
+    volatile ncclResult_t async_error;
+    /* FAKE_NCCL_ASYNC: the worker thread and its queue of jobs. */
+    int has_worker, stopping;
+    volatile int aborted;
+    pthread_t worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job *head, *tail;
 };
+static int pending_total; /* operations enqueued and not finished, over all communicators */
+int fake_nccl_pending(void) { return __atomic_load_n(&pending_total, __ATOMIC_ACQUIRE); }
 typedef struct fake_comm *ncclComm_t;
 
 static char last_error[512];
@@ -131,6 +149,7 @@ static ncclResult_t barrier(struct fake_comm *c, const char *what) {
             if (__atomic_load_n(&c->seg->ranks[r].arrived, __ATOMIC_ACQUIRE) < gen) { missing = r; break; }
         if (missing < 0) return ncclSuccess;
         if ((spin & 255) == 255) {
+            if (c->aborted) return fail(c, ncclRemoteError, "fake NCCL: %s aborted by ncclCommAbort", what);
             if (peer_gone(c, missing))
                 return fail(c, ncclRemoteError, "fake NCCL: rank %d (pid %d) exited before %s on rank %d", missing,
                             c->seg->ranks[missing].pid, what, c->rank);
@@ -223,6 +242,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         return fail(NULL, ncclInvalidArgument, "fake NCCL: rank %d of %d is not a valid communicator member", rank, nranks);
     struct fake_comm *c = calloc(1, sizeof *c);
     if (!c) return ncclSystemError;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
     c->rank = rank;
     c->nranks = nranks;
     int len = snprintf(c->name, sizeof c->name, "/trident-fake-nccl-");
@@ -253,13 +274,23 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommDestroy(ncclComm_t c) {
+/* Destroy lets the worker finish what was enqueued; abort stops it where it is. */
+static ncclResult_t finish(ncclComm_t c, int abort) {
     if (!c) return ncclInvalidArgument;
+    if (c->has_worker) {
+        pthread_mutex_lock(&c->mu);
+        if (abort) c->aborted = 1;
+        c->stopping = 1;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->worker, NULL);
+    }
     munmap(c->seg, c->bytes);
     free(c);
     return ncclSuccess;
 }
-ncclResult_t ncclCommAbort(ncclComm_t c) { return ncclCommDestroy(c); }
+ncclResult_t ncclCommDestroy(ncclComm_t c) { return finish(c, 0); }
+ncclResult_t ncclCommAbort(ncclComm_t c) { return finish(c, 1); }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *error) {
     if (!c || !error) return ncclInvalidArgument;
     *error = c->async_error;
@@ -274,13 +305,8 @@ static ncclResult_t check_comm(struct fake_comm *c, const char *call) {
     return ncclSuccess;
 }
 
-ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
-    (void)stream;
-    ncclResult_t r = check_comm(c, "ncclAllReduce");
-    if (r) return r;
-    if (!reducible(type, op)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce of type %d with op %d", type, op);
-    if (count && (!send || !recv)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce with a null buffer");
-    maybe_fail(c);
+static ncclResult_t run_all_reduce(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
+    ncclResult_t r;
     size_t e = type_bytes(type), per = SLOT_BYTES / e;
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
@@ -292,14 +318,9 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int type,
     return ncclSuccess;
 }
 
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, int type, ncclComm_t c, void *stream) {
-    (void)stream;
-    ncclResult_t r = check_comm(c, "ncclAllGather");
-    if (r) return r;
-    size_t e = type_bytes(type), per;
-    if (!e) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllGather of type %d", type);
-    maybe_fail(c);
-    per = SLOT_BYTES / e;
+static ncclResult_t run_all_gather(struct fake_comm *c, const void *send, void *recv, size_t count, int type) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e;
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
         memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
@@ -312,13 +333,8 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, int type,
     return ncclSuccess;
 }
 
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
-    (void)stream;
-    ncclResult_t r = check_comm(c, "ncclReduceScatter");
-    if (r) return r;
-    if (!reducible(type, op))
-        return fail(c, ncclInvalidArgument, "fake NCCL: ncclReduceScatter of type %d with op %d", type, op);
-    maybe_fail(c);
+static ncclResult_t run_reduce_scatter(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
+    ncclResult_t r;
     size_t e = type_bytes(type), per = SLOT_BYTES / e / (size_t)c->nranks;
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
@@ -332,15 +348,9 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, int t
     return ncclSuccess;
 }
 
-ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, ncclComm_t c, void *stream) {
-    (void)stream;
-    ncclResult_t r = check_comm(c, "ncclBroadcast");
-    if (r) return r;
-    size_t e = type_bytes(type), per;
-    if (!e || root < 0 || root >= c->nranks)
-        return fail(c, ncclInvalidArgument, "fake NCCL: ncclBroadcast of type %d from root %d", type, root);
-    maybe_fail(c);
-    per = SLOT_BYTES / e;
+static ncclResult_t run_broadcast(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int root) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e;
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
         if (c->rank == root) memcpy(slot(c, root), (const char *)send + done * e, n * e);
@@ -363,7 +373,7 @@ static struct p2p *queue;
 static size_t queued, queue_cap;
 static int group_depth;
 
-static ncclResult_t run_queue(void) {
+static ncclResult_t run_queue(struct p2p *queue, size_t queued) {
     ncclResult_t result = ncclSuccess;
     for (size_t i = 0; i < queued; i++) queue[i].finished = queue[i].bytes == 0;
     double start = now(), limit = timeout_secs();
@@ -411,6 +421,10 @@ static ncclResult_t run_queue(void) {
                 struct p2p *p = &queue[i];
                 if (p->finished) continue;
                 const char *what = p->is_send ? "ncclSend" : "ncclRecv";
+                if (p->c->aborted) {
+                    result = fail(p->c, ncclRemoteError, "fake NCCL: %s aborted by ncclCommAbort", what);
+                    goto out;
+                }
                 if (peer_gone(p->c, p->peer)) {
                     result = fail(p->c, ncclRemoteError, "fake NCCL: rank %d exited during %s from rank %d", p->peer,
                                   what, p->c->rank);
@@ -426,8 +440,139 @@ static ncclResult_t run_queue(void) {
         sched_yield();
     }
 out:
-    queued = 0;
     return result;
+}
+
+/* An operation as the worker runs it. */
+enum { JOB_ALL_REDUCE, JOB_ALL_GATHER, JOB_REDUCE_SCATTER, JOB_BROADCAST, JOB_P2P };
+struct job {
+    int kind, type, op, root;
+    const void *send;
+    void *recv;
+    size_t count;
+    struct p2p *ops;
+    size_t nops;
+    struct fake_comm *c;
+    struct job *next;
+};
+
+static ncclResult_t run_job(struct job *j) {
+    switch (j->kind) {
+    case JOB_ALL_REDUCE: return run_all_reduce(j->c, j->send, j->recv, j->count, j->type, j->op);
+    case JOB_ALL_GATHER: return run_all_gather(j->c, j->send, j->recv, j->count, j->type);
+    case JOB_REDUCE_SCATTER: return run_reduce_scatter(j->c, j->send, j->recv, j->count, j->type, j->op);
+    case JOB_BROADCAST: return run_broadcast(j->c, j->send, j->recv, j->count, j->type, j->root);
+    default: return run_queue(j->ops, j->nops);
+    }
+}
+static void free_job(struct job *j) {
+    free(j->ops);
+    free(j);
+}
+
+static void *worker_main(void *arg) {
+    struct fake_comm *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        while (!c->head && !c->stopping) pthread_cond_wait(&c->cv, &c->mu);
+        struct job *j = c->head;
+        if (j) {
+            c->head = j->next;
+            if (!c->head) c->tail = NULL;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (!j) return NULL;
+        if (!c->async_error && !c->aborted) {
+            ncclResult_t r = run_job(j);
+            if (r && !c->async_error) c->async_error = r;
+        }
+        free_job(j);
+        __atomic_sub_fetch(&pending_total, 1, __ATOMIC_RELEASE);
+    }
+}
+
+static int async_mode(void) {
+    const char *a = getenv("FAKE_NCCL_ASYNC");
+    return a && *a && strcmp(a, "0") != 0;
+}
+
+/* Runs the job now (synchronous mode) or hands it to its communicator's worker. */
+static ncclResult_t submit(struct job j) {
+    if (!async_mode()) {
+        ncclResult_t r = run_job(&j);
+        free(j.ops);
+        return r;
+    }
+    struct fake_comm *c = j.c;
+    struct job *copy = malloc(sizeof *copy);
+    if (!copy) return ncclSystemError;
+    *copy = j;
+    copy->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (!c->has_worker) {
+        if (pthread_create(&c->worker, NULL, worker_main, c) != 0) {
+            pthread_mutex_unlock(&c->mu);
+            free_job(copy);
+            return fail(c, ncclSystemError, "fake NCCL: cannot start the worker thread");
+        }
+        c->has_worker = 1;
+    }
+    __atomic_add_fetch(&pending_total, 1, __ATOMIC_RELEASE);
+    if (c->tail) c->tail->next = copy; else c->head = copy;
+    c->tail = copy;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclAllReduce");
+    if (r) return r;
+    if (!reducible(type, op)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce of type %d with op %d", type, op);
+    if (count && (!send || !recv)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce with a null buffer");
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_ALL_REDUCE, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, int type, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclAllGather");
+    if (r) return r;
+    if (!type_bytes(type)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllGather of type %d", type);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_ALL_GATHER, .type = type, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclReduceScatter");
+    if (r) return r;
+    if (!reducible(type, op))
+        return fail(c, ncclInvalidArgument, "fake NCCL: ncclReduceScatter of type %d with op %d", type, op);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_REDUCE_SCATTER, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclBroadcast");
+    if (r) return r;
+    if (!type_bytes(type) || root < 0 || root >= c->nranks)
+        return fail(c, ncclInvalidArgument, "fake NCCL: ncclBroadcast of type %d from root %d", type, root);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_BROADCAST, .type = type, .root = root, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+/* Hands the queued sends and receives to their communicator as one job. */
+static ncclResult_t submit_queue(void) {
+    struct p2p *ops = malloc(queued * sizeof *ops);
+    if (!ops) return ncclSystemError;
+    memcpy(ops, queue, queued * sizeof *ops);
+    struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c};
+    queued = 0;
+    maybe_fail(j.c);
+    return submit(j);
 }
 
 static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int peer, struct fake_comm *c) {
@@ -443,10 +588,7 @@ static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int 
         if (!queue) return ncclSystemError;
     }
     queue[queued++] = (struct p2p){is_send, peer, c, buf, count * e, 0, 0};
-    if (group_depth == 0) {
-        maybe_fail(c);
-        return run_queue();
-    }
+    if (group_depth == 0) return submit_queue();
     return ncclSuccess;
 }
 
@@ -466,6 +608,5 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) return fail(NULL, ncclInvalidUsage, "fake NCCL: ncclGroupEnd without ncclGroupStart");
     if (--group_depth > 0 || queued == 0) return ncclSuccess;
-    maybe_fail(queue[0].c);
-    return run_queue();
+    return submit_queue();
 }
