@@ -248,17 +248,41 @@ fn run_with(args: &[&str], env: &[(&str, &Path)]) -> Output {
     c.output().expect("the trident binary runs")
 }
 
-/// NVRTC from `make gpu-test-libs` (TRIDENT_NVRTC or the default cache), if installed.
-fn nvrtc() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TRIDENT_NVRTC") {
+/// A library from `make gpu-test-libs` (the file in `var`, or the default cache), if installed.
+fn test_library(var: &str, relative: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(var) {
         return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     let root = PathBuf::from(std::env::var("HOME").ok()?).join(".cache/trident-gpu-libs");
-    std::fs::read_dir(root)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("nvidia/cu13/lib/libnvrtc.so.13"))
-        .find(|p| p.is_file())
+    std::fs::read_dir(root).ok()?.filter_map(|e| e.ok()).map(|e| e.path().join(relative)).find(|p| p.is_file())
+}
+
+fn nvrtc() -> Option<PathBuf> {
+    test_library("TRIDENT_NVRTC", "nvidia/cu13/lib/libnvrtc.so.13")
+}
+
+#[test]
+fn the_real_nccl_fails_its_init_without_a_driver_in_its_own_words() {
+    let Some(real) = test_library("TRIDENT_NCCL", "nvidia/nccl/lib/libnccl.so.2") else {
+        eprintln!("!!!!! NCCL not installed (make gpu-test-libs): the real-NCCL init test is skipped !!!!!");
+        return;
+    };
+    let dir = scratch("nccl-real");
+    let (cuda, _) = build_fakes(&dir);
+    // The wheel's NCCL reaches its CUDA runtime, which finds no driver of its own: every rank
+    // fails in ncclCommInitRank, with ncclGetLastError's text, and none hangs.
+    let (o, _) = check_nccl(2, &cuda, &real, &[], &[]);
+    assert!(!o.status.success());
+    let errors = error_lines(&o);
+    assert!(!errors.is_empty(), "{}", stderr(&o));
+    for line in &errors {
+        assert!(
+            line.contains("NCCL: ncclCommInitRank failed with ncclUnhandledCudaError (1): unhandled cuda error"),
+            "{line}"
+        );
+        assert!(line.contains("Cuda failure"), "ncclGetLastError's text: {line}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
