@@ -22,7 +22,8 @@ commands:
   generate   sample text from a checkpoint
   convert    reshard a checkpoint to another TP/PP layout; export to / import from Hugging Face
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), attention, layernorm, step,
-             allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
+             allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun);
+             gemm, attention and allreduce also on an NVIDIA GPU with --device cuda
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
              `check nccl`: every NCCL collective on GPU memory against MPI (under mpirun);
