@@ -117,8 +117,16 @@ impl<'a> NcclComm<'a> {
             nccl.check("ncclGroupStart", nccl.api.ncclGroupStart()?)?;
             let init = nccl.api.ncclCommInitRank(&mut handle, size as i32, id, rank as i32)?;
             let end = nccl.api.ncclGroupEnd()?;
-            nccl.check_comm("ncclCommInitRank", init, handle)?;
-            nccl.check_comm("ncclGroupEnd", end, handle)?;
+            let status = nccl
+                .check_comm("ncclCommInitRank", init, handle)
+                .and_then(|_| nccl.check_comm("ncclGroupEnd", end, handle));
+            if let Err(e) = status {
+                // A communicator the failed group may have left behind is aborted, not leaked.
+                if !handle.is_null() {
+                    let _ = nccl.api.ncclCommAbort(handle);
+                }
+                return Err(e);
+            }
         }
         Ok(NcclComm { nccl, handle: Cell::new(handle), stream, compute_done, comm_done, rank, size, timeout })
     }
