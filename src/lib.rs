@@ -2,6 +2,7 @@
 //! only turns a command line into a call and an exit code.
 
 pub mod bench_comm;
+pub mod bench_cuda;
 pub mod bench_gemm;
 pub mod bench_ops;
 pub mod bench_summa;

@@ -22,9 +22,11 @@ commands:
   generate   sample text from a checkpoint
   convert    reshard a checkpoint to another TP/PP layout; export to / import from Hugging Face
   bench      microbenchmarks: peak (FMA peak), gemm (GEMM sweep), attention, layernorm, step,
-             allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun)
+             allreduce, allgather, reducescatter, sendrecv (collectives, under mpirun);
+             gemm, attention and allreduce also on an NVIDIA GPU with --device cuda
   check      `check comm`: verify every collective of the Comm seam on this job (under mpirun);
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
+             `check nccl`: every NCCL collective on GPU memory against MPI (under mpirun);
              `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU, else each AMD GPU;
              `check ops --device cuda|cpu [--size small|full] [--gpu N]`: every Device op against
              the f64 reference; `check losses A.jsonl B.jsonl [--rtol R]`: two runs' losses agree
@@ -75,6 +77,8 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
     flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
+    flag("--device", "D", "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL)"),
+    flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
 ];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
@@ -342,6 +346,27 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
         };
         let max = a.str("--max-size").map(|s| parse_bytes("--max-size", s)).transpose()?.unwrap_or(1 << 30);
         let secs = a.f64("--min-seconds")?.unwrap_or(0.1);
+        match (a.str("--device").unwrap_or("cpu"), bench) {
+            ("cpu", _) => {}
+            ("cuda", CommBench::AllReduce) => {
+                let dtype = match a.str("--dtype").unwrap_or("f32") {
+                    "f32" => trident::comm::Dtype::F32,
+                    "bf16" => trident::comm::Dtype::Bf16,
+                    other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                };
+                let records = trident::bench_cuda::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?;
+                if rt.world_rank == 0 {
+                    print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
+                }
+                return Ok(());
+            }
+            ("cuda", _) => {
+                return Err(Error::Unsupported(
+                    "--device cuda: of the collectives, only allreduce is benchmarked on the GPU".into(),
+                ))
+            }
+            (other, _) => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+        }
         let rows = trident::bench_comm::sweep(bench, &rt, max, secs)?;
         if rt.world_rank == 0 {
             trident::bench_comm::print_table(bench, rt.world_size, &rt.library, &rows);
@@ -350,12 +375,7 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
     })();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if rt.world_rank == 0 {
-                eprintln!("trident: error: {e}");
-            }
-            ExitCode::FAILURE
-        }
+        Err(e) => end_after_gpu_comm_error(&rt, e),
     }
 }
 
@@ -615,6 +635,61 @@ fn check_losses(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+const CHECK_NCCL_FLAGS: &[FlagSpec] =
+    &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
+
+/// `--comm-library`: which library of the NCCL ABI the GPU collectives load.
+fn comm_library(a: &Args) -> Result<trident::gpu::nccl::Flavor> {
+    use trident::gpu::nccl::Flavor;
+    match a.str("--comm-library").unwrap_or("nccl") {
+        "nccl" => Ok(Flavor::Nccl),
+        "rccl" => Ok(Flavor::Rccl),
+        other => Err(Error::flag("--comm-library", format!("'{other}'"), "nccl or rccl")),
+    }
+}
+
+/// How a rank ends after a GPU-collective error: an error every rank meets alike (a flag, a missing
+/// library) is printed once by rank 0 and every rank exits; any other (a peer that died, a
+/// mismatch seen here) is printed by the rank that met it, which then ends the whole job, after a
+/// moment in which the other surviving ranks print theirs (they time out together).
+fn end_after_gpu_comm_error(rt: &Runtime, e: Error) -> ExitCode {
+    let library_missing = matches!(e, Error::GpuLibrary { .. });
+    if e.is_collective() || library_missing || rt.world_size == 1 {
+        if rt.world_rank == 0 {
+            eprintln!("trident: error: {e}");
+        }
+        return ExitCode::FAILURE;
+    }
+    if matches!(&e, Error::Comm(m) if rt.world_rank != 0 && m.starts_with("rank 0 could not")) {
+        return ExitCode::FAILURE;
+    }
+    // One write, so that the lines of ranks failing together do not interleave.
+    let line = format!("trident: error: rank {}: {e}\n", rt.world_rank);
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    rt.abort(1)
+}
+
+/// `trident check nccl`: every collective through NCCL/RCCL on device memory against MPI.
+fn check_nccl(rt: &Runtime, rest: &[String]) -> ExitCode {
+    let result = (|| -> Result<Option<String>> {
+        let Some(a) = flags("check nccl", "NCCL collectives on device memory against MPI", CHECK_NCCL_FLAGS, rest)?
+        else {
+            return Ok(None);
+        };
+        trident::gpu::collectives::check(rt, comm_library(&a)?).map(Some)
+    })();
+    match result {
+        Ok(line) => {
+            if let (Some(line), 0) = (line, rt.world_rank) {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => end_after_gpu_comm_error(rt, e),
+    }
+}
+
 fn cmd_check(rest: &[String]) -> ExitCode {
     let target = rest.first().map(String::as_str);
     let local: Option<fn(&[String]) -> Result<()>> = match target {
@@ -640,14 +715,17 @@ fn cmd_check(rest: &[String]) -> ExitCode {
             }
         };
     }
-    if target != Some("comm") && target != Some("nccl-id") {
-        eprintln!("trident: error: check needs a target: `trident check comm` or `check nccl-id` (run them under mpirun), `check gpu`, `check ops` or `check losses`");
+    if target != Some("comm") && target != Some("nccl-id") && target != Some("nccl") {
+        eprintln!("trident: error: check needs a target: `trident check comm`, `check nccl-id` or `check nccl` (run them under mpirun), `check gpu`, `check ops` or `check losses`");
         return ExitCode::FAILURE;
     }
     let rt = match start_mpi() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    if target == Some("nccl") {
+        return check_nccl(&rt, &rest[1..]);
+    }
     if target == Some("nccl-id") {
         return match check_nccl_id(&rt) {
             Ok(line) => {
@@ -690,6 +768,24 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
     let Some(a) = flags(&format!("bench {what}"), "microbenchmarks", BENCH_FLAGS, rest)? else {
         return Ok(());
     };
+    match a.str("--device").unwrap_or("cpu") {
+        "cpu" => {}
+        "cuda" => {
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            let records = match what {
+                "gemm" => trident::bench_cuda::gemm(secs)?,
+                "attention" => trident::bench_cuda::attention(secs)?,
+                other => {
+                    return Err(Error::Unsupported(format!(
+                        "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"
+                    )))
+                }
+            };
+            print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
+            return Ok(());
+        }
+        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+    }
     let pool = pool::ThreadPool::new(threads(&a)?);
     match what {
         "peak" => {

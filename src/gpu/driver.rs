@@ -15,6 +15,7 @@ pub type CuModule = *mut c_void;
 pub type CuFunction = *mut c_void;
 pub type CuStream = *mut c_void;
 pub type CuDevicePtr = u64;
+pub type CuEvent = *mut c_void;
 
 /// The soname of the driver library, and the variable that names another file instead.
 pub const LIBCUDA: &str = "libcuda.so.1";
@@ -72,6 +73,15 @@ api_table! {
         fn cuStreamCreate(stream: *mut CuStream, flags: u32) -> i32;
         fn cuStreamDestroy_v2(stream: CuStream) -> i32;
         fn cuStreamSynchronize(stream: CuStream) -> i32;
+        // Streams and events for the NCCL Comm and the CUDA benchmarks (collectives.rs, bench_cuda.rs).
+        fn cuStreamQuery(stream: CuStream) -> i32;
+        fn cuStreamWaitEvent(stream: CuStream, event: CuEvent, flags: u32) -> i32;
+        fn cuEventCreate(event: *mut CuEvent, flags: u32) -> i32;
+        fn cuEventRecord(event: CuEvent, stream: CuStream) -> i32;
+        fn cuEventQuery(event: CuEvent) -> i32;
+        fn cuEventSynchronize(event: CuEvent) -> i32;
+        fn cuEventElapsedTime(ms: *mut f32, start: CuEvent, end: CuEvent) -> i32;
+        fn cuEventDestroy_v2(event: CuEvent) -> i32;
     }
 }
 
@@ -307,5 +317,136 @@ impl Drop for DeviceBuffer<'_> {
     fn drop(&mut self) {
         // SAFETY: the pointer came from cuMemAlloc_v2 and is freed once.
         let _ = unsafe { self.driver.api.cuMemFree_v2(self.pointer) };
+    }
+}
+
+// Streams and events: the NCCL Comm's communication stream, its ordering against a compute stream,
+// and the CUDA benchmarks' timers (collectives.rs, bench_cuda.rs).
+
+/// `CUresult` values the stream and event wrappers tell apart.
+pub const CUDA_SUCCESS: i32 = 0;
+pub const CUDA_ERROR_NOT_READY: i32 = 600;
+/// `CU_STREAM_NON_BLOCKING`: no implicit synchronization with the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: u32 = 1;
+/// `CU_EVENT_DEFAULT` (timing enabled) and `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DEFAULT: u32 = 0;
+pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+
+/// A stream created in the current context; destroyed on drop.
+pub struct Stream<'d> {
+    driver: &'d Driver,
+    pub handle: CuStream,
+}
+
+impl<'d> Stream<'d> {
+    /// A stream that does not synchronize with the legacy default stream.
+    pub fn non_blocking(driver: &'d Driver) -> Result<Stream<'d>> {
+        let mut handle: CuStream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle; the caller has made a context current.
+        driver.check("cuStreamCreate", unsafe { driver.api.cuStreamCreate(&mut handle, CU_STREAM_NON_BLOCKING) }?)?;
+        Ok(Stream { driver, handle })
+    }
+
+    /// Whether every operation enqueued so far has finished (`cuStreamQuery`).
+    pub fn is_idle(&self) -> Result<bool> {
+        // SAFETY: the handle is a live stream of this driver.
+        match unsafe { self.driver.api.cuStreamQuery(self.handle) }? {
+            CUDA_SUCCESS => Ok(true),
+            CUDA_ERROR_NOT_READY => Ok(false),
+            code => self.driver.check("cuStreamQuery", code).map(|_| false),
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is a live stream of this driver.
+        self.driver.check("cuStreamSynchronize", unsafe { self.driver.api.cuStreamSynchronize(self.handle) }?)
+    }
+
+    pub fn driver(&self) -> &'d Driver {
+        self.driver
+    }
+
+    /// Work enqueued on this stream from now on waits for `event`'s last recorded point.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        // SAFETY: both handles are live; flags must be 0.
+        self.driver
+            .check("cuStreamWaitEvent", unsafe { self.driver.api.cuStreamWaitEvent(self.handle, event.handle, 0) }?)
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from cuStreamCreate and is destroyed once.
+        let _ = unsafe { self.driver.api.cuStreamDestroy_v2(self.handle) };
+    }
+}
+
+/// An event in the current context; destroyed on drop.
+pub struct Event<'d> {
+    driver: &'d Driver,
+    pub handle: CuEvent,
+}
+
+impl<'d> Event<'d> {
+    /// `timing`: the event can measure elapsed time (the benchmarks); without it, ordering only.
+    pub fn new(driver: &'d Driver, timing: bool) -> Result<Event<'d>> {
+        let mut handle: CuEvent = std::ptr::null_mut();
+        let flags = if timing { CU_EVENT_DEFAULT } else { CU_EVENT_DISABLE_TIMING };
+        // SAFETY: writes one event handle; the caller has made a context current.
+        driver.check("cuEventCreate", unsafe { driver.api.cuEventCreate(&mut handle, flags) }?)?;
+        Ok(Event { driver, handle })
+    }
+
+    /// Records the point of `stream` (None: the legacy default stream) reached by the work
+    /// enqueued so far.
+    pub fn record(&self, stream: Option<&Stream>) -> Result<()> {
+        let stream = stream.map_or(std::ptr::null_mut(), |s| s.handle);
+        // SAFETY: the event and the stream are live; a null stream is the default stream.
+        self.driver.check("cuEventRecord", unsafe { self.driver.api.cuEventRecord(self.handle, stream) }?)
+    }
+
+    pub fn is_complete(&self) -> Result<bool> {
+        // SAFETY: the event is live.
+        match unsafe { self.driver.api.cuEventQuery(self.handle) }? {
+            CUDA_SUCCESS => Ok(true),
+            CUDA_ERROR_NOT_READY => Ok(false),
+            code => self.driver.check("cuEventQuery", code).map(|_| false),
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is live.
+        self.driver.check("cuEventSynchronize", unsafe { self.driver.api.cuEventSynchronize(self.handle) }?)
+    }
+
+    /// Milliseconds from `self` to `end`, both recorded and complete.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: writes one float; both events are live.
+        self.driver.check("cuEventElapsedTime", unsafe {
+            self.driver.api.cuEventElapsedTime(&mut ms, self.handle, end.handle)
+        }?)?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from cuEventCreate and is destroyed once.
+        let _ = unsafe { self.driver.api.cuEventDestroy_v2(self.handle) };
+    }
+}
+
+impl<'c> DeviceBuffer<'c> {
+    /// The driver this buffer was allocated through.
+    pub fn driver(&self) -> &'c Driver {
+        self.driver
+    }
+}
+
+impl<'d> PrimaryContext<'d> {
+    /// The driver this context belongs to.
+    pub fn driver(&self) -> &'d Driver {
+        self.driver
     }
 }

@@ -9,6 +9,7 @@
 //! a small runtime trait a HIP Device can implement next (not built yet).
 
 pub mod cache;
+pub mod collectives;
 pub mod device;
 pub mod dl;
 pub mod driver;
@@ -19,6 +20,7 @@ pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
+pub mod peaks;
 pub mod smoke;
 pub mod status;
 

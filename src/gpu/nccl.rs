@@ -101,6 +101,9 @@ api_table! {
         fn ncclGroupStart() -> i32;
         fn ncclGroupEnd() -> i32;
         fn ncclGetErrorString(code: i32) -> *const c_char;
+        fn ncclGetLastError(comm: NcclComm) -> *const c_char;
+        fn ncclCommGetAsyncError(comm: NcclComm, error: *mut i32) -> i32;
+        fn ncclCommAbort(comm: NcclComm) -> i32;
     }
 }
 
@@ -169,6 +172,26 @@ impl Nccl {
             _ => None,
         };
         Err(nccl_error(self.flavor.api(), call, code, message))
+    }
+
+    /// As `check`, with the library's last error text (`ncclGetLastError`, NCCL >= 2.13) added
+    /// when the library has it and it says something.
+    pub(crate) fn check_comm(&self, call: &'static str, code: i32, comm: NcclComm) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: returns a pointer to a thread-local or static string, copied at once.
+        let last = match unsafe { self.api.ncclGetLastError(comm) } {
+            // SAFETY: non-null, NUL-terminated, owned by the library.
+            Ok(p) if !p.is_null() => unsafe { CStr::from_ptr(p) }.to_string_lossy().trim().to_string(),
+            _ => String::new(),
+        };
+        match self.check(call, code) {
+            Err(Error::GpuCall { api, call, code, name, message }) if !last.is_empty() => {
+                Err(Error::GpuCall { api, call, code, name, message: format!("{message}: {last}") })
+            }
+            other => other,
+        }
     }
 
     /// The library's version code (NCCL >= 2.9: major * 10000 + minor * 100 + patch).

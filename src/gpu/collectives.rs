@@ -1,0 +1,691 @@
+//! The NCCL Comm: collectives and grouped point-to-point transfers on device memory through NCCL
+//! or RCCL (one ABI, `nccl.rs`), for the CUDA Device's tensor-, pipeline- and data-parallel
+//! groups.
+//!
+//! **Creation** is collective over an MPI group (`&dyn Comm`): rank 0 of the group creates the
+//! unique id, the group broadcasts it (`nccl::exchange_unique_id`), and every rank calls
+//! `ncclCommInitRank` inside `ncclGroupStart/End`. Each communicator owns its own non-blocking
+//! communication stream, so collectives overlap the compute stream; `after_compute` and
+//! `before_compute` order the two with events (record on one stream, wait on the other) without
+//! blocking the host.
+//!
+//! **Operations** take device pointers with explicit element counts and dtypes: all-reduce (sum
+//! or max; f32, f64 and bf16), all-gather, reduce-scatter (sum), broadcast, and a group of sends
+//! and receives issued between `ncclGroupStart` and `ncclGroupEnd` (pipeline p2p: a stage's send
+//! to the next stage and receive from the previous one cannot deadlock each other).
+//!
+//! **Failures.** A failed call is an `Error::GpuCall` naming the call and the `ncclResult_t`,
+//! with `ncclGetLastError`'s text when the library has one. A dead or hung peer never hangs the
+//! job: `synchronize` polls the stream and `ncclCommGetAsyncError` instead of blocking in
+//! `cuStreamSynchronize`, and after `TRIDENT_NCCL_TIMEOUT_SECS` (default 600 s, PyTorch's NCCL
+//! watchdog default) it aborts the communicator (`ncclCommAbort`, which also releases work stuck
+//! in NCCL's kernels) and returns an error saying what did not complete. After any error the
+//! communicator is aborted and every later call says so.
+//!
+//! **Comparison.** `Collective` describes one operation and its sizes; `run_on_device` runs it
+//! through NCCL and `run_on_host` through the MPI Comm on host buffers, so `trident check nccl`
+//! (`check`) compares the two bit for bit on every rank.
+
+use super::driver::{CuDevicePtr, DeviceBuffer, Driver, Event, PrimaryContext, Stream};
+use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
+use crate::comm::placement::Placement;
+use crate::comm::runtime::Runtime;
+use crate::comm::{Bf16, Comm, Dtype, ReduceOp};
+use crate::error::{Error, Result};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+/// The variable that bounds how long `synchronize` waits for the communication stream.
+pub const TIMEOUT_VAR: &str = "TRIDENT_NCCL_TIMEOUT_SECS";
+/// The default bound: PyTorch's NCCL watchdog default, long enough for any one collective.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// `ncclInProgress`: not an error (a non-blocking communicator still working).
+const NCCL_IN_PROGRESS: i32 = 7;
+
+/// The timeout from `TRIDENT_NCCL_TIMEOUT_SECS` (`value`), or the default when unset.
+pub fn timeout_from(value: Option<&str>) -> Result<Duration> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(DEFAULT_TIMEOUT),
+        Some(v) => match v.parse::<f64>() {
+            Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(Error::Usage(format!(
+                "{TIMEOUT_VAR}: found '{v}', expected a positive number of seconds (default {})",
+                DEFAULT_TIMEOUT.as_secs()
+            ))),
+        },
+    }
+}
+
+/// The timeout of this process's environment.
+pub fn timeout() -> Result<Duration> {
+    timeout_from(std::env::var(TIMEOUT_VAR).ok().as_deref())
+}
+
+/// Calls `poll` until it reports completion (`Ok(true)`), an error, or `timeout` passes
+/// (`Ok(false)`), sleeping between polls: from 20 µs up to 1 ms, so a short collective is seen
+/// at once and a long one costs little CPU.
+pub fn wait_with_timeout(timeout: Duration, mut poll: impl FnMut() -> Result<bool>) -> Result<bool> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if poll()? {
+            return Ok(true);
+        }
+        if start.elapsed() >= timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// One transfer of a point-to-point group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    Send { buffer: CuDevicePtr, count: usize, dtype: Dtype, peer: usize },
+    Recv { buffer: CuDevicePtr, count: usize, dtype: Dtype, peer: usize },
+}
+
+/// An NCCL (or RCCL) communicator over one process group, with its communication stream.
+/// Needs the device's context current on this thread for its whole life.
+pub struct NcclComm<'a> {
+    nccl: &'a Nccl,
+    handle: Cell<nccl::NcclComm>,
+    stream: Stream<'a>,
+    /// Reused to order the communication stream against a compute stream.
+    compute_done: Event<'a>,
+    comm_done: Event<'a>,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+}
+
+impl<'a> NcclComm<'a> {
+    /// Creates the communicator of `group`'s ranks: collective over the group, every rank must
+    /// call it. `context` is the device's context, current on this thread.
+    pub fn new(nccl: &'a Nccl, context: &PrimaryContext<'a>, group: &dyn Comm, timeout: Duration) -> Result<Self> {
+        let driver: &'a Driver = context.driver();
+        // The stream and events first: a failure here leaves no communicator behind.
+        let stream = Stream::non_blocking(driver)?;
+        let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
+        let id = nccl::exchange_unique_id(group, || nccl.unique_id())?;
+        let (rank, size) = (group.rank(), group.size());
+        let mut handle: nccl::NcclComm = std::ptr::null_mut();
+        // SAFETY: group calls have no arguments; ncclCommInitRank writes one communicator handle;
+        // the id is the one every rank of the group received; rank < size.
+        unsafe {
+            nccl.check("ncclGroupStart", nccl.api.ncclGroupStart()?)?;
+            let init = nccl.api.ncclCommInitRank(&mut handle, size as i32, id, rank as i32)?;
+            let end = nccl.api.ncclGroupEnd()?;
+            let status = nccl
+                .check_comm("ncclCommInitRank", init, handle)
+                .and_then(|_| nccl.check_comm("ncclGroupEnd", end, handle));
+            if let Err(e) = status {
+                // A communicator the failed group may have left behind is aborted, not leaked.
+                if !handle.is_null() {
+                    let _ = nccl.api.ncclCommAbort(handle);
+                }
+                return Err(e);
+            }
+        }
+        Ok(NcclComm { nccl, handle: Cell::new(handle), stream, compute_done, comm_done, rank, size, timeout })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// The library this communicator runs on: "NCCL" or "RCCL".
+    pub fn api(&self) -> &'static str {
+        self.nccl.flavor.api()
+    }
+    /// The communication stream (for timing events in the benchmarks).
+    pub fn stream(&self) -> &Stream<'a> {
+        &self.stream
+    }
+
+    fn live(&self, call: &str) -> Result<nccl::NcclComm> {
+        let h = self.handle.get();
+        if h.is_null() {
+            return Err(Error::Comm(format!(
+                "{}: {call} on rank {} of {}: the communicator was aborted after an earlier error",
+                self.api(),
+                self.rank,
+                self.size
+            )));
+        }
+        Ok(h)
+    }
+
+    /// Aborts the communicator (after an error); later calls fail with a clear message.
+    fn abort(&self) {
+        let h = self.handle.replace(std::ptr::null_mut());
+        if !h.is_null() {
+            // SAFETY: h is a live communicator, aborted once; errors at abort are not actionable.
+            let _ = unsafe { self.nccl.api.ncclCommAbort(h) };
+        }
+    }
+
+    /// Checks the status of an enqueue, aborting the communicator on failure.
+    fn checked(&self, call: &'static str, code: i32) -> Result<()> {
+        let result = self.nccl.check_comm(call, code, self.handle.get());
+        if result.is_err() {
+            self.abort();
+        }
+        result
+    }
+
+    /// Work enqueued on the communication stream from now on starts after the work already
+    /// enqueued on `compute` (None: the legacy default stream): a collective reads what the
+    /// compute stream wrote.
+    pub fn after_compute(&self, compute: Option<&Stream>) -> Result<()> {
+        self.compute_done.record(compute)?;
+        self.stream.wait(&self.compute_done)
+    }
+
+    /// Work enqueued on `compute` (None: the legacy default stream) from now on starts after the
+    /// collectives already enqueued: the compute stream reads what a collective wrote, without
+    /// blocking the host.
+    pub fn before_compute(&self, compute: Option<&Stream>) -> Result<()> {
+        self.comm_done.record(Some(&self.stream))?;
+        let driver = self.stream.driver();
+        let handle = compute.map_or(std::ptr::null_mut(), |s| s.handle);
+        // SAFETY: the stream (or the default stream) and the event are live; flags must be 0.
+        driver.check("cuStreamWaitEvent", unsafe { driver.api.cuStreamWaitEvent(handle, self.comm_done.handle, 0) }?)
+    }
+
+    /// `recv[count]` = the element-wise `op` over ranks of `send[count]` (in place when equal).
+    pub fn all_reduce(
+        &self,
+        send: CuDevicePtr,
+        recv: CuDevicePtr,
+        count: usize,
+        dtype: Dtype,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let h = self.live("ncclAllReduce")?;
+        // SAFETY: the pointers are device buffers of at least count elements of dtype (the
+        // caller's contract); the stream and communicator are live.
+        let code = unsafe {
+            self.nccl.api.ncclAllReduce(
+                send as *const _,
+                recv as *mut _,
+                count,
+                DataType::of(dtype),
+                RedOp::of(op),
+                h,
+                self.stream.handle,
+            )
+        }?;
+        self.checked("ncclAllReduce", code)
+    }
+
+    /// `recv[size · send_count]` = every rank's `send[send_count]`, in rank order.
+    pub fn all_gather(&self, send: CuDevicePtr, recv: CuDevicePtr, send_count: usize, dtype: Dtype) -> Result<()> {
+        let h = self.live("ncclAllGather")?;
+        // SAFETY: as all_reduce, with recv holding size · send_count elements.
+        let code = unsafe {
+            self.nccl.api.ncclAllGather(
+                send as *const _,
+                recv as *mut _,
+                send_count,
+                DataType::of(dtype),
+                h,
+                self.stream.handle,
+            )
+        }?;
+        self.checked("ncclAllGather", code)
+    }
+
+    /// `recv[recv_count]` = the sum over ranks of this rank's block of `send[size · recv_count]`.
+    pub fn reduce_scatter(&self, send: CuDevicePtr, recv: CuDevicePtr, recv_count: usize, dtype: Dtype) -> Result<()> {
+        let h = self.live("ncclReduceScatter")?;
+        // SAFETY: as all_reduce, with send holding size · recv_count elements.
+        let code = unsafe {
+            self.nccl.api.ncclReduceScatter(
+                send as *const _,
+                recv as *mut _,
+                recv_count,
+                DataType::of(dtype),
+                RedOp::Sum,
+                h,
+                self.stream.handle,
+            )
+        }?;
+        self.checked("ncclReduceScatter", code)
+    }
+
+    /// `recv[count]` = root's `send[count]` (`send` is read on root only).
+    pub fn broadcast(
+        &self,
+        send: CuDevicePtr,
+        recv: CuDevicePtr,
+        count: usize,
+        dtype: Dtype,
+        root: usize,
+    ) -> Result<()> {
+        let h = self.live("ncclBroadcast")?;
+        // SAFETY: as all_reduce; root < size is checked by the library.
+        let code = unsafe {
+            self.nccl.api.ncclBroadcast(
+                send as *const _,
+                recv as *mut _,
+                count,
+                DataType::of(dtype),
+                root as i32,
+                h,
+                self.stream.handle,
+            )
+        }?;
+        self.checked("ncclBroadcast", code)
+    }
+
+    /// Issues every transfer inside one `ncclGroupStart/End`, so sends and receives between the
+    /// same ranks in both directions (a pipeline's forward and backward p2p, a ring) progress
+    /// together instead of deadlocking.
+    pub fn send_recv(&self, transfers: &[Transfer]) -> Result<()> {
+        let h = self.live("ncclGroupEnd")?;
+        // SAFETY: group calls have no arguments; each transfer's buffer holds count elements of
+        // its dtype (the caller's contract); the stream and communicator are live. The group is
+        // always ended, also after a failed enqueue, so the library's group state stays balanced.
+        unsafe {
+            self.checked("ncclGroupStart", self.nccl.api.ncclGroupStart()?)?;
+            let mut first_error = Ok(());
+            for t in transfers {
+                let (call, code) = match *t {
+                    Transfer::Send { buffer, count, dtype, peer } => (
+                        "ncclSend",
+                        self.nccl.api.ncclSend(
+                            buffer as *const _,
+                            count,
+                            DataType::of(dtype),
+                            peer as i32,
+                            h,
+                            self.stream.handle,
+                        ),
+                    ),
+                    Transfer::Recv { buffer, count, dtype, peer } => (
+                        "ncclRecv",
+                        self.nccl.api.ncclRecv(
+                            buffer as *mut _,
+                            count,
+                            DataType::of(dtype),
+                            peer as i32,
+                            h,
+                            self.stream.handle,
+                        ),
+                    ),
+                };
+                if first_error.is_ok() {
+                    first_error = code.and_then(|c| self.nccl.check_comm(call, c, h));
+                }
+            }
+            let end = self.nccl.api.ncclGroupEnd()?;
+            if first_error.is_err() {
+                self.abort();
+                return first_error;
+            }
+            self.checked("ncclGroupEnd", end)
+        }
+    }
+
+    /// Waits until every operation enqueued on the communication stream has finished, polling
+    /// the stream and the communicator's asynchronous error; after the timeout, aborts the
+    /// communicator and returns an error naming the wait.
+    pub fn synchronize(&self) -> Result<()> {
+        let h = self.live("synchronize")?;
+        let done = wait_with_timeout(self.timeout, || {
+            // The asynchronous error first: a failed operation may leave the stream idle.
+            let mut async_error = 0;
+            // SAFETY: writes one ncclResult_t of a live communicator.
+            let code = unsafe { self.nccl.api.ncclCommGetAsyncError(h, &mut async_error) }?;
+            self.nccl.check_comm("ncclCommGetAsyncError", code, h)?;
+            if async_error != 0 && async_error != NCCL_IN_PROGRESS {
+                return self
+                    .nccl
+                    .check_comm("an enqueued operation (ncclCommGetAsyncError)", async_error, h)
+                    .map(|_| false);
+            }
+            self.stream.is_idle()
+        });
+        match done {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.abort();
+                Err(Error::Comm(format!(
+                    "{}: rank {} of {}: the communication stream did not finish within {:.0} s ({TIMEOUT_VAR}); \
+                     a peer rank has probably exited or hung; the communicator was aborted",
+                    self.api(),
+                    self.rank,
+                    self.size,
+                    self.timeout.as_secs_f64()
+                )))
+            }
+            Err(e) => {
+                self.abort();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for NcclComm<'_> {
+    fn drop(&mut self) {
+        let h = self.handle.replace(std::ptr::null_mut());
+        if !h.is_null() {
+            // SAFETY: a live communicator whose work has been waited for (or not: destroy then
+            // waits for it, which is what the owner asked for by dropping it).
+            let _ = unsafe { self.nccl.api.ncclCommDestroy(h) };
+        }
+    }
+}
+
+/// One collective with its sizes, runnable through NCCL on device memory (`run_on_device`) or
+/// through the MPI Comm on host memory (`run_on_host`), for comparing the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce {
+        count: usize,
+        dtype: Dtype,
+        op: ReduceOp,
+    },
+    AllGather {
+        send_count: usize,
+        dtype: Dtype,
+    },
+    ReduceScatter {
+        recv_count: usize,
+        dtype: Dtype,
+    },
+    Broadcast {
+        count: usize,
+        dtype: Dtype,
+        root: usize,
+    },
+    /// Every rank sends `count` elements to rank + 1 and receives from rank - 1 (a ring of
+    /// grouped send/recv, as pipeline p2p issues them).
+    RingSendRecv {
+        count: usize,
+        dtype: Dtype,
+    },
+}
+
+impl Collective {
+    pub fn dtype(&self) -> Dtype {
+        match *self {
+            Collective::AllReduce { dtype, .. }
+            | Collective::AllGather { dtype, .. }
+            | Collective::ReduceScatter { dtype, .. }
+            | Collective::Broadcast { dtype, .. }
+            | Collective::RingSendRecv { dtype, .. } => dtype,
+        }
+    }
+
+    /// Elements of the send and receive buffers on a group of `ranks`.
+    pub fn counts(&self, ranks: usize) -> (usize, usize) {
+        match *self {
+            Collective::AllReduce { count, .. }
+            | Collective::Broadcast { count, .. }
+            | Collective::RingSendRecv { count, .. } => (count, count),
+            Collective::AllGather { send_count, .. } => (send_count, send_count * ranks),
+            Collective::ReduceScatter { recv_count, .. } => (recv_count * ranks, recv_count),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        let dtype = match self.dtype() {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::Bf16 => "bf16",
+        };
+        match *self {
+            Collective::AllReduce { count, op, .. } => {
+                format!("all_reduce {} of {count} {dtype}", if op == ReduceOp::Sum { "sum" } else { "max" })
+            }
+            Collective::AllGather { send_count, .. } => format!("all_gather of {send_count} {dtype} per rank"),
+            Collective::ReduceScatter { recv_count, .. } => format!("reduce_scatter to {recv_count} {dtype} per rank"),
+            Collective::Broadcast { count, root, .. } => format!("broadcast of {count} {dtype} from rank {root}"),
+            Collective::RingSendRecv { count, .. } => format!("grouped send/recv of {count} {dtype} around the ring"),
+        }
+    }
+}
+
+/// Enqueues `c` on `comm`'s stream with device buffers `send` and `recv` (sized by `counts`).
+pub fn run_on_device(comm: &NcclComm, c: &Collective, send: CuDevicePtr, recv: CuDevicePtr) -> Result<()> {
+    match *c {
+        Collective::AllReduce { count, dtype, op } => comm.all_reduce(send, recv, count, dtype, op),
+        Collective::AllGather { send_count, dtype } => comm.all_gather(send, recv, send_count, dtype),
+        Collective::ReduceScatter { recv_count, dtype } => comm.reduce_scatter(send, recv, recv_count, dtype),
+        Collective::Broadcast { count, dtype, root } => comm.broadcast(send, recv, count, dtype, root),
+        Collective::RingSendRecv { count, dtype } => {
+            let n = comm.size();
+            comm.send_recv(&[
+                Transfer::Send { buffer: send, count, dtype, peer: (comm.rank() + 1) % n },
+                Transfer::Recv { buffer: recv, count, dtype, peer: (comm.rank() + n - 1) % n },
+            ])
+        }
+    }
+}
+
+/// Runs `c` through the Comm seam on host bytes: `recv` gets what `run_on_device` leaves in the
+/// device's receive buffer.
+pub fn run_on_host(comm: &dyn Comm, c: &Collective, send: &[u8], recv: &mut [u8]) {
+    let n = comm.size();
+    match *c {
+        Collective::AllReduce { dtype, op, .. } => {
+            recv.copy_from_slice(send);
+            if n > 1 {
+                comm.all_reduce_bytes(recv, dtype, op);
+            }
+        }
+        Collective::AllGather { dtype, .. } => comm.all_gather_bytes(send, recv, dtype),
+        Collective::ReduceScatter { dtype, .. } => comm.reduce_scatter_bytes(send, recv, dtype),
+        Collective::Broadcast { dtype, root, .. } => {
+            recv.copy_from_slice(send);
+            if n > 1 {
+                comm.broadcast_bytes(recv, dtype, root);
+            }
+        }
+        Collective::RingSendRecv { .. } => {
+            let (next, prev) = ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n);
+            comm.send_recv_bytes(Some((send, next)), Some((recv, prev)));
+        }
+    }
+}
+
+/// Rank `rank`'s input of `len` elements: multiples of 1/8 in [-4, 4), so any sum over up to 64
+/// ranks is exact in f32 and bf16 whatever the order of additions (NCCL's ring and MPI's tree
+/// add in different orders; with these values they must agree bit for bit).
+pub fn check_input(dtype: Dtype, len: usize, rank: usize, salt: usize) -> Vec<u8> {
+    let value = |i: usize| ((i * 7 + rank * 13 + salt * 5) % 64) as f32 / 8.0 - 4.0;
+    match dtype {
+        Dtype::F32 => (0..len).flat_map(|i| value(i).to_le_bytes()).collect(),
+        Dtype::F64 => (0..len).flat_map(|i| (value(i) as f64).to_le_bytes()).collect(),
+        Dtype::Bf16 => (0..len).flat_map(|i| Bf16::from_f32(value(i)).0.to_le_bytes()).collect(),
+    }
+}
+
+/// The collectives `trident check nccl` compares: every op in f32 and bf16, sizes from one
+/// element to more than a megabyte, ragged ones among them.
+pub fn check_cases(ranks: usize) -> Vec<Collective> {
+    let mut cases = Vec::new();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for count in [1, 1000 + 3, 300_000] {
+            cases.push(Collective::AllReduce { count, dtype, op: ReduceOp::Sum });
+            cases.push(Collective::AllGather { send_count: count, dtype });
+            cases.push(Collective::ReduceScatter { recv_count: count, dtype });
+            cases.push(Collective::Broadcast { count, dtype, root: ranks - 1 });
+            cases.push(Collective::RingSendRecv { count, dtype });
+        }
+    }
+    cases.push(Collective::AllReduce { count: 4099, dtype: Dtype::F32, op: ReduceOp::Max });
+    cases
+}
+
+/// The device ordinal this rank drives, chosen as training chooses it (`comm::placement`: the
+/// node-local rank over the visible devices, or `TRIDENT_GPU_ORDER`).
+pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize> {
+    let devices = driver.device_count()?;
+    if devices == 0 {
+        return Err(Error::Usage(format!("{command} needs a GPU: the driver ({}) sees no device", driver.path())));
+    }
+    let placement = Placement::decide(
+        (rt.world_rank, rt.world_size),
+        (rt.local_rank, rt.local_size),
+        "cuda",
+        Some(devices),
+        &|name: &str| std::env::var(name).ok(),
+    )?;
+    let ordinal = placement.gpu.map_or(0, |g| g.ordinal);
+    if ordinal >= devices {
+        return Err(Error::Usage(format!("{command}: device {ordinal} was chosen but the driver sees {devices}")));
+    }
+    Ok(ordinal)
+}
+
+/// `trident check nccl`: on every rank of the job, an NCCL (or RCCL) communicator over the world
+/// runs every case of `check_cases` on device memory, ordered after a compute stream with events,
+/// and the result is compared bit for bit with the same op through MPI on host memory. Returns
+/// the report line.
+pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
+    let driver = super::require_driver(&format!("check nccl ({})", flavor.api()))?;
+    let ordinal = rank_device(rt, &driver, "check nccl")?;
+    let context = PrimaryContext::retain(&driver, ordinal)?;
+    let nccl = Nccl::load(flavor)?;
+    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+    let comm = NcclComm::new(&nccl, &context, world.as_ref(), timeout()?)?;
+    let compute = Stream::non_blocking(&driver)?;
+    let cases = check_cases(rt.world_size);
+    for (salt, case) in cases.iter().enumerate() {
+        let (send_count, recv_count) = case.counts(rt.world_size);
+        let bytes = case.dtype().bytes();
+        let send = check_input(case.dtype(), send_count, rt.world_rank, salt);
+        let d_send = DeviceBuffer::alloc(&context, send.len())?;
+        let d_recv = DeviceBuffer::alloc(&context, recv_count * bytes)?;
+        d_send.upload(&send)?;
+        d_recv.upload(&vec![0xA5u8; recv_count * bytes])?;
+        comm.after_compute(Some(&compute))?;
+        run_on_device(&comm, case, d_send.pointer, d_recv.pointer)?;
+        comm.before_compute(Some(&compute))?;
+        comm.synchronize()?;
+        compute.synchronize()?;
+        let mut got = vec![0u8; recv_count * bytes];
+        d_recv.download(&mut got)?;
+        let mut want = vec![0u8; recv_count * bytes];
+        run_on_host(world.as_ref(), case, &send, &mut want);
+        if let Some(at) = (0..recv_count).find(|&i| got[i * bytes..(i + 1) * bytes] != want[i * bytes..(i + 1) * bytes])
+        {
+            return Err(Error::Comm(format!(
+                "{} {} on rank {}: element {at} is {} but MPI gives {}",
+                comm.api(),
+                case.name(),
+                rt.world_rank,
+                show(case.dtype(), &got[at * bytes..(at + 1) * bytes]),
+                show(case.dtype(), &want[at * bytes..(at + 1) * bytes])
+            )));
+        }
+    }
+    Ok(format!(
+        "nccl check: {} collectives on device memory equal MPI's bit for bit on each of {} ranks ({} {}, {})",
+        cases.len(),
+        rt.world_size,
+        flavor.api(),
+        nccl.version()?,
+        nccl.path()
+    ))
+}
+
+fn show(dtype: Dtype, b: &[u8]) -> String {
+    match dtype {
+        Dtype::F32 => format!("{}", f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+        Dtype::F64 => format!("{}", f64::from_le_bytes(b.try_into().expect("8 bytes"))),
+        Dtype::Bf16 => format!("{} (bf16)", Bf16(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::SelfComm;
+
+    #[test]
+    fn the_timeout_comes_from_its_variable_or_defaults_to_ten_minutes() {
+        assert_eq!(timeout_from(None).unwrap(), Duration::from_secs(600));
+        assert_eq!(timeout_from(Some("")).unwrap(), Duration::from_secs(600));
+        assert_eq!(timeout_from(Some("2.5")).unwrap(), Duration::from_millis(2500));
+        for bad in ["0", "-3", "soon", "inf", "NaN"] {
+            let e = timeout_from(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("TRIDENT_NCCL_TIMEOUT_SECS: found") && e.contains("positive number of seconds"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_wait_that_never_completes_ends_at_the_timeout_and_one_that_does_at_once() {
+        let start = Instant::now();
+        let mut polls = 0;
+        let done = wait_with_timeout(Duration::from_millis(50), || {
+            polls += 1;
+            Ok(false)
+        })
+        .unwrap();
+        let waited = start.elapsed();
+        assert!(!done);
+        assert!(waited >= Duration::from_millis(50) && waited < Duration::from_secs(2), "{waited:?}");
+        assert!(polls > 5, "polled repeatedly: {polls}");
+        let mut polls = 0;
+        assert!(wait_with_timeout(Duration::from_secs(60), || {
+            polls += 1;
+            Ok(polls == 3)
+        })
+        .unwrap());
+        assert_eq!(polls, 3);
+        // An error from the poll (an asynchronous NCCL error) ends the wait with that error.
+        let e = wait_with_timeout(Duration::from_secs(60), || Err(Error::Comm("peer gone".into()))).unwrap_err();
+        assert!(e.to_string().contains("peer gone"));
+    }
+
+    #[test]
+    fn case_sizes_and_names() {
+        let c = Collective::AllGather { send_count: 3, dtype: Dtype::Bf16 };
+        assert_eq!(c.counts(4), (3, 12));
+        assert_eq!(Collective::ReduceScatter { recv_count: 3, dtype: Dtype::F32 }.counts(4), (12, 3));
+        assert_eq!(c.name(), "all_gather of 3 bf16 per rank");
+        let cases = check_cases(4);
+        assert!(cases.iter().any(|c| matches!(c, Collective::RingSendRecv { dtype: Dtype::Bf16, .. })));
+        assert!(cases.iter().all(|c| !matches!(c, Collective::Broadcast { root, .. } if *root != 3)));
+    }
+
+    #[test]
+    fn check_inputs_sum_exactly_in_any_order() {
+        // Sixty-four ranks' values, summed forwards and backwards, agree exactly in both types.
+        let len = 257;
+        let ranks: Vec<Vec<f32>> =
+            (0..64).map(|r| bytemuck::cast_slice::<u8, f32>(&check_input(Dtype::F32, len, r, 1)).to_vec()).collect();
+        for i in 0..len {
+            let forward: f32 = ranks.iter().map(|v| v[i]).sum();
+            let backward: f32 = ranks.iter().rev().map(|v| v[i]).sum();
+            assert_eq!(forward, backward);
+            assert_eq!(Bf16::from_f32(forward).to_f32(), forward, "exact in bf16");
+        }
+        let b = check_input(Dtype::Bf16, 3, 2, 0);
+        assert_eq!(b.len(), 6);
+    }
+
+    #[test]
+    fn host_ops_on_a_group_of_one_are_copies() {
+        let send = check_input(Dtype::F32, 5, 0, 0);
+        for c in [
+            Collective::AllReduce { count: 5, dtype: Dtype::F32, op: ReduceOp::Sum },
+            Collective::AllGather { send_count: 5, dtype: Dtype::F32 },
+            Collective::ReduceScatter { recv_count: 5, dtype: Dtype::F32 },
+            Collective::Broadcast { count: 5, dtype: Dtype::F32, root: 0 },
+            Collective::RingSendRecv { count: 5, dtype: Dtype::F32 },
+        ] {
+            let mut recv = vec![0u8; 20];
+            run_on_host(&SelfComm, &c, &send, &mut recv);
+            assert_eq!(recv, send, "{}", c.name());
+        }
+    }
+}

@@ -1,0 +1,612 @@
+/* A stand-in for libnccl.so.2 / librccl.so on machines without GPUs, so that tests can drive
+ * trident's NCCL Comm (src/gpu/collectives.rs) through a real dlopen, with ranks that are MPI
+ * processes started by mpirun. "Device pointers" are host pointers: the fake libcuda
+ * (fake_libcuda_memory.c) keeps device memory in host memory.
+ *
+ * How ranks meet: ncclGetUniqueId fills 128 random bytes; ncclCommInitRank maps the POSIX shared
+ * memory segment named from the first 12 of them, which holds, per rank, an arrival counter and
+ * its pid, a slot of SLOT_BYTES for collectives, and a channel of P2P_BYTES for every ordered
+ * pair of ranks. A collective runs in rounds of at most a slot per rank: every rank writes its
+ * part into its slot, all meet at a barrier, every rank computes its result from all slots (sums
+ * in fixed rank order 0, 1, ..., n-1, in f32 for bf16, rounded once to nearest even), and all
+ * meet again before the slots are reused. Barriers spin with sched_yield and give up after
+ * FAKE_NCCL_TIMEOUT_SECS (default 60) or as soon as a peer's pid is gone, returning
+ * ncclRemoteError with a message for ncclGetLastError, and leaving it as the communicator's
+ * asynchronous error. Sends and receives between ncclGroupStart and ncclGroupEnd are queued and
+ * progressed together at ncclGroupEnd (one message in flight per ordered pair, in order per peer),
+ * so a ring of grouped send+recv cannot deadlock. Calls are synchronous: when one returns, its
+ * result is in place, and every stream is idle (unless FAKE_NCCL_ASYNC is set, below).
+ *
+ * Failure injection for the tests: FAKE_NCCL_FAIL_RANK=r makes rank r, at its
+ * FAKE_NCCL_FAIL_AT-th collective or send/recv group (default 1), either exit the process
+ * (FAKE_NCCL_FAIL_MODE=exit) or stop taking part forever (vanish, the default: a peer whose node
+ * died without its launcher noticing).
+ * FAKE_NCCL_CORRUPT_RANK=r flips one bit of the last element
+ * every ncclAllGather leaves on rank r (a wrong result the comparison against MPI must catch).
+ *
+ * FAKE_NCCL_ASYNC=1 makes calls asynchronous, as NCCL's are: each communicator runs its operations
+ * in order on a worker thread (its "stream"), a failure becomes the communicator's asynchronous
+ * error, and the exported fake_nccl_pending() counts operations not yet finished, which the fake
+ * libcuda's stream and event queries consult (a stream is busy while any is pending).
+ * ncclCommAbort stops a worker stuck in a barrier. Event timings mean nothing in this mode.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int ncclResult_t;
+enum { ncclSuccess = 0, ncclSystemError = 2, ncclInternalError = 3, ncclInvalidArgument = 4,
+       ncclInvalidUsage = 5, ncclRemoteError = 6 };
+enum { ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat16, ncclFloat32,
+       ncclFloat64, ncclBfloat16 };
+enum { ncclSum, ncclProd, ncclMax, ncclMin };
+
+#define MAX_RANKS 64
+#define SLOT_BYTES (1u << 20)
+#define P2P_BYTES (256u << 10)
+
+typedef struct { char internal[128]; } ncclUniqueId;
+
+struct rank_state {
+    uint64_t arrived; /* barriers passed into, monotonic */
+    int32_t pid;
+    int32_t pad;
+};
+struct channel {
+    uint64_t sent;  /* messages the sender has put, monotonic */
+    uint64_t taken; /* messages the receiver has taken */
+    uint64_t bytes; /* size of the message in data */
+    uint64_t pad;
+    char data[P2P_BYTES];
+};
+struct segment {
+    struct rank_state ranks[MAX_RANKS];
+    /* then nranks slots of SLOT_BYTES, then nranks * nranks channels */
+};
+
+struct job;
+struct fake_comm {
+    int rank, nranks;
+    char name[64];
+    struct segment *seg;
+    size_t bytes;
+    uint64_t barriers; /* barriers this rank has entered */
+    uint64_t ops;      /* collectives and groups issued, for failure injection */
+    volatile ncclResult_t async_error;
+    /* FAKE_NCCL_ASYNC: the worker thread and its queue of jobs. */
+    int has_worker, stopping;
+    volatile int aborted;
+    pthread_t worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job *head, *tail;
+};
+static int pending_total; /* operations enqueued and not finished, over all communicators */
+int fake_nccl_pending(void) { return __atomic_load_n(&pending_total, __ATOMIC_ACQUIRE); }
+typedef struct fake_comm *ncclComm_t;
+
+static char last_error[512];
+static double timeout_secs(void) {
+    const char *s = getenv("FAKE_NCCL_TIMEOUT_SECS");
+    return s ? atof(s) : 60.0;
+}
+static ncclResult_t fail(struct fake_comm *c, ncclResult_t code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    if (c && code == ncclRemoteError) c->async_error = code;
+    return code;
+}
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static char *slot(struct fake_comm *c, int r) {
+    return (char *)c->seg + sizeof(struct segment) + (size_t)r * SLOT_BYTES;
+}
+static struct channel *chan(struct fake_comm *c, int from, int to) {
+    struct channel *first = (struct channel *)(slot(c, c->nranks));
+    return first + (size_t)from * c->nranks + to;
+}
+static int peer_gone(struct fake_comm *c, int r) {
+    int pid = __atomic_load_n(&c->seg->ranks[r].pid, __ATOMIC_ACQUIRE);
+    return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Failure injection: called at the start of every collective and group. */
+static void maybe_fail(struct fake_comm *c) {
+    c->ops++;
+    const char *r = getenv("FAKE_NCCL_FAIL_RANK");
+    if (!r || atoi(r) != c->rank) return;
+    const char *at = getenv("FAKE_NCCL_FAIL_AT");
+    if (c->ops != (uint64_t)(at ? atoll(at) : 1)) return;
+    const char *mode = getenv("FAKE_NCCL_FAIL_MODE");
+    if (mode && strcmp(mode, "exit") == 0) _exit(0);
+    for (;;) pause();
+}
+
+static ncclResult_t barrier(struct fake_comm *c, const char *what) {
+    uint64_t gen = ++c->barriers;
+    __atomic_store_n(&c->seg->ranks[c->rank].arrived, gen, __ATOMIC_RELEASE);
+    double start = now(), limit = timeout_secs();
+    for (unsigned spin = 0;; spin++) {
+        int missing = -1;
+        for (int r = 0; r < c->nranks; r++)
+            if (__atomic_load_n(&c->seg->ranks[r].arrived, __ATOMIC_ACQUIRE) < gen) { missing = r; break; }
+        if (missing < 0) return ncclSuccess;
+        if ((spin & 255) == 255) {
+            if (c->aborted) return fail(c, ncclRemoteError, "fake NCCL: %s aborted by ncclCommAbort", what);
+            if (peer_gone(c, missing))
+                return fail(c, ncclRemoteError, "fake NCCL: rank %d (pid %d) exited before %s on rank %d", missing,
+                            c->seg->ranks[missing].pid, what, c->rank);
+            if (now() - start > limit)
+                return fail(c, ncclRemoteError, "fake NCCL: rank %d did not arrive at %s within %.0f s (rank %d waited)",
+                            missing, what, limit, c->rank);
+        }
+        sched_yield();
+    }
+}
+
+static size_t type_bytes(int t) {
+    switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+    }
+}
+static float bf16_to_f32(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static int reducible(int t, int op) {
+    return (t == ncclFloat32 || t == ncclFloat64 || t == ncclBfloat16 || t == ncclInt32) && op >= ncclSum && op <= ncclMin;
+}
+#define COMBINE(acc, x, op) \
+    ((op) == ncclSum ? (acc) + (x) : (op) == ncclProd ? (acc) * (x) : (op) == ncclMax ? ((x) > (acc) ? (x) : (acc)) : ((x) < (acc) ? (x) : (acc)))
+
+/* out[i] = op over ranks r (in order) of src(r)[i], for n elements of type t. */
+static void reduce_slots(struct fake_comm *c, void *out, size_t offset_bytes, size_t n, int t, int op) {
+    for (size_t i = 0; i < n; i++) {
+        if (t == ncclFloat32) {
+            float acc = ((float *)(slot(c, 0) + offset_bytes))[i];
+            for (int r = 1; r < c->nranks; r++) acc = COMBINE(acc, ((float *)(slot(c, r) + offset_bytes))[i], op);
+            ((float *)out)[i] = acc;
+        } else if (t == ncclFloat64) {
+            double acc = ((double *)(slot(c, 0) + offset_bytes))[i];
+            for (int r = 1; r < c->nranks; r++) acc = COMBINE(acc, ((double *)(slot(c, r) + offset_bytes))[i], op);
+            ((double *)out)[i] = acc;
+        } else if (t == ncclInt32) {
+            int32_t acc = ((int32_t *)(slot(c, 0) + offset_bytes))[i];
+            for (int r = 1; r < c->nranks; r++) acc = COMBINE(acc, ((int32_t *)(slot(c, r) + offset_bytes))[i], op);
+            ((int32_t *)out)[i] = acc;
+        } else {
+            float acc = bf16_to_f32(((uint16_t *)(slot(c, 0) + offset_bytes))[i]);
+            for (int r = 1; r < c->nranks; r++)
+                acc = COMBINE(acc, bf16_to_f32(((uint16_t *)(slot(c, r) + offset_bytes))[i]), op);
+            ((uint16_t *)out)[i] = f32_to_bf16(acc);
+        }
+    }
+}
+
+ncclResult_t ncclGetVersion(int *version) {
+    if (!version) return ncclInvalidArgument;
+    *version = 23299;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    if (!id) return ncclInvalidArgument;
+    size_t got = 0;
+    while (got < sizeof id->internal) {
+        ssize_t n = getrandom(id->internal + got, sizeof id->internal - got, 0);
+        if (n < 0) return fail(NULL, ncclSystemError, "fake NCCL: getrandom failed");
+        got += (size_t)n;
+    }
+    return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t code) {
+    static const char *names[] = {"no error", "unhandled cuda error", "unhandled system error", "internal error",
+                                  "invalid argument", "invalid usage",
+                                  "remote process exited or there was a network error", "NCCL operation in progress",
+                                  "timeout"};
+    return code >= 0 && code < 9 ? names[code] : "unknown result code";
+}
+
+const char *ncclGetLastError(ncclComm_t comm) {
+    (void)comm;
+    return last_error;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+    if (!out || nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
+        return fail(NULL, ncclInvalidArgument, "fake NCCL: rank %d of %d is not a valid communicator member", rank, nranks);
+    struct fake_comm *c = calloc(1, sizeof *c);
+    if (!c) return ncclSystemError;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->rank = rank;
+    c->nranks = nranks;
+    int len = snprintf(c->name, sizeof c->name, "/trident-fake-nccl-");
+    for (int i = 0; i < 12; i++) len += snprintf(c->name + len, sizeof c->name - (size_t)len, "%02x", (unsigned char)id.internal[i]);
+    c->bytes = sizeof(struct segment) + (size_t)nranks * SLOT_BYTES + (size_t)nranks * nranks * sizeof(struct channel);
+    int fd = shm_open(c->name, O_CREAT | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)c->bytes) != 0) {
+        fail(NULL, ncclSystemError, "fake NCCL: cannot create shared memory %s: %s", c->name, strerror(errno));
+        if (fd >= 0) close(fd);
+        free(c);
+        return ncclSystemError;
+    }
+    c->seg = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (c->seg == MAP_FAILED) {
+        free(c);
+        return fail(NULL, ncclSystemError, "fake NCCL: cannot map shared memory: %s", strerror(errno));
+    }
+    __atomic_store_n(&c->seg->ranks[rank].pid, (int32_t)getpid(), __ATOMIC_RELEASE);
+    ncclResult_t r = barrier(c, "ncclCommInitRank");
+    if (rank == 0 || r != ncclSuccess) shm_unlink(c->name); /* every member has it mapped by now */
+    if (r != ncclSuccess) {
+        munmap(c->seg, c->bytes);
+        free(c);
+        return r;
+    }
+    *out = c;
+    return ncclSuccess;
+}
+
+/* Destroy lets the worker finish what was enqueued; abort stops it where it is. */
+static ncclResult_t finish(ncclComm_t c, int abort) {
+    if (!c) return ncclInvalidArgument;
+    if (c->has_worker) {
+        pthread_mutex_lock(&c->mu);
+        if (abort) c->aborted = 1;
+        c->stopping = 1;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->worker, NULL);
+    }
+    munmap(c->seg, c->bytes);
+    free(c);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t c) { return finish(c, 0); }
+ncclResult_t ncclCommAbort(ncclComm_t c) { return finish(c, 1); }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *error) {
+    if (!c || !error) return ncclInvalidArgument;
+    *error = c->async_error;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommCount(const ncclComm_t c, int *count) { *count = c->nranks; return ncclSuccess; }
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int *rank) { *rank = c->rank; return ncclSuccess; }
+
+static ncclResult_t check_comm(struct fake_comm *c, const char *call) {
+    if (!c) return fail(NULL, ncclInvalidArgument, "fake NCCL: %s on a null communicator", call);
+    if (c->async_error) return fail(c, ncclInvalidUsage, "fake NCCL: %s on a communicator that has failed", call);
+    return ncclSuccess;
+}
+
+static ncclResult_t run_all_reduce(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
+        if ((r = barrier(c, "ncclAllReduce"))) return r;
+        reduce_slots(c, (char *)recv + done * e, 0, n, type, op);
+        if ((r = barrier(c, "ncclAllReduce"))) return r;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t run_all_gather(struct fake_comm *c, const void *send, void *recv, size_t count, int type) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
+        if ((r = barrier(c, "ncclAllGather"))) return r;
+        for (int q = 0; q < c->nranks; q++) memcpy((char *)recv + ((size_t)q * count + done) * e, slot(c, q), n * e);
+        if ((r = barrier(c, "ncclAllGather"))) return r;
+    }
+    const char *corrupt = getenv("FAKE_NCCL_CORRUPT_RANK");
+    if (corrupt && atoi(corrupt) == c->rank && count) ((char *)recv)[((size_t)c->nranks * count - 1) * e] ^= 1;
+    return ncclSuccess;
+}
+
+static ncclResult_t run_reduce_scatter(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e / (size_t)c->nranks;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        /* Segment d of this rank's slot holds its chunk destined for rank d. */
+        for (int d = 0; d < c->nranks; d++)
+            memcpy(slot(c, c->rank) + (size_t)d * n * e, (const char *)send + ((size_t)d * count + done) * e, n * e);
+        if ((r = barrier(c, "ncclReduceScatter"))) return r;
+        reduce_slots(c, (char *)recv + done * e, (size_t)c->rank * n * e, n, type, op);
+        if ((r = barrier(c, "ncclReduceScatter"))) return r;
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t run_broadcast(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int root) {
+    ncclResult_t r;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e;
+    for (size_t done = 0; done < count; done += per) {
+        size_t n = count - done < per ? count - done : per;
+        if (c->rank == root) memcpy(slot(c, root), (const char *)send + done * e, n * e);
+        if ((r = barrier(c, "ncclBroadcast"))) return r;
+        memcpy((char *)recv + done * e, slot(c, root), n * e);
+        if ((r = barrier(c, "ncclBroadcast"))) return r;
+    }
+    return ncclSuccess;
+}
+
+/* Point-to-point: queued inside a group, progressed together at its end. */
+struct p2p {
+    int is_send, peer;
+    struct fake_comm *c;
+    char *buf;
+    size_t bytes, done;
+    int finished;
+};
+static struct p2p *queue;
+static size_t queued, queue_cap;
+static int group_depth;
+
+static ncclResult_t run_queue(struct p2p *queue, size_t queued) {
+    ncclResult_t result = ncclSuccess;
+    for (size_t i = 0; i < queued; i++) queue[i].finished = queue[i].bytes == 0;
+    double start = now(), limit = timeout_secs();
+    for (unsigned spin = 0;; spin++) {
+        int pending = 0, progressed = 0;
+        for (size_t i = 0; i < queued; i++) {
+            struct p2p *p = &queue[i];
+            if (p->finished) continue;
+            pending = 1;
+            /* In order per (communicator, peer, direction): an earlier unfinished op goes first. */
+            int blocked = 0;
+            for (size_t j = 0; j < i; j++)
+                if (!queue[j].finished && queue[j].c == p->c && queue[j].peer == p->peer && queue[j].is_send == p->is_send)
+                    blocked = 1;
+            if (blocked) continue;
+            struct channel *ch = p->is_send ? chan(p->c, p->c->rank, p->peer) : chan(p->c, p->peer, p->c->rank);
+            uint64_t sent = __atomic_load_n(&ch->sent, __ATOMIC_ACQUIRE);
+            uint64_t taken = __atomic_load_n(&ch->taken, __ATOMIC_ACQUIRE);
+            if (p->is_send && sent == taken) {
+                size_t n = p->bytes - p->done < P2P_BYTES ? p->bytes - p->done : P2P_BYTES;
+                memcpy(ch->data, p->buf + p->done, n);
+                ch->bytes = n;
+                __atomic_store_n(&ch->sent, sent + 1, __ATOMIC_RELEASE);
+                p->done += n;
+                progressed = 1;
+            } else if (!p->is_send && sent > taken) {
+                size_t n = ch->bytes;
+                if (n > p->bytes - p->done) {
+                    result = fail(p->c, ncclInvalidUsage,
+                                  "fake NCCL: rank %d sent more bytes than rank %d's ncclRecv of %zu expects", p->peer,
+                                  p->c->rank, p->bytes);
+                    goto out;
+                }
+                memcpy(p->buf + p->done, ch->data, n);
+                __atomic_store_n(&ch->taken, taken + 1, __ATOMIC_RELEASE);
+                p->done += n;
+                progressed = 1;
+            }
+            if (p->done == p->bytes) p->finished = 1;
+        }
+        if (!pending) break;
+        if (progressed) { start = now(); continue; }
+        if ((spin & 255) == 255) {
+            for (size_t i = 0; i < queued; i++) {
+                struct p2p *p = &queue[i];
+                if (p->finished) continue;
+                const char *what = p->is_send ? "ncclSend" : "ncclRecv";
+                if (p->c->aborted) {
+                    result = fail(p->c, ncclRemoteError, "fake NCCL: %s aborted by ncclCommAbort", what);
+                    goto out;
+                }
+                if (peer_gone(p->c, p->peer)) {
+                    result = fail(p->c, ncclRemoteError, "fake NCCL: rank %d exited during %s from rank %d", p->peer,
+                                  what, p->c->rank);
+                    goto out;
+                }
+                if (now() - start > limit) {
+                    result = fail(p->c, ncclRemoteError, "fake NCCL: rank %d did not match rank %d's %s within %.0f s",
+                                  p->peer, p->c->rank, what, limit);
+                    goto out;
+                }
+            }
+        }
+        sched_yield();
+    }
+out:
+    return result;
+}
+
+/* An operation as the worker runs it. */
+enum { JOB_ALL_REDUCE, JOB_ALL_GATHER, JOB_REDUCE_SCATTER, JOB_BROADCAST, JOB_P2P };
+struct job {
+    int kind, type, op, root;
+    const void *send;
+    void *recv;
+    size_t count;
+    struct p2p *ops;
+    size_t nops;
+    struct fake_comm *c;
+    struct job *next;
+};
+
+static ncclResult_t run_job(struct job *j) {
+    switch (j->kind) {
+    case JOB_ALL_REDUCE: return run_all_reduce(j->c, j->send, j->recv, j->count, j->type, j->op);
+    case JOB_ALL_GATHER: return run_all_gather(j->c, j->send, j->recv, j->count, j->type);
+    case JOB_REDUCE_SCATTER: return run_reduce_scatter(j->c, j->send, j->recv, j->count, j->type, j->op);
+    case JOB_BROADCAST: return run_broadcast(j->c, j->send, j->recv, j->count, j->type, j->root);
+    default: return run_queue(j->ops, j->nops);
+    }
+}
+static void free_job(struct job *j) {
+    free(j->ops);
+    free(j);
+}
+
+static void *worker_main(void *arg) {
+    struct fake_comm *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        while (!c->head && !c->stopping) pthread_cond_wait(&c->cv, &c->mu);
+        struct job *j = c->head;
+        if (j) {
+            c->head = j->next;
+            if (!c->head) c->tail = NULL;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (!j) return NULL;
+        if (!c->async_error && !c->aborted) {
+            ncclResult_t r = run_job(j);
+            if (r && !c->async_error) c->async_error = r;
+        }
+        free_job(j);
+        __atomic_sub_fetch(&pending_total, 1, __ATOMIC_RELEASE);
+    }
+}
+
+static int async_mode(void) {
+    const char *a = getenv("FAKE_NCCL_ASYNC");
+    return a && *a && strcmp(a, "0") != 0;
+}
+
+/* Runs the job now (synchronous mode) or hands it to its communicator's worker. */
+static ncclResult_t submit(struct job j) {
+    if (!async_mode()) {
+        ncclResult_t r = run_job(&j);
+        free(j.ops);
+        return r;
+    }
+    struct fake_comm *c = j.c;
+    struct job *copy = malloc(sizeof *copy);
+    if (!copy) return ncclSystemError;
+    *copy = j;
+    copy->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (!c->has_worker) {
+        if (pthread_create(&c->worker, NULL, worker_main, c) != 0) {
+            pthread_mutex_unlock(&c->mu);
+            free_job(copy);
+            return fail(c, ncclSystemError, "fake NCCL: cannot start the worker thread");
+        }
+        c->has_worker = 1;
+    }
+    __atomic_add_fetch(&pending_total, 1, __ATOMIC_RELEASE);
+    if (c->tail) c->tail->next = copy; else c->head = copy;
+    c->tail = copy;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclAllReduce");
+    if (r) return r;
+    if (!reducible(type, op)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce of type %d with op %d", type, op);
+    if (count && (!send || !recv)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce with a null buffer");
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_ALL_REDUCE, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, int type, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclAllGather");
+    if (r) return r;
+    if (!type_bytes(type)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllGather of type %d", type);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_ALL_GATHER, .type = type, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclReduceScatter");
+    if (r) return r;
+    if (!reducible(type, op))
+        return fail(c, ncclInvalidArgument, "fake NCCL: ncclReduceScatter of type %d with op %d", type, op);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_REDUCE_SCATTER, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, ncclComm_t c, void *stream) {
+    (void)stream;
+    ncclResult_t r = check_comm(c, "ncclBroadcast");
+    if (r) return r;
+    if (!type_bytes(type) || root < 0 || root >= c->nranks)
+        return fail(c, ncclInvalidArgument, "fake NCCL: ncclBroadcast of type %d from root %d", type, root);
+    maybe_fail(c);
+    return submit((struct job){.kind = JOB_BROADCAST, .type = type, .root = root, .send = send, .recv = recv, .count = count, .c = c});
+}
+
+/* Hands the queued sends and receives to their communicator as one job. */
+static ncclResult_t submit_queue(void) {
+    struct p2p *ops = malloc(queued * sizeof *ops);
+    if (!ops) return ncclSystemError;
+    memcpy(ops, queue, queued * sizeof *ops);
+    struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c};
+    queued = 0;
+    maybe_fail(j.c);
+    return submit(j);
+}
+
+static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int peer, struct fake_comm *c) {
+    const char *call = is_send ? "ncclSend" : "ncclRecv";
+    ncclResult_t r = check_comm(c, call);
+    if (r) return r;
+    size_t e = type_bytes(type);
+    if (!e || peer < 0 || peer >= c->nranks || (count && !buf))
+        return fail(c, ncclInvalidArgument, "fake NCCL: %s of type %d with peer %d", call, type, peer);
+    if (queued == queue_cap) {
+        queue_cap = queue_cap ? 2 * queue_cap : 16;
+        queue = realloc(queue, queue_cap * sizeof *queue);
+        if (!queue) return ncclSystemError;
+    }
+    queue[queued++] = (struct p2p){is_send, peer, c, buf, count * e, 0, 0};
+    if (group_depth == 0) return submit_queue();
+    return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, int type, int peer, ncclComm_t c, void *stream) {
+    (void)stream;
+    return enqueue(1, (void *)send, count, type, peer, c);
+}
+ncclResult_t ncclRecv(void *recv, size_t count, int type, int peer, ncclComm_t c, void *stream) {
+    (void)stream;
+    return enqueue(0, recv, count, type, peer, c);
+}
+
+ncclResult_t ncclGroupStart(void) {
+    group_depth++;
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth == 0) return fail(NULL, ncclInvalidUsage, "fake NCCL: ncclGroupEnd without ncclGroupStart");
+    if (--group_depth > 0 || queued == 0) return ncclSuccess;
+    return submit_queue();
+}
