@@ -131,6 +131,15 @@ pub const GEMM_SHAPES: &[(usize, usize, usize)] = &[
     (8192, 8192, 8192),
 ];
 
+/// `--shape AxBxC[xD]`: the numbers of one shape, `parts` of them, each at least 1.
+pub fn parse_shape(text: &str, parts: usize, form: &str) -> Result<Vec<usize>> {
+    let v: Vec<usize> = text.split('x').filter_map(|p| p.trim().parse().ok()).filter(|&x| x > 0).collect();
+    if v.len() != parts || text.split('x').count() != parts {
+        return Err(Error::flag("--shape", format!("'{text}'"), form));
+    }
+    Ok(v)
+}
+
 /// `(batch, seq, heads, head_dim)` of the attention sweep.
 pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] =
     &[(8, 1024, 12, 64), (4, 2048, 25, 64), (4, 2048, 16, 128), (2, 4096, 32, 128), (1, 8192, 32, 128)];
@@ -217,7 +226,7 @@ fn bf16_values(len: usize, seed: u64) -> Vec<Bf16> {
 }
 
 /// `trident bench gemm --device cuda`: `gemm_fwd_bf16` (bf16 out, no epilogue) over `GEMM_SHAPES`.
-pub fn gemm(min_seconds: f64) -> Result<Vec<CudaRecord>> {
+pub fn gemm(min_seconds: f64, shapes: &[(usize, usize, usize)]) -> Result<Vec<CudaRecord>> {
     let command = "bench gemm --device cuda";
     let driver = crate::gpu::require_driver(command)?;
     let gpu = open_gpu(&driver, command)?;
@@ -227,7 +236,7 @@ pub fn gemm(min_seconds: f64) -> Result<Vec<CudaRecord>> {
     let module = Module::load(&context, &image.bytes)?;
     let stream = Stream::non_blocking(&driver)?;
     let mut records = Vec::new();
-    for &(m, n, k) in GEMM_SHAPES {
+    for &(m, n, k) in shapes {
         let launch = kernels::plan(
             &Op::GemmFwd { m, n, k, out: GemmOut::Bf16 },
             &gpu.info.limits,
@@ -300,7 +309,7 @@ fn spot_check(a: &[Bf16], w: &[Bf16], out: &[Bf16], m: usize, n: usize, k: usize
 }
 
 /// `trident bench attention --device cuda`: the causal forward over `ATTENTION_SHAPES`.
-pub fn attention(min_seconds: f64) -> Result<Vec<CudaRecord>> {
+pub fn attention(min_seconds: f64, shapes: &[(usize, usize, usize, usize)]) -> Result<Vec<CudaRecord>> {
     let command = "bench attention --device cuda";
     let driver = crate::gpu::require_driver(command)?;
     let gpu = open_gpu(&driver, command)?;
@@ -310,7 +319,7 @@ pub fn attention(min_seconds: f64) -> Result<Vec<CudaRecord>> {
     let module = Module::load(&context, &image.bytes)?;
     let stream = Stream::non_blocking(&driver)?;
     let mut records = Vec::new();
-    for &(batch, seq, heads, head_dim) in ATTENTION_SHAPES {
+    for &(batch, seq, heads, head_dim) in shapes {
         let launch = kernels::plan(
             &Op::AttentionFwd { batch, seq, heads, head_dim },
             &gpu.info.limits,

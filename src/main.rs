@@ -79,6 +79,7 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
     flag("--device", "D", "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL)"),
     flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
+    flag("--shape", "S", "gemm / attention --device cuda: one shape instead of the sweep (MxNxK; BxSxHxD)"),
 ];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
@@ -773,8 +774,30 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         "cuda" => {
             let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
             let records = match what {
-                "gemm" => trident::bench_cuda::gemm(secs)?,
-                "attention" => trident::bench_cuda::attention(secs)?,
+                "gemm" => {
+                    let shapes = match a.str("--shape") {
+                        None => trident::bench_cuda::GEMM_SHAPES.to_vec(),
+                        Some(t) => {
+                            let v = trident::bench_cuda::parse_shape(t, 3, "MxNxK, e.g. 8192x2304x768")?;
+                            vec![(v[0], v[1], v[2])]
+                        }
+                    };
+                    trident::bench_cuda::gemm(secs, &shapes)?
+                }
+                "attention" => {
+                    let shapes = match a.str("--shape") {
+                        None => trident::bench_cuda::ATTENTION_SHAPES.to_vec(),
+                        Some(t) => {
+                            let v = trident::bench_cuda::parse_shape(
+                                t,
+                                4,
+                                "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
+                            )?;
+                            vec![(v[0], v[1], v[2], v[3])]
+                        }
+                    };
+                    trident::bench_cuda::attention(secs, &shapes)?
+                }
                 other => {
                     return Err(Error::Unsupported(format!(
                         "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"

@@ -597,3 +597,32 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     assert!(stderr(&o).contains("check losses: iteration") && stderr(&o).contains("> 1e-9"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench gemm|attention --device cuda` launch the real kernels on the emulated GPU (one small
+/// shape each): a record with the kernel, its grid, the GEMM's spot check against f64, and the
+/// A100 datasheet peak the fraction is taken of.
+#[test]
+fn cuda_benches_launch_their_kernels_on_the_emulated_gpu() {
+    let Some(emu) = emulated() else { return };
+    let o = run_with(
+        &emu.env,
+        &["bench", "gemm", "--device", "cuda", "--shape", "256x192x128", "--min-seconds", "0.01", "--json"],
+    );
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "\"bench\": \"gemm\"",
+        "\"shape\": \"256x192x128 NT\"",
+        "gemm_fwd_bf16, grid [3, 4, 1], spot check",
+        "\"peak\": 312",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from {out}");
+    }
+    let o = run_with(
+        &emu.env,
+        &["bench", "attention", "--device", "cuda", "--shape", "1x128x2x64", "--min-seconds", "0.01"],
+    );
+    assert!(o.status.success() && stdout(&o).contains("attention_fwd_bf16_d64"), "{}{}", stdout(&o), stderr(&o));
+    let o = run_with(&emu.env, &["bench", "attention", "--device", "cuda", "--shape", "1x128x2"]);
+    assert_clean_error(&o, &["--shape", "BxSxHxD"]);
+}

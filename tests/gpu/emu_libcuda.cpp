@@ -14,6 +14,7 @@
 // with the kernel's own C++ signature and runs the kernel's source under the SIMT emulation
 // (kernels-cuda/emu/simt.h). Dynamic shared memory and `extra` are refused (trident's kernels use
 // static shared memory and kernelParams only).
+#include <chrono>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -297,5 +298,32 @@ CUresult cuStreamCreate(void** stream, unsigned) {
 }
 CUresult cuStreamDestroy_v2(void*) { return kSuccess; }
 CUresult cuStreamSynchronize(void*) { return kSuccess; }
+CUresult cuStreamQuery(void*) { return kSuccess; }  // work completes inside each call
+
+// Events: every call above finishes before it returns, so an event is complete when recorded and
+// holds the host's clock at that moment; elapsed time is the difference (what the benches read).
+struct EmuEvent {
+  std::chrono::steady_clock::time_point at;
+};
+CUresult cuEventCreate(void** event, unsigned) {
+  *event = new EmuEvent{std::chrono::steady_clock::now()};
+  return kSuccess;
+}
+CUresult cuEventRecord(void* event, void*) {
+  static_cast<EmuEvent*>(event)->at = std::chrono::steady_clock::now();
+  return kSuccess;
+}
+CUresult cuEventQuery(void*) { return kSuccess; }
+CUresult cuEventSynchronize(void*) { return kSuccess; }
+CUresult cuStreamWaitEvent(void*, void*, unsigned) { return kSuccess; }
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+  auto d = static_cast<EmuEvent*>(end)->at - static_cast<EmuEvent*>(start)->at;
+  *ms = std::chrono::duration<float, std::milli>(d).count();
+  return kSuccess;
+}
+CUresult cuEventDestroy_v2(void* event) {
+  delete static_cast<EmuEvent*>(event);
+  return kSuccess;
+}
 
 }  // extern "C"
