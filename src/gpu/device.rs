@@ -1188,3 +1188,47 @@ impl Device for GpuDevice {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
+    fn launch_bounds(source: &str, name: &str) -> Option<u32> {
+        // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
+        let decl = source.match_indices(&format!("{name}(")).find_map(|(at, _)| {
+            let start = source[..at].rfind("extern \"C\"")?;
+            let decl = &source[start..at];
+            (!decl.contains(';') && !decl.contains('{') && !decl.contains('}')).then_some(decl)
+        });
+        let decl = decl.unwrap_or_else(|| panic!("no extern \"C\" declaration of {name}"));
+        let from = decl.find("__launch_bounds__(")? + "__launch_bounds__(".len();
+        decl[from..].split(')').next()?.trim().parse().ok()
+    }
+
+    /// Every kernel is launched with exactly the workgroup its source is bounded to (a kernel
+    /// written for 4 waves computes a quarter of its tile less with 2), and every unbounded one
+    /// with a multiple of the vendor's wave; the CUDA and HIP tables differ where the headers say.
+    #[test]
+    fn block_sizes_follow_each_vendors_kernel_sources() {
+        for (vendor, wave) in [(Vendor::Cuda, 32), (Vendor::Hip, 64)] {
+            for (k, file, name) in FUNCTIONS {
+                let file = vendor.file(file);
+                let source = match vendor {
+                    Vendor::Cuda => super::super::kernels::source(&file).unwrap(),
+                    Vendor::Hip => super::super::hip_kernels::source(&file).unwrap().1,
+                };
+                assert!(source.contains(&format!("{name}(")), "{name} is not in {file}");
+                let block = vendor.block(*k);
+                assert_eq!(block % wave, 0, "{vendor:?} {name}: {block} threads is not whole waves");
+                if let Some(bound) = launch_bounds(source, name) {
+                    assert_eq!(block, bound, "{vendor:?} {name}: launched with {block}, bounded to {bound} in {file}");
+                }
+            }
+        }
+        assert_eq!((Vendor::Cuda.block(K::GemmFwdF32Out), Vendor::Hip.block(K::GemmFwdF32Out)), (128, 256));
+        assert_eq!((Vendor::Cuda.block(K::LayernormFwdF32), Vendor::Hip.block(K::LayernormFwdF32)), (128, 256));
+        assert_eq!((Vendor::Cuda.block(K::AttentionBwdDelta), Vendor::Hip.block(K::AttentionBwdDelta)), (128, 256));
+        assert_eq!(Vendor::Hip.block(K::AttentionFwdD64), 128);
+    }
+}
