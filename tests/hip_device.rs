@@ -7,7 +7,8 @@
 //! and `trident train --device hip --bf16` follows the CPU's `--bf16` losses on one rank and on
 //! four (TP 2 x PP 2 under mpirun, through the host-staged MPI path).
 //!
-//! Without a hipRTC (`make hip-deps`, or `TRIDENT_HIPRTC`) these tests say loudly that they skip.
+//! Without a hipRTC (`make test` adds Debian's as root; or `TRIDENT_HIPRTC`) these tests say loudly that
+//! they skip.
 
 mod common;
 use common::emu::{bf16_values, check, f32_values};
@@ -38,7 +39,7 @@ fn emulated() -> Option<&'static Emulated> {
             if let Err(e) = trident::gpu::hiprtc::Hiprtc::load() {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "!!!!! SKIPPED the HIP Device tests: no hipRTC on this machine ({e}); `make hip-deps` installs Debian's !!!!!"
+                    "!!!!! SKIPPED the HIP Device tests: no hipRTC on this machine ({e}); `make test` installs Debian's (libamdhip64-5 libhiprtc-builtins5) when run as root !!!!!"
                 );
                 return None;
             }
