@@ -445,6 +445,7 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
         eprintln!("iteration {}: hip on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})", i + 1);
         assert!(rel < 1e-3, "iteration {}: one rank {one}, TP 2 x PP 2 {four}", i + 1);
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -460,4 +461,36 @@ fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     args[pos + 1] = "4";
     let o = run_with(&emu.env, &args);
     assert_clean_error(&o, &["--device hip", "head dims 64 and 128", "is 32"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The emulating runtime refuses what a real one would: an image that is not an ELF, an ELF for
+/// another machine (a CUBIN's EM_CUDA), a kernel the code object does not hold; and a device
+/// ordinal past the ones it has.
+#[test]
+fn the_emulated_runtime_checks_code_objects_and_devices() {
+    use trident::gpu::device::GpuRuntime;
+    use trident::gpu::hip::Hip;
+    use trident::gpu::hip_device::HipRuntime;
+    use trident::gpu::hip_kernels::HipKernelModules;
+    if emulated().is_none() {
+        return;
+    }
+    let rt = HipRuntime::new(Hip::load().unwrap(), 3).unwrap();
+    assert_eq!((rt.arch(), rt.info().compute_units), ("gfx90a", 110));
+    let e = rt.load_module(b"not a code object, not even an ELF header of 64 bytes.............").unwrap_err();
+    assert!(e.to_string().contains("hipModuleLoadData failed with hipErrorInvalidImage"), "{e}");
+    let mut cubin = vec![0u8; 64];
+    cubin[..4].copy_from_slice(b"\x7fELF");
+    (cubin[4], cubin[5], cubin[0x12]) = (2, 1, 0xbe);
+    let e = rt.load_module(&cubin).unwrap_err();
+    assert!(e.to_string().contains("hipErrorNoBinaryForGpu"), "{e}");
+    let cache = trident::gpu::cache::ModuleCache::new(&PathBuf::from(std::env::var("TRIDENT_CACHE_DIR").unwrap()));
+    let casts = HipKernelModules::new(cache).image("casts.hip", "gfx90a").unwrap();
+    let m = rt.load_module(&casts.bytes).unwrap();
+    assert!(rt.function(m, "cast_f32_to_bf16").is_ok());
+    let e = rt.function(m, "gemm_fwd_bf16").unwrap_err();
+    assert!(e.to_string().contains("hipErrorNotFound"), "{e}");
+    let e = HipRuntime::new(Hip::load().unwrap(), 8).err().expect("8 devices: 0..7").to_string();
+    assert!(e.contains("hipErrorInvalidDevice"), "{e}");
 }
