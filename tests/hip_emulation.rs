@@ -637,8 +637,8 @@ fn get_f64(case: &Case, name: &str) -> Vec<f32> {
 
 /// tensor_ops.hip's row-wise (a wave per row), column-wise and element-wise kernels on one
 /// [rows, cols] matrix against the reference device's f64 ops.
-fn run_tensor_rows(rows: usize, cols: usize, vocab_start: usize) {
-    let name = format!("tensor_rows_{rows}x{cols}");
+fn run_tensor_rows(build: Build, rows: usize, cols: usize, vocab_start: usize) {
+    let name = format!("tensor_rows_{rows}x{cols}_{build:?}");
     let case = Case::new(KIND, &name);
     let n = rows * cols;
     let x = f32_values(SEED, n, "x", 2.0, 0.5);
@@ -674,7 +674,7 @@ fn run_tensor_rows(rows: usize, cols: usize, vocab_start: usize) {
     put_f64(&case, "rstd64", &rstd64);
     put_f64(&case, "sums64", &bsums);
     let scale = 1.0f32 / 3.0;
-    case.run_on(harness(Build::Correct), "tensor_rows", &args(&[&rows, &cols, &vocab_start, &scale]));
+    case.run_on(harness(build), "tensor_rows", &args(&[&rows, &cols, &vocab_start, &scale]));
 
     check_f32(&format!("{name} layernorm out"), &case.get_f32("out"), &out, 1e-5);
     check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
@@ -731,8 +731,16 @@ fn tensor_ops_rows_columns_and_reductions() {
     // lanes (and above 32), not multiples of 64 or of the 256-thread column workgroups; a width
     // over 8192 elements in all, so sum_squares has a ragged second chunk.
     for (rows, cols, vocab_start) in [(4, 64, 0), (7, 50, 3), (13, 200, 100), (3, 5, 0), (11, 777, 40)] {
-        run_tensor_rows(rows, cols, vocab_start);
+        run_tensor_rows(Build::Correct, rows, cols, vocab_start);
     }
+}
+
+/// tensor_ops.hip's wave-per-row kernels built with the planted wave32 butterfly: each half-wave
+/// keeps its own half's sum, and the comparison must reject the row statistics.
+#[test]
+fn planted_wave32_reduction_is_caught_in_tensor_ops() {
+    let caught = std::panic::catch_unwind(|| run_tensor_rows(Build::PlantedWave32Bug, 4, 64, 0));
+    assert!(caught.is_err(), "the planted wave32 reduction passed the tensor_ops comparison");
 }
 
 #[test]
