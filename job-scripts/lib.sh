@@ -64,9 +64,8 @@ tj_setup() {
     *) tj_die "DEVICE=$DEVICE: expected cpu, cuda or hip" ;;
   esac
   if [ "$DEVICE" != cpu ]; then
-    tj_say "DEVICE=$DEVICE: trident's GPU backends are not built yet, so the binary will stop at once" \
-      "(cuda: 'the CUDA backend is not built yet', or 'libcuda.so.1 not found' without a driver;" \
-      "hip: 'only the cpu backend is built so far'); DEVICE=cpu trains on the nodes' CPUs"
+    tj_say "DEVICE=$DEVICE: the GPU Device trains in bf16 (--bf16 is added; GEMM and attention operands" \
+      "in bf16, f32 accumulation; head dim 64 or 128); DEVICE=cpu trains on the nodes' CPUs"
   fi
 }
 
@@ -102,6 +101,9 @@ tj_train_args() {
     --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
     --device "$DEVICE" --save "$TJ_CKPT" --save-interval "$SAVE_INTERVAL"
     --log-json "$RUN_DIR/logs/metrics.jsonl" --exit-signal-handler)
+  if [ "$DEVICE" != cpu ]; then
+    TJ_ARGS+=(--bf16)  # the GPU Devices multiply bf16 operands
+  fi
   if [ -n "$EXIT_DURATION_MINS" ]; then
     TJ_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_MINS")
   fi
