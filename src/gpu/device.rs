@@ -9,8 +9,9 @@
 //!
 //! The GPU calls go through `GpuRuntime` (allocate, free, copy, memset, load a module, find a
 //! function, launch, synchronize): `CudaRuntime` implements it on the driver table of
-//! `driver.rs`; a HIP runtime (hipMalloc, hipModuleLaunchKernel, the same kernel names) can
-//! implement it next and reuse `GpuDevice` unchanged. Everything runs on the legacy default
+//! `driver.rs`, and `HipRuntime` (hip_device.rs) on the HIP runtime, running the kernels-hip/
+//! twins (same kernel names, arguments and grids); `Vendor` holds what differs, each kernel's file
+//! and block size. Everything runs on the legacy default
 //! stream, in order; `download`, `sum_squares` and the cross-entropy / split-LayerNorm row sums
 //! copy to the host synchronously. A failed GPU call inside an op (the trait's ops return no
 //! `Result`) ends the process with one `trident: error:` line naming the call.
@@ -567,7 +568,7 @@ impl GpuDevice {
             64 => (K::AttentionFwdD64, K::AttentionBwdDkvD64, K::AttentionBwdDqD64),
             128 => (K::AttentionFwdD128, K::AttentionBwdDkvD128, K::AttentionBwdDqD128),
             d => fatal(Error::Unsupported(format!(
-                "attention on CUDA: head dim {d} (the kernels are built for 64 and 128)"
+                "attention on the GPU: head dim {d} (the kernels are built for 64 and 128)"
             ))),
         }
     }
