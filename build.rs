@@ -27,6 +27,13 @@ fn output(cmd: &str, args: &[&str]) -> Option<String> {
 }
 
 /// The files of `dir` ending in `ext`, sorted by name.
+/// The package's directory, read when the script runs: `env!` would freeze the directory the
+/// script was compiled in, and a build directory copied from another clone (or worktree) would
+/// then embed that clone's kernels.
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+}
+
 fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("build.rs: cannot list {}: {e}", dir.display()))
@@ -50,7 +57,7 @@ fn aot_arch(word: &str) -> String {
 }
 
 fn embed_kernels(out_dir: &Path) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels-cuda");
+    let root = manifest_dir().join("kernels-cuda");
     let kernels = files(&root, "cu");
     let headers = files(&root.join("common"), "cuh");
     println!("cargo:rerun-if-changed={}", root.display());
@@ -130,7 +137,7 @@ fn hip_aot_arch(word: &str) -> String {
 }
 
 fn embed_hip_kernels(out_dir: &Path) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels-hip");
+    let root = manifest_dir().join("kernels-hip");
     let kernels = files(&root, "hip");
     let headers = files(&root.join("common"), "h");
     println!("cargo:rerun-if-changed={}", root.display());

@@ -63,12 +63,9 @@ tj_setup() {
     cpu | cuda | hip) ;;
     *) tj_die "DEVICE=$DEVICE: expected cpu, cuda or hip" ;;
   esac
-  if [ "$DEVICE" = hip ]; then
-    tj_say "DEVICE=hip: trident's HIP backend is not built yet, so the binary will stop at once" \
-      "('the HIP backend is not built yet', or 'libamdhip64.so not found' without ROCm);" \
-      "DEVICE=cpu trains on the nodes' CPUs"
-  elif [ "$DEVICE" = cuda ]; then
-    tj_say "DEVICE=cuda: trains with --bf16 (the CUDA backend computes in bf16; head dim 64 or 128)"
+  if [ "$DEVICE" != cpu ]; then
+    tj_say "DEVICE=$DEVICE: the GPU Device trains in bf16 (--bf16 is added; GEMM and attention operands" \
+      "in bf16, f32 accumulation; head dim 64 or 128); DEVICE=cpu trains on the nodes' CPUs"
   fi
 }
 
@@ -104,9 +101,8 @@ tj_train_args() {
     --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
     --device "$DEVICE" --save "$TJ_CKPT" --save-interval "$SAVE_INTERVAL"
     --log-json "$RUN_DIR/logs/metrics.jsonl" --exit-signal-handler)
-  # The CUDA backend requires bf16 mixed precision.
-  if [ "$DEVICE" = cuda ] && [[ " $TRAIN_ARGS " != *" --bf16 "* ]]; then
-    TJ_ARGS+=(--bf16)
+  if [ "$DEVICE" != cpu ] && [[ " $TRAIN_ARGS " != *" --bf16 "* ]]; then
+    TJ_ARGS+=(--bf16)  # the GPU Devices multiply bf16 operands
   fi
   if [ -n "$EXIT_DURATION_MINS" ]; then
     TJ_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_MINS")

@@ -13,7 +13,7 @@
 #   DATA_PATH=...       dataset prefix (default runs/data/shakespeare_text_document, from make train)
 #   RUN_DIR=runs/local  checkpoints/, logs/, launches.txt; a run directory with a checkpoint resumes
 #   TRIDENT=target/release/trident   the binary
-#   DEVICE=cpu          cpu, or cuda (trains with --bf16); hip stops with a clear error (not built yet)
+#   DEVICE=cpu          cpu, or cuda / hip (both train with --bf16, added by lib.sh)
 #   SAVE_INTERVAL=500   checkpoint every N iterations (and on the stop signal, and at the end)
 #   EXIT_DURATION_MINS= optional: stop with a checkpoint after N minutes
 #   TRAIN_ARGS=         more `trident train` flags, split at spaces

@@ -69,7 +69,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "KIND",
-        "cpu, or cuda (needs --bf16; head dim 64 or 128); the HIP backend is not built yet; `trident info` lists the GPU libraries found",
+        "cpu, cuda or hip (both need --bf16; head dim 64 or 128); `trident info` lists the GPU libraries found",
     ),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
@@ -544,10 +544,18 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             }
         }
         if d == "hip" {
-            return Err(crate::gpu::hip_device_unavailable());
+            // As CUDA: a loadable runtime, and bf16 GEMM and attention operands said out loud.
+            crate::gpu::require_hip_runtime()?;
+            if !args.has("--bf16") {
+                return Err(Error::Usage(
+                    "--device hip needs --bf16 (the HIP kernels multiply bf16 operands with f32 accumulation)".into(),
+                ));
+            }
         }
-        if d != "cpu" && d != "cuda" {
-            return Err(Error::Unsupported(format!("--device {d}: the cpu and cuda backends are built (not {d})")));
+        if d != "cpu" && d != "cuda" && d != "hip" {
+            return Err(Error::Unsupported(format!(
+                "--device {d}: the cpu, cuda and hip backends are built (not {d})"
+            )));
         }
     }
     if let Some(t) = args.str("--tokenizer-type") {

@@ -28,7 +28,7 @@ commands:
              `check nccl-id`: rank 0's NCCL unique id reaches every rank (under mpirun);
              `check nccl`: every NCCL collective on GPU memory against MPI (under mpirun);
              `check gpu`: compile, load and launch a test kernel on each NVIDIA GPU, else each AMD GPU;
-             `check ops --device cuda|cpu [--size small|full] [--gpu N]`: every Device op against
+             `check ops --device cuda|hip|cpu [--size small|full] [--gpu N]`: every Device op against
              the f64 reference; `check losses A.jsonl B.jsonl [--rtol R]`: two runs' losses agree
   plan       choose a tensor/pipeline/data-parallel layout for a model on N GPUs (no GPU needed)
   info       what this binary found on this machine
@@ -491,6 +491,8 @@ fn check_gpu_hip(hip: &trident::gpu::hip::Hip, n: usize) -> Result<()> {
     let cache = ModuleCache::at_default_root()?;
     for ordinal in 0..n {
         print_smoke(ordinal, &smoke::run_hip(hip, &hiprtc, &cache, ordinal)?);
+        let dev = trident::gpu::device::GpuDevice::hip(ordinal)?;
+        device_ops_line(ordinal, "HIP", &dev, &[64, 128])?;
     }
     println!(
         "gpu check: passed on {n} AMD device{}; `trident check ops` compares every fused op with the reference",
@@ -526,7 +528,7 @@ fn check_nccl_id(rt: &Runtime) -> Result<String> {
     ))
 }
 
-/// `trident check ops [--device cpu|cuda] [--size small|full] [--gpu N]`: every op of the device
+/// `trident check ops [--device cpu|cuda|hip] [--size small|full] [--gpu N]`: every op of the device
 /// against the f64 reference device (`device::check`); a table, then one verdict line.
 fn check_ops(args: &[String]) -> Result<()> {
     use trident::device::check::{run_all, Size};
@@ -564,7 +566,11 @@ fn check_ops(args: &[String]) -> Result<()> {
             let dev = trident::gpu::device::GpuDevice::cuda(ordinal)?;
             (dev.describe(), run_all(&dev, size, &[64, 128], true, 7))
         }
-        other => return Err(Error::Usage(format!("check ops: --device is cpu or cuda, not {other:?}"))),
+        "hip" => {
+            let dev = trident::gpu::device::GpuDevice::hip(ordinal)?;
+            (dev.describe(), run_all(&dev, size, &[64, 128], true, 7))
+        }
+        other => return Err(Error::Usage(format!("check ops: --device is cpu, cuda or hip, not {other:?}"))),
     };
     println!("{:<28} {:<28} {:>9} {:>11}  verdict", "op", "case", "elements", "max |error|");
     for c in &checks {

@@ -797,7 +797,7 @@ pub struct DevicePeak {
 }
 
 /// Runs `trident train` with a validated configuration on this rank of the job, on the device
-/// `--device` names: the CPU backend, or the CUDA Device on the rank's GPU.
+/// `--device` names: the CPU backend, or the GPU Device (CUDA or HIP) on the rank's GPU.
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     match cfg.device.as_str() {
         "cuda" => {
@@ -814,6 +814,20 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                 let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
                 let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
                 Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
+            })
+        }
+        "hip" => {
+            let hip = crate::gpu::require_hip_runtime()?;
+            let count = hip.device_count()?;
+            run_on(cfg, rt, Some(count), |placement| {
+                let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
+                let head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
+                crate::gpu::device::GpuDevice::check_head_dim_for("hip", head_dim)?;
+                let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
+                let arch = hip.device_info(ordinal)?.arch.unwrap_or_default();
+                // Dense bf16 matrix-core peaks: an MI250X GCD (half of 383 TFLOP/s), an MI300X.
+                let (tflops, part) = if arch.starts_with("gfx94") { (1307.4, "MI300X") } else { (191.5, "MI250X GCD") };
+                Ok((dev, DevicePeak { gflops: tflops * 1e3, what: format!("nominal dense bf16 of an {part}, {arch}") }))
             })
         }
         _ => {

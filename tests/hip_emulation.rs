@@ -6,7 +6,8 @@
 //! for f32 outputs). The tests mirror `cuda_emulation.rs` kernel for kernel (the HIP kernels have
 //! the CUDA names and arguments): the MFMA GEMMs with every epilogue and both backward products,
 //! casts, LayerNorm, GELU, AdamW, the cross-entropy pieces, the embedding, and FlashAttention
-//! forward and backward on MFMA for head dims 64 and 128. Every kernel runs on at least three
+//! forward and backward on MFMA for head dims 64 and 128, and the f32 ops of the HIP Device
+//! (`tensor_ops.hip`: wave-per-row reductions, column sums, element-wise, embedding). Every kernel runs on at least three
 //! shapes, ragged ones included. One test builds the kernels with a planted wave32 assumption
 //! (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and asserts that the
 //! LayerNorm comparison catches it.
@@ -618,4 +619,184 @@ fn planted_wave32_reduction_is_caught() {
     }
     assert!(!detected[0], "the correct wave64 build must pass");
     assert!(detected[1], "the planted wave32 reduction was not detected by the LayerNorm comparison");
+}
+
+// ---- tensor_ops.hip (the HIP Device's f32 ops) -------------------------------------------------
+
+fn put_f64(case: &Case, name: &str, values: &[f64]) {
+    std::fs::write(
+        case.dir.join(format!("{name}.f64")),
+        values.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+}
+fn get_f64(case: &Case, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(case.dir.join(format!("{name}.f64"))).unwrap();
+    bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap()) as f32).collect()
+}
+
+/// tensor_ops.hip's row-wise (a wave per row), column-wise and element-wise kernels on one
+/// [rows, cols] matrix against the reference device's f64 ops.
+fn run_tensor_rows(build: Build, rows: usize, cols: usize, vocab_start: usize) {
+    let name = format!("tensor_rows_{rows}x{cols}_{build:?}");
+    let case = Case::new(KIND, &name);
+    let n = rows * cols;
+    let x = f32_values(SEED, n, "x", 2.0, 0.5);
+    let (weight, bias) = (f32_values(SEED, cols, "weight", 0.2, 1.0), f32_values(SEED, cols, "bias", 0.2, 0.0));
+    let dout = f32_values(SEED, n, "dout", 1.0, 0.0);
+    let (dinp0, dw0, db0) = (
+        f32_values(SEED, n, "dinp0", 0.1, 0.0),
+        f32_values(SEED, cols, "dw0", 0.1, 0.0),
+        f32_values(SEED, cols, "db0", 0.1, 0.0),
+    );
+    let targets = tokens(rows, "targets", (vocab_start + cols + 3) as u32);
+    let dev = ReferenceDevice;
+    let (rx, rw, rb, rd) =
+        (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias), reference(&dev, &dout));
+    // The whole rows' f64 statistics of the split LayerNorm, from the reference.
+    let mut sums = vec![0.0; rows];
+    dev.layernorm_sums(&rx, rows, cols, None, &mut sums);
+    let mean64: Vec<f64> = sums.iter().map(|s| s / cols as f64).collect();
+    let mut sq = vec![0.0; rows];
+    dev.layernorm_sums(&rx, rows, cols, Some(&mean64), &mut sq);
+    let rstd64: Vec<f64> = sq.iter().map(|s| 1.0 / (s / cols as f64 + 1e-5).sqrt()).collect();
+    let (mut out, mut mean, mut rstd) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
+    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    let mut bsums = vec![0.0; 2 * rows];
+    dev.layernorm_backward_sums(&rd, &rx, &rw, &mean, &rstd, rows, cols, &mut bsums);
+    for (k, v) in [("x", &x), ("weight", &weight), ("bias", &bias), ("dout", &dout), ("dinp", &dinp0)] {
+        case.put_f32(k, v);
+    }
+    case.put_f32("dweight", &dw0);
+    case.put_f32("dbias", &db0);
+    case.put_u32("targets", &targets);
+    put_f64(&case, "mean64", &mean64);
+    put_f64(&case, "rstd64", &rstd64);
+    put_f64(&case, "sums64", &bsums);
+    let scale = 1.0f32 / 3.0;
+    case.run_on(harness(build), "tensor_rows", &args(&[&rows, &cols, &vocab_start, &scale]));
+
+    check_f32(&format!("{name} layernorm out"), &case.get_f32("out"), &out, 1e-5);
+    check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
+    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+    // Backward on the kernel's own f32 statistics, as the Device runs it.
+    let (m32, r32) = (reference(&dev, &case.get_f32("mean")), reference(&dev, &case.get_f32("rstd")));
+    let (mut dx, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
+    dev.layernorm_backward(&mut dx, &mut dw, &mut db, &rd, &rx, &rw, &m32, &r32, rows, cols);
+    check_f32(&format!("{name} dinp"), &case.get_f32("dx"), &dx, 1e-4);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dw"), &dw, 1e-4);
+    check_f32(&format!("{name} dbias"), &case.get_f32("db"), &db, 1e-4);
+    check_f32(&format!("{name} row sums"), &get_f64(&case, "sums"), &sums, 1e-6);
+    check_f32(&format!("{name} squared deviations"), &get_f64(&case, "sqsums"), &sq, 1e-6);
+    let mut bs = vec![0.0; 2 * rows];
+    dev.layernorm_backward_sums(&rd, &rx, &rw, &m32, &r32, rows, cols, &mut bs);
+    check_f32(&format!("{name} backward sums"), &get_f64(&case, "bsums"), &bs, 1e-5);
+    let (mut split, mut sm, mut sr) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
+    dev.layernorm_apply(&mut split, &mut sm, &mut sr, &rx, &rw, &rb, &mean64, &rstd64, rows, cols);
+    check_f32(&format!("{name} split out"), &case.get_f32("split"), &split, 1e-5);
+    check_f32(&format!("{name} split mean"), &case.get_f32("split_mean"), &sm, 1e-6);
+    check_f32(&format!("{name} split rstd"), &case.get_f32("split_rstd"), &sr, 1e-6);
+    let (mut sdx, mut sdw, mut sdb) = (reference(&dev, &dinp0), dev.alloc(cols), dev.alloc(cols));
+    dev.layernorm_backward_apply(&mut sdx, &mut sdw, &mut sdb, &rd, &rx, &rw, &m32, &r32, &bsums, cols, rows, cols);
+    check_f32(&format!("{name} split dinp"), &case.get_f32("split_dx"), &sdx, 1e-4);
+    // x as logits of a vocabulary shard.
+    let (mut max, mut sum_exp, mut tl) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+    dev.cross_entropy_max(&rx, rows, cols, &mut max);
+    dev.cross_entropy_partials(&rx, &targets, vocab_start, rows, cols, &max, &mut sum_exp, &mut tl);
+    check_f32(&format!("{name} xent max"), &get_f64(&case, "max"), &max, 0.0);
+    check_f32(&format!("{name} xent sum_exp"), &get_f64(&case, "sum_exp"), &sum_exp, 1e-6);
+    check_f32(&format!("{name} xent target logit"), &get_f64(&case, "target_logit"), &tl, 0.0);
+    let mut dl = rx.clone();
+    dev.cross_entropy_backward(&mut dl, &targets, vocab_start, rows, cols, &max, &sum_exp, scale);
+    check_f32(&format!("{name} dlogits"), &case.get_f32("dlogits"), &dl, 1e-5);
+    let colsum: Vec<f64> =
+        (0..cols).map(|c| db0[c] as f64 + (0..rows).map(|r| dout[r * cols + c] as f64).sum::<f64>()).collect();
+    check_f32(&format!("{name} column sums"), &case.get_f32("colsum"), &colsum, 1e-5);
+    let mut biased = rx.clone();
+    dev.add_bias(&mut biased, &rb, rows, cols);
+    check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
+    let ssq: f64 = std::fs::read(case.dir.join("partials.f64"))
+        .unwrap()
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .sum();
+    let want = dev.sum_squares(&rx);
+    assert!((ssq - want).abs() <= 1e-12 * want, "{name} sum_squares {ssq} vs {want}");
+    println!("{name}: every row, column and element kernel matches the reference");
+}
+
+#[test]
+fn tensor_ops_rows_columns_and_reductions() {
+    // Rows not a multiple of the 4 waves of a workgroup; widths below, at and above the 64
+    // lanes (and above 32), not multiples of 64 or of the 256-thread column workgroups; a width
+    // over 8192 elements in all, so sum_squares has a ragged second chunk.
+    for (rows, cols, vocab_start) in [(4, 64, 0), (7, 50, 3), (13, 200, 100), (3, 5, 0), (11, 777, 40)] {
+        run_tensor_rows(Build::Correct, rows, cols, vocab_start);
+    }
+}
+
+/// tensor_ops.hip's wave-per-row kernels built with the planted wave32 butterfly: each half-wave
+/// keeps its own half's sum, and the comparison must reject the row statistics.
+#[test]
+fn planted_wave32_reduction_is_caught_in_tensor_ops() {
+    let caught = std::panic::catch_unwind(|| run_tensor_rows(Build::PlantedWave32Bug, 4, 64, 0));
+    assert!(caught.is_err(), "the planted wave32 reduction passed the tensor_ops comparison");
+}
+
+#[test]
+fn tensor_ops_element_wise_and_embedding() {
+    let dev = ReferenceDevice;
+    // Grid-stride loops over fewer workgroups than the elements need, and over more.
+    for (n, blocks) in [(1, 1), (1000, 2), (4099, 3), (300, 8)] {
+        let name = format!("tensor_elems_{n}_{blocks}");
+        let case = Case::new(KIND, &name);
+        let (a, b) = (f32_values(SEED, n, "a", 2.0, 0.0), f32_values(SEED, n, "b", 1.0, 0.0));
+        case.put_f32("a", &a);
+        case.put_f32("b", &b);
+        case.run_on(harness(Build::Correct), "tensor_elems", &args(&[&n, &blocks]));
+        let (ra, rb) = (reference(&dev, &a), reference(&dev, &b));
+        let mut sum = dev.alloc(n);
+        dev.add(&mut sum, &ra, &rb);
+        check_f32(&format!("{name} add"), &case.get_f32("sum"), &sum, 1e-7);
+        check_f32(&format!("{name} add_assign"), &case.get_f32("acc"), &sum, 1e-7);
+        let rounded: Vec<f32> = a.iter().map(|&x| Precision::Bf16.round(x)).collect();
+        assert_eq!(case.get_f32("rounded"), rounded, "{name}: round_bf16_f32 is bit-exact");
+        let mut g = dev.alloc(n);
+        dev.gelu_forward(&mut g, &ra);
+        check_f32(&format!("{name} gelu"), &case.get_f32("gelu"), &g, 1e-5);
+        let mut dg = dev.alloc(n);
+        dev.gelu_backward(&mut dg, &ra, &rb);
+        check_f32(&format!("{name} gelu'"), &case.get_f32("dgelu"), &dg, 1e-5);
+    }
+    for (batch, seq, hidden, vocab_start, vocab_rows, total, t0) in
+        [(2, 5, 96, 10, 20, 40, 0), (3, 7, 300, 0, 11, 11, 2), (1, 4, 33, 3, 6, 12, 1)]
+    {
+        let name = format!("tensor_embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
+        let case = Case::new(KIND, &name);
+        let toks = tokens(batch * seq, "tokens", total);
+        let wte = f32_values(SEED, vocab_rows * hidden, "wte", 0.5, 0.0);
+        let wpe = f32_values(SEED, (t0 + seq) * hidden, "wpe", 0.1, 0.0);
+        let dout = f32_values(SEED, batch * seq * hidden, "dout", 1.0, 0.0);
+        let dwte0 = f32_values(SEED, vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = f32_values(SEED, (t0 + seq) * hidden, "dwpe0", 0.1, 0.0);
+        case.put_u32("tokens", &toks);
+        for (k, v) in [("wte", &wte), ("wpe", &wpe), ("dout", &dout), ("dwte", &dwte0), ("dwpe", &dwpe0)] {
+            case.put_f32(k, v);
+        }
+        case.run_on(
+            harness(Build::Correct),
+            "tensor_embedding",
+            &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows, &t0]),
+        );
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        dev.position_forward(&mut out, &reference(&dev, &wpe), batch, t0, seq, hidden);
+        check_f32(&format!("{name} out"), &case.get_f32("out"), &out, 1e-6);
+        let rd = reference(&dev, &dout);
+        let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
+        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.position_backward(&mut dwpe, &rd, batch, t0, seq, hidden);
+        check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
+    }
 }

@@ -86,7 +86,7 @@ fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
             &["--device hip: libamdhip64.so not found (no ROCm on this machine); train on the CPU with --device cpu"],
         );
     }
-    assert!(out.contains("hip backend: not built yet"), "{out}");
+    assert!(out.contains("hip backend: `train --device hip --bf16`"), "{out}");
     let missing = [
         ("TRIDENT_LIBAMDHIP64", Path::new("/nonexistent/libamdhip64.so")),
         ("TRIDENT_HIPRTC", Path::new("/nonexistent/libhiprtc.so")),
@@ -108,7 +108,7 @@ fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
 }
 
 #[test]
-fn a_hip_runtime_without_the_hip_backend_is_reported_not_used() {
+fn a_hip_runtime_is_reported_and_device_hip_needs_bf16() {
     let dir = scratch("fake-libamdhip64");
     let lib = fake_libamdhip64(&dir, &[]);
     let env = [("TRIDENT_LIBAMDHIP64", lib.as_path())];
@@ -124,7 +124,7 @@ fn a_hip_runtime_without_the_hip_backend_is_reported_not_used() {
     let o = run_env(&TRAIN_HIP, &env);
     assert_clean_error(
         &o,
-        &["--device hip: the HIP runtime (HIP 6.2.41133, 2 devices) was found", "the HIP backend is not built yet"],
+        &["--device hip needs --bf16 (the HIP kernels multiply bf16 operands with f32 accumulation)"],
     );
 
     // hipInit failing: the runtime's own name and message for the code.

@@ -93,13 +93,9 @@ fn dry_runs_print_each_sites_launch_line() {
         assert!(line.starts_with(launcher[0]), "{name}: {line}");
         assert_in_order(&line, &[launcher, TRAIN].concat());
         assert!(!line.contains("--load"), "{name}: nothing to resume from: {line}");
-        // The GPU default is honest: HIP says its backend is not built yet, CUDA adds --bf16.
-        if name.starts_with("frontier") {
-            assert!(stdout(&o).contains("HIP backend is not built yet"), "{name}: {}", stdout(&o));
-        } else {
-            assert!(stdout(&o).contains("DEVICE=cuda: trains with --bf16"), "{name}: {}", stdout(&o));
-            assert!(line.contains(" --bf16"), "{name}: {line}");
-        }
+        // The GPU default trains in bf16, which the GPU Devices need, and the script says so.
+        assert!(line.contains(" --bf16"), "{name}: {line}");
+        assert!(stdout(&o).contains("the GPU Device trains in bf16 (--bf16 is added"), "{name}: {}", stdout(&o));
     }
     let env = |name: &str| {
         let out = stdout(&dry_run(name, &run, &[]));
@@ -173,7 +169,11 @@ fn dry_runs_follow_the_allocation_and_the_knobs() {
             "--exit-signal-handler --train-iters 30 --lr 1e-3",
         ],
     );
-    assert!(!stdout(&o).contains("not built yet"), "DEVICE=cpu is built: {}", stdout(&o));
+    assert!(
+        !stdout(&o).contains("GPU Device") && !launch(&o).contains("--bf16"),
+        "DEVICE=cpu adds nothing: {}",
+        stdout(&o)
+    );
 }
 
 #[test]

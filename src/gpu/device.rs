@@ -9,8 +9,9 @@
 //!
 //! The GPU calls go through `GpuRuntime` (allocate, free, copy, memset, load a module, find a
 //! function, launch, synchronize): `CudaRuntime` implements it on the driver table of
-//! `driver.rs`; a HIP runtime (hipMalloc, hipModuleLaunchKernel, the same kernel names) can
-//! implement it next and reuse `GpuDevice` unchanged. Everything runs on the legacy default
+//! `driver.rs`, and `HipRuntime` (hip_device.rs) on the HIP runtime, running the kernels-hip/
+//! twins (same kernel names, arguments and grids); `Vendor` holds what differs, each kernel's file
+//! and block size. Everything runs on the legacy default
 //! stream, in order; `download`, `sum_squares` and the cross-entropy / split-LayerNorm row sums
 //! copy to the host synchronously. A failed GPU call inside an op (the trait's ops return no
 //! `Result`) ends the process with one `trident: error:` line naming the call.
@@ -202,7 +203,7 @@ impl GpuRuntime for CudaRuntime {
 
 /// Every kernel the Device launches: a typed index into its function table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum K {
+pub(crate) enum K {
     AddF32,
     AddAssignF32,
     AddBiasF32,
@@ -278,6 +279,60 @@ const FUNCTIONS: &[(K, &str, &str)] = &[
     (K::AttentionBwdDqD64, "attention_bwd.cu", "attention_bwd_dq_bf16_d64"),
     (K::AttentionBwdDqD128, "attention_bwd.cu", "attention_bwd_dq_bf16_d128"),
 ];
+
+/// Whose GPU: the kernel suite (kernels-cuda/*.cu or their kernels-hip/*.hip twins, same kernel
+/// names, arguments and grids) and its launch geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Cuda,
+    Hip,
+}
+
+impl Vendor {
+    /// The file of this vendor's suite that holds a kernel of `FUNCTIONS` (named by its .cu file).
+    fn file(self, cu_file: &str) -> String {
+        match self {
+            Vendor::Cuda => cu_file.to_string(),
+            Vendor::Hip => format!("{}.hip", cu_file.trim_end_matches(".cu")),
+        }
+    }
+
+    /// Threads per block of kernel `k` (the grids are the same for both vendors). CUDA: 128 for
+    /// the mma.sync GEMMs (4 warps), attention and the warp-per-row kernels (4 rows); HIP (each
+    /// kernels-hip file's header): 256 for the MFMA GEMMs (4 wave64s), the wave-per-row kernels
+    /// (4 rows) and attention's delta kernel, 128 for attention forward, dK/dV and dQ (2
+    /// wave64s). Everything else is 256 on both.
+    pub(crate) fn block(self, k: K) -> u32 {
+        use K::*;
+        let per_row = matches!(
+            k,
+            LayernormFwdF32 | LayernormBwdDxF32 | LayernormSumsF32 | LayernormBwdSumsF32 | XentMaxF32 | XentPartialsF32
+        );
+        let gemm = matches!(k, GemmFwdF32Out | GemmBwdInput | GemmBwdWeight);
+        let attention = matches!(
+            k,
+            AttentionFwdD64
+                | AttentionFwdD128
+                | AttentionBwdDkvD64
+                | AttentionBwdDkvD128
+                | AttentionBwdDqD64
+                | AttentionBwdDqD128
+        );
+        match self {
+            Vendor::Cuda if per_row || gemm || attention || k == AttentionBwdDelta => 128,
+            Vendor::Hip if attention => 128,
+            _ => 256,
+        }
+    }
+
+    /// The matrix instructions the GEMMs and attention run on, for `describe`.
+    fn matrix_units(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "mma.sync",
+            Vendor::Hip => "MFMA",
+        }
+    }
+}
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
 const SUM_SQUARES_CHUNK: usize = 8192;
@@ -369,6 +424,7 @@ pub struct GpuDevice {
     limits: super::launch::DeviceLimits,
     bf16_matmul: AtomicBool,
     scratch: std::sync::Mutex<Vec<DeviceMem>>,
+    vendor: Vendor,
 }
 
 /// The CUDA Device.
@@ -376,7 +432,7 @@ pub type CudaDevice = GpuDevice;
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
 fn fatal(e: Error) -> ! {
-    eprintln!("trident: error: cuda device: {e}");
+    eprintln!("trident: error: gpu device: {e}");
     std::process::exit(1)
 }
 
@@ -412,6 +468,19 @@ impl GpuDevice {
         multiprocessors: usize,
         limits: super::launch::DeviceLimits,
     ) -> Result<GpuDevice> {
+        let image = |file: &str| modules.image(file, arch).map(|i| i.bytes);
+        GpuDevice::with_images(rt, Vendor::Cuda, &image, multiprocessors, limits)
+    }
+
+    /// Loads every file the Device uses, as `image` (file name of `vendor`'s suite to a loadable
+    /// module) gives them, and finds its functions.
+    pub fn with_images(
+        rt: Arc<dyn GpuRuntime>,
+        vendor: Vendor,
+        image: &dyn Fn(&str) -> Result<Vec<u8>>,
+        multiprocessors: usize,
+        limits: super::launch::DeviceLimits,
+    ) -> Result<GpuDevice> {
         let mut loaded: Vec<(&str, usize)> = Vec::new();
         let mut functions = Vec::with_capacity(FUNCTIONS.len());
         for (i, (k, file, name)) in FUNCTIONS.iter().enumerate() {
@@ -419,8 +488,7 @@ impl GpuDevice {
             let module = match loaded.iter().find(|(f, _)| f == file) {
                 Some((_, m)) => *m,
                 None => {
-                    let image = modules.image(file, arch)?;
-                    let m = rt.load_module(&image.bytes)?;
+                    let m = rt.load_module(&image(&vendor.file(file))?)?;
                     loaded.push((file, m));
                     m
                 }
@@ -434,22 +502,29 @@ impl GpuDevice {
             limits,
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
+            vendor,
         })
     }
 
     /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).
     pub fn check_head_dim(head_dim: usize) -> Result<()> {
+        GpuDevice::check_head_dim_for("cuda", head_dim)
+    }
+
+    /// `check_head_dim` for `--device <device>`.
+    pub fn check_head_dim_for(device: &str, head_dim: usize) -> Result<()> {
         if head_dim == 64 || head_dim == 128 {
             return Ok(());
         }
         Err(Error::Unsupported(format!(
-            "--device cuda: the attention kernels are built for head dims 64 and 128, and this model's head dim \
-             (hidden size / attention heads) is {head_dim}"
+            "--device {device}: the attention kernels are built for head dims 64 and 128, and this model's head \
+             dim (hidden size / attention heads) is {head_dim}"
         )))
     }
 
-    fn launch(&self, k: K, grid: [usize; 3], block: u32, args: &[Arg]) {
-        let name = FUNCTIONS[k as usize].2;
+    /// Launches `k` over `grid` with its vendor's block size (`Vendor::block`).
+    fn launch(&self, k: K, grid: [usize; 3], args: &[Arg]) {
+        let (name, block) = (FUNCTIONS[k as usize].2, self.vendor.block(k));
         let config = ok(super::launch::tiled(name, grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
         let mut slots: Vec<u64> = args
             .iter()
@@ -469,20 +544,20 @@ impl GpuDevice {
             return;
         }
         let blocks = n.div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
-        self.launch(k, [blocks, 1, 1], 256, args);
+        self.launch(k, [blocks, 1, 1], args);
     }
 
-    /// One warp per row, four rows per block of 128.
+    /// One warp (wave) per row, four rows per block.
     fn rowwise(&self, k: K, rows: usize, args: &[Arg]) {
         if rows > 0 {
-            self.launch(k, [rows.div_ceil(4), 1, 1], 128, args);
+            self.launch(k, [rows.div_ceil(4), 1, 1], args);
         }
     }
 
     /// One thread per column, blocks of 256.
     fn columnwise(&self, k: K, cols: usize, args: &[Arg]) {
         if cols > 0 {
-            self.launch(k, [cols.div_ceil(256), 1, 1], 256, args);
+            self.launch(k, [cols.div_ceil(256), 1, 1], args);
         }
     }
 
@@ -535,7 +610,7 @@ impl GpuDevice {
             return;
         }
         let blocks = n.div_ceil(8).div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
-        self.launch(k, [blocks, 1, 1], 256, &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
+        self.launch(k, [blocks, 1, 1], &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
     }
 
     fn attention_kernels(head_dim: usize) -> (K, K, K) {
@@ -543,7 +618,7 @@ impl GpuDevice {
             64 => (K::AttentionFwdD64, K::AttentionBwdDkvD64, K::AttentionBwdDqD64),
             128 => (K::AttentionFwdD128, K::AttentionBwdDkvD128, K::AttentionBwdDqD128),
             d => fatal(Error::Unsupported(format!(
-                "attention on CUDA: head dim {d} (the kernels are built for 64 and 128)"
+                "attention on the GPU: head dim {d} (the kernels are built for 64 and 128)"
             ))),
         }
     }
@@ -555,7 +630,7 @@ impl Device for GpuDevice {
     type Buf = GpuBuf;
 
     fn describe(&self) -> String {
-        format!("{}, bf16 GEMMs and attention (mma.sync)", self.rt.describe())
+        format!("{}, bf16 GEMMs and attention ({})", self.rt.describe(), self.vendor.matrix_units())
     }
     fn alloc(&self, len: usize) -> GpuBuf {
         let mem = ok(DeviceMem::alloc(&self.rt, 4 * len));
@@ -603,12 +678,7 @@ impl Device for GpuDevice {
             return 0.0;
         }
         let partials = self.scratch(8 * blocks);
-        self.launch(
-            K::SumSquaresF32,
-            [blocks, 1, 1],
-            256,
-            &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))],
-        );
+        self.launch(K::SumSquaresF32, [blocks, 1, 1], &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))]);
         let mut host = vec![0f64; blocks];
         self.download_f64(&partials, &mut host);
         host.iter().sum()
@@ -705,7 +775,6 @@ impl Device for GpuDevice {
         self.launch(
             K::PositionBwdF32,
             [hidden.div_ceil(256), positions, 1],
-            256,
             &[
                 Ptr(dwpe.ptr()),
                 Ptr(dout.ptr()),
@@ -931,7 +1000,6 @@ impl Device for GpuDevice {
         self.launch(
             K::GemmFwdF32Out,
             [n.div_ceil(64), rows.div_ceil(64), 1],
-            128,
             &[
                 Ptr(out.ptr()),
                 Ptr(a.pointer),
@@ -967,7 +1035,6 @@ impl Device for GpuDevice {
             self.launch(
                 K::GemmBwdInput,
                 [k.div_ceil(64), rows.div_ceil(64), 1],
-                128,
                 &[Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
             );
         }
@@ -975,7 +1042,6 @@ impl Device for GpuDevice {
         self.launch(
             K::GemmBwdWeight,
             [k.div_ceil(64), n.div_ceil(64), 1],
-            128,
             &[Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
         );
         if let Some(dbias) = dbias {
@@ -1008,7 +1074,6 @@ impl Device for GpuDevice {
         self.launch(
             fwd,
             [shape.seq.div_ceil(64), shape.batch * shape.heads, 1],
-            128,
             &[Ptr(o.pointer), Ptr(lse.ptr()), Ptr(q.pointer), b, s, h],
         );
         self.cast(K::CastBf16ToF32, out.ptr(), o.pointer, rows * w);
@@ -1035,13 +1100,12 @@ impl Device for GpuDevice {
         self.launch(
             K::AttentionBwdDelta,
             [(rows * shape.heads).div_ceil(4), 1, 1],
-            128,
             &[Ptr(delta.pointer), Ptr(d.pointer), Ptr(o.pointer), b, s, h, I32(int("head dim", shape.head_dim))],
         );
         let grid = [shape.seq.div_ceil(64), shape.batch * shape.heads, 1];
         let args = [Ptr(grad.pointer), Ptr(q.pointer), Ptr(d.pointer), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
-        self.launch(dkv, grid, 128, &args);
-        self.launch(dq, grid, 128, &args);
+        self.launch(dkv, grid, &args);
+        self.launch(dq, grid, &args);
         self.cast(K::CastBf16ToF32, dqkv.ptr(), grad.pointer, 3 * rows * w);
     }
 
@@ -1197,5 +1261,49 @@ impl Device for GpuDevice {
                 F32(c2 as f32),
             ],
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
+    fn launch_bounds(source: &str, name: &str) -> Option<u32> {
+        // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
+        let decl = source.match_indices(&format!("{name}(")).find_map(|(at, _)| {
+            let start = source[..at].rfind("extern \"C\"")?;
+            let decl = &source[start..at];
+            (!decl.contains(';') && !decl.contains('{') && !decl.contains('}')).then_some(decl)
+        });
+        let decl = decl.unwrap_or_else(|| panic!("no extern \"C\" declaration of {name}"));
+        let from = decl.find("__launch_bounds__(")? + "__launch_bounds__(".len();
+        decl[from..].split(')').next()?.trim().parse().ok()
+    }
+
+    /// Every kernel is launched with exactly the workgroup its source is bounded to (a kernel
+    /// written for 4 waves computes a quarter of its tile less with 2), and every unbounded one
+    /// with a multiple of the vendor's wave; the CUDA and HIP tables differ where the headers say.
+    #[test]
+    fn block_sizes_follow_each_vendors_kernel_sources() {
+        for (vendor, wave) in [(Vendor::Cuda, 32), (Vendor::Hip, 64)] {
+            for (k, file, name) in FUNCTIONS {
+                let file = vendor.file(file);
+                let source = match vendor {
+                    Vendor::Cuda => super::super::kernels::source(&file).unwrap(),
+                    Vendor::Hip => super::super::hip_kernels::source(&file).unwrap().1,
+                };
+                assert!(source.contains(&format!("{name}(")), "{name} is not in {file}");
+                let block = vendor.block(*k);
+                assert_eq!(block % wave, 0, "{vendor:?} {name}: {block} threads is not whole waves");
+                if let Some(bound) = launch_bounds(source, name) {
+                    assert_eq!(block, bound, "{vendor:?} {name}: launched with {block}, bounded to {bound} in {file}");
+                }
+            }
+        }
+        assert_eq!((Vendor::Cuda.block(K::GemmFwdF32Out), Vendor::Hip.block(K::GemmFwdF32Out)), (128, 256));
+        assert_eq!((Vendor::Cuda.block(K::LayernormFwdF32), Vendor::Hip.block(K::LayernormFwdF32)), (128, 256));
+        assert_eq!((Vendor::Cuda.block(K::AttentionBwdDelta), Vendor::Hip.block(K::AttentionBwdDelta)), (128, 256));
+        assert_eq!(Vendor::Hip.block(K::AttentionFwdD64), 128);
     }
 }

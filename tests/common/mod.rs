@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod emu;
+pub mod gpu_device;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -20,6 +20,7 @@
 #include "../../gemm_bf16_bwd.hip"
 #include "../../layernorm.hip"
 #include "../../softmax_xent.hip"
+#include "../../tensor_ops.hip"
 
 namespace {
 
@@ -290,6 +291,107 @@ int main(int argc, char** argv) {
       return usage();
     }
     write_bf16("dqkv", dqkv);
+  } else if (op == "tensor_rows") {
+    // tensor_ops.hip's row, column and element-wise kernels on one [rows, cols] f32 matrix x
+    // (also read as logits over a vocabulary shard of cols entries starting at vocab_start), in
+    // the HIP Device's launch geometry: a wave per row in workgroups of 4 waves, a thread per
+    // column in workgroups of 256, grid-stride element loops over at most 3 workgroups of 256.
+    const int rows = arg(0), C = arg(1), vocab_start = arg(2);
+    const float scale = real(3);
+    const size_t n = size_t(rows) * C;
+    const dim3 per_row(ceil_div(rows, 4)), per_col(ceil_div(C, 256)), wg(4 * kWaveSize), cols_wg(256);
+    const dim3 elems(std::min(ceil_div(int(n), 256), 3));
+    auto x = read_f32("x", n), weight = read_f32("weight", C), bias = read_f32("bias", C), dout = read_f32("dout", n);
+    auto dinp = read_f32("dinp", n), dweight = read_f32("dweight", C), dbias = read_f32("dbias", C);
+    auto targets = read_u32("targets", rows);
+    auto mean64 = read<double>("mean64", "f64", rows), rstd64 = read<double>("rstd64", "f64", rows);
+    auto sums64 = read<double>("sums64", "f64", 2 * size_t(rows));
+    std::vector<float> out(n, -1.0f), mean(rows, -1.0f), rstd(rows, -1.0f);
+    emu::launch(per_row, wg, layernorm_fwd_f32, out.data(), mean.data(), rstd.data(), x.data(), weight.data(),
+                bias.data(), rows, C);
+    std::vector<float> dx = dinp, dw = dweight, db = dbias;
+    emu::launch(per_row, wg, layernorm_bwd_dx_f32, dx.data(), dout.data(), x.data(), weight.data(), mean.data(),
+                rstd.data(), rows, C);
+    emu::launch(per_col, cols_wg, layernorm_bwd_params_f32, dw.data(), db.data(), dout.data(), x.data(), mean.data(),
+                rstd.data(), rows, C);
+    std::vector<double> sums(rows, -1.0), sqsums(rows, -1.0), bsums(2 * size_t(rows), -1.0);
+    emu::launch(per_row, wg, layernorm_sums_f32, sums.data(), x.data(), (const double*)nullptr, rows, C);
+    emu::launch(per_row, wg, layernorm_sums_f32, sqsums.data(), x.data(), mean64.data(), rows, C);
+    emu::launch(per_row, wg, layernorm_bwd_sums_f32, bsums.data(), dout.data(), x.data(), weight.data(), mean.data(),
+                rstd.data(), rows, C);
+    std::vector<float> split(n, -1.0f), split_mean(rows, -1.0f), split_rstd(rows, -1.0f);
+    emu::launch(elems, cols_wg, layernorm_apply_f32, split.data(), split_mean.data(), split_rstd.data(), x.data(),
+                weight.data(), bias.data(), mean64.data(), rstd64.data(), rows, C);
+    std::vector<float> split_dx = dinp;
+    emu::launch(elems, cols_wg, layernorm_bwd_apply_dx_f32, split_dx.data(), dout.data(), x.data(), weight.data(),
+                mean.data(), rstd.data(), sums64.data(), C, rows, C);
+    std::vector<double> max(rows, -1.0), sum_exp(rows, -1.0), target_logit(rows, -1.0);
+    emu::launch(per_row, wg, xent_max_f32, max.data(), x.data(), rows, C);
+    emu::launch(per_row, wg, xent_partials_f32, sum_exp.data(), target_logit.data(), x.data(), targets.data(),
+                vocab_start, max.data(), rows, C);
+    std::vector<float> dlogits = x;
+    emu::launch(elems, cols_wg, xent_bwd_f32, dlogits.data(), targets.data(), vocab_start, max.data(), sum_exp.data(),
+                scale, rows, C);
+    std::vector<float> colsum = dbias, biased = x;
+    emu::launch(per_col, cols_wg, column_sum_add_f32, colsum.data(), dout.data(), rows, C);
+    emu::launch(elems, cols_wg, add_bias_f32, biased.data(), bias.data(), rows, C);
+    std::vector<double> partials(ceil_div(int(n), 8192), -1.0);
+    emu::launch(dim3(partials.size()), dim3(256), sum_squares_f32, partials.data(), x.data(), int(n));
+    write_f32("out", out);
+    write_f32("mean", mean);
+    write_f32("rstd", rstd);
+    write_f32("dx", dx);
+    write_f32("dw", dw);
+    write_f32("db", db);
+    write("sums", "f64", sums);
+    write("sqsums", "f64", sqsums);
+    write("bsums", "f64", bsums);
+    write_f32("split", split);
+    write_f32("split_mean", split_mean);
+    write_f32("split_rstd", split_rstd);
+    write_f32("split_dx", split_dx);
+    write("max", "f64", max);
+    write("sum_exp", "f64", sum_exp);
+    write("target_logit", "f64", target_logit);
+    write_f32("dlogits", dlogits);
+    write_f32("colsum", colsum);
+    write_f32("biased", biased);
+    write("partials", "f64", partials);
+  } else if (op == "tensor_elems") {
+    // The element-wise kernels of tensor_ops.hip on n elements, over `blocks` workgroups of 256.
+    const int n = arg(0), blocks = arg(1);
+    auto a = read_f32("a", n), b = read_f32("b", n);
+    std::vector<float> sum(n, -1.0f), acc = a, rounded = a, g(n, -1.0f), dg(n, -1.0f);
+    emu::launch(dim3(blocks), dim3(256), add_f32, sum.data(), a.data(), b.data(), n);
+    emu::launch(dim3(blocks), dim3(256), add_assign_f32, acc.data(), b.data(), n);
+    emu::launch(dim3(blocks), dim3(256), round_bf16_f32, rounded.data(), n);
+    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, g.data(), a.data(), n);
+    emu::launch(dim3(blocks), dim3(256), gelu_bwd_f32, dg.data(), a.data(), b.data(), n);
+    write_f32("sum", sum);
+    write_f32("acc", acc);
+    write_f32("rounded", rounded);
+    write_f32("gelu", g);
+    write_f32("dgelu", dg);
+  } else if (op == "tensor_embedding") {
+    // embedding_fwd_f32 + position_fwd_f32 and their backward kernels (positions t0.. of wpe).
+    const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4), t0 = arg(5);
+    const size_t n = size_t(batch) * seq * hidden;
+    auto tokens = read_u32("tokens", size_t(batch) * seq);
+    auto wte = read_f32("wte", size_t(vocab_rows) * hidden);
+    auto wpe = read_f32("wpe", size_t(t0 + seq) * hidden), dout = read_f32("dout", n);
+    auto dwte = read_f32("dwte", size_t(vocab_rows) * hidden), dwpe = read_f32("dwpe", size_t(t0 + seq) * hidden);
+    std::vector<float> out(n, -1.0f);
+    const dim3 elems(std::min(ceil_div(int(n), 256), 2));
+    emu::launch(elems, dim3(256), embedding_fwd_f32, out.data(), tokens.data(), wte.data(), vocab_start, vocab_rows,
+                batch, seq, hidden);
+    emu::launch(elems, dim3(256), position_fwd_f32, out.data(), wpe.data(), batch, t0, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 256)), dim3(256), embedding_bwd_f32, dwte.data(), dout.data(), tokens.data(),
+                vocab_start, vocab_rows, batch, seq, hidden);
+    emu::launch(dim3(ceil_div(hidden, 256), seq), dim3(256), position_bwd_f32, dwpe.data(), dout.data(), batch, t0, seq,
+                hidden);
+    write_f32("out", out);
+    write_f32("dwte", dwte);
+    write_f32("dwpe", dwpe);
   } else if (op == "mfma_probe") {
     auto A = read_bf16("a", 32 * 8), B = read_bf16("b", 8 * 32);
     std::vector<float> out(64 * 16, -1.0f);
