@@ -325,3 +325,13 @@ fn cuda_benches_launch_their_kernels_on_the_emulated_gpu() {
     let o = run_with(&emu.env, &["bench", "attention", "--device", "cuda", "--shape", "1x128x2"]);
     assert_clean_error(&o, &["--shape", "BxSxHxD"]);
 }
+
+/// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.
+#[test]
+fn the_emulated_smoke_kernel_is_the_binarys() {
+    let inc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/smoke_axpy.inc")).unwrap();
+    let code = |s: &str| -> String {
+        s.lines().filter(|l| !l.trim_start().starts_with("//")).flat_map(|l| l.split_whitespace()).collect()
+    };
+    assert_eq!(code(&inc), code(trident::gpu::smoke::AXPY_SOURCE));
+}

@@ -141,11 +141,13 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
         // bf16 probabilities and outputs), so the curves agree to bf16 precision, not bit for bit.
         assert!(rel < 5e-3, "iteration {}: cpu loss {c}, hip loss {g}", i + 1);
     }
+    assert_eq!((cpu.len(), gpu.len()), (6, 6));
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the hip loss never changed");
     // Tensor x pipeline parallel on the HIP Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
     let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
     let parallel = train_losses(&emu.env, &dir, &data, "hip", 4, &tp_pp);
+    assert_eq!(parallel.len(), 6);
     for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
         let rel = (one - four).abs() / one.abs();
         eprintln!("iteration {}: hip on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})", i + 1);
@@ -199,4 +201,41 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     assert!(e.to_string().contains("hipErrorNotFound"), "{e}");
     let e = HipRuntime::new(Hip::load().unwrap(), 8).err().expect("8 devices: 0..7").to_string();
     assert!(e.contains("hipErrorInvalidDevice"), "{e}");
+}
+
+/// `make gpu-check` on an AMD node, emulated: check gpu (the smoke kernel, then every Device op),
+/// check ops --device hip and the TP 2 x PP 2 comparison with the CPU, with no NVIDIA driver.
+#[test]
+fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-gpu-check");
+    let data = prepared_corpus(&dir);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-check.sh");
+    let mut c = Command::new("bash");
+    c.arg(&script).arg(BIN).arg(&data);
+    for (k, v) in &emu.env {
+        c.env(k, v);
+    }
+    c.env("TRIDENT_LIBCUDA", dir.join("no-libcuda.so"))
+        .env("GPU_CHECK_ITERS", "6")
+        .env("GPU_CHECK_SIZE", "small")
+        .env("GPU_CHECK_DIR", dir.join("logs"))
+        .env(
+            "GPU_CHECK_MODEL",
+            "--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 \
+             --global-batch-size 4 --lr 1e-3 --eval-iters 1 --cpu-threads 1",
+        );
+    let o = c.output().unwrap();
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for want in [
+        "the HIP Device matches the reference device on 126 op outputs",
+        "passed on 8 AMD devices",
+        "ops check: all 126 outputs within their bounds",
+        "losses check: 6 iterations agree",
+        "gpu-check: passed on hip",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

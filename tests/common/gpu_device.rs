@@ -299,6 +299,8 @@ pub const TINY_GPU: &[&str] = &[
     "1e-3",
     "--log-interval",
     "1",
+    "--eval-iters",
+    "1",
     "--bf16",
 ];
 
@@ -311,7 +313,7 @@ pub fn train_losses(
     ranks: usize,
     extra: &[&str],
 ) -> Vec<f64> {
-    let log = dir.join(format!("{device}-{ranks}.jsonl"));
+    let log = dir.join(format!("{device}-{ranks}-{}.jsonl", extra.join("").replace(['-', '/'], "")));
     let log_s = log.to_str().unwrap().to_string();
     let mut args = vec!["train", "--device", device, "--data-path", data, "--train-iters", "6"];
     args.extend_from_slice(TINY_GPU);
@@ -333,7 +335,6 @@ pub fn train_losses(
     if device != "cpu" {
         assert!(stdout(&o).contains(&format!("device {device}: Emulated")), "{}", stdout(&o));
     }
-    let losses = loss_values(&log);
-    assert_eq!(losses.len(), 6, "{device} on {ranks} ranks");
-    losses
+    // Callers check the count: a run stopped by --exit-interval logs fewer.
+    loss_values(&log)
 }

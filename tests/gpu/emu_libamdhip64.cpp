@@ -36,6 +36,7 @@
 #include "../../kernels-hip/layernorm.hip"
 #include "../../kernels-hip/softmax_xent.hip"
 #include "../../kernels-hip/tensor_ops.hip"
+#include "smoke_axpy.inc"
 
 typedef int hipError_t;
 
@@ -71,6 +72,7 @@ struct KernelEntry {
 
 #define KERNEL(k) {#k, [](dim3 g, dim3 b, void** p) { launch_kernel(k, g, b, p); }}
 const KernelEntry kKernels[] = {
+    KERNEL(trident_smoke_axpy),
     KERNEL(adamw_f32_bf16),
     KERNEL(attention_bwd_delta_bf16),
     KERNEL(attention_bwd_dkv_bf16_d64),

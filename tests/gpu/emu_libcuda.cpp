@@ -36,11 +36,7 @@
 #include "../../kernels-cuda/softmax_xent.cu"
 #include "../../kernels-cuda/tensor_ops.cu"
 
-// `trident check gpu`'s smoke kernel: the text of AXPY_SOURCE in src/gpu/smoke.rs.
-extern "C" __global__ void trident_smoke_axpy(float a, const float* x, float* y, unsigned long long n) {
-  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
+#include "smoke_axpy.inc"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
