@@ -699,7 +699,8 @@ fn check_nccl(rt: &Runtime, rest: &[String]) -> ExitCode {
 
 fn cmd_check(rest: &[String]) -> ExitCode {
     let target = rest.first().map(String::as_str);
-    let local: Option<fn(&[String]) -> Result<()>> = match target {
+    type Local = fn(&[String]) -> Result<()>;
+    let local: Option<Local> = match target {
         Some("ops") => Some(check_ops),
         Some("losses") => Some(check_losses),
         _ => None,
