@@ -50,14 +50,17 @@ pub fn measure_fma_peak(pool: &ThreadPool, millis: u64) -> Peak {
         while Instant::now() < measure_from {
             chunk.run();
         }
+        // At least one chunk: a thread the OS starts after the window closed still measures.
         let begin = Instant::now();
         let mut chunks = 0u64;
-        let mut end = begin;
-        while end < measure_until {
+        let end = loop {
             chunk.run();
             chunks += 1;
-            end = Instant::now();
-        }
+            let now = Instant::now();
+            if now >= measure_until {
+                break now;
+            }
+        };
         let burst = Burst { flops: chunks as f64 * chunk.flops_per_chunk(), begin, end };
         bursts.lock().unwrap_or_else(|p| p.into_inner()).push(burst);
     });
