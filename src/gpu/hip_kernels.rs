@@ -43,8 +43,13 @@ pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
 
 /// The architectures this build holds precompiled code objects for, in build order.
 pub fn precompiled_archs() -> Vec<&'static str> {
+    archs_of(precompiled())
+}
+
+/// The distinct architectures of a set of code objects, in order.
+fn archs_of(images: &[(&'static str, &'static str, &'static [u8])]) -> Vec<&'static str> {
     let mut out: Vec<&str> = Vec::new();
-    for (_, arch, _) in precompiled() {
+    for (_, arch, _) in images {
         if !out.contains(arch) {
             out.push(arch);
         }
@@ -118,7 +123,7 @@ impl HipKernelModules {
             });
         }
         let hiprtc = self.hiprtc.get_or_init(|| Hiprtc::load().map_err(|e| e.to_string())).as_ref().map_err(|e| {
-            let built = precompiled_archs();
+            let built = archs_of(self.precompiled);
             Error::Unsupported(format!(
                 "HIP kernel {file} for {arch}: {} and {e}",
                 if built.is_empty() {
