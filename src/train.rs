@@ -1090,7 +1090,7 @@ fn run_on<D: Device>(
             c.model.reset_peak_in_flight();
             c.model.reset_layer_comm();
         }
-        let comm_before = group_counters(&groups);
+        let comm_before = group_counters(&groups, &dev);
         let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
         let scale = progress.scaler.map_or(1.0, |s| s.scale);
         let loss_sum = pipe.train_step(
@@ -1183,7 +1183,7 @@ fn run_on<D: Device>(
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
-            let step: Vec<_> = group_counters(&groups)
+            let step: Vec<_> = group_counters(&groups, &dev)
                 .into_iter()
                 .zip(&comm_before)
                 .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
@@ -1325,7 +1325,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// Every group's counters, named, with its size.
-fn group_counters(groups: &Groups) -> Vec<(&'static str, usize, CommCounters)> {
+fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'static str, usize, CommCounters)> {
     [
         ("tensor", &groups.tp),
         ("summa row", &groups.summa_row),
@@ -1336,7 +1336,7 @@ fn group_counters(groups: &Groups) -> Vec<(&'static str, usize, CommCounters)> {
         ("embedding", &groups.embedding),
     ]
     .into_iter()
-    .map(|(name, c)| (name, c.size(), c.counters()))
+    .map(|(name, c)| (name, c.size(), crate::device::comm_counters(dev, &**c)))
     .collect()
 }
 

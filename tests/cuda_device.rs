@@ -136,6 +136,32 @@ fn close(what: &str, got: &[f32], want: &[f64]) {
 }
 
 #[test]
+fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() {
+    let Some(dev) = device() else { return };
+    let src: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let g = up(dev, &src);
+    let mut dst = up(dev, &vec![-1.0; 600]);
+    dev.copy(&mut dst, 100, &g, 337, 401);
+    dev.copy(&mut dst, 0, &g, 0, 0);
+    let got = down(dev, &dst);
+    let mut want = vec![-1.0f32; 600];
+    want[100..501].copy_from_slice(&src[337..738]);
+    assert_eq!(got, want);
+    // The trait's default (host staging), as the CPU backend runs it, does the same.
+    let cpu = trident::device::cpu::CpuDevice::new(1);
+    let mut c_dst = cpu.alloc(600);
+    cpu.upload(&mut c_dst, &[-1.0; 600]);
+    let mut c_src = cpu.alloc(1000);
+    cpu.upload(&mut c_src, &src);
+    cpu.copy(&mut c_dst, 100, &c_src, 337, 401);
+    let mut c_got = vec![0f32; 600];
+    cpu.download(&c_dst, &mut c_got);
+    assert_eq!(c_got, want);
+    // No communicator for a group the Device was not given: host staging.
+    assert!(dev.device_comm(&trident::comm::SelfComm).is_none());
+}
+
+#[test]
 fn elementwise_ops_match_the_reference() {
     let Some(dev) = device() else { return };
     let r = ReferenceDevice;
@@ -581,6 +607,36 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
             assert!(rel < 1e-3, "iteration {}: one rank {a}, {name} {b}", i + 1);
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn log_comm_counts_the_nccl_path_as_the_mpi_path() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-logcomm");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let report = |path: &str| {
+        let mut c = Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "train", "--device", "cuda"])
+            .args(["--data-path", &data, "--train-iters", "2", "--log-comm"])
+            .args(TINY_GPU)
+            .args(["--tensor-model-parallel-size", "2", "--cpu-threads", "1", "--gpu-collectives", path]);
+        for (k, v) in &emu.env {
+            c.env(k, v);
+        }
+        c.env("TRIDENT_NCCL", &nccl);
+        let o = c.output().expect("mpirun runs");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        let lines: Vec<String> =
+            out.lines().filter(|l| l.starts_with("   layer") || l.starts_with("   step")).map(String::from).collect();
+        assert!(out.contains(&format!("--gpu-collectives {path}")), "{out}");
+        lines
+    };
+    let (on_device, on_host) = (report("nccl"), report("mpi"));
+    assert!(on_device.iter().any(|l| l.contains("tensor group of 2") && !l.contains(": 0 (")), "{on_device:?}");
+    assert_eq!(on_device, on_host);
     let _ = std::fs::remove_dir_all(dir);
 }
 

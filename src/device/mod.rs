@@ -58,6 +58,17 @@ pub trait DeviceComm<B> {
     fn all_gather(&self, local: &B, full: &mut B);
     /// `local` becomes the sum over ranks of this rank's block of `full`.
     fn reduce_scatter(&self, full: &B, local: &mut B);
+    /// Elements counted so far, as the MPI Comm counts them (for `--log-comm`).
+    fn counters(&self) -> crate::comm::CommCounters;
+}
+
+/// What `group` has moved, through the MPI Comm and through the device's communicator for it.
+pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate::comm::CommCounters {
+    let mut c = group.counters();
+    if let Some(d) = dev.device_comm(group) {
+        c.add(&d.counters());
+    }
+    c
 }
 
 /// The ops a backend provides. Buffers are flat arrays of `len` elements; shapes are passed

@@ -400,6 +400,8 @@ pub struct DeviceNccl {
     world_rank: usize,
     /// Operations enqueued since the last `settle`.
     enqueued: std::sync::atomic::AtomicBool,
+    /// Elements counted as the MPI Comm counts them (`--log-comm`).
+    counted: std::sync::Mutex<crate::comm::CommCounters>,
 }
 
 // SAFETY: an NCCL communicator and CUDA streams and events may be used from any thread, one
@@ -422,6 +424,7 @@ impl DeviceNccl {
             world_rank,
             comm: std::sync::Mutex::new(comm),
             enqueued: std::sync::atomic::AtomicBool::new(false),
+            counted: std::sync::Mutex::new(crate::comm::CommCounters::default()),
         })
     }
 
@@ -445,6 +448,10 @@ impl DeviceNccl {
         }
     }
 
+    fn count(&self, f: impl FnOnce(&mut crate::comm::CommCounters)) {
+        f(&mut self.counted.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
     fn ordered(&self, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
         self.run(|c| {
             c.after_compute(None)?;
@@ -460,10 +467,12 @@ impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
     }
     fn all_reduce(&self, buf: &mut super::device::GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());
+        self.count(|k| k.all_reduce += n as u64);
         self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
     }
     fn all_reduce_start(&self, buf: &mut super::device::GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());
+        self.count(|k| k.all_reduce += n as u64);
         self.run(|c| {
             c.after_compute(None)?;
             c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum)
@@ -475,12 +484,17 @@ impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
     fn all_gather(&self, local: &super::device::GpuBuf, full: &mut super::device::GpuBuf) {
         let (send, recv, n) = (local.ptr(), full.ptr(), local.len());
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "all_gather: buffer sizes");
+        self.count(|k| k.all_gather += n as u64);
         self.ordered(|c| c.all_gather(send, recv, n, Dtype::F32));
     }
     fn reduce_scatter(&self, full: &super::device::GpuBuf, local: &mut super::device::GpuBuf) {
         let (send, recv, n) = (full.ptr(), local.ptr(), local.len());
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
+        self.count(|k| k.reduce_scatter += full.len() as u64);
         self.ordered(|c| c.reduce_scatter(send, recv, n, Dtype::F32));
+    }
+    fn counters(&self) -> crate::comm::CommCounters {
+        *self.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
