@@ -54,6 +54,9 @@ pub trait DeviceComm<B> {
     fn all_reduce_start(&self, buf: &mut B);
     /// Compute enqueued from now on runs after every operation started on this group.
     fn wait(&self);
+    /// The host waits (bounded: a dead peer is an error) until every operation on this group has
+    /// finished: before temporary buffers an operation used are freed.
+    fn synchronize(&self);
     /// `full` becomes every rank's `local`, in rank order.
     fn all_gather(&self, local: &B, full: &mut B);
     /// `local` becomes the sum over ranks of this rank's block of `full`.

@@ -481,6 +481,9 @@ impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
     fn wait(&self) {
         self.run(|c| c.before_compute(None));
     }
+    fn synchronize(&self) {
+        self.settle();
+    }
     fn all_gather(&self, local: &super::device::GpuBuf, full: &mut super::device::GpuBuf) {
         let (send, recv, n) = (local.ptr(), full.ptr(), local.len());
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "all_gather: buffer sizes");

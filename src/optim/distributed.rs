@@ -143,6 +143,8 @@ impl<D: Device> DistributedAdamW<D> {
                 dev.copy(&mut params.values[i], 0, &flat, offset, p.numel());
                 offset += p.numel();
             }
+            // The shard and flat buffers are freed here: a polled wait for the all-gather.
+            c.synchronize();
             return;
         }
         let all = 0..params.info.len();

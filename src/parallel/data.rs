@@ -75,6 +75,8 @@ fn all_reduce_on_device<D: Device>(
         dev.copy(&mut set.grads[i], 0, &flat, offset, n);
         offset += n;
     }
+    // The flat buffer is freed here: the sum must be complete (a polled wait, not the free's).
+    c.synchronize();
 }
 
 /// Copies the gradients of `params` into one flat host vector.
