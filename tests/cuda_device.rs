@@ -625,18 +625,23 @@ fn log_comm_counts_the_nccl_path_as_the_mpi_path() {
         for (k, v) in &emu.env {
             c.env(k, v);
         }
-        c.env("TRIDENT_NCCL", &nccl);
+        c.env("TRIDENT_NCCL", &nccl).env("TRIDENT_RCCL", &nccl);
         let o = c.output().expect("mpirun runs");
         assert!(o.status.success(), "{}", stderr(&o));
         let out = stdout(&o);
         let lines: Vec<String> =
             out.lines().filter(|l| l.starts_with("   layer") || l.starts_with("   step")).map(String::from).collect();
         assert!(out.contains(&format!("--gpu-collectives {path}")), "{out}");
+        if path != "mpi" {
+            assert!(out.contains(&format!("collectives: {} ", path.to_uppercase())), "{out}");
+        }
         lines
     };
     let (on_device, on_host) = (report("nccl"), report("mpi"));
     assert!(on_device.iter().any(|l| l.contains("tensor group of 2") && !l.contains(": 0 (")), "{on_device:?}");
     assert_eq!(on_device, on_host);
+    // RCCL is the same table from TRIDENT_RCCL (here the same fake library).
+    assert_eq!(report("rccl"), on_host);
     let _ = std::fs::remove_dir_all(dir);
 }
 
