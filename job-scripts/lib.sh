@@ -68,7 +68,9 @@ tj_setup() {
       "('the HIP backend is not built yet', or 'libamdhip64.so not found' without ROCm);" \
       "DEVICE=cpu trains on the nodes' CPUs"
   elif [ "$DEVICE" = cuda ]; then
-    tj_say "DEVICE=cuda: trains with --bf16 (the CUDA backend computes in bf16; head dim 64 or 128)"
+    tj_say "DEVICE=cuda: trains with --bf16 (the CUDA backend computes in bf16; head dim 64 or 128);" \
+      "tensors move through NCCL on device memory (set TRIDENT_NCCL if libnccl.so.2 is not on the library path," \
+      "or add --gpu-collectives mpi to TRAIN_ARGS to stage them through host memory)"
   fi
 }
 
