@@ -67,6 +67,10 @@ tj_setup() {
     tj_say "DEVICE=$DEVICE: the GPU Device trains in bf16 (--bf16 is added; GEMM and attention operands" \
       "in bf16, f32 accumulation; head dim 64 or 128); DEVICE=cpu trains on the nodes' CPUs"
   fi
+  if [ "$DEVICE" = cuda ]; then
+    tj_say "DEVICE=cuda: tensors move through NCCL on device memory (set TRIDENT_NCCL if libnccl.so.2 is not" \
+      "on the library path, or add --gpu-collectives mpi to TRAIN_ARGS to stage them through host memory)"
+  fi
 }
 
 # tj_layout RANKS: checks that RANKS split into TP x PP x DP before any rank starts.

@@ -71,6 +71,11 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
         "KIND",
         "cpu, cuda or hip (both need --bf16; head dim 64 or 128); `trident info` lists the GPU libraries found",
     ),
+    flag(
+        "--gpu-collectives",
+        "LIB",
+        "how GPU ranks move tensors: nccl (default with --device cuda: on device memory), rccl, or mpi (staged through host memory)",
+    ),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
         "--vocab-size",
@@ -279,6 +284,8 @@ pub struct TrainConfig {
     pub exit_duration_mins: Option<f64>,
     /// `--device`: only "cpu" is built; the GPU placement is still decided and printed.
     pub device: String,
+    /// `--gpu-collectives`: "nccl", "rccl" or "mpi" (host staging); "mpi" on the CPU.
+    pub gpu_collectives: String,
     /// None: decided per rank from its share of the node (`Runtime::default_threads`).
     pub cpu_threads: Option<usize>,
     pub tensor_parallel: usize,
@@ -461,6 +468,10 @@ impl TrainConfig {
             exit_signal_handler,
             exit_duration_mins,
             device: args.str("--device").unwrap_or("cpu").to_string(),
+            gpu_collectives: args
+                .str("--gpu-collectives")
+                .unwrap_or(if args.str("--device") == Some("cuda") { "nccl" } else { "mpi" })
+                .to_string(),
             cpu_threads,
             tensor_parallel,
             pipeline_parallel: match args.usize("--pipeline-model-parallel-size")? {
@@ -555,6 +566,16 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
         if d != "cpu" && d != "cuda" && d != "hip" {
             return Err(Error::Unsupported(format!(
                 "--device {d}: the cpu, cuda and hip backends are built (not {d})"
+            )));
+        }
+    }
+    if let Some(g) = args.str("--gpu-collectives") {
+        if !["nccl", "rccl", "mpi"].contains(&g) {
+            return Err(Error::flag("--gpu-collectives", g, "nccl, rccl or mpi"));
+        }
+        if g != "mpi" && args.str("--device") != Some("cuda") {
+            return Err(Error::Usage(format!(
+                "--gpu-collectives {g} moves device memory and needs --device cuda (CPU ranks use MPI)"
             )));
         }
     }

@@ -119,7 +119,7 @@ fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
 struct Chunk<D: Device> {
     model: Gpt<D>,
     opt: Optimizer<D>,
-    buckets: GradBuckets,
+    buckets: GradBuckets<D::Buf>,
 }
 
 /// AdamW with the full state on every data-parallel rank, or sharded over them (ZeRO-1).
@@ -804,51 +804,140 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
             let driver = crate::gpu::driver::Driver::load()
                 .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
             let count = driver.device_count()?;
-            run_on(cfg, rt, Some(count), |placement| {
-                // Placement chose the rank's GPU (local rank modulo the visible devices).
-                let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
-                crate::gpu::device::GpuDevice::check_head_dim(cfg.model.hidden_size / cfg.model.num_attention_heads)?;
-                let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
-                let (major, minor) = driver.device_info(ordinal)?.compute_capability;
-                // Dense bf16 tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
-                let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
-                let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
-                Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
-            })
+            run_on(
+                cfg,
+                rt,
+                Some(count),
+                |placement| {
+                    // Placement chose the rank's GPU (local rank modulo the visible devices).
+                    let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
+                    crate::gpu::device::GpuDevice::check_head_dim(
+                        cfg.model.hidden_size / cfg.model.num_attention_heads,
+                    )?;
+                    let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
+                    let (major, minor) = driver.device_info(ordinal)?.compute_capability;
+                    // Dense bf16 tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
+                    let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
+                    let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
+                    Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
+                },
+                |dev, groups| attach_gpu_collectives(cfg, dev, groups),
+            )
         }
         "hip" => {
             let hip = crate::gpu::require_hip_runtime()?;
             let count = hip.device_count()?;
-            run_on(cfg, rt, Some(count), |placement| {
-                let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
-                let head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
-                crate::gpu::device::GpuDevice::check_head_dim_for("hip", head_dim)?;
-                let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
-                let arch = hip.device_info(ordinal)?.arch.unwrap_or_default();
-                // Dense bf16 matrix-core peaks: an MI250X GCD (half of 383 TFLOP/s), an MI300X.
-                let (tflops, part) = if arch.starts_with("gfx94") { (1307.4, "MI300X") } else { (191.5, "MI250X GCD") };
-                Ok((dev, DevicePeak { gflops: tflops * 1e3, what: format!("nominal dense bf16 of an {part}, {arch}") }))
-            })
+            run_on(
+                cfg,
+                rt,
+                Some(count),
+                |placement| {
+                    let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
+                    let head_dim = cfg.model.hidden_size / cfg.model.num_attention_heads;
+                    crate::gpu::device::GpuDevice::check_head_dim_for("hip", head_dim)?;
+                    let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
+                    let arch = hip.device_info(ordinal)?.arch.unwrap_or_default();
+                    // Dense bf16 matrix-core peaks: an MI250X GCD (half of 383 TFLOP/s), an MI300X.
+                    let (tflops, part) =
+                        if arch.starts_with("gfx94") { (1307.4, "MI300X") } else { (191.5, "MI250X GCD") };
+                    let what = format!("nominal dense bf16 of an {part}, {arch}");
+                    Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
+                },
+                |_, _| {
+                    Ok("collectives: MPI, device buffers staged through host memory (RCCL on HIP streams is not built)"
+                        .into())
+                },
+            )
         }
         _ => {
             let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
-            run_on(cfg, rt, None, |_| {
-                let dev = CpuDevice::new(threads);
-                let peak = peak::measure_fma_peak(dev.pool(), 150);
-                Ok((dev, DevicePeak { gflops: peak.gflops, what: peak.isa.to_string() }))
-            })
+            run_on(
+                cfg,
+                rt,
+                None,
+                |_| {
+                    let dev = CpuDevice::new(threads);
+                    let peak = peak::measure_fma_peak(dev.pool(), 150);
+                    Ok((dev, DevicePeak { gflops: peak.gflops, what: peak.isa.to_string() }))
+                },
+                |_, _| Ok("collectives: MPI on host memory".into()),
+            )
         }
     }
 }
 
+/// `--gpu-collectives nccl|rccl` on the CUDA Device: loads the library (every rank agrees that
+/// it could before any communicator is made), then creates, eagerly and in the same order on
+/// every rank, one communicator for each of this rank's groups that moves tensors (tensor
+/// parallel, the tied-embedding pair, data parallel x depth) and has more than one rank.
+/// Returns the start-up line saying which path the collectives take.
+fn attach_gpu_collectives(
+    cfg: &TrainConfig,
+    dev: &mut crate::gpu::device::GpuDevice,
+    groups: &Groups,
+) -> Result<String> {
+    use crate::gpu::nccl::{Flavor, Nccl};
+    let flavor = match cfg.gpu_collectives.as_str() {
+        "mpi" => {
+            return Ok("collectives: MPI, device buffers staged through host memory (--gpu-collectives mpi)".into())
+        }
+        "rccl" => Flavor::Rccl,
+        _ => Flavor::Nccl,
+    };
+    if groups.world.size() == 1 {
+        return Ok("collectives: none (one rank)".into());
+    }
+    let loaded = Nccl::load(flavor);
+    let mut failed = [f64::from(u8::from(loaded.is_err()))];
+    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
+    let flag = format!("--gpu-collectives {}", cfg.gpu_collectives);
+    let nccl = match loaded {
+        Err(e) => {
+            return Err(Error::Usage(format!("{flag}: {e}; or move tensors through MPI with --gpu-collectives mpi")))
+        }
+        Ok(_) if failed[0] > 0.0 => {
+            return Err(Error::Usage(format!(
+                "{flag}: {} rank(s) could not load {}; or move tensors through MPI with --gpu-collectives mpi",
+                failed[0],
+                flavor.api()
+            )))
+        }
+        Ok(n) => n,
+    };
+    let describe = format!("{} {} ({})", flavor.api(), nccl.version().unwrap_or_default(), nccl.path());
+    // The library and driver tables live as long as the process (the communicators borrow them).
+    let nccl: &'static Nccl = Box::leak(Box::new(nccl));
+    let driver: &'static crate::gpu::driver::Driver = Box::leak(Box::new(crate::gpu::driver::Driver::load()?));
+    let mut comms = Vec::new();
+    let mut names = Vec::new();
+    for (name, group) in [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica)] {
+        if group.size() > 1 {
+            let c = crate::gpu::collectives::DeviceNccl::new(nccl, driver, group, groups.grid.rank)
+                .map_err(|e| Error::Comm(format!("{flag}: creating the {name}-parallel communicator: {e}")))?;
+            comms.push((crate::gpu::device::group_key(group), c));
+            names.push(name);
+        }
+    }
+    dev.attach_comms(comms);
+    Ok(format!(
+        "collectives: {describe} on device memory for the {} group(s) (--gpu-collectives {}); pipeline p2p, \
+         2-D SUMMA and scalar sums through MPI on host memory",
+        if names.is_empty() { "no multi-rank".to_string() } else { names.join(", ") },
+        cfg.gpu_collectives
+    ))
+}
+
 /// The training run on one device type; `make_device` creates this rank's device once the ranks
-/// agree on their placement. Parallel layouts move tensors through the host-staged MPI path
-/// (`host_f32` / `download` / `upload`); NCCL on device memory would plug in at `Groups`.
+/// agree on their placement, and `attach` gives it device collectives for the run's groups
+/// (`Device::device_comm`; returns the start-up line that says which path collectives take).
+/// Where a device has none, tensors move through the host-staged MPI path (`host_f32` /
+/// `download` / `upload`).
 fn run_on<D: Device>(
     cfg: &TrainConfig,
     rt: &Runtime,
     device_count: Option<usize>,
     make_device: impl FnOnce(&Placement) -> Result<(D, DevicePeak)>,
+    attach: impl FnOnce(&mut D, &Groups) -> Result<String>,
 ) -> Result<TrainSummary> {
     let started = Instant::now();
     let placement = Placement::decide(
@@ -893,7 +982,7 @@ fn run_on<D: Device>(
     let made = make_device(&placement);
     let mut failed = [f64::from(u8::from(made.is_err()))];
     groups.world.all_reduce(&mut failed, ReduceOp::Sum);
-    let (dev, peak) = match made {
+    let (mut dev, peak) = match made {
         Err(e) if rt.world_size > 1 => {
             eprintln!("trident: error: rank {}: {e}", grid.rank);
             return Err(Error::Usage(format!("{} rank(s) could not create their device (see above)", failed[0])));
@@ -905,6 +994,7 @@ fn run_on<D: Device>(
         Ok(made) => made,
     };
     dev.set_matmul_precision(cfg.precision);
+    let collectives = attach(&mut dev, &groups)?;
     if say {
         println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
         println!(
@@ -929,6 +1019,9 @@ fn run_on<D: Device>(
         );
     }
     println!(" {placement}");
+    if say {
+        println!(" {collectives}");
+    }
     let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
     if let (Some(dir), true) = (&cfg.save, say) {
         stop::clear_marker(dir)?;
@@ -1022,7 +1115,7 @@ fn run_on<D: Device>(
             c.model.reset_peak_in_flight();
             c.model.reset_layer_comm();
         }
-        let comm_before = group_counters(&groups);
+        let comm_before = group_counters(&groups, &dev);
         let (busy0, wall0) = (tl.busy_secs, tl.wall_secs);
         let scale = progress.scaler.map_or(1.0, |s| s.scale);
         let loss_sum = pipe.train_step(
@@ -1115,7 +1208,7 @@ fn run_on<D: Device>(
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
-            let step: Vec<_> = group_counters(&groups)
+            let step: Vec<_> = group_counters(&groups, &dev)
                 .into_iter()
                 .zip(&comm_before)
                 .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
@@ -1257,7 +1350,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// Every group's counters, named, with its size.
-fn group_counters(groups: &Groups) -> Vec<(&'static str, usize, CommCounters)> {
+fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'static str, usize, CommCounters)> {
     [
         ("tensor", &groups.tp),
         ("summa row", &groups.summa_row),
@@ -1268,7 +1361,7 @@ fn group_counters(groups: &Groups) -> Vec<(&'static str, usize, CommCounters)> {
         ("embedding", &groups.embedding),
     ]
     .into_iter()
-    .map(|(name, c)| (name, c.size(), c.counters()))
+    .map(|(name, c)| (name, c.size(), crate::device::comm_counters(dev, &**c)))
     .collect()
 }
 

@@ -113,6 +113,32 @@ fn device() -> Option<&'static GpuDevice> {
 }
 
 #[test]
+fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() {
+    let Some(dev) = device() else { return };
+    let src: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let g = up(dev, &src);
+    let mut dst = up(dev, &vec![-1.0; 600]);
+    dev.copy(&mut dst, 100, &g, 337, 401);
+    dev.copy(&mut dst, 0, &g, 0, 0);
+    let got = down(dev, &dst);
+    let mut want = vec![-1.0f32; 600];
+    want[100..501].copy_from_slice(&src[337..738]);
+    assert_eq!(got, want);
+    // The trait's default (host staging), as the CPU backend runs it, does the same.
+    let cpu = trident::device::cpu::CpuDevice::new(1);
+    let mut c_dst = cpu.alloc(600);
+    cpu.upload(&mut c_dst, &[-1.0; 600]);
+    let mut c_src = cpu.alloc(1000);
+    cpu.upload(&mut c_src, &src);
+    cpu.copy(&mut c_dst, 100, &c_src, 337, 401);
+    let mut c_got = vec![0f32; 600];
+    cpu.download(&c_dst, &mut c_got);
+    assert_eq!(c_got, want);
+    // No communicator for a group the Device was not given: host staging.
+    assert!(dev.device_comm(&trident::comm::SelfComm).is_none());
+}
+
+#[test]
 fn elementwise_ops_match_the_reference() {
     let Some(dev) = device() else { return };
     gpu_device::elementwise_ops_match_the_reference(dev, SEED);
@@ -180,9 +206,16 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
     // Tensor x pipeline parallel on the CUDA Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
     // 2-D tensor parallelism (SUMMA) adds the split LayerNorm (`layernorm_sums` and friends).
+    // (`--gpu-collectives mpi`; `nccl_collectives_*` below runs the NCCL path.)
     let layouts: [(&str, &[&str]); 2] = [
-        ("TP 2 x PP 2", &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
-        ("2-D TP 2 x 2", &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
+        (
+            "TP 2 x PP 2",
+            &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--gpu-collectives", "mpi"],
+        ),
+        (
+            "2-D TP 2 x 2",
+            &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d", "--gpu-collectives", "mpi"],
+        ),
     ];
     for (name, flags) in layouts {
         let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, flags);
@@ -193,6 +226,178 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
             assert!(rel < 1e-3, "iteration {}: one rank {one}, {name} {four}", i + 1);
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The fake NCCL (`tests/gpu/fake_libnccl.c`: ranks meet in POSIX shared memory and read device
+/// pointers as host pointers, which the emulating driver's device memory is), built into `dir`.
+fn fake_nccl(dir: &Path) -> PathBuf {
+    let lib = dir.join("libnccl.so.2");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/fake_libnccl.c");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .arg(&lib)
+        .arg(src)
+        .args(["-lpthread", "-ldl"])
+        .output()
+        .expect("cc runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    lib
+}
+
+/// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name.
+fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-train");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let one = train_losses(&emu.env, &dir, &data, "cuda", 1, &[]);
+    // (name, ranks, flags, the operations the NCCL path must have run)
+    let layouts: [(&str, usize, &[&str], &[&str]); 3] = [
+        (
+            "TP 2 x PP 2",
+            4,
+            &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
+            &["all_reduce"],
+        ),
+        ("DP 2 with ZeRO-1", 2, &["--use-distributed-optimizer"], &["reduce_scatter", "all_gather"]),
+        (
+            "TP 2 x DP 2, sequence parallel",
+            4,
+            &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+            &["all_gather", "reduce_scatter", "all_reduce"],
+        ),
+    ];
+    for (name, ranks, flags, ops) in layouts {
+        let mut losses = Vec::new();
+        for path in ["nccl", "mpi"] {
+            let log = dir.join(format!("nccl-{}-{path}.log", name.replace(' ', "")));
+            let _ = std::fs::remove_file(&log);
+            let mut env = emu.env.clone();
+            env.push(("TRIDENT_NCCL", nccl.clone()));
+            env.push(("FAKE_NCCL_LOG", log.clone()));
+            let mut args = flags.to_vec();
+            args.extend_from_slice(&["--gpu-collectives", path]);
+            losses.push(train_losses(&env, &dir, &data, "cuda", ranks, &args));
+            let calls = nccl_calls(&log);
+            eprintln!("{name}, --gpu-collectives {path}: NCCL calls on all ranks {calls:?}");
+            if path == "nccl" {
+                for op in ops {
+                    assert!(calls.get(*op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
+                }
+            } else {
+                assert!(calls.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {calls:?}");
+            }
+        }
+        // Both paths sum in rank order (the fake NCCL by construction, MPI over two ranks
+        // trivially), so they agree bit for bit; one rank differs by the reduction order only.
+        assert_eq!(losses[0], losses[1], "{name}: NCCL and MPI paths differ");
+        for (i, (a, b)) in one.iter().zip(&losses[0]).enumerate() {
+            let rel = (a - b).abs() / a.abs();
+            assert!(rel < 1e-3, "iteration {}: one rank {a}, {name} {b}", i + 1);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn log_comm_counts_the_nccl_path_as_the_mpi_path() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-logcomm");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let report = |path: &str| {
+        let mut c = Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "train", "--device", "cuda"])
+            .args(["--data-path", &data, "--train-iters", "2", "--log-comm"])
+            .args(TINY_GPU)
+            .args(["--tensor-model-parallel-size", "2", "--cpu-threads", "1", "--gpu-collectives", path]);
+        for (k, v) in &emu.env {
+            c.env(k, v);
+        }
+        c.env("TRIDENT_NCCL", &nccl).env("TRIDENT_RCCL", &nccl);
+        let o = c.output().expect("mpirun runs");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        let lines: Vec<String> =
+            out.lines().filter(|l| l.starts_with("   layer") || l.starts_with("   step")).map(String::from).collect();
+        assert!(out.contains(&format!("--gpu-collectives {path}")), "{out}");
+        if path != "mpi" {
+            assert!(out.contains(&format!("collectives: {} ", path.to_uppercase())), "{out}");
+        }
+        lines
+    };
+    let (on_device, on_host) = (report("nccl"), report("mpi"));
+    assert!(on_device.iter().any(|l| l.contains("tensor group of 2") && !l.contains(": 0 (")), "{on_device:?}");
+    assert_eq!(on_device, on_host);
+    // RCCL is the same table from TRIDENT_RCCL (here the same fake library).
+    assert_eq!(report("rccl"), on_host);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-fail");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let mut args = vec!["train", "--device", "cuda", "--data-path", &data, "--train-iters", "4"];
+    args.extend_from_slice(TINY_GPU);
+    args.extend_from_slice(&["--tensor-model-parallel-size", "2", "--cpu-threads", "1"]);
+    let mpirun = |env: &[(&str, &Path)]| {
+        let mut c = Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN]).args(&args);
+        for (k, v) in &emu.env {
+            c.env(k, v);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let t = std::time::Instant::now();
+        let o = c.output().expect("mpirun runs");
+        (o, t.elapsed())
+    };
+    // Rank 1 stops taking part at its 20th collective (during the first iteration's backward);
+    // the fake NCCL gives up after 2 s and rank 0 ends with NCCL's error.
+    let (o, took) = mpirun(&[
+        ("TRIDENT_NCCL", &nccl),
+        ("FAKE_NCCL_FAIL_RANK", Path::new("1")),
+        ("FAKE_NCCL_FAIL_AT", Path::new("20")),
+        ("FAKE_NCCL_TIMEOUT_SECS", Path::new("2")),
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("trident: error: rank 0: NCCL: ncclAllReduce failed with ncclRemoteError (6)")
+                && l.contains("rank 1 did not arrive at ncclAllReduce within 2 s")
+                && l.ends_with("(--gpu-collectives)")),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // No NCCL library: one line naming the flag and the way out, every rank exits non-zero.
+    let (o, _) = mpirun(&[("TRIDENT_NCCL", Path::new("/nonexistent/libnccl.so.2"))]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    let lines: Vec<_> = err.lines().filter(|l| l.starts_with("trident: error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("--gpu-collectives nccl: ") && lines[0].contains("--gpu-collectives mpi"), "{err}");
+    // Flag values.
+    let o =
+        run_with(&emu.env, &["train", "--device", "cuda", "--bf16", "--gpu-collectives", "gloo", "--data-path", "x"]);
+    assert_clean_error(&o, &["--gpu-collectives", "gloo", "nccl, rccl or mpi"]);
+    let o = run_with(&emu.env, &["train", "--gpu-collectives", "nccl", "--data-path", "x"]);
+    assert_clean_error(&o, &["--gpu-collectives nccl moves device memory and needs --device cuda"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -263,12 +468,15 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let dir = scratch("cuda-gpu-check");
     let data = prepared_corpus(&dir);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-check.sh");
+    let nccl = fake_nccl(&dir);
     let run = |rtol: &str| {
         let mut c = Command::new("bash");
         c.arg(&script).arg(BIN).arg(&data);
         for (k, v) in &emu.env {
             c.env(k, v);
         }
+        // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
+        c.env("TRIDENT_NCCL", &nccl);
         c.env("GPU_CHECK_ITERS", "6")
             .env("GPU_CHECK_SIZE", "small")
             .env("GPU_CHECK_RTOL", rtol)

@@ -40,6 +40,40 @@ pub struct AdamWStep {
     pub grad_scale: f32,
 }
 
+/// Collectives of one process group run directly on a device's buffers (NCCL / RCCL on a GPU),
+/// where the backend made a communicator for the group at start-up. Every operation is ordered
+/// after the compute work already enqueued, and compute enqueued afterwards sees its result
+/// (`all_reduce_start` excepted: its result is visible to compute after `wait`). The host blocks
+/// only where it reads values back, and that wait is bounded (a dead peer is an error, not a hang).
+pub trait DeviceComm<B> {
+    /// The library: "NCCL" or "RCCL".
+    fn api(&self) -> &'static str;
+    /// `buf` becomes the element-wise sum over the group.
+    fn all_reduce(&self, buf: &mut B);
+    /// Starts summing `buf` over the group; the caller leaves `buf` alone until `wait`.
+    fn all_reduce_start(&self, buf: &mut B);
+    /// Compute enqueued from now on runs after every operation started on this group.
+    fn wait(&self);
+    /// The host waits (bounded: a dead peer is an error) until every operation on this group has
+    /// finished: before temporary buffers an operation used are freed.
+    fn synchronize(&self);
+    /// `full` becomes every rank's `local`, in rank order.
+    fn all_gather(&self, local: &B, full: &mut B);
+    /// `local` becomes the sum over ranks of this rank's block of `full`.
+    fn reduce_scatter(&self, full: &B, local: &mut B);
+    /// Elements counted so far, as the MPI Comm counts them (for `--log-comm`).
+    fn counters(&self) -> crate::comm::CommCounters;
+}
+
+/// What `group` has moved, through the MPI Comm and through the device's communicator for it.
+pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate::comm::CommCounters {
+    let mut c = group.counters();
+    if let Some(d) = dev.device_comm(group) {
+        c.add(&d.counters());
+    }
+    c
+}
+
 /// The ops a backend provides. Buffers are flat arrays of `len` elements; shapes are passed
 /// explicitly. Outputs marked "+=" accumulate into what the buffer holds; all others overwrite.
 pub trait Device: Send + Sync {
@@ -306,6 +340,24 @@ pub trait Device: Send + Sync {
         None
     }
     fn host_f32_ref<'a>(&self, _buf: &'a Self::Buf) -> Option<&'a [f32]> {
+        None
+    }
+
+    /// `dst[dst_at..dst_at+len] = src[src_at..src_at+len]`, on the device where it has such a copy
+    /// (the default stages through the host).
+    fn copy(&self, dst: &mut Self::Buf, dst_at: usize, src: &Self::Buf, src_at: usize, len: usize) {
+        let mut s = vec![0f32; self.len(src)];
+        self.download(src, &mut s);
+        let mut d = vec![0f32; self.len(dst)];
+        self.download(dst, &mut d);
+        d[dst_at..dst_at + len].copy_from_slice(&s[src_at..src_at + len]);
+        self.upload(dst, &d);
+    }
+
+    /// The collectives of `group` on this device's buffers, when the backend made a communicator
+    /// for it at start-up (`--gpu-collectives nccl`); None: the caller stages through the host
+    /// and the MPI Comm.
+    fn device_comm(&self, _group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<Self::Buf>> {
         None
     }
 

@@ -104,7 +104,12 @@ impl<'a> NcclComm<'a> {
     /// Creates the communicator of `group`'s ranks: collective over the group, every rank must
     /// call it. `context` is the device's context, current on this thread.
     pub fn new(nccl: &'a Nccl, context: &PrimaryContext<'a>, group: &dyn Comm, timeout: Duration) -> Result<Self> {
-        let driver: &'a Driver = context.driver();
+        Self::on_current_context(nccl, context.driver(), group, timeout)
+    }
+
+    /// As `new`, on whatever context is current on this thread (the CUDA Device's primary
+    /// context, which its runtime retained and made current).
+    pub fn on_current_context(nccl: &'a Nccl, driver: &'a Driver, group: &dyn Comm, timeout: Duration) -> Result<Self> {
         // The stream and events first: a failure here leaves no communicator behind.
         let stream = Stream::non_blocking(driver)?;
         let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
@@ -379,6 +384,120 @@ impl Drop for NcclComm<'_> {
             // waits for it, which is what the owner asked for by dropping it).
             let _ = unsafe { self.nccl.api.ncclCommDestroy(h) };
         }
+    }
+}
+
+/// An NCCL communicator serving the CUDA Device as the `DeviceComm` of one process group: every
+/// operation is ordered after the Device's compute stream (the legacy default stream) with an
+/// event and the compute stream after it with another, so neither the host nor the compute
+/// stream blocks; the host waits (polled, bounded by `TRIDENT_NCCL_TIMEOUT_SECS`) only in
+/// `settle`, which the Device calls before it copies anything to the host. The library and
+/// driver tables it borrows are loaded once per process and kept for its life.
+pub struct DeviceNccl {
+    comm: std::sync::Mutex<NcclComm<'static>>,
+    api: &'static str,
+    /// This process's rank in the job, for error lines.
+    world_rank: usize,
+    /// Operations enqueued since the last `settle`.
+    enqueued: std::sync::atomic::AtomicBool,
+    /// Elements counted as the MPI Comm counts them (`--log-comm`).
+    counted: std::sync::Mutex<crate::comm::CommCounters>,
+}
+
+// SAFETY: an NCCL communicator and CUDA streams and events may be used from any thread, one
+// thread at a time, which the mutex ensures.
+unsafe impl Send for DeviceNccl {}
+// SAFETY: as above: every use goes through the mutex.
+unsafe impl Sync for DeviceNccl {}
+
+impl DeviceNccl {
+    /// Creates the communicator of `group` (collective over the group) on the current context.
+    pub fn new(
+        nccl: &'static Nccl,
+        driver: &'static Driver,
+        group: &dyn Comm,
+        world_rank: usize,
+    ) -> Result<DeviceNccl> {
+        let comm = NcclComm::on_current_context(nccl, driver, group, timeout()?)?;
+        Ok(DeviceNccl {
+            api: comm.api(),
+            world_rank,
+            comm: std::sync::Mutex::new(comm),
+            enqueued: std::sync::atomic::AtomicBool::new(false),
+            counted: std::sync::Mutex::new(crate::comm::CommCounters::default()),
+        })
+    }
+
+    /// Runs `f` on the communicator; a failure ends the process with one line (the Device's ops
+    /// return no `Result`), after the communicator was aborted.
+    fn run(&self, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
+        let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = f(&comm) {
+            eprintln!("trident: error: rank {}: {e} (--gpu-collectives)", self.world_rank);
+            std::process::exit(1);
+        }
+        self.enqueued.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Waits, polling, until every operation enqueued on the communication stream finished; a
+    /// dead or hung peer is an error after the timeout, not a hang.
+    pub fn settle(&self) {
+        if self.enqueued.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            self.run(|c| c.synchronize());
+            self.enqueued.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut crate::comm::CommCounters)) {
+        f(&mut self.counted.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn ordered(&self, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
+        self.run(|c| {
+            c.after_compute(None)?;
+            f(c)?;
+            c.before_compute(None)
+        })
+    }
+}
+
+impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
+    fn api(&self) -> &'static str {
+        self.api
+    }
+    fn all_reduce(&self, buf: &mut super::device::GpuBuf) {
+        let (p, n) = (buf.ptr(), buf.len());
+        self.count(|k| k.all_reduce += n as u64);
+        self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
+    }
+    fn all_reduce_start(&self, buf: &mut super::device::GpuBuf) {
+        let (p, n) = (buf.ptr(), buf.len());
+        self.count(|k| k.all_reduce += n as u64);
+        self.run(|c| {
+            c.after_compute(None)?;
+            c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum)
+        });
+    }
+    fn wait(&self) {
+        self.run(|c| c.before_compute(None));
+    }
+    fn synchronize(&self) {
+        self.settle();
+    }
+    fn all_gather(&self, local: &super::device::GpuBuf, full: &mut super::device::GpuBuf) {
+        let (send, recv, n) = (local.ptr(), full.ptr(), local.len());
+        assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "all_gather: buffer sizes");
+        self.count(|k| k.all_gather += n as u64);
+        self.ordered(|c| c.all_gather(send, recv, n, Dtype::F32));
+    }
+    fn reduce_scatter(&self, full: &super::device::GpuBuf, local: &mut super::device::GpuBuf) {
+        let (send, recv, n) = (full.ptr(), local.ptr(), local.len());
+        assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
+        self.count(|k| k.reduce_scatter += full.len() as u64);
+        self.ordered(|c| c.reduce_scatter(send, recv, n, Dtype::F32));
+    }
+    fn counters(&self) -> crate::comm::CommCounters {
+        *self.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

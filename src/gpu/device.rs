@@ -31,6 +31,8 @@ pub trait GpuRuntime: Send + Sync {
     fn free(&self, pointer: u64);
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
     fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()>;
+    /// Copies `bytes` between device allocations, in order with the launches.
+    fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
     /// Sets `count` 32-bit words at `dst` to `value`.
     fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()>;
     /// Loads a compiled module (CUBIN) and returns its handle; it stays loaded for the runtime's life.
@@ -135,6 +137,11 @@ impl GpuRuntime for CudaRuntime {
         self.driver.check("cuMemcpyDtoH_v2", unsafe {
             self.driver.api.cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
         }?)
+    }
+    fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: both allocations hold `bytes` at these addresses; ordered on the default stream.
+        self.driver.check("cuMemcpyDtoD_v2", unsafe { self.driver.api.cuMemcpyDtoD_v2(dst, src, bytes) }?)
     }
     fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
         self.current()?;
@@ -403,9 +410,18 @@ pub struct GpuBuf {
 }
 
 impl GpuBuf {
-    fn ptr(&self) -> u64 {
+    pub(crate) fn ptr(&self) -> u64 {
         self.mem.pointer
     }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The key a process group is found by: the address of its Comm object, which `train` keeps
+/// for the whole run (the Device's communicators are made from the same `Groups`).
+pub fn group_key(group: &dyn crate::comm::Comm) -> usize {
+    group as *const dyn crate::comm::Comm as *const () as usize
 }
 
 /// One kernel argument, passed by address as `cuLaunchKernel` wants.
@@ -418,6 +434,9 @@ enum Arg {
 
 /// The Device over any `GpuRuntime`.
 pub struct GpuDevice {
+    /// NCCL communicators of the run's process groups (`group_key`), when collectives run on
+    /// device memory (`--gpu-collectives nccl`); first, so they are destroyed before the runtime.
+    comms: Vec<(usize, super::collectives::DeviceNccl)>,
     rt: Arc<dyn GpuRuntime>,
     functions: Vec<usize>,
     multiprocessors: usize,
@@ -503,7 +522,27 @@ impl GpuDevice {
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor,
+            comms: Vec::new(),
         })
+    }
+
+    /// Collectives of these process groups run through their communicators on device buffers
+    /// from now on (`Device::device_comm`).
+    pub fn attach_comms(&mut self, comms: Vec<(usize, super::collectives::DeviceNccl)>) {
+        self.comms = comms;
+    }
+
+    /// Before the host reads device memory: every communicator's enqueued work has finished
+    /// (polled, so a dead peer ends the run with an error instead of a hang in the copy).
+    fn settle(&self) {
+        for (_, c) in &self.comms {
+            c.settle();
+        }
+    }
+
+    fn to_host(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.settle();
+        self.rt.copy_to_host(dst, src)
     }
 
     /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).
@@ -590,7 +629,7 @@ impl GpuDevice {
     fn download_f64(&self, m: &DeviceMem, out: &mut [f64]) {
         let mut bytes = vec![0u8; out.len() * 8];
         if !bytes.is_empty() {
-            ok(self.rt.copy_to_host(&mut bytes, m.pointer));
+            ok(self.to_host(&mut bytes, m.pointer));
         }
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
             *o = f64::from_le_bytes(b.try_into().expect("8 bytes"));
@@ -655,8 +694,18 @@ impl Device for GpuDevice {
         if !dst.is_empty() {
             // SAFETY: every bit pattern is a valid f32; the byte view covers exactly the slice.
             let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), 4 * dst.len()) };
-            ok(self.rt.copy_to_host(bytes, src.ptr()));
+            ok(self.to_host(bytes, src.ptr()));
         }
+    }
+    fn copy(&self, dst: &mut GpuBuf, dst_at: usize, src: &GpuBuf, src_at: usize, len: usize) {
+        assert!(dst_at + len <= dst.len && src_at + len <= src.len, "copy: range outside a buffer");
+        if len > 0 {
+            ok(self.rt.copy_on_device(dst.ptr() + 4 * dst_at as u64, src.ptr() + 4 * src_at as u64, 4 * len));
+        }
+    }
+    fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn crate::device::DeviceComm<GpuBuf>> {
+        let key = group_key(group);
+        self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| c as &dyn crate::device::DeviceComm<GpuBuf>)
     }
     fn fill(&self, dst: &mut GpuBuf, value: f32) {
         if dst.len > 0 {
@@ -1224,7 +1273,7 @@ impl Device for GpuDevice {
         let half = self.to_bf16(buf, buf.len);
         let mut bytes = vec![0u8; 2 * buf.len];
         if !bytes.is_empty() {
-            ok(self.rt.copy_to_host(&mut bytes, half.pointer));
+            ok(self.to_host(&mut bytes, half.pointer));
         }
         bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
     }

@@ -69,6 +69,7 @@ api_table! {
         fn cuMemFree_v2(pointer: CuDevicePtr) -> i32;
         fn cuMemcpyHtoD_v2(destination: CuDevicePtr, source: *const c_void, bytes: usize) -> i32;
         fn cuMemcpyDtoH_v2(destination: *mut c_void, source: CuDevicePtr, bytes: usize) -> i32;
+        fn cuMemcpyDtoD_v2(destination: CuDevicePtr, source: CuDevicePtr, bytes: usize) -> i32;
         fn cuMemsetD32_v2(destination: CuDevicePtr, value: u32, count: usize) -> i32;
         fn cuStreamCreate(stream: *mut CuStream, flags: u32) -> i32;
         fn cuStreamDestroy_v2(stream: CuStream) -> i32;

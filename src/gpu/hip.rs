@@ -72,6 +72,7 @@ api_table! {
         fn hipFree(pointer: HipDevicePtr) -> i32;
         fn hipMemcpyHtoD(destination: HipDevicePtr, source: *const c_void, bytes: usize) -> i32;
         fn hipMemcpyDtoH(destination: *mut c_void, source: HipDevicePtr, bytes: usize) -> i32;
+        fn hipMemcpyDtoD(destination: HipDevicePtr, source: HipDevicePtr, bytes: usize) -> i32;
         fn hipMemsetD32(destination: HipDevicePtr, value: i32, count: usize) -> i32;
         fn hipStreamCreate(stream: *mut HipStream) -> i32;
         fn hipStreamDestroy(stream: HipStream) -> i32;

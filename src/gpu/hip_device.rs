@@ -121,6 +121,13 @@ impl GpuRuntime for HipRuntime {
             self.hip.api.hipMemcpyDtoH(dst.as_mut_ptr().cast(), src as *mut c_void, dst.len())
         }?)
     }
+    fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: both allocations hold `bytes` bytes from these addresses; ordered after prior work.
+        self.hip.check("hipMemcpyDtoD", unsafe {
+            self.hip.api.hipMemcpyDtoD(dst as *mut c_void, src as *mut c_void, bytes)
+        }?)
+    }
     fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
         self.current()?;
         // SAFETY: the allocation at dst holds count words.

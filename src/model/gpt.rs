@@ -722,10 +722,11 @@ pub struct Gpt<D: Device> {
 
 /// The counters of the groups a layer talks over: the tensor-parallel group, then the SUMMA row
 /// and column (zero under 1-D).
-fn tp_counters(tp: TensorParallel) -> [CommCounters; 3] {
+fn tp_counters<D: Device>(dev: &D, tp: TensorParallel) -> [CommCounters; 3] {
+    let t = crate::device::comm_counters(dev, tp.comm);
     match tp.summa {
-        None => [tp.comm.counters(), CommCounters::default(), CommCounters::default()],
-        Some((s, _)) => [tp.comm.counters(), s.row.counters(), s.col.counters()],
+        None => [t, CommCounters::default(), CommCounters::default()],
+        Some((s, _)) => [t, s.row.counters(), s.col.counters()],
     }
 }
 
@@ -1056,9 +1057,9 @@ impl<D: Device> Gpt<D> {
                 (None, None) => unreachable!("full recompute has a spare layer"),
             };
             let tmp = (&mut a.tmp_full, &mut a.tmp_local);
-            let before = tp_counters(tp);
+            let before = tp_counters(dev, tp);
             layer_forward(dev, tp, sc, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
-            add_since(&mut layer_comm[l], &tp_counters(tp), &before);
+            add_since(&mut layer_comm[l], &tp_counters(dev, tp), &before);
             if let Some(slot) = a.compact.get_mut(l) {
                 let copy = la.stash(dev, precision);
                 *stashed += copy.iter().map(Stash::bytes).sum::<usize>();
@@ -1185,7 +1186,7 @@ impl<D: Device> Gpt<D> {
         }
 
         for l in (0..lay.num_layers).rev() {
-            let before = tp_counters(tp);
+            let before = tp_counters(dev, tp);
             {
                 let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
                 let g = &mut self.params.grads;
@@ -1284,7 +1285,7 @@ impl<D: Device> Gpt<D> {
                     ln_backward(dev, tp, sc, &mut a.d_resid, gs, d_ln1, x_in, w(LN1_W), mean, rstd, r.local, h);
                 }
             }
-            add_since(&mut layer_comm[l], &tp_counters(tp), &before);
+            add_since(&mut layer_comm[l], &tp_counters(dev, tp), &before);
             ready(&self.params, lay.layer_params(l));
         }
         let d_input = if lay.first {

@@ -2,7 +2,10 @@
 //! seen as one flat vector, padded to a multiple of the data-parallel size and cut into equal
 //! contiguous shards; each data-parallel rank keeps the AdamW state of its shard only. Gradients
 //! are reduce-scattered (each rank receives the sum of its shard), the rank updates its shard, and
-//! the updated shards are all-gathered back into every rank's parameters.
+//! the updated shards are all-gathered back into every rank's parameters. Where the device has a
+//! communicator for the group (`Device::device_comm`), both collectives run on device memory
+//! (the flat vector is packed with device-to-device copies) and only the shard's summed
+//! gradients, which the norm needs, come to the host.
 
 use super::AdamWConfig;
 use crate::comm::{Comm, ReduceOp};
@@ -74,6 +77,19 @@ impl<D: Device> DistributedAdamW<D> {
 
     /// Sums the gradients over the data-parallel group, keeping only this rank's shard.
     pub fn reduce_scatter_grads(&self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> Vec<f32> {
+        if let Some(c) = dev.device_comm(dp) {
+            let mut flat = dev.alloc(self.padded_len);
+            let mut offset = 0;
+            for (i, p) in params.info.iter().enumerate() {
+                dev.copy(&mut flat, offset, &params.grads[i], 0, p.numel());
+                offset += p.numel();
+            }
+            let mut shard = dev.alloc(self.shard.len());
+            c.reduce_scatter(&flat, &mut shard);
+            let mut host = vec![0f32; self.shard.len()];
+            dev.download(&shard, &mut host);
+            return host;
+        }
         let mut flat = flatten(dev, params, 0..params.info.len());
         flat.resize(self.padded_len, 0.0);
         let mut shard = vec![0f32; self.shard.len()];
@@ -108,6 +124,29 @@ impl<D: Device> DistributedAdamW<D> {
         grad_scale: f32,
     ) {
         self.step += 1;
+        if let Some(c) = dev.device_comm(dp) {
+            // The shard's values and gradients come from device memory (values) and the host
+            // (the summed shard), the updated shard goes out by one all-gather on the device.
+            let mut shard = dev.alloc(self.shard.len());
+            for s in &mut self.segments {
+                let n = s.range.len();
+                dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, n);
+                dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
+                let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
+                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step);
+                dev.copy(&mut shard, s.offset, &s.value, 0, n);
+            }
+            let mut flat = dev.alloc(self.padded_len);
+            c.all_gather(&shard, &mut flat);
+            let mut offset = 0;
+            for (i, p) in params.info.iter().enumerate() {
+                dev.copy(&mut params.values[i], 0, &flat, offset, p.numel());
+                offset += p.numel();
+            }
+            // The shard and flat buffers are freed here: a polled wait for the all-gather.
+            c.synchronize();
+            return;
+        }
         let all = 0..params.info.len();
         let mut flat = flatten_values(dev, params);
         flat.resize(self.padded_len, 0.0);

@@ -2,6 +2,11 @@
 //! finishes them (last layer first), and each bucket's all-reduce is posted as soon as every
 //! gradient in it is final, so communication overlaps the rest of backward. Also the
 //! tensor-parallel sum of the gradients that sequence parallelism leaves partial.
+//!
+//! Where the device has a communicator for the group (`Device::device_comm`), a bucket's
+//! gradients are packed into one flat device buffer with device-to-device copies, summed by one
+//! all-reduce on device memory, and copied back; otherwise they are flattened into host memory
+//! and summed through the MPI Comm.
 
 use crate::comm::{Comm, Pending, ReduceOp};
 use crate::device::Device;
@@ -11,15 +16,67 @@ use std::ops::Range;
 /// Megatron's default bucket size (`--ddp-bucket-size`), in elements.
 pub const DEFAULT_BUCKET_ELEMENTS: usize = 40_000_000;
 
-struct Bucket {
+struct Bucket<B> {
     params: Range<usize>,
     pending: Option<Box<dyn Pending>>,
+    /// The flat device buffer of the bucket (kept across iterations) and whether its all-reduce
+    /// was started on the device this iteration.
+    flat: Option<B>,
+    started: bool,
 }
 
 /// The buckets of one model replica and the state of the current iteration's reduction.
-pub struct GradBuckets {
-    buckets: Vec<Bucket>,
+pub struct GradBuckets<B> {
+    buckets: Vec<Bucket<B>>,
     final_params: Vec<bool>,
+}
+
+/// Copies the gradients of `params` into `flat` (allocated on first use) on the device.
+fn pack<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>, flat: &mut Option<D::Buf>) {
+    let total: usize = params.clone().map(|i| set.info[i].numel()).sum();
+    let flat = flat.get_or_insert_with(|| dev.alloc(total));
+    let mut offset = 0;
+    for i in params {
+        let n = set.info[i].numel();
+        dev.copy(flat, offset, &set.grads[i], 0, n);
+        offset += n;
+    }
+}
+
+/// Copies a flat device buffer made by `pack` back into the gradients.
+fn unpack<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range<usize>, flat: &D::Buf) {
+    let mut offset = 0;
+    for i in params {
+        let n = set.info[i].numel();
+        dev.copy(&mut set.grads[i], 0, flat, offset, n);
+        offset += n;
+    }
+}
+
+/// Sums the gradients of `indices` over `group` on the device, through one flat buffer.
+fn all_reduce_on_device<D: Device>(
+    dev: &D,
+    c: &dyn crate::device::DeviceComm<D::Buf>,
+    set: &mut ParamSet<D>,
+    indices: &[usize],
+) {
+    let total: usize = indices.iter().map(|&i| set.info[i].numel()).sum();
+    let mut flat = dev.alloc(total);
+    let mut offset = 0;
+    for &i in indices {
+        let n = set.info[i].numel();
+        dev.copy(&mut flat, offset, &set.grads[i], 0, n);
+        offset += n;
+    }
+    c.all_reduce(&mut flat);
+    let mut offset = 0;
+    for &i in indices {
+        let n = set.info[i].numel();
+        dev.copy(&mut set.grads[i], 0, &flat, offset, n);
+        offset += n;
+    }
+    // The flat buffer is freed here: the sum must be complete (a polled wait, not the free's).
+    c.synchronize();
 }
 
 /// Copies the gradients of `params` into one flat host vector.
@@ -49,17 +106,17 @@ pub(crate) fn unflatten<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range
     }
 }
 
-impl GradBuckets {
+impl<B> GradBuckets<B> {
     /// Buckets of at least `bucket_elements` elements (the last one may be smaller), each a
     /// contiguous range of parameters, built from the last parameter backwards.
-    pub fn new(info: &[ParamInfo], bucket_elements: usize) -> GradBuckets {
+    pub fn new(info: &[ParamInfo], bucket_elements: usize) -> GradBuckets<B> {
         let mut buckets = Vec::new();
         let mut end = info.len();
         let mut size = 0;
         for i in (0..info.len()).rev() {
             size += info[i].numel();
             if size >= bucket_elements || i == 0 {
-                buckets.push(Bucket { params: i..end, pending: None });
+                buckets.push(Bucket { params: i..end, pending: None, flat: None, started: false });
                 end = i;
                 size = 0;
             }
@@ -77,12 +134,25 @@ impl GradBuckets {
 
     /// Records that the gradients of `params` are final for this iteration, and starts the
     /// all-reduce of every bucket that is now complete.
-    pub fn mark_final<D: Device>(&mut self, dev: &D, comm: &dyn Comm, set: &ParamSet<D>, params: Range<usize>) {
+    pub fn mark_final<D: Device<Buf = B>>(
+        &mut self,
+        dev: &D,
+        comm: &dyn Comm,
+        set: &ParamSet<D>,
+        params: Range<usize>,
+    ) {
         for i in params {
             self.final_params[i] = true;
         }
+        let on_device = dev.device_comm(comm);
         for bucket in &mut self.buckets {
-            if bucket.pending.is_none() && bucket.params.clone().all(|i| self.final_params[i]) {
+            if let Some(c) = on_device {
+                if !bucket.started && bucket.params.clone().all(|i| self.final_params[i]) {
+                    pack(dev, set, bucket.params.clone(), &mut bucket.flat);
+                    c.all_reduce_start(bucket.flat.as_mut().expect("packed"));
+                    bucket.started = true;
+                }
+            } else if bucket.pending.is_none() && bucket.params.clone().all(|i| self.final_params[i]) {
                 bucket.pending = Some(comm.all_reduce_start(flatten(dev, set, bucket.params.clone())));
             } else if let Some(p) = bucket.pending.as_mut() {
                 p.poll();
@@ -92,7 +162,22 @@ impl GradBuckets {
 
     /// Finishes every bucket's all-reduce (starting any that never became final, which a model
     /// that reports every parameter does not leave) and writes the sums back.
-    pub fn finish<D: Device>(&mut self, dev: &D, comm: &dyn Comm, set: &mut ParamSet<D>) {
+    pub fn finish<D: Device<Buf = B>>(&mut self, dev: &D, comm: &dyn Comm, set: &mut ParamSet<D>) {
+        if let Some(c) = dev.device_comm(comm) {
+            for bucket in &mut self.buckets {
+                if !bucket.started {
+                    pack(dev, set, bucket.params.clone(), &mut bucket.flat);
+                    c.all_reduce_start(bucket.flat.as_mut().expect("packed"));
+                }
+                bucket.started = false;
+            }
+            c.wait();
+            for bucket in &self.buckets {
+                unpack(dev, set, bucket.params.clone(), bucket.flat.as_ref().expect("packed"));
+            }
+            self.final_params.fill(false);
+            return;
+        }
         for bucket in &mut self.buckets {
             let pending = match bucket.pending.take() {
                 Some(p) => p,
@@ -113,6 +198,10 @@ pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &m
     }
     let indices: Vec<usize> = (0..set.info.len()).filter(|&i| set.info[i].sequence_parallel).collect();
     if indices.is_empty() {
+        return;
+    }
+    if let Some(c) = dev.device_comm(tp) {
+        all_reduce_on_device(dev, c, set, &indices);
         return;
     }
     let mut flat = Vec::new();
@@ -136,6 +225,10 @@ pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut Par
     }
     let name = "embedding.word_embeddings.weight";
     if let Some(i) = set.info.iter().position(|p| p.name == name) {
+        if let Some(c) = dev.device_comm(group) {
+            all_reduce_on_device(dev, c, set, &[i]);
+            return;
+        }
         let mut flat = flatten(dev, set, i..i + 1);
         group.all_reduce(&mut flat, ReduceOp::Sum);
         unflatten(dev, set, i..i + 1, &flat);
@@ -170,9 +263,9 @@ mod tests {
             .iter()
             .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
             .collect();
-        let b = GradBuckets::new(&info, 9);
+        let b = GradBuckets::<()>::new(&info, 9);
         let ranges: Vec<_> = b.buckets.iter().map(|b| b.params.clone()).collect();
         assert_eq!(ranges, vec![3..5, 1..3, 0..1]);
-        assert_eq!(GradBuckets::new(&info, usize::MAX).len(), 1);
+        assert_eq!(GradBuckets::<()>::new(&info, usize::MAX).len(), 1);
     }
 }

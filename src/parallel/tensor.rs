@@ -1,7 +1,8 @@
 //! Tensor-parallel communication on device buffers: the all-reduce, all-gather and reduce-scatter
 //! that Megatron's column- and row-parallel layers, vocab-parallel embedding and sequence
-//! parallelism place around the local math. Buffers a device keeps in host memory are handed to
-//! the Comm in place; others are staged through the host.
+//! parallelism place around the local math. Where the device has a communicator for the group
+//! (`Device::device_comm`: NCCL on the CUDA Device) they run on device memory; buffers a device
+//! keeps in host memory are handed to the Comm in place; others are staged through the host.
 
 use crate::comm::{Comm, ReduceOp};
 use crate::device::Device;
@@ -39,6 +40,10 @@ pub fn all_reduce<D: Device>(dev: &D, comm: &dyn Comm, buf: &mut D::Buf) {
     if comm.size() == 1 {
         return;
     }
+    if let Some(c) = dev.device_comm(comm) {
+        c.all_reduce(buf);
+        return;
+    }
     if let Some(host) = dev.host_f32(buf) {
         comm.all_reduce(host, ReduceOp::Sum);
         return;
@@ -52,6 +57,10 @@ pub fn all_reduce<D: Device>(dev: &D, comm: &dyn Comm, buf: &mut D::Buf) {
 /// `full` becomes every rank's `local`, in rank order (sequence-parallel: shards of contiguous
 /// rows become the whole sequence).
 pub fn all_gather<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, full: &mut D::Buf) {
+    if let Some(c) = dev.device_comm(comm) {
+        c.all_gather(local, full);
+        return;
+    }
     let staged_local;
     let local_host = match dev.host_f32_ref(local) {
         Some(l) => l,
@@ -74,6 +83,10 @@ pub fn all_gather<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, full: &mu
 /// `local` becomes the sum over ranks of this rank's shard of `full` (sequence-parallel: the
 /// reduction of a row-parallel layer, leaving each rank its rows).
 pub fn reduce_scatter<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, local: &mut D::Buf) {
+    if let Some(c) = dev.device_comm(comm) {
+        c.reduce_scatter(full, local);
+        return;
+    }
     let staged_full;
     let full_host = match dev.host_f32_ref(full) {
         Some(f) => f,

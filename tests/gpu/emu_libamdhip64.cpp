@@ -300,6 +300,10 @@ hipError_t hipMemcpyDtoH(void* dst, void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
   return kSuccess;
 }
+hipError_t hipMemcpyDtoD(void* dst, void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return kSuccess;
+}
 hipError_t hipMemsetD32(void* dst, int value, size_t count) {
   auto* p = static_cast<uint32_t*>(dst);
   for (size_t i = 0; i < count; ++i) p[i] = uint32_t(value);

@@ -24,6 +24,9 @@
  * FAKE_NCCL_CORRUPT_RANK=r flips one bit of the last element
  * every ncclAllGather leaves on rank r (a wrong result the comparison against MPI must catch).
  *
+ * FAKE_NCCL_LOG=path appends one line per collective or send/recv group a rank submits ("<op>
+ * <elements> <rank of the communicator>/<ranks>"), so tests can prove that tensors took this path.
+ *
  * FAKE_NCCL_ASYNC=1 makes calls asynchronous, as NCCL's are: each communicator runs its operations
  * in order on a worker thread (its "stream"), a failure becomes the communicator's asynchronous
  * error, and the exported fake_nccl_pending() counts operations not yet finished, which the fake
@@ -496,8 +499,23 @@ static int async_mode(void) {
     return a && *a && strcmp(a, "0") != 0;
 }
 
+/* FAKE_NCCL_LOG: one line per submitted operation, appended whole (O_APPEND). */
+static void log_job(const struct job *j) {
+    const char *path = getenv("FAKE_NCCL_LOG");
+    if (!path || !*path) return;
+    static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"};
+    char line[128];
+    size_t n = j->kind == JOB_P2P ? j->nops : j->count;
+    int len = snprintf(line, sizeof line, "%s %zu %d/%d\n", names[j->kind], n, j->c->rank, j->c->nranks);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) return;
+    if (write(fd, line, (size_t)len) < 0) { /* best effort */ }
+    close(fd);
+}
+
 /* Runs the job now (synchronous mode) or hands it to its communicator's worker. */
 static ncclResult_t submit(struct job j) {
+    log_job(&j);
     if (!async_mode()) {
         ncclResult_t r = run_job(&j);
         free(j.ops);

@@ -8,7 +8,8 @@
 # Usage: gpu-check.sh BIN DATA_PREFIX. Environment: GPU_CHECK_LAUNCH (default: Open MPI's or
 # MPICH's mpirun/mpiexec with -np 4; under Slurm e.g. "srun -n 4"), GPU_CHECK_ITERS (20),
 # GPU_CHECK_SIZE (full; small for the check ops shapes), GPU_CHECK_MODEL (the model flags),
-# GPU_CHECK_RTOL (the loss agreement, 1e-2), GPU_CHECK_DIR (where the logs go; a temporary directory).
+# GPU_CHECK_RTOL (the loss agreement, 1e-2), GPU_CHECK_DIR (where the logs go; a temporary directory),
+# GPU_CHECK_COLLECTIVES (--gpu-collectives of the GPU run: nccl, the default, or mpi).
 set -euo pipefail
 
 bin=${1:?usage: gpu-check.sh BIN DATA_PREFIX}
@@ -16,6 +17,7 @@ data=${2:?usage: gpu-check.sh BIN DATA_PREFIX}
 iters=${GPU_CHECK_ITERS:-20}
 size=${GPU_CHECK_SIZE:-full}
 rtol=${GPU_CHECK_RTOL:-1e-2}
+collectives=${GPU_CHECK_COLLECTIVES:-nccl}
 read -r -a model <<<"${GPU_CHECK_MODEL:---num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 4 --global-batch-size 16 --lr 1e-3}"
 if [ -n "${GPU_CHECK_LAUNCH:-}" ]; then
   read -r -a launch <<<"$GPU_CHECK_LAUNCH"
@@ -43,9 +45,11 @@ esac
 echo "== gpu-check 2/3: check ops --device $device --size $size"
 "$bin" check ops --device "$device" --size "$size"
 
-echo "== gpu-check 3/3: $iters iterations TP=2 x PP=2 on $device and on the CPU (bf16; logs in $dir)"
+echo "== gpu-check 3/3: $iters iterations TP=2 x PP=2 on $device ($collectives) and on the CPU (bf16; logs in $dir)"
 for dev in "$device" cpu; do
-  "${launch[@]}" "$bin" train --device "$dev" --bf16 --data-path "$data" --train-iters "$iters" \
+  how=()
+  [ "$dev" = cpu ] || how=(--gpu-collectives "$collectives")
+  "${launch[@]}" "$bin" train --device "$dev" "${how[@]}" --bf16 --data-path "$data" --train-iters "$iters" \
     --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --log-interval 1 \
     --eval-interval 1000000 --log-json "$dir/$dev.jsonl" "${model[@]}" >"$dir/$dev.log" 2>&1 || {
     echo "gpu-check: the $dev run failed; its output:" >&2
