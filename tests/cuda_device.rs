@@ -8,7 +8,7 @@
 //! `TRIDENT_SKIP_NVRTC_TESTS=1` is set, when they say loudly that they skipped.
 
 mod common;
-use common::gpu_device::{self, run_with, train_losses, TINY_GPU};
+use common::gpu_device::{self, down, run_with, train_losses, up, TINY_GPU};
 use common::*;
 
 use std::io::Write;
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use trident::device::Device;
 use trident::gpu::device::GpuDevice;
 
 const SEED: u64 = 23;

@@ -9,7 +9,8 @@
 # MPICH's mpirun/mpiexec with -np 4; under Slurm e.g. "srun -n 4"), GPU_CHECK_ITERS (20),
 # GPU_CHECK_SIZE (full; small for the check ops shapes), GPU_CHECK_MODEL (the model flags),
 # GPU_CHECK_RTOL (the loss agreement, 1e-2), GPU_CHECK_DIR (where the logs go; a temporary directory),
-# GPU_CHECK_COLLECTIVES (--gpu-collectives of the GPU run: nccl, the default, or mpi).
+# GPU_CHECK_COLLECTIVES (--gpu-collectives of the GPU run: nccl, the default on NVIDIA, or mpi,
+# the default on AMD).
 set -euo pipefail
 
 bin=${1:?usage: gpu-check.sh BIN DATA_PREFIX}
@@ -17,7 +18,7 @@ data=${2:?usage: gpu-check.sh BIN DATA_PREFIX}
 iters=${GPU_CHECK_ITERS:-20}
 size=${GPU_CHECK_SIZE:-full}
 rtol=${GPU_CHECK_RTOL:-1e-2}
-collectives=${GPU_CHECK_COLLECTIVES:-nccl}
+collectives=${GPU_CHECK_COLLECTIVES:-}
 read -r -a model <<<"${GPU_CHECK_MODEL:---num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 4 --global-batch-size 16 --lr 1e-3}"
 if [ -n "${GPU_CHECK_LAUNCH:-}" ]; then
   read -r -a launch <<<"$GPU_CHECK_LAUNCH"
@@ -41,6 +42,8 @@ case "$smoke" in
   *"AMD device"*) device=hip ;;
   *) echo "gpu-check: cannot tell the GPU vendor from check gpu's report" >&2; exit 1 ;;
 esac
+# NCCL on NVIDIA; on AMD the collectives stage through host memory (RCCL on HIP is not wired).
+[ -n "$collectives" ] || { [ "$device" = cuda ] && collectives=nccl || collectives=mpi; }
 
 echo "== gpu-check 2/3: check ops --device $device --size $size"
 "$bin" check ops --device "$device" --size "$size"
