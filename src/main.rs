@@ -457,7 +457,7 @@ fn print_smoke(ordinal: usize, r: &trident::gpu::smoke::SmokeReport) {
 /// prints the table).
 fn device_ops_line<D: trident::device::Device>(ordinal: usize, api: &str, dev: &D, head_dims: &[usize]) -> Result<()> {
     use trident::device::check::{run_all, Size};
-    let checks = run_all(dev, Size::Small, head_dims, true, 7);
+    let checks = run_all(dev, Size::Small, head_dims, 7);
     if let Some(bad) = checks.iter().find(|c| !c.passed()) {
         return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
     }
@@ -566,15 +566,15 @@ fn check_ops(args: &[String]) -> Result<()> {
     let (name, checks) = match device.as_str() {
         "cpu" => {
             let dev = trident::device::cpu::CpuDevice::new(pool::default_threads());
-            (dev.describe(), run_all(&dev, size, &[32, 64, 128], false, 7))
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
         }
         "cuda" => {
             let dev = trident::gpu::device::GpuDevice::cuda(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &[64, 128], true, 7))
+            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
         }
         "hip" => {
             let dev = trident::gpu::device::GpuDevice::hip(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &[64, 128], true, 7))
+            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
         }
         other => return Err(Error::Usage(format!("check ops: --device is cpu, cuda or hip, not {other:?}"))),
     };

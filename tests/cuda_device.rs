@@ -59,36 +59,7 @@ fn emulated() -> Option<&'static Emulated> {
         .get_or_init(|| {
             let nvrtc = nvrtc_path()?;
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-device");
-            std::fs::create_dir_all(&dir).unwrap();
-            // Built under a private name, then renamed over the shared one (a process that still
-            // has the old file mapped keeps it).
-            let building = dir.join(format!("libcuda-emu.so.{}", std::process::id()));
-            let lib = dir.join("libcuda-emu.so");
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/emu_libcuda.cpp");
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-            let out = Command::new(&cxx)
-                .args([
-                    "-std=c++20",
-                    "-O2",
-                    "-shared",
-                    "-fPIC",
-                    "-DTRIDENT_EMU",
-                    "-pthread",
-                    "-Wall",
-                    "-Wextra",
-                    "-Werror",
-                ])
-                .arg(&src)
-                .arg("-o")
-                .arg(&building)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {cxx} (install g++): {e}"));
-            assert!(
-                out.status.success(),
-                "building the emulating driver failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(&building, &lib).unwrap();
+            let lib = gpu_device::build_emulator(&dir, "emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
             let env = vec![
                 ("TRIDENT_LIBCUDA", lib),
                 ("TRIDENT_NVRTC", nvrtc),
@@ -140,39 +111,9 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 }
 
 #[test]
-fn elementwise_ops_match_the_reference() {
+fn every_device_op_matches_the_reference() {
     let Some(dev) = device() else { return };
-    gpu_device::elementwise_ops_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn embeddings_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::embeddings_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn layernorm_whole_and_split_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::layernorm_whole_and_split_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn cross_entropy_pieces_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::cross_entropy_pieces_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn linear_layers_match_the_reference_on_bf16_operands() {
-    let Some(dev) = device() else { return };
-    gpu_device::linear_layers_match_the_reference_on_bf16_operands(dev, SEED);
-}
-
-#[test]
-fn attention_matches_the_reference_within_the_bf16_rule() {
-    let Some(dev) = device() else { return };
-    gpu_device::attention_matches_the_reference_within_the_bf16_rule(dev, SEED);
+    gpu_device::every_op_matches_the_reference(dev, SEED);
 }
 
 #[test]
@@ -426,7 +367,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 126 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 138 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -468,33 +409,15 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("cuda-gpu-check");
     let data = prepared_corpus(&dir);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-check.sh");
+    // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
     let nccl = fake_nccl(&dir);
-    let run = |rtol: &str| {
-        let mut c = Command::new("bash");
-        c.arg(&script).arg(BIN).arg(&data);
-        for (k, v) in &emu.env {
-            c.env(k, v);
-        }
-        // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
-        c.env("TRIDENT_NCCL", &nccl);
-        c.env("GPU_CHECK_ITERS", "6")
-            .env("GPU_CHECK_SIZE", "small")
-            .env("GPU_CHECK_RTOL", rtol)
-            .env("GPU_CHECK_DIR", dir.join(format!("logs-{rtol}")))
-            .env(
-                "GPU_CHECK_MODEL",
-                "--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 \
-                 --global-batch-size 4 --lr 1e-3 --eval-iters 1 --cpu-threads 1",
-            );
-        c.output().unwrap()
-    };
+    let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let o = run("1e-2");
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     for want in [
         "passed on 1 NVIDIA device",
-        "ops check: all 126 outputs within their bounds",
+        "ops check: all 138 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ] {

@@ -15,8 +15,7 @@ use common::gpu_device::{self, run_with, train_losses, TINY_GPU};
 use common::*;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use trident::device::Device;
@@ -42,26 +41,7 @@ fn emulated() -> Option<&'static Emulated> {
                 return None;
             }
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip-device");
-            std::fs::create_dir_all(&dir).unwrap();
-            // Built under a private name, then renamed over the shared one (a process that still
-            // has the old file mapped keeps it).
-            let building = dir.join(format!("libamdhip64-emu.so.{}", std::process::id()));
-            let lib = dir.join("libamdhip64-emu.so");
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/emu_libamdhip64.cpp");
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-            let out = Command::new(&cxx)
-                .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"])
-                .arg(&src)
-                .arg("-o")
-                .arg(&building)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {cxx} (install g++): {e}"));
-            assert!(
-                out.status.success(),
-                "building the emulating HIP runtime failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(&building, &lib).unwrap();
+            let lib = gpu_device::build_emulator(&dir, "emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
             let env = vec![("TRIDENT_LIBAMDHIP64", lib), ("TRIDENT_CACHE_DIR", dir.join("kernel-cache"))];
             for (k, v) in &env {
                 // Every test of this process sets the same values, before any runtime is loaded.
@@ -86,39 +66,9 @@ fn device() -> Option<&'static GpuDevice> {
 }
 
 #[test]
-fn elementwise_ops_match_the_reference() {
+fn every_device_op_matches_the_reference() {
     let Some(dev) = device() else { return };
-    gpu_device::elementwise_ops_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn embeddings_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::embeddings_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn layernorm_whole_and_split_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::layernorm_whole_and_split_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn cross_entropy_pieces_match_the_reference() {
-    let Some(dev) = device() else { return };
-    gpu_device::cross_entropy_pieces_match_the_reference(dev, SEED);
-}
-
-#[test]
-fn linear_layers_match_the_reference_on_bf16_operands() {
-    let Some(dev) = device() else { return };
-    gpu_device::linear_layers_match_the_reference_on_bf16_operands(dev, SEED);
-}
-
-#[test]
-fn attention_matches_the_reference_within_the_bf16_rule() {
-    let Some(dev) = device() else { return };
-    gpu_device::attention_matches_the_reference_within_the_bf16_rule(dev, SEED);
+    gpu_device::every_op_matches_the_reference(dev, SEED);
 }
 
 #[test]
@@ -210,28 +160,14 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("hip-gpu-check");
     let data = prepared_corpus(&dir);
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-check.sh");
-    let mut c = Command::new("bash");
-    c.arg(&script).arg(BIN).arg(&data);
-    for (k, v) in &emu.env {
-        c.env(k, v);
-    }
-    c.env("TRIDENT_LIBCUDA", dir.join("no-libcuda.so"))
-        .env("GPU_CHECK_ITERS", "6")
-        .env("GPU_CHECK_SIZE", "small")
-        .env("GPU_CHECK_DIR", dir.join("logs"))
-        .env(
-            "GPU_CHECK_MODEL",
-            "--num-layers 2 --hidden-size 128 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2 \
-             --global-batch-size 4 --lr 1e-3 --eval-iters 1 --cpu-threads 1",
-        );
-    let o = c.output().unwrap();
+    // No NVIDIA driver, so check gpu and the script take the AMD side.
+    let o = gpu_device::run_gpu_check(&emu.env, &dir, &data, "1e-2", &[("TRIDENT_LIBCUDA", dir.join("no-libcuda.so"))]);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     for want in [
-        "the HIP Device matches the reference device on 126 op outputs",
+        "the HIP Device matches the reference device on 138 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 126 outputs within their bounds",
+        "ops check: all 138 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ] {

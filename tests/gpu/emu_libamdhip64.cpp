@@ -37,6 +37,7 @@
 #include "../../kernels-hip/softmax_xent.hip"
 #include "../../kernels-hip/tensor_ops.hip"
 #include "smoke_axpy.inc"
+#include "emu_runtime.h"
 
 typedef int hipError_t;
 
@@ -54,23 +55,9 @@ enum : hipError_t {
   kNotFound = 500,
 };
 
-// Calls a kernel of type void(Args...) with its arguments read from kernelParams, as the runtime
-// does: params[i] points to argument i.
-template <class... Args, size_t... I>
-void launch_unpacked(void (*kernel)(Args...), dim3 grid, dim3 block, void** params, std::index_sequence<I...>) {
-  emu::launch(grid, block, kernel, *static_cast<std::remove_cv_t<std::remove_reference_t<Args>>*>(params[I])...);
-}
-template <class... Args>
-void launch_kernel(void (*kernel)(Args...), dim3 grid, dim3 block, void** params) {
-  launch_unpacked(kernel, grid, block, params, std::index_sequence_for<Args...>{});
-}
-
-struct KernelEntry {
-  const char* name;
-  void (*launch)(dim3, dim3, void**);
-};
-
-#define KERNEL(k) {#k, [](dim3 g, dim3 b, void** p) { launch_kernel(k, g, b, p); }}
+using emu_runtime::KernelEntry;
+using emu_runtime::Module;
+#define KERNEL EMU_KERNEL
 const KernelEntry kKernels[] = {
     KERNEL(trident_smoke_axpy),
     KERNEL(adamw_f32_bf16),
@@ -123,10 +110,6 @@ const KernelEntry kKernels[] = {
 };
 #undef KERNEL
 
-struct Module {
-  std::string image;  // the code object's bytes
-};
-
 int stream_token;
 thread_local int current_device = 0;
 
@@ -134,21 +117,6 @@ int device_count() {
   const char* v = std::getenv("EMU_HIP_DEVICES");
   const int n = v ? std::atoi(v) : 8;
   return n > 0 ? n : 0;
-}
-
-// The size of an ELF64 image from its header: the section header table ends the file (as in
-// every code object the LLVM AMDGPU backend writes); the program headers are checked too.
-size_t elf_size(const unsigned char* p) {
-  uint64_t shoff, phoff;
-  uint16_t shentsize, shnum, phentsize, phnum;
-  std::memcpy(&phoff, p + 0x20, 8);
-  std::memcpy(&shoff, p + 0x28, 8);
-  std::memcpy(&phentsize, p + 0x36, 2);
-  std::memcpy(&phnum, p + 0x38, 2);
-  std::memcpy(&shentsize, p + 0x3a, 2);
-  std::memcpy(&shnum, p + 0x3c, 2);
-  size_t end = std::max<size_t>(shoff + size_t(shentsize) * shnum, phoff + size_t(phentsize) * phnum);
-  return std::max<size_t>(end, 64);
 }
 
 // hipDeviceProp_t as this runtime lays it out (not ROCm's: trident finds the arch by content).
@@ -255,7 +223,7 @@ hipError_t hipModuleLoadData(void** module, const void* image) {
   uint16_t machine;
   std::memcpy(&machine, p + 0x12, 2);
   if (machine != 0xe0) return kNoBinaryForGpu;  // EM_AMDGPU
-  *module = new Module{std::string(reinterpret_cast<const char*>(p), elf_size(p))};
+  *module = new Module{std::string(reinterpret_cast<const char*>(p), emu_runtime::elf_size(p))};
   return kSuccess;
 }
 hipError_t hipModuleUnload(void* module) {
@@ -264,14 +232,10 @@ hipError_t hipModuleUnload(void* module) {
 }
 hipError_t hipModuleGetFunction(void** function, void* module, const char* name) {
   if (!module || !name || !function) return kInvalidHandle;
-  const std::string& image = static_cast<Module*>(module)->image;
-  if (image.find(std::string(name) + '\0') == std::string::npos) return kNotFound;
-  for (const KernelEntry& k : kKernels)
-    if (std::strcmp(k.name, name) == 0) {
-      *function = const_cast<KernelEntry*>(&k);
-      return kSuccess;
-    }
-  return kNotFound;
+  const KernelEntry* k = emu_runtime::find_kernel(kKernels, *static_cast<Module*>(module), name);
+  if (!k) return kNotFound;
+  *function = const_cast<KernelEntry*>(k);
+  return kSuccess;
 }
 hipError_t hipModuleLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared_bytes, void*, void** params, void** extra) {

@@ -37,6 +37,7 @@
 #include "../../kernels-cuda/tensor_ops.cu"
 
 #include "smoke_axpy.inc"
+#include "emu_runtime.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -55,23 +56,9 @@ enum : CUresult {
   kLaunchFailed = 719,
 };
 
-// Calls a kernel of type void(Args...) with its arguments read from kernelParams, as the driver
-// does: params[i] points to argument i.
-template <class... Args, size_t... I>
-void launch_unpacked(void (*kernel)(Args...), dim3 grid, dim3 block, void** params, std::index_sequence<I...>) {
-  emu::launch(grid, block, kernel, *static_cast<std::remove_cv_t<std::remove_reference_t<Args>>*>(params[I])...);
-}
-template <class... Args>
-void launch_kernel(void (*kernel)(Args...), dim3 grid, dim3 block, void** params) {
-  launch_unpacked(kernel, grid, block, params, std::index_sequence_for<Args...>{});
-}
-
-struct KernelEntry {
-  const char* name;
-  void (*launch)(dim3, dim3, void**);
-};
-
-#define KERNEL(k) {#k, [](dim3 g, dim3 b, void** p) { launch_kernel(k, g, b, p); }}
+using emu_runtime::KernelEntry;
+using emu_runtime::Module;
+#define KERNEL EMU_KERNEL
 const KernelEntry kKernels[] = {
     KERNEL(adamw_f32_bf16),
     KERNEL(attention_bwd_delta_bf16),
@@ -125,27 +112,8 @@ const KernelEntry kKernels[] = {
 };
 #undef KERNEL
 
-struct Module {
-  std::string image;  // the ELF file's bytes
-};
-
 int context_token;
 int stream_token;
-
-// The size of an ELF64 image from its header: the section header table ends the file (as in
-// every CUBIN NVRTC writes); the program headers are checked too.
-size_t elf_size(const unsigned char* p) {
-  uint64_t shoff, phoff;
-  uint16_t shentsize, shnum, phentsize, phnum;
-  std::memcpy(&phoff, p + 0x20, 8);
-  std::memcpy(&shoff, p + 0x28, 8);
-  std::memcpy(&phentsize, p + 0x36, 2);
-  std::memcpy(&phnum, p + 0x38, 2);
-  std::memcpy(&shentsize, p + 0x3a, 2);
-  std::memcpy(&shnum, p + 0x3c, 2);
-  size_t end = std::max<size_t>(shoff + size_t(shentsize) * shnum, phoff + size_t(phentsize) * phnum);
-  return std::max<size_t>(end, 64);
-}
 
 }  // namespace
 
@@ -224,7 +192,7 @@ CUresult cuCtxSynchronize() { return kSuccess; }
 CUresult cuModuleLoadData(void** module, const void* image) {
   const auto* p = static_cast<const unsigned char*>(image);
   if (!p || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return kInvalidImage;
-  *module = new Module{std::string(reinterpret_cast<const char*>(p), elf_size(p))};
+  *module = new Module{std::string(reinterpret_cast<const char*>(p), emu_runtime::elf_size(p))};
   return kSuccess;
 }
 CUresult cuModuleUnload(void* module) {
@@ -233,15 +201,10 @@ CUresult cuModuleUnload(void* module) {
 }
 CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
   if (!module || !name) return kInvalidHandle;
-  const std::string& image = static_cast<Module*>(module)->image;
-  // The symbol's name followed by its NUL, as the string table holds it.
-  if (image.find(std::string(name) + '\0') == std::string::npos) return kNotFound;
-  for (const KernelEntry& k : kKernels)
-    if (std::strcmp(k.name, name) == 0) {
-      *function = const_cast<KernelEntry*>(&k);
-      return kSuccess;
-    }
-  return kNotFound;
+  const KernelEntry* k = emu_runtime::find_kernel(kKernels, *static_cast<Module*>(module), name);
+  if (!k) return kNotFound;
+  *function = const_cast<KernelEntry*>(k);
+  return kSuccess;
 }
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared_bytes, void*, void** params, void** extra) {
