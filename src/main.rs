@@ -539,31 +539,18 @@ fn check_nccl_id(rt: &Runtime) -> Result<String> {
 fn check_ops(args: &[String]) -> Result<()> {
     use trident::device::check::{run_all, Size};
     use trident::device::Device;
-    let (mut device, mut size, mut ordinal) = ("cuda".to_string(), Size::Full, 0usize);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| Error::Usage(format!("check ops: {flag} needs a value")))?;
-        match flag.as_str() {
-            "--device" => device = value.clone(),
-            "--size" => {
-                size = match value.as_str() {
-                    "small" => Size::Small,
-                    "full" => Size::Full,
-                    other => return Err(Error::Usage(format!("check ops: --size is small or full, not {other:?}"))),
-                }
-            }
-            "--gpu" => {
-                ordinal = value
-                    .parse()
-                    .map_err(|_| Error::Usage(format!("check ops: --gpu takes a device number, not {value:?}")))?
-            }
-            other => {
-                return Err(Error::Usage(format!("check ops: unknown flag {other} (--device, --size, --gpu)")));
-            }
-        }
-    }
+    let Some(a) = flags("check ops", "every Device op against the f64 reference device", CHECK_OPS_FLAGS, args)? else {
+        return Ok(());
+    };
+    let device = a.str("--device").unwrap_or("cuda");
+    let size = match a.str("--size").unwrap_or("full") {
+        "small" => Size::Small,
+        "full" => Size::Full,
+        other => return Err(Error::flag("--size", format!("'{other}'"), "small or full")),
+    };
+    let ordinal = a.usize("--gpu")?.unwrap_or(0);
     let started = std::time::Instant::now();
-    let (name, checks) = match device.as_str() {
+    let (name, checks) = match device {
         "cpu" => {
             let dev = trident::device::cpu::CpuDevice::new(pool::default_threads());
             (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
@@ -576,7 +563,7 @@ fn check_ops(args: &[String]) -> Result<()> {
             let dev = trident::gpu::device::GpuDevice::hip(ordinal)?;
             (dev.describe(), run_all(&dev, size, &[64, 128], 7))
         }
-        other => return Err(Error::Usage(format!("check ops: --device is cpu, cuda or hip, not {other:?}"))),
+        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
     };
     println!("{:<28} {:<28} {:>9} {:>11}  verdict", "op", "case", "elements", "max |error|");
     for c in &checks {
@@ -647,6 +634,12 @@ fn check_losses(args: &[String]) -> Result<()> {
     println!("losses check: {} iterations agree within {rtol:e} (largest relative difference {worst:.2e})", la.len());
     Ok(())
 }
+
+const CHECK_OPS_FLAGS: &[FlagSpec] = &[
+    flag("--device", "D", "cuda (default), hip or cpu"),
+    flag("--size", "S", "small (ragged shapes, seconds on an emulated GPU) or full (default: adds GPT-2-sized shapes)"),
+    flag("--gpu", "N", "the GPU to check (default 0)"),
+];
 
 const CHECK_NCCL_FLAGS: &[FlagSpec] =
     &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
