@@ -222,6 +222,22 @@ struct Pipeline<'a, D: Device> {
     micro: usize,
     hidden_len: usize,
     zero: bool,
+    /// Message buffers: reused across passes; the ones of sends not yet known delivered; and the
+    /// MPI path's pending sends.
+    messages: std::cell::RefCell<Messages<D::Buf>>,
+}
+
+/// The pipeline's message buffers (device buffers of `hidden_len`).
+struct Messages<B> {
+    free: Vec<B>,
+    in_flight: Vec<B>,
+    host_sends: Vec<Box<dyn Pending>>,
+}
+
+impl<B> Default for Messages<B> {
+    fn default() -> Self {
+        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new() }
+    }
 }
 
 impl<D: Device> Pipeline<'_, D> {
@@ -238,64 +254,96 @@ impl<D: Device> Pipeline<'_, D> {
         self.stages() * self.chunks - 1
     }
 
-    /// Receives the input of (micro, chunk) from the previous virtual stage.
-    fn recv_forward(&self, tl: &mut Timeline, micro: usize, chunk: usize) -> Vec<f32> {
+    /// A message buffer: a reused one (sends the device has delivered by now included), else a
+    /// new one.
+    fn buffer(&self) -> D::Buf {
+        let mut m = self.messages.borrow_mut();
+        if m.free.is_empty() && !m.in_flight.is_empty() && self.dev.device_p2p().is_some_and(|p| p.sends_delivered()) {
+            let delivered = std::mem::take(&mut m.in_flight);
+            m.free.extend(delivered);
+        }
+        let reused = m.free.pop();
+        drop(m);
+        reused.unwrap_or_else(|| self.dev.alloc(self.hidden_len))
+    }
+
+    /// Gives a buffer whose message the chunk has taken back for reuse.
+    fn done_with(&self, buf: D::Buf) {
+        self.messages.borrow_mut().free.push(buf);
+    }
+
+    /// Receives the message for (micro, chunk) from the previous stage (activations) or the
+    /// next (`backward`: gradients): through the device's pipeline links in order, or through
+    /// MPI on host memory matched by tag.
+    fn recv(&self, tl: &mut Timeline, micro: usize, chunk: usize, backward: bool) -> D::Buf {
         let p = self.stages();
         let t0 = tl.now_us();
-        let mut buf = vec![0f32; self.hidden_len];
-        self.groups.pp.recv_tagged(&mut buf, (self.stage() + p - 1) % p, p2p_tag(micro, chunk, self.chunks, false));
+        let mut buf = self.buffer();
+        match self.dev.device_p2p() {
+            Some(p2p) => p2p.recv(&mut buf, backward),
+            None => {
+                let from = if backward { (self.stage() + 1) % p } else { (self.stage() + p - 1) % p };
+                let tag = p2p_tag(micro, chunk, self.chunks, backward);
+                match self.dev.host_f32(&mut buf) {
+                    Some(host) => self.groups.pp.recv_tagged(host, from, tag),
+                    None => {
+                        let mut host = vec![0f32; self.hidden_len];
+                        self.groups.pp.recv_tagged(&mut host, from, tag);
+                        self.dev.upload(&mut buf, &host);
+                    }
+                }
+            }
+        }
         tl.span(SpanKind::Recv, micro, chunk, t0);
         buf
     }
 
-    /// Receives the gradient of (micro, chunk)'s output from the next virtual stage.
-    fn recv_backward(&self, tl: &mut Timeline, micro: usize, chunk: usize) -> Vec<f32> {
+    /// Sends (micro, chunk)'s output on to the next virtual stage, or (`backward`) the gradient
+    /// of its input back to the previous one. Neither path blocks: the buffer is kept until the
+    /// send is known delivered (`finish_sends`).
+    fn send(&self, tl: &mut Timeline, buf: D::Buf, micro: usize, chunk: usize, backward: bool) {
         let p = self.stages();
         let t0 = tl.now_us();
-        let mut buf = vec![0f32; self.hidden_len];
-        self.groups.pp.recv_tagged(&mut buf, (self.stage() + 1) % p, p2p_tag(micro, chunk, self.chunks, true));
-        tl.span(SpanKind::Recv, micro, chunk, t0);
-        buf
-    }
-
-    /// Sends (micro, chunk)'s output on to the next virtual stage.
-    fn send_forward(
-        &self,
-        tl: &mut Timeline,
-        sends: &mut Vec<Box<dyn Pending>>,
-        out: Vec<f32>,
-        micro: usize,
-        chunk: usize,
-    ) {
-        let p = self.stages();
-        let next_chunk = if self.stage() == p - 1 { chunk + 1 } else { chunk };
-        let t0 = tl.now_us();
-        sends.push(self.groups.pp.send_start(
-            out,
-            (self.stage() + 1) % p,
-            p2p_tag(micro, next_chunk, self.chunks, false),
-        ));
+        match self.dev.device_p2p() {
+            Some(p2p) => {
+                p2p.send(&buf, backward);
+                self.messages.borrow_mut().in_flight.push(buf);
+            }
+            None => {
+                let (to, to_chunk) = if backward {
+                    ((self.stage() + p - 1) % p, if self.stage() == 0 { chunk - 1 } else { chunk })
+                } else {
+                    ((self.stage() + 1) % p, if self.stage() == p - 1 { chunk + 1 } else { chunk })
+                };
+                let host = match self.dev.host_f32_ref(&buf) {
+                    Some(h) => h.to_vec(),
+                    None => {
+                        let mut h = vec![0f32; self.hidden_len];
+                        self.dev.download(&buf, &mut h);
+                        h
+                    }
+                };
+                let pending = self.groups.pp.send_start(host, to, p2p_tag(micro, to_chunk, self.chunks, backward));
+                let mut m = self.messages.borrow_mut();
+                m.host_sends.push(pending);
+                m.free.push(buf);
+            }
+        }
         tl.span(SpanKind::Send, micro, chunk, t0);
     }
 
-    /// Sends the gradient of (micro, chunk)'s input back to the previous virtual stage.
-    fn send_backward(
-        &self,
-        tl: &mut Timeline,
-        sends: &mut Vec<Box<dyn Pending>>,
-        d: Vec<f32>,
-        micro: usize,
-        chunk: usize,
-    ) {
-        let p = self.stages();
-        let prev_chunk = if self.stage() == 0 { chunk - 1 } else { chunk };
-        let t0 = tl.now_us();
-        sends.push(self.groups.pp.send_start(
-            d,
-            (self.stage() + p - 1) % p,
-            p2p_tag(micro, prev_chunk, self.chunks, true),
-        ));
-        tl.span(SpanKind::Send, micro, chunk, t0);
+    /// Waits until every send of this pass was delivered and keeps the buffers for reuse.
+    fn finish_sends(&self) {
+        let host_sends = std::mem::take(&mut self.messages.borrow_mut().host_sends);
+        for s in host_sends {
+            s.wait();
+        }
+        if let Some(p2p) = self.dev.device_p2p() {
+            p2p.wait_sends();
+        }
+        let mut m = self.messages.borrow_mut();
+        let delivered = std::mem::take(&mut m.in_flight);
+        m.free.extend(delivered);
     }
 
     /// One iteration's forward and backward passes in this stage's schedule order. Returns the
@@ -314,7 +362,6 @@ impl<D: Device> Pipeline<'_, D> {
         let grid = &self.groups.grid;
         let mut tokens = vec![0u32; mbs * seq];
         let mut labels = vec![0u32; mbs * seq];
-        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
         let mut loss_sum = 0.0;
         let started = tl.now_us();
         let mut peak_live = 0;
@@ -322,30 +369,37 @@ impl<D: Device> Pipeline<'_, D> {
             match pass {
                 Pass::Forward { micro, chunk } => {
                     let vs = self.virtual_stage(chunk);
-                    let hidden = (vs > 0).then(|| self.recv_forward(tl, micro, chunk));
+                    let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
                     fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
+                    let mut out = (vs < self.last_virtual()).then(|| self.buffer());
                     let t0 = tl.now_us();
-                    let out = chunks[chunk].model.forward_micro(
+                    let result = chunks[chunk].model.forward_micro(
                         self.dev,
                         self.tp,
                         micro,
                         &tokens,
-                        hidden.as_deref(),
+                        hidden.as_ref(),
                         Some(&labels),
                         mbs,
                         seq,
+                        out.as_mut(),
                     );
                     tl.span(SpanKind::Forward, micro, chunk, t0);
+                    if let Some(h) = hidden {
+                        self.done_with(h);
+                    }
                     // Activation sets the chunks hold right now, counted by the model itself.
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
-                    match out {
-                        ChunkOutput::Loss(l) => loss_sum += l,
-                        ChunkOutput::Hidden(h) => self.send_forward(tl, &mut sends, h, micro, chunk),
+                    match (result, out) {
+                        (ChunkOutput::Loss(l), _) => loss_sum += l,
+                        (ChunkOutput::Hidden, Some(h)) => self.send(tl, h, micro, chunk, false),
+                        (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
                     }
                 }
                 Pass::Backward { micro, chunk } => {
                     let vs = self.virtual_stage(chunk);
-                    let d_out = (vs < self.last_virtual()).then(|| self.recv_backward(tl, micro, chunk));
+                    let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
+                    let mut d_in = (vs > 0).then(|| self.buffer());
                     // Data-parallel buckets start reducing during each chunk's last backward (the
                     // distributed optimizer reduce-scatters once backward is done instead).
                     let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
@@ -357,17 +411,18 @@ impl<D: Device> Pipeline<'_, D> {
                         }
                     };
                     let t0 = tl.now_us();
-                    let d_in = model.backward_micro(self.dev, self.tp, micro, d_out.as_deref(), grad_scale, &mut ready);
+                    model.backward_micro(self.dev, self.tp, micro, d_out.as_ref(), d_in.as_mut(), grad_scale, &mut ready);
                     tl.span(SpanKind::Backward, micro, chunk, t0);
+                    if let Some(d) = d_out {
+                        self.done_with(d);
+                    }
                     if let Some(d) = d_in {
-                        self.send_backward(tl, &mut sends, d, micro, chunk);
+                        self.send(tl, d, micro, chunk, true);
                     }
                 }
             }
         }
-        for s in sends {
-            s.wait();
-        }
+        self.finish_sends();
         tl.wall_secs += (tl.now_us() - started) * 1e-6;
         tl.peak_live = tl.peak_live.max(peak_live);
         Ok(loss_sum)
@@ -389,35 +444,39 @@ impl<D: Device> Pipeline<'_, D> {
         let grid = &self.groups.grid;
         let mut tokens = vec![0u32; mbs * seq];
         let mut labels = vec![0u32; mbs * seq];
-        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
         let mut total = 0.0;
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.micro {
                 fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
                 for chunk in 0..self.chunks {
-                    let hidden = (self.virtual_stage(chunk) > 0).then(|| self.recv_forward(tl, micro, chunk));
+                    let vs = self.virtual_stage(chunk);
+                    let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
+                    let mut out = (vs < self.last_virtual()).then(|| self.buffer());
                     let model = &mut chunks[chunk].model;
-                    let out = model.forward_micro(
+                    let result = model.forward_micro(
                         self.dev,
                         self.tp,
                         micro,
                         &tokens,
-                        hidden.as_deref(),
+                        hidden.as_ref(),
                         Some(&labels),
                         mbs,
                         seq,
+                        out.as_mut(),
                     );
                     model.discard(micro);
-                    match out {
-                        ChunkOutput::Loss(l) => total += l,
-                        ChunkOutput::Hidden(h) => self.send_forward(tl, &mut sends, h, micro, chunk),
+                    if let Some(h) = hidden {
+                        self.done_with(h);
+                    }
+                    match (result, out) {
+                        (ChunkOutput::Loss(l), _) => total += l,
+                        (ChunkOutput::Hidden, Some(h)) => self.send(tl, h, micro, chunk, false),
+                        (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
                     }
                 }
             }
-            for s in sends.drain(..) {
-                s.wait();
-            }
+            self.finish_sends();
         }
         // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
         // gives every rank the mean.
@@ -919,8 +978,23 @@ fn attach_gpu_collectives(
         }
     }
     dev.attach_comms(comms);
+    if groups.pp.size() > 1 {
+        // NCCL delivers one link's messages in the order they were sent (MPI matched them by
+        // tag): every schedule keeps that order on every stage (`fifo_order`, checked for this
+        // run's layout before any link is made; a failure would be a schedule bug).
+        let (stage, n_micro) = (stage_plan(cfg, &groups.grid)?, num_micro_batches(cfg, &groups.grid));
+        let (p, v) = (groups.grid.pp, stage.plans.len());
+        let order = |s: usize| pipeline::passes(stage.schedule, p, s, n_micro, v);
+        pipeline::fifo_order(p, v, &order)
+            .and_then(|_| pipeline::fifo_order(p, v, &|_| pipeline::forward_passes(n_micro, v)))
+            .map_err(|e| Error::Config(format!("{flag}: the pipeline schedule breaks in-order delivery: {e}")))?;
+        let links = crate::gpu::collectives::PipelineNccl::new(nccl, driver, &*groups.pp, v > 1, groups.grid.rank)
+            .map_err(|e| Error::Comm(format!("{flag}: {e}")))?;
+        names.push("pipeline p2p");
+        dev.attach_p2p(links);
+    }
     Ok(format!(
-        "collectives: {describe} on device memory for the {} group(s) (--gpu-collectives {}); pipeline p2p, \
+        "collectives: {describe} on device memory for the {} group(s) (--gpu-collectives {}); \
          2-D SUMMA and scalar sums through MPI on host memory",
         if names.is_empty() { "no multi-rank".to_string() } else { names.join(", ") },
         cfg.gpu_collectives
@@ -1083,6 +1157,7 @@ fn run_on<D: Device>(
         micro: n_micro,
         hidden_len,
         zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
+        messages: Default::default(),
     };
     if (n_micro * v * 2) as u64 >= 1 << 30 {
         return Err(Error::Config(format!("{n_micro} micro-batches x {v} chunks exceed the pipeline's message tags")));
@@ -1361,7 +1436,15 @@ fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'static str, usi
         ("embedding", &groups.embedding),
     ]
     .into_iter()
-    .map(|(name, c)| (name, c.size(), crate::device::comm_counters(dev, &**c)))
+    .map(|(name, c)| {
+        let mut counted = crate::device::comm_counters(dev, &**c);
+        if name == "pipeline" {
+            if let Some(p2p) = dev.device_p2p() {
+                counted.add(&p2p.counters());
+            }
+        }
+        (name, c.size(), counted)
+    })
     .collect()
 }
 

@@ -110,6 +110,26 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
     assert!(dev.device_comm(&trident::comm::SelfComm).is_none());
 }
 
+/// cuMemFree synchronizes the whole device (and would make the host wait for pipeline sends whose
+/// receives the peer posts later): the runtime keeps freed blocks and hands them to requests of
+/// the same size, and a Device buffer made from a reused block still starts zeroed.
+#[test]
+fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
+    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    let Some(dev) = device() else { return };
+    let rt = CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap();
+    let a = rt.alloc(4096).unwrap();
+    rt.free(a, 4096);
+    let b = rt.alloc(2048).unwrap();
+    assert_ne!(a, b, "a block of another size was handed out");
+    assert_eq!(rt.alloc(4096).unwrap(), a, "the freed block was not reused");
+    assert_ne!(rt.alloc(4096).unwrap(), a, "one block was handed out twice");
+    let mut x = dev.alloc(777);
+    dev.fill(&mut x, 5.0);
+    drop(x);
+    assert_eq!(down(dev, &dev.alloc(777)), vec![0.0; 777]);
+}
+
 #[test]
 fn every_device_op_matches_the_reference() {
     let Some(dev) = device() else { return };
@@ -247,6 +267,73 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
             let rel = (a - b).abs() / a.abs();
             assert!(rel < 1e-3, "iteration {}: one rank {a}, {name} {b}", i + 1);
         }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Pipeline p2p through NCCL on device memory, for every schedule, against the same runs with
+/// pipeline messages through MPI on host memory. The fake NCCL runs asynchronously here, as the
+/// real one does (each communicator's operations finish later on its own "stream"; the emulated
+/// driver makes events, stream waits and cuMemFree wait for them), and moves messages in 4 KiB
+/// pieces, so a send waits for its receive: an order of sends and receives that would deadlock
+/// or mix up messages on a GPU node fails (or times out) here.
+#[test]
+fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-p2p");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let pp2: &[&str] = &["--pipeline-model-parallel-size", "2", "--global-batch-size", "8"];
+    let layouts: [(&str, usize, Vec<&str>); 5] = [
+        ("PP 2, 1F1B", 2, pp2.to_vec()),
+        ("PP 2, GPipe", 2, [pp2, &["--pipeline-schedule", "gpipe"]].concat()),
+        (
+            "PP 2 x 2 virtual stages, interleaved 1F1B",
+            2,
+            [pp2, &["--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1"]].concat(),
+        ),
+        (
+            "PP 4, 1F1B",
+            4,
+            vec!["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--global-batch-size", "8"],
+        ),
+        (
+            "TP 2 x PP 2 x 2 virtual stages, sequence parallel",
+            4,
+            [
+                pp2,
+                &["--tensor-model-parallel-size", "2", "--sequence-parallel", "--num-layers", "4"],
+                &["--num-layers-per-virtual-pipeline-stage", "1"],
+            ]
+            .concat(),
+        ),
+    ];
+    for (name, ranks, flags) in layouts {
+        let mut losses = Vec::new();
+        for path in ["nccl", "mpi"] {
+            let log = dir.join(format!("p2p-{}-{path}.log", name.replace([' ', ','], "")));
+            let _ = std::fs::remove_file(&log);
+            let mut env = emu.env.clone();
+            env.push(("TRIDENT_NCCL", nccl.clone()));
+            env.push(("FAKE_NCCL_LOG", log.clone()));
+            env.push(("FAKE_NCCL_ASYNC", "1".into()));
+            env.push(("FAKE_NCCL_P2P_CHUNK", "4096".into()));
+            env.push(("FAKE_NCCL_TIMEOUT_SECS", "60".into()));
+            let mut args = flags.clone();
+            args.extend_from_slice(&["--gpu-collectives", path]);
+            losses.push(train_losses(&env, &dir, &data, "cuda", ranks, &args));
+            let calls = nccl_calls(&log);
+            eprintln!("{name}, --gpu-collectives {path}: NCCL calls on all ranks {calls:?}");
+            if path == "nccl" {
+                // Every message is one send and one receive, each its own call.
+                let n = calls.get("send_recv").copied().unwrap_or(0);
+                assert!(n > 0 && n % 2 == 0, "{name}: pipeline messages did not go through NCCL: {calls:?}");
+            } else {
+                assert!(calls.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {calls:?}");
+            }
+        }
+        assert_eq!(losses[0].len(), 6, "{name}: {:?}", losses[0]);
+        assert_eq!(losses[0], losses[1], "{name}: pipeline p2p through NCCL and through MPI differ");
     }
     let _ = std::fs::remove_dir_all(dir);
 }

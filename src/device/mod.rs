@@ -65,6 +65,28 @@ pub trait DeviceComm<B> {
     fn counters(&self) -> crate::comm::CommCounters;
 }
 
+/// Pipeline point-to-point on a device's buffers (NCCL / RCCL on a GPU): this rank sends
+/// activations to the next pipeline stage and gradients to the previous one, and receives them
+/// from the other side. Messages of one kind between two stages arrive in the order they were
+/// sent (`pipeline::fifo_order` holds for every schedule). A send reads its buffer after the
+/// compute already enqueued; compute enqueued after a receive sees what it received. Neither
+/// blocks the host: a send's buffer must be left alone until `wait_sends`.
+pub trait DeviceP2p<B> {
+    /// The library: "NCCL" or "RCCL".
+    fn api(&self) -> &'static str;
+    /// Sends `buf` to the next stage (activations) or, `backward`, to the previous (gradients).
+    fn send(&self, buf: &B, backward: bool);
+    /// Receives the next message from the previous stage (activations) or, `backward`, from the
+    /// next stage (gradients) into `buf` (exactly its length).
+    fn recv(&self, buf: &mut B, backward: bool);
+    /// The host waits (bounded: a dead peer is an error) until every send has been delivered.
+    fn wait_sends(&self);
+    /// Whether every send has been delivered by now, without waiting.
+    fn sends_delivered(&self) -> bool;
+    /// Elements sent so far (for `--log-comm`).
+    fn counters(&self) -> crate::comm::CommCounters;
+}
+
 /// What `group` has moved, through the MPI Comm and through the device's communicator for it.
 pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate::comm::CommCounters {
     let mut c = group.counters();
@@ -358,6 +380,11 @@ pub trait Device: Send + Sync {
     /// for it at start-up (`--gpu-collectives nccl`); None: the caller stages through the host
     /// and the MPI Comm.
     fn device_comm(&self, _group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<Self::Buf>> {
+        None
+    }
+    /// Pipeline point-to-point on device buffers, where the backend made communicators for this
+    /// rank's pipeline neighbours at start-up; None: messages are staged through host memory.
+    fn device_p2p(&self) -> Option<&dyn DeviceP2p<Self::Buf>> {
         None
     }
 

@@ -114,7 +114,59 @@ impl<'a> NcclComm<'a> {
         let stream = Stream::non_blocking(driver)?;
         let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
         let id = nccl::exchange_unique_id(group, || nccl.unique_id())?;
-        let (rank, size) = (group.rank(), group.size());
+        Self::init(nccl, (stream, compute_done, comm_done), id, group.rank(), group.size(), timeout)
+    }
+
+    /// The communicator of the pipeline link from stage `from` to stage `to` of `group` (its
+    /// ranks are the stages): two ranks, `from` rank 0 and `to` rank 1. `from` creates the unique
+    /// id and sends it to `to` over MPI; both must call.
+    pub fn link(
+        nccl: &'a Nccl,
+        driver: &'a Driver,
+        group: &dyn Comm,
+        (from, to): (usize, usize),
+        timeout: Duration,
+    ) -> Result<Self> {
+        let stream = Stream::non_blocking(driver)?;
+        let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
+        let me = group.rank();
+        let mut message = [0u8; 1 + nccl::UNIQUE_ID_BYTES];
+        let mut local_error = None;
+        if me == from {
+            match nccl.unique_id() {
+                Ok(id) => {
+                    message[0] = 1;
+                    message[1..].copy_from_slice(&id.internal);
+                }
+                Err(e) => local_error = Some(e),
+            }
+            group.send_recv_bytes(Some((&message, to)), None);
+        } else {
+            group.send_recv_bytes(None, Some((&mut message, from)));
+        }
+        if let Some(e) = local_error {
+            return Err(e);
+        }
+        if message[0] != 1 {
+            return Err(Error::Comm(format!(
+                "pipeline stage {from} could not create the NCCL unique id for its link to stage {to} (its error is \
+                 printed by that rank)"
+            )));
+        }
+        let mut id = nccl::UniqueId { internal: [0; nccl::UNIQUE_ID_BYTES] };
+        id.internal.copy_from_slice(&message[1..]);
+        Self::init(nccl, (stream, compute_done, comm_done), id, usize::from(me != from), 2, timeout)
+    }
+
+    /// `ncclCommInitRank` of rank `rank` of `size` with `id`, on the given stream and events.
+    fn init(
+        nccl: &'a Nccl,
+        (stream, compute_done, comm_done): (Stream<'a>, Event<'a>, Event<'a>),
+        id: nccl::UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
         let mut handle: nccl::NcclComm = std::ptr::null_mut();
         // SAFETY: group calls have no arguments; ncclCommInitRank writes one communicator handle;
         // the id is the one every rank of the group received; rank < size.
@@ -498,6 +550,157 @@ impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
     }
     fn counters(&self) -> crate::comm::CommCounters {
         *self.counted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Pipeline point-to-point of the CUDA Device on device memory: one two-rank communicator per
+/// link this rank takes part in, where a link carries one kind of message (activations or
+/// gradients) from one stage to its neighbour. A rank sends activations to the next stage and
+/// gradients to the previous one, and receives them from the other side: up to four links, each
+/// with its own stream, on which this rank only sends or only receives. So a send never waits
+/// behind a receive (or the reverse) on one stream, and the host blocks on neither: messages of
+/// one kind between two stages are delivered in the order they were issued
+/// (`pipeline::fifo_order` holds for every schedule), as MPI's tags delivered them, and the host
+/// waits only where the MPI path would have blocked in a receive. Receives count as enqueued
+/// work the Device settles before reading device memory; sends are waited for in `wait_sends`
+/// (end of a pass over the pipeline), bounded by `TRIDENT_NCCL_TIMEOUT_SECS`.
+pub struct PipelineNccl {
+    /// [activations out, activations in, gradients out, gradients in]; None where this stage has
+    /// no such neighbour (the ends of a pipeline without virtual stages).
+    links: [Option<std::sync::Mutex<NcclComm<'static>>>; 4],
+    api: &'static str,
+    stage: usize,
+    stages: usize,
+    world_rank: usize,
+    enqueued: [std::sync::atomic::AtomicBool; 4],
+    sent: std::sync::atomic::AtomicU64,
+}
+
+// SAFETY: as DeviceNccl: each communicator is used by one thread at a time through its mutex.
+unsafe impl Send for PipelineNccl {}
+// SAFETY: as above.
+unsafe impl Sync for PipelineNccl {}
+
+/// The slot of `links` for a message kind and role.
+fn link_slot(backward: bool, send: bool) -> usize {
+    2 * usize::from(backward) + usize::from(!send)
+}
+
+impl PipelineNccl {
+    /// Creates the links of this rank's stage in the pipeline `group` (collective over the
+    /// group): activations flow stage s -> s + 1, gradients s + 1 -> s, and with `wrap` (virtual
+    /// stages) also between the last stage and the first. Every rank creates its links in one
+    /// global order (kind, then sending stage), so the pairwise initialisations cannot deadlock.
+    pub fn new(
+        nccl: &'static Nccl,
+        driver: &'static Driver,
+        group: &dyn Comm,
+        wrap: bool,
+        world_rank: usize,
+    ) -> Result<PipelineNccl> {
+        let (stage, stages) = (group.rank(), group.size());
+        let timeout = timeout()?;
+        let mut links: [Option<std::sync::Mutex<NcclComm<'static>>>; 4] = Default::default();
+        for backward in [false, true] {
+            for from in 0..stages {
+                let to = if backward { (from + stages - 1) % stages } else { (from + 1) % stages };
+                let wraps = if backward { from == 0 } else { from == stages - 1 };
+                if stages < 2 || (wraps && !wrap) || (stage != from && stage != to) {
+                    continue;
+                }
+                let what = if backward { "gradients" } else { "activations" };
+                let comm = NcclComm::link(nccl, driver, group, (from, to), timeout).map_err(|e| {
+                    Error::Comm(format!("creating the pipeline link for {what} from stage {from} to stage {to}: {e}"))
+                })?;
+                links[link_slot(backward, stage == from)] = Some(std::sync::Mutex::new(comm));
+            }
+        }
+        Ok(PipelineNccl {
+            links,
+            api: nccl.flavor.api(),
+            stage,
+            stages,
+            world_rank,
+            enqueued: Default::default(),
+            sent: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// How many links this rank has (for the start-up line and the tests).
+    pub fn link_count(&self) -> usize {
+        self.links.iter().flatten().count()
+    }
+
+    /// Runs `f` on the link of `slot`; a failure (or a link this stage does not have) ends the
+    /// process with one line, after the communicator was aborted.
+    fn run(&self, slot: usize, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
+        let result = match &self.links[slot] {
+            Some(link) => f(&link.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Err(Error::Comm(format!(
+                "pipeline stage {} of {} has no link to {} {} (a schedule bug)",
+                self.stage,
+                self.stages,
+                if slot.is_multiple_of(2) { "send" } else { "receive" },
+                if slot < 2 { "activations" } else { "gradients" }
+            ))),
+        };
+        if let Err(e) = result {
+            eprintln!("trident: error: rank {}: {e} (pipeline p2p, --gpu-collectives)", self.world_rank);
+            std::process::exit(1);
+        }
+        self.enqueued[slot].store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Waits (polled, bounded) for the enqueued work of the links in `slots`.
+    fn settle_slots(&self, slots: &[usize]) {
+        for &slot in slots {
+            if self.enqueued[slot].swap(false, std::sync::atomic::Ordering::Relaxed) {
+                self.run(slot, |c| c.synchronize());
+                self.enqueued[slot].store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Before the host reads device memory: every enqueued receive has arrived (a send is not
+    /// waited for here: its peer may post the matching receive only later).
+    pub fn settle(&self) {
+        self.settle_slots(&[link_slot(false, false), link_slot(true, false)]);
+    }
+}
+
+impl crate::device::DeviceP2p<super::device::GpuBuf> for PipelineNccl {
+    fn api(&self) -> &'static str {
+        self.api
+    }
+    fn send(&self, buf: &super::device::GpuBuf, backward: bool) {
+        let (buffer, count) = (buf.ptr(), buf.len());
+        self.sent.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
+        self.run(link_slot(backward, true), |c| {
+            // The send reads what the compute stream wrote.
+            c.after_compute(None)?;
+            c.send_recv(&[Transfer::Send { buffer, count, dtype: Dtype::F32, peer: 1 }])
+        });
+    }
+    fn recv(&self, buf: &mut super::device::GpuBuf, backward: bool) {
+        let (buffer, count) = (buf.ptr(), buf.len());
+        self.run(link_slot(backward, false), |c| {
+            // The buffer may be one compute just finished reading; compute then reads the message.
+            c.after_compute(None)?;
+            c.send_recv(&[Transfer::Recv { buffer, count, dtype: Dtype::F32, peer: 0 }])?;
+            c.before_compute(None)
+        });
+    }
+    fn wait_sends(&self) {
+        self.settle_slots(&[link_slot(false, true), link_slot(true, true)]);
+    }
+    fn sends_delivered(&self) -> bool {
+        [link_slot(false, true), link_slot(true, true)].iter().all(|&slot| match &self.links[slot] {
+            Some(link) => link.lock().map(|c| c.stream.is_idle().unwrap_or(false)).unwrap_or(false),
+            None => true,
+        })
+    }
+    fn counters(&self) -> crate::comm::CommCounters {
+        crate::comm::CommCounters { send: self.sent.load(std::sync::atomic::Ordering::Relaxed), ..Default::default() }
     }
 }
 

@@ -28,7 +28,8 @@ use std::sync::Arc;
 /// What the Device needs of a GPU runtime. Pointers are device addresses; handles are opaque.
 pub trait GpuRuntime: Send + Sync {
     fn alloc(&self, bytes: usize) -> Result<u64>;
-    fn free(&self, pointer: u64);
+    /// Gives back an allocation of `bytes` from `alloc`.
+    fn free(&self, pointer: u64, bytes: usize);
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
     fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()>;
     /// Copies `bytes` between device allocations, in order with the launches.
@@ -52,6 +53,12 @@ pub struct CudaRuntime {
     info: DeviceInfo,
     context: CuContext,
     modules: std::sync::Mutex<Vec<CuModule>>,
+    /// Freed allocations (bytes, pointer), reused by requests of the same size: `cuMemFree`
+    /// synchronizes the whole device, which would make the host wait for pipeline sends whose
+    /// receives the peer posts only later (and costs a stall per free besides). Reuse is safe
+    /// because every launch and copy runs in order on the compute stream and every
+    /// communication stream waits for it before touching a buffer.
+    freed: std::sync::Mutex<Vec<(usize, u64)>>,
 }
 
 // SAFETY: the context and module handles are process-wide driver objects; the driver API is
@@ -74,13 +81,28 @@ impl CudaRuntime {
         // SAFETY: writes one context handle for a device the driver just returned.
         driver
             .check("cuDevicePrimaryCtxRetain", unsafe { driver.api.cuDevicePrimaryCtxRetain(&mut context, device) }?)?;
-        let rt = CudaRuntime { driver, info, context, modules: std::sync::Mutex::new(Vec::new()) };
+        let rt = CudaRuntime {
+            driver,
+            info,
+            context,
+            modules: std::sync::Mutex::new(Vec::new()),
+            freed: std::sync::Mutex::new(Vec::new()),
+        };
         rt.current()?;
         Ok(rt)
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Returns every cached free allocation to the driver.
+    fn release_freed(&self) {
+        let freed = std::mem::take(&mut *self.freed.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, pointer) in freed {
+            // SAFETY: each pointer came from cuMemAlloc_v2 and left the cache, so is freed once.
+            let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
+        }
     }
 
     /// Makes the context current on this thread (once per thread and context).
@@ -99,6 +121,7 @@ impl CudaRuntime {
 impl Drop for CudaRuntime {
     fn drop(&mut self) {
         let _ = self.current();
+        self.release_freed();
         for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
             // SAFETY: each handle came from cuModuleLoadData and is unloaded once.
             let _ = unsafe { self.driver.api.cuModuleUnload(m) };
@@ -114,16 +137,27 @@ impl Drop for CudaRuntime {
 impl GpuRuntime for CudaRuntime {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.current()?;
+        {
+            let mut freed = self.freed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = freed.iter().position(|&(b, _)| b == bytes) {
+                return Ok(freed.swap_remove(i).1);
+            }
+        }
         let mut p = 0;
         // SAFETY: writes one device pointer; a context is current.
-        self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
+        let first = self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?);
+        if first.is_err() && !self.freed.lock().map(|f| f.is_empty()).unwrap_or(true) {
+            // Out of memory with blocks of other sizes cached: give them back and try once more.
+            self.release_freed();
+            // SAFETY: as above.
+            self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
+        } else {
+            first?;
+        }
         Ok(p)
     }
-    fn free(&self, pointer: u64) {
-        if self.current().is_ok() {
-            // SAFETY: the pointer came from cuMemAlloc_v2 and is freed once (by its owner's drop).
-            let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
-        }
+    fn free(&self, pointer: u64, bytes: usize) {
+        self.freed.lock().unwrap_or_else(|p| p.into_inner()).push((bytes, pointer));
     }
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.current()?;
@@ -398,7 +432,7 @@ const SCRATCH_BLOCKS: usize = 16;
 impl Drop for DeviceMem {
     fn drop(&mut self) {
         if self.pointer != 0 {
-            self.rt.free(self.pointer);
+            self.rt.free(self.pointer, self.bytes);
         }
     }
 }
@@ -437,6 +471,9 @@ pub struct GpuDevice {
     /// NCCL communicators of the run's process groups (`group_key`), when collectives run on
     /// device memory (`--gpu-collectives nccl`); first, so they are destroyed before the runtime.
     comms: Vec<(usize, super::collectives::DeviceNccl)>,
+    /// The pipeline links (`--gpu-collectives nccl` with pipeline parallelism); before the
+    /// runtime for the same reason.
+    p2p: Option<super::collectives::PipelineNccl>,
     rt: Arc<dyn GpuRuntime>,
     functions: Vec<usize>,
     multiprocessors: usize,
@@ -523,6 +560,7 @@ impl GpuDevice {
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor,
             comms: Vec::new(),
+            p2p: None,
         })
     }
 
@@ -532,11 +570,20 @@ impl GpuDevice {
         self.comms = comms;
     }
 
+    /// Pipeline messages travel through these links on device buffers from now on
+    /// (`Device::device_p2p`).
+    pub fn attach_p2p(&mut self, p2p: super::collectives::PipelineNccl) {
+        self.p2p = Some(p2p);
+    }
+
     /// Before the host reads device memory: every communicator's enqueued work has finished
     /// (polled, so a dead peer ends the run with an error instead of a hang in the copy).
     fn settle(&self) {
         for (_, c) in &self.comms {
             c.settle();
+        }
+        if let Some(p) = &self.p2p {
+            p.settle();
         }
     }
 
@@ -706,6 +753,9 @@ impl Device for GpuDevice {
     fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn crate::device::DeviceComm<GpuBuf>> {
         let key = group_key(group);
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| c as &dyn crate::device::DeviceComm<GpuBuf>)
+    }
+    fn device_p2p(&self) -> Option<&dyn crate::device::DeviceP2p<GpuBuf>> {
+        self.p2p.as_ref().map(|p| p as &dyn crate::device::DeviceP2p<GpuBuf>)
     }
     fn fill(&self, dst: &mut GpuBuf, value: f32) {
         if dst.len > 0 {

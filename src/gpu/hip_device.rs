@@ -101,7 +101,7 @@ impl GpuRuntime for HipRuntime {
         self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
         Ok(p as u64)
     }
-    fn free(&self, pointer: u64) {
+    fn free(&self, pointer: u64, _bytes: usize) {
         if self.current().is_ok() {
             // SAFETY: the pointer came from hipMalloc and is freed once (by its owner's drop).
             let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };

@@ -75,10 +75,10 @@ impl Layout {
     }
 }
 
-/// What a forward pass of a chunk produced: the hidden states to send to the next stage, or the
-/// summed token loss on the last stage.
+/// What a forward pass of a chunk produced: the hidden states for the next stage (written into
+/// the caller's buffer), or the summed token loss on the last stage.
 pub enum ChunkOutput {
-    Hidden(Vec<f32>),
+    Hidden,
     Loss(f64),
 }
 
@@ -673,17 +673,6 @@ fn layer_forward<'w, D: Device>(
     dev.round_to(x_out, precision);
 }
 
-fn to_host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
-    match dev.host_f32_ref(buf) {
-        Some(h) => h.to_vec(),
-        None => {
-            let mut h = vec![0f32; dev.len(buf)];
-            dev.download(buf, &mut h);
-            h
-        }
-    }
-}
-
 /// One chunk of a GPT-2 model (this rank's tensor-parallel shard of the layers `plan` names, with
 /// the embeddings on the first chunk and the head on the last) whose parameters live on `D`.
 /// Several micro-batches can be in flight: each forward takes an activation set keyed by its
@@ -951,8 +940,9 @@ impl<D: Device> Gpt<D> {
 
     /// Forward of micro-batch `key` through this chunk. The first chunk embeds `tokens`
     /// (`batch` samples of `seq`, sample-major); others start from `hidden` (this rank's rows of
-    /// the previous chunk's output). The last chunk computes the loss against `labels` and
-    /// returns its sum over tokens; the others return their output hidden states.
+    /// the previous chunk's output, on the device). The last chunk computes the loss against
+    /// `labels` and returns its sum over tokens; the others copy their output hidden states into
+    /// `out` (as long as `hidden`; it stays the caller's, to send while this chunk goes on).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_micro(
         &mut self,
@@ -960,10 +950,11 @@ impl<D: Device> Gpt<D> {
         tp: TensorParallel,
         key: usize,
         tokens: &[u32],
-        hidden: Option<&[f32]>,
+        hidden: Option<&D::Buf>,
         labels: Option<&[u32]>,
         batch: usize,
         seq: usize,
+        out: Option<&mut D::Buf>,
     ) -> ChunkOutput {
         let index = self.slot(dev, key, batch, seq);
         self.run_forward(dev, tp, index, tokens, hidden, batch, seq);
@@ -971,9 +962,18 @@ impl<D: Device> Gpt<D> {
             let labels = labels.expect("the last chunk needs labels");
             ChunkOutput::Loss(self.cross_entropy_loss(dev, tp, index, labels))
         } else {
-            let a = &self.pool[index].1;
-            ChunkOutput::Hidden(to_host(dev, &a.resid[self.layout.num_layers]))
+            let last = &self.pool[index].1.resid[self.layout.num_layers];
+            let out = out.expect("a chunk before the last needs a buffer for its output");
+            assert_eq!(dev.len(out), dev.len(last), "the output buffer does not match the chunk's hidden states");
+            dev.copy(out, 0, last, 0, dev.len(last));
+            ChunkOutput::Hidden
         }
+    }
+
+    /// Elements of this rank's hidden states of one micro-batch at a chunk boundary (what
+    /// `forward_micro` writes to `out` and `backward_micro` to `d_input`).
+    pub fn boundary_len(&self, batch: usize, seq: usize) -> usize {
+        Rows::new(&self.mp, batch, seq).local * Widths::new(&self.cfg, &self.mp).h
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -983,7 +983,7 @@ impl<D: Device> Gpt<D> {
         tp: TensorParallel,
         index: usize,
         tokens: &[u32],
-        hidden: Option<&[f32]>,
+        hidden: Option<&D::Buf>,
         batch: usize,
         seq: usize,
     ) {
@@ -1038,7 +1038,9 @@ impl<D: Device> Gpt<D> {
             }
             dev.round_to(&mut a.resid[0], precision);
         } else {
-            dev.upload(&mut a.resid[0], hidden.expect("a chunk after the first needs its input"));
+            let hidden = hidden.expect("a chunk after the first needs its input");
+            assert_eq!(dev.len(hidden), dev.len(&a.resid[0]), "the input does not match the chunk's hidden states");
+            dev.copy(&mut a.resid[0], 0, hidden, 0, dev.len(hidden));
         }
 
         let dims = Dims { rows: r, shape, wd, precision };
@@ -1118,18 +1120,20 @@ impl<D: Device> Gpt<D> {
     /// scaled by `grad_scale` (1 / tokens in the global batch, so micro-batches accumulate to the
     /// mean). The last chunk starts from its loss; the others from `d_hidden`, the gradient of
     /// their output. `ready` is told, in order, each range of parameters whose gradients this call
-    /// will not touch again (so data-parallel reduction of them can start). Returns the gradient
-    /// of the chunk's input for the previous stage (None on the first chunk), and frees the
-    /// micro-batch's activations.
+    /// will not touch again (so data-parallel reduction of them can start). Copies the gradient
+    /// of the chunk's input for the previous stage into `d_input` (every chunk but the first),
+    /// and frees the micro-batch's activations.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward_micro(
         &mut self,
         dev: &D,
         tp: TensorParallel,
         key: usize,
-        d_hidden: Option<&[f32]>,
+        d_hidden: Option<&D::Buf>,
+        d_input: Option<&mut D::Buf>,
         grad_scale: f32,
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
-    ) -> Option<Vec<f32>> {
+    ) {
         let index = self.held(key);
         let (vocab_start, logits_start) = (self.vocab_start(), self.logits_start());
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
@@ -1182,7 +1186,9 @@ impl<D: Device> Gpt<D> {
             let end = if lay.first { lnf_w + 2 } else { num_params };
             ready(&self.params, lnf_w..end);
         } else {
-            dev.upload(&mut a.d_resid, d_hidden.expect("a chunk before the last needs its output's gradient"));
+            let d_hidden = d_hidden.expect("a chunk before the last needs its output's gradient");
+            assert_eq!(dev.len(d_hidden), dev.len(&a.d_resid), "the gradient does not match the chunk's hidden states");
+            dev.copy(&mut a.d_resid, 0, d_hidden, 0, dev.len(d_hidden));
         }
 
         for l in (0..lay.num_layers).rev() {
@@ -1288,7 +1294,7 @@ impl<D: Device> Gpt<D> {
             add_since(&mut layer_comm[l], &tp_counters(dev, tp), &before);
             ready(&self.params, lay.layer_params(l));
         }
-        let d_input = if lay.first {
+        if lay.first {
             let g = &mut self.params.grads;
             match (tp.summa, mp.summa) {
                 (Some((s, _)), Some(c)) => {
@@ -1313,12 +1319,12 @@ impl<D: Device> Gpt<D> {
                 }
             }
             ready(&self.params, Layout::WTE..Layout::WPE + 1);
-            None
         } else {
-            Some(to_host(dev, &a.d_resid))
-        };
+            let d = d_input.expect("a chunk after the first needs a buffer for its input's gradient");
+            assert_eq!(dev.len(d), dev.len(&a.d_resid), "the input-gradient buffer does not match the hidden states");
+            dev.copy(d, 0, &a.d_resid, 0, dev.len(d));
+        }
         self.release(index);
-        d_input
     }
 
     /// Runs the forward pass of the whole model (a chunk that is both first and last) over
@@ -1342,13 +1348,13 @@ impl<D: Device> Gpt<D> {
         batch: usize,
         seq: usize,
     ) -> f64 {
-        match self.forward_micro(dev, tp, usize::MAX, tokens, None, Some(labels), batch, seq) {
+        match self.forward_micro(dev, tp, usize::MAX, tokens, None, Some(labels), batch, seq, None) {
             ChunkOutput::Loss(loss) => {
                 let index = self.held(usize::MAX);
                 self.release(index);
                 loss
             }
-            ChunkOutput::Hidden(_) => unreachable!("the whole model ends in its loss"),
+            ChunkOutput::Hidden => unreachable!("the whole model ends in its loss"),
         }
     }
 
@@ -1366,11 +1372,11 @@ impl<D: Device> Gpt<D> {
         grad_scale: f32,
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
     ) -> f64 {
-        let loss = match self.forward_micro(dev, tp, 0, tokens, None, Some(labels), batch, seq) {
+        let loss = match self.forward_micro(dev, tp, 0, tokens, None, Some(labels), batch, seq, None) {
             ChunkOutput::Loss(loss) => loss,
-            ChunkOutput::Hidden(_) => unreachable!("forward_backward needs the whole model"),
+            ChunkOutput::Hidden => unreachable!("forward_backward needs the whole model"),
         };
-        self.backward_micro(dev, tp, 0, None, grad_scale, ready);
+        self.backward_micro(dev, tp, 0, None, None, grad_scale, ready);
         loss
     }
 }

@@ -103,6 +103,71 @@ pub fn peak_in_flight(passes: &[Pass]) -> usize {
     peak
 }
 
+/// The passes of evaluation (forward only): every (micro-batch, chunk) in order.
+pub fn forward_passes(micro: usize, chunks: usize) -> Vec<Pass> {
+    (0..micro).flat_map(|m| (0..chunks).map(move |c| Pass::Forward { micro: m, chunk: c })).collect()
+}
+
+/// Pipeline messages between two stages, one direction and one kind (activations forward or
+/// gradients backward), named by the (micro-batch, chunk) they feed on the receiving stage.
+type Stream = Vec<(usize, usize)>;
+
+/// Whether FIFO delivery carries every stage's pipeline messages right when `passes(s)` is the
+/// order stage s runs its passes in: for each kind (forward activations, backward gradients) and
+/// each ordered pair of stages, the order the sender sends must be the order the receiver
+/// receives. NCCL's point-to-point calls match in issue order per communicator and peer (MPI's
+/// tags are not needed), so the device path runs only layouts this holds for. `Err` names the
+/// first pair and position where the orders part.
+pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Result<()> {
+    use std::collections::BTreeMap;
+    let last = stages * chunks - 1;
+    // (backward?, sender, receiver) -> messages in the order the sender sends / receiver takes.
+    let (mut sent, mut taken): (BTreeMap<_, Stream>, BTreeMap<_, Stream>) = Default::default();
+    for s in 0..stages {
+        let (next, prev) = ((s + 1) % stages, (s + stages - 1) % stages);
+        for pass in passes(s) {
+            match pass {
+                Pass::Forward { micro, chunk } => {
+                    let vs = chunk * stages + s;
+                    if vs > 0 {
+                        taken.entry((false, prev, s)).or_default().push((micro, chunk));
+                    }
+                    if vs < last {
+                        let to_chunk = if s == stages - 1 { chunk + 1 } else { chunk };
+                        sent.entry((false, s, next)).or_default().push((micro, to_chunk));
+                    }
+                }
+                Pass::Backward { micro, chunk } => {
+                    let vs = chunk * stages + s;
+                    if vs < last {
+                        taken.entry((true, next, s)).or_default().push((micro, chunk));
+                    }
+                    if vs > 0 {
+                        let to_chunk = if s == 0 { chunk - 1 } else { chunk };
+                        sent.entry((true, s, prev)).or_default().push((micro, to_chunk));
+                    }
+                }
+            }
+        }
+    }
+    let keys: std::collections::BTreeSet<_> = sent.keys().chain(taken.keys()).copied().collect();
+    for key in keys {
+        let (a, b) = (sent.get(&key).map_or(&[][..], |v| &v[..]), taken.get(&key).map_or(&[][..], |v| &v[..]));
+        if a != b {
+            let (backward, from, to) = key;
+            let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+            return Err(Error::Config(format!(
+                "pipeline {} from stage {from} to stage {to}: message {at} is sent as {:?} and received as {:?} \
+                 ((micro-batch, chunk)); in-order delivery would mix them up",
+                if backward { "gradients" } else { "activations" },
+                a.get(at),
+                b.get(at)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the pipeline layout: virtual chunks need p > 1, the interleaved schedule needs a
 /// micro-batch count that is a multiple of p (Megatron's groups of p per chunk).
 pub fn validate(schedule: Schedule, stages: usize, chunks: usize, micro: usize) -> Result<()> {
@@ -194,6 +259,41 @@ mod tests {
             }
         }
         assert_eq!(passes.len(), 2 * micro * chunks);
+    }
+
+    #[test]
+    fn every_schedule_delivers_its_messages_in_order() {
+        for stages in 1..=6 {
+            for micro in 1..=13 {
+                for (schedule, chunks) in [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1)]
+                    .into_iter()
+                    .chain((2..=4).map(|v| (Schedule::Interleaved, v)))
+                {
+                    if validate(schedule, stages, chunks, micro).is_err() {
+                        continue;
+                    }
+                    let order = |s| passes(schedule, stages, s, micro, chunks);
+                    fifo_order(stages, chunks, &order)
+                        .unwrap_or_else(|e| panic!("{schedule:?} p={stages} v={chunks} m={micro}: {e}"));
+                    fifo_order(stages, chunks, &|_| forward_passes(micro, chunks))
+                        .unwrap_or_else(|e| panic!("evaluation p={stages} v={chunks} m={micro}: {e}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_order_that_fifo_delivery_would_mix_up_is_named() {
+        // Stage 1 takes micro-batch 1 before 0: in-order delivery would swap the activations.
+        let order = |s: usize| {
+            let mut p = passes(Schedule::GPipe, 2, s, 2, 1);
+            if s == 1 {
+                p.swap(0, 1);
+            }
+            p
+        };
+        let e = fifo_order(2, 1, &order).unwrap_err().to_string();
+        assert!(e.contains("activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"), "{e}");
     }
 
     #[test]

@@ -130,7 +130,15 @@ pub fn train_losses(
     let log = dir.join(format!("{device}-{ranks}-{}.jsonl", extra.join("").replace(['-', '/'], "")));
     let log_s = log.to_str().unwrap().to_string();
     let mut args = vec!["train", "--device", device, "--data-path", data, "--train-iters", "6"];
-    args.extend_from_slice(TINY_GPU);
+    // TINY_GPU's flags, but for those `extra` sets itself.
+    let mut tiny = TINY_GPU.iter().peekable();
+    while let Some(&flag) = tiny.next() {
+        let value = tiny.next_if(|v| !v.starts_with("--")).copied();
+        if !extra.contains(&flag) {
+            args.push(flag);
+            args.extend(value);
+        }
+    }
     args.extend_from_slice(&["--log-json", &log_s, "--cpu-threads", "1"]);
     args.extend_from_slice(extra);
     let t = std::time::Instant::now();

@@ -32,6 +32,13 @@
  * error, and the exported fake_nccl_pending() counts operations not yet finished, which the fake
  * libcuda's stream and event queries consult (a stream is busy while any is pending).
  * ncclCommAbort stops a worker stuck in a barrier. Event timings mean nothing in this mode.
+ * fake_nccl_stream_progress(stream, &submitted, &finished) counts the operations submitted on one
+ * stream and those finished, so an emulating libcuda can give that stream's events and queries
+ * their real meaning (tests/gpu/emu_libcuda.cpp).
+ *
+ * FAKE_NCCL_P2P_CHUNK=bytes (at most the channel's 256 KiB) moves point-to-point messages in
+ * pieces of that size: a send larger than one piece then finishes only once its receiver has
+ * taken all but the last, as a real NCCL send of a large message waits for its receive.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -368,6 +375,7 @@ static ncclResult_t run_broadcast(struct fake_comm *c, const void *send, void *r
 struct p2p {
     int is_send, peer;
     struct fake_comm *c;
+    void *stream;
     char *buf;
     size_t bytes, done;
     int finished;
@@ -376,8 +384,45 @@ static struct p2p *queue;
 static size_t queued, queue_cap;
 static int group_depth;
 
+/* Bytes per piece of a point-to-point message (FAKE_NCCL_P2P_CHUNK, default the whole channel). */
+static size_t p2p_chunk(void) {
+    const char *s = getenv("FAKE_NCCL_P2P_CHUNK");
+    long v = s && *s ? atol(s) : 0;
+    return v > 0 && (size_t)v < P2P_BYTES ? (size_t)v : P2P_BYTES;
+}
+
+/* Per-stream counts of submitted and finished operations (fake_nccl_stream_progress). */
+#define MAX_STREAMS 256
+static struct { void *stream; uint64_t submitted, finished; } streams[MAX_STREAMS];
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static void stream_count(void *stream, int submitted, int finished) {
+    if (!stream) return;
+    pthread_mutex_lock(&streams_mu);
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        if (streams[i].stream == stream || !streams[i].stream) {
+            streams[i].stream = stream;
+            streams[i].submitted += (uint64_t)submitted;
+            streams[i].finished += (uint64_t)finished;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&streams_mu);
+}
+void fake_nccl_stream_progress(void *stream, uint64_t *submitted, uint64_t *finished) {
+    *submitted = *finished = 0;
+    pthread_mutex_lock(&streams_mu);
+    for (int i = 0; i < MAX_STREAMS && streams[i].stream; i++) {
+        if (streams[i].stream == stream) {
+            *submitted = streams[i].submitted;
+            *finished = streams[i].finished;
+        }
+    }
+    pthread_mutex_unlock(&streams_mu);
+}
+
 static ncclResult_t run_queue(struct p2p *queue, size_t queued) {
     ncclResult_t result = ncclSuccess;
+    size_t piece = p2p_chunk();
     for (size_t i = 0; i < queued; i++) queue[i].finished = queue[i].bytes == 0;
     double start = now(), limit = timeout_secs();
     for (unsigned spin = 0;; spin++) {
@@ -396,7 +441,7 @@ static ncclResult_t run_queue(struct p2p *queue, size_t queued) {
             uint64_t sent = __atomic_load_n(&ch->sent, __ATOMIC_ACQUIRE);
             uint64_t taken = __atomic_load_n(&ch->taken, __ATOMIC_ACQUIRE);
             if (p->is_send && sent == taken) {
-                size_t n = p->bytes - p->done < P2P_BYTES ? p->bytes - p->done : P2P_BYTES;
+                size_t n = p->bytes - p->done < piece ? p->bytes - p->done : piece;
                 memcpy(ch->data, p->buf + p->done, n);
                 ch->bytes = n;
                 __atomic_store_n(&ch->sent, sent + 1, __ATOMIC_RELEASE);
@@ -450,6 +495,7 @@ out:
 enum { JOB_ALL_REDUCE, JOB_ALL_GATHER, JOB_REDUCE_SCATTER, JOB_BROADCAST, JOB_P2P };
 struct job {
     int kind, type, op, root;
+    void *stream;
     const void *send;
     void *recv;
     size_t count;
@@ -489,6 +535,7 @@ static void *worker_main(void *arg) {
             ncclResult_t r = run_job(j);
             if (r && !c->async_error) c->async_error = r;
         }
+        stream_count(j->stream, 0, 1);
         free_job(j);
         __atomic_sub_fetch(&pending_total, 1, __ATOMIC_RELEASE);
     }
@@ -519,6 +566,7 @@ static ncclResult_t submit(struct job j) {
     if (!async_mode()) {
         ncclResult_t r = run_job(&j);
         free(j.ops);
+        stream_count(j.stream, 1, 1);
         return r;
     }
     struct fake_comm *c = j.c;
@@ -536,6 +584,7 @@ static ncclResult_t submit(struct job j) {
         c->has_worker = 1;
     }
     __atomic_add_fetch(&pending_total, 1, __ATOMIC_RELEASE);
+    stream_count(copy->stream, 1, 0);
     if (c->tail) c->tail->next = copy; else c->head = copy;
     c->tail = copy;
     pthread_cond_signal(&c->cv);
@@ -544,42 +593,38 @@ static ncclResult_t submit(struct job j) {
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
-    (void)stream;
     ncclResult_t r = check_comm(c, "ncclAllReduce");
     if (r) return r;
     if (!reducible(type, op)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce of type %d with op %d", type, op);
     if (count && (!send || !recv)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllReduce with a null buffer");
     maybe_fail(c);
-    return submit((struct job){.kind = JOB_ALL_REDUCE, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+    return submit((struct job){.stream = stream, .kind = JOB_ALL_REDUCE, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, int type, ncclComm_t c, void *stream) {
-    (void)stream;
     ncclResult_t r = check_comm(c, "ncclAllGather");
     if (r) return r;
     if (!type_bytes(type)) return fail(c, ncclInvalidArgument, "fake NCCL: ncclAllGather of type %d", type);
     maybe_fail(c);
-    return submit((struct job){.kind = JOB_ALL_GATHER, .type = type, .send = send, .recv = recv, .count = count, .c = c});
+    return submit((struct job){.stream = stream, .kind = JOB_ALL_GATHER, .type = type, .send = send, .recv = recv, .count = count, .c = c});
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, int type, int op, ncclComm_t c, void *stream) {
-    (void)stream;
     ncclResult_t r = check_comm(c, "ncclReduceScatter");
     if (r) return r;
     if (!reducible(type, op))
         return fail(c, ncclInvalidArgument, "fake NCCL: ncclReduceScatter of type %d with op %d", type, op);
     maybe_fail(c);
-    return submit((struct job){.kind = JOB_REDUCE_SCATTER, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
+    return submit((struct job){.stream = stream, .kind = JOB_REDUCE_SCATTER, .type = type, .op = op, .send = send, .recv = recv, .count = count, .c = c});
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, int type, int root, ncclComm_t c, void *stream) {
-    (void)stream;
     ncclResult_t r = check_comm(c, "ncclBroadcast");
     if (r) return r;
     if (!type_bytes(type) || root < 0 || root >= c->nranks)
         return fail(c, ncclInvalidArgument, "fake NCCL: ncclBroadcast of type %d from root %d", type, root);
     maybe_fail(c);
-    return submit((struct job){.kind = JOB_BROADCAST, .type = type, .root = root, .send = send, .recv = recv, .count = count, .c = c});
+    return submit((struct job){.stream = stream, .kind = JOB_BROADCAST, .type = type, .root = root, .send = send, .recv = recv, .count = count, .c = c});
 }
 
 /* Hands the queued sends and receives to their communicator as one job. */
@@ -587,13 +632,13 @@ static ncclResult_t submit_queue(void) {
     struct p2p *ops = malloc(queued * sizeof *ops);
     if (!ops) return ncclSystemError;
     memcpy(ops, queue, queued * sizeof *ops);
-    struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c};
+    struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c, .stream = queue[0].stream};
     queued = 0;
     maybe_fail(j.c);
     return submit(j);
 }
 
-static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int peer, struct fake_comm *c) {
+static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int peer, struct fake_comm *c, void *stream) {
     const char *call = is_send ? "ncclSend" : "ncclRecv";
     ncclResult_t r = check_comm(c, call);
     if (r) return r;
@@ -605,18 +650,16 @@ static ncclResult_t enqueue(int is_send, void *buf, size_t count, int type, int 
         queue = realloc(queue, queue_cap * sizeof *queue);
         if (!queue) return ncclSystemError;
     }
-    queue[queued++] = (struct p2p){is_send, peer, c, buf, count * e, 0, 0};
+    queue[queued++] = (struct p2p){is_send, peer, c, stream, buf, count * e, 0, 0};
     if (group_depth == 0) return submit_queue();
     return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void *send, size_t count, int type, int peer, ncclComm_t c, void *stream) {
-    (void)stream;
-    return enqueue(1, (void *)send, count, type, peer, c);
+    return enqueue(1, (void *)send, count, type, peer, c, stream);
 }
 ncclResult_t ncclRecv(void *recv, size_t count, int type, int peer, ncclComm_t c, void *stream) {
-    (void)stream;
-    return enqueue(0, recv, count, type, peer, c);
+    return enqueue(0, recv, count, type, peer, c, stream);
 }
 
 ncclResult_t ncclGroupStart(void) {
