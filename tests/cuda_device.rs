@@ -414,6 +414,29 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+    // Pipeline p2p: process 1 (the last stage) stops taking part at its 5th operation on one of
+    // its links; stage 0's receive of the gradients ends at the fake's timeout with one line.
+    let mut pp_args = args.clone();
+    let tp = pp_args.iter().position(|a| *a == "--tensor-model-parallel-size").unwrap();
+    pp_args[tp] = "--pipeline-model-parallel-size";
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN]).args(&pp_args);
+    c.envs(emu.env.iter().map(|(k, v)| (k, v)));
+    c.env("TRIDENT_NCCL", &nccl).env("FAKE_NCCL_FAIL_PROCESS", "1").env("FAKE_NCCL_FAIL_AT", "5");
+    c.env("FAKE_NCCL_TIMEOUT_SECS", "2");
+    let t = std::time::Instant::now();
+    let o = c.output().expect("mpirun runs");
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
+    eprintln!("a vanished pipeline peer, after {:.1} s:\n{err}", t.elapsed().as_secs_f64());
+    assert!(
+        err.lines().any(|l| l.starts_with("trident: error: rank 0: NCCL: ")
+            && l.contains("ncclRemoteError (6)")
+            && l.ends_with("(pipeline p2p, --gpu-collectives)")),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
     // No NCCL library: one line naming the flag and the way out, every rank exits non-zero.
     let (o, _) = mpirun(&[("TRIDENT_NCCL", Path::new("/nonexistent/libnccl.so.2"))]);
     let err = stderr(&o);

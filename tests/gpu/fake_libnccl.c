@@ -17,8 +17,9 @@
  * so a ring of grouped send+recv cannot deadlock. Calls are synchronous: when one returns, its
  * result is in place, and every stream is idle (unless FAKE_NCCL_ASYNC is set, below).
  *
- * Failure injection for the tests: FAKE_NCCL_FAIL_RANK=r makes rank r, at its
- * FAKE_NCCL_FAIL_AT-th collective or send/recv group (default 1), either exit the process
+ * Failure injection for the tests: FAKE_NCCL_FAIL_RANK=r makes rank r of every communicator (or
+ * FAKE_NCCL_FAIL_PROCESS=r: every communicator of the process whose OMPI_COMM_WORLD_RANK is r),
+ * at its FAKE_NCCL_FAIL_AT-th collective or send/recv group (default 1), either exit the process
  * (FAKE_NCCL_FAIL_MODE=exit) or stop taking part forever (vanish, the default: a peer whose node
  * died without its launcher noticing).
  * FAKE_NCCL_CORRUPT_RANK=r flips one bit of the last element
@@ -141,7 +142,10 @@ static int peer_gone(struct fake_comm *c, int r) {
 static void maybe_fail(struct fake_comm *c) {
     c->ops++;
     const char *r = getenv("FAKE_NCCL_FAIL_RANK");
-    if (!r || atoi(r) != c->rank) return;
+    const char *process = getenv("FAKE_NCCL_FAIL_PROCESS");
+    const char *world = getenv("OMPI_COMM_WORLD_RANK");
+    int chosen = process ? world && atoi(process) == atoi(world) : r && atoi(r) == c->rank;
+    if (!chosen) return;
     const char *at = getenv("FAKE_NCCL_FAIL_AT");
     if (c->ops != (uint64_t)(at ? atoll(at) : 1)) return;
     const char *mode = getenv("FAKE_NCCL_FAIL_MODE");
