@@ -70,6 +70,9 @@ tj_setup() {
   if [ "$DEVICE" = cuda ]; then
     tj_say "DEVICE=cuda: tensors move through NCCL on device memory (set TRIDENT_NCCL if libnccl.so.2 is not" \
       "on the library path, or add --gpu-collectives mpi to TRAIN_ARGS to stage them through host memory)"
+  elif [ "$DEVICE" = hip ]; then
+    tj_say "DEVICE=hip: tensors move through RCCL on device memory (set TRIDENT_RCCL if librccl.so is not" \
+      "on the library path, or add --gpu-collectives mpi to TRAIN_ARGS to stage them through host memory)"
   fi
 }
 

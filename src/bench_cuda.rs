@@ -394,11 +394,11 @@ pub fn allreduce(
     for bytes in sizes {
         let count = bytes / dtype.bytes();
         let run = |iterations: usize| -> Result<f64> {
-            start.record(Some(comm.stream()))?;
+            start.record(comm.cuda_stream())?;
             for _ in 0..iterations {
                 comm.all_reduce(send.pointer, recv.pointer, count, dtype, ReduceOp::Sum)?;
             }
-            end.record(Some(comm.stream()))?;
+            end.record(comm.cuda_stream())?;
             comm.synchronize()?;
             Ok(f64::from(start.elapsed_ms(&end)?) / iterations as f64)
         };

@@ -74,7 +74,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag(
         "--gpu-collectives",
         "LIB",
-        "how GPU ranks move tensors: nccl (default with --device cuda: on device memory), rccl, or mpi (staged through host memory)",
+        "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
     ),
     flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
@@ -470,7 +470,11 @@ impl TrainConfig {
             device: args.str("--device").unwrap_or("cpu").to_string(),
             gpu_collectives: args
                 .str("--gpu-collectives")
-                .unwrap_or(if args.str("--device") == Some("cuda") { "nccl" } else { "mpi" })
+                .unwrap_or(match args.str("--device") {
+                    Some("cuda") => "nccl",
+                    Some("hip") => "rccl",
+                    _ => "mpi",
+                })
                 .to_string(),
             cpu_threads,
             tensor_parallel,
@@ -573,10 +577,17 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
         if !["nccl", "rccl", "mpi"].contains(&g) {
             return Err(Error::flag("--gpu-collectives", g, "nccl, rccl or mpi"));
         }
-        if g != "mpi" && args.str("--device") != Some("cuda") {
+        let device = args.str("--device").unwrap_or("cpu");
+        if g != "mpi" && device != "cuda" && device != "hip" {
             return Err(Error::Usage(format!(
-                "--gpu-collectives {g} moves device memory and needs --device cuda (CPU ranks use MPI)"
+                "--gpu-collectives {g} moves device memory and needs --device cuda or hip (CPU ranks use MPI)"
             )));
+        }
+        if g == "nccl" && device == "hip" {
+            return Err(Error::Usage(
+                "--gpu-collectives nccl is NVIDIA's library; on AMD GPUs use rccl (the default with --device hip) or mpi"
+                    .into(),
+            ));
         }
     }
     if let Some(t) = args.str("--tokenizer-type") {

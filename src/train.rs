@@ -902,10 +902,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                     let what = format!("nominal dense bf16 of an {part}, {arch}");
                     Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
                 },
-                |_, _| {
-                    Ok("collectives: MPI, device buffers staged through host memory (RCCL on HIP streams is not built)"
-                        .into())
-                },
+                |dev, groups| attach_gpu_collectives(cfg, dev, groups),
             )
         }
         _ => {
@@ -925,7 +922,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     }
 }
 
-/// `--gpu-collectives nccl|rccl` on the CUDA Device: loads the library (every rank agrees that
+/// `--gpu-collectives nccl|rccl` on the GPU Device (NCCL or RCCL on CUDA streams, RCCL on HIP
+/// streams): loads the library (every rank agrees that
 /// it could before any communicator is made), then creates, eagerly and in the same order on
 /// every rank, one communicator for each of this rank's groups that moves tensors (tensor
 /// parallel, the tied-embedding pair, data parallel x depth) and has more than one rank.
@@ -935,6 +933,7 @@ fn attach_gpu_collectives(
     dev: &mut crate::gpu::device::GpuDevice,
     groups: &Groups,
 ) -> Result<String> {
+    use crate::gpu::collectives::StreamApi;
     use crate::gpu::nccl::{Flavor, Nccl};
     let flavor = match cfg.gpu_collectives.as_str() {
         "mpi" => {
@@ -966,12 +965,15 @@ fn attach_gpu_collectives(
     let describe = format!("{} {} ({})", flavor.api(), nccl.version().unwrap_or_default(), nccl.path());
     // The library and driver tables live as long as the process (the communicators borrow them).
     let nccl: &'static Nccl = Box::leak(Box::new(nccl));
-    let driver: &'static crate::gpu::driver::Driver = Box::leak(Box::new(crate::gpu::driver::Driver::load()?));
+    let api = match cfg.device.as_str() {
+        "hip" => StreamApi::Hip(Box::leak(Box::new(crate::gpu::hip::Hip::load()?))),
+        _ => StreamApi::Cuda(Box::leak(Box::new(crate::gpu::driver::Driver::load()?))),
+    };
     let mut comms = Vec::new();
     let mut names = Vec::new();
     for (name, group) in [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica)] {
         if group.size() > 1 {
-            let c = crate::gpu::collectives::DeviceNccl::new(nccl, driver, group, groups.grid.rank)
+            let c = crate::gpu::collectives::DeviceNccl::new(nccl, api, group, groups.grid.rank)
                 .map_err(|e| Error::Comm(format!("{flag}: creating the {name}-parallel communicator: {e}")))?;
             comms.push((crate::gpu::device::group_key(group), c));
             names.push(name);
@@ -988,7 +990,7 @@ fn attach_gpu_collectives(
         pipeline::fifo_order(p, v, &order)
             .and_then(|_| pipeline::fifo_order(p, v, &|_| pipeline::forward_passes(n_micro, v)))
             .map_err(|e| Error::Config(format!("{flag}: the pipeline schedule breaks in-order delivery: {e}")))?;
-        let links = crate::gpu::collectives::PipelineNccl::new(nccl, driver, &*groups.pp, v > 1, groups.grid.rank)
+        let links = crate::gpu::collectives::PipelineNccl::new(nccl, api, &*groups.pp, v > 1, groups.grid.rank)
             .map_err(|e| Error::Comm(format!("{flag}: {e}")))?;
         names.push("pipeline p2p");
         dev.attach_p2p(links);

@@ -8,7 +8,7 @@
 //! `TRIDENT_SKIP_NVRTC_TESTS=1` is set, when they say loudly that they skipped.
 
 mod common;
-use common::gpu_device::{self, down, run_with, train_losses, up, TINY_GPU};
+use common::gpu_device::{self, down, fake_nccl, nccl_calls, run_with, train_losses, up, TINY_GPU};
 use common::*;
 
 use std::io::Write;
@@ -189,31 +189,6 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
         }
     }
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// The fake NCCL (`tests/gpu/fake_libnccl.c`: ranks meet in POSIX shared memory and read device
-/// pointers as host pointers, which the emulating driver's device memory is), built into `dir`.
-fn fake_nccl(dir: &Path) -> PathBuf {
-    let lib = dir.join("libnccl.so.2");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/fake_libnccl.c");
-    let o = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
-        .arg(&lib)
-        .arg(src)
-        .args(["-lpthread", "-ldl"])
-        .output()
-        .expect("cc runs");
-    assert!(o.status.success(), "{}", stderr(&o));
-    lib
-}
-
-/// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name.
-fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
-    let mut counts = std::collections::BTreeMap::new();
-    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
-    }
-    counts
 }
 
 #[test]
@@ -449,7 +424,9 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
         run_with(&emu.env, &["train", "--device", "cuda", "--bf16", "--gpu-collectives", "gloo", "--data-path", "x"]);
     assert_clean_error(&o, &["--gpu-collectives", "gloo", "nccl, rccl or mpi"]);
     let o = run_with(&emu.env, &["train", "--gpu-collectives", "nccl", "--data-path", "x"]);
-    assert_clean_error(&o, &["--gpu-collectives nccl moves device memory and needs --device cuda"]);
+    assert_clean_error(&o, &["--gpu-collectives nccl moves device memory and needs --device cuda or hip"]);
+    let o = run_with(&emu.env, &["train", "--device", "hip", "--bf16", "--gpu-collectives", "nccl", "--data-path", "x"]);
+    assert_clean_error(&o, &["--gpu-collectives nccl is NVIDIA's library; on AMD GPUs use rccl"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 

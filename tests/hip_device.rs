@@ -5,13 +5,15 @@
 //! to gfx90a code objects that the fake runtime checks. Every Device op runs against the reference
 //! device on a few shapes (ragged ones included), with the HIP launch geometry (`Vendor::block`),
 //! and `trident train --device hip --bf16` follows the CPU's `--bf16` losses on one rank and on
-//! four (TP 2 x PP 2 under mpirun, through the host-staged MPI path).
+//! four (TP 2 x PP 2 under mpirun), where RCCL on HIP streams (the fake NCCL of
+//! `tests/gpu/fake_libnccl.c` as `TRIDENT_RCCL`, asynchronous) gives the same losses bit for bit
+//! as the host-staged MPI path.
 //!
 //! Without a hipRTC (`make test` adds Debian's as root; or `TRIDENT_HIPRTC`) these tests say loudly that
 //! they skip.
 
 mod common;
-use common::gpu_device::{self, run_with, train_losses, TINY_GPU};
+use common::gpu_device::{self, fake_nccl, nccl_calls, run_with, train_losses, TINY_GPU};
 use common::*;
 
 use std::io::Write;
@@ -96,8 +98,28 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     // Tensor x pipeline parallel on the HIP Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
     let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
-    let parallel = train_losses(&emu.env, &dir, &data, "hip", 4, &tp_pp);
+    let parallel = train_losses(&emu.env, &dir, &data, "hip", 4, &[&tp_pp[..], &["--gpu-collectives", "mpi"]].concat());
     assert_eq!(parallel.len(), 6);
+    // RCCL on HIP streams (the default with --device hip): tensor-parallel all-reduces, the tied
+    // embedding's sum and pipeline p2p on device memory, through the fake NCCL run asynchronously
+    // with rendezvous sends (4 KiB pieces), as RCCL behaves; the sums are in rank order on both
+    // paths, so the losses agree bit for bit.
+    let rccl = fake_nccl(&dir);
+    let log = dir.join("rccl.log");
+    let mut env = emu.env.clone();
+    env.extend([
+        ("TRIDENT_RCCL", rccl),
+        ("FAKE_NCCL_LOG", log.clone()),
+        ("FAKE_NCCL_ASYNC", "1".into()),
+        ("FAKE_NCCL_P2P_CHUNK", "4096".into()),
+    ]);
+    let on_device = train_losses(&env, &dir, &data, "hip", 4, &[&tp_pp[..], &["--num-layers", "2"]].concat());
+    let calls = nccl_calls(&log);
+    eprintln!("TP 2 x PP 2 on hip, RCCL calls on all ranks: {calls:?}");
+    for op in ["all_reduce", "send_recv"] {
+        assert!(calls.get(op).is_some_and(|&n| n > 0), "no {op} through RCCL: {calls:?}");
+    }
+    assert_eq!(on_device, parallel, "RCCL on HIP streams and the MPI path differ");
     for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
         let rel = (one - four).abs() / one.abs();
         eprintln!("iteration {}: hip on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})", i + 1);
@@ -160,8 +182,10 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("hip-gpu-check");
     let data = prepared_corpus(&dir);
-    // No NVIDIA driver, so check gpu and the script take the AMD side.
-    let o = gpu_device::run_gpu_check(&emu.env, &dir, &data, "1e-2", &[("TRIDENT_LIBCUDA", dir.join("no-libcuda.so"))]);
+    // No NVIDIA driver, so check gpu and the script take the AMD side (its GPU run through RCCL,
+    // here the fake NCCL).
+    let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
+    let o = gpu_device::run_gpu_check(&emu.env, &dir, &data, "1e-2", &extra);
     let out = stdout(&o);
     assert!(o.status.success(), "{out}{}", stderr(&o));
     for want in [

@@ -86,15 +86,55 @@ pub enum Transfer {
     Recv { buffer: CuDevicePtr, count: usize, dtype: Dtype, peer: usize },
 }
 
+/// The GPU API a communicator's stream is made on: the CUDA driver, or the HIP runtime (RCCL on
+/// the HIP Device).
+#[derive(Clone, Copy)]
+pub enum StreamApi<'a> {
+    Cuda(&'a Driver),
+    Hip(&'a super::hip::Hip),
+}
+
+impl<'a> StreamApi<'a> {
+    fn streams(self) -> Result<Streams<'a>> {
+        Ok(match self {
+            StreamApi::Cuda(driver) => Streams::Cuda {
+                stream: Stream::non_blocking(driver)?,
+                compute_done: Event::new(driver, false)?,
+                comm_done: Event::new(driver, false)?,
+            },
+            StreamApi::Hip(hip) => Streams::Hip(super::hip::HipStreams::new(hip)?),
+        })
+    }
+}
+
+/// A communicator's non-blocking stream and the two events that order it against the compute
+/// stream.
+enum Streams<'a> {
+    Cuda { stream: Stream<'a>, compute_done: Event<'a>, comm_done: Event<'a> },
+    Hip(super::hip::HipStreams<'a>),
+}
+
+impl Streams<'_> {
+    fn handle(&self) -> *mut std::ffi::c_void {
+        match self {
+            Streams::Cuda { stream, .. } => stream.handle,
+            Streams::Hip(h) => h.stream,
+        }
+    }
+    fn is_idle(&self) -> Result<bool> {
+        match self {
+            Streams::Cuda { stream, .. } => stream.is_idle(),
+            Streams::Hip(h) => h.is_idle(),
+        }
+    }
+}
+
 /// An NCCL (or RCCL) communicator over one process group, with its communication stream.
 /// Needs the device's context current on this thread for its whole life.
 pub struct NcclComm<'a> {
     nccl: &'a Nccl,
     handle: Cell<nccl::NcclComm>,
-    stream: Stream<'a>,
-    /// Reused to order the communication stream against a compute stream.
-    compute_done: Event<'a>,
-    comm_done: Event<'a>,
+    streams: Streams<'a>,
     rank: usize,
     size: usize,
     timeout: Duration,
@@ -104,17 +144,16 @@ impl<'a> NcclComm<'a> {
     /// Creates the communicator of `group`'s ranks: collective over the group, every rank must
     /// call it. `context` is the device's context, current on this thread.
     pub fn new(nccl: &'a Nccl, context: &PrimaryContext<'a>, group: &dyn Comm, timeout: Duration) -> Result<Self> {
-        Self::on_current_context(nccl, context.driver(), group, timeout)
+        Self::on_current_context(nccl, StreamApi::Cuda(context.driver()), group, timeout)
     }
 
-    /// As `new`, on whatever context is current on this thread (the CUDA Device's primary
-    /// context, which its runtime retained and made current).
-    pub fn on_current_context(nccl: &'a Nccl, driver: &'a Driver, group: &dyn Comm, timeout: Duration) -> Result<Self> {
+    /// As `new`, on whatever context (or HIP device) is current on this thread (the GPU Device's,
+    /// which its runtime made current).
+    pub fn on_current_context(nccl: &'a Nccl, api: StreamApi<'a>, group: &dyn Comm, timeout: Duration) -> Result<Self> {
         // The stream and events first: a failure here leaves no communicator behind.
-        let stream = Stream::non_blocking(driver)?;
-        let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
+        let streams = api.streams()?;
         let id = nccl::exchange_unique_id(group, || nccl.unique_id())?;
-        Self::init(nccl, (stream, compute_done, comm_done), id, group.rank(), group.size(), timeout)
+        Self::init(nccl, streams, id, group.rank(), group.size(), timeout)
     }
 
     /// The communicator of the pipeline link from stage `from` to stage `to` of `group` (its
@@ -122,13 +161,12 @@ impl<'a> NcclComm<'a> {
     /// id and sends it to `to` over MPI; both must call.
     pub fn link(
         nccl: &'a Nccl,
-        driver: &'a Driver,
+        api: StreamApi<'a>,
         group: &dyn Comm,
         (from, to): (usize, usize),
         timeout: Duration,
     ) -> Result<Self> {
-        let stream = Stream::non_blocking(driver)?;
-        let (compute_done, comm_done) = (Event::new(driver, false)?, Event::new(driver, false)?);
+        let streams = api.streams()?;
         let me = group.rank();
         let mut message = [0u8; 1 + nccl::UNIQUE_ID_BYTES];
         let mut local_error = None;
@@ -155,13 +193,13 @@ impl<'a> NcclComm<'a> {
         }
         let mut id = nccl::UniqueId { internal: [0; nccl::UNIQUE_ID_BYTES] };
         id.internal.copy_from_slice(&message[1..]);
-        Self::init(nccl, (stream, compute_done, comm_done), id, usize::from(me != from), 2, timeout)
+        Self::init(nccl, streams, id, usize::from(me != from), 2, timeout)
     }
 
     /// `ncclCommInitRank` of rank `rank` of `size` with `id`, on the given stream and events.
     fn init(
         nccl: &'a Nccl,
-        (stream, compute_done, comm_done): (Stream<'a>, Event<'a>, Event<'a>),
+        streams: Streams<'a>,
         id: nccl::UniqueId,
         rank: usize,
         size: usize,
@@ -185,7 +223,7 @@ impl<'a> NcclComm<'a> {
                 return Err(e);
             }
         }
-        Ok(NcclComm { nccl, handle: Cell::new(handle), stream, compute_done, comm_done, rank, size, timeout })
+        Ok(NcclComm { nccl, handle: Cell::new(handle), streams, rank, size, timeout })
     }
 
     pub fn rank(&self) -> usize {
@@ -198,9 +236,12 @@ impl<'a> NcclComm<'a> {
     pub fn api(&self) -> &'static str {
         self.nccl.flavor.api()
     }
-    /// The communication stream (for timing events in the benchmarks).
-    pub fn stream(&self) -> &Stream<'a> {
-        &self.stream
+    /// The communication stream on the CUDA driver (for timing events in the benchmarks).
+    pub fn cuda_stream(&self) -> Option<&Stream<'a>> {
+        match &self.streams {
+            Streams::Cuda { stream, .. } => Some(stream),
+            Streams::Hip(_) => None,
+        }
     }
 
     fn live(&self, call: &str) -> Result<nccl::NcclComm> {
@@ -238,19 +279,31 @@ impl<'a> NcclComm<'a> {
     /// enqueued on `compute` (None: the legacy default stream): a collective reads what the
     /// compute stream wrote.
     pub fn after_compute(&self, compute: Option<&Stream>) -> Result<()> {
-        self.compute_done.record(compute)?;
-        self.stream.wait(&self.compute_done)
+        match (&self.streams, compute) {
+            (Streams::Cuda { stream, compute_done, .. }, _) => {
+                compute_done.record(compute)?;
+                stream.wait(compute_done)
+            }
+            (Streams::Hip(h), None) => h.after_compute(),
+            (Streams::Hip(_), Some(_)) => Err(Error::Comm("a HIP communicator ordered against a CUDA stream".into())),
+        }
     }
 
     /// Work enqueued on `compute` (None: the legacy default stream) from now on starts after the
     /// collectives already enqueued: the compute stream reads what a collective wrote, without
     /// blocking the host.
     pub fn before_compute(&self, compute: Option<&Stream>) -> Result<()> {
-        self.comm_done.record(Some(&self.stream))?;
-        let driver = self.stream.driver();
-        let handle = compute.map_or(std::ptr::null_mut(), |s| s.handle);
-        // SAFETY: the stream (or the default stream) and the event are live; flags must be 0.
-        driver.check("cuStreamWaitEvent", unsafe { driver.api.cuStreamWaitEvent(handle, self.comm_done.handle, 0) }?)
+        match (&self.streams, compute) {
+            (Streams::Cuda { stream, comm_done, .. }, _) => {
+                comm_done.record(Some(stream))?;
+                let driver = stream.driver();
+                let handle = compute.map_or(std::ptr::null_mut(), |s| s.handle);
+                // SAFETY: the stream (or the default stream) and the event are live; flags must be 0.
+                driver.check("cuStreamWaitEvent", unsafe { driver.api.cuStreamWaitEvent(handle, comm_done.handle, 0) }?)
+            }
+            (Streams::Hip(h), None) => h.before_compute(),
+            (Streams::Hip(_), Some(_)) => Err(Error::Comm("a HIP communicator ordered against a CUDA stream".into())),
+        }
     }
 
     /// `recv[count]` = the element-wise `op` over ranks of `send[count]` (in place when equal).
@@ -273,7 +326,7 @@ impl<'a> NcclComm<'a> {
                 DataType::of(dtype),
                 RedOp::of(op),
                 h,
-                self.stream.handle,
+                self.streams.handle(),
             )
         }?;
         self.checked("ncclAllReduce", code)
@@ -290,7 +343,7 @@ impl<'a> NcclComm<'a> {
                 send_count,
                 DataType::of(dtype),
                 h,
-                self.stream.handle,
+                self.streams.handle(),
             )
         }?;
         self.checked("ncclAllGather", code)
@@ -308,7 +361,7 @@ impl<'a> NcclComm<'a> {
                 DataType::of(dtype),
                 RedOp::Sum,
                 h,
-                self.stream.handle,
+                self.streams.handle(),
             )
         }?;
         self.checked("ncclReduceScatter", code)
@@ -333,7 +386,7 @@ impl<'a> NcclComm<'a> {
                 DataType::of(dtype),
                 root as i32,
                 h,
-                self.stream.handle,
+                self.streams.handle(),
             )
         }?;
         self.checked("ncclBroadcast", code)
@@ -360,7 +413,7 @@ impl<'a> NcclComm<'a> {
                             DataType::of(dtype),
                             peer as i32,
                             h,
-                            self.stream.handle,
+                            self.streams.handle(),
                         ),
                     ),
                     Transfer::Recv { buffer, count, dtype, peer } => (
@@ -371,7 +424,7 @@ impl<'a> NcclComm<'a> {
                             DataType::of(dtype),
                             peer as i32,
                             h,
-                            self.stream.handle,
+                            self.streams.handle(),
                         ),
                     ),
                 };
@@ -405,7 +458,7 @@ impl<'a> NcclComm<'a> {
                     .check_comm("an enqueued operation (ncclCommGetAsyncError)", async_error, h)
                     .map(|_| false);
             }
-            self.stream.is_idle()
+            self.streams.is_idle()
         });
         match done {
             Ok(true) => Ok(()),
@@ -464,13 +517,8 @@ unsafe impl Sync for DeviceNccl {}
 
 impl DeviceNccl {
     /// Creates the communicator of `group` (collective over the group) on the current context.
-    pub fn new(
-        nccl: &'static Nccl,
-        driver: &'static Driver,
-        group: &dyn Comm,
-        world_rank: usize,
-    ) -> Result<DeviceNccl> {
-        let comm = NcclComm::on_current_context(nccl, driver, group, timeout()?)?;
+    pub fn new(nccl: &'static Nccl, api: StreamApi<'static>, group: &dyn Comm, world_rank: usize) -> Result<DeviceNccl> {
+        let comm = NcclComm::on_current_context(nccl, api, group, timeout()?)?;
         Ok(DeviceNccl {
             api: comm.api(),
             world_rank,
@@ -593,7 +641,7 @@ impl PipelineNccl {
     /// global order (kind, then sending stage), so the pairwise initialisations cannot deadlock.
     pub fn new(
         nccl: &'static Nccl,
-        driver: &'static Driver,
+        api: StreamApi<'static>,
         group: &dyn Comm,
         wrap: bool,
         world_rank: usize,
@@ -609,7 +657,7 @@ impl PipelineNccl {
                     continue;
                 }
                 let what = if backward { "gradients" } else { "activations" };
-                let comm = NcclComm::link(nccl, driver, group, (from, to), timeout).map_err(|e| {
+                let comm = NcclComm::link(nccl, api, group, (from, to), timeout).map_err(|e| {
                     Error::Comm(format!("creating the pipeline link for {what} from stage {from} to stage {to}: {e}"))
                 })?;
                 links[link_slot(backward, stage == from)] = Some(std::sync::Mutex::new(comm));
@@ -695,7 +743,7 @@ impl crate::device::DeviceP2p<super::device::GpuBuf> for PipelineNccl {
     }
     fn sends_delivered(&self) -> bool {
         [link_slot(false, true), link_slot(true, true)].iter().all(|&slot| match &self.links[slot] {
-            Some(link) => link.lock().map(|c| c.stream.is_idle().unwrap_or(false)).unwrap_or(false),
+            Some(link) => link.lock().map(|c| c.streams.is_idle().unwrap_or(false)).unwrap_or(false),
             None => true,
         })
     }

@@ -53,12 +53,45 @@ pub struct CudaRuntime {
     info: DeviceInfo,
     context: CuContext,
     modules: std::sync::Mutex<Vec<CuModule>>,
-    /// Freed allocations (bytes, pointer), reused by requests of the same size: `cuMemFree`
-    /// synchronizes the whole device, which would make the host wait for pipeline sends whose
-    /// receives the peer posts only later (and costs a stall per free besides). Reuse is safe
-    /// because every launch and copy runs in order on the compute stream and every
-    /// communication stream waits for it before touching a buffer.
-    freed: std::sync::Mutex<Vec<(usize, u64)>>,
+    freed: FreedBlocks,
+}
+
+/// Freed device allocations (bytes, pointer) that a runtime keeps and hands to later requests of
+/// the same size: `cuMemFree` / `hipFree` synchronize the whole device, which would make the
+/// host wait for pipeline sends whose receives the peer posts only later (and cost a stall per
+/// free besides). Reuse is safe because every launch and copy runs in order on the compute
+/// stream and every communication stream waits for it before touching a buffer.
+#[derive(Default)]
+pub struct FreedBlocks(std::sync::Mutex<Vec<(usize, u64)>>);
+
+impl FreedBlocks {
+    /// A kept block of exactly `bytes`, else `fresh(bytes)`; when that fails and blocks of other
+    /// sizes are kept, they go back through `release` and `fresh` is tried once more.
+    pub fn alloc(&self, bytes: usize, fresh: impl Fn(usize) -> Result<u64>, release: impl Fn(u64)) -> Result<u64> {
+        {
+            let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = kept.iter().position(|&(b, _)| b == bytes) {
+                return Ok(kept.swap_remove(i).1);
+            }
+        }
+        match fresh(bytes) {
+            Err(_) if !self.0.lock().map(|k| k.is_empty()).unwrap_or(true) => {
+                self.release_all(release);
+                fresh(bytes)
+            }
+            other => other,
+        }
+    }
+    pub fn keep(&self, pointer: u64, bytes: usize) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((bytes, pointer));
+    }
+    /// Every kept block through `release` (at the runtime's end).
+    pub fn release_all(&self, release: impl Fn(u64)) {
+        let kept = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, pointer) in kept {
+            release(pointer);
+        }
+    }
 }
 
 // SAFETY: the context and module handles are process-wide driver objects; the driver API is
@@ -86,7 +119,7 @@ impl CudaRuntime {
             info,
             context,
             modules: std::sync::Mutex::new(Vec::new()),
-            freed: std::sync::Mutex::new(Vec::new()),
+            freed: FreedBlocks::default(),
         };
         rt.current()?;
         Ok(rt)
@@ -96,13 +129,10 @@ impl CudaRuntime {
         &self.info
     }
 
-    /// Returns every cached free allocation to the driver.
-    fn release_freed(&self) {
-        let freed = std::mem::take(&mut *self.freed.lock().unwrap_or_else(|p| p.into_inner()));
-        for (_, pointer) in freed {
-            // SAFETY: each pointer came from cuMemAlloc_v2 and left the cache, so is freed once.
-            let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
-        }
+    /// `cuMemFree` of a block from `cuMemAlloc` (through `FreedBlocks`, once per block).
+    fn release(&self, pointer: u64) {
+        // SAFETY: the pointer came from cuMemAlloc_v2 and left the kept blocks, so is freed once.
+        let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
     }
 
     /// Makes the context current on this thread (once per thread and context).
@@ -121,7 +151,7 @@ impl CudaRuntime {
 impl Drop for CudaRuntime {
     fn drop(&mut self) {
         let _ = self.current();
-        self.release_freed();
+        self.freed.release_all(|p| self.release(p));
         for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
             // SAFETY: each handle came from cuModuleLoadData and is unloaded once.
             let _ = unsafe { self.driver.api.cuModuleUnload(m) };
@@ -137,27 +167,16 @@ impl Drop for CudaRuntime {
 impl GpuRuntime for CudaRuntime {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.current()?;
-        {
-            let mut freed = self.freed.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = freed.iter().position(|&(b, _)| b == bytes) {
-                return Ok(freed.swap_remove(i).1);
-            }
-        }
-        let mut p = 0;
-        // SAFETY: writes one device pointer; a context is current.
-        let first = self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?);
-        if first.is_err() && !self.freed.lock().map(|f| f.is_empty()).unwrap_or(true) {
-            // Out of memory with blocks of other sizes cached: give them back and try once more.
-            self.release_freed();
-            // SAFETY: as above.
+        let fresh = |bytes| {
+            let mut p = 0;
+            // SAFETY: writes one device pointer; a context is current.
             self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
-        } else {
-            first?;
-        }
-        Ok(p)
+            Ok(p)
+        };
+        self.freed.alloc(bytes, fresh, |p| self.release(p))
     }
     fn free(&self, pointer: u64, bytes: usize) {
-        self.freed.lock().unwrap_or_else(|p| p.into_inner()).push((bytes, pointer));
+        self.freed.keep(pointer, bytes);
     }
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.current()?;

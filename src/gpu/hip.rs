@@ -22,6 +22,7 @@ pub type HipDevice = i32;
 pub type HipModule = *mut c_void;
 pub type HipFunction = *mut c_void;
 pub type HipStream = *mut c_void;
+pub type HipEvent = *mut c_void;
 /// `hipDeviceptr_t` is a `void*` on AMD.
 pub type HipDevicePtr = *mut c_void;
 
@@ -78,6 +79,89 @@ api_table! {
         fn hipStreamDestroy(stream: HipStream) -> i32;
         fn hipStreamSynchronize(stream: HipStream) -> i32;
         fn hipDeviceSynchronize() -> i32;
+        fn hipStreamCreateWithFlags(stream: *mut HipStream, flags: u32) -> i32;
+        fn hipStreamQuery(stream: HipStream) -> i32;
+        fn hipEventCreateWithFlags(event: *mut HipEvent, flags: u32) -> i32;
+        fn hipEventRecord(event: HipEvent, stream: HipStream) -> i32;
+        fn hipStreamWaitEvent(stream: HipStream, event: HipEvent, flags: u32) -> i32;
+        fn hipEventDestroy(event: HipEvent) -> i32;
+    }
+}
+
+/// `hipStreamNonBlocking`, `hipEventDisableTiming` and `hipErrorNotReady` (`hip_runtime_api.h`).
+const HIP_STREAM_NON_BLOCKING: u32 = 1;
+const HIP_EVENT_DISABLE_TIMING: u32 = 2;
+const HIP_ERROR_NOT_READY: i32 = 600;
+
+/// A communication stream (non-blocking) on the current device and two ordering events, as RCCL
+/// on the HIP Device uses them: `after_compute` makes the stream wait for the work enqueued on
+/// the null stream, `before_compute` the null stream for the work enqueued on this one, neither
+/// blocking the host. Destroyed on drop.
+pub struct HipStreams<'a> {
+    hip: &'a Hip,
+    pub stream: HipStream,
+    compute_done: HipEvent,
+    comm_done: HipEvent,
+}
+
+impl<'a> HipStreams<'a> {
+    pub fn new(hip: &'a Hip) -> Result<HipStreams<'a>> {
+        let mut s = HipStreams {
+            hip,
+            stream: std::ptr::null_mut(),
+            compute_done: std::ptr::null_mut(),
+            comm_done: std::ptr::null_mut(),
+        };
+        // SAFETY: each call writes one handle; the device was made current by the caller. A
+        // failure leaves the handles made so far to the drop.
+        unsafe {
+            hip.check("hipStreamCreateWithFlags", hip.api.hipStreamCreateWithFlags(&mut s.stream, HIP_STREAM_NON_BLOCKING)?)?;
+            hip.check("hipEventCreateWithFlags", hip.api.hipEventCreateWithFlags(&mut s.compute_done, HIP_EVENT_DISABLE_TIMING)?)?;
+            hip.check("hipEventCreateWithFlags", hip.api.hipEventCreateWithFlags(&mut s.comm_done, HIP_EVENT_DISABLE_TIMING)?)?;
+        }
+        Ok(s)
+    }
+
+    pub fn after_compute(&self) -> Result<()> {
+        // SAFETY: live handles; the null stream is the device's default stream; flags 0.
+        unsafe {
+            self.hip.check("hipEventRecord", self.hip.api.hipEventRecord(self.compute_done, std::ptr::null_mut())?)?;
+            self.hip.check("hipStreamWaitEvent", self.hip.api.hipStreamWaitEvent(self.stream, self.compute_done, 0)?)
+        }
+    }
+
+    pub fn before_compute(&self) -> Result<()> {
+        // SAFETY: as above.
+        unsafe {
+            self.hip.check("hipEventRecord", self.hip.api.hipEventRecord(self.comm_done, self.stream)?)?;
+            self.hip.check("hipStreamWaitEvent", self.hip.api.hipStreamWaitEvent(std::ptr::null_mut(), self.comm_done, 0)?)
+        }
+    }
+
+    /// Whether every operation enqueued on the stream has finished (`hipStreamQuery`).
+    pub fn is_idle(&self) -> Result<bool> {
+        // SAFETY: a live stream.
+        match unsafe { self.hip.api.hipStreamQuery(self.stream) }? {
+            0 => Ok(true),
+            HIP_ERROR_NOT_READY => Ok(false),
+            code => self.hip.check("hipStreamQuery", code).map(|_| false),
+        }
+    }
+}
+
+impl Drop for HipStreams<'_> {
+    fn drop(&mut self) {
+        // SAFETY: each non-null handle was created above and is destroyed once.
+        unsafe {
+            for e in [self.compute_done, self.comm_done] {
+                if !e.is_null() {
+                    let _ = self.hip.api.hipEventDestroy(e);
+                }
+            }
+            if !self.stream.is_null() {
+                let _ = self.hip.api.hipStreamDestroy(self.stream);
+            }
+        }
     }
 }
 

@@ -23,6 +23,8 @@ pub struct HipRuntime {
     arch: String,
     limits: DeviceLimits,
     modules: Mutex<Vec<usize>>,
+    /// Freed blocks kept for reuse (`hipFree` synchronizes the device, as `cuMemFree` does).
+    freed: super::device::FreedBlocks,
 }
 
 thread_local! {
@@ -31,6 +33,12 @@ thread_local! {
 }
 
 impl HipRuntime {
+    /// `hipFree` of a block from `hipMalloc` (through `FreedBlocks`, once per block).
+    fn release(&self, pointer: u64) {
+        // SAFETY: the pointer came from hipMalloc and left the kept blocks, so is freed once.
+        let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };
+    }
+
     /// Device `ordinal` of the runtime; its gfx architecture must be known (kernels are compiled for it).
     pub fn new(hip: Hip, ordinal: usize) -> Result<HipRuntime> {
         let info = hip.device_info(ordinal)?;
@@ -55,7 +63,7 @@ impl HipRuntime {
             shared_bytes_optin: 64 * 1024,
             warp_size: attr(attribute::WARP_SIZE)?,
         };
-        let rt = HipRuntime { hip, info, arch, limits, modules: Mutex::new(Vec::new()) };
+        let rt = HipRuntime { hip, info, arch, limits, modules: Mutex::new(Vec::new()), freed: Default::default() };
         rt.current()?;
         Ok(rt)
     }
@@ -85,6 +93,7 @@ impl HipRuntime {
 impl Drop for HipRuntime {
     fn drop(&mut self) {
         let _ = self.current();
+        self.freed.release_all(|p| self.release(p));
         for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
             // SAFETY: each handle came from hipModuleLoadData and is unloaded once.
             let _ = unsafe { self.hip.api.hipModuleUnload(m as HipModule) };
@@ -96,16 +105,16 @@ impl Drop for HipRuntime {
 impl GpuRuntime for HipRuntime {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.current()?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: writes one device pointer.
-        self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
-        Ok(p as u64)
+        let fresh = |bytes| {
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: writes one device pointer.
+            self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
+            Ok(p as u64)
+        };
+        self.freed.alloc(bytes, fresh, |p| self.release(p))
     }
-    fn free(&self, pointer: u64, _bytes: usize) {
-        if self.current().is_ok() {
-            // SAFETY: the pointer came from hipMalloc and is freed once (by its owner's drop).
-            let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };
-        }
+    fn free(&self, pointer: u64, bytes: usize) {
+        self.freed.keep(pointer, bytes);
     }
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.current()?;

@@ -160,3 +160,28 @@ pub fn train_losses(
     // Callers check the count: a run stopped by --exit-interval logs fewer.
     loss_values(&log)
 }
+
+/// The fake NCCL (`tests/gpu/fake_libnccl.c`: ranks meet in POSIX shared memory and read device
+/// pointers as host pointers, which the emulating driver's device memory is), built into `dir`.
+pub fn fake_nccl(dir: &Path) -> PathBuf {
+    let lib = dir.join("libnccl.so.2");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/fake_libnccl.c");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .arg(&lib)
+        .arg(src)
+        .args(["-lpthread", "-ldl"])
+        .output()
+        .expect("cc runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    lib
+}
+
+/// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name.
+pub fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
+    }
+    counts
+}

@@ -6,8 +6,10 @@
 //
 // Model. EMU_HIP_DEVICES devices (default 8, the GCDs of an MI250X node), each an MI250X GCD:
 // gfx90a, 110 compute units, wave64, 1024 threads and 64 KiB of LDS per workgroup, 64 GiB. Device
-// memory is host memory: hipMalloc is an aligned malloc, copies are memcpy, streams are tokens and
-// everything is synchronous. hipModuleLoadData accepts only an AMDGPU code object (a 64-bit ELF
+// memory is host memory: hipMalloc is an aligned malloc, copies are memcpy, and kernels and copies
+// are synchronous; streams and events follow the fake NCCL's progress per stream (emu_runtime.h,
+// "Streams": RCCL on HIP streams), and hipFree / hipDeviceSynchronize wait for its operations.
+// hipModuleLoadData accepts only an AMDGPU code object (a 64-bit ELF
 // for EM_AMDGPU, what hipRTC writes) and keeps its bytes; hipModuleGetFunction resolves a name in
 // the table of every extern "C" kernel of kernels-hip/ below, and answers hipErrorNotFound when
 // the code object does not contain that name (with its NUL, as the string table holds it) or the
@@ -53,6 +55,7 @@ enum : hipError_t {
   kNoBinaryForGpu = 209,
   kInvalidHandle = 400,
   kNotFound = 500,
+  kNotReady = 600,
 };
 
 using emu_runtime::KernelEntry;
@@ -110,7 +113,6 @@ const KernelEntry kKernels[] = {
 };
 #undef KERNEL
 
-int stream_token;
 thread_local int current_device = 0;
 
 int device_count() {
@@ -194,6 +196,7 @@ const char* hipGetErrorName(hipError_t code) {
     case kNoBinaryForGpu: return "hipErrorNoBinaryForGpu";
     case kInvalidHandle: return "hipErrorInvalidHandle";
     case kNotFound: return "hipErrorNotFound";
+    case kNotReady: return "hipErrorNotReady";
     default: return "hipErrorUnknown";
   }
 }
@@ -207,6 +210,7 @@ const char* hipGetErrorString(hipError_t code) {
     case kInvalidImage: return "emulated HIP runtime: the image is not an AMDGPU code object (ELF)";
     case kInvalidHandle: return "emulated HIP runtime: invalid handle";
     case kNotFound: return "emulated HIP runtime: no such kernel in the module";
+    case kNotReady: return "emulated HIP runtime: work still outstanding";
     default: return "emulated HIP runtime: unknown error";
   }
 }
@@ -215,7 +219,10 @@ hipError_t hipSetDevice(int d) {
   current_device = d;
   return kSuccess;
 }
-hipError_t hipDeviceSynchronize() { return kSuccess; }
+hipError_t hipDeviceSynchronize() {
+  emu_runtime::wait_device_idle();
+  return kSuccess;
+}
 
 hipError_t hipModuleLoadData(void** module, const void* image) {
   const auto* p = static_cast<const unsigned char*>(image);
@@ -253,6 +260,7 @@ hipError_t hipMalloc(void** pointer, size_t bytes) {
   return kSuccess;
 }
 hipError_t hipFree(void* pointer) {
+  emu_runtime::wait_device_idle();
   std::free(pointer);
   return kSuccess;
 }
@@ -274,10 +282,34 @@ hipError_t hipMemsetD32(void* dst, int value, size_t count) {
   return kSuccess;
 }
 hipError_t hipStreamCreate(void** stream) {
-  *stream = &stream_token;
+  *stream = new char;
   return kSuccess;
 }
-hipError_t hipStreamDestroy(void*) { return kSuccess; }
-hipError_t hipStreamSynchronize(void*) { return kSuccess; }
+hipError_t hipStreamCreateWithFlags(void** stream, unsigned) { return hipStreamCreate(stream); }
+hipError_t hipStreamDestroy(void* stream) {
+  delete static_cast<char*>(stream);
+  return kSuccess;
+}
+hipError_t hipStreamQuery(void* stream) { return emu_runtime::stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
+hipError_t hipStreamSynchronize(void* stream) {
+  emu_runtime::wait_stream(stream, UINT64_MAX);
+  return kSuccess;
+}
+hipError_t hipEventCreateWithFlags(void** event, unsigned) {
+  *event = new emu_runtime::Event{std::chrono::steady_clock::now(), nullptr, 0};
+  return kSuccess;
+}
+hipError_t hipEventRecord(void* event, void* stream) {
+  static_cast<emu_runtime::Event*>(event)->record(stream);
+  return kSuccess;
+}
+hipError_t hipStreamWaitEvent(void*, void* event, unsigned) {
+  static_cast<emu_runtime::Event*>(event)->wait();
+  return kSuccess;
+}
+hipError_t hipEventDestroy(void* event) {
+  delete static_cast<emu_runtime::Event*>(event);
+  return kSuccess;
+}
 
 }  // extern "C"

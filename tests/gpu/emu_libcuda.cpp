@@ -15,19 +15,10 @@
 // (kernels-cuda/emu/simt.h). Dynamic shared memory and `extra` are refused (trident's kernels use
 // static shared memory and kernelParams only).
 //
-// Streams. Everything above runs on the host when called, so the compute stream never has work
-// outstanding. Communication streams may: when the fake NCCL (tests/gpu/fake_libnccl.c, loaded
-// from TRIDENT_NCCL) runs asynchronously (FAKE_NCCL_ASYNC=1), its operations finish later on
-// worker threads, and its fake_nccl_stream_progress() says how many of a stream's operations are
-// submitted and finished. An event recorded on such a stream completes when the operations
-// submitted before it have; cuStreamQuery / cuEventQuery answer CUDA_ERROR_NOT_READY until then,
-// cuStreamSynchronize / cuEventSynchronize wait, and cuStreamWaitEvent blocks the host (the
-// compute stream, being the host, cannot run ahead of the event). cuMemFree and
-// cuCtxSynchronize wait for every outstanding operation, as the real ones synchronize the device.
-// Each stream is its own handle, so a test catches work waited for on the wrong stream.
-#include <dlfcn.h>
-#include <sched.h>
-
+// Streams and events follow the fake NCCL's progress per stream (emu_runtime.h, "Streams"):
+// cuStreamQuery / cuEventQuery answer CUDA_ERROR_NOT_READY while a stream has operations
+// outstanding, cuStreamWaitEvent blocks the host, cuMemFree and cuCtxSynchronize wait for every
+// operation. Each stream is its own handle, so a test catches work waited for on the wrong stream.
 #include <chrono>
 #include <cstdarg>
 #include <cstddef>
@@ -128,41 +119,6 @@ const KernelEntry kKernels[] = {
 
 int context_token;
 
-// The fake NCCL's progress counts (null without it): see "Streams" above.
-using Progress = void (*)(void*, uint64_t*, uint64_t*);
-using Pending = int (*)();
-template <typename F>
-F nccl_symbol(const char* name) {
-  const char* path = std::getenv("TRIDENT_NCCL");
-  void* h = path ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : nullptr;
-  return h ? reinterpret_cast<F>(dlsym(h, name)) : nullptr;
-}
-// The fake NCCL's progress function once it is loaded (looked up again until it is).
-Progress progress_fn() {
-  static Progress progress = nullptr;
-  if (!progress) progress = nccl_symbol<Progress>("fake_nccl_stream_progress");
-  return progress;
-}
-// Whether the operations submitted on `stream` before `target` was read (all of them for
-// UINT64_MAX) have finished.
-bool stream_done(void* stream, uint64_t target) {
-  Progress progress = stream ? progress_fn() : nullptr;
-  if (!progress) return true;
-  uint64_t submitted = 0, finished = 0;
-  progress(stream, &submitted, &finished);
-  return finished >= (target == UINT64_MAX ? submitted : target);
-}
-uint64_t submitted_on(void* stream) {
-  Progress progress = stream ? progress_fn() : nullptr;
-  uint64_t submitted = 0, finished = 0;
-  if (progress) progress(stream, &submitted, &finished);
-  return submitted;
-}
-void wait_device_idle() {
-  static Pending pending = nullptr;
-  if (!pending) pending = nccl_symbol<Pending>("fake_nccl_pending");
-  while (pending && pending() > 0) sched_yield();
-}
 constexpr CUresult kNotReady = 600;
 
 }  // namespace
@@ -238,7 +194,7 @@ CUresult cuCtxCreate_v2(void** context, unsigned, int) {
 }
 CUresult cuCtxSetCurrent(void*) { return kSuccess; }
 CUresult cuCtxSynchronize() {
-  wait_device_idle();
+  emu_runtime::wait_device_idle();
   return kSuccess;
 }
 
@@ -275,7 +231,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
   return kSuccess;
 }
 CUresult cuMemFree_v2(CUdeviceptr pointer) {
-  wait_device_idle();
+  emu_runtime::wait_device_idle();
   std::free(reinterpret_cast<void*>(pointer));
   return kSuccess;
 }
@@ -313,47 +269,33 @@ CUresult cuStreamDestroy_v2(void* stream) {
   delete static_cast<char*>(stream);
   return kSuccess;
 }
-CUresult cuStreamQuery(void* stream) { return stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
+CUresult cuStreamQuery(void* stream) { return emu_runtime::stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
 CUresult cuStreamSynchronize(void* stream) {
-  while (!stream_done(stream, UINT64_MAX)) sched_yield();
+  emu_runtime::wait_stream(stream, UINT64_MAX);
   return kSuccess;
 }
 
-// Events hold the host's clock when recorded (elapsed time is the difference: what the benches
-// read) and, on a communication stream, how many operations it had submitted by then.
-struct EmuEvent {
-  std::chrono::steady_clock::time_point at;
-  void* stream;
-  uint64_t target;
-};
 CUresult cuEventCreate(void** event, unsigned) {
-  *event = new EmuEvent{std::chrono::steady_clock::now(), nullptr, 0};
+  *event = new emu_runtime::Event{std::chrono::steady_clock::now(), nullptr, 0};
   return kSuccess;
 }
 CUresult cuEventRecord(void* event, void* stream) {
-  auto* e = static_cast<EmuEvent*>(event);
-  e->at = std::chrono::steady_clock::now();
-  e->stream = stream;
-  e->target = submitted_on(stream);
+  static_cast<emu_runtime::Event*>(event)->record(stream);
   return kSuccess;
 }
-CUresult cuEventQuery(void* event) {
-  auto* e = static_cast<EmuEvent*>(event);
-  return stream_done(e->stream, e->target) ? kSuccess : kNotReady;
-}
+CUresult cuEventQuery(void* event) { return static_cast<emu_runtime::Event*>(event)->done() ? kSuccess : kNotReady; }
 CUresult cuEventSynchronize(void* event) {
-  auto* e = static_cast<EmuEvent*>(event);
-  while (!stream_done(e->stream, e->target)) sched_yield();
+  static_cast<emu_runtime::Event*>(event)->wait();
   return kSuccess;
 }
 CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return cuEventSynchronize(event); }
 CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
-  auto d = static_cast<EmuEvent*>(end)->at - static_cast<EmuEvent*>(start)->at;
+  auto d = static_cast<emu_runtime::Event*>(end)->at - static_cast<emu_runtime::Event*>(start)->at;
   *ms = std::chrono::duration<float, std::milli>(d).count();
   return kSuccess;
 }
 CUresult cuEventDestroy_v2(void* event) {
-  delete static_cast<EmuEvent*>(event);
+  delete static_cast<emu_runtime::Event*>(event);
   return kSuccess;
 }
 

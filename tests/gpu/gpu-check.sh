@@ -9,8 +9,8 @@
 # MPICH's mpirun/mpiexec with -np 4; under Slurm e.g. "srun -n 4"), GPU_CHECK_ITERS (20),
 # GPU_CHECK_SIZE (full; small for the check ops shapes), GPU_CHECK_MODEL (the model flags),
 # GPU_CHECK_RTOL (the loss agreement, 1e-2), GPU_CHECK_DIR (where the logs go; a temporary directory),
-# GPU_CHECK_COLLECTIVES (--gpu-collectives of the GPU run: nccl, the default on NVIDIA, or mpi,
-# the default on AMD).
+# GPU_CHECK_COLLECTIVES (--gpu-collectives of the GPU run: nccl, the default on NVIDIA, rccl,
+# the default on AMD, or mpi).
 set -euo pipefail
 
 bin=${1:?usage: gpu-check.sh BIN DATA_PREFIX}
@@ -42,8 +42,8 @@ case "$smoke" in
   *"AMD device"*) device=hip ;;
   *) echo "gpu-check: cannot tell the GPU vendor from check gpu's report" >&2; exit 1 ;;
 esac
-# NCCL on NVIDIA; on AMD the collectives stage through host memory (RCCL on HIP is not wired).
-[ -n "$collectives" ] || { [ "$device" = cuda ] && collectives=nccl || collectives=mpi; }
+# NCCL on NVIDIA, RCCL on AMD (both on device memory, pipeline p2p included).
+[ -n "$collectives" ] || { [ "$device" = cuda ] && collectives=nccl || collectives=rccl; }
 
 echo "== gpu-check 2/3: check ops --device $device --size $size"
 "$bin" check ops --device "$device" --size "$size"
