@@ -547,6 +547,24 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     if args.has("--bf16") && args.has("--fp16") {
         return Err(Error::Usage("--bf16 and --fp16 exclude each other".into()));
     }
+    // Flag consistency first, before any GPU runtime is loaded.
+    if let Some(g) = args.str("--gpu-collectives") {
+        if !["nccl", "rccl", "mpi"].contains(&g) {
+            return Err(Error::flag("--gpu-collectives", g, "nccl, rccl or mpi"));
+        }
+        let device = args.str("--device").unwrap_or("cpu");
+        if g != "mpi" && device != "cuda" && device != "hip" {
+            return Err(Error::Usage(format!(
+                "--gpu-collectives {g} moves device memory and needs --device cuda or hip (CPU ranks use MPI)"
+            )));
+        }
+        if g == "nccl" && device == "hip" {
+            return Err(Error::Usage(
+                "--gpu-collectives nccl is NVIDIA's library; on AMD GPUs use rccl (the default with --device hip) or mpi"
+                    .into(),
+            ));
+        }
+    }
     if let Some(d) = args.str("--device") {
         if d == "cuda" {
             // The CUDA Device computes GEMMs and attention on bf16 operands: the run must say so.
@@ -571,23 +589,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             return Err(Error::Unsupported(format!(
                 "--device {d}: the cpu, cuda and hip backends are built (not {d})"
             )));
-        }
-    }
-    if let Some(g) = args.str("--gpu-collectives") {
-        if !["nccl", "rccl", "mpi"].contains(&g) {
-            return Err(Error::flag("--gpu-collectives", g, "nccl, rccl or mpi"));
-        }
-        let device = args.str("--device").unwrap_or("cpu");
-        if g != "mpi" && device != "cuda" && device != "hip" {
-            return Err(Error::Usage(format!(
-                "--gpu-collectives {g} moves device memory and needs --device cuda or hip (CPU ranks use MPI)"
-            )));
-        }
-        if g == "nccl" && device == "hip" {
-            return Err(Error::Usage(
-                "--gpu-collectives nccl is NVIDIA's library; on AMD GPUs use rccl (the default with --device hip) or mpi"
-                    .into(),
-            ));
         }
     }
     if let Some(t) = args.str("--tokenizer-type") {

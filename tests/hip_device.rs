@@ -128,6 +128,33 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `trident check nccl --comm-library rccl` on an AMD node (no CUDA driver): every collective
+/// through RCCL on the HIP runtime's streams (the fake NCCL as `TRIDENT_RCCL`, asynchronous),
+/// compared with MPI bit for bit on two ranks; a planted wrong element fails it.
+#[test]
+fn check_rccl_runs_on_hip_streams_without_a_cuda_driver() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-check-rccl");
+    let rccl = fake_nccl(&dir);
+    let run = |corrupt: bool| {
+        let mut c = std::process::Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "check", "nccl", "--comm-library", "rccl"]);
+        c.envs(emu.env.iter().map(|(k, v)| (k, v)));
+        c.env("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")).env("TRIDENT_RCCL", &rccl).env("FAKE_NCCL_ASYNC", "1");
+        if corrupt {
+            c.env("FAKE_NCCL_CORRUPT_RANK", "1");
+        }
+        c.output().expect("mpirun runs")
+    };
+    let o = run(false);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("collectives on device memory equal MPI's bit for bit on each of 2 ranks (RCCL"), "{}", stdout(&o));
+    let o = run(true);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(stderr(&o).contains("RCCL all_gather") && stderr(&o).contains("but MPI gives"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };

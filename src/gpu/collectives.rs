@@ -894,32 +894,48 @@ pub fn check_cases(ranks: usize) -> Vec<Collective> {
     cases
 }
 
-/// The device ordinal this rank drives, chosen as training chooses it (`comm::placement`: the
-/// node-local rank over the visible devices, or `TRIDENT_GPU_ORDER`).
-pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize> {
-    let devices = driver.device_count()?;
+/// The device ordinal this rank drives among `devices` of `kind` ("cuda" or "hip"), chosen as
+/// training chooses it (`comm::placement`: the node-local rank over the visible devices, or
+/// `TRIDENT_GPU_ORDER`). `runtime` names the library for the error when it sees no device.
+pub fn rank_device_of(rt: &Runtime, devices: usize, kind: &str, runtime: &str, command: &str) -> Result<usize> {
     if devices == 0 {
-        return Err(Error::Usage(format!("{command} needs a GPU: the driver ({}) sees no device", driver.path())));
+        return Err(Error::Usage(format!("{command} needs a GPU: the {runtime} sees no device")));
     }
     let placement = Placement::decide(
         (rt.world_rank, rt.world_size),
         (rt.local_rank, rt.local_size),
-        "cuda",
+        kind,
         Some(devices),
         &|name: &str| std::env::var(name).ok(),
     )?;
     let ordinal = placement.gpu.map_or(0, |g| g.ordinal);
     if ordinal >= devices {
-        return Err(Error::Usage(format!("{command}: device {ordinal} was chosen but the driver sees {devices}")));
+        return Err(Error::Usage(format!("{command}: device {ordinal} was chosen but the {runtime} sees {devices}")));
     }
     Ok(ordinal)
+}
+
+/// `rank_device_of` for the CUDA driver.
+pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize> {
+    rank_device_of(rt, driver.device_count()?, "cuda", &format!("driver ({})", driver.path()), command)
 }
 
 /// `trident check nccl`: on every rank of the job, an NCCL (or RCCL) communicator over the world
 /// runs every case of `check_cases` on device memory, ordered after a compute stream with events,
 /// and the result is compared bit for bit with the same op through MPI on host memory. Returns
-/// the report line.
+/// the report line. RCCL runs on the HIP runtime's streams when the node has no CUDA driver but a
+/// HIP runtime (an AMD node), else on the CUDA driver's.
 pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
+    if flavor == Flavor::Rccl {
+        if let Err(cuda) = Driver::load() {
+            return match super::hip::Hip::load() {
+                Ok(hip) => check_on_hip(rt, hip),
+                Err(hip) => Err(Error::Usage(format!(
+                    "check nccl (RCCL) needs a GPU: no CUDA driver ({cuda}) and no usable HIP runtime ({hip})"
+                ))),
+            };
+        }
+    }
     let driver = super::require_driver(&format!("check nccl ({})", flavor.api()))?;
     let ordinal = rank_device(rt, &driver, "check nccl")?;
     let context = PrimaryContext::retain(&driver, ordinal)?;
@@ -927,24 +943,70 @@ pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
     let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
     let comm = NcclComm::new(&nccl, &context, world.as_ref(), timeout()?)?;
     let compute = Stream::non_blocking(&driver)?;
-    let cases = check_cases(rt.world_size);
-    for (salt, case) in cases.iter().enumerate() {
-        let (send_count, recv_count) = case.counts(rt.world_size);
-        let bytes = case.dtype().bytes();
-        let send = check_input(case.dtype(), send_count, rt.world_rank, salt);
+    let cases = compare_cases(rt, world.as_ref(), &comm, &mut |case, send, recv_bytes| {
         let d_send = DeviceBuffer::alloc(&context, send.len())?;
-        let d_recv = DeviceBuffer::alloc(&context, recv_count * bytes)?;
-        d_send.upload(&send)?;
-        d_recv.upload(&vec![0xA5u8; recv_count * bytes])?;
+        let d_recv = DeviceBuffer::alloc(&context, recv_bytes)?;
+        d_send.upload(send)?;
+        d_recv.upload(&vec![0xA5u8; recv_bytes])?;
         comm.after_compute(Some(&compute))?;
         run_on_device(&comm, case, d_send.pointer, d_recv.pointer)?;
         comm.before_compute(Some(&compute))?;
         comm.synchronize()?;
         compute.synchronize()?;
-        let mut got = vec![0u8; recv_count * bytes];
+        let mut got = vec![0u8; recv_bytes];
         d_recv.download(&mut got)?;
+        Ok(got)
+    })?;
+    check_report(rt, cases, &nccl)
+}
+
+/// `check` with RCCL on the HIP runtime (the HIP Device's null stream as the compute stream).
+fn check_on_hip(rt: &Runtime, hip: super::hip::Hip) -> Result<String> {
+    use super::device::GpuRuntime;
+    let ordinal = rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", "check nccl")?;
+    // The runtime makes the device current on this thread; the streams are made on it.
+    let device = super::hip_device::HipRuntime::new(super::hip::Hip::load()?, ordinal)?;
+    let nccl = Nccl::load(Flavor::Rccl)?;
+    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+    let comm = NcclComm::on_current_context(&nccl, StreamApi::Hip(&hip), world.as_ref(), timeout()?)?;
+    let cases = compare_cases(rt, world.as_ref(), &comm, &mut |case, send, recv_bytes| {
+        let (d_send, d_recv) = (device.alloc(send.len().max(1))?, device.alloc(recv_bytes.max(1))?);
+        let result = (|| {
+            device.copy_to_device(d_send, send)?;
+            device.copy_to_device(d_recv, &vec![0xA5u8; recv_bytes])?;
+            comm.after_compute(None)?;
+            run_on_device(&comm, case, d_send, d_recv)?;
+            comm.before_compute(None)?;
+            comm.synchronize()?;
+            device.synchronize()?;
+            let mut got = vec![0u8; recv_bytes];
+            device.copy_to_host(&mut got, d_recv)?;
+            Ok(got)
+        })();
+        device.free(d_send, send.len().max(1));
+        device.free(d_recv, recv_bytes.max(1));
+        result
+    })?;
+    check_report(rt, cases, &nccl)
+}
+
+/// Runs every case of `check_cases` through `on_device` (the case, this rank's input bytes, the
+/// result's byte count -> the result) and compares it with MPI on host memory. Returns the number
+/// of cases.
+fn compare_cases(
+    rt: &Runtime,
+    world: &dyn Comm,
+    comm: &NcclComm,
+    on_device: &mut dyn FnMut(&Collective, &[u8], usize) -> Result<Vec<u8>>,
+) -> Result<usize> {
+    let cases = check_cases(rt.world_size);
+    for (salt, case) in cases.iter().enumerate() {
+        let (send_count, recv_count) = case.counts(rt.world_size);
+        let bytes = case.dtype().bytes();
+        let send = check_input(case.dtype(), send_count, rt.world_rank, salt);
+        let got = on_device(case, &send, recv_count * bytes)?;
         let mut want = vec![0u8; recv_count * bytes];
-        run_on_host(world.as_ref(), case, &send, &mut want);
+        run_on_host(world, case, &send, &mut want);
         if let Some(at) = (0..recv_count).find(|&i| got[i * bytes..(i + 1) * bytes] != want[i * bytes..(i + 1) * bytes])
         {
             return Err(Error::Comm(format!(
@@ -957,11 +1019,15 @@ pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
             )));
         }
     }
+    Ok(cases.len())
+}
+
+fn check_report(rt: &Runtime, cases: usize, nccl: &Nccl) -> Result<String> {
     Ok(format!(
         "nccl check: {} collectives on device memory equal MPI's bit for bit on each of {} ranks ({} {}, {})",
-        cases.len(),
+        cases,
         rt.world_size,
-        flavor.api(),
+        nccl.flavor.api(),
         nccl.version()?,
         nccl.path()
     ))
