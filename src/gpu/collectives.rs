@@ -990,6 +990,10 @@ fn check_on_hip(rt: &Runtime, hip: super::hip::Hip) -> Result<String> {
     check_report(rt, cases, &nccl)
 }
 
+/// One check case on device memory: the case, this rank's input bytes, the result's byte count ->
+/// the result.
+type OnDevice<'a> = dyn FnMut(&Collective, &[u8], usize) -> Result<Vec<u8>> + 'a;
+
 /// Runs every case of `check_cases` through `on_device` (the case, this rank's input bytes, the
 /// result's byte count -> the result) and compares it with MPI on host memory. Returns the number
 /// of cases.
@@ -997,7 +1001,7 @@ fn compare_cases(
     rt: &Runtime,
     world: &dyn Comm,
     comm: &NcclComm,
-    on_device: &mut dyn FnMut(&Collective, &[u8], usize) -> Result<Vec<u8>>,
+    on_device: &mut OnDevice,
 ) -> Result<usize> {
     let cases = check_cases(rt.world_size);
     for (salt, case) in cases.iter().enumerate() {
