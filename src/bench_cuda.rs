@@ -25,6 +25,8 @@ use std::ffi::c_void;
 #[derive(Clone, Debug, PartialEq)]
 pub struct CudaRecord {
     pub bench: &'static str,
+    /// "cuda" or "hip".
+    pub device_kind: &'static str,
     pub shape: String,
     pub dtype: &'static str,
     pub device: String,
@@ -46,9 +48,10 @@ impl CudaRecord {
     pub fn json(&self) -> String {
         let opt = |v: Option<f64>, digits: usize| v.map_or("null".to_string(), |v| format!("{v:.digits$}"));
         format!(
-            "{{\"bench\": \"{}\", \"device_kind\": \"cuda\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
+            "{{\"bench\": \"{}\", \"device_kind\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
              \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {:.4}, \"note\": \"{}\"}}",
             self.bench,
+            self.device_kind,
             self.shape,
             self.dtype,
             self.device.replace('"', "'"),
@@ -279,6 +282,7 @@ pub fn gemm(min_seconds: f64, shapes: &[(usize, usize, usize)]) -> Result<Vec<Cu
         let tflops = gemm_flops(m, n, k) / (ms * 1e-3) / 1e12;
         records.push(CudaRecord {
             bench: "gemm",
+            device_kind: "cuda",
             shape: format!("{m}x{n}x{k} NT"),
             dtype: "bf16",
             device: gpu.info.name.clone(),
@@ -348,6 +352,7 @@ pub fn attention(min_seconds: f64, shapes: &[(usize, usize, usize, usize)]) -> R
         stream.synchronize()?;
         records.push(CudaRecord {
             bench: "attention",
+            device_kind: "cuda",
             shape: format!("b{batch} s{seq} h{heads} d{head_dim} causal"),
             dtype: "bf16",
             device: gpu.info.name.clone(),
@@ -412,6 +417,7 @@ pub fn allreduce(
         let busbw = allreduce_bus_gbs(bytes, ms[0] * 1e-3, rt.world_size);
         records.push(CudaRecord {
             bench: "allreduce",
+            device_kind: "cuda",
             shape: format!("{} on {} ranks", human_bytes(bytes), rt.world_size),
             dtype: if dtype == Dtype::Bf16 { "bf16" } else { "f32" },
             device: info.name.clone(),
@@ -423,6 +429,90 @@ pub fn allreduce(
         });
     }
     Ok(records)
+}
+
+/// `trident bench allreduce --device hip`: RCCL's sum all-reduce on the HIP runtime's streams on
+/// every rank (one GPU per rank: the local rank's), out of place, timed on the host from the
+/// first enqueue to the communicator's stream being idle. There is no datasheet peak for AMD's
+/// GPU-to-GPU links here, so each size is compared with the baseline a run would otherwise take,
+/// `--gpu-collectives mpi`: the same all-reduce staged through host memory (copy out, MPI, copy
+/// in), measured in the same process. Every rank returns the same records.
+pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: f64) -> Result<Vec<CudaRecord>> {
+    use crate::gpu::device::GpuRuntime;
+    let command = "bench allreduce --device hip";
+    let hip = crate::gpu::require_hip_runtime()?;
+    let ordinal = collectives::rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
+    let name = hip.device_info(ordinal)?.name;
+    // The runtime makes the device current on this thread; the communicator's stream is made on it.
+    let device = crate::gpu::hip_device::HipRuntime::new(crate::gpu::hip::Hip::load()?, ordinal)?;
+    let nccl = Nccl::load(Flavor::Rccl)?;
+    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+    let comm = NcclComm::on_current_context(&nccl, collectives::StreamApi::Hip(&hip), world.as_ref(), collectives::timeout()?)?;
+    let sizes = allreduce_sizes(max_bytes);
+    let largest = *sizes.last().ok_or_else(|| Error::flag("--max-size", max_bytes, "at least 1K"))?;
+    let (send, recv) = (device.alloc(largest)?, device.alloc(largest)?);
+    let input = collectives::check_input(dtype, largest / dtype.bytes(), rt.world_rank, 0);
+    device.copy_to_device(send, &input)?;
+    let mut host = vec![0u8; largest];
+    let mut records = Vec::new();
+    let result = (|| -> Result<()> {
+        for bytes in sizes {
+            let count = bytes / dtype.bytes();
+            // Milliseconds per all-reduce over `iterations`, the slowest rank's.
+            let timed = |iterations: usize, host: &mut Vec<u8>, staged: bool| -> Result<f64> {
+                world.barrier();
+                let t = std::time::Instant::now();
+                for _ in 0..iterations {
+                    if staged {
+                        device.copy_to_host(&mut host[..bytes], send)?;
+                        world.all_reduce_bytes(&mut host[..bytes], dtype, ReduceOp::Sum);
+                        device.copy_to_device(recv, &host[..bytes])?;
+                    } else {
+                        comm.after_compute(None)?;
+                        comm.all_reduce(send, recv, count, dtype, ReduceOp::Sum)?;
+                    }
+                }
+                comm.synchronize()?;
+                let mut ms = [t.elapsed().as_secs_f64() * 1e3 / iterations as f64];
+                world.all_reduce(&mut ms, ReduceOp::Max);
+                Ok(ms[0])
+            };
+            let mut measure = |staged: bool| -> Result<f64> {
+                timed(2, &mut host, staged)?;
+                let once_ms = timed(1, &mut host, staged)?.max(1e-3);
+                // Every rank issues the same count: the timings above are already the maximum.
+                let iterations = ((min_seconds * 1e3 / once_ms).ceil()).clamp(3.0, 10_000.0) as usize;
+                timed(iterations, &mut host, staged)
+            };
+            let ms = measure(false)?;
+            let staged_ms = measure(true)?;
+            let (busbw, staged_busbw) = (
+                allreduce_bus_gbs(bytes, ms * 1e-3, rt.world_size),
+                allreduce_bus_gbs(bytes, staged_ms * 1e-3, rt.world_size),
+            );
+            records.push(CudaRecord {
+                bench: "allreduce",
+                device_kind: "hip",
+                shape: format!("{} on {} ranks", human_bytes(bytes), rt.world_size),
+                dtype: if dtype == Dtype::Bf16 { "bf16" } else { "f32" },
+                device: name.clone(),
+                achieved: busbw,
+                unit: "GB/s bus",
+                peak: None,
+                ms,
+                note: format!(
+                    "{} {}, {:.2} x the host-staged MPI path ({staged_busbw:.3} GB/s bus, {staged_ms:.4} ms)",
+                    comm.api(),
+                    nccl.version()?,
+                    busbw / staged_busbw.max(1e-12)
+                ),
+            });
+        }
+        Ok(())
+    })();
+    device.free(send, largest);
+    device.free(recv, largest);
+    result.map(|_| records)
 }
 
 fn human_bytes(b: usize) -> String {
@@ -441,6 +531,7 @@ mod tests {
     fn record(peak: Option<f64>) -> CudaRecord {
         CudaRecord {
             bench: "gemm",
+            device_kind: "cuda",
             shape: "4096x4096x4096 NT".into(),
             dtype: "bf16",
             device: "NVIDIA A100-SXM4-80GB".into(),

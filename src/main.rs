@@ -77,7 +77,11 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
     flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
-    flag("--device", "D", "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL)"),
+    flag(
+        "--device",
+        "D",
+        "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL); allreduce also hip (RCCL on an AMD GPU, against the host-staged MPI path)",
+    ),
     flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
     flag("--shape", "S", "gemm / attention --device cuda: one shape instead of the sweep (MxNxK; BxSxHxD)"),
 ];
@@ -361,12 +365,24 @@ fn cmd_bench_comm(bench: CommBench, rest: &[String]) -> ExitCode {
                 }
                 return Ok(());
             }
-            ("cuda", _) => {
-                return Err(Error::Unsupported(
-                    "--device cuda: of the collectives, only allreduce is benchmarked on the GPU".into(),
-                ))
+            ("hip", CommBench::AllReduce) => {
+                let dtype = match a.str("--dtype").unwrap_or("f32") {
+                    "f32" => trident::comm::Dtype::F32,
+                    "bf16" => trident::comm::Dtype::Bf16,
+                    other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                };
+                let records = trident::bench_cuda::allreduce_hip(&rt, dtype, max, secs)?;
+                if rt.world_rank == 0 {
+                    print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
+                }
+                return Ok(());
             }
-            (other, _) => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+            (device @ ("cuda" | "hip"), _) => {
+                return Err(Error::Unsupported(format!(
+                    "--device {device}: of the collectives, only allreduce is benchmarked on the GPU"
+                )))
+            }
+            (other, _) => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
         }
         let rows = trident::bench_comm::sweep(bench, &rt, max, secs)?;
         if rt.world_rank == 0 {

@@ -155,6 +155,39 @@ fn check_rccl_runs_on_hip_streams_without_a_cuda_driver() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `trident bench allreduce --device hip`: RCCL on HIP streams (the fake NCCL as `TRIDENT_RCCL`)
+/// on two emulated GCDs, every size from 1 KiB to `--max-size`, each against the host-staged MPI
+/// path measured in the same run; `--json` says the device kind.
+#[test]
+fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-bench-allreduce");
+    let rccl = fake_nccl(&dir);
+    let run = |json: bool| {
+        let mut c = std::process::Command::new("mpirun");
+        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "bench", "allreduce", "--device", "hip"]);
+        c.args(["--max-size", "64K", "--min-seconds", "0.01"]);
+        if json {
+            c.arg("--json");
+        }
+        c.envs(emu.env.iter().map(|(k, v)| (k, v))).env("TRIDENT_RCCL", &rccl).env("FAKE_NCCL_ASYNC", "1");
+        c.output().expect("mpirun runs")
+    };
+    let o = run(false);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    eprintln!("{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("allreduce")).collect();
+    assert_eq!(rows.len(), 7, "1 KiB to 64 KiB: {out}");
+    assert!(rows[0].contains("1 KiB on 2 ranks") && rows[6].contains("64 KiB on 2 ranks"), "{out}");
+    assert!(rows.iter().all(|r| r.contains("GB/s bus") && r.contains("x the host-staged MPI path")), "{out}");
+    assert!(out.contains("not in the peak table"), "{out}");
+    let o = run(true);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().filter(|l| l.contains("\"device_kind\": \"hip\"")).count(), 7, "{}", stdout(&o));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
