@@ -440,7 +440,7 @@ pub fn allreduce(
 pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: f64) -> Result<Vec<CudaRecord>> {
     use crate::gpu::device::GpuRuntime;
     let command = "bench allreduce --device hip";
-    let hip = crate::gpu::require_hip_runtime()?;
+    let hip = crate::gpu::hip::Hip::load().map_err(|e| Error::Usage(format!("{command} needs an AMD GPU: {e}")))?;
     let ordinal = collectives::rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
     let name = hip.device_info(ordinal)?.name;
     // The runtime makes the device current on this thread; the communicator's stream is made on it.

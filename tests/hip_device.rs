@@ -185,6 +185,13 @@ fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
     let o = run(true);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).lines().filter(|l| l.contains("\"device_kind\": \"hip\"")).count(), 7, "{}", stdout(&o));
+    // No ROCm: one line.
+    let o = std::process::Command::new(BIN)
+        .args(["bench", "allreduce", "--device", "hip"])
+        .env("TRIDENT_LIBAMDHIP64", dir.join("no-libamdhip64.so"))
+        .output()
+        .unwrap();
+    assert_clean_error(&o, &["bench allreduce --device hip needs an AMD GPU: ", "not found"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
