@@ -1386,6 +1386,37 @@ impl Device for GpuDevice {
 mod tests {
     use super::*;
 
+    #[test]
+    fn kept_blocks_go_to_requests_of_their_size_and_back_when_an_allocation_fails() {
+        use std::cell::{Cell, RefCell};
+        let kept = FreedBlocks::default();
+        let (next, out_of_memory, released) = (Cell::new(0x1000u64), Cell::new(false), RefCell::new(Vec::new()));
+        let fresh = |bytes: usize| {
+            if out_of_memory.get() && released.borrow().is_empty() {
+                return Err(Error::Comm("out of memory".into()));
+            }
+            let p = next.get();
+            next.set(p + bytes as u64);
+            Ok(p)
+        };
+        let release = |p: u64| released.borrow_mut().push(p);
+        let a = kept.alloc(256, fresh, release).unwrap();
+        kept.keep(a, 256);
+        let b = kept.alloc(512, fresh, release).unwrap();
+        assert_ne!(a, b, "a block of another size");
+        assert_eq!(kept.alloc(256, fresh, release).unwrap(), a, "the kept block of the same size");
+        kept.keep(a, 256);
+        kept.keep(b, 512);
+        // Out of memory for a new size: the kept blocks go back, then the request is retried.
+        out_of_memory.set(true);
+        let c = kept.alloc(1024, fresh, release).unwrap();
+        assert_eq!(released.borrow().len(), 2);
+        assert!(c != a && c != b);
+        // Nothing kept and still out of memory: the error.
+        released.borrow_mut().clear();
+        assert!(kept.alloc(2048, fresh, release).is_err());
+    }
+
     /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
     fn launch_bounds(source: &str, name: &str) -> Option<u32> {
         // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
