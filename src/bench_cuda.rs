@@ -441,13 +441,8 @@ pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: 
     use crate::gpu::device::GpuRuntime;
     let command = "bench allreduce --device hip";
     let hip = crate::gpu::hip::Hip::load().map_err(|e| Error::Usage(format!("{command} needs an AMD GPU: {e}")))?;
-    let ordinal = collectives::rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
-    let name = hip.device_info(ordinal)?.name;
-    // The runtime makes the device current on this thread; the communicator's stream is made on it.
-    let device = crate::gpu::hip_device::HipRuntime::new(crate::gpu::hip::Hip::load()?, ordinal)?;
-    let nccl = Nccl::load(Flavor::Rccl)?;
-    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
-    let comm = NcclComm::on_current_context(&nccl, collectives::StreamApi::Hip(&hip), world.as_ref(), collectives::timeout()?)?;
+    let rccl = collectives::RcclOnHip::open(rt, hip, command)?;
+    let (device, world, nccl, comm) = (&rccl.device, rccl.world.as_ref(), &rccl.nccl, rccl.comm()?);
     let sizes = allreduce_sizes(max_bytes);
     let largest = *sizes.last().ok_or_else(|| Error::flag("--max-size", max_bytes, "at least 1K"))?;
     let (send, recv) = (device.alloc(largest)?, device.alloc(largest)?);
@@ -495,7 +490,7 @@ pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: 
                 device_kind: "hip",
                 shape: format!("{} on {} ranks", human_bytes(bytes), rt.world_size),
                 dtype: if dtype == Dtype::Bf16 { "bf16" } else { "f32" },
-                device: name.clone(),
+                device: rccl.name.clone(),
                 achieved: busbw,
                 unit: "GB/s bus",
                 peak: None,

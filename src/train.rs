@@ -15,6 +15,7 @@ use crate::device::cpu::{peak, CpuDevice};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
+use crate::gpu::collectives::StreamApi;
 use crate::model::gpt::ChunkOutput;
 use crate::model::{ChunkPlan, Gpt, GptConfig, ModelParallel};
 use crate::optim::distributed::{self, DistributedAdamW};
@@ -276,13 +277,12 @@ impl<D: Device> Pipeline<'_, D> {
     /// next (`backward`: gradients): through the device's pipeline links in order, or through
     /// MPI on host memory matched by tag.
     fn recv(&self, tl: &mut Timeline, micro: usize, chunk: usize, backward: bool) -> D::Buf {
-        let p = self.stages();
         let t0 = tl.now_us();
         let mut buf = self.buffer();
         match self.dev.device_p2p() {
             Some(p2p) => p2p.recv(&mut buf, backward),
             None => {
-                let from = if backward { (self.stage() + 1) % p } else { (self.stage() + p - 1) % p };
+                let from = pipeline::recv_source(self.stages(), self.stage(), backward);
                 let tag = p2p_tag(micro, chunk, self.chunks, backward);
                 match self.dev.host_f32(&mut buf) {
                     Some(host) => self.groups.pp.recv_tagged(host, from, tag),
@@ -302,7 +302,6 @@ impl<D: Device> Pipeline<'_, D> {
     /// of its input back to the previous one. Neither path blocks: the buffer is kept until the
     /// send is known delivered (`finish_sends`).
     fn send(&self, tl: &mut Timeline, buf: D::Buf, micro: usize, chunk: usize, backward: bool) {
-        let p = self.stages();
         let t0 = tl.now_us();
         match self.dev.device_p2p() {
             Some(p2p) => {
@@ -310,11 +309,7 @@ impl<D: Device> Pipeline<'_, D> {
                 self.messages.borrow_mut().in_flight.push(buf);
             }
             None => {
-                let (to, to_chunk) = if backward {
-                    ((self.stage() + p - 1) % p, if self.stage() == 0 { chunk - 1 } else { chunk })
-                } else {
-                    ((self.stage() + 1) % p, if self.stage() == p - 1 { chunk + 1 } else { chunk })
-                };
+                let (to, to_chunk) = pipeline::send_target(self.stages(), self.stage(), chunk, backward);
                 let host = match self.dev.host_f32_ref(&buf) {
                     Some(h) => h.to_vec(),
                     None => {
@@ -330,6 +325,40 @@ impl<D: Device> Pipeline<'_, D> {
             }
         }
         tl.span(SpanKind::Send, micro, chunk, t0);
+    }
+
+    /// The forward pass of (micro, chunk) on this stage: receives its input (after the first
+    /// virtual stage), runs the chunk and sends its output on (before the last), or returns the
+    /// chunk's loss sum (0 elsewhere). `timed` records the pass as busy time of a training step.
+    fn forward(
+        &self,
+        tl: &mut Timeline,
+        model: &mut Gpt<D>,
+        (micro, chunk): (usize, usize),
+        (tokens, labels): (&[u32], &[u32]),
+        (mbs, seq): (usize, usize),
+        timed: bool,
+    ) -> f64 {
+        let vs = self.virtual_stage(chunk);
+        let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
+        let mut out = (vs < self.last_virtual()).then(|| self.buffer());
+        let t0 = tl.now_us();
+        let result =
+            model.forward_micro(self.dev, self.tp, micro, tokens, hidden.as_ref(), Some(labels), mbs, seq, out.as_mut());
+        if timed {
+            tl.span(SpanKind::Forward, micro, chunk, t0);
+        }
+        if let Some(h) = hidden {
+            self.done_with(h);
+        }
+        match (result, out) {
+            (ChunkOutput::Loss(l), _) => l,
+            (ChunkOutput::Hidden, Some(h)) => {
+                self.send(tl, h, micro, chunk, false);
+                0.0
+            }
+            (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
+        }
     }
 
     /// Waits until every send of this pass was delivered and keeps the buffers for reuse.
@@ -368,33 +397,11 @@ impl<D: Device> Pipeline<'_, D> {
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
             match pass {
                 Pass::Forward { micro, chunk } => {
-                    let vs = self.virtual_stage(chunk);
-                    let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
                     fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
-                    let mut out = (vs < self.last_virtual()).then(|| self.buffer());
-                    let t0 = tl.now_us();
-                    let result = chunks[chunk].model.forward_micro(
-                        self.dev,
-                        self.tp,
-                        micro,
-                        &tokens,
-                        hidden.as_ref(),
-                        Some(&labels),
-                        mbs,
-                        seq,
-                        out.as_mut(),
-                    );
-                    tl.span(SpanKind::Forward, micro, chunk, t0);
-                    if let Some(h) = hidden {
-                        self.done_with(h);
-                    }
+                    let model = &mut chunks[chunk].model;
+                    loss_sum += self.forward(tl, model, (micro, chunk), (&tokens, &labels), (mbs, seq), true);
                     // Activation sets the chunks hold right now, counted by the model itself.
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
-                    match (result, out) {
-                        (ChunkOutput::Loss(l), _) => loss_sum += l,
-                        (ChunkOutput::Hidden, Some(h)) => self.send(tl, h, micro, chunk, false),
-                        (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
-                    }
                 }
                 Pass::Backward { micro, chunk } => {
                     let vs = self.virtual_stage(chunk);
@@ -450,30 +457,9 @@ impl<D: Device> Pipeline<'_, D> {
             for micro in 0..self.micro {
                 fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
                 for chunk in 0..self.chunks {
-                    let vs = self.virtual_stage(chunk);
-                    let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
-                    let mut out = (vs < self.last_virtual()).then(|| self.buffer());
                     let model = &mut chunks[chunk].model;
-                    let result = model.forward_micro(
-                        self.dev,
-                        self.tp,
-                        micro,
-                        &tokens,
-                        hidden.as_ref(),
-                        Some(&labels),
-                        mbs,
-                        seq,
-                        out.as_mut(),
-                    );
+                    total += self.forward(tl, model, (micro, chunk), (&tokens, &labels), (mbs, seq), false);
                     model.discard(micro);
-                    if let Some(h) = hidden {
-                        self.done_with(h);
-                    }
-                    match (result, out) {
-                        (ChunkOutput::Loss(l), _) => total += l,
-                        (ChunkOutput::Hidden, Some(h)) => self.send(tl, h, micro, chunk, false),
-                        (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
-                    }
                 }
             }
             self.finish_sends();
@@ -862,6 +848,8 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
         "cuda" => {
             let driver = crate::gpu::driver::Driver::load()
                 .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
+            // Kept for the process's life: the communicators' streams borrow it.
+            let driver: &'static crate::gpu::driver::Driver = Box::leak(Box::new(driver));
             let count = driver.device_count()?;
             run_on(
                 cfg,
@@ -880,11 +868,11 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                     let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
                     Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
                 },
-                |dev, groups| attach_gpu_collectives(cfg, dev, groups),
+                |dev, groups| attach_gpu_collectives(cfg, dev, groups, StreamApi::Cuda(driver)),
             )
         }
         "hip" => {
-            let hip = crate::gpu::require_hip_runtime()?;
+            let hip: &'static crate::gpu::hip::Hip = Box::leak(Box::new(crate::gpu::require_hip_runtime()?));
             let count = hip.device_count()?;
             run_on(
                 cfg,
@@ -902,7 +890,7 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
                     let what = format!("nominal dense bf16 of an {part}, {arch}");
                     Ok((dev, DevicePeak { gflops: tflops * 1e3, what }))
                 },
-                |dev, groups| attach_gpu_collectives(cfg, dev, groups),
+                |dev, groups| attach_gpu_collectives(cfg, dev, groups, StreamApi::Hip(hip)),
             )
         }
         _ => {
@@ -922,18 +910,18 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     }
 }
 
-/// `--gpu-collectives nccl|rccl` on the GPU Device (NCCL or RCCL on CUDA streams, RCCL on HIP
-/// streams): loads the library (every rank agrees that
-/// it could before any communicator is made), then creates, eagerly and in the same order on
-/// every rank, one communicator for each of this rank's groups that moves tensors (tensor
-/// parallel, the tied-embedding pair, data parallel x depth) and has more than one rank.
+/// `--gpu-collectives nccl|rccl` on the GPU Device, with streams made by `api` (the CUDA driver,
+/// or the HIP runtime for RCCL on AMD): loads the library (every rank agrees that it could before
+/// any communicator is made), then creates, eagerly and in the same order on every rank, one
+/// communicator for each of this rank's groups that moves tensors (tensor parallel, the
+/// tied-embedding pair, data parallel x depth) and has more than one rank, and the pipeline links.
 /// Returns the start-up line saying which path the collectives take.
 fn attach_gpu_collectives(
     cfg: &TrainConfig,
     dev: &mut crate::gpu::device::GpuDevice,
     groups: &Groups,
+    api: StreamApi<'static>,
 ) -> Result<String> {
-    use crate::gpu::collectives::StreamApi;
     use crate::gpu::nccl::{Flavor, Nccl};
     let flavor = match cfg.gpu_collectives.as_str() {
         "mpi" => {
@@ -963,12 +951,8 @@ fn attach_gpu_collectives(
         Ok(n) => n,
     };
     let describe = format!("{} {} ({})", flavor.api(), nccl.version().unwrap_or_default(), nccl.path());
-    // The library and driver tables live as long as the process (the communicators borrow them).
+    // The library table lives as long as the process (the communicators borrow it).
     let nccl: &'static Nccl = Box::leak(Box::new(nccl));
-    let api = match cfg.device.as_str() {
-        "hip" => StreamApi::Hip(Box::leak(Box::new(crate::gpu::hip::Hip::load()?))),
-        _ => StreamApi::Cuda(Box::leak(Box::new(crate::gpu::driver::Driver::load()?))),
-    };
     let mut comms = Vec::new();
     let mut names = Vec::new();
     for (name, group) in [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica)] {

@@ -357,19 +357,12 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
     let mut args = vec!["train", "--device", "cuda", "--data-path", &data, "--train-iters", "4"];
     args.extend_from_slice(TINY_GPU);
     args.extend_from_slice(&["--tensor-model-parallel-size", "2", "--cpu-threads", "1"]);
-    let mpirun = |env: &[(&str, &Path)]| {
-        let mut c = Command::new("mpirun");
-        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN]).args(&args);
-        for (k, v) in &emu.env {
-            c.env(k, v);
-        }
-        for (k, v) in env {
-            c.env(k, v);
-        }
+    let run = |args: &[&str], env: &[(&str, &Path)]| {
         let t = std::time::Instant::now();
-        let o = c.output().expect("mpirun runs");
-        (o, t.elapsed())
+        let o = mpirun_command(2, args).envs(emu.env.iter().cloned()).envs(env.iter().copied()).output();
+        (o.expect("mpirun runs"), t.elapsed())
     };
+    let mpirun = |env: &[(&str, &Path)]| run(&args, env);
     // Rank 1 stops taking part at its 20th collective (during the first iteration's backward);
     // the fake NCCL gives up after 2 s and rank 0 ends with NCCL's error.
     let (o, took) = mpirun(&[
@@ -394,17 +387,19 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
     let mut pp_args = args.clone();
     let tp = pp_args.iter().position(|a| *a == "--tensor-model-parallel-size").unwrap();
     pp_args[tp] = "--pipeline-model-parallel-size";
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN]).args(&pp_args);
-    c.envs(emu.env.iter().map(|(k, v)| (k, v)));
-    c.env("TRIDENT_NCCL", &nccl).env("FAKE_NCCL_FAIL_PROCESS", "1").env("FAKE_NCCL_FAIL_AT", "5");
-    c.env("FAKE_NCCL_TIMEOUT_SECS", "2");
-    let t = std::time::Instant::now();
-    let o = c.output().expect("mpirun runs");
+    let (o, took) = run(
+        &pp_args,
+        &[
+            ("TRIDENT_NCCL", &nccl),
+            ("FAKE_NCCL_FAIL_PROCESS", Path::new("1")),
+            ("FAKE_NCCL_FAIL_AT", Path::new("5")),
+            ("FAKE_NCCL_TIMEOUT_SECS", Path::new("2")),
+        ],
+    );
     let err = stderr(&o);
     assert!(!o.status.success(), "{err}");
-    assert!(t.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t.elapsed());
-    eprintln!("a vanished pipeline peer, after {:.1} s:\n{err}", t.elapsed().as_secs_f64());
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    eprintln!("a vanished pipeline peer, after {:.1} s:\n{err}", took.as_secs_f64());
     assert!(
         err.lines().any(|l| l.starts_with("trident: error: rank 0: NCCL: ")
             && l.contains("ncclRemoteError (6)")

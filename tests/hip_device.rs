@@ -137,9 +137,8 @@ fn check_rccl_runs_on_hip_streams_without_a_cuda_driver() {
     let dir = scratch("hip-check-rccl");
     let rccl = fake_nccl(&dir);
     let run = |corrupt: bool| {
-        let mut c = std::process::Command::new("mpirun");
-        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "check", "nccl", "--comm-library", "rccl"]);
-        c.envs(emu.env.iter().map(|(k, v)| (k, v)));
+        let mut c = mpirun_command(2, &["check", "nccl", "--comm-library", "rccl"]);
+        c.envs(emu.env.iter().cloned());
         c.env("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")).env("TRIDENT_RCCL", &rccl).env("FAKE_NCCL_ASYNC", "1");
         if corrupt {
             c.env("FAKE_NCCL_CORRUPT_RANK", "1");
@@ -164,13 +163,11 @@ fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
     let dir = scratch("hip-bench-allreduce");
     let rccl = fake_nccl(&dir);
     let run = |json: bool| {
-        let mut c = std::process::Command::new("mpirun");
-        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "bench", "allreduce", "--device", "hip"]);
-        c.args(["--max-size", "64K", "--min-seconds", "0.01"]);
+        let mut c = mpirun_command(2, &["bench", "allreduce", "--device", "hip", "--max-size", "64K", "--min-seconds", "0.01"]);
         if json {
             c.arg("--json");
         }
-        c.envs(emu.env.iter().map(|(k, v)| (k, v))).env("TRIDENT_RCCL", &rccl).env("FAKE_NCCL_ASYNC", "1");
+        c.envs(emu.env.iter().cloned()).env("TRIDENT_RCCL", &rccl).env("FAKE_NCCL_ASYNC", "1");
         c.output().expect("mpirun runs")
     };
     let o = run(false);

@@ -168,31 +168,14 @@ impl<'a> NcclComm<'a> {
     ) -> Result<Self> {
         let streams = api.streams()?;
         let me = group.rank();
-        let mut message = [0u8; 1 + nccl::UNIQUE_ID_BYTES];
-        let mut local_error = None;
-        if me == from {
-            match nccl.unique_id() {
-                Ok(id) => {
-                    message[0] = 1;
-                    message[1..].copy_from_slice(&id.internal);
-                }
-                Err(e) => local_error = Some(e),
+        let maker = format!("pipeline stage {from} (making the link to stage {to})");
+        let id = nccl::pass_unique_id((me == from).then_some(|| nccl.unique_id()), &maker, |message| {
+            if me == from {
+                group.send_recv_bytes(Some((message, to)), None);
+            } else {
+                group.send_recv_bytes(None, Some((message, from)));
             }
-            group.send_recv_bytes(Some((&message, to)), None);
-        } else {
-            group.send_recv_bytes(None, Some((&mut message, from)));
-        }
-        if let Some(e) = local_error {
-            return Err(e);
-        }
-        if message[0] != 1 {
-            return Err(Error::Comm(format!(
-                "pipeline stage {from} could not create the NCCL unique id for its link to stage {to} (its error is \
-                 printed by that rank)"
-            )));
-        }
-        let mut id = nccl::UniqueId { internal: [0; nccl::UNIQUE_ID_BYTES] };
-        id.internal.copy_from_slice(&message[1..]);
+        })?;
         Self::init(nccl, streams, id, usize::from(me != from), 2, timeout)
     }
 
@@ -960,16 +943,38 @@ pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
     check_report(rt, cases, &nccl)
 }
 
+/// RCCL over every rank of the job on this rank's AMD GPU (placed as training places it), for
+/// `check nccl` and `bench allreduce --device hip` on a node without a CUDA driver.
+pub struct RcclOnHip {
+    /// The GPU's runtime, current on this thread (the communicator's stream is made on it).
+    pub device: super::hip_device::HipRuntime,
+    pub nccl: Nccl,
+    pub world: Box<dyn Comm>,
+    pub name: String,
+}
+
+impl RcclOnHip {
+    pub fn open(rt: &Runtime, hip: super::hip::Hip, command: &str) -> Result<RcclOnHip> {
+        let ordinal = rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
+        let name = hip.device_info(ordinal)?.name;
+        let device = super::hip_device::HipRuntime::new(hip, ordinal)?;
+        let nccl = Nccl::load(Flavor::Rccl)?;
+        let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+        Ok(RcclOnHip { device, nccl, world, name })
+    }
+
+    /// The communicator over the job, its stream on the HIP runtime.
+    pub fn comm(&self) -> Result<NcclComm<'_>> {
+        NcclComm::on_current_context(&self.nccl, StreamApi::Hip(self.device.hip()), self.world.as_ref(), timeout()?)
+    }
+}
+
 /// `check` with RCCL on the HIP runtime (the HIP Device's null stream as the compute stream).
 fn check_on_hip(rt: &Runtime, hip: super::hip::Hip) -> Result<String> {
     use super::device::GpuRuntime;
-    let ordinal = rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", "check nccl")?;
-    // The runtime makes the device current on this thread; the streams are made on it.
-    let device = super::hip_device::HipRuntime::new(super::hip::Hip::load()?, ordinal)?;
-    let nccl = Nccl::load(Flavor::Rccl)?;
-    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
-    let comm = NcclComm::on_current_context(&nccl, StreamApi::Hip(&hip), world.as_ref(), timeout()?)?;
-    let cases = compare_cases(rt, world.as_ref(), &comm, &mut |case, send, recv_bytes| {
+    let rccl = RcclOnHip::open(rt, hip, "check nccl")?;
+    let (device, world, comm) = (&rccl.device, rccl.world.as_ref(), rccl.comm()?);
+    let cases = compare_cases(rt, world, &comm, &mut |case, send, recv_bytes| {
         let (d_send, d_recv) = (device.alloc(send.len().max(1))?, device.alloc(recv_bytes.max(1))?);
         let result = (|| {
             device.copy_to_device(d_send, send)?;
@@ -987,7 +992,7 @@ fn check_on_hip(rt: &Runtime, hip: super::hip::Hip) -> Result<String> {
         device.free(d_recv, recv_bytes.max(1));
         result
     })?;
-    check_report(rt, cases, &nccl)
+    check_report(rt, cases, &rccl.nccl)
 }
 
 /// One check case on device memory: the case, this rank's input bytes, the result's byte count ->

@@ -33,6 +33,11 @@ thread_local! {
 }
 
 impl HipRuntime {
+    /// The HIP runtime table this device runs on.
+    pub fn hip(&self) -> &Hip {
+        &self.hip
+    }
+
     /// `hipFree` of a block from `hipMalloc` (through `FreedBlocks`, once per block).
     fn release(&self, pointer: u64) {
         // SAFETY: the pointer came from hipMalloc and left the kept blocks, so is freed once.

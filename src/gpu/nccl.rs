@@ -229,10 +229,26 @@ pub fn version_string(code: i32) -> String {
 /// ncclGetUniqueId, the Comm seam broadcasts the 128 bytes). A failure on rank 0 travels with the
 /// broadcast, so every rank returns an error instead of waiting for an id that never comes.
 pub fn exchange_unique_id(comm: &dyn Comm, make: impl FnOnce() -> Result<UniqueId>) -> Result<UniqueId> {
+    let size = comm.size();
+    pass_unique_id((comm.rank() == 0).then_some(make), "rank 0", |message| {
+        if size > 1 {
+            comm.broadcast_bytes(message, Dtype::F32, 0);
+        }
+    })
+}
+
+/// The unique id that one rank makes (`make` is Some there) and `carry` moves to the others
+/// (a broadcast, a send to one peer), with a status word in front: a failure where the id is
+/// made travels with it, so a receiving rank returns an error naming `maker` instead of waiting.
+pub fn pass_unique_id(
+    make: Option<impl FnOnce() -> Result<UniqueId>>,
+    maker: &str,
+    carry: impl FnOnce(&mut [u8]),
+) -> Result<UniqueId> {
     // Four status bytes keep the message a whole number of f32 for the byte-level broadcast.
     let mut message = [0u8; 4 + UNIQUE_ID_BYTES];
     let mut local_error = None;
-    if comm.rank() == 0 {
+    if let Some(make) = make {
         match make() {
             Ok(id) => {
                 message[0] = 1;
@@ -241,14 +257,14 @@ pub fn exchange_unique_id(comm: &dyn Comm, make: impl FnOnce() -> Result<UniqueI
             Err(e) => local_error = Some(e),
         }
     }
-    if comm.size() > 1 {
-        comm.broadcast_bytes(&mut message, Dtype::F32, 0);
-    }
+    carry(&mut message);
     if let Some(e) = local_error {
         return Err(e);
     }
     if message[0] != 1 {
-        return Err(Error::Comm("rank 0 could not create the NCCL unique id (its error is printed by rank 0)".into()));
+        return Err(Error::Comm(format!(
+            "{maker} could not create the NCCL unique id (its error is printed by that rank)"
+        )));
     }
     let mut id = UniqueId { internal: [0; UNIQUE_ID_BYTES] };
     id.internal.copy_from_slice(&message[4..]);

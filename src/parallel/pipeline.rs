@@ -103,6 +103,28 @@ pub fn peak_in_flight(passes: &[Pass]) -> usize {
     peak
 }
 
+/// Where stage `stage` sends its message of `chunk`: activations to the next stage, gradients
+/// (`backward`) to the previous; returns that stage and the chunk the message feeds there (one
+/// chunk on when activations wrap from the last stage to the first, one back when gradients wrap
+/// from the first to the last).
+pub fn send_target(stages: usize, stage: usize, chunk: usize, backward: bool) -> (usize, usize) {
+    if backward {
+        ((stage + stages - 1) % stages, if stage == 0 { chunk - 1 } else { chunk })
+    } else {
+        ((stage + 1) % stages, if stage == stages - 1 { chunk + 1 } else { chunk })
+    }
+}
+
+/// The stage whose messages stage `stage` receives: the previous one's activations, the next
+/// one's gradients (`backward`).
+pub fn recv_source(stages: usize, stage: usize, backward: bool) -> usize {
+    if backward {
+        (stage + 1) % stages
+    } else {
+        (stage + stages - 1) % stages
+    }
+}
+
 /// The passes of evaluation (forward only): every (micro-batch, chunk) in order.
 pub fn forward_passes(micro: usize, chunks: usize) -> Vec<Pass> {
     (0..micro).flat_map(|m| (0..chunks).map(move |c| Pass::Forward { micro: m, chunk: c })).collect()
@@ -124,29 +146,21 @@ pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pa
     // (backward?, sender, receiver) -> messages in the order the sender sends / receiver takes.
     let (mut sent, mut taken): (BTreeMap<_, Stream>, BTreeMap<_, Stream>) = Default::default();
     for s in 0..stages {
-        let (next, prev) = ((s + 1) % stages, (s + stages - 1) % stages);
         for pass in passes(s) {
-            match pass {
-                Pass::Forward { micro, chunk } => {
-                    let vs = chunk * stages + s;
-                    if vs > 0 {
-                        taken.entry((false, prev, s)).or_default().push((micro, chunk));
-                    }
-                    if vs < last {
-                        let to_chunk = if s == stages - 1 { chunk + 1 } else { chunk };
-                        sent.entry((false, s, next)).or_default().push((micro, to_chunk));
-                    }
-                }
-                Pass::Backward { micro, chunk } => {
-                    let vs = chunk * stages + s;
-                    if vs < last {
-                        taken.entry((true, next, s)).or_default().push((micro, chunk));
-                    }
-                    if vs > 0 {
-                        let to_chunk = if s == 0 { chunk - 1 } else { chunk };
-                        sent.entry((true, s, prev)).or_default().push((micro, to_chunk));
-                    }
-                }
+            let (backward, micro, chunk) = match pass {
+                Pass::Forward { micro, chunk } => (false, micro, chunk),
+                Pass::Backward { micro, chunk } => (true, micro, chunk),
+            };
+            let vs = chunk * stages + s;
+            // Forward takes activations after the first virtual stage and sends them before the
+            // last; backward takes and sends gradients the other way round.
+            let (takes, sends) = if backward { (vs < last, vs > 0) } else { (vs > 0, vs < last) };
+            if takes {
+                taken.entry((backward, recv_source(stages, s, backward), s)).or_default().push((micro, chunk));
+            }
+            if sends {
+                let (to, to_chunk) = send_target(stages, s, chunk, backward);
+                sent.entry((backward, s, to)).or_default().push((micro, to_chunk));
             }
         }
     }

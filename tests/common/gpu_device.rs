@@ -145,12 +145,7 @@ pub fn train_losses(
     let o = if ranks == 1 {
         run_with(env, &args)
     } else {
-        let mut c = Command::new("mpirun");
-        c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]).args(&args);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.output().expect("mpirun runs: install Open MPI")
+        super::mpirun_command(ranks, &args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
     };
     assert!(o.status.success(), "--device {device} on {ranks} ranks: {}{}", stdout(&o), stderr(&o));
     eprintln!("--device {device} on {ranks} rank(s) {extra:?}: {:.1} s", t.elapsed().as_secs_f64());

@@ -19,11 +19,17 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The command that runs the binary on `ranks` ranks under Open MPI's mpirun (as root,
+/// oversubscribed), for callers that add an environment.
+pub fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]).args(args);
+    c
+}
+
 /// Runs the binary on `ranks` ranks under Open MPI's mpirun (as root, oversubscribed).
 pub fn mpirun(ranks: usize, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN])
-        .args(args)
+    mpirun_command(ranks, args)
         .output()
         .expect("mpirun runs: install Open MPI (Debian: libopenmpi-dev openmpi-bin), as .ci/run does")
 }
