@@ -1,7 +1,7 @@
 //! `trident check gpu` (behind `make gpu-check`): the device smoke test on every visible NVIDIA
 //! GPU, else on every visible AMD GPU, then the GPU Device's ops against the reference device on
 //! each (`ops::run_all`, small shapes; `trident check ops` runs the full set).
-//! The smoke test, on a real GPU: compile a small kernel with NVRTC for the device's architecture
+//! The smoke test (`smoke_cuda`), on a real GPU: compile a small kernel with NVRTC for the device's architecture
 //! (through the module cache), load it with `cuModuleLoadData`, launch it over a ragged size, copy
 //! the result back and compare it with the host's, exactly. `smoke_hip` is the same test on an AMD
 //! GPU: the same kernel source compiled by hipRTC for the device's gfx architecture (through the
@@ -45,35 +45,34 @@ pub fn run() -> Result<()> {
 fn check_cuda(driver: &Driver, n: usize) -> Result<()> {
     let nvrtc = Nvrtc::load()?;
     let cache = ModuleCache::at_default_root()?;
-    for ordinal in 0..n {
-        print_smoke(ordinal, &smoke_cuda(driver, &nvrtc, &cache, ordinal)?);
-    }
-    // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
-    // which GPUs launch kernels at all).
-    for ordinal in 0..n {
-        let dev = GpuDevice::cuda(ordinal)?;
-        device_ops_line(ordinal, "CUDA", &dev, &[64, 128])?;
-    }
-    println!(
-        "gpu check: passed on {n} NVIDIA device{}; `trident check ops` compares every fused op with the reference",
-        if n == 1 { "" } else { "s" }
-    );
-    Ok(())
+    check_each(n, "NVIDIA", "CUDA", &|ordinal| smoke_cuda(driver, &nvrtc, &cache, ordinal), GpuDevice::cuda)
 }
 
 fn check_hip(hip: &Hip, n: usize) -> Result<()> {
     let hiprtc =
         Hiprtc::load().map_err(|e| Error::Usage(format!("check gpu on AMD compiles its kernel with hipRTC: {e}")))?;
     let cache = ModuleCache::at_default_root()?;
+    check_each(n, "AMD", "HIP", &|ordinal| smoke_hip(hip, &hiprtc, &cache, ordinal), GpuDevice::hip)
+}
+
+/// The smoke test on each of the `n` GPUs of one vendor, then the Device (`api`) on each.
+fn check_each(
+    n: usize,
+    vendor: &str,
+    api: &str,
+    smoke: &dyn Fn(usize) -> Result<SmokeReport>,
+    device: fn(usize) -> Result<GpuDevice>,
+) -> Result<()> {
     for ordinal in 0..n {
-        print_smoke(ordinal, &smoke_hip(hip, &hiprtc, &cache, ordinal)?);
+        print_smoke(ordinal, &smoke(ordinal)?);
     }
+    // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
+    // which GPUs launch kernels at all).
     for ordinal in 0..n {
-        let dev = GpuDevice::hip(ordinal)?;
-        device_ops_line(ordinal, "HIP", &dev, &[64, 128])?;
+        device_ops_line(ordinal, api, &device(ordinal)?, &[64, 128])?;
     }
     println!(
-        "gpu check: passed on {n} AMD device{}; `trident check ops` compares every fused op with the reference",
+        "gpu check: passed on {n} {vendor} device{}; `trident check ops` compares every fused op with the reference",
         if n == 1 { "" } else { "s" }
     );
     Ok(())
