@@ -225,7 +225,7 @@ fn launch_kernel(
 
 /// Deterministic bf16 values in [-1, 1).
 fn bf16_values(len: usize, seed: u64) -> Vec<Bf16> {
-    crate::bench_gemm::fill(len, seed).into_iter().map(Bf16::from_f32).collect()
+    crate::rng::fill(len, seed).into_iter().map(Bf16::from_f32).collect()
 }
 
 /// `trident bench gemm --device cuda`: `gemm_fwd_bf16` (bf16 out, no epilogue) over `GEMM_SHAPES`.

@@ -1,14 +1,11 @@
-//! trident: Megatron-style GPT training in one binary. The library holds everything; `main.rs`
-//! only turns a command line into a call and an exit code.
+//! trident: Megatron-style GPT training in one binary. The library holds everything: the commands
+//! (`cmd`: flags in, library calls, printing out) above what they run; `main.rs` only hands the
+//! command line to `cmd::main` and returns its exit code.
 
-pub mod bench_comm;
 pub mod bench_cuda;
-pub mod bench_gemm;
-pub mod bench_ops;
-pub mod bench_summa;
-pub mod check_comm;
 pub mod checkpoint;
 pub mod cli;
+pub mod cmd;
 pub mod comm;
 pub mod config;
 pub mod data;

@@ -1,5 +1,6 @@
 //! Counter-based random numbers (Philox-4x32-10): every weight element and every sampling draw is
 //! a pure function of (seed, stream name, index), so any rank can generate exactly its own shard.
+//! Also `fill`, the deterministic operands of the GEMM tests and the benchmarks.
 
 /// One Philox-4x32-10 block: 128 random bits from a 128-bit counter and a 64-bit key.
 pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
@@ -64,6 +65,20 @@ impl Stream {
     }
 }
 
+/// Deterministic values in [-1, 1): a xorshift64 stream from `seed`, for test and benchmark
+/// operands (the GEMM tests, `bench gemm`, the CUDA benches), not for anything trained.
+pub fn fill(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +113,13 @@ mod tests {
         assert_ne!(s.normal(7), other_name.normal(7));
         assert_ne!(s.normal(7), other_seed.normal(7));
         assert_eq!(s.normal(7), Stream::new(1234, "decoder.layers.0.mlp.linear_fc1.weight", 0).normal(7));
+    }
+
+    #[test]
+    fn fill_gives_the_same_values_as_ever() {
+        // The GEMM tests' operands and the benchmarks' inputs, bit for bit (0.71958816, -0.2113974, ...).
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(bits(fill(4, 1)), [0x3f3836ee, 0xbe587890, 0xbd1f0640, 0xbf1f41f6]);
+        assert_eq!(bits(fill(2, 7)), [0x3f6c7eea, 0x3f599dd2]);
     }
 }

@@ -547,5 +547,5 @@ fn the_emulated_smoke_kernel_is_the_binarys() {
     let code = |s: &str| -> String {
         s.lines().filter(|l| !l.trim_start().starts_with("//")).flat_map(|l| l.split_whitespace()).collect()
     };
-    assert_eq!(code(&inc), code(trident::gpu::smoke::AXPY_SOURCE));
+    assert_eq!(code(&inc), code(trident::cmd::check::gpu::AXPY_SOURCE));
 }

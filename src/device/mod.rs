@@ -1,7 +1,6 @@
 //! The Device seam: the fused ops the model calls on buffers that live on one device. A backend
 //! implements this trait; no model, parallel or optimizer code branches on which backend it is.
 
-pub mod check;
 pub mod cpu;
 pub mod kernels;
 pub mod reference;

@@ -24,9 +24,9 @@
 //!
 //! **Comparison.** `Collective` describes one operation and its sizes; `run_on_device` runs it
 //! through NCCL and `run_on_host` through the MPI Comm on host buffers, so `trident check nccl`
-//! (`check`) compares the two bit for bit on every rank.
+//! compares the two bit for bit on every rank.
 
-use super::driver::{CuDevicePtr, DeviceBuffer, Driver, Event, PrimaryContext, Stream};
+use super::driver::{CuDevicePtr, Driver, Event, PrimaryContext, Stream};
 use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
 use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
@@ -860,23 +860,6 @@ pub fn check_input(dtype: Dtype, len: usize, rank: usize, salt: usize) -> Vec<u8
     }
 }
 
-/// The collectives `trident check nccl` compares: every op in f32 and bf16, sizes from one
-/// element to more than a megabyte, ragged ones among them.
-pub fn check_cases(ranks: usize) -> Vec<Collective> {
-    let mut cases = Vec::new();
-    for dtype in [Dtype::F32, Dtype::Bf16] {
-        for count in [1, 1000 + 3, 300_000] {
-            cases.push(Collective::AllReduce { count, dtype, op: ReduceOp::Sum });
-            cases.push(Collective::AllGather { send_count: count, dtype });
-            cases.push(Collective::ReduceScatter { recv_count: count, dtype });
-            cases.push(Collective::Broadcast { count, dtype, root: ranks - 1 });
-            cases.push(Collective::RingSendRecv { count, dtype });
-        }
-    }
-    cases.push(Collective::AllReduce { count: 4099, dtype: Dtype::F32, op: ReduceOp::Max });
-    cases
-}
-
 /// The device ordinal this rank drives among `devices` of `kind` ("cuda" or "hip"), chosen as
 /// training chooses it (`comm::placement`: the node-local rank over the visible devices, or
 /// `TRIDENT_GPU_ORDER`). `runtime` names the library for the error when it sees no device.
@@ -903,46 +886,6 @@ pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize
     rank_device_of(rt, driver.device_count()?, "cuda", &format!("driver ({})", driver.path()), command)
 }
 
-/// `trident check nccl`: on every rank of the job, an NCCL (or RCCL) communicator over the world
-/// runs every case of `check_cases` on device memory, ordered after a compute stream with events,
-/// and the result is compared bit for bit with the same op through MPI on host memory. Returns
-/// the report line. RCCL runs on the HIP runtime's streams when the node has no CUDA driver but a
-/// HIP runtime (an AMD node), else on the CUDA driver's.
-pub fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
-    if flavor == Flavor::Rccl {
-        if let Err(cuda) = Driver::load() {
-            return match super::hip::Hip::load() {
-                Ok(hip) => check_on_hip(rt, hip),
-                Err(hip) => Err(Error::Usage(format!(
-                    "check nccl (RCCL) needs a GPU: no CUDA driver ({cuda}) and no usable HIP runtime ({hip})"
-                ))),
-            };
-        }
-    }
-    let driver = super::require_driver(&format!("check nccl ({})", flavor.api()))?;
-    let ordinal = rank_device(rt, &driver, "check nccl")?;
-    let context = PrimaryContext::retain(&driver, ordinal)?;
-    let nccl = Nccl::load(flavor)?;
-    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
-    let comm = NcclComm::new(&nccl, &context, world.as_ref(), timeout()?)?;
-    let compute = Stream::non_blocking(&driver)?;
-    let cases = compare_cases(rt, world.as_ref(), &comm, &mut |case, send, recv_bytes| {
-        let d_send = DeviceBuffer::alloc(&context, send.len())?;
-        let d_recv = DeviceBuffer::alloc(&context, recv_bytes)?;
-        d_send.upload(send)?;
-        d_recv.upload(&vec![0xA5u8; recv_bytes])?;
-        comm.after_compute(Some(&compute))?;
-        run_on_device(&comm, case, d_send.pointer, d_recv.pointer)?;
-        comm.before_compute(Some(&compute))?;
-        comm.synchronize()?;
-        compute.synchronize()?;
-        let mut got = vec![0u8; recv_bytes];
-        d_recv.download(&mut got)?;
-        Ok(got)
-    })?;
-    check_report(rt, cases, &nccl)
-}
-
 /// RCCL over every rank of the job on this rank's AMD GPU (placed as training places it), for
 /// `check nccl` and `bench allreduce --device hip` on a node without a CUDA driver.
 pub struct RcclOnHip {
@@ -966,87 +909,6 @@ impl RcclOnHip {
     /// The communicator over the job, its stream on the HIP runtime.
     pub fn comm(&self) -> Result<NcclComm<'_>> {
         NcclComm::on_current_context(&self.nccl, StreamApi::Hip(self.device.hip()), self.world.as_ref(), timeout()?)
-    }
-}
-
-/// `check` with RCCL on the HIP runtime (the HIP Device's null stream as the compute stream).
-fn check_on_hip(rt: &Runtime, hip: super::hip::Hip) -> Result<String> {
-    use super::device::GpuRuntime;
-    let rccl = RcclOnHip::open(rt, hip, "check nccl")?;
-    let (device, world, comm) = (&rccl.device, rccl.world.as_ref(), rccl.comm()?);
-    let cases = compare_cases(rt, world, &comm, &mut |case, send, recv_bytes| {
-        let (d_send, d_recv) = (device.alloc(send.len().max(1))?, device.alloc(recv_bytes.max(1))?);
-        let result = (|| {
-            device.copy_to_device(d_send, send)?;
-            device.copy_to_device(d_recv, &vec![0xA5u8; recv_bytes])?;
-            comm.after_compute(None)?;
-            run_on_device(&comm, case, d_send, d_recv)?;
-            comm.before_compute(None)?;
-            comm.synchronize()?;
-            device.synchronize()?;
-            let mut got = vec![0u8; recv_bytes];
-            device.copy_to_host(&mut got, d_recv)?;
-            Ok(got)
-        })();
-        device.free(d_send, send.len().max(1));
-        device.free(d_recv, recv_bytes.max(1));
-        result
-    })?;
-    check_report(rt, cases, &rccl.nccl)
-}
-
-/// One check case on device memory: the case, this rank's input bytes, the result's byte count ->
-/// the result.
-type OnDevice<'a> = dyn FnMut(&Collective, &[u8], usize) -> Result<Vec<u8>> + 'a;
-
-/// Runs every case of `check_cases` through `on_device` (the case, this rank's input bytes, the
-/// result's byte count -> the result) and compares it with MPI on host memory. Returns the number
-/// of cases.
-fn compare_cases(
-    rt: &Runtime,
-    world: &dyn Comm,
-    comm: &NcclComm,
-    on_device: &mut OnDevice,
-) -> Result<usize> {
-    let cases = check_cases(rt.world_size);
-    for (salt, case) in cases.iter().enumerate() {
-        let (send_count, recv_count) = case.counts(rt.world_size);
-        let bytes = case.dtype().bytes();
-        let send = check_input(case.dtype(), send_count, rt.world_rank, salt);
-        let got = on_device(case, &send, recv_count * bytes)?;
-        let mut want = vec![0u8; recv_count * bytes];
-        run_on_host(world, case, &send, &mut want);
-        if let Some(at) = (0..recv_count).find(|&i| got[i * bytes..(i + 1) * bytes] != want[i * bytes..(i + 1) * bytes])
-        {
-            return Err(Error::Comm(format!(
-                "{} {} on rank {}: element {at} is {} but MPI gives {}",
-                comm.api(),
-                case.name(),
-                rt.world_rank,
-                show(case.dtype(), &got[at * bytes..(at + 1) * bytes]),
-                show(case.dtype(), &want[at * bytes..(at + 1) * bytes])
-            )));
-        }
-    }
-    Ok(cases.len())
-}
-
-fn check_report(rt: &Runtime, cases: usize, nccl: &Nccl) -> Result<String> {
-    Ok(format!(
-        "nccl check: {} collectives on device memory equal MPI's bit for bit on each of {} ranks ({} {}, {})",
-        cases,
-        rt.world_size,
-        nccl.flavor.api(),
-        nccl.version()?,
-        nccl.path()
-    ))
-}
-
-fn show(dtype: Dtype, b: &[u8]) -> String {
-    match dtype {
-        Dtype::F32 => format!("{}", f32::from_le_bytes(b.try_into().expect("4 bytes"))),
-        Dtype::F64 => format!("{}", f64::from_le_bytes(b.try_into().expect("8 bytes"))),
-        Dtype::Bf16 => format!("{} (bf16)", Bf16(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32()),
     }
 }
 
@@ -1097,9 +959,6 @@ mod tests {
         assert_eq!(c.counts(4), (3, 12));
         assert_eq!(Collective::ReduceScatter { recv_count: 3, dtype: Dtype::F32 }.counts(4), (12, 3));
         assert_eq!(c.name(), "all_gather of 3 bf16 per rank");
-        let cases = check_cases(4);
-        assert!(cases.iter().any(|c| matches!(c, Collective::RingSendRecv { dtype: Dtype::Bf16, .. })));
-        assert!(cases.iter().all(|c| !matches!(c, Collective::Broadcast { root, .. } if *root != 3)));
     }
 
     #[test]

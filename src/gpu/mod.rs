@@ -1,9 +1,8 @@
 //! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
 //! RCCL (`nccl`), the HIP runtime (`hip`) and hipRTC (`hiprtc`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
 //! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
-//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`), the embedded HIP
-//! kernels (`hip_kernels`) and the device smoke test behind `make gpu-check` (`smoke`, NVIDIA
-//! and AMD). The binary links none of them: on a machine without
+//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`) and the embedded HIP
+//! kernels (`hip_kernels`). The binary links none of them: on a machine without
 //! them, everything here answers with an error naming the library.
 //! The GPU Device (the `Device` trait on a GPU) is `device`, on a small runtime trait that the
 //! CUDA driver table implements there and the HIP runtime table in `hip_device`.
@@ -22,7 +21,6 @@ pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
 pub mod peaks;
-pub mod smoke;
 pub mod status;
 
 use crate::error::{Error, Result};

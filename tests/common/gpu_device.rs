@@ -1,12 +1,12 @@
 //! What the GPU Device tests (`cuda_device.rs`, `hip_device.rs`) share: building the emulating
-//! runtime, every Device op against the reference device (through `trident::device::check`, the
+//! runtime, every Device op against the reference device (through `trident::cmd::check::ops`, the
 //! code behind `check ops`), and the small training run both compare with the CPU's `--bf16`.
 
 use super::{loss_values, stderr, stdout, BIN};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use trident::device::check::{run_all, Size};
+use trident::cmd::check::ops::{run_all, Size};
 use trident::device::Device;
 use trident::gpu::device::GpuDevice;
 
@@ -21,7 +21,7 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
     host
 }
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
-/// --size small` (`trident::device::check`), each output within its bound, none left out.
+/// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
     let checks = run_all(dev, Size::Small, &[64, 128], seed);
     for c in &checks {

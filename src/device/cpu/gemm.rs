@@ -33,7 +33,7 @@
 //! micro-kernel into a scratch tile and then apply the same single add (or store) to C that a full
 //! tile applies, so they round identically too.
 //!
-//! Tuning (AMD Zen 5 with AVX-512, 2 threads; see `bench_gemm`): the AVX-512 kernel is 8 rows ×
+//! Tuning (AMD Zen 5 with AVX-512, 2 threads; see `trident bench gemm`): the AVX-512 kernel is 8 rows ×
 //! 32 columns (16 zmm accumulators; 8 divides the token counts of typical micro-batches, and the
 //! kernel alone runs at the FMA peak), KC = 768 (one depth block for d_model = 768, so C is read
 //! and written once), MC = 128 and NC = 3072.
@@ -976,7 +976,7 @@ pub(crate) mod x86 {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::MatRef;
-    pub(crate) use crate::bench_gemm::fill;
+    pub(crate) use crate::rng::fill;
 
     /// How a test operand is stored: as the matrix itself or as its transpose.
     #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,6 @@
 //! `trident check ops`: every op of a Device run on deterministic inputs and compared with the
 //! f64 reference device (what `make gpu-check` runs on a GPU node, and what the tests run on the
-//! emulated GPUs). Each case reports its largest error as a fraction of its bound:
+//! emulated GPUs through `run_all`), printed as a table and one verdict line. Each case reports its largest error as a fraction of its bound:
 //! - f32 arithmetic on exact inputs: `|x - ref| <= 2e-5 (max|ref| + |ref|)`;
 //! - bf16 products (GEMMs on bf16 operands, attention): DESIGN.md's rule `1e-2 + 0.079 |ref|`;
 //! - exact ops (`round_to`, `fill`, `cross_entropy_max`, the target logit): equality.
@@ -8,8 +8,11 @@
 //! Inputs of the bf16 products are bf16 values already, so the reference sees exactly the operands
 //! the kernels multiply.
 
-use super::reference::ReferenceDevice;
-use super::{AdamWStep, AttentionShape, Device};
+use crate::cli::{flag, FlagSpec};
+use crate::cmd::flags;
+use crate::device::reference::ReferenceDevice;
+use crate::device::{AdamWStep, AttentionShape, Device};
+use crate::error::{Error, Result};
 use crate::real::Precision;
 use crate::rng::Stream;
 
@@ -443,6 +446,57 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -
     linear(&mut run, &lin);
     attention(&mut run, &attn);
     run.out
+}
+
+const CHECK_OPS_FLAGS: &[FlagSpec] = &[
+    flag("--device", "D", "cuda (default), hip or cpu"),
+    flag("--size", "S", "small (ragged shapes, seconds on an emulated GPU) or full (default: adds GPT-2-sized shapes)"),
+    flag("--gpu", "N", "the GPU to check (default 0)"),
+];
+
+/// `trident check ops [--device cpu|cuda|hip] [--size small|full] [--gpu N]`: every op of the device
+/// against the f64 reference device; a table, then one verdict line.
+pub fn run(args: &[String]) -> Result<()> {
+    let Some(a) = flags("check ops", "every Device op against the f64 reference device", CHECK_OPS_FLAGS, args)? else {
+        return Ok(());
+    };
+    let device = a.str("--device").unwrap_or("cuda");
+    let size = match a.str("--size").unwrap_or("full") {
+        "small" => Size::Small,
+        "full" => Size::Full,
+        other => return Err(Error::flag("--size", format!("'{other}'"), "small or full")),
+    };
+    let ordinal = a.usize("--gpu")?.unwrap_or(0);
+    let started = std::time::Instant::now();
+    let (name, checks) = match device {
+        "cpu" => {
+            let dev = crate::device::cpu::CpuDevice::new(crate::device::cpu::pool::default_threads());
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
+        }
+        "cuda" => {
+            let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
+            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
+        }
+        "hip" => {
+            let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
+            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
+        }
+        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
+    };
+    println!("{:<28} {:<28} {:>9} {:>11}  verdict", "op", "case", "elements", "max |error|");
+    for c in &checks {
+        println!("{}", c.line());
+    }
+    let failed = checks.iter().filter(|c| !c.passed()).count();
+    let secs = started.elapsed().as_secs_f64();
+    if failed > 0 {
+        return Err(Error::Check(format!(
+            "check ops on {name}: {failed} of {} outputs outside their bounds (see the table)",
+            checks.len()
+        )));
+    }
+    println!("ops check: all {} outputs within their bounds on {name} ({secs:.1} s)", checks.len());
+    Ok(())
 }
 
 #[cfg(test)]

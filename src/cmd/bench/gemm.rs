@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::device::cpu::gemm::{best_kernel, gemm, MatRef};
 use crate::device::cpu::peak::Peak;
 use crate::device::cpu::pool::ThreadPool;
+use crate::rng::fill;
 
 /// One benchmarked (shape, layout) pair. `C` is `m × n` and the sum runs over `k`.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,19 +71,6 @@ impl Layout {
             Layout::Nn | Layout::Tn => MatRef::row_major(data, n),
         }
     }
-}
-
-/// Deterministic values in [-1, 1).
-pub(crate) fn fill(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// Elements checked against the f64 reference per shape; a full check of 2048³ would take

@@ -1,20 +1,103 @@
-//! The device smoke test behind `make gpu-check` (`trident check gpu`): on a real GPU, compile a
-//! small kernel with NVRTC for the device's architecture (through the module cache), load it with
-//! `cuModuleLoadData`, launch it over a ragged size, copy the result back and compare it with the
-//! host's, exactly. `trident check gpu` then compares the GPU Device's ops with the reference
-//! device there (`device::check`, small shapes; `trident check ops` runs the full set).
-//! `run_hip` is the same test on an AMD GPU: the same kernel source compiled by hipRTC for the
-//! device's gfx architecture (through the same cache), loaded with `hipModuleLoadData` and
-//! launched with `hipModuleLaunchKernel` in 256-thread workgroups.
+//! `trident check gpu` (behind `make gpu-check`): the device smoke test on every visible NVIDIA
+//! GPU, else on every visible AMD GPU, then the GPU Device's ops against the reference device on
+//! each (`ops::run_all`, small shapes; `trident check ops` runs the full set).
+//! The smoke test (`smoke_cuda`), on a real GPU: compile a small kernel with NVRTC for the device's architecture
+//! (through the module cache), load it with `cuModuleLoadData`, launch it over a ragged size, copy
+//! the result back and compare it with the host's, exactly. `smoke_hip` is the same test on an AMD
+//! GPU: the same kernel source compiled by hipRTC for the device's gfx architecture (through the
+//! same cache), loaded with `hipModuleLoadData` and launched with `hipModuleLaunchKernel` in
+//! 256-thread workgroups.
 
-use super::cache::ModuleCache;
-use super::driver::{DeviceBuffer, Driver, Module, PrimaryContext};
-use super::hip::{Hip, HipBuffer, HipLoadedModule};
-use super::hiprtc::Hiprtc;
-use super::launch;
-use super::nvrtc::Nvrtc;
+use super::ops::{run_all, Size};
+use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::gpu::cache::{ModuleCache, Outcome};
+use crate::gpu::device::GpuDevice;
+use crate::gpu::driver::{DeviceBuffer, Driver, Module, PrimaryContext};
+use crate::gpu::hip::{Hip, HipBuffer, HipLoadedModule};
+use crate::gpu::hiprtc::Hiprtc;
+use crate::gpu::launch;
+use crate::gpu::nvrtc::Nvrtc;
 use std::ffi::c_void;
+
+/// `trident check gpu`: the smoke test and the Device's ops on every NVIDIA GPU, else on every AMD
+/// GPU; with neither, one error naming what each vendor's side is missing.
+pub fn run() -> Result<()> {
+    let nvidia = match Driver::load() {
+        Ok(driver) => match driver.device_count() {
+            Ok(n) if n > 0 => return check_cuda(&driver, n),
+            Ok(_) => format!("the driver ({}) sees no device", driver.path()),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    let amd = match Hip::load() {
+        Ok(hip) => match hip.device_count() {
+            Ok(n) if n > 0 => return check_hip(&hip, n),
+            Ok(_) => format!("the HIP runtime ({}) sees no device", hip.path()),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    Err(Error::Usage(format!("check gpu needs an NVIDIA GPU: {nvidia}; or an AMD GPU: {amd}")))
+}
+
+fn check_cuda(driver: &Driver, n: usize) -> Result<()> {
+    let nvrtc = Nvrtc::load()?;
+    let cache = ModuleCache::at_default_root()?;
+    check_each(n, "NVIDIA", "CUDA", &|ordinal| smoke_cuda(driver, &nvrtc, &cache, ordinal), GpuDevice::cuda)
+}
+
+fn check_hip(hip: &Hip, n: usize) -> Result<()> {
+    let hiprtc =
+        Hiprtc::load().map_err(|e| Error::Usage(format!("check gpu on AMD compiles its kernel with hipRTC: {e}")))?;
+    let cache = ModuleCache::at_default_root()?;
+    check_each(n, "AMD", "HIP", &|ordinal| smoke_hip(hip, &hiprtc, &cache, ordinal), GpuDevice::hip)
+}
+
+/// The smoke test on each of the `n` GPUs of one vendor, then the Device (`api`) on each.
+fn check_each(
+    n: usize,
+    vendor: &str,
+    api: &str,
+    smoke: &dyn Fn(usize) -> Result<SmokeReport>,
+    device: fn(usize) -> Result<GpuDevice>,
+) -> Result<()> {
+    for ordinal in 0..n {
+        print_smoke(ordinal, &smoke(ordinal)?);
+    }
+    // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
+    // which GPUs launch kernels at all).
+    for ordinal in 0..n {
+        device_ops_line(ordinal, api, &device(ordinal)?, &[64, 128])?;
+    }
+    println!(
+        "gpu check: passed on {n} {vendor} device{}; `trident check ops` compares every fused op with the reference",
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
+
+fn print_smoke(ordinal: usize, r: &SmokeReport) {
+    println!(
+        "gpu check: device {ordinal} ({}, {}): {} launched over {} elements in {} blocks, result exact ({})",
+        r.device, r.arch, AXPY_NAME, r.elements, r.blocks, r.cache
+    );
+}
+
+/// The GPU Device's ops against the reference device on small shapes, as one line (`check ops`
+/// prints the table).
+fn device_ops_line<D: Device>(ordinal: usize, api: &str, dev: &D, head_dims: &[usize]) -> Result<()> {
+    let checks = run_all(dev, Size::Small, head_dims, 7);
+    if let Some(bad) = checks.iter().find(|c| !c.passed()) {
+        return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
+    }
+    println!(
+        "gpu check: device {ordinal}: the {api} Device matches the reference device on {} op outputs",
+        checks.len()
+    );
+    Ok(())
+}
 
 /// `y = a * x + y` over `n` floats, one thread per element.
 pub const AXPY_SOURCE: &str = r#"
@@ -59,7 +142,7 @@ fn check_axpy(out: &[f32], a: f32, x: &[f32], y: &[f32], ordinal: usize, device:
 pub const HIP_BLOCK: usize = 256;
 
 /// Runs the smoke test on AMD device `ordinal`, the kernel compiled by hipRTC through `cache`.
-pub fn run_hip(hip: &Hip, hiprtc: &Hiprtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
+pub fn smoke_hip(hip: &Hip, hiprtc: &Hiprtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
     let info = hip.device_info(ordinal)?;
     let arch = info.arch.clone().ok_or_else(|| {
         Error::Unsupported(format!(
@@ -115,14 +198,14 @@ pub fn run_hip(hip: &Hip, hiprtc: &Hiprtc, cache: &ModuleCache, ordinal: usize) 
     dy.download(bytemuck::cast_slice_mut(&mut out))?;
     check_axpy(&out, a, &x, &y, ordinal, &info.name)?;
     let cache = match image.outcome {
-        super::cache::Outcome::Hit => format!("cached {}", image.path.display()),
+        Outcome::Hit => format!("cached {}", image.path.display()),
         _ => format!("compiled by hipRTC, stored in {}", image.path.display()),
     };
     Ok(SmokeReport { device: info.name, arch, elements: n, blocks, cache })
 }
 
-/// Runs the smoke test on device `ordinal`.
-pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
+/// Runs the smoke test on NVIDIA device `ordinal`.
+pub fn smoke_cuda(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) -> Result<SmokeReport> {
     let info = driver.device_info(ordinal)?;
     let arch = info.arch();
     let image = cache.get_or_compile(nvrtc, AXPY_NAME, AXPY_SOURCE, &arch, &[])?;
@@ -168,7 +251,7 @@ pub fn run(driver: &Driver, nvrtc: &Nvrtc, cache: &ModuleCache, ordinal: usize) 
     dy.download(bytemuck::cast_slice_mut(&mut out))?;
     check_axpy(&out, a, &x, &y, ordinal, &info.name)?;
     let cache = match image.outcome {
-        super::cache::Outcome::Hit => format!("cached {}", image.path.display()),
+        Outcome::Hit => format!("cached {}", image.path.display()),
         _ => format!("compiled by NVRTC, stored in {}", image.path.display()),
     };
     Ok(SmokeReport { device: info.name, arch, elements: n, blocks: cfg.blocks(), cache })

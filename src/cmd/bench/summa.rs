@@ -3,7 +3,7 @@
 //! fc2) at a preset's shapes: gathered panels with one GEMM per product, and q broadcast steps
 //! with the next step's blocks in flight. The world is one q x q grid (4, 9, 16, ... ranks).
 
-use crate::bench_comm::time_op;
+use super::comm::time_op;
 use crate::comm::runtime::Runtime;
 use crate::device::cpu::CpuDevice;
 use crate::device::Device;

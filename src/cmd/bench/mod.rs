@@ -1,0 +1,291 @@
+//! `trident bench <target>`: the flags of every benchmark and the dispatch to its module. On one
+//! process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and `step` (`ops`), and `gemm` /
+//! `attention --device cuda` (`crate::bench_cuda`). On every rank of an MPI job: the collectives
+//! (`comm`; `allreduce --device cuda|hip` through `crate::bench_cuda`) and `summa` (`summa`).
+
+pub mod comm;
+pub mod gemm;
+pub mod ops;
+pub mod summa;
+
+use super::{comm_library, end_after_gpu_comm_error, exit, flags, start_mpi, threads};
+use crate::bench_cuda;
+use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::device::cpu::{peak, pool};
+use crate::error::{Error, Result};
+use comm::CommBench;
+use ops::{print_records, Record};
+use std::process::ExitCode;
+
+const BENCH_FLAGS: &[FlagSpec] = &[
+    flag("--cpu-threads", "N", "CPU threads"),
+    flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
+    flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
+    switch("--json", "print one JSON object per measurement"),
+    flag("--dtype", "T", "gemm and step: f32 (default) or bf16"),
+    flag("--preset", "NAME", "step, summa: the model (default gpt2-124m)"),
+    flag("--hidden-size", "H", "summa: hidden size (default: the preset's)"),
+    flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
+    flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
+    flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
+    flag(
+        "--device",
+        "D",
+        "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL); allreduce also hip (RCCL on an AMD GPU, against the host-staged MPI path)",
+    ),
+    flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
+    flag("--shape", "S", "gemm / attention --device cuda: one shape instead of the sweep (MxNxK; BxSxHxD)"),
+];
+
+/// `trident bench <target> [flags]`: the collectives and `summa` start MPI, the others run here.
+pub fn run(rest: &[String]) -> ExitCode {
+    if let Some(bench) = rest.first().and_then(|w| CommBench::parse(w)) {
+        return run_collective(bench, &rest[1..]);
+    }
+    if rest.first().map(String::as_str) == Some("summa") {
+        return run_summa(&rest[1..]);
+    }
+    exit(single_process(rest))
+}
+
+/// The benchmarks of one process: on the CPU, or on an NVIDIA GPU with `--device cuda`.
+fn single_process(rest: &[String]) -> Result<()> {
+    let (what, rest) = match rest.split_first() {
+        Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
+        _ => {
+            return Err(Error::Usage(
+                "bench needs a target: peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv".into(),
+            ))
+        }
+    };
+    let Some(a) = flags(&format!("bench {what}"), "microbenchmarks", BENCH_FLAGS, rest)? else {
+        return Ok(());
+    };
+    match a.str("--device").unwrap_or("cpu") {
+        "cpu" => on_cpu(what, &a),
+        "cuda" => on_cuda(what, &a),
+        other => Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+    }
+}
+
+/// `bench gemm|attention --device cuda`: the sweep of shapes, or the one `--shape`.
+fn on_cuda(what: &str, a: &Args) -> Result<()> {
+    let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+    let records = match what {
+        "gemm" => {
+            let shapes = match a.str("--shape") {
+                None => bench_cuda::GEMM_SHAPES.to_vec(),
+                Some(t) => {
+                    let v = bench_cuda::parse_shape(t, 3, "MxNxK, e.g. 8192x2304x768")?;
+                    vec![(v[0], v[1], v[2])]
+                }
+            };
+            bench_cuda::gemm(secs, &shapes)?
+        }
+        "attention" => {
+            let shapes = match a.str("--shape") {
+                None => bench_cuda::ATTENTION_SHAPES.to_vec(),
+                Some(t) => {
+                    let v = bench_cuda::parse_shape(
+                        t,
+                        4,
+                        "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
+                    )?;
+                    vec![(v[0], v[1], v[2], v[3])]
+                }
+            };
+            bench_cuda::attention(secs, &shapes)?
+        }
+        other => {
+            return Err(Error::Unsupported(format!(
+                "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"
+            )))
+        }
+    };
+    print!("{}", bench_cuda::format_records(&records, a.has("--json")));
+    Ok(())
+}
+
+/// `bench peak|gemm|attention|layernorm|step` on the CPU's thread pool.
+fn on_cpu(what: &str, a: &Args) -> Result<()> {
+    let pool = pool::ThreadPool::new(threads(a)?);
+    match what {
+        "peak" => {
+            let p = peak::measure_fma_peak(&pool, 500);
+            println!(
+                "fma peak: {:.1} GFLOP/s on {} threads ({:.1} per thread), {}",
+                p.gflops, p.threads, p.gflops_per_thread, p.isa
+            );
+            Ok(())
+        }
+        "gemm" => gemm_on_cpu(&pool, a),
+        "attention" | "layernorm" | "step" => {
+            let dev = crate::device::cpu::CpuDevice::new(pool.threads());
+            let p = peak::measure_fma_peak(dev.pool(), 300);
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            let records = match what {
+                "attention" => ops::attention(&dev, &p, secs),
+                "layernorm" => ops::layernorm(&dev, ops::triad_bandwidth(dev.pool(), secs), secs),
+                _ => ops::step(
+                    &dev,
+                    &p,
+                    a.str("--preset").unwrap_or("gpt2-124m"),
+                    a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
+                    a.usize("--seq-length")?.unwrap_or(64).max(1),
+                    a.usize("--vocab-size")?.unwrap_or(50257).max(257),
+                    match a.str("--dtype").unwrap_or("f32") {
+                        "f32" => crate::real::Precision::F32,
+                        "bf16" => crate::real::Precision::Bf16,
+                        other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                    },
+                    secs,
+                )?,
+            };
+            print_records(&records, a.has("--json"));
+            Ok(())
+        }
+        other => Err(Error::Usage(format!(
+            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv"
+        ))),
+    }
+}
+
+/// `bench gemm` on the CPU: the sweep as a table beside the FMA peak, or as JSON records.
+fn gemm_on_cpu(pool: &pool::ThreadPool, a: &Args) -> Result<()> {
+    let p = peak::measure_fma_peak(pool, 300);
+    let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+    let dtype = match a.str("--dtype").unwrap_or("f32") {
+        "f32" => gemm::GemmDtype::F32,
+        "bf16" => gemm::GemmDtype::Bf16,
+        other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+    };
+    let rows = gemm::gemm_sweep_dtype(pool, gemm::DEFAULT_SHAPES, &p, secs, dtype);
+    if a.has("--json") {
+        let records: Vec<Record> = rows
+            .iter()
+            .map(|r| Record {
+                bench: "gemm",
+                shape: format!("{}x{}x{} {}", r.m, r.n, r.k, r.layout),
+                dtype: if dtype == gemm::GemmDtype::Bf16 { "bf16" } else { "f32" },
+                threads: pool.threads(),
+                achieved: r.gflops,
+                unit: "GFLOP/s",
+                peak: p.gflops,
+                ms: 2.0 * (r.m * r.n * r.k) as f64 / r.gflops / 1e6,
+                note: format!("kernel {}, max rel err {:.1e}", r.kernel, r.max_rel_err),
+            })
+            .collect();
+        print_records(&records, true);
+    } else {
+        println!(
+            "fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}",
+            p.gflops,
+            p.threads,
+            crate::device::cpu::gemm::best_kernel()
+        );
+        gemm::print_table(&rows);
+    }
+    Ok(())
+}
+
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+fn parse_bytes(flag_name: &str, s: &str) -> Result<usize> {
+    let (digits, scale) = match s.trim().to_ascii_uppercase().chars().last() {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(scale))
+        .filter(|&v| v >= 1024)
+        .ok_or_else(|| Error::flag(flag_name, format!("'{s}'"), "a size of at least 1K, like 64M or 1G"))
+}
+
+/// `trident bench <collective>` on every rank of the job (MPI first, errors printed once).
+fn run_collective(bench: CommBench, rest: &[String]) -> ExitCode {
+    let rt = match start_mpi() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let result = (|| -> Result<()> {
+        let Some(a) = flags("bench", "collective microbenchmarks", BENCH_FLAGS, rest)? else {
+            return Ok(());
+        };
+        let max = a.str("--max-size").map(|s| parse_bytes("--max-size", s)).transpose()?.unwrap_or(1 << 30);
+        let secs = a.f64("--min-seconds")?.unwrap_or(0.1);
+        match (a.str("--device").unwrap_or("cpu"), bench) {
+            ("cpu", _) => {}
+            (device @ ("cuda" | "hip"), CommBench::AllReduce) => {
+                let dtype = match a.str("--dtype").unwrap_or("f32") {
+                    "f32" => crate::comm::Dtype::F32,
+                    "bf16" => crate::comm::Dtype::Bf16,
+                    other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
+                };
+                let records = match device {
+                    "cuda" => bench_cuda::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?,
+                    _ => bench_cuda::allreduce_hip(&rt, dtype, max, secs)?,
+                };
+                if rt.world_rank == 0 {
+                    print!("{}", bench_cuda::format_records(&records, a.has("--json")));
+                }
+                return Ok(());
+            }
+            (device @ ("cuda" | "hip"), _) => {
+                return Err(Error::Unsupported(format!(
+                    "--device {device}: of the collectives, only allreduce is benchmarked on the GPU"
+                )))
+            }
+            (other, _) => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
+        }
+        let rows = comm::sweep(bench, &rt, max, secs)?;
+        if rt.world_rank == 0 {
+            comm::print_table(bench, rt.world_size, &rt.library, &rows);
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => end_after_gpu_comm_error(&rt, e),
+    }
+}
+
+/// `trident bench summa`: panel against broadcast SUMMA on a q x q grid of ranks.
+fn run_summa(rest: &[String]) -> ExitCode {
+    let rt = match start_mpi() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let result = (|| -> Result<()> {
+        let Some(a) = flags("bench summa", "2-D tensor-parallel SUMMA algorithms", BENCH_FLAGS, rest)? else {
+            return Ok(());
+        };
+        let p = crate::config::preset(a.str("--preset").unwrap_or("gpt2-124m"))?;
+        let h = a.usize("--hidden-size")?.unwrap_or(p.hidden_size);
+        let mb = a.usize("--micro-batch-size")?.unwrap_or(4);
+        let seq = a.usize("--seq-length")?.unwrap_or(p.seq_length.min(256));
+        let q = (1..=rt.world_size).find(|q| q * q >= rt.world_size).unwrap_or(1).max(1);
+        if !mb.is_multiple_of(q) {
+            return Err(Error::Config(format!("--micro-batch-size {mb} is not divisible by q = {q}")));
+        }
+        let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+        let threads = a.usize("--cpu-threads")?.unwrap_or_else(|| rt.default_threads());
+        let rows = summa::run(&rt, threads, h, mb / q * seq, secs)?;
+        if rt.world_rank == 0 {
+            summa::print_table(&rows, q, &rt.library);
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if rt.world_rank == 0 {
+                eprintln!("trident: error: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

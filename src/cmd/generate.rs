@@ -1,0 +1,38 @@
+//! `trident generate`: the flags of sampling from a checkpoint, turned into `generate::run`'s
+//! arguments (the sampling itself is the library's `generate`).
+
+use super::{flags, threads};
+use crate::cli::{flag, FlagSpec};
+use crate::error::{Error, Result};
+use crate::generate::GenerateArgs;
+
+const GENERATE_FLAGS: &[FlagSpec] = &[
+    flag("--load", "DIR", "checkpoint directory written by `trident train --save`"),
+    flag("--prompt", "TEXT", "text to continue (default: start of a document)"),
+    flag("--max-new-tokens", "N", "tokens to sample (default 256)"),
+    flag("--temperature", "T", "softmax temperature (default 1.0; 0 is greedy)"),
+    flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
+    flag("--seed", "SEED", "sampling seed (default 1234)"),
+    flag("--cpu-threads", "N", "CPU threads"),
+];
+
+/// `trident generate [flags]`.
+pub fn run(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("generate", "sample a continuation from a checkpoint", GENERATE_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let load = a.path("--load").ok_or_else(|| Error::Usage("generate needs --load DIR".into()))?;
+    let temperature = a.f64("--temperature")?.unwrap_or(1.0);
+    if temperature < 0.0 {
+        return Err(Error::flag("--temperature", temperature, "a number >= 0"));
+    }
+    crate::generate::run(&GenerateArgs {
+        load,
+        prompt: a.str("--prompt").unwrap_or("").to_string(),
+        max_new_tokens: a.usize("--max-new-tokens")?.unwrap_or(256),
+        temperature,
+        top_k: a.usize("--top-k")?.unwrap_or(40),
+        seed: a.u64("--seed")?.unwrap_or(1234),
+        cpu_threads: threads(&a)?,
+    })
+}

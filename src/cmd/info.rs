@@ -1,0 +1,44 @@
+//! `trident info`: what this binary found on this machine: its build, the CPU kernels and FMA
+//! peak, the GPU libraries and devices of each vendor, and the MPI library it was built with.
+
+use super::{flags, threads};
+use crate::cli::{flag, FlagSpec};
+use crate::device::cpu::{gemm, peak, pool};
+use crate::error::Result;
+
+const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
+
+/// `trident info [--cpu-threads N]`.
+pub fn run(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("info", "what this binary found on this machine", INFO_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let pool = pool::ThreadPool::new(threads(&a)?);
+    let p = peak::measure_fma_peak(&pool, 150);
+    println!("trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
+    println!(
+        "cpu: {} threads; gemm kernel {:?}; element-wise kernels {:?}; fma peak {:.1} GFLOP/s ({})",
+        pool.threads(),
+        gemm::best_kernel(),
+        crate::device::cpu::simd::level(),
+        p.gflops,
+        p.isa
+    );
+    for line in crate::gpu::info_lines() {
+        println!("{line}");
+    }
+    for line in crate::gpu::hip_info_lines() {
+        println!("{line}");
+    }
+    #[cfg(feature = "mpi")]
+    {
+        // MPI_Get_library_version may be called before MPI starts.
+        let library = mpi::environment::library_version()
+            .map(|s| s.trim_end_matches('\0').lines().next().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|_| "an MPI library".into());
+        println!("mpi: built with {library}; start many ranks with that MPI's mpirun/mpiexec or srun");
+    }
+    #[cfg(not(feature = "mpi"))]
+    println!("mpi: not built into this binary (cargo --no-default-features): one rank only");
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! `trident plan`: the layout request from the flags (`plan::request`), the ranked layouts
+//! (`plan::plan`), printed as a table or as JSON (`plan::report`).
+
+use super::flags;
+use crate::error::Result;
+use crate::plan::{self, report, request::PLAN_FLAGS, Request};
+
+/// `trident plan`: rank tensor/pipeline/data-parallel layouts for a model on N GPUs.
+pub fn run(rest: &[String]) -> Result<()> {
+    let Some(a) =
+        flags("plan", "choose a TP/PP/DP layout: memory per GPU and iteration time of each", PLAN_FLAGS, rest)?
+    else {
+        return Ok(());
+    };
+    let req = Request::from_args(&a)?;
+    let top = a.usize("--top")?.unwrap_or(5);
+    let result = plan::plan(&req)?;
+    if a.has("--json") {
+        report::print_json(&result, &req, top);
+    } else {
+        report::print_text(&result, &req, top);
+    }
+    Ok(())
+}

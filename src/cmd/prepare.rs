@@ -1,0 +1,62 @@
+//! `trident prepare`: text or JSON-lines files into a Megatron .bin/.idx token dataset
+//! (`data::prepare`), with a progress line on stderr and the summary on stdout.
+
+use super::flags;
+use crate::cli::{flag, many, switch, FlagSpec};
+use crate::data::prepare::{self, PrepareArgs, TextDocuments};
+use crate::error::{Error, Result};
+
+const PREPARE_FLAGS: &[FlagSpec] = &[
+    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
+    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
+    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
+    switch("--append-eod", "end every document with the end-of-document token"),
+    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+];
+
+/// `trident prepare [flags]`.
+pub fn run(rest: &[String]) -> Result<()> {
+    let Some(a) = flags("prepare", "tokenize text into a Megatron .bin/.idx dataset", PREPARE_FLAGS, rest)? else {
+        return Ok(());
+    };
+    let inputs = a.list("--input").ok_or_else(|| Error::Usage("prepare needs --input FILE...".into()))?;
+    let output_prefix =
+        a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
+    if let Some(t) = a.str("--tokenizer-type") {
+        if t != "ByteTokenizer" {
+            return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
+        }
+    }
+    let text_documents = match a.str("--text-documents").unwrap_or("paragraph") {
+        "paragraph" => TextDocuments::Paragraph,
+        "line" => TextDocuments::Line,
+        "file" => TextDocuments::File,
+        other => return Err(Error::flag("--text-documents", format!("'{other}'"), "paragraph, line or file")),
+    };
+    let args = PrepareArgs {
+        inputs: inputs.iter().map(Into::into).collect(),
+        output_prefix: output_prefix.to_string(),
+        json_keys: a.list("--json-keys").map(|k| k.to_vec()).unwrap_or_else(|| vec!["text".to_string()]),
+        append_eod: a.has("--append-eod"),
+        text_documents,
+        force_json: None,
+    };
+    let mut shown = false;
+    let summary = prepare::prepare(&args, &mut |p| {
+        eprint!(
+            "\r prepare: {:.1}/{:.1} MiB, {} documents, {} tokens, {:.1} s",
+            p.bytes_done as f64 / 1048576.0,
+            p.bytes_total as f64 / 1048576.0,
+            p.documents,
+            p.tokens,
+            p.seconds
+        );
+        shown = true;
+    })?;
+    if shown {
+        eprintln!();
+    }
+    println!("{summary}");
+    Ok(())
+}
