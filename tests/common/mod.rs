@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod emu;
+pub mod emu_cases;
 pub mod gpu_device;
 
 use std::path::{Path, PathBuf};
