@@ -330,6 +330,16 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
 
 // ---- softmax cross-entropy (vocab-parallel pieces), embedding -------------------------------
 
+/// The reference's cross-entropy pieces of `logits` [rows, vocab], a vocabulary shard from
+/// `vocab_start`, per row: [max, sum of exp(logit - max), the target's logit (0 outside the shard)].
+pub fn cross_entropy_reference(logits: &Vec<f64>, targets: &[u32], vocab_start: usize, vocab: usize) -> [Vec<f64>; 3] {
+    let (dev, rows) = (ReferenceDevice, targets.len());
+    let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+    dev.cross_entropy_max(logits, rows, vocab, &mut max);
+    dev.cross_entropy_partials(logits, targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+    [max, sum_exp, target_logit]
+}
+
 pub fn softmax_cross_entropy_pieces(v: &Vendor) {
     let mut hits = 0;
     // A shard in the middle of a vocabulary (targets below, inside and above it); widths that
@@ -349,9 +359,7 @@ pub fn softmax_cross_entropy_pieces(v: &Vendor) {
 
         let dev = ReferenceDevice;
         let mut rl = reference(&dev, &logits);
-        let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
-        dev.cross_entropy_max(&rl, rows, vocab, &mut max);
-        dev.cross_entropy_partials(&rl, &targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+        let [max, sum_exp, target_logit] = cross_entropy_reference(&rl, &targets, vocab_start, vocab);
         check_f32(&format!("{name} max"), &case.get_f32("max"), &max, 0.0);
         check_f32(&format!("{name} sum_exp"), &case.get_f32("sum_exp"), &sum_exp, 1e-5);
         check_f32(&format!("{name} target_logit"), &case.get_f32("target_logit"), &target_logit, 0.0);
