@@ -54,16 +54,7 @@ trait AnyDevice {
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
     fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>>;
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>>;
-    fn embedding(
-        &self,
-        tokens: &[u32],
-        wte: &[f32],
-        wpe: &[f32],
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-        dy: &[f32],
-    ) -> Vec<Vec<f32>>;
+    fn embedding(&self, tokens: &[u32], wte: &[f32], wpe: &[f32], dy: &[f32], dims: [usize; 3]) -> Vec<Vec<f32>>;
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
 }
 
@@ -106,16 +97,8 @@ impl<D: Device> AnyDevice for D {
         let as32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
         vec![as32(&max), as32(&sum_exp), as32(&target), host(self, &l)]
     }
-    fn embedding(
-        &self,
-        tokens: &[u32],
-        wte: &[f32],
-        wpe: &[f32],
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-        dy: &[f32],
-    ) -> Vec<Vec<f32>> {
+    fn embedding(&self, tokens: &[u32], wte: &[f32], wpe: &[f32], dy: &[f32], dims: [usize; 3]) -> Vec<Vec<f32>> {
+        let [batch, seq, hidden] = dims;
         let (wte_b, wpe_b, dy) = (on(self, wte), on(self, wpe), on(self, dy));
         let mut out = self.alloc(batch * seq * hidden);
         self.embedding_forward(&mut out, tokens, &wte_b, 3, batch, seq, hidden);
@@ -207,7 +190,7 @@ fn cross_entropy_gelu_residual_and_adamw_match_reference() {
         random(seq * hidden, "wpe", 1.0),
         random(batch * seq * hidden, "dy", 1.0),
     ];
-    compare("embedding", &inputs, &|d, i| d.embedding(&tokens, &i[0], &i[1], batch, seq, hidden, &i[2]));
+    compare("embedding", &inputs, &|d, i| d.embedding(&tokens, &i[0], &i[1], &i[2], [batch, seq, hidden]));
     let n = 40_000; // more than one block of the element-wise ops
     let inputs = vec![random(n, "x", 2.0), random(n, "y", 1.0)];
     compare("element-wise ops", &inputs, &|d, i| d.misc(&i[0], &i[1]));

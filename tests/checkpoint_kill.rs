@@ -15,41 +15,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ITERS: &str = "40";
+const ITERS: usize = 40;
 
 fn flags(data: &str) -> Vec<String> {
-    [
-        "train",
-        "--data-path",
-        data,
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "2",
-        "--seq-length",
-        "64",
-        "--micro-batch-size",
-        "4",
-        "--global-batch-size",
-        "8",
-        "--lr",
-        "1e-3",
-        "--lr-warmup-iters",
-        "4",
-        "--train-iters",
-        ITERS,
-        "--log-interval",
-        "1",
-        "--eval-iters",
-        "0",
-        "--cpu-threads",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    one_thread_train_args(data, 8, ITERS)
 }
 
 #[test]

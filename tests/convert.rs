@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Output;
 use trident::checkpoint::convert::read_full;
@@ -14,28 +15,50 @@ fn ok(o: Output) -> Output {
     o
 }
 
+/// `trident train` with the concatenated `args` on `ranks` ranks (under mpirun when more than one).
+fn train_on(ranks: usize, args: &[&[&str]]) -> Output {
+    let args: Vec<&str> = std::iter::once("train").chain(args.concat()).collect();
+    if ranks == 1 {
+        run(&args)
+    } else {
+        mpirun(ranks, &args)
+    }
+}
+
+/// The tiny preset without evaluation (add the data, iterations and checkpoint flags).
+const TINY: [&str; 4] = ["--preset", "tiny", "--eval-iters", "0"];
+
+/// Asserts that checkpoints `a` and `b` hold the same tensors whose names start with `prefix`,
+/// bit for bit; returns how many.
+fn assert_same_tensors(a: &str, b: &str, prefix: &str) -> usize {
+    let (a, b) = (read_full(Path::new(a)).unwrap(), read_full(Path::new(b)).unwrap());
+    let names =
+        |t: &BTreeMap<String, Vec<f32>>| t.keys().filter(|k| k.starts_with(prefix)).cloned().collect::<Vec<_>>();
+    assert_eq!(names(&a.tensors), names(&b.tensors));
+    for name in names(&a.tensors) {
+        let same = a.tensors[&name].iter().zip(&b.tensors[&name]).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name} changed");
+    }
+    names(&a.tensors).len()
+}
+
+/// Asserts that the losses logged in `log` continue `reference`, up to the reduction order.
+fn assert_continues(log: &str, reference: &[f64], what: &str) {
+    let got = loss_values(Path::new(log));
+    assert_eq!(got.len(), reference.len(), "{log}");
+    for (a, b) in got.iter().zip(reference) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{log}: {a} vs {what} {b}");
+    }
+}
+
 #[test]
 fn resharded_checkpoints_continue_the_original_run() {
     let dir = scratch("convert");
     let data = prepared_corpus(&dir);
     let p = |name: &str| dir.join(name).display().to_string();
+    let small = ["--preset", "small", "--data-path", &data, "--train-iters", "10", "--log-interval", "1"];
     let train = |ranks: usize, layout: &[&str], extra: &[&str]| {
-        let mut args = vec![
-            "train",
-            "--preset",
-            "small",
-            "--data-path",
-            &data,
-            "--train-iters",
-            "10",
-            "--log-interval",
-            "1",
-            "--eval-iters",
-            "0",
-        ];
-        args.extend_from_slice(layout);
-        args.extend_from_slice(extra);
-        ok(if ranks == 1 { run(&args) } else { mpirun(ranks, &args) })
+        ok(train_on(ranks, &[&small, &["--eval-iters", "0"], layout, extra]))
     };
     let tp2pp2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
     train(4, &tp2pp2, &["--save", &p("orig"), "--exit-interval", "6"]);
@@ -49,21 +72,13 @@ fn resharded_checkpoints_continue_the_original_run() {
     ok(run(&["convert", "--load", &p("t4"), "--save", &p("back"), back[0], back[1], back[2], back[3]]));
 
     // Back at the original layout, every tensor (weights and both moments) is bit-identical.
-    let (a, b) = (read_full(Path::new(&p("orig"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
-    assert_eq!(a.tensors.len(), b.tensors.len());
-    for (name, values) in &a.tensors {
-        assert!(values.iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} changed");
-    }
+    assert_same_tensors(&p("orig"), &p("back"), "");
 
     train(1, &[], &["--load", &p("t1"), "--log-json", &p("t1.jsonl")]);
     train(4, &["--tensor-model-parallel-size", "4"], &["--load", &p("t4"), "--log-json", &p("t4.jsonl")]);
     train(4, &tp2pp2, &["--load", &p("back"), "--log-json", &p("back.jsonl")]);
     for name in ["t1.jsonl", "t4.jsonl", "back.jsonl"] {
-        let got = loss_values(Path::new(&p(name)));
-        assert_eq!(got.len(), reference.len(), "{name}");
-        for (a, b) in got.iter().zip(&reference) {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: {a} vs the original layout's {b}");
-        }
+        assert_continues(&p(name), &reference, "the original layout's");
     }
 }
 
@@ -75,32 +90,9 @@ fn summa_checkpoints_resume_bit_exactly_and_convert_to_and_from_1d() {
     let dir = scratch("convert-summa");
     let data = prepared_corpus(&dir);
     let p = |name: &str| dir.join(name).display().to_string();
-    let train = |ranks: usize, layout: &[&str], extra: &[&str]| {
-        let mut args = vec![
-            "train",
-            "--data-path",
-            &data,
-            "--train-iters",
-            "8",
-            "--seq-length",
-            "32",
-            "--micro-batch-size",
-            "4",
-            "--global-batch-size",
-            "8",
-            "--log-interval",
-            "1",
-            "--eval-iters",
-            "0",
-        ];
-        args.extend_from_slice(layout);
-        args.extend_from_slice(extra);
-        if ranks == 1 {
-            run(&args)
-        } else {
-            mpirun(ranks, &args)
-        }
-    };
+    let model = ["--data-path", &data, "--train-iters", "8", "--seq-length", "32", "--micro-batch-size", "4"];
+    let batch = ["--global-batch-size", "8", "--log-interval", "1", "--eval-iters", "0"];
+    let train = |ranks: usize, layout: &[&str], extra: &[&str]| train_on(ranks, &[&model, &batch, layout, extra]);
     let two_d = ["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"];
     let two_half = ["--tensor-model-parallel-size", "8", "--tensor-parallel-mode", "2.5d", "--tesseract-depth", "2"];
     ok(train(4, &two_d, &["--log-json", &p("whole.jsonl")]));
@@ -115,34 +107,16 @@ fn summa_checkpoints_resume_bit_exactly_and_convert_to_and_from_1d() {
 
     ok(run(&["convert", "--load", &p("orig"), "--save", &p("one")]));
     let to_25 = ["--target-tensor-parallel-size", "8", "--target-tensor-parallel-mode", "2.5d"];
-    ok(run(&[
-        "convert",
-        "--load",
-        &p("orig"),
-        "--save",
-        &p("t25"),
-        to_25[0],
-        to_25[1],
-        to_25[2],
-        to_25[3],
-        "--target-tesseract-depth",
-        "2",
-    ]));
+    let depth = ["--target-tesseract-depth", "2"];
+    ok(run(&[&["convert", "--load", &p("orig"), "--save", &p("t25")][..], &to_25, &depth].concat()));
     let to_2d = ["--target-tensor-parallel-size", "4", "--target-tensor-parallel-mode", "2d"];
     ok(run(&["convert", "--load", &p("t25"), "--save", &p("back"), to_2d[0], to_2d[1], to_2d[2], to_2d[3]]));
-    let (a, b) = (read_full(Path::new(&p("orig"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
-    for (name, values) in &a.tensors {
-        assert!(values.iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} changed");
-    }
+    assert_same_tensors(&p("orig"), &p("back"), "");
 
     ok(train(1, &[], &["--load", &p("one"), "--log-json", &p("one.jsonl")]));
     ok(train(8, &two_half, &["--load", &p("t25"), "--log-json", &p("t25.jsonl")]));
     for name in ["one.jsonl", "t25.jsonl"] {
-        let got = loss_values(Path::new(&p(name)));
-        assert_eq!(got.len(), 4, "{name}");
-        for (a, b) in got.iter().zip(&whole[4..]) {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{name}: {a} vs the 2-D run's {b}");
-        }
+        assert_continues(&p(name), &whole[4..], "the 2-D run's");
     }
     let o = train(1, &[], &["--load", &p("orig")]);
     assert_clean_error(&o, &["--tensor-parallel-mode 2d (q 2)", "trident convert"]);
@@ -153,46 +127,14 @@ fn hugging_face_export_and_import_round_trip_bit_exactly() {
     let dir = scratch("hf");
     let data = prepared_corpus(&dir);
     let p = |name: &str| dir.join(name).display().to_string();
-    ok(run(&[
-        "train",
-        "--preset",
-        "tiny",
-        "--data-path",
-        &data,
-        "--train-iters",
-        "3",
-        "--eval-iters",
-        "0",
-        "--save",
-        &p("ckpt"),
-    ]));
+    ok(train_on(1, &[&TINY, &["--data-path", &data, "--train-iters", "3", "--save", &p("ckpt")]]));
     ok(run(&["convert", "--load", &p("ckpt"), "--save-hf", &p("hf")]));
     let config = std::fs::read_to_string(dir.join("hf/config.json")).unwrap();
     assert!(config.contains("\"model_type\": \"gpt2\"") && config.contains("\"n_layer\": 4"), "{config}");
     ok(run(&["convert", "--load-hf", &p("hf"), "--save", &p("back")]));
-    let (a, b) = (read_full(Path::new(&p("ckpt"))).unwrap(), read_full(Path::new(&p("back"))).unwrap());
-    let params: Vec<_> = a.tensors.keys().filter(|k| k.starts_with("param/")).collect();
-    assert_eq!(params.len(), 4 * 12 + 4);
-    for name in params {
-        assert!(
-            a.tensors[name].iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "{name} changed"
-        );
-    }
+    assert_eq!(assert_same_tensors(&p("ckpt"), &p("back"), "param/"), 4 * 12 + 4);
     // The imported weights train further here.
-    ok(run(&[
-        "train",
-        "--preset",
-        "tiny",
-        "--data-path",
-        &data,
-        "--train-iters",
-        "2",
-        "--eval-iters",
-        "0",
-        "--load",
-        &p("back"),
-    ]));
+    ok(train_on(1, &[&TINY, &["--data-path", &data, "--train-iters", "2", "--load", &p("back")]]));
 
     // A truncated safetensors file names itself.
     let st = dir.join("hf/model.safetensors");
@@ -221,19 +163,7 @@ fn bad_checkpoints_give_one_clear_error() {
         &run(&["convert", "--load", &p("empty"), "--save", &p("x")]),
         &["latest_checkpointed_iteration.txt"],
     );
-    ok(run(&[
-        "train",
-        "--preset",
-        "tiny",
-        "--data-path",
-        &data,
-        "--train-iters",
-        "2",
-        "--eval-iters",
-        "0",
-        "--save",
-        &p("ckpt"),
-    ]));
+    ok(train_on(1, &[&TINY, &["--data-path", &data, "--train-iters", "2", "--save", &p("ckpt")]]));
     let shard = dir.join("ckpt/iter_0000002/mp_rank_00/model_optim_rng.bin");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();

@@ -8,12 +8,10 @@
 //! `TRIDENT_SKIP_NVRTC_TESTS=1` is set, when they say loudly that they skipped.
 
 mod common;
-use common::gpu_device::{self, down, fake_nccl, nccl_calls, run_with, train_losses, up, TINY_GPU};
+use common::gpu_device::{self, down, fake_nccl, run_with, train_losses, up, Emulated, TINY_GPU};
 use common::*;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::OnceLock;
 
 use trident::device::Device;
@@ -21,55 +19,14 @@ use trident::gpu::device::GpuDevice;
 
 const SEED: u64 = 23;
 
-/// NVRTC from `TRIDENT_NVRTC` or `make gpu-test-libs`; None (loudly) under TRIDENT_SKIP_NVRTC_TESTS=1.
-fn nvrtc_path() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TRIDENT_NVRTC") {
-        if Path::new(&p).is_file() {
-            return Some(PathBuf::from(p));
-        }
-    }
-    let root = std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/trident-gpu-libs")).ok();
-    let found = root.and_then(|r| std::fs::read_dir(r).ok()).and_then(|entries| {
-        let mut libs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path().join("nvidia/cu13/lib/libnvrtc.so.13")))
-            .filter(|p| p.is_file())
-            .collect();
-        libs.sort();
-        libs.pop()
-    });
-    if found.is_some() {
-        return found;
-    }
-    if std::env::var("TRIDENT_SKIP_NVRTC_TESTS").as_deref() == Ok("1") {
-        let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: no NVRTC (TRIDENT_NVRTC, `make gpu-test-libs`); TRIDENT_SKIP_NVRTC_TESTS=1 skips the CUDA Device tests !!!!!");
-        return None;
-    }
-    panic!("no NVRTC: run `make gpu-test-libs` or set TRIDENT_NVRTC (or TRIDENT_SKIP_NVRTC_TESTS=1 to skip)");
-}
-
-/// The emulating driver, built once per test process (about 6 s), and the environment that
-/// points trident at it, at NVRTC and at a kernel cache kept between runs.
-struct Emulated {
-    env: Vec<(&'static str, PathBuf)>,
-}
-
+/// The emulating driver, built once per test process (about 6 s), with NVRTC.
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let nvrtc = nvrtc_path()?;
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-device");
-            let lib = gpu_device::build_emulator(&dir, "emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
-            let env = vec![
-                ("TRIDENT_LIBCUDA", lib),
-                ("TRIDENT_NVRTC", nvrtc),
-                ("TRIDENT_CACHE_DIR", dir.join("kernel-cache")),
-            ];
-            for (k, v) in &env {
-                // Every test of this process sets the same values, before any driver is loaded.
-                std::env::set_var(k, v);
-            }
-            Some(Emulated { env })
+            let nvrtc = required_gpu_test_library(NVRTC_LIBRARY)?;
+            let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
+            Some(gpu_device::emulate("cuda-device", driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
         })
         .as_ref()
 }
@@ -147,17 +104,7 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
     let Some(emu) = emulated() else { return };
     let dir = scratch("cuda-train");
     let data = prepared_corpus(&dir);
-    let cpu = train_losses(&emu.env, &dir, &data, "cpu", 1, &[]);
-    let gpu = train_losses(&emu.env, &dir, &data, "cuda", 1, &[]);
-    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
-        let rel = (c - g).abs() / c.abs();
-        eprintln!("iteration {}: cpu {c:.6} cuda {g:.6} (relative difference {rel:.2e})", i + 1);
-        // Both round GEMM operands to bf16; attention differs (the CPU's in f32, the GPU's with
-        // bf16 probabilities and outputs), so the curves agree to bf16 precision, not bit for bit.
-        assert!(rel < 5e-3, "iteration {}: cpu loss {c}, cuda loss {g}", i + 1);
-    }
-    assert_eq!((cpu.len(), gpu.len()), (6, 6));
-    assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the cuda loss never changed");
+    let gpu = gpu_device::follows_the_cpu_bf16_losses(&emu.env, &dir, &data, "cuda");
     // Deterministic, and a checkpoint of device buffers resumes the run bit for bit.
     let ckpt = dir.join("ckpt");
     let ckpt_s = ckpt.to_str().unwrap();
@@ -180,15 +127,31 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
         ),
     ];
     for (name, flags) in layouts {
-        let parallel = train_losses(&emu.env, &dir, &data, "cuda", 4, flags);
-        assert_eq!(parallel.len(), 6, "{name}");
-        for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
-            let rel = (one - four).abs() / one.abs();
-            eprintln!("iteration {}: cuda on 1 rank {one:.6}, {name} {four:.6} (relative difference {rel:.2e})", i + 1);
-            assert!(rel < 1e-3, "iteration {}: one rank {one}, {name} {four}", i + 1);
-        }
+        gpu_device::assert_follows_one_rank(&gpu, name, &train_losses(&emu.env, &dir, &data, "cuda", 4, flags));
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Trains layout `name` with `--gpu-collectives nccl` (through the fake NCCL with its `settings`)
+/// and with `--gpu-collectives mpi`, which must call NCCL for nothing: both runs' losses, and the
+/// operations of the NCCL run counted by name.
+fn through_nccl_and_mpi(
+    emu: &Emulated,
+    dir_data: (&Path, &str),
+    (nccl, settings): (&Path, &[(&'static str, &str)]),
+    (name, ranks, flags): (&str, usize, &[&str]),
+) -> ([Vec<f64>; 2], std::collections::BTreeMap<String, usize>) {
+    let run = |path: &str| {
+        let args = [flags, &["--gpu-collectives", path]].concat();
+        let (losses, calls) =
+            gpu_device::train_logging_nccl(emu, dir_data, ("TRIDENT_NCCL", nccl), settings, ("cuda", ranks, &args));
+        eprintln!("{name}, --gpu-collectives {path}: NCCL calls on all ranks {calls:?}");
+        (losses, calls)
+    };
+    let (on_device, calls) = run("nccl");
+    let (on_host, none) = run("mpi");
+    assert!(none.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {none:?}");
+    ([on_device, on_host], calls)
 }
 
 #[test]
@@ -215,33 +178,14 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
         ),
     ];
     for (name, ranks, flags, ops) in layouts {
-        let mut losses = Vec::new();
-        for path in ["nccl", "mpi"] {
-            let log = dir.join(format!("nccl-{}-{path}.log", name.replace(' ', "")));
-            let _ = std::fs::remove_file(&log);
-            let mut env = emu.env.clone();
-            env.push(("TRIDENT_NCCL", nccl.clone()));
-            env.push(("FAKE_NCCL_LOG", log.clone()));
-            let mut args = flags.to_vec();
-            args.extend_from_slice(&["--gpu-collectives", path]);
-            losses.push(train_losses(&env, &dir, &data, "cuda", ranks, &args));
-            let calls = nccl_calls(&log);
-            eprintln!("{name}, --gpu-collectives {path}: NCCL calls on all ranks {calls:?}");
-            if path == "nccl" {
-                for op in ops {
-                    assert!(calls.get(*op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
-                }
-            } else {
-                assert!(calls.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {calls:?}");
-            }
+        let (losses, calls) = through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &[]), (name, ranks, flags));
+        for op in ops {
+            assert!(calls.get(*op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
         }
         // Both paths sum in rank order (the fake NCCL by construction, MPI over two ranks
         // trivially), so they agree bit for bit; one rank differs by the reduction order only.
         assert_eq!(losses[0], losses[1], "{name}: NCCL and MPI paths differ");
-        for (i, (a, b)) in one.iter().zip(&losses[0]).enumerate() {
-            let rel = (a - b).abs() / a.abs();
-            assert!(rel < 1e-3, "iteration {}: one rank {a}, {name} {b}", i + 1);
-        }
+        gpu_device::assert_follows_one_rank(&one, name, &losses[0]);
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -267,11 +211,7 @@ fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
             2,
             [pp2, &["--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1"]].concat(),
         ),
-        (
-            "PP 4, 1F1B",
-            4,
-            vec!["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--global-batch-size", "8"],
-        ),
+        ("PP 4, 1F1B", 4, vec!["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--global-batch-size", "8"]),
         (
             "TP 2 x PP 2 x 2 virtual stages, sequence parallel",
             4,
@@ -283,30 +223,13 @@ fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
             .concat(),
         ),
     ];
+    // Asynchronous, in 4 KiB pieces.
+    let fake = [("FAKE_NCCL_ASYNC", "1"), ("FAKE_NCCL_P2P_CHUNK", "4096"), ("FAKE_NCCL_TIMEOUT_SECS", "60")];
     for (name, ranks, flags) in layouts {
-        let mut losses = Vec::new();
-        for path in ["nccl", "mpi"] {
-            let log = dir.join(format!("p2p-{}-{path}.log", name.replace([' ', ','], "")));
-            let _ = std::fs::remove_file(&log);
-            let mut env = emu.env.clone();
-            env.push(("TRIDENT_NCCL", nccl.clone()));
-            env.push(("FAKE_NCCL_LOG", log.clone()));
-            env.push(("FAKE_NCCL_ASYNC", "1".into()));
-            env.push(("FAKE_NCCL_P2P_CHUNK", "4096".into()));
-            env.push(("FAKE_NCCL_TIMEOUT_SECS", "60".into()));
-            let mut args = flags.clone();
-            args.extend_from_slice(&["--gpu-collectives", path]);
-            losses.push(train_losses(&env, &dir, &data, "cuda", ranks, &args));
-            let calls = nccl_calls(&log);
-            eprintln!("{name}, --gpu-collectives {path}: NCCL calls on all ranks {calls:?}");
-            if path == "nccl" {
-                // Every message is one send and one receive, each its own call.
-                let n = calls.get("send_recv").copied().unwrap_or(0);
-                assert!(n > 0 && n % 2 == 0, "{name}: pipeline messages did not go through NCCL: {calls:?}");
-            } else {
-                assert!(calls.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {calls:?}");
-            }
-        }
+        let (losses, calls) = through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &fake), (name, ranks, &flags));
+        // Every message is one send and one receive, each its own call.
+        let n = calls.get("send_recv").copied().unwrap_or(0);
+        assert!(n > 0 && n % 2 == 0, "{name}: pipeline messages did not go through NCCL: {calls:?}");
         assert_eq!(losses[0].len(), 6, "{name}: {:?}", losses[0]);
         assert_eq!(losses[0], losses[1], "{name}: pipeline p2p through NCCL and through MPI differ");
     }
@@ -320,11 +243,15 @@ fn log_comm_counts_the_nccl_path_as_the_mpi_path() {
     let data = prepared_corpus(&dir);
     let nccl = fake_nccl(&dir);
     let report = |path: &str| {
-        let mut c = Command::new("mpirun");
-        c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "train", "--device", "cuda"])
-            .args(["--data-path", &data, "--train-iters", "2", "--log-comm"])
-            .args(TINY_GPU)
-            .args(["--tensor-model-parallel-size", "2", "--cpu-threads", "1", "--gpu-collectives", path]);
+        let mut c = mpirun_command(2, &["train", "--device", "cuda"]);
+        c.args(["--data-path", &data, "--train-iters", "2", "--log-comm"]).args(TINY_GPU).args([
+            "--tensor-model-parallel-size",
+            "2",
+            "--cpu-threads",
+            "1",
+            "--gpu-collectives",
+            path,
+        ]);
         for (k, v) in &emu.env {
             c.env(k, v);
         }
@@ -420,7 +347,8 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
     assert_clean_error(&o, &["--gpu-collectives", "gloo", "nccl, rccl or mpi"]);
     let o = run_with(&emu.env, &["train", "--gpu-collectives", "nccl", "--data-path", "x"]);
     assert_clean_error(&o, &["--gpu-collectives nccl moves device memory and needs --device cuda or hip"]);
-    let o = run_with(&emu.env, &["train", "--device", "hip", "--bf16", "--gpu-collectives", "nccl", "--data-path", "x"]);
+    let o =
+        run_with(&emu.env, &["train", "--device", "hip", "--bf16", "--gpu-collectives", "nccl", "--data-path", "x"]);
     assert_clean_error(&o, &["--gpu-collectives nccl is NVIDIA's library; on AMD GPUs use rccl"]);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -428,17 +356,7 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
 #[test]
 fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
-    let o = run_with(&emu.env, &["train", "--device", "cuda", "--preset", "tiny", "--data-path", "x"]);
-    assert_clean_error(&o, &["--device cuda needs --bf16"]);
-    let dir = scratch("cuda-headdim");
-    let data = prepared_corpus(&dir);
-    let mut args = vec!["train", "--device", "cuda", "--data-path", &data, "--train-iters", "1"];
-    args.extend_from_slice(TINY_GPU);
-    let pos = args.iter().position(|a| *a == "--num-attention-heads").unwrap();
-    args[pos + 1] = "4";
-    let o = run_with(&emu.env, &args);
-    assert_clean_error(&o, &["head dims 64 and 128", "is 32"]);
-    let _ = std::fs::remove_dir_all(dir);
+    gpu_device::without_bf16_or_with_another_head_dim_is_a_clear_error(emu, "cuda");
 }
 
 #[test]
@@ -494,17 +412,13 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
     let nccl = fake_nccl(&dir);
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
-    let o = run("1e-2");
-    let out = stdout(&o);
-    assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
+    let wants = [
         "passed on 1 NVIDIA device",
         "ops check: all 138 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
-    ] {
-        assert!(out.contains(want), "{want:?} missing from:\n{out}");
-    }
+    ];
+    gpu_device::assert_gpu_check_passed(&run("1e-2"), &wants);
     let o = run("1e-9");
     assert!(!o.status.success(), "a 1e-9 loss tolerance passed:\n{}", stdout(&o));
     assert!(stderr(&o).contains("check losses: iteration") && stderr(&o).contains("> 1e-9"), "{}", stderr(&o));

@@ -20,41 +20,12 @@ use trident::gpu::cache::{ModuleCache, Outcome};
 use trident::gpu::nccl::{DataType, Flavor, Nccl, RedOp};
 use trident::gpu::nvrtc::Nvrtc;
 
-/// The library file in `var`, else the newest install of `make gpu-test-libs` under the default
-/// cache directory. None (with a loud message) only when `TRIDENT_SKIP_NVRTC_TESTS=1`.
-fn test_library(var: &str, relative: &str) -> Option<PathBuf> {
-    if let Ok(p) = std::env::var(var) {
-        if Path::new(&p).is_file() {
-            return Some(PathBuf::from(p));
-        }
-    }
-    let root = std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/trident-gpu-libs")).ok();
-    let found = root.and_then(|r| std::fs::read_dir(r).ok()).and_then(|entries| {
-        let mut dirs: Vec<PathBuf> =
-            entries.filter_map(|e| e.ok().map(|e| e.path().join(relative))).filter(|p| p.is_file()).collect();
-        dirs.sort();
-        dirs.pop()
-    });
-    if found.is_some() {
-        return found;
-    }
-    if std::env::var("TRIDENT_SKIP_NVRTC_TESTS").as_deref() == Ok("1") {
-        // Written to the process stderr directly: the test harness would capture eprintln!.
-        let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {var} is not set and `make gpu-test-libs` has not run; TRIDENT_SKIP_NVRTC_TESTS=1 skips this GPU-library test !!!!!");
-        return None;
-    }
-    panic!(
-        "{var} names no file and ~/.cache/trident-gpu-libs holds no {relative}: run `make gpu-test-libs` \
-         (pip-installs the NVRTC and NCCL wheels) or `make test`, or set TRIDENT_SKIP_NVRTC_TESTS=1 to skip"
-    );
-}
-
 fn nvrtc_path() -> Option<PathBuf> {
-    test_library("TRIDENT_NVRTC", "nvidia/cu13/lib/libnvrtc.so.13")
+    required_gpu_test_library(NVRTC_LIBRARY)
 }
 
 fn nccl_path() -> Option<PathBuf> {
-    test_library("TRIDENT_NCCL", "nvidia/nccl/lib/libnccl.so.2")
+    required_gpu_test_library(NCCL_LIBRARY)
 }
 
 fn nvrtc() -> Option<Nvrtc> {
@@ -244,11 +215,7 @@ fn nccl_reports_its_version_ids_and_errors_as_nccl_h_says() {
 fn every_rank_receives_rank_zeros_nccl_id() {
     let Some(path) = nccl_path() else { return };
     for ranks in [2, 3] {
-        let o = Command::new("mpirun")
-            .args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN, "check", "nccl-id"])
-            .env("TRIDENT_NCCL", &path)
-            .output()
-            .expect("mpirun runs");
+        let o = mpirun_command(ranks, &["check", "nccl-id"]).env("TRIDENT_NCCL", &path).output().expect("mpirun runs");
         let out = stdout(&o);
         assert!(o.status.success(), "{ranks} ranks: {}{out}", stderr(&o));
         assert!(
@@ -258,8 +225,7 @@ fn every_rank_receives_rank_zeros_nccl_id() {
         assert_eq!(out.lines().count(), 1, "printed once: {out}");
     }
     // Without NCCL, rank 0 says so once and the job fails.
-    let o = Command::new("mpirun")
-        .args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "check", "nccl-id"])
+    let o = mpirun_command(2, &["check", "nccl-id"])
         .env("TRIDENT_NCCL", "/nonexistent/libnccl.so.2")
         .output()
         .expect("mpirun runs");

@@ -13,7 +13,7 @@
 //! they skip.
 
 mod common;
-use common::gpu_device::{self, fake_nccl, nccl_calls, run_with, train_losses, TINY_GPU};
+use common::gpu_device::{self, fake_nccl, train_losses, Emulated};
 use common::*;
 
 use std::io::Write;
@@ -25,12 +25,7 @@ use trident::gpu::device::GpuDevice;
 
 const SEED: u64 = 29;
 
-/// The emulating runtime, built once per test process (about 5 s), and the environment that
-/// points trident at it and at a kernel cache kept between runs (hipRTC is found as usual).
-struct Emulated {
-    env: Vec<(&'static str, PathBuf)>,
-}
-
+/// The emulating runtime, built once per test process (about 5 s); hipRTC is found as usual.
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
     BUILT
@@ -42,14 +37,8 @@ fn emulated() -> Option<&'static Emulated> {
                 );
                 return None;
             }
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("hip-device");
-            let lib = gpu_device::build_emulator(&dir, "emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
-            let env = vec![("TRIDENT_LIBAMDHIP64", lib), ("TRIDENT_CACHE_DIR", dir.join("kernel-cache"))];
-            for (k, v) in &env {
-                // Every test of this process sets the same values, before any runtime is loaded.
-                std::env::set_var(k, v);
-            }
-            Some(Emulated { env })
+            let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
+            Some(gpu_device::emulate("hip-device", runtime, "TRIDENT_LIBAMDHIP64", &[]))
         })
         .as_ref()
 }
@@ -84,47 +73,26 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("hip-train");
     let data = prepared_corpus(&dir);
-    let cpu = train_losses(&emu.env, &dir, &data, "cpu", 1, &[]);
-    let gpu = train_losses(&emu.env, &dir, &data, "hip", 1, &[]);
-    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
-        let rel = (c - g).abs() / c.abs();
-        eprintln!("iteration {}: cpu {c:.6} hip {g:.6} (relative difference {rel:.2e})", i + 1);
-        // Both round GEMM operands to bf16; attention differs (the CPU's in f32, the GPU's with
-        // bf16 probabilities and outputs), so the curves agree to bf16 precision, not bit for bit.
-        assert!(rel < 5e-3, "iteration {}: cpu loss {c}, hip loss {g}", i + 1);
-    }
-    assert_eq!((cpu.len(), gpu.len()), (6, 6));
-    assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the hip loss never changed");
+    let gpu = gpu_device::follows_the_cpu_bf16_losses(&emu.env, &dir, &data, "hip");
     // Tensor x pipeline parallel on the HIP Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
     let tp_pp = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"];
     let parallel = train_losses(&emu.env, &dir, &data, "hip", 4, &[&tp_pp[..], &["--gpu-collectives", "mpi"]].concat());
-    assert_eq!(parallel.len(), 6);
     // RCCL on HIP streams (the default with --device hip): tensor-parallel all-reduces, the tied
     // embedding's sum and pipeline p2p on device memory, through the fake NCCL run asynchronously
     // with rendezvous sends (4 KiB pieces), as RCCL behaves; the sums are in rank order on both
     // paths, so the losses agree bit for bit.
     let rccl = fake_nccl(&dir);
-    let log = dir.join("rccl.log");
-    let mut env = emu.env.clone();
-    env.extend([
-        ("TRIDENT_RCCL", rccl),
-        ("FAKE_NCCL_LOG", log.clone()),
-        ("FAKE_NCCL_ASYNC", "1".into()),
-        ("FAKE_NCCL_P2P_CHUNK", "4096".into()),
-    ]);
-    let on_device = train_losses(&env, &dir, &data, "hip", 4, &[&tp_pp[..], &["--num-layers", "2"]].concat());
-    let calls = nccl_calls(&log);
+    let fake = [("FAKE_NCCL_ASYNC", "1"), ("FAKE_NCCL_P2P_CHUNK", "4096")];
+    let flags = [&tp_pp[..], &["--num-layers", "2"]].concat();
+    let (on_device, calls) =
+        gpu_device::train_logging_nccl(emu, (&dir, &data), ("TRIDENT_RCCL", &rccl), &fake, ("hip", 4, &flags));
     eprintln!("TP 2 x PP 2 on hip, RCCL calls on all ranks: {calls:?}");
     for op in ["all_reduce", "send_recv"] {
         assert!(calls.get(op).is_some_and(|&n| n > 0), "no {op} through RCCL: {calls:?}");
     }
     assert_eq!(on_device, parallel, "RCCL on HIP streams and the MPI path differ");
-    for (i, (one, four)) in gpu.iter().zip(&parallel).enumerate() {
-        let rel = (one - four).abs() / one.abs();
-        eprintln!("iteration {}: hip on 1 rank {one:.6}, TP 2 x PP 2 {four:.6} (relative difference {rel:.2e})", i + 1);
-        assert!(rel < 1e-3, "iteration {}: one rank {one}, TP 2 x PP 2 {four}", i + 1);
-    }
+    gpu_device::assert_follows_one_rank(&gpu, "TP 2 x PP 2", &parallel);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -147,7 +115,11 @@ fn check_rccl_runs_on_hip_streams_without_a_cuda_driver() {
     };
     let o = run(false);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("collectives on device memory equal MPI's bit for bit on each of 2 ranks (RCCL"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("collectives on device memory equal MPI's bit for bit on each of 2 ranks (RCCL"),
+        "{}",
+        stdout(&o)
+    );
     let o = run(true);
     assert!(!o.status.success(), "{}", stdout(&o));
     assert!(stderr(&o).contains("RCCL all_gather") && stderr(&o).contains("but MPI gives"), "{}", stderr(&o));
@@ -163,7 +135,8 @@ fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
     let dir = scratch("hip-bench-allreduce");
     let rccl = fake_nccl(&dir);
     let run = |json: bool| {
-        let mut c = mpirun_command(2, &["bench", "allreduce", "--device", "hip", "--max-size", "64K", "--min-seconds", "0.01"]);
+        let mut c =
+            mpirun_command(2, &["bench", "allreduce", "--device", "hip", "--max-size", "64K", "--min-seconds", "0.01"]);
         if json {
             c.arg("--json");
         }
@@ -195,17 +168,7 @@ fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
-    let o = run_with(&emu.env, &["train", "--device", "hip", "--preset", "tiny", "--data-path", "x"]);
-    assert_clean_error(&o, &["--device hip needs --bf16"]);
-    let dir = scratch("hip-headdim");
-    let data = prepared_corpus(&dir);
-    let mut args = vec!["train", "--device", "hip", "--data-path", &data, "--train-iters", "1"];
-    args.extend_from_slice(TINY_GPU);
-    let pos = args.iter().position(|a| *a == "--num-attention-heads").unwrap();
-    args[pos + 1] = "4";
-    let o = run_with(&emu.env, &args);
-    assert_clean_error(&o, &["--device hip", "head dims 64 and 128", "is 32"]);
-    let _ = std::fs::remove_dir_all(dir);
+    gpu_device::without_bf16_or_with_another_head_dim_is_a_clear_error(emu, "hip");
 }
 
 /// The emulating runtime refuses what a real one would: an image that is not an ELF, an ELF for
@@ -249,17 +212,13 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // No NVIDIA driver, so check gpu and the script take the AMD side (its GPU run through RCCL,
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
-    let o = gpu_device::run_gpu_check(&emu.env, &dir, &data, "1e-2", &extra);
-    let out = stdout(&o);
-    assert!(o.status.success(), "{out}{}", stderr(&o));
-    for want in [
+    let wants = [
         "the HIP Device matches the reference device on 138 op outputs",
         "passed on 8 AMD devices",
         "ops check: all 138 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
-    ] {
-        assert!(out.contains(want), "{want:?} missing from:\n{out}");
-    }
+    ];
+    gpu_device::assert_gpu_check_passed(&gpu_device::run_gpu_check(&emu.env, &dir, &data, "1e-2", &extra), &wants);
     let _ = std::fs::remove_dir_all(&dir);
 }

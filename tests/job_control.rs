@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const ITERS: &str = "300";
+const ITERS: usize = 300;
 const REQUEUE: i32 = 75;
 const MARKER: &str = "trident_stopped_for_requeue.txt";
 
@@ -18,50 +18,13 @@ fn flags(data: &str) -> Vec<String> {
     flags_for(data, ITERS)
 }
 
-fn flags_for(data: &str, iters: &str) -> Vec<String> {
-    [
-        "train",
-        "--data-path",
-        data,
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "64",
-        "--num-attention-heads",
-        "2",
-        "--seq-length",
-        "64",
-        "--micro-batch-size",
-        "4",
-        "--global-batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--lr-warmup-iters",
-        "4",
-        "--train-iters",
-        iters,
-        "--log-interval",
-        "1",
-        "--eval-iters",
-        "0",
-        "--cpu-threads",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+fn flags_for(data: &str, iters: usize) -> Vec<String> {
+    one_thread_train_args(data, 16, iters)
 }
 
 fn with(mut args: Vec<String>, more: &[&str]) -> Vec<String> {
     args.extend(more.iter().map(|s| s.to_string()));
     args
-}
-
-fn mpirun_cmd(ranks: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]);
-    c
 }
 
 fn finish(child: Child) -> Output {
@@ -92,7 +55,7 @@ fn tracker(dir: &Path) -> u64 {
 fn assert_stopped(o: &Output, ckpt: &Path, reason: &str) -> u64 {
     assert_eq!(o.status.code(), Some(REQUEUE), "stdout: {}\nstderr: {}", stdout(o), stderr(o));
     let it = tracker(ckpt);
-    assert!(it >= 1 && it < ITERS.parse().unwrap(), "stopped at {it}");
+    assert!(it >= 1 && it < ITERS as u64, "stopped at {it}");
     let marker = std::fs::read_to_string(ckpt.join(MARKER)).unwrap();
     assert!(marker.starts_with(&format!("iteration {it}\n")), "{marker}");
     assert!(marker.contains(reason) && marker.contains("exit_code 75"), "{marker}");
@@ -106,7 +69,7 @@ fn resume_and_compare(mut cmd: Command, args: &[String], ckpt: &Path, json: &Pat
     let o = cmd.args(args).output().unwrap();
     assert!(o.status.success(), "resume: {}", stderr(&o));
     assert!(!ckpt.join(MARKER).exists(), "a finished run leaves no stop marker");
-    assert_eq!(tracker(ckpt), ITERS.parse::<u64>().unwrap());
+    assert_eq!(tracker(ckpt), ITERS as u64);
     let resumed = logged_losses(json);
     assert_eq!(resumed.len(), base.len(), "every iteration logged once across stop and resume");
     assert_eq!(resumed, base, "the stopped and resumed run differs from the uninterrupted one");
@@ -146,7 +109,7 @@ fn sigterm_to_one_of_two_ranks_stops_both_after_the_same_iteration() {
     let data = prepared_corpus(&dir);
     let (base_json, json, ckpt) = (dir.join("base.jsonl"), dir.join("run.jsonl"), dir.join("ckpt"));
     let layout = ["--tensor-model-parallel-size", "2"];
-    let o = mpirun_cmd(2)
+    let o = mpirun_command(2, &[])
         .args(with(flags(&data), &[&layout[..], &["--log-json", base_json.to_str().unwrap()]].concat()))
         .output()
         .unwrap();
@@ -161,7 +124,7 @@ fn sigterm_to_one_of_two_ranks_stops_both_after_the_same_iteration() {
         ]
         .concat(),
     );
-    let mut child = mpirun_cmd(2).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = mpirun_command(2, &[]).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     wait_for_iterations(&mut child, &json, 5);
     // The ranks are mpirun's children; signal only the last one (rank 0 writes the log, so the
     // stop must travel through the agreement to reach it).
@@ -174,7 +137,7 @@ fn sigterm_to_one_of_two_ranks_stops_both_after_the_same_iteration() {
     assert_stopped(&o, &ckpt, "--exit-signal-handler");
 
     let resume = with(args, &["--load", ckpt.to_str().unwrap()]);
-    resume_and_compare(mpirun_cmd(2), &resume, &ckpt, &json, &base);
+    resume_and_compare(mpirun_command(2, &[]), &resume, &ckpt, &json, &base);
 }
 
 #[test]
@@ -219,9 +182,9 @@ fn placements(out: &str) -> Vec<(usize, usize, String)> {
 fn placement_follows_the_mpi_split_not_an_inherited_slurm_localid() {
     let dir = scratch("placement");
     let data = prepared_corpus(&dir);
-    let short = flags_for(&data, "5");
+    let short = flags_for(&data, 5);
     // mpirun inside a batch script: every rank inherits SLURM_LOCALID=0 from the batch step.
-    let o = mpirun_cmd(2)
+    let o = mpirun_command(2, &[])
         .args(&short)
         .env("SLURM_LOCALID", "0")
         .env("SLURM_PROCID", "0")
@@ -235,7 +198,7 @@ fn placement_follows_the_mpi_split_not_an_inherited_slurm_localid() {
     assert_eq!(placements(&stdout(&o)), [(0, 0, "4".into()), (1, 1, "5".into())], "{}", stdout(&o));
 
     // Perlmutter's reorder over all four visible GPUs.
-    let o = mpirun_cmd(2)
+    let o = mpirun_command(2, &[])
         .args(&short)
         .env("CUDA_VISIBLE_DEVICES", "0,1,2,3")
         .env("TRIDENT_GPU_ORDER", "3,2,1,0")
@@ -245,7 +208,7 @@ fn placement_follows_the_mpi_split_not_an_inherited_slurm_localid() {
     assert_eq!(placements(&stdout(&o)), [(0, 3, "3".into()), (1, 2, "2".into())], "{}", stdout(&o));
 
     // A bad order ends every rank with the reason, and no rank hangs.
-    let o = mpirun_cmd(2).args(&short).env("TRIDENT_GPU_ORDER", "3,3").output().unwrap();
+    let o = mpirun_command(2, &[]).args(&short).env("TRIDENT_GPU_ORDER", "3,3").output().unwrap();
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(err.contains("TRIDENT_GPU_ORDER=3,3") && err.contains("2 rank(s) could not choose their GPU"), "{err}");

@@ -36,11 +36,8 @@ fn build_fakes(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// `trident check nccl` on `ranks` ranks with the fakes and extra environment variables.
 fn check_nccl(ranks: usize, cuda: &Path, nccl: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN, "check", "nccl"])
-        .args(extra_args)
-        .env("TRIDENT_LIBCUDA", cuda)
-        .env("TRIDENT_NCCL", nccl);
+    let mut c = mpirun_command(ranks, &["check", "nccl"]);
+    c.args(extra_args).env("TRIDENT_LIBCUDA", cuda).env("TRIDENT_NCCL", nccl);
     for v in [
         "TRIDENT_RCCL",
         "TRIDENT_NCCL_TIMEOUT_SECS",
@@ -121,27 +118,36 @@ fn every_collective_equals_mpi_bit_for_bit_on_2_and_4_ranks() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The error lines of a job that must have failed within 20 s (no hang) without a panic.
+fn failed_quickly((o, took): (Output, Duration)) -> Vec<String> {
+    assert!(!o.status.success());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    error_lines(&o)
+}
+
+/// The error line of every rank but rank 1 (the one that vanished), with each of `wants` in it.
+fn assert_survivors_say(errors: &[String], wants: &[&str]) {
+    for survivor in [0, 2, 3] {
+        let line = errors.iter().find(|l| l.starts_with(&format!("trident: error: rank {survivor}: ")));
+        let line = line.unwrap_or_else(|| panic!("rank {survivor} printed no error: {errors:?}"));
+        assert!(wants.iter().all(|w| line.contains(w)), "{line}");
+    }
+}
+
 #[test]
 fn a_peer_that_vanishes_ends_every_surviving_rank_with_a_clear_error() {
     let dir = scratch("nccl-vanish");
     let (cuda, nccl) = build_fakes(&dir);
     // Rank 1 stops taking part at its third collective; the fake NCCL gives up after 2 s.
     let env = [("FAKE_NCCL_FAIL_RANK", "1"), ("FAKE_NCCL_FAIL_AT", "3"), ("FAKE_NCCL_TIMEOUT_SECS", "2")];
-    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
-    assert!(!o.status.success());
-    assert!(took < Duration::from_secs(20), "took {took:?}");
-    let errors = error_lines(&o);
-    for survivor in [0, 2, 3] {
-        let line = errors.iter().find(|l| l.starts_with(&format!("trident: error: rank {survivor}: ")));
-        let line = line.unwrap_or_else(|| panic!("rank {survivor} printed no error: {}", stderr(&o)));
-        assert!(
-            line.contains("NCCL: ncclReduceScatter failed with ncclRemoteError (6)")
-                && line.contains("rank 1 did not arrive at ncclReduceScatter within 2 s"),
-            "{line}"
-        );
-    }
+    let errors = failed_quickly(check_nccl(4, &cuda, &nccl, &[], &env));
+    let wants = [
+        "NCCL: ncclReduceScatter failed with ncclRemoteError (6)",
+        "rank 1 did not arrive at ncclReduceScatter within 2 s",
+    ];
+    assert_survivors_say(&errors, &wants);
     assert!(!errors.iter().any(|l| l.contains("rank 1:")), "{errors:?}");
-    assert!(!stderr(&o).contains("panicked"));
 
     // Asynchronous calls: the survivors' streams never finish, and trident's own timeout
     // (TRIDENT_NCCL_TIMEOUT_SECS, polling the stream) aborts the communicator first.
@@ -152,17 +158,14 @@ fn a_peer_that_vanishes_ends_every_surviving_rank_with_a_clear_error() {
         ("FAKE_NCCL_TIMEOUT_SECS", "120"),
         ("TRIDENT_NCCL_TIMEOUT_SECS", "2"),
     ];
-    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
-    assert!(!o.status.success());
-    assert!(took < Duration::from_secs(20), "took {took:?}");
-    let errors = error_lines(&o);
+    let errors = failed_quickly(check_nccl(4, &cuda, &nccl, &[], &env));
     for survivor in [0, 2, 3] {
         let wanted = format!(
             "trident: error: rank {survivor}: communication failure: NCCL: rank {survivor} of 4: the communication \
              stream did not finish within 2 s (TRIDENT_NCCL_TIMEOUT_SECS); a peer rank has probably exited or hung; \
              the communicator was aborted"
         );
-        assert!(errors.contains(&wanted), "{wanted}\nnot in: {}", stderr(&o));
+        assert!(errors.contains(&wanted), "{wanted}\nnot in: {errors:?}");
     }
     // ... and when NCCL notices first, its asynchronous error is the message.
     let env = [
@@ -172,26 +175,16 @@ fn a_peer_that_vanishes_ends_every_surviving_rank_with_a_clear_error() {
         ("FAKE_NCCL_TIMEOUT_SECS", "1"),
         ("TRIDENT_NCCL_TIMEOUT_SECS", "60"),
     ];
-    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
-    assert!(!o.status.success());
-    assert!(took < Duration::from_secs(20), "took {took:?}");
-    let errors = error_lines(&o);
-    for survivor in [0, 2, 3] {
-        let line = errors.iter().find(|l| l.starts_with(&format!("trident: error: rank {survivor}: ")));
-        let line = line.unwrap_or_else(|| panic!("rank {survivor} printed no error: {}", stderr(&o)));
-        assert!(
-            line.contains("NCCL: an enqueued operation (ncclCommGetAsyncError) failed with ncclRemoteError (6)")
-                && line.contains("rank 1 did not arrive at ncclReduceScatter within 1 s"),
-            "{line}"
-        );
-    }
+    let errors = failed_quickly(check_nccl(4, &cuda, &nccl, &[], &env));
+    let wants = [
+        "NCCL: an enqueued operation (ncclCommGetAsyncError) failed with ncclRemoteError (6)",
+        "rank 1 did not arrive at ncclReduceScatter within 1 s",
+    ];
+    assert_survivors_say(&errors, &wants);
 
     // Rank 2 exits outright before its first collective: the job ends, non-zero, at once.
     let env = [("FAKE_NCCL_FAIL_RANK", "2"), ("FAKE_NCCL_FAIL_MODE", "exit"), ("FAKE_NCCL_TIMEOUT_SECS", "5")];
-    let (o, took) = check_nccl(4, &cuda, &nccl, &[], &env);
-    assert!(!o.status.success());
-    assert!(took < Duration::from_secs(20), "took {took:?}");
-    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    failed_quickly(check_nccl(4, &cuda, &nccl, &[], &env));
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -248,22 +241,9 @@ fn run_with(args: &[&str], env: &[(&str, &Path)]) -> Output {
     c.output().expect("the trident binary runs")
 }
 
-/// A library from `make gpu-test-libs` (the file in `var`, or the default cache), if installed.
-fn test_library(var: &str, relative: &str) -> Option<PathBuf> {
-    if let Ok(p) = std::env::var(var) {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
-    }
-    let root = PathBuf::from(std::env::var("HOME").ok()?).join(".cache/trident-gpu-libs");
-    std::fs::read_dir(root).ok()?.filter_map(|e| e.ok()).map(|e| e.path().join(relative)).find(|p| p.is_file())
-}
-
-fn nvrtc() -> Option<PathBuf> {
-    test_library("TRIDENT_NVRTC", "nvidia/cu13/lib/libnvrtc.so.13")
-}
-
 #[test]
 fn the_real_nccl_fails_its_init_without_a_driver_in_its_own_words() {
-    let Some(real) = test_library("TRIDENT_NCCL", "nvidia/nccl/lib/libnccl.so.2") else {
+    let Some(real) = gpu_test_library(NCCL_LIBRARY) else {
         eprintln!("!!!!! NCCL not installed (make gpu-test-libs): the real-NCCL init test is skipped !!!!!");
         return;
     };
@@ -290,9 +270,8 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     let dir = scratch("cuda-bench");
     let (cuda, nccl) = build_fakes(&dir);
     // All-reduce through the fake NCCL on 2 ranks: one JSON line per size, printed once.
-    let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "bench", "allreduce", "--device", "cuda"])
-        .args(["--max-size", "64K", "--min-seconds", "0.01", "--json"])
+    let mut c = mpirun_command(2, &["bench", "allreduce", "--device", "cuda"]);
+    c.args(["--max-size", "64K", "--min-seconds", "0.01", "--json"])
         .env("TRIDENT_LIBCUDA", &cuda)
         .env("TRIDENT_NCCL", &nccl);
     let o = c.output().expect("mpirun runs");
@@ -326,7 +305,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     assert_clean_error(&o, &["flag --device: found 'gpu', expected cpu or cuda"]);
 
     // The fake driver: the kernel file compiles (NVRTC) and the module load is refused.
-    if let Some(nvrtc) = nvrtc() {
+    if let Some(nvrtc) = gpu_test_library(NVRTC_LIBRARY) {
         let cache = dir.join("cache");
         let env = [
             ("TRIDENT_LIBCUDA", cuda.as_path()),

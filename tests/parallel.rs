@@ -463,8 +463,7 @@ fn impossible_layouts_fail_once_on_every_rank() {
 fn a_killed_rank_ends_the_job() {
     let dir = scratch("kill");
     let data = prepared_corpus(&dir);
-    let mut child = Command::new("mpirun")
-        .args(["--oversubscribe", "--allow-run-as-root", "-np", "2", BIN, "train", "--data-path", &data])
+    let mut child = mpirun_command(2, &["train", "--data-path", &data])
         .args(["--train-iters", "100000", "--log-interval", "1", "--tensor-model-parallel-size", "2"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -5,6 +5,11 @@
 mod common;
 use common::*;
 
+/// `trident plan` with the space-separated `flags`.
+fn plan(flags: &str) -> std::process::Output {
+    run(&std::iter::once("plan").chain(flags.split_whitespace()).collect::<Vec<_>>())
+}
+
 /// One row of Narayanan et al. 2021, Table 1 (A100 80GB, sequence 2048, vocabulary 51,200).
 struct Row {
     params_b: f64,
@@ -126,36 +131,11 @@ fn number(line: &str, key: &str) -> f64 {
 /// tensor parallelism, and without a distributed optimizer (Megatron had none in 2021), everything
 /// else the planner's choice.
 fn plan_row(r: &Row) -> String {
-    let (l, h, a, g, b) =
-        (r.layers.to_string(), r.hidden.to_string(), r.heads.to_string(), r.gpus.to_string(), r.batch.to_string());
-    let o = run(&[
-        "plan",
-        "--num-layers",
-        &l,
-        "--hidden-size",
-        &h,
-        "--num-attention-heads",
-        &a,
-        "--seq-length",
-        "2048",
-        "--vocab-size",
-        "51200",
-        "--gpus",
-        &g,
-        "--global-batch-size",
-        &b,
-        "--gpu",
-        "a100",
-        "--precision",
-        "fp16",
-        "--zero1",
-        "off",
-        "--tensor-parallel-mode",
-        "1d",
-        "--json",
-        "--top",
-        "1",
-    ]);
+    let o = plan(&format!(
+        "--num-layers {} --hidden-size {} --num-attention-heads {} --seq-length 2048 --vocab-size 51200 --gpus {} \
+         --global-batch-size {} --gpu a100 --precision fp16 --zero1 off --tensor-parallel-mode 1d --json --top 1",
+        r.layers, r.hidden, r.heads, r.gpus, r.batch
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     stdout(&o).lines().next().expect("one layout").to_string()
 }
@@ -192,18 +172,7 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
 
 #[test]
 fn json_has_exactly_the_documented_keys_best_first() {
-    let o = run(&[
-        "plan",
-        "--model",
-        "megatron-39.1b",
-        "--gpus",
-        "512",
-        "--global-batch-size",
-        "1536",
-        "--json",
-        "--top",
-        "8",
-    ]);
+    let o = plan("--model megatron-39.1b --gpus 512 --global-batch-size 1536 --json --top 8");
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
@@ -227,42 +196,18 @@ fn json_has_exactly_the_documented_keys_best_first() {
 
 #[test]
 fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
-    let o = run(&[
-        "plan",
-        "--model",
-        "gpt3-175b",
-        "--gpus",
-        "1024",
-        "--global-batch-size",
-        "1536",
-        "--tensor-model-parallel-size",
-        "8",
-        "--pipeline-model-parallel-size",
-        "16",
-        "--recompute-granularity",
-        "full",
-    ]);
+    let gpt3 = "--model gpt3-175b --gpus 1024 --global-batch-size 1536";
+    let o = plan(&format!(
+        "{gpt3} --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --recompute-granularity full"
+    ));
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for needle in ["312 TFLOP/s", "GEMM efficiency 0.65", "230 GB/s", "23.0 GB/s per GPU", "bounded by", "full"] {
         assert!(out.contains(needle), "'{needle}' missing:\n{out}");
     }
-    let o = run(&[
-        "plan",
-        "--model",
-        "gpt3-175b",
-        "--gpus",
-        "1024",
-        "--global-batch-size",
-        "1536",
-        "--json",
-        "--tensor-model-parallel-size",
-        "8",
-        "--pipeline-model-parallel-size",
-        "16",
-        "--micro-batch-size",
-        "2",
-    ]);
+    let o = plan(&format!(
+        "{gpt3} --json --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --micro-batch-size 2"
+    ));
     for line in stdout(&o).lines() {
         assert_eq!((number(line, "tp"), number(line, "pp"), number(line, "micro_batch")), (8.0, 16.0, 2.0), "{line}");
     }
@@ -270,117 +215,46 @@ fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
 
 #[test]
 fn bad_input_is_one_clear_line() {
-    let plan = |extra: &[&str]| {
-        let mut args = vec!["plan"];
-        args.extend_from_slice(extra);
-        run(&args)
-    };
-    // GPUs that do not fill whole nodes.
-    assert_clean_error(
-        &plan(&["--model", "gpt2-350m", "--gpus", "12", "--global-batch-size", "48"]),
-        &["--gpus 12", "--gpus-per-node 8"],
-    );
-    // A model that fits nowhere names the smallest memory it needs.
-    assert_clean_error(
-        &plan(&["--model", "megatron-1t", "--gpus", "64", "--global-batch-size", "64"]),
-        &["no layout fits", "the smallest needs", "GiB"],
-    );
-    // A pinned TP size that does not split the heads says why.
-    assert_clean_error(
-        &plan(&[
-            "--model",
-            "gpt2-124m",
-            "--gpus",
-            "8",
-            "--global-batch-size",
-            "8",
-            "--tensor-model-parallel-size",
-            "8",
-            "--tensor-parallel-mode",
-            "1d",
-        ]),
-        &["--tensor-model-parallel-size 8", "12 attention heads"],
-    );
-    // A pinned size that is no SUMMA grid, and a grid whose side does not split the heads.
-    assert_clean_error(
-        &plan(&[
-            "--model",
-            "gpt2-124m",
-            "--gpus",
-            "8",
-            "--global-batch-size",
-            "8",
-            "--tensor-model-parallel-size",
-            "8",
-            "--tensor-parallel-mode",
-            "2d",
-        ]),
-        &["--tensor-model-parallel-size 8", "--tensor-parallel-mode 2d"],
-    );
-    assert_clean_error(
-        &plan(&[
-            "--num-layers",
-            "4",
-            "--hidden-size",
-            "576",
-            "--num-attention-heads",
-            "9",
-            "--seq-length",
-            "1024",
-            "--gpus",
-            "8",
-            "--global-batch-size",
-            "8",
-            "--tensor-model-parallel-size",
-            "4",
-            "--tensor-parallel-mode",
-            "2d",
-        ]),
-        &["--tensor-model-parallel-size 4", "9 attention heads", "q = 2"],
-    );
-    assert_clean_error(
-        &plan(&[
-            "--model",
-            "megatron-1.7b",
-            "--gpus",
-            "32",
-            "--global-batch-size",
-            "512",
-            "--pipeline-model-parallel-size",
-            "5",
-        ]),
-        &["--pipeline-model-parallel-size 5"],
-    );
-    assert_clean_error(
-        &plan(&[
-            "--model",
-            "megatron-1.7b",
-            "--gpus",
-            "32",
-            "--global-batch-size",
-            "100",
-            "--tensor-model-parallel-size",
-            "1",
-            "--pipeline-model-parallel-size",
-            "1",
-        ]),
-        &["--global-batch-size 100"],
-    );
-    assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "8"]), &["--global-batch-size"]);
-    assert_clean_error(
-        &plan(&["--model", "gpt-9", "--gpus", "8", "--global-batch-size", "8"]),
-        &["--model", "megatron-1t"],
-    );
-    assert_clean_error(
-        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gpu", "v100"]),
-        &["--gpu", "a100"],
-    );
-    assert_clean_error(&plan(&["--num-layers", "4", "--gpus", "8", "--global-batch-size", "8"]), &["--hidden-size"]);
-    assert_clean_error(
-        &plan(&["--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8", "--gemm-efficiency", "1.5"]),
-        &["--gemm-efficiency"],
-    );
-    assert_clean_error(&plan(&["--model", "gpt2-124m", "--gpus", "0", "--global-batch-size", "8"]), &["--gpus"]);
+    // (the flags after `plan`, what the one error line must say)
+    let cases: [(&str, &[&str]); 13] = [
+        // GPUs that do not fill whole nodes.
+        ("--model gpt2-350m --gpus 12 --global-batch-size 48", &["--gpus 12", "--gpus-per-node 8"]),
+        // A model that fits nowhere names the smallest memory it needs.
+        ("--model megatron-1t --gpus 64 --global-batch-size 64", &["no layout fits", "the smallest needs", "GiB"]),
+        // A pinned TP size that does not split the heads says why.
+        (
+            "--model gpt2-124m --gpus 8 --global-batch-size 8 --tensor-model-parallel-size 8 --tensor-parallel-mode 1d",
+            &["--tensor-model-parallel-size 8", "12 attention heads"],
+        ),
+        // A pinned size that is no SUMMA grid, and a grid whose side does not split the heads.
+        (
+            "--model gpt2-124m --gpus 8 --global-batch-size 8 --tensor-model-parallel-size 8 --tensor-parallel-mode 2d",
+            &["--tensor-model-parallel-size 8", "--tensor-parallel-mode 2d"],
+        ),
+        (
+            "--num-layers 4 --hidden-size 576 --num-attention-heads 9 --seq-length 1024 --gpus 8 \
+             --global-batch-size 8 --tensor-model-parallel-size 4 --tensor-parallel-mode 2d",
+            &["--tensor-model-parallel-size 4", "9 attention heads", "q = 2"],
+        ),
+        (
+            "--model megatron-1.7b --gpus 32 --global-batch-size 512 --pipeline-model-parallel-size 5",
+            &["--pipeline-model-parallel-size 5"],
+        ),
+        (
+            "--model megatron-1.7b --gpus 32 --global-batch-size 100 --tensor-model-parallel-size 1 \
+             --pipeline-model-parallel-size 1",
+            &["--global-batch-size 100"],
+        ),
+        ("--model gpt2-124m --gpus 8", &["--global-batch-size"]),
+        ("--model gpt-9 --gpus 8 --global-batch-size 8", &["--model", "megatron-1t"]),
+        ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gpu v100", &["--gpu", "a100"]),
+        ("--num-layers 4 --gpus 8 --global-batch-size 8", &["--hidden-size"]),
+        ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gemm-efficiency 1.5", &["--gemm-efficiency"]),
+        ("--model gpt2-124m --gpus 0 --global-batch-size 8", &["--gpus"]),
+    ];
+    for (flags, needles) in cases {
+        assert_clean_error(&plan(flags), needles);
+    }
 }
 
 #[test]
@@ -399,36 +273,14 @@ fn help_lists_the_flags() {
 fn two_and_two_and_a_half_d_layouts_are_planned_with_their_volumes() {
     // GPT-3 175B on 1024 A100s with a tensor-parallel group of 16 (two nodes): every mode that
     // can split the model is priced, and the report says which beats 1-D.
-    let o = run(&[
-        "plan",
-        "--model",
-        "gpt3-175b",
-        "--gpus",
-        "1024",
-        "--global-batch-size",
-        "1536",
-        "--tensor-model-parallel-size",
-        "16",
-        "--json",
-        "--top",
-        "0",
-    ]);
+    let tp16 = "--model gpt3-175b --gpus 1024 --global-batch-size 1536 --tensor-model-parallel-size 16";
+    let o = plan(&format!("{tp16} --json --top 0"));
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for mode in ["\"tp_mode\":\"1d\"", "\"tp_mode\":\"2d\"", "\"tp_mode\":\"2.5d\""] {
         assert!(out.contains(mode), "no {mode} layout in the plan");
     }
-    let text = run(&[
-        "plan",
-        "--model",
-        "gpt3-175b",
-        "--gpus",
-        "1024",
-        "--global-batch-size",
-        "1536",
-        "--tensor-model-parallel-size",
-        "16",
-    ]);
+    let text = plan(tp16);
     let text = stdout(&text);
     assert!(text.contains("tensor-parallel modes: best 1d"), "{text}");
     assert!(text.contains("2.5d: best is") && (text.contains("beats 1d") || text.contains("trails 1d")), "{text}");

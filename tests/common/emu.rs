@@ -1,10 +1,14 @@
 //! What the kernel-emulation tests (`cuda_emulation.rs`, `hip_emulation.rs`) share: compiling a
-//! C++ harness against the SIMT emulation, a case directory of input and output arrays the
-//! harness reads and writes, deterministic inputs, and the comparison with the reference device
-//! under DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a tighter bound for f32).
+//! C++ harness against the SIMT emulation, a vendor's harness and inputs (`Vendor`), a case
+//! directory of input and output arrays the harness reads and writes, deterministic inputs, and
+//! the comparison with the reference device under DESIGN.md's bf16 rule
+//! |x - ref| <= atol + 0.079 |ref| (and a tighter bound for f32). The cases both vendors run are
+//! `emu_cases.rs`'s.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::Device;
@@ -19,11 +23,11 @@ fn root() -> PathBuf {
 }
 
 /// Compiles the harness `source` (relative to the checkout) with the emulation and `defines`,
-/// into `CARGO_TARGET_TMPDIR/<kind>/harness-<tag>-<pid>`.
-pub fn compile_harness(source: &str, kind: &str, tag: &str, defines: &[&str]) -> PathBuf {
+/// into `CARGO_TARGET_TMPDIR/<kind>/harness-<defines>-<pid>`.
+fn compile_harness(source: &str, kind: &str, defines: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(kind);
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(format!("harness-{tag}-{}", std::process::id()));
+    let exe = dir.join(format!("harness-{}-{}", defines.join(""), std::process::id()));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let src = root().join(source);
     let out = Command::new(&cxx)
@@ -38,19 +42,58 @@ pub fn compile_harness(source: &str, kind: &str, tag: &str, defines: &[&str]) ->
     exe
 }
 
-/// A case's directory of input and output arrays.
+/// One vendor's kernels under the emulation: where its cases go, its harness and its inputs.
+pub struct Vendor {
+    /// The folder of its cases under `CARGO_TARGET_TMPDIR` ("cuda-emu", "hip-emu").
+    pub kind: &'static str,
+    /// The seed of its inputs.
+    pub seed: u64,
+    /// Its harness source, relative to the checkout, and the defines it is built with.
+    pub harness: &'static str,
+    pub defines: &'static [&'static str],
+    /// Its attention forward also reads a qkv at an odd element offset (HIP's scalar loads).
+    pub unaligned_attention: bool,
+}
+
+impl Vendor {
+    /// A fresh case directory `CARGO_TARGET_TMPDIR/<kind>/<name>` for this vendor's harness.
+    pub fn case(&self, name: &str) -> Case {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(self.kind).join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Case { dir, harness: self.harness_binary() }
+    }
+    /// The harness binary of this build, compiled once per test process (about 2 s).
+    fn harness_binary(&self) -> PathBuf {
+        static BUILT: Mutex<BTreeMap<(&str, &[&str]), PathBuf>> = Mutex::new(BTreeMap::new());
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (self.harness, self.defines);
+        built.entry(key).or_insert_with(|| compile_harness(self.harness, self.kind, self.defines)).clone()
+    }
+    /// Normal values of the given scale from stream `name`, rounded to bf16 (the kernels'
+    /// storage format), so the reference sees exactly the kernel's inputs.
+    pub fn bf16_values(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
+        let s = Stream::new(self.seed, name, 7);
+        (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
+    }
+    pub fn f32_values(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
+        let s = Stream::new(self.seed, name, 7);
+        (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
+    }
+    /// Token ids uniform in 0..below.
+    pub fn tokens(&self, n: usize, name: &str, below: u32) -> Vec<u32> {
+        let s = Stream::new(self.seed, name, 9);
+        (0..n).map(|i| ((s.uniform(i as u64, 0) * below as f64) as u32).min(below - 1)).collect()
+    }
+}
+
+/// A case's directory of input and output arrays, and the harness that runs it.
 pub struct Case {
-    pub dir: PathBuf,
+    dir: PathBuf,
+    harness: PathBuf,
 }
 
 impl Case {
-    /// A fresh directory `CARGO_TARGET_TMPDIR/<kind>/<name>`.
-    pub fn new(kind: &str, name: &str) -> Case {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(kind).join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Case { dir }
-    }
     fn write(&self, name: &str, ext: &str, bytes: Vec<u8>) {
         std::fs::write(self.dir.join(format!("{name}.{ext}")), bytes).unwrap();
     }
@@ -65,6 +108,9 @@ impl Case {
     }
     pub fn put_u32(&self, name: &str, values: &[u32]) {
         self.write(name, "u32", values.iter().flat_map(|x| x.to_le_bytes()).collect());
+    }
+    pub fn put_f64(&self, name: &str, values: &[f64]) {
+        self.write(name, "f64", values.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
     pub fn get_bf16(&self, name: &str) -> Vec<f32> {
         let bytes = self.read(name, "bf16");
@@ -82,9 +128,13 @@ impl Case {
     pub fn get_i32(&self, name: &str) -> Vec<i32> {
         self.read(name, "i32").chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
     }
+    /// f64 outputs (the kernels' row statistics) as f32, for `check_f32`.
+    pub fn get_f64_as_f32(&self, name: &str) -> Vec<f32> {
+        self.get_f64(name).iter().map(|&v| v as f32).collect()
+    }
     /// Runs `op` of the harness on this case; it must succeed.
-    pub fn run_on(&self, harness: &Path, op: &str, args: &[String]) {
-        let out = Command::new(harness).arg(op).arg(&self.dir).args(args).output().unwrap();
+    pub fn run(&self, op: &str, args: &[String]) {
+        let out = Command::new(&self.harness).arg(op).arg(&self.dir).args(args).output().unwrap();
         assert!(
             out.status.success(),
             "emulated kernel {op} {args:?} failed ({}):\n{}",
@@ -93,8 +143,8 @@ impl Case {
         );
     }
     /// Runs an op that must fail; returns its stderr.
-    pub fn run_failing_on(&self, harness: &Path, op: &str) -> String {
-        let out = Command::new(harness).arg(op).arg(&self.dir).output().unwrap();
+    pub fn run_failing(&self, op: &str) -> String {
+        let out = Command::new(&self.harness).arg(op).arg(&self.dir).output().unwrap();
         assert!(!out.status.success(), "{op} should have failed");
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
@@ -103,17 +153,6 @@ impl Case {
 /// The harness's command-line arguments.
 pub fn args(xs: &[&dyn std::fmt::Display]) -> Vec<String> {
     xs.iter().map(|x| x.to_string()).collect()
-}
-
-/// Normal values of the given scale from stream `seed`, rounded to bf16 (the kernels' storage
-/// format), so the reference sees exactly the kernel's inputs.
-pub fn bf16_values(seed: u64, n: usize, name: &str, scale: f64) -> Vec<f32> {
-    let s = Stream::new(seed, name, 7);
-    (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
-}
-pub fn f32_values(seed: u64, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
-    let s = Stream::new(seed, name, 7);
-    (0..n).map(|i| (offset + scale * s.normal(i as u64)) as f32).collect()
 }
 
 pub fn reference(dev: &ReferenceDevice, host: &[f32]) -> Vec<f64> {

@@ -1,8 +1,10 @@
 //! What the GPU Device tests (`cuda_device.rs`, `hip_device.rs`) share: building the emulating
-//! runtime, every Device op against the reference device (through `trident::cmd::check::ops`, the
-//! code behind `check ops`), and the small training run both compare with the CPU's `--bf16`.
+//! runtime and the environment that points trident at it, every Device op against the reference
+//! device (through `trident::cmd::check::ops`, the code behind `check ops`), the small training run
+//! both compare with the CPU's `--bf16` and with parallel layouts, the clear errors of a model the
+//! kernels do not take, and `make gpu-check`'s script.
 
-use super::{loss_values, stderr, stdout, BIN};
+use super::{assert_clean_error, loss_values, prepared_corpus, scratch, stderr, stdout, BIN};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -38,7 +40,7 @@ pub const OPS_CHECKED: usize = 138;
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
 /// process that still has the old file mapped keeps it).
-pub fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
+fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let building = dir.join(format!("{lib}.{}", std::process::id()));
     let out_path = dir.join(lib);
@@ -54,6 +56,32 @@ pub fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBu
     assert!(out.status.success(), "building {what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     std::fs::rename(&building, &out_path).unwrap();
     out_path
+}
+
+/// An emulating runtime built for this test process, and the environment that points trident at
+/// it (`lib_var`), at what `more` adds and at a kernel cache kept between runs.
+pub struct Emulated {
+    pub env: Vec<(&'static str, PathBuf)>,
+}
+
+/// Builds `tests/gpu/<source>` into `CARGO_TARGET_TMPDIR/<folder>/<lib>` (`build_emulator`)
+/// and sets its environment in this process, before any runtime is loaded (every test of the
+/// process sets the same values).
+pub fn emulate(
+    folder: &str,
+    (source, lib, what): (&str, &str, &str),
+    lib_var: &'static str,
+    more: &[(&'static str, PathBuf)],
+) -> Emulated {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(folder);
+    let lib = build_emulator(&dir, source, lib, what);
+    let mut env = vec![(lib_var, lib)];
+    env.extend_from_slice(more);
+    env.push(("TRIDENT_CACHE_DIR", dir.join("kernel-cache")));
+    for (k, v) in &env {
+        std::env::set_var(k, v);
+    }
+    Emulated { env }
 }
 
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
@@ -156,6 +184,59 @@ pub fn train_losses(
     loss_values(&log)
 }
 
+/// Trains `device` and the CPU (`--bf16` both) for 6 iterations on one rank and asserts that the
+/// losses agree to bf16 precision and move; returns the device's losses.
+pub fn follows_the_cpu_bf16_losses(env: &[(&'static str, PathBuf)], dir: &Path, data: &str, device: &str) -> Vec<f64> {
+    let cpu = train_losses(env, dir, data, "cpu", 1, &[]);
+    let gpu = train_losses(env, dir, data, device, 1, &[]);
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        let rel = (c - g).abs() / c.abs();
+        eprintln!("iteration {}: cpu {c:.6} {device} {g:.6} (relative difference {rel:.2e})", i + 1);
+        // Both round GEMM operands to bf16; attention differs (the CPU's in f32, the GPU's with
+        // bf16 probabilities and outputs), so the curves agree to bf16 precision, not bit for bit.
+        assert!(rel < 5e-3, "iteration {}: cpu loss {c}, {device} loss {g}", i + 1);
+    }
+    assert_eq!((cpu.len(), gpu.len()), (6, 6));
+    assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the {device} loss never changed");
+    gpu
+}
+
+/// A parallel layout's losses (`name`) against one rank's: the same run up to the reduction
+/// order's f32 rounding (and the bf16 roundings after it).
+pub fn assert_follows_one_rank(one: &[f64], name: &str, parallel: &[f64]) {
+    assert_eq!(parallel.len(), 6, "{name}: {parallel:?}");
+    for (i, (a, b)) in one.iter().zip(parallel).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        eprintln!("iteration {}: one rank {a:.6}, {name} {b:.6} (relative difference {rel:.2e})", i + 1);
+        assert!(rel < 1e-3, "iteration {}: one rank {a}, {name} {b}", i + 1);
+    }
+}
+
+/// `train --device <device>` without `--bf16`, and with a head dim the kernels are not built for
+/// (hidden 128 in 4 heads: 32): one clear line each.
+pub fn without_bf16_or_with_another_head_dim_is_a_clear_error(emu: &Emulated, device: &str) {
+    let o = run_with(&emu.env, &["train", "--device", device, "--preset", "tiny", "--data-path", "x"]);
+    assert_clean_error(&o, &[&format!("--device {device} needs --bf16")]);
+    let dir = scratch(&format!("{device}-headdim"));
+    let data = prepared_corpus(&dir);
+    let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "1"];
+    args.extend_from_slice(TINY_GPU);
+    let pos = args.iter().position(|a| *a == "--num-attention-heads").unwrap();
+    args[pos + 1] = "4";
+    let o = run_with(&emu.env, &args);
+    assert_clean_error(&o, &[&format!("--device {device}"), "head dims 64 and 128", "is 32"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `make gpu-check`'s script passed on the emulated GPU, and printed every one of `wants`.
+pub fn assert_gpu_check_passed(o: &std::process::Output, wants: &[&str]) {
+    let out = stdout(o);
+    assert!(o.status.success(), "{out}{}", stderr(o));
+    for want in wants {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+}
+
 /// The fake NCCL (`tests/gpu/fake_libnccl.c`: ranks meet in POSIX shared memory and read device
 /// pointers as host pointers, which the emulating driver's device memory is), built into `dir`.
 pub fn fake_nccl(dir: &Path) -> PathBuf {
@@ -170,6 +251,25 @@ pub fn fake_nccl(dir: &Path) -> PathBuf {
         .expect("cc runs");
     assert!(o.status.success(), "{}", stderr(&o));
     lib
+}
+
+/// Trains `device` on `ranks` ranks with `flags` through the fake NCCL `lib` as `var`
+/// (TRIDENT_NCCL or TRIDENT_RCCL), with its `settings` (FAKE_NCCL_*): the losses, and the
+/// operations it logged on all ranks, counted by name.
+pub fn train_logging_nccl(
+    emu: &Emulated,
+    (dir, data): (&Path, &str),
+    (var, lib): (&'static str, &Path),
+    settings: &[(&'static str, &str)],
+    (device, ranks, flags): (&str, usize, &[&str]),
+) -> (Vec<f64>, std::collections::BTreeMap<String, usize>) {
+    let log = dir.join(format!("nccl-{device}-{ranks}-{}.log", flags.join("").replace(['-', '/', ' '], "")));
+    let _ = std::fs::remove_file(&log);
+    let mut env = emu.env.clone();
+    env.extend([(var, lib.to_path_buf()), ("FAKE_NCCL_LOG", log.clone())]);
+    env.extend(settings.iter().map(|&(k, v)| (k, PathBuf::from(v))));
+    let losses = train_losses(&env, dir, data, device, ranks, flags);
+    (losses, nccl_calls(&log))
 }
 
 /// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name.

@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod emu;
+pub mod emu_cases;
 pub mod gpu_device;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -25,6 +27,47 @@ pub fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]).args(args);
     c
+}
+
+/// NVRTC's and NCCL's files in `make gpu-test-libs`'s pip wheels: (the variable that names one,
+/// its path inside an install).
+pub const NVRTC_LIBRARY: (&str, &str) = ("TRIDENT_NVRTC", "nvidia/cu13/lib/libnvrtc.so.13");
+pub const NCCL_LIBRARY: (&str, &str) = ("TRIDENT_NCCL", "nvidia/nccl/lib/libnccl.so.2");
+
+/// A GPU library for the tests (`NVRTC_LIBRARY` or `NCCL_LIBRARY`): the file its variable names,
+/// else the newest install of `make gpu-test-libs` under ~/.cache/trident-gpu-libs, if any.
+pub fn gpu_test_library((var, relative): (&str, &str)) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(var) {
+        if Path::new(&p).is_file() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    let root = PathBuf::from(std::env::var("HOME").ok()?).join(".cache/trident-gpu-libs");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join(relative)))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// `gpu_test_library` for a test that needs the library: without it, a panic saying how to
+/// install it, or None (said loudly) when `TRIDENT_SKIP_NVRTC_TESTS=1`.
+pub fn required_gpu_test_library(library: (&str, &str)) -> Option<PathBuf> {
+    let found = gpu_test_library(library);
+    let (var, relative) = library;
+    if found.is_none() && std::env::var("TRIDENT_SKIP_NVRTC_TESTS").as_deref() == Ok("1") {
+        // Written to the process stderr directly: the test harness would capture eprintln!.
+        let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {var} is not set and `make gpu-test-libs` has not run; TRIDENT_SKIP_NVRTC_TESTS=1 skips this GPU-library test !!!!!");
+        return None;
+    }
+    assert!(
+        found.is_some(),
+        "{var} names no file and ~/.cache/trident-gpu-libs holds no {relative}: run `make gpu-test-libs` \
+         (pip-installs the NVRTC and NCCL wheels) or `make test`, or set TRIDENT_SKIP_NVRTC_TESTS=1 to skip"
+    );
+    found
 }
 
 /// Runs the binary on `ranks` ranks under Open MPI's mpirun (as root, oversubscribed).
@@ -118,6 +161,19 @@ pub fn prepared_corpus(dir: &Path) -> String {
     let o = run(&["prepare", "--input", corpus, "--output-prefix", prefix.to_str().unwrap(), "--append-eod"]);
     assert!(o.status.success(), "prepare failed: {}", stderr(&o));
     format!("{}_text_document", prefix.display())
+}
+
+/// `train` arguments for a 2-layer model of width 64 on one CPU thread, slow enough (about 7 ms
+/// an iteration at a global batch of 16) that a signal or a kill lands mid-run: no evaluation, a
+/// log line per iteration.
+pub fn one_thread_train_args(data: &str, global_batch_size: usize, train_iters: usize) -> Vec<String> {
+    let model = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 --micro-batch-size 4";
+    let run = format!(
+        "--global-batch-size {global_batch_size} --lr 1e-3 --lr-warmup-iters 4 --train-iters {train_iters} \
+         --log-interval 1 --eval-iters 0 --cpu-threads 1"
+    );
+    let words = model.split_whitespace().chain(run.split_whitespace()).map(String::from);
+    ["train", "--data-path", data].into_iter().map(String::from).chain(words).collect()
 }
 
 /// Flags for a small, fast model used by the tests (2 micro-batches per iteration).

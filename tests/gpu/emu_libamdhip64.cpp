@@ -11,7 +11,8 @@
 // "Streams": RCCL on HIP streams), and hipFree / hipDeviceSynchronize wait for its operations.
 // hipModuleLoadData accepts only an AMDGPU code object (a 64-bit ELF
 // for EM_AMDGPU, what hipRTC writes) and keeps its bytes; hipModuleGetFunction resolves a name in
-// the table of every extern "C" kernel of kernels-hip/ below, and answers hipErrorNotFound when
+// the table of every extern "C" kernel of kernels-hip/ (emu_runtime.h's, which the CUDA kernels
+// share), and answers hipErrorNotFound when
 // the code object does not contain that name (with its NUL, as the string table holds it) or the
 // table lacks it. hipModuleLaunchKernel unpacks kernelParams with the kernel's own C++ signature
 // and runs the kernel's source under the SIMT emulation with 64-lane wavefronts
@@ -45,73 +46,9 @@ typedef int hipError_t;
 
 namespace {
 
-enum : hipError_t {
-  kSuccess = 0,
-  kInvalidValue = 1,
-  kOutOfMemory = 2,
-  kNoDevice = 100,
-  kInvalidDevice = 101,
-  kInvalidImage = 200,
-  kNoBinaryForGpu = 209,
-  kInvalidHandle = 400,
-  kNotFound = 500,
-  kNotReady = 600,
-};
+using namespace emu_runtime;  // its error codes are HIP's (hipErrorInvalidValue = 1, ...)
 
-using emu_runtime::KernelEntry;
-using emu_runtime::Module;
-#define KERNEL EMU_KERNEL
-const KernelEntry kKernels[] = {
-    KERNEL(trident_smoke_axpy),
-    KERNEL(adamw_f32_bf16),
-    KERNEL(attention_bwd_delta_bf16),
-    KERNEL(attention_bwd_dkv_bf16_d64),
-    KERNEL(attention_bwd_dkv_bf16_d128),
-    KERNEL(attention_bwd_dq_bf16_d64),
-    KERNEL(attention_bwd_dq_bf16_d128),
-    KERNEL(attention_fwd_bf16_d64),
-    KERNEL(attention_fwd_bf16_d128),
-    KERNEL(cast_f32_to_bf16),
-    KERNEL(cast_bf16_to_f32),
-    KERNEL(embedding_fwd_bf16),
-    KERNEL(embedding_bwd_wte_bf16),
-    KERNEL(embedding_bwd_wpe_bf16),
-    KERNEL(gelu_fwd_bf16),
-    KERNEL(gelu_bwd_bf16),
-    KERNEL(gemm_fwd_bf16_f32out),
-    KERNEL(gemm_fwd_bf16),
-    KERNEL(gemm_bwd_input_bf16),
-    KERNEL(gemm_bwd_weight_bf16),
-    KERNEL(layernorm_fwd_bf16),
-    KERNEL(layernorm_bwd_dx_bf16),
-    KERNEL(layernorm_bwd_dparams_bf16),
-    KERNEL(xent_max_bf16),
-    KERNEL(xent_partials_bf16),
-    KERNEL(xent_bwd_bf16),
-    KERNEL(add_f32),
-    KERNEL(add_assign_f32),
-    KERNEL(add_bias_f32),
-    KERNEL(round_bf16_f32),
-    KERNEL(gelu_fwd_f32),
-    KERNEL(gelu_bwd_f32),
-    KERNEL(embedding_fwd_f32),
-    KERNEL(position_fwd_f32),
-    KERNEL(layernorm_apply_f32),
-    KERNEL(layernorm_bwd_apply_dx_f32),
-    KERNEL(xent_bwd_f32),
-    KERNEL(embedding_bwd_f32),
-    KERNEL(position_bwd_f32),
-    KERNEL(column_sum_add_f32),
-    KERNEL(layernorm_bwd_params_f32),
-    KERNEL(layernorm_fwd_f32),
-    KERNEL(layernorm_bwd_dx_f32),
-    KERNEL(layernorm_sums_f32),
-    KERNEL(layernorm_bwd_sums_f32),
-    KERNEL(xent_max_f32),
-    KERNEL(xent_partials_f32),
-    KERNEL(sum_squares_f32),
-};
-#undef KERNEL
+constexpr hipError_t kNoBinaryForGpu = 209;
 
 thread_local int current_device = 0;
 
@@ -219,97 +156,45 @@ hipError_t hipSetDevice(int d) {
   current_device = d;
   return kSuccess;
 }
-hipError_t hipDeviceSynchronize() {
-  emu_runtime::wait_device_idle();
-  return kSuccess;
-}
+hipError_t hipDeviceSynchronize() { return synchronize_device(); }
 
 hipError_t hipModuleLoadData(void** module, const void* image) {
-  const auto* p = static_cast<const unsigned char*>(image);
-  if (!module || !p || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return kInvalidImage;
+  Module* m = module ? load_elf(image) : nullptr;
+  if (!m) return kInvalidImage;
   uint16_t machine;
-  std::memcpy(&machine, p + 0x12, 2);
-  if (machine != 0xe0) return kNoBinaryForGpu;  // EM_AMDGPU
-  *module = new Module{std::string(reinterpret_cast<const char*>(p), emu_runtime::elf_size(p))};
+  std::memcpy(&machine, m->image.data() + 0x12, 2);
+  if (machine != 0xe0) {  // EM_AMDGPU
+    delete m;
+    return kNoBinaryForGpu;
+  }
+  *module = m;
   return kSuccess;
 }
-hipError_t hipModuleUnload(void* module) {
-  delete static_cast<Module*>(module);
-  return kSuccess;
-}
+hipError_t hipModuleUnload(void* module) { return unload_module(module); }
 hipError_t hipModuleGetFunction(void** function, void* module, const char* name) {
-  if (!module || !name || !function) return kInvalidHandle;
-  const KernelEntry* k = emu_runtime::find_kernel(kKernels, *static_cast<Module*>(module), name);
-  if (!k) return kNotFound;
-  *function = const_cast<KernelEntry*>(k);
-  return kSuccess;
+  return get_function(function, module, name);
 }
 hipError_t hipModuleLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared_bytes, void*, void** params, void** extra) {
-  if (!function || extra || shared_bytes > 0) return kInvalidValue;
-  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024) return kInvalidValue;
-  static_cast<KernelEntry*>(function)->launch(dim3(gx, gy, gz), dim3(bx, by, bz), params);
-  return kSuccess;
+  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, ~0u);
 }
 
-hipError_t hipMalloc(void** pointer, size_t bytes) {
-  if (!pointer) return kInvalidValue;
-  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-  if (!p) return kOutOfMemory;
-  *pointer = p;
-  return kSuccess;
-}
-hipError_t hipFree(void* pointer) {
-  emu_runtime::wait_device_idle();
-  std::free(pointer);
-  return kSuccess;
-}
-hipError_t hipMemcpyHtoD(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
-  return kSuccess;
-}
-hipError_t hipMemcpyDtoH(void* dst, void* src, size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
-  return kSuccess;
-}
-hipError_t hipMemcpyDtoD(void* dst, void* src, size_t bytes) {
-  if (bytes) std::memmove(dst, src, bytes);
-  return kSuccess;
-}
-hipError_t hipMemsetD32(void* dst, int value, size_t count) {
-  auto* p = static_cast<uint32_t*>(dst);
-  for (size_t i = 0; i < count; ++i) p[i] = uint32_t(value);
-  return kSuccess;
-}
-hipError_t hipStreamCreate(void** stream) {
-  *stream = new char;
-  return kSuccess;
-}
-hipError_t hipStreamCreateWithFlags(void** stream, unsigned) { return hipStreamCreate(stream); }
-hipError_t hipStreamDestroy(void* stream) {
-  delete static_cast<char*>(stream);
-  return kSuccess;
-}
-hipError_t hipStreamQuery(void* stream) { return emu_runtime::stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
-hipError_t hipStreamSynchronize(void* stream) {
-  emu_runtime::wait_stream(stream, UINT64_MAX);
-  return kSuccess;
-}
-hipError_t hipEventCreateWithFlags(void** event, unsigned) {
-  *event = new emu_runtime::Event{std::chrono::steady_clock::now(), nullptr, 0};
-  return kSuccess;
-}
-hipError_t hipEventRecord(void* event, void* stream) {
-  static_cast<emu_runtime::Event*>(event)->record(stream);
-  return kSuccess;
-}
-hipError_t hipStreamWaitEvent(void*, void* event, unsigned) {
-  static_cast<emu_runtime::Event*>(event)->wait();
-  return kSuccess;
-}
-hipError_t hipEventDestroy(void* event) {
-  delete static_cast<emu_runtime::Event*>(event);
-  return kSuccess;
-}
+hipError_t hipMalloc(void** pointer, size_t bytes) { return malloc_device(pointer, bytes); }
+hipError_t hipFree(void* pointer) { return free_device(pointer); }
+hipError_t hipMemcpyHtoD(void* dst, const void* src, size_t bytes) { return copy(dst, src, bytes); }
+hipError_t hipMemcpyDtoH(void* dst, void* src, size_t bytes) { return copy(dst, src, bytes); }
+hipError_t hipMemcpyDtoD(void* dst, void* src, size_t bytes) { return copy(dst, src, bytes); }
+hipError_t hipMemsetD32(void* dst, int value, size_t count) { return fill_u32(dst, uint32_t(value), count); }
+
+hipError_t hipStreamCreate(void** stream) { return create_stream(stream); }
+hipError_t hipStreamCreateWithFlags(void** stream, unsigned) { return create_stream(stream); }
+hipError_t hipStreamDestroy(void* stream) { return destroy_stream(stream); }
+hipError_t hipStreamQuery(void* stream) { return query_stream(stream); }
+hipError_t hipStreamSynchronize(void* stream) { return synchronize_stream(stream); }
+hipError_t hipStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event); }
+
+hipError_t hipEventCreateWithFlags(void** event, unsigned) { return create_event(event); }
+hipError_t hipEventRecord(void* event, void* stream) { return record_event(event, stream); }
+hipError_t hipEventDestroy(void* event) { return destroy_event(event); }
 
 }  // extern "C"

@@ -9,7 +9,8 @@
 // copies are memcpy, asynchronous variants run synchronously, streams and contexts are tokens.
 // cuModuleLoadData accepts only an ELF image (NVRTC really compiles the kernels to a CUBIN through
 // the pip wheel's libnvrtc) and keeps its bytes; cuModuleGetFunction resolves a name in the table
-// of every extern "C" kernel of kernels-cuda/ below, and answers CUDA_ERROR_NOT_FOUND when the
+// of every extern "C" kernel of kernels-cuda/ (emu_runtime.h's kernels of both vendors and this
+// file's CUDA-only ones), and answers CUDA_ERROR_NOT_FOUND when the
 // image does not contain that name or the table lacks it. cuLaunchKernel unpacks kernelParams
 // with the kernel's own C++ signature and runs the kernel's source under the SIMT emulation
 // (kernels-cuda/emu/simt.h). Dynamic shared memory and `extra` are refused (trident's kernels use
@@ -49,77 +50,12 @@ typedef unsigned long long CUdeviceptr;
 
 namespace {
 
-enum : CUresult {
-  kSuccess = 0,
-  kInvalidValue = 1,
-  kOutOfMemory = 2,
-  kNoDevice = 100,
-  kInvalidDevice = 101,
-  kInvalidImage = 200,
-  kInvalidHandle = 400,
-  kNotFound = 500,
-  kLaunchFailed = 719,
-};
+using namespace emu_runtime;  // its error codes are the driver's (CUDA_ERROR_INVALID_VALUE = 1, ...)
 
-using emu_runtime::KernelEntry;
-using emu_runtime::Module;
-#define KERNEL EMU_KERNEL
-const KernelEntry kKernels[] = {
-    KERNEL(adamw_f32_bf16),
-    KERNEL(attention_bwd_delta_bf16),
-    KERNEL(attention_bwd_dkv_bf16_d64),
-    KERNEL(attention_bwd_dkv_bf16_d128),
-    KERNEL(attention_bwd_dq_bf16_d64),
-    KERNEL(attention_bwd_dq_bf16_d128),
-    KERNEL(attention_fwd_bf16_d64),
-    KERNEL(attention_fwd_bf16_d128),
-    KERNEL(cast_f32_to_bf16),
-    KERNEL(cast_bf16_to_f32),
-    KERNEL(embedding_fwd_bf16),
-    KERNEL(embedding_bwd_wte_bf16),
-    KERNEL(embedding_bwd_wpe_bf16),
-    KERNEL(gelu_fwd_bf16),
-    KERNEL(gelu_bwd_bf16),
-    KERNEL(gemm_fwd_bf16_f32out),
-    KERNEL(gemm_fwd_bf16),
-    KERNEL(gemm_bwd_input_bf16),
-    KERNEL(gemm_bwd_weight_bf16),
-    KERNEL(gemm_fwd_bf16_f32out_sm90),
-    KERNEL(layernorm_fwd_bf16),
-    KERNEL(layernorm_bwd_dx_bf16),
-    KERNEL(layernorm_bwd_dparams_bf16),
-    KERNEL(xent_max_bf16),
-    KERNEL(xent_partials_bf16),
-    KERNEL(xent_bwd_bf16),
-    KERNEL(add_f32),
-    KERNEL(add_assign_f32),
-    KERNEL(add_bias_f32),
-    KERNEL(round_bf16_f32),
-    KERNEL(gelu_fwd_f32),
-    KERNEL(gelu_bwd_f32),
-    KERNEL(embedding_fwd_f32),
-    KERNEL(position_fwd_f32),
-    KERNEL(layernorm_apply_f32),
-    KERNEL(layernorm_bwd_apply_dx_f32),
-    KERNEL(xent_bwd_f32),
-    KERNEL(embedding_bwd_f32),
-    KERNEL(position_bwd_f32),
-    KERNEL(column_sum_add_f32),
-    KERNEL(layernorm_bwd_params_f32),
-    KERNEL(layernorm_fwd_f32),
-    KERNEL(layernorm_bwd_dx_f32),
-    KERNEL(layernorm_sums_f32),
-    KERNEL(layernorm_bwd_sums_f32),
-    KERNEL(xent_max_f32),
-    KERNEL(xent_partials_f32),
-    KERNEL(sum_squares_f32),
-    KERNEL(trident_smoke_axpy),
-};
-#undef KERNEL
+// The kernels of kernels-cuda/ that HIP lacks (the rest are emu_runtime.h's).
+const KernelEntry kCudaOnly[] = {EMU_KERNEL(gemm_fwd_bf16_f32out_sm90)};
 
 int context_token;
-
-constexpr CUresult kNotReady = 600;
 
 }  // namespace
 
@@ -193,59 +129,36 @@ CUresult cuCtxCreate_v2(void** context, unsigned, int) {
   return kSuccess;
 }
 CUresult cuCtxSetCurrent(void*) { return kSuccess; }
-CUresult cuCtxSynchronize() {
-  emu_runtime::wait_device_idle();
-  return kSuccess;
-}
+CUresult cuCtxSynchronize() { return synchronize_device(); }
 
 CUresult cuModuleLoadData(void** module, const void* image) {
-  const auto* p = static_cast<const unsigned char*>(image);
-  if (!p || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return kInvalidImage;
-  *module = new Module{std::string(reinterpret_cast<const char*>(p), emu_runtime::elf_size(p))};
-  return kSuccess;
+  *module = load_elf(image);
+  return *module ? kSuccess : kInvalidImage;
 }
-CUresult cuModuleUnload(void* module) {
-  delete static_cast<Module*>(module);
-  return kSuccess;
-}
+CUresult cuModuleUnload(void* module) { return unload_module(module); }
 CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
-  if (!module || !name) return kInvalidHandle;
-  const KernelEntry* k = emu_runtime::find_kernel(kKernels, *static_cast<Module*>(module), name);
-  if (!k) return kNotFound;
-  *function = const_cast<KernelEntry*>(k);
-  return kSuccess;
+  return get_function(function, module, name, kCudaOnly, std::size(kCudaOnly));
 }
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared_bytes, void*, void** params, void** extra) {
-  if (!function || extra || shared_bytes > 0) return kInvalidValue;
-  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024) return kInvalidValue;
-  if (gy > 65535 || gz > 65535) return kInvalidValue;
-  static_cast<KernelEntry*>(function)->launch(dim3(gx, gy, gz), dim3(bx, by, bz), params);
-  return kSuccess;
+  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, 65535);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
-  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-  if (!p) return kOutOfMemory;
+  void* p = nullptr;
+  CUresult r = malloc_device(&p, bytes);
   *pointer = reinterpret_cast<CUdeviceptr>(p);
-  return kSuccess;
+  return r;
 }
-CUresult cuMemFree_v2(CUdeviceptr pointer) {
-  emu_runtime::wait_device_idle();
-  std::free(reinterpret_cast<void*>(pointer));
-  return kSuccess;
-}
+CUresult cuMemFree_v2(CUdeviceptr pointer) { return free_device(reinterpret_cast<void*>(pointer)); }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
-  if (bytes) std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
-  return kSuccess;
+  return copy(reinterpret_cast<void*>(dst), src, bytes);
 }
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
-  if (bytes) std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
-  return kSuccess;
+  return copy(dst, reinterpret_cast<const void*>(src), bytes);
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
-  if (bytes) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
-  return kSuccess;
+  return copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void*) {
   return cuMemcpyHtoD_v2(dst, src, bytes);
@@ -254,49 +167,23 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void*) {
   return cuMemcpyDtoH_v2(dst, src, bytes);
 }
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, size_t count) {
-  auto* p = reinterpret_cast<uint32_t*>(dst);
-  for (size_t i = 0; i < count; ++i) p[i] = value;
-  return kSuccess;
+  return fill_u32(reinterpret_cast<void*>(dst), value, count);
 }
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t count, void*) {
   return cuMemsetD32_v2(dst, value, count);
 }
-CUresult cuStreamCreate(void** stream, unsigned) {
-  *stream = new char;
-  return kSuccess;
-}
-CUresult cuStreamDestroy_v2(void* stream) {
-  delete static_cast<char*>(stream);
-  return kSuccess;
-}
-CUresult cuStreamQuery(void* stream) { return emu_runtime::stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
-CUresult cuStreamSynchronize(void* stream) {
-  emu_runtime::wait_stream(stream, UINT64_MAX);
-  return kSuccess;
-}
 
-CUresult cuEventCreate(void** event, unsigned) {
-  *event = new emu_runtime::Event{std::chrono::steady_clock::now(), nullptr, 0};
-  return kSuccess;
-}
-CUresult cuEventRecord(void* event, void* stream) {
-  static_cast<emu_runtime::Event*>(event)->record(stream);
-  return kSuccess;
-}
-CUresult cuEventQuery(void* event) { return static_cast<emu_runtime::Event*>(event)->done() ? kSuccess : kNotReady; }
-CUresult cuEventSynchronize(void* event) {
-  static_cast<emu_runtime::Event*>(event)->wait();
-  return kSuccess;
-}
-CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return cuEventSynchronize(event); }
-CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
-  auto d = static_cast<emu_runtime::Event*>(end)->at - static_cast<emu_runtime::Event*>(start)->at;
-  *ms = std::chrono::duration<float, std::milli>(d).count();
-  return kSuccess;
-}
-CUresult cuEventDestroy_v2(void* event) {
-  delete static_cast<emu_runtime::Event*>(event);
-  return kSuccess;
-}
+CUresult cuStreamCreate(void** stream, unsigned) { return create_stream(stream); }
+CUresult cuStreamDestroy_v2(void* stream) { return destroy_stream(stream); }
+CUresult cuStreamQuery(void* stream) { return query_stream(stream); }
+CUresult cuStreamSynchronize(void* stream) { return synchronize_stream(stream); }
+CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event); }
+
+CUresult cuEventCreate(void** event, unsigned) { return create_event(event); }
+CUresult cuEventRecord(void* event, void* stream) { return record_event(event, stream); }
+CUresult cuEventQuery(void* event) { return query_event(event); }
+CUresult cuEventSynchronize(void* event) { return synchronize_event(event); }
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) { return elapsed_ms(ms, start, end); }
+CUresult cuEventDestroy_v2(void* event) { return destroy_event(event); }
 
 }  // extern "C"

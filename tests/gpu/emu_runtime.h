@@ -1,7 +1,8 @@
 // emu_runtime.h: what the emulating GPU runtimes (emu_libcuda.cpp, emu_libamdhip64.cpp) share,
 // included after the kernel sources: calling a kernel with the runtime's `kernelParams`, the
-// table entry a function handle points to, a loaded module (the ELF image's bytes), and the
-// fake NCCL's per-stream progress behind streams and events.
+// table entry a function handle points to and the kernels both vendors have, a loaded module
+// (the ELF image's bytes), launches, device memory (host memory), and the fake NCCL's per-stream
+// progress behind streams and events.
 #pragma once
 
 #include <dlfcn.h>
@@ -36,6 +37,59 @@ struct KernelEntry {
 };
 #define EMU_KERNEL(k) {#k, [](dim3 g, dim3 b, void** p) { emu_runtime::launch_kernel(k, g, b, p); }}
 
+// Every extern "C" kernel both kernels-cuda/ and kernels-hip/ define (under the same names and
+// arguments), and check gpu's smoke kernel; each runtime adds its own.
+inline const KernelEntry kKernelsOfBothVendors[] = {
+    EMU_KERNEL(trident_smoke_axpy),
+    EMU_KERNEL(adamw_f32_bf16),
+    EMU_KERNEL(attention_bwd_delta_bf16),
+    EMU_KERNEL(attention_bwd_dkv_bf16_d64),
+    EMU_KERNEL(attention_bwd_dkv_bf16_d128),
+    EMU_KERNEL(attention_bwd_dq_bf16_d64),
+    EMU_KERNEL(attention_bwd_dq_bf16_d128),
+    EMU_KERNEL(attention_fwd_bf16_d64),
+    EMU_KERNEL(attention_fwd_bf16_d128),
+    EMU_KERNEL(cast_f32_to_bf16),
+    EMU_KERNEL(cast_bf16_to_f32),
+    EMU_KERNEL(embedding_fwd_bf16),
+    EMU_KERNEL(embedding_bwd_wte_bf16),
+    EMU_KERNEL(embedding_bwd_wpe_bf16),
+    EMU_KERNEL(gelu_fwd_bf16),
+    EMU_KERNEL(gelu_bwd_bf16),
+    EMU_KERNEL(gemm_fwd_bf16_f32out),
+    EMU_KERNEL(gemm_fwd_bf16),
+    EMU_KERNEL(gemm_bwd_input_bf16),
+    EMU_KERNEL(gemm_bwd_weight_bf16),
+    EMU_KERNEL(layernorm_fwd_bf16),
+    EMU_KERNEL(layernorm_bwd_dx_bf16),
+    EMU_KERNEL(layernorm_bwd_dparams_bf16),
+    EMU_KERNEL(xent_max_bf16),
+    EMU_KERNEL(xent_partials_bf16),
+    EMU_KERNEL(xent_bwd_bf16),
+    EMU_KERNEL(add_f32),
+    EMU_KERNEL(add_assign_f32),
+    EMU_KERNEL(add_bias_f32),
+    EMU_KERNEL(round_bf16_f32),
+    EMU_KERNEL(gelu_fwd_f32),
+    EMU_KERNEL(gelu_bwd_f32),
+    EMU_KERNEL(embedding_fwd_f32),
+    EMU_KERNEL(position_fwd_f32),
+    EMU_KERNEL(layernorm_apply_f32),
+    EMU_KERNEL(layernorm_bwd_apply_dx_f32),
+    EMU_KERNEL(xent_bwd_f32),
+    EMU_KERNEL(embedding_bwd_f32),
+    EMU_KERNEL(position_bwd_f32),
+    EMU_KERNEL(column_sum_add_f32),
+    EMU_KERNEL(layernorm_bwd_params_f32),
+    EMU_KERNEL(layernorm_fwd_f32),
+    EMU_KERNEL(layernorm_bwd_dx_f32),
+    EMU_KERNEL(layernorm_sums_f32),
+    EMU_KERNEL(layernorm_bwd_sums_f32),
+    EMU_KERNEL(xent_max_f32),
+    EMU_KERNEL(xent_partials_f32),
+    EMU_KERNEL(sum_squares_f32),
+};
+
 struct Module {
   std::string image;  // the ELF file's bytes
 };
@@ -55,13 +109,23 @@ inline size_t elf_size(const unsigned char* p) {
   return std::max<size_t>(end, 64);
 }
 
-// The table entry of `name`, or null when the module's image lacks the symbol (its name and NUL,
-// as the string table holds it) or the table has no such kernel.
-template <size_t N>
-const KernelEntry* find_kernel(const KernelEntry (&table)[N], const Module& module, const char* name) {
+// A module of the image if it is a 64-bit ELF file (its bytes kept), else null.
+inline Module* load_elf(const void* image) {
+  const auto* p = static_cast<const unsigned char*>(image);
+  if (!p || std::memcmp(p, "\x7f" "ELF", 4) != 0 || p[4] != 2) return nullptr;
+  return new Module{std::string(reinterpret_cast<const char*>(p), elf_size(p))};
+}
+
+// The table entry of `name` among the kernels of both vendors and the runtime's own
+// (`vendor_only`), or null when the module's image lacks the symbol (its name and NUL, as the
+// string table holds it) or no table has such a kernel.
+inline const KernelEntry* find_kernel(const Module& module, const char* name, const KernelEntry* vendor_only = nullptr,
+                                      size_t vendor_only_count = 0) {
   if (module.image.find(std::string(name) + '\0') == std::string::npos) return nullptr;
-  for (const KernelEntry& k : table)
+  for (const KernelEntry& k : kKernelsOfBothVendors)
     if (std::strcmp(k.name, name) == 0) return &k;
+  for (size_t i = 0; i < vendor_only_count; ++i)
+    if (std::strcmp(vendor_only[i].name, name) == 0) return &vendor_only[i];
   return nullptr;
 }
 
@@ -129,5 +193,110 @@ struct Event {
   bool done() const { return stream_done(stream, target); }
   void wait() const { wait_stream(stream, target); }
 };
+
+// The calls both runtimes make the same, under their own names and argument types (the entry
+// points of emu_libcuda.cpp and emu_libamdhip64.cpp forward to these). Each returns one of the
+// error codes below, which have the same numbers in both APIs (HIP took CUDA's).
+enum : int {
+  kSuccess = 0,
+  kInvalidValue = 1,
+  kOutOfMemory = 2,
+  kNoDevice = 100,
+  kInvalidDevice = 101,
+  kInvalidImage = 200,
+  kInvalidHandle = 400,
+  kNotFound = 500,
+  kNotReady = 600,
+};
+
+inline int unload_module(void* module) {
+  delete static_cast<Module*>(module);
+  return kSuccess;
+}
+// The function `name` of `module`: its table entry among the kernels of both vendors and the
+// runtime's own (`vendor_only`).
+inline int get_function(void** function, void* module, const char* name, const KernelEntry* vendor_only = nullptr,
+                        size_t vendor_only_count = 0) {
+  if (!module || !name || !function) return kInvalidHandle;
+  const KernelEntry* k = find_kernel(*static_cast<Module*>(module), name, vendor_only, vendor_only_count);
+  if (!k) return kNotFound;
+  *function = const_cast<KernelEntry*>(k);
+  return kSuccess;
+}
+// Runs the kernel a function handle points to; refuses dynamic shared memory, `extra`, an empty
+// grid or block, more than 1024 threads per block, and grid y or z above `max_grid_yz`.
+inline int launch(void* function, dim3 grid, dim3 block, unsigned shared_bytes, void** params, void** extra,
+                  unsigned max_grid_yz) {
+  if (!function || extra || shared_bytes > 0) return kInvalidValue;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) return kInvalidValue;
+  if (block.x * block.y * block.z > 1024 || grid.y > max_grid_yz || grid.z > max_grid_yz) return kInvalidValue;
+  static_cast<KernelEntry*>(function)->launch(grid, block, params);
+  return kSuccess;
+}
+
+// Device memory is host memory, 256-byte aligned as the runtimes' allocations are; freeing it
+// waits for every outstanding operation, as the real calls synchronize the device.
+inline int malloc_device(void** pointer, size_t bytes) {
+  if (!pointer) return kInvalidValue;
+  *pointer = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  return *pointer ? kSuccess : kOutOfMemory;
+}
+inline int free_device(void* pointer) {
+  wait_device_idle();
+  std::free(pointer);
+  return kSuccess;
+}
+inline int copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+  return kSuccess;
+}
+inline int fill_u32(void* dst, uint32_t value, size_t count) {
+  auto* p = static_cast<uint32_t*>(dst);
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+  return kSuccess;
+}
+inline int synchronize_device() {
+  wait_device_idle();
+  return kSuccess;
+}
+
+// A stream is a handle of its own, so work waited for on the wrong stream shows.
+inline int create_stream(void** stream) {
+  *stream = new char;
+  return kSuccess;
+}
+inline int destroy_stream(void* stream) {
+  delete static_cast<char*>(stream);
+  return kSuccess;
+}
+inline int query_stream(void* stream) { return stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
+inline int synchronize_stream(void* stream) {
+  wait_stream(stream, UINT64_MAX);
+  return kSuccess;
+}
+
+inline int create_event(void** event) {
+  *event = new Event{std::chrono::steady_clock::now(), nullptr, 0};
+  return kSuccess;
+}
+inline int record_event(void* event, void* stream) {
+  static_cast<Event*>(event)->record(stream);
+  return kSuccess;
+}
+inline int query_event(void* event) { return static_cast<Event*>(event)->done() ? kSuccess : kNotReady; }
+// Synchronizing with an event, or making a stream wait for it, blocks the host until it is done.
+inline int synchronize_event(void* event) {
+  static_cast<Event*>(event)->wait();
+  return kSuccess;
+}
+inline int elapsed_ms(float* ms, void* start, void* end) {
+  auto d = static_cast<Event*>(end)->at - static_cast<Event*>(start)->at;
+  *ms = std::chrono::duration<float, std::milli>(d).count();
+  return kSuccess;
+}
+inline int destroy_event(void* event) {
+  delete static_cast<Event*>(event);
+  return kSuccess;
+}
 
 }  // namespace emu_runtime

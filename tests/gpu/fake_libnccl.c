@@ -319,59 +319,38 @@ static ncclResult_t check_comm(struct fake_comm *c, const char *call) {
     return ncclSuccess;
 }
 
-static ncclResult_t run_all_reduce(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
-    ncclResult_t r;
-    size_t e = type_bytes(type), per = SLOT_BYTES / e;
-    for (size_t done = 0; done < count; done += per) {
-        size_t n = count - done < per ? count - done : per;
-        memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
-        if ((r = barrier(c, "ncclAllReduce"))) return r;
-        reduce_slots(c, (char *)recv + done * e, 0, n, type, op);
-        if ((r = barrier(c, "ncclAllReduce"))) return r;
-    }
-    return ncclSuccess;
-}
+/* The operation kinds the worker runs; the collectives first, in the order of their names. */
+enum { JOB_ALL_REDUCE, JOB_ALL_GATHER, JOB_REDUCE_SCATTER, JOB_BROADCAST, JOB_P2P };
 
-static ncclResult_t run_all_gather(struct fake_comm *c, const void *send, void *recv, size_t count, int type) {
+/* A collective in slot-sized chunks: each rank stages its part of the chunk in its slot (the
+   root alone for a broadcast; for a reduce-scatter, segment d of a rank's slot holds its part
+   destined for rank d), all meet, each reads what it needs from the slots, and all meet again
+   before the slots are reused. `arg` is the reduction op, or the broadcast's root. */
+static ncclResult_t run_collective(struct fake_comm *c, int kind, const void *send, void *recv, size_t count, int type,
+                                   int arg) {
+    static const char *calls[] = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast"};
+    const char *call = calls[kind];
     ncclResult_t r;
-    size_t e = type_bytes(type), per = SLOT_BYTES / e;
+    size_t e = type_bytes(type), per = SLOT_BYTES / e / (kind == JOB_REDUCE_SCATTER ? (size_t)c->nranks : 1);
     for (size_t done = 0; done < count; done += per) {
         size_t n = count - done < per ? count - done : per;
-        memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
-        if ((r = barrier(c, "ncclAllGather"))) return r;
-        for (int q = 0; q < c->nranks; q++) memcpy((char *)recv + ((size_t)q * count + done) * e, slot(c, q), n * e);
-        if ((r = barrier(c, "ncclAllGather"))) return r;
+        if (kind == JOB_REDUCE_SCATTER) {
+            for (int d = 0; d < c->nranks; d++)
+                memcpy(slot(c, c->rank) + (size_t)d * n * e, (const char *)send + ((size_t)d * count + done) * e, n * e);
+        } else if (kind != JOB_BROADCAST || c->rank == arg) {
+            memcpy(slot(c, c->rank), (const char *)send + done * e, n * e);
+        }
+        if ((r = barrier(c, call))) return r;
+        if (kind == JOB_ALL_REDUCE) reduce_slots(c, (char *)recv + done * e, 0, n, type, arg);
+        if (kind == JOB_REDUCE_SCATTER) reduce_slots(c, (char *)recv + done * e, (size_t)c->rank * n * e, n, type, arg);
+        if (kind == JOB_BROADCAST) memcpy((char *)recv + done * e, slot(c, arg), n * e);
+        if (kind == JOB_ALL_GATHER)
+            for (int q = 0; q < c->nranks; q++) memcpy((char *)recv + ((size_t)q * count + done) * e, slot(c, q), n * e);
+        if ((r = barrier(c, call))) return r;
     }
     const char *corrupt = getenv("FAKE_NCCL_CORRUPT_RANK");
-    if (corrupt && atoi(corrupt) == c->rank && count) ((char *)recv)[((size_t)c->nranks * count - 1) * e] ^= 1;
-    return ncclSuccess;
-}
-
-static ncclResult_t run_reduce_scatter(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int op) {
-    ncclResult_t r;
-    size_t e = type_bytes(type), per = SLOT_BYTES / e / (size_t)c->nranks;
-    for (size_t done = 0; done < count; done += per) {
-        size_t n = count - done < per ? count - done : per;
-        /* Segment d of this rank's slot holds its chunk destined for rank d. */
-        for (int d = 0; d < c->nranks; d++)
-            memcpy(slot(c, c->rank) + (size_t)d * n * e, (const char *)send + ((size_t)d * count + done) * e, n * e);
-        if ((r = barrier(c, "ncclReduceScatter"))) return r;
-        reduce_slots(c, (char *)recv + done * e, (size_t)c->rank * n * e, n, type, op);
-        if ((r = barrier(c, "ncclReduceScatter"))) return r;
-    }
-    return ncclSuccess;
-}
-
-static ncclResult_t run_broadcast(struct fake_comm *c, const void *send, void *recv, size_t count, int type, int root) {
-    ncclResult_t r;
-    size_t e = type_bytes(type), per = SLOT_BYTES / e;
-    for (size_t done = 0; done < count; done += per) {
-        size_t n = count - done < per ? count - done : per;
-        if (c->rank == root) memcpy(slot(c, root), (const char *)send + done * e, n * e);
-        if ((r = barrier(c, "ncclBroadcast"))) return r;
-        memcpy((char *)recv + done * e, slot(c, root), n * e);
-        if ((r = barrier(c, "ncclBroadcast"))) return r;
-    }
+    if (kind == JOB_ALL_GATHER && corrupt && atoi(corrupt) == c->rank && count)
+        ((char *)recv)[((size_t)c->nranks * count - 1) * e] ^= 1;
     return ncclSuccess;
 }
 
@@ -496,7 +475,6 @@ out:
 }
 
 /* An operation as the worker runs it. */
-enum { JOB_ALL_REDUCE, JOB_ALL_GATHER, JOB_REDUCE_SCATTER, JOB_BROADCAST, JOB_P2P };
 struct job {
     int kind, type, op, root;
     void *stream;
@@ -510,13 +488,8 @@ struct job {
 };
 
 static ncclResult_t run_job(struct job *j) {
-    switch (j->kind) {
-    case JOB_ALL_REDUCE: return run_all_reduce(j->c, j->send, j->recv, j->count, j->type, j->op);
-    case JOB_ALL_GATHER: return run_all_gather(j->c, j->send, j->recv, j->count, j->type);
-    case JOB_REDUCE_SCATTER: return run_reduce_scatter(j->c, j->send, j->recv, j->count, j->type, j->op);
-    case JOB_BROADCAST: return run_broadcast(j->c, j->send, j->recv, j->count, j->type, j->root);
-    default: return run_queue(j->ops, j->nops);
-    }
+    if (j->kind == JOB_P2P) return run_queue(j->ops, j->nops);
+    return run_collective(j->c, j->kind, j->send, j->recv, j->count, j->type, j->kind == JOB_BROADCAST ? j->root : j->op);
 }
 static void free_job(struct job *j) {
     free(j->ops);

@@ -1,0 +1,342 @@
+// harness.h: what the two emulation harnesses (this folder's harness.cpp for kernels-cuda/ and
+// kernels-hip/emu/tests/harness.cpp) share, included after the kernel sources: the case directory
+// of raw arrays the Rust test wrote, the op's command-line arguments, and the ops whose kernels
+// both vendors write under the same names and arguments (the GEMMs, casts, LayerNorm, GELU,
+// AdamW, the cross-entropy pieces, the embedding and FlashAttention), run in the launch geometry
+// of the vendor that includes it.
+// Files in the directory are raw little-endian arrays named <name>.bf16 (u16 bit patterns),
+// <name>.f32, <name>.u32, <name>.f64 or <name>.i32; an input file that does not exist is passed to
+// the kernel as a null pointer where the kernel takes one.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace harness {
+
+// The case directory and the op's arguments (after `harness <op> <dir>`).
+inline std::string dir;
+inline std::vector<std::string> op_args;
+
+inline int usage() {
+  std::fprintf(stderr, "usage: harness <op> <dir> args...\n");
+  return 2;
+}
+
+// Integer argument i of the op, or a usage error.
+inline int arg(size_t i) {
+  if (i >= op_args.size()) std::exit(usage());
+  return std::atoi(op_args[i].c_str());
+}
+// Integer argument i when the test gave it, else `fallback`.
+inline int arg_or(size_t i, int fallback) { return i < op_args.size() ? arg(i) : fallback; }
+// Real argument i of the op, or a usage error.
+inline float real(size_t i) {
+  if (i >= op_args.size()) std::exit(usage());
+  return float(std::atof(op_args[i].c_str()));
+}
+
+// n elements of <dir>/<name>.<ext>. A missing file is an error, unless `present` is given: then
+// it is set and an empty vector returned.
+template <class T>
+std::vector<T> read(const char* name, const char* ext, size_t n, bool* present = nullptr) {
+  std::string path = dir + "/" + name + "." + ext;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (present) *present = f != nullptr;
+  std::vector<T> v(n);
+  if (!f) {
+    if (present) return {};
+    std::fprintf(stderr, "harness: cannot open %s\n", path.c_str());
+    std::exit(2);
+  }
+  if (std::fread(v.data(), sizeof(T), n, f) != n) {
+    std::fprintf(stderr, "harness: %s holds fewer than %zu elements\n", path.c_str(), n);
+    std::exit(2);
+  }
+  std::fclose(f);
+  return v;
+}
+inline std::vector<bf16> read_bf16(const char* name, size_t n, bool* present = nullptr) {
+  return read<bf16>(name, "bf16", n, present);
+}
+inline std::vector<float> read_f32(const char* name, size_t n, bool* present = nullptr) {
+  return read<float>(name, "f32", n, present);
+}
+inline std::vector<uint32_t> read_u32(const char* name, size_t n) { return read<uint32_t>(name, "u32", n); }
+
+template <class T>
+void write(const char* name, const char* ext, const std::vector<T>& v) {
+  std::string path = dir + "/" + name + "." + ext;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f || std::fwrite(v.data(), sizeof(T), v.size(), f) != v.size()) {
+    std::fprintf(stderr, "harness: cannot write %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::fclose(f);
+}
+inline void write_bf16(const char* name, const std::vector<bf16>& v) { write(name, "bf16", v); }
+inline void write_f32(const char* name, const std::vector<float>& v) { write(name, "f32", v); }
+// Several outputs at once: (name, array) pairs.
+inline void write_f32s(std::initializer_list<std::pair<const char*, const std::vector<float>*>> outputs) {
+  for (const auto& [name, v] : outputs) write_f32(name, *v);
+}
+inline void write_f64s(std::initializer_list<std::pair<const char*, const std::vector<double>*>> outputs) {
+  for (const auto& [name, v] : outputs) write(name, "f64", *v);
+}
+
+template <class T>
+T* or_null(std::vector<T>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+// Reads `harness <op> <dir> args...`; returns the op (a usage error without one).
+inline std::string parse(int argc, char** argv) {
+  if (argc < 3) std::exit(usage());
+  dir = argv[2];
+  op_args.assign(argv + 3, argv + argc);
+  return argv[1];
+}
+
+// The launch geometry in which the vendors' kernels of one name differ: a CUDA block of 4 warps
+// has 128 threads, a HIP workgroup of 4 wavefronts 256.
+struct Geometry {
+  unsigned gemm_threads;     // a GEMM's 64 x 64 tile
+  unsigned row_threads;      // 4 rows per block, a warp or wavefront each (LayerNorm, attention's delta)
+  unsigned column_threads;   // a thread per column (LayerNorm's parameter gradients)
+};
+
+// out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
+// residual are `Out` (float or bf16).
+template <class Out>
+void gemm_forward(void (*kernel)(Out*, const bf16*, const bf16*, const float*, const Out*, int, int, int, int),
+                  unsigned threads) {
+  constexpr bool f32 = std::is_same_v<Out, float>;
+  const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
+  auto A = read_bf16("a", size_t(M) * K);
+  auto W = read_bf16("w", size_t(N) * K);
+  bool present = false;
+  auto bias = read_f32("bias", N, &present);
+  auto residual = read<Out>("residual", f32 ? "f32" : "bf16", size_t(M) * N, &present);
+  Out unwritten;
+  if constexpr (f32) unwritten = -1.0f; else unwritten = to_bf16(-1.0f);
+  std::vector<Out> out(size_t(M) * N, unwritten);
+  emu::launch(dim3(ceil_div(N, 64), ceil_div(M, 64)), dim3(threads), kernel, out.data(), A.data(), W.data(),
+              or_null(bias), or_null(residual), M, N, K, gelu);
+  write("out", f32 ? "f32" : "bf16", out);
+}
+
+inline void gemm_backward(const Geometry& g) {
+  const int M = arg(0), N = arg(1), K = arg(2);
+  auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
+  auto inp = read_bf16("inp", size_t(M) * K);
+  auto dweight = read_f32("dweight", size_t(N) * K);
+  std::vector<float> dinp(size_t(M) * K, -1.0f);
+  emu::launch(dim3(ceil_div(K, 64), ceil_div(M, 64)), dim3(g.gemm_threads), gemm_bwd_input_bf16, dinp.data(),
+              dout.data(), W.data(), M, N, K);
+  emu::launch(dim3(ceil_div(K, 64), ceil_div(N, 64)), dim3(g.gemm_threads), gemm_bwd_weight_bf16, dweight.data(),
+              dout.data(), inp.data(), M, N, K);
+  write_f32("dinp", dinp);
+  write_f32("dweight", dweight);
+}
+
+// Both directions on n elements that start `offset` elements into their buffers (an offset
+// that is not a multiple of 4 takes the one-at-a-time path).
+inline void casts() {
+  const int n = arg(0), offset = arg(1);
+  auto x = read_f32("x", n);
+  auto h = read_bf16("h", n);
+  std::vector<float> xs(size_t(n) + offset), back(size_t(n) + offset, -1.0f);
+  std::vector<bf16> hs(size_t(n) + offset), rounded(size_t(n) + offset, to_bf16(-1.0f));
+  std::copy(x.begin(), x.end(), xs.begin() + offset);
+  std::copy(h.begin(), h.end(), hs.begin() + offset);
+  const dim3 grid(std::min(ceil_div(ceil_div(n, 8), 256), 3));
+  emu::launch(grid, dim3(256), cast_f32_to_bf16, rounded.data() + offset, xs.data() + offset, n);
+  emu::launch(grid, dim3(256), cast_bf16_to_f32, back.data() + offset, hs.data() + offset, n);
+  write_bf16("rounded", std::vector<bf16>(rounded.begin() + offset, rounded.end()));
+  write_f32("back", std::vector<float>(back.begin() + offset, back.end()));
+}
+
+inline void layernorm_forward(const Geometry& g) {
+  const int rows = arg(0), C = arg(1);
+  auto inp = read_bf16("inp", size_t(rows) * C);
+  bool has_residual = false;
+  auto residual = read_bf16("residual", size_t(rows) * C, &has_residual);
+  auto weight = read_f32("weight", C), bias = read_f32("bias", C);
+  std::vector<bf16> out(size_t(rows) * C), resid_out(has_residual ? size_t(rows) * C : 0);
+  std::vector<float> mean(rows), rstd(rows);
+  emu::launch(dim3(ceil_div(rows, 4)), dim3(g.row_threads), layernorm_fwd_bf16, out.data(), mean.data(), rstd.data(),
+              or_null(resid_out), inp.data(), or_null(residual), weight.data(), bias.data(), rows, C);
+  write_bf16("out", out);
+  write_f32("mean", mean);
+  write_f32("rstd", rstd);
+  if (has_residual) write_bf16("resid_out", resid_out);
+}
+
+inline void layernorm_backward(const Geometry& g) {
+  const int rows = arg(0), C = arg(1);
+  auto dout = read_bf16("dout", size_t(rows) * C), inp = read_bf16("inp", size_t(rows) * C);
+  auto weight = read_f32("weight", C), mean = read_f32("mean", rows), rstd = read_f32("rstd", rows);
+  auto dinp = read_f32("dinp", size_t(rows) * C);
+  auto dweight = read_f32("dweight", C), dbias = read_f32("dbias", C);
+  emu::launch(dim3(ceil_div(rows, 4)), dim3(g.row_threads), layernorm_bwd_dx_bf16, dinp.data(), dout.data(),
+              inp.data(), weight.data(), mean.data(), rstd.data(), rows, C);
+  emu::launch(dim3(ceil_div(C, int(g.column_threads))), dim3(g.column_threads), layernorm_bwd_dparams_bf16,
+              dweight.data(), dbias.data(), dout.data(), inp.data(), mean.data(), rstd.data(), rows, C);
+  write_f32("dinp", dinp);
+  write_f32("dweight", dweight);
+  write_f32("dbias", dbias);
+}
+
+inline void gelu(const std::string& op) {
+  const int n = arg(0), blocks = arg(1), threads = arg(2);
+  auto inp = read_bf16("inp", n);
+  std::vector<bf16> out(n);
+  if (op == "gelu_fwd") {
+    emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data(), inp.data(), n);
+  } else {
+    auto dout = read_bf16("dout", n);
+    emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data(), inp.data(), dout.data(), n);
+  }
+  write_bf16("out", out);
+}
+
+inline void adamw() {
+  const int n = arg(0), blocks = arg(1), threads = arg(2);
+  auto param = read_f32("param", n), grad = read_f32("grad", n), m = read_f32("m", n), v = read_f32("v", n);
+  std::vector<bf16> param_bf16(n);
+  emu::launch(dim3(blocks), dim3(threads), adamw_f32_bf16, param.data(), param_bf16.data(), grad.data(), m.data(),
+              v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10));
+  write_f32("param", param);
+  write_bf16("param_bf16", param_bf16);
+  write_f32("m", m);
+  write_f32("v", v);
+}
+
+inline void cross_entropy() {
+  const int rows = arg(0), V = arg(1), vocab_start = arg(2);
+  const float scale = real(3);
+  auto logits = read_bf16("logits", size_t(rows) * V);
+  auto targets = read_u32("targets", rows);
+  std::vector<float> max(rows), sum_exp(rows), target_logit(rows);
+  emu::launch(dim3(rows), dim3(256), xent_max_bf16, max.data(), logits.data(), rows, V);
+  emu::launch(dim3(rows), dim3(256), xent_partials_bf16, sum_exp.data(), target_logit.data(), logits.data(),
+              targets.data(), vocab_start, max.data(), rows, V);
+  // In place, as the model runs it: the logits buffer becomes the gradient.
+  emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), logits.data(), targets.data(), vocab_start,
+              max.data(), sum_exp.data(), scale, rows, V);
+  write_f32("max", max);
+  write_f32("sum_exp", sum_exp);
+  write_f32("target_logit", target_logit);
+  write_bf16("dlogits", logits);
+}
+
+inline void embedding() {
+  const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4);
+  const size_t rows = size_t(batch) * seq;
+  auto tokens = read_u32("tokens", rows);
+  auto wte = read_bf16("wte", size_t(vocab_rows) * hidden);
+  bool has_wpe = false;
+  auto wpe = read_f32("wpe", size_t(seq) * hidden, &has_wpe);
+  auto dout = read_bf16("dout", rows * hidden);
+  auto dwte = read_f32("dwte", size_t(vocab_rows) * hidden), dwpe = read_f32("dwpe", size_t(seq) * hidden);
+  std::vector<bf16> out(rows * hidden);
+  emu::launch(dim3(ceil_div(hidden, 128), unsigned(rows)), dim3(128), embedding_fwd_bf16, out.data(), tokens.data(),
+              wte.data(), or_null(wpe), vocab_start, vocab_rows, batch, seq, hidden);
+  emu::launch(dim3(ceil_div(hidden, 128)), dim3(128), embedding_bwd_wte_bf16, dwte.data(), dout.data(), tokens.data(),
+              vocab_start, vocab_rows, batch, seq, hidden);
+  emu::launch(dim3(ceil_div(hidden, 128), seq), dim3(128), embedding_bwd_wpe_bf16, dwpe.data(), dout.data(), batch, seq,
+              hidden);
+  write_bf16("out", out);
+  write_f32("dwte", dwte);
+  write_f32("dwpe", dwpe);
+}
+
+// qkv starts `offset` elements into its buffer (argument 4, 0 when not given; an odd offset
+// takes the scalar-load path of the kernels that have one).
+inline void attention_forward() {
+  const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3), offset = arg_or(4, 0);
+  const size_t rows = size_t(batch) * seq;
+  auto qkv_file = read_bf16("qkv", rows * 3 * heads * d);
+  std::vector<bf16> qkv_buffer(qkv_file.size() + offset);
+  std::copy(qkv_file.begin(), qkv_file.end(), qkv_buffer.begin() + offset);
+  const bf16* qkv = qkv_buffer.data() + offset;
+  std::vector<bf16> out(rows * heads * d, to_bf16(-7.0f));
+  std::vector<float> lse(rows * heads, -7.0f);
+  const dim3 grid(ceil_div(seq, 64), batch * heads);
+  if (d == 64) {
+    emu::launch(grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv, batch, seq, heads);
+  } else if (d == 128) {
+    emu::launch(grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv, batch, seq, heads);
+  } else {
+    std::exit(usage());
+  }
+  write_bf16("out", out);
+  write_f32("lse", lse);
+}
+
+inline void attention_backward(const Geometry& g) {
+  const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
+  const size_t rows = size_t(batch) * seq;
+  auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+  auto out = read_bf16("out", rows * heads * d), dout = read_bf16("dout", rows * heads * d);
+  auto lse = read_f32("lse", rows * heads);
+  std::vector<float> delta(rows * heads, -7.0f);
+  std::vector<bf16> dqkv(rows * 3 * heads * d, to_bf16(-7.0f));  // every element must be written
+  emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(g.row_threads), attention_bwd_delta_bf16, delta.data(),
+              dout.data(), out.data(), batch, seq, heads, d);
+  const dim3 grid(ceil_div(seq, 64), batch * heads);
+  if (d == 64) {
+    emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                delta.data(), batch, seq, heads);
+    emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                delta.data(), batch, seq, heads);
+  } else if (d == 128) {
+    emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                delta.data(), batch, seq, heads);
+    emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                delta.data(), batch, seq, heads);
+  } else {
+    std::exit(usage());
+  }
+  write_bf16("dqkv", dqkv);
+}
+
+// Runs `op` if both vendors have it; false for an op of the including harness alone.
+inline bool run_shared_op(const std::string& op, const Geometry& g) {
+  if (op == "gemm_f32out") {
+    gemm_forward(gemm_fwd_bf16_f32out, g.gemm_threads);
+  } else if (op == "gemm_bf16out") {
+    gemm_forward(gemm_fwd_bf16, g.gemm_threads);
+  } else if (op == "gemm_bwd") {
+    gemm_backward(g);
+  } else if (op == "casts") {
+    casts();
+  } else if (op == "layernorm_fwd") {
+    layernorm_forward(g);
+  } else if (op == "layernorm_bwd") {
+    layernorm_backward(g);
+  } else if (op == "gelu_fwd" || op == "gelu_bwd") {
+    gelu(op);
+  } else if (op == "adamw") {
+    adamw();
+  } else if (op == "xent") {
+    cross_entropy();
+  } else if (op == "embedding") {
+    embedding();
+  } else if (op == "attention_fwd") {
+    attention_forward();
+  } else if (op == "attention_bwd") {
+    attention_backward(g);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace harness

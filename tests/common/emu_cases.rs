@@ -1,0 +1,469 @@
+//! The kernel cases both emulation tests run: the CUDA and HIP kernels of one name take the same
+//! arguments (`kernels-cuda/emu/tests/harness.h` runs them for both harnesses), so each case here
+//! writes the inputs, runs the vendor's harness and compares its outputs with the reference
+//! device. `shared_kernel_tests!(VENDOR)` makes the `#[test]`s whose shapes both vendors share;
+//! LayerNorm's shapes follow the vendor's warp or wavefront, so its test stays in each file.
+
+use super::emu::*;
+
+use trident::device::reference::ReferenceDevice;
+use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::real::Precision;
+
+/// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
+/// each is the function of its name here.
+#[macro_export]
+macro_rules! shared_kernel_tests {
+    ($vendor:expr) => {
+        $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
+            casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
+            embedding_forward_backward, attention_forward_causal, attention_backward_causal);
+    };
+    ($vendor:expr; $($test:ident),*) => {
+        $(
+            #[test]
+            fn $test() {
+                $crate::common::emu_cases::$test(&$vendor);
+            }
+        )*
+    };
+}
+
+// ---- GEMM -------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+pub struct GemmCase {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bias: bool,
+    pub gelu: bool,
+    pub residual: bool,
+    pub bf16_out: bool,
+}
+
+pub fn gemm_case(m: usize, n: usize, k: usize) -> GemmCase {
+    GemmCase { m, n, k, bias: false, gelu: false, residual: false, bf16_out: false }
+}
+
+/// out = A · Wᵀ with the case's epilogue, by the harness op `gemm_f32out` or `gemm_bf16out`.
+pub fn gemm(v: &Vendor, c: GemmCase) {
+    gemm_by(v, c, if c.bf16_out { "gemm_bf16out" } else { "gemm_f32out" });
+}
+
+/// The same by another harness op of the same arguments (CUDA's sm_90a `gemm_sm90_f32out`).
+pub fn gemm_by(v: &Vendor, c: GemmCase, op: &str) {
+    let GemmCase { m, n, k, bias, gelu, residual, bf16_out } = c;
+    let name = format!(
+        "{op}_{m}x{n}x{k}{}{}{}",
+        if bias { "_bias" } else { "" },
+        if gelu { "_gelu" } else { "" },
+        if residual { "_res" } else { "" },
+    );
+    let case = v.case(&name);
+    let a = v.bf16_values(m * k, "a", 1.0);
+    let w = v.bf16_values(n * k, "w", 0.2);
+    let b = v.f32_values(n, "bias", 0.5, 0.0);
+    let res: Vec<f32> = if bf16_out { v.bf16_values(m * n, "res", 1.0) } else { v.f32_values(m * n, "res", 1.0, 0.0) };
+    case.put_bf16("a", &a);
+    case.put_bf16("w", &w);
+    if bias {
+        case.put_f32("bias", &b);
+    }
+    if residual {
+        if bf16_out {
+            case.put_bf16("residual", &res);
+        } else {
+            case.put_f32("residual", &res);
+        }
+    }
+    case.run(op, &args(&[&m, &n, &k, &(gelu as i32)]));
+
+    let dev = ReferenceDevice;
+    let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
+    let mut want = dev.alloc(m * n);
+    dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), m, k, n);
+    if gelu {
+        let pre = want.clone();
+        dev.gelu_forward(&mut want, &pre);
+    }
+    if residual {
+        let pre = want.clone();
+        dev.add(&mut want, &pre, &reference(&dev, &res));
+    }
+    if bf16_out {
+        check_bf16(&name, &case.get_bf16("out"), &want);
+    } else {
+        check_f32(&name, &case.get_f32("out"), &want, 1e-5);
+    }
+}
+
+/// The plain GEMM's shapes: one full tile; ragged M, N and K, with K a multiple of 8 (CUDA's
+/// cp.async path, zero-fill at the K edge) and not (its plain loads; for HIP, K not a multiple of
+/// the 32-deep slab nor of MFMA's 8); several tiles and K steps each way; tiny.
+pub const GEMM_SHAPES: [(usize, usize, usize); 6] =
+    [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)];
+
+pub fn gemm_plain_f32_out(v: &Vendor) {
+    for (m, n, k) in GEMM_SHAPES {
+        gemm(v, gemm_case(m, n, k));
+    }
+}
+
+pub fn gemm_fused_epilogues(v: &Vendor) {
+    for (m, n, k) in [(64, 64, 64), (77, 99, 56), (129, 65, 33)] {
+        gemm(v, GemmCase { bias: true, ..gemm_case(m, n, k) });
+        gemm(v, GemmCase { bias: true, gelu: true, ..gemm_case(m, n, k) });
+        gemm(v, GemmCase { residual: true, ..gemm_case(m, n, k) });
+        gemm(v, GemmCase { bias: true, gelu: true, residual: true, bf16_out: true, ..gemm_case(m, n, k) });
+        gemm(v, GemmCase { bf16_out: true, ..gemm_case(m, n, k) });
+    }
+}
+
+/// dinp = dout · W and dweight += doutᵀ · inp (both f32) against `linear_backward`.
+fn gemm_bwd(v: &Vendor, m: usize, n: usize, k: usize) {
+    let name = format!("gemm_bwd_{m}x{n}x{k}");
+    let case = v.case(&name);
+    let dout = v.bf16_values(m * n, "dout", 1.0);
+    let w = v.bf16_values(n * k, "w", 0.2);
+    let inp = v.bf16_values(m * k, "inp", 1.0);
+    let dweight0 = v.f32_values(n * k, "dweight0", 0.5, 0.0);
+    case.put_bf16("dout", &dout);
+    case.put_bf16("w", &w);
+    case.put_bf16("inp", &inp);
+    case.put_f32("dweight", &dweight0);
+    case.run("gemm_bwd", &args(&[&m, &n, &k]));
+
+    let dev = ReferenceDevice;
+    let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
+    let mut dinp = dev.alloc(m * k);
+    let mut dweight = reference(&dev, &dweight0);
+    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
+}
+
+pub fn gemm_backward(v: &Vendor) {
+    // Full tiles; ragged everywhere, with the row lengths multiples of 8 (CUDA's cp.async,
+    // zero-fill at the edges) and odd (plain loads for every operand; for HIP, sizes not multiples
+    // of the 64 tile, the 32-deep slab or MFMA's 8); several tiles and reduction steps; tiny.
+    for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
+        gemm_bwd(v, m, n, k);
+    }
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+
+pub fn casts_f32_bf16(v: &Vendor) {
+    // Aligned (16-byte groups plus a ragged tail, and enough groups for the grid-stride loop to
+    // wrap) and unaligned (offset 1: one element at a time); bit for bit against trident's rounding.
+    for (n, offset) in [(1, 0), (7, 0), (8, 0), (1003, 0), (20000, 0), (1003, 1), (64, 3)] {
+        let case = v.case(&format!("casts_{n}_{offset}"));
+        let mut x = v.f32_values(n, "x", 3.0, 0.0);
+        if n > 4 {
+            // Ties to even, a value past bf16's range and a NaN.
+            x[1] = f32::from_bits(0x3f80_8000);
+            x[2] = f32::from_bits(0x3f81_8000);
+            x[3] = 3.4e38;
+            x[4] = f32::NAN;
+        }
+        let h = v.bf16_values(n, "h", 2.0);
+        case.put_f32("x", &x);
+        case.put_bf16("h", &h);
+        case.run("casts", &args(&[&n, &offset]));
+        let rounded = case.get_bf16("rounded");
+        for (i, (&got, &want)) in
+            rounded.iter().zip(x.iter().map(|&v| Precision::Bf16.round(v)).collect::<Vec<_>>().iter()).enumerate()
+        {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "casts {n}+{offset}: f32 -> bf16 element {i}: {got} != {want}"
+            );
+        }
+        assert_eq!(case.get_f32("back"), h, "casts {n}+{offset}: bf16 -> f32 must be exact");
+        println!("casts {n} (offset {offset}): bit-exact both ways");
+    }
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------
+
+/// Inputs of a LayerNorm case (input, weight, bias), with a nonzero mean so a wrong sum shows in
+/// every output.
+pub fn layernorm_inputs(v: &Vendor, rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let inp = v.bf16_values(rows * cols, "inp", 2.0).iter().map(|x| Precision::Bf16.round(x + 0.5)).collect();
+    (inp, v.f32_values(cols, "weight", 0.2, 1.0), v.f32_values(cols, "bias", 0.2, 0.0))
+}
+
+/// The forward (with the fused residual add when `residual`), then the backward on the
+/// forward's statistics.
+fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
+    let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
+    let case = v.case(&name);
+    let (inp, weight, bias) = layernorm_inputs(v, rows, cols);
+    let res = v.bf16_values(rows * cols, "res", 1.0);
+    case.put_bf16("inp", &inp);
+    if residual {
+        case.put_bf16("residual", &res);
+    }
+    case.put_f32("weight", &weight);
+    case.put_f32("bias", &bias);
+    case.run("layernorm_fwd", &args(&[&rows, &cols]));
+
+    // The fused residual add stores x + residual rounded to bf16; the reference normalises that.
+    let x: Vec<f32> =
+        if residual { inp.iter().zip(&res).map(|(a, b)| Precision::Bf16.round(a + b)).collect() } else { inp.clone() };
+    let dev = ReferenceDevice;
+    let (rx, rw, rb) = (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias));
+    let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
+    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    if residual {
+        let got = case.get_bf16("resid_out");
+        assert_eq!(got, x, "{name}: the stored residual sum must be the bf16-rounded sum");
+    }
+    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
+    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+
+    // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
+    // nonzero gradients as the model does.
+    let dout = v.bf16_values(rows * cols, "dout", 1.0);
+    let dinp0 = v.f32_values(rows * cols, "dinp0", 0.1, 0.0);
+    let dw0 = v.f32_values(cols, "dw0", 0.1, 0.0);
+    let db0 = v.f32_values(cols, "db0", 0.1, 0.0);
+    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
+    case.put_bf16("dout", &dout);
+    case.put_bf16("inp", &x);
+    case.put_f32("mean", &mean32);
+    case.put_f32("rstd", &rstd32);
+    case.put_f32("dinp", &dinp0);
+    case.put_f32("dweight", &dw0);
+    case.put_f32("dbias", &db0);
+    case.run("layernorm_bwd", &args(&[&rows, &cols]));
+    let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
+    let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, &mean32), reference(&dev, &rstd32));
+    dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdout, &rx, &rw, &rmean, &rrstd, rows, cols);
+    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
+    check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+}
+
+/// LayerNorm on the vendor's `shapes` (rows, cols), then with the fused residual add on widths
+/// above, below and between the lane counts.
+pub fn layernorm_forward_backward(v: &Vendor, shapes: &[(usize, usize)]) {
+    for &(rows, cols) in shapes {
+        layernorm(v, rows, cols, false);
+    }
+    for (rows, cols) in [(5, 96), (9, 130), (2, 31)] {
+        layernorm(v, rows, cols, true);
+    }
+}
+
+// ---- GELU, AdamW ----------------------------------------------------------------------------
+
+pub fn gelu_forward_backward(v: &Vendor) {
+    // Element counts that leave the last block partly empty, several grid-stride rounds, and one
+    // element; block sizes that are not multiples of 32 (nor of 64: a partial last wavefront).
+    for (n, blocks, threads) in [(1000, 4, 256), (4099, 3, 96), (1, 1, 32), (777, 2, 100)] {
+        let name = format!("gelu_{n}_{blocks}x{threads}");
+        let case = v.case(&name);
+        let inp = v.bf16_values(n, "inp", 2.0);
+        let dout = v.bf16_values(n, "dout", 1.0);
+        case.put_bf16("inp", &inp);
+        case.put_bf16("dout", &dout);
+        let dev = ReferenceDevice;
+        let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
+        case.run("gelu_fwd", &args(&[&n, &blocks, &threads]));
+        let mut want = dev.alloc(n);
+        dev.gelu_forward(&mut want, &ri);
+        check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
+        case.run("gelu_bwd", &args(&[&n, &blocks, &threads]));
+        dev.gelu_backward(&mut want, &ri, &rd);
+        check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
+    }
+}
+
+pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
+    for (n, blocks, threads, step_no) in [(1000, 2, 256, 1u64), (3333, 5, 128, 7), (31, 1, 64, 1000)] {
+        let name = format!("adamw_{n}_step{step_no}");
+        let case = v.case(&name);
+        let param = v.f32_values(n, "param", 0.05, 0.0);
+        let grad = v.f32_values(n, "grad", 0.01, 0.0);
+        let m: Vec<f32> = v.f32_values(n, "m", 0.001, 0.0);
+        let var: Vec<f32> = v.f32_values(n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
+        let step = AdamWStep {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            step: step_no,
+            grad_scale: 0.5,
+        };
+        let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
+        let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
+        for (k, x) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &var)] {
+            case.put_f32(k, x);
+        }
+        let hyper: [&dyn std::fmt::Display; 8] = [
+            &step.lr,
+            &step.beta1,
+            &step.beta2,
+            &step.eps,
+            &step.weight_decay,
+            &step.grad_scale,
+            &(c1 as f32),
+            &(c2 as f32),
+        ];
+        case.run("adamw", &[args(&[&n, &blocks, &threads]), args(&hyper)].concat());
+        let dev = ReferenceDevice;
+        let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &var));
+        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step);
+        check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
+        check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
+        check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
+        check_f32(&format!("{name} v"), &case.get_f32("v"), &rv, 1e-5);
+        // The bf16 copy is exactly the rounded master weight.
+        let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
+        assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+    }
+}
+
+// ---- softmax cross-entropy (vocab-parallel pieces), embedding -------------------------------
+
+/// The reference's cross-entropy pieces of `logits` [rows, vocab], a vocabulary shard from
+/// `vocab_start`, per row: [max, sum of exp(logit - max), the target's logit (0 outside the shard)].
+pub fn cross_entropy_reference(logits: &Vec<f64>, targets: &[u32], vocab_start: usize, vocab: usize) -> [Vec<f64>; 3] {
+    let (dev, rows) = (ReferenceDevice, targets.len());
+    let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+    dev.cross_entropy_max(logits, rows, vocab, &mut max);
+    dev.cross_entropy_partials(logits, targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
+    [max, sum_exp, target_logit]
+}
+
+pub fn softmax_cross_entropy_pieces(v: &Vendor) {
+    let mut hits = 0;
+    // A shard in the middle of a vocabulary (targets below, inside and above it); widths that
+    // are not multiples of the 256-thread block; a GPT-2-sized shard; one column.
+    for (rows, vocab, vocab_start, total_vocab) in
+        [(5, 1000, 500, 2000), (3, 333, 0, 333), (2, 12565, 12565, 50260), (4, 1, 7, 9)]
+    {
+        let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
+        let case = v.case(&name);
+        let logits = v.bf16_values(rows * vocab, "logits", 3.0);
+        let targets = v.tokens(rows, "targets", total_vocab as u32);
+        let scale = 1.0f32 / 7.0;
+        hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
+        case.put_bf16("logits", &logits);
+        case.put_u32("targets", &targets);
+        case.run("xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
+
+        let dev = ReferenceDevice;
+        let mut rl = reference(&dev, &logits);
+        let [max, sum_exp, target_logit] = cross_entropy_reference(&rl, &targets, vocab_start, vocab);
+        check_f32(&format!("{name} max"), &case.get_f32("max"), &max, 0.0);
+        check_f32(&format!("{name} sum_exp"), &case.get_f32("sum_exp"), &sum_exp, 1e-5);
+        check_f32(&format!("{name} target_logit"), &case.get_f32("target_logit"), &target_logit, 0.0);
+        dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
+        check_bf16(&format!("{name} dlogits"), &case.get_bf16("dlogits"), &rl);
+    }
+    assert!(hits > 0, "some targets must fall inside the shard");
+}
+
+pub fn embedding_forward_backward(v: &Vendor) {
+    // A vocabulary shard with tokens outside it and repeated tokens (a small vocabulary); hidden
+    // sizes that are not multiples of the 128-thread block; with and without positions.
+    for (batch, seq, hidden, vocab_start, vocab_rows, total, positions) in [
+        (2, 5, 96, 10, 20, 40, true),
+        (3, 7, 130, 0, 11, 11, true),
+        (1, 4, 200, 3, 6, 12, false),
+        (4, 3, 33, 0, 64, 64, true),
+    ] {
+        let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
+        let case = v.case(&name);
+        let toks = v.tokens(batch * seq, "tokens", total);
+        let wte = v.bf16_values(vocab_rows * hidden, "wte", 0.5);
+        let wpe = v.f32_values(seq * hidden, "wpe", 0.1, 0.0);
+        let dout = v.bf16_values(batch * seq * hidden, "dout", 1.0);
+        let dwte0 = v.f32_values(vocab_rows * hidden, "dwte0", 0.1, 0.0);
+        let dwpe0 = v.f32_values(seq * hidden, "dwpe0", 0.1, 0.0);
+        case.put_u32("tokens", &toks);
+        case.put_bf16("wte", &wte);
+        if positions {
+            case.put_f32("wpe", &wpe);
+        }
+        case.put_bf16("dout", &dout);
+        case.put_f32("dwte", &dwte0);
+        case.put_f32("dwpe", &dwpe0);
+        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+
+        let dev = ReferenceDevice;
+        let mut out = dev.alloc(batch * seq * hidden);
+        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        if positions {
+            dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
+        }
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        let rd = reference(&dev, &dout);
+        let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
+        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
+        check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
+    }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+pub fn attention_forward_causal(v: &Vendor) {
+    // Whole and ragged query blocks (64; HIP's 32 per wave) and key tiles (CUDA's 64 for d 64 and
+    // 32 for d 128; HIP's 32), one token, several sequences and heads interleaved in the fused QKV
+    // rows, for both head dims; where the vendor reads it, qkv at an odd element offset (not
+    // 16-byte aligned: the scalar loads).
+    let mut shapes = vec![(1, 64, 1, 64, 0), (2, 100, 3, 64, 0), (1, 1, 2, 64, 0), (1, 77, 2, 128, 0)];
+    shapes.extend([(2, 130, 1, 128, 0), (1, 5, 1, 128, 0)]);
+    if v.unaligned_attention {
+        shapes.push((2, 45, 2, 64, 1));
+    }
+    for (batch, seq, heads, head_dim, offset) in shapes {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
+        let case = v.case(&name);
+        let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        case.put_bf16("qkv", &qkv);
+        case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
+        let dev = ReferenceDevice;
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
+        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
+    }
+}
+
+pub fn attention_backward_causal(v: &Vendor) {
+    // The forward's output and log-sum-exp come from the reference (rounded to the kernels'
+    // bf16 / f32 storage) and are given to both sides, so only the backward is compared.
+    for (batch, seq, heads, head_dim) in
+        [(1, 64, 1, 64), (2, 100, 2, 64), (1, 1, 1, 64), (1, 77, 2, 128), (2, 70, 1, 128), (1, 3, 1, 128)]
+    {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+        let case = v.case(&name);
+        let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+        let dout = v.bf16_values(shape.rows() * shape.width(), "dout", 1.0);
+        let dev = ReferenceDevice;
+        let rqkv = reference(&dev, &qkv);
+        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+        dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
+        let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
+        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        case.put_bf16("qkv", &qkv);
+        case.put_bf16("out", &out);
+        case.put_bf16("dout", &dout);
+        case.put_f32("lse", &lse);
+        case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
+        let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
+        let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
+        dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape);
+        check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
+    }
+}
