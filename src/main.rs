@@ -239,7 +239,7 @@ fn cmd_convert(rest: &[String]) -> Result<()> {
                 ("imported_from", dir.display().to_string()),
             ]
             .into_iter()
-            .chain(trident::train::model_meta(&model))
+            .chain(trident::checkpoint::shape::model_meta(&model))
             {
                 meta.insert(k.to_string(), v);
             }

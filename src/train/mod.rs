@@ -4,6 +4,7 @@
 //! while backward is still running, clips by the global norm, steps AdamW on Megatron's schedule,
 //! logs, validates and checkpoints; resuming continues the uninterrupted run bit for bit.
 
+use crate::checkpoint::shape::{model_from_shard, model_meta};
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
@@ -17,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
 use crate::gpu::collectives::StreamApi;
 use crate::model::gpt::ChunkOutput;
-use crate::model::{ChunkPlan, Gpt, GptConfig, ModelParallel};
+use crate::model::{ChunkPlan, Gpt, ModelParallel};
 use crate::optim::distributed::{self, DistributedAdamW};
 use crate::optim::scaler::LossScaler;
 use crate::optim::{clip_coefficient, AdamW};
@@ -478,33 +479,6 @@ struct Progress {
     consumed_valid: u64,
     /// The fp16 loss scaler's state, when there is one.
     scaler: Option<LossScaler>,
-}
-
-/// The model shape as checkpoint metadata.
-pub fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
-    vec![
-        ("num_layers", m.num_layers.to_string()),
-        ("hidden_size", m.hidden_size.to_string()),
-        ("num_attention_heads", m.num_attention_heads.to_string()),
-        ("ffn_hidden_size", m.ffn_hidden_size.to_string()),
-        ("max_position_embeddings", m.max_position_embeddings.to_string()),
-        ("vocab_size", m.vocab_size.to_string()),
-        ("padded_vocab_size", m.padded_vocab_size.to_string()),
-    ]
-}
-
-/// The model shape recorded in a checkpoint.
-pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
-    Ok(GptConfig {
-        num_layers: shard.meta_value(path, "num_layers")?,
-        hidden_size: shard.meta_value(path, "hidden_size")?,
-        num_attention_heads: shard.meta_value(path, "num_attention_heads")?,
-        ffn_hidden_size: shard.meta_value(path, "ffn_hidden_size")?,
-        max_position_embeddings: shard.meta_value(path, "max_position_embeddings")?,
-        vocab_size: shard.meta_value(path, "vocab_size")?,
-        padded_vocab_size: shard.meta_value(path, "padded_vocab_size")?,
-        init_method_std: 0.02,
-    })
 }
 
 #[allow(clippy::too_many_arguments)]
