@@ -77,30 +77,30 @@ fn run_on<D: Device>(
     make_device: impl FnOnce(&Placement) -> Result<(D, DevicePeak)>,
 ) -> Result<TrainSummary> {
     let started = Instant::now();
-    let s = Setup::new(cfg, rt, device_count, make_device)?;
-    let cfg = &s.cfg;
+    let setup = Setup::new(cfg, rt, device_count, make_device)?;
+    let cfg = &setup.cfg;
     let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
-    if let (Some(dir), true) = (&cfg.save, s.say) {
+    if let (Some(dir), true) = (&cfg.save, setup.say) {
         stop::clear_marker(dir)?;
     }
     let data = build_datasets(cfg, cfg.model.vocab_size)?;
     let mut chunks: Vec<Chunk<D>> =
-        s.stage.plans.iter().map(|plan| Chunk::new(&s.dev, cfg, s.mp, plan, &s.groups)).collect();
-    report::parameters(&s, &chunks, &data);
+        setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
+    report::parameters(&setup, &chunks, &data);
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
     if let Some(dir) = &cfg.load {
-        progress = load_checkpoint(dir, &s.dev, &s.grid, &mut chunks, cfg.loss_scaler, s.say)?;
+        progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
     }
-    let json = match (&cfg.log_json, s.say) {
+    let json = match (&cfg.log_json, setup.say) {
         (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
         _ => None,
     };
-    let pipe = Pipeline::new(&s.dev, &s.groups, cfg, s.mp, s.stage.schedule, (s.stage.plans.len(), s.n_micro))?;
-    s.groups.world.barrier();
+    let pipe = Pipeline::new(&setup)?;
+    setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());
     let tokens_per_iter = (cfg.global_batch_size * cfg.seq_length) as f64;
     let mut trainer = Trainer {
-        s: &s,
+        setup: &setup,
         pipe,
         data,
         chunks,
@@ -133,7 +133,7 @@ struct Window {
 
 /// What the loop reads and updates from one iteration to the next.
 struct Trainer<'a, D: Device> {
-    s: &'a Setup<D>,
+    setup: &'a Setup<D>,
     pipe: Pipeline<'a, D>,
     data: Datasets,
     chunks: Vec<Chunk<D>>,
@@ -155,21 +155,21 @@ impl<D: Device> Trainer<'_, D> {
     /// One iteration: the training step, `--log-comm`'s counts, validation when due, the log
     /// line, and the checkpoint or early stop. Returns whether the run goes on.
     fn iteration(&mut self) -> Result<bool> {
-        let (s, cfg) = (self.s, &self.s.cfg);
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
         let iteration = self.progress.iteration + 1;
         let started = Instant::now();
         let lr = cfg.lr.at(iteration);
         for c in self.chunks.iter_mut() {
-            c.model.params.zero_grads(&s.dev);
+            c.model.params.zero_grads(&setup.dev);
             c.model.reset_peak_in_flight();
             c.model.reset_layer_comm();
         }
-        let comm_before = report::group_counters(&s.groups, &s.dev);
+        let comm_before = report::group_counters(&setup.groups, &setup.dev);
         let (loss, grad_norm) = self.step(iteration, lr)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
-            let step: Vec<_> = report::group_counters(&s.groups, &s.dev)
+            let step: Vec<_> = report::group_counters(&setup.groups, &setup.dev)
                 .into_iter()
                 .zip(&comm_before)
                 .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
@@ -189,11 +189,11 @@ impl<D: Device> Trainer<'_, D> {
         let val_loss = if validate { self.validate(iteration)? } else { None };
         if iteration.is_multiple_of(cfg.log_interval) || validate {
             let stats = self.stats(iteration, lr, grad_norm, val_loss);
-            if s.say {
+            if setup.say {
                 println!("{}", iteration_line(&stats));
             }
-            if let (Some((step, layers)), 0, 0) = (&comm_report, s.grid.dp_rank, s.grid.tp_rank) {
-                report::log_comm(&s.grid, layers, s.n_micro, step, iteration);
+            if let (Some((step, layers)), 0, 0) = (&comm_report, setup.grid.dp_rank, setup.grid.tp_rank) {
+                report::log_comm(&setup.grid, layers, setup.n_micro, step, iteration);
             }
             if let Some(j) = self.json.as_mut() {
                 j.write(&stats)?;
@@ -206,7 +206,7 @@ impl<D: Device> Trainer<'_, D> {
     /// Forward and backward over the pipeline, the gradient sums, the norm, and the optimizer
     /// step (skipped when fp16 gradients overflowed). Returns the loss and the gradient norm.
     fn step(&mut self, iteration: u64, lr: f64) -> Result<(f64, f64)> {
-        let (s, cfg) = (self.s, &self.s.cfg);
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
         let grad_scale = 1.0 / self.tokens_per_iter as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
@@ -218,11 +218,11 @@ impl<D: Device> Trainer<'_, D> {
             grad_scale * scale as f32,
             &mut self.tl,
         )?;
-        if self.summary.iterations > 0 && s.grid.pp > 1 {
+        if self.summary.iterations > 0 && setup.grid.pp > 1 {
             // Every stage's pipeline ends with the slowest one (the optimizer waits for all), so
             // the bubble is measured against the longest pipelined time in the group.
             let mut wall = [self.tl.wall_secs - wall0];
-            s.groups.pp.all_reduce(&mut wall, ReduceOp::Max);
+            setup.groups.pp.all_reduce(&mut wall, ReduceOp::Max);
             self.bubble.0 += self.tl.busy_secs - busy0;
             self.bubble.1 += wall[0];
         }
@@ -230,10 +230,10 @@ impl<D: Device> Trainer<'_, D> {
         // Finalise gradients: the tied embedding and sequence-parallel sums, and the data-parallel
         // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
         let shards: Vec<Option<Vec<f32>>> =
-            self.chunks.iter_mut().map(|c| c.finish_gradients(&s.dev, &s.groups, cfg.precision)).collect();
-        let loss = s.groups.dp.sum_f64(s.groups.pp.sum_f64(loss_sum)) / self.tokens_per_iter;
-        let (tp_rank, counts) = (s.grid.tp_rank, s.mp.counts_parameters());
-        let grad_norm = grad_norm(&s.dev, &self.chunks, &shards, self.pipe.zero, &s.groups, tp_rank, counts);
+            self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
+        let loss = setup.groups.dp.sum_f64(setup.groups.pp.sum_f64(loss_sum)) / self.tokens_per_iter;
+        let (tp_rank, counts) = (setup.grid.tp_rank, setup.mp.counts_parameters());
+        let grad_norm = grad_norm(&setup.dev, &self.chunks, &shards, self.pipe.zero, &setup.groups, tp_rank, counts);
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
         // the scaled gradients overflowed: the step is skipped and the scale backs off.
         let overflow = self.progress.scaler.is_some() && !grad_norm.is_finite();
@@ -248,7 +248,7 @@ impl<D: Device> Trainer<'_, D> {
         }
         if overflow {
             self.skipped_iterations += 1;
-            if s.say {
+            if setup.say {
                 println!(
                     " iteration {iteration}: gradients overflowed at loss scale {scale}; step skipped, loss scale now {}",
                     self.progress.scaler.map_or(1.0, |s| s.scale)
@@ -257,7 +257,7 @@ impl<D: Device> Trainer<'_, D> {
         } else {
             let coef = clip_coefficient(grad_norm, cfg.clip_grad) / scale as f32;
             for (c, shard) in self.chunks.iter_mut().zip(&shards) {
-                c.step(&s.dev, &s.groups, shard.as_deref(), lr as f32, coef);
+                c.step(&setup.dev, &setup.groups, shard.as_deref(), lr as f32, coef);
             }
         }
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
@@ -267,16 +267,16 @@ impl<D: Device> Trainer<'_, D> {
     /// Adds the iteration's loss and memory figures to the summary; after the first iteration,
     /// `--log-memory` and rank 0's activation-memory line.
     fn record(&mut self, loss: f64) {
-        let (s, cfg, summary) = (self.s, &self.s.cfg, &mut self.summary);
+        let (setup, cfg, summary) = (self.setup, &self.setup.cfg, &mut self.summary);
         summary.losses.push(loss);
         summary.iterations += 1;
         summary.peak_in_flight = self.chunks.iter().map(|c| c.model.peak_in_flight()).collect();
-        summary.activation_bytes = self.chunks.iter().map(|c| c.model.activation_bytes(&s.dev)).sum();
-        summary.optimizer_state_bytes = self.chunks.iter().map(|c| c.opt.state_bytes(&s.dev)).sum();
+        summary.activation_bytes = self.chunks.iter().map(|c| c.model.activation_bytes(&setup.dev)).sum();
+        summary.optimizer_state_bytes = self.chunks.iter().map(|c| c.opt.state_bytes(&setup.dev)).sum();
         if summary.iterations == 1 && cfg.log_memory {
-            report::log_memory(s, &self.chunks);
+            report::log_memory(setup, &self.chunks);
         }
-        if summary.iterations == 1 && s.say {
+        if summary.iterations == 1 && setup.say {
             println!(
                 " activation memory on rank 0 after the first iteration: {:.1} MiB (recompute: {:?})",
                 summary.activation_bytes as f64 / 1048576.0,
@@ -288,14 +288,14 @@ impl<D: Device> Trainer<'_, D> {
     /// The validation loss over `--eval-iters` batches of the validation split, when it has
     /// samples; rank 0 prints it.
     fn validate(&mut self, iteration: u64) -> Result<Option<f64>> {
-        let (s, cfg) = (self.s, &self.s.cfg);
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
         let Some(valid) = self.data.valid.as_ref().filter(|_| cfg.eval_iters > 0) else {
             return Ok(None);
         };
         let first = self.progress.consumed_valid;
         let v = self.pipe.evaluate(&mut self.chunks, valid, cfg, first, cfg.eval_iters, &mut self.tl)?;
         self.progress.consumed_valid += cfg.eval_iters * cfg.global_batch_size as u64;
-        if s.say {
+        if setup.say {
             println!("{}", validation_line("validation", iteration, v));
         }
         self.summary.final_val_loss = Some(v);
@@ -304,7 +304,7 @@ impl<D: Device> Trainer<'_, D> {
 
     /// The log line's figures, averaged over the window since the last one.
     fn stats(&self, iteration: u64, lr: f64, grad_norm: f64, val_loss: Option<f64>) -> IterationStats {
-        let cfg = &self.s.cfg;
+        let cfg = &self.setup.cfg;
         let secs = self.window.secs / self.window.iters as f64;
         IterationStats {
             iteration,
@@ -317,7 +317,7 @@ impl<D: Device> Trainer<'_, D> {
             grad_norm,
             tokens_per_s: self.tokens_per_iter / secs,
             tflops: self.flops_per_rank / secs / 1e12,
-            mfu: self.flops_per_rank / secs / (self.s.peak.gflops * 1e9),
+            mfu: self.flops_per_rank / secs / (self.setup.peak.gflops * 1e9),
             val_loss,
             loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
             skipped_iterations: self.skipped_iterations,
@@ -328,22 +328,22 @@ impl<D: Device> Trainer<'_, D> {
     /// or the agreed stop of `--exit-signal-handler` / `--exit-duration-in-mins`, which leaves
     /// the marker). Returns whether the run goes on.
     fn save_or_stop(&mut self, iteration: u64) -> Result<bool> {
-        let (s, cfg) = (self.s, &self.s.cfg);
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
         // Every rank reaches this check at the same iteration; it is one all-reduce when enabled.
-        let stop = if iteration < cfg.train_iters { self.watch.check(&*s.groups.world) } else { None };
+        let stop = if iteration < cfg.train_iters { self.watch.check(&*setup.groups.world) } else { None };
         let exiting = (cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) || stop.is_some())
             && iteration < cfg.train_iters;
         if let Some(dir) = &cfg.save {
             let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
             if at_interval || exiting || iteration == cfg.train_iters {
-                save_checkpoint(dir, &s.dev, &s.groups, &self.chunks, cfg, self.progress, s.say)?;
+                save_checkpoint(dir, &setup.dev, &setup.groups, &self.chunks, cfg, self.progress, setup.say)?;
             }
         }
         if let Some(reason) = stop {
-            if let (Some(dir), true) = (&cfg.save, s.say) {
+            if let (Some(dir), true) = (&cfg.save, setup.say) {
                 stop::write_marker(dir, iteration, reason)?;
             }
-            if s.say {
+            if setup.say {
                 println!(
                     " exiting program at iteration {iteration}: {reason}; checkpoint saved; exit code {} \
                      (resume with --load)",
@@ -354,7 +354,7 @@ impl<D: Device> Trainer<'_, D> {
             return Ok(false);
         }
         if exiting {
-            if s.say {
+            if setup.say {
                 println!(" exiting program at iteration {iteration} (--exit-interval)");
             }
             return Ok(false);
@@ -365,21 +365,21 @@ impl<D: Device> Trainer<'_, D> {
     /// After the last iteration: the test evaluation (when the run completed), the per-stage
     /// pipeline report, the timing trace.
     fn finish(mut self, rt: &Runtime) -> Result<TrainSummary> {
-        let (s, cfg) = (self.s, &self.s.cfg);
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
         if self.progress.iteration >= cfg.train_iters {
             if let (Some(test), true) = (&self.data.test, cfg.eval_iters > 0) {
                 let t = self.pipe.evaluate(&mut self.chunks, test, cfg, 0, cfg.eval_iters, &mut self.tl)?;
-                if s.say {
+                if setup.say {
                     println!("{}", validation_line("test", self.progress.iteration, t));
                 }
             }
         }
-        if s.grid.pp > 1 {
-            report::report_pipeline(s, self.bubble, self.tl.peak_live, &mut self.summary);
+        if setup.grid.pp > 1 {
+            report::report_pipeline(setup, self.bubble, self.tl.peak_live, &mut self.summary);
         }
         if let Some(path) = &cfg.timing_trace {
-            write_trace(path, &s.groups, &self.tl)?;
-            if s.say {
+            write_trace(path, &setup.groups, &self.tl)?;
+            if setup.say {
                 println!(" wrote the timing trace of {} ranks to {}", rt.world_size, path.display());
             }
         }

@@ -4,6 +4,7 @@
 //! `DeviceP2p` in order, or else through MPI on host memory matched by tag; sends never block.
 
 use super::chunk::Chunk;
+use super::setup::Setup;
 use super::trace::{SpanKind, Timeline};
 use crate::comm::Pending;
 use crate::config::TrainConfig;
@@ -11,35 +12,41 @@ use crate::data::gpt_dataset::GptDataset;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::gpt::ChunkOutput;
-use crate::model::{Gpt, ModelParallel};
+use crate::model::Gpt;
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::summa::Summa;
 use crate::parallel::tensor::TensorParallel;
 
-/// Fills `tokens` and `labels` (sample-major) with `count` consecutive samples from `first`.
-fn fetch_batch(
-    ds: &GptDataset,
-    first: u64,
-    count: usize,
+/// One micro-batch of this data-parallel rank: `mbs` samples of `seq` tokens and their labels
+/// (sample-major), the buffers refilled for each micro-batch.
+struct Batch {
+    tokens: Vec<u32>,
+    labels: Vec<u32>,
+    mbs: usize,
     seq: usize,
-    tokens: &mut [u32],
-    labels: &mut [u32],
-) -> Result<()> {
-    let mut sample = vec![0u32; seq + 1];
-    for i in 0..count {
-        ds.get(first as usize + i, &mut sample)?;
-        tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
-        labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
-    }
-    Ok(())
 }
 
-/// The first sample of micro-batch `micro` of a global batch starting at `consumed`, for
-/// data-parallel rank `dp_rank` (Megatron's sampler: each chunk of micro x dp samples is split in
-/// rank order).
-fn micro_batch_start(consumed: u64, micro: usize, mbs: usize, grid: &Grid) -> u64 {
-    consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64
+impl Batch {
+    fn new(cfg: &TrainConfig) -> Batch {
+        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
+        Batch { tokens: vec![0u32; mbs * seq], labels: vec![0u32; mbs * seq], mbs, seq }
+    }
+
+    /// Fills the batch with micro-batch `micro` of the global batch starting at sample
+    /// `consumed`: consecutive samples from this rank's first (Megatron's sampler: each chunk of
+    /// micro x dp samples is split in rank order).
+    fn fetch(&mut self, ds: &GptDataset, consumed: u64, micro: usize, grid: &Grid) -> Result<()> {
+        let (mbs, seq) = (self.mbs, self.seq);
+        let first = consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64;
+        let mut sample = vec![0u32; seq + 1];
+        for i in 0..mbs {
+            ds.get(first as usize + i, &mut sample)?;
+            self.tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
+            self.labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
+        }
+        Ok(())
+    }
 }
 
 /// Tags of pipeline messages: which (micro-batch, chunk) on the receiving stage, which direction.
@@ -77,16 +84,11 @@ impl<B> Default for Messages<B> {
 }
 
 impl<'a, D: Device> Pipeline<'a, D> {
-    /// The executor of this rank's `chunks` chunks over `micro` micro-batches per step in
-    /// `schedule`'s order.
-    pub fn new(
-        dev: &'a D,
-        groups: &'a Groups,
-        cfg: &TrainConfig,
-        mp: ModelParallel,
-        schedule: Schedule,
-        (chunks, micro): (usize, usize),
-    ) -> Result<Pipeline<'a, D>> {
+    /// The executor of this rank's chunks over the micro-batches of a step, in its stage's
+    /// schedule order.
+    pub fn new(setup: &'a Setup<D>) -> Result<Pipeline<'a, D>> {
+        let (dev, groups, cfg, mp) = (&setup.dev, &setup.groups, &setup.cfg, setup.mp);
+        let (schedule, chunks, micro) = (setup.stage.schedule, setup.stage.plans.len(), setup.n_micro);
         let tp = TensorParallel {
             comm: &*groups.tp,
             sequence_parallel: mp.sequence_parallel,
@@ -215,10 +217,10 @@ impl<D: Device> Pipeline<'_, D> {
         tl: &mut Timeline,
         model: &mut Gpt<D>,
         (micro, chunk): (usize, usize),
-        (tokens, labels): (&[u32], &[u32]),
-        (mbs, seq): (usize, usize),
+        batch: &Batch,
         timed: bool,
     ) -> f64 {
+        let (tokens, labels, mbs, seq) = (&batch.tokens, &batch.labels, batch.mbs, batch.seq);
         let vs = self.virtual_stage(chunk);
         let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
         let mut out = (vs < self.last_virtual()).then(|| self.buffer());
@@ -257,7 +259,6 @@ impl<D: Device> Pipeline<'_, D> {
 
     /// One iteration's forward and backward passes in this stage's schedule order. Returns the
     /// summed token loss (nonzero on the last stage only).
-    #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],
@@ -267,19 +268,16 @@ impl<D: Device> Pipeline<'_, D> {
         grad_scale: f32,
         tl: &mut Timeline,
     ) -> Result<f64> {
-        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
-        let grid = &self.groups.grid;
-        let mut tokens = vec![0u32; mbs * seq];
-        let mut labels = vec![0u32; mbs * seq];
+        let mut batch = Batch::new(cfg);
         let mut loss_sum = 0.0;
         let started = tl.now_us();
         let mut peak_live = 0;
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
             match pass {
                 Pass::Forward { micro, chunk } => {
-                    fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
+                    batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                     let model = &mut chunks[chunk].model;
-                    loss_sum += self.forward(tl, model, (micro, chunk), (&tokens, &labels), (mbs, seq), true);
+                    loss_sum += self.forward(tl, model, (micro, chunk), &batch, true);
                     // Activation sets the chunks hold right now, counted by the model itself.
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                 }
@@ -317,7 +315,6 @@ impl<D: Device> Pipeline<'_, D> {
 
     /// Forward passes only over `iters` global batches from sample `first` (validation): every
     /// stage runs (micro-batch, chunk) in order, which respects every dependency.
-    #[allow(clippy::too_many_arguments)]
     pub fn evaluate(
         &self,
         chunks: &mut [Chunk<D>],
@@ -327,18 +324,15 @@ impl<D: Device> Pipeline<'_, D> {
         iters: u64,
         tl: &mut Timeline,
     ) -> Result<f64> {
-        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
-        let grid = &self.groups.grid;
-        let mut tokens = vec![0u32; mbs * seq];
-        let mut labels = vec![0u32; mbs * seq];
+        let mut batch = Batch::new(cfg);
         let mut total = 0.0;
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.micro {
-                fetch_batch(ds, micro_batch_start(consumed, micro, mbs, grid), mbs, seq, &mut tokens, &mut labels)?;
+                batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                 for chunk in 0..self.chunks {
                     let model = &mut chunks[chunk].model;
-                    total += self.forward(tl, model, (micro, chunk), (&tokens, &labels), (mbs, seq), false);
+                    total += self.forward(tl, model, (micro, chunk), &batch, false);
                     model.discard(micro);
                 }
             }
@@ -347,6 +341,6 @@ impl<D: Device> Pipeline<'_, D> {
         // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
         // gives every rank the mean.
         let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(total));
-        Ok(total / (iters as usize * cfg.global_batch_size * seq) as f64)
+        Ok(total / (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64)
     }
 }

@@ -15,9 +15,9 @@ use crate::parallel::pipeline::Schedule;
 
 /// The start-up lines: rank 0's version and run description, every rank's placement, and rank
 /// 0's line on which path collectives take.
-pub(super) fn start_up<D: Device>(s: &Setup<D>, rt: &Runtime, placement: &Placement, collectives: &str) {
-    let (cfg, m, grid) = (&s.cfg, &s.cfg.model, &s.grid);
-    if s.say {
+pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime, placement: &Placement, collectives: &str) {
+    let (cfg, m, grid) = (&setup.cfg, &setup.cfg.model, &setup.grid);
+    if setup.say {
         println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
         println!(
             " trident train: preset {} | {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} ranks: {}{}{}{} | \
@@ -31,36 +31,36 @@ pub(super) fn start_up<D: Device>(s: &Setup<D>, rt: &Runtime, placement: &Placem
             m.padded_vocab_size,
             rt.world_size,
             grid.describe(),
-            if s.mp.sequence_parallel { ", sequence parallel" } else { "" },
+            if setup.mp.sequence_parallel { ", sequence parallel" } else { "" },
             if grid.pp > 1 {
-                format!(", {} schedule, {} chunk(s) per stage", s.stage.schedule.name(), s.stage.plans.len())
+                format!(", {} schedule, {} chunk(s) per stage", setup.stage.schedule.name(), setup.stage.plans.len())
             } else {
                 String::new()
             },
             if rt.oversubscribed { ", oversubscribed (collectives yield)" } else { "" },
             rt.library,
-            s.dev.describe(),
-            s.peak.gflops,
-            s.peak.what
+            setup.dev.describe(),
+            setup.peak.gflops,
+            setup.peak.what
         );
     }
     println!(" {placement}");
-    if s.say {
+    if setup.say {
         println!(" {collectives}");
     }
 }
 
 /// Rank 0's line on the parameters, the batch and the data.
-pub(super) fn parameters<D: Device>(s: &Setup<D>, chunks: &[Chunk<D>], data: &Datasets) {
-    if s.say {
+pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data: &Datasets) {
+    if setup.say {
         println!(
             " parameters: {} on this rank | micro-batch {} x {} micro-batches x {} data-parallel = global batch {} | \
              {} gradient buckets | train samples available {}",
             chunks.iter().map(|c| c.model.params.num_elements()).sum::<usize>(),
-            s.cfg.micro_batch_size,
-            s.n_micro,
-            s.grid.dp,
-            s.cfg.global_batch_size,
+            setup.cfg.micro_batch_size,
+            setup.n_micro,
+            setup.grid.dp,
+            setup.cfg.global_batch_size,
             chunks.iter().map(|c| c.buckets.len()).sum::<usize>(),
             data.train.len()
         );
@@ -142,11 +142,11 @@ pub(super) fn log_comm(
 /// `--log-memory`: per rank, bytes of weights, gradients, optimizer state and activations,
 /// predicted (from parameter counts, the data-parallel sharding and the schedule's in-flight
 /// bound) beside measured (the buffers held, and the process's peak resident memory).
-pub(super) fn log_memory<D: Device>(s: &Setup<D>, chunks: &[Chunk<D>]) {
-    let (dev, groups, bound) = (&s.dev, &s.groups, s.in_flight_bound());
+pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
+    let (dev, groups, bound) = (&setup.dev, &setup.groups, setup.in_flight_bound());
     let params: usize = chunks.iter().map(|c| c.model.params.num_elements()).sum();
     let replicas = groups.replica.size();
-    let zero = s.cfg.use_distributed_optimizer && replicas > 1;
+    let zero = setup.cfg.use_distributed_optimizer && replicas > 1;
     let predicted_state = if zero {
         chunks.iter().map(|c| 8 * c.model.params.num_elements().div_ceil(replicas)).sum::<usize>()
     } else {
@@ -169,7 +169,7 @@ pub(super) fn log_memory<D: Device>(s: &Setup<D>, chunks: &[Chunk<D>]) {
     ];
     let mut all = vec![0f64; mine.len() * groups.world.size()];
     groups.world.all_gather(&mine, &mut all);
-    if s.say {
+    if setup.say {
         let mib = |b: f64| b / 1048576.0;
         println!(
             " memory per rank (MiB): weights | gradients | optimizer state predicted / measured | activations \
@@ -196,13 +196,13 @@ pub(super) fn log_memory<D: Device>(s: &Setup<D>, chunks: &[Chunk<D>]) {
 /// stage held at once beside the bound its schedule implies. `busy` and `wall`: pipeline seconds
 /// from the second iteration on; `peak`: the most activation sets held in one iteration.
 pub(super) fn report_pipeline<D: Device>(
-    s: &Setup<D>,
+    setup: &Setup<D>,
     (busy, wall): (f64, f64),
     peak: usize,
     summary: &mut TrainSummary,
 ) {
-    let (groups, schedule, v, m) = (&s.groups, s.stage.schedule, s.stage.plans.len(), s.n_micro);
-    let (grid, bound) = (&groups.grid, s.in_flight_bound());
+    let (groups, schedule, v, m) = (&setup.groups, setup.stage.schedule, setup.stage.plans.len(), setup.n_micro);
+    let (grid, bound) = (&groups.grid, setup.in_flight_bound());
     let measured = if busy > 0.0 { (wall - busy) / busy } else { f64::NAN };
     let mut all = vec![0f64; 3 * groups.world.size()];
     groups.world.all_gather(&[measured, peak as f64, bound as f64], &mut all);
@@ -213,7 +213,7 @@ pub(super) fn report_pipeline<D: Device>(
     let at = |r: usize, k: usize| all[3 * grid.rank_of(0, 0, r) + k];
     summary.bubble_fractions = (0..grid.pp).map(|r| at(r, 0)).collect();
     summary.bubble_theory = theory;
-    if s.say {
+    if setup.say {
         for r in 0..grid.pp {
             println!(
                 " pipeline stage {r}: bubble fraction {:.3} measured, {theory:.3} in theory ({}, p {}, m {m}, v {v}) | \
