@@ -2,6 +2,7 @@
 //! temperature and top-k, printing it as it is produced.
 
 use crate::checkpoint;
+use crate::checkpoint::shape::model_from_shard;
 use crate::data::tokenizer::ByteTokenizer;
 use crate::device::cpu::CpuDevice;
 use crate::device::Device;
@@ -9,7 +10,6 @@ use crate::error::{Error, Result};
 use crate::model::Gpt;
 use crate::parallel::tensor::TensorParallel;
 use crate::rng::Stream;
-use crate::train::model_from_shard;
 use std::io::Write;
 use std::path::PathBuf;
 

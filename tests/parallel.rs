@@ -12,7 +12,7 @@ use trident::checkpoint;
 use trident::model::{ChunkPlan, ModelParallel};
 use trident::parallel::grid::SummaCoord;
 use trident::parallel::pipeline::chunk_layers;
-use trident::train::model_from_shard;
+use trident::checkpoint::shape::model_from_shard;
 
 /// Every parameter of the latest checkpoint in `dir`, reassembled from its tensor- and
 /// pipeline-parallel shards into full tensors (in the canonical parameter order).

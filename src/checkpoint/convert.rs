@@ -3,12 +3,12 @@
 //! partition of every parameter is known from its name and the layout), and the full tensors are
 //! cut again for the target layout and written as a new checkpoint, atomically like any other.
 
+use super::shape::model_from_shard;
 use super::{SavedTensor, Shard};
 use crate::error::{Error, Result};
 use crate::model::{ChunkPlan, GptConfig, ModelParallel};
 use crate::parallel::grid::{SummaCoord, TensorMode};
 use crate::parallel::pipeline::chunk_layers;
-use crate::train::model_from_shard;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

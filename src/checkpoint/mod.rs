@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod safetensors;
+pub mod shape;
 
 use crate::error::{Error, Result};
 use crate::rng::fnv1a64;

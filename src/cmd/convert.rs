@@ -65,7 +65,7 @@ fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
         ("imported_from", dir.display().to_string()),
     ]
     .into_iter()
-    .chain(crate::train::model_meta(&model))
+    .chain(crate::checkpoint::shape::model_meta(&model))
     {
         meta.insert(k.to_string(), v);
     }

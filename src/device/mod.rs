@@ -95,6 +95,49 @@ pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate
     c
 }
 
+/// The library `--gpu-collectives` asks a device's collectives to use: NCCL, RCCL, or MPI (the
+/// device's buffers staged through host memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectiveLibrary {
+    Nccl,
+    Rccl,
+    Mpi,
+}
+
+impl CollectiveLibrary {
+    /// The flag's value: "nccl", "rccl" or "mpi".
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveLibrary::Nccl => "nccl",
+            CollectiveLibrary::Rccl => "rccl",
+            CollectiveLibrary::Mpi => "mpi",
+        }
+    }
+}
+
+/// What `Device::attach_collectives` makes communicators for: the run's process groups, as the
+/// `Comm`s that `device_comm` later finds them by, and the library asked for.
+pub struct CollectivesRequest<'a> {
+    pub library: CollectiveLibrary,
+    /// Every rank of the job: the ranks agree here that each could load the library.
+    pub world: &'a dyn crate::comm::Comm,
+    /// The groups that move tensors, named for messages, in the order every rank creates their
+    /// communicators: tensor parallel, the tied-embedding pair, data parallel x depth.
+    pub groups: [(&'static str, &'a dyn crate::comm::Comm); 3],
+    /// The pipeline group; the caller checked that its schedule keeps each link's messages in
+    /// the order they were sent (`pipeline::fifo_order`), as `DeviceP2p` delivers them.
+    pub pipeline: &'a dyn crate::comm::Comm,
+    /// Whether the pipeline's links wrap from the last stage to the first (virtual stages).
+    pub pipeline_wraps: bool,
+}
+
+/// The throughput a rank's device is measured against for MFU: the CPU's measured FMA peak, or
+/// a GPU's nominal dense bf16 tensor-core peak.
+pub struct DevicePeak {
+    pub gflops: f64,
+    pub what: String,
+}
+
 /// The ops a backend provides. Buffers are flat arrays of `len` elements; shapes are passed
 /// explicitly. Outputs marked "+=" accumulate into what the buffer holds; all others overwrite.
 pub trait Device: Send + Sync {
@@ -385,6 +428,14 @@ pub trait Device: Send + Sync {
     /// rank's pipeline neighbours at start-up; None: messages are staged through host memory.
     fn device_p2p(&self) -> Option<&dyn DeviceP2p<Self::Buf>> {
         None
+    }
+
+    /// Makes device collectives for the run's process groups (`device_comm` and `device_p2p`
+    /// answer for them from then on), collectively over `request.world` and in the same order on
+    /// every rank; returns the start-up line saying which path collectives take. A device without
+    /// its own (the default) moves tensors through the MPI Comm on host memory.
+    fn attach_collectives(&mut self, _request: &CollectivesRequest) -> crate::error::Result<String> {
+        Ok("collectives: MPI on host memory".into())
     }
 
     /// One decoupled-weight-decay Adam step on one parameter tensor.

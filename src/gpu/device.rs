@@ -18,7 +18,7 @@
 
 use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver};
 use super::kernels::{arch_for, KernelModules};
-use crate::device::{AdamWStep, AttentionShape, Device};
+use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device};
 use crate::error::{Error, Result};
 use crate::real::Precision;
 use std::ffi::{c_void, CString};
@@ -485,6 +485,10 @@ enum Arg {
     F32(f32),
 }
 
+/// How a GPU Device makes its collectives (`Device::attach_collectives`): given by the code that
+/// opened it (`open.rs`), which holds the runtime table the communicators' streams borrow.
+pub type MakeCollectives = Box<dyn FnOnce(&mut GpuDevice, &CollectivesRequest) -> Result<String> + Send + Sync>;
+
 /// The Device over any `GpuRuntime`.
 pub struct GpuDevice {
     /// NCCL communicators of the run's process groups (`group_key`), when collectives run on
@@ -493,6 +497,8 @@ pub struct GpuDevice {
     /// The pipeline links (`--gpu-collectives nccl` with pipeline parallelism); before the
     /// runtime for the same reason.
     p2p: Option<super::collectives::PipelineNccl>,
+    /// How `attach_collectives` makes them, until it has.
+    make_collectives: Option<MakeCollectives>,
     rt: Arc<dyn GpuRuntime>,
     functions: Vec<usize>,
     multiprocessors: usize,
@@ -580,6 +586,7 @@ impl GpuDevice {
             vendor,
             comms: Vec::new(),
             p2p: None,
+            make_collectives: None,
         })
     }
 
@@ -593,6 +600,11 @@ impl GpuDevice {
     /// (`Device::device_p2p`).
     pub fn attach_p2p(&mut self, p2p: super::collectives::PipelineNccl) {
         self.p2p = Some(p2p);
+    }
+
+    /// `Device::attach_collectives` makes this device's collectives with `make`.
+    pub fn make_collectives_with(&mut self, make: MakeCollectives) {
+        self.make_collectives = Some(make);
     }
 
     /// Before the host reads device memory: every communicator's enqueued work has finished
@@ -775,6 +787,12 @@ impl Device for GpuDevice {
     }
     fn device_p2p(&self) -> Option<&dyn crate::device::DeviceP2p<GpuBuf>> {
         self.p2p.as_ref().map(|p| p as &dyn crate::device::DeviceP2p<GpuBuf>)
+    }
+    fn attach_collectives(&mut self, request: &CollectivesRequest) -> Result<String> {
+        match self.make_collectives.take() {
+            Some(make) => make(self, request),
+            None => Ok("collectives: MPI, device buffers staged through host memory".into()),
+        }
     }
     fn fill(&self, dst: &mut GpuBuf, value: f32) {
         if dst.len > 0 {

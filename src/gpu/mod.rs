@@ -6,7 +6,10 @@
 //! them, everything here answers with an error naming the library.
 //! The GPU Device (the `Device` trait on a GPU) is `device`, on a small runtime trait that the
 //! CUDA driver table implements there and the HIP runtime table in `hip_device`.
+//! `trident train` opens the rank's GPU through `open`, which hands the Device the maker of its
+//! NCCL / RCCL collectives (`attach`) for `Device::attach_collectives`.
 
+mod attach;
 pub mod cache;
 pub mod collectives;
 pub mod device;
@@ -20,6 +23,7 @@ pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
+pub mod open;
 pub mod peaks;
 pub mod status;
 

@@ -1,0 +1,221 @@
+//! Checkpoint glue of the training loop: the run's position (`Progress`), saving every chunk's
+//! weights, whole AdamW moments and the run's metadata as one shard per model-parallel rank
+//! (`checkpoint::begin` / `write_shard` / `commit`), and restoring them, refusing a checkpoint of
+//! another layout or model shape with a line that says which.
+
+use super::chunk::{Chunk, Optimizer};
+use crate::checkpoint::shape::{model_from_shard, model_meta};
+use crate::checkpoint::{self, SavedTensor, Shard};
+use crate::config::TrainConfig;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::optim::scaler::LossScaler;
+use crate::parallel::grid::{Grid, Groups};
+use std::path::Path;
+
+/// Where the run stands: the iterations done, the samples consumed, the loss scaler.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Progress {
+    pub iteration: u64,
+    pub consumed_train: u64,
+    pub consumed_valid: u64,
+    /// The fp16 loss scaler's state, when there is one.
+    pub scaler: Option<LossScaler>,
+}
+
+/// Saves weights, whole AdamW moments and the run's position as the checkpoint of
+/// `progress.iteration` in `dir`, one shard per model-parallel rank.
+pub(super) fn save_checkpoint<D: Device>(
+    dir: &Path,
+    dev: &D,
+    groups: &Groups,
+    chunks: &[Chunk<D>],
+    cfg: &TrainConfig,
+    progress: Progress,
+    say: bool,
+) -> Result<()> {
+    let grid = &groups.grid;
+    let mut shard = Shard::default();
+    let first = &chunks[0];
+    let meta = [
+        ("format", "trident-checkpoint".to_string()),
+        ("iteration", progress.iteration.to_string()),
+        ("consumed_train_samples", progress.consumed_train.to_string()),
+        ("consumed_valid_samples", progress.consumed_valid.to_string()),
+        ("adam_step", first.opt.step_count().to_string()),
+        ("seed", cfg.seed.to_string()),
+        ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
+        ("seq_length", cfg.seq_length.to_string()),
+        ("tokenizer", "ByteTokenizer".to_string()),
+        ("tensor_model_parallel_size", grid.tp.to_string()),
+        ("tensor_model_parallel_rank", grid.tp_rank.to_string()),
+        ("pipeline_model_parallel_size", grid.pp.to_string()),
+        ("pipeline_model_parallel_rank", grid.pp_rank.to_string()),
+        ("virtual_pipeline_chunks", chunks.len().to_string()),
+        ("decoder_first_pipeline_num_layers", cfg.first_stage_layers.map_or("none".into(), |n| n.to_string())),
+        ("decoder_last_pipeline_num_layers", cfg.last_stage_layers.map_or("none".into(), |n| n.to_string())),
+        ("data_parallel_size", grid.dp.to_string()),
+        ("sequence_parallel", first.model.mp.sequence_parallel.to_string()),
+        ("tensor_parallel_mode", grid.tensor_mode.describe()),
+        ("summa_q", grid.summa().map_or(0, |c| c.q).to_string()),
+        ("tesseract_depth", grid.summa().map_or(0, |c| c.depth).to_string()),
+    ];
+    if let Some(sc) = progress.scaler {
+        shard.meta.insert("loss_scale".into(), sc.scale.to_string());
+        shard.meta.insert("loss_scale_growth_tracker".into(), sc.growth_tracker.to_string());
+        shard.meta.insert("loss_scale_hysteresis_left".into(), sc.hysteresis_left.to_string());
+    }
+    for (k, v) in meta.into_iter().chain(model_meta(&first.model.cfg)) {
+        shard.meta.insert(k.to_string(), v);
+    }
+    let download = |buf: &D::Buf, n: usize| {
+        let mut host = vec![0.0f32; n];
+        dev.download(buf, &mut host);
+        host
+    };
+    for (c, chunk) in chunks.iter().enumerate() {
+        let model = &chunk.model;
+        // Whole moments per parameter (gathered from the data-parallel shards under ZeRO-1), so
+        // a checkpoint does not depend on the optimizer's sharding.
+        let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = match &chunk.opt {
+            Optimizer::Replicated(o) => (
+                o.m.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
+                o.v.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
+            ),
+            Optimizer::Distributed(z) => z.gather_state(dev, &*groups.replica, &model.params),
+        };
+        for (i, info) in model.params.info.iter().enumerate() {
+            let value = download(&model.params.values[i], info.numel());
+            for (prefix, data) in [("param", value), ("adam_m", m[i].clone()), ("adam_v", v[i].clone())] {
+                shard.tensors.push(SavedTensor {
+                    name: format!("{prefix}/chunk{c}/{}", info.name),
+                    shape: info.shape.clone(),
+                    data,
+                });
+            }
+        }
+    }
+    // Rank 0 prepares the staging directory, one data-parallel replica writes a shard per
+    // model-parallel rank, and rank 0 renames it into place once all are written.
+    if grid.rank == 0 {
+        checkpoint::begin(dir, progress.iteration)?;
+    }
+    groups.world.barrier();
+    if grid.dp_rank == 0 {
+        checkpoint::write_shard(
+            dir,
+            progress.iteration,
+            &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp),
+            &shard,
+        )?;
+    }
+    groups.world.barrier();
+    if grid.rank == 0 {
+        let path = checkpoint::commit(dir, progress.iteration)?;
+        if say {
+            println!(" saved checkpoint at iteration {} to {}", progress.iteration, path.display());
+        }
+    }
+    groups.world.barrier();
+    Ok(())
+}
+
+/// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
+pub(super) fn load_checkpoint<D: Device>(
+    dir: &Path,
+    dev: &D,
+    grid: &Grid,
+    chunks: &mut [Chunk<D>],
+    scaler_config: Option<LossScaler>,
+    say: bool,
+) -> Result<Progress> {
+    let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
+    let saved = model_from_shard(&shard, &path)?;
+    let layout = |key: &str| shard.meta_value::<usize>(&path, key).unwrap_or(1);
+    let (saved_tp, saved_pp, saved_v) = (
+        layout("tensor_model_parallel_size"),
+        layout("pipeline_model_parallel_size"),
+        layout("virtual_pipeline_chunks"),
+    );
+    let saved_mode = shard.meta.get("tensor_parallel_mode").cloned().unwrap_or_else(|| "1d".into());
+    if saved_mode != grid.tensor_mode.describe() {
+        return Err(Error::Config(format!(
+            "{} was written with --tensor-parallel-mode {saved_mode}; this run uses {}: resume with the layout it \
+             was saved with, or reshard it with `trident convert --target-tensor-parallel-mode`",
+            path.display(),
+            grid.tensor_mode.describe()
+        )));
+    }
+    if (saved_tp, saved_pp, saved_v) != (grid.tp, grid.pp, chunks.len()) {
+        return Err(Error::Config(format!(
+            "{} was written with tensor-parallel size {saved_tp}, pipeline size {saved_pp} and {saved_v} virtual \
+             stages per rank; this run uses {}, {} and {}; resharding arrives with `trident convert`",
+            path.display(),
+            grid.tp,
+            grid.pp,
+            chunks.len()
+        )));
+    }
+    let ours = &chunks[0].model.cfg;
+    let mismatches: Vec<String> = model_meta(&saved)
+        .into_iter()
+        .zip(model_meta(ours))
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|(a, b)| format!("{} is {} in the checkpoint but {} here", a.0, a.1, b.1))
+        .collect();
+    if !mismatches.is_empty() {
+        return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));
+    }
+    let step: u64 = shard.meta_value(&path, "adam_step")?;
+    for (c, chunk) in chunks.iter_mut().enumerate() {
+        let model = &mut chunk.model;
+        let (mut m, mut v) = (Vec::new(), Vec::new());
+        for (i, info) in model.params.info.iter().enumerate() {
+            for prefix in ["param", "adam_m", "adam_v"] {
+                let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
+                if t.shape != info.shape {
+                    return Err(Error::format(
+                        &path,
+                        format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
+                    ));
+                }
+                match prefix {
+                    "param" => dev.upload(&mut model.params.values[i], &t.data),
+                    "adam_m" => m.push(t.data.clone()),
+                    _ => v.push(t.data.clone()),
+                }
+            }
+        }
+        match &mut chunk.opt {
+            Optimizer::Replicated(o) => {
+                for i in 0..m.len() {
+                    dev.upload(&mut o.m[i], &m[i]);
+                    dev.upload(&mut o.v[i], &v[i]);
+                }
+                o.step = step;
+            }
+            Optimizer::Distributed(z) => {
+                z.load_state(dev, &m, &v);
+                z.step = step;
+            }
+        }
+    }
+    let mut progress = Progress {
+        iteration: shard.meta_value(&path, "iteration")?,
+        consumed_train: shard.meta_value(&path, "consumed_train_samples")?,
+        consumed_valid: shard.meta_value(&path, "consumed_valid_samples")?,
+        scaler: scaler_config,
+    };
+    if let (Some(sc), true) = (progress.scaler.as_mut(), shard.meta.contains_key("loss_scale")) {
+        sc.scale = shard.meta_value(&path, "loss_scale")?;
+        sc.growth_tracker = shard.meta_value(&path, "loss_scale_growth_tracker")?;
+        sc.hysteresis_left = shard.meta_value(&path, "loss_scale_hysteresis_left")?;
+    }
+    for c in chunks.iter_mut() {
+        c.model.refresh_working_weights(dev);
+    }
+    if say {
+        println!(" loaded checkpoint {} (iteration {})", path.display(), progress.iteration);
+    }
+    Ok(progress)
+}

@@ -1,0 +1,128 @@
+//! One model chunk of this rank (a pipeline stage, or a virtual stage of one) with its optimizer
+//! state and data-parallel gradient buckets, and the end of a step over a rank's chunks: the
+//! gradients finalised, the global norm, the optimizer step. AdamW keeps its full state on every
+//! data-parallel rank, or shards it over them (ZeRO-1).
+
+use crate::config::TrainConfig;
+use crate::device::Device;
+use crate::model::{ChunkPlan, Gpt, ModelParallel};
+use crate::optim::distributed::{self, DistributedAdamW};
+use crate::optim::AdamW;
+use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
+use crate::parallel::grid::Groups;
+use crate::real::Precision;
+
+/// One model chunk of this rank with its optimizer state and data-parallel buckets.
+pub(super) struct Chunk<D: Device> {
+    pub model: Gpt<D>,
+    pub opt: Optimizer<D>,
+    pub buckets: GradBuckets<D::Buf>,
+}
+
+/// AdamW with the full state on every data-parallel rank, or sharded over them (ZeRO-1).
+pub(super) enum Optimizer<D: Device> {
+    Replicated(AdamW<D>),
+    Distributed(DistributedAdamW<D>),
+}
+
+impl<D: Device> Optimizer<D> {
+    pub fn step_count(&self) -> u64 {
+        match self {
+            Optimizer::Replicated(o) => o.step,
+            Optimizer::Distributed(o) => o.step,
+        }
+    }
+    pub fn state_bytes(&self, dev: &D) -> usize {
+        match self {
+            Optimizer::Replicated(o) => o.m.iter().chain(&o.v).map(|b| 4 * dev.len(b)).sum(),
+            Optimizer::Distributed(o) => o.state_bytes(dev),
+        }
+    }
+}
+
+impl<D: Device> Chunk<D> {
+    /// The chunk `plan` describes, its weights initialised from the seed, with its optimizer and
+    /// buckets.
+    pub fn new(dev: &D, cfg: &TrainConfig, mp: ModelParallel, plan: &ChunkPlan, groups: &Groups) -> Chunk<D> {
+        let mut model = Gpt::new_chunk(dev, cfg.model.clone(), mp, plan.clone(), cfg.seed);
+        model.set_recompute(cfg.recompute);
+        model.set_precision(dev, cfg.precision);
+        // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
+        let replica = &*groups.replica;
+        let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
+            let (rank, size) = (replica.rank(), replica.size());
+            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, rank, size))
+        } else {
+            Optimizer::Replicated(AdamW::new(dev, &model.params, cfg.adam))
+        };
+        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
+        Chunk { model, opt, buckets }
+    }
+
+    /// Finalises the gradients after backward: the data-parallel sum (the buckets' all-reduce, or
+    /// the distributed optimizer's reduce-scatter, whose shard of summed gradients is returned),
+    /// the tied-embedding and the sequence-parallel sums.
+    pub fn finish_gradients(&mut self, dev: &D, groups: &Groups, precision: Precision) -> Option<Vec<f32>> {
+        // The buckets' all-reduces were posted during backward from the gradients as they
+        // were then, so they finish before the other sums touch the gradients; the
+        // distributed optimizer's reduce-scatter reads the gradients after those sums.
+        if let (Optimizer::Replicated(_), true) = (&self.opt, groups.replica.size() > 1) {
+            self.buckets.finish(dev, &*groups.replica, &mut self.model.params);
+        }
+        // fp16 gradients overflow to infinity where real half precision would.
+        if precision == Precision::F16 {
+            for g in self.model.params.grads.iter_mut() {
+                dev.round_to(g, Precision::F16);
+            }
+        }
+        reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params);
+        reduce_sequence_parallel_grads(dev, &*groups.tp, &mut self.model.params);
+        match &self.opt {
+            Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, &self.model.params)),
+            Optimizer::Replicated(_) => None,
+        }
+    }
+
+    /// One AdamW step at `lr`, the clip and loss scale folded into `grad_scale`, from the
+    /// finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients` returned); then the
+    /// mixed-precision working copy of the weights follows the masters.
+    pub fn step(&mut self, dev: &D, groups: &Groups, shard: Option<&[f32]>, lr: f32, grad_scale: f32) {
+        match &mut self.opt {
+            Optimizer::Replicated(o) => o.step(dev, &mut self.model.params, lr, grad_scale),
+            Optimizer::Distributed(z) => {
+                let shard = shard.expect("a ZeRO-1 chunk's gradients are reduce-scattered before its step");
+                z.step(dev, &*groups.replica, &mut self.model.params, shard, lr, grad_scale)
+            }
+        }
+        self.model.refresh_working_weights(dev);
+    }
+}
+
+/// The global gradient norm over every chunk of every rank: from the ZeRO-1 shards (`zero`), each
+/// element counted once across the world, or from the whole gradients, each parameter counted once
+/// (`counts_parameters`: shards everywhere, replicated parameters on tensor-parallel rank 0) over
+/// the model-parallel group.
+pub(super) fn grad_norm<D: Device>(
+    dev: &D,
+    chunks: &[Chunk<D>],
+    shards: &[Option<Vec<f32>>],
+    zero: bool,
+    groups: &Groups,
+    tp_rank: usize,
+    counts_parameters: bool,
+) -> f64 {
+    if zero {
+        let local: f64 = chunks
+            .iter()
+            .zip(shards)
+            .map(|(c, g)| match (&c.opt, g) {
+                (Optimizer::Distributed(z), Some(g)) => z.sum_squares(g, &c.model.params, tp_rank),
+                _ => unreachable!("every chunk shards its state under ZeRO-1"),
+            })
+            .sum();
+        distributed::global_norm(local, &*groups.world)
+    } else {
+        let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
+        global_grad_norm(dev, &sets, tp_rank, counts_parameters, &*groups.mp)
+    }
+}

@@ -1,0 +1,388 @@
+//! `trident train`: the training loop on one rank of any (tensor, data) parallel layout. Reads
+//! this data-parallel rank's slice of each global batch from the memory-mapped dataset,
+//! accumulates micro-batch gradients, reduces them over data-parallel ranks in buckets that start
+//! while backward is still running, clips by the global norm, steps AdamW on Megatron's schedule,
+//! logs, validates and checkpoints; resuming continues the uninterrupted run bit for bit.
+//!
+//! This file is the loop; `setup` makes the run (layout, groups, device, collectives, datasets),
+//! `pipeline` executes a stage's passes, `chunk` holds a model chunk with its optimizer,
+//! `checkpointing` saves and restores, `trace` times, and `report` prints what is not an
+//! iteration line. The loop sees the device only through the `Device` trait.
+
+mod checkpointing;
+mod chunk;
+mod pipeline;
+mod report;
+mod setup;
+mod trace;
+
+use checkpointing::{load_checkpoint, save_checkpoint, Progress};
+use chunk::{grad_norm, Chunk};
+use pipeline::Pipeline;
+use setup::{build_datasets, Datasets, Setup};
+use trace::{write_trace, SpanKind, Timeline};
+
+use crate::comm::placement::Placement;
+use crate::comm::runtime::Runtime;
+use crate::comm::{CommCounters, ReduceOp};
+use crate::config::TrainConfig;
+use crate::device::{Device, DevicePeak};
+use crate::error::{Error, Result};
+use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
+use crate::optim::clip_coefficient;
+use crate::stop::{self, StopReason, StopWatch};
+use std::time::Instant;
+
+/// What a finished run reports back (used by tests and the final summary line).
+#[derive(Clone, Debug, Default)]
+pub struct TrainSummary {
+    pub iterations: u64,
+    /// Loss of every iteration this process ran, in order.
+    pub losses: Vec<f64>,
+    pub final_val_loss: Option<f64>,
+    /// Per model chunk: the most micro-batches whose activations were held at once in the last
+    /// iteration.
+    pub peak_in_flight: Vec<usize>,
+    /// Per pipeline stage: the measured bubble fraction, and the schedule's theory.
+    pub bubble_fractions: Vec<f64>,
+    pub bubble_theory: f64,
+    /// Bytes of activation buffers this rank holds (all chunks) after the last iteration.
+    pub activation_bytes: usize,
+    /// Bytes of AdamW state (both moments) this rank holds.
+    pub optimizer_state_bytes: usize,
+    /// Why the run stopped before its last iteration after a checkpoint (`--exit-signal-handler`,
+    /// `--exit-duration-in-mins`); the process then exits with `stop::REQUEUE_EXIT_CODE`.
+    pub stopped: Option<StopReason>,
+}
+
+/// Runs `trident train` with a validated configuration on this rank of the job, on the device
+/// `--device` names: the CPU backend, or the GPU Device (CUDA or HIP) on the rank's GPU.
+pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
+    match cfg.device.as_str() {
+        "cuda" | "hip" => {
+            let (gpu, count) = setup::load_gpu(cfg)?;
+            run_on(cfg, rt, Some(count), |placement| setup::open_gpu(gpu, cfg, placement))
+        }
+        _ => run_on(cfg, rt, None, |_| Ok(setup::open_cpu(cfg, rt))),
+    }
+}
+
+/// The training run on one device type, top-down: set up (`make_device` creates this rank's
+/// device once the ranks agree on their placement), build the chunks, restore a checkpoint, run
+/// the iterations, then the test evaluation and the closing reports.
+fn run_on<D: Device>(
+    cfg: &TrainConfig,
+    rt: &Runtime,
+    device_count: Option<usize>,
+    make_device: impl FnOnce(&Placement) -> Result<(D, DevicePeak)>,
+) -> Result<TrainSummary> {
+    let started = Instant::now();
+    let setup = Setup::new(cfg, rt, device_count, make_device)?;
+    let cfg = &setup.cfg;
+    let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
+    if let (Some(dir), true) = (&cfg.save, setup.say) {
+        stop::clear_marker(dir)?;
+    }
+    let data = build_datasets(cfg, cfg.model.vocab_size)?;
+    let mut chunks: Vec<Chunk<D>> =
+        setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
+    report::parameters(&setup, &chunks, &data);
+    let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
+    if let Some(dir) = &cfg.load {
+        progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
+    }
+    let json = match (&cfg.log_json, setup.say) {
+        (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
+        _ => None,
+    };
+    let pipe = Pipeline::new(&setup)?;
+    setup.groups.world.barrier();
+    let tl = Timeline::new(cfg.timing_trace.is_some());
+    let tokens_per_iter = (cfg.global_batch_size * cfg.seq_length) as f64;
+    let mut trainer = Trainer {
+        setup: &setup,
+        pipe,
+        data,
+        chunks,
+        progress,
+        tl,
+        json,
+        watch,
+        tokens_per_iter,
+        flops_per_rank: cfg.model.flops_per_iteration(cfg.global_batch_size, cfg.seq_length) / rt.world_size as f64,
+        summary: TrainSummary::default(),
+        window: Window::default(),
+        bubble: (0.0, 0.0),
+        skipped_iterations: 0,
+    };
+    while trainer.progress.iteration < cfg.train_iters {
+        if !trainer.iteration()? {
+            break;
+        }
+    }
+    trainer.finish(rt)
+}
+
+/// The iterations since the last log line: their summed loss and seconds.
+#[derive(Default)]
+struct Window {
+    loss: f64,
+    iters: u64,
+    secs: f64,
+}
+
+/// What the loop reads and updates from one iteration to the next.
+struct Trainer<'a, D: Device> {
+    setup: &'a Setup<D>,
+    pipe: Pipeline<'a, D>,
+    data: Datasets,
+    chunks: Vec<Chunk<D>>,
+    progress: Progress,
+    tl: Timeline,
+    json: Option<JsonLog>,
+    watch: StopWatch,
+    tokens_per_iter: f64,
+    flops_per_rank: f64,
+    summary: TrainSummary,
+    window: Window,
+    /// Pipeline busy and wall seconds for the bubble, measured from the second iteration on (the
+    /// first one warms caches up).
+    bubble: (f64, f64),
+    skipped_iterations: u64,
+}
+
+impl<D: Device> Trainer<'_, D> {
+    /// One iteration: the training step, `--log-comm`'s counts, validation when due, the log
+    /// line, and the checkpoint or early stop. Returns whether the run goes on.
+    fn iteration(&mut self) -> Result<bool> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        let iteration = self.progress.iteration + 1;
+        let started = Instant::now();
+        let lr = cfg.lr.at(iteration);
+        for c in self.chunks.iter_mut() {
+            c.model.params.zero_grads(&setup.dev);
+            c.model.reset_peak_in_flight();
+            c.model.reset_layer_comm();
+        }
+        let comm_before = report::group_counters(&setup.groups, &setup.dev);
+        let (loss, grad_norm) = self.step(iteration, lr)?;
+        // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
+        // adds its forwards).
+        let comm_report = cfg.log_comm.then(|| {
+            let step: Vec<_> = report::group_counters(&setup.groups, &setup.dev)
+                .into_iter()
+                .zip(&comm_before)
+                .map(|((name, n, now), (_, _, before))| (name, n, now.since(before)))
+                .collect();
+            let layers: Vec<(usize, Vec<[CommCounters; 3]>)> =
+                self.chunks.iter().map(|c| (c.model.plan.layers.start, c.model.layer_comm().to_vec())).collect();
+            (step, layers)
+        });
+        self.progress.iteration = iteration;
+        self.progress.consumed_train += cfg.global_batch_size as u64;
+        self.record(loss);
+        self.window.loss += loss;
+        self.window.iters += 1;
+        self.window.secs += started.elapsed().as_secs_f64();
+
+        let validate = iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters;
+        let val_loss = if validate { self.validate(iteration)? } else { None };
+        if iteration.is_multiple_of(cfg.log_interval) || validate {
+            let stats = self.stats(iteration, lr, grad_norm, val_loss);
+            if setup.say {
+                println!("{}", iteration_line(&stats));
+            }
+            if let (Some((step, layers)), 0, 0) = (&comm_report, setup.grid.dp_rank, setup.grid.tp_rank) {
+                report::log_comm(&setup.grid, layers, setup.n_micro, step, iteration);
+            }
+            if let Some(j) = self.json.as_mut() {
+                j.write(&stats)?;
+            }
+            self.window = Window::default();
+        }
+        self.save_or_stop(iteration)
+    }
+
+    /// Forward and backward over the pipeline, the gradient sums, the norm, and the optimizer
+    /// step (skipped when fp16 gradients overflowed). Returns the loss and the gradient norm.
+    fn step(&mut self, iteration: u64, lr: f64) -> Result<(f64, f64)> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        let grad_scale = 1.0 / self.tokens_per_iter as f32;
+        let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
+        let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
+        let loss_sum = self.pipe.train_step(
+            &mut self.chunks,
+            &self.data.train,
+            cfg,
+            self.progress.consumed_train,
+            grad_scale * scale as f32,
+            &mut self.tl,
+        )?;
+        if self.summary.iterations > 0 && setup.grid.pp > 1 {
+            // Every stage's pipeline ends with the slowest one (the optimizer waits for all), so
+            // the bubble is measured against the longest pipelined time in the group.
+            let mut wall = [self.tl.wall_secs - wall0];
+            setup.groups.pp.all_reduce(&mut wall, ReduceOp::Max);
+            self.bubble.0 += self.tl.busy_secs - busy0;
+            self.bubble.1 += wall[0];
+        }
+        let t_opt = self.tl.now_us();
+        // Finalise gradients: the tied embedding and sequence-parallel sums, and the data-parallel
+        // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
+        let shards: Vec<Option<Vec<f32>>> =
+            self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
+        let loss = setup.groups.dp.sum_f64(setup.groups.pp.sum_f64(loss_sum)) / self.tokens_per_iter;
+        let (tp_rank, counts) = (setup.grid.tp_rank, setup.mp.counts_parameters());
+        let grad_norm = grad_norm(&setup.dev, &self.chunks, &shards, self.pipe.zero, &setup.groups, tp_rank, counts);
+        // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
+        // the scaled gradients overflowed: the step is skipped and the scale backs off.
+        let overflow = self.progress.scaler.is_some() && !grad_norm.is_finite();
+        let grad_norm = grad_norm / scale;
+        if !loss.is_finite() || (!overflow && !grad_norm.is_finite()) {
+            return Err(Error::Config(format!(
+                "iteration {iteration}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data"
+            )));
+        }
+        if let Some(s) = self.progress.scaler.as_mut() {
+            s.update(overflow);
+        }
+        if overflow {
+            self.skipped_iterations += 1;
+            if setup.say {
+                println!(
+                    " iteration {iteration}: gradients overflowed at loss scale {scale}; step skipped, loss scale now {}",
+                    self.progress.scaler.map_or(1.0, |s| s.scale)
+                );
+            }
+        } else {
+            let coef = clip_coefficient(grad_norm, cfg.clip_grad) / scale as f32;
+            for (c, shard) in self.chunks.iter_mut().zip(&shards) {
+                c.step(&setup.dev, &setup.groups, shard.as_deref(), lr as f32, coef);
+            }
+        }
+        self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
+        Ok((loss, grad_norm))
+    }
+
+    /// Adds the iteration's loss and memory figures to the summary; after the first iteration,
+    /// `--log-memory` and rank 0's activation-memory line.
+    fn record(&mut self, loss: f64) {
+        let (setup, cfg, summary) = (self.setup, &self.setup.cfg, &mut self.summary);
+        summary.losses.push(loss);
+        summary.iterations += 1;
+        summary.peak_in_flight = self.chunks.iter().map(|c| c.model.peak_in_flight()).collect();
+        summary.activation_bytes = self.chunks.iter().map(|c| c.model.activation_bytes(&setup.dev)).sum();
+        summary.optimizer_state_bytes = self.chunks.iter().map(|c| c.opt.state_bytes(&setup.dev)).sum();
+        if summary.iterations == 1 && cfg.log_memory {
+            report::log_memory(setup, &self.chunks);
+        }
+        if summary.iterations == 1 && setup.say {
+            println!(
+                " activation memory on rank 0 after the first iteration: {:.1} MiB (recompute: {:?})",
+                summary.activation_bytes as f64 / 1048576.0,
+                cfg.recompute
+            );
+        }
+    }
+
+    /// The validation loss over `--eval-iters` batches of the validation split, when it has
+    /// samples; rank 0 prints it.
+    fn validate(&mut self, iteration: u64) -> Result<Option<f64>> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        let Some(valid) = self.data.valid.as_ref().filter(|_| cfg.eval_iters > 0) else {
+            return Ok(None);
+        };
+        let first = self.progress.consumed_valid;
+        let v = self.pipe.evaluate(&mut self.chunks, valid, cfg, first, cfg.eval_iters, &mut self.tl)?;
+        self.progress.consumed_valid += cfg.eval_iters * cfg.global_batch_size as u64;
+        if setup.say {
+            println!("{}", validation_line("validation", iteration, v));
+        }
+        self.summary.final_val_loss = Some(v);
+        Ok(Some(v))
+    }
+
+    /// The log line's figures, averaged over the window since the last one.
+    fn stats(&self, iteration: u64, lr: f64, grad_norm: f64, val_loss: Option<f64>) -> IterationStats {
+        let cfg = &self.setup.cfg;
+        let secs = self.window.secs / self.window.iters as f64;
+        IterationStats {
+            iteration,
+            train_iters: cfg.train_iters,
+            consumed_samples: self.progress.consumed_train,
+            ms_per_iter: 1e3 * secs,
+            lr,
+            global_batch_size: cfg.global_batch_size,
+            loss: self.window.loss / self.window.iters as f64,
+            grad_norm,
+            tokens_per_s: self.tokens_per_iter / secs,
+            tflops: self.flops_per_rank / secs / 1e12,
+            mfu: self.flops_per_rank / secs / (self.setup.peak.gflops * 1e9),
+            val_loss,
+            loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
+            skipped_iterations: self.skipped_iterations,
+        }
+    }
+
+    /// Saves a checkpoint when one is due, and stops the run early after it (`--exit-interval`,
+    /// or the agreed stop of `--exit-signal-handler` / `--exit-duration-in-mins`, which leaves
+    /// the marker). Returns whether the run goes on.
+    fn save_or_stop(&mut self, iteration: u64) -> Result<bool> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        // Every rank reaches this check at the same iteration; it is one all-reduce when enabled.
+        let stop = if iteration < cfg.train_iters { self.watch.check(&*setup.groups.world) } else { None };
+        let exiting = (cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) || stop.is_some())
+            && iteration < cfg.train_iters;
+        if let Some(dir) = &cfg.save {
+            let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
+            if at_interval || exiting || iteration == cfg.train_iters {
+                save_checkpoint(dir, &setup.dev, &setup.groups, &self.chunks, cfg, self.progress, setup.say)?;
+            }
+        }
+        if let Some(reason) = stop {
+            if let (Some(dir), true) = (&cfg.save, setup.say) {
+                stop::write_marker(dir, iteration, reason)?;
+            }
+            if setup.say {
+                println!(
+                    " exiting program at iteration {iteration}: {reason}; checkpoint saved; exit code {} \
+                     (resume with --load)",
+                    stop::REQUEUE_EXIT_CODE
+                );
+            }
+            self.summary.stopped = Some(reason);
+            return Ok(false);
+        }
+        if exiting {
+            if setup.say {
+                println!(" exiting program at iteration {iteration} (--exit-interval)");
+            }
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// After the last iteration: the test evaluation (when the run completed), the per-stage
+    /// pipeline report, the timing trace.
+    fn finish(mut self, rt: &Runtime) -> Result<TrainSummary> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        if self.progress.iteration >= cfg.train_iters {
+            if let (Some(test), true) = (&self.data.test, cfg.eval_iters > 0) {
+                let t = self.pipe.evaluate(&mut self.chunks, test, cfg, 0, cfg.eval_iters, &mut self.tl)?;
+                if setup.say {
+                    println!("{}", validation_line("test", self.progress.iteration, t));
+                }
+            }
+        }
+        if setup.grid.pp > 1 {
+            report::report_pipeline(setup, self.bubble, self.tl.peak_live, &mut self.summary);
+        }
+        if let Some(path) = &cfg.timing_trace {
+            write_trace(path, &setup.groups, &self.tl)?;
+            if setup.say {
+                println!(" wrote the timing trace of {} ranks to {}", rt.world_size, path.display());
+            }
+        }
+        Ok(self.summary)
+    }
+}

@@ -1,0 +1,346 @@
+//! The pipeline executor: runs this stage's pass list (GPipe, 1F1B or interleaved 1F1B) over the
+//! rank's model chunks for a training step, and forward passes in (micro-batch, chunk) order for
+//! evaluation. Messages between stages are device buffers, reused: moved by the Device's
+//! `DeviceP2p` in order, or else through MPI on host memory matched by tag; sends never block.
+
+use super::chunk::Chunk;
+use super::setup::Setup;
+use super::trace::{SpanKind, Timeline};
+use crate::comm::Pending;
+use crate::config::TrainConfig;
+use crate::data::gpt_dataset::GptDataset;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::model::gpt::ChunkOutput;
+use crate::model::Gpt;
+use crate::parallel::grid::{Grid, Groups};
+use crate::parallel::pipeline::{self, Pass, Schedule};
+use crate::parallel::summa::Summa;
+use crate::parallel::tensor::TensorParallel;
+
+/// One micro-batch of this data-parallel rank: `mbs` samples of `seq` tokens and their labels
+/// (sample-major), the buffers refilled for each micro-batch.
+struct Batch {
+    tokens: Vec<u32>,
+    labels: Vec<u32>,
+    mbs: usize,
+    seq: usize,
+}
+
+impl Batch {
+    fn new(cfg: &TrainConfig) -> Batch {
+        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
+        Batch { tokens: vec![0u32; mbs * seq], labels: vec![0u32; mbs * seq], mbs, seq }
+    }
+
+    /// Fills the batch with micro-batch `micro` of the global batch starting at sample
+    /// `consumed`: consecutive samples from this rank's first (Megatron's sampler: each chunk of
+    /// micro x dp samples is split in rank order).
+    fn fetch(&mut self, ds: &GptDataset, consumed: u64, micro: usize, grid: &Grid) -> Result<()> {
+        let (mbs, seq) = (self.mbs, self.seq);
+        let first = consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64;
+        let mut sample = vec![0u32; seq + 1];
+        for i in 0..mbs {
+            ds.get(first as usize + i, &mut sample)?;
+            self.tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
+            self.labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
+        }
+        Ok(())
+    }
+}
+
+/// Tags of pipeline messages: which (micro-batch, chunk) on the receiving stage, which direction.
+fn p2p_tag(micro: usize, chunk: usize, chunks: usize, backward: bool) -> u32 {
+    ((micro * chunks + chunk) * 2 + usize::from(backward)) as u32
+}
+
+/// Everything one training or evaluation pass over the pipeline needs.
+pub(super) struct Pipeline<'a, D: Device> {
+    dev: &'a D,
+    groups: &'a Groups,
+    tp: TensorParallel<'a>,
+    schedule: Schedule,
+    chunks: usize,
+    micro: usize,
+    hidden_len: usize,
+    /// Whether the optimizer is ZeRO-1 (gradients reduce-scattered after backward, not bucketed).
+    pub zero: bool,
+    /// Message buffers: reused across passes; the ones of sends not yet known delivered; and the
+    /// MPI path's pending sends.
+    messages: std::cell::RefCell<Messages<D::Buf>>,
+}
+
+/// The pipeline's message buffers (device buffers of `hidden_len`).
+struct Messages<B> {
+    free: Vec<B>,
+    in_flight: Vec<B>,
+    host_sends: Vec<Box<dyn Pending>>,
+}
+
+impl<B> Default for Messages<B> {
+    fn default() -> Self {
+        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new() }
+    }
+}
+
+impl<'a, D: Device> Pipeline<'a, D> {
+    /// The executor of this rank's chunks over the micro-batches of a step, in its stage's
+    /// schedule order.
+    pub fn new(setup: &'a Setup<D>) -> Result<Pipeline<'a, D>> {
+        let (dev, groups, cfg, mp) = (&setup.dev, &setup.groups, &setup.cfg, setup.mp);
+        let (schedule, chunks, micro) = (setup.stage.schedule, setup.stage.plans.len(), setup.n_micro);
+        let tp = TensorParallel {
+            comm: &*groups.tp,
+            sequence_parallel: mp.sequence_parallel,
+            summa: mp.summa.map(|c| {
+                let (row, col) = (&*groups.summa_row, &*groups.summa_col);
+                (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
+            }),
+        };
+        // Elements of the hidden states one rank passes between pipeline stages: its rows (a
+        // sequence shard under SP, a batch block under SUMMA) of its hidden columns.
+        let hidden = cfg.model.hidden_size;
+        let hidden_len = match mp.summa {
+            Some(c) => cfg.micro_batch_size / (c.q * c.depth) * cfg.seq_length * hidden / c.q,
+            None => cfg.micro_batch_size * cfg.seq_length / if mp.sequence_parallel { mp.tp_size } else { 1 } * hidden,
+        };
+        if (micro * chunks * 2) as u64 >= 1 << 30 {
+            return Err(Error::Config(format!(
+                "{micro} micro-batches x {chunks} chunks exceed the pipeline's message tags"
+            )));
+        }
+        Ok(Pipeline {
+            dev,
+            groups,
+            tp,
+            schedule,
+            chunks,
+            micro,
+            hidden_len,
+            zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
+            messages: Default::default(),
+        })
+    }
+}
+
+impl<D: Device> Pipeline<'_, D> {
+    fn stages(&self) -> usize {
+        self.groups.grid.pp
+    }
+    fn stage(&self) -> usize {
+        self.groups.grid.pp_rank
+    }
+    fn virtual_stage(&self, chunk: usize) -> usize {
+        chunk * self.stages() + self.stage()
+    }
+    fn last_virtual(&self) -> usize {
+        self.stages() * self.chunks - 1
+    }
+
+    /// A message buffer: a reused one (sends the device has delivered by now included), else a
+    /// new one.
+    fn buffer(&self) -> D::Buf {
+        let mut m = self.messages.borrow_mut();
+        if m.free.is_empty() && !m.in_flight.is_empty() && self.dev.device_p2p().is_some_and(|p| p.sends_delivered()) {
+            let delivered = std::mem::take(&mut m.in_flight);
+            m.free.extend(delivered);
+        }
+        let reused = m.free.pop();
+        drop(m);
+        reused.unwrap_or_else(|| self.dev.alloc(self.hidden_len))
+    }
+
+    /// Gives a buffer whose message the chunk has taken back for reuse.
+    fn done_with(&self, buf: D::Buf) {
+        self.messages.borrow_mut().free.push(buf);
+    }
+
+    /// Receives the message for (micro, chunk) from the previous stage (activations) or the
+    /// next (`backward`: gradients): through the device's pipeline links in order, or through
+    /// MPI on host memory matched by tag.
+    fn recv(&self, tl: &mut Timeline, micro: usize, chunk: usize, backward: bool) -> D::Buf {
+        let t0 = tl.now_us();
+        let mut buf = self.buffer();
+        match self.dev.device_p2p() {
+            Some(p2p) => p2p.recv(&mut buf, backward),
+            None => {
+                let from = pipeline::recv_source(self.stages(), self.stage(), backward);
+                let tag = p2p_tag(micro, chunk, self.chunks, backward);
+                match self.dev.host_f32(&mut buf) {
+                    Some(host) => self.groups.pp.recv_tagged(host, from, tag),
+                    None => {
+                        let mut host = vec![0f32; self.hidden_len];
+                        self.groups.pp.recv_tagged(&mut host, from, tag);
+                        self.dev.upload(&mut buf, &host);
+                    }
+                }
+            }
+        }
+        tl.span(SpanKind::Recv, micro, chunk, t0);
+        buf
+    }
+
+    /// Sends (micro, chunk)'s output on to the next virtual stage, or (`backward`) the gradient
+    /// of its input back to the previous one. Neither path blocks: the buffer is kept until the
+    /// send is known delivered (`finish_sends`).
+    fn send(&self, tl: &mut Timeline, buf: D::Buf, micro: usize, chunk: usize, backward: bool) {
+        let t0 = tl.now_us();
+        match self.dev.device_p2p() {
+            Some(p2p) => {
+                p2p.send(&buf, backward);
+                self.messages.borrow_mut().in_flight.push(buf);
+            }
+            None => {
+                let (to, to_chunk) = pipeline::send_target(self.stages(), self.stage(), chunk, backward);
+                let host = match self.dev.host_f32_ref(&buf) {
+                    Some(h) => h.to_vec(),
+                    None => {
+                        let mut h = vec![0f32; self.hidden_len];
+                        self.dev.download(&buf, &mut h);
+                        h
+                    }
+                };
+                let pending = self.groups.pp.send_start(host, to, p2p_tag(micro, to_chunk, self.chunks, backward));
+                let mut m = self.messages.borrow_mut();
+                m.host_sends.push(pending);
+                m.free.push(buf);
+            }
+        }
+        tl.span(SpanKind::Send, micro, chunk, t0);
+    }
+
+    /// The forward pass of (micro, chunk) on this stage: receives its input (after the first
+    /// virtual stage), runs the chunk and sends its output on (before the last), or returns the
+    /// chunk's loss sum (0 elsewhere). `timed` records the pass as busy time of a training step.
+    fn forward(
+        &self,
+        tl: &mut Timeline,
+        model: &mut Gpt<D>,
+        (micro, chunk): (usize, usize),
+        batch: &Batch,
+        timed: bool,
+    ) -> f64 {
+        let (tokens, labels, mbs, seq) = (&batch.tokens, &batch.labels, batch.mbs, batch.seq);
+        let vs = self.virtual_stage(chunk);
+        let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
+        let mut out = (vs < self.last_virtual()).then(|| self.buffer());
+        let t0 = tl.now_us();
+        let result =
+            model.forward_micro(self.dev, self.tp, micro, tokens, hidden.as_ref(), Some(labels), mbs, seq, out.as_mut());
+        if timed {
+            tl.span(SpanKind::Forward, micro, chunk, t0);
+        }
+        if let Some(h) = hidden {
+            self.done_with(h);
+        }
+        match (result, out) {
+            (ChunkOutput::Loss(l), _) => l,
+            (ChunkOutput::Hidden, Some(h)) => {
+                self.send(tl, h, micro, chunk, false);
+                0.0
+            }
+            (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
+        }
+    }
+
+    /// Waits until every send of this pass was delivered and keeps the buffers for reuse.
+    fn finish_sends(&self) {
+        let host_sends = std::mem::take(&mut self.messages.borrow_mut().host_sends);
+        for s in host_sends {
+            s.wait();
+        }
+        if let Some(p2p) = self.dev.device_p2p() {
+            p2p.wait_sends();
+        }
+        let mut m = self.messages.borrow_mut();
+        let delivered = std::mem::take(&mut m.in_flight);
+        m.free.extend(delivered);
+    }
+
+    /// One iteration's forward and backward passes in this stage's schedule order. Returns the
+    /// summed token loss (nonzero on the last stage only).
+    pub fn train_step(
+        &self,
+        chunks: &mut [Chunk<D>],
+        ds: &GptDataset,
+        cfg: &TrainConfig,
+        consumed: u64,
+        grad_scale: f32,
+        tl: &mut Timeline,
+    ) -> Result<f64> {
+        let mut batch = Batch::new(cfg);
+        let mut loss_sum = 0.0;
+        let started = tl.now_us();
+        let mut peak_live = 0;
+        for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
+            match pass {
+                Pass::Forward { micro, chunk } => {
+                    batch.fetch(ds, consumed, micro, &self.groups.grid)?;
+                    let model = &mut chunks[chunk].model;
+                    loss_sum += self.forward(tl, model, (micro, chunk), &batch, true);
+                    // Activation sets the chunks hold right now, counted by the model itself.
+                    peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
+                }
+                Pass::Backward { micro, chunk } => {
+                    let vs = self.virtual_stage(chunk);
+                    let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
+                    let mut d_in = (vs > 0).then(|| self.buffer());
+                    // Data-parallel buckets start reducing during each chunk's last backward (the
+                    // distributed optimizer reduce-scatters once backward is done instead).
+                    let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
+                    let Chunk { model, buckets, .. } = &mut chunks[chunk];
+                    let (dev, dp) = (self.dev, &*self.groups.replica);
+                    let mut ready = |set: &crate::tensor::ParamSet<D>, params: std::ops::Range<usize>| {
+                        if last {
+                            buckets.mark_final(dev, dp, set, params);
+                        }
+                    };
+                    let t0 = tl.now_us();
+                    model.backward_micro(self.dev, self.tp, micro, d_out.as_ref(), d_in.as_mut(), grad_scale, &mut ready);
+                    tl.span(SpanKind::Backward, micro, chunk, t0);
+                    if let Some(d) = d_out {
+                        self.done_with(d);
+                    }
+                    if let Some(d) = d_in {
+                        self.send(tl, d, micro, chunk, true);
+                    }
+                }
+            }
+        }
+        self.finish_sends();
+        tl.wall_secs += (tl.now_us() - started) * 1e-6;
+        tl.peak_live = tl.peak_live.max(peak_live);
+        Ok(loss_sum)
+    }
+
+    /// Forward passes only over `iters` global batches from sample `first` (validation): every
+    /// stage runs (micro-batch, chunk) in order, which respects every dependency.
+    pub fn evaluate(
+        &self,
+        chunks: &mut [Chunk<D>],
+        ds: &GptDataset,
+        cfg: &TrainConfig,
+        first: u64,
+        iters: u64,
+        tl: &mut Timeline,
+    ) -> Result<f64> {
+        let mut batch = Batch::new(cfg);
+        let mut total = 0.0;
+        for it in 0..iters {
+            let consumed = first + it * cfg.global_batch_size as u64;
+            for micro in 0..self.micro {
+                batch.fetch(ds, consumed, micro, &self.groups.grid)?;
+                for chunk in 0..self.chunks {
+                    let model = &mut chunks[chunk].model;
+                    total += self.forward(tl, model, (micro, chunk), &batch, false);
+                    model.discard(micro);
+                }
+            }
+            self.finish_sends();
+        }
+        // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
+        // gives every rank the mean.
+        let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(total));
+        Ok(total / (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64)
+    }
+}

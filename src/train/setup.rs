@@ -1,0 +1,289 @@
+//! Setting a run up on this rank: the layout checked against the world and the model, the
+//! pipeline stage plan, the process groups, the device `--device` names (the CPU backend, or the
+//! rank's GPU opened through `gpu::open`) once the ranks agree on their placement and devices,
+//! its collectives attached behind the Device seam, and the datasets.
+
+use super::report;
+use crate::comm::placement::Placement;
+use crate::comm::runtime::Runtime;
+use crate::comm::ReduceOp;
+use crate::config::TrainConfig;
+use crate::data::gpt_dataset::{split_ranges, GptDataset};
+use crate::data::indexed::IndexedDataset;
+use crate::device::cpu::{peak, CpuDevice};
+use crate::device::{CollectiveLibrary, CollectivesRequest, Device, DevicePeak};
+use crate::error::{Error, Result};
+use crate::gpu::open::TrainingGpu;
+use crate::model::{ChunkPlan, ModelParallel};
+use crate::parallel::grid::{Grid, Groups, TensorMode};
+use crate::parallel::pipeline::{self, Schedule};
+use std::sync::Arc;
+
+/// A run as set up on this rank: the configuration for its data-parallel size, the layout, the
+/// process groups, and the device with its collectives attached.
+pub(super) struct Setup<D: Device> {
+    pub cfg: TrainConfig,
+    pub grid: Grid,
+    pub mp: ModelParallel,
+    pub stage: StagePlan,
+    /// Micro-batches of one global batch on this data-parallel rank.
+    pub n_micro: usize,
+    pub groups: Groups,
+    pub dev: D,
+    pub peak: DevicePeak,
+    /// Whether this rank prints the run's lines (rank 0).
+    pub say: bool,
+}
+
+impl<D: Device> Setup<D> {
+    /// Sets the run up: `make_device` creates this rank's device once the ranks agree on their
+    /// placement (`device_count`: the GPUs the runtime sees, None on the CPU), and the device is
+    /// asked for collectives for the run's groups; where it has none, tensors move through the
+    /// host-staged MPI path (`host_f32` / `download` / `upload`). Prints the start-up lines.
+    pub fn new(
+        cfg: &TrainConfig,
+        rt: &Runtime,
+        device_count: Option<usize>,
+        make_device: impl FnOnce(&Placement) -> Result<(D, DevicePeak)>,
+    ) -> Result<Setup<D>> {
+        let placement = Placement::decide(
+            (rt.world_rank, rt.world_size),
+            (rt.local_rank, rt.local_size),
+            &cfg.device,
+            device_count,
+            &|name: &str| std::env::var(name).ok(),
+        );
+        let (cfg, grid, mp) = layout(cfg, rt)?;
+        let stage = stage_plan(&cfg, &grid)?;
+        let groups = if rt.world_size > 1 { Groups::new(rt, grid) } else { Groups::single() };
+        let n_micro = num_micro_batches(&cfg, &grid);
+        // A placement error can be one rank's own (its environment); creating the device can
+        // fail on one rank too (its GPU, its driver).
+        let placement = agree(placement, &groups, "could not choose their GPU", false)?;
+        let (mut dev, peak) = agree(make_device(&placement), &groups, "could not create their device", true)?;
+        dev.set_matmul_precision(cfg.precision);
+        let collectives = attach_collectives(&mut dev, &cfg, &groups, &stage, n_micro)?;
+        let setup = Setup { cfg, grid, mp, stage, n_micro, groups, dev, peak, say: grid.rank == 0 };
+        report::start_up(&setup, rt, &placement, &collectives);
+        Ok(setup)
+    }
+
+    /// The most micro-batch activation sets this stage's schedule holds at once.
+    pub fn in_flight_bound(&self) -> usize {
+        let (grid, stage) = (&self.grid, &self.stage);
+        let passes = pipeline::passes(stage.schedule, grid.pp, grid.pp_rank, self.n_micro, stage.plans.len());
+        pipeline::peak_in_flight(&passes)
+    }
+}
+
+/// A step that can fail on one rank alone (its environment, its GPU): the ranks agree before any
+/// of them stops; each failing rank says why, and every rank returns "N rank(s) `what` (see
+/// above)". A rank alone in the job returns its own error instead where `own_error_alone`.
+fn agree<T>(result: Result<T>, groups: &Groups, what: &str, own_error_alone: bool) -> Result<T> {
+    let mut failed = [f64::from(u8::from(result.is_err()))];
+    groups.world.all_reduce(&mut failed, ReduceOp::Sum);
+    let error = || Error::Usage(format!("{} rank(s) {what} (see above)", failed[0]));
+    match result {
+        Err(e) if own_error_alone && groups.world.size() == 1 => Err(e),
+        Err(e) => {
+            eprintln!("trident: error: rank {}: {e}", groups.grid.rank);
+            Err(error())
+        }
+        Ok(_) if failed[0] > 0.0 => Err(error()),
+        Ok(made) => Ok(made),
+    }
+}
+
+/// `--device cuda|hip`: the GPU runtime, loaded before placement (which needs its device count)
+/// and kept for the process's life, with that count.
+pub(super) fn load_gpu(cfg: &TrainConfig) -> Result<(TrainingGpu, usize)> {
+    let gpu = if cfg.device == "cuda" { TrainingGpu::cuda()? } else { TrainingGpu::hip()? };
+    Ok((gpu, gpu.device_count()?))
+}
+
+/// The Device on the GPU placement chose for this rank (local rank modulo the visible devices).
+pub(super) fn open_gpu(
+    gpu: TrainingGpu,
+    cfg: &TrainConfig,
+    placement: &Placement,
+) -> Result<(impl Device, DevicePeak)> {
+    let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
+    gpu.open(ordinal, cfg.model.hidden_size / cfg.model.num_attention_heads)
+}
+
+/// The CPU backend on `--cpu-threads` (else this rank's share of the node) and its measured FMA
+/// peak.
+pub(super) fn open_cpu(cfg: &TrainConfig, rt: &Runtime) -> (CpuDevice, DevicePeak) {
+    let threads = cfg.cpu_threads.unwrap_or_else(|| rt.default_threads());
+    let dev = CpuDevice::new(threads);
+    let peak = peak::measure_fma_peak(dev.pool(), 150);
+    (dev, DevicePeak { gflops: peak.gflops, what: peak.isa.to_string() })
+}
+
+/// Asks the device for collectives for the run's groups (`Device::attach_collectives`) and
+/// returns its start-up line. Device pipeline links deliver one link's messages in the order
+/// they were sent (MPI matched them by tag): every schedule keeps that order on every stage
+/// (`fifo_order`, checked for this run's layout before any link is made; a failure would be a
+/// schedule bug).
+fn attach_collectives<D: Device>(
+    dev: &mut D,
+    cfg: &TrainConfig,
+    groups: &Groups,
+    stage: &StagePlan,
+    n_micro: usize,
+) -> Result<String> {
+    let library = match cfg.gpu_collectives.as_str() {
+        "mpi" => CollectiveLibrary::Mpi,
+        "rccl" => CollectiveLibrary::Rccl,
+        _ => CollectiveLibrary::Nccl,
+    };
+    let (p, v) = (groups.grid.pp, stage.plans.len());
+    if library != CollectiveLibrary::Mpi && p > 1 {
+        let order = |s: usize| pipeline::passes(stage.schedule, p, s, n_micro, v);
+        pipeline::fifo_order(p, v, &order)
+            .and_then(|_| pipeline::fifo_order(p, v, &|_| pipeline::forward_passes(n_micro, v)))
+            .map_err(|e| {
+                Error::Config(format!(
+                    "--gpu-collectives {}: the pipeline schedule breaks in-order delivery: {e}",
+                    cfg.gpu_collectives
+                ))
+            })?;
+    }
+    dev.attach_collectives(&CollectivesRequest {
+        library,
+        world: &*groups.world,
+        groups: [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica)],
+        pipeline: &*groups.pp,
+        pipeline_wraps: v > 1,
+    })
+}
+
+/// This rank's pipeline: its chunks' layer plans, the schedule, and the chunk count.
+pub(super) struct StagePlan {
+    pub plans: Vec<ChunkPlan>,
+    pub schedule: Schedule,
+}
+
+/// Checks the layout against the world and the model, before any work: each failure is the same
+/// on every rank.
+fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelParallel)> {
+    let grid = Grid::new(rt.world_size, rt.world_rank, cfg.tensor_parallel, cfg.pipeline_parallel)?;
+    let cfg = cfg.for_data_parallel(grid.dp);
+    if !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size * grid.dp) {
+        return Err(Error::Config(format!(
+            "--global-batch-size {} is not a multiple of --micro-batch-size {} x the data-parallel size {}",
+            cfg.global_batch_size, cfg.micro_batch_size, grid.dp
+        )));
+    }
+    let mode = TensorMode::new(&cfg.tensor_mode, cfg.tesseract_depth, grid.tp)?;
+    let grid = grid.with_tensor_mode(mode);
+    let mp = ModelParallel {
+        tp_size: grid.tp,
+        tp_rank: grid.tp_rank,
+        sequence_parallel: cfg.sequence_parallel && grid.tp > 1,
+        summa: grid.summa(),
+    };
+    if let Some(c) = mp.summa {
+        if cfg.sequence_parallel {
+            return Err(Error::Config(
+                "--sequence-parallel is for 1-D tensor parallelism; 2-D and 2.5-D split every activation already"
+                    .into(),
+            ));
+        }
+        let split = c.q * c.depth;
+        if !cfg.micro_batch_size.is_multiple_of(split) {
+            return Err(Error::Config(format!(
+                "--micro-batch-size {} is not divisible by {}, which --tensor-parallel-mode {} needs (the batch \
+                 splits over the grid's {} rows{})",
+                cfg.micro_batch_size,
+                split,
+                cfg.tensor_mode,
+                c.q,
+                if c.depth > 1 { format!(" in each of {} depth layers", c.depth) } else { String::new() }
+            )));
+        }
+    }
+    cfg.model.validate_parallel(&mp, cfg.seq_length)?;
+    Ok((cfg, grid, mp))
+}
+
+/// The pipeline layout of this rank: how many virtual stages, which layers each chunk holds, and
+/// the schedule (Megatron's choice unless `--pipeline-schedule` says otherwise).
+fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
+    let (p, layers) = (grid.pp, cfg.model.num_layers);
+    let chunks = match cfg.layers_per_virtual_stage {
+        None => 1,
+        Some(n) => {
+            if p == 1 {
+                return Err(Error::Config(
+                    "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1".into(),
+                ));
+            }
+            if !layers.is_multiple_of(n * p) {
+                return Err(Error::Config(format!(
+                    "--num-layers {layers} is not a multiple of --num-layers-per-virtual-pipeline-stage {n} x \
+                     --pipeline-model-parallel-size {p}"
+                )));
+            }
+            layers / (n * p)
+        }
+    };
+    let schedule = cfg.pipeline_schedule.unwrap_or(if chunks > 1 { Schedule::Interleaved } else { Schedule::OneFOneB });
+    let micro = num_micro_batches(cfg, grid);
+    pipeline::validate(schedule, p, chunks, micro)?;
+    let (first, last) = (cfg.first_stage_layers, cfg.last_stage_layers);
+    if (first.is_some() || last.is_some()) && chunks > 1 {
+        return Err(Error::Unsupported("--decoder-first/last-pipeline-num-layers with virtual pipeline stages".into()));
+    }
+    let plans = (0..chunks)
+        .map(|c| {
+            let layers = pipeline::chunk_layers(layers, p, chunks, grid.pp_rank, c, first, last)?;
+            Ok(ChunkPlan { layers, first: grid.pp_rank == 0 && c == 0, last: grid.pp_rank == p - 1 && c == chunks - 1 })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Every rank checks every stage's split, so a layout error stops all ranks alike.
+    for r in 0..p {
+        for c in 0..chunks {
+            pipeline::chunk_layers(layers, p, chunks, r, c, first, last)?;
+        }
+    }
+    Ok(StagePlan { plans, schedule })
+}
+
+/// Micro-batches of one global batch on each data-parallel rank.
+fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
+    cfg.global_batch_size / (cfg.micro_batch_size * grid.dp)
+}
+
+/// The train, validation and test datasets of a run.
+pub(super) struct Datasets {
+    pub train: GptDataset,
+    pub valid: Option<GptDataset>,
+    pub test: Option<GptDataset>,
+}
+
+pub(super) fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
+    let data = Arc::new(IndexedDataset::open(&cfg.data_path)?);
+    // Megatron's GPT split counts sequences (its `numel_low_level_dataset`), not documents.
+    let ranges = split_ranges(&cfg.split, data.num_sequences())?;
+    let gbs = cfg.global_batch_size;
+    let train_samples = cfg.train_iters as usize * gbs;
+    let valid_samples = (cfg.train_iters / cfg.eval_interval + 1) as usize * cfg.eval_iters as usize * gbs;
+    let test_samples = cfg.eval_iters as usize * gbs;
+    let build = |range: std::ops::Range<usize>, samples: usize, name: &str| {
+        GptDataset::build(data.clone(), range, samples, cfg.seq_length, cfg.seed, name, vocab)
+    };
+    let train = build(ranges[0].clone(), train_samples.max(1), "train")?;
+    let optional = |range: std::ops::Range<usize>, samples: usize, name: &str| -> Result<Option<GptDataset>> {
+        if range.is_empty() || samples == 0 {
+            Ok(None)
+        } else {
+            build(range, samples, name).map(Some)
+        }
+    };
+    Ok(Datasets {
+        valid: optional(ranges[1].clone(), valid_samples, "valid")?,
+        test: optional(ranges[2].clone(), test_samples, "test")?,
+        train,
+    })
+}
