@@ -78,6 +78,7 @@ fn run_on<D: Device>(
 ) -> Result<TrainSummary> {
     let started = Instant::now();
     let setup = Setup::new(cfg, rt, device_count, make_device)?;
+    report::start_up(&setup, rt);
     let cfg = &setup.cfg;
     let watch = StopWatch::new(cfg.exit_signal_handler, cfg.exit_duration_mins, started)?;
     if let (Some(dir), true) = (&cfg.save, setup.say) {

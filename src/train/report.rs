@@ -6,7 +6,6 @@
 use super::chunk::Chunk;
 use super::setup::{Datasets, Setup};
 use super::TrainSummary;
-use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::CommCounters;
 use crate::device::Device;
@@ -15,7 +14,7 @@ use crate::parallel::pipeline::Schedule;
 
 /// The start-up lines: rank 0's version and run description, every rank's placement, and rank
 /// 0's line on which path collectives take.
-pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime, placement: &Placement, collectives: &str) {
+pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime) {
     let (cfg, m, grid) = (&setup.cfg, &setup.cfg.model, &setup.grid);
     if setup.say {
         println!(" trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
@@ -44,9 +43,9 @@ pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime, placement: &Pl
             setup.peak.what
         );
     }
-    println!(" {placement}");
+    println!(" {}", setup.placement);
     if setup.say {
-        println!(" {collectives}");
+        println!(" {}", setup.collectives);
     }
 }
 

@@ -3,7 +3,6 @@
 //! rank's GPU opened through `gpu::open`) once the ranks agree on their placement and devices,
 //! its collectives attached behind the Device seam, and the datasets.
 
-use super::report;
 use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::ReduceOp;
@@ -31,6 +30,10 @@ pub(super) struct Setup<D: Device> {
     pub groups: Groups,
     pub dev: D,
     pub peak: DevicePeak,
+    /// The GPU this rank drives, as the ranks agreed (its `placement:` line).
+    pub placement: Placement,
+    /// The start-up line saying which path collectives take.
+    pub collectives: String,
     /// Whether this rank prints the run's lines (rank 0).
     pub say: bool,
 }
@@ -39,7 +42,7 @@ impl<D: Device> Setup<D> {
     /// Sets the run up: `make_device` creates this rank's device once the ranks agree on their
     /// placement (`device_count`: the GPUs the runtime sees, None on the CPU), and the device is
     /// asked for collectives for the run's groups; where it has none, tensors move through the
-    /// host-staged MPI path (`host_f32` / `download` / `upload`). Prints the start-up lines.
+    /// host-staged MPI path (`host_f32` / `download` / `upload`).
     pub fn new(
         cfg: &TrainConfig,
         rt: &Runtime,
@@ -63,9 +66,7 @@ impl<D: Device> Setup<D> {
         let (mut dev, peak) = agree(make_device(&placement), &groups, "could not create their device", true)?;
         dev.set_matmul_precision(cfg.precision);
         let collectives = attach_collectives(&mut dev, &cfg, &groups, &stage, n_micro)?;
-        let setup = Setup { cfg, grid, mp, stage, n_micro, groups, dev, peak, say: grid.rank == 0 };
-        report::start_up(&setup, rt, &placement, &collectives);
-        Ok(setup)
+        Ok(Setup { cfg, grid, mp, stage, n_micro, groups, dev, peak, placement, collectives, say: grid.rank == 0 })
     }
 
     /// The most micro-batch activation sets this stage's schedule holds at once.
