@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use trident::bench_comm::CommBench;
 use trident::bench_ops::{print_records, Record};
 use trident::cli::{self, flag, many, switch, Args, FlagSpec};
-use trident::comm::runtime::Runtime;
+use trident::comm::runtime::{self, Runtime};
 use trident::config::{TrainConfig, TRAIN_FLAGS};
 use trident::data::prepare::{self, PrepareArgs, TextDocuments};
 use trident::device::cpu::{gemm, peak, pool};
@@ -101,7 +101,7 @@ fn threads(args: &Args) -> Result<usize> {
     match args.usize("--cpu-threads")? {
         Some(0) => Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
         Some(n) => Ok(n),
-        None => Ok(pool::default_threads()),
+        None => Ok(runtime::process_cpus()),
     }
 }
 
@@ -568,7 +568,7 @@ fn check_ops(args: &[String]) -> Result<()> {
     let started = std::time::Instant::now();
     let (name, checks) = match device {
         "cpu" => {
-            let dev = trident::device::cpu::CpuDevice::new(pool::default_threads());
+            let dev = trident::device::cpu::CpuDevice::new(runtime::process_cpus());
             (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
         }
         "cuda" => {
