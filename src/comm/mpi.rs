@@ -163,28 +163,22 @@ impl MpiComm {
         self.counters.set(c);
     }
 
-    /// Starts a sum all-reduce of `buf` that completes in `PendingAllReduce::wait`, so that
-    /// gradient buckets can be reduced while backward goes on.
-    fn start_all_reduce(&self, buf: Vec<f32>) -> PendingAllReduce {
-        self.count_sent(|c| c.all_reduce += buf.len() as u64);
-        let send = if in_place().is_some() { Vec::new() } else { buf.clone() };
-        let mut recv = buf;
+    /// Posts one non-blocking call on f32 vectors that move into the returned pending value:
+    /// `start` gets `send`'s and `recv`'s buffers (which stay put on the heap until the request
+    /// completes in `wait` or `drop`) and a place for the request; `wait` returns `recv`.
+    ///
+    /// # Safety
+    /// `start` must make one non-blocking MPI call on those buffers that writes the request.
+    unsafe fn post(
+        &self,
+        send: Vec<f32>,
+        mut recv: Vec<f32>,
+        start: impl FnOnce(*const c_void, *mut c_void, *mut ffi::MPI_Request),
+    ) -> Box<PendingAllReduce> {
         let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Iallreduce(
-                in_place().unwrap_or(send.as_ptr() as *const c_void),
-                recv.as_mut_ptr() as *mut c_void,
-                count(recv.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                operation(Dtype::F32, ReduceOp::Sum),
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false }
+        start(send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, req.as_mut_ptr());
+        let req = req.assume_init();
+        Box::new(PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false })
     }
 }
 
@@ -330,51 +324,28 @@ impl Comm for MpiComm {
         }
     }
 
-    fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+    fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.count_sent(|c| c.broadcast += buf.len() as u64);
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Ibcast(
-                buf.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                root as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce {
-            send: Vec::new(),
-            recv: buf,
-            req,
-            oversubscribed: self.oversubscribed,
-            done: false,
-        })
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffer `post` keeps alive.
+        unsafe {
+            self.post(Vec::new(), buf, |_, b, req| {
+                ffi::MPI_Ibcast(b, n, dt, root as c_int, comm, req);
+            })
+        }
     }
 
     fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.count_sent(|c| c.reduce += buf.len() as u64);
-        let mut recv = vec![0f32; buf.len()];
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Ireduce(
-                buf.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                operation(Dtype::F32, ReduceOp::Sum),
-                root as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce { send: buf, recv, req, oversubscribed: self.oversubscribed, done: false })
+        let recv = vec![0f32; buf.len()];
+        let n = count(buf.len() * 4, Dtype::F32);
+        let (dt, op, comm) = (datatype(Dtype::F32), operation(Dtype::F32, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(buf, recv, |s, r, req| {
+                ffi::MPI_Ireduce(s, r, n, dt, op, root as c_int, comm, req);
+            })
+        }
     }
 
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
@@ -433,34 +404,30 @@ impl Comm for MpiComm {
         self.counters.get()
     }
 
+    /// Starts a sum all-reduce of `buf` that completes in `PendingAllReduce::wait`, so that
+    /// gradient buckets can be reduced while backward goes on.
     fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending> {
-        Box::new(self.start_all_reduce(buf))
+        self.count_sent(|c| c.all_reduce += buf.len() as u64);
+        let send = if in_place().is_some() { Vec::new() } else { buf.clone() };
+        let n = count(buf.len() * 4, Dtype::F32);
+        let (dt, op, comm) = (datatype(Dtype::F32), operation(Dtype::F32, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(send, buf, |s, r, req| {
+                ffi::MPI_Iallreduce(in_place().unwrap_or(s), r, n, dt, op, comm, req);
+            })
+        }
     }
 
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
         self.count_sent(|c| c.send += buf.len() as u64);
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Isend(
-                buf.as_ptr() as *const c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                peer as c_int,
-                tag as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce {
-            send: Vec::new(),
-            recv: buf,
-            req,
-            oversubscribed: self.oversubscribed,
-            done: false,
-        })
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffer `post` keeps alive; `wait` hands it back.
+        unsafe {
+            self.post(Vec::new(), buf, |_, b, req| {
+                ffi::MPI_Isend(b, n, dt, peer as c_int, tag as c_int, comm, req);
+            })
+        }
     }
 
     fn recv_tagged(&self, buf: &mut [f32], peer: usize, tag: u32) {
