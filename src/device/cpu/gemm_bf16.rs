@@ -25,7 +25,9 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::gemm::{check_view, run_tasks, with_buffer, AlignedBuffer, Grid, MatRef, PARALLEL_MIN_MACS};
+use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
+use super::gemm::portable::store_tile;
+use super::gemm::MatRef;
 use super::pool::ThreadPool;
 
 /// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports.
@@ -128,22 +130,9 @@ pub fn gemm_bf16_with(
     accumulate: bool,
 ) {
     assert!(kernel.is_available(), "bf16 GEMM kernel {} is not supported by this CPU", kernel.name());
-    check_view("A", &a, m, k);
-    check_view("B", &b, k, n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(ldc >= n, "GEMM: ldc {ldc} is smaller than n {n}");
-    let c_needed = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n)).expect("GEMM: C extent overflows usize");
-    assert!(c.len() >= c_needed, "GEMM: C has {} elements, needs {c_needed}", c.len());
-    if k == 0 {
-        if !accumulate {
-            c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
-        }
-        return;
-    }
-    let problem = Problem { m, n, k, a, b, c: SharedMut(c.as_mut_ptr()), ldc, accumulate, kernel };
-    drive(pool, &problem);
+    let Some(problem) = Problem::new(m, n, k, a, b, c, ldc, accumulate) else { return };
+    // The same split of C into one rectangle of whole tiles per task as `gemm`.
+    for_each_rectangle(pool, &problem, (MR, NR), &|rows, cols| blocked(&problem, kernel, rows, cols));
 }
 
 /// Rows of C per tile.
@@ -158,36 +147,6 @@ const MC: usize = 128;
 /// Column block (a multiple of `NR`): the packed B block every row block reuses.
 const NC: usize = 3072;
 
-/// A raw pointer to C that tasks on several threads hold at once; each writes a disjoint region.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-
-// SAFETY: the pointer is only dereferenced inside the rectangle of C a task owns (see `drive`),
-// so no two threads touch the same element; `ThreadPool::run` returning orders the writes.
-unsafe impl Send for SharedMut {}
-// SAFETY: as above.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// Taking `self` by value makes closures capture the whole wrapper, not the bare pointer.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// The validated arguments of one call.
-struct Problem<'a> {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatRef<'a>,
-    b: MatRef<'a>,
-    c: SharedMut,
-    ldc: usize,
-    accumulate: bool,
-    kernel: Bf16Kernel,
-}
-
 thread_local! {
     /// Each thread's packed A block (bf16 pairs), reused across calls.
     static PACKED_A: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
@@ -195,25 +154,8 @@ thread_local! {
     static PACKED_B: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
 }
 
-/// Cuts C into one rectangle of whole tiles per task (the same `Grid` as `gemm`) and runs the
-/// blocked loop nest on each.
-fn drive(pool: &ThreadPool, p: &Problem<'_>) {
-    let threads = pool.threads();
-    let parallel = threads > 1 && p.m.saturating_mul(p.n).saturating_mul(p.k) >= PARALLEL_MIN_MACS;
-    let (row_tiles, col_tiles) = (p.m.div_ceil(MR), p.n.div_ceil(NR));
-    let grid = if parallel { Grid::choose(row_tiles, col_tiles, threads, p.m, p.n) } else { Grid::SERIAL };
-    run_tasks(pool, parallel, grid.rows * grid.cols, &|task| {
-        let (tiles, slivers) = grid.task(task, row_tiles, col_tiles);
-        let rows = tiles.start * MR..(tiles.end * MR).min(p.m);
-        let cols = slivers.start * NR..(slivers.end * NR).min(p.n);
-        if !rows.is_empty() && !cols.is_empty() {
-            blocked(p, rows, cols);
-        }
-    });
-}
-
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
-fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
     let words_max = KC.min(p.k).div_ceil(2);
     let nc_max = NC.min(cols.len()).div_ceil(NR) * NR;
     let mc_max = MC.min(rows.len()).div_ceil(MR) * MR;
@@ -226,14 +168,15 @@ fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
                     let words = kc.div_ceil(2);
                     let packed_b = &mut packed_b[..nc.div_ceil(NR) * NR * words];
                     let b_base = pc * p.b.row_stride + jc * p.b.col_stride;
-                    pack(p.kernel, p.b.data, b_base, p.b.col_stride, p.b.row_stride, nc, kc, NR, packed_b);
+                    pack(kernel, p.b.data, b_base, p.b.col_stride, p.b.row_stride, nc, kc, NR, packed_b);
                     let accumulate = p.accumulate || pc > 0;
                     for ic in rows.clone().step_by(MC) {
                         let mc = MC.min(rows.end - ic);
                         let packed_a = &mut packed_a[..mc.div_ceil(MR) * MR * words];
                         let a_base = ic * p.a.row_stride + pc * p.a.col_stride;
-                        pack(p.kernel, p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, MR, packed_a);
-                        macro_kernel(p, packed_a, packed_b, words, (ic, mc), (jc, nc), accumulate);
+                        pack(kernel, p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, MR, packed_a);
+                        let packed = (&*packed_a, &*packed_b, words);
+                        macro_kernel(p, kernel, packed, (ic, mc), (jc, nc), accumulate);
                     }
                 }
             }
@@ -246,14 +189,13 @@ fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
 /// add (or store) per element that a full tile gets, so they round identically.
 fn macro_kernel(
     p: &Problem<'_>,
-    packed_a: &[u32],
-    packed_b: &[u32],
-    words: usize,
+    kernel: Bf16Kernel,
+    (packed_a, packed_b, words): (&[u32], &[u32], usize),
     (i0, mc): (usize, usize),
     (j0, nc): (usize, usize),
     accumulate: bool,
 ) {
-    let mut edge = [0.0f32; MR * NR];
+    let mut edge = EdgeTile::new();
     for (s, b) in packed_b.chunks_exact(words * NR).enumerate() {
         let j = j0 + s * NR;
         let width = NR.min(j0 + nc - j);
@@ -266,16 +208,13 @@ fn macro_kernel(
             if height == MR && width == NR {
                 // SAFETY: a full tile lies inside C with row stride ldc; the slivers hold
                 // words*MR and words*NR words; the kernel was checked available at entry.
-                unsafe { tile(p.kernel, words, a, b, c, p.ldc, accumulate) };
+                unsafe { tile(kernel, words, a, b, c, p.ldc, accumulate) };
             } else {
-                // SAFETY: the scratch tile holds MR*NR floats with row stride NR.
-                unsafe { tile(p.kernel, words, a, b, edge.as_mut_ptr(), NR, false) };
-                for (ii, edge_row) in edge.chunks_exact(NR).take(height).enumerate() {
-                    // SAFETY: rows < height and columns < width of this tile are inside C.
-                    let c_row = unsafe { std::slice::from_raw_parts_mut(c.add(ii * p.ldc), width) };
-                    for (out, &value) in c_row.iter_mut().zip(edge_row) {
-                        *out = if accumulate { *out + value } else { value };
-                    }
+                // SAFETY: the scratch tile holds MR*NR floats with row stride NR; rows < height and
+                // columns < width of this tile are inside C.
+                unsafe {
+                    tile(kernel, words, a, b, edge.as_mut_ptr(), NR, false);
+                    edge.apply(NR, c, p.ldc, (height, width), accumulate);
                 }
             }
         }
@@ -391,13 +330,8 @@ unsafe fn tile_portable(words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: us
             }
         }
     }
-    for (i, acc_row) in acc.iter().enumerate() {
-        // SAFETY: the caller guarantees NR writable floats in each of the MR rows.
-        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), NR) };
-        for (out, &value) in row.iter_mut().zip(acc_row) {
-            *out = if accumulate { *out + value } else { value };
-        }
-    }
+    // SAFETY: the caller guarantees NR writable floats in each of the MR rows.
+    unsafe { store_tile(&acc, c, ldc, accumulate) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -405,7 +339,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{MR, NR};
-    use crate::device::cpu::gemm::x86::transpose16;
+    use crate::device::cpu::gemm::x86::{prefetch_tile, store_tile, transpose16};
 
     /// `to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
     /// bits of its f32 lane in its low half.
@@ -526,10 +460,7 @@ mod x86 {
         // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees; the
         // transmutes reinterpret 64 bytes of packed bf16 pairs as the bf16 vector type.
         unsafe {
-            for i in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
-            }
+            prefetch_tile::<MR>(c, ldc);
             let mut lo = [_mm512_setzero_ps(); MR];
             let mut hi = [_mm512_setzero_ps(); MR];
             let (mut a, mut b) = (a, b);
@@ -544,16 +475,7 @@ mod x86 {
                 a = a.add(MR);
                 b = b.add(NR);
             }
-            for i in 0..MR {
-                let row = c.add(i * ldc);
-                if accumulate {
-                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), lo[i]));
-                    _mm512_storeu_ps(row.add(16), _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]));
-                } else {
-                    _mm512_storeu_ps(row, lo[i]);
-                    _mm512_storeu_ps(row.add(16), hi[i]);
-                }
-            }
+            store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
         }
     }
 }
