@@ -63,17 +63,14 @@ impl CpuDevice {
         &self.pool
     }
 
-    /// The GEMM the linear layers use: f32, or bf16 operands under bf16 mixed precision.
-    #[allow(clippy::too_many_arguments)]
+    /// The GEMM the linear layers use, `C (+)= A·B` for an `m × k` A and a `k × n` B: f32, or
+    /// bf16 operands under bf16 mixed precision.
     fn matmul(
         &self,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         a: MatRef<'_>,
         b: MatRef<'_>,
-        c: &mut [f32],
-        ldc: usize,
+        (c, ldc): (&mut [f32], usize),
         accumulate: bool,
     ) {
         if self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed) {
@@ -374,7 +371,7 @@ impl Device for CpuDevice {
         }
         let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
         let b = MatRef { data: &weight[..n * k], row_stride: 1, col_stride: k };
-        self.matmul(rows, n, k, a, b, out, n, bias.is_some());
+        self.matmul((rows, n, k), a, b, (out, n), bias.is_some());
     }
     fn linear_backward(
         &self,
@@ -391,11 +388,11 @@ impl Device for CpuDevice {
         if let Some(dinp) = dinp {
             let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
             let b = MatRef { data: &weight[..n * k], row_stride: k, col_stride: 1 };
-            self.matmul(rows, k, n, a, b, &mut dinp[..rows * k], k, false);
+            self.matmul((rows, k, n), a, b, (&mut dinp[..rows * k], k), false);
         }
         let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
         let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
-        self.matmul(n, k, rows, a, b, &mut dweight[..n * k], k, true);
+        self.matmul((n, k, rows), a, b, (&mut dweight[..n * k], k), true);
         if let Some(dbias) = dbias {
             let db = SharedMut::new(dbias);
             self.for_blocks(n, COLS_PER_TASK, &|c0, nc| {

@@ -41,18 +41,15 @@ pub(crate) struct Problem<'a> {
 }
 
 impl<'a> Problem<'a> {
-    /// Checks a call's views and C against its shape (a slice too short panics) and returns the
-    /// problem, or None when there is nothing to multiply: C is empty, or the sum is (`k == 0`),
-    /// and then C keeps its value when accumulating and becomes zero otherwise.
-    #[allow(clippy::too_many_arguments)] // The BLAS argument list, as the callers take it.
+    /// Checks a call's views and C (with row stride `ldc`) against its shape (a slice too short
+    /// panics) and returns the problem, or None when there is nothing to multiply: C is empty, or
+    /// the sum is (`k == 0`), and then C keeps its value when accumulating and becomes zero
+    /// otherwise.
     pub(crate) fn new(
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         a: MatRef<'a>,
         b: MatRef<'a>,
-        c: &mut [f32],
-        ldc: usize,
+        (c, ldc): (&mut [f32], usize),
         accumulate: bool,
     ) -> Option<Problem<'a>> {
         check_view("A", &a, m, k);
@@ -313,22 +310,13 @@ fn blocked_gemm<K: MicroKernel>(p: &Problem<'_>, rows: Range<usize>, cols: Range
                     let packed_b = &mut packed_b[..nc.div_ceil(nr) * nr * kc];
                     // B(q, j): j is the wide index, q the depth. It is packed sliver by sliver
                     // during the first row block, see `macro_kernel`.
-                    let b_slab = Slab {
-                        src: p.b.data,
-                        base: pc * p.b.row_stride + jc * p.b.col_stride,
-                        wide_stride: p.b.col_stride,
-                        deep_stride: p.b.row_stride,
-                        width: nc,
-                        kc,
-                        lanes: nr,
-                    };
+                    let b_slab = Slab::of_b(&p.b, (pc, kc), (jc, nc), nr);
                     let accumulate = p.accumulate || pc > 0;
                     for (index, ic) in rows.clone().step_by(K::MC).enumerate() {
                         let mc = K::MC.min(rows.end - ic);
                         // A(i, q): i is the wide index, q the depth.
                         let packed_a = &mut packed_a[..mc.div_ceil(mr) * mr * kc];
-                        let a_base = ic * p.a.row_stride + pc * p.a.col_stride;
-                        pack::<K>(p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, mr, packed_a);
+                        pack::<K>(&Slab::of_a(&p.a, (ic, mc), (pc, kc), mr), packed_a);
                         let block = Block { kc, i0: ic, mc, j0: jc, nc, accumulate };
                         let pack_b = if index == 0 { Some(&b_slab) } else { None };
                         macro_kernel::<K>(p, packed_a, packed_b, pack_b, &block);

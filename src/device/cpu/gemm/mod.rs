@@ -39,7 +39,7 @@
 //! and written once), MC = 128 and NC = 3072.
 
 pub(crate) mod driver;
-mod pack;
+pub(crate) mod pack;
 pub(crate) mod portable;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 pub(crate) mod x86;
@@ -151,7 +151,7 @@ pub fn gemm_with(
     accumulate: bool,
 ) {
     assert!(kernel.is_available(), "GEMM kernel {} is not supported by this CPU", kernel.name());
-    let Some(problem) = Problem::new(m, n, k, a, b, c, ldc, accumulate) else { return };
+    let Some(problem) = Problem::new((m, n, k), a, b, (c, ldc), accumulate) else { return };
     match kernel {
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         GemmKernel::Avx512 => drive::<x86::Avx512>(pool, &problem),

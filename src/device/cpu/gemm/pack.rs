@@ -1,19 +1,37 @@
-//! Packing for the f32 GEMM: a strided slab of A or B into the kernel's `MR`-tall or `NR`-wide
-//! slivers (a streaming copy, a transpose or a gather, by stride), zero-padded past the edge, with
-//! the prefetches that let packing B overlap with arithmetic.
+//! Packing for the f32 GEMM: a strided slab of A or B (the region the f32 and the bf16 GEMM both
+//! pack, `Slab`) into the kernel's `MR`-tall or `NR`-wide slivers (a streaming copy, a transpose
+//! or a gather, by stride), zero-padded past the edge, with the prefetches that let packing B
+//! overlap with arithmetic.
 
 use super::driver::MicroKernel;
+use super::MatRef;
 
 /// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:
-/// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`.
-pub(super) struct Slab<'a> {
-    pub(super) src: &'a [f32],
-    pub(super) base: usize,
-    pub(super) wide_stride: usize,
-    pub(super) deep_stride: usize,
-    pub(super) width: usize,
-    pub(super) kc: usize,
-    pub(super) lanes: usize,
+/// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`, `w` the index that becomes a
+/// tile row or column and `q` the depth.
+#[derive(Clone, Copy)]
+pub(crate) struct Slab<'a> {
+    pub(crate) src: &'a [f32],
+    pub(crate) base: usize,
+    pub(crate) wide_stride: usize,
+    pub(crate) deep_stride: usize,
+    pub(crate) width: usize,
+    pub(crate) kc: usize,
+    pub(crate) lanes: usize,
+}
+
+impl<'a> Slab<'a> {
+    /// Rows `i0..i0 + rows` of A at depths `p0..p0 + kc`, packed into `lanes`-tall slivers.
+    pub(crate) fn of_a(a: &MatRef<'a>, (i0, rows): (usize, usize), (p0, kc): (usize, usize), lanes: usize) -> Self {
+        let base = i0 * a.row_stride + p0 * a.col_stride;
+        Slab { src: a.data, base, wide_stride: a.row_stride, deep_stride: a.col_stride, width: rows, kc, lanes }
+    }
+
+    /// Columns `j0..j0 + cols` of B at depths `p0..p0 + kc`, packed into `lanes`-wide slivers.
+    pub(crate) fn of_b(b: &MatRef<'a>, (p0, kc): (usize, usize), (j0, cols): (usize, usize), lanes: usize) -> Self {
+        let base = p0 * b.row_stride + j0 * b.col_stride;
+        Slab { src: b.data, base, wide_stride: b.col_stride, deep_stride: b.row_stride, width: cols, kc, lanes }
+    }
 }
 
 impl Slab<'_> {
@@ -36,7 +54,7 @@ impl Slab<'_> {
     pub(super) fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
         let base = self.base + s * self.lanes * self.wide_stride;
         let width = self.group_width(s, count);
-        pack::<K>(self.src, base, self.wide_stride, self.deep_stride, width, self.kc, self.lanes, dst);
+        pack::<K>(&Slab { base, width, ..*self }, dst);
     }
 
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
@@ -61,21 +79,11 @@ impl Slab<'_> {
     }
 }
 
-/// Packs a `width × kc` slab of a strided matrix into `ceil(width / lanes)` slivers. Sliver `s`
-/// holds `dst[s*kc*lanes + q*lanes + w] = src[base + (s*lanes + w)*wide_stride + q*deep_stride]`,
-/// `w` walking the index that becomes a tile row or column and `q` the depth; lanes past `width`
-/// are zero so edge tiles multiply zeros.
-#[allow(clippy::too_many_arguments)] // Internal; the strides read best spelled out.
-pub(super) fn pack<K: MicroKernel>(
-    src: &[f32],
-    base: usize,
-    wide_stride: usize,
-    deep_stride: usize,
-    width: usize,
-    kc: usize,
-    lanes: usize,
-    dst: &mut [f32],
-) {
+/// Packs a slab into `ceil(width / lanes)` slivers. Sliver `s` holds
+/// `dst[s*kc*lanes + q*lanes + w] = src[base + (s*lanes + w)*wide_stride + q*deep_stride]`; lanes
+/// past `width` are zero so edge tiles multiply zeros.
+pub(super) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
+    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
     assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
     // The entry check proved every element of the view is in bounds; re-checking this slab's
     // far corner here keeps the unchecked reads below locally sound.

@@ -1,128 +1,88 @@
-//! Tests of the f32 GEMM: every kernel against the f64 oracle on edge shapes, every layout and
-//! every blocking boundary, empty depths, bit-identical results for any thread count, and the
-//! task grid.
+//! Tests of the CPU GEMMs, f32 and bf16: every kernel of both against the f64 oracle on ragged
+//! shapes, every layout and every blocking boundary, empty products, bit-identical results for
+//! any thread count, and the task grid. (`gemm_bf16.rs` tests what only bf16 has: its rounding,
+//! its AVX512-BF16 kernel and packing against the portable ones.)
 
 use super::driver::Grid;
-use super::test_support::{self, fill, view, Storage, STORAGES};
+use super::test_support::{self, check_case, KernelUnderTest, Storage};
 use super::*;
+use crate::device::cpu::gemm_bf16::{best_bf16_kernel, from_bf16, gemm_bf16_with, to_bf16, Bf16Kernel};
 
-#[allow(clippy::too_many_arguments)] // One flat list of case parameters reads best here.
-fn check_case(
-    kernel: GemmKernel,
-    pool: &ThreadPool,
-    m: usize,
-    n: usize,
-    k: usize,
-    a_storage: Storage,
-    b_storage: Storage,
-    accumulate: bool,
-    ldc_pad: usize,
-) {
-    let tolerance = 4e-6 * (k.max(1) as f64).sqrt();
-    test_support::check_case(
-        &format!("{kernel:?}"),
-        (m, n, k),
-        (a_storage, b_storage),
-        accumulate,
-        ldc_pad,
-        tolerance,
-        |x| x as f64,
-        |a, b, c, ldc| gemm_with(kernel, pool, m, n, k, a, b, c, ldc, accumulate),
-    );
+impl KernelUnderTest for GemmKernel {
+    const TOLERANCE: f64 = 4e-6;
+    const GEMM: test_support::GemmWith<Self> = gemm_with;
+
+    fn input(x: f32) -> f64 {
+        x as f64
+    }
+}
+
+/// Checked against the f64 oracle over the bf16-rounded inputs.
+impl KernelUnderTest for Bf16Kernel {
+    const TOLERANCE: f64 = 1e-5;
+    const GEMM: test_support::GemmWith<Self> = gemm_bf16_with;
+
+    fn input(x: f32) -> f64 {
+        from_bf16(to_bf16(x)) as f64
+    }
 }
 
 fn available_kernels() -> Vec<GemmKernel> {
     GemmKernel::ALL.into_iter().filter(|k| k.is_available()).collect()
 }
 
+fn bf16_kernels() -> Vec<Bf16Kernel> {
+    let kernels: Vec<_> = Bf16Kernel::ALL.into_iter().filter(|k| k.is_available()).collect();
+    if !kernels.contains(&Bf16Kernel::Avx512Bf16) {
+        eprintln!("note: CPU lacks avx512bf16, only the portable kernel is tested");
+    }
+    kernels
+}
+
 #[test]
 fn matches_reference_on_edge_shapes() {
-    let pool = ThreadPool::new(2);
     let sizes = [1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 129];
-    for kernel in available_kernels() {
-        for (index, &m) in sizes.iter().enumerate() {
-            // Pair every m with a rotating n and k so the cases mix without a full cube.
-            for step in 0..sizes.len() {
-                let n = sizes[(index + step) % sizes.len()];
-                let k = sizes[(index * 3 + step * 5) % sizes.len()];
-                let (a_storage, b_storage) = STORAGES[(index + step) % 4];
-                let accumulate = step % 2 == 1;
-                check_case(kernel, &pool, m, n, k, a_storage, b_storage, accumulate, step % 3);
-            }
-        }
-    }
+    test_support::check_ragged_shapes(&available_kernels(), &sizes, &sizes);
+    let (sizes, depths) = ([1, 7, 17, 33, 100, 257], [1, 3, 7, 17, 33, 101, 257]);
+    test_support::check_ragged_shapes(&bf16_kernels(), &sizes, &depths);
 }
 
 #[test]
 fn matches_reference_in_every_layout() {
-    let pool = ThreadPool::new(2);
     let shapes = [(257, 300, 129), (33, 257, 300), (300, 31, 257), (64, 129, 100)];
-    for kernel in available_kernels() {
-        for &(m, n, k) in &shapes {
-            for (a_storage, b_storage) in STORAGES {
-                for accumulate in [false, true] {
-                    check_case(kernel, &pool, m, n, k, a_storage, b_storage, accumulate, 3);
-                }
-            }
-        }
-    }
+    test_support::check_every_layout(&available_kernels(), &shapes);
+    let shapes = [(257, 100, 33), (33, 257, 101), (100, 17, 257), (7, 33, 1)];
+    test_support::check_every_layout(&bf16_kernels(), &shapes);
 }
 
 #[test]
 fn crosses_every_blocking_boundary() {
-    // Deeper than KC, wider than NC and taller than MC for every kernel, so that
-    // multi-block accumulation and the jc loop are exercised.
+    // Deeper than KC (and, for bf16, odd), wider than NC and taller than MC for every kernel, so
+    // that multi-block accumulation and the jc loop are exercised.
     let pool = ThreadPool::new(3);
+    let (nt, tn) = ((Storage::RowMajor, Storage::Transposed), (Storage::Transposed, Storage::RowMajor));
     for kernel in available_kernels() {
-        check_case(kernel, &pool, 150, 3100, 600, Storage::RowMajor, Storage::Transposed, false, 0);
-        check_case(kernel, &pool, 301, 70, 530, Storage::Transposed, Storage::RowMajor, true, 5);
+        check_case(kernel, &pool, (150, 3100, 600), nt, false, 0);
+        check_case(kernel, &pool, (301, 70, 530), tn, true, 5);
+    }
+    for kernel in bf16_kernels() {
+        check_case(kernel, &pool, (150, 3100, 801), nt, false, 0);
+        check_case(kernel, &pool, (301, 70, 1537), tn, true, 5);
     }
 }
 
 #[test]
 fn empty_depth_zeroes_or_keeps_c() {
-    let pool = ThreadPool::new(2);
-    for kernel in available_kernels() {
-        let mut c = vec![5.0f32; 3 * 6];
-        let empty = MatRef::row_major(&[], 0);
-        gemm_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, true);
-        assert!(c.iter().all(|&x| x == 5.0));
-        gemm_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, false);
-        for (index, &x) in c.iter().enumerate() {
-            assert_eq!(x, if index % 6 < 4 { 0.0 } else { 5.0 });
-        }
-        // Zero rows or columns leave C alone, even a C that is empty.
-        gemm_with(kernel, &pool, 0, 4, 3, empty, MatRef::row_major(&[1.0; 12], 4), &mut [], 4, false);
-        gemm_with(kernel, &pool, 2, 0, 3, MatRef::row_major(&[1.0; 6], 3), empty, &mut [], 0, false);
-    }
+    test_support::check_empty_products(&available_kernels());
+    test_support::check_empty_products(&bf16_kernels());
 }
 
 #[test]
 fn bit_identical_for_any_thread_count() {
-    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let shapes = [(64, 768, 3072), (4096, 64, 256), (129, 257, 300), (300, 3100, 70)];
-    for kernel in available_kernels() {
-        for &(m, n, k) in &shapes {
-            for (a_storage, b_storage) in STORAGES {
-                let a_data = fill(m * k, 11);
-                let b_data = fill(k * n, 12);
-                let a = view(&a_data, m, k, a_storage);
-                let b = view(&b_data, k, n, b_storage);
-                let results: Vec<Vec<f32>> = pools
-                    .iter()
-                    .map(|pool| {
-                        let mut c = fill(m * n, 13);
-                        gemm_with(kernel, pool, m, n, k, a, b, &mut c, n, true);
-                        c
-                    })
-                    .collect();
-                for other in &results[1..] {
-                    let same = results[0].iter().zip(other).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{kernel:?} {m}x{n}x{k} differs across thread counts");
-                }
-            }
-        }
-    }
+    test_support::check_thread_count_independence(&available_kernels(), &shapes);
+    let shapes = [(64, 768, 3072), (1024, 64, 255), (129, 257, 301), (300, 3100, 71)];
+    test_support::check_thread_count_independence(&bf16_kernels(), &shapes);
 }
 
 #[test]
@@ -160,4 +120,5 @@ fn skinny_shapes_use_every_thread() {
 #[test]
 fn best_kernel_is_available() {
     assert!(best_kernel().is_available());
+    assert!(best_bf16_kernel().is_available());
 }

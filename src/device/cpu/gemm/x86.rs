@@ -1,6 +1,7 @@
-//! The x86 f32 micro-kernels (AVX-512F: 8 rows × 32 columns; AVX2+FMA: 6 rows × 16 columns) and
-//! the AVX-512 16×16 transposing pack, each compiled for its instruction set and chosen at run
-//! time by `GemmKernel`.
+//! The x86 micro-kernels, each compiled for its instruction set and chosen at run time: the f32
+//! GEMM's (AVX-512F: 8 rows × 32 columns; AVX2+FMA: 6 rows × 16 columns) with the AVX-512 16×16
+//! transposing pack, and in `bf16_gemm` the bf16 GEMM's AVX512-BF16 tile (8 × 32, `vdpbf16ps`)
+//! with its AVX-512 packing. The AVX-512 tiles of both share their C prefetch and store.
 
 #[cfg(target_arch = "x86")]
 use std::arch::x86::*;
@@ -260,6 +261,151 @@ unsafe fn tile_avx2<const MR: usize>(
                 _mm256_storeu_ps(row, lo[i]);
                 _mm256_storeu_ps(row.add(8), hi[i]);
             }
+        }
+    }
+}
+
+/// The bf16 GEMM's x86-64 parts: bf16 rounding and packing on AVX-512F, and the AVX512-BF16 tile.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod bf16_gemm {
+    use super::{prefetch_tile, store_tile, transpose16};
+    use std::arch::x86_64::*;
+
+    /// `gemm_bf16::to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
+    /// bits of its f32 lane in its low half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn to_bf16_x16(v: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(v);
+        let top = _mm512_srli_epi32::<16>(bits);
+        let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
+        let odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd));
+        let quiet_nan = _mm512_or_si512(top, _mm512_set1_epi32(0x0040));
+        let signed_zero = _mm512_and_si512(top, _mm512_set1_epi32(0x8000));
+        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
+        let tiny = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x0080_0000));
+        _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(rounded, nan, quiet_nan), tiny, signed_zero)
+    }
+
+    /// Lanes `0..count` set (`count <= 16`).
+    fn mask(count: usize) -> __mmask16 {
+        ((1u32 << count.min(16)) - 1) as __mmask16
+    }
+
+    /// The AVX-512 form of one sliver of `gemm_bf16::pack` (bit-identical to the scalar one): element
+    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]`, and `dst[t*lanes + w]` becomes the word of
+    /// `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and past `kc`. One of the strides is 1.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every element `(w, q)` with `w < width`, `q < kc` lies in
+    /// `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and `width <=
+    /// lanes`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pack_sliver(
+        src: &[f32],
+        wide_stride: usize,
+        deep_stride: usize,
+        width: usize,
+        kc: usize,
+        lanes: usize,
+        dst: &mut [u32],
+    ) {
+        let words = kc.div_ceil(2);
+        debug_assert!(width >= 1 && width <= lanes && dst.len() == words * lanes && lanes.is_multiple_of(8));
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        // Addresses of masked-off elements are formed with wrapping arithmetic only; a load with
+        // an all-zero mask reads no memory and yields zeros.
+        let at = |w: usize, q: usize| src.wrapping_add(w * wide_stride + q * deep_stride);
+        for group in (0..lanes).step_by(16) {
+            let group_lanes = 16.min(lanes - group);
+            let store = mask(group_lanes);
+            let valid = width.saturating_sub(group).min(16);
+            if wide_stride == 1 {
+                // Depth steps 2t and 2t+1 are two contiguous runs of lanes.
+                for t in 0..words {
+                    // SAFETY: unmasked lanes are elements (group + w, q) with w < valid, q < kc;
+                    // the store writes lanes group..group+group_lanes of line t.
+                    unsafe {
+                        let even = _mm512_maskz_loadu_ps(mask(valid), at(group, 2 * t));
+                        let odd_mask = if 2 * t + 1 < kc { mask(valid) } else { 0 };
+                        let odd = _mm512_maskz_loadu_ps(odd_mask, at(group, 2 * t + 1));
+                        let word = _mm512_or_si512(to_bf16_x16(even), _mm512_slli_epi32::<16>(to_bf16_x16(odd)));
+                        _mm512_mask_storeu_epi32(dst.add(t * lanes + group).cast(), store, word);
+                    }
+                }
+            } else {
+                // Each row is contiguous along the depth: convert 32 depth steps (16 words) of 16
+                // rows, pair even and odd steps, then transpose rows into lines.
+                let even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd_index = _mm512_add_epi32(even_index, _mm512_set1_epi32(1));
+                for q0 in (0..kc).step_by(32) {
+                    let depth = 32.min(kc - q0);
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (r, row) in rows.iter_mut().enumerate().take(valid) {
+                        // SAFETY: unmasked lanes are elements (group + r, q) with q < kc.
+                        let (first, second) = unsafe {
+                            (
+                                _mm512_maskz_loadu_ps(mask(depth), at(group + r, q0)),
+                                _mm512_maskz_loadu_ps(mask(depth.saturating_sub(16)), at(group + r, q0 + 16)),
+                            )
+                        };
+                        let (first, second) = (to_bf16_x16(first), to_bf16_x16(second));
+                        let even = _mm512_permutex2var_epi32(first, even_index, second);
+                        let odd = _mm512_permutex2var_epi32(first, odd_index, second);
+                        *row = _mm512_castsi512_ps(_mm512_or_si512(even, _mm512_slli_epi32::<16>(odd)));
+                    }
+                    // SAFETY: the CPU supports AVX-512F.
+                    let lines = unsafe { transpose16(rows) };
+                    for (t, line) in lines.iter().enumerate().take(depth.div_ceil(2)) {
+                        // SAFETY: line q0/2 + t < words; lanes group..group+group_lanes <= lanes.
+                        unsafe {
+                            _mm512_mask_storeu_epi32(
+                                dst.add((q0 / 2 + t) * lanes + group).cast(),
+                                store,
+                                _mm512_castps_si512(*line),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX512-BF16 tile: `MR` rows × 2 zmm (32 columns), 2·MR accumulators; per depth pair
+    /// one broadcast of A's word and two `vdpbf16ps` per row.
+    ///
+    /// # Safety
+    /// `a` holds `words * MR` and `b` `words * 32` readable words; C rows `0..MR` at stride `ldc`
+    /// have 32 writable floats each; the CPU supports AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn tile_avx512bf16<const MR: usize>(
+        words: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees; the
+        // transmutes reinterpret 64 bytes of packed bf16 pairs as the bf16 vector type.
+        unsafe {
+            prefetch_tile::<MR>(c, ldc);
+            let mut lo = [_mm512_setzero_ps(); MR];
+            let mut hi = [_mm512_setzero_ps(); MR];
+            let (mut a, mut b) = (a, b);
+            for _ in 0..words {
+                let b_lo = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.cast()));
+                let b_hi = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(16).cast()));
+                for i in 0..MR {
+                    let a_i = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(i) as i32));
+                    lo[i] = _mm512_dpbf16_ps(lo[i], a_i, b_lo);
+                    hi[i] = _mm512_dpbf16_ps(hi[i], a_i, b_hi);
+                }
+                a = a.add(MR);
+                b = b.add(32);
+            }
+            store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
         }
     }
 }
