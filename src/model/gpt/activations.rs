@@ -67,23 +67,42 @@ impl Widths {
     }
 }
 
-/// What one block keeps from forward for its backward. `*_full` buffers exist only under
-/// sequence parallelism, where they hold the all-gathered LayerNorm outputs.
+/// A LayerNorm's output on this rank's rows with its per-row mean and reciprocal std, and under
+/// sequence parallelism the output all-gathered to all rows (`full`).
+pub(super) struct LnActs<B> {
+    pub(super) out: B,
+    pub(super) mean: B,
+    pub(super) rstd: B,
+    pub(super) full: Option<B>,
+}
+
+impl<B> LnActs<B> {
+    /// The buffers of a LayerNorm over `rows` rows of width `h`, of which this rank holds `local`.
+    fn new<D: Device<Buf = B>>(dev: &D, (rows, local): (usize, usize), h: usize, sequence_parallel: bool) -> Self {
+        LnActs {
+            out: dev.alloc(local * h),
+            mean: dev.alloc(local),
+            rstd: dev.alloc(local),
+            full: alloc_if(dev, sequence_parallel, rows * h),
+        }
+    }
+
+    /// Elements of the buffers.
+    fn len<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        dev.len(&self.out) + dev.len(&self.mean) + dev.len(&self.rstd) + self.full.as_ref().map_or(0, |f| dev.len(f))
+    }
+}
+
+/// What one block keeps from forward for its backward.
 pub(super) struct LayerActs<B> {
-    pub(super) ln1: B,
-    pub(super) ln1_mean: B,
-    pub(super) ln1_rstd: B,
-    pub(super) ln1_full: Option<B>,
+    pub(super) ln1: LnActs<B>,
     pub(super) qkv: B,
     /// The attention output and its log-sum-exp; None under selective recompute, where backward
     /// recomputes them into the chunk's spare buffers.
     pub(super) attn: Option<B>,
     pub(super) lse: Option<B>,
     pub(super) resid_mid: B,
-    pub(super) ln2: B,
-    pub(super) ln2_mean: B,
-    pub(super) ln2_rstd: B,
-    pub(super) ln2_full: Option<B>,
+    pub(super) ln2: LnActs<B>,
     pub(super) fc1: B,
     pub(super) gelu: B,
 }
@@ -102,18 +121,12 @@ impl<B> LayerActs<B> {
         let (m, ml) = (rows.full, rows.local);
         let lse = rows.sub_batch * heads * rows.seq;
         LayerActs {
-            ln1: dev.alloc(ml * h),
-            ln1_mean: dev.alloc(ml),
-            ln1_rstd: dev.alloc(ml),
-            ln1_full: alloc_if(dev, sp, m * h),
+            ln1: LnActs::new(dev, (m, ml), h, sp),
             qkv: dev.alloc(m * 3 * hl),
             attn: alloc_if(dev, with_attention, m * hl),
             lse: alloc_if(dev, with_attention, lse),
             resid_mid: dev.alloc(ml * h),
-            ln2: dev.alloc(ml * h),
-            ln2_mean: dev.alloc(ml),
-            ln2_rstd: dev.alloc(ml),
-            ln2_full: alloc_if(dev, sp, m * h),
+            ln2: LnActs::new(dev, (m, ml), h, sp),
             fc1: dev.alloc(m * fl),
             gelu: dev.alloc(m * fl),
         }
@@ -126,18 +139,18 @@ impl<B> LayerActs<B> {
     /// statistics (LayerNorm mean and rstd, the attention's log-sum-exp).
     fn buffers(&self) -> Vec<(&B, bool)> {
         let mut out = vec![
-            (&self.ln1, true),
-            (&self.ln1_mean, false),
-            (&self.ln1_rstd, false),
+            (&self.ln1.out, true),
+            (&self.ln1.mean, false),
+            (&self.ln1.rstd, false),
             (&self.qkv, true),
             (&self.resid_mid, true),
-            (&self.ln2, true),
-            (&self.ln2_mean, false),
-            (&self.ln2_rstd, false),
+            (&self.ln2.out, true),
+            (&self.ln2.mean, false),
+            (&self.ln2.rstd, false),
             (&self.fc1, true),
             (&self.gelu, true),
         ];
-        out.extend(self.ln1_full.iter().chain(&self.ln2_full).chain(&self.attn).map(|b| (b, true)));
+        out.extend(self.ln1.full.iter().chain(&self.ln2.full).chain(&self.attn).map(|b| (b, true)));
         out.extend(self.lse.iter().map(|b| (b, false)));
         out
     }
@@ -145,18 +158,18 @@ impl<B> LayerActs<B> {
     /// The same buffers, in the same order, to write.
     fn buffers_mut(&mut self) -> Vec<&mut B> {
         let mut out = vec![
-            &mut self.ln1,
-            &mut self.ln1_mean,
-            &mut self.ln1_rstd,
+            &mut self.ln1.out,
+            &mut self.ln1.mean,
+            &mut self.ln1.rstd,
             &mut self.qkv,
             &mut self.resid_mid,
-            &mut self.ln2,
-            &mut self.ln2_mean,
-            &mut self.ln2_rstd,
+            &mut self.ln2.out,
+            &mut self.ln2.mean,
+            &mut self.ln2.rstd,
             &mut self.fc1,
             &mut self.gelu,
         ];
-        out.extend(self.ln1_full.iter_mut().chain(self.ln2_full.iter_mut()).chain(self.attn.iter_mut()));
+        out.extend(self.ln1.full.iter_mut().chain(self.ln2.full.iter_mut()).chain(self.attn.iter_mut()));
         out.extend(self.lse.iter_mut());
         out
     }
@@ -224,10 +237,7 @@ impl Stash {
 
 /// The last chunk's final LayerNorm, logits and cross-entropy state.
 pub(super) struct HeadActs<B> {
-    pub(super) lnf: B,
-    pub(super) lnf_mean: B,
-    pub(super) lnf_rstd: B,
-    pub(super) lnf_full: Option<B>,
+    pub(super) lnf: LnActs<B>,
     pub(super) logits: B,
     /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics.
     pub(super) targets: Vec<u32>,
@@ -282,9 +292,7 @@ impl<B> Activations<B> {
         let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
         let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
         let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
-        let head = self.head.as_ref().map_or(0, |h| {
-            4 * (dev.len(&h.lnf) + dev.len(&h.lnf_mean) + dev.len(&h.lnf_rstd) + opt(&h.lnf_full) + dev.len(&h.logits))
-        });
+        let head = self.head.as_ref().map_or(0, |h| 4 * (h.lnf.len(dev) + dev.len(&h.logits)));
         let g = &self.grad;
         let scratch = [&self.tmp_full, &g.d_resid, &g.d_h_full, &g.d_attn, &g.d_qkv, &g.d_ffn, &g.d_ffn2];
         let scratch = 4
@@ -332,10 +340,7 @@ impl<B> Activations<B> {
             Recompute::None => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, true)).collect(),
         };
         let head = plan.last.then(|| HeadActs {
-            lnf: dev.alloc(ml * h),
-            lnf_mean: dev.alloc(ml),
-            lnf_rstd: dev.alloc(ml),
-            lnf_full: alloc_if(dev, sp, m * h),
+            lnf: LnActs::new(dev, (m, ml), h, sp),
             logits: dev.alloc(m * vl),
             targets: vec![0; m],
             ce_max: vec![0.0; m],

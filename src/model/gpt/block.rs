@@ -3,28 +3,34 @@
 //! where recomputation or 16-bit storage dropped them), and its backward.
 
 use super::activations::{GradBufs, LayerActs, Rows, SpareAttention, SpareLayer, Stash, Widths};
-use super::tensor_parallel::{linear_in_backward, linear_in_forward, linear_out_backward, linear_out_forward};
-use super::tensor_parallel::{ln_backward, ln_forward};
+use super::tensor_parallel::Pass;
 use crate::device::{AttentionShape, Device};
-use crate::parallel::summa::Scratch;
-use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
 use crate::tensor::pair_mut;
 
-/// Offsets of a layer's parameters inside the canonical order of `GptConfig::parameters`.
-const LN1_W: usize = 0;
-const LN1_B: usize = 1;
-const QKV_W: usize = 2;
-const QKV_B: usize = 3;
-const PROJ_W: usize = 4;
-const PROJ_B: usize = 5;
-const LN2_W: usize = 6;
-const LN2_B: usize = 7;
-const FC1_W: usize = 8;
-const FC1_B: usize = 9;
-const FC2_W: usize = 10;
-const FC2_B: usize = 11;
+/// One op of a layer that has a weight and a bias: their offsets among the layer's parameters, in
+/// the canonical order of `GptConfig::parameters`.
+#[derive(Clone, Copy)]
+struct Op {
+    weight: usize,
+    bias: usize,
+}
+
+const LN1: Op = Op { weight: 0, bias: 1 };
+const QKV: Op = Op { weight: 2, bias: 3 };
+const PROJ: Op = Op { weight: 4, bias: 5 };
+const LN2: Op = Op { weight: 6, bias: 7 };
+const FC1: Op = Op { weight: 8, bias: 9 };
+const FC2: Op = Op { weight: 10, bias: 11 };
+/// Parameters per layer.
 pub(super) const PER_LAYER: usize = 12;
+
+impl Op {
+    /// The op's weight and bias gradients among the layer's `grads`.
+    fn grads<B>(self, grads: &mut [B]) -> (&mut B, &mut B) {
+        pair_mut(grads, self.weight, self.bias)
+    }
+}
 
 /// The sizes one layer's forward and backward work with.
 #[derive(Clone, Copy)]
@@ -41,9 +47,7 @@ pub(super) struct Dims {
 /// `x_out` unless it is None (recomputation, where the output is already known).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn layer_forward<'w, D: Device>(
-    dev: &D,
-    tp: TensorParallel,
-    sc: &mut Scratch<D::Buf>,
+    p: &mut Pass<D>,
     w: &dyn Fn(usize) -> &'w D::Buf,
     dims: Dims,
     x_in: &D::Buf,
@@ -56,10 +60,11 @@ pub(super) fn layer_forward<'w, D: Device>(
     D::Buf: 'w,
 {
     let Dims { rows: r, shape, wd, precision } = dims;
-    let (h, f) = (wd.h, wd.f);
-    ln_forward(dev, tp, sc, &mut la.ln1, &mut la.ln1_mean, &mut la.ln1_rstd, x_in, w(LN1_W), w(LN1_B), r.local, h);
-    dev.round_to(&mut la.ln1, precision);
-    linear_in_forward(dev, tp, sc, &mut la.qkv, (&la.ln1, &mut la.ln1_full), w(QKV_W), w(QKV_B), r, (h, 3 * h));
+    let (h, f, dev) = (wd.h, wd.f, p.dev);
+    let wb = |op: Op| (w(op.weight), w(op.bias));
+    p.ln_forward(&mut la.ln1, x_in, wb(LN1), r.local, h);
+    dev.round_to(&mut la.ln1.out, precision);
+    p.linear_in_forward(&mut la.qkv, &mut la.ln1, wb(QKV), r, (h, 3 * h));
     dev.round_to(&mut la.qkv, precision);
     let (attn, lse) = match (&mut la.attn, &mut la.lse, attn_spare) {
         (Some(attn), Some(lse), _) => (attn, lse),
@@ -69,52 +74,32 @@ pub(super) fn layer_forward<'w, D: Device>(
     dev.attention_forward(attn, lse, &la.qkv, shape);
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
-    linear_out_forward(dev, tp, sc, &mut la.resid_mid, x_in, attn, w(PROJ_W), w(PROJ_B), tmp, r, (h, h));
+    p.linear_out_forward(&mut la.resid_mid, x_in, attn, wb(PROJ), tmp, r, (h, h));
     dev.round_to(&mut la.resid_mid, precision);
-    ln_forward(
-        dev,
-        tp,
-        sc,
-        &mut la.ln2,
-        &mut la.ln2_mean,
-        &mut la.ln2_rstd,
-        &la.resid_mid,
-        w(LN2_W),
-        w(LN2_B),
-        r.local,
-        h,
-    );
-    dev.round_to(&mut la.ln2, precision);
-    linear_in_forward(dev, tp, sc, &mut la.fc1, (&la.ln2, &mut la.ln2_full), w(FC1_W), w(FC1_B), r, (h, f));
+    p.ln_forward(&mut la.ln2, &la.resid_mid, wb(LN2), r.local, h);
+    dev.round_to(&mut la.ln2.out, precision);
+    p.linear_in_forward(&mut la.fc1, &mut la.ln2, wb(FC1), r, (h, f));
     dev.round_to(&mut la.fc1, precision);
     dev.gelu_forward(&mut la.gelu, &la.fc1);
     dev.round_to(&mut la.gelu, precision);
     let Some(x_out) = x_out else { return };
     let tmp = (tmp_full, tmp_local);
-    linear_out_forward(dev, tp, sc, x_out, &la.resid_mid, &la.gelu, w(FC2_W), w(FC2_B), tmp, r, (f, h));
+    p.linear_out_forward(x_out, &la.resid_mid, &la.gelu, wb(FC2), tmp, r, (f, h));
     dev.round_to(x_out, precision);
 }
 
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
-/// spare buffers: the whole layer from its input `x_in` (full), or the attention core from the
-/// saved QKV (selective). Under 16-bit storage the layer's `stash` is restored into the spare
-/// set first.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn saved_layer<'a, 'w, D: Device>(
+/// spare buffers: the whole layer (full: `recompute` runs its forward from its input), or the
+/// attention core from the saved QKV (selective). Under 16-bit storage the layer's `stash` is
+/// restored into the spare set first.
+pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
-    tp: TensorParallel,
-    sc: &mut Scratch<D::Buf>,
-    w: &dyn Fn(usize) -> &'w D::Buf,
     dims: Dims,
-    x_in: &D::Buf,
     (kept, stash): (Option<&'a LayerActs<D::Buf>>, Option<Vec<Stash>>),
     (spare, spare_attention): (&'a mut SpareLayer<D::Buf>, &'a mut SpareAttention<D::Buf>),
-    (tmp_full, tmp_local): (&mut D::Buf, &mut Option<D::Buf>),
-) -> (&'a LayerActs<D::Buf>, &'a D::Buf, &'a D::Buf)
-where
-    D::Buf: 'w,
-{
+    recompute: impl FnOnce(&mut LayerActs<D::Buf>),
+) -> (&'a LayerActs<D::Buf>, &'a D::Buf, &'a D::Buf) {
     let layer: &LayerActs<D::Buf> = match (kept, stash) {
         (Some(la), _) => la,
         (None, Some(stash)) => {
@@ -124,7 +109,7 @@ where
         }
         (None, None) => {
             let (_, sp) = spare.as_mut().expect("full recompute has a spare layer");
-            layer_forward(dev, tp, sc, w, dims, x_in, None, sp, None, tmp_full, tmp_local);
+            recompute(sp);
             sp
         }
     };
@@ -145,9 +130,7 @@ where
 /// added to.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn layer_backward<'w, D: Device>(
-    dev: &D,
-    tp: TensorParallel,
-    sc: &mut Scratch<D::Buf>,
+    p: &mut Pass<D>,
     w: &dyn Fn(usize) -> &'w D::Buf,
     grads: &mut [D::Buf],
     dims: Dims,
@@ -158,33 +141,30 @@ pub(super) fn layer_backward<'w, D: Device>(
     D::Buf: 'w,
 {
     let Dims { rows: r, shape, wd, .. } = dims;
-    let (h, f) = (wd.h, wd.f);
+    let (h, f, dev) = (wd.h, wd.f, p.dev);
     // MLP: d_resid holds the gradient of the block's output (this rank's rows).
-    let gs = pair_mut(grads, FC2_W, FC2_B);
+    let gs = FC2.grads(grads);
     let d_out = (&d.d_resid, &mut d.d_full);
-    linear_out_backward(dev, tp, sc, &mut d.d_ffn, gs, d_out, &la.gelu, w(FC2_W), r, (f, h));
+    p.linear_out_backward(&mut d.d_ffn, gs, d_out, &la.gelu, w(FC2.weight), r, (f, h));
     dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn);
     {
-        let gs = pair_mut(grads, FC1_W, FC1_B);
+        let gs = FC1.grads(grads);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
-        let ln2 = (&la.ln2, &la.ln2_full);
-        let d_ln2 = linear_in_backward(dev, tp, sc, dh, gs, &d.d_ffn2, ln2, w(FC1_W), r, (h, f));
-        let gs = pair_mut(grads, LN2_W, LN2_B);
-        let (mean, rstd) = (&la.ln2_mean, &la.ln2_rstd);
-        ln_backward(dev, tp, sc, &mut d.d_resid, gs, d_ln2, &la.resid_mid, w(LN2_W), mean, rstd, r.local, h);
+        let d_ln2 = p.linear_in_backward(dh, gs, &d.d_ffn2, &la.ln2, w(FC1.weight), r, (h, f));
+        let gs = LN2.grads(grads);
+        let inp = (&la.resid_mid, w(LN2.weight));
+        p.ln_backward(&mut d.d_resid, gs, d_ln2, inp, &la.ln2, r.local, h);
     }
     // Attention: d_resid now holds the gradient of the mid-block residual.
-    let gs = pair_mut(grads, PROJ_W, PROJ_B);
+    let gs = PROJ.grads(grads);
     let d_mid = (&d.d_resid, &mut d.d_full);
-    linear_out_backward(dev, tp, sc, &mut d.d_attn, gs, d_mid, attn, w(PROJ_W), r, (h, h));
+    p.linear_out_backward(&mut d.d_attn, gs, d_mid, attn, w(PROJ.weight), r, (h, h));
     dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape);
     {
-        let gs = pair_mut(grads, QKV_W, QKV_B);
+        let gs = QKV.grads(grads);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
-        let ln1 = (&la.ln1, &la.ln1_full);
-        let d_ln1 = linear_in_backward(dev, tp, sc, dh, gs, &d.d_qkv, ln1, w(QKV_W), r, (h, 3 * h));
-        let gs = pair_mut(grads, LN1_W, LN1_B);
-        let (mean, rstd) = (&la.ln1_mean, &la.ln1_rstd);
-        ln_backward(dev, tp, sc, &mut d.d_resid, gs, d_ln1, x_in, w(LN1_W), mean, rstd, r.local, h);
+        let d_ln1 = p.linear_in_backward(dh, gs, &d.d_qkv, &la.ln1, w(QKV.weight), r, (h, 3 * h));
+        let gs = LN1.grads(grads);
+        p.ln_backward(&mut d.d_resid, gs, d_ln1, (x_in, w(LN1.weight)), &la.ln1, r.local, h);
     }
 }

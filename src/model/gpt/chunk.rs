@@ -5,7 +5,7 @@
 
 use super::activations::{Activations, LayerActs, Rows, Stash, Widths};
 use super::block::{layer_backward, layer_forward, saved_layer, Dims};
-use super::tensor_parallel::{add_since, tp_counters};
+use super::tensor_parallel::{add_since, tp_counters, Pass};
 use super::{ChunkOutput, Gpt, Layout, Weights};
 use crate::device::{AttentionShape, Device};
 use crate::model::Recompute;
@@ -161,7 +161,8 @@ impl<D: Device> Gpt<D> {
         };
         let tmp = (&mut a.tmp_full, &mut a.tmp_local);
         let before = tp_counters(dev, tp);
-        layer_forward(dev, tp, &mut self.scratch, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
             let copy = la.stash(dev, precision);
@@ -230,10 +231,14 @@ impl<D: Device> Gpt<D> {
             self.stashed -= stash.iter().map(Stash::bytes).sum::<usize>();
         }
         let x_in = &a.resid[l];
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
+        let recompute = |sp: &mut LayerActs<D::Buf>| {
+            layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
+        };
         let spares = (&mut self.spare, &mut self.spare_attention);
-        let tmp = (&mut a.tmp_full, &mut a.tmp_local);
-        let saved = saved_layer(dev, tp, &mut self.scratch, &w, dims, x_in, (a.layers.get(l), stash), spares, tmp);
-        layer_backward(dev, tp, &mut self.scratch, &w, grads, dims, x_in, saved, &mut a.grad);
+        let saved = saved_layer(dev, dims, (a.layers.get(l), stash), spares, recompute);
+        layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
     }
 
     /// Runs the forward pass of the whole model (a chunk that is both first and last) over
@@ -257,14 +262,9 @@ impl<D: Device> Gpt<D> {
         batch: usize,
         seq: usize,
     ) -> f64 {
-        match self.forward_micro(dev, tp, usize::MAX, tokens, None, Some(labels), batch, seq, None) {
-            ChunkOutput::Loss(loss) => {
-                let index = self.held(usize::MAX);
-                self.release(index);
-                loss
-            }
-            ChunkOutput::Hidden => unreachable!("the whole model ends in its loss"),
-        }
+        let loss = self.whole_model_loss(dev, tp, usize::MAX, (tokens, labels), batch, seq);
+        self.discard(usize::MAX);
+        loss
     }
 
     /// Forward and backward of one micro-batch through the whole model. Returns the sum of the
@@ -281,11 +281,25 @@ impl<D: Device> Gpt<D> {
         grad_scale: f32,
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
     ) -> f64 {
-        let loss = match self.forward_micro(dev, tp, 0, tokens, None, Some(labels), batch, seq, None) {
-            ChunkOutput::Loss(loss) => loss,
-            ChunkOutput::Hidden => unreachable!("forward_backward needs the whole model"),
-        };
+        let loss = self.whole_model_loss(dev, tp, 0, (tokens, labels), batch, seq);
         self.backward_micro(dev, tp, 0, None, None, grad_scale, ready);
         loss
+    }
+
+    /// Forward of micro-batch `key` through the whole model (a chunk that is both first and
+    /// last): the sum of its token losses against `labels`.
+    fn whole_model_loss(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        key: usize,
+        (tokens, labels): (&[u32], &[u32]),
+        batch: usize,
+        seq: usize,
+    ) -> f64 {
+        match self.forward_micro(dev, tp, key, tokens, None, Some(labels), batch, seq, None) {
+            ChunkOutput::Loss(loss) => loss,
+            ChunkOutput::Hidden => unreachable!("the whole model ends in its loss"),
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! block under SUMMA) plus the position embedding, and their backward into both tables.
 
 use super::activations::Widths;
+use super::tensor_parallel::Pass;
 use super::{Gpt, Layout, Weights};
 use crate::device::Device;
 use crate::parallel::summa;
@@ -100,7 +101,8 @@ impl<D: Device> Gpt<D> {
             _ => {
                 let d = &mut a.grad;
                 dev.position_backward(&mut g[Layout::WPE], &d.d_resid, r.batch, r.t0, r.positions, h);
-                let d_emb = super::tensor_parallel::gathered(dev, tp, &d.d_resid, &mut d.d_full);
+                let pass = Pass { dev, tp, sc: &mut self.scratch };
+                let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
             }
         }

@@ -3,7 +3,7 @@
 //! their backward from the loss.
 
 use super::activations::Widths;
-use super::tensor_parallel::{gathered, ln_backward, ln_forward, reduced};
+use super::tensor_parallel::Pass;
 use super::{Gpt, Weights};
 use crate::comm::ReduceOp;
 use crate::device::Device;
@@ -22,23 +22,22 @@ impl<D: Device> Gpt<D> {
     pub(super) fn head_forward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
-        let (a, sc) = (&mut self.pool[index].1, &mut self.scratch);
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let lnf_w = lay.lnf();
         let x_last = &a.resid[lay.num_layers];
-        let (lnf, mean, rstd) = (&mut hd.lnf, &mut hd.lnf_mean, &mut hd.lnf_rstd);
-        ln_forward(dev, tp, sc, lnf, mean, rstd, x_last, &p[lnf_w], &p[lnf_w + 1], r.local, h);
-        dev.round_to(&mut hd.lnf, precision);
+        pass.ln_forward(&mut hd.lnf, x_last, (&p[lnf_w], &p[lnf_w + 1]), r.local, h);
+        dev.round_to(&mut hd.lnf.out, precision);
         match tp.summa {
             None => {
-                let lnf = gathered(dev, tp, &hd.lnf, &mut hd.lnf_full);
+                let lnf = pass.gathered(&hd.lnf.out, &mut hd.lnf.full);
                 dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
             }
             Some((s, _)) => {
                 let v = cfg.padded_vocab_size;
-                s.logits_forward(dev, &mut hd.logits, &hd.lnf, &p[lay.head()], r.full, h, v, sc);
+                s.logits_forward(dev, &mut hd.logits, &hd.lnf.out, &p[lay.head()], r.full, h, v, pass.sc);
             }
         }
     }
@@ -86,7 +85,7 @@ impl<D: Device> Gpt<D> {
         let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let num_params = self.params.info.len();
-        let (a, sc) = (&mut self.pool[index].1, &mut self.scratch);
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let d = &mut a.grad;
@@ -105,23 +104,22 @@ impl<D: Device> Gpt<D> {
         let g = &mut self.params.grads;
         let d_lnf = match tp.summa {
             None => {
-                let lnf = hd.lnf_full.as_ref().unwrap_or(&hd.lnf);
+                let lnf = hd.lnf.full.as_ref().unwrap_or(&hd.lnf.out);
                 let (dl, dw) = (&mut d.d_h_full, &mut g[lay.head()]);
                 dev.linear_backward(Some(dl), dw, None, &hd.logits, lnf, &p[lay.head()], r.full, h, vl);
-                reduced(dev, tp, &mut d.d_h_full, &mut d.d_h_local)
+                pass.reduced(&mut d.d_h_full, &mut d.d_h_local)
             }
             Some((s, _)) => {
                 let (dl, dw, v) = (&mut d.d_h_full, &mut g[lay.head()], cfg.padded_vocab_size);
-                s.logits_backward(dev, dl, dw, &hd.logits, &hd.lnf, &p[lay.head()], r.full, h, v, sc);
+                s.logits_backward(dev, dl, dw, &hd.logits, &hd.lnf.out, &p[lay.head()], r.full, h, v, pass.sc);
                 &d.d_h_full
             }
         };
         dev.fill(&mut d.d_resid, 0.0);
         let lnf_w = lay.lnf();
         let x_last = &a.resid[lay.num_layers];
-        let (mean, rstd) = (&hd.lnf_mean, &hd.lnf_rstd);
         let gs = pair_mut(g, lnf_w, lnf_w + 1);
-        ln_backward(dev, tp, sc, &mut d.d_resid, gs, d_lnf, x_last, &p[lnf_w], mean, rstd, r.local, h);
+        pass.ln_backward(&mut d.d_resid, gs, d_lnf, (x_last, &p[lnf_w]), &hd.lnf, r.local, h);
         // The tied copy (last stage only) is final too; the first stage's word embedding is
         // final after the embedding backward.
         let end = if lay.first { lnf_w + 2 } else { num_params };
