@@ -103,6 +103,16 @@ fn count(bytes: usize, dtype: Dtype) -> c_int {
     c_int::try_from(bytes / dtype.bytes()).expect("a single collective moves at most 2^31 - 1 elements")
 }
 
+/// The request of one non-blocking MPI call, which `start` makes given the request's place.
+///
+/// # Safety
+/// `start` must make one non-blocking MPI call that writes the request.
+unsafe fn request(start: impl FnOnce(*mut ffi::MPI_Request)) -> ffi::MPI_Request {
+    let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+    start(req.as_mut_ptr());
+    req.assume_init()
+}
+
 /// Completes `req`, yielding the core between polls when the node is oversubscribed.
 fn complete(req: &mut ffi::MPI_Request, oversubscribed: bool) {
     // SAFETY: `req` is a live request from a non-blocking call whose buffers outlive this wait.
@@ -152,9 +162,7 @@ impl MpiComm {
             blocking();
             return;
         }
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        nonblocking(req.as_mut_ptr());
-        complete(&mut req.assume_init(), true);
+        complete(&mut request(nonblocking), true);
     }
 
     fn count_sent(&self, f: impl FnOnce(&mut CommCounters)) {
@@ -175,9 +183,8 @@ impl MpiComm {
         mut recv: Vec<f32>,
         start: impl FnOnce(*const c_void, *mut c_void, *mut ffi::MPI_Request),
     ) -> Box<PendingAllReduce> {
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        start(send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, req.as_mut_ptr());
-        let req = req.assume_init();
+        let (s, r) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void);
+        let req = request(|req| start(s, r, req));
         Box::new(PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false })
     }
 }
@@ -350,34 +357,22 @@ impl Comm for MpiComm {
 
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
         let mut reqs = Vec::with_capacity(2);
+        let comm = self.comm.as_raw();
+        let bytes = |buf: &[u8]| c_int::try_from(buf.len()).expect("a message of at most 2 GiB");
         // SAFETY: both buffers outlive the requests, which complete before returning.
         unsafe {
             if let Some((buf, peer)) = recv {
-                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-                ffi::MPI_Irecv(
-                    buf.as_mut_ptr() as *mut c_void,
-                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    0,
-                    self.comm.as_raw(),
-                    req.as_mut_ptr(),
-                );
-                reqs.push(req.assume_init());
+                let (b, n) = (buf.as_mut_ptr() as *mut c_void, bytes(buf));
+                reqs.push(request(|req| {
+                    ffi::MPI_Irecv(b, n, ffi::RSMPI_UINT8_T, peer as c_int, 0, comm, req);
+                }));
             }
             if let Some((buf, peer)) = send {
                 self.count_sent(|c| c.send += buf.len() as u64);
-                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-                ffi::MPI_Isend(
-                    buf.as_ptr() as *const c_void,
-                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    0,
-                    self.comm.as_raw(),
-                    req.as_mut_ptr(),
-                );
-                reqs.push(req.assume_init());
+                let (b, n) = (buf.as_ptr() as *const c_void, bytes(buf));
+                reqs.push(request(|req| {
+                    ffi::MPI_Isend(b, n, ffi::RSMPI_UINT8_T, peer as c_int, 0, comm, req);
+                }));
             }
             for req in &mut reqs {
                 complete(req, self.oversubscribed);
@@ -431,19 +426,14 @@ impl Comm for MpiComm {
     }
 
     fn recv_tagged(&self, buf: &mut [f32], peer: usize, tag: u32) {
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        let b = buf.as_mut_ptr() as *mut c_void;
         // SAFETY: the buffer outlives the request, which completes before returning.
         unsafe {
-            ffi::MPI_Irecv(
-                buf.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                peer as c_int,
-                tag as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            complete(&mut req.assume_init(), self.oversubscribed);
+            let mut req = request(|req| {
+                ffi::MPI_Irecv(b, n, dt, peer as c_int, tag as c_int, comm, req);
+            });
+            complete(&mut req, self.oversubscribed);
         }
     }
 }
