@@ -140,108 +140,75 @@ pub struct Preset {
     pub log_interval: u64,
 }
 
+/// The small models train fast on a CPU: many short iterations, validated every 250.
+const TINY: Preset = Preset {
+    name: "tiny",
+    num_layers: 4,
+    hidden_size: 128,
+    num_attention_heads: 4,
+    seq_length: 128,
+    max_position_embeddings: 128,
+    micro_batch_size: 16,
+    global_batch_size: 16,
+    train_iters: 1500,
+    lr: 2e-3,
+    min_lr: 1e-4,
+    warmup_iters: 100,
+    eval_interval: 250,
+    eval_iters: 20,
+    log_interval: 50,
+};
+
+/// The GPT-2 sizes share one short recipe (1024 tokens, batch 8 in micro-batches of 1, 100
+/// iterations); the larger ones differ in shape and learning rate.
+const GPT2_124M: Preset = Preset {
+    name: "gpt2-124m",
+    num_layers: 12,
+    hidden_size: 768,
+    num_attention_heads: 12,
+    seq_length: 1024,
+    max_position_embeddings: 1024,
+    micro_batch_size: 1,
+    global_batch_size: 8,
+    train_iters: 100,
+    lr: 6e-4,
+    min_lr: 6e-5,
+    warmup_iters: 10,
+    eval_interval: 50,
+    eval_iters: 2,
+    log_interval: 1,
+};
+
 pub const PRESETS: &[Preset] = &[
-    Preset {
-        name: "tiny",
-        num_layers: 4,
-        hidden_size: 128,
-        num_attention_heads: 4,
-        seq_length: 128,
-        max_position_embeddings: 128,
-        micro_batch_size: 16,
-        global_batch_size: 16,
-        train_iters: 1500,
-        lr: 2e-3,
-        min_lr: 1e-4,
-        warmup_iters: 100,
-        eval_interval: 250,
-        eval_iters: 20,
-        log_interval: 50,
-    },
-    Preset {
-        name: "small",
-        num_layers: 8,
-        hidden_size: 128,
-        num_attention_heads: 4,
-        seq_length: 128,
-        max_position_embeddings: 128,
-        micro_batch_size: 2,
-        global_batch_size: 16,
-        train_iters: 1500,
-        lr: 2e-3,
-        min_lr: 1e-4,
-        warmup_iters: 100,
-        eval_interval: 250,
-        eval_iters: 20,
-        log_interval: 50,
-    },
-    Preset {
-        name: "gpt2-124m",
-        num_layers: 12,
-        hidden_size: 768,
-        num_attention_heads: 12,
-        seq_length: 1024,
-        max_position_embeddings: 1024,
-        micro_batch_size: 1,
-        global_batch_size: 8,
-        train_iters: 100,
-        lr: 6e-4,
-        min_lr: 6e-5,
-        warmup_iters: 10,
-        eval_interval: 50,
-        eval_iters: 2,
-        log_interval: 1,
-    },
+    TINY,
+    Preset { name: "small", num_layers: 8, micro_batch_size: 2, ..TINY },
+    GPT2_124M,
     Preset {
         name: "gpt2-350m",
         num_layers: 24,
         hidden_size: 1024,
         num_attention_heads: 16,
-        seq_length: 1024,
-        max_position_embeddings: 1024,
-        micro_batch_size: 1,
-        global_batch_size: 8,
-        train_iters: 100,
         lr: 3e-4,
         min_lr: 3e-5,
-        warmup_iters: 10,
-        eval_interval: 50,
-        eval_iters: 2,
-        log_interval: 1,
+        ..GPT2_124M
     },
     Preset {
         name: "gpt2-760m",
         num_layers: 24,
         hidden_size: 1536,
         num_attention_heads: 16,
-        seq_length: 1024,
-        max_position_embeddings: 1024,
-        micro_batch_size: 1,
-        global_batch_size: 8,
-        train_iters: 100,
         lr: 2.5e-4,
         min_lr: 2.5e-5,
-        warmup_iters: 10,
-        eval_interval: 50,
-        eval_iters: 2,
-        log_interval: 1,
+        ..GPT2_124M
     },
     Preset {
         name: "gpt2-1.5b",
         num_layers: 48,
         hidden_size: 1600,
         num_attention_heads: 25,
-        seq_length: 1024,
-        max_position_embeddings: 1024,
-        micro_batch_size: 1,
-        global_batch_size: 8,
-        train_iters: 100,
         lr: 2e-4,
         min_lr: 2e-5,
-        warmup_iters: 10,
-        eval_interval: 50,
-        eval_iters: 2,
-        log_interval: 1,
+        ..GPT2_124M
     },
 ];
 
@@ -326,82 +293,16 @@ impl TrainConfig {
         cfg
     }
 
+    /// Parses and checks `trident train`'s flags: what the build cannot do first, then the model,
+    /// batch, schedule, optimizer, data, stopping and layout flags in named steps (each bad flag
+    /// is one error naming it), and last the flags that need no check beyond their own parse.
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
         reject_unbuilt(args)?;
         let p = preset(args.str("--preset").unwrap_or("tiny"))?;
-        let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
-        let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
-        let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
-        let seq_length = args.usize("--seq-length")?.unwrap_or(p.seq_length);
-        let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(p.max_position_embeddings.max(seq_length));
-        let divisible_by = args.usize("--make-vocab-size-divisible-by")?.unwrap_or(128);
-        if divisible_by == 0 {
-            return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
-        }
-        let vocab = args.usize("--vocab-size")?.unwrap_or(ByteTokenizer::VOCAB_SIZE);
-        if vocab < ByteTokenizer::VOCAB_SIZE {
-            return Err(Error::flag(
-                "--vocab-size",
-                vocab,
-                format!("at least {} (the byte tokenizer's ids)", ByteTokenizer::VOCAB_SIZE),
-            ));
-        }
-        let model = GptConfig {
-            num_layers,
-            hidden_size,
-            num_attention_heads: heads,
-            ffn_hidden_size: args.usize("--ffn-hidden-size")?.unwrap_or(4 * hidden_size),
-            max_position_embeddings: max_pos,
-            vocab_size: vocab,
-            padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by),
-            init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
-        };
-        model.validate()?;
-        if seq_length == 0 {
-            return Err(Error::flag("--seq-length", 0, "a positive whole number"));
-        }
-        if seq_length > max_pos {
-            return Err(Error::Config(format!(
-                "--seq-length {seq_length} is above --max-position-embeddings {max_pos}"
-            )));
-        }
-        let micro_batch_size = args.usize("--micro-batch-size")?.unwrap_or(p.micro_batch_size);
-        let global_batch_size = args.usize("--global-batch-size")?.unwrap_or(p.global_batch_size.max(micro_batch_size));
-        if micro_batch_size == 0 || global_batch_size == 0 {
-            return Err(Error::Config("--micro-batch-size and --global-batch-size must be at least 1".into()));
-        }
-        if !global_batch_size.is_multiple_of(micro_batch_size) {
-            return Err(Error::Config(format!(
-                "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size}"
-            )));
-        }
-        let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
-        let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
-        let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
-        // A preset's warmup shrinks to a tenth of a shorter run, so `--train-iters 20` just works;
-        // an explicit --lr-warmup-iters is taken as given and checked below.
-        let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters.min(train_iters / 10));
-        let decay_iters = args.u64("--lr-decay-iters")?.unwrap_or(train_iters);
-        let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"))?;
-        if max_lr <= 0.0 || min_lr < 0.0 || min_lr > max_lr {
-            return Err(Error::Config(format!("need 0 <= --min-lr ({min_lr}) <= --lr ({max_lr}) and --lr > 0")));
-        }
-        if style != DecayStyle::Constant && decay_iters <= warmup_iters {
-            return Err(Error::Config(format!(
-                "--lr-decay-iters {decay_iters} must be above --lr-warmup-iters {warmup_iters}"
-            )));
-        }
-        let adam = AdamWConfig {
-            beta1: args.f64("--adam-beta1")?.unwrap_or(0.9) as f32,
-            beta2: args.f64("--adam-beta2")?.unwrap_or(0.999) as f32,
-            eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
-            weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
-        };
-        for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {
-            if !(0.0..1.0).contains(&b) {
-                return Err(Error::flag(name, b, "a number in [0, 1)"));
-            }
-        }
+        let (model, seq_length) = model_shape(args, p)?;
+        let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
+        let (train_iters, lr) = lr_schedule(args, p)?;
+        let adam = adam(args)?;
         let data_path = args.path("--data-path").ok_or_else(|| {
             Error::Usage(
                 "--data-path is required: run `trident prepare --input FILE --output-prefix P` and pass \
@@ -410,39 +311,11 @@ impl TrainConfig {
             )
         })?;
         let split = crate::data::gpt_dataset::parse_split(args.str("--split").unwrap_or("969,30,1"))?;
-        let positive = |name: &str, v: u64| {
-            if v == 0 {
-                Err(Error::flag(name, 0, "a positive whole number"))
-            } else {
-                Ok(v)
-            }
-        };
-        let cpu_threads = match args.usize("--cpu-threads")? {
-            Some(0) => return Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
-            other => other,
-        };
-        let save = args.path("--save");
-        let exit_signal_handler = args.has("--exit-signal-handler");
-        let exit_duration_mins = match args.f64("--exit-duration-in-mins")? {
-            Some(m) if m <= 0.0 => {
-                return Err(Error::flag("--exit-duration-in-mins", m, "a positive number of minutes"))
-            }
-            other => other,
-        };
-        if (exit_signal_handler || exit_duration_mins.is_some()) && save.is_none() {
-            let name = if exit_signal_handler { "--exit-signal-handler" } else { "--exit-duration-in-mins" };
-            return Err(Error::Usage(format!(
-                "{name} checkpoints before it stops the run: it needs --save DIR (and --load DIR to resume)"
-            )));
-        }
-        let tensor_parallel = match args.usize("--tensor-model-parallel-size")? {
-            Some(0) => return Err(Error::flag("--tensor-model-parallel-size", 0, "a positive whole number")),
-            other => other.unwrap_or(1),
-        };
-        let ddp_bucket_size = match args.usize("--ddp-bucket-size")? {
-            Some(0) => return Err(Error::flag("--ddp-bucket-size", 0, "a positive number of elements")),
-            other => other.unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS),
-        };
+        let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
+        let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
+        let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
+        let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
+            .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
         Ok(TrainConfig {
             preset: p.name.to_string(),
             model,
@@ -451,7 +324,7 @@ impl TrainConfig {
             micro_batch_explicit: args.has("--micro-batch-size"),
             global_batch_size,
             train_iters,
-            lr: LrSchedule { max_lr, min_lr, warmup_iters, decay_iters, style },
+            lr,
             adam,
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
             seed: args.u64("--seed")?.unwrap_or(1234),
@@ -468,26 +341,15 @@ impl TrainConfig {
             exit_signal_handler,
             exit_duration_mins,
             device: args.str("--device").unwrap_or("cpu").to_string(),
-            gpu_collectives: args
-                .str("--gpu-collectives")
-                .unwrap_or(match args.str("--device") {
-                    Some("cuda") => "nccl",
-                    Some("hip") => "rccl",
-                    _ => "mpi",
-                })
-                .to_string(),
+            gpu_collectives: gpu_collectives(args).to_string(),
             cpu_threads,
             tensor_parallel,
-            pipeline_parallel: match args.usize("--pipeline-model-parallel-size")? {
-                Some(0) => return Err(Error::flag("--pipeline-model-parallel-size", 0, "a positive whole number")),
-                other => other.unwrap_or(1),
-            },
-            layers_per_virtual_stage: match args.usize("--num-layers-per-virtual-pipeline-stage")? {
-                Some(0) => {
-                    return Err(Error::flag("--num-layers-per-virtual-pipeline-stage", 0, "a positive whole number"))
-                }
-                other => other,
-            },
+            pipeline_parallel: nonzero(args, "--pipeline-model-parallel-size", "a positive whole number")?.unwrap_or(1),
+            layers_per_virtual_stage: nonzero(
+                args,
+                "--num-layers-per-virtual-pipeline-stage",
+                "a positive whole number",
+            )?,
             pipeline_schedule: args
                 .str("--pipeline-schedule")
                 .map(crate::parallel::pipeline::Schedule::parse)
@@ -495,24 +357,8 @@ impl TrainConfig {
             first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
-            precision: if args.has("--bf16") {
-                crate::real::Precision::Bf16
-            } else if args.has("--fp16") {
-                crate::real::Precision::F16
-            } else {
-                crate::real::Precision::F32
-            },
-            loss_scaler: match (args.f64("--loss-scale")?, args.has("--fp16")) {
-                (Some(s), _) if s > 0.0 => Some(crate::optim::scaler::LossScaler::constant(s)),
-                (Some(s), _) => return Err(Error::flag("--loss-scale", s, "a positive number")),
-                (None, true) => Some(crate::optim::scaler::LossScaler::dynamic(
-                    args.f64("--initial-loss-scale")?.unwrap_or(4294967296.0),
-                    args.f64("--min-loss-scale")?.unwrap_or(1.0),
-                    args.u64("--loss-scale-window")?.unwrap_or(1000).max(1),
-                    args.u64("--hysteresis")?.unwrap_or(2).max(1) as u32,
-                )),
-                (None, false) => None,
-            },
+            precision: precision(args),
+            loss_scaler: loss_scaler(args)?,
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
@@ -532,6 +378,170 @@ impl TrainConfig {
             ddp_bucket_size,
         })
     }
+}
+
+/// The model's shape (the preset's, overridden flag by flag) and the sequence length, checked:
+/// the model's own rules (`GptConfig::validate`), a padded vocabulary that holds the byte
+/// tokenizer's ids, and a sequence that fits the position table.
+fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
+    let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
+    let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
+    let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
+    let seq_length = args.usize("--seq-length")?.unwrap_or(p.seq_length);
+    let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(p.max_position_embeddings.max(seq_length));
+    let divisible_by = args.usize("--make-vocab-size-divisible-by")?.unwrap_or(128);
+    if divisible_by == 0 {
+        return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
+    }
+    let vocab = args.usize("--vocab-size")?.unwrap_or(ByteTokenizer::VOCAB_SIZE);
+    if vocab < ByteTokenizer::VOCAB_SIZE {
+        return Err(Error::flag(
+            "--vocab-size",
+            vocab,
+            format!("at least {} (the byte tokenizer's ids)", ByteTokenizer::VOCAB_SIZE),
+        ));
+    }
+    let model = GptConfig {
+        num_layers,
+        hidden_size,
+        num_attention_heads: heads,
+        ffn_hidden_size: args.usize("--ffn-hidden-size")?.unwrap_or(4 * hidden_size),
+        max_position_embeddings: max_pos,
+        vocab_size: vocab,
+        padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by),
+        init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
+    };
+    model.validate()?;
+    if seq_length == 0 {
+        return Err(Error::flag("--seq-length", 0, "a positive whole number"));
+    }
+    if seq_length > max_pos {
+        return Err(Error::Config(format!("--seq-length {seq_length} is above --max-position-embeddings {max_pos}")));
+    }
+    Ok((model, seq_length))
+}
+
+/// The micro-batch and global batch sizes: both at least 1, the global a multiple of the micro.
+fn batch_sizes(args: &Args, p: &Preset) -> Result<(usize, usize)> {
+    let micro_batch_size = args.usize("--micro-batch-size")?.unwrap_or(p.micro_batch_size);
+    let global_batch_size = args.usize("--global-batch-size")?.unwrap_or(p.global_batch_size.max(micro_batch_size));
+    if micro_batch_size == 0 || global_batch_size == 0 {
+        return Err(Error::Config("--micro-batch-size and --global-batch-size must be at least 1".into()));
+    }
+    if !global_batch_size.is_multiple_of(micro_batch_size) {
+        return Err(Error::Config(format!(
+            "--global-batch-size {global_batch_size} is not a multiple of --micro-batch-size {micro_batch_size}"
+        )));
+    }
+    Ok((micro_batch_size, global_batch_size))
+}
+
+/// The iterations to train and the learning-rate schedule: `0 <= min <= max`, and a decay that
+/// ends after the warmup unless the rate is constant.
+fn lr_schedule(args: &Args, p: &Preset) -> Result<(u64, LrSchedule)> {
+    let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
+    let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
+    let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
+    // A preset's warmup shrinks to a tenth of a shorter run, so `--train-iters 20` just works;
+    // an explicit --lr-warmup-iters is taken as given and checked below.
+    let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters.min(train_iters / 10));
+    let decay_iters = args.u64("--lr-decay-iters")?.unwrap_or(train_iters);
+    let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"))?;
+    if max_lr <= 0.0 || min_lr < 0.0 || min_lr > max_lr {
+        return Err(Error::Config(format!("need 0 <= --min-lr ({min_lr}) <= --lr ({max_lr}) and --lr > 0")));
+    }
+    if style != DecayStyle::Constant && decay_iters <= warmup_iters {
+        return Err(Error::Config(format!(
+            "--lr-decay-iters {decay_iters} must be above --lr-warmup-iters {warmup_iters}"
+        )));
+    }
+    Ok((train_iters, LrSchedule { max_lr, min_lr, warmup_iters, decay_iters, style }))
+}
+
+/// AdamW's hyper-parameters, with both betas in [0, 1).
+fn adam(args: &Args) -> Result<AdamWConfig> {
+    let adam = AdamWConfig {
+        beta1: args.f64("--adam-beta1")?.unwrap_or(0.9) as f32,
+        beta2: args.f64("--adam-beta2")?.unwrap_or(0.999) as f32,
+        eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
+        weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
+    };
+    for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {
+        if !(0.0..1.0).contains(&b) {
+            return Err(Error::flag(name, b, "a number in [0, 1)"));
+        }
+    }
+    Ok(adam)
+}
+
+/// `--save`, `--exit-signal-handler` and `--exit-duration-in-mins`: a run that stops early
+/// checkpoints first, so either way of stopping needs --save.
+fn stop_rules(args: &Args) -> Result<(Option<PathBuf>, bool, Option<f64>)> {
+    let save = args.path("--save");
+    let exit_signal_handler = args.has("--exit-signal-handler");
+    let exit_duration_mins = match args.f64("--exit-duration-in-mins")? {
+        Some(m) if m <= 0.0 => return Err(Error::flag("--exit-duration-in-mins", m, "a positive number of minutes")),
+        other => other,
+    };
+    if (exit_signal_handler || exit_duration_mins.is_some()) && save.is_none() {
+        let name = if exit_signal_handler { "--exit-signal-handler" } else { "--exit-duration-in-mins" };
+        return Err(Error::Usage(format!(
+            "{name} checkpoints before it stops the run: it needs --save DIR (and --load DIR to resume)"
+        )));
+    }
+    Ok((save, exit_signal_handler, exit_duration_mins))
+}
+
+/// The value of a count flag that may not be 0 (`expected` says what it must be), if given.
+fn nonzero(args: &Args, name: &str, expected: &str) -> Result<Option<usize>> {
+    match args.usize(name)? {
+        Some(0) => Err(Error::flag(name, 0, expected)),
+        other => Ok(other),
+    }
+}
+
+/// `v`, unless it is 0: an interval flag's value.
+fn positive(name: &str, v: u64) -> Result<u64> {
+    if v == 0 {
+        Err(Error::flag(name, 0, "a positive whole number"))
+    } else {
+        Ok(v)
+    }
+}
+
+/// `--gpu-collectives`, or the device's own library by default (MPI on the CPU).
+fn gpu_collectives(args: &Args) -> &str {
+    args.str("--gpu-collectives").unwrap_or(match args.str("--device") {
+        Some("cuda") => "nccl",
+        Some("hip") => "rccl",
+        _ => "mpi",
+    })
+}
+
+/// The compute format: `--bf16`, `--fp16` or f32.
+fn precision(args: &Args) -> crate::real::Precision {
+    if args.has("--bf16") {
+        crate::real::Precision::Bf16
+    } else if args.has("--fp16") {
+        crate::real::Precision::F16
+    } else {
+        crate::real::Precision::F32
+    }
+}
+
+/// A constant `--loss-scale` (positive), fp16's dynamic scaler, or none.
+fn loss_scaler(args: &Args) -> Result<Option<crate::optim::scaler::LossScaler>> {
+    Ok(match (args.f64("--loss-scale")?, args.has("--fp16")) {
+        (Some(s), _) if s > 0.0 => Some(crate::optim::scaler::LossScaler::constant(s)),
+        (Some(s), _) => return Err(Error::flag("--loss-scale", s, "a positive number")),
+        (None, true) => Some(crate::optim::scaler::LossScaler::dynamic(
+            args.f64("--initial-loss-scale")?.unwrap_or(4294967296.0),
+            args.f64("--min-loss-scale")?.unwrap_or(1.0),
+            args.u64("--loss-scale-window")?.unwrap_or(1000).max(1),
+            args.u64("--hysteresis")?.unwrap_or(2).max(1) as u32,
+        )),
+        (None, false) => None,
+    })
 }
 
 /// Flags whose feature arrives with a later part of trident: any value but the neutral one is

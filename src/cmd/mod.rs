@@ -16,7 +16,6 @@ pub mod train;
 
 use crate::cli::{self, Args, FlagSpec};
 use crate::comm::runtime::Runtime;
-use crate::device::cpu::pool;
 use crate::error::{Error, Result};
 use crate::gpu::nccl::Flavor;
 use std::process::ExitCode;
@@ -96,7 +95,7 @@ fn threads(args: &Args) -> Result<usize> {
     match args.usize("--cpu-threads")? {
         Some(0) => Err(Error::flag("--cpu-threads", 0, "a positive whole number")),
         Some(n) => Ok(n),
-        None => Ok(pool::default_threads()),
+        None => Ok(crate::comm::runtime::process_cpus()),
     }
 }
 

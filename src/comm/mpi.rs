@@ -103,6 +103,16 @@ fn count(bytes: usize, dtype: Dtype) -> c_int {
     c_int::try_from(bytes / dtype.bytes()).expect("a single collective moves at most 2^31 - 1 elements")
 }
 
+/// The request of one non-blocking MPI call, which `start` makes given the request's place.
+///
+/// # Safety
+/// `start` must make one non-blocking MPI call that writes the request.
+unsafe fn request(start: impl FnOnce(*mut ffi::MPI_Request)) -> ffi::MPI_Request {
+    let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+    start(req.as_mut_ptr());
+    req.assume_init()
+}
+
 /// Completes `req`, yielding the core between polls when the node is oversubscribed.
 fn complete(req: &mut ffi::MPI_Request, oversubscribed: bool) {
     // SAFETY: `req` is a live request from a non-blocking call whose buffers outlive this wait.
@@ -152,9 +162,7 @@ impl MpiComm {
             blocking();
             return;
         }
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        nonblocking(req.as_mut_ptr());
-        complete(&mut req.assume_init(), true);
+        complete(&mut request(nonblocking), true);
     }
 
     fn count_sent(&self, f: impl FnOnce(&mut CommCounters)) {
@@ -163,28 +171,21 @@ impl MpiComm {
         self.counters.set(c);
     }
 
-    /// Starts a sum all-reduce of `buf` that completes in `PendingAllReduce::wait`, so that
-    /// gradient buckets can be reduced while backward goes on.
-    fn start_all_reduce(&self, buf: Vec<f32>) -> PendingAllReduce {
-        self.count_sent(|c| c.all_reduce += buf.len() as u64);
-        let send = if in_place().is_some() { Vec::new() } else { buf.clone() };
-        let mut recv = buf;
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Iallreduce(
-                in_place().unwrap_or(send.as_ptr() as *const c_void),
-                recv.as_mut_ptr() as *mut c_void,
-                count(recv.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                operation(Dtype::F32, ReduceOp::Sum),
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false }
+    /// Posts one non-blocking call on f32 vectors that move into the returned pending value:
+    /// `start` gets `send`'s and `recv`'s buffers (which stay put on the heap until the request
+    /// completes in `wait` or `drop`) and a place for the request; `wait` returns `recv`.
+    ///
+    /// # Safety
+    /// `start` must make one non-blocking MPI call on those buffers that writes the request.
+    unsafe fn post(
+        &self,
+        send: Vec<f32>,
+        mut recv: Vec<f32>,
+        start: impl FnOnce(*const c_void, *mut c_void, *mut ffi::MPI_Request),
+    ) -> Box<PendingAllReduce> {
+        let (s, r) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void);
+        let req = request(|req| start(s, r, req));
+        Box::new(PendingAllReduce { send, recv, req, oversubscribed: self.oversubscribed, done: false })
     }
 }
 
@@ -330,83 +331,48 @@ impl Comm for MpiComm {
         }
     }
 
-    fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+    fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.count_sent(|c| c.broadcast += buf.len() as u64);
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Ibcast(
-                buf.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                root as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce {
-            send: Vec::new(),
-            recv: buf,
-            req,
-            oversubscribed: self.oversubscribed,
-            done: false,
-        })
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffer `post` keeps alive.
+        unsafe {
+            self.post(Vec::new(), buf, |_, b, req| {
+                ffi::MPI_Ibcast(b, n, dt, root as c_int, comm, req);
+            })
+        }
     }
 
     fn reduce_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.count_sent(|c| c.reduce += buf.len() as u64);
-        let mut recv = vec![0f32; buf.len()];
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: both vectors move into the pending value, whose heap buffers stay put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Ireduce(
-                buf.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                operation(Dtype::F32, ReduceOp::Sum),
-                root as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce { send: buf, recv, req, oversubscribed: self.oversubscribed, done: false })
+        let recv = vec![0f32; buf.len()];
+        let n = count(buf.len() * 4, Dtype::F32);
+        let (dt, op, comm) = (datatype(Dtype::F32), operation(Dtype::F32, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(buf, recv, |s, r, req| {
+                ffi::MPI_Ireduce(s, r, n, dt, op, root as c_int, comm, req);
+            })
+        }
     }
 
     fn send_recv_bytes(&self, send: Option<(&[u8], usize)>, recv: Option<(&mut [u8], usize)>) {
         let mut reqs = Vec::with_capacity(2);
+        let comm = self.comm.as_raw();
+        let bytes = |buf: &[u8]| c_int::try_from(buf.len()).expect("a message of at most 2 GiB");
         // SAFETY: both buffers outlive the requests, which complete before returning.
         unsafe {
             if let Some((buf, peer)) = recv {
-                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-                ffi::MPI_Irecv(
-                    buf.as_mut_ptr() as *mut c_void,
-                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    0,
-                    self.comm.as_raw(),
-                    req.as_mut_ptr(),
-                );
-                reqs.push(req.assume_init());
+                let (b, n) = (buf.as_mut_ptr() as *mut c_void, bytes(buf));
+                reqs.push(request(|req| {
+                    ffi::MPI_Irecv(b, n, ffi::RSMPI_UINT8_T, peer as c_int, 0, comm, req);
+                }));
             }
             if let Some((buf, peer)) = send {
                 self.count_sent(|c| c.send += buf.len() as u64);
-                let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-                ffi::MPI_Isend(
-                    buf.as_ptr() as *const c_void,
-                    c_int::try_from(buf.len()).expect("a message of at most 2 GiB"),
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    0,
-                    self.comm.as_raw(),
-                    req.as_mut_ptr(),
-                );
-                reqs.push(req.assume_init());
+                let (b, n) = (buf.as_ptr() as *const c_void, bytes(buf));
+                reqs.push(request(|req| {
+                    ffi::MPI_Isend(b, n, ffi::RSMPI_UINT8_T, peer as c_int, 0, comm, req);
+                }));
             }
             for req in &mut reqs {
                 complete(req, self.oversubscribed);
@@ -433,50 +399,41 @@ impl Comm for MpiComm {
         self.counters.get()
     }
 
+    /// Starts a sum all-reduce of `buf` that completes in `PendingAllReduce::wait`, so that
+    /// gradient buckets can be reduced while backward goes on.
     fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending> {
-        Box::new(self.start_all_reduce(buf))
+        self.count_sent(|c| c.all_reduce += buf.len() as u64);
+        let send = if in_place().is_some() { Vec::new() } else { buf.clone() };
+        let n = count(buf.len() * 4, Dtype::F32);
+        let (dt, op, comm) = (datatype(Dtype::F32), operation(Dtype::F32, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(send, buf, |s, r, req| {
+                ffi::MPI_Iallreduce(in_place().unwrap_or(s), r, n, dt, op, comm, req);
+            })
+        }
     }
 
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
         self.count_sent(|c| c.send += buf.len() as u64);
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
-        // SAFETY: the vector moves into the pending value, whose heap buffer stays put until the
-        // request completes in `wait` or `drop`.
-        let req = unsafe {
-            ffi::MPI_Isend(
-                buf.as_ptr() as *const c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                peer as c_int,
-                tag as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            req.assume_init()
-        };
-        Box::new(PendingAllReduce {
-            send: Vec::new(),
-            recv: buf,
-            req,
-            oversubscribed: self.oversubscribed,
-            done: false,
-        })
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffer `post` keeps alive; `wait` hands it back.
+        unsafe {
+            self.post(Vec::new(), buf, |_, b, req| {
+                ffi::MPI_Isend(b, n, dt, peer as c_int, tag as c_int, comm, req);
+            })
+        }
     }
 
     fn recv_tagged(&self, buf: &mut [f32], peer: usize, tag: u32) {
-        let mut req = std::mem::MaybeUninit::<ffi::MPI_Request>::uninit();
+        let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());
+        let b = buf.as_mut_ptr() as *mut c_void;
         // SAFETY: the buffer outlives the request, which completes before returning.
         unsafe {
-            ffi::MPI_Irecv(
-                buf.as_mut_ptr() as *mut c_void,
-                count(buf.len() * 4, Dtype::F32),
-                datatype(Dtype::F32),
-                peer as c_int,
-                tag as c_int,
-                self.comm.as_raw(),
-                req.as_mut_ptr(),
-            );
-            complete(&mut req.assume_init(), self.oversubscribed);
+            let mut req = request(|req| {
+                ffi::MPI_Irecv(b, n, dt, peer as c_int, tag as c_int, comm, req);
+            });
+            complete(&mut req, self.oversubscribed);
         }
     }
 }

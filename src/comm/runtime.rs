@@ -1,6 +1,7 @@
 //! The process-level view of a run: which rank this is, how many there are, how many share this
-//! node, and how to build the communicator of a group of ranks. With MPI (the default build) the
-//! launcher decides; without a launcher, or in a build without MPI, it is one rank.
+//! node, the CPUs this process may use, and how to build the communicator of a group of ranks.
+//! With MPI (the default build) the launcher decides; without a launcher, or in a build without
+//! MPI, it is one rank.
 
 use super::{Comm, SelfComm};
 use crate::error::Error;
@@ -40,6 +41,42 @@ fn online_cpus() -> usize {
     } else {
         1
     }
+}
+
+/// The CPUs this process may use, and so its default thread count: `SLURM_CPUS_PER_TASK` when it
+/// is set to a positive integer, else the CPUs in this process's affinity mask, else what the
+/// standard library reports, and never less than one.
+pub fn process_cpus() -> usize {
+    if let Ok(value) = std::env::var("SLURM_CPUS_PER_TASK") {
+        if let Ok(count) = value.trim().parse::<usize>() {
+            if count >= 1 {
+                return count;
+            }
+        }
+    }
+    if let Some(count) = affinity_cpu_count() {
+        return count;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(target_os = "linux")]
+fn affinity_cpu_count() -> Option<usize> {
+    // SAFETY: `cpu_set_t` is plain bits, so all-zero is a valid empty set; the kernel writes at
+    // most `size_of::<cpu_set_t>()` bytes into it, and CPU_COUNT only reads it.
+    let count = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        libc::CPU_COUNT(&set)
+    };
+    usize::try_from(count).ok().filter(|&n| n >= 1)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn affinity_cpu_count() -> Option<usize> {
+    None
 }
 
 /// The job size a launcher announced in the environment, if any, and this process's rank in it.
@@ -146,7 +183,7 @@ impl Runtime {
     /// ranks on the node.
     pub fn default_threads(&self) -> usize {
         let fair = (online_cpus() / self.local_size.max(1)).max(1);
-        crate::device::cpu::pool::default_threads().min(fair).max(1)
+        process_cpus().min(fair).max(1)
     }
 
     /// The communicator of the group `ranks` (world ranks, in group order) that contains this
@@ -210,6 +247,11 @@ mod tests {
         assert_eq!((rt.world_rank, rt.world_size), (0, 1));
         assert_eq!(rt.group(&[0]).size(), 1);
         assert!(rt.default_threads() >= 1);
+    }
+
+    #[test]
+    fn process_cpus_is_positive() {
+        assert!(process_cpus() >= 1);
     }
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {

@@ -29,11 +29,41 @@ pub fn layernorm_forward_rows<R: Real>(
         let mu = lane_sum_of(x, |v| v) / n;
         let var = lane_sum_of(x, |v| (v - mu) * (v - mu));
         let rs = R::ONE / (var / n + eps).sqrt();
-        for c in 0..cols {
-            y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
-        }
+        normalize_row(y, x, (mu, rs), weight, bias);
         mean[r] = mu;
         rstd[r] = rs;
+    }
+}
+
+/// One row of LayerNorm's output from the row's mean and reciprocal std:
+/// `y = (x - mean) · rstd · weight + bias`.
+#[inline(always)]
+fn normalize_row<R: Real>(y: &mut [R], x: &[R], (mu, rs): (R, R), weight: &[R], bias: &[R]) {
+    for c in 0..x.len() {
+        y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
+    }
+}
+
+/// One row's LayerNorm gradients from the row's statistics and its means of `g = dy·weight` and
+/// of `g·x̂`: `dinp += rstd · (g - mean(g) - x̂ · mean(g·x̂))`, and the row's contributions
+/// `dweight += dy·x̂`, `dbias += dy`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn layernorm_backward_row<R: Real>(
+    dx: &mut [R],
+    dweight: &mut [R],
+    dbias: &mut [R],
+    dy: &[R],
+    x: &[R],
+    weight: &[R],
+    (mu, rs): (R, R),
+    (mean_g, mean_gx): (R, R),
+) {
+    for c in 0..x.len() {
+        let xhat = (x[c] - mu) * rs;
+        dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
+        dweight[c] += dy[c] * xhat;
+        dbias[c] += dy[c];
     }
 }
 
@@ -66,8 +96,6 @@ pub fn layernorm_backward_rows<R: Real>(
             let g = dy[c] * weight[c];
             acc_g[l] += g;
             acc_gx[l] += g * xhat;
-            dweight[c] += dy[c] * xhat;
-            dbias[c] += dy[c];
         };
         let full = cols - cols % LANES;
         for c0 in (0..full).step_by(LANES) {
@@ -78,19 +106,17 @@ pub fn layernorm_backward_rows<R: Real>(
         for c in full..cols {
             column(c, c - full);
         }
-        let mean_g = combine_lanes(acc_g) / n;
-        let mean_gx = combine_lanes(acc_gx) / n;
-        for c in 0..cols {
-            let xhat = (x[c] - mu) * rs;
-            dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
-        }
+        let means = (combine_lanes(acc_g) / n, combine_lanes(acc_gx) / n);
+        layernorm_backward_row(dx, dweight, dbias, dy, x, weight, (mu, rs), means);
     }
 }
 
 /// LayerNorm over a hidden dimension split across ranks (2-D tensor parallelism), step 1 of the
 /// forward: each row's sum over this rank's columns, of `x` (no `mean`) or of `(x - mean)²`.
-pub fn layernorm_sums_rows<R: Real>(inp: &[R], cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
-    for (r, x) in inp.chunks_exact(cols).enumerate() {
+/// The four steps of the split LayerNorm take whole buffers and work on their first `rows` rows,
+/// serially: both host devices run them as they are (the reference in f64, the CPU in f32).
+pub fn layernorm_sums_rows<R: Real>(inp: &[R], rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+    for (r, x) in inp[..rows * cols].chunks_exact(cols).enumerate() {
         out[r] = match mean {
             None => x.iter().map(|v| v.to_f64()).sum(),
             Some(m) => x.iter().map(|v| (v.to_f64() - m[r]) * (v.to_f64() - m[r])).sum(),
@@ -110,13 +136,13 @@ pub fn layernorm_apply_rows<R: Real>(
     bias: &[R],
     mean: &[f64],
     rstd: &[f64],
+    rows: usize,
     cols: usize,
 ) {
-    for (r, (x, y)) in inp.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
+    let n = rows * cols;
+    for (r, (x, y)) in inp[..n].chunks_exact(cols).zip(out[..n].chunks_exact_mut(cols)).enumerate() {
         let (mu, rs) = (R::from_f64(mean[r]), R::from_f64(rstd[r]));
-        for c in 0..cols {
-            y[c] = (x[c] - mu) * rs * weight[c] + bias[c];
-        }
+        normalize_row(y, x, (mu, rs), weight, bias);
         mean_out[r] = mu;
         rstd_out[r] = rs;
     }
@@ -131,10 +157,11 @@ pub fn layernorm_backward_sums_rows<R: Real>(
     weight: &[R],
     mean: &[R],
     rstd: &[R],
+    rows: usize,
     cols: usize,
     out: &mut [f64],
 ) {
-    for r in 0..mean.len() {
+    for r in 0..rows {
         let (x, dy) = (&inp[r * cols..(r + 1) * cols], &dout[r * cols..(r + 1) * cols]);
         let (mut sg, mut sgx) = (0.0f64, 0.0f64);
         for c in 0..cols {
@@ -162,20 +189,14 @@ pub fn layernorm_backward_apply_rows<R: Real>(
     rstd: &[R],
     sums: &[f64],
     n: usize,
+    rows: usize,
     cols: usize,
 ) {
-    for r in 0..mean.len() {
+    for r in 0..rows {
         let (x, dy) = (&inp[r * cols..(r + 1) * cols], &dout[r * cols..(r + 1) * cols]);
         let dx = &mut dinp[r * cols..(r + 1) * cols];
-        let (mu, rs) = (mean[r], rstd[r]);
-        let mean_g = R::from_f64(sums[2 * r] / n as f64);
-        let mean_gx = R::from_f64(sums[2 * r + 1] / n as f64);
-        for c in 0..cols {
-            let xhat = (x[c] - mu) * rs;
-            dx[c] += rs * (dy[c] * weight[c] - mean_g - xhat * mean_gx);
-            dweight[c] += dy[c] * xhat;
-            dbias[c] += dy[c];
-        }
+        let means = (R::from_f64(sums[2 * r] / n as f64), R::from_f64(sums[2 * r + 1] / n as f64));
+        layernorm_backward_row(dx, dweight, dbias, dy, x, weight, (mean[r], rstd[r]), means);
     }
 }
 

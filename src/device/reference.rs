@@ -171,7 +171,7 @@ impl Device for ReferenceDevice {
     }
 
     fn layernorm_sums(&self, inp: &Vec<f64>, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
-        kernels::layernorm_sums_rows(&inp[..rows * cols], cols, mean, &mut out[..rows]);
+        kernels::layernorm_sums_rows(inp, rows, cols, mean, out);
     }
     fn layernorm_apply(
         &self,
@@ -186,18 +186,7 @@ impl Device for ReferenceDevice {
         rows: usize,
         cols: usize,
     ) {
-        let n = rows * cols;
-        kernels::layernorm_apply_rows(
-            &mut out[..n],
-            &mut mean_out[..rows],
-            &mut rstd_out[..rows],
-            &inp[..n],
-            weight,
-            bias,
-            mean,
-            rstd,
-            cols,
-        );
+        kernels::layernorm_apply_rows(out, mean_out, rstd_out, inp, weight, bias, mean, rstd, rows, cols);
     }
     fn layernorm_backward_sums(
         &self,
@@ -210,16 +199,7 @@ impl Device for ReferenceDevice {
         cols: usize,
         out: &mut [f64],
     ) {
-        let n = rows * cols;
-        kernels::layernorm_backward_sums_rows(
-            &dout[..n],
-            &inp[..n],
-            weight,
-            &mean[..rows],
-            &rstd[..rows],
-            cols,
-            &mut out[..2 * rows],
-        );
+        kernels::layernorm_backward_sums_rows(dout, inp, weight, mean, rstd, rows, cols, out);
     }
     fn layernorm_backward_apply(
         &self,
@@ -236,19 +216,8 @@ impl Device for ReferenceDevice {
         rows: usize,
         cols: usize,
     ) {
-        let n = rows * cols;
         kernels::layernorm_backward_apply_rows(
-            &mut dinp[..n],
-            dweight,
-            dbias,
-            &dout[..n],
-            &inp[..n],
-            weight,
-            &mean[..rows],
-            &rstd[..rows],
-            sums,
-            n_cols,
-            cols,
+            dinp, dweight, dbias, dout, inp, weight, mean, rstd, sums, n_cols, rows, cols,
         );
     }
 

@@ -1,5 +1,5 @@
 //! The GPT-2 model on one device: its configuration, its parameters (Megatron's names and
-//! initialisation), and the hand-written forward and backward passes in `gpt.rs`.
+//! initialisation), and the hand-written forward and backward passes in `gpt/`.
 
 pub mod gpt;
 

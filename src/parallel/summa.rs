@@ -17,7 +17,7 @@
 //! Row groups (fixed row, every column) are in column order and column groups in row order, as
 //! `Grid::summa_row_group` / `summa_col_group` build them.
 
-use crate::comm::{Comm, ReduceOp};
+use crate::comm::{Comm, Pending, ReduceOp};
 use crate::device::kernels::LAYERNORM_EPS;
 use crate::device::Device;
 use std::borrow::Cow;
@@ -254,6 +254,20 @@ impl Summa<'_> {
         }
     }
 
+    /// Posts broadcast-SUMMA's step `l`: the input block (`len` elements) of column `l` along each
+    /// row, then the weight block of row `l` down each column; the root of each sends its own.
+    fn broadcast_step(
+        &self,
+        l: usize,
+        (a_host, a_len): (&[f32], usize),
+        (w_host, w_len): (&[f32], usize),
+    ) -> (Box<dyn Pending>, Box<dyn Pending>) {
+        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
+        let a = if col_rank == l { a_host.to_vec() } else { vec![0f32; a_len] };
+        let w = if row_rank == l { w_host.to_vec() } else { vec![0f32; w_len] };
+        (self.row.broadcast_start(a, l), self.col.broadcast_start(w, l))
+    }
+
     /// Broadcast-SUMMA forward: step l broadcasts the input block of column l along each row and
     /// the weight block of row l down each column, and every rank accumulates their product; the
     /// broadcasts of step l + 1 are posted before step l's GEMM.
@@ -271,13 +285,8 @@ impl Summa<'_> {
         s: &mut Scratch<D::Buf>,
     ) {
         let (q, kb, nb) = (self.q, k / self.q, n / self.q);
-        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
         let (a_host, w_host) = (host(dev, inp).into_owned(), host(dev, weight).into_owned());
-        let post = |l: usize| {
-            let a = if col_rank == l { a_host.clone() } else { vec![0f32; m * kb] };
-            let w = if row_rank == l { w_host.clone() } else { vec![0f32; nb * kb] };
-            (self.row.broadcast_start(a, l), self.col.broadcast_start(w, l))
-        };
+        let post = |l: usize| self.broadcast_step(l, (&a_host, m * kb), (&w_host, nb * kb));
         match bias {
             Some(b) => {
                 let full = ensure(dev, &mut s.bias, nb);
@@ -331,13 +340,8 @@ impl Summa<'_> {
         s: &mut Scratch<D::Buf>,
     ) {
         let (q, kb, nb) = (self.q, k / self.q, n / self.q);
-        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
         let (a_host, w_host) = (host(dev, inp).into_owned(), host(dev, weight).into_owned());
-        let post = |l: usize| {
-            let a = if col_rank == l { a_host.clone() } else { vec![0f32; m * kb] };
-            let w = if row_rank == l { w_host.clone() } else { vec![0f32; nb * kb] };
-            (self.row.broadcast_start(a, l), self.col.broadcast_start(w, l))
-        };
+        let post = |l: usize| self.broadcast_step(l, (&a_host, m * kb), (&w_host, nb * kb));
         if let Some(dbias) = dbias {
             // The bias gradient: this rank's column sums, reduce-scattered down the column.
             let b = ensure(dev, &mut s.bias, nb);
@@ -367,6 +371,7 @@ impl Summa<'_> {
             let dw_part = self.col.reduce_start(summa_host(dev, s.dw_panel.as_ref().expect("set")), l);
             reductions.push((l, d_part, dw_part));
         }
+        let (row_rank, col_rank) = (self.col.rank(), self.row.rank());
         let mut dinp = dinp;
         for (l, d_part, dw_part) in reductions {
             let d_sum = d_part.map(|p| p.wait());
@@ -516,6 +521,19 @@ mod tests {
         (r0..r0 + nr).flat_map(|r| x[r * cols + c0..][..nc].to_vec()).collect()
     }
 
+    /// A reference-device buffer holding `v`.
+    fn up(v: impl AsRef<[f32]>) -> Vec<f64> {
+        let v = v.as_ref();
+        let mut buf = ReferenceDevice.alloc(v.len());
+        ReferenceDevice.upload(&mut buf, v);
+        buf
+    }
+
+    /// A reference-device buffer's values as f32.
+    fn whole(buf: impl AsRef<[f64]>) -> Vec<f32> {
+        buf.as_ref().iter().map(|&v| v as f32).collect()
+    }
+
     fn close(a: &[f32], b: &[f32], what: &str) {
         assert_eq!(a.len(), b.len(), "{what}: lengths");
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -553,27 +571,16 @@ mod tests {
             // The whole problem: rows = q batch blocks of m rows each.
             let (x, w, b, dy) = (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
             let mut y = dev.alloc(q * m * n);
-            let up = |v: &[f32]| {
-                let mut buf = dev.alloc(v.len());
-                dev.upload(&mut buf, v);
-                buf
-            };
             dev.linear_forward(&mut y, &up(&x), &up(&w), Some(&up(&b)), q * m, k, n);
             let (mut dx, mut dw, mut db) = (dev.alloc(q * m * k), dev.alloc(n * k), dev.alloc(n));
             dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &up(&dy), &up(&x), &up(&w), q * m, k, n);
-            let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
             let (y, dx, dw, db) = (whole(&y), whole(&dx), whole(&dw), whole(&db));
             let (kb, nb) = (k / q, n / q);
             let got = on_grid(q, algorithm, |c, s| {
                 let dev = ReferenceDevice;
-                let up = |v: Vec<f32>| {
-                    let mut buf = dev.alloc(v.len());
-                    dev.upload(&mut buf, &v);
-                    buf
-                };
                 let xi = up(block(&x, k, (c.row * m, m), (c.col * kb, kb)));
                 let wi = up(block(&w, k, (c.col * nb, nb), (c.row * kb, kb)));
-                let bi = up(b[c.col * nb + c.row * (nb / q)..][..nb / q].to_vec());
+                let bi = up(&b[c.col * nb + c.row * (nb / q)..][..nb / q]);
                 let dyi = up(block(&dy, n, (c.row * m, m), (c.col * nb, nb)));
                 let mut scratch = Scratch::default();
                 let mut yi = dev.alloc(m * nb);
@@ -592,8 +599,7 @@ mod tests {
                     n,
                     &mut scratch,
                 );
-                let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-                (c, f(yi), f(dxi), f(dwi), f(dbi))
+                (c, whole(yi), whole(dxi), whole(dwi), whole(dbi))
             });
             for (c, yi, dxi, dwi, dbi) in got {
                 let at = format!("{algorithm:?} q {q} ({}, {})", c.row, c.col);
@@ -610,26 +616,15 @@ mod tests {
         let dev = ReferenceDevice;
         let (q, m, h) = (2usize, 5usize, 12usize);
         let (x, g, b, dy) = (values(q * m * h, 8), values(h, 9), values(h, 10), values(q * m * h, 11));
-        let up = |v: &[f32]| {
-            let mut buf = dev.alloc(v.len());
-            dev.upload(&mut buf, v);
-            buf
-        };
         let rows = q * m;
         let (mut y, mut mean, mut rstd) = (dev.alloc(rows * h), dev.alloc(rows), dev.alloc(rows));
         dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &up(&x), &up(&g), &up(&b), rows, h);
         let (mut dx, mut dg, mut db) = (dev.alloc(rows * h), dev.alloc(h), dev.alloc(h));
         dev.layernorm_backward(&mut dx, &mut dg, &mut db, &up(&dy), &up(&x), &up(&g), &mean, &rstd, rows, h);
-        let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let (y, dx, dg, db) = (whole(&y), whole(&dx), whole(&dg), whole(&db));
         let (hb, hs) = (h / q, h / (q * q));
         let got = on_grid(q, Algorithm::Panel, |c, s| {
             let dev = ReferenceDevice;
-            let up = |v: Vec<f32>| {
-                let mut buf = dev.alloc(v.len());
-                dev.upload(&mut buf, &v);
-                buf
-            };
             let shard = |v: &[f32]| v[c.col * hb + c.row * hs..][..hs].to_vec();
             let (xi, gi, bi) = (up(block(&x, h, (c.row * m, m), (c.col * hb, hb))), up(shard(&g)), up(shard(&b)));
             let dyi = up(block(&dy, h, (c.row * m, m), (c.col * hb, hb)));
@@ -638,8 +633,7 @@ mod tests {
             s.layernorm_forward(&dev, &mut yi, &mut mi, &mut ri, &xi, &gi, &bi, m, h, &mut scratch);
             let (mut dxi, mut dgi, mut dbi) = (dev.alloc(m * hb), dev.alloc(hs), dev.alloc(hs));
             s.layernorm_backward(&dev, &mut dxi, &mut dgi, &mut dbi, &dyi, &xi, &gi, &mi, &ri, m, h, &mut scratch);
-            let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-            (c, f(yi), f(dxi), f(dgi), f(dbi))
+            (c, whole(yi), whole(dxi), whole(dgi), whole(dbi))
         });
         for (c, yi, dxi, dgi, dbi) in got {
             close(&yi, &block(&y, h, (c.row * m, m), (c.col * hb, hb)), "y");
@@ -654,25 +648,14 @@ mod tests {
         let dev = ReferenceDevice;
         let (q, m, h, v) = (2usize, 3usize, 8usize, 10usize);
         let (x, e, dl) = (values(q * m * h, 5), values(v * h, 6), values(q * m * v, 7));
-        let up = |v: &[f32]| {
-            let mut buf = dev.alloc(v.len());
-            dev.upload(&mut buf, v);
-            buf
-        };
         let mut logits = dev.alloc(q * m * v);
         dev.linear_forward(&mut logits, &up(&x), &up(&e), None, q * m, h, v);
         let (mut dx, mut de) = (dev.alloc(q * m * h), dev.alloc(v * h));
         dev.linear_backward(Some(&mut dx), &mut de, None, &up(&dl), &up(&x), &up(&e), q * m, h, v);
-        let whole = |buf: &Vec<f64>| buf.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let (logits, dx, de) = (whole(&logits), whole(&dx), whole(&de));
         let (hb, vb) = (h / q, v / q);
         let got = on_grid(q, Algorithm::Panel, |c, s| {
             let dev = ReferenceDevice;
-            let up = |v: Vec<f32>| {
-                let mut buf = dev.alloc(v.len());
-                dev.upload(&mut buf, &v);
-                buf
-            };
             let xi = up(block(&x, h, (c.row * m, m), (c.col * hb, hb)));
             let ei = up(block(&e, h, (c.row * vb, vb), (c.col * hb, hb)));
             let dli = up(block(&dl, v, (c.row * m, m), (c.col * vb, vb)));
@@ -681,8 +664,7 @@ mod tests {
             s.logits_forward(&dev, &mut li, &xi, &ei, m, h, v, &mut scratch);
             let (mut dxi, mut dei) = (dev.alloc(m * hb), dev.alloc(vb * hb));
             s.logits_backward(&dev, &mut dxi, &mut dei, &dli, &xi, &ei, m, h, v, &mut scratch);
-            let f = |b: Vec<f64>| b.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-            (c, f(li), f(dxi), f(dei))
+            (c, whole(li), whole(dxi), whole(dei))
         });
         for (c, li, dxi, dei) in got {
             close(&li, &block(&logits, v, (c.row * m, m), (c.col * vb, vb)), "logits");

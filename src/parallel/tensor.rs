@@ -6,7 +6,7 @@
 
 use crate::comm::{Comm, ReduceOp};
 use crate::device::Device;
-use crate::parallel::summa::Summa;
+use crate::parallel::summa::{host, Summa};
 
 /// The tensor-parallel group of a model replica, whether activations outside the attention and
 /// MLP cores are split along the sequence (`--sequence-parallel`), and under 2-D / 2.5-D tensor
@@ -61,23 +61,7 @@ pub fn all_gather<D: Device>(dev: &D, comm: &dyn Comm, local: &D::Buf, full: &mu
         c.all_gather(local, full);
         return;
     }
-    let staged_local;
-    let local_host = match dev.host_f32_ref(local) {
-        Some(l) => l,
-        None => {
-            let mut h = vec![0f32; dev.len(local)];
-            dev.download(local, &mut h);
-            staged_local = h;
-            &staged_local
-        }
-    };
-    if let Some(f) = dev.host_f32(full) {
-        comm.all_gather(local_host, f);
-        return;
-    }
-    let mut h = vec![0f32; dev.len(full)];
-    comm.all_gather(local_host, &mut h);
-    dev.upload(full, &h);
+    through_host(dev, local, full, |l, f| comm.all_gather(l, f));
 }
 
 /// `local` becomes the sum over ranks of this rank's shard of `full` (sequence-parallel: the
@@ -87,21 +71,17 @@ pub fn reduce_scatter<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, local:
         c.reduce_scatter(full, local);
         return;
     }
-    let staged_full;
-    let full_host = match dev.host_f32_ref(full) {
-        Some(f) => f,
-        None => {
-            let mut h = vec![0f32; dev.len(full)];
-            dev.download(full, &mut h);
-            staged_full = h;
-            &staged_full
-        }
-    };
-    if let Some(l) = dev.host_f32(local) {
-        comm.reduce_scatter(full_host, l);
-        return;
+    through_host(dev, full, local, |f, l| comm.reduce_scatter(f, l));
+}
+
+/// Runs a host collective from `src` into `dst`, which it overwrites whole: on the buffers
+/// themselves where the device keeps them in host memory, staged through the host otherwise.
+fn through_host<D: Device>(dev: &D, src: &D::Buf, dst: &mut D::Buf, collective: impl FnOnce(&[f32], &mut [f32])) {
+    let src_host = host(dev, src);
+    if let Some(d) = dev.host_f32(dst) {
+        return collective(&src_host, d);
     }
-    let mut h = vec![0f32; dev.len(local)];
-    comm.reduce_scatter(full_host, &mut h);
-    dev.upload(local, &h);
+    let mut h = vec![0f32; dev.len(dst)];
+    collective(&src_host, &mut h);
+    dev.upload(dst, &h);
 }

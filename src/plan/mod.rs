@@ -319,27 +319,14 @@ fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
     None
 }
 
-/// Enumerates, prices and ranks every layout `req` allows.
+/// Enumerates, prices and ranks every layout `req` allows: tensor-parallel sizes, then pipeline
+/// sizes, micro-batch sizes and tensor-parallel modes, then (`Search::variants`) virtual stages,
+/// recompute and ZeRO-1. A pinned value that cannot work is an error naming its flag; an unpinned
+/// one is skipped.
 pub fn plan(req: &Request) -> Result<Plan> {
-    let n = req.gpus;
-    let g = req.machine.gpus_per_node;
-    if n == 0 {
-        return Err(Error::flag("--gpus", 0, "a positive number of GPUs"));
-    }
-    if n > g && !n.is_multiple_of(g) {
-        return Err(Error::Config(format!(
-            "--gpus {n} is not a multiple of --gpus-per-node {g}: a job fills whole nodes"
-        )));
-    }
-    if req.global_batch == 0 {
-        return Err(Error::flag("--global-batch-size", 0, "a positive number of sequences"));
-    }
-    let pinned = |name: &str, value: usize, why: String| Error::Config(format!("{name} {value}: {why}"));
-    let pins = req.pins;
-    let mut ranked = Vec::new();
-    let mut by_tp_pp: BTreeMap<(usize, usize), (Option<Candidate>, Candidate)> = BTreeMap::new();
-    let mut considered = 0;
-    let mut batch_problem = None;
+    check_request(req)?;
+    let (n, pins) = (req.gpus, req.pins);
+    let mut search = Search::default();
     for t in pins.tp.map(|t| vec![t]).unwrap_or_else(|| divisors(n)) {
         if let Some(why) = tp_problem(req, t) {
             match pins.tp {
@@ -356,7 +343,7 @@ pub fn plan(req: &Request) -> Result<Plan> {
             }
             let dp = n / (t * p);
             if !req.global_batch.is_multiple_of(dp) {
-                batch_problem.get_or_insert(format!(
+                search.batch_problem.get_or_insert(format!(
                     "--global-batch-size {} does not split over {dp} data-parallel ranks (tp {t}, pp {p})",
                     req.global_batch
                 ));
@@ -365,120 +352,185 @@ pub fn plan(req: &Request) -> Result<Plan> {
             let per_rank = req.global_batch / dp;
             for b in pins.micro_batch.map(|b| vec![b]).unwrap_or_else(|| divisors(per_rank)) {
                 if b == 0 || !per_rank.is_multiple_of(b) {
-                    batch_problem.get_or_insert(format!(
+                    search.batch_problem.get_or_insert(format!(
                         "--micro-batch-size {b} does not divide the {per_rank} sequences per data-parallel rank (tp {t}, pp {p})"
                     ));
                     continue;
                 }
-                let m = per_rank / b;
-                let wanted: Vec<TpMode> = TpMode::for_group(t)
-                    .into_iter()
-                    .filter(|mode| pins.tp_mode.is_none_or(|name| name == mode.name()))
-                    .filter(|mode| match (mode, pins.depth) {
-                        (TpMode::Summa { depth, .. }, Some(d)) => *depth == d,
-                        _ => true,
-                    })
-                    .collect();
-                let mut modes = Vec::new();
-                let mut why_not = None;
-                for mode in wanted {
-                    match mode_problem(req, t, mode) {
-                        None => modes.push(mode),
-                        Some(why) => {
-                            why_not.get_or_insert(why);
-                        }
-                    }
-                }
-                if modes.is_empty() && pins.tp.is_some() {
-                    let why = why_not.unwrap_or_else(|| {
-                        let mode = pins.tp_mode.unwrap_or("1d");
-                        format!("{t} ranks do not form the grid --tensor-parallel-mode {mode} needs (q², or d q²)")
-                    });
-                    return Err(pinned("--tensor-model-parallel-size", t, why));
-                }
-                for mode in modes {
+                for mode in tp_modes(req, t)? {
                     if let TpMode::Summa { q, depth } = mode {
                         if !b.is_multiple_of(q * depth) {
                             continue;
                         }
                     }
-                    let vpps: Vec<usize> = match pins.vpp {
-                        Some(v) => vec![v],
-                        None => divisors(req.shape.num_layers / p),
+                    let layout = Layout {
+                        tp_mode: mode,
+                        tp: t,
+                        pp: p,
+                        dp,
+                        vpp: 1,
+                        micro_batch: b,
+                        recompute: Recompute::None,
+                        zero1: false,
+                        sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
                     };
-                    for v in vpps {
-                        if let Some(why) = vpp_problem(req, p, v, m) {
-                            if pins.vpp.is_some() {
-                                batch_problem
-                                    .get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {v}: {why}"));
-                            }
-                            continue;
-                        }
-                        let recomputes = match pins.recompute {
-                            Some(r) => vec![r],
-                            None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
-                        };
-                        for recompute in recomputes {
-                            let replicas = dp * mode.summa_depth();
-                            let zero1s = match pins.zero1 {
-                                Some(z) => vec![z],
-                                None if replicas == 1 => vec![false],
-                                None => vec![false, true],
-                            };
-                            for zero1 in zero1s {
-                                let layout = Layout {
-                                    tp_mode: mode,
-                                    tp: t,
-                                    pp: p,
-                                    dp,
-                                    vpp: v,
-                                    micro_batch: b,
-                                    recompute,
-                                    zero1,
-                                    sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
-                                };
-                                let c = price(req, layout);
-                                considered += 1;
-                                let fits = c.memory.total_bytes() <= req.usable_bytes();
-                                let entry = by_tp_pp.entry((t, p)).or_insert((None, c));
-                                if c.memory.total_bytes() < entry.1.memory.total_bytes() {
-                                    entry.1 = c;
-                                }
-                                if fits {
-                                    if entry.0.is_none_or(|best| better(&c, &best)) {
-                                        entry.0 = Some(c);
-                                    }
-                                    ranked.push(c);
-                                }
-                            }
-                        }
-                    }
+                    search.variants(req, layout, per_rank / b);
                 }
             }
         }
     }
-    if considered == 0 {
-        return Err(Error::Config(batch_problem.unwrap_or_else(|| {
-            format!("no tensor- and pipeline-parallel split of this model fits {n} GPUs of {g} per node")
-        })));
+    search.finish(req)
+}
+
+/// The request's own errors, before any layout: no GPUs, GPUs that do not fill whole nodes, an
+/// empty batch.
+fn check_request(req: &Request) -> Result<()> {
+    let (n, g) = (req.gpus, req.machine.gpus_per_node);
+    if n == 0 {
+        return Err(Error::flag("--gpus", 0, "a positive number of GPUs"));
     }
-    if ranked.is_empty() {
-        let smallest =
-            by_tp_pp.values().map(|v| v.1).min_by(|a, b| a.memory.total_bytes().total_cmp(&b.memory.total_bytes()));
-        let s = smallest.expect("considered > 0 means at least one priced layout");
+    if n > g && !n.is_multiple_of(g) {
         return Err(Error::Config(format!(
-            "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \
-             use more GPUs or a GPU with more memory{}",
-            req.usable_bytes() / GIB,
-            req.machine.memory_bytes / GIB,
-            1.0 - req.memory_headroom,
-            s.memory_gib(),
-            report::describe(&s.layout),
-            if pins.recompute.is_some() || pins.zero1.is_some() { ", or unpin recompute / ZeRO-1" } else { "" },
+            "--gpus {n} is not a multiple of --gpus-per-node {g}: a job fills whole nodes"
         )));
     }
-    ranked.sort_by(ranking);
-    Ok(Plan { ranked, considered, by_tp_pp })
+    if req.global_batch == 0 {
+        return Err(Error::flag("--global-batch-size", 0, "a positive number of sequences"));
+    }
+    Ok(())
+}
+
+/// The error of a pinned flag whose value cannot work.
+fn pinned(name: &str, value: usize, why: String) -> Error {
+    Error::Config(format!("{name} {value}: {why}"))
+}
+
+/// The tensor-parallel modes of a group of `t` ranks that the pins allow and that can split this
+/// model; none with a pinned tensor-parallel size is an error saying why.
+fn tp_modes(req: &Request, t: usize) -> Result<Vec<TpMode>> {
+    let pins = req.pins;
+    let wanted = TpMode::for_group(t)
+        .into_iter()
+        .filter(|mode| pins.tp_mode.is_none_or(|name| name == mode.name()))
+        .filter(|mode| match (mode, pins.depth) {
+            (TpMode::Summa { depth, .. }, Some(d)) => *depth == d,
+            _ => true,
+        });
+    let mut modes = Vec::new();
+    let mut why_not = None;
+    for mode in wanted {
+        match mode_problem(req, t, mode) {
+            None => modes.push(mode),
+            Some(why) => {
+                why_not.get_or_insert(why);
+            }
+        }
+    }
+    if modes.is_empty() && pins.tp.is_some() {
+        let why = why_not.unwrap_or_else(|| {
+            let mode = pins.tp_mode.unwrap_or("1d");
+            format!("{t} ranks do not form the grid --tensor-parallel-mode {mode} needs (q², or d q²)")
+        });
+        return Err(pinned("--tensor-model-parallel-size", t, why));
+    }
+    Ok(modes)
+}
+
+/// What the enumeration has found so far.
+#[derive(Default)]
+struct Search {
+    /// Every priced layout that fits.
+    ranked: Vec<Candidate>,
+    /// Per (tp, pp): the fastest layout that fits, and the one that needs the least memory.
+    by_tp_pp: BTreeMap<(usize, usize), (Option<Candidate>, Candidate)>,
+    /// Layouts priced.
+    considered: usize,
+    /// The first batch split (or pinned virtual-stage count) refused, for the error when no
+    /// layout was priced at all.
+    batch_problem: Option<String>,
+}
+
+impl Search {
+    /// Prices `layout` with every virtual-stage count, recompute choice and ZeRO-1 setting the
+    /// pins allow, for `micro_batches` micro-batches per pipeline.
+    fn variants(&mut self, req: &Request, layout: Layout, micro_batches: usize) {
+        let (pins, p) = (req.pins, layout.pp);
+        let vpps: Vec<usize> = match pins.vpp {
+            Some(v) => vec![v],
+            None => divisors(req.shape.num_layers / p),
+        };
+        for vpp in vpps {
+            if let Some(why) = vpp_problem(req, p, vpp, micro_batches) {
+                if pins.vpp.is_some() {
+                    self.batch_problem.get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {vpp}: {why}"));
+                }
+                continue;
+            }
+            let recomputes = match pins.recompute {
+                Some(r) => vec![r],
+                None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            };
+            for recompute in recomputes {
+                let replicas = layout.dp * layout.tp_mode.summa_depth();
+                let zero1s = match pins.zero1 {
+                    Some(z) => vec![z],
+                    None if replicas == 1 => vec![false],
+                    None => vec![false, true],
+                };
+                for zero1 in zero1s {
+                    self.record(req, Layout { vpp, recompute, zero1, ..layout });
+                }
+            }
+        }
+    }
+
+    /// Prices one layout and keeps it if it fits, and its (tp, pp)'s fastest and smallest.
+    fn record(&mut self, req: &Request, layout: Layout) {
+        let c = price(req, layout);
+        self.considered += 1;
+        let fits = c.memory.total_bytes() <= req.usable_bytes();
+        let entry = self.by_tp_pp.entry((layout.tp, layout.pp)).or_insert((None, c));
+        if c.memory.total_bytes() < entry.1.memory.total_bytes() {
+            entry.1 = c;
+        }
+        if fits {
+            if entry.0.is_none_or(|best| better(&c, &best)) {
+                entry.0 = Some(c);
+            }
+            self.ranked.push(c);
+        }
+    }
+
+    /// The ranked plan, or why nothing was priced or nothing fits.
+    fn finish(mut self, req: &Request) -> Result<Plan> {
+        if self.considered == 0 {
+            let (n, g) = (req.gpus, req.machine.gpus_per_node);
+            return Err(Error::Config(self.batch_problem.unwrap_or_else(|| {
+                format!("no tensor- and pipeline-parallel split of this model fits {n} GPUs of {g} per node")
+            })));
+        }
+        if self.ranked.is_empty() {
+            let smallest = self
+                .by_tp_pp
+                .values()
+                .map(|v| v.1)
+                .min_by(|a, b| a.memory.total_bytes().total_cmp(&b.memory.total_bytes()));
+            let s = smallest.expect("considered > 0 means at least one priced layout");
+            let pins = req.pins;
+            return Err(Error::Config(format!(
+                "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \
+                 use more GPUs or a GPU with more memory{}",
+                req.usable_bytes() / GIB,
+                req.machine.memory_bytes / GIB,
+                1.0 - req.memory_headroom,
+                s.memory_gib(),
+                report::describe(&s.layout),
+                if pins.recompute.is_some() || pins.zero1.is_some() { ", or unpin recompute / ZeRO-1" } else { "" },
+            )));
+        }
+        self.ranked.sort_by(ranking);
+        Ok(Plan { ranked: self.ranked, considered: self.considered, by_tp_pp: self.by_tp_pp })
+    }
 }
 
 /// Ranking: shorter iteration first; at equal time, less memory, then the smaller

@@ -470,7 +470,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let started = std::time::Instant::now();
     let (name, checks) = match device {
         "cpu" => {
-            let dev = crate::device::cpu::CpuDevice::new(crate::device::cpu::pool::default_threads());
+            let dev = crate::device::cpu::CpuDevice::new(crate::comm::runtime::process_cpus());
             (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
         }
         "cuda" => {

@@ -19,13 +19,20 @@
 //! On the AVX512-BF16 path, unit-stride slabs are packed with AVX-512F integer rounding (and a
 //! 16×16 word transpose when the depth is the contiguous index), bit-identical to `to_bf16`; a
 //! test compares the two on random bit patterns. Packing costs more than the multiply when done
-//! scalar, which is why it is vectorized.
+//! scalar, which is why it is vectorized. The x86 code (that packing and the AVX512-BF16 tile)
+//! sits with the f32 kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in
+//! `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::gemm::{check_view, run_tasks, with_buffer, AlignedBuffer, Grid, MatRef, PARALLEL_MIN_MACS};
+use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
+use super::gemm::pack::Slab;
+use super::gemm::portable::store_tile;
+#[cfg(target_arch = "x86_64")]
+use super::gemm::x86;
+use super::gemm::MatRef;
 use super::pool::ThreadPool;
 
 /// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports.
@@ -128,22 +135,9 @@ pub fn gemm_bf16_with(
     accumulate: bool,
 ) {
     assert!(kernel.is_available(), "bf16 GEMM kernel {} is not supported by this CPU", kernel.name());
-    check_view("A", &a, m, k);
-    check_view("B", &b, k, n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(ldc >= n, "GEMM: ldc {ldc} is smaller than n {n}");
-    let c_needed = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n)).expect("GEMM: C extent overflows usize");
-    assert!(c.len() >= c_needed, "GEMM: C has {} elements, needs {c_needed}", c.len());
-    if k == 0 {
-        if !accumulate {
-            c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
-        }
-        return;
-    }
-    let problem = Problem { m, n, k, a, b, c: SharedMut(c.as_mut_ptr()), ldc, accumulate, kernel };
-    drive(pool, &problem);
+    let Some(problem) = Problem::new((m, n, k), a, b, (c, ldc), accumulate) else { return };
+    // The same split of C into one rectangle of whole tiles per task as `gemm`.
+    for_each_rectangle(pool, &problem, (MR, NR), &|rows, cols| blocked(&problem, kernel, rows, cols));
 }
 
 /// Rows of C per tile.
@@ -158,36 +152,6 @@ const MC: usize = 128;
 /// Column block (a multiple of `NR`): the packed B block every row block reuses.
 const NC: usize = 3072;
 
-/// A raw pointer to C that tasks on several threads hold at once; each writes a disjoint region.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-
-// SAFETY: the pointer is only dereferenced inside the rectangle of C a task owns (see `drive`),
-// so no two threads touch the same element; `ThreadPool::run` returning orders the writes.
-unsafe impl Send for SharedMut {}
-// SAFETY: as above.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// Taking `self` by value makes closures capture the whole wrapper, not the bare pointer.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// The validated arguments of one call.
-struct Problem<'a> {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatRef<'a>,
-    b: MatRef<'a>,
-    c: SharedMut,
-    ldc: usize,
-    accumulate: bool,
-    kernel: Bf16Kernel,
-}
-
 thread_local! {
     /// Each thread's packed A block (bf16 pairs), reused across calls.
     static PACKED_A: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
@@ -195,25 +159,8 @@ thread_local! {
     static PACKED_B: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
 }
 
-/// Cuts C into one rectangle of whole tiles per task (the same `Grid` as `gemm`) and runs the
-/// blocked loop nest on each.
-fn drive(pool: &ThreadPool, p: &Problem<'_>) {
-    let threads = pool.threads();
-    let parallel = threads > 1 && p.m.saturating_mul(p.n).saturating_mul(p.k) >= PARALLEL_MIN_MACS;
-    let (row_tiles, col_tiles) = (p.m.div_ceil(MR), p.n.div_ceil(NR));
-    let grid = if parallel { Grid::choose(row_tiles, col_tiles, threads, p.m, p.n) } else { Grid::SERIAL };
-    run_tasks(pool, parallel, grid.rows * grid.cols, &|task| {
-        let (tiles, slivers) = grid.task(task, row_tiles, col_tiles);
-        let rows = tiles.start * MR..(tiles.end * MR).min(p.m);
-        let cols = slivers.start * NR..(slivers.end * NR).min(p.n);
-        if !rows.is_empty() && !cols.is_empty() {
-            blocked(p, rows, cols);
-        }
-    });
-}
-
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
-fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
     let words_max = KC.min(p.k).div_ceil(2);
     let nc_max = NC.min(cols.len()).div_ceil(NR) * NR;
     let mc_max = MC.min(rows.len()).div_ceil(MR) * MR;
@@ -225,15 +172,14 @@ fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
                     let kc = KC.min(p.k - pc);
                     let words = kc.div_ceil(2);
                     let packed_b = &mut packed_b[..nc.div_ceil(NR) * NR * words];
-                    let b_base = pc * p.b.row_stride + jc * p.b.col_stride;
-                    pack(p.kernel, p.b.data, b_base, p.b.col_stride, p.b.row_stride, nc, kc, NR, packed_b);
+                    pack(kernel, &Slab::of_b(&p.b, (pc, kc), (jc, nc), NR), packed_b);
                     let accumulate = p.accumulate || pc > 0;
                     for ic in rows.clone().step_by(MC) {
                         let mc = MC.min(rows.end - ic);
                         let packed_a = &mut packed_a[..mc.div_ceil(MR) * MR * words];
-                        let a_base = ic * p.a.row_stride + pc * p.a.col_stride;
-                        pack(p.kernel, p.a.data, a_base, p.a.row_stride, p.a.col_stride, mc, kc, MR, packed_a);
-                        macro_kernel(p, packed_a, packed_b, words, (ic, mc), (jc, nc), accumulate);
+                        pack(kernel, &Slab::of_a(&p.a, (ic, mc), (pc, kc), MR), packed_a);
+                        let packed = (&*packed_a, &*packed_b, words);
+                        macro_kernel(p, kernel, packed, (ic, mc), (jc, nc), accumulate);
                     }
                 }
             }
@@ -246,14 +192,13 @@ fn blocked(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
 /// add (or store) per element that a full tile gets, so they round identically.
 fn macro_kernel(
     p: &Problem<'_>,
-    packed_a: &[u32],
-    packed_b: &[u32],
-    words: usize,
+    kernel: Bf16Kernel,
+    (packed_a, packed_b, words): (&[u32], &[u32], usize),
     (i0, mc): (usize, usize),
     (j0, nc): (usize, usize),
     accumulate: bool,
 ) {
-    let mut edge = [0.0f32; MR * NR];
+    let mut edge = EdgeTile::new();
     for (s, b) in packed_b.chunks_exact(words * NR).enumerate() {
         let j = j0 + s * NR;
         let width = NR.min(j0 + nc - j);
@@ -266,16 +211,13 @@ fn macro_kernel(
             if height == MR && width == NR {
                 // SAFETY: a full tile lies inside C with row stride ldc; the slivers hold
                 // words*MR and words*NR words; the kernel was checked available at entry.
-                unsafe { tile(p.kernel, words, a, b, c, p.ldc, accumulate) };
+                unsafe { tile(kernel, words, a, b, c, p.ldc, accumulate) };
             } else {
-                // SAFETY: the scratch tile holds MR*NR floats with row stride NR.
-                unsafe { tile(p.kernel, words, a, b, edge.as_mut_ptr(), NR, false) };
-                for (ii, edge_row) in edge.chunks_exact(NR).take(height).enumerate() {
-                    // SAFETY: rows < height and columns < width of this tile are inside C.
-                    let c_row = unsafe { std::slice::from_raw_parts_mut(c.add(ii * p.ldc), width) };
-                    for (out, &value) in c_row.iter_mut().zip(edge_row) {
-                        *out = if accumulate { *out + value } else { value };
-                    }
+                // SAFETY: the scratch tile holds MR*NR floats with row stride NR; rows < height and
+                // columns < width of this tile are inside C.
+                unsafe {
+                    tile(kernel, words, a, b, edge.as_mut_ptr(), NR, false);
+                    edge.apply(NR, c, p.ldc, (height, width), accumulate);
                 }
             }
         }
@@ -293,7 +235,9 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; availability was asserted in `gemm_bf16_with`.
-        Bf16Kernel::Avx512Bf16 => unsafe { x86::tile_avx512bf16(words, a.as_ptr(), b.as_ptr(), c, ldc, acc) },
+        Bf16Kernel::Avx512Bf16 => unsafe {
+            x86::bf16_gemm::tile_avx512bf16::<MR>(words, a.as_ptr(), b.as_ptr(), c, ldc, acc)
+        },
         #[cfg(not(target_arch = "x86_64"))]
         Bf16Kernel::Avx512Bf16 => unreachable!("checked by is_available"),
         // SAFETY: forwarded contract.
@@ -306,18 +250,8 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
 /// and `(s*lanes + w, 2t + 1)` in its high half, where element `(w, q)` is
 /// `src[base + w*wide_stride + q*deep_stride]`. Lanes past `width` and the half past an odd `kc`
 /// are zero.
-#[allow(clippy::too_many_arguments)] // Internal; the strides read best spelled out.
-fn pack(
-    kernel: Bf16Kernel,
-    src: &[f32],
-    base: usize,
-    wide_stride: usize,
-    deep_stride: usize,
-    width: usize,
-    kc: usize,
-    lanes: usize,
-    dst: &mut [u32],
-) {
+fn pack(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
     let words = kc.div_ceil(2);
     assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * words);
     let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
@@ -338,7 +272,9 @@ fn pack(
             // SAFETY: `sliver_src` holds elements (w, q) for w < sliver_width, q < kc at the given
             // strides (its far corner was checked above), `sliver` holds words*lanes words, and
             // this kernel is only used after detecting AVX-512F.
-            unsafe { x86::pack_sliver(sliver_src, wide_stride, deep_stride, sliver_width, kc, lanes, sliver) };
+            unsafe {
+                x86::bf16_gemm::pack_sliver(sliver_src, wide_stride, deep_stride, sliver_width, kc, lanes, sliver)
+            };
             continue;
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -391,212 +327,14 @@ unsafe fn tile_portable(words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: us
             }
         }
     }
-    for (i, acc_row) in acc.iter().enumerate() {
-        // SAFETY: the caller guarantees NR writable floats in each of the MR rows.
-        let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), NR) };
-        for (out, &value) in row.iter_mut().zip(acc_row) {
-            *out = if accumulate { *out + value } else { value };
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{MR, NR};
-    use crate::device::cpu::gemm::x86::transpose16;
-
-    /// `to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
-    /// bits of its f32 lane in its low half.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn to_bf16_x16(v: __m512) -> __m512i {
-        let bits = _mm512_castps_si512(v);
-        let top = _mm512_srli_epi32::<16>(bits);
-        let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
-        let odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
-        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd));
-        let quiet_nan = _mm512_or_si512(top, _mm512_set1_epi32(0x0040));
-        let signed_zero = _mm512_and_si512(top, _mm512_set1_epi32(0x8000));
-        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
-        let tiny = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x0080_0000));
-        _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(rounded, nan, quiet_nan), tiny, signed_zero)
-    }
-
-    /// Lanes `0..count` set (`count <= 16`).
-    fn mask(count: usize) -> __mmask16 {
-        ((1u32 << count.min(16)) - 1) as __mmask16
-    }
-
-    /// The AVX-512 form of one sliver of `super::pack` (bit-identical to the scalar one): element
-    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]`, and `dst[t*lanes + w]` becomes the word of
-    /// `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and past `kc`. One of the strides is 1.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; every element `(w, q)` with `w < width`, `q < kc` lies in
-    /// `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and `width <=
-    /// lanes`.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn pack_sliver(
-        src: &[f32],
-        wide_stride: usize,
-        deep_stride: usize,
-        width: usize,
-        kc: usize,
-        lanes: usize,
-        dst: &mut [u32],
-    ) {
-        let words = kc.div_ceil(2);
-        debug_assert!(width >= 1 && width <= lanes && dst.len() == words * lanes && lanes.is_multiple_of(8));
-        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
-        // Addresses of masked-off elements are formed with wrapping arithmetic only; a load with
-        // an all-zero mask reads no memory and yields zeros.
-        let at = |w: usize, q: usize| src.wrapping_add(w * wide_stride + q * deep_stride);
-        for group in (0..lanes).step_by(16) {
-            let group_lanes = 16.min(lanes - group);
-            let store = mask(group_lanes);
-            let valid = width.saturating_sub(group).min(16);
-            if wide_stride == 1 {
-                // Depth steps 2t and 2t+1 are two contiguous runs of lanes.
-                for t in 0..words {
-                    // SAFETY: unmasked lanes are elements (group + w, q) with w < valid, q < kc;
-                    // the store writes lanes group..group+group_lanes of line t.
-                    unsafe {
-                        let even = _mm512_maskz_loadu_ps(mask(valid), at(group, 2 * t));
-                        let odd_mask = if 2 * t + 1 < kc { mask(valid) } else { 0 };
-                        let odd = _mm512_maskz_loadu_ps(odd_mask, at(group, 2 * t + 1));
-                        let word = _mm512_or_si512(to_bf16_x16(even), _mm512_slli_epi32::<16>(to_bf16_x16(odd)));
-                        _mm512_mask_storeu_epi32(dst.add(t * lanes + group).cast(), store, word);
-                    }
-                }
-            } else {
-                // Each row is contiguous along the depth: convert 32 depth steps (16 words) of 16
-                // rows, pair even and odd steps, then transpose rows into lines.
-                let even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-                let odd_index = _mm512_add_epi32(even_index, _mm512_set1_epi32(1));
-                for q0 in (0..kc).step_by(32) {
-                    let depth = 32.min(kc - q0);
-                    let mut rows = [_mm512_setzero_ps(); 16];
-                    for (r, row) in rows.iter_mut().enumerate().take(valid) {
-                        // SAFETY: unmasked lanes are elements (group + r, q) with q < kc.
-                        let (first, second) = unsafe {
-                            (
-                                _mm512_maskz_loadu_ps(mask(depth), at(group + r, q0)),
-                                _mm512_maskz_loadu_ps(mask(depth.saturating_sub(16)), at(group + r, q0 + 16)),
-                            )
-                        };
-                        let (first, second) = (to_bf16_x16(first), to_bf16_x16(second));
-                        let even = _mm512_permutex2var_epi32(first, even_index, second);
-                        let odd = _mm512_permutex2var_epi32(first, odd_index, second);
-                        *row = _mm512_castsi512_ps(_mm512_or_si512(even, _mm512_slli_epi32::<16>(odd)));
-                    }
-                    // SAFETY: the CPU supports AVX-512F.
-                    let lines = unsafe { transpose16(rows) };
-                    for (t, line) in lines.iter().enumerate().take(depth.div_ceil(2)) {
-                        // SAFETY: line q0/2 + t < words; lanes group..group+group_lanes <= lanes.
-                        unsafe {
-                            _mm512_mask_storeu_epi32(
-                                dst.add((q0 / 2 + t) * lanes + group).cast(),
-                                store,
-                                _mm512_castps_si512(*line),
-                            )
-                        };
-                    }
-                }
-            }
-        }
-    }
-
-    /// The AVX512-BF16 tile: 8 rows × 2 zmm (32 columns), 16 accumulators; per depth pair one
-    /// broadcast of A's word and two `vdpbf16ps` per row.
-    ///
-    /// # Safety
-    /// `a` holds `words * MR` and `b` `words * NR` readable words; C rows `0..MR` at stride `ldc`
-    /// have `NR` writable floats each; the CPU supports AVX-512F and AVX512-BF16.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn tile_avx512bf16(
-        words: usize,
-        a: *const u32,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees; the
-        // transmutes reinterpret 64 bytes of packed bf16 pairs as the bf16 vector type.
-        unsafe {
-            for i in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
-            }
-            let mut lo = [_mm512_setzero_ps(); MR];
-            let mut hi = [_mm512_setzero_ps(); MR];
-            let (mut a, mut b) = (a, b);
-            for _ in 0..words {
-                let b_lo = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.cast()));
-                let b_hi = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(16).cast()));
-                for i in 0..MR {
-                    let a_i = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(i) as i32));
-                    lo[i] = _mm512_dpbf16_ps(lo[i], a_i, b_lo);
-                    hi[i] = _mm512_dpbf16_ps(hi[i], a_i, b_hi);
-                }
-                a = a.add(MR);
-                b = b.add(NR);
-            }
-            for i in 0..MR {
-                let row = c.add(i * ldc);
-                if accumulate {
-                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), lo[i]));
-                    _mm512_storeu_ps(row.add(16), _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]));
-                } else {
-                    _mm512_storeu_ps(row, lo[i]);
-                    _mm512_storeu_ps(row.add(16), hi[i]);
-                }
-            }
-        }
-    }
+    // SAFETY: the caller guarantees NR writable floats in each of the MR rows.
+    unsafe { store_tile(&acc, c, ldc, accumulate) }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::gemm::test_support::{self, fill, view, Storage, STORAGES};
+    use super::super::gemm::test_support::{fill, run, same_bits, STORAGES};
     use super::*;
-
-    fn rounded(x: f32) -> f64 {
-        from_bf16(to_bf16(x)) as f64
-    }
-
-    fn available_kernels() -> Vec<Bf16Kernel> {
-        let kernels: Vec<_> = Bf16Kernel::ALL.into_iter().filter(|k| k.is_available()).collect();
-        if !kernels.contains(&Bf16Kernel::Avx512Bf16) {
-            eprintln!("note: CPU lacks avx512bf16, only the portable kernel is tested");
-        }
-        kernels
-    }
-
-    /// One case against the f64 oracle over the bf16-rounded inputs.
-    fn check_case(
-        kernel: Bf16Kernel,
-        pool: &ThreadPool,
-        (m, n, k): (usize, usize, usize),
-        a_storage: Storage,
-        b_storage: Storage,
-        accumulate: bool,
-        ldc_pad: usize,
-    ) {
-        let tolerance = 1e-5 * (k.max(1) as f64).sqrt();
-        test_support::check_case(
-            &format!("{kernel:?}"),
-            (m, n, k),
-            (a_storage, b_storage),
-            accumulate,
-            ldc_pad,
-            tolerance,
-            rounded,
-            |a, b, c, ldc| gemm_bf16_with(kernel, pool, m, n, k, a, b, c, ldc, accumulate),
-        );
-    }
 
     #[test]
     fn gemm_bf16_rounding_is_nearest_even() {
@@ -612,98 +350,6 @@ mod tests {
         assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
         assert_eq!(to_bf16(f32::from_bits(1)), 0);
         assert_eq!(to_bf16(-f32::from_bits(1)), 0x8000);
-    }
-
-    #[test]
-    fn gemm_bf16_matches_reference_on_ragged_shapes() {
-        let pool = ThreadPool::new(2);
-        let sizes = [1, 7, 17, 33, 100, 257];
-        let depths = [1, 3, 7, 17, 33, 101, 257];
-        for kernel in available_kernels() {
-            for (index, &m) in sizes.iter().enumerate() {
-                for step in 0..sizes.len() {
-                    let n = sizes[(index + step) % sizes.len()];
-                    let k = depths[(index * 3 + step * 5) % depths.len()];
-                    let (a_storage, b_storage) = STORAGES[(index + step) % 4];
-                    check_case(kernel, &pool, (m, n, k), a_storage, b_storage, step % 2 == 1, step % 3);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn gemm_bf16_matches_reference_in_every_layout() {
-        let pool = ThreadPool::new(2);
-        let shapes = [(257, 100, 33), (33, 257, 101), (100, 17, 257), (7, 33, 1)];
-        for kernel in available_kernels() {
-            for &shape in &shapes {
-                for (a_storage, b_storage) in STORAGES {
-                    for accumulate in [false, true] {
-                        check_case(kernel, &pool, shape, a_storage, b_storage, accumulate, 3);
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn gemm_bf16_crosses_every_blocking_boundary() {
-        // Deeper than KC (and odd), wider than NC and taller than MC.
-        let pool = ThreadPool::new(3);
-        for kernel in available_kernels() {
-            check_case(kernel, &pool, (150, 3100, 801), Storage::RowMajor, Storage::Transposed, false, 0);
-            check_case(kernel, &pool, (301, 70, 1537), Storage::Transposed, Storage::RowMajor, true, 5);
-        }
-    }
-
-    #[test]
-    fn gemm_bf16_empty_depth_zeroes_or_keeps_c() {
-        let pool = ThreadPool::new(2);
-        for kernel in available_kernels() {
-            let mut c = vec![5.0f32; 3 * 6];
-            let empty = MatRef::row_major(&[], 0);
-            gemm_bf16_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, true);
-            assert!(c.iter().all(|&x| x == 5.0));
-            gemm_bf16_with(kernel, &pool, 3, 4, 0, empty, empty, &mut c, 6, false);
-            for (index, &x) in c.iter().enumerate() {
-                assert_eq!(x, if index % 6 < 4 { 0.0 } else { 5.0 });
-            }
-        }
-    }
-
-    fn run(
-        kernel: Bf16Kernel,
-        pool: &ThreadPool,
-        (m, n, k): (usize, usize, usize),
-        storage: (Storage, Storage),
-    ) -> Vec<f32> {
-        let a_data = fill(m * k, 11);
-        let b_data = fill(k * n, 12);
-        let a = view(&a_data, m, k, storage.0);
-        let b = view(&b_data, k, n, storage.1);
-        let mut c = fill(m * n, 13);
-        gemm_bf16_with(kernel, pool, m, n, k, a, b, &mut c, n, true);
-        c
-    }
-
-    fn same_bits(x: &[f32], y: &[f32]) -> bool {
-        x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
-    }
-
-    #[test]
-    fn gemm_bf16_bit_identical_for_any_thread_count() {
-        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
-        let shapes = [(64, 768, 3072), (1024, 64, 255), (129, 257, 301), (300, 3100, 71)];
-        for kernel in available_kernels() {
-            for &shape in &shapes {
-                for storage in STORAGES {
-                    let results: Vec<Vec<f32>> = pools.iter().map(|pool| run(kernel, pool, shape, storage)).collect();
-                    for other in &results[1..] {
-                        assert!(same_bits(&results[0], other), "{kernel:?} {shape:?} differs across thread counts");
-                    }
-                }
-            }
-        }
     }
 
     #[test]
@@ -751,17 +397,13 @@ mod tests {
                     }
                     let size = kc.div_ceil(2) * lanes;
                     let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
-                    pack(Bf16Kernel::Avx512Bf16, &data, 0, wide, deep, width, kc, lanes, &mut fast);
-                    pack(Bf16Kernel::Portable, &data, 0, wide, deep, width, kc, lanes, &mut scalar);
+                    let slab = Slab { src: &data, base: 0, wide_stride: wide, deep_stride: deep, width, kc, lanes };
+                    pack(Bf16Kernel::Avx512Bf16, &slab, &mut fast);
+                    pack(Bf16Kernel::Portable, &slab, &mut scalar);
                     assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide}, {deep})");
                 }
             }
         }
-    }
-
-    #[test]
-    fn gemm_bf16_best_kernel_is_available() {
-        assert!(best_bf16_kernel().is_available());
     }
 
     /// GFLOP/s of bf16 vs f32 GEMM on 2 threads against the FMA peak:

@@ -63,17 +63,14 @@ impl CpuDevice {
         &self.pool
     }
 
-    /// The GEMM the linear layers use: f32, or bf16 operands under bf16 mixed precision.
-    #[allow(clippy::too_many_arguments)]
+    /// The GEMM the linear layers use, `C (+)= A·B` for an `m × k` A and a `k × n` B: f32, or
+    /// bf16 operands under bf16 mixed precision.
     fn matmul(
         &self,
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         a: MatRef<'_>,
         b: MatRef<'_>,
-        c: &mut [f32],
-        ldc: usize,
+        (c, ldc): (&mut [f32], usize),
         accumulate: bool,
     ) {
         if self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed) {
@@ -306,7 +303,7 @@ impl Device for CpuDevice {
     }
 
     fn layernorm_sums(&self, inp: &Vec<f32>, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
-        kernels::layernorm_sums_rows(&inp[..rows * cols], cols, mean, &mut out[..rows]);
+        kernels::layernorm_sums_rows(inp, rows, cols, mean, out);
     }
     fn layernorm_apply(
         &self,
@@ -321,18 +318,7 @@ impl Device for CpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let n = rows * cols;
-        kernels::layernorm_apply_rows(
-            &mut out[..n],
-            &mut mean_out[..rows],
-            &mut rstd_out[..rows],
-            &inp[..n],
-            weight,
-            bias,
-            mean,
-            rstd,
-            cols,
-        );
+        kernels::layernorm_apply_rows(out, mean_out, rstd_out, inp, weight, bias, mean, rstd, rows, cols);
     }
     fn layernorm_backward_sums(
         &self,
@@ -345,16 +331,7 @@ impl Device for CpuDevice {
         cols: usize,
         out: &mut [f64],
     ) {
-        let n = rows * cols;
-        kernels::layernorm_backward_sums_rows(
-            &dout[..n],
-            &inp[..n],
-            weight,
-            &mean[..rows],
-            &rstd[..rows],
-            cols,
-            &mut out[..2 * rows],
-        );
+        kernels::layernorm_backward_sums_rows(dout, inp, weight, mean, rstd, rows, cols, out);
     }
     fn layernorm_backward_apply(
         &self,
@@ -371,19 +348,8 @@ impl Device for CpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let n = rows * cols;
         kernels::layernorm_backward_apply_rows(
-            &mut dinp[..n],
-            dweight,
-            dbias,
-            &dout[..n],
-            &inp[..n],
-            weight,
-            &mean[..rows],
-            &rstd[..rows],
-            sums,
-            n_cols,
-            cols,
+            dinp, dweight, dbias, dout, inp, weight, mean, rstd, sums, n_cols, rows, cols,
         );
     }
 
@@ -405,7 +371,7 @@ impl Device for CpuDevice {
         }
         let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
         let b = MatRef { data: &weight[..n * k], row_stride: 1, col_stride: k };
-        self.matmul(rows, n, k, a, b, out, n, bias.is_some());
+        self.matmul((rows, n, k), a, b, (out, n), bias.is_some());
     }
     fn linear_backward(
         &self,
@@ -422,11 +388,11 @@ impl Device for CpuDevice {
         if let Some(dinp) = dinp {
             let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
             let b = MatRef { data: &weight[..n * k], row_stride: k, col_stride: 1 };
-            self.matmul(rows, k, n, a, b, &mut dinp[..rows * k], k, false);
+            self.matmul((rows, k, n), a, b, (&mut dinp[..rows * k], k), false);
         }
         let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
         let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
-        self.matmul(n, k, rows, a, b, &mut dweight[..n * k], k, true);
+        self.matmul((n, k, rows), a, b, (&mut dweight[..n * k], k), true);
         if let Some(dbias) = dbias {
             let db = SharedMut::new(dbias);
             self.for_blocks(n, COLS_PER_TASK, &|c0, nc| {

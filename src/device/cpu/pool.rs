@@ -269,42 +269,6 @@ impl Drop for ThreadPool {
     }
 }
 
-/// The thread count to use by default: `SLURM_CPUS_PER_TASK` when it is set to a positive
-/// integer, else the CPUs in this process's affinity mask, else what the standard library
-/// reports, and never less than one.
-pub fn default_threads() -> usize {
-    if let Ok(value) = std::env::var("SLURM_CPUS_PER_TASK") {
-        if let Ok(count) = value.trim().parse::<usize>() {
-            if count >= 1 {
-                return count;
-            }
-        }
-    }
-    if let Some(count) = affinity_cpu_count() {
-        return count;
-    }
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-#[cfg(target_os = "linux")]
-fn affinity_cpu_count() -> Option<usize> {
-    // SAFETY: `cpu_set_t` is plain bits, so all-zero is a valid empty set; the kernel writes at
-    // most `size_of::<cpu_set_t>()` bytes into it, and CPU_COUNT only reads it.
-    let count = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return None;
-        }
-        libc::CPU_COUNT(&set)
-    };
-    usize::try_from(count).ok().filter(|&n| n >= 1)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn affinity_cpu_count() -> Option<usize> {
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,10 +391,5 @@ mod tests {
             });
         }
         assert_eq!(total.load(Ordering::Relaxed), 18);
-    }
-
-    #[test]
-    fn default_threads_is_positive() {
-        assert!(default_threads() >= 1);
     }
 }

@@ -1,0 +1,164 @@
+//! f32 GEMM for the CPU backend: BLIS-style packing and cache blocking around run-time selected
+//! AVX-512, AVX2+FMA and portable micro-kernels, parallel over independent blocks of C.
+//!
+//! `gemm` computes `C[i*ldc + j] = (accumulate ? C : 0) + Σ_p A(i,p)·B(p,j)` where each operand
+//! is a strided view (`MatRef`), so the three products of a training step need no transposes:
+//!
+//! | product                     | A              | B              |
+//! |-----------------------------|----------------|----------------|
+//! | forward `X·Wᵀ` ("NT")       | strides (K, 1) | strides (1, K) |
+//! | input grad `dY·W` ("NN")    | strides (K, 1) | strides (N, 1) |
+//! | weight grad `dYᵀ·X` ("TN")  | strides (1, M) | strides (N, 1) |
+//!
+//! Parallel split: C is cut into one rectangle of whole `MR × NR` tiles per thread (`Grid`), in
+//! M, in N or both, whichever balances best and packs least twice, and each task runs the whole
+//! loop nest below on its rectangle with its own thread-local buffers. There is no barrier
+//! inside a call and no thread reads another's packed data.
+//!
+//! Loop nest of one task, outermost first (names as in the BLIS papers):
+//! 1. `jc` over column blocks of `NC` columns;
+//! 2. `pc` over depth blocks of `KC`;
+//! 3. `ic` over row blocks of `MC` rows: pack the `MC × KC` block of A into `MR`-tall slivers
+//!    (it stays in L2), then run the micro-kernel over its tiles, B sliver outermost. During the
+//!    first row block the `KC × NC` block of B is packed into `NR`-wide slivers just before each
+//!    is first used, while the source of the next slivers is prefetched, so reading B from
+//!    memory overlaps with arithmetic; later row blocks reuse the packed B.
+//!
+//! Packing handles every stride: unit stride along the tile's width is a streaming copy, unit
+//! stride along the depth is a transpose (16×16 in registers on AVX-512), anything else a gather.
+//!
+//! Determinism: the depth blocking (`KC`), the tile grid and the order of every sum depend only on
+//! the shape and the kernel, never on the thread count; threads only pick different, disjoint
+//! rectangles of C. Results are therefore bit-identical for any pool size. Edge tiles run the same
+//! micro-kernel into a scratch tile and then apply the same single add (or store) to C that a full
+//! tile applies, so they round identically too.
+//!
+//! Tuning (AMD Zen 5 with AVX-512, 2 threads; see `trident bench gemm`): the AVX-512 kernel is 8 rows ×
+//! 32 columns (16 zmm accumulators; 8 divides the token counts of typical micro-batches, and the
+//! kernel alone runs at the FMA peak), KC = 768 (one depth block for d_model = 768, so C is read
+//! and written once), MC = 128 and NC = 3072.
+
+pub(crate) mod driver;
+pub(crate) mod pack;
+pub(crate) mod portable;
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+pub(crate) mod x86;
+
+#[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
+mod tests;
+
+use std::sync::OnceLock;
+
+use super::pool::ThreadPool;
+use driver::{drive, Problem};
+
+/// A read-only strided matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub data: &'a [f32],
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A row-major matrix with `cols` columns per row.
+    pub fn row_major(data: &'a [f32], cols: usize) -> MatRef<'a> {
+        MatRef { data, row_stride: cols, col_stride: 1 }
+    }
+
+    /// A view with `rows` rows whose storage is its transpose in row-major order, i.e. element
+    /// `(i, j)` is `data[j * rows + i]` (a weight `[out, in]` seen as `in × out`).
+    pub fn transposed(data: &'a [f32], rows: usize) -> MatRef<'a> {
+        MatRef { data, row_stride: 1, col_stride: rows }
+    }
+}
+
+/// The micro-kernel families; `best_kernel` picks the fastest the CPU supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl GemmKernel {
+    /// Every kernel, fastest first.
+    pub const ALL: [GemmKernel; 3] = [GemmKernel::Avx512, GemmKernel::Avx2, GemmKernel::Portable];
+
+    /// A short name for logs and benchmark tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmKernel::Avx512 => "avx512",
+            GemmKernel::Avx2 => "avx2",
+            GemmKernel::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            GemmKernel::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            GemmKernel::Avx2 => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
+            #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+            GemmKernel::Avx512 | GemmKernel::Avx2 => false,
+            GemmKernel::Portable => true,
+        }
+    }
+}
+
+/// The fastest kernel this CPU supports, detected once.
+pub fn best_kernel() -> GemmKernel {
+    static BEST: OnceLock<GemmKernel> = OnceLock::new();
+    *BEST.get_or_init(|| {
+        GemmKernel::ALL.into_iter().find(|kernel| kernel.is_available()).unwrap_or(GemmKernel::Portable)
+    })
+}
+
+/// `C = (accumulate ? C : 0) + A·B` for an `m × k` view A, a `k × n` view B and a row-major C
+/// with row stride `ldc`, using the best kernel for this CPU.
+#[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
+pub fn gemm(
+    pool: &ThreadPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    gemm_with(best_kernel(), pool, m, n, k, a, b, c, ldc, accumulate);
+}
+
+/// `gemm` with an explicit micro-kernel, for tests and benchmarks. Panics if the CPU cannot run
+/// `kernel` (check `GemmKernel::is_available` first) or if a slice is too short for its shape.
+#[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
+pub fn gemm_with(
+    kernel: GemmKernel,
+    pool: &ThreadPool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(kernel.is_available(), "GEMM kernel {} is not supported by this CPU", kernel.name());
+    let Some(problem) = Problem::new((m, n, k), a, b, (c, ldc), accumulate) else { return };
+    match kernel {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx512 => drive::<x86::Avx512>(pool, &problem),
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx2 => drive::<x86::Avx2>(pool, &problem),
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        GemmKernel::Avx512 | GemmKernel::Avx2 => unreachable!("checked by is_available above"),
+        GemmKernel::Portable => drive::<portable::Portable>(pool, &problem),
+    }
+}

@@ -1,0 +1,220 @@
+//! Packing for the f32 GEMM: a strided slab of A or B (the region the f32 and the bf16 GEMM both
+//! pack, `Slab`) into the kernel's `MR`-tall or `NR`-wide slivers (a streaming copy, a transpose
+//! or a gather, by stride), zero-padded past the edge, with the prefetches that let packing B
+//! overlap with arithmetic.
+
+use super::driver::MicroKernel;
+use super::MatRef;
+
+/// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:
+/// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`, `w` the index that becomes a
+/// tile row or column and `q` the depth.
+#[derive(Clone, Copy)]
+pub(crate) struct Slab<'a> {
+    pub(crate) src: &'a [f32],
+    pub(crate) base: usize,
+    pub(crate) wide_stride: usize,
+    pub(crate) deep_stride: usize,
+    pub(crate) width: usize,
+    pub(crate) kc: usize,
+    pub(crate) lanes: usize,
+}
+
+impl<'a> Slab<'a> {
+    /// Rows `i0..i0 + rows` of A at depths `p0..p0 + kc`, packed into `lanes`-tall slivers.
+    pub(crate) fn of_a(a: &MatRef<'a>, (i0, rows): (usize, usize), (p0, kc): (usize, usize), lanes: usize) -> Self {
+        let base = i0 * a.row_stride + p0 * a.col_stride;
+        Slab { src: a.data, base, wide_stride: a.row_stride, deep_stride: a.col_stride, width: rows, kc, lanes }
+    }
+
+    /// Columns `j0..j0 + cols` of B at depths `p0..p0 + kc`, packed into `lanes`-wide slivers.
+    pub(crate) fn of_b(b: &MatRef<'a>, (p0, kc): (usize, usize), (j0, cols): (usize, usize), lanes: usize) -> Self {
+        let base = p0 * b.row_stride + j0 * b.col_stride;
+        Slab { src: b.data, base, wide_stride: b.col_stride, deep_stride: b.row_stride, width: cols, kc, lanes }
+    }
+}
+
+impl Slab<'_> {
+    /// Slivers packed (and prefetched) together: where the sliver lines are contiguous in the
+    /// source, several slivers side by side make each source line a longer, cheaper read.
+    pub(super) fn slivers_per_group(&self) -> usize {
+        if self.wide_stride == 1 {
+            8
+        } else {
+            1
+        }
+    }
+
+    /// Width of `count` slivers starting at sliver `s` (the last one may be narrower).
+    fn group_width(&self, s: usize, count: usize) -> usize {
+        (count * self.lanes).min(self.width - s * self.lanes)
+    }
+
+    /// Packs `count` slivers starting at sliver `s` into `dst`.
+    pub(super) fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
+        let base = self.base + s * self.lanes * self.wide_stride;
+        let width = self.group_width(s, count);
+        pack::<K>(&Slab { base, width, ..*self }, dst);
+    }
+
+    /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
+    /// L2, so that packing them later reads from cache instead of waiting on memory. Layouts
+    /// with no unit stride are left to the hardware.
+    pub(super) fn prefetch_group(&self, s: usize, count: usize, part: usize, parts: usize) {
+        let base = self.base + s * self.lanes * self.wide_stride;
+        let width = self.group_width(s, count);
+        let (runs, run_len, run_stride) = if self.wide_stride == 1 {
+            (self.kc, width, self.deep_stride)
+        } else if self.deep_stride == 1 {
+            (width, self.kc, self.wide_stride)
+        } else {
+            return;
+        };
+        for run in part * runs / parts..(part + 1) * runs / parts {
+            let start = base + run * run_stride;
+            if let Some(line) = self.src.get(start..start + run_len) {
+                line.iter().step_by(16).chain(line.last()).for_each(prefetch_l2);
+            }
+        }
+    }
+}
+
+/// Packs a slab into `ceil(width / lanes)` slivers. Sliver `s` holds
+/// `dst[s*kc*lanes + q*lanes + w] = src[base + (s*lanes + w)*wide_stride + q*deep_stride]`; lanes
+/// past `width` are zero so edge tiles multiply zeros.
+pub(super) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
+    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
+    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
+    // The entry check proved every element of the view is in bounds; re-checking this slab's
+    // far corner here keeps the unchecked reads below locally sound.
+    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
+    assert!(last < src.len(), "GEMM pack out of bounds");
+    let src = &src[base..=last];
+
+    if wide_stride == 1 && deep_stride != 1 {
+        // Each depth step is contiguous across slivers. Walk a few slivers at a time so that
+        // every source line is read once and whole, while the writes stay a handful of
+        // sequential streams; prefetch the lines a few steps ahead, since each step starts a new
+        // stream far away.
+        let slivers = width.div_ceil(lanes);
+        for first in (0..slivers).step_by(SLIVERS_PER_PASS) {
+            let begin = first * lanes;
+            let end = width.min(begin + SLIVERS_PER_PASS * lanes);
+            for q in 0..kc {
+                if q + PREFETCH_STEPS < kc {
+                    let ahead = (q + PREFETCH_STEPS) * deep_stride;
+                    src[ahead + begin..ahead + end].iter().step_by(16).for_each(prefetch);
+                }
+                let line = &src[q * deep_stride + begin..q * deep_stride + end];
+                for (i, chunk) in line.chunks(lanes).enumerate() {
+                    let out = &mut dst[(first + i) * kc * lanes + q * lanes..][..lanes];
+                    if chunk.len() == lanes {
+                        copy_line(out, chunk);
+                    } else {
+                        out[..chunk.len()].copy_from_slice(chunk);
+                        out[chunk.len()..].fill(0.0);
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    for (s, sliver) in dst.chunks_exact_mut(kc * lanes).enumerate() {
+        let w0 = s * lanes;
+        let sliver_width = lanes.min(width - w0);
+        let sliver_src = &src[w0 * wide_stride..];
+        if deep_stride == 1 {
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            if K::AVX512_PACKING {
+                // SAFETY: `sliver_src` holds rows 0..sliver_width of kc contiguous floats at
+                // stride `wide_stride` (checked above), `sliver` holds kc*lanes floats, and the
+                // kernel only asks for AVX-512 packing when it is an AVX-512 kernel.
+                unsafe { super::x86::pack_transposed_avx512(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
+                continue;
+            }
+            pack_transposed(sliver_src, wide_stride, sliver_width, kc, lanes, sliver);
+        } else {
+            if sliver_width < lanes {
+                sliver.fill(0.0);
+            }
+            for (q, out) in sliver.chunks_exact_mut(lanes).enumerate() {
+                for (w, slot) in out[..sliver_width].iter_mut().enumerate() {
+                    *slot = sliver_src[w * wide_stride + q * deep_stride];
+                }
+            }
+        }
+    }
+}
+
+/// Copies one sliver line. The sliver widths of the kernels get fixed-size copies, which compile
+/// to a few vector moves instead of a `memcpy` call per line.
+#[inline(always)]
+fn copy_line(out: &mut [f32], line: &[f32]) {
+    fn fixed<const N: usize>(out: &mut [f32], line: &[f32]) {
+        if let (Ok(out), Ok(line)) = (<&mut [f32; N]>::try_from(out), <&[f32; N]>::try_from(line)) {
+            *out = *line;
+        }
+    }
+    match out.len() {
+        32 => fixed::<32>(out, line),
+        16 => fixed::<16>(out, line),
+        12 => fixed::<12>(out, line),
+        8 => fixed::<8>(out, line),
+        6 => fixed::<6>(out, line),
+        4 => fixed::<4>(out, line),
+        _ => out.copy_from_slice(line),
+    }
+}
+
+/// Depth steps ahead that the streaming pack prefetches.
+const PREFETCH_STEPS: usize = 4;
+
+/// Slivers the streaming pack fills per pass over the depth.
+const SLIVERS_PER_PASS: usize = 8;
+
+/// Which cache level a prefetch fills: L1 for data needed next, L2 for data needed far ahead (so
+/// it does not evict the working set in L1). The values are x86's `_MM_HINT_T0` / `_MM_HINT_T1`.
+const TO_L1: i32 = 3;
+const TO_L2: i32 = 2;
+
+/// Hints that the cache line holding `value` will be read soon, into the level `HINT` names. A
+/// no-op off x86-64.
+#[inline(always)]
+fn prefetch_to<const HINT: i32>(value: &f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<HINT>((value as *const f32).cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+#[inline(always)]
+fn prefetch(value: &f32) {
+    prefetch_to::<TO_L1>(value)
+}
+
+#[inline(always)]
+fn prefetch_l2(value: &f32) {
+    prefetch_to::<TO_L2>(value)
+}
+
+/// The portable transposing pack: `width` rows of `kc` contiguous floats at stride `row_stride`
+/// become `kc` packed lines of `lanes`. Blocks of eight depth steps keep both sides in L1.
+fn pack_transposed(src: &[f32], row_stride: usize, width: usize, kc: usize, lanes: usize, dst: &mut [f32]) {
+    const DEPTH_BLOCK: usize = 8;
+    if width < lanes {
+        dst.fill(0.0);
+    }
+    for q0 in (0..kc).step_by(DEPTH_BLOCK) {
+        let depth = DEPTH_BLOCK.min(kc - q0);
+        for w in 0..width {
+            let row = &src[w * row_stride + q0..w * row_stride + q0 + depth];
+            for (dq, &value) in row.iter().enumerate() {
+                dst[(q0 + dq) * lanes + w] = value;
+            }
+        }
+    }
+}

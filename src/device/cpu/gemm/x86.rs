@@ -1,0 +1,411 @@
+//! The x86 micro-kernels, each compiled for its instruction set and chosen at run time: the f32
+//! GEMM's (AVX-512F: 8 rows × 32 columns; AVX2+FMA: 6 rows × 16 columns) with the AVX-512 16×16
+//! transposing pack, and in `bf16_gemm` the bf16 GEMM's AVX512-BF16 tile (8 × 32, `vdpbf16ps`)
+//! with its AVX-512 packing. The AVX-512 tiles of both share their C prefetch and store.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::driver::MicroKernel;
+
+/// AVX-512F kernel: MR rows × 2 zmm (32 columns), 2·MR accumulators. Measured on Zen 5:
+/// 8 × 32 and 12 × 32 both reach the FMA peak on cached data; 8 rows won on the GEMMs because
+/// 256-token micro-batches leave no ragged row tiles.
+pub struct Avx512;
+
+const AVX512_MR: usize = 8;
+
+impl MicroKernel for Avx512 {
+    const MR: usize = AVX512_MR;
+    const NR: usize = 32;
+    const KC: usize = 768;
+    const MC: usize = 128;
+    const NC: usize = 3072;
+    const AVX512_PACKING: bool = true;
+
+    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        // SAFETY: forwarded contract; `drive` only instantiates this kernel after
+        // `is_x86_feature_detected!("avx512f")`.
+        unsafe { tile_avx512::<AVX512_MR>(kc, a, b, c, ldc, accumulate) }
+    }
+}
+
+/// The AVX-512 body of `MicroKernel::tile` for `MR` rows and 32 columns.
+///
+/// # Safety
+/// As `MicroKernel::tile` with `NR = 32`, and the CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const MR: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
+    unsafe {
+        prefetch_tile::<MR>(c, ldc);
+        let mut lo = [_mm512_setzero_ps(); MR];
+        let mut hi = [_mm512_setzero_ps(); MR];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b_lo = _mm512_loadu_ps(b);
+            let b_hi = _mm512_loadu_ps(b.add(16));
+            for i in 0..MR {
+                let a_i = _mm512_set1_ps(*a.add(i));
+                lo[i] = _mm512_fmadd_ps(a_i, b_lo, lo[i]);
+                hi[i] = _mm512_fmadd_ps(a_i, b_hi, hi[i]);
+            }
+            a = a.add(MR);
+            b = b.add(32);
+        }
+        store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
+    }
+}
+
+/// Prefetches the `MR` rows of an `MR × 32` tile of C into L1 before its accumulation starts.
+///
+/// # Safety
+/// C rows `0..MR` at stride `ldc` hold 32 floats each; the CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn prefetch_tile<const MR: usize>(c: *mut f32, ldc: usize) {
+    // SAFETY: the rows lie inside C, as the caller guarantees.
+    unsafe {
+        for i in 0..MR {
+            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
+        }
+    }
+}
+
+/// Stores the accumulators of an `MR × 32` tile (columns 0..16 in `lo`, 16..32 in `hi`) to C:
+/// `C = acc` or, when `accumulate`, `C = C + acc`. The AVX512-BF16 kernel ends the same way.
+///
+/// # Safety
+/// C rows `0..MR` at stride `ldc` have 32 writable floats each; the CPU supports AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn store_tile<const MR: usize>(
+    c: *mut f32,
+    ldc: usize,
+    lo: &[__m512; MR],
+    hi: &[__m512; MR],
+    accumulate: bool,
+) {
+    // SAFETY: the caller guarantees the rows are writable.
+    unsafe {
+        for i in 0..MR {
+            let row = c.add(i * ldc);
+            if accumulate {
+                _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), lo[i]));
+                _mm512_storeu_ps(row.add(16), _mm512_add_ps(_mm512_loadu_ps(row.add(16)), hi[i]));
+            } else {
+                _mm512_storeu_ps(row, lo[i]);
+                _mm512_storeu_ps(row.add(16), hi[i]);
+            }
+        }
+    }
+}
+
+/// Transposing pack with 16×16 register transposes: `width` rows of `kc` contiguous floats at
+/// stride `row_stride` become `kc` packed lines of `lanes` floats (`dst[q*lanes + w]`), with
+/// lanes past `width` zeroed. Bit-identical to the portable `pack_transposed`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `src` must hold `(width - 1) * row_stride + kc` floats and
+/// `dst` exactly `kc * lanes`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn pack_transposed_avx512(
+    src: &[f32],
+    row_stride: usize,
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [f32],
+) {
+    debug_assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
+    debug_assert!(src.len() >= (width - 1) * row_stride + kc);
+    let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+    for group in (0..lanes).step_by(16) {
+        let group_lanes = 16.min(lanes - group);
+        let store_mask = ((1u32 << group_lanes) - 1) as __mmask16;
+        let valid_rows = width.saturating_sub(group).min(16);
+        // Rows past `width` get an all-zero mask: the load then reads no memory and yields
+        // the zero padding. Their addresses are formed with wrapping arithmetic only.
+        let row_ptr = |r: usize| src.wrapping_add((group + r) * row_stride);
+        for q0 in (0..kc).step_by(16) {
+            let depth = 16.min(kc - q0);
+            let load_mask = ((1u32 << depth) - 1) as __mmask16;
+            let mut rows = [_mm512_setzero_ps(); 16];
+            for (r, row) in rows.iter_mut().enumerate() {
+                let mask = if r < valid_rows { load_mask } else { 0 };
+                // SAFETY: unmasked lanes are row group+r < width, columns q0..q0+depth < kc,
+                // all inside `src`; masked-off lanes are not accessed.
+                *row = unsafe { _mm512_maskz_loadu_ps(mask, row_ptr(r).wrapping_add(q0)) };
+                if r < valid_rows && q0 + PREFETCH_FLOATS < kc {
+                    // The rows are separate streams too many for the hardware prefetcher to
+                    // follow; fetching a few lines ahead hides most of the miss latency.
+                    _mm_prefetch::<_MM_HINT_T0>(row_ptr(r).wrapping_add(q0 + PREFETCH_FLOATS) as *const i8);
+                }
+            }
+            // SAFETY: the caller guarantees AVX-512F.
+            let columns = unsafe { transpose16(rows) };
+            for (q, column) in columns.iter().enumerate() {
+                if q < depth {
+                    // SAFETY: line q0+q < kc, lanes group..group+group_lanes <= lanes.
+                    unsafe { _mm512_mask_storeu_ps(dst.add((q0 + q) * lanes + group), store_mask, *column) };
+                }
+            }
+        }
+    }
+}
+
+/// How far ahead of the current 16-float block the transposing pack prefetches each row.
+const PREFETCH_FLOATS: usize = 128;
+
+/// Transposes a 16×16 block held as 16 row vectors into 16 column vectors: 32-bit and 64-bit
+/// interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // After the interleaves, quad[4g + t] holds, in 128-bit lane j, rows 4g..4g+4 of
+    // column 4j + t.
+    let mut quad = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[4 * g], r[4 * g + 1]));
+        let hi01 = _mm512_castps_pd(_mm512_unpackhi_ps(r[4 * g], r[4 * g + 1]));
+        let lo23 = _mm512_castps_pd(_mm512_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]));
+        let hi23 = _mm512_castps_pd(_mm512_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]));
+        quad[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo01, lo23));
+        quad[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo01, lo23));
+        quad[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi01, hi23));
+        quad[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
+    }
+    // Gather lane j of the four row groups into column 4j + t.
+    let mut out = [_mm512_setzero_ps(); 16];
+    for t in 0..4 {
+        let (a, b, c, d) = (quad[t], quad[4 + t], quad[8 + t], quad[12 + t]);
+        let ab_even = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
+        let ab_odd = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
+        let cd_even = _mm512_shuffle_f32x4::<0b10_00_10_00>(c, d);
+        let cd_odd = _mm512_shuffle_f32x4::<0b11_01_11_01>(c, d);
+        out[t] = _mm512_shuffle_f32x4::<0b10_00_10_00>(ab_even, cd_even);
+        out[8 + t] = _mm512_shuffle_f32x4::<0b11_01_11_01>(ab_even, cd_even);
+        out[4 + t] = _mm512_shuffle_f32x4::<0b10_00_10_00>(ab_odd, cd_odd);
+        out[12 + t] = _mm512_shuffle_f32x4::<0b11_01_11_01>(ab_odd, cd_odd);
+    }
+    out
+}
+
+/// AVX2+FMA kernel: 6 rows × 2 ymm (16 columns), 12 accumulators of the 16 ymm registers.
+pub struct Avx2;
+
+const AVX2_MR: usize = 6;
+
+impl MicroKernel for Avx2 {
+    const MR: usize = AVX2_MR;
+    const NR: usize = 16;
+    const KC: usize = 256;
+    const MC: usize = 6 * 16;
+    const NC: usize = 3072;
+
+    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
+        // SAFETY: forwarded contract; `drive` only instantiates this kernel after detecting
+        // avx2 and fma.
+        unsafe { tile_avx2::<AVX2_MR>(kc, a, b, c, ldc, accumulate) }
+    }
+}
+
+/// The AVX2 body of `MicroKernel::tile` for `MR` rows and 16 columns.
+///
+/// # Safety
+/// As `MicroKernel::tile` with `NR = 16`, and the CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const MR: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
+    unsafe {
+        let mut lo = [_mm256_setzero_ps(); MR];
+        let mut hi = [_mm256_setzero_ps(); MR];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let b_lo = _mm256_loadu_ps(b);
+            let b_hi = _mm256_loadu_ps(b.add(8));
+            for i in 0..MR {
+                let a_i = _mm256_set1_ps(*a.add(i));
+                lo[i] = _mm256_fmadd_ps(a_i, b_lo, lo[i]);
+                hi[i] = _mm256_fmadd_ps(a_i, b_hi, hi[i]);
+            }
+            a = a.add(MR);
+            b = b.add(16);
+        }
+        for i in 0..MR {
+            let row = c.add(i * ldc);
+            if accumulate {
+                _mm256_storeu_ps(row, _mm256_add_ps(_mm256_loadu_ps(row), lo[i]));
+                _mm256_storeu_ps(row.add(8), _mm256_add_ps(_mm256_loadu_ps(row.add(8)), hi[i]));
+            } else {
+                _mm256_storeu_ps(row, lo[i]);
+                _mm256_storeu_ps(row.add(8), hi[i]);
+            }
+        }
+    }
+}
+
+/// The bf16 GEMM's x86-64 parts: bf16 rounding and packing on AVX-512F, and the AVX512-BF16 tile.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod bf16_gemm {
+    use super::{prefetch_tile, store_tile, transpose16};
+    use std::arch::x86_64::*;
+
+    /// `gemm_bf16::to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
+    /// bits of its f32 lane in its low half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn to_bf16_x16(v: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(v);
+        let top = _mm512_srli_epi32::<16>(bits);
+        let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
+        let odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd));
+        let quiet_nan = _mm512_or_si512(top, _mm512_set1_epi32(0x0040));
+        let signed_zero = _mm512_and_si512(top, _mm512_set1_epi32(0x8000));
+        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
+        let tiny = _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x0080_0000));
+        _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(rounded, nan, quiet_nan), tiny, signed_zero)
+    }
+
+    /// Lanes `0..count` set (`count <= 16`).
+    fn mask(count: usize) -> __mmask16 {
+        ((1u32 << count.min(16)) - 1) as __mmask16
+    }
+
+    /// The AVX-512 form of one sliver of `gemm_bf16::pack` (bit-identical to the scalar one): element
+    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]`, and `dst[t*lanes + w]` becomes the word of
+    /// `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and past `kc`. One of the strides is 1.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every element `(w, q)` with `w < width`, `q < kc` lies in
+    /// `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and `width <=
+    /// lanes`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pack_sliver(
+        src: &[f32],
+        wide_stride: usize,
+        deep_stride: usize,
+        width: usize,
+        kc: usize,
+        lanes: usize,
+        dst: &mut [u32],
+    ) {
+        let words = kc.div_ceil(2);
+        debug_assert!(width >= 1 && width <= lanes && dst.len() == words * lanes && lanes.is_multiple_of(8));
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        // Addresses of masked-off elements are formed with wrapping arithmetic only; a load with
+        // an all-zero mask reads no memory and yields zeros.
+        let at = |w: usize, q: usize| src.wrapping_add(w * wide_stride + q * deep_stride);
+        for group in (0..lanes).step_by(16) {
+            let group_lanes = 16.min(lanes - group);
+            let store = mask(group_lanes);
+            let valid = width.saturating_sub(group).min(16);
+            if wide_stride == 1 {
+                // Depth steps 2t and 2t+1 are two contiguous runs of lanes.
+                for t in 0..words {
+                    // SAFETY: unmasked lanes are elements (group + w, q) with w < valid, q < kc;
+                    // the store writes lanes group..group+group_lanes of line t.
+                    unsafe {
+                        let even = _mm512_maskz_loadu_ps(mask(valid), at(group, 2 * t));
+                        let odd_mask = if 2 * t + 1 < kc { mask(valid) } else { 0 };
+                        let odd = _mm512_maskz_loadu_ps(odd_mask, at(group, 2 * t + 1));
+                        let word = _mm512_or_si512(to_bf16_x16(even), _mm512_slli_epi32::<16>(to_bf16_x16(odd)));
+                        _mm512_mask_storeu_epi32(dst.add(t * lanes + group).cast(), store, word);
+                    }
+                }
+            } else {
+                // Each row is contiguous along the depth: convert 32 depth steps (16 words) of 16
+                // rows, pair even and odd steps, then transpose rows into lines.
+                let even_index = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let odd_index = _mm512_add_epi32(even_index, _mm512_set1_epi32(1));
+                for q0 in (0..kc).step_by(32) {
+                    let depth = 32.min(kc - q0);
+                    let mut rows = [_mm512_setzero_ps(); 16];
+                    for (r, row) in rows.iter_mut().enumerate().take(valid) {
+                        // SAFETY: unmasked lanes are elements (group + r, q) with q < kc.
+                        let (first, second) = unsafe {
+                            (
+                                _mm512_maskz_loadu_ps(mask(depth), at(group + r, q0)),
+                                _mm512_maskz_loadu_ps(mask(depth.saturating_sub(16)), at(group + r, q0 + 16)),
+                            )
+                        };
+                        let (first, second) = (to_bf16_x16(first), to_bf16_x16(second));
+                        let even = _mm512_permutex2var_epi32(first, even_index, second);
+                        let odd = _mm512_permutex2var_epi32(first, odd_index, second);
+                        *row = _mm512_castsi512_ps(_mm512_or_si512(even, _mm512_slli_epi32::<16>(odd)));
+                    }
+                    // SAFETY: the CPU supports AVX-512F.
+                    let lines = unsafe { transpose16(rows) };
+                    for (t, line) in lines.iter().enumerate().take(depth.div_ceil(2)) {
+                        // SAFETY: line q0/2 + t < words; lanes group..group+group_lanes <= lanes.
+                        unsafe {
+                            _mm512_mask_storeu_epi32(
+                                dst.add((q0 / 2 + t) * lanes + group).cast(),
+                                store,
+                                _mm512_castps_si512(*line),
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX512-BF16 tile: `MR` rows × 2 zmm (32 columns), 2·MR accumulators; per depth pair
+    /// one broadcast of A's word and two `vdpbf16ps` per row.
+    ///
+    /// # Safety
+    /// `a` holds `words * MR` and `b` `words * 32` readable words; C rows `0..MR` at stride `ldc`
+    /// have 32 writable floats each; the CPU supports AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn tile_avx512bf16<const MR: usize>(
+        words: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees; the
+        // transmutes reinterpret 64 bytes of packed bf16 pairs as the bf16 vector type.
+        unsafe {
+            prefetch_tile::<MR>(c, ldc);
+            let mut lo = [_mm512_setzero_ps(); MR];
+            let mut hi = [_mm512_setzero_ps(); MR];
+            let (mut a, mut b) = (a, b);
+            for _ in 0..words {
+                let b_lo = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.cast()));
+                let b_hi = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add(16).cast()));
+                for i in 0..MR {
+                    let a_i = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(i) as i32));
+                    lo[i] = _mm512_dpbf16_ps(lo[i], a_i, b_lo);
+                    hi[i] = _mm512_dpbf16_ps(hi[i], a_i, b_hi);
+                }
+                a = a.add(MR);
+                b = b.add(32);
+            }
+            store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
+        }
+    }
+}

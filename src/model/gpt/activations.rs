@@ -1,0 +1,371 @@
+//! The buffers a chunk keeps per micro-batch: the row counts and widths of this rank's share,
+//! each layer's saved activations (and their 16-bit copies under mixed precision), the head's
+//! logits and cross-entropy statistics, and the gradient buffers backward reuses layer after layer.
+
+use crate::device::Device;
+use crate::model::{ChunkPlan, GptConfig, ModelParallel, Recompute};
+use crate::real::Precision;
+
+/// Row counts of one micro-batch on this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Rows {
+    pub(super) batch: usize,
+    pub(super) seq: usize,
+    /// The samples whose rows this rank holds: the whole micro-batch under 1-D, this rank's
+    /// batch block (`batch / (d q)`) under SUMMA.
+    pub(super) sub_batch: usize,
+    /// The first of those samples.
+    pub(super) first_sample: usize,
+    /// All rows, `sub_batch * seq` (inputs of the column-parallel layers).
+    pub(super) full: usize,
+    /// Rows of the residual stream on this rank (`full / tp` under sequence parallelism).
+    pub(super) local: usize,
+    /// The first position of this rank's residual rows.
+    pub(super) t0: usize,
+    /// Positions in this rank's residual rows.
+    pub(super) positions: usize,
+}
+
+impl Rows {
+    pub(super) fn new(mp: &ModelParallel, batch: usize, seq: usize) -> Rows {
+        let sp = mp.sequence_parallel && mp.tp_size > 1;
+        let positions = if sp { seq / mp.tp_size } else { seq };
+        let t0 = if sp { mp.tp_rank * positions } else { 0 };
+        let sub_batch = batch / mp.batch_split();
+        let first_sample = mp.summa.map_or(0, |c| c.batch_block() * sub_batch);
+        Rows { batch, seq, sub_batch, first_sample, full: sub_batch * seq, local: sub_batch * positions, t0, positions }
+    }
+}
+
+/// Widths of one rank's activations: the residual stream (`h`, or `h/q` under SUMMA), the
+/// attention core and QKV block (`h/t` or `h/q`), the MLP (`f/t`, `f/q`), the logits (`V/t`,
+/// `V/q`), and the heads this rank computes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Widths {
+    pub(super) h: usize,
+    pub(super) f: usize,
+    pub(super) hr: usize,
+    pub(super) hl: usize,
+    pub(super) fl: usize,
+    pub(super) vl: usize,
+    pub(super) heads: usize,
+}
+
+impl Widths {
+    pub(super) fn new(cfg: &GptConfig, mp: &ModelParallel) -> Widths {
+        let s = mp.feature_split();
+        let h = cfg.hidden_size;
+        Widths {
+            h,
+            f: cfg.ffn_hidden_size,
+            hr: if mp.summa.is_some() { h / s } else { h },
+            hl: h / s,
+            fl: cfg.ffn_hidden_size / s,
+            vl: cfg.padded_vocab_size / s,
+            heads: cfg.num_attention_heads / s,
+        }
+    }
+}
+
+/// A LayerNorm's output on this rank's rows with its per-row mean and reciprocal std, and under
+/// sequence parallelism the output all-gathered to all rows (`full`).
+pub(super) struct LnActs<B> {
+    pub(super) out: B,
+    pub(super) mean: B,
+    pub(super) rstd: B,
+    pub(super) full: Option<B>,
+}
+
+impl<B> LnActs<B> {
+    /// The buffers of a LayerNorm over `rows` rows of width `h`, of which this rank holds `local`.
+    fn new<D: Device<Buf = B>>(dev: &D, (rows, local): (usize, usize), h: usize, sequence_parallel: bool) -> Self {
+        LnActs {
+            out: dev.alloc(local * h),
+            mean: dev.alloc(local),
+            rstd: dev.alloc(local),
+            full: alloc_if(dev, sequence_parallel, rows * h),
+        }
+    }
+
+    /// Elements of the buffers.
+    fn len<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        dev.len(&self.out) + dev.len(&self.mean) + dev.len(&self.rstd) + self.full.as_ref().map_or(0, |f| dev.len(f))
+    }
+}
+
+/// What one block keeps from forward for its backward.
+pub(super) struct LayerActs<B> {
+    pub(super) ln1: LnActs<B>,
+    pub(super) qkv: B,
+    /// The attention output and its log-sum-exp; None under selective recompute, where backward
+    /// recomputes them into the chunk's spare buffers.
+    pub(super) attn: Option<B>,
+    pub(super) lse: Option<B>,
+    pub(super) resid_mid: B,
+    pub(super) ln2: LnActs<B>,
+    pub(super) fc1: B,
+    pub(super) gelu: B,
+}
+
+impl<B> LayerActs<B> {
+    /// One layer's saved activations; `with_attention` false leaves out the attention output.
+    pub(super) fn new<D: Device<Buf = B>>(
+        dev: &D,
+        cfg: &GptConfig,
+        mp: &ModelParallel,
+        rows: Rows,
+        with_attention: bool,
+    ) -> Self {
+        let sp = mp.sequence_parallel && mp.tp_size > 1;
+        let Widths { hr: h, hl, fl, heads, .. } = Widths::new(cfg, mp);
+        let (m, ml) = (rows.full, rows.local);
+        let lse = rows.sub_batch * heads * rows.seq;
+        LayerActs {
+            ln1: LnActs::new(dev, (m, ml), h, sp),
+            qkv: dev.alloc(m * 3 * hl),
+            attn: alloc_if(dev, with_attention, m * hl),
+            lse: alloc_if(dev, with_attention, lse),
+            resid_mid: dev.alloc(ml * h),
+            ln2: LnActs::new(dev, (m, ml), h, sp),
+            fc1: dev.alloc(m * fl),
+            gelu: dev.alloc(m * fl),
+        }
+    }
+}
+
+impl<B> LayerActs<B> {
+    /// Every buffer this layer holds, in a fixed order, each marked true when it holds
+    /// activations (rounded to the compute format under mixed precision) and false for the f32
+    /// statistics (LayerNorm mean and rstd, the attention's log-sum-exp).
+    fn buffers(&self) -> Vec<(&B, bool)> {
+        let mut out = vec![
+            (&self.ln1.out, true),
+            (&self.ln1.mean, false),
+            (&self.ln1.rstd, false),
+            (&self.qkv, true),
+            (&self.resid_mid, true),
+            (&self.ln2.out, true),
+            (&self.ln2.mean, false),
+            (&self.ln2.rstd, false),
+            (&self.fc1, true),
+            (&self.gelu, true),
+        ];
+        out.extend(self.ln1.full.iter().chain(&self.ln2.full).chain(&self.attn).map(|b| (b, true)));
+        out.extend(self.lse.iter().map(|b| (b, false)));
+        out
+    }
+
+    /// The same buffers, in the same order, to write.
+    fn buffers_mut(&mut self) -> Vec<&mut B> {
+        let mut out = vec![
+            &mut self.ln1.out,
+            &mut self.ln1.mean,
+            &mut self.ln1.rstd,
+            &mut self.qkv,
+            &mut self.resid_mid,
+            &mut self.ln2.out,
+            &mut self.ln2.mean,
+            &mut self.ln2.rstd,
+            &mut self.fc1,
+            &mut self.gelu,
+        ];
+        out.extend(self.ln1.full.iter_mut().chain(self.ln2.full.iter_mut()).chain(self.attn.iter_mut()));
+        out.extend(self.lse.iter_mut());
+        out
+    }
+
+    /// Bytes of the buffers this layer holds (for `--log-memory`).
+    pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        4 * self.buffers().iter().map(|(b, _)| dev.len(b)).sum::<usize>()
+    }
+
+    /// Bytes of this layer's buffers held in 16 bits (activations) and f32 (statistics).
+    pub(super) fn stash_bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        self.buffers().iter().map(|(b, half)| if *half { 2 } else { 4 } * dev.len(b)).sum()
+    }
+
+    /// This layer's saved buffers as a 16-bit copy (exact: under mixed precision every activation
+    /// was rounded to `precision` where it was stored).
+    pub(super) fn stash<D: Device<Buf = B>>(&self, dev: &D, precision: Precision) -> Vec<Stash> {
+        self.buffers()
+            .into_iter()
+            .map(|(b, half)| {
+                if half {
+                    Stash::Half(dev.to_half(b, precision))
+                } else {
+                    let mut h = vec![0f32; dev.len(b)];
+                    dev.download(b, &mut h);
+                    Stash::Full(h)
+                }
+            })
+            .collect()
+    }
+
+    /// Restores what `stash` copied.
+    pub(super) fn unstash<D: Device<Buf = B>>(&mut self, dev: &D, stash: &[Stash], precision: Precision) {
+        for (b, s) in self.buffers_mut().into_iter().zip(stash) {
+            match s {
+                Stash::Half(h) => dev.load_half(h, precision, b),
+                Stash::Full(f) => dev.upload(b, f),
+            }
+        }
+    }
+}
+
+/// The layer recomputation rebuilds into (and 16-bit storage computes in), with the rows it was
+/// made for.
+pub(super) type SpareLayer<B> = Option<(Rows, LayerActs<B>)>;
+
+/// The attention output and log-sum-exp selective recompute rebuilds into, with their rows.
+pub(super) type SpareAttention<B> = Option<(Rows, B, B)>;
+
+/// One saved buffer of a layer between its forward and its backward under mixed precision:
+/// activations in 16 bits, statistics in f32.
+pub(super) enum Stash {
+    Half(Vec<u16>),
+    Full(Vec<f32>),
+}
+
+impl Stash {
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Stash::Half(h) => 2 * h.len(),
+            Stash::Full(f) => 4 * f.len(),
+        }
+    }
+}
+
+/// The last chunk's final LayerNorm, logits and cross-entropy state.
+pub(super) struct HeadActs<B> {
+    pub(super) lnf: LnActs<B>,
+    pub(super) logits: B,
+    /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics.
+    pub(super) targets: Vec<u32>,
+    pub(super) ce_max: Vec<f64>,
+    pub(super) ce_stats: Vec<f64>,
+}
+
+/// Every activation and scratch buffer of one micro-batch in flight through this chunk.
+pub(super) struct Activations<B> {
+    pub(super) rows: Rows,
+    /// The residual stream entering each block, and (last) leaving the chunk's final block.
+    pub(super) resid: Vec<B>,
+    pub(super) layers: Vec<LayerActs<B>>,
+    pub(super) head: Option<HeadActs<B>>,
+    /// The first chunk's tokens (its embedding backward needs them).
+    pub(super) tokens: Vec<u32>,
+    /// Sequence parallel, first chunk: the embedding before its reduce-scatter.
+    pub(super) emb_full: Option<B>,
+    /// Outputs of the row-parallel layers before their reduction (all rows)...
+    pub(super) tmp_full: B,
+    /// ...and after it, under sequence parallelism (this rank's rows).
+    pub(super) tmp_local: Option<B>,
+    pub(super) grad: GradBufs<B>,
+    /// Mixed precision (without full recompute): each layer's saved activations between its
+    /// forward and its backward, in 16 bits; the layer computes in the chunk's spare set.
+    pub(super) compact: Vec<Option<Vec<Stash>>>,
+}
+
+/// The gradient buffers of one micro-batch's backward, reused layer after layer.
+pub(super) struct GradBufs<B> {
+    /// The gradient of the residual stream on this rank's rows.
+    pub(super) d_resid: B,
+    /// Sequence parallel: the residual gradient gathered to all rows.
+    pub(super) d_full: Option<B>,
+    /// Gradients of LayerNorm outputs (all rows), and their reduce-scatter (SP).
+    pub(super) d_h_full: B,
+    pub(super) d_h_local: Option<B>,
+    pub(super) d_attn: B,
+    pub(super) d_qkv: B,
+    pub(super) d_ffn: B,
+    pub(super) d_ffn2: B,
+}
+
+/// A buffer of `len` elements when `needed`.
+pub(super) fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D::Buf> {
+    needed.then(|| dev.alloc(len))
+}
+
+impl<B> Activations<B> {
+    /// Bytes of the buffers this activation set holds.
+    pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
+        let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
+        let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
+        let head = self.head.as_ref().map_or(0, |h| 4 * (h.lnf.len(dev) + dev.len(&h.logits)));
+        let g = &self.grad;
+        let scratch = [&self.tmp_full, &g.d_resid, &g.d_h_full, &g.d_attn, &g.d_qkv, &g.d_ffn, &g.d_ffn2];
+        let scratch = 4
+            * (scratch.iter().map(|b| dev.len(b)).sum::<usize>()
+                + opt(&self.emb_full)
+                + opt(&self.tmp_local)
+                + opt(&g.d_full)
+                + opt(&g.d_h_local));
+        let compact: usize = self.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+        layers + resid + head + scratch + compact
+    }
+}
+
+impl<B> Activations<B> {
+    /// The activation set of one micro-batch of `batch` samples of `seq` tokens through the chunk
+    /// `plan` (layers kept as `recompute` and `compact` decide).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new<D: Device<Buf = B>>(
+        dev: &D,
+        cfg: &GptConfig,
+        mp: &ModelParallel,
+        plan: &ChunkPlan,
+        recompute: Recompute,
+        compact: bool,
+        batch: usize,
+        seq: usize,
+    ) -> Self {
+        let sp = mp.sequence_parallel && mp.tp_size > 1;
+        let rows = Rows::new(mp, batch, seq);
+        let Widths { hr: h, hl, fl, vl, .. } = Widths::new(cfg, mp);
+        let (m, ml) = (rows.full, rows.local);
+        // The first chunk's embedding before its reduction: all rows under sequence parallelism;
+        // under SUMMA the rows of every batch block of this depth layer (also the gather target
+        // of the embedding's backward).
+        let emb_rows = match mp.summa {
+            Some(c) => plan.first.then_some(c.q * m),
+            None => (sp && plan.first).then_some(m),
+        };
+        // Full recompute keeps only each layer's input; selective recompute drops the attention
+        // core's output; both are rebuilt in backward.
+        let layers = match recompute {
+            Recompute::Full => Vec::new(),
+            _ if compact => Vec::new(),
+            Recompute::Selective => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, false)).collect(),
+            Recompute::None => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, true)).collect(),
+        };
+        let head = plan.last.then(|| HeadActs {
+            lnf: LnActs::new(dev, (m, ml), h, sp),
+            logits: dev.alloc(m * vl),
+            targets: vec![0; m],
+            ce_max: vec![0.0; m],
+            ce_stats: vec![0.0; 2 * m],
+        });
+        Activations {
+            rows,
+            resid: (0..=plan.layers.len()).map(|_| dev.alloc(ml * h)).collect(),
+            layers,
+            head,
+            tokens: vec![0; batch * seq],
+            emb_full: emb_rows.map(|rows| dev.alloc(rows * h)),
+            tmp_full: dev.alloc(m * h),
+            tmp_local: alloc_if(dev, sp, ml * h),
+            grad: GradBufs {
+                d_resid: dev.alloc(ml * h),
+                d_full: alloc_if(dev, sp, m * h),
+                d_h_full: dev.alloc(m * h),
+                d_h_local: alloc_if(dev, sp, ml * h),
+                d_attn: dev.alloc(m * hl),
+                d_qkv: dev.alloc(m * 3 * hl),
+                d_ffn: dev.alloc(m * fl),
+                d_ffn2: dev.alloc(m * fl),
+            },
+            compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
+        }
+    }
+}

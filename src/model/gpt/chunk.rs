@@ -1,0 +1,305 @@
+//! The chunk API the pipeline executor drives: `forward_micro` and `backward_micro` of one
+//! micro-batch through this chunk's embeddings, blocks and head, the activation sets they take
+//! from the chunk's pool (keyed by micro-batch, given back after backward), and the whole-model
+//! passes built on them (`forward`, `loss`, `forward_backward`).
+
+use super::activations::{Activations, LayerActs, Rows, Stash, Widths};
+use super::block::{layer_backward, layer_forward, saved_layer, Dims};
+use super::tensor_parallel::{add_since, tp_counters, Pass};
+use super::{ChunkOutput, Gpt, Layout, Weights};
+use crate::device::{AttentionShape, Device};
+use crate::model::Recompute;
+use crate::parallel::tensor::TensorParallel;
+use crate::tensor::ParamSet;
+use std::ops::Range;
+
+impl<D: Device> Gpt<D> {
+    /// The activation set for micro-batch `key`, taking a free one (or allocating one) for a new
+    /// key. Sets of another shape are dropped first.
+    fn slot(&mut self, dev: &D, key: usize, batch: usize, seq: usize) -> usize {
+        if let Some(i) = self.pool.iter().position(|(k, _)| *k == Some(key)) {
+            return i;
+        }
+        self.pool.retain(|(k, a)| k.is_some() || (a.rows.batch == batch && a.rows.seq == seq));
+        self.live += 1;
+        self.peak_live = self.peak_live.max(self.live);
+        if let Some(i) = self.pool.iter().position(|(k, _)| k.is_none()) {
+            self.pool[i].0 = Some(key);
+            return i;
+        }
+        let compact = self.compacting();
+        let set = Activations::new(dev, &self.cfg, &self.mp, &self.plan, self.recompute, compact, batch, seq);
+        self.pool.push((Some(key), set));
+        let rows = Rows::new(&self.mp, batch, seq);
+        // Full recompute rebuilds each layer into one spare set, and 16-bit storage computes each
+        // layer there (with its attention output unless selective recompute drops it).
+        let with_attention = self.recompute != Recompute::Selective;
+        if (self.recompute == Recompute::Full || compact)
+            && self.spare.as_ref().is_none_or(|(r, l)| *r != rows || l.attn.is_some() != with_attention)
+        {
+            self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, with_attention)));
+        }
+        if self.recompute == Recompute::Selective && self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) {
+            let wd = Widths::new(&self.cfg, &self.mp);
+            let attn = dev.alloc(rows.full * wd.hl);
+            let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
+            self.spare_attention = Some((rows, attn, lse));
+        }
+        self.pool.len() - 1
+    }
+
+    fn release(&mut self, index: usize) {
+        if self.pool[index].0.take().is_some() {
+            self.live -= 1;
+        }
+    }
+
+    /// Drops micro-batch `key`'s activations without a backward (evaluation).
+    pub fn discard(&mut self, key: usize) {
+        if let Some(i) = self.pool.iter().position(|(k, _)| *k == Some(key)) {
+            self.release(i);
+        }
+    }
+
+    fn held(&self, key: usize) -> usize {
+        self.pool.iter().position(|(k, _)| *k == Some(key)).expect("backward of a micro-batch that ran forward")
+    }
+
+    /// Forward of micro-batch `key` through this chunk. The first chunk embeds `tokens`
+    /// (`batch` samples of `seq`, sample-major); others start from `hidden` (this rank's rows of
+    /// the previous chunk's output, on the device). The last chunk computes the loss against
+    /// `labels` and returns its sum over tokens; the others copy their output hidden states into
+    /// `out` (as long as `hidden`; it stays the caller's, to send while this chunk goes on).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_micro(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        key: usize,
+        tokens: &[u32],
+        hidden: Option<&D::Buf>,
+        labels: Option<&[u32]>,
+        batch: usize,
+        seq: usize,
+        out: Option<&mut D::Buf>,
+    ) -> ChunkOutput {
+        let index = self.slot(dev, key, batch, seq);
+        self.run_forward(dev, tp, index, tokens, hidden, batch, seq);
+        if self.layout.last {
+            let labels = labels.expect("the last chunk needs labels");
+            ChunkOutput::Loss(self.cross_entropy_loss(dev, tp, index, labels))
+        } else {
+            let last = &self.pool[index].1.resid[self.layout.num_layers];
+            let out = out.expect("a chunk before the last needs a buffer for its output");
+            assert_eq!(dev.len(out), dev.len(last), "the output buffer does not match the chunk's hidden states");
+            dev.copy(out, 0, last, 0, dev.len(last));
+            ChunkOutput::Hidden
+        }
+    }
+
+    /// Elements of this rank's hidden states of one micro-batch at a chunk boundary (what
+    /// `forward_micro` writes to `out` and `backward_micro` to `d_input`).
+    pub fn boundary_len(&self, batch: usize, seq: usize) -> usize {
+        Rows::new(&self.mp, batch, seq).local * Widths::new(&self.cfg, &self.mp).h
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_forward(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        index: usize,
+        tokens: &[u32],
+        hidden: Option<&D::Buf>,
+        batch: usize,
+        seq: usize,
+    ) {
+        assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
+        assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
+        if self.layout.first {
+            self.embed(dev, tp, index, tokens, batch, seq);
+        } else {
+            let a = &mut self.pool[index].1;
+            let hidden = hidden.expect("a chunk after the first needs its input");
+            assert_eq!(dev.len(hidden), dev.len(&a.resid[0]), "the input does not match the chunk's hidden states");
+            dev.copy(&mut a.resid[0], 0, hidden, 0, dev.len(hidden));
+        }
+        for l in 0..self.layout.num_layers {
+            self.forward_layer(dev, tp, index, l);
+        }
+        if self.layout.last {
+            self.head_forward(dev, tp, index);
+        }
+    }
+
+    /// The sizes one layer of activation set `index` works with.
+    fn dims(&self, index: usize) -> Dims {
+        let r = self.pool[index].1.rows;
+        let wd = Widths::new(&self.cfg, &self.mp);
+        let shape = AttentionShape { batch: r.sub_batch, seq: r.seq, heads: wd.heads, head_dim: self.cfg.head_dim() };
+        Dims { rows: r, shape, wd, precision: self.precision }
+    }
+
+    /// Block `l`'s forward of activation set `index`, counting what its groups moved; under
+    /// 16-bit storage its saved buffers are then copied out.
+    fn forward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
+        let (dims, lay, precision) = (self.dims(index), self.layout, self.precision);
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+        let w = |k| &p[lay.layer(l, k)];
+        let a = &mut self.pool[index].1;
+        let (before, after) = a.resid.split_at_mut(l + 1);
+        let (x_in, x_out) = (&before[l], &mut after[0]);
+        // Full recompute writes every layer into the spare set (only the residual stream is
+        // kept); selective keeps the layer's set but the attention output goes to the spare.
+        let attn_spare = self.spare_attention.as_mut().map(|(_, a, l)| (a, l));
+        // Under 16-bit storage the layer computes in the spare set and is then copied out.
+        let (la, attn_spare) = match (a.layers.get_mut(l), self.spare.as_mut()) {
+            (Some(la), _) => (la, attn_spare),
+            (None, Some((_, layer))) if layer.attn.is_none() => (layer, attn_spare),
+            (None, Some((_, layer))) => (layer, None),
+            (None, None) => unreachable!("full recompute has a spare layer"),
+        };
+        let tmp = (&mut a.tmp_full, &mut a.tmp_local);
+        let before = tp_counters(dev, tp);
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
+        add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
+        if let Some(slot) = a.compact.get_mut(l) {
+            let copy = la.stash(dev, precision);
+            self.stashed += copy.iter().map(Stash::bytes).sum::<usize>();
+            self.peak_stashed = self.peak_stashed.max(self.stashed);
+            *slot = Some(copy);
+        }
+    }
+
+    /// Backward of micro-batch `key` through this chunk, adding gradients into `params.grads`
+    /// scaled by `grad_scale` (1 / tokens in the global batch, so micro-batches accumulate to the
+    /// mean). The last chunk starts from its loss; the others from `d_hidden`, the gradient of
+    /// their output. `ready` is told, in order, each range of parameters whose gradients this call
+    /// will not touch again (so data-parallel reduction of them can start). Copies the gradient
+    /// of the chunk's input for the previous stage into `d_input` (every chunk but the first),
+    /// and frees the micro-batch's activations.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_micro(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        key: usize,
+        d_hidden: Option<&D::Buf>,
+        d_input: Option<&mut D::Buf>,
+        grad_scale: f32,
+        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+    ) {
+        let index = self.held(key);
+        if self.layout.last {
+            self.head_backward(dev, tp, index, grad_scale, ready);
+        } else {
+            let d_resid = &mut self.pool[index].1.grad.d_resid;
+            let d_hidden = d_hidden.expect("a chunk before the last needs its output's gradient");
+            assert_eq!(dev.len(d_hidden), dev.len(d_resid), "the gradient does not match the chunk's hidden states");
+            dev.copy(d_resid, 0, d_hidden, 0, dev.len(d_hidden));
+        }
+        for l in (0..self.layout.num_layers).rev() {
+            let before = tp_counters(dev, tp);
+            self.backward_layer(dev, tp, index, l);
+            add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
+            ready(&self.params, self.layout.layer_params(l));
+        }
+        if self.layout.first {
+            self.embedding_backward(dev, tp, index);
+            ready(&self.params, Layout::WTE..Layout::WPE + 1);
+        } else {
+            let d_resid = &self.pool[index].1.grad.d_resid;
+            let d = d_input.expect("a chunk after the first needs a buffer for its input's gradient");
+            assert_eq!(dev.len(d), dev.len(d_resid), "the input-gradient buffer does not match the hidden states");
+            dev.copy(d, 0, d_resid, 0, dev.len(d));
+        }
+        self.release(index);
+    }
+
+    /// Block `l`'s backward of activation set `index`: its saved activations (rebuilt where
+    /// recomputation dropped them, restored where 16-bit storage copied them out), then the
+    /// gradients.
+    fn backward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
+        let (dims, lay) = (self.dims(index), self.layout);
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+        let w = |k| &p[lay.layer(l, k)];
+        let grads = &mut self.params.grads[lay.layer_params(l)];
+        let a = &mut self.pool[index].1;
+        let stash = a.compact.get_mut(l).and_then(Option::take);
+        if let Some(stash) = &stash {
+            self.stashed -= stash.iter().map(Stash::bytes).sum::<usize>();
+        }
+        let x_in = &a.resid[l];
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
+        let recompute = |sp: &mut LayerActs<D::Buf>| {
+            layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
+        };
+        let spares = (&mut self.spare, &mut self.spare_attention);
+        let saved = saved_layer(dev, dims, (a.layers.get(l), stash), spares, recompute);
+        layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
+    }
+
+    /// Runs the forward pass of the whole model (a chunk that is both first and last) over
+    /// `tokens` and returns this rank's logits: [seq * batch, padded_vocab / tp] in row order
+    /// `t * batch + b`. Used for generation; the activations are released at once.
+    pub fn forward(&mut self, dev: &D, tp: TensorParallel, tokens: &[u32], batch: usize, seq: usize) -> &D::Buf {
+        assert!(self.layout.first && self.layout.last, "forward() needs the whole model");
+        let index = self.slot(dev, usize::MAX, batch, seq);
+        self.run_forward(dev, tp, index, tokens, None, batch, seq);
+        self.release(index);
+        &self.pool[index].1.head.as_ref().expect("the whole model has a head").logits
+    }
+
+    /// Sum over all tokens of the cross-entropy loss of the whole model, without gradients.
+    pub fn loss(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        tokens: &[u32],
+        labels: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> f64 {
+        let loss = self.whole_model_loss(dev, tp, usize::MAX, (tokens, labels), batch, seq);
+        self.discard(usize::MAX);
+        loss
+    }
+
+    /// Forward and backward of one micro-batch through the whole model. Returns the sum of the
+    /// micro-batch's token losses; see `backward_micro` for `grad_scale` and `ready`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        tokens: &[u32],
+        labels: &[u32],
+        batch: usize,
+        seq: usize,
+        grad_scale: f32,
+        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+    ) -> f64 {
+        let loss = self.whole_model_loss(dev, tp, 0, (tokens, labels), batch, seq);
+        self.backward_micro(dev, tp, 0, None, None, grad_scale, ready);
+        loss
+    }
+
+    /// Forward of micro-batch `key` through the whole model (a chunk that is both first and
+    /// last): the sum of its token losses against `labels`.
+    fn whole_model_loss(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        key: usize,
+        (tokens, labels): (&[u32], &[u32]),
+        batch: usize,
+        seq: usize,
+    ) -> f64 {
+        match self.forward_micro(dev, tp, key, tokens, None, Some(labels), batch, seq, None) {
+            ChunkOutput::Loss(loss) => loss,
+            ChunkOutput::Hidden => unreachable!("the whole model ends in its loss"),
+        }
+    }
+}

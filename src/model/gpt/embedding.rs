@@ -1,0 +1,138 @@
+//! The first chunk's embeddings: word rows from this rank's vocabulary shard summed over the
+//! group (reduce-scattered to this rank's positions under sequence parallelism, to its batch
+//! block under SUMMA) plus the position embedding, and their backward into both tables.
+
+use super::activations::Widths;
+use super::tensor_parallel::Pass;
+use super::{Gpt, Layout, Weights};
+use crate::device::Device;
+use crate::parallel::summa;
+use crate::parallel::tensor::{all_reduce, reduce_scatter, TensorParallel};
+
+impl<D: Device> Gpt<D> {
+    /// The first vocabulary row of this rank's word-embedding shard (under SUMMA, of its row's
+    /// vocabulary block).
+    pub(super) fn vocab_start(&self) -> usize {
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
+        self.mp.summa.map_or(self.mp.tp_rank, |c| c.row) * vl
+    }
+
+    /// Embeds `tokens` (`batch` samples of `seq`, sample-major) into the residual stream entering
+    /// the first block of activation set `index`.
+    pub(super) fn embed(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        index: usize,
+        tokens: &[u32],
+        batch: usize,
+        seq: usize,
+    ) {
+        let vocab_start = self.vocab_start();
+        let (cfg, precision, mp) = (&self.cfg, self.precision, self.mp);
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+        let a = &mut self.pool[index].1;
+        let r = a.rows;
+        let wd = Widths::new(cfg, &mp);
+        let h = wd.h;
+        assert_eq!(tokens.len(), batch * seq);
+        a.tokens.copy_from_slice(tokens);
+        // This shard's word rows, summed over the group (reduce-scattered to this rank's
+        // positions under SP; to this rank's batch block under SUMMA), then the position
+        // embedding of those positions.
+        match (&mut a.emb_full, tp.summa, mp.summa) {
+            (Some(emb), Some((s, _)), Some(c)) => {
+                let bd = batch / c.depth;
+                let mine = &tokens[c.dep * bd * seq..(c.dep + 1) * bd * seq];
+                dev.embedding_forward(emb, mine, &p[Layout::WTE], vocab_start, bd, seq, wd.hr);
+                // The rows as the compute format holds them (the table may be the master).
+                dev.round_to(emb, precision);
+                let blocks = rows_to_batch_blocks(&summa::host(dev, emb), c.q, r.sub_batch, seq, wd.hr);
+                let mut out = vec![0f32; r.full * wd.hr];
+                s.col.reduce_scatter(&blocks, &mut out);
+                dev.upload(&mut a.resid[0], &out);
+                let mut wpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
+                summa::gather_stacked(dev, s.col, &p[Layout::WPE], &mut wpe);
+                dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr);
+            }
+            (Some(emb), _, _) => {
+                dev.embedding_forward(emb, tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                dev.round_to(emb, precision);
+                reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
+            }
+            _ => {
+                dev.embedding_forward(&mut a.resid[0], tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                dev.round_to(&mut a.resid[0], precision);
+                all_reduce(dev, tp.comm, &mut a.resid[0]);
+            }
+        }
+        if mp.summa.is_none() {
+            dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+        }
+        dev.round_to(&mut a.resid[0], precision);
+    }
+
+    /// Backward of `embed` from the gradient of the first block's input (`d_resid`): the word and
+    /// position embeddings' gradients "+=".
+    pub(super) fn embedding_backward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
+        let vocab_start = self.vocab_start();
+        let (cfg, mp) = (&self.cfg, self.mp);
+        let wd = Widths::new(cfg, &mp);
+        let h = wd.h;
+        let g = &mut self.params.grads;
+        let a = &mut self.pool[index].1;
+        let r = a.rows;
+        match (tp.summa, mp.summa) {
+            (Some((s, _)), Some(c)) => {
+                // Position rows: this block's gradient, summed down the column into the shard.
+                let mut dwpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
+                dev.position_backward(&mut dwpe, &a.grad.d_resid, r.sub_batch, 0, r.seq, wd.hr);
+                summa::scatter_stacked_add(dev, s.col, &dwpe, &mut g[Layout::WPE]);
+                // Word rows: every batch block of the depth layer against this vocabulary block.
+                let mut blocks = vec![0f32; c.q * r.full * wd.hr];
+                s.col.all_gather(&summa::host(dev, &a.grad.d_resid), &mut blocks);
+                let rows = batch_blocks_to_rows(&blocks, c.q, r.sub_batch, r.seq, wd.hr);
+                let emb = a.emb_full.as_mut().expect("the first SUMMA chunk has an embedding buffer");
+                dev.upload(emb, &rows);
+                let bd = r.batch / c.depth;
+                let mine = &a.tokens[c.dep * bd * r.seq..(c.dep + 1) * bd * r.seq];
+                dev.embedding_backward(&mut g[Layout::WTE], emb, mine, vocab_start, bd, r.seq, wd.hr);
+            }
+            _ => {
+                let d = &mut a.grad;
+                dev.position_backward(&mut g[Layout::WPE], &d.d_resid, r.batch, r.t0, r.positions, h);
+                let pass = Pass { dev, tp, sc: &mut self.scratch };
+                let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
+                dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
+            }
+        }
+    }
+}
+
+/// Every row of a depth layer under SUMMA as a pair of places: in the layer's row order
+/// (`t * (q * sub) + l * sub + b`), and in `q` batch blocks of `sub` samples, block `l` holding
+/// samples `l * sub..` in row order `t * sub + b`.
+fn depth_layer_rows(q: usize, sub: usize, seq: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..q).flat_map(move |l| {
+        (0..seq).flat_map(move |t| (0..sub).map(move |b| (t * q * sub + l * sub + b, l * seq * sub + t * sub + b)))
+    })
+}
+
+/// Rows of `width` moved from place `from` to place `to` for each pair.
+fn move_rows(src: &[f32], width: usize, pairs: impl Iterator<Item = (usize, usize)>) -> Vec<f32> {
+    let mut out = vec![0f32; src.len()];
+    for (from, to) in pairs {
+        out[to * width..(to + 1) * width].copy_from_slice(&src[from * width..(from + 1) * width]);
+    }
+    out
+}
+
+/// A depth layer's rows (`t * (q * sub) + b`) regrouped into `q` batch blocks of `sub` samples.
+fn rows_to_batch_blocks(rows: &[f32], q: usize, sub: usize, seq: usize, width: usize) -> Vec<f32> {
+    move_rows(rows, width, depth_layer_rows(q, sub, seq))
+}
+
+/// The inverse of `rows_to_batch_blocks`.
+fn batch_blocks_to_rows(blocks: &[f32], q: usize, sub: usize, seq: usize, width: usize) -> Vec<f32> {
+    move_rows(blocks, width, depth_layer_rows(q, sub, seq).map(|(row, block)| (block, row)))
+}

@@ -1,0 +1,138 @@
+//! The last chunk's head: the final LayerNorm, the output layer tied to the word embedding
+//! (vocab-parallel logits), the cross-entropy from three all-reduces of per-row statistics, and
+//! their backward from the loss.
+
+use super::activations::Widths;
+use super::tensor_parallel::Pass;
+use super::{Gpt, Weights};
+use crate::comm::ReduceOp;
+use crate::device::Device;
+use crate::parallel::tensor::TensorParallel;
+use crate::tensor::{pair_mut, ParamSet};
+use std::ops::Range;
+
+impl<D: Device> Gpt<D> {
+    /// The first vocabulary entry of this rank's logits (under SUMMA, of its column's block).
+    pub(super) fn logits_start(&self) -> usize {
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
+        self.mp.summa.map_or(self.mp.tp_rank, |c| c.col) * vl
+    }
+
+    /// The final LayerNorm of the last block's output and the logits of activation set `index`.
+    pub(super) fn head_forward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
+        let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
+        let r = a.rows;
+        let Widths { h, vl, .. } = Widths::new(cfg, &mp);
+        let hd = a.head.as_mut().expect("the last chunk has a head");
+        let lnf_w = lay.lnf();
+        let x_last = &a.resid[lay.num_layers];
+        pass.ln_forward(&mut hd.lnf, x_last, (&p[lnf_w], &p[lnf_w + 1]), r.local, h);
+        dev.round_to(&mut hd.lnf.out, precision);
+        match tp.summa {
+            None => {
+                let lnf = pass.gathered(&hd.lnf.out, &mut hd.lnf.full);
+                dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
+            }
+            Some((s, _)) => {
+                let v = cfg.padded_vocab_size;
+                s.logits_forward(dev, &mut hd.logits, &hd.lnf.out, &p[lay.head()], r.full, h, v, pass.sc);
+            }
+        }
+    }
+
+    /// The vocab-parallel cross-entropy of a forward's logits against `labels` (sample-major):
+    /// the max, target-logit and sum-exp all-reduces over the group. Returns the sum of the rows'
+    /// losses and keeps the statistics for backward.
+    pub(super) fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, index: usize, labels: &[u32]) -> f64 {
+        let vocab_start = self.logits_start();
+        let vl = Widths::new(&self.cfg, &self.mp).vl;
+        let a = &mut self.pool[index].1;
+        let r = a.rows;
+        let hd = a.head.as_mut().expect("the last chunk has a head");
+        // The vocabulary is split over the group under 1-D, over the row under SUMMA.
+        let comm = tp.summa.map_or(tp.comm, |(s, _)| s.row);
+        let mine = &labels[r.first_sample * r.seq..(r.first_sample + r.sub_batch) * r.seq];
+        reorder_to_rows(&mut hd.targets, mine, r.sub_batch, r.seq);
+        dev.cross_entropy_max(&hd.logits, r.full, vl, &mut hd.ce_max);
+        comm.all_reduce(&mut hd.ce_max, ReduceOp::Max);
+        let (sum_exp, target_logit) = hd.ce_stats.split_at_mut(r.full);
+        dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, sum_exp, target_logit);
+        // Sum-exp and target logit travel in one all-reduce.
+        comm.all_reduce(&mut hd.ce_stats, ReduceOp::Sum);
+        let (sum_exp, target_logit) = hd.ce_stats.split_at(r.full);
+        let loss: f64 = (0..r.full).map(|i| sum_exp[i].ln() + hd.ce_max[i] - target_logit[i]).sum();
+        // Under SUMMA each rank has its batch block's loss: sum the blocks of the micro-batch.
+        match tp.summa {
+            None => loss,
+            Some((s, depth)) => depth.sum_f64(s.col.sum_f64(loss)),
+        }
+    }
+
+    /// Backward of the output layer (tied to the word embedding) and the final LayerNorm from the
+    /// loss scaled by `grad_scale`: `d_resid` becomes the gradient of the last block's output.
+    /// Tells `ready` the parameters that are final now.
+    pub(super) fn head_backward(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        index: usize,
+        grad_scale: f32,
+        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+    ) {
+        let logits_start = self.logits_start();
+        let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
+        let Widths { h, vl, .. } = Widths::new(cfg, &mp);
+        let num_params = self.params.info.len();
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
+        let r = a.rows;
+        let hd = a.head.as_mut().expect("the last chunk has a head");
+        let d = &mut a.grad;
+        let (sum_exp, _) = hd.ce_stats.split_at(r.full);
+        dev.cross_entropy_backward(
+            &mut hd.logits,
+            &hd.targets,
+            logits_start,
+            r.full,
+            vl,
+            &hd.ce_max,
+            sum_exp,
+            grad_scale,
+        );
+        let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+        let g = &mut self.params.grads;
+        let d_lnf = match tp.summa {
+            None => {
+                let lnf = hd.lnf.full.as_ref().unwrap_or(&hd.lnf.out);
+                let (dl, dw) = (&mut d.d_h_full, &mut g[lay.head()]);
+                dev.linear_backward(Some(dl), dw, None, &hd.logits, lnf, &p[lay.head()], r.full, h, vl);
+                pass.reduced(&mut d.d_h_full, &mut d.d_h_local)
+            }
+            Some((s, _)) => {
+                let (dl, dw, v) = (&mut d.d_h_full, &mut g[lay.head()], cfg.padded_vocab_size);
+                s.logits_backward(dev, dl, dw, &hd.logits, &hd.lnf.out, &p[lay.head()], r.full, h, v, pass.sc);
+                &d.d_h_full
+            }
+        };
+        dev.fill(&mut d.d_resid, 0.0);
+        let lnf_w = lay.lnf();
+        let x_last = &a.resid[lay.num_layers];
+        let gs = pair_mut(g, lnf_w, lnf_w + 1);
+        pass.ln_backward(&mut d.d_resid, gs, d_lnf, (x_last, &p[lnf_w]), &hd.lnf, r.local, h);
+        // The tied copy (last stage only) is final too; the first stage's word embedding is
+        // final after the embedding backward.
+        let end = if lay.first { lnf_w + 2 } else { num_params };
+        ready(&self.params, lnf_w..end);
+    }
+}
+
+/// Sample-major labels `[b][t]` to the activations' row order `t * batch + b`.
+fn reorder_to_rows(rows: &mut [u32], sample_major: &[u32], batch: usize, seq: usize) {
+    assert_eq!(sample_major.len(), batch * seq);
+    for b in 0..batch {
+        for t in 0..seq {
+            rows[t * batch + b] = sample_major[b * seq + t];
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Forward and backward of GPT-2 on one device, written by hand: embeddings, pre-LayerNorm blocks
+//! (causal multi-head attention, GELU MLP), final LayerNorm, and the output layer tied to the word
+//! embedding. Activations are sequence-first, row `t * batch + b`, as in Megatron.
+//!
+//! With tensor parallelism (Megatron's layout) QKV and fc1 are column-parallel, the attention
+//! projection and fc2 row-parallel, the word embedding and the output layer vocab-parallel, and
+//! the cross-entropy is computed from three all-reduces of per-row statistics. With sequence
+//! parallelism the residual stream, LayerNorms and biases work on this rank's contiguous block of
+//! positions, and all-gather / reduce-scatter replace the all-reduces. A group of one rank makes
+//! every collective a no-op, so the single-rank model is the same code.
+//!
+//! This file holds `Gpt` itself (a chunk's parameters, its precision and recompute settings, its
+//! memory accounting); the passes are in `chunk.rs` (the micro-batch API), `embedding.rs`,
+//! `block.rs` and `head.rs`, their parallel points in `tensor_parallel.rs`, and the buffers a
+//! micro-batch keeps in `activations.rs`.
+
+mod activations;
+mod block;
+mod chunk;
+mod embedding;
+mod head;
+mod tensor_parallel;
+
+use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
+use crate::comm::CommCounters;
+use crate::device::Device;
+use crate::parallel::summa::Scratch;
+use crate::real::Precision;
+use crate::tensor::ParamSet;
+use activations::{Activations, SpareAttention, SpareLayer, Stash};
+use block::PER_LAYER;
+use std::ops::Range;
+
+/// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    /// Index of the first layer's first parameter (after the embeddings on the first chunk).
+    layers_base: usize,
+    num_layers: usize,
+    first: bool,
+    last: bool,
+}
+
+impl Layout {
+    fn new(plan: &ChunkPlan) -> Layout {
+        Layout {
+            layers_base: if plan.first { 2 } else { 0 },
+            num_layers: plan.layers.len(),
+            first: plan.first,
+            last: plan.last,
+        }
+    }
+    /// Parameter `which` of the chunk's local layer `layer`.
+    fn layer(&self, layer: usize, which: usize) -> usize {
+        self.layers_base + layer * PER_LAYER + which
+    }
+    fn layer_params(&self, layer: usize) -> Range<usize> {
+        self.layer(layer, 0)..self.layer(layer, PER_LAYER)
+    }
+    const WTE: usize = 0;
+    const WPE: usize = 1;
+    /// The final LayerNorm weight (bias follows), on the last chunk.
+    fn lnf(&self) -> usize {
+        self.layers_base + self.num_layers * PER_LAYER
+    }
+    /// The output layer's weight: the word embedding itself, or the last stage's tied copy.
+    fn head(&self) -> usize {
+        if self.first {
+            Layout::WTE
+        } else {
+            self.lnf() + 2
+        }
+    }
+}
+
+/// What a forward pass of a chunk produced: the hidden states for the next stage (written into
+/// the caller's buffer), or the summed token loss on the last stage.
+pub enum ChunkOutput {
+    Hidden,
+    Loss(f64),
+}
+
+/// One chunk of a GPT-2 model (this rank's tensor-parallel shard of the layers `plan` names, with
+/// the embeddings on the first chunk and the head on the last) whose parameters live on `D`.
+/// Several micro-batches can be in flight: each forward takes an activation set keyed by its
+/// micro-batch, and its backward gives the set back for reuse.
+pub struct Gpt<D: Device> {
+    pub cfg: GptConfig,
+    pub mp: ModelParallel,
+    pub plan: ChunkPlan,
+    pub params: ParamSet<D>,
+    layout: Layout,
+    /// Allocated activation sets, and which micro-batch (if any) holds each.
+    pool: Vec<(Option<usize>, Activations<D::Buf>)>,
+    live: usize,
+    peak_live: usize,
+    recompute: Recompute,
+    /// What recomputation rebuilds into, shared by every layer and micro-batch of the chunk, for
+    /// the shape it was made for: one layer's buffers (full), or one attention output and its
+    /// log-sum-exp (selective).
+    spare: SpareLayer<D::Buf>,
+    spare_attention: SpareAttention<D::Buf>,
+    /// Mixed precision: the format weights and activations are held in for compute, and the
+    /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
+    precision: Precision,
+    /// Per parameter: None where the device's GEMM rounds its operands itself (the matrices and
+    /// the word embedding under bf16), which then read the masters.
+    working: Option<Vec<Option<D::Buf>>>,
+    /// SUMMA's panel buffers (unused under 1-D).
+    scratch: Scratch<D::Buf>,
+    /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
+    /// layer's forward and backward passes (recomputation included) since the last reset.
+    layer_comm: Vec<[CommCounters; 3]>,
+    /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
+    stashed: usize,
+    peak_stashed: usize,
+}
+
+impl<D: Device> Gpt<D> {
+    /// A freshly initialised whole model on one rank: every element from (seed, name, index).
+    pub fn new(dev: &D, cfg: GptConfig, seed: u64) -> Gpt<D> {
+        Gpt::new_parallel(dev, cfg, ModelParallel::single(), seed)
+    }
+
+    /// This tensor-parallel rank's shard of the whole model, holding exactly the values the
+    /// single-rank model has at the same positions.
+    pub fn new_parallel(dev: &D, cfg: GptConfig, mp: ModelParallel, seed: u64) -> Gpt<D> {
+        let plan = ChunkPlan::whole(&cfg);
+        Gpt::new_chunk(dev, cfg, mp, plan, seed)
+    }
+
+    /// One chunk of the model (a pipeline stage or virtual stage).
+    pub fn new_chunk(dev: &D, cfg: GptConfig, mp: ModelParallel, plan: ChunkPlan, seed: u64) -> Gpt<D> {
+        let params = ParamSet::new(dev, cfg.chunk_parameters(&mp, &plan), seed);
+        let layout = Layout::new(&plan);
+        Gpt {
+            cfg,
+            mp,
+            plan,
+            params,
+            layout,
+            pool: Vec::new(),
+            live: 0,
+            peak_live: 0,
+            recompute: Recompute::None,
+            spare: None,
+            spare_attention: None,
+            precision: Precision::F32,
+            working: None,
+            scratch: Scratch::default(),
+            layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
+            stashed: 0,
+            peak_stashed: 0,
+        }
+    }
+
+    /// Per layer of this chunk, the elements its tensor-parallel group, SUMMA row and SUMMA column
+    /// moved since `reset_layer_comm` (forward, backward and recomputation).
+    pub fn layer_comm(&self) -> &[[CommCounters; 3]] {
+        &self.layer_comm
+    }
+
+    pub fn reset_layer_comm(&mut self) {
+        self.layer_comm.iter_mut().for_each(|l| *l = Default::default());
+    }
+
+    /// The most micro-batches whose activations were held at once since the last reset.
+    pub fn peak_in_flight(&self) -> usize {
+        self.peak_live
+    }
+
+    /// Chooses the compute precision (bf16 or fp16 mixed precision, or f32) and makes the working
+    /// weights from the masters.
+    pub fn set_precision(&mut self, dev: &D, precision: Precision) {
+        self.precision = precision;
+        // Activation sets made from now on hold their layers in the new format.
+        self.pool.retain(|(k, _)| k.is_some());
+        // Matrices that only GEMMs read (and the word embedding, whose looked-up rows are rounded
+        // as they are read) need no rounded copy where the GEMM rounds its operands itself.
+        let gemm_rounds = dev.matmul_rounds_operands(precision);
+        self.working = (precision != Precision::F32).then(|| {
+            self.params
+                .info
+                .iter()
+                .map(|p| (!(gemm_rounds && is_gemm_operand(&p.name))).then(|| dev.alloc(p.numel())))
+                .collect()
+        });
+        self.refresh_working_weights(dev);
+    }
+
+    /// Rounds the master weights into the working copy (after every optimizer step).
+    pub fn refresh_working_weights(&mut self, dev: &D) {
+        if let Some(working) = self.working.as_mut() {
+            let pairs = working.iter_mut().zip(self.params.values.iter().zip(&self.params.info));
+            for (w, (m, info)) in pairs.filter_map(|(w, rest)| w.as_mut().map(|w| (w, rest))) {
+                // Copy in place where the device keeps buffers in host memory; stage otherwise.
+                match (dev.host_f32_ref(m), dev.host_f32(w)) {
+                    (Some(src), Some(dst)) => dst.copy_from_slice(src),
+                    _ => {
+                        let mut host = vec![0f32; info.numel()];
+                        dev.download(m, &mut host);
+                        dev.upload(w, &host);
+                    }
+                }
+                dev.round_to(w, self.precision);
+            }
+        }
+    }
+
+    /// Bytes of the working copy of the weights mixed precision computes with (its values are
+    /// 16-bit, held in the device's f32 buffers), 0 in f32.
+    pub fn working_bytes(&self, dev: &D) -> usize {
+        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| 4 * dev.len(b)).sum())
+    }
+
+    /// Chooses activation recomputation; takes effect for activation sets made afterwards.
+    pub fn set_recompute(&mut self, recompute: Recompute) {
+        self.recompute = recompute;
+        self.pool.retain(|(k, _)| k.is_some());
+    }
+
+    /// Bytes of activation buffers allocated now (every held and pooled set, and the spare
+    /// layer), for `--log-memory`.
+    /// Under mixed precision the 16-bit copies of saved layers come and go with each micro-batch,
+    /// so their most since the last `reset_peak_in_flight` is counted.
+    pub fn activation_bytes(&self, dev: &D) -> usize {
+        let sets: usize = self.pool.iter().map(|(_, a)| a.bytes(dev)).sum();
+        let now: usize =
+            self.pool.iter().flat_map(|(_, a)| a.compact.iter().flatten().flatten()).map(Stash::bytes).sum();
+        sets - now
+            + self.peak_stashed
+            + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+    }
+
+    /// Bytes of one micro-batch's activation set while it is in flight (0 before the first
+    /// forward): under mixed precision, with every layer's 16-bit copy.
+    pub fn set_bytes(&self, dev: &D) -> usize {
+        self.pool.first().map_or(0, |(_, a)| {
+            let now: usize = a.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+            let per_layer = self.spare.as_ref().map_or(0, |(_, l)| l.stash_bytes(dev));
+            a.bytes(dev) - now + a.compact.len() * per_layer
+        })
+    }
+
+    /// Whether saved layers are held in 16 bits between forward and backward (mixed precision,
+    /// unless full recompute keeps only the layer inputs anyway).
+    fn compacting(&self) -> bool {
+        self.precision != Precision::F32 && self.recompute != Recompute::Full
+    }
+
+    /// Bytes of the spare buffers recomputation rebuilds into.
+    pub fn spare_bytes(&self, dev: &D) -> usize {
+        self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+    }
+
+    /// Micro-batches whose activations this chunk holds now.
+    pub fn in_flight(&self) -> usize {
+        self.live
+    }
+
+    pub fn reset_peak_in_flight(&mut self) {
+        self.peak_stashed = self.stashed;
+        self.peak_live = self.live;
+    }
+}
+
+/// Whether parameter `name` is read only as a GEMM operand (the linear layers' weight matrices)
+/// or, for the word embedding, also by a lookup whose output is rounded.
+fn is_gemm_operand(name: &str) -> bool {
+    name == "embedding.word_embeddings.weight"
+        || ["linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
+}
+
+/// The weights a pass reads: parameter `i` from the working copy if it has one, else the master.
+struct Weights<'a, B> {
+    working: Option<&'a [Option<B>]>,
+    masters: &'a [B],
+}
+
+impl<B> std::ops::Index<usize> for Weights<'_, B> {
+    type Output = B;
+    fn index(&self, i: usize) -> &B {
+        self.working.and_then(|w| w[i].as_ref()).unwrap_or(&self.masters[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+    use crate::parallel::tensor::TensorParallel;
+
+    #[test]
+    fn bf16_without_rounded_matrix_copies_computes_the_same_bits() {
+        // Under bf16 the matrices and the word embedding are read as masters (the bf16 GEMM rounds
+        // its operands; looked-up rows are rounded): the loss and every gradient equal those of a
+        // model that keeps a rounded copy of every weight.
+        let cfg = GptConfig {
+            num_layers: 2,
+            hidden_size: 64,
+            num_attention_heads: 4,
+            ffn_hidden_size: 256,
+            max_position_embeddings: 16,
+            vocab_size: 257,
+            padded_vocab_size: 384,
+            init_method_std: 0.02,
+        };
+        let dev = CpuDevice::new(2);
+        dev.set_matmul_precision(Precision::Bf16);
+        let (batch, seq) = (3usize, 16usize);
+        let tokens: Vec<u32> = (0..batch * seq).map(|i| ((i * 37 + 11) % 257) as u32).collect();
+        let labels: Vec<u32> = (0..batch * seq).map(|i| ((i * 53 + 5) % 257) as u32).collect();
+        let run = |keep_every_copy: bool| {
+            let mut m = Gpt::new(&dev, cfg.clone(), 7);
+            m.set_precision(&dev, Precision::Bf16);
+            if keep_every_copy {
+                let info = m.params.info.clone();
+                let working = m.working.as_mut().expect("bf16 has a working copy");
+                for (w, p) in working.iter_mut().zip(&info) {
+                    w.get_or_insert_with(|| dev.alloc(p.numel()));
+                }
+                m.refresh_working_weights(&dev);
+            }
+            let loss =
+                m.forward_backward(&dev, TensorParallel::single(), &tokens, &labels, batch, seq, 1.0, &mut |_, _| {});
+            (loss, m.params.grads.clone(), m.working_bytes(&dev))
+        };
+        let (lean, full) = (run(false), run(true));
+        assert_eq!(lean.0.to_bits(), full.0.to_bits(), "loss {} vs {}", lean.0, full.0);
+        for (i, (a, b)) in lean.1.iter().zip(&full.1).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "gradient {i} differs");
+        }
+        assert!(lean.2 * 10 < full.2, "working copy {} bytes, not far below {}", lean.2, full.2);
+    }
+}

@@ -1,0 +1,210 @@
+//! The parallel points of a layer, each a small method of `Pass` that does Megatron's 1-D
+//! communication (all-gather / reduce-scatter under sequence parallelism, all-reduce otherwise)
+//! or calls `parallel::summa` under 2-D / 2.5-D, so one forward and one backward serve every
+//! layout: the LayerNorm, the linear layers that read a LayerNorm output (QKV, fc1) and those that
+//! write back into the residual stream (projection, fc2); and the counters of what a layer's
+//! groups moved.
+
+use super::activations::{LnActs, Rows};
+use crate::comm::CommCounters;
+use crate::device::Device;
+use crate::parallel::summa::Scratch;
+use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
+
+/// What a chunk's forward or backward pass computes with: the device, the tensor-parallel groups
+/// and SUMMA's panel buffers (unused under 1-D).
+pub(super) struct Pass<'a, D: Device> {
+    pub(super) dev: &'a D,
+    pub(super) tp: TensorParallel<'a>,
+    pub(super) sc: &'a mut Scratch<D::Buf>,
+}
+
+impl<D: Device> Pass<'_, D> {
+    /// The all-rows view of a LayerNorm output: its all-gather under sequence parallelism, itself
+    /// otherwise.
+    pub(super) fn gathered<'b>(&self, local: &'b D::Buf, full: &'b mut Option<D::Buf>) -> &'b D::Buf {
+        match full {
+            Some(f) => {
+                all_gather(self.dev, self.tp.comm, local, f);
+                f
+            }
+            None => local,
+        }
+    }
+
+    /// Reduces the partial sums of a row-parallel layer over the group: reduce-scatter to this
+    /// rank's rows under sequence parallelism, all-reduce otherwise. Returns the reduced rows.
+    pub(super) fn reduced<'b>(&self, full: &'b mut D::Buf, local: &'b mut Option<D::Buf>) -> &'b D::Buf {
+        match local {
+            Some(l) => {
+                reduce_scatter(self.dev, self.tp.comm, full, l);
+                l
+            }
+            None => {
+                all_reduce(self.dev, self.tp.comm, full);
+                full
+            }
+        }
+    }
+
+    /// LayerNorm of this rank's residual rows `inp` into `ln`: whole rows under 1-D, the hidden
+    /// dimension split along the SUMMA row under 2-D / 2.5-D.
+    pub(super) fn ln_forward(
+        &mut self,
+        ln: &mut LnActs<D::Buf>,
+        inp: &D::Buf,
+        (weight, bias): (&D::Buf, &D::Buf),
+        rows: usize,
+        h: usize,
+    ) {
+        let (dev, out, mean, rstd) = (self.dev, &mut ln.out, &mut ln.mean, &mut ln.rstd);
+        match self.tp.summa {
+            None => dev.layernorm_forward(out, mean, rstd, inp, weight, bias, rows, h),
+            Some((s, _)) => s.layernorm_forward(dev, out, mean, rstd, inp, weight, bias, rows, h, self.sc),
+        }
+    }
+
+    /// Backward of `ln_forward` (whose statistics `ln` holds) from `dout`: `dinp`, `dweight`,
+    /// `dbias` "+=".
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ln_backward(
+        &mut self,
+        dinp: &mut D::Buf,
+        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        dout: &D::Buf,
+        (inp, weight): (&D::Buf, &D::Buf),
+        ln: &LnActs<D::Buf>,
+        rows: usize,
+        h: usize,
+    ) {
+        let (dev, mean, rstd) = (self.dev, &ln.mean, &ln.rstd);
+        match self.tp.summa {
+            None => dev.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h),
+            Some((s, _)) => {
+                s.layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h, self.sc)
+            }
+        }
+    }
+
+    /// A linear layer that reads a LayerNorm output `ln` (QKV, fc1) for the whole `[k] -> [n]`
+    /// product: column-parallel under 1-D (all-gathering the input under sequence parallelism),
+    /// SUMMA otherwise. `out` holds this rank's output features.
+    pub(super) fn linear_in_forward(
+        &mut self,
+        out: &mut D::Buf,
+        ln: &mut LnActs<D::Buf>,
+        (weight, bias): (&D::Buf, &D::Buf),
+        r: Rows,
+        (k, n): (usize, usize),
+    ) {
+        match self.tp.summa {
+            None => {
+                let inp = self.gathered(&ln.out, &mut ln.full);
+                self.dev.linear_forward(out, inp, weight, Some(bias), r.full, k, n / self.tp.size());
+            }
+            Some((s, _)) => s.linear_forward(self.dev, out, &ln.out, weight, Some(bias), r.full, k, n, self.sc),
+        }
+    }
+
+    /// A linear layer that writes back into the residual stream (the attention projection, fc2):
+    /// `x_out = resid + inp · weightᵀ + bias` for the whole `[k] -> [n]` product. Row-parallel
+    /// under 1-D (partial sums reduced over the group, or reduce-scattered under sequence
+    /// parallelism), SUMMA otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear_out_forward(
+        &mut self,
+        x_out: &mut D::Buf,
+        resid: &D::Buf,
+        inp: &D::Buf,
+        (weight, bias): (&D::Buf, &D::Buf),
+        (tmp_full, tmp_local): (&mut D::Buf, &mut Option<D::Buf>),
+        r: Rows,
+        (k, n): (usize, usize),
+    ) {
+        let dev = self.dev;
+        match self.tp.summa {
+            None => {
+                dev.linear_forward(tmp_full, inp, weight, None, r.full, k / self.tp.size(), n);
+                let sum = self.reduced(tmp_full, tmp_local);
+                dev.add(x_out, resid, sum);
+                dev.add_bias(x_out, bias, r.local, n);
+            }
+            Some((s, _)) => {
+                s.linear_forward(dev, tmp_full, inp, weight, Some(bias), r.full, k, n, self.sc);
+                dev.add(x_out, resid, tmp_full);
+            }
+        }
+    }
+
+    /// Backward of `linear_out_forward` from the residual gradient `d_resid`: `d_inp`
+    /// (overwrite), weight and bias gradients "+=".
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear_out_backward(
+        &mut self,
+        d_inp: &mut D::Buf,
+        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        (d_resid, d_full): (&D::Buf, &mut Option<D::Buf>),
+        inp: &D::Buf,
+        weight: &D::Buf,
+        r: Rows,
+        (k, n): (usize, usize),
+    ) {
+        match self.tp.summa {
+            None => {
+                let d_out = self.gathered(d_resid, d_full);
+                let k_local = k / self.tp.size();
+                self.dev.linear_backward(Some(d_inp), dweight, Some(dbias), d_out, inp, weight, r.full, k_local, n);
+            }
+            Some((s, _)) => {
+                let (dev, sc) = (self.dev, &mut *self.sc);
+                s.linear_backward(dev, Some(d_inp), dweight, Some(dbias), d_resid, inp, weight, r.full, k, n, sc)
+            }
+        }
+    }
+
+    /// Backward of `linear_in_forward`: returns the gradient of the LayerNorm output on this
+    /// rank's rows (reduced over the group under 1-D), computed in `d_full` (and `d_local`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear_in_backward<'b>(
+        &mut self,
+        (d_full, d_local): (&'b mut D::Buf, &'b mut Option<D::Buf>),
+        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        d_out: &D::Buf,
+        ln: &LnActs<D::Buf>,
+        weight: &D::Buf,
+        r: Rows,
+        (k, n): (usize, usize),
+    ) -> &'b D::Buf {
+        let (dev, inp) = (self.dev, &ln.out);
+        match self.tp.summa {
+            None => {
+                let inp = ln.full.as_ref().unwrap_or(inp);
+                let n_local = n / self.tp.size();
+                dev.linear_backward(Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n_local);
+                self.reduced(d_full, d_local)
+            }
+            Some((s, _)) => {
+                let sc = &mut *self.sc;
+                s.linear_backward(dev, Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n, sc);
+                d_full
+            }
+        }
+    }
+}
+
+/// The counters of the groups a layer talks over: the tensor-parallel group, then the SUMMA row
+/// and column (zero under 1-D).
+pub(super) fn tp_counters<D: Device>(dev: &D, tp: TensorParallel) -> [CommCounters; 3] {
+    let t = crate::device::comm_counters(dev, tp.comm);
+    match tp.summa {
+        None => [t, CommCounters::default(), CommCounters::default()],
+        Some((s, _)) => [t, s.row.counters(), s.col.counters()],
+    }
+}
+
+/// Adds to `acc` what each group moved between the counters `before` and `now`.
+pub(super) fn add_since(acc: &mut [CommCounters; 3], now: &[CommCounters; 3], before: &[CommCounters; 3]) {
+    for g in 0..3 {
+        acc[g].add(&now[g].since(&before[g]));
+    }
+}
