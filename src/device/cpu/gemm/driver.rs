@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::pack::{pack, Slab};
-use super::MatRef;
+use super::{MatRef, MicroKernel};
 use crate::device::cpu::pool::ThreadPool;
 
 /// A raw pointer that tasks on several threads may hold at once. Every task writes a disjoint
@@ -87,34 +87,6 @@ fn check_view(name: &str, view: &MatRef<'_>, rows: usize, cols: usize) {
         view.col_stride,
         view.data.len()
     );
-}
-
-/// One register-blocked micro-kernel together with the cache blocking tuned for it.
-pub(crate) trait MicroKernel {
-    /// Rows of C per tile (A sliver height).
-    const MR: usize;
-    /// Columns of C per tile (B sliver width).
-    const NR: usize;
-    /// Depth block. It fixes the order of the sums, so it must not depend on the thread count.
-    const KC: usize;
-    /// Row block: an `MC × KC` packed A block should sit in L2. A multiple of `MR`.
-    const MC: usize;
-    /// Column block: the packed `KC × NC` B block, reused by every row block. A multiple of `NR`.
-    const NC: usize;
-    /// Whether packing may use AVX-512 transposes (bit-identical to the portable ones; only
-    /// kernels that already require AVX-512 opt in, so the other kernels' tests cover the
-    /// portable packing too).
-    // Only x86 has AVX-512 packing to select, so elsewhere nothing reads this.
-    #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
-    const AVX512_PACKING: bool = false;
-
-    /// Computes the `MR × NR` tile `acc = Σ_p a[p*MR + r] · b[p*NR + j]` over `kc` steps, then
-    /// stores `C = acc` or, when `accumulate`, `C = C + acc` (one rounding per element).
-    ///
-    /// # Safety
-    /// `a` holds `kc * MR` and `b` holds `kc * NR` readable floats, C rows `0..MR` with stride
-    /// `ldc` have `NR` writable floats each, and the CPU supports the kernel's instructions.
-    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool);
 }
 
 /// Below this many multiply-adds (about 10 µs on one core) a GEMM runs on the calling thread

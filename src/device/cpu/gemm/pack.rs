@@ -3,7 +3,7 @@
 //! or a gather, by stride), zero-padded past the edge, with the prefetches that let packing B
 //! overlap with arithmetic.
 
-use super::driver::MicroKernel;
+use super::MicroKernel;
 use super::MatRef;
 
 /// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:

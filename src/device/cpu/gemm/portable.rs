@@ -1,7 +1,7 @@
 //! The portable f32 micro-kernel, for any target: fixed-size arrays that the compiler keeps in
 //! vector registers of whatever width the baseline target has.
 
-use super::driver::MicroKernel;
+use super::MicroKernel;
 
 pub struct Portable;
 

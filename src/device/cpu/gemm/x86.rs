@@ -8,7 +8,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::driver::MicroKernel;
+use super::MicroKernel;
 
 /// AVX-512F kernel: MR rows × 2 zmm (32 columns), 2·MR accumulators. Measured on Zen 5:
 /// 8 × 32 and 12 × 32 both reach the FMA peak on cached data; 8 rows won on the GEMMs because
