@@ -438,7 +438,7 @@ pub fn allreduce(
 /// `--gpu-collectives mpi`: the same all-reduce staged through host memory (copy out, MPI, copy
 /// in), measured in the same process. Every rank returns the same records.
 pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: f64) -> Result<Vec<CudaRecord>> {
-    use crate::gpu::device::GpuRuntime;
+    use crate::gpu::runtime::GpuRuntime;
     let command = "bench allreduce --device hip";
     let hip = crate::gpu::hip::Hip::load().map_err(|e| Error::Usage(format!("{command} needs an AMD GPU: {e}")))?;
     let rccl = collectives::RcclOnHip::open(rt, hip, command)?;

@@ -115,7 +115,7 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 /// the same size, and a Device buffer made from a reused block still starts zeroed.
 #[test]
 fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
-    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::{cuda_runtime::CudaRuntime, runtime::GpuRuntime};
     let Some(dev) = device() else { return };
     let rt = CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap();
     let a = rt.alloc(4096).unwrap();
@@ -458,7 +458,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
 #[test]
 fn the_emulating_driver_checks_images_names_and_launches() {
     use trident::gpu::cache::ModuleCache;
-    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::{cuda_runtime::CudaRuntime, runtime::GpuRuntime};
     use trident::gpu::driver::Driver;
     use trident::gpu::kernels::KernelModules;
     let Some(emu) = emulated() else { return };

@@ -213,9 +213,9 @@ fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
 /// ordinal past the ones it has.
 #[test]
 fn the_emulated_runtime_checks_code_objects_and_devices() {
-    use trident::gpu::device::GpuRuntime;
+    use trident::gpu::runtime::GpuRuntime;
     use trident::gpu::hip::Hip;
-    use trident::gpu::hip_device::HipRuntime;
+    use trident::gpu::hip_runtime::HipRuntime;
     use trident::gpu::hip_kernels::HipKernelModules;
     if emulated().is_none() {
         return;

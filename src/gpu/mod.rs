@@ -1,27 +1,46 @@
-//! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
-//! RCCL (`nccl`), the HIP runtime (`hip`) and hipRTC (`hiprtc`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
-//! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
-//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`), the embedded HIP
-//! kernels (`hip_kernels`) and the device smoke test behind `make gpu-check` (`smoke`, NVIDIA
-//! and AMD). The binary links none of them: on a machine without
-//! them, everything here answers with an error naming the library.
-//! The GPU Device (the `Device` trait on a GPU) is `device`, on a small runtime trait that the
-//! CUDA driver table implements there and the HIP runtime table in `hip_device`.
+//! The GPU libraries, found at run time, and the GPU Device on them. The binary links none of
+//! them: on a machine without them, everything here answers with an error naming the library.
+//!
+//! The files, lowest first; a file imports only files above it in this list (test modules
+//! aside), so the folder has no import loop:
+//! 1. `dl` (`dlopen` and the `api_table!` of entry points), `launch` (launch geometry checked
+//!    against the device's limits), `peaks` (datasheet peaks); then `status` (each library's
+//!    status codes as one error).
+//! 2. The library tables: `driver` (CUDA driver), `nvrtc`, `hip` (HIP runtime), `hiprtc`, `nccl`
+//!    (NCCL and RCCL); then `cache` (the NVRTC / hipRTC module cache).
+//! 3. `kernels` (the embedded CUDA kernels, their images and their launch table), `hip_kernels`
+//!    (the embedded HIP kernels and their code objects).
+//! 4. `runtime` (`GpuRuntime`, what the Device needs of a vendor's runtime; `FreedBlocks`; `Arg`).
+//! 5. `cuda_runtime` and `hip_runtime`: `GpuRuntime` on the CUDA driver and on the HIP runtime.
+//! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
+//! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
+//!    `PipelineNccl`, `check nccl`).
+//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops`), which holds
+//!    its communicators as `DeviceComm` / `GpuP2p` trait objects and so names no type of
+//!    `collectives`.
+//! 9. `smoke` (`trident check gpu`'s test kernel).
+//!
+//! This file: `trident info`'s GPU lines, its AMD section, and the errors of `--device cuda` and
+//! `--device hip`.
 
+pub mod buffer;
 pub mod cache;
 pub mod collectives;
+pub mod cuda_runtime;
 pub mod device;
+mod device_ops;
 pub mod dl;
 pub mod driver;
 pub mod hip;
-pub mod hip_device;
 pub mod hip_kernels;
+pub mod hip_runtime;
 pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
 pub mod peaks;
+pub mod runtime;
 pub mod smoke;
 pub mod status;
 
