@@ -16,7 +16,9 @@ use crate::comm::{Bf16, Dtype, ReduceOp};
 use crate::error::{Error, Result};
 use crate::gpu::collectives::{self, NcclComm};
 use crate::gpu::driver::{CuFunction, DeviceBuffer, DeviceInfo, Driver, Event, Module, PrimaryContext, Stream};
-use crate::gpu::kernels::{self, GemmOut, KernelLaunch, KernelModules, Op};
+use crate::gpu::kernels::cuda::{arch_for, KernelModules};
+use crate::gpu::kernels::plan::{plan, GemmOut, KernelLaunch, Op};
+use crate::gpu::kernels::Vendor;
 use crate::gpu::nccl::{Flavor, Nccl};
 use crate::gpu::peaks::{self, Peak};
 use std::ffi::c_void;
@@ -162,7 +164,7 @@ fn open_gpu(driver: &Driver, command: &str) -> Result<Gpu> {
         )));
     }
     let info = driver.device_info(0)?;
-    let arch = kernels::arch_for(info.compute_capability)?;
+    let arch = arch_for(info.compute_capability)?;
     Ok(Gpu { peak: peaks::lookup(&info.name), info, arch })
 }
 
@@ -240,8 +242,9 @@ pub fn gemm(min_seconds: f64, shapes: &[(usize, usize, usize)]) -> Result<Vec<Cu
     let stream = Stream::non_blocking(&driver)?;
     let mut records = Vec::new();
     for &(m, n, k) in shapes {
-        let launch = kernels::plan(
+        let launch = plan(
             &Op::GemmFwd { m, n, k, out: GemmOut::Bf16 },
+            Vendor::Cuda,
             &gpu.info.limits,
             gpu.info.multiprocessors as u32,
         )?;
@@ -324,8 +327,9 @@ pub fn attention(min_seconds: f64, shapes: &[(usize, usize, usize, usize)]) -> R
     let stream = Stream::non_blocking(&driver)?;
     let mut records = Vec::new();
     for &(batch, seq, heads, head_dim) in shapes {
-        let launch = kernels::plan(
+        let launch = plan(
             &Op::AttentionFwd { batch, seq, heads, head_dim },
+            Vendor::Cuda,
             &gpu.info.limits,
             gpu.info.multiprocessors as u32,
         )?;
@@ -578,11 +582,11 @@ mod tests {
         use crate::gpu::launch::DeviceLimits;
         for limits in [DeviceLimits::A100, DeviceLimits::H100] {
             for &(m, n, k) in GEMM_SHAPES {
-                let l = kernels::plan(&Op::GemmFwd { m, n, k, out: GemmOut::Bf16 }, &limits, 108).unwrap();
+                let l = plan(&Op::GemmFwd { m, n, k, out: GemmOut::Bf16 }, Vendor::Cuda, &limits, 108).unwrap();
                 assert_eq!(l.config.grid, [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]);
             }
             for &(batch, seq, heads, head_dim) in ATTENTION_SHAPES {
-                let l = kernels::plan(&Op::AttentionFwd { batch, seq, heads, head_dim }, &limits, 108).unwrap();
+                let l = plan(&Op::AttentionFwd { batch, seq, heads, head_dim }, Vendor::Cuda, &limits, 108).unwrap();
                 assert_eq!(l.config.grid, [seq.div_ceil(64) as u32, (batch * heads) as u32, 1]);
             }
         }

@@ -115,7 +115,8 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 /// the same size, and a Device buffer made from a reused block still starts zeroed.
 #[test]
 fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
-    use trident::gpu::{cuda_runtime::CudaRuntime, runtime::GpuRuntime};
+    use trident::gpu::cuda_runtime::CudaRuntime;
+    use trident::gpu::runtime::GpuRuntime;
     let Some(dev) = device() else { return };
     let rt = CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap();
     let a = rt.alloc(4096).unwrap();
@@ -458,9 +459,10 @@ fn check_gpu_compares_the_device_with_the_reference() {
 #[test]
 fn the_emulating_driver_checks_images_names_and_launches() {
     use trident::gpu::cache::ModuleCache;
-    use trident::gpu::{cuda_runtime::CudaRuntime, runtime::GpuRuntime};
+    use trident::gpu::cuda_runtime::CudaRuntime;
     use trident::gpu::driver::Driver;
-    use trident::gpu::kernels::KernelModules;
+    use trident::gpu::kernels::cuda::KernelModules;
+    use trident::gpu::runtime::GpuRuntime;
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();

@@ -213,10 +213,10 @@ fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
 /// ordinal past the ones it has.
 #[test]
 fn the_emulated_runtime_checks_code_objects_and_devices() {
-    use trident::gpu::runtime::GpuRuntime;
     use trident::gpu::hip::Hip;
     use trident::gpu::hip_runtime::HipRuntime;
-    use trident::gpu::hip_kernels::HipKernelModules;
+    use trident::gpu::kernels::hip::HipKernelModules;
+    use trident::gpu::runtime::GpuRuntime;
     if emulated().is_none() {
         return;
     }

@@ -4,7 +4,7 @@
 //! default stream, in order.
 
 use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver};
-use super::kernels::arch_for;
+use super::kernels::cuda::arch_for;
 use super::runtime::{FreedBlocks, GpuRuntime};
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};

@@ -17,157 +17,58 @@
 //! (`attach_comms`, `attach_p2p`), so this file names no communicator type.
 
 use super::buffer::{DeviceMem, GpuBuf, GpuP2p};
-use super::cache::{default_root, ModuleCache};
-use super::cuda_runtime::CudaRuntime;
-use super::driver::Driver;
-use super::hip::Hip;
-use super::hip_kernels::HipKernelModules;
-use super::hip_runtime::HipRuntime;
-use super::kernels::{arch_for, KernelModules};
-use super::launch::DeviceLimits;
+use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
+use super::kernels::{Kernel, Vendor};
+use super::launch::{tiled, DeviceLimits};
+use super::open::{Functions, OpenGpu};
 use super::runtime::{Arg, GpuRuntime};
 use crate::device::DeviceComm;
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// Every kernel the Device launches: a typed index into its function table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum K {
-    AddF32,
-    AddAssignF32,
-    AddBiasF32,
-    RoundBf16F32,
-    GeluFwdF32,
-    GeluBwdF32,
-    EmbeddingFwdF32,
-    EmbeddingBwdF32,
-    PositionFwdF32,
-    PositionBwdF32,
-    ColumnSumAddF32,
-    LayernormFwdF32,
-    LayernormBwdDxF32,
-    LayernormBwdParamsF32,
-    LayernormSumsF32,
-    LayernormApplyF32,
-    LayernormBwdSumsF32,
-    LayernormBwdApplyDxF32,
-    XentMaxF32,
-    XentPartialsF32,
-    XentBwdF32,
-    SumSquaresF32,
-    AdamW,
-    CastF32ToBf16,
-    CastBf16ToF32,
-    GemmFwdF32Out,
-    GemmBwdInput,
-    GemmBwdWeight,
-    AttentionFwdD64,
-    AttentionFwdD128,
-    AttentionBwdDelta,
-    AttentionBwdDkvD64,
-    AttentionBwdDkvD128,
-    AttentionBwdDqD64,
-    AttentionBwdDqD128,
-}
-
-/// (kernel, file, function name), in `K`'s order.
-const FUNCTIONS: &[(K, &str, &str)] = &[
-    (K::AddF32, "tensor_ops.cu", "add_f32"),
-    (K::AddAssignF32, "tensor_ops.cu", "add_assign_f32"),
-    (K::AddBiasF32, "tensor_ops.cu", "add_bias_f32"),
-    (K::RoundBf16F32, "tensor_ops.cu", "round_bf16_f32"),
-    (K::GeluFwdF32, "tensor_ops.cu", "gelu_fwd_f32"),
-    (K::GeluBwdF32, "tensor_ops.cu", "gelu_bwd_f32"),
-    (K::EmbeddingFwdF32, "tensor_ops.cu", "embedding_fwd_f32"),
-    (K::EmbeddingBwdF32, "tensor_ops.cu", "embedding_bwd_f32"),
-    (K::PositionFwdF32, "tensor_ops.cu", "position_fwd_f32"),
-    (K::PositionBwdF32, "tensor_ops.cu", "position_bwd_f32"),
-    (K::ColumnSumAddF32, "tensor_ops.cu", "column_sum_add_f32"),
-    (K::LayernormFwdF32, "tensor_ops.cu", "layernorm_fwd_f32"),
-    (K::LayernormBwdDxF32, "tensor_ops.cu", "layernorm_bwd_dx_f32"),
-    (K::LayernormBwdParamsF32, "tensor_ops.cu", "layernorm_bwd_params_f32"),
-    (K::LayernormSumsF32, "tensor_ops.cu", "layernorm_sums_f32"),
-    (K::LayernormApplyF32, "tensor_ops.cu", "layernorm_apply_f32"),
-    (K::LayernormBwdSumsF32, "tensor_ops.cu", "layernorm_bwd_sums_f32"),
-    (K::LayernormBwdApplyDxF32, "tensor_ops.cu", "layernorm_bwd_apply_dx_f32"),
-    (K::XentMaxF32, "tensor_ops.cu", "xent_max_f32"),
-    (K::XentPartialsF32, "tensor_ops.cu", "xent_partials_f32"),
-    (K::XentBwdF32, "tensor_ops.cu", "xent_bwd_f32"),
-    (K::SumSquaresF32, "tensor_ops.cu", "sum_squares_f32"),
-    (K::AdamW, "adamw.cu", "adamw_f32_bf16"),
-    (K::CastF32ToBf16, "casts.cu", "cast_f32_to_bf16"),
-    (K::CastBf16ToF32, "casts.cu", "cast_bf16_to_f32"),
-    (K::GemmFwdF32Out, "gemm_bf16.cu", "gemm_fwd_bf16_f32out"),
-    (K::GemmBwdInput, "gemm_bf16_bwd.cu", "gemm_bwd_input_bf16"),
-    (K::GemmBwdWeight, "gemm_bf16_bwd.cu", "gemm_bwd_weight_bf16"),
-    (K::AttentionFwdD64, "attention_fwd.cu", "attention_fwd_bf16_d64"),
-    (K::AttentionFwdD128, "attention_fwd.cu", "attention_fwd_bf16_d128"),
-    (K::AttentionBwdDelta, "attention_bwd.cu", "attention_bwd_delta_bf16"),
-    (K::AttentionBwdDkvD64, "attention_bwd.cu", "attention_bwd_dkv_bf16_d64"),
-    (K::AttentionBwdDkvD128, "attention_bwd.cu", "attention_bwd_dkv_bf16_d128"),
-    (K::AttentionBwdDqD64, "attention_bwd.cu", "attention_bwd_dq_bf16_d64"),
-    (K::AttentionBwdDqD128, "attention_bwd.cu", "attention_bwd_dq_bf16_d128"),
+/// Every kernel the Device launches, resolved once per device (the other kernels of the index
+/// are the benches': `bench_cuda.rs`).
+pub const DEVICE_KERNELS: &[Kernel] = &[
+    Kernel::AddF32,
+    Kernel::AddAssignF32,
+    Kernel::AddBiasF32,
+    Kernel::RoundBf16F32,
+    Kernel::GeluFwdF32,
+    Kernel::GeluBwdF32,
+    Kernel::EmbeddingFwdF32,
+    Kernel::EmbeddingBwdF32,
+    Kernel::PositionFwdF32,
+    Kernel::PositionBwdF32,
+    Kernel::ColumnSumAddF32,
+    Kernel::LayernormFwdF32,
+    Kernel::LayernormBwdDxF32,
+    Kernel::LayernormBwdParamsF32,
+    Kernel::LayernormSumsF32,
+    Kernel::LayernormApplyF32,
+    Kernel::LayernormBwdSumsF32,
+    Kernel::LayernormBwdApplyDxF32,
+    Kernel::XentMaxF32,
+    Kernel::XentPartialsF32,
+    Kernel::XentBwdF32,
+    Kernel::SumSquaresF32,
+    Kernel::AdamwF32Bf16,
+    Kernel::CastF32ToBf16,
+    Kernel::CastBf16ToF32,
+    Kernel::GemmFwdBf16F32out,
+    Kernel::GemmBwdInputBf16,
+    Kernel::GemmBwdWeightBf16,
+    Kernel::AttentionFwdBf16D64,
+    Kernel::AttentionFwdBf16D128,
+    Kernel::AttentionBwdDeltaBf16,
+    Kernel::AttentionBwdDkvBf16D64,
+    Kernel::AttentionBwdDkvBf16D128,
+    Kernel::AttentionBwdDqBf16D64,
+    Kernel::AttentionBwdDqBf16D128,
 ];
-
-/// Whose GPU: the kernel suite (kernels-cuda/*.cu or their kernels-hip/*.hip twins, same kernel
-/// names, arguments and grids) and its launch geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vendor {
-    Cuda,
-    Hip,
-}
-
-impl Vendor {
-    /// The file of this vendor's suite that holds a kernel of `FUNCTIONS` (named by its .cu file).
-    fn file(self, cu_file: &str) -> String {
-        match self {
-            Vendor::Cuda => cu_file.to_string(),
-            Vendor::Hip => format!("{}.hip", cu_file.trim_end_matches(".cu")),
-        }
-    }
-
-    /// Threads per block of kernel `k` (the grids are the same for both vendors). CUDA: 128 for
-    /// the mma.sync GEMMs (4 warps), attention and the warp-per-row kernels (4 rows); HIP (each
-    /// kernels-hip file's header): 256 for the MFMA GEMMs (4 wave64s), the wave-per-row kernels
-    /// (4 rows) and attention's delta kernel, 128 for attention forward, dK/dV and dQ (2
-    /// wave64s). Everything else is 256 on both.
-    pub(crate) fn block(self, k: K) -> u32 {
-        use K::*;
-        let per_row = matches!(
-            k,
-            LayernormFwdF32 | LayernormBwdDxF32 | LayernormSumsF32 | LayernormBwdSumsF32 | XentMaxF32 | XentPartialsF32
-        );
-        let gemm = matches!(k, GemmFwdF32Out | GemmBwdInput | GemmBwdWeight);
-        let attention = matches!(
-            k,
-            AttentionFwdD64
-                | AttentionFwdD128
-                | AttentionBwdDkvD64
-                | AttentionBwdDkvD128
-                | AttentionBwdDqD64
-                | AttentionBwdDqD128
-        );
-        match self {
-            Vendor::Cuda if per_row || gemm || attention || k == AttentionBwdDelta => 128,
-            Vendor::Hip if attention => 128,
-            _ => 256,
-        }
-    }
-
-    /// The matrix instructions the GEMMs and attention run on, for `describe`.
-    pub(super) fn matrix_units(self) -> &'static str {
-        match self {
-            Vendor::Cuda => "mma.sync",
-            Vendor::Hip => "MFMA",
-        }
-    }
-}
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
 pub(super) const SUM_SQUARES_CHUNK: usize = 8192;
-/// Grid-stride kernels launch at most this many blocks of 256 per SM.
-const BLOCKS_PER_SM: usize = 8;
 
 /// Scratch memory (bf16 operand copies, uploaded token ids, row sums) borrowed from the device's
 /// pool and given back on drop. Reusing a block right after the kernels that read it were
@@ -218,7 +119,7 @@ pub struct GpuDevice {
     /// for the same reason.
     pub(super) p2p: Option<Box<dyn GpuP2p>>,
     pub(super) rt: Arc<dyn GpuRuntime>,
-    functions: Vec<usize>,
+    functions: Functions,
     pub(super) multiprocessors: usize,
     limits: DeviceLimits,
     pub(super) bf16_matmul: AtomicBool,
@@ -246,72 +147,26 @@ impl GpuDevice {
     /// The CUDA Device on GPU `ordinal` of the driver, its kernels compiled by NVRTC through the
     /// disk cache (or taken from this build's precompiled images).
     pub fn cuda(ordinal: usize) -> Result<GpuDevice> {
-        let driver = Driver::load()?;
-        let rt = CudaRuntime::new(driver, ordinal)?;
-        let info = rt.info().clone();
-        let arch = arch_for(info.compute_capability)?;
-        let root = default_root(&|k| std::env::var(k).ok())?;
-        let modules = KernelModules::new(ModuleCache::new(&root));
-        let rt: Arc<dyn GpuRuntime> = Arc::new(rt);
-        GpuDevice::new(rt, &modules, &arch, info.multiprocessors.max(1) as usize, info.limits)
+        GpuDevice::on(OpenGpu::cuda(ordinal)?)
     }
 
     /// The HIP Device on GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled
     /// for the device's gfx architecture by hipRTC through the disk cache (or taken from this
     /// build's precompiled code objects).
     pub fn hip(ordinal: usize) -> Result<GpuDevice> {
-        let rt = HipRuntime::new(Hip::load()?, ordinal)?;
-        let (arch, limits) = (rt.arch().to_string(), rt.limits());
-        let units = rt.info().compute_units.max(1) as usize;
-        let root = default_root(&|k| std::env::var(k).ok())?;
-        let modules = HipKernelModules::new(ModuleCache::new(&root));
-        let image = |file: &str| modules.image(file, &arch).map(|i| i.bytes);
-        GpuDevice::with_images(Arc::new(rt), Vendor::Hip, &image, units, limits)
+        GpuDevice::on(OpenGpu::hip(ordinal)?)
     }
 
-    /// Loads every file the Device uses and finds its functions.
-    pub fn new(
-        rt: Arc<dyn GpuRuntime>,
-        modules: &KernelModules,
-        arch: &str,
-        multiprocessors: usize,
-        limits: DeviceLimits,
-    ) -> Result<GpuDevice> {
-        let image = |file: &str| modules.image(file, arch).map(|i| i.bytes);
-        GpuDevice::with_images(rt, Vendor::Cuda, &image, multiprocessors, limits)
-    }
-
-    /// Loads every file the Device uses, as `image` (file name of `vendor`'s suite to a loadable
-    /// module) gives them, and finds its functions.
-    pub fn with_images(
-        rt: Arc<dyn GpuRuntime>,
-        vendor: Vendor,
-        image: &dyn Fn(&str) -> Result<Vec<u8>>,
-        multiprocessors: usize,
-        limits: DeviceLimits,
-    ) -> Result<GpuDevice> {
-        let mut loaded: Vec<(&str, usize)> = Vec::new();
-        let mut functions = Vec::with_capacity(FUNCTIONS.len());
-        for (i, (k, file, name)) in FUNCTIONS.iter().enumerate() {
-            debug_assert_eq!(*k as usize, i, "FUNCTIONS follows K's order");
-            let module = match loaded.iter().find(|(f, _)| f == file) {
-                Some((_, m)) => *m,
-                None => {
-                    let m = rt.load_module(&image(&vendor.file(file))?)?;
-                    loaded.push((file, m));
-                    m
-                }
-            };
-            functions.push(rt.function(module, name)?);
-        }
+    /// The Device on an opened GPU: loads every file it uses and finds its functions.
+    pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
         Ok(GpuDevice {
-            rt,
-            functions,
-            multiprocessors,
-            limits,
+            functions: gpu.functions(DEVICE_KERNELS)?,
+            rt: gpu.rt,
+            multiprocessors: gpu.multiprocessors,
+            limits: gpu.limits,
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
-            vendor,
+            vendor: gpu.vendor,
             comms: Vec::new(),
             p2p: None,
         })
@@ -362,31 +217,45 @@ impl GpuDevice {
         )))
     }
 
-    /// Launches `k` over `grid` with its vendor's block size (`Vendor::block`).
-    pub(super) fn launch(&self, k: K, grid: [usize; 3], args: &[Arg]) {
-        let (name, block) = (FUNCTIONS[k as usize].2, self.vendor.block(k));
-        let config = ok(super::launch::tiled(name, grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
-        ok(self.rt.launch_args(self.functions[k as usize], config.grid, config.block, args));
+    /// The function handle and block size of `k`, one of `DEVICE_KERNELS`.
+    fn function(&self, k: Kernel) -> (usize, u32) {
+        self.functions
+            .get(k)
+            .unwrap_or_else(|| fatal(Error::Config(format!("kernel {} is not one the Device resolved", k.function()))))
+    }
+
+    /// Launches `k` over `grid` with its vendor's block size (`Vendor::threads`).
+    pub(super) fn launch(&self, k: Kernel, grid: [usize; 3], args: &[Arg]) {
+        let (function, block) = self.function(k);
+        let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
+        ok(self.rt.launch_args(function, config.grid, config.block, args));
+    }
+
+    /// Launches the kernel that computes `op`, with the geometry `plan` gives it on this device.
+    pub(super) fn run(&self, op: Op, args: &[Arg]) {
+        let planned = ok(plan(&op, self.vendor, &self.limits, self.multiprocessors as u32));
+        let (function, _) = self.function(planned.spec.kernel);
+        ok(self.rt.launch_args(function, planned.config.grid, planned.config.block, args));
     }
 
     /// A grid-stride launch over `n` elements in blocks of 256 (nothing when n is 0).
-    pub(super) fn elementwise(&self, k: K, n: usize, args: &[Arg]) {
+    pub(super) fn elementwise(&self, k: Kernel, n: usize, args: &[Arg]) {
         if n == 0 {
             return;
         }
-        let blocks = n.div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
+        let blocks = n.div_ceil(256).min(GRID_STRIDE_BLOCKS_PER_SM * self.multiprocessors);
         self.launch(k, [blocks, 1, 1], args);
     }
 
     /// One warp (wave) per row, four rows per block.
-    pub(super) fn rowwise(&self, k: K, rows: usize, args: &[Arg]) {
+    pub(super) fn rowwise(&self, k: Kernel, rows: usize, args: &[Arg]) {
         if rows > 0 {
             self.launch(k, [rows.div_ceil(4), 1, 1], args);
         }
     }
 
     /// One thread per column, blocks of 256.
-    pub(super) fn columnwise(&self, k: K, cols: usize, args: &[Arg]) {
+    pub(super) fn columnwise(&self, k: Kernel, cols: usize, args: &[Arg]) {
         if cols > 0 {
             self.launch(k, [cols.div_ceil(256), 1, 1], args);
         }
@@ -432,69 +301,16 @@ impl GpuDevice {
     pub(super) fn to_bf16(&self, src: &GpuBuf, n: usize) -> Scratch<'_> {
         assert!(n <= src.len, "bf16 cast of {n} elements from a buffer of {}", src.len);
         let out = self.scratch(2 * n);
-        self.cast(K::CastF32ToBf16, out.pointer, src.ptr(), n);
+        if n > 0 {
+            self.run(Op::CastF32ToBf16 { n }, &[Arg::Ptr(out.pointer), Arg::Ptr(src.ptr()), Arg::I32(int("n", n))]);
+        }
         out
     }
 
-    pub(super) fn cast(&self, k: K, dst: u64, src: u64, n: usize) {
-        if n == 0 {
-            return;
+    /// `n` bf16 values at `src` as f32 at `dst` (exact).
+    pub(super) fn bf16_to_f32(&self, dst: u64, src: u64, n: usize) {
+        if n > 0 {
+            self.run(Op::CastBf16ToF32 { n }, &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
         }
-        let blocks = n.div_ceil(8).div_ceil(256).min(BLOCKS_PER_SM * self.multiprocessors);
-        self.launch(k, [blocks, 1, 1], &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
-    }
-
-    pub(super) fn attention_kernels(head_dim: usize) -> (K, K, K) {
-        match head_dim {
-            64 => (K::AttentionFwdD64, K::AttentionBwdDkvD64, K::AttentionBwdDqD64),
-            128 => (K::AttentionFwdD128, K::AttentionBwdDkvD128, K::AttentionBwdDqD128),
-            d => fatal(Error::Unsupported(format!(
-                "attention on the GPU: head dim {d} (the kernels are built for 64 and 128)"
-            ))),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
-    fn launch_bounds(source: &str, name: &str) -> Option<u32> {
-        // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
-        let decl = source.match_indices(&format!("{name}(")).find_map(|(at, _)| {
-            let start = source[..at].rfind("extern \"C\"")?;
-            let decl = &source[start..at];
-            (!decl.contains(';') && !decl.contains('{') && !decl.contains('}')).then_some(decl)
-        });
-        let decl = decl.unwrap_or_else(|| panic!("no extern \"C\" declaration of {name}"));
-        let from = decl.find("__launch_bounds__(")? + "__launch_bounds__(".len();
-        decl[from..].split(')').next()?.trim().parse().ok()
-    }
-
-    /// Every kernel is launched with exactly the workgroup its source is bounded to (a kernel
-    /// written for 4 waves computes a quarter of its tile less with 2), and every unbounded one
-    /// with a multiple of the vendor's wave; the CUDA and HIP tables differ where the headers say.
-    #[test]
-    fn block_sizes_follow_each_vendors_kernel_sources() {
-        for (vendor, wave) in [(Vendor::Cuda, 32), (Vendor::Hip, 64)] {
-            for (k, file, name) in FUNCTIONS {
-                let file = vendor.file(file);
-                let source = match vendor {
-                    Vendor::Cuda => super::super::kernels::source(&file).unwrap(),
-                    Vendor::Hip => super::super::hip_kernels::source(&file).unwrap().1,
-                };
-                assert!(source.contains(&format!("{name}(")), "{name} is not in {file}");
-                let block = vendor.block(*k);
-                assert_eq!(block % wave, 0, "{vendor:?} {name}: {block} threads is not whole waves");
-                if let Some(bound) = launch_bounds(source, name) {
-                    assert_eq!(block, bound, "{vendor:?} {name}: launched with {block}, bounded to {bound} in {file}");
-                }
-            }
-        }
-        assert_eq!((Vendor::Cuda.block(K::GemmFwdF32Out), Vendor::Hip.block(K::GemmFwdF32Out)), (128, 256));
-        assert_eq!((Vendor::Cuda.block(K::LayernormFwdF32), Vendor::Hip.block(K::LayernormFwdF32)), (128, 256));
-        assert_eq!((Vendor::Cuda.block(K::AttentionBwdDelta), Vendor::Hip.block(K::AttentionBwdDelta)), (128, 256));
-        assert_eq!(Vendor::Hip.block(K::AttentionFwdD64), 128);
     }
 }

@@ -1,9 +1,12 @@
-//! The GPU Device's ops: `impl Device for GpuDevice`, each op one or a few kernel launches of
-//! the kernel index `K` (device.rs) with its arguments, on bf16 scratch copies for the GEMMs and
-//! attention.
+//! The GPU Device's ops: `impl Device for GpuDevice`, each op one or a few launches of kernels of
+//! the index (`kernels::Kernel`, one of `device::DEVICE_KERNELS`) with their arguments: the f32
+//! kernels of `tensor_ops` on their own grids, the GEMMs, attention, casts and AdamW on the
+//! geometry `kernels::plan` gives, on bf16 scratch copies of the GEMM and attention operands.
 
 use super::buffer::{DeviceMem, GpuBuf};
-use super::device::{group_key, int, ok, GpuDevice, K, SUM_SQUARES_CHUNK};
+use super::device::{group_key, int, ok, GpuDevice, SUM_SQUARES_CHUNK};
+use super::kernels::plan::{GemmOut, Op};
+use super::kernels::Kernel;
 use super::runtime::Arg::{Ptr, F32, I32};
 use crate::device::{AdamWStep, AttentionShape, Device, DeviceComm, DeviceP2p};
 use crate::real::Precision;
@@ -62,11 +65,11 @@ impl Device for GpuDevice {
 
     fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
         assert_eq!(acc.len, x.len);
-        self.elementwise(K::AddAssignF32, x.len, &[Ptr(acc.ptr()), Ptr(x.ptr()), I32(int("n", x.len))]);
+        self.elementwise(Kernel::AddAssignF32, x.len, &[Ptr(acc.ptr()), Ptr(x.ptr()), I32(int("n", x.len))]);
     }
     fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
         assert!(a.len == out.len && b.len == out.len);
-        self.elementwise(K::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
+        self.elementwise(Kernel::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
     }
     fn sum_squares(&self, buf: &GpuBuf) -> f64 {
         let blocks = buf.len.div_ceil(SUM_SQUARES_CHUNK);
@@ -74,7 +77,11 @@ impl Device for GpuDevice {
             return 0.0;
         }
         let partials = self.scratch(8 * blocks);
-        self.launch(K::SumSquaresF32, [blocks, 1, 1], &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))]);
+        self.launch(
+            Kernel::SumSquaresF32,
+            [blocks, 1, 1],
+            &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))],
+        );
         let mut host = vec![0f64; blocks];
         self.download_f64(&partials, &mut host);
         host.iter().sum()
@@ -93,7 +100,7 @@ impl Device for GpuDevice {
         let t = self.upload_u32(&tokens[..batch * seq]);
         let rows = wte.len / hidden;
         self.elementwise(
-            K::EmbeddingFwdF32,
+            Kernel::EmbeddingFwdF32,
             int("batch·seq·hidden", batch * seq * hidden) as usize,
             &[
                 Ptr(out.ptr()),
@@ -120,7 +127,7 @@ impl Device for GpuDevice {
         let t = self.upload_u32(&tokens[..batch * seq]);
         let rows = dwte.len / hidden;
         self.columnwise(
-            K::EmbeddingBwdF32,
+            Kernel::EmbeddingBwdF32,
             hidden,
             &[
                 Ptr(dwte.ptr()),
@@ -144,7 +151,7 @@ impl Device for GpuDevice {
         hidden: usize,
     ) {
         self.elementwise(
-            K::PositionFwdF32,
+            Kernel::PositionFwdF32,
             int("positions·batch·hidden", positions * batch * hidden) as usize,
             &[
                 Ptr(out.ptr()),
@@ -169,7 +176,7 @@ impl Device for GpuDevice {
             return;
         }
         self.launch(
-            K::PositionBwdF32,
+            Kernel::PositionBwdF32,
             [hidden.div_ceil(256), positions, 1],
             &[
                 Ptr(dwpe.ptr()),
@@ -195,7 +202,7 @@ impl Device for GpuDevice {
     ) {
         int("rows·cols", rows * cols);
         self.rowwise(
-            K::LayernormFwdF32,
+            Kernel::LayernormFwdF32,
             rows,
             &[
                 Ptr(out.ptr()),
@@ -225,7 +232,7 @@ impl Device for GpuDevice {
         let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
         int("rows·cols", rows * cols);
         self.rowwise(
-            K::LayernormBwdDxF32,
+            Kernel::LayernormBwdDxF32,
             rows,
             &[
                 Ptr(dinp.ptr()),
@@ -239,7 +246,7 @@ impl Device for GpuDevice {
             ],
         );
         self.columnwise(
-            K::LayernormBwdParamsF32,
+            Kernel::LayernormBwdParamsF32,
             cols,
             &[
                 Ptr(dweight.ptr()),
@@ -258,7 +265,7 @@ impl Device for GpuDevice {
         let m = mean.map(|m| self.upload_f64(&m[..rows]));
         let sums = self.scratch(8 * rows);
         self.rowwise(
-            K::LayernormSumsF32,
+            Kernel::LayernormSumsF32,
             rows,
             &[
                 Ptr(sums.pointer),
@@ -285,7 +292,7 @@ impl Device for GpuDevice {
     ) {
         let (m, r) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
         self.elementwise(
-            K::LayernormApplyF32,
+            Kernel::LayernormApplyF32,
             int("rows·cols", rows * cols) as usize,
             &[
                 Ptr(out.ptr()),
@@ -314,7 +321,7 @@ impl Device for GpuDevice {
     ) {
         let sums = self.scratch(16 * rows);
         self.rowwise(
-            K::LayernormBwdSumsF32,
+            Kernel::LayernormBwdSumsF32,
             rows,
             &[
                 Ptr(sums.pointer),
@@ -347,7 +354,7 @@ impl Device for GpuDevice {
         let s = self.upload_f64(&sums[..2 * rows]);
         let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
         self.elementwise(
-            K::LayernormBwdApplyDxF32,
+            Kernel::LayernormBwdApplyDxF32,
             int("rows·cols", rows * cols) as usize,
             &[
                 Ptr(dinp.ptr()),
@@ -363,7 +370,7 @@ impl Device for GpuDevice {
             ],
         );
         self.columnwise(
-            K::LayernormBwdParamsF32,
+            Kernel::LayernormBwdParamsF32,
             cols,
             &[
                 Ptr(dweight.ptr()),
@@ -393,9 +400,8 @@ impl Device for GpuDevice {
         }
         assert!(out.len >= rows * n && weight.len >= n * k);
         let (a, w) = (self.to_bf16(inp, rows * k), self.to_bf16(weight, n * k));
-        self.launch(
-            K::GemmFwdF32Out,
-            [n.div_ceil(64), rows.div_ceil(64), 1],
+        self.run(
+            Op::GemmFwd { m: rows, n, k, out: GemmOut::F32 },
             &[
                 Ptr(out.ptr()),
                 Ptr(a.pointer),
@@ -428,29 +434,27 @@ impl Device for GpuDevice {
         let d = self.to_bf16(dout, rows * n);
         if let Some(dinp) = dinp {
             let w = self.to_bf16(weight, n * k);
-            self.launch(
-                K::GemmBwdInput,
-                [k.div_ceil(64), rows.div_ceil(64), 1],
+            self.run(
+                Op::GemmBwdInput { m: rows, n, k },
                 &[Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
             );
         }
         let x = self.to_bf16(inp, rows * k);
-        self.launch(
-            K::GemmBwdWeight,
-            [k.div_ceil(64), n.div_ceil(64), 1],
+        self.run(
+            Op::GemmBwdWeight { m: rows, n, k },
             &[Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
         );
         if let Some(dbias) = dbias {
-            self.columnwise(K::ColumnSumAddF32, n, &[Ptr(dbias.ptr()), Ptr(dout.ptr()), m_, n_]);
+            self.columnwise(Kernel::ColumnSumAddF32, n, &[Ptr(dbias.ptr()), Ptr(dout.ptr()), m_, n_]);
         }
     }
 
     fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
-        self.elementwise(K::GeluFwdF32, inp.len, &[Ptr(out.ptr()), Ptr(inp.ptr()), I32(int("n", inp.len))]);
+        self.elementwise(Kernel::GeluFwdF32, inp.len, &[Ptr(out.ptr()), Ptr(inp.ptr()), I32(int("n", inp.len))]);
     }
     fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
         self.elementwise(
-            K::GeluBwdF32,
+            Kernel::GeluBwdF32,
             inp.len,
             &[Ptr(dinp.ptr()), Ptr(inp.ptr()), Ptr(dout.ptr()), I32(int("n", inp.len))],
         );
@@ -462,17 +466,14 @@ impl Device for GpuDevice {
         if rows == 0 {
             return;
         }
-        let (fwd, _, _) = Self::attention_kernels(shape.head_dim);
         let q = self.to_bf16(qkv, 3 * rows * w);
         let o = self.scratch(2 * rows * w);
-        int("batch·heads·seq", rows * shape.heads);
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
-        self.launch(
-            fwd,
-            [shape.seq.div_ceil(64), shape.batch * shape.heads, 1],
+        self.run(
+            Op::AttentionFwd { batch: shape.batch, seq: shape.seq, heads: shape.heads, head_dim: shape.head_dim },
             &[Ptr(o.pointer), Ptr(lse.ptr()), Ptr(q.pointer), b, s, h],
         );
-        self.cast(K::CastBf16ToF32, out.ptr(), o.pointer, rows * w);
+        self.bf16_to_f32(out.ptr(), o.pointer, rows * w);
     }
     fn attention_backward(
         &self,
@@ -488,26 +489,24 @@ impl Device for GpuDevice {
         if rows == 0 {
             return;
         }
-        let (_, dkv, dq) = Self::attention_kernels(shape.head_dim);
         let (q, o, d) = (self.to_bf16(qkv, 3 * rows * w), self.to_bf16(out, rows * w), self.to_bf16(dout, rows * w));
         let delta = self.scratch(4 * rows * shape.heads);
         let grad = self.scratch(2 * 3 * rows * w);
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
-        self.launch(
-            K::AttentionBwdDelta,
-            [(rows * shape.heads).div_ceil(4), 1, 1],
-            &[Ptr(delta.pointer), Ptr(d.pointer), Ptr(o.pointer), b, s, h, I32(int("head dim", shape.head_dim))],
+        let (batch, seq, heads, head_dim) = (shape.batch, shape.seq, shape.heads, shape.head_dim);
+        self.run(
+            Op::AttentionBwdDelta { batch, seq, heads, head_dim },
+            &[Ptr(delta.pointer), Ptr(d.pointer), Ptr(o.pointer), b, s, h, I32(int("head dim", head_dim))],
         );
-        let grid = [shape.seq.div_ceil(64), shape.batch * shape.heads, 1];
         let args = [Ptr(grad.pointer), Ptr(q.pointer), Ptr(d.pointer), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
-        self.launch(dkv, grid, &args);
-        self.launch(dq, grid, &args);
-        self.cast(K::CastBf16ToF32, dqkv.ptr(), grad.pointer, 3 * rows * w);
+        self.run(Op::AttentionBwdDkv { batch, seq, heads, head_dim }, &args);
+        self.run(Op::AttentionBwdDq { batch, seq, heads, head_dim }, &args);
+        self.bf16_to_f32(dqkv.ptr(), grad.pointer, 3 * rows * w);
     }
 
     fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
         self.elementwise(
-            K::AddBiasF32,
+            Kernel::AddBiasF32,
             int("rows·cols", rows * cols) as usize,
             &[Ptr(out.ptr()), Ptr(bias.ptr()), I32(int("rows", rows)), I32(int("cols", cols))],
         );
@@ -517,7 +516,7 @@ impl Device for GpuDevice {
         int("rows·vocab", rows * vocab);
         let m = self.scratch(8 * rows);
         self.rowwise(
-            K::XentMaxF32,
+            Kernel::XentMaxF32,
             rows,
             &[Ptr(m.pointer), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
         );
@@ -537,7 +536,7 @@ impl Device for GpuDevice {
         let (t, m) = (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]));
         let (s, tl) = (self.scratch(8 * rows), self.scratch(8 * rows));
         self.rowwise(
-            K::XentPartialsF32,
+            Kernel::XentPartialsF32,
             rows,
             &[
                 Ptr(s.pointer),
@@ -567,7 +566,7 @@ impl Device for GpuDevice {
         let (t, m, s) =
             (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]), self.upload_f64(&sum_exp[..rows]));
         self.elementwise(
-            K::XentBwdF32,
+            Kernel::XentBwdF32,
             int("rows·vocab", rows * vocab) as usize,
             &[
                 Ptr(logits.ptr()),
@@ -595,7 +594,7 @@ impl Device for GpuDevice {
         match precision {
             Precision::F32 => {}
             Precision::Bf16 => {
-                self.elementwise(K::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
+                self.elementwise(Kernel::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
             }
             Precision::F16 => {
                 // No fp16 kernels: the Device is bf16-only (`--device cuda` requires --bf16),
@@ -631,15 +630,17 @@ impl Device for GpuDevice {
             return self.upload(dst, &host);
         }
         let half = self.upload_bytes(&src.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>());
-        self.cast(K::CastBf16ToF32, dst.ptr(), half.pointer, src.len());
+        self.bf16_to_f32(dst.ptr(), half.pointer, src.len());
     }
 
     fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
-        self.elementwise(
-            K::AdamW,
-            grad.len,
+        if grad.len == 0 {
+            return;
+        }
+        self.run(
+            Op::AdamW { n: grad.len },
             &[
                 Ptr(param.ptr()),
                 Ptr(0),

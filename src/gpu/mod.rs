@@ -8,10 +8,14 @@
 //!    status codes as one error).
 //! 2. The library tables: `driver` (CUDA driver), `nvrtc`, `hip` (HIP runtime), `hiprtc`, `nccl`
 //!    (NCCL and RCCL); then `cache` (the NVRTC / hipRTC module cache).
-//! 3. `kernels` (the embedded CUDA kernels, their images and their launch table), `hip_kernels`
-//!    (the embedded HIP kernels and their code objects).
+//! 3. `kernels`: the kernel index (`kernels/mod.rs`: every kernel function, its file and its
+//!    geometry per vendor), `kernels::cuda` and `kernels::hip` (the embedded sources and their
+//!    images: precompiled, or compiled by NVRTC / hipRTC through the cache), `kernels::plan` (an
+//!    op's checked launch).
 //! 4. `runtime` (`GpuRuntime`, what the Device needs of a vendor's runtime; `FreedBlocks`; `Arg`).
 //! 5. `cuda_runtime` and `hip_runtime`: `GpuRuntime` on the CUDA driver and on the HIP runtime.
+//!    `open` (`OpenGpu`: one GPU of either vendor opened with its runtime, kernel images and
+//!    limits; `Functions`, kernels of the index resolved on it).
 //! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
 //! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
 //!    `PipelineNccl`, `check nccl`).
@@ -32,13 +36,13 @@ mod device_ops;
 pub mod dl;
 pub mod driver;
 pub mod hip;
-pub mod hip_kernels;
 pub mod hip_runtime;
 pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod nvrtc;
+pub mod open;
 pub mod peaks;
 pub mod runtime;
 pub mod smoke;
@@ -85,7 +89,7 @@ pub fn info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("nccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("nccl: {e}")),
     }
-    lines.push(kernels::info_line());
+    lines.push(kernels::cuda::info_line());
     match cache::default_root(&|k| std::env::var(k).ok()) {
         Ok(root) => lines.push(format!("kernel cache: {}", cache::ModuleCache::new(&root).dir().display())),
         Err(e) => lines.push(format!("kernel cache: {e}")),
@@ -132,7 +136,7 @@ pub fn hip_info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("rccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("rccl: {e}")),
     }
-    lines.push(hip_kernels::info_line());
+    lines.push(kernels::hip::info_line());
     lines
 }
 

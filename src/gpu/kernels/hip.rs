@@ -1,5 +1,5 @@
-//! The HIP kernels of `kernels-hip/`, as the binary carries them: the AMD counterpart of
-//! `kernels.rs`'s sources and `KernelModules`.
+//! The HIP kernels of `kernels-hip/`, as the binary carries them, and their code objects: the
+//! AMD counterpart of `cuda.rs`'s sources and `KernelModules`.
 //!
 //! **Sources.** build.rs embeds every `kernels-hip/*.hip` and `kernels-hip/common/*.h` (not the
 //! emulation in `emu/`). A kernel file is compiled at run time by hipRTC for the device's gfx
@@ -12,10 +12,10 @@
 //! `HipKernelModules::image` uses the one whose architecture is exactly the device's before
 //! hipRTC, and compiles with hipRTC otherwise.
 
-use super::cache::{ModuleCache, Outcome};
-use super::hiprtc::Hiprtc;
-use super::kernels::select_precompiled;
+use super::cuda::select_precompiled;
 use crate::error::{Error, Result};
+use crate::gpu::cache::{ModuleCache, Outcome};
+use crate::gpu::hiprtc::Hiprtc;
 use std::cell::OnceCell;
 
 mod embedded {
@@ -185,7 +185,7 @@ pub fn info_line() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::kernels::{declared_functions, read_cubin};
+    use crate::gpu::kernels::{cuda::read_cubin, declared_functions};
 
     #[test]
     fn every_embedded_file_is_a_hip_kernel_file_with_its_headers() {
