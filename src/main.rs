@@ -80,10 +80,14 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "D",
-        "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL); allreduce also hip (RCCL on an AMD GPU, against the host-staged MPI path)",
+        "gemm, attention, layernorm, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gelu, xent, embedding: cuda or hip",
     ),
     flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
-    flag("--shape", "S", "gemm / attention --device cuda: one shape instead of the sweep (MxNxK; BxSxHxD)"),
+    flag(
+        "--shape",
+        "S",
+        "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
+    ),
 ];
 
 const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
@@ -784,7 +788,7 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
         _ => {
             return Err(Error::Usage(
-                "bench needs a target: peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv".into(),
+                "bench needs a target: peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
             ))
         }
     };
@@ -793,43 +797,20 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
     };
     match a.str("--device").unwrap_or("cpu") {
         "cpu" => {}
-        "cuda" => {
+        device @ ("cuda" | "hip") => {
+            use trident::gpu::kernels::Vendor;
+            let vendor = if device == "cuda" { Vendor::Cuda } else { Vendor::Hip };
+            let bench = trident::bench_cuda::GpuBench::parse(what).ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "bench {what} --device {device}: the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding and allreduce"
+                ))
+            })?;
             let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
-            let records = match what {
-                "gemm" => {
-                    let shapes = match a.str("--shape") {
-                        None => trident::bench_cuda::GEMM_SHAPES.to_vec(),
-                        Some(t) => {
-                            let v = trident::bench_cuda::parse_shape(t, 3, "MxNxK, e.g. 8192x2304x768")?;
-                            vec![(v[0], v[1], v[2])]
-                        }
-                    };
-                    trident::bench_cuda::gemm(secs, &shapes)?
-                }
-                "attention" => {
-                    let shapes = match a.str("--shape") {
-                        None => trident::bench_cuda::ATTENTION_SHAPES.to_vec(),
-                        Some(t) => {
-                            let v = trident::bench_cuda::parse_shape(
-                                t,
-                                4,
-                                "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
-                            )?;
-                            vec![(v[0], v[1], v[2], v[3])]
-                        }
-                    };
-                    trident::bench_cuda::attention(secs, &shapes)?
-                }
-                other => {
-                    return Err(Error::Unsupported(format!(
-                        "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"
-                    )))
-                }
-            };
+            let records = trident::bench_cuda::run(bench, vendor, secs, a.str("--shape"))?;
             print!("{}", trident::bench_cuda::format_records(&records, a.has("--json")));
             return Ok(());
         }
-        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+        other => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
     }
     let pool = pool::ThreadPool::new(threads(&a)?);
     match what {
@@ -897,8 +878,11 @@ fn cmd_bench(rest: &[String]) -> Result<()> {
             print_records(&records, a.has("--json"));
             Ok(())
         }
+        "gelu" | "xent" | "embedding" => {
+            Err(Error::Usage(format!("bench {what} times a GPU kernel: add --device cuda or --device hip")))
+        }
         other => Err(Error::Usage(format!(
-            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv"
+            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
 }

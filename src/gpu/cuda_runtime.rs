@@ -3,7 +3,7 @@
 //! modules it loaded, and its freed blocks kept for reuse. Launches and copies run on the legacy
 //! default stream, in order.
 
-use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver};
+use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver, Event};
 use super::kernels::cuda::arch_for;
 use super::runtime::{FreedBlocks, GpuRuntime};
 use crate::error::{Error, Result};
@@ -169,6 +169,15 @@ impl GpuRuntime for CudaRuntime {
         self.current()?;
         // SAFETY: a context is current.
         self.driver.check("cuCtxSynchronize", unsafe { self.driver.api.cuCtxSynchronize() }?)
+    }
+    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.current()?;
+        let (start, end) = (Event::new(&self.driver, true)?, Event::new(&self.driver, true)?);
+        start.record(None)?;
+        enqueue()?;
+        end.record(None)?;
+        end.synchronize()?;
+        Ok(f64::from(start.elapsed_ms(&end)?))
     }
     fn describe(&self) -> String {
         let driver = match self.driver.version() {

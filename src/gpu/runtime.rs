@@ -1,8 +1,8 @@
 //! What the GPU Device and the GPU benches need of a vendor's runtime: `GpuRuntime` (allocate,
 //! free, copy, memset, load a module, find a function, launch, synchronize), which `CudaRuntime`
 //! (cuda_runtime.rs) implements on the CUDA driver and `HipRuntime` (hip_runtime.rs) on the HIP
-//! runtime; `FreedBlocks`, the freed allocations both keep for reuse; and `Arg`, one kernel
-//! argument as the runtimes' `kernelParams` take it.
+//! runtime, with launches from typed arguments (`Arg`) and timing for the benches;
+//! `FreedBlocks`, the freed allocations both runtimes keep for reuse.
 
 use crate::error::Result;
 use std::ffi::c_void;
@@ -40,6 +40,17 @@ pub trait GpuRuntime: Send + Sync {
             .collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
         self.launch(function, grid, block, &mut params)
+    }
+
+    /// Milliseconds the device spends on the work `enqueue` launches, for the benches: here the
+    /// host's clock from an idle device to the end of a synchronize after it (HIP); CUDA times it
+    /// with events on its stream.
+    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.synchronize()?;
+        let started = std::time::Instant::now();
+        enqueue()?;
+        self.synchronize()?;
+        Ok(started.elapsed().as_secs_f64() * 1e3)
     }
 }
 
