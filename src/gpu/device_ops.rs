@@ -4,10 +4,10 @@
 //! geometry `kernels::plan` gives, on bf16 scratch copies of the GEMM and attention operands.
 
 use super::buffer::{DeviceMem, GpuBuf};
-use super::device::{group_key, int, ok, GpuDevice, SUM_SQUARES_CHUNK};
+use super::device::{group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{GemmOut, Op};
 use super::kernels::Kernel;
-use super::runtime::Arg::{Ptr, F32, I32};
+use super::runtime::Arg::{self, Ptr, F32, I32};
 use crate::device::{AdamWStep, AttentionShape, Device, DeviceComm, DeviceP2p};
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
@@ -97,21 +97,12 @@ impl Device for GpuDevice {
         seq: usize,
         hidden: usize,
     ) {
-        let t = self.upload_u32(&tokens[..batch * seq]);
-        let rows = wte.len / hidden;
+        let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, wte.len / hidden, batch, seq, hidden);
+        let n = int("batch·seq·hidden", batch * seq * hidden) as usize;
         self.elementwise(
             Kernel::EmbeddingFwdF32,
-            int("batch·seq·hidden", batch * seq * hidden) as usize,
-            &[
-                Ptr(out.ptr()),
-                Ptr(t.pointer),
-                Ptr(wte.ptr()),
-                I32(int("vocab_start", vocab_start)),
-                I32(int("vocab rows", rows)),
-                I32(int("batch", batch)),
-                I32(int("seq", seq)),
-                I32(int("hidden", hidden)),
-            ],
+            n,
+            &[Ptr(out.ptr()), Ptr(t.pointer), Ptr(wte.ptr()), v0, rows, b, s, h],
         );
     }
     fn embedding_backward(
@@ -124,22 +115,9 @@ impl Device for GpuDevice {
         seq: usize,
         hidden: usize,
     ) {
-        let t = self.upload_u32(&tokens[..batch * seq]);
-        let rows = dwte.len / hidden;
-        self.columnwise(
-            Kernel::EmbeddingBwdF32,
-            hidden,
-            &[
-                Ptr(dwte.ptr()),
-                Ptr(dout.ptr()),
-                Ptr(t.pointer),
-                I32(int("vocab_start", vocab_start)),
-                I32(int("vocab rows", rows)),
-                I32(int("batch", batch)),
-                I32(int("seq", seq)),
-                I32(int("hidden", hidden)),
-            ],
-        );
+        let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, dwte.len / hidden, batch, seq, hidden);
+        let args = [Ptr(dwte.ptr()), Ptr(dout.ptr()), Ptr(t.pointer), v0, rows, b, s, h];
+        self.columnwise(Kernel::EmbeddingBwdF32, hidden, &args);
     }
     fn position_forward(
         &self,
@@ -150,18 +128,9 @@ impl Device for GpuDevice {
         positions: usize,
         hidden: usize,
     ) {
-        self.elementwise(
-            Kernel::PositionFwdF32,
-            int("positions·batch·hidden", positions * batch * hidden) as usize,
-            &[
-                Ptr(out.ptr()),
-                Ptr(wpe.ptr()),
-                I32(int("batch", batch)),
-                I32(int("t0", t0)),
-                I32(int("positions", positions)),
-                I32(int("hidden", hidden)),
-            ],
-        );
+        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
+        let n = int("positions·batch·hidden", positions * batch * hidden) as usize;
+        self.elementwise(Kernel::PositionFwdF32, n, &[Ptr(out.ptr()), Ptr(wpe.ptr()), b, t, p, h]);
     }
     fn position_backward(
         &self,
@@ -175,18 +144,9 @@ impl Device for GpuDevice {
         if hidden == 0 || positions == 0 {
             return;
         }
-        self.launch(
-            Kernel::PositionBwdF32,
-            [hidden.div_ceil(256), positions, 1],
-            &[
-                Ptr(dwpe.ptr()),
-                Ptr(dout.ptr()),
-                I32(int("batch", batch)),
-                I32(int("t0", t0)),
-                I32(int("positions", positions)),
-                I32(int("hidden", hidden)),
-            ],
-        );
+        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
+        let grid = [hidden.div_ceil(256), positions, 1];
+        self.launch(Kernel::PositionBwdF32, grid, &[Ptr(dwpe.ptr()), Ptr(dout.ptr()), b, t, p, h]);
     }
 
     fn layernorm_forward(
@@ -201,20 +161,9 @@ impl Device for GpuDevice {
         cols: usize,
     ) {
         int("rows·cols", rows * cols);
-        self.rowwise(
-            Kernel::LayernormFwdF32,
-            rows,
-            &[
-                Ptr(out.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(weight.ptr()),
-                Ptr(bias.ptr()),
-                I32(int("rows", rows)),
-                I32(int("cols", cols)),
-            ],
-        );
+        let [r, c] = rows_cols(rows, cols);
+        let [o, m, s, x, w, b] = [&*out, &*mean, &*rstd, inp, weight, bias].map(|b| Ptr(b.ptr()));
+        self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]);
     }
     fn layernorm_backward(
         &self,
@@ -229,52 +178,19 @@ impl Device for GpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
+        let [r, c] = rows_cols(rows, cols);
         int("rows·cols", rows * cols);
-        self.rowwise(
-            Kernel::LayernormBwdDxF32,
-            rows,
-            &[
-                Ptr(dinp.ptr()),
-                Ptr(dout.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(weight.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                r,
-                c,
-            ],
-        );
-        self.columnwise(
-            Kernel::LayernormBwdParamsF32,
-            cols,
-            &[
-                Ptr(dweight.ptr()),
-                Ptr(dbias.ptr()),
-                Ptr(dout.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                r,
-                c,
-            ],
-        );
+        let [dx, dy, x, w, m, s] = [&*dinp, dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
+        self.rowwise(Kernel::LayernormBwdDxF32, rows, &[dx, dy, x, w, m, s, r, c]);
+        self.layernorm_param_grads([dweight, dbias], [dout, inp, mean, rstd], rows, cols);
     }
 
     fn layernorm_sums(&self, inp: &GpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
         let m = mean.map(|m| self.upload_f64(&m[..rows]));
         let sums = self.scratch(8 * rows);
-        self.rowwise(
-            Kernel::LayernormSumsF32,
-            rows,
-            &[
-                Ptr(sums.pointer),
-                Ptr(inp.ptr()),
-                Ptr(m.as_ref().map_or(0, |m| m.pointer)),
-                I32(int("rows", rows)),
-                I32(int("cols", cols)),
-            ],
-        );
+        let [r, c] = rows_cols(rows, cols);
+        let args = [Ptr(sums.pointer), Ptr(inp.ptr()), Ptr(m.as_ref().map_or(0, |m| m.pointer)), r, c];
+        self.rowwise(Kernel::LayernormSumsF32, rows, &args);
         self.download_f64(&sums, &mut out[..rows]);
     }
     fn layernorm_apply(
@@ -290,23 +206,11 @@ impl Device for GpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let (m, r) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
-        self.elementwise(
-            Kernel::LayernormApplyF32,
-            int("rows·cols", rows * cols) as usize,
-            &[
-                Ptr(out.ptr()),
-                Ptr(mean_out.ptr()),
-                Ptr(rstd_out.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(weight.ptr()),
-                Ptr(bias.ptr()),
-                Ptr(m.pointer),
-                Ptr(r.pointer),
-                I32(int("rows", rows)),
-                I32(int("cols", cols)),
-            ],
-        );
+        let (m, s) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
+        let n = int("rows·cols", rows * cols) as usize;
+        let [o, mo, so, x, w, b] = [&*out, &*mean_out, &*rstd_out, inp, weight, bias].map(|b| Ptr(b.ptr()));
+        let [r, c] = rows_cols(rows, cols);
+        self.elementwise(Kernel::LayernormApplyF32, n, &[o, mo, so, x, w, b, Ptr(m.pointer), Ptr(s.pointer), r, c]);
     }
     fn layernorm_backward_sums(
         &self,
@@ -320,20 +224,9 @@ impl Device for GpuDevice {
         out: &mut [f64],
     ) {
         let sums = self.scratch(16 * rows);
-        self.rowwise(
-            Kernel::LayernormBwdSumsF32,
-            rows,
-            &[
-                Ptr(sums.pointer),
-                Ptr(dout.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(weight.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                I32(int("rows", rows)),
-                I32(int("cols", cols)),
-            ],
-        );
+        let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
+        let [r, c] = rows_cols(rows, cols);
+        self.rowwise(Kernel::LayernormBwdSumsF32, rows, &[Ptr(sums.pointer), dy, x, w, m, s, r, c]);
         self.download_f64(&sums, &mut out[..2 * rows]);
     }
     fn layernorm_backward_apply(
@@ -351,38 +244,13 @@ impl Device for GpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let s = self.upload_f64(&sums[..2 * rows]);
-        let (r, c) = (I32(int("rows", rows)), I32(int("cols", cols)));
-        self.elementwise(
-            Kernel::LayernormBwdApplyDxF32,
-            int("rows·cols", rows * cols) as usize,
-            &[
-                Ptr(dinp.ptr()),
-                Ptr(dout.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(weight.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                Ptr(s.pointer),
-                I32(int("n", n)),
-                r,
-                c,
-            ],
-        );
-        self.columnwise(
-            Kernel::LayernormBwdParamsF32,
-            cols,
-            &[
-                Ptr(dweight.ptr()),
-                Ptr(dbias.ptr()),
-                Ptr(dout.ptr()),
-                Ptr(inp.ptr()),
-                Ptr(mean.ptr()),
-                Ptr(rstd.ptr()),
-                r,
-                c,
-            ],
-        );
+        let uploaded = self.upload_f64(&sums[..2 * rows]);
+        let [r, c] = rows_cols(rows, cols);
+        let elements = int("rows·cols", rows * cols) as usize;
+        let [dx, dy, x, w, m, s] = [&*dinp, dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
+        let args = [dx, dy, x, w, m, s, Ptr(uploaded.pointer), I32(int("n", n)), r, c];
+        self.elementwise(Kernel::LayernormBwdApplyDxF32, elements, &args);
+        self.layernorm_param_grads([dweight, dbias], [dout, inp, mean, rstd], rows, cols);
     }
 
     fn linear_forward(
@@ -658,5 +526,56 @@ impl Device for GpuDevice {
                 F32(c2 as f32),
             ],
         );
+    }
+}
+
+/// The `int` arguments rows and cols of the LayerNorm kernels.
+fn rows_cols(rows: usize, cols: usize) -> [Arg; 2] {
+    [I32(int("rows", rows)), I32(int("cols", cols))]
+}
+
+/// The `int` arguments of the position-embedding kernels.
+fn position_args(batch: usize, t0: usize, positions: usize, hidden: usize) -> [Arg; 4] {
+    [I32(int("batch", batch)), I32(int("t0", t0)), I32(int("positions", positions)), I32(int("hidden", hidden))]
+}
+
+/// What more than one op launches the same way.
+impl GpuDevice {
+    /// The word-embedding kernels' tokens, uploaded, and their `int` arguments (vocab_start,
+    /// vocabulary rows of the table, batch, seq, hidden).
+    fn token_args(
+        &self,
+        tokens: &[u32],
+        vocab_start: usize,
+        vocab_rows: usize,
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    ) -> (Scratch<'_>, [Arg; 5]) {
+        let t = self.upload_u32(&tokens[..batch * seq]);
+        let sizes = [
+            ("vocab_start", vocab_start),
+            ("vocab rows", vocab_rows),
+            ("batch", batch),
+            ("seq", seq),
+            ("hidden", hidden),
+        ];
+        (t, sizes.map(|(what, v)| I32(int(what, v))))
+    }
+
+    /// dweight += Σ_rows dout · x̂ and dbias += Σ_rows dout, one thread per column: the second half
+    /// of both LayerNorm backwards (whole rows and split rows).
+    /// `inputs` are dout, inp, mean and rstd.
+    fn layernorm_param_grads(
+        &self,
+        [dweight, dbias]: [&mut GpuBuf; 2],
+        inputs: [&GpuBuf; 4],
+        rows: usize,
+        cols: usize,
+    ) {
+        let [dout, inp, mean, rstd] = inputs.map(|b| Ptr(b.ptr()));
+        let [r, c] = rows_cols(rows, cols);
+        let args = [Ptr(dweight.ptr()), Ptr(dbias.ptr()), dout, inp, mean, rstd, r, c];
+        self.columnwise(Kernel::LayernormBwdParamsF32, cols, &args);
     }
 }

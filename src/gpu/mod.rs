@@ -4,8 +4,8 @@
 //! The files, lowest first; a file imports only files above it in this list (test modules
 //! aside), so the folder has no import loop:
 //! 1. `dl` (`dlopen` and the `api_table!` of entry points), `launch` (launch geometry checked
-//!    against the device's limits), `peaks` (datasheet peaks); then `status` (each library's
-//!    status codes as one error).
+//!    against the device's limits), `peaks` (datasheet peaks), `rtc` (what NVRTC and hipRTC take
+//!    and give back alike); then `status` (each library's status codes as one error).
 //! 2. The library tables: `driver` (CUDA driver), `nvrtc`, `hip` (HIP runtime), `hiprtc`, `nccl`
 //!    (NCCL and RCCL); then `cache` (the NVRTC / hipRTC module cache).
 //! 3. `kernels`: the kernel index (`kernels/mod.rs`: every kernel function, its file and its
@@ -44,6 +44,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod open;
 pub mod peaks;
+pub mod rtc;
 pub mod runtime;
 pub mod smoke;
 pub mod status;

@@ -48,8 +48,13 @@ pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
 
 /// The architectures this build holds precompiled images for, in build order.
 pub fn precompiled_archs() -> Vec<&'static str> {
+    archs_of(precompiled())
+}
+
+/// The distinct architectures of a set of images (file, arch, bytes), in order.
+pub fn archs_of(images: &[(&'static str, &'static str, &'static [u8])]) -> Vec<&'static str> {
     let mut out: Vec<&str> = Vec::new();
-    for (_, arch, _) in precompiled() {
+    for (_, arch, _) in images {
         if !out.contains(arch) {
             out.push(arch);
         }

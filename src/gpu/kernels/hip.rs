@@ -12,7 +12,7 @@
 //! `HipKernelModules::image` uses the one whose architecture is exactly the device's before
 //! hipRTC, and compiles with hipRTC otherwise.
 
-use super::cuda::select_precompiled;
+use super::cuda::{archs_of, select_precompiled};
 use crate::error::{Error, Result};
 use crate::gpu::cache::{ModuleCache, Outcome};
 use crate::gpu::hiprtc::Hiprtc;
@@ -44,17 +44,6 @@ pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
 /// The architectures this build holds precompiled code objects for, in build order.
 pub fn precompiled_archs() -> Vec<&'static str> {
     archs_of(precompiled())
-}
-
-/// The distinct architectures of a set of code objects, in order.
-fn archs_of(images: &[(&'static str, &'static str, &'static [u8])]) -> Vec<&'static str> {
-    let mut out: Vec<&str> = Vec::new();
-    for (_, arch, _) in images {
-        if !out.contains(arch) {
-            out.push(arch);
-        }
-    }
-    out
 }
 
 /// The compiler that built the precompiled code objects (its `clang version` line), empty when none.

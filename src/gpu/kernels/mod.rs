@@ -104,17 +104,6 @@ const fn spec(
     KernelSpec { kernel, function, file, threads, hip_threads, static_shared, min_arch: 80 }
 }
 
-const fn spec_sm90(
-    kernel: Kernel,
-    function: &'static str,
-    file: &'static str,
-    threads: u32,
-    hip_threads: Option<u32>,
-    static_shared: u32,
-) -> KernelSpec {
-    KernelSpec { kernel, function, file, threads, hip_threads, static_shared, min_arch: 90 }
-}
-
 /// Every kernel function of kernels-cuda/ and kernels-hip/, in `Kernel`'s order.
 pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::AdamwF32Bf16, "adamw_f32_bf16", "adamw.cu", 256, Some(256), 0),
@@ -136,8 +125,11 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 128, Some(256), 20480),
     spec(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 19456),
     spec(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 18432),
-    // gemm_bf16_sm90.cu: sm_90a's wgmma; no HIP twin (MFMA has no warpgroup instruction).
-    spec_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 128, None, 16384),
+    // gemm_bf16_sm90.cu: sm_90a's wgmma; kernels-hip/ has no twin.
+    KernelSpec {
+        min_arch: 90,
+        ..spec(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 128, None, 16384)
+    },
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDparamsBf16, "layernorm_bwd_dparams_bf16", "layernorm.cu", 128, Some(256), 0),
