@@ -9,8 +9,9 @@
 //!
 //! The GPU calls go through `GpuRuntime` (runtime.rs): `CudaRuntime` on the CUDA driver, or
 //! `HipRuntime` on the HIP runtime, running the kernels-hip/ twins (same kernel names, arguments
-//! and grids); `Vendor` holds what differs, each kernel's file and block size. Everything runs on
-//! the legacy default stream, in order; `download`, `sum_squares` and the cross-entropy /
+//! and grids). The kernels it launches (`DEVICE_KERNELS`) are resolved once per device from the
+//! kernel index (`kernels/mod.rs`), which also holds what differs between the vendors, each
+//! kernel's file and block size. Everything runs on the legacy default stream, in order; `download`, `sum_squares` and the cross-entropy /
 //! split-LayerNorm row sums copy to the host synchronously. A failed GPU call inside an op (the
 //! trait's ops return no `Result`) ends the process with one `trident: error:` line naming the
 //! call. Collectives and pipeline p2p on device memory are attached as trait objects
