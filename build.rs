@@ -2,7 +2,7 @@
 //! target), so `trident --version`, `trident info` and every training log can name the build that
 //! produced a result; and embeds the CUDA kernels of `kernels-cuda/` (every `*.cu` and every
 //! `common/*.cuh`, not the emulation in `emu/`) as text, for NVRTC to compile at run time
-//! (src/gpu/kernels.rs). When `TRIDENT_CUDA_ARCHS` is set (e.g. `80;90a`), it also compiles each
+//! (src/gpu/kernels/cuda.rs). When `TRIDENT_CUDA_ARCHS` is set (e.g. `80;90a`), it also compiles each
 //! kernel file ahead of time with nvcc (`$TRIDENT_NVCC`, else `nvcc` on the PATH) to one CUBIN
 //! per architecture and embeds those images; a set variable without a working nvcc is a build
 //! error, never a silent fallback. Unset (the default), no nvcc is looked for.

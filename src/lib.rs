@@ -2,7 +2,6 @@
 //! (`cmd`: flags in, library calls, printing out) above what they run; `main.rs` only hands the
 //! command line to `cmd::main` and returns its exit code.
 
-pub mod bench_cuda;
 pub mod checkpoint;
 pub mod cli;
 pub mod cmd;

@@ -11,7 +11,7 @@ mod common;
 use common::gpu_device::{self, down, fake_nccl, run_with, train_losses, up, Emulated, TINY_GPU};
 use common::*;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use trident::device::Device;
@@ -72,7 +72,8 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 /// the same size, and a Device buffer made from a reused block still starts zeroed.
 #[test]
 fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
-    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::cuda_runtime::CudaRuntime;
+    use trident::gpu::runtime::GpuRuntime;
     let Some(dev) = device() else { return };
     let rt = CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap();
     let a = rt.alloc(4096).unwrap();
@@ -376,9 +377,10 @@ fn check_gpu_compares_the_device_with_the_reference() {
 #[test]
 fn the_emulating_driver_checks_images_names_and_launches() {
     use trident::gpu::cache::ModuleCache;
-    use trident::gpu::device::{CudaRuntime, GpuRuntime};
+    use trident::gpu::cuda_runtime::CudaRuntime;
     use trident::gpu::driver::Driver;
-    use trident::gpu::kernels::KernelModules;
+    use trident::gpu::kernels::cuda::KernelModules;
+    use trident::gpu::runtime::GpuRuntime;
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
@@ -452,6 +454,24 @@ fn cuda_benches_launch_their_kernels_on_the_emulated_gpu() {
     assert!(o.status.success() && stdout(&o).contains("attention_fwd_bf16_d64"), "{}{}", stdout(&o), stderr(&o));
     let o = run_with(&emu.env, &["bench", "attention", "--device", "cuda", "--shape", "1x128x2"]);
     assert_clean_error(&o, &["--shape", "BxSxHxD"]);
+}
+
+/// `bench gemm|attention|layernorm|gelu|xent|embedding --device cuda` on tiny shapes launch the
+/// kernels of the index the Device does not, each output checked against the reference device;
+/// on an emulated compute capability 9.0 the GEMM bench runs the sm_90a wgmma kernel instead.
+/// With `every_device_op_matches_the_reference`, every kernel of the index runs on the emulated
+/// GPU.
+#[test]
+fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
+    use trident::gpu::kernels::Vendor;
+    let Some(emu) = emulated() else { return };
+    let launched = gpu_device::kernel_bench_functions(&emu.env, "cuda", gpu_device::TINY_BENCH_SHAPES);
+    assert_eq!(launched, gpu_device::bench_kernels(Vendor::Cuda, "sm_80"));
+    let mut hopper = emu.env.clone();
+    hopper.push(("EMU_CUDA_CC", PathBuf::from("90")));
+    let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &[("gemm", "130x192x160")]);
+    assert_eq!(launched, ["gemm_fwd_bf16_f32out_sm90"]);
+    assert!(gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(&launched[0]));
 }
 
 /// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.

@@ -405,20 +405,21 @@ fn a_driver_without_the_cuda_backend_is_reported_not_used() {
 /// states, and a second request is a cache hit. Prints the compile time and size per file.
 #[test]
 fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
-    use trident::gpu::kernels::{self, KernelModules, Origin};
+    use trident::gpu::kernels::cuda::{self, KernelModules, Origin};
+    use trident::gpu::kernels::{declared_functions, KERNELS};
     let Some(nvrtc) = nvrtc() else { return };
     let dir = scratch("nvrtc-kernels");
     let modules = KernelModules::nvrtc_only(ModuleCache::new(&dir), nvrtc);
     let mut report = String::new();
-    for (file, _) in kernels::files() {
+    for (file, _) in cuda::files() {
         for arch in ["sm_80", "sm_90a"] {
             let t = std::time::Instant::now();
             let first = modules.image(file, arch).unwrap_or_else(|e| panic!("{file} for {arch}: {e}"));
             let seconds = t.elapsed().as_secs_f64();
             assert_eq!(first.origin, Origin::Nvrtc(Outcome::Compiled), "{file} {arch}");
-            let info = kernels::read_cubin(&first.bytes).unwrap();
+            let info = cuda::read_cubin(&first.bytes).unwrap();
             let arch_number: u32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap();
-            for k in kernels::KERNELS.iter().filter(|k| k.file == *file) {
+            for k in KERNELS.iter().filter(|k| k.file == *file) {
                 assert!(
                     info.functions.iter().any(|f| f == k.function),
                     "{} missing from {file} for {arch}: {:?}",
@@ -438,7 +439,7 @@ fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
                     k.function
                 );
             }
-            for declared in kernels::declared_functions(kernels::source(file).unwrap()) {
+            for declared in declared_functions(cuda::source(file).unwrap()) {
                 assert!(info.functions.contains(&declared), "{declared} missing from {file} for {arch}");
             }
             let t = std::time::Instant::now();

@@ -165,6 +165,16 @@ fn bench_allreduce_on_hip_reports_rccl_against_the_host_staged_path() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `bench gemm|attention|layernorm|gelu|xent|embedding --device hip` on tiny shapes launch the
+/// kernels-hip/ twins of the kernels the Device does not, each output checked against the
+/// reference device (so every HIP kernel of the index runs on the emulated GCD).
+#[test]
+fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
+    let Some(emu) = emulated() else { return };
+    let launched = gpu_device::kernel_bench_functions(&emu.env, "hip", gpu_device::TINY_BENCH_SHAPES);
+    assert_eq!(launched, gpu_device::bench_kernels(trident::gpu::kernels::Vendor::Hip, "gfx90a"));
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
@@ -176,10 +186,10 @@ fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
 /// ordinal past the ones it has.
 #[test]
 fn the_emulated_runtime_checks_code_objects_and_devices() {
-    use trident::gpu::device::GpuRuntime;
     use trident::gpu::hip::Hip;
-    use trident::gpu::hip_device::HipRuntime;
-    use trident::gpu::hip_kernels::HipKernelModules;
+    use trident::gpu::hip_runtime::HipRuntime;
+    use trident::gpu::kernels::hip::HipKernelModules;
+    use trident::gpu::runtime::GpuRuntime;
     if emulated().is_none() {
         return;
     }

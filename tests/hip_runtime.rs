@@ -283,12 +283,12 @@ fn check_gpu_on_amd_compiles_launches_and_checks_the_result_exactly() {
 #[test]
 fn hiprtc_compiles_every_hip_kernel_for_gfx90a() {
     use trident::gpu::cache::{ModuleCache, Outcome};
-    use trident::gpu::hip_kernels::{self, code_object_header, HipKernelModules, HipOrigin};
-    use trident::gpu::kernels::{declared_functions, read_cubin};
+    use trident::gpu::kernels::hip::{self, code_object_header, HipKernelModules, HipOrigin};
+    use trident::gpu::kernels::{cuda::read_cubin, declared_functions};
     let Some(hiprtc) = real_hiprtc("hiprtc_compiles_every_hip_kernel_for_gfx90a") else { return };
     let dir = scratch("hiprtc-kernels");
     let modules = HipKernelModules::hiprtc_only(ModuleCache::new(&dir), hiprtc);
-    for (file, text) in hip_kernels::files() {
+    for (file, text) in hip::files() {
         let started = std::time::Instant::now();
         let got = modules.image(file, "gfx90a").unwrap_or_else(|e| panic!("{file}: {e}"));
         let ms = started.elapsed().as_millis();

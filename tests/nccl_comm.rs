@@ -290,7 +290,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
 
     // No driver: one line, non-zero, for each CUDA benchmark.
     let none = Path::new("/nonexistent/libcuda.so.1");
-    for what in ["gemm", "attention"] {
+    for what in ["gemm", "attention", "layernorm", "gelu", "xent", "embedding"] {
         let o = run_with(&["bench", what, "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
         assert_clean_error(
             &o,
@@ -299,10 +299,12 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     }
     let o = run_with(&["bench", "allreduce", "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
     assert_clean_error(&o, &["bench allreduce --device cuda needs an NVIDIA GPU"]);
-    let o = run_with(&["bench", "layernorm", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
-    assert_clean_error(&o, &["the CUDA benchmarks are gemm, attention and allreduce"]);
+    let o = run_with(&["bench", "step", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
+    assert_clean_error(&o, &["the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding and allreduce"]);
     let o = run_with(&["bench", "gemm", "--device", "gpu"], &[]);
-    assert_clean_error(&o, &["flag --device: found 'gpu', expected cpu or cuda"]);
+    assert_clean_error(&o, &["flag --device: found 'gpu', expected cpu, cuda or hip"]);
+    let o = run_with(&["bench", "gelu"], &[]);
+    assert_clean_error(&o, &["bench gelu times a GPU kernel: add --device cuda or --device hip"]);
 
     // The fake driver: the kernel file compiles (NVRTC) and the module load is refused.
     if let Some(nvrtc) = gpu_test_library(NVRTC_LIBRARY) {
@@ -312,7 +314,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
             ("TRIDENT_NVRTC", nvrtc.as_path()),
             ("TRIDENT_CACHE_DIR", cache.as_path()),
         ];
-        for what in ["gemm", "attention"] {
+        for what in ["gemm", "attention", "layernorm", "gelu", "xent", "embedding"] {
             let o = run_with(&["bench", what, "--device", "cuda"], &env);
             assert_clean_error(
                 &o,

@@ -26,6 +26,7 @@
 //! through NCCL and `run_on_host` through the MPI Comm on host buffers, so `trident check nccl`
 //! compares the two bit for bit on every rank.
 
+use super::buffer::{GpuBuf, GpuP2p};
 use super::driver::{CuDevicePtr, Driver, Event, PrimaryContext, Stream};
 use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
 use crate::comm::placement::Placement;
@@ -544,16 +545,16 @@ impl DeviceNccl {
     }
 }
 
-impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
+impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
     fn api(&self) -> &'static str {
         self.api
     }
-    fn all_reduce(&self, buf: &mut super::device::GpuBuf) {
+    fn all_reduce(&self, buf: &mut GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());
         self.count(|k| k.all_reduce += n as u64);
         self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
     }
-    fn all_reduce_start(&self, buf: &mut super::device::GpuBuf) {
+    fn all_reduce_start(&self, buf: &mut GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());
         self.count(|k| k.all_reduce += n as u64);
         self.run(|c| {
@@ -567,13 +568,13 @@ impl crate::device::DeviceComm<super::device::GpuBuf> for DeviceNccl {
     fn synchronize(&self) {
         self.settle();
     }
-    fn all_gather(&self, local: &super::device::GpuBuf, full: &mut super::device::GpuBuf) {
+    fn all_gather(&self, local: &GpuBuf, full: &mut GpuBuf) {
         let (send, recv, n) = (local.ptr(), full.ptr(), local.len());
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "all_gather: buffer sizes");
         self.count(|k| k.all_gather += n as u64);
         self.ordered(|c| c.all_gather(send, recv, n, Dtype::F32));
     }
-    fn reduce_scatter(&self, full: &super::device::GpuBuf, local: &mut super::device::GpuBuf) {
+    fn reduce_scatter(&self, full: &GpuBuf, local: &mut GpuBuf) {
         let (send, recv, n) = (full.ptr(), local.ptr(), local.len());
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
         self.count(|k| k.reduce_scatter += full.len() as u64);
@@ -691,19 +692,19 @@ impl PipelineNccl {
             }
         }
     }
+}
 
-    /// Before the host reads device memory: every enqueued receive has arrived (a send is not
-    /// waited for here: its peer may post the matching receive only later).
-    pub fn settle(&self) {
+impl GpuP2p for PipelineNccl {
+    fn settle_receives(&self) {
         self.settle_slots(&[link_slot(false, false), link_slot(true, false)]);
     }
 }
 
-impl crate::device::DeviceP2p<super::device::GpuBuf> for PipelineNccl {
+impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
     fn api(&self) -> &'static str {
         self.api
     }
-    fn send(&self, buf: &super::device::GpuBuf, backward: bool) {
+    fn send(&self, buf: &GpuBuf, backward: bool) {
         let (buffer, count) = (buf.ptr(), buf.len());
         self.sent.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
         self.run(link_slot(backward, true), |c| {
@@ -712,7 +713,7 @@ impl crate::device::DeviceP2p<super::device::GpuBuf> for PipelineNccl {
             c.send_recv(&[Transfer::Send { buffer, count, dtype: Dtype::F32, peer: 1 }])
         });
     }
-    fn recv(&self, buf: &mut super::device::GpuBuf, backward: bool) {
+    fn recv(&self, buf: &mut GpuBuf, backward: bool) {
         let (buffer, count) = (buf.ptr(), buf.len());
         self.run(link_slot(backward, false), |c| {
             // The buffer may be one compute just finished reading; compute then reads the message.
@@ -890,7 +891,7 @@ pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize
 /// `check nccl` and `bench allreduce --device hip` on a node without a CUDA driver.
 pub struct RcclOnHip {
     /// The GPU's runtime, current on this thread (the communicator's stream is made on it).
-    pub device: super::hip_device::HipRuntime,
+    pub device: super::hip_runtime::HipRuntime,
     pub nccl: Nccl,
     pub world: Box<dyn Comm>,
     pub name: String,
@@ -900,7 +901,7 @@ impl RcclOnHip {
     pub fn open(rt: &Runtime, hip: super::hip::Hip, command: &str) -> Result<RcclOnHip> {
         let ordinal = rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
         let name = hip.device_info(ordinal)?.name;
-        let device = super::hip_device::HipRuntime::new(hip, ordinal)?;
+        let device = super::hip_runtime::HipRuntime::new(hip, ordinal)?;
         let nccl = Nccl::load(Flavor::Rccl)?;
         let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
         Ok(RcclOnHip { device, nccl, world, name })

@@ -6,9 +6,10 @@
 //! does), hence the fallback; its compiler needs no GPU, so the tests compile for real with it.
 
 use super::dl::{api_table, candidates, Library};
+use super::rtc::{one_line, ProgramText};
 use super::status::hiprtc_error;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr};
 
 pub type HiprtcProgram = *mut c_void;
 
@@ -109,52 +110,32 @@ impl Hiprtc {
                 "kernel {name}: '{arch}' is not an AMD GPU architecture (expected gfx followed by its number, e.g. gfx90a, gfx942)"
             )));
         }
-        let to_c = |what: &str, text: &str| {
-            CString::new(text).map_err(|_| Error::Config(format!("kernel {name}: {what} contains a NUL byte")))
-        };
-        let c_source = to_c("the source", source)?;
-        let c_name = to_c("the name", &format!("{name}.hip"))?;
         let mut all_options = vec![format!("--offload-arch={arch}")];
         all_options.extend(options.iter().cloned());
-        let c_options: Vec<CString> =
-            all_options.iter().map(|o| to_c(&format!("option {o:?}"), o)).collect::<Result<_>>()?;
-        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
-        let header_texts: Vec<CString> =
-            headers.iter().map(|(n, t)| to_c(&format!("header {n}"), t)).collect::<Result<_>>()?;
-        let header_names: Vec<CString> =
-            headers.iter().map(|(n, _)| to_c("a header name", n)).collect::<Result<_>>()?;
-        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
-        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
+        let text = ProgramText::new(name, &format!("{name}.hip"), source, headers, &all_options)?;
+        let (header_texts, header_names) = text.headers();
 
         let mut handle: HiprtcProgram = std::ptr::null_mut();
-        // SAFETY: source, name and the headers' texts and names are C strings that outlive the
-        // call (hipRTC copies them); the two header arrays hold headers.len() pointers each (null
-        // when there are none).
+        // SAFETY: source, name and the headers' texts and names are C strings that `text` keeps
+        // alive for the call (hipRTC copies them); the two header arrays hold
+        // `text.header_count()` pointers each (null when there are none).
         self.check("hiprtcCreateProgram", unsafe {
             self.api.hiprtcCreateProgram(
                 &mut handle,
-                c_source.as_ptr(),
-                c_name.as_ptr(),
-                headers.len() as i32,
-                if headers.is_empty() { std::ptr::null() } else { text_ptrs.as_ptr() },
-                if headers.is_empty() { std::ptr::null() } else { name_ptrs.as_ptr() },
+                text.source(),
+                text.name(),
+                text.header_count(),
+                header_texts,
+                header_names,
             )
         }?)?;
         let program = Program { api: &self.api, handle };
-        // SAFETY: the option array holds option_ptrs.len() C strings alive for the call.
-        let status =
-            unsafe { self.api.hiprtcCompileProgram(program.handle, option_ptrs.len() as i32, option_ptrs.as_ptr()) }?;
+        // SAFETY: the option array holds `text.option_count()` C strings alive for the call.
+        let status = unsafe { self.api.hiprtcCompileProgram(program.handle, text.option_count(), text.options()) }?;
         let log = self.log(&program)?;
         if status != 0 {
-            let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-            return Err(hiprtc_error(
-                "hiprtcCompileProgram",
-                status,
-                Some(format!(
-                    "kernel {name} for {arch}: {}",
-                    if lines.is_empty() { "no log".to_string() } else { lines.join(" | ") }
-                )),
-            ));
+            let detail = format!("kernel {name} for {arch}: {}", one_line(&log));
+            return Err(hiprtc_error("hiprtcCompileProgram", status, Some(detail)));
         }
         let mut n = 0;
         // SAFETY: writes one size_t.

@@ -1,23 +1,46 @@
-//! The GPU libraries, found at run time: the CUDA driver (`driver`), NVRTC (`nvrtc`), NCCL and
-//! RCCL (`nccl`), the HIP runtime (`hip`) and hipRTC (`hiprtc`), each a table of entry points resolved with `dlopen`/`dlsym` (`dl`), their status
-//! codes mapped onto one error (`status`), the on-disk kernel cache (`cache`), launch geometry
-//! (`launch`), the embedded CUDA kernels and their launch table (`kernels`) and the embedded HIP
-//! kernels (`hip_kernels`). The binary links none of them: on a machine without
-//! them, everything here answers with an error naming the library.
-//! The GPU Device (the `Device` trait on a GPU) is `device`, on a small runtime trait that the
-//! CUDA driver table implements there and the HIP runtime table in `hip_device`.
-//! `trident train` opens the rank's GPU through `open`, which hands the Device the maker of its
-//! NCCL / RCCL collectives (`attach`) for `Device::attach_collectives`.
+//! The GPU libraries, found at run time, and the GPU Device on them. The binary links none of
+//! them: on a machine without them, everything here answers with an error naming the library.
+//!
+//! The files, lowest first; a file imports only files above it in this list (test modules
+//! aside), so the folder has no import loop (`tests/house.rs` checks it):
+//! 1. `dl` (`dlopen` and the `api_table!` of entry points), `launch` (launch geometry checked
+//!    against the device's limits), `peaks` (datasheet peaks), `rtc` (what NVRTC and hipRTC take
+//!    and give back alike); then `status` (each library's status codes as one error).
+//! 2. The library tables: `driver` (CUDA driver), `nvrtc`, `hip` (HIP runtime), `hiprtc`, `nccl`
+//!    (NCCL and RCCL); then `cache` (the NVRTC / hipRTC module cache).
+//! 3. `kernels`: the kernel index (`kernels/mod.rs`: every kernel function, its file and its
+//!    geometry per vendor), `kernels::cuda` and `kernels::hip` (the embedded sources and their
+//!    images: precompiled, or compiled by NVRTC / hipRTC through the cache), `kernels::plan` (an
+//!    op's checked launch).
+//! 4. `runtime` (`GpuRuntime`, what the Device needs of a vendor's runtime; `FreedBlocks`; `Arg`).
+//! 5. `cuda_runtime` and `hip_runtime`: `GpuRuntime` on the CUDA driver and on the HIP runtime.
+//!    `open` (`OpenGpu`: one GPU of either vendor opened with its runtime, kernel images and
+//!    limits; `Functions`, kernels of the index resolved on it).
+//! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
+//! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
+//!    `PipelineNccl`, and the `Collective` cases `check nccl` and `bench allreduce` run).
+//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops`), which holds
+//!    its communicators as `DeviceComm` / `GpuP2p` trait objects and so names no type of
+//!    `collectives`.
+//! 9. `attach` (the NCCL / RCCL communicators of a training run's groups, made when
+//!    `Device::attach_collectives` asks), then `training` (`trident train`'s GPU: the runtime kept
+//!    for the process's life, the Device on the rank's GPU with its nominal peak and the maker of
+//!    its collectives).
+//!
+//! This file: `trident info`'s GPU lines, its AMD section, and the errors of `--device cuda` and
+//! `--device hip`.
 
 mod attach;
+pub mod buffer;
 pub mod cache;
 pub mod collectives;
+pub mod cuda_runtime;
 pub mod device;
+mod device_ops;
 pub mod dl;
 pub mod driver;
 pub mod hip;
-pub mod hip_device;
-pub mod hip_kernels;
+pub mod hip_runtime;
 pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
@@ -25,7 +48,10 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod open;
 pub mod peaks;
+pub mod rtc;
+pub mod runtime;
 pub mod status;
+pub mod training;
 
 use crate::error::{Error, Result};
 
@@ -68,7 +94,7 @@ pub fn info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("nccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("nccl: {e}")),
     }
-    lines.push(kernels::info_line());
+    lines.push(kernels::cuda::info_line());
     match cache::default_root(&|k| std::env::var(k).ok()) {
         Ok(root) => lines.push(format!("kernel cache: {}", cache::ModuleCache::new(&root).dir().display())),
         Err(e) => lines.push(format!("kernel cache: {e}")),
@@ -115,7 +141,7 @@ pub fn hip_info_lines() -> Vec<String> {
         Ok((n, v)) => lines.push(format!("rccl: {v} ({})", n.path())),
         Err(e) => lines.push(format!("rccl: {e}")),
     }
-    lines.push(hip_kernels::info_line());
+    lines.push(kernels::hip::info_line());
     lines
 }
 

@@ -3,9 +3,10 @@
 //! and no driver, so compilation is tested on any machine that has the library.
 
 use super::dl::{api_table, candidates, Library};
+use super::rtc::{one_line, ProgramText};
 use super::status::nvrtc_error;
 use crate::error::Result;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CStr};
 
 pub type NvrtcProgram = *mut c_void;
 
@@ -147,59 +148,34 @@ impl Nvrtc {
                 "kernel {name}: '{arch}' is not a GPU architecture (expected sm_XX for a CUBIN or compute_XX for PTX, e.g. sm_80, sm_90a)"
             ))
         })?;
-        let c_source = CString::new(source)
-            .map_err(|_| crate::error::Error::Config(format!("kernel {name}: source contains a NUL byte")))?;
-        let c_name = CString::new(format!("{name}.cu")).expect("kernel names have no NUL");
         let mut all_options = vec![format!("--gpu-architecture={arch}")];
         all_options.extend(options.iter().cloned());
-        let c_options: Vec<CString> = all_options
-            .iter()
-            .map(|o| {
-                CString::new(o.as_str()).map_err(|_| {
-                    crate::error::Error::Config(format!("kernel {name}: option {o:?} contains a NUL byte"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
-        let to_c = |what: &str, text: &str| {
-            CString::new(text)
-                .map_err(|_| crate::error::Error::Config(format!("kernel {name}: {what} contains a NUL byte")))
-        };
-        let header_texts: Vec<CString> =
-            headers.iter().map(|(n, t)| to_c(&format!("header {n}"), t)).collect::<Result<_>>()?;
-        let header_names: Vec<CString> =
-            headers.iter().map(|(n, _)| to_c("a header name", n)).collect::<Result<_>>()?;
-        let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
-        let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
+        let text = ProgramText::new(name, &format!("{name}.cu"), source, headers, &all_options)?;
+        let (header_texts, header_names) = text.headers();
 
         let mut handle: NvrtcProgram = std::ptr::null_mut();
-        // SAFETY: source, name and the headers' texts and names are C strings that outlive the
-        // call (NVRTC copies them); the two header arrays hold headers.len() pointers each (null
-        // arrays when there are none, as NVRTC allows).
+        // SAFETY: source, name and the headers' texts and names are C strings that `text` keeps
+        // alive for the call (NVRTC copies them); the two header arrays hold
+        // `text.header_count()` pointers each (null arrays when there are none, as NVRTC allows).
         self.check("nvrtcCreateProgram", unsafe {
             self.api.nvrtcCreateProgram(
                 &mut handle,
-                c_source.as_ptr(),
-                c_name.as_ptr(),
-                headers.len() as i32,
-                if headers.is_empty() { std::ptr::null() } else { text_ptrs.as_ptr() },
-                if headers.is_empty() { std::ptr::null() } else { name_ptrs.as_ptr() },
+                text.source(),
+                text.name(),
+                text.header_count(),
+                header_texts,
+                header_names,
             )
         }?)?;
         let program = Program { api: &self.api, handle };
-        // SAFETY: the option array holds option_ptrs.len() C strings alive for the call.
-        let status =
-            unsafe { self.api.nvrtcCompileProgram(program.handle, option_ptrs.len() as i32, option_ptrs.as_ptr()) }?;
+        // SAFETY: the option array holds `text.option_count()` C strings alive for the call.
+        let status = unsafe { self.api.nvrtcCompileProgram(program.handle, text.option_count(), text.options()) }?;
         let log = self.log(&program)?;
         if status != 0 {
-            let one_line: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
             return Err(nvrtc_error(
                 "nvrtcCompileProgram",
                 status,
-                format!(
-                    "kernel {name} for {arch}: {}",
-                    if one_line.is_empty() { "no log".to_string() } else { one_line.join(" | ") }
-                ),
+                format!("kernel {name} for {arch}: {}", one_line(&log)),
             ));
         }
         let bytes = match image {

@@ -1,67 +1,123 @@
-//! Opening the rank's GPU for `trident train`: the CUDA driver or the HIP runtime, loaded once and
-//! kept for the process's life (the communicators' streams borrow its table); the GPU placement
-//! chose, after the head-dim check; the nominal peak MFU is measured against; and the Device's
-//! collectives, which `attach.rs` makes on the same table when `Device::attach_collectives` asks.
+//! One GPU of either vendor, opened for the GPU Device or a GPU bench: its `GpuRuntime`, where its
+//! kernel images come from (`KernelModules` for CUDA, `HipKernelModules` for HIP: precompiled, or
+//! compiled for the device's architecture through the disk cache), its name, architecture,
+//! launch limits and multiprocessor count; and `Functions`, kernels of the index resolved on it
+//! once, each file loaded once.
 
-use super::collectives::StreamApi;
-use super::device::GpuDevice;
+use super::cache::{default_root, ModuleCache};
+use super::cuda_runtime::CudaRuntime;
 use super::driver::Driver;
-use crate::device::DevicePeak;
+use super::hip::Hip;
+use super::hip_runtime::HipRuntime;
+use super::kernels::cuda::{arch_for, KernelModules};
+use super::kernels::hip::HipKernelModules;
+use super::kernels::{Kernel, Vendor, KERNELS};
+use super::launch::DeviceLimits;
+use super::runtime::GpuRuntime;
 use crate::error::{Error, Result};
+use std::sync::Arc;
 
-/// The GPU runtime `--device cuda` or `--device hip` trains on, loaded before placement (which
-/// needs its device count) and kept for the process's life: the communicators' streams borrow it.
-#[derive(Clone, Copy)]
-pub struct TrainingGpu(StreamApi<'static>);
+/// Where an opened GPU's kernel images come from.
+enum Images {
+    Cuda(KernelModules),
+    Hip(HipKernelModules),
+}
 
-impl TrainingGpu {
-    /// `--device cuda`: the CUDA driver.
-    pub fn cuda() -> Result<TrainingGpu> {
-        let driver = Driver::load()
-            .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
-        // Kept for the process's life: the communicators' streams borrow it.
-        let driver: &'static Driver = Box::leak(Box::new(driver));
-        Ok(TrainingGpu(StreamApi::Cuda(driver)))
-    }
+/// An opened GPU.
+pub struct OpenGpu {
+    pub rt: Arc<dyn GpuRuntime>,
+    pub vendor: Vendor,
+    /// The device's name as its runtime reports it (the key of `peaks::lookup`).
+    pub name: String,
+    /// What the kernels are compiled for: `sm_XY` (`sm_90a` on compute capability 9.0) or `gfx...`.
+    pub arch: String,
+    /// SMs (CUDA) or compute units (HIP), at least 1.
+    pub multiprocessors: usize,
+    pub limits: DeviceLimits,
+    images: Images,
+}
 
-    /// `--device hip`: the HIP runtime.
-    pub fn hip() -> Result<TrainingGpu> {
-        let hip: &'static super::hip::Hip = Box::leak(Box::new(super::require_hip_runtime()?));
-        Ok(TrainingGpu(StreamApi::Hip(hip)))
-    }
-
-    pub fn device_count(self) -> Result<usize> {
-        match self.0 {
-            StreamApi::Cuda(driver) => driver.device_count(),
-            StreamApi::Hip(hip) => hip.device_count(),
+impl OpenGpu {
+    /// GPU `ordinal` of `vendor`'s runtime.
+    pub fn open(vendor: Vendor, ordinal: usize) -> Result<OpenGpu> {
+        match vendor {
+            Vendor::Cuda => OpenGpu::cuda(ordinal),
+            Vendor::Hip => OpenGpu::hip(ordinal),
         }
     }
 
-    /// The Device on GPU `ordinal` (placement's choice) for a model of `head_dim`, and the
-    /// nominal peak of its part; its collectives attach later on this runtime's streams.
-    pub fn open(self, ordinal: usize, head_dim: usize) -> Result<(GpuDevice, DevicePeak)> {
-        let (mut dev, peak) = match self.0 {
-            StreamApi::Cuda(driver) => {
-                GpuDevice::check_head_dim(head_dim)?;
-                let dev = GpuDevice::cuda(ordinal)?;
-                let (major, minor) = driver.device_info(ordinal)?.compute_capability;
-                // Dense bf16 tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
-                let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
-                let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
-                (dev, DevicePeak { gflops: tflops * 1e3, what })
-            }
-            StreamApi::Hip(hip) => {
-                GpuDevice::check_head_dim_for("hip", head_dim)?;
-                let dev = GpuDevice::hip(ordinal)?;
-                let arch = hip.device_info(ordinal)?.arch.unwrap_or_default();
-                // Dense bf16 matrix-core peaks: an MI250X GCD (half of 383 TFLOP/s), an MI300X.
-                let (tflops, part) = if arch.starts_with("gfx94") { (1307.4, "MI300X") } else { (191.5, "MI250X GCD") };
-                let what = format!("nominal dense bf16 of an {part}, {arch}");
-                (dev, DevicePeak { gflops: tflops * 1e3, what })
-            }
-        };
-        let api = self.0;
-        dev.make_collectives_with(Box::new(move |dev, request| super::attach::attach_collectives(dev, api, request)));
-        Ok((dev, peak))
+    /// GPU `ordinal` of the CUDA driver (compute capability 8.0 or newer), its kernels compiled by
+    /// NVRTC through the disk cache (or taken from this build's precompiled images).
+    pub fn cuda(ordinal: usize) -> Result<OpenGpu> {
+        let rt = CudaRuntime::new(Driver::load()?, ordinal)?;
+        let info = rt.info().clone();
+        Ok(OpenGpu {
+            rt: Arc::new(rt),
+            vendor: Vendor::Cuda,
+            arch: arch_for(info.compute_capability)?,
+            multiprocessors: info.multiprocessors.max(1) as usize,
+            limits: info.limits,
+            name: info.name,
+            images: Images::Cuda(KernelModules::new(ModuleCache::new(&default_root(&|k| std::env::var(k).ok())?))),
+        })
+    }
+
+    /// GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled for the device's gfx
+    /// architecture by hipRTC through the disk cache (or taken from this build's precompiled code
+    /// objects).
+    pub fn hip(ordinal: usize) -> Result<OpenGpu> {
+        let rt = HipRuntime::new(Hip::load()?, ordinal)?;
+        let (arch, limits, name) = (rt.arch().to_string(), rt.limits(), rt.info().name.clone());
+        let multiprocessors = rt.info().compute_units.max(1) as usize;
+        let root = default_root(&|k| std::env::var(k).ok())?;
+        Ok(OpenGpu {
+            rt: Arc::new(rt),
+            vendor: Vendor::Hip,
+            name,
+            arch,
+            multiprocessors,
+            limits,
+            images: Images::Hip(HipKernelModules::new(ModuleCache::new(&root))),
+        })
+    }
+
+    /// The loadable image of `file` (of this vendor's suite) for this GPU's architecture.
+    pub fn image(&self, file: &str) -> Result<Vec<u8>> {
+        match &self.images {
+            Images::Cuda(m) => m.image(file, &self.arch).map(|i| i.bytes),
+            Images::Hip(m) => m.image(file, &self.arch).map(|i| i.bytes),
+        }
+    }
+
+    /// Loads the files that hold `kernels` (each file once) and finds their functions.
+    pub fn functions(&self, kernels: &[Kernel]) -> Result<Functions> {
+        let mut loaded: Vec<(&str, usize)> = Vec::new();
+        let mut table = vec![None; KERNELS.len()];
+        for &k in kernels {
+            let spec = k.spec();
+            let threads = self.vendor.threads(k).ok_or_else(|| {
+                Error::Unsupported(format!("kernel {}: no {:?} twin of {}", spec.function, self.vendor, spec.file))
+            })?;
+            let module = match loaded.iter().find(|(f, _)| *f == spec.file) {
+                Some((_, m)) => *m,
+                None => {
+                    let m = self.rt.load_module(&self.image(&self.vendor.file(spec.file))?)?;
+                    loaded.push((spec.file, m));
+                    m
+                }
+            };
+            table[k as usize] = Some((self.rt.function(module, spec.function)?, threads));
+        }
+        Ok(Functions(table))
+    }
+}
+
+/// Kernels resolved on one GPU: each one's function handle and its vendor's block size.
+pub struct Functions(Vec<Option<(usize, u32)>>);
+
+impl Functions {
+    /// The function handle and threads per block of `k`, if it was resolved.
+    pub fn get(&self, k: Kernel) -> Option<(usize, u32)> {
+        self.0[k as usize]
     }
 }

@@ -1,6 +1,6 @@
 //! Setting a run up on this rank: the layout checked against the world and the model, the
 //! pipeline stage plan, the process groups, the device `--device` names (the CPU backend, or the
-//! rank's GPU opened through `gpu::open`) once the ranks agree on their placement and devices,
+//! rank's GPU opened through `gpu::training`) once the ranks agree on their placement and devices,
 //! its collectives attached behind the Device seam, and the datasets.
 
 use crate::comm::placement::Placement;
@@ -12,7 +12,7 @@ use crate::data::indexed::IndexedDataset;
 use crate::device::cpu::{peak, CpuDevice};
 use crate::device::{CollectiveLibrary, CollectivesRequest, Device, DevicePeak};
 use crate::error::{Error, Result};
-use crate::gpu::open::TrainingGpu;
+use crate::gpu::training::TrainingGpu;
 use crate::model::{ChunkPlan, ModelParallel};
 use crate::parallel::grid::{Grid, Groups, TensorMode};
 use crate::parallel::pipeline::{self, Schedule};

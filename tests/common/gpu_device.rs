@@ -2,7 +2,7 @@
 //! runtime and the environment that points trident at it, every Device op against the reference
 //! device (through `trident::cmd::check::ops`, the code behind `check ops`), the small training run
 //! both compare with the CPU's `--bf16` and with parallel layouts, the clear errors of a model the
-//! kernels do not take, and `make gpu-check`'s script.
+//! kernels do not take, `make gpu-check`'s script, and the GPU kernel benches on tiny shapes.
 
 use super::{assert_clean_error, loss_values, prepared_corpus, scratch, stderr, stdout, BIN};
 use std::path::{Path, PathBuf};
@@ -279,4 +279,54 @@ pub fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
         *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
     }
     counts
+}
+
+/// One tiny shape per GPU kernel bench (ragged sizes; attention at both head dims), small enough
+/// for the emulation.
+pub const TINY_BENCH_SHAPES: &[(&str, &str)] = &[
+    ("gemm", "130x192x160"),
+    ("attention", "1x70x2x64"),
+    ("attention", "1x33x1x128"),
+    ("layernorm", "5x96"),
+    ("gelu", "1000"),
+    ("xent", "3x333"),
+    ("embedding", "2x5x96"),
+];
+
+/// Runs `trident bench <what> --device <device> --shape <shape> --json` for `shapes`, asserts
+/// that every record's outputs were checked against the reference device and passed, and
+/// returns the kernel functions the records name, sorted.
+pub fn kernel_bench_functions(env: &[(&'static str, PathBuf)], device: &str, shapes: &[(&str, &str)]) -> Vec<String> {
+    let mut functions = Vec::new();
+    for (what, shape) in shapes {
+        let o = run_with(env, &["bench", what, "--device", device, "--shape", shape, "--min-seconds", "0", "--json"]);
+        let out = stdout(&o);
+        assert!(o.status.success(), "bench {what} --device {device} --shape {shape}: {out}{}", stderr(&o));
+        // A string field of a record: the text between its quotes.
+        let text = |line: &str, key: &str| -> String {
+            let from = line.find(&format!("\"{key}\": \"")).unwrap_or_else(|| panic!("no {key} in {line}"));
+            line[from + key.len() + 5..].split('"').next().unwrap().to_string()
+        };
+        assert!(!out.trim().is_empty(), "bench {what}: no records");
+        for line in out.lines() {
+            let note = text(line, "note");
+            assert!(note.contains("check ") && note.contains(" of tolerance"), "{what} {shape}: {line}");
+            assert_eq!(text(line, "device_kind"), device, "{line}");
+            functions.push(note.split(',').next().unwrap().to_string());
+        }
+    }
+    functions.sort();
+    functions.dedup();
+    functions
+}
+
+/// The functions `trident::cmd::bench::gpu::GpuBench` says its benches launch on `vendor` for `arch`.
+pub fn bench_kernels(vendor: trident::gpu::kernels::Vendor, arch: &str) -> Vec<String> {
+    let mut names: Vec<String> = trident::cmd::bench::gpu::GpuBench::ALL
+        .iter()
+        .flat_map(|b| b.kernels(vendor, arch))
+        .map(|k| k.function().to_string())
+        .collect();
+    names.sort();
+    names
 }

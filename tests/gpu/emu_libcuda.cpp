@@ -5,7 +5,8 @@
 // and points TRIDENT_LIBCUDA at the result.
 //
 // Model. One device that describes itself as an A100 (sm_80, 108 SMs, 48 KiB shared memory per
-// block, 163 KiB opt-in, 40 GiB). Device memory is host memory: cuMemAlloc is an aligned malloc,
+// block, 163 KiB opt-in, 40 GiB); EMU_CUDA_CC=90 makes it report compute capability 9.0, so
+// trident compiles for sm_90a and picks the kernels that need it (the wgmma GEMM). Device memory is host memory: cuMemAlloc is an aligned malloc,
 // copies are memcpy, asynchronous variants run synchronously, streams and contexts are tokens.
 // cuModuleLoadData accepts only an ELF image (NVRTC really compiles the kernels to a CUBIN through
 // the pip wheel's libnvrtc) and keeps its bytes; cuModuleGetFunction resolves a name in the table
@@ -57,6 +58,12 @@ const KernelEntry kCudaOnly[] = {EMU_KERNEL(gemm_fwd_bf16_f32out_sm90)};
 
 int context_token;
 
+// The compute capability the device reports, major x 10 + minor: 80, or EMU_CUDA_CC.
+int compute_capability() {
+  const char* cc = std::getenv("EMU_CUDA_CC");
+  return cc ? std::atoi(cc) : 80;
+}
+
 }  // namespace
 
 extern "C" {
@@ -89,8 +96,8 @@ CUresult cuDeviceGetAttribute(int* v, int attribute, int) {
     case 8: *v = 49152; return kSuccess;                  // shared memory per block
     case 10: *v = 32; return kSuccess;                    // warp size
     case 16: *v = 108; return kSuccess;                   // SMs
-    case 75: *v = 8; return kSuccess;                     // compute capability 8.0
-    case 76: *v = 0; return kSuccess;
+    case 75: *v = compute_capability() / 10; return kSuccess;  // compute capability 8.0
+    case 76: *v = compute_capability() % 10; return kSuccess;  // (or EMU_CUDA_CC)
     case 97: *v = 166912; return kSuccess;                // opt-in shared memory
     default: return kInvalidValue;
   }

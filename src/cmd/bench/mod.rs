@@ -1,15 +1,17 @@
 //! `trident bench <target>`: the flags of every benchmark and the dispatch to its module. On one
-//! process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and `step` (`ops`), and `gemm` /
-//! `attention --device cuda` (`crate::bench_cuda`). On every rank of an MPI job: the collectives
-//! (`comm`; `allreduce --device cuda|hip` through `crate::bench_cuda`) and `summa` (`summa`).
+//! process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and `step` (`ops`) on the CPU, and
+//! `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding --device cuda|hip` (`gpu`). On
+//! every rank of an MPI job: the collectives (`comm`; `allreduce --device cuda|hip` through
+//! `gpu`) and `summa` (`summa`).
 
 pub mod comm;
 pub mod gemm;
+pub mod gpu;
 pub mod ops;
 pub mod summa;
 
 use super::{comm_library, end_after_gpu_comm_error, exit, flags, start_mpi, threads};
-use crate::bench_cuda;
+use crate::gpu::kernels::Vendor;
 use crate::cli::{flag, switch, Args, FlagSpec};
 use crate::device::cpu::{peak, pool};
 use crate::error::{Error, Result};
@@ -31,10 +33,14 @@ const BENCH_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "D",
-        "gemm, attention, allreduce: cpu (default) or cuda (an NVIDIA GPU; allreduce through NCCL); allreduce also hip (RCCL on an AMD GPU, against the host-staged MPI path)",
+        "gemm, attention, layernorm, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gelu, xent, embedding: cuda or hip",
     ),
     flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
-    flag("--shape", "S", "gemm / attention --device cuda: one shape instead of the sweep (MxNxK; BxSxHxD)"),
+    flag(
+        "--shape",
+        "S",
+        "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
+    ),
 ];
 
 /// `trident bench <target> [flags]`: the collectives and `summa` start MPI, the others run here.
@@ -48,13 +54,13 @@ pub fn run(rest: &[String]) -> ExitCode {
     exit(single_process(rest))
 }
 
-/// The benchmarks of one process: on the CPU, or on an NVIDIA GPU with `--device cuda`.
+/// The benchmarks of one process: on the CPU, or on one GPU with `--device cuda|hip`.
 fn single_process(rest: &[String]) -> Result<()> {
     let (what, rest) = match rest.split_first() {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
         _ => {
             return Err(Error::Usage(
-                "bench needs a target: peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv".into(),
+                "bench needs a target: peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
             ))
         }
     };
@@ -63,46 +69,24 @@ fn single_process(rest: &[String]) -> Result<()> {
     };
     match a.str("--device").unwrap_or("cpu") {
         "cpu" => on_cpu(what, &a),
-        "cuda" => on_cuda(what, &a),
-        other => Err(Error::flag("--device", format!("'{other}'"), "cpu or cuda")),
+        device @ ("cuda" | "hip") => on_gpu(what, device, &a),
+        other => Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
     }
 }
 
-/// `bench gemm|attention --device cuda`: the sweep of shapes, or the one `--shape`.
-fn on_cuda(what: &str, a: &Args) -> Result<()> {
+/// `bench gemm|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the kernels of the
+/// GPU kernel index on GPT-2-sized shapes (or the one `--shape`), each checked against the
+/// reference device, then timed.
+fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
+    let vendor = if device == "cuda" { Vendor::Cuda } else { Vendor::Hip };
+    let bench = gpu::GpuBench::parse(what).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "bench {what} --device {device}: the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding and allreduce"
+        ))
+    })?;
     let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
-    let records = match what {
-        "gemm" => {
-            let shapes = match a.str("--shape") {
-                None => bench_cuda::GEMM_SHAPES.to_vec(),
-                Some(t) => {
-                    let v = bench_cuda::parse_shape(t, 3, "MxNxK, e.g. 8192x2304x768")?;
-                    vec![(v[0], v[1], v[2])]
-                }
-            };
-            bench_cuda::gemm(secs, &shapes)?
-        }
-        "attention" => {
-            let shapes = match a.str("--shape") {
-                None => bench_cuda::ATTENTION_SHAPES.to_vec(),
-                Some(t) => {
-                    let v = bench_cuda::parse_shape(
-                        t,
-                        4,
-                        "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
-                    )?;
-                    vec![(v[0], v[1], v[2], v[3])]
-                }
-            };
-            bench_cuda::attention(secs, &shapes)?
-        }
-        other => {
-            return Err(Error::Unsupported(format!(
-                "bench {other} --device cuda: the CUDA benchmarks are gemm, attention and allreduce"
-            )))
-        }
-    };
-    print!("{}", bench_cuda::format_records(&records, a.has("--json")));
+    let records = gpu::run(bench, vendor, secs, a.str("--shape"))?;
+    print!("{}", gpu::format_records(&records, a.has("--json")));
     Ok(())
 }
 
@@ -144,8 +128,11 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             print_records(&records, a.has("--json"));
             Ok(())
         }
+        "gelu" | "xent" | "embedding" => {
+            Err(Error::Usage(format!("bench {what} times a GPU kernel: add --device cuda or --device hip")))
+        }
         other => Err(Error::Usage(format!(
-            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, allreduce, allgather, reducescatter or sendrecv"
+            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
 }
@@ -226,11 +213,11 @@ fn run_collective(bench: CommBench, rest: &[String]) -> ExitCode {
                     other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
                 };
                 let records = match device {
-                    "cuda" => bench_cuda::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?,
-                    _ => bench_cuda::allreduce_hip(&rt, dtype, max, secs)?,
+                    "cuda" => gpu::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?,
+                    _ => gpu::allreduce_hip(&rt, dtype, max, secs)?,
                 };
                 if rt.world_rank == 0 {
-                    print!("{}", bench_cuda::format_records(&records, a.has("--json")));
+                    print!("{}", gpu::format_records(&records, a.has("--json")));
                 }
                 return Ok(());
             }

@@ -1,5 +1,5 @@
-//! The HIP kernels of `kernels-hip/`, as the binary carries them: the AMD counterpart of
-//! `kernels.rs`'s sources and `KernelModules`.
+//! The HIP kernels of `kernels-hip/`, as the binary carries them, and their code objects: the
+//! AMD counterpart of `cuda.rs`'s sources and `KernelModules`.
 //!
 //! **Sources.** build.rs embeds every `kernels-hip/*.hip` and `kernels-hip/common/*.h` (not the
 //! emulation in `emu/`). A kernel file is compiled at run time by hipRTC for the device's gfx
@@ -12,10 +12,10 @@
 //! `HipKernelModules::image` uses the one whose architecture is exactly the device's before
 //! hipRTC, and compiles with hipRTC otherwise.
 
-use super::cache::{ModuleCache, Outcome};
-use super::hiprtc::Hiprtc;
-use super::kernels::select_precompiled;
+use super::cuda::{archs_of, select_precompiled};
 use crate::error::{Error, Result};
+use crate::gpu::cache::{ModuleCache, Outcome};
+use crate::gpu::hiprtc::Hiprtc;
 use std::cell::OnceCell;
 
 mod embedded {
@@ -44,17 +44,6 @@ pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
 /// The architectures this build holds precompiled code objects for, in build order.
 pub fn precompiled_archs() -> Vec<&'static str> {
     archs_of(precompiled())
-}
-
-/// The distinct architectures of a set of code objects, in order.
-fn archs_of(images: &[(&'static str, &'static str, &'static [u8])]) -> Vec<&'static str> {
-    let mut out: Vec<&str> = Vec::new();
-    for (_, arch, _) in images {
-        if !out.contains(arch) {
-            out.push(arch);
-        }
-    }
-    out
 }
 
 /// The compiler that built the precompiled code objects (its `clang version` line), empty when none.
@@ -185,7 +174,7 @@ pub fn info_line() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::kernels::{declared_functions, read_cubin};
+    use crate::gpu::kernels::{cuda::read_cubin, declared_functions};
 
     #[test]
     fn every_embedded_file_is_a_hip_kernel_file_with_its_headers() {

@@ -1,19 +1,15 @@
-//! The HIP Device: `GpuDevice` (device.rs) on one AMD GPU. `HipRuntime` implements
-//! `GpuRuntime` on the HIP runtime table of `hip.rs` (hipMalloc, hipMemcpyHtoD / DtoH,
-//! hipMemsetD32, hipModuleLoadData, hipModuleGetFunction, hipModuleLaunchKernel,
-//! hipDeviceSynchronize); the kernels are the kernels-hip/ twins of the CUDA files (same names,
-//! arguments and grids), as code objects from `HipKernelModules` (precompiled for the device's
-//! gfx architecture, else hipRTC through the disk cache), launched with the HIP block sizes of
-//! `Vendor::block`. Everything runs on the null stream, in order, as on CUDA.
+//! `HipRuntime`: the HIP runtime (hip.rs) as a `GpuRuntime` for the GPU Device on an AMD GPU
+//! and the GPU benches (hipMalloc, hipMemcpyHtoD / DtoH, hipMemsetD32, hipModuleLoadData,
+//! hipModuleGetFunction, hipModuleLaunchKernel, hipDeviceSynchronize): one device, made current
+//! on every thread that calls in, its gfx architecture and launch limits, the modules it loaded
+//! and its freed blocks kept for reuse. Everything runs on the null stream, in order, as on CUDA.
 
-use super::cache::{default_root, ModuleCache};
-use super::device::{GpuDevice, GpuRuntime, Vendor};
 use super::hip::{attribute, Hip, HipDeviceInfo, HipFunction, HipModule};
-use super::hip_kernels::HipKernelModules;
 use super::launch::DeviceLimits;
+use super::runtime::{FreedBlocks, GpuRuntime};
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The HIP runtime as a `GpuRuntime`: device `ordinal`, made current (`hipSetDevice`) on every
 /// thread that calls in, and the modules it loaded (unloaded on drop).
@@ -24,7 +20,7 @@ pub struct HipRuntime {
     limits: DeviceLimits,
     modules: Mutex<Vec<usize>>,
     /// Freed blocks kept for reuse (`hipFree` synchronizes the device, as `cuMemFree` does).
-    freed: super::device::FreedBlocks,
+    freed: FreedBlocks,
 }
 
 thread_local! {
@@ -80,6 +76,11 @@ impl HipRuntime {
     /// The device's gfx architecture (`gfx90a`, ...).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// What a launch may use on this device.
+    pub fn limits(&self) -> DeviceLimits {
+        self.limits
     }
 
     /// Makes the device current on this thread (once per thread and device).
@@ -202,20 +203,5 @@ impl GpuRuntime for HipRuntime {
             self.limits.warp_size,
             self.hip.path()
         )
-    }
-}
-
-impl GpuDevice {
-    /// The HIP Device on GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled
-    /// for the device's gfx architecture by hipRTC through the disk cache (or taken from this
-    /// build's precompiled code objects).
-    pub fn hip(ordinal: usize) -> Result<GpuDevice> {
-        let rt = HipRuntime::new(Hip::load()?, ordinal)?;
-        let (arch, limits) = (rt.arch().to_string(), rt.limits);
-        let units = rt.info().compute_units.max(1) as usize;
-        let root = default_root(&|k| std::env::var(k).ok())?;
-        let modules = HipKernelModules::new(ModuleCache::new(&root));
-        let image = |file: &str| modules.image(file, &arch).map(|i| i.bytes);
-        GpuDevice::with_images(Arc::new(rt), Vendor::Hip, &image, units, limits)
     }
 }

@@ -1,0 +1,993 @@
+//! `trident bench gemm|attention|layernorm|gelu|xent|embedding --device cuda|hip` and
+//! `bench allreduce --device cuda|hip`: the GPU kernels and collectives timed on one GPU (or one
+//! per rank), reported as TFLOP/s, GB/s or bus bandwidth and as a fraction of the device's
+//! datasheet peak (`gpu::peaks`; AMD devices have none there).
+//!
+//! The kernel benches (`run`) open device 0 of either vendor (`gpu::open::OpenGpu`: the vendor's
+//! `GpuRuntime` and its kernel images, precompiled or compiled through the disk cache) and
+//! resolve the kernels of the index their bench launches (`GpuBench::kernels`). With the GPU
+//! Device's (`gpu::device::DEVICE_KERNELS`) that is every kernel of the index: the fused
+//! LayerNorm, GELU, cross-entropy and embedding kernels training does not launch yet, the
+//! bf16-output GEMM and, on compute capability 9.0, the sm_90a wgmma GEMM run here (a unit test
+//! below holds it). Each launch takes the geometry `kernels::plan` gives; it runs once on
+//! deterministic bf16 inputs and its outputs are compared with the reference device (f64) on the
+//! same values where that is cheap (DESIGN.md's bf16 rule for bf16 outputs, a few f32 roundings
+//! for f32 ones; the GEMM spot-checks 64 outputs, llm.c's tolerance), then it is timed over a
+//! warm-up and enough launches to fill `--min-seconds` (CUDA events on CUDA, the host clock
+//! around a synchronize on HIP). Memory-bound kernels report the bytes they move per second
+//! against the HBM peak, GEMM and attention their FLOPs against the dense bf16 peak.
+//!
+//! All-reduce runs through `NcclComm` on every rank of the job, sizes doubling from 1 KiB to
+//! `--max-size`, timed with events on the communication stream; the slowest rank's time counts,
+//! and bus bandwidth is nccl-tests' `algbw · 2(n-1)/n`, compared with the NVLink bandwidth per
+//! direction; on AMD, RCCL on HIP streams against the host-staged MPI path (`allreduce_hip`).
+
+use crate::comm::runtime::Runtime;
+use crate::comm::{Bf16, Dtype, ReduceOp};
+use crate::device::reference::ReferenceDevice;
+use crate::device::{AttentionShape, Device};
+use crate::error::{Error, Result};
+use crate::gpu::buffer::DeviceMem;
+use crate::gpu::collectives::{self, NcclComm};
+use crate::gpu::driver::{DeviceBuffer, Event, PrimaryContext};
+use crate::gpu::hip::Hip;
+use crate::gpu::kernels::plan::{kernel_of, plan, GemmOut, KernelLaunch, Op};
+use crate::gpu::kernels::{Kernel, Vendor};
+use crate::gpu::nccl::{Flavor, Nccl};
+use crate::gpu::open::{Functions, OpenGpu};
+use crate::gpu::peaks::{self, Peak};
+use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
+use crate::gpu::runtime::GpuRuntime;
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuRecord {
+    pub bench: &'static str,
+    /// "cuda" or "hip".
+    pub device_kind: &'static str,
+    pub shape: String,
+    pub dtype: &'static str,
+    pub device: String,
+    pub achieved: f64,
+    /// "TFLOP/s" or "GB/s" (bus bandwidth).
+    pub unit: &'static str,
+    /// The datasheet peak in `unit`, when the device is in the table.
+    pub peak: Option<f64>,
+    pub ms: f64,
+    pub note: String,
+}
+
+impl GpuRecord {
+    pub fn fraction(&self) -> Option<f64> {
+        self.peak.filter(|p| *p > 0.0).map(|p| self.achieved / p)
+    }
+
+    /// One JSON object; an unknown peak and fraction are `null`.
+    pub fn json(&self) -> String {
+        let opt = |v: Option<f64>, digits: usize| v.map_or("null".to_string(), |v| format!("{v:.digits$}"));
+        format!(
+            "{{\"bench\": \"{}\", \"device_kind\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
+             \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {:.4}, \"note\": \"{}\"}}",
+            self.bench,
+            self.device_kind,
+            self.shape,
+            self.dtype,
+            self.device.replace('"', "'"),
+            self.achieved,
+            self.unit,
+            opt(self.peak, 1),
+            opt(self.fraction(), 4),
+            self.ms,
+            self.note.replace('"', "'")
+        )
+    }
+}
+
+/// The table (or JSON lines) of `records`.
+pub fn format_records(records: &[GpuRecord], json: bool) -> String {
+    let mut out = String::new();
+    if json {
+        for r in records {
+            out.push_str(&r.json());
+            out.push('\n');
+        }
+        return out;
+    }
+    if let Some(first) = records.first() {
+        let peak = match first.peak {
+            Some(_) => "peaks from the datasheet table".to_string(),
+            None => "not in the peak table: no fraction of peak".to_string(),
+        };
+        out.push_str(&format!("device: {} ({peak})\n", first.device));
+    }
+    out.push_str(&format!(
+        "{:<10} {:<30} {:>5} {:>12} {:<8} {:>9} {:>7} {:>10}  note\n",
+        "bench", "shape", "dtype", "achieved", "unit", "peak", "ratio", "ms"
+    ));
+    for r in records {
+        out.push_str(&format!(
+            "{:<10} {:<30} {:>5} {:>12.2} {:<8} {:>9} {:>7} {:>10.4}  {}\n",
+            r.bench,
+            r.shape,
+            r.dtype,
+            r.achieved,
+            r.unit,
+            r.peak.map_or("-".to_string(), |p| format!("{p:.1}")),
+            r.fraction().map_or("-".to_string(), |f| format!("{:.1}%", 100.0 * f)),
+            r.ms,
+            r.note
+        ));
+    }
+    out
+}
+
+/// Bus bandwidth of an all-reduce of `bytes` taking `seconds` on `ranks` ranks, GB/s (nccl-tests).
+pub fn allreduce_bus_gbs(bytes: usize, seconds: f64, ranks: usize) -> f64 {
+    let n = ranks.max(1) as f64;
+    bytes as f64 / seconds / 1e9 * 2.0 * (n - 1.0) / n
+}
+
+/// FLOPs of one GEMM `[m, k] · [n, k]ᵀ`.
+pub fn gemm_flops(m: usize, n: usize, k: usize) -> f64 {
+    2.0 * m as f64 * n as f64 * k as f64
+}
+
+/// FLOPs of one causal attention forward: Q·Kᵀ and P·V, 2 · 2 · seq² · d per (batch, head), halved
+/// by the causal mask (the work the kernel does: it skips key tiles past the query block).
+pub fn attention_flops(batch: usize, seq: usize, heads: usize, head_dim: usize) -> f64 {
+    4.0 * batch as f64 * heads as f64 * (seq as f64).powi(2) * head_dim as f64 / 2.0
+}
+
+/// `(m, n, k)` of the GEMM sweep: the linear layers of GPT-2 small and GPT-2 XL at 8192 tokens per
+/// micro-batch (QKV, projection, MLP up, MLP down), then squares.
+pub const GEMM_SHAPES: &[(usize, usize, usize)] = &[
+    (8192, 2304, 768),
+    (8192, 768, 768),
+    (8192, 3072, 768),
+    (8192, 768, 3072),
+    (8192, 4800, 1600),
+    (8192, 6400, 1600),
+    (8192, 1600, 6400),
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+];
+
+/// `--shape AxBxC[xD]`: the numbers of one shape, `parts` of them, each at least 1.
+pub fn parse_shape(text: &str, parts: usize, form: &str) -> Result<Vec<usize>> {
+    let v: Vec<usize> = text.split('x').filter_map(|p| p.trim().parse().ok()).filter(|&x| x > 0).collect();
+    if v.len() != parts || text.split('x').count() != parts {
+        return Err(Error::flag("--shape", format!("'{text}'"), form));
+    }
+    Ok(v)
+}
+
+/// `(batch, seq, heads, head_dim)` of the attention sweep.
+pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] =
+    &[(8, 1024, 12, 64), (4, 2048, 25, 64), (4, 2048, 16, 128), (2, 4096, 32, 128), (1, 8192, 32, 128)];
+
+/// A kernel benchmark of `trident bench <name> --device cuda|hip`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuBench {
+    /// The forward GEMM: `gemm_fwd_bf16`, or the sm_90a wgmma GEMM on compute capability 9.0.
+    Gemm,
+    /// The causal attention forward.
+    Attention,
+    /// The fused LayerNorm forward, input gradient and parameter gradients (`layernorm.cu`).
+    Layernorm,
+    /// GELU forward and backward on bf16 (`gelu.cu`).
+    Gelu,
+    /// The vocab-parallel softmax cross-entropy's three kernels (`softmax_xent.cu`).
+    Xent,
+    /// The word + position embedding forward and both backward kernels (`embedding.cu`).
+    Embedding,
+}
+
+/// Tokens per micro-batch of the memory-bound sweeps, as the GEMM sweep's (8 x 1024).
+const TOKENS: usize = 8192;
+/// GPT-2's vocabulary padded to a multiple of 128, as Megatron pads it.
+const VOCAB: usize = 50304;
+
+impl GpuBench {
+    pub const ALL: [GpuBench; 6] =
+        [GpuBench::Gemm, GpuBench::Attention, GpuBench::Layernorm, GpuBench::Gelu, GpuBench::Xent, GpuBench::Embedding];
+
+    /// The bench `trident bench <what>` names, if it has a GPU kernel bench.
+    pub fn parse(what: &str) -> Option<GpuBench> {
+        GpuBench::ALL.into_iter().find(|b| b.name() == what)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuBench::Gemm => "gemm",
+            GpuBench::Attention => "attention",
+            GpuBench::Layernorm => "layernorm",
+            GpuBench::Gelu => "gelu",
+            GpuBench::Xent => "xent",
+            GpuBench::Embedding => "embedding",
+        }
+    }
+
+    /// `--shape`'s form: the sizes one shape of this bench takes.
+    fn shape_form(self) -> &'static str {
+        match self {
+            GpuBench::Gemm => "MxNxK, e.g. 8192x2304x768",
+            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
+            GpuBench::Layernorm => "RxC (rows, channels), e.g. 8192x768",
+            GpuBench::Gelu => "N (elements), e.g. 25165824",
+            GpuBench::Xent => "RxV (rows, vocabulary), e.g. 8192x50304",
+            GpuBench::Embedding => "BxSxH (batch, sequence, hidden), e.g. 8x1024x768",
+        }
+    }
+
+    /// The sweep: GPT-2 small and XL shapes at 8192 tokens (GEMM and attention: `GEMM_SHAPES`,
+    /// `ATTENTION_SHAPES`; the MLP's 4h activations for GELU; the padded vocabulary for the
+    /// cross-entropy and the embedding).
+    fn shapes(self) -> Vec<Vec<usize>> {
+        match self {
+            GpuBench::Gemm => GEMM_SHAPES.iter().map(|&(m, n, k)| vec![m, n, k]).collect(),
+            GpuBench::Attention => ATTENTION_SHAPES.iter().map(|&(b, s, h, d)| vec![b, s, h, d]).collect(),
+            GpuBench::Layernorm => vec![vec![TOKENS, 768], vec![TOKENS, 1600]],
+            GpuBench::Gelu => vec![vec![TOKENS * 3072], vec![TOKENS * 6400]],
+            GpuBench::Xent => vec![vec![TOKENS, VOCAB]],
+            GpuBench::Embedding => vec![vec![8, 1024, 768], vec![8, 1024, 1600]],
+        }
+    }
+
+    /// The ops one shape `s` of this bench launches, in order (`wgmma`: the GEMM on sm_90a).
+    fn ops(self, s: &[usize], wgmma: bool) -> Vec<Op> {
+        match self {
+            GpuBench::Gemm if wgmma => vec![Op::GemmFwdSm90 { m: s[0], n: s[1], k: s[2] }],
+            GpuBench::Gemm => vec![Op::GemmFwd { m: s[0], n: s[1], k: s[2], out: GemmOut::Bf16 }],
+            GpuBench::Attention => vec![Op::AttentionFwd { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] }],
+            GpuBench::Layernorm => {
+                let (rows, channels) = (s[0], s[1]);
+                let fwd = Op::LayernormFwd { rows, channels };
+                vec![fwd, Op::LayernormBwdDx { rows, channels }, Op::LayernormBwdParams { rows, channels }]
+            }
+            GpuBench::Gelu => vec![Op::GeluFwd { n: s[0] }, Op::GeluBwd { n: s[0] }],
+            GpuBench::Xent => {
+                let (rows, vocab) = (s[0], s[1]);
+                vec![Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }]
+            }
+            GpuBench::Embedding => {
+                let (batch, seq, hidden) = (s[0], s[1], s[2]);
+                let fwd = Op::EmbeddingFwd { batch, seq, hidden };
+                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }]
+            }
+        }
+    }
+
+    /// The kernels of the index this bench's sweep launches on `vendor` for `arch`: with the
+    /// Device's (`DEVICE_KERNELS`), every kernel of the index (a unit test below holds that).
+    pub fn kernels(self, vendor: Vendor, arch: &str) -> Vec<Kernel> {
+        let mut kernels = Vec::new();
+        for shape in self.shapes() {
+            for k in self.ops(&shape, wgmma(vendor, arch)).iter().filter_map(|op| kernel_of(op).ok()) {
+                if !kernels.contains(&k) {
+                    kernels.push(k);
+                }
+            }
+        }
+        kernels
+    }
+}
+
+/// Whether the GEMM bench runs the sm_90a wgmma kernel: on CUDA compute capability 9.0 (the
+/// only architecture `arch_for` names `sm_90a`); elsewhere the mma.sync (MFMA) one.
+fn wgmma(vendor: Vendor, arch: &str) -> bool {
+    vendor == Vendor::Cuda && arch == "sm_90a"
+}
+
+/// `trident bench <bench> --device cuda|hip`: `bench` on device 0 over its sweep, or over the one
+/// `--shape` given.
+pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str>) -> Result<Vec<GpuRecord>> {
+    let shapes = match shape {
+        None => bench.shapes(),
+        Some(text) => vec![parse_shape(text, bench.shapes()[0].len(), bench.shape_form())?],
+    };
+    let command = format!("bench {} --device {}", bench.name(), vendor.name());
+    let gpu = open_gpu(vendor, &command)?;
+    let wgmma = wgmma(vendor, &gpu.arch);
+    let kernels =
+        shapes.iter().flat_map(|s| bench.ops(s, wgmma)).map(|op| kernel_of(&op)).collect::<Result<Vec<_>>>()?;
+    let b =
+        Bench { functions: gpu.functions(&kernels)?, peak: peaks::lookup(&gpu.name), gpu, bench, command, min_seconds };
+    let mut records = Vec::new();
+    for s in &shapes {
+        let planned = bench.ops(s, wgmma).into_iter().map(|op| b.plan(op)).collect::<Result<Vec<_>>>()?;
+        records.extend(match bench {
+            GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
+            GpuBench::Attention => {
+                attention(&b, &planned, AttentionShape { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] })?
+            }
+            GpuBench::Layernorm => layernorm(&b, &planned, s[0], s[1])?,
+            GpuBench::Gelu => gelu(&b, &planned, s[0])?,
+            GpuBench::Xent => xent(&b, &planned, s[0], s[1])?,
+            GpuBench::Embedding => embedding(&b, &planned, s[0], s[1], s[2])?,
+        });
+    }
+    Ok(records)
+}
+
+/// What a timed kernel does per launch: FLOPs (reported in TFLOP/s against the bf16 tensor
+/// peak) or bytes read and written (GB/s against the HBM peak).
+enum Work {
+    Flops(f64),
+    Bytes(f64),
+}
+
+/// An output's bound against the f64 reference: DESIGN.md's bf16 rule, or (f32 arithmetic on the
+/// same inputs) 1e-4 of the largest reference value plus 1e-4 relative.
+#[derive(Clone, Copy)]
+enum Bound {
+    Bf16,
+    F32,
+}
+
+/// The largest |got - want| / bound over the pairs (≤ 1 passes).
+fn worst(got: &[f32], want: &[f64], bound: Bound) -> f64 {
+    let scale = want.iter().fold(0f64, |m, w| m.max(w.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            let tolerance = match bound {
+                Bound::Bf16 => 1e-2 + 0.079 * w.abs(),
+                Bound::F32 => 1e-4 * scale + 1e-4 * w.abs() + 1e-30,
+            };
+            (g as f64 - w).abs() / tolerance
+        })
+        .fold(0f64, f64::max)
+}
+
+/// How much reference work a check may take (f64 element operations); a larger shape checks a
+/// prefix of its rows, or, where every row feeds every output (the parameter gradients), nothing.
+const CHECK_ELEMENTS: usize = 1 << 24;
+
+/// Opens device 0 of `vendor` for `command`, or says in one line why it cannot.
+fn open_gpu(vendor: Vendor, command: &str) -> Result<OpenGpu> {
+    let (devices, which) = match vendor {
+        Vendor::Cuda => {
+            let driver = crate::gpu::require_driver(command)?;
+            (driver.device_count()?, format!("needs an NVIDIA GPU: the driver ({})", driver.path()))
+        }
+        Vendor::Hip => {
+            let hip = Hip::load().map_err(|e| Error::Usage(format!("{command} needs an AMD GPU: {e}")))?;
+            (hip.device_count()?, format!("needs an AMD GPU: the HIP runtime ({})", hip.path()))
+        }
+    };
+    if devices == 0 {
+        return Err(Error::Usage(format!("{command} {which} sees no device")));
+    }
+    OpenGpu::open(vendor, 0)
+}
+
+/// A kernel bench's GPU: device 0 with the bench's kernels resolved, and its datasheet peak.
+struct Bench {
+    bench: GpuBench,
+    gpu: OpenGpu,
+    functions: Functions,
+    peak: Option<Peak>,
+    command: String,
+    min_seconds: f64,
+}
+
+impl Bench {
+    /// Device memory holding `host`.
+    fn upload<T: bytemuck::Pod>(&self, host: &[T]) -> Result<DeviceMem> {
+        let bytes: &[u8] = bytemuck::cast_slice(host);
+        let mem = self.zeroed(bytes.len())?;
+        if !bytes.is_empty() {
+            self.gpu.rt.copy_to_device(mem.pointer(), bytes)?;
+        }
+        Ok(mem)
+    }
+
+    /// Zeroed device memory of at least `bytes` (whole 32-bit words).
+    fn zeroed(&self, bytes: usize) -> Result<DeviceMem> {
+        let words = bytes.div_ceil(4);
+        let mem = DeviceMem::alloc(&self.gpu.rt, 4 * words)?;
+        if words > 0 {
+            self.gpu.rt.memset_u32(mem.pointer(), 0, words)?;
+        }
+        Ok(mem)
+    }
+
+    /// The first `len` f32 values at `mem`.
+    fn f32s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f32>> {
+        let mut host = vec![0f32; len];
+        self.gpu.rt.copy_to_host(bytemuck::cast_slice_mut(&mut host), mem.pointer())?;
+        Ok(host)
+    }
+
+    /// The first `len` bf16 values at `mem`, as f32.
+    fn bf16s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f32>> {
+        let mut host = vec![Bf16(0); len];
+        self.gpu.rt.copy_to_host(bytemuck::cast_slice_mut(&mut host), mem.pointer())?;
+        Ok(host.into_iter().map(Bf16::to_f32).collect())
+    }
+
+    fn plan(&self, op: Op) -> Result<KernelLaunch> {
+        plan(&op, self.gpu.vendor, &self.gpu.limits, self.gpu.multiprocessors as u32)
+    }
+
+    /// Launches `planned` once with `args`.
+    fn launch(&self, planned: &KernelLaunch, args: &[Arg]) -> Result<()> {
+        let (function, _) = self.functions.get(planned.spec.kernel).ok_or_else(|| {
+            Error::Config(format!("{}: kernel {} is not one the bench loaded", self.command, planned.spec.function))
+        })?;
+        self.gpu.rt.launch_args(function, planned.config.grid, planned.config.block, args)
+    }
+
+    /// Milliseconds per launch: a warm-up of 3, one timed launch to size the batch, then a batch
+    /// long enough to fill `min_seconds` (at least 3 launches).
+    fn time(&self, planned: &KernelLaunch, args: &[Arg]) -> Result<f64> {
+        for _ in 0..3 {
+            self.launch(planned, args)?;
+        }
+        let rt = &self.gpu.rt;
+        let once_ms = rt.time_ms(&mut || self.launch(planned, args))?.max(1e-3);
+        let iterations = ((self.min_seconds * 1e3 / once_ms).ceil() as usize).clamp(3, 100_000);
+        let ms = rt.time_ms(&mut || (0..iterations).try_for_each(|_| self.launch(planned, args)))?;
+        Ok(ms / iterations as f64)
+    }
+
+    /// Times the launches of one shape and makes a record of each: the shape's `passes` (what each
+    /// adds to the record's shape), their arguments, what each does per launch and how its
+    /// outputs compared with the reference (None: not checked), after failing the bench on an
+    /// output out of its bound.
+    fn records(
+        &self,
+        shape: &str,
+        passes: &[&str],
+        planned: &[KernelLaunch],
+        args: &[&[Arg]],
+        work: impl IntoIterator<Item = Work>,
+        checks: &[Option<f64>],
+    ) -> Result<Vec<GpuRecord>> {
+        // The GEMM's check samples 64 outputs.
+        let spot = if self.bench == GpuBench::Gemm { "spot " } else { "" };
+        for (launch, worst) in planned.iter().zip(checks) {
+            if let Some(w) = worst.filter(|w| *w > 1.0) {
+                return Err(Error::Data(format!(
+                    "{}: {} for {shape} differs from the f64 reference by {w:.2} x its tolerance",
+                    self.command, launch.spec.function
+                )));
+            }
+        }
+        let mut records = Vec::new();
+        for ((((pass, planned), args), work), worst) in passes.iter().zip(planned).zip(args).zip(work).zip(checks) {
+            let check = worst.map_or("not checked at this size".into(), |w| format!("check {w:.2} of tolerance"));
+            let ms = self.time(planned, args)?;
+            let (achieved, unit, peak) = match work {
+                Work::Flops(f) => (f / (ms * 1e-3) / 1e12, "TFLOP/s", self.peak.map(|p| p.bf16_tflops)),
+                Work::Bytes(b) => (b / (ms * 1e-3) / 1e9, "GB/s", self.peak.map(|p| p.hbm_gbs)),
+            };
+            records.push(GpuRecord {
+                bench: self.bench.name(),
+                device_kind: self.gpu.vendor.name(),
+                shape: format!("{shape}{pass}"),
+                dtype: "bf16",
+                device: self.gpu.name.clone(),
+                achieved,
+                unit,
+                peak,
+                ms,
+                note: format!("{}, grid {:?}, {spot}{check}", planned.spec.function, planned.config.grid),
+            });
+        }
+        Ok(records)
+    }
+}
+
+/// An `int` kernel argument, or the error naming it.
+fn int(what: &str, v: usize) -> Result<Arg> {
+    i32::try_from(v)
+        .map(I32)
+        .map_err(|_| Error::Config(format!("{what} = {v} does not fit the kernels' int arguments")))
+}
+
+/// Deterministic bf16 values in [-1, 1).
+fn bf16_values(len: usize, seed: u64) -> Vec<Bf16> {
+    crate::rng::fill(len, seed).into_iter().map(Bf16::from_f32).collect()
+}
+
+/// Deterministic f32 values `offset + scale · [-1, 1)`.
+fn f32_values(len: usize, seed: u64, scale: f32, offset: f32) -> Vec<f32> {
+    crate::rng::fill(len, seed).into_iter().map(|x| offset + scale * x).collect()
+}
+
+/// Values as the reference device holds them.
+fn wide<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|&x| x.into()).collect()
+}
+
+/// bf16 values as the reference device holds them.
+fn wide_bf16(v: &[Bf16]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f32() as f64).collect()
+}
+
+/// `bench gemm`: out [m, n] = A [m, k] · W [n, k]ᵀ, no epilogue, by `gemm_fwd_bf16` (bf16 out), or
+/// on compute capability 9.0 the wgmma kernel (f32 out); 64 outputs spot-checked.
+fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
+    let (a, w) = (bf16_values(m * k, 1), bf16_values(n * k, 2));
+    let f32_out = planned[0].spec.kernel == Kernel::GemmFwdBf16F32outSm90;
+    let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(m * n * if f32_out { 4 } else { 2 })?);
+    let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
+    let args = [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)];
+    b.launch(&planned[0], &args)?;
+    let out = if f32_out { b.f32s(&d_out, m * n)? } else { b.bf16s(&d_out, m * n)? };
+    let checked = [Some(spot_check(&a, &w, &out, m, n, k))];
+    let work = [Work::Flops(gemm_flops(m, n, k))];
+    b.records(&format!("{m}x{n}x{k} NT"), &[""], planned, &[&args], work, &checked)
+}
+
+/// `bench attention`: the causal forward (FLOPs halved by the mask), against the reference
+/// device when the shape is small.
+fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Result<Vec<GpuRecord>> {
+    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let (rows, width) = (seq * batch, heads * head_dim);
+    let qkv = bf16_values(3 * rows * width, 3);
+    let (d_qkv, d_out, d_lse) = (b.upload(&qkv)?, b.zeroed(2 * rows * width)?, b.zeroed(4 * rows * heads)?);
+    let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
+    let args = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph];
+    b.launch(&planned[0], &args)?;
+    let checked = if rows * seq * width <= CHECK_ELEMENTS {
+        let (dev, mut out, mut lse) = (ReferenceDevice, vec![0f64; rows * width], vec![0f64; rows * heads]);
+        dev.attention_forward(&mut out, &mut lse, &wide_bf16(&qkv), shape);
+        Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16))
+    } else {
+        None
+    };
+    let work = [Work::Flops(attention_flops(batch, seq, heads, head_dim))];
+    let shape = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
+    b.records(&shape, &[""], planned, &[&args], work, &[checked])
+}
+
+/// `bench layernorm`: `layernorm.cu`'s forward, input gradient (accumulated in f32) and parameter
+/// gradients on [rows, c], against the reference device's LayerNorm on the same bf16 inputs
+/// (backward on the statistics the forward saved): the outputs of the first rows the budget
+/// allows, the parameter gradients when every row fits.
+fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Result<Vec<GpuRecord>> {
+    let (inp, dout) = (bf16_values(rows * c, 3), bf16_values(rows * c, 4));
+    let (weight, bias) = (f32_values(c, 5, 0.2, 1.0), f32_values(c, 6, 0.2, 0.0));
+    let (d_inp, d_dout, d_w, d_b) = (b.upload(&inp)?, b.upload(&dout)?, b.upload(&weight)?, b.upload(&bias)?);
+    let (d_out, d_mean, d_rstd) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
+    let (d_dinp, d_dw, d_db) = (b.zeroed(4 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
+    let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, Ptr(d_inp.pointer()), Ptr(d_dout.pointer()));
+    let (mean, rstd, w) = (Ptr(d_mean.pointer()), Ptr(d_rstd.pointer()), Ptr(d_w.pointer()));
+    let fwd_args = [Ptr(d_out.pointer()), mean, rstd, Ptr(0), x, Ptr(0), w, Ptr(d_b.pointer()), r, cc];
+    let dx_args = [Ptr(d_dinp.pointer()), dy, x, w, mean, rstd, r, cc];
+    let dp_args = [Ptr(d_dw.pointer()), Ptr(d_db.pointer()), dy, x, mean, rstd, r, cc];
+    let args = [&fwd_args[..], &dx_args[..], &dp_args[..]];
+    for (launch, args) in planned.iter().zip(args) {
+        b.launch(launch, args)?;
+    }
+    let p = rows.min(CHECK_ELEMENTS / c.max(1));
+    let (mean, rstd) = (b.f32s(&d_mean, p)?, b.f32s(&d_rstd, p)?);
+    let dev = ReferenceDevice;
+    let (mut out_r, mut mean_r, mut rstd_r) = (vec![0f64; p * c], vec![0f64; p], vec![0f64; p]);
+    let (x_r, w_r) = (wide_bf16(&inp[..p * c]), wide(&weight));
+    dev.layernorm_forward(&mut out_r, &mut mean_r, &mut rstd_r, &x_r, &w_r, &wide(&bias), p, c);
+    let fwd = worst(&b.bf16s(&d_out, p * c)?, &out_r, Bound::Bf16).max(worst(&mean, &mean_r, Bound::F32)).max(worst(
+        &rstd,
+        &rstd_r,
+        Bound::F32,
+    ));
+    let (mut dinp_r, mut dw_r, mut db_r) = (vec![0f64; p * c], vec![0f64; c], vec![0f64; c]);
+    let (dy_r, m_r, s_r) = (wide_bf16(&dout[..p * c]), wide(&mean), wide(&rstd));
+    dev.layernorm_backward(&mut dinp_r, &mut dw_r, &mut db_r, &dy_r, &x_r, &w_r, &m_r, &s_r, p, c);
+    let dx = worst(&b.f32s(&d_dinp, p * c)?, &dinp_r, Bound::F32);
+    let dp = worst(&b.f32s(&d_dw, c)?, &dw_r, Bound::F32).max(worst(&b.f32s(&d_db, c)?, &db_r, Bound::F32));
+    let (e, r, c_f) = ((rows * c) as f64, rows as f64, c as f64);
+    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 8.0 * r + 4.0 * c_f, 4.0 * e + 8.0 * r + 16.0 * c_f];
+    let checks = [(p > 0).then_some(fwd), (p > 0).then_some(dx), (p == rows).then_some(dp)];
+    b.records(
+        &format!("{rows}x{c}"),
+        &[" fwd", " bwd dx", " bwd dparams"],
+        planned,
+        &args,
+        work.map(Work::Bytes),
+        &checks,
+    )
+}
+
+/// `bench gelu`: `gelu.cu`'s forward and backward over n bf16 elements, against the reference
+/// device on the first elements the budget allows.
+fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>> {
+    let inp: Vec<Bf16> = f32_values(n, 7, 3.0, 0.0).into_iter().map(Bf16::from_f32).collect();
+    let dout = bf16_values(n, 8);
+    let (d_inp, d_dout, d_out, d_dinp) = (b.upload(&inp)?, b.upload(&dout)?, b.zeroed(2 * n)?, b.zeroed(2 * n)?);
+    let nn = int("n", n)?;
+    let fwd_args = [Ptr(d_out.pointer()), Ptr(d_inp.pointer()), nn];
+    let bwd_args = [Ptr(d_dinp.pointer()), Ptr(d_inp.pointer()), Ptr(d_dout.pointer()), nn];
+    b.launch(&planned[0], &fwd_args)?;
+    b.launch(&planned[1], &bwd_args)?;
+    let p = n.min(CHECK_ELEMENTS);
+    let (dev, x_r) = (ReferenceDevice, wide_bf16(&inp[..p]));
+    let (mut out_r, mut dinp_r) = (vec![0f64; p], vec![0f64; p]);
+    dev.gelu_forward(&mut out_r, &x_r);
+    dev.gelu_backward(&mut dinp_r, &x_r, &wide_bf16(&dout[..p]));
+    let fwd = worst(&b.bf16s(&d_out, p)?, &out_r, Bound::Bf16);
+    let bwd = worst(&b.bf16s(&d_dinp, p)?, &dinp_r, Bound::Bf16);
+    let work = [4.0 * n as f64, 6.0 * n as f64].map(Work::Bytes);
+    b.records(&n.to_string(), &[" fwd", " bwd"], planned, &[&fwd_args, &bwd_args], work, &[Some(fwd), Some(bwd)])
+}
+
+/// `bench xent`: `softmax_xent.cu`'s row max, partial sums and gradient over [rows, v] bf16
+/// logits (the whole vocabulary on one rank), each against the reference device on the first
+/// rows the budget allows, given the statistics the previous kernels wrote.
+fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Vec<GpuRecord>> {
+    let logits: Vec<Bf16> = f32_values(rows * v, 9, 4.0, 0.0).into_iter().map(Bf16::from_f32).collect();
+    let targets: Vec<u32> = (0..rows).map(|r| ((r * 7919 + 13) % v.max(1)) as u32).collect();
+    let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.zeroed(2 * rows * v)?);
+    let (d_max, d_sum, d_target) = (b.zeroed(4 * rows)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
+    let (r, vv, lg, tg) = (int("rows", rows)?, int("V", v)?, Ptr(d_logits.pointer()), Ptr(d_targets.pointer()));
+    let (mx, sm) = (Ptr(d_max.pointer()), Ptr(d_sum.pointer()));
+    let max_args = [mx, lg, r, vv];
+    let partials_args = [sm, Ptr(d_target.pointer()), lg, tg, I32(0), mx, r, vv];
+    let bwd_args = [Ptr(d_grad.pointer()), lg, tg, I32(0), mx, sm, F32(1.0), r, vv];
+    let args = [&max_args[..], &partials_args[..], &bwd_args[..]];
+    for (launch, args) in planned.iter().zip(args) {
+        b.launch(launch, args)?;
+    }
+    let p = rows.min(CHECK_ELEMENTS / v.max(1));
+    let (gpu_max, gpu_sum, gpu_target) = (b.f32s(&d_max, p)?, b.f32s(&d_sum, p)?, b.f32s(&d_target, p)?);
+    let (dev, mut logits_r) = (ReferenceDevice, wide_bf16(&logits[..p * v]));
+    let (mut max_r, mut sum_r, mut target_r) = (vec![0f64; p], vec![0f64; p], vec![0f64; p]);
+    dev.cross_entropy_max(&logits_r, p, v, &mut max_r);
+    let (m, s) = (wide(&gpu_max), wide(&gpu_sum));
+    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &m, &mut sum_r, &mut target_r);
+    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &m, &s, 1.0);
+    let max = worst(&gpu_max, &max_r, Bound::F32);
+    let partials = worst(&gpu_sum, &sum_r, Bound::F32).max(worst(&gpu_target, &target_r, Bound::F32));
+    let bwd = worst(&b.bf16s(&d_grad, p * v)?, &logits_r, Bound::Bf16);
+    let (e, r) = ((rows * v) as f64, rows as f64);
+    let work = [2.0 * e + 4.0 * r, 2.0 * e + 16.0 * r, 4.0 * e + 12.0 * r].map(Work::Bytes);
+    let checks = [max, partials, bwd].map(|w| (p > 0).then_some(w));
+    b.records(&format!("{rows}x{v}"), &[" max", " partials", " bwd"], planned, &args, work, &checks)
+}
+
+/// `bench embedding`: `embedding.cu`'s forward (word rows of a GPT-2-sized table plus positions)
+/// and its two backward kernels, against the reference device when the tables fit the budget.
+fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidden: usize) -> Result<Vec<GpuRecord>> {
+    let rows = batch * seq;
+    let tokens: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 1) % VOCAB) as u32).collect();
+    let (wte, dout) = (bf16_values(VOCAB * hidden, 10), bf16_values(rows * hidden, 12));
+    let wpe = f32_values(seq * hidden, 11, 1.0, 0.0);
+    let (d_tokens, d_wte, d_wpe, d_dout) = (b.upload(&tokens)?, b.upload(&wte)?, b.upload(&wpe)?, b.upload(&dout)?);
+    let (d_out, d_dwte, d_dwpe) =
+        (b.zeroed(2 * rows * hidden)?, b.zeroed(4 * VOCAB * hidden)?, b.zeroed(4 * seq * hidden)?);
+    let (bb, ss, hh, vr) = (int("batch", batch)?, int("seq", seq)?, int("hidden", hidden)?, int("vocab", VOCAB)?);
+    let (tk, dy) = (Ptr(d_tokens.pointer()), Ptr(d_dout.pointer()));
+    let fwd_args = [Ptr(d_out.pointer()), tk, Ptr(d_wte.pointer()), Ptr(d_wpe.pointer()), I32(0), vr, bb, ss, hh];
+    let wte_args = [Ptr(d_dwte.pointer()), dy, tk, I32(0), vr, bb, ss, hh];
+    let wpe_args = [Ptr(d_dwpe.pointer()), dy, bb, ss, hh];
+    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..]];
+    for (launch, args) in planned.iter().zip(args) {
+        b.launch(launch, args)?;
+    }
+    let checked = if (VOCAB + rows) * hidden <= CHECK_ELEMENTS {
+        let (dev, dout_r) = (ReferenceDevice, wide_bf16(&dout));
+        let (mut out_r, mut dwte_r, mut dwpe_r) =
+            (vec![0f64; rows * hidden], vec![0f64; VOCAB * hidden], vec![0f64; seq * hidden]);
+        dev.embedding_forward(&mut out_r, &tokens, &wide_bf16(&wte), 0, batch, seq, hidden);
+        dev.position_forward(&mut out_r, &wide(&wpe), batch, 0, seq, hidden);
+        dev.embedding_backward(&mut dwte_r, &dout_r, &tokens, 0, batch, seq, hidden);
+        dev.position_backward(&mut dwpe_r, &dout_r, batch, 0, seq, hidden);
+        [
+            Some(worst(&b.bf16s(&d_out, rows * hidden)?, &out_r, Bound::Bf16)),
+            Some(worst(&b.f32s(&d_dwte, VOCAB * hidden)?, &dwte_r, Bound::F32)),
+            Some(worst(&b.f32s(&d_dwpe, seq * hidden)?, &dwpe_r, Bound::F32)),
+        ]
+    } else {
+        [None; 3]
+    };
+    let (e, r) = ((rows * hidden) as f64, rows as f64);
+    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * (seq * hidden) as f64].map(Work::Bytes);
+    let shape = format!("b{batch} s{seq} h{hidden} v{VOCAB}");
+    b.records(&shape, &[" fwd", " bwd wte", " bwd wpe"], planned, &args, work, &checked)
+}
+
+/// The largest |out - ref| / (atol + 0.079 |ref|) over 64 sampled elements (≤ 1 passes).
+fn spot_check(a: &[Bf16], w: &[Bf16], out: &[f32], m: usize, n: usize, k: usize) -> f64 {
+    let mut worst = 0f64;
+    for s in 0..64usize {
+        let (i, j) = ((s * 7919) % m, (s * 104_729) % n);
+        let reference: f64 = (0..k).map(|p| a[i * k + p].to_f32() as f64 * w[j * k + p].to_f32() as f64).sum();
+        let got = out[i * n + j] as f64;
+        let atol = 1e-2 * (k as f64).sqrt() / 16.0;
+        worst = worst.max((got - reference).abs() / (atol + 0.079 * reference.abs()));
+    }
+    worst
+}
+
+/// The all-reduce sizes: powers of two from 1 KiB up to `max_bytes`, whole elements of `dtype`.
+pub fn allreduce_sizes(max_bytes: usize) -> Vec<usize> {
+    std::iter::successors(Some(1024usize), |b| b.checked_mul(2)).take_while(|&b| b <= max_bytes).collect()
+}
+
+/// `trident bench allreduce --device cuda`: NCCL sum all-reduce on every rank of the job (one GPU
+/// per rank: the local rank's), out of place. Every rank returns the same records.
+pub fn allreduce(
+    rt: &Runtime,
+    flavor: Flavor,
+    dtype: Dtype,
+    max_bytes: usize,
+    min_seconds: f64,
+) -> Result<Vec<GpuRecord>> {
+    let command = "bench allreduce --device cuda";
+    let driver = crate::gpu::require_driver(command)?;
+    let ordinal = collectives::rank_device(rt, &driver, command)?;
+    let info = driver.device_info(ordinal)?;
+    let peak = peaks::lookup(&info.name);
+    let context = PrimaryContext::retain(&driver, ordinal)?;
+    let nccl = Nccl::load(flavor)?;
+    let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
+    let comm = NcclComm::new(&nccl, &context, world.as_ref(), collectives::timeout()?)?;
+    let sizes = allreduce_sizes(max_bytes);
+    let largest = *sizes.last().ok_or_else(|| Error::flag("--max-size", max_bytes, "at least 1K"))?;
+    let send = DeviceBuffer::alloc(&context, largest)?;
+    let recv = DeviceBuffer::alloc(&context, largest)?;
+    send.upload(&collectives::check_input(dtype, largest / dtype.bytes(), rt.world_rank, 0))?;
+    let (start, end) = (Event::new(&driver, true)?, Event::new(&driver, true)?);
+    let mut records = Vec::new();
+    for bytes in sizes {
+        let count = bytes / dtype.bytes();
+        let run = |iterations: usize| -> Result<f64> {
+            start.record(comm.cuda_stream())?;
+            for _ in 0..iterations {
+                comm.all_reduce(send.pointer, recv.pointer, count, dtype, ReduceOp::Sum)?;
+            }
+            end.record(comm.cuda_stream())?;
+            comm.synchronize()?;
+            Ok(f64::from(start.elapsed_ms(&end)?) / iterations as f64)
+        };
+        run(2)?;
+        let once_ms = run(1)?.max(1e-3);
+        // Every rank must issue the same number of collectives: agree on the largest count.
+        let mut iterations = [((min_seconds * 1e3 / once_ms).ceil()).clamp(3.0, 10_000.0)];
+        world.all_reduce(&mut iterations, ReduceOp::Max);
+        let mut ms = [run(iterations[0] as usize)?];
+        world.all_reduce(&mut ms, ReduceOp::Max);
+        let busbw = allreduce_bus_gbs(bytes, ms[0] * 1e-3, rt.world_size);
+        records.push(GpuRecord {
+            bench: "allreduce",
+            device_kind: "cuda",
+            shape: format!("{} on {} ranks", human_bytes(bytes), rt.world_size),
+            dtype: if dtype == Dtype::Bf16 { "bf16" } else { "f32" },
+            device: info.name.clone(),
+            achieved: busbw,
+            unit: "GB/s bus",
+            peak: peak.map(|p| p.nvlink_gbs),
+            ms: ms[0],
+            note: format!("{} {}, algbw {:.2} GB/s", comm.api(), nccl.version()?, bytes as f64 / (ms[0] * 1e-3) / 1e9),
+        });
+    }
+    Ok(records)
+}
+
+/// `trident bench allreduce --device hip`: RCCL's sum all-reduce on the HIP runtime's streams on
+/// every rank (one GPU per rank: the local rank's), out of place, timed on the host from the
+/// first enqueue to the communicator's stream being idle. There is no datasheet peak for AMD's
+/// GPU-to-GPU links here, so each size is compared with the baseline a run would otherwise take,
+/// `--gpu-collectives mpi`: the same all-reduce staged through host memory (copy out, MPI, copy
+/// in), measured in the same process. Every rank returns the same records.
+pub fn allreduce_hip(rt: &Runtime, dtype: Dtype, max_bytes: usize, min_seconds: f64) -> Result<Vec<GpuRecord>> {
+    let command = "bench allreduce --device hip";
+    let hip = crate::gpu::hip::Hip::load().map_err(|e| Error::Usage(format!("{command} needs an AMD GPU: {e}")))?;
+    let rccl = collectives::RcclOnHip::open(rt, hip, command)?;
+    let (device, world, nccl, comm) = (&rccl.device, rccl.world.as_ref(), &rccl.nccl, rccl.comm()?);
+    let sizes = allreduce_sizes(max_bytes);
+    let largest = *sizes.last().ok_or_else(|| Error::flag("--max-size", max_bytes, "at least 1K"))?;
+    let (send, recv) = (device.alloc(largest)?, device.alloc(largest)?);
+    let input = collectives::check_input(dtype, largest / dtype.bytes(), rt.world_rank, 0);
+    device.copy_to_device(send, &input)?;
+    let mut host = vec![0u8; largest];
+    let mut records = Vec::new();
+    let result = (|| -> Result<()> {
+        for bytes in sizes {
+            let count = bytes / dtype.bytes();
+            // Milliseconds per all-reduce over `iterations`, the slowest rank's.
+            let timed = |iterations: usize, host: &mut Vec<u8>, staged: bool| -> Result<f64> {
+                world.barrier();
+                let t = std::time::Instant::now();
+                for _ in 0..iterations {
+                    if staged {
+                        device.copy_to_host(&mut host[..bytes], send)?;
+                        world.all_reduce_bytes(&mut host[..bytes], dtype, ReduceOp::Sum);
+                        device.copy_to_device(recv, &host[..bytes])?;
+                    } else {
+                        comm.after_compute(None)?;
+                        comm.all_reduce(send, recv, count, dtype, ReduceOp::Sum)?;
+                    }
+                }
+                comm.synchronize()?;
+                let mut ms = [t.elapsed().as_secs_f64() * 1e3 / iterations as f64];
+                world.all_reduce(&mut ms, ReduceOp::Max);
+                Ok(ms[0])
+            };
+            let mut measure = |staged: bool| -> Result<f64> {
+                timed(2, &mut host, staged)?;
+                let once_ms = timed(1, &mut host, staged)?.max(1e-3);
+                // Every rank issues the same count: the timings above are already the maximum.
+                let iterations = ((min_seconds * 1e3 / once_ms).ceil()).clamp(3.0, 10_000.0) as usize;
+                timed(iterations, &mut host, staged)
+            };
+            let ms = measure(false)?;
+            let staged_ms = measure(true)?;
+            let (busbw, staged_busbw) = (
+                allreduce_bus_gbs(bytes, ms * 1e-3, rt.world_size),
+                allreduce_bus_gbs(bytes, staged_ms * 1e-3, rt.world_size),
+            );
+            records.push(GpuRecord {
+                bench: "allreduce",
+                device_kind: "hip",
+                shape: format!("{} on {} ranks", human_bytes(bytes), rt.world_size),
+                dtype: if dtype == Dtype::Bf16 { "bf16" } else { "f32" },
+                device: rccl.name.clone(),
+                achieved: busbw,
+                unit: "GB/s bus",
+                peak: None,
+                ms,
+                note: format!(
+                    "{} {}, {:.2} x the host-staged MPI path ({staged_busbw:.3} GB/s bus, {staged_ms:.4} ms)",
+                    comm.api(),
+                    nccl.version()?,
+                    busbw / staged_busbw.max(1e-12)
+                ),
+            });
+        }
+        Ok(())
+    })();
+    device.free(send, largest);
+    device.free(recv, largest);
+    result.map(|_| records)
+}
+
+fn human_bytes(b: usize) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(peak: Option<f64>) -> GpuRecord {
+        GpuRecord {
+            bench: "gemm",
+            device_kind: "cuda",
+            shape: "4096x4096x4096 NT".into(),
+            dtype: "bf16",
+            device: "NVIDIA A100-SXM4-80GB".into(),
+            achieved: 156.0,
+            unit: "TFLOP/s",
+            peak,
+            ms: 0.881,
+            note: "gemm_fwd_bf16".into(),
+        }
+    }
+
+    #[test]
+    fn flops_and_bus_bandwidth_follow_their_definitions() {
+        assert_eq!(gemm_flops(2, 3, 4), 48.0);
+        // 8 x 1024 x 12 x 64 causal: 4 · b · h · s² · d / 2.
+        assert_eq!(attention_flops(8, 1024, 12, 64), 4.0 * 8.0 * 12.0 * 1024.0 * 1024.0 * 64.0 / 2.0);
+        // 1 GB in 10 ms on 8 ranks: algbw 100 GB/s, busbw 175 GB/s.
+        assert!((allreduce_bus_gbs(1_000_000_000, 0.01, 8) - 175.0).abs() < 1e-9);
+        assert_eq!(allreduce_bus_gbs(1 << 20, 1.0, 1), 0.0);
+        assert_eq!(allreduce_sizes(4096), [1024, 2048, 4096]);
+        assert_eq!(allreduce_sizes(5000), [1024, 2048, 4096]);
+        assert!(allreduce_sizes(1000).is_empty());
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+        assert_eq!(human_bytes(3 << 10), "3 KiB");
+    }
+
+    #[test]
+    fn records_report_the_fraction_of_peak_or_say_there_is_none() {
+        let r = record(Some(312.0));
+        assert_eq!(r.fraction(), Some(0.5));
+        let j = r.json();
+        assert!(
+            j.contains("\"peak\": 312.0") && j.contains("\"ratio\": 0.5000") && j.contains("\"unit\": \"TFLOP/s\""),
+            "{j}"
+        );
+        let table = format_records(&[r], false);
+        assert!(table.starts_with("device: NVIDIA A100-SXM4-80GB (peaks from the datasheet table)\n"), "{table}");
+        assert!(table.lines().nth(2).unwrap().contains("50.0%"), "{table}");
+        let unknown = record(None);
+        assert_eq!(unknown.fraction(), None);
+        assert!(unknown.json().contains("\"peak\": null, \"ratio\": null"), "{}", unknown.json());
+        let table = format_records(&[unknown], false);
+        assert!(table.contains("not in the peak table") && !table.contains('%'), "{table}");
+        assert_eq!(format_records(&[record(Some(1.0)), record(None)], true).lines().count(), 2);
+    }
+
+    /// Every shape of every sweep plans on an A100, an H100 (with the wgmma GEMM) and an MI250X
+    /// GCD: the launch geometry fits each device and the preconditions hold.
+    #[test]
+    fn every_sweep_shape_plans_on_an_a100_an_h100_and_an_mi250x() {
+        use crate::gpu::launch::DeviceLimits;
+        let mi250x = DeviceLimits { shared_bytes_optin: 64 * 1024, ..DeviceLimits::A100 };
+        let devices = [(Vendor::Cuda, "sm_80", DeviceLimits::A100), (Vendor::Cuda, "sm_90a", DeviceLimits::H100)];
+        for (vendor, arch, limits) in devices.into_iter().chain([(Vendor::Hip, "gfx90a", mi250x)]) {
+            for bench in GpuBench::ALL {
+                for shape in bench.shapes() {
+                    for op in bench.ops(&shape, wgmma(vendor, arch)) {
+                        plan(&op, vendor, &limits, 108).unwrap_or_else(|e| panic!("{bench:?} {shape:?}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every kernel of the index is launched by the GPU Device or by a bench, on each vendor
+    /// that has it (the wgmma GEMM on CUDA's sm_90a only): no kernel file nothing runs.
+    #[test]
+    fn every_kernel_of_the_index_is_launched_by_the_device_or_a_bench() {
+        use crate::gpu::device::DEVICE_KERNELS;
+        use crate::gpu::kernels::KERNELS;
+        for (vendor, archs) in [(Vendor::Cuda, &["sm_80", "sm_90a"][..]), (Vendor::Hip, &["gfx90a"][..])] {
+            let mut launched = DEVICE_KERNELS.to_vec();
+            for arch in archs {
+                for bench in GpuBench::ALL {
+                    launched.extend(bench.kernels(vendor, arch));
+                }
+            }
+            for k in KERNELS.iter().filter(|k| vendor.threads(k.kernel).is_some()) {
+                assert!(
+                    launched.contains(&k.kernel),
+                    "{} runs on {vendor:?} in neither the Device nor a bench",
+                    k.function
+                );
+            }
+            assert!(launched.iter().all(|&k| vendor.threads(k).is_some()), "{vendor:?} launches a kernel it lacks");
+        }
+        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmFwdBf16F32outSm90]);
+        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_89"), [Kernel::GemmFwdBf16]);
+        assert_eq!(GpuBench::Gemm.kernels(Vendor::Hip, "gfx942"), [Kernel::GemmFwdBf16]);
+    }
+
+    #[test]
+    fn benches_are_named_as_the_command_line_names_them_and_shapes_parse() {
+        for b in GpuBench::ALL {
+            assert_eq!(GpuBench::parse(b.name()), Some(b));
+            let first = b.shapes()[0].iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x");
+            assert_eq!(parse_shape(&first, b.shapes()[0].len(), b.shape_form()).unwrap(), b.shapes()[0]);
+        }
+        assert_eq!(GpuBench::parse("step"), None);
+        let e = parse_shape("5x96x3", 2, GpuBench::Layernorm.shape_form()).unwrap_err().to_string();
+        assert!(e.contains("RxC (rows, channels)"), "{e}");
+    }
+
+    #[test]
+    fn outputs_are_bounded_by_the_bf16_rule_or_f32_roundings() {
+        assert_eq!(worst(&[1.0, 2.0], &[1.0, 2.0], Bound::F32), 0.0);
+        // bf16: 1e-2 + 0.079 |ref|.
+        assert!((worst(&[1.089], &[1.0], Bound::Bf16) - 1.0).abs() < 1e-6);
+        assert!(worst(&[1.1], &[1.0], Bound::Bf16) > 1.0);
+        // f32: 1e-4 of the largest value plus 1e-4 relative.
+        assert!(worst(&[100.0, 0.005], &[100.0, 0.0], Bound::F32) < 1.0);
+        assert!(worst(&[100.0, 0.02], &[100.0, 0.0], Bound::F32) > 1.0);
+    }
+
+    #[test]
+    fn the_spot_check_accepts_exact_products_and_rejects_wrong_ones() {
+        let (m, n, k) = (3, 2, 4);
+        let a = bf16_values(m * k, 5);
+        let w = bf16_values(n * k, 6);
+        let exact: Vec<f32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                Bf16::from_f32((0..k).map(|p| a[i * k + p].to_f32() * w[j * k + p].to_f32()).sum()).to_f32()
+            })
+            .collect();
+        assert!(spot_check(&a, &w, &exact, m, n, k) <= 1.0);
+        let wrong: Vec<f32> = exact.iter().map(|x| x * 1.5 + 0.5).collect();
+        assert!(spot_check(&a, &w, &wrong, m, n, k) > 1.0);
+    }
+}

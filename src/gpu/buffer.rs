@@ -1,0 +1,61 @@
+//! Device memory over any `GpuRuntime`: `DeviceMem`, an allocation freed on drop that holds an
+//! `Arc` of its runtime (so the context outlives every buffer), and `GpuBuf`, the GPU Device's
+//! buffer of f32. Also `GpuP2p`, what the Device asks of its pipeline links beyond the Device
+//! seam's `DeviceP2p`, so that the links (collectives.rs) and the Device (device.rs) meet here
+//! instead of importing each other.
+
+use super::runtime::GpuRuntime;
+use crate::device::DeviceP2p;
+use crate::error::Result;
+use std::sync::Arc;
+
+/// A device allocation of `bytes`, freed on drop.
+pub struct DeviceMem {
+    rt: Arc<dyn GpuRuntime>,
+    pub(super) pointer: u64,
+    pub(super) bytes: usize,
+}
+
+impl DeviceMem {
+    pub fn alloc(rt: &Arc<dyn GpuRuntime>, bytes: usize) -> Result<DeviceMem> {
+        // A zero-byte request is legal for the Device but not for cuMemAlloc: it holds no memory.
+        let pointer = if bytes == 0 { 0 } else { rt.alloc(bytes)? };
+        Ok(DeviceMem { rt: rt.clone(), pointer, bytes })
+    }
+
+    /// The device address (0 for an empty allocation).
+    pub fn pointer(&self) -> u64 {
+        self.pointer
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        if self.pointer != 0 {
+            self.rt.free(self.pointer, self.bytes);
+        }
+    }
+}
+
+/// The GPU Device's buffer: `len` f32 in device memory.
+pub struct GpuBuf {
+    pub(super) mem: DeviceMem,
+    pub(super) len: usize,
+}
+
+impl GpuBuf {
+    pub(crate) fn ptr(&self) -> u64 {
+        self.mem.pointer
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The GPU Device's pipeline links: `DeviceP2p` on its buffers, and `settle_receives`, which the
+/// Device calls before the host reads device memory: every receive enqueued so far has arrived
+/// (polled, so a dead peer ends the run with an error instead of a hang in the copy). A send is
+/// not waited for there: its peer may post the matching receive only later.
+pub trait GpuP2p: DeviceP2p<GpuBuf> + Send + Sync {
+    fn settle_receives(&self);
+}

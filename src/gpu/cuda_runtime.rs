@@ -1,0 +1,196 @@
+//! `CudaRuntime`: the CUDA driver (driver.rs) as a `GpuRuntime` for the GPU Device and the GPU
+//! benches: the primary context of one device, made current on every thread that calls in, the
+//! modules it loaded, and its freed blocks kept for reuse. Launches and copies run on the legacy
+//! default stream, in order.
+
+use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver, Event};
+use super::kernels::cuda::arch_for;
+use super::runtime::{FreedBlocks, GpuRuntime};
+use crate::error::{Error, Result};
+use std::ffi::{c_void, CString};
+
+/// The CUDA driver as a `GpuRuntime`: the primary context of one device, made current on every
+/// thread that calls in, and the modules it loaded (unloaded on drop).
+pub struct CudaRuntime {
+    driver: Driver,
+    info: DeviceInfo,
+    context: CuContext,
+    modules: std::sync::Mutex<Vec<CuModule>>,
+    freed: FreedBlocks,
+}
+
+// SAFETY: the context and module handles are process-wide driver objects; the driver API is
+// thread-safe, and each thread makes the context current before using it (`current`).
+unsafe impl Send for CudaRuntime {}
+// SAFETY: as above; the module list is behind a mutex.
+unsafe impl Sync for CudaRuntime {}
+
+thread_local! {
+    static CONTEXT_SET: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl CudaRuntime {
+    /// Retains the primary context of device `ordinal` (compute capability 8.0 or newer).
+    pub fn new(driver: Driver, ordinal: usize) -> Result<CudaRuntime> {
+        let info = driver.device_info(ordinal)?;
+        arch_for(info.compute_capability)?;
+        let device = driver.device(ordinal)?;
+        let mut context: CuContext = std::ptr::null_mut();
+        // SAFETY: writes one context handle for a device the driver just returned.
+        driver
+            .check("cuDevicePrimaryCtxRetain", unsafe { driver.api.cuDevicePrimaryCtxRetain(&mut context, device) }?)?;
+        let rt = CudaRuntime {
+            driver,
+            info,
+            context,
+            modules: std::sync::Mutex::new(Vec::new()),
+            freed: FreedBlocks::default(),
+        };
+        rt.current()?;
+        Ok(rt)
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// `cuMemFree` of a block from `cuMemAlloc` (through `FreedBlocks`, once per block).
+    fn release(&self, pointer: u64) {
+        // SAFETY: the pointer came from cuMemAlloc_v2 and left the kept blocks, so is freed once.
+        let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
+    }
+
+    /// Makes the context current on this thread (once per thread and context).
+    fn current(&self) -> Result<()> {
+        let key = self.context as usize;
+        if CONTEXT_SET.with(|c| c.get()) == key {
+            return Ok(());
+        }
+        // SAFETY: the context was retained in `new` and is released only on drop.
+        self.driver.check("cuCtxSetCurrent", unsafe { self.driver.api.cuCtxSetCurrent(self.context) }?)?;
+        CONTEXT_SET.with(|c| c.set(key));
+        Ok(())
+    }
+}
+
+impl Drop for CudaRuntime {
+    fn drop(&mut self) {
+        let _ = self.current();
+        self.freed.release_all(|p| self.release(p));
+        for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
+            // SAFETY: each handle came from cuModuleLoadData and is unloaded once.
+            let _ = unsafe { self.driver.api.cuModuleUnload(m) };
+        }
+        if let Ok(device) = self.driver.device(self.info.ordinal) {
+            // SAFETY: balances the retain in `new`.
+            let _ = unsafe { self.driver.api.cuDevicePrimaryCtxRelease_v2(device) };
+        }
+        CONTEXT_SET.with(|c| c.set(0));
+    }
+}
+
+impl GpuRuntime for CudaRuntime {
+    fn alloc(&self, bytes: usize) -> Result<u64> {
+        self.current()?;
+        let fresh = |bytes| {
+            let mut p = 0;
+            // SAFETY: writes one device pointer; a context is current.
+            self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
+            Ok(p)
+        };
+        self.freed.alloc(bytes, fresh, |p| self.release(p))
+    }
+    fn free(&self, pointer: u64, bytes: usize) {
+        self.freed.keep(pointer, bytes);
+    }
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.current()?;
+        // SAFETY: the caller's allocation at dst holds src.len() bytes; synchronous copy.
+        self.driver
+            .check("cuMemcpyHtoD_v2", unsafe { self.driver.api.cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }?)
+    }
+    fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.current()?;
+        // SAFETY: the allocation at src holds dst.len() bytes; synchronous after prior work.
+        self.driver.check("cuMemcpyDtoH_v2", unsafe {
+            self.driver.api.cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+        }?)
+    }
+    fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: both allocations hold `bytes` at these addresses; ordered on the default stream.
+        self.driver.check("cuMemcpyDtoD_v2", unsafe { self.driver.api.cuMemcpyDtoD_v2(dst, src, bytes) }?)
+    }
+    fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: the allocation at dst holds count words.
+        self.driver.check("cuMemsetD32_v2", unsafe { self.driver.api.cuMemsetD32_v2(dst, value, count) }?)
+    }
+    fn load_module(&self, image: &[u8]) -> Result<usize> {
+        self.current()?;
+        let mut m: CuModule = std::ptr::null_mut();
+        // SAFETY: the image outlives the call (the driver copies it).
+        self.driver
+            .check("cuModuleLoadData", unsafe { self.driver.api.cuModuleLoadData(&mut m, image.as_ptr().cast()) }?)?;
+        self.modules.lock().expect("module list").push(m);
+        Ok(m as usize)
+    }
+    fn function(&self, module: usize, name: &str) -> Result<usize> {
+        self.current()?;
+        let c = CString::new(name).map_err(|_| Error::Config(format!("kernel name {name:?}")))?;
+        let mut f: CuFunction = std::ptr::null_mut();
+        // SAFETY: the module is loaded; writes one handle.
+        self.driver.check("cuModuleGetFunction", unsafe {
+            self.driver.api.cuModuleGetFunction(&mut f, module as CuModule, c.as_ptr())
+        }?)?;
+        Ok(f as usize)
+    }
+    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()> {
+        self.current()?;
+        // SAFETY: params point to live arguments of the kernel's types (see `Arg`); the null
+        // stream is the legacy default stream, ordered with the synchronous copies.
+        self.driver.check("cuLaunchKernel", unsafe {
+            self.driver.api.cuLaunchKernel(
+                function as CuFunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }?)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.current()?;
+        // SAFETY: a context is current.
+        self.driver.check("cuCtxSynchronize", unsafe { self.driver.api.cuCtxSynchronize() }?)
+    }
+    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.current()?;
+        let (start, end) = (Event::new(&self.driver, true)?, Event::new(&self.driver, true)?);
+        start.record(None)?;
+        enqueue()?;
+        end.record(None)?;
+        end.synchronize()?;
+        Ok(f64::from(start.elapsed_ms(&end)?))
+    }
+    fn describe(&self) -> String {
+        let driver = match self.driver.version() {
+            Ok((major, minor)) => format!("CUDA {major}.{minor} driver"),
+            Err(_) => "CUDA driver".into(),
+        };
+        format!(
+            "cuda: {} (device {}, {}, {} SMs), {driver} {}",
+            self.info.name,
+            self.info.ordinal,
+            self.info.arch(),
+            self.info.multiprocessors,
+            self.driver.path()
+        )
+    }
+}

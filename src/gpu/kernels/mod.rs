@@ -1,0 +1,361 @@
+//! The GPU kernel index: every `extern "C" __global__` function of `kernels-cuda/*.cu` and of
+//! its `kernels-hip/*.hip` twin, as one table. Each entry names the function, its file, its launch
+//! geometry per vendor (CUDA block, HIP workgroup: the `__launch_bounds__` of the sources), its
+//! static shared memory and the lowest architecture it runs on; `Kernel` is the typed key.
+//! The GPU Device resolves the kernels it launches from this table once per device
+//! (`device::DEVICE_KERNELS`), the launch planning of `plan` reads it, the GPU benches launch
+//! the kernels nothing in training launches yet (`cmd/bench/gpu.rs`), and `trident info` counts it.
+//! A unit test below holds the table to the sources (every declared function listed, every
+//! listed function declared, the blocks equal to the launch bounds); another (`cmd/bench/gpu.rs`)
+//! holds every entry to a launcher.
+//!
+//! Loading the files is elsewhere: `cuda` (the embedded CUDA sources, precompiled images or
+//! NVRTC through the cache), `hip` (the same for HIP and hipRTC); `plan` turns an op and its
+//! shape into a checked launch of the kernel that computes it.
+
+pub mod cuda;
+pub mod hip;
+pub mod plan;
+
+use crate::error::{Error, Result};
+
+/// Every kernel function, in the order of `KERNELS`: the function's name in CamelCase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    AdamwF32Bf16,
+    AttentionBwdDeltaBf16,
+    AttentionBwdDkvBf16D64,
+    AttentionBwdDkvBf16D128,
+    AttentionBwdDqBf16D64,
+    AttentionBwdDqBf16D128,
+    AttentionFwdBf16D64,
+    AttentionFwdBf16D128,
+    CastF32ToBf16,
+    CastBf16ToF32,
+    EmbeddingFwdBf16,
+    EmbeddingBwdWteBf16,
+    EmbeddingBwdWpeBf16,
+    GeluFwdBf16,
+    GeluBwdBf16,
+    GemmFwdBf16F32out,
+    GemmFwdBf16,
+    GemmBwdInputBf16,
+    GemmBwdWeightBf16,
+    GemmFwdBf16F32outSm90,
+    LayernormFwdBf16,
+    LayernormBwdDxBf16,
+    LayernormBwdDparamsBf16,
+    XentMaxBf16,
+    XentPartialsBf16,
+    XentBwdBf16,
+    AddF32,
+    AddAssignF32,
+    AddBiasF32,
+    RoundBf16F32,
+    GeluFwdF32,
+    GeluBwdF32,
+    EmbeddingFwdF32,
+    EmbeddingBwdF32,
+    PositionFwdF32,
+    PositionBwdF32,
+    ColumnSumAddF32,
+    LayernormFwdF32,
+    LayernormBwdDxF32,
+    LayernormBwdParamsF32,
+    LayernormSumsF32,
+    LayernormApplyF32,
+    LayernormBwdSumsF32,
+    LayernormBwdApplyDxF32,
+    XentMaxF32,
+    XentPartialsF32,
+    XentBwdF32,
+    SumSquaresF32,
+}
+
+/// One kernel function: its file, its launch geometry per vendor and its static shared memory,
+/// as its file's opening comment states (`tests/gpu_runtime.rs` checks the shared memory against
+/// the NVRTC CUBINs; `xent_bwd_bf16` needs none of its file's reduction scratch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSpec {
+    pub kernel: Kernel,
+    pub function: &'static str,
+    /// The CUDA file (`kernels-cuda/`); the HIP twin is the same name with `.hip`
+    /// (`Vendor::file`).
+    pub file: &'static str,
+    /// Threads per block on CUDA.
+    pub threads: u32,
+    /// Threads per workgroup on HIP; None where kernels-hip/ has no twin.
+    pub hip_threads: Option<u32>,
+    /// Static shared memory on CUDA, bytes.
+    pub static_shared: u32,
+    /// The lowest compute capability (major x 10 + minor) the kernel runs on; below it the
+    /// function is compiled as a stub that traps (the sm_90a wgmma GEMM).
+    pub min_arch: u32,
+}
+
+const fn spec(
+    kernel: Kernel,
+    function: &'static str,
+    file: &'static str,
+    threads: u32,
+    hip_threads: Option<u32>,
+    static_shared: u32,
+) -> KernelSpec {
+    KernelSpec { kernel, function, file, threads, hip_threads, static_shared, min_arch: 80 }
+}
+
+/// Every kernel function of kernels-cuda/ and kernels-hip/, in `Kernel`'s order.
+pub const KERNELS: &[KernelSpec] = &[
+    spec(Kernel::AdamwF32Bf16, "adamw_f32_bf16", "adamw.cu", 256, Some(256), 0),
+    spec(Kernel::AttentionBwdDeltaBf16, "attention_bwd_delta_bf16", "attention_bwd.cu", 128, Some(256), 0),
+    spec(Kernel::AttentionBwdDkvBf16D64, "attention_bwd_dkv_bf16_d64", "attention_bwd.cu", 128, Some(128), 27904),
+    spec(Kernel::AttentionBwdDkvBf16D128, "attention_bwd_dkv_bf16_d128", "attention_bwd.cu", 128, Some(128), 43648),
+    spec(Kernel::AttentionBwdDqBf16D64, "attention_bwd_dq_bf16_d64", "attention_bwd.cu", 128, Some(128), 27648),
+    spec(Kernel::AttentionBwdDqBf16D128, "attention_bwd_dq_bf16_d128", "attention_bwd.cu", 128, Some(128), 43520),
+    spec(Kernel::AttentionFwdBf16D64, "attention_fwd_bf16_d64", "attention_fwd.cu", 128, Some(128), 27648),
+    spec(Kernel::AttentionFwdBf16D128, "attention_fwd_bf16_d128", "attention_fwd.cu", 128, Some(128), 34816),
+    spec(Kernel::CastF32ToBf16, "cast_f32_to_bf16", "casts.cu", 256, Some(256), 0),
+    spec(Kernel::CastBf16ToF32, "cast_bf16_to_f32", "casts.cu", 256, Some(256), 0),
+    spec(Kernel::EmbeddingFwdBf16, "embedding_fwd_bf16", "embedding.cu", 128, Some(128), 0),
+    spec(Kernel::EmbeddingBwdWteBf16, "embedding_bwd_wte_bf16", "embedding.cu", 128, Some(128), 0),
+    spec(Kernel::EmbeddingBwdWpeBf16, "embedding_bwd_wpe_bf16", "embedding.cu", 128, Some(128), 0),
+    spec(Kernel::GeluFwdBf16, "gelu_fwd_bf16", "gelu.cu", 256, Some(256), 0),
+    spec(Kernel::GeluBwdBf16, "gelu_bwd_bf16", "gelu.cu", 256, Some(256), 0),
+    spec(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 128, Some(256), 20480),
+    spec(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 128, Some(256), 20480),
+    spec(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 19456),
+    spec(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 18432),
+    // gemm_bf16_sm90.cu: sm_90a's wgmma; kernels-hip/ has no twin.
+    KernelSpec {
+        min_arch: 90,
+        ..spec(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 128, None, 16384)
+    },
+    spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormBwdDparamsBf16, "layernorm_bwd_dparams_bf16", "layernorm.cu", 128, Some(256), 0),
+    spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
+    spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 128),
+    spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
+    // tensor_ops.cu: the Device's f32 ops. Element-wise and per-column kernels run blocks of 256;
+    // per-row kernels a warp per row in blocks of 128 (CUDA), a wave64 per row in 256 (HIP).
+    spec(Kernel::AddF32, "add_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::AddAssignF32, "add_assign_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::AddBiasF32, "add_bias_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::RoundBf16F32, "round_bf16_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::GeluFwdF32, "gelu_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::GeluBwdF32, "gelu_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::EmbeddingFwdF32, "embedding_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::EmbeddingBwdF32, "embedding_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::PositionFwdF32, "position_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::PositionBwdF32, "position_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::ColumnSumAddF32, "column_sum_add_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::LayernormFwdF32, "layernorm_fwd_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormBwdDxF32, "layernorm_bwd_dx_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormBwdParamsF32, "layernorm_bwd_params_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::LayernormSumsF32, "layernorm_sums_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormApplyF32, "layernorm_apply_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::LayernormBwdSumsF32, "layernorm_bwd_sums_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::LayernormBwdApplyDxF32, "layernorm_bwd_apply_dx_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::XentMaxF32, "xent_max_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::XentPartialsF32, "xent_partials_f32", "tensor_ops.cu", 128, Some(256), 0),
+    spec(Kernel::XentBwdF32, "xent_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::SumSquaresF32, "sum_squares_f32", "tensor_ops.cu", 256, Some(256), 64),
+];
+
+impl Kernel {
+    /// This kernel's entry of `KERNELS`.
+    pub fn spec(self) -> &'static KernelSpec {
+        &KERNELS[self as usize]
+    }
+
+    pub fn function(self) -> &'static str {
+        self.spec().function
+    }
+}
+
+/// The entry of a kernel function, by name.
+pub fn kernel(function: &str) -> Result<&'static KernelSpec> {
+    KERNELS.iter().find(|k| k.function == function).ok_or_else(|| Error::Config(format!("no kernel named {function}")))
+}
+
+/// Whose GPU: the kernel suite (kernels-cuda/*.cu or their kernels-hip/*.hip twins, same kernel
+/// names, arguments and grids) and its launch geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Cuda,
+    Hip,
+}
+
+impl Vendor {
+    /// `--device`'s word for this vendor, as the bench records name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "cuda",
+            Vendor::Hip => "hip",
+        }
+    }
+
+    /// The file of this vendor's suite that holds a kernel of `KERNELS` (named by its .cu file).
+    pub fn file(self, cu_file: &str) -> String {
+        match self {
+            Vendor::Cuda => cu_file.to_string(),
+            Vendor::Hip => format!("{}.hip", cu_file.trim_end_matches(".cu")),
+        }
+    }
+
+    /// Threads per block (CUDA) or workgroup (HIP) of kernel `k`, None where this vendor has no
+    /// such kernel; the grids are the same for both vendors except where a block covers a
+    /// different number of columns (`plan`). CUDA: 128 for the mma.sync GEMMs (4 warps),
+    /// attention and the warp-per-row kernels (4 rows); HIP (each kernels-hip file's header):
+    /// 256 for the MFMA GEMMs (4 wave64s), the wave-per-row kernels (4 rows) and attention's
+    /// delta kernel, 128 for attention forward, dK/dV and dQ (2 wave64s).
+    pub fn threads(self, k: Kernel) -> Option<u32> {
+        match self {
+            Vendor::Cuda => Some(k.spec().threads),
+            Vendor::Hip => k.spec().hip_threads,
+        }
+    }
+
+    /// The matrix instructions the GEMMs and attention run on, for `describe`.
+    pub fn matrix_units(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "mma.sync",
+            Vendor::Hip => "MFMA",
+        }
+    }
+}
+
+/// The `extern "C" __global__` functions a kernel source declares, in order.
+pub fn declared_functions(source: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("extern \"C\" __global__") {
+        rest = &rest[at..];
+        let Some(open) = rest.find('(') else { break };
+        // The name is the last identifier before the first '(' (after `void` and any
+        // `__launch_bounds__(...)`, whose own '(' comes first: skip past it).
+        let head = &rest[..open];
+        if head.trim_end().ends_with("__launch_bounds__") {
+            let close = rest[open..].find(')').map(|c| open + c + 1).unwrap_or(rest.len());
+            let after = &rest[close..];
+            let open2 = after.find('(').unwrap_or(after.len());
+            if let Some(name) = after[..open2].split_whitespace().last() {
+                out.push(name.to_string());
+            }
+            rest = &after[open2..];
+        } else {
+            if let Some(name) = head.split_whitespace().last() {
+                out.push(name.to_string());
+            }
+            rest = &rest[open..];
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::launch::DeviceLimits;
+
+    /// The embedded text of `file` in `vendor`'s suite.
+    fn source(vendor: Vendor, cu_file: &str) -> Option<&'static str> {
+        let file = vendor.file(cu_file);
+        match vendor {
+            Vendor::Cuda => cuda::source(&file).ok(),
+            Vendor::Hip => hip::source(&file).ok().map(|(_, text)| text),
+        }
+    }
+
+    #[test]
+    fn the_index_names_every_declared_kernel_of_both_suites_and_only_those() {
+        let suites = [(Vendor::Cuda, cuda::files()), (Vendor::Hip, hip::files())];
+        for (vendor, files) in suites {
+            let mut declared = Vec::new();
+            for (file, text) in files {
+                for f in declared_functions(text) {
+                    declared.push((f, file.to_string()));
+                }
+            }
+            // Every extern "C" kernel of every file is an entry, with its file and, for HIP, a
+            // workgroup size (a twin the index knows of).
+            for (f, file) in &declared {
+                let k = kernel(f).unwrap_or_else(|_| panic!("{f} of {file} is not in the kernel index"));
+                assert_eq!(vendor.file(k.file), *file, "{f}");
+                assert!(vendor.threads(k.kernel).is_some(), "{f} of {file}: no {vendor:?} geometry in the index");
+            }
+            // And every entry with a geometry for the vendor is declared in its file.
+            for k in KERNELS.iter().filter(|k| vendor.threads(k.kernel).is_some()) {
+                let file = vendor.file(k.file);
+                assert!(
+                    declared.contains(&(k.function.to_string(), file.clone())),
+                    "{} not declared in {file}",
+                    k.function
+                );
+            }
+        }
+        assert_eq!(
+            declared_functions(source(Vendor::Cuda, "gelu.cu").unwrap()),
+            vec!["gelu_fwd_bf16".to_string(), "gelu_bwd_bf16".to_string()]
+        );
+    }
+
+    #[test]
+    fn each_kernel_is_named_after_its_function_in_table_order() {
+        for (i, k) in KERNELS.iter().enumerate() {
+            assert_eq!(k.kernel as usize, i, "{} is out of order", k.function);
+            let camel: String = k.function.split('_').map(|w| w[..1].to_ascii_uppercase() + &w[1..]).collect();
+            assert_eq!(format!("{:?}", k.kernel), camel);
+            assert_eq!(kernel(k.function).unwrap().kernel, k.kernel);
+        }
+        assert!(kernel("nope").unwrap_err().to_string().contains("no kernel named nope"));
+    }
+
+    /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
+    fn launch_bounds(source: &str, name: &str) -> Option<u32> {
+        // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
+        let decl = source.match_indices(&format!("{name}(")).find_map(|(at, _)| {
+            let start = source[..at].rfind("extern \"C\"")?;
+            let decl = &source[start..at];
+            (!decl.contains(';') && !decl.contains('{') && !decl.contains('}')).then_some(decl)
+        });
+        let decl = decl.unwrap_or_else(|| panic!("no extern \"C\" declaration of {name}"));
+        let from = decl.find("__launch_bounds__(")? + "__launch_bounds__(".len();
+        decl[from..].split(')').next()?.trim().parse().ok()
+    }
+
+    /// Every kernel is launched with exactly the workgroup its source is bounded to (a kernel
+    /// written for 4 waves computes a quarter of its tile less with 2), and every unbounded one
+    /// with a multiple of the vendor's wave; the CUDA and HIP tables differ where the headers say.
+    #[test]
+    fn block_sizes_follow_each_vendors_kernel_sources() {
+        for (vendor, wave) in [(Vendor::Cuda, 32), (Vendor::Hip, 64)] {
+            for k in KERNELS {
+                let (Some(block), Some(source)) = (vendor.threads(k.kernel), source(vendor, k.file)) else {
+                    continue;
+                };
+                let (name, file) = (k.function, vendor.file(k.file));
+                assert!(source.contains(&format!("{name}(")), "{name} is not in {file}");
+                assert_eq!(block % wave, 0, "{vendor:?} {name}: {block} threads is not whole waves");
+                if let Some(bound) = launch_bounds(source, name) {
+                    assert_eq!(block, bound, "{vendor:?} {name}: launched with {block}, bounded to {bound} in {file}");
+                }
+            }
+        }
+        let both = |k: Kernel| (Vendor::Cuda.threads(k), Vendor::Hip.threads(k));
+        assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::LayernormBwdDparamsBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(128), None));
+        assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));
+    }
+
+    #[test]
+    fn shared_memory_and_blocks_fit_every_device_without_opting_in() {
+        for k in KERNELS {
+            assert!(k.static_shared <= DeviceLimits::A100.shared_bytes_per_block, "{}", k.function);
+            assert!(k.threads <= DeviceLimits::A100.max_threads_per_block && k.threads % 32 == 0, "{}", k.function);
+        }
+    }
+}

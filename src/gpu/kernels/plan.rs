@@ -1,0 +1,443 @@
+//! Launch planning: `plan` turns an op (`Op`) and its shape into the kernel of the index that
+//! computes it and the grid, block and shared memory its file's opening comment documents, for
+//! either vendor (the block from `Vendor::threads`), checked against the device limits
+//! (`launch::tiled`) and the kernel's own preconditions (head dim 64 or 128, sizes that fit the
+//! kernels' `int` arguments), each violated one an error naming the kernel. The GPU Device plans
+//! its GEMM, attention, cast and AdamW launches here; the GPU benches plan every launch here.
+
+use super::{Kernel, KernelSpec, Vendor};
+use crate::error::{Error, Result};
+use crate::gpu::launch::{tiled, DeviceLimits, LaunchConfig};
+
+/// The GEMM's output type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmOut {
+    F32,
+    Bf16,
+}
+
+/// An op a GPU kernel computes, with the sizes that decide its launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// out [m, n] = A [m, k] · W [n, k]ᵀ (+ bias, GELU, residual fused).
+    GemmFwd {
+        m: usize,
+        n: usize,
+        k: usize,
+        out: GemmOut,
+    },
+    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite).
+    GemmBwdInput {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// dW [n, k] += dout [m, n]ᵀ · inp [m, k].
+    GemmBwdWeight {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// The forward GEMM on sm_90a's wgmma (f32 output; compute capability 9.0 only).
+    GemmFwdSm90 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    CastF32ToBf16 {
+        n: usize,
+    },
+    CastBf16ToF32 {
+        n: usize,
+    },
+    LayernormFwd {
+        rows: usize,
+        channels: usize,
+    },
+    LayernormBwdDx {
+        rows: usize,
+        channels: usize,
+    },
+    LayernormBwdParams {
+        rows: usize,
+        channels: usize,
+    },
+    GeluFwd {
+        n: usize,
+    },
+    GeluBwd {
+        n: usize,
+    },
+    AdamW {
+        n: usize,
+    },
+    XentMax {
+        rows: usize,
+        vocab: usize,
+    },
+    XentPartials {
+        rows: usize,
+        vocab: usize,
+    },
+    XentBwd {
+        rows: usize,
+        vocab: usize,
+    },
+    EmbeddingFwd {
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    },
+    EmbeddingBwdWte {
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    },
+    EmbeddingBwdWpe {
+        batch: usize,
+        seq: usize,
+        hidden: usize,
+    },
+    AttentionFwd {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+    },
+    AttentionBwdDelta {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+    },
+    AttentionBwdDkv {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+    },
+    AttentionBwdDq {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_dim: usize,
+    },
+}
+
+/// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
+/// dynamic shared memory to pass to `cuLaunchKernel` (0: every kernel here declares its
+/// shared memory statically, `static_shared` bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelLaunch {
+    pub spec: &'static KernelSpec,
+    pub config: LaunchConfig,
+}
+
+/// Grid-stride kernels (GELU, AdamW) launch at most this many blocks per SM: 8 blocks of 256
+/// threads fill an SM's 2048 resident threads, so one wave covers the device.
+pub const GRID_STRIDE_BLOCKS_PER_SM: usize = 8;
+
+/// The launch of `op` on a `vendor` device with `limits` and `multiprocessors` SMs (compute units).
+pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32) -> Result<KernelLaunch> {
+    let spec = kernel_of(op)?.spec();
+    let function = spec.function;
+    let threads = vendor.threads(spec.kernel).ok_or_else(|| {
+        Error::Unsupported(format!("kernel {function}: kernels-hip/ has no twin of {} to run on {vendor:?}", spec.file))
+    })?;
+    let ints: Vec<(&str, usize)> = int_arguments(op);
+    for (what, v) in ints {
+        if v > i32::MAX as usize {
+            return Err(Error::Config(format!(
+                "kernel {function}: {what} = {v} does not fit the kernel's int argument (at most {})",
+                i32::MAX
+            )));
+        }
+    }
+    let t = threads as usize;
+    let (problem, tile) = match *op {
+        Op::GemmFwd { m, n, .. } | Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        // A 64 x 64 tile of dinp [m, k] or of dW [n, k] per block.
+        Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [64, 64, 1]),
+        Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [64, 64, 1]),
+        // Eight elements per thread, grid-stride, capped like GELU's.
+        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
+        }
+        Op::LayernormFwd { rows, .. } | Op::LayernormBwdDx { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
+        Op::LayernormBwdParams { channels, .. } => ([channels, 1, 1], [t, 1, 1]),
+        Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            ([n.min(cap), 1, 1], [t, 1, 1])
+        }
+        Op::XentMax { rows, .. } | Op::XentPartials { rows, .. } | Op::XentBwd { rows, .. } => {
+            ([rows, 1, 1], [1, 1, 1])
+        }
+        Op::EmbeddingFwd { batch, seq, hidden } => ([hidden, seq * batch, 1], [t, 1, 1]),
+        Op::EmbeddingBwdWte { hidden, .. } => ([hidden, 1, 1], [t, 1, 1]),
+        Op::EmbeddingBwdWpe { seq, hidden, .. } => ([hidden, seq, 1], [t, 1, 1]),
+        Op::AttentionFwd { batch, seq, heads, .. }
+        | Op::AttentionBwdDkv { batch, seq, heads, .. }
+        | Op::AttentionBwdDq { batch, seq, heads, .. } => ([seq, batch * heads, 1], [64, 1, 1]),
+        // A warp per (row, head): 4 per block of 128.
+        Op::AttentionBwdDelta { batch, seq, heads, .. } => ([seq * batch * heads, 1, 1], [4, 1, 1]),
+    };
+    if spec.static_shared > limits.shared_bytes_per_block {
+        return Err(Error::Config(format!(
+            "kernel {function}: {} bytes of static shared memory exceed the device's {} per block",
+            spec.static_shared, limits.shared_bytes_per_block
+        )));
+    }
+    let config = tiled(function, problem, tile, [threads, 1, 1], 0, limits)?;
+    Ok(KernelLaunch { spec, config })
+}
+
+/// The kernel that computes `op`.
+pub fn kernel_of(op: &Op) -> Result<Kernel> {
+    let by_dim = |d: usize, d64: Kernel, d128: Kernel, what: &str| match d {
+        64 => Ok(d64),
+        128 => Ok(d128),
+        _ => Err(Error::Unsupported(format!(
+            "{what} on the GPU: the kernels are built for head dims 64 and 128, and this model's head dim is {d}"
+        ))),
+    };
+    Ok(match *op {
+        Op::GemmFwd { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32out,
+        Op::GemmFwd { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16,
+        Op::GemmBwdInput { .. } => Kernel::GemmBwdInputBf16,
+        Op::GemmBwdWeight { .. } => Kernel::GemmBwdWeightBf16,
+        Op::GemmFwdSm90 { .. } => Kernel::GemmFwdBf16F32outSm90,
+        Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
+        Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
+        Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
+        Op::LayernormBwdDx { .. } => Kernel::LayernormBwdDxBf16,
+        Op::LayernormBwdParams { .. } => Kernel::LayernormBwdDparamsBf16,
+        Op::GeluFwd { .. } => Kernel::GeluFwdBf16,
+        Op::GeluBwd { .. } => Kernel::GeluBwdBf16,
+        Op::AdamW { .. } => Kernel::AdamwF32Bf16,
+        Op::XentMax { .. } => Kernel::XentMaxBf16,
+        Op::XentPartials { .. } => Kernel::XentPartialsBf16,
+        Op::XentBwd { .. } => Kernel::XentBwdBf16,
+        Op::EmbeddingFwd { .. } => Kernel::EmbeddingFwdBf16,
+        Op::EmbeddingBwdWte { .. } => Kernel::EmbeddingBwdWteBf16,
+        Op::EmbeddingBwdWpe { .. } => Kernel::EmbeddingBwdWpeBf16,
+        Op::AttentionFwd { head_dim, .. } => {
+            by_dim(head_dim, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128, "attention forward")?
+        }
+        Op::AttentionBwdDelta { head_dim, .. } => {
+            by_dim(head_dim, Kernel::AttentionBwdDeltaBf16, Kernel::AttentionBwdDeltaBf16, "attention backward")?
+        }
+        Op::AttentionBwdDkv { head_dim, .. } => {
+            by_dim(head_dim, Kernel::AttentionBwdDkvBf16D64, Kernel::AttentionBwdDkvBf16D128, "attention backward")?
+        }
+        Op::AttentionBwdDq { head_dim, .. } => {
+            by_dim(head_dim, Kernel::AttentionBwdDqBf16D64, Kernel::AttentionBwdDqBf16D128, "attention backward")?
+        }
+    })
+}
+
+/// The sizes an op passes to its kernel as `int`, or that the kernel indexes with `int`.
+fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
+    match *op {
+        Op::GemmFwd { m, n, k, .. }
+        | Op::GemmBwdInput { m, n, k }
+        | Op::GemmBwdWeight { m, n, k }
+        | Op::GemmFwdSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
+        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
+        Op::LayernormFwd { rows, channels }
+        | Op::LayernormBwdDx { rows, channels }
+        | Op::LayernormBwdParams { rows, channels } => {
+            vec![("rows", rows), ("C", channels)]
+        }
+        Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
+        Op::XentMax { rows, vocab } | Op::XentPartials { rows, vocab } | Op::XentBwd { rows, vocab } => {
+            vec![("rows", rows), ("V", vocab)]
+        }
+        Op::EmbeddingFwd { batch, seq, hidden }
+        | Op::EmbeddingBwdWte { batch, seq, hidden }
+        | Op::EmbeddingBwdWpe { batch, seq, hidden } => {
+            vec![("batch·seq", batch.saturating_mul(seq)), ("hidden", hidden)]
+        }
+        Op::AttentionFwd { batch, seq, heads, .. }
+        | Op::AttentionBwdDelta { batch, seq, heads, .. }
+        | Op::AttentionBwdDkv { batch, seq, heads, .. }
+        | Op::AttentionBwdDq { batch, seq, heads, .. } => {
+            vec![("batch·heads·seq", batch.saturating_mul(heads).saturating_mul(seq))]
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A100: DeviceLimits = DeviceLimits::A100;
+
+    fn p(op: Op) -> KernelLaunch {
+        plan(&op, Vendor::Cuda, &A100, 108).unwrap()
+    }
+
+    #[test]
+    fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
+        let g = p(Op::GemmFwd { m: 100, n: 70, k: 33, out: GemmOut::Bf16 });
+        assert_eq!((g.spec.function, g.config.grid, g.config.block), ("gemm_fwd_bf16", [2, 2, 1], [128, 1, 1]));
+        assert_eq!((g.config.shared_bytes, g.spec.static_shared), (0, 20480));
+        assert_eq!(p(Op::GemmFwd { m: 1, n: 1, k: 1, out: GemmOut::F32 }).config.grid, [1, 1, 1]);
+        assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [48, 16, 1]);
+        assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
+        assert_eq!(p(Op::LayernormBwdDx { rows: 8, channels: 33 }).config.grid, [2, 1, 1]);
+        let d = p(Op::LayernormBwdParams { rows: 7, channels: 129 });
+        assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [128, 1, 1]));
+        let e = p(Op::GeluFwd { n: 1000 });
+        assert_eq!((e.config.grid, e.config.block), ([4, 1, 1], [256, 1, 1]));
+        // Grid-stride kernels stop at 8 blocks per SM.
+        assert_eq!(p(Op::AdamW { n: 124_000_000 }).config.grid, [8 * 108, 1, 1]);
+        assert_eq!(p(Op::GeluBwd { n: 1 }).config.grid, [1, 1, 1]);
+        let x = p(Op::XentPartials { rows: 5, vocab: 1000 });
+        assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 128));
+        assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
+        assert_eq!(p(Op::EmbeddingBwdWte { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 1, 1]);
+        assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
+        let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        assert_eq!(
+            (a.spec.function, a.config.grid, a.spec.static_shared),
+            ("attention_fwd_bf16_d64", [2, 6, 1], 27648)
+        );
+        let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, head_dim: 128 });
+        assert_eq!(
+            (a.spec.function, a.config.grid, a.spec.static_shared),
+            ("attention_fwd_bf16_d128", [2, 2, 1], 34816)
+        );
+        // seq·batch = 200 rows, 3 heads: 600 warps, 150 blocks of 4.
+        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        assert_eq!((dl.config.grid, dl.config.block), ([150, 1, 1], [128, 1, 1]));
+        assert_eq!(p(Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, head_dim: 128 }).config.grid, [1, 1, 1]);
+        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, head_dim: 128 });
+        assert_eq!(
+            (kv.spec.function, kv.config.grid, kv.spec.static_shared),
+            ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 43648)
+        );
+        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 64 });
+        assert_eq!(
+            (q.spec.function, q.config.grid, q.spec.static_shared),
+            ("attention_bwd_dq_bf16_d64", [1, 1, 1], 27648)
+        );
+    }
+
+    /// Every shape `tests/cuda_emulation.rs` runs, with the grid its harness
+    /// (`kernels-cuda/emu/tests/harness.cpp`) launches: the same numbers, restated here.
+    #[test]
+    fn backward_gemm_wgmma_and_cast_launches_match_their_headers() {
+        // gemm_bf16_bwd.cu: a 64 x 64 tile of dinp [M, K] or dW [N, K] per block of 128 threads.
+        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33 });
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 2, 1], [128, 1, 1]));
+        let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
+        assert_eq!((w.spec.function, w.config.grid), ("gemm_bwd_weight_bf16", [2, 3, 1]));
+        // gemm_bf16_sm90.cu: one warpgroup per 64 x 64 tile of out [M, N]; sm_90a only.
+        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
+        assert_eq!((g.config.grid, g.spec.min_arch), ([3, 3, 1], 90));
+        // casts.cu: eight elements per thread, blocks of 256, grid-stride.
+        assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
+        assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
+        assert_eq!(p(Op::CastF32ToBf16 { n: 1 << 30 }).config.grid, [8 * 108, 1, 1]);
+        assert!(plan(&Op::GemmBwdInput { m: 0, n: 1, k: 1 }, Vendor::Cuda, &DeviceLimits::A100, 108).is_err());
+    }
+
+    #[test]
+    fn geometry_matches_the_emulation_harness_on_its_shapes() {
+        let cd = |n: usize, t: usize| n.div_ceil(t) as u32;
+        for (m, n, k) in [(64, 64, 32), (100, 70, 72), (37, 130, 100), (130, 192, 160), (1, 1, 1), (17, 9, 7)]
+            .into_iter()
+            .chain([(64, 64, 64), (77, 99, 56), (129, 65, 33)])
+        {
+            for out in [GemmOut::F32, GemmOut::Bf16] {
+                let g = p(Op::GemmFwd { m, n, k, out });
+                assert_eq!((g.config.grid, g.config.block), ([cd(n, 64), cd(m, 64), 1], [128, 1, 1]));
+            }
+        }
+        for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
+            assert_eq!(p(Op::LayernormFwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
+            assert_eq!(p(Op::LayernormBwdDx { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
+            assert_eq!(p(Op::LayernormBwdParams { rows, channels }).config.grid, [cd(channels, 128), 1, 1]);
+        }
+        for (rows, vocab) in [(5, 1000), (3, 333), (2, 12565), (4, 1)] {
+            for op in [Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }] {
+                assert_eq!((p(op).config.grid, p(op).config.block), ([rows as u32, 1, 1], [256, 1, 1]));
+            }
+        }
+        for (batch, seq, hidden) in [(2, 5, 96), (3, 7, 130), (1, 4, 200), (4, 3, 33)] {
+            let h = cd(hidden, 128);
+            assert_eq!(p(Op::EmbeddingFwd { batch, seq, hidden }).config.grid, [h, (seq * batch) as u32, 1]);
+            assert_eq!(p(Op::EmbeddingBwdWte { batch, seq, hidden }).config.grid, [h, 1, 1]);
+            assert_eq!(p(Op::EmbeddingBwdWpe { batch, seq, hidden }).config.grid, [h, seq as u32, 1]);
+        }
+        for (batch, seq, heads, head_dim) in [
+            (1, 64, 1, 64),
+            (2, 100, 3, 64),
+            (1, 1, 2, 64),
+            (1, 77, 2, 128),
+            (2, 130, 1, 128),
+            (1, 5, 1, 128),
+            (2, 100, 2, 64),
+            (1, 1, 1, 64),
+            (2, 70, 1, 128),
+            (1, 3, 1, 128),
+        ] {
+            let grid = [cd(seq, 64), (batch * heads) as u32, 1];
+            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, head_dim }).config.grid, grid);
+            let delta = p(Op::AttentionBwdDelta { batch, seq, heads, head_dim });
+            assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
+        }
+    }
+
+    #[test]
+    fn shared_memory_over_the_device_limit_is_an_error_naming_the_kernel() {
+        let tiny = DeviceLimits { shared_bytes_per_block: 32 * 1024, ..DeviceLimits::A100 };
+        let op = Op::AttentionBwdDq { batch: 1, seq: 8, heads: 1, head_dim: 128 };
+        let e = plan(&op, Vendor::Cuda, &tiny, 1).unwrap_err().to_string();
+        assert!(e.contains("kernel attention_bwd_dq_bf16_d128: 43520 bytes of static shared memory"), "{e}");
+    }
+
+    #[test]
+    fn violated_preconditions_are_errors_naming_the_kernel() {
+        let e = plan(&Op::AttentionFwd { batch: 1, seq: 8, heads: 1, head_dim: 96 }, Vendor::Cuda, &A100, 108)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head dims 64 and 128") && e.contains("head dim is 96"), "{e}");
+        let e = plan(&Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 32 }, Vendor::Cuda, &A100, 108)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head dim is 32"), "{e}");
+        let e = plan(&Op::GemmFwd { m: 0, n: 8, k: 8, out: GemmOut::Bf16 }, Vendor::Cuda, &A100, 108)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kernel gemm_fwd_bf16") && e.contains("zero"), "{e}");
+        let e = plan(&Op::GeluFwd { n: 3_000_000_000 }, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
+        assert!(e.contains("kernel gelu_fwd_bf16: n = 3000000000 does not fit"), "{e}");
+        // Grid y is at most 65535: batch·heads for attention, seq·batch rows for the embedding.
+        let e = plan(&Op::EmbeddingFwd { batch: 64, seq: 2048, hidden: 768 }, Vendor::Cuda, &A100, 108)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kernel embedding_fwd_bf16") && e.contains("131072 blocks along y"), "{e}");
+    }
+
+    /// HIP runs the same grids with its own workgroups, except where a workgroup covers a
+    /// different number of columns (LayerNorm's dparams: 256 per workgroup); the wgmma GEMM has
+    /// no HIP twin.
+    #[test]
+    fn hip_launches_follow_the_hip_workgroups() {
+        let mi250x =
+            DeviceLimits { shared_bytes_per_block: 64 * 1024, shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
+        let h = |op: Op| plan(&op, Vendor::Hip, &mi250x, 110).unwrap();
+        let g = h(Op::GemmFwd { m: 100, n: 70, k: 33, out: GemmOut::Bf16 });
+        assert_eq!((g.config.grid, g.config.block), ([2, 2, 1], [256, 1, 1]));
+        let d = h(Op::LayernormBwdParams { rows: 7, channels: 300 });
+        assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [256, 1, 1]));
+        assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
+        let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
+        let e = plan(&Op::GemmFwdSm90 { m: 64, n: 64, k: 64 }, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
+        assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
+    }
+}
