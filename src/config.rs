@@ -1,125 +1,13 @@
 //! `trident train`'s configuration: Megatron's flag names mapped onto a typed config, the model
 //! presets, and every check that makes an impossible configuration a clear error before any work.
 
-use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::cli::Args;
 use crate::data::tokenizer::ByteTokenizer;
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use crate::optim::lr::{DecayStyle, LrSchedule};
 use crate::optim::AdamWConfig;
 use std::path::PathBuf;
-
-/// The flags of `trident train`, with Megatron's names.
-pub const TRAIN_FLAGS: &[FlagSpec] = &[
-    flag(
-        "--preset",
-        "NAME",
-        "model and recipe: tiny, small, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b (default tiny)",
-    ),
-    flag("--num-layers", "N", "transformer layers"),
-    flag("--hidden-size", "H", "hidden size"),
-    flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
-    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
-    flag("--seq-length", "S", "tokens per sample"),
-    flag(
-        "--max-position-embeddings",
-        "P",
-        "rows of the position embedding (default: the preset's, at least the sequence length)",
-    ),
-    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
-    flag("--init-method-std", "X", "standard deviation of weight initialisation (default 0.02)"),
-    flag("--micro-batch-size", "B", "samples per micro-batch"),
-    flag("--global-batch-size", "G", "samples per iteration (a multiple of the micro-batch size)"),
-    flag("--train-iters", "N", "iterations to train"),
-    flag("--lr", "LR", "peak learning rate"),
-    flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
-    flag(
-        "--lr-warmup-iters",
-        "N",
-        "iterations of linear warmup from 0 (default: the preset's, at most a tenth of the run)",
-    ),
-    flag("--lr-decay-iters", "N", "iterations over which to decay (default --train-iters)"),
-    flag("--lr-decay-style", "STYLE", "constant, linear or cosine"),
-    flag("--weight-decay", "WD", "decoupled weight decay (default 0.01; none on biases and LayerNorm)"),
-    flag("--clip-grad", "C", "global gradient-norm clip (default 1.0; 0 disables)"),
-    flag("--adam-beta1", "B1", "AdamW beta1 (default 0.9)"),
-    flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),
-    flag("--adam-eps", "EPS", "AdamW epsilon (default 1e-8)"),
-    flag("--seed", "SEED", "random seed for initialisation and data order (default 1234)"),
-    flag("--data-path", "PREFIX", "dataset prefix written by `trident prepare` (P_text_document)"),
-    flag("--split", "A,B,C", "train/valid/test document split weights (default 969,30,1)"),
-    flag("--eval-interval", "N", "validate every N iterations (default 1000)"),
-    flag("--eval-iters", "N", "global batches per validation (default 100)"),
-    flag("--log-interval", "N", "log every N iterations (default 100)"),
-    flag("--log-json", "FILE", "also write each logged iteration as a JSON line to FILE"),
-    flag("--save", "DIR", "checkpoint directory to write"),
-    flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
-    flag("--load", "DIR", "checkpoint directory to resume from"),
-    flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
-    switch(
-        "--exit-signal-handler",
-        "on SIGUSR1 or SIGTERM: finish the iteration, checkpoint to --save, exit 75 (requeue me)",
-    ),
-    flag(
-        "--exit-duration-in-mins",
-        "N",
-        "after N minutes (fractions allowed) from start: checkpoint to --save at the iteration's end, exit 75",
-    ),
-    flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
-    flag(
-        "--device",
-        "KIND",
-        "cpu, cuda or hip (both need --bf16; head dim 64 or 128); `trident info` lists the GPU libraries found",
-    ),
-    flag(
-        "--gpu-collectives",
-        "LIB",
-        "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
-    ),
-    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
-    flag(
-        "--vocab-size",
-        "V",
-        "vocabulary size before padding (default 257, the byte tokenizer's; larger to continue a GPT-2)",
-    ),
-    flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
-    flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
-    flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
-    switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
-    flag(
-        "--tensor-parallel-mode",
-        "MODE",
-        "1d (Megatron, default), 2d (SUMMA on a q x q grid, T = q²) or 2.5d (d stacked q x q grids, T = d q²)",
-    ),
-    flag("--tesseract-depth", "D", "depth d of the 2.5d grid (the batch splits over d q rows of grids)"),
-    flag(
-        "--summa-algorithm",
-        "NAME",
-        "panel (gathered panels, 2 collectives per product; default) or broadcast (q double-buffered steps)",
-    ),
-    flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
-    flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
-    flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
-    flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
-    flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
-    flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
-    switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
-    switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
-    switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
-    flag(
-        "--recompute-granularity",
-        "KIND",
-        "full (recompute layers from their inputs) or selective (the attention core)",
-    ),
-    flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
-    switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
-    switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),
-    flag("--initial-loss-scale", "S", "fp16: the first loss scale (default 4294967296 = 2^32)"),
-    flag("--min-loss-scale", "S", "fp16: the smallest loss scale (default 1)"),
-    flag("--loss-scale-window", "N", "fp16: clean steps before the scale doubles (default 1000)"),
-    flag("--hysteresis", "N", "fp16: overflowing steps tolerated before the scale halves (default 2)"),
-    flag("--loss-scale", "S", "a constant loss scale instead of the dynamic one"),
-];
 
 /// A named model shape and a training recipe that works for it on this hardware class.
 pub struct Preset {

@@ -33,6 +33,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("comm", 7),
     ("data", 7),
     ("cli", 8),
+    ("flags", 8),
     ("error", 8),
     ("real", 8),
     ("rng", 8),

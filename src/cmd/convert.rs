@@ -5,24 +5,12 @@
 use super::flags;
 use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
 use crate::checkpoint::safetensors::{export_hf, import_hf};
-use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::parallel::grid::TensorMode;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-const CONVERT_FLAGS: &[FlagSpec] = &[
-    flag("--load", "DIR", "checkpoint to read (its latest iteration)"),
-    flag("--load-hf", "DIR", "a Hugging Face GPT-2 directory (config.json, model.safetensors) to read instead"),
-    flag("--save", "DIR", "write a checkpoint of the target layout"),
-    flag("--save-hf", "DIR", "write config.json and model.safetensors for Hugging Face transformers"),
-    flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),
-    flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
-    flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),
-    switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
-    flag("--target-tensor-parallel-mode", "MODE", "1d (default), 2d or 2.5d: how the written checkpoint's TP splits"),
-    flag("--target-tesseract-depth", "D", "depth of a written 2.5d checkpoint"),
-];
+use crate::flags::CONVERT_FLAGS;
 
 /// `trident convert`: reshard a checkpoint, or move weights to and from Hugging Face's format.
 pub fn run(rest: &[String]) -> Result<()> {

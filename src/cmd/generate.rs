@@ -2,19 +2,9 @@
 //! arguments (the sampling itself is the library's `generate`).
 
 use super::{flags, threads};
-use crate::cli::{flag, FlagSpec};
 use crate::error::{Error, Result};
 use crate::generate::GenerateArgs;
-
-const GENERATE_FLAGS: &[FlagSpec] = &[
-    flag("--load", "DIR", "checkpoint directory written by `trident train --save`"),
-    flag("--prompt", "TEXT", "text to continue (default: start of a document)"),
-    flag("--max-new-tokens", "N", "tokens to sample (default 256)"),
-    flag("--temperature", "T", "softmax temperature (default 1.0; 0 is greedy)"),
-    flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
-    flag("--seed", "SEED", "sampling seed (default 1234)"),
-    flag("--cpu-threads", "N", "CPU threads"),
-];
+use crate::flags::GENERATE_FLAGS;
 
 /// `trident generate [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {

@@ -2,11 +2,9 @@
 //! peak, the GPU libraries and devices of each vendor, and the MPI library it was built with.
 
 use super::{flags, threads};
-use crate::cli::{flag, FlagSpec};
 use crate::device::cpu::{gemm, peak, pool};
 use crate::error::Result;
-
-const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
+use crate::flags::INFO_FLAGS;
 
 /// `trident info [--cpu-threads N]`.
 pub fn run(rest: &[String]) -> Result<()> {

@@ -3,7 +3,8 @@
 
 use super::flags;
 use crate::error::Result;
-use crate::plan::{self, report, request::PLAN_FLAGS, Request};
+use crate::flags::PLAN_FLAGS;
+use crate::plan::{self, report, Request};
 
 /// `trident plan`: rank tensor/pipeline/data-parallel layouts for a model on N GPUs.
 pub fn run(rest: &[String]) -> Result<()> {

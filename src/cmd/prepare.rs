@@ -2,18 +2,9 @@
 //! (`data::prepare`), with a progress line on stderr and the summary on stdout.
 
 use super::flags;
-use crate::cli::{flag, many, switch, FlagSpec};
 use crate::data::prepare::{self, PrepareArgs, TextDocuments};
 use crate::error::{Error, Result};
-
-const PREPARE_FLAGS: &[FlagSpec] = &[
-    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
-    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
-    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
-    switch("--append-eod", "end every document with the end-of-document token"),
-    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
-    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
-];
+use crate::flags::PREPARE_FLAGS;
 
 /// `trident prepare [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {

@@ -3,7 +3,8 @@
 //! checkpoint).
 
 use super::{flags, start_mpi};
-use crate::config::{TrainConfig, TRAIN_FLAGS};
+use crate::config::TrainConfig;
+use crate::flags::TRAIN_FLAGS;
 use std::process::ExitCode;
 
 /// `trident train` on every rank of the job. MPI starts first, so that an error every rank

@@ -1,53 +1,12 @@
-//! `trident plan`'s flags (Megatron's names where Megatron has one) and their translation into a
-//! validated `Request`.
+//! `trident plan`'s parsed flags (`flags::PLAN_FLAGS`: Megatron's names where Megatron has one)
+//! turned into a validated `Request`.
 
 use super::hardware::{machine, GIB};
 use super::models::{self, Shape};
 use super::{Pins, Precision, Request};
-use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::model::{GptConfig, Recompute};
-
-pub const PLAN_FLAGS: &[FlagSpec] = &[
-    flag(
-        "--model",
-        "NAME",
-        "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
-    ),
-    flag("--num-layers", "N", "transformer layers (with the next three, instead of or over --model)"),
-    flag("--hidden-size", "H", "hidden size"),
-    flag("--num-attention-heads", "A", "attention heads"),
-    flag("--seq-length", "S", "tokens per sample"),
-    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
-    flag("--max-position-embeddings", "P", "rows of the position embedding (default the sequence length)"),
-    flag("--vocab-size", "V", "vocabulary before padding (default 50257 without --model)"),
-    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
-    flag("--gpus", "N", "GPUs of the job (required)"),
-    flag("--gpus-per-node", "G", "GPUs per node (default 8)"),
-    flag("--gpu", "KIND", "a100 (default), h100, mi250x (one GCD) or mi300x"),
-    flag("--global-batch-size", "B", "sequences per iteration (required)"),
-    flag("--precision", "P", "bf16 (default), fp16 or fp32"),
-    flag("--tensor-model-parallel-size", "T", "pin the tensor-parallel size"),
-    flag("--pipeline-model-parallel-size", "P", "pin the pipeline size"),
-    flag("--micro-batch-size", "B", "pin the micro-batch size"),
-    flag("--num-virtual-stages-per-pipeline-rank", "V", "pin the virtual stages per pipeline rank (1: plain 1F1B)"),
-    flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
-    flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
-    flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
-    flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),
-    switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
-    flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.65)"),
-    flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
-    flag("--hbm-bandwidth", "GB/s", "memory bandwidth per GPU (default: the GPU's)"),
-    flag("--memory-gib", "GIB", "memory per GPU (default: the GPU's)"),
-    flag("--memory-headroom", "X", "fraction of memory kept free for the runtime and buffers (default 0.1)"),
-    flag("--intra-node-bandwidth", "GB/s", "all-reduce bus bandwidth inside a node (default: the GPU's)"),
-    flag("--intra-node-latency-us", "US", "latency per collective step inside a node (default 5)"),
-    flag("--inter-node-bandwidth", "GB/s", "network bandwidth per GPU, one direction (default: the GPU's)"),
-    flag("--inter-node-latency-us", "US", "latency per step between nodes (default 10)"),
-    flag("--top", "K", "layouts to print (default 5; 0 prints all that fit)"),
-    switch("--json", "print one JSON object per layout, best first"),
-];
 
 fn positive(a: &Args, name: &str) -> Result<Option<usize>> {
     match a.usize(name)? {

@@ -1,8 +1,8 @@
-//! `trident bench <target>`: the flags of every benchmark and the dispatch to its module. On one
-//! process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and `step` (`ops`) on the CPU, and
-//! `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding --device cuda|hip` (`gpu`). On
-//! every rank of an MPI job: the collectives (`comm`; `allreduce --device cuda|hip` through
-//! `gpu`) and `summa` (`summa`).
+//! `trident bench <target>`: the dispatch of every benchmark to its module (their flags are
+//! `flags::BENCH_FLAGS`). On one process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and
+//! `step` (`ops`) on the CPU, and `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding
+//! --device cuda|hip` (`gpu`). On every rank of an MPI job: the collectives (`comm`; `allreduce
+//! --device cuda|hip` through `gpu`) and `summa` (`summa`).
 
 pub mod comm;
 pub mod gemm;
@@ -12,36 +12,13 @@ pub mod summa;
 
 use super::{comm_library, end_after_gpu_comm_error, exit, flags, start_mpi, threads};
 use crate::gpu::kernels::Vendor;
-use crate::cli::{flag, switch, Args, FlagSpec};
+use crate::cli::Args;
 use crate::device::cpu::{peak, pool};
 use crate::error::{Error, Result};
 use comm::CommBench;
 use ops::{print_records, Record};
 use std::process::ExitCode;
-
-const BENCH_FLAGS: &[FlagSpec] = &[
-    flag("--cpu-threads", "N", "CPU threads"),
-    flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
-    flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
-    switch("--json", "print one JSON object per measurement"),
-    flag("--dtype", "T", "gemm and step: f32 (default) or bf16"),
-    flag("--preset", "NAME", "step, summa: the model (default gpt2-124m)"),
-    flag("--hidden-size", "H", "summa: hidden size (default: the preset's)"),
-    flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
-    flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
-    flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
-    flag(
-        "--device",
-        "D",
-        "gemm, attention, layernorm, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gelu, xent, embedding: cuda or hip",
-    ),
-    flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
-    flag(
-        "--shape",
-        "S",
-        "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
-    ),
-];
+use crate::flags::BENCH_FLAGS;
 
 /// `trident bench <target> [flags]`: the collectives and `summa` start MPI, the others run here.
 pub fn run(rest: &[String]) -> ExitCode {

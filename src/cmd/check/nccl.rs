@@ -4,7 +4,6 @@
 //! MPI on host memory (`run_on_host`), on the CUDA driver's streams or, for RCCL on an AMD node,
 //! on the HIP runtime's. `check nccl-id`: rank 0's NCCL unique id reaches every rank intact.
 
-use crate::cli::{flag, FlagSpec};
 use crate::cmd::{comm_library, end_after_gpu_comm_error, flags};
 use crate::comm::runtime::Runtime;
 use crate::comm::{Bf16, Comm, Dtype, ReduceOp};
@@ -17,9 +16,7 @@ use crate::gpu::driver::{DeviceBuffer, Driver, PrimaryContext, Stream};
 use crate::gpu::hip::Hip;
 use crate::gpu::nccl::{exchange_unique_id, Flavor, Nccl, UNIQUE_ID_BYTES};
 use std::process::ExitCode;
-
-const CHECK_NCCL_FLAGS: &[FlagSpec] =
-    &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
+use crate::flags::CHECK_NCCL_FLAGS;
 
 /// `trident check nccl`: every collective through NCCL/RCCL on device memory against MPI.
 pub fn run(rt: &Runtime, rest: &[String]) -> ExitCode {

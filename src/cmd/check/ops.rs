@@ -8,13 +8,13 @@
 //! Inputs of the bf16 products are bf16 values already, so the reference sees exactly the operands
 //! the kernels multiply.
 
-use crate::cli::{flag, FlagSpec};
 use crate::cmd::flags;
 use crate::device::reference::ReferenceDevice;
 use crate::device::{AdamWStep, AttentionShape, Device};
 use crate::error::{Error, Result};
 use crate::real::Precision;
 use crate::rng::Stream;
+use crate::flags::CHECK_OPS_FLAGS;
 
 /// Case sizes: `Small` keeps an emulated GPU fast; `Full` adds GPT-2-sized shapes for a real one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -447,12 +447,6 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -
     attention(&mut run, &attn);
     run.out
 }
-
-const CHECK_OPS_FLAGS: &[FlagSpec] = &[
-    flag("--device", "D", "cuda (default), hip or cpu"),
-    flag("--size", "S", "small (ragged shapes, seconds on an emulated GPU) or full (default: adds GPT-2-sized shapes)"),
-    flag("--gpu", "N", "the GPU to check (default 0)"),
-];
 
 /// `trident check ops [--device cpu|cuda|hip] [--size small|full] [--gpu N]`: every op of the device
 /// against the f64 reference device; a table, then one verdict line.

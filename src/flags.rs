@@ -1,0 +1,234 @@
+//! Every subcommand's flags in one index: the tables `trident <command> --help` prints and
+//! `cli::parse` checks a command line against, Megatron's names wherever Megatron has the flag.
+//! The parsers that read them live with their commands (`config.rs` for `train`, `plan/request.rs`
+//! for `plan`, `cmd/` for the rest).
+
+use crate::cli::{flag, many, switch, FlagSpec};
+
+/// The flags of `trident train`, with Megatron's names.
+pub const TRAIN_FLAGS: &[FlagSpec] = &[
+    flag(
+        "--preset",
+        "NAME",
+        "model and recipe: tiny, small, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b (default tiny)",
+    ),
+    flag("--num-layers", "N", "transformer layers"),
+    flag("--hidden-size", "H", "hidden size"),
+    flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
+    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+    flag("--seq-length", "S", "tokens per sample"),
+    flag(
+        "--max-position-embeddings",
+        "P",
+        "rows of the position embedding (default: the preset's, at least the sequence length)",
+    ),
+    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+    flag("--init-method-std", "X", "standard deviation of weight initialisation (default 0.02)"),
+    flag("--micro-batch-size", "B", "samples per micro-batch"),
+    flag("--global-batch-size", "G", "samples per iteration (a multiple of the micro-batch size)"),
+    flag("--train-iters", "N", "iterations to train"),
+    flag("--lr", "LR", "peak learning rate"),
+    flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
+    flag(
+        "--lr-warmup-iters",
+        "N",
+        "iterations of linear warmup from 0 (default: the preset's, at most a tenth of the run)",
+    ),
+    flag("--lr-decay-iters", "N", "iterations over which to decay (default --train-iters)"),
+    flag("--lr-decay-style", "STYLE", "constant, linear or cosine"),
+    flag("--weight-decay", "WD", "decoupled weight decay (default 0.01; none on biases and LayerNorm)"),
+    flag("--clip-grad", "C", "global gradient-norm clip (default 1.0; 0 disables)"),
+    flag("--adam-beta1", "B1", "AdamW beta1 (default 0.9)"),
+    flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),
+    flag("--adam-eps", "EPS", "AdamW epsilon (default 1e-8)"),
+    flag("--seed", "SEED", "random seed for initialisation and data order (default 1234)"),
+    flag("--data-path", "PREFIX", "dataset prefix written by `trident prepare` (P_text_document)"),
+    flag("--split", "A,B,C", "train/valid/test document split weights (default 969,30,1)"),
+    flag("--eval-interval", "N", "validate every N iterations (default 1000)"),
+    flag("--eval-iters", "N", "global batches per validation (default 100)"),
+    flag("--log-interval", "N", "log every N iterations (default 100)"),
+    flag("--log-json", "FILE", "also write each logged iteration as a JSON line to FILE"),
+    flag("--save", "DIR", "checkpoint directory to write"),
+    flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
+    flag("--load", "DIR", "checkpoint directory to resume from"),
+    flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
+    switch(
+        "--exit-signal-handler",
+        "on SIGUSR1 or SIGTERM: finish the iteration, checkpoint to --save, exit 75 (requeue me)",
+    ),
+    flag(
+        "--exit-duration-in-mins",
+        "N",
+        "after N minutes (fractions allowed) from start: checkpoint to --save at the iteration's end, exit 75",
+    ),
+    flag("--cpu-threads", "N", "CPU threads (default: SLURM_CPUS_PER_TASK or the affinity mask)"),
+    flag(
+        "--device",
+        "KIND",
+        "cpu, cuda or hip (both need --bf16; head dim 64 or 128); `trident info` lists the GPU libraries found",
+    ),
+    flag(
+        "--gpu-collectives",
+        "LIB",
+        "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
+    ),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+    flag(
+        "--vocab-size",
+        "V",
+        "vocabulary size before padding (default 257, the byte tokenizer's; larger to continue a GPT-2)",
+    ),
+    flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
+    flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
+    flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
+    switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
+    flag(
+        "--tensor-parallel-mode",
+        "MODE",
+        "1d (Megatron, default), 2d (SUMMA on a q x q grid, T = q²) or 2.5d (d stacked q x q grids, T = d q²)",
+    ),
+    flag("--tesseract-depth", "D", "depth d of the 2.5d grid (the batch splits over d q rows of grids)"),
+    flag(
+        "--summa-algorithm",
+        "NAME",
+        "panel (gathered panels, 2 collectives per product; default) or broadcast (q double-buffered steps)",
+    ),
+    flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
+    flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
+    flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
+    flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
+    flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
+    flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
+    switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
+    switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
+    switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
+    flag(
+        "--recompute-granularity",
+        "KIND",
+        "full (recompute layers from their inputs) or selective (the attention core)",
+    ),
+    flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
+    switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
+    switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),
+    flag("--initial-loss-scale", "S", "fp16: the first loss scale (default 4294967296 = 2^32)"),
+    flag("--min-loss-scale", "S", "fp16: the smallest loss scale (default 1)"),
+    flag("--loss-scale-window", "N", "fp16: clean steps before the scale doubles (default 1000)"),
+    flag("--hysteresis", "N", "fp16: overflowing steps tolerated before the scale halves (default 2)"),
+    flag("--loss-scale", "S", "a constant loss scale instead of the dynamic one"),
+];
+
+/// `trident plan`.
+pub const PLAN_FLAGS: &[FlagSpec] = &[
+    flag(
+        "--model",
+        "NAME",
+        "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
+    ),
+    flag("--num-layers", "N", "transformer layers (with the next three, instead of or over --model)"),
+    flag("--hidden-size", "H", "hidden size"),
+    flag("--num-attention-heads", "A", "attention heads"),
+    flag("--seq-length", "S", "tokens per sample"),
+    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+    flag("--max-position-embeddings", "P", "rows of the position embedding (default the sequence length)"),
+    flag("--vocab-size", "V", "vocabulary before padding (default 50257 without --model)"),
+    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+    flag("--gpus", "N", "GPUs of the job (required)"),
+    flag("--gpus-per-node", "G", "GPUs per node (default 8)"),
+    flag("--gpu", "KIND", "a100 (default), h100, mi250x (one GCD) or mi300x"),
+    flag("--global-batch-size", "B", "sequences per iteration (required)"),
+    flag("--precision", "P", "bf16 (default), fp16 or fp32"),
+    flag("--tensor-model-parallel-size", "T", "pin the tensor-parallel size"),
+    flag("--pipeline-model-parallel-size", "P", "pin the pipeline size"),
+    flag("--micro-batch-size", "B", "pin the micro-batch size"),
+    flag("--num-virtual-stages-per-pipeline-rank", "V", "pin the virtual stages per pipeline rank (1: plain 1F1B)"),
+    flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
+    flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
+    flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
+    flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),
+    switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
+    flag("--gemm-efficiency", "X", "fraction of peak the layer GEMMs reach (default 0.65)"),
+    flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
+    flag("--hbm-bandwidth", "GB/s", "memory bandwidth per GPU (default: the GPU's)"),
+    flag("--memory-gib", "GIB", "memory per GPU (default: the GPU's)"),
+    flag("--memory-headroom", "X", "fraction of memory kept free for the runtime and buffers (default 0.1)"),
+    flag("--intra-node-bandwidth", "GB/s", "all-reduce bus bandwidth inside a node (default: the GPU's)"),
+    flag("--intra-node-latency-us", "US", "latency per collective step inside a node (default 5)"),
+    flag("--inter-node-bandwidth", "GB/s", "network bandwidth per GPU, one direction (default: the GPU's)"),
+    flag("--inter-node-latency-us", "US", "latency per step between nodes (default 10)"),
+    flag("--top", "K", "layouts to print (default 5; 0 prints all that fit)"),
+    switch("--json", "print one JSON object per layout, best first"),
+];
+
+/// `trident prepare`.
+pub const PREPARE_FLAGS: &[FlagSpec] = &[
+    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
+    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
+    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
+    switch("--append-eod", "end every document with the end-of-document token"),
+    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+];
+
+/// `trident generate`.
+pub const GENERATE_FLAGS: &[FlagSpec] = &[
+    flag("--load", "DIR", "checkpoint directory written by `trident train --save`"),
+    flag("--prompt", "TEXT", "text to continue (default: start of a document)"),
+    flag("--max-new-tokens", "N", "tokens to sample (default 256)"),
+    flag("--temperature", "T", "softmax temperature (default 1.0; 0 is greedy)"),
+    flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
+    flag("--seed", "SEED", "sampling seed (default 1234)"),
+    flag("--cpu-threads", "N", "CPU threads"),
+];
+
+/// `trident convert`.
+pub const CONVERT_FLAGS: &[FlagSpec] = &[
+    flag("--load", "DIR", "checkpoint to read (its latest iteration)"),
+    flag("--load-hf", "DIR", "a Hugging Face GPT-2 directory (config.json, model.safetensors) to read instead"),
+    flag("--save", "DIR", "write a checkpoint of the target layout"),
+    flag("--save-hf", "DIR", "write config.json and model.safetensors for Hugging Face transformers"),
+    flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),
+    flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
+    flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),
+    switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
+    flag("--target-tensor-parallel-mode", "MODE", "1d (default), 2d or 2.5d: how the written checkpoint's TP splits"),
+    flag("--target-tesseract-depth", "D", "depth of a written 2.5d checkpoint"),
+];
+
+/// `trident info`.
+pub const INFO_FLAGS: &[FlagSpec] = &[flag("--cpu-threads", "N", "CPU threads to measure the peak with")];
+
+/// `trident bench`.
+pub const BENCH_FLAGS: &[FlagSpec] = &[
+    flag("--cpu-threads", "N", "CPU threads"),
+    flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
+    flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
+    switch("--json", "print one JSON object per measurement"),
+    flag("--dtype", "T", "gemm and step: f32 (default) or bf16"),
+    flag("--preset", "NAME", "step, summa: the model (default gpt2-124m)"),
+    flag("--hidden-size", "H", "summa: hidden size (default: the preset's)"),
+    flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
+    flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
+    flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
+    flag(
+        "--device",
+        "D",
+        "gemm, attention, layernorm, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gelu, xent, embedding: cuda or hip",
+    ),
+    flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
+    flag(
+        "--shape",
+        "S",
+        "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
+    ),
+];
+
+/// `trident check ops`.
+pub const CHECK_OPS_FLAGS: &[FlagSpec] = &[
+    flag("--device", "D", "cuda (default), hip or cpu"),
+    flag("--size", "S", "small (ragged shapes, seconds on an emulated GPU) or full (default: adds GPT-2-sized shapes)"),
+    flag("--gpu", "N", "the GPU to check (default 0)"),
+];
+
+/// `trident check nccl`.
+pub const CHECK_NCCL_FLAGS: &[FlagSpec] =
+    &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
