@@ -17,9 +17,9 @@ pub fn run(rest: &[String]) -> Result<()> {
     let top = a.usize("--top")?.unwrap_or(5);
     let result = plan::plan(&req)?;
     if a.has("--json") {
-        report::print_json(&result, &req, top);
+        print!("{}", report::json_lines(&result, &req, top));
     } else {
-        report::print_text(&result, &req, top);
+        print!("{}", report::text(&result, &req, top));
     }
     Ok(())
 }

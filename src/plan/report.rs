@@ -1,4 +1,4 @@
-//! What `trident plan` prints: the assumptions, a table of the best layouts with the reason each
+//! The text `trident plan` prints (its command prints it): the assumptions, a table of the best layouts with the reason each
 //! is bounded where it is, a line per dropped (tp, pp) alternative, or JSON lines.
 
 use super::hardware::GIB;
@@ -117,9 +117,20 @@ pub fn assumptions(req: &Request) -> Vec<String> {
     ]
 }
 
-pub fn print_text(plan: &Plan, req: &Request, top: usize) {
+/// The plan as `trident plan` prints it: the request and its assumptions, the best `top` layouts
+/// (all that fit when 0) with what bounds each, the other tensor x pipeline splits, the
+/// tensor-parallel modes compared, and the verdict; lines ending in newlines.
+pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
+    let mut out = String::new();
+    // One line of the report.
+    macro_rules! say {
+        ($($t:tt)*) => {{
+            out.push_str(&format!($($t)*));
+            out.push('\n');
+        }};
+    }
     let s = &req.shape;
-    println!(
+    say!(
         "trident plan: {} ({:.2}B parameters: {} layers, hidden {}, {} heads, sequence {}, vocabulary {}) on {} x {}, global batch {}",
         req.model_name,
         s.parameters() / 1e9,
@@ -133,10 +144,10 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
         req.global_batch
     );
     for line in assumptions(req) {
-        println!("  {line}");
+        say!("  {line}");
     }
-    println!();
-    println!(
+    say!("");
+    say!(
         "{:>4} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10} {:>11} {:>12} {:>11}  bounded by",
         "rank",
         "tp",
@@ -155,7 +166,7 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
     let shown = if top == 0 { plan.ranked.len() } else { top.min(plan.ranked.len()) };
     for (i, c) in plan.ranked.iter().take(shown).enumerate() {
         let l = &c.layout;
-        println!(
+        say!(
             "{:>4} {:>4} {:>5} {:>4} {:>5} {:>4} {:>6} {:>10} {:>6} {:>10.1} {:>11.3} {:>12.1} {:>11.0}  {}",
             i + 1,
             l.tp,
@@ -177,8 +188,8 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
         );
     }
     let best = plan.ranked[0];
-    println!();
-    println!("other tensor x pipeline splits:");
+    say!("");
+    say!("other tensor x pipeline splits:");
     let mut lines = Vec::new();
     for (&(t, p), (fit, smallest)) in &plan.by_tp_pp {
         if (t, p) == (best.layout.tp, best.layout.pp) {
@@ -205,17 +216,17 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
     // size first), at most ten lines.
     lines.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0).then(a.0.cmp(&b.0)));
     for (_, (_, line)) in lines.iter().take(10) {
-        println!("{line}");
+        say!("{line}");
     }
     if lines.len() > 10 {
-        println!("  ... and {} more", lines.len() - 10);
+        say!("  ... and {} more", lines.len() - 10);
     }
-    println!();
+    say!("");
     for line in mode_comparison(plan) {
-        println!("{line}");
+        say!("{line}");
     }
-    println!();
-    println!(
+    say!("");
+    say!(
         "{} layouts priced, {} fit; best: {} at {:.3} s per iteration, {:.1} TFLOP/s per GPU ({:.0}% of peak, model FLOPs {:.1})",
         plan.considered,
         plan.ranked.len(),
@@ -229,6 +240,7 @@ pub fn print_text(plan: &Plan, req: &Request, top: usize) {
             },
         best.model_tflops_per_gpu()
     );
+    out
 }
 
 /// Whether 2-D and 2.5-D tensor parallelism beat Megatron's 1-D here: the best layout of each
@@ -320,9 +332,8 @@ pub fn json(c: &Candidate, req: &Request) -> String {
     )
 }
 
-pub fn print_json(plan: &Plan, req: &Request, top: usize) {
+/// The best `top` layouts (all that fit when 0) as JSON lines, best first.
+pub fn json_lines(plan: &Plan, req: &Request, top: usize) -> String {
     let shown = if top == 0 { plan.ranked.len() } else { top.min(plan.ranked.len()) };
-    for c in plan.ranked.iter().take(shown) {
-        println!("{}", json(c, req));
-    }
+    plan.ranked.iter().take(shown).map(|c| json(c, req) + "\n").collect()
 }
