@@ -1,5 +1,6 @@
-//! The text `trident plan` prints (its command prints it): the assumptions, a table of the best layouts with the reason each
-//! is bounded where it is, a line per dropped (tp, pp) alternative, or JSON lines.
+//! The text of `trident plan` (its command prints it): the assumptions, a table of the best
+//! layouts with the reason each is bounded where it is, a line per dropped (tp, pp) alternative,
+//! or JSON lines.
 
 use super::hardware::GIB;
 use super::{recompute_name, Candidate, Layout, Plan, Request};
