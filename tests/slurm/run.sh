@@ -214,8 +214,11 @@ step "4/4 two fake nodes: frontier.sbatch, 2 nodes x 2 ranks TP=2 x PP=2"
 "$CLUSTER" start two "$WORK/two"
 CLUSTERS+=("$WORK/two")
 export SLURM_CONF=$WORK/two/etc/slurm.conf
-# Open MPI across two "nodes" that are one host: its shared-memory transport would mix them up.
+# Open MPI across two "nodes" that are one host: its shared-memory transport would mix them up,
+# and TCP over the host's own external address has failed to connect under load (EINPROGRESS,
+# then a crashed rank); loopback reaches every "node".
 export OMPI_MCA_btl=self,tcp
+export OMPI_MCA_btl_tcp_if_include=lo
 ITERS=20
 export TRAIN_ARGS="--train-iters $ITERS --log-interval 5 --eval-iters 0"
 t=$(date +%s)
