@@ -189,7 +189,7 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     use trident::gpu::hip::Hip;
     use trident::gpu::hip_runtime::HipRuntime;
     use trident::gpu::kernels::hip::HipKernelModules;
-    use trident::gpu::runtime::GpuRuntime;
+    use trident::gpu::runtime::VendorRuntime;
     if emulated().is_none() {
         return;
     }
