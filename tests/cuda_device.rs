@@ -491,6 +491,14 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     assert!(gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(&launched[0]));
 }
 
+/// `bench step --device cuda` on the emulated GPU: its record, its counters against the
+/// emulating driver's own, and today's baseline (`gpu_device::STEP_BASELINE`).
+#[test]
+fn bench_step_counts_what_the_emulating_driver_counts() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::bench_step_counts_what_the_runtime_counts(emu, "cuda");
+}
+
 /// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.
 #[test]
 fn the_emulated_smoke_kernel_is_the_binarys() {
