@@ -74,7 +74,7 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 #[test]
 fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
     use trident::gpu::cuda_runtime::CudaRuntime;
-    use trident::gpu::runtime::{Counted, GpuRuntime};
+    use trident::gpu::runtime::{Counted, GpuRuntime, VendorRuntime};
     if device().is_none() {
         return;
     }

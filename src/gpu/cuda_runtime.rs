@@ -83,7 +83,7 @@ impl VendorRuntime for CudaRuntime {
         self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
         Ok(p)
     }
-    fn free(&self, pointer: u64) {
+    fn free(&self, pointer: u64, _bytes: usize) {
         let _ = self.current();
         // SAFETY: the pointer came from cuMemAlloc_v2 and `Counted` frees each block once.
         let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };

@@ -108,7 +108,7 @@ impl VendorRuntime for HipRuntime {
         self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
         Ok(p as u64)
     }
-    fn free(&self, pointer: u64) {
+    fn free(&self, pointer: u64, _bytes: usize) {
         let _ = self.current();
         // SAFETY: the pointer came from hipMalloc and `Counted` frees each block once.
         let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };

@@ -12,10 +12,10 @@
 //!    geometry per vendor), `kernels::cuda` and `kernels::hip` (the embedded sources and their
 //!    images: precompiled, or compiled by NVRTC / hipRTC through the cache), `kernels::plan` (an
 //!    op's checked launch).
-//! 4. `tally` (`Tally`, the counters of a runtime's calls), then `runtime` (`VendorRuntime`, one
-//!    vendor's calls; `GpuRuntime`, what the Device needs of a runtime, and `Counted`, the one
-//!    implementation of it: a vendor's runtime with freed blocks kept for reuse and every call
-//!    counted; `FreedBlocks`; `Arg`).
+//! 4. `tally` (`Tally`, the counters of a runtime's calls), then `runtime` (`VendorRuntime`, a
+//!    runtime's calls; `GpuRuntime`, what the Device needs of a runtime: those calls, counted,
+//!    with timing; `Counted`, its one implementation over either vendor's runtime, freed blocks
+//!    kept for reuse; `FreedBlocks`; `Arg`).
 //! 5. `cuda_runtime` and `hip_runtime`: `VendorRuntime` on the CUDA driver and on the HIP runtime.
 //!    `open` (`OpenGpu`: one GPU of either vendor opened with its runtime, kernel images and
 //!    limits; `Functions`, kernels of the index resolved on it).

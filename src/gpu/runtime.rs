@@ -1,22 +1,24 @@
-//! What the GPU Device and the GPU benches need of a vendor's runtime. `VendorRuntime` is one
-//! vendor's calls, one for one (allocate, free, copy, memset, load a module, find a function,
-//! launch, synchronize), which `CudaRuntime` (cuda_runtime.rs) implements on the CUDA driver and
-//! `HipRuntime` (hip_runtime.rs) on the HIP runtime. `GpuRuntime` is what everything above uses:
-//! the same calls with freed blocks kept for reuse and every call counted, implemented once for
-//! both vendors by `Counted` (counted.rs). Also launches from typed arguments (`Arg`), timing
-//! for the benches, and `FreedBlocks`, the freed allocations kept for reuse.
+//! What the GPU Device and the GPU benches need of a vendor's runtime. `VendorRuntime` is the
+//! calls (allocate, free, copy, memset, load a module, find a function, launch, synchronize),
+//! which `CudaRuntime` (cuda_runtime.rs) makes one for one on the CUDA driver and `HipRuntime`
+//! (hip_runtime.rs) on the HIP runtime. `GpuRuntime` is what everything above uses: the same
+//! calls with freed blocks kept for reuse and every call counted, plus timing for the benches and
+//! launches from typed arguments (`Arg`); `Counted` implements it once for both vendors over
+//! either vendor's runtime. Also `FreedBlocks`, the freed allocations kept for reuse.
 
 use super::tally::Tally;
 use crate::error::Result;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-/// One vendor's runtime, call for call. Pointers are device addresses; handles are opaque.
-/// `alloc` and `free` are the vendor's own (`cuMemAlloc` / `cuMemFree`, `hipMalloc` / `hipFree`).
+/// A GPU runtime's calls. Pointers are device addresses; handles are opaque. A vendor's runtime
+/// makes each as one call of its own (`cuMemAlloc` / `cuMemFree`, `hipMalloc` / `hipFree`, ...);
+/// `Counted` makes them through one, keeping freed blocks and counting.
 pub trait VendorRuntime: Send + Sync {
     fn alloc(&self, bytes: usize) -> Result<u64>;
-    /// Frees an allocation from `alloc` (which synchronizes the device).
-    fn free(&self, pointer: u64);
+    /// Gives back an allocation of `bytes` from `alloc`: the vendor frees it (which synchronizes
+    /// the device); `Counted` keeps it for a later request of its size.
+    fn free(&self, pointer: u64, bytes: usize);
     /// Copies `src` to the device; returns when `src` may be reused.
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
     /// Copies to the host after the work already enqueued (so the host waits for the device).
@@ -41,32 +43,25 @@ pub trait VendorRuntime: Send + Sync {
     }
 }
 
-/// What the Device and the benches use of a GPU runtime: a vendor's calls with freed blocks kept
-/// for reuse and every call counted (`Counted`). Pointers are device addresses; handles are opaque.
-pub trait GpuRuntime: Send + Sync {
-    fn alloc(&self, bytes: usize) -> Result<u64>;
-    /// Gives back an allocation of `bytes` from `alloc` (kept for a later request of its size).
-    fn free(&self, pointer: u64, bytes: usize);
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
-    fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()>;
-    /// Copies `bytes` between device allocations, in order with the launches.
-    fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
-    /// Sets `count` 32-bit words at `dst` to `value`.
-    fn memset_u32(&self, dst: u64, value: u32, count: usize) -> Result<()>;
-    /// Loads a compiled module (CUBIN) and returns its handle; it stays loaded for the runtime's life.
-    fn load_module(&self, image: &[u8]) -> Result<usize>;
-    fn function(&self, module: usize, name: &str) -> Result<usize>;
-    /// Launches `function` with `params[i]` pointing to argument i, no dynamic shared memory.
-    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()>;
-    fn synchronize(&self) -> Result<()>;
-    /// A one-line description: the GPU, its architecture and the driver.
-    fn describe(&self) -> String;
+/// What the Device and the benches use of a GPU runtime (`Counted`): its calls with freed blocks
+/// kept for reuse and every call counted, timing, and launches from typed arguments.
+pub trait GpuRuntime: VendorRuntime {
+    /// The counters of every call since the runtime was opened (`Tally::snapshot` reads them).
+    fn tally(&self) -> &Arc<Tally>;
+
     /// Milliseconds the device spends on the work `enqueue` launches, for the benches: events on
     /// the stream where the vendor has them here (CUDA), else the host's clock from an idle
     /// device to the end of a synchronize after it (HIP).
-    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
-    /// The counters of every call since the runtime was opened (`Tally::snapshot` reads them).
-    fn tally(&self) -> &Arc<Tally>;
+    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        if let Some(ms) = self.time_with_events(enqueue) {
+            return ms;
+        }
+        self.synchronize()?;
+        let started = std::time::Instant::now();
+        enqueue()?;
+        self.synchronize()?;
+        Ok(started.elapsed().as_secs_f64() * 1e3)
+    }
 
     /// Launches `function` with `args`, each widened into a 64-bit slot whose address is its
     /// `kernelParams` entry (the kernel reads an `int` or `float` from the slot's first bytes).
@@ -103,7 +98,12 @@ pub struct FreedBlocks(std::sync::Mutex<Vec<(usize, u64)>>);
 impl FreedBlocks {
     /// A kept block of exactly `bytes`, else `fresh(bytes)`; when that fails and blocks of other
     /// sizes are kept, they go back through `release` and `fresh` is tried once more.
-    pub fn alloc(&self, bytes: usize, fresh: impl Fn(usize) -> Result<u64>, release: impl Fn(u64)) -> Result<u64> {
+    pub fn alloc(
+        &self,
+        bytes: usize,
+        fresh: impl Fn(usize) -> Result<u64>,
+        release: impl Fn(u64, usize),
+    ) -> Result<u64> {
         {
             let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(i) = kept.iter().position(|&(b, _)| b == bytes) {
@@ -121,11 +121,11 @@ impl FreedBlocks {
     pub fn keep(&self, pointer: u64, bytes: usize) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).push((bytes, pointer));
     }
-    /// Every kept block through `release` (at the runtime's end).
-    pub fn release_all(&self, release: impl Fn(u64)) {
+    /// Every kept block through `release` (pointer, bytes; at the runtime's end).
+    pub fn release_all(&self, release: impl Fn(u64, usize)) {
         let kept = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        for (_, pointer) in kept {
-            release(pointer);
+        for (bytes, pointer) in kept {
+            release(pointer, bytes);
         }
     }
 }
@@ -151,20 +151,20 @@ impl<V: VendorRuntime> Counted<V> {
     }
 
     /// Frees a block through the vendor (once per block, through `FreedBlocks`).
-    fn release(&self, pointer: u64) {
+    fn release(&self, pointer: u64, bytes: usize) {
         self.tally.free();
-        self.vendor.free(pointer);
+        self.vendor.free(pointer, bytes);
     }
 }
 
 impl<V: VendorRuntime> Drop for Counted<V> {
     /// The kept blocks go back to the vendor before it is dropped (with its modules and context).
     fn drop(&mut self) {
-        self.freed.release_all(|p| self.release(p));
+        self.freed.release_all(|p, bytes| self.release(p, bytes));
     }
 }
 
-impl<V: VendorRuntime> GpuRuntime for Counted<V> {
+impl<V: VendorRuntime> VendorRuntime for Counted<V> {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         let fresh_made = std::cell::Cell::new(false);
         let fresh = |bytes| {
@@ -173,7 +173,7 @@ impl<V: VendorRuntime> GpuRuntime for Counted<V> {
             fresh_made.set(true);
             Ok(pointer)
         };
-        let pointer = self.freed.alloc(bytes, fresh, |p| self.release(p))?;
+        let pointer = self.freed.alloc(bytes, fresh, |p, bytes| self.release(p, bytes))?;
         if !fresh_made.get() {
             self.tally.reused_allocation();
         }
@@ -216,18 +216,15 @@ impl<V: VendorRuntime> GpuRuntime for Counted<V> {
     fn describe(&self) -> String {
         self.vendor.describe()
     }
-    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        if let Some(ms) = self.vendor.time_with_events(enqueue) {
-            // The host waited for the end event.
-            self.tally.synchronization();
-            return ms;
-        }
-        self.synchronize()?;
-        let started = std::time::Instant::now();
-        enqueue()?;
-        self.synchronize()?;
-        Ok(started.elapsed().as_secs_f64() * 1e3)
+    fn time_with_events(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Option<Result<f64>> {
+        let ms = self.vendor.time_with_events(enqueue)?;
+        // The host waited for the end event.
+        self.tally.synchronization();
+        Some(ms)
     }
+}
+
+impl<V: VendorRuntime> GpuRuntime for Counted<V> {
     fn tally(&self) -> &Arc<Tally> {
         &self.tally
     }
@@ -259,8 +256,8 @@ mod tests {
             self.log(format!("alloc {bytes}"));
             Ok(*next)
         }
-        fn free(&self, pointer: u64) {
-            self.log(format!("free {pointer:#x}"));
+        fn free(&self, pointer: u64, bytes: usize) {
+            self.log(format!("free {pointer:#x} {bytes}"));
         }
         fn copy_to_device(&self, _: u64, src: &[u8]) -> Result<()> {
             self.log(format!("htod {}", src.len()));
@@ -359,7 +356,7 @@ mod tests {
             next.set(p + bytes as u64);
             Ok(p)
         };
-        let release = |p: u64| released.borrow_mut().push(p);
+        let release = |p: u64, _bytes: usize| released.borrow_mut().push(p);
         let a = kept.alloc(256, fresh, release).unwrap();
         kept.keep(a, 256);
         let b = kept.alloc(512, fresh, release).unwrap();

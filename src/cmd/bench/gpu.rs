@@ -37,7 +37,7 @@ use crate::gpu::nccl::{Flavor, Nccl};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
 use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
-use crate::gpu::runtime::GpuRuntime;
+use crate::gpu::runtime::VendorRuntime;
 
 /// One measurement.
 #[derive(Clone, Debug, PartialEq)]
