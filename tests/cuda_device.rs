@@ -69,23 +69,40 @@ fn device_to_device_copies_move_exactly_the_range_and_the_default_copy_agrees() 
 
 /// cuMemFree synchronizes the whole device (and would make the host wait for pipeline sends whose
 /// receives the peer posts later): the runtime keeps freed blocks and hands them to requests of
-/// the same size, and a Device buffer made from a reused block still starts zeroed.
+/// the same size, and a Device buffer made from a reused block still starts zeroed. The counters
+/// tell the driver's allocations and frees from the kept blocks' reuse.
 #[test]
 fn freed_device_memory_is_reused_by_requests_of_its_size_and_starts_zeroed() {
     use trident::gpu::cuda_runtime::CudaRuntime;
-    use trident::gpu::runtime::GpuRuntime;
-    let Some(dev) = device() else { return };
-    let rt = CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap();
+    use trident::gpu::runtime::{Counted, GpuRuntime, VendorRuntime};
+    if device().is_none() {
+        return;
+    }
+    let rt = Counted::new(CudaRuntime::new(trident::gpu::driver::Driver::load().unwrap(), 0).unwrap());
     let a = rt.alloc(4096).unwrap();
     rt.free(a, 4096);
     let b = rt.alloc(2048).unwrap();
     assert_ne!(a, b, "a block of another size was handed out");
     assert_eq!(rt.alloc(4096).unwrap(), a, "the freed block was not reused");
     assert_ne!(rt.alloc(4096).unwrap(), a, "one block was handed out twice");
+    let c = rt.tally().snapshot();
+    assert_eq!((c.allocations, c.allocation_bytes, c.reused_allocations, c.kept_frees), (3, 10240, 1, 1));
+    assert_eq!((c.frees, c.synchronizations), (0, 0), "a kept block costs no cuMemFree");
+    let tally = rt.tally().clone();
+    rt.free(b, 2048);
+    drop(rt);
+    let c = tally.snapshot();
+    assert_eq!((c.kept_frees, c.frees, c.synchronizations), (2, 1, 1), "the kept block is freed at the end");
+    // A Device of its own, so that no other test's work is counted.
+    let dev = &GpuDevice::cuda(0).unwrap();
     let mut x = dev.alloc(777);
     dev.fill(&mut x, 5.0);
+    let before = dev.work_counters().unwrap();
     drop(x);
-    assert_eq!(down(dev, &dev.alloc(777)), vec![0.0; 777]);
+    let y = dev.alloc(777);
+    let reuse = dev.work_counters().unwrap().since(&before);
+    assert_eq!((reuse.kept_frees, reuse.reused_allocations, reuse.allocations, reuse.memsets), (1, 1, 0, 1));
+    assert_eq!(down(dev, &y), vec![0.0; 777]);
 }
 
 #[test]
@@ -380,7 +397,7 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     use trident::gpu::cuda_runtime::CudaRuntime;
     use trident::gpu::driver::Driver;
     use trident::gpu::kernels::cuda::KernelModules;
-    use trident::gpu::runtime::GpuRuntime;
+    use trident::gpu::runtime::VendorRuntime;
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
@@ -472,6 +489,14 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &[("gemm", "130x192x160")]);
     assert_eq!(launched, ["gemm_fwd_bf16_f32out_sm90"]);
     assert!(gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(&launched[0]));
+}
+
+/// `bench step --device cuda` on the emulated GPU: its record, its counters against the
+/// emulating driver's own, and today's baseline (`gpu_device::STEP_BASELINE`).
+#[test]
+fn bench_step_counts_what_the_emulating_driver_counts() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::bench_step_counts_what_the_runtime_counts(emu, "cuda");
 }
 
 /// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.

@@ -175,6 +175,14 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     assert_eq!(launched, gpu_device::bench_kernels(trident::gpu::kernels::Vendor::Hip, "gfx90a"));
 }
 
+/// `bench step --device hip` on the emulated GCD: its record, its counters against the emulating
+/// runtime's own, and today's baseline (`gpu_device::STEP_BASELINE`).
+#[test]
+fn bench_step_counts_what_the_emulating_runtime_counts() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::bench_step_counts_what_the_runtime_counts(emu, "hip");
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
@@ -189,7 +197,7 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     use trident::gpu::hip::Hip;
     use trident::gpu::hip_runtime::HipRuntime;
     use trident::gpu::kernels::hip::HipKernelModules;
-    use trident::gpu::runtime::GpuRuntime;
+    use trident::gpu::runtime::VendorRuntime;
     if emulated().is_none() {
         return;
     }

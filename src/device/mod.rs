@@ -1,9 +1,13 @@
 //! The Device seam: the fused ops the model calls on buffers that live on one device. A backend
 //! implements this trait; no model, parallel or optimizer code branches on which backend it is.
+//! What a device's work costs, where it counts it, is `counters::WorkCounters`.
 
+pub mod counters;
 pub mod cpu;
 pub mod kernels;
 pub mod reference;
+
+pub use counters::WorkCounters;
 
 /// Geometry of one causal self-attention call. Activations are sequence-first like Megatron's:
 /// row `t * batch + b` holds token `t` of sequence `b`. The fused QKV row is laid out per head,
@@ -440,4 +444,12 @@ pub trait Device: Send + Sync {
 
     /// One decoupled-weight-decay Adam step on one parameter tensor.
     fn adamw(&self, param: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, step: AdamWStep);
+
+    /// What this device's work has cost since it was opened (kernel launches, copies,
+    /// synchronisations, allocations), where the device counts it: the GPU Device does; None on
+    /// devices that count nothing (the CPU, the reference). Subtract two snapshots
+    /// (`WorkCounters::since`) for the work between them.
+    fn work_counters(&self) -> Option<WorkCounters> {
+        None
+    }
 }

@@ -891,7 +891,7 @@ pub fn rank_device(rt: &Runtime, driver: &Driver, command: &str) -> Result<usize
 /// `check nccl` and `bench allreduce --device hip` on a node without a CUDA driver.
 pub struct RcclOnHip {
     /// The GPU's runtime, current on this thread (the communicator's stream is made on it).
-    pub device: super::hip_runtime::HipRuntime,
+    pub device: super::runtime::Counted<super::hip_runtime::HipRuntime>,
     pub nccl: Nccl,
     pub world: Box<dyn Comm>,
     pub name: String,
@@ -901,7 +901,7 @@ impl RcclOnHip {
     pub fn open(rt: &Runtime, hip: super::hip::Hip, command: &str) -> Result<RcclOnHip> {
         let ordinal = rank_device_of(rt, hip.device_count()?, "hip", "HIP runtime", command)?;
         let name = hip.device_info(ordinal)?.name;
-        let device = super::hip_runtime::HipRuntime::new(hip, ordinal)?;
+        let device = super::runtime::Counted::new(super::hip_runtime::HipRuntime::new(hip, ordinal)?);
         let nccl = Nccl::load(Flavor::Rccl)?;
         let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
         Ok(RcclOnHip { device, nccl, world, name })
@@ -909,7 +909,8 @@ impl RcclOnHip {
 
     /// The communicator over the job, its stream on the HIP runtime.
     pub fn comm(&self) -> Result<NcclComm<'_>> {
-        NcclComm::on_current_context(&self.nccl, StreamApi::Hip(self.device.hip()), self.world.as_ref(), timeout()?)
+        let stream_api = StreamApi::Hip(self.device.vendor().hip());
+        NcclComm::on_current_context(&self.nccl, stream_api, self.world.as_ref(), timeout()?)
     }
 }
 

@@ -1,22 +1,21 @@
-//! `CudaRuntime`: the CUDA driver (driver.rs) as a `GpuRuntime` for the GPU Device and the GPU
-//! benches: the primary context of one device, made current on every thread that calls in, the
-//! modules it loaded, and its freed blocks kept for reuse. Launches and copies run on the legacy
-//! default stream, in order.
+//! `CudaRuntime`: the CUDA driver (driver.rs) as a `VendorRuntime`, which `runtime::Counted`
+//! makes the GPU Device's and the GPU benches' `GpuRuntime`: the primary context of one device,
+//! made current on every thread that calls in, and the modules it loaded. Launches and copies run
+//! on the legacy default stream, in order.
 
 use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver, Event};
 use super::kernels::cuda::arch_for;
-use super::runtime::{FreedBlocks, GpuRuntime};
+use super::runtime::VendorRuntime;
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
 
-/// The CUDA driver as a `GpuRuntime`: the primary context of one device, made current on every
+/// The CUDA driver as a `VendorRuntime`: the primary context of one device, made current on every
 /// thread that calls in, and the modules it loaded (unloaded on drop).
 pub struct CudaRuntime {
     driver: Driver,
     info: DeviceInfo,
     context: CuContext,
     modules: std::sync::Mutex<Vec<CuModule>>,
-    freed: FreedBlocks,
 }
 
 // SAFETY: the context and module handles are process-wide driver objects; the driver API is
@@ -39,25 +38,13 @@ impl CudaRuntime {
         // SAFETY: writes one context handle for a device the driver just returned.
         driver
             .check("cuDevicePrimaryCtxRetain", unsafe { driver.api.cuDevicePrimaryCtxRetain(&mut context, device) }?)?;
-        let rt = CudaRuntime {
-            driver,
-            info,
-            context,
-            modules: std::sync::Mutex::new(Vec::new()),
-            freed: FreedBlocks::default(),
-        };
+        let rt = CudaRuntime { driver, info, context, modules: std::sync::Mutex::new(Vec::new()) };
         rt.current()?;
         Ok(rt)
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
-    }
-
-    /// `cuMemFree` of a block from `cuMemAlloc` (through `FreedBlocks`, once per block).
-    fn release(&self, pointer: u64) {
-        // SAFETY: the pointer came from cuMemAlloc_v2 and left the kept blocks, so is freed once.
-        let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
     }
 
     /// Makes the context current on this thread (once per thread and context).
@@ -76,7 +63,6 @@ impl CudaRuntime {
 impl Drop for CudaRuntime {
     fn drop(&mut self) {
         let _ = self.current();
-        self.freed.release_all(|p| self.release(p));
         for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
             // SAFETY: each handle came from cuModuleLoadData and is unloaded once.
             let _ = unsafe { self.driver.api.cuModuleUnload(m) };
@@ -89,19 +75,18 @@ impl Drop for CudaRuntime {
     }
 }
 
-impl GpuRuntime for CudaRuntime {
+impl VendorRuntime for CudaRuntime {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.current()?;
-        let fresh = |bytes| {
-            let mut p = 0;
-            // SAFETY: writes one device pointer; a context is current.
-            self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
-            Ok(p)
-        };
-        self.freed.alloc(bytes, fresh, |p| self.release(p))
+        let mut p = 0;
+        // SAFETY: writes one device pointer; a context is current.
+        self.driver.check("cuMemAlloc_v2", unsafe { self.driver.api.cuMemAlloc_v2(&mut p, bytes) }?)?;
+        Ok(p)
     }
-    fn free(&self, pointer: u64, bytes: usize) {
-        self.freed.keep(pointer, bytes);
+    fn free(&self, pointer: u64, _bytes: usize) {
+        let _ = self.current();
+        // SAFETY: the pointer came from cuMemAlloc_v2 and `Counted` frees each block once.
+        let _ = unsafe { self.driver.api.cuMemFree_v2(pointer) };
     }
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.current()?;
@@ -170,14 +155,16 @@ impl GpuRuntime for CudaRuntime {
         // SAFETY: a context is current.
         self.driver.check("cuCtxSynchronize", unsafe { self.driver.api.cuCtxSynchronize() }?)
     }
-    fn time_ms(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        self.current()?;
-        let (start, end) = (Event::new(&self.driver, true)?, Event::new(&self.driver, true)?);
-        start.record(None)?;
-        enqueue()?;
-        end.record(None)?;
-        end.synchronize()?;
-        Ok(f64::from(start.elapsed_ms(&end)?))
+    fn time_with_events(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Option<Result<f64>> {
+        Some((|| {
+            self.current()?;
+            let (start, end) = (Event::new(&self.driver, true)?, Event::new(&self.driver, true)?);
+            start.record(None)?;
+            enqueue()?;
+            end.record(None)?;
+            end.synchronize()?;
+            Ok(f64::from(start.elapsed_ms(&end)?))
+        })())
     }
     fn describe(&self) -> String {
         let driver = match self.driver.version() {

@@ -15,7 +15,8 @@
 //! split-LayerNorm row sums copy to the host synchronously. A failed GPU call inside an op (the
 //! trait's ops return no `Result`) ends the process with one `trident: error:` line naming the
 //! call. Collectives and pipeline p2p on device memory are attached as trait objects
-//! (`attach_comms`, `attach_p2p`), so this file names no communicator type.
+//! (`attach_comms`, `attach_p2p`), so this file names no communicator type. Every runtime call
+//! is counted (`runtime::Counted`): `Device::work_counters` reads the counts, `tally` shares them.
 
 use super::buffer::{DeviceMem, GpuBuf, GpuP2p};
 use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
@@ -213,6 +214,18 @@ impl GpuDevice {
     pub(super) fn to_host(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.settle();
         self.rt.copy_to_host(dst, src)
+    }
+
+    /// Waits until the work enqueued so far has finished (what a bench times up to).
+    pub fn synchronize(&self) -> Result<()> {
+        self.settle();
+        self.rt.synchronize()
+    }
+
+    /// The counters of this Device's runtime calls, shared: they stay readable after the Device
+    /// is dropped, with the frees of its kept blocks at the end counted.
+    pub fn tally(&self) -> Arc<super::tally::Tally> {
+        self.rt.tally().clone()
     }
 
     /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).

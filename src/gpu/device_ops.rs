@@ -508,6 +508,9 @@ impl Device for GpuDevice {
         self.bf16_to_f32(dst.ptr(), half.pointer, src.len());
     }
 
+    fn work_counters(&self) -> Option<crate::device::WorkCounters> {
+        Some(self.rt.tally().snapshot())
+    }
     fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));

@@ -1,17 +1,18 @@
-//! `HipRuntime`: the HIP runtime (hip.rs) as a `GpuRuntime` for the GPU Device on an AMD GPU
-//! and the GPU benches (hipMalloc, hipMemcpyHtoD / DtoH, hipMemsetD32, hipModuleLoadData,
-//! hipModuleGetFunction, hipModuleLaunchKernel, hipDeviceSynchronize): one device, made current
-//! on every thread that calls in, its gfx architecture and launch limits, the modules it loaded
-//! and its freed blocks kept for reuse. Everything runs on the null stream, in order, as on CUDA.
+//! `HipRuntime`: the HIP runtime (hip.rs) as a `VendorRuntime` (hipMalloc, hipFree,
+//! hipMemcpyHtoD / DtoH / DtoD, hipMemsetD32, hipModuleLoadData, hipModuleGetFunction,
+//! hipModuleLaunchKernel, hipDeviceSynchronize), which `runtime::Counted` makes the GPU Device's
+//! and the GPU benches' `GpuRuntime` on an AMD GPU: one device, made current on every thread that
+//! calls in, its gfx architecture and launch limits, and the modules it loaded. Everything runs
+//! on the null stream, in order, as on CUDA.
 
 use super::hip::{attribute, Hip, HipDeviceInfo, HipFunction, HipModule};
 use super::launch::DeviceLimits;
-use super::runtime::{FreedBlocks, GpuRuntime};
+use super::runtime::VendorRuntime;
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
 use std::sync::Mutex;
 
-/// The HIP runtime as a `GpuRuntime`: device `ordinal`, made current (`hipSetDevice`) on every
+/// The HIP runtime as a `VendorRuntime`: device `ordinal`, made current (`hipSetDevice`) on every
 /// thread that calls in, and the modules it loaded (unloaded on drop).
 pub struct HipRuntime {
     hip: Hip,
@@ -19,8 +20,6 @@ pub struct HipRuntime {
     arch: String,
     limits: DeviceLimits,
     modules: Mutex<Vec<usize>>,
-    /// Freed blocks kept for reuse (`hipFree` synchronizes the device, as `cuMemFree` does).
-    freed: FreedBlocks,
 }
 
 thread_local! {
@@ -32,12 +31,6 @@ impl HipRuntime {
     /// The HIP runtime table this device runs on.
     pub fn hip(&self) -> &Hip {
         &self.hip
-    }
-
-    /// `hipFree` of a block from `hipMalloc` (through `FreedBlocks`, once per block).
-    fn release(&self, pointer: u64) {
-        // SAFETY: the pointer came from hipMalloc and left the kept blocks, so is freed once.
-        let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };
     }
 
     /// Device `ordinal` of the runtime; its gfx architecture must be known (kernels are compiled for it).
@@ -64,7 +57,7 @@ impl HipRuntime {
             shared_bytes_optin: 64 * 1024,
             warp_size: attr(attribute::WARP_SIZE)?,
         };
-        let rt = HipRuntime { hip, info, arch, limits, modules: Mutex::new(Vec::new()), freed: Default::default() };
+        let rt = HipRuntime { hip, info, arch, limits, modules: Mutex::new(Vec::new()) };
         rt.current()?;
         Ok(rt)
     }
@@ -99,7 +92,6 @@ impl HipRuntime {
 impl Drop for HipRuntime {
     fn drop(&mut self) {
         let _ = self.current();
-        self.freed.release_all(|p| self.release(p));
         for m in self.modules.lock().map(|m| m.clone()).unwrap_or_default() {
             // SAFETY: each handle came from hipModuleLoadData and is unloaded once.
             let _ = unsafe { self.hip.api.hipModuleUnload(m as HipModule) };
@@ -108,19 +100,18 @@ impl Drop for HipRuntime {
     }
 }
 
-impl GpuRuntime for HipRuntime {
+impl VendorRuntime for HipRuntime {
     fn alloc(&self, bytes: usize) -> Result<u64> {
         self.current()?;
-        let fresh = |bytes| {
-            let mut p: *mut c_void = std::ptr::null_mut();
-            // SAFETY: writes one device pointer.
-            self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
-            Ok(p as u64)
-        };
-        self.freed.alloc(bytes, fresh, |p| self.release(p))
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one device pointer.
+        self.hip.check("hipMalloc", unsafe { self.hip.api.hipMalloc(&mut p, bytes) }?)?;
+        Ok(p as u64)
     }
-    fn free(&self, pointer: u64, bytes: usize) {
-        self.freed.keep(pointer, bytes);
+    fn free(&self, pointer: u64, _bytes: usize) {
+        let _ = self.current();
+        // SAFETY: the pointer came from hipMalloc and `Counted` frees each block once.
+        let _ = unsafe { self.hip.api.hipFree(pointer as *mut c_void) };
     }
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.current()?;

@@ -12,8 +12,11 @@
 //!    geometry per vendor), `kernels::cuda` and `kernels::hip` (the embedded sources and their
 //!    images: precompiled, or compiled by NVRTC / hipRTC through the cache), `kernels::plan` (an
 //!    op's checked launch).
-//! 4. `runtime` (`GpuRuntime`, what the Device needs of a vendor's runtime; `FreedBlocks`; `Arg`).
-//! 5. `cuda_runtime` and `hip_runtime`: `GpuRuntime` on the CUDA driver and on the HIP runtime.
+//! 4. `tally` (`Tally`, the counters of a runtime's calls), then `runtime` (`VendorRuntime`, a
+//!    runtime's calls; `GpuRuntime`, what the Device needs of a runtime: those calls, counted,
+//!    with timing; `Counted`, its one implementation over either vendor's runtime, freed blocks
+//!    kept for reuse; `FreedBlocks`; `Arg`).
+//! 5. `cuda_runtime` and `hip_runtime`: `VendorRuntime` on the CUDA driver and on the HIP runtime.
 //!    `open` (`OpenGpu`: one GPU of either vendor opened with its runtime, kernel images and
 //!    limits; `Functions`, kernels of the index resolved on it).
 //! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
@@ -51,6 +54,7 @@ pub mod peaks;
 pub mod rtc;
 pub mod runtime;
 pub mod status;
+pub mod tally;
 pub mod training;
 
 use crate::error::{Error, Result};

@@ -1,4 +1,5 @@
-//! One GPU of either vendor, opened for the GPU Device or a GPU bench: its `GpuRuntime`, where its
+//! One GPU of either vendor, opened for the GPU Device or a GPU bench: its `GpuRuntime` (the
+//! vendor's runtime, counted: `runtime::Counted`), where its
 //! kernel images come from (`KernelModules` for CUDA, `HipKernelModules` for HIP: precompiled, or
 //! compiled for the device's architecture through the disk cache), its name, architecture,
 //! launch limits and multiprocessor count; and `Functions`, kernels of the index resolved on it
@@ -13,7 +14,7 @@ use super::kernels::cuda::{arch_for, KernelModules};
 use super::kernels::hip::HipKernelModules;
 use super::kernels::{Kernel, Vendor, KERNELS};
 use super::launch::DeviceLimits;
-use super::runtime::GpuRuntime;
+use super::runtime::{Counted, GpuRuntime};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -52,7 +53,7 @@ impl OpenGpu {
         let rt = CudaRuntime::new(Driver::load()?, ordinal)?;
         let info = rt.info().clone();
         Ok(OpenGpu {
-            rt: Arc::new(rt),
+            rt: Arc::new(Counted::new(rt)),
             vendor: Vendor::Cuda,
             arch: arch_for(info.compute_capability)?,
             multiprocessors: info.multiprocessors.max(1) as usize,
@@ -71,7 +72,7 @@ impl OpenGpu {
         let multiprocessors = rt.info().compute_units.max(1) as usize;
         let root = default_root(&|k| std::env::var(k).ok())?;
         Ok(OpenGpu {
-            rt: Arc::new(rt),
+            rt: Arc::new(Counted::new(rt)),
             vendor: Vendor::Hip,
             name,
             arch,

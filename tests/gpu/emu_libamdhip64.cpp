@@ -20,6 +20,9 @@
 // static LDS and kernelParams only), as is a workgroup over 1024 threads.
 // hipGetDeviceProperties writes a struct of its own layout (name first, gcnArchName later, as
 // every ROCm has them), which trident reads by content.
+// Every launch, copy, memset, synchronization, allocation and free is counted on the runtime's
+// side of the ABI and written at exit to the file EMU_COUNTERS_FILE names (emu_runtime.h,
+// `Counters`), so a test can hold trident's own counts to the runtime's.
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -181,9 +184,13 @@ hipError_t hipModuleLaunchKernel(void* function, unsigned gx, unsigned gy, unsig
 
 hipError_t hipMalloc(void** pointer, size_t bytes) { return malloc_device(pointer, bytes); }
 hipError_t hipFree(void* pointer) { return free_device(pointer); }
-hipError_t hipMemcpyHtoD(void* dst, const void* src, size_t bytes) { return copy(dst, src, bytes); }
-hipError_t hipMemcpyDtoH(void* dst, void* src, size_t bytes) { return copy(dst, src, bytes); }
-hipError_t hipMemcpyDtoD(void* dst, void* src, size_t bytes) { return copy(dst, src, bytes); }
+hipError_t hipMemcpyHtoD(void* dst, const void* src, size_t bytes) {
+  return copy(dst, src, bytes, Direction::kHostToDevice);
+}
+hipError_t hipMemcpyDtoH(void* dst, void* src, size_t bytes) { return copy(dst, src, bytes, Direction::kDeviceToHost); }
+hipError_t hipMemcpyDtoD(void* dst, void* src, size_t bytes) {
+  return copy(dst, src, bytes, Direction::kDeviceToDevice);
+}
 hipError_t hipMemsetD32(void* dst, int value, size_t count) { return fill_u32(dst, uint32_t(value), count); }
 
 hipError_t hipStreamCreate(void** stream) { return create_stream(stream); }
@@ -191,7 +198,7 @@ hipError_t hipStreamCreateWithFlags(void** stream, unsigned) { return create_str
 hipError_t hipStreamDestroy(void* stream) { return destroy_stream(stream); }
 hipError_t hipStreamQuery(void* stream) { return query_stream(stream); }
 hipError_t hipStreamSynchronize(void* stream) { return synchronize_stream(stream); }
-hipError_t hipStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event); }
+hipError_t hipStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event, false); }
 
 hipError_t hipEventCreateWithFlags(void** event, unsigned) { return create_event(event); }
 hipError_t hipEventRecord(void* event, void* stream) { return record_event(event, stream); }

@@ -21,6 +21,10 @@
 // cuStreamQuery / cuEventQuery answer CUDA_ERROR_NOT_READY while a stream has operations
 // outstanding, cuStreamWaitEvent blocks the host, cuMemFree and cuCtxSynchronize wait for every
 // operation. Each stream is its own handle, so a test catches work waited for on the wrong stream.
+//
+// Counters. Every launch, copy, memset, synchronization, allocation and free is counted here, on
+// the driver's side of the ABI, and written at exit to the file EMU_COUNTERS_FILE names
+// (emu_runtime.h, `Counters`), so a test can hold trident's own counts to the driver's.
 #include <chrono>
 #include <cstdarg>
 #include <cstddef>
@@ -159,19 +163,19 @@ CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
 }
 CUresult cuMemFree_v2(CUdeviceptr pointer) { return free_device(reinterpret_cast<void*>(pointer)); }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
-  return copy(reinterpret_cast<void*>(dst), src, bytes);
+  return copy(reinterpret_cast<void*>(dst), src, bytes, Direction::kHostToDevice);
 }
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
-  return copy(dst, reinterpret_cast<const void*>(src), bytes);
+  return copy(dst, reinterpret_cast<const void*>(src), bytes, Direction::kDeviceToHost);
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
-  return copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, Direction::kDeviceToDevice);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void*) {
-  return cuMemcpyHtoD_v2(dst, src, bytes);
+  return copy(reinterpret_cast<void*>(dst), src, bytes, Direction::kHostToDevice, false);
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void*) {
-  return cuMemcpyDtoH_v2(dst, src, bytes);
+  return copy(dst, reinterpret_cast<const void*>(src), bytes, Direction::kDeviceToHost, false);
 }
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned value, size_t count) {
   return fill_u32(reinterpret_cast<void*>(dst), value, count);
@@ -184,7 +188,7 @@ CUresult cuStreamCreate(void** stream, unsigned) { return create_stream(stream);
 CUresult cuStreamDestroy_v2(void* stream) { return destroy_stream(stream); }
 CUresult cuStreamQuery(void* stream) { return query_stream(stream); }
 CUresult cuStreamSynchronize(void* stream) { return synchronize_stream(stream); }
-CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event); }
+CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event, false); }
 
 CUresult cuEventCreate(void** event, unsigned) { return create_event(event); }
 CUresult cuEventRecord(void* event, void* stream) { return record_event(event, stream); }

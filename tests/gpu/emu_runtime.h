@@ -1,23 +1,89 @@
 // emu_runtime.h: what the emulating GPU runtimes (emu_libcuda.cpp, emu_libamdhip64.cpp) share,
 // included after the kernel sources: calling a kernel with the runtime's `kernelParams`, the
 // table entry a function handle points to and the kernels both vendors have, a loaded module
-// (the ELF image's bytes), launches, device memory (host memory), and the fake NCCL's per-stream
-// progress behind streams and events.
+// (the ELF image's bytes), launches, device memory (host memory), the fake NCCL's per-stream
+// progress behind streams and events, and the counters of what the calls cost (`Counters`).
 #pragma once
 
 #include <dlfcn.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 namespace emu_runtime {
+
+// What the calls into this runtime cost, counted on this side of the ABI, independently of
+// trident's own counting (src/gpu/tally.rs), under the names `WorkCounters::fields` gives them:
+// launches (also per kernel function, as `launches.<name>`), copies each way and their bytes,
+// memsets, synchronizations (the host waiting for the device: cuCtxSynchronize /
+// hipDeviceSynchronize, synchronous copies to the host, cuMemFree / hipFree, cuEventSynchronize),
+// allocations and their bytes, frees; and stream_synchronizations, which only communicators make.
+// When the process exits they are written as `key value` lines to the file EMU_COUNTERS_FILE
+// names (`%p` in it becomes the process id), if it is set.
+class Counters {
+ public:
+  enum Key {
+    kLaunches,
+    kHostToDeviceCopies,
+    kHostToDeviceBytes,
+    kDeviceToHostCopies,
+    kDeviceToHostBytes,
+    kDeviceToDeviceCopies,
+    kDeviceToDeviceBytes,
+    kMemsets,
+    kSynchronizations,
+    kAllocations,
+    kAllocationBytes,
+    kFrees,
+    kStreamSynchronizations,
+    kKeys,
+  };
+  void add(Key key, uint64_t n = 1) { values_[key].fetch_add(n, std::memory_order_relaxed); }
+  void launch(const char* kernel) {
+    add(kLaunches);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++by_kernel_[kernel];
+  }
+  ~Counters() { write(); }
+
+ private:
+  void write() {
+    const char* named = std::getenv("EMU_COUNTERS_FILE");
+    if (!named || !*named) return;
+    std::string path = named;
+    if (size_t at = path.find("%p"); at != std::string::npos) path.replace(at, 2, std::to_string(getpid()));
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return;
+    static constexpr const char* kNames[kKeys] = {
+        "launches",      "host_to_device_copies",  "host_to_device_bytes",  "device_to_host_copies",
+        "device_to_host_bytes", "device_to_device_copies", "device_to_device_bytes", "memsets",
+        "synchronizations", "allocations",         "allocation_bytes",      "frees",
+        "stream_synchronizations"};
+    for (int k = 0; k < kKeys; ++k)
+      std::fprintf(f, "%s %llu\n", kNames[k], static_cast<unsigned long long>(values_[k].load()));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [kernel, n] : by_kernel_)
+      std::fprintf(f, "launches.%s %llu\n", kernel.c_str(), static_cast<unsigned long long>(n));
+    std::fclose(f);
+  }
+  std::atomic<uint64_t> values_[kKeys] = {};
+  std::mutex mutex_;
+  std::map<std::string, uint64_t> by_kernel_;
+};
+// This runtime's counters, written when the process exits.
+inline Counters counters;
 
 // Calls a kernel of type void(Args...) with its arguments read from kernelParams, as the
 // runtimes do: params[i] points to argument i.
@@ -227,7 +293,9 @@ inline int get_function(void** function, void* module, const char* name, const K
 // grid or block, more than 1024 threads per block, and grid y or z above `max_grid_yz`.
 inline int launch(void* function, dim3 grid, dim3 block, unsigned shared_bytes, void** params, void** extra,
                   unsigned max_grid_yz) {
-  if (!function || extra || shared_bytes > 0) return kInvalidValue;
+  if (!function) return kInvalidValue;
+  counters.launch(static_cast<KernelEntry*>(function)->name);
+  if (extra || shared_bytes > 0) return kInvalidValue;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) return kInvalidValue;
   if (block.x * block.y * block.z > 1024 || grid.y > max_grid_yz || grid.z > max_grid_yz) return kInvalidValue;
   static_cast<KernelEntry*>(function)->launch(grid, block, params);
@@ -239,23 +307,47 @@ inline int launch(void* function, dim3 grid, dim3 block, unsigned shared_bytes, 
 inline int malloc_device(void** pointer, size_t bytes) {
   if (!pointer) return kInvalidValue;
   *pointer = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-  return *pointer ? kSuccess : kOutOfMemory;
+  if (!*pointer) return kOutOfMemory;
+  counters.add(Counters::kAllocations);
+  counters.add(Counters::kAllocationBytes, bytes);
+  return kSuccess;
 }
 inline int free_device(void* pointer) {
+  counters.add(Counters::kFrees);
+  counters.add(Counters::kSynchronizations);
   wait_device_idle();
   std::free(pointer);
   return kSuccess;
 }
-inline int copy(void* dst, const void* src, size_t bytes) {
+// Which way a copy goes; a synchronous copy to the host makes the host wait for the device.
+enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+inline int copy(void* dst, const void* src, size_t bytes, Direction direction, bool synchronous = true) {
+  switch (direction) {
+    case Direction::kHostToDevice:
+      counters.add(Counters::kHostToDeviceCopies);
+      counters.add(Counters::kHostToDeviceBytes, bytes);
+      break;
+    case Direction::kDeviceToHost:
+      counters.add(Counters::kDeviceToHostCopies);
+      counters.add(Counters::kDeviceToHostBytes, bytes);
+      if (synchronous) counters.add(Counters::kSynchronizations);
+      break;
+    case Direction::kDeviceToDevice:
+      counters.add(Counters::kDeviceToDeviceCopies);
+      counters.add(Counters::kDeviceToDeviceBytes, bytes);
+      break;
+  }
   if (bytes) std::memmove(dst, src, bytes);
   return kSuccess;
 }
 inline int fill_u32(void* dst, uint32_t value, size_t count) {
+  counters.add(Counters::kMemsets);
   auto* p = static_cast<uint32_t*>(dst);
   for (size_t i = 0; i < count; ++i) p[i] = value;
   return kSuccess;
 }
 inline int synchronize_device() {
+  counters.add(Counters::kSynchronizations);
   wait_device_idle();
   return kSuccess;
 }
@@ -271,6 +363,7 @@ inline int destroy_stream(void* stream) {
 }
 inline int query_stream(void* stream) { return stream_done(stream, UINT64_MAX) ? kSuccess : kNotReady; }
 inline int synchronize_stream(void* stream) {
+  counters.add(Counters::kStreamSynchronizations);
   wait_stream(stream, UINT64_MAX);
   return kSuccess;
 }
@@ -284,8 +377,10 @@ inline int record_event(void* event, void* stream) {
   return kSuccess;
 }
 inline int query_event(void* event) { return static_cast<Event*>(event)->done() ? kSuccess : kNotReady; }
-// Synchronizing with an event, or making a stream wait for it, blocks the host until it is done.
-inline int synchronize_event(void* event) {
+// Synchronizing with an event, or making a stream wait for it, blocks the host until it is done
+// (only the first is counted: on a GPU a stream's wait does not block the host).
+inline int synchronize_event(void* event, bool counted = true) {
+  if (counted) counters.add(Counters::kSynchronizations);
   static_cast<Event*>(event)->wait();
   return kSuccess;
 }

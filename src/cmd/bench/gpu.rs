@@ -37,7 +37,7 @@ use crate::gpu::nccl::{Flavor, Nccl};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
 use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
-use crate::gpu::runtime::GpuRuntime;
+use crate::gpu::runtime::VendorRuntime;
 
 /// One measurement.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,10 +64,15 @@ impl GpuRecord {
 
     /// One JSON object; an unknown peak and fraction are `null`.
     pub fn json(&self) -> String {
+        format!("{{{}}}", self.json_fields())
+    }
+
+    /// The fields of `json`, without its braces (for a record that adds more).
+    pub fn json_fields(&self) -> String {
         let opt = |v: Option<f64>, digits: usize| v.map_or("null".to_string(), |v| format!("{v:.digits$}"));
         format!(
-            "{{\"bench\": \"{}\", \"device_kind\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
-             \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {:.4}, \"note\": \"{}\"}}",
+            "\"bench\": \"{}\", \"device_kind\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
+             \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {:.4}, \"note\": \"{}\"",
             self.bench,
             self.device_kind,
             self.shape,
@@ -344,7 +349,7 @@ fn worst(got: &[f32], want: &[f64], bound: Bound) -> f64 {
 const CHECK_ELEMENTS: usize = 1 << 24;
 
 /// Opens device 0 of `vendor` for `command`, or says in one line why it cannot.
-fn open_gpu(vendor: Vendor, command: &str) -> Result<OpenGpu> {
+pub(super) fn open_gpu(vendor: Vendor, command: &str) -> Result<OpenGpu> {
     let (devices, which) = match vendor {
         Vendor::Cuda => {
             let driver = crate::gpu::require_driver(command)?;

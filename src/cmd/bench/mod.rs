@@ -1,12 +1,14 @@
 //! `trident bench <target>`: the dispatch of every benchmark to its module (their flags are
 //! `flags::BENCH_FLAGS`). On one process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and
-//! `step` (`ops`) on the CPU, and `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding
-//! --device cuda|hip` (`gpu`). On every rank of an MPI job: the collectives (`comm`; `allreduce
-//! --device cuda|hip` through `gpu`) and `summa` (`summa`).
+//! `step` (`ops`) on the CPU, `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding
+//! --device cuda|hip` (`gpu`), and `step --device cuda|hip` (`gpu_step`). On every rank of an
+//! MPI job: the collectives (`comm`; `allreduce --device cuda|hip` through `gpu`) and `summa`
+//! (`summa`).
 
 pub mod comm;
 pub mod gemm;
 pub mod gpu;
+pub mod gpu_step;
 pub mod ops;
 pub mod summa;
 
@@ -53,15 +55,33 @@ fn single_process(rest: &[String]) -> Result<()> {
 
 /// `bench gemm|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the kernels of the
 /// GPU kernel index on GPT-2-sized shapes (or the one `--shape`), each checked against the
-/// reference device, then timed.
+/// reference device, then timed. `bench step --device cuda|hip`: a training step on the GPU
+/// Device, with what its GPU work costs.
 fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
     let vendor = if device == "cuda" { Vendor::Cuda } else { Vendor::Hip };
+    let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+    if what == "step" {
+        let dtype = a.str("--dtype").unwrap_or("f32");
+        if dtype != "bf16" {
+            return Err(Error::Usage(format!(
+                "bench step --device {device} needs --dtype bf16 (the {} kernels multiply bf16 operands with f32 \
+                 accumulation; found {dtype})",
+                device.to_uppercase()
+            )));
+        }
+        let steps = a.usize("--steps")?;
+        if steps == Some(0) {
+            return Err(Error::flag("--steps", 0, "a positive whole number"));
+        }
+        let report = gpu_step::step(vendor, &step_model(a)?, secs, steps)?;
+        print!("{}", if a.has("--json") { report.json() + "\n" } else { report.table() });
+        return Ok(());
+    }
     let bench = gpu::GpuBench::parse(what).ok_or_else(|| {
         Error::Unsupported(format!(
-            "bench {what} --device {device}: the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding and allreduce"
+            "bench {what} --device {device}: the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding, step and allreduce"
         ))
     })?;
-    let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
     let records = gpu::run(bench, vendor, secs, a.str("--shape"))?;
     print!("{}", gpu::format_records(&records, a.has("--json")));
     Ok(())
@@ -90,10 +110,7 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
                 _ => ops::step(
                     &dev,
                     &p,
-                    a.str("--preset").unwrap_or("gpt2-124m"),
-                    a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
-                    a.usize("--seq-length")?.unwrap_or(64).max(1),
-                    a.usize("--vocab-size")?.unwrap_or(50257).max(257),
+                    &step_model(a)?,
                     match a.str("--dtype").unwrap_or("f32") {
                         "f32" => crate::real::Precision::F32,
                         "bf16" => crate::real::Precision::Bf16,
@@ -112,6 +129,19 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
+}
+
+/// `bench step`'s model from its flags (`ops::StepModel`), on the CPU and on a GPU alike.
+fn step_model(a: &Args) -> Result<ops::StepModel> {
+    ops::StepModel::new(&ops::StepFlags {
+        preset: a.str("--preset").unwrap_or("gpt2-124m"),
+        num_layers: a.usize("--num-layers")?,
+        hidden_size: a.usize("--hidden-size")?,
+        num_attention_heads: a.usize("--num-attention-heads")?,
+        micro_batch: a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
+        seq: a.usize("--seq-length")?.unwrap_or(64).max(1),
+        vocab: a.usize("--vocab-size")?.unwrap_or(50257).max(257),
+    })
 }
 
 /// `bench gemm` on the CPU: the sweep as a table beside the FMA peak, or as JSON records.

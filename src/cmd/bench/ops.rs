@@ -1,8 +1,10 @@
 //! `trident bench attention|layernorm|step` (and the record format shared with `bench gemm`):
 //! each measurement is validated or self-consistent, timed over repeats, and reported beside the
 //! peak measured in the same run (the FMA peak for compute, a triad bandwidth for memory), as a
-//! table or as JSON lines with `--json`.
+//! table or as JSON lines with `--json`. Also what `bench step` shares with its GPU twin
+//! (`gpu_step.rs`): the model (`StepModel`) and the step itself (`train_step`).
 
+use crate::comm::SelfComm;
 use crate::config::preset;
 use crate::device::cpu::gemm::{gemm, MatRef};
 use crate::device::cpu::peak::Peak;
@@ -11,7 +13,8 @@ use crate::device::cpu::CpuDevice;
 use crate::device::{AttentionShape, Device};
 use crate::error::Result;
 use crate::model::{Gpt, GptConfig};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::{clip_coefficient, AdamW, AdamWConfig};
+use crate::parallel::data::global_grad_norm;
 use crate::parallel::tensor::TensorParallel;
 use std::time::Instant;
 
@@ -234,68 +237,119 @@ pub fn layernorm(dev: &CpuDevice, bandwidth: f64, min_seconds: f64) -> Vec<Recor
     ]
 }
 
-/// One training step (forward, backward, AdamW) of a preset's model on synthetic tokens, as MFU:
-/// Megatron's model FLOPs over the measured FMA peak.
-#[allow(clippy::too_many_arguments)]
+/// The model `bench step` trains: a preset, with `--num-layers`, `--hidden-size` and
+/// `--num-attention-heads` overriding its shape, and one micro-batch of synthetic tokens.
+#[derive(Clone, Debug)]
+pub struct StepModel {
+    /// How the records name it: the preset and what was overridden, the batch, the padded vocabulary.
+    pub name: String,
+    pub cfg: GptConfig,
+    pub micro_batch: usize,
+    pub seq: usize,
+}
+
+/// What sets a `StepModel`: the preset's name, the overrides of its shape, the micro-batch size,
+/// the sequence length and the vocabulary.
+pub struct StepFlags<'a> {
+    pub preset: &'a str,
+    pub num_layers: Option<usize>,
+    pub hidden_size: Option<usize>,
+    pub num_attention_heads: Option<usize>,
+    pub micro_batch: usize,
+    pub seq: usize,
+    pub vocab: usize,
+}
+
+impl StepModel {
+    /// The preset with its overrides, checked as training checks a model.
+    pub fn new(f: &StepFlags) -> Result<StepModel> {
+        let p = preset(f.preset)?;
+        let (layers, hidden) = (f.num_layers.unwrap_or(p.num_layers), f.hidden_size.unwrap_or(p.hidden_size));
+        let heads = f.num_attention_heads.unwrap_or(p.num_attention_heads);
+        let cfg = GptConfig {
+            num_layers: layers,
+            hidden_size: hidden,
+            num_attention_heads: heads,
+            ffn_hidden_size: 4 * hidden,
+            max_position_embeddings: p.max_position_embeddings.max(f.seq),
+            vocab_size: f.vocab,
+            padded_vocab_size: GptConfig::pad_vocab(f.vocab, 128),
+            init_method_std: 0.02,
+        };
+        cfg.validate()?;
+        let overrides: String = [(f.num_layers, 'L'), (f.hidden_size, 'h'), (f.num_attention_heads, 'a')]
+            .iter()
+            .filter_map(|&(v, tag)| v.map(|v| format!(" {tag}{v}")))
+            .collect();
+        let name = format!("{}{overrides} mb{} s{} V{}", f.preset, f.micro_batch, f.seq, cfg.padded_vocab_size);
+        Ok(StepModel { name, cfg, micro_batch: f.micro_batch, seq: f.seq })
+    }
+
+    /// The synthetic micro-batch every step trains on: token ids and their labels.
+    pub fn batch(&self) -> (Vec<u32>, Vec<u32>) {
+        let n = self.micro_batch * self.seq;
+        ((0..n).map(|i| (i * 31 % 256) as u32).collect(), (0..n).map(|i| (i * 17 % 256) as u32).collect())
+    }
+
+    /// Megatron's model FLOPs of one step.
+    pub fn flops(&self) -> f64 {
+        self.cfg.flops_per_iteration(self.micro_batch, self.seq)
+    }
+}
+
+/// The optimizer every `bench step` runs (GPT-2's AdamW settings, as the presets train).
+pub const STEP_ADAMW: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+
+/// One training step as `train` runs it on one rank: gradients zeroed, forward and backward of
+/// one micro-batch (`tokens`, `labels`), the global gradient norm and Megatron's clip at 1.0, AdamW,
+/// the mixed-precision working weights refreshed. Returns the micro-batch's summed token loss.
+pub fn train_step<D: Device>(
+    dev: &D,
+    (model, opt): (&mut Gpt<D>, &mut AdamW<D>),
+    (tokens, labels): (&[u32], &[u32]),
+    (micro_batch, seq): (usize, usize),
+) -> f64 {
+    model.params.zero_grads(dev);
+    let scale = 1.0 / (micro_batch * seq) as f32;
+    let tp = TensorParallel::single();
+    let loss = model.forward_backward(dev, tp, tokens, labels, micro_batch, seq, scale, &mut |_, _| {});
+    let norm = global_grad_norm(dev, &[&model.params], 0, true, &SelfComm);
+    opt.step(dev, &mut model.params, 1e-4, clip_coefficient(norm, 1.0));
+    model.refresh_working_weights(dev);
+    loss
+}
+
+/// One training step (`train_step`) of a model on synthetic tokens, as MFU: Megatron's model
+/// FLOPs over the measured FMA peak.
 pub fn step(
     dev: &CpuDevice,
     peak: &Peak,
-    preset_name: &str,
-    micro_batch: usize,
-    seq: usize,
-    vocab: usize,
+    m: &StepModel,
     precision: crate::real::Precision,
     min_seconds: f64,
 ) -> Result<Vec<Record>> {
-    let p = preset(preset_name)?;
-    let cfg = GptConfig {
-        num_layers: p.num_layers,
-        hidden_size: p.hidden_size,
-        num_attention_heads: p.num_attention_heads,
-        ffn_hidden_size: 4 * p.hidden_size,
-        max_position_embeddings: p.max_position_embeddings.max(seq),
-        vocab_size: vocab,
-        padded_vocab_size: GptConfig::pad_vocab(vocab, 128),
-        init_method_std: 0.02,
-    };
-    cfg.validate()?;
-    let mut model = Gpt::new(dev, cfg.clone(), 1234);
+    let mut model = Gpt::new(dev, m.cfg.clone(), 1234);
     dev.set_matmul_precision(precision);
     model.set_precision(dev, precision);
-    let mut opt = AdamW::new(dev, &model.params, AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 });
-    let tokens: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 31 % 256) as u32).collect();
-    let labels: Vec<u32> = (0..micro_batch * seq).map(|i| (i * 17 % 256) as u32).collect();
-    let scale = 1.0 / (micro_batch * seq) as f32;
+    let mut opt = AdamW::new(dev, &model.params, STEP_ADAMW);
+    let (tokens, labels) = m.batch();
     let secs = time_best(min_seconds, &mut || {
-        model.params.zero_grads(dev);
-        model.forward_backward(
-            dev,
-            TensorParallel::single(),
-            &tokens,
-            &labels,
-            micro_batch,
-            seq,
-            scale,
-            &mut |_, _| {},
-        );
-        opt.step(dev, &mut model.params, 1e-4, 1.0);
-        model.refresh_working_weights(dev);
+        train_step(dev, (&mut model, &mut opt), (&tokens, &labels), (m.micro_batch, m.seq));
     });
     dev.set_matmul_precision(crate::real::Precision::F32);
-    let flops = cfg.flops_per_iteration(micro_batch, seq);
     Ok(vec![Record {
         bench: "step",
-        shape: format!("{preset_name} mb{micro_batch} s{seq} V{}", cfg.padded_vocab_size),
+        shape: m.name.clone(),
         dtype: match precision {
             crate::real::Precision::F32 => "f32",
             crate::real::Precision::Bf16 => "bf16",
             crate::real::Precision::F16 => "fp16",
         },
         threads: dev.pool().threads(),
-        achieved: flops / secs / 1e9,
+        achieved: m.flops() / secs / 1e9,
         unit: "GFLOP/s",
         peak: peak.gflops,
         ms: 1e3 * secs,
-        note: format!("{:.0} tokens/s; MFU is the ratio", (micro_batch * seq) as f64 / secs),
+        note: format!("{:.0} tokens/s; MFU is the ratio", (m.micro_batch * m.seq) as f64 / secs),
     }])
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::gpu::collectives::{
     check_input, rank_device, run_on_device, run_on_host, timeout, Collective, NcclComm, RcclOnHip,
 };
-use crate::gpu::runtime::GpuRuntime;
+use crate::gpu::runtime::VendorRuntime;
 use crate::gpu::driver::{DeviceBuffer, Driver, PrimaryContext, Stream};
 use crate::gpu::hip::Hip;
 use crate::gpu::nccl::{exchange_unique_id, Flavor, Nccl, UNIQUE_ID_BYTES};

@@ -7,7 +7,7 @@ use super::activations::{Activations, LayerActs, Rows, Stash, Widths};
 use super::block::{layer_backward, layer_forward, saved_layer, Dims};
 use super::tensor_parallel::{add_since, tp_counters, Pass};
 use super::{ChunkOutput, Gpt, Layout, Weights};
-use crate::device::{AttentionShape, Device};
+use crate::device::{AttentionShape, Device, WorkCounters};
 use crate::model::Recompute;
 use crate::parallel::tensor::TensorParallel;
 use crate::tensor::ParamSet;
@@ -143,6 +143,7 @@ impl<D: Device> Gpt<D> {
     /// Block `l`'s forward of activation set `index`, counting what its groups moved; under
     /// 16-bit storage its saved buffers are then copied out.
     fn forward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
+        let mark = self.work_mark(dev);
         let (dims, lay, precision) = (self.dims(index), self.layout, self.precision);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let w = |k| &p[lay.layer(l, k)];
@@ -169,6 +170,19 @@ impl<D: Device> Gpt<D> {
             self.stashed += copy.iter().map(Stash::bytes).sum::<usize>();
             self.peak_stashed = self.peak_stashed.max(self.stashed);
             *slot = Some(copy);
+        }
+        self.add_layer_work(dev, l, 0, mark);
+    }
+
+    /// The device's counters now, when this chunk counts its layers' work.
+    fn work_mark(&self, dev: &D) -> Option<WorkCounters> {
+        self.layer_work.as_ref().and_then(|_| dev.work_counters())
+    }
+
+    /// Adds the work since `mark` to layer `l`'s forward (`pass` 0) or backward (1).
+    fn add_layer_work(&mut self, dev: &D, l: usize, pass: usize, mark: Option<WorkCounters>) {
+        if let (Some(mark), Some(work)) = (mark, self.layer_work.as_mut()) {
+            work[l][pass].add(&dev.work_counters().unwrap_or_default().since(&mark));
         }
     }
 
@@ -200,9 +214,10 @@ impl<D: Device> Gpt<D> {
             dev.copy(d_resid, 0, d_hidden, 0, dev.len(d_hidden));
         }
         for l in (0..self.layout.num_layers).rev() {
-            let before = tp_counters(dev, tp);
+            let (before, mark) = (tp_counters(dev, tp), self.work_mark(dev));
             self.backward_layer(dev, tp, index, l);
             add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
+            self.add_layer_work(dev, l, 1, mark);
             ready(&self.params, self.layout.layer_params(l));
         }
         if self.layout.first {

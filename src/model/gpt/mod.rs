@@ -23,7 +23,7 @@ mod tensor_parallel;
 
 use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::CommCounters;
-use crate::device::Device;
+use crate::device::{Device, WorkCounters};
 use crate::parallel::summa::Scratch;
 use crate::real::Precision;
 use crate::tensor::ParamSet;
@@ -111,6 +111,9 @@ pub struct Gpt<D: Device> {
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
     /// layer's forward and backward passes (recomputation included) since the last reset.
     layer_comm: Vec<[CommCounters; 3]>,
+    /// Per layer, the device's work (`Device::work_counters`) in the layer's forward and backward
+    /// passes (recomputation included) since `count_layer_work`; None while not counted.
+    layer_work: Option<Vec<[WorkCounters; 2]>>,
     /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
     stashed: usize,
     peak_stashed: usize,
@@ -149,6 +152,7 @@ impl<D: Device> Gpt<D> {
             working: None,
             scratch: Scratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
+            layer_work: None,
             stashed: 0,
             peak_stashed: 0,
         }
@@ -162,6 +166,18 @@ impl<D: Device> Gpt<D> {
 
     pub fn reset_layer_comm(&mut self) {
         self.layer_comm.iter_mut().for_each(|l| *l = Default::default());
+    }
+
+    /// Counts, from now on and from zero, the device's work in each layer's forward and backward
+    /// passes (`layer_work`), on a device that counts its work (a snapshot before and after each).
+    pub fn count_layer_work(&mut self) {
+        self.layer_work = Some(vec![Default::default(); self.layout.num_layers]);
+    }
+
+    /// Per layer of this chunk, the device's work in its forward and backward passes since
+    /// `count_layer_work`; None when not counted.
+    pub fn layer_work(&self) -> Option<&[[WorkCounters; 2]]> {
+        self.layer_work.as_deref()
     }
 
     /// The most micro-batches whose activations were held at once since the last reset.
