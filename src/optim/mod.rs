@@ -6,6 +6,7 @@ pub mod lr;
 pub mod scaler;
 
 use crate::device::{AdamWStep, Device};
+use crate::real::Precision;
 use crate::tensor::ParamSet;
 
 /// AdamW hyper-parameters (Megatron's `--adam-beta1 --adam-beta2 --adam-eps --weight-decay`).
@@ -48,11 +49,21 @@ impl<D: Device> AdamW<D> {
     }
 
     /// One update of every parameter. `grad_scale` multiplies each gradient first (clipping).
-    pub fn step(&mut self, dev: &D, params: &mut ParamSet<D>, lr: f32, grad_scale: f32) {
+    /// `working`, under mixed precision, is the rounded working copy of the parameters (None where
+    /// a parameter has none) and its precision: each copy is written in the same pass.
+    pub fn step(
+        &mut self,
+        dev: &D,
+        params: &mut ParamSet<D>,
+        mut working: Option<(&mut [Option<D::Buf>], Precision)>,
+        lr: f32,
+        grad_scale: f32,
+    ) {
         self.step += 1;
         for i in 0..params.info.len() {
             let step = self.config.step(lr, params.info[i].decayed(), self.step, grad_scale);
-            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step);
+            let copy = working.as_mut().and_then(|(w, p)| w[i].as_mut().map(|w| (w, *p)));
+            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step, copy);
         }
     }
 }

@@ -96,7 +96,7 @@ pub(super) fn layer_forward<'w, D: Device>(
 pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
     dims: Dims,
-    (kept, stash): (Option<&'a LayerActs<D::Buf>>, Option<Vec<Stash>>),
+    (kept, stash): (Option<&'a LayerActs<D::Buf>>, Option<Vec<Stash<D>>>),
     (spare, spare_attention): (&'a mut SpareLayer<D::Buf>, &'a mut SpareAttention<D::Buf>),
     recompute: impl FnOnce(&mut LayerActs<D::Buf>),
 ) -> (&'a LayerActs<D::Buf>, &'a D::Buf, &'a D::Buf) {
