@@ -444,6 +444,8 @@ pub trait Device: Send + Sync {
     /// the copy is exact: mixed precision keeps saved activations this way between a layer's
     /// forward and its backward, in the device's memory.
     fn to_half(&self, buf: &Self::Buf, precision: crate::real::Precision) -> Self::Half;
+    /// `half` (of as many elements as `buf`) becomes `to_half(buf, precision)`, in place.
+    fn to_half_into(&self, buf: &Self::Buf, precision: crate::real::Precision, half: &mut Self::Half);
     /// `dst` (of as many elements as `src`) becomes the values of the 16-bit copy `src`.
     fn load_half(&self, src: &Self::Half, precision: crate::real::Precision, dst: &mut Self::Buf);
     /// Elements of a 16-bit copy.

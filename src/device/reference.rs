@@ -413,6 +413,10 @@ impl Device for ReferenceDevice {
             *d = precision.from_bits16(b) as f64;
         }
     }
+    fn to_half_into(&self, buf: &Vec<f64>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        *half = self.to_half(buf, precision);
+    }
     fn half_len(&self, half: &Vec<u16>) -> usize {
         half.len()
     }

@@ -497,9 +497,14 @@ impl Device for GpuDevice {
     }
 
     fn to_half(&self, buf: &GpuBuf, precision: Precision) -> GpuBuf {
-        let half = ok(GpuBuf::uninit(&self.rt, buf.len, Elem::Bits16));
+        let mut half = ok(GpuBuf::uninit(&self.rt, buf.len, Elem::Bits16));
+        self.to_half_into(buf, precision, &mut half);
+        half
+    }
+    fn to_half_into(&self, buf: &GpuBuf, precision: Precision, half: &mut GpuBuf) {
+        assert!(half.elem == Elem::Bits16 && half.len == buf.len, "to_half_into: buffer and copy lengths differ");
         if buf.len == 0 {
-            return half;
+            return;
         }
         match precision {
             // Cast on the device into device memory; the values are already bf16, so exact.
@@ -515,7 +520,6 @@ impl Device for GpuDevice {
                 ok(self.rt.copy_to_device(half.ptr(), &bits));
             }
         }
-        half
     }
     fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
         assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");

@@ -33,6 +33,10 @@ impl AdamWConfig {
     }
 }
 
+/// Mixed precision's working copy of a chunk's parameters: per parameter the rounded copy (None
+/// where it has none) and the precision it is rounded to; None in f32.
+pub type WorkingCopy<'a, B> = Option<(&'a mut [Option<B>], Precision)>;
+
 /// First and second moments for every parameter, on the device, plus the step count.
 pub struct AdamW<D: Device> {
     pub config: AdamWConfig,
@@ -55,7 +59,7 @@ impl<D: Device> AdamW<D> {
         &mut self,
         dev: &D,
         params: &mut ParamSet<D>,
-        mut working: Option<(&mut [Option<D::Buf>], Precision)>,
+        mut working: WorkingCopy<'_, D::Buf>,
         lr: f32,
         grad_scale: f32,
     ) {

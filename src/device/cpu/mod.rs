@@ -513,6 +513,10 @@ impl Device for CpuDevice {
         });
         out
     }
+    fn to_half_into(&self, buf: &Vec<f32>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        *half = self.to_half(buf, precision);
+    }
     fn half_len(&self, half: &Vec<u16>) -> usize {
         half.len()
     }

@@ -186,20 +186,45 @@ impl<B> LayerActs<B> {
 
     /// This layer's saved buffers copied aside in the device's memory: activations as 16-bit
     /// copies (exact: under mixed precision every activation was rounded to `precision` where it
-    /// was stored), statistics as f32.
-    pub(super) fn stash<D: Device<Buf = B>>(&self, dev: &D, precision: Precision) -> Vec<Stash<D>> {
-        self.buffers()
-            .into_iter()
-            .map(|(b, half)| {
-                if half {
-                    Stash::Half(dev.to_half(b, precision))
-                } else {
-                    let mut copy = dev.alloc(dev.len(b));
-                    dev.copy(&mut copy, 0, b, 0, dev.len(b));
-                    Stash::Full(copy)
+    /// was stored), statistics as f32. Writes into `reuse` (an earlier copy of a layer of the
+    /// same shape) where given, so steps after the first allocate nothing.
+    pub(super) fn stash<D: Device<Buf = B>>(
+        &self,
+        dev: &D,
+        precision: Precision,
+        reuse: Option<Vec<Stash<D>>>,
+    ) -> Vec<Stash<D>> {
+        let buffers = self.buffers();
+        let fits = |s: &Vec<Stash<D>>| {
+            s.len() == buffers.len()
+                && s.iter().zip(&buffers).all(|(s, (b, half))| match s {
+                    Stash::Half(h) => *half && dev.half_len(h) == dev.len(b),
+                    Stash::Full(f) => !*half && dev.len(f) == dev.len(b),
+                })
+        };
+        match reuse.filter(fits) {
+            Some(mut copy) => {
+                for (s, (b, _)) in copy.iter_mut().zip(buffers) {
+                    match s {
+                        Stash::Half(h) => dev.to_half_into(b, precision, h),
+                        Stash::Full(f) => dev.copy(f, 0, b, 0, dev.len(b)),
+                    }
                 }
-            })
-            .collect()
+                copy
+            }
+            None => buffers
+                .into_iter()
+                .map(|(b, half)| {
+                    if half {
+                        Stash::Half(dev.to_half(b, precision))
+                    } else {
+                        let mut copy = dev.alloc(dev.len(b));
+                        dev.copy(&mut copy, 0, b, 0, dev.len(b));
+                        Stash::Full(copy)
+                    }
+                })
+                .collect(),
+        }
     }
 
     /// Restores what `stash` copied.

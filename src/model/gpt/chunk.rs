@@ -167,7 +167,7 @@ impl<D: Device> Gpt<D> {
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
-            let copy = la.stash(dev, precision);
+            let copy = la.stash(dev, precision, self.stash_spares.pop());
             self.stashed += copy.iter().map(|s| s.bytes(dev)).sum::<usize>();
             self.peak_stashed = self.peak_stashed.max(self.stashed);
             *slot = Some(copy);
@@ -253,8 +253,10 @@ impl<D: Device> Gpt<D> {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
         };
         let spares = (&mut self.spare, &mut self.spare_attention);
-        let saved = saved_layer(dev, dims, (a.layers.get(l), stash), spares, recompute);
+        let saved = saved_layer(dev, dims, (a.layers.get(l), stash.as_deref()), spares, recompute);
         layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
+        // The copy's buffers serve the next layer's stash: no allocation per layer and step.
+        self.stash_spares.extend(stash);
     }
 
     /// Runs the forward pass of the whole model (a chunk that is both first and last) over

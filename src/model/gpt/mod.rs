@@ -24,11 +24,12 @@ mod tensor_parallel;
 use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
+use crate::optim::WorkingCopy;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
 use crate::tensor::ParamSet;
-use activations::{Activations, SpareAttention, SpareLayer};
+use activations::{Activations, SpareAttention, SpareLayer, Stash};
 use block::PER_LAYER;
 use std::ops::Range;
 
@@ -119,6 +120,8 @@ pub struct Gpt<D: Device> {
     /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
     stashed: usize,
     peak_stashed: usize,
+    /// Buffers of 16-bit layer copies already restored, kept for the next layer's copy.
+    stash_spares: Vec<Vec<Stash<D>>>,
     /// The last chunk: the summed token loss of the forwards since the last `take_loss`, kept on
     /// the device so a step reads it once.
     loss: D::Scalars,
@@ -160,6 +163,7 @@ impl<D: Device> Gpt<D> {
             layer_work: None,
             stashed: 0,
             peak_stashed: 0,
+            stash_spares: Vec::new(),
             loss: dev.scalars(1),
         }
     }
@@ -228,7 +232,7 @@ impl<D: Device> Gpt<D> {
 
     /// The parameters and mixed precision's working copy of them (per parameter, None where it
     /// has none) with its precision: what the optimizer updates in one pass.
-    pub fn params_and_working(&mut self) -> (&mut ParamSet<D>, Option<(&mut [Option<D::Buf>], Precision)>) {
+    pub fn params_and_working(&mut self) -> (&mut ParamSet<D>, WorkingCopy<'_, D::Buf>) {
         (&mut self.params, self.working.as_deref_mut().map(|w| (w, self.precision)))
     }
 
