@@ -32,8 +32,13 @@
 //     xent_max_f32       max[r] = max_v logits[r][v]           (f64 out)
 //     xent_partials_f32  sum_exp[r] = Σ_v exp(l - max_r), target_logit[r] (0 outside the shard)
 //   blocks of a fixed size:
-//     sum_squares_f32    partials[blk] = Σ x² over elements blk·8192 .. +8192, f64, summed by
-//                        the host in block order: the same grouping on every device and launch.
+//     sum_squares_f32    partials[blk] = Σ x² over elements blk·8192 .. +8192, f64, added in
+//                        block order by sum_into_f64: the same grouping on every device and launch.
+//   one thread (grid 1; the others of its block idle), so the sums are in a fixed order and stay
+//   on the device (the step's scalars: no host round trip):
+//     sum_into_f64       acc[slot] += Σ_i parts[i], i in order (the gradient norm's accumulator)
+//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r], r in order
+//                        (stats: each row's sum_exp, then its target logit; the summed loss)
 //
 // Shapes: every count is an int (the Device checks that sizes fit). tokens / targets are u32.
 // No shared memory except sum_squares_f32 (8 f64, its per-warp totals).
@@ -330,4 +335,20 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
     for (int w = 0; w < 8; ++w) total += warp_totals[w];
     partials[blockIdx.x] = total;
   }
+}
+
+// ---- one thread: the step's scalars ----------------------------------------------------------
+
+extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, int n) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += parts[i];
+  acc[slot] += s;
+}
+
+extern "C" __global__ void xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double s = 0.0;
+  for (int r = 0; r < rows; ++r) s += log(stats[r]) + max[r] - stats[rows + r];
+  acc[slot] += s;
 }

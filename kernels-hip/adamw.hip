@@ -5,8 +5,10 @@
 //                       m = β1 m + (1 - β1) g;  v = β2 v + (1 - β2) g²
 //                       param -= lr · (m · c1 / (sqrt(v · c2) + eps) + weight_decay · param)
 //                       param_bf16[i] = bf16(param)   (skipped when param_bf16 is null)
+//                       param_rounded[i] = f32(bf16(param))  (skipped when null: the rounded
+//                       working copy of a mixed-precision run whose buffers are f32)
 // with c1 = 1 / (1 - β1^step), c2 = 1 / (1 - β2^step) computed by the caller in f64 and passed as
-// f32. param, grad, m, v [n] f32; param_bf16 [n] bf16.
+// f32. param, grad, m, v, param_rounded [n] f32; param_bf16 [n] bf16.
 //
 // Grid: any 1-D grid of 1-D workgroups, grid-stride loop (⌈n/256⌉ workgroups of 256 = 4
 // wave64s, capped). Each element is touched by one thread; no LDS; a few VGPRs.
@@ -17,7 +19,7 @@
 
 extern "C" __global__ void adamw_f32_bf16(float* param, bf16* param_bf16, const float* grad, float* m, float* v, int n,
                                           float lr, float beta1, float beta2, float eps, float weight_decay,
-                                          float grad_scale, float c1, float c2) {
+                                          float grad_scale, float c1, float c2, float* param_rounded) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const float g = grad[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
@@ -28,5 +30,6 @@ extern "C" __global__ void adamw_f32_bf16(float* param, bf16* param_bf16, const 
     p -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + weight_decay * p);
     param[i] = p;
     if (param_bf16) param_bf16[i] = to_bf16(p);
+    if (param_rounded) param_rounded[i] = to_float(to_bf16(p));
   }
 }

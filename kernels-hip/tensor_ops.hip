@@ -21,7 +21,10 @@
 //     xent_max_f32, xent_partials_f32 (f64 out)
 //   workgroups of 256:
 //     sum_squares_f32    partials[blk] = Σ x² over elements blk·8192 .. +8192, f64; the wave
-//                        totals are added in wave order, the partials by the host in block order.
+//                        totals are added in wave order, the partials by sum_into_f64 in block order.
+//   one thread (grid 1; the rest of its workgroup idles), sums in a fixed order kept on the device:
+//     sum_into_f64       acc[slot] += Σ_i parts[i], i in order
+//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r], r in order
 //
 // The semantics of each kernel are tensor_ops.cu's (see its header). Every count is an int (the
 // Device checks that sizes fit); tokens / targets are u32. LDS: sum_squares_f32 only, kMaxWaves
@@ -318,4 +321,20 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
     for (int w = 0; w < (int)(blockDim.x / kWaveSize); ++w) total += wave_totals[w];
     partials[blockIdx.x] = total;
   }
+}
+
+// ---- one thread: the step's scalars ----------------------------------------------------------
+
+extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, int n) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += parts[i];
+  acc[slot] += s;
+}
+
+extern "C" __global__ void xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double s = 0.0;
+  for (int r = 0; r < rows; ++r) s += log(stats[r]) + max[r] - stats[rows + r];
+  acc[slot] += s;
 }

@@ -90,12 +90,19 @@ impl<D: Device> AnyDevice for D {
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>> {
         let mut l = on(self, logits);
         // A shard starting at 100: targets below it are in another shard.
-        let (mut max, mut sum_exp, mut target) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+        let (mut max, mut stats) = (self.scalars(rows), self.scalars(2 * rows));
         self.cross_entropy_max(&l, rows, vocab, &mut max);
-        self.cross_entropy_partials(&l, targets, 100, rows, vocab, &max, &mut sum_exp, &mut target);
-        self.cross_entropy_backward(&mut l, targets, 100, rows, vocab, &max, &sum_exp, 0.5);
-        let as32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        vec![as32(&max), as32(&sum_exp), as32(&target), host(self, &l)]
+        self.cross_entropy_partials(&l, targets, 100, rows, vocab, &max, &mut stats);
+        let mut loss = self.scalars(1);
+        self.cross_entropy_loss(&max, &stats, rows, &mut loss, 0);
+        self.cross_entropy_backward(&mut l, targets, 100, rows, vocab, &max, &stats, 0.5);
+        let read = |s: &D::Scalars, n: usize| {
+            let mut v = vec![0.0; n];
+            self.read_scalars(s, &mut v);
+            v.iter().map(|&x| x as f32).collect::<Vec<f32>>()
+        };
+        let stats = read(&stats, 2 * rows);
+        vec![read(&max, rows), stats[..rows].to_vec(), stats[rows..].to_vec(), read(&loss, 1), host(self, &l)]
     }
     fn embedding(&self, tokens: &[u32], wte: &[f32], wpe: &[f32], dy: &[f32], dims: [usize; 3]) -> Vec<Vec<f32>> {
         let [batch, seq, hidden] = dims;
@@ -119,12 +126,17 @@ impl<D: Device> AnyDevice for D {
         let mut sum = self.alloc(x.len());
         self.add(&mut sum, &xb, &yb);
         self.add_assign(&mut sum, &xb);
-        let ss = self.sum_squares(&yb) as f32;
+        let mut acc = self.scalars(1);
+        self.sum_squares_into(&yb, &mut acc, 0);
+        self.sum_squares_into(&xb, &mut acc, 0);
+        let mut ss = [0.0];
+        self.read_scalars(&acc, &mut ss);
+        let ss = ss[0] as f32;
         let (mut p, mut m, mut v) = (on(self, x), self.alloc(x.len()), self.alloc(x.len()));
         let step =
             AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
         for s in 1..=3 {
-            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step });
+            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step }, None);
         }
         vec![
             host(self, &g),

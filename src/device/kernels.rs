@@ -615,6 +615,14 @@ pub fn attention_backward_row<R: Real>(p: &mut [R], ds: &mut [R], n: usize, scal
     ds[n..].fill(R::ZERO);
 }
 
+/// The summed cross-entropy loss of `max.len()` rows from their global statistics: `stats` holds
+/// each row's sum of exponentials, then each row's target logit. Rows are added in order.
+pub fn cross_entropy_loss_sum(max: &[f64], stats: &[f64]) -> f64 {
+    let rows = max.len();
+    let (sum_exp, target_logit) = stats[..2 * rows].split_at(rows);
+    (0..rows).map(|i| sum_exp[i].ln() + max[i] - target_logit[i]).sum()
+}
+
 /// This shard's part of a row's softmax denominator, `Σ exp(x - max)` against the global max, and
 /// the target's logit if the target falls in this shard (else 0): the second and third
 /// all-reduces of the vocab-parallel cross-entropy sum these over the shards.

@@ -99,6 +99,27 @@ pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate
     c
 }
 
+/// `s[..len]` becomes its element-wise `op` over `group`: in place where the device keeps scalars
+/// in host memory, else staged through the host (one read, the MPI all-reduce, one write); a
+/// group of one rank leaves device scalars alone.
+pub fn all_reduce_scalars<D: Device>(
+    dev: &D,
+    group: &dyn crate::comm::Comm,
+    s: &mut D::Scalars,
+    len: usize,
+    op: crate::comm::ReduceOp,
+) {
+    if let Some(host) = dev.host_scalars(s) {
+        return group.all_reduce(&mut host[..len], op);
+    }
+    if group.size() > 1 {
+        let mut host = vec![0f64; len];
+        dev.read_scalars(s, &mut host);
+        group.all_reduce(&mut host, op);
+        dev.write_scalars(s, &host);
+    }
+}
+
 /// The library `--gpu-collectives` asks a device's collectives to use: NCCL, RCCL, or MPI (the
 /// device's buffers staged through host memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +167,13 @@ pub struct DevicePeak {
 /// explicitly. Outputs marked "+=" accumulate into what the buffer holds; all others overwrite.
 pub trait Device: Send + Sync {
     type Buf: Send + Sync;
+    /// A 16-bit copy of a buffer (bf16 or f16 bits) where the device keeps it: mixed precision's
+    /// saved activations between a layer's forward and its backward.
+    type Half: Send + Sync;
+    /// f64 values where the device computes them: the cross-entropy's row statistics and the
+    /// step's accumulators (the loss, the gradients' sum of squares), read by the host only when
+    /// it needs them (`read_scalars`), so a step makes no host round trip for them.
+    type Scalars: Send + Sync;
 
     /// A one-line description for logs (`cpu: 2 threads, avx512f`).
     fn describe(&self) -> String;
@@ -160,8 +188,23 @@ pub trait Device: Send + Sync {
     fn add_assign(&self, acc: &mut Self::Buf, x: &Self::Buf);
     /// `out = a + b`, element-wise (the residual connection).
     fn add(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
-    /// Sum of squares of every element, accumulated in f64 (for the global gradient norm).
-    fn sum_squares(&self, buf: &Self::Buf) -> f64;
+    /// `acc[slot] += Σ x²` over every element of `buf`, accumulated in f64 on the device (the
+    /// global gradient norm's sum).
+    fn sum_squares_into(&self, buf: &Self::Buf, acc: &mut Self::Scalars, slot: usize);
+
+    /// `len` f64 values, all 0.
+    fn scalars(&self, len: usize) -> Self::Scalars;
+    /// Copies the first `out.len()` values to the host: one device->host copy, which waits for
+    /// the work that writes them.
+    fn read_scalars(&self, src: &Self::Scalars, out: &mut [f64]);
+    /// The first `values.len()` values become `values`.
+    fn write_scalars(&self, dst: &mut Self::Scalars, values: &[f64]);
+    /// The values as host memory, when the device keeps them there; collectives then work on
+    /// them in place. Devices without host-visible scalars return None and are staged through
+    /// `read_scalars` / `write_scalars`.
+    fn host_scalars<'a>(&self, _s: &'a mut Self::Scalars) -> Option<&'a mut [f64]> {
+        None
+    }
 
     /// Word embedding: `out[t*batch+b] = wte[tokens[b*seq+t] - vocab_start]` for tokens in this
     /// vocabulary shard (the `wte` rows), zero rows for the others; tokens are sample-major.
@@ -341,10 +384,11 @@ pub trait Device: Send + Sync {
     /// added after its all-reduce).
     fn add_bias(&self, out: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize);
 
-    /// Cross-entropy, step 1: each row's largest logit in this vocabulary shard.
-    fn cross_entropy_max(&self, logits: &Self::Buf, rows: usize, vocab: usize, max: &mut [f64]);
-    /// Step 2, against the global max: this shard's `Σ exp(logit - max)` per row, and the target's
-    /// logit where the target (`targets[r] - vocab_start`) is in this shard, else 0.
+    /// Cross-entropy, step 1: each row's largest logit in this vocabulary shard, into `max[..rows]`.
+    fn cross_entropy_max(&self, logits: &Self::Buf, rows: usize, vocab: usize, max: &mut Self::Scalars);
+    /// Step 2, against the global max: this shard's `Σ exp(logit - max)` per row into
+    /// `stats[..rows]`, and the target's logit where the target (`targets[r] - vocab_start`) is in
+    /// this shard, else 0, into `stats[rows..2 rows]`.
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy_partials(
         &self,
@@ -353,12 +397,21 @@ pub trait Device: Send + Sync {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &mut [f64],
-        target_logit: &mut [f64],
+        max: &Self::Scalars,
+        stats: &mut Self::Scalars,
     );
-    /// Step 3, with the global max and denominator: logits become `grad_scale * (softmax - onehot)`
-    /// in place, so the [rows, vocab] matrix is never copied.
+    /// Step 3, with the global statistics: `acc[slot] += Σ_r ln(sum_exp_r) + max_r - target_logit_r`
+    /// (the rows' summed loss, the rows added in order, then added to the accumulator).
+    fn cross_entropy_loss(
+        &self,
+        max: &Self::Scalars,
+        stats: &Self::Scalars,
+        rows: usize,
+        acc: &mut Self::Scalars,
+        slot: usize,
+    );
+    /// Step 4, with the global max and denominator (`stats[..rows]`): logits become
+    /// `grad_scale * (softmax - onehot)` in place, so the [rows, vocab] matrix is never copied.
     #[allow(clippy::too_many_arguments)]
     fn cross_entropy_backward(
         &self,
@@ -367,8 +420,8 @@ pub trait Device: Send + Sync {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &[f64],
+        max: &Self::Scalars,
+        stats: &Self::Scalars,
         grad_scale: f32,
     );
 
@@ -389,17 +442,14 @@ pub trait Device: Send + Sync {
 
     /// A 16-bit copy of `buf`, whose values are already rounded to `precision` (bf16 or f16), so
     /// the copy is exact: mixed precision keeps saved activations this way between a layer's
-    /// forward and its backward.
-    fn to_half(&self, buf: &Self::Buf, precision: crate::real::Precision) -> Vec<u16> {
-        let mut host = vec![0f32; self.len(buf)];
-        self.download(buf, &mut host);
-        host.iter().map(|&x| precision.to_bits16(x)).collect()
-    }
-    /// `dst` (of `src.len()` elements) becomes the values of the 16-bit copy `src`.
-    fn load_half(&self, src: &[u16], precision: crate::real::Precision, dst: &mut Self::Buf) {
-        let host: Vec<f32> = src.iter().map(|&b| precision.from_bits16(b)).collect();
-        self.upload(dst, &host);
-    }
+    /// forward and its backward, in the device's memory.
+    fn to_half(&self, buf: &Self::Buf, precision: crate::real::Precision) -> Self::Half;
+    /// `half` (of as many elements as `buf`) becomes `to_half(buf, precision)`, in place.
+    fn to_half_into(&self, buf: &Self::Buf, precision: crate::real::Precision, half: &mut Self::Half);
+    /// `dst` (of as many elements as `src`) becomes the values of the 16-bit copy `src`.
+    fn load_half(&self, src: &Self::Half, precision: crate::real::Precision, dst: &mut Self::Buf);
+    /// Elements of a 16-bit copy.
+    fn half_len(&self, half: &Self::Half) -> usize;
 
     /// The buffer as host f32 memory, when the device keeps it there; collectives then work on it
     /// in place. Devices without host-visible f32 buffers return None and are staged through
@@ -442,8 +492,18 @@ pub trait Device: Send + Sync {
         Ok("collectives: MPI on host memory".into())
     }
 
-    /// One decoupled-weight-decay Adam step on one parameter tensor.
-    fn adamw(&self, param: &mut Self::Buf, grad: &Self::Buf, m: &mut Self::Buf, v: &mut Self::Buf, step: AdamWStep);
+    /// One decoupled-weight-decay Adam step on one parameter tensor; `working`, where mixed
+    /// precision keeps a rounded working copy of the parameter, becomes the updated master rounded
+    /// to its precision in the same pass (no separate refresh of the copy).
+    fn adamw(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+        step: AdamWStep,
+        working: Option<(&mut Self::Buf, crate::real::Precision)>,
+    );
 
     /// What this device's work has cost since it was opened (kernel launches, copies,
     /// synchronisations, allocations), where the device counts it: the GPU Device does; None on

@@ -3,6 +3,7 @@
 
 use super::kernels;
 use super::{AdamWStep, AttentionShape, Device};
+use crate::real::Precision;
 
 /// Serial, f64, obviously-correct. Never used for real training.
 #[derive(Default)]
@@ -10,6 +11,8 @@ pub struct ReferenceDevice;
 
 impl Device for ReferenceDevice {
     type Buf = Vec<f64>;
+    type Half = Vec<u16>;
+    type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
         "reference (serial f64)".to_string()
@@ -45,8 +48,20 @@ impl Device for ReferenceDevice {
             *o = x + y;
         }
     }
-    fn sum_squares(&self, buf: &Vec<f64>) -> f64 {
-        buf.iter().map(|x| x * x).sum()
+    fn sum_squares_into(&self, buf: &Vec<f64>, acc: &mut Vec<f64>, slot: usize) {
+        acc[slot] += buf.iter().map(|x| x * x).sum::<f64>();
+    }
+    fn scalars(&self, len: usize) -> Vec<f64> {
+        vec![0.0; len]
+    }
+    fn read_scalars(&self, src: &Vec<f64>, out: &mut [f64]) {
+        out.copy_from_slice(&src[..out.len()]);
+    }
+    fn write_scalars(&self, dst: &mut Vec<f64>, values: &[f64]) {
+        dst[..values.len()].copy_from_slice(values);
+    }
+    fn host_scalars<'a>(&self, s: &'a mut Vec<f64>) -> Option<&'a mut [f64]> {
+        Some(s.as_mut_slice())
     }
 
     fn embedding_forward(
@@ -328,7 +343,7 @@ impl Device for ReferenceDevice {
         kernels::add_bias_rows(&mut out[..rows * cols], bias);
     }
 
-    fn cross_entropy_max(&self, logits: &Vec<f64>, rows: usize, vocab: usize, max: &mut [f64]) {
+    fn cross_entropy_max(&self, logits: &Vec<f64>, rows: usize, vocab: usize, max: &mut Vec<f64>) {
         for (r, m) in max.iter_mut().enumerate().take(rows) {
             *m = kernels::row_max(&logits[r * vocab..(r + 1) * vocab]);
         }
@@ -340,16 +355,19 @@ impl Device for ReferenceDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &mut [f64],
-        target_logit: &mut [f64],
+        max: &Vec<f64>,
+        stats: &mut Vec<f64>,
     ) {
+        let (sum_exp, target_logit) = stats[..2 * rows].split_at_mut(rows);
         for r in 0..rows {
             let target = kernels::local_row(targets[r], vocab_start, vocab);
             let (s, t) = kernels::cross_entropy_partials_row(&logits[r * vocab..(r + 1) * vocab], target, max[r]);
             sum_exp[r] = s;
             target_logit[r] = t;
         }
+    }
+    fn cross_entropy_loss(&self, max: &Vec<f64>, stats: &Vec<f64>, rows: usize, acc: &mut Vec<f64>, slot: usize) {
+        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows]);
     }
     fn cross_entropy_backward(
         &self,
@@ -358,10 +376,11 @@ impl Device for ReferenceDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &[f64],
+        max: &Vec<f64>,
+        stats: &Vec<f64>,
         grad_scale: f32,
     ) {
+        let sum_exp = &stats[..rows];
         for r in 0..rows {
             let target = kernels::local_row(targets[r], vocab_start, vocab);
             let row = &mut logits[r * vocab..(r + 1) * vocab];
@@ -369,7 +388,36 @@ impl Device for ReferenceDevice {
         }
     }
 
-    fn adamw(&self, param: &mut Vec<f64>, grad: &Vec<f64>, m: &mut Vec<f64>, v: &mut Vec<f64>, step: AdamWStep) {
+    fn adamw(
+        &self,
+        param: &mut Vec<f64>,
+        grad: &Vec<f64>,
+        m: &mut Vec<f64>,
+        v: &mut Vec<f64>,
+        step: AdamWStep,
+        working: Option<(&mut Vec<f64>, Precision)>,
+    ) {
         kernels::adamw_slice(param, grad, m, v, &step);
+        if let Some((w, precision)) = working {
+            w.copy_from_slice(param);
+            self.round_to(w, precision);
+        }
+    }
+
+    fn to_half(&self, buf: &Vec<f64>, precision: Precision) -> Vec<u16> {
+        buf.iter().map(|&x| precision.to_bits16(x as f32)).collect()
+    }
+    fn load_half(&self, src: &Vec<u16>, precision: Precision, dst: &mut Vec<f64>) {
+        assert_eq!(dst.len(), src.len(), "load_half: buffer and copy lengths differ");
+        for (d, &b) in dst.iter_mut().zip(src) {
+            *d = precision.from_bits16(b) as f64;
+        }
+    }
+    fn to_half_into(&self, buf: &Vec<f64>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        *half = self.to_half(buf, precision);
+    }
+    fn half_len(&self, half: &Vec<u16>) -> usize {
+        half.len()
     }
 }

@@ -1,6 +1,7 @@
 //! Device memory over any `GpuRuntime`: `DeviceMem`, an allocation freed on drop that holds an
 //! `Arc` of its runtime (so the context outlives every buffer), and `GpuBuf`, the GPU Device's
-//! buffer of f32. Also `GpuP2p`, what the Device asks of its pipeline links beyond the Device
+//! buffer of typed elements (`Elem`: f32 for the ops, 16-bit for saved activations, f64 for the
+//! step's scalars). Also `GpuP2p`, what the Device asks of its pipeline links beyond the Device
 //! seam's `DeviceP2p`, so that the links (collectives.rs) and the Device (device.rs) meet here
 //! instead of importing each other.
 
@@ -37,13 +38,48 @@ impl Drop for DeviceMem {
     }
 }
 
-/// The GPU Device's buffer: `len` f32 in device memory.
+/// What a `GpuBuf` holds. The Device's ops compute on f32 buffers; mixed precision keeps saved
+/// activations as 16-bit copies (bf16 or f16 bits), and the step's scalars are f64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    Bits16,
+    F64,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::Bits16 => 2,
+            Elem::F32 => 4,
+            Elem::F64 => 8,
+        }
+    }
+}
+
+/// The GPU Device's buffer: `len` elements of `elem` in device memory.
 pub struct GpuBuf {
     pub(super) mem: DeviceMem,
     pub(super) len: usize,
+    pub(super) elem: Elem,
 }
 
 impl GpuBuf {
+    /// `len` elements of `elem`, uninitialised (the allocation rounded up to whole 4-byte words).
+    pub(super) fn uninit(rt: &Arc<dyn GpuRuntime>, len: usize, elem: Elem) -> Result<GpuBuf> {
+        let mem = DeviceMem::alloc(rt, (elem.bytes() * len).next_multiple_of(4))?;
+        Ok(GpuBuf { mem, len, elem })
+    }
+
+    /// `len` elements of `elem`, zero-filled.
+    pub(super) fn zeroed(rt: &Arc<dyn GpuRuntime>, len: usize, elem: Elem) -> Result<GpuBuf> {
+        let buf = GpuBuf::uninit(rt, len, elem)?;
+        let words = buf.mem.bytes / 4;
+        if words > 0 {
+            rt.memset_u32(buf.mem.pointer, 0, words)?;
+        }
+        Ok(buf)
+    }
     pub(crate) fn ptr(&self) -> u64 {
         self.mem.pointer
     }

@@ -11,8 +11,9 @@
 //! `HipRuntime` on the HIP runtime, running the kernels-hip/ twins (same kernel names, arguments
 //! and grids). The kernels it launches (`DEVICE_KERNELS`) are resolved once per device from the
 //! kernel index (`kernels/mod.rs`), which also holds what differs between the vendors, each
-//! kernel's file and block size. Everything runs on the legacy default stream, in order; `download`, `sum_squares` and the cross-entropy /
-//! split-LayerNorm row sums copy to the host synchronously. A failed GPU call inside an op (the
+//! kernel's file and block size. Everything runs on the legacy default stream, in order; `download`, `read_scalars` and the
+//! split-LayerNorm row sums copy to the host synchronously (the cross-entropy's statistics, the
+//! loss and the gradient norm's sums stay on the device as `Scalars`). A failed GPU call inside an op (the
 //! trait's ops return no `Result`) ends the process with one `trident: error:` line naming the
 //! call. Collectives and pipeline p2p on device memory are attached as trait objects
 //! (`attach_comms`, `attach_p2p`), so this file names no communicator type. Every runtime call
@@ -54,6 +55,8 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::XentPartialsF32,
     Kernel::XentBwdF32,
     Kernel::SumSquaresF32,
+    Kernel::SumIntoF64,
+    Kernel::XentLossF64,
     Kernel::AdamwF32Bf16,
     Kernel::CastF32ToBf16,
     Kernel::CastBf16ToF32,

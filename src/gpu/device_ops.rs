@@ -3,7 +3,7 @@
 //! kernels of `tensor_ops` on their own grids, the GEMMs, attention, casts and AdamW on the
 //! geometry `kernels::plan` gives, on bf16 scratch copies of the GEMM and attention operands.
 
-use super::buffer::{DeviceMem, GpuBuf};
+use super::buffer::{Elem, GpuBuf};
 use super::device::{group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{GemmOut, Op};
 use super::kernels::Kernel;
@@ -15,16 +15,14 @@ use std::sync::atomic::Ordering;
 
 impl Device for GpuDevice {
     type Buf = GpuBuf;
+    type Half = GpuBuf;
+    type Scalars = GpuBuf;
 
     fn describe(&self) -> String {
         format!("{}, bf16 GEMMs and attention ({})", self.rt.describe(), self.vendor.matrix_units())
     }
     fn alloc(&self, len: usize) -> GpuBuf {
-        let mem = ok(DeviceMem::alloc(&self.rt, 4 * len));
-        if len > 0 {
-            ok(self.rt.memset_u32(mem.pointer, 0, len));
-        }
-        GpuBuf { mem, len }
+        ok(GpuBuf::zeroed(&self.rt, len, Elem::F32))
     }
     fn len(&self, buf: &GpuBuf) -> usize {
         buf.len
@@ -78,10 +76,11 @@ impl Device for GpuDevice {
         assert!(a.len == out.len && b.len == out.len);
         self.elementwise(Kernel::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
     }
-    fn sum_squares(&self, buf: &GpuBuf) -> f64 {
+    fn sum_squares_into(&self, buf: &GpuBuf, acc: &mut GpuBuf, slot: usize) {
+        assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
         let blocks = buf.len.div_ceil(SUM_SQUARES_CHUNK);
         if blocks == 0 {
-            return 0.0;
+            return;
         }
         let partials = self.scratch(8 * blocks);
         self.launch(
@@ -89,9 +88,22 @@ impl Device for GpuDevice {
             [blocks, 1, 1],
             &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))],
         );
-        let mut host = vec![0f64; blocks];
-        self.download_f64(&partials, &mut host);
-        host.iter().sum()
+        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(partials.pointer), I32(int("blocks", blocks))];
+        self.launch(Kernel::SumIntoF64, [1, 1, 1], &args);
+    }
+    fn scalars(&self, len: usize) -> GpuBuf {
+        ok(GpuBuf::zeroed(&self.rt, len, Elem::F64))
+    }
+    fn read_scalars(&self, src: &GpuBuf, out: &mut [f64]) {
+        assert!(src.elem == Elem::F64 && out.len() <= src.len, "read_scalars: more values than the scalars hold");
+        self.download_f64(&src.mem, out);
+    }
+    fn write_scalars(&self, dst: &mut GpuBuf, values: &[f64]) {
+        assert!(dst.elem == Elem::F64 && values.len() <= dst.len, "write_scalars: more values than the scalars hold");
+        if !values.is_empty() {
+            let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            ok(self.rt.copy_to_device(dst.ptr(), &bytes));
+        }
     }
 
     fn embedding_forward(
@@ -387,15 +399,14 @@ impl Device for GpuDevice {
         );
     }
 
-    fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut [f64]) {
+    fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut GpuBuf) {
         int("rows·vocab", rows * vocab);
-        let m = self.scratch(8 * rows);
+        assert!(max.elem == Elem::F64 && max.len >= rows, "cross_entropy_max: scalars shorter than the rows");
         self.rowwise(
             Kernel::XentMaxF32,
             rows,
-            &[Ptr(m.pointer), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
+            &[Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
         );
-        self.download_f64(&m, &mut max[..rows]);
     }
     fn cross_entropy_partials(
         &self,
@@ -404,28 +415,30 @@ impl Device for GpuDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &mut [f64],
-        target_logit: &mut [f64],
+        max: &GpuBuf,
+        stats: &mut GpuBuf,
     ) {
-        let (t, m) = (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]));
-        let (s, tl) = (self.scratch(8 * rows), self.scratch(8 * rows));
+        assert!(stats.elem == Elem::F64 && stats.len >= 2 * rows, "cross_entropy_partials: scalars too short");
+        let t = self.upload_u32(&targets[..rows]);
         self.rowwise(
             Kernel::XentPartialsF32,
             rows,
             &[
-                Ptr(s.pointer),
-                Ptr(tl.pointer),
+                Ptr(stats.ptr()),
+                Ptr(stats.ptr() + 8 * rows as u64),
                 Ptr(logits.ptr()),
                 Ptr(t.pointer),
                 I32(int("vocab_start", vocab_start)),
-                Ptr(m.pointer),
+                Ptr(max.ptr()),
                 I32(int("rows", rows)),
                 I32(int("vocab", vocab)),
             ],
         );
-        self.download_f64(&s, &mut sum_exp[..rows]);
-        self.download_f64(&tl, &mut target_logit[..rows]);
+    }
+    fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
+        assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
+        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(max.ptr()), Ptr(stats.ptr()), I32(int("rows", rows))];
+        self.launch(Kernel::XentLossF64, [1, 1, 1], &args);
     }
     fn cross_entropy_backward(
         &self,
@@ -434,12 +447,11 @@ impl Device for GpuDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &[f64],
+        max: &GpuBuf,
+        stats: &GpuBuf,
         grad_scale: f32,
     ) {
-        let (t, m, s) =
-            (self.upload_u32(&targets[..rows]), self.upload_f64(&max[..rows]), self.upload_f64(&sum_exp[..rows]));
+        let t = self.upload_u32(&targets[..rows]);
         self.elementwise(
             Kernel::XentBwdF32,
             int("rows·vocab", rows * vocab) as usize,
@@ -447,8 +459,8 @@ impl Device for GpuDevice {
                 Ptr(logits.ptr()),
                 Ptr(t.pointer),
                 I32(int("vocab_start", vocab_start)),
-                Ptr(m.pointer),
-                Ptr(s.pointer),
+                Ptr(max.ptr()),
+                Ptr(stats.ptr()),
                 F32(grad_scale),
                 I32(int("rows", rows)),
                 I32(int("vocab", vocab)),
@@ -484,34 +496,62 @@ impl Device for GpuDevice {
         }
     }
 
-    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> Vec<u16> {
-        if precision != Precision::Bf16 {
-            let mut host = vec![0f32; buf.len];
-            self.download(buf, &mut host);
-            return host.iter().map(|&x| precision.to_bits16(x)).collect();
-        }
-        // Cast on the device and copy half the bytes; the values are already bf16, so exact.
-        let half = self.to_bf16(buf, buf.len);
-        let mut bytes = vec![0u8; 2 * buf.len];
-        if !bytes.is_empty() {
-            ok(self.to_host(&mut bytes, half.pointer));
-        }
-        bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> GpuBuf {
+        let mut half = ok(GpuBuf::uninit(&self.rt, buf.len, Elem::Bits16));
+        self.to_half_into(buf, precision, &mut half);
+        half
     }
-    fn load_half(&self, src: &[u16], precision: Precision, dst: &mut GpuBuf) {
-        assert_eq!(dst.len, src.len(), "load_half: buffer and host lengths differ");
-        if precision != Precision::Bf16 {
-            let host: Vec<f32> = src.iter().map(|&b| precision.from_bits16(b)).collect();
-            return self.upload(dst, &host);
+    fn to_half_into(&self, buf: &GpuBuf, precision: Precision, half: &mut GpuBuf) {
+        assert!(half.elem == Elem::Bits16 && half.len == buf.len, "to_half_into: buffer and copy lengths differ");
+        if buf.len == 0 {
+            return;
         }
-        let half = self.upload_bytes(&src.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>());
-        self.bf16_to_f32(dst.ptr(), half.pointer, src.len());
+        match precision {
+            // Cast on the device into device memory; the values are already bf16, so exact.
+            Precision::Bf16 => self.run(
+                Op::CastF32ToBf16 { n: buf.len },
+                &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))],
+            ),
+            // No fp16 kernels (`--device cuda|hip` requires --bf16): correct, through the host.
+            _ => {
+                let mut host = vec![0f32; buf.len];
+                self.download(buf, &mut host);
+                let bits: Vec<u8> = host.iter().flat_map(|&x| precision.to_bits16(x).to_le_bytes()).collect();
+                ok(self.rt.copy_to_device(half.ptr(), &bits));
+            }
+        }
+    }
+    fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
+        assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
+        match precision {
+            Precision::Bf16 => self.bf16_to_f32(dst.ptr(), src.ptr(), src.len),
+            _ => {
+                let mut bits = vec![0u8; 2 * src.len];
+                if !bits.is_empty() {
+                    ok(self.to_host(&mut bits, src.ptr()));
+                }
+                let host: Vec<f32> =
+                    bits.chunks_exact(2).map(|b| precision.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect();
+                self.upload(dst, &host);
+            }
+        }
+    }
+    fn half_len(&self, half: &GpuBuf) -> usize {
+        half.len
     }
 
     fn work_counters(&self) -> Option<crate::device::WorkCounters> {
         Some(self.rt.tally().snapshot())
     }
-    fn adamw(&self, param: &mut GpuBuf, grad: &GpuBuf, m: &mut GpuBuf, v: &mut GpuBuf, step: AdamWStep) {
+    fn adamw(
+        &self,
+        param: &mut GpuBuf,
+        grad: &GpuBuf,
+        m: &mut GpuBuf,
+        v: &mut GpuBuf,
+        step: AdamWStep,
+        working: Option<(&mut GpuBuf, Precision)>,
+    ) {
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
         if grad.len == 0 {
@@ -534,8 +574,14 @@ impl Device for GpuDevice {
                 F32(step.grad_scale),
                 F32(c1 as f32),
                 F32(c2 as f32),
+                // The kernel rounds to bf16 itself; other precisions copy and round after it.
+                Ptr(working.as_ref().filter(|(_, p)| *p == Precision::Bf16).map_or(0, |(w, _)| w.ptr())),
             ],
         );
+        if let Some((w, precision)) = working.filter(|(_, p)| *p != Precision::Bf16) {
+            self.copy(w, 0, param, 0, param.len);
+            self.round_to(w, precision);
+        }
     }
 }
 

@@ -133,7 +133,7 @@ impl<D: Device> DistributedAdamW<D> {
                 dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, n);
                 dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
                 let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
-                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step);
+                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, None);
                 dev.copy(&mut shard, s.offset, &s.value, 0, n);
             }
             let mut flat = dev.alloc(self.padded_len);
@@ -156,7 +156,7 @@ impl<D: Device> DistributedAdamW<D> {
             dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
             dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
             let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
-            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step);
+            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, None);
             dev.download(&s.value, &mut updated[s.offset..s.offset + n]);
         }
         dp.all_gather(&updated, &mut flat);

@@ -6,6 +6,7 @@ pub mod lr;
 pub mod scaler;
 
 use crate::device::{AdamWStep, Device};
+use crate::real::Precision;
 use crate::tensor::ParamSet;
 
 /// AdamW hyper-parameters (Megatron's `--adam-beta1 --adam-beta2 --adam-eps --weight-decay`).
@@ -32,6 +33,10 @@ impl AdamWConfig {
     }
 }
 
+/// Mixed precision's working copy of a chunk's parameters: per parameter the rounded copy (None
+/// where it has none) and the precision it is rounded to; None in f32.
+pub type WorkingCopy<'a, B> = Option<(&'a mut [Option<B>], Precision)>;
+
 /// First and second moments for every parameter, on the device, plus the step count.
 pub struct AdamW<D: Device> {
     pub config: AdamWConfig,
@@ -48,11 +53,21 @@ impl<D: Device> AdamW<D> {
     }
 
     /// One update of every parameter. `grad_scale` multiplies each gradient first (clipping).
-    pub fn step(&mut self, dev: &D, params: &mut ParamSet<D>, lr: f32, grad_scale: f32) {
+    /// `working`, under mixed precision, is the rounded working copy of the parameters (None where
+    /// a parameter has none) and its precision: each copy is written in the same pass.
+    pub fn step(
+        &mut self,
+        dev: &D,
+        params: &mut ParamSet<D>,
+        mut working: WorkingCopy<'_, D::Buf>,
+        lr: f32,
+        grad_scale: f32,
+    ) {
         self.step += 1;
         for i in 0..params.info.len() {
             let step = self.config.step(lr, params.info[i].decayed(), self.step, grad_scale);
-            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step);
+            let copy = working.as_mut().and_then(|(w, p)| w[i].as_mut().map(|w| (w, *p)));
+            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step, copy);
         }
     }
 }

@@ -238,16 +238,27 @@ pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut Par
 /// The global L2 norm of the gradients of all `sets` (this rank's model chunks), each parameter
 /// counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated parameter
 /// on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all, nothing on the
-/// depth copies of 2.5-D (`counts` false); summed over the model-parallel group.
-pub fn global_grad_norm<D: Device>(dev: &D, sets: &[&ParamSet<D>], tp_rank: usize, counts: bool, mp: &dyn Comm) -> f64 {
-    let local: f64 = sets
+/// depth copies of 2.5-D (`counts` false); summed over the model-parallel group. The squares are
+/// summed on the device into `acc[0]`, tensor after tensor, and the host reads the total once.
+pub fn global_grad_norm<D: Device>(
+    dev: &D,
+    sets: &[&ParamSet<D>],
+    tp_rank: usize,
+    counts: bool,
+    mp: &dyn Comm,
+    acc: &mut D::Scalars,
+) -> f64 {
+    let counted = sets
         .iter()
         .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))
         .filter(|_| counts)
-        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0))
-        .map(|(set, i)| dev.sum_squares(&set.grads[i]))
-        .sum();
-    let mut total = [local];
+        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0));
+    dev.write_scalars(acc, &[0.0]);
+    for (set, i) in counted {
+        dev.sum_squares_into(&set.grads[i], acc, 0);
+    }
+    let mut total = [0.0];
+    dev.read_scalars(acc, &mut total);
     mp.all_reduce(&mut total, ReduceOp::Sum);
     total[0].sqrt()
 }

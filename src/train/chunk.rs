@@ -84,24 +84,29 @@ impl<D: Device> Chunk<D> {
     }
 
     /// One AdamW step at `lr`, the clip and loss scale folded into `grad_scale`, from the
-    /// finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients` returned); then the
-    /// mixed-precision working copy of the weights follows the masters.
+    /// finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients` returned); the
+    /// mixed-precision working copy of the weights follows the masters (written by the replicated
+    /// AdamW in the same pass, refreshed after ZeRO-1's all-gather).
     pub fn step(&mut self, dev: &D, groups: &Groups, shard: Option<&[f32]>, lr: f32, grad_scale: f32) {
         match &mut self.opt {
-            Optimizer::Replicated(o) => o.step(dev, &mut self.model.params, lr, grad_scale),
+            Optimizer::Replicated(o) => {
+                let (params, working) = self.model.params_and_working();
+                o.step(dev, params, working, lr, grad_scale)
+            }
             Optimizer::Distributed(z) => {
                 let shard = shard.expect("a ZeRO-1 chunk's gradients are reduce-scattered before its step");
-                z.step(dev, &*groups.replica, &mut self.model.params, shard, lr, grad_scale)
+                z.step(dev, &*groups.replica, &mut self.model.params, shard, lr, grad_scale);
+                self.model.refresh_working_weights(dev);
             }
         }
-        self.model.refresh_working_weights(dev);
     }
 }
 
 /// The global gradient norm over every chunk of every rank: from the ZeRO-1 shards (`zero`), each
 /// element counted once across the world, or from the whole gradients, each parameter counted once
 /// (`counts_parameters`: shards everywhere, replicated parameters on tensor-parallel rank 0) over
-/// the model-parallel group.
+/// the model-parallel group, summed on the device in `acc`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn grad_norm<D: Device>(
     dev: &D,
     chunks: &[Chunk<D>],
@@ -110,6 +115,7 @@ pub(super) fn grad_norm<D: Device>(
     groups: &Groups,
     tp_rank: usize,
     counts_parameters: bool,
+    acc: &mut D::Scalars,
 ) -> f64 {
     if zero {
         let local: f64 = chunks
@@ -123,6 +129,6 @@ pub(super) fn grad_norm<D: Device>(
         distributed::global_norm(local, &*groups.world)
     } else {
         let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
-        global_grad_norm(dev, &sets, tp_rank, counts_parameters, &*groups.mp)
+        global_grad_norm(dev, &sets, tp_rank, counts_parameters, &*groups.mp, acc)
     }
 }

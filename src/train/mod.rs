@@ -115,6 +115,7 @@ fn run_on<D: Device>(
         window: Window::default(),
         bubble: (0.0, 0.0),
         skipped_iterations: 0,
+        norm_sum: setup.dev.scalars(1),
     };
     while trainer.progress.iteration < cfg.train_iters {
         if !trainer.iteration()? {
@@ -150,6 +151,8 @@ struct Trainer<'a, D: Device> {
     /// first one warms caches up).
     bubble: (f64, f64),
     skipped_iterations: u64,
+    /// The gradients' sum of squares, accumulated on the device.
+    norm_sum: D::Scalars,
 }
 
 impl<D: Device> Trainer<'_, D> {
@@ -211,7 +214,7 @@ impl<D: Device> Trainer<'_, D> {
         let grad_scale = 1.0 / self.tokens_per_iter as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
-        let loss_sum = self.pipe.train_step(
+        self.pipe.train_step(
             &mut self.chunks,
             &self.data.train,
             cfg,
@@ -232,9 +235,12 @@ impl<D: Device> Trainer<'_, D> {
         // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
         let shards: Vec<Option<Vec<f32>>> =
             self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
+        // The step's two reads from the device: its loss and its gradients' sum of squares.
+        let loss_sum = self.pipe.take_loss(&mut self.chunks);
         let loss = setup.groups.dp.sum_f64(setup.groups.pp.sum_f64(loss_sum)) / self.tokens_per_iter;
-        let (tp_rank, counts) = (setup.grid.tp_rank, setup.mp.counts_parameters());
-        let grad_norm = grad_norm(&setup.dev, &self.chunks, &shards, self.pipe.zero, &setup.groups, tp_rank, counts);
+        let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
+        let norm = &mut self.norm_sum;
+        let grad_norm = grad_norm(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm);
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
         // the scaled gradients overflowed: the step is skipped and the scale backs off.
         let overflow = self.progress.scaler.is_some() && !grad_norm.is_finite();

@@ -210,8 +210,9 @@ impl<D: Device> Pipeline<'_, D> {
     }
 
     /// The forward pass of (micro, chunk) on this stage: receives its input (after the first
-    /// virtual stage), runs the chunk and sends its output on (before the last), or returns the
-    /// chunk's loss sum (0 elsewhere). `timed` records the pass as busy time of a training step.
+    /// virtual stage), runs the chunk and sends its output on (before the last), or adds the
+    /// chunk's loss sum to its accumulator (`take_loss`). `timed` records the pass as busy time
+    /// of a training step.
     fn forward(
         &self,
         tl: &mut Timeline,
@@ -219,7 +220,7 @@ impl<D: Device> Pipeline<'_, D> {
         (micro, chunk): (usize, usize),
         batch: &Batch,
         timed: bool,
-    ) -> f64 {
+    ) {
         let (tokens, labels, mbs, seq) = (&batch.tokens, &batch.labels, batch.mbs, batch.seq);
         let vs = self.virtual_stage(chunk);
         let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
@@ -234,11 +235,8 @@ impl<D: Device> Pipeline<'_, D> {
             self.done_with(h);
         }
         match (result, out) {
-            (ChunkOutput::Loss(l), _) => l,
-            (ChunkOutput::Hidden, Some(h)) => {
-                self.send(tl, h, micro, chunk, false);
-                0.0
-            }
+            (ChunkOutput::Loss, _) => {}
+            (ChunkOutput::Hidden, Some(h)) => self.send(tl, h, micro, chunk, false),
             (ChunkOutput::Hidden, None) => unreachable!("a chunk before the last has an output buffer"),
         }
     }
@@ -257,8 +255,8 @@ impl<D: Device> Pipeline<'_, D> {
         m.free.extend(delivered);
     }
 
-    /// One iteration's forward and backward passes in this stage's schedule order. Returns the
-    /// summed token loss (nonzero on the last stage only).
+    /// One iteration's forward and backward passes in this stage's schedule order; the last
+    /// stage's summed token loss stays in its last chunk's accumulator (`take_loss`).
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],
@@ -267,9 +265,8 @@ impl<D: Device> Pipeline<'_, D> {
         consumed: u64,
         grad_scale: f32,
         tl: &mut Timeline,
-    ) -> Result<f64> {
+    ) -> Result<()> {
         let mut batch = Batch::new(cfg);
-        let mut loss_sum = 0.0;
         let started = tl.now_us();
         let mut peak_live = 0;
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
@@ -277,7 +274,7 @@ impl<D: Device> Pipeline<'_, D> {
                 Pass::Forward { micro, chunk } => {
                     batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                     let model = &mut chunks[chunk].model;
-                    loss_sum += self.forward(tl, model, (micro, chunk), &batch, true);
+                    self.forward(tl, model, (micro, chunk), &batch, true);
                     // Activation sets the chunks hold right now, counted by the model itself.
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                 }
@@ -310,7 +307,13 @@ impl<D: Device> Pipeline<'_, D> {
         self.finish_sends();
         tl.wall_secs += (tl.now_us() - started) * 1e-6;
         tl.peak_live = tl.peak_live.max(peak_live);
-        Ok(loss_sum)
+        Ok(())
+    }
+
+    /// The summed token loss of the forwards since the last call, read from the device once
+    /// (nonzero on the last stage only).
+    pub fn take_loss(&self, chunks: &mut [Chunk<D>]) -> f64 {
+        chunks.iter_mut().map(|c| c.model.take_loss(self.dev, self.tp)).sum()
     }
 
     /// Forward passes only over `iters` global batches from sample `first` (validation): every
@@ -325,14 +328,13 @@ impl<D: Device> Pipeline<'_, D> {
         tl: &mut Timeline,
     ) -> Result<f64> {
         let mut batch = Batch::new(cfg);
-        let mut total = 0.0;
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.micro {
                 batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                 for chunk in 0..self.chunks {
                     let model = &mut chunks[chunk].model;
-                    total += self.forward(tl, model, (micro, chunk), &batch, false);
+                    self.forward(tl, model, (micro, chunk), &batch, false);
                     model.discard(micro);
                 }
             }
@@ -340,7 +342,7 @@ impl<D: Device> Pipeline<'_, D> {
         }
         // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
         // gives every rank the mean.
-        let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(total));
+        let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(self.take_loss(chunks)));
         Ok(total / (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64)
     }
 }

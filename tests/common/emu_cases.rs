@@ -317,7 +317,7 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
         case.run("adamw", &[args(&[&n, &blocks, &threads]), args(&hyper)].concat());
         let dev = ReferenceDevice;
         let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &var));
-        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step);
+        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step, None);
         check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
         check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
         check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
@@ -325,6 +325,7 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
         // The bf16 copy is exactly the rounded master weight.
         let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
         assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+        assert_eq!(case.get_f32("param_rounded"), rounded, "{name}: the f32 working copy is the rounded master");
     }
 }
 
@@ -334,10 +335,11 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
 /// `vocab_start`, per row: [max, sum of exp(logit - max), the target's logit (0 outside the shard)].
 pub fn cross_entropy_reference(logits: &Vec<f64>, targets: &[u32], vocab_start: usize, vocab: usize) -> [Vec<f64>; 3] {
     let (dev, rows) = (ReferenceDevice, targets.len());
-    let (mut max, mut sum_exp, mut target_logit) = (vec![0.0; rows], vec![0.0; rows], vec![0.0; rows]);
+    let (mut max, mut stats) = (vec![0.0; rows], vec![0.0; 2 * rows]);
     dev.cross_entropy_max(logits, rows, vocab, &mut max);
-    dev.cross_entropy_partials(logits, targets, vocab_start, rows, vocab, &max, &mut sum_exp, &mut target_logit);
-    [max, sum_exp, target_logit]
+    dev.cross_entropy_partials(logits, targets, vocab_start, rows, vocab, &max, &mut stats);
+    let target_logit = stats.split_off(rows);
+    [max, stats, target_logit]
 }
 
 pub fn softmax_cross_entropy_pieces(v: &Vendor) {

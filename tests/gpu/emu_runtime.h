@@ -154,6 +154,8 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(xent_max_f32),
     EMU_KERNEL(xent_partials_f32),
     EMU_KERNEL(sum_squares_f32),
+    EMU_KERNEL(sum_into_f64),
+    EMU_KERNEL(xent_loss_f64),
 };
 
 struct Module {

@@ -210,10 +210,13 @@ inline void adamw() {
   const int n = arg(0), blocks = arg(1), threads = arg(2);
   auto param = read_f32("param", n), grad = read_f32("grad", n), m = read_f32("m", n), v = read_f32("v", n);
   std::vector<bf16> param_bf16(n);
+  std::vector<float> param_rounded(n);
   emu::launch(dim3(blocks), dim3(threads), adamw_f32_bf16, param.data(), param_bf16.data(), grad.data(), m.data(),
-              v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10));
+              v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10),
+              param_rounded.data());
   write_f32("param", param);
   write_bf16("param_bf16", param_bf16);
+  write_f32("param_rounded", param_rounded);
   write_f32("m", m);
   write_f32("v", v);
 }

@@ -193,7 +193,16 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         dev.gelu_backward(&mut out, &ga, &gb);
         r.gelu_backward(&mut want, &ra, &rb);
         run.push_dev("gelu_backward", &case, &out, &want, F32);
-        let (ss, rs) = (dev.sum_squares(&ga), r.sum_squares(&ra));
+        // Summed into a device scalar that already holds 1, so the accumulation is checked too.
+        let (mut acc, mut racc) = (dev.scalars(2), r.scalars(2));
+        dev.write_scalars(&mut acc, &[0.0, 1.0]);
+        r.write_scalars(&mut racc, &[0.0, 1.0]);
+        dev.sum_squares_into(&ga, &mut acc, 1);
+        r.sum_squares_into(&ra, &mut racc, 1);
+        let (mut ss, mut rs) = ([0.0; 2], [0.0; 2]);
+        dev.read_scalars(&acc, &mut ss);
+        r.read_scalars(&racc, &mut rs);
+        let (ss, rs) = (ss[1], rs[1]);
         // Compared in f64: the sums are f64 on every backend.
         let exact = Bound::Abs { atol: 1e-12 * rs.max(1.0), rtol: 0.0 };
         run.out.push(compare_f64("sum_squares", &case, ss, rs, exact));
@@ -201,13 +210,13 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         dev.round_to(&mut rounded, Precision::Bf16);
         let bits: Vec<f64> = a.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
         run.push_dev("round_to bf16", &case, &rounded, &bits, Bound::Exact);
-        // The 16-bit copy of bf16 values (mixed precision's saved activations) is exact both ways.
+        // The 16-bit copy of bf16 values (mixed precision's saved activations, in the device's
+        // memory) is exact both ways.
         let half = dev.to_half(&rounded, Precision::Bf16);
-        let half_values: Vec<f32> = half.iter().map(|&h| Precision::Bf16.from_bits16(h)).collect();
-        run.push("to_half bf16", &case, &half_values, &bits, Bound::Exact);
+        assert_eq!(dev.half_len(&half), n, "to_half keeps the length");
         let mut back = dev.alloc(n);
         dev.load_half(&half, Precision::Bf16, &mut back);
-        run.push_dev("load_half bf16", &case, &back, &bits, Bound::Exact);
+        run.push_dev("to_half + load_half bf16", &case, &back, &bits, Bound::Exact);
         dev.fill(&mut rounded, 0.25);
         run.push_dev("fill", &case, &rounded, &vec![0.25; n], Bound::Exact);
         let zeros = dev.alloc(n);
@@ -229,12 +238,15 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let v: Vec<f32> = run.f32s(n, "v", 0.001, 0.0).iter().map(|x| x.abs()).collect();
         let step =
             AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3, grad_scale: 0.5 };
-        let (mut gp, mut gm, mut gv) = (run.up(&p), run.up(&m), run.up(&v));
-        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step);
+        let (mut gp, mut gm, mut gv, mut gw) = (run.up(&p), run.up(&m), run.up(&v), dev.alloc(n));
+        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, Some((&mut gw, Precision::Bf16)));
         let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
-        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step);
+        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step, None);
         let case = format!("n={n}");
         run.push_dev("adamw param", &case, &gp, &rp, F32);
+        // The working copy written in the same pass is exactly the updated master, rounded.
+        let rounded: Vec<f64> = run.down(&gp).iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
+        run.push_dev("adamw working copy bf16", &case, &gw, &rounded, Bound::Exact);
         run.push_dev("adamw m", &case, &gm, &rm, F32);
         run.push_dev("adamw v", &case, &gv, &rv, F32);
     }
@@ -333,20 +345,40 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         let targets: Vec<u32> = (0..rows).map(|i| ((i * 389) % (start + vocab)) as u32).collect();
         let case = format!("{rows}x{vocab} from {start}");
         let (g, rl) = (run.up(&logits), refb(&logits));
+        // The statistics live in the device's scalars; each step reads from the reference's
+        // statistics (written to the device), so each op is checked on its own.
+        let (mut dmax, mut rmax_s) = (dev.scalars(rows), r.scalars(rows));
+        dev.cross_entropy_max(&g, rows, vocab, &mut dmax);
+        r.cross_entropy_max(&rl, rows, vocab, &mut rmax_s);
         let (mut max, mut rmax) = (vec![0f64; rows], vec![0f64; rows]);
-        dev.cross_entropy_max(&g, rows, vocab, &mut max);
-        r.cross_entropy_max(&rl, rows, vocab, &mut rmax);
+        dev.read_scalars(&dmax, &mut max);
+        r.read_scalars(&rmax_s, &mut rmax);
         run.push_host("cross_entropy_max", &case, &max, &rmax, Bound::Exact);
-        let (mut se, mut tl) = (vec![0f64; rows], vec![0f64; rows]);
-        let (mut rse, mut rtl) = (vec![0f64; rows], vec![0f64; rows]);
-        dev.cross_entropy_partials(&g, &targets, start, rows, vocab, &rmax, &mut se, &mut tl);
-        r.cross_entropy_partials(&rl, &targets, start, rows, vocab, &rmax, &mut rse, &mut rtl);
-        run.push_host("cross_entropy sum_exp", &case, &se, &rse, F32);
-        run.push_host("cross_entropy target_logit", &case, &tl, &rtl, Bound::Exact);
+        dev.write_scalars(&mut dmax, &rmax);
+        let (mut dstats, mut rstats_s) = (dev.scalars(2 * rows), r.scalars(2 * rows));
+        dev.cross_entropy_partials(&g, &targets, start, rows, vocab, &dmax, &mut dstats);
+        r.cross_entropy_partials(&rl, &targets, start, rows, vocab, &rmax_s, &mut rstats_s);
+        let (mut stats, mut rstats) = (vec![0f64; 2 * rows], vec![0f64; 2 * rows]);
+        dev.read_scalars(&dstats, &mut stats);
+        r.read_scalars(&rstats_s, &mut rstats);
+        run.push_host("cross_entropy sum_exp", &case, &stats[..rows], &rstats[..rows], F32);
+        run.push_host("cross_entropy target_logit", &case, &stats[rows..], &rstats[rows..], Bound::Exact);
+        dev.write_scalars(&mut dstats, &rstats);
+        // The loss is added to what the accumulator holds (here 1).
+        let (mut acc, mut racc) = (dev.scalars(1), r.scalars(1));
+        dev.write_scalars(&mut acc, &[1.0]);
+        r.write_scalars(&mut racc, &[1.0]);
+        dev.cross_entropy_loss(&dmax, &dstats, rows, &mut acc, 0);
+        r.cross_entropy_loss(&rmax_s, &rstats_s, rows, &mut racc, 0);
+        let (mut loss, mut rloss) = ([0.0], [0.0]);
+        dev.read_scalars(&acc, &mut loss);
+        r.read_scalars(&racc, &mut rloss);
+        let exact = Bound::Abs { atol: 1e-12 * rloss[0].abs().max(1.0), rtol: 0.0 };
+        run.out.push(compare_f64("cross_entropy_loss", &case, loss[0], rloss[0], exact));
         let mut gg = run.up(&logits);
-        dev.cross_entropy_backward(&mut gg, &targets, start, rows, vocab, &rmax, &rse, 0.5);
+        dev.cross_entropy_backward(&mut gg, &targets, start, rows, vocab, &dmax, &dstats, 0.5);
         let mut rg = rl.clone();
-        r.cross_entropy_backward(&mut rg, &targets, start, rows, vocab, &rmax, &rse, 0.5);
+        r.cross_entropy_backward(&mut rg, &targets, start, rows, vocab, &rmax_s, &rstats_s, 0.5);
         run.push_dev("cross_entropy_backward", &case, &gg, &rg, Bound::Abs { atol: 1e-6, rtol: 1e-5 });
     }
 }

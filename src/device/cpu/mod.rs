@@ -98,6 +98,8 @@ impl CpuDevice {
 
 impl Device for CpuDevice {
     type Buf = Vec<f32>;
+    type Half = Vec<u16>;
+    type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
         format!("cpu: {} threads, gemm kernel {:?}", self.pool.threads(), gemm::best_kernel())
@@ -140,7 +142,7 @@ impl Device for CpuDevice {
             }
         });
     }
-    fn sum_squares(&self, buf: &Vec<f32>) -> f64 {
+    fn sum_squares_into(&self, buf: &Vec<f32>, acc: &mut Vec<f64>, slot: usize) {
         let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
         let p = SharedMut::new(&mut partial);
         self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
@@ -148,7 +150,19 @@ impl Device for CpuDevice {
             // SAFETY: one slot per block.
             unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
         });
-        partial.iter().sum()
+        acc[slot] += partial.iter().sum::<f64>();
+    }
+    fn scalars(&self, len: usize) -> Vec<f64> {
+        vec![0.0; len]
+    }
+    fn read_scalars(&self, src: &Vec<f64>, out: &mut [f64]) {
+        out.copy_from_slice(&src[..out.len()]);
+    }
+    fn write_scalars(&self, dst: &mut Vec<f64>, values: &[f64]) {
+        dst[..values.len()].copy_from_slice(values);
+    }
+    fn host_scalars<'a>(&self, s: &'a mut Vec<f64>) -> Option<&'a mut [f64]> {
+        Some(s.as_mut_slice())
     }
 
     fn embedding_forward(
@@ -499,7 +513,14 @@ impl Device for CpuDevice {
         });
         out
     }
-    fn load_half(&self, src: &[u16], precision: crate::real::Precision, dst: &mut Vec<f32>) {
+    fn to_half_into(&self, buf: &Vec<f32>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        *half = self.to_half(buf, precision);
+    }
+    fn half_len(&self, half: &Vec<u16>) -> usize {
+        half.len()
+    }
+    fn load_half(&self, src: &Vec<u16>, precision: crate::real::Precision, dst: &mut Vec<f32>) {
         let o = SharedMut::new(dst);
         self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
@@ -517,7 +538,7 @@ impl Device for CpuDevice {
         });
     }
 
-    fn cross_entropy_max(&self, logits: &Vec<f32>, rows: usize, vocab: usize, max: &mut [f64]) {
+    fn cross_entropy_max(&self, logits: &Vec<f32>, rows: usize, vocab: usize, max: &mut Vec<f64>) {
         let m = SharedMut::new(max);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
             for r in r0..r0 + nr {
@@ -533,10 +554,10 @@ impl Device for CpuDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &mut [f64],
-        target_logit: &mut [f64],
+        max: &Vec<f64>,
+        stats: &mut Vec<f64>,
     ) {
+        let (sum_exp, target_logit) = stats[..2 * rows].split_at_mut(rows);
         let (se, tl) = (SharedMut::new(sum_exp), SharedMut::new(target_logit));
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
             for r in r0..r0 + nr {
@@ -551,6 +572,9 @@ impl Device for CpuDevice {
             }
         });
     }
+    fn cross_entropy_loss(&self, max: &Vec<f64>, stats: &Vec<f64>, rows: usize, acc: &mut Vec<f64>, slot: usize) {
+        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows]);
+    }
     fn cross_entropy_backward(
         &self,
         logits: &mut Vec<f32>,
@@ -558,10 +582,11 @@ impl Device for CpuDevice {
         vocab_start: usize,
         rows: usize,
         vocab: usize,
-        max: &[f64],
-        sum_exp: &[f64],
+        max: &Vec<f64>,
+        stats: &Vec<f64>,
         grad_scale: f32,
     ) {
+        let sum_exp = &stats[..rows];
         let lg = SharedMut::new(logits);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
             for r in r0..r0 + nr {
@@ -587,11 +612,23 @@ impl Device for CpuDevice {
         Some(buf.as_slice())
     }
 
-    fn adamw(&self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, step: AdamWStep) {
+    fn adamw(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        step: AdamWStep,
+        working: Option<(&mut Vec<f32>, crate::real::Precision)>,
+    ) {
         let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
         self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks of the three state arrays.
             unsafe { simd::adamw_slice(p.slice(s, n), &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step) }
         });
+        if let Some((w, precision)) = working {
+            w.copy_from_slice(param);
+            self.round_to(w, precision);
+        }
     }
 }

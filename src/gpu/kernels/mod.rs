@@ -70,6 +70,8 @@ pub enum Kernel {
     XentPartialsF32,
     XentBwdF32,
     SumSquaresF32,
+    SumIntoF64,
+    XentLossF64,
 }
 
 /// One kernel function: its file, its launch geometry per vendor and its static shared memory,
@@ -160,6 +162,9 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::XentPartialsF32, "xent_partials_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::XentBwdF32, "xent_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::SumSquaresF32, "sum_squares_f32", "tensor_ops.cu", 256, Some(256), 64),
+    // One thread of a block: the step's scalars summed in a fixed order on the device.
+    spec(Kernel::SumIntoF64, "sum_into_f64", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::XentLossF64, "xent_loss_f64", "tensor_ops.cu", 256, Some(256), 0),
 ];
 
 impl Kernel {

@@ -184,29 +184,55 @@ impl<B> LayerActs<B> {
         self.buffers().iter().map(|(b, half)| if *half { 2 } else { 4 } * dev.len(b)).sum()
     }
 
-    /// This layer's saved buffers as a 16-bit copy (exact: under mixed precision every activation
-    /// was rounded to `precision` where it was stored).
-    pub(super) fn stash<D: Device<Buf = B>>(&self, dev: &D, precision: Precision) -> Vec<Stash> {
-        self.buffers()
-            .into_iter()
-            .map(|(b, half)| {
-                if half {
-                    Stash::Half(dev.to_half(b, precision))
-                } else {
-                    let mut h = vec![0f32; dev.len(b)];
-                    dev.download(b, &mut h);
-                    Stash::Full(h)
+    /// This layer's saved buffers copied aside in the device's memory: activations as 16-bit
+    /// copies (exact: under mixed precision every activation was rounded to `precision` where it
+    /// was stored), statistics as f32. Writes into `reuse` (an earlier copy of a layer of the
+    /// same shape) where given, so steps after the first allocate nothing.
+    pub(super) fn stash<D: Device<Buf = B>>(
+        &self,
+        dev: &D,
+        precision: Precision,
+        reuse: Option<Vec<Stash<D>>>,
+    ) -> Vec<Stash<D>> {
+        let buffers = self.buffers();
+        let fits = |s: &Vec<Stash<D>>| {
+            s.len() == buffers.len()
+                && s.iter().zip(&buffers).all(|(s, (b, half))| match s {
+                    Stash::Half(h) => *half && dev.half_len(h) == dev.len(b),
+                    Stash::Full(f) => !*half && dev.len(f) == dev.len(b),
+                })
+        };
+        match reuse.filter(fits) {
+            Some(mut copy) => {
+                for (s, (b, _)) in copy.iter_mut().zip(buffers) {
+                    match s {
+                        Stash::Half(h) => dev.to_half_into(b, precision, h),
+                        Stash::Full(f) => dev.copy(f, 0, b, 0, dev.len(b)),
+                    }
                 }
-            })
-            .collect()
+                copy
+            }
+            None => buffers
+                .into_iter()
+                .map(|(b, half)| {
+                    if half {
+                        Stash::Half(dev.to_half(b, precision))
+                    } else {
+                        let mut copy = dev.alloc(dev.len(b));
+                        dev.copy(&mut copy, 0, b, 0, dev.len(b));
+                        Stash::Full(copy)
+                    }
+                })
+                .collect(),
+        }
     }
 
     /// Restores what `stash` copied.
-    pub(super) fn unstash<D: Device<Buf = B>>(&mut self, dev: &D, stash: &[Stash], precision: Precision) {
+    pub(super) fn unstash<D: Device<Buf = B>>(&mut self, dev: &D, stash: &[Stash<D>], precision: Precision) {
         for (b, s) in self.buffers_mut().into_iter().zip(stash) {
             match s {
                 Stash::Half(h) => dev.load_half(h, precision, b),
-                Stash::Full(f) => dev.upload(b, f),
+                Stash::Full(f) => dev.copy(b, 0, f, 0, dev.len(f)),
             }
         }
     }
@@ -219,51 +245,52 @@ pub(super) type SpareLayer<B> = Option<(Rows, LayerActs<B>)>;
 /// The attention output and log-sum-exp selective recompute rebuilds into, with their rows.
 pub(super) type SpareAttention<B> = Option<(Rows, B, B)>;
 
-/// One saved buffer of a layer between its forward and its backward under mixed precision:
-/// activations in 16 bits, statistics in f32.
-pub(super) enum Stash {
-    Half(Vec<u16>),
-    Full(Vec<f32>),
+/// One saved buffer of a layer between its forward and its backward under mixed precision, in
+/// the device's memory: activations in 16 bits, statistics in f32.
+pub(super) enum Stash<D: Device> {
+    Half(D::Half),
+    Full(D::Buf),
 }
 
-impl Stash {
-    pub(super) fn bytes(&self) -> usize {
+impl<D: Device> Stash<D> {
+    pub(super) fn bytes(&self, dev: &D) -> usize {
         match self {
-            Stash::Half(h) => 2 * h.len(),
-            Stash::Full(f) => 4 * f.len(),
+            Stash::Half(h) => 2 * dev.half_len(h),
+            Stash::Full(f) => 4 * dev.len(f),
         }
     }
 }
 
 /// The last chunk's final LayerNorm, logits and cross-entropy state.
-pub(super) struct HeadActs<B> {
-    pub(super) lnf: LnActs<B>,
-    pub(super) logits: B,
-    /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics.
+pub(super) struct HeadActs<D: Device> {
+    pub(super) lnf: LnActs<D::Buf>,
+    pub(super) logits: D::Buf,
+    /// Labels in row order (`t * batch + b`) and the per-row cross-entropy statistics, on the
+    /// device: each row's max, then each row's sum of exponentials and target logit.
     pub(super) targets: Vec<u32>,
-    pub(super) ce_max: Vec<f64>,
-    pub(super) ce_stats: Vec<f64>,
+    pub(super) ce_max: D::Scalars,
+    pub(super) ce_stats: D::Scalars,
 }
 
 /// Every activation and scratch buffer of one micro-batch in flight through this chunk.
-pub(super) struct Activations<B> {
+pub(super) struct Activations<D: Device> {
     pub(super) rows: Rows,
     /// The residual stream entering each block, and (last) leaving the chunk's final block.
-    pub(super) resid: Vec<B>,
-    pub(super) layers: Vec<LayerActs<B>>,
-    pub(super) head: Option<HeadActs<B>>,
+    pub(super) resid: Vec<D::Buf>,
+    pub(super) layers: Vec<LayerActs<D::Buf>>,
+    pub(super) head: Option<HeadActs<D>>,
     /// The first chunk's tokens (its embedding backward needs them).
     pub(super) tokens: Vec<u32>,
     /// Sequence parallel, first chunk: the embedding before its reduce-scatter.
-    pub(super) emb_full: Option<B>,
+    pub(super) emb_full: Option<D::Buf>,
     /// Outputs of the row-parallel layers before their reduction (all rows)...
-    pub(super) tmp_full: B,
+    pub(super) tmp_full: D::Buf,
     /// ...and after it, under sequence parallelism (this rank's rows).
-    pub(super) tmp_local: Option<B>,
-    pub(super) grad: GradBufs<B>,
+    pub(super) tmp_local: Option<D::Buf>,
+    pub(super) grad: GradBufs<D::Buf>,
     /// Mixed precision (without full recompute): each layer's saved activations between its
     /// forward and its backward, in 16 bits; the layer computes in the chunk's spare set.
-    pub(super) compact: Vec<Option<Vec<Stash>>>,
+    pub(super) compact: Vec<Option<Vec<Stash<D>>>>,
 }
 
 /// The gradient buffers of one micro-batch's backward, reused layer after layer.
@@ -286,10 +313,10 @@ pub(super) fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D
     needed.then(|| dev.alloc(len))
 }
 
-impl<B> Activations<B> {
+impl<D: Device> Activations<D> {
     /// Bytes of the buffers this activation set holds.
-    pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        let opt = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.len(b));
+    pub(super) fn bytes(&self, dev: &D) -> usize {
+        let opt = |b: &Option<D::Buf>| b.as_ref().map_or(0, |b| dev.len(b));
         let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
         let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
         let head = self.head.as_ref().map_or(0, |h| 4 * (h.lnf.len(dev) + dev.len(&h.logits)));
@@ -301,16 +328,16 @@ impl<B> Activations<B> {
                 + opt(&self.tmp_local)
                 + opt(&g.d_full)
                 + opt(&g.d_h_local));
-        let compact: usize = self.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+        let compact: usize = self.compact.iter().flatten().flatten().map(|s| s.bytes(dev)).sum();
         layers + resid + head + scratch + compact
     }
 }
 
-impl<B> Activations<B> {
+impl<D: Device> Activations<D> {
     /// The activation set of one micro-batch of `batch` samples of `seq` tokens through the chunk
     /// `plan` (layers kept as `recompute` and `compact` decide).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new<D: Device<Buf = B>>(
+    pub(super) fn new(
         dev: &D,
         cfg: &GptConfig,
         mp: &ModelParallel,
@@ -343,8 +370,8 @@ impl<B> Activations<B> {
             lnf: LnActs::new(dev, (m, ml), h, sp),
             logits: dev.alloc(m * vl),
             targets: vec![0; m],
-            ce_max: vec![0.0; m],
-            ce_stats: vec![0.0; 2 * m],
+            ce_max: dev.scalars(m),
+            ce_stats: dev.scalars(2 * m),
         });
         Activations {
             rows,

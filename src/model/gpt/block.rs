@@ -88,6 +88,9 @@ pub(super) fn layer_forward<'w, D: Device>(
     dev.round_to(x_out, precision);
 }
 
+/// What forward left of a layer for its backward: the activations it kept, or its 16-bit copy.
+pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Device>::Buf>>, Option<&'s [Stash<D>]>);
+
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
 /// spare buffers: the whole layer (full: `recompute` runs its forward from its input), or the
@@ -96,7 +99,7 @@ pub(super) fn layer_forward<'w, D: Device>(
 pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
     dims: Dims,
-    (kept, stash): (Option<&'a LayerActs<D::Buf>>, Option<Vec<Stash>>),
+    (kept, stash): Saved<'a, '_, D>,
     (spare, spare_attention): (&'a mut SpareLayer<D::Buf>, &'a mut SpareAttention<D::Buf>),
     recompute: impl FnOnce(&mut LayerActs<D::Buf>),
 ) -> (&'a LayerActs<D::Buf>, &'a D::Buf, &'a D::Buf) {
@@ -104,7 +107,7 @@ pub(super) fn saved_layer<'a, D: Device>(
         (Some(la), _) => la,
         (None, Some(stash)) => {
             let (_, sp) = spare.as_mut().expect("16-bit storage has a spare layer");
-            sp.unstash(dev, &stash, dims.precision);
+            sp.unstash(dev, stash, dims.precision);
             sp
         }
         (None, None) => {

@@ -3,7 +3,7 @@
 //! from the chunk's pool (keyed by micro-batch, given back after backward), and the whole-model
 //! passes built on them (`forward`, `loss`, `forward_backward`).
 
-use super::activations::{Activations, LayerActs, Rows, Stash, Widths};
+use super::activations::{Activations, LayerActs, Rows, Widths};
 use super::block::{layer_backward, layer_forward, saved_layer, Dims};
 use super::tensor_parallel::{add_since, tp_counters, Pass};
 use super::{ChunkOutput, Gpt, Layout, Weights};
@@ -68,7 +68,7 @@ impl<D: Device> Gpt<D> {
     /// Forward of micro-batch `key` through this chunk. The first chunk embeds `tokens`
     /// (`batch` samples of `seq`, sample-major); others start from `hidden` (this rank's rows of
     /// the previous chunk's output, on the device). The last chunk computes the loss against
-    /// `labels` and returns its sum over tokens; the others copy their output hidden states into
+    /// `labels` and adds its sum over tokens to the loss accumulator (`take_loss`); the others copy their output hidden states into
     /// `out` (as long as `hidden`; it stays the caller's, to send while this chunk goes on).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_micro(
@@ -87,7 +87,8 @@ impl<D: Device> Gpt<D> {
         self.run_forward(dev, tp, index, tokens, hidden, batch, seq);
         if self.layout.last {
             let labels = labels.expect("the last chunk needs labels");
-            ChunkOutput::Loss(self.cross_entropy_loss(dev, tp, index, labels))
+            self.cross_entropy_loss(dev, tp, index, labels);
+            ChunkOutput::Loss
         } else {
             let last = &self.pool[index].1.resid[self.layout.num_layers];
             let out = out.expect("a chunk before the last needs a buffer for its output");
@@ -166,8 +167,8 @@ impl<D: Device> Gpt<D> {
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
-            let copy = la.stash(dev, precision);
-            self.stashed += copy.iter().map(Stash::bytes).sum::<usize>();
+            let copy = la.stash(dev, precision, self.stash_spares.pop());
+            self.stashed += copy.iter().map(|s| s.bytes(dev)).sum::<usize>();
             self.peak_stashed = self.peak_stashed.max(self.stashed);
             *slot = Some(copy);
         }
@@ -243,7 +244,7 @@ impl<D: Device> Gpt<D> {
         let a = &mut self.pool[index].1;
         let stash = a.compact.get_mut(l).and_then(Option::take);
         if let Some(stash) = &stash {
-            self.stashed -= stash.iter().map(Stash::bytes).sum::<usize>();
+            self.stashed -= stash.iter().map(|s| s.bytes(dev)).sum::<usize>();
         }
         let x_in = &a.resid[l];
         let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
@@ -252,8 +253,10 @@ impl<D: Device> Gpt<D> {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
         };
         let spares = (&mut self.spare, &mut self.spare_attention);
-        let saved = saved_layer(dev, dims, (a.layers.get(l), stash), spares, recompute);
+        let saved = saved_layer(dev, dims, (a.layers.get(l), stash.as_deref()), spares, recompute);
         layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
+        // The copy's buffers serve the next layer's stash: no allocation per layer and step.
+        self.stash_spares.extend(stash);
     }
 
     /// Runs the forward pass of the whole model (a chunk that is both first and last) over
@@ -277,9 +280,9 @@ impl<D: Device> Gpt<D> {
         batch: usize,
         seq: usize,
     ) -> f64 {
-        let loss = self.whole_model_loss(dev, tp, usize::MAX, (tokens, labels), batch, seq);
+        self.whole_model_forward(dev, tp, usize::MAX, (tokens, labels), batch, seq);
         self.discard(usize::MAX);
-        loss
+        self.take_loss(dev, tp)
     }
 
     /// Forward and backward of one micro-batch through the whole model. Returns the sum of the
@@ -296,14 +299,14 @@ impl<D: Device> Gpt<D> {
         grad_scale: f32,
         ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
     ) -> f64 {
-        let loss = self.whole_model_loss(dev, tp, 0, (tokens, labels), batch, seq);
+        self.whole_model_forward(dev, tp, 0, (tokens, labels), batch, seq);
         self.backward_micro(dev, tp, 0, None, None, grad_scale, ready);
-        loss
+        self.take_loss(dev, tp)
     }
 
     /// Forward of micro-batch `key` through the whole model (a chunk that is both first and
-    /// last): the sum of its token losses against `labels`.
-    fn whole_model_loss(
+    /// last): the sum of its token losses against `labels` goes to the loss accumulator.
+    fn whole_model_forward(
         &mut self,
         dev: &D,
         tp: TensorParallel,
@@ -311,9 +314,9 @@ impl<D: Device> Gpt<D> {
         (tokens, labels): (&[u32], &[u32]),
         batch: usize,
         seq: usize,
-    ) -> f64 {
+    ) {
         match self.forward_micro(dev, tp, key, tokens, None, Some(labels), batch, seq, None) {
-            ChunkOutput::Loss(loss) => loss,
+            ChunkOutput::Loss => {}
             ChunkOutput::Hidden => unreachable!("the whole model ends in its loss"),
         }
     }

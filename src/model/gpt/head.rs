@@ -6,7 +6,7 @@ use super::activations::Widths;
 use super::tensor_parallel::Pass;
 use super::{Gpt, Weights};
 use crate::comm::ReduceOp;
-use crate::device::Device;
+use crate::device::{all_reduce_scalars, Device};
 use crate::parallel::tensor::TensorParallel;
 use crate::tensor::{pair_mut, ParamSet};
 use std::ops::Range;
@@ -43,9 +43,10 @@ impl<D: Device> Gpt<D> {
     }
 
     /// The vocab-parallel cross-entropy of a forward's logits against `labels` (sample-major):
-    /// the max, target-logit and sum-exp all-reduces over the group. Returns the sum of the rows'
-    /// losses and keeps the statistics for backward.
-    pub(super) fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, index: usize, labels: &[u32]) -> f64 {
+    /// the max, target-logit and sum-exp all-reduces over the group, on the device's scalars. Adds
+    /// the sum of the rows' losses to the chunk's loss accumulator (under SUMMA this rank's batch
+    /// block's; `take_loss` sums the blocks) and keeps the statistics for backward.
+    pub(super) fn cross_entropy_loss(&mut self, dev: &D, tp: TensorParallel, index: usize, labels: &[u32]) {
         let vocab_start = self.logits_start();
         let vl = Widths::new(&self.cfg, &self.mp).vl;
         let a = &mut self.pool[index].1;
@@ -56,18 +57,11 @@ impl<D: Device> Gpt<D> {
         let mine = &labels[r.first_sample * r.seq..(r.first_sample + r.sub_batch) * r.seq];
         reorder_to_rows(&mut hd.targets, mine, r.sub_batch, r.seq);
         dev.cross_entropy_max(&hd.logits, r.full, vl, &mut hd.ce_max);
-        comm.all_reduce(&mut hd.ce_max, ReduceOp::Max);
-        let (sum_exp, target_logit) = hd.ce_stats.split_at_mut(r.full);
-        dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, sum_exp, target_logit);
+        all_reduce_scalars(dev, comm, &mut hd.ce_max, r.full, ReduceOp::Max);
+        dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, &mut hd.ce_stats);
         // Sum-exp and target logit travel in one all-reduce.
-        comm.all_reduce(&mut hd.ce_stats, ReduceOp::Sum);
-        let (sum_exp, target_logit) = hd.ce_stats.split_at(r.full);
-        let loss: f64 = (0..r.full).map(|i| sum_exp[i].ln() + hd.ce_max[i] - target_logit[i]).sum();
-        // Under SUMMA each rank has its batch block's loss: sum the blocks of the micro-batch.
-        match tp.summa {
-            None => loss,
-            Some((s, depth)) => depth.sum_f64(s.col.sum_f64(loss)),
-        }
+        all_reduce_scalars(dev, comm, &mut hd.ce_stats, 2 * r.full, ReduceOp::Sum);
+        dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, r.full, &mut self.loss, 0);
     }
 
     /// Backward of the output layer (tied to the word embedding) and the final LayerNorm from the
@@ -89,7 +83,6 @@ impl<D: Device> Gpt<D> {
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let d = &mut a.grad;
-        let (sum_exp, _) = hd.ce_stats.split_at(r.full);
         dev.cross_entropy_backward(
             &mut hd.logits,
             &hd.targets,
@@ -97,7 +90,7 @@ impl<D: Device> Gpt<D> {
             r.full,
             vl,
             &hd.ce_max,
-            sum_exp,
+            &hd.ce_stats,
             grad_scale,
         );
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };

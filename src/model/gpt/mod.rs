@@ -24,7 +24,9 @@ mod tensor_parallel;
 use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
+use crate::optim::WorkingCopy;
 use crate::parallel::summa::Scratch;
+use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
 use crate::tensor::ParamSet;
 use activations::{Activations, SpareAttention, SpareLayer, Stash};
@@ -74,10 +76,11 @@ impl Layout {
 }
 
 /// What a forward pass of a chunk produced: the hidden states for the next stage (written into
-/// the caller's buffer), or the summed token loss on the last stage.
+/// the caller's buffer), or, on the last stage, the summed token loss added to the chunk's loss
+/// accumulator on the device (`Gpt::take_loss` reads it).
 pub enum ChunkOutput {
     Hidden,
-    Loss(f64),
+    Loss,
 }
 
 /// One chunk of a GPT-2 model (this rank's tensor-parallel shard of the layers `plan` names, with
@@ -91,7 +94,7 @@ pub struct Gpt<D: Device> {
     pub params: ParamSet<D>,
     layout: Layout,
     /// Allocated activation sets, and which micro-batch (if any) holds each.
-    pool: Vec<(Option<usize>, Activations<D::Buf>)>,
+    pool: Vec<(Option<usize>, Activations<D>)>,
     live: usize,
     peak_live: usize,
     recompute: Recompute,
@@ -117,6 +120,11 @@ pub struct Gpt<D: Device> {
     /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
     stashed: usize,
     peak_stashed: usize,
+    /// Buffers of 16-bit layer copies already restored, kept for the next layer's copy.
+    stash_spares: Vec<Vec<Stash<D>>>,
+    /// The last chunk: the summed token loss of the forwards since the last `take_loss`, kept on
+    /// the device so a step reads it once.
+    loss: D::Scalars,
 }
 
 impl<D: Device> Gpt<D> {
@@ -155,6 +163,8 @@ impl<D: Device> Gpt<D> {
             layer_work: None,
             stashed: 0,
             peak_stashed: 0,
+            stash_spares: Vec::new(),
+            loss: dev.scalars(1),
         }
     }
 
@@ -204,22 +214,41 @@ impl<D: Device> Gpt<D> {
         self.refresh_working_weights(dev);
     }
 
-    /// Rounds the master weights into the working copy (after every optimizer step).
+    /// Rounds the master weights into the working copy (after loading a checkpoint, and after a
+    /// ZeRO-1 step; the replicated AdamW writes the copy itself).
     pub fn refresh_working_weights(&mut self, dev: &D) {
         if let Some(working) = self.working.as_mut() {
             let pairs = working.iter_mut().zip(self.params.values.iter().zip(&self.params.info));
             for (w, (m, info)) in pairs.filter_map(|(w, rest)| w.as_mut().map(|w| (w, rest))) {
-                // Copy in place where the device keeps buffers in host memory; stage otherwise.
+                // Copy in place where the device keeps buffers in host memory; on the device otherwise.
                 match (dev.host_f32_ref(m), dev.host_f32(w)) {
                     (Some(src), Some(dst)) => dst.copy_from_slice(src),
-                    _ => {
-                        let mut host = vec![0f32; info.numel()];
-                        dev.download(m, &mut host);
-                        dev.upload(w, &host);
-                    }
+                    _ => dev.copy(w, 0, m, 0, info.numel()),
                 }
                 dev.round_to(w, self.precision);
             }
+        }
+    }
+
+    /// The parameters and mixed precision's working copy of them (per parameter, None where it
+    /// has none) with its precision: what the optimizer updates in one pass.
+    pub fn params_and_working(&mut self) -> (&mut ParamSet<D>, WorkingCopy<'_, D::Buf>) {
+        (&mut self.params, self.working.as_deref_mut().map(|w| (w, self.precision)))
+    }
+
+    /// The summed token loss of the forwards since the last call (0 on a chunk without the head),
+    /// read from the device once; under SUMMA summed over the batch blocks (the column and depth
+    /// groups), so every rank of the chunk's row has the whole micro-batches' loss.
+    pub fn take_loss(&mut self, dev: &D, tp: TensorParallel) -> f64 {
+        if !self.layout.last {
+            return 0.0;
+        }
+        let mut loss = [0.0];
+        dev.read_scalars(&self.loss, &mut loss);
+        dev.write_scalars(&mut self.loss, &[0.0]);
+        match tp.summa {
+            None => loss[0],
+            Some((s, depth)) => depth.sum_f64(s.col.sum_f64(loss[0])),
         }
     }
 
@@ -242,7 +271,7 @@ impl<D: Device> Gpt<D> {
     pub fn activation_bytes(&self, dev: &D) -> usize {
         let sets: usize = self.pool.iter().map(|(_, a)| a.bytes(dev)).sum();
         let now: usize =
-            self.pool.iter().flat_map(|(_, a)| a.compact.iter().flatten().flatten()).map(Stash::bytes).sum();
+            self.pool.iter().flat_map(|(_, a)| a.compact.iter().flatten().flatten()).map(|s| s.bytes(dev)).sum();
         sets - now
             + self.peak_stashed
             + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
@@ -253,7 +282,7 @@ impl<D: Device> Gpt<D> {
     /// forward): under mixed precision, with every layer's 16-bit copy.
     pub fn set_bytes(&self, dev: &D) -> usize {
         self.pool.first().map_or(0, |(_, a)| {
-            let now: usize = a.compact.iter().flatten().flatten().map(Stash::bytes).sum();
+            let now: usize = a.compact.iter().flatten().flatten().map(|s| s.bytes(dev)).sum();
             let per_layer = self.spare.as_ref().map_or(0, |(_, l)| l.stash_bytes(dev));
             a.bytes(dev) - now + a.compact.len() * per_layer
         })
