@@ -21,38 +21,26 @@ use std::sync::OnceLock;
 
 use trident::data::json::string_values;
 
-/// The table's columns, as the script's header names them.
-const COLUMNS: [&str; 14] = [
-    "bench",
-    "case",
-    "shape",
-    "trident_ms",
-    "torch_ms",
-    "time_ratio",
-    "trident_tflops",
-    "torch_tflops",
-    "tflops_ratio",
-    "trident_tok/s",
-    "torch_tok/s",
-    "tok/s_ratio",
-    "trident_mfu",
-    "torch_mfu",
+/// The table's numeric columns, as the script's header names them, and the JSON key of each
+/// (after bench, case and shape).
+const NUMERIC: [(&str, &str); 11] = [
+    ("trident_ms", "trident_ms"),
+    ("torch_ms", "torch_ms"),
+    ("time_ratio", "time_ratio"),
+    ("trident_tflops", "trident_tflops"),
+    ("torch_tflops", "torch_tflops"),
+    ("tflops_ratio", "tflops_ratio"),
+    ("trident_tok/s", "trident_tokens_per_s"),
+    ("torch_tok/s", "torch_tokens_per_s"),
+    ("tok/s_ratio", "tokens_per_s_ratio"),
+    ("trident_mfu", "trident_mfu"),
+    ("torch_mfu", "torch_mfu"),
 ];
 
-/// The JSON key of each numeric column (after bench, case and shape).
-const KEYS: [&str; 11] = [
-    "trident_ms",
-    "torch_ms",
-    "time_ratio",
-    "trident_tflops",
-    "torch_tflops",
-    "tflops_ratio",
-    "trident_tokens_per_s",
-    "torch_tokens_per_s",
-    "tokens_per_s_ratio",
-    "trident_mfu",
-    "torch_mfu",
-];
+/// The table's columns, as the script's header names them.
+fn columns() -> Vec<&'static str> {
+    ["bench", "case", "shape"].into_iter().chain(NUMERIC.map(|(column, _)| column)).collect()
+}
 
 /// Tiny cases: GPT-2-like GEMMs, attention at head dims 64 and 128, a 1-layer step.
 const GEMMS: &str = "gpt2.qkv=64x96x32 gpt2.head=64x384x32";
@@ -61,13 +49,7 @@ const STEP: &str = "tiny=1x128x2x257x1x16";
 
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let nvrtc = required_gpu_test_library(NVRTC_LIBRARY)?;
-            let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
-            Some(gpu_device::emulate("gpu-bench", driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
-        })
-        .as_ref()
+    BUILT.get_or_init(|| gpu_device::emulate_cuda("gpu-bench")).as_ref()
 }
 
 /// The Python the script would pick (`TORCH_PYTHON`, else the GPU nodes' venv, else python3),
@@ -118,14 +100,14 @@ fn table(out: &str) -> (Vec<Vec<String>>, Vec<String>) {
     let mut lines = out.lines().skip_while(|l| !l.starts_with("bench "));
     let header: Vec<&str> =
         lines.next().unwrap_or_else(|| panic!("no table header in:\n{out}")).split_whitespace().collect();
-    assert_eq!(header, COLUMNS, "the table's header");
+    assert_eq!(header, columns(), "the table's header");
     let rows: Vec<Vec<String>> = lines
         .clone()
         .take_while(|l| !l.starts_with("skipped: ") && *l != "nothing skipped")
         .map(|l| l.split_whitespace().map(String::from).collect())
         .collect();
     for r in &rows {
-        assert_eq!(r.len(), COLUMNS.len(), "a row without a value in each column: {r:?}\n{out}");
+        assert_eq!(r.len(), columns().len(), "a row without a value in each column: {r:?}\n{out}");
     }
     let skipped = lines.filter_map(|l| l.strip_prefix("skipped: ")).map(String::from).collect();
     (rows, skipped)
@@ -151,7 +133,8 @@ fn report(json: &Path) -> Report {
     let top = string_values(doc.as_bytes(), &["trident_bin"])
         .unwrap_or_else(|e| panic!("the JSON is not one object naming the binary: {e}\n{doc}"));
     assert_eq!(top[0], BIN);
-    let columns = format!("\"columns\": [{}],", COLUMNS.map(|c| format!("\"{c}\"")).join(", "));
+    let columns: Vec<String> = columns().iter().map(|c| format!("\"{c}\"")).collect();
+    let columns = format!("\"columns\": [{}],", columns.join(", "));
     assert!(doc.contains(&columns), "{columns} missing from\n{doc}");
     let objects = |key: &str| -> Vec<String> {
         doc.lines()
@@ -176,7 +159,7 @@ fn cells_are_the_json_and_ratios_hold(rows: &[Vec<String>], json: &Report, peak:
     for (cells, line) in rows.iter().zip(&json.rows) {
         let names = string_values(line.as_bytes(), &["bench", "case", "shape"]).unwrap();
         assert_eq!(cells[..3], names[..], "{line}");
-        for (cell, key) in cells[3..].iter().zip(KEYS) {
+        for (cell, (_, key)) in cells[3..].iter().zip(NUMERIC) {
             match number(line, key) {
                 None => assert_eq!(cell, "-", "{key}: a value in the table, null in {line}"),
                 Some(v) => {
