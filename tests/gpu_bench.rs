@@ -52,6 +52,21 @@ fn emulated() -> Option<&'static Emulated> {
     BUILT.get_or_init(|| gpu_device::emulate_cuda("gpu-bench")).as_ref()
 }
 
+/// The emulating HIP runtime (an MI250X GCD), when hipRTC is here to compile the kernels.
+fn emulated_hip() -> Option<&'static Emulated> {
+    static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Err(e) = trident::gpu::hiprtc::Hiprtc::load() {
+                say_skipped(&format!("no hipRTC on this machine ({e}): gpu-bench --device hip is not exercised"));
+                return None;
+            }
+            let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
+            Some(gpu_device::emulate("gpu-bench-hip", runtime, "TRIDENT_LIBAMDHIP64", &[]))
+        })
+        .as_ref()
+}
+
 /// The Python the script would pick (`TORCH_PYTHON`, else the GPU nodes' venv, else python3),
 /// when it imports torch.
 fn torch_python() -> Option<String> {
@@ -153,8 +168,9 @@ fn report(json: &Path) -> Report {
 }
 
 /// Every cell of the table is the JSON's value (to the table's 4 digits, "-" for null), each
-/// ratio is trident's over PyTorch's, and each MFU is its TFLOP/s over the datasheet peak.
-fn cells_are_the_json_and_ratios_hold(rows: &[Vec<String>], json: &Report, peak: f64) {
+/// ratio is trident's over PyTorch's, and each MFU is its TFLOP/s over the datasheet peak (none
+/// without a peak).
+fn cells_are_the_json_and_ratios_hold(rows: &[Vec<String>], json: &Report, peak: Option<f64>) {
     assert_eq!(rows.len(), json.rows.len());
     for (cells, line) in rows.iter().zip(&json.rows) {
         let names = string_values(line.as_bytes(), &["bench", "case", "shape"]).unwrap();
@@ -183,9 +199,12 @@ fn cells_are_the_json_and_ratios_hold(rows: &[Vec<String>], json: &Report, peak:
             }
         }
         for (mfu, tflops) in [("trident_mfu", "trident_tflops"), ("torch_mfu", "torch_tflops")] {
-            if let Some(t) = v(tflops) {
-                let m = v(mfu).unwrap_or_else(|| panic!("{mfu} missing in {line}"));
-                assert!((m - t / peak).abs() <= 1e-4 * (t / peak) + 1e-300, "{mfu} {m} is not {t} / {peak}");
+            match (v(tflops), peak) {
+                (Some(t), Some(peak)) => {
+                    let m = v(mfu).unwrap_or_else(|| panic!("{mfu} missing in {line}"));
+                    assert!((m - t / peak).abs() <= 1e-4 * (t / peak), "{mfu} {m} is not {t} / {peak}");
+                }
+                _ => assert_eq!(v(mfu), None, "{mfu} without a TFLOP/s and a peak: {line}"),
             }
         }
     }
@@ -236,7 +255,7 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
     assert_eq!(top, ["Emulated A100-SXM4-40GB (trident SIMT emulation)", "cuda"]);
     assert!(json_report.doc.contains("\"peak_bf16_tflops\": 312,"), "{}", json_report.doc);
     assert_eq!(skipped.len(), json_report.skipped.len(), "{skipped:?} vs {:?}", json_report.skipped);
-    cells_are_the_json_and_ratios_hold(&rows, &json_report, 312.0);
+    cells_are_the_json_and_ratios_hold(&rows, &json_report, Some(312.0));
     match torch {
         None => {
             assert_eq!(skipped.len(), 1, "{skipped:?}");
@@ -287,7 +306,7 @@ fn gpu_bench_says_why_a_bench_failed_and_what_it_skipped() {
     );
     assert!(said("attention: GPU_BENCH_ATTENTION is empty") && said("step: GPU_BENCH_STEP is empty"), "{skipped:?}");
     assert!(said("PyTorch (every comparison): no Python at '/nonexistent/python'"), "{skipped:?}");
-    cells_are_the_json_and_ratios_hold(&rows, &report(&json), 312.0);
+    cells_are_the_json_and_ratios_hold(&rows, &report(&json), Some(312.0));
 
     // No GPU: neither a CUDA driver nor a HIP runtime.
     let none = dir.join("none.json");
@@ -376,4 +395,38 @@ fn the_script_is_shellcheck_clean() {
         return;
     };
     assert!(o.status.success(), "shellcheck {}:\n{}{}", script.display(), stdout(&o), stderr(&o));
+}
+
+/// On an AMD GPU (the emulated MI250X, found by `trident info` with no NVIDIA driver there) the
+/// same script runs trident's HIP benches; AMD devices have no datasheet peak, so there is no MFU,
+/// and it says so.
+#[test]
+fn gpu_bench_runs_on_the_emulated_amd_gpu_without_an_mfu_and_says_so() {
+    let Some(emu) = emulated_hip() else { return };
+    let dir = scratch("gpu-bench-hip");
+    let json = dir.join("hip.json");
+    let env = [
+        ("TRIDENT_LIBCUDA", "/nonexistent/libcuda.so.1"),
+        ("GPU_BENCH_GEMMS", "gpt2.qkv=64x96x32"),
+        ("GPU_BENCH_ATTENTION", "d128=1x32x1x128"),
+        ("TORCH_PYTHON", "/nonexistent/python"),
+    ];
+    let o = gpu_bench(emu, &json, &env);
+    let out = stdout(&o);
+    assert!(o.status.success(), "gpu-bench on hip failed:\n{out}\n{}", stderr(&o));
+    assert!(
+        out.contains("== trident bench step --device hip") && out.contains("(hip), dense bf16 peak unknown"),
+        "{out}"
+    );
+    let (rows, skipped) = table(&out);
+    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["gemm", "attention", "step"]);
+    assert!(rows.iter().all(|r| r[3] != "-" && r[12] == "-"), "trident's time, and no MFU: {rows:?}");
+    assert!(
+        skipped.iter().any(|s| s.starts_with("MFU: no datasheet peak for Emulated AMD Instinct MI250X")),
+        "{skipped:?}"
+    );
+    let r = report(&json);
+    assert!(r.doc.contains("\"device_kind\": \"hip\",") && r.doc.contains("\"peak_bf16_tflops\": null,"), "{}", r.doc);
+    cells_are_the_json_and_ratios_hold(&rows, &r, None);
+    let _ = std::fs::remove_dir_all(dir);
 }
