@@ -33,7 +33,7 @@ APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm
 # hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
 APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -106,6 +106,15 @@ test: test-deps gpu-test-libs
 gpu-check: build $(DATA)_text_document.idx
 	$(BIN) info
 	tests/gpu/gpu-check.sh $(BIN) $(DATA)_text_document
+
+# On a GPU node: trident's GEMMs (GPT-2 124M's and a GPT-3 175B layer's), attention (head dims 64
+# and 128) and GPT-2 124M training step beside the same work in PyTorch when the node has one
+# (tests/gpu/torch_compare.py, optional), as a table of ratios and a JSON file (OUT, default
+# runs/gpu-bench/). No build here: the node needs no Rust toolchain. It runs TRIDENT_BIN, else
+# target-nompi/release/trident (`make NO_MPI=1 build` on another machine), else target/release/trident;
+# tests/gpu/gpu-bench.sh's header lists the knobs. It says what it skipped and why.
+gpu-bench:
+	tests/gpu/gpu-bench.sh $(if $(OUT),--out $(OUT))
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings

@@ -22,13 +22,7 @@ const SEED: u64 = 23;
 /// The emulating driver, built once per test process (about 6 s), with NVRTC.
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let nvrtc = required_gpu_test_library(NVRTC_LIBRARY)?;
-            let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
-            Some(gpu_device::emulate("cuda-device", driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
-        })
-        .as_ref()
+    BUILT.get_or_init(|| gpu_device::emulate_cuda("cuda-device")).as_ref()
 }
 
 /// One CUDA Device for the whole test process (its kernels compile once).

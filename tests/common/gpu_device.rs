@@ -84,6 +84,14 @@ pub fn emulate(
     Emulated { env }
 }
 
+/// The emulating CUDA driver with NVRTC, built into `CARGO_TARGET_TMPDIR/<folder>` (`emulate`),
+/// or None when NVRTC is absent and its tests may skip (`required_gpu_test_library`).
+pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
+    let nvrtc = super::required_gpu_test_library(super::NVRTC_LIBRARY)?;
+    let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
+    Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
+}
+
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
 /// logs in `dir/logs-<rtol>`; `extra` adds to (or overrides) the environment.
 pub fn run_gpu_check(

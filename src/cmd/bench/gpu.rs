@@ -67,12 +67,14 @@ impl GpuRecord {
         format!("{{{}}}", self.json_fields())
     }
 
-    /// The fields of `json`, without its braces (for a record that adds more).
+    /// The fields of `json`, without its braces (for a record that adds more). `achieved` and `ms`
+    /// are written in full (the shortest text that reads back as the same f64), so that a program
+    /// comparing records (`make gpu-bench`) keeps the emulator's tiny rates and a GPU's microseconds.
     pub fn json_fields(&self) -> String {
         let opt = |v: Option<f64>, digits: usize| v.map_or("null".to_string(), |v| format!("{v:.digits$}"));
         format!(
             "\"bench\": \"{}\", \"device_kind\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \
-             \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {:.4}, \"note\": \"{}\"",
+             \"achieved\": {}, \"unit\": \"{}\", \"peak\": {}, \"ratio\": {}, \"ms\": {}, \"note\": \"{}\"",
             self.bench,
             self.device_kind,
             self.shape,

@@ -172,7 +172,7 @@ impl StepReport {
     /// function of each, `setup` and the whole `run`), each keyed as `WorkCounters::fields`.
     pub fn json(&self) -> String {
         format!(
-            "{{{}, \"tokens_per_s\": {:.1}, \"layers\": {}, \"timed_steps\": {}, \"first_step\": {}, \"per_step\": {}, \
+            "{{{}, \"tokens_per_s\": {}, \"layers\": {}, \"timed_steps\": {}, \"first_step\": {}, \"per_step\": {}, \
              \"per_layer_forward\": {}, \"per_layer_backward\": {}, \"per_step_launches_by_kernel\": {}, \
              \"per_layer_forward_launches_by_kernel\": {}, \"per_layer_backward_launches_by_kernel\": {}, \"setup\": {}, \
              \"run\": {}, \"run_launches_by_kernel\": {}}}",

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# make gpu-bench: trident's GEMM, attention and training step on one GPU beside the same work in
+# PyTorch, measured in the same run, printed as a table of trident / PyTorch ratios (time, TFLOP/s,
+# tokens/s) with each side's MFU against the device's datasheet peak, and written as JSON.
+#   trident: `trident bench gemm|attention --device D --shape ... --json` and `trident bench step
+#            --device D --dtype bf16 --json` (src/cmd/bench/), one process per case;
+#   PyTorch: tests/gpu/torch_compare.py (an optional comparison: torch.matmul, scaled_dot_product
+#            _attention with the flash backend, a GPT-2 step in bf16 autocast with fused AdamW),
+#            when a PyTorch with CUDA (ROCm for --device hip) is there; otherwise it says why not.
+# It needs no Rust toolchain and no network: only the binary, built elsewhere (`make NO_MPI=1
+# build` gives target-nompi/release/trident, which needs no MPI library on the node), bash and
+# awk; PyTorch's side needs Python with torch. Everything it skipped is listed with the reason.
+#
+# Usage: gpu-bench.sh [--device cuda|hip] [--out PATH]
+# Environment:
+#   TRIDENT_BIN    the binary (default: target-nompi/release/trident, else target/release/trident)
+#   TORCH_PYTHON   PyTorch's Python (default: /opt/torch/.venv/bin/python if there, else python3)
+#   OUT            the JSON file (default runs/gpu-bench/<device>-<date>.json); --out wins
+#   GPU_BENCH_DEVICE        cuda or hip (default: device 0 that `trident info` lists, NVIDIA first)
+#   GPU_BENCH_MIN_SECONDS   time per kernel case (default 0.3)
+#   GPU_BENCH_STEPS         timed training steps (default: enough to fill the minimum time)
+#   GPU_BENCH_TOKENS        the GEMMs' M, tokens per micro-batch (default 8192)
+#   GPU_BENCH_GEMMS         "CASE=MxNxK ..." (default: GPT-2 124M's and a GPT-3 175B layer's)
+#   GPU_BENCH_ATTENTION     "CASE=BxSxHxD ..." (default: GPT-2 124M's 8x1024x12x64 and GPT-3
+#                           175B's 1x2048x96x128)
+#   GPU_BENCH_STEP          "CASE=LxHxAxVxBxS": layers, hidden, heads, vocabulary (padded to a
+#                           multiple of 128 on both sides), micro-batch, sequence (default GPT-2
+#                           124M, gpt2-124m=12x768x12x50257x8x1024)
+#   GPU_BENCH_TORCH_DEVICE  PyTorch's device when not the GPU's: cpu (the tests; numbers meaningless)
+# A list set empty runs none of its cases (and says so). Exit status: 0 when every trident bench
+# ran, 1 when one failed or there is no GPU, 2 on bad arguments; PyTorch's absence is not a failure.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+
+usage() {
+  echo "usage: gpu-bench.sh [--device cuda|hip] [--out PATH]   (environment: see the script's header)"
+}
+
+device=${GPU_BENCH_DEVICE:-}
+out=${OUT:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --device) device=${2:?--device needs cuda or hip}; shift 2 ;;
+    --out) out=${2:?--out needs a path}; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "gpu-bench: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+case $device in
+  "" | cuda | hip) ;;
+  *) echo "gpu-bench: --device is cuda or hip, found '$device'" >&2; exit 2 ;;
+esac
+
+if [ -n "${TRIDENT_BIN:-}" ]; then
+  bin=$TRIDENT_BIN
+elif [ -x "$root/target-nompi/release/trident" ]; then
+  bin=$root/target-nompi/release/trident
+else
+  bin=$root/target/release/trident
+fi
+if [ -n "${TORCH_PYTHON:-}" ]; then
+  py=$TORCH_PYTHON
+elif [ -x /opt/torch/.venv/bin/python ]; then
+  py=/opt/torch/.venv/bin/python
+else
+  py=python3
+fi
+secs=${GPU_BENCH_MIN_SECONDS:-0.3}
+tokens=${GPU_BENCH_TOKENS:-8192}
+read -r -a gemms <<<"${GPU_BENCH_GEMMS-gpt2-124m.qkv=${tokens}x2304x768 gpt2-124m.proj=${tokens}x768x768 \
+gpt2-124m.fc1=${tokens}x3072x768 gpt2-124m.fc2=${tokens}x768x3072 gpt2-124m.head=${tokens}x50304x768 \
+gpt3-175b.qkv=${tokens}x36864x12288 gpt3-175b.proj=${tokens}x12288x12288 gpt3-175b.fc1=${tokens}x49152x12288 \
+gpt3-175b.fc2=${tokens}x12288x49152}"
+read -r -a attentions <<<"${GPU_BENCH_ATTENTION-gpt2-124m=8x1024x12x64 gpt3-175b=1x2048x96x128}"
+read -r -a steps <<<"${GPU_BENCH_STEP-gpt2-124m=12x768x12x50257x8x1024}"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/trident-gpu-bench.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+: >"$work/torch.jsonl"
+: >"$work/trident.tsv"
+: >"$work/skipped.tsv"
+failed=0
+
+# skip WHAT WHY: one line of what this run did not measure.
+skip() { printf '%s\t%s\n' "$1" "$2" >>"$work/skipped.tsv"; }
+
+[ ${#gemms[@]} -gt 0 ] || skip "gemm" "GPU_BENCH_GEMMS is empty"
+[ ${#attentions[@]} -gt 0 ] || skip "attention" "GPU_BENCH_ATTENTION is empty"
+[ ${#steps[@]} -gt 0 ] || skip "step" "GPU_BENCH_STEP is empty"
+
+# trident CASE BENCH SHAPE ARGS...: one trident bench, its JSON record (or why it failed) kept.
+trident() {
+  local case=$1 bench=$2 shape=$3 line why
+  shift 3
+  echo "== trident bench $bench --device $device $case $shape"
+  if line=$("$bin" bench "$bench" --device "$device" --min-seconds "$secs" "$@" --json 2>"$work/stderr") &&
+    line=$(grep '^{' <<<"$line" | tail -n 1) && [ -n "$line" ]; then
+    printf '%s\t%s\t%s\tok\t%s\n' "$case" "$bench" "$shape" "$line" >>"$work/trident.tsv"
+  else
+    why=$(tr '\t\n' '  ' <"$work/stderr")
+    echo "gpu-bench: trident bench $bench $case failed: ${why:-no JSON record}" >&2
+    printf '%s\t%s\t%s\tfailed\tthe bench failed: %s\n' "$case" "$bench" "$shape" "${why:-no JSON record}" >>"$work/trident.tsv"
+    failed=1
+  fi
+}
+
+# The device: the one asked for, else device 0 of the driver or runtime trident finds.
+info=""
+if ! info=$("$bin" info 2>&1); then
+  echo "gpu-bench: $bin does not run here: $(tail -n 1 <<<"$info")" >&2
+  echo "gpu-bench: build it with 'make NO_MPI=1 build' (no MPI library needed on the node) or set TRIDENT_BIN" >&2
+  exit 1
+fi
+if [ -z "$device" ]; then
+  if grep -q '^cuda device 0:' <<<"$info"; then
+    device=cuda
+  elif grep -q '^hip device 0:' <<<"$info"; then
+    device=hip
+  fi
+fi
+
+if [ -z "$device" ]; then
+  why=$(grep -E '^(cuda driver|hip runtime):' <<<"$info" | tr '\n' ';' || true)
+  skip "trident (every bench) and PyTorch" "no GPU: trident info lists no cuda or hip device 0 (${why%;})"
+  failed=1
+else
+  for c in "${gemms[@]}"; do
+    trident "${c%%=*}" gemm "${c#*=}" --shape "${c#*=}"
+  done
+  for c in "${attentions[@]}"; do
+    trident "${c%%=*}" attention "${c#*=}" --shape "${c#*=}"
+  done
+  for c in "${steps[@]}"; do
+    IFS=x read -r layers hidden heads vocab batch seq <<<"${c#*=}"
+    step_flags=(--dtype bf16 --preset gpt2-124m --num-layers "$layers" --hidden-size "$hidden"
+      --num-attention-heads "$heads" --vocab-size "$vocab" --micro-batch-size "$batch" --seq-length "$seq")
+    [ -z "${GPU_BENCH_STEPS:-}" ] || step_flags+=(--steps "$GPU_BENCH_STEPS")
+    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}"
+  done
+
+  torch_device=${GPU_BENCH_TORCH_DEVICE:-$device}
+  torch_args=(--device "$torch_device" --min-seconds "$secs" --out "$work/torch.jsonl")
+  for c in "${gemms[@]}"; do torch_args+=(--gemm "$c"); done
+  for c in "${attentions[@]}"; do torch_args+=(--attention "$c"); done
+  for c in "${steps[@]}"; do torch_args+=(--step "$c"); done
+  [ -z "${GPU_BENCH_STEPS:-}" ] || torch_args+=(--steps "$GPU_BENCH_STEPS")
+  echo "== PyTorch on $torch_device: $py tests/gpu/torch_compare.py"
+  if ! command -v "$py" >/dev/null 2>&1; then
+    skip "PyTorch (every comparison)" "no Python at '$py' (set TORCH_PYTHON to a Python with torch)"
+  elif ! "$py" "$here/torch_compare.py" "${torch_args[@]}" 2>"$work/stderr"; then
+    skip "PyTorch (the cases without a record)" "torch_compare.py failed: $(tail -n 3 "$work/stderr" | tr '\t\n' '  ')"
+  fi
+fi
+
+if [ -z "$out" ]; then
+  out=$root/runs/gpu-bench/${device:-nogpu}-$(date +%Y%m%d-%H%M%S).json
+fi
+mkdir -p "$(dirname "$out")"
+awk -v out="$out" -v bin="$bin" -f "$here/gpu-bench.awk" "$work/torch.jsonl" "$work/trident.tsv" "$work/skipped.tsv"
+exit "$failed"

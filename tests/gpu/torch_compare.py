@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+# OPTIONAL COMPARISON, NOT PART OF TRIDENT. trident neither needs nor imports PyTorch; this script
+# only lets `make gpu-bench` (tests/gpu/gpu-bench.sh) time the same work in PyTorch on the same GPU
+# in the same run, so that trident's numbers stand beside a well-known baseline. Without PyTorch
+# (or with one that has no CUDA/ROCm) it says so in one record and the benchmark goes on without it.
+#
+# What it times, each the PyTorch counterpart of a trident bench the shell script runs:
+#   --gemm ID=MxNxK          torch.matmul(a, w.t()) on bf16 a [M, K] and w [N, K] into bf16 [M, N]
+#                            (trident: `bench gemm --shape MxNxK`, the same NT product).
+#   --attention ID=BxSxHxD   F.scaled_dot_product_attention(q, k, v, is_causal=True) on bf16
+#                            [B, H, S, D] with the flash backend only (trident: `bench attention`).
+#   --step ID=LxHxAxVxBxS    one GPT-2 training step in bf16 autocast: L layers, hidden H, A heads,
+#                            vocabulary V padded to a multiple of 128, micro-batch B of S tokens;
+#                            forward, backward, gradient clip at 1.0, fused AdamW (trident: `bench
+#                            step --dtype bf16`, the same model, tokens, clip and AdamW settings).
+# FLOPs are counted as trident counts them (2MNK; causal attention 4BHS²D/2; Megatron's model
+# FLOPs 72BSLH²(1 + S/6H + V/12LH) per step), so a TFLOP/s ratio is the inverse of the time ratio.
+# Kernels are timed as trident times them: 3 warm-up launches, one launch to size the batch, then
+# a batch that fills --min-seconds (at least 3), with CUDA events; a step with the host clock
+# around the timed steps and a synchronize after them.
+#
+# Output: one JSON object per line (stdout, or --out): first {"bench": "torch", ...} saying which
+# PyTorch ran where, then one record per case ({"bench", "case", "shape", "ms", "tflops", ...}),
+# or {"bench": "skipped", "case", "why"} for a case it could not run ("case": "*" for all of them).
+# It exits 0 whenever it could say what it did; 2 on bad arguments.
+#
+# --device cpu runs the same code on the CPU (tiny shapes; the tests use it to prove this script
+# runs where no GPU is): the numbers then mean nothing.
+
+import argparse
+import json
+import math
+import sys
+import time
+
+
+def parse_case(text, parts, form):
+    """ID=AxBx... -> (ID, [A, B, ...]), or an argparse error naming the expected form."""
+    case, sep, shape = text.partition("=")
+    try:
+        dims = [int(x) for x in shape.split("x")]
+    except ValueError:
+        dims = []
+    if not sep or not case or len(dims) != parts or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}': expected ID={form}")
+    return case, dims
+
+
+def arguments(argv):
+    p = argparse.ArgumentParser(description="PyTorch's side of `make gpu-bench` (optional).")
+    p.add_argument("--device", choices=["cuda", "hip", "cpu"], default="cuda")
+    p.add_argument("--min-seconds", type=float, default=0.3)
+    p.add_argument("--steps", type=int, default=None, help="timed training steps (default: fill --min-seconds)")
+    p.add_argument("--gemm", action="append", default=[], type=lambda t: parse_case(t, 3, "MxNxK"))
+    p.add_argument("--attention", action="append", default=[], type=lambda t: parse_case(t, 4, "BxSxHxD"))
+    p.add_argument("--step", action="append", default=[], type=lambda t: parse_case(t, 6, "LxHxAxVxBxS"))
+    p.add_argument("--out", default=None, help="write the JSON lines here instead of stdout")
+    return p.parse_args(argv)
+
+
+def gemm_flops(m, n, k):
+    return 2.0 * m * n * k
+
+
+def attention_flops(b, s, h, d):
+    # Causal: the kernels skip the masked half of Q·Kᵀ and P·V.
+    return 4.0 * b * h * s * s * d / 2.0
+
+
+def padded_vocab(v):
+    return -(-v // 128) * 128
+
+
+def step_flops(layers, hidden, vocab, batch, seq):
+    b, s, l, h, v = batch, seq, layers, hidden, padded_vocab(vocab)
+    return 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h))
+
+
+def which_torch(device):
+    """(torch module or None, header record, why-skipped or None)."""
+    header = {"bench": "torch", "python": sys.executable, "device_kind": device}
+    try:
+        import torch
+    except Exception as e:  # an absent or broken install: say which and go on without it
+        return None, header, f"no PyTorch in {sys.executable} ({type(e).__name__}: {e})"
+    header["torch"] = torch.__version__
+    header["cuda"] = torch.version.cuda
+    header["hip"] = getattr(torch.version, "hip", None)
+    if device == "cpu":
+        header["device"] = "cpu"
+        return torch, header, None
+    built = header["hip"] and "ROCm" or header["cuda"] and "CUDA"
+    wanted = "ROCm" if device == "hip" else "CUDA"
+    if not built:
+        return None, header, f"PyTorch {torch.__version__} in {sys.executable} is built without CUDA or ROCm"
+    if built != wanted:
+        return None, header, f"PyTorch {torch.__version__} is built for {built}, the GPU wants {wanted}"
+    if not torch.cuda.is_available():
+        return None, header, f"PyTorch {torch.__version__} ({built}) sees no GPU (torch.cuda.is_available() is False)"
+    header["device"] = torch.cuda.get_device_name(0)
+    return torch, header, None
+
+
+class Timer:
+    """Milliseconds per call of a launch, as trident's benches time their kernels."""
+
+    def __init__(self, torch, on_gpu, min_seconds):
+        self.torch, self.on_gpu, self.min_seconds = torch, on_gpu, min_seconds
+
+    def batch_ms(self, fn, n):
+        if self.on_gpu:
+            start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) * 1e3
+
+    def ms(self, fn):
+        for _ in range(3):
+            fn()
+        once = max(self.batch_ms(fn, 1), 1e-3)
+        n = min(max(math.ceil(self.min_seconds * 1e3 / once), 3), 100_000)
+        return self.batch_ms(fn, n) / n
+
+
+def flash_only(torch):
+    """A context that lets scaled_dot_product_attention use the flash backend alone."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    except ImportError:  # PyTorch before 2.3
+        return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+
+
+def gemm(torch, dev, timer, case, dims):
+    m, n, k = dims
+    g = torch.Generator(device=dev).manual_seed(1)
+    a = torch.rand(m, k, device=dev, generator=g).mul_(2).sub_(1).to(torch.bfloat16)
+    w = torch.rand(n, k, device=dev, generator=g).mul_(2).sub_(1).to(torch.bfloat16)
+    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+    ms = timer.ms(lambda: torch.matmul(a, w.t(), out=out))
+    return {"shape": f"{m}x{n}x{k}", "ms": ms, "tflops": gemm_flops(m, n, k) / ms / 1e9, "note": "torch.matmul(a, w.t())"}
+
+
+def attention(torch, dev, timer, case, dims):
+    import torch.nn.functional as F
+
+    b, s, h, d = dims
+    g = torch.Generator(device=dev).manual_seed(3)
+    q, k, v = (torch.rand(b, h, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(3))
+    with torch.no_grad(), flash_only(torch):
+        ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return {
+        "shape": f"{b}x{s}x{h}x{d}",
+        "ms": ms,
+        "tflops": attention_flops(b, s, h, d) / ms / 1e9,
+        "note": "scaled_dot_product_attention, flash backend, causal",
+    }
+
+
+def gpt2(torch, layers, hidden, heads, vocab, positions):
+    """GPT-2 as trident's bench step trains it: learned positions, pre-LayerNorm blocks, tanh
+    GELU, the word embedding tied to the output head, no dropout."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.qkv, self.attn_proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+            self.fc, self.fc_proj = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln_1(x)).split(hidden, dim=2)
+            q, k, v = (t.view(b, s, heads, hidden // heads).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.attn_proj(y.transpose(1, 2).reshape(b, s, hidden))
+            return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+    class Gpt2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(padded_vocab(vocab), hidden), nn.Embedding(positions, hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(hidden)
+            for p in self.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, std=0.02)
+
+        def forward(self, tokens, labels):
+            x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+            for block in self.blocks:
+                x = block(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
+
+    return Gpt2()
+
+
+def step(torch, dev, timer, case, dims, steps):
+    layers, hidden, heads, vocab, batch, seq = dims
+    if hidden % heads:
+        raise ValueError(f"hidden {hidden} does not split into {heads} heads")
+    torch.manual_seed(1234)
+    # trident's gpt2-124m preset has 1024 positions, more when the sequence is longer.
+    model = gpt2(torch, layers, hidden, heads, vocab, max(1024, seq)).to(dev)
+    note = "bf16 autocast, clip 1.0, AdamW fused"
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    except (RuntimeError, TypeError) as e:  # fused AdamW on a device or version without it
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        note = f"bf16 autocast, clip 1.0, AdamW not fused ({e})"
+    # The tokens and labels of trident's bench step.
+    n = batch * seq
+    tokens = torch.tensor([i * 31 % 256 for i in range(n)], device=dev).view(batch, seq)
+    labels = torch.tensor([i * 17 % 256 for i in range(n)], device=dev).view(batch, seq)
+    device_type = "cpu" if dev == "cpu" else "cuda"
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+            loss = model(tokens, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    def synchronize():
+        if dev != "cpu":
+            torch.cuda.synchronize()
+
+    # The first step makes AdamW's state; the second, a settled one, sizes the timed run.
+    train_step()
+    synchronize()
+    t = time.perf_counter()
+    train_step()
+    synchronize()
+    once = max(time.perf_counter() - t, 1e-6)
+    steps = steps or min(max(math.ceil(timer.min_seconds / once), 2), 10_000)
+    t = time.perf_counter()
+    for _ in range(steps):
+        loss = train_step()
+    synchronize()
+    seconds = (time.perf_counter() - t) / steps
+    return {
+        "shape": f"{layers}x{hidden}x{heads}x{padded_vocab(vocab)}x{batch}x{seq}",
+        "ms": seconds * 1e3,
+        "tflops": step_flops(layers, hidden, vocab, batch, seq) / seconds / 1e12,
+        "tokens_per_s": n / seconds,
+        "timed_steps": steps,
+        "loss": float(loss.detach()),
+        "note": note,
+    }
+
+
+def main(argv):
+    args = arguments(argv)
+    out = open(args.out, "w") if args.out else sys.stdout
+
+    def emit(record):
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+
+    torch, header, why = which_torch(args.device)
+    emit(header)
+    if why:
+        emit({"bench": "skipped", "case": "*", "why": why})
+        return 0
+    dev = "cpu" if args.device == "cpu" else "cuda"
+    timer = Timer(torch, dev != "cpu", args.min_seconds)
+    work = [("gemm", gemm, c) for c in args.gemm]
+    work += [("attention", attention, c) for c in args.attention]
+    work += [("step", lambda *a: step(*a, args.steps), c) for c in args.step]
+    for bench, run, (case, dims) in work:
+        try:
+            record = run(torch, dev, timer, case, dims)
+            emit({"bench": bench, "case": case, "dtype": "bf16", **record})
+        except Exception as e:  # one case that cannot run (no flash kernel, out of memory): say so
+            emit({"bench": "skipped", "case": case, "why": f"PyTorch {bench} failed: {type(e).__name__}: {e}"})
+        finally:
+            if dev != "cpu":
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
