@@ -56,17 +56,21 @@
 // tests/cuda_device.rs.
 #include "common/base.cuh"
 #include "common/gelu.cuh"
+// wgmma.cuh before tma.cuh, which includes it: NVRTC resolves a header's relative include only to
+// a header the source has already included.
+#include "common/wgmma.cuh"
 #include "common/tma.cuh"
 
 namespace gemm_sm90_detail {
 
-constexpr int kTile = 128, kStep = 64, kStages = 4, kThreads = 384, kConsumerThreads = 256;
+enum class Product { Forward, BackwardInput, BackwardWeight };
+
+#ifdef TRIDENT_WGMMA
+constexpr int kTile = 128, kStep = 64, kStages = 4, kConsumerThreads = 256;
 constexpr uint32_t kOperandBytes = kTile * kStep * 2;     // one 128 x 64 bf16 tile: 16 KiB
 constexpr uint32_t kStageBytes = 2 * kOperandBytes;       // P and Q
 constexpr size_t kBarrierOffset = size_t(kStages) * kStageBytes;
 constexpr size_t kSharedBytes = kBarrierOffset + 2 * kStages * sizeof(uint64_t);  // 131136
-
-enum class Product { Forward, BackwardInput, BackwardWeight };
 
 // P (the A operand) is MN-major only for backward-weight; Q (B) for both backward products.
 template <Product kP>
@@ -74,7 +78,6 @@ constexpr int kTransP = kP == Product::BackwardWeight;
 template <Product kP>
 constexpr int kTransQ = kP != Product::Forward;
 
-#ifdef TRIDENT_WGMMA
 // The TMA coordinates of a tile whose rows or columns start at `i0`, reduction step at `r0`.
 template <int kTrans>
 __device__ __forceinline__ void load_tile(void* dst, const TensorMap* map, int i0, int r0, uint64_t* bar) {

@@ -24,6 +24,7 @@ use super::kernels::{Kernel, Vendor};
 use super::launch::{tiled, DeviceLimits};
 use super::open::{Functions, OpenGpu};
 use super::runtime::{Arg, GpuRuntime};
+use super::tma::gemm_operand;
 use crate::device::{CollectivesRequest, DeviceComm};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
@@ -68,6 +69,11 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::AttentionBwdDqBf16D64,
     Kernel::AttentionBwdDqBf16D128,
 ];
+
+/// The sm_90a GEMMs (wgmma fed by TMA), resolved besides `DEVICE_KERNELS` on compute capability
+/// 9.0, where the linear layers run on them (`plan::linear_gemms`).
+pub const SM90_DEVICE_KERNELS: &[Kernel] =
+    &[Kernel::GemmFwdBf16F32outSm90, Kernel::GemmBwdInputBf16Sm90, Kernel::GemmBwdWeightBf16Sm90];
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
 pub(super) const SUM_SQUARES_CHUNK: usize = 8192;
@@ -134,6 +140,8 @@ pub struct GpuDevice {
     pub(super) bf16_matmul: AtomicBool,
     scratch: std::sync::Mutex<Vec<DeviceMem>>,
     pub(super) vendor: Vendor,
+    /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
+    pub(super) wgmma: bool,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -144,6 +152,11 @@ pub(super) fn fatal(e: Error) -> ! {
 
 pub(super) fn ok<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| fatal(e))
+}
+
+/// Whether every bf16 operand starts on 16 bytes, as TMA needs (`plan::linear_gemms`).
+pub(super) fn aligned(pointers: &[u64]) -> bool {
+    pointers.iter().all(|&p| p.is_multiple_of(16))
 }
 
 pub(super) fn int(what: &str, v: usize) -> i32 {
@@ -168,14 +181,17 @@ impl GpuDevice {
 
     /// The Device on an opened GPU: loads every file it uses and finds its functions.
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
+        let wgmma = gpu.vendor == Vendor::Cuda && gpu.arch == "sm_90a";
+        let kernels = if wgmma { [DEVICE_KERNELS, SM90_DEVICE_KERNELS].concat() } else { DEVICE_KERNELS.to_vec() };
         Ok(GpuDevice {
-            functions: gpu.functions(DEVICE_KERNELS)?,
+            functions: gpu.functions(&kernels)?,
             rt: gpu.rt,
             multiprocessors: gpu.multiprocessors,
             limits: gpu.limits,
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
+            wgmma,
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,
@@ -255,14 +271,14 @@ impl GpuDevice {
     pub(super) fn launch(&self, k: Kernel, grid: [usize; 3], args: &[Arg]) {
         let (function, block) = self.function(k);
         let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
-        ok(self.rt.launch_args(function, config.grid, config.block, args));
+        ok(self.rt.launch_args(function, &config, args));
     }
 
     /// Launches the kernel that computes `op`, with the geometry `plan` gives it on this device.
     pub(super) fn run(&self, op: Op, args: &[Arg]) {
         let planned = ok(plan(&op, self.vendor, &self.limits, self.multiprocessors as u32));
         let (function, _) = self.function(planned.spec.kernel);
-        ok(self.rt.launch_args(function, planned.config.grid, planned.config.block, args));
+        ok(self.rt.launch_args(function, &planned.config, args));
     }
 
     /// A grid-stride launch over `n` elements in blocks of 256 (nothing when n is 0).
@@ -332,6 +348,12 @@ impl GpuDevice {
             self.run(Op::CastF32ToBf16 { n }, &[Arg::Ptr(out.pointer), Arg::Ptr(src.ptr()), Arg::I32(int("n", n))]);
         }
         out
+    }
+
+    /// The TMA tensor map of a bf16 [rows, cols] GEMM operand at `pointer` for the sm_90a GEMMs
+    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows), as a kernel argument.
+    pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
+        Arg::Map(ok(self.rt.tensor_map(&ok(gemm_operand(pointer, rows, cols, mn_major)))))
     }
 
     /// `n` bf16 values at `src` as f32 at `dst` (exact).
