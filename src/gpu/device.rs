@@ -24,7 +24,6 @@ use super::kernels::{Kernel, Vendor};
 use super::launch::{tiled, DeviceLimits};
 use super::open::{Functions, OpenGpu};
 use super::runtime::{Arg, GpuRuntime};
-use super::tma::gemm_operand;
 use crate::device::{CollectivesRequest, DeviceComm};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
@@ -74,6 +73,11 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
 /// 9.0, where the linear layers run on them (`plan::linear_gemms`).
 pub const SM90_DEVICE_KERNELS: &[Kernel] =
     &[Kernel::GemmFwdBf16F32outSm90, Kernel::GemmBwdInputBf16Sm90, Kernel::GemmBwdWeightBf16Sm90];
+
+/// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
+pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
+    [DEVICE_KERNELS, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
+}
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
 pub(super) const SUM_SQUARES_CHUNK: usize = 8192;
@@ -182,9 +186,8 @@ impl GpuDevice {
     /// The Device on an opened GPU: loads every file it uses and finds its functions.
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
         let wgmma = gpu.vendor == Vendor::Cuda && gpu.arch == "sm_90a";
-        let kernels = if wgmma { [DEVICE_KERNELS, SM90_DEVICE_KERNELS].concat() } else { DEVICE_KERNELS.to_vec() };
         Ok(GpuDevice {
-            functions: gpu.functions(&kernels)?,
+            functions: gpu.functions(&device_kernels(wgmma))?,
             rt: gpu.rt,
             multiprocessors: gpu.multiprocessors,
             limits: gpu.limits,
@@ -350,10 +353,9 @@ impl GpuDevice {
         out
     }
 
-    /// The TMA tensor map of a bf16 [rows, cols] GEMM operand at `pointer` for the sm_90a GEMMs
-    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows), as a kernel argument.
+    /// The TMA tensor map of a bf16 [rows, cols] GEMM operand (`GpuRuntime::operand_map`).
     pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
-        Arg::Map(ok(self.rt.tensor_map(&ok(gemm_operand(pointer, rows, cols, mn_major)))))
+        ok(self.rt.operand_map(pointer, rows, cols, mn_major))
     }
 
     /// `n` bf16 values at `src` as f32 at `dst` (exact).

@@ -8,7 +8,7 @@
 
 use super::launch::LaunchConfig;
 use super::tally::Tally;
-use super::tma::{TensorMap, TiledMap};
+use super::tma::{gemm_operand, TensorMap, TiledMap};
 use crate::error::{Error, Result};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -96,6 +96,12 @@ pub trait GpuRuntime: VendorRuntime {
             })
             .collect();
         self.launch(function, config, &mut params)
+    }
+
+    /// The tensor map of a bf16 [rows, cols] operand of the sm_90a GEMMs at `pointer`
+    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows), as a kernel argument.
+    fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Result<Arg> {
+        Ok(Arg::Map(self.tensor_map(&gemm_operand(pointer, rows, cols, mn_major)?)?))
     }
 }
 

@@ -38,7 +38,6 @@ use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
 use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
 use crate::gpu::runtime::VendorRuntime;
-use crate::gpu::tma;
 
 /// One measurement.
 #[derive(Clone, Debug, PartialEq)]
@@ -512,19 +511,16 @@ fn wide_bf16(v: &[Bf16]) -> Vec<f64> {
     v.iter().map(|x| x.to_f32() as f64).collect()
 }
 
-/// `bench gemm`: out [m, n] = A [m, k] · W [n, k]ᵀ, no epilogue, by `gemm_fwd_bf16` (bf16 out), or
-/// on compute capability 9.0 the wgmma + TMA kernel (f32 out, its operands through tensor maps);
-/// 64 outputs spot-checked.
+/// `bench gemm`: out = A · Wᵀ by `gemm_fwd_bf16` (bf16 out), on cc 9.0 by the wgmma + TMA kernel; 64 outputs checked
 fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
     let (a, w) = (bf16_values(m * k, 1), bf16_values(n * k, 2));
     let f32_out = planned[0].spec.kernel == Kernel::GemmFwdBf16F32outSm90;
     let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(m * n * if f32_out { 4 } else { 2 })?);
     let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
-    let args = if f32_out {
-        let map = |p: u64, rows| b.gpu.rt.tensor_map(&tma::gemm_operand(p, rows, k, false)?).map(Arg::Map);
-        [map(d_a.pointer(), m)?, map(d_w.pointer(), n)?, Ptr(d_out.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)]
-    } else {
-        [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)]
+    let map = |d: &DeviceMem, rows| b.gpu.rt.operand_map(d.pointer(), rows, k, false);
+    let args = match f32_out {
+        true => [map(&d_a, m)?, map(&d_w, n)?, Ptr(d_out.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
+        false => [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
     };
     b.launch(&planned[0], &args)?;
     let out = if f32_out { b.f32s(&d_out, m * n)? } else { b.bf16s(&d_out, m * n)? };
@@ -937,17 +933,13 @@ mod tests {
         }
     }
 
-    /// Every kernel of the index is launched by the GPU Device or by a bench, on each vendor
-    /// that has it (the wgmma GEMMs on CUDA's sm_90a only): no kernel file nothing runs.
+    /// Every kernel of the index is launched by the Device or a bench on each vendor that has it (sm_90a's: CUDA only).
     #[test]
     fn every_kernel_of_the_index_is_launched_by_the_device_or_a_bench() {
-        use crate::gpu::device::{DEVICE_KERNELS, SM90_DEVICE_KERNELS};
+        use crate::gpu::device::device_kernels;
         use crate::gpu::kernels::KERNELS;
         for (vendor, archs) in [(Vendor::Cuda, &["sm_80", "sm_90a"][..]), (Vendor::Hip, &["gfx90a"][..])] {
-            let mut launched = DEVICE_KERNELS.to_vec();
-            if vendor == Vendor::Cuda {
-                launched.extend(SM90_DEVICE_KERNELS);
-            }
+            let mut launched = device_kernels(vendor == Vendor::Cuda);
             for arch in archs {
                 for bench in GpuBench::ALL {
                     launched.extend(bench.kernels(vendor, arch));
