@@ -3,8 +3,10 @@
 # prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
 # spill, and confirms the tensor-core instructions in the SASS: HMMA (mma.sync) in the GEMMs of
 # gemm_bf16.cu and gemm_bf16_bwd.cu and in the attention kernels (both archs; attention stays on
-# mma.sync on sm_90a too), HGMMA (wgmma) in gemm_bf16_sm90.cu for sm_90a (for sm_80 that file
-# compiles to a trapping stub, so nothing is required there).
+# mma.sync on sm_90a too), and for sm_90a in every kernel of gemm_bf16_sm90.cu (the forward,
+# backward-input and backward-weight GEMMs) both HGMMA (wgmma) and UTMALDG (TMA loads), so a
+# kernel that lost its wgmma or its TMA fails (for sm_80 that file compiles to trapping stubs, so
+# nothing is required there).
 # No GPU is needed. nvcc comes from NVIDIA's pip wheels, installed once into .cache/cuda-toolchain
 # (pip --target: no venv, and untouched by Debian's externally-managed Python rule) and reused
 # while the pinned versions match. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags for experiments.
@@ -36,6 +38,8 @@ declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a
 # really taken)
 declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [gemm_bf16_bwd.cu]="HMMA" [attention_fwd.cu]="HMMA"
   [attention_bwd.cu]="HMMA" [gemm_bf16_sm90.cu:sm_90a]="HGMMA")
+# file:arch -> SASS instructions that must appear in every kernel function of the file
+declare -A EVERY_KERNEL_HAS=([gemm_bf16_sm90.cu:sm_90a]="HGMMA UTMALDG")
 
 status=0
 printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
@@ -78,8 +82,22 @@ for src in kernels-cuda/*.cu; do
         status=1
       fi
     fi
+    for need in ${EVERY_KERNEL_HAS[$file:$arch]:-}; do
+      # cuobjdump prints "Function : <name>" before each kernel's SASS.
+      missing=$("$CUOBJDUMP" -sass "$cubin" | awk -v want="$need" '
+        /Function : / { if (name != "" && !seen) print name; name = $3; seen = 0 }
+        index($0, want) { seen = 1 }
+        END { if (name != "" && !seen) print name }')
+      kernels=$("$CUOBJDUMP" -sass "$cubin" | grep -c "Function : " || true)
+      if [ -n "$missing" ] || [ "$kernels" -eq 0 ]; then
+        echo "kernels-check: no $need in the SASS of ${missing:-any kernel} ($file, $arch)" >&2
+        status=1
+      else
+        echo "        every one of the $kernels kernels of $file for $arch has $need"
+      fi
+    done
   done
 done
-echo "kernels-check: on sm_90a the forward GEMM has a wgmma version (gemm_bf16_sm90.cu, HGMMA); the backward GEMMs and attention stay on mma.sync (HMMA)"
+echo "kernels-check: on sm_90a the linear layers' GEMMs (forward, backward-input, backward-weight) have wgmma + TMA versions (gemm_bf16_sm90.cu: HGMMA, UTMALDG); attention stays on mma.sync (HMMA)"
 if [ $status = 0 ]; then echo "kernels-check: all kernels compile for sm_80 and sm_90a, no spills"; fi
 exit $status

@@ -391,6 +391,7 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     use trident::gpu::cuda_runtime::CudaRuntime;
     use trident::gpu::driver::Driver;
     use trident::gpu::kernels::cuda::KernelModules;
+    use trident::gpu::launch::LaunchConfig;
     use trident::gpu::runtime::VendorRuntime;
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
@@ -409,9 +410,23 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     let (mut out, mut inp, mut n) = (0u64, 0u64, 0i32);
     let mut params: Vec<*mut std::ffi::c_void> =
         vec![(&mut out as *mut u64).cast(), (&mut inp as *mut u64).cast(), (&mut n as *mut i32).cast()];
-    assert!(rt.launch(f, [1, 1, 1], [32, 1, 1], &mut params).is_ok());
-    let e = rt.launch(f, [1, 1, 1], [2048, 1, 1], &mut params).unwrap_err().to_string();
+    let config = |block: u32, shared_bytes: u32, needs_shared_optin: bool| LaunchConfig {
+        grid: [1, 1, 1],
+        block: [block, 1, 1],
+        shared_bytes,
+        needs_shared_optin,
+    };
+    assert!(rt.launch(f, &config(32, 0, false), &mut params).is_ok());
+    let e = rt.launch(f, &config(2048, 0, false), &mut params).unwrap_err().to_string();
     assert!(e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+    // Dynamic shared memory: up to 48 KiB as is, more only once the function opted in (which the
+    // runtime does when the launch says it must), never past the device's opt-in limit.
+    assert!(rt.launch(f, &config(32, 48 * 1024, false), &mut params).is_ok());
+    let e = rt.launch(f, &config(32, 64 * 1024, false), &mut params).unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+    assert!(rt.launch(f, &config(32, 64 * 1024, true), &mut params).is_ok());
+    let e = rt.launch(f, &config(32, 200 * 1024, true), &mut params).unwrap_err().to_string();
+    assert!(e.contains("cuFuncSetAttribute") && e.contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
 }
 
 /// `make gpu-check`'s script end to end on the emulated GPU (small shapes and model, 6
@@ -483,6 +498,42 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &[("gemm", "130x192x160")]);
     assert_eq!(launched, ["gemm_fwd_bf16_f32out_sm90"]);
     assert!(gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(&launched[0]));
+}
+
+/// On an emulated compute capability 9.0 the Device runs the linear layers' three GEMMs on the
+/// sm_90a kernels (wgmma fed by TMA, `plan::linear_gemms`): a training run of the tiny model
+/// (every width a multiple of 8) follows the CPU's bf16 losses with the bound the sm_80 run meets,
+/// and the emulating driver's own launch counts show that the sm_90a kernels computed every
+/// product and the mma.sync GEMMs none. `check ops` passes with its bounds, its linear case of
+/// 72 inputs and 130 outputs running the forward on sm_90a and the backward products (rows of
+/// 130) on mma.sync, the other cases (33 and 1 inputs) wholly on mma.sync.
+#[test]
+fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-sm90");
+    let data = prepared_corpus(&dir);
+    let counters = dir.join("emu-counters.txt");
+    let mut hopper = emu.env.clone();
+    hopper.push(("EMU_CUDA_CC", PathBuf::from("90")));
+    hopper.push(("EMU_COUNTERS_FILE", counters.clone()));
+    let launches = || {
+        let text = std::fs::read_to_string(&counters).unwrap_or_else(|e| panic!("no {}: {e}", counters.display()));
+        let count = |kernel: &str| -> u64 {
+            let key = format!("launches.{kernel} ");
+            text.lines().find_map(|l| l.strip_prefix(&key)).map_or(0, |v| v.parse().unwrap())
+        };
+        let kernels = ["gemm_fwd_bf16_f32out_sm90", "gemm_bwd_input_bf16_sm90", "gemm_bwd_weight_bf16_sm90"];
+        let sm80 = ["gemm_fwd_bf16_f32out", "gemm_bwd_input_bf16", "gemm_bwd_weight_bf16"];
+        (kernels.map(count), sm80.map(count))
+    };
+    gpu_device::follows_the_cpu_bf16_losses(&hopper, &dir, &data, "cuda");
+    let (sm90, sm80) = launches();
+    assert!(sm90.iter().all(|&n| n > 0) && sm80 == [0, 0, 0], "sm_90a {sm90:?}, mma.sync {sm80:?}");
+    let o = run_with(&hopper, &["check", "ops", "--device", "cuda", "--size", "small"]);
+    assert!(o.status.success(), "check ops on compute capability 9.0: {}{}", stdout(&o), stderr(&o));
+    // Forward with and without bias on sm_90a; mma.sync: 2 forwards x 2 cases, 2 backward-input
+    // (dinp given) and 4 backward-weight x 3 cases, less the 37x72->130 case's forward.
+    assert_eq!(launches(), ([2, 0, 0], [4, 3, 6]));
 }
 
 /// `bench step --device cuda` on the emulated GPU: its record, its counters against the

@@ -4,12 +4,12 @@
 //! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile). The cases the HIP kernels share are `common/emu_cases.rs`'s
-//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_90a wgmma GEMM,
+//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_90a wgmma GEMMs,
 //! tensor_ops.cu's f32 kernels, and the ldmatrix, shuffle and divergence probes.
 
 mod common;
 use common::emu::*;
-use common::emu_cases::{self, gemm_by, gemm_case, GemmCase, GEMM_SHAPES};
+use common::emu_cases::{self, gemm_bwd_by, gemm_by, gemm_case, GemmCase};
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::Device;
@@ -24,15 +24,25 @@ const CUDA: Vendor = Vendor {
 
 shared_kernel_tests!(CUDA);
 
+/// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,
+/// columns and reduction (TMA's zero fill, guarded stores) with row pitches multiples of 8 (what
+/// TMA needs; the Device picks the mma.sync kernels otherwise); more reduction steps than stages
+/// (every barrier through several phases) and several tiles each way; tiny.
 #[test]
-fn gemm_wgmma_sm90() {
-    // The wgmma kernel on the shapes of the mma.sync one: a full tile, ragged M/N/K on the
-    // cp.async path, K not a multiple of 8 (plain loads), several tiles each way, tiny; then the
-    // fused epilogue.
-    for (m, n, k) in GEMM_SHAPES {
+fn gemm_wgmma_sm90_forward() {
+    for (m, n, k) in [(128, 128, 64), (100, 70, 72), (37, 130, 200), (300, 260, 520), (1, 1, 8)] {
         gemm_by(&CUDA, gemm_case(m, n, k), "gemm_sm90_f32out");
     }
     gemm_by(&CUDA, GemmCase { bias: true, gelu: true, residual: true, ..gemm_case(77, 99, 56) }, "gemm_sm90_f32out");
+    gemm_by(&CUDA, GemmCase { bias: true, ..gemm_case(129, 136, 264) }, "gemm_sm90_f32out");
+}
+
+#[test]
+fn gemm_wgmma_sm90_backward() {
+    // Backward-input reduces over N, backward-weight over M: both past 4 stages in the last two.
+    for (m, n, k) in [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8)] {
+        gemm_bwd_by(&CUDA, m, n, k, "gemm_sm90_bwd");
+    }
 }
 
 #[test]

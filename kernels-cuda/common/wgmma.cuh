@@ -2,7 +2,7 @@
 // operand first. The GPU build issues the PTX named in each comment and exists only where the
 // instructions do: __CUDA_ARCH__ >= 900 with the arch-specific feature set (sm_90a, which defines
 // __CUDA_ARCH_FEAT_SM90_ALL); elsewhere TRIDENT_WGMMA is undefined and a kernel built on these
-// must not be launched (gemm_bf16_sm90.cu traps). The emulation build calls the C++ models of
+// must not be launched (gemm_bf16_sm90.cu's kernels trap). The emulation build calls the C++ models of
 // ../emu/wgmma.h, which document the descriptor and accumulator layouts.
 #pragma once
 #include "base.cuh"
@@ -79,27 +79,35 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // d = A · B + (scale_d ? d : 0), one warpgroup-wide
-// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 with A (64x16) and B (16x64, stored as
-// 64 rows of 16 K-contiguous elements) both K-major in shared memory, named by descriptors.
-// d is the thread's 32 f32 accumulators in the m64nNk16 fragment layout (../emu/wgmma.h).
-__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+// wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 with A (64x16) and B (16x128) both
+// read from shared memory through descriptors: K-major when kTransA / kTransB is 0, MN-major
+// (the instruction's imm-trans-a / imm-trans-b = 1) when 1 (layouts in ../emu/wgmma.h). d is the
+// thread's 64 f32 accumulators in the m64nNk16 fragment layout.
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
 #ifdef TRIDENT_EMU
-  emu::wgmma_m64n64k16_bf16(d, desc_a, desc_b, scale_d);
+  emu::wgmma_bf16(128, d, desc_a, desc_b, scale_d, kTransA, kTransB);
 #elif defined(TRIDENT_WGMMA)
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, %67, %68;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
 #else
   (void)d;
   (void)desc_a;

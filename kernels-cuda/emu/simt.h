@@ -19,8 +19,9 @@
 // of lanes a warp collective spans: 32 for CUDA warps, 64 for AMD wavefronts (kernels-hip/emu/
 // hip.h defines it as 64). Lane masks are 64-bit for wave64 (emu::LaneMask), as HIP's __ballot.
 //
-// __shared__ is `static thread_local`: one copy per OS thread, which is one block at a time.
-// Kernels therefore use static shared memory only, and launches do not nest.
+// __shared__ is `static thread_local`: one copy per OS thread, which is one block at a time, and
+// launches do not nest. Dynamic shared memory (`extern __shared__` on the GPU) is a buffer per OS
+// thread of the size the launch gives (launch_dynamic; tma.h's dynamic_shared hands it out).
 #pragma once
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -160,6 +162,12 @@ struct Block {
 };
 inline thread_local Block* block;
 
+// The dynamic shared memory of the block running on this OS thread (1024-byte aligned), and the
+// amount the next launch from this thread gives each block (set by launch_dynamic).
+inline thread_local size_t dynamic_shared_bytes = 0;
+inline thread_local unsigned char* dynamic_shared_base = nullptr;
+inline thread_local size_t next_launch_dynamic_shared = 0;
+
 inline Fiber& self() { return *block->current; }
 inline unsigned lane_id() { return self().linear % kWaveSize; }
 
@@ -204,8 +212,9 @@ inline dim3 unflatten(unsigned i, dim3 d) { return dim3(i % d.x, (i / d.x) % d.y
     done += f.state == State::Done;
   }
   std::fprintf(stderr,
-               "emu: deadlock in block (%u,%u,%u): %u threads at __syncthreads, %u in a warp collective, "
-               "%u returned (a barrier or warp collective in divergent code, or a lane that returned early)\n",
+               "emu: deadlock in block (%u,%u,%u): %u threads at __syncthreads, %u in a warp collective or mbarrier "
+               "wait, %u returned (a barrier or warp collective in divergent code, a lane that returned early, or "
+               "an mbarrier phase that cannot complete)\n",
                blockIdx.x, blockIdx.y, blockIdx.z, at_barrier, at_warp, done);
   std::fflush(stderr);
   std::abort();
@@ -249,9 +258,13 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
     std::abort();
   }
   const unsigned workers = std::max(1u, std::min(blocks, std::max(1u, std::thread::hardware_concurrency())));
+  const size_t dynamic_bytes = std::exchange(next_launch_dynamic_shared, 0);
   std::atomic<unsigned> next{0};
   auto body = [&] { kernel(args...); };
   auto worker = [&] {
+    std::unique_ptr<unsigned char[]> dynamic(new unsigned char[dynamic_bytes + 1024]);
+    dynamic_shared_bytes = dynamic_bytes;
+    dynamic_shared_base = dynamic.get() + (1024 - reinterpret_cast<uintptr_t>(dynamic.get()) % 1024);
     Block b;
     b.fibers.resize(threads);
     for (unsigned t = 0; t < threads; ++t) {
@@ -271,10 +284,19 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
       run_block(b);
     }
     block = nullptr;
+    dynamic_shared_bytes = 0;
+    dynamic_shared_base = nullptr;
   };
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
+}
+
+// launch with `bytes` of dynamic shared memory per block.
+template <class Kernel, class... Args>
+void launch_dynamic(size_t bytes, dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
+  next_launch_dynamic_shared = bytes;
+  launch(grid, block_dim, kernel, args...);
 }
 
 // ---- warp collectives ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
 // Matrix Multiply-Accumulate Instructions") exactly where a kernel can observe it:
 //
 //   wgmma.fence.sync.aligned
-//   wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, 0, 0
+//   wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
 //   wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N
 //
 // A warpgroup is four consecutive warps (threads 128w..128w+127). Every instruction is a
@@ -11,22 +11,30 @@
 // deadlock or a mismatch), and mma_async must see the same descriptors in every thread.
 //
 // Asynchrony: mma_async only records the operation (the descriptors, scale-d and where each
-// thread keeps its 32 accumulators). It is performed when a wait_group covers its commit group,
+// thread keeps its accumulators). It is performed when a wait_group covers its commit group,
 // the latest moment the PTX ISA allows: shared memory is read then and the accumulators are
 // gathered, updated and scattered then, so a kernel that overwrites an operand tile or reads its
-// accumulators before waiting gets a wrong answer here too.
+// accumulators before waiting gets a wrong answer here too. Operations still in flight on the
+// same accumulators are performed in issue order (the PTX ISA orders accumulator accesses of
+// successive mma_async of one shape). With TMA (tma.h): an mma_async whose operands a copy has
+// not yet filled (its barrier's phase not waited for) is reported, and so is a copy into
+// shared memory an operation still in flight reads.
 //
 // Matrix descriptor (64 bits): bits 0-13 start address >> 4, bits 16-29 leading-dimension byte
 // offset (LBO) >> 4, bits 32-45 stride-dimension byte offset (SBO) >> 4, bits 49-51 base offset,
-// bits 62-63 swizzle mode. Only no-swizzle (0) with base offset 0 is emulated; others fail. A and
-// B are K-major (transpose flags 0): the operand is made of 8x8 "core matrices", 8 rows
-// (M for A, N for B) of 16 contiguous bytes (8 bf16 along K), rows 16 bytes apart. Element
-// (row, k) of the operand is at
-//     start + (row / 8) * SBO + (k / 8) * LBO + (row % 8) * 16 + (k % 8) * 2,
-// i.e. SBO steps between core matrices adjacent in M or N, LBO between the two adjacent in K.
+// bits 62-63 swizzle mode. Only no-swizzle (0) with base offset 0 is emulated; others fail. The
+// operand is made of 8x8 "core matrices" of 16-bit elements, 8 rows of 16 contiguous bytes each,
+// rows 16 bytes apart (128 contiguous bytes); SBO steps between core matrices adjacent in M (for
+// A) or N (for B), LBO between the two adjacent in K (CUTLASS's canonical no-swizzle layouts:
+// ((8,m),(T,2)):((1T,SBO),(1,LBO)) K-major, ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) MN-major).
+//   K-major (transpose flag 0): a core matrix's rows run along M / N, its 8 elements along K:
+//     element (mn, k) at start + (mn / 8) * SBO + (k / 8) * LBO + (mn % 8) * 16 + (k % 8) * 2.
+//   MN-major (transpose flag 1, imm-trans-a / imm-trans-b; bf16 and f16 only): a core
+//   matrix's rows run along K, its 8 elements along M / N:
+//     element (mn, k) at start + (mn / 8) * SBO + (k / 8) * LBO + (k % 8) * 16 + (mn % 8) * 2.
 //
 // Accumulator fragment of m64nNk16 (f32): warp w of the warpgroup holds rows 16w..16w+15; lane
-// (g = lane / 4, t = lane % 4) holds, for each n8 column block j, registers
+// (g = lane / 4, t = lane % 4) holds, for each n8 column block j < N / 8, registers
 //     d[4j + 0] = D[16w + g][8j + 2t]      d[4j + 1] = D[16w + g][8j + 2t + 1]
 //     d[4j + 2] = D[16w + g + 8][8j + 2t]  d[4j + 3] = D[16w + g + 8][8j + 2t + 1].
 //
@@ -36,14 +44,16 @@
 #pragma once
 
 #include "simt.h"
+#include "tma.h"
 
 namespace emu {
 
-inline constexpr int kWgmmaN = 64;  // the one shape the kernels use: m64n64k16
+inline constexpr int kWgmmaMaxN = 128;  // the shape the kernels use: m64n128k16
 
 struct WgmmaOp {
   uint64_t desc_a, desc_b;
   int scale_d;
+  int n, trans_a, trans_b;
   unsigned group;
   float* d[128];
 };
@@ -56,6 +66,7 @@ struct WgOperand {
   int scale_d;
   int wait_n;
   float* d;
+  int n = 0, trans_a = 0, trans_b = 0;
 };
 
 struct Warpgroup {
@@ -84,43 +95,76 @@ inline uint32_t wgmma_shared_offset(const void* p) {
   return uint32_t(c - shared_window.base);
 }
 
-// Element (row, k) of a K-major bf16 operand through its descriptor.
-inline float wgmma_operand(uint64_t desc, unsigned row, unsigned k) {
+// The byte offset of element (mn, k) of an operand through its descriptor, K-major or MN-major.
+inline uint64_t wgmma_operand_offset(uint64_t desc, unsigned mn, unsigned k, bool mn_major) {
   const uint64_t start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4, sbo = ((desc >> 32) & 0x3fffu) << 4;
   if ((desc >> 62) != 0) fail("wgmma descriptor: only the no-swizzle layout is emulated");
   if (((desc >> 49) & 7u) != 0) fail("wgmma descriptor: nonzero base offset");
-  const uint64_t at = start + (row / 8) * sbo + (k / 8) * lbo + (row % 8) * 16 + (k % 8) * 2;
+  const uint64_t inner = mn_major ? (k % 8) * 16 + (mn % 8) * 2 : (mn % 8) * 16 + (k % 8) * 2;
+  return start + (mn / 8) * sbo + (k / 8) * lbo + inner;
+}
+
+inline float wgmma_operand(uint64_t desc, unsigned mn, unsigned k, bool mn_major) {
+  const uint64_t at = wgmma_operand_offset(desc, mn, k, mn_major);
   if (at + 2 > shared_window.bytes) fail("wgmma operand read past the shared window");
   uint16_t v;
   std::memcpy(&v, shared_window.base + at, 2);
   return bf16_bits_to_float(v);
 }
 
+// The bounding byte range [lo, hi) of shared memory an operand of `rows` x 16 occupies.
+inline std::pair<const unsigned char*, const unsigned char*> wgmma_footprint(uint64_t desc, unsigned rows, bool mn_major) {
+  uint64_t lo = ~uint64_t(0), hi = 0;
+  for (unsigned mn = 0; mn < rows; ++mn)
+    for (unsigned k = 0; k < 16; ++k) {
+      const uint64_t at = wgmma_operand_offset(desc, mn, k, mn_major);
+      lo = std::min(lo, at);
+      hi = std::max(hi, at + 2);
+    }
+  return {shared_window.base + lo, shared_window.base + hi};
+}
+
 // D = A · B (+ C when scale-d), over the warpgroup's gathered accumulators.
 inline void wgmma_perform(const WgmmaOp& op) {
-  double A[64][16], B[kWgmmaN][16];
+  const unsigned N = unsigned(op.n);
+  static thread_local double A[64][16], B[kWgmmaMaxN][16];
+  static thread_local float D[64][kWgmmaMaxN];
   for (unsigned r = 0; r < 64; ++r)
-    for (unsigned k = 0; k < 16; ++k) A[r][k] = wgmma_operand(op.desc_a, r, k);
-  for (unsigned n = 0; n < kWgmmaN; ++n)
-    for (unsigned k = 0; k < 16; ++k) B[n][k] = wgmma_operand(op.desc_b, n, k);
-  float D[64][kWgmmaN];
+    for (unsigned k = 0; k < 16; ++k) A[r][k] = wgmma_operand(op.desc_a, r, k, op.trans_a);
+  for (unsigned n = 0; n < N; ++n)
+    for (unsigned k = 0; k < 16; ++k) B[n][k] = wgmma_operand(op.desc_b, n, k, op.trans_b);
   for (unsigned thread = 0; thread < 128; ++thread) {
     const unsigned w = thread / 32, g = (thread % 32) / 4, t = thread % 4;
-    for (unsigned j = 0; j < kWgmmaN / 8; ++j)
+    for (unsigned j = 0; j < N / 8; ++j)
       for (unsigned e = 0; e < 4; ++e) D[16 * w + g + 8 * (e / 2)][8 * j + 2 * t + e % 2] = op.d[thread][4 * j + e];
   }
   for (unsigned m = 0; m < 64; ++m)
-    for (unsigned n = 0; n < kWgmmaN; ++n) {
+    for (unsigned n = 0; n < N; ++n) {
       double acc = op.scale_d ? double(D[m][n]) : 0.0;
       for (unsigned k = 0; k < 16; ++k) acc += A[m][k] * B[n][k];
       D[m][n] = float(acc);
     }
   for (unsigned thread = 0; thread < 128; ++thread) {
     const unsigned w = thread / 32, g = (thread % 32) / 4, t = thread % 4;
-    for (unsigned j = 0; j < kWgmmaN / 8; ++j)
+    for (unsigned j = 0; j < N / 8; ++j)
       for (unsigned e = 0; e < 4; ++e) op.d[thread][4 * j + e] = D[16 * w + g + 8 * (e / 2)][8 * j + 2 * t + e % 2];
   }
 }
+
+// Whether an operation still in flight in any warpgroup of the block reads shared memory in
+// [lo, hi) (tma.h asks before each copy).
+inline bool wgmma_reads_in_flight(const unsigned char* lo, const unsigned char* hi) {
+  for (const Warpgroup& wg : warpgroups) {
+    if (wg.owner != block || wg.owner_idx.x != blockIdx.x || wg.owner_idx.y != blockIdx.y || wg.owner_idx.z != blockIdx.z)
+      continue;
+    for (const WgmmaOp& op : wg.pending) {
+      const auto a = wgmma_footprint(op.desc_a, 64, op.trans_a), b = wgmma_footprint(op.desc_b, unsigned(op.n), op.trans_b);
+      if ((a.first < hi && lo < a.second) || (b.first < hi && lo < b.second)) return true;
+    }
+  }
+  return false;
+}
+inline const bool wgmma_tma_hook = (wgmma_in_flight_overlaps = &wgmma_reads_in_flight, true);
 
 // The warpgroup collective: every thread deposits its operand; the last to arrive checks them
 // and acts for all, then releases the others.
@@ -149,13 +193,18 @@ inline void warpgroup_collective(const WgOperand& operand) {
   for (unsigned i = 1; i < 128; ++i) {
     const WgOperand& o = wg.ops[i];
     if (o.kind != first.kind) fail("threads of one warpgroup reached different wgmma instructions");
-    if (o.desc_a != first.desc_a || o.desc_b != first.desc_b || o.scale_d != first.scale_d || o.wait_n != first.wait_n)
+    if (o.desc_a != first.desc_a || o.desc_b != first.desc_b || o.scale_d != first.scale_d || o.wait_n != first.wait_n ||
+        o.n != first.n || o.trans_a != first.trans_a || o.trans_b != first.trans_b)
       fail("wgmma operands differ across the warpgroup");
   }
   switch (first.kind) {
     case WgKind::Fence: break;
     case WgKind::Mma: {
-      WgmmaOp op{first.desc_a, first.desc_b, first.scale_d, wg.committed, {}};
+      const auto a = wgmma_footprint(first.desc_a, 64, first.trans_a);
+      const auto b = wgmma_footprint(first.desc_b, unsigned(first.n), first.trans_b);
+      if (tma_pending_overlaps(a.first, a.second) || tma_pending_overlaps(b.first, b.second))
+        fail("wgmma.mma_async on shared memory a TMA copy has not filled yet (its mbarrier phase not waited for)");
+      WgmmaOp op{first.desc_a, first.desc_b, first.scale_d, first.n, first.trans_a, first.trans_b, wg.committed, {}};
       for (unsigned i = 0; i < 128; ++i) op.d[i] = wg.ops[i].d;
       wg.pending.push_back(op);
       break;
@@ -185,8 +234,9 @@ inline void warpgroup_collective(const WgOperand& operand) {
 inline void wgmma_fence() { warpgroup_collective(WgOperand{WgKind::Fence, 0, 0, 0, 0, nullptr}); }
 inline void wgmma_commit() { warpgroup_collective(WgOperand{WgKind::Commit, 0, 0, 0, 0, nullptr}); }
 inline void wgmma_wait(int n) { warpgroup_collective(WgOperand{WgKind::Wait, 0, 0, 0, n, nullptr}); }
-inline void wgmma_m64n64k16_bf16(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  warpgroup_collective(WgOperand{WgKind::Mma, desc_a, desc_b, scale_d != 0, 0, d});
+inline void wgmma_bf16(int n, float* d, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a, int trans_b) {
+  if (n != kWgmmaMaxN) fail("wgmma shape not emulated (m64n128k16 only)");
+  warpgroup_collective(WgOperand{WgKind::Mma, desc_a, desc_b, scale_d != 0, 0, d, n, trans_a != 0, trans_b != 0});
 }
 
 }  // namespace emu

@@ -3,9 +3,13 @@
 //! made current on every thread that calls in, and the modules it loaded. Launches and copies run
 //! on the legacy default stream, in order.
 
-use super::driver::{CuContext, CuFunction, CuModule, DeviceInfo, Driver, Event};
+use super::driver::{
+    CuContext, CuFunction, CuModule, DeviceInfo, Driver, Event, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+};
 use super::kernels::cuda::arch_for;
+use super::launch::LaunchConfig;
 use super::runtime::VendorRuntime;
+use super::tma::{TensorMap, TiledMap, DATA_TYPE_BF16};
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
 
@@ -16,6 +20,8 @@ pub struct CudaRuntime {
     info: DeviceInfo,
     context: CuContext,
     modules: std::sync::Mutex<Vec<CuModule>>,
+    /// Functions opted in to more dynamic shared memory than the default, and how much.
+    opted_in: std::sync::Mutex<Vec<(usize, u32)>>,
 }
 
 // SAFETY: the context and module handles are process-wide driver objects; the driver API is
@@ -38,7 +44,13 @@ impl CudaRuntime {
         // SAFETY: writes one context handle for a device the driver just returned.
         driver
             .check("cuDevicePrimaryCtxRetain", unsafe { driver.api.cuDevicePrimaryCtxRetain(&mut context, device) }?)?;
-        let rt = CudaRuntime { driver, info, context, modules: std::sync::Mutex::new(Vec::new()) };
+        let rt = CudaRuntime {
+            driver,
+            info,
+            context,
+            modules: std::sync::Mutex::new(Vec::new()),
+            opted_in: std::sync::Mutex::new(Vec::new()),
+        };
         rt.current()?;
         Ok(rt)
     }
@@ -56,6 +68,26 @@ impl CudaRuntime {
         // SAFETY: the context was retained in `new` and is released only on drop.
         self.driver.check("cuCtxSetCurrent", unsafe { self.driver.api.cuCtxSetCurrent(self.context) }?)?;
         CONTEXT_SET.with(|c| c.set(key));
+        Ok(())
+    }
+}
+
+impl CudaRuntime {
+    /// Lets `function` use `bytes` of dynamic shared memory (once per function and amount).
+    fn opt_in(&self, function: usize, bytes: u32) -> Result<()> {
+        let mut done = self.opted_in.lock().unwrap_or_else(|p| p.into_inner());
+        if done.iter().any(|&(f, b)| f == function && b >= bytes) {
+            return Ok(());
+        }
+        // SAFETY: the handle came from cuModuleGetFunction on a loaded module; a context is current.
+        self.driver.check("cuFuncSetAttribute", unsafe {
+            self.driver.api.cuFuncSetAttribute(
+                function as CuFunction,
+                FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }?)?;
+        done.push((function, bytes));
         Ok(())
     }
 }
@@ -130,8 +162,12 @@ impl VendorRuntime for CudaRuntime {
         }?)?;
         Ok(f as usize)
     }
-    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()> {
+    fn launch(&self, function: usize, config: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
         self.current()?;
+        if config.needs_shared_optin {
+            self.opt_in(function, config.shared_bytes)?;
+        }
+        let (grid, block) = (config.grid, config.block);
         // SAFETY: params point to live arguments of the kernel's types (see `Arg`); the null
         // stream is the legacy default stream, ordered with the synchronous copies.
         self.driver.check("cuLaunchKernel", unsafe {
@@ -143,12 +179,37 @@ impl VendorRuntime for CudaRuntime {
                 block[0],
                 block[1],
                 block[2],
-                0,
+                config.shared_bytes,
                 std::ptr::null_mut(),
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }?)
+    }
+    fn tensor_map(&self, map: &TiledMap) -> Result<TensorMap> {
+        self.current()?;
+        let mut out = TensorMap([0; 16]);
+        let element_strides = [1u32; 3];
+        // SAFETY: `out` is a 64-byte aligned 128-byte CUtensorMap; the arrays hold rank (3)
+        // sizes, boxes and element strides and rank - 1 strides; the driver only reads them and
+        // records the address, which the caller keeps alive while kernels use the map.
+        self.driver.check("cuTensorMapEncodeTiled", unsafe {
+            self.driver.api.cuTensorMapEncodeTiled(
+                (&mut out as *mut TensorMap).cast(),
+                DATA_TYPE_BF16,
+                3,
+                map.address as *mut c_void,
+                map.dims.as_ptr(),
+                map.strides.as_ptr(),
+                map.boxes.as_ptr(),
+                element_strides.as_ptr(),
+                0,
+                0,
+                0,
+                0,
+            )
+        }?)?;
+        Ok(out)
     }
     fn synchronize(&self) -> Result<()> {
         self.current()?;

@@ -72,6 +72,16 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::AttentionBwdDqBf16D128,
 ];
 
+/// The sm_90a GEMMs (wgmma fed by TMA), resolved besides `DEVICE_KERNELS` on compute capability
+/// 9.0, where the linear layers run on them (`plan::linear_gemms`).
+pub const SM90_DEVICE_KERNELS: &[Kernel] =
+    &[Kernel::GemmFwdBf16F32outSm90, Kernel::GemmBwdInputBf16Sm90, Kernel::GemmBwdWeightBf16Sm90];
+
+/// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
+pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
+    [DEVICE_KERNELS, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
+}
+
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
 pub(super) const SUM_SQUARES_CHUNK: usize = 8192;
 
@@ -137,6 +147,8 @@ pub struct GpuDevice {
     pub(super) bf16_matmul: AtomicBool,
     scratch: std::sync::Mutex<Vec<DeviceMem>>,
     pub(super) vendor: Vendor,
+    /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
+    pub(super) wgmma: bool,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -147,6 +159,11 @@ pub(super) fn fatal(e: Error) -> ! {
 
 pub(super) fn ok<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| fatal(e))
+}
+
+/// Whether every bf16 operand starts on 16 bytes, as TMA needs (`plan::linear_gemms`).
+pub(super) fn aligned(pointers: &[u64]) -> bool {
+    pointers.iter().all(|&p| p.is_multiple_of(16))
 }
 
 pub(super) fn int(what: &str, v: usize) -> i32 {
@@ -171,14 +188,16 @@ impl GpuDevice {
 
     /// The Device on an opened GPU: loads every file it uses and finds its functions.
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
+        let wgmma = gpu.vendor == Vendor::Cuda && gpu.arch == "sm_90a";
         Ok(GpuDevice {
-            functions: gpu.functions(DEVICE_KERNELS)?,
+            functions: gpu.functions(&device_kernels(wgmma))?,
             rt: gpu.rt,
             multiprocessors: gpu.multiprocessors,
             limits: gpu.limits,
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
+            wgmma,
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,
@@ -258,14 +277,14 @@ impl GpuDevice {
     pub(super) fn launch(&self, k: Kernel, grid: [usize; 3], args: &[Arg]) {
         let (function, block) = self.function(k);
         let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
-        ok(self.rt.launch_args(function, config.grid, config.block, args));
+        ok(self.rt.launch_args(function, &config, args));
     }
 
     /// Launches the kernel that computes `op`, with the geometry `plan` gives it on this device.
     pub(super) fn run(&self, op: Op, args: &[Arg]) {
         let planned = ok(plan(&op, self.vendor, &self.limits, self.multiprocessors as u32));
         let (function, _) = self.function(planned.spec.kernel);
-        ok(self.rt.launch_args(function, planned.config.grid, planned.config.block, args));
+        ok(self.rt.launch_args(function, &planned.config, args));
     }
 
     /// A grid-stride launch over `n` elements in blocks of 256 (nothing when n is 0).
@@ -335,6 +354,11 @@ impl GpuDevice {
             self.run(Op::CastF32ToBf16 { n }, &[Arg::Ptr(out.pointer), Arg::Ptr(src.ptr()), Arg::I32(int("n", n))]);
         }
         out
+    }
+
+    /// The TMA tensor map of a bf16 [rows, cols] GEMM operand (`GpuRuntime::operand_map`).
+    pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
+        ok(self.rt.operand_map(pointer, rows, cols, mn_major))
     }
 
     /// `n` bf16 values at `src` as f32 at `dst` (exact).

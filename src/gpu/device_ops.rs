@@ -4,8 +4,8 @@
 //! geometry `kernels::plan` gives, on bf16 scratch copies of the GEMM and attention operands.
 
 use super::buffer::{Elem, GpuBuf};
-use super::device::{group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::kernels::plan::{GemmOut, Op};
+use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::kernels::plan::{linear_gemms, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
@@ -287,20 +287,17 @@ impl Device for GpuDevice {
         }
         assert!(out.len >= rows * n && weight.len >= n * k);
         let (a, w) = (self.to_bf16(inp, rows * k), self.to_bf16(weight, n * k));
-        self.run(
-            Op::GemmFwd { m: rows, n, k, out: GemmOut::F32 },
-            &[
-                Ptr(out.ptr()),
-                Ptr(a.pointer),
-                Ptr(w.pointer),
-                Ptr(bias.map_or(0, |b| b.ptr())),
-                Ptr(0),
-                I32(int("rows", rows)),
-                I32(int("n", n)),
-                I32(int("k", k)),
-                I32(0),
-            ],
-        );
+        let op = linear_gemms(self.wgmma, aligned(&[a.pointer, w.pointer]), rows, k, n).forward;
+        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
+        let (out, bias) = (Ptr(out.ptr()), Ptr(bias.map_or(0, |b| b.ptr())));
+        let args = match op {
+            Op::GemmFwdSm90 { .. } => {
+                let [ma, mw] = [self.operand_map(a.pointer, rows, k, false), self.operand_map(w.pointer, n, k, false)];
+                [ma, mw, out, bias, Ptr(0), m_, n_, k_, I32(0)]
+            }
+            _ => [out, Ptr(a.pointer), Ptr(w.pointer), bias, Ptr(0), m_, n_, k_, I32(0)],
+        };
+        self.run(op, &args);
     }
     fn linear_backward(
         &self,
@@ -321,16 +318,27 @@ impl Device for GpuDevice {
         let d = self.to_bf16(dout, rows * n);
         if let Some(dinp) = dinp {
             let w = self.to_bf16(weight, n * k);
-            self.run(
-                Op::GemmBwdInput { m: rows, n, k },
-                &[Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
-            );
+            let op = linear_gemms(self.wgmma, aligned(&[d.pointer, w.pointer]), rows, k, n).backward_input;
+            let args = match op {
+                Op::GemmBwdInputSm90 { .. } => {
+                    let [md, mw] =
+                        [self.operand_map(d.pointer, rows, n, false), self.operand_map(w.pointer, n, k, true)];
+                    [md, mw, Ptr(dinp.ptr()), m_, n_, k_]
+                }
+                _ => [Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
+            };
+            self.run(op, &args);
         }
         let x = self.to_bf16(inp, rows * k);
-        self.run(
-            Op::GemmBwdWeight { m: rows, n, k },
-            &[Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
-        );
+        let op = linear_gemms(self.wgmma, aligned(&[d.pointer, x.pointer]), rows, k, n).backward_weight;
+        let args = match op {
+            Op::GemmBwdWeightSm90 { .. } => {
+                let [md, mx] = [self.operand_map(d.pointer, rows, n, true), self.operand_map(x.pointer, rows, k, true)];
+                [md, mx, Ptr(dweight.ptr()), m_, n_, k_]
+            }
+            _ => [Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
+        };
+        self.run(op, &args);
         if let Some(dbias) = dbias {
             self.columnwise(Kernel::ColumnSumAddF32, n, &[Ptr(dbias.ptr()), Ptr(dout.ptr()), m_, n_]);
         }

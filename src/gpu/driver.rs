@@ -83,8 +83,18 @@ api_table! {
         fn cuEventSynchronize(event: CuEvent) -> i32;
         fn cuEventElapsedTime(ms: *mut f32, start: CuEvent, end: CuEvent) -> i32;
         fn cuEventDestroy_v2(event: CuEvent) -> i32;
+        // The sm_90a GEMMs (cuda_runtime.rs): more than 48 KiB of dynamic shared memory, TMA maps.
+        fn cuFuncSetAttribute(function: CuFunction, attribute: i32, value: i32) -> i32;
+        fn cuTensorMapEncodeTiled(
+            map: *mut c_void, data_type: i32, rank: u32, address: *mut c_void,
+            dims: *const u64, strides: *const u64, boxes: *const u32, element_strides: *const u32,
+            interleave: i32, swizzle: i32, l2_promotion: i32, oob_fill: i32,
+        ) -> i32;
     }
 }
+
+/// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+pub const FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
 
 /// One GPU as the driver describes it.
 #[derive(Clone, Debug)]

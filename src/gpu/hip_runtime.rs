@@ -6,7 +6,7 @@
 //! on the null stream, in order, as on CUDA.
 
 use super::hip::{attribute, Hip, HipDeviceInfo, HipFunction, HipModule};
-use super::launch::DeviceLimits;
+use super::launch::{DeviceLimits, LaunchConfig};
 use super::runtime::VendorRuntime;
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
@@ -158,8 +158,9 @@ impl VendorRuntime for HipRuntime {
         }?)?;
         Ok(f as usize)
     }
-    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()> {
+    fn launch(&self, function: usize, config: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
         self.current()?;
+        let (grid, block) = (config.grid, config.block);
         // SAFETY: params point to live arguments of the kernel's types; the null stream is
         // ordered with the synchronous copies.
         self.hip.check("hipModuleLaunchKernel", unsafe {
@@ -171,7 +172,7 @@ impl VendorRuntime for HipRuntime {
                 block[0],
                 block[1],
                 block[2],
-                0,
+                config.shared_bytes,
                 std::ptr::null_mut(),
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

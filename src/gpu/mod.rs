@@ -12,7 +12,8 @@
 //!    geometry per vendor), `kernels::cuda` and `kernels::hip` (the embedded sources and their
 //!    images: precompiled, or compiled by NVRTC / hipRTC through the cache), `kernels::plan` (an
 //!    op's checked launch).
-//! 4. `tally` (`Tally`, the counters of a runtime's calls), then `runtime` (`VendorRuntime`, a
+//! 4. `tally` (`Tally`, the counters of a runtime's calls), `tma` (TMA tensor maps: `TensorMap`
+//!    and the sm_90a GEMMs' operand geometry), then `runtime` (`VendorRuntime`, a
 //!    runtime's calls; `GpuRuntime`, what the Device needs of a runtime: those calls, counted,
 //!    with timing; `Counted`, its one implementation over either vendor's runtime, freed blocks
 //!    kept for reuse; `FreedBlocks`; `Arg`).
@@ -55,6 +56,7 @@ pub mod rtc;
 pub mod runtime;
 pub mod status;
 pub mod tally;
+pub mod tma;
 pub mod training;
 
 use crate::error::{Error, Result};

@@ -6,8 +6,10 @@
 //! launches from typed arguments (`Arg`); `Counted` implements it once for both vendors over
 //! either vendor's runtime. Also `FreedBlocks`, the freed allocations kept for reuse.
 
+use super::launch::LaunchConfig;
 use super::tally::Tally;
-use crate::error::Result;
+use super::tma::{gemm_operand, TensorMap, TiledMap};
+use crate::error::{Error, Result};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -30,8 +32,14 @@ pub trait VendorRuntime: Send + Sync {
     /// Loads a compiled module (CUBIN) and returns its handle; it stays loaded for the runtime's life.
     fn load_module(&self, image: &[u8]) -> Result<usize>;
     fn function(&self, module: usize, name: &str) -> Result<usize>;
-    /// Launches `function` with `params[i]` pointing to argument i, no dynamic shared memory.
-    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()>;
+    /// Launches `function` with `params[i]` pointing to argument i, on `config`'s grid and block
+    /// with its dynamic shared memory (opting the function in first where it needs more than the
+    /// default per-block amount).
+    fn launch(&self, function: usize, config: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()>;
+    /// A TMA tensor map (`cuTensorMapEncodeTiled`): CUDA on compute capability 9.0 only.
+    fn tensor_map(&self, _map: &TiledMap) -> Result<TensorMap> {
+        Err(Error::Unsupported("TMA tensor maps exist on CUDA devices of compute capability 9.0 only".into()))
+    }
     fn synchronize(&self) -> Result<()>;
     /// A one-line description: the GPU, its architecture and the driver.
     fn describe(&self) -> String;
@@ -64,18 +72,36 @@ pub trait GpuRuntime: VendorRuntime {
     }
 
     /// Launches `function` with `args`, each widened into a 64-bit slot whose address is its
-    /// `kernelParams` entry (the kernel reads an `int` or `float` from the slot's first bytes).
-    fn launch_args(&self, function: usize, grid: [u32; 3], block: [u32; 3], args: &[Arg]) -> Result<()> {
+    /// `kernelParams` entry (the kernel reads an `int` or `float` from the slot's first bytes), a
+    /// tensor map from its own 64-byte aligned copy.
+    fn launch_args(&self, function: usize, config: &LaunchConfig, args: &[Arg]) -> Result<()> {
         let mut slots: Vec<u64> = args
             .iter()
             .map(|a| match *a {
                 Arg::Ptr(p) => p,
                 Arg::I32(v) => v as u32 as u64,
                 Arg::F32(v) => v.to_bits() as u64,
+                Arg::Map(_) => 0,
             })
             .collect();
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
-        self.launch(function, grid, block, &mut params)
+        let mut maps: Vec<TensorMap> =
+            args.iter().filter_map(|a| if let Arg::Map(m) = a { Some(*m) } else { None }).collect();
+        let mut next_map = maps.iter_mut();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .zip(args)
+            .map(|(s, a)| match a {
+                Arg::Map(_) => (next_map.next().expect("one copy per map") as *mut TensorMap).cast(),
+                _ => (s as *mut u64).cast(),
+            })
+            .collect();
+        self.launch(function, config, &mut params)
+    }
+
+    /// The tensor map of a bf16 [rows, cols] operand of the sm_90a GEMMs at `pointer`
+    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows), as a kernel argument.
+    fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Result<Arg> {
+        Ok(Arg::Map(self.tensor_map(&gemm_operand(pointer, rows, cols, mn_major)?)?))
     }
 }
 
@@ -85,6 +111,8 @@ pub enum Arg {
     Ptr(u64),
     I32(i32),
     F32(f32),
+    /// A `const __grid_constant__ CUtensorMap` parameter (the sm_90a GEMMs).
+    Map(TensorMap),
 }
 
 /// Freed device allocations (bytes, pointer) that a runtime keeps and hands to later requests of
@@ -205,9 +233,12 @@ impl<V: VendorRuntime> VendorRuntime for Counted<V> {
     fn function(&self, module: usize, name: &str) -> Result<usize> {
         self.tally.register(self.vendor.function(module, name)?, name)
     }
-    fn launch(&self, function: usize, grid: [u32; 3], block: [u32; 3], params: &mut [*mut c_void]) -> Result<()> {
+    fn launch(&self, function: usize, config: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
         let vendor_handle = self.tally.launch(function)?;
-        self.vendor.launch(vendor_handle, grid, block, params)
+        self.vendor.launch(vendor_handle, config, params)
+    }
+    fn tensor_map(&self, map: &TiledMap) -> Result<TensorMap> {
+        self.vendor.tensor_map(map)
     }
     fn synchronize(&self) -> Result<()> {
         self.tally.synchronization();
@@ -281,7 +312,7 @@ mod tests {
         fn function(&self, _: usize, name: &str) -> Result<usize> {
             Ok(if name == "gemm" { 0xa0 } else { 0xb0 })
         }
-        fn launch(&self, function: usize, _: [u32; 3], _: [u32; 3], _: &mut [*mut c_void]) -> Result<()> {
+        fn launch(&self, function: usize, _: &LaunchConfig, _: &mut [*mut c_void]) -> Result<()> {
             self.log(format!("launch {function:#x}"));
             Ok(())
         }
@@ -298,9 +329,10 @@ mod tests {
     fn counted_passes_every_call_through_once_and_counts_it() {
         let rt = Counted::new(Logged::default());
         let (gemm, cast) = (rt.function(7, "gemm").unwrap(), rt.function(7, "cast").unwrap());
-        rt.launch_args(gemm, [1, 1, 1], [32, 1, 1], &[Arg::I32(1)]).unwrap();
-        rt.launch_args(gemm, [1, 1, 1], [32, 1, 1], &[]).unwrap();
-        rt.launch_args(cast, [1, 1, 1], [32, 1, 1], &[]).unwrap();
+        let one = LaunchConfig { grid: [1, 1, 1], block: [32, 1, 1], shared_bytes: 0, needs_shared_optin: false };
+        rt.launch_args(gemm, &one, &[Arg::I32(1)]).unwrap();
+        rt.launch_args(gemm, &one, &[]).unwrap();
+        rt.launch_args(cast, &one, &[]).unwrap();
         let a = rt.alloc(256).unwrap();
         rt.copy_to_device(a, &[0; 12]).unwrap();
         rt.copy_to_host(&mut [0; 8], a).unwrap();

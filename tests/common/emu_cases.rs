@@ -122,7 +122,12 @@ pub fn gemm_fused_epilogues(v: &Vendor) {
 
 /// dinp = dout · W and dweight += doutᵀ · inp (both f32) against `linear_backward`.
 fn gemm_bwd(v: &Vendor, m: usize, n: usize, k: usize) {
-    let name = format!("gemm_bwd_{m}x{n}x{k}");
+    gemm_bwd_by(v, m, n, k, "gemm_bwd");
+}
+
+/// The same by another harness op of the same files (CUDA's sm_90a `gemm_sm90_bwd`).
+pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
+    let name = format!("{op}_{m}x{n}x{k}");
     let case = v.case(&name);
     let dout = v.bf16_values(m * n, "dout", 1.0);
     let w = v.bf16_values(n * k, "w", 0.2);
@@ -132,7 +137,7 @@ fn gemm_bwd(v: &Vendor, m: usize, n: usize, k: usize) {
     case.put_bf16("w", &w);
     case.put_bf16("inp", &inp);
     case.put_f32("dweight", &dweight0);
-    case.run("gemm_bwd", &args(&[&m, &n, &k]));
+    case.run(op, &args(&[&m, &n, &k]));
 
     let dev = ReferenceDevice;
     let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));

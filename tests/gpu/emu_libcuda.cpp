@@ -5,8 +5,9 @@
 // and points TRIDENT_LIBCUDA at the result.
 //
 // Model. One device that describes itself as an A100 (sm_80, 108 SMs, 48 KiB shared memory per
-// block, 163 KiB opt-in, 40 GiB); EMU_CUDA_CC=90 makes it report compute capability 9.0, so
-// trident compiles for sm_90a and picks the kernels that need it (the wgmma GEMM). Device memory is host memory: cuMemAlloc is an aligned malloc,
+// block, 163 KiB opt-in, 40 GiB); EMU_CUDA_CC=90 makes it report compute capability 9.0 (and an
+// H100's 227 KiB opt-in), so trident compiles for sm_90a and picks the kernels that need it (the
+// wgmma + TMA GEMMs). Device memory is host memory: cuMemAlloc is an aligned malloc,
 // copies are memcpy, asynchronous variants run synchronously, streams and contexts are tokens.
 // cuModuleLoadData accepts only an ELF image (NVRTC really compiles the kernels to a CUBIN through
 // the pip wheel's libnvrtc) and keeps its bytes; cuModuleGetFunction resolves a name in the table
@@ -14,8 +15,10 @@
 // file's CUDA-only ones), and answers CUDA_ERROR_NOT_FOUND when the
 // image does not contain that name or the table lacks it. cuLaunchKernel unpacks kernelParams
 // with the kernel's own C++ signature and runs the kernel's source under the SIMT emulation
-// (kernels-cuda/emu/simt.h). Dynamic shared memory and `extra` are refused (trident's kernels use
-// static shared memory and kernelParams only).
+// (kernels-cuda/emu/simt.h), with the dynamic shared memory it asks for: up to 48 KiB, more once
+// cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) allowed it on that function
+// (up to the opt-in limit); `extra` is refused. cuTensorMapEncodeTiled checks its arguments and
+// makes the map the TMA emulation reads (kernels-cuda/emu/tma.h: bf16 / f32, no swizzle).
 //
 // Streams and events follow the fake NCCL's progress per stream (emu_runtime.h, "Streams"):
 // cuStreamQuery / cuEventQuery answer CUDA_ERROR_NOT_READY while a stream has operations
@@ -31,6 +34,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -58,7 +63,8 @@ namespace {
 using namespace emu_runtime;  // its error codes are the driver's (CUDA_ERROR_INVALID_VALUE = 1, ...)
 
 // The kernels of kernels-cuda/ that HIP lacks (the rest are emu_runtime.h's).
-const KernelEntry kCudaOnly[] = {EMU_KERNEL(gemm_fwd_bf16_f32out_sm90)};
+const KernelEntry kCudaOnly[] = {EMU_KERNEL(gemm_fwd_bf16_f32out_sm90), EMU_KERNEL(gemm_bwd_input_bf16_sm90),
+                                  EMU_KERNEL(gemm_bwd_weight_bf16_sm90)};
 
 int context_token;
 
@@ -66,6 +72,19 @@ int context_token;
 int compute_capability() {
   const char* cc = std::getenv("EMU_CUDA_CC");
   return cc ? std::atoi(cc) : 80;
+}
+
+// Shared memory per block by default, and at most after opting in.
+constexpr unsigned kDefaultShared = 49152;
+unsigned optin_shared() { return compute_capability() >= 90 ? 232448 : 166912; }
+
+// The dynamic shared memory each function may use (cuFuncSetAttribute), beyond the default.
+std::mutex allowance_lock;
+std::map<void*, unsigned> allowances;
+unsigned allowance(void* function) {
+  std::lock_guard<std::mutex> hold(allowance_lock);
+  auto it = allowances.find(function);
+  return it == allowances.end() ? kDefaultShared : it->second;
 }
 
 }  // namespace
@@ -102,7 +121,7 @@ CUresult cuDeviceGetAttribute(int* v, int attribute, int) {
     case 16: *v = 108; return kSuccess;                   // SMs
     case 75: *v = compute_capability() / 10; return kSuccess;  // compute capability 8.0
     case 76: *v = compute_capability() % 10; return kSuccess;  // (or EMU_CUDA_CC)
-    case 97: *v = 166912; return kSuccess;                // opt-in shared memory
+    case 97: *v = int(optin_shared()); return kSuccess;   // opt-in shared memory
     default: return kInvalidValue;
   }
 }
@@ -152,7 +171,24 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
 }
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared_bytes, void*, void** params, void** extra) {
-  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, 65535);
+  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, 65535,
+                function ? allowance(function) : 0);
+}
+CUresult cuFuncSetAttribute(void* function, int attribute, int value) {
+  constexpr int kMaxDynamicSharedSizeBytes = 8;
+  if (!function || attribute != kMaxDynamicSharedSizeBytes || value < 0 || unsigned(value) > optin_shared())
+    return kInvalidValue;
+  std::lock_guard<std::mutex> hold(allowance_lock);
+  allowances[function] = unsigned(value);
+  return kSuccess;
+}
+CUresult cuTensorMapEncodeTiled(void* map, int data_type, unsigned rank, void* address, const uint64_t* dims,
+                                const uint64_t* strides, const unsigned* box, const unsigned* element_strides,
+                                int interleave, int swizzle, int l2_promotion, int oob_fill) {
+  const char* why = "";
+  if (!map || !address || !dims || (rank > 1 && !strides) || !box || !element_strides) return kInvalidValue;
+  return emu::encode_tiled(map, data_type, rank, address, dims, strides, box, element_strides, interleave, swizzle,
+                           l2_promotion, oob_fill, &why);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {

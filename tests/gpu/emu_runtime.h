@@ -291,15 +291,18 @@ inline int get_function(void** function, void* module, const char* name, const K
   *function = const_cast<KernelEntry*>(k);
   return kSuccess;
 }
-// Runs the kernel a function handle points to; refuses dynamic shared memory, `extra`, an empty
-// grid or block, more than 1024 threads per block, and grid y or z above `max_grid_yz`.
+// Runs the kernel a function handle points to with `shared_bytes` of dynamic shared memory
+// (emu::launch_dynamic's); refuses more dynamic shared memory than `max_dynamic_shared` (the
+// function's allowance: none unless the runtime says otherwise), `extra`, an empty grid or block,
+// more than 1024 threads per block, and grid y or z above `max_grid_yz`.
 inline int launch(void* function, dim3 grid, dim3 block, unsigned shared_bytes, void** params, void** extra,
-                  unsigned max_grid_yz) {
+                  unsigned max_grid_yz, unsigned max_dynamic_shared = 0) {
   if (!function) return kInvalidValue;
   counters.launch(static_cast<KernelEntry*>(function)->name);
-  if (extra || shared_bytes > 0) return kInvalidValue;
+  if (extra || shared_bytes > max_dynamic_shared) return kInvalidValue;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0) return kInvalidValue;
   if (block.x * block.y * block.z > 1024 || grid.y > max_grid_yz || grid.z > max_grid_yz) return kInvalidValue;
+  emu::next_launch_dynamic_shared = shared_bytes;
   static_cast<KernelEntry*>(function)->launch(grid, block, params);
   return kSuccess;
 }

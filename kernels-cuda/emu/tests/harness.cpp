@@ -4,7 +4,8 @@
 //   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
 // Usage: harness <op> <dir> <integer and real arguments of the op>
 // The ops the HIP kernels share (and the files they read and write) are harness.h's, run here in
-// blocks of 4 warps; this file adds the CUDA-only ones: the sm_90a wgmma GEMM, tensor_ops.cu's f32
+// blocks of 4 warps; this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs (forward and
+// both backward products, on tensor maps made here as the host makes them), tensor_ops.cu's f32
 // kernels, and the probes of ldmatrix, the warp collectives and a divergent collective.
 #include <string>
 
@@ -28,6 +29,58 @@ using namespace harness;
 
 // Blocks of 4 warps: 128 threads for the GEMMs, the row kernels and the column kernels.
 constexpr Geometry kGeometry{128, 128, 128};
+
+// The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
+// multiple of 8): 3-D (8, rows, cols / 8) with box (8, 128, 8) for a K-major operand, (8, 64, 16)
+// for an MN-major one; src/gpu/device_ops.rs makes the same through the driver.
+TensorMap sm90_tensor_map(const bf16* base, int rows, int cols, bool mn_major) {
+  if (cols % 8) {
+    std::fprintf(stderr, "harness: the sm_90a GEMMs need row pitches that are multiples of 8 (got %d)\n", cols);
+    std::exit(2);
+  }
+  TensorMap map;
+  const uint64_t dims[3] = {8, uint64_t(rows), uint64_t(cols / 8)};
+  const uint64_t strides[2] = {uint64_t(cols) * 2, 16};
+  const unsigned box[3] = {8, mn_major ? 64u : 128u, mn_major ? 16u : 8u}, ones[3] = {1, 1, 1};
+  const char* why = "";
+  if (emu::encode_tiled(&map, emu::kTmaBfloat16, 3, base, dims, strides, box, ones, 0, 0, 0, 0, &why)) {
+    std::fprintf(stderr, "harness: cuTensorMapEncodeTiled: %s\n", why);
+    std::exit(2);
+  }
+  return map;
+}
+
+// gemm_fwd_bf16_f32out_sm90 on harness.h's gemm_forward files, and the two backward kernels on
+// gemm_backward's.
+void gemm_sm90_forward() {
+  const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
+  auto A = read_bf16("a", size_t(M) * K), W = read_bf16("w", size_t(N) * K);
+  bool present = false;
+  auto bias = read_f32("bias", N, &present);
+  auto residual = read_f32("residual", size_t(M) * N, &present);
+  std::vector<float> out(size_t(M) * N, -1.0f);
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(N, 128), ceil_div(M, 128)), dim3(384),
+                      gemm_fwd_bf16_f32out_sm90, sm90_tensor_map(A.data(), M, K, false),
+                      sm90_tensor_map(W.data(), N, K, false), out.data(), (const float*)or_null(bias),
+                      (const float*)or_null(residual), M, N, K, gelu);
+  write_f32("out", out);
+}
+void gemm_sm90_backward() {
+  const int M = arg(0), N = arg(1), K = arg(2);
+  auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
+  auto inp = read_bf16("inp", size_t(M) * K);
+  auto dweight = read_f32("dweight", size_t(N) * K);
+  std::vector<float> dinp(size_t(M) * K, -1.0f);
+  const size_t bytes = gemm_sm90_detail::kSharedBytes;
+  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384), gemm_bwd_input_bf16_sm90,
+                      sm90_tensor_map(dout.data(), M, N, false), sm90_tensor_map(W.data(), N, K, true), dinp.data(), M,
+                      N, K);
+  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(N, 128)), dim3(384), gemm_bwd_weight_bf16_sm90,
+                      sm90_tensor_map(dout.data(), M, N, true), sm90_tensor_map(inp.data(), M, K, true),
+                      dweight.data(), M, N, K);
+  write_f32("dinp", dinp);
+  write_f32("dweight", dweight);
+}
 
 // A test of ldmatrix itself: a 16x16 tile holding its own element indices, read by every
 // variant with lane l addressing row l % 16, column block l / 16; registers out in lane order.
@@ -83,7 +136,9 @@ int main(int argc, char** argv) {
   const std::string op = parse(argc, argv);
   if (run_shared_op(op, kGeometry)) return 0;
   if (op == "gemm_sm90_f32out") {
-    gemm_forward(gemm_fwd_bf16_f32out_sm90, kGeometry.gemm_threads);
+    gemm_sm90_forward();
+  } else if (op == "gemm_sm90_bwd") {
+    gemm_sm90_backward();
   } else if (op == "tensor_ops") {
     // tensor_ops.cu's row, column and block reductions on one [rows, cols] matrix x, with the
     // Device's geometry (a warp per row in blocks of 128; a thread per column in blocks of 256;

@@ -422,7 +422,7 @@ impl Bench {
         let (function, _) = self.functions.get(planned.spec.kernel).ok_or_else(|| {
             Error::Config(format!("{}: kernel {} is not one the bench loaded", self.command, planned.spec.function))
         })?;
-        self.gpu.rt.launch_args(function, planned.config.grid, planned.config.block, args)
+        self.gpu.rt.launch_args(function, &planned.config, args)
     }
 
     /// Milliseconds per launch: a warm-up of 3, one timed launch to size the batch, then a batch
@@ -513,14 +513,17 @@ fn wide_bf16(v: &[Bf16]) -> Vec<f64> {
     v.iter().map(|x| x.to_f32() as f64).collect()
 }
 
-/// `bench gemm`: out [m, n] = A [m, k] · W [n, k]ᵀ, no epilogue, by `gemm_fwd_bf16` (bf16 out), or
-/// on compute capability 9.0 the wgmma kernel (f32 out); 64 outputs spot-checked.
+/// `bench gemm`: out = A · Wᵀ by `gemm_fwd_bf16` (bf16 out), on cc 9.0 by the wgmma + TMA kernel; 64 outputs checked
 fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
     let (a, w) = (bf16_values(m * k, 1), bf16_values(n * k, 2));
     let f32_out = planned[0].spec.kernel == Kernel::GemmFwdBf16F32outSm90;
     let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(m * n * if f32_out { 4 } else { 2 })?);
     let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
-    let args = [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)];
+    let map = |d: &DeviceMem, rows| b.gpu.rt.operand_map(d.pointer(), rows, k, false);
+    let args = match f32_out {
+        true => [map(&d_a, m)?, map(&d_w, n)?, Ptr(d_out.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
+        false => [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
+    };
     b.launch(&planned[0], &args)?;
     let out = if f32_out { b.f32s(&d_out, m * n)? } else { b.bf16s(&d_out, m * n)? };
     let checked = [Some(spot_check(&a, &w, &out, m, n, k))];
@@ -934,14 +937,13 @@ mod tests {
         }
     }
 
-    /// Every kernel of the index is launched by the GPU Device or by a bench, on each vendor
-    /// that has it (the wgmma GEMM on CUDA's sm_90a only): no kernel file nothing runs.
+    /// Every kernel of the index is launched by the Device or a bench on each vendor that has it (sm_90a's: CUDA only).
     #[test]
     fn every_kernel_of_the_index_is_launched_by_the_device_or_a_bench() {
-        use crate::gpu::device::DEVICE_KERNELS;
+        use crate::gpu::device::device_kernels;
         use crate::gpu::kernels::KERNELS;
         for (vendor, archs) in [(Vendor::Cuda, &["sm_80", "sm_90a"][..]), (Vendor::Hip, &["gfx90a"][..])] {
-            let mut launched = DEVICE_KERNELS.to_vec();
+            let mut launched = device_kernels(vendor == Vendor::Cuda);
             for arch in archs {
                 for bench in GpuBench::ALL {
                     launched.extend(bench.kernels(vendor, arch));

@@ -42,6 +42,8 @@ pub enum Kernel {
     GemmBwdInputBf16,
     GemmBwdWeightBf16,
     GemmFwdBf16F32outSm90,
+    GemmBwdInputBf16Sm90,
+    GemmBwdWeightBf16Sm90,
     LayernormFwdBf16,
     LayernormBwdDxBf16,
     LayernormBwdDparamsBf16,
@@ -127,10 +129,19 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 128, Some(256), 20480),
     spec(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 19456),
     spec(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 18432),
-    // gemm_bf16_sm90.cu: sm_90a's wgmma; kernels-hip/ has no twin.
+    // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 131136 bytes of dynamic shared memory
+    // (plan::SM90_GEMM_SHARED_BYTES); kernels-hip/ has no twin.
     KernelSpec {
         min_arch: 90,
-        ..spec(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 128, None, 16384)
+        ..spec(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
+    },
+    KernelSpec {
+        min_arch: 90,
+        ..spec(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
+    },
+    KernelSpec {
+        min_arch: 90,
+        ..spec(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
     },
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
@@ -316,7 +327,8 @@ mod tests {
         assert!(kernel("nope").unwrap_err().to_string().contains("no kernel named nope"));
     }
 
-    /// The `__launch_bounds__(n)` of extern "C" kernel `name` in `source`, if it declares one.
+    /// The `__launch_bounds__(n)` (or `(n, blocks)`) of extern "C" kernel `name` in `source`, if
+    /// it declares one.
     fn launch_bounds(source: &str, name: &str) -> Option<u32> {
         // The declaration: `extern "C"` followed by the name and its "(" with no statement between.
         let decl = source.match_indices(&format!("{name}(")).find_map(|(at, _)| {
@@ -326,7 +338,7 @@ mod tests {
         });
         let decl = decl.unwrap_or_else(|| panic!("no extern \"C\" declaration of {name}"));
         let from = decl.find("__launch_bounds__(")? + "__launch_bounds__(".len();
-        decl[from..].split(')').next()?.trim().parse().ok()
+        decl[from..].split([')', ',']).next()?.trim().parse().ok()
     }
 
     /// Every kernel is launched with exactly the workgroup its source is bounded to (a kernel
@@ -352,7 +364,8 @@ mod tests {
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
         assert_eq!(both(Kernel::LayernormBwdDparamsBf16), (Some(128), Some(256)));
-        assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(128), None));
+        assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(384), None));
+        assert_eq!(both(Kernel::GemmBwdWeightBf16Sm90), (Some(384), None));
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));
     }
 

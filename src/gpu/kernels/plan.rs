@@ -38,8 +38,20 @@ pub enum Op {
         n: usize,
         k: usize,
     },
-    /// The forward GEMM on sm_90a's wgmma (f32 output; compute capability 9.0 only).
+    /// The forward GEMM on sm_90a's wgmma fed by TMA (f32 output; compute capability 9.0 only).
     GemmFwdSm90 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// `GemmBwdInput` on sm_90a's wgmma fed by TMA.
+    GemmBwdInputSm90 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// `GemmBwdWeight` on sm_90a's wgmma fed by TMA.
+    GemmBwdWeightSm90 {
         m: usize,
         n: usize,
         k: usize,
@@ -125,8 +137,8 @@ pub enum Op {
 }
 
 /// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
-/// dynamic shared memory to pass to `cuLaunchKernel` (0: every kernel here declares its
-/// shared memory statically, `static_shared` bytes).
+/// dynamic shared memory to pass to `cuLaunchKernel`: `SM90_GEMM_SHARED_BYTES` for the sm_90a
+/// GEMMs, 0 for every other kernel (they declare theirs statically, `static_shared` bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelLaunch {
     pub spec: &'static KernelSpec,
@@ -136,6 +148,32 @@ pub struct KernelLaunch {
 /// Grid-stride kernels (GELU, AdamW) launch at most this many blocks per SM: 8 blocks of 256
 /// threads fill an SM's 2048 resident threads, so one wave covers the device.
 pub const GRID_STRIDE_BLOCKS_PER_SM: usize = 8;
+
+/// The dynamic shared memory of gemm_bf16_sm90.cu's kernels: 4 stages of two 128 x 64 bf16 tiles
+/// and 8 mbarriers (its kSharedBytes), more than the default 48 KiB: the launch opts in.
+pub const SM90_GEMM_SHARED_BYTES: usize = 4 * 2 * 128 * 64 * 2 + 8 * 8;
+
+/// The three GEMMs of a linear layer of `rows` tokens, `k` inputs and `n` outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearGemms {
+    pub forward: Op,
+    pub backward_input: Op,
+    pub backward_weight: Op,
+}
+
+/// The linear layer's GEMMs on a device with (`wgmma`: compute capability 9.0, sm_90a) or without
+/// warpgroup wgmma and TMA: each product on the sm_90a kernels where TMA can describe its
+/// operands (row pitches multiples of 8 elements: `k` for the forward, `n` and `k` for the
+/// backward products; `aligned`: the bf16 operands start on 16 bytes), else on the mma.sync ones.
+pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize) -> LinearGemms {
+    let (m, tma) = (rows, wgmma && aligned && k.is_multiple_of(8));
+    let backward = tma && n.is_multiple_of(8);
+    LinearGemms {
+        forward: if tma { Op::GemmFwdSm90 { m, n, k } } else { Op::GemmFwd { m, n, k, out: GemmOut::F32 } },
+        backward_input: if backward { Op::GemmBwdInputSm90 { m, n, k } } else { Op::GemmBwdInput { m, n, k } },
+        backward_weight: if backward { Op::GemmBwdWeightSm90 { m, n, k } } else { Op::GemmBwdWeight { m, n, k } },
+    }
+}
 
 /// The launch of `op` on a `vendor` device with `limits` and `multiprocessors` SMs (compute units).
 pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32) -> Result<KernelLaunch> {
@@ -155,7 +193,11 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
     }
     let t = threads as usize;
     let (problem, tile) = match *op {
-        Op::GemmFwd { m, n, .. } | Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        Op::GemmFwd { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        // A 128 x 128 tile of out [m, n], dinp [m, k] or dW [n, k] per block.
+        Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [128, 128, 1]),
+        Op::GemmBwdInputSm90 { m, k, .. } => ([k, m, 1], [128, 128, 1]),
+        Op::GemmBwdWeightSm90 { n, k, .. } => ([k, n, 1], [128, 128, 1]),
         // A 64 x 64 tile of dinp [m, k] or of dW [n, k] per block.
         Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [64, 64, 1]),
         Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [64, 64, 1]),
@@ -188,7 +230,8 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             spec.static_shared, limits.shared_bytes_per_block
         )));
     }
-    let config = tiled(function, problem, tile, [threads, 1, 1], 0, limits)?;
+    let dynamic = if spec.min_arch >= 90 { SM90_GEMM_SHARED_BYTES } else { 0 };
+    let config = tiled(function, problem, tile, [threads, 1, 1], dynamic, limits)?;
     Ok(KernelLaunch { spec, config })
 }
 
@@ -207,6 +250,8 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::GemmBwdInput { .. } => Kernel::GemmBwdInputBf16,
         Op::GemmBwdWeight { .. } => Kernel::GemmBwdWeightBf16,
         Op::GemmFwdSm90 { .. } => Kernel::GemmFwdBf16F32outSm90,
+        Op::GemmBwdInputSm90 { .. } => Kernel::GemmBwdInputBf16Sm90,
+        Op::GemmBwdWeightSm90 { .. } => Kernel::GemmBwdWeightBf16Sm90,
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
@@ -242,7 +287,9 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         Op::GemmFwd { m, n, k, .. }
         | Op::GemmBwdInput { m, n, k }
         | Op::GemmBwdWeight { m, n, k }
-        | Op::GemmFwdSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
+        | Op::GemmFwdSm90 { m, n, k }
+        | Op::GemmBwdInputSm90 { m, n, k }
+        | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
         Op::LayernormFwd { rows, channels }
         | Op::LayernormBwdDx { rows, channels }
@@ -332,9 +379,20 @@ mod tests {
         assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 2, 1], [128, 1, 1]));
         let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.spec.function, w.config.grid), ("gemm_bwd_weight_bf16", [2, 3, 1]));
-        // gemm_bf16_sm90.cu: one warpgroup per 64 x 64 tile of out [M, N]; sm_90a only.
+        // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
+        // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
         let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
-        assert_eq!((g.config.grid, g.spec.min_arch), ([3, 3, 1], 90));
+        assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([2, 2, 1], [384, 1, 1], 90));
+        assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (131136, true));
+        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200 });
+        assert_eq!((d.spec.function, d.config.grid), ("gemm_bwd_input_bf16_sm90", [2, 3, 1]));
+        let w = p(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
+        assert_eq!(
+            (w.spec.function, w.config.grid, w.config.shared_bytes),
+            ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 131136)
+        );
+        // GPT-3 175B's MLP at 2048 tokens: 12288 -> 49152.
+        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288 }).config.grid, [384, 16, 1]);
         // casts.cu: eight elements per thread, blocks of 256, grid-stride.
         assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
         assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
@@ -439,5 +497,31 @@ mod tests {
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
         let e = plan(&Op::GemmFwdSm90 { m: 64, n: 64, k: 64 }, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
         assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
+    }
+
+    /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
+    /// mma.sync ones elsewhere, per product.
+    #[test]
+    fn linear_gemms_pick_sm90_on_compute_capability_9() {
+        let sm90 = LinearGemms {
+            forward: Op::GemmFwdSm90 { m: 100, n: 3072, k: 768 },
+            backward_input: Op::GemmBwdInputSm90 { m: 100, n: 3072, k: 768 },
+            backward_weight: Op::GemmBwdWeightSm90 { m: 100, n: 3072, k: 768 },
+        };
+        assert_eq!(linear_gemms(true, true, 100, 768, 3072), sm90);
+        let sm80 = LinearGemms {
+            forward: Op::GemmFwd { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
+            backward_input: Op::GemmBwdInput { m: 100, n: 3072, k: 768 },
+            backward_weight: Op::GemmBwdWeight { m: 100, n: 3072, k: 768 },
+        };
+        assert_eq!(linear_gemms(false, true, 100, 768, 3072), sm80);
+        assert_eq!(linear_gemms(true, false, 100, 768, 3072), sm80);
+        // The LM head of an unpadded vocabulary: the forward reads rows of 768 (TMA), the
+        // backward products rows of 50257 (not a multiple of 8: mma.sync).
+        let head = linear_gemms(true, true, 100, 768, 50257);
+        assert_eq!(head.forward, Op::GemmFwdSm90 { m: 100, n: 50257, k: 768 });
+        assert_eq!(head.backward_input, Op::GemmBwdInput { m: 100, n: 50257, k: 768 });
+        assert_eq!(head.backward_weight, Op::GemmBwdWeight { m: 100, n: 50257, k: 768 });
+        assert_eq!(linear_gemms(true, true, 7, 33, 8).forward, Op::GemmFwd { m: 7, n: 8, k: 33, out: GemmOut::F32 });
     }
 }
