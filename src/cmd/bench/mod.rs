@@ -8,6 +8,7 @@
 pub mod comm;
 pub mod gemm;
 pub mod gpu;
+pub mod gpu_allreduce;
 pub mod gpu_step;
 pub mod ops;
 pub mod summa;
@@ -220,8 +221,8 @@ fn run_collective(bench: CommBench, rest: &[String]) -> ExitCode {
                     other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
                 };
                 let records = match device {
-                    "cuda" => gpu::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?,
-                    _ => gpu::allreduce_hip(&rt, dtype, max, secs)?,
+                    "cuda" => gpu_allreduce::allreduce(&rt, comm_library(&a)?, dtype, max, secs)?,
+                    _ => gpu_allreduce::allreduce_hip(&rt, dtype, max, secs)?,
                 };
                 if rt.world_rank == 0 {
                     print!("{}", gpu::format_records(&records, a.has("--json")));
