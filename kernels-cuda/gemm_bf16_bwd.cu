@@ -16,62 +16,34 @@
 // dweight it is doutᵀ, whose reduction (m) is dout's row index, so it too is read with
 // ldmatrix.x4.trans from [r][i] tiles. No transposed copy of any matrix is made.
 //
-// Grid: (⌈C columns/64⌉, ⌈C rows/64⌉) blocks of 128 threads; a block owns a 64x64 tile of C, its
-// four warps a 2x2 arrangement of 32x32 warp tiles, 16 mma.sync.m16n8k16 per warp per 32-deep
-// reduction step. Tiles are double-buffered with cp.async (16 B, zero-fill past the edge) when
-// the source's rows are 16-byte aligned (its column count a multiple of 8), else plain loads.
+// Grid: (⌈C columns/128⌉, ⌈C rows/128⌉) blocks of 256 threads; a block owns a 128x128 tile of C,
+// its eight warps a 2x4 arrangement of 64x32 warp tiles, 16 mma.sync.m16n8k16 per warp per
+// 16-deep step, fed by a 4-stage cp.async ring of 32-deep reduction tiles
+// (common/gemm_pipeline.cuh: geometry, loader, main loop). A source whose rows are not 16-byte
+// aligned (its column count not a multiple of 8) is loaded with plain loads into the same stages.
 //
-// Shared memory: 2 stages x (A: 64 x 40 or 32 x 72, B: 32 x 72) bf16 (8 elements of padding per
-// row so the eight 16-byte rows an ldmatrix reads fall in distinct banks) = 19456 B (dinp) or
-// 18432 B (dweight), static.
+// Shared memory: 4 stages x (A: 128 x 40 or 32 x 136, B: 32 x 136) bf16 (8 elements of padding
+// per row so the eight 16-byte rows an ldmatrix reads fall in distinct banks) = 75776 B (dinp) or
+// 69632 B (dweight), dynamic (above 48 KiB: the host opts each kernel in first).
 //
 // Reference: trident's `Device::linear_backward` on the reference device (src/device/reference.rs),
 // in f64 on the same bf16-rounded inputs; tested under the SIMT emulation by tests/cuda_emulation.rs.
 #include "common/base.cuh"
 #include "common/ptx.cuh"
+#include "common/gemm_pipeline.cuh"
 
 namespace gemm_bwd_detail {
 
-constexpr int kTile = 64, kTileR = 32, kThreads = 128;
-constexpr int kRowMajorLd = kTileR + 8;  // [64][40]: a row per output row, the reduction along it
-constexpr int kRedMajorLd = kTile + 8;   // [32][72]: a row per reduction index
+using namespace gemm_pipeline;
 
 template <bool kATrans>
-struct Tiles {
-  bf16 a[2][kATrans ? kTileR * kRedMajorLd : kTile * kRowMajorLd];
-  bf16 b[2][kTileR * kRedMajorLd];
+struct Stages {
+  bf16 a[kStages][kATrans ? kTileK * kRedMajorLd : kTile * kRowMajorLd];
+  bf16 b[kStages][kTileK * kRedMajorLd];
 };
-
-// Copies rows row0..row0+kRows-1, columns col0..col0+kCols-1 of a row-major [rows, cols] matrix
-// into a tile with kLd elements per row; outside the matrix the tile holds zeros.
-template <int kRows, int kCols, int kLd>
-__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int rows, int cols, int row0, int col0,
-                                          bool async) {
-  constexpr int kChunksPerRow = kCols / 8;
-  if (async) {
-    for (int chunk = threadIdx.x; chunk < kRows * kChunksPerRow; chunk += kThreads) {
-      const int r = chunk / kChunksPerRow, c = (chunk % kChunksPerRow) * 8;
-      const int row = row0 + r, col = col0 + c;
-      int bytes = 0;
-      const bf16* from = src;
-      if (row < rows && col < cols) {
-        bytes = 2 * (cols - col < 8 ? cols - col : 8);
-        from = src + (size_t)row * cols + col;
-      }
-      cp_async_16(tile + r * kLd + c, from, bytes);
-    }
-  } else {
-    for (int i = threadIdx.x; i < kRows * kCols; i += kThreads) {
-      const int r = i / kCols, c = i % kCols;
-      const int row = row0 + r, col = col0 + c;
-      tile[r * kLd + c] = (row < rows && col < cols) ? src[(size_t)row * cols + col] : to_bf16(0.0f);
-    }
-  }
-}
-
-__device__ __forceinline__ bool rows_aligned(const bf16* p, int cols) {
-  return cols % 8 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
+// The dynamic shared memory a launch passes (src/gpu/kernels/mod.rs states the same numbers).
+constexpr unsigned kInputSharedBytes = sizeof(Stages<false>), kWeightSharedBytes = sizeof(Stages<true>);
+static_assert(kInputSharedBytes == 75776 && kWeightSharedBytes == 69632, "the header and the index state these");
 
 // C [rows, cols] (=|+=) A · B over `depth` reduction indices. kATrans: A[i][r] = a[r * rows + i]
 // (a is [depth, rows]), else A[i][r] = a[i * depth + r]. B[r][j] = b[r * cols + j].
@@ -79,105 +51,53 @@ __device__ __forceinline__ bool rows_aligned(const bf16* p, int cols) {
 template <bool kATrans, bool kAccumulate>
 __device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf16* __restrict__ a,
                                               const bf16* __restrict__ b, int rows, int cols, int depth) {
-  __shared__ __align__(16) Tiles<kATrans> tiles;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  DYNAMIC_SHARED(Stages<kATrans>, stages);
   const int i0 = blockIdx.y * kTile, j0 = blockIdx.x * kTile;
-  const int warp_i = (warp / 2) * 32, warp_j = (warp % 2) * 32;
+  const int wi = warp_row(), wj = warp_col();
   const bool a_async = kATrans ? rows_aligned(a, rows) : rows_aligned(a, depth);
   const bool b_async = rows_aligned(b, cols);
 
-  float acc[2][4][4];
-  UNROLL
-  for (int i = 0; i < 2; ++i)
-    UNROLL
-    for (int j = 0; j < 4; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-  auto load_stage = [&](int stage, int r0) {
-    if (kATrans)
-      load_tile<kTileR, kTile, kRedMajorLd>(tiles.a[stage], a, depth, rows, r0, i0, a_async);
-    else
-      load_tile<kTile, kTileR, kRowMajorLd>(tiles.a[stage], a, rows, depth, i0, r0, a_async);
-    load_tile<kTileR, kTile, kRedMajorLd>(tiles.b[stage], b, depth, cols, r0, j0, b_async);
-    cp_async_commit();
-  };
-
-  const int r_tiles = ceil_div(depth, kTileR);
-  load_stage(0, 0);
-  for (int rt = 0; rt < r_tiles; ++rt) {
-    const int stage = rt & 1;
-    if (rt + 1 < r_tiles) {
-      load_stage(stage ^ 1, (rt + 1) * kTileR);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const bf16* ta = tiles.a[stage];
-    const bf16* tb = tiles.b[stage];
-
-    // Lane l addresses a row of matrix q = l / 8 of an ldmatrix.x4, row l % 8 of it.
-    const int q = lane / 8, qr = lane % 8;
-    UNROLL
-    for (int kk = 0; kk < kTileR; kk += 16) {
-      // A fragments: matrices (i 0-7, r 0-7), (i 8-15, r 0-7), (i 0-7, r 8-15), (i 8-15, r 8-15).
-      uint32_t af[2][4];
-      UNROLL
-      for (int mi = 0; mi < 2; ++mi) {
-        if (kATrans)  // tile [r][i]: matrix q's rows are r = kk + (q / 2) * 8 + qr, at i block q % 2
-          ldmatrix_x4_trans(af[mi], &ta[(kk + (q / 2) * 8 + qr) * kRedMajorLd + warp_i + mi * 16 + (q % 2) * 8]);
-        else  // tile [i][r], as in the forward: lane l addresses row l % 16, r block l / 16
-          ldmatrix_x4(af[mi], &ta[(warp_i + mi * 16 + lane % 16) * kRowMajorLd + kk + (lane / 16) * 8]);
-      }
-      // B fragments for two n8 tiles per ldmatrix.x4.trans from the [r][j] tile: matrices
-      // (r 0-7, j 0-7), (r 8-15, j 0-7), (r 0-7, j 8-15), (r 8-15, j 8-15).
-      uint32_t bf[4][2];
-      UNROLL
-      for (int p = 0; p < 2; ++p) {
-        uint32_t reg[4];
-        ldmatrix_x4_trans(reg, &tb[(kk + (q % 2) * 8 + qr) * kRedMajorLd + warp_j + p * 16 + (q / 2) * 8]);
-        bf[2 * p][0] = reg[0];
-        bf[2 * p][1] = reg[1];
-        bf[2 * p + 1][0] = reg[2];
-        bf[2 * p + 1][1] = reg[3];
-      }
-      UNROLL
-      for (int mi = 0; mi < 2; ++mi)
+  Accumulators acc;
+  zero(acc);
+  main_loop(
+      depth,
+      [&](int stage, int r0) {
+        if (kATrans)
+          load_tile<kTileK, kTile, kRedMajorLd>(stages.a[stage], a, depth, rows, r0, i0, a_async);
+        else
+          load_tile<kTile, kTileK, kRowMajorLd>(stages.a[stage], a, rows, depth, i0, r0, a_async);
+        load_tile<kTileK, kTile, kRedMajorLd>(stages.b[stage], b, depth, cols, r0, j0, b_async);
+      },
+      [&](int stage) {
         UNROLL
-        for (int nj = 0; nj < 4; ++nj) mma_m16n8k16_bf16(acc[mi][nj], af[mi], bf[nj], acc[mi][nj]);
-    }
-    __syncthreads();
-  }
+        for (int kk = 0; kk < kTileK; kk += 16) {
+          uint32_t af[kWarpRows / 16][4], bf[kWarpCols / 8][2];
+          if (kATrans)  // doutᵀ: the [r][i] tile, transposed by ldmatrix
+            a_fragments_trans(af, stages.a[stage], kk, wi);
+          else  // dout: the [i][r] tile, as in the forward
+            a_fragments(af, stages.a[stage], kk, wi);
+          b_fragments_trans(bf, stages.b[stage], kk, wj);
+          multiply(acc, af, bf);
+        }
+      });
 
-  // Lane (g, t) holds rows g and g + 8, columns 2t and 2t + 1 of each 16x8 tile.
-  const int g = lane / 4, t = lane % 4;
-  UNROLL
-  for (int mi = 0; mi < 2; ++mi)
-    UNROLL
-    for (int nj = 0; nj < 4; ++nj)
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int row = i0 + warp_i + mi * 16 + g + (e / 2) * 8;
-        const int col = j0 + warp_j + nj * 8 + 2 * t + e % 2;
-        if (row >= rows || col >= cols) continue;
-        const size_t at = (size_t)row * cols + col;
-        out[at] = kAccumulate ? out[at] + acc[mi][nj][e] : acc[mi][nj][e];
-      }
+  for_each_output(acc, i0 + wi, j0 + wj, rows, cols, [&](int row, int col, float v) {
+    const size_t at = (size_t)row * cols + col;
+    out[at] = kAccumulate ? out[at] + v : v;
+  });
 }
 
 }  // namespace gemm_bwd_detail
 
-// dinp [M, K] = dout [M, N] · W [N, K]. Grid (⌈K/64⌉, ⌈M/64⌉), 128 threads.
-extern "C" __global__ void __launch_bounds__(128)
+// dinp [M, K] = dout [M, N] · W [N, K]. Grid (⌈K/128⌉, ⌈M/128⌉), 256 threads, kInputSharedBytes.
+extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_input_bf16(float* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<false, false>(dinp, dout, W, M, K, N);
 }
 
-// dweight [N, K] += doutᵀ [N, M] · inp [M, K]. Grid (⌈K/64⌉, ⌈N/64⌉), 128 threads. The minimum
-// of one block per SM lets ptxas use the registers it needs: without it, sm_90a's ptxas caps this
-// kernel at 96 registers and spills.
-extern "C" __global__ void __launch_bounds__(128, 1)
+// dweight [N, K] += doutᵀ [N, M] · inp [M, K]. Grid (⌈K/128⌉, ⌈N/128⌉), 256 threads,
+// kWeightSharedBytes.
+extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_weight_bf16(float* dweight, const bf16* dout, const bf16* inp, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<true, true>(dweight, dout, inp, N, K, M);
 }

@@ -468,7 +468,7 @@ fn cuda_benches_launch_their_kernels_on_the_emulated_gpu() {
     for want in [
         "\"bench\": \"gemm\"",
         "\"shape\": \"256x192x128 NT\"",
-        "gemm_fwd_bf16, grid [3, 4, 1], spot check",
+        "gemm_fwd_bf16, grid [2, 2, 1], spot check",
         "\"peak\": 312",
     ] {
         assert!(out.contains(want), "{want:?} missing from {out}");

@@ -4,8 +4,9 @@
 //! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile). The cases the HIP kernels share are `common/emu_cases.rs`'s
-//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_90a wgmma GEMMs,
-//! tensor_ops.cu's f32 kernels, and the ldmatrix, shuffle and divergence probes.
+//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_80 GEMMs' larger
+//! tiles, the sm_90a wgmma GEMMs, tensor_ops.cu's f32 kernels, and the ldmatrix, shuffle,
+//! divergence and dynamic shared memory probes.
 
 mod common;
 use common::emu::*;
@@ -23,6 +24,20 @@ const CUDA: Vendor = Vendor {
 };
 
 shared_kernel_tests!(CUDA);
+
+/// The sm_80 GEMMs' 128 x 128 tiles and 4-stage ring (common/gemm_pipeline.cuh) past the shared
+/// shapes: several blocks each way with ragged last tiles (M, N one past and between multiples of
+/// 128), reductions that wrap the ring twice with a ragged last k-tile, on the cp.async path (row
+/// lengths multiples of 8) and on plain loads (K odd), with the fused epilogue.
+#[test]
+fn gemm_sm80_pipeline_ragged_tiles() {
+    emu_cases::gemm(&CUDA, gemm_case(257, 200, 264));
+    emu_cases::gemm(&CUDA, GemmCase { bias: true, gelu: true, residual: true, ..gemm_case(150, 131, 203) });
+    emu_cases::gemm(&CUDA, GemmCase { bias: true, residual: true, bf16_out: true, ..gemm_case(129, 385, 296) });
+    gemm_bwd_by(&CUDA, 257, 200, 136, "gemm_bwd");
+    gemm_bwd_by(&CUDA, 150, 131, 203, "gemm_bwd");
+    gemm_bwd_by(&CUDA, 296, 129, 264, "gemm_bwd");
+}
 
 /// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,
 /// columns and reduction (TMA's zero fill, guarded stores) with row pitches multiples of 8 (what
@@ -208,4 +223,16 @@ fn divergent_collective_is_reported() {
     let case = CUDA.case("early_return");
     let stderr = case.run_failing("early_return");
     assert!(stderr.contains("deadlock"), "unexpected report: {stderr}");
+}
+
+/// A launch that gives a kernel less dynamic shared memory than it uses is reported (the GPU
+/// traps on the same check, base.cuh's DYNAMIC_SHARED), not run past the buffer's end.
+#[test]
+fn dynamic_shared_memory_short_of_the_kernel_is_reported() {
+    let case = CUDA.case("short_dynamic_shared");
+    let stderr = case.run_failing("short_dynamic_shared");
+    assert!(
+        stderr.contains("the kernel uses 81920 bytes of dynamic shared memory, the launch gave 81919"),
+        "unexpected report: {stderr}"
+    );
 }

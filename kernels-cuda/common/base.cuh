@@ -82,6 +82,24 @@ __device__ __forceinline__ float from_float<float>(float f) { return f; }
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float f) { return to_bf16(f); }
 
+// `name`, a T&, on the kernel's dynamic shared memory (the launch's shared-memory bytes, which
+// must be at least sizeof(T), 16-byte aligned). Both builds check the size: the GPU traps when
+// the launch gave less (%dynamic_smem_size), the emulation reports it (emu::dynamic_shared, the
+// same buffer tma.cuh's dynamic_shared hands the sm_90a GEMMs).
+#ifdef TRIDENT_EMU
+#define DYNAMIC_SHARED(T, name) T& name = *reinterpret_cast<T*>(emu::dynamic_shared(sizeof(T)))
+#else
+#define DYNAMIC_SHARED(T, name)                                              \
+  extern __shared__ __align__(16) unsigned char trident_dynamic_shared[];    \
+  if (dynamic_shared_bytes() < sizeof(T)) __trap();                          \
+  T& name = *reinterpret_cast<T*>(trident_dynamic_shared)
+__device__ __forceinline__ uint32_t dynamic_shared_bytes() {
+  uint32_t bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return bytes;
+}
+#endif
+
 // Number of tiles of `tile` covering `n` (the last one ragged).
 __host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + tile - 1) / tile; }
 

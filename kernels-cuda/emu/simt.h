@@ -20,8 +20,11 @@
 // hip.h defines it as 64). Lane masks are 64-bit for wave64 (emu::LaneMask), as HIP's __ballot.
 //
 // __shared__ is `static thread_local`: one copy per OS thread, which is one block at a time, and
-// launches do not nest. Dynamic shared memory (`extern __shared__` on the GPU) is a buffer per OS
-// thread of the size the launch gives (launch_dynamic; tma.h's dynamic_shared hands it out).
+// launches do not nest. Dynamic shared memory (`extern __shared__` on the GPU; base.cuh's
+// DYNAMIC_SHARED, tma.cuh's dynamic_shared) is a buffer per OS thread of the size the launch
+// gives (launch_dynamic), filled with a 0xA5 pattern at the launch's start so that a kernel
+// reading what it never wrote gets garbage, as on the GPU; a kernel that uses more than the
+// launch gave is reported (dynamic_shared).
 #pragma once
 
 #include <algorithm>
@@ -265,6 +268,7 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
     std::unique_ptr<unsigned char[]> dynamic(new unsigned char[dynamic_bytes + 1024]);
     dynamic_shared_bytes = dynamic_bytes;
     dynamic_shared_base = dynamic.get() + (1024 - reinterpret_cast<uintptr_t>(dynamic.get()) % 1024);
+    std::memset(dynamic_shared_base, 0xA5, dynamic_bytes);
     Block b;
     b.fibers.resize(threads);
     for (unsigned t = 0; t < threads; ++t) {
@@ -290,6 +294,19 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
+}
+
+// `extern __shared__` of the GPU build: the launch's dynamic shared memory (launch_dynamic),
+// 1024-byte aligned, for a kernel that uses `bytes` of it; using more than the launch gave is
+// reported (the GPU build of base.cuh's DYNAMIC_SHARED traps on the same check).
+inline unsigned char* dynamic_shared(size_t bytes) {
+  if (bytes > dynamic_shared_bytes) {
+    char what[160];
+    std::snprintf(what, sizeof what, "the kernel uses %zu bytes of dynamic shared memory, the launch gave %zu", bytes,
+                  dynamic_shared_bytes);
+    fail(what);
+  }
+  return dynamic_shared_base;
 }
 
 // launch with `bytes` of dynamic shared memory per block.

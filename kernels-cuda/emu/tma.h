@@ -260,13 +260,4 @@ inline void tma_load(void* dst, const void* map, const int* coords, unsigned ran
   wake(b);
 }
 
-// ---- dynamic shared memory -----------------------------------------------------------------
-
-// `extern __shared__` of the GPU build: the launch's dynamic shared memory (emu::launch_dynamic),
-// 1024-byte aligned; a kernel that needs more than the launch gave fails.
-inline unsigned char* dynamic_shared(size_t bytes) {
-  if (bytes > dynamic_shared_bytes) fail("the kernel needs more dynamic shared memory than its launch gave");
-  return dynamic_shared_base;
-}
-
 }  // namespace emu

@@ -276,7 +276,8 @@ impl GpuDevice {
     /// Launches `k` over `grid` with its vendor's block size (`Vendor::threads`).
     pub(super) fn launch(&self, k: Kernel, grid: [usize; 3], args: &[Arg]) {
         let (function, block) = self.function(k);
-        let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], 0, &self.limits));
+        let shared = self.vendor.dynamic_shared(k) as usize;
+        let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], shared, &self.limits));
         ok(self.rt.launch_args(function, &config, args));
     }
 

@@ -158,7 +158,15 @@ impl VendorRuntime for HipRuntime {
         }?)?;
         Ok(f as usize)
     }
+    /// AMD GPUs have no opt-in: a workgroup may use the whole LDS (64 KiB) without one, and no
+    /// more with one.
     fn launch(&self, function: usize, config: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        if config.shared_bytes > self.limits.shared_bytes_optin {
+            return Err(Error::Config(format!(
+                "{} bytes of dynamic shared memory: an AMD workgroup has at most {} of LDS",
+                config.shared_bytes, self.limits.shared_bytes_optin
+            )));
+        }
         self.current()?;
         let (grid, block) = (config.grid, config.block);
         // SAFETY: params point to live arguments of the kernel's types; the null stream is

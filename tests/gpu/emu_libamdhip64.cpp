@@ -16,8 +16,8 @@
 // the code object does not contain that name (with its NUL, as the string table holds it) or the
 // table lacks it. hipModuleLaunchKernel unpacks kernelParams with the kernel's own C++ signature
 // and runs the kernel's source under the SIMT emulation with 64-lane wavefronts
-// (kernels-hip/emu/hip.h). Dynamic shared memory and `extra` are refused (trident's kernels use
-// static LDS and kernelParams only), as is a workgroup over 1024 threads.
+// (kernels-hip/emu/hip.h). Dynamic shared memory is passed up to the 64 KiB of LDS (trident's
+// HIP kernels use static LDS only); `extra` is refused, as is a workgroup over 1024 threads.
 // hipGetDeviceProperties writes a struct of its own layout (name first, gcnArchName later, as
 // every ROCm has them), which trident reads by content.
 // Every launch, copy, memset, synchronization, allocation and free is counted on the runtime's
@@ -179,7 +179,7 @@ hipError_t hipModuleGetFunction(void** function, void* module, const char* name)
 }
 hipError_t hipModuleLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared_bytes, void*, void** params, void** extra) {
-  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, ~0u);
+  return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, ~0u, 65536);
 }
 
 hipError_t hipMalloc(void** pointer, size_t bytes) { return malloc_device(pointer, bytes); }

@@ -4,9 +4,10 @@
 //   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
 // Usage: harness <op> <dir> <integer and real arguments of the op>
 // The ops the HIP kernels share (and the files they read and write) are harness.h's, run here in
-// blocks of 4 warps; this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs (forward and
-// both backward products, on tensor maps made here as the host makes them), tensor_ops.cu's f32
-// kernels, and the probes of ldmatrix, the warp collectives and a divergent collective.
+// the CUDA geometry (kGeometry); this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs
+// (forward and both backward products, on tensor maps made here as the host makes them),
+// tensor_ops.cu's f32 kernels, and the probes of ldmatrix, the warp collectives, a divergent
+// collective and a launch short of the dynamic shared memory its kernel uses.
 #include <string>
 
 #include "../../adamw.cu"
@@ -27,8 +28,11 @@ namespace {
 
 using namespace harness;
 
-// Blocks of 4 warps: 128 threads for the GEMMs, the row kernels and the column kernels.
-constexpr Geometry kGeometry{128, 128, 128};
+// Blocks of 4 warps (128 threads) for the row and column kernels; the sm_80 GEMMs' 8 warps on
+// 128 x 128 tiles with their dynamic shared memory (common/gemm_pipeline.cuh).
+constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 128, gemm_pipeline::kTile,
+                             {gemm_bf16_detail::kSharedBytes, gemm_bwd_detail::kInputSharedBytes,
+                              gemm_bwd_detail::kWeightSharedBytes}};
 
 // The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
 // multiple of 8): 3-D (8, rows, cols / 8) with box (8, 128, 8) for a K-major operand, (8, 64, 16)
@@ -181,6 +185,13 @@ int main(int argc, char** argv) {
     std::vector<int> out(64 * 11);
     emu::launch(dim3(1), dim3(64), shuffle_probe, out.data());
     write("values", "i32", out);
+  } else if (op == "short_dynamic_shared") {
+    // The forward GEMM launched with one byte less dynamic shared memory than its stages need.
+    std::vector<float> out(64), a(64), w(64);
+    emu::launch_dynamic(gemm_bf16_detail::kSharedBytes - 1, dim3(1), dim3(gemm_pipeline::kThreads),
+                        gemm_fwd_bf16_f32out, out.data(), reinterpret_cast<const bf16*>(a.data()),
+                        reinterpret_cast<const bf16*>(w.data()), (const float*)nullptr, (const float*)nullptr, 8, 8,
+                        8, 0);
   } else if (op == "early_return") {
     std::vector<float> out(32);
     emu::launch(dim3(1), dim3(32), early_return_probe, out.data());

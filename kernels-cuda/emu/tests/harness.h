@@ -104,18 +104,21 @@ inline std::string parse(int argc, char** argv) {
 }
 
 // The launch geometry in which the vendors' kernels of one name differ: a CUDA block of 4 warps
-// has 128 threads, a HIP workgroup of 4 wavefronts 256.
+// has 128 threads, a HIP workgroup of 4 wavefronts 256; the GEMMs' tiles and shared memory.
 struct Geometry {
-  unsigned gemm_threads;     // a GEMM's 64 x 64 tile
+  unsigned gemm_threads;     // a GEMM block's threads
   unsigned row_threads;      // 4 rows per block, a warp or wavefront each (LayerNorm, attention's delta)
   unsigned column_threads;   // a thread per column (LayerNorm's parameter gradients)
+  unsigned gemm_tile = 64;   // a GEMM block's output tile is gemm_tile x gemm_tile
+  // Dynamic shared memory of the forward, backward-input and backward-weight GEMMs.
+  unsigned gemm_shared[3] = {0, 0, 0};
 };
 
 // out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
 // residual are `Out` (float or bf16).
 template <class Out>
 void gemm_forward(void (*kernel)(Out*, const bf16*, const bf16*, const float*, const Out*, int, int, int, int),
-                  unsigned threads) {
+                  unsigned threads, unsigned tile = 64, unsigned shared = 0) {
   constexpr bool f32 = std::is_same_v<Out, float>;
   const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
   auto A = read_bf16("a", size_t(M) * K);
@@ -126,8 +129,8 @@ void gemm_forward(void (*kernel)(Out*, const bf16*, const bf16*, const float*, c
   Out unwritten;
   if constexpr (f32) unwritten = -1.0f; else unwritten = to_bf16(-1.0f);
   std::vector<Out> out(size_t(M) * N, unwritten);
-  emu::launch(dim3(ceil_div(N, 64), ceil_div(M, 64)), dim3(threads), kernel, out.data(), A.data(), W.data(),
-              or_null(bias), or_null(residual), M, N, K, gelu);
+  emu::launch_dynamic(shared, dim3(ceil_div(N, int(tile)), ceil_div(M, int(tile))), dim3(threads), kernel, out.data(),
+                      A.data(), W.data(), or_null(bias), or_null(residual), M, N, K, gelu);
   write("out", f32 ? "f32" : "bf16", out);
 }
 
@@ -137,10 +140,11 @@ inline void gemm_backward(const Geometry& g) {
   auto inp = read_bf16("inp", size_t(M) * K);
   auto dweight = read_f32("dweight", size_t(N) * K);
   std::vector<float> dinp(size_t(M) * K, -1.0f);
-  emu::launch(dim3(ceil_div(K, 64), ceil_div(M, 64)), dim3(g.gemm_threads), gemm_bwd_input_bf16, dinp.data(),
-              dout.data(), W.data(), M, N, K);
-  emu::launch(dim3(ceil_div(K, 64), ceil_div(N, 64)), dim3(g.gemm_threads), gemm_bwd_weight_bf16, dweight.data(),
-              dout.data(), inp.data(), M, N, K);
+  const int tile = int(g.gemm_tile);
+  emu::launch_dynamic(g.gemm_shared[1], dim3(ceil_div(K, tile), ceil_div(M, tile)), dim3(g.gemm_threads),
+                      gemm_bwd_input_bf16, dinp.data(), dout.data(), W.data(), M, N, K);
+  emu::launch_dynamic(g.gemm_shared[2], dim3(ceil_div(K, tile), ceil_div(N, tile)), dim3(g.gemm_threads),
+                      gemm_bwd_weight_bf16, dweight.data(), dout.data(), inp.data(), M, N, K);
   write_f32("dinp", dinp);
   write_f32("dweight", dweight);
 }
@@ -313,9 +317,9 @@ inline void attention_backward(const Geometry& g) {
 // Runs `op` if both vendors have it; false for an op of the including harness alone.
 inline bool run_shared_op(const std::string& op, const Geometry& g) {
   if (op == "gemm_f32out") {
-    gemm_forward(gemm_fwd_bf16_f32out, g.gemm_threads);
+    gemm_forward(gemm_fwd_bf16_f32out, g.gemm_threads, g.gemm_tile, g.gemm_shared[0]);
   } else if (op == "gemm_bf16out") {
-    gemm_forward(gemm_fwd_bf16, g.gemm_threads);
+    gemm_forward(gemm_fwd_bf16, g.gemm_threads, g.gemm_tile, g.gemm_shared[0]);
   } else if (op == "gemm_bwd") {
     gemm_backward(g);
   } else if (op == "casts") {

@@ -18,6 +18,7 @@ pub mod hip;
 pub mod plan;
 
 use crate::error::{Error, Result};
+use plan::SM90_GEMM_SHARED_BYTES;
 
 /// Every kernel function, in the order of `KERNELS`: the function's name in CamelCase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,9 +77,9 @@ pub enum Kernel {
     XentLossF64,
 }
 
-/// One kernel function: its file, its launch geometry per vendor and its static shared memory,
-/// as its file's opening comment states (`tests/gpu_runtime.rs` checks the shared memory against
-/// the NVRTC CUBINs; `xent_bwd_bf16` needs none of its file's reduction scratch).
+/// One kernel function: its file, its launch geometry per vendor and its static and dynamic
+/// shared memory, as its file's opening comment states (`tests/gpu_runtime.rs` checks the shared
+/// memory against the NVRTC CUBINs; `xent_bwd_bf16` needs none of its file's reduction scratch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelSpec {
     pub kernel: Kernel,
@@ -92,6 +93,10 @@ pub struct KernelSpec {
     pub hip_threads: Option<u32>,
     /// Static shared memory on CUDA, bytes.
     pub static_shared: u32,
+    /// Dynamic shared memory every CUDA launch passes, bytes (0: none; above the default 48 KiB
+    /// the launch opts in, `LaunchConfig::needs_shared_optin`). The HIP twins declare theirs
+    /// statically (`Vendor::dynamic_shared`).
+    pub dynamic_shared: u32,
     /// The lowest compute capability (major x 10 + minor) the kernel runs on; below it the
     /// function is compiled as a stub that traps (the sm_90a wgmma GEMM).
     pub min_arch: u32,
@@ -105,7 +110,22 @@ const fn spec(
     hip_threads: Option<u32>,
     static_shared: u32,
 ) -> KernelSpec {
-    KernelSpec { kernel, function, file, threads, hip_threads, static_shared, min_arch: 80 }
+    KernelSpec { kernel, function, file, threads, hip_threads, static_shared, dynamic_shared: 0, min_arch: 80 }
+}
+
+/// An sm_80 GEMM of 256 threads (256-thread HIP twin) with `dynamic_shared` bytes of stages.
+const fn gemm(kernel: Kernel, function: &'static str, file: &'static str, dynamic_shared: u32) -> KernelSpec {
+    KernelSpec { dynamic_shared, ..spec(kernel, function, file, 256, Some(256), 0) }
+}
+
+/// An sm_90a GEMM of gemm_bf16_sm90.cu: 384 threads, no HIP twin, `SM90_GEMM_SHARED_BYTES` of
+/// dynamic shared memory.
+const fn gemm_sm90(kernel: Kernel, function: &'static str) -> KernelSpec {
+    KernelSpec {
+        min_arch: 90,
+        dynamic_shared: SM90_GEMM_SHARED_BYTES as u32,
+        ..spec(kernel, function, "gemm_bf16_sm90.cu", 384, None, 0)
+    }
 }
 
 /// Every kernel function of kernels-cuda/ and kernels-hip/, in `Kernel`'s order.
@@ -125,24 +145,17 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::EmbeddingBwdWpeBf16, "embedding_bwd_wpe_bf16", "embedding.cu", 128, Some(128), 0),
     spec(Kernel::GeluFwdBf16, "gelu_fwd_bf16", "gelu.cu", 256, Some(256), 0),
     spec(Kernel::GeluBwdBf16, "gelu_bwd_bf16", "gelu.cu", 256, Some(256), 0),
-    spec(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 128, Some(256), 20480),
-    spec(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 128, Some(256), 20480),
-    spec(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 19456),
-    spec(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 128, Some(256), 18432),
+    // The sm_80 GEMMs: 8 warps on 128 x 128 tiles, a 4-stage ring in dynamic shared memory
+    // (common/gemm_pipeline.cuh); their HIP twins keep 64 x 64 tiles in static LDS.
+    gemm(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 81920),
+    gemm(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 81920),
+    gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776),
+    gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632),
     // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 131136 bytes of dynamic shared memory
     // (plan::SM90_GEMM_SHARED_BYTES); kernels-hip/ has no twin.
-    KernelSpec {
-        min_arch: 90,
-        ..spec(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
-    },
-    KernelSpec {
-        min_arch: 90,
-        ..spec(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
-    },
-    KernelSpec {
-        min_arch: 90,
-        ..spec(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90", "gemm_bf16_sm90.cu", 384, None, 0)
-    },
+    gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90"),
+    gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90"),
+    gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90"),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDparamsBf16, "layernorm_bwd_dparams_bf16", "layernorm.cu", 128, Some(256), 0),
@@ -221,14 +234,23 @@ impl Vendor {
 
     /// Threads per block (CUDA) or workgroup (HIP) of kernel `k`, None where this vendor has no
     /// such kernel; the grids are the same for both vendors except where a block covers a
-    /// different number of columns (`plan`). CUDA: 128 for the mma.sync GEMMs (4 warps),
-    /// attention and the warp-per-row kernels (4 rows); HIP (each kernels-hip file's header):
+    /// different number of output elements (`plan`). CUDA: 256 for the mma.sync GEMMs (8 warps),
+    /// 384 for the sm_90a GEMMs, 128 for attention and the warp-per-row kernels (4 rows); HIP (each kernels-hip file's header):
     /// 256 for the MFMA GEMMs (4 wave64s), the wave-per-row kernels (4 rows) and attention's
     /// delta kernel, 128 for attention forward, dK/dV and dQ (2 wave64s).
     pub fn threads(self, k: Kernel) -> Option<u32> {
         match self {
             Vendor::Cuda => Some(k.spec().threads),
             Vendor::Hip => k.spec().hip_threads,
+        }
+    }
+
+    /// Dynamic shared memory a launch of `k` passes on this vendor: the CUDA kernel's
+    /// (`KernelSpec::dynamic_shared`); none on HIP, whose twins declare their LDS statically.
+    pub fn dynamic_shared(self, k: Kernel) -> u32 {
+        match self {
+            Vendor::Cuda => k.spec().dynamic_shared,
+            Vendor::Hip => 0,
         }
     }
 
@@ -360,7 +382,7 @@ mod tests {
             }
         }
         let both = |k: Kernel| (Vendor::Cuda.threads(k), Vendor::Hip.threads(k));
-        assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(256), Some(256)));
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
         assert_eq!(both(Kernel::LayernormBwdDparamsBf16), (Some(128), Some(256)));
@@ -369,11 +391,20 @@ mod tests {
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));
     }
 
+    /// Static shared memory fits without opting in; static and dynamic together fit an A100's
+    /// opt-in (the sm_80 GEMMs': two blocks per SM in its 164 KiB, each with 1 KiB the system reserves).
     #[test]
-    fn shared_memory_and_blocks_fit_every_device_without_opting_in() {
+    fn shared_memory_and_blocks_fit_every_device() {
         for k in KERNELS {
             assert!(k.static_shared <= DeviceLimits::A100.shared_bytes_per_block, "{}", k.function);
+            assert!(k.static_shared + k.dynamic_shared <= DeviceLimits::A100.shared_bytes_optin, "{}", k.function);
             assert!(k.threads <= DeviceLimits::A100.max_threads_per_block && k.threads % 32 == 0, "{}", k.function);
         }
+        let gemm = Kernel::GemmFwdBf16.spec().dynamic_shared;
+        assert!(2 * (gemm + 1024) <= 164 * 1024, "{gemm}");
+        assert_eq!(
+            (Vendor::Cuda.dynamic_shared(Kernel::GemmFwdBf16), Vendor::Hip.dynamic_shared(Kernel::GemmFwdBf16)),
+            (81920, 0)
+        );
     }
 }

@@ -137,8 +137,10 @@ pub enum Op {
 }
 
 /// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
-/// dynamic shared memory to pass to `cuLaunchKernel`: `SM90_GEMM_SHARED_BYTES` for the sm_90a
-/// GEMMs, 0 for every other kernel (they declare theirs statically, `static_shared` bytes).
+/// dynamic shared memory to pass to `cuLaunchKernel` (`Vendor::dynamic_shared`): the stages of
+/// the sm_80 GEMMs on CUDA and `SM90_GEMM_SHARED_BYTES` for the sm_90a GEMMs, 0 for every other
+/// kernel (they declare theirs statically, `static_shared` bytes); `config.needs_shared_optin`
+/// says it is above the default per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelLaunch {
     pub spec: &'static KernelSpec,
@@ -192,15 +194,17 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         }
     }
     let t = threads as usize;
+    let g = gemm_tile(vendor);
     let (problem, tile) = match *op {
-        Op::GemmFwd { m, n, .. } => ([n, m, 1], [64, 64, 1]),
+        // A g x g tile of out [m, n] per block.
+        Op::GemmFwd { m, n, .. } => ([n, m, 1], [g, g, 1]),
         // A 128 x 128 tile of out [m, n], dinp [m, k] or dW [n, k] per block.
         Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [128, 128, 1]),
         Op::GemmBwdInputSm90 { m, k, .. } => ([k, m, 1], [128, 128, 1]),
         Op::GemmBwdWeightSm90 { n, k, .. } => ([k, n, 1], [128, 128, 1]),
-        // A 64 x 64 tile of dinp [m, k] or of dW [n, k] per block.
-        Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [64, 64, 1]),
-        Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [64, 64, 1]),
+        // A g x g tile of dinp [m, k] or of dW [n, k] per block.
+        Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [g, g, 1]),
+        Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [g, g, 1]),
         // Eight elements per thread, grid-stride, capped like GELU's.
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
@@ -230,9 +234,19 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             spec.static_shared, limits.shared_bytes_per_block
         )));
     }
-    let dynamic = if spec.min_arch >= 90 { SM90_GEMM_SHARED_BYTES } else { 0 };
+    let dynamic = vendor.dynamic_shared(spec.kernel) as usize;
     let config = tiled(function, problem, tile, [threads, 1, 1], dynamic, limits)?;
     Ok(KernelLaunch { spec, config })
+}
+
+/// The output tile of a block of the mma.sync / MFMA GEMMs (forward, backward-input,
+/// backward-weight): 128 x 128 on CUDA (kernels-cuda/common/gemm_pipeline.cuh), 64 x 64 on HIP
+/// (kernels-hip/common/gemm_mfma.h).
+pub const fn gemm_tile(vendor: Vendor) -> usize {
+    match vendor {
+        Vendor::Cuda => 128,
+        Vendor::Hip => 64,
+    }
 }
 
 /// The kernel that computes `op`.
@@ -325,11 +339,14 @@ mod tests {
 
     #[test]
     fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
+        // gemm_bf16.cu: a 128 x 128 tile per block of 256 threads, 80 KiB of dynamic shared memory
+        // (above the default 48 KiB: the kernel opts in).
         let g = p(Op::GemmFwd { m: 100, n: 70, k: 33, out: GemmOut::Bf16 });
-        assert_eq!((g.spec.function, g.config.grid, g.config.block), ("gemm_fwd_bf16", [2, 2, 1], [128, 1, 1]));
-        assert_eq!((g.config.shared_bytes, g.spec.static_shared), (0, 20480));
+        assert_eq!((g.spec.function, g.config.grid, g.config.block), ("gemm_fwd_bf16", [1, 1, 1], [256, 1, 1]));
+        assert_eq!((g.config.shared_bytes, g.spec.static_shared, g.config.needs_shared_optin), (81920, 0, true));
         assert_eq!(p(Op::GemmFwd { m: 1, n: 1, k: 1, out: GemmOut::F32 }).config.grid, [1, 1, 1]);
-        assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [48, 16, 1]);
+        assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [24, 8, 1]);
+        assert_eq!(p(Op::GemmFwd { m: 129, n: 257, k: 8, out: GemmOut::F32 }).config.grid, [3, 2, 1]);
         assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         assert_eq!(p(Op::LayernormBwdDx { rows: 8, channels: 33 }).config.grid, [2, 1, 1]);
         let d = p(Op::LayernormBwdParams { rows: 7, channels: 129 });
@@ -374,11 +391,13 @@ mod tests {
     /// (`kernels-cuda/emu/tests/harness.cpp`) launches: the same numbers, restated here.
     #[test]
     fn backward_gemm_wgmma_and_cast_launches_match_their_headers() {
-        // gemm_bf16_bwd.cu: a 64 x 64 tile of dinp [M, K] or dW [N, K] per block of 128 threads.
+        // gemm_bf16_bwd.cu: a 128 x 128 tile of dinp [M, K] or dW [N, K] per block of 256 threads.
         let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33 });
-        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 2, 1], [128, 1, 1]));
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 1, 1], [256, 1, 1]));
+        assert_eq!((d.config.shared_bytes, d.config.needs_shared_optin), (75776, true));
         let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
-        assert_eq!((w.spec.function, w.config.grid), ("gemm_bwd_weight_bf16", [2, 3, 1]));
+        assert_eq!((w.spec.function, w.config.grid, w.config.shared_bytes), ("gemm_bwd_weight_bf16", [1, 2, 1], 69632));
+        assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072 }).config.grid, [24, 64, 1]);
         // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
         // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
         let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
@@ -409,7 +428,7 @@ mod tests {
         {
             for out in [GemmOut::F32, GemmOut::Bf16] {
                 let g = p(Op::GemmFwd { m, n, k, out });
-                assert_eq!((g.config.grid, g.config.block), ([cd(n, 64), cd(m, 64), 1], [128, 1, 1]));
+                assert_eq!((g.config.grid, g.config.block), ([cd(n, 128), cd(m, 128), 1], [256, 1, 1]));
             }
         }
         for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
@@ -458,6 +477,16 @@ mod tests {
     }
 
     #[test]
+    fn dynamic_shared_memory_over_the_opt_in_limit_is_an_error_naming_the_kernel() {
+        let small = DeviceLimits { shared_bytes_optin: 64 * 1024, ..DeviceLimits::A100 };
+        let e = plan(&Op::GemmBwdWeight { m: 8, n: 8, k: 8 }, Vendor::Cuda, &small, 1).unwrap_err().to_string();
+        assert!(e.contains("kernel gemm_bwd_weight_bf16: 69632 bytes of shared memory"), "{e}");
+        assert!(
+            plan(&Op::GemmFwd { m: 8, n: 8, k: 8, out: GemmOut::F32 }, Vendor::Cuda, &DeviceLimits::H100, 132).is_ok()
+        );
+    }
+
+    #[test]
     fn violated_preconditions_are_errors_naming_the_kernel() {
         let e = plan(&Op::AttentionFwd { batch: 1, seq: 8, heads: 1, head_dim: 96 }, Vendor::Cuda, &A100, 108)
             .unwrap_err()
@@ -489,7 +518,9 @@ mod tests {
             DeviceLimits { shared_bytes_per_block: 64 * 1024, shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
         let h = |op: Op| plan(&op, Vendor::Hip, &mi250x, 110).unwrap();
         let g = h(Op::GemmFwd { m: 100, n: 70, k: 33, out: GemmOut::Bf16 });
-        assert_eq!((g.config.grid, g.config.block), ([2, 2, 1], [256, 1, 1]));
+        assert_eq!((g.config.grid, g.config.block, g.config.shared_bytes), ([2, 2, 1], [256, 1, 1], 0));
+        let w = h(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
+        assert_eq!((w.config.grid, w.config.shared_bytes), ([2, 3, 1], 0));
         let d = h(Op::LayernormBwdParams { rows: 7, channels: 300 });
         assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [256, 1, 1]));
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
