@@ -1,7 +1,10 @@
 //! The GPU Device: the `Device` trait on one GPU, NVIDIA or AMD (its ops are in device_ops.rs).
-//! Buffers are `GpuBuf`s of f32 in device memory (buffer.rs). Linear layers cast both operands to
-//! bf16 into device scratch (`casts.cu`) and run the matrix-unit GEMMs (`gemm_bf16.cu` with the
-//! bias fused, `gemm_bf16_bwd.cu`); attention casts the fused QKV to bf16 and runs
+//! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32 for the model's
+//! buffers, 16-bit for mixed precision's saved activations (`Device::Half`), f64 for `Scalars`.
+//! Linear layers cast both operands to bf16 into device scratch (`casts.cu`) and run the
+//! matrix-unit GEMMs (`gemm_bf16.cu` with the bias fused, `gemm_bf16_bwd.cu`; on sm_90a the
+//! wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product, `plan::linear_gemms`); attention
+//! casts the fused QKV to bf16 and runs
 //! `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128); every other op runs an f32
 //! kernel of `tensor_ops.cu`, and AdamW `adamw.cu` on the f32 masters. So the Device computes
 //! like the CPU backend's `--bf16`: GEMM and attention operands in bf16, f32 accumulation and
