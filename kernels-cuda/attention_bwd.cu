@@ -24,21 +24,30 @@
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
 //
-// Shared memory (static, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) and Q, dO
-// tile x (d + 8) bf16 plus 2 x tile f32 = 27904 B (d 64), 43648 B (d 128); dq: Q, dO 64 x (d + 8)
-// and K, V tile x (d + 8) = 27648 B (d 64), 43520 B (d 128). Registers: dkv holds dK and dV
-// (d f32 per thread) and two score tiles, dq holds dQ (d/2) and two; `make kernels-check`
-// prints the counts and rejects spills.
+// Pipeline: the streamed tiles (dK/dV: Q, dO and their lse and delta rows; dQ: K and V) go
+// through a ring of kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's
+// cp.async copies (zero-filled past seq) are in flight while tile j's products run, with one
+// barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once with the
+// first streamed tile; dQ moves its Q and dO into registers as A fragments at that tile (d/4 + d/4
+// registers), dK/dV keeps K and V in shared memory (its dK and dV accumulators take d f32).
+//
+// Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
+// (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 37376 B (d 64), 52480 B (d 128); dq: Q, dO
+// 64 x (d + 8) plus kStages x (K, V tile x (d + 8)) = 36864 B (d 64), 52224 B (d 128). The d 128
+// kernels are above the default 48 KiB and opt in; the kernel index states all four. Registers:
+// dkv holds dK and dV (d f32 per thread) and two score tiles, dq holds dQ (d/2), Q's and dO's
+// fragments and two score tiles; `make kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
 #include "common/base.cuh"
 #include "common/ptx.cuh"
+#include "common/cp_async_ring.cuh"
 #include "common/reduce.cuh"
 
 namespace attention_bwd_detail {
 
-constexpr int kBlockRows = 64, kThreads = 128;
+constexpr int kBlockRows = 64, kThreads = 128, kStages = 2;
 
 // Rows row0..row0+ROWS-1 (positions t; rows past seq load as zeros) of one head's d columns
 // starting at column col0 of a [seq·batch, row_stride] activation, into a padded tile.
@@ -93,19 +102,98 @@ __device__ __forceinline__ void repack_a(uint32_t (&a)[4], const float (&lo)[4],
 
 template <int D, int BQ>
 struct DkvTiles {
+  struct Stage {
+    bf16 q[BQ][D + 8];
+    bf16 dout[BQ][D + 8];
+    float lse[BQ];
+    float delta[BQ];
+  };
   bf16 k[kBlockRows][D + 8];
   bf16 v[kBlockRows][D + 8];
-  bf16 q[BQ][D + 8];
-  bf16 dout[BQ][D + 8];
-  float lse[BQ];
-  float delta[BQ];
+  Stage stage[kStages];
 };
+
+// Entries row0..row0+N-1 of an f32 row (zeros past seq) into shared memory, by threads
+// first..first+N-1 of the block: one 4-byte cp.async each (the row's start need not be
+// 16-byte aligned).
+template <int N>
+__device__ __forceinline__ void load_floats(float* dst, const float* src, int row0, int seq, int first) {
+  const int i = threadIdx.x - first, t = row0 + i;
+  if (i >= 0 && i < N) cp_async_4(&dst[i], t < seq ? src + t : src, t < seq ? 4 : 0);
+}
+
+// One query tile of BQ queries from qs for the warp's 16 keys (key_base, key_base + 8 of this
+// lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q.
+template <int D, int BQ>
+__device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], DkvTiles<D, BQ>& tiles,
+                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, int seq,
+                                         float scale) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
+  bf16(*q)[D + 8] = st.q;
+  bf16(*dout)[D + 8] = st.dout;
+  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
+  float sp[BQ / 8][4], dpt[BQ / 8][4];
+  UNROLL
+  for (int j = 0; j < BQ / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) sp[j][e] = dpt[j][e] = 0.0f;
+  UNROLL
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t ka[4], va[4];
+    load_a<D>(ka, tiles.k, warp * 16, kk);
+    load_a<D>(va, tiles.v, warp * 16, kk);
+    UNROLL
+    for (int p = 0; p < BQ / 16; ++p) {
+      uint32_t b0[2], b1[2];
+      load_b_rows<D>(b0, b1, q, p * 16, kk);
+      mma_m16n8k16_bf16(sp[2 * p], ka, b0, sp[2 * p]);
+      mma_m16n8k16_bf16(sp[2 * p + 1], ka, b1, sp[2 * p + 1]);
+      load_b_rows<D>(b0, b1, dout, p * 16, kk);
+      mma_m16n8k16_bf16(dpt[2 * p], va, b0, dpt[2 * p]);
+      mma_m16n8k16_bf16(dpt[2 * p + 1], va, b1, dpt[2 * p + 1]);
+    }
+  }
+  // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
+  // qs + 8j + 2 t4 + e % 2. Queries past seq (zero rows, zero lse and delta) are masked.
+  UNROLL
+  for (int j = 0; j < BQ / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
+      const bool live = key <= qs + qi && qs + qi < seq;
+      const float p = live ? expf(sp[j][e] * scale - st.lse[qi]) : 0.0f;
+      sp[j][e] = p;
+      dpt[j][e] = p * (dpt[j][e] - st.delta[qi]);
+    }
+  // dV += Pᵀ dO, dK += dSᵀ Q (the scale of dK is applied once at the end).
+  UNROLL
+  for (int c = 0; c < BQ / 16; ++c) {
+    uint32_t pa[4], dsa[4];
+    repack_a(pa, sp[2 * c], sp[2 * c + 1]);
+    repack_a(dsa, dpt[2 * c], dpt[2 * c + 1]);
+    UNROLL
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b0[2], b1[2];
+      load_b_trans<D>(b0, b1, dout, c * 16, dp * 16);
+      mma_m16n8k16_bf16(dv[2 * dp], pa, b0, dv[2 * dp]);
+      mma_m16n8k16_bf16(dv[2 * dp + 1], pa, b1, dv[2 * dp + 1]);
+      load_b_trans<D>(b0, b1, q, c * 16, dp * 16);
+      mma_m16n8k16_bf16(dk[2 * dp], dsa, b0, dk[2 * dp]);
+      mma_m16n8k16_bf16(dk[2 * dp + 1], dsa, b1, dk[2 * dp + 1]);
+    }
+  }
+}
+
+// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
+constexpr unsigned kDkvSharedBytesD64 = sizeof(DkvTiles<64, 32>), kDkvSharedBytesD128 = sizeof(DkvTiles<128, 16>);
+static_assert(kDkvSharedBytesD64 == 37376 && kDkvSharedBytesD128 == 52480, "the header and the kernel index state these");
 
 template <int D, int BQ>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads) {
-  __shared__ __align__(16) DkvTiles<D, BQ> tiles;
+  using Shared = DkvTiles<D, BQ>;
+  DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int k0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
@@ -113,6 +201,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
   const float scale = 1.0f / sqrtf((float)D);
 
+  // The block's keys and values join query tile 0's commit group.
   load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
 
@@ -123,70 +212,21 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   const int key_base = k0 + warp * 16 + g;  // keys of this lane's rows: key_base, key_base + 8
 
-  for (int qs = (k0 / BQ) * BQ; qs < seq; qs += BQ) {
-    load_rows<D, BQ>(tiles.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
-    load_rows<D, BQ>(tiles.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
-    cp_async_commit();
-    for (int i = threadIdx.x; i < BQ; i += kThreads) {
-      // A query past the end gets lse = +inf, so its P (and dS) are exactly 0.
-      tiles.lse[i] = qs + i < seq ? lse_bh[qs + i] : INFINITY;
-      tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
-    float st[BQ / 8][4], dpt[BQ / 8][4];
-    UNROLL
-    for (int j = 0; j < BQ / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
-    UNROLL
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t ka[4], va[4];
-      load_a<D>(ka, tiles.k, warp * 16, kk);
-      load_a<D>(va, tiles.v, warp * 16, kk);
-      UNROLL
-      for (int p = 0; p < BQ / 16; ++p) {
-        uint32_t b0[2], b1[2];
-        load_b_rows<D>(b0, b1, tiles.q, p * 16, kk);
-        mma_m16n8k16_bf16(st[2 * p], ka, b0, st[2 * p]);
-        mma_m16n8k16_bf16(st[2 * p + 1], ka, b1, st[2 * p + 1]);
-        load_b_rows<D>(b0, b1, tiles.dout, p * 16, kk);
-        mma_m16n8k16_bf16(dpt[2 * p], va, b0, dpt[2 * p]);
-        mma_m16n8k16_bf16(dpt[2 * p + 1], va, b1, dpt[2 * p + 1]);
-      }
-    }
-    // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
-    // qs + 8j + 2 t4 + e % 2.
-    UNROLL
-    for (int j = 0; j < BQ / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
-        const float p = key <= qs + qi ? expf(st[j][e] * scale - tiles.lse[qi]) : 0.0f;
-        st[j][e] = p;
-        dpt[j][e] = p * (dpt[j][e] - tiles.delta[qi]);
-      }
-    // dV += Pᵀ dO, dK += dSᵀ Q (the scale of dK is applied once at the end).
-    UNROLL
-    for (int c = 0; c < BQ / 16; ++c) {
-      uint32_t pa[4], dsa[4];
-      repack_a(pa, st[2 * c], st[2 * c + 1]);
-      repack_a(dsa, dpt[2 * c], dpt[2 * c + 1]);
-      UNROLL
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b0[2], b1[2];
-        load_b_trans<D>(b0, b1, tiles.dout, c * 16, dp * 16);
-        mma_m16n8k16_bf16(dv[2 * dp], pa, b0, dv[2 * dp]);
-        mma_m16n8k16_bf16(dv[2 * dp + 1], pa, b1, dv[2 * dp + 1]);
-        load_b_trans<D>(b0, b1, tiles.q, c * 16, dp * 16);
-        mma_m16n8k16_bf16(dk[2 * dp], dsa, b0, dk[2 * dp]);
-        mma_m16n8k16_bf16(dk[2 * dp + 1], dsa, b1, dk[2 * dp + 1]);
-      }
-    }
-    __syncthreads();  // the tile is consumed before the next one overwrites it
-  }
+  // Query tiles from the one holding the block's first key (the diagonal) to the end.
+  const int qs0 = (k0 / BQ) * BQ;
+  cp_async_ring<kStages>(
+      ceil_div(seq - qs0, BQ),
+      [&](int stage, int t) {
+        const int qs = qs0 + t * BQ;
+        auto& st = tiles.stage[stage];
+        load_rows<D, BQ>(st.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
+        load_rows<D, BQ>(st.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
+        load_floats<BQ>(st.lse, lse_bh, qs, seq, 0);
+        load_floats<BQ>(st.delta, delta_bh, qs, seq, BQ);
+      },
+      [&](int stage, int t) {
+        dkv_tile<D, BQ>(dk, dv, tiles, tiles.stage[stage], qs0 + t * BQ, key_base, seq, scale);
+      });
 
   UNROLL
   for (int h = 0; h < 2; ++h) {
@@ -206,22 +246,81 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
 
 template <int D, int BK>
 struct DqTiles {
+  struct Stage {
+    bf16 k[BK][D + 8];
+    bf16 v[BK][D + 8];
+  };
   bf16 q[kBlockRows][D + 8];
   bf16 dout[kBlockRows][D + 8];
-  bf16 k[BK][D + 8];
-  bf16 v[BK][D + 8];
+  Stage stage[kStages];
 };
+
+// One key tile of BK keys from k0 for the warp's 16 queries (row_base, row_base + 8 of this lane),
+// whose Q and dO A fragments are qa and oa: S and dP, dS, then dQ += dS K.
+template <int D, int BK>
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&qa)[D / 16][4],
+                                        const uint32_t (&oa)[D / 16][4], typename DqTiles<D, BK>::Stage& st, int k0,
+                                        int row_base, const float (&row_lse)[2], const float (&row_delta)[2],
+                                        float scale) {
+  const int t4 = threadIdx.x % 4;
+  float s[BK / 8][4], dp[BK / 8][4];
+  UNROLL
+  for (int j = 0; j < BK / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
+  UNROLL
+  for (int kk = 0; kk < D; kk += 16) {
+    UNROLL
+    for (int p = 0; p < BK / 16; ++p) {
+      uint32_t b0[2], b1[2];
+      load_b_rows<D>(b0, b1, st.k, p * 16, kk);
+      mma_m16n8k16_bf16(s[2 * p], qa[kk / 16], b0, s[2 * p]);
+      mma_m16n8k16_bf16(s[2 * p + 1], qa[kk / 16], b1, s[2 * p + 1]);
+      load_b_rows<D>(b0, b1, st.v, p * 16, kk);
+      mma_m16n8k16_bf16(dp[2 * p], oa[kk / 16], b0, dp[2 * p]);
+      mma_m16n8k16_bf16(dp[2 * p + 1], oa[kk / 16], b1, dp[2 * p + 1]);
+    }
+  }
+  // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
+  UNROLL
+  for (int j = 0; j < BK / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
+      const float p = key <= row ? expf(s[j][e] * scale - row_lse[e / 2]) : 0.0f;
+      s[j][e] = p * (dp[j][e] - row_delta[e / 2]);
+    }
+  // dQ += dS K.
+  UNROLL
+  for (int c = 0; c < BK / 16; ++c) {
+    uint32_t dsa[4];
+    repack_a(dsa, s[2 * c], s[2 * c + 1]);
+    UNROLL
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t b0[2], b1[2];
+      load_b_trans<D>(b0, b1, st.k, c * 16, dn * 16);
+      mma_m16n8k16_bf16(dq[2 * dn], dsa, b0, dq[2 * dn]);
+      mma_m16n8k16_bf16(dq[2 * dn + 1], dsa, b1, dq[2 * dn + 1]);
+    }
+  }
+}
+
+// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
+constexpr unsigned kDqSharedBytesD64 = sizeof(DqTiles<64, 32>), kDqSharedBytesD128 = sizeof(DqTiles<128, 16>);
+static_assert(kDqSharedBytesD64 == 36864 && kDqSharedBytesD128 == 52224, "the header and the kernel index state these");
 
 template <int D, int BK>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads) {
-  __shared__ __align__(16) DqTiles<D, BK> tiles;
+  using Shared = DqTiles<D, BK>;
+  DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
 
+  // The block's queries and their output gradients join key tile 0's commit group.
   load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
 
@@ -234,65 +333,32 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
     row_lse[h] = row < seq ? lse[at] : INFINITY;
     row_delta[h] = row < seq ? delta[at] : 0.0f;
   }
+  uint32_t qa[D / 16][4], oa[D / 16][4];  // the warp's 16 rows of Q and dO as A fragments
   float dq[D / 8][4];
   UNROLL
   for (int j = 0; j < D / 8; ++j)
     UNROLL
     for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
 
+  // Key tiles from 0 to the block's last query.
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
-  for (int k0 = 0; k0 <= last_query; k0 += BK) {
-    load_rows<D, BK>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-    load_rows<D, BK>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    float s[BK / 8][4], dp[BK / 8][4];
-    UNROLL
-    for (int j = 0; j < BK / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-    UNROLL
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t qa[4], oa[4];
-      load_a<D>(qa, tiles.q, warp * 16, kk);
-      load_a<D>(oa, tiles.dout, warp * 16, kk);
-      UNROLL
-      for (int p = 0; p < BK / 16; ++p) {
-        uint32_t b0[2], b1[2];
-        load_b_rows<D>(b0, b1, tiles.k, p * 16, kk);
-        mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
-        mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
-        load_b_rows<D>(b0, b1, tiles.v, p * 16, kk);
-        mma_m16n8k16_bf16(dp[2 * p], oa, b0, dp[2 * p]);
-        mma_m16n8k16_bf16(dp[2 * p + 1], oa, b1, dp[2 * p + 1]);
-      }
-    }
-    // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
-    UNROLL
-    for (int j = 0; j < BK / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-        const float p = key <= row ? expf(s[j][e] * scale - row_lse[e / 2]) : 0.0f;
-        s[j][e] = p * (dp[j][e] - row_delta[e / 2]);
-      }
-    // dQ += dS K.
-    UNROLL
-    for (int c = 0; c < BK / 16; ++c) {
-      uint32_t dsa[4];
-      repack_a(dsa, s[2 * c], s[2 * c + 1]);
-      UNROLL
-      for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t b0[2], b1[2];
-        load_b_trans<D>(b0, b1, tiles.k, c * 16, dn * 16);
-        mma_m16n8k16_bf16(dq[2 * dn], dsa, b0, dq[2 * dn]);
-        mma_m16n8k16_bf16(dq[2 * dn + 1], dsa, b1, dq[2 * dn + 1]);
-      }
-    }
-    __syncthreads();
-  }
+  cp_async_ring<kStages>(
+      last_query / BK + 1,
+      [&](int stage, int t) {
+        auto& st = tiles.stage[stage];
+        load_rows<D, BK>(st.k, qkv, qkv_stride, head_col + D, t * BK, seq, batch, b);
+        load_rows<D, BK>(st.v, qkv, qkv_stride, head_col + 2 * D, t * BK, seq, batch, b);
+      },
+      [&](int stage, int t) {
+        if (t == 0) {  // Q and dO have landed with key tile 0: into registers, once
+          UNROLL
+          for (int kk = 0; kk < D; kk += 16) {
+            load_a<D>(qa[kk / 16], tiles.q, warp * 16, kk);
+            load_a<D>(oa[kk / 16], tiles.dout, warp * 16, kk);
+          }
+        }
+        dq_tile<D, BK>(dq, qa, oa, tiles.stage[stage], t * BK, row_base, row_lse, row_delta, scale);
+      });
 
   UNROLL
   for (int h = 0; h < 2; ++h) {

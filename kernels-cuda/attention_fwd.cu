@@ -16,29 +16,43 @@
 // P (rounded to bf16, repacked from the S accumulator fragments straight into A fragments) by V,
 // whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's
 // last query, so every row sees key 0 in its first tile and the running max is finite from then
-// on. Tiles are loaded with cp.async (zero-fill past seq); K/V are single-buffered in this
-// version (loads and math do not overlap yet).
+// on.
 //
-// Shared memory (static): Q 64 x (d + 8) plus K and V BN x (d + 8) bf16 (8 bf16 of padding per row
-// spread ldmatrix rows over the banks) = 27648 B for d 64, 34816 B for d 128. Registers: the O
-// accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16); `make kernels-check` prints
-// the counts and rejects spills.
+// Pipeline (FA-2's loop with the loads overlapped): the block's Q tile is loaded once with the
+// first key tile and, at that tile, moved into registers as each warp's A fragments (D/16 x 4
+// registers: Q is not read from shared memory again). K/V tiles stream through a ring of
+// kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's cp.async copies
+// (zero-filled past seq) are in flight while tile j's QK^T, softmax and PV run, with one barrier
+// per tile.
+//
+// Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
+// 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 46080 B for d 64, 52224 B for d 128
+// (above the default 48 KiB: the launch opts in; the kernel index states both). Registers: the
+// O accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16), Q's fragments d/4 (16 or
+// 32); `make kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_forward` of the reference device (`attention_forward_head` in
 // src/device/kernels.rs), f64 on the same bf16 qkv (tests/cuda_emulation.rs).
 #include "common/base.cuh"
 #include "common/ptx.cuh"
+#include "common/cp_async_ring.cuh"
 
 namespace attention_fwd_detail {
 
-constexpr int kQueries = 64, kThreads = 128;
+constexpr int kQueries = 64, kThreads = 128, kStages = 2;
 
 template <int D, int BN>
 struct Tiles {
+  struct Stage {
+    bf16 k[BN][D + 8];
+    bf16 v[BN][D + 8];
+  };
   bf16 q[kQueries][D + 8];
-  bf16 k[BN][D + 8];
-  bf16 v[BN][D + 8];
+  Stage stage[kStages];
 };
+// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
+constexpr unsigned kSharedBytesD64 = sizeof(Tiles<64, 64>), kSharedBytesD128 = sizeof(Tiles<128, 32>);
+static_assert(kSharedBytesD64 == 46080 && kSharedBytesD128 == 52224, "the header and the kernel index state these");
 
 // rows row0.. of one of q / k / v (column offset `part`·d within the head) into a tile.
 template <int D, int ROWS>
@@ -57,17 +71,100 @@ __device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* qkv, 
   }
 }
 
+// One key tile of BN keys from k0 for the warp's 16 queries (rows row_base and row_base + 8 of
+// this lane): S = Q Kᵀ, the causal mask, the online softmax update of m, l and o, and O += P V.
+template <int D, int BN>
+__device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qa)[D / 16][4], bf16 (*k)[D + 8], bf16 (*v)[D + 8],
+                                            int k0, int row_base, float scale) {
+  const int lane = threadIdx.x % 32, t4 = lane % 4;
+  // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
+  float s[BN / 8][4];
+  UNROLL
+  for (int j = 0; j < BN / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+  UNROLL
+  for (int kk = 0; kk < D; kk += 16) {
+    UNROLL
+    for (int p = 0; p < BN / 16; ++p) {
+      uint32_t r[4];
+      ldmatrix_x4(r, &k[p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_m16n8k16_bf16(s[2 * p], qa[kk / 16], b0, s[2 * p]);
+      mma_m16n8k16_bf16(s[2 * p + 1], qa[kk / 16], b1, s[2 * p + 1]);
+    }
+  }
+
+  // Scale, causal mask, online softmax. Element e of n-tile j is row g + 8 (e / 2), key
+  // k0 + 8j + 2 t4 + e % 2.
+  float tile_max[2] = {-INFINITY, -INFINITY};
+  UNROLL
+  for (int j = 0; j < BN / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
+      const float x = key <= row ? s[j][e] * scale : -INFINITY;
+      s[j][e] = x;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+    }
+  float correction[2];
+  UNROLL
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
+    const float m_new = fmaxf(m[h], tile_max[h]);
+    // A row that has seen no key yet has m = -inf and nothing to rescale.
+    correction[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+    m[h] = m_new;
+    l[h] *= correction[h];
+  }
+  UNROLL
+  for (int j = 0; j < BN / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const float p = m[e / 2] == -INFINITY ? 0.0f : expf(s[j][e] - m[e / 2]);
+      s[j][e] = p;
+      l[e / 2] += p;
+    }
+  UNROLL
+  for (int j = 0; j < D / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
+
+  // O += P V. The accumulator fragments of S n-tiles 2c and 2c + 1 are exactly the A fragment
+  // of P's k16 block c: a[0] = row g, keys 2t4.. of tile 2c; a[1] = row g + 8 of it; a[2], a[3]
+  // the same of tile 2c + 1.
+  UNROLL
+  for (int c = 0; c < BN / 16; ++c) {
+    const uint32_t pa[4] = {pack_bf16x2(s[2 * c][0], s[2 * c][1]), pack_bf16x2(s[2 * c][2], s[2 * c][3]),
+                            pack_bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
+                            pack_bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
+    UNROLL
+    for (int dp = 0; dp < D / 16; ++dp) {
+      // Matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
+      // of V's 16x16 block, transposed: B fragments of d n-tiles 2dp and 2dp + 1.
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, &v[c * 16 + lane % 16][dp * 16 + (lane / 16) * 8]);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_m16n8k16_bf16(o[2 * dp], pa, b0, o[2 * dp]);
+      mma_m16n8k16_bf16(o[2 * dp + 1], pa, b1, o[2 * dp + 1]);
+    }
+  }
+}
+
 template <int D, int BN>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads) {
-  __shared__ __align__(16) Tiles<D, BN> tiles;
+  using Shared = Tiles<D, BN>;
+  DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int q0 = blockIdx.x * kQueries, b = blockIdx.y / heads, head = blockIdx.y % heads;
   const float scale = 1.0f / sqrtf((float)D);
 
-  load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);
-  cp_async_commit();
+  load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);  // joins key tile 0's group
 
+  uint32_t qa[D / 16][4];  // the warp's 16 query rows as A fragments, one per 16 of d
   float o[D / 8][4];
   UNROLL
   for (int j = 0; j < D / 8; ++j)
@@ -79,92 +176,20 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int row_base = q0 + warp * 16 + g;
 
   const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
-  const int key_tiles = last_query / BN + 1;
-  for (int kt = 0; kt < key_tiles; ++kt) {
-    const int k0 = kt * BN;
-    load_rows<D, BN>(tiles.k, qkv, 1, k0, seq, batch, b, head, heads);
-    load_rows<D, BN>(tiles.v, qkv, 2, k0, seq, batch, b, head, heads);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();  // Q (first time), K and V of this tile are in shared memory
-
-    // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
-    float s[BN / 8][4];
-    UNROLL
-    for (int j = 0; j < BN / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
-    UNROLL
-    for (int kk = 0; kk < D; kk += 16) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, &tiles.q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
-      UNROLL
-      for (int p = 0; p < BN / 16; ++p) {
-        uint32_t r[4];
-        ldmatrix_x4(r, &tiles.k[p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
-        mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
-      }
-    }
-
-    // Scale, causal mask, online softmax. Element e of n-tile j is row g + 8 (e / 2), key
-    // k0 + 8j + 2 t4 + e % 2.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    UNROLL
-    for (int j = 0; j < BN / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-        const float v = key <= row ? s[j][e] * scale : -INFINITY;
-        s[j][e] = v;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
-      }
-    float correction[2];
-    UNROLL
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
-      const float m_new = fmaxf(m[h], tile_max[h]);
-      // A row that has seen no key yet has m = -inf and nothing to rescale.
-      correction[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
-      m[h] = m_new;
-      l[h] *= correction[h];
-    }
-    UNROLL
-    for (int j = 0; j < BN / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float p = m[e / 2] == -INFINITY ? 0.0f : expf(s[j][e] - m[e / 2]);
-        s[j][e] = p;
-        l[e / 2] += p;
-      }
-    UNROLL
-    for (int j = 0; j < D / 8; ++j)
-      UNROLL
-      for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
-
-    // O += P V. The accumulator fragments of S n-tiles 2c and 2c + 1 are exactly the A fragment
-    // of P's k16 block c: a[0] = row g, keys 2t4.. of tile 2c; a[1] = row g + 8 of it; a[2], a[3]
-    // the same of tile 2c + 1.
-    UNROLL
-    for (int c = 0; c < BN / 16; ++c) {
-      const uint32_t pa[4] = {pack_bf16x2(s[2 * c][0], s[2 * c][1]), pack_bf16x2(s[2 * c][2], s[2 * c][3]),
-                              pack_bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                              pack_bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
-      UNROLL
-      for (int dp = 0; dp < D / 16; ++dp) {
-        // Matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
-        // of V's 16x16 block, transposed: B fragments of d n-tiles 2dp and 2dp + 1.
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, &tiles.v[c * 16 + lane % 16][dp * 16 + (lane / 16) * 8]);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        mma_m16n8k16_bf16(o[2 * dp], pa, b0, o[2 * dp]);
-        mma_m16n8k16_bf16(o[2 * dp + 1], pa, b1, o[2 * dp + 1]);
-      }
-    }
-    __syncthreads();  // everyone is done with K and V before the next tile overwrites them
-  }
+  cp_async_ring<kStages>(
+      last_query / BN + 1,
+      [&](int stage, int kt) {
+        load_rows<D, BN>(tiles.stage[stage].k, qkv, 1, kt * BN, seq, batch, b, head, heads);
+        load_rows<D, BN>(tiles.stage[stage].v, qkv, 2, kt * BN, seq, batch, b, head, heads);
+      },
+      [&](int stage, int kt) {
+        if (kt == 0) {  // Q has landed with key tile 0: into registers, once
+          UNROLL
+          for (int kk = 0; kk < D; kk += 16)
+            ldmatrix_x4(qa[kk / 16], &tiles.q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
+        }
+        attend_tile<D, BN>(o, m, l, qa, tiles.stage[stage].k, tiles.stage[stage].v, kt * BN, row_base, scale);
+      });
 
   const size_t width = (size_t)heads * D;
   UNROLL

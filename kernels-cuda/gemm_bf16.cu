@@ -26,6 +26,7 @@
 #include "common/base.cuh"
 #include "common/gelu.cuh"
 #include "common/ptx.cuh"
+#include "common/cp_async_ring.cuh"
 #include "common/gemm_pipeline.cuh"
 
 namespace gemm_bf16_detail {

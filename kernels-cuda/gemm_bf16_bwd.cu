@@ -30,6 +30,7 @@
 // in f64 on the same bf16-rounded inputs; tested under the SIMT emulation by tests/cuda_emulation.rs.
 #include "common/base.cuh"
 #include "common/ptx.cuh"
+#include "common/cp_async_ring.cuh"
 #include "common/gemm_pipeline.cuh"
 
 namespace gemm_bwd_detail {

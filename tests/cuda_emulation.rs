@@ -13,7 +13,7 @@ use common::emu::*;
 use common::emu_cases::{self, gemm_bwd_by, gemm_by, gemm_case, GemmCase};
 
 use trident::device::reference::ReferenceDevice;
-use trident::device::Device;
+use trident::device::{AttentionShape, Device};
 
 const CUDA: Vendor = Vendor {
     kind: "cuda-emu",
@@ -37,6 +37,20 @@ fn gemm_sm80_pipeline_ragged_tiles() {
     gemm_bwd_by(&CUDA, 257, 200, 136, "gemm_bwd");
     gemm_bwd_by(&CUDA, 150, 131, 203, "gemm_bwd");
     gemm_bwd_by(&CUDA, 296, 129, 264, "gemm_bwd");
+}
+
+/// Attention's 2-stage cp.async rings (common/cp_async_ring.cuh) over many tiles, the last one
+/// ragged: d 64 at seq 300 (forward: up to 5 key tiles of 64, the last 44 keys; dK/dV: 10 query
+/// tiles of 32, the last 12; dQ: 10 key tiles of 32) and d 128 at seq 203 (forward: 7 key tiles
+/// of 32, the last 11; dK/dV: 13 query tiles of 16; dQ: 13 key tiles of 16), two sequences and
+/// two heads interleaved, so every stage is refilled several times while the other is read.
+#[test]
+fn attention_pipeline_many_tiles_ragged() {
+    for (batch, seq, heads, head_dim) in [(2, 300, 2, 64), (2, 203, 2, 128)] {
+        let shape = AttentionShape { batch, seq, heads, head_dim };
+        emu_cases::attention_forward_shape(&CUDA, shape, 0);
+        emu_cases::attention_backward_shape(&CUDA, shape);
+    }
 }
 
 /// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,

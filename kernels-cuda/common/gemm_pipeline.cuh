@@ -20,11 +20,12 @@
 // caller. cp.async needs 16-byte aligned rows: a source whose column count is not a multiple of 8
 // (or that is not 16-byte aligned) is loaded with plain loads into the same stages instead.
 //
-// A kernel file includes common/base.cuh and common/ptx.cuh before this header (NVRTC resolves a
-// header's own includes only among those already seen).
+// A kernel file includes common/base.cuh, common/ptx.cuh and common/cp_async_ring.cuh before this
+// header (NVRTC resolves a header's own includes only among those already seen).
 #pragma once
 #include "base.cuh"
 #include "ptx.cuh"
+#include "cp_async_ring.cuh"
 
 namespace gemm_pipeline {
 
@@ -79,28 +80,14 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int rows,
 }
 
 // The main loop over `depth` reduction indices in k-tiles of kTileK: load(stage, k0) fills one
-// stage with the k-tile starting at k0 (and does not commit), compute(stage) multiplies one.
-// Tiles 0..kStages-2 are issued first; at k-tile t the wait leaves at most kStages-2 groups in
-// flight, so tile t has landed, and the barrier after it makes every thread's copies visible and
-// tells that every warp is done with tile t-1, whose stage is then refilled with tile
-// t+kStages-1. One group is committed per step, empty ones included, so the count holds at the
-// end. One barrier per k-tile.
+// stage with the k-tile starting at k0 (and does not commit), compute(stage) multiplies one; the
+// ring of kStages stages is cp_async_ring.cuh's (kStages - 1 k-tiles in flight, one barrier per
+// k-tile).
 template <class Load, class Compute>
 __device__ __forceinline__ void main_loop(int depth, Load load, Compute compute) {
-  const int tiles = ceil_div(depth, kTileK);
-  UNROLL
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < tiles) load(s, s * kTileK);
-    cp_async_commit();
-  }
-  for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int next = t + kStages - 1;
-    if (next < tiles) load(next % kStages, next * kTileK);
-    cp_async_commit();
-    compute(t % kStages);
-  }
+  cp_async_ring<kStages>(
+      ceil_div(depth, kTileK), [&](int stage, int t) { load(stage, t * kTileK); },
+      [&](int stage, int) { compute(stage); });
 }
 
 // Accumulators of a 64 x 32 warp tile: [m16][n8][4] as mma.sync's C fragment.

@@ -95,6 +95,16 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
                "r"(src_bytes));
 #endif
 }
+// cp.async.ca.shared.global [dst], [src], 4, src_bytes: the same for one 4-byte word (src_bytes
+// 0 or 4), for f32 rows whose starts need not be 16-byte aligned (attention's lse and delta).
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
+#ifdef TRIDENT_EMU
+  emu::cp_async(dst, src, 4, unsigned(src_bytes));
+#else
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(src_bytes));
+#endif
+}
 // cp.async.commit_group: closes the group of the copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #ifdef TRIDENT_EMU

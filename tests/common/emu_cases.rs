@@ -432,18 +432,23 @@ pub fn attention_forward_causal(v: &Vendor) {
         shapes.push((2, 45, 2, 64, 1));
     }
     for (batch, seq, heads, head_dim, offset) in shapes {
-        let shape = AttentionShape { batch, seq, heads, head_dim };
-        let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
-        let case = v.case(&name);
-        let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
-        case.put_bf16("qkv", &qkv);
-        case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
-        let dev = ReferenceDevice;
-        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-        dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
-        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
-        check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
+        attention_forward_shape(v, AttentionShape { batch, seq, heads, head_dim }, offset);
     }
+}
+
+/// The forward on one shape, qkv `offset` elements into its buffer, against the reference.
+pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize) {
+    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
+    let case = v.case(&name);
+    let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    case.put_bf16("qkv", &qkv);
+    case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
+    let dev = ReferenceDevice;
+    let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+    dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
+    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
 }
 
 pub fn attention_backward_causal(v: &Vendor) {
@@ -452,25 +457,30 @@ pub fn attention_backward_causal(v: &Vendor) {
     for (batch, seq, heads, head_dim) in
         [(1, 64, 1, 64), (2, 100, 2, 64), (1, 1, 1, 64), (1, 77, 2, 128), (2, 70, 1, 128), (1, 3, 1, 128)]
     {
-        let shape = AttentionShape { batch, seq, heads, head_dim };
-        let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
-        let case = v.case(&name);
-        let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
-        let dout = v.bf16_values(shape.rows() * shape.width(), "dout", 1.0);
-        let dev = ReferenceDevice;
-        let rqkv = reference(&dev, &qkv);
-        let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-        dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
-        let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
-        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
-        case.put_bf16("qkv", &qkv);
-        case.put_bf16("out", &out);
-        case.put_bf16("dout", &dout);
-        case.put_f32("lse", &lse);
-        case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
-        let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
-        let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
-        dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape);
-        check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
+        attention_backward_shape(v, AttentionShape { batch, seq, heads, head_dim });
     }
+}
+
+/// The backward on one shape against the reference.
+pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
+    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+    let case = v.case(&name);
+    let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    let dout = v.bf16_values(shape.rows() * shape.width(), "dout", 1.0);
+    let dev = ReferenceDevice;
+    let rqkv = reference(&dev, &qkv);
+    let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
+    dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
+    let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
+    let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+    case.put_bf16("qkv", &qkv);
+    case.put_bf16("out", &out);
+    case.put_bf16("dout", &dout);
+    case.put_f32("lse", &lse);
+    case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
+    let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
+    let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
+    dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape);
+    check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
 }

@@ -29,10 +29,18 @@ namespace {
 using namespace harness;
 
 // Blocks of 4 warps (128 threads) for the row and column kernels; the sm_80 GEMMs' 8 warps on
-// 128 x 128 tiles with their dynamic shared memory (common/gemm_pipeline.cuh).
-constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 128, gemm_pipeline::kTile,
+// 128 x 128 tiles with their dynamic shared memory (common/gemm_pipeline.cuh); attention's tiles
+// and stages in dynamic shared memory.
+constexpr Geometry kGeometry{gemm_pipeline::kThreads,
+                             128,
+                             128,
+                             gemm_pipeline::kTile,
                              {gemm_bf16_detail::kSharedBytes, gemm_bwd_detail::kInputSharedBytes,
-                              gemm_bwd_detail::kWeightSharedBytes}};
+                              gemm_bwd_detail::kWeightSharedBytes},
+                             {{attention_fwd_detail::kSharedBytesD64, attention_bwd_detail::kDkvSharedBytesD64,
+                               attention_bwd_detail::kDqSharedBytesD64},
+                              {attention_fwd_detail::kSharedBytesD128, attention_bwd_detail::kDkvSharedBytesD128,
+                               attention_bwd_detail::kDqSharedBytesD128}}};
 
 // The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
 // multiple of 8): 3-D (8, rows, cols / 8) with box (8, 128, 8) for a K-major operand, (8, 64, 16)

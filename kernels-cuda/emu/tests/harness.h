@@ -112,6 +112,8 @@ struct Geometry {
   unsigned gemm_tile = 64;   // a GEMM block's output tile is gemm_tile x gemm_tile
   // Dynamic shared memory of the forward, backward-input and backward-weight GEMMs.
   unsigned gemm_shared[3] = {0, 0, 0};
+  // Dynamic shared memory of attention's forward, dK/dV and dQ kernels, for head dims 64 and 128.
+  unsigned attention_shared[2][3] = {{0, 0, 0}, {0, 0, 0}};
 };
 
 // out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
@@ -266,7 +268,7 @@ inline void embedding() {
 
 // qkv starts `offset` elements into its buffer (argument 4, 0 when not given; an odd offset
 // takes the scalar-load path of the kernels that have one).
-inline void attention_forward() {
+inline void attention_forward(const Geometry& g) {
   const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3), offset = arg_or(4, 0);
   const size_t rows = size_t(batch) * seq;
   auto qkv_file = read_bf16("qkv", rows * 3 * heads * d);
@@ -277,9 +279,11 @@ inline void attention_forward() {
   std::vector<float> lse(rows * heads, -7.0f);
   const dim3 grid(ceil_div(seq, 64), batch * heads);
   if (d == 64) {
-    emu::launch(grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv, batch, seq, heads);
+    emu::launch_dynamic(g.attention_shared[0][0], grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv,
+                        batch, seq, heads);
   } else if (d == 128) {
-    emu::launch(grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv, batch, seq, heads);
+    emu::launch_dynamic(g.attention_shared[1][0], grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv,
+                        batch, seq, heads);
   } else {
     std::exit(usage());
   }
@@ -298,19 +302,14 @@ inline void attention_backward(const Geometry& g) {
   emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(g.row_threads), attention_bwd_delta_bf16, delta.data(),
               dout.data(), out.data(), batch, seq, heads, d);
   const dim3 grid(ceil_div(seq, 64), batch * heads);
-  if (d == 64) {
-    emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
-                delta.data(), batch, seq, heads);
-    emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d64, dqkv.data(), qkv.data(), dout.data(), lse.data(),
-                delta.data(), batch, seq, heads);
-  } else if (d == 128) {
-    emu::launch(grid, dim3(128), attention_bwd_dkv_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
-                delta.data(), batch, seq, heads);
-    emu::launch(grid, dim3(128), attention_bwd_dq_bf16_d128, dqkv.data(), qkv.data(), dout.data(), lse.data(),
-                delta.data(), batch, seq, heads);
-  } else {
-    std::exit(usage());
-  }
+  const int dims = d == 64 ? 0 : 1;
+  auto dkv = d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
+  auto dq = d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
+  if (d != 64 && d != 128) std::exit(usage());
+  emu::launch_dynamic(g.attention_shared[dims][1], grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(),
+                      lse.data(), delta.data(), batch, seq, heads);
+  emu::launch_dynamic(g.attention_shared[dims][2], grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),
+                      lse.data(), delta.data(), batch, seq, heads);
   write_bf16("dqkv", dqkv);
 }
 
@@ -337,7 +336,7 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
   } else if (op == "embedding") {
     embedding();
   } else if (op == "attention_fwd") {
-    attention_forward();
+    attention_forward(g);
   } else if (op == "attention_bwd") {
     attention_backward(g);
   } else {

@@ -138,9 +138,9 @@ pub enum Op {
 
 /// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
 /// dynamic shared memory to pass to `cuLaunchKernel` (`Vendor::dynamic_shared`): the stages of
-/// the sm_80 GEMMs on CUDA and `SM90_GEMM_SHARED_BYTES` for the sm_90a GEMMs, 0 for every other
-/// kernel (they declare theirs statically, `static_shared` bytes); `config.needs_shared_optin`
-/// says it is above the default per block.
+/// the sm_80 GEMMs on CUDA, `SM90_GEMM_SHARED_BYTES` for the sm_90a GEMMs, the tiles and stages of
+/// the attention kernels on CUDA, 0 for every other kernel (they declare theirs statically,
+/// `static_shared` bytes); `config.needs_shared_optin` says it is above the default per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelLaunch {
     pub spec: &'static KernelSpec,
@@ -361,15 +361,17 @@ mod tests {
         assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
         assert_eq!(p(Op::EmbeddingBwdWte { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 1, 1]);
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
+        // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 64 queries per block;
+        // d 128's is above the default 48 KiB (opted in), d 64's not.
         let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!(
-            (a.spec.function, a.config.grid, a.spec.static_shared),
-            ("attention_fwd_bf16_d64", [2, 6, 1], 27648)
+            (a.spec.function, a.config.grid, a.spec.static_shared, a.config.shared_bytes, a.config.needs_shared_optin),
+            ("attention_fwd_bf16_d64", [2, 6, 1], 0, 46080, false)
         );
         let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, head_dim: 128 });
         assert_eq!(
-            (a.spec.function, a.config.grid, a.spec.static_shared),
-            ("attention_fwd_bf16_d128", [2, 2, 1], 34816)
+            (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
+            ("attention_fwd_bf16_d128", [2, 2, 1], 52224, true)
         );
         // seq·batch = 200 rows, 3 heads: 600 warps, 150 blocks of 4.
         let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 3, head_dim: 64 });
@@ -377,14 +379,20 @@ mod tests {
         assert_eq!(p(Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, head_dim: 128 }).config.grid, [1, 1, 1]);
         let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, head_dim: 128 });
         assert_eq!(
-            (kv.spec.function, kv.config.grid, kv.spec.static_shared),
-            ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 43648)
+            (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
+            ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 52480, true)
         );
+        let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, head_dim: 64 });
+        assert_eq!((kv.config.shared_bytes, kv.config.needs_shared_optin), (37376, false));
         let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 64 });
         assert_eq!(
-            (q.spec.function, q.config.grid, q.spec.static_shared),
-            ("attention_bwd_dq_bf16_d64", [1, 1, 1], 27648)
+            (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes),
+            ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 36864)
         );
+        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 128 });
+        assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
+        // HIP's twins declare their LDS statically: nothing dynamic to pass.
+        assert_eq!(Vendor::Hip.dynamic_shared(Kernel::AttentionFwdBf16D128), 0);
     }
 
     /// Every shape `tests/cuda_emulation.rs` runs, with the grid its harness
@@ -470,10 +478,9 @@ mod tests {
 
     #[test]
     fn shared_memory_over_the_device_limit_is_an_error_naming_the_kernel() {
-        let tiny = DeviceLimits { shared_bytes_per_block: 32 * 1024, ..DeviceLimits::A100 };
-        let op = Op::AttentionBwdDq { batch: 1, seq: 8, heads: 1, head_dim: 128 };
-        let e = plan(&op, Vendor::Cuda, &tiny, 1).unwrap_err().to_string();
-        assert!(e.contains("kernel attention_bwd_dq_bf16_d128: 43520 bytes of static shared memory"), "{e}");
+        let tiny = DeviceLimits { shared_bytes_per_block: 96, ..DeviceLimits::A100 };
+        let e = plan(&Op::XentMax { rows: 8, vocab: 8 }, Vendor::Cuda, &tiny, 1).unwrap_err().to_string();
+        assert!(e.contains("kernel xent_max_bf16: 128 bytes of static shared memory"), "{e}");
     }
 
     #[test]
@@ -481,6 +488,10 @@ mod tests {
         let small = DeviceLimits { shared_bytes_optin: 64 * 1024, ..DeviceLimits::A100 };
         let e = plan(&Op::GemmBwdWeight { m: 8, n: 8, k: 8 }, Vendor::Cuda, &small, 1).unwrap_err().to_string();
         assert!(e.contains("kernel gemm_bwd_weight_bf16: 69632 bytes of shared memory"), "{e}");
+        let smaller = DeviceLimits { shared_bytes_optin: 50 * 1024, ..DeviceLimits::A100 };
+        let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 128 };
+        let e = plan(&op, Vendor::Cuda, &smaller, 1).unwrap_err().to_string();
+        assert!(e.contains("kernel attention_bwd_dkv_bf16_d128: 52480 bytes of shared memory"), "{e}");
         assert!(
             plan(&Op::GemmFwd { m: 8, n: 8, k: 8, out: GemmOut::F32 }, Vendor::Cuda, &DeviceLimits::H100, 132).is_ok()
         );

@@ -1,0 +1,37 @@
+// cp_async_ring.cuh: a sequence of tiles streamed through a ring of shared-memory stages with
+// cp.async, so that later tiles load while the current one is computed on. The sm_80 GEMMs
+// (gemm_pipeline.cuh, 4 stages of k-tiles) and the attention kernels (attention_fwd.cu,
+// attention_bwd.cu, 2 stages of K/V or Q/dO tiles) run their main loops on it.
+//
+// A kernel file includes common/base.cuh and common/ptx.cuh before this header (NVRTC resolves a
+// header's own includes only among those already seen).
+#pragma once
+#include "base.cuh"
+#include "ptx.cuh"
+
+// Runs compute(stage, t) for t = 0 .. tiles-1, tile t having been loaded into stage t % kStages
+// by load(stage, t) (which issues cp.async copies by every thread of the block and does not
+// commit). Tiles 0..kStages-2 are issued first, one commit group each; at tile t the wait leaves
+// at most kStages-2 groups in flight, so tile t's group has landed, and the barrier after it makes
+// every thread's copies visible and tells that every warp is done with tile t-1, whose stage is
+// then refilled with tile t+kStages-1 while tile t is computed on. One group is committed per
+// tile, empty ones included, so the count holds at the end; copies a kernel issues before the
+// ring (without committing) join tile 0's group. One barrier per tile, kStages-1 tiles in flight
+// during compute. Every thread of the block calls this with the same `tiles`.
+template <int kStages, class Load, class Compute>
+__device__ __forceinline__ void cp_async_ring(int tiles, Load load, Compute compute) {
+  static_assert(kStages >= 2, "a ring of one stage cannot overlap a load with the math");
+  UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < tiles) load(s, s);
+    cp_async_commit();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = t + kStages - 1;
+    if (next < tiles) load(next % kStages, next);
+    cp_async_commit();
+    compute(t % kStages, t);
+  }
+}
