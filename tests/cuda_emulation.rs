@@ -239,6 +239,22 @@ fn divergent_collective_is_reported() {
     assert!(stderr.contains("deadlock"), "unexpected report: {stderr}");
 }
 
+/// A cp.async refill of a buffer that another warp has yet to read (no barrier between the read
+/// and the refill: a ring stage overwritten too early) hands that warp the refill's NaNs (the
+/// emulation fills a cp.async destination with NaN at the instruction) or its data: odd blocks
+/// run warp first (simt.h), so the first warp refills before the second reads (block 0, in lockstep, shows at most the
+/// lane that completes the collective running ahead).
+#[test]
+fn refill_before_another_warps_read_is_caught() {
+    let case = CUDA.case("early_refill");
+    case.run("early_refill", &[]);
+    let got = case.get_f32("values");
+    let want = |t: usize| (t ^ 32) as f32;
+    assert!((64..96).all(|t| got[t] == want(t - 64)), "warp-first block, first warp: {:?}", &got[64..96]);
+    // The second warp reads the refill (in flight: NaN; landed: src[64..]), never the first fill.
+    assert!(got[96..].iter().all(|x| x.is_nan() || *x >= 64.0), "warp-first block, second warp: {:?}", &got[96..]);
+}
+
 /// A launch that gives a kernel less dynamic shared memory than it uses is reported (the GPU
 /// traps on the same check, base.cuh's DYNAMIC_SHARED), not run past the buffer's end.
 #[test]

@@ -107,15 +107,19 @@ inline void ldmatrix(uint32_t* regs, int matrices, bool trans, const void* row_a
   std::memcpy(regs, r.r, sizeof(uint32_t) * unsigned(matrices));
 }
 
-// cp.async: the copy is recorded and performed when a cp.async.wait_group covers its group (the
-// latest moment the PTX memory model allows), so a kernel that reads its tile before waiting,
-// or before the barrier that follows the wait, reads stale shared memory here too. Bytes past
-// src_bytes are zero-filled.
+// cp.async: the destination holds no defined value from the instruction on (it is filled with
+// 0xFF bytes, NaN as bf16 and f32, the earliest moment the copy may land), and the copy is
+// performed when a cp.async.wait_group covers its group (the latest moment the PTX memory model
+// allows). So a kernel that reads its tile before waiting, or before the barrier that follows the
+// wait, reads garbage here too; and one that refills a buffer another warp has yet to read (no
+// barrier between that read and the cp.async) hands that warp NaNs, which simt.h's warp-first
+// schedule makes happen. Bytes past src_bytes are zero-filled.
 inline void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes) {
   if (reinterpret_cast<uintptr_t>(dst) % bytes || (src_bytes && reinterpret_cast<uintptr_t>(src) % bytes))
     fail("cp.async address not aligned to the copy size");
   if (src_bytes > bytes) fail("cp.async src_size larger than the copy");
   Fiber& f = self();
+  std::memset(dst, 0xFF, bytes);
   f.copies.push_back(PendingCopy{dst, src, bytes, src_bytes, f.committed_groups});
 }
 inline void cp_async_commit() { self().committed_groups++; }

@@ -11,9 +11,11 @@
 //     instructions of ptx.h): each lane deposits its operand in the warp's slot; the last lane
 //     to arrive computes every lane's result at once, so the collective reads memory at one
 //     instant, as the warp-wide instruction does, and releases the others.
-// A collective that can never complete (a lane returned, or sits at __syncthreads) and a
-// barrier that can never open are reported as a deadlock with the block and thread states, and
-// the process aborts: divergent barriers are bugs the emulation finds rather than hides.
+// Even blocks give every runnable fiber a turn per pass; odd blocks run one warp as far as it
+// goes before the next (warp_first_schedule below). A collective that can never complete (a lane
+// returned, or sits at __syncthreads) and a barrier that can never open are reported as a
+// deadlock with the block and thread states, and the process aborts: divergent barriers are bugs
+// the emulation finds rather than hides.
 //
 // Wave size. TRIDENT_EMU_WAVE_SIZE (a compile-time parameter, 32 unless defined) is the number
 // of lanes a warp collective spans: 32 for CUDA warps, 64 for AMD wavefronts (kernels-hip/emu/
@@ -204,6 +206,17 @@ inline void prepare_stack(Fiber& f) {
   f.sp = frame;
 }
 
+// The order in which a block's fibers take turns. Lockstep (even blocks, by linear index): every
+// runnable fiber once per pass, so the warps advance about one collective at a time. Warp first
+// (odd blocks): a warp runs until all its threads wait at a barrier (or return) before the next
+// warp starts, so one warp gets a whole phase ahead of the others, as on the hardware when warps
+// are scheduled unevenly: a shared-memory write not ordered by a barrier after another warp's
+// last read of the same place (a cp.async stage refilled too early) lands before that read.
+inline bool warp_first_schedule() {
+  const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  return linear % 2 == 1;
+}
+
 inline unsigned count(unsigned n, dim3 d) { return n ? d.x * d.y * d.z : 0; }
 inline dim3 unflatten(unsigned i, dim3 d) { return dim3(i % d.x, (i / d.x) % d.y, i / (d.x * d.y)); }
 
@@ -233,14 +246,23 @@ inline void run_block(Block& b) {
   }
   for (auto& w : b.warps) w.slot[0].arrived = w.slot[1].arrived = 0;
   b.live = unsigned(b.fibers.size());
+  const bool warp_first = warp_first_schedule();
   while (b.live > 0) {
     bool ran = false;
-    for (auto& f : b.fibers) {
-      if (f.state != State::Runnable) continue;
+    for (size_t i = 0; i < b.fibers.size();) {
+      Fiber& f = b.fibers[i];
+      if (f.state != State::Runnable) {
+        ++i;
+        continue;
+      }
       b.current = &f;
       threadIdx = f.tid;
       trident_emu_switch_stack(&b.scheduler_sp, f.sp);
       ran = true;
+      // Warp first: when this fiber completed a collective (its warp's first lane runnable
+      // again), the warp goes on from its first lane.
+      const size_t first = i - i % kWaveSize;
+      i = warp_first && first < i && b.fibers[first].state == State::Runnable ? first : i + 1;
     }
     if (ran || b.live == 0) continue;
     // Nothing can run: either every live thread waits at __syncthreads (open it) or no

@@ -7,7 +7,8 @@
 // the CUDA geometry (kGeometry); this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs
 // (forward and both backward products, on tensor maps made here as the host makes them),
 // tensor_ops.cu's f32 kernels, and the probes of ldmatrix, the warp collectives, a divergent
-// collective and a launch short of the dynamic shared memory its kernel uses.
+// collective, a buffer refilled by cp.async before another warp's read, and a launch short of
+// the dynamic shared memory its kernel uses.
 #include <string>
 
 #include "../../adamw.cu"
@@ -142,6 +143,25 @@ __global__ void early_return_probe(float* out) {
   out[threadIdx.x] = warp_sum(1.0f);
 }
 
+// A kernel with the race a cp.async ring must not have: each thread of two warps loads one
+// element of a 64-float buffer, every thread reads an element of the other warp's half (through
+// a warp collective, as ldmatrix reads a tile), and the buffer is refilled with no barrier
+// between those reads and the refill. out[64 b + t] is what thread t of block b read: src[t ^ 32]
+// if the refill came after every read; NaN (a refill in flight) where the other warp got ahead.
+__global__ void early_refill_probe(float* out, const float* src) {
+  __shared__ __align__(16) float buffer[64];
+  const int t = threadIdx.x;
+  cp_async_4(&buffer[t], &src[t], 4);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  out[64 * blockIdx.x + t] = __shfl_sync(FULL_WARP_MASK, buffer[t ^ 32], threadIdx.x % 32);
+  cp_async_4(&buffer[t], &src[64 + t], 4);  // the bug: no __syncthreads() before this refill
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +220,11 @@ int main(int argc, char** argv) {
                         gemm_fwd_bf16_f32out, out.data(), reinterpret_cast<const bf16*>(a.data()),
                         reinterpret_cast<const bf16*>(w.data()), (const float*)nullptr, (const float*)nullptr, 8, 8,
                         8, 0);
+  } else if (op == "early_refill") {
+    std::vector<float> out(128), src(128);
+    for (int i = 0; i < 128; ++i) src[i] = float(i);
+    emu::launch(dim3(2), dim3(64), early_refill_probe, out.data(), src.data());
+    write("values", "f32", out);
   } else if (op == "early_return") {
     std::vector<float> out(32);
     emu::launch(dim3(1), dim3(32), early_return_probe, out.data());
