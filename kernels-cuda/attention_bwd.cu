@@ -27,16 +27,15 @@
 // Pipeline: the streamed tiles (dK/dV: Q, dO and their lse and delta rows; dQ: K and V) go
 // through a ring of kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's
 // cp.async copies (zero-filled past seq) are in flight while tile j's products run, with one
-// barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once with the
-// first streamed tile; dQ moves its Q and dO into registers as A fragments at that tile (d/4 + d/4
-// registers), dK/dV keeps K and V in shared memory (its dK and dV accumulators take d f32).
+// barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once, with
+// the first streamed tile, and stay in shared memory.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
 // (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 37376 B (d 64), 52480 B (d 128); dq: Q, dO
 // 64 x (d + 8) plus kStages x (K, V tile x (d + 8)) = 36864 B (d 64), 52224 B (d 128). The d 128
 // kernels are above the default 48 KiB and opt in; the kernel index states all four. Registers:
-// dkv holds dK and dV (d f32 per thread) and two score tiles, dq holds dQ (d/2), Q's and dO's
-// fragments and two score tiles; `make kernels-check` prints the counts and rejects spills.
+// dkv holds dK and dV (d f32 per thread) and two score tiles, dq holds dQ (d/2) and two;
+// `make kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
@@ -255,14 +254,13 @@ struct DqTiles {
   Stage stage[kStages];
 };
 
-// One key tile of BK keys from k0 for the warp's 16 queries (row_base, row_base + 8 of this lane),
-// whose Q and dO A fragments are qa and oa: S and dP, dS, then dQ += dS K.
+// One key tile of BK keys from k0 for the warp's 16 queries (row_base, row_base + 8 of this lane):
+// S and dP, dS, then dQ += dS K.
 template <int D, int BK>
-__device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&qa)[D / 16][4],
-                                        const uint32_t (&oa)[D / 16][4], typename DqTiles<D, BK>::Stage& st, int k0,
-                                        int row_base, const float (&row_lse)[2], const float (&row_delta)[2],
-                                        float scale) {
-  const int t4 = threadIdx.x % 4;
+__device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& tiles,
+                                        typename DqTiles<D, BK>::Stage& st, int k0, int row_base,
+                                        const float (&row_lse)[2], const float (&row_delta)[2], float scale) {
+  const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[BK / 8][4], dp[BK / 8][4];
   UNROLL
   for (int j = 0; j < BK / 8; ++j)
@@ -270,15 +268,18 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], const uint32_t (&
     for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
   UNROLL
   for (int kk = 0; kk < D; kk += 16) {
+    uint32_t qa[4], oa[4];
+    load_a<D>(qa, tiles.q, warp * 16, kk);
+    load_a<D>(oa, tiles.dout, warp * 16, kk);
     UNROLL
     for (int p = 0; p < BK / 16; ++p) {
       uint32_t b0[2], b1[2];
       load_b_rows<D>(b0, b1, st.k, p * 16, kk);
-      mma_m16n8k16_bf16(s[2 * p], qa[kk / 16], b0, s[2 * p]);
-      mma_m16n8k16_bf16(s[2 * p + 1], qa[kk / 16], b1, s[2 * p + 1]);
+      mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
+      mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
       load_b_rows<D>(b0, b1, st.v, p * 16, kk);
-      mma_m16n8k16_bf16(dp[2 * p], oa[kk / 16], b0, dp[2 * p]);
-      mma_m16n8k16_bf16(dp[2 * p + 1], oa[kk / 16], b1, dp[2 * p + 1]);
+      mma_m16n8k16_bf16(dp[2 * p], oa, b0, dp[2 * p]);
+      mma_m16n8k16_bf16(dp[2 * p + 1], oa, b1, dp[2 * p + 1]);
     }
   }
   // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
@@ -333,7 +334,6 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
     row_lse[h] = row < seq ? lse[at] : INFINITY;
     row_delta[h] = row < seq ? delta[at] : 0.0f;
   }
-  uint32_t qa[D / 16][4], oa[D / 16][4];  // the warp's 16 rows of Q and dO as A fragments
   float dq[D / 8][4];
   UNROLL
   for (int j = 0; j < D / 8; ++j)
@@ -350,14 +350,7 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
         load_rows<D, BK>(st.v, qkv, qkv_stride, head_col + 2 * D, t * BK, seq, batch, b);
       },
       [&](int stage, int t) {
-        if (t == 0) {  // Q and dO have landed with key tile 0: into registers, once
-          UNROLL
-          for (int kk = 0; kk < D; kk += 16) {
-            load_a<D>(qa[kk / 16], tiles.q, warp * 16, kk);
-            load_a<D>(oa[kk / 16], tiles.dout, warp * 16, kk);
-          }
-        }
-        dq_tile<D, BK>(dq, qa, oa, tiles.stage[stage], t * BK, row_base, row_lse, row_delta, scale);
+        dq_tile<D, BK>(dq, tiles, tiles.stage[stage], t * BK, row_base, row_lse, row_delta, scale);
       });
 
   UNROLL

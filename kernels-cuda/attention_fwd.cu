@@ -18,18 +18,18 @@
 // last query, so every row sees key 0 in its first tile and the running max is finite from then
 // on.
 //
-// Pipeline (FA-2's loop with the loads overlapped): the block's Q tile is loaded once with the
-// first key tile and, at that tile, moved into registers as each warp's A fragments (D/16 x 4
-// registers: Q is not read from shared memory again). K/V tiles stream through a ring of
-// kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's cp.async copies
-// (zero-filled past seq) are in flight while tile j's QK^T, softmax and PV run, with one barrier
-// per tile.
+// Pipeline (FA-2's loop with the loads overlapped): the block's Q tile is loaded once, with the
+// first key tile, and stays in shared memory (each warp reads its 16 rows with ldmatrix per key
+// tile, as FA-2 does by default: held in registers instead it cost 30-40 more registers per
+// thread). K/V tiles stream through a ring of kStages = 2 shared-memory stages
+// (common/cp_async_ring.cuh): tile j+1's cp.async copies (zero-filled past seq) are in flight
+// while tile j's QK^T, softmax and PV run, with one barrier per tile.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
 // 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 46080 B for d 64, 52224 B for d 128
 // (above the default 48 KiB: the launch opts in; the kernel index states both). Registers: the
-// O accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16), Q's fragments d/4 (16 or
-// 32); `make kernels-check` prints the counts and rejects spills.
+// O accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16); `make kernels-check`
+// prints the counts and rejects spills.
 //
 // Reference: `attention_forward` of the reference device (`attention_forward_head` in
 // src/device/kernels.rs), f64 on the same bf16 qkv (tests/cuda_emulation.rs).
@@ -75,9 +75,9 @@ __device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* qkv, 
 // this lane): S = Q Kᵀ, the causal mask, the online softmax update of m, l and o, and O += P V.
 template <int D, int BN>
 __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
-                                            const uint32_t (&qa)[D / 16][4], bf16 (*k)[D + 8], bf16 (*v)[D + 8],
-                                            int k0, int row_base, float scale) {
-  const int lane = threadIdx.x % 32, t4 = lane % 4;
+                                            bf16 (*q)[D + 8], bf16 (*k)[D + 8], bf16 (*v)[D + 8], int k0,
+                                            int row_base, float scale) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
   // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
   float s[BN / 8][4];
   UNROLL
@@ -86,13 +86,15 @@ __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2],
     for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
   UNROLL
   for (int kk = 0; kk < D; kk += 16) {
+    uint32_t qa[4];
+    ldmatrix_x4(qa, &q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
     UNROLL
     for (int p = 0; p < BN / 16; ++p) {
       uint32_t r[4];
       ldmatrix_x4(r, &k[p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
       const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_m16n8k16_bf16(s[2 * p], qa[kk / 16], b0, s[2 * p]);
-      mma_m16n8k16_bf16(s[2 * p + 1], qa[kk / 16], b1, s[2 * p + 1]);
+      mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
+      mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
     }
   }
 
@@ -164,7 +166,6 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
   load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);  // joins key tile 0's group
 
-  uint32_t qa[D / 16][4];  // the warp's 16 query rows as A fragments, one per 16 of d
   float o[D / 8][4];
   UNROLL
   for (int j = 0; j < D / 8; ++j)
@@ -183,12 +184,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
         load_rows<D, BN>(tiles.stage[stage].v, qkv, 2, kt * BN, seq, batch, b, head, heads);
       },
       [&](int stage, int kt) {
-        if (kt == 0) {  // Q has landed with key tile 0: into registers, once
-          UNROLL
-          for (int kk = 0; kk < D; kk += 16)
-            ldmatrix_x4(qa[kk / 16], &tiles.q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
-        }
-        attend_tile<D, BN>(o, m, l, qa, tiles.stage[stage].k, tiles.stage[stage].v, kt * BN, row_base, scale);
+        attend_tile<D, BN>(o, m, l, tiles.q, tiles.stage[stage].k, tiles.stage[stage].v, kt * BN, row_base, scale);
       });
 
   const size_t width = (size_t)heads * D;

@@ -428,8 +428,11 @@ fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
                 );
                 // sm_90a CUBINs place a kernel's shared variables after a 1 KiB window the
                 // system reserves (section `.nv.shared.reserved.0`): the section is 1024 B longer,
-                // for static and dynamic shared memory alike (the GEMMs' is all dynamic).
-                let uses_shared = k.static_shared > 0 || k.dynamic_shared > 0;
+                // for static and dynamic shared memory alike (the GEMMs' is all dynamic), and for
+                // every kernel of a file that declares dynamic shared memory (attention_bwd.cu's
+                // delta kernel beside dK/dV and dQ).
+                let file_dynamic = KERNELS.iter().any(|j| j.file == k.file && j.dynamic_shared > 0);
+                let uses_shared = k.static_shared > 0 || k.dynamic_shared > 0 || file_dynamic;
                 let reserved = if arch == "sm_90a" && uses_shared { 1024 } else { 0 };
                 if arch_number < k.min_arch {
                     continue; // compiled as a trapping stub below its architecture
