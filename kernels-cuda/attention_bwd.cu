@@ -99,6 +99,34 @@ __device__ __forceinline__ void repack_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
+// The score pair both kernels recompute, for the warp's 16 rows from row0 of a1 and a2 against
+// the N rows of b1 and b2 (all [rows][D + 8] tiles): s1 = a1 b1ᵀ and s2 = a2 b2ᵀ over d.
+// dK/dV: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ; dQ: S = Q Kᵀ, dP = dO Vᵀ.
+template <int D, int N>
+__device__ __forceinline__ void score_pair(float (&s1)[N / 8][4], float (&s2)[N / 8][4], bf16 (*a1)[D + 8],
+                                           bf16 (*a2)[D + 8], bf16 (*b1)[D + 8], bf16 (*b2)[D + 8], int row0) {
+  UNROLL
+  for (int j = 0; j < N / 8; ++j)
+    UNROLL
+    for (int e = 0; e < 4; ++e) s1[j][e] = s2[j][e] = 0.0f;
+  UNROLL
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t x1[4], x2[4];
+    load_a<D>(x1, a1, row0, kk);
+    load_a<D>(x2, a2, row0, kk);
+    UNROLL
+    for (int p = 0; p < N / 16; ++p) {
+      uint32_t b0[2], b1f[2];
+      load_b_rows<D>(b0, b1f, b1, p * 16, kk);
+      mma_m16n8k16_bf16(s1[2 * p], x1, b0, s1[2 * p]);
+      mma_m16n8k16_bf16(s1[2 * p + 1], x1, b1f, s1[2 * p + 1]);
+      load_b_rows<D>(b0, b1f, b2, p * 16, kk);
+      mma_m16n8k16_bf16(s2[2 * p], x2, b0, s2[2 * p]);
+      mma_m16n8k16_bf16(s2[2 * p + 1], x2, b1f, s2[2 * p + 1]);
+    }
+  }
+}
+
 template <int D, int BQ>
 struct DkvTiles {
   struct Stage {
@@ -132,26 +160,7 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 
   bf16(*dout)[D + 8] = st.dout;
   // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
   float sp[BQ / 8][4], dpt[BQ / 8][4];
-  UNROLL
-  for (int j = 0; j < BQ / 8; ++j)
-    UNROLL
-    for (int e = 0; e < 4; ++e) sp[j][e] = dpt[j][e] = 0.0f;
-  UNROLL
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t ka[4], va[4];
-    load_a<D>(ka, tiles.k, warp * 16, kk);
-    load_a<D>(va, tiles.v, warp * 16, kk);
-    UNROLL
-    for (int p = 0; p < BQ / 16; ++p) {
-      uint32_t b0[2], b1[2];
-      load_b_rows<D>(b0, b1, q, p * 16, kk);
-      mma_m16n8k16_bf16(sp[2 * p], ka, b0, sp[2 * p]);
-      mma_m16n8k16_bf16(sp[2 * p + 1], ka, b1, sp[2 * p + 1]);
-      load_b_rows<D>(b0, b1, dout, p * 16, kk);
-      mma_m16n8k16_bf16(dpt[2 * p], va, b0, dpt[2 * p]);
-      mma_m16n8k16_bf16(dpt[2 * p + 1], va, b1, dpt[2 * p + 1]);
-    }
-  }
+  score_pair<D, BQ>(sp, dpt, tiles.k, tiles.v, q, dout, warp * 16);
   // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
   // qs + 8j + 2 t4 + e % 2. Queries past seq (zero rows, zero lse and delta) are masked.
   UNROLL
@@ -262,26 +271,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& t
                                         const float (&row_lse)[2], const float (&row_delta)[2], float scale) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[BK / 8][4], dp[BK / 8][4];
-  UNROLL
-  for (int j = 0; j < BK / 8; ++j)
-    UNROLL
-    for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-  UNROLL
-  for (int kk = 0; kk < D; kk += 16) {
-    uint32_t qa[4], oa[4];
-    load_a<D>(qa, tiles.q, warp * 16, kk);
-    load_a<D>(oa, tiles.dout, warp * 16, kk);
-    UNROLL
-    for (int p = 0; p < BK / 16; ++p) {
-      uint32_t b0[2], b1[2];
-      load_b_rows<D>(b0, b1, st.k, p * 16, kk);
-      mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
-      mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
-      load_b_rows<D>(b0, b1, st.v, p * 16, kk);
-      mma_m16n8k16_bf16(dp[2 * p], oa, b0, dp[2 * p]);
-      mma_m16n8k16_bf16(dp[2 * p + 1], oa, b1, dp[2 * p + 1]);
-    }
-  }
+  score_pair<D, BK>(s, dp, tiles.q, tiles.dout, st.k, st.v, warp * 16);
   // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
   UNROLL
   for (int j = 0; j < BK / 8; ++j)
