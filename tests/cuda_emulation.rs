@@ -67,6 +67,13 @@ fn layernorm_forward_backward() {
     emu_cases::layernorm_forward_backward(&CUDA, &[(4, 32), (7, 50), (13, 200), (6, 768), (3, 5)]);
 }
 
+/// The one-launch LayerNorm backward on grids the Device's shapes do not reach (several rows per
+/// block, blocks with none, 12288 channels): deterministic, the counter reset.
+#[test]
+fn layernorm_backward_on_any_grid() {
+    emu_cases::layernorm_backward_on_any_grid(&CUDA);
+}
+
 // ---- tensor_ops.cu (the CUDA Device's f32 ops) ----------------------------------------------
 
 /// The reductions of tensor_ops.cu (a warp per row, a thread per column, fixed blocks) and two of

@@ -8,6 +8,7 @@ use super::emu::*;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::gpu::kernels::plan::layernorm_bwd_blocks;
 use trident::real::Precision;
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -230,26 +231,50 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
     check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
 
     // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
-    // nonzero gradients as the model does.
+    // nonzero gradients as the model does, on the Device's grid.
+    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
+    layernorm_backward(v, &case, &name, [&x, &weight, &mean32, &rstd32], layernorm_bwd_blocks(rows, cols));
+}
+
+/// `layernorm_bwd_bf16` on `blocks` blocks over `[x, weight, mean, rstd]` (x [rows, cols], the
+/// statistics the forward saved): dinp (bf16, accumulated) within DESIGN.md's bf16 rule of the reference, the
+/// parameter gradients within f32 roundings; a second run from the same inputs gives the same bits
+/// and each run leaves the counter at 0.
+pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean, rstd]: [&[f32]; 4], blocks: usize) {
+    let (rows, cols) = (mean.len(), weight.len());
     let dout = v.bf16_values(rows * cols, "dout", 1.0);
-    let dinp0 = v.f32_values(rows * cols, "dinp0", 0.1, 0.0);
+    let dinp0 = v.bf16_values(rows * cols, "dinp0", 0.1);
     let dw0 = v.f32_values(cols, "dw0", 0.1, 0.0);
     let db0 = v.f32_values(cols, "db0", 0.1, 0.0);
-    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
     case.put_bf16("dout", &dout);
-    case.put_bf16("inp", &x);
-    case.put_f32("mean", &mean32);
-    case.put_f32("rstd", &rstd32);
-    case.put_f32("dinp", &dinp0);
+    case.put_bf16("inp", x);
+    case.put_f32("weight", weight);
+    case.put_f32("mean", mean);
+    case.put_f32("rstd", rstd);
+    case.put_bf16("dinp", &dinp0);
     case.put_f32("dweight", &dw0);
     case.put_f32("dbias", &db0);
-    case.run("layernorm_bwd", &args(&[&rows, &cols]));
+    case.run("layernorm_bwd", &args(&[&rows, &cols, &blocks]));
+    let dev = ReferenceDevice;
     let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
-    let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, &mean32), reference(&dev, &rstd32));
+    let (rx, rw) = (reference(&dev, x), reference(&dev, weight));
+    let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, mean), reference(&dev, rstd));
     dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdout, &rx, &rw, &rmean, &rrstd, rows, cols);
-    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+    let name = format!("{name} on {blocks} blocks");
+    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
     check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+    for out in ["dinp", "dweight", "dbias"] {
+        let (first, second) = match out {
+            "dinp" => (case.get_bf16("dinp"), case.get_bf16("dinp2")),
+            _ => (case.get_f32(out), case.get_f32(&format!("{out}2"))),
+        };
+        assert!(
+            first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits()) && first.len() == second.len(),
+            "{name}: {out} differs between two runs"
+        );
+    }
+    assert_eq!((case.get_u32("counter"), case.get_u32("counter2")), (vec![0], vec![0]), "{name}: counter not reset");
 }
 
 /// LayerNorm on the vendor's `shapes` (rows, cols), then with the fused residual add on widths
@@ -260,6 +285,25 @@ pub fn layernorm_forward_backward(v: &Vendor, shapes: &[(usize, usize)]) {
     }
     for (rows, cols) in [(5, 96), (9, 130), (2, 31)] {
         layernorm(v, rows, cols, true);
+    }
+}
+
+/// `layernorm_bwd_bf16` on grids other than one block per 4 rows: blocks owning several rows with
+/// a ragged last one, blocks owning none, one block, and GPT-3 175B's 12288 channels.
+pub fn layernorm_backward_on_any_grid(v: &Vendor) {
+    let grids = [(37, 50, 3), (200, 96, 7), (10, 33, 4), (9, 20, 5), (5, 7, 8), (3, 300, 1), (6, 12288, 2)];
+    for (rows, cols, blocks) in grids {
+        let name = format!("layernorm_bwd_{rows}x{cols}");
+        let case = v.case(&name);
+        let (x, weight, _) = layernorm_inputs(v, rows, cols);
+        let (mut mean, mut rstd) = (Vec::new(), Vec::new());
+        for row in x.chunks(cols) {
+            let mu = row.iter().map(|&a| a as f64).sum::<f64>() / cols as f64;
+            let var = row.iter().map(|&a| (a as f64 - mu).powi(2)).sum::<f64>() / cols as f64;
+            mean.push(mu as f32);
+            rstd.push((1.0 / (var + 1e-5).sqrt()) as f32);
+        }
+        layernorm_backward(v, &case, &name, [&x, &weight, &mean, &rstd], blocks);
     }
 }
 

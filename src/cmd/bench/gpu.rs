@@ -25,7 +25,7 @@ use crate::device::{AttentionShape, Device};
 use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
-use crate::gpu::kernels::plan::{kernel_of, plan, GemmOut, KernelLaunch, Op};
+use crate::gpu::kernels::plan::{kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, plan, GemmOut, KernelLaunch, Op};
 use crate::gpu::kernels::{Kernel, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
@@ -165,7 +165,7 @@ pub enum GpuBench {
     Gemm,
     /// The causal attention forward.
     Attention,
-    /// The fused LayerNorm forward, input gradient and parameter gradients (`layernorm.cu`).
+    /// The fused LayerNorm forward and its one-launch backward (`layernorm.cu`).
     Layernorm,
     /// GELU forward and backward on bf16 (`gelu.cu`).
     Gelu,
@@ -235,7 +235,7 @@ impl GpuBench {
             GpuBench::Layernorm => {
                 let (rows, channels) = (s[0], s[1]);
                 let fwd = Op::LayernormFwd { rows, channels };
-                vec![fwd, Op::LayernormBwdDx { rows, channels }, Op::LayernormBwdParams { rows, channels }]
+                vec![fwd, Op::LayernormBwd { rows, channels }]
             }
             GpuBench::Gelu => vec![Op::GeluFwd { n: s[0] }, Op::GeluBwd { n: s[0] }],
             GpuBench::Xent => {
@@ -539,22 +539,25 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     b.records(&shape, &[""], planned, &[&args], work, &[checked])
 }
 
-/// `bench layernorm`: `layernorm.cu`'s forward, input gradient (accumulated in f32) and parameter
-/// gradients on [rows, c], against the reference device's LayerNorm on the same bf16 inputs
-/// (backward on the statistics the forward saved): the outputs of the first rows the budget
-/// allows, the parameter gradients when every row fits.
+/// `bench layernorm`: `layernorm.cu`'s forward and its one-launch backward (the input gradient
+/// accumulated into bf16, the parameter gradients through the partials and the last block) on
+/// [rows, c], against the reference device's LayerNorm on the same bf16 inputs (backward on the
+/// statistics the forward saved): the outputs of the first rows the budget allows, the parameter
+/// gradients when every row fits.
 fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Result<Vec<GpuRecord>> {
     let (inp, dout) = (bf16_values(rows * c, 3), bf16_values(rows * c, 4));
     let (weight, bias) = (f32_values(c, 5, 0.2, 1.0), f32_values(c, 6, 0.2, 0.0));
     let (d_inp, d_dout, d_w, d_b) = (b.upload(&inp)?, b.upload(&dout)?, b.upload(&weight)?, b.upload(&bias)?);
     let (d_out, d_mean, d_rstd) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
-    let (d_dinp, d_dw, d_db) = (b.zeroed(4 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
+    let (d_dinp, d_dw, d_db) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
+    // The scratch the Device keeps per shape: the partial sums, and the counter zeroed once.
+    let (d_partials, d_counter) = (b.zeroed(4 * layernorm_bwd_partials(rows, c))?, b.zeroed(4)?);
     let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, Ptr(d_inp.pointer()), Ptr(d_dout.pointer()));
     let (mean, rstd, w) = (Ptr(d_mean.pointer()), Ptr(d_rstd.pointer()), Ptr(d_w.pointer()));
     let fwd_args = [Ptr(d_out.pointer()), mean, rstd, Ptr(0), x, Ptr(0), w, Ptr(d_b.pointer()), r, cc];
-    let dx_args = [Ptr(d_dinp.pointer()), dy, x, w, mean, rstd, r, cc];
-    let dp_args = [Ptr(d_dw.pointer()), Ptr(d_db.pointer()), dy, x, mean, rstd, r, cc];
-    let args = [&fwd_args[..], &dx_args[..], &dp_args[..]];
+    let (dinp, dw, db) = (Ptr(d_dinp.pointer()), Ptr(d_dw.pointer()), Ptr(d_db.pointer()));
+    let bwd_args = [dinp, dw, db, Ptr(d_partials.pointer()), Ptr(d_counter.pointer()), dy, x, w, mean, rstd, r, cc];
+    let args = [&fwd_args[..], &bwd_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
@@ -572,19 +575,16 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     let (mut dinp_r, mut dw_r, mut db_r) = (vec![0f64; p * c], vec![0f64; c], vec![0f64; c]);
     let (dy_r, m_r, s_r) = (wide_bf16(&dout[..p * c]), wide(&mean), wide(&rstd));
     dev.layernorm_backward(&mut dinp_r, &mut dw_r, &mut db_r, &dy_r, &x_r, &w_r, &m_r, &s_r, p, c);
-    let dx = worst(&b.f32s(&d_dinp, p * c)?, &dinp_r, Bound::F32);
+    let dx = worst(&b.bf16s(&d_dinp, p * c)?, &dinp_r, Bound::Bf16);
     let dp = worst(&b.f32s(&d_dw, c)?, &dw_r, Bound::F32).max(worst(&b.f32s(&d_db, c)?, &db_r, Bound::F32));
     let (e, r, c_f) = ((rows * c) as f64, rows as f64, c as f64);
-    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 8.0 * r + 4.0 * c_f, 4.0 * e + 8.0 * r + 16.0 * c_f];
-    let checks = [(p > 0).then_some(fwd), (p > 0).then_some(dx), (p == rows).then_some(dp)];
-    b.records(
-        &format!("{rows}x{c}"),
-        &[" fwd", " bwd dx", " bwd dparams"],
-        planned,
-        &args,
-        work.map(Work::Bytes),
-        &checks,
-    )
+    // Backward: dout and inp read twice, dinp read and written (bf16), the partials written and
+    // read once, the statistics.
+    let blocks = layernorm_bwd_blocks(rows, c) as f64;
+    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 24.0 * r + 16.0 * blocks * c_f + 12.0 * c_f];
+    let bwd = if p == rows { dx.max(dp) } else { dx };
+    let checks = [(p > 0).then_some(fwd), (p > 0).then_some(bwd)];
+    b.records(&format!("{rows}x{c}"), &[" fwd", " bwd"], planned, &args, work.map(Work::Bytes), &checks)
 }
 
 /// `bench gelu`: `gelu.cu`'s forward and backward over n bf16 elements, against the reference

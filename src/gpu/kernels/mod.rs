@@ -46,8 +46,7 @@ pub enum Kernel {
     GemmBwdInputBf16Sm90,
     GemmBwdWeightBf16Sm90,
     LayernormFwdBf16,
-    LayernormBwdDxBf16,
-    LayernormBwdDparamsBf16,
+    LayernormBwdBf16,
     XentMaxBf16,
     XentPartialsBf16,
     XentBwdBf16,
@@ -157,8 +156,8 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90"),
     gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90"),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
-    spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
-    spec(Kernel::LayernormBwdDparamsBf16, "layernorm_bwd_dparams_bf16", "layernorm.cu", 128, Some(256), 0),
+    // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
+    spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
@@ -385,7 +384,7 @@ mod tests {
         assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(256), Some(256)));
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
-        assert_eq!(both(Kernel::LayernormBwdDparamsBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::LayernormBwdBf16), (Some(128), Some(256)));
         assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(384), None));
         assert_eq!(both(Kernel::GemmBwdWeightBf16Sm90), (Some(384), None));
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));

@@ -66,11 +66,8 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
-    LayernormBwdDx {
-        rows: usize,
-        channels: usize,
-    },
-    LayernormBwdParams {
+    /// The whole LayerNorm backward in one launch (`layernorm_bwd_bf16`): dinp, dweight, dbias.
+    LayernormBwd {
         rows: usize,
         channels: usize,
     },
@@ -177,6 +174,27 @@ pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize)
     }
 }
 
+/// The f32 elements of partial column sums `layernorm_bwd_bf16`'s blocks may hold at most
+/// (8 MiB): it bounds the partials buffer and the last block's final sum however wide the rows.
+pub const LAYERNORM_BWD_PARTIAL_BUDGET: usize = 1 << 21;
+
+/// The blocks (CUDA) or workgroups (HIP) of `layernorm_bwd_bf16` on [rows, channels]: one per 4
+/// rows, at most 1024 and at most as many as keep their partial column sums (2 x channels f32
+/// each) within `LAYERNORM_BWD_PARTIAL_BUDGET`; at least 1. A function of the shape alone, so
+/// the sums' grouping, and with it every bit of dweight and dbias, is the same on every device.
+pub fn layernorm_bwd_blocks(rows: usize, channels: usize) -> usize {
+    let by_width = (LAYERNORM_BWD_PARTIAL_BUDGET / (2 * channels.max(1))).clamp(1, 1024);
+    rows.div_ceil(4).clamp(1, by_width)
+}
+
+/// The f32 elements of the `partials` scratch `layernorm_bwd_bf16` needs on [rows, channels]:
+/// each block's two column sums (`layernorm_bwd_blocks` x 2 x channels), then each row's two
+/// statistics (2 x rows). The Device allocates it once per shape (its contents need no
+/// initialising) beside a `u32` counter it zeroes once; every launch leaves the counter at 0.
+pub fn layernorm_bwd_partials(rows: usize, channels: usize) -> usize {
+    layernorm_bwd_blocks(rows, channels) * 2 * channels + 2 * rows
+}
+
 /// The launch of `op` on a `vendor` device with `limits` and `multiprocessors` SMs (compute units).
 pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32) -> Result<KernelLaunch> {
     let spec = kernel_of(op)?.spec();
@@ -210,8 +228,8 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
         }
-        Op::LayernormFwd { rows, .. } | Op::LayernormBwdDx { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
-        Op::LayernormBwdParams { channels, .. } => ([channels, 1, 1], [t, 1, 1]),
+        Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
+        Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.min(cap), 1, 1], [t, 1, 1])
@@ -269,8 +287,7 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
-        Op::LayernormBwdDx { .. } => Kernel::LayernormBwdDxBf16,
-        Op::LayernormBwdParams { .. } => Kernel::LayernormBwdDparamsBf16,
+        Op::LayernormBwd { .. } => Kernel::LayernormBwdBf16,
         Op::GeluFwd { .. } => Kernel::GeluFwdBf16,
         Op::GeluBwd { .. } => Kernel::GeluBwdBf16,
         Op::AdamW { .. } => Kernel::AdamwF32Bf16,
@@ -305,9 +322,7 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         | Op::GemmBwdInputSm90 { m, n, k }
         | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
-        Op::LayernormFwd { rows, channels }
-        | Op::LayernormBwdDx { rows, channels }
-        | Op::LayernormBwdParams { rows, channels } => {
+        Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
             vec![("rows", rows), ("C", channels)]
         }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
@@ -348,9 +363,8 @@ mod tests {
         assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [24, 8, 1]);
         assert_eq!(p(Op::GemmFwd { m: 129, n: 257, k: 8, out: GemmOut::F32 }).config.grid, [3, 2, 1]);
         assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
-        assert_eq!(p(Op::LayernormBwdDx { rows: 8, channels: 33 }).config.grid, [2, 1, 1]);
-        let d = p(Op::LayernormBwdParams { rows: 7, channels: 129 });
-        assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [128, 1, 1]));
+        let d = p(Op::LayernormBwd { rows: 9, channels: 129 });
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("layernorm_bwd_bf16", [3, 1, 1], [128, 1, 1]));
         let e = p(Op::GeluFwd { n: 1000 });
         assert_eq!((e.config.grid, e.config.block), ([4, 1, 1], [256, 1, 1]));
         // Grid-stride kernels stop at 8 blocks per SM.
@@ -433,8 +447,7 @@ mod tests {
         }
         for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
             assert_eq!(p(Op::LayernormFwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
-            assert_eq!(p(Op::LayernormBwdDx { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
-            assert_eq!(p(Op::LayernormBwdParams { rows, channels }).config.grid, [cd(channels, 128), 1, 1]);
+            assert_eq!(p(Op::LayernormBwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
         }
         for (rows, vocab) in [(5, 1000), (3, 333), (2, 12565), (4, 1)] {
             for op in [Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }] {
@@ -521,13 +534,32 @@ mod tests {
         assert_eq!((g.config.grid, g.config.block, g.config.shared_bytes), ([2, 2, 1], [256, 1, 1], 0));
         let w = h(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.config.grid, w.config.shared_bytes), ([2, 3, 1], 0));
-        let d = h(Op::LayernormBwdParams { rows: 7, channels: 300 });
+        let d = h(Op::LayernormBwd { rows: 7, channels: 300 });
         assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [256, 1, 1]));
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
         let e = plan(&Op::GemmFwdSm90 { m: 64, n: 64, k: 64 }, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
         assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
+    }
+
+    /// layernorm_bwd_bf16's blocks: one per 4 rows, capped at 1024 and by the partials' budget
+    /// (fewer for wide rows), at least one; the partials hold their column sums and the rows'
+    /// statistics.
+    #[test]
+    fn layernorm_backward_blocks_and_partials_follow_the_shape() {
+        assert_eq!(layernorm_bwd_blocks(7, 33), 2);
+        assert_eq!(layernorm_bwd_blocks(0, 33), 1);
+        assert_eq!(layernorm_bwd_blocks(8192, 768), 1024);
+        assert_eq!(layernorm_bwd_blocks(8192, 1600), 655);
+        // GPT-3 175B: 12288 channels, 85 blocks of partials (8 MiB at most), any row count.
+        assert_eq!(layernorm_bwd_blocks(2048, 12288), 85);
+        assert_eq!(layernorm_bwd_blocks(1 << 20, 12288), 85);
+        assert_eq!(layernorm_bwd_blocks(3, 1 << 22), 1);
+        assert_eq!(layernorm_bwd_partials(7, 33), 2 * 2 * 33 + 14);
+        assert!(layernorm_bwd_partials(2048, 12288) - 2 * 2048 <= LAYERNORM_BWD_PARTIAL_BUDGET);
+        let g = p(Op::LayernormBwd { rows: 2048, channels: 12288 });
+        assert_eq!((g.config.grid, g.config.shared_bytes, g.spec.static_shared), ([85, 1, 1], 0, 4));
     }
 
     /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
