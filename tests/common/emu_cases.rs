@@ -17,6 +17,7 @@ use trident::real::Precision;
 macro_rules! shared_kernel_tests {
     ($vendor:expr) => {
         $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
+            gemm_backward_input_bf16_out,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal);
     };
@@ -147,6 +148,31 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
     check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
+}
+
+/// dinp = dout · W with a bf16 output (the f32 sum rounded once) by the harness op `op`
+/// (`gemm_bwd_bf16out`, CUDA's sm_90a `gemm_sm90_bwd_bf16out`), against `linear_backward` within
+/// DESIGN.md's bf16 rule; every element overwritten (the harness presets -1).
+pub fn gemm_bwd_input_bf16_out_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
+    let name = format!("{op}_{m}x{n}x{k}");
+    let case = v.case(&name);
+    let dout = v.bf16_values(m * n, "dout", 1.0);
+    let w = v.bf16_values(n * k, "w", 0.2);
+    case.put_bf16("dout", &dout);
+    case.put_bf16("w", &w);
+    case.run(op, &args(&[&m, &n, &k]));
+    let dev = ReferenceDevice;
+    let (rdout, rw) = (reference(&dev, &dout), reference(&dev, &w));
+    let (mut dinp, mut dweight) = (dev.alloc(m * k), dev.alloc(n * k));
+    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &dev.alloc(m * k), &rw, m, k, n);
+    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
+}
+
+/// The backward-input GEMM with a bf16 output on the shapes of `gemm_backward`.
+pub fn gemm_backward_input_bf16_out(v: &Vendor) {
+    for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
+        gemm_bwd_input_bf16_out_by(v, m, n, k, "gemm_bwd_bf16out");
+    }
 }
 
 pub fn gemm_backward(v: &Vendor) {

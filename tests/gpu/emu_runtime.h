@@ -125,6 +125,7 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(gemm_fwd_bf16_f32out),
     EMU_KERNEL(gemm_fwd_bf16),
     EMU_KERNEL(gemm_bwd_input_bf16),
+    EMU_KERNEL(gemm_bwd_input_bf16_bf16out),
     EMU_KERNEL(gemm_bwd_weight_bf16),
     EMU_KERNEL(layernorm_fwd_bf16),
     EMU_KERNEL(layernorm_bwd_bf16),

@@ -149,6 +149,17 @@ inline void gemm_backward(const Geometry& g) {
   write_f32("dweight", dweight);
 }
 
+// dinp = dout · W with a bf16 output (gemm_bwd_input_bf16_bf16out), every element preset to -1.
+inline void gemm_backward_bf16_out(const Geometry& g) {
+  const int M = arg(0), N = arg(1), K = arg(2);
+  auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
+  std::vector<bf16> dinp(size_t(M) * K, to_bf16(-1.0f));
+  const int tile = int(g.gemm_tile);
+  emu::launch_dynamic(g.gemm_shared[1], dim3(ceil_div(K, tile), ceil_div(M, tile)), dim3(g.gemm_threads),
+                      gemm_bwd_input_bf16_bf16out, dinp.data(), dout.data(), W.data(), M, N, K);
+  write_bf16("dinp", dinp);
+}
+
 // Both directions on n elements that start `offset` elements into their buffers (an offset
 // that is not a multiple of 4 takes the one-at-a-time path).
 inline void casts() {
@@ -333,6 +344,8 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     gemm_forward(gemm_fwd_bf16, g.gemm_threads, g.gemm_tile, g.gemm_shared[0]);
   } else if (op == "gemm_bwd") {
     gemm_backward(g);
+  } else if (op == "gemm_bwd_bf16out") {
+    gemm_backward_bf16_out(g);
   } else if (op == "casts") {
     casts();
   } else if (op == "layernorm_fwd") {

@@ -41,9 +41,12 @@ pub enum Kernel {
     GemmFwdBf16F32out,
     GemmFwdBf16,
     GemmBwdInputBf16,
+    GemmBwdInputBf16Bf16out,
     GemmBwdWeightBf16,
     GemmFwdBf16F32outSm90,
+    GemmFwdBf16Sm90,
     GemmBwdInputBf16Sm90,
+    GemmBwdInputBf16Bf16outSm90,
     GemmBwdWeightBf16Sm90,
     LayernormFwdBf16,
     LayernormBwdBf16,
@@ -149,11 +152,14 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 81920),
     gemm(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 81920),
     gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776),
+    gemm(Kernel::GemmBwdInputBf16Bf16out, "gemm_bwd_input_bf16_bf16out", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632),
     // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 131136 bytes of dynamic shared memory
     // (plan::SM90_GEMM_SHARED_BYTES); kernels-hip/ has no twin.
     gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90"),
+    gemm_sm90(Kernel::GemmFwdBf16Sm90, "gemm_fwd_bf16_sm90"),
     gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90"),
+    gemm_sm90(Kernel::GemmBwdInputBf16Bf16outSm90, "gemm_bwd_input_bf16_bf16out_sm90"),
     gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90"),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
     // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).

@@ -26,11 +26,12 @@ pub enum Op {
         k: usize,
         out: GemmOut,
     },
-    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite).
+    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite), dinp f32 or bf16.
     GemmBwdInput {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// dW [n, k] += dout [m, n]ᵀ · inp [m, k].
     GemmBwdWeight {
@@ -38,17 +39,19 @@ pub enum Op {
         n: usize,
         k: usize,
     },
-    /// The forward GEMM on sm_90a's wgmma fed by TMA (f32 output; compute capability 9.0 only).
+    /// The forward GEMM on sm_90a's wgmma fed by TMA (compute capability 9.0 only).
     GemmFwdSm90 {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// `GemmBwdInput` on sm_90a's wgmma fed by TMA.
     GemmBwdInputSm90 {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// `GemmBwdWeight` on sm_90a's wgmma fed by TMA.
     GemmBwdWeightSm90 {
@@ -163,13 +166,21 @@ pub struct LinearGemms {
 /// The linear layer's GEMMs on a device with (`wgmma`: compute capability 9.0, sm_90a) or without
 /// warpgroup wgmma and TMA: each product on the sm_90a kernels where TMA can describe its
 /// operands (row pitches multiples of 8 elements: `k` for the forward, `n` and `k` for the
-/// backward products; `aligned`: the bf16 operands start on 16 bytes), else on the mma.sync ones.
-pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize) -> LinearGemms {
+/// backward products; `aligned`: the bf16 operands start on 16 bytes), else on the mma.sync (HIP:
+/// MFMA) ones. `out` is the storage type of the forward's output (and residual) and of dinp: f32
+/// picks `gemm_fwd_bf16_f32out(_sm90)` / `gemm_bwd_input_bf16(_sm90)`, bf16 `gemm_fwd_bf16(_sm90)`
+/// / `gemm_bwd_input_bf16_bf16out(_sm90)`; dW is f32 either way. HIP has no wgmma: pass
+/// `wgmma = false` there.
+pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize, out: GemmOut) -> LinearGemms {
     let (m, tma) = (rows, wgmma && aligned && k.is_multiple_of(8));
     let backward = tma && n.is_multiple_of(8);
     LinearGemms {
-        forward: if tma { Op::GemmFwdSm90 { m, n, k } } else { Op::GemmFwd { m, n, k, out: GemmOut::F32 } },
-        backward_input: if backward { Op::GemmBwdInputSm90 { m, n, k } } else { Op::GemmBwdInput { m, n, k } },
+        forward: if tma { Op::GemmFwdSm90 { m, n, k, out } } else { Op::GemmFwd { m, n, k, out } },
+        backward_input: if backward {
+            Op::GemmBwdInputSm90 { m, n, k, out }
+        } else {
+            Op::GemmBwdInput { m, n, k, out }
+        },
         backward_weight: if backward { Op::GemmBwdWeightSm90 { m, n, k } } else { Op::GemmBwdWeight { m, n, k } },
     }
 }
@@ -279,10 +290,13 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
     Ok(match *op {
         Op::GemmFwd { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32out,
         Op::GemmFwd { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16,
-        Op::GemmBwdInput { .. } => Kernel::GemmBwdInputBf16,
+        Op::GemmBwdInput { out: GemmOut::F32, .. } => Kernel::GemmBwdInputBf16,
+        Op::GemmBwdInput { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16out,
         Op::GemmBwdWeight { .. } => Kernel::GemmBwdWeightBf16,
-        Op::GemmFwdSm90 { .. } => Kernel::GemmFwdBf16F32outSm90,
-        Op::GemmBwdInputSm90 { .. } => Kernel::GemmBwdInputBf16Sm90,
+        Op::GemmFwdSm90 { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32outSm90,
+        Op::GemmFwdSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16Sm90,
+        Op::GemmBwdInputSm90 { out: GemmOut::F32, .. } => Kernel::GemmBwdInputBf16Sm90,
+        Op::GemmBwdInputSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16outSm90,
         Op::GemmBwdWeightSm90 { .. } => Kernel::GemmBwdWeightBf16Sm90,
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
@@ -316,10 +330,10 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
 fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
     match *op {
         Op::GemmFwd { m, n, k, .. }
-        | Op::GemmBwdInput { m, n, k }
+        | Op::GemmBwdInput { m, n, k, .. }
         | Op::GemmBwdWeight { m, n, k }
-        | Op::GemmFwdSm90 { m, n, k }
-        | Op::GemmBwdInputSm90 { m, n, k }
+        | Op::GemmFwdSm90 { m, n, k, .. }
+        | Op::GemmBwdInputSm90 { m, n, k, .. }
         | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
         Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
@@ -406,18 +420,18 @@ mod tests {
     #[test]
     fn backward_gemm_wgmma_and_cast_launches_match_their_headers() {
         // gemm_bf16_bwd.cu: a 128 x 128 tile of dinp [M, K] or dW [N, K] per block of 256 threads.
-        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33 });
+        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 1, 1], [256, 1, 1]));
         assert_eq!((d.config.shared_bytes, d.config.needs_shared_optin), (75776, true));
         let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.spec.function, w.config.grid, w.config.shared_bytes), ("gemm_bwd_weight_bf16", [1, 2, 1], 69632));
-        assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072 }).config.grid, [24, 64, 1]);
+        assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072, out: GemmOut::F32 }).config.grid, [24, 64, 1]);
         // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
         // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
-        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
+        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160, out: GemmOut::F32 });
         assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([2, 2, 1], [384, 1, 1], 90));
         assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (131136, true));
-        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200 });
+        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid), ("gemm_bwd_input_bf16_sm90", [2, 3, 1]));
         let w = p(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
         assert_eq!(
@@ -425,12 +439,13 @@ mod tests {
             ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 131136)
         );
         // GPT-3 175B's MLP at 2048 tokens: 12288 -> 49152.
-        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288 }).config.grid, [384, 16, 1]);
+        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288, out: GemmOut::F32 }).config.grid, [384, 16, 1]);
         // casts.cu: eight elements per thread, blocks of 256, grid-stride.
         assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
         assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
         assert_eq!(p(Op::CastF32ToBf16 { n: 1 << 30 }).config.grid, [8 * 108, 1, 1]);
-        assert!(plan(&Op::GemmBwdInput { m: 0, n: 1, k: 1 }, Vendor::Cuda, &DeviceLimits::A100, 108).is_err());
+        let empty = Op::GemmBwdInput { m: 0, n: 1, k: 1, out: GemmOut::F32 };
+        assert!(plan(&empty, Vendor::Cuda, &DeviceLimits::A100, 108).is_err());
     }
 
     #[test]
@@ -539,7 +554,8 @@ mod tests {
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
-        let e = plan(&Op::GemmFwdSm90 { m: 64, n: 64, k: 64 }, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
+        let sm90 = Op::GemmFwdSm90 { m: 64, n: 64, k: 64, out: GemmOut::F32 };
+        let e = plan(&sm90, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
         assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
     }
 
@@ -567,24 +583,43 @@ mod tests {
     #[test]
     fn linear_gemms_pick_sm90_on_compute_capability_9() {
         let sm90 = LinearGemms {
-            forward: Op::GemmFwdSm90 { m: 100, n: 3072, k: 768 },
-            backward_input: Op::GemmBwdInputSm90 { m: 100, n: 3072, k: 768 },
+            forward: Op::GemmFwdSm90 { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
+            backward_input: Op::GemmBwdInputSm90 { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
             backward_weight: Op::GemmBwdWeightSm90 { m: 100, n: 3072, k: 768 },
         };
-        assert_eq!(linear_gemms(true, true, 100, 768, 3072), sm90);
+        assert_eq!(linear_gemms(true, true, 100, 768, 3072, GemmOut::F32), sm90);
         let sm80 = LinearGemms {
             forward: Op::GemmFwd { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
-            backward_input: Op::GemmBwdInput { m: 100, n: 3072, k: 768 },
+            backward_input: Op::GemmBwdInput { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
             backward_weight: Op::GemmBwdWeight { m: 100, n: 3072, k: 768 },
         };
-        assert_eq!(linear_gemms(false, true, 100, 768, 3072), sm80);
-        assert_eq!(linear_gemms(true, false, 100, 768, 3072), sm80);
+        assert_eq!(linear_gemms(false, true, 100, 768, 3072, GemmOut::F32), sm80);
+        assert_eq!(linear_gemms(true, false, 100, 768, 3072, GemmOut::F32), sm80);
         // The LM head of an unpadded vocabulary: the forward reads rows of 768 (TMA), the
         // backward products rows of 50257 (not a multiple of 8: mma.sync).
-        let head = linear_gemms(true, true, 100, 768, 50257);
-        assert_eq!(head.forward, Op::GemmFwdSm90 { m: 100, n: 50257, k: 768 });
-        assert_eq!(head.backward_input, Op::GemmBwdInput { m: 100, n: 50257, k: 768 });
+        let head = linear_gemms(true, true, 100, 768, 50257, GemmOut::F32);
+        assert_eq!(head.forward, Op::GemmFwdSm90 { m: 100, n: 50257, k: 768, out: GemmOut::F32 });
+        assert_eq!(head.backward_input, Op::GemmBwdInput { m: 100, n: 50257, k: 768, out: GemmOut::F32 });
         assert_eq!(head.backward_weight, Op::GemmBwdWeight { m: 100, n: 50257, k: 768 });
-        assert_eq!(linear_gemms(true, true, 7, 33, 8).forward, Op::GemmFwd { m: 7, n: 8, k: 33, out: GemmOut::F32 });
+        let small = linear_gemms(true, true, 7, 33, 8, GemmOut::F32).forward;
+        assert_eq!(small, Op::GemmFwd { m: 7, n: 8, k: 33, out: GemmOut::F32 });
+        // bf16 storage: the bf16-output kernels on both paths, dW still f32.
+        let bf16 = |wgmma| linear_gemms(wgmma, true, 100, 768, 3072, GemmOut::Bf16);
+        let kernels = |g: LinearGemms| [g.forward, g.backward_input, g.backward_weight].map(|o| kernel_of(&o).unwrap());
+        use Kernel::*;
+        assert_eq!(kernels(bf16(true)), [GemmFwdBf16Sm90, GemmBwdInputBf16Bf16outSm90, GemmBwdWeightBf16Sm90]);
+        assert_eq!(kernels(bf16(false)), [GemmFwdBf16, GemmBwdInputBf16Bf16out, GemmBwdWeightBf16]);
+        let f32 = |wgmma| linear_gemms(wgmma, true, 100, 768, 3072, GemmOut::F32);
+        assert_eq!(kernels(f32(true)), [GemmFwdBf16F32outSm90, GemmBwdInputBf16Sm90, GemmBwdWeightBf16Sm90]);
+        assert_eq!(kernels(f32(false)), [GemmFwdBf16F32out, GemmBwdInputBf16, GemmBwdWeightBf16]);
+        // The head of an unpadded vocabulary on bf16: sm_90a forward, mma.sync backward-input.
+        let head = kernels(linear_gemms(true, true, 100, 768, 50257, GemmOut::Bf16));
+        assert_eq!(head[..2], [GemmFwdBf16Sm90, GemmBwdInputBf16Bf16out]);
+        // HIP (no wgmma): the MFMA twins of the bf16-output kernels, planned with HIP workgroups.
+        let mi250x = DeviceLimits { shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
+        for op in [bf16(false).forward, bf16(false).backward_input] {
+            let l = plan(&op, Vendor::Hip, &mi250x, 110).unwrap();
+            assert_eq!((l.config.block, l.config.shared_bytes), ([256, 1, 1], 0), "{}", l.spec.function);
+        }
     }
 }
