@@ -497,7 +497,7 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     hopper.push(("EMU_CUDA_CC", PathBuf::from("90")));
     let shapes = [("gemm", "130x192x160"), ("gemm-bwd", "130x192x160")];
     let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &shapes);
-    assert_eq!(launched, ["gemm_bwd_input_bf16_bf16out_sm90", "gemm_fwd_bf16_sm90"]);
+    assert_eq!(launched, ["column_sum_add_bf16", "gemm_bwd_input_bf16_bf16out_sm90", "gemm_fwd_bf16_sm90"]);
     assert!(launched.iter().all(|f| gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(f)));
 }
 

@@ -17,7 +17,7 @@ use trident::real::Precision;
 macro_rules! shared_kernel_tests {
     ($vendor:expr) => {
         $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
-            gemm_backward_input_bf16_out,
+            gemm_backward_input_bf16_out, column_sum_add_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal);
     };
@@ -181,6 +181,23 @@ pub fn gemm_backward(v: &Vendor) {
     // of the 64 tile, the 32-deep slab or MFMA's 8); several tiles and reduction steps; tiny.
     for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
         gemm_bwd(v, m, n, k);
+    }
+}
+
+/// The bias gradient of a bf16 dout: dbias[c] += Σ_r dout[r][c] in f32, rows in order: bit for
+/// bit the sequential f32 sum (so deterministic), on widths below, across and past a block.
+pub fn column_sum_add_bf16(v: &Vendor) {
+    for (rows, cols) in [(1, 1), (7, 33), (40, 300), (3, 1000), (130, 257)] {
+        let name = format!("column_sum_bf16_{rows}x{cols}");
+        let case = v.case(&name);
+        let dout = v.bf16_values(rows * cols, "dout", 2.0);
+        let dbias = v.f32_values(cols, "dbias", 0.5, 0.0);
+        case.put_bf16("dout", &dout);
+        case.put_f32("dbias", &dbias);
+        case.run("column_sum_bf16", &args(&[&rows, &cols]));
+        let want: Vec<f32> =
+            (0..cols).map(|c| (0..rows).fold(dbias[c], |acc, r| acc + dout[r * cols + c])).collect();
+        assert_eq!(case.get_f32("dbias"), want, "{name}: not the row-ordered f32 sum");
     }
 }
 

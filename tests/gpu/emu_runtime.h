@@ -146,6 +146,7 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(embedding_bwd_f32),
     EMU_KERNEL(position_bwd_f32),
     EMU_KERNEL(column_sum_add_f32),
+    EMU_KERNEL(column_sum_add_bf16),
     EMU_KERNEL(layernorm_bwd_params_f32),
     EMU_KERNEL(layernorm_fwd_f32),
     EMU_KERNEL(layernorm_bwd_dx_f32),

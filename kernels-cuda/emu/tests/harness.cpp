@@ -28,9 +28,10 @@ namespace {
 
 using namespace harness;
 
-// Blocks of 4 warps (128 threads) for the row and column kernels; the sm_80 GEMMs' 8 warps on
-// 128 x 128 tiles with their dynamic shared memory (common/gemm_pipeline.cuh).
-constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 128, gemm_pipeline::kTile,
+// Blocks of 4 warps (128 threads) for the row kernels, 256 threads for the column ones (as the
+// kernel index launches them); the sm_80 GEMMs' 8 warps on 128 x 128 tiles with their dynamic
+// shared memory (common/gemm_pipeline.cuh).
+constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 256, gemm_pipeline::kTile,
                              {gemm_bf16_detail::kSharedBytes, gemm_bwd_detail::kInputSharedBytes,
                               gemm_bwd_detail::kWeightSharedBytes}};
 

@@ -160,6 +160,16 @@ inline void gemm_backward_bf16_out(const Geometry& g) {
   write_bf16("dinp", dinp);
 }
 
+// column_sum_add_bf16: dbias [cols] += Σ_rows dout [rows, cols] (bf16), a thread per column.
+inline void column_sum(const Geometry& g) {
+  const int rows = arg(0), cols = arg(1);
+  auto dout = read_bf16("dout", size_t(rows) * cols);
+  auto dbias = read_f32("dbias", cols);
+  emu::launch(dim3(ceil_div(cols, int(g.column_threads))), dim3(g.column_threads), column_sum_add_bf16, dbias.data(),
+              dout.data(), rows, cols);
+  write_f32("dbias", dbias);
+}
+
 // Both directions on n elements that start `offset` elements into their buffers (an offset
 // that is not a multiple of 4 takes the one-at-a-time path).
 inline void casts() {
@@ -346,6 +356,8 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     gemm_backward(g);
   } else if (op == "gemm_bwd_bf16out") {
     gemm_backward_bf16_out(g);
+  } else if (op == "column_sum_bf16") {
+    column_sum(g);
   } else if (op == "casts") {
     casts();
   } else if (op == "layernorm_fwd") {

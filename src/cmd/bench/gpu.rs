@@ -167,7 +167,8 @@ pub enum GpuBench {
     /// compute capability 9.0.
     Gemm,
     /// The backward-input GEMM with a bf16 output, dinp = dout · W: `gemm_bwd_input_bf16_bf16out`,
-    /// or its sm_90a twin on compute capability 9.0 where TMA can describe the operands.
+    /// or its sm_90a twin on compute capability 9.0 where TMA can describe the operands; then the
+    /// bias gradient of the same bf16 dout (`column_sum_add_bf16`).
     GemmBwd,
     /// The causal attention forward.
     Attention,
@@ -247,7 +248,10 @@ impl GpuBench {
             GpuBench::Gemm | GpuBench::GemmBwd => {
                 // The Device's choice for bf16 storage (aligned: fresh allocations).
                 let gemms = linear_gemms(wgmma, true, s[0], s[2], s[1], GemmOut::Bf16);
-                vec![if self == GpuBench::Gemm { gemms.forward } else { gemms.backward_input }]
+                match self {
+                    GpuBench::Gemm => vec![gemms.forward],
+                    _ => vec![gemms.backward_input, Op::ColumnSumAdd { rows: s[0], cols: s[1] }],
+                }
             }
             GpuBench::Attention => vec![Op::AttentionFwd { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] }],
             GpuBench::Layernorm => {
@@ -536,8 +540,9 @@ fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Re
 }
 
 /// `bench gemm-bwd`: dinp = dout · W (bf16 out) by `gemm_bwd_input_bf16_bf16out`, on cc 9.0 by its
-/// sm_90a twin where TMA can describe the operands; 64 outputs checked (as the forward's check on
-/// dout and Wᵀ).
+/// sm_90a twin where TMA can describe the operands, 64 outputs checked (as the forward's check on
+/// dout and Wᵀ); then dbias += Σ_rows dout (`column_sum_add_bf16`) against the reference when
+/// dout fits the budget.
 fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
     let (dout, w) = (bf16_values(m * n, 13), bf16_values(n * k, 14));
     let (d_dout, d_w, d_dinp) = (b.upload(&dout)?, b.upload(&w)?, b.zeroed(2 * m * k)?);
@@ -550,12 +555,20 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
         }
         false => [Ptr(d_dinp.pointer()), Ptr(d_dout.pointer()), Ptr(d_w.pointer()), pm, pn, pk],
     };
+    let d_dbias = b.zeroed(4 * n)?;
+    let bias_args = [Ptr(d_dbias.pointer()), Ptr(d_dout.pointer()), pm, pn];
     b.launch(&planned[0], &args)?;
+    b.launch(&planned[1], &bias_args)?;
     // dinp[i][j] = Σ_p dout[i][p] · W[p][j]: the forward's check with A = dout and Wᵀ's rows.
     let wt: Vec<Bf16> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
-    let checked = [Some(spot_check(&dout, &wt, &b.bf16s(&d_dinp, m * k)?, m, k, n))];
-    let work = [Work::Flops(gemm_flops(m, n, k))];
-    b.records(&format!("{m}x{n}x{k} dinp"), &[""], planned, &[&args], work, &checked)
+    let dinp = spot_check(&dout, &wt, &b.bf16s(&d_dinp, m * k)?, m, k, n);
+    let dbias = (m * n <= CHECK_ELEMENTS).then(|| -> Result<f64> {
+        let want: Vec<f64> = (0..n).map(|c| (0..m).map(|r| dout[r * n + c].to_f32() as f64).sum()).collect();
+        Ok(worst(&b.f32s(&d_dbias, n)?, &want, Bound::F32))
+    });
+    let work = [Work::Flops(gemm_flops(m, n, k)), Work::Bytes(2.0 * (m * n) as f64 + 8.0 * n as f64)];
+    let args = [&args[..], &bias_args[..]];
+    b.records(&format!("{m}x{n}x{k}"), &[" dinp", " dbias"], planned, &args, work, &[Some(dinp), dbias.transpose()?])
 }
 
 /// `bench attention`: the causal forward (FLOPs halved by the mask), against the reference
@@ -826,8 +839,9 @@ mod tests {
             assert!(launched.iter().all(|&k| vendor.threads(k).is_some()), "{vendor:?} launches a kernel it lacks");
         }
         assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmFwdBf16Sm90]);
-        assert_eq!(GpuBench::GemmBwd.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmBwdInputBf16Bf16outSm90]);
-        assert_eq!(GpuBench::GemmBwd.kernels(Vendor::Hip, "gfx90a"), [Kernel::GemmBwdInputBf16Bf16out]);
+        let bwd = |vendor, arch| GpuBench::GemmBwd.kernels(vendor, arch);
+        assert_eq!(bwd(Vendor::Cuda, "sm_90a"), [Kernel::GemmBwdInputBf16Bf16outSm90, Kernel::ColumnSumAddBf16]);
+        assert_eq!(bwd(Vendor::Hip, "gfx90a"), [Kernel::GemmBwdInputBf16Bf16out, Kernel::ColumnSumAddBf16]);
         assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_89"), [Kernel::GemmFwdBf16]);
         assert_eq!(GpuBench::Gemm.kernels(Vendor::Hip, "gfx942"), [Kernel::GemmFwdBf16]);
     }
