@@ -5,7 +5,7 @@
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::kernels::plan::{linear_gemms, Op};
+use super::kernels::plan::{linear_gemms, GemmOut, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
@@ -287,7 +287,7 @@ impl Device for GpuDevice {
         }
         assert!(out.len >= rows * n && weight.len >= n * k);
         let (a, w) = (self.to_bf16(inp, rows * k), self.to_bf16(weight, n * k));
-        let op = linear_gemms(self.wgmma, aligned(&[a.pointer, w.pointer]), rows, k, n).forward;
+        let op = linear_gemms(self.wgmma, aligned(&[a.pointer, w.pointer]), rows, k, n, GemmOut::F32).forward;
         let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
         let (out, bias) = (Ptr(out.ptr()), Ptr(bias.map_or(0, |b| b.ptr())));
         let args = match op {
@@ -318,7 +318,8 @@ impl Device for GpuDevice {
         let d = self.to_bf16(dout, rows * n);
         if let Some(dinp) = dinp {
             let w = self.to_bf16(weight, n * k);
-            let op = linear_gemms(self.wgmma, aligned(&[d.pointer, w.pointer]), rows, k, n).backward_input;
+            let op =
+                linear_gemms(self.wgmma, aligned(&[d.pointer, w.pointer]), rows, k, n, GemmOut::F32).backward_input;
             let args = match op {
                 Op::GemmBwdInputSm90 { .. } => {
                     let [md, mw] =
@@ -330,7 +331,7 @@ impl Device for GpuDevice {
             self.run(op, &args);
         }
         let x = self.to_bf16(inp, rows * k);
-        let op = linear_gemms(self.wgmma, aligned(&[d.pointer, x.pointer]), rows, k, n).backward_weight;
+        let op = linear_gemms(self.wgmma, aligned(&[d.pointer, x.pointer]), rows, k, n, GemmOut::F32).backward_weight;
         let args = match op {
             Op::GemmBwdWeightSm90 { .. } => {
                 let [md, mx] = [self.operand_map(d.pointer, rows, n, true), self.operand_map(x.pointer, rows, k, true)];

@@ -293,6 +293,7 @@ pub fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
 /// for the emulation.
 pub const TINY_BENCH_SHAPES: &[(&str, &str)] = &[
     ("gemm", "130x192x160"),
+    ("gemm-bwd", "130x192x160"),
     ("attention", "1x70x2x64"),
     ("attention", "1x33x1x128"),
     ("layernorm", "5x96"),
