@@ -30,8 +30,9 @@ impl AttentionShape {
     }
 }
 
-/// One AdamW update's hyper-parameters. `grad_scale` multiplies the raw gradient first (it carries
-/// the clipping coefficient), and `step` is the 1-based count used for bias correction.
+/// One AdamW update's hyper-parameters; `step` is the 1-based count used for bias correction.
+/// The factor each gradient is multiplied by first (the clip coefficient over the loss scale)
+/// is not here: `Device::adamw` reads it from the device's scalars (`Device::clip_scale`).
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWStep {
     pub lr: f32,
@@ -40,7 +41,6 @@ pub struct AdamWStep {
     pub eps: f32,
     pub weight_decay: f32,
     pub step: u64,
-    pub grad_scale: f32,
 }
 
 /// Collectives of one process group run directly on a device's buffers (NCCL / RCCL on a GPU),
@@ -188,9 +188,23 @@ pub trait Device: Send + Sync {
     fn add_assign(&self, acc: &mut Self::Buf, x: &Self::Buf);
     /// `out = a + b`, element-wise (the residual connection).
     fn add(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
-    /// `acc[slot] += Σ x²` over every element of `buf`, accumulated in f64 on the device (the
-    /// global gradient norm's sum).
-    fn sum_squares_into(&self, buf: &Self::Buf, acc: &mut Self::Scalars, slot: usize);
+    /// For each buffer of `bufs` in order, `acc[slot] += Σ x²` over its elements, accumulated in
+    /// f64 on the device (the global gradient norm's sum): one reduction over all of them.
+    fn sum_squares_into(&self, bufs: &[&Self::Buf], acc: &mut Self::Scalars, slot: usize);
+    /// The gradient norm and the clip factor from the gradients' global sum of squares
+    /// `sum[sum_slot]`, on the device (`kernels::clip_scale`'s formula): `out[slot]` becomes the
+    /// norm of the unscaled gradients, `sqrt(sum) / loss_scale`, and `out[slot + 1]` the factor
+    /// AdamW multiplies each gradient by, Megatron's clip coefficient (clipping to `clip`; 0 does
+    /// not clip) over the loss scale, an f32 value.
+    fn clip_scale(
+        &self,
+        sum: &Self::Scalars,
+        sum_slot: usize,
+        out: &mut Self::Scalars,
+        slot: usize,
+        clip: f64,
+        loss_scale: f64,
+    );
 
     /// `len` f64 values, all 0.
     fn scalars(&self, len: usize) -> Self::Scalars;
@@ -492,9 +506,12 @@ pub trait Device: Send + Sync {
         Ok("collectives: MPI on host memory".into())
     }
 
-    /// One decoupled-weight-decay Adam step on one parameter tensor; `working`, where mixed
-    /// precision keeps a rounded working copy of the parameter, becomes the updated master rounded
-    /// to its precision in the same pass (no separate refresh of the copy).
+    /// One decoupled-weight-decay Adam step on one parameter tensor, each gradient multiplied
+    /// first by the f32 factor at `grad_scale` (scalars and slot, as `clip_scale` writes it: read
+    /// where the device computes, never by the host); `working`, where mixed precision keeps a
+    /// rounded working copy of the parameter, becomes the updated master rounded to its
+    /// precision in the same pass (no separate refresh of the copy).
+    #[allow(clippy::too_many_arguments)]
     fn adamw(
         &self,
         param: &mut Self::Buf,
@@ -502,6 +519,7 @@ pub trait Device: Send + Sync {
         m: &mut Self::Buf,
         v: &mut Self::Buf,
         step: AdamWStep,
+        grad_scale: (&Self::Scalars, usize),
         working: Option<(&mut Self::Buf, crate::real::Precision)>,
     );
 

@@ -35,7 +35,7 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 }
 
 /// Outputs `check ops --size small` compares on a GPU (head dims 64 and 128).
-pub const OPS_CHECKED: usize = 141;
+pub const OPS_CHECKED: usize = 153;
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
