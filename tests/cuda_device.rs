@@ -365,6 +365,14 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
+#[test]
+fn training_reads_the_device_once_per_log_interval() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-reads");
+    gpu_device::train_reads_the_device_once_per_log_interval(&emu.env, &dir, "cuda");
+}
+
 #[test]
 fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };

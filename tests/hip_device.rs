@@ -183,6 +183,14 @@ fn bench_step_counts_what_the_emulating_runtime_counts() {
     gpu_device::bench_step_counts_what_the_runtime_counts(emu, "hip");
 }
 
+/// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
+#[test]
+fn training_reads_the_device_once_per_log_interval() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-reads");
+    gpu_device::train_reads_the_device_once_per_log_interval(&emu.env, &dir, "hip");
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };

@@ -197,6 +197,7 @@ impl<D: Device> Trainer<'_, D> {
             c.model.reset_layer_comm();
         }
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
+        let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
         self.step(iteration, lr)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
@@ -222,6 +223,9 @@ impl<D: Device> Trainer<'_, D> {
             self.flush()?;
         }
         self.window.secs += started.elapsed().as_secs_f64();
+        if cfg.log_device_work && setup.say {
+            report::device_work(iteration, work_before.zip(setup.dev.work_counters()).map(|(b, now)| now.since(&b)));
+        }
 
         let val_loss = if validate { self.validate(iteration)? } else { None };
         if log {
