@@ -53,6 +53,9 @@ pub trait DeviceComm<B> {
     fn api(&self) -> &'static str;
     /// `buf` becomes the element-wise sum over the group.
     fn all_reduce(&self, buf: &mut B);
+    /// The first `len` values of `scalars` (f64, a device's `Scalars`) become their element-wise
+    /// `op` over the group, on device memory: the cross-entropy's row statistics.
+    fn all_reduce_f64(&self, scalars: &mut B, len: usize, op: crate::comm::ReduceOp);
     /// Starts summing `buf` over the group; the caller leaves `buf` alone until `wait`.
     fn all_reduce_start(&self, buf: &mut B);
     /// Compute enqueued from now on runs after every operation started on this group.
@@ -100,8 +103,9 @@ pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate
 }
 
 /// `s[..len]` becomes its element-wise `op` over `group`: in place where the device keeps scalars
-/// in host memory, else staged through the host (one read, the MPI all-reduce, one write); a
-/// group of one rank leaves device scalars alone.
+/// in host memory; on device memory through the device's communicator for the group, where it
+/// has one (`--gpu-collectives nccl|rccl`); else staged through the host (one read, the MPI
+/// all-reduce, one write). A group of one rank leaves device scalars alone.
 pub fn all_reduce_scalars<D: Device>(
     dev: &D,
     group: &dyn crate::comm::Comm,
@@ -112,7 +116,7 @@ pub fn all_reduce_scalars<D: Device>(
     if let Some(host) = dev.host_scalars(s) {
         return group.all_reduce(&mut host[..len], op);
     }
-    if group.size() > 1 {
+    if group.size() > 1 && !dev.device_all_reduce_scalars(group, s, len, op) {
         let mut host = vec![0f64; len];
         dev.read_scalars(s, &mut host);
         group.all_reduce(&mut host, op);
@@ -491,6 +495,18 @@ pub trait Device: Send + Sync {
     /// and the MPI Comm.
     fn device_comm(&self, _group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<Self::Buf>> {
         None
+    }
+    /// `s[..len]` becomes its element-wise `op` over `group` on the device, through the
+    /// communicator the backend made for the group (`device_comm`); false, doing nothing, where
+    /// it has none (the caller stages through the host).
+    fn device_all_reduce_scalars(
+        &self,
+        _group: &dyn crate::comm::Comm,
+        _s: &mut Self::Scalars,
+        _len: usize,
+        _op: crate::comm::ReduceOp,
+    ) -> bool {
+        false
     }
     /// Pipeline point-to-point on device buffers, where the backend made communicators for this
     /// rank's pipeline neighbours at start-up; None: messages are staged through host memory.

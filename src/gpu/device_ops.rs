@@ -9,6 +9,7 @@ use super::kernels::plan::{linear_gemms, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
+use crate::comm::ReduceOp;
 use crate::error::Result;
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
@@ -52,6 +53,9 @@ impl Device for GpuDevice {
     fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<GpuBuf>> {
         let key = group_key(group);
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
+    }
+    fn device_all_reduce_scalars(&self, group: &dyn crate::comm::Comm, s: &mut GpuBuf, len: usize, op: ReduceOp) -> bool {
+        self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
     }
     fn device_p2p(&self) -> Option<&dyn DeviceP2p<GpuBuf>> {
         self.p2p.as_deref().map(|p| p as &dyn DeviceP2p<GpuBuf>)

@@ -280,11 +280,16 @@ pub fn train_logging_nccl(
     (losses, nccl_calls(&log))
 }
 
-/// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name.
+/// The operations the fake NCCL logged (FAKE_NCCL_LOG), counted by name ("all_reduce"), and
+/// collectives also by name, element type and reduction ("all_reduce f64 max").
 pub fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();
     for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        *counts.entry(line.split(' ').next().unwrap_or("").to_string()).or_insert(0) += 1;
+        let words: Vec<&str> = line.split(' ').collect();
+        *counts.entry(words[0].to_string()).or_insert(0) += 1;
+        if words.len() > 3 {
+            *counts.entry([&words[..1], &words[3..]].concat().join(" ")).or_insert(0) += 1;
+        }
     }
     counts
 }
