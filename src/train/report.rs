@@ -1,8 +1,7 @@
 //! What a run reports besides its iteration lines: the start-up lines (version, model and
 //! layout, placement, collectives, parameters), `--log-comm` (elements moved per layer and per
 //! group), `--log-memory` (predicted beside measured bytes per rank), `--log-device-work` (each
-//! iteration's device work), and the per-stage pipeline
-//! bubble and in-flight activations.
+//! iteration's device work), and the per-stage pipeline bubble and in-flight activations.
 
 use super::chunk::Chunk;
 use super::setup::{Datasets, Setup};
