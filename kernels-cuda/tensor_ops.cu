@@ -32,12 +32,15 @@
 //     layernorm_bwd_sums_f32  out[2r] = Σ_c g, out[2r+1] = Σ_c g·x̂     (f64 out)
 //     xent_max_f32       max[r] = max_v logits[r][v]           (f64 out)
 //     xent_partials_f32  sum_exp[r] = Σ_v exp(l - max_r), target_logit[r] (0 outside the shard)
-//   blocks of a fixed size:
-//     sum_squares_f32    partials[blk] = Σ x² over elements blk·8192 .. +8192, f64, added in
-//                        block order by sum_into_f64: the same grouping on every device and launch.
+//   blocks of a fixed size, over a table of tensors (one launch for every gradient of a step):
+//     sum_squares_f32    partials[blk] = Σ x² over elements c·8192 .. +8192 of tensor t, f64, where
+//                        block blk = first_block[t] + c (tensors[t] its address, lens[t] its
+//                        elements, first_block[count] the blocks in all); added by sum_into_f64:
+//                        the same grouping on every device and launch.
 //   one thread (grid 1; the others of its block idle), so the sums are in a fixed order and stay
 //   on the device (the step's scalars: no host round trip):
-//     sum_into_f64       acc[slot] += Σ_i parts[i], i in order (the gradient norm's accumulator)
+//     sum_into_f64       for each tensor t in order: acc[slot] += Σ parts[first_block[t] ..
+//                        first_block[t+1]], in order (the gradient norm's accumulator)
 //     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r], r in order
 //                        (stats: each row's sum_exp, then its target logit; the summed loss)
 //
@@ -331,9 +334,18 @@ extern "C" __global__ void xent_partials_f32(double* sum_exp, double* target_log
 // ---- fixed-size blocks -----------------------------------------------------------------------
 
 // Blocks of 256 threads; block blk sums the squares of its 8192-element chunk into partials[blk].
-extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partials, const float* x, int n) {
+extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partials, const unsigned long long* tensors,
+                                                                 const int* lens, const int* first_block, int count) {
   __shared__ double warp_totals[8];
-  const int start = blockIdx.x * kSumSquaresChunk;
+  // The tensor this block reads: the last t with first_block[t] <= blockIdx.x (binary search).
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= (int)blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  const float* x = reinterpret_cast<const float*>(tensors[lo]);
+  const int n = lens[lo];
+  const int start = ((int)blockIdx.x - first_block[lo]) * kSumSquaresChunk;
   const int end = start + kSumSquaresChunk < n ? start + kSumSquaresChunk : n;
   double s = 0.0;
   for (int i = start + threadIdx.x; i < end; i += blockDim.x) s += (double)x[i] * x[i];
@@ -349,11 +361,13 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
 
 // ---- one thread: the step's scalars ----------------------------------------------------------
 
-extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, int n) {
+extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, const int* first_block, int count) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  double s = 0.0;
-  for (int i = 0; i < n; ++i) s += parts[i];
-  acc[slot] += s;
+  for (int t = 0; t < count; ++t) {
+    double s = 0.0;
+    for (int i = first_block[t]; i < first_block[t + 1]; ++i) s += parts[i];
+    acc[slot] += s;
+  }
 }
 
 extern "C" __global__ void xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {

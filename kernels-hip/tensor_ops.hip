@@ -19,11 +19,12 @@
 //   holds the same row total:
 //     layernorm_fwd_f32, layernorm_bwd_dx_f32, layernorm_sums_f32, layernorm_bwd_sums_f32,
 //     xent_max_f32, xent_partials_f32 (f64 out)
-//   workgroups of 256:
-//     sum_squares_f32    partials[blk] = Σ x² over elements blk·8192 .. +8192, f64; the wave
-//                        totals are added in wave order, the partials by sum_into_f64 in block order.
+//   workgroups of 256, over a table of tensors:
+//     sum_squares_f32    partials[first_block[t] + c] = Σ x² over elements c·8192 .. +8192 of
+//                        tensor t, f64; the wave totals are added in wave order, the partials by
+//                        sum_into_f64 tensor by tensor in block order.
 //   one thread (grid 1; the rest of its workgroup idles), sums in a fixed order kept on the device:
-//     sum_into_f64       acc[slot] += Σ_i parts[i], i in order
+//     sum_into_f64       for each tensor t: acc[slot] += Σ parts[first_block[t] .. first_block[t+1]]
 //     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r], r in order
 //
 // The semantics of each kernel are tensor_ops.cu's (see its header). Every count is an int (the
@@ -316,9 +317,18 @@ extern "C" __global__ void xent_partials_f32(double* sum_exp, double* target_log
 // ---- fixed-size blocks -----------------------------------------------------------------------
 
 // Workgroups of 256 threads; workgroup blk sums the squares of its 8192-element chunk into partials[blk].
-extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partials, const float* x, int n) {
+extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partials, const unsigned long long* tensors,
+                                                                 const int* lens, const int* first_block, int count) {
   __shared__ double wave_totals[kMaxWaves];
-  const int start = blockIdx.x * kSumSquaresChunk;
+  // The tensor this block reads: the last t with first_block[t] <= blockIdx.x (binary search).
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= (int)blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  const float* x = reinterpret_cast<const float*>(tensors[lo]);
+  const int n = lens[lo];
+  const int start = ((int)blockIdx.x - first_block[lo]) * kSumSquaresChunk;
   const int end = start + kSumSquaresChunk < n ? start + kSumSquaresChunk : n;
   double s = 0.0;
   for (int i = start + threadIdx.x; i < end; i += blockDim.x) s += (double)x[i] * x[i];
@@ -334,11 +344,13 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
 
 // ---- one thread: the step's scalars ----------------------------------------------------------
 
-extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, int n) {
+extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, const int* first_block, int count) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  double s = 0.0;
-  for (int i = 0; i < n; ++i) s += parts[i];
-  acc[slot] += s;
+  for (int t = 0; t < count; ++t) {
+    double s = 0.0;
+    for (int i = first_block[t]; i < first_block[t + 1]; ++i) s += parts[i];
+    acc[slot] += s;
+  }
 }
 
 extern "C" __global__ void xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {

@@ -162,6 +162,8 @@ pub struct TrainConfig {
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
     pub log_comm: bool,
+    /// `--log-device-work`: each iteration's device work, where the device counts it (the GPU).
+    pub log_device_work: bool,
     /// The format weights and activations are held in for compute (`--bf16`, `--fp16`).
     pub precision: crate::real::Precision,
     /// fp16's dynamic loss scaler, or a constant scale (`--loss-scale`); None without scaling.
@@ -250,6 +252,7 @@ impl TrainConfig {
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
+            log_device_work: args.has("--log-device-work"),
             recompute: args
                 .str("--recompute-granularity")
                 .map(crate::model::Recompute::parse)

@@ -102,6 +102,10 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
+    switch(
+        "--log-device-work",
+        "print each iteration's device work (launches, device->host copies, synchronisations) where it is counted",
+    ),
     flag(
         "--recompute-granularity",
         "KIND",

@@ -127,16 +127,16 @@ impl<D: Device> AnyDevice for D {
         self.add(&mut sum, &xb, &yb);
         self.add_assign(&mut sum, &xb);
         let mut acc = self.scalars(1);
-        self.sum_squares_into(&yb, &mut acc, 0);
-        self.sum_squares_into(&xb, &mut acc, 0);
+        self.sum_squares_into(&[&yb, &xb], &mut acc, 0);
         let mut ss = [0.0];
         self.read_scalars(&acc, &mut ss);
         let ss = ss[0] as f32;
         let (mut p, mut m, mut v) = (on(self, x), self.alloc(x.len()), self.alloc(x.len()));
-        let step =
-            AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1, grad_scale: 0.5 };
+        let step = AdamWStep { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1 };
+        let mut scale = self.scalars(1);
+        self.write_scalars(&mut scale, &[0.5]);
         for s in 1..=3 {
-            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step }, None);
+            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step }, (&scale, 0), None);
         }
         vec![
             host(self, &g),

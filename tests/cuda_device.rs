@@ -175,11 +175,12 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
     let one = train_losses(&emu.env, &dir, &data, "cuda", 1, &[]);
     // (name, ranks, flags, the operations the NCCL path must have run)
     let layouts: [(&str, usize, &[&str], &[&str]); 3] = [
+        // The vocab-parallel cross-entropy's row maxima and sums, f64 on device memory.
         (
             "TP 2 x PP 2",
             4,
             &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],
-            &["all_reduce"],
+            &["all_reduce", "all_reduce f64 max", "all_reduce f64 sum"],
         ),
         ("DP 2 with ZeRO-1", 2, &["--use-distributed-optimizer"], &["reduce_scatter", "all_gather"]),
         (
@@ -365,6 +366,14 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
+#[test]
+fn training_reads_the_device_once_per_log_interval() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-reads");
+    gpu_device::train_reads_the_device_once_per_log_interval(&emu.env, &dir, "cuda");
+}
+
 #[test]
 fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
@@ -379,7 +388,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 141 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 153 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -442,7 +451,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 141 outputs within their bounds",
+        "ops check: all 153 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];

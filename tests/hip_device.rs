@@ -88,7 +88,8 @@ fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let (on_device, calls) =
         gpu_device::train_logging_nccl(emu, (&dir, &data), ("TRIDENT_RCCL", &rccl), &fake, ("hip", 4, &flags));
     eprintln!("TP 2 x PP 2 on hip, RCCL calls on all ranks: {calls:?}");
-    for op in ["all_reduce", "send_recv"] {
+    // The cross-entropy's f64 row maxima and sums too, on device memory.
+    for op in ["all_reduce", "send_recv", "all_reduce f64 max", "all_reduce f64 sum"] {
         assert!(calls.get(op).is_some_and(|&n| n > 0), "no {op} through RCCL: {calls:?}");
     }
     assert_eq!(on_device, parallel, "RCCL on HIP streams and the MPI path differ");
@@ -183,6 +184,14 @@ fn bench_step_counts_what_the_emulating_runtime_counts() {
     gpu_device::bench_step_counts_what_the_runtime_counts(emu, "hip");
 }
 
+/// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
+#[test]
+fn training_reads_the_device_once_per_log_interval() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-reads");
+    gpu_device::train_reads_the_device_once_per_log_interval(&emu.env, &dir, "hip");
+}
+
 #[test]
 fn hip_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };
@@ -231,9 +240,9 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
     let wants = [
-        "the HIP Device matches the reference device on 141 op outputs",
+        "the HIP Device matches the reference device on 153 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 141 outputs within their bounds",
+        "ops check: all 153 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

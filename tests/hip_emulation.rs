@@ -226,7 +226,7 @@ fn run_tensor_rows(v: &Vendor, rows: usize, cols: usize, vocab_start: usize) {
     check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
     let ssq: f64 = case.get_f64("partials").iter().sum();
     let mut acc = vec![0.0];
-    dev.sum_squares_into(&rx, &mut acc, 0);
+    dev.sum_squares_into(&[&rx], &mut acc, 0);
     let want = acc[0];
     assert!((ssq - want).abs() <= 1e-12 * want, "{name} sum_squares {ssq} vs {want}");
     println!("{name}: every row, column and element kernel matches the reference");

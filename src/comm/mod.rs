@@ -220,6 +220,20 @@ impl dyn Comm + '_ {
         self.all_gather(&[hi, lo], &mut parts);
         parts.chunks_exact(2).map(|p| p[0] as f64 + p[1] as f64).sum()
     }
+
+    /// `sum_f64` of each element of `xs` in one all-gather: every element gets exactly the value
+    /// `sum_f64` gives it alone (the same parts, added in rank order).
+    pub fn sum_f64s(&self, xs: &mut [f64]) {
+        if self.size() == 1 || xs.is_empty() {
+            return;
+        }
+        let local: Vec<f32> = xs.iter().flat_map(|&x| [x as f32, (x - (x as f32) as f64) as f32]).collect();
+        let mut parts = vec![0f32; local.len() * self.size()];
+        self.all_gather(&local, &mut parts);
+        for (k, x) in xs.iter_mut().enumerate() {
+            *x = parts.chunks_exact(local.len()).map(|p| p[2 * k] as f64 + p[2 * k + 1] as f64).sum();
+        }
+    }
 }
 
 /// The group of one rank: every collective is the identity (or a copy), and nothing is sent.

@@ -649,16 +649,33 @@ pub fn local_row(token: u32, vocab_start: usize, vocab_rows: usize) -> Option<us
     (token as usize).checked_sub(vocab_start).filter(|&r| r < vocab_rows)
 }
 
+/// The gradient norm and AdamW's gradient factor from the gradients' global sum of squares, as
+/// every device computes them (`adamw.cu`'s `clip_scale_f64` line for line): the norm of the
+/// unscaled gradients `sqrt(sum) / loss_scale`, and Megatron's clip coefficient
+/// `clip / (norm + 1e-6)` when that is below 1 (else 1; a `clip` of 0 disables clipping), in f32,
+/// over the loss scale in f32.
+pub fn clip_scale(sum_squares: f64, clip: f64, loss_scale: f64) -> (f64, f32) {
+    let norm = sum_squares.sqrt() / loss_scale;
+    let mut coef = 1.0f32;
+    if clip > 0.0 {
+        let c = clip / (norm + 1e-6);
+        if c < 1.0 {
+            coef = c as f32;
+        }
+    }
+    (norm, coef / loss_scale as f32)
+}
+
 /// AdamW with decoupled weight decay, as Megatron's fused Adam applies it:
 /// `p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)`.
 #[inline(always)]
-pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R], s: &AdamWStep) {
+pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R], s: &AdamWStep, grad_scale: f32) {
     let b1 = R::from_f32(s.beta1);
     let b2 = R::from_f32(s.beta2);
     let c1 = R::ONE / R::from_f64(1.0 - (s.beta1 as f64).powi(s.step as i32));
     let c2 = R::ONE / R::from_f64(1.0 - (s.beta2 as f64).powi(s.step as i32));
     let (lr, eps, wd, gs) =
-        (R::from_f32(s.lr), R::from_f32(s.eps), R::from_f32(s.weight_decay), R::from_f32(s.grad_scale));
+        (R::from_f32(s.lr), R::from_f32(s.eps), R::from_f32(s.weight_decay), R::from_f32(grad_scale));
     for i in 0..param.len() {
         let g = grad[i] * gs;
         m[i] = b1 * m[i] + (R::ONE - b1) * g;

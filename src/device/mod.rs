@@ -30,8 +30,9 @@ impl AttentionShape {
     }
 }
 
-/// One AdamW update's hyper-parameters. `grad_scale` multiplies the raw gradient first (it carries
-/// the clipping coefficient), and `step` is the 1-based count used for bias correction.
+/// One AdamW update's hyper-parameters; `step` is the 1-based count used for bias correction.
+/// The factor each gradient is multiplied by first (the clip coefficient over the loss scale)
+/// is not here: `Device::adamw` reads it from the device's scalars (`Device::clip_scale`).
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWStep {
     pub lr: f32,
@@ -40,7 +41,6 @@ pub struct AdamWStep {
     pub eps: f32,
     pub weight_decay: f32,
     pub step: u64,
-    pub grad_scale: f32,
 }
 
 /// Collectives of one process group run directly on a device's buffers (NCCL / RCCL on a GPU),
@@ -53,6 +53,9 @@ pub trait DeviceComm<B> {
     fn api(&self) -> &'static str;
     /// `buf` becomes the element-wise sum over the group.
     fn all_reduce(&self, buf: &mut B);
+    /// The first `len` values of `scalars` (f64, a device's `Scalars`) become their element-wise
+    /// `op` over the group, on device memory: the cross-entropy's row statistics.
+    fn all_reduce_f64(&self, scalars: &mut B, len: usize, op: crate::comm::ReduceOp);
     /// Starts summing `buf` over the group; the caller leaves `buf` alone until `wait`.
     fn all_reduce_start(&self, buf: &mut B);
     /// Compute enqueued from now on runs after every operation started on this group.
@@ -100,8 +103,9 @@ pub fn comm_counters<D: Device>(dev: &D, group: &dyn crate::comm::Comm) -> crate
 }
 
 /// `s[..len]` becomes its element-wise `op` over `group`: in place where the device keeps scalars
-/// in host memory, else staged through the host (one read, the MPI all-reduce, one write); a
-/// group of one rank leaves device scalars alone.
+/// in host memory; on device memory through the device's communicator for the group, where it
+/// has one (`--gpu-collectives nccl|rccl`); else staged through the host (one read, the MPI
+/// all-reduce, one write). A group of one rank leaves device scalars alone.
 pub fn all_reduce_scalars<D: Device>(
     dev: &D,
     group: &dyn crate::comm::Comm,
@@ -112,7 +116,7 @@ pub fn all_reduce_scalars<D: Device>(
     if let Some(host) = dev.host_scalars(s) {
         return group.all_reduce(&mut host[..len], op);
     }
-    if group.size() > 1 {
+    if group.size() > 1 && !dev.device_all_reduce_scalars(group, s, len, op) {
         let mut host = vec![0f64; len];
         dev.read_scalars(s, &mut host);
         group.all_reduce(&mut host, op);
@@ -188,9 +192,23 @@ pub trait Device: Send + Sync {
     fn add_assign(&self, acc: &mut Self::Buf, x: &Self::Buf);
     /// `out = a + b`, element-wise (the residual connection).
     fn add(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
-    /// `acc[slot] += Σ x²` over every element of `buf`, accumulated in f64 on the device (the
-    /// global gradient norm's sum).
-    fn sum_squares_into(&self, buf: &Self::Buf, acc: &mut Self::Scalars, slot: usize);
+    /// For each buffer of `bufs` in order, `acc[slot] += Σ x²` over its elements, accumulated in
+    /// f64 on the device (the global gradient norm's sum): one reduction over all of them.
+    fn sum_squares_into(&self, bufs: &[&Self::Buf], acc: &mut Self::Scalars, slot: usize);
+    /// The gradient norm and the clip factor from the gradients' global sum of squares
+    /// `sum[sum_slot]`, on the device (`kernels::clip_scale`'s formula): `out[slot]` becomes the
+    /// norm of the unscaled gradients, `sqrt(sum) / loss_scale`, and `out[slot + 1]` the factor
+    /// AdamW multiplies each gradient by, Megatron's clip coefficient (clipping to `clip`; 0 does
+    /// not clip) over the loss scale, an f32 value.
+    fn clip_scale(
+        &self,
+        sum: &Self::Scalars,
+        sum_slot: usize,
+        out: &mut Self::Scalars,
+        slot: usize,
+        clip: f64,
+        loss_scale: f64,
+    );
 
     /// `len` f64 values, all 0.
     fn scalars(&self, len: usize) -> Self::Scalars;
@@ -478,6 +496,18 @@ pub trait Device: Send + Sync {
     fn device_comm(&self, _group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<Self::Buf>> {
         None
     }
+    /// `s[..len]` becomes its element-wise `op` over `group` on the device, through the
+    /// communicator the backend made for the group (`device_comm`); false, doing nothing, where
+    /// it has none (the caller stages through the host).
+    fn device_all_reduce_scalars(
+        &self,
+        _group: &dyn crate::comm::Comm,
+        _s: &mut Self::Scalars,
+        _len: usize,
+        _op: crate::comm::ReduceOp,
+    ) -> bool {
+        false
+    }
     /// Pipeline point-to-point on device buffers, where the backend made communicators for this
     /// rank's pipeline neighbours at start-up; None: messages are staged through host memory.
     fn device_p2p(&self) -> Option<&dyn DeviceP2p<Self::Buf>> {
@@ -492,9 +522,12 @@ pub trait Device: Send + Sync {
         Ok("collectives: MPI on host memory".into())
     }
 
-    /// One decoupled-weight-decay Adam step on one parameter tensor; `working`, where mixed
-    /// precision keeps a rounded working copy of the parameter, becomes the updated master rounded
-    /// to its precision in the same pass (no separate refresh of the copy).
+    /// One decoupled-weight-decay Adam step on one parameter tensor, each gradient multiplied
+    /// first by the f32 factor at `grad_scale` (scalars and slot, as `clip_scale` writes it: read
+    /// where the device computes, never by the host); `working`, where mixed precision keeps a
+    /// rounded working copy of the parameter, becomes the updated master rounded to its
+    /// precision in the same pass (no separate refresh of the copy).
+    #[allow(clippy::too_many_arguments)]
     fn adamw(
         &self,
         param: &mut Self::Buf,
@@ -502,6 +535,7 @@ pub trait Device: Send + Sync {
         m: &mut Self::Buf,
         v: &mut Self::Buf,
         step: AdamWStep,
+        grad_scale: (&Self::Scalars, usize),
         working: Option<(&mut Self::Buf, crate::real::Precision)>,
     );
 

@@ -48,8 +48,14 @@ impl Device for ReferenceDevice {
             *o = x + y;
         }
     }
-    fn sum_squares_into(&self, buf: &Vec<f64>, acc: &mut Vec<f64>, slot: usize) {
-        acc[slot] += buf.iter().map(|x| x * x).sum::<f64>();
+    fn sum_squares_into(&self, bufs: &[&Vec<f64>], acc: &mut Vec<f64>, slot: usize) {
+        for buf in bufs {
+            acc[slot] += buf.iter().map(|x| x * x).sum::<f64>();
+        }
+    }
+    fn clip_scale(&self, sum: &Vec<f64>, sum_slot: usize, out: &mut Vec<f64>, slot: usize, clip: f64, loss_scale: f64) {
+        let (norm, coef) = kernels::clip_scale(sum[sum_slot], clip, loss_scale);
+        out[slot..slot + 2].copy_from_slice(&[norm, coef as f64]);
     }
     fn scalars(&self, len: usize) -> Vec<f64> {
         vec![0.0; len]
@@ -395,9 +401,10 @@ impl Device for ReferenceDevice {
         m: &mut Vec<f64>,
         v: &mut Vec<f64>,
         step: AdamWStep,
+        (scales, slot): (&Vec<f64>, usize),
         working: Option<(&mut Vec<f64>, Precision)>,
     ) {
-        kernels::adamw_slice(param, grad, m, v, &step);
+        kernels::adamw_slice(param, grad, m, v, &step, scales[slot] as f32);
         if let Some((w, precision)) = working {
             w.copy_from_slice(param);
             self.round_to(w, precision);

@@ -73,7 +73,7 @@ pub fn attach_collectives(
     }
     Ok(format!(
         "collectives: {describe} on device memory for the {} group(s) (--gpu-collectives {}); \
-         2-D SUMMA and scalar sums through MPI on host memory",
+         2-D SUMMA, the loss and the gradient norm's sums through MPI on host memory",
         if names.is_empty() { "no multi-rank".to_string() } else { names.join(", ") },
         request.library.name()
     ))

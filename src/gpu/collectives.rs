@@ -554,6 +554,12 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.count(|k| k.all_reduce += n as u64);
         self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
     }
+    fn all_reduce_f64(&self, scalars: &mut GpuBuf, len: usize, op: ReduceOp) {
+        assert!(scalars.elem == super::buffer::Elem::F64 && len <= scalars.len(), "all_reduce_f64: not f64 scalars");
+        let p = scalars.ptr();
+        self.count(|k| k.all_reduce += len as u64);
+        self.ordered(|c| c.all_reduce(p, p, len, Dtype::F64, op));
+    }
     fn all_reduce_start(&self, buf: &mut GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());
         self.count(|k| k.all_reduce += n as u64);

@@ -61,6 +61,7 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::SumIntoF64,
     Kernel::XentLossF64,
     Kernel::AdamwF32Bf16,
+    Kernel::ClipScaleF64,
     Kernel::CastF32ToBf16,
     Kernel::CastBf16ToF32,
     Kernel::GemmFwdBf16F32out,

@@ -7,8 +7,9 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{linear_gemms, GemmOut, Op};
 use super::kernels::Kernel;
-use super::runtime::Arg::{self, Ptr, F32, I32};
+use super::runtime::Arg::{self, Ptr, F32, F64, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
+use crate::comm::ReduceOp;
 use crate::error::Result;
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
@@ -53,6 +54,9 @@ impl Device for GpuDevice {
         let key = group_key(group);
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
     }
+    fn device_all_reduce_scalars(&self, group: &dyn crate::comm::Comm, s: &mut GpuBuf, len: usize, op: ReduceOp) -> bool {
+        self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
+    }
     fn device_p2p(&self) -> Option<&dyn DeviceP2p<GpuBuf>> {
         self.p2p.as_deref().map(|p| p as &dyn DeviceP2p<GpuBuf>)
     }
@@ -76,20 +80,36 @@ impl Device for GpuDevice {
         assert!(a.len == out.len && b.len == out.len);
         self.elementwise(Kernel::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
     }
-    fn sum_squares_into(&self, buf: &GpuBuf, acc: &mut GpuBuf, slot: usize) {
+    fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
-        let blocks = buf.len.div_ceil(SUM_SQUARES_CHUNK);
+        // One launch over every buffer (a table of their addresses, lengths and first blocks,
+        // uploaded in one copy), then one thread adds the block partials buffer by buffer.
+        let mut first_block = vec![0usize];
+        for b in bufs {
+            first_block.push(first_block[first_block.len() - 1] + b.len.div_ceil(SUM_SQUARES_CHUNK));
+        }
+        let blocks = first_block[bufs.len()];
         if blocks == 0 {
             return;
         }
+        let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
+        let lens = bufs.iter().map(|b| int("n", b.len));
+        table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
+        let table = self.upload_bytes(&table);
+        let (count, tensors) = (bufs.len() as u64, table.pointer);
+        let (lens, first) = (Ptr(tensors + 8 * count), Ptr(tensors + 12 * count));
         let partials = self.scratch(8 * blocks);
-        self.launch(
-            Kernel::SumSquaresF32,
-            [blocks, 1, 1],
-            &[Ptr(partials.pointer), Ptr(buf.ptr()), I32(int("n", buf.len))],
-        );
-        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(partials.pointer), I32(int("blocks", blocks))];
+        let count = I32(int("tensors", bufs.len()));
+        self.launch(Kernel::SumSquaresF32, [blocks, 1, 1], &[Ptr(partials.pointer), Ptr(tensors), lens, first, count]);
+        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(partials.pointer), first, count];
         self.launch(Kernel::SumIntoF64, [1, 1, 1], &args);
+    }
+    fn clip_scale(&self, sum: &GpuBuf, sum_slot: usize, out: &mut GpuBuf, slot: usize, clip: f64, loss_scale: f64) {
+        assert!(sum.elem == Elem::F64 && sum_slot < sum.len, "clip_scale: slot {sum_slot} outside the sums");
+        assert!(out.elem == Elem::F64 && slot + 2 <= out.len, "clip_scale: slots {slot}.. outside the scalars");
+        let (sum_at, out_at) = (I32(int("slot", sum_slot)), I32(int("slot", slot)));
+        let args = [Ptr(sum.ptr()), sum_at, Ptr(out.ptr()), out_at, F64(clip), F64(loss_scale)];
+        self.launch(Kernel::ClipScaleF64, [1, 1, 1], &args);
     }
     fn scalars(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F64))
@@ -559,8 +579,10 @@ impl Device for GpuDevice {
         m: &mut GpuBuf,
         v: &mut GpuBuf,
         step: AdamWStep,
+        (scales, slot): (&GpuBuf, usize),
         working: Option<(&mut GpuBuf, Precision)>,
     ) {
+        assert!(scales.elem == Elem::F64 && slot < scales.len, "adamw: gradient scale slot {slot} outside the scalars");
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
         if grad.len == 0 {
@@ -580,7 +602,7 @@ impl Device for GpuDevice {
                 F32(step.beta2),
                 F32(step.eps),
                 F32(step.weight_decay),
-                F32(step.grad_scale),
+                Ptr(scales.ptr() + 8 * slot as u64),
                 F32(c1 as f32),
                 F32(c2 as f32),
                 // The kernel rounds to bf16 itself; other precisions copy and round after it.

@@ -72,7 +72,7 @@ pub trait GpuRuntime: VendorRuntime {
     }
 
     /// Launches `function` with `args`, each widened into a 64-bit slot whose address is its
-    /// `kernelParams` entry (the kernel reads an `int` or `float` from the slot's first bytes), a
+    /// `kernelParams` entry (the kernel reads an `int`, `float` or `double` from the slot's first bytes), a
     /// tensor map from its own 64-byte aligned copy.
     fn launch_args(&self, function: usize, config: &LaunchConfig, args: &[Arg]) -> Result<()> {
         let mut slots: Vec<u64> = args
@@ -81,6 +81,7 @@ pub trait GpuRuntime: VendorRuntime {
                 Arg::Ptr(p) => p,
                 Arg::I32(v) => v as u32 as u64,
                 Arg::F32(v) => v.to_bits() as u64,
+                Arg::F64(v) => v.to_bits(),
                 Arg::Map(_) => 0,
             })
             .collect();
@@ -111,6 +112,7 @@ pub enum Arg {
     Ptr(u64),
     I32(i32),
     F32(f32),
+    F64(f64),
     /// A `const __grid_constant__ CUtensorMap` parameter (the sm_90a GEMMs).
     Map(TensorMap),
 }

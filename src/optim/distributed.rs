@@ -8,7 +8,7 @@
 //! gradients, which the norm needs, come to the host.
 
 use super::AdamWConfig;
-use crate::comm::{Comm, ReduceOp};
+use crate::comm::Comm;
 use crate::device::Device;
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
@@ -121,7 +121,7 @@ impl<D: Device> DistributedAdamW<D> {
         params: &mut ParamSet<D>,
         shard_grads: &[f32],
         lr: f32,
-        grad_scale: f32,
+        grad_scale: (&D::Scalars, usize),
     ) {
         self.step += 1;
         if let Some(c) = dev.device_comm(dp) {
@@ -132,8 +132,8 @@ impl<D: Device> DistributedAdamW<D> {
                 let n = s.range.len();
                 dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, n);
                 dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
-                let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
-                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, None);
+                let step = self.config.step(lr, params.info[s.param].decayed(), self.step);
+                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, grad_scale, None);
                 dev.copy(&mut shard, s.offset, &s.value, 0, n);
             }
             let mut flat = dev.alloc(self.padded_len);
@@ -155,8 +155,8 @@ impl<D: Device> DistributedAdamW<D> {
             let n = s.range.len();
             dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
             dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
-            let step = self.config.step(lr, params.info[s.param].decayed(), self.step, grad_scale);
-            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, None);
+            let step = self.config.step(lr, params.info[s.param].decayed(), self.step);
+            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, grad_scale, None);
             dev.download(&s.value, &mut updated[s.offset..s.offset + n]);
         }
         dp.all_gather(&updated, &mut flat);
@@ -213,12 +213,4 @@ fn flatten_values<D: Device>(dev: &D, params: &ParamSet<D>) -> Vec<f32> {
         dev.download(&params.values[i], &mut flat[start..]);
     }
     flat
-}
-
-/// The gradient-norm share of this rank, summed over the whole job (data-parallel ranks hold
-/// disjoint shards, tensor and pipeline ranks disjoint parameters).
-pub fn global_norm(local_sum_squares: f64, world: &dyn Comm) -> f64 {
-    let mut total = [local_sum_squares];
-    world.all_reduce(&mut total, ReduceOp::Sum);
-    total[0].sqrt()
 }

@@ -1,5 +1,6 @@
-//! The optimizer side of a training step: AdamW state per parameter, the global gradient norm and
-//! clipping, and (in `lr.rs`) the learning-rate schedule.
+//! The optimizer side of a training step: AdamW state per parameter (its gradient factor, the clip
+//! coefficient, read on the device: `Device::clip_scale`), ZeRO-1 (`distributed.rs`), the
+//! learning-rate schedule (`lr.rs`) and fp16's loss scaler (`scaler.rs`).
 
 pub mod distributed;
 pub mod lr;
@@ -20,7 +21,7 @@ pub struct AdamWConfig {
 
 impl AdamWConfig {
     /// The hyper-parameters of one update of a parameter (no weight decay unless `decayed`).
-    pub fn step(&self, lr: f32, decayed: bool, step: u64, grad_scale: f32) -> AdamWStep {
+    pub fn step(&self, lr: f32, decayed: bool, step: u64) -> AdamWStep {
         AdamWStep {
             lr,
             beta1: self.beta1,
@@ -28,7 +29,6 @@ impl AdamWConfig {
             eps: self.eps,
             weight_decay: if decayed { self.weight_decay } else { 0.0 },
             step,
-            grad_scale,
         }
     }
 }
@@ -52,36 +52,24 @@ impl<D: Device> AdamW<D> {
         AdamW { config, m: alloc(), v: alloc(), step: 0 }
     }
 
-    /// One update of every parameter. `grad_scale` multiplies each gradient first (clipping).
-    /// `working`, under mixed precision, is the rounded working copy of the parameters (None where
-    /// a parameter has none) and its precision: each copy is written in the same pass.
+    /// One update of every parameter. The factor at `grad_scale` (the device's scalars and a
+    /// slot, `Device::clip_scale`'s clip coefficient over the loss scale) multiplies each gradient
+    /// first, read on the device. `working`, under mixed precision, is the rounded working copy
+    /// of the parameters (None where a parameter has none) and its precision: each copy is
+    /// written in the same pass.
     pub fn step(
         &mut self,
         dev: &D,
         params: &mut ParamSet<D>,
         mut working: WorkingCopy<'_, D::Buf>,
         lr: f32,
-        grad_scale: f32,
+        grad_scale: (&D::Scalars, usize),
     ) {
         self.step += 1;
         for i in 0..params.info.len() {
-            let step = self.config.step(lr, params.info[i].decayed(), self.step, grad_scale);
+            let step = self.config.step(lr, params.info[i].decayed(), self.step);
             let copy = working.as_mut().and_then(|(w, p)| w[i].as_mut().map(|w| (w, *p)));
-            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step, copy);
+            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step, grad_scale, copy);
         }
-    }
-}
-
-/// Megatron's clipping coefficient: `clip / (norm + 1e-6)` when that is below 1, else 1. A
-/// `clip` of 0 disables clipping.
-pub fn clip_coefficient(norm: f64, clip: f64) -> f32 {
-    if clip <= 0.0 {
-        return 1.0;
-    }
-    let coef = clip / (norm + 1e-6);
-    if coef < 1.0 {
-        coef as f32
-    } else {
-        1.0
     }
 }

@@ -9,7 +9,7 @@
 //! and summed through the MPI Comm.
 
 use crate::comm::{Comm, Pending, ReduceOp};
-use crate::device::Device;
+use crate::device::{all_reduce_scalars, Device};
 use crate::tensor::{ParamInfo, ParamSet};
 use std::ops::Range;
 
@@ -235,32 +235,31 @@ pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut Par
     }
 }
 
-/// The global L2 norm of the gradients of all `sets` (this rank's model chunks), each parameter
-/// counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated parameter
-/// on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all, nothing on the
-/// depth copies of 2.5-D (`counts` false); summed over the model-parallel group. The squares are
-/// summed on the device into `acc[0]`, tensor after tensor, and the host reads the total once.
-pub fn global_grad_norm<D: Device>(
+/// The global sum of squares of the gradients of all `sets` (this rank's model chunks), each
+/// parameter counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated
+/// parameter on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all,
+/// nothing on the depth copies of 2.5-D (`counts` false); summed over the model-parallel group.
+/// Summed on the device into `acc[0]`, every tensor in one reduction; the host reads nothing
+/// unless the model-parallel group has more than one rank and the device has no communicator
+/// for it (`all_reduce_scalars` stages the sum through the host then).
+pub fn global_grad_sum_squares<D: Device>(
     dev: &D,
     sets: &[&ParamSet<D>],
     tp_rank: usize,
     counts: bool,
     mp: &dyn Comm,
     acc: &mut D::Scalars,
-) -> f64 {
-    let counted = sets
+) {
+    let counted: Vec<&D::Buf> = sets
         .iter()
         .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))
         .filter(|_| counts)
-        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0));
+        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0))
+        .map(|(set, i)| &set.grads[i])
+        .collect();
     dev.write_scalars(acc, &[0.0]);
-    for (set, i) in counted {
-        dev.sum_squares_into(&set.grads[i], acc, 0);
-    }
-    let mut total = [0.0];
-    dev.read_scalars(acc, &mut total);
-    mp.all_reduce(&mut total, ReduceOp::Sum);
-    total[0].sqrt()
+    dev.sum_squares_into(&counted, acc, 0);
+    all_reduce_scalars(dev, mp, acc, 1, ReduceOp::Sum);
 }
 
 #[cfg(test)]

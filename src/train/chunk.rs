@@ -6,9 +6,10 @@
 use crate::config::TrainConfig;
 use crate::device::Device;
 use crate::model::{ChunkPlan, Gpt, ModelParallel};
-use crate::optim::distributed::{self, DistributedAdamW};
+use crate::optim::distributed::DistributedAdamW;
 use crate::optim::AdamW;
-use crate::parallel::data::{global_grad_norm, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
+use crate::comm::ReduceOp;
+use crate::parallel::data::{global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
 use crate::parallel::grid::Groups;
 use crate::real::Precision;
 
@@ -83,11 +84,18 @@ impl<D: Device> Chunk<D> {
         }
     }
 
-    /// One AdamW step at `lr`, the clip and loss scale folded into `grad_scale`, from the
-    /// finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients` returned); the
-    /// mixed-precision working copy of the weights follows the masters (written by the replicated
-    /// AdamW in the same pass, refreshed after ZeRO-1's all-gather).
-    pub fn step(&mut self, dev: &D, groups: &Groups, shard: Option<&[f32]>, lr: f32, grad_scale: f32) {
+    /// One AdamW step at `lr`, the clip and loss scale folded into the factor at `grad_scale` (on
+    /// the device), from the finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients`
+    /// returned); the mixed-precision working copy of the weights follows the masters (written by
+    /// the replicated AdamW in the same pass, refreshed after ZeRO-1's all-gather).
+    pub fn step(
+        &mut self,
+        dev: &D,
+        groups: &Groups,
+        shard: Option<&[f32]>,
+        lr: f32,
+        grad_scale: (&D::Scalars, usize),
+    ) {
         match &mut self.opt {
             Optimizer::Replicated(o) => {
                 let (params, working) = self.model.params_and_working();
@@ -102,12 +110,13 @@ impl<D: Device> Chunk<D> {
     }
 }
 
-/// The global gradient norm over every chunk of every rank: from the ZeRO-1 shards (`zero`), each
-/// element counted once across the world, or from the whole gradients, each parameter counted once
+/// The gradients' global sum of squares over every chunk of every rank, into `acc[0]` on the
+/// device: from the ZeRO-1 shards (`zero`, on the host), each element counted once across the
+/// world, or from the whole gradients on the device, each parameter counted once
 /// (`counts_parameters`: shards everywhere, replicated parameters on tensor-parallel rank 0) over
-/// the model-parallel group, summed on the device in `acc`.
+/// the model-parallel group.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn grad_norm<D: Device>(
+pub(super) fn grad_sum_squares<D: Device>(
     dev: &D,
     chunks: &[Chunk<D>],
     shards: &[Option<Vec<f32>>],
@@ -116,7 +125,7 @@ pub(super) fn grad_norm<D: Device>(
     tp_rank: usize,
     counts_parameters: bool,
     acc: &mut D::Scalars,
-) -> f64 {
+) {
     if zero {
         let local: f64 = chunks
             .iter()
@@ -126,9 +135,11 @@ pub(super) fn grad_norm<D: Device>(
                 _ => unreachable!("every chunk shards its state under ZeRO-1"),
             })
             .sum();
-        distributed::global_norm(local, &*groups.world)
+        let mut total = [local];
+        groups.world.all_reduce(&mut total, ReduceOp::Sum);
+        dev.write_scalars(acc, &total);
     } else {
         let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
-        global_grad_norm(dev, &sets, tp_rank, counts_parameters, &*groups.mp, acc)
+        global_grad_sum_squares(dev, &sets, tp_rank, counts_parameters, &*groups.mp, acc)
     }
 }

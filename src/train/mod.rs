@@ -17,7 +17,7 @@ mod setup;
 mod trace;
 
 use checkpointing::{load_checkpoint, save_checkpoint, Progress};
-use chunk::{grad_norm, Chunk};
+use chunk::{grad_sum_squares, Chunk};
 use pipeline::Pipeline;
 use setup::{build_datasets, Datasets, Setup};
 use trace::{write_trace, SpanKind, Timeline};
@@ -29,7 +29,6 @@ use crate::config::TrainConfig;
 use crate::device::{Device, DevicePeak};
 use crate::error::{Error, Result};
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
-use crate::optim::clip_coefficient;
 use crate::stop::{self, StopReason, StopWatch};
 use std::time::Instant;
 
@@ -116,13 +115,36 @@ fn run_on<D: Device>(
         bubble: (0.0, 0.0),
         skipped_iterations: 0,
         norm_sum: setup.dev.scalars(1),
+        steps: setup.dev.scalars(2 * window_steps(cfg)),
+        pending: Vec::new(),
+        grad_norm: 0.0,
     };
+    for c in trainer.chunks.iter_mut() {
+        c.model.set_loss_slots(&setup.dev, window_steps(cfg));
+    }
     while trainer.progress.iteration < cfg.train_iters {
         if !trainer.iteration()? {
             break;
         }
     }
     trainer.finish(rt)
+}
+
+/// The most steps whose loss and gradient norm stay on the device before the host reads them:
+/// the steps of a log interval (or of the whole run, if shorter), capped so that the
+/// accumulators stay small (a longer interval reads them once per `MAX_WINDOW_STEPS` steps too).
+fn window_steps(cfg: &TrainConfig) -> usize {
+    cfg.log_interval.min(cfg.train_iters).clamp(1, MAX_WINDOW_STEPS as u64) as usize
+}
+
+const MAX_WINDOW_STEPS: usize = 4096;
+
+/// A step whose loss and gradient norm are still on the device (`Trainer::flush` reads them).
+struct PendingStep {
+    iteration: u64,
+    /// fp16's loss scaler found the gradients overflowed and skipped the step (then a
+    /// non-finite norm is expected, not an error).
+    overflowed: bool,
 }
 
 /// The iterations since the last log line: their summed loss and seconds.
@@ -153,6 +175,12 @@ struct Trainer<'a, D: Device> {
     skipped_iterations: u64,
     /// The gradients' sum of squares, accumulated on the device.
     norm_sum: D::Scalars,
+    /// Per step of the window (`pending`), on the device: slot 2k its gradient norm, 2k + 1
+    /// AdamW's gradient factor (`Device::clip_scale`); its loss is in the models' loss slot k.
+    steps: D::Scalars,
+    pending: Vec<PendingStep>,
+    /// The gradient norm of the last step read (the log line prints it).
+    grad_norm: f64,
 }
 
 impl<D: Device> Trainer<'_, D> {
@@ -169,7 +197,8 @@ impl<D: Device> Trainer<'_, D> {
             c.model.reset_layer_comm();
         }
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
-        let (loss, grad_norm) = self.step(iteration, lr)?;
+        let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
+        self.step(iteration, lr)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
@@ -184,15 +213,23 @@ impl<D: Device> Trainer<'_, D> {
         });
         self.progress.iteration = iteration;
         self.progress.consumed_train += cfg.global_batch_size as u64;
-        self.record(loss);
-        self.window.loss += loss;
+        self.record();
         self.window.iters += 1;
-        self.window.secs += started.elapsed().as_secs_f64();
-
         let validate = iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters;
+        let log = iteration.is_multiple_of(cfg.log_interval) || validate;
+        // The window's losses and norms are read once, when the log line is due (or the
+        // accumulators are full); the read waits for the step, so it is timed with it.
+        if log || self.pending.len() == window_steps(cfg) {
+            self.flush()?;
+        }
+        self.window.secs += started.elapsed().as_secs_f64();
+        if cfg.log_device_work && setup.say {
+            report::device_work(iteration, work_before.zip(setup.dev.work_counters()).map(|(b, now)| now.since(&b)));
+        }
+
         let val_loss = if validate { self.validate(iteration)? } else { None };
-        if iteration.is_multiple_of(cfg.log_interval) || validate {
-            let stats = self.stats(iteration, lr, grad_norm, val_loss);
+        if log {
+            let stats = self.stats(iteration, lr, self.grad_norm, val_loss);
             if setup.say {
                 println!("{}", iteration_line(&stats));
             }
@@ -207,13 +244,20 @@ impl<D: Device> Trainer<'_, D> {
         self.save_or_stop(iteration)
     }
 
-    /// Forward and backward over the pipeline, the gradient sums, the norm, and the optimizer
-    /// step (skipped when fp16 gradients overflowed). Returns the loss and the gradient norm.
-    fn step(&mut self, iteration: u64, lr: f64) -> Result<(f64, f64)> {
+    /// Forward and backward over the pipeline, the gradient sums, the norm and clip factor, and
+    /// the optimizer step (skipped when fp16 gradients overflowed). The step's loss, norm and
+    /// clip factor stay on the device, in slot `pending.len()` of the window, until `flush`: the
+    /// host reads nothing here, unless a loss scaler must decide whether to skip the step (fp16,
+    /// one read of the norm) or the model-parallel group sums the norm through the host (MPI).
+    fn step(&mut self, iteration: u64, lr: f64) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
         let grad_scale = 1.0 / self.tokens_per_iter as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
+        let slot = self.pending.len();
+        for c in self.chunks.iter_mut() {
+            c.model.set_loss_slot(slot);
+        }
         self.pipe.train_step(
             &mut self.chunks,
             &self.data.train,
@@ -235,25 +279,22 @@ impl<D: Device> Trainer<'_, D> {
         // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
         let shards: Vec<Option<Vec<f32>>> =
             self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
-        // The step's two reads from the device: its loss and its gradients' sum of squares.
-        let loss_sum = self.pipe.take_loss(&mut self.chunks);
-        let loss = setup.groups.dp.sum_f64(setup.groups.pp.sum_f64(loss_sum)) / self.tokens_per_iter;
         let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
-        let norm = &mut self.norm_sum;
-        let grad_norm = grad_norm(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm);
+        let norm_sum = &mut self.norm_sum;
+        grad_sum_squares(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm_sum);
+        setup.dev.clip_scale(&self.norm_sum, 0, &mut self.steps, 2 * slot, cfg.clip_grad, scale);
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
-        // the scaled gradients overflowed: the step is skipped and the scale backs off.
-        let overflow = self.progress.scaler.is_some() && !grad_norm.is_finite();
-        let grad_norm = grad_norm / scale;
-        if !loss.is_finite() || (!overflow && !grad_norm.is_finite()) {
-            return Err(Error::Config(format!(
-                "iteration {iteration}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data"
-            )));
-        }
+        // the scaled gradients overflowed: the step is skipped and the scale backs off. Deciding
+        // that is the one per-step read of the device that stays (fp16 runs on the CPU only).
+        let overflowed = self.progress.scaler.is_some() && {
+            let mut norms = vec![0.0; 2 * slot + 1];
+            setup.dev.read_scalars(&self.steps, &mut norms);
+            !norms[2 * slot].is_finite()
+        };
         if let Some(s) = self.progress.scaler.as_mut() {
-            s.update(overflow);
+            s.update(overflowed);
         }
-        if overflow {
+        if overflowed {
             self.skipped_iterations += 1;
             if setup.say {
                 println!(
@@ -262,20 +303,47 @@ impl<D: Device> Trainer<'_, D> {
                 );
             }
         } else {
-            let coef = clip_coefficient(grad_norm, cfg.clip_grad) / scale as f32;
             for (c, shard) in self.chunks.iter_mut().zip(&shards) {
-                c.step(&setup.dev, &setup.groups, shard.as_deref(), lr as f32, coef);
+                c.step(&setup.dev, &setup.groups, shard.as_deref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
+        self.pending.push(PendingStep { iteration, overflowed });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
-        Ok((loss, grad_norm))
+        Ok(())
     }
 
-    /// Adds the iteration's loss and memory figures to the summary; after the first iteration,
-    /// `--log-memory` and rank 0's activation-memory line.
-    fn record(&mut self, loss: f64) {
+    /// Reads the pending steps' losses and gradient norms from the device, in one copy each, and
+    /// adds them to the summary and the log window in step order (so every printed figure is the
+    /// one a per-step read gives). A non-finite loss, or norm of a step that was not skipped, ends
+    /// the run naming its iteration.
+    fn flush(&mut self) -> Result<()> {
+        let n = self.pending.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut losses = vec![0.0; n];
+        self.pipe.take_step_losses(&mut self.chunks, &mut losses);
+        let mut norms = vec![0.0; 2 * n];
+        self.setup.dev.read_scalars(&self.steps, &mut norms);
+        for (k, step) in self.pending.drain(..).enumerate() {
+            let (loss, grad_norm) = (losses[k] / self.tokens_per_iter, norms[2 * k]);
+            if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
+                return Err(Error::Config(format!(
+                    "iteration {}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data",
+                    step.iteration
+                )));
+            }
+            self.summary.losses.push(loss);
+            self.window.loss += loss;
+            self.grad_norm = grad_norm;
+        }
+        Ok(())
+    }
+
+    /// Adds the iteration's memory figures to the summary (its loss follows at `flush`); after
+    /// the first iteration, `--log-memory` and rank 0's activation-memory line.
+    fn record(&mut self) {
         let (setup, cfg, summary) = (self.setup, &self.setup.cfg, &mut self.summary);
-        summary.losses.push(loss);
         summary.iterations += 1;
         summary.peak_in_flight = self.chunks.iter().map(|c| c.model.peak_in_flight()).collect();
         summary.activation_bytes = self.chunks.iter().map(|c| c.model.activation_bytes(&setup.dev)).sum();
@@ -340,8 +408,13 @@ impl<D: Device> Trainer<'_, D> {
         let stop = if iteration < cfg.train_iters { self.watch.check(&*setup.groups.world) } else { None };
         let exiting = (cfg.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) || stop.is_some())
             && iteration < cfg.train_iters;
+        let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
+        // A checkpoint or the run's end first reads the steps still on the device: a non-finite
+        // loss stops the run before it is saved, and the summary holds every step's loss.
+        if exiting || stop.is_some() || iteration == cfg.train_iters || (cfg.save.is_some() && at_interval) {
+            self.flush()?;
+        }
         if let Some(dir) = &cfg.save {
-            let at_interval = cfg.save_interval.is_some_and(|n| iteration.is_multiple_of(n));
             if at_interval || exiting || iteration == cfg.train_iters {
                 save_checkpoint(dir, &setup.dev, &setup.groups, &self.chunks, cfg, self.progress, setup.say)?;
             }

@@ -316,6 +316,22 @@ impl<D: Device> Pipeline<'_, D> {
         chunks.iter_mut().map(|c| c.model.take_loss(self.dev, self.tp)).sum()
     }
 
+    /// Per step of the window, `out[k]`: the token loss the training forwards of step `k` summed
+    /// into loss slot `k` (`Gpt::set_loss_slot`), over this rank's chunks, then over the pipeline
+    /// and data-parallel groups: one read of the device, one all-gather per group.
+    pub fn take_step_losses(&self, chunks: &mut [Chunk<D>], out: &mut [f64]) {
+        out.fill(0.0);
+        let mut chunk_losses = vec![0.0; out.len()];
+        for c in chunks.iter_mut() {
+            c.model.take_losses(self.dev, self.tp, &mut chunk_losses);
+            for (o, l) in out.iter_mut().zip(&chunk_losses) {
+                *o += l;
+            }
+        }
+        self.groups.pp.sum_f64s(out);
+        self.groups.dp.sum_f64s(out);
+    }
+
     /// Forward passes only over `iters` global batches from sample `first` (validation): every
     /// stage runs (micro-batch, chunk) in order, which respects every dependency.
     pub fn evaluate(
@@ -328,6 +344,10 @@ impl<D: Device> Pipeline<'_, D> {
         tl: &mut Timeline,
     ) -> Result<f64> {
         let mut batch = Batch::new(cfg);
+        // The training steps' slots have been read (the log line before validation): slot 0.
+        for c in chunks.iter_mut() {
+            c.model.set_loss_slot(0);
+        }
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.micro {

@@ -1,14 +1,14 @@
 //! What a run reports besides its iteration lines: the start-up lines (version, model and
 //! layout, placement, collectives, parameters), `--log-comm` (elements moved per layer and per
-//! group), `--log-memory` (predicted beside measured bytes per rank), and the per-stage pipeline
-//! bubble and in-flight activations.
+//! group), `--log-memory` (predicted beside measured bytes per rank), `--log-device-work` (each
+//! iteration's device work), and the per-stage pipeline bubble and in-flight activations.
 
 use super::chunk::Chunk;
 use super::setup::{Datasets, Setup};
 use super::TrainSummary;
 use crate::comm::runtime::Runtime;
 use crate::comm::CommCounters;
-use crate::device::Device;
+use crate::device::{Device, WorkCounters};
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::Schedule;
 
@@ -224,5 +224,19 @@ pub(super) fn report_pipeline<D: Device>(
                 at(r, 2)
             );
         }
+    }
+}
+
+/// `--log-device-work`: the device's work in one iteration (its step, and the read of the log
+/// interval's losses and norms when its log line is due; validation and checkpoints excluded),
+/// or that the device counts none.
+pub(super) fn device_work(iteration: u64, work: Option<WorkCounters>) {
+    match work {
+        Some(w) => println!(
+            " device work of iteration {iteration}: {} launches, {} device->host copies, {} synchronizations, \
+             {} host->device copies, {} allocations, {} frees",
+            w.launches, w.device_to_host_copies, w.synchronizations, w.host_to_device_copies, w.allocations, w.frees
+        ),
+        None => println!(" device work of iteration {iteration}: not counted on this device"),
     }
 }

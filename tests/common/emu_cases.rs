@@ -389,8 +389,8 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
             eps: 1e-8,
             weight_decay: 0.1,
             step: step_no,
-            grad_scale: 0.5,
         };
+        let grad_scale = 0.5f32;
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
         for (k, x) in [("param", &param), ("grad", &grad), ("m", &m), ("v", &var)] {
@@ -402,14 +402,14 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
             &step.beta2,
             &step.eps,
             &step.weight_decay,
-            &step.grad_scale,
+            &grad_scale,
             &(c1 as f32),
             &(c2 as f32),
         ];
         case.run("adamw", &[args(&[&n, &blocks, &threads]), args(&hyper)].concat());
         let dev = ReferenceDevice;
         let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &var));
-        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step, None);
+        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step, (&vec![grad_scale as f64], 0), None);
         check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
         check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
         check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);

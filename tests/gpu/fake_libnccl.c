@@ -26,7 +26,9 @@
  * every ncclAllGather leaves on rank r (a wrong result the comparison against MPI must catch).
  *
  * FAKE_NCCL_LOG=path appends one line per collective or send/recv group a rank submits ("<op>
- * <elements> <rank of the communicator>/<ranks>"), so tests can prove that tensors took this path.
+ * <elements> <rank of the communicator>/<ranks>", then for a collective its element type and, for
+ * a reduction, its operation: "all_reduce 32 0/2 f64 max"), so tests can prove that tensors (and
+ * the cross-entropy's f64 statistics) took this path.
  *
  * FAKE_NCCL_ASYNC=1 makes calls asynchronous, as NCCL's are: each communicator runs its operations
  * in order on a worker thread (its "stream"), a failure becomes the communicator's asynchronous
@@ -528,9 +530,17 @@ static void log_job(const struct job *j) {
     const char *path = getenv("FAKE_NCCL_LOG");
     if (!path || !*path) return;
     static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"};
+    static const char *ops[] = {"sum", "prod", "max", "min"};
     char line[128];
     size_t n = j->kind == JOB_P2P ? j->nops : j->count;
-    int len = snprintf(line, sizeof line, "%s %zu %d/%d\n", names[j->kind], n, j->c->rank, j->c->nranks);
+    int len = snprintf(line, sizeof line, "%s %zu %d/%d", names[j->kind], n, j->c->rank, j->c->nranks);
+    if (j->kind != JOB_P2P) {
+        const char *type = j->type == ncclFloat64 ? "f64" : j->type == ncclFloat32 ? "f32" : j->type == ncclBfloat16 ? "bf16" : "other";
+        len += snprintf(line + len, sizeof line - (size_t)len, " %s", type);
+        if ((j->kind == JOB_ALL_REDUCE || j->kind == JOB_REDUCE_SCATTER) && j->op >= ncclSum && j->op <= ncclMin)
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s", ops[j->op]);
+    }
+    len += snprintf(line + len, sizeof line - (size_t)len, "\n");
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd < 0) return;
     if (write(fd, line, (size_t)len) < 0) { /* best effort */ }

@@ -221,7 +221,11 @@ int main(int argc, char** argv) {
     emu::launch(dim3(blocks), dim3(256), add_bias_f32, biased.data(), b.data(), rows, cols);
     emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, gelu.data(), x.data(), int(n));
     std::vector<double> squares(ceil_div(int(n), 8192));
-    emu::launch(dim3(unsigned(squares.size())), dim3(256), sum_squares_f32, squares.data(), x.data(), int(n));
+    // A table of one tensor: x, its length and its blocks.
+    const unsigned long long tensors[] = {reinterpret_cast<unsigned long long>(x.data())};
+    const int lens[] = {int(n)}, first_block[] = {0, int(squares.size())};
+    emu::launch(dim3(unsigned(squares.size())), dim3(256), sum_squares_f32, squares.data(), tensors, lens, first_block,
+                1);
     write_f32s({{"out", &out}, {"mean", &mean}, {"rstd", &rstd}, {"dinp", &dinp}, {"dweight", &dweight},
                 {"dbias", &dbias}, {"dlogits", &dlogits}, {"dwte", &dwte}, {"biased", &biased}, {"gelu", &gelu}});
     write_f64s({{"sums", &sums}, {"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit},

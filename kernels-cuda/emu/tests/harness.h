@@ -249,8 +249,10 @@ inline void adamw() {
   auto param = read_f32("param", n), grad = read_f32("grad", n), m = read_f32("m", n), v = read_f32("v", n);
   std::vector<bf16> param_bf16(n);
   std::vector<float> param_rounded(n);
+  // The gradient factor is read from device memory (an f64 slot of the step's scalars).
+  const double grad_scale = real(8);
   emu::launch(dim3(blocks), dim3(threads), adamw_f32_bf16, param.data(), param_bf16.data(), grad.data(), m.data(),
-              v.data(), n, real(3), real(4), real(5), real(6), real(7), real(8), real(9), real(10),
+              v.data(), n, real(3), real(4), real(5), real(6), real(7), &grad_scale, real(9), real(10),
               param_rounded.data());
   write_f32("param", param);
   write_bf16("param_bf16", param_bf16);

@@ -114,7 +114,10 @@ int main(int argc, char** argv) {
     emu::launch(per_col, cols_wg, column_sum_add_f32, colsum.data(), dout.data(), rows, C);
     emu::launch(elems, cols_wg, add_bias_f32, biased.data(), bias.data(), rows, C);
     std::vector<double> partials(ceil_div(int(n), 8192), -1.0);
-    emu::launch(dim3(partials.size()), dim3(256), sum_squares_f32, partials.data(), x.data(), int(n));
+    // A table of one tensor: x, its length and its blocks.
+    const unsigned long long tensors[] = {reinterpret_cast<unsigned long long>(x.data())};
+    const int lens[] = {int(n)}, first_block[] = {0, int(partials.size())};
+    emu::launch(dim3(partials.size()), dim3(256), sum_squares_f32, partials.data(), tensors, lens, first_block, 1);
     write_f32s({{"out", &out}, {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx}, {"dw", &dw}, {"db", &db},
                 {"split", &split}, {"split_mean", &split_mean}, {"split_rstd", &split_rstd}, {"split_dx", &split_dx},
                 {"dlogits", &dlogits}, {"colsum", &colsum}, {"biased", &biased}});

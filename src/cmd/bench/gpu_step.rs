@@ -108,11 +108,11 @@ fn measure(dev: &GpuDevice, m: &StepModel, min_seconds: f64, steps: Option<usize
     let mut model = Gpt::new(dev, m.cfg.clone(), 1234);
     model.set_precision(dev, Precision::Bf16);
     let mut opt = AdamW::new(dev, &model.params, STEP_ADAMW);
-    let mut norm_sum = dev.scalars(1);
+    let mut norm = [dev.scalars(1), dev.scalars(2)];
     let (tokens, labels) = m.batch();
     let setup = counters().since(&opened);
     let mut run = |model: &mut Gpt<GpuDevice>, opt: &mut AdamW<GpuDevice>| {
-        train_step(dev, (model, opt, &mut norm_sum), (&tokens, &labels), (m.micro_batch, m.seq));
+        train_step(dev, (model, opt, &mut norm), (&tokens, &labels), (m.micro_batch, m.seq));
     };
 
     let (before, started) = (counters(), Instant::now());

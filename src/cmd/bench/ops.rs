@@ -13,8 +13,8 @@ use crate::device::cpu::CpuDevice;
 use crate::device::{AttentionShape, Device};
 use crate::error::Result;
 use crate::model::{Gpt, GptConfig};
-use crate::optim::{clip_coefficient, AdamW, AdamWConfig};
-use crate::parallel::data::global_grad_norm;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::parallel::data::global_grad_sum_squares;
 use crate::parallel::tensor::TensorParallel;
 use std::time::Instant;
 
@@ -301,12 +301,13 @@ impl StepModel {
 pub const STEP_ADAMW: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
 
 /// One training step as `train` runs it on one rank: gradients zeroed, forward and backward of
-/// one micro-batch (`tokens`, `labels`), the global gradient norm (summed on the device in
-/// `norm_sum`) and Megatron's clip at 1.0, AdamW writing the mixed-precision working weights.
-/// Returns the micro-batch's summed token loss.
+/// one micro-batch (`tokens`, `labels`), the global gradient norm (its squares summed on the
+/// device in `norm[0]`) and Megatron's clip at 1.0 (norm and factor into `norm[1]`, on the
+/// device), AdamW writing the mixed-precision working weights. Returns the micro-batch's summed
+/// token loss, the step's one read of the device.
 pub fn train_step<D: Device>(
     dev: &D,
-    (model, opt, norm_sum): (&mut Gpt<D>, &mut AdamW<D>, &mut D::Scalars),
+    (model, opt, norm): (&mut Gpt<D>, &mut AdamW<D>, &mut [D::Scalars; 2]),
     (tokens, labels): (&[u32], &[u32]),
     (micro_batch, seq): (usize, usize),
 ) -> f64 {
@@ -314,9 +315,11 @@ pub fn train_step<D: Device>(
     let scale = 1.0 / (micro_batch * seq) as f32;
     let tp = TensorParallel::single();
     let loss = model.forward_backward(dev, tp, tokens, labels, micro_batch, seq, scale, &mut |_, _| {});
-    let norm = global_grad_norm(dev, &[&model.params], 0, true, &SelfComm, norm_sum);
+    let [sum, clip] = norm;
+    global_grad_sum_squares(dev, &[&model.params], 0, true, &SelfComm, sum);
+    dev.clip_scale(sum, 0, clip, 0, 1.0, 1.0);
     let (params, working) = model.params_and_working();
-    opt.step(dev, params, working, 1e-4, clip_coefficient(norm, 1.0));
+    opt.step(dev, params, working, 1e-4, (clip, 1));
     loss
 }
 
@@ -333,10 +336,10 @@ pub fn step(
     dev.set_matmul_precision(precision);
     model.set_precision(dev, precision);
     let mut opt = AdamW::new(dev, &model.params, STEP_ADAMW);
-    let mut norm_sum = dev.scalars(1);
+    let mut norm = [dev.scalars(1), dev.scalars(2)];
     let (tokens, labels) = m.batch();
     let secs = time_best(min_seconds, &mut || {
-        train_step(dev, (&mut model, &mut opt, &mut norm_sum), (&tokens, &labels), (m.micro_batch, m.seq));
+        train_step(dev, (&mut model, &mut opt, &mut norm), (&tokens, &labels), (m.micro_batch, m.seq));
     });
     dev.set_matmul_precision(crate::real::Precision::F32);
     Ok(vec![Record {

@@ -197,8 +197,8 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let (mut acc, mut racc) = (dev.scalars(2), r.scalars(2));
         dev.write_scalars(&mut acc, &[0.0, 1.0]);
         r.write_scalars(&mut racc, &[0.0, 1.0]);
-        dev.sum_squares_into(&ga, &mut acc, 1);
-        r.sum_squares_into(&ra, &mut racc, 1);
+        dev.sum_squares_into(&[&ga, &gb], &mut acc, 1);
+        r.sum_squares_into(&[&ra, &rb], &mut racc, 1);
         let (mut ss, mut rs) = ([0.0; 2], [0.0; 2]);
         dev.read_scalars(&acc, &mut ss);
         r.read_scalars(&racc, &mut rs);
@@ -206,6 +206,21 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         // Compared in f64: the sums are f64 on every backend.
         let exact = Bound::Abs { atol: 1e-12 * rs.max(1.0), rtol: 0.0 };
         run.out.push(compare_f64("sum_squares", &case, ss, rs, exact));
+        // The norm and clip factor from the reference's sum, clipping (to a tenth of the norm,
+        // under a loss scale of 8) and not (clip 0): exactly the host formula's values.
+        let (mut clip, mut rclip) = (dev.scalars(4), r.scalars(4));
+        dev.write_scalars(&mut acc, &[rs, rs]);
+        dev.clip_scale(&acc, 1, &mut clip, 0, 0.1 * rs.sqrt() / 8.0, 8.0);
+        dev.clip_scale(&acc, 0, &mut clip, 2, 0.0, 1.0);
+        r.clip_scale(&racc, 1, &mut rclip, 0, 0.1 * rs.sqrt() / 8.0, 8.0);
+        r.clip_scale(&racc, 1, &mut rclip, 2, 0.0, 1.0);
+        let (mut cs, mut rcs) = ([0.0; 4], [0.0; 4]);
+        dev.read_scalars(&clip, &mut cs);
+        r.read_scalars(&rclip, &mut rcs);
+        for (what, i) in [("clip_scale norm", 0), ("clip_scale factor", 1), ("clip_scale norm, clip 0", 2)] {
+            run.out.push(compare_f64(what, &case, cs[i], rcs[i], Bound::Exact));
+        }
+        run.out.push(compare_f64("clip_scale factor, clip 0", &case, cs[3], 1.0, Bound::Exact));
         let mut rounded = run.up(&a);
         dev.round_to(&mut rounded, Precision::Bf16);
         let bits: Vec<f64> = a.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
@@ -236,12 +251,15 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let g = run.f32s(n, "g", 0.1, 0.0);
         let m = run.f32s(n, "m", 0.01, 0.0);
         let v: Vec<f32> = run.f32s(n, "v", 0.001, 0.0).iter().map(|x| x.abs()).collect();
-        let step =
-            AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3, grad_scale: 0.5 };
+        let step = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3 };
+        // The gradient factor is read from the device's scalars (slot 1), as training passes it.
+        let (mut scale, mut rscale) = (dev.scalars(2), r.scalars(2));
+        dev.write_scalars(&mut scale, &[0.0, 0.5]);
+        r.write_scalars(&mut rscale, &[0.0, 0.5]);
         let (mut gp, mut gm, mut gv, mut gw) = (run.up(&p), run.up(&m), run.up(&v), dev.alloc(n));
-        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, Some((&mut gw, Precision::Bf16)));
+        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, (&scale, 1), Some((&mut gw, Precision::Bf16)));
         let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
-        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step, None);
+        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step, (&rscale, 1), None);
         let case = format!("n={n}");
         run.push_dev("adamw param", &case, &gp, &rp, F32);
         // The working copy written in the same pass is exactly the updated master, rounded.

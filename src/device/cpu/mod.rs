@@ -142,15 +142,21 @@ impl Device for CpuDevice {
             }
         });
     }
-    fn sum_squares_into(&self, buf: &Vec<f32>, acc: &mut Vec<f64>, slot: usize) {
-        let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
-        let p = SharedMut::new(&mut partial);
-        self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
-            let sum: f64 = buf[s..s + n].iter().map(|&x| (x as f64) * (x as f64)).sum();
-            // SAFETY: one slot per block.
-            unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
-        });
-        acc[slot] += partial.iter().sum::<f64>();
+    fn sum_squares_into(&self, bufs: &[&Vec<f32>], acc: &mut Vec<f64>, slot: usize) {
+        for buf in bufs {
+            let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
+            let p = SharedMut::new(&mut partial);
+            self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
+                let sum: f64 = buf[s..s + n].iter().map(|&x| (x as f64) * (x as f64)).sum();
+                // SAFETY: one slot per block.
+                unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
+            });
+            acc[slot] += partial.iter().sum::<f64>();
+        }
+    }
+    fn clip_scale(&self, sum: &Vec<f64>, sum_slot: usize, out: &mut Vec<f64>, slot: usize, clip: f64, loss_scale: f64) {
+        let (norm, coef) = kernels::clip_scale(sum[sum_slot], clip, loss_scale);
+        out[slot..slot + 2].copy_from_slice(&[norm, coef as f64]);
     }
     fn scalars(&self, len: usize) -> Vec<f64> {
         vec![0.0; len]
@@ -619,12 +625,16 @@ impl Device for CpuDevice {
         m: &mut Vec<f32>,
         v: &mut Vec<f32>,
         step: AdamWStep,
+        (scales, slot): (&Vec<f64>, usize),
         working: Option<(&mut Vec<f32>, crate::real::Precision)>,
     ) {
         let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
+        let grad_scale = scales[slot] as f32;
         self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks of the three state arrays.
-            unsafe { simd::adamw_slice(p.slice(s, n), &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step) }
+            unsafe {
+                simd::adamw_slice(p.slice(s, n), &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step, grad_scale)
+            }
         });
         if let Some((w, precision)) = working {
             w.copy_from_slice(param);

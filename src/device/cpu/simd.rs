@@ -97,7 +97,7 @@ multiversion! {
         = kernels::cross_entropy_partials_row::<f32>;
     fn cross_entropy_backward_row(row: &mut [f32], target: Option<usize>, max: f32, sum_exp: f32, scale: f32)
         = kernels::cross_entropy_backward_row::<f32>;
-    fn adamw_slice(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &AdamWStep)
+    fn adamw_slice(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &AdamWStep, grad_scale: f32)
         = kernels::adamw_slice::<f32>;
     fn embedding_forward_rows(out: &mut [f32], tokens: &[u32], wte: &[f32], vocab_start: usize, batch: usize,
         seq: usize, hidden: usize, t0: usize) = kernels::embedding_forward_rows::<f32>;
@@ -167,9 +167,8 @@ mod tests {
                     eps: 1e-8,
                     weight_decay: 0.1,
                     step: 3,
-                    grad_scale: 0.7,
                 };
-                adamw_slice::at(lv, &mut p, &b, &mut mm, &mut vv, &step);
+                adamw_slice::at(lv, &mut p, &b, &mut mm, &mut vv, &step, 0.7);
                 let mut scores = x[..cols].to_vec();
                 let lse = attention_softmax_row::at(lv, &mut scores, cols - 7, 0.125);
                 let (mut pr, mut ds) = (x[cols..2 * cols].to_vec(), dy[..cols].to_vec());

@@ -24,6 +24,7 @@ use plan::SM90_GEMM_SHARED_BYTES;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     AdamwF32Bf16,
+    ClipScaleF64,
     AttentionBwdDeltaBf16,
     AttentionBwdDkvBf16D64,
     AttentionBwdDkvBf16D128,
@@ -140,6 +141,8 @@ const fn gemm_sm90(kernel: Kernel, function: &'static str) -> KernelSpec {
 /// Every kernel function of kernels-cuda/ and kernels-hip/, in `Kernel`'s order.
 pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::AdamwF32Bf16, "adamw_f32_bf16", "adamw.cu", 256, Some(256), 0),
+    // One thread of a block: the step's gradient norm and clip factor, kept on the device.
+    spec(Kernel::ClipScaleF64, "clip_scale_f64", "adamw.cu", 256, Some(256), 0),
     spec(Kernel::AttentionBwdDeltaBf16, "attention_bwd_delta_bf16", "attention_bwd.cu", 128, Some(256), 0),
     // Attention's tiles and 2-stage cp.async rings in dynamic shared memory (the d 128 kernels
     // above 48 KiB: opted in); the HIP twins keep theirs static.

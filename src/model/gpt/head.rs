@@ -61,7 +61,7 @@ impl<D: Device> Gpt<D> {
         dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, &mut hd.ce_stats);
         // Sum-exp and target logit travel in one all-reduce.
         all_reduce_scalars(dev, comm, &mut hd.ce_stats, 2 * r.full, ReduceOp::Sum);
-        dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, r.full, &mut self.loss, 0);
+        dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, r.full, &mut self.loss, self.loss_slot);
     }
 
     /// Backward of the output layer (tied to the word embedding) and the final LayerNorm from the

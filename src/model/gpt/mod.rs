@@ -122,9 +122,11 @@ pub struct Gpt<D: Device> {
     peak_stashed: usize,
     /// Buffers of 16-bit layer copies already restored, kept for the next layer's copy.
     stash_spares: Vec<Vec<Stash<D>>>,
-    /// The last chunk: the summed token loss of the forwards since the last `take_loss`, kept on
-    /// the device so a step reads it once.
+    /// The last chunk: the summed token loss of the forwards since the last `take_losses`, kept
+    /// on the device, one slot per step of a log interval (`set_loss_slots`), so the host reads
+    /// the steps' losses at once; forwards add to slot `loss_slot`.
     loss: D::Scalars,
+    loss_slot: usize,
 }
 
 impl<D: Device> Gpt<D> {
@@ -165,6 +167,7 @@ impl<D: Device> Gpt<D> {
             peak_stashed: 0,
             stash_spares: Vec::new(),
             loss: dev.scalars(1),
+            loss_slot: 0,
         }
     }
 
@@ -237,19 +240,39 @@ impl<D: Device> Gpt<D> {
     }
 
     /// The summed token loss of the forwards since the last call (0 on a chunk without the head),
-    /// read from the device once; under SUMMA summed over the batch blocks (the column and depth
-    /// groups), so every rank of the chunk's row has the whole micro-batches' loss.
+    /// read from the device once: `take_losses` of slot 0.
     pub fn take_loss(&mut self, dev: &D, tp: TensorParallel) -> f64 {
-        if !self.layout.last {
-            return 0.0;
-        }
         let mut loss = [0.0];
-        dev.read_scalars(&self.loss, &mut loss);
-        dev.write_scalars(&mut self.loss, &[0.0]);
-        match tp.summa {
-            None => loss[0],
-            Some((s, depth)) => depth.sum_f64(s.col.sum_f64(loss[0])),
+        self.take_losses(dev, tp, &mut loss);
+        loss[0]
+    }
+
+    /// The summed token loss of each of the first `out.len()` slots since the last call (0 on a
+    /// chunk without the head), read from the device in one copy and zeroed there; under SUMMA
+    /// summed over the batch blocks (the column and depth groups), so every rank of the chunk's
+    /// row has the whole micro-batches' loss.
+    pub fn take_losses(&mut self, dev: &D, tp: TensorParallel, out: &mut [f64]) {
+        out.fill(0.0);
+        if !self.layout.last {
+            return;
         }
+        dev.read_scalars(&self.loss, out);
+        dev.write_scalars(&mut self.loss, &vec![0.0; out.len()]);
+        if let Some((s, depth)) = tp.summa {
+            s.col.sum_f64s(out);
+            depth.sum_f64s(out);
+        }
+    }
+
+    /// Gives the loss accumulator `slots` slots (zero), one per step the host reads at once.
+    pub fn set_loss_slots(&mut self, dev: &D, slots: usize) {
+        self.loss = dev.scalars(slots.max(1));
+        self.loss_slot = 0;
+    }
+
+    /// Forwards from now on add their loss to slot `slot` of the accumulator.
+    pub fn set_loss_slot(&mut self, slot: usize) {
+        self.loss_slot = slot;
     }
 
     /// Bytes of the working copy of the weights mixed precision computes with (its values are
