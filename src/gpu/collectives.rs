@@ -1,6 +1,5 @@
 //! The NCCL Comm: collectives and grouped point-to-point transfers on device memory through NCCL
-//! or RCCL (one ABI, `nccl.rs`), for the CUDA Device's tensor-, pipeline- and data-parallel
-//! groups.
+//! or RCCL (one ABI, `nccl.rs`), for the GPU Device's tensor-, pipeline- and data-parallel groups.
 //!
 //! **Creation** is collective over an MPI group (`&dyn Comm`): rank 0 of the group creates the
 //! unique id, the group broadcasts it (`nccl::exchange_unique_id`), and every rank calls
@@ -555,10 +554,8 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
     }
     fn all_reduce_f64(&self, scalars: &mut GpuBuf, len: usize, op: ReduceOp) {
-        assert!(scalars.elem == super::buffer::Elem::F64 && len <= scalars.len(), "all_reduce_f64: not f64 scalars");
-        let p = scalars.ptr();
         self.count(|k| k.all_reduce += len as u64);
-        self.ordered(|c| c.all_reduce(p, p, len, Dtype::F64, op));
+        self.ordered(|c| c.all_reduce(scalars.ptr(), scalars.ptr(), len, Dtype::F64, op));
     }
     fn all_reduce_start(&self, buf: &mut GpuBuf) {
         let (p, n) = (buf.ptr(), buf.len());

@@ -55,6 +55,7 @@ impl Device for GpuDevice {
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
     }
     fn device_all_reduce_scalars(&self, group: &dyn crate::comm::Comm, s: &mut GpuBuf, len: usize, op: ReduceOp) -> bool {
+        assert!(s.elem == Elem::F64 && len <= s.len, "device_all_reduce_scalars: {len} values of f64 scalars");
         self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
     }
     fn device_p2p(&self) -> Option<&dyn DeviceP2p<GpuBuf>> {
