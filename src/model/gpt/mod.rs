@@ -106,8 +106,12 @@ pub struct Gpt<D: Device> {
     /// Mixed precision: the format weights and activations are held in for compute, and the
     /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
     precision: Precision,
+    /// Whether the device stores `precision` natively (`Device::stores`): activations are then
+    /// held in it, and saved layers need no 16-bit copy aside.
+    stored: bool,
     /// Per parameter: None where the device's GEMM rounds its operands itself (the matrices and
-    /// the word embedding under bf16), which then read the masters.
+    /// the word embedding under bf16), which then read the masters; held in `precision` storage
+    /// for those where the device stores it (`stored`), f32 rounded to it otherwise.
     working: Option<Vec<Option<D::Buf>>>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
@@ -157,6 +161,7 @@ impl<D: Device> Gpt<D> {
             spare: None,
             spare_attention: None,
             precision: Precision::F32,
+            stored: false,
             working: None,
             scratch: Scratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
@@ -203,13 +208,18 @@ impl<D: Device> Gpt<D> {
         self.pool.retain(|(k, _)| k.is_some());
         // Matrices that only GEMMs read (and the word embedding, whose looked-up rows are rounded
         // as they are read) need no rounded copy where the GEMM rounds its operands itself.
+        // Where the device stores the precision, those matrices are held in it (the kernels read
+        // LayerNorm weights and biases in f32: their copies stay f32, rounded).
         let gemm_rounds = dev.matmul_rounds_operands(precision);
+        self.stored = precision != Precision::F32 && dev.stores(precision);
+        let stored = self.stored;
         self.working = (precision != Precision::F32).then(|| {
-            self.params
-                .info
-                .iter()
-                .map(|p| (!(gemm_rounds && is_gemm_operand(&p.name))).then(|| dev.alloc(p.numel())))
-                .collect()
+            let copy = |p: &crate::tensor::ParamInfo| match is_gemm_operand(&p.name) {
+                true if stored => Some(dev.alloc_in(p.numel(), precision)),
+                true if gemm_rounds => None,
+                _ => Some(dev.alloc(p.numel())),
+            };
+            self.params.info.iter().map(copy).collect()
         });
         self.refresh_working_weights(dev);
     }
@@ -289,9 +299,9 @@ impl<D: Device> Gpt<D> {
     }
 
     /// Whether saved layers are held in 16 bits between forward and backward (mixed precision,
-    /// unless full recompute keeps only the layer inputs anyway).
+    /// unless full recompute keeps only the layer inputs anyway, or the device stores the precision).
     fn compacting(&self) -> bool {
-        self.precision != Precision::F32 && self.recompute != Recompute::Full
+        self.precision != Precision::F32 && self.recompute != Recompute::Full && !self.stored
     }
 
     /// Bytes of the spare buffers recomputation rebuilds into.
