@@ -1,11 +1,12 @@
 // gemm_bf16_bwd.cu: the linear layer's backward GEMMs on sm_80+ tensor cores (mma.sync), the
 // two products the training step needs besides the forward of gemm_bf16.cu.
 //
-//   gemm_bwd_input_bf16:   dinp[m][k]     = Σ_n dout[m][n] · W[n][k]      (overwrite)
-//   gemm_bwd_weight_bf16:  dweight[n][k] += Σ_m dout[m][n] · inp[m][k]    (accumulate)
+//   gemm_bwd_input_bf16:          dinp[m][k]     = Σ_n dout[m][n] · W[n][k]      (overwrite)
+//   gemm_bwd_input_bf16_bf16out:  the same with dinp bf16 (the f32 sum rounded once)
+//   gemm_bwd_weight_bf16:         dweight[n][k] += Σ_m dout[m][n] · inp[m][k]    (accumulate)
 //
-// with dout [M, N], W [N, K] and inp [M, K] bf16 row-major (trident's layouts), dinp and dweight
-// [.., K] f32 row-major. Products are accumulated in f32; dweight adds the block's f32 tile to
+// with dout [M, N], W [N, K] and inp [M, K] bf16 row-major (trident's layouts), dinp [M, K] f32
+// or bf16 and dweight [N, K] f32 row-major. Products are accumulated in f32; dweight adds the block's f32 tile to
 // what is already there (gradient accumulation over micro-batches). Any M, N, K >= 1: ragged
 // edges load as zeros and stores are guarded. The bias gradient (a column sum of dout) is not here.
 //
@@ -47,9 +48,9 @@ static_assert(kInputSharedBytes == 75776 && kWeightSharedBytes == 69632, "the he
 
 // C [rows, cols] (=|+=) A · B over `depth` reduction indices. kATrans: A[i][r] = a[r * rows + i]
 // (a is [depth, rows]), else A[i][r] = a[i * depth + r]. B[r][j] = b[r * cols + j].
-// kAccumulate: C += the product, else C = it.
-template <bool kATrans, bool kAccumulate>
-__device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf16* __restrict__ a,
+// kAccumulate: C += the product, else C = it; C is f32 or bf16 (Out).
+template <bool kATrans, bool kAccumulate, class Out = float>
+__device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16* __restrict__ a,
                                               const bf16* __restrict__ b, int rows, int cols, int depth) {
   DYNAMIC_SHARED(Stages<kATrans>, stages);
   const int i0 = blockIdx.y * kTile, j0 = blockIdx.x * kTile;
@@ -83,7 +84,7 @@ __device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf1
 
   for_each_output(acc, i0 + wi, j0 + wj, rows, cols, [&](int row, int col, float v) {
     const size_t at = (size_t)row * cols + col;
-    out[at] = kAccumulate ? out[at] + v : v;
+    out[at] = from_float<Out>(kAccumulate ? to_float(out[at]) + v : v);
   });
 }
 
@@ -93,6 +94,13 @@ __device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf1
 extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_input_bf16(float* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<false, false>(dinp, dout, W, M, K, N);
+}
+
+// dinp [M, K] bf16 = dout [M, N] · W [N, K], rounded once. Grid, threads and shared memory as
+// gemm_bwd_input_bf16's.
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_bwd_input_bf16_bf16out(bf16* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
+  gemm_bwd_detail::gemm_bwd_body<false, false, bf16>(dinp, dout, W, M, K, N);
 }
 
 // dweight [N, K] += doutᵀ [N, M] · inp [M, K]. Grid (⌈K/128⌉, ⌈N/128⌉), 256 threads,

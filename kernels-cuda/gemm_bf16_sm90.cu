@@ -6,7 +6,10 @@
 //                               (the layouts and epilogue of gemm_bf16.cu's gemm_fwd_bf16_f32out:
 //                               bias [N] f32 or null, act identity or tanh GELU, residual [M, N]
 //                               f32 or null, out [M, N] f32)
+//   gemm_fwd_bf16_sm90          the same with out [M, N] and residual bf16 (gemm_bf16.cu's
+//                               gemm_fwd_bf16: the f32 result rounded once)
 //   gemm_bwd_input_bf16_sm90    dinp[m][k] = Σ_n dout[m][n]·W[n][k]    (dinp [M, K] f32, overwritten)
+//   gemm_bwd_input_bf16_bf16out_sm90  the same with dinp bf16 (rounded once)
 //   gemm_bwd_weight_bf16_sm90   dW[n][k] += Σ_m dout[m][n]·inp[m][k]   (dW [N, K] f32, accumulated)
 // with A, W, dout, inp bf16 row-major (A, inp [M, K]; W [N, K]; dout [M, N]). Each computes a
 // product D [rows, cols] = Σ_r P(row, r)·Q(col, r) over a reduction of length R: forward rows =
@@ -94,15 +97,17 @@ __device__ __forceinline__ uint64_t tile_descriptor(const unsigned char* tile, i
   return wgmma_descriptor(tile + i0 * 16 + (kk / 8) * 2048, 2048, 128);
 }
 
+// The output D (f32 or bf16) and, for the forward, its fused epilogue.
+template <class Out>
 struct Epilogue {
-  float* out;
+  Out* out;
   const float* bias;
-  const float* residual;
+  const Out* residual;
   int gelu;
 };
 
-template <Product kP>
-__device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMap* map_q, const Epilogue& e, int rows,
+template <Product kP, class Out>
+__device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMap* map_q, const Epilogue<Out>& e, int rows,
                                           int cols, int R) {
   unsigned char* smem = dynamic_shared(kSharedBytes);
   wgmma_shared_window(smem, kSharedBytes);
@@ -170,11 +175,11 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
       if (kP == Product::Forward) {
         if (e.bias) v += e.bias[col];
         if (e.gelu) v = gelu_tanh(v);
-        if (e.residual) v += e.residual[at];
+        if (e.residual) v += to_float(e.residual[at]);
       } else if (kP == Product::BackwardWeight) {
-        v += e.out[at];
+        v += to_float(e.out[at]);
       }
-      e.out[at] = v;
+      e.out[at] = from_float<Out>(v);
     }
 }
 #endif
@@ -187,9 +192,21 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                               float* out, const float* bias, const float* residual, int M, int N, int K, int gelu) {
 #ifdef TRIDENT_WGMMA
   using namespace gemm_sm90_detail;
-  gemm_body<Product::Forward>(&map_a, &map_w, Epilogue{out, bias, residual, gelu}, M, N, K);
+  gemm_body<Product::Forward>(&map_a, &map_w, Epilogue<float>{out, bias, residual, gelu}, M, N, K);
 #else
   __trap();  // no wgmma on this arch; never launched here
+#endif
+}
+
+// The same with out and residual bf16 (gemm_fwd_bf16's arguments after the two maps).
+extern "C" __global__ void __launch_bounds__(384, 1)
+    gemm_fwd_bf16_sm90(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w, bf16* out,
+                       const float* bias, const bf16* residual, int M, int N, int K, int gelu) {
+#ifdef TRIDENT_WGMMA
+  using namespace gemm_sm90_detail;
+  gemm_body<Product::Forward>(&map_a, &map_w, Epilogue<bf16>{out, bias, residual, gelu}, M, N, K);
+#else
+  __trap();
 #endif
 }
 
@@ -199,7 +216,19 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                              float* dinp, int M, int N, int K) {
 #ifdef TRIDENT_WGMMA
   using namespace gemm_sm90_detail;
-  gemm_body<Product::BackwardInput>(&map_dout, &map_w, Epilogue{dinp, nullptr, nullptr, 0}, M, K, N);
+  gemm_body<Product::BackwardInput>(&map_dout, &map_w, Epilogue<float>{dinp, nullptr, nullptr, 0}, M, K, N);
+#else
+  __trap();
+#endif
+}
+
+// The same with dinp bf16 (the maps as gemm_bwd_input_bf16_sm90's).
+extern "C" __global__ void __launch_bounds__(384, 1)
+    gemm_bwd_input_bf16_bf16out_sm90(const __grid_constant__ TensorMap map_dout,
+                                     const __grid_constant__ TensorMap map_w, bf16* dinp, int M, int N, int K) {
+#ifdef TRIDENT_WGMMA
+  using namespace gemm_sm90_detail;
+  gemm_body<Product::BackwardInput>(&map_dout, &map_w, Epilogue<bf16>{dinp, nullptr, nullptr, 0}, M, K, N);
 #else
   __trap();
 #endif
@@ -211,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
                               float* dweight, int M, int N, int K) {
 #ifdef TRIDENT_WGMMA
   using namespace gemm_sm90_detail;
-  gemm_body<Product::BackwardWeight>(&map_dout, &map_inp, Epilogue{dweight, nullptr, nullptr, 0}, N, K, M);
+  gemm_body<Product::BackwardWeight>(&map_dout, &map_inp, Epilogue<float>{dweight, nullptr, nullptr, 0}, N, K, M);
 #else
   __trap();
 #endif

@@ -22,6 +22,7 @@
 //     embedding_bwd_f32  dwte[token - vocab_start][c] += dout[t·batch + b][c], tokens in (t, b) order
 //     position_bwd_f32   dwpe[t0 + p][c] += Σ_b dout[p·batch + b][c]   (grid (⌈hidden/256⌉, positions))
 //     column_sum_add_f32 out[c] += Σ_r x[r][c]                 (the bias gradient)
+//     column_sum_add_bf16  the same over a bf16 x (bf16 storage's dout), summed in f32
 //     layernorm_bwd_params_f32  dweight[c] += Σ_r dy·x̂, dbias[c] += Σ_r dy
 //   one warp per row, 4 rows per block of 128 (grid ⌈rows/4⌉), f64 lane partials and a
 //   butterfly, so every lane holds the same row total:
@@ -197,6 +198,15 @@ extern "C" __global__ void column_sum_add_f32(float* out, const float* x, int ro
   if (c >= cols) return;
   float acc = out[c];
   for (int r = 0; r < rows; ++r) acc += x[(size_t)r * cols + c];
+  out[c] = acc;
+}
+
+// The bias gradient from a bf16 dout (bf16 storage): out[c] += Σ_r x[r][c], rows in order in f32.
+extern "C" __global__ void column_sum_add_bf16(float* out, const bf16* x, int rows, int cols) {
+  const int c = first_index();
+  if (c >= cols) return;
+  float acc = out[c];
+  for (int r = 0; r < rows; ++r) acc += to_float(x[(size_t)r * cols + c]);
   out[c] = acc;
 }
 

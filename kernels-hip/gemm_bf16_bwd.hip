@@ -1,11 +1,12 @@
 // gemm_bf16_bwd.hip: the linear layer's backward GEMMs on AMD matrix cores (the CDNA counterpart
 // of kernels-cuda/gemm_bf16_bwd.cu, same kernel names and arguments).
 //
-//   gemm_bwd_input_bf16:   dinp[m][k]     = Σ_n dout[m][n] · W[n][k]      (overwrite)
-//   gemm_bwd_weight_bf16:  dweight[n][k] += Σ_m dout[m][n] · inp[m][k]    (accumulate)
+//   gemm_bwd_input_bf16:          dinp[m][k]     = Σ_n dout[m][n] · W[n][k]      (overwrite)
+//   gemm_bwd_input_bf16_bf16out:  the same with dinp bf16 (the f32 sum rounded once)
+//   gemm_bwd_weight_bf16:         dweight[n][k] += Σ_m dout[m][n] · inp[m][k]    (accumulate)
 //
-// with dout [M, N], W [N, K] and inp [M, K] bf16 row-major, dinp and dweight [.., K] f32
-// row-major. Products accumulate in f32; dweight adds the tile to what is there (gradient
+// with dout [M, N], W [N, K] and inp [M, K] bf16 row-major, dinp [M, K] f32 or bf16 and
+// dweight [N, K] f32 row-major. Products accumulate in f32; dweight adds the tile to what is there (gradient
 // accumulation over micro-batches). Any M, N, K >= 1. The bias gradient is not here.
 //
 // Both are common/gemm_mfma.h's tile C[i][j] = Σ_r A[i][r] · B[r][j] with the operands read in
@@ -25,8 +26,8 @@
 
 namespace gemm_bwd_detail {
 
-template <bool kARContig, bool kBRContig, bool kAccumulate>
-__device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf16* __restrict__ a, int lda,
+template <bool kARContig, bool kBRContig, bool kAccumulate, class Out = float>
+__device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16* __restrict__ a, int lda,
                                               const bf16* __restrict__ b, int ldb, int rows, int cols, int depth) {
   const int i0 = blockIdx.y * gemm_mfma::kTile, j0 = blockIdx.x * gemm_mfma::kTile;
   mfma_acc acc;
@@ -37,7 +38,7 @@ __device__ __forceinline__ void gemm_bwd_body(float* __restrict__ out, const bf1
     const int i = i0 + gemm_mfma::out_row(r);
     if (i >= rows) continue;
     const size_t at = (size_t)i * cols + j;
-    out[at] = kAccumulate ? out[at] + acc.v[r] : acc.v[r];
+    out[at] = from_float<Out>(kAccumulate ? to_float(out[at]) + acc.v[r] : acc.v[r]);
   }
 }
 
@@ -48,6 +49,12 @@ extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_input_bf16(float* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
   // A[i = m][r = n] = dout[m·N + n] (r contiguous); B[r = n][j = k] = W[n·K + k] (j contiguous).
   gemm_bwd_detail::gemm_bwd_body<true, false, false>(dinp, dout, N, W, K, M, K, N);
+}
+
+// dinp [M, K] bf16 = dout [M, N] · W [N, K], rounded once. Grid and threads as gemm_bwd_input_bf16's.
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_bwd_input_bf16_bf16out(bf16* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
+  gemm_bwd_detail::gemm_bwd_body<true, false, false, bf16>(dinp, dout, N, W, K, M, K, N);
 }
 
 // dweight [N, K] += doutᵀ [N, M] · inp [M, K]. Grid (⌈K/64⌉, ⌈N/64⌉), 256 threads.

@@ -12,7 +12,7 @@
 //     whole rows' f64 statistics), layernorm_bwd_apply_dx_f32, xent_bwd_f32
 //   one thread per column, rows in order (deterministic, no atomics; ⌈cols/256⌉ workgroups of 256):
 //     embedding_bwd_f32, position_bwd_f32 (grid (⌈hidden/256⌉, positions)), column_sum_add_f32,
-//     layernorm_bwd_params_f32
+//     column_sum_add_bf16 (x bf16), layernorm_bwd_params_f32
 //   one wave per row, 4 rows per workgroup of 4 wave64s = 256 threads (grid ⌈rows/4⌉, the CUDA
 //   grid; the CUDA kernels run 4 warps in 128 threads), f64 lane partials and a butterfly over
 //   all kWaveSize lanes (wave_sum_f64 starts at common/reduce.h's first offset), so every lane
@@ -183,6 +183,15 @@ extern "C" __global__ void column_sum_add_f32(float* out, const float* x, int ro
   if (c >= cols) return;
   float acc = out[c];
   for (int r = 0; r < rows; ++r) acc += x[(size_t)r * cols + c];
+  out[c] = acc;
+}
+
+// The bias gradient from a bf16 dout (bf16 storage): out[c] += Σ_r x[r][c], rows in order in f32.
+extern "C" __global__ void column_sum_add_bf16(float* out, const bf16* x, int rows, int cols) {
+  const int c = first_index();
+  if (c >= cols) return;
+  float acc = out[c];
+  for (int r = 0; r < rows; ++r) acc += to_float(x[(size_t)r * cols + c]);
   out[c] = acc;
 }
 

@@ -215,7 +215,7 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "D",
-        "gemm, attention, layernorm, step, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gelu, xent, embedding: cuda or hip",
+        "gemm, attention, layernorm, step, allreduce: cpu (default), cuda (an NVIDIA GPU; allreduce through NCCL) or hip (an AMD GPU; allreduce through RCCL, against the host-staged MPI path); gemm-bwd, gelu, xent, embedding: cuda or hip",
     ),
     flag("--comm-library", "LIB", "allreduce --device cuda: nccl (default) or rccl"),
     flag(

@@ -489,9 +489,9 @@ fn cuda_benches_launch_their_kernels_on_the_emulated_gpu() {
     assert_clean_error(&o, &["--shape", "BxSxHxD"]);
 }
 
-/// `bench gemm|attention|layernorm|gelu|xent|embedding --device cuda` on tiny shapes launch the
-/// kernels of the index the Device does not, each output checked against the reference device;
-/// on an emulated compute capability 9.0 the GEMM bench runs the sm_90a wgmma kernel instead.
+/// `bench gemm|gemm-bwd|attention|layernorm|gelu|xent|embedding --device cuda` on tiny shapes launch
+/// the kernels of the index the Device does not, each output checked against the reference device;
+/// on an emulated compute capability 9.0 the GEMM benches run the sm_90a wgmma kernels instead.
 /// With `every_device_op_matches_the_reference`, every kernel of the index runs on the emulated
 /// GPU.
 #[test]
@@ -502,9 +502,10 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
     assert_eq!(launched, gpu_device::bench_kernels(Vendor::Cuda, "sm_80"));
     let mut hopper = emu.env.clone();
     hopper.push(("EMU_CUDA_CC", PathBuf::from("90")));
-    let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &[("gemm", "130x192x160")]);
-    assert_eq!(launched, ["gemm_fwd_bf16_f32out_sm90"]);
-    assert!(gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(&launched[0]));
+    let shapes = [("gemm", "130x192x160"), ("gemm-bwd", "130x192x160")];
+    let launched = gpu_device::kernel_bench_functions(&hopper, "cuda", &shapes);
+    assert_eq!(launched, ["column_sum_add_bf16", "gemm_bwd_input_bf16_bf16out_sm90", "gemm_fwd_bf16_sm90"]);
+    assert!(launched.iter().all(|f| gpu_device::bench_kernels(Vendor::Cuda, "sm_90a").contains(f)));
 }
 
 /// On an emulated compute capability 9.0 the Device runs the linear layers' three GEMMs on the

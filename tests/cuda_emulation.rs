@@ -10,7 +10,7 @@
 
 mod common;
 use common::emu::*;
-use common::emu_cases::{self, gemm_bwd_by, gemm_by, gemm_case, GemmCase};
+use common::emu_cases::{self, gemm_bwd_by, gemm_bwd_input_bf16_out_by, gemm_by, gemm_case, GemmCase};
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::Device;
@@ -37,6 +37,8 @@ fn gemm_sm80_pipeline_ragged_tiles() {
     gemm_bwd_by(&CUDA, 257, 200, 136, "gemm_bwd");
     gemm_bwd_by(&CUDA, 150, 131, 203, "gemm_bwd");
     gemm_bwd_by(&CUDA, 296, 129, 264, "gemm_bwd");
+    gemm_bwd_input_bf16_out_by(&CUDA, 257, 200, 136, "gemm_bwd_bf16out");
+    gemm_bwd_input_bf16_out_by(&CUDA, 150, 131, 203, "gemm_bwd_bf16out");
 }
 
 /// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,
@@ -50,6 +52,13 @@ fn gemm_wgmma_sm90_forward() {
     }
     gemm_by(&CUDA, GemmCase { bias: true, gelu: true, residual: true, ..gemm_case(77, 99, 56) }, "gemm_sm90_f32out");
     gemm_by(&CUDA, GemmCase { bias: true, ..gemm_case(129, 136, 264) }, "gemm_sm90_f32out");
+    // gemm_fwd_bf16_sm90: bf16 output and residual, the same epilogue.
+    for (m, n, k) in [(128, 128, 64), (100, 70, 72), (300, 260, 520)] {
+        gemm_by(&CUDA, GemmCase { bf16_out: true, ..gemm_case(m, n, k) }, "gemm_sm90_bf16out");
+    }
+    let fused = GemmCase { bias: true, gelu: true, residual: true, bf16_out: true, ..gemm_case(77, 99, 56) };
+    gemm_by(&CUDA, fused, "gemm_sm90_bf16out");
+    gemm_by(&CUDA, GemmCase { residual: true, bf16_out: true, ..gemm_case(129, 136, 264) }, "gemm_sm90_bf16out");
 }
 
 #[test]
@@ -58,6 +67,10 @@ fn gemm_wgmma_sm90_backward() {
     for (m, n, k) in [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8)] {
         gemm_bwd_by(&CUDA, m, n, k, "gemm_sm90_bwd");
     }
+    // gemm_bwd_input_bf16_bf16out_sm90: the f32 sum rounded once into bf16.
+    for (m, n, k) in [(128, 128, 128), (100, 72, 40), (300, 264, 200), (1, 8, 8)] {
+        gemm_bwd_input_bf16_out_by(&CUDA, m, n, k, "gemm_sm90_bwd_bf16out");
+    }
 }
 
 #[test]
@@ -65,6 +78,13 @@ fn layernorm_forward_backward() {
     // Rows not a multiple of the block's 4 warps; widths below, at and above the 32 lanes, and
     // not multiples of 32; a GPT-2 width.
     emu_cases::layernorm_forward_backward(&CUDA, &[(4, 32), (7, 50), (13, 200), (6, 768), (3, 5)]);
+}
+
+/// The one-launch LayerNorm backward on grids the Device's shapes do not reach (several rows per
+/// block, blocks with none, 12288 channels): deterministic, the counter reset.
+#[test]
+fn layernorm_backward_on_any_grid() {
+    emu_cases::layernorm_backward_on_any_grid(&CUDA);
 }
 
 // ---- tensor_ops.cu (the CUDA Device's f32 ops) ----------------------------------------------

@@ -93,6 +93,13 @@ fn layernorm_wave64_forward_backward() {
     emu_cases::layernorm_forward_backward(&HIP, &[(4, 64), (7, 50), (13, 200), (6, 768), (3, 5), (5, 130)]);
 }
 
+/// The one-launch LayerNorm backward on grids the Device's shapes do not reach (several rows per
+/// block, blocks with none, 12288 channels): deterministic, the counter reset.
+#[test]
+fn layernorm_backward_on_any_grid() {
+    emu_cases::layernorm_backward_on_any_grid(&HIP);
+}
+
 /// Runs the forward of `v`'s build and returns the case with (out, mean, rstd) from the reference.
 fn layernorm_forward(v: &Vendor, rows: usize, cols: usize) -> (Case, [Vec<f64>; 3]) {
     let case = v.case(&format!("layernorm_{rows}x{cols}"));

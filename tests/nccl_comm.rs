@@ -305,7 +305,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     let o = run_with(&["bench", "allreduce", "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
     assert_clean_error(&o, &["bench allreduce --device cuda needs an NVIDIA GPU"]);
     let o = run_with(&["bench", "peak", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
-    assert_clean_error(&o, &["the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding, step and allreduce"]);
+    assert_clean_error(&o, &["the GPU benchmarks are gemm, gemm-bwd, attention, layernorm, gelu, xent, embedding, step and allreduce"]);
     let o = run_with(&["bench", "step", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
     assert_clean_error(&o, &["bench step --device cuda needs --dtype bf16"]);
     let o = run_with(&["bench", "gemm", "--device", "gpu"], &[]);

@@ -428,3 +428,30 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
 inline int __any_sync(unsigned mask, int p) { return int(emu::vote(emu::Vote::Any, mask, p != 0)); }
 inline int __all_sync(unsigned mask, int p) { return int(emu::vote(emu::Vote::All, mask, p != 0)); }
 inline unsigned __ballot_sync(unsigned mask, int p) { return unsigned(emu::vote(emu::Vote::Ballot, mask, p != 0)); }
+
+// ---- global-memory atomics and fences ---------------------------------------------------------
+// Blocks run on several OS threads at once (launch's worker pool), so a kernel whose blocks
+// communicate through global memory (an atomic counter, then the last block reading what the
+// others wrote) is a real concurrent program here, modelled with the C++ memory model: an atomic
+// is a seq_cst read-modify-write through std::atomic_ref on the same address, and __threadfence
+// a seq_cst fence. A block's stores before its fence and its atomic are visible to the block whose
+// atomic reads the value it wrote (or a later one), once that block has fenced too, as on the GPU.
+// (x86 keeps stores in order, so a kernel missing a fence still passes here: the emulation
+// proves the protocol's logic, which block adds what and who resets the counter, not its fences.)
+// Threads of one block are fibers on one OS thread, so between them an atomic is plain program
+// order, as a block's own accesses are on the GPU after __syncthreads.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value, std::memory_order_seq_cst);
+}
+inline int atomicAdd(int* address, int value) {
+  return std::atomic_ref<int>(*address).fetch_add(value, std::memory_order_seq_cst);
+}
+// CUDA's atomicInc: old = *address; *address = old >= limit ? 0 : old + 1; returns old.
+inline unsigned atomicInc(unsigned* address, unsigned limit) {
+  std::atomic_ref<unsigned> a(*address);
+  unsigned old = a.load(std::memory_order_seq_cst);
+  while (!a.compare_exchange_weak(old, old >= limit ? 0u : old + 1u, std::memory_order_seq_cst)) {
+  }
+  return old;
+}

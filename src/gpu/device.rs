@@ -66,11 +66,12 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmFwdBf16F32out,
     Kernel::GemmFwdBf16,
     Kernel::LayernormFwdBf16,
-    Kernel::LayernormBwdDxBf16,
-    Kernel::LayernormBwdDparamsBf16,
+    Kernel::LayernormBwdBf16,
+    Kernel::ColumnSumAddBf16,
     Kernel::GeluFwdBf16,
     Kernel::GeluBwdBf16,
     Kernel::GemmBwdInputBf16,
+    Kernel::GemmBwdInputBf16Bf16out,
     Kernel::GemmBwdWeightBf16,
     Kernel::AttentionFwdBf16D64,
     Kernel::AttentionFwdBf16D128,
@@ -83,8 +84,13 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
 
 /// The sm_90a GEMMs (wgmma fed by TMA), resolved besides `DEVICE_KERNELS` on compute capability
 /// 9.0, where the linear layers run on them (`plan::linear_gemms`).
-pub const SM90_DEVICE_KERNELS: &[Kernel] =
-    &[Kernel::GemmFwdBf16F32outSm90, Kernel::GemmBwdInputBf16Sm90, Kernel::GemmBwdWeightBf16Sm90];
+pub const SM90_DEVICE_KERNELS: &[Kernel] = &[
+    Kernel::GemmFwdBf16F32outSm90,
+    Kernel::GemmFwdBf16Sm90,
+    Kernel::GemmBwdInputBf16Sm90,
+    Kernel::GemmBwdInputBf16Bf16outSm90,
+    Kernel::GemmBwdWeightBf16Sm90,
+];
 
 /// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
 pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
@@ -221,6 +227,9 @@ pub struct GpuDevice {
     pub(super) vendor: Vendor,
     /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
     pub(super) wgmma: bool,
+    /// `layernorm_bwd_bf16`'s last-block counter: one u32, zeroed when first needed, which every
+    /// launch leaves at 0.
+    pub(super) counter: std::sync::OnceLock<DeviceMem>,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -270,6 +279,7 @@ impl GpuDevice {
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
             wgmma,
+            counter: std::sync::OnceLock::new(),
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,

@@ -10,7 +10,8 @@
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::kernels::plan::{linear_gemms, GemmOut, Op};
+use super::buffer::DeviceMem;
+use super::kernels::plan::{layernorm_bwd_partials, linear_gemms, GemmOut, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
@@ -252,18 +253,28 @@ impl Device for GpuDevice {
     ) {
         let [r, c] = rows_cols(rows, cols);
         int("rows·cols", rows * cols);
-        // bf16 gradients: layernorm_bwd_dx_bf16 (bf16 dout and input, f32 dinp "+=").
-        let e = activation(dout);
-        let (dy, x) = (self.view(dout, e), self.view(inp, e));
-        let [w, m, s] = [weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+        // bf16 gradients: layernorm_bwd_bf16, the whole backward in one launch (bf16 dinp "+=",
+        // f32 dweight and dbias "+=" through its block partials and the Device's counter).
+        if activation(dout) == Elem::Bf16 {
+            let [dy, x] = [dout, inp].map(|b| self.view(b, Elem::Bf16));
+            let [w, m, s] = [weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+            let dx = self.view_mut(dinp, Elem::Bf16, false);
+            let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
+            let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
+            let counter = self.counter.get_or_init(|| {
+                let c = ok(DeviceMem::alloc(&self.rt, 4));
+                ok(self.rt.memset_u32(c.pointer(), 0, 1));
+                c
+            });
+            let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
+            let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
+            return self.run(Op::LayernormBwd { rows, channels: cols }, &[dx, dw, db, p, k, dy, x, w, m, s, r, c]);
+        }
+        let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
         {
             let dx = self.view_mut(dinp, Elem::F32, false);
-            let args = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
-            let args = [args[0], args[1], args[2], args[3], args[4], args[5], r, c];
-            match e {
-                Elem::Bf16 => self.run(Op::LayernormBwdDx { rows, channels: cols }, &args),
-                _ => self.rowwise(Kernel::LayernormBwdDxF32, rows, &args),
-            }
+            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
+            self.rowwise(Kernel::LayernormBwdDxF32, rows, &[dx, dy, x, w, m, s, r, c]);
         }
         self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
@@ -401,10 +412,11 @@ impl Device for GpuDevice {
         let d = self.view(dout, Elem::Bf16);
         if let Some(dinp) = dinp {
             let w = self.view(weight, Elem::Bf16);
-            let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n).backward_input;
-            // The backward-input GEMMs write f32.
+            // The backward-input GEMMs write f32 or bf16.
+            let (out, e) = gemm_out(dinp);
+            let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
             let whole = dinp.len == rows * k;
-            let di = self.view_mut(dinp, Elem::F32, whole);
+            let di = self.view_mut(dinp, e, whole);
             let args = match op {
                 Op::GemmBwdInputSm90 { .. } => {
                     let [md, mw] = [self.operand_map(d.ptr(), rows, n, false), self.operand_map(w.ptr(), n, k, true)];
@@ -415,7 +427,7 @@ impl Device for GpuDevice {
             self.run(op, &args);
         }
         let x = self.view(inp, Elem::Bf16);
-        let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n).backward_weight;
+        let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
         let dw = self.view_mut(dweight, Elem::F32, false);
         let args = match op {
             Op::GemmBwdWeightSm90 { .. } => {
@@ -426,8 +438,13 @@ impl Device for GpuDevice {
         };
         self.run(op, &args);
         if let Some(dbias) = dbias {
-            let (d, db) = (self.view(dout, Elem::F32), self.view_mut(dbias, Elem::F32, false));
-            self.columnwise(Kernel::ColumnSumAddF32, n, &[Ptr(db.ptr()), Ptr(d.ptr()), m_, n_]);
+            let e = activation(dout);
+            let (d, db) = (self.view(dout, e), self.view_mut(dbias, Elem::F32, false));
+            let args = [Ptr(db.ptr()), Ptr(d.ptr()), m_, n_];
+            match e {
+                Elem::Bf16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
+                _ => self.columnwise(Kernel::ColumnSumAddF32, n, &args),
+            }
         }
     }
 
@@ -716,6 +733,14 @@ fn activation(buf: &GpuBuf) -> Elem {
     }
 }
 
+/// The output type of a GEMM writing `buf`: bf16 for bf16 storage, else f32.
+fn gemm_out(buf: &GpuBuf) -> (GemmOut, Elem) {
+    match activation(buf) {
+        Elem::Bf16 => (GemmOut::Bf16, Elem::Bf16),
+        _ => (GemmOut::F32, Elem::F32),
+    }
+}
+
 /// `x` as bf16 bits, rounded to nearest even (what `upload` and `fill` store in bf16 buffers).
 fn bf16_bits(x: f32) -> u16 {
     Precision::Bf16.to_bits16(Precision::Bf16.round(x))
@@ -734,8 +759,8 @@ fn position_args(batch: usize, t0: usize, positions: usize, hidden: usize) -> [A
 /// What more than one op launches the same way.
 impl GpuDevice {
     /// `out = A · Wᵀ (+ bias) (+ resid)` on bf16 operands `a`, `w`: the sm_90a GEMM where it
-    /// applies (f32 out), else the mma.sync / MFMA one writing `out`'s type (f32 or bf16); an
-    /// output or residual of another type goes through a view.
+    /// applies, else the mma.sync / MFMA one, writing `out`'s type (f32 or bf16); a residual of
+    /// another type goes through a view.
     fn gemm_forward(
         &self,
         out: &mut GpuBuf,
@@ -744,11 +769,8 @@ impl GpuDevice {
         resid: Option<&GpuBuf>,
         (rows, k, n): (usize, usize, usize),
     ) {
-        let op = linear_gemms(self.wgmma, aligned(&[a.ptr(), w.ptr()]), rows, k, n).forward;
-        let (op, e) = match op {
-            Op::GemmFwd { m, n, k, .. } if out.elem == Elem::Bf16 => (Op::GemmFwd { m, n, k, out: GemmOut::Bf16 }, Elem::Bf16),
-            op => (op, Elem::F32),
-        };
+        let (gemm_out, e) = gemm_out(out);
+        let op = linear_gemms(self.wgmma, aligned(&[a.ptr(), w.ptr()]), rows, k, n, gemm_out).forward;
         let whole = out.len == rows * n;
         let o = self.view_mut(out, e, whole);
         let r = resid.map(|r| self.view(r, e));
@@ -788,9 +810,8 @@ impl GpuDevice {
     }
 
     /// dweight += Σ_rows dout · x̂ and dbias += Σ_rows dout, one thread per column: the second half
-    /// of both LayerNorm backwards (whole rows and split rows), on the kernel for the type of
-    /// `dout` and `inp` (bf16 or f32; the same type, as the callers' views make them).
-    /// `inputs` are dout, inp, mean and rstd.
+    /// of both f32 LayerNorm backwards (whole rows and split rows).
+    /// `inputs` are dout, inp, mean and rstd (f32).
     fn layernorm_param_grads(
         &self,
         [dweight, dbias]: [&mut GpuBuf; 2],
@@ -798,14 +819,10 @@ impl GpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let e = inputs[0].elem;
         let [dout, inp, mean, rstd] = inputs.map(|b| Ptr(b.ptr()));
         let [r, c] = rows_cols(rows, cols);
         let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
         let args = [Ptr(dw.ptr()), Ptr(db.ptr()), dout, inp, mean, rstd, r, c];
-        match e {
-            Elem::Bf16 => self.run(Op::LayernormBwdParams { rows, channels: cols }, &args),
-            _ => self.columnwise(Kernel::LayernormBwdParamsF32, cols, &args),
-        }
+        self.columnwise(Kernel::LayernormBwdParamsF32, cols, &args);
     }
 }

@@ -8,6 +8,7 @@ use super::emu::*;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::gpu::kernels::plan::layernorm_bwd_blocks;
 use trident::real::Precision;
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -16,6 +17,7 @@ use trident::real::Precision;
 macro_rules! shared_kernel_tests {
     ($vendor:expr) => {
         $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
+            gemm_backward_input_bf16_out, column_sum_add_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal);
     };
@@ -148,12 +150,54 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
 }
 
+/// dinp = dout · W with a bf16 output (the f32 sum rounded once) by the harness op `op`
+/// (`gemm_bwd_bf16out`, CUDA's sm_90a `gemm_sm90_bwd_bf16out`), against `linear_backward` within
+/// DESIGN.md's bf16 rule; every element overwritten (the harness presets -1).
+pub fn gemm_bwd_input_bf16_out_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
+    let name = format!("{op}_{m}x{n}x{k}");
+    let case = v.case(&name);
+    let dout = v.bf16_values(m * n, "dout", 1.0);
+    let w = v.bf16_values(n * k, "w", 0.2);
+    case.put_bf16("dout", &dout);
+    case.put_bf16("w", &w);
+    case.run(op, &args(&[&m, &n, &k]));
+    let dev = ReferenceDevice;
+    let (rdout, rw) = (reference(&dev, &dout), reference(&dev, &w));
+    let (mut dinp, mut dweight) = (dev.alloc(m * k), dev.alloc(n * k));
+    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &dev.alloc(m * k), &rw, m, k, n);
+    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
+}
+
+/// The backward-input GEMM with a bf16 output on the shapes of `gemm_backward`.
+pub fn gemm_backward_input_bf16_out(v: &Vendor) {
+    for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
+        gemm_bwd_input_bf16_out_by(v, m, n, k, "gemm_bwd_bf16out");
+    }
+}
+
 pub fn gemm_backward(v: &Vendor) {
     // Full tiles; ragged everywhere, with the row lengths multiples of 8 (CUDA's cp.async,
     // zero-fill at the edges) and odd (plain loads for every operand; for HIP, sizes not multiples
     // of the 64 tile, the 32-deep slab or MFMA's 8); several tiles and reduction steps; tiny.
     for (m, n, k) in [(64, 64, 64), (100, 72, 40), (37, 130, 99), (130, 96, 200), (1, 1, 1), (17, 9, 7)] {
         gemm_bwd(v, m, n, k);
+    }
+}
+
+/// The bias gradient of a bf16 dout: dbias[c] += Σ_r dout[r][c] in f32, rows in order: bit for
+/// bit the sequential f32 sum (so deterministic), on widths below, across and past a block.
+pub fn column_sum_add_bf16(v: &Vendor) {
+    for (rows, cols) in [(1, 1), (7, 33), (40, 300), (3, 1000), (130, 257)] {
+        let name = format!("column_sum_bf16_{rows}x{cols}");
+        let case = v.case(&name);
+        let dout = v.bf16_values(rows * cols, "dout", 2.0);
+        let dbias = v.f32_values(cols, "dbias", 0.5, 0.0);
+        case.put_bf16("dout", &dout);
+        case.put_f32("dbias", &dbias);
+        case.run("column_sum_bf16", &args(&[&rows, &cols]));
+        let want: Vec<f32> =
+            (0..cols).map(|c| (0..rows).fold(dbias[c], |acc, r| acc + dout[r * cols + c])).collect();
+        assert_eq!(case.get_f32("dbias"), want, "{name}: not the row-ordered f32 sum");
     }
 }
 
@@ -230,26 +274,50 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
     check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
 
     // Backward on the forward's statistics (as f32, what the kernel saved), accumulating into
-    // nonzero gradients as the model does.
+    // nonzero gradients as the model does, on the Device's grid.
+    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
+    layernorm_backward(v, &case, &name, [&x, &weight, &mean32, &rstd32], layernorm_bwd_blocks(rows, cols));
+}
+
+/// `layernorm_bwd_bf16` on `blocks` blocks over `[x, weight, mean, rstd]` (x [rows, cols], the
+/// statistics the forward saved): dinp (bf16, accumulated) within DESIGN.md's bf16 rule of the reference, the
+/// parameter gradients within f32 roundings; a second run from the same inputs gives the same bits
+/// and each run leaves the counter at 0.
+pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean, rstd]: [&[f32]; 4], blocks: usize) {
+    let (rows, cols) = (mean.len(), weight.len());
     let dout = v.bf16_values(rows * cols, "dout", 1.0);
-    let dinp0 = v.f32_values(rows * cols, "dinp0", 0.1, 0.0);
+    let dinp0 = v.bf16_values(rows * cols, "dinp0", 0.1);
     let dw0 = v.f32_values(cols, "dw0", 0.1, 0.0);
     let db0 = v.f32_values(cols, "db0", 0.1, 0.0);
-    let (mean32, rstd32) = (case.get_f32("mean"), case.get_f32("rstd"));
     case.put_bf16("dout", &dout);
-    case.put_bf16("inp", &x);
-    case.put_f32("mean", &mean32);
-    case.put_f32("rstd", &rstd32);
-    case.put_f32("dinp", &dinp0);
+    case.put_bf16("inp", x);
+    case.put_f32("weight", weight);
+    case.put_f32("mean", mean);
+    case.put_f32("rstd", rstd);
+    case.put_bf16("dinp", &dinp0);
     case.put_f32("dweight", &dw0);
     case.put_f32("dbias", &db0);
-    case.run("layernorm_bwd", &args(&[&rows, &cols]));
+    case.run("layernorm_bwd", &args(&[&rows, &cols, &blocks]));
+    let dev = ReferenceDevice;
     let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
-    let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, &mean32), reference(&dev, &rstd32));
+    let (rx, rw) = (reference(&dev, x), reference(&dev, weight));
+    let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, mean), reference(&dev, rstd));
     dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdout, &rx, &rw, &rmean, &rrstd, rows, cols);
-    check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-4);
+    let name = format!("{name} on {blocks} blocks");
+    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
     check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
+    for out in ["dinp", "dweight", "dbias"] {
+        let (first, second) = match out {
+            "dinp" => (case.get_bf16("dinp"), case.get_bf16("dinp2")),
+            _ => (case.get_f32(out), case.get_f32(&format!("{out}2"))),
+        };
+        assert!(
+            first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits()) && first.len() == second.len(),
+            "{name}: {out} differs between two runs"
+        );
+    }
+    assert_eq!((case.get_u32("counter"), case.get_u32("counter2")), (vec![0], vec![0]), "{name}: counter not reset");
 }
 
 /// LayerNorm on the vendor's `shapes` (rows, cols), then with the fused residual add on widths
@@ -260,6 +328,25 @@ pub fn layernorm_forward_backward(v: &Vendor, shapes: &[(usize, usize)]) {
     }
     for (rows, cols) in [(5, 96), (9, 130), (2, 31)] {
         layernorm(v, rows, cols, true);
+    }
+}
+
+/// `layernorm_bwd_bf16` on grids other than one block per 4 rows: blocks owning several rows with
+/// a ragged last one, blocks owning none, one block, and GPT-3 175B's 12288 channels.
+pub fn layernorm_backward_on_any_grid(v: &Vendor) {
+    let grids = [(37, 50, 3), (200, 96, 7), (10, 33, 4), (9, 20, 5), (5, 7, 8), (3, 300, 1), (6, 12288, 2)];
+    for (rows, cols, blocks) in grids {
+        let name = format!("layernorm_bwd_{rows}x{cols}");
+        let case = v.case(&name);
+        let (x, weight, _) = layernorm_inputs(v, rows, cols);
+        let (mut mean, mut rstd) = (Vec::new(), Vec::new());
+        for row in x.chunks(cols) {
+            let mu = row.iter().map(|&a| a as f64).sum::<f64>() / cols as f64;
+            let var = row.iter().map(|&a| (a as f64 - mu).powi(2)).sum::<f64>() / cols as f64;
+            mean.push(mu as f32);
+            rstd.push((1.0 / (var + 1e-5).sqrt()) as f32);
+        }
+        layernorm_backward(v, &case, &name, [&x, &weight, &mean, &rstd], blocks);
     }
 }
 

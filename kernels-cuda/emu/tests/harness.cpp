@@ -28,9 +28,10 @@ namespace {
 
 using namespace harness;
 
-// Blocks of 4 warps (128 threads) for the row and column kernels; the sm_80 GEMMs' 8 warps on
-// 128 x 128 tiles with their dynamic shared memory (common/gemm_pipeline.cuh).
-constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 128, gemm_pipeline::kTile,
+// Blocks of 4 warps (128 threads) for the row kernels, 256 threads for the column ones (as the
+// kernel index launches them); the sm_80 GEMMs' 8 warps on 128 x 128 tiles with their dynamic
+// shared memory (common/gemm_pipeline.cuh).
+constexpr Geometry kGeometry{gemm_pipeline::kThreads, 128, 256, gemm_pipeline::kTile,
                              {gemm_bf16_detail::kSharedBytes, gemm_bwd_detail::kInputSharedBytes,
                               gemm_bwd_detail::kWeightSharedBytes}};
 
@@ -54,20 +55,33 @@ TensorMap sm90_tensor_map(const bf16* base, int rows, int cols, bool mn_major) {
   return map;
 }
 
-// gemm_fwd_bf16_f32out_sm90 on harness.h's gemm_forward files, and the two backward kernels on
-// gemm_backward's.
+// gemm_fwd_bf16_f32out_sm90 (Out float) or gemm_fwd_bf16_sm90 (bf16) on harness.h's
+// gemm_forward files, and the backward kernels on gemm_backward's.
+template <class Out>
 void gemm_sm90_forward() {
+  constexpr bool f32 = std::is_same_v<Out, float>;
   const int M = arg(0), N = arg(1), K = arg(2), gelu = arg(3);
   auto A = read_bf16("a", size_t(M) * K), W = read_bf16("w", size_t(N) * K);
   bool present = false;
   auto bias = read_f32("bias", N, &present);
-  auto residual = read_f32("residual", size_t(M) * N, &present);
-  std::vector<float> out(size_t(M) * N, -1.0f);
-  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(N, 128), ceil_div(M, 128)), dim3(384),
-                      gemm_fwd_bf16_f32out_sm90, sm90_tensor_map(A.data(), M, K, false),
-                      sm90_tensor_map(W.data(), N, K, false), out.data(), (const float*)or_null(bias),
-                      (const float*)or_null(residual), M, N, K, gelu);
-  write_f32("out", out);
+  auto residual = read<Out>("residual", f32 ? "f32" : "bf16", size_t(M) * N, &present);
+  std::vector<Out> out(size_t(M) * N, from_float<Out>(-1.0f));
+  void (*kernel)(TensorMap, TensorMap, Out*, const float*, const Out*, int, int, int, int);
+  if constexpr (f32) kernel = gemm_fwd_bf16_f32out_sm90; else kernel = gemm_fwd_bf16_sm90;
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(N, 128), ceil_div(M, 128)), dim3(384), kernel,
+                      sm90_tensor_map(A.data(), M, K, false), sm90_tensor_map(W.data(), N, K, false), out.data(),
+                      (const float*)or_null(bias), (const Out*)or_null(residual), M, N, K, gelu);
+  write("out", f32 ? "f32" : "bf16", out);
+}
+// dinp = dout · W with a bf16 output on sm_90a (gemm_bwd_input_bf16_bf16out_sm90).
+void gemm_sm90_backward_bf16_out() {
+  const int M = arg(0), N = arg(1), K = arg(2);
+  auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
+  std::vector<bf16> dinp(size_t(M) * K, to_bf16(-1.0f));
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384),
+                      gemm_bwd_input_bf16_bf16out_sm90, sm90_tensor_map(dout.data(), M, N, false),
+                      sm90_tensor_map(W.data(), N, K, true), dinp.data(), M, N, K);
+  write_bf16("dinp", dinp);
 }
 void gemm_sm90_backward() {
   const int M = arg(0), N = arg(1), K = arg(2);
@@ -140,9 +154,13 @@ int main(int argc, char** argv) {
   const std::string op = parse(argc, argv);
   if (run_shared_op(op, kGeometry)) return 0;
   if (op == "gemm_sm90_f32out") {
-    gemm_sm90_forward();
+    gemm_sm90_forward<float>();
+  } else if (op == "gemm_sm90_bf16out") {
+    gemm_sm90_forward<bf16>();
   } else if (op == "gemm_sm90_bwd") {
     gemm_sm90_backward();
+  } else if (op == "gemm_sm90_bwd_bf16out") {
+    gemm_sm90_backward_bf16_out();
   } else if (op == "tensor_ops") {
     // tensor_ops.cu's row, column and block reductions on one [rows, cols] matrix x, with the
     // Device's geometry (a warp per row in blocks of 128; a thread per column in blocks of 256;

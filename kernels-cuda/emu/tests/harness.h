@@ -108,7 +108,7 @@ inline std::string parse(int argc, char** argv) {
 struct Geometry {
   unsigned gemm_threads;     // a GEMM block's threads
   unsigned row_threads;      // 4 rows per block, a warp or wavefront each (LayerNorm, attention's delta)
-  unsigned column_threads;   // a thread per column (LayerNorm's parameter gradients)
+  unsigned column_threads;   // a thread per column (the bias gradient's column sum)
   unsigned gemm_tile = 64;   // a GEMM block's output tile is gemm_tile x gemm_tile
   // Dynamic shared memory of the forward, backward-input and backward-weight GEMMs.
   unsigned gemm_shared[3] = {0, 0, 0};
@@ -149,6 +149,27 @@ inline void gemm_backward(const Geometry& g) {
   write_f32("dweight", dweight);
 }
 
+// dinp = dout · W with a bf16 output (gemm_bwd_input_bf16_bf16out), every element preset to -1.
+inline void gemm_backward_bf16_out(const Geometry& g) {
+  const int M = arg(0), N = arg(1), K = arg(2);
+  auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
+  std::vector<bf16> dinp(size_t(M) * K, to_bf16(-1.0f));
+  const int tile = int(g.gemm_tile);
+  emu::launch_dynamic(g.gemm_shared[1], dim3(ceil_div(K, tile), ceil_div(M, tile)), dim3(g.gemm_threads),
+                      gemm_bwd_input_bf16_bf16out, dinp.data(), dout.data(), W.data(), M, N, K);
+  write_bf16("dinp", dinp);
+}
+
+// column_sum_add_bf16: dbias [cols] += Σ_rows dout [rows, cols] (bf16), a thread per column.
+inline void column_sum(const Geometry& g) {
+  const int rows = arg(0), cols = arg(1);
+  auto dout = read_bf16("dout", size_t(rows) * cols);
+  auto dbias = read_f32("dbias", cols);
+  emu::launch(dim3(ceil_div(cols, int(g.column_threads))), dim3(g.column_threads), column_sum_add_bf16, dbias.data(),
+              dout.data(), rows, cols);
+  write_f32("dbias", dbias);
+}
+
 // Both directions on n elements that start `offset` elements into their buffers (an offset
 // that is not a multiple of 4 takes the one-at-a-time path).
 inline void casts() {
@@ -182,19 +203,30 @@ inline void layernorm_forward(const Geometry& g) {
   if (has_residual) write_bf16("resid_out", resid_out);
 }
 
+// layernorm_bwd_bf16 on `blocks` blocks (argument 2; the Device launches plan.rs's
+// layernorm_bwd_blocks), twice from the same inputs with the same partials and counter buffers:
+// the outputs of both runs and the counter after each (it must be back at 0).
 inline void layernorm_backward(const Geometry& g) {
-  const int rows = arg(0), C = arg(1);
+  const int rows = arg(0), C = arg(1), blocks = arg(2);
   auto dout = read_bf16("dout", size_t(rows) * C), inp = read_bf16("inp", size_t(rows) * C);
   auto weight = read_f32("weight", C), mean = read_f32("mean", rows), rstd = read_f32("rstd", rows);
-  auto dinp = read_f32("dinp", size_t(rows) * C);
-  auto dweight = read_f32("dweight", C), dbias = read_f32("dbias", C);
-  emu::launch(dim3(ceil_div(rows, 4)), dim3(g.row_threads), layernorm_bwd_dx_bf16, dinp.data(), dout.data(),
-              inp.data(), weight.data(), mean.data(), rstd.data(), rows, C);
-  emu::launch(dim3(ceil_div(C, int(g.column_threads))), dim3(g.column_threads), layernorm_bwd_dparams_bf16,
-              dweight.data(), dbias.data(), dout.data(), inp.data(), mean.data(), rstd.data(), rows, C);
-  write_f32("dinp", dinp);
-  write_f32("dweight", dweight);
-  write_f32("dbias", dbias);
+  const auto dinp0 = read_bf16("dinp", size_t(rows) * C);
+  const auto dweight0 = read_f32("dweight", C), dbias0 = read_f32("dbias", C);
+  // Garbage in the partials: every element the kernel reads it must write first.
+  std::vector<float> partials(size_t(blocks) * 2 * C + 2 * size_t(rows), -7.0f);
+  std::vector<unsigned> counter(1, 0);
+  for (const char* run : {"", "2"}) {
+    auto dinp = dinp0;
+    auto dweight = dweight0, dbias = dbias0;
+    emu::launch(dim3(blocks), dim3(g.row_threads), layernorm_bwd_bf16, dinp.data(), dweight.data(), dbias.data(),
+                partials.data(), counter.data(), dout.data(), inp.data(), weight.data(), mean.data(), rstd.data(), rows,
+                C);
+    const std::string suffix = run;
+    write_bf16(("dinp" + suffix).c_str(), dinp);
+    write_f32(("dweight" + suffix).c_str(), dweight);
+    write_f32(("dbias" + suffix).c_str(), dbias);
+    write(("counter" + suffix).c_str(), "u32", counter);
+  }
 }
 
 inline void gelu(const std::string& op) {
@@ -322,6 +354,10 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     gemm_forward(gemm_fwd_bf16, g.gemm_threads, g.gemm_tile, g.gemm_shared[0]);
   } else if (op == "gemm_bwd") {
     gemm_backward(g);
+  } else if (op == "gemm_bwd_bf16out") {
+    gemm_backward_bf16_out(g);
+  } else if (op == "column_sum_bf16") {
+    column_sum(g);
   } else if (op == "casts") {
     casts();
   } else if (op == "layernorm_fwd") {

@@ -1,4 +1,4 @@
-//! `trident bench gemm|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the GPU
+//! `trident bench gemm|gemm-bwd|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the GPU
 //! kernels timed on one GPU, reported as TFLOP/s or GB/s and as a fraction of the device's
 //! datasheet peak (`gpu::peaks`; AMD devices have none there), in the records (`GpuRecord`) that
 //! the all-reduce and step benches print too.
@@ -8,8 +8,8 @@
 //! resolve the kernels of the index their bench launches (`GpuBench::kernels`). With the GPU
 //! Device's (`gpu::device::DEVICE_KERNELS`) that is every kernel of the index: the fused
 //! LayerNorm, GELU, cross-entropy and embedding kernels training does not launch yet, the
-//! bf16-output GEMM and, on compute capability 9.0, the sm_90a wgmma GEMM run here (a unit test
-//! below holds it). Each launch takes the geometry `kernels::plan` gives; it runs once on
+//! bf16-output GEMMs (forward and backward-input; on compute capability 9.0 the sm_90a wgmma
+//! ones) run here (a unit test below holds it). Each launch takes the geometry `kernels::plan` gives; it runs once on
 //! deterministic bf16 inputs and its outputs are compared with the reference device (f64) on the
 //! same values where that is cheap (DESIGN.md's bf16 rule for bf16 outputs, a few f32 roundings
 //! for f32 ones; the GEMM spot-checks 64 outputs, llm.c's tolerance), then it is timed over a
@@ -25,7 +25,9 @@ use crate::device::{AttentionShape, Device};
 use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
-use crate::gpu::kernels::plan::{kernel_of, plan, GemmOut, KernelLaunch, Op};
+use crate::gpu::kernels::plan::{
+    kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, linear_gemms, plan, GemmOut, KernelLaunch, Op,
+};
 use crate::gpu::kernels::{Kernel, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
@@ -161,11 +163,16 @@ pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] =
 /// A kernel benchmark of `trident bench <name> --device cuda|hip`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuBench {
-    /// The forward GEMM: `gemm_fwd_bf16`, or the sm_90a wgmma GEMM on compute capability 9.0.
+    /// The forward GEMM with a bf16 output: `gemm_fwd_bf16`, or `gemm_fwd_bf16_sm90` (wgmma) on
+    /// compute capability 9.0.
     Gemm,
+    /// The backward-input GEMM with a bf16 output, dinp = dout · W: `gemm_bwd_input_bf16_bf16out`,
+    /// or its sm_90a twin on compute capability 9.0 where TMA can describe the operands; then the
+    /// bias gradient of the same bf16 dout (`column_sum_add_bf16`).
+    GemmBwd,
     /// The causal attention forward.
     Attention,
-    /// The fused LayerNorm forward, input gradient and parameter gradients (`layernorm.cu`).
+    /// The fused LayerNorm forward and its one-launch backward (`layernorm.cu`).
     Layernorm,
     /// GELU forward and backward on bf16 (`gelu.cu`).
     Gelu,
@@ -181,8 +188,15 @@ const TOKENS: usize = 8192;
 const VOCAB: usize = 50304;
 
 impl GpuBench {
-    pub const ALL: [GpuBench; 6] =
-        [GpuBench::Gemm, GpuBench::Attention, GpuBench::Layernorm, GpuBench::Gelu, GpuBench::Xent, GpuBench::Embedding];
+    pub const ALL: [GpuBench; 7] = [
+        GpuBench::Gemm,
+        GpuBench::GemmBwd,
+        GpuBench::Attention,
+        GpuBench::Layernorm,
+        GpuBench::Gelu,
+        GpuBench::Xent,
+        GpuBench::Embedding,
+    ];
 
     /// The bench `trident bench <what>` names, if it has a GPU kernel bench.
     pub fn parse(what: &str) -> Option<GpuBench> {
@@ -192,6 +206,7 @@ impl GpuBench {
     pub fn name(self) -> &'static str {
         match self {
             GpuBench::Gemm => "gemm",
+            GpuBench::GemmBwd => "gemm-bwd",
             GpuBench::Attention => "attention",
             GpuBench::Layernorm => "layernorm",
             GpuBench::Gelu => "gelu",
@@ -204,6 +219,7 @@ impl GpuBench {
     fn shape_form(self) -> &'static str {
         match self {
             GpuBench::Gemm => "MxNxK, e.g. 8192x2304x768",
+            GpuBench::GemmBwd => "MxNxK (dout M x N, W N x K), e.g. 8192x2304x768",
             GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
             GpuBench::Layernorm => "RxC (rows, channels), e.g. 8192x768",
             GpuBench::Gelu => "N (elements), e.g. 25165824",
@@ -217,7 +233,7 @@ impl GpuBench {
     /// cross-entropy and the embedding).
     fn shapes(self) -> Vec<Vec<usize>> {
         match self {
-            GpuBench::Gemm => GEMM_SHAPES.iter().map(|&(m, n, k)| vec![m, n, k]).collect(),
+            GpuBench::Gemm | GpuBench::GemmBwd => GEMM_SHAPES.iter().map(|&(m, n, k)| vec![m, n, k]).collect(),
             GpuBench::Attention => ATTENTION_SHAPES.iter().map(|&(b, s, h, d)| vec![b, s, h, d]).collect(),
             GpuBench::Layernorm => vec![vec![TOKENS, 768], vec![TOKENS, 1600]],
             GpuBench::Gelu => vec![vec![TOKENS * 3072], vec![TOKENS * 6400]],
@@ -229,13 +245,19 @@ impl GpuBench {
     /// The ops one shape `s` of this bench launches, in order (`wgmma`: the GEMM on sm_90a).
     fn ops(self, s: &[usize], wgmma: bool) -> Vec<Op> {
         match self {
-            GpuBench::Gemm if wgmma => vec![Op::GemmFwdSm90 { m: s[0], n: s[1], k: s[2] }],
-            GpuBench::Gemm => vec![Op::GemmFwd { m: s[0], n: s[1], k: s[2], out: GemmOut::Bf16 }],
+            GpuBench::Gemm | GpuBench::GemmBwd => {
+                // The Device's choice for bf16 storage (aligned: fresh allocations).
+                let gemms = linear_gemms(wgmma, true, s[0], s[2], s[1], GemmOut::Bf16);
+                match self {
+                    GpuBench::Gemm => vec![gemms.forward],
+                    _ => vec![gemms.backward_input, Op::ColumnSumAdd { rows: s[0], cols: s[1] }],
+                }
+            }
             GpuBench::Attention => vec![Op::AttentionFwd { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] }],
             GpuBench::Layernorm => {
                 let (rows, channels) = (s[0], s[1]);
                 let fwd = Op::LayernormFwd { rows, channels };
-                vec![fwd, Op::LayernormBwdDx { rows, channels }, Op::LayernormBwdParams { rows, channels }]
+                vec![fwd, Op::LayernormBwd { rows, channels }]
             }
             GpuBench::Gelu => vec![Op::GeluFwd { n: s[0] }, Op::GeluBwd { n: s[0] }],
             GpuBench::Xent => {
@@ -265,8 +287,8 @@ impl GpuBench {
     }
 }
 
-/// Whether the GEMM bench runs the sm_90a wgmma kernel: on CUDA compute capability 9.0 (the
-/// only architecture `arch_for` names `sm_90a`); elsewhere the mma.sync (MFMA) one.
+/// Whether the GEMM benches run the sm_90a wgmma kernels: on CUDA compute capability 9.0 (the
+/// only architecture `arch_for` names `sm_90a`); elsewhere the mma.sync (MFMA) ones.
 fn wgmma(vendor: Vendor, arch: &str) -> bool {
     vendor == Vendor::Cuda && arch == "sm_90a"
 }
@@ -290,6 +312,7 @@ pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str
         let planned = bench.ops(s, wgmma).into_iter().map(|op| b.plan(op)).collect::<Result<Vec<_>>>()?;
         records.extend(match bench {
             GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
+            GpuBench::GemmBwd => gemm_bwd(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::Attention => {
                 attention(&b, &planned, AttentionShape { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] })?
             }
@@ -499,22 +522,53 @@ fn wide_bf16(v: &[Bf16]) -> Vec<f64> {
     v.iter().map(|x| x.to_f32() as f64).collect()
 }
 
-/// `bench gemm`: out = A · Wᵀ by `gemm_fwd_bf16` (bf16 out), on cc 9.0 by the wgmma + TMA kernel; 64 outputs checked
+/// `bench gemm`: out = A · Wᵀ (bf16 out) by `gemm_fwd_bf16`, on cc 9.0 by `gemm_fwd_bf16_sm90`
+/// (wgmma + TMA); 64 outputs checked
 fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
     let (a, w) = (bf16_values(m * k, 1), bf16_values(n * k, 2));
-    let f32_out = planned[0].spec.kernel == Kernel::GemmFwdBf16F32outSm90;
-    let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(m * n * if f32_out { 4 } else { 2 })?);
+    let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(2 * m * n)?);
     let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
     let map = |d: &DeviceMem, rows| b.gpu.rt.operand_map(d.pointer(), rows, k, false);
-    let args = match f32_out {
+    let args = match planned[0].spec.kernel == Kernel::GemmFwdBf16Sm90 {
         true => [map(&d_a, m)?, map(&d_w, n)?, Ptr(d_out.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
         false => [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
     };
     b.launch(&planned[0], &args)?;
-    let out = if f32_out { b.f32s(&d_out, m * n)? } else { b.bf16s(&d_out, m * n)? };
-    let checked = [Some(spot_check(&a, &w, &out, m, n, k))];
+    let checked = [Some(spot_check(&a, &w, &b.bf16s(&d_out, m * n)?, m, n, k))];
     let work = [Work::Flops(gemm_flops(m, n, k))];
     b.records(&format!("{m}x{n}x{k} NT"), &[""], planned, &[&args], work, &checked)
+}
+
+/// `bench gemm-bwd`: dinp = dout · W (bf16 out) by `gemm_bwd_input_bf16_bf16out`, on cc 9.0 by its
+/// sm_90a twin where TMA can describe the operands, 64 outputs checked (as the forward's check on
+/// dout and Wᵀ); then dbias += Σ_rows dout (`column_sum_add_bf16`) against the reference when
+/// dout fits the budget.
+fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Result<Vec<GpuRecord>> {
+    let (dout, w) = (bf16_values(m * n, 13), bf16_values(n * k, 14));
+    let (d_dout, d_w, d_dinp) = (b.upload(&dout)?, b.upload(&w)?, b.zeroed(2 * m * k)?);
+    let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
+    let rt = &b.gpu.rt;
+    let args = match planned[0].spec.kernel == Kernel::GemmBwdInputBf16Bf16outSm90 {
+        true => {
+            let (md, mw) = (rt.operand_map(d_dout.pointer(), m, n, false)?, rt.operand_map(d_w.pointer(), n, k, true)?);
+            [md, mw, Ptr(d_dinp.pointer()), pm, pn, pk]
+        }
+        false => [Ptr(d_dinp.pointer()), Ptr(d_dout.pointer()), Ptr(d_w.pointer()), pm, pn, pk],
+    };
+    let d_dbias = b.zeroed(4 * n)?;
+    let bias_args = [Ptr(d_dbias.pointer()), Ptr(d_dout.pointer()), pm, pn];
+    b.launch(&planned[0], &args)?;
+    b.launch(&planned[1], &bias_args)?;
+    // dinp[i][j] = Σ_p dout[i][p] · W[p][j]: the forward's check with A = dout and Wᵀ's rows.
+    let wt: Vec<Bf16> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
+    let dinp = spot_check(&dout, &wt, &b.bf16s(&d_dinp, m * k)?, m, k, n);
+    let dbias = (m * n <= CHECK_ELEMENTS).then(|| -> Result<f64> {
+        let want: Vec<f64> = (0..n).map(|c| (0..m).map(|r| dout[r * n + c].to_f32() as f64).sum()).collect();
+        Ok(worst(&b.f32s(&d_dbias, n)?, &want, Bound::F32))
+    });
+    let work = [Work::Flops(gemm_flops(m, n, k)), Work::Bytes(2.0 * (m * n) as f64 + 8.0 * n as f64)];
+    let args = [&args[..], &bias_args[..]];
+    b.records(&format!("{m}x{n}x{k}"), &[" dinp", " dbias"], planned, &args, work, &[Some(dinp), dbias.transpose()?])
 }
 
 /// `bench attention`: the causal forward (FLOPs halved by the mask), against the reference
@@ -539,22 +593,25 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     b.records(&shape, &[""], planned, &[&args], work, &[checked])
 }
 
-/// `bench layernorm`: `layernorm.cu`'s forward, input gradient (accumulated in f32) and parameter
-/// gradients on [rows, c], against the reference device's LayerNorm on the same bf16 inputs
-/// (backward on the statistics the forward saved): the outputs of the first rows the budget
-/// allows, the parameter gradients when every row fits.
+/// `bench layernorm`: `layernorm.cu`'s forward and its one-launch backward (the input gradient
+/// accumulated into bf16, the parameter gradients through the partials and the last block) on
+/// [rows, c], against the reference device's LayerNorm on the same bf16 inputs (backward on the
+/// statistics the forward saved): the outputs of the first rows the budget allows, the parameter
+/// gradients when every row fits.
 fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Result<Vec<GpuRecord>> {
     let (inp, dout) = (bf16_values(rows * c, 3), bf16_values(rows * c, 4));
     let (weight, bias) = (f32_values(c, 5, 0.2, 1.0), f32_values(c, 6, 0.2, 0.0));
     let (d_inp, d_dout, d_w, d_b) = (b.upload(&inp)?, b.upload(&dout)?, b.upload(&weight)?, b.upload(&bias)?);
     let (d_out, d_mean, d_rstd) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
-    let (d_dinp, d_dw, d_db) = (b.zeroed(4 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
+    let (d_dinp, d_dw, d_db) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
+    // The scratch the Device keeps per shape: the partial sums, and the counter zeroed once.
+    let (d_partials, d_counter) = (b.zeroed(4 * layernorm_bwd_partials(rows, c))?, b.zeroed(4)?);
     let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, Ptr(d_inp.pointer()), Ptr(d_dout.pointer()));
     let (mean, rstd, w) = (Ptr(d_mean.pointer()), Ptr(d_rstd.pointer()), Ptr(d_w.pointer()));
     let fwd_args = [Ptr(d_out.pointer()), mean, rstd, Ptr(0), x, Ptr(0), w, Ptr(d_b.pointer()), r, cc];
-    let dx_args = [Ptr(d_dinp.pointer()), dy, x, w, mean, rstd, r, cc];
-    let dp_args = [Ptr(d_dw.pointer()), Ptr(d_db.pointer()), dy, x, mean, rstd, r, cc];
-    let args = [&fwd_args[..], &dx_args[..], &dp_args[..]];
+    let (dinp, dw, db) = (Ptr(d_dinp.pointer()), Ptr(d_dw.pointer()), Ptr(d_db.pointer()));
+    let bwd_args = [dinp, dw, db, Ptr(d_partials.pointer()), Ptr(d_counter.pointer()), dy, x, w, mean, rstd, r, cc];
+    let args = [&fwd_args[..], &bwd_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
@@ -572,19 +629,16 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     let (mut dinp_r, mut dw_r, mut db_r) = (vec![0f64; p * c], vec![0f64; c], vec![0f64; c]);
     let (dy_r, m_r, s_r) = (wide_bf16(&dout[..p * c]), wide(&mean), wide(&rstd));
     dev.layernorm_backward(&mut dinp_r, &mut dw_r, &mut db_r, &dy_r, &x_r, &w_r, &m_r, &s_r, p, c);
-    let dx = worst(&b.f32s(&d_dinp, p * c)?, &dinp_r, Bound::F32);
+    let dx = worst(&b.bf16s(&d_dinp, p * c)?, &dinp_r, Bound::Bf16);
     let dp = worst(&b.f32s(&d_dw, c)?, &dw_r, Bound::F32).max(worst(&b.f32s(&d_db, c)?, &db_r, Bound::F32));
     let (e, r, c_f) = ((rows * c) as f64, rows as f64, c as f64);
-    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 8.0 * r + 4.0 * c_f, 4.0 * e + 8.0 * r + 16.0 * c_f];
-    let checks = [(p > 0).then_some(fwd), (p > 0).then_some(dx), (p == rows).then_some(dp)];
-    b.records(
-        &format!("{rows}x{c}"),
-        &[" fwd", " bwd dx", " bwd dparams"],
-        planned,
-        &args,
-        work.map(Work::Bytes),
-        &checks,
-    )
+    // Backward: dout and inp read twice, dinp read and written (bf16), the partials written and
+    // read once, the statistics.
+    let blocks = layernorm_bwd_blocks(rows, c) as f64;
+    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 24.0 * r + 16.0 * blocks * c_f + 12.0 * c_f];
+    let bwd = if p == rows { dx.max(dp) } else { dx };
+    let checks = [(p > 0).then_some(fwd), (p > 0).then_some(bwd)];
+    b.records(&format!("{rows}x{c}"), &[" fwd", " bwd"], planned, &args, work.map(Work::Bytes), &checks)
 }
 
 /// `bench gelu`: `gelu.cu`'s forward and backward over n bf16 elements, against the reference
@@ -784,7 +838,10 @@ mod tests {
             }
             assert!(launched.iter().all(|&k| vendor.threads(k).is_some()), "{vendor:?} launches a kernel it lacks");
         }
-        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmFwdBf16F32outSm90]);
+        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmFwdBf16Sm90]);
+        let bwd = |vendor, arch| GpuBench::GemmBwd.kernels(vendor, arch);
+        assert_eq!(bwd(Vendor::Cuda, "sm_90a"), [Kernel::GemmBwdInputBf16Bf16outSm90, Kernel::ColumnSumAddBf16]);
+        assert_eq!(bwd(Vendor::Hip, "gfx90a"), [Kernel::GemmBwdInputBf16Bf16out, Kernel::ColumnSumAddBf16]);
         assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_89"), [Kernel::GemmFwdBf16]);
         assert_eq!(GpuBench::Gemm.kernels(Vendor::Hip, "gfx942"), [Kernel::GemmFwdBf16]);
     }

@@ -40,7 +40,7 @@ fn single_process(rest: &[String]) -> Result<()> {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
         _ => {
             return Err(Error::Usage(
-                "bench needs a target: peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
+                "bench needs a target: peak, gemm, gemm-bwd, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
             ))
         }
     };
@@ -54,7 +54,7 @@ fn single_process(rest: &[String]) -> Result<()> {
     }
 }
 
-/// `bench gemm|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the kernels of the
+/// `bench gemm|gemm-bwd|attention|layernorm|gelu|xent|embedding --device cuda|hip`: the kernels of the
 /// GPU kernel index on GPT-2-sized shapes (or the one `--shape`), each checked against the
 /// reference device, then timed. `bench step --device cuda|hip`: a training step on the GPU
 /// Device, with what its GPU work costs.
@@ -80,7 +80,7 @@ fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
     }
     let bench = gpu::GpuBench::parse(what).ok_or_else(|| {
         Error::Unsupported(format!(
-            "bench {what} --device {device}: the GPU benchmarks are gemm, attention, layernorm, gelu, xent, embedding, step and allreduce"
+            "bench {what} --device {device}: the GPU benchmarks are gemm, gemm-bwd, attention, layernorm, gelu, xent, embedding, step and allreduce"
         ))
     })?;
     let records = gpu::run(bench, vendor, secs, a.str("--shape"))?;
@@ -123,11 +123,11 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             print_records(&records, a.has("--json"));
             Ok(())
         }
-        "gelu" | "xent" | "embedding" => {
+        "gemm-bwd" | "gelu" | "xent" | "embedding" => {
             Err(Error::Usage(format!("bench {what} times a GPU kernel: add --device cuda or --device hip")))
         }
         other => Err(Error::Usage(format!(
-            "unknown bench target '{other}': use peak, gemm, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
+            "unknown bench target '{other}': use peak, gemm, gemm-bwd, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
 }

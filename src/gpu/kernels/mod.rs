@@ -41,13 +41,15 @@ pub enum Kernel {
     GemmFwdBf16F32out,
     GemmFwdBf16,
     GemmBwdInputBf16,
+    GemmBwdInputBf16Bf16out,
     GemmBwdWeightBf16,
     GemmFwdBf16F32outSm90,
+    GemmFwdBf16Sm90,
     GemmBwdInputBf16Sm90,
+    GemmBwdInputBf16Bf16outSm90,
     GemmBwdWeightBf16Sm90,
     LayernormFwdBf16,
-    LayernormBwdDxBf16,
-    LayernormBwdDparamsBf16,
+    LayernormBwdBf16,
     XentMaxBf16,
     XentPartialsBf16,
     XentBwdBf16,
@@ -62,6 +64,7 @@ pub enum Kernel {
     PositionFwdF32,
     PositionBwdF32,
     ColumnSumAddF32,
+    ColumnSumAddBf16,
     LayernormFwdF32,
     LayernormBwdDxF32,
     LayernormBwdParamsF32,
@@ -150,15 +153,18 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 81920),
     gemm(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 81920),
     gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776),
+    gemm(Kernel::GemmBwdInputBf16Bf16out, "gemm_bwd_input_bf16_bf16out", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632),
     // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 131136 bytes of dynamic shared memory
     // (plan::SM90_GEMM_SHARED_BYTES); kernels-hip/ has no twin.
     gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90"),
+    gemm_sm90(Kernel::GemmFwdBf16Sm90, "gemm_fwd_bf16_sm90"),
     gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90"),
+    gemm_sm90(Kernel::GemmBwdInputBf16Bf16outSm90, "gemm_bwd_input_bf16_bf16out_sm90"),
     gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90"),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
-    spec(Kernel::LayernormBwdDxBf16, "layernorm_bwd_dx_bf16", "layernorm.cu", 128, Some(256), 0),
-    spec(Kernel::LayernormBwdDparamsBf16, "layernorm_bwd_dparams_bf16", "layernorm.cu", 128, Some(256), 0),
+    // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
+    spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
@@ -175,6 +181,7 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::PositionFwdF32, "position_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionBwdF32, "position_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::ColumnSumAddF32, "column_sum_add_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::ColumnSumAddBf16, "column_sum_add_bf16", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::LayernormFwdF32, "layernorm_fwd_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDxF32, "layernorm_bwd_dx_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdParamsF32, "layernorm_bwd_params_f32", "tensor_ops.cu", 256, Some(256), 0),
@@ -385,7 +392,7 @@ mod tests {
         assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(256), Some(256)));
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
-        assert_eq!(both(Kernel::LayernormBwdDparamsBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::LayernormBwdBf16), (Some(128), Some(256)));
         assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(384), None));
         assert_eq!(both(Kernel::GemmBwdWeightBf16Sm90), (Some(384), None));
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));

@@ -26,11 +26,12 @@ pub enum Op {
         k: usize,
         out: GemmOut,
     },
-    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite).
+    /// dinp [m, k] = dout [m, n] · W [n, k] (overwrite), dinp f32 or bf16.
     GemmBwdInput {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// dW [n, k] += dout [m, n]ᵀ · inp [m, k].
     GemmBwdWeight {
@@ -38,23 +39,31 @@ pub enum Op {
         n: usize,
         k: usize,
     },
-    /// The forward GEMM on sm_90a's wgmma fed by TMA (f32 output; compute capability 9.0 only).
+    /// The forward GEMM on sm_90a's wgmma fed by TMA (compute capability 9.0 only).
     GemmFwdSm90 {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// `GemmBwdInput` on sm_90a's wgmma fed by TMA.
     GemmBwdInputSm90 {
         m: usize,
         n: usize,
         k: usize,
+        out: GemmOut,
     },
     /// `GemmBwdWeight` on sm_90a's wgmma fed by TMA.
     GemmBwdWeightSm90 {
         m: usize,
         n: usize,
         k: usize,
+    },
+    /// The bias gradient of a bf16 dout [rows, cols]: dbias [cols] += its column sums
+    /// (`column_sum_add_bf16`, a thread per column).
+    ColumnSumAdd {
+        rows: usize,
+        cols: usize,
     },
     CastF32ToBf16 {
         n: usize,
@@ -66,11 +75,8 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
-    LayernormBwdDx {
-        rows: usize,
-        channels: usize,
-    },
-    LayernormBwdParams {
+    /// The whole LayerNorm backward in one launch (`layernorm_bwd_bf16`): dinp, dweight, dbias.
+    LayernormBwd {
         rows: usize,
         channels: usize,
     },
@@ -166,15 +172,44 @@ pub struct LinearGemms {
 /// The linear layer's GEMMs on a device with (`wgmma`: compute capability 9.0, sm_90a) or without
 /// warpgroup wgmma and TMA: each product on the sm_90a kernels where TMA can describe its
 /// operands (row pitches multiples of 8 elements: `k` for the forward, `n` and `k` for the
-/// backward products; `aligned`: the bf16 operands start on 16 bytes), else on the mma.sync ones.
-pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize) -> LinearGemms {
+/// backward products; `aligned`: the bf16 operands start on 16 bytes), else on the mma.sync (HIP:
+/// MFMA) ones. `out` is the storage type of the forward's output (and residual) and of dinp: f32
+/// picks `gemm_fwd_bf16_f32out(_sm90)` / `gemm_bwd_input_bf16(_sm90)`, bf16 `gemm_fwd_bf16(_sm90)`
+/// / `gemm_bwd_input_bf16_bf16out(_sm90)`; dW is f32 either way. HIP has no wgmma: pass
+/// `wgmma = false` there.
+pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize, out: GemmOut) -> LinearGemms {
     let (m, tma) = (rows, wgmma && aligned && k.is_multiple_of(8));
     let backward = tma && n.is_multiple_of(8);
     LinearGemms {
-        forward: if tma { Op::GemmFwdSm90 { m, n, k } } else { Op::GemmFwd { m, n, k, out: GemmOut::F32 } },
-        backward_input: if backward { Op::GemmBwdInputSm90 { m, n, k } } else { Op::GemmBwdInput { m, n, k } },
+        forward: if tma { Op::GemmFwdSm90 { m, n, k, out } } else { Op::GemmFwd { m, n, k, out } },
+        backward_input: if backward {
+            Op::GemmBwdInputSm90 { m, n, k, out }
+        } else {
+            Op::GemmBwdInput { m, n, k, out }
+        },
         backward_weight: if backward { Op::GemmBwdWeightSm90 { m, n, k } } else { Op::GemmBwdWeight { m, n, k } },
     }
+}
+
+/// The f32 elements of partial column sums `layernorm_bwd_bf16`'s blocks may hold at most
+/// (8 MiB): it bounds the partials buffer and the last block's final sum however wide the rows.
+pub const LAYERNORM_BWD_PARTIAL_BUDGET: usize = 1 << 21;
+
+/// The blocks (CUDA) or workgroups (HIP) of `layernorm_bwd_bf16` on [rows, channels]: one per 4
+/// rows, at most 1024 and at most as many as keep their partial column sums (2 x channels f32
+/// each) within `LAYERNORM_BWD_PARTIAL_BUDGET`; at least 1. A function of the shape alone, so
+/// the sums' grouping, and with it every bit of dweight and dbias, is the same on every device.
+pub fn layernorm_bwd_blocks(rows: usize, channels: usize) -> usize {
+    let by_width = (LAYERNORM_BWD_PARTIAL_BUDGET / (2 * channels.max(1))).clamp(1, 1024);
+    rows.div_ceil(4).clamp(1, by_width)
+}
+
+/// The f32 elements of the `partials` scratch `layernorm_bwd_bf16` needs on [rows, channels]:
+/// each block's two column sums (`layernorm_bwd_blocks` x 2 x channels), then each row's two
+/// statistics (2 x rows). The Device allocates it once per shape (its contents need no
+/// initialising) beside a `u32` counter it zeroes once; every launch leaves the counter at 0.
+pub fn layernorm_bwd_partials(rows: usize, channels: usize) -> usize {
+    layernorm_bwd_blocks(rows, channels) * 2 * channels + 2 * rows
 }
 
 /// The launch of `op` on a `vendor` device with `limits` and `multiprocessors` SMs (compute units).
@@ -210,8 +245,9 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
         }
-        Op::LayernormFwd { rows, .. } | Op::LayernormBwdDx { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
-        Op::LayernormBwdParams { channels, .. } => ([channels, 1, 1], [t, 1, 1]),
+        Op::ColumnSumAdd { cols, .. } => ([cols, 1, 1], [t, 1, 1]),
+        Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
+        Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.min(cap), 1, 1], [t, 1, 1])
@@ -261,16 +297,19 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
     Ok(match *op {
         Op::GemmFwd { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32out,
         Op::GemmFwd { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16,
-        Op::GemmBwdInput { .. } => Kernel::GemmBwdInputBf16,
+        Op::GemmBwdInput { out: GemmOut::F32, .. } => Kernel::GemmBwdInputBf16,
+        Op::GemmBwdInput { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16out,
         Op::GemmBwdWeight { .. } => Kernel::GemmBwdWeightBf16,
-        Op::GemmFwdSm90 { .. } => Kernel::GemmFwdBf16F32outSm90,
-        Op::GemmBwdInputSm90 { .. } => Kernel::GemmBwdInputBf16Sm90,
+        Op::GemmFwdSm90 { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32outSm90,
+        Op::GemmFwdSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16Sm90,
+        Op::GemmBwdInputSm90 { out: GemmOut::F32, .. } => Kernel::GemmBwdInputBf16Sm90,
+        Op::GemmBwdInputSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16outSm90,
         Op::GemmBwdWeightSm90 { .. } => Kernel::GemmBwdWeightBf16Sm90,
+        Op::ColumnSumAdd { .. } => Kernel::ColumnSumAddBf16,
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
-        Op::LayernormBwdDx { .. } => Kernel::LayernormBwdDxBf16,
-        Op::LayernormBwdParams { .. } => Kernel::LayernormBwdDparamsBf16,
+        Op::LayernormBwd { .. } => Kernel::LayernormBwdBf16,
         Op::GeluFwd { .. } => Kernel::GeluFwdBf16,
         Op::GeluBwd { .. } => Kernel::GeluBwdBf16,
         Op::AdamW { .. } => Kernel::AdamwF32Bf16,
@@ -299,15 +338,14 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
 fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
     match *op {
         Op::GemmFwd { m, n, k, .. }
-        | Op::GemmBwdInput { m, n, k }
+        | Op::GemmBwdInput { m, n, k, .. }
         | Op::GemmBwdWeight { m, n, k }
-        | Op::GemmFwdSm90 { m, n, k }
-        | Op::GemmBwdInputSm90 { m, n, k }
+        | Op::GemmFwdSm90 { m, n, k, .. }
+        | Op::GemmBwdInputSm90 { m, n, k, .. }
         | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
-        Op::LayernormFwd { rows, channels }
-        | Op::LayernormBwdDx { rows, channels }
-        | Op::LayernormBwdParams { rows, channels } => {
+        Op::ColumnSumAdd { rows, cols } => vec![("M", rows), ("N", cols)],
+        Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
             vec![("rows", rows), ("C", channels)]
         }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
@@ -348,9 +386,10 @@ mod tests {
         assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [24, 8, 1]);
         assert_eq!(p(Op::GemmFwd { m: 129, n: 257, k: 8, out: GemmOut::F32 }).config.grid, [3, 2, 1]);
         assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
-        assert_eq!(p(Op::LayernormBwdDx { rows: 8, channels: 33 }).config.grid, [2, 1, 1]);
-        let d = p(Op::LayernormBwdParams { rows: 7, channels: 129 });
-        assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [128, 1, 1]));
+        let s = p(Op::ColumnSumAdd { rows: 1000, cols: 257 });
+        assert_eq!((s.spec.function, s.config.grid, s.config.block), ("column_sum_add_bf16", [2, 1, 1], [256, 1, 1]));
+        let d = p(Op::LayernormBwd { rows: 9, channels: 129 });
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("layernorm_bwd_bf16", [3, 1, 1], [128, 1, 1]));
         let e = p(Op::GeluFwd { n: 1000 });
         assert_eq!((e.config.grid, e.config.block), ([4, 1, 1], [256, 1, 1]));
         // Grid-stride kernels stop at 8 blocks per SM.
@@ -392,18 +431,18 @@ mod tests {
     #[test]
     fn backward_gemm_wgmma_and_cast_launches_match_their_headers() {
         // gemm_bf16_bwd.cu: a 128 x 128 tile of dinp [M, K] or dW [N, K] per block of 256 threads.
-        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33 });
+        let d = p(Op::GemmBwdInput { m: 100, n: 70, k: 33, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid, d.config.block), ("gemm_bwd_input_bf16", [1, 1, 1], [256, 1, 1]));
         assert_eq!((d.config.shared_bytes, d.config.needs_shared_optin), (75776, true));
         let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.spec.function, w.config.grid, w.config.shared_bytes), ("gemm_bwd_weight_bf16", [1, 2, 1], 69632));
-        assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072 }).config.grid, [24, 64, 1]);
+        assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072, out: GemmOut::F32 }).config.grid, [24, 64, 1]);
         // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
         // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
-        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160 });
+        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160, out: GemmOut::F32 });
         assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([2, 2, 1], [384, 1, 1], 90));
         assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (131136, true));
-        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200 });
+        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid), ("gemm_bwd_input_bf16_sm90", [2, 3, 1]));
         let w = p(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
         assert_eq!(
@@ -411,12 +450,13 @@ mod tests {
             ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 131136)
         );
         // GPT-3 175B's MLP at 2048 tokens: 12288 -> 49152.
-        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288 }).config.grid, [384, 16, 1]);
+        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288, out: GemmOut::F32 }).config.grid, [384, 16, 1]);
         // casts.cu: eight elements per thread, blocks of 256, grid-stride.
         assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
         assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
         assert_eq!(p(Op::CastF32ToBf16 { n: 1 << 30 }).config.grid, [8 * 108, 1, 1]);
-        assert!(plan(&Op::GemmBwdInput { m: 0, n: 1, k: 1 }, Vendor::Cuda, &DeviceLimits::A100, 108).is_err());
+        let empty = Op::GemmBwdInput { m: 0, n: 1, k: 1, out: GemmOut::F32 };
+        assert!(plan(&empty, Vendor::Cuda, &DeviceLimits::A100, 108).is_err());
     }
 
     #[test]
@@ -433,8 +473,7 @@ mod tests {
         }
         for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
             assert_eq!(p(Op::LayernormFwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
-            assert_eq!(p(Op::LayernormBwdDx { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
-            assert_eq!(p(Op::LayernormBwdParams { rows, channels }).config.grid, [cd(channels, 128), 1, 1]);
+            assert_eq!(p(Op::LayernormBwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
         }
         for (rows, vocab) in [(5, 1000), (3, 333), (2, 12565), (4, 1)] {
             for op in [Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }] {
@@ -521,13 +560,33 @@ mod tests {
         assert_eq!((g.config.grid, g.config.block, g.config.shared_bytes), ([2, 2, 1], [256, 1, 1], 0));
         let w = h(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.config.grid, w.config.shared_bytes), ([2, 3, 1], 0));
-        let d = h(Op::LayernormBwdParams { rows: 7, channels: 300 });
+        let d = h(Op::LayernormBwd { rows: 7, channels: 300 });
         assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [256, 1, 1]));
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
-        let e = plan(&Op::GemmFwdSm90 { m: 64, n: 64, k: 64 }, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
+        let sm90 = Op::GemmFwdSm90 { m: 64, n: 64, k: 64, out: GemmOut::F32 };
+        let e = plan(&sm90, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
         assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
+    }
+
+    /// layernorm_bwd_bf16's blocks: one per 4 rows, capped at 1024 and by the partials' budget
+    /// (fewer for wide rows), at least one; the partials hold their column sums and the rows'
+    /// statistics.
+    #[test]
+    fn layernorm_backward_blocks_and_partials_follow_the_shape() {
+        assert_eq!(layernorm_bwd_blocks(7, 33), 2);
+        assert_eq!(layernorm_bwd_blocks(0, 33), 1);
+        assert_eq!(layernorm_bwd_blocks(8192, 768), 1024);
+        assert_eq!(layernorm_bwd_blocks(8192, 1600), 655);
+        // GPT-3 175B: 12288 channels, 85 blocks of partials (8 MiB at most), any row count.
+        assert_eq!(layernorm_bwd_blocks(2048, 12288), 85);
+        assert_eq!(layernorm_bwd_blocks(1 << 20, 12288), 85);
+        assert_eq!(layernorm_bwd_blocks(3, 1 << 22), 1);
+        assert_eq!(layernorm_bwd_partials(7, 33), 2 * 2 * 33 + 14);
+        assert!(layernorm_bwd_partials(2048, 12288) - 2 * 2048 <= LAYERNORM_BWD_PARTIAL_BUDGET);
+        let g = p(Op::LayernormBwd { rows: 2048, channels: 12288 });
+        assert_eq!((g.config.grid, g.config.shared_bytes, g.spec.static_shared), ([85, 1, 1], 0, 4));
     }
 
     /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
@@ -535,24 +594,43 @@ mod tests {
     #[test]
     fn linear_gemms_pick_sm90_on_compute_capability_9() {
         let sm90 = LinearGemms {
-            forward: Op::GemmFwdSm90 { m: 100, n: 3072, k: 768 },
-            backward_input: Op::GemmBwdInputSm90 { m: 100, n: 3072, k: 768 },
+            forward: Op::GemmFwdSm90 { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
+            backward_input: Op::GemmBwdInputSm90 { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
             backward_weight: Op::GemmBwdWeightSm90 { m: 100, n: 3072, k: 768 },
         };
-        assert_eq!(linear_gemms(true, true, 100, 768, 3072), sm90);
+        assert_eq!(linear_gemms(true, true, 100, 768, 3072, GemmOut::F32), sm90);
         let sm80 = LinearGemms {
             forward: Op::GemmFwd { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
-            backward_input: Op::GemmBwdInput { m: 100, n: 3072, k: 768 },
+            backward_input: Op::GemmBwdInput { m: 100, n: 3072, k: 768, out: GemmOut::F32 },
             backward_weight: Op::GemmBwdWeight { m: 100, n: 3072, k: 768 },
         };
-        assert_eq!(linear_gemms(false, true, 100, 768, 3072), sm80);
-        assert_eq!(linear_gemms(true, false, 100, 768, 3072), sm80);
+        assert_eq!(linear_gemms(false, true, 100, 768, 3072, GemmOut::F32), sm80);
+        assert_eq!(linear_gemms(true, false, 100, 768, 3072, GemmOut::F32), sm80);
         // The LM head of an unpadded vocabulary: the forward reads rows of 768 (TMA), the
         // backward products rows of 50257 (not a multiple of 8: mma.sync).
-        let head = linear_gemms(true, true, 100, 768, 50257);
-        assert_eq!(head.forward, Op::GemmFwdSm90 { m: 100, n: 50257, k: 768 });
-        assert_eq!(head.backward_input, Op::GemmBwdInput { m: 100, n: 50257, k: 768 });
+        let head = linear_gemms(true, true, 100, 768, 50257, GemmOut::F32);
+        assert_eq!(head.forward, Op::GemmFwdSm90 { m: 100, n: 50257, k: 768, out: GemmOut::F32 });
+        assert_eq!(head.backward_input, Op::GemmBwdInput { m: 100, n: 50257, k: 768, out: GemmOut::F32 });
         assert_eq!(head.backward_weight, Op::GemmBwdWeight { m: 100, n: 50257, k: 768 });
-        assert_eq!(linear_gemms(true, true, 7, 33, 8).forward, Op::GemmFwd { m: 7, n: 8, k: 33, out: GemmOut::F32 });
+        let small = linear_gemms(true, true, 7, 33, 8, GemmOut::F32).forward;
+        assert_eq!(small, Op::GemmFwd { m: 7, n: 8, k: 33, out: GemmOut::F32 });
+        // bf16 storage: the bf16-output kernels on both paths, dW still f32.
+        let bf16 = |wgmma| linear_gemms(wgmma, true, 100, 768, 3072, GemmOut::Bf16);
+        let kernels = |g: LinearGemms| [g.forward, g.backward_input, g.backward_weight].map(|o| kernel_of(&o).unwrap());
+        use Kernel::*;
+        assert_eq!(kernels(bf16(true)), [GemmFwdBf16Sm90, GemmBwdInputBf16Bf16outSm90, GemmBwdWeightBf16Sm90]);
+        assert_eq!(kernels(bf16(false)), [GemmFwdBf16, GemmBwdInputBf16Bf16out, GemmBwdWeightBf16]);
+        let f32 = |wgmma| linear_gemms(wgmma, true, 100, 768, 3072, GemmOut::F32);
+        assert_eq!(kernels(f32(true)), [GemmFwdBf16F32outSm90, GemmBwdInputBf16Sm90, GemmBwdWeightBf16Sm90]);
+        assert_eq!(kernels(f32(false)), [GemmFwdBf16F32out, GemmBwdInputBf16, GemmBwdWeightBf16]);
+        // The head of an unpadded vocabulary on bf16: sm_90a forward, mma.sync backward-input.
+        let head = kernels(linear_gemms(true, true, 100, 768, 50257, GemmOut::Bf16));
+        assert_eq!(head[..2], [GemmFwdBf16Sm90, GemmBwdInputBf16Bf16out]);
+        // HIP (no wgmma): the MFMA twins of the bf16-output kernels, planned with HIP workgroups.
+        let mi250x = DeviceLimits { shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
+        for op in [bf16(false).forward, bf16(false).backward_input] {
+            let l = plan(&op, Vendor::Hip, &mi250x, 110).unwrap();
+            assert_eq!((l.config.block, l.config.shared_bytes), ([256, 1, 1], 0), "{}", l.spec.function);
+        }
     }
 }
