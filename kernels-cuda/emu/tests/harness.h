@@ -262,16 +262,14 @@ inline void cross_entropy() {
   const float scale = real(3);
   auto logits = read_bf16("logits", size_t(rows) * V);
   auto targets = read_u32("targets", rows);
-  std::vector<float> max(rows), sum_exp(rows), target_logit(rows);
+  std::vector<double> max(rows, -7.0), sum_exp(rows, -7.0), target_logit(rows, -7.0);
   emu::launch(dim3(rows), dim3(256), xent_max_bf16, max.data(), logits.data(), rows, V);
   emu::launch(dim3(rows), dim3(256), xent_partials_bf16, sum_exp.data(), target_logit.data(), logits.data(),
               targets.data(), vocab_start, max.data(), rows, V);
   // In place, as the model runs it: the logits buffer becomes the gradient.
-  emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), logits.data(), targets.data(), vocab_start,
-              max.data(), sum_exp.data(), scale, rows, V);
-  write_f32("max", max);
-  write_f32("sum_exp", sum_exp);
-  write_f32("target_logit", target_logit);
+  emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), targets.data(), vocab_start, max.data(),
+              sum_exp.data(), scale, rows, V);
+  write_f64s({{"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}});
   write_bf16("dlogits", logits);
 }
 

@@ -415,6 +415,13 @@ impl Bench {
         Ok(host)
     }
 
+    /// The first `len` f64 values at `mem`.
+    fn f64s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f64>> {
+        let mut host = vec![0f64; len];
+        self.gpu.rt.copy_to_host(bytemuck::cast_slice_mut(&mut host), mem.pointer())?;
+        Ok(host)
+    }
+
     /// The first `len` bf16 values at `mem`, as f32.
     fn bf16s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f32>> {
         let mut host = vec![Bf16(0); len];
@@ -663,38 +670,39 @@ fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>>
     b.records(&n.to_string(), &[" fwd", " bwd"], planned, &[&fwd_args, &bwd_args], work, &[Some(fwd), Some(bwd)])
 }
 
-/// `bench xent`: `softmax_xent.cu`'s row max, partial sums and gradient over [rows, v] bf16
-/// logits (the whole vocabulary on one rank), each against the reference device on the first
-/// rows the budget allows, given the statistics the previous kernels wrote.
+/// `bench xent`: `softmax_xent.cu`'s row max, partial sums (f64 statistics) and gradient (in place,
+/// on a copy of the logits) over [rows, v] bf16 logits (the whole vocabulary on one rank), each
+/// against the reference device on the first rows the budget allows, given the statistics the
+/// previous kernels wrote.
 fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Vec<GpuRecord>> {
     let logits: Vec<Bf16> = f32_values(rows * v, 9, 4.0, 0.0).into_iter().map(Bf16::from_f32).collect();
     let targets: Vec<u32> = (0..rows).map(|r| ((r * 7919 + 13) % v.max(1)) as u32).collect();
-    let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.zeroed(2 * rows * v)?);
-    let (d_max, d_sum, d_target) = (b.zeroed(4 * rows)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
+    let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.upload(&logits)?);
+    let (d_max, d_sum, d_target) = (b.zeroed(8 * rows)?, b.zeroed(8 * rows)?, b.zeroed(8 * rows)?);
     let (r, vv, lg, tg) = (int("rows", rows)?, int("V", v)?, Ptr(d_logits.pointer()), Ptr(d_targets.pointer()));
     let (mx, sm) = (Ptr(d_max.pointer()), Ptr(d_sum.pointer()));
     let max_args = [mx, lg, r, vv];
     let partials_args = [sm, Ptr(d_target.pointer()), lg, tg, I32(0), mx, r, vv];
-    let bwd_args = [Ptr(d_grad.pointer()), lg, tg, I32(0), mx, sm, F32(1.0), r, vv];
+    let bwd_args = [Ptr(d_grad.pointer()), tg, I32(0), mx, sm, F32(1.0), r, vv];
     let args = [&max_args[..], &partials_args[..], &bwd_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
     let p = rows.min(CHECK_ELEMENTS / v.max(1));
-    let (gpu_max, gpu_sum, gpu_target) = (b.f32s(&d_max, p)?, b.f32s(&d_sum, p)?, b.f32s(&d_target, p)?);
+    let (gpu_max, gpu_sum, gpu_target) = (b.f64s(&d_max, p)?, b.f64s(&d_sum, p)?, b.f64s(&d_target, p)?);
     let (dev, mut logits_r) = (ReferenceDevice, wide_bf16(&logits[..p * v]));
     let (mut max_r, mut stats_r) = (vec![0f64; p], vec![0f64; 2 * p]);
     dev.cross_entropy_max(&logits_r, p, v, &mut max_r);
-    let m = wide(&gpu_max);
-    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &m, &mut stats_r);
+    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &gpu_max, &mut stats_r);
     let (sum_r, target_r) = stats_r.split_at(p);
-    let gpu_stats = [wide(&gpu_sum), wide(&gpu_target)].concat();
-    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &m, &gpu_stats, 1.0);
-    let max = worst(&gpu_max, &max_r, Bound::F32);
-    let partials = worst(&gpu_sum, sum_r, Bound::F32).max(worst(&gpu_target, target_r, Bound::F32));
+    let gpu_stats = [gpu_sum.clone(), gpu_target.clone()].concat();
+    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &gpu_max, &gpu_stats, 1.0);
+    let narrow = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
+    let max = worst(&narrow(&gpu_max), &max_r, Bound::F32);
+    let partials = worst(&narrow(&gpu_sum), sum_r, Bound::F32).max(worst(&narrow(&gpu_target), target_r, Bound::F32));
     let bwd = worst(&b.bf16s(&d_grad, p * v)?, &logits_r, Bound::Bf16);
     let (e, r) = ((rows * v) as f64, rows as f64);
-    let work = [2.0 * e + 4.0 * r, 2.0 * e + 16.0 * r, 4.0 * e + 12.0 * r].map(Work::Bytes);
+    let work = [2.0 * e + 8.0 * r, 2.0 * e + 28.0 * r, 4.0 * e + 20.0 * r].map(Work::Bytes);
     let checks = [max, partials, bwd].map(|w| (p > 0).then_some(w));
     b.records(&format!("{rows}x{v}"), &[" max", " partials", " bwd"], planned, &args, work, &checks)
 }

@@ -166,7 +166,7 @@ pub const KERNELS: &[KernelSpec] = &[
     // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
     spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
-    spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 128),
+    spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 256),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
     // tensor_ops.cu: the Device's f32 ops. Element-wise and per-column kernels run blocks of 256;
     // per-row kernels a warp per row in blocks of 128 (CUDA), a wave64 per row in 256 (HIP).

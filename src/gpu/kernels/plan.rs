@@ -396,7 +396,9 @@ mod tests {
         assert_eq!(p(Op::AdamW { n: 124_000_000 }).config.grid, [8 * 108, 1, 1]);
         assert_eq!(p(Op::GeluBwd { n: 1 }).config.grid, [1, 1, 1]);
         let x = p(Op::XentPartials { rows: 5, vocab: 1000 });
-        assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 128));
+        // 32 doubles of reduction scratch (the f64 sum), the max's 32 floats.
+        assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 256));
+        assert_eq!(p(Op::XentMax { rows: 5, vocab: 1000 }).spec.static_shared, 128);
         assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
         assert_eq!(p(Op::EmbeddingBwdWte { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 1, 1]);
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
