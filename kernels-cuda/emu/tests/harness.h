@@ -170,6 +170,16 @@ inline void column_sum(const Geometry& g) {
   write_f32("dbias", dbias);
 }
 
+// position_fwd_bf16 on `blocks` blocks of 256 (grid-stride): out [positions·batch, hidden] bf16
+// += wpe[t0 + p] (wpe [t0 + positions, hidden] f32).
+inline void position() {
+  const int batch = arg(0), t0 = arg(1), positions = arg(2), hidden = arg(3), blocks = arg(4);
+  auto out = read_bf16("out", size_t(positions) * batch * hidden);
+  auto wpe = read_f32("wpe", size_t(t0 + positions) * hidden);
+  emu::launch(dim3(blocks), dim3(256), position_fwd_bf16, out.data(), wpe.data(), batch, t0, positions, hidden);
+  write_bf16("out", out);
+}
+
 // Both directions on n elements that start `offset` elements into their buffers (an offset
 // that is not a multiple of 4 takes the one-at-a-time path).
 inline void casts() {
@@ -354,6 +364,8 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     gemm_backward(g);
   } else if (op == "gemm_bwd_bf16out") {
     gemm_backward_bf16_out(g);
+  } else if (op == "position_bf16") {
+    position();
   } else if (op == "column_sum_bf16") {
     column_sum(g);
   } else if (op == "casts") {

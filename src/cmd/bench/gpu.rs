@@ -178,7 +178,8 @@ pub enum GpuBench {
     Gelu,
     /// The vocab-parallel softmax cross-entropy's three kernels (`softmax_xent.cu`).
     Xent,
-    /// The word + position embedding forward and both backward kernels (`embedding.cu`).
+    /// The word + position embedding forward and both backward kernels (`embedding.cu`), then the
+    /// position rows added to bf16 rows on their own (`position_fwd_bf16`).
     Embedding,
 }
 
@@ -267,7 +268,8 @@ impl GpuBench {
             GpuBench::Embedding => {
                 let (batch, seq, hidden) = (s[0], s[1], s[2]);
                 let fwd = Op::EmbeddingFwd { batch, seq, hidden };
-                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }]
+                let pos = Op::PositionFwd { batch, positions: seq, hidden };
+                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }, pos]
             }
         }
     }
@@ -722,7 +724,9 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
     let fwd_args = [Ptr(d_out.pointer()), tk, Ptr(d_wte.pointer()), Ptr(d_wpe.pointer()), I32(0), vr, bb, ss, hh];
     let wte_args = [Ptr(d_dwte.pointer()), dy, tk, I32(0), vr, bb, ss, hh];
     let wpe_args = [Ptr(d_dwpe.pointer()), dy, bb, ss, hh];
-    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..]];
+    let d_pos = b.zeroed(2 * rows * hidden)?;
+    let pos_args = [Ptr(d_pos.pointer()), Ptr(d_wpe.pointer()), bb, I32(0), ss, hh];
+    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..], &pos_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
@@ -734,18 +738,22 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
         dev.position_forward(&mut out_r, &wide(&wpe), batch, 0, seq, hidden);
         dev.embedding_backward(&mut dwte_r, &dout_r, &tokens, 0, batch, seq, hidden);
         dev.position_backward(&mut dwpe_r, &dout_r, batch, 0, seq, hidden);
+        let mut pos_r = vec![0f64; rows * hidden];
+        dev.position_forward(&mut pos_r, &wide(&wpe), batch, 0, seq, hidden);
         [
             Some(worst(&b.bf16s(&d_out, rows * hidden)?, &out_r, Bound::Bf16)),
             Some(worst(&b.f32s(&d_dwte, VOCAB * hidden)?, &dwte_r, Bound::F32)),
             Some(worst(&b.f32s(&d_dwpe, seq * hidden)?, &dwpe_r, Bound::F32)),
+            Some(worst(&b.bf16s(&d_pos, rows * hidden)?, &pos_r, Bound::Bf16)),
         ]
     } else {
-        [None; 3]
+        [None; 4]
     };
     let (e, r) = ((rows * hidden) as f64, rows as f64);
-    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * (seq * hidden) as f64].map(Work::Bytes);
+    let table = (seq * hidden) as f64;
+    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * table, 4.0 * e + 4.0 * table].map(Work::Bytes);
     let shape = format!("b{batch} s{seq} h{hidden} v{VOCAB}");
-    b.records(&shape, &[" fwd", " bwd wte", " bwd wpe"], planned, &args, work, &checked)
+    b.records(&shape, &[" fwd", " bwd wte", " bwd wpe", " position"], planned, &args, work, &checked)
 }
 
 /// The largest |out - ref| / (atol + 0.079 |ref|) over 64 sampled elements (≤ 1 passes).
