@@ -191,6 +191,10 @@ pub trait Device: Send + Sync {
         false
     }
     fn len(&self, buf: &Self::Buf) -> usize;
+    /// Bytes of device memory the buffer's elements take (4 each on f32 storage).
+    fn bytes(&self, buf: &Self::Buf) -> usize {
+        4 * self.len(buf)
+    }
     fn upload(&self, dst: &mut Self::Buf, src: &[f32]);
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, dst: &mut Self::Buf, value: f32);

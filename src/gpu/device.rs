@@ -1,14 +1,16 @@
 //! The GPU Device: the `Device` trait on one GPU, NVIDIA or AMD (its ops are in device_ops.rs).
-//! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32 for the model's
-//! buffers, 16-bit for mixed precision's saved activations (`Device::Half`), f64 for `Scalars`.
-//! Linear layers cast both operands to bf16 into device scratch (`casts.cu`) and run the
-//! matrix-unit GEMMs (`gemm_bf16.cu` with the bias fused, `gemm_bf16_bwd.cu`; on sm_90a the
-//! wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product, `plan::linear_gemms`); attention
-//! casts the fused QKV to bf16 and runs
-//! `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128); every other op runs an f32
-//! kernel of `tensor_ops.cu`, and AdamW `adamw.cu` on the f32 masters. So the Device computes
-//! like the CPU backend's `--bf16`: GEMM and attention operands in bf16, f32 accumulation and
-//! storage.
+//! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32, or bf16
+//! storage (`Device::alloc_in` under `--bf16`: the activations, their gradients and the GEMMs'
+//! working weights), 16-bit for mixed precision's saved activations on f32 storage
+//! (`Device::Half`), f64 for `Scalars`. Each op picks its kernel by the type of its activations:
+//! on bf16 storage the GEMMs (`gemm_bf16.cu` with bias, GELU and residual fused,
+//! `gemm_bf16_bwd.cu`; on sm_90a the wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product,
+//! `plan::linear_gemms`), `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128),
+//! `layernorm.cu`, `gelu.cu` and the bf16 bias-gradient sum; else the f32 kernels of
+//! `tensor_ops.cu`; AdamW `adamw.cu` on the f32 masters. An operand of the other type goes
+//! through `View` / `ViewMut`, the one fallback, which casts it into pooled scratch (`casts.cu`)
+//! and an output back: so f32 buffers run as before (GEMM and attention operands cast to bf16,
+//! f32 accumulation and storage), and any mix of f32 and bf16 buffers is correct.
 //!
 //! The GPU calls go through `GpuRuntime` (runtime.rs): `CudaRuntime` on the CUDA driver, or
 //! `HipRuntime` on the HIP runtime, running the kernels-hip/ twins (same kernel names, arguments
@@ -54,6 +56,9 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::LayernormApplyF32,
     Kernel::LayernormBwdSumsF32,
     Kernel::LayernormBwdApplyDxF32,
+    Kernel::XentMaxBf16,
+    Kernel::XentPartialsBf16,
+    Kernel::XentBwdBf16,
     Kernel::XentMaxF32,
     Kernel::XentPartialsF32,
     Kernel::XentBwdF32,
@@ -479,5 +484,4 @@ impl GpuDevice {
     pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
         ok(self.rt.operand_map(pointer, rows, cols, mn_major))
     }
-
 }

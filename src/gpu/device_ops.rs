@@ -8,9 +8,9 @@
 //! one fallback for any mix, so an op on f32 buffers casts GEMM and attention operands to bf16 as
 //! before, and one on bf16 storage casts nothing on the hot path.
 
+use super::buffer::DeviceMem;
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::buffer::DeviceMem;
 use super::kernels::plan::{layernorm_bwd_partials, linear_gemms, GemmOut, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, I32};
@@ -42,6 +42,9 @@ impl Device for GpuDevice {
     }
     fn len(&self, buf: &GpuBuf) -> usize {
         buf.len
+    }
+    fn bytes(&self, buf: &GpuBuf) -> usize {
+        buf.elem.bytes() * buf.len
     }
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
         assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
@@ -234,7 +237,9 @@ impl Device for GpuDevice {
         let (w, b) = (self.view(weight, Elem::F32), self.view(bias, Elem::F32));
         let [o, m, s, x, w, b] = [&*o, &*m, &*s, &*x, &*w, &*b].map(|b| Ptr(b.ptr()));
         match e {
-            Elem::Bf16 => self.run(Op::LayernormFwd { rows, channels: cols }, &[o, m, s, Ptr(0), x, Ptr(0), w, b, r, c]),
+            Elem::Bf16 => {
+                self.run(Op::LayernormFwd { rows, channels: cols }, &[o, m, s, Ptr(0), x, Ptr(0), w, b, r, c])
+            }
             _ => self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]),
         }
     }
@@ -305,7 +310,8 @@ impl Device for GpuDevice {
         let n = int("rows·cols", rows * cols) as usize;
         let [inp, weight, bias] = [inp, weight, bias].map(|b| self.view(b, Elem::F32));
         let out = self.view_mut(out, Elem::F32, false);
-        let (mean_out, rstd_out) = (self.view_mut(mean_out, Elem::F32, false), self.view_mut(rstd_out, Elem::F32, false));
+        let (mean_out, rstd_out) =
+            (self.view_mut(mean_out, Elem::F32, false), self.view_mut(rstd_out, Elem::F32, false));
         let [inp, weight, bias] = [&*inp, &*weight, &*bias];
         let [o, mo, so, x, w, b] = [&*out, &*mean_out, &*rstd_out, inp, weight, bias].map(|b| Ptr(b.ptr()));
         let [r, c] = rows_cols(rows, cols);
@@ -527,12 +533,15 @@ impl Device for GpuDevice {
     fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut GpuBuf) {
         int("rows·vocab", rows * vocab);
         assert!(max.elem == Elem::F64 && max.len >= rows, "cross_entropy_max: scalars shorter than the rows");
-        let logits = self.view(logits, Elem::F32);
-        self.rowwise(
-            Kernel::XentMaxF32,
-            rows,
-            &[Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
-        );
+        // bf16 logits: the xent_*_bf16 kernels, with the f32 ones' arguments and f64 statistics.
+        let e = activation(logits);
+        let logits = self.view(logits, e);
+        let args = [Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentMax { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.rowwise(Kernel::XentMaxF32, rows, &args),
+        }
     }
     fn cross_entropy_partials(
         &self,
@@ -545,22 +554,24 @@ impl Device for GpuDevice {
         stats: &mut GpuBuf,
     ) {
         assert!(stats.elem == Elem::F64 && stats.len >= 2 * rows, "cross_entropy_partials: scalars too short");
-        let logits = self.view(logits, Elem::F32);
+        let e = activation(logits);
+        let logits = self.view(logits, e);
         let t = self.upload_u32(&targets[..rows]);
-        self.rowwise(
-            Kernel::XentPartialsF32,
-            rows,
-            &[
-                Ptr(stats.ptr()),
-                Ptr(stats.ptr() + 8 * rows as u64),
-                Ptr(logits.ptr()),
-                Ptr(t.pointer),
-                I32(int("vocab_start", vocab_start)),
-                Ptr(max.ptr()),
-                I32(int("rows", rows)),
-                I32(int("vocab", vocab)),
-            ],
-        );
+        let args = [
+            Ptr(stats.ptr()),
+            Ptr(stats.ptr() + 8 * rows as u64),
+            Ptr(logits.ptr()),
+            Ptr(t.pointer),
+            I32(int("vocab_start", vocab_start)),
+            Ptr(max.ptr()),
+            I32(int("rows", rows)),
+            I32(int("vocab", vocab)),
+        ];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentPartials { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.rowwise(Kernel::XentPartialsF32, rows, &args),
+        }
     }
     fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
@@ -579,21 +590,24 @@ impl Device for GpuDevice {
         grad_scale: f32,
     ) {
         let t = self.upload_u32(&targets[..rows]);
-        let logits = self.view_mut(logits, Elem::F32, false);
-        self.elementwise(
-            Kernel::XentBwdF32,
-            int("rows·vocab", rows * vocab) as usize,
-            &[
-                Ptr(logits.ptr()),
-                Ptr(t.pointer),
-                I32(int("vocab_start", vocab_start)),
-                Ptr(max.ptr()),
-                Ptr(stats.ptr()),
-                F32(grad_scale),
-                I32(int("rows", rows)),
-                I32(int("vocab", vocab)),
-            ],
-        );
+        let e = activation(logits);
+        let n = int("rows·vocab", rows * vocab) as usize;
+        let logits = self.view_mut(logits, e, false);
+        let args = [
+            Ptr(logits.ptr()),
+            Ptr(t.pointer),
+            I32(int("vocab_start", vocab_start)),
+            Ptr(max.ptr()),
+            Ptr(stats.ptr()),
+            F32(grad_scale),
+            I32(int("rows", rows)),
+            I32(int("vocab", vocab)),
+        ];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentBwd { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.elementwise(Kernel::XentBwdF32, n, &args),
+        }
     }
 
     fn set_matmul_precision(&self, precision: Precision) {
@@ -639,10 +653,9 @@ impl Device for GpuDevice {
         match precision {
             Precision::Bf16 if buf.elem == Elem::Bf16 => ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len)),
             // Cast on the device into device memory; the values are already bf16, so exact.
-            Precision::Bf16 => self.run(
-                Op::CastF32ToBf16 { n: buf.len },
-                &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))],
-            ),
+            Precision::Bf16 => {
+                self.run(Op::CastF32ToBf16 { n: buf.len }, &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))])
+            }
             // No fp16 kernels (`--device cuda|hip` requires --bf16): correct, through the host.
             _ => {
                 let mut host = vec![0f32; buf.len];
@@ -656,10 +669,9 @@ impl Device for GpuDevice {
         assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
         match precision {
             Precision::Bf16 if dst.elem == Elem::Bf16 => ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len)),
-            Precision::Bf16 if src.len > 0 => self.run(
-                Op::CastBf16ToF32 { n: src.len },
-                &[Ptr(dst.ptr()), Ptr(src.ptr()), I32(int("n", src.len))],
-            ),
+            Precision::Bf16 if src.len > 0 => {
+                self.run(Op::CastBf16ToF32 { n: src.len }, &[Ptr(dst.ptr()), Ptr(src.ptr()), I32(int("n", src.len))])
+            }
             Precision::Bf16 => {}
             _ => {
                 let mut bits = vec![0u8; 2 * src.len];
@@ -712,7 +724,10 @@ impl Device for GpuDevice {
                 F32(c2 as f32),
                 // The kernel writes a bf16 working copy (`param_bf16`, above) or an f32 one rounded
                 // to bf16 itself; other precisions copy and round after it.
-                Ptr(working.as_ref().filter(|(w, p)| *p == Precision::Bf16 && w.elem == Elem::F32).map_or(0, |(w, _)| w.ptr())),
+                Ptr(working
+                    .as_ref()
+                    .filter(|(w, p)| *p == Precision::Bf16 && w.elem == Elem::F32)
+                    .map_or(0, |(w, _)| w.ptr())),
             ],
         );
         if let Some((w, precision)) = working.filter(|(_, p)| *p != Precision::Bf16) {

@@ -485,7 +485,8 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
     // or activation cast and no rounding pass, and at most 12 launches forward and 18 backward.
     for (pass, most) in [("forward", 12.0), ("backward", 18.0)] {
         let by_kernel = json_numbers(&line, &format!("per_layer_{pass}_launches_by_kernel"));
-        let casts: Vec<&String> = by_kernel.keys().filter(|k| k.starts_with("cast_") || k.starts_with("round_")).collect();
+        let casts: Vec<&String> =
+            by_kernel.keys().filter(|k| k.starts_with("cast_") || k.starts_with("round_")).collect();
         assert!(casts.is_empty(), "a layer's {pass} casts or rounds: {casts:?} in {line}");
         assert!(layer(pass) <= most, "a layer's {pass}: {} launches > {most}: {line}", layer(pass));
     }
@@ -587,6 +588,17 @@ fn layer_chain<D: Device>(
     dev.linear_backward(Some(&mut dln), &mut dwqkv, Some(&mut dbqkv), &dqkv, &ln, &wqkv, m, h, 3 * h);
     let (mut dx, mut dlnw, mut dlnb) = (act(m * h, &data(m * h, 9, 0.5)), dev.alloc(h), dev.alloc(h));
     dev.layernorm_backward(&mut dx, &mut dlnw, &mut dlnb, &dln, &x, &lnw, &mean, &rstd, m, h);
+    // The cross-entropy on logits of the activations' type: its loss and the logits' gradient.
+    let v = 96;
+    let mut logits = act(m * v, &data(m * v, 10, 4.0));
+    let targets: Vec<u32> = (0..m as u32).map(|r| (r * 37 + 5) % v as u32).collect();
+    let (mut max, mut stats, mut acc) = (dev.scalars(m), dev.scalars(2 * m), dev.scalars(1));
+    dev.cross_entropy_max(&logits, m, v, &mut max);
+    dev.cross_entropy_partials(&logits, &targets, 0, m, v, &max, &mut stats);
+    dev.cross_entropy_loss(&max, &stats, m, &mut acc, 0);
+    dev.cross_entropy_backward(&mut logits, &targets, 0, m, v, &max, &stats, 0.5);
+    let mut loss = [0f64];
+    dev.read_scalars(&acc, &mut loss);
     let outputs = [
         ("layernorm", &ln),
         ("linear", &qkv),
@@ -604,13 +616,16 @@ fn layer_chain<D: Device>(
         ("layernorm backward dinp +=", &dx),
         ("layernorm backward dweight", &dlnw),
         ("layernorm backward dbias", &dlnb),
+        ("cross-entropy gradient", &logits),
     ];
     let down = |b: &D::Buf| {
         let mut host = vec![0f32; dev.len(b)];
         dev.download(b, &mut host);
         host
     };
-    outputs.iter().map(|(name, b)| (*name, down(b))).collect()
+    let mut out: Vec<(&'static str, Vec<f32>)> = outputs.iter().map(|(name, b)| (*name, down(b))).collect();
+    out.push(("cross-entropy loss", vec![loss[0] as f32]));
+    out
 }
 
 /// A layer's ops on f32 buffers (bf16 GEMM and attention operands cast in scratch), on bf16
@@ -655,7 +670,8 @@ pub fn bf16_storage_agrees_with_f32_storage(dev: &GpuDevice) {
     for (what, run) in runs {
         for ((name, got), (_, want)) in run.iter().zip(&reference) {
             let atol = 0.01 * want.iter().fold(0f32, |a, w| a.max(w.abs()));
-            let worst = got.iter().zip(want).map(|(g, w)| (g - w).abs() / (atol + 0.079 * w.abs())).fold(0f32, f32::max);
+            let worst =
+                got.iter().zip(want).map(|(g, w)| (g - w).abs() / (atol + 0.079 * w.abs())).fold(0f32, f32::max);
             println!("{what:>5} {name:<30} worst error / bound {worst:.3}");
             assert!(worst <= 1.0, "{what} storage: {name} outside the bf16 rule ({worst:.3} of its bound)");
         }

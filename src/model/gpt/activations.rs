@@ -94,9 +94,12 @@ impl<B> LnActs<B> {
         }
     }
 
-    /// Elements of the buffers.
-    fn len<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        dev.len(&self.out) + dev.len(&self.mean) + dev.len(&self.rstd) + self.full.as_ref().map_or(0, |f| dev.len(f))
+    /// Bytes of the buffers.
+    fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        dev.bytes(&self.out)
+            + dev.bytes(&self.mean)
+            + dev.bytes(&self.rstd)
+            + self.full.as_ref().map_or(0, |f| dev.bytes(f))
     }
 }
 
@@ -185,7 +188,7 @@ impl<B> LayerActs<B> {
 
     /// Bytes of the buffers this layer holds (for `--log-memory`).
     pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        4 * self.buffers().iter().map(|(b, _)| dev.len(b)).sum::<usize>()
+        self.buffers().iter().map(|(b, _)| dev.bytes(b)).sum::<usize>()
     }
 
     /// Bytes of this layer's buffers held in 16 bits (activations) and f32 (statistics).
@@ -265,7 +268,7 @@ impl<D: Device> Stash<D> {
     pub(super) fn bytes(&self, dev: &D) -> usize {
         match self {
             Stash::Half(h) => 2 * dev.half_len(h),
-            Stash::Full(f) => 4 * dev.len(f),
+            Stash::Full(f) => dev.bytes(f),
         }
     }
 }
@@ -325,18 +328,17 @@ pub(super) fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D
 impl<D: Device> Activations<D> {
     /// Bytes of the buffers this activation set holds.
     pub(super) fn bytes(&self, dev: &D) -> usize {
-        let opt = |b: &Option<D::Buf>| b.as_ref().map_or(0, |b| dev.len(b));
+        let opt = |b: &Option<D::Buf>| b.as_ref().map_or(0, |b| dev.bytes(b));
         let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
-        let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
-        let head = self.head.as_ref().map_or(0, |h| 4 * (h.lnf.len(dev) + dev.len(&h.logits)));
+        let resid: usize = self.resid.iter().map(|b| dev.bytes(b)).sum();
+        let head = self.head.as_ref().map_or(0, |h| h.lnf.bytes(dev) + dev.bytes(&h.logits));
         let g = &self.grad;
         let scratch = [&self.tmp_full, &g.d_resid, &g.d_h_full, &g.d_attn, &g.d_qkv, &g.d_ffn, &g.d_ffn2];
-        let scratch = 4
-            * (scratch.iter().map(|b| dev.len(b)).sum::<usize>()
-                + opt(&self.emb_full)
-                + opt(&self.tmp_local)
-                + opt(&g.d_full)
-                + opt(&g.d_h_local));
+        let scratch = scratch.iter().map(|b| dev.bytes(b)).sum::<usize>()
+            + opt(&self.emb_full)
+            + opt(&self.tmp_local)
+            + opt(&g.d_full)
+            + opt(&g.d_h_local);
         let compact: usize = self.compact.iter().flatten().flatten().map(|s| s.bytes(dev)).sum();
         layers + resid + head + scratch + compact
     }

@@ -263,9 +263,9 @@ impl<D: Device> Gpt<D> {
     }
 
     /// Bytes of the working copy of the weights mixed precision computes with (its values are
-    /// 16-bit, held in the device's f32 buffers), 0 in f32.
+    /// 16-bit, held in f32 buffers or, where the device stores the format, in 16 bits), 0 in f32.
     pub fn working_bytes(&self, dev: &D) -> usize {
-        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| 4 * dev.len(b)).sum())
+        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| dev.bytes(b)).sum())
     }
 
     /// Chooses activation recomputation; takes effect for activation sets made afterwards.
@@ -285,7 +285,7 @@ impl<D: Device> Gpt<D> {
         sets - now
             + self.peak_stashed
             + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
-            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
     }
 
     /// Bytes of one micro-batch's activation set while it is in flight (0 before the first
@@ -307,7 +307,7 @@ impl<D: Device> Gpt<D> {
     /// Bytes of the spare buffers recomputation rebuilds into.
     pub fn spare_bytes(&self, dev: &D) -> usize {
         self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
-            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
     }
 
     /// Micro-batches whose activations this chunk holds now.
