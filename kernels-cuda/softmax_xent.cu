@@ -7,14 +7,18 @@
 //   xent_partials_bf16:  sum_exp[r] = Σ_v exp(logits[r][v] - max[r]);
 //                        target_logit[r] = logits[r][target - vocab_start] if the target is in this
 //                        shard, else 0                                          (then all-reduce sum)
-//   xent_bwd_bf16:       dlogits[r][v] = scale · (exp(logits[r][v] - max[r]) / sum_exp[r] - [v == target])
-// max, sum_exp, target_logit f32 [rows]; dlogits [rows, V] bf16, which may be the logits buffer
-// itself (each element is read once, then written by the same thread). The loss is
+//   xent_bwd_bf16:       logits[r][v] = scale · (exp(logits[r][v] - max[r]) / sum_exp[r] - [v == target]),
+//                        in place: the logits become their gradient
+// max, sum_exp, target_logit f64 [rows], the layout and arguments of tensor_ops.cu's xent_max_f32,
+// xent_partials_f32 and xent_bwd_f32 (so the Device's f64 statistics, their all-reduces and
+// xent_loss_f64 serve bf16 logits unchanged). exp is taken in f32 (the logits and the max are bf16
+// values, their difference exact in f32) and summed in f64. The loss is
 // log(sum_exp) + max - target_logit, formed by the caller after the all-reduces.
 //
 // Grid: one block of 256 threads per row (gridDim.x = rows); threads stride over the row and
-// combine with block_max / block_sum (warp butterflies, then the warp totals): a fixed order, so
-// the result is deterministic. Shared memory: 32 floats of reduction scratch. Few registers.
+// combine with block_max / block_sum_f64 (warp butterflies, then the warp totals): a fixed order,
+// so the result is deterministic. Shared memory: 32 floats (max) or 32 doubles (partials) of
+// reduction scratch. Few registers.
 //
 // Reference: `cross_entropy_max`, `cross_entropy_partials`, `cross_entropy_backward` of the
 // reference device (row_max, cross_entropy_partials_row, cross_entropy_backward_row in
@@ -28,48 +32,61 @@ __device__ __forceinline__ int local_column(uint32_t target, int vocab_start, in
   const long long c = (long long)target - vocab_start;
   return c >= 0 && c < V ? int(c) : -1;
 }
+
+// The sum of v over the block in f64 (warp butterflies, then the warp totals in warp order, as
+// block_sum does in f32); `scratch` is 32 doubles of shared memory; ends with a barrier.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_WARP_MASK, v, o);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double total = lane < warps ? scratch[lane] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(FULL_WARP_MASK, total, o);
+  __syncthreads();
+  return total;
+}
 }  // namespace softmax_xent_detail
 
-extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(float* max, const bf16* logits, int rows, int V) {
+extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, const bf16* logits, int rows, int V) {
   __shared__ float scratch[32];
   const int r = blockIdx.x;
   if (r >= rows) return;  // uniform over the block
   const bf16* row = logits + (size_t)r * V;
   float m = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(row[v]));
-  m = block_max(m, scratch);
+  m = block_max(m, scratch);  // a bf16 value, exact in f32 and f64
   if (threadIdx.x == 0) max[r] = m;
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    xent_partials_bf16(float* sum_exp, float* target_logit, const bf16* logits, const uint32_t* targets, int vocab_start,
-                       const float* max, int rows, int V) {
-  __shared__ float scratch[32];
+    xent_partials_bf16(double* sum_exp, double* target_logit, const bf16* logits, const uint32_t* targets,
+                       int vocab_start, const double* max, int rows, int V) {
+  __shared__ double scratch[32];
   const int r = blockIdx.x;
   if (r >= rows) return;
   const bf16* row = logits + (size_t)r * V;
-  const float m = max[r];
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(to_float(row[v]) - m);
-  s = block_sum(s, scratch);
+  const float m = float(max[r]);  // the all-reduced max of bf16 values: exact in f32
+  double s = 0.0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += (double)expf(to_float(row[v]) - m);
+  s = softmax_xent_detail::block_sum_f64(s, scratch);
   if (threadIdx.x == 0) {
     sum_exp[r] = s;
     const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
-    target_logit[r] = t >= 0 ? to_float(row[t]) : 0.0f;
+    target_logit[r] = t >= 0 ? (double)to_float(row[t]) : 0.0;
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    xent_bwd_bf16(bf16* dlogits, const bf16* logits, const uint32_t* targets, int vocab_start, const float* max,
-                  const float* sum_exp, float scale, int rows, int V) {
+    xent_bwd_bf16(bf16* logits, const uint32_t* targets, int vocab_start, const double* max, const double* sum_exp,
+                  float scale, int rows, int V) {
   const int r = blockIdx.x;
   if (r >= rows) return;
   const size_t base = (size_t)r * V;
-  const float m = max[r], inv = scale / sum_exp[r];
+  const float m = float(max[r]), inv = scale / float(sum_exp[r]);
   const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float g = expf(to_float(logits[base + v]) - m) * inv;
     if (v == t) g -= scale;
-    dlogits[base + v] = to_bf16(g);
+    logits[base + v] = to_bf16(g);  // each element read once, then written by the same thread
   }
 }

@@ -14,6 +14,7 @@
 //     embedding_fwd_f32  out[t·batch + b] = wte[tokens[b·seq + t] - vocab_start], zero rows for
 //                        tokens outside this vocabulary shard of vocab_rows rows
 //     position_fwd_f32   out[p·batch + b] += wpe[t0 + p]       for p < positions
+//     position_fwd_bf16  the same on bf16 rows, rounded once
 //     layernorm_apply_f32  out = (x - mean_r)·rstd_r·w + b with the whole rows' f64 statistics
 //                        (split LayerNorm), saving them as f32 in mean_out / rstd_out
 //     layernorm_bwd_apply_dx_f32  dinp += rstd (dy·w - Σg/n - x̂ Σgx̂/n) from the whole rows' sums
@@ -132,6 +133,17 @@ extern "C" __global__ void position_fwd_f32(float* out, const float* wpe, int ba
   for (int i = first_index(); i < n; i += grid_stride()) {
     const int row = i / hidden, c = i % hidden;
     out[i] += wpe[(size_t)(t0 + row / batch) * hidden + c];
+  }
+}
+
+// position_fwd_f32 on bf16 rows (bf16 storage): the stored value plus the f32 position row,
+// rounded once.
+extern "C" __global__ void position_fwd_bf16(bf16* out, const float* wpe, int batch, int t0, int positions,
+                                             int hidden) {
+  const int n = positions * batch * hidden;
+  for (int i = first_index(); i < n; i += grid_stride()) {
+    const int row = i / hidden, c = i % hidden;
+    out[i] = to_bf16(to_float(out[i]) + wpe[(size_t)(t0 + row / batch) * hidden + c]);
   }
 }
 

@@ -8,14 +8,16 @@
 //   xent_partials_bf16:  sum_exp[r] = Σ_v exp(logits[r][v] - max[r]);
 //                        target_logit[r] = logits[r][target - vocab_start] if the target is in this
 //                        shard, else 0                                          (then all-reduce sum)
-//   xent_bwd_bf16:       dlogits[r][v] = scale · (exp(logits[r][v] - max[r]) / sum_exp[r] - [v == target])
-// max, sum_exp, target_logit f32 [rows]; dlogits [rows, V] bf16, which may be the logits buffer
-// itself (each element is read once, then written by the same thread).
+//   xent_bwd_bf16:       logits[r][v] = scale · (exp(logits[r][v] - max[r]) / sum_exp[r] - [v == target]),
+//                        in place
+// max, sum_exp, target_logit f64 [rows], the layout and arguments of tensor_ops.hip's xent_*_f32
+// kernels; exp in f32, summed in f64 (kernels-cuda/softmax_xent.cu's header).
 //
 // Grid: one workgroup of 256 threads (4 wave64s) per row (gridDim.x = rows); threads stride over
 // the row and combine with block_max / block_sum of common/reduce.h (64-lane butterflies, then
-// the wave totals in wave order): a fixed order, so the result is deterministic. LDS: kMaxWaves
-// (16) floats of reduction scratch. Few VGPRs.
+// the wave totals in wave order; block_sum_f64 here for the f64 sum): a fixed order, so the result
+// is deterministic. LDS: kMaxWaves (16) floats (max) or doubles (partials) of reduction scratch.
+// Few VGPRs.
 //
 // Reference: `cross_entropy_max`, `cross_entropy_partials`, `cross_entropy_backward` of the
 // reference device (f64) on the same bf16 logits (tests/hip_emulation.rs).
@@ -28,48 +30,61 @@ __device__ __forceinline__ int local_column(uint32_t target, int vocab_start, in
   const long long c = (long long)target - vocab_start;
   return c >= 0 && c < V ? int(c) : -1;
 }
+
+// The sum of v over the workgroup in f64 (wave butterflies, then the wave totals in wave order, as
+// block_sum does in f32); `scratch` is kMaxWaves doubles of shared memory; ends with a barrier.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+  const int lane = threadIdx.x % kWaveSize, wave = threadIdx.x / kWaveSize, waves = blockDim.x / kWaveSize;
+  for (int o = wave_first_offset(); o > 0; o >>= 1) v += __shfl_xor(v, o, kWaveSize);
+  if (lane == 0) scratch[wave] = v;
+  __syncthreads();
+  double total = lane < waves ? scratch[lane] : 0.0;
+  for (int o = wave_first_offset(); o > 0; o >>= 1) total += __shfl_xor(total, o, kWaveSize);
+  __syncthreads();
+  return total;
+}
 }  // namespace softmax_xent_detail
 
-extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(float* max, const bf16* logits, int rows, int V) {
+extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, const bf16* logits, int rows, int V) {
   __shared__ float scratch[kMaxWaves];
   const int r = blockIdx.x;
   if (r >= rows) return;  // uniform over the workgroup
   const bf16* row = logits + (size_t)r * V;
   float m = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(row[v]));
-  m = block_max(m, scratch);
+  m = block_max(m, scratch);  // a bf16 value, exact in f32 and f64
   if (threadIdx.x == 0) max[r] = m;
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    xent_partials_bf16(float* sum_exp, float* target_logit, const bf16* logits, const uint32_t* targets, int vocab_start,
-                       const float* max, int rows, int V) {
-  __shared__ float scratch[kMaxWaves];
+    xent_partials_bf16(double* sum_exp, double* target_logit, const bf16* logits, const uint32_t* targets,
+                       int vocab_start, const double* max, int rows, int V) {
+  __shared__ double scratch[kMaxWaves];
   const int r = blockIdx.x;
   if (r >= rows) return;
   const bf16* row = logits + (size_t)r * V;
-  const float m = max[r];
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(to_float(row[v]) - m);
-  s = block_sum(s, scratch);
+  const float m = float(max[r]);  // the all-reduced max of bf16 values: exact in f32
+  double s = 0.0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += (double)expf(to_float(row[v]) - m);
+  s = softmax_xent_detail::block_sum_f64(s, scratch);
   if (threadIdx.x == 0) {
     sum_exp[r] = s;
     const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
-    target_logit[r] = t >= 0 ? to_float(row[t]) : 0.0f;
+    target_logit[r] = t >= 0 ? (double)to_float(row[t]) : 0.0;
   }
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-    xent_bwd_bf16(bf16* dlogits, const bf16* logits, const uint32_t* targets, int vocab_start, const float* max,
-                  const float* sum_exp, float scale, int rows, int V) {
+    xent_bwd_bf16(bf16* logits, const uint32_t* targets, int vocab_start, const double* max, const double* sum_exp,
+                  float scale, int rows, int V) {
   const int r = blockIdx.x;
   if (r >= rows) return;
   const size_t base = (size_t)r * V;
-  const float m = max[r], inv = scale / sum_exp[r];
+  const float m = float(max[r]), inv = scale / float(sum_exp[r]);
   const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float g = expf(to_float(logits[base + v]) - m) * inv;
     if (v == t) g -= scale;
-    dlogits[base + v] = to_bf16(g);
+    logits[base + v] = to_bf16(g);  // each element read once, then written by the same thread
   }
 }

@@ -8,7 +8,7 @@
 //   256 = 4 wave64s, capped):
 //     add_f32, add_assign_f32, add_bias_f32, round_bf16_f32 (round to nearest even, in place),
 //     gelu_fwd_f32, gelu_bwd_f32 (common/gelu.h), embedding_fwd_f32 (zero rows for tokens outside
-//     this vocabulary shard), position_fwd_f32, layernorm_apply_f32 (split LayerNorm with the
+//     this vocabulary shard), position_fwd_f32, position_fwd_bf16 (bf16 rows), layernorm_apply_f32 (split LayerNorm with the
 //     whole rows' f64 statistics), layernorm_bwd_apply_dx_f32, xent_bwd_f32
 //   one thread per column, rows in order (deterministic, no atomics; ⌈cols/256⌉ workgroups of 256):
 //     embedding_bwd_f32, position_bwd_f32 (grid (⌈hidden/256⌉, positions)), column_sum_add_f32,
@@ -115,6 +115,17 @@ extern "C" __global__ void position_fwd_f32(float* out, const float* wpe, int ba
   for (int i = first_index(); i < n; i += grid_stride()) {
     const int row = i / hidden, c = i % hidden;
     out[i] += wpe[(size_t)(t0 + row / batch) * hidden + c];
+  }
+}
+
+// position_fwd_f32 on bf16 rows (bf16 storage): the stored value plus the f32 position row,
+// rounded once.
+extern "C" __global__ void position_fwd_bf16(bf16* out, const float* wpe, int batch, int t0, int positions,
+                                             int hidden) {
+  const int n = positions * batch * hidden;
+  for (int i = first_index(); i < n; i += grid_stride()) {
+    const int row = i / hidden, c = i % hidden;
+    out[i] = to_bf16(to_float(out[i]) + wpe[(size_t)(t0 + row / batch) * hidden + c]);
   }
 }
 

@@ -106,6 +106,13 @@ fn every_device_op_matches_the_reference() {
 }
 
 #[test]
+fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
+    let Some(dev) = device() else { return };
+    gpu_device::bf16_buffers_round_trip(dev);
+    gpu_device::bf16_storage_agrees_with_f32_storage(dev);
+}
+
+#[test]
 fn the_head_dim_check_names_the_device() {
     let e = GpuDevice::check_head_dim(96).unwrap_err().to_string();
     assert!(e.contains("--device cuda") && e.contains("head dims 64 and 128") && e.contains("is 96"), "{e}");
@@ -514,7 +521,7 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
 /// sm_90a kernels (wgmma fed by TMA, `plan::linear_gemms`): a training run of the tiny model
 /// (every width a multiple of 8) follows the CPU's bf16 losses with the bound the sm_80 run meets,
 /// and the emulating driver's own launch counts show that the sm_90a kernels computed every
-/// product and the mma.sync GEMMs none. `check ops` passes with its bounds, its linear case of
+/// product (bf16 storage's on their bf16-output twins) and the mma.sync GEMMs none. `check ops` passes with its bounds, its linear case of
 /// 72 inputs and 130 outputs running the forward on sm_90a and the backward products (rows of
 /// 130) on mma.sync, the other cases (33 and 1 inputs) wholly on mma.sync.
 #[test]
@@ -526,24 +533,32 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
     let mut hopper = emu.env.clone();
     hopper.push(("EMU_CUDA_CC", PathBuf::from("90")));
     hopper.push(("EMU_COUNTERS_FILE", counters.clone()));
-    let launches = || {
+    let launches = |kernels: &[&str]| -> Vec<u64> {
         let text = std::fs::read_to_string(&counters).unwrap_or_else(|e| panic!("no {}: {e}", counters.display()));
-        let count = |kernel: &str| -> u64 {
+        let count = |kernel: &&str| -> u64 {
             let key = format!("launches.{kernel} ");
             text.lines().find_map(|l| l.strip_prefix(&key)).map_or(0, |v| v.parse().unwrap())
         };
-        let kernels = ["gemm_fwd_bf16_f32out_sm90", "gemm_bwd_input_bf16_sm90", "gemm_bwd_weight_bf16_sm90"];
-        let sm80 = ["gemm_fwd_bf16_f32out", "gemm_bwd_input_bf16", "gemm_bwd_weight_bf16"];
-        (kernels.map(count), sm80.map(count))
+        kernels.iter().map(count).collect()
     };
+    // Each product's sm_90a kernels, f32 out (f32 buffers: the logits, `check ops`) and bf16 out
+    // (bf16 storage: the layers under --bf16), and the mma.sync ones.
+    let sm90 = ["gemm_fwd_bf16_f32out_sm90", "gemm_bwd_input_bf16_sm90", "gemm_bwd_weight_bf16_sm90"];
+    let sm90_bf16 = ["gemm_fwd_bf16_sm90", "gemm_bwd_input_bf16_bf16out_sm90"];
+    let sm80 = ["gemm_fwd_bf16_f32out", "gemm_bwd_input_bf16", "gemm_bwd_weight_bf16"];
+    let sm80_bf16 = ["gemm_fwd_bf16", "gemm_bwd_input_bf16_bf16out"];
     gpu_device::follows_the_cpu_bf16_losses(&hopper, &dir, &data, "cuda");
-    let (sm90, sm80) = launches();
-    assert!(sm90.iter().all(|&n| n > 0) && sm80 == [0, 0, 0], "sm_90a {sm90:?}, mma.sync {sm80:?}");
+    let (f32out, bf16out) = (launches(&sm90), launches(&sm90_bf16));
+    let products = [f32out[0] + bf16out[0], f32out[1] + bf16out[1], f32out[2]];
+    let mma = [launches(&sm80), launches(&sm80_bf16)].concat();
+    assert!(products.iter().chain(&bf16out).all(|&n| n > 0), "sm_90a {f32out:?} {bf16out:?}");
+    assert!(mma.iter().all(|&n| n == 0), "mma.sync {mma:?}");
     let o = run_with(&hopper, &["check", "ops", "--device", "cuda", "--size", "small"]);
     assert!(o.status.success(), "check ops on compute capability 9.0: {}{}", stdout(&o), stderr(&o));
     // Forward with and without bias on sm_90a; mma.sync: 2 forwards x 2 cases, 2 backward-input
-    // (dinp given) and 4 backward-weight x 3 cases, less the 37x72->130 case's forward.
-    assert_eq!(launches(), ([2, 0, 0], [4, 3, 6]));
+    // (dinp given) and 4 backward-weight x 3 cases, less the 37x72->130 case's forward; all f32 out.
+    assert_eq!((launches(&sm90), launches(&sm80)), (vec![2, 0, 0], vec![4, 3, 6]));
+    assert_eq!([launches(&sm90_bf16), launches(&sm80_bf16)].concat(), [0, 0, 0, 0]);
 }
 
 /// `bench step --device cuda` on the emulated GPU: its record, its counters against the

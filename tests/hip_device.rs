@@ -63,6 +63,13 @@ fn every_device_op_matches_the_reference() {
 }
 
 #[test]
+fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
+    let Some(dev) = device() else { return };
+    gpu_device::bf16_buffers_round_trip(dev);
+    gpu_device::bf16_storage_agrees_with_f32_storage(dev);
+}
+
+#[test]
 fn the_head_dim_check_names_the_device() {
     let e = GpuDevice::check_head_dim_for("hip", 96).unwrap_err().to_string();
     assert!(e.contains("--device hip") && e.contains("head dims 64 and 128") && e.contains("is 96"), "{e}");

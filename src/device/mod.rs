@@ -183,7 +183,22 @@ pub trait Device: Send + Sync {
     fn describe(&self) -> String;
     /// A zero-filled buffer of `len` elements.
     fn alloc(&self, len: usize) -> Self::Buf;
+    /// A zero-filled buffer of `len` elements held in `precision` where the device stores that
+    /// format natively (`stores`); the default is `alloc`, f32 storage whose values mixed
+    /// precision rounds where they are stored (`round_to`).
+    fn alloc_in(&self, len: usize, _precision: crate::real::Precision) -> Self::Buf {
+        self.alloc(len)
+    }
+    /// Whether `alloc_in(_, precision)` gives native 16-bit storage: its values are rounded to
+    /// `precision` by being stored, so they need no rounding pass and no 16-bit copy aside.
+    fn stores(&self, _precision: crate::real::Precision) -> bool {
+        false
+    }
     fn len(&self, buf: &Self::Buf) -> usize;
+    /// Bytes of device memory the buffer's elements take (4 each on f32 storage).
+    fn bytes(&self, buf: &Self::Buf) -> usize {
+        4 * self.len(buf)
+    }
     fn upload(&self, dst: &mut Self::Buf, src: &[f32]);
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, dst: &mut Self::Buf, value: f32);
@@ -363,6 +378,26 @@ pub trait Device: Send + Sync {
         k: usize,
         n: usize,
     );
+    /// A row-parallel linear layer without a reduction (one tensor-parallel rank) that writes
+    /// back into the residual stream: `out = resid + inp · weightᵀ + bias`, with `tmp` [rows, n]
+    /// as scratch. The default is the sequence the reduced layer runs (`linear_forward` into
+    /// `tmp`, `add`, `add_bias`); a device may fuse it into one GEMM epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_residual_forward(
+        &self,
+        out: &mut Self::Buf,
+        resid: &Self::Buf,
+        inp: &Self::Buf,
+        (weight, bias): (&Self::Buf, &Self::Buf),
+        tmp: &mut Self::Buf,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        self.linear_forward(tmp, inp, weight, None, rows, k, n);
+        self.add(out, resid, tmp);
+        self.add_bias(out, bias, rows, n);
+    }
     /// `dinp = dout · weight` (overwrite, skipped when None), `dweight += doutᵀ · inp`,
     /// `dbias += Σ_rows dout`.
     #[allow(clippy::too_many_arguments)]

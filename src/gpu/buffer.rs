@@ -1,11 +1,12 @@
 //! Device memory over any `GpuRuntime`: `DeviceMem`, an allocation freed on drop that holds an
 //! `Arc` of its runtime (so the context outlives every buffer), and `GpuBuf`, the GPU Device's
-//! buffer of typed elements (`Elem`: f32 for the ops, 16-bit for saved activations, f64 for the
-//! step's scalars). Also `GpuP2p`, what the Device asks of its pipeline links beyond the Device
+//! buffer of typed elements (`Elem`: f32 or bf16 for the ops, 16-bit for saved activations, f64
+//! for the step's scalars). Also `GpuP2p`, what the Device asks of its pipeline links beyond the Device
 //! seam's `DeviceP2p`, so that the links (collectives.rs) and the Device (device.rs) meet here
 //! instead of importing each other.
 
 use super::runtime::GpuRuntime;
+use crate::comm::Dtype;
 use crate::device::DeviceP2p;
 use crate::error::Result;
 use std::sync::Arc;
@@ -38,11 +39,14 @@ impl Drop for DeviceMem {
     }
 }
 
-/// What a `GpuBuf` holds. The Device's ops compute on f32 buffers; mixed precision keeps saved
-/// activations as 16-bit copies (bf16 or f16 bits), and the step's scalars are f64.
+/// What a `GpuBuf` holds. The Device's ops take f32 and bf16 buffers (bf16: `alloc_in` under
+/// `--bf16`, the activations, their gradients and the GEMMs' working weights); mixed precision
+/// on f32 storage (fp16) keeps saved activations as 16-bit copies (bf16 or f16 bits, `Bits16`),
+/// and the step's scalars are f64.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,
+    Bf16,
     Bits16,
     F64,
 }
@@ -50,7 +54,7 @@ pub enum Elem {
 impl Elem {
     pub fn bytes(self) -> usize {
         match self {
-            Elem::Bits16 => 2,
+            Elem::Bf16 | Elem::Bits16 => 2,
             Elem::F32 => 4,
             Elem::F64 => 8,
         }
@@ -85,6 +89,24 @@ impl GpuBuf {
     }
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// The NCCL / MPI type of the elements: f32, or bf16 storage (`Device::alloc_in`). The model
+    /// reduces bf16 buffers only where the sum is exact (the word embedding's rows: one rank's
+    /// non-zero per element); its reductions of partial products run on f32 buffers. Gathers
+    /// and pipeline messages move bf16 as 16-bit elements.
+    pub(crate) fn dtype(&self) -> Dtype {
+        match self.elem {
+            Elem::F32 => Dtype::F32,
+            Elem::Bf16 => Dtype::Bf16,
+            e => panic!("collectives on device buffers take f32 or bf16 buffers, not {e:?}"),
+        }
+    }
+
+    /// The type of a collective between this buffer and `other`, which must agree.
+    pub(crate) fn dtype_with(&self, other: &GpuBuf) -> Dtype {
+        assert_eq!(self.elem, other.elem, "a collective between buffers of different element types");
+        self.dtype()
     }
 }
 

@@ -549,20 +549,20 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.api
     }
     fn all_reduce(&self, buf: &mut GpuBuf) {
-        let (p, n) = (buf.ptr(), buf.len());
+        let (p, n, t) = (buf.ptr(), buf.len(), buf.dtype());
         self.count(|k| k.all_reduce += n as u64);
-        self.ordered(|c| c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum));
+        self.ordered(|c| c.all_reduce(p, p, n, t, ReduceOp::Sum));
     }
     fn all_reduce_f64(&self, scalars: &mut GpuBuf, len: usize, op: ReduceOp) {
         self.count(|k| k.all_reduce += len as u64);
         self.ordered(|c| c.all_reduce(scalars.ptr(), scalars.ptr(), len, Dtype::F64, op));
     }
     fn all_reduce_start(&self, buf: &mut GpuBuf) {
-        let (p, n) = (buf.ptr(), buf.len());
+        let (p, n, t) = (buf.ptr(), buf.len(), buf.dtype());
         self.count(|k| k.all_reduce += n as u64);
         self.run(|c| {
             c.after_compute(None)?;
-            c.all_reduce(p, p, n, Dtype::F32, ReduceOp::Sum)
+            c.all_reduce(p, p, n, t, ReduceOp::Sum)
         });
     }
     fn wait(&self) {
@@ -572,16 +572,16 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.settle();
     }
     fn all_gather(&self, local: &GpuBuf, full: &mut GpuBuf) {
-        let (send, recv, n) = (local.ptr(), full.ptr(), local.len());
+        let (send, recv, n, t) = (local.ptr(), full.ptr(), local.len(), local.dtype_with(full));
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "all_gather: buffer sizes");
         self.count(|k| k.all_gather += n as u64);
-        self.ordered(|c| c.all_gather(send, recv, n, Dtype::F32));
+        self.ordered(|c| c.all_gather(send, recv, n, t));
     }
     fn reduce_scatter(&self, full: &GpuBuf, local: &mut GpuBuf) {
-        let (send, recv, n) = (full.ptr(), local.ptr(), local.len());
+        let (send, recv, n, t) = (full.ptr(), local.ptr(), local.len(), full.dtype_with(local));
         assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
         self.count(|k| k.reduce_scatter += full.len() as u64);
-        self.ordered(|c| c.reduce_scatter(send, recv, n, Dtype::F32));
+        self.ordered(|c| c.reduce_scatter(send, recv, n, t));
     }
     fn counters(&self) -> crate::comm::CommCounters {
         *self.counted.lock().unwrap_or_else(|p| p.into_inner())
@@ -708,20 +708,20 @@ impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
         self.api
     }
     fn send(&self, buf: &GpuBuf, backward: bool) {
-        let (buffer, count) = (buf.ptr(), buf.len());
+        let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
         self.sent.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
         self.run(link_slot(backward, true), |c| {
             // The send reads what the compute stream wrote.
             c.after_compute(None)?;
-            c.send_recv(&[Transfer::Send { buffer, count, dtype: Dtype::F32, peer: 1 }])
+            c.send_recv(&[Transfer::Send { buffer, count, dtype, peer: 1 }])
         });
     }
     fn recv(&self, buf: &mut GpuBuf, backward: bool) {
-        let (buffer, count) = (buf.ptr(), buf.len());
+        let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
         self.run(link_slot(backward, false), |c| {
             // The buffer may be one compute just finished reading; compute then reads the message.
             c.after_compute(None)?;
-            c.send_recv(&[Transfer::Recv { buffer, count, dtype: Dtype::F32, peer: 0 }])?;
+            c.send_recv(&[Transfer::Recv { buffer, count, dtype, peer: 0 }])?;
             c.before_compute(None)
         });
     }

@@ -1,14 +1,16 @@
 //! The GPU Device: the `Device` trait on one GPU, NVIDIA or AMD (its ops are in device_ops.rs).
-//! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32 for the model's
-//! buffers, 16-bit for mixed precision's saved activations (`Device::Half`), f64 for `Scalars`.
-//! Linear layers cast both operands to bf16 into device scratch (`casts.cu`) and run the
-//! matrix-unit GEMMs (`gemm_bf16.cu` with the bias fused, `gemm_bf16_bwd.cu`; on sm_90a the
-//! wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product, `plan::linear_gemms`); attention
-//! casts the fused QKV to bf16 and runs
-//! `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128); every other op runs an f32
-//! kernel of `tensor_ops.cu`, and AdamW `adamw.cu` on the f32 masters. So the Device computes
-//! like the CPU backend's `--bf16`: GEMM and attention operands in bf16, f32 accumulation and
-//! storage.
+//! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32, or bf16
+//! storage (`Device::alloc_in` under `--bf16`: the activations, their gradients and the GEMMs'
+//! working weights), 16-bit for mixed precision's saved activations on f32 storage
+//! (`Device::Half`), f64 for `Scalars`. Each op picks its kernel by the type of its activations:
+//! on bf16 storage the GEMMs (`gemm_bf16.cu` with bias, GELU and residual fused,
+//! `gemm_bf16_bwd.cu`; on sm_90a the wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product,
+//! `plan::linear_gemms`), `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128),
+//! `layernorm.cu`, `gelu.cu` and the bf16 bias-gradient sum; else the f32 kernels of
+//! `tensor_ops.cu`; AdamW `adamw.cu` on the f32 masters. An operand of the other type goes
+//! through `View` / `ViewMut`, the one fallback, which casts it into pooled scratch (`casts.cu`)
+//! and an output back: so f32 buffers run as before (GEMM and attention operands cast to bf16,
+//! f32 accumulation and storage), and any mix of f32 and bf16 buffers is correct.
 //!
 //! The GPU calls go through `GpuRuntime` (runtime.rs): `CudaRuntime` on the CUDA driver, or
 //! `HipRuntime` on the HIP runtime, running the kernels-hip/ twins (same kernel names, arguments
@@ -22,7 +24,7 @@
 //! (`attach_comms`, `attach_p2p`), so this file names no communicator type. Every runtime call
 //! is counted (`runtime::Counted`): `Device::work_counters` reads the counts, `tally` shares them.
 
-use super::buffer::{DeviceMem, GpuBuf, GpuP2p};
+use super::buffer::{DeviceMem, Elem, GpuBuf, GpuP2p};
 use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
 use super::kernels::{Kernel, Vendor};
 use super::launch::{tiled, DeviceLimits};
@@ -54,6 +56,9 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::LayernormApplyF32,
     Kernel::LayernormBwdSumsF32,
     Kernel::LayernormBwdApplyDxF32,
+    Kernel::XentMaxBf16,
+    Kernel::XentPartialsBf16,
+    Kernel::XentBwdBf16,
     Kernel::XentMaxF32,
     Kernel::XentPartialsF32,
     Kernel::XentBwdF32,
@@ -65,7 +70,14 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::CastF32ToBf16,
     Kernel::CastBf16ToF32,
     Kernel::GemmFwdBf16F32out,
+    Kernel::GemmFwdBf16,
+    Kernel::LayernormFwdBf16,
+    Kernel::LayernormBwdBf16,
+    Kernel::ColumnSumAddBf16,
+    Kernel::GeluFwdBf16,
+    Kernel::GeluBwdBf16,
     Kernel::GemmBwdInputBf16,
+    Kernel::GemmBwdInputBf16Bf16out,
     Kernel::GemmBwdWeightBf16,
     Kernel::AttentionFwdBf16D64,
     Kernel::AttentionFwdBf16D128,
@@ -78,8 +90,13 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
 
 /// The sm_90a GEMMs (wgmma fed by TMA), resolved besides `DEVICE_KERNELS` on compute capability
 /// 9.0, where the linear layers run on them (`plan::linear_gemms`).
-pub const SM90_DEVICE_KERNELS: &[Kernel] =
-    &[Kernel::GemmFwdBf16F32outSm90, Kernel::GemmBwdInputBf16Sm90, Kernel::GemmBwdWeightBf16Sm90];
+pub const SM90_DEVICE_KERNELS: &[Kernel] = &[
+    Kernel::GemmFwdBf16F32outSm90,
+    Kernel::GemmFwdBf16Sm90,
+    Kernel::GemmBwdInputBf16Sm90,
+    Kernel::GemmBwdInputBf16Bf16outSm90,
+    Kernel::GemmBwdWeightBf16Sm90,
+];
 
 /// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
 pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
@@ -107,15 +124,78 @@ impl std::ops::Deref for Scratch<'_> {
 
 impl Drop for Scratch<'_> {
     fn drop(&mut self) {
-        if let (Some(mem), Ok(mut free)) = (self.mem.take(), self.pool.lock()) {
-            if mem.bytes > 0 {
-                free.push(mem);
-                // Keep the pool bounded: the smallest blocks go first.
-                if free.len() > SCRATCH_BLOCKS {
-                    free.sort_by_key(|m| std::cmp::Reverse(m.bytes));
-                    free.truncate(SCRATCH_BLOCKS);
-                }
+        if let Some(mem) = self.mem.take() {
+            keep(self.pool, mem);
+        }
+    }
+}
+
+impl Scratch<'_> {
+    /// The block, no longer given back on drop (`GpuDevice::keep` gives it back).
+    fn take(mut self) -> DeviceMem {
+        self.mem.take().expect("held until drop")
+    }
+}
+
+/// Gives a scratch block back to the pool, which stays bounded: the smallest blocks go first.
+fn keep(pool: &std::sync::Mutex<Vec<DeviceMem>>, mem: DeviceMem) {
+    if let Ok(mut free) = pool.lock() {
+        if mem.bytes > 0 {
+            free.push(mem);
+            if free.len() > SCRATCH_BLOCKS {
+                free.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+                free.truncate(SCRATCH_BLOCKS);
             }
+        }
+    }
+}
+
+/// A buffer as an operand a kernel reads in element type `want` (`GpuDevice::view`): the buffer
+/// itself where it holds that type, else a copy cast into pooled scratch, given back on drop.
+/// With `ViewMut` this is the one fallback through which every op takes any mix of f32 and bf16
+/// buffers: the op picks its kernel, and each operand the kernel reads in the other type is cast.
+pub(super) struct View<'a> {
+    dev: &'a GpuDevice,
+    same: Option<&'a GpuBuf>,
+    cast: Option<GpuBuf>,
+}
+
+impl std::ops::Deref for View<'_> {
+    type Target = GpuBuf;
+    fn deref(&self) -> &GpuBuf {
+        self.same.or(self.cast.as_ref()).expect("a view holds a buffer")
+    }
+}
+
+impl Drop for View<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.cast.take() {
+            keep(&self.dev.scratch, c.mem);
+        }
+    }
+}
+
+/// A buffer as an output a kernel writes in element type `want` (`GpuDevice::view_mut`): the
+/// buffer itself, or a scratch copy in that type (loaded from the buffer first where the kernel
+/// accumulates or writes only part of it) that is cast back into the buffer on drop.
+pub(super) struct ViewMut<'a> {
+    dev: &'a GpuDevice,
+    target: &'a mut GpuBuf,
+    cast: Option<GpuBuf>,
+}
+
+impl std::ops::Deref for ViewMut<'_> {
+    type Target = GpuBuf;
+    fn deref(&self) -> &GpuBuf {
+        self.cast.as_ref().unwrap_or(self.target)
+    }
+}
+
+impl Drop for ViewMut<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.cast.take() {
+            self.dev.cast(self.target, 0, &c, 0, c.len);
+            keep(&self.dev.scratch, c.mem);
         }
     }
 }
@@ -153,6 +233,9 @@ pub struct GpuDevice {
     pub(super) vendor: Vendor,
     /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
     pub(super) wgmma: bool,
+    /// `layernorm_bwd_bf16`'s last-block counter: one u32, zeroed when first needed, which every
+    /// launch leaves at 0.
+    pub(super) counter: std::sync::OnceLock<DeviceMem>,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -202,6 +285,7 @@ impl GpuDevice {
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
             wgmma,
+            counter: std::sync::OnceLock::new(),
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,
@@ -351,25 +435,54 @@ impl GpuDevice {
         }
     }
 
-    /// A bf16 copy of the first `n` elements of `src` (round to nearest even), in scratch.
-    pub(super) fn to_bf16(&self, src: &GpuBuf, n: usize) -> Scratch<'_> {
-        assert!(n <= src.len, "bf16 cast of {n} elements from a buffer of {}", src.len);
-        let out = self.scratch(2 * n);
-        if n > 0 {
-            self.run(Op::CastF32ToBf16 { n }, &[Arg::Ptr(out.pointer), Arg::Ptr(src.ptr()), Arg::I32(int("n", n))]);
+    /// `dst[dst_at..dst_at+n]` becomes `src[src_at..src_at+n]` on the device: bytes where both
+    /// hold one element type, else converted by a cast kernel (f32 -> bf16 rounds to nearest even).
+    pub(super) fn cast(&self, dst: &GpuBuf, dst_at: usize, src: &GpuBuf, src_at: usize, n: usize) {
+        assert!(dst_at + n <= dst.len && src_at + n <= src.len, "copy: range outside a buffer");
+        if n == 0 {
+            return;
         }
-        out
+        let (d, s) = (dst.ptr() + (dst.elem.bytes() * dst_at) as u64, src.ptr() + (src.elem.bytes() * src_at) as u64);
+        let args = [Arg::Ptr(d), Arg::Ptr(s), Arg::I32(int("n", n))];
+        match (src.elem, dst.elem) {
+            (a, b) if a == b => ok(self.rt.copy_on_device(d, s, a.bytes() * n)),
+            (Elem::F32, Elem::Bf16) => self.run(Op::CastF32ToBf16 { n }, &args),
+            (Elem::Bf16, Elem::F32) => self.run(Op::CastBf16ToF32 { n }, &args),
+            (a, b) => fatal(Error::Config(format!("no conversion of a {a:?} buffer into a {b:?} one on the device"))),
+        }
+    }
+
+    /// `len` elements of `elem` in pooled scratch, uninitialised (given back by `keep`).
+    fn scratch_buf(&self, len: usize, elem: Elem) -> GpuBuf {
+        let mem = self.scratch((elem.bytes() * len).next_multiple_of(4)).take();
+        GpuBuf { mem, len, elem }
+    }
+
+    /// `buf` as a kernel operand of element type `want` (f32 or bf16; see `View`).
+    pub(super) fn view<'a>(&'a self, buf: &'a GpuBuf, want: Elem) -> View<'a> {
+        if buf.elem == want {
+            return View { dev: self, same: Some(buf), cast: None };
+        }
+        let c = self.scratch_buf(buf.len, want);
+        self.cast(&c, 0, buf, 0, buf.len);
+        View { dev: self, same: None, cast: Some(c) }
+    }
+
+    /// `buf` as a kernel output of element type `want`; `whole` says the kernel overwrites all of
+    /// it, so a scratch copy needs no loading (see `ViewMut`).
+    pub(super) fn view_mut<'a>(&'a self, buf: &'a mut GpuBuf, want: Elem, whole: bool) -> ViewMut<'a> {
+        if buf.elem == want {
+            return ViewMut { dev: self, target: buf, cast: None };
+        }
+        let c = self.scratch_buf(buf.len, want);
+        if !whole {
+            self.cast(&c, 0, buf, 0, buf.len);
+        }
+        ViewMut { dev: self, target: buf, cast: Some(c) }
     }
 
     /// The TMA tensor map of a bf16 [rows, cols] GEMM operand (`GpuRuntime::operand_map`).
     pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
         ok(self.rt.operand_map(pointer, rows, cols, mn_major))
-    }
-
-    /// `n` bf16 values at `src` as f32 at `dst` (exact).
-    pub(super) fn bf16_to_f32(&self, dst: u64, src: u64, n: usize) {
-        if n > 0 {
-            self.run(Op::CastBf16ToF32 { n }, &[Arg::Ptr(dst), Arg::Ptr(src), Arg::I32(int("n", n))]);
-        }
     }
 }

@@ -1,11 +1,17 @@
 //! The GPU Device's ops: `impl Device for GpuDevice`, each op one or a few launches of kernels of
 //! the index (`kernels::Kernel`, one of `device::DEVICE_KERNELS`) with their arguments: the f32
-//! kernels of `tensor_ops` on their own grids, the GEMMs, attention, casts and AdamW on the
-//! geometry `kernels::plan` gives, on bf16 scratch copies of the GEMM and attention operands.
+//! kernels of `tensor_ops` on their own grids, the GEMMs, attention, the bf16 LayerNorm and GELU,
+//! casts and AdamW on the geometry `kernels::plan` gives. Buffers are f32 or bf16 (`alloc_in`):
+//! each op picks its kernel from the types of its activations (the bf16 kernels for bf16
+//! storage) and takes every operand in the type that kernel reads through `GpuDevice::view` /
+//! `view_mut`, which cast an operand of the other type into scratch (and an output back) - the
+//! one fallback for any mix, so an op on f32 buffers casts GEMM and attention operands to bf16 as
+//! before, and one on bf16 storage casts nothing on the hot path.
 
+use super::buffer::DeviceMem;
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::kernels::plan::{linear_gemms, GemmOut, Op};
+use super::kernels::plan::{layernorm_bwd_partials, linear_gemms, GemmOut, Op};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
@@ -25,11 +31,29 @@ impl Device for GpuDevice {
     fn alloc(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F32))
     }
+    fn alloc_in(&self, len: usize, precision: Precision) -> GpuBuf {
+        match precision {
+            Precision::Bf16 => ok(GpuBuf::zeroed(&self.rt, len, Elem::Bf16)),
+            // fp16 stays on f32 storage, rounded where stored (and loss-scaled).
+            _ => self.alloc(len),
+        }
+    }
+    fn stores(&self, precision: Precision) -> bool {
+        precision == Precision::Bf16
+    }
     fn len(&self, buf: &GpuBuf) -> usize {
         buf.len
     }
+    fn bytes(&self, buf: &GpuBuf) -> usize {
+        buf.elem.bytes() * buf.len
+    }
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
         assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
+        if dst.elem == Elem::Bf16 {
+            let bits: Vec<u8> = src.iter().flat_map(|&x| bf16_bits(x).to_le_bytes()).collect();
+            return ok(self.rt.copy_to_device(dst.ptr(), &bits));
+        }
+        assert_eq!(dst.elem, Elem::F32, "upload: not an f32 or bf16 buffer");
         if !src.is_empty() {
             // SAFETY: f32 has no padding; the byte view covers exactly the slice.
             let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 4 * src.len()) };
@@ -38,6 +62,17 @@ impl Device for GpuDevice {
     }
     fn download(&self, src: &GpuBuf, dst: &mut [f32]) {
         assert_eq!(src.len, dst.len(), "download: buffer and host lengths differ");
+        if src.elem == Elem::Bf16 {
+            let mut bits = vec![0u8; 2 * src.len];
+            if !bits.is_empty() {
+                ok(self.to_host(&mut bits, src.ptr()));
+            }
+            for (d, b) in dst.iter_mut().zip(bits.chunks_exact(2)) {
+                *d = Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]));
+            }
+            return;
+        }
+        assert_eq!(src.elem, Elem::F32, "download: not an f32 or bf16 buffer");
         if !dst.is_empty() {
             // SAFETY: every bit pattern is a valid f32; the byte view covers exactly the slice.
             let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), 4 * dst.len()) };
@@ -45,10 +80,7 @@ impl Device for GpuDevice {
         }
     }
     fn copy(&self, dst: &mut GpuBuf, dst_at: usize, src: &GpuBuf, src_at: usize, len: usize) {
-        assert!(dst_at + len <= dst.len && src_at + len <= src.len, "copy: range outside a buffer");
-        if len > 0 {
-            ok(self.rt.copy_on_device(dst.ptr() + 4 * dst_at as u64, src.ptr() + 4 * src_at as u64, 4 * len));
-        }
+        self.cast(dst, dst_at, src, src_at, len);
     }
     fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<GpuBuf>> {
         let key = group_key(group);
@@ -68,17 +100,28 @@ impl Device for GpuDevice {
         }
     }
     fn fill(&self, dst: &mut GpuBuf, value: f32) {
-        if dst.len > 0 {
-            ok(self.rt.memset_u32(dst.ptr(), value.to_bits(), dst.len));
+        if dst.len == 0 {
+            return;
+        }
+        match dst.elem {
+            // Two bf16 elements a word; the allocation is whole words.
+            Elem::Bf16 => {
+                let bits = bf16_bits(value) as u32;
+                ok(self.rt.memset_u32(dst.ptr(), bits | bits << 16, dst.len.div_ceil(2)))
+            }
+            Elem::F32 => ok(self.rt.memset_u32(dst.ptr(), value.to_bits(), dst.len)),
+            e => panic!("fill: a {e:?} buffer"),
         }
     }
 
     fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
         assert_eq!(acc.len, x.len);
+        let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
         self.elementwise(Kernel::AddAssignF32, x.len, &[Ptr(acc.ptr()), Ptr(x.ptr()), I32(int("n", x.len))]);
     }
     fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
         assert!(a.len == out.len && b.len == out.len);
+        let (a, b, out) = (self.view(a, Elem::F32), self.view(b, Elem::F32), self.view_mut(out, Elem::F32, true));
         self.elementwise(Kernel::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
     }
     fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
@@ -139,6 +182,7 @@ impl Device for GpuDevice {
     ) {
         let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, wte.len / hidden, batch, seq, hidden);
         let n = int("batch·seq·hidden", batch * seq * hidden) as usize;
+        let (wte, out) = (self.view(wte, Elem::F32), self.view_mut(out, Elem::F32, false));
         self.elementwise(
             Kernel::EmbeddingFwdF32,
             n,
@@ -156,6 +200,7 @@ impl Device for GpuDevice {
         hidden: usize,
     ) {
         let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, dwte.len / hidden, batch, seq, hidden);
+        let (dout, dwte) = (self.view(dout, Elem::F32), self.view_mut(dwte, Elem::F32, false));
         let args = [Ptr(dwte.ptr()), Ptr(dout.ptr()), Ptr(t.pointer), v0, rows, b, s, h];
         self.columnwise(Kernel::EmbeddingBwdF32, hidden, &args);
     }
@@ -170,6 +215,7 @@ impl Device for GpuDevice {
     ) {
         let [b, t, p, h] = position_args(batch, t0, positions, hidden);
         let n = int("positions·batch·hidden", positions * batch * hidden) as usize;
+        let (wpe, out) = (self.view(wpe, Elem::F32), self.view_mut(out, Elem::F32, false));
         self.elementwise(Kernel::PositionFwdF32, n, &[Ptr(out.ptr()), Ptr(wpe.ptr()), b, t, p, h]);
     }
     fn position_backward(
@@ -186,6 +232,7 @@ impl Device for GpuDevice {
         }
         let [b, t, p, h] = position_args(batch, t0, positions, hidden);
         let grid = [hidden.div_ceil(256), positions, 1];
+        let (dout, dwpe) = (self.view(dout, Elem::F32), self.view_mut(dwpe, Elem::F32, false));
         self.launch(Kernel::PositionBwdF32, grid, &[Ptr(dwpe.ptr()), Ptr(dout.ptr()), b, t, p, h]);
     }
 
@@ -202,8 +249,19 @@ impl Device for GpuDevice {
     ) {
         int("rows·cols", rows * cols);
         let [r, c] = rows_cols(rows, cols);
-        let [o, m, s, x, w, b] = [&*out, &*mean, &*rstd, inp, weight, bias].map(|b| Ptr(b.ptr()));
-        self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]);
+        // bf16 activations: layernorm_fwd_bf16 (bf16 in and out, f32 weight, bias, statistics).
+        let e = activation(inp);
+        let x = self.view(inp, e);
+        let o = self.view_mut(out, e, out.len == rows * cols);
+        let (m, s) = (self.view_mut(mean, Elem::F32, false), self.view_mut(rstd, Elem::F32, false));
+        let (w, b) = (self.view(weight, Elem::F32), self.view(bias, Elem::F32));
+        let [o, m, s, x, w, b] = [&*o, &*m, &*s, &*x, &*w, &*b].map(|b| Ptr(b.ptr()));
+        match e {
+            Elem::Bf16 => {
+                self.run(Op::LayernormFwd { rows, channels: cols }, &[o, m, s, Ptr(0), x, Ptr(0), w, b, r, c])
+            }
+            _ => self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]),
+        }
     }
     fn layernorm_backward(
         &self,
@@ -220,12 +278,34 @@ impl Device for GpuDevice {
     ) {
         let [r, c] = rows_cols(rows, cols);
         int("rows·cols", rows * cols);
-        let [dx, dy, x, w, m, s] = [&*dinp, dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
-        self.rowwise(Kernel::LayernormBwdDxF32, rows, &[dx, dy, x, w, m, s, r, c]);
-        self.layernorm_param_grads([dweight, dbias], [dout, inp, mean, rstd], rows, cols);
+        // bf16 gradients: layernorm_bwd_bf16, the whole backward in one launch (bf16 dinp "+=",
+        // f32 dweight and dbias "+=" through its block partials and the Device's counter).
+        if activation(dout) == Elem::Bf16 {
+            let [dy, x] = [dout, inp].map(|b| self.view(b, Elem::Bf16));
+            let [w, m, s] = [weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+            let dx = self.view_mut(dinp, Elem::Bf16, false);
+            let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
+            let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
+            let counter = self.counter.get_or_init(|| {
+                let c = ok(DeviceMem::alloc(&self.rt, 4));
+                ok(self.rt.memset_u32(c.pointer(), 0, 1));
+                c
+            });
+            let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
+            let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
+            return self.run(Op::LayernormBwd { rows, channels: cols }, &[dx, dw, db, p, k, dy, x, w, m, s, r, c]);
+        }
+        let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+        {
+            let dx = self.view_mut(dinp, Elem::F32, false);
+            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
+            self.rowwise(Kernel::LayernormBwdDxF32, rows, &[dx, dy, x, w, m, s, r, c]);
+        }
+        self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
 
     fn layernorm_sums(&self, inp: &GpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+        let inp = self.view(inp, Elem::F32);
         let m = mean.map(|m| self.upload_f64(&m[..rows]));
         let sums = self.scratch(8 * rows);
         let [r, c] = rows_cols(rows, cols);
@@ -248,6 +328,11 @@ impl Device for GpuDevice {
     ) {
         let (m, s) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
         let n = int("rows·cols", rows * cols) as usize;
+        let [inp, weight, bias] = [inp, weight, bias].map(|b| self.view(b, Elem::F32));
+        let out = self.view_mut(out, Elem::F32, false);
+        let (mean_out, rstd_out) =
+            (self.view_mut(mean_out, Elem::F32, false), self.view_mut(rstd_out, Elem::F32, false));
+        let [inp, weight, bias] = [&*inp, &*weight, &*bias];
         let [o, mo, so, x, w, b] = [&*out, &*mean_out, &*rstd_out, inp, weight, bias].map(|b| Ptr(b.ptr()));
         let [r, c] = rows_cols(rows, cols);
         self.elementwise(Kernel::LayernormApplyF32, n, &[o, mo, so, x, w, b, Ptr(m.pointer), Ptr(s.pointer), r, c]);
@@ -264,7 +349,8 @@ impl Device for GpuDevice {
         out: &mut [f64],
     ) {
         let sums = self.scratch(16 * rows);
-        let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
+        let views = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+        let [dy, x, w, m, s] = [0, 1, 2, 3, 4].map(|i| Ptr(views[i].ptr()));
         let [r, c] = rows_cols(rows, cols);
         self.rowwise(Kernel::LayernormBwdSumsF32, rows, &[Ptr(sums.pointer), dy, x, w, m, s, r, c]);
         self.download_f64(&sums, &mut out[..2 * rows]);
@@ -287,10 +373,14 @@ impl Device for GpuDevice {
         let uploaded = self.upload_f64(&sums[..2 * rows]);
         let [r, c] = rows_cols(rows, cols);
         let elements = int("rows·cols", rows * cols) as usize;
-        let [dx, dy, x, w, m, s] = [&*dinp, dout, inp, weight, mean, rstd].map(|b| Ptr(b.ptr()));
-        let args = [dx, dy, x, w, m, s, Ptr(uploaded.pointer), I32(int("n", n)), r, c];
-        self.elementwise(Kernel::LayernormBwdApplyDxF32, elements, &args);
-        self.layernorm_param_grads([dweight, dbias], [dout, inp, mean, rstd], rows, cols);
+        let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
+        {
+            let dx = self.view_mut(dinp, Elem::F32, false);
+            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
+            let args = [dx, dy, x, w, m, s, Ptr(uploaded.pointer), I32(int("n", n)), r, c];
+            self.elementwise(Kernel::LayernormBwdApplyDxF32, elements, &args);
+        }
+        self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
 
     fn linear_forward(
@@ -307,18 +397,27 @@ impl Device for GpuDevice {
             return;
         }
         assert!(out.len >= rows * n && weight.len >= n * k);
-        let (a, w) = (self.to_bf16(inp, rows * k), self.to_bf16(weight, n * k));
-        let op = linear_gemms(self.wgmma, aligned(&[a.pointer, w.pointer]), rows, k, n, GemmOut::F32).forward;
-        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
-        let (out, bias) = (Ptr(out.ptr()), Ptr(bias.map_or(0, |b| b.ptr())));
-        let args = match op {
-            Op::GemmFwdSm90 { .. } => {
-                let [ma, mw] = [self.operand_map(a.pointer, rows, k, false), self.operand_map(w.pointer, n, k, false)];
-                [ma, mw, out, bias, Ptr(0), m_, n_, k_, I32(0)]
-            }
-            _ => [out, Ptr(a.pointer), Ptr(w.pointer), bias, Ptr(0), m_, n_, k_, I32(0)],
-        };
-        self.run(op, &args);
+        let (a, w) = (self.view(inp, Elem::Bf16), self.view(weight, Elem::Bf16));
+        self.gemm_forward(out, (&a, &w), bias, None, (rows, k, n));
+    }
+    fn linear_residual_forward(
+        &self,
+        out: &mut GpuBuf,
+        resid: &GpuBuf,
+        inp: &GpuBuf,
+        (weight, bias): (&GpuBuf, &GpuBuf),
+        _tmp: &mut GpuBuf,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        if rows == 0 || n == 0 {
+            return;
+        }
+        assert!(out.len == rows * n && resid.len == rows * n && weight.len >= n * k);
+        // One GEMM: bias and residual in its epilogue.
+        let (a, w) = (self.view(inp, Elem::Bf16), self.view(weight, Elem::Bf16));
+        self.gemm_forward(out, (&a, &w), Some(bias), Some(resid), (rows, k, n));
     }
     fn linear_backward(
         &self,
@@ -336,45 +435,64 @@ impl Device for GpuDevice {
             return;
         }
         let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
-        let d = self.to_bf16(dout, rows * n);
+        let d = self.view(dout, Elem::Bf16);
         if let Some(dinp) = dinp {
-            let w = self.to_bf16(weight, n * k);
-            let op =
-                linear_gemms(self.wgmma, aligned(&[d.pointer, w.pointer]), rows, k, n, GemmOut::F32).backward_input;
+            let w = self.view(weight, Elem::Bf16);
+            // The backward-input GEMMs write f32 or bf16.
+            let (out, e) = gemm_out(dinp);
+            let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
+            let whole = dinp.len == rows * k;
+            let di = self.view_mut(dinp, e, whole);
             let args = match op {
                 Op::GemmBwdInputSm90 { .. } => {
-                    let [md, mw] =
-                        [self.operand_map(d.pointer, rows, n, false), self.operand_map(w.pointer, n, k, true)];
-                    [md, mw, Ptr(dinp.ptr()), m_, n_, k_]
+                    let [md, mw] = [self.operand_map(d.ptr(), rows, n, false), self.operand_map(w.ptr(), n, k, true)];
+                    [md, mw, Ptr(di.ptr()), m_, n_, k_]
                 }
-                _ => [Ptr(dinp.ptr()), Ptr(d.pointer), Ptr(w.pointer), m_, n_, k_],
+                _ => [Ptr(di.ptr()), Ptr(d.ptr()), Ptr(w.ptr()), m_, n_, k_],
             };
             self.run(op, &args);
         }
-        let x = self.to_bf16(inp, rows * k);
-        let op = linear_gemms(self.wgmma, aligned(&[d.pointer, x.pointer]), rows, k, n, GemmOut::F32).backward_weight;
+        let x = self.view(inp, Elem::Bf16);
+        let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
+        let dw = self.view_mut(dweight, Elem::F32, false);
         let args = match op {
             Op::GemmBwdWeightSm90 { .. } => {
-                let [md, mx] = [self.operand_map(d.pointer, rows, n, true), self.operand_map(x.pointer, rows, k, true)];
-                [md, mx, Ptr(dweight.ptr()), m_, n_, k_]
+                let [md, mx] = [self.operand_map(d.ptr(), rows, n, true), self.operand_map(x.ptr(), rows, k, true)];
+                [md, mx, Ptr(dw.ptr()), m_, n_, k_]
             }
-            _ => [Ptr(dweight.ptr()), Ptr(d.pointer), Ptr(x.pointer), m_, n_, k_],
+            _ => [Ptr(dw.ptr()), Ptr(d.ptr()), Ptr(x.ptr()), m_, n_, k_],
         };
         self.run(op, &args);
         if let Some(dbias) = dbias {
-            self.columnwise(Kernel::ColumnSumAddF32, n, &[Ptr(dbias.ptr()), Ptr(dout.ptr()), m_, n_]);
+            let e = activation(dout);
+            let (d, db) = (self.view(dout, e), self.view_mut(dbias, Elem::F32, false));
+            let args = [Ptr(db.ptr()), Ptr(d.ptr()), m_, n_];
+            match e {
+                Elem::Bf16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
+                _ => self.columnwise(Kernel::ColumnSumAddF32, n, &args),
+            }
         }
     }
 
     fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
-        self.elementwise(Kernel::GeluFwdF32, inp.len, &[Ptr(out.ptr()), Ptr(inp.ptr()), I32(int("n", inp.len))]);
+        let (e, n) = (activation(inp), inp.len);
+        let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
+        let args = [Ptr(o.ptr()), Ptr(x.ptr()), I32(int("n", n))];
+        match e {
+            Elem::Bf16 if n > 0 => self.run(Op::GeluFwd { n }, &args),
+            Elem::Bf16 => {}
+            _ => self.elementwise(Kernel::GeluFwdF32, n, &args),
+        }
     }
     fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
-        self.elementwise(
-            Kernel::GeluBwdF32,
-            inp.len,
-            &[Ptr(dinp.ptr()), Ptr(inp.ptr()), Ptr(dout.ptr()), I32(int("n", inp.len))],
-        );
+        let (e, n) = (activation(inp), inp.len);
+        let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
+        let args = [Ptr(dx.ptr()), Ptr(x.ptr()), Ptr(dy.ptr()), I32(int("n", n))];
+        match e {
+            Elem::Bf16 if n > 0 => self.run(Op::GeluBwd { n }, &args),
+            Elem::Bf16 => {}
+            _ => self.elementwise(Kernel::GeluBwdF32, n, &args),
+        }
     }
 
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
@@ -383,14 +501,15 @@ impl Device for GpuDevice {
         if rows == 0 {
             return;
         }
-        let q = self.to_bf16(qkv, 3 * rows * w);
-        let o = self.scratch(2 * rows * w);
+        // The kernels read and write bf16; the statistics are f32.
+        let q = self.view(qkv, Elem::Bf16);
+        let whole = out.len == rows * w;
+        let (o, lse) = (self.view_mut(out, Elem::Bf16, whole), self.view_mut(lse, Elem::F32, false));
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
         self.run(
             Op::AttentionFwd { batch: shape.batch, seq: shape.seq, heads: shape.heads, head_dim: shape.head_dim },
-            &[Ptr(o.pointer), Ptr(lse.ptr()), Ptr(q.pointer), b, s, h],
+            &[Ptr(o.ptr()), Ptr(lse.ptr()), Ptr(q.ptr()), b, s, h],
         );
-        self.bf16_to_f32(out.ptr(), o.pointer, rows * w);
     }
     fn attention_backward(
         &self,
@@ -406,22 +525,24 @@ impl Device for GpuDevice {
         if rows == 0 {
             return;
         }
-        let (q, o, d) = (self.to_bf16(qkv, 3 * rows * w), self.to_bf16(out, rows * w), self.to_bf16(dout, rows * w));
+        let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, Elem::Bf16));
+        let lse = self.view(lse, Elem::F32);
         let delta = self.scratch(4 * rows * shape.heads);
-        let grad = self.scratch(2 * 3 * rows * w);
+        let whole = dqkv.len == 3 * rows * w;
+        let grad = self.view_mut(dqkv, Elem::Bf16, whole);
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
         let (batch, seq, heads, head_dim) = (shape.batch, shape.seq, shape.heads, shape.head_dim);
         self.run(
             Op::AttentionBwdDelta { batch, seq, heads, head_dim },
-            &[Ptr(delta.pointer), Ptr(d.pointer), Ptr(o.pointer), b, s, h, I32(int("head dim", head_dim))],
+            &[Ptr(delta.pointer), Ptr(d.ptr()), Ptr(o.ptr()), b, s, h, I32(int("head dim", head_dim))],
         );
-        let args = [Ptr(grad.pointer), Ptr(q.pointer), Ptr(d.pointer), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
+        let args = [Ptr(grad.ptr()), Ptr(q.ptr()), Ptr(d.ptr()), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
         self.run(Op::AttentionBwdDkv { batch, seq, heads, head_dim }, &args);
         self.run(Op::AttentionBwdDq { batch, seq, heads, head_dim }, &args);
-        self.bf16_to_f32(dqkv.ptr(), grad.pointer, 3 * rows * w);
     }
 
     fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
+        let (bias, out) = (self.view(bias, Elem::F32), self.view_mut(out, Elem::F32, false));
         self.elementwise(
             Kernel::AddBiasF32,
             int("rows·cols", rows * cols) as usize,
@@ -432,11 +553,15 @@ impl Device for GpuDevice {
     fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut GpuBuf) {
         int("rows·vocab", rows * vocab);
         assert!(max.elem == Elem::F64 && max.len >= rows, "cross_entropy_max: scalars shorter than the rows");
-        self.rowwise(
-            Kernel::XentMaxF32,
-            rows,
-            &[Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))],
-        );
+        // bf16 logits: the xent_*_bf16 kernels, with the f32 ones' arguments and f64 statistics.
+        let e = activation(logits);
+        let logits = self.view(logits, e);
+        let args = [Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentMax { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.rowwise(Kernel::XentMaxF32, rows, &args),
+        }
     }
     fn cross_entropy_partials(
         &self,
@@ -449,21 +574,24 @@ impl Device for GpuDevice {
         stats: &mut GpuBuf,
     ) {
         assert!(stats.elem == Elem::F64 && stats.len >= 2 * rows, "cross_entropy_partials: scalars too short");
+        let e = activation(logits);
+        let logits = self.view(logits, e);
         let t = self.upload_u32(&targets[..rows]);
-        self.rowwise(
-            Kernel::XentPartialsF32,
-            rows,
-            &[
-                Ptr(stats.ptr()),
-                Ptr(stats.ptr() + 8 * rows as u64),
-                Ptr(logits.ptr()),
-                Ptr(t.pointer),
-                I32(int("vocab_start", vocab_start)),
-                Ptr(max.ptr()),
-                I32(int("rows", rows)),
-                I32(int("vocab", vocab)),
-            ],
-        );
+        let args = [
+            Ptr(stats.ptr()),
+            Ptr(stats.ptr() + 8 * rows as u64),
+            Ptr(logits.ptr()),
+            Ptr(t.pointer),
+            I32(int("vocab_start", vocab_start)),
+            Ptr(max.ptr()),
+            I32(int("rows", rows)),
+            I32(int("vocab", vocab)),
+        ];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentPartials { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.rowwise(Kernel::XentPartialsF32, rows, &args),
+        }
     }
     fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
@@ -482,34 +610,40 @@ impl Device for GpuDevice {
         grad_scale: f32,
     ) {
         let t = self.upload_u32(&targets[..rows]);
-        self.elementwise(
-            Kernel::XentBwdF32,
-            int("rows·vocab", rows * vocab) as usize,
-            &[
-                Ptr(logits.ptr()),
-                Ptr(t.pointer),
-                I32(int("vocab_start", vocab_start)),
-                Ptr(max.ptr()),
-                Ptr(stats.ptr()),
-                F32(grad_scale),
-                I32(int("rows", rows)),
-                I32(int("vocab", vocab)),
-            ],
-        );
+        let e = activation(logits);
+        let n = int("rows·vocab", rows * vocab) as usize;
+        let logits = self.view_mut(logits, e, false);
+        let args = [
+            Ptr(logits.ptr()),
+            Ptr(t.pointer),
+            I32(int("vocab_start", vocab_start)),
+            Ptr(max.ptr()),
+            Ptr(stats.ptr()),
+            F32(grad_scale),
+            I32(int("rows", rows)),
+            I32(int("vocab", vocab)),
+        ];
+        match e {
+            Elem::Bf16 if rows > 0 => self.run(Op::XentBwd { rows, vocab }, &args),
+            Elem::Bf16 => {}
+            _ => self.elementwise(Kernel::XentBwdF32, n, &args),
+        }
     }
 
     fn set_matmul_precision(&self, precision: Precision) {
         self.bf16_matmul.store(precision == Precision::Bf16, Ordering::Relaxed);
     }
-    fn matmul_rounds_operands(&self, precision: Precision) -> bool {
-        // The GEMMs cast both f32 operands to bf16 (round to nearest even) before multiplying,
-        // whatever the precision: exactly `Precision::Bf16.round`.
-        precision == Precision::Bf16
+    fn matmul_rounds_operands(&self, _precision: Precision) -> bool {
+        // The GEMMs do cast f32 operands to bf16, but under --bf16 the working weights they read
+        // are stored in bf16 (`stores`), so no master is read by a GEMM.
+        false
     }
 
     fn round_to(&self, buf: &mut GpuBuf, precision: Precision) {
         match precision {
+            // bf16 storage holds nothing else.
             Precision::F32 => {}
+            Precision::Bf16 if buf.elem == Elem::Bf16 => {}
             Precision::Bf16 => {
                 self.elementwise(Kernel::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
             }
@@ -537,11 +671,11 @@ impl Device for GpuDevice {
             return;
         }
         match precision {
+            Precision::Bf16 if buf.elem == Elem::Bf16 => ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len)),
             // Cast on the device into device memory; the values are already bf16, so exact.
-            Precision::Bf16 => self.run(
-                Op::CastF32ToBf16 { n: buf.len },
-                &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))],
-            ),
+            Precision::Bf16 => {
+                self.run(Op::CastF32ToBf16 { n: buf.len }, &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))])
+            }
             // No fp16 kernels (`--device cuda|hip` requires --bf16): correct, through the host.
             _ => {
                 let mut host = vec![0f32; buf.len];
@@ -554,7 +688,11 @@ impl Device for GpuDevice {
     fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
         assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
         match precision {
-            Precision::Bf16 => self.bf16_to_f32(dst.ptr(), src.ptr(), src.len),
+            Precision::Bf16 if dst.elem == Elem::Bf16 => ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len)),
+            Precision::Bf16 if src.len > 0 => {
+                self.run(Op::CastBf16ToF32 { n: src.len }, &[Ptr(dst.ptr()), Ptr(src.ptr()), I32(int("n", src.len))])
+            }
+            Precision::Bf16 => {}
             _ => {
                 let mut bits = vec![0u8; 2 * src.len];
                 if !bits.is_empty() {
@@ -593,7 +731,7 @@ impl Device for GpuDevice {
             Op::AdamW { n: grad.len },
             &[
                 Ptr(param.ptr()),
-                Ptr(0),
+                Ptr(working.as_ref().filter(|(w, _)| w.elem == Elem::Bf16).map_or(0, |(w, _)| w.ptr())),
                 Ptr(grad.ptr()),
                 Ptr(m.ptr()),
                 Ptr(v.ptr()),
@@ -606,15 +744,43 @@ impl Device for GpuDevice {
                 Ptr(scales.ptr() + 8 * slot as u64),
                 F32(c1 as f32),
                 F32(c2 as f32),
-                // The kernel rounds to bf16 itself; other precisions copy and round after it.
-                Ptr(working.as_ref().filter(|(_, p)| *p == Precision::Bf16).map_or(0, |(w, _)| w.ptr())),
+                // The kernel writes a bf16 working copy (`param_bf16`, above) or an f32 one rounded
+                // to bf16 itself; other precisions copy and round after it.
+                Ptr(working
+                    .as_ref()
+                    .filter(|(w, p)| *p == Precision::Bf16 && w.elem == Elem::F32)
+                    .map_or(0, |(w, _)| w.ptr())),
             ],
         );
         if let Some((w, precision)) = working.filter(|(_, p)| *p != Precision::Bf16) {
+            assert_eq!(w.elem, Elem::F32, "adamw: a {precision:?} working copy is kept in f32");
             self.copy(w, 0, param, 0, param.len);
             self.round_to(w, precision);
         }
     }
+}
+
+/// The element type an op's kernels take for the activations of `buf`: bf16 for bf16 storage,
+/// else f32.
+fn activation(buf: &GpuBuf) -> Elem {
+    if buf.elem == Elem::Bf16 {
+        Elem::Bf16
+    } else {
+        Elem::F32
+    }
+}
+
+/// The output type of a GEMM writing `buf`: bf16 for bf16 storage, else f32.
+fn gemm_out(buf: &GpuBuf) -> (GemmOut, Elem) {
+    match activation(buf) {
+        Elem::Bf16 => (GemmOut::Bf16, Elem::Bf16),
+        _ => (GemmOut::F32, Elem::F32),
+    }
+}
+
+/// `x` as bf16 bits, rounded to nearest even (what `upload` and `fill` store in bf16 buffers).
+fn bf16_bits(x: f32) -> u16 {
+    Precision::Bf16.to_bits16(Precision::Bf16.round(x))
 }
 
 /// The `int` arguments rows and cols of the LayerNorm kernels.
@@ -629,6 +795,35 @@ fn position_args(batch: usize, t0: usize, positions: usize, hidden: usize) -> [A
 
 /// What more than one op launches the same way.
 impl GpuDevice {
+    /// `out = A · Wᵀ (+ bias) (+ resid)` on bf16 operands `a`, `w`: the sm_90a GEMM where it
+    /// applies, else the mma.sync / MFMA one, writing `out`'s type (f32 or bf16); a residual of
+    /// another type goes through a view.
+    fn gemm_forward(
+        &self,
+        out: &mut GpuBuf,
+        (a, w): (&GpuBuf, &GpuBuf),
+        bias: Option<&GpuBuf>,
+        resid: Option<&GpuBuf>,
+        (rows, k, n): (usize, usize, usize),
+    ) {
+        let (gemm_out, e) = gemm_out(out);
+        let op = linear_gemms(self.wgmma, aligned(&[a.ptr(), w.ptr()]), rows, k, n, gemm_out).forward;
+        let whole = out.len == rows * n;
+        let o = self.view_mut(out, e, whole);
+        let r = resid.map(|r| self.view(r, e));
+        let b = bias.map(|b| self.view(b, Elem::F32));
+        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
+        let (o, b, r) = (Ptr(o.ptr()), Ptr(b.as_ref().map_or(0, |b| b.ptr())), Ptr(r.as_ref().map_or(0, |r| r.ptr())));
+        let args = match op {
+            Op::GemmFwdSm90 { .. } => {
+                let [ma, mw] = [self.operand_map(a.ptr(), rows, k, false), self.operand_map(w.ptr(), n, k, false)];
+                [ma, mw, o, b, r, m_, n_, k_, I32(0)]
+            }
+            _ => [o, Ptr(a.ptr()), Ptr(w.ptr()), b, r, m_, n_, k_, I32(0)],
+        };
+        self.run(op, &args);
+    }
+
     /// The word-embedding kernels' tokens, uploaded, and their `int` arguments (vocab_start,
     /// vocabulary rows of the table, batch, seq, hidden).
     fn token_args(
@@ -652,8 +847,8 @@ impl GpuDevice {
     }
 
     /// dweight += Σ_rows dout · x̂ and dbias += Σ_rows dout, one thread per column: the second half
-    /// of both LayerNorm backwards (whole rows and split rows).
-    /// `inputs` are dout, inp, mean and rstd.
+    /// of both f32 LayerNorm backwards (whole rows and split rows).
+    /// `inputs` are dout, inp, mean and rstd (f32).
     fn layernorm_param_grads(
         &self,
         [dweight, dbias]: [&mut GpuBuf; 2],
@@ -663,7 +858,8 @@ impl GpuDevice {
     ) {
         let [dout, inp, mean, rstd] = inputs.map(|b| Ptr(b.ptr()));
         let [r, c] = rows_cols(rows, cols);
-        let args = [Ptr(dweight.ptr()), Ptr(dbias.ptr()), dout, inp, mean, rstd, r, c];
+        let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
+        let args = [Ptr(dw.ptr()), Ptr(db.ptr()), dout, inp, mean, rstd, r, c];
         self.columnwise(Kernel::LayernormBwdParamsF32, cols, &args);
     }
 }

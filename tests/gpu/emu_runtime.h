@@ -141,6 +141,7 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(gelu_bwd_f32),
     EMU_KERNEL(embedding_fwd_f32),
     EMU_KERNEL(position_fwd_f32),
+    EMU_KERNEL(position_fwd_bf16),
     EMU_KERNEL(layernorm_apply_f32),
     EMU_KERNEL(layernorm_bwd_apply_dx_f32),
     EMU_KERNEL(xent_bwd_f32),

@@ -172,6 +172,16 @@ inline void column_sum(const Geometry& g) {
   write_f32("dbias", dbias);
 }
 
+// position_fwd_bf16 on `blocks` blocks of 256 (grid-stride): out [positions·batch, hidden] bf16
+// += wpe[t0 + p] (wpe [t0 + positions, hidden] f32).
+inline void position() {
+  const int batch = arg(0), t0 = arg(1), positions = arg(2), hidden = arg(3), blocks = arg(4);
+  auto out = read_bf16("out", size_t(positions) * batch * hidden);
+  auto wpe = read_f32("wpe", size_t(t0 + positions) * hidden);
+  emu::launch(dim3(blocks), dim3(256), position_fwd_bf16, out.data(), wpe.data(), batch, t0, positions, hidden);
+  write_bf16("out", out);
+}
+
 // Both directions on n elements that start `offset` elements into their buffers (an offset
 // that is not a multiple of 4 takes the one-at-a-time path).
 inline void casts() {
@@ -266,16 +276,14 @@ inline void cross_entropy() {
   const float scale = real(3);
   auto logits = read_bf16("logits", size_t(rows) * V);
   auto targets = read_u32("targets", rows);
-  std::vector<float> max(rows), sum_exp(rows), target_logit(rows);
+  std::vector<double> max(rows, -7.0), sum_exp(rows, -7.0), target_logit(rows, -7.0);
   emu::launch(dim3(rows), dim3(256), xent_max_bf16, max.data(), logits.data(), rows, V);
   emu::launch(dim3(rows), dim3(256), xent_partials_bf16, sum_exp.data(), target_logit.data(), logits.data(),
               targets.data(), vocab_start, max.data(), rows, V);
   // In place, as the model runs it: the logits buffer becomes the gradient.
-  emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), logits.data(), targets.data(), vocab_start,
-              max.data(), sum_exp.data(), scale, rows, V);
-  write_f32("max", max);
-  write_f32("sum_exp", sum_exp);
-  write_f32("target_logit", target_logit);
+  emu::launch(dim3(rows), dim3(256), xent_bwd_bf16, logits.data(), targets.data(), vocab_start, max.data(),
+              sum_exp.data(), scale, rows, V);
+  write_f64s({{"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}});
   write_bf16("dlogits", logits);
 }
 
@@ -357,6 +365,8 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     gemm_backward(g);
   } else if (op == "gemm_bwd_bf16out") {
     gemm_backward_bf16_out(g);
+  } else if (op == "position_bf16") {
+    position();
   } else if (op == "column_sum_bf16") {
     column_sum(g);
   } else if (op == "casts") {

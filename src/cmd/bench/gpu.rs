@@ -178,7 +178,8 @@ pub enum GpuBench {
     Gelu,
     /// The vocab-parallel softmax cross-entropy's three kernels (`softmax_xent.cu`).
     Xent,
-    /// The word + position embedding forward and both backward kernels (`embedding.cu`).
+    /// The word + position embedding forward and both backward kernels (`embedding.cu`), then the
+    /// position rows added to bf16 rows on their own (`position_fwd_bf16`).
     Embedding,
 }
 
@@ -267,7 +268,8 @@ impl GpuBench {
             GpuBench::Embedding => {
                 let (batch, seq, hidden) = (s[0], s[1], s[2]);
                 let fwd = Op::EmbeddingFwd { batch, seq, hidden };
-                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }]
+                let pos = Op::PositionFwd { batch, positions: seq, hidden };
+                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }, pos]
             }
         }
     }
@@ -411,6 +413,13 @@ impl Bench {
     /// The first `len` f32 values at `mem`.
     fn f32s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f32>> {
         let mut host = vec![0f32; len];
+        self.gpu.rt.copy_to_host(bytemuck::cast_slice_mut(&mut host), mem.pointer())?;
+        Ok(host)
+    }
+
+    /// The first `len` f64 values at `mem`.
+    fn f64s(&self, mem: &DeviceMem, len: usize) -> Result<Vec<f64>> {
+        let mut host = vec![0f64; len];
         self.gpu.rt.copy_to_host(bytemuck::cast_slice_mut(&mut host), mem.pointer())?;
         Ok(host)
     }
@@ -663,38 +672,39 @@ fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>>
     b.records(&n.to_string(), &[" fwd", " bwd"], planned, &[&fwd_args, &bwd_args], work, &[Some(fwd), Some(bwd)])
 }
 
-/// `bench xent`: `softmax_xent.cu`'s row max, partial sums and gradient over [rows, v] bf16
-/// logits (the whole vocabulary on one rank), each against the reference device on the first
-/// rows the budget allows, given the statistics the previous kernels wrote.
+/// `bench xent`: `softmax_xent.cu`'s row max, partial sums (f64 statistics) and gradient (in place,
+/// on a copy of the logits) over [rows, v] bf16 logits (the whole vocabulary on one rank), each
+/// against the reference device on the first rows the budget allows, given the statistics the
+/// previous kernels wrote.
 fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Vec<GpuRecord>> {
     let logits: Vec<Bf16> = f32_values(rows * v, 9, 4.0, 0.0).into_iter().map(Bf16::from_f32).collect();
     let targets: Vec<u32> = (0..rows).map(|r| ((r * 7919 + 13) % v.max(1)) as u32).collect();
-    let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.zeroed(2 * rows * v)?);
-    let (d_max, d_sum, d_target) = (b.zeroed(4 * rows)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
+    let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.upload(&logits)?);
+    let (d_max, d_sum, d_target) = (b.zeroed(8 * rows)?, b.zeroed(8 * rows)?, b.zeroed(8 * rows)?);
     let (r, vv, lg, tg) = (int("rows", rows)?, int("V", v)?, Ptr(d_logits.pointer()), Ptr(d_targets.pointer()));
     let (mx, sm) = (Ptr(d_max.pointer()), Ptr(d_sum.pointer()));
     let max_args = [mx, lg, r, vv];
     let partials_args = [sm, Ptr(d_target.pointer()), lg, tg, I32(0), mx, r, vv];
-    let bwd_args = [Ptr(d_grad.pointer()), lg, tg, I32(0), mx, sm, F32(1.0), r, vv];
+    let bwd_args = [Ptr(d_grad.pointer()), tg, I32(0), mx, sm, F32(1.0), r, vv];
     let args = [&max_args[..], &partials_args[..], &bwd_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
     let p = rows.min(CHECK_ELEMENTS / v.max(1));
-    let (gpu_max, gpu_sum, gpu_target) = (b.f32s(&d_max, p)?, b.f32s(&d_sum, p)?, b.f32s(&d_target, p)?);
+    let (gpu_max, gpu_sum, gpu_target) = (b.f64s(&d_max, p)?, b.f64s(&d_sum, p)?, b.f64s(&d_target, p)?);
     let (dev, mut logits_r) = (ReferenceDevice, wide_bf16(&logits[..p * v]));
     let (mut max_r, mut stats_r) = (vec![0f64; p], vec![0f64; 2 * p]);
     dev.cross_entropy_max(&logits_r, p, v, &mut max_r);
-    let m = wide(&gpu_max);
-    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &m, &mut stats_r);
+    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &gpu_max, &mut stats_r);
     let (sum_r, target_r) = stats_r.split_at(p);
-    let gpu_stats = [wide(&gpu_sum), wide(&gpu_target)].concat();
-    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &m, &gpu_stats, 1.0);
-    let max = worst(&gpu_max, &max_r, Bound::F32);
-    let partials = worst(&gpu_sum, sum_r, Bound::F32).max(worst(&gpu_target, target_r, Bound::F32));
+    let gpu_stats = [gpu_sum.clone(), gpu_target.clone()].concat();
+    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &gpu_max, &gpu_stats, 1.0);
+    let narrow = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
+    let max = worst(&narrow(&gpu_max), &max_r, Bound::F32);
+    let partials = worst(&narrow(&gpu_sum), sum_r, Bound::F32).max(worst(&narrow(&gpu_target), target_r, Bound::F32));
     let bwd = worst(&b.bf16s(&d_grad, p * v)?, &logits_r, Bound::Bf16);
     let (e, r) = ((rows * v) as f64, rows as f64);
-    let work = [2.0 * e + 4.0 * r, 2.0 * e + 16.0 * r, 4.0 * e + 12.0 * r].map(Work::Bytes);
+    let work = [2.0 * e + 8.0 * r, 2.0 * e + 28.0 * r, 4.0 * e + 20.0 * r].map(Work::Bytes);
     let checks = [max, partials, bwd].map(|w| (p > 0).then_some(w));
     b.records(&format!("{rows}x{v}"), &[" max", " partials", " bwd"], planned, &args, work, &checks)
 }
@@ -714,7 +724,9 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
     let fwd_args = [Ptr(d_out.pointer()), tk, Ptr(d_wte.pointer()), Ptr(d_wpe.pointer()), I32(0), vr, bb, ss, hh];
     let wte_args = [Ptr(d_dwte.pointer()), dy, tk, I32(0), vr, bb, ss, hh];
     let wpe_args = [Ptr(d_dwpe.pointer()), dy, bb, ss, hh];
-    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..]];
+    let d_pos = b.zeroed(2 * rows * hidden)?;
+    let pos_args = [Ptr(d_pos.pointer()), Ptr(d_wpe.pointer()), bb, I32(0), ss, hh];
+    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..], &pos_args[..]];
     for (launch, args) in planned.iter().zip(args) {
         b.launch(launch, args)?;
     }
@@ -726,18 +738,22 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
         dev.position_forward(&mut out_r, &wide(&wpe), batch, 0, seq, hidden);
         dev.embedding_backward(&mut dwte_r, &dout_r, &tokens, 0, batch, seq, hidden);
         dev.position_backward(&mut dwpe_r, &dout_r, batch, 0, seq, hidden);
+        let mut pos_r = vec![0f64; rows * hidden];
+        dev.position_forward(&mut pos_r, &wide(&wpe), batch, 0, seq, hidden);
         [
             Some(worst(&b.bf16s(&d_out, rows * hidden)?, &out_r, Bound::Bf16)),
             Some(worst(&b.f32s(&d_dwte, VOCAB * hidden)?, &dwte_r, Bound::F32)),
             Some(worst(&b.f32s(&d_dwpe, seq * hidden)?, &dwpe_r, Bound::F32)),
+            Some(worst(&b.bf16s(&d_pos, rows * hidden)?, &pos_r, Bound::Bf16)),
         ]
     } else {
-        [None; 3]
+        [None; 4]
     };
     let (e, r) = ((rows * hidden) as f64, rows as f64);
-    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * (seq * hidden) as f64].map(Work::Bytes);
+    let table = (seq * hidden) as f64;
+    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * table, 4.0 * e + 4.0 * table].map(Work::Bytes);
     let shape = format!("b{batch} s{seq} h{hidden} v{VOCAB}");
-    b.records(&shape, &[" fwd", " bwd wte", " bwd wpe"], planned, &args, work, &checked)
+    b.records(&shape, &[" fwd", " bwd wte", " bwd wpe", " position"], planned, &args, work, &checked)
 }
 
 /// The largest |out - ref| / (atol + 0.079 |ref|) over 64 sampled elements (≤ 1 passes).

@@ -63,6 +63,7 @@ pub enum Kernel {
     EmbeddingFwdF32,
     EmbeddingBwdF32,
     PositionFwdF32,
+    PositionFwdBf16,
     PositionBwdF32,
     ColumnSumAddF32,
     ColumnSumAddBf16,
@@ -177,7 +178,7 @@ pub const KERNELS: &[KernelSpec] = &[
     // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
     spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
-    spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 128),
+    spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 256),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
     // tensor_ops.cu: the Device's f32 ops. Element-wise and per-column kernels run blocks of 256;
     // per-row kernels a warp per row in blocks of 128 (CUDA), a wave64 per row in 256 (HIP).
@@ -190,6 +191,7 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::EmbeddingFwdF32, "embedding_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::EmbeddingBwdF32, "embedding_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionFwdF32, "position_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    spec(Kernel::PositionFwdBf16, "position_fwd_bf16", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionBwdF32, "position_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::ColumnSumAddF32, "column_sum_add_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::ColumnSumAddBf16, "column_sum_add_bf16", "tensor_ops.cu", 256, Some(256), 0),

@@ -59,6 +59,13 @@ pub enum Op {
         n: usize,
         k: usize,
     },
+    /// out [positions·batch, hidden] bf16 += the position rows wpe[t0 + p] (`position_fwd_bf16`,
+    /// grid-stride).
+    PositionFwd {
+        batch: usize,
+        positions: usize,
+        hidden: usize,
+    },
     /// The bias gradient of a bf16 dout [rows, cols]: dbias [cols] += its column sums
     /// (`column_sum_add_bf16`, a thread per column).
     ColumnSumAdd {
@@ -248,6 +255,11 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         Op::ColumnSumAdd { cols, .. } => ([cols, 1, 1], [t, 1, 1]),
         Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
         Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
+        Op::PositionFwd { batch, positions, hidden } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            let n = batch * positions * hidden;
+            ([n.min(cap), 1, 1], [t, 1, 1])
+        }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.min(cap), 1, 1], [t, 1, 1])
@@ -306,6 +318,7 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::GemmBwdInputSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16outSm90,
         Op::GemmBwdWeightSm90 { .. } => Kernel::GemmBwdWeightBf16Sm90,
         Op::ColumnSumAdd { .. } => Kernel::ColumnSumAddBf16,
+        Op::PositionFwd { .. } => Kernel::PositionFwdBf16,
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
@@ -345,6 +358,9 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
         Op::ColumnSumAdd { rows, cols } => vec![("M", rows), ("N", cols)],
+        Op::PositionFwd { batch, positions, hidden } => {
+            vec![("positions·batch·hidden", batch.saturating_mul(positions).saturating_mul(hidden))]
+        }
         Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
             vec![("rows", rows), ("C", channels)]
         }
@@ -386,6 +402,8 @@ mod tests {
         assert_eq!(p(Op::GemmFwd { m: 1024, n: 3072, k: 768, out: GemmOut::F32 }).config.grid, [24, 8, 1]);
         assert_eq!(p(Op::GemmFwd { m: 129, n: 257, k: 8, out: GemmOut::F32 }).config.grid, [3, 2, 1]);
         assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
+        let q = p(Op::PositionFwd { batch: 2, positions: 3, hidden: 100 });
+        assert_eq!((q.spec.function, q.config.grid, q.config.block), ("position_fwd_bf16", [3, 1, 1], [256, 1, 1]));
         let s = p(Op::ColumnSumAdd { rows: 1000, cols: 257 });
         assert_eq!((s.spec.function, s.config.grid, s.config.block), ("column_sum_add_bf16", [2, 1, 1], [256, 1, 1]));
         let d = p(Op::LayernormBwd { rows: 9, channels: 129 });
@@ -396,7 +414,9 @@ mod tests {
         assert_eq!(p(Op::AdamW { n: 124_000_000 }).config.grid, [8 * 108, 1, 1]);
         assert_eq!(p(Op::GeluBwd { n: 1 }).config.grid, [1, 1, 1]);
         let x = p(Op::XentPartials { rows: 5, vocab: 1000 });
-        assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 128));
+        // 32 doubles of reduction scratch (the f64 sum), the max's 32 floats.
+        assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 256));
+        assert_eq!(p(Op::XentMax { rows: 5, vocab: 1000 }).spec.static_shared, 128);
         assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
         assert_eq!(p(Op::EmbeddingBwdWte { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 1, 1]);
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);

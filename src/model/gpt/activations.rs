@@ -77,19 +77,29 @@ pub(super) struct LnActs<B> {
 }
 
 impl<B> LnActs<B> {
-    /// The buffers of a LayerNorm over `rows` rows of width `h`, of which this rank holds `local`.
-    fn new<D: Device<Buf = B>>(dev: &D, (rows, local): (usize, usize), h: usize, sequence_parallel: bool) -> Self {
+    /// The buffers of a LayerNorm over `rows` rows of width `h`, of which this rank holds `local`:
+    /// the output in `precision` storage (`Device::alloc_in`), the statistics in f32.
+    fn new<D: Device<Buf = B>>(
+        dev: &D,
+        (rows, local): (usize, usize),
+        h: usize,
+        sequence_parallel: bool,
+        precision: Precision,
+    ) -> Self {
         LnActs {
-            out: dev.alloc(local * h),
+            out: dev.alloc_in(local * h, precision),
             mean: dev.alloc(local),
             rstd: dev.alloc(local),
-            full: alloc_if(dev, sequence_parallel, rows * h),
+            full: sequence_parallel.then(|| dev.alloc_in(rows * h, precision)),
         }
     }
 
-    /// Elements of the buffers.
-    fn len<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        dev.len(&self.out) + dev.len(&self.mean) + dev.len(&self.rstd) + self.full.as_ref().map_or(0, |f| dev.len(f))
+    /// Bytes of the buffers.
+    fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        dev.bytes(&self.out)
+            + dev.bytes(&self.mean)
+            + dev.bytes(&self.rstd)
+            + self.full.as_ref().map_or(0, |f| dev.bytes(f))
     }
 }
 
@@ -108,27 +118,29 @@ pub(super) struct LayerActs<B> {
 }
 
 impl<B> LayerActs<B> {
-    /// One layer's saved activations; `with_attention` false leaves out the attention output.
+    /// One layer's saved activations, in `precision` storage (`Device::alloc_in`) but for the
+    /// f32 statistics; `with_attention` false leaves out the attention output.
     pub(super) fn new<D: Device<Buf = B>>(
         dev: &D,
         cfg: &GptConfig,
         mp: &ModelParallel,
-        rows: Rows,
+        (rows, precision): (Rows, Precision),
         with_attention: bool,
     ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
         let Widths { hr: h, hl, fl, heads, .. } = Widths::new(cfg, mp);
         let (m, ml) = (rows.full, rows.local);
         let lse = rows.sub_batch * heads * rows.seq;
+        let act = |len| dev.alloc_in(len, precision);
         LayerActs {
-            ln1: LnActs::new(dev, (m, ml), h, sp),
-            qkv: dev.alloc(m * 3 * hl),
-            attn: alloc_if(dev, with_attention, m * hl),
+            ln1: LnActs::new(dev, (m, ml), h, sp, precision),
+            qkv: act(m * 3 * hl),
+            attn: with_attention.then(|| act(m * hl)),
             lse: alloc_if(dev, with_attention, lse),
-            resid_mid: dev.alloc(ml * h),
-            ln2: LnActs::new(dev, (m, ml), h, sp),
-            fc1: dev.alloc(m * fl),
-            gelu: dev.alloc(m * fl),
+            resid_mid: act(ml * h),
+            ln2: LnActs::new(dev, (m, ml), h, sp, precision),
+            fc1: act(m * fl),
+            gelu: act(m * fl),
         }
     }
 }
@@ -176,7 +188,7 @@ impl<B> LayerActs<B> {
 
     /// Bytes of the buffers this layer holds (for `--log-memory`).
     pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
-        4 * self.buffers().iter().map(|(b, _)| dev.len(b)).sum::<usize>()
+        self.buffers().iter().map(|(b, _)| dev.bytes(b)).sum::<usize>()
     }
 
     /// Bytes of this layer's buffers held in 16 bits (activations) and f32 (statistics).
@@ -256,7 +268,7 @@ impl<D: Device> Stash<D> {
     pub(super) fn bytes(&self, dev: &D) -> usize {
         match self {
             Stash::Half(h) => 2 * dev.half_len(h),
-            Stash::Full(f) => 4 * dev.len(f),
+            Stash::Full(f) => dev.bytes(f),
         }
     }
 }
@@ -316,18 +328,17 @@ pub(super) fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D
 impl<D: Device> Activations<D> {
     /// Bytes of the buffers this activation set holds.
     pub(super) fn bytes(&self, dev: &D) -> usize {
-        let opt = |b: &Option<D::Buf>| b.as_ref().map_or(0, |b| dev.len(b));
+        let opt = |b: &Option<D::Buf>| b.as_ref().map_or(0, |b| dev.bytes(b));
         let layers: usize = self.layers.iter().map(|l| l.bytes(dev)).sum();
-        let resid: usize = self.resid.iter().map(|b| 4 * dev.len(b)).sum();
-        let head = self.head.as_ref().map_or(0, |h| 4 * (h.lnf.len(dev) + dev.len(&h.logits)));
+        let resid: usize = self.resid.iter().map(|b| dev.bytes(b)).sum();
+        let head = self.head.as_ref().map_or(0, |h| h.lnf.bytes(dev) + dev.bytes(&h.logits));
         let g = &self.grad;
         let scratch = [&self.tmp_full, &g.d_resid, &g.d_h_full, &g.d_attn, &g.d_qkv, &g.d_ffn, &g.d_ffn2];
-        let scratch = 4
-            * (scratch.iter().map(|b| dev.len(b)).sum::<usize>()
-                + opt(&self.emb_full)
-                + opt(&self.tmp_local)
-                + opt(&g.d_full)
-                + opt(&g.d_h_local));
+        let scratch = scratch.iter().map(|b| dev.bytes(b)).sum::<usize>()
+            + opt(&self.emb_full)
+            + opt(&self.tmp_local)
+            + opt(&g.d_full)
+            + opt(&g.d_h_local);
         let compact: usize = self.compact.iter().flatten().flatten().map(|s| s.bytes(dev)).sum();
         layers + resid + head + scratch + compact
     }
@@ -335,15 +346,18 @@ impl<D: Device> Activations<D> {
 
 impl<D: Device> Activations<D> {
     /// The activation set of one micro-batch of `batch` samples of `seq` tokens through the chunk
-    /// `plan` (layers kept as `recompute` and `compact` decide).
+    /// `plan` (layers kept as `recompute` and `compact` decide). Activations and their gradients
+    /// are held in `precision` storage (`Device::alloc_in`); f32 are the statistics, the logits,
+    /// and the buffers reduced over the tensor-parallel group that are not sums with one term per
+    /// element: the row-parallel outputs before their reduction and the gradients of LayerNorm
+    /// outputs where they are reduced.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         dev: &D,
         cfg: &GptConfig,
         mp: &ModelParallel,
         plan: &ChunkPlan,
-        recompute: Recompute,
-        compact: bool,
+        (recompute, compact, precision): (Recompute, bool, Precision),
         batch: usize,
         seq: usize,
     ) -> Self {
@@ -363,11 +377,18 @@ impl<D: Device> Activations<D> {
         let layers = match recompute {
             Recompute::Full => Vec::new(),
             _ if compact => Vec::new(),
-            Recompute::Selective => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, false)).collect(),
-            Recompute::None => plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, rows, true)).collect(),
+            Recompute::Selective => {
+                plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, (rows, precision), false)).collect()
+            }
+            Recompute::None => {
+                plan.layers.clone().map(|_| LayerActs::new(dev, cfg, mp, (rows, precision), true)).collect()
+            }
         };
+        let act = |len| dev.alloc_in(len, precision);
+        // Reduced gradients of LayerNorm outputs are f32 unless one rank holds the whole sum.
+        let unreduced = mp.tp_size == 1 && mp.summa.is_none();
         let head = plan.last.then(|| HeadActs {
-            lnf: LnActs::new(dev, (m, ml), h, sp),
+            lnf: LnActs::new(dev, (m, ml), h, sp, precision),
             logits: dev.alloc(m * vl),
             targets: vec![0; m],
             ce_max: dev.scalars(m),
@@ -375,22 +396,23 @@ impl<D: Device> Activations<D> {
         });
         Activations {
             rows,
-            resid: (0..=plan.layers.len()).map(|_| dev.alloc(ml * h)).collect(),
+            resid: (0..=plan.layers.len()).map(|_| act(ml * h)).collect(),
             layers,
             head,
             tokens: vec![0; batch * seq],
-            emb_full: emb_rows.map(|rows| dev.alloc(rows * h)),
+            // The word rows of this vocabulary shard, zero elsewhere: their sum is exact in any type.
+            emb_full: emb_rows.map(|rows| act(rows * h)),
             tmp_full: dev.alloc(m * h),
             tmp_local: alloc_if(dev, sp, ml * h),
             grad: GradBufs {
-                d_resid: dev.alloc(ml * h),
-                d_full: alloc_if(dev, sp, m * h),
-                d_h_full: dev.alloc(m * h),
+                d_resid: act(ml * h),
+                d_full: sp.then(|| act(m * h)),
+                d_h_full: if unreduced { act(m * h) } else { dev.alloc(m * h) },
                 d_h_local: alloc_if(dev, sp, ml * h),
-                d_attn: dev.alloc(m * hl),
-                d_qkv: dev.alloc(m * 3 * hl),
-                d_ffn: dev.alloc(m * fl),
-                d_ffn2: dev.alloc(m * fl),
+                d_attn: act(m * hl),
+                d_qkv: act(m * 3 * hl),
+                d_ffn: act(m * fl),
+                d_ffn2: act(m * fl),
             },
             compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
         }

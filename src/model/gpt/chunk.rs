@@ -28,7 +28,8 @@ impl<D: Device> Gpt<D> {
             return i;
         }
         let compact = self.compacting();
-        let set = Activations::new(dev, &self.cfg, &self.mp, &self.plan, self.recompute, compact, batch, seq);
+        let how = (self.recompute, compact, self.precision);
+        let set = Activations::new(dev, &self.cfg, &self.mp, &self.plan, how, batch, seq);
         self.pool.push((Some(key), set));
         let rows = Rows::new(&self.mp, batch, seq);
         // Full recompute rebuilds each layer into one spare set, and 16-bit storage computes each
@@ -37,11 +38,12 @@ impl<D: Device> Gpt<D> {
         if (self.recompute == Recompute::Full || compact)
             && self.spare.as_ref().is_none_or(|(r, l)| *r != rows || l.attn.is_some() != with_attention)
         {
-            self.spare = Some((rows, LayerActs::new(dev, &self.cfg, &self.mp, rows, with_attention)));
+            let spare = LayerActs::new(dev, &self.cfg, &self.mp, (rows, self.precision), with_attention);
+            self.spare = Some((rows, spare));
         }
         if self.recompute == Recompute::Selective && self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) {
             let wd = Widths::new(&self.cfg, &self.mp);
-            let attn = dev.alloc(rows.full * wd.hl);
+            let attn = dev.alloc_in(rows.full * wd.hl, self.precision);
             let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
             self.spare_attention = Some((rows, attn, lse));
         }

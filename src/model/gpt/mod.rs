@@ -106,8 +106,12 @@ pub struct Gpt<D: Device> {
     /// Mixed precision: the format weights and activations are held in for compute, and the
     /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
     precision: Precision,
+    /// Whether the device stores `precision` natively (`Device::stores`): activations are then
+    /// held in it, and saved layers need no 16-bit copy aside.
+    stored: bool,
     /// Per parameter: None where the device's GEMM rounds its operands itself (the matrices and
-    /// the word embedding under bf16), which then read the masters.
+    /// the word embedding under bf16), which then read the masters; held in `precision` storage
+    /// for those where the device stores it (`stored`), f32 rounded to it otherwise.
     working: Option<Vec<Option<D::Buf>>>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
@@ -159,6 +163,7 @@ impl<D: Device> Gpt<D> {
             spare: None,
             spare_attention: None,
             precision: Precision::F32,
+            stored: false,
             working: None,
             scratch: Scratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
@@ -206,13 +211,18 @@ impl<D: Device> Gpt<D> {
         self.pool.retain(|(k, _)| k.is_some());
         // Matrices that only GEMMs read (and the word embedding, whose looked-up rows are rounded
         // as they are read) need no rounded copy where the GEMM rounds its operands itself.
+        // Where the device stores the precision, those matrices are held in it (the kernels read
+        // LayerNorm weights and biases in f32: their copies stay f32, rounded).
         let gemm_rounds = dev.matmul_rounds_operands(precision);
+        self.stored = precision != Precision::F32 && dev.stores(precision);
+        let stored = self.stored;
         self.working = (precision != Precision::F32).then(|| {
-            self.params
-                .info
-                .iter()
-                .map(|p| (!(gemm_rounds && is_gemm_operand(&p.name))).then(|| dev.alloc(p.numel())))
-                .collect()
+            let copy = |p: &crate::tensor::ParamInfo| match is_gemm_operand(&p.name) {
+                true if stored => Some(dev.alloc_in(p.numel(), precision)),
+                true if gemm_rounds => None,
+                _ => Some(dev.alloc(p.numel())),
+            };
+            self.params.info.iter().map(copy).collect()
         });
         self.refresh_working_weights(dev);
     }
@@ -276,9 +286,9 @@ impl<D: Device> Gpt<D> {
     }
 
     /// Bytes of the working copy of the weights mixed precision computes with (its values are
-    /// 16-bit, held in the device's f32 buffers), 0 in f32.
+    /// 16-bit, held in f32 buffers or, where the device stores the format, in 16 bits), 0 in f32.
     pub fn working_bytes(&self, dev: &D) -> usize {
-        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| 4 * dev.len(b)).sum())
+        self.working.as_ref().map_or(0, |w| w.iter().flatten().map(|b| dev.bytes(b)).sum())
     }
 
     /// Chooses activation recomputation; takes effect for activation sets made afterwards.
@@ -298,7 +308,7 @@ impl<D: Device> Gpt<D> {
         sets - now
             + self.peak_stashed
             + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
-            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
     }
 
     /// Bytes of one micro-batch's activation set while it is in flight (0 before the first
@@ -312,15 +322,15 @@ impl<D: Device> Gpt<D> {
     }
 
     /// Whether saved layers are held in 16 bits between forward and backward (mixed precision,
-    /// unless full recompute keeps only the layer inputs anyway).
+    /// unless full recompute keeps only the layer inputs anyway, or the device stores the precision).
     fn compacting(&self) -> bool {
-        self.precision != Precision::F32 && self.recompute != Recompute::Full
+        self.precision != Precision::F32 && self.recompute != Recompute::Full && !self.stored
     }
 
     /// Bytes of the spare buffers recomputation rebuilds into.
     pub fn spare_bytes(&self, dev: &D) -> usize {
         self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
-            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| 4 * (dev.len(a) + dev.len(l)))
+            + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
     }
 
     /// Micro-batches whose activations this chunk holds now.

@@ -109,7 +109,7 @@ impl<D: Device> Pass<'_, D> {
     /// A linear layer that writes back into the residual stream (the attention projection, fc2):
     /// `x_out = resid + inp · weightᵀ + bias` for the whole `[k] -> [n]` product. Row-parallel
     /// under 1-D (partial sums reduced over the group, or reduce-scattered under sequence
-    /// parallelism), SUMMA otherwise.
+    /// parallelism), SUMMA otherwise; on one rank `Device::linear_residual_forward`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn linear_out_forward(
         &mut self,
@@ -123,6 +123,10 @@ impl<D: Device> Pass<'_, D> {
     ) {
         let dev = self.dev;
         match self.tp.summa {
+            // One rank: nothing to reduce, so the device may fuse the bias and the residual.
+            None if self.tp.size() == 1 => {
+                dev.linear_residual_forward(x_out, resid, inp, (weight, bias), tmp_full, r.full, k, n)
+            }
             None => {
                 dev.linear_forward(tmp_full, inp, weight, None, r.full, k / self.tp.size(), n);
                 let sum = self.reduced(tmp_full, tmp_local);
