@@ -426,7 +426,7 @@ pub struct StepBaseline {
 pub const STEP_BASELINE: StepBaseline = StepBaseline {
     launches_per_layer_forward: 8.0,
     launches_per_layer_backward: 18.0,
-    launches_per_step: 180.0,
+    launches_per_step: 104.0,
     allocations_per_step: 0.0,
     frees_per_step: 0.0,
     device_to_host_copies_per_step: 1.0,
