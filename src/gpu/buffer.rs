@@ -40,9 +40,9 @@ impl Drop for DeviceMem {
 }
 
 /// What a `GpuBuf` holds. The Device's ops take f32 and bf16 buffers (bf16: `alloc_in` under
-/// `--bf16`, the activations, their gradients and the GEMMs' working weights); mixed precision
-/// on f32 storage (fp16) keeps saved activations as 16-bit copies (bf16 or f16 bits, `Bits16`),
-/// and the step's scalars are f64.
+/// `--bf16`, the activations, their gradients and the GEMMs' working weights); the seam's 16-bit
+/// copies of f32 buffers (`Device::to_half`, bf16 or f16 bits) are `Bits16` (training on bf16
+/// storage stashes none), and the step's scalars are f64.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,

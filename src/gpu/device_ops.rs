@@ -34,7 +34,7 @@ impl Device for GpuDevice {
     fn alloc_in(&self, len: usize, precision: Precision) -> GpuBuf {
         match precision {
             Precision::Bf16 => ok(GpuBuf::zeroed(&self.rt, len, Elem::Bf16)),
-            // fp16 stays on f32 storage, rounded where stored (and loss-scaled).
+            // No fp16 kernels: other precisions get f32 storage (training refuses --fp16 here).
             _ => self.alloc(len),
         }
     }
