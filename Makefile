@@ -33,7 +33,7 @@ APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm
 # hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
 APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -115,6 +115,13 @@ gpu-check: build $(DATA)_text_document.idx
 # tests/gpu/gpu-bench.sh's header lists the knobs. It says what it skipped and why.
 gpu-bench:
 	tests/gpu/gpu-bench.sh $(if $(OUT),--out $(OUT))
+
+# On one NVIDIA GPU: everything GPU-side in one run (tests/gpu/first-light.sh; its header lists
+# the steps and knobs): info, check gpu, check ops --size full, check nccl, a 200-iteration tiny
+# run on cuda --bf16 against cpu --bf16, gpu-bench's table, compute-sanitizer over check ops.
+# Logs and summary.json in OUT (default runs/first-light/<date>). No build here, as gpu-bench.
+gpu-first-light:
+	tests/gpu/first-light.sh $(if $(OUT),--out $(OUT))
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings

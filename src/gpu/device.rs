@@ -231,6 +231,8 @@ pub struct GpuDevice {
     pub(super) bf16_matmul: AtomicBool,
     scratch: std::sync::Mutex<Vec<DeviceMem>>,
     pub(super) vendor: Vendor,
+    /// The architecture the kernels are built for (`sm_90a`, `gfx90a`, ...).
+    pub(super) arch: String,
     /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
     pub(super) wgmma: bool,
     /// `layernorm_bwd_bf16`'s last-block counter: one u32, zeroed when first needed, which every
@@ -284,6 +286,7 @@ impl GpuDevice {
             bf16_matmul: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
+            arch: gpu.arch,
             wgmma,
             counter: std::sync::OnceLock::new(),
             comms: Vec::new(),

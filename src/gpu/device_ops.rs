@@ -26,7 +26,10 @@ impl Device for GpuDevice {
     type Scalars = GpuBuf;
 
     fn describe(&self) -> String {
-        format!("{}, bf16 GEMMs and attention ({})", self.rt.describe(), self.vendor.matrix_units())
+        // The runtime names the compute capability; the kernels are built for `arch` (sm_90a on
+        // 9.0, or TRIDENT_CUDA_ARCH), whose GEMMs are wgmma fed by TMA.
+        let gemms = if self.wgmma { "wgmma + TMA GEMMs, mma.sync attention" } else { self.vendor.matrix_units() };
+        format!("{}, kernels for {}, bf16 GEMMs and attention ({gemms})", self.rt.describe(), self.arch)
     }
     fn alloc(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F32))

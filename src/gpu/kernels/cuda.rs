@@ -75,14 +75,38 @@ pub fn source(file: &str) -> Result<&'static str> {
     })
 }
 
-/// The architecture to compile for on a device of compute capability (major, minor).
+/// The architecture to compile for on a device of compute capability (major, minor):
+/// `TRIDENT_CUDA_ARCH` when set (`arch_choice`), else the device's own.
 pub fn arch_for(compute_capability: (i32, i32)) -> Result<String> {
-    match compute_capability {
-        (major, minor) if major < 8 => Err(Error::Unsupported(format!(
+    arch_choice(compute_capability, std::env::var("TRIDENT_CUDA_ARCH").ok().filter(|v| !v.is_empty()).as_deref())
+}
+
+/// The device's architecture (`sm_90a` on 9.0: wgmma and TMA), or `wanted` (`TRIDENT_CUDA_ARCH`,
+/// e.g. `sm_90` to run an H100 on the mma.sync kernels alone): an `sm_XY` no newer than the
+/// device and not below 8.0; `sm_90a` only on 9.0.
+pub fn arch_choice(compute_capability: (i32, i32), wanted: Option<&str>) -> Result<String> {
+    let (major, minor) = compute_capability;
+    if major < 8 {
+        return Err(Error::Unsupported(format!(
             "a GPU of compute capability {major}.{minor}: trident's CUDA kernels need 8.0 or newer (bf16 mma.sync, cp.async)"
-        ))),
-        (9, 0) => Ok("sm_90a".to_string()),
-        (major, minor) => Ok(format!("sm_{major}{minor}")),
+        )));
+    }
+    let own = if (major, minor) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
+    let Some(wanted) = wanted else { return Ok(own) };
+    let digits = wanted.strip_prefix("sm_").map(|d| d.strip_suffix('a').unwrap_or(d));
+    let number = digits.filter(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse::<i32>().ok());
+    let fits = match number {
+        Some(_) if wanted.ends_with('a') => wanted == own,
+        Some(n) => (80..=major * 10 + minor).contains(&n),
+        None => false,
+    };
+    if fits {
+        Ok(wanted.to_string())
+    } else {
+        Err(Error::Config(format!(
+            "TRIDENT_CUDA_ARCH={wanted}: expected an architecture this GPU (compute capability {major}.{minor}) runs, \
+             from sm_80 up to {own} (e.g. sm_80, sm_90)"
+        )))
     }
 }
 
@@ -271,13 +295,26 @@ mod tests {
 
     #[test]
     fn architectures_follow_the_compute_capability() {
-        assert_eq!(arch_for((8, 0)).unwrap(), "sm_80");
-        assert_eq!(arch_for((8, 6)).unwrap(), "sm_86");
-        assert_eq!(arch_for((8, 9)).unwrap(), "sm_89");
-        assert_eq!(arch_for((9, 0)).unwrap(), "sm_90a");
-        assert_eq!(arch_for((10, 0)).unwrap(), "sm_100");
-        let e = arch_for((7, 5)).unwrap_err().to_string();
+        let own = |cc| arch_choice(cc, None);
+        assert_eq!(own((8, 0)).unwrap(), "sm_80");
+        assert_eq!(own((8, 6)).unwrap(), "sm_86");
+        assert_eq!(own((8, 9)).unwrap(), "sm_89");
+        assert_eq!(own((9, 0)).unwrap(), "sm_90a");
+        assert_eq!(own((10, 0)).unwrap(), "sm_100");
+        let e = own((7, 5)).unwrap_err().to_string();
         assert!(e.contains("7.5") && e.contains("8.0 or newer"), "{e}");
+    }
+
+    #[test]
+    fn trident_cuda_arch_picks_an_older_architecture_the_device_runs() {
+        assert_eq!(arch_choice((9, 0), Some("sm_90")).unwrap(), "sm_90");
+        assert_eq!(arch_choice((9, 0), Some("sm_80")).unwrap(), "sm_80");
+        assert_eq!(arch_choice((9, 0), Some("sm_90a")).unwrap(), "sm_90a");
+        assert_eq!(arch_choice((8, 6), Some("sm_80")).unwrap(), "sm_80");
+        for (cc, bad) in [((8, 0), "sm_90"), ((8, 0), "sm_90a"), ((10, 0), "sm_90a"), ((9, 0), "sm_75"), ((9, 0), "90"), ((9, 0), "sm_x")] {
+            let e = arch_choice(cc, Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(&format!("TRIDENT_CUDA_ARCH={bad}")) && e.contains("from sm_80 up to"), "{e}");
+        }
     }
 
     #[test]
