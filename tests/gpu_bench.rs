@@ -237,13 +237,27 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
     assert!(out.contains("dense bf16 peak 312.0 TFLOP/s (datasheet)"), "{out}");
     let (rows, skipped) = table(&out);
     let names: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
-    let cases =
-        [("gemm", "gpt2.qkv"), ("gemm", "gpt2.head"), ("attention", "d64"), ("attention", "d128"), ("step", "tiny")];
+    // Attention has two rows a case: the forward alone (.fwd) and forward + backward.
+    let cases = [
+        ("gemm", "gpt2.qkv"),
+        ("gemm", "gpt2.head"),
+        ("attention", "d64.fwd"),
+        ("attention", "d64"),
+        ("attention", "d128.fwd"),
+        ("attention", "d128"),
+        ("step", "tiny"),
+    ];
     assert_eq!(names, cases);
     assert_eq!(
         rows.iter().map(|r| r[2].as_str()).collect::<Vec<_>>(),
-        ["64x96x32", "64x384x32", "1x64x2x64", "1x32x1x128", "1x128x2x257x1x16"]
+        ["64x96x32", "64x384x32", "1x64x2x64", "1x64x2x64", "1x32x1x128", "1x32x1x128", "1x128x2x257x1x16"]
     );
+    // The forward + backward row takes longer than the forward alone, on either side.
+    for (fwd, both) in [(2, 3), (4, 5)] {
+        let ms = |r: usize, c: usize| rows[r][c].parse::<f64>().unwrap_or(0.0);
+        assert!(ms(both, 3) > ms(fwd, 3), "trident's fwd+bwd is not longer than its forward: {rows:?}");
+        assert!(rows[fwd][4] == "-" || ms(both, 4) > ms(fwd, 4), "PyTorch's fwd+bwd is not longer: {rows:?}");
+    }
     for r in &rows {
         for (cell, column) in [(&r[3], "trident_ms"), (&r[6], "trident_tflops"), (&r[12], "trident_mfu")] {
             assert!(cell.parse::<f64>().is_ok_and(|v| v > 0.0), "{column} of {r:?} is not a positive number");
@@ -269,8 +283,8 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
                 assert!((r[4] != "-") != said, "{r:?}: compared and skipped, or neither: {skipped:?}");
             }
             let compared = rows.iter().filter(|r| r[4] != "-").count();
-            assert!(compared >= 4, "PyTorch compared only {compared} of 5 cases: {skipped:?}");
-            let step = &rows[4];
+            assert!(compared >= 6, "PyTorch compared only {compared} of 7 rows: {skipped:?}");
+            let step = &rows[6];
             assert!(step[4] != "-" && step[10] != "-" && step[11] != "-", "the step is not compared: {step:?}");
         }
     }
@@ -327,7 +341,8 @@ fn gpu_bench_says_why_a_bench_failed_and_what_it_skipped() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The PyTorch script alone, on the CPU (`--device cpu`, tiny shapes): one record per case, each
+/// The PyTorch script alone, on the CPU (`--device cpu`, tiny shapes): one record per case (two for
+/// attention: the forward alone and forward + backward), each
 /// a JSON object with its time and rate, the step's tokens/s and a finite loss; on a device its
 /// PyTorch cannot use, one record that says why. Without PyTorch only that second part runs.
 #[test]
@@ -372,29 +387,35 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
     let lines2 = run(&py, &["--device", "cpu", "--min-seconds", "0.01", "--steps", "1", "--step", "s=1x64x2x257x2x16"]);
     let records: Vec<&String> = lines.iter().chain(&lines2[1..]).collect();
     assert!(records[0].starts_with("{\"bench\": \"torch\""), "{records:?}");
-    for (r, bench, case) in [(records[1], "gemm", "g"), (records[2], "attention", "a"), (records[3], "step", "s")] {
+    let cases = [(records[1], "gemm", "g"), (records[2], "attention", "a.fwd"), (records[3], "attention", "a"), (records[4], "step", "s")];
+    for (r, bench, case) in cases {
         let v = string_values(r.as_bytes(), &["bench", "case"]).unwrap();
         assert_eq!(v, [bench, case], "{r}");
         for key in ["ms", "tflops"] {
             assert!(number(r, key).is_some_and(|x| x > 0.0), "{key} in {r}");
         }
     }
-    assert!(number(records[3], "tokens_per_s").is_some_and(|x| x > 0.0), "{}", records[3]);
-    assert!(number(records[3], "loss").is_some_and(f64::is_finite), "{}", records[3]);
+    // Forward + backward takes longer than the forward alone.
+    assert!(number(records[3], "ms").unwrap() > number(records[2], "ms").unwrap(), "{records:?}");
+    assert!(number(records[4], "tokens_per_s").is_some_and(|x| x > 0.0), "{}", records[4]);
+    assert!(number(records[4], "loss").is_some_and(f64::is_finite), "{}", records[4]);
     // A CPU-only PyTorch asked for the GPU: one record that says so, for every case.
     let lines = run(&py, &["--device", "hip", "--gemm", "g=8x8x8"]);
     assert!(lines[1].starts_with("{\"bench\": \"skipped\", \"case\": \"*\", \"why\": \"PyTorch "), "{lines:?}");
 }
 
-/// The script is clean under shellcheck (installed by `make slurm-deps`; said loudly when absent).
+/// The scripts (gpu-bench.sh, and first-light.sh which runs it) are clean under shellcheck
+/// (installed by `make slurm-deps`; said loudly when absent).
 #[test]
-fn the_script_is_shellcheck_clean() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/gpu-bench.sh");
-    let Ok(o) = Command::new("shellcheck").arg(&script).output() else {
-        say_skipped("shellcheck is not installed: gpu-bench.sh is not linted");
-        return;
-    };
-    assert!(o.status.success(), "shellcheck {}:\n{}{}", script.display(), stdout(&o), stderr(&o));
+fn the_scripts_are_shellcheck_clean() {
+    for name in ["gpu-bench.sh", "first-light.sh"] {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu").join(name);
+        let Ok(o) = Command::new("shellcheck").arg(&script).output() else {
+            say_skipped("shellcheck is not installed: gpu-bench.sh and first-light.sh are not linted");
+            return;
+        };
+        assert!(o.status.success(), "shellcheck {}:\n{}{}", script.display(), stdout(&o), stderr(&o));
+    }
 }
 
 /// On an AMD GPU (the emulated MI250X, found by `trident info` with no NVIDIA driver there) the
@@ -419,7 +440,7 @@ fn gpu_bench_runs_on_the_emulated_amd_gpu_without_an_mfu_and_says_so() {
         "{out}"
     );
     let (rows, skipped) = table(&out);
-    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["gemm", "attention", "step"]);
+    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["gemm", "attention", "attention", "step"]);
     assert!(rows.iter().all(|r| r[3] != "-" && r[12] == "-"), "trident's time, and no MFU: {rows:?}");
     assert!(
         skipped.iter().any(|s| s.starts_with("MFU: no datasheet peak for Emulated AMD Instinct MI250X")),

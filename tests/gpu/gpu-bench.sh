@@ -5,7 +5,8 @@
 #   trident: `trident bench gemm|attention --device D --shape ... --json` and `trident bench step
 #            --device D --dtype bf16 --json` (src/cmd/bench/), one process per case;
 #   PyTorch: tests/gpu/torch_compare.py (an optional comparison: torch.matmul, scaled_dot_product
-#            _attention with the flash backend, a GPT-2 step in bf16 autocast with fused AdamW),
+#            _attention with the flash backend, forward alone (case.fwd) and forward + backward
+#            (case), a GPT-2 step in bf16 autocast with fused AdamW),
 #            when a PyTorch with CUDA (ROCm for --device hip) is there; otherwise it says why not.
 # It needs no Rust toolchain and no network: only the binary, built elsewhere (`make NO_MPI=1
 # build` gives target-nompi/release/trident, which needs no MPI library on the node), bash and
@@ -90,18 +91,32 @@ skip() { printf '%s\t%s\n' "$1" "$2" >>"$work/skipped.tsv"; }
 [ ${#attentions[@]} -gt 0 ] || skip "attention" "GPU_BENCH_ATTENTION is empty"
 [ ${#steps[@]} -gt 0 ] || skip "step" "GPU_BENCH_STEP is empty"
 
-# trident CASE BENCH SHAPE ARGS...: one trident bench, its JSON record (or why it failed) kept.
+# trident CASE BENCH SHAPE ARGS...: one trident bench, its JSON records in $work/records (or why it
+# failed, kept as CASE's row); then `keep` takes the records the table shows.
 trident() {
-  local case=$1 bench=$2 shape=$3 line why
+  local case=$1 bench=$2 shape=$3 why
   shift 3
   echo "== trident bench $bench --device $device $case $shape"
-  if line=$("$bin" bench "$bench" --device "$device" --min-seconds "$secs" "$@" --json 2>"$work/stderr") &&
-    line=$(grep '^{' <<<"$line" | tail -n 1) && [ -n "$line" ]; then
-    printf '%s\t%s\t%s\tok\t%s\n' "$case" "$bench" "$shape" "$line" >>"$work/trident.tsv"
+  if "$bin" bench "$bench" --device "$device" --min-seconds "$secs" "$@" --json >"$work/records" 2>"$work/stderr" &&
+    grep -q '^{' "$work/records"; then
+    return 0
+  fi
+  why=$(tr '\t\n' '  ' <"$work/stderr")
+  echo "gpu-bench: trident bench $bench $case failed: ${why:-no JSON record}" >&2
+  printf '%s\t%s\t%s\tfailed\tthe bench failed: %s\n' "$case" "$bench" "$shape" "${why:-no JSON record}" >>"$work/trident.tsv"
+  failed=1
+  return 1
+}
+
+# keep CASE BENCH SHAPE PATTERN: the last of the bench's JSON records that matches PATTERN (grep -E)
+# as CASE's row.
+keep() {
+  local line
+  line=$(grep '^{' "$work/records" | grep -E -e "$4" | tail -n 1 || true)
+  if [ -n "$line" ]; then
+    printf '%s\t%s\t%s\tok\t%s\n' "$1" "$2" "$3" "$line" >>"$work/trident.tsv"
   else
-    why=$(tr '\t\n' '  ' <"$work/stderr")
-    echo "gpu-bench: trident bench $bench $case failed: ${why:-no JSON record}" >&2
-    printf '%s\t%s\t%s\tfailed\tthe bench failed: %s\n' "$case" "$bench" "$shape" "${why:-no JSON record}" >>"$work/trident.tsv"
+    printf '%s\t%s\t%s\tfailed\tno record of the bench matches %s\n' "$1" "$2" "$3" "$4" >>"$work/trident.tsv"
     failed=1
   fi
 }
@@ -127,17 +142,21 @@ if [ -z "$device" ]; then
   failed=1
 else
   for c in "${gemms[@]}"; do
-    trident "${c%%=*}" gemm "${c#*=}" --shape "${c#*=}"
+    trident "${c%%=*}" gemm "${c#*=}" --shape "${c#*=}" && keep "${c%%=*}" gemm "${c#*=}" .
   done
+  # Attention: the forward alone (CASE.fwd) and forward + backward (CASE), as PyTorch's two records.
   for c in "${attentions[@]}"; do
-    trident "${c%%=*}" attention "${c#*=}" --shape "${c#*=}"
+    if trident "${c%%=*}" attention "${c#*=}" --shape "${c#*=}"; then
+      keep "${c%%=*}.fwd" attention "${c#*=}" '"shape": "[^"]* causal"'
+      keep "${c%%=*}" attention "${c#*=}" '"shape": "[^"]* fwd\+bwd"'
+    fi
   done
   for c in "${steps[@]}"; do
     IFS=x read -r layers hidden heads vocab batch seq <<<"${c#*=}"
     step_flags=(--dtype bf16 --preset gpt2-124m --num-layers "$layers" --hidden-size "$hidden"
       --num-attention-heads "$heads" --vocab-size "$vocab" --micro-batch-size "$batch" --seq-length "$seq")
     [ -z "${GPU_BENCH_STEPS:-}" ] || step_flags+=(--steps "$GPU_BENCH_STEPS")
-    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}"
+    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}" && keep "${c%%=*}" step "${c#*=}" .
   done
 
   torch_device=${GPU_BENCH_TORCH_DEVICE:-$device}

@@ -8,7 +8,8 @@
 #   --gemm ID=MxNxK          torch.matmul(a, w.t()) on bf16 a [M, K] and w [N, K] into bf16 [M, N]
 #                            (trident: `bench gemm --shape MxNxK`, the same NT product).
 #   --attention ID=BxSxHxD   F.scaled_dot_product_attention(q, k, v, is_causal=True) on bf16
-#                            [B, H, S, D] with the flash backend only (trident: `bench attention`).
+#                            [B, H, S, D] with the flash backend only (trident: `bench attention`):
+#                            ID.fwd the forward alone, ID forward + backward (q, k, v gradients).
 #   --step ID=LxHxAxVxBxS    one GPT-2 training step in bf16 autocast: L layers, hidden H, A heads,
 #                            vocabulary V padded to a multiple of 128, micro-batch B of S tokens;
 #                            forward, backward, gradient clip at 1.0, fused AdamW (trident: `bench
@@ -150,19 +151,31 @@ def gemm(torch, dev, timer, case, dims):
 
 
 def attention(torch, dev, timer, case, dims):
+    """Two records: CASE.fwd, the forward alone, and CASE, forward + backward (FLOPs 3.5 x the
+    forward's, as trident's fwd+bwd record counts them)."""
     import torch.nn.functional as F
 
     b, s, h, d = dims
     g = torch.Generator(device=dev).manual_seed(3)
-    q, k, v = (torch.rand(b, h, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(3))
-    with torch.no_grad(), flash_only(torch):
-        ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    return {
-        "shape": f"{b}x{s}x{h}x{d}",
-        "ms": ms,
-        "tflops": attention_flops(b, s, h, d) / ms / 1e9,
-        "note": "scaled_dot_product_attention, flash backend, causal",
-    }
+    q, k, v, dout = (torch.rand(b, h, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(4))
+    with flash_only(torch):
+        with torch.no_grad():
+            fwd_ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+
+        def both():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
+            q.grad = k.grad = v.grad = None
+
+        both_ms = timer.ms(both)
+    note = "scaled_dot_product_attention, flash backend, causal"
+    flops = attention_flops(b, s, h, d)
+    shape = f"{b}x{s}x{h}x{d}"
+    return [
+        (f"{case}.fwd", {"shape": shape, "ms": fwd_ms, "tflops": flops / fwd_ms / 1e9, "note": note + ", forward"}),
+        (case, {"shape": shape, "ms": both_ms, "tflops": 3.5 * flops / both_ms / 1e9, "note": note + ", forward + backward"}),
+    ]
 
 
 def gpt2(torch, layers, hidden, heads, vocab, positions):
@@ -282,8 +295,10 @@ def main(argv):
     work += [("step", lambda *a: step(*a, args.steps), c) for c in args.step]
     for bench, run, (case, dims) in work:
         try:
-            record = run(torch, dev, timer, case, dims)
-            emit({"bench": bench, "case": case, "dtype": "bf16", **record})
+            records = run(torch, dev, timer, case, dims)
+            # A bench gives one record for its case, or (case, record) pairs (attention: two).
+            for c, record in records if isinstance(records, list) else [(case, records)]:
+                emit({"bench": bench, "case": c, "dtype": "bf16", **record})
         except Exception as e:  # one case that cannot run (no flash kernel, out of memory): say so
             emit({"bench": "skipped", "case": case, "why": f"PyTorch {bench} failed: {type(e).__name__}: {e}"})
         finally:

@@ -170,7 +170,7 @@ pub enum GpuBench {
     /// or its sm_90a twin on compute capability 9.0 where TMA can describe the operands; then the
     /// bias gradient of the same bf16 dout (`column_sum_add_bf16`).
     GemmBwd,
-    /// The causal attention forward.
+    /// The causal attention forward, its backward's three kernels, and forward + backward.
     Attention,
     /// The fused LayerNorm forward and its one-launch backward (`layernorm.cu`).
     Layernorm,
@@ -254,7 +254,15 @@ impl GpuBench {
                     _ => vec![gemms.backward_input, Op::ColumnSumAdd { rows: s[0], cols: s[1] }],
                 }
             }
-            GpuBench::Attention => vec![Op::AttentionFwd { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] }],
+            GpuBench::Attention => {
+                let (batch, seq, heads, head_dim) = (s[0], s[1], s[2], s[3]);
+                vec![
+                    Op::AttentionFwd { batch, seq, heads, head_dim },
+                    Op::AttentionBwdDelta { batch, seq, heads, head_dim },
+                    Op::AttentionBwdDkv { batch, seq, heads, head_dim },
+                    Op::AttentionBwdDq { batch, seq, heads, head_dim },
+                ]
+            }
             GpuBench::Layernorm => {
                 let (rows, channels) = (s[0], s[1]);
                 let fwd = Op::LayernormFwd { rows, channels };
@@ -580,26 +588,52 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
     b.records(&format!("{m}x{n}x{k}"), &[" dinp", " dbias"], planned, &args, work, &[Some(dinp), dbias.transpose()?])
 }
 
-/// `bench attention`: the causal forward (FLOPs halved by the mask), against the reference
-/// device when the shape is small.
+/// `bench attention`: the causal forward (FLOPs halved by the mask), then the backward's three
+/// kernels (delta = rowsum(dO·O); dK, dV, recomputing S and dP: 4 products; dQ, recomputing S and
+/// dP: 3 products; each record counts the products it runs), against the reference device when
+/// the shape is small; last, forward + backward as one record: the four times summed, FLOPs 3.5 x
+/// the forward's (FlashAttention's count: the backward's 5 products, recomputation not counted),
+/// the figure `make gpu-bench` sets beside PyTorch's forward + backward.
 fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Result<Vec<GpuRecord>> {
     let AttentionShape { batch, seq, heads, head_dim } = shape;
     let (rows, width) = (seq * batch, heads * head_dim);
-    let qkv = bf16_values(3 * rows * width, 3);
+    let (qkv, dout) = (bf16_values(3 * rows * width, 3), bf16_values(rows * width, 4));
     let (d_qkv, d_out, d_lse) = (b.upload(&qkv)?, b.zeroed(2 * rows * width)?, b.zeroed(4 * rows * heads)?);
+    let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(6 * rows * width)?);
     let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
-    let args = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph];
-    b.launch(&planned[0], &args)?;
-    let checked = if rows * seq * width <= CHECK_ELEMENTS {
-        let (dev, mut out, mut lse) = (ReferenceDevice, vec![0f64; rows * width], vec![0f64; rows * heads]);
-        dev.attention_forward(&mut out, &mut lse, &wide_bf16(&qkv), shape);
-        Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16))
-    } else {
-        None
-    };
-    let work = [Work::Flops(attention_flops(batch, seq, heads, head_dim))];
-    let shape = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
-    b.records(&shape, &[""], planned, &[&args], work, &[checked])
+    let fwd = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph];
+    let delta = [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, int("head dim", head_dim)?];
+    let grads = [Ptr(d_dqkv.pointer()), Ptr(d_qkv.pointer()), Ptr(d_dout.pointer()), Ptr(d_lse.pointer()), Ptr(d_delta.pointer()), pb, ps, ph];
+    for (launch, args) in planned.iter().zip([&fwd[..], &delta, &grads, &grads]) {
+        b.launch(launch, args)?;
+    }
+    let (mut fwd_check, mut bwd_check) = (None, None);
+    if rows * seq * width <= CHECK_ELEMENTS {
+        let dev = ReferenceDevice;
+        let (mut out, mut lse, mut dqkv) = (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; 3 * rows * width]);
+        let wide_qkv = wide_bf16(&qkv);
+        dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape);
+        fwd_check = Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16));
+        // The backward from the GPU's own forward output (bf16, as training feeds it).
+        let gpu_out = b.bf16s(&d_out, rows * width)?.into_iter().map(f64::from).collect::<Vec<_>>();
+        dev.attention_backward(&mut dqkv, &wide_bf16(&dout), &wide_qkv, &gpu_out, &lse, shape);
+        bwd_check = Some(worst(&b.bf16s(&d_dqkv, 3 * rows * width)?, &dqkv, Bound::Bf16));
+    }
+    let forward = attention_flops(batch, seq, heads, head_dim);
+    let rows_heads_bytes = (2 * 2 * rows * width + 4 * rows * heads) as f64;
+    let work = [Work::Flops(forward), Work::Bytes(rows_heads_bytes), Work::Flops(2.0 * forward), Work::Flops(1.5 * forward)];
+    let name = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
+    let passes = ["", " bwd delta", " bwd dkv", " bwd dq"];
+    let checks = [fwd_check, None, bwd_check, bwd_check];
+    let mut records = b.records(&name, &passes, planned, &[&fwd, &delta, &grads, &grads], work, &checks)?;
+    let ms: f64 = records.iter().map(|r| r.ms).sum();
+    let mut both = records[0].clone();
+    both.shape = format!("{name} fwd+bwd");
+    both.ms = ms;
+    both.achieved = 3.5 * forward / (ms * 1e-3) / 1e12;
+    both.note = "the four kernels above, FLOPs 3.5 x the forward's".into();
+    records.push(both);
+    Ok(records)
 }
 
 /// `bench layernorm`: `layernorm.cu`'s forward and its one-launch backward (the input gradient
