@@ -559,6 +559,27 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
     // (dinp given) and 4 backward-weight x 3 cases, less the 37x72->130 case's forward; all f32 out.
     assert_eq!((launches(&sm90), launches(&sm80)), (vec![2, 0, 0], vec![4, 3, 6]));
     assert_eq!([launches(&sm90_bf16), launches(&sm80_bf16)].concat(), [0, 0, 0, 0]);
+    // The report names what ran (on the H100 it once said mma.sync here).
+    let said = stdout(&o);
+    assert!(
+        said.contains("(device 0, sm_90, ")
+            && said.contains("kernels for sm_90a, bf16 GEMMs and attention (wgmma + TMA GEMMs"),
+        "{said}"
+    );
+    // TRIDENT_CUDA_ARCH=sm_90: the same device on the mma.sync kernels alone.
+    let mut mma_only = hopper.clone();
+    mma_only.push(("TRIDENT_CUDA_ARCH", PathBuf::from("sm_90")));
+    let o = run_with(&mma_only, &["check", "ops", "--device", "cuda", "--size", "small"]);
+    assert!(o.status.success(), "check ops with TRIDENT_CUDA_ARCH=sm_90: {}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("kernels for sm_90, bf16 GEMMs and attention (mma.sync)"), "{}", stdout(&o));
+    assert_eq!((launches(&sm90), launches(&sm80)), (vec![0, 0, 0], vec![6, 3, 6]));
+    mma_only.push(("TRIDENT_CUDA_ARCH", PathBuf::from("sm_100")));
+    let o = run_with(&mma_only, &["check", "ops", "--device", "cuda", "--size", "small"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("TRIDENT_CUDA_ARCH=sm_100: expected an architecture"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// `bench step --device cuda` on the emulated GPU: its record, its counters against the

@@ -82,7 +82,10 @@ fn first_light_runs_its_steps_on_the_emulated_gpu_and_a_failing_step_fails_the_r
         assert_eq!(log.lines().count(), 4, "{dev}: {log}");
     }
     let losses = std::fs::read_to_string(out.join("losses.log")).unwrap();
-    assert!(losses.contains("(before --from: not judged)") && losses.contains("3 iterations agree within 1e-2"), "{losses}");
+    assert!(
+        losses.contains("(before --from: not judged)") && losses.contains("3 iterations agree within 1e-2"),
+        "{losses}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -387,7 +387,12 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
     let lines2 = run(&py, &["--device", "cpu", "--min-seconds", "0.01", "--steps", "1", "--step", "s=1x64x2x257x2x16"]);
     let records: Vec<&String> = lines.iter().chain(&lines2[1..]).collect();
     assert!(records[0].starts_with("{\"bench\": \"torch\""), "{records:?}");
-    let cases = [(records[1], "gemm", "g"), (records[2], "attention", "a.fwd"), (records[3], "attention", "a"), (records[4], "step", "s")];
+    let cases = [
+        (records[1], "gemm", "g"),
+        (records[2], "attention", "a.fwd"),
+        (records[3], "attention", "a"),
+        (records[4], "step", "s"),
+    ];
     for (r, bench, case) in cases {
         let v = string_values(r.as_bytes(), &["bench", "case"]).unwrap();
         assert_eq!(v, [bench, case], "{r}");

@@ -602,15 +602,26 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(6 * rows * width)?);
     let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
     let fwd = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph];
-    let delta = [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, int("head dim", head_dim)?];
-    let grads = [Ptr(d_dqkv.pointer()), Ptr(d_qkv.pointer()), Ptr(d_dout.pointer()), Ptr(d_lse.pointer()), Ptr(d_delta.pointer()), pb, ps, ph];
+    let delta =
+        [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, int("head dim", head_dim)?];
+    let grads = [
+        Ptr(d_dqkv.pointer()),
+        Ptr(d_qkv.pointer()),
+        Ptr(d_dout.pointer()),
+        Ptr(d_lse.pointer()),
+        Ptr(d_delta.pointer()),
+        pb,
+        ps,
+        ph,
+    ];
     for (launch, args) in planned.iter().zip([&fwd[..], &delta, &grads, &grads]) {
         b.launch(launch, args)?;
     }
     let (mut fwd_check, mut bwd_check) = (None, None);
     if rows * seq * width <= CHECK_ELEMENTS {
         let dev = ReferenceDevice;
-        let (mut out, mut lse, mut dqkv) = (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; 3 * rows * width]);
+        let (mut out, mut lse, mut dqkv) =
+            (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; 3 * rows * width]);
         let wide_qkv = wide_bf16(&qkv);
         dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape);
         fwd_check = Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16));
@@ -621,7 +632,8 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     }
     let forward = attention_flops(batch, seq, heads, head_dim);
     let rows_heads_bytes = (2 * 2 * rows * width + 4 * rows * heads) as f64;
-    let work = [Work::Flops(forward), Work::Bytes(rows_heads_bytes), Work::Flops(2.0 * forward), Work::Flops(1.5 * forward)];
+    let work =
+        [Work::Flops(forward), Work::Bytes(rows_heads_bytes), Work::Flops(2.0 * forward), Work::Flops(1.5 * forward)];
     let name = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
     let passes = ["", " bwd delta", " bwd dkv", " bwd dq"];
     let checks = [fwd_check, None, bwd_check, bwd_check];

@@ -14,7 +14,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let (mut files, mut rtol, mut from) = (Vec::new(), 5e-3f64, 0u64);
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = |flag: &str| it.next().ok_or_else(|| Error::Usage(format!("check losses: {flag} needs a value")));
+        let mut value =
+            |flag: &str| it.next().ok_or_else(|| Error::Usage(format!("check losses: {flag} needs a value")));
         if a == "--rtol" {
             let v = value("--rtol")?;
             rtol = v
@@ -24,7 +25,8 @@ pub fn run(args: &[String]) -> Result<()> {
                 .ok_or_else(|| Error::Usage(format!("check losses: --rtol takes a number >= 0, not {v:?}")))?;
         } else if a == "--from" {
             let v = value("--from")?;
-            from = v.parse().map_err(|_| Error::Usage(format!("check losses: --from takes an iteration, not {v:?}")))?;
+            from =
+                v.parse().map_err(|_| Error::Usage(format!("check losses: --from takes an iteration, not {v:?}")))?;
         } else {
             files.push(std::path::PathBuf::from(a));
         }
@@ -84,13 +86,18 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let write = |name: &str, losses: [f64; 3]| {
             let path = dir.join(name);
-            let lines: Vec<String> =
-                losses.iter().enumerate().map(|(i, l)| format!("{{\"iteration\": {}, \"loss\": {l}}}", i + 1)).collect();
+            let lines: Vec<String> = losses
+                .iter()
+                .enumerate()
+                .map(|(i, l)| format!("{{\"iteration\": {}, \"loss\": {l}}}", i + 1))
+                .collect();
             std::fs::write(&path, lines.join("\n") + "\n").unwrap();
             path.display().to_string()
         };
         let (a, b) = (write("a.jsonl", [5.0, 4.0, 3.0]), write("b.jsonl", [5.0, 4.08, 3.003]));
-        let args = |more: &[&str]| [a.clone(), b.clone()].into_iter().chain(more.iter().map(|s| s.to_string())).collect::<Vec<_>>();
+        let args = |more: &[&str]| {
+            [a.clone(), b.clone()].into_iter().chain(more.iter().map(|s| s.to_string())).collect::<Vec<_>>()
+        };
         let e = run(&args(&["--rtol", "1e-2"])).unwrap_err().to_string();
         assert!(e.contains("iteration 2:") && e.contains("> 1e-2"), "{e}");
         run(&args(&["--rtol", "1e-2", "--from", "3"])).unwrap();

@@ -94,7 +94,8 @@ pub fn arch_choice(compute_capability: (i32, i32), wanted: Option<&str>) -> Resu
     let own = if (major, minor) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
     let Some(wanted) = wanted else { return Ok(own) };
     let digits = wanted.strip_prefix("sm_").map(|d| d.strip_suffix('a').unwrap_or(d));
-    let number = digits.filter(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse::<i32>().ok());
+    let number =
+        digits.filter(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse::<i32>().ok());
     let fits = match number {
         Some(_) if wanted.ends_with('a') => wanted == own,
         Some(n) => (80..=major * 10 + minor).contains(&n),
@@ -311,7 +312,14 @@ mod tests {
         assert_eq!(arch_choice((9, 0), Some("sm_80")).unwrap(), "sm_80");
         assert_eq!(arch_choice((9, 0), Some("sm_90a")).unwrap(), "sm_90a");
         assert_eq!(arch_choice((8, 6), Some("sm_80")).unwrap(), "sm_80");
-        for (cc, bad) in [((8, 0), "sm_90"), ((8, 0), "sm_90a"), ((10, 0), "sm_90a"), ((9, 0), "sm_75"), ((9, 0), "90"), ((9, 0), "sm_x")] {
+        for (cc, bad) in [
+            ((8, 0), "sm_90"),
+            ((8, 0), "sm_90a"),
+            ((10, 0), "sm_90a"),
+            ((9, 0), "sm_75"),
+            ((9, 0), "90"),
+            ((9, 0), "sm_x"),
+        ] {
             let e = arch_choice(cc, Some(bad)).unwrap_err().to_string();
             assert!(e.contains(&format!("TRIDENT_CUDA_ARCH={bad}")) && e.contains("from sm_80 up to"), "{e}");
         }
