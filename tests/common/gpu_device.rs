@@ -326,7 +326,8 @@ pub fn kernel_bench_functions(env: &[(&'static str, PathBuf)], device: &str, sha
             let note = text(line, "note");
             assert!(note.contains("check ") && note.contains(" of tolerance"), "{what} {shape}: {line}");
             assert_eq!(text(line, "device_kind"), device, "{line}");
-            functions.push(note.split(',').next().unwrap().to_string());
+            // A record of several kernels (attention's forward + backward) names them "a + b + ...".
+            functions.extend(note.split(',').next().unwrap().split(" + ").map(String::from));
         }
     }
     functions.sort();

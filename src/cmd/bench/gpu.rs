@@ -617,7 +617,7 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     for (launch, args) in planned.iter().zip([&fwd[..], &delta, &grads, &grads]) {
         b.launch(launch, args)?;
     }
-    let (mut fwd_check, mut bwd_check) = (None, None);
+    let (mut fwd_check, mut delta_check, mut bwd_check) = (None, None, None);
     if rows * seq * width <= CHECK_ELEMENTS {
         let dev = ReferenceDevice;
         let (mut out, mut lse, mut dqkv) =
@@ -627,7 +627,16 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
         fwd_check = Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16));
         // The backward from the GPU's own forward output (bf16, as training feeds it).
         let gpu_out = b.bf16s(&d_out, rows * width)?.into_iter().map(f64::from).collect::<Vec<_>>();
-        dev.attention_backward(&mut dqkv, &wide_bf16(&dout), &wide_qkv, &gpu_out, &lse, shape);
+        let wide_dout = wide_bf16(&dout);
+        // delta[(b·heads + h)·seq + t] = dO · O over the head's columns of row t·batch + b.
+        let mut want = vec![0f64; rows * heads];
+        for (i, w) in want.iter_mut().enumerate() {
+            let (bh, t) = (i / seq, i % seq);
+            let at = (t * batch + bh / heads) * width + (bh % heads) * head_dim;
+            *w = (at..at + head_dim).map(|j| wide_dout[j] * gpu_out[j]).sum();
+        }
+        delta_check = Some(worst(&b.f32s(&d_delta, rows * heads)?, &want, Bound::F32));
+        dev.attention_backward(&mut dqkv, &wide_dout, &wide_qkv, &gpu_out, &lse, shape);
         bwd_check = Some(worst(&b.bf16s(&d_dqkv, 3 * rows * width)?, &dqkv, Bound::Bf16));
     }
     let forward = attention_flops(batch, seq, heads, head_dim);
@@ -636,14 +645,17 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
         [Work::Flops(forward), Work::Bytes(rows_heads_bytes), Work::Flops(2.0 * forward), Work::Flops(1.5 * forward)];
     let name = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
     let passes = ["", " bwd delta", " bwd dkv", " bwd dq"];
-    let checks = [fwd_check, None, bwd_check, bwd_check];
+    let checks = [fwd_check, delta_check, bwd_check, bwd_check];
     let mut records = b.records(&name, &passes, planned, &[&fwd, &delta, &grads, &grads], work, &checks)?;
     let ms: f64 = records.iter().map(|r| r.ms).sum();
     let mut both = records[0].clone();
     both.shape = format!("{name} fwd+bwd");
     both.ms = ms;
     both.achieved = 3.5 * forward / (ms * 1e-3) / 1e12;
-    both.note = "the four kernels above, FLOPs 3.5 x the forward's".into();
+    let worst_check = checks.iter().flatten().fold(None, |w: Option<f64>, &c| Some(w.map_or(c, |w| w.max(c))));
+    let check = worst_check.map_or("not checked at this size".into(), |w| format!("check {w:.2} of tolerance"));
+    let kernels: Vec<&str> = planned.iter().map(|p| p.spec.function).collect();
+    both.note = format!("{}, FLOPs 3.5 x the forward's, {check}", kernels.join(" + "));
     records.push(both);
     Ok(records)
 }
