@@ -25,18 +25,20 @@ __device__ __forceinline__ void wgmma_shared_window(const void* base, size_t byt
 #endif
 }
 
-// The 64-bit shared-memory matrix descriptor for the no-swizzle layout: start address >> 4 in
-// bits 0-13, leading-dimension byte offset (between core matrices adjacent in K) >> 4 in bits
-// 16-29, stride-dimension byte offset (between core matrices adjacent in M or N) >> 4 in bits
-// 32-45; base offset and swizzle mode (bits 49-51, 62-63) zero. All three must be multiples of 16.
-__device__ __forceinline__ uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// The 64-bit shared-memory matrix descriptor for the 128-byte swizzle layout (the one TMA's
+// CU_TENSOR_MAP_SWIZZLE_128B writes): start address >> 4 in bits 0-13, leading-dimension byte
+// offset >> 4 in bits 16-29, stride-dimension byte offset >> 4 in bits 32-45, base offset (bits
+// 49-51) zero, layout type 1 (128-byte swizzle) in bits 62-63. What LBO and SBO step between, per
+// operand major-ness, is in ../emu/wgmma.h; the start must lie in the first 128-byte row of a
+// 1024-byte aligned swizzle atom (so the base offset is zero), and all three are multiples of 16.
+__device__ __forceinline__ uint64_t wgmma_descriptor_sw128(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
 #ifdef TRIDENT_EMU
   const uint32_t address = emu::wgmma_shared_offset(smem);
 #else
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 #endif
   return uint64_t((address & 0x3ffffu) >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3fffu) << 16) |
-         (uint64_t((sbo_bytes >> 4) & 0x3fffu) << 32);
+         (uint64_t((sbo_bytes >> 4) & 0x3fffu) << 32) | (uint64_t(1) << 62);
 }
 
 // fence.proxy.async.shared::cta: this thread's ordinary writes to shared memory become visible

@@ -164,9 +164,10 @@ pub struct KernelLaunch {
 /// threads fill an SM's 2048 resident threads, so one wave covers the device.
 pub const GRID_STRIDE_BLOCKS_PER_SM: usize = 8;
 
-/// The dynamic shared memory of gemm_bf16_sm90.cu's kernels: 4 stages of two 128 x 64 bf16 tiles
-/// and 8 mbarriers (its kSharedBytes), more than the default 48 KiB: the launch opts in.
-pub const SM90_GEMM_SHARED_BYTES: usize = 4 * 2 * 128 * 64 * 2 + 8 * 8;
+/// The dynamic shared memory of gemm_bf16_sm90.cu's kernels: 1 KiB of slack to start the stages
+/// on the 128-byte swizzle's 1024-byte period, 4 stages of two 128 x 64 bf16 tiles and 8 mbarriers
+/// (its kSharedBytes), more than the default 48 KiB: the launch opts in.
+pub const SM90_GEMM_SHARED_BYTES: usize = 1024 + 4 * 2 * 128 * 64 * 2 + 8 * 8;
 
 /// The three GEMMs of a linear layer of `rows` tokens, `k` inputs and `n` outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -466,16 +467,16 @@ mod tests {
         assert_eq!((w.spec.function, w.config.grid, w.config.shared_bytes), ("gemm_bwd_weight_bf16", [1, 2, 1], 69632));
         assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072, out: GemmOut::F32 }).config.grid, [24, 64, 1]);
         // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
-        // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
+        // [N, K], 132160 bytes of dynamic shared memory (opted in); sm_90a only.
         let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160, out: GemmOut::F32 });
         assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([2, 2, 1], [384, 1, 1], 90));
-        assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (131136, true));
+        assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (132160, true));
         let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid), ("gemm_bwd_input_bf16_sm90", [2, 3, 1]));
         let w = p(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
         assert_eq!(
             (w.spec.function, w.config.grid, w.config.shared_bytes),
-            ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 131136)
+            ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 132160)
         );
         // GPT-3 175B's MLP at 2048 tokens: 12288 -> 49152.
         assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288, out: GemmOut::F32 }).config.grid, [384, 16, 1]);
