@@ -19,38 +19,43 @@
 // operands: the launcher picks gemm_bf16.cu / gemm_bf16_bwd.cu otherwise. Ragged edges load as
 // zeros (TMA's out-of-bounds fill) and stores are guarded.
 //
-// Grid: (⌈cols/128⌉, ⌈rows/128⌉) blocks of 384 threads, each owning a 128 x 128 tile of D.
-// Warpgroup 0 is the producer: one thread issues the loads, the other 127 have nothing to do and
-// return (no __syncthreads follows the split). Warpgroups 1 and 2 are the consumers, one 64-row
-// half of the tile each, 64 f32 accumulators per thread in wgmma's m64n128 fragment layout.
+// Grid: (⌈cols/C⌉, ⌈rows/128⌉) blocks of 384 threads, each owning a 128 x C tile of D, C = 256
+// for the forward and backward-input, 128 for backward-weight (kCols: dW is a layer's weight,
+// whose few tiles would leave most SMs idle if wider). Warpgroup 0 is the producer: one thread
+// issues the loads, the other 127 have nothing to do and return (no __syncthreads follows the
+// split). Warpgroups 1 and 2 are the consumers, one 64-row half of the tile each, C / 2 f32
+// accumulators per thread in wgmma's m64nCk16 fragment layout.
 // Per 64-deep reduction step the producer waits until the consumers have released stage s
-// (barrier empty[s]), announces its 32 KiB (arrive.expect_tx on full[s]) and issues two TMA
-// copies (the 128 x 64 P tile and Q tile); each consumer waits on full[s], issues four
-// wgmma.mma_async.m64n128k16 (A from P's half, B from Q) as one commit group, and waits with
-// wgmma.wait_group 1: the group just issued stays in flight while the previous one is known
-// complete, whose stage it then releases (every consumer thread arrives on empty[s - 1]). So up
-// to 4 loads and 2 wgmma groups are in flight per block.
+// (barrier empty[s]), announces its 16 KiB + C x 128 bytes (arrive.expect_tx on full[s]) and
+// issues the TMA copies of the 128 x 64 P tile and the C x 64 Q tile; each consumer waits on
+// full[s], issues four wgmma.mma_async.m64nCk16 (A from P's half, B from Q) as one commit group,
+// and waits with wgmma.wait_group 1: the group just issued stays in flight while the previous
+// one is known complete, whose stage it then releases (every consumer thread arrives on
+// empty[s - 1]). So up to 4 stages of loads and 2 wgmma groups are in flight per block.
 // Why a producer warpgroup: the loads of step k + 3 are issued as soon as step k - 1's stage is
 // released, independently of where either consumer is in its wgmma stream, and the consumers'
-// loop has no load code; with 128 x 128 tiles the consumers need ~90 registers, within
-// __launch_bounds__(384, 1)'s 168, so no setmaxnreg rebalancing is needed.
+// loop has no load code. Why 128 x 256: per stage 48 KiB feed 4.2 MFLOP (85 FLOP per byte
+// from L2) where 128 x 128 tiles fed 2.1 MFLOP with 32 KiB (64 per byte); the consumers then
+// need ~155 registers (128 accumulators), within __launch_bounds__(384, 1)'s 168, so no
+// setmaxnreg rebalancing is needed (backward-weight's 128 x 128: ~90).
 //
-// Shared memory (dynamic: 1 KiB of alignment slack + 4 x 32 KiB stages + 8 barriers = 132160
-// bytes, so the launcher sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; the stages start
-// on the first 1024-byte aligned shared address). Tiles are stored in wgmma's 128-byte swizzle
-// layout (../emu/wgmma.h), which TMA writes directly from a 2-D view of a row-major [rows, cols]
-// matrix (dimension 0 the columns, dimension 1 the rows, stride = the row pitch) with
-// CU_TENSOR_MAP_SWIZZLE_128B and boxes 64 elements = 128 bytes wide: box row i lands at 128 i
-// bytes from the (1024-aligned) destination with its eight 16-byte chunks permuted, chunk c at
-// c ^ (i % 8). Whole 128-byte rows move per request, where the no-swizzle core-matrix layout
-// (16-byte box rows) made every tile a swarm of 16-byte L2 requests.
+// Shared memory (dynamic: 1 KiB of alignment slack + 4 stages + 8 barriers = 197696 bytes for
+// C = 256, 132160 for 128, so the launcher sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+// the stages start on the first 1024-byte aligned shared address, P's tile first, then Q's).
+// Tiles are stored in wgmma's 128-byte swizzle layout (../emu/wgmma.h), which TMA writes
+// directly from a 2-D view of a row-major [rows, cols] matrix (dimension 0 the columns,
+// dimension 1 the rows, stride = the row pitch) with CU_TENSOR_MAP_SWIZZLE_128B and boxes 64
+// elements = 128 bytes wide: box row i lands at 128 i bytes from the (1024-aligned)
+// destination with its eight 16-byte chunks permuted, chunk c at c ^ (i % 8). Whole 128-byte
+// rows move per request, where the no-swizzle core-matrix layout (16-byte box rows) made every
+// tile a swarm of 16-byte L2 requests.
 //   K-major operand (its rows along the tile's rows or columns, the reduction contiguous:
-//   A of the forward, W of the forward, dout of backward-input): one box (64, 128) at
-//   (r0, tile row): element (i, r) at 128 i + 2 r before the swizzle, so the descriptor's SBO
+//   A of the forward, W of the forward, dout of backward-input): boxes (64, 128) at
+//   (r0, tile row + 128 b) into 16384 b: element (i, r) at 128 i + 2 r before the swizzle, so the descriptor's SBO
 //   (next 8 rows in M / N) is 1024 (LBO unused, 16), and the k16 step kk of the 64-deep stage
 //   starts 2 kk bytes into the row: the hardware swizzles the address it forms, as TMA did.
 //   MN-major operand (the reduction along the matrix's rows: W of backward-input, dout and inp of
-//   backward-weight): two boxes (64, 64) at (tile col + 64 h, r0) into 8192 h: element (i, r) at
+//   backward-weight): boxes (64, 64) at (tile col + 64 h, r0) into 8192 h: element (i, r) at
 //   8192 (i / 64) + 128 r + 2 (i % 64) before the swizzle: LBO (next 64 in M / N) 8192, SBO
 //   (next 8 in K) 1024, the k16 step kk at 128 kk, and wgmma's transpose flag set.
 // The host makes the tensor maps (src/gpu/tma.rs through src/gpu/device_ops.rs, the harness):
@@ -80,12 +85,22 @@ enum class Product { Forward, BackwardInput, BackwardWeight };
 
 #ifdef TRIDENT_WGMMA
 constexpr int kTile = 128, kStep = 64, kStages = 4, kConsumerThreads = 256;
-constexpr uint32_t kOperandBytes = kTile * kStep * 2;     // one 128 x 64 bf16 tile: 16 KiB
-constexpr uint32_t kStageBytes = 2 * kOperandBytes;       // P and Q
-constexpr uint32_t kHalfBytes = kOperandBytes / 2;        // an MN-major tile's 64-wide half
+constexpr uint32_t kOperandBytes = kTile * kStep * 2;     // P's 128 x 64 bf16 tile: 16 KiB
+constexpr uint32_t kHalfBytes = kOperandBytes / 2;        // 64 rows or an MN-major 64-wide half
 constexpr size_t kAlignSlack = 1024;                      // the 128-byte swizzle's period
-constexpr size_t kBarrierOffset = size_t(kStages) * kStageBytes;
-constexpr size_t kSharedBytes = kAlignSlack + kBarrierOffset + 2 * kStages * sizeof(uint64_t);  // 132160
+
+// The tile's columns: 256 for the forward and backward-input, 128 for backward-weight (whose
+// D, dW [N, K], is a layer's weight: few tiles, so wider ones would idle most SMs).
+template <Product kP>
+constexpr int kCols = kP == Product::BackwardWeight ? 128 : 256;
+// A stage: P's tile, then Q's (kCols x 64).
+template <Product kP>
+constexpr uint32_t kStageBytes = kOperandBytes + kCols<kP> * kStep * 2;
+template <Product kP>
+constexpr size_t kBarrierOffset = size_t(kStages) * kStageBytes<kP>;
+// 197696 bytes (kCols 256) or 132160 (128).
+template <Product kP>
+constexpr size_t kSharedBytes = kAlignSlack + kBarrierOffset<kP> + 2 * kStages * sizeof(uint64_t);
 
 // P (the A operand) is MN-major only for backward-weight; Q (B) for both backward products.
 template <Product kP>
@@ -93,14 +108,16 @@ constexpr int kTransP = kP == Product::BackwardWeight;
 template <Product kP>
 constexpr int kTransQ = kP != Product::Forward;
 
-// The tile whose rows or columns start at `i0`, reduction step at `r0` (layouts above).
-template <int kTrans>
+// The tile of kRows rows or columns from `i0`, reduction step at `r0` (layouts above): K-major
+// in boxes of 128 rows, MN-major in boxes of 64 columns.
+template <int kTrans, int kRows>
 __device__ __forceinline__ void load_tile(unsigned char* dst, const TensorMap* map, int i0, int r0, uint64_t* bar) {
-  if (kTrans) {
-    tma_load_2d(dst, map, i0, r0, bar);
-    tma_load_2d(dst + kHalfBytes, map, i0 + 64, r0, bar);
-  } else {
-    tma_load_2d(dst, map, r0, i0, bar);
+  UNROLL
+  for (int b = 0; b < kRows / (kTrans ? 64 : 128); ++b) {
+    if (kTrans)
+      tma_load_2d(dst + b * kHalfBytes, map, i0 + 64 * b, r0, bar);
+    else
+      tma_load_2d(dst + b * kOperandBytes, map, r0, i0 + 128 * b, bar);
   }
 }
 
@@ -143,6 +160,15 @@ __device__ __forceinline__ bool pair_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
 }
 
+// acc = P · Q over one k16 step: m64n256k16 or m64n128k16 by the tile's columns.
+template <int kTransA, int kTransB, int kN>
+__device__ __forceinline__ void wgmma_step(float (&acc)[kN / 2], uint64_t desc_p, uint64_t desc_q) {
+  if constexpr (kN == 256)
+    wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, desc_p, desc_q, 1);
+  else
+    wgmma_m64n128k16_bf16<kTransA, kTransB>(acc, desc_p, desc_q, 1);
+}
+
 // D[row][col] = v[0] and, where `two`, D[row][col + 1] = v[1], through the epilogue; `at` is
 // row * cols + col.
 template <Product kP, class Out>
@@ -177,12 +203,14 @@ __device__ __forceinline__ void store_columns(const Epilogue<Out>& e, size_t at,
 template <Product kP, class Out>
 __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMap* map_q, const Epilogue<Out>& e, int rows,
                                           int cols, int R) {
-  unsigned char* const window = dynamic_shared(kSharedBytes);
-  wgmma_shared_window(window, kSharedBytes);
+  constexpr int kN = kCols<kP>;
+  constexpr uint32_t kStage = kStageBytes<kP>;
+  unsigned char* const window = dynamic_shared(kSharedBytes<kP>);
+  wgmma_shared_window(window, kSharedBytes<kP>);
   unsigned char* const smem = align_shared_1024(window);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset<kP>);
   uint64_t* empty = full + kStages;
-  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
+  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kN;
   const int steps = ceil_div(R, kStep);
   const int warpgroup = threadIdx.x / 128;
 
@@ -200,28 +228,28 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
     for (int step = 0; step < steps; ++step) {
       const int s = step % kStages;
       if (step >= kStages) mbarrier_wait(&empty[s], (step / kStages - 1) & 1);
-      unsigned char* stage = smem + size_t(s) * kStageBytes;
-      mbarrier_arrive_expect_tx(&full[s], kStageBytes);
-      load_tile<kTransP<kP>>(stage, map_p, row0, step * kStep, &full[s]);
-      load_tile<kTransQ<kP>>(stage + kOperandBytes, map_q, col0, step * kStep, &full[s]);
+      unsigned char* stage = smem + size_t(s) * kStage;
+      mbarrier_arrive_expect_tx(&full[s], kStage);
+      load_tile<kTransP<kP>, kTile>(stage, map_p, row0, step * kStep, &full[s]);
+      load_tile<kTransQ<kP>, kN>(stage + kOperandBytes, map_q, col0, step * kStep, &full[s]);
     }
     return;
   }
 
   const int half = (warpgroup - 1) * 64;  // this consumer's rows of the tile
-  float acc[64];
+  float acc[kN / 2];
   UNROLL
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
   for (int step = 0; step < steps; ++step) {
     const int s = step % kStages;
     mbarrier_wait(&full[s], (step / kStages) & 1);
-    const unsigned char* stage = smem + size_t(s) * kStageBytes;
+    const unsigned char* stage = smem + size_t(s) * kStage;
     wgmma_fence();
     UNROLL
     for (int kk = 0; kk < kStep; kk += 16) {
       const uint64_t desc_p = tile_descriptor<kTransP<kP>>(stage, half, kk);
       const uint64_t desc_q = tile_descriptor<kTransQ<kP>>(stage + kOperandBytes, 0, kk);
-      wgmma_m64n128k16_bf16<kTransP<kP>, kTransQ<kP>>(acc, desc_p, desc_q, 1);
+      wgmma_step<kTransP<kP>, kTransQ<kP>, kN>(acc, desc_p, desc_q);
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's group is complete: its stage may be refilled
@@ -233,7 +261,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   // and 4j + 2h + 1 are row 16w + g + 8h, columns 8j + 2t and 8j + 2t + 1.
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   UNROLL
-  for (int j = 0; j < kTile / 8; ++j)
+  for (int j = 0; j < kN / 8; ++j)
     UNROLL
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + half + 16 * warp + g + 8 * h;

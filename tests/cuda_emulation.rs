@@ -55,7 +55,7 @@ fn attention_pipeline_many_tiles_ragged() {
     }
 }
 
-/// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,
+/// The sm_90a GEMMs (wgmma fed by TMA, 128 x 256 tiles, dW's 128 x 128, 4 stages): a full tile; ragged rows,
 /// columns and reduction (TMA's zero fill, guarded stores) with row pitches multiples of 8 (what
 /// TMA needs; the Device picks the mma.sync kernels otherwise); more reduction steps than stages
 /// (every barrier through several phases) and several tiles each way; tiny.
@@ -77,8 +77,11 @@ fn gemm_wgmma_sm90_forward() {
 
 #[test]
 fn gemm_wgmma_sm90_backward() {
-    // Backward-input reduces over N, backward-weight over M: both past 4 stages in the last two.
-    for (m, n, k) in [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8)] {
+    // Backward-input reduces over N, backward-weight over M: both past 4 stages in the last two;
+    // K 264: two of backward-input's 256-column tiles (the second ragged), three of dW's 128.
+    for (m, n, k) in
+        [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8), (150, 96, 264)]
+    {
         gemm_bwd_by(&CUDA, m, n, k, "gemm_sm90_bwd");
     }
     // gemm_bwd_input_bf16_bf16out_sm90: the f32 sum rounded once into bf16.
@@ -99,7 +102,8 @@ fn wgmma_reads_what_tma_swizzled_and_planted_layout_bugs_fail() {
     let want: Vec<f64> = (0..64 * 128)
         .map(|i| (0..64).map(|k| f64::from(a[i / 128 * 64 + k]) * f64::from(b[i % 128 * 64 + k])).sum())
         .collect();
-    let transpose = |x: &[f32], rows: usize| -> Vec<f32> { (0..x.len()).map(|i| x[i % rows * 64 + i / rows]).collect() };
+    let transpose =
+        |x: &[f32], rows: usize| -> Vec<f32> { (0..x.len()).map(|i| x[i % rows * 64 + i / rows]).collect() };
     for mn_major in [0, 1] {
         for plant in [0, 1, 2, 3, 4, 5, 6] {
             if plant == 6 && mn_major == 0 {

@@ -3,7 +3,7 @@
 // Matrix Multiply-Accumulate Instructions") exactly where a kernel can observe it:
 //
 //   wgmma.fence.sync.aligned
-//   wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
+//   wgmma.mma_async.sync.aligned.m64n{128,256}k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
 //   wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N
 //
 // A warpgroup is four consecutive warps (threads 128w..128w+127). Every instruction is a
@@ -55,7 +55,7 @@
 
 namespace emu {
 
-inline constexpr int kWgmmaMaxN = 128;  // the shape the kernels use: m64n128k16
+inline constexpr int kWgmmaMaxN = 256;  // the shapes the kernels use: m64n128k16, m64n256k16
 
 struct WgmmaOp {
   uint64_t desc_a, desc_b;
@@ -246,7 +246,7 @@ inline void wgmma_fence() { warpgroup_collective(WgOperand{WgKind::Fence, 0, 0, 
 inline void wgmma_commit() { warpgroup_collective(WgOperand{WgKind::Commit, 0, 0, 0, 0, nullptr}); }
 inline void wgmma_wait(int n) { warpgroup_collective(WgOperand{WgKind::Wait, 0, 0, 0, n, nullptr}); }
 inline void wgmma_bf16(int n, float* d, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a, int trans_b) {
-  if (n != kWgmmaMaxN) fail("wgmma shape not emulated (m64n128k16 only)");
+  if (n != 128 && n != 256) fail("wgmma shape not emulated (m64n128k16 and m64n256k16 only)");
   warpgroup_collective(WgOperand{WgKind::Mma, desc_a, desc_b, scale_d != 0, 0, d, n, trans_a != 0, trans_b != 0});
 }
 

@@ -77,7 +77,9 @@ void gemm_sm90_forward() {
   std::vector<Out> out(size_t(M) * N, from_float<Out>(-1.0f));
   void (*kernel)(TensorMap, TensorMap, Out*, const float*, const Out*, int, int, int, int);
   if constexpr (f32) kernel = gemm_fwd_bf16_f32out_sm90; else kernel = gemm_fwd_bf16_sm90;
-  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(N, 128), ceil_div(M, 128)), dim3(384), kernel,
+  using gemm_sm90_detail::Product;
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes<Product::Forward>,
+                      dim3(ceil_div(N, gemm_sm90_detail::kCols<Product::Forward>), ceil_div(M, 128)), dim3(384), kernel,
                       sm90_tensor_map(A.data(), M, K, false), sm90_tensor_map(W.data(), N, K, false), out.data(),
                       (const float*)or_null(bias), (const Out*)or_null(residual), M, N, K, gelu);
   write("out", f32 ? "f32" : "bf16", out);
@@ -87,7 +89,9 @@ void gemm_sm90_backward_bf16_out() {
   const int M = arg(0), N = arg(1), K = arg(2);
   auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
   std::vector<bf16> dinp(size_t(M) * K, to_bf16(-1.0f));
-  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384),
+  constexpr auto kInput = gemm_sm90_detail::Product::BackwardInput;
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes<kInput>,
+                      dim3(ceil_div(K, gemm_sm90_detail::kCols<kInput>), ceil_div(M, 128)), dim3(384),
                       gemm_bwd_input_bf16_bf16out_sm90, sm90_tensor_map(dout.data(), M, N, false),
                       sm90_tensor_map(W.data(), N, K, true), dinp.data(), M, N, K);
   write_bf16("dinp", dinp);
@@ -98,11 +102,15 @@ void gemm_sm90_backward() {
   auto inp = read_bf16("inp", size_t(M) * K);
   auto dweight = read_f32("dweight", size_t(N) * K);
   std::vector<float> dinp(size_t(M) * K, -1.0f);
-  const size_t bytes = gemm_sm90_detail::kSharedBytes;
-  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384), gemm_bwd_input_bf16_sm90,
+  using gemm_sm90_detail::kCols, gemm_sm90_detail::kSharedBytes, gemm_sm90_detail::Product;
+  emu::launch_dynamic(kSharedBytes<Product::BackwardInput>,
+                      dim3(ceil_div(K, kCols<Product::BackwardInput>), ceil_div(M, 128)), dim3(384),
+                      gemm_bwd_input_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, false), sm90_tensor_map(W.data(), N, K, true), dinp.data(), M,
                       N, K);
-  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(N, 128)), dim3(384), gemm_bwd_weight_bf16_sm90,
+  emu::launch_dynamic(kSharedBytes<Product::BackwardWeight>,
+                      dim3(ceil_div(K, kCols<Product::BackwardWeight>), ceil_div(N, 128)), dim3(384),
+                      gemm_bwd_weight_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, true), sm90_tensor_map(inp.data(), M, K, true),
                       dweight.data(), M, N, K);
   write_f32("dinp", dinp);
