@@ -160,15 +160,6 @@ __device__ __forceinline__ bool pair_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
 }
 
-// acc = P · Q over one k16 step: m64n256k16 or m64n128k16 by the tile's columns.
-template <int kTransA, int kTransB, int kN>
-__device__ __forceinline__ void wgmma_step(float (&acc)[kN / 2], uint64_t desc_p, uint64_t desc_q) {
-  if constexpr (kN == 256)
-    wgmma_m64n256k16_bf16<kTransA, kTransB>(acc, desc_p, desc_q, 1);
-  else
-    wgmma_m64n128k16_bf16<kTransA, kTransB>(acc, desc_p, desc_q, 1);
-}
-
 // D[row][col] = v[0] and, where `two`, D[row][col + 1] = v[1], through the epilogue; `at` is
 // row * cols + col.
 template <Product kP, class Out>
@@ -249,7 +240,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
     for (int kk = 0; kk < kStep; kk += 16) {
       const uint64_t desc_p = tile_descriptor<kTransP<kP>>(stage, half, kk);
       const uint64_t desc_q = tile_descriptor<kTransQ<kP>>(stage + kOperandBytes, 0, kk);
-      wgmma_step<kTransP<kP>, kTransQ<kP>, kN>(acc, desc_p, desc_q);
+      wgmma_bf16<kN, kTransP<kP>, kTransQ<kP>>(acc, desc_p, desc_q, 1);
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's group is complete: its stage may be refilled

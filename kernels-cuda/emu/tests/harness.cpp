@@ -156,9 +156,9 @@ __global__ void wgmma_probe(const __grid_constant__ TensorMap map_a, const __gri
     uint64_t desc_a = wgmma_descriptor_sw128(a + k_step, lbo, sbo), desc_b = wgmma_descriptor_sw128(b + k_step, lbo, sbo);
     if (plant == 3) desc_a &= ~(uint64_t(3) << 62), desc_b &= ~(uint64_t(3) << 62);
     if (mn_major)
-      wgmma_m64n128k16_bf16<1, 1>(acc, desc_a, desc_b, 1);
+      wgmma_bf16<128, 1, 1>(acc, desc_a, desc_b, 1);
     else
-      wgmma_m64n128k16_bf16<0, 0>(acc, desc_a, desc_b, 1);
+      wgmma_bf16<128, 0, 0>(acc, desc_a, desc_b, 1);
   }
   wgmma_commit();
   wgmma_wait<0>();
