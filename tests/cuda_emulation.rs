@@ -55,7 +55,7 @@ fn attention_pipeline_many_tiles_ragged() {
     }
 }
 
-/// The sm_90a GEMMs (wgmma fed by TMA, 128 x 128 tiles, 4 stages): a full tile; ragged rows,
+/// The sm_90a GEMMs (wgmma fed by TMA, 128 x 256 tiles, dW's 128 x 128, 4 stages): a full tile; ragged rows,
 /// columns and reduction (TMA's zero fill, guarded stores) with row pitches multiples of 8 (what
 /// TMA needs; the Device picks the mma.sync kernels otherwise); more reduction steps than stages
 /// (every barrier through several phases) and several tiles each way; tiny.
@@ -77,14 +77,63 @@ fn gemm_wgmma_sm90_forward() {
 
 #[test]
 fn gemm_wgmma_sm90_backward() {
-    // Backward-input reduces over N, backward-weight over M: both past 4 stages in the last two.
-    for (m, n, k) in [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8)] {
+    // Backward-input reduces over N, backward-weight over M: both past 4 stages in the last two;
+    // K 264: two of backward-input's 256-column tiles (the second ragged), three of dW's 128.
+    for (m, n, k) in
+        [(128, 128, 128), (100, 72, 40), (37, 136, 96), (300, 264, 200), (520, 80, 136), (1, 8, 8), (150, 96, 264)]
+    {
         gemm_bwd_by(&CUDA, m, n, k, "gemm_sm90_bwd");
     }
     // gemm_bwd_input_bf16_bf16out_sm90: the f32 sum rounded once into bf16.
     for (m, n, k) in [(128, 128, 128), (100, 72, 40), (300, 264, 200), (1, 8, 8)] {
         gemm_bwd_input_bf16_out_by(&CUDA, m, n, k, "gemm_sm90_bwd_bf16out");
     }
+}
+
+/// The 128-byte swizzle from TMA's write to wgmma's read (harness.cpp's `wgmma_probe`: one
+/// m64n128 product over K = 64 in four k16 steps, both operands K-major or both MN-major, with
+/// gemm_bf16_sm90.cu's descriptors) matches the product computed here; and each planted bug
+/// fails, by a wrong product or by the emulation refusing it: a wrong SBO, tensor maps without
+/// swizzle under 128B descriptors, no-swizzle descriptors over swizzled tiles, the K step of the
+/// other major-ness, tiles off the 1024-byte period, a wrong MN-major LBO.
+#[test]
+fn wgmma_reads_what_tma_swizzled_and_planted_layout_bugs_fail() {
+    let (a, b) = (CUDA.bf16_values(64 * 64, "probe_a", 1.0), CUDA.bf16_values(128 * 64, "probe_b", 1.0));
+    let want: Vec<f64> = (0..64 * 128)
+        .map(|i| (0..64).map(|k| f64::from(a[i / 128 * 64 + k]) * f64::from(b[i % 128 * 64 + k])).sum())
+        .collect();
+    let transpose =
+        |x: &[f32], rows: usize| -> Vec<f32> { (0..x.len()).map(|i| x[i % rows * 64 + i / rows]).collect() };
+    for mn_major in [0, 1] {
+        for plant in [0, 1, 2, 3, 4, 5, 6] {
+            if plant == 6 && mn_major == 0 {
+                continue; // a K-major operand's LBO is unused under the swizzle
+            }
+            let case = CUDA.case(&format!("wgmma_probe_{mn_major}_{plant}"));
+            // K-major: A [m][k], B [n][k] as they are; MN-major: A [k][m], B [k][n].
+            if mn_major == 1 {
+                case.put_bf16("a", &transpose(&a, 64));
+                case.put_bf16("b", &transpose(&b, 128));
+            } else {
+                case.put_bf16("a", &a);
+                case.put_bf16("b", &b);
+            }
+            let outcome = case.outcome("wgmma_probe", &args(&[&mn_major, &plant]));
+            let matches = outcome.is_ok() && compare(&case.get_f32("d"), &want, 1e-4, 1e-5).violations == 0;
+            assert_eq!(matches, plant == 0, "major-ness {mn_major}, plant {plant}: {outcome:?}");
+        }
+    }
+}
+
+/// The emulated cuTensorMapEncodeTiled (harness.cpp's `tensor_map_rules`, also the emulating
+/// driver's) refuses what the driver does (an innermost box over the 128-byte swizzle span, a
+/// global address off 16 bytes, a row pitch not a multiple of 16 bytes) and what it does not
+/// model (a 128B-swizzled box under 128 bytes, the 64-byte swizzle), and accepts the GEMMs' map.
+#[test]
+fn tensor_maps_follow_the_drivers_rules() {
+    let case = CUDA.case("tensor_map_rules");
+    case.run("tensor_map_rules", &[]);
+    assert_eq!(case.get_i32("refused"), [0, 1, 1, 1, 1, 1, 0]);
 }
 
 #[test]

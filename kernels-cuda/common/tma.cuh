@@ -22,8 +22,10 @@ struct __align__(64) TensorMap {
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 #endif
 
-// The launch's dynamic shared memory (`extern __shared__`), 1024-byte aligned; the kernel uses
-// `bytes` of it (the launch must give at least that much: the emulation checks).
+// The launch's dynamic shared memory (`extern __shared__`); the kernel uses `bytes` of it (the
+// launch must give at least that much: the emulation checks). Declared 1024-byte aligned, but
+// the CUDA documentation promises less: a kernel that needs the alignment rounds up
+// (align_shared_1024) within slack it asks for.
 __device__ __forceinline__ unsigned char* dynamic_shared(size_t bytes) {
 #ifdef TRIDENT_EMU
   return emu::dynamic_shared(bytes);
@@ -32,6 +34,18 @@ __device__ __forceinline__ unsigned char* dynamic_shared(size_t bytes) {
   extern __shared__ __align__(1024) unsigned char trident_dynamic_shared[];
   return trident_dynamic_shared;
 #endif
+}
+
+// The first 1024-byte aligned shared address at or after p (the 128-byte swizzle's period, which
+// its tiles must start on). The emulation's shared memory is 1024-byte aligned in host memory,
+// so there the host address stands for the shared one.
+__device__ __forceinline__ unsigned char* align_shared_1024(unsigned char* p) {
+#ifdef TRIDENT_EMU
+  const uint32_t address = uint32_t(reinterpret_cast<uintptr_t>(p) % 1024u);
+#else
+  const uint32_t address = smem_u32(p);
+#endif
+  return p + (1024u - address % 1024u) % 1024u;
 }
 
 // mbarrier.init.shared::cta.b64 [bar], count: phase 0, `count` arrivals expected per phase.
@@ -90,19 +104,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-// cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes
-// [dst], [map, {c0, c1, c2}], [bar]: the box of `map` at coordinates (c0, c1, c2) into shared
-// memory at dst (128-byte aligned), zeros where the box leaves the tensor; its bytes complete
-// on `bar`'s current phase.
-__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
+// [dst], [map, {c0, c1}], [bar]: the box of `map` at coordinates (c0, c1) (c0 the innermost)
+// into shared memory at dst (128-byte aligned; 1024 under the 128-byte swizzle), zeros where the
+// box leaves the tensor; its bytes complete on `bar`'s current phase.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, int c0, int c1, uint64_t* bar) {
 #ifdef TRIDENT_EMU
-  const int coords[3] = {c0, c1, c2};
-  emu::tma_load(dst, map, coords, 3, bar);
+  const int coords[2] = {c0, c1};
+  emu::tma_load(dst, map, coords, 2, bar);
 #else
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
           smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
 #endif
 }

@@ -7,16 +7,25 @@
 //   mbarrier.arrive.shared::cta.b64 _, [bar]
 //   mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx
 //   mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity   (in a loop until p)
-//   cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map, {c0, c1, c2}], [bar]
+//   cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}], [bar]
+//   (and .1d to .5d alike)
 //
 // Tensor map. `encode_tiled` checks the arguments as cuTensorMapEncodeTiled documents them
 // (rank 1..5; global address 16-byte aligned; every global stride a multiple of 16 below 2^40;
-// box sizes 1..256 with the innermost box a multiple of 16 bytes; element strides 1) and keeps
-// the address, sizes, byte strides and box in the 128-byte opaque map; only what the kernels
-// use is emulated (bf16 or f32 elements, no interleave, no swizzle, out-of-bounds fill with
-// zeros, element strides 1): anything else is refused. A copy writes the box densely into
-// shared memory, dimension 0 fastest, an element whose coordinate lies outside [0, size) in any
-// dimension as zero, and counts the whole box's bytes (zeros included) towards its barrier.
+// box sizes 1..256 with the innermost box a multiple of 16 bytes, and at most the swizzle span
+// (128 bytes) under CU_TENSOR_MAP_SWIZZLE_128B; element strides 1) and keeps the address, sizes,
+// byte strides, box and swizzle in the 128-byte opaque map; only what the kernels use is
+// emulated (bf16 or f32 elements, no interleave, no swizzle or the 128-byte swizzle with an
+// innermost box of exactly 128 bytes, out-of-bounds fill with zeros, element strides 1):
+// anything else is refused. A copy writes the box into shared memory, dimension 0 fastest, an
+// element whose coordinate lies outside [0, size) in any dimension as zero, and counts the whole
+// box's bytes (zeros included) towards its barrier. Without swizzle the box lands densely; with
+// the 128-byte swizzle the byte at dense offset o lands at shared address (dst + o) with its
+// 16-byte chunk bits [4:6] XORed with bits [7:9] (the PTX ISA's 128B swizzle: within each
+// 128-byte row of the box the 8 chunks are permuted by the row's index mod 8, a pattern that
+// repeats every 1024 bytes), which wgmma's 128B-swizzle descriptors (../emu/wgmma.h) undo; the
+// destination must then be 1024-byte aligned, the pattern's period, so that the swizzle of the
+// address is the swizzle of the offset the kernel's descriptors assume (else refused).
 //
 // mbarrier. A phase completes when its pending arrival count reaches zero and its transaction
 // count (bytes announced by expect-tx, less the bytes completed copies delivered) is zero; then
@@ -53,11 +62,17 @@ struct TensorMapState {
   uint32_t box[5];
   uint32_t rank;
   uint32_t element_bytes;
+  uint32_t swizzle_128b;  // 0: no swizzle; 1: CU_TENSOR_MAP_SWIZZLE_128B
 };
 static_assert(sizeof(TensorMapState) <= 128);
 
 // cuTensorMapEncodeTiled's enums, as cuda.h numbers them.
 inline constexpr int kTmaUint16 = 1, kTmaFloat32 = 7, kTmaBfloat16 = 9;
+inline constexpr int kTmaSwizzleNone = 0, kTmaSwizzle128B = 3;
+
+// The 128-byte swizzle of a shared-memory address (or of an offset from a 1024-byte aligned
+// base): the 16-byte chunk index, bits [4:6], XORed with bits [7:9].
+inline uint64_t swizzle_128b(uint64_t address) { return address ^ (((address >> 7) & 7u) << 4); }
 
 // 0 and the map in `map` (128 bytes), or CUDA_ERROR_INVALID_VALUE (1) with `why` set.
 inline int encode_tiled(void* map, int data_type, unsigned rank, const void* address, const uint64_t* dims,
@@ -77,7 +92,8 @@ inline int encode_tiled(void* map, int data_type, unsigned rank, const void* add
   if (rank < 1 || rank > 5) return refuse("rank outside 1..5");
   if (reinterpret_cast<uintptr_t>(address) % 16) return refuse("global address not 16-byte aligned");
   if (interleave != 0) return refuse("interleaved layouts are not emulated");
-  if (swizzle != 0) return refuse("only the no-swizzle layout is emulated");
+  if (swizzle != kTmaSwizzleNone && swizzle != kTmaSwizzle128B)
+    return refuse("only no swizzle and the 128-byte swizzle are emulated");
   if (l2_promotion < 0 || l2_promotion > 3) return refuse("unknown L2 promotion");
   if (oob_fill != 0) return refuse("only out-of-bounds fill with zeros (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) is emulated");
   TensorMapState s{};
@@ -100,6 +116,12 @@ inline int encode_tiled(void* map, int data_type, unsigned rank, const void* add
     }
   }
   if ((uint64_t(box[0]) * element) % 16) return refuse("innermost box not a multiple of 16 bytes");
+  if (swizzle == kTmaSwizzle128B) {
+    if (uint64_t(box[0]) * element > 128) return refuse("innermost box over the 128-byte swizzle span");
+    if (uint64_t(box[0]) * element != 128)
+      return refuse("the 128-byte swizzle is emulated only for an innermost box of exactly 128 bytes");
+    s.swizzle_128b = 1;
+  }
   std::memset(map, 0, 128);
   std::memcpy(map, &s, sizeof s);
   return 0;
@@ -163,12 +185,13 @@ inline void perform_copy(const TmaCopy& c) {
   const TensorMapState& m = c.map;
   uint32_t box[5] = {1, 1, 1, 1, 1};
   for (unsigned d = 0; d < m.rank; ++d) box[d] = m.box[d];
-  unsigned char* out = c.dst;
+  uint64_t o = 0;  // the dense offset in the box
   for (uint32_t i4 = 0; i4 < box[4]; ++i4)
     for (uint32_t i3 = 0; i3 < box[3]; ++i3)
       for (uint32_t i2 = 0; i2 < box[2]; ++i2)
         for (uint32_t i1 = 0; i1 < box[1]; ++i1)
-          for (uint32_t i0 = 0; i0 < box[0]; ++i0, out += m.element_bytes) {
+          for (uint32_t i0 = 0; i0 < box[0]; ++i0, o += m.element_bytes) {
+            unsigned char* out = c.dst + (m.swizzle_128b ? swizzle_128b(o) : o);
             const uint32_t at[5] = {i0, i1, i2, i3, i4};
             bool inside = true;
             uint64_t offset = 0;
@@ -247,6 +270,8 @@ inline void tma_load(void* dst, const void* map, const int* coords, unsigned ran
   if (m.magic != kTensorMapMagic) fail("cp.async.bulk.tensor: not a tensor map made by cuTensorMapEncodeTiled");
   if (m.rank != rank) fail("cp.async.bulk.tensor: the instruction's dimension differs from the tensor map's rank");
   if (reinterpret_cast<uintptr_t>(dst) % 128) fail("cp.async.bulk.tensor: shared destination not 128-byte aligned");
+  if (m.swizzle_128b && reinterpret_cast<uintptr_t>(dst) % 1024)
+    fail("cp.async.bulk.tensor: 128-byte swizzle into a shared destination not 1024-byte aligned");
   uint64_t bytes = m.element_bytes;
   for (unsigned d = 0; d < m.rank; ++d) bytes *= m.box[d];
   auto* out = static_cast<unsigned char*>(dst);

@@ -3,7 +3,7 @@
 // Matrix Multiply-Accumulate Instructions") exactly where a kernel can observe it:
 //
 //   wgmma.fence.sync.aligned
-//   wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
+//   wgmma.mma_async.sync.aligned.m64n{128,256}k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
 //   wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N
 //
 // A warpgroup is four consecutive warps (threads 128w..128w+127). Every instruction is a
@@ -22,16 +22,23 @@
 //
 // Matrix descriptor (64 bits): bits 0-13 start address >> 4, bits 16-29 leading-dimension byte
 // offset (LBO) >> 4, bits 32-45 stride-dimension byte offset (SBO) >> 4, bits 49-51 base offset,
-// bits 62-63 swizzle mode. Only no-swizzle (0) with base offset 0 is emulated; others fail. The
-// operand is made of 8x8 "core matrices" of 16-bit elements, 8 rows of 16 contiguous bytes each,
-// rows 16 bytes apart (128 contiguous bytes); SBO steps between core matrices adjacent in M (for
-// A) or N (for B), LBO between the two adjacent in K (CUTLASS's canonical no-swizzle layouts:
-// ((8,m),(T,2)):((1T,SBO),(1,LBO)) K-major, ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) MN-major).
-//   K-major (transpose flag 0): a core matrix's rows run along M / N, its 8 elements along K:
-//     element (mn, k) at start + (mn / 8) * SBO + (k / 8) * LBO + (mn % 8) * 16 + (k % 8) * 2.
-//   MN-major (transpose flag 1, imm-trans-a / imm-trans-b; bf16 and f16 only): a core
-//   matrix's rows run along K, its 8 elements along M / N:
-//     element (mn, k) at start + (mn / 8) * SBO + (k / 8) * LBO + (k % 8) * 16 + (mn % 8) * 2.
+// bits 62-63 layout type (0 no swizzle, 1 128-byte swizzle, 2 64-byte, 3 32-byte). Only the
+// 128-byte swizzle (1) with base offset 0 is emulated (what TMA's CU_TENSOR_MAP_SWIZZLE_128B
+// writes, ../emu/tma.h); others fail. The layouts, as CUTLASS's canonical GMMA layouts
+// (cute/atom/mma_traits_sm90_gmma.hpp: Swizzle<3,4,3> o ((8,m),(T,2)):((8T,SBO),(1,T)) K-major,
+// Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) MN-major, T = 8 elements of 16 bits):
+// first an unswizzled byte address of element (mn, k) of the 64 x 16 (A) or N x 16 (B) operand,
+//   K-major (transpose flag 0): rows of 128 bytes along M / N, the 16 elements of K contiguous
+//   in a row, 8 rows a 1024-byte swizzle atom, atoms SBO apart (LBO unused: CUTLASS sets 1);
+//     start + (mn / 8) * SBO + (mn % 8) * 128 + k * 2;
+//   MN-major (transpose flag 1, imm-trans-a / imm-trans-b; bf16 and f16 only): rows of 128
+//   bytes along K, each 64 consecutive elements of M / N, 8 rows an atom; atoms adjacent in K
+//   SBO apart, adjacent in M / N LBO apart;
+//     start + (mn / 64) * LBO + (mn % 64) * 2 + (k / 8) * SBO + (k % 8) * 128;
+// then the hardware's swizzle of that shared address: its 16-byte chunk bits [4:6] XORed with
+// bits [7:9] (tma.h's swizzle_128b). The swizzle acts on the address, not on the offset from
+// start, so a descriptor may start inside an atom's first row (a K step of 16 elements is
+// start + 32 bytes in K-major) and still read what TMA wrote for the 1024-byte aligned atom.
 //
 // Accumulator fragment of m64nNk16 (f32): warp w of the warpgroup holds rows 16w..16w+15; lane
 // (g = lane / 4, t = lane % 4) holds, for each n8 column block j < N / 8, registers
@@ -48,7 +55,7 @@
 
 namespace emu {
 
-inline constexpr int kWgmmaMaxN = 128;  // the shape the kernels use: m64n128k16
+inline constexpr int kWgmmaMaxN = 256;  // the shapes the kernels use: m64n128k16, m64n256k16
 
 struct WgmmaOp {
   uint64_t desc_a, desc_b;
@@ -86,6 +93,8 @@ struct SharedWindow {
 inline thread_local SharedWindow shared_window;
 
 inline void wgmma_shared_window(const void* base, size_t bytes) {
+  // The window's offsets stand for shared addresses, whose bits [4:9] the swizzle reads.
+  if (reinterpret_cast<uintptr_t>(base) % 1024) fail("wgmma shared window not 1024-byte aligned");
   shared_window = SharedWindow{static_cast<const unsigned char*>(base), bytes};
 }
 inline uint32_t wgmma_shared_offset(const void* p) {
@@ -95,13 +104,15 @@ inline uint32_t wgmma_shared_offset(const void* p) {
   return uint32_t(c - shared_window.base);
 }
 
-// The byte offset of element (mn, k) of an operand through its descriptor, K-major or MN-major.
+// The shared address (offset in the window) of element (mn, k) of an operand through its
+// descriptor, K-major or MN-major, 128-byte swizzle.
 inline uint64_t wgmma_operand_offset(uint64_t desc, unsigned mn, unsigned k, bool mn_major) {
   const uint64_t start = (desc & 0x3fffu) << 4, lbo = ((desc >> 16) & 0x3fffu) << 4, sbo = ((desc >> 32) & 0x3fffu) << 4;
-  if ((desc >> 62) != 0) fail("wgmma descriptor: only the no-swizzle layout is emulated");
+  if ((desc >> 62) != 1) fail("wgmma descriptor: only the 128-byte swizzle layout (type 1) is emulated");
   if (((desc >> 49) & 7u) != 0) fail("wgmma descriptor: nonzero base offset");
-  const uint64_t inner = mn_major ? (k % 8) * 16 + (mn % 8) * 2 : (mn % 8) * 16 + (k % 8) * 2;
-  return start + (mn / 8) * sbo + (k / 8) * lbo + inner;
+  const uint64_t linear = mn_major ? start + (mn / 64) * lbo + (mn % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                                   : start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2;
+  return swizzle_128b(linear);
 }
 
 inline float wgmma_operand(uint64_t desc, unsigned mn, unsigned k, bool mn_major) {
@@ -235,7 +246,7 @@ inline void wgmma_fence() { warpgroup_collective(WgOperand{WgKind::Fence, 0, 0, 
 inline void wgmma_commit() { warpgroup_collective(WgOperand{WgKind::Commit, 0, 0, 0, 0, nullptr}); }
 inline void wgmma_wait(int n) { warpgroup_collective(WgOperand{WgKind::Wait, 0, 0, 0, n, nullptr}); }
 inline void wgmma_bf16(int n, float* d, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a, int trans_b) {
-  if (n != kWgmmaMaxN) fail("wgmma shape not emulated (m64n128k16 only)");
+  if (n != 128 && n != 256) fail("wgmma shape not emulated (m64n128k16 and m64n256k16 only)");
   warpgroup_collective(WgOperand{WgKind::Mma, desc_a, desc_b, scale_d != 0, 0, d, n, trans_a != 0, trans_b != 0});
 }
 

@@ -9,7 +9,7 @@ use super::driver::{
 use super::kernels::cuda::arch_for;
 use super::launch::LaunchConfig;
 use super::runtime::VendorRuntime;
-use super::tma::{TensorMap, TiledMap, DATA_TYPE_BF16};
+use super::tma::{TensorMap, TiledMap, DATA_TYPE_BF16, SWIZZLE_128B};
 use crate::error::{Error, Result};
 use std::ffi::{c_void, CString};
 
@@ -189,22 +189,22 @@ impl VendorRuntime for CudaRuntime {
     fn tensor_map(&self, map: &TiledMap) -> Result<TensorMap> {
         self.current()?;
         let mut out = TensorMap([0; 16]);
-        let element_strides = [1u32; 3];
-        // SAFETY: `out` is a 64-byte aligned 128-byte CUtensorMap; the arrays hold rank (3)
+        let element_strides = [1u32; 2];
+        // SAFETY: `out` is a 64-byte aligned 128-byte CUtensorMap; the arrays hold rank (2)
         // sizes, boxes and element strides and rank - 1 strides; the driver only reads them and
         // records the address, which the caller keeps alive while kernels use the map.
         self.driver.check("cuTensorMapEncodeTiled", unsafe {
             self.driver.api.cuTensorMapEncodeTiled(
                 (&mut out as *mut TensorMap).cast(),
                 DATA_TYPE_BF16,
-                3,
+                2,
                 map.address as *mut c_void,
                 map.dims.as_ptr(),
                 map.strides.as_ptr(),
                 map.boxes.as_ptr(),
                 element_strides.as_ptr(),
                 0,
-                0,
+                SWIZZLE_128B,
                 0,
                 0,
             )

@@ -142,6 +142,11 @@ impl Case {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    /// Runs `op` of the harness on this case: Ok, or its stderr when it fails.
+    pub fn outcome(&self, op: &str, args: &[String]) -> Result<(), String> {
+        let out = Command::new(&self.harness).arg(op).arg(&self.dir).args(args).output().unwrap();
+        out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    }
     /// Runs an op that must fail; returns its stderr.
     pub fn run_failing(&self, op: &str) -> String {
         let out = Command::new(&self.harness).arg(op).arg(&self.dir).output().unwrap();

@@ -18,7 +18,9 @@
 // (kernels-cuda/emu/simt.h), with the dynamic shared memory it asks for: up to 48 KiB, more once
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) allowed it on that function
 // (up to the opt-in limit); `extra` is refused. cuTensorMapEncodeTiled checks its arguments and
-// makes the map the TMA emulation reads (kernels-cuda/emu/tma.h: bf16 / f32, no swizzle).
+// makes the map the TMA emulation reads (kernels-cuda/emu/tma.h: bf16 / f32, no swizzle or the
+// 128-byte swizzle), refusing what the driver refuses (misaligned address or strides, an innermost
+// box wider than the swizzle span).
 //
 // Streams and events follow the fake NCCL's progress per stream (emu_runtime.h, "Streams"):
 // cuStreamQuery / cuEventQuery answer CUDA_ERROR_NOT_READY while a stream has operations

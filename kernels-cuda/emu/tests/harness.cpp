@@ -6,9 +6,9 @@
 // The ops the HIP kernels share (and the files they read and write) are harness.h's, run here in
 // the CUDA geometry (kGeometry); this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs
 // (forward and both backward products, on tensor maps made here as the host makes them),
-// tensor_ops.cu's f32 kernels, and the probes of ldmatrix, the warp collectives, a divergent
-// collective, a buffer refilled by cp.async before another warp's read, and a launch short of
-// the dynamic shared memory its kernel uses.
+// tensor_ops.cu's f32 kernels, and the probes of the 128-byte swizzle (TMA to wgmma), of
+// ldmatrix, the warp collectives, a divergent collective, a buffer refilled by cp.async before
+// another warp's read, and a launch short of the dynamic shared memory its kernel uses.
 #include <string>
 
 #include "../../adamw.cu"
@@ -44,19 +44,20 @@ constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                                attention_bwd_detail::kDqSharedBytesD128}}};
 
 // The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
-// multiple of 8): 3-D (8, rows, cols / 8) with box (8, 128, 8) for a K-major operand, (8, 64, 16)
-// for an MN-major one; src/gpu/device_ops.rs makes the same through the driver.
-TensorMap sm90_tensor_map(const bf16* base, int rows, int cols, bool mn_major) {
+// multiple of 8): 2-D (cols, rows), 128-byte swizzle, box (64, 128) for a K-major operand,
+// (64, 64) for an MN-major one; src/gpu/tma.rs makes the same through the driver. `swizzle`:
+// CU_TENSOR_MAP_SWIZZLE_128B but for wgmma_probe's planted wrong map.
+TensorMap sm90_tensor_map(const bf16* base, int rows, int cols, bool mn_major, int swizzle = emu::kTmaSwizzle128B) {
   if (cols % 8) {
     std::fprintf(stderr, "harness: the sm_90a GEMMs need row pitches that are multiples of 8 (got %d)\n", cols);
     std::exit(2);
   }
   TensorMap map;
-  const uint64_t dims[3] = {8, uint64_t(rows), uint64_t(cols / 8)};
-  const uint64_t strides[2] = {uint64_t(cols) * 2, 16};
-  const unsigned box[3] = {8, mn_major ? 64u : 128u, mn_major ? 16u : 8u}, ones[3] = {1, 1, 1};
+  const uint64_t dims[2] = {uint64_t(cols), uint64_t(rows)};
+  const uint64_t strides[1] = {uint64_t(cols) * 2};
+  const unsigned box[2] = {64, mn_major ? 64u : 128u}, ones[2] = {1, 1};
   const char* why = "";
-  if (emu::encode_tiled(&map, emu::kTmaBfloat16, 3, base, dims, strides, box, ones, 0, 0, 0, 0, &why)) {
+  if (emu::encode_tiled(&map, emu::kTmaBfloat16, 2, base, dims, strides, box, ones, 0, swizzle, 0, 0, &why)) {
     std::fprintf(stderr, "harness: cuTensorMapEncodeTiled: %s\n", why);
     std::exit(2);
   }
@@ -76,7 +77,9 @@ void gemm_sm90_forward() {
   std::vector<Out> out(size_t(M) * N, from_float<Out>(-1.0f));
   void (*kernel)(TensorMap, TensorMap, Out*, const float*, const Out*, int, int, int, int);
   if constexpr (f32) kernel = gemm_fwd_bf16_f32out_sm90; else kernel = gemm_fwd_bf16_sm90;
-  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(N, 128), ceil_div(M, 128)), dim3(384), kernel,
+  using gemm_sm90_detail::Product;
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes<Product::Forward>,
+                      dim3(ceil_div(N, gemm_sm90_detail::kCols<Product::Forward>), ceil_div(M, 128)), dim3(384), kernel,
                       sm90_tensor_map(A.data(), M, K, false), sm90_tensor_map(W.data(), N, K, false), out.data(),
                       (const float*)or_null(bias), (const Out*)or_null(residual), M, N, K, gelu);
   write("out", f32 ? "f32" : "bf16", out);
@@ -86,7 +89,9 @@ void gemm_sm90_backward_bf16_out() {
   const int M = arg(0), N = arg(1), K = arg(2);
   auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
   std::vector<bf16> dinp(size_t(M) * K, to_bf16(-1.0f));
-  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384),
+  constexpr auto kInput = gemm_sm90_detail::Product::BackwardInput;
+  emu::launch_dynamic(gemm_sm90_detail::kSharedBytes<kInput>,
+                      dim3(ceil_div(K, gemm_sm90_detail::kCols<kInput>), ceil_div(M, 128)), dim3(384),
                       gemm_bwd_input_bf16_bf16out_sm90, sm90_tensor_map(dout.data(), M, N, false),
                       sm90_tensor_map(W.data(), N, K, true), dinp.data(), M, N, K);
   write_bf16("dinp", dinp);
@@ -97,15 +102,69 @@ void gemm_sm90_backward() {
   auto inp = read_bf16("inp", size_t(M) * K);
   auto dweight = read_f32("dweight", size_t(N) * K);
   std::vector<float> dinp(size_t(M) * K, -1.0f);
-  const size_t bytes = gemm_sm90_detail::kSharedBytes;
-  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(M, 128)), dim3(384), gemm_bwd_input_bf16_sm90,
+  using gemm_sm90_detail::kCols, gemm_sm90_detail::kSharedBytes, gemm_sm90_detail::Product;
+  emu::launch_dynamic(kSharedBytes<Product::BackwardInput>,
+                      dim3(ceil_div(K, kCols<Product::BackwardInput>), ceil_div(M, 128)), dim3(384),
+                      gemm_bwd_input_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, false), sm90_tensor_map(W.data(), N, K, true), dinp.data(), M,
                       N, K);
-  emu::launch_dynamic(bytes, dim3(ceil_div(K, 128), ceil_div(N, 128)), dim3(384), gemm_bwd_weight_bf16_sm90,
+  emu::launch_dynamic(kSharedBytes<Product::BackwardWeight>,
+                      dim3(ceil_div(K, kCols<Product::BackwardWeight>), ceil_div(N, 128)), dim3(384),
+                      gemm_bwd_weight_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, true), sm90_tensor_map(inp.data(), M, K, true),
                       dweight.data(), M, N, K);
   write_f32("dinp", dinp);
   write_f32("dweight", dweight);
+}
+
+// A test of the 128-byte swizzle end to end, TMA writing and wgmma reading: one warpgroup
+// computes D [64, 128] = A · Bᵀ over K = 64 (four m64n128k16 steps) from A [64, 64] and B
+// [128, 64] loaded by TMA, both K-major (A [m][k], B [n][k] in global memory, boxes (64, 64) and
+// (64, 128)) or both MN-major (A [k][m], B [k][n], boxes (64, 64), B in two halves), with
+// gemm_bf16_sm90.cu's descriptors, or with one bug planted (`plant`): 1 SBO 512 (half the
+// atom), 2 the tensor maps without swizzle under 128B descriptors, 3 descriptors of layout type
+// 0 (no swizzle) over swizzled tiles, 4 the K step of the other major-ness (K-major advanced by
+// 128 bytes per element of K, MN-major by 2), 5 tiles 512 bytes past the 1024-byte period, 6 an
+// MN-major LBO of 4096 (half a tile). out is D row-major.
+__global__ void wgmma_probe(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, float* out,
+                            int mn_major, int plant) {
+  constexpr uint32_t kA = 64 * 64 * 2, kB = 128 * 64 * 2;
+  constexpr size_t kBytes = 1024 + 512 + kA + kB + 8;
+  unsigned char* const window = dynamic_shared(kBytes);
+  wgmma_shared_window(window, kBytes);
+  unsigned char* const a = align_shared_1024(window) + (plant == 5 ? 512 : 0);
+  unsigned char* const b = a + kA;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(b + kB);
+  if (threadIdx.x == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier_arrive_expect_tx(bar, kA + kB);
+    tma_load_2d(a, &map_a, 0, 0, bar);
+    tma_load_2d(b, &map_b, 0, 0, bar);
+    if (mn_major) tma_load_2d(b + kB / 2, &map_b, 64, 0, bar);
+  }
+  mbarrier_wait(bar, 0);
+  float acc[64];
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  const uint32_t sbo = plant == 1 ? 512 : 1024, lbo = mn_major ? (plant == 6 ? 4096 : kB / 2) : 16;
+  wgmma_fence();
+  for (int kk = 0; kk < 64; kk += 16) {
+    const int k_step = (mn_major != (plant == 4)) ? kk * 128 : kk * 2;
+    uint64_t desc_a = wgmma_descriptor_sw128(a + k_step, lbo, sbo), desc_b = wgmma_descriptor_sw128(b + k_step, lbo, sbo);
+    if (plant == 3) desc_a &= ~(uint64_t(3) << 62), desc_b &= ~(uint64_t(3) << 62);
+    if (mn_major)
+      wgmma_bf16<128, 1, 1>(acc, desc_a, desc_b, 1);
+    else
+      wgmma_bf16<128, 0, 0>(acc, desc_a, desc_b, 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  for (int j = 0; j < 16; ++j)
+    for (int c = 0; c < 4; ++c) out[(16 * warp + g + 8 * (c / 2)) * 128 + 8 * j + 2 * t + c % 2] = acc[4 * j + c];
 }
 
 // A test of ldmatrix itself: a 16x16 tile holding its own element indices, read by every
@@ -188,6 +247,44 @@ int main(int argc, char** argv) {
     gemm_sm90_backward();
   } else if (op == "gemm_sm90_bwd_bf16out") {
     gemm_sm90_backward_bf16_out();
+  } else if (op == "wgmma_probe") {
+    const int mn_major = arg(0), plant = arg(1);
+    auto a = read_bf16("a", 64 * 64), b = read_bf16("b", 128 * 64);
+    const int swizzle = plant == 2 ? emu::kTmaSwizzleNone : emu::kTmaSwizzle128B;
+    // K-major: A [64 m][64 k], B [128 n][64 k]; MN-major: A [64 k][64 m], B [64 k][128 n].
+    const TensorMap map_a = sm90_tensor_map(a.data(), 64, 64, true, swizzle);
+    const TensorMap map_b = mn_major ? sm90_tensor_map(b.data(), 64, 128, true, swizzle)
+                                     : sm90_tensor_map(b.data(), 128, 64, false, swizzle);
+    std::vector<float> out(64 * 128, -1.0f);
+    emu::launch_dynamic(1024 + 512 + 3 * 8192 + 8, dim3(1), dim3(128), wgmma_probe, map_a, map_b, out.data(), mn_major,
+                        plant);
+    write_f32("d", out);
+  } else if (op == "tensor_map_rules") {
+    // cuTensorMapEncodeTiled's rules as the emulated driver applies them: 0 accepted, 1 refused.
+    alignas(16) static bf16 matrix[64 * 128];
+    struct Try {
+      int offset_bytes, cols, box0, swizzle;
+    };
+    const Try tries[] = {
+        {0, 128, 64, emu::kTmaSwizzle128B},   // the sm_90a GEMMs' map: 128-byte rows
+        {0, 128, 128, emu::kTmaSwizzle128B},  // an innermost box of 256 bytes, over the span
+        {0, 128, 32, emu::kTmaSwizzle128B},   // 64 bytes: allowed, not emulated
+        {8, 128, 64, emu::kTmaSwizzle128B},   // a global address 8 bytes off 16
+        {0, 60, 64, emu::kTmaSwizzle128B},    // a row pitch of 120 bytes, not a multiple of 16
+        {0, 128, 64, 2},                      // the 64-byte swizzle: not emulated
+        {0, 128, 128, emu::kTmaSwizzleNone},  // no swizzle: 256-byte rows are fine
+    };
+    std::vector<int> refused;
+    for (const Try& t : tries) {
+      TensorMap map;
+      const uint64_t dims[2] = {uint64_t(t.cols), 64}, strides[1] = {uint64_t(t.cols) * 2};
+      const unsigned box[2] = {unsigned(t.box0), 64}, ones[2] = {1, 1};
+      const char* why = "";
+      const auto* base = reinterpret_cast<const unsigned char*>(matrix) + t.offset_bytes;
+      refused.push_back(emu::encode_tiled(&map, emu::kTmaBfloat16, 2, base, dims, strides, box, ones, 0, t.swizzle, 0, 0,
+                                          &why));
+    }
+    write("refused", "i32", refused);
   } else if (op == "tensor_ops") {
     // tensor_ops.cu's row, column and block reductions on one [rows, cols] matrix x, with the
     // Device's geometry (a warp per row in blocks of 128; a thread per column in blocks of 256;

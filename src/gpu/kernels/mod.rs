@@ -18,7 +18,7 @@ pub mod hip;
 pub mod plan;
 
 use crate::error::{Error, Result};
-use plan::SM90_GEMM_SHARED_BYTES;
+use plan::{sm90_gemm_shared_bytes, SM90_GEMM_COLS, SM90_GEMM_WEIGHT_COLS};
 
 /// Every kernel function, in the order of `KERNELS`: the function's name in CamelCase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -129,12 +129,12 @@ const fn attention(kernel: Kernel, function: &'static str, file: &'static str, d
     KernelSpec { dynamic_shared, ..spec(kernel, function, file, 128, Some(128), 0) }
 }
 
-/// An sm_90a GEMM of gemm_bf16_sm90.cu: 384 threads, no HIP twin, `SM90_GEMM_SHARED_BYTES` of
-/// dynamic shared memory.
-const fn gemm_sm90(kernel: Kernel, function: &'static str) -> KernelSpec {
+/// An sm_90a GEMM of gemm_bf16_sm90.cu: 384 threads, no HIP twin, the dynamic shared memory of
+/// its tiles of `cols` columns (`plan::sm90_gemm_shared_bytes`).
+const fn gemm_sm90(kernel: Kernel, function: &'static str, cols: usize) -> KernelSpec {
     KernelSpec {
         min_arch: 90,
-        dynamic_shared: SM90_GEMM_SHARED_BYTES as u32,
+        dynamic_shared: sm90_gemm_shared_bytes(cols) as u32,
         ..spec(kernel, function, "gemm_bf16_sm90.cu", 384, None, 0)
     }
 }
@@ -167,13 +167,13 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdInputBf16Bf16out, "gemm_bwd_input_bf16_bf16out", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632),
-    // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 131136 bytes of dynamic shared memory
-    // (plan::SM90_GEMM_SHARED_BYTES); kernels-hip/ has no twin.
-    gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90"),
-    gemm_sm90(Kernel::GemmFwdBf16Sm90, "gemm_fwd_bf16_sm90"),
-    gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90"),
-    gemm_sm90(Kernel::GemmBwdInputBf16Bf16outSm90, "gemm_bwd_input_bf16_bf16out_sm90"),
-    gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90"),
+    // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 197696 bytes of dynamic shared memory for
+    // 128 x 256 tiles, 132160 for backward-weight's 128 x 128; kernels-hip/ has no twin.
+    gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", SM90_GEMM_COLS),
+    gemm_sm90(Kernel::GemmFwdBf16Sm90, "gemm_fwd_bf16_sm90", SM90_GEMM_COLS),
+    gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90", SM90_GEMM_COLS),
+    gemm_sm90(Kernel::GemmBwdInputBf16Bf16outSm90, "gemm_bwd_input_bf16_bf16out_sm90", SM90_GEMM_COLS),
+    gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90", SM90_GEMM_WEIGHT_COLS),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
     // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
     spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
@@ -412,12 +412,14 @@ mod tests {
     }
 
     /// Static shared memory fits without opting in; static and dynamic together fit an A100's
-    /// opt-in (the sm_80 GEMMs': two blocks per SM in its 164 KiB, each with 1 KiB the system reserves).
+    /// opt-in, an H100's for the sm_90a kernels (the sm_80 GEMMs': two blocks per SM in its
+    /// 164 KiB, each with 1 KiB the system reserves).
     #[test]
     fn shared_memory_and_blocks_fit_every_device() {
         for k in KERNELS {
+            let limits = if k.min_arch >= 90 { DeviceLimits::H100 } else { DeviceLimits::A100 };
             assert!(k.static_shared <= DeviceLimits::A100.shared_bytes_per_block, "{}", k.function);
-            assert!(k.static_shared + k.dynamic_shared <= DeviceLimits::A100.shared_bytes_optin, "{}", k.function);
+            assert!(k.static_shared + k.dynamic_shared <= limits.shared_bytes_optin, "{}", k.function);
             assert!(k.threads <= DeviceLimits::A100.max_threads_per_block && k.threads % 32 == 0, "{}", k.function);
         }
         let gemm = Kernel::GemmFwdBf16.spec().dynamic_shared;

@@ -151,7 +151,7 @@ pub enum Op {
 
 /// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
 /// dynamic shared memory to pass to `cuLaunchKernel` (`Vendor::dynamic_shared`): the stages of
-/// the sm_80 GEMMs on CUDA, `SM90_GEMM_SHARED_BYTES` for the sm_90a GEMMs, the tiles and stages of
+/// the sm_80 GEMMs on CUDA, `sm90_gemm_shared_bytes` for the sm_90a GEMMs, the tiles and stages of
 /// the attention kernels on CUDA, 0 for every other kernel (they declare theirs statically,
 /// `static_shared` bytes); `config.needs_shared_optin` says it is above the default per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,9 +164,18 @@ pub struct KernelLaunch {
 /// threads fill an SM's 2048 resident threads, so one wave covers the device.
 pub const GRID_STRIDE_BLOCKS_PER_SM: usize = 8;
 
-/// The dynamic shared memory of gemm_bf16_sm90.cu's kernels: 4 stages of two 128 x 64 bf16 tiles
-/// and 8 mbarriers (its kSharedBytes), more than the default 48 KiB: the launch opts in.
-pub const SM90_GEMM_SHARED_BYTES: usize = 4 * 2 * 128 * 64 * 2 + 8 * 8;
+/// The columns of a gemm_bf16_sm90.cu block's tile of D (its kCols): 256 for the forward and
+/// backward-input (128 x 256 tiles), 128 for backward-weight (dW is a layer's weight: few tiles).
+pub const SM90_GEMM_COLS: usize = 256;
+pub const SM90_GEMM_WEIGHT_COLS: usize = 128;
+
+/// The dynamic shared memory of gemm_bf16_sm90.cu's kernels whose tiles have `cols` columns (its
+/// kSharedBytes): 1 KiB of slack to start the stages on the 128-byte swizzle's 1024-byte period,
+/// 4 stages of a 128 x 64 and a `cols` x 64 bf16 tile, and 8 mbarriers; more than the default
+/// 48 KiB: the launch opts in.
+pub const fn sm90_gemm_shared_bytes(cols: usize) -> usize {
+    1024 + 4 * (128 + cols) * 64 * 2 + 8 * 8
+}
 
 /// The three GEMMs of a linear layer of `rows` tokens, `k` inputs and `n` outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,10 +249,10 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
     let (problem, tile) = match *op {
         // A g x g tile of out [m, n] per block.
         Op::GemmFwd { m, n, .. } => ([n, m, 1], [g, g, 1]),
-        // A 128 x 128 tile of out [m, n], dinp [m, k] or dW [n, k] per block.
-        Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [128, 128, 1]),
-        Op::GemmBwdInputSm90 { m, k, .. } => ([k, m, 1], [128, 128, 1]),
-        Op::GemmBwdWeightSm90 { n, k, .. } => ([k, n, 1], [128, 128, 1]),
+        // A 128 x 256 tile of out [m, n] or dinp [m, k], 128 x 128 of dW [n, k] per block.
+        Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [SM90_GEMM_COLS, 128, 1]),
+        Op::GemmBwdInputSm90 { m, k, .. } => ([k, m, 1], [SM90_GEMM_COLS, 128, 1]),
+        Op::GemmBwdWeightSm90 { n, k, .. } => ([k, n, 1], [SM90_GEMM_WEIGHT_COLS, 128, 1]),
         // A g x g tile of dinp [m, k] or of dW [n, k] per block.
         Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [g, g, 1]),
         Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [g, g, 1]),
@@ -465,20 +474,22 @@ mod tests {
         let w = p(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.spec.function, w.config.grid, w.config.shared_bytes), ("gemm_bwd_weight_bf16", [1, 2, 1], 69632));
         assert_eq!(p(Op::GemmBwdInput { m: 8192, n: 768, k: 3072, out: GemmOut::F32 }).config.grid, [24, 64, 1]);
-        // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 128 tile of out [M, N], dinp [M, K] or dW
-        // [N, K], 131136 bytes of dynamic shared memory (opted in); sm_90a only.
-        let g = p(Op::GemmFwdSm90 { m: 130, n: 192, k: 160, out: GemmOut::F32 });
-        assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([2, 2, 1], [384, 1, 1], 90));
-        assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (131136, true));
-        let d = p(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 200, out: GemmOut::F32 });
+        // gemm_bf16_sm90.cu: 3 warpgroups per 128 x 256 tile of out [M, N] or dinp [M, K]
+        // (197696 bytes of dynamic shared memory, over an A100's opt-in: an H100's), per 128 x
+        // 128 tile of dW [N, K] (132160), opted in; sm_90a only.
+        let h100 = |op: Op| plan(&op, Vendor::Cuda, &DeviceLimits::H100, 132).unwrap();
+        let g = h100(Op::GemmFwdSm90 { m: 130, n: 192, k: 160, out: GemmOut::F32 });
+        assert_eq!((g.config.grid, g.config.block, g.spec.min_arch), ([1, 2, 1], [384, 1, 1], 90));
+        assert_eq!((g.config.shared_bytes, g.config.needs_shared_optin), (197696, true));
+        let d = h100(Op::GemmBwdInputSm90 { m: 300, n: 264, k: 264, out: GemmOut::F32 });
         assert_eq!((d.spec.function, d.config.grid), ("gemm_bwd_input_bf16_sm90", [2, 3, 1]));
-        let w = p(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
+        let w = h100(Op::GemmBwdWeightSm90 { m: 520, n: 80, k: 136 });
         assert_eq!(
             (w.spec.function, w.config.grid, w.config.shared_bytes),
-            ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 131136)
+            ("gemm_bwd_weight_bf16_sm90", [2, 1, 1], 132160)
         );
         // GPT-3 175B's MLP at 2048 tokens: 12288 -> 49152.
-        assert_eq!(p(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288, out: GemmOut::F32 }).config.grid, [384, 16, 1]);
+        assert_eq!(h100(Op::GemmFwdSm90 { m: 2048, n: 49152, k: 12288, out: GemmOut::F32 }).config.grid, [192, 16, 1]);
         // casts.cu: eight elements per thread, blocks of 256, grid-stride.
         assert_eq!(p(Op::CastF32ToBf16 { n: 20_000 }).config.grid, [10, 1, 1]);
         assert_eq!(p(Op::CastBf16ToF32 { n: 1 }).config.grid, [1, 1, 1]);
