@@ -49,10 +49,10 @@ extern "C" __global__ void __launch_bounds__(128)
   float acc = *d;
   int i = segment_starts[s];
   const int end = segment_starts[s + 1];
-  for (; i + 8 <= end; i += 8) {  // the loads 8 at a time, added in order
-    float v[8];
-    UNROLL for (int k = 0; k < 8; ++k) v[k] = to_float(g[(size_t)positions[i + k] * hidden]);
-    UNROLL for (int k = 0; k < 8; ++k) acc += v[k];
+  for (; i + 16 <= end; i += 16) {  // the loads 16 at a time (a frequent token's chain), added in order
+    float v[16];
+    UNROLL for (int k = 0; k < 16; ++k) v[k] = to_float(g[(size_t)positions[i + k] * hidden]);
+    UNROLL for (int k = 0; k < 16; ++k) acc += v[k];
   }
   for (; i < end; ++i) acc += to_float(g[(size_t)positions[i] * hidden]);
   *d = acc;

@@ -175,15 +175,16 @@ __device__ __forceinline__ void column_sum_add(float* out, float* partials, unsi
 
 // ---- the word-embedding gradient by segments -------------------------------------------------
 
-// init + Σ g[positions[i]·hidden] for i in from .. end, in order (f32), the loads 8 at a time.
+// init + Σ g[positions[i]·hidden] for i in from .. end, in order (f32), the loads 16 at a time
+// (a frequent token's segment is a chain of hundreds of rows: its latency is the kernel's tail).
 __device__ __forceinline__ float segment_sum(float init, const float* g, const int* positions, int from, int end,
                                              int hidden) {
   float s = init;
   int i = from;
-  for (; i + 8 <= end; i += 8) {
-    float v[8];
-    UNROLL for (int k = 0; k < 8; ++k) v[k] = g[(size_t)positions[i + k] * hidden];
-    UNROLL for (int k = 0; k < 8; ++k) s += v[k];
+  for (; i + 16 <= end; i += 16) {
+    float v[16];
+    UNROLL for (int k = 0; k < 16; ++k) v[k] = g[(size_t)positions[i + k] * hidden];
+    UNROLL for (int k = 0; k < 16; ++k) s += v[k];
   }
   for (; i < end; ++i) s += g[(size_t)positions[i] * hidden];
   return s;
@@ -193,10 +194,16 @@ __device__ __forceinline__ float segment_sum(float init, const float* g, const i
 
 constexpr int kScalarThreads = 1024, kScalarGroup = 32;
 
-// Σ v[first], v[first + step], .. below end (f64, in order).
+// Σ v[first], v[first + step], .. below end (f64, in order), the loads 8 at a time.
 __device__ __forceinline__ double strided_sum(const double* v, int first, int end, int step) {
   double s = 0.0;
-  for (int i = first; i < end; i += step) s += v[i];
+  int i = first;
+  for (; i + 7 * step < end; i += 8 * step) {
+    double x[8];
+    UNROLL for (int k = 0; k < 8; ++k) x[k] = v[i + k * step];
+    UNROLL for (int k = 0; k < 8; ++k) s += x[k];
+  }
+  for (; i < end; i += step) s += v[i];
   return s;
 }
 

@@ -108,7 +108,10 @@ fn layernorm_backward_on_any_grid() {
 /// (tests/cuda_device.rs) run every kernel of the file through the Device as well.
 #[test]
 fn tensor_ops_reductions() {
-    for (rows, cols, blocks, vocab_rows) in [(1usize, 1usize, 1usize, 1usize), (7, 33, 2, 5), (40, 300, 3, 17)] {
+    // The last shape: a 2-row vocabulary shard, so each embedding segment is dozens of positions.
+    for (rows, cols, blocks, vocab_rows) in
+        [(1usize, 1usize, 1usize, 1usize), (7, 33, 2, 5), (40, 300, 3, 17), (130, 70, 2, 2)]
+    {
         let name = format!("tensor_ops_{rows}x{cols}");
         let case = CUDA.case(&name);
         let n = rows * cols;

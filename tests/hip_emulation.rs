@@ -276,7 +276,7 @@ fn tensor_ops_element_wise_and_embedding() {
         check_f32(&format!("{name} gelu'"), &case.get_f32("dgelu"), &dg, 1e-5);
     }
     for (batch, seq, hidden, vocab_start, vocab_rows, total, t0) in
-        [(2, 5, 96, 10, 20, 40, 0), (3, 7, 300, 0, 11, 11, 2), (1, 4, 33, 3, 6, 12, 1)]
+        [(2, 5, 96, 10, 20, 40, 0), (3, 7, 300, 0, 11, 11, 2), (1, 4, 33, 3, 6, 12, 1), (2, 40, 50, 0, 2, 3, 0)]
     {
         let name = format!("tensor_embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
         let case = HIP.case(&name);

@@ -249,10 +249,11 @@ fn tree(v: &mut [f64], n: usize) {
 
 /// xent_loss_f64 and sum_into_f64 (one block of 1024): bit for bit their fixed order (thread
 /// strides, then the shared-memory trees: the same on both vendors), and against the plain sums;
-/// rows below and past the block, tensors with no parts, one part, and many, past a round of 32.
+/// rows below and past the block, tensors with no parts, one part, and many (past the 8-load
+/// batches of a thread's strided sum), past a round of 32.
 pub fn step_scalars(v: &Vendor) {
     for (rows, sizes) in
-        [(1usize, vec![1usize]), (700, vec![0, 3, 40]), (3000, (0..70).map(|t| (t * 37) % 101).collect())]
+        [(1usize, vec![1usize]), (700, vec![0, 3, 40, 600, 1]), (3000, (0..70).map(|t| (t * 37) % 101).collect())]
     {
         let name = format!("step_scalars_{rows}_{}", sizes.len());
         let case = v.case(&name);
@@ -596,6 +597,8 @@ pub fn embedding_forward_backward(v: &Vendor) {
         (3, 7, 130, 0, 11, 11, true),
         (1, 4, 200, 3, 6, 12, false),
         (4, 3, 33, 0, 64, 64, true),
+        // Segments of dozens of positions (past the 16-load batches) in a 3-token vocabulary.
+        (4, 40, 70, 0, 3, 3, true),
     ] {
         let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
         let case = v.case(&name);
