@@ -7,15 +7,19 @@
 //          Rows are sequence-first as in Megatron. tokens [batch, seq] u32 (global ids);
 //          wte [vocab_rows, hidden] bf16; wpe [seq, hidden] f32 or null; out [seq·batch, hidden] bf16.
 // Backward embedding_bwd_wte_bf16:  dwte[token - vocab_start][c] += dout[t·batch + b][c] for every
-//          position in order t, then b, in f32: one thread per column walks all positions, so
-//          repeated tokens are summed in a fixed order (deterministic, no atomics; the parallelism
-//          is `hidden` threads, enough for a first version, and the place to improve with a
-//          sort-by-token pass as llm.c does).
+//          position in order t, then b, in f32, one block per (touched row, strip of columns): the
+//          host groups the positions by vocabulary row (src/gpu/kernels/plan.rs,
+//          EmbeddingSegments): segment s adds the rows positions[segment_starts[s] ..
+//          segment_starts[s+1]] (t·batch + b, ascending) of dout into dwte row segment_rows[s];
+//          positions outside this vocabulary shard have no segment. Repeated tokens are summed in
+//          a fixed order (deterministic, no atomics; the reference's order, so the same bits as one
+//          thread walking every position) and every touched row runs in parallel.
 //          embedding_bwd_wpe_bf16:  dwpe[t][c] += Σ_b dout[t·batch + b][c], thread per (t, c).
 //          dout [seq·batch, hidden] bf16; dwte, dwpe f32.
 //
 // Grid: forward ⌈hidden/128⌉ x (seq·batch) blocks of 128 (thread per output element, coalesced
-// along the row); bwd_wte ⌈hidden/128⌉ blocks of 128; bwd_wpe ⌈hidden/128⌉ x seq blocks of 128.
+// along the row); bwd_wte segments x ⌈hidden/128⌉ blocks of 128 (coalesced along the row);
+// bwd_wpe ⌈hidden/128⌉ x seq blocks of 128.
 // No shared memory; few registers.
 //
 // Reference: the reference device's `embedding_forward` + `position_forward` and
@@ -36,16 +40,22 @@ extern "C" __global__ void __launch_bounds__(128)
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    embedding_bwd_wte_bf16(float* dwte, const bf16* dout, const uint32_t* tokens, int vocab_start, int vocab_rows,
-                           int batch, int seq, int hidden) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    embedding_bwd_wte_bf16(float* dwte, const bf16* dout, const int* segment_rows, const int* segment_starts,
+                           const int* positions, int hidden) {
+  const int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= hidden) return;
-  for (int t = 0; t < seq; ++t)
-    for (int b = 0; b < batch; ++b) {
-      const long long r = (long long)tokens[(size_t)b * seq + t] - vocab_start;
-      if (r < 0 || r >= vocab_rows) continue;
-      dwte[(size_t)r * hidden + c] += to_float(dout[((size_t)t * batch + b) * hidden + c]);
-    }
+  float* d = dwte + (size_t)segment_rows[s] * hidden + c;
+  const bf16* g = dout + c;
+  float acc = *d;
+  int i = segment_starts[s];
+  const int end = segment_starts[s + 1];
+  for (; i + 16 <= end; i += 16) {  // the loads 16 at a time (a frequent token's chain), added in order
+    float v[16];
+    UNROLL for (int k = 0; k < 16; ++k) v[k] = to_float(g[(size_t)positions[i + k] * hidden]);
+    UNROLL for (int k = 0; k < 16; ++k) acc += v[k];
+  }
+  for (; i < end; ++i) acc += to_float(g[(size_t)positions[i] * hidden]);
+  *d = acc;
 }
 
 extern "C" __global__ void __launch_bounds__(128)

@@ -1,8 +1,8 @@
 // tensor_ops.hip: the f32-storage ops of the HIP Device (src/gpu/device.rs) besides the bf16
 // GEMMs and attention (the CDNA counterpart of kernels-cuda/tensor_ops.cu, same kernel names and
 // arguments). Every buffer of the Device is f32, so these read and write f32 and accumulate every
-// reduction in f64 (the LayerNorm parameter gradients and the bias gradient excepted, which add in
-// f32 in row order exactly as the reference's loop does).
+// reduction in f64 (the embedding, LayerNorm parameter and bias gradients excepted, which add in
+// f32: the first two in the reference's row order, the bias in fixed chunks of rows).
 //
 //   element-wise (grid-stride, any 1-D grid of 1-D workgroups; launched as ⌈n/256⌉ workgroups of
 //   256 = 4 wave64s, capped):
@@ -10,9 +10,13 @@
 //     gelu_fwd_f32, gelu_bwd_f32 (common/gelu.h), embedding_fwd_f32 (zero rows for tokens outside
 //     this vocabulary shard), position_fwd_f32, position_fwd_bf16 (bf16 rows), layernorm_apply_f32 (split LayerNorm with the
 //     whole rows' f64 statistics), layernorm_bwd_apply_dx_f32, xent_bwd_f32
+//   one workgroup of 256 per (touched vocabulary row, strip of 256 columns), the host's segments:
+//     embedding_bwd_f32 (grid (segments, ⌈hidden/256⌉); positions of a segment in (t, b) order)
 //   one thread per column, rows in order (deterministic, no atomics; ⌈cols/256⌉ workgroups of 256):
-//     embedding_bwd_f32, position_bwd_f32 (grid (⌈hidden/256⌉, positions)), column_sum_add_f32,
-//     column_sum_add_bf16 (x bf16), layernorm_bwd_params_f32
+//     position_bwd_f32 (grid (⌈hidden/256⌉, positions)), layernorm_bwd_params_f32
+//   fixed chunks of 256 rows, a last workgroup per strip of 64 columns (grid (⌈cols/64⌉,
+//   ⌈rows/256⌉) of 256 = 64 columns x 4 row groups, the CUDA grid and order; counters reset):
+//     column_sum_add_f32, column_sum_add_bf16 (x bf16)
 //   one wave per row, 4 rows per workgroup of 4 wave64s = 256 threads (grid ⌈rows/4⌉, the CUDA
 //   grid; the CUDA kernels run 4 warps in 128 threads), f64 lane partials and a butterfly over
 //   all kWaveSize lanes (wave_sum_f64 starts at common/reduce.h's first offset), so every lane
@@ -23,13 +27,17 @@
 //     sum_squares_f32    partials[first_block[t] + c] = Σ x² over elements c·8192 .. +8192 of
 //                        tensor t, f64; the wave totals are added in wave order, the partials by
 //                        sum_into_f64 tensor by tensor in block order.
-//   one thread (grid 1; the rest of its workgroup idles), sums in a fixed order kept on the device:
+//   one workgroup of 1024 (grid 1), strided thread sums and shared-memory trees of a fixed shape
+//   (no wave collectives: the CUDA order, so both vendors give the same bits):
 //     sum_into_f64       for each tensor t: acc[slot] += Σ parts[first_block[t] .. first_block[t+1]]
-//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r], r in order
+//                        (groups of 32 threads per tensor, 32 tensors a round)
+//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r] (a tree of 1024)
 //
 // The semantics of each kernel are tensor_ops.cu's (see its header). Every count is an int (the
-// Device checks that sizes fit); tokens / targets are u32. LDS: sum_squares_f32 only, kMaxWaves
-// f64. No wave-size literal: lanes and waves come from kWaveSize.
+// Device checks that sizes fit); tokens / targets are u32. LDS: sum_squares_f32 (kMaxWaves f64),
+// column_sum_add_* (4 x 64 f32 and a flag), sum_into_f64 and xent_loss_f64 (1024 f64). No
+// wave-size literal: lanes and waves come from kWaveSize (the 64-column strips, 4 row groups and
+// 32-thread tensor groups are data layouts, the same on both vendors).
 //
 // Reference: src/device/kernels.rs through the reference device, kernel by kernel under the
 // wave64 emulation (tests/hip_emulation.rs) and op by op behind the emulating HIP runtime
@@ -66,6 +74,115 @@ __device__ __forceinline__ int lane() { return threadIdx.x % kWaveSize; }
 __device__ __forceinline__ int local_row(uint32_t token, int vocab_start, int vocab_rows) {
   const long long r = (long long)token - vocab_start;
   return r >= 0 && r < vocab_rows ? int(r) : -1;
+}
+
+// ---- column sums: fixed chunks and strips, a last block per strip ----------------------------
+//
+// column_sum_add_*: block (strip, chunk) of 256 threads = kColumnStrip columns x kColumnGroups row
+// groups takes columns strip·64 .. +64 and rows chunk·256 .. +256; group g sums rows g, g + 4, ..
+// of the chunk (in order, f32, from 0), and the block adds its 4 group sums in group order into
+// partials[chunk][c]. The last block of a strip to finish (an atomic count on counters[strip],
+// after __threadfence) sums the strip's partials the same way (group g the chunks g, g + 4, ..;
+// then the 4 in order), adds that total to out[c] and sets counters[strip] back to 0. Every
+// addition's order is a function of (rows, cols): the same bits on every launch and device.
+constexpr int kColumnStrip = 64, kColumnGroups = 4, kColumnChunkRows = 256;
+
+// Σ x[first], x[first + step], .. below end (f32, in order), the loads issued 8 at a time.
+template <class T>
+__device__ __forceinline__ float strided_column_sum(const T* x, size_t first, size_t end, size_t step) {
+  float s = 0.0f;
+  size_t i = first;
+  for (; i + 7 * step < end; i += 8 * step) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; ++k) v[k] = to_float(x[i + k * step]);
+    UNROLL for (int k = 0; k < 8; ++k) s += v[k];
+  }
+  for (; i < end; i += step) s += to_float(x[i]);
+  return s;
+}
+
+template <class T>
+__device__ __forceinline__ void column_sum_add(float* out, float* partials, unsigned int* counters, const T* x,
+                                               int rows, int cols) {
+  __shared__ float group_sums[kColumnGroups][kColumnStrip];
+  __shared__ unsigned int last;
+  const int col = threadIdx.x % kColumnStrip, group = threadIdx.x / kColumnStrip;
+  const int c = blockIdx.x * kColumnStrip + col, chunks = gridDim.y;
+  const size_t pitch = (size_t)cols, first = (size_t)blockIdx.y * kColumnChunkRows;
+  const size_t end = first + kColumnChunkRows < (size_t)rows ? first + kColumnChunkRows : (size_t)rows;
+  group_sums[group][col] =
+      c < cols ? strided_column_sum(x, (first + group) * pitch + c, end * pitch, kColumnGroups * pitch) : 0.0f;
+  __syncthreads();
+  if (group == 0 && c < cols) {
+    float chunk = 0.0f;
+    UNROLL for (int g = 0; g < kColumnGroups; ++g) chunk += group_sums[g][col];
+    partials[(size_t)blockIdx.y * pitch + c] = chunk;
+  }
+  // Publish the partials, then count this block finished; the strip's last block sums them.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == (unsigned)chunks - 1;
+  __syncthreads();
+  if (!last) return;  // uniform over the block
+  __threadfence();
+  const volatile float* all = partials;  // written by other blocks: read past this SM's L1
+  float s = 0.0f;
+  if (c < cols)
+    for (int k = group; k < chunks; k += kColumnGroups) s += all[(size_t)k * pitch + c];
+  group_sums[group][col] = s;
+  __syncthreads();
+  if (group == 0 && c < cols) {
+    float total = 0.0f;
+    UNROLL for (int g = 0; g < kColumnGroups; ++g) total += group_sums[g][col];
+    out[c] += total;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // every block of the strip has counted
+}
+
+// ---- the word-embedding gradient by segments -------------------------------------------------
+
+// init + Σ g[positions[i]·hidden] for i in from .. end, in order (f32), the loads 16 at a time
+// (a frequent token's segment is a chain of hundreds of rows: its latency is the kernel's tail).
+__device__ __forceinline__ float segment_sum(float init, const float* g, const int* positions, int from, int end,
+                                             int hidden) {
+  float s = init;
+  int i = from;
+  for (; i + 16 <= end; i += 16) {
+    float v[16];
+    UNROLL for (int k = 0; k < 16; ++k) v[k] = g[(size_t)positions[i + k] * hidden];
+    UNROLL for (int k = 0; k < 16; ++k) s += v[k];
+  }
+  for (; i < end; ++i) s += g[(size_t)positions[i] * hidden];
+  return s;
+}
+
+// ---- the step's scalars: one block of kScalarThreads, fixed trees ------------------------------
+
+constexpr int kScalarThreads = 1024, kScalarGroup = 32;
+
+// Σ v[first], v[first + step], .. below end (f64, in order), the loads 8 at a time.
+__device__ __forceinline__ double strided_sum(const double* v, int first, int end, int step) {
+  double s = 0.0;
+  int i = first;
+  for (; i + 7 * step < end; i += 8 * step) {
+    double x[8];
+    UNROLL for (int k = 0; k < 8; ++k) x[k] = v[i + k * step];
+    UNROLL for (int k = 0; k < 8; ++k) s += x[k];
+  }
+  for (; i < end; i += step) s += v[i];
+  return s;
+}
+
+// In place over shared `sums` (one per thread of the block), within groups of `size` threads (a
+// power of two dividing blockDim.x): sums[i] += sums[i + h] for h = size/2 .. 1, a barrier after
+// each step, so sums[group·size] holds the group's total, added in an order fixed by `size`.
+// Every thread of the block must call it; it ends with a barrier.
+__device__ __forceinline__ void tree_sum(double* sums, int size) {
+  __syncthreads();
+  for (int h = size / 2; h > 0; h /= 2) {
+    if ((int)threadIdx.x % size < h) sums[threadIdx.x] += sums[threadIdx.x + h];
+    __syncthreads();
+  }
 }
 
 }  // namespace tensor_ops_detail
@@ -168,18 +285,21 @@ extern "C" __global__ void xent_bwd_f32(float* logits, const uint32_t* targets, 
   }
 }
 
-// ---- one thread per column -------------------------------------------------------------------
+// ---- one block per touched vocabulary row ----------------------------------------------------
 
-extern "C" __global__ void embedding_bwd_f32(float* dwte, const float* dout, const uint32_t* tokens, int vocab_start,
-                                             int vocab_rows, int batch, int seq, int hidden) {
-  const int c = first_index();
+// The word-embedding gradient, one block per (segment, strip of 256 columns): the segment's
+// vocabulary row gets its positions' gradient rows added to it in their (t, b) order, the
+// reference's order, while every touched row runs in parallel.
+extern "C" __global__ void __launch_bounds__(256)
+    embedding_bwd_f32(float* dwte, const float* dout, const int* segment_rows, const int* segment_starts,
+                      const int* positions, int hidden) {
+  const int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= hidden) return;
-  for (int t = 0; t < seq; ++t)
-    for (int b = 0; b < batch; ++b) {
-      const int r = local_row(tokens[b * seq + t], vocab_start, vocab_rows);
-      if (r >= 0) dwte[(size_t)r * hidden + c] += dout[(size_t)(t * batch + b) * hidden + c];
-    }
+  float* d = dwte + (size_t)segment_rows[s] * hidden + c;
+  *d = segment_sum(*d, dout + c, positions, segment_starts[s], segment_starts[s + 1], hidden);
 }
+
+// ---- one thread per column -------------------------------------------------------------------
 
 extern "C" __global__ void position_bwd_f32(float* dwpe, const float* dout, int batch, int t0, int positions,
                                             int hidden) {
@@ -188,23 +308,6 @@ extern "C" __global__ void position_bwd_f32(float* dwpe, const float* dout, int 
   float acc = dwpe[(size_t)(t0 + p) * hidden + c];
   for (int b = 0; b < batch; ++b) acc += dout[(size_t)(p * batch + b) * hidden + c];
   dwpe[(size_t)(t0 + p) * hidden + c] = acc;
-}
-
-extern "C" __global__ void column_sum_add_f32(float* out, const float* x, int rows, int cols) {
-  const int c = first_index();
-  if (c >= cols) return;
-  float acc = out[c];
-  for (int r = 0; r < rows; ++r) acc += x[(size_t)r * cols + c];
-  out[c] = acc;
-}
-
-// The bias gradient from a bf16 dout (bf16 storage): out[c] += Σ_r x[r][c], rows in order in f32.
-extern "C" __global__ void column_sum_add_bf16(float* out, const bf16* x, int rows, int cols) {
-  const int c = first_index();
-  if (c >= cols) return;
-  float acc = out[c];
-  for (int r = 0; r < rows; ++r) acc += to_float(x[(size_t)r * cols + c]);
-  out[c] = acc;
 }
 
 extern "C" __global__ void layernorm_bwd_params_f32(float* dweight, float* dbias, const float* dout,
@@ -220,6 +323,19 @@ extern "C" __global__ void layernorm_bwd_params_f32(float* dweight, float* dbias
   }
   dweight[c] = dw;
   dbias[c] = db;
+}
+
+// ---- column sums: fixed chunks of rows, the last block of a strip adds them ------------------
+
+extern "C" __global__ void __launch_bounds__(256)
+    column_sum_add_f32(float* out, float* partials, unsigned int* counters, const float* x, int rows, int cols) {
+  column_sum_add(out, partials, counters, x, rows, cols);
+}
+
+// The bias gradient from a bf16 dout (bf16 storage), summed in f32 in column_sum_add's order.
+extern "C" __global__ void __launch_bounds__(256)
+    column_sum_add_bf16(float* out, float* partials, unsigned int* counters, const bf16* x, int rows, int cols) {
+  column_sum_add(out, partials, counters, x, rows, cols);
 }
 
 // ---- one wave per row ------------------------------------------------------------------------
@@ -353,20 +469,38 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
   }
 }
 
-// ---- one thread: the step's scalars ----------------------------------------------------------
+// ---- one block of 1024: the step's scalars ----------------------------------------------------
 
-extern "C" __global__ void sum_into_f64(double* acc, int slot, const double* parts, const int* first_block, int count) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  for (int t = 0; t < count; ++t) {
+// For each tensor t in order: acc[slot] += Σ parts[first_block[t] .. first_block[t+1]]. Rounds of
+// 32 tensors: group g (threads 32g .. 32g + 31) sums tensor 32·round + g (thread j the parts j,
+// j + 32, .. in order, then the group's tree), and thread 0 adds the round's totals in tensor order.
+extern "C" __global__ void __launch_bounds__(1024)
+    sum_into_f64(double* acc, int slot, const double* parts, const int* first_block, int count) {
+  __shared__ double sums[kScalarThreads];
+  const int group = threadIdx.x / kScalarGroup, j = threadIdx.x % kScalarGroup;
+  const int groups = blockDim.x / kScalarGroup;
+  double total = threadIdx.x == 0 ? acc[slot] : 0.0;
+  for (int first = 0; first < count; first += groups) {
+    const int t = first + group;
     double s = 0.0;
-    for (int i = first_block[t]; i < first_block[t + 1]; ++i) s += parts[i];
-    acc[slot] += s;
+    if (t < count) s = strided_sum(parts, first_block[t] + j, first_block[t + 1], kScalarGroup);
+    sums[threadIdx.x] = s;
+    tree_sum(sums, kScalarGroup);
+    if (threadIdx.x == 0)
+      for (int g = 0; g < groups && first + g < count; ++g) total += sums[g * kScalarGroup];
+    __syncthreads();  // thread 0 has read this round's totals before the next round overwrites them
   }
+  if (threadIdx.x == 0) acc[slot] = total;
 }
 
-extern "C" __global__ void xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+// acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r]: thread i the rows i, i + 1024, .. in
+// order, then the block's tree.
+extern "C" __global__ void __launch_bounds__(1024)
+    xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
+  __shared__ double sums[kScalarThreads];
   double s = 0.0;
-  for (int r = 0; r < rows; ++r) s += log(stats[r]) + max[r] - stats[rows + r];
-  acc[slot] += s;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) s += log(stats[r]) + max[r] - stats[rows + r];
+  sums[threadIdx.x] = s;
+  tree_sum(sums, blockDim.x);
+  if (threadIdx.x == 0) acc[slot] += sums[0];
 }

@@ -157,7 +157,10 @@ fn layernorm_backward_on_any_grid() {
 /// (tests/cuda_device.rs) run every kernel of the file through the Device as well.
 #[test]
 fn tensor_ops_reductions() {
-    for (rows, cols, blocks, vocab_rows) in [(1usize, 1usize, 1usize, 1usize), (7, 33, 2, 5), (40, 300, 3, 17)] {
+    // The last shape: a 2-row vocabulary shard, so each embedding segment is dozens of positions.
+    for (rows, cols, blocks, vocab_rows) in
+        [(1usize, 1usize, 1usize, 1usize), (7, 33, 2, 5), (40, 300, 3, 17), (130, 70, 2, 2)]
+    {
         let name = format!("tensor_ops_{rows}x{cols}");
         let case = CUDA.case(&name);
         let n = rows * cols;
@@ -185,7 +188,8 @@ fn tensor_ops_reductions() {
             case.put_f32(k, v);
         }
         case.put_u32("tokens", &tokens);
-        case.run("tensor_ops", &args(&[&rows, &cols, &blocks, &vocab_rows]));
+        let [segments, words] = emu_cases::put_segments(&case, &tokens, 0, vocab_rows, 1, rows);
+        case.run("tensor_ops", &args(&[&rows, &cols, &blocks, &vocab_rows, &segments, &words]));
 
         let dev = ReferenceDevice;
         let f = |h: &[f32]| reference(&dev, h);
@@ -216,6 +220,8 @@ fn tensor_ops_reductions() {
         let mut dwte = f(&dwte0);
         dev.embedding_backward(&mut dwte, &rdy, &tokens, 0, 1, rows, cols);
         check_f32(&format!("{name} embedding backward"), &case.get_f32("dwte"), &dwte, 1e-5);
+        let in_order = emu_cases::embedding_backward_in_order(&dwte0, &dy, &tokens, 0, 1, rows, cols);
+        assert_eq!(case.get_f32("dwte"), in_order, "{name}: dwte is not the (t, b)-order f32 sum");
         let mut biased = rx.clone();
         dev.add_bias(&mut biased, &rb, rows, cols);
         check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);

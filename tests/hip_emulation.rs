@@ -276,7 +276,7 @@ fn tensor_ops_element_wise_and_embedding() {
         check_f32(&format!("{name} gelu'"), &case.get_f32("dgelu"), &dg, 1e-5);
     }
     for (batch, seq, hidden, vocab_start, vocab_rows, total, t0) in
-        [(2, 5, 96, 10, 20, 40, 0), (3, 7, 300, 0, 11, 11, 2), (1, 4, 33, 3, 6, 12, 1)]
+        [(2, 5, 96, 10, 20, 40, 0), (3, 7, 300, 0, 11, 11, 2), (1, 4, 33, 3, 6, 12, 1), (2, 40, 50, 0, 2, 3, 0)]
     {
         let name = format!("tensor_embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
         let case = HIP.case(&name);
@@ -290,7 +290,9 @@ fn tensor_ops_element_wise_and_embedding() {
         for (k, v) in [("wte", &wte), ("wpe", &wpe), ("dout", &dout), ("dwte", &dwte0), ("dwpe", &dwpe0)] {
             case.put_f32(k, v);
         }
-        case.run("tensor_embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows, &t0]));
+        let [segments, words] = emu_cases::put_segments(&case, &toks, vocab_start, vocab_rows, batch, seq);
+        let shape = args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows, &t0, &segments, &words]);
+        case.run("tensor_embedding", &shape);
         let mut out = dev.alloc(batch * seq * hidden);
         dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
         dev.position_forward(&mut out, &reference(&dev, &wpe), batch, t0, seq, hidden);
@@ -300,6 +302,8 @@ fn tensor_ops_element_wise_and_embedding() {
         dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
         dev.position_backward(&mut dwpe, &rd, batch, t0, seq, hidden);
         check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        let in_order = emu_cases::embedding_backward_in_order(&dwte0, &dout, &toks, vocab_start, batch, seq, hidden);
+        assert_eq!(case.get_f32("dwte"), in_order, "{name}: dwte is not the (t, b)-order f32 sum");
         check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
     }
 }

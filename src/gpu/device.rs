@@ -238,6 +238,9 @@ pub struct GpuDevice {
     /// `layernorm_bwd_bf16`'s last-block counter: one u32, zeroed when first needed, which every
     /// launch leaves at 0.
     pub(super) counter: std::sync::OnceLock<DeviceMem>,
+    /// `column_sum_add_*`'s last-block counters, one u32 per strip of columns
+    /// (`plan::COLUMN_SUM_COUNTERS`), zeroed when first needed; every launch leaves them at 0.
+    pub(super) column_counters: std::sync::OnceLock<DeviceMem>,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -289,6 +292,7 @@ impl GpuDevice {
             arch: gpu.arch,
             wgmma,
             counter: std::sync::OnceLock::new(),
+            column_counters: std::sync::OnceLock::new(),
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,

@@ -11,7 +11,9 @@
 use super::buffer::DeviceMem;
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
-use super::kernels::plan::{layernorm_bwd_partials, linear_gemms, GemmOut, Op};
+use super::kernels::plan::{
+    column_sum_partials, layernorm_bwd_partials, linear_gemms, EmbeddingSegments, GemmOut, Op, COLUMN_SUM_COUNTERS,
+};
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
 use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
@@ -202,10 +204,19 @@ impl Device for GpuDevice {
         seq: usize,
         hidden: usize,
     ) {
-        let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, dwte.len / hidden, batch, seq, hidden);
+        // The positions grouped by vocabulary row on the host (it has the tokens) and uploaded in
+        // one copy, as the tokens were: a block per touched row and strip of 256 columns.
+        let h = I32(int("hidden", hidden));
+        int("batch·seq", batch * seq);
+        let segments = EmbeddingSegments::new(tokens, vocab_start, dwte.len / hidden, batch, seq);
+        if segments.segments == 0 || hidden == 0 {
+            return;
+        }
+        let index = self.upload_u32(&segments.words);
+        let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| Ptr(index.pointer + 4 * o as u64));
         let (dout, dwte) = (self.view(dout, Elem::F32), self.view_mut(dwte, Elem::F32, false));
-        let args = [Ptr(dwte.ptr()), Ptr(dout.ptr()), Ptr(t.pointer), v0, rows, b, s, h];
-        self.columnwise(Kernel::EmbeddingBwdF32, hidden, &args);
+        let args = [Ptr(dwte.ptr()), Ptr(dout.ptr()), rows_at, starts_at, positions_at, h];
+        self.launch(Kernel::EmbeddingBwdF32, [segments.segments, hidden.div_ceil(256), 1], &args);
     }
     fn position_forward(
         &self,
@@ -469,10 +480,17 @@ impl Device for GpuDevice {
         if let Some(dbias) = dbias {
             let e = activation(dout);
             let (d, db) = (self.view(dout, e), self.view_mut(dbias, Elem::F32, false));
-            let args = [Ptr(db.ptr()), Ptr(d.ptr()), m_, n_];
+            // Block partials in scratch and the Device's strip counters (plan::column_sum_grid).
+            let partials = self.scratch(4 * column_sum_partials(rows, n));
+            let counters = self.column_counters.get_or_init(|| {
+                let c = ok(DeviceMem::alloc(&self.rt, 4 * COLUMN_SUM_COUNTERS));
+                ok(self.rt.memset_u32(c.pointer(), 0, COLUMN_SUM_COUNTERS));
+                c
+            });
+            let args = [Ptr(db.ptr()), Ptr(partials.pointer), Ptr(counters.pointer()), Ptr(d.ptr()), m_, n_];
             match e {
                 Elem::Bf16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
-                _ => self.columnwise(Kernel::ColumnSumAddF32, n, &args),
+                _ => self.run(Op::ColumnSumAddF32 { rows, cols: n }, &args),
             }
         }
     }

@@ -8,7 +8,7 @@ use super::emu::*;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
-use trident::gpu::kernels::plan::layernorm_bwd_blocks;
+use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments};
 use trident::real::Precision;
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -17,7 +17,7 @@ use trident::real::Precision;
 macro_rules! shared_kernel_tests {
     ($vendor:expr) => {
         $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
-            gemm_backward_input_bf16_out, column_sum_add_bf16, position_forward_bf16,
+            gemm_backward_input_bf16_out, column_sum_add_bf16, step_scalars, position_forward_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal);
     };
@@ -184,10 +184,34 @@ pub fn gemm_backward(v: &Vendor) {
     }
 }
 
-/// The bias gradient of a bf16 dout: dbias[c] += Σ_r dout[r][c] in f32, rows in order: bit for
-/// bit the sequential f32 sum (so deterministic), on widths below, across and past a block.
+/// out[c] plus the column sums of x [rows, cols] in column_sum_add_*'s order (kernels-cuda/
+/// tensor_ops.cu's header), computed here independently in f32: chunks of 256 rows, each the sum
+/// of its 4 row groups (rows g, g + 4, ..), then the chunks' 4 groups (chunks g, g + 4, ..).
+pub fn column_sums_in_kernel_order(out: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let chunks = rows.div_ceil(256).max(1);
+    let grouped = |sum: &dyn Fn(usize) -> f32, n: usize| {
+        (0..4).fold(0f32, |acc, g| acc + (g..n).step_by(4).fold(0f32, |s, i| s + sum(i)))
+    };
+    (0..cols)
+        .map(|c| {
+            let partial = |k: usize| {
+                let end = (256 * (k + 1)).min(rows);
+                (0..4).fold(0f32, |acc, g| acc + (256 * k + g..end).step_by(4).fold(0f32, |s, r| s + x[r * cols + c]))
+            };
+            let partials: Vec<f32> = (0..chunks).map(partial).collect();
+            out[c] + grouped(&|k| partials[k], chunks)
+        })
+        .collect()
+}
+
+/// The bias gradient of a bf16 dout: dbias[c] += Σ_r dout[r][c] in f32, bit for bit in the
+/// kernel's fixed order (so deterministic) on widths below, across and past a 64-column strip
+/// and rows below, across and past a 256-row chunk (tails of 1 to 9 chunks); launched again on
+/// the same scratch (the strip counters must be back at 0: another exact sum); column_sum_add_f32
+/// on the same values alike. A planted bug that drops a partial, reads a wrong row chunk or
+/// leaves a counter set fails these.
 pub fn column_sum_add_bf16(v: &Vendor) {
-    for (rows, cols) in [(1, 1), (7, 33), (40, 300), (3, 1000), (130, 257)] {
+    for (rows, cols) in [(1, 1), (7, 33), (40, 300), (3, 1000), (130, 257), (300, 70), (1300, 130), (2100, 65)] {
         let name = format!("column_sum_bf16_{rows}x{cols}");
         let case = v.case(&name);
         let dout = v.bf16_values(rows * cols, "dout", 2.0);
@@ -195,8 +219,96 @@ pub fn column_sum_add_bf16(v: &Vendor) {
         case.put_bf16("dout", &dout);
         case.put_f32("dbias", &dbias);
         case.run("column_sum_bf16", &args(&[&rows, &cols]));
-        let want: Vec<f32> = (0..cols).map(|c| (0..rows).fold(dbias[c], |acc, r| acc + dout[r * cols + c])).collect();
-        assert_eq!(case.get_f32("dbias"), want, "{name}: not the row-ordered f32 sum");
+        let want = column_sums_in_kernel_order(&dbias, &dout, rows, cols);
+        assert_eq!(case.get_f32("dbias"), want, "{name}: not the fixed-order f32 sum");
+        let again = column_sums_in_kernel_order(&want, &dout, rows, cols);
+        assert_eq!(case.get_f32("dbias_again"), again, "{name}: the second launch differs (counters not reset?)");
+        assert_eq!(case.get_f32("dbias_f32"), want, "{name}: column_sum_add_f32 differs from the bf16 kernel's order");
+        assert!(case.get_u32("counters").iter().all(|&k| k == 0), "{name}: strip counters left set");
+        let rows_order: Vec<f32> = (0..cols).map(|c| (0..rows).fold(dbias[c], |a, r| a + dout[r * cols + c])).collect();
+        let exact: Vec<f64> =
+            (0..cols).map(|c| dbias[c] as f64 + (0..rows).map(|r| dout[r * cols + c] as f64).sum::<f64>()).collect();
+        check_f32(&format!("{name} against f64"), &want, &exact, 1e-5);
+        check_f32(&format!("{name} row order against f64"), &rows_order, &exact, 1e-5);
+    }
+}
+
+/// The step's scalars in the kernels' order, computed here independently: `tree` adds v[i + h]
+/// into v[i] for h = n/2 .. 1 within groups of n.
+fn tree(v: &mut [f64], n: usize) {
+    let mut h = n / 2;
+    while h > 0 {
+        for i in 0..v.len() {
+            if i % n < h {
+                v[i] += v[i + h];
+            }
+        }
+        h /= 2;
+    }
+}
+
+/// xent_loss_f64 and sum_into_f64 (one block of 1024): bit for bit their fixed order (thread
+/// strides, then the shared-memory trees: the same on both vendors), and against the plain sums;
+/// rows below and past the block, tensors with no parts, one part, and many (past the 8-load
+/// batches of a thread's strided sum), past a round of 32.
+pub fn step_scalars(v: &Vendor) {
+    for (rows, sizes) in
+        [(1usize, vec![1usize]), (700, vec![0, 3, 40, 600, 1]), (3000, (0..70).map(|t| (t * 37) % 101).collect())]
+    {
+        let name = format!("step_scalars_{rows}_{}", sizes.len());
+        let case = v.case(&name);
+        let max: Vec<f64> = v.f32_values(rows, "max", 3.0, 0.0).iter().map(|&x| x as f64).collect();
+        // Denominators of at least 1, as a softmax's are.
+        let sum_exp: Vec<f64> =
+            v.f32_values(rows, "sum_exp", 50.0, 0.0).iter().map(|&x| 1.0 + x.abs() as f64).collect();
+        let target: Vec<f64> = v.f32_values(rows, "target", 2.0, 0.0).iter().map(|&x| x as f64).collect();
+        let stats = [sum_exp.clone(), target.clone()].concat();
+        let mut first_block = vec![0u32];
+        for s in &sizes {
+            first_block.push(first_block[first_block.len() - 1] + *s as u32);
+        }
+        let parts: Vec<f64> =
+            v.f32_values(first_block[sizes.len()] as usize, "parts", 1.0, 1.0).iter().map(|&x| x as f64).collect();
+        let (loss0, norm0) = ([0.25, -1.5], [0.125]);
+        case.put_f64("max", &max);
+        case.put_f64("stats", &stats);
+        case.put_f64("loss", &loss0);
+        case.put_f64("norm", &norm0);
+        case.put_u32("first_block", &first_block);
+        case.put_f64("parts", &parts);
+        case.run("step_scalars", &args(&[&rows, &sizes.len()]));
+        let mut threads = vec![0f64; 1024];
+        for r in 0..rows {
+            threads[r % 1024] += sum_exp[r].ln() + max[r] - target[r];
+        }
+        tree(&mut threads, 1024);
+        assert_eq!(
+            case.get_f64("loss"),
+            [loss0[0], loss0[1] + threads[0]],
+            "{name}: the loss is not the fixed-order sum"
+        );
+        let mut norm = norm0[0];
+        for round in (0..sizes.len()).step_by(32) {
+            let mut groups = vec![0f64; 1024];
+            for t in round..(round + 32).min(sizes.len()) {
+                for i in first_block[t] as usize..first_block[t + 1] as usize {
+                    groups[32 * (t - round) + (i - first_block[t] as usize) % 32] += parts[i];
+                }
+            }
+            tree(&mut groups, 32);
+            for t in round..(round + 32).min(sizes.len()) {
+                norm += groups[32 * (t - round)];
+            }
+        }
+        assert_eq!(case.get_f64("norm"), [norm], "{name}: the norm's sum is not the fixed-order sum");
+        let plain_loss: f64 = (0..rows).map(|r| sum_exp[r].ln() + max[r] - target[r]).sum();
+        let plain_norm: f64 = norm0[0] + parts.iter().sum::<f64>();
+        assert!(
+            (threads[0] - plain_loss).abs() <= 1e-12 * plain_loss.abs().max(1.0),
+            "{name}: loss {} vs {plain_loss}",
+            threads[0]
+        );
+        assert!((norm - plain_norm).abs() <= 1e-12 * plain_norm.abs().max(1.0), "{name}: norm {norm} vs {plain_norm}");
     }
 }
 
@@ -401,14 +513,7 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
         let grad = v.f32_values(n, "grad", 0.01, 0.0);
         let m: Vec<f32> = v.f32_values(n, "m", 0.001, 0.0);
         let var: Vec<f32> = v.f32_values(n, "v", 1e-5, 0.0).iter().map(|x| x.abs()).collect();
-        let step = AdamWStep {
-            lr: 3e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            step: step_no,
-        };
+        let step = AdamWStep { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: step_no };
         let grad_scale = 0.5f32;
         let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
         let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
@@ -492,6 +597,8 @@ pub fn embedding_forward_backward(v: &Vendor) {
         (3, 7, 130, 0, 11, 11, true),
         (1, 4, 200, 3, 6, 12, false),
         (4, 3, 33, 0, 64, 64, true),
+        // Segments of dozens of positions (past the 16-load batches) in a 3-token vocabulary.
+        (4, 40, 70, 0, 3, 3, true),
     ] {
         let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
         let case = v.case(&name);
@@ -509,7 +616,8 @@ pub fn embedding_forward_backward(v: &Vendor) {
         case.put_bf16("dout", &dout);
         case.put_f32("dwte", &dwte0);
         case.put_f32("dwpe", &dwpe0);
-        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows]));
+        let [segments, words] = put_segments(&case, &toks, vocab_start, vocab_rows, batch, seq);
+        case.run("embedding", &args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows, &segments, &words]));
 
         let dev = ReferenceDevice;
         let mut out = dev.alloc(batch * seq * hidden);
@@ -523,8 +631,50 @@ pub fn embedding_forward_backward(v: &Vendor) {
         dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
         dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
         check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
+        let rows_order = embedding_backward_in_order(&dwte0, &dout, &toks, vocab_start, batch, seq, hidden);
+        assert_eq!(case.get_f32("dwte"), rows_order, "{name}: dwte is not the (t, b)-order f32 sum");
         check_f32(&format!("{name} dwpe"), &case.get_f32("dwpe"), &dwpe, 1e-6);
     }
+}
+
+/// Writes the tokens' `EmbeddingSegments` (the Device's upload) as the harness's "segments" and
+/// returns the op's two arguments for them: the segments and the words.
+pub fn put_segments(
+    case: &Case,
+    tokens: &[u32],
+    vocab_start: usize,
+    vocab_rows: usize,
+    batch: usize,
+    seq: usize,
+) -> [usize; 2] {
+    let s = EmbeddingSegments::new(tokens, vocab_start, vocab_rows, batch, seq);
+    case.put_u32("segments", &s.words);
+    [s.segments, s.words.len()]
+}
+
+/// dwte plus each in-shard position's gradient row added in f32 in (t, b) order, as the reference
+/// (and every GPU kernel of the word-embedding gradient) orders them.
+pub fn embedding_backward_in_order(
+    dwte: &[f32],
+    dout: &[f32],
+    tokens: &[u32],
+    vocab_start: usize,
+    batch: usize,
+    seq: usize,
+    hidden: usize,
+) -> Vec<f32> {
+    let mut out = dwte.to_vec();
+    for t in 0..seq {
+        for b in 0..batch {
+            let row = (tokens[b * seq + t] as usize).wrapping_sub(vocab_start);
+            if row < dwte.len() / hidden {
+                for c in 0..hidden {
+                    out[row * hidden + c] += dout[(t * batch + b) * hidden + c];
+                }
+            }
+        }
+    }
+    out
 }
 
 // ---- attention ------------------------------------------------------------------------------

@@ -29,12 +29,11 @@ namespace {
 
 using namespace harness;
 
-// Blocks of 4 warps (128 threads) for the row kernels, 256 threads for the column ones (as the
-// kernel index launches them); the sm_80 GEMMs' 8 warps on 128 x 128 tiles with their dynamic
-// shared memory (common/gemm_pipeline.cuh); attention's tiles and stages in dynamic shared memory.
+// Blocks of 4 warps (128 threads) for the row kernels (as the kernel index launches them); the
+// sm_80 GEMMs' 8 warps on 128 x 128 tiles with their dynamic shared memory
+// (common/gemm_pipeline.cuh); attention's tiles and stages in dynamic shared memory.
 constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                              128,
-                             256,
                              gemm_pipeline::kTile,
                              {gemm_bf16_detail::kSharedBytes, gemm_bwd_detail::kInputSharedBytes,
                               gemm_bwd_detail::kWeightSharedBytes},
@@ -288,7 +287,9 @@ int main(int argc, char** argv) {
   } else if (op == "tensor_ops") {
     // tensor_ops.cu's row, column and block reductions on one [rows, cols] matrix x, with the
     // Device's geometry (a warp per row in blocks of 128; a thread per column in blocks of 256;
-    // 8192-element blocks for the squares) and grid-stride kernels on `blocks` blocks of 256.
+    // the column sum's strips and chunks; a block per embedding segment; 8192-element blocks for
+    // the squares) and grid-stride kernels on `blocks` blocks of 256. Arguments 4 and 5: the
+    // segments' count and words (read_segments).
     const int rows = arg(0), cols = arg(1), blocks = arg(2), vocab_rows = arg(3);
     const size_t n = size_t(rows) * cols;
     auto x = read_f32("x", n), dy = read_f32("dy", n), w = read_f32("w", cols), b = read_f32("b", cols);
@@ -312,9 +313,13 @@ int main(int argc, char** argv) {
     emu::launch(dim3(blocks), dim3(256), xent_bwd_f32, dlogits.data(), tokens.data(), 0, max.data(), sum_exp.data(),
                 0.5f, rows, cols);
     // Rows of x as one sequence of `rows` tokens of width `cols`: the word-embedding gradient.
-    emu::launch(col_grid, dim3(256), embedding_bwd_f32, dwte.data(), dy.data(), tokens.data(), 0, vocab_rows, 1, rows,
-                cols);
-    emu::launch(col_grid, dim3(256), column_sum_add_f32, dbias.data(), dy.data(), rows, cols);
+    const Segments segments = read_segments(arg(4), arg(5));
+    if (segments.count > 0)
+      emu::launch(dim3(segments.count, ceil_div(cols, 256)), dim3(256), embedding_bwd_f32, dwte.data(), dy.data(),
+                  segments.rows(), segments.starts(), segments.positions(), cols);
+    ColumnSumScratch column_scratch(rows, cols);
+    emu::launch(column_scratch.grid, dim3(256), column_sum_add_f32, dbias.data(), column_scratch.partials.data(),
+                column_scratch.counters.data(), dy.data(), rows, cols);
     emu::launch(dim3(blocks), dim3(256), add_bias_f32, biased.data(), b.data(), rows, cols);
     emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, gelu.data(), x.data(), int(n));
     std::vector<double> squares(ceil_div(int(n), 8192));

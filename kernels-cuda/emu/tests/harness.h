@@ -1,8 +1,9 @@
 // harness.h: what the two emulation harnesses (this folder's harness.cpp for kernels-cuda/ and
 // kernels-hip/emu/tests/harness.cpp) share, included after the kernel sources: the case directory
 // of raw arrays the Rust test wrote, the op's command-line arguments, and the ops whose kernels
-// both vendors write under the same names and arguments (the GEMMs, casts, LayerNorm, GELU,
-// AdamW, the cross-entropy pieces, the embedding and FlashAttention), run in the launch geometry
+// both vendors write under the same names and arguments (the GEMMs, the bias gradient's column
+// sums, casts, LayerNorm, GELU, AdamW, the cross-entropy pieces, the step's scalars, the embedding
+// and FlashAttention), run in the launch geometry
 // of the vendor that includes it.
 // Files in the directory are raw little-endian arrays named <name>.bf16 (u16 bit patterns),
 // <name>.f32, <name>.u32, <name>.f64 or <name>.i32; an input file that does not exist is passed to
@@ -108,7 +109,6 @@ inline std::string parse(int argc, char** argv) {
 struct Geometry {
   unsigned gemm_threads;     // a GEMM block's threads
   unsigned row_threads;      // 4 rows per block, a warp or wavefront each (LayerNorm, attention's delta)
-  unsigned column_threads;   // a thread per column (the bias gradient's column sum)
   unsigned gemm_tile = 64;   // a GEMM block's output tile is gemm_tile x gemm_tile
   // Dynamic shared memory of the forward, backward-input and backward-weight GEMMs.
   unsigned gemm_shared[3] = {0, 0, 0};
@@ -162,15 +162,55 @@ inline void gemm_backward_bf16_out(const Geometry& g) {
   write_bf16("dinp", dinp);
 }
 
-// column_sum_add_bf16: dbias [cols] += Σ_rows dout [rows, cols] (bf16), a thread per column.
-inline void column_sum(const Geometry& g) {
+// The grid and scratch of column_sum_add_* on [rows, cols] (src/gpu/kernels/plan.rs
+// column_sum_grid, the same for both vendors): ⌈cols/64⌉ strips by ⌈rows/256⌉ chunks (at least
+// one) of 256 threads, the strip counters zeroed and the partials NaN, so that a partial read
+// before it is written shows.
+struct ColumnSumScratch {
+  dim3 grid;
+  std::vector<float> partials;
+  std::vector<unsigned> counters;
+  ColumnSumScratch(int rows, int cols)
+      : grid(ceil_div(cols, 64), std::max(1, ceil_div(rows, 256))),
+        partials(size_t(grid.y) * cols, NAN),
+        counters(grid.x, 0u) {}
+};
+
+// column_sum_add_bf16: dbias [cols] += Σ_rows dout [rows, cols] (bf16), launched twice on the
+// same scratch ("dbias" after the first launch, "dbias_again" after the second: the counters
+// must be back at 0); column_sum_add_f32 once on the same values widened to f32 ("dbias_f32");
+// the counters after all three ("counters").
+inline void column_sum() {
   const int rows = arg(0), cols = arg(1);
   auto dout = read_bf16("dout", size_t(rows) * cols);
   auto dbias = read_f32("dbias", cols);
-  emu::launch(dim3(ceil_div(cols, int(g.column_threads))), dim3(g.column_threads), column_sum_add_bf16, dbias.data(),
-              dout.data(), rows, cols);
-  write_f32("dbias", dbias);
+  std::vector<float> wide(dout.size()), narrow = dbias, widened = dbias;
+  for (size_t i = 0; i < dout.size(); ++i) wide[i] = to_float(dout[i]);
+  ColumnSumScratch s(rows, cols);
+  const auto launch_bf16 = [&] {
+    emu::launch(s.grid, dim3(256), column_sum_add_bf16, narrow.data(), s.partials.data(), s.counters.data(),
+                dout.data(), rows, cols);
+  };
+  launch_bf16();
+  write_f32("dbias", narrow);
+  launch_bf16();
+  write_f32("dbias_again", narrow);
+  emu::launch(s.grid, dim3(256), column_sum_add_f32, widened.data(), s.partials.data(), s.counters.data(),
+              wide.data(), rows, cols);
+  write_f32("dbias_f32", widened);
+  write("counters", "u32", s.counters);
 }
+
+// The word-embedding gradient's segments (src/gpu/kernels/plan.rs EmbeddingSegments, the
+// Device's upload) from <dir>/segments.u32: `count` segments in `words` u32s.
+struct Segments {
+  int count;
+  std::vector<uint32_t> words;
+  const int* rows() const { return reinterpret_cast<const int*>(words.data()); }
+  const int* starts() const { return rows() + count; }
+  const int* positions() const { return rows() + 2 * count + 1; }
+};
+inline Segments read_segments(int count, int words) { return Segments{count, read_u32("segments", words)}; }
 
 // position_fwd_bf16 on `blocks` blocks of 256 (grid-stride): out [positions·batch, hidden] bf16
 // += wpe[t0 + p] (wpe [t0 + positions, hidden] f32).
@@ -287,8 +327,24 @@ inline void cross_entropy() {
   write_bf16("dlogits", logits);
 }
 
+// The step's scalars, as the Device launches them (one block of 1024): xent_loss_f64 adds the
+// loss of `rows` rows (max [rows], stats [sum_exp rows, target logit rows]) into loss[1] of 2;
+// sum_into_f64 adds the `tensors` tensors' parts (first_block [tensors + 1], u32) into norm[0].
+inline void step_scalars() {
+  const int rows = arg(0), tensors = arg(1);
+  auto max = read<double>("max", "f64", rows), stats = read<double>("stats", "f64", 2 * size_t(rows));
+  auto loss = read<double>("loss", "f64", 2), norm = read<double>("norm", "f64", 1);
+  auto first_block = read<int>("first_block", "u32", size_t(tensors) + 1);
+  auto parts = read<double>("parts", "f64", size_t(first_block[tensors]));
+  emu::launch(dim3(1), dim3(1024), xent_loss_f64, loss.data(), 1, max.data(), stats.data(), rows);
+  emu::launch(dim3(1), dim3(1024), sum_into_f64, norm.data(), 0, parts.data(), first_block.data(), tensors);
+  write_f64s({{"loss", &loss}, {"norm", &norm}});
+}
+
+// Arguments 5 and 6 are the segments' count and words (read_segments).
 inline void embedding() {
   const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4);
+  const Segments segments = read_segments(arg(5), arg(6));
   const size_t rows = size_t(batch) * seq;
   auto tokens = read_u32("tokens", rows);
   auto wte = read_bf16("wte", size_t(vocab_rows) * hidden);
@@ -299,8 +355,9 @@ inline void embedding() {
   std::vector<bf16> out(rows * hidden);
   emu::launch(dim3(ceil_div(hidden, 128), unsigned(rows)), dim3(128), embedding_fwd_bf16, out.data(), tokens.data(),
               wte.data(), or_null(wpe), vocab_start, vocab_rows, batch, seq, hidden);
-  emu::launch(dim3(ceil_div(hidden, 128)), dim3(128), embedding_bwd_wte_bf16, dwte.data(), dout.data(), tokens.data(),
-              vocab_start, vocab_rows, batch, seq, hidden);
+  if (segments.count > 0)
+    emu::launch(dim3(segments.count, ceil_div(hidden, 128)), dim3(128), embedding_bwd_wte_bf16, dwte.data(),
+                dout.data(), segments.rows(), segments.starts(), segments.positions(), hidden);
   emu::launch(dim3(ceil_div(hidden, 128), seq), dim3(128), embedding_bwd_wpe_bf16, dwpe.data(), dout.data(), batch, seq,
               hidden);
   write_bf16("out", out);
@@ -368,7 +425,9 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
   } else if (op == "position_bf16") {
     position();
   } else if (op == "column_sum_bf16") {
-    column_sum(g);
+    column_sum();
+  } else if (op == "step_scalars") {
+    step_scalars();
   } else if (op == "casts") {
     casts();
   } else if (op == "layernorm_fwd") {

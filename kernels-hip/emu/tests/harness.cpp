@@ -29,7 +29,7 @@ namespace {
 using namespace harness;
 
 // Workgroups of 4 wavefronts: 256 threads for the GEMMs, the row kernels and the column kernels.
-constexpr Geometry kGeometry{4 * kWaveSize, 4 * kWaveSize, 4 * kWaveSize};
+constexpr Geometry kGeometry{4 * kWaveSize, 4 * kWaveSize};
 
 // A test of the wave64 collectives: each thread of two wavefronts records a shuffle, an xor
 // shuffle across the half-wave boundary, a shuffle down, the 64-bit ballot (two halves), any,
@@ -111,7 +111,9 @@ int main(int argc, char** argv) {
     emu::launch(elems, cols_wg, xent_bwd_f32, dlogits.data(), targets.data(), vocab_start, max.data(), sum_exp.data(),
                 scale, rows, C);
     std::vector<float> colsum = dbias, biased = x;
-    emu::launch(per_col, cols_wg, column_sum_add_f32, colsum.data(), dout.data(), rows, C);
+    ColumnSumScratch scratch(rows, C);
+    emu::launch(scratch.grid, cols_wg, column_sum_add_f32, colsum.data(), scratch.partials.data(),
+                scratch.counters.data(), dout.data(), rows, C);
     emu::launch(elems, cols_wg, add_bias_f32, biased.data(), bias.data(), rows, C);
     std::vector<double> partials(ceil_div(int(n), 8192), -1.0);
     // A table of one tensor: x, its length and its blocks.
@@ -135,7 +137,8 @@ int main(int argc, char** argv) {
     emu::launch(dim3(blocks), dim3(256), gelu_bwd_f32, dg.data(), a.data(), b.data(), n);
     write_f32s({{"sum", &sum}, {"acc", &acc}, {"rounded", &rounded}, {"gelu", &g}, {"dgelu", &dg}});
   } else if (op == "tensor_embedding") {
-    // embedding_fwd_f32 + position_fwd_f32 and their backward kernels (positions t0.. of wpe).
+    // embedding_fwd_f32 + position_fwd_f32 and their backward kernels (positions t0.. of wpe);
+    // arguments 6 and 7 are the segments' count and words (read_segments).
     const int batch = arg(0), seq = arg(1), hidden = arg(2), vocab_start = arg(3), vocab_rows = arg(4), t0 = arg(5);
     const size_t n = size_t(batch) * seq * hidden;
     auto tokens = read_u32("tokens", size_t(batch) * seq);
@@ -147,8 +150,10 @@ int main(int argc, char** argv) {
     emu::launch(elems, dim3(256), embedding_fwd_f32, out.data(), tokens.data(), wte.data(), vocab_start, vocab_rows,
                 batch, seq, hidden);
     emu::launch(elems, dim3(256), position_fwd_f32, out.data(), wpe.data(), batch, t0, seq, hidden);
-    emu::launch(dim3(ceil_div(hidden, 256)), dim3(256), embedding_bwd_f32, dwte.data(), dout.data(), tokens.data(),
-                vocab_start, vocab_rows, batch, seq, hidden);
+    const Segments segments = read_segments(arg(6), arg(7));
+    if (segments.count > 0)
+      emu::launch(dim3(segments.count, ceil_div(hidden, 256)), dim3(256), embedding_bwd_f32, dwte.data(), dout.data(),
+                  segments.rows(), segments.starts(), segments.positions(), hidden);
     emu::launch(dim3(ceil_div(hidden, 256), seq), dim3(256), position_bwd_f32, dwpe.data(), dout.data(), batch, t0, seq,
                 hidden);
     write_f32s({{"out", &out}, {"dwte", &dwte}, {"dwpe", &dwpe}});

@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
 use crate::gpu::kernels::plan::{
-    kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, linear_gemms, plan, GemmOut, KernelLaunch, Op,
+    column_sum_partials, kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, linear_gemms, plan,
+    EmbeddingSegments, GemmOut, KernelLaunch, Op, COLUMN_SUM_COUNTERS,
 };
 use crate::gpu::kernels::{Kernel, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
@@ -277,7 +278,9 @@ impl GpuBench {
                 let (batch, seq, hidden) = (s[0], s[1], s[2]);
                 let fwd = Op::EmbeddingFwd { batch, seq, hidden };
                 let pos = Op::PositionFwd { batch, positions: seq, hidden };
-                vec![fwd, Op::EmbeddingBwdWte { batch, seq, hidden }, Op::EmbeddingBwdWpe { batch, seq, hidden }, pos]
+                let segments = EmbeddingSegments::new(&bench_tokens(batch * seq), 0, VOCAB, batch, seq).segments;
+                let wte = Op::EmbeddingBwdWte { positions: batch * seq, segments, hidden };
+                vec![fwd, wte, Op::EmbeddingBwdWpe { batch, seq, hidden }, pos]
             }
         }
     }
@@ -572,8 +575,11 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
         }
         false => [Ptr(d_dinp.pointer()), Ptr(d_dout.pointer()), Ptr(d_w.pointer()), pm, pn, pk],
     };
-    let d_dbias = b.zeroed(4 * n)?;
-    let bias_args = [Ptr(d_dbias.pointer()), Ptr(d_dout.pointer()), pm, pn];
+    // The scratch the Device keeps: the partial column sums, and the strip counters zeroed once.
+    let (d_dbias, d_partials) = (b.zeroed(4 * n)?, b.zeroed(4 * column_sum_partials(m, n))?);
+    let d_counters = b.zeroed(4 * COLUMN_SUM_COUNTERS)?;
+    let (partials, counters) = (Ptr(d_partials.pointer()), Ptr(d_counters.pointer()));
+    let bias_args = [Ptr(d_dbias.pointer()), partials, counters, Ptr(d_dout.pointer()), pm, pn];
     b.launch(&planned[0], &args)?;
     b.launch(&planned[1], &bias_args)?;
     // dinp[i][j] = Σ_p dout[i][p] · W[p][j]: the forward's check with A = dout and Wᵀ's rows.
@@ -583,7 +589,9 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
         let want: Vec<f64> = (0..n).map(|c| (0..m).map(|r| dout[r * n + c].to_f32() as f64).sum()).collect();
         Ok(worst(&b.f32s(&d_dbias, n)?, &want, Bound::F32))
     });
-    let work = [Work::Flops(gemm_flops(m, n, k)), Work::Bytes(2.0 * (m * n) as f64 + 8.0 * n as f64)];
+    // dbias: dout once, the partials written and read once, dbias read and written.
+    let partials = column_sum_partials(m, n) as f64;
+    let work = [Work::Flops(gemm_flops(m, n, k)), Work::Bytes(2.0 * (m * n) as f64 + 8.0 * partials + 8.0 * n as f64)];
     let args = [&args[..], &bias_args[..]];
     b.records(&format!("{m}x{n}x{k}"), &[" dinp", " dbias"], planned, &args, work, &[Some(dinp), dbias.transpose()?])
 }
@@ -771,16 +779,19 @@ fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Ve
 /// and its two backward kernels, against the reference device when the tables fit the budget.
 fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidden: usize) -> Result<Vec<GpuRecord>> {
     let rows = batch * seq;
-    let tokens: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 1) % VOCAB) as u32).collect();
+    let tokens = bench_tokens(rows);
+    let segments = EmbeddingSegments::new(&tokens, 0, VOCAB, batch, seq);
     let (wte, dout) = (bf16_values(VOCAB * hidden, 10), bf16_values(rows * hidden, 12));
     let wpe = f32_values(seq * hidden, 11, 1.0, 0.0);
     let (d_tokens, d_wte, d_wpe, d_dout) = (b.upload(&tokens)?, b.upload(&wte)?, b.upload(&wpe)?, b.upload(&dout)?);
+    let d_index = b.upload(&segments.words)?;
+    let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| Ptr(d_index.pointer() + 4 * o as u64));
     let (d_out, d_dwte, d_dwpe) =
         (b.zeroed(2 * rows * hidden)?, b.zeroed(4 * VOCAB * hidden)?, b.zeroed(4 * seq * hidden)?);
     let (bb, ss, hh, vr) = (int("batch", batch)?, int("seq", seq)?, int("hidden", hidden)?, int("vocab", VOCAB)?);
     let (tk, dy) = (Ptr(d_tokens.pointer()), Ptr(d_dout.pointer()));
     let fwd_args = [Ptr(d_out.pointer()), tk, Ptr(d_wte.pointer()), Ptr(d_wpe.pointer()), I32(0), vr, bb, ss, hh];
-    let wte_args = [Ptr(d_dwte.pointer()), dy, tk, I32(0), vr, bb, ss, hh];
+    let wte_args = [Ptr(d_dwte.pointer()), dy, rows_at, starts_at, positions_at, hh];
     let wpe_args = [Ptr(d_dwpe.pointer()), dy, bb, ss, hh];
     let d_pos = b.zeroed(2 * rows * hidden)?;
     let pos_args = [Ptr(d_pos.pointer()), Ptr(d_wpe.pointer()), bb, I32(0), ss, hh];
@@ -809,9 +820,18 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
     };
     let (e, r) = ((rows * hidden) as f64, rows as f64);
     let table = (seq * hidden) as f64;
-    let work = [8.0 * e + 4.0 * r, 10.0 * e + 4.0 * r, 2.0 * e + 8.0 * table, 4.0 * e + 4.0 * table].map(Work::Bytes);
+    // bwd wte: dout once, each touched row of dwte read and written, the index read.
+    let (touched, index) = ((segments.segments * hidden) as f64, 4.0 * segments.words.len() as f64);
+    let wte = 2.0 * e + 8.0 * touched + index;
+    let work = [8.0 * e + 4.0 * r, wte, 2.0 * e + 8.0 * table, 4.0 * e + 4.0 * table].map(Work::Bytes);
     let shape = format!("b{batch} s{seq} h{hidden} v{VOCAB}");
     b.records(&shape, &[" fwd", " bwd wte", " bwd wpe", " position"], planned, &args, work, &checked)
+}
+
+/// The tokens of `bench embedding`'s `rows` positions: every fourth one of 16 frequent tokens (each
+/// then repeated rows / 64 times, as common words are), the others spread over the vocabulary.
+fn bench_tokens(rows: usize) -> Vec<u32> {
+    (0..rows).map(|i| if i % 4 == 0 { (i / 4) % 16 } else { (i * 7919 + 1) % VOCAB } as u32).collect()
 }
 
 /// The largest |out - ref| / (atol + 0.079 |ref|) over 64 sampled elements (≤ 1 passes).

@@ -189,12 +189,14 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::GeluFwdF32, "gelu_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::GeluBwdF32, "gelu_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::EmbeddingFwdF32, "embedding_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
+    // A block per (touched vocabulary row, strip of 256 columns): plan::EmbeddingSegments.
     spec(Kernel::EmbeddingBwdF32, "embedding_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionFwdF32, "position_fwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionFwdBf16, "position_fwd_bf16", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::PositionBwdF32, "position_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
-    spec(Kernel::ColumnSumAddF32, "column_sum_add_f32", "tensor_ops.cu", 256, Some(256), 0),
-    spec(Kernel::ColumnSumAddBf16, "column_sum_add_bf16", "tensor_ops.cu", 256, Some(256), 0),
+    // plan::column_sum_grid: 64 columns x 256 rows per block, 4 x 64 f32 group sums and a flag.
+    spec(Kernel::ColumnSumAddF32, "column_sum_add_f32", "tensor_ops.cu", 256, Some(256), 1028),
+    spec(Kernel::ColumnSumAddBf16, "column_sum_add_bf16", "tensor_ops.cu", 256, Some(256), 1028),
     spec(Kernel::LayernormFwdF32, "layernorm_fwd_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdDxF32, "layernorm_bwd_dx_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::LayernormBwdParamsF32, "layernorm_bwd_params_f32", "tensor_ops.cu", 256, Some(256), 0),
@@ -206,9 +208,9 @@ pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::XentPartialsF32, "xent_partials_f32", "tensor_ops.cu", 128, Some(256), 0),
     spec(Kernel::XentBwdF32, "xent_bwd_f32", "tensor_ops.cu", 256, Some(256), 0),
     spec(Kernel::SumSquaresF32, "sum_squares_f32", "tensor_ops.cu", 256, Some(256), 64),
-    // One thread of a block: the step's scalars summed in a fixed order on the device.
-    spec(Kernel::SumIntoF64, "sum_into_f64", "tensor_ops.cu", 256, Some(256), 0),
-    spec(Kernel::XentLossF64, "xent_loss_f64", "tensor_ops.cu", 256, Some(256), 0),
+    // One block of 1024: the step's scalars summed in a fixed order on the device (1024 f64 of tree).
+    spec(Kernel::SumIntoF64, "sum_into_f64", "tensor_ops.cu", 1024, Some(1024), 8192),
+    spec(Kernel::XentLossF64, "xent_loss_f64", "tensor_ops.cu", 1024, Some(1024), 8192),
 ];
 
 impl Kernel {

@@ -67,8 +67,13 @@ pub enum Op {
         hidden: usize,
     },
     /// The bias gradient of a bf16 dout [rows, cols]: dbias [cols] += its column sums
-    /// (`column_sum_add_bf16`, a thread per column).
+    /// (`column_sum_add_bf16`: `column_sum_grid` blocks, partials and a last block per strip).
     ColumnSumAdd {
+        rows: usize,
+        cols: usize,
+    },
+    /// The same over an f32 dout (`column_sum_add_f32`, the same grid and order).
+    ColumnSumAddF32 {
         rows: usize,
         cols: usize,
     },
@@ -113,9 +118,11 @@ pub enum Op {
         seq: usize,
         hidden: usize,
     },
+    /// dwte += dout's rows by vocabulary row (`embedding_bwd_wte_bf16`): a block per
+    /// `EmbeddingSegments` segment and strip of columns, over `positions` rows of dout.
     EmbeddingBwdWte {
-        batch: usize,
-        seq: usize,
+        positions: usize,
+        segments: usize,
         hidden: usize,
     },
     EmbeddingBwdWpe {
@@ -228,6 +235,74 @@ pub fn layernorm_bwd_partials(rows: usize, channels: usize) -> usize {
     layernorm_bwd_blocks(rows, channels) * 2 * channels + 2 * rows
 }
 
+/// Columns per block (a strip) and rows per block (a chunk) of `column_sum_add_{f32,bf16}`
+/// (kernels-cuda/tensor_ops.cu's kColumnStrip, kColumnChunkRows).
+pub const COLUMN_SUM_STRIP: usize = 64;
+pub const COLUMN_SUM_CHUNK_ROWS: usize = 256;
+/// The strips the Device's counter buffer serves (one u32 each, zeroed once): bias gradients up
+/// to 262144 columns wide.
+pub const COLUMN_SUM_COUNTERS: usize = 4096;
+
+/// The grid of `column_sum_add_{f32,bf16}` on [rows, cols]: ⌈cols/64⌉ strips by ⌈rows/256⌉ chunks
+/// (at least one, so no rows still adds 0). A function of the shape alone, and with it every
+/// bit of the sums.
+pub fn column_sum_grid(rows: usize, cols: usize) -> [usize; 3] {
+    [cols.div_ceil(COLUMN_SUM_STRIP), rows.div_ceil(COLUMN_SUM_CHUNK_ROWS).max(1), 1]
+}
+
+/// The f32 elements of the `partials` scratch `column_sum_add_*` needs on [rows, cols]: one
+/// column sum per chunk (uninitialised; the kernel writes each before reading it).
+pub fn column_sum_partials(rows: usize, cols: usize) -> usize {
+    column_sum_grid(rows, cols)[1] * cols
+}
+
+/// The word-embedding gradient's positions grouped by the vocabulary row they add to, as
+/// `embedding_bwd_f32` / `embedding_bwd_wte_bf16` read them: `words` is one upload of u32s,
+/// the segments' rows (ascending), then their starts (segments + 1, the last = positions),
+/// then the positions (t·batch + b, ascending within a segment). Tokens outside the shard
+/// [vocab_start, vocab_start + vocab_rows) have no position here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddingSegments {
+    pub segments: usize,
+    pub words: Vec<u32>,
+}
+
+impl EmbeddingSegments {
+    /// Groups the positions of `tokens` [batch, seq] (token of position t·batch + b at
+    /// `tokens[b·seq + t]`, sequence-first rows as the embedding's) by local vocabulary row.
+    pub fn new(tokens: &[u32], vocab_start: usize, vocab_rows: usize, batch: usize, seq: usize) -> EmbeddingSegments {
+        // (row, position) in one u64 each: sorting them orders the rows, and the positions within one.
+        let mut keys: Vec<u64> = Vec::with_capacity(batch * seq);
+        for t in 0..seq {
+            for b in 0..batch {
+                let row = (tokens[b * seq + t] as usize).wrapping_sub(vocab_start);
+                if row < vocab_rows {
+                    keys.push((row as u64) << 32 | (t * batch + b) as u64);
+                }
+            }
+        }
+        keys.sort_unstable();
+        let (mut rows, mut starts) = (Vec::new(), Vec::new());
+        for (i, &k) in keys.iter().enumerate() {
+            let row = (k >> 32) as u32;
+            if rows.last() != Some(&row) {
+                rows.push(row);
+                starts.push(i as u32);
+            }
+        }
+        let segments = rows.len();
+        starts.push(keys.len() as u32);
+        rows.extend(starts);
+        rows.extend(keys.iter().map(|&k| k as u32));
+        EmbeddingSegments { segments, words: rows }
+    }
+
+    /// Where the rows, the starts and the positions begin in `words`, in u32s.
+    pub fn offsets(&self) -> [usize; 3] {
+        [0, self.segments, 2 * self.segments + 1]
+    }
+}
+
 /// The launch of `op` on a `vendor` device with `limits` and `multiprocessors` SMs (compute units).
 pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32) -> Result<KernelLaunch> {
     let spec = kernel_of(op)?.spec();
@@ -261,7 +336,17 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
         }
-        Op::ColumnSumAdd { cols, .. } => ([cols, 1, 1], [t, 1, 1]),
+        Op::ColumnSumAdd { rows, cols } | Op::ColumnSumAddF32 { rows, cols } => {
+            let [strips, chunks, _] = column_sum_grid(rows, cols);
+            if strips > COLUMN_SUM_COUNTERS {
+                return Err(Error::Config(format!(
+                    "kernel {function}: {cols} columns need {strips} strip counters, more than the {COLUMN_SUM_COUNTERS} \
+                     the Device keeps (at most {} columns)",
+                    COLUMN_SUM_COUNTERS * COLUMN_SUM_STRIP
+                )));
+            }
+            ([strips, chunks, 1], [1, 1, 1])
+        }
         Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
         Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
         Op::PositionFwd { batch, positions, hidden } => {
@@ -277,7 +362,7 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             ([rows, 1, 1], [1, 1, 1])
         }
         Op::EmbeddingFwd { batch, seq, hidden } => ([hidden, seq * batch, 1], [t, 1, 1]),
-        Op::EmbeddingBwdWte { hidden, .. } => ([hidden, 1, 1], [t, 1, 1]),
+        Op::EmbeddingBwdWte { segments, hidden, .. } => ([segments, hidden, 1], [1, t, 1]),
         Op::EmbeddingBwdWpe { seq, hidden, .. } => ([hidden, seq, 1], [t, 1, 1]),
         Op::AttentionFwd { batch, seq, heads, .. }
         | Op::AttentionBwdDkv { batch, seq, heads, .. }
@@ -327,6 +412,7 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::GemmBwdInputSm90 { out: GemmOut::Bf16, .. } => Kernel::GemmBwdInputBf16Bf16outSm90,
         Op::GemmBwdWeightSm90 { .. } => Kernel::GemmBwdWeightBf16Sm90,
         Op::ColumnSumAdd { .. } => Kernel::ColumnSumAddBf16,
+        Op::ColumnSumAddF32 { .. } => Kernel::ColumnSumAddF32,
         Op::PositionFwd { .. } => Kernel::PositionFwdBf16,
         Op::CastF32ToBf16 { .. } => Kernel::CastF32ToBf16,
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
@@ -366,7 +452,7 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         | Op::GemmBwdInputSm90 { m, n, k, .. }
         | Op::GemmBwdWeightSm90 { m, n, k } => vec![("M", m), ("N", n), ("K", k)],
         Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => vec![("n", n)],
-        Op::ColumnSumAdd { rows, cols } => vec![("M", rows), ("N", cols)],
+        Op::ColumnSumAdd { rows, cols } | Op::ColumnSumAddF32 { rows, cols } => vec![("M", rows), ("N", cols)],
         Op::PositionFwd { batch, positions, hidden } => {
             vec![("positions·batch·hidden", batch.saturating_mul(positions).saturating_mul(hidden))]
         }
@@ -377,11 +463,10 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         Op::XentMax { rows, vocab } | Op::XentPartials { rows, vocab } | Op::XentBwd { rows, vocab } => {
             vec![("rows", rows), ("V", vocab)]
         }
-        Op::EmbeddingFwd { batch, seq, hidden }
-        | Op::EmbeddingBwdWte { batch, seq, hidden }
-        | Op::EmbeddingBwdWpe { batch, seq, hidden } => {
+        Op::EmbeddingFwd { batch, seq, hidden } | Op::EmbeddingBwdWpe { batch, seq, hidden } => {
             vec![("batch·seq", batch.saturating_mul(seq)), ("hidden", hidden)]
         }
+        Op::EmbeddingBwdWte { positions, hidden, .. } => vec![("batch·seq", positions), ("hidden", hidden)],
         Op::AttentionFwd { batch, seq, heads, .. }
         | Op::AttentionBwdDelta { batch, seq, heads, .. }
         | Op::AttentionBwdDkv { batch, seq, heads, .. }
@@ -400,6 +485,22 @@ mod tests {
         plan(&op, Vendor::Cuda, &A100, 108).unwrap()
     }
 
+    /// The positions grouped by local row, rows ascending and positions (t·batch + b) ascending
+    /// within each; tokens outside the shard dropped; the offsets of the three parts.
+    #[test]
+    fn embedding_segments_group_positions_by_row_in_order() {
+        // batch 2, seq 3: tokens[b·seq + t]; position t·2 + b.
+        let tokens = [7, 5, 9, 5, 7, 4];
+        let s = EmbeddingSegments::new(&tokens, 5, 3, 2, 3);
+        // Rows (token - 5) inside [0, 3): t0 b0 = 7 -> 2 (pos 0), t0 b1 = 5 -> 0 (pos 1),
+        // t1 b0 = 5 -> 0 (pos 2), t1 b1 = 7 -> 2 (pos 3), t2 b0 = 9 and t2 b1 = 4 outside.
+        assert_eq!(s.segments, 2);
+        assert_eq!(s.words, [0, 2, 0, 2, 4, 1, 2, 0, 3]);
+        assert_eq!(s.offsets(), [0, 2, 5]);
+        let none = EmbeddingSegments::new(&tokens, 100, 5, 2, 3);
+        assert_eq!((none.segments, none.words), (0, vec![0]));
+    }
+
     #[test]
     fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
         // gemm_bf16.cu: a 128 x 128 tile per block of 256 threads, 80 KiB of dynamic shared memory
@@ -413,8 +514,16 @@ mod tests {
         assert_eq!(p(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         let q = p(Op::PositionFwd { batch: 2, positions: 3, hidden: 100 });
         assert_eq!((q.spec.function, q.config.grid, q.config.block), ("position_fwd_bf16", [3, 1, 1], [256, 1, 1]));
+        // 64-column strips by 256-row chunks (at least one), both column sums alike.
         let s = p(Op::ColumnSumAdd { rows: 1000, cols: 257 });
-        assert_eq!((s.spec.function, s.config.grid, s.config.block), ("column_sum_add_bf16", [2, 1, 1], [256, 1, 1]));
+        assert_eq!((s.spec.function, s.config.grid, s.config.block), ("column_sum_add_bf16", [5, 4, 1], [256, 1, 1]));
+        let s = p(Op::ColumnSumAddF32 { rows: 0, cols: 64 });
+        assert_eq!((s.spec.function, s.config.grid, s.spec.static_shared), ("column_sum_add_f32", [1, 1, 1], 1028));
+        assert_eq!(p(Op::ColumnSumAdd { rows: 16384, cols: 768 }).config.grid, [12, 64, 1]);
+        assert_eq!(column_sum_partials(16384, 3072), 64 * 3072);
+        let wide = Op::ColumnSumAdd { rows: 1, cols: COLUMN_SUM_COUNTERS * COLUMN_SUM_STRIP + 1 };
+        let e = plan(&wide, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
+        assert!(e.contains("column_sum_add_bf16") && e.contains("4096 the Device keeps"), "{e}");
         let d = p(Op::LayernormBwd { rows: 9, channels: 129 });
         assert_eq!((d.spec.function, d.config.grid, d.config.block), ("layernorm_bwd_bf16", [3, 1, 1], [128, 1, 1]));
         let e = p(Op::GeluFwd { n: 1000 });
@@ -427,7 +536,7 @@ mod tests {
         assert_eq!((x.config.grid, x.config.block, x.spec.static_shared), ([5, 1, 1], [256, 1, 1], 256));
         assert_eq!(p(Op::XentMax { rows: 5, vocab: 1000 }).spec.static_shared, 128);
         assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
-        assert_eq!(p(Op::EmbeddingBwdWte { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 1, 1]);
+        assert_eq!(p(Op::EmbeddingBwdWte { positions: 15, segments: 7, hidden: 130 }).config.grid, [7, 2, 1]);
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
         // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 64 queries per block;
         // d 128's is above the default 48 KiB (opted in), d 64's not.
@@ -522,7 +631,9 @@ mod tests {
         for (batch, seq, hidden) in [(2, 5, 96), (3, 7, 130), (1, 4, 200), (4, 3, 33)] {
             let h = cd(hidden, 128);
             assert_eq!(p(Op::EmbeddingFwd { batch, seq, hidden }).config.grid, [h, (seq * batch) as u32, 1]);
-            assert_eq!(p(Op::EmbeddingBwdWte { batch, seq, hidden }).config.grid, [h, 1, 1]);
+            let segments = batch * seq - 1;
+            let wte = p(Op::EmbeddingBwdWte { positions: batch * seq, segments, hidden });
+            assert_eq!(wte.config.grid, [segments as u32, h, 1]);
             assert_eq!(p(Op::EmbeddingBwdWpe { batch, seq, hidden }).config.grid, [h, seq as u32, 1]);
         }
         for (batch, seq, heads, head_dim) in [
