@@ -72,7 +72,7 @@ fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
 #[test]
 fn the_head_dim_check_names_the_device() {
     let e = GpuDevice::check_head_dim_for("hip", 96).unwrap_err().to_string();
-    assert!(e.contains("--device hip") && e.contains("head dims 64 and 128") && e.contains("is 96"), "{e}");
+    assert!(e.contains("--device hip") && e.contains("head dims 32, 64 and 128") && e.contains("is 96"), "{e}");
 }
 
 #[test]
@@ -247,9 +247,9 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
     let wants = [
-        "the HIP Device matches the reference device on 153 op outputs",
+        "the HIP Device matches the reference device on 159 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 153 outputs within their bounds",
+        "ops check: all 159 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

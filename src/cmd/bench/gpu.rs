@@ -221,7 +221,7 @@ impl GpuBench {
         match self {
             GpuBench::Gemm => "MxNxK, e.g. 8192x2304x768",
             GpuBench::GemmBwd => "MxNxK (dout M x N, W N x K), e.g. 8192x2304x768",
-            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
+            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 32, 64 or 128), e.g. 8x1024x12x64",
             GpuBench::Layernorm => "RxC (rows, channels), e.g. 8192x768",
             GpuBench::Gelu => "N (elements), e.g. 25165824",
             GpuBench::Xent => "RxV (rows, vocabulary), e.g. 8192x50304",
