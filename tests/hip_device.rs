@@ -75,6 +75,17 @@ fn the_head_dim_check_names_the_device() {
     assert!(e.contains("--device hip") && e.contains("head dims 32, 64 and 128") && e.contains("is 96"), "{e}");
 }
 
+/// The `tiny` preset itself (4 heads of 32: the d 32 MFMA attention kernels) trains on the HIP
+/// Device and follows the CPU's `--bf16` losses (on a short sequence, so it runs in seconds here).
+#[test]
+fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("hip-train-tiny");
+    let data = prepared_corpus(&dir);
+    gpu_device::model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, "hip", gpu_device::TINY_PRESET_GPU);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let Some(emu) = emulated() else { return };
