@@ -340,11 +340,12 @@ pub fn nccl_calls(log: &Path) -> std::collections::BTreeMap<String, usize> {
     counts
 }
 
-/// One tiny shape per GPU kernel bench (ragged sizes; attention at both head dims), small enough
+/// One tiny shape per GPU kernel bench (ragged sizes; attention at every head dim), small enough
 /// for the emulation.
 pub const TINY_BENCH_SHAPES: &[(&str, &str)] = &[
     ("gemm", "130x192x160"),
     ("gemm-bwd", "130x192x160"),
+    ("attention", "1x70x2x32"),
     ("attention", "1x70x2x64"),
     ("attention", "1x33x1x128"),
     ("layernorm", "5x96"),
