@@ -156,10 +156,7 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
 #[test]
 fn train_tiny_preset_on_cuda_follows_the_cpu_bf16_losses() {
     let Some(emu) = emulated() else { return };
-    let dir = scratch("cuda-train-tiny");
-    let data = prepared_corpus(&dir);
-    gpu_device::model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, "cuda", gpu_device::TINY_PRESET_GPU);
-    let _ = std::fs::remove_dir_all(dir);
+    gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "cuda");
 }
 
 /// Trains layout `name` with `--gpu-collectives nccl` (through the fake NCCL with its `settings`)

@@ -80,10 +80,7 @@ fn the_head_dim_check_names_the_device() {
 #[test]
 fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     let Some(emu) = emulated() else { return };
-    let dir = scratch("hip-train-tiny");
-    let data = prepared_corpus(&dir);
-    gpu_device::model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, "hip", gpu_device::TINY_PRESET_GPU);
-    let _ = std::fs::remove_dir_all(dir);
+    gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
 #[test]

@@ -159,7 +159,7 @@ pub const TINY_GPU: &[&str] = &[
 /// The `tiny` preset itself (4 layers, hidden 128 in 4 heads of 32: the d 32 attention kernels),
 /// on a sequence short enough for the emulation yet longer than one 64-position tile (72: two
 /// query blocks and key tiles, the second of 8), one sequence per step.
-pub const TINY_PRESET_GPU: &[&str] = &[
+const TINY_PRESET_GPU: &[&str] = &[
     "--preset",
     "tiny",
     "--seq-length",
@@ -189,7 +189,7 @@ pub fn train_losses(
 }
 
 /// `train_losses` of the model `flags` (TINY_GPU, TINY_PRESET_GPU).
-pub fn train_model_losses(
+fn train_model_losses(
     env: &[(&'static str, PathBuf)],
     dir: &Path,
     data: &str,
@@ -234,7 +234,7 @@ pub fn follows_the_cpu_bf16_losses(env: &[(&'static str, PathBuf)], dir: &Path, 
 }
 
 /// `follows_the_cpu_bf16_losses` for the model `flags` (TINY_GPU, TINY_PRESET_GPU).
-pub fn model_follows_the_cpu_bf16_losses(
+fn model_follows_the_cpu_bf16_losses(
     env: &[(&'static str, PathBuf)],
     dir: &Path,
     data: &str,
@@ -253,6 +253,15 @@ pub fn model_follows_the_cpu_bf16_losses(
     assert_eq!((cpu.len(), gpu.len()), (6, 6));
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the {device} loss never changed");
     gpu
+}
+
+/// `follows_the_cpu_bf16_losses` for the `tiny` preset itself (TINY_PRESET_GPU), in a scratch
+/// folder of its own.
+pub fn tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
+    let dir = scratch(&format!("{device}-train-tiny"));
+    let data = prepared_corpus(&dir);
+    model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, TINY_PRESET_GPU);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A parallel layout's losses (`name`) against one rank's: the same run up to the reduction
