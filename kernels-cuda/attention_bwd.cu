@@ -7,20 +7,25 @@
 //   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
 // Inputs: qkv [seq·batch, heads·3·d] bf16 (the forward's fused rows), out and dout
 // [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
-// (overwritten: each of q, k, v columns is written once). Head dims 64 and 128; any seq >= 1.
+// (overwritten: each of q, k, v columns is written once). Head dims 32, 64 and 128; any seq >= 1.
 // Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:      delta [batch·heads·seq] f32. Grid ⌈seq·batch·heads / 4⌉ blocks
 //                                  of 128, a warp per (row, head), warp_sum over d.
-//   attention_bwd_dkv_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
 //                                  keys, a warp 16 of them, and walks the query tiles from the
 //                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
-//                                  / Q through ldmatrix.trans. Query tiles: 32 (d 64), 16 (d 128).
-//   attention_bwd_dq_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//                                  / Q through ldmatrix.trans. Query tiles: 64 (d 32), 32 (d 64),
+//                                  16 (d 128).
+//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
 //                                  queries, a warp 16, and walks the key tiles up to the
 //                                  diagonal, recomputing S and dP, then dQ += dS K (K through
-//                                  ldmatrix.trans). Key tiles: 32 (d 64), 16 (d 128).
+//                                  ldmatrix.trans). Key tiles: 64 (d 32), 32 (d 64), 16 (d 128).
+// The streamed tile times d is 2048 for every head dim, so each stage moves the same 8 KiB of
+// bf16 rows (4 cp.async copies of 16 bytes per thread) and holds the same score registers; the
+// mma shapes need d and the tile to be multiples of 16, and dK/dV's lse and delta loads (one
+// thread per entry, load_floats) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
 //
@@ -31,11 +36,12 @@
 // the first streamed tile, and stay in shared memory.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
-// (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 37376 B (d 64), 52480 B (d 128); dq: Q, dO
-// 64 x (d + 8) plus kStages x (K, V tile x (d + 8)) = 36864 B (d 64), 52224 B (d 128). The d 128
-// kernels are above the default 48 KiB and opt in; the kernel index states all four. Registers:
-// dkv holds dK and dV (d f32 per thread) and two score tiles, dq holds dQ (d/2) and two;
-// `make kernels-check` prints the counts and rejects spills.
+// (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 31744 B (d 32), 37376 B (d 64), 52480 B
+// (d 128); dq: Q, dO 64 x (d + 8) plus kStages x (K, V tile x (d + 8)) = 30720 B (d 32), 36864 B
+// (d 64), 52224 B (d 128). The d 128 kernels are above the default 48 KiB and opt in; the kernel
+// index states all six. Registers: dkv holds dK and dV (d f32 per thread) and two score tiles
+// (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ (d/2) and two, 80, 64 and
+// 80; `make kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
@@ -193,13 +199,17 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 
 }
 
 // Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr unsigned kDkvSharedBytesD64 = sizeof(DkvTiles<64, 32>), kDkvSharedBytesD128 = sizeof(DkvTiles<128, 16>);
-static_assert(kDkvSharedBytesD64 == 37376 && kDkvSharedBytesD128 == 52480, "the header and the kernel index state these");
+constexpr unsigned kDkvSharedBytesD32 = sizeof(DkvTiles<32, 64>), kDkvSharedBytesD64 = sizeof(DkvTiles<64, 32>),
+                   kDkvSharedBytesD128 = sizeof(DkvTiles<128, 16>);
+static_assert(kDkvSharedBytesD32 == 31744 && kDkvSharedBytesD64 == 37376 && kDkvSharedBytesD128 == 52480,
+              "the header and the kernel index state these");
 
 template <int D, int BQ>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads) {
+  static_assert(D % 16 == 0 && BQ % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
+  static_assert(2 * BQ <= kThreads, "load_floats: one thread per lse and per delta entry of a tile");
   using Shared = DkvTiles<D, BQ>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -297,13 +307,16 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& t
 }
 
 // Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr unsigned kDqSharedBytesD64 = sizeof(DqTiles<64, 32>), kDqSharedBytesD128 = sizeof(DqTiles<128, 16>);
-static_assert(kDqSharedBytesD64 == 36864 && kDqSharedBytesD128 == 52224, "the header and the kernel index state these");
+constexpr unsigned kDqSharedBytesD32 = sizeof(DqTiles<32, 64>), kDqSharedBytesD64 = sizeof(DqTiles<64, 32>),
+                   kDqSharedBytesD128 = sizeof(DqTiles<128, 16>);
+static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 36864 && kDqSharedBytesD128 == 52224,
+              "the header and the kernel index state these");
 
 template <int D, int BK>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+  static_assert(D % 16 == 0 && BK % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
   using Shared = DqTiles<D, BK>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -371,6 +384,11 @@ extern "C" __global__ void __launch_bounds__(128)
 }
 
 extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads) {
   attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
@@ -379,6 +397,11 @@ extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                 int batch, int seq, int heads) {
   attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,

@@ -5,13 +5,14 @@
 //   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
 // from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, each row
 // holding per head [q | k | v], as trident's model lays it out); out [seq·batch, heads·d] bf16;
-// lse f32. Head dims 64 (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128); any seq >= 1.
+// lse f32. Head dims 32 (attention_fwd_bf16_d32), 64 (attention_fwd_bf16_d64) and 128
+// (attention_fwd_bf16_d128); any seq >= 1.
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
 // Grid: (⌈seq/64⌉, batch·heads) blocks of 128 threads. A block owns 64 queries of one (b, h); each
-// warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 64,
-// 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
+// warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 32
+// and d 64, 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
 // ldmatrix, K's rows being B's columns), masks u > t, rescales its O accumulator, and multiplies
 // P (rounded to bf16, repacked from the S accumulator fragments straight into A fragments) by V,
 // whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's
@@ -26,10 +27,18 @@
 // while tile j's QK^T, softmax and PV run, with one barrier per tile.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
-// 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 46080 B for d 64, 52224 B for d 128
-// (above the default 48 KiB: the launch opts in; the kernel index states both). Registers: the
-// O accumulator is d/2 f32 per thread (32 or 64), S is BN/2 (32 or 16); `make kernels-check`
-// prints the counts and rejects spills.
+// 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 25600 B for d 32, 46080 B for d 64,
+// 52224 B for d 128 (above the default 48 KiB: the launch opts in; the kernel index states all
+// three). Rows of d + 8 = 40, 72 or 136 bf16 (80, 144, 272 B) put the 8 rows of an ldmatrix 8x8
+// matrix on 8 distinct 16-byte bank groups. Registers: the O accumulator is d/2 f32 per thread
+// (16, 32 or 64), S is BN/2 (32, 32 or 16); `make kernels-check` prints the counts and rejects
+// spills. d 32 keeps d 64's 64-key tile: with 128 keys (FA-2's d 32 tile, the same 16 KiB of K
+// and V per stage as d 64) S is 64 f32 per thread and ptxas spills on sm_80, and at tiny's
+// sequence of 128 a 128-key tile computes 256 key rows per (b, h) where 64 compute 192. A 64-key
+// tile of d 32 is 8 KiB of K and V, 4 cp.async copies of 16 bytes per thread, and its 25 KiB
+// and fewer registers let more blocks share an SM than d 64's (5 against 4 at sm_80's counts,
+// 96 and 108 registers). The mma shapes need d and BN to be multiples of
+// 16 (k16 steps over d for S, n-tile pairs over d for P V, k16 blocks over BN).
 //
 // Reference: `attention_forward` of the reference device (`attention_forward_head` in
 // src/device/kernels.rs), f64 on the same bf16 qkv (tests/cuda_emulation.rs).
@@ -51,8 +60,10 @@ struct Tiles {
   Stage stage[kStages];
 };
 // Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr unsigned kSharedBytesD64 = sizeof(Tiles<64, 64>), kSharedBytesD128 = sizeof(Tiles<128, 32>);
-static_assert(kSharedBytesD64 == 46080 && kSharedBytesD128 == 52224, "the header and the kernel index state these");
+constexpr unsigned kSharedBytesD32 = sizeof(Tiles<32, 64>), kSharedBytesD64 = sizeof(Tiles<64, 64>),
+                   kSharedBytesD128 = sizeof(Tiles<128, 32>);
+static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 46080 && kSharedBytesD128 == 52224,
+              "the header and the kernel index state these");
 
 // rows row0.. of one of q / k / v (column offset `part`·d within the head) into a tile.
 template <int D, int ROWS>
@@ -158,6 +169,7 @@ __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2],
 template <int D, int BN>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+  static_assert(D % 16 == 0 && BN % 16 == 0, "k16 steps over d, n-tile pairs over d, k16 blocks over BN");
   using Shared = Tiles<D, BN>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -207,6 +219,11 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 }
 
 }  // namespace attention_fwd_detail
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<32, 64>(out, lse, qkv, batch, seq, heads);
+}
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {

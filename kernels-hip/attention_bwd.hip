@@ -8,10 +8,10 @@
 //   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
 // Inputs: qkv [seq·batch, heads·3·d] bf16, out and dout [seq·batch, heads·d] bf16, lse
 // [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16 (each element written once).
-// Head dims 64 and 128; any seq >= 1. Three kernels, launched in this order:
+// Head dims 32, 64 and 128 (multiples of the MFMA's 32-row blocks); any seq >= 1. Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:  delta [batch·heads·seq] f32. ⌈seq·batch·heads / 4⌉ workgroups of
 //                              256 (4 wave64s), a wave per (row, head), wave_sum over d.
-//   attention_bwd_dkv_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s); a
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s); a
 //                              workgroup owns 64 keys, a wave 32, and walks the 32-query tiles from
 //                              the diagonal to the end. Per tile a wave computes S = Q Kᵀ and
 //                              dP = dO Vᵀ (32 queries x the wave's 32 keys, d/8 MFMAs each), so lane
@@ -19,7 +19,7 @@
 //                              4 MFMAs each) with P and dS as B operands straight from the
 //                              accumulator registers (common/mfma.h), dOᵀ and Qᵀ read as columns
 //                              of the LDS tiles.
-//   attention_bwd_dq_bf16_d{64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a workgroup owns
+//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a workgroup owns
 //                              64 queries, a wave 32, and walks the 32-key tiles up to the
 //                              diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
 //                              l % 32, so its lse and delta are per lane), then dQᵀ += Kᵀ dSᵀ.
@@ -29,8 +29,8 @@
 // (v_mfma_f32_32x32x8_bf16 on gfx940+).
 //
 // LDS (8 bf16 of padding per row): dkv: K, V 64 x (d + 8) and Q, dO 32 x (d + 8) bf16 plus 2 x 32
-// f32 = 27904 B (d 64), 52480 B (d 128); dq: Q, dO 64 x (d + 8) and K, V 32 x (d + 8) = 27648 B
-// (d 64), 52224 B (d 128); all within the 64 KiB. Registers: dkv holds dKᵀ and dVᵀ (d f32 per
+// f32 = 15616 B (d 32), 27904 B (d 64), 52480 B (d 128); dq: Q, dO 64 x (d + 8) and K, V
+// 32 x (d + 8) = 15360 B (d 32), 27648 B (d 64), 52224 B (d 128); all within the 64 KiB. Registers: dkv holds dKᵀ and dVᵀ (d f32 per
 // lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in the README.
 //
 // Reference: `attention_backward` of the reference device (f64) on the same bf16 inputs and f32
@@ -219,6 +219,11 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads) {
+  attention_bwd_detail::dkv_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads) {
   attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
@@ -227,6 +232,11 @@ extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                 int batch, int seq, int heads) {
   attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads) {
+  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,

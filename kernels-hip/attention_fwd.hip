@@ -5,8 +5,9 @@
 //   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u
 //   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
 // from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, per head
-// [q | k | v]); out [seq·batch, heads·d] bf16; lse f32. Head dims 64 (attention_fwd_bf16_d64) and
-// 128 (attention_fwd_bf16_d128); any seq >= 1. Online softmax with the division deferred to the
+// [q | k | v]); out [seq·batch, heads·d] bf16; lse f32. Head dims 32 (attention_fwd_bf16_d32), 64
+// (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128): the MFMA tiling needs d to be a
+// multiple of 32 (the 32-row d blocks of Oᵀ) and of 8 (the k steps of Sᵀ); any seq >= 1. Online softmax with the division deferred to the
 // end (FA-2); no [seq, seq] matrix exists.
 //
 // Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid.
@@ -23,9 +24,9 @@
 // Tiles are loaded with 16-byte loads; V is stored transposed (d x (32 + 8)) so that each lane's
 // Vᵀ operand is one 8-byte LDS read.
 //
-// LDS: Q 64 x (d + 8), K 32 x (d + 8), Vᵀ d x 40 bf16 = 18944 B (d 64), 36352 B (d 128) of the 64 KiB.
-// Registers: Oᵀ d/2 f32 per lane (32 or 64, AGPRs on gfx90a), Sᵀ 16, operands 4; hipcc's counts
-// are in the README (no scratch).
+// LDS: Q 64 x (d + 8), K 32 x (d + 8), Vᵀ d x 40 bf16 = 10240 B (d 32), 18944 B (d 64), 36352 B
+// (d 128) of the 64 KiB. Registers: Oᵀ d/2 f32 per lane (16, 32 or 64, AGPRs on gfx90a), Sᵀ 16,
+// operands 4; hipcc's counts are in the README (no scratch).
 //
 // Reference: `attention_forward` of the reference device (f64) on the same bf16 qkv
 // (tests/hip_emulation.rs).
@@ -50,6 +51,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   __shared__ Tiles<D> tiles;
   static_assert(sizeof(Tiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
+  static_assert(D % kMfmaM == 0, "Oᵀ in whole 32-row d blocks");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
@@ -124,6 +126,11 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 }
 
 }  // namespace attention_fwd_detail
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads);
+}
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {

@@ -65,7 +65,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "KIND",
-        "cpu, cuda or hip (both need --bf16; head dim 64 or 128); `trident info` lists the GPU libraries found",
+        "cpu, cuda or hip (both need --bf16; head dim 32, 64 or 128); `trident info` lists the GPU libraries found",
     ),
     flag(
         "--gpu-collectives",

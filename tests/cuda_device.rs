@@ -115,7 +115,7 @@ fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
 #[test]
 fn the_head_dim_check_names_the_device() {
     let e = GpuDevice::check_head_dim(96).unwrap_err().to_string();
-    assert!(e.contains("--device cuda") && e.contains("head dims 64 and 128") && e.contains("is 96"), "{e}");
+    assert!(e.contains("--device cuda") && e.contains("head dims 32, 64 and 128") && e.contains("is 96"), "{e}");
 }
 
 #[test]
@@ -149,6 +149,14 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
         gpu_device::assert_follows_one_rank(&gpu, name, &train_losses(&emu.env, &dir, &data, "cuda", 4, flags));
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `tiny` preset itself (4 heads of 32: the d 32 attention kernels) trains on the CUDA Device
+/// and follows the CPU's `--bf16` losses (on a short sequence, so it runs in seconds here).
+#[test]
+fn train_tiny_preset_on_cuda_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "cuda");
 }
 
 /// Trains layout `name` with `--gpu-collectives nccl` (through the fake NCCL with its `settings`)
@@ -395,7 +403,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 153 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 159 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -458,7 +466,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 153 outputs within their bounds",
+        "ops check: all 159 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];

@@ -44,11 +44,12 @@ fn gemm_sm80_pipeline_ragged_tiles() {
 /// Attention's 2-stage cp.async rings (common/cp_async_ring.cuh) over many tiles, the last one
 /// ragged: d 64 at seq 300 (forward: up to 5 key tiles of 64, the last 44 keys; dK/dV: 10 query
 /// tiles of 32, the last 12; dQ: 10 key tiles of 32) and d 128 at seq 203 (forward: 7 key tiles
-/// of 32, the last 11; dK/dV: 13 query tiles of 16; dQ: 13 key tiles of 16), two sequences and
-/// two heads interleaved, so every stage is refilled several times while the other is read.
+/// of 32, the last 11; dK/dV: 13 query tiles of 16; dQ: 13 key tiles of 16) and d 32 at seq 457
+/// (forward, dK/dV and dQ: up to 8 tiles of 64, the last of 9 positions), two sequences and two
+/// heads interleaved, so every stage is refilled several times while the other is read.
 #[test]
 fn attention_pipeline_many_tiles_ragged() {
-    for (batch, seq, heads, head_dim) in [(2, 300, 2, 64), (2, 203, 2, 128)] {
+    for (batch, seq, heads, head_dim) in [(2, 300, 2, 64), (2, 203, 2, 128), (2, 457, 2, 32)] {
         let shape = AttentionShape { batch, seq, heads, head_dim };
         emu_cases::attention_forward_shape(&CUDA, shape, 0);
         emu_cases::attention_backward_shape(&CUDA, shape);

@@ -72,7 +72,15 @@ fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
 #[test]
 fn the_head_dim_check_names_the_device() {
     let e = GpuDevice::check_head_dim_for("hip", 96).unwrap_err().to_string();
-    assert!(e.contains("--device hip") && e.contains("head dims 64 and 128") && e.contains("is 96"), "{e}");
+    assert!(e.contains("--device hip") && e.contains("head dims 32, 64 and 128") && e.contains("is 96"), "{e}");
+}
+
+/// The `tiny` preset itself (4 heads of 32: the d 32 MFMA attention kernels) trains on the HIP
+/// Device and follows the CPU's `--bf16` losses (on a short sequence, so it runs in seconds here).
+#[test]
+fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
 #[test]
@@ -247,9 +255,9 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
     let wants = [
-        "the HIP Device matches the reference device on 153 op outputs",
+        "the HIP Device matches the reference device on 159 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 153 outputs within their bounds",
+        "ops check: all 159 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

@@ -6,7 +6,7 @@
 //! for f32 outputs). The HIP kernels have the CUDA names and arguments, so the cases both vendors
 //! run are `common/emu_cases.rs`'s (`shared_kernel_tests!`: the MFMA GEMMs with every epilogue and
 //! both backward products, casts, GELU, AdamW, the cross-entropy pieces, the embedding, and
-//! FlashAttention forward and backward on MFMA for head dims 64 and 128). This file adds LayerNorm
+//! FlashAttention forward and backward on MFMA for head dims 32, 64 and 128). This file adds LayerNorm
 //! on wavefront-sized shapes, the f32 ops of the HIP Device (`tensor_ops.hip`: wave-per-row
 //! reductions, column sums, element-wise, embedding) and the wave64 and MFMA probes. Every kernel
 //! runs on at least three shapes, ragged ones included. Two tests build the kernels with a planted

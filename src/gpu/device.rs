@@ -5,7 +5,7 @@
 //! (`Device::Half`), f64 for `Scalars`. Each op picks its kernel by the type of its activations:
 //! on bf16 storage the GEMMs (`gemm_bf16.cu` with bias, GELU and residual fused,
 //! `gemm_bf16_bwd.cu`; on sm_90a the wgmma + TMA kernels of `gemm_bf16_sm90.cu`, per product,
-//! `plan::linear_gemms`), `attention_fwd.cu` / `attention_bwd.cu` (head dim 64 or 128),
+//! `plan::linear_gemms`), `attention_fwd.cu` / `attention_bwd.cu` (head dim 32, 64 or 128),
 //! `layernorm.cu`, `gelu.cu` and the bf16 bias-gradient sum; else the f32 kernels of
 //! `tensor_ops.cu`; AdamW `adamw.cu` on the f32 masters. An operand of the other type goes
 //! through `View` / `ViewMut`, the one fallback, which casts it into pooled scratch (`casts.cu`)
@@ -79,11 +79,14 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmBwdInputBf16,
     Kernel::GemmBwdInputBf16Bf16out,
     Kernel::GemmBwdWeightBf16,
+    Kernel::AttentionFwdBf16D32,
     Kernel::AttentionFwdBf16D64,
     Kernel::AttentionFwdBf16D128,
     Kernel::AttentionBwdDeltaBf16,
+    Kernel::AttentionBwdDkvBf16D32,
     Kernel::AttentionBwdDkvBf16D64,
     Kernel::AttentionBwdDkvBf16D128,
+    Kernel::AttentionBwdDqBf16D32,
     Kernel::AttentionBwdDqBf16D64,
     Kernel::AttentionBwdDqBf16D128,
 ];
@@ -345,19 +348,23 @@ impl GpuDevice {
         self.rt.tally().clone()
     }
 
-    /// Checks that the kernels can run a model with this head dim (attention is built for 64 and 128).
+    /// The head dims the attention kernels are built for (`attention_fwd.cu` / `attention_bwd.cu`
+    /// and their HIP twins).
+    pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+
+    /// Checks that the kernels can run a model with this head dim (`HEAD_DIMS`).
     pub fn check_head_dim(head_dim: usize) -> Result<()> {
         GpuDevice::check_head_dim_for("cuda", head_dim)
     }
 
     /// `check_head_dim` for `--device <device>`.
     pub fn check_head_dim_for(device: &str, head_dim: usize) -> Result<()> {
-        if head_dim == 64 || head_dim == 128 {
+        if GpuDevice::HEAD_DIMS.contains(&head_dim) {
             return Ok(());
         }
         Err(Error::Unsupported(format!(
-            "--device {device}: the attention kernels are built for head dims 64 and 128, and this model's head \
-             dim (hidden size / attention heads) is {head_dim}"
+            "--device {device}: the attention kernels are built for head dims 32, 64 and 128, and this model's \
+             head dim (hidden size / attention heads) is {head_dim}"
         )))
     }
 

@@ -91,7 +91,7 @@ pub fn info_lines() -> Vec<String> {
             (Err(e), _) | (_, Err(e)) => lines.push(format!("cuda driver: {} loaded, but {e}", d.path())),
         },
     }
-    lines.push("cuda backend: `train --device cuda --bf16` (bf16 GEMMs and attention, head dims 64 and 128; kernels compiled by NVRTC on first use and cached); `make gpu-check` launches a test kernel".into());
+    lines.push("cuda backend: `train --device cuda --bf16` (bf16 GEMMs and attention, head dims 32, 64 and 128; kernels compiled by NVRTC on first use and cached); `make gpu-check` launches a test kernel".into());
     match nvrtc::Nvrtc::load().and_then(|n| n.version().map(|v| (n, v))) {
         Ok((n, (major, minor))) => lines.push(format!("nvrtc: {major}.{minor} ({})", n.path())),
         Err(e) => lines.push(format!("nvrtc: {e}")),
@@ -138,7 +138,7 @@ pub fn hip_info_lines() -> Vec<String> {
             }
         },
     }
-    lines.push("hip backend: `train --device hip --bf16` (bf16 MFMA GEMMs and attention, head dims 64 and 128; kernels compiled by hipRTC for the device's gfx architecture on first use and cached); `make gpu-check` launches a test kernel".into());
+    lines.push("hip backend: `train --device hip --bf16` (bf16 MFMA GEMMs and attention, head dims 32, 64 and 128; kernels compiled by hipRTC for the device's gfx architecture on first use and cached); `make gpu-check` launches a test kernel".into());
     match hiprtc::Hiprtc::load().and_then(|r| r.version().map(|v| (r, v))) {
         Ok((r, (major, minor))) => lines.push(format!("hiprtc: {major}.{minor} ({})", r.path())),
         Err(e) => lines.push(format!("hiprtc: {e}")),

@@ -680,14 +680,17 @@ pub fn embedding_backward_in_order(
 // ---- attention ------------------------------------------------------------------------------
 
 pub fn attention_forward_causal(v: &Vendor) {
-    // Whole and ragged query blocks (64; HIP's 32 per wave) and key tiles (CUDA's 64 for d 64 and
-    // 32 for d 128; HIP's 32), one token, several sequences and heads interleaved in the fused QKV
-    // rows, for both head dims; where the vendor reads it, qkv at an odd element offset (not
-    // 16-byte aligned: the scalar loads).
+    // Whole and ragged query blocks (64; HIP's 32 per wave) and key tiles (CUDA's 64 for d 32 and
+    // d 64, 32 for d 128; HIP's 32), one token, several sequences and heads interleaved
+    // in the fused QKV rows, for every head dim; where the vendor reads it, qkv at an odd element
+    // offset (not 16-byte aligned: the scalar loads).
     let mut shapes = vec![(1, 64, 1, 64, 0), (2, 100, 3, 64, 0), (1, 1, 2, 64, 0), (1, 77, 2, 128, 0)];
     shapes.extend([(2, 130, 1, 128, 0), (1, 5, 1, 128, 0)]);
+    // d 32: one ragged key tile (seq 37), two query blocks over two key tiles, the last of 36
+    // keys (seq 100), and three of each, the last of 2 (seq 130).
+    shapes.extend([(2, 37, 3, 32, 0), (2, 100, 2, 32, 0), (1, 130, 1, 32, 0)]);
     if v.unaligned_attention {
-        shapes.push((2, 45, 2, 64, 1));
+        shapes.extend([(2, 45, 2, 64, 1), (2, 45, 2, 32, 1)]);
     }
     for (batch, seq, heads, head_dim, offset) in shapes {
         attention_forward_shape(v, AttentionShape { batch, seq, heads, head_dim }, offset);
@@ -712,9 +715,17 @@ pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize)
 pub fn attention_backward_causal(v: &Vendor) {
     // The forward's output and log-sum-exp come from the reference (rounded to the kernels'
     // bf16 / f32 storage) and are given to both sides, so only the backward is compared.
-    for (batch, seq, heads, head_dim) in
-        [(1, 64, 1, 64), (2, 100, 2, 64), (1, 1, 1, 64), (1, 77, 2, 128), (2, 70, 1, 128), (1, 3, 1, 128)]
-    {
+    // d 32 (CUDA's 64-row tiles both ways): one ragged tile, and two blocks with a ragged second.
+    for (batch, seq, heads, head_dim) in [
+        (1, 64, 1, 64),
+        (2, 100, 2, 64),
+        (1, 1, 1, 64),
+        (1, 77, 2, 128),
+        (2, 70, 1, 128),
+        (1, 3, 1, 128),
+        (2, 37, 3, 32),
+        (2, 100, 2, 32),
+    ] {
         attention_backward_shape(v, AttentionShape { batch, seq, heads, head_dim });
     }
 }

@@ -14,8 +14,8 @@
 #               mma.sync kernels), so that one broken kernel family does not hide the rest
 #   check-ops   trident check ops --device cuda --size full (every Device op against the reference)
 #   check-nccl  trident check nccl (one rank: NCCL's collectives on device memory against the host)
-#   train       a 200-iteration `tiny` run (2 heads of 64) with --device cuda --bf16 on the bundled
-#               corpus, and the same run with --device cpu --bf16 beside it
+#   train       a 200-iteration run of the `tiny` preset (4 heads of 32) with --device cuda --bf16
+#               on the bundled corpus, and the same run with --device cpu --bf16 beside it
 #   losses      trident check losses cuda.jsonl cpu.jsonl --rtol 1e-2 --from 100 (DESIGN.md's bf16
 #               bound: within 1% after 100 iterations; two bf16 runs part by ~2% around iteration 20,
 #               where tiny's warmup ends, and come back)
@@ -32,8 +32,8 @@
 #   TORCH_PYTHON         PyTorch's Python (default /opt/torch/.venv/bin/python, else python3)
 #   FIRST_LIGHT_STEPS    the steps to run, space-separated (default: all but ncu)
 #   FIRST_LIGHT_ITERS    iterations of the train steps (default 200)
-#   FIRST_LIGHT_MODEL    the train steps' model flags (default "--preset tiny --num-attention-heads 2":
-#                        tiny's 4 heads of 32 have no GPU attention kernel)
+#   FIRST_LIGHT_MODEL    the train steps' model flags (default "--preset tiny": the preset itself, on
+#                        the head dim 32 attention kernels)
 #   FIRST_LIGHT_NCU      "KERNEL_REGEX BENCH ARGS...": ncu profiles the kernels matching KERNEL_REGEX
 #                        in `trident bench BENCH ARGS...` (e.g. "attention_bwd attention --shape
 #                        4x4096x16x128 --device cuda")
@@ -78,8 +78,8 @@ fi
 steps=${FIRST_LIGHT_STEPS:-env info check-gpu probe check-ops check-nccl train losses bench memcheck racecheck}
 [ -z "${FIRST_LIGHT_NCU:-}" ] || [[ " $steps " == *" ncu "* ]] || steps="$steps ncu"
 iters=${FIRST_LIGHT_ITERS:-200}
-# The tiny preset with 2 heads of 64: the GPU's attention kernels take head dims 64 and 128.
-model_flags=${FIRST_LIGHT_MODEL:---preset tiny --num-attention-heads 2}
+# The tiny preset itself (4 heads of 32): the GPU's attention kernels take head dims 32, 64 and 128.
+model_flags=${FIRST_LIGHT_MODEL:---preset tiny}
 : >"$out/steps.tsv"
 failed=0
 

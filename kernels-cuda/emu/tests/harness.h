@@ -112,8 +112,9 @@ struct Geometry {
   unsigned gemm_tile = 64;   // a GEMM block's output tile is gemm_tile x gemm_tile
   // Dynamic shared memory of the forward, backward-input and backward-weight GEMMs.
   unsigned gemm_shared[3] = {0, 0, 0};
-  // Dynamic shared memory of attention's forward, dK/dV and dQ kernels, for head dims 64 and 128.
-  unsigned attention_shared[2][3] = {{0, 0, 0}, {0, 0, 0}};
+  // Dynamic shared memory of attention's forward, dK/dV and dQ kernels, for head dims 32, 64 and
+  // 128 (attention_dims's order).
+  unsigned attention_shared[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
 };
 
 // out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
@@ -365,6 +366,12 @@ inline void embedding() {
   write_f32("dwpe", dwpe);
 }
 
+// The row of Geometry::attention_shared for head dim d; exits with the usage for any other.
+inline int attention_dims(int d) {
+  if (d != 32 && d != 64 && d != 128) std::exit(usage());
+  return d == 32 ? 0 : d == 64 ? 1 : 2;
+}
+
 // qkv starts `offset` elements into its buffer (argument 4, 0 when not given; an odd offset
 // takes the scalar-load path of the kernels that have one).
 inline void attention_forward(const Geometry& g) {
@@ -377,15 +384,9 @@ inline void attention_forward(const Geometry& g) {
   std::vector<bf16> out(rows * heads * d, to_bf16(-7.0f));
   std::vector<float> lse(rows * heads, -7.0f);
   const dim3 grid(ceil_div(seq, 64), batch * heads);
-  if (d == 64) {
-    emu::launch_dynamic(g.attention_shared[0][0], grid, dim3(128), attention_fwd_bf16_d64, out.data(), lse.data(), qkv,
-                        batch, seq, heads);
-  } else if (d == 128) {
-    emu::launch_dynamic(g.attention_shared[1][0], grid, dim3(128), attention_fwd_bf16_d128, out.data(), lse.data(), qkv,
-                        batch, seq, heads);
-  } else {
-    std::exit(usage());
-  }
+  const int dims = attention_dims(d);
+  auto fwd = d == 32 ? attention_fwd_bf16_d32 : d == 64 ? attention_fwd_bf16_d64 : attention_fwd_bf16_d128;
+  emu::launch_dynamic(g.attention_shared[dims][0], grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads);
   write_bf16("out", out);
   write_f32("lse", lse);
 }
@@ -401,10 +402,9 @@ inline void attention_backward(const Geometry& g) {
   emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(g.row_threads), attention_bwd_delta_bf16, delta.data(),
               dout.data(), out.data(), batch, seq, heads, d);
   const dim3 grid(ceil_div(seq, 64), batch * heads);
-  const int dims = d == 64 ? 0 : 1;
-  auto dkv = d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
-  auto dq = d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
-  if (d != 64 && d != 128) std::exit(usage());
+  const int dims = attention_dims(d);
+  auto dkv = d == 32 ? attention_bwd_dkv_bf16_d32 : d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
+  auto dq = d == 32 ? attention_bwd_dq_bf16_d32 : d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
   emu::launch_dynamic(g.attention_shared[dims][1], grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(),
                       lse.data(), delta.data(), batch, seq, heads);
   emu::launch_dynamic(g.attention_shared[dims][2], grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),

@@ -157,9 +157,16 @@ pub fn parse_shape(text: &str, parts: usize, form: &str) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-/// `(batch, seq, heads, head_dim)` of the attention sweep.
-pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] =
-    &[(8, 1024, 12, 64), (4, 2048, 25, 64), (4, 2048, 16, 128), (2, 4096, 32, 128), (1, 8192, 32, 128)];
+/// `(batch, seq, heads, head_dim)` of the attention sweep; the first two are GPT-2 small's 8192
+/// tokens of hidden 768 in heads of 32 (the `tiny` preset's head dim) and of 64, the same FLOPs.
+pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] = &[
+    (8, 1024, 24, 32),
+    (8, 1024, 12, 64),
+    (4, 2048, 25, 64),
+    (4, 2048, 16, 128),
+    (2, 4096, 32, 128),
+    (1, 8192, 32, 128),
+];
 
 /// A kernel benchmark of `trident bench <name> --device cuda|hip`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +229,7 @@ impl GpuBench {
         match self {
             GpuBench::Gemm => "MxNxK, e.g. 8192x2304x768",
             GpuBench::GemmBwd => "MxNxK (dout M x N, W N x K), e.g. 8192x2304x768",
-            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 64 or 128), e.g. 8x1024x12x64",
+            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 32, 64 or 128), e.g. 8x1024x12x64",
             GpuBench::Layernorm => "RxC (rows, channels), e.g. 8192x768",
             GpuBench::Gelu => "N (elements), e.g. 25165824",
             GpuBench::Xent => "RxV (rows, vocabulary), e.g. 8192x50304",

@@ -69,7 +69,7 @@ fn check_each(
     // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
     // which GPUs launch kernels at all).
     for ordinal in 0..n {
-        device_ops_line(ordinal, api, &device(ordinal)?, &[64, 128])?;
+        device_ops_line(ordinal, api, &device(ordinal)?, &GpuDevice::HEAD_DIMS)?;
     }
     println!(
         "gpu check: passed on {n} {vendor} device{}; `trident check ops` compares every fused op with the reference",

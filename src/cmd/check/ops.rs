@@ -519,11 +519,11 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         "cuda" => {
             let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
+            (dev.describe(), run_all(&dev, size, &crate::gpu::device::GpuDevice::HEAD_DIMS, 7))
         }
         "hip" => {
             let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &[64, 128], 7))
+            (dev.describe(), run_all(&dev, size, &crate::gpu::device::GpuDevice::HEAD_DIMS, 7))
         }
         other => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
     };

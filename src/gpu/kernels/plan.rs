@@ -1,7 +1,7 @@
 //! Launch planning: `plan` turns an op (`Op`) and its shape into the kernel of the index that
 //! computes it and the grid, block and shared memory its file's opening comment documents, for
 //! either vendor (the block from `Vendor::threads`), checked against the device limits
-//! (`launch::tiled`) and the kernel's own preconditions (head dim 64 or 128, sizes that fit the
+//! (`launch::tiled`) and the kernel's own preconditions (head dim 32, 64 or 128, sizes that fit the
 //! kernels' `int` arguments), each violated one an error naming the kernel. The GPU Device plans
 //! its GEMM, attention, cast and AdamW launches here; the GPU benches plan every launch here.
 
@@ -393,11 +393,12 @@ pub const fn gemm_tile(vendor: Vendor) -> usize {
 
 /// The kernel that computes `op`.
 pub fn kernel_of(op: &Op) -> Result<Kernel> {
-    let by_dim = |d: usize, d64: Kernel, d128: Kernel, what: &str| match d {
+    let by_dim = |d: usize, [d32, d64, d128]: [Kernel; 3], what: &str| match d {
+        32 => Ok(d32),
         64 => Ok(d64),
         128 => Ok(d128),
         _ => Err(Error::Unsupported(format!(
-            "{what} on the GPU: the kernels are built for head dims 64 and 128, and this model's head dim is {d}"
+            "{what} on the GPU: the kernels are built for head dims 32, 64 and 128, and this model's head dim is {d}"
         ))),
     };
     Ok(match *op {
@@ -427,18 +428,24 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::EmbeddingFwd { .. } => Kernel::EmbeddingFwdBf16,
         Op::EmbeddingBwdWte { .. } => Kernel::EmbeddingBwdWteBf16,
         Op::EmbeddingBwdWpe { .. } => Kernel::EmbeddingBwdWpeBf16,
-        Op::AttentionFwd { head_dim, .. } => {
-            by_dim(head_dim, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128, "attention forward")?
-        }
+        Op::AttentionFwd { head_dim, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionFwdBf16D32, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128],
+            "attention forward",
+        )?,
         Op::AttentionBwdDelta { head_dim, .. } => {
-            by_dim(head_dim, Kernel::AttentionBwdDeltaBf16, Kernel::AttentionBwdDeltaBf16, "attention backward")?
+            by_dim(head_dim, [Kernel::AttentionBwdDeltaBf16; 3], "attention backward")?
         }
-        Op::AttentionBwdDkv { head_dim, .. } => {
-            by_dim(head_dim, Kernel::AttentionBwdDkvBf16D64, Kernel::AttentionBwdDkvBf16D128, "attention backward")?
-        }
-        Op::AttentionBwdDq { head_dim, .. } => {
-            by_dim(head_dim, Kernel::AttentionBwdDqBf16D64, Kernel::AttentionBwdDqBf16D128, "attention backward")?
-        }
+        Op::AttentionBwdDkv { head_dim, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionBwdDkvBf16D32, Kernel::AttentionBwdDkvBf16D64, Kernel::AttentionBwdDkvBf16D128],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionBwdDqBf16D32, Kernel::AttentionBwdDqBf16D64, Kernel::AttentionBwdDqBf16D128],
+            "attention backward",
+        )?,
     })
 }
 
@@ -568,6 +575,24 @@ mod tests {
         );
         let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 128 });
         assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
+        // d 32 (64-key and 64-query tiles): all three under the default 48 KiB.
+        let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, head_dim: 32 });
+        assert_eq!(
+            (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
+            ("attention_fwd_bf16_d32", [2, 64, 1], 25600, false)
+        );
+        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        assert_eq!(
+            (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
+            ("attention_bwd_dkv_bf16_d32", [2, 4, 1], 31744, false)
+        );
+        let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        assert_eq!(
+            (q.spec.function, q.config.grid, q.config.shared_bytes, q.config.needs_shared_optin),
+            ("attention_bwd_dq_bf16_d32", [2, 4, 1], 30720, false)
+        );
+        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        assert_eq!((dl.spec.function, dl.config.grid), ("attention_bwd_delta_bf16", [100, 1, 1]));
         // HIP's twins declare their LDS statically: nothing dynamic to pass.
         assert_eq!(Vendor::Hip.dynamic_shared(Kernel::AttentionFwdBf16D128), 0);
     }
@@ -647,6 +672,10 @@ mod tests {
             (1, 1, 1, 64),
             (2, 70, 1, 128),
             (1, 3, 1, 128),
+            (2, 37, 3, 32),
+            (2, 100, 2, 32),
+            (1, 130, 1, 32),
+            (2, 457, 2, 32),
         ] {
             let grid = [cd(seq, 64), (batch * heads) as u32, 1];
             assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, grid);
@@ -683,11 +712,11 @@ mod tests {
         let e = plan(&Op::AttentionFwd { batch: 1, seq: 8, heads: 1, head_dim: 96 }, Vendor::Cuda, &A100, 108)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("head dims 64 and 128") && e.contains("head dim is 96"), "{e}");
-        let e = plan(&Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 32 }, Vendor::Cuda, &A100, 108)
+        assert!(e.contains("head dims 32, 64 and 128") && e.contains("head dim is 96"), "{e}");
+        let e = plan(&Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 16 }, Vendor::Cuda, &A100, 108)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("head dim is 32"), "{e}");
+        assert!(e.contains("head dim is 16"), "{e}");
         let e = plan(&Op::GemmFwd { m: 0, n: 8, k: 8, out: GemmOut::Bf16 }, Vendor::Cuda, &A100, 108)
             .unwrap_err()
             .to_string();
