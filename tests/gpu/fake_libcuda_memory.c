@@ -6,8 +6,17 @@
  * TRIDENT_NCCL or TRIDENT_RCCL (dlopen with RTLD_NOLOAD), and queries say CUDA_ERROR_NOT_READY
  * while it is non-zero; synchronizing waits for it, forever if need be, as CUDA does. The symbols
  * are weak: a fuller emulating driver that defines them wins when linked in with this file.
+ *
+ * A host-to-device copy returns before its bytes land, as cuMemcpyHtoD from pageable memory does
+ * on a GPU (it returns once the bytes are staged; the DMA completes in the order of the legacy
+ * default stream). The fake keeps such copies pending and lands them, in order, when the legacy
+ * default stream is next synchronized or used: cuCtxSynchronize, cuStreamSynchronize or
+ * cuEventRecord on the NULL stream, a copy to the host, a free. Work ordered only after another
+ * stream (the NCCL stream waiting on a non-blocking stream's event) reads what was there before:
+ * on an H100 `check nccl` read a receive buffer's fill pattern that landed after the collective.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,12 +35,44 @@ WEAK CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes) {
     *pointer = (CUdeviceptr)(uintptr_t)p;
     return 0;
 }
-WEAK CUresult cuMemFree_v2(CUdeviceptr pointer) { free((void *)(uintptr_t)pointer); return 0; }
+/* Host-to-device copies staged but not landed, oldest first. */
+struct staged { void *to; void *bytes; size_t n; struct staged *next; };
+static struct staged *staged_head, *staged_tail;
+static pthread_mutex_t staged_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The legacy default stream reaches this point: every staged copy lands, in order. */
+static void land_staged(void) {
+    pthread_mutex_lock(&staged_lock);
+    while (staged_head) {
+        struct staged *s = staged_head;
+        memcpy(s->to, s->bytes, s->n);
+        staged_head = s->next;
+        free(s->bytes);
+        free(s);
+    }
+    staged_tail = NULL;
+    pthread_mutex_unlock(&staged_lock);
+}
+
+WEAK CUresult cuMemFree_v2(CUdeviceptr pointer) {
+    land_staged();
+    free((void *)(uintptr_t)pointer);
+    return 0;
+}
 WEAK CUresult cuMemcpyHtoD_v2(CUdeviceptr to, const void *from, size_t bytes) {
-    memcpy((void *)(uintptr_t)to, from, bytes);
+    struct staged *s = malloc(sizeof *s);
+    void *copy = malloc(bytes ? bytes : 1);
+    if (!s || !copy) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    memcpy(copy, from, bytes);
+    *s = (struct staged){(void *)(uintptr_t)to, copy, bytes, NULL};
+    pthread_mutex_lock(&staged_lock);
+    if (staged_tail) staged_tail->next = s; else staged_head = s;
+    staged_tail = s;
+    pthread_mutex_unlock(&staged_lock);
     return 0;
 }
 WEAK CUresult cuMemcpyDtoH_v2(void *to, CUdeviceptr from, size_t bytes) {
+    land_staged();
     memcpy(to, (const void *)(uintptr_t)from, bytes);
     return 0;
 }
@@ -54,12 +95,16 @@ static void wait_idle(void) {
     while (nccl_pending()) sched_yield();
 }
 
-WEAK CUresult cuCtxSynchronize(void) { wait_idle(); return 0; }
+WEAK CUresult cuCtxSynchronize(void) { land_staged(); wait_idle(); return 0; }
 
 static int stream_token;
 WEAK CUresult cuStreamCreate(void **stream, unsigned flags) { (void)flags; *stream = &stream_token; return 0; }
 WEAK CUresult cuStreamDestroy_v2(void *stream) { (void)stream; return 0; }
-WEAK CUresult cuStreamSynchronize(void *stream) { (void)stream; wait_idle(); return 0; }
+WEAK CUresult cuStreamSynchronize(void *stream) {
+    if (!stream) land_staged();
+    wait_idle();
+    return 0;
+}
 WEAK CUresult cuStreamQuery(void *stream) { (void)stream; return nccl_pending() ? 600 : 0; }
 WEAK CUresult cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
     (void)stream;
@@ -77,7 +122,7 @@ WEAK CUresult cuEventCreate(void **event, unsigned flags) {
     return *event ? 0 : 2;
 }
 WEAK CUresult cuEventRecord(void *event, void *stream) {
-    (void)stream;
+    if (!stream) land_staged(); /* the event completes after the legacy stream's copies */
     struct fake_event *e = event;
     e->ms = now_ms();
     e->recorded = 1;

@@ -12,7 +12,7 @@ use crate::gpu::collectives::{
     check_input, rank_device, run_on_device, run_on_host, timeout, Collective, NcclComm, RcclOnHip,
 };
 use crate::gpu::runtime::VendorRuntime;
-use crate::gpu::driver::{DeviceBuffer, Driver, PrimaryContext, Stream};
+use crate::gpu::driver::{DeviceBuffer, Driver, PrimaryContext};
 use crate::gpu::hip::Hip;
 use crate::gpu::nccl::{exchange_unique_id, Flavor, Nccl, UNIQUE_ID_BYTES};
 use std::process::ExitCode;
@@ -39,7 +39,8 @@ pub fn run(rt: &Runtime, rest: &[String]) -> ExitCode {
 }
 
 /// On every rank of the job, an NCCL (or RCCL) communicator over the world
-/// runs every case of `check_cases` on device memory, ordered after a compute stream with events,
+/// runs every case of `check_cases` on device memory, ordered after the legacy default stream (the
+/// Device's compute stream) with events,
 /// and the result is compared bit for bit with the same op through MPI on host memory. Returns
 /// the report line. RCCL runs on the HIP runtime's streams when the node has no CUDA driver but a
 /// HIP runtime (an AMD node), else on the CUDA driver's.
@@ -60,17 +61,19 @@ fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
     let nccl = Nccl::load(flavor)?;
     let world = rt.group(&(0..rt.world_size).collect::<Vec<_>>());
     let comm = NcclComm::new(&nccl, &context, world.as_ref(), timeout()?)?;
-    let compute = Stream::non_blocking(&driver)?;
     let cases = compare_cases(rt, world.as_ref(), &comm, &mut |case, send, recv_bytes| {
         let d_send = DeviceBuffer::alloc(&context, send.len())?;
         let d_recv = DeviceBuffer::alloc(&context, recv_bytes)?;
+        // Synchronous copies from pageable memory return before their bytes land; they land in
+        // the order of the legacy default stream, which the collective is ordered after (as the
+        // Device's are). Ordered after a non-blocking stream of its own instead, on an H100 the
+        // all-reduce once read the receive buffer's fill pattern.
         d_send.upload(send)?;
         d_recv.upload(&vec![0xA5u8; recv_bytes])?;
-        comm.after_compute(Some(&compute))?;
+        comm.after_compute(None)?;
         run_on_device(&comm, case, d_send.pointer, d_recv.pointer)?;
-        comm.before_compute(Some(&compute))?;
+        comm.before_compute(None)?;
         comm.synchronize()?;
-        compute.synchronize()?;
         let mut got = vec![0u8; recv_bytes];
         d_recv.download(&mut got)?;
         Ok(got)
