@@ -100,19 +100,6 @@ __device__ __forceinline__ uint32_t dynamic_shared_bytes() {
 }
 #endif
 
-// A global load past this SM's L1 (ld.global.cg), for data other blocks of the launch wrote and
-// published with __threadfence (a last-block reduction); unlike a volatile pointer's loads, a run
-// of these issues back to back, so many are in flight at once.
-__device__ __forceinline__ float load_cg(const float* p) {
-#ifdef TRIDENT_EMU
-  return *reinterpret_cast<const volatile float*>(p);
-#else
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-#endif
-}
-
 // Number of tiles of `tile` covering `n` (the last one ragged).
 __host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + tile - 1) / tile; }
 
@@ -122,9 +109,6 @@ __host__ __device__ __forceinline__ int ceil_div(int n, int tile) { return (n + 
 // registers on the GPU (nvcc otherwise places them in local memory); the host build ignores it.
 #ifdef TRIDENT_EMU
 #define UNROLL
-#define UNROLL_4
 #else
 #define UNROLL _Pragma("unroll")
-// Partial unrolling of a loop of run-time length: 4 iterations' independent loads in flight.
-#define UNROLL_4 _Pragma("unroll 4")
 #endif
