@@ -61,20 +61,10 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 deadline=$(($(date +%s) + budget))
 
-if [ -n "${TRIDENT_BIN:-}" ]; then
-  bin=$TRIDENT_BIN
-elif [ -x "$root/target-nompi/release/trident" ]; then
-  bin=$root/target-nompi/release/trident
-else
-  bin=$root/target/release/trident
-fi
-if [ -n "${TORCH_PYTHON:-}" ]; then
-  py=$TORCH_PYTHON
-elif [ -x /opt/torch/.venv/bin/python ]; then
-  py=/opt/torch/.venv/bin/python
-else
-  py=python3
-fi
+# bin and py (TRIDENT_BIN, TORCH_PYTHON and their defaults).
+bin="" py=""
+# shellcheck disable=SC1091
+. "$here/node-defaults.sh"
 steps=${FIRST_LIGHT_STEPS:-env info check-gpu probe check-ops check-nccl train losses bench memcheck racecheck}
 [ -z "${FIRST_LIGHT_NCU:-}" ] || [[ " $steps " == *" ncu "* ]] || steps="$steps ncu"
 iters=${FIRST_LIGHT_ITERS:-200}

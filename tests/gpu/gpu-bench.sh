@@ -54,20 +54,10 @@ case $device in
   *) echo "gpu-bench: --device is cuda or hip, found '$device'" >&2; exit 2 ;;
 esac
 
-if [ -n "${TRIDENT_BIN:-}" ]; then
-  bin=$TRIDENT_BIN
-elif [ -x "$root/target-nompi/release/trident" ]; then
-  bin=$root/target-nompi/release/trident
-else
-  bin=$root/target/release/trident
-fi
-if [ -n "${TORCH_PYTHON:-}" ]; then
-  py=$TORCH_PYTHON
-elif [ -x /opt/torch/.venv/bin/python ]; then
-  py=/opt/torch/.venv/bin/python
-else
-  py=python3
-fi
+# bin and py (TRIDENT_BIN, TORCH_PYTHON and their defaults).
+bin="" py=""
+# shellcheck disable=SC1091
+. "$here/node-defaults.sh"
 secs=${GPU_BENCH_MIN_SECONDS:-0.3}
 tokens=${GPU_BENCH_TOKENS:-8192}
 read -r -a gemms <<<"${GPU_BENCH_GEMMS-gpt2-124m.qkv=${tokens}x2304x768 gpt2-124m.proj=${tokens}x768x768 \
