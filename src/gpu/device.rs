@@ -283,7 +283,7 @@ impl GpuDevice {
 
     /// The Device on an opened GPU: loads every file it uses and finds its functions.
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
-        let wgmma = gpu.vendor == Vendor::Cuda && gpu.arch == "sm_90a";
+        let wgmma = super::kernels::plan::wgmma(gpu.vendor, &gpu.arch);
         Ok(GpuDevice {
             functions: gpu.functions(&device_kernels(wgmma))?,
             rt: gpu.rt,
@@ -404,6 +404,16 @@ impl GpuDevice {
         if rows > 0 {
             self.launch(k, [rows.div_ceil(4), 1, 1], args);
         }
+    }
+
+    /// The device words `cell` holds: `words` u32 allocated and zeroed on first use (the
+    /// last-block counters, which every launch that uses them leaves at 0).
+    pub(super) fn zeroed_once<'a>(&self, cell: &'a std::sync::OnceLock<DeviceMem>, words: usize) -> &'a DeviceMem {
+        cell.get_or_init(|| {
+            let c = ok(DeviceMem::alloc(&self.rt, 4 * words));
+            ok(self.rt.memset_u32(c.pointer(), 0, words));
+            c
+        })
     }
 
     /// One thread per column, blocks of 256.

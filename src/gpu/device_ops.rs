@@ -8,7 +8,6 @@
 //! one fallback for any mix, so an op on f32 buffers casts GEMM and attention operands to bf16 as
 //! before, and one on bf16 storage casts nothing on the hot path.
 
-use super::buffer::DeviceMem;
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
@@ -300,11 +299,7 @@ impl Device for GpuDevice {
             let dx = self.view_mut(dinp, Elem::Bf16, false);
             let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
             let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
-            let counter = self.counter.get_or_init(|| {
-                let c = ok(DeviceMem::alloc(&self.rt, 4));
-                ok(self.rt.memset_u32(c.pointer(), 0, 1));
-                c
-            });
+            let counter = self.zeroed_once(&self.counter, 1);
             let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
             let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
             return self.run(Op::LayernormBwd { rows, channels: cols }, &[dx, dw, db, p, k, dy, x, w, m, s, r, c]);
@@ -482,11 +477,7 @@ impl Device for GpuDevice {
             let (d, db) = (self.view(dout, e), self.view_mut(dbias, Elem::F32, false));
             // Block partials in scratch and the Device's strip counters (plan::column_sum_grid).
             let partials = self.scratch(4 * column_sum_partials(rows, n));
-            let counters = self.column_counters.get_or_init(|| {
-                let c = ok(DeviceMem::alloc(&self.rt, 4 * COLUMN_SUM_COUNTERS));
-                ok(self.rt.memset_u32(c.pointer(), 0, COLUMN_SUM_COUNTERS));
-                c
-            });
+            let counters = self.zeroed_once(&self.column_counters, COLUMN_SUM_COUNTERS);
             let args = [Ptr(db.ptr()), Ptr(partials.pointer), Ptr(counters.pointer()), Ptr(d.ptr()), m_, n_];
             match e {
                 Elem::Bf16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),

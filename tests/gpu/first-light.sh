@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --deadline) budget=${2:?--deadline needs seconds}; shift 2 ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h | --help) sed -n '3,/^# Exit status/p' "$0"; exit 0 ;;
     *) echo "first-light: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -131,14 +131,14 @@ find_lib() {
   done
 }
 
-if ! "$bin" info >/dev/null 2>&1; then
+if ! found=$("$bin" info 2>/dev/null); then
   echo "first-light: $bin does not run here; build it with 'make NO_MPI=1 build' or set TRIDENT_BIN" >&2
   exit 1
 fi
-if ! "$bin" info 2>/dev/null | grep -q '^nvrtc: [0-9]'; then
+if ! grep -q '^nvrtc: [0-9]' <<<"$found"; then
   find_lib TRIDENT_NVRTC 'nvidia/cu13/lib/libnvrtc.so.13' 'nvidia/*/lib/libnvrtc.so.13' 'nvidia/cuda_nvrtc/lib/libnvrtc.so.12'
 fi
-if ! "$bin" info 2>/dev/null | grep -q '^nccl: [0-9]'; then
+if ! grep -q '^nccl: [0-9]' <<<"$found"; then
   find_lib TRIDENT_NCCL 'nvidia/nccl/lib/libnccl.so.2' 'nvidia/*/lib/libnccl.so.2'
 fi
 export TRIDENT_CACHE_DIR=${TRIDENT_CACHE_DIR:-$out/kernel-cache}

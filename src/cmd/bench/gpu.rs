@@ -27,7 +27,7 @@ use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
 use crate::gpu::kernels::plan::{
     column_sum_partials, kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, linear_gemms, plan,
-    EmbeddingSegments, GemmOut, KernelLaunch, Op, COLUMN_SUM_COUNTERS,
+    wgmma, EmbeddingSegments, GemmOut, KernelLaunch, Op, COLUMN_SUM_COUNTERS,
 };
 use crate::gpu::kernels::{Kernel, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
@@ -305,12 +305,6 @@ impl GpuBench {
         }
         kernels
     }
-}
-
-/// Whether the GEMM benches run the sm_90a wgmma kernels: on CUDA compute capability 9.0 (the
-/// only architecture `arch_for` names `sm_90a`); elsewhere the mma.sync (MFMA) ones.
-fn wgmma(vendor: Vendor, arch: &str) -> bool {
-    vendor == Vendor::Cuda && arch == "sm_90a"
 }
 
 /// `trident bench <bench> --device cuda|hip`: `bench` on device 0 over its sweep, or over the one
@@ -639,9 +633,10 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
             (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; 3 * rows * width]);
         let wide_qkv = wide_bf16(&qkv);
         dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape);
-        fwd_check = Some(worst(&b.bf16s(&d_out, rows * width)?, &out, Bound::Bf16));
+        let gpu_out = b.bf16s(&d_out, rows * width)?;
+        fwd_check = Some(worst(&gpu_out, &out, Bound::Bf16));
         // The backward from the GPU's own forward output (bf16, as training feeds it).
-        let gpu_out = b.bf16s(&d_out, rows * width)?.into_iter().map(f64::from).collect::<Vec<_>>();
+        let gpu_out = wide(&gpu_out);
         let wide_dout = wide_bf16(&dout);
         // delta[(b·heads + h)·seq + t] = dO · O over the head's columns of row t·batch + b.
         let mut want = vec![0f64; rows * heads];

@@ -192,6 +192,13 @@ pub struct LinearGemms {
     pub backward_weight: Op,
 }
 
+/// Whether the linear layers' GEMMs run on sm_90a's wgmma fed by TMA: on CUDA, with the kernels
+/// built for `sm_90a` (compute capability 9.0, unless `TRIDENT_CUDA_ARCH` names an older
+/// architecture); elsewhere on mma.sync (MFMA on HIP). The Device and the GEMM benches ask this.
+pub fn wgmma(vendor: Vendor, arch: &str) -> bool {
+    vendor == Vendor::Cuda && arch == "sm_90a"
+}
+
 /// The linear layer's GEMMs on a device with (`wgmma`: compute capability 9.0, sm_90a) or without
 /// warpgroup wgmma and TMA: each product on the sm_90a kernels where TMA can describe its
 /// operands (row pitches multiples of 8 elements: `k` for the forward, `n` and `k` for the
