@@ -7,7 +7,8 @@
 // (gemm_fwd_bf16). Products are accumulated in f32; the epilogue is fused so the f32 tile is
 // written once. Any M, N, K >= 1: ragged edges load as zeros and stores are guarded.
 //
-// Grid: (⌈N/128⌉, ⌈M/128⌉) blocks of 256 threads; a block owns a 128x128 tile of out, its eight
+// Grid: (⌈N/128⌉, ⌈M/128⌉) blocks of 256 threads, taken in the grouped tile order of
+// common/tile_order.cuh (8 rows of tiles at a time); a block owns a 128x128 tile of out, its eight
 // warps a 2x4 arrangement of 64x32 warp tiles, fed by a 4-stage cp.async ring of 32-deep k-tiles
 // (common/gemm_pipeline.cuh: geometry, loader, main loop). Per 16-deep step a warp issues
 // 4 (M) x 4 (N) = 16 mma.sync.m16n8k16, feeding A with 4 ldmatrix.x4 (rows of A are the "row"
@@ -28,6 +29,7 @@
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
 #include "common/gemm_pipeline.cuh"
+#include "common/tile_order.cuh"
 
 namespace gemm_bf16_detail {
 
@@ -46,7 +48,8 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
                                                const bf16* __restrict__ W, const float* __restrict__ bias,
                                                const Out* __restrict__ residual, int M, int N, int K, int gelu) {
   DYNAMIC_SHARED(Stages, stages);
-  const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
+  const TileIndex tile = grouped_tile();
+  const int m0 = tile.row * kTile, n0 = tile.col * kTile;
   const int wm = warp_row(), wn = warp_col();
   // cp.async needs every 16-byte chunk aligned, i.e. rows that start on 16 bytes.
   const bool async = rows_aligned(A, K) && rows_aligned(W, K);

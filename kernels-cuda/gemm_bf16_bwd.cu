@@ -17,7 +17,8 @@
 // dweight it is doutᵀ, whose reduction (m) is dout's row index, so it too is read with
 // ldmatrix.x4.trans from [r][i] tiles. No transposed copy of any matrix is made.
 //
-// Grid: (⌈C columns/128⌉, ⌈C rows/128⌉) blocks of 256 threads; a block owns a 128x128 tile of C,
+// Grid: (⌈C columns/128⌉, ⌈C rows/128⌉) blocks of 256 threads in the grouped tile order of
+// common/tile_order.cuh; a block owns a 128x128 tile of C,
 // its eight warps a 2x4 arrangement of 64x32 warp tiles, 16 mma.sync.m16n8k16 per warp per
 // 16-deep step, fed by a 4-stage cp.async ring of 32-deep reduction tiles
 // (common/gemm_pipeline.cuh: geometry, loader, main loop). A source whose rows are not 16-byte
@@ -33,6 +34,7 @@
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
 #include "common/gemm_pipeline.cuh"
+#include "common/tile_order.cuh"
 
 namespace gemm_bwd_detail {
 
@@ -54,7 +56,16 @@ template <bool kATrans, bool kAccumulate, class Out = float>
 __device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16* __restrict__ a,
                                               const bf16* __restrict__ b, int rows, int cols, int depth) {
   DYNAMIC_SHARED(Stages<kATrans>, stages);
-  const int i0 = blockIdx.y * kTile, j0 = blockIdx.x * kTile;
+  // The tile's origin sits in shared memory and is read where it is used: held in registers
+  // across the main loop it pushes ptxas past 128 registers into spills on sm_90a (the plain
+  // order's blockIdx could be re-read for free; the grouped order's divisions cannot).
+  __shared__ int origin[2];
+  if (threadIdx.x == 0) {
+    const TileIndex tile = grouped_tile();
+    origin[0] = tile.row * kTile;
+    origin[1] = tile.col * kTile;
+  }
+  __syncthreads();
   const int wi = warp_row(), wj = warp_col();
   const bool a_async = kATrans ? rows_aligned(a, rows) : rows_aligned(a, depth);
   const bool b_async = rows_aligned(b, cols);
@@ -64,6 +75,7 @@ __device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16*
   main_loop(
       depth,
       [&](int stage, int r0) {
+        const int i0 = origin[0], j0 = origin[1];
         if (kATrans)
           load_tile<kTileK, kTile, kRedMajorLd>(stages.a[stage], a, depth, rows, r0, i0, a_async);
         else
@@ -83,6 +95,7 @@ __device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16*
         }
       });
 
+  const int i0 = origin[0], j0 = origin[1];
   for_each_output(acc, i0 + wi, j0 + wj, rows, cols, [&](int row, int col, float v) {
     const size_t at = (size_t)row * cols + col;
     out[at] = from_float<Out>(kAccumulate ? to_float(out[at]) + v : v);

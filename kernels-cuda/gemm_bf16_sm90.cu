@@ -19,7 +19,8 @@
 // operands: the launcher picks gemm_bf16.cu / gemm_bf16_bwd.cu otherwise. Ragged edges load as
 // zeros (TMA's out-of-bounds fill) and stores are guarded.
 //
-// Grid: (⌈cols/C⌉, ⌈rows/128⌉) blocks of 384 threads, each owning a 128 x C tile of D, C = 256
+// Grid: (⌈cols/C⌉, ⌈rows/128⌉) blocks of 384 threads in the grouped tile order of
+// common/tile_order.cuh (8 rows of tiles at a time), each owning a 128 x C tile of D, C = 256
 // for the forward and backward-input, 128 for backward-weight (kCols: dW is a layer's weight,
 // whose few tiles would leave most SMs idle if wider). Warpgroup 0 is the producer: one thread
 // issues the loads, the other 127 have nothing to do and return (no __syncthreads follows the
@@ -78,6 +79,7 @@
 // a header the source has already included.
 #include "common/wgmma.cuh"
 #include "common/tma.cuh"
+#include "common/tile_order.cuh"
 
 namespace gemm_sm90_detail {
 
@@ -201,7 +203,8 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   unsigned char* const smem = align_shared_1024(window);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset<kP>);
   uint64_t* empty = full + kStages;
-  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kN;
+  const TileIndex tile = grouped_tile();
+  const int row0 = tile.row * kTile, col0 = tile.col * kN;
   const int steps = ceil_div(R, kStep);
   const int warpgroup = threadIdx.x / 128;
 

@@ -8,7 +8,8 @@
 // (gemm_fwd_bf16). Products accumulate in f32; the epilogue is fused so the f32 tile is written
 // once. Any M, N, K >= 1: ragged edges load as zeros and stores are guarded.
 //
-// Grid: (⌈N/64⌉, ⌈M/64⌉) workgroups of 256 threads (4 wave64s; the CUDA kernel's grid, with
+// Grid: (⌈N/64⌉, ⌈M/64⌉) workgroups of 256 threads in the grouped tile order of
+// common/tile_order.h (4 wave64s; the CUDA kernel's grid and order, with
 // 64-lane waves). The tile is common/gemm_mfma.h's: wave w owns a 32x32 quadrant in one MFMA
 // accumulator (16 f32 per lane, AGPRs on gfx90a), 4 x v_mfma_f32_32x32x8bf16_1k per 32-deep step
 // (v_mfma_f32_32x32x8_bf16 on gfx940+), both operands reduction-contiguous (A's rows, W's rows).
@@ -19,6 +20,7 @@
 #include "common/base.h"
 #include "common/gelu.h"
 #include "common/gemm_mfma.h"
+#include "common/tile_order.h"
 
 namespace gemm_bf16_detail {
 
@@ -26,7 +28,8 @@ template <class Out>
 __device__ __forceinline__ void gemm_fwd_body(Out* __restrict__ out, const bf16* __restrict__ A,
                                               const bf16* __restrict__ W, const float* __restrict__ bias,
                                               const Out* __restrict__ residual, int M, int N, int K, int gelu) {
-  const int m0 = blockIdx.y * gemm_mfma::kTile, n0 = blockIdx.x * gemm_mfma::kTile;
+  const TileIndex tile = grouped_tile();
+  const int m0 = tile.row * gemm_mfma::kTile, n0 = tile.col * gemm_mfma::kTile;
   mfma_acc acc;
   gemm_mfma::tile<true, true>(acc, A, K, W, K, M, N, K, m0, n0);
   const int n = n0 + gemm_mfma::out_col();

@@ -15,7 +15,8 @@
 // B = inp (k contiguous). The LDS loader walks whichever index is contiguous, and stages both
 // as [output][reduction] tiles for the MFMA operands.
 //
-// Grid: dinp (⌈K/64⌉, ⌈M/64⌉), dweight (⌈K/64⌉, ⌈N/64⌉) workgroups of 256 threads (4 wave64s),
+// Grid: dinp (⌈K/64⌉, ⌈M/64⌉), dweight (⌈K/64⌉, ⌈N/64⌉) workgroups of 256 threads (4 wave64s) in
+// the grouped tile order of common/tile_order.h,
 // each wave a 32x32 MFMA accumulator, 4 x v_mfma_f32_32x32x8bf16_1k per 32-deep step. LDS: 10 KiB
 // of the 64 KiB. Registers (hipcc gfx90a): see README (no scratch).
 //
@@ -23,13 +24,15 @@
 // (tests/hip_emulation.rs).
 #include "common/base.h"
 #include "common/gemm_mfma.h"
+#include "common/tile_order.h"
 
 namespace gemm_bwd_detail {
 
 template <bool kARContig, bool kBRContig, bool kAccumulate, class Out = float>
 __device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16* __restrict__ a, int lda,
                                               const bf16* __restrict__ b, int ldb, int rows, int cols, int depth) {
-  const int i0 = blockIdx.y * gemm_mfma::kTile, j0 = blockIdx.x * gemm_mfma::kTile;
+  const TileIndex tile = grouped_tile();
+  const int i0 = tile.row * gemm_mfma::kTile, j0 = tile.col * gemm_mfma::kTile;
   mfma_acc acc;
   gemm_mfma::tile<kARContig, kBRContig>(acc, a, lda, b, ldb, rows, cols, depth, i0, j0);
   const int j = j0 + gemm_mfma::out_col();

@@ -41,6 +41,22 @@ fn gemm_sm80_pipeline_ragged_tiles() {
     gemm_bwd_input_bf16_out_by(&CUDA, 150, 131, 203, "gemm_bwd_bf16out");
 }
 
+/// The GEMMs built with groups of 2 row tiles in their grouped tile order (common/tile_order.cuh;
+/// 8 in the real build), so these grids of 3 x 3 to 3 x 5 tiles hold a full group and a short last
+/// one: each GEMM still computes every tile once (a tile left out keeps the output's old values, a
+/// tile computed twice leaves another out).
+const GROUPS_OF_2: Vendor = Vendor { kind: "cuda-emu-groups-of-2", defines: &["-DTRIDENT_GEMM_GROUP_ROWS=2"], ..CUDA };
+
+#[test]
+fn gemm_grouped_tile_order_covers_every_tile() {
+    // sm_80 (128 x 128 tiles): forward 3 x 3 tiles; backward-input 3 x 3, backward-weight 3 x 3.
+    emu_cases::gemm(&GROUPS_OF_2, GemmCase { bias: true, residual: true, ..gemm_case(300, 290, 40) });
+    gemm_bwd_by(&GROUPS_OF_2, 300, 290, 270, "gemm_bwd");
+    // sm_90a (128 x 256, dW 128 x 128): forward 3 x 3, backward-input 3 x 3, backward-weight 3 x 5.
+    gemm_by(&GROUPS_OF_2, gemm_case(300, 520, 64), "gemm_sm90_f32out");
+    gemm_bwd_by(&GROUPS_OF_2, 300, 296, 520, "gemm_sm90_bwd");
+}
+
 /// Attention's 2-stage cp.async rings (common/cp_async_ring.cuh) over many tiles, the last one
 /// ragged: d 64 at seq 300 (forward: up to 5 key tiles of 64, the last 44 keys; dK/dV: 10 query
 /// tiles of 32, the last 12; dQ: 10 key tiles of 32) and d 128 at seq 203 (forward: 7 key tiles

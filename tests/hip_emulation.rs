@@ -15,7 +15,7 @@
 
 mod common;
 use common::emu::*;
-use common::emu_cases::{self, layernorm_inputs};
+use common::emu_cases::{self, gemm_bwd_by, gemm_case, layernorm_inputs, GemmCase};
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::Device;
@@ -33,6 +33,17 @@ const HIP: Vendor = Vendor {
 const PLANTED: Vendor = Vendor { kind: "hip-emu-planted", defines: &["-DTRIDENT_PLANT_WAVE32_BUG"], ..HIP };
 
 shared_kernel_tests!(HIP);
+
+/// The GEMMs built with groups of 2 row tiles in their grouped tile order (common/tile_order.h;
+/// 8 in the real build): grids of 3 x 3 tiles of 64 hold a full group and a short last one, and
+/// each GEMM still computes every tile once.
+const GROUPS_OF_2: Vendor = Vendor { kind: "hip-emu-groups-of-2", defines: &["-DTRIDENT_GEMM_GROUP_ROWS=2"], ..HIP };
+
+#[test]
+fn gemm_grouped_tile_order_covers_every_tile() {
+    emu_cases::gemm(&GROUPS_OF_2, GemmCase { bias: true, residual: true, ..gemm_case(150, 140, 40) });
+    gemm_bwd_by(&GROUPS_OF_2, 150, 140, 130, "gemm_bwd");
+}
 
 // ---- wave64 collectives ----------------------------------------------------------------------
 
