@@ -40,8 +40,8 @@
 // need ~155 registers (128 accumulators), within __launch_bounds__(384, 1)'s 168, so no
 // setmaxnreg rebalancing is needed (backward-weight's 128 x 128: ~90).
 //
-// Shared memory (dynamic: 1 KiB of alignment slack + 4 stages + 8 barriers = 197696 bytes for
-// C = 256, 132160 for 128, so the launcher sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+// Shared memory (dynamic: 1 KiB of alignment slack + 4 stages + 9 barriers = 197704 bytes for
+// C = 256, 132168 for 128, so the launcher sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
 // the stages start on the first 1024-byte aligned shared address, P's tile first, then Q's).
 // Tiles are stored in wgmma's 128-byte swizzle layout (../emu/wgmma.h), which TMA writes
 // directly from a 2-D view of a row-major [rows, cols] matrix (dimension 0 the columns,
@@ -62,10 +62,16 @@
 // The host makes the tensor maps (src/gpu/tma.rs through src/gpu/device_ops.rs, the harness):
 // bf16, 2 dimensions, no interleave, 128-byte swizzle, out-of-bounds fill with zeros.
 //
-// Epilogue: a thread's accumulators 4j + 2h and 4j + 2h + 1 are columns 2t and 2t + 1 of one row;
-// each pair is stored by one 8-byte (f32) or 4-byte (bf16) store where both columns are in range
-// and the address is aligned for it, else column by column; bias, GELU, residual and
-// backward-weight's += act on each column exactly as one at a time.
+// Epilogue, through shared memory: when both consumers' last wgmma group is complete (an
+// mbarrier of the 256 consumer threads) the stages are idle, and each thread writes its
+// accumulators (4j + 2h and 4j + 2h + 1: row 16w + g + 8h of its half, columns 8j + 2t and
+// 8j + 2t + 1) as f32 pairs into a row-major 128 x (C + 8) staging of the tile over them; after
+// the barrier's second phase, thread c of 256 takes columns 4 (c % (C / 4)) .. + 3 of every
+// (256 / (C / 4))-th row, so a warp reads and writes whole rows: one 16-byte (f32) or 8-byte
+// (bf16) access per operand where the four columns are in range and aligned, else column by
+// column. Bias, GELU, residual and backward-weight's += act on each column exactly as one at a
+// time. (Stored straight from the fragments, each warp store touched 8 rows with 16 or 32 bytes
+// each.)
 //
 // Built only where wgmma and TMA exist (TRIDENT_WGMMA: sm_90a, and the emulation); compiled for
 // any other arch the kernels trap, and the launcher picks the mma.sync kernels there.
@@ -100,9 +106,19 @@ template <Product kP>
 constexpr uint32_t kStageBytes = kOperandBytes + kCols<kP> * kStep * 2;
 template <Product kP>
 constexpr size_t kBarrierOffset = size_t(kStages) * kStageBytes<kP>;
-// 197696 bytes (kCols 256) or 132160 (128).
+// 197704 bytes (kCols 256) or 132168 (128): the stages, then full[kStages], empty[kStages] and
+// the consumers' epilogue barrier.
 template <Product kP>
-constexpr size_t kSharedBytes = kAlignSlack + kBarrierOffset<kP> + 2 * kStages * sizeof(uint64_t);
+constexpr size_t kSharedBytes = kAlignSlack + kBarrierOffset<kP> + (2 * kStages + 1) * sizeof(uint64_t);
+// The epilogue's f32 staging of the whole 128 x kCols tile over the (then idle) stages: rows of
+// kCols + 8 floats, so the 8 rows a warp's pair stores touch start 8 banks apart (a half-warp's
+// 64-bit stores are conflict-free) and every row starts on 16 bytes.
+template <Product kP>
+constexpr int kStagedPitch = kCols<kP> + 8;
+static_assert(size_t(kTile) * kStagedPitch<Product::Forward> * 4 <= size_t(kStages) * kStageBytes<Product::Forward> &&
+                  size_t(kTile) * kStagedPitch<Product::BackwardWeight> * 4 <=
+                      size_t(kStages) * kStageBytes<Product::BackwardWeight>,
+              "the staged tile fits in the stages");
 
 // P (the A operand) is MN-major only for backward-weight; Q (B) for both backward products.
 template <Product kP>
@@ -139,55 +155,64 @@ struct Epilogue {
   int gelu;
 };
 
-// Two adjacent f32, for one 8-byte access.
+// Two adjacent f32, for one 8-byte shared-memory store.
 struct __align__(8) F32Pair {
   float lo, hi;
 };
-
-__device__ __forceinline__ void load_pair(const float* p, float& lo, float& hi) {
-  const F32Pair v = *reinterpret_cast<const F32Pair*>(p);
-  lo = v.lo;
-  hi = v.hi;
-}
-__device__ __forceinline__ void load_pair(const bf16* p, float& lo, float& hi) {
-  lo = to_float(p[0]);
-  hi = to_float(p[1]);
-}
 __device__ __forceinline__ void store_pair(float* p, float lo, float hi) { *reinterpret_cast<F32Pair*>(p) = F32Pair{lo, hi}; }
-__device__ __forceinline__ void store_pair(bf16* p, float lo, float hi) {
-  *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(lo, hi);
+
+// Four adjacent f32, for one 16-byte access; four bf16 as one 8-byte access.
+struct __align__(16) F32Quad {
+  float v[4];
+};
+struct __align__(8) Bf16Quad {
+  uint32_t lo, hi;
+};
+
+__device__ __forceinline__ void load_quad(const float* p, float (&v)[4]) {
+  const F32Quad q = *reinterpret_cast<const F32Quad*>(p);
+  UNROLL
+  for (int c = 0; c < 4; ++c) v[c] = q.v[c];
+}
+__device__ __forceinline__ void load_quad(const bf16* p, float (&v)[4]) {
+  UNROLL
+  for (int c = 0; c < 4; ++c) v[c] = to_float(p[c]);
+}
+__device__ __forceinline__ void store_quad(float* p, const float (&v)[4]) {
+  *reinterpret_cast<F32Quad*>(p) = F32Quad{{v[0], v[1], v[2], v[3]}};
+}
+__device__ __forceinline__ void store_quad(bf16* p, const float (&v)[4]) {
+  *reinterpret_cast<Bf16Quad*>(p) = Bf16Quad{pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])};
 }
 template <class T>
-__device__ __forceinline__ bool pair_aligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
+__device__ __forceinline__ bool quad_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
-// D[row][col] = v[0] and, where `two`, D[row][col + 1] = v[1], through the epilogue; `at` is
-// row * cols + col.
+// D[row][col + c] = v[c] for c < n (n <= 4), through the epilogue; `at` is row * cols + col.
+// Four in-range columns at aligned addresses go as one access each way; otherwise column by
+// column, with the same arithmetic.
 template <Product kP, class Out>
-__device__ __forceinline__ void store_columns(const Epilogue<Out>& e, size_t at, int col, float (&v)[2], bool two) {
+__device__ __forceinline__ void store_columns(const Epilogue<Out>& e, size_t at, int col, float (&v)[4], int n) {
   if (kP == Product::Forward) {
-    if (e.bias) {
-      v[0] += e.bias[col];
-      if (two) v[1] += e.bias[col + 1];
-    }
-    if (e.gelu) {
-      v[0] = gelu_tanh(v[0]);
-      v[1] = gelu_tanh(v[1]);
+    UNROLL
+    for (int c = 0; c < 4; ++c) {
+      if (e.bias && c < n) v[c] += e.bias[col + c];
+      if (e.gelu) v[c] = gelu_tanh(v[c]);
     }
   }
   const Out* add = kP == Product::Forward ? e.residual : kP == Product::BackwardWeight ? e.out : nullptr;
-  if (two && pair_aligned(e.out + at) && (!add || pair_aligned(add + at))) {
+  if (n == 4 && quad_aligned(e.out + at) && (!add || quad_aligned(add + at))) {
     if (add) {
-      float lo, hi;
-      load_pair(add + at, lo, hi);
-      v[0] += lo;
-      v[1] += hi;
+      float a[4];
+      load_quad(add + at, a);
+      UNROLL
+      for (int c = 0; c < 4; ++c) v[c] += a[c];
     }
-    store_pair(e.out + at, v[0], v[1]);
+    store_quad(e.out + at, v);
     return;
   }
-  for (int c = 0; c < (two ? 2 : 1); ++c) {
+  for (int c = 0; c < n; ++c) {
     if (add) v[c] += to_float(add[at + c]);
     e.out[at + c] = from_float<Out>(v[c]);
   }
@@ -203,6 +228,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   unsigned char* const smem = align_shared_1024(window);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset<kP>);
   uint64_t* empty = full + kStages;
+  uint64_t* epilogue = empty + kStages;
   const TileIndex tile = grouped_tile();
   const int row0 = tile.row * kTile, col0 = tile.col * kN;
   const int steps = ceil_div(R, kStep);
@@ -213,6 +239,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], kConsumerThreads);
     }
+    mbarrier_init(epilogue, kConsumerThreads);
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -251,19 +278,35 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   }
   wgmma_wait<0>();
 
+  // The epilogue goes through shared memory, so that global memory sees whole rows: once both
+  // consumers' wgmmas are complete (the first phase of the epilogue barrier) the stages are idle
+  // (every TMA copy has landed: the consumers waited on each), the tile's f32 accumulators are
+  // staged there row-major, and after the second phase each consumer thread takes 4 adjacent
+  // columns of a row, the 256 threads kCols / 4 to a row, for one 16-byte (f32) or 8-byte (bf16)
+  // access per operand.
   // Warp w of the warpgroup holds rows 16w + g and 16w + g + 8 of its half; registers 4j + 2h
   // and 4j + 2h + 1 are row 16w + g + 8h, columns 8j + 2t and 8j + 2t + 1.
+  constexpr int kPitch = kStagedPitch<kP>, kQuads = kN / 4, kRowsPerPass = kConsumerThreads / kQuads;
+  float* const staged = reinterpret_cast<float*>(smem);
+  mbarrier_arrive(epilogue);
+  mbarrier_wait(epilogue, 0);
+  fence_proxy_async_shared();  // ordinary writes after the async proxy's reads of the stages
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   UNROLL
   for (int j = 0; j < kN / 8; ++j)
     UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + half + 16 * warp + g + 8 * h;
-      const int col = col0 + 8 * j + 2 * t;
-      if (row >= rows || col >= cols) continue;
-      float v[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
-      store_columns<kP>(e, (size_t)row * cols + col, col, v, col + 1 < cols);
-    }
+    for (int h = 0; h < 2; ++h)
+      store_pair(staged + (half + 16 * warp + g + 8 * h) * kPitch + 8 * j + 2 * t, acc[4 * j + 2 * h],
+                 acc[4 * j + 2 * h + 1]);
+  mbarrier_arrive(epilogue);
+  mbarrier_wait(epilogue, 1);
+  const int c = threadIdx.x - 128, col = col0 + 4 * (c % kQuads);
+  if (col >= cols) return;
+  for (int r = c / kQuads; r < kTile && row0 + r < rows; r += kRowsPerPass) {
+    float v[4];
+    load_quad(staged + r * kPitch + 4 * (c % kQuads), v);
+    store_columns<kP>(e, (size_t)(row0 + r) * cols + col, col, v, cols - col < 4 ? cols - col : 4);
+  }
 }
 #endif
 

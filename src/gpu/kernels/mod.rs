@@ -173,8 +173,8 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdInputBf16Bf16out, "gemm_bwd_input_bf16_bf16out", "gemm_bf16_bwd.cu", 75776),
     gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632),
-    // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 197696 bytes of dynamic shared memory for
-    // 128 x 256 tiles, 132160 for backward-weight's 128 x 128; kernels-hip/ has no twin.
+    // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 197704 bytes of dynamic shared memory for
+    // 128 x 256 tiles, 132168 for backward-weight's 128 x 128; kernels-hip/ has no twin.
     gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", SM90_GEMM_COLS),
     gemm_sm90(Kernel::GemmFwdBf16Sm90, "gemm_fwd_bf16_sm90", SM90_GEMM_COLS),
     gemm_sm90(Kernel::GemmBwdInputBf16Sm90, "gemm_bwd_input_bf16_sm90", SM90_GEMM_COLS),
