@@ -549,8 +549,9 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
         };
         kernels.iter().map(count).collect()
     };
-    // Each product's sm_90a kernels, f32 out (f32 buffers: the logits, `check ops`) and bf16 out
-    // (bf16 storage: the layers under --bf16), and the mma.sync ones.
+    // Each product's sm_90a kernels, f32 out (f32 buffers: `check ops`, the partial sums a
+    // tensor-parallel group reduces) and bf16 out (bf16 storage: the layers and the logits under
+    // --bf16), and the mma.sync ones.
     let sm90 = ["gemm_fwd_bf16_f32out_sm90", "gemm_bwd_input_bf16_sm90", "gemm_bwd_weight_bf16_sm90"];
     let sm90_bf16 = ["gemm_fwd_bf16_sm90", "gemm_bwd_input_bf16_bf16out_sm90"];
     let sm80 = ["gemm_fwd_bf16_f32out", "gemm_bwd_input_bf16", "gemm_bwd_weight_bf16"];

@@ -483,12 +483,17 @@ pub struct StepBaseline {
 pub const STEP_BASELINE: StepBaseline = StepBaseline {
     launches_per_layer_forward: 8.0,
     launches_per_layer_backward: 18.0,
-    launches_per_step: 104.0,
+    launches_per_step: 103.0,
     allocations_per_step: 0.0,
     frees_per_step: 0.0,
     device_to_host_copies_per_step: 1.0,
     synchronizations_per_step: 1.0,
 };
+
+/// The cast kernels one step of `step_model()` launches today, all outside the layers and the
+/// head: the word-embedding and position kernels' f32 views of bf16 buffers (the head's bf16
+/// logits took its last cast, the logits' gradient's, away).
+pub const STEP_CASTS: f64 = 7.0;
 
 /// `bench step --device <device>` on the emulated GPU: one JSON record with its keys; the
 /// Device's counts of the whole run equal the emulating runtime's, counted on the other side of
@@ -531,6 +536,20 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
             assert_eq!(step, n, "{key} of one timed step: the runtime {step}, the Device {n}");
         }
     }
+    // The head under --dtype bf16 keeps its logits in bf16: its GEMM writes them (no f32-output
+    // GEMM), the cross-entropy reads them and writes their gradient in place (`xent_*_bf16`, no
+    // `xent_*_f32`), and the backward GEMMs read that gradient without a cast: the step's casts
+    // are the embedding's and position's alone (their f32 kernels on bf16 buffers).
+    let step_kernels = json_numbers(&line, "per_step_launches_by_kernel");
+    let f32_head: Vec<&String> =
+        step_kernels.keys().filter(|k| k.contains("_f32out") || k.starts_with("xent_") && k.ends_with("_f32")).collect();
+    assert!(f32_head.is_empty(), "the head computes on f32 logits: {f32_head:?} in {line}");
+    for kernel in ["xent_max_bf16", "xent_partials_bf16", "xent_bwd_bf16"] {
+        assert_eq!(step_kernels.get(kernel), Some(&1.0), "{kernel} per step in {line}");
+    }
+    let casts: f64 = step_kernels.iter().filter(|(k, _)| k.starts_with("cast_")).map(|(_, n)| n).sum();
+    eprintln!("{device}: casts per step: {casts} (baseline {STEP_CASTS})");
+    assert_eq!(casts, STEP_CASTS, "casts per step changed: update STEP_CASTS (and BENCHMARKS.md)");
     let layer = |pass: &str| json_numbers(&line, &format!("per_layer_{pass}"))["launches"];
     let b = STEP_BASELINE;
     let now = [

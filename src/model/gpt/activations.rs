@@ -1,6 +1,7 @@
 //! The buffers a chunk keeps per micro-batch: the row counts and widths of this rank's share,
 //! each layer's saved activations (and their 16-bit copies under mixed precision), the head's
-//! logits and cross-entropy statistics, and the gradient buffers backward reuses layer after layer.
+//! logits (bf16 under bf16 mixed precision) and cross-entropy statistics, and the gradient buffers
+//! backward reuses layer after layer.
 
 use crate::device::Device;
 use crate::model::{ChunkPlan, GptConfig, ModelParallel, Recompute};
@@ -320,6 +321,17 @@ pub(super) struct GradBufs<B> {
     pub(super) d_ffn2: B,
 }
 
+/// The precision the head's logits (and, in place, their gradient) are held in: bf16 under bf16
+/// mixed precision, as Megatron's (the output of a bf16 GEMM, which the cross-entropy reads and
+/// turns into its gradient for the backward GEMMs; its statistics stay f64 on the GPU); f32
+/// otherwise (fp16 keeps them f32, as it always has).
+pub(super) fn logits_precision(precision: Precision) -> Precision {
+    match precision {
+        Precision::Bf16 => Precision::Bf16,
+        Precision::F32 | Precision::F16 => Precision::F32,
+    }
+}
+
 /// A buffer of `len` elements when `needed`.
 pub(super) fn alloc_if<D: Device>(dev: &D, needed: bool, len: usize) -> Option<D::Buf> {
     needed.then(|| dev.alloc(len))
@@ -347,10 +359,10 @@ impl<D: Device> Activations<D> {
 impl<D: Device> Activations<D> {
     /// The activation set of one micro-batch of `batch` samples of `seq` tokens through the chunk
     /// `plan` (layers kept as `recompute` and `compact` decide). Activations and their gradients
-    /// are held in `precision` storage (`Device::alloc_in`); f32 are the statistics, the logits,
-    /// and the buffers reduced over the tensor-parallel group that are not sums with one term per
-    /// element: the row-parallel outputs before their reduction and the gradients of LayerNorm
-    /// outputs where they are reduced.
+    /// are held in `precision` storage (`Device::alloc_in`), the logits in `logits_precision`'s;
+    /// f32 are the statistics and the buffers reduced over the tensor-parallel group that are not
+    /// sums with one term per element: the row-parallel outputs before their reduction and the
+    /// gradients of LayerNorm outputs where they are reduced.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         dev: &D,
@@ -389,7 +401,7 @@ impl<D: Device> Activations<D> {
         let unreduced = mp.tp_size == 1 && mp.summa.is_none();
         let head = plan.last.then(|| HeadActs {
             lnf: LnActs::new(dev, (m, ml), h, sp, precision),
-            logits: dev.alloc(m * vl),
+            logits: dev.alloc_in(m * vl, logits_precision(precision)),
             targets: vec![0; m],
             ce_max: dev.scalars(m),
             ce_stats: dev.scalars(2 * m),

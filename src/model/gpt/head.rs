@@ -2,7 +2,7 @@
 //! (vocab-parallel logits), the cross-entropy from three all-reduces of per-row statistics, and
 //! their backward from the loss.
 
-use super::activations::Widths;
+use super::activations::{logits_precision, Widths};
 use super::tensor_parallel::Pass;
 use super::{Gpt, Weights};
 use crate::comm::ReduceOp;
@@ -40,6 +40,8 @@ impl<D: Device> Gpt<D> {
                 s.logits_forward(dev, &mut hd.logits, &hd.lnf.out, &p[lay.head()], r.full, h, v, pass.sc);
             }
         }
+        // Bf16 storage holds the GEMM's output rounded; f32 storage rounds it here (the CPU).
+        dev.round_to(&mut hd.logits, logits_precision(precision));
     }
 
     /// The vocab-parallel cross-entropy of a forward's logits against `labels` (sample-major):

@@ -372,12 +372,9 @@ mod tests {
     use crate::device::cpu::CpuDevice;
     use crate::parallel::tensor::TensorParallel;
 
-    #[test]
-    fn bf16_without_rounded_matrix_copies_computes_the_same_bits() {
-        // Under bf16 the matrices and the word embedding are read as masters (the bf16 GEMM rounds
-        // its operands; looked-up rows are rounded): the loss and every gradient equal those of a
-        // model that keeps a rounded copy of every weight.
-        let cfg = GptConfig {
+    /// Two layers of width 64 over a 257-token vocabulary (padded to 384), 16 positions.
+    fn small_config() -> GptConfig {
+        GptConfig {
             num_layers: 2,
             hidden_size: 64,
             num_attention_heads: 4,
@@ -386,7 +383,15 @@ mod tests {
             vocab_size: 257,
             padded_vocab_size: 384,
             init_method_std: 0.02,
-        };
+        }
+    }
+
+    #[test]
+    fn bf16_without_rounded_matrix_copies_computes_the_same_bits() {
+        // Under bf16 the matrices and the word embedding are read as masters (the bf16 GEMM rounds
+        // its operands; looked-up rows are rounded): the loss and every gradient equal those of a
+        // model that keeps a rounded copy of every weight.
+        let cfg = small_config();
         let dev = CpuDevice::new(2);
         dev.set_matmul_precision(Precision::Bf16);
         let (batch, seq) = (3usize, 16usize);
@@ -413,5 +418,30 @@ mod tests {
             assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "gradient {i} differs");
         }
         assert!(lean.2 * 10 < full.2, "working copy {} bytes, not far below {}", lean.2, full.2);
+    }
+
+    #[test]
+    fn the_logits_are_bf16_values_under_bf16_alone() {
+        // The GPU stores bf16 logits under bf16 (`activations::logits_precision`); the CPU mirrors
+        // it by rounding the head's output where it is stored. f32 and fp16 keep f32 logits.
+        let dev = CpuDevice::new(2);
+        let (batch, seq) = (2usize, 16usize);
+        let tokens: Vec<u32> = (0..batch * seq).map(|i| ((i * 37 + 11) % 257) as u32).collect();
+        for precision in [Precision::F32, Precision::Bf16, Precision::F16] {
+            dev.set_matmul_precision(precision);
+            let mut m = Gpt::new(&dev, small_config(), 7);
+            m.set_precision(&dev, precision);
+            let logits = m.forward(&dev, TensorParallel::single(), &tokens, batch, seq).clone();
+            assert!(logits.iter().any(|&x| x != 0.0), "{precision:?}: the logits are zero");
+            let held_in = |p: Precision| logits.iter().filter(|&&x| p.round(x) == x).count();
+            if precision == Precision::Bf16 {
+                assert_eq!(held_in(Precision::Bf16), logits.len(), "{precision:?}: logits that are not bf16 values");
+            } else {
+                for p in [Precision::Bf16, Precision::F16] {
+                    let n = held_in(p);
+                    assert!(n < logits.len() / 2, "{precision:?}: {n} of {} logits are {p:?} values", logits.len());
+                }
+            }
+        }
     }
 }
