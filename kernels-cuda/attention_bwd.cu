@@ -11,14 +11,16 @@
 // Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:      delta [batch·heads·seq] f32. Grid ⌈seq·batch·heads / 4⌉ blocks
 //                                  of 128, a warp per (row, head), warp_sum over d.
-//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, taken longest
+//                                  first (common/tile_order.cuh: first key tiles first); a block owns 64
 //                                  keys, a warp 16 of them, and walks the query tiles from the
 //                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
 //                                  / Q through ldmatrix.trans. Query tiles: 64 (d 32), 32 (d 64),
 //                                  16 (d 128).
-//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a block owns 64
+//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, longest first
+//                                  (the last query tiles first); a block owns 64
 //                                  queries, a warp 16, and walks the key tiles up to the
 //                                  diagonal, recomputing S and dP, then dQ += dS K (K through
 //                                  ldmatrix.trans). Key tiles: 64 (d 32), 32 (d 64), 16 (d 128).
@@ -49,6 +51,7 @@
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
 #include "common/reduce.cuh"
+#include "common/tile_order.cuh"
 
 namespace attention_bwd_detail {
 
@@ -213,7 +216,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   using Shared = DkvTiles<D, BQ>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int k0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(false, heads);  // common/tile_order.cuh
+  const int k0 = block.tile * kBlockRows, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
   const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
@@ -320,7 +324,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   using Shared = DqTiles<D, BK>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(true, heads);
+  const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
 

@@ -10,7 +10,8 @@
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
-// Grid: (⌈seq/64⌉, batch·heads) blocks of 128 threads. A block owns 64 queries of one (b, h); each
+// Grid: (⌈seq/64⌉, batch·heads) blocks of 128 threads, taken longest first (the last query tiles
+// of every (b, h) first: common/tile_order.cuh's longest_first). A block owns 64 queries of one (b, h); each
 // warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 32
 // and d 64, 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
 // ldmatrix, K's rows being B's columns), masks u > t, rescales its O accumulator, and multiplies
@@ -45,6 +46,7 @@
 #include "common/base.cuh"
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
+#include "common/tile_order.cuh"
 
 namespace attention_fwd_detail {
 
@@ -173,7 +175,8 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   using Shared = Tiles<D, BN>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int q0 = blockIdx.x * kQueries, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(true, heads);  // common/tile_order.cuh
+  const int q0 = block.tile * kQueries, b = block.b, head = block.head;
   const float scale = 1.0f / sqrtf((float)D);
 
   load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);  // joins key tile 0's group

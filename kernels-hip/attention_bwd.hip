@@ -11,7 +11,8 @@
 // Head dims 32, 64 and 128 (multiples of the MFMA's 32-row blocks); any seq >= 1. Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:  delta [batch·heads·seq] f32. ⌈seq·batch·heads / 4⌉ workgroups of
 //                              256 (4 wave64s), a wave per (row, head), wave_sum over d.
-//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s); a
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s),
+//                              longest first (common/tile_order.h); a
 //                              workgroup owns 64 keys, a wave 32, and walks the 32-query tiles from
 //                              the diagonal to the end. Per tile a wave computes S = Q Kᵀ and
 //                              dP = dO Vᵀ (32 queries x the wave's 32 keys, d/8 MFMAs each), so lane
@@ -19,8 +20,8 @@
 //                              4 MFMAs each) with P and dS as B operands straight from the
 //                              accumulator registers (common/mfma.h), dOᵀ and Qᵀ read as columns
 //                              of the LDS tiles.
-//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads; a workgroup owns
-//                              64 queries, a wave 32, and walks the 32-key tiles up to the
+//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, longest first; a
+//                              workgroup owns 64 queries, a wave 32, and walks the 32-key tiles up to the
 //                              diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
 //                              l % 32, so its lse and delta are per lane), then dQᵀ += Kᵀ dSᵀ.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
@@ -39,6 +40,7 @@
 #include "common/base.h"
 #include "common/mfma.h"
 #include "common/reduce.h"
+#include "common/tile_order.h"
 
 namespace attention_bwd_detail {
 
@@ -94,7 +96,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
-  const int k0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(false, heads);  // common/tile_order.h
+  const int k0 = block.tile * kBlockRows, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
   const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
@@ -163,7 +166,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   static_assert(sizeof(DqTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
-  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(true, heads);
+  const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_q = wave * kMfmaN, wave_last = q0 + wave_q + kMfmaN - 1;

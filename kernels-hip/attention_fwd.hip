@@ -10,7 +10,8 @@
 // multiple of 32 (the 32-row d blocks of Oᵀ) and of 8 (the k steps of Sᵀ); any seq >= 1. Online softmax with the division deferred to the
 // end (FA-2); no [seq, seq] matrix exists.
 //
-// Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid.
+// Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid and
+// longest-first order (common/tile_order.h).
 // A workgroup owns 64 queries of one (b, h), each wave 32 of them (split-Q, no cross-wave
 // reduction). Per tile of 32 keys a wave computes the transposed scores Sᵀ = K Qᵀ (32 keys x 32
 // queries) with d/8 v_mfma_f32_32x32x8bf16_1k (v_mfma_f32_32x32x8_bf16 on gfx940+), so lane l
@@ -33,6 +34,7 @@
 #include "common/attention.h"
 #include "common/base.h"
 #include "common/mfma.h"
+#include "common/tile_order.h"
 
 namespace attention_fwd_detail {
 
@@ -54,7 +56,8 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   static_assert(D % kMfmaM == 0, "Oᵀ in whole 32-row d blocks");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
-  const int q0 = blockIdx.x * kBlockRows, b = blockIdx.y / heads, head = blockIdx.y % heads;
+  const AttentionTile block = longest_first(true, heads);  // common/tile_order.h
+  const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_q = wave * kMfmaN;                       // the wave's first query in the block

@@ -1,4 +1,5 @@
-// tile_order.h: which output tile a GEMM workgroup computes (the CUDA kernels' tile_order.cuh,
+// tile_order.h: which tile a workgroup computes (GEMMs: grouped; causal attention:
+// longest first, below) (the CUDA kernels' tile_order.cuh,
 // the same text for HIP). Blocks are numbered in launch order
 // (blockIdx.x fastest); taken in that order, the plain mapping (row tile blockIdx.y, column tile
 // blockIdx.x) runs a wave of blocks across one row of tiles, so each block of the wave streams its
@@ -30,4 +31,22 @@ __device__ __forceinline__ TileIndex grouped_tile() {
   const int height = rows - first < group_rows ? rows - first : group_rows;
   const int at = linear - group * per_group;
   return TileIndex{first + at % height, at / height};
+}
+
+// Causal attention's blocks, on a grid of (tiles, batch · heads): block (blockIdx.x, blockIdx.y),
+// numbered in launch order, takes tile `rank` = number / (batch · heads) of pair (sequence b,
+// head) = number % (batch · heads), longest first: `tile` counts from the last tile when
+// `last_longest` (the forward and dQ, whose last query tiles see the most keys), else from the
+// first (dK / dV, whose first key tiles see the most queries). So every pair's longest tiles are
+// dispatched before any shorter one and the grid ends on its shortest blocks, where the plain
+// order ended on a mix (a block of the last tile then ran alone at the end). Each block's work
+// is unchanged: the same bits in any order.
+struct AttentionTile {
+  int tile, b, head;
+};
+
+__device__ __forceinline__ AttentionTile longest_first(bool last_longest, int heads) {
+  const int tiles = (int)gridDim.x, pairs = (int)gridDim.y;
+  const int number = (int)blockIdx.y * tiles + (int)blockIdx.x, rank = number / pairs, pair = number % pairs;
+  return AttentionTile{last_longest ? tiles - 1 - rank : rank, pair / heads, pair % heads};
 }
