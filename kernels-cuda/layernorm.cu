@@ -246,6 +246,19 @@ __device__ __forceinline__ void backward_rows(float* mine, float* pass_mean, flo
   }
 }
 
+// Publishes the block's global writes, counts the block on *counter and says, to every thread,
+// whether it was the last of the `count` blocks counted there; that one then sees what every
+// counted block wrote. `flag`: one word of shared memory. Every thread of the block must call it.
+__device__ __forceinline__ bool last_to_count(unsigned int* counter, unsigned int count, unsigned int* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == count - 1;
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
 // Σ_{k < count} slots[k·pitch + i], k in order, the loads (volatile: other blocks wrote them, read
 // past this SM's L1) issued 8 at a time.
 __device__ __forceinline__ float slot_sum(const volatile float* slots, size_t pitch, int count, size_t i) {
@@ -284,23 +297,13 @@ extern "C" __global__ void __launch_bounds__(512, 2)
   // the group's slots into the group's slot.
   const int groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
   const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[group], 1u) == (unsigned)members - 1;
-  __syncthreads();
-  if (!last) return;  // uniform over the block
-  __threadfence();
+  if (!last_to_count(&counters[group], members, &last)) return;  // uniform over the block
   float* group_slot = partials + ((size_t)blocks + group) * pitch;
   for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
     group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
   if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
   // Publish the group's slot, then count the group finished; the last group adds them all.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[groups], 1u) == (unsigned)groups - 1;
-  __syncthreads();
-  if (!last) return;  // uniform over the block
-  __threadfence();
+  if (!last_to_count(&counters[groups], groups, &last)) return;  // uniform over the block
   for (size_t i = threadIdx.x; i < pitch; i += blockDim.x) {
     const float s = slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
     if (i < (size_t)C)
