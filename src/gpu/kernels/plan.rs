@@ -804,6 +804,20 @@ mod tests {
         assert_eq!((g.config.grid, g.config.shared_bytes, g.spec.static_shared), ([64, 1, 1], 0, 260));
     }
 
+    /// The kernels' own rows per pass and group size are the plan's (both suites), and the index's
+    /// shared memory is what they declare: a pass's means and rstds and the flag.
+    #[test]
+    fn layernorm_backward_constants_match_the_kernels() {
+        let constants = format!("kLnPassRows = {LAYERNORM_BWD_PASS_ROWS}, kLnGroup = {LAYERNORM_BWD_GROUP};");
+        let cuda = super::super::cuda::source("layernorm.cu").unwrap();
+        let (_, hip) = super::super::hip::source("layernorm.hip").unwrap();
+        for text in [cuda, hip] {
+            assert!(text.contains(&constants), "layernorm's kernels do not declare {constants}");
+        }
+        let spec = p(Op::LayernormBwd { rows: 1, channels: 1 }).spec;
+        assert_eq!(spec.static_shared as usize, 2 * 4 * LAYERNORM_BWD_PASS_ROWS + 4);
+    }
+
     /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
     /// mma.sync ones elsewhere, per product.
     #[test]
