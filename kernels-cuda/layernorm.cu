@@ -1,5 +1,5 @@
-// layernorm.cu: LayerNorm forward (optionally fused with the residual add before it) and
-// backward, one warp per row.
+// layernorm.cu: LayerNorm forward (optionally fused with the residual add before it), one warp
+// per row, and backward, one launch of a few hundred blocks owning contiguous row ranges.
 //
 // Forward  layernorm_fwd_bf16:  x = inp (+ residual, rounded to bf16 and stored in resid_out);
 //          out = (x - mean) · rstd · weight + bias, mean = Σx / C, rstd = 1 / sqrt(Σ(x - mean)² / C + 1e-5)
@@ -9,20 +9,34 @@
 //          g = dout · weight, x̂ = (inp - mean) · rstd; dinp [rows, C] bf16, accumulated (the
 //          residual stream's gradient: the stored value plus the f32 gradient, rounded once);
 //          dweight[c] += Σ_rows dout · x̂, dbias[c] += Σ_rows dout, f32 [C], deterministic: each
-//          block sums its rows' terms per column in row order into `partials`, and the last block
-//          to finish (an atomic count on `counter`, after __threadfence) adds the blocks' partials
-//          in block order into dweight and dbias and sets *counter back to 0 (the caller zeroes
-//          the counter once, when it allocates it). No float atomics: the same bits every run.
+//          block sums its rows' terms per column in row order into its slot of `partials`; the
+//          last block of each group of kLnGroup blocks to finish (an atomic count on
+//          counters[group], after __threadfence) adds its group's slots in block order into the
+//          group's slot and sets counters[group] back to 0; the last group to finish (counted on
+//          counters[groups]) adds the group slots in group order into dweight and dbias and sets
+//          that counter back to 0 (the caller zeroes the counters once, when it allocates them).
+//          No float atomics: the same bits every run.
+//
+// Vector width. When C % 8 == 0 and dout, inp, dinp, weight (forward: inp, out, weight, bias, and
+// residual, resid_out when set) start on 16 bytes, every row access is 8 bf16 (16 bytes) per lane
+// and the backward's column walk takes 2 adjacent columns (4 bytes) per thread; otherwise one
+// element at a time (any C, any alignment). The block decides once; the sums' grouping follows.
 //
 // Grid: forward: ⌈rows/4⌉ blocks of 128 threads, warp w of block b owns row 4b + w and
 // strides over its columns by 32 lanes (three passes: sum, squared deviations, output, so the
 // variance is two-pass and exact in f32); statistics come from warp_sum butterflies.
-// Backward: src/gpu/kernels/plan.rs's layernorm_bwd_blocks(rows, C) blocks of 128 threads (at
-// most ⌈rows/4⌉, and fewer the wider the rows, so the partials stay a few MiB and the last block's
-// sum short); block b owns rows b·⌈rows/blocks⌉ .. (the last blocks may own none).
-// partials: f32 [blocks][2][C] (each block's dweight then dbias column sums) followed by
-// [rows][2] (each row's mean(g), mean(g·x̂)): layernorm_bwd_partials(rows, C) elements. No
-// shared memory beyond one flag, whatever C (GPT-3 175B's 12288 included); a few tens of registers.
+// Backward: src/gpu/kernels/plan.rs's layernorm_bwd_blocks(rows, C) blocks of 512 threads (one per
+// 32 rows, at most 256, and fewer the wider the rows so the partials stay a few MiB); block b owns
+// rows b·⌈rows/blocks⌉ .. (the last blocks may own none) and takes them kLnPassRows at a time:
+// (1) warp w takes the pass's rows w, w + 16: reads its row (dout, inp, weight) for mean(g) and
+// mean(g·x̂) (warp_sum), reads it again (from L1) with dinp and stores dinp, and keeps the row's mean
+// and rstd in shared memory; (2) thread t takes columns P·t, P·(t + 512), .. and walks the pass's
+// rows in order, summing dout · x̂ and dout (L1 hits) into its slot (the block's first pass stores,
+// later passes add).
+// partials: f32 [blocks + groups][2][C] (each block's dweight then dbias column sums, then each
+// group's), groups = ⌈blocks / kLnGroup⌉: layernorm_bwd_partials(rows, C) elements; counters: u32
+// [groups + 1]. Shared memory: 2 x kLnPassRows f32 and one flag (260 bytes) whatever C (GPT-3
+// 175B's 12288 included); at most 64 registers (two blocks of 512 per SM).
 //
 // Reference: `layernorm_forward_rows` / `layernorm_backward_rows` in src/device/kernels.rs via the
 // reference device (f64), on the same bf16 inputs; the fused residual against the reference
@@ -32,104 +46,270 @@
 
 #define LAYERNORM_EPS 1e-5f
 
-extern "C" __global__ void __launch_bounds__(128)
-    layernorm_fwd_bf16(bf16* out, float* mean, float* rstd, bf16* resid_out, const bf16* inp, const bf16* residual,
-                       const float* weight, const float* bias, int rows, int C) {
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp leaves together
+// The backward's rows per pass (phase 1 then 2) and blocks per group of the partials' first-level
+// sum (plan.rs's LAYERNORM_BWD_PASS_ROWS, LAYERNORM_BWD_GROUP).
+constexpr int kLnPassRows = 32, kLnGroup = 16;
+
+// Loop unrolling by a fixed factor on the GPU, so the loads of several iterations are in flight
+// at once; the host build ignores it.
+#ifdef TRIDENT_EMU
+#define UNROLL_2
+#define UNROLL_4
+#else
+#define UNROLL_2 _Pragma("unroll 2")
+#define UNROLL_4 _Pragma("unroll 4")
+#endif
+
+namespace ln_detail {
+
+struct __align__(16) Bf16x8 {
+  bf16 v[8];
+};
+struct __align__(16) F32x4 {
+  float v[4];
+};
+struct __align__(4) Bf16x2 {
+  bf16 v[2];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// V consecutive elements at p (V = 8: one 16-byte access, p 16-byte aligned; V = 2: 4 bytes; V = 1).
+template <int V>
+__device__ __forceinline__ void load(const bf16* p, float (&v)[V]) {
+  if constexpr (V == 8) {
+    const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(p);
+    UNROLL for (int e = 0; e < 8; ++e) v[e] = to_float(x.v[e]);
+  } else if constexpr (V == 2) {
+    const Bf16x2 x = *reinterpret_cast<const Bf16x2*>(p);
+    v[0] = to_float(x.v[0]);
+    v[1] = to_float(x.v[1]);
+  } else {
+    v[0] = to_float(*p);
+  }
+}
+template <int V>
+__device__ __forceinline__ void load(const float* p, float (&v)[V]) {
+  if constexpr (V == 8) {
+    const F32x4 lo = reinterpret_cast<const F32x4*>(p)[0], hi = reinterpret_cast<const F32x4*>(p)[1];
+    UNROLL for (int e = 0; e < 4; ++e) {
+      v[e] = lo.v[e];
+      v[4 + e] = hi.v[e];
+    }
+  } else {
+    v[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store(bf16* p, const float (&v)[V]) {
+  if constexpr (V == 8) {
+    Bf16x8 x;
+    UNROLL for (int e = 0; e < 8; ++e) x.v[e] = to_bf16(v[e]);
+    *reinterpret_cast<Bf16x8*>(p) = x;
+  } else {
+    *p = to_bf16(v[0]);
+  }
+}
+
+// The forward of one row on one warp, V elements per lane access (lane takes columns
+// V·lane + 32·V·k .. + V).
+template <int V>
+__device__ __forceinline__ void forward_row(bf16* out, float* mean, float* rstd, bf16* resid_out, const bf16* inp,
+                                            const bf16* residual, const float* weight, const float* bias, int row,
+                                            int C, int lane) {
   const size_t base = (size_t)row * C;
   // Pass 1: the row's sum; with a residual, form x = inp + residual once and store it rounded,
   // so the statistics, the output and the backward pass all see the stored value.
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float x = to_float(inp[base + c]);
+  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+    float x[V];
+    load<V>(inp + base + c, x);
     if (residual) {
-      const bf16 s = to_bf16(x + to_float(residual[base + c]));
-      resid_out[base + c] = s;
-      x = to_float(s);
+      float r[V];
+      load<V>(residual + base + c, r);
+      UNROLL for (int e = 0; e < V; ++e) x[e] = to_float(to_bf16(x[e] + r[e]));
+      store<V>(resid_out + base + c, x);
     }
-    sum += x;
+    UNROLL for (int e = 0; e < V; ++e) sum += x[e];
   }
   const bf16* xs = residual ? resid_out : inp;  // this lane reads back only what it wrote
   const float mu = warp_sum(sum) / C;
   float sq = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_float(xs[base + c]) - mu;
-    sq += d * d;
+  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+    float x[V];
+    load<V>(xs + base + c, x);
+    UNROLL for (int e = 0; e < V; ++e) sq += (x[e] - mu) * (x[e] - mu);
   }
   const float rs = rsqrtf(warp_sum(sq) / C + LAYERNORM_EPS);
-  for (int c = lane; c < C; c += 32)
-    out[base + c] = to_bf16((to_float(xs[base + c]) - mu) * rs * weight[c] + bias[c]);
+  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+    float x[V], w[V], b[V];
+    load<V>(xs + base + c, x);
+    load<V>(weight + c, w);
+    load<V>(bias + c, b);
+    UNROLL for (int e = 0; e < V; ++e) x[e] = (x[e] - mu) * rs * w[e] + b[e];
+    store<V>(out + base + c, x);
+  }
   if (lane == 0) {
     mean[row] = mu;
     rstd[row] = rs;
   }
 }
 
-// One launch per LayerNorm backward (grid and partials above). Phase 1: warp w of the block takes
-// rows first + w, first + w + 4, .. of the block's range and stores their mean(g) and mean(g·x̂)
-// in the partials' row statistics. Phase 2: thread t takes columns t, t + 128, .., walks the
-// block's rows in order (coalesced across the warp), updates dinp and sums the column's dweight
-// and dbias terms in registers, then stores them as the block's partials. The last block to count
-// itself finished adds every block's partials, blocks in order, into dweight and dbias.
+}  // namespace ln_detail
+
 extern "C" __global__ void __launch_bounds__(128)
-    layernorm_bwd_bf16(bf16* dinp, float* dweight, float* dbias, float* partials, unsigned int* counter,
+    layernorm_fwd_bf16(bf16* out, float* mean, float* rstd, bf16* resid_out, const bf16* inp, const bf16* residual,
+                       const float* weight, const float* bias, int rows, int C) {
+  using namespace ln_detail;
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp leaves together
+  const bool wide = C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias) &&
+                    (!residual || (aligned16(residual) && aligned16(resid_out)));
+  if (wide)
+    forward_row<8>(out, mean, rstd, resid_out, inp, residual, weight, bias, row, C, lane);
+  else
+    forward_row<1>(out, mean, rstd, resid_out, inp, residual, weight, bias, row, C, lane);
+}
+
+namespace ln_detail {
+
+// Phase 1 of a backward pass on one warp: row `row`'s mean(g) and mean(g·x̂) from dout, inp and
+// weight, then dinp += rstd · (g - mean(g) - x̂ · mean(g·x̂)) on a second read (L1 hits).
+template <int V>
+__device__ __forceinline__ void backward_row(bf16* dinp, const bf16* dout, const bf16* inp, const float* weight,
+                                             float mu, float rs, int row, int C, int lane) {
+  const size_t base = (size_t)row * C;
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+    float dy[V], x[V], w[V];
+    load<V>(dout + base + c, dy);
+    load<V>(inp + base + c, x);
+    load<V>(weight + c, w);
+    UNROLL for (int e = 0; e < V; ++e) {
+      const float g = dy[e] * w[e];
+      sum_g += g;
+      sum_gx += g * (x[e] - mu) * rs;
+    }
+  }
+  const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
+  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+    float dy[V], x[V], w[V], dx[V];
+    load<V>(dout + base + c, dy);
+    load<V>(inp + base + c, x);
+    load<V>(weight + c, w);
+    load<V>(dinp + base + c, dx);
+    UNROLL for (int e = 0; e < V; ++e) dx[e] += rs * (dy[e] * w[e] - mean_g - (x[e] - mu) * rs * mean_gx);
+    store<V>(dinp + base + c, dx);
+  }
+}
+
+// The block's rows [first, end), kLnPassRows per pass: phase 1 (backward_row, V elements per lane
+// access; each row's mean and rstd into shared memory), then phase 2: thread t sums the pass's
+// rows' dout · x̂ and dout for columns P·t .. + P, P·(t + blockDim) .., in row order, into `mine`
+// (the block's slot: [2][C]), storing on the first pass and adding on later ones. At least one
+// pass runs, so a block that owns no rows stores zeros. pass_mean, pass_rstd: kLnPassRows floats
+// of shared memory each.
+template <int V, int P>
+__device__ __forceinline__ void backward_rows(float* mine, float* pass_mean, float* pass_rstd, bf16* dinp,
+                                              const bf16* dout, const bf16* inp, const float* weight,
+                                              const float* mean, const float* rstd, int first, int end, int C) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int from = first;; from += kLnPassRows) {
+    const int n = end - from < kLnPassRows ? end - from : kLnPassRows;
+    for (int r = warp; r < n; r += warps) {
+      const float mu = mean[from + r], rs = rstd[from + r];
+      backward_row<V>(dinp, dout, inp, weight, mu, rs, from + r, C, lane);
+      if (lane == 0) {
+        pass_mean[r] = mu;
+        pass_rstd[r] = rs;
+      }
+    }
+    __syncthreads();  // the pass's statistics are in shared memory
+    for (int c = P * threadIdx.x; c < C; c += P * blockDim.x) {
+      float dw[P] = {}, db[P] = {};
+      UNROLL_4 for (int r = 0; r < n; ++r) {
+        float dy[P], x[P];
+        load<P>(dout + (size_t)(from + r) * C + c, dy);
+        load<P>(inp + (size_t)(from + r) * C + c, x);
+        UNROLL for (int e = 0; e < P; ++e) {
+          dw[e] += dy[e] * ((x[e] - pass_mean[r]) * pass_rstd[r]);
+          db[e] += dy[e];
+        }
+      }
+      UNROLL for (int e = 0; e < P; ++e) {
+        mine[c + e] = from == first ? dw[e] : mine[c + e] + dw[e];
+        mine[C + c + e] = from == first ? db[e] : mine[C + c + e] + db[e];
+      }
+    }
+    if (from + kLnPassRows >= end) break;  // uniform over the block
+    __syncthreads();  // phase 2 is done with the statistics before the next pass replaces them
+  }
+}
+
+// Publishes the block's global writes, counts the block on *counter and says, to every thread,
+// whether it was the last of the `count` blocks counted there; that one then sees what every
+// counted block wrote. `flag`: one word of shared memory. Every thread of the block must call it.
+__device__ __forceinline__ bool last_to_count(unsigned int* counter, unsigned int count, unsigned int* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == count - 1;
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+// Σ_{k < count} slots[k·pitch + i], k in order, the loads (volatile: other blocks wrote them, read
+// past this SM's L1) issued 8 at a time.
+__device__ __forceinline__ float slot_sum(const volatile float* slots, size_t pitch, int count, size_t i) {
+  float s = 0.0f;
+  int k = 0;
+  for (; k + 8 <= count; k += 8) {
+    float v[8];
+    UNROLL for (int j = 0; j < 8; ++j) v[j] = slots[(size_t)(k + j) * pitch + i];
+    UNROLL for (int j = 0; j < 8; ++j) s += v[j];
+  }
+  for (; k < count; ++k) s += slots[(size_t)k * pitch + i];
+  return s;
+}
+
+}  // namespace ln_detail
+
+// One launch per LayerNorm backward (grid, partials and counters above): the block's rows in
+// passes (backward_rows), then the two-level last-block sum of the column partials.
+extern "C" __global__ void __launch_bounds__(512, 2)
+    layernorm_bwd_bf16(bf16* dinp, float* dweight, float* dbias, float* partials, unsigned int* counters,
                        const bf16* dout, const bf16* inp, const float* weight, const float* mean, const float* rstd,
                        int rows, int C) {
+  using namespace ln_detail;
+  __shared__ float pass_mean[kLnPassRows], pass_rstd[kLnPassRows];
   __shared__ unsigned int last;
-  const int per_block = (rows + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int blocks = (int)gridDim.x, per_block = (rows + blocks - 1) / blocks;
   const long long from = (long long)blockIdx.x * per_block, to = from + per_block;
   const int first = from < rows ? (int)from : rows, end = to < rows ? (int)to : rows;
-  float* row_stats = partials + (size_t)gridDim.x * 2 * C;  // [rows][2]: mean(g), mean(g·x̂)
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (int row = first + warp; row < end; row += warps) {
-    const size_t base = (size_t)row * C;
-    const float mu = mean[row], rs = rstd[row];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float g = to_float(dout[base + c]) * weight[c];
-      sum_g += g;
-      sum_gx += g * (to_float(inp[base + c]) - mu) * rs;
-    }
-    sum_g = warp_sum(sum_g);
-    sum_gx = warp_sum(sum_gx);
-    if (lane == 0) {
-      row_stats[2 * (size_t)row] = sum_g / C;
-      row_stats[2 * (size_t)row + 1] = sum_gx / C;
-    }
+  const size_t pitch = 2 * (size_t)C;
+  float* mine = partials + blockIdx.x * pitch;
+  if (C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight))
+    backward_rows<8, 2>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
+  else
+    backward_rows<1, 1>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
+  // Publish the slot, then count this block finished in its group; the group's last block sums
+  // the group's slots into the group's slot.
+  const int groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
+  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
+  if (!last_to_count(&counters[group], members, &last)) return;  // uniform over the block
+  float* group_slot = partials + ((size_t)blocks + group) * pitch;
+  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
+    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
+  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
+  // Publish the group's slot, then count the group finished; the last group adds them all.
+  if (!last_to_count(&counters[groups], groups, &last)) return;  // uniform over the block
+  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x) {
+    const float s = slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
+    if (i < (size_t)C)
+      dweight[i] += s;
+    else
+      dbias[i - C] += s;
   }
-  __syncthreads();  // the block's row statistics, written to global memory, are visible to it
-  float* mine = partials + (size_t)blockIdx.x * 2 * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float w = weight[c];
-    float dw = 0.0f, db = 0.0f;
-    for (int row = first; row < end; ++row) {
-      const size_t at = (size_t)row * C + c;
-      const float rs = rstd[row], dy = to_float(dout[at]), xhat = (to_float(inp[at]) - mean[row]) * rs;
-      const float d = rs * (dy * w - row_stats[2 * (size_t)row] - xhat * row_stats[2 * (size_t)row + 1]);
-      dinp[at] = to_bf16(to_float(dinp[at]) + d);
-      dw += dy * xhat;
-      db += dy;
-    }
-    mine[c] = dw;
-    mine[C + c] = db;
-  }
-  // Publish the partials, then count this block finished; the block that counts last sums them.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;  // uniform over the block
-  __threadfence();
-  const volatile float* all = partials;  // written by other blocks: read past this SM's L1
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float dw = 0.0f, db = 0.0f;
-    for (unsigned b = 0; b < gridDim.x; ++b) {
-      dw += all[(size_t)b * 2 * C + c];
-      db += all[(size_t)b * 2 * C + C + c];
-    }
-    dweight[c] += dw;
-    dbias[c] += db;
-  }
-  if (threadIdx.x == 0) *counter = 0;  // every block has counted: ready for the next launch
+  if (threadIdx.x == 0) counters[groups] = 0;  // every group has counted: ready for the next launch
 }

@@ -129,10 +129,16 @@ fn layernorm_forward(v: &Vendor, rows: usize, cols: usize) -> (Case, [Vec<f64>; 
 /// The planted wave32 assumption: the same kernels built with a butterfly that starts at 16
 /// lanes. Each half-wave then normalises with its own half's statistics, and the comparison that
 /// `layernorm_wave64_forward_backward` makes must reject the output; the correct build must
-/// accept the same case. This proves the tests can see a wave32 assumption.
+/// accept the same case. This proves the tests can see a wave32 assumption, on rows wide enough
+/// that both half-waves hold columns: 600 with 8 columns per lane access, 202 with one.
 #[test]
 fn planted_wave32_reduction_is_caught() {
-    let (rows, cols) = (6, 200);
+    for cols in [600, 202] {
+        planted_wave32_reduction_is_caught_on(6, cols);
+    }
+}
+
+fn planted_wave32_reduction_is_caught_on(rows: usize, cols: usize) {
     let mut detected = Vec::new();
     for build in [&HIP, &PLANTED] {
         let (case, [out, mean, rstd]) = layernorm_forward(build, rows, cols);
@@ -156,7 +162,7 @@ fn planted_wave32_reduction_is_caught() {
         detected.push(results.iter().any(|(_, c)| c.violations > 0));
     }
     assert!(!detected[0], "the correct wave64 build must pass");
-    assert!(detected[1], "the planted wave32 reduction was not detected by the LayerNorm comparison");
+    assert!(detected[1], "the planted wave32 reduction was not detected by the LayerNorm comparison on {cols} columns");
 }
 
 // ---- tensor_ops.hip (the HIP Device's f32 ops) -------------------------------------------------

@@ -238,8 +238,9 @@ pub struct GpuDevice {
     pub(super) arch: String,
     /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
     pub(super) wgmma: bool,
-    /// `layernorm_bwd_bf16`'s last-block counter: one u32, zeroed when first needed, which every
-    /// launch leaves at 0.
+    /// `layernorm_bwd_bf16`'s last-block counters (`plan::LAYERNORM_BWD_COUNTERS` u32: one per
+    /// group of blocks and one for the groups), zeroed when first needed; every launch leaves
+    /// them at 0.
     pub(super) counter: std::sync::OnceLock<DeviceMem>,
     /// `column_sum_add_*`'s last-block counters, one u32 per strip of columns
     /// (`plan::COLUMN_SUM_COUNTERS`), zeroed when first needed; every launch leaves them at 0.

@@ -12,6 +12,7 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, EmbeddingSegments, GemmOut, Op, COLUMN_SUM_COUNTERS,
+    LAYERNORM_BWD_COUNTERS,
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
@@ -292,14 +293,14 @@ impl Device for GpuDevice {
         let [r, c] = rows_cols(rows, cols);
         int("rows·cols", rows * cols);
         // bf16 gradients: layernorm_bwd_bf16, the whole backward in one launch (bf16 dinp "+=",
-        // f32 dweight and dbias "+=" through its block partials and the Device's counter).
+        // f32 dweight and dbias "+=" through its block partials and the Device's counters).
         if activation(dout) == Elem::Bf16 {
             let [dy, x] = [dout, inp].map(|b| self.view(b, Elem::Bf16));
             let [w, m, s] = [weight, mean, rstd].map(|b| self.view(b, Elem::F32));
             let dx = self.view_mut(dinp, Elem::Bf16, false);
             let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
             let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
-            let counter = self.zeroed_once(&self.counter, 1);
+            let counter = self.zeroed_once(&self.counter, LAYERNORM_BWD_COUNTERS);
             let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
             let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
             return self.run(Op::LayernormBwd { rows, channels: cols }, &[dx, dw, db, p, k, dy, x, w, m, s, r, c]);

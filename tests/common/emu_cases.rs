@@ -8,7 +8,7 @@ use super::emu::*;
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
-use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments};
+use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments, LAYERNORM_BWD_GROUP};
 use trident::real::Precision;
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -413,7 +413,7 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
 /// `layernorm_bwd_bf16` on `blocks` blocks over `[x, weight, mean, rstd]` (x [rows, cols], the
 /// statistics the forward saved): dinp (bf16, accumulated) within DESIGN.md's bf16 rule of the reference, the
 /// parameter gradients within f32 roundings; a second run from the same inputs gives the same bits
-/// and each run leaves the counter at 0.
+/// and each run leaves every counter (one per group of blocks and one for the groups) at 0.
 pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean, rstd]: [&[f32]; 4], blocks: usize) {
     let (rows, cols) = (mean.len(), weight.len());
     let dout = v.bf16_values(rows * cols, "dout", 1.0);
@@ -448,7 +448,12 @@ pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean,
             "{name}: {out} differs between two runs"
         );
     }
-    assert_eq!((case.get_u32("counter"), case.get_u32("counter2")), (vec![0], vec![0]), "{name}: counter not reset");
+    let counters = vec![0; blocks.div_ceil(LAYERNORM_BWD_GROUP) + 1];
+    assert_eq!(
+        (case.get_u32("counter"), case.get_u32("counter2")),
+        (counters.clone(), counters),
+        "{name}: counters not reset"
+    );
 }
 
 /// LayerNorm on the vendor's `shapes` (rows, cols), then with the fused residual add on widths
@@ -462,10 +467,24 @@ pub fn layernorm_forward_backward(v: &Vendor, shapes: &[(usize, usize)]) {
     }
 }
 
-/// `layernorm_bwd_bf16` on grids other than one block per 4 rows: blocks owning several rows with
-/// a ragged last one, blocks owning none, one block, and GPT-3 175B's 12288 channels.
+/// `layernorm_bwd_bf16` on grids other than the Device's: blocks owning several rows with a ragged
+/// last one, blocks owning none, one block, blocks taking several passes of 32 rows (a ragged last
+/// pass), several groups of 16 blocks (a ragged last group), on widths with and without 8-wide
+/// accesses, and GPT-3 175B's 12288 channels.
 pub fn layernorm_backward_on_any_grid(v: &Vendor) {
-    let grids = [(37, 50, 3), (200, 96, 7), (10, 33, 4), (9, 20, 5), (5, 7, 8), (3, 300, 1), (6, 12288, 2)];
+    let grids = [
+        (37, 50, 3),
+        (200, 96, 7),
+        (10, 33, 4),
+        (9, 20, 5),
+        (5, 7, 8),
+        (3, 300, 1),
+        (6, 12288, 2),
+        (150, 64, 2),
+        (130, 33, 1),
+        (300, 40, 37),
+        (100, 33, 20),
+    ];
     for (rows, cols, blocks) in grids {
         let name = format!("layernorm_bwd_{rows}x{cols}");
         let case = v.case(&name);
@@ -485,9 +504,12 @@ pub fn layernorm_backward_on_any_grid(v: &Vendor) {
 
 pub fn gelu_forward_backward(v: &Vendor) {
     // Element counts that leave the last block partly empty, several grid-stride rounds, and one
-    // element; block sizes that are not multiples of 32 (nor of 64: a partial last wavefront).
-    for (n, blocks, threads) in [(1000, 4, 256), (4099, 3, 96), (1, 1, 32), (777, 2, 100)] {
-        let name = format!("gelu_{n}_{blocks}x{threads}");
+    // element; block sizes that are not multiples of 32 (nor of 64: a partial last wavefront);
+    // counts past the last group of 8 (a scalar tail), and buffers off 16 bytes (all scalar).
+    for (n, blocks, threads, offset) in
+        [(1000, 4, 256, 0), (4099, 3, 96, 0), (1, 1, 32, 0), (777, 2, 100, 0), (1003, 2, 64, 1), (4096, 1, 64, 3)]
+    {
+        let name = format!("gelu_{n}_{blocks}x{threads}+{offset}");
         let case = v.case(&name);
         let inp = v.bf16_values(n, "inp", 2.0);
         let dout = v.bf16_values(n, "dout", 1.0);
@@ -495,11 +517,11 @@ pub fn gelu_forward_backward(v: &Vendor) {
         case.put_bf16("dout", &dout);
         let dev = ReferenceDevice;
         let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
-        case.run("gelu_fwd", &args(&[&n, &blocks, &threads]));
+        case.run("gelu_fwd", &args(&[&n, &blocks, &threads, &offset]));
         let mut want = dev.alloc(n);
         dev.gelu_forward(&mut want, &ri);
         check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
-        case.run("gelu_bwd", &args(&[&n, &blocks, &threads]));
+        case.run("gelu_bwd", &args(&[&n, &blocks, &threads, &offset]));
         dev.gelu_backward(&mut want, &ri, &rd);
         check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
     }

@@ -257,8 +257,10 @@ inline void layernorm_forward(const Geometry& g) {
 }
 
 // layernorm_bwd_bf16 on `blocks` blocks (argument 2; the Device launches plan.rs's
-// layernorm_bwd_blocks), twice from the same inputs with the same partials and counter buffers:
-// the outputs of both runs and the counter after each (it must be back at 0).
+// layernorm_bwd_blocks), twice from the same inputs with the same partials and counters: the
+// outputs of both runs and the counters after each (every one must be back at 0). The partials
+// and counters are sized as layernorm.cu's header says: [blocks + groups][2][C] f32 and
+// groups + 1 u32, groups = ⌈blocks / 16⌉.
 inline void layernorm_backward(const Geometry& g) {
   const int rows = arg(0), C = arg(1), blocks = arg(2);
   auto dout = read_bf16("dout", size_t(rows) * C), inp = read_bf16("inp", size_t(rows) * C);
@@ -266,8 +268,9 @@ inline void layernorm_backward(const Geometry& g) {
   const auto dinp0 = read_bf16("dinp", size_t(rows) * C);
   const auto dweight0 = read_f32("dweight", C), dbias0 = read_f32("dbias", C);
   // Garbage in the partials: every element the kernel reads it must write first.
-  std::vector<float> partials(size_t(blocks) * 2 * C + 2 * size_t(rows), -7.0f);
-  std::vector<unsigned> counter(1, 0);
+  const int groups = ceil_div(blocks, 16);
+  std::vector<float> partials((size_t(blocks) + groups) * 2 * C, -7.0f);
+  std::vector<unsigned> counter(groups + 1, 0);
   for (const char* run : {"", "2"}) {
     auto dinp = dinp0;
     auto dweight = dweight0, dbias = dbias0;
@@ -282,17 +285,25 @@ inline void layernorm_backward(const Geometry& g) {
   }
 }
 
+// gelu_fwd_bf16 / gelu_bwd_bf16 on `blocks` x `threads` (arguments 1, 2) over n elements placed
+// `offset` elements (argument 3, default 0) into their buffers: an odd offset takes the kernels
+// off their 16-byte path.
 inline void gelu(const std::string& op) {
-  const int n = arg(0), blocks = arg(1), threads = arg(2);
-  auto inp = read_bf16("inp", n);
-  std::vector<bf16> out(n);
+  const int n = arg(0), blocks = arg(1), threads = arg(2), offset = arg_or(3, 0);
+  auto at = [&](std::vector<bf16> v) {
+    v.insert(v.begin(), size_t(offset), to_bf16(0.0f));
+    return v;
+  };
+  auto inp = at(read_bf16("inp", n));
+  std::vector<bf16> out(size_t(n) + offset);
   if (op == "gelu_fwd") {
-    emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data(), inp.data(), n);
+    emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data() + offset, inp.data() + offset, n);
   } else {
-    auto dout = read_bf16("dout", n);
-    emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data(), inp.data(), dout.data(), n);
+    auto dout = at(read_bf16("dout", n));
+    emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data() + offset, inp.data() + offset,
+                dout.data() + offset, n);
   }
-  write_bf16("out", out);
+  write_bf16("out", std::vector<bf16>(out.begin() + offset, out.end()));
 }
 
 inline void adamw() {

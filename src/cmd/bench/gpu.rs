@@ -26,8 +26,8 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
 use crate::gpu::kernels::plan::{
-    column_sum_partials, kernel_of, layernorm_bwd_blocks, layernorm_bwd_partials, linear_gemms, plan,
-    wgmma, EmbeddingSegments, GemmOut, KernelLaunch, Op, COLUMN_SUM_COUNTERS,
+    column_sum_partials, kernel_of, layernorm_bwd_partials, linear_gemms, plan, wgmma, EmbeddingSegments, GemmOut,
+    KernelLaunch, Op, COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS,
 };
 use crate::gpu::kernels::{Kernel, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
@@ -681,8 +681,9 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     let (d_inp, d_dout, d_w, d_b) = (b.upload(&inp)?, b.upload(&dout)?, b.upload(&weight)?, b.upload(&bias)?);
     let (d_out, d_mean, d_rstd) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * rows)?, b.zeroed(4 * rows)?);
     let (d_dinp, d_dw, d_db) = (b.zeroed(2 * rows * c)?, b.zeroed(4 * c)?, b.zeroed(4 * c)?);
-    // The scratch the Device keeps per shape: the partial sums, and the counter zeroed once.
-    let (d_partials, d_counter) = (b.zeroed(4 * layernorm_bwd_partials(rows, c))?, b.zeroed(4)?);
+    // The scratch the Device keeps per shape: the partial sums, and the counters zeroed once.
+    let d_partials = b.zeroed(4 * layernorm_bwd_partials(rows, c))?;
+    let d_counter = b.zeroed(4 * LAYERNORM_BWD_COUNTERS)?;
     let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, Ptr(d_inp.pointer()), Ptr(d_dout.pointer()));
     let (mean, rstd, w) = (Ptr(d_mean.pointer()), Ptr(d_rstd.pointer()), Ptr(d_w.pointer()));
     let fwd_args = [Ptr(d_out.pointer()), mean, rstd, Ptr(0), x, Ptr(0), w, Ptr(d_b.pointer()), r, cc];
@@ -709,10 +710,11 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     let dx = worst(&b.bf16s(&d_dinp, p * c)?, &dinp_r, Bound::Bf16);
     let dp = worst(&b.f32s(&d_dw, c)?, &dw_r, Bound::F32).max(worst(&b.f32s(&d_db, c)?, &db_r, Bound::F32));
     let (e, r, c_f) = ((rows * c) as f64, rows as f64, c as f64);
-    // Backward: dout and inp read twice, dinp read and written (bf16), the partials written and
-    // read once, the statistics.
-    let blocks = layernorm_bwd_blocks(rows, c) as f64;
-    let work = [4.0 * e + 8.0 * (r + c_f), 12.0 * e + 24.0 * r + 16.0 * blocks * c_f + 12.0 * c_f];
+    // Backward, what reaches memory: dout and inp read once (the second reads are L1 hits), dinp
+    // read and written (bf16), the statistics, the blocks' and groups' partials written and read
+    // once, weight read and dweight, dbias read and written.
+    let slots = (layernorm_bwd_partials(rows, c) / (2 * c.max(1))) as f64;
+    let work = [4.0 * e + 8.0 * (r + c_f), 8.0 * e + 8.0 * r + 16.0 * slots * c_f + 20.0 * c_f];
     let bwd = if p == rows { dx.max(dp) } else { dx };
     let checks = [(p > 0).then_some(fwd), (p > 0).then_some(bwd)];
     b.records(&format!("{rows}x{c}"), &[" fwd", " bwd"], planned, &args, work.map(Work::Bytes), &checks)

@@ -181,8 +181,9 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm_sm90(Kernel::GemmBwdInputBf16Bf16outSm90, "gemm_bwd_input_bf16_bf16out_sm90", SM90_GEMM_COLS),
     gemm_sm90(Kernel::GemmBwdWeightBf16Sm90, "gemm_bwd_weight_bf16_sm90", SM90_GEMM_WEIGHT_COLS),
     spec(Kernel::LayernormFwdBf16, "layernorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
-    // The whole backward in one launch: 4 bytes of shared memory (the last-block flag).
-    spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 128, Some(256), 4),
+    // The whole backward in one launch: 260 bytes of shared memory (a pass's 32 row means and
+    // rstds, the last-block flag).
+    spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 512, Some(512), 260),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 256),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
@@ -413,7 +414,7 @@ mod tests {
         assert_eq!(both(Kernel::GemmFwdBf16F32out), (Some(256), Some(256)));
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
-        assert_eq!(both(Kernel::LayernormBwdBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::LayernormBwdBf16), (Some(512), Some(512)));
         assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(384), None));
         assert_eq!(both(Kernel::GemmBwdWeightBf16Sm90), (Some(384), None));
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));

@@ -222,24 +222,38 @@ pub fn linear_gemms(wgmma: bool, aligned: bool, rows: usize, k: usize, n: usize,
 }
 
 /// The f32 elements of partial column sums `layernorm_bwd_bf16`'s blocks may hold at most
-/// (8 MiB): it bounds the partials buffer and the last block's final sum however wide the rows.
+/// (8 MiB): it bounds the partials buffer and the last blocks' sums however wide the rows.
 pub const LAYERNORM_BWD_PARTIAL_BUDGET: usize = 1 << 21;
+/// `layernorm_bwd_bf16`'s rows per pass (kernels-cuda/layernorm.cu's kLnPassRows): the Device
+/// gives each block at least one pass's worth.
+pub const LAYERNORM_BWD_PASS_ROWS: usize = 32;
+/// At most this many blocks of `layernorm_bwd_bf16`: two blocks of 512 threads per SM on an
+/// H100's 132 SMs fill it in one wave, and the first-level sums stay 16 groups of 16.
+pub const LAYERNORM_BWD_MAX_BLOCKS: usize = 256;
+/// Blocks per group of `layernorm_bwd_bf16`'s two-level partial sum (its kLnGroup).
+pub const LAYERNORM_BWD_GROUP: usize = 16;
+/// The u32 counters the Device keeps for `layernorm_bwd_bf16` (zeroed once): one per group of
+/// the largest grid, and one for the groups.
+pub const LAYERNORM_BWD_COUNTERS: usize = LAYERNORM_BWD_MAX_BLOCKS / LAYERNORM_BWD_GROUP + 1;
 
-/// The blocks (CUDA) or workgroups (HIP) of `layernorm_bwd_bf16` on [rows, channels]: one per 4
-/// rows, at most 1024 and at most as many as keep their partial column sums (2 x channels f32
-/// each) within `LAYERNORM_BWD_PARTIAL_BUDGET`; at least 1. A function of the shape alone, so
-/// the sums' grouping, and with it every bit of dweight and dbias, is the same on every device.
+/// The blocks (CUDA) or workgroups (HIP) of `layernorm_bwd_bf16` on [rows, channels]: one per
+/// `LAYERNORM_BWD_PASS_ROWS` rows, at most `LAYERNORM_BWD_MAX_BLOCKS` and at most as many as keep
+/// their partial column sums (2 x channels f32 each) within `LAYERNORM_BWD_PARTIAL_BUDGET`; at
+/// least 1. A function of the shape alone, so the sums' grouping, and with it every bit of
+/// dweight and dbias, is the same on every device.
 pub fn layernorm_bwd_blocks(rows: usize, channels: usize) -> usize {
-    let by_width = (LAYERNORM_BWD_PARTIAL_BUDGET / (2 * channels.max(1))).clamp(1, 1024);
-    rows.div_ceil(4).clamp(1, by_width)
+    let by_width = (LAYERNORM_BWD_PARTIAL_BUDGET / (2 * channels.max(1))).clamp(1, LAYERNORM_BWD_MAX_BLOCKS);
+    rows.div_ceil(LAYERNORM_BWD_PASS_ROWS).clamp(1, by_width)
 }
 
 /// The f32 elements of the `partials` scratch `layernorm_bwd_bf16` needs on [rows, channels]:
-/// each block's two column sums (`layernorm_bwd_blocks` x 2 x channels), then each row's two
-/// statistics (2 x rows). The Device allocates it once per shape (its contents need no
-/// initialising) beside a `u32` counter it zeroes once; every launch leaves the counter at 0.
+/// each block's two column sums, then each group's (`layernorm_bwd_blocks` plus
+/// ⌈blocks / `LAYERNORM_BWD_GROUP`⌉ slots of 2 x channels). The Device allocates it once per shape
+/// (its contents need no initialising) beside `LAYERNORM_BWD_COUNTERS` u32 counters it zeroes
+/// once; every launch leaves them at 0.
 pub fn layernorm_bwd_partials(rows: usize, channels: usize) -> usize {
-    layernorm_bwd_blocks(rows, channels) * 2 * channels + 2 * rows
+    let blocks = layernorm_bwd_blocks(rows, channels);
+    (blocks + blocks.div_ceil(LAYERNORM_BWD_GROUP)) * 2 * channels
 }
 
 /// Columns per block (a strip) and rows per block (a chunk) of `column_sum_add_{f32,bf16}`
@@ -338,8 +352,8 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         // A g x g tile of dinp [m, k] or of dW [n, k] per block.
         Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [g, g, 1]),
         Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [g, g, 1]),
-        // Eight elements per thread, grid-stride, capped like GELU's.
-        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } => {
+        // Eight elements per thread, grid-stride, capped like AdamW's.
+        Op::CastF32ToBf16 { n } | Op::CastBf16ToF32 { n } | Op::GeluFwd { n } | Op::GeluBwd { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
         }
@@ -361,7 +375,7 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             let n = batch * positions * hidden;
             ([n.min(cap), 1, 1], [t, 1, 1])
         }
-        Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => {
+        Op::AdamW { n } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.min(cap), 1, 1], [t, 1, 1])
         }
@@ -538,10 +552,13 @@ mod tests {
         let wide = Op::ColumnSumAdd { rows: 1, cols: COLUMN_SUM_COUNTERS * COLUMN_SUM_STRIP + 1 };
         let e = plan(&wide, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
         assert!(e.contains("column_sum_add_bf16") && e.contains("4096 the Device keeps"), "{e}");
-        let d = p(Op::LayernormBwd { rows: 9, channels: 129 });
-        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("layernorm_bwd_bf16", [3, 1, 1], [128, 1, 1]));
+        let d = p(Op::LayernormBwd { rows: 90, channels: 129 });
+        assert_eq!((d.spec.function, d.config.grid, d.config.block), ("layernorm_bwd_bf16", [3, 1, 1], [512, 1, 1]));
+        // GELU: 8 elements per thread.
         let e = p(Op::GeluFwd { n: 1000 });
-        assert_eq!((e.config.grid, e.config.block), ([4, 1, 1], [256, 1, 1]));
+        assert_eq!((e.config.grid, e.config.block), ([1, 1, 1], [256, 1, 1]));
+        assert_eq!(p(Op::GeluBwd { n: 16384 * 3072 }).config.grid, [8 * 108, 1, 1]);
+        assert_eq!(p(Op::GeluBwd { n: 2049 * 8 }).config.grid, [9, 1, 1]);
         // Grid-stride kernels stop at 8 blocks per SM.
         assert_eq!(p(Op::AdamW { n: 124_000_000 }).config.grid, [8 * 108, 1, 1]);
         assert_eq!(p(Op::GeluBwd { n: 1 }).config.grid, [1, 1, 1]);
@@ -653,7 +670,7 @@ mod tests {
         }
         for (rows, channels) in [(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (5, 96), (9, 130), (2, 31)] {
             assert_eq!(p(Op::LayernormFwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
-            assert_eq!(p(Op::LayernormBwd { rows, channels }).config.grid, [cd(rows, 4), 1, 1]);
+            assert_eq!(p(Op::LayernormBwd { rows, channels }).config.grid, [cd(rows, 32), 1, 1]);
         }
         for (rows, vocab) in [(5, 1000), (3, 333), (2, 12565), (4, 1)] {
             for op in [Op::XentMax { rows, vocab }, Op::XentPartials { rows, vocab }, Op::XentBwd { rows, vocab }] {
@@ -749,8 +766,8 @@ mod tests {
         assert_eq!((g.config.grid, g.config.block, g.config.shared_bytes), ([2, 2, 1], [256, 1, 1], 0));
         let w = h(Op::GemmBwdWeight { m: 37, n: 130, k: 99 });
         assert_eq!((w.config.grid, w.config.shared_bytes), ([2, 3, 1], 0));
-        let d = h(Op::LayernormBwd { rows: 7, channels: 300 });
-        assert_eq!((d.config.grid, d.config.block), ([2, 1, 1], [256, 1, 1]));
+        let d = h(Op::LayernormBwd { rows: 70, channels: 300 });
+        assert_eq!((d.config.grid, d.config.block), ([3, 1, 1], [512, 1, 1]));
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
         let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
@@ -759,23 +776,46 @@ mod tests {
         assert!(e.contains("gemm_fwd_bf16_f32out_sm90") && e.contains("no twin of gemm_bf16_sm90.cu"), "{e}");
     }
 
-    /// layernorm_bwd_bf16's blocks: one per 4 rows, capped at 1024 and by the partials' budget
-    /// (fewer for wide rows), at least one; the partials hold their column sums and the rows'
-    /// statistics.
+    /// layernorm_bwd_bf16's blocks: one per 32 rows, capped at 256 and by the partials' budget
+    /// (fewer for wide rows), at least one; the partials hold the blocks' and the groups' column
+    /// sums, and the Device's counters serve the largest grid's groups.
     #[test]
     fn layernorm_backward_blocks_and_partials_follow_the_shape() {
-        assert_eq!(layernorm_bwd_blocks(7, 33), 2);
+        assert_eq!(layernorm_bwd_blocks(7, 33), 1);
         assert_eq!(layernorm_bwd_blocks(0, 33), 1);
-        assert_eq!(layernorm_bwd_blocks(8192, 768), 1024);
-        assert_eq!(layernorm_bwd_blocks(8192, 1600), 655);
-        // GPT-3 175B: 12288 channels, 85 blocks of partials (8 MiB at most), any row count.
-        assert_eq!(layernorm_bwd_blocks(2048, 12288), 85);
+        assert_eq!(layernorm_bwd_blocks(65, 33), 3);
+        // GPT-2 124M's step (16 x 1024 tokens): 256 blocks of 64 rows, 16 groups.
+        assert_eq!(layernorm_bwd_blocks(16384, 768), 256);
+        assert_eq!(layernorm_bwd_blocks(8192, 768), 256);
+        assert_eq!(layernorm_bwd_blocks(8192, 1600), 256);
+        // GPT-3 175B: 12288 channels, at most 85 blocks of partials (8 MiB), any row count.
+        assert_eq!(layernorm_bwd_blocks(2048, 12288), 64);
         assert_eq!(layernorm_bwd_blocks(1 << 20, 12288), 85);
         assert_eq!(layernorm_bwd_blocks(3, 1 << 22), 1);
-        assert_eq!(layernorm_bwd_partials(7, 33), 2 * 2 * 33 + 14);
-        assert!(layernorm_bwd_partials(2048, 12288) - 2 * 2048 <= LAYERNORM_BWD_PARTIAL_BUDGET);
+        assert_eq!(layernorm_bwd_partials(7, 33), 2 * 2 * 33);
+        assert_eq!(layernorm_bwd_partials(16384, 768), (256 + 16) * 2 * 768);
+        assert_eq!(layernorm_bwd_partials(1 << 20, 12288), (85 + 6) * 2 * 12288);
+        assert!(layernorm_bwd_blocks(1 << 20, 12288) * 2 * 12288 <= LAYERNORM_BWD_PARTIAL_BUDGET);
+        assert_eq!(LAYERNORM_BWD_COUNTERS, 17);
+        for rows in [1, 100, 1 << 14, 1 << 30] {
+            assert!(layernorm_bwd_blocks(rows, 1).div_ceil(LAYERNORM_BWD_GROUP) < LAYERNORM_BWD_COUNTERS);
+        }
         let g = p(Op::LayernormBwd { rows: 2048, channels: 12288 });
-        assert_eq!((g.config.grid, g.config.shared_bytes, g.spec.static_shared), ([85, 1, 1], 0, 4));
+        assert_eq!((g.config.grid, g.config.shared_bytes, g.spec.static_shared), ([64, 1, 1], 0, 260));
+    }
+
+    /// The kernels' own rows per pass and group size are the plan's (both suites), and the index's
+    /// shared memory is what they declare: a pass's means and rstds and the flag.
+    #[test]
+    fn layernorm_backward_constants_match_the_kernels() {
+        let constants = format!("kLnPassRows = {LAYERNORM_BWD_PASS_ROWS}, kLnGroup = {LAYERNORM_BWD_GROUP};");
+        let cuda = super::super::cuda::source("layernorm.cu").unwrap();
+        let (_, hip) = super::super::hip::source("layernorm.hip").unwrap();
+        for text in [cuda, hip] {
+            assert!(text.contains(&constants), "layernorm's kernels do not declare {constants}");
+        }
+        let spec = p(Op::LayernormBwd { rows: 1, channels: 1 }).spec;
+        assert_eq!(spec.static_shared as usize, 2 * 4 * LAYERNORM_BWD_PASS_ROWS + 4);
     }
 
     /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
