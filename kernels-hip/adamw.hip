@@ -1,4 +1,4 @@
-// adamw.hip: one AdamW step on an f32 master copy, writing the bf16 working copy the GEMMs read
+// adamw.hip: one AdamW step on f32 master copies, writing the bf16 working copy the GEMMs read
 // (the CDNA counterpart of kernels-cuda/adamw.cu, same kernel name and arguments).
 //
 // adamw_f32_bf16 computes, for i < n:  g = grad[i] · f32(*grad_scale_at)
@@ -15,6 +15,17 @@
 // Grid: any 1-D grid of 1-D workgroups, grid-stride loop (⌈n/256⌉ workgroups of 256 = 4
 // wave64s, capped). Each element is touched by one thread; no LDS; a few VGPRs.
 //
+// adamw_multi_f32_bf16 is the same update (one formula, adamw_detail::update, so the same bits) of
+// every tensor of an optimizer group in one launch, over a table: tensors[t] (AdamwTensor: its
+// param, param_bf16, grad, m, v, param_rounded as above, n, and its own weight_decay: 0 for the
+// no-decay tensors), first_block[t] its first workgroup (first_block[count] the workgroups in
+// all). The mapping is fixed by the sizes alone: workgroup b takes tensor t, the last with
+// first_block[t] <= b, and its elements c·2048 .. c·2048 + 2047 (c = b - first_block[t]); thread j the 8 elements
+// c·2048 + j + 256 k, loaded first, then updated and stored. Workgroups of 256 exactly,
+// ⌈n_t / 2048⌉ per tensor; no shared memory; 32 values in registers. The table stays on the device
+// between steps (the Device uploads it again only when the tensors change). Each element reads
+// 16 bytes and writes 12, plus 2 (param_bf16) or 4 (param_rounded): about 30 bytes per parameter.
+//
 // clip_scale_f64 (one thread; grid 1, the rest of its workgroup idles): from the gradients' global sum
 // of squares sum[sum_slot], out[slot] = norm = sqrt(sum) / loss_scale and out[slot + 1] =
 // f32(clip / (norm + 1e-6) when below 1, else 1; 1 when clip <= 0) / f32(loss_scale): the step's
@@ -25,21 +36,89 @@
 // wave64 emulation (tests/hip_emulation.rs).
 #include "common/base.h"
 
+namespace adamw_detail {
+
+// One element's update, the one formula of both AdamW kernels (so the two give the same bits):
+// p, m, v are the element's master weight and moments, updated in place; g its scaled gradient.
+__device__ __forceinline__ void update(float& p, float& m, float& v, float g, float lr, float beta1, float beta2,
+                                       float eps, float weight_decay, float c1, float c2) {
+  m = beta1 * m + (1.0f - beta1) * g;
+  v = beta2 * v + (1.0f - beta2) * g * g;
+  p -= lr * ((m * c1) / (sqrtf(v * c2) + eps) + weight_decay * p);
+}
+
+// adamw_multi_f32_bf16's threads per workgroup and elements per thread: a workgroup updates one chunk of
+// kChunk elements of one tensor.
+constexpr int kThreads = 256;
+constexpr int kPerThread = 8;
+constexpr int kChunk = kThreads * kPerThread;
+
+}  // namespace adamw_detail
+
+// One tensor of adamw_multi_f32_bf16's table (56 bytes, as the Device writes it).
+struct AdamwTensor {
+  float* param;
+  bf16* param_bf16;
+  const float* grad;
+  float* m;
+  float* v;
+  float* param_rounded;
+  int n;
+  float weight_decay;
+};
+
 extern "C" __global__ void adamw_f32_bf16(float* param, bf16* param_bf16, const float* grad, float* m, float* v, int n,
                                           float lr, float beta1, float beta2, float eps, float weight_decay,
                                           const double* grad_scale_at, float c1, float c2, float* param_rounded) {
   const float grad_scale = (float)*grad_scale_at;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const float g = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    float p = param[i], mi = m[i], vi = v[i];
+    adamw_detail::update(p, mi, vi, grad[i] * grad_scale, lr, beta1, beta2, eps, weight_decay, c1, c2);
     m[i] = mi;
     v[i] = vi;
-    float p = param[i];
-    p -= lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + weight_decay * p);
     param[i] = p;
     if (param_bf16) param_bf16[i] = to_bf16(p);
     if (param_rounded) param_rounded[i] = to_float(to_bf16(p));
+  }
+}
+
+// workgroup b updates chunk b - first_block[t] of tensor t, the last t with first_block[t] <= b: each
+// thread loads its kPerThread elements first (independent loads in flight), then updates and
+// stores them.
+extern "C" __global__ void __launch_bounds__(256)
+    adamw_multi_f32_bf16(const AdamwTensor* tensors, const int* first_block, int count, float lr, float beta1,
+                         float beta2, float eps, const double* grad_scale_at, float c1, float c2) {
+  using namespace adamw_detail;
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= (int)blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  const AdamwTensor t = tensors[lo];
+  const int start = ((int)blockIdx.x - first_block[lo]) * kChunk + (int)threadIdx.x;
+  const float grad_scale = (float)*grad_scale_at;
+  float g[kPerThread], p[kPerThread], mi[kPerThread], vi[kPerThread];
+  UNROLL
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = start + k * kThreads;
+    if (i < t.n) {
+      g[k] = t.grad[i];
+      p[k] = t.param[i];
+      mi[k] = t.m[i];
+      vi[k] = t.v[i];
+    }
+  }
+  UNROLL
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = start + k * kThreads;
+    if (i < t.n) {
+      update(p[k], mi[k], vi[k], g[k] * grad_scale, lr, beta1, beta2, eps, t.weight_decay, c1, c2);
+      t.m[i] = mi[k];
+      t.v[i] = vi[k];
+      t.param[i] = p[k];
+      if (t.param_bf16) t.param_bf16[i] = to_bf16(p[k]);
+      if (t.param_rounded) t.param_rounded[i] = to_float(to_bf16(p[k]));
+    }
   }
 }
 

@@ -63,6 +63,12 @@ fn every_device_op_matches_the_reference() {
 }
 
 #[test]
+fn adamw_group_is_one_launch_with_the_bits_of_adamw_per_tensor() {
+    let Some(_) = device() else { return };
+    gpu_device::adamw_group_is_adamw_per_tensor_bit_for_bit(|| GpuDevice::hip(0).unwrap());
+}
+
+#[test]
 fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
     let Some(dev) = device() else { return };
     gpu_device::bf16_buffers_round_trip(dev);

@@ -66,6 +66,7 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::SumIntoF64,
     Kernel::XentLossF64,
     Kernel::AdamwF32Bf16,
+    Kernel::AdamwMultiF32Bf16,
     Kernel::ClipScaleF64,
     Kernel::CastF32ToBf16,
     Kernel::CastBf16ToF32,
@@ -244,6 +245,9 @@ pub struct GpuDevice {
     /// `column_sum_add_*`'s last-block counters, one u32 per strip of columns
     /// (`plan::COLUMN_SUM_COUNTERS`), zeroed when first needed; every launch leaves them at 0.
     pub(super) column_counters: std::sync::OnceLock<DeviceMem>,
+    /// The tables of the optimizer groups `adamw_multi_f32_bf16` updated (adamw.rs), each with
+    /// the bytes it holds, oldest first: a group of the same tensors finds its table here.
+    pub(super) adamw_tables: std::sync::Mutex<Vec<(Vec<u8>, DeviceMem)>>,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -296,6 +300,7 @@ impl GpuDevice {
             wgmma,
             counter: std::sync::OnceLock::new(),
             column_counters: std::sync::OnceLock::new(),
+            adamw_tables: std::sync::Mutex::new(Vec::new()),
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,

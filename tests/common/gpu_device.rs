@@ -806,3 +806,100 @@ pub fn bf16_storage_agrees_with_f32_storage(dev: &GpuDevice) {
         }
     }
 }
+
+/// One optimizer group's buffers on `dev`: per tensor its master, gradient, moments and working
+/// copy (bf16 storage, an f32 copy rounded to bf16, or none), from fixed values.
+struct AdamWGroupBufs {
+    tensors: Vec<[<GpuDevice as Device>::Buf; 4]>,
+    working: Vec<Option<<GpuDevice as Device>::Buf>>,
+}
+
+/// The sizes `adamw_group_is_adamw_per_tensor_bit_for_bit` steps: ragged and whole 2,048-element
+/// chunks (a block of `adamw_multi_f32_bf16` each), one element, an empty tensor.
+const ADAMW_GROUP_SIZES: [usize; 8] = [2049, 1, 0, 255, 4096, 3 * 2048 + 5, 768, 2047];
+
+fn adamw_group_bufs(dev: &GpuDevice, sizes: &[usize]) -> AdamWGroupBufs {
+    use trident::real::Precision::Bf16;
+    let tensors = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let values = |what: u64, scale: f32| -> Vec<f32> {
+                trident::rng::fill(n, 31 * i as u64 + what).iter().map(|x| x * scale).collect()
+            };
+            let v: Vec<f32> = values(3, 1e-3).iter().map(|x| x.abs()).collect();
+            [up(dev, &values(0, 0.5)), up(dev, &values(1, 0.02)), up(dev, &values(2, 0.01)), up(dev, &v)]
+        })
+        .collect();
+    let working = (0..sizes.len())
+        .map(|i| match i % 3 {
+            0 => Some(dev.alloc_in(sizes[i], Bf16)),
+            1 => Some(dev.alloc(sizes[i])),
+            _ => None,
+        })
+        .collect();
+    AdamWGroupBufs { tensors, working }
+}
+
+/// `Device::adamw_group` on the GPU (one launch of `adamw_multi_f32_bf16` over a table) gives
+/// exactly the bits of `Device::adamw` on each tensor (`adamw_f32_bf16`): masters, moments and
+/// working copies (bf16 storage and an f32 copy rounded to bf16), over three steps, with decayed
+/// and undecayed tensors and the gradient factor read from a slot of the scalars. On a fresh
+/// Device of `open`: the group is one launch; its table is uploaded once, so a second step of
+/// the same tensors copies nothing to the device and allocates nothing; a changed group uploads
+/// its own table.
+pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice) {
+    use trident::device::{AdamWStep, AdamWTensor};
+    use trident::real::Precision::Bf16;
+    let dev = &open();
+    let (mut group, mut each) = (adamw_group_bufs(dev, &ADAMW_GROUP_SIZES), adamw_group_bufs(dev, &ADAMW_GROUP_SIZES));
+    let mut scale = dev.scalars(3);
+    dev.write_scalars(&mut scale, &[0.0, 0.0, 0.75]);
+    let config = trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+    let decayed = |i: usize| i % 2 == 0;
+    let mut step_counts = Vec::new();
+    for step in 1..=3u64 {
+        let s: AdamWStep = config.step(3e-3, true, step);
+        for (i, ([p, g, m, v], w)) in each.tensors.iter_mut().zip(each.working.iter_mut()).enumerate() {
+            let working = w.as_mut().map(|w| (w, Bf16));
+            dev.adamw(p, g, m, v, config.step(3e-3, decayed(i), step), (&scale, 2), working);
+        }
+        let before = dev.work_counters().unwrap();
+        let tensors = (group.tensors.iter_mut().zip(group.working.iter_mut()).enumerate())
+            .map(|(i, ([param, grad, m, v], w))| AdamWTensor {
+                param,
+                grad,
+                m,
+                v,
+                decayed: decayed(i),
+                working: w.as_mut().map(|w| (w, Bf16)),
+            })
+            .collect();
+        dev.adamw_group(tensors, s, (&scale, 2));
+        step_counts.push(dev.work_counters().unwrap().since(&before));
+    }
+    let bits = |b: &<GpuDevice as Device>::Buf| -> Vec<u32> { down(dev, b).iter().map(|x| x.to_bits()).collect() };
+    for (i, (a, b)) in group.tensors.iter().zip(&each.tensors).enumerate() {
+        for (what, k) in [("param", 0), ("m", 2), ("v", 3)] {
+            assert_eq!(bits(&a[k]), bits(&b[k]), "tensor {i} ({} elements): {what} differs", ADAMW_GROUP_SIZES[i]);
+        }
+        if let (Some(a), Some(b)) = (&group.working[i], &each.working[i]) {
+            assert_eq!(bits(a), bits(b), "tensor {i}: the working copy differs");
+            let rounded: Vec<u32> = down(dev, &group.tensors[i][0]).iter().map(|&x| Bf16.round(x).to_bits()).collect();
+            assert_eq!(bits(a), rounded, "tensor {i}: the working copy is the rounded master");
+        }
+    }
+    for (step, c) in step_counts.iter().enumerate() {
+        let launches = (c.launches, c.launches_of("adamw_multi_f32_bf16"));
+        assert_eq!(launches, (1, 1), "step {}: the group is one launch: {c:?}", step + 1);
+        let uploads = if step == 0 { (1, 1) } else { (0, 0) };
+        assert_eq!((c.host_to_device_copies, c.allocations), uploads, "step {}: the table's upload", step + 1);
+    }
+    // Another set of tensors is another table, uploaded.
+    let before = dev.work_counters().unwrap();
+    let [p, g, m, v] = &mut group.tensors[4];
+    let tensors = vec![AdamWTensor { param: p, grad: g, m, v, decayed: true, working: None }];
+    dev.adamw_group(tensors, config.step(3e-3, true, 4), (&scale, 2));
+    let c = dev.work_counters().unwrap().since(&before);
+    assert_eq!((c.launches, c.host_to_device_copies), (1, 1), "a changed group: {c:?}");
+}
