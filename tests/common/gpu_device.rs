@@ -879,14 +879,20 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
         step_counts.push(dev.work_counters().unwrap().since(&before));
     }
     let bits = |b: &<GpuDevice as Device>::Buf| -> Vec<u32> { down(dev, b).iter().map(|x| x.to_bits()).collect() };
+    let same = |what: &str, i: usize, got: Vec<u32>, want: Vec<u32>| {
+        let wrong: Vec<usize> = (0..got.len()).filter(|&j| got[j] != want[j]).collect();
+        let n = ADAMW_GROUP_SIZES[i];
+        let first = &wrong[..wrong.len().min(8)];
+        assert!(got.len() == want.len() && wrong.is_empty(), "tensor {i} ({n} elements): {what} differs at {first:?}..");
+    };
     for (i, (a, b)) in group.tensors.iter().zip(&each.tensors).enumerate() {
         for (what, k) in [("param", 0), ("m", 2), ("v", 3)] {
-            assert_eq!(bits(&a[k]), bits(&b[k]), "tensor {i} ({} elements): {what} differs", ADAMW_GROUP_SIZES[i]);
+            same(what, i, bits(&a[k]), bits(&b[k]));
         }
         if let (Some(a), Some(b)) = (&group.working[i], &each.working[i]) {
-            assert_eq!(bits(a), bits(b), "tensor {i}: the working copy differs");
-            let rounded: Vec<u32> = down(dev, &group.tensors[i][0]).iter().map(|&x| Bf16.round(x).to_bits()).collect();
-            assert_eq!(bits(a), rounded, "tensor {i}: the working copy is the rounded master");
+            same("the working copy", i, bits(a), bits(b));
+            let rounded = down(dev, &group.tensors[i][0]).iter().map(|&x| Bf16.round(x).to_bits()).collect();
+            same("the working copy against the rounded master", i, bits(a), rounded);
         }
     }
     for (step, c) in step_counts.iter().enumerate() {
