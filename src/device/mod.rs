@@ -590,7 +590,12 @@ pub trait Device: Send + Sync {
     /// order with `step`, whose weight decay applies to the `decayed` tensors only (0 on the
     /// others). A device may update them all in one pass (the GPU Device: one launch over a table
     /// of the tensors kept on the device); this default loops over `adamw`.
-    fn adamw_group(&self, tensors: Vec<AdamWTensor<'_, Self::Buf>>, step: AdamWStep, grad_scale: (&Self::Scalars, usize)) {
+    fn adamw_group(
+        &self,
+        tensors: Vec<AdamWTensor<'_, Self::Buf>>,
+        step: AdamWStep,
+        grad_scale: (&Self::Scalars, usize),
+    ) {
         for t in tensors {
             let weight_decay = if t.decayed { step.weight_decay } else { 0.0 };
             self.adamw(t.param, t.grad, t.m, t.v, AdamWStep { weight_decay, ..step }, grad_scale, t.working);
