@@ -1,5 +1,6 @@
-// adamw.hip: one AdamW step on f32 master copies, writing the bf16 working copy the GEMMs read
-// (the CDNA counterpart of kernels-cuda/adamw.cu, same kernel name and arguments).
+// adamw.hip: one AdamW step on f32 master copies, writing the bf16 working copy the GEMMs read,
+// and the step's gradient zeroing (the CDNA counterpart of kernels-cuda/adamw.cu, same kernel names
+// and arguments).
 //
 // adamw_f32_bf16 computes, for i < n:  g = grad[i] · f32(*grad_scale_at)
 //                       m = β1 m + (1 - β1) g;  v = β2 v + (1 - β2) g²
@@ -26,6 +27,11 @@
 // between steps (the Device uploads it again only when the tensors change). Each element reads
 // 16 bytes and writes 12, plus 2 (param_bf16) or 4 (param_rounded): about 30 bytes per parameter.
 //
+// zero_multi_u32 sets words[t] 32-bit words from tensors[t] to 0 for every tensor t of a table in
+// one launch (the step's gradient zeroing: f32 and bf16 buffers alike, whole words), with
+// adamw_multi_f32_bf16's mapping: first_block[t] its first workgroup, a workgroup per 2,048 words, thread
+// j the words c·2048 + j + 256 k. It writes 4 bytes per word and reads nothing.
+//
 // clip_scale_f64 (one thread; grid 1, the rest of its workgroup idles): from the gradients' global sum
 // of squares sum[sum_slot], out[slot] = norm = sqrt(sum) / loss_scale and out[slot + 1] =
 // f32(clip / (norm + 1e-6) when below 1, else 1; 1 when clip <= 0) / f32(loss_scale): the step's
@@ -33,7 +39,8 @@
 // (`clip_scale` in src/device/kernels.rs, line for line; IEEE sqrt and division in both).
 //
 // Reference: `adamw` of the reference device (f64; Megatron's decoupled weight decay), under the
-// wave64 emulation (tests/hip_emulation.rs).
+// wave64 emulation (tests/hip_emulation.rs). The multi-tensor kernels against the per-tensor
+// kernel and `fill`, bit for bit (tests/hip_device.rs `adamw_group_...`, `zero_buffers_...`).
 #include "common/base.h"
 
 namespace adamw_detail {
@@ -47,11 +54,22 @@ __device__ __forceinline__ void update(float& p, float& m, float& v, float g, fl
   p -= lr * ((m * c1) / (sqrtf(v * c2) + eps) + weight_decay * p);
 }
 
-// adamw_multi_f32_bf16's threads per workgroup and elements per thread: a workgroup updates one chunk of
-// kChunk elements of one tensor.
+// The multi-tensor kernels' threads per workgroup and elements (words) per thread: a workgroup takes one
+// chunk of kChunk of one tensor.
 constexpr int kThreads = 256;
 constexpr int kPerThread = 8;
 constexpr int kChunk = kThreads * kPerThread;
+
+// The tensor of a multi-tensor launch this workgroup works on: the last t with first_block[t] <=
+// blockIdx.x (binary search over the table's first workgroups).
+__device__ __forceinline__ int tensor_of(const int* first_block, int count) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_block[mid] <= (int)blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
 
 }  // namespace adamw_detail
 
@@ -89,11 +107,7 @@ extern "C" __global__ void __launch_bounds__(256)
     adamw_multi_f32_bf16(const AdamwTensor* tensors, const int* first_block, int count, float lr, float beta1,
                          float beta2, float eps, const double* grad_scale_at, float c1, float c2) {
   using namespace adamw_detail;
-  int lo = 0, hi = count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (first_block[mid] <= (int)blockIdx.x) lo = mid; else hi = mid - 1;
-  }
+  const int lo = tensor_of(first_block, count);
   const AdamwTensor t = tensors[lo];
   const int start = ((int)blockIdx.x - first_block[lo]) * kChunk + (int)threadIdx.x;
   const float grad_scale = (float)*grad_scale_at;
@@ -119,6 +133,21 @@ extern "C" __global__ void __launch_bounds__(256)
       if (t.param_bf16) t.param_bf16[i] = to_bf16(p[k]);
       if (t.param_rounded) t.param_rounded[i] = to_float(to_bf16(p[k]));
     }
+  }
+}
+
+// Workgroup b zeroes chunk b - first_block[t] of tensor t's words (tensor_of), thread j the words
+// c·2048 + j + 256 k.
+extern "C" __global__ void __launch_bounds__(256)
+    zero_multi_u32(const unsigned long long* tensors, const int* words, const int* first_block, int count) {
+  using namespace adamw_detail;
+  const int t = tensor_of(first_block, count);
+  unsigned* x = reinterpret_cast<unsigned*>(tensors[t]);
+  const int start = ((int)blockIdx.x - first_block[t]) * kChunk + (int)threadIdx.x;
+  UNROLL
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = start + k * kThreads;
+    if (i < words[t]) x[i] = 0u;
   }
 }
 

@@ -69,6 +69,12 @@ fn adamw_group_is_one_launch_with_the_bits_of_adamw_per_tensor() {
 }
 
 #[test]
+fn zero_buffers_is_one_launch_that_zeroes_exactly_its_buffers() {
+    let Some(_) = device() else { return };
+    gpu_device::zero_buffers_is_fill_zero_in_one_launch(|| GpuDevice::hip(0).unwrap());
+}
+
+#[test]
 fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
     let Some(dev) = device() else { return };
     gpu_device::bf16_buffers_round_trip(dev);

@@ -214,6 +214,14 @@ pub trait Device: Send + Sync {
     fn upload(&self, dst: &mut Self::Buf, src: &[f32]);
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, dst: &mut Self::Buf, value: f32);
+    /// Every buffer of `bufs` becomes 0 (a step's gradients): `fill` with 0 on each, this default;
+    /// a device may zero them all in one pass (the GPU Device: one launch over a table kept on
+    /// the device).
+    fn zero_buffers(&self, bufs: Vec<&mut Self::Buf>) {
+        for b in bufs {
+            self.fill(b, 0.0);
+        }
+    }
 
     /// `acc += x`, element-wise.
     fn add_assign(&self, acc: &mut Self::Buf, x: &Self::Buf);

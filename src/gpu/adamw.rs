@@ -1,28 +1,25 @@
-//! The GPU Device's AdamW over an optimizer group (`Device::adamw_group`): every tensor of the
-//! group updated by one launch of `adamw_multi_f32_bf16` (adamw.cu / adamw.hip), a block per
-//! 2,048-element chunk of a tensor, over a table of the tensors' addresses, lengths and weight
-//! decays. The table stays on the device: a group whose tensors are the same as at an earlier
-//! step (a training run's are: parameters, moments and working copies never move) finds its table
-//! there and costs no copy and no allocation; a changed group uploads a new one. Also the bias
-//! corrections both AdamW kernels take.
+//! The GPU Device's multi-tensor ops of a step, each one launch over a table of tensors (adamw.cu
+//! / adamw.hip, a block per 2,048-element chunk of a tensor): AdamW over an optimizer group
+//! (`Device::adamw_group`, `adamw_multi_f32_bf16`: the tensors' addresses, lengths and weight
+//! decays) and the gradients' zeroing (`Device::zero_buffers`, `zero_multi_u32`). The tables stay
+//! on the device (`GpuDevice::kept_table`): tensors that are the same as at an earlier step (a
+//! training run's are: parameters, gradients, moments and working copies never move) find theirs
+//! there and cost no copy and no allocation. Also the bias corrections both AdamW kernels take.
 
-use super::buffer::{DeviceMem, Elem, GpuBuf};
-use super::device::{int, ok, GpuDevice};
+use super::buffer::{Elem, GpuBuf};
+use super::device::{int, GpuDevice};
 use super::kernels::Kernel;
 use super::runtime::Arg::{Ptr, F32, I32};
 use crate::device::{AdamWStep, AdamWTensor, Device};
 use crate::real::Precision;
 
-/// Elements one block of `adamw_multi_f32_bf16` updates (adamw.cu's `adamw_detail::kChunk`).
+/// Elements (words) one block of `adamw_multi_f32_bf16` (`zero_multi_u32`) takes (adamw.cu's
+/// `adamw_detail::kChunk`).
 pub(super) const ADAMW_CHUNK: usize = 2048;
 
 /// Bytes of one tensor's entry in the table (adamw.cu's `AdamwTensor`: six addresses, n and its
 /// weight decay).
 const ENTRY_BYTES: usize = 56;
-
-/// How many groups' tables the Device keeps: each chunk of a rank (a pipeline stage, or a virtual
-/// stage of one) steps its own group.
-pub(super) const ADAMW_TABLES: usize = 8;
 
 /// AdamW's bias corrections 1 / (1 - β1^step) and 1 / (1 - β2^step), computed in f64 as the
 /// reference does and passed to the kernels as f32.
@@ -74,7 +71,7 @@ impl GpuDevice {
         }
         table.extend(first_block.iter().flat_map(|b| b.to_le_bytes()));
         if blocks > 0 {
-            let tensors_at = self.adamw_table(&table);
+            let tensors_at = self.kept_table(&table);
             let (c1, c2) = bias_corrections(&step);
             let args = [
                 Ptr(tensors_at),
@@ -101,22 +98,30 @@ impl GpuDevice {
         }
     }
 
-    /// The device address of a table holding `table`'s bytes: one the Device keeps from an
-    /// earlier group with the same tensors, else a new one uploaded (beyond `ADAMW_TABLES`, the
-    /// oldest is given back to the runtime's kept blocks: whatever is later written there runs
-    /// after the launches that read it, in stream order).
-    fn adamw_table(&self, table: &[u8]) -> u64 {
-        let mut tables = self.adamw_tables.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, mem)) = tables.iter().find(|(bytes, _)| bytes[..] == *table) {
-            return mem.pointer();
+    /// `Device::zero_buffers` on this GPU: one launch of `zero_multi_u32` over the buffers' whole
+    /// words (a bf16 buffer's allocation is whole words, as `fill` writes it).
+    pub(super) fn zero_tensors(&self, bufs: Vec<&mut GpuBuf>) {
+        let words: Vec<usize> = bufs
+            .iter()
+            .map(|b| match b.elem {
+                Elem::F32 => b.len,
+                Elem::Bf16 => b.len.div_ceil(2),
+                e => panic!("zero_buffers: a {e:?} buffer"),
+            })
+            .collect();
+        let mut first_block = vec![0];
+        for w in &words {
+            first_block.push(first_block[first_block.len() - 1] + w.div_ceil(ADAMW_CHUNK));
         }
-        let mem = ok(DeviceMem::alloc(&self.rt, table.len()));
-        ok(self.rt.copy_to_device(mem.pointer(), table));
-        let pointer = mem.pointer();
-        if tables.len() == ADAMW_TABLES {
-            tables.remove(0);
+        let blocks = first_block[bufs.len()];
+        if blocks == 0 {
+            return;
         }
-        tables.push((table.to_vec(), mem));
-        pointer
+        let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
+        let sizes = words.iter().map(|&w| int("words", w)).chain(first_block.iter().map(|&b| int("blocks", b)));
+        table.extend(sizes.flat_map(|x| x.to_le_bytes()));
+        let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
+        let args = [Ptr(tensors), Ptr(tensors + 8 * count), Ptr(tensors + 12 * count), I32(int("tensors", bufs.len()))];
+        self.launch(Kernel::ZeroMultiU32, [blocks, 1, 1], &args);
     }
 }

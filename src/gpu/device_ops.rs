@@ -119,6 +119,9 @@ impl Device for GpuDevice {
         }
     }
 
+    fn zero_buffers(&self, bufs: Vec<&mut GpuBuf>) {
+        self.zero_tensors(bufs);
+    }
     fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
         assert_eq!(acc.len, x.len);
         let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
@@ -132,7 +135,8 @@ impl Device for GpuDevice {
     fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
         // One launch over every buffer (a table of their addresses, lengths and first blocks,
-        // uploaded in one copy), then one thread adds the block partials buffer by buffer.
+        // uploaded in one copy when these buffers first come, `kept_table`), then one thread adds
+        // the block partials buffer by buffer.
         let mut first_block = vec![0usize];
         for b in bufs {
             first_block.push(first_block[first_block.len() - 1] + b.len.div_ceil(SUM_SQUARES_CHUNK));
@@ -144,8 +148,7 @@ impl Device for GpuDevice {
         let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
         let lens = bufs.iter().map(|b| int("n", b.len));
         table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
-        let table = self.upload_bytes(&table);
-        let (count, tensors) = (bufs.len() as u64, table.pointer);
+        let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
         let (lens, first) = (Ptr(tensors + 8 * count), Ptr(tensors + 12 * count));
         let partials = self.scratch(8 * blocks);
         let count = I32(int("tensors", bufs.len()));

@@ -467,13 +467,17 @@ pub fn json_numbers(line: &str, key: &str) -> std::collections::BTreeMap<String,
 /// here: the Device's scratch pool and the runtime's kept blocks), at most 2 device->host copies
 /// and at most 2 synchronisations (the last three met: the loss is `bench step`'s one read; the
 /// gradient norm, its clip factor and AdamW stay on the device, the norm's squares summed in 2
-/// launches for every tensor at once and the factor in 1). Tighten these as the work lands,
-/// towards those targets. (`train` reads nothing between log lines:
+/// launches for every tensor at once and the factor in 1). AdamW is one launch for every
+/// parameter tensor, and the gradients are zeroed in one launch (before: a launch and a memset per
+/// tensor); the tables of tensors both read, and the norm's, are uploaded on the first step only.
+/// Tighten these as the work lands, towards those targets. (`train` reads nothing between log lines:
 /// `train_reads_the_device_once_per_log_interval`.)
 pub struct StepBaseline {
     pub launches_per_layer_forward: f64,
     pub launches_per_layer_backward: f64,
     pub launches_per_step: f64,
+    pub memsets_per_step: f64,
+    pub host_to_device_copies_per_step: f64,
     pub allocations_per_step: f64,
     pub frees_per_step: f64,
     pub device_to_host_copies_per_step: f64,
@@ -483,7 +487,9 @@ pub struct StepBaseline {
 pub const STEP_BASELINE: StepBaseline = StepBaseline {
     launches_per_layer_forward: 8.0,
     launches_per_layer_backward: 18.0,
-    launches_per_step: 77.0,
+    launches_per_step: 78.0,
+    memsets_per_step: 1.0,
+    host_to_device_copies_per_step: 6.0,
     allocations_per_step: 0.0,
     frees_per_step: 0.0,
     device_to_host_copies_per_step: 1.0,
@@ -537,6 +543,8 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
         ("launches per layer forward", layer("forward"), b.launches_per_layer_forward),
         ("launches per layer backward", layer("backward"), b.launches_per_layer_backward),
         ("launches per step", per_step["launches"], b.launches_per_step),
+        ("memsets per step", per_step["memsets"], b.memsets_per_step),
+        ("host->device copies per step", per_step["host_to_device_copies"], b.host_to_device_copies_per_step),
         ("allocations per step", per_step["allocations"], b.allocations_per_step),
         ("frees per step", per_step["frees"], b.frees_per_step),
         ("device->host copies per step", per_step["device_to_host_copies"], b.device_to_host_copies_per_step),
@@ -911,4 +919,32 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     dev.adamw_group(tensors, config.step(3e-3, true, 4), (&scale, 2));
     let c = dev.work_counters().unwrap().since(&before);
     assert_eq!((c.launches, c.host_to_device_copies), (1, 1), "a changed group: {c:?}");
+}
+
+/// `Device::zero_buffers` on the GPU (one launch of `zero_multi_u32` over a kept table) zeroes
+/// exactly its buffers, f32 and bf16 (odd lengths included) of ragged and whole 2,048-word chunks,
+/// as `fill` with 0 does, and no buffer beside them. On a fresh Device of `open`: one launch and no
+/// memset; the table is uploaded on the first call only.
+pub fn zero_buffers_is_fill_zero_in_one_launch(open: impl Fn() -> GpuDevice) {
+    use trident::real::Precision::Bf16;
+    let dev = &open();
+    let sizes = [2049, 1, 0, 4096, 3 * 2048 + 5, 7, 5001];
+    let mut bufs: Vec<_> =
+        sizes.iter().enumerate().map(|(i, &n)| if i >= 5 { dev.alloc_in(n, Bf16) } else { dev.alloc(n) }).collect();
+    let mut bystander = dev.alloc_in(3, Bf16);
+    for step in 0..2 {
+        for b in bufs.iter_mut().chain([&mut bystander]) {
+            dev.fill(b, 1.5);
+        }
+        let before = dev.work_counters().unwrap();
+        dev.zero_buffers(bufs.iter_mut().collect());
+        let c = dev.work_counters().unwrap().since(&before);
+        for (b, &n) in bufs.iter().zip(&sizes) {
+            assert_eq!(down(dev, b), vec![0.0; n], "a buffer of {n} is not all zero");
+        }
+        assert_eq!(down(dev, &bystander), vec![1.5; 3], "a buffer outside the set was written");
+        assert_eq!((c.launches, c.launches_of("zero_multi_u32"), c.memsets), (1, 1, 0), "one launch: {c:?}");
+        let uploads = if step == 0 { (1, 1) } else { (0, 0) };
+        assert_eq!((c.host_to_device_copies, c.allocations), uploads, "call {}: the table's upload", step + 1);
+    }
 }
