@@ -291,7 +291,7 @@ fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     let mut gw: Vec<D::Buf> = sizes
         .iter()
         .enumerate()
-        .map(|(i, &n)| if i % 2 == 0 { dev.alloc_in(n, Precision::Bf16) } else { dev.alloc(n) })
+        .map(|(i, &n)| if i.is_multiple_of(2) { dev.alloc_in(n, Precision::Bf16) } else { dev.alloc(n) })
         .collect();
     let refs = |x: &[Vec<f32>]| -> Vec<Vec<f64>> { x.iter().map(|t| refb(t)).collect() };
     let (mut rp, rg, mut rm, mut rv) = (refs(&p), refs(&g), refs(&m), refs(&v));
@@ -301,13 +301,20 @@ fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
             grad,
             m,
             v,
-            decayed: i % 2 == 0,
+            decayed: i.is_multiple_of(2),
             working: Some((w, Precision::Bf16)),
         })
         .collect();
     dev.adamw_group(tensors, step, (&scale, 1));
     let tensors = (rp.iter_mut().zip(&rg).zip(rm.iter_mut().zip(rv.iter_mut())).enumerate())
-        .map(|(i, ((param, grad), (m, v)))| AdamWTensor { param, grad, m, v, decayed: i % 2 == 0, working: None })
+        .map(|(i, ((param, grad), (m, v)))| AdamWTensor {
+            param,
+            grad,
+            m,
+            v,
+            decayed: i.is_multiple_of(2),
+            working: None,
+        })
         .collect();
     r.adamw_group(tensors, step, (&rscale, 1));
     let case = format!("{} tensors, {} elements", sizes.len(), sizes.iter().sum::<usize>());
