@@ -169,9 +169,7 @@ impl<D: Device> ParamSet<D> {
     }
 
     pub fn zero_grads(&mut self, dev: &D) {
-        for g in &mut self.grads {
-            dev.fill(g, 0.0);
-        }
+        dev.zero_buffers(self.grads.iter_mut().collect());
     }
 
     pub fn num_elements(&self) -> usize {

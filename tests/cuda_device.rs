@@ -106,6 +106,18 @@ fn every_device_op_matches_the_reference() {
 }
 
 #[test]
+fn adamw_group_is_one_launch_with_the_bits_of_adamw_per_tensor() {
+    let Some(_) = device() else { return };
+    gpu_device::adamw_group_is_adamw_per_tensor_bit_for_bit(|| GpuDevice::cuda(0).unwrap());
+}
+
+#[test]
+fn zero_buffers_is_one_launch_that_zeroes_exactly_its_buffers() {
+    let Some(_) = device() else { return };
+    gpu_device::zero_buffers_is_fill_zero_in_one_launch(|| GpuDevice::cuda(0).unwrap());
+}
+
+#[test]
 fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
     let Some(dev) = device() else { return };
     gpu_device::bf16_buffers_round_trip(dev);
@@ -403,7 +415,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 159 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 163 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -466,7 +478,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 159 outputs within their bounds",
+        "ops check: all 163 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];

@@ -63,6 +63,18 @@ fn every_device_op_matches_the_reference() {
 }
 
 #[test]
+fn adamw_group_is_one_launch_with_the_bits_of_adamw_per_tensor() {
+    let Some(_) = device() else { return };
+    gpu_device::adamw_group_is_adamw_per_tensor_bit_for_bit(|| GpuDevice::hip(0).unwrap());
+}
+
+#[test]
+fn zero_buffers_is_one_launch_that_zeroes_exactly_its_buffers() {
+    let Some(_) = device() else { return };
+    gpu_device::zero_buffers_is_fill_zero_in_one_launch(|| GpuDevice::hip(0).unwrap());
+}
+
+#[test]
 fn bf16_buffers_round_trip_and_bf16_storage_agrees_with_f32() {
     let Some(dev) = device() else { return };
     gpu_device::bf16_buffers_round_trip(dev);
@@ -255,9 +267,9 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
     let wants = [
-        "the HIP Device matches the reference device on 159 op outputs",
+        "the HIP Device matches the reference device on 163 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 159 outputs within their bounds",
+        "ops check: all 163 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

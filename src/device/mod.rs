@@ -43,6 +43,18 @@ pub struct AdamWStep {
     pub step: u64,
 }
 
+/// One tensor of an AdamW group (`Device::adamw_group`): its master weights, gradient and moments,
+/// whether weight decay applies to it, and, where mixed precision keeps one, its rounded working
+/// copy with that copy's precision.
+pub struct AdamWTensor<'a, B> {
+    pub param: &'a mut B,
+    pub grad: &'a B,
+    pub m: &'a mut B,
+    pub v: &'a mut B,
+    pub decayed: bool,
+    pub working: Option<(&'a mut B, crate::real::Precision)>,
+}
+
 /// Collectives of one process group run directly on a device's buffers (NCCL / RCCL on a GPU),
 /// where the backend made a communicator for the group at start-up. Every operation is ordered
 /// after the compute work already enqueued, and compute enqueued afterwards sees its result
@@ -202,6 +214,14 @@ pub trait Device: Send + Sync {
     fn upload(&self, dst: &mut Self::Buf, src: &[f32]);
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, dst: &mut Self::Buf, value: f32);
+    /// Every buffer of `bufs` becomes 0 (a step's gradients): `fill` with 0 on each, this default;
+    /// a device may zero them all in one pass (the GPU Device: one launch over a table kept on
+    /// the device).
+    fn zero_buffers(&self, bufs: Vec<&mut Self::Buf>) {
+        for b in bufs {
+            self.fill(b, 0.0);
+        }
+    }
 
     /// `acc += x`, element-wise.
     fn add_assign(&self, acc: &mut Self::Buf, x: &Self::Buf);
@@ -573,6 +593,22 @@ pub trait Device: Send + Sync {
         grad_scale: (&Self::Scalars, usize),
         working: Option<(&mut Self::Buf, crate::real::Precision)>,
     );
+
+    /// One AdamW step on every tensor of an optimizer group, bit for bit `adamw` on each tensor in
+    /// order with `step`, whose weight decay applies to the `decayed` tensors only (0 on the
+    /// others). A device may update them all in one pass (the GPU Device: one launch over a table
+    /// of the tensors kept on the device); this default loops over `adamw`.
+    fn adamw_group(
+        &self,
+        tensors: Vec<AdamWTensor<'_, Self::Buf>>,
+        step: AdamWStep,
+        grad_scale: (&Self::Scalars, usize),
+    ) {
+        for t in tensors {
+            let weight_decay = if t.decayed { step.weight_decay } else { 0.0 };
+            self.adamw(t.param, t.grad, t.m, t.v, AdamWStep { weight_decay, ..step }, grad_scale, t.working);
+        }
+    }
 
     /// What this device's work has cost since it was opened (kernel launches, copies,
     /// synchronisations, allocations), where the device counts it: the GPU Device does; None on

@@ -66,6 +66,8 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::SumIntoF64,
     Kernel::XentLossF64,
     Kernel::AdamwF32Bf16,
+    Kernel::AdamwMultiF32Bf16,
+    Kernel::ZeroMultiU32,
     Kernel::ClipScaleF64,
     Kernel::CastF32ToBf16,
     Kernel::CastBf16ToF32,
@@ -206,6 +208,11 @@ impl Drop for ViewMut<'_> {
 /// How many free scratch blocks the pool keeps.
 const SCRATCH_BLOCKS: usize = 16;
 
+/// How many tables of tensors the Device keeps (`GpuDevice::kept_table`): each chunk of a rank (a
+/// pipeline stage, or a virtual stage of one) has its AdamW group, its gradients to zero and its
+/// gradients to sum.
+const KEPT_TABLES: usize = 16;
+
 /// The key a process group is found by: the address of its Comm object, which `train` keeps
 /// for the whole run (the Device's communicators are made from the same `Groups`).
 pub fn group_key(group: &dyn crate::comm::Comm) -> usize {
@@ -245,6 +252,9 @@ pub struct GpuDevice {
     /// `column_sum_add_*`'s last-block counters, one u32 per strip of columns
     /// (`plan::COLUMN_SUM_COUNTERS`), zeroed when first needed; every launch leaves them at 0.
     pub(super) column_counters: std::sync::OnceLock<DeviceMem>,
+    /// Tables of tensors the multi-tensor kernels read (`kept_table`), each with the bytes it
+    /// holds, oldest first: a set of the same tensors finds its table here at its next step.
+    tables: std::sync::Mutex<Vec<(Vec<u8>, DeviceMem)>>,
 }
 
 /// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
@@ -297,6 +307,7 @@ impl GpuDevice {
             wgmma,
             counter: std::sync::OnceLock::new(),
             column_counters: std::sync::OnceLock::new(),
+            tables: std::sync::Mutex::new(Vec::new()),
             comms: Vec::new(),
             p2p: None,
             make_collectives: None,
@@ -440,6 +451,27 @@ impl GpuDevice {
             ok(self.rt.copy_to_device(m.pointer, bytes));
         }
         m
+    }
+
+    /// The device address of a table holding `table`'s bytes (the addresses and lengths of a set
+    /// of tensors a multi-tensor kernel reads: AdamW's group, the gradients the norm sums): one
+    /// the Device kept from an earlier call with the same bytes, else a new one uploaded and kept.
+    /// A training run's tensors never move, so after its first step this costs no copy and no
+    /// allocation. Beyond `KEPT_TABLES`, the oldest goes back to the runtime's kept blocks:
+    /// whatever is later written there runs after the launches that read it, in stream order.
+    pub(super) fn kept_table(&self, table: &[u8]) -> u64 {
+        let mut tables = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, mem)) = tables.iter().find(|(bytes, _)| bytes[..] == *table) {
+            return mem.pointer();
+        }
+        let mem = ok(DeviceMem::alloc(&self.rt, table.len()));
+        ok(self.rt.copy_to_device(mem.pointer(), table));
+        let pointer = mem.pointer();
+        if tables.len() == KEPT_TABLES {
+            tables.remove(0);
+        }
+        tables.push((table.to_vec(), mem));
+        pointer
     }
 
     pub(super) fn upload_u32(&self, v: &[u32]) -> Scratch<'_> {

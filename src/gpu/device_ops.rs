@@ -8,6 +8,7 @@
 //! one fallback for any mix, so an op on f32 buffers casts GEMM and attention operands to bf16 as
 //! before, and one on bf16 storage casts nothing on the hot path.
 
+use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
@@ -16,7 +17,7 @@ use super::kernels::plan::{
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
-use crate::device::{AdamWStep, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
+use crate::device::{AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
 use crate::comm::ReduceOp;
 use crate::error::Result;
 use crate::real::Precision;
@@ -119,6 +120,9 @@ impl Device for GpuDevice {
         }
     }
 
+    fn zero_buffers(&self, bufs: Vec<&mut GpuBuf>) {
+        self.zero_tensors(bufs);
+    }
     fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
         assert_eq!(acc.len, x.len);
         let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
@@ -132,7 +136,8 @@ impl Device for GpuDevice {
     fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
         // One launch over every buffer (a table of their addresses, lengths and first blocks,
-        // uploaded in one copy), then one thread adds the block partials buffer by buffer.
+        // uploaded in one copy when these buffers first come, `kept_table`), then one thread adds
+        // the block partials buffer by buffer.
         let mut first_block = vec![0usize];
         for b in bufs {
             first_block.push(first_block[first_block.len() - 1] + b.len.div_ceil(SUM_SQUARES_CHUNK));
@@ -144,8 +149,7 @@ impl Device for GpuDevice {
         let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
         let lens = bufs.iter().map(|b| int("n", b.len));
         table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
-        let table = self.upload_bytes(&table);
-        let (count, tensors) = (bufs.len() as u64, table.pointer);
+        let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
         let (lens, first) = (Ptr(tensors + 8 * count), Ptr(tensors + 12 * count));
         let partials = self.scratch(8 * blocks);
         let count = I32(int("tensors", bufs.len()));
@@ -735,16 +739,18 @@ impl Device for GpuDevice {
         working: Option<(&mut GpuBuf, Precision)>,
     ) {
         assert!(scales.elem == Elem::F64 && slot < scales.len, "adamw: gradient scale slot {slot} outside the scalars");
-        let c1 = 1.0 / (1.0 - (step.beta1 as f64).powi(step.step as i32));
-        let c2 = 1.0 / (1.0 - (step.beta2 as f64).powi(step.step as i32));
         if grad.len == 0 {
             return;
         }
+        let (c1, c2) = bias_corrections(&step);
+        // The kernel writes a bf16 working copy (`param_bf16`) or an f32 one rounded to bf16
+        // itself (`param_rounded`); other precisions copy and round after it.
+        let (bf16, rounded) = working_pointers(working.as_ref());
         self.run(
             Op::AdamW { n: grad.len },
             &[
                 Ptr(param.ptr()),
-                Ptr(working.as_ref().filter(|(w, _)| w.elem == Elem::Bf16).map_or(0, |(w, _)| w.ptr())),
+                Ptr(bf16),
                 Ptr(grad.ptr()),
                 Ptr(m.ptr()),
                 Ptr(v.ptr()),
@@ -755,14 +761,9 @@ impl Device for GpuDevice {
                 F32(step.eps),
                 F32(step.weight_decay),
                 Ptr(scales.ptr() + 8 * slot as u64),
-                F32(c1 as f32),
-                F32(c2 as f32),
-                // The kernel writes a bf16 working copy (`param_bf16`, above) or an f32 one rounded
-                // to bf16 itself; other precisions copy and round after it.
-                Ptr(working
-                    .as_ref()
-                    .filter(|(w, p)| *p == Precision::Bf16 && w.elem == Elem::F32)
-                    .map_or(0, |(w, _)| w.ptr())),
+                F32(c1),
+                F32(c2),
+                Ptr(rounded),
             ],
         );
         if let Some((w, precision)) = working.filter(|(_, p)| *p != Precision::Bf16) {
@@ -770,6 +771,9 @@ impl Device for GpuDevice {
             self.copy(w, 0, param, 0, param.len);
             self.round_to(w, precision);
         }
+    }
+    fn adamw_group(&self, tensors: Vec<AdamWTensor<'_, GpuBuf>>, step: AdamWStep, grad_scale: (&GpuBuf, usize)) {
+        self.adamw_tensors(tensors, step, grad_scale);
     }
 }
 

@@ -23,7 +23,8 @@
 //! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
 //! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
 //!    `PipelineNccl`, and the `Collective` cases `check nccl` and `bench allreduce` run).
-//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops`), which holds
+//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops`, an optimizer
+//!    group's one AdamW launch and its table kept on the device in `adamw`), which holds
 //!    its communicators as `DeviceComm` / `GpuP2p` trait objects and so names no type of
 //!    `collectives`.
 //! 9. `attach` (the NCCL / RCCL communicators of a training run's groups, made when
@@ -34,6 +35,7 @@
 //! This file: `trident info`'s GPU lines, its AMD section, and the errors of `--device cuda` and
 //! `--device hip`.
 
+mod adamw;
 mod attach;
 pub mod buffer;
 pub mod cache;

@@ -9,7 +9,7 @@
 
 use super::AdamWConfig;
 use crate::comm::Comm;
-use crate::device::Device;
+use crate::device::{AdamWTensor, Device};
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
 use std::ops::Range;
@@ -132,9 +132,10 @@ impl<D: Device> DistributedAdamW<D> {
                 let n = s.range.len();
                 dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, n);
                 dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
-                let step = self.config.step(lr, params.info[s.param].decayed(), self.step);
-                dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, grad_scale, None);
-                dev.copy(&mut shard, s.offset, &s.value, 0, n);
+            }
+            self.update_segments(dev, params, lr, grad_scale);
+            for s in &self.segments {
+                dev.copy(&mut shard, s.offset, &s.value, 0, s.range.len());
             }
             let mut flat = dev.alloc(self.padded_len);
             c.all_gather(&shard, &mut flat);
@@ -155,9 +156,10 @@ impl<D: Device> DistributedAdamW<D> {
             let n = s.range.len();
             dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
             dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
-            let step = self.config.step(lr, params.info[s.param].decayed(), self.step);
-            dev.adamw(&mut s.value, &s.grad, &mut s.m, &mut s.v, step, grad_scale, None);
-            dev.download(&s.value, &mut updated[s.offset..s.offset + n]);
+        }
+        self.update_segments(dev, params, lr, grad_scale);
+        for s in &self.segments {
+            dev.download(&s.value, &mut updated[s.offset..s.offset + s.range.len()]);
         }
         dp.all_gather(&updated, &mut flat);
         let total: usize = params.info.iter().map(|p| p.numel()).sum();
@@ -168,6 +170,24 @@ impl<D: Device> DistributedAdamW<D> {
             offset += n;
         }
         debug_assert_eq!(offset, total);
+    }
+
+    /// One AdamW step of every segment of the shard from its staged values and gradients, as one
+    /// group (`Device::adamw_group`: on the GPU one launch).
+    fn update_segments(&mut self, dev: &D, params: &ParamSet<D>, lr: f32, grad_scale: (&D::Scalars, usize)) {
+        let tensors = self
+            .segments
+            .iter_mut()
+            .map(|s| AdamWTensor {
+                param: &mut s.value,
+                grad: &s.grad,
+                m: &mut s.m,
+                v: &mut s.v,
+                decayed: params.info[s.param].decayed(),
+                working: None,
+            })
+            .collect();
+        dev.adamw_group(tensors, self.config.step(lr, true, self.step), grad_scale);
     }
 
     /// Both moments of every parameter, whole (gathered from every data-parallel rank), for a

@@ -6,7 +6,7 @@ pub mod distributed;
 pub mod lr;
 pub mod scaler;
 
-use crate::device::{AdamWStep, Device};
+use crate::device::{AdamWStep, AdamWTensor, Device};
 use crate::real::Precision;
 use crate::tensor::ParamSet;
 
@@ -52,8 +52,9 @@ impl<D: Device> AdamW<D> {
         AdamW { config, m: alloc(), v: alloc(), step: 0 }
     }
 
-    /// One update of every parameter. The factor at `grad_scale` (the device's scalars and a
-    /// slot, `Device::clip_scale`'s clip coefficient over the loss scale) multiplies each gradient
+    /// One update of every parameter, the chunk's tensors as one group (`Device::adamw_group`: on
+    /// the GPU one launch). The factor at `grad_scale` (the device's scalars and a slot,
+    /// `Device::clip_scale`'s clip coefficient over the loss scale) multiplies each gradient
     /// first, read on the device. `working`, under mixed precision, is the rounded working copy
     /// of the parameters (None where a parameter has none) and its precision: each copy is
     /// written in the same pass.
@@ -61,15 +62,30 @@ impl<D: Device> AdamW<D> {
         &mut self,
         dev: &D,
         params: &mut ParamSet<D>,
-        mut working: WorkingCopy<'_, D::Buf>,
+        working: WorkingCopy<'_, D::Buf>,
         lr: f32,
         grad_scale: (&D::Scalars, usize),
     ) {
         self.step += 1;
-        for i in 0..params.info.len() {
-            let step = self.config.step(lr, params.info[i].decayed(), self.step);
-            let copy = working.as_mut().and_then(|(w, p)| w[i].as_mut().map(|w| (w, *p)));
-            dev.adamw(&mut params.values[i], &params.grads[i], &mut self.m[i], &mut self.v[i], step, grad_scale, copy);
-        }
+        let copies: Vec<Option<(&mut D::Buf, Precision)>> = match working {
+            Some((w, precision)) => {
+                assert_eq!(w.len(), params.info.len(), "a working copy entry per parameter");
+                w.iter_mut().map(|w| w.as_mut().map(|w| (w, precision))).collect()
+            }
+            None => params.info.iter().map(|_| None).collect(),
+        };
+        let tensors = (params.values.iter_mut().zip(&params.grads))
+            .zip(self.m.iter_mut().zip(self.v.iter_mut()))
+            .zip(params.info.iter().zip(copies))
+            .map(|(((param, grad), (m, v)), (info, working))| AdamWTensor {
+                param,
+                grad,
+                m,
+                v,
+                decayed: info.decayed(),
+                working,
+            })
+            .collect();
+        dev.adamw_group(tensors, self.config.step(lr, true, self.step), grad_scale);
     }
 }

@@ -36,8 +36,8 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 
 /// Outputs `check ops --size small` compares on a GPU (head dims 32, 64 and 128: each head dim's
 /// two attention cases add three outputs each, forward out and lse and backward dqkv, so d 32's
-/// took it from 153 to 159).
-pub const OPS_CHECKED: usize = 159;
+/// took it from 153 to 159; an AdamW group's param, working copy, m and v took it to 163).
+pub const OPS_CHECKED: usize = 163;
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
@@ -467,13 +467,17 @@ pub fn json_numbers(line: &str, key: &str) -> std::collections::BTreeMap<String,
 /// here: the Device's scratch pool and the runtime's kept blocks), at most 2 device->host copies
 /// and at most 2 synchronisations (the last three met: the loss is `bench step`'s one read; the
 /// gradient norm, its clip factor and AdamW stay on the device, the norm's squares summed in 2
-/// launches for every tensor at once and the factor in 1). Tighten these as the work lands,
-/// towards those targets. (`train` reads nothing between log lines:
+/// launches for every tensor at once and the factor in 1). AdamW is one launch for every
+/// parameter tensor, and the gradients are zeroed in one launch (before: a launch and a memset per
+/// tensor); the tables of tensors both read, and the norm's, are uploaded on the first step only.
+/// Tighten these as the work lands, towards those targets. (`train` reads nothing between log lines:
 /// `train_reads_the_device_once_per_log_interval`.)
 pub struct StepBaseline {
     pub launches_per_layer_forward: f64,
     pub launches_per_layer_backward: f64,
     pub launches_per_step: f64,
+    pub memsets_per_step: f64,
+    pub host_to_device_copies_per_step: f64,
     pub allocations_per_step: f64,
     pub frees_per_step: f64,
     pub device_to_host_copies_per_step: f64,
@@ -483,7 +487,9 @@ pub struct StepBaseline {
 pub const STEP_BASELINE: StepBaseline = StepBaseline {
     launches_per_layer_forward: 8.0,
     launches_per_layer_backward: 18.0,
-    launches_per_step: 103.0,
+    launches_per_step: 77.0,
+    memsets_per_step: 1.0,
+    host_to_device_copies_per_step: 6.0,
     allocations_per_step: 0.0,
     frees_per_step: 0.0,
     device_to_host_copies_per_step: 1.0,
@@ -556,6 +562,8 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
         ("launches per layer forward", layer("forward"), b.launches_per_layer_forward),
         ("launches per layer backward", layer("backward"), b.launches_per_layer_backward),
         ("launches per step", per_step["launches"], b.launches_per_step),
+        ("memsets per step", per_step["memsets"], b.memsets_per_step),
+        ("host->device copies per step", per_step["host_to_device_copies"], b.host_to_device_copies_per_step),
         ("allocations per step", per_step["allocations"], b.allocations_per_step),
         ("frees per step", per_step["frees"], b.frees_per_step),
         ("device->host copies per step", per_step["device_to_host_copies"], b.device_to_host_copies_per_step),
@@ -823,5 +831,139 @@ pub fn bf16_storage_agrees_with_f32_storage(dev: &GpuDevice) {
             println!("{what:>5} {name:<30} worst error / bound {worst:.3}");
             assert!(worst <= 1.0, "{what} storage: {name} outside the bf16 rule ({worst:.3} of its bound)");
         }
+    }
+}
+
+/// One optimizer group's buffers on `dev`: per tensor its master, gradient, moments and working
+/// copy (bf16 storage, an f32 copy rounded to bf16, or none), from fixed values.
+struct AdamWGroupBufs {
+    tensors: Vec<[<GpuDevice as Device>::Buf; 4]>,
+    working: Vec<Option<<GpuDevice as Device>::Buf>>,
+}
+
+/// The sizes `adamw_group_is_adamw_per_tensor_bit_for_bit` steps: ragged and whole 2,048-element
+/// chunks (a block of `adamw_multi_f32_bf16` each), one element, an empty tensor.
+const ADAMW_GROUP_SIZES: [usize; 8] = [2049, 1, 0, 255, 4096, 3 * 2048 + 5, 768, 2047];
+
+fn adamw_group_bufs(dev: &GpuDevice, sizes: &[usize]) -> AdamWGroupBufs {
+    use trident::real::Precision::Bf16;
+    let tensors = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let values = |what: u64, scale: f32| -> Vec<f32> {
+                trident::rng::fill(n, 31 * i as u64 + what).iter().map(|x| x * scale).collect()
+            };
+            let v: Vec<f32> = values(3, 1e-3).iter().map(|x| x.abs()).collect();
+            [up(dev, &values(0, 0.5)), up(dev, &values(1, 0.02)), up(dev, &values(2, 0.01)), up(dev, &v)]
+        })
+        .collect();
+    let working = (0..sizes.len())
+        .map(|i| match i % 3 {
+            0 => Some(dev.alloc_in(sizes[i], Bf16)),
+            1 => Some(dev.alloc(sizes[i])),
+            _ => None,
+        })
+        .collect();
+    AdamWGroupBufs { tensors, working }
+}
+
+/// `Device::adamw_group` on the GPU (one launch of `adamw_multi_f32_bf16` over a table) gives
+/// exactly the bits of `Device::adamw` on each tensor (`adamw_f32_bf16`): masters, moments and
+/// working copies (bf16 storage and an f32 copy rounded to bf16), over three steps, with decayed
+/// and undecayed tensors and the gradient factor read from a slot of the scalars. On a fresh
+/// Device of `open`: the group is one launch; its table is uploaded once, so a second step of
+/// the same tensors copies nothing to the device and allocates nothing; a changed group uploads
+/// its own table.
+pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice) {
+    use trident::device::{AdamWStep, AdamWTensor};
+    use trident::real::Precision::Bf16;
+    let dev = &open();
+    let (mut group, mut each) = (adamw_group_bufs(dev, &ADAMW_GROUP_SIZES), adamw_group_bufs(dev, &ADAMW_GROUP_SIZES));
+    let mut scale = dev.scalars(3);
+    dev.write_scalars(&mut scale, &[0.0, 0.0, 0.75]);
+    let config = trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+    let decayed = |i: usize| i.is_multiple_of(2);
+    let mut step_counts = Vec::new();
+    for step in 1..=3u64 {
+        let s: AdamWStep = config.step(3e-3, true, step);
+        for (i, ([p, g, m, v], w)) in each.tensors.iter_mut().zip(each.working.iter_mut()).enumerate() {
+            let working = w.as_mut().map(|w| (w, Bf16));
+            dev.adamw(p, g, m, v, config.step(3e-3, decayed(i), step), (&scale, 2), working);
+        }
+        let before = dev.work_counters().unwrap();
+        let tensors = (group.tensors.iter_mut().zip(group.working.iter_mut()).enumerate())
+            .map(|(i, ([param, grad, m, v], w))| AdamWTensor {
+                param,
+                grad,
+                m,
+                v,
+                decayed: decayed(i),
+                working: w.as_mut().map(|w| (w, Bf16)),
+            })
+            .collect();
+        dev.adamw_group(tensors, s, (&scale, 2));
+        step_counts.push(dev.work_counters().unwrap().since(&before));
+    }
+    let bits = |b: &<GpuDevice as Device>::Buf| -> Vec<u32> { down(dev, b).iter().map(|x| x.to_bits()).collect() };
+    let same = |what: &str, i: usize, got: Vec<u32>, want: Vec<u32>| {
+        let wrong: Vec<usize> = (0..got.len()).filter(|&j| got[j] != want[j]).collect();
+        let n = ADAMW_GROUP_SIZES[i];
+        let first = &wrong[..wrong.len().min(8)];
+        assert!(
+            got.len() == want.len() && wrong.is_empty(),
+            "tensor {i} ({n} elements): {what} differs at {first:?}.."
+        );
+    };
+    for (i, (a, b)) in group.tensors.iter().zip(&each.tensors).enumerate() {
+        for (what, k) in [("param", 0), ("m", 2), ("v", 3)] {
+            same(what, i, bits(&a[k]), bits(&b[k]));
+        }
+        if let (Some(a), Some(b)) = (&group.working[i], &each.working[i]) {
+            same("the working copy", i, bits(a), bits(b));
+            let rounded = down(dev, &group.tensors[i][0]).iter().map(|&x| Bf16.round(x).to_bits()).collect();
+            same("the working copy against the rounded master", i, bits(a), rounded);
+        }
+    }
+    for (step, c) in step_counts.iter().enumerate() {
+        let launches = (c.launches, c.launches_of("adamw_multi_f32_bf16"));
+        assert_eq!(launches, (1, 1), "step {}: the group is one launch: {c:?}", step + 1);
+        let uploads = if step == 0 { (1, 1) } else { (0, 0) };
+        assert_eq!((c.host_to_device_copies, c.allocations), uploads, "step {}: the table's upload", step + 1);
+    }
+    // Another set of tensors is another table, uploaded.
+    let before = dev.work_counters().unwrap();
+    let [p, g, m, v] = &mut group.tensors[4];
+    let tensors = vec![AdamWTensor { param: p, grad: g, m, v, decayed: true, working: None }];
+    dev.adamw_group(tensors, config.step(3e-3, true, 4), (&scale, 2));
+    let c = dev.work_counters().unwrap().since(&before);
+    assert_eq!((c.launches, c.host_to_device_copies), (1, 1), "a changed group: {c:?}");
+}
+
+/// `Device::zero_buffers` on the GPU (one launch of `zero_multi_u32` over a kept table) zeroes
+/// exactly its buffers, f32 and bf16 (odd lengths included) of ragged and whole 2,048-word chunks,
+/// as `fill` with 0 does, and no buffer beside them. On a fresh Device of `open`: one launch and no
+/// memset; the table is uploaded on the first call only.
+pub fn zero_buffers_is_fill_zero_in_one_launch(open: impl Fn() -> GpuDevice) {
+    use trident::real::Precision::Bf16;
+    let dev = &open();
+    let sizes = [2049, 1, 0, 4096, 3 * 2048 + 5, 7, 5001];
+    let mut bufs: Vec<_> =
+        sizes.iter().enumerate().map(|(i, &n)| if i >= 5 { dev.alloc_in(n, Bf16) } else { dev.alloc(n) }).collect();
+    let mut bystander = dev.alloc_in(3, Bf16);
+    for step in 0..2 {
+        for b in bufs.iter_mut().chain([&mut bystander]) {
+            dev.fill(b, 1.5);
+        }
+        let before = dev.work_counters().unwrap();
+        dev.zero_buffers(bufs.iter_mut().collect());
+        let c = dev.work_counters().unwrap().since(&before);
+        for (b, &n) in bufs.iter().zip(&sizes) {
+            assert_eq!(down(dev, b), vec![0.0; n], "a buffer of {n} is not all zero");
+        }
+        assert_eq!(down(dev, &bystander), vec![1.5; 3], "a buffer outside the set was written");
+        assert_eq!((c.launches, c.launches_of("zero_multi_u32"), c.memsets), (1, 1, 0), "one launch: {c:?}");
+        let uploads = if step == 0 { (1, 1) } else { (0, 0) };
+        assert_eq!((c.host_to_device_copies, c.allocations), uploads, "call {}: the table's upload", step + 1);
     }
 }

@@ -108,6 +108,8 @@ struct KernelEntry {
 inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(trident_smoke_axpy),
     EMU_KERNEL(adamw_f32_bf16),
+    EMU_KERNEL(adamw_multi_f32_bf16),
+    EMU_KERNEL(zero_multi_u32),
     EMU_KERNEL(clip_scale_f64),
     EMU_KERNEL(attention_bwd_delta_bf16),
     EMU_KERNEL(attention_bwd_dkv_bf16_d32),

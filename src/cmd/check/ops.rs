@@ -10,7 +10,7 @@
 
 use crate::cmd::flags;
 use crate::device::reference::ReferenceDevice;
-use crate::device::{AdamWStep, AttentionShape, Device};
+use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device};
 use crate::error::{Error, Result};
 use crate::real::Precision;
 use crate::rng::Stream;
@@ -270,6 +270,66 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     }
 }
 
+/// `Device::adamw_group` on one group of tensors of `sizes` (and a ragged 2,049: on the GPU, one
+/// launch over 2,048-element chunks), every other one decayed, each with a working copy (bf16
+/// storage on even tensors, an f32 copy rounded to bf16 on odd ones): against the reference's
+/// group, its tensors' values end to end in one comparison per output.
+fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let sizes: Vec<usize> = sizes.iter().copied().chain([2049]).collect();
+    let host = |what: &str, scale: f64| -> Vec<Vec<f32>> {
+        sizes.iter().enumerate().map(|(i, &n)| run.f32s(n, &format!("group {what} {i}"), scale, 0.0)).collect()
+    };
+    let (p, g, m) = (host("p", 1.0), host("g", 0.1), host("m", 0.01));
+    let v: Vec<Vec<f32>> = host("v", 0.001).iter().map(|t| t.iter().map(|x| x.abs()).collect()).collect();
+    let step = AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 3 };
+    let (mut scale, mut rscale) = (dev.scalars(2), r.scalars(2));
+    dev.write_scalars(&mut scale, &[0.0, 0.5]);
+    r.write_scalars(&mut rscale, &[0.0, 0.5]);
+    let ups = |x: &[Vec<f32>]| -> Vec<D::Buf> { x.iter().map(|t| run.up(t)).collect() };
+    let (mut gp, gg, mut gm, mut gv) = (ups(&p), ups(&g), ups(&m), ups(&v));
+    let mut gw: Vec<D::Buf> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| if i.is_multiple_of(2) { dev.alloc_in(n, Precision::Bf16) } else { dev.alloc(n) })
+        .collect();
+    let refs = |x: &[Vec<f32>]| -> Vec<Vec<f64>> { x.iter().map(|t| refb(t)).collect() };
+    let (mut rp, rg, mut rm, mut rv) = (refs(&p), refs(&g), refs(&m), refs(&v));
+    let tensors = (gp.iter_mut().zip(&gg).zip(gm.iter_mut().zip(gv.iter_mut())).zip(gw.iter_mut()).enumerate())
+        .map(|(i, (((param, grad), (m, v)), w))| AdamWTensor {
+            param,
+            grad,
+            m,
+            v,
+            decayed: i.is_multiple_of(2),
+            working: Some((w, Precision::Bf16)),
+        })
+        .collect();
+    dev.adamw_group(tensors, step, (&scale, 1));
+    let tensors = (rp.iter_mut().zip(&rg).zip(rm.iter_mut().zip(rv.iter_mut())).enumerate())
+        .map(|(i, ((param, grad), (m, v)))| AdamWTensor {
+            param,
+            grad,
+            m,
+            v,
+            decayed: i.is_multiple_of(2),
+            working: None,
+        })
+        .collect();
+    r.adamw_group(tensors, step, (&rscale, 1));
+    let case = format!("{} tensors, {} elements", sizes.len(), sizes.iter().sum::<usize>());
+    let downs = |x: &[D::Buf]| -> Vec<f32> { x.iter().flat_map(|b| run.down(b)).collect() };
+    let (got_p, got_w) = (downs(&gp), downs(&gw));
+    // The working copy written in the same pass is exactly the updated master, rounded.
+    let rounded: Vec<f64> = got_p.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
+    let (got_m, got_v) = (downs(&gm), downs(&gv));
+    let flat = |x: Vec<Vec<f64>>| -> Vec<f64> { x.concat() };
+    run.push("adamw_group param", &case, &got_p, &flat(rp), F32);
+    run.push("adamw_group working copy bf16", &case, &got_w, &rounded, Bound::Exact);
+    run.push("adamw_group m", &case, &got_m, &flat(rm), F32);
+    run.push("adamw_group v", &case, &got_v, &flat(rv), F32);
+}
+
 fn embeddings<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(batch, seq, hidden, rows, start) in cases {
@@ -471,6 +531,7 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
     elementwise(&mut run, sizes);
+    adamw_group(&mut run, sizes);
     let mut emb = vec![(1, 1, 1, 3, 0), (2, 5, 33, 10, 0), (3, 7, 130, 20, 10)];
     let mut ln = vec![(1, 1), (5, 33), (13, 200)];
     let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];

@@ -24,6 +24,8 @@ use plan::{sm90_gemm_shared_bytes, SM90_GEMM_COLS, SM90_GEMM_WEIGHT_COLS};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     AdamwF32Bf16,
+    AdamwMultiF32Bf16,
+    ZeroMultiU32,
     ClipScaleF64,
     AttentionBwdDeltaBf16,
     AttentionBwdDkvBf16D32,
@@ -145,6 +147,10 @@ const fn gemm_sm90(kernel: Kernel, function: &'static str, cols: usize) -> Kerne
 /// Every kernel function of kernels-cuda/ and kernels-hip/, in `Kernel`'s order.
 pub const KERNELS: &[KernelSpec] = &[
     spec(Kernel::AdamwF32Bf16, "adamw_f32_bf16", "adamw.cu", 256, Some(256), 0),
+    // Every tensor of an optimizer group in one launch: a block per 2,048-element chunk.
+    spec(Kernel::AdamwMultiF32Bf16, "adamw_multi_f32_bf16", "adamw.cu", 256, Some(256), 0),
+    // Every gradient of a step zeroed in one launch, the same mapping.
+    spec(Kernel::ZeroMultiU32, "zero_multi_u32", "adamw.cu", 256, Some(256), 0),
     // One thread of a block: the step's gradient norm and clip factor, kept on the device.
     spec(Kernel::ClipScaleF64, "clip_scale_f64", "adamw.cu", 256, Some(256), 0),
     spec(Kernel::AttentionBwdDeltaBf16, "attention_bwd_delta_bf16", "attention_bwd.cu", 128, Some(256), 0),
