@@ -454,3 +454,42 @@ fn gpu_bench_runs_on_the_emulated_amd_gpu_without_an_mfu_and_says_so() {
     cells_are_the_json_and_ratios_hold(&rows, &r, None);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// PyTorch's records join trident's by bench and case: an attention case and the step case of
+/// one name (the first H200 run of 2026-11-26 named both `gpt2-124m`) each get their own
+/// PyTorch time, where joining by case alone gave the attention row the step's.
+#[test]
+fn pytorch_records_join_by_bench_and_case() {
+    let dir = std::env::temp_dir().join(format!("trident-gpu-bench-awk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let torch = concat!(
+        "{\"bench\": \"torch\", \"torch\": \"2.x\"}\n",
+        "{\"bench\": \"attention\", \"case\": \"gpt2\", \"ms\": 2.0, \"tflops\": 100.0}\n",
+        "{\"bench\": \"step\", \"case\": \"gpt2\", \"ms\": 50.0, \"tflops\": 300.0, \"tokens_per_s\": 1000.0}\n",
+    );
+    let trident = concat!(
+        "gpt2\tattention\t1x2x3x4\tok\t{\"ms\": 4.0, \"achieved\": 50.0}\n",
+        "gpt2\tstep\t1x2\tok\t{\"ms\": 100.0, \"achieved\": 150.0, \"tokens_per_s\": 500.0}\n",
+    );
+    let files = [("torch.jsonl", torch), ("trident.tsv", trident), ("skipped.tsv", "")];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let out = Command::new("awk")
+        .arg("-v")
+        .arg(format!("out={}", dir.join("out.json").display()))
+        .args(["-f", "tests/gpu/gpu-bench.awk"])
+        .args(files.map(|(name, _)| dir.join(name)))
+        .output()
+        .expect("awk runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let row = |bench: &str| -> Vec<String> {
+        let line = text.lines().find(|l| l.starts_with(bench)).unwrap_or_else(|| panic!("no {bench} row in\n{text}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    // bench, case, shape, trident_ms, torch_ms, time_ratio
+    assert_eq!(row("attention")[4..6], ["2".to_string(), "2".to_string()], "{text}");
+    assert_eq!(row("step")[4..6], ["50".to_string(), "2".to_string()], "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}

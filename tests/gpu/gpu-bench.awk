@@ -34,7 +34,7 @@ file == 1 && /^[ \t]*\{/ {
         else torch_why[c] = str($0, "why")
         next
     }
-    torch_rec[c] = $0
+    torch_rec[bench SUBSEP c] = $0  # by bench and case: a step and an attention case may share a name
     next
 }
 
@@ -73,7 +73,7 @@ END {
     for (i = 1; i <= ncases; i++) {
         c = case_id[i]
         t = trident_rec[i]
-        p = (c in torch_rec) ? torch_rec[c] : ""
+        p = ((case_bench[i], c) in torch_rec) ? torch_rec[case_bench[i], c] : ""
         if (p == "" && torch_all == "") {
             skip("PyTorch " case_bench[i] " " c, (c in torch_why) ? torch_why[c] : "torch_compare.py wrote no record for it")
         }
