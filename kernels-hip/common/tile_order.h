@@ -1,19 +1,8 @@
-// tile_order.h: which tile a workgroup computes (GEMMs: grouped; causal attention:
-// longest first, below) (the CUDA kernels' tile_order.cuh,
-// the same text for HIP). Blocks are numbered in launch order
-// (blockIdx.x fastest); taken in that order, the plain mapping (row tile blockIdx.y, column tile
-// blockIdx.x) runs a wave of blocks across one row of tiles, so each block of the wave streams its
-// own column panel of the second operand, and that operand is read from DRAM once per row of tiles.
-// At GPT-3's shapes on an MI250X GCD (K = 12288, 1.5 MiB per 64-column panel) a wave of 110
-// workgroups wants 165 MiB against an L2 of 8 MiB. Grouped order: consecutive blocks sweep a group of G =
-// TRIDENT_GEMM_GROUP_ROWS (8) row tiles down one column before moving to the next, so a wave
-// covers about G rows by wave / G columns of tiles and shares both operands' panels in L2 (the second operand
-// is then read once per group of rows). The last group holds the rows that remain. The mapping
-// is a bijection of the grid onto the tiles; each tile's arithmetic is unchanged, so the results
-// are the same bits in any order.
-//
-// Defining TRIDENT_GEMM_GROUP_ROWS overrides G (the emulation tests build with 2, so their small
-// grids hold several groups and a short last one).
+// tile_order.h: which tile a workgroup computes: the GEMMs' grouped order (TRIDENT_GEMM_GROUP_ROWS
+// rows of tiles at a time, 8 unless defined) and causal attention's longest-first order, the
+// order and text of kernels-cuda/common/tile_order.cuh (the reasons are written there). On an
+// MI250X GCD (L2 8 MiB) a wave of 110 workgroups in the plain order streamed 110 column panels of
+// 1.5 MiB at GPT-3's K = 12288.
 #pragma once
 
 #ifndef TRIDENT_GEMM_GROUP_ROWS
@@ -33,14 +22,7 @@ __device__ __forceinline__ TileIndex grouped_tile() {
   return TileIndex{first + at % height, at / height};
 }
 
-// Causal attention's blocks, on a grid of (tiles, batch · heads): block (blockIdx.x, blockIdx.y),
-// numbered in launch order, takes tile `rank` = number / (batch · heads) of pair (sequence b,
-// head) = number % (batch · heads), longest first: `tile` counts from the last tile when
-// `last_longest` (the forward and dQ, whose last query tiles see the most keys), else from the
-// first (dK / dV, whose first key tiles see the most queries). So every pair's longest tiles are
-// dispatched before any shorter one and the grid ends on its shortest blocks, where the plain
-// order ended on a mix (a block of the last tile then ran alone at the end). Each block's work
-// is unchanged: the same bits in any order.
+// Causal attention: tile `tile` of pair (b, head), every pair's longest tiles first.
 struct AttentionTile {
   int tile, b, head;
 };
