@@ -18,8 +18,8 @@
 // Grid: one block of 256 threads per row (gridDim.x = rows). A row is read (and, backward,
 // written) 16 bytes at a time: its elements before the first 16-byte boundary (the head, at most 7:
 // rows of a V % 8 == 0 buffer have none), then groups of 8 bf16 that the threads stride over as one
-// 16-byte load / store each, then the last V - head mod 8 elements (the tail), one per thread; so
-// any V and any row start work. Each thread takes its head element, its groups in order and its
+// 16-byte load / store each, 4 groups a thread at a time (4 loads in flight, then the stores), then
+// the last V - head mod 8 elements (the tail), one per thread; so any V and any row start work. Each thread takes its head element, its groups in order and its
 // tail element; the partials sum the 8 exps of a group in f32, in order, and add that to the
 // thread's f64 sum (single elements add directly). Threads then combine with block_max /
 // block_sum_f64 (warp butterflies, then the warp totals): a fixed order, so the result is
@@ -58,17 +58,34 @@ struct __align__(16) Bf16x8 {
 };
 
 // Visits this thread's elements of `row` [V] in its fixed order: one(v) for its element before
-// the first 16-byte boundary, group(v, x) for each of its whole 16-byte groups (elements v .. v+7,
-// x their bf16 values; `row + v` is 16-byte aligned), then one(v) for its tail element.
-template <class One, class Group>
-__device__ __forceinline__ void for_row(const bf16* row, int V, One one, Group group) {
+// the first 16-byte boundary, group(v, x) for each of its whole 16-byte groups in order (elements
+// v .. v+7, x a copy of their bf16 values; `row + v` is 16-byte aligned), then one(v) for its tail
+// element. The groups are loaded kBatch at a time (kBatch 16-byte loads in flight, 4 KB apart,
+// before the first is used); with kStore, group changes x and the batch's groups are stored back
+// after all of them are computed (no store between the loads of one batch).
+inline constexpr int kBatch = 4;
+template <bool kStore, class Elem, class One, class Group>
+__device__ __forceinline__ void for_row(Elem* row, int V, One one, Group group) {
   const int to_boundary = int((16 - reinterpret_cast<uintptr_t>(row) % 16) % 16 / sizeof(bf16));
   const int head = to_boundary < V ? to_boundary : V, groups = (V - head) / 8, tail = head + 8 * groups;
+  const auto at = [&](int g) { return row + head + 8 * g; };
   for (int v = threadIdx.x; v < head; v += blockDim.x) one(v);
-  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
-    const int v = head + 8 * g;
-    const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(row + v);  // a copy: one 16-byte load
-    group(v, x);
+  int g = threadIdx.x;
+  for (; g + (kBatch - 1) * int(blockDim.x) < groups; g += kBatch * blockDim.x) {
+    Bf16x8 x[kBatch];
+    UNROLL
+    for (int k = 0; k < kBatch; ++k) x[k] = *reinterpret_cast<const Bf16x8*>(at(g + k * blockDim.x));
+    UNROLL
+    for (int k = 0; k < kBatch; ++k) group(head + 8 * (g + k * blockDim.x), x[k]);
+    if constexpr (kStore) {
+      UNROLL
+      for (int k = 0; k < kBatch; ++k) *reinterpret_cast<Bf16x8*>(at(g + k * blockDim.x)) = x[k];
+    }
+  }
+  for (; g < groups; g += blockDim.x) {
+    Bf16x8 x = *reinterpret_cast<const Bf16x8*>(at(g));
+    group(head + 8 * g, x);
+    if constexpr (kStore) *reinterpret_cast<Bf16x8*>(at(g)) = x;
   }
   for (int v = tail + threadIdx.x; v < V; v += blockDim.x) one(v);
 }
@@ -80,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, con
   if (r >= rows) return;  // uniform over the block
   const bf16* row = logits + (size_t)r * V;
   float m = -INFINITY;
-  softmax_xent_detail::for_row(
+  softmax_xent_detail::for_row<false>(
       row, V, [&](int v) { m = fmaxf(m, to_float(row[v])); },
       [&](int, const softmax_xent_detail::Bf16x8& x) {
         UNROLL
@@ -99,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(256)
   const bf16* row = logits + (size_t)r * V;
   const float m = float(max[r]);  // the all-reduced max of bf16 values: exact in f32
   double s = 0.0;
-  softmax_xent_detail::for_row(
+  softmax_xent_detail::for_row<false>(
       row, V, [&](int v) { s += (double)expf(to_float(row[v]) - m); },
       [&](int, const softmax_xent_detail::Bf16x8& x) {
         float group = 0.0f;
@@ -125,12 +142,10 @@ extern "C" __global__ void __launch_bounds__(256)
   const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
   const auto grad = [&](int v, bf16 x) { return to_bf16(expf(to_float(x) - m) * inv - (v == t ? scale : 0.0f)); };
   // Each element is read once, then written by the same thread.
-  softmax_xent_detail::for_row(
+  softmax_xent_detail::for_row<true>(
       row, V, [&](int v) { row[v] = grad(v, row[v]); },
-      [&](int v, const softmax_xent_detail::Bf16x8& x) {
-        softmax_xent_detail::Bf16x8 g;
+      [&](int v, softmax_xent_detail::Bf16x8& x) {
         UNROLL
-        for (int e = 0; e < 8; ++e) g.v[e] = grad(v + e, x.v[e]);
-        *reinterpret_cast<softmax_xent_detail::Bf16x8*>(row + v) = g;
+        for (int e = 0; e < 8; ++e) x.v[e] = grad(v + e, x.v[e]);
       });
 }
