@@ -12,13 +12,19 @@
 // max, sum_exp, target_logit f64 [rows], the layout and arguments of tensor_ops.cu's xent_max_f32,
 // xent_partials_f32 and xent_bwd_f32 (so the Device's f64 statistics, their all-reduces and
 // xent_loss_f64 serve bf16 logits unchanged). exp is taken in f32 (the logits and the max are bf16
-// values, their difference exact in f32) and summed in f64. The loss is
+// values, their difference exact in f32) and summed in f64 (8 at a time in f32 first, see Grid). The loss is
 // log(sum_exp) + max - target_logit, formed by the caller after the all-reduces.
 //
-// Grid: one block of 256 threads per row (gridDim.x = rows); threads stride over the row and
-// combine with block_max / block_sum_f64 (warp butterflies, then the warp totals): a fixed order,
-// so the result is deterministic. Shared memory: 32 floats (max) or 32 doubles (partials) of
-// reduction scratch. Few registers.
+// Grid: one block of 256 threads per row (gridDim.x = rows). A row is read (and, backward,
+// written) 16 bytes at a time: its elements before the first 16-byte boundary (the head, at most 7:
+// rows of a V % 8 == 0 buffer have none), then groups of 8 bf16 that the threads stride over as one
+// 16-byte load / store each, 4 groups a thread at a time (4 loads in flight, then the stores), then
+// the last V - head mod 8 elements (the tail), one per thread; so any V and any row start work. Each thread takes its head element, its groups in order and its
+// tail element; the partials sum the 8 exps of a group in f32, in order, and add that to the
+// thread's f64 sum (single elements add directly). Threads then combine with block_max /
+// block_sum_f64 (warp butterflies, then the warp totals): a fixed order, so the result is
+// deterministic. Shared memory: 32 floats (max) or 32 doubles (partials) of reduction scratch.
+// Few registers.
 //
 // Reference: `cross_entropy_max`, `cross_entropy_partials`, `cross_entropy_backward` of the
 // reference device (row_max, cross_entropy_partials_row, cross_entropy_backward_row in
@@ -45,6 +51,44 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
   __syncthreads();
   return total;
 }
+
+// Eight adjacent bf16, for one 16-byte load or store.
+struct __align__(16) Bf16x8 {
+  bf16 v[8];
+};
+
+// Visits this thread's elements of `row` [V] in its fixed order: one(v) for its element before
+// the first 16-byte boundary, group(v, x) for each of its whole 16-byte groups in order (elements
+// v .. v+7, x a copy of their bf16 values; `row + v` is 16-byte aligned), then one(v) for its tail
+// element. The groups are loaded kBatch at a time (kBatch 16-byte loads in flight, 4 KB apart,
+// before the first is used); with kStore, group changes x and the batch's groups are stored back
+// after all of them are computed (no store between the loads of one batch).
+inline constexpr int kBatch = 4;
+template <bool kStore, class Elem, class One, class Group>
+__device__ __forceinline__ void for_row(Elem* row, int V, One one, Group group) {
+  const int to_boundary = int((16 - reinterpret_cast<uintptr_t>(row) % 16) % 16 / sizeof(bf16));
+  const int head = to_boundary < V ? to_boundary : V, groups = (V - head) / 8, tail = head + 8 * groups;
+  const auto at = [&](int g) { return row + head + 8 * g; };
+  for (int v = threadIdx.x; v < head; v += blockDim.x) one(v);
+  int g = threadIdx.x;
+  for (; g + (kBatch - 1) * int(blockDim.x) < groups; g += kBatch * blockDim.x) {
+    Bf16x8 x[kBatch];
+    UNROLL
+    for (int k = 0; k < kBatch; ++k) x[k] = *reinterpret_cast<const Bf16x8*>(at(g + k * blockDim.x));
+    UNROLL
+    for (int k = 0; k < kBatch; ++k) group(head + 8 * (g + k * blockDim.x), x[k]);
+    if constexpr (kStore) {
+      UNROLL
+      for (int k = 0; k < kBatch; ++k) *reinterpret_cast<Bf16x8*>(at(g + k * blockDim.x)) = x[k];
+    }
+  }
+  for (; g < groups; g += blockDim.x) {
+    Bf16x8 x = *reinterpret_cast<const Bf16x8*>(at(g));
+    group(head + 8 * g, x);
+    if constexpr (kStore) *reinterpret_cast<Bf16x8*>(at(g)) = x;
+  }
+  for (int v = tail + threadIdx.x; v < V; v += blockDim.x) one(v);
+}
 }  // namespace softmax_xent_detail
 
 extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, const bf16* logits, int rows, int V) {
@@ -53,7 +97,12 @@ extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, con
   if (r >= rows) return;  // uniform over the block
   const bf16* row = logits + (size_t)r * V;
   float m = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(row[v]));
+  softmax_xent_detail::for_row<false>(
+      row, V, [&](int v) { m = fmaxf(m, to_float(row[v])); },
+      [&](int, const softmax_xent_detail::Bf16x8& x) {
+        UNROLL
+        for (int e = 0; e < 8; ++e) m = fmaxf(m, to_float(x.v[e]));
+      });
   m = block_max(m, scratch);  // a bf16 value, exact in f32 and f64
   if (threadIdx.x == 0) max[r] = m;
 }
@@ -67,7 +116,14 @@ extern "C" __global__ void __launch_bounds__(256)
   const bf16* row = logits + (size_t)r * V;
   const float m = float(max[r]);  // the all-reduced max of bf16 values: exact in f32
   double s = 0.0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += (double)expf(to_float(row[v]) - m);
+  softmax_xent_detail::for_row<false>(
+      row, V, [&](int v) { s += (double)expf(to_float(row[v]) - m); },
+      [&](int, const softmax_xent_detail::Bf16x8& x) {
+        float group = 0.0f;
+        UNROLL
+        for (int e = 0; e < 8; ++e) group += expf(to_float(x.v[e]) - m);
+        s += (double)group;
+      });
   s = softmax_xent_detail::block_sum_f64(s, scratch);
   if (threadIdx.x == 0) {
     sum_exp[r] = s;
@@ -81,12 +137,15 @@ extern "C" __global__ void __launch_bounds__(256)
                   float scale, int rows, int V) {
   const int r = blockIdx.x;
   if (r >= rows) return;
-  const size_t base = (size_t)r * V;
+  bf16* row = logits + (size_t)r * V;
   const float m = float(max[r]), inv = scale / float(sum_exp[r]);
   const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = expf(to_float(logits[base + v]) - m) * inv;
-    if (v == t) g -= scale;
-    logits[base + v] = to_bf16(g);  // each element read once, then written by the same thread
-  }
+  const auto grad = [&](int v, bf16 x) { return to_bf16(expf(to_float(x) - m) * inv - (v == t ? scale : 0.0f)); };
+  // Each element is read once, then written by the same thread.
+  softmax_xent_detail::for_row<true>(
+      row, V, [&](int v) { row[v] = grad(v, row[v]); },
+      [&](int v, softmax_xent_detail::Bf16x8& x) {
+        UNROLL
+        for (int e = 0; e < 8; ++e) x.v[e] = grad(v + e, x.v[e]);
+      });
 }
