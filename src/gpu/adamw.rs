@@ -7,7 +7,7 @@
 //! there and cost no copy and no allocation. Also the bias corrections both AdamW kernels take.
 
 use super::buffer::{Elem, GpuBuf};
-use super::device::{int, GpuDevice};
+use super::device::{first_blocks, int, GpuDevice};
 use super::kernels::Kernel;
 use super::runtime::Arg::{Ptr, F32, I32};
 use crate::device::{AdamWStep, AdamWTensor, Device};
@@ -52,8 +52,6 @@ impl GpuDevice {
     ) {
         assert!(scales.elem == Elem::F64 && slot < scales.len, "adamw: gradient scale slot {slot} outside the scalars");
         let mut table = Vec::with_capacity(ENTRY_BYTES * tensors.len() + 4 * (tensors.len() + 1));
-        let mut first_block = vec![0];
-        let mut blocks = 0;
         for t in &tensors {
             let n = t.grad.len;
             let same = [t.param.len, t.m.len, t.v.len].iter().all(|&len| len == n);
@@ -66,10 +64,10 @@ impl GpuDevice {
             }
             table.extend(int("n", n).to_le_bytes());
             table.extend((if t.decayed { step.weight_decay } else { 0.0f32 }).to_le_bytes());
-            blocks += n.div_ceil(ADAMW_CHUNK);
-            first_block.push(int("blocks", blocks));
         }
-        table.extend(first_block.iter().flat_map(|b| b.to_le_bytes()));
+        let first_block = first_blocks(tensors.iter().map(|t| t.grad.len), ADAMW_CHUNK);
+        let blocks = first_block[tensors.len()];
+        table.extend(first_block.iter().flat_map(|&b| int("blocks", b).to_le_bytes()));
         if blocks > 0 {
             let tensors_at = self.kept_table(&table);
             let (c1, c2) = bias_corrections(&step);
@@ -109,10 +107,7 @@ impl GpuDevice {
                 e => panic!("zero_buffers: a {e:?} buffer"),
             })
             .collect();
-        let mut first_block = vec![0];
-        for w in &words {
-            first_block.push(first_block[first_block.len() - 1] + w.div_ceil(ADAMW_CHUNK));
-        }
+        let first_block = first_blocks(words.iter().copied(), ADAMW_CHUNK);
         let blocks = first_block[bufs.len()];
         if blocks == 0 {
             return;

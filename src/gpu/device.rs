@@ -272,6 +272,16 @@ pub(super) fn aligned(pointers: &[u64]) -> bool {
     pointers.iter().all(|&p| p.is_multiple_of(16))
 }
 
+/// The first block of each tensor of a multi-tensor launch that gives every tensor ⌈len / chunk⌉
+/// blocks, then the total (the `first_block` table the kernels search): `lens.len() + 1` entries.
+pub(super) fn first_blocks(lens: impl IntoIterator<Item = usize>, chunk: usize) -> Vec<usize> {
+    let mut first = vec![0];
+    for len in lens {
+        first.push(first[first.len() - 1] + len.div_ceil(chunk));
+    }
+    first
+}
+
 pub(super) fn int(what: &str, v: usize) -> i32 {
     i32::try_from(v).unwrap_or_else(|_| {
         fatal(Error::Config(format!("{what} = {v} does not fit the kernels' int arguments (at most {})", i32::MAX)))

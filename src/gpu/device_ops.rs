@@ -10,7 +10,7 @@
 
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
-use super::device::{aligned, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::device::{aligned, first_blocks, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, EmbeddingSegments, GemmOut, Op, COLUMN_SUM_COUNTERS,
     LAYERNORM_BWD_COUNTERS,
@@ -138,10 +138,7 @@ impl Device for GpuDevice {
         // One launch over every buffer (a table of their addresses, lengths and first blocks,
         // uploaded in one copy when these buffers first come, `kept_table`), then one thread adds
         // the block partials buffer by buffer.
-        let mut first_block = vec![0usize];
-        for b in bufs {
-            first_block.push(first_block[first_block.len() - 1] + b.len.div_ceil(SUM_SQUARES_CHUNK));
-        }
+        let first_block = first_blocks(bufs.iter().map(|b| b.len), SUM_SQUARES_CHUNK);
         let blocks = first_block[bufs.len()];
         if blocks == 0 {
             return;

@@ -187,7 +187,7 @@ impl<D: Device> DistributedAdamW<D> {
                 working: None,
             })
             .collect();
-        dev.adamw_group(tensors, self.config.step(lr, true, self.step), grad_scale);
+        dev.adamw_group(tensors, self.config.step(lr, self.step), grad_scale);
     }
 
     /// Both moments of every parameter, whole (gathered from every data-parallel rank), for a

@@ -20,14 +20,15 @@ pub struct AdamWConfig {
 }
 
 impl AdamWConfig {
-    /// The hyper-parameters of one update of a parameter (no weight decay unless `decayed`).
-    pub fn step(&self, lr: f32, decayed: bool, step: u64) -> AdamWStep {
+    /// The hyper-parameters of one update (`Device::adamw_group` applies the weight decay to the
+    /// decayed tensors only).
+    pub fn step(&self, lr: f32, step: u64) -> AdamWStep {
         AdamWStep {
             lr,
             beta1: self.beta1,
             beta2: self.beta2,
             eps: self.eps,
-            weight_decay: if decayed { self.weight_decay } else { 0.0 },
+            weight_decay: self.weight_decay,
             step,
         }
     }
@@ -86,6 +87,6 @@ impl<D: Device> AdamW<D> {
                 working,
             })
             .collect();
-        dev.adamw_group(tensors, self.config.step(lr, true, self.step), grad_scale);
+        dev.adamw_group(tensors, self.config.step(lr, self.step), grad_scale);
     }
 }

@@ -886,10 +886,11 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     let decayed = |i: usize| i.is_multiple_of(2);
     let mut step_counts = Vec::new();
     for step in 1..=3u64 {
-        let s: AdamWStep = config.step(3e-3, true, step);
+        let s: AdamWStep = config.step(3e-3, step);
         for (i, ([p, g, m, v], w)) in each.tensors.iter_mut().zip(each.working.iter_mut()).enumerate() {
             let working = w.as_mut().map(|w| (w, Bf16));
-            dev.adamw(p, g, m, v, config.step(3e-3, decayed(i), step), (&scale, 2), working);
+            let weight_decay = if decayed(i) { s.weight_decay } else { 0.0 };
+            dev.adamw(p, g, m, v, AdamWStep { weight_decay, ..s }, (&scale, 2), working);
         }
         let before = dev.work_counters().unwrap();
         let tensors = (group.tensors.iter_mut().zip(group.working.iter_mut()).enumerate())
@@ -935,7 +936,7 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     let before = dev.work_counters().unwrap();
     let [p, g, m, v] = &mut group.tensors[4];
     let tensors = vec![AdamWTensor { param: p, grad: g, m, v, decayed: true, working: None }];
-    dev.adamw_group(tensors, config.step(3e-3, true, 4), (&scale, 2));
+    dev.adamw_group(tensors, config.step(3e-3, 4), (&scale, 2));
     let c = dev.work_counters().unwrap().since(&before);
     assert_eq!((c.launches, c.host_to_device_copies), (1, 1), "a changed group: {c:?}");
 }
