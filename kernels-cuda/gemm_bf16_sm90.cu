@@ -26,6 +26,12 @@
 // issues the loads, the other 127 have nothing to do and return (no __syncthreads follows the
 // split). Warpgroups 1 and 2 are the consumers, one 64-row half of the tile each, C / 2 f32
 // accumulators per thread in wgmma's m64nCk16 fragment layout.
+// Backward-weight's reduction over M may be cut into gridDim.z slices (the Device's choice,
+// plan::sm90_weight_slices: a layer's dW has few tiles, 36 for GPT-2's projection on 132 SMs),
+// slice z taking steps [⌊steps·z/Z⌋, ⌊steps·(z+1)/Z⌋). Each slice publishes its f32 partial tile
+// to `partials` and counts itself on the tile's counter; the one counted last sums the Z partials
+// in slice order (so the bits do not depend on which finished last), adds dW and resets the
+// counter (last_slice, slice_sum). One launch, deterministic, Z·64 KiB written and read per tile.
 // Per 64-deep reduction step the producer waits until the consumers have released stage s
 // (barrier empty[s]), announces its 16 KiB + C x 128 bytes (arrive.expect_tx on full[s]) and
 // issues the TMA copies of the 128 x 64 P tile and the C x 64 Q tile; each consumer waits on
@@ -146,13 +152,16 @@ __device__ __forceinline__ uint64_t tile_descriptor(const unsigned char* tile, i
   return wgmma_descriptor_sw128(tile + i0 * 128 + kk * 2, 16, 1024);
 }
 
-// The output D (f32 or bf16) and, for the forward, its fused epilogue.
+// The output D (f32 or bf16) and, for the forward, its fused epilogue; for a backward-weight
+// grid of several slices (gridDim.z > 1), the slices' partial tiles and per-tile counters.
 template <class Out>
 struct Epilogue {
   Out* out;
   const float* bias;
   const Out* residual;
   int gelu;
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
 };
 
 // Two adjacent f32, for one 8-byte shared-memory store.
@@ -218,6 +227,60 @@ __device__ __forceinline__ void store_columns(const Epilogue<Out>& e, size_t at,
   }
 }
 
+// Split reduction (backward-weight over gridDim.z slices of its reduction): slice `slice` of
+// tile `tile_id` publishes its staged partial tile (row-major 128 x kN f32, the whole tile, rows
+// past the edge holding TMA's zeros) at partials[(tile_id · slices + slice) · 128 · kN], fences
+// it, and counts itself on counters[tile_id]; the slice counted last (whichever it is) learns so
+// through the flag word in row 0's padding of the staging (columns kN.. of the pitch, never part
+// of the tile), resets the counter for the next launch and returns true: it then sums the slices.
+// Phases 2 and 3 of the consumers' epilogue barrier order the stores before the count and the
+// count before the flag's read. Every consumer thread calls it.
+template <int kN>
+__device__ __forceinline__ bool last_slice(const Epilogue<float>& e, const float* staged, int tile_id, int slice,
+                                           int slices, uint64_t* epilogue) {
+  constexpr int kPitch = kN + 8, kQuads = kN / 4, kRowsPerPass = kConsumerThreads / kQuads;
+  const int c = threadIdx.x - 128;
+  float* mine = e.partials + (size_t(tile_id) * slices + slice) * kTile * kN;
+  for (int r = c / kQuads; r < kTile; r += kRowsPerPass) {
+    float v[4];
+    load_quad(staged + r * kPitch + 4 * (c % kQuads), v);
+    store_quad(mine + r * kN + 4 * (c % kQuads), v);
+  }
+  __threadfence();
+  mbarrier_arrive(epilogue);
+  mbarrier_wait(epilogue, 0);  // phase 2: every thread's partial is stored and fenced
+  unsigned* flag = reinterpret_cast<unsigned*>(const_cast<float*>(staged) + kN);
+  if (c == 0) *flag = atomicAdd(&e.counters[tile_id], 1u) == unsigned(slices - 1);
+  mbarrier_arrive(epilogue);
+  mbarrier_wait(epilogue, 1);  // phase 3: the flag is set
+  if (*flag == 0) return false;
+  __threadfence();  // the other slices' partials, fenced before their counts, are visible
+  if (c == 0) e.counters[tile_id] = 0;
+  return true;
+}
+
+// v = Σ_{s < slices} partial_s[r][j .. j + 3], s in order (so every bit is the same whichever
+// slice came last): slice `slice`'s own from the staging, the others' from global memory
+// (volatile: other blocks wrote them, read past this SM's L1).
+template <int kN>
+__device__ __forceinline__ void slice_sum(const float* partials, const float* staged, int tile_id, int slice,
+                                          int slices, int r, int j, float (&v)[4]) {
+  const volatile float* tile = partials + size_t(tile_id) * slices * kTile * kN;
+  UNROLL
+  for (int q = 0; q < 4; ++q) v[q] = 0.0f;
+  for (int s = 0; s < slices; ++s) {
+    float p[4];
+    if (s == slice) {
+      load_quad(staged + r * (kN + 8) + j, p);
+    } else {
+      UNROLL
+      for (int q = 0; q < 4; ++q) p[q] = tile[(size_t(s) * kTile + r) * kN + j + q];
+    }
+    UNROLL
+    for (int q = 0; q < 4; ++q) v[q] = s == 0 ? p[q] : v[q] + p[q];
+  }
+}
+
 template <Product kP, class Out>
 __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMap* map_q, const Epilogue<Out>& e, int rows,
                                           int cols, int R) {
@@ -231,7 +294,10 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   uint64_t* epilogue = empty + kStages;
   const TileIndex tile = grouped_tile();
   const int row0 = tile.row * kTile, col0 = tile.col * kN;
-  const int steps = ceil_div(R, kStep);
+  // Slice blockIdx.z of gridDim.z takes reduction steps [first_step, first_step + steps).
+  const int all_steps = ceil_div(R, kStep), slices = (int)gridDim.z, slice = (int)blockIdx.z;
+  const int first_step = int((long long)all_steps * slice / slices);
+  const int steps = int((long long)all_steps * (slice + 1) / slices) - first_step;
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -251,8 +317,9 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
       if (step >= kStages) mbarrier_wait(&empty[s], (step / kStages - 1) & 1);
       unsigned char* stage = smem + size_t(s) * kStage;
       mbarrier_arrive_expect_tx(&full[s], kStage);
-      load_tile<kTransP<kP>, kTile>(stage, map_p, row0, step * kStep, &full[s]);
-      load_tile<kTransQ<kP>, kN>(stage + kOperandBytes, map_q, col0, step * kStep, &full[s]);
+      const int r0 = (first_step + step) * kStep;
+      load_tile<kTransP<kP>, kTile>(stage, map_p, row0, r0, &full[s]);
+      load_tile<kTransQ<kP>, kN>(stage + kOperandBytes, map_q, col0, r0, &full[s]);
     }
     return;
   }
@@ -301,6 +368,18 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
   mbarrier_arrive(epilogue);
   mbarrier_wait(epilogue, 1);
   const int c = threadIdx.x - 128, col = col0 + 4 * (c % kQuads);
+  if constexpr (kP == Product::BackwardWeight) {
+    if (slices > 1) {
+      const int tile_id = tile.row * (int)gridDim.x + tile.col;
+      if (!last_slice<kN>(e, staged, tile_id, slice, slices, epilogue) || col >= cols) return;
+      for (int r = c / kQuads; r < kTile && row0 + r < rows; r += kRowsPerPass) {
+        float v[4];
+        slice_sum<kN>(e.partials, staged, tile_id, slice, slices, r, 4 * (c % kQuads), v);
+        store_columns<kP>(e, (size_t)(row0 + r) * cols + col, col, v, cols - col < 4 ? cols - col : 4);
+      }
+      return;
+    }
+  }
   if (col >= cols) return;
   for (int r = c / kQuads; r < kTile && row0 + r < rows; r += kRowsPerPass) {
     float v[4];
@@ -360,13 +439,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// map_dout: dout [M, N] (box 64 x 64); map_inp: inp [M, K] (box 64 x 64).
+// map_dout: dout [M, N] (box 64 x 64); map_inp: inp [M, K] (box 64 x 64). gridDim.z slices of
+// the reduction over M; with more than one, partials holds gridDim.x · gridDim.y · gridDim.z
+// tiles of 128 x 128 f32 (uninitialised) and counters one u32 per tile, zero (left zero).
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_bwd_weight_bf16_sm90(const __grid_constant__ TensorMap map_dout, const __grid_constant__ TensorMap map_inp,
-                              float* dweight, int M, int N, int K) {
+                              float* dweight, float* partials, unsigned* counters, int M, int N, int K) {
 #ifdef TRIDENT_WGMMA
   using namespace gemm_sm90_detail;
-  gemm_body<Product::BackwardWeight>(&map_dout, &map_inp, Epilogue<float>{dweight, nullptr, nullptr, 0}, N, K, M);
+  gemm_body<Product::BackwardWeight>(&map_dout, &map_inp, Epilogue<float>{dweight, nullptr, nullptr, 0, partials, counters},
+                                     N, K, M);
 #else
   __trap();
 #endif

@@ -415,7 +415,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 163 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 169 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -478,7 +478,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 163 outputs within their bounds",
+        "ops check: all 169 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];
@@ -576,9 +576,10 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
     assert!(mma.iter().all(|&n| n == 0), "mma.sync {mma:?}");
     let o = run_with(&hopper, &["check", "ops", "--device", "cuda", "--size", "small"]);
     assert!(o.status.success(), "check ops on compute capability 9.0: {}{}", stdout(&o), stderr(&o));
-    // Forward with and without bias on sm_90a; mma.sync: 2 forwards x 2 cases, 2 backward-input
-    // (dinp given) and 4 backward-weight x 3 cases, less the 37x72->130 case's forward; all f32 out.
-    assert_eq!((launches(&sm90), launches(&sm80)), (vec![2, 0, 0], vec![4, 3, 6]));
+    // On sm_90a: the 37x72->130 case's forward with and without bias, and the 1100x8->8 case's
+    // three products (its dW in 2 slices: check ops compares it); on mma.sync: 2 forwards x 2
+    // cases, 2 backward-input (dinp given) and 4 backward-weight x 3 cases; all f32 out.
+    assert_eq!((launches(&sm90), launches(&sm80)), (vec![4, 1, 2], vec![4, 3, 6]));
     assert_eq!([launches(&sm90_bf16), launches(&sm80_bf16)].concat(), [0, 0, 0, 0]);
     // The report names what ran (on the H100 it once said mma.sync here).
     let said = stdout(&o);
@@ -593,7 +594,7 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
     let o = run_with(&mma_only, &["check", "ops", "--device", "cuda", "--size", "small"]);
     assert!(o.status.success(), "check ops with TRIDENT_CUDA_ARCH=sm_90: {}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("kernels for sm_90, bf16 GEMMs and attention (mma.sync)"), "{}", stdout(&o));
-    assert_eq!((launches(&sm90), launches(&sm80)), (vec![0, 0, 0], vec![6, 3, 6]));
+    assert_eq!((launches(&sm90), launches(&sm80)), (vec![0, 0, 0], vec![8, 4, 8]));
     mma_only.push(("TRIDENT_CUDA_ARCH", PathBuf::from("sm_100")));
     let o = run_with(&mma_only, &["check", "ops", "--device", "cuda", "--size", "small"]);
     assert!(

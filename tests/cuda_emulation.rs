@@ -107,6 +107,43 @@ fn gemm_wgmma_sm90_backward() {
     }
 }
 
+/// sm_90a backward-weight with its reduction over M cut into `slices` (gridDim.z) that the
+/// Device picks for layers with few dW tiles (`plan::sm90_weight_slices`): each slice's partial
+/// tile, the tile's last slice summing them in slice order and adding to dW. Against
+/// `linear_backward` as one product, on: two tiles in 2 slices; a 3 x 2 grid in 3 (ragged rows,
+/// columns and reduction); 4 slices of 4 steps each; 3 slices of 2 steps (one slice empty). Twice
+/// each: whichever slice of a tile finishes last, the bits are the same (a sum in arrival order
+/// gives other bits once blocks finish in another order); the harness also fails if a tile's
+/// counter is left nonzero for the next launch.
+#[test]
+fn gemm_wgmma_sm90_weight_slices() {
+    for (m, n, k, slices) in [(520, 80, 136, 2), (300, 264, 200, 3), (1000, 136, 72, 4), (100, 8, 8, 3)] {
+        let name = format!("gemm_sm90_bwd_{m}x{n}x{k}_slices{slices}");
+        let case = CUDA.case(&name);
+        let dout = CUDA.bf16_values(m * n, "dout", 1.0);
+        let w = CUDA.bf16_values(n * k, "w", 0.2);
+        let inp = CUDA.bf16_values(m * k, "inp", 1.0);
+        let dweight0 = CUDA.f32_values(n * k, "dweight0", 0.5, 0.0);
+        case.put_bf16("dout", &dout);
+        case.put_bf16("w", &w);
+        case.put_bf16("inp", &inp);
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            case.put_f32("dweight", &dweight0);
+            case.run("gemm_sm90_bwd", &args(&[&m, &n, &k, &slices]));
+            runs.push(case.get_f32("dweight"));
+        }
+        let dev = ReferenceDevice;
+        let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
+        let mut dinp = dev.alloc(m * k);
+        let mut dweight = reference(&dev, &dweight0);
+        dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
+        check_f32(&format!("{name} dweight"), &runs[0], &dweight, 1e-5);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&runs[0]) == bits(&runs[1]), "{name}: two launches gave different bits");
+    }
+}
+
 /// The 128-byte swizzle from TMA's write to wgmma's read (harness.cpp's `wgmma_probe`: one
 /// m64n128 product over K = 64 in four k16 steps, both operands K-major or both MN-major, with
 /// gemm_bf16_sm90.cu's descriptors) matches the product computed here; and each planted bug

@@ -252,6 +252,9 @@ pub struct GpuDevice {
     /// `column_sum_add_*`'s last-block counters, one u32 per strip of columns
     /// (`plan::COLUMN_SUM_COUNTERS`), zeroed when first needed; every launch leaves them at 0.
     pub(super) column_counters: std::sync::OnceLock<DeviceMem>,
+    /// `gemm_bwd_weight_bf16_sm90`'s slice counters, one u32 per tile of dW
+    /// (`plan::SM90_SLICE_MAX_TILES`), zeroed when first needed; every launch leaves them at 0.
+    pub(super) slice_counters: std::sync::OnceLock<DeviceMem>,
     /// Tables of tensors the multi-tensor kernels read (`kept_table`), each with the bytes it
     /// holds, oldest first: a set of the same tensors finds its table here at its next step.
     tables: std::sync::Mutex<Vec<(Vec<u8>, DeviceMem)>>,
@@ -317,6 +320,7 @@ impl GpuDevice {
             wgmma,
             counter: std::sync::OnceLock::new(),
             column_counters: std::sync::OnceLock::new(),
+            slice_counters: std::sync::OnceLock::new(),
             tables: std::sync::Mutex::new(Vec::new()),
             comms: Vec::new(),
             p2p: None,

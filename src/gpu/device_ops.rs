@@ -12,8 +12,8 @@ use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, first_blocks, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
-    column_sum_partials, layernorm_bwd_partials, linear_gemms, EmbeddingSegments, GemmOut, Op, COLUMN_SUM_COUNTERS,
-    LAYERNORM_BWD_COUNTERS,
+    column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_slices, EmbeddingSegments, GemmOut, Op,
+    COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_GEMM_WEIGHT_COLS, SM90_SLICE_MAX_TILES,
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
@@ -466,14 +466,19 @@ impl Device for GpuDevice {
         let x = self.view(inp, Elem::Bf16);
         let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
         let dw = self.view_mut(dweight, Elem::F32, false);
-        let args = match op {
-            Op::GemmBwdWeightSm90 { .. } => {
+        match op {
+            Op::GemmBwdWeightSm90 { m, n, k } => {
                 let [md, mx] = [self.operand_map(d.ptr(), rows, n, true), self.operand_map(x.ptr(), rows, k, true)];
-                [md, mx, Ptr(dw.ptr()), m_, n_, k_]
+                // Several slices of the reduction: their partial tiles in scratch, the Device's
+                // per-tile counters (plan::sm90_weight_slices).
+                let (slices, tiles) = (sm90_weight_slices(m, n, k), n.div_ceil(128) * k.div_ceil(SM90_GEMM_WEIGHT_COLS));
+                let partials = (slices > 1).then(|| self.scratch(4 * 128 * SM90_GEMM_WEIGHT_COLS * tiles * slices));
+                let counters = (slices > 1).then(|| self.zeroed_once(&self.slice_counters, SM90_SLICE_MAX_TILES));
+                let (p, c) = (partials.as_ref().map_or(0, |p| p.pointer), counters.map_or(0, |c| c.pointer()));
+                self.run(op, &[md, mx, Ptr(dw.ptr()), Ptr(p), Ptr(c), m_, n_, k_]);
             }
-            _ => [Ptr(dw.ptr()), Ptr(d.ptr()), Ptr(x.ptr()), m_, n_, k_],
-        };
-        self.run(op, &args);
+            _ => self.run(op, &[Ptr(dw.ptr()), Ptr(d.ptr()), Ptr(x.ptr()), m_, n_, k_]),
+        }
         if let Some(dbias) = dbias {
             let e = activation(dout);
             let (d, db) = (self.view(dout, e), self.view_mut(dbias, Elem::F32, false));

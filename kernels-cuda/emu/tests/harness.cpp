@@ -97,8 +97,11 @@ void gemm_sm90_backward_bf16_out() {
                       sm90_tensor_map(W.data(), N, K, true), dinp.data(), M, N, K);
   write_bf16("dinp", dinp);
 }
+// Both backward products; backward-weight's reduction over M in arg(3) slices (default 1), whose
+// partial tiles and counters it allocates as the Device does (counters zero; they must be
+// zero again after the launch: a nonzero one is reported).
 void gemm_sm90_backward() {
-  const int M = arg(0), N = arg(1), K = arg(2);
+  const int M = arg(0), N = arg(1), K = arg(2), slices = arg_or(3, 1);
   auto dout = read_bf16("dout", size_t(M) * N), W = read_bf16("w", size_t(N) * K);
   auto inp = read_bf16("inp", size_t(M) * K);
   auto dweight = read_f32("dweight", size_t(N) * K);
@@ -109,11 +112,20 @@ void gemm_sm90_backward() {
                       gemm_bwd_input_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, false), sm90_tensor_map(W.data(), N, K, true), dinp.data(), M,
                       N, K);
-  emu::launch_dynamic(kSharedBytes<Product::BackwardWeight>,
-                      dim3(ceil_div(K, kCols<Product::BackwardWeight>), ceil_div(N, 128)), dim3(384),
-                      gemm_bwd_weight_bf16_sm90,
+  const dim3 grid(ceil_div(K, kCols<Product::BackwardWeight>), ceil_div(N, 128), slices);
+  const size_t tiles = size_t(grid.x) * grid.y;
+  std::vector<float> partials(slices > 1 ? tiles * slices * 128 * kCols<Product::BackwardWeight> : 0, NAN);
+  std::vector<unsigned> counters(slices > 1 ? tiles : 0, 0u);
+  emu::launch_dynamic(kSharedBytes<Product::BackwardWeight>, grid, dim3(384), gemm_bwd_weight_bf16_sm90,
                       sm90_tensor_map(dout.data(), M, N, true), sm90_tensor_map(inp.data(), M, K, true),
-                      dweight.data(), M, N, K);
+                      dweight.data(), slices > 1 ? partials.data() : nullptr, slices > 1 ? counters.data() : nullptr,
+                      M, N, K);
+  for (unsigned c : counters) {
+    if (c != 0) {
+      std::fprintf(stderr, "harness: gemm_bwd_weight_bf16_sm90 left a slice counter at %u\n", c);
+      std::exit(3);
+    }
+  }
   write_f32("dinp", dinp);
   write_f32("dweight", dweight);
 }

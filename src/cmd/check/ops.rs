@@ -535,7 +535,9 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -
     let mut emb = vec![(1, 1, 1, 3, 0), (2, 5, 33, 10, 0), (3, 7, 130, 20, 10)];
     let mut ln = vec![(1, 1), (5, 33), (13, 200)];
     let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];
-    let mut lin = vec![(1, 1, 1), (37, 72, 130), (100, 33, 70)];
+    // (rows, inputs, outputs); 1100 x 8 -> 8: on sm_90a, dW's one tile in 2 slices of its
+    // 18-step reduction (plan::sm90_weight_slices).
+    let mut lin = vec![(1, 1, 1), (37, 72, 130), (100, 33, 70), (1100, 8, 8)];
     let mut attn: Vec<(usize, usize, usize, usize)> = Vec::new();
     for &d in head_dims {
         attn.extend([(1, 1, 1, d), (2, 37, 2, d)]);

@@ -176,6 +176,34 @@ pub const GRID_STRIDE_BLOCKS_PER_SM: usize = 8;
 pub const SM90_GEMM_COLS: usize = 256;
 pub const SM90_GEMM_WEIGHT_COLS: usize = 128;
 
+/// The SMs `sm90_weight_slices` fills: an H100 SXM's (and H200's) 132. A constant rather than the
+/// device's count, so the slices, and with them every bit of dW, are a function of the shape
+/// alone, the same on every sm_90a part.
+pub const SM90_SLICE_SMS: usize = 132;
+/// Backward-weight launches cut into slices only where dW has at most this many tiles (two waves
+/// of `SM90_SLICE_SMS`); the Device keeps one slice counter per tile (u32, zeroed once).
+pub const SM90_SLICE_MAX_TILES: usize = 2 * SM90_SLICE_SMS;
+/// A slice's extra cost, in 64-deep reduction steps of a tile: publishing its 64 KiB partial
+/// tile and the last slice's reading it back (about 5 µs against ~0.55 µs a step on an H100).
+const SM90_SLICE_COST_STEPS: usize = 8;
+
+/// The slices (gridDim.z) of `gemm_bwd_weight_bf16_sm90` on dW [n, k] += Σ over m rows: dW has
+/// few 128 x 128 tiles (GPT-2's 768 x 768 projection: 36, its fc1/fc2: 144), so one block per
+/// tile leaves most of the SMs idle, or runs a second wave of 12 blocks; cutting the reduction into
+/// s slices gives s blocks per tile. The s in 1..=4 (each slice at least 8 steps of 64 rows) that
+/// minimises ⌈tiles·s / 132⌉ waves of ⌈steps / s⌉ steps plus `SM90_SLICE_COST_STEPS` per extra
+/// slice, the fewest slices on a tie; 1 past `SM90_SLICE_MAX_TILES` tiles. GPT-2 124M at 16 x 1024
+/// tokens: the projection 3 slices, fc1/fc2 4, qkv (108 tiles) and the head 1.
+pub fn sm90_weight_slices(m: usize, n: usize, k: usize) -> usize {
+    let tiles = n.div_ceil(128) * k.div_ceil(SM90_GEMM_WEIGHT_COLS);
+    let steps = m.div_ceil(64);
+    if tiles > SM90_SLICE_MAX_TILES {
+        return 1;
+    }
+    let cost = |s: usize| (tiles * s).div_ceil(SM90_SLICE_SMS) * steps.div_ceil(s) + SM90_SLICE_COST_STEPS * (s - 1);
+    (1..=4).filter(|&s| s == 1 || steps >= 8 * s).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
 /// The dynamic shared memory of gemm_bf16_sm90.cu's kernels whose tiles have `cols` columns (its
 /// kSharedBytes): 1 KiB of slack to start the stages on the 128-byte swizzle's 1024-byte period,
 /// 4 stages of a 128 x 64 and a `cols` x 64 bf16 tile, and 9 mbarriers; more than the default
@@ -345,10 +373,11 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
     let (problem, tile) = match *op {
         // A g x g tile of out [m, n] per block.
         Op::GemmFwd { m, n, .. } => ([n, m, 1], [g, g, 1]),
-        // A 128 x 256 tile of out [m, n] or dinp [m, k], 128 x 128 of dW [n, k] per block.
+        // A 128 x 256 tile of out [m, n] or dinp [m, k], 128 x 128 of dW [n, k] per block (and
+        // per slice of dW's reduction).
         Op::GemmFwdSm90 { m, n, .. } => ([n, m, 1], [SM90_GEMM_COLS, 128, 1]),
         Op::GemmBwdInputSm90 { m, k, .. } => ([k, m, 1], [SM90_GEMM_COLS, 128, 1]),
-        Op::GemmBwdWeightSm90 { n, k, .. } => ([k, n, 1], [SM90_GEMM_WEIGHT_COLS, 128, 1]),
+        Op::GemmBwdWeightSm90 { m, n, k } => ([k, n, sm90_weight_slices(m, n, k)], [SM90_GEMM_WEIGHT_COLS, 128, 1]),
         // A g x g tile of dinp [m, k] or of dW [n, k] per block.
         Op::GemmBwdInput { m, k, .. } => ([k, m, 1], [g, g, 1]),
         Op::GemmBwdWeight { n, k, .. } => ([k, n, 1], [g, g, 1]),
@@ -816,6 +845,25 @@ mod tests {
         }
         let spec = p(Op::LayernormBwd { rows: 1, channels: 1 }).spec;
         assert_eq!(spec.static_shared as usize, 2 * 4 * LAYERNORM_BWD_PASS_ROWS + 4);
+    }
+
+    /// Backward-weight's slices on sm_90a, a function of the shape alone: GPT-2 124M at 16 x 1024
+    /// tokens cuts the 36-tile projection into 3 (108 blocks) and fc1/fc2's 144 tiles into 4 (576
+    /// blocks, 4.4 waves of 64 steps where 1 slice ran 2 waves of 256); qkv's 108 tiles fill a
+    /// wave alone, the head's 2358 and GPT-3's are far past `SM90_SLICE_MAX_TILES`; short
+    /// reductions keep 8 steps a slice (1100 rows: 18 steps, 2 slices; 1024: a tie, 1). The grid's
+    /// z is the slices.
+    #[test]
+    fn sm90_weight_slices_fill_the_sms_for_layers_with_few_tiles() {
+        let gpt2 = [(768, 768, 3), (3072, 768, 4), (768, 3072, 4), (2304, 768, 1), (50304, 768, 1)];
+        for (n, k, want) in gpt2 {
+            assert_eq!(sm90_weight_slices(16384, n, k), want, "{n} x {k}");
+        }
+        assert_eq!(sm90_weight_slices(2048, 12288, 12288), 1);
+        assert_eq!((sm90_weight_slices(1100, 8, 8), sm90_weight_slices(1024, 8, 8), sm90_weight_slices(64, 8, 8)), (2, 1, 1));
+        let h100 = |op: Op| plan(&op, Vendor::Cuda, &DeviceLimits::H100, 132).unwrap();
+        assert_eq!(h100(Op::GemmBwdWeightSm90 { m: 16384, n: 768, k: 768 }).config.grid, [6, 6, 3]);
+        assert_eq!(h100(Op::GemmBwdWeightSm90 { m: 16384, n: 3072, k: 768 }).config.grid, [6, 24, 4]);
     }
 
     /// The sm_90a kernels where the device has wgmma and TMA can describe the operands; the
