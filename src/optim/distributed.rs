@@ -81,7 +81,15 @@ impl<D: Device> DistributedAdamW<D> {
             }
             start = end;
         }
-        DistributedAdamW { config, step: 0, shard, padded_len: shard_len * dp_size, segments, flat: None, shard_buf: None }
+        DistributedAdamW {
+            config,
+            step: 0,
+            shard,
+            padded_len: shard_len * dp_size,
+            segments,
+            flat: None,
+            shard_buf: None,
+        }
     }
 
     /// Bytes of optimizer state (both moments) this rank holds.

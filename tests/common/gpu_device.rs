@@ -635,8 +635,14 @@ fn device_work(out: &str) -> Vec<(u64, usize, [u64; 6])> {
                 let before = &rest[..rest.find(what).unwrap_or_else(|| panic!("{what} missing from {l}"))];
                 before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap()
             };
-            let labels =
-                [" device->host copies", " synchronizations", " allocations", " frees", " reused allocations", " kept frees"];
+            let labels = [
+                " device->host copies",
+                " synchronizations",
+                " allocations",
+                " frees",
+                " reused allocations",
+                " kept frees",
+            ];
             (it.parse().unwrap(), rank.parse().unwrap(), labels.map(count))
         })
         .collect()
@@ -654,9 +660,16 @@ fn assert_reads_once_per_log_interval(out: &str, ranks: usize, iterations: u64, 
     assert_eq!(seen, every, "a device work line per iteration and rank\n{out}");
     for &(it, rank, [copies, syncs, allocs, frees, reused, kept]) in &work {
         if logs.contains(&it) {
-            assert!(copies <= 2 && syncs <= 2, "iteration {it} logs on rank {rank}: {copies} copies, {syncs} syncs > 2\n{out}");
+            assert!(
+                copies <= 2 && syncs <= 2,
+                "iteration {it} logs on rank {rank}: {copies} copies, {syncs} syncs > 2\n{out}"
+            );
         } else {
-            assert_eq!((copies, syncs), (0, 0), "iteration {it} has no log line but rank {rank} read the device\n{out}");
+            assert_eq!(
+                (copies, syncs),
+                (0, 0),
+                "iteration {it} has no log line but rank {rank} read the device\n{out}"
+            );
         }
         if it > 1 {
             let memory = (allocs, frees, reused, kept);
@@ -1045,9 +1058,16 @@ pub fn multi_rank_training_reads_the_device_once_per_log_interval(
         let (_, on_host) = train("mpi");
         assert_eq!(on_device.iter().map(|l| l[0]).collect::<Vec<_>>(), [3.0, 6.0], "{name}: {out}");
         for ((d, h), o) in on_device.iter().zip(&on_host).zip(&one) {
-            eprintln!("{name}, iteration {}: loss {} / {} / one rank {}, grad norm {} / {} / one rank {}", d[0], d[1], h[1], o[1], d[2], h[2], o[2]);
+            eprintln!(
+                "{name}, iteration {}: loss {} / {} / one rank {}, grad norm {} / {} / one rank {}",
+                d[0], d[1], h[1], o[1], d[2], h[2], o[2]
+            );
             for (what, (a, b)) in [("loss", (d[1], h[1])), ("grad norm", (d[2], h[2]))] {
-                assert!((a - b).abs() <= host_bound * b.abs(), "{name}, iteration {}: {what} {a} on device, {b} on the host", d[0]);
+                assert!(
+                    (a - b).abs() <= host_bound * b.abs(),
+                    "{name}, iteration {}: {what} {a} on device, {b} on the host",
+                    d[0]
+                );
             }
             let rel = (d[2] - o[2]).abs() / o[2];
             assert!(rel < 1e-3, "{name}, iteration {}: grad norm {} vs one rank's {} ({rel:.2e})", d[0], d[2], o[2]);
