@@ -104,7 +104,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
     switch(
         "--log-device-work",
-        "print each iteration's device work (launches, device->host copies, synchronisations) where it is counted",
+        "print each iteration's device work (launches, copies, synchronisations, allocations) on every rank where it is counted",
     ),
     flag(
         "--recompute-granularity",

@@ -127,6 +127,13 @@ impl ParamInfo {
         }
     }
 
+    /// Whether this rank's gradient counts in the global norm (Megatron's rule, each parameter
+    /// once): a tensor-parallel shard on every rank, a parameter every rank holds whole on
+    /// tensor-parallel rank 0 only, the tied output-layer copy not at all.
+    pub fn counted_in_norm(&self, tp_rank: usize) -> bool {
+        !self.tied_copy && (self.partition.is_some() || tp_rank == 0)
+    }
+
     /// Weight decay applies to matrices and embeddings, not to biases or LayerNorm parameters.
     pub fn decayed(&self) -> bool {
         matches!(self.init, Init::Normal { .. })

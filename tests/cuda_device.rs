@@ -401,6 +401,18 @@ fn training_reads_the_device_once_per_log_interval() {
     gpu_device::train_reads_the_device_once_per_log_interval(&emu.env, &dir, "cuda");
 }
 
+/// Issue 18 in TP x PP (sequence parallel) and ZeRO-1 layouts: the gradient norm's sums on the
+/// NCCL communicators, no device read between log lines and no allocation after the first step
+/// on any rank; the norms are the MPI path's and the one-rank run's.
+#[test]
+fn multi_rank_training_reads_the_device_once_per_log_interval() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-reads-multi");
+    let nccl = fake_nccl(&dir);
+    gpu_device::multi_rank_training_reads_the_device_once_per_log_interval(&emu.env, &dir, &nccl, "cuda");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn cuda_without_bf16_or_with_another_head_dim_is_a_clear_error() {
     let Some(emu) = emulated() else { return };

@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 /// or the HIP runtime for RCCL on AMD): loads the library (every rank agrees that it could before
 /// any communicator is made), then creates, eagerly and in the same order on every rank, one
 /// communicator for each of this rank's groups that moves tensors (tensor parallel, the
-/// tied-embedding pair, data parallel x depth) and has more than one rank, and the pipeline links.
+/// tied-embedding pair, data parallel x depth, the gradient norm's group) and has more than one
+/// rank, and the pipeline links.
 /// Returns the start-up line saying which path the collectives take.
 pub fn attach_collectives(
     dev: &mut GpuDevice,
@@ -73,7 +74,7 @@ pub fn attach_collectives(
     }
     Ok(format!(
         "collectives: {describe} on device memory for the {} group(s) (--gpu-collectives {}); \
-         2-D SUMMA, the loss and the gradient norm's sums through MPI on host memory",
+         2-D SUMMA and the logged loss's sums through MPI on host memory",
         if names.is_empty() { "no multi-rank".to_string() } else { names.join(", ") },
         request.library.name()
     ))

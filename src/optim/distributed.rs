@@ -4,8 +4,10 @@
 //! are reduce-scattered (each rank receives the sum of its shard), the rank updates its shard, and
 //! the updated shards are all-gathered back into every rank's parameters. Where the device has a
 //! communicator for the group (`Device::device_comm`), both collectives run on device memory
-//! (the flat vector is packed with device-to-device copies) and only the shard's summed
-//! gradients, which the norm needs, come to the host.
+//! (the flat vector is packed with device-to-device copies into buffers kept from one step to
+//! the next) and the shard's summed gradients stay there: the norm's squares are summed on the
+//! device too (`ShardGrads::OnDevice`). Otherwise the shard comes to the host and the norm is
+//! summed there.
 
 use super::AdamWConfig;
 use crate::comm::Comm;
@@ -28,6 +30,14 @@ struct Segment<B> {
     grad: B,
 }
 
+/// Where a step's summed gradients of this rank's shard are after `reduce_scatter_grads`.
+pub enum ShardGrads {
+    /// On the host (the collectives went through MPI), in shard order.
+    Host(Vec<f32>),
+    /// On the device, already in the segments' gradient buffers.
+    OnDevice,
+}
+
 pub struct DistributedAdamW<D: Device> {
     pub config: AdamWConfig,
     pub step: u64,
@@ -35,6 +45,10 @@ pub struct DistributedAdamW<D: Device> {
     shard: Range<usize>,
     padded_len: usize,
     segments: Vec<Segment<D::Buf>>,
+    /// The device collectives' buffers, made at the first step and kept: the flat vector (the
+    /// gradients reduce-scattered from it, the parameters all-gathered into it) and the shard.
+    flat: Option<D::Buf>,
+    shard_buf: Option<D::Buf>,
 }
 
 impl<D: Device> DistributedAdamW<D> {
@@ -67,7 +81,15 @@ impl<D: Device> DistributedAdamW<D> {
             }
             start = end;
         }
-        DistributedAdamW { config, step: 0, shard, padded_len: shard_len * dp_size, segments }
+        DistributedAdamW {
+            config,
+            step: 0,
+            shard,
+            padded_len: shard_len * dp_size,
+            segments,
+            flat: None,
+            shard_buf: None,
+        }
     }
 
     /// Bytes of optimizer state (both moments) this rank holds.
@@ -75,42 +97,47 @@ impl<D: Device> DistributedAdamW<D> {
         self.segments.iter().map(|s| 4 * (dev.len(&s.m) + dev.len(&s.v))).sum()
     }
 
-    /// Sums the gradients over the data-parallel group, keeping only this rank's shard.
-    pub fn reduce_scatter_grads(&self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> Vec<f32> {
+    /// Sums the gradients over the data-parallel group, keeping only this rank's shard: on the
+    /// device into the segments' gradient buffers where the device has a communicator for the
+    /// group, else on the host.
+    pub fn reduce_scatter_grads(&mut self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> ShardGrads {
         if let Some(c) = dev.device_comm(dp) {
-            let mut flat = dev.alloc(self.padded_len);
+            let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded_len));
             let mut offset = 0;
             for (i, p) in params.info.iter().enumerate() {
-                dev.copy(&mut flat, offset, &params.grads[i], 0, p.numel());
+                dev.copy(flat, offset, &params.grads[i], 0, p.numel());
                 offset += p.numel();
             }
-            let mut shard = dev.alloc(self.shard.len());
-            c.reduce_scatter(&flat, &mut shard);
-            let mut host = vec![0f32; self.shard.len()];
-            dev.download(&shard, &mut host);
-            return host;
+            let shard = self.shard_buf.get_or_insert_with(|| dev.alloc(self.shard.len()));
+            c.reduce_scatter(flat, shard);
+            for s in &mut self.segments {
+                dev.copy(&mut s.grad, 0, shard, s.offset, s.range.len());
+            }
+            return ShardGrads::OnDevice;
         }
         let mut flat = flatten(dev, params, 0..params.info.len());
         flat.resize(self.padded_len, 0.0);
         let mut shard = vec![0f32; self.shard.len()];
         dp.reduce_scatter(&flat, &mut shard);
-        shard
+        ShardGrads::Host(shard)
     }
 
-    /// This shard's share of the squared gradient norm, each parameter counted once (Megatron's
-    /// rule: shards on every tensor-parallel rank, replicated parameters on rank 0, the tied copy
-    /// not at all).
+    /// This shard's share of the squared gradient norm from its summed gradients on the host,
+    /// each parameter counted once (`ParamInfo::counted_in_norm`).
     pub fn sum_squares(&self, shard_grads: &[f32], params: &ParamSet<D>, tp_rank: usize) -> f64 {
         self.segments
             .iter()
-            .filter(|s| {
-                let info = &params.info[s.param];
-                !info.tied_copy && (info.partition.is_some() || tp_rank == 0)
-            })
+            .filter(|s| params.info[s.param].counted_in_norm(tp_rank))
             .map(|s| {
                 shard_grads[s.offset..s.offset + s.range.len()].iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()
             })
             .sum()
+    }
+
+    /// The segments' gradient buffers that count in the norm (`ParamInfo::counted_in_norm`), for
+    /// the device's sum of squares when the summed shard stayed there (`ShardGrads::OnDevice`).
+    pub fn counted_grads<'a>(&'a self, params: &ParamSet<D>, tp_rank: usize) -> Vec<&'a D::Buf> {
+        self.segments.iter().filter(|s| params.info[s.param].counted_in_norm(tp_rank)).map(|s| &s.grad).collect()
     }
 
     /// Updates this rank's shard from its summed gradients and all-gathers the parameters.
@@ -119,33 +146,36 @@ impl<D: Device> DistributedAdamW<D> {
         dev: &D,
         dp: &dyn Comm,
         params: &mut ParamSet<D>,
-        shard_grads: &[f32],
+        shard_grads: &ShardGrads,
         lr: f32,
         grad_scale: (&D::Scalars, usize),
     ) {
         self.step += 1;
-        if let Some(c) = dev.device_comm(dp) {
-            // The shard's values and gradients come from device memory (values) and the host
-            // (the summed shard), the updated shard goes out by one all-gather on the device.
-            let mut shard = dev.alloc(self.shard.len());
+        if let ShardGrads::Host(g) = shard_grads {
             for s in &mut self.segments {
-                let n = s.range.len();
-                dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, n);
-                dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
+                dev.upload(&mut s.grad, &g[s.offset..s.offset + s.range.len()]);
+            }
+        }
+        if let Some(c) = dev.device_comm(dp) {
+            // The shard's values come from device memory, its summed gradients are in the
+            // segments already; the updated shard goes out by one all-gather on the device, into
+            // the kept buffers (the compute that reuses them is ordered after the collectives on
+            // the device, so the host waits for nothing).
+            for s in &mut self.segments {
+                dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, s.range.len());
             }
             self.update_segments(dev, params, lr, grad_scale);
+            let shard = self.shard_buf.get_or_insert_with(|| dev.alloc(self.shard.len()));
             for s in &self.segments {
-                dev.copy(&mut shard, s.offset, &s.value, 0, s.range.len());
+                dev.copy(shard, s.offset, &s.value, 0, s.range.len());
             }
-            let mut flat = dev.alloc(self.padded_len);
-            c.all_gather(&shard, &mut flat);
+            let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded_len));
+            c.all_gather(shard, flat);
             let mut offset = 0;
             for (i, p) in params.info.iter().enumerate() {
-                dev.copy(&mut params.values[i], 0, &flat, offset, p.numel());
+                dev.copy(&mut params.values[i], 0, flat, offset, p.numel());
                 offset += p.numel();
             }
-            // The shard and flat buffers are freed here: a polled wait for the all-gather.
-            c.synchronize();
             return;
         }
         let all = 0..params.info.len();
@@ -153,9 +183,7 @@ impl<D: Device> DistributedAdamW<D> {
         flat.resize(self.padded_len, 0.0);
         let mut updated = flat[self.shard.clone()].to_vec();
         for s in &mut self.segments {
-            let n = s.range.len();
-            dev.upload(&mut s.value, &updated[s.offset..s.offset + n]);
-            dev.upload(&mut s.grad, &shard_grads[s.offset..s.offset + n]);
+            dev.upload(&mut s.value, &updated[s.offset..s.offset + s.range.len()]);
         }
         self.update_segments(dev, params, lr, grad_scale);
         for s in &self.segments {

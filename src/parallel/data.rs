@@ -53,30 +53,31 @@ fn unpack<D: Device>(dev: &D, set: &mut ParamSet<D>, params: Range<usize>, flat:
     }
 }
 
-/// Sums the gradients of `indices` over `group` on the device, through one flat buffer.
+/// Sums the gradients of `indices` over `group` on the device, through one flat buffer (made on
+/// first use and kept: the same gradients every step). The copies back run after the sum on
+/// the device; the host waits for nothing.
 fn all_reduce_on_device<D: Device>(
     dev: &D,
     c: &dyn crate::device::DeviceComm<D::Buf>,
     set: &mut ParamSet<D>,
     indices: &[usize],
+    flat: &mut Option<D::Buf>,
 ) {
     let total: usize = indices.iter().map(|&i| set.info[i].numel()).sum();
-    let mut flat = dev.alloc(total);
+    let flat = flat.get_or_insert_with(|| dev.alloc(total));
     let mut offset = 0;
     for &i in indices {
         let n = set.info[i].numel();
-        dev.copy(&mut flat, offset, &set.grads[i], 0, n);
+        dev.copy(flat, offset, &set.grads[i], 0, n);
         offset += n;
     }
-    c.all_reduce(&mut flat);
+    c.all_reduce(flat);
     let mut offset = 0;
     for &i in indices {
         let n = set.info[i].numel();
-        dev.copy(&mut set.grads[i], 0, &flat, offset, n);
+        dev.copy(&mut set.grads[i], 0, flat, offset, n);
         offset += n;
     }
-    // The flat buffer is freed here: the sum must be complete (a polled wait, not the free's).
-    c.synchronize();
 }
 
 /// Copies the gradients of `params` into one flat host vector.
@@ -191,8 +192,14 @@ impl<B> GradBuckets<B> {
 }
 
 /// Sums, over the tensor-parallel group, the gradients that sequence parallelism computed from
-/// one sequence shard each (LayerNorm parameters, the position embedding), in one all-reduce.
-pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &mut ParamSet<D>) {
+/// one sequence shard each (LayerNorm parameters, the position embedding), in one all-reduce
+/// (on the device through `flat`, kept by the caller from one step to the next).
+pub fn reduce_sequence_parallel_grads<D: Device>(
+    dev: &D,
+    tp: &dyn Comm,
+    set: &mut ParamSet<D>,
+    flat: &mut Option<D::Buf>,
+) {
     if tp.size() == 1 {
         return;
     }
@@ -201,7 +208,7 @@ pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &m
         return;
     }
     if let Some(c) = dev.device_comm(tp) {
-        all_reduce_on_device(dev, c, set, &indices);
+        all_reduce_on_device(dev, c, set, &indices, flat);
         return;
     }
     let mut flat = Vec::new();
@@ -218,15 +225,16 @@ pub fn reduce_sequence_parallel_grads<D: Device>(dev: &D, tp: &dyn Comm, set: &m
 }
 
 /// Sums the gradient of the tied word embedding over the embedding group (the first stage's
-/// embedding and the last stage's output-layer copy), so both copies take the same step.
-pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut ParamSet<D>) {
+/// embedding and the last stage's output-layer copy), so both copies take the same step (on the
+/// device through `flat`, kept by the caller).
+pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut ParamSet<D>, flat: &mut Option<D::Buf>) {
     if group.size() == 1 {
         return;
     }
     let name = "embedding.word_embeddings.weight";
     if let Some(i) = set.info.iter().position(|p| p.name == name) {
         if let Some(c) = dev.device_comm(group) {
-            all_reduce_on_device(dev, c, set, &[i]);
+            all_reduce_on_device(dev, c, set, &[i], flat);
             return;
         }
         let mut flat = flatten(dev, set, i..i + 1);
@@ -239,9 +247,10 @@ pub fn reduce_tied_embedding<D: Device>(dev: &D, group: &dyn Comm, set: &mut Par
 /// parameter counted once (Megatron's rule): a tensor-parallel shard on every rank, a replicated
 /// parameter on tensor-parallel rank 0 only, the last stage's tied embedding copy not at all,
 /// nothing on the depth copies of 2.5-D (`counts` false); summed over the model-parallel group.
-/// Summed on the device into `acc[0]`, every tensor in one reduction; the host reads nothing
-/// unless the model-parallel group has more than one rank and the device has no communicator
-/// for it (`all_reduce_scalars` stages the sum through the host then).
+/// Summed on the device into `acc[0]`, every tensor in one reduction, and over the group on the
+/// device's communicator for it (`--gpu-collectives nccl|rccl` makes one for the model-parallel
+/// group); the host reads nothing unless the group has more than one rank and the device has
+/// no communicator for it (`all_reduce_scalars` stages the sum through the host then).
 pub fn global_grad_sum_squares<D: Device>(
     dev: &D,
     sets: &[&ParamSet<D>],
@@ -254,7 +263,7 @@ pub fn global_grad_sum_squares<D: Device>(
         .iter()
         .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))
         .filter(|_| counts)
-        .filter(|(set, i)| !set.info[*i].tied_copy && (set.info[*i].partition.is_some() || tp_rank == 0))
+        .filter(|(set, i)| set.info[*i].counted_in_norm(tp_rank))
         .map(|(set, i)| &set.grads[i])
         .collect();
     dev.write_scalars(acc, &[0.0]);

@@ -4,9 +4,9 @@
 //! data-parallel rank, or shards it over them (ZeRO-1).
 
 use crate::config::TrainConfig;
-use crate::device::Device;
+use crate::device::{all_reduce_scalars, Device};
 use crate::model::{ChunkPlan, Gpt, ModelParallel};
-use crate::optim::distributed::DistributedAdamW;
+use crate::optim::distributed::{DistributedAdamW, ShardGrads};
 use crate::optim::AdamW;
 use crate::comm::ReduceOp;
 use crate::parallel::data::{global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
@@ -18,6 +18,9 @@ pub(super) struct Chunk<D: Device> {
     pub model: Gpt<D>,
     pub opt: Optimizer<D>,
     pub buckets: GradBuckets<D::Buf>,
+    /// The flat device buffers of the sequence-parallel and the tied-embedding sums, made at the
+    /// first step and kept.
+    sums_flat: [Option<D::Buf>; 2],
 }
 
 /// AdamW with the full state on every data-parallel rank, or sharded over them (ZeRO-1).
@@ -57,13 +60,13 @@ impl<D: Device> Chunk<D> {
             Optimizer::Replicated(AdamW::new(dev, &model.params, cfg.adam))
         };
         let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
-        Chunk { model, opt, buckets }
+        Chunk { model, opt, buckets, sums_flat: [None, None] }
     }
 
     /// Finalises the gradients after backward: the data-parallel sum (the buckets' all-reduce, or
-    /// the distributed optimizer's reduce-scatter, whose shard of summed gradients is returned),
-    /// the tied-embedding and the sequence-parallel sums.
-    pub fn finish_gradients(&mut self, dev: &D, groups: &Groups, precision: Precision) -> Option<Vec<f32>> {
+    /// the distributed optimizer's reduce-scatter, which says where its shard of summed
+    /// gradients is), the tied-embedding and the sequence-parallel sums.
+    pub fn finish_gradients(&mut self, dev: &D, groups: &Groups, precision: Precision) -> Option<ShardGrads> {
         // The buckets' all-reduces were posted during backward from the gradients as they
         // were then, so they finish before the other sums touch the gradients; the
         // distributed optimizer's reduce-scatter reads the gradients after those sums.
@@ -76,11 +79,20 @@ impl<D: Device> Chunk<D> {
                 dev.round_to(g, Precision::F16);
             }
         }
-        reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params);
-        reduce_sequence_parallel_grads(dev, &*groups.tp, &mut self.model.params);
-        match &self.opt {
+        let [sequence_parallel, tied] = &mut self.sums_flat;
+        reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params, tied);
+        reduce_sequence_parallel_grads(dev, &*groups.tp, &mut self.model.params, sequence_parallel);
+        match &mut self.opt {
             Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, &self.model.params)),
             Optimizer::Replicated(_) => None,
+        }
+    }
+
+    /// The distributed optimizer, which every chunk has under ZeRO-1.
+    fn zero(&self) -> &DistributedAdamW<D> {
+        match &self.opt {
+            Optimizer::Distributed(z) => z,
+            Optimizer::Replicated(_) => unreachable!("every chunk shards its state under ZeRO-1"),
         }
     }
 
@@ -92,7 +104,7 @@ impl<D: Device> Chunk<D> {
         &mut self,
         dev: &D,
         groups: &Groups,
-        shard: Option<&[f32]>,
+        shard: Option<&ShardGrads>,
         lr: f32,
         grad_scale: (&D::Scalars, usize),
     ) {
@@ -111,35 +123,42 @@ impl<D: Device> Chunk<D> {
 }
 
 /// The gradients' global sum of squares over every chunk of every rank, into `acc[0]` on the
-/// device: from the ZeRO-1 shards (`zero`, on the host), each element counted once across the
-/// world, or from the whole gradients on the device, each parameter counted once
-/// (`counts_parameters`: shards everywhere, replicated parameters on tensor-parallel rank 0) over
-/// the model-parallel group.
+/// device. Under ZeRO-1 (`zero`) from the shards, each element counted once across the world:
+/// summed on the device and over the world on its communicator where the reduce-scatter left
+/// them on the device (`ShardGrads::OnDevice`), else on the host as they came. Otherwise from the
+/// whole gradients on the device, each parameter counted once (`counts_parameters`: shards
+/// everywhere, replicated parameters on tensor-parallel rank 0) over the model-parallel group.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn grad_sum_squares<D: Device>(
     dev: &D,
     chunks: &[Chunk<D>],
-    shards: &[Option<Vec<f32>>],
+    shards: &[Option<ShardGrads>],
     zero: bool,
     groups: &Groups,
     tp_rank: usize,
     counts_parameters: bool,
     acc: &mut D::Scalars,
 ) {
-    if zero {
-        let local: f64 = chunks
-            .iter()
-            .zip(shards)
-            .map(|(c, g)| match (&c.opt, g) {
-                (Optimizer::Distributed(z), Some(g)) => z.sum_squares(g, &c.model.params, tp_rank),
-                _ => unreachable!("every chunk shards its state under ZeRO-1"),
-            })
-            .sum();
-        let mut total = [local];
-        groups.world.all_reduce(&mut total, ReduceOp::Sum);
-        dev.write_scalars(acc, &total);
-    } else {
+    if !zero {
         let sets: Vec<_> = chunks.iter().map(|c| &c.model.params).collect();
-        global_grad_sum_squares(dev, &sets, tp_rank, counts_parameters, &*groups.mp, acc)
+        return global_grad_sum_squares(dev, &sets, tp_rank, counts_parameters, &*groups.mp, acc);
     }
+    if shards.iter().all(|g| matches!(g, Some(ShardGrads::OnDevice))) {
+        let counted: Vec<&D::Buf> =
+            chunks.iter().flat_map(|c| c.zero().counted_grads(&c.model.params, tp_rank)).collect();
+        dev.write_scalars(acc, &[0.0]);
+        dev.sum_squares_into(&counted, acc, 0);
+        return all_reduce_scalars(dev, &*groups.world, acc, 1, ReduceOp::Sum);
+    }
+    let local: f64 = chunks
+        .iter()
+        .zip(shards)
+        .map(|(c, g)| match g {
+            Some(ShardGrads::Host(g)) => c.zero().sum_squares(g, &c.model.params, tp_rank),
+            _ => unreachable!("a ZeRO-1 rank's shards are all on the host or all on the device"),
+        })
+        .sum();
+    let mut total = [local];
+    groups.world.all_reduce(&mut total, ReduceOp::Sum);
+    dev.write_scalars(acc, &total);
 }

@@ -223,8 +223,9 @@ impl<D: Device> Trainer<'_, D> {
             self.flush()?;
         }
         self.window.secs += started.elapsed().as_secs_f64();
-        if cfg.log_device_work && setup.say {
-            report::device_work(iteration, work_before.zip(setup.dev.work_counters()).map(|(b, now)| now.since(&b)));
+        if cfg.log_device_work {
+            let work = work_before.zip(setup.dev.work_counters()).map(|(b, now)| now.since(&b));
+            report::device_work(iteration, (setup.grid.rank, setup.grid.world_size), work);
         }
 
         let val_loss = if validate { self.validate(iteration)? } else { None };
@@ -248,7 +249,8 @@ impl<D: Device> Trainer<'_, D> {
     /// the optimizer step (skipped when fp16 gradients overflowed). The step's loss, norm and
     /// clip factor stay on the device, in slot `pending.len()` of the window, until `flush`: the
     /// host reads nothing here, unless a loss scaler must decide whether to skip the step (fp16,
-    /// one read of the norm) or the model-parallel group sums the norm through the host (MPI).
+    /// one read of the norm) or the norm's group (model-parallel, or the world under ZeRO-1) sums
+    /// it through the host (a device without a communicator for it: `--gpu-collectives mpi`).
     fn step(&mut self, iteration: u64, lr: f64) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
         let grad_scale = 1.0 / self.tokens_per_iter as f32;
@@ -277,7 +279,7 @@ impl<D: Device> Trainer<'_, D> {
         let t_opt = self.tl.now_us();
         // Finalise gradients: the tied embedding and sequence-parallel sums, and the data-parallel
         // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
-        let shards: Vec<Option<Vec<f32>>> =
+        let shards: Vec<_> =
             self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
         let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
         let norm_sum = &mut self.norm_sum;
@@ -304,7 +306,7 @@ impl<D: Device> Trainer<'_, D> {
             }
         } else {
             for (c, shard) in self.chunks.iter_mut().zip(&shards) {
-                c.step(&setup.dev, &setup.groups, shard.as_deref(), lr as f32, (&self.steps, 2 * slot + 1));
+                c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
         self.pending.push(PendingStep { iteration, overflowed });

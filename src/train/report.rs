@@ -229,14 +229,23 @@ pub(super) fn report_pipeline<D: Device>(
 
 /// `--log-device-work`: the device's work in one iteration (its step, and the read of the log
 /// interval's losses and norms when its log line is due; validation and checkpoints excluded),
-/// or that the device counts none.
-pub(super) fn device_work(iteration: u64, work: Option<WorkCounters>) {
+/// or that the device counts none. With more than one rank, every rank prints its own (`rank`:
+/// its rank and the world size), after its rank.
+pub(super) fn device_work(iteration: u64, (rank, ranks): (usize, usize), work: Option<WorkCounters>) {
+    let on = if ranks > 1 { format!(" on rank {rank}") } else { String::new() };
     match work {
         Some(w) => println!(
-            " device work of iteration {iteration}: {} launches, {} device->host copies, {} synchronizations, \
-             {} host->device copies, {} allocations, {} frees",
-            w.launches, w.device_to_host_copies, w.synchronizations, w.host_to_device_copies, w.allocations, w.frees
+            " device work of iteration {iteration}{on}: {} launches, {} device->host copies, {} synchronizations, \
+             {} host->device copies, {} allocations, {} frees, {} reused allocations, {} kept frees",
+            w.launches,
+            w.device_to_host_copies,
+            w.synchronizations,
+            w.host_to_device_copies,
+            w.allocations,
+            w.frees,
+            w.reused_allocations,
+            w.kept_frees
         ),
-        None => println!(" device work of iteration {iteration}: not counted on this device"),
+        None => println!(" device work of iteration {iteration}{on}: not counted on this device"),
     }
 }

@@ -150,10 +150,16 @@ fn attach_collectives<D: Device>(
                 ))
             })?;
     }
+    // The gradient norm's sum of squares is summed over the model-parallel group, or over the
+    // world under ZeRO-1 (each rank holds a shard of the summed gradients).
+    let norm = match cfg.use_distributed_optimizer && groups.replica.size() > 1 {
+        true => ("world", &*groups.world),
+        false => ("model-parallel", &*groups.mp),
+    };
     dev.attach_collectives(&CollectivesRequest {
         library,
         world: &*groups.world,
-        groups: [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica)],
+        groups: [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica), norm],
         pipeline: &*groups.pp,
         pipeline_wraps: v > 1,
     })
