@@ -30,12 +30,20 @@
 // thread per entry, load_floats) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
+// Causal work per warp (warp-uniform branches, as in the forward): a streamed tile that holds a
+// pair with the key after the query is masked (the compare and select per score), the tiles
+// wholly below the diagonal run without them, and tiles with no live pair for the warp (or all
+// tiles of a warp whose own rows are all past seq) are skipped. P is rebuilt in base 2:
+// 2^(s·scale_log2 - lse·log2(e)) with scale_log2 = log2(e)/sqrt(d), one FFMA and one ex2.approx
+// (common/ptx.cuh's exp2_approx, relative error within 2^-22) per score where expf cost a
+// multiply and eight instructions.
 //
 // Pipeline: the streamed tiles (dK/dV: Q, dO and their lse and delta rows; dQ: K and V) go
 // through a ring of kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's
 // cp.async copies (zero-filled past seq) are in flight while tile j's products run, with one
 // barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once, with
-// the first streamed tile, and stay in shared memory.
+// the first streamed tile, and stay in shared memory. Each thread issues a fixed, unrolled set of
+// 16-byte copies per tile (load_rows), one 64-bit multiply-add of address each.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
 // (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 31744 B (d 32), 37376 B (d 64), 52480 B
@@ -43,7 +51,8 @@
 // (d 64), 52224 B (d 128). The d 128 kernels are above the default 48 KiB and opt in; the kernel
 // index states all six. Registers: dkv holds dK and dV (d f32 per thread) and two score tiles
 // (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ (d/2) and two, 80, 64 and
-// 80; `make kernels-check` prints the counts and rejects spills.
+// 80; ptxas takes about 160 (dkv d 32, d 64), 224 (dkv d 128), 109 (dq d 32) and 128 (dq d 64,
+// d 128); `make kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
@@ -56,22 +65,22 @@
 namespace attention_bwd_detail {
 
 constexpr int kBlockRows = 64, kThreads = 128, kStages = 2;
+constexpr float kLog2e = 1.44269504f;
 
-// Rows row0..row0+ROWS-1 (positions t; rows past seq load as zeros) of one head's d columns
-// starting at column col0 of a [seq·batch, row_stride] activation, into a padded tile.
+// Rows row0..row0+ROWS-1 (positions; rows past seq load as zeros) of one head's d columns into
+// a padded tile: `src` is those columns' start at position 0 of the block's sequence, `pos_stride`
+// the elements from one position to the next. Thread i copies the 16 bytes at column
+// (i % (D/8))·8 of rows i / (D/8) + n·(kThreads / (D/8)): a fixed count, unrolled, one 64-bit
+// multiply-add per copy.
 template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* base, size_t row_stride, size_t col0,
-                                          int row0, int seq, int batch, int b) {
-  constexpr int chunks = D / 8;
-  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
-    const bf16* src = base;
-    int bytes = 0;
-    if (t < seq) {
-      src = base + ((size_t)t * batch + b) * row_stride + col0 + c;
-      bytes = 16;
-    }
-    cp_async_16(&tile[r][c], src, bytes);
+__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* src, size_t pos_stride, int row0, int seq) {
+  constexpr int chunks = D / 8, rows_per_pass = kThreads / chunks;
+  static_assert(kThreads % chunks == 0 && ROWS % rows_per_pass == 0, "whole passes of the block");
+  const int r0 = threadIdx.x / chunks, c = (threadIdx.x % chunks) * 8;
+  UNROLL
+  for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
+    const int r = r0 + pass * rows_per_pass, t = row0 + r;
+    cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
   }
 }
 
@@ -159,11 +168,14 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int ro
 }
 
 // One query tile of BQ queries from qs for the warp's 16 keys (key_base, key_base + 8 of this
-// lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q.
-template <int D, int BQ>
+// lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q. MASK: the
+// tile holds a query before one of the warp's keys, so each score is checked (past the
+// diagonal every query is at or after every key and the compare is skipped).
+// P = 2^(s·scale_log2 - lse·log2(e)), scale_log2 = log2(e)/sqrt(d): one FFMA and one ex2.approx.
+template <int D, int BQ, bool MASK>
 __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], DkvTiles<D, BQ>& tiles,
-                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, int seq,
-                                         float scale) {
+                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base,
+                                         float scale_log2) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
   bf16(*q)[D + 8] = st.q;
   bf16(*dout)[D + 8] = st.dout;
@@ -171,14 +183,15 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 
   float sp[BQ / 8][4], dpt[BQ / 8][4];
   score_pair<D, BQ>(sp, dpt, tiles.k, tiles.v, q, dout, warp * 16);
   // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
-  // qs + 8j + 2 t4 + e % 2. Queries past seq (zero rows, zero lse and delta) are masked.
+  // qs + 8j + 2 t4 + e % 2. A query past seq needs no mask: its q and dO rows, lse and delta
+  // load as zeros, so P = 2^0 = 1, dP = 0, dS = 0, and it adds exact zeros to dV (P dO) and dK.
   UNROLL
   for (int j = 0; j < BQ / 8; ++j)
     UNROLL
     for (int e = 0; e < 4; ++e) {
       const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
-      const bool live = key <= qs + qi && qs + qi < seq;
-      const float p = live ? expf(sp[j][e] * scale - st.lse[qi]) : 0.0f;
+      float p = exp2_approx(fmaf(sp[j][e], scale_log2, -st.lse[qi] * kLog2e));
+      if (MASK && key > qs + qi) p = 0.0f;
       sp[j][e] = p;
       dpt[j][e] = p * (dpt[j][e] - st.delta[qi]);
     }
@@ -223,9 +236,15 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
   const float scale = 1.0f / sqrtf((float)D);
 
+  const float scale_log2 = kLog2e * scale;
+  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
+  const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
+  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
+  const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
+
   // The block's keys and values join query tile 0's commit group.
-  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.k, q_src + D, qkv_pos, k0, seq);
+  load_rows<D, kBlockRows>(tiles.v, q_src + 2 * D, qkv_pos, k0, seq);
 
   float dk[D / 8][4], dv[D / 8][4];
   UNROLL
@@ -235,19 +254,28 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const int key_base = k0 + warp * 16 + g;  // keys of this lane's rows: key_base, key_base + 8
 
   // Query tiles from the one holding the block's first key (the diagonal) to the end.
-  const int qs0 = (k0 / BQ) * BQ;
+  const int qs0 = (k0 / BQ) * BQ, warp_first = k0 + warp * 16, warp_last = warp_first + 15;
   cp_async_ring<kStages>(
       ceil_div(seq - qs0, BQ),
       [&](int stage, int t) {
         const int qs = qs0 + t * BQ;
         auto& st = tiles.stage[stage];
-        load_rows<D, BQ>(st.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
-        load_rows<D, BQ>(st.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
+        load_rows<D, BQ>(st.q, q_src, qkv_pos, qs, seq);
+        load_rows<D, BQ>(st.dout, dout_src, out_pos, qs, seq);
         load_floats<BQ>(st.lse, lse_bh, qs, seq, 0);
         load_floats<BQ>(st.delta, delta_bh, qs, seq, BQ);
       },
       [&](int stage, int t) {
-        dkv_tile<D, BQ>(dk, dv, tiles, tiles.stage[stage], qs0 + t * BQ, key_base, seq, scale);
+        // Per warp (uniform branches): a tile wholly before the warp's first key is skipped
+        // (every pair masked; so is every tile of a warp whose keys are all past seq), one that
+        // holds a query before the warp's last key is masked, the rest run without the compare.
+        const int qs = qs0 + t * BQ;
+        auto& st = tiles.stage[stage];
+        if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
+        if (qs < warp_last)
+          dkv_tile<D, BQ, true>(dk, dv, tiles, st, qs, key_base, scale_log2);
+        else
+          dkv_tile<D, BQ, false>(dk, dv, tiles, st, qs, key_base, scale_log2);
       });
 
   UNROLL
@@ -278,11 +306,13 @@ struct DqTiles {
 };
 
 // One key tile of BK keys from k0 for the warp's 16 queries (row_base, row_base + 8 of this lane):
-// S and dP, dS, then dQ += dS K.
-template <int D, int BK>
+// S and dP, dS, then dQ += dS K. MASK: the tile reaches past the warp's first query, so each
+// score is checked (below the diagonal every key is at or before every query). row_lse2 is the
+// rows' lse·log2(e): P = 2^(s·scale_log2 - row_lse2), one FFMA and one ex2.approx.
+template <int D, int BK, bool MASK>
 __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& tiles,
                                         typename DqTiles<D, BK>::Stage& st, int k0, int row_base,
-                                        const float (&row_lse)[2], const float (&row_delta)[2], float scale) {
+                                        const float (&row_lse2)[2], const float (&row_delta)[2], float scale_log2) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[BK / 8][4], dp[BK / 8][4];
   score_pair<D, BK>(s, dp, tiles.q, tiles.dout, st.k, st.v, warp * 16);
@@ -292,7 +322,8 @@ __device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& t
     UNROLL
     for (int e = 0; e < 4; ++e) {
       const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-      const float p = key <= row ? expf(s[j][e] * scale - row_lse[e / 2]) : 0.0f;
+      float p = exp2_approx(fmaf(s[j][e], scale_log2, -row_lse2[e / 2]));
+      if (MASK && key > row) p = 0.0f;
       s[j][e] = p * (dp[j][e] - row_delta[e / 2]);
     }
   // dQ += dS K.
@@ -329,17 +360,25 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
 
+  const float scale_log2 = kLog2e * scale;
+  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
+  const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
+  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
+  const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
+
   // The block's queries and their output gradients join key tile 0's commit group.
-  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
-  load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.q, q_src, qkv_pos, q0, seq);
+  load_rows<D, kBlockRows>(tiles.dout, dout_src, out_pos, q0, seq);
 
   const int row_base = q0 + warp * 16 + g;  // queries of this lane's rows: row_base, row_base + 8
-  float row_lse[2], row_delta[2];
+  const int warp_first = q0 + warp * 16, warp_last = warp_first + 15;
+  // The rows' lse·log2(e) (+inf past seq: P = 0) and delta.
+  float row_lse2[2], row_delta[2];
   UNROLL
   for (int h = 0; h < 2; ++h) {
     const int row = row_base + 8 * h;
     const size_t at = ((size_t)b * heads + head) * seq + row;
-    row_lse[h] = row < seq ? lse[at] : INFINITY;
+    row_lse2[h] = row < seq ? lse[at] * kLog2e : INFINITY;
     row_delta[h] = row < seq ? delta[at] : 0.0f;
   }
   float dq[D / 8][4];
@@ -354,11 +393,20 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       last_query / BK + 1,
       [&](int stage, int t) {
         auto& st = tiles.stage[stage];
-        load_rows<D, BK>(st.k, qkv, qkv_stride, head_col + D, t * BK, seq, batch, b);
-        load_rows<D, BK>(st.v, qkv, qkv_stride, head_col + 2 * D, t * BK, seq, batch, b);
+        load_rows<D, BK>(st.k, q_src + D, qkv_pos, t * BK, seq);
+        load_rows<D, BK>(st.v, q_src + 2 * D, qkv_pos, t * BK, seq);
       },
       [&](int stage, int t) {
-        dq_tile<D, BK>(dq, tiles, tiles.stage[stage], t * BK, row_base, row_lse, row_delta, scale);
+        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (so
+        // is every tile of a warp whose rows are all past seq), one that reaches past the warp's
+        // first query is masked, the tiles before run without the compare.
+        const int k0 = t * BK;
+        auto& st = tiles.stage[stage];
+        if (k0 > warp_last || warp_first >= seq) return;
+        if (k0 + BK - 1 > warp_first)
+          dq_tile<D, BK, true>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
+        else
+          dq_tile<D, BK, false>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
       });
 
   UNROLL

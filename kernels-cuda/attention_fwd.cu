@@ -15,18 +15,28 @@
 // warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 32
 // and d 64, 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
 // ldmatrix, K's rows being B's columns), masks u > t, rescales its O accumulator, and multiplies
-// P (rounded to bf16, repacked from the S accumulator fragments straight into A fragments) by V,
-// whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's
-// last query, so every row sees key 0 in its first tile and the running max is finite from then
-// on.
-//
+// P (rounded to bf16 as it is computed, packed from the S accumulator fragments straight into A
+// fragments) by V, whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0
+// to the block's last query, so every row sees key 0 in its first tile and the running max is
+// finite from then on.
+// Causal work per warp (FA-2's split of the masked steps from the rest; warp-uniform branches):
+// a key tile that reaches past the warp's first query is masked (the compare and select per
+// score), a tile wholly at or before it runs without them, and a tile wholly after the warp's
+// last query (or any tile of a warp whose rows are all past seq) is skipped. Keys past seq (zero
+// rows) lie only in masked tiles, after every live row.
+// Softmax in base 2 (FA-2's): m is the running max of the raw scores q·k, and with scale_log2 =
+// log2(e)/sqrt(d) each probability is 2^(s·scale_log2 - m·scale_log2), one FFMA and one
+// ex2.approx (common/ptx.cuh's exp2_approx, relative error within 2^-22) where expf of the
+// scaled score cost a multiply and eight instructions; lse = m/sqrt(d) + log(l).
+
 // Pipeline (FA-2's loop with the loads overlapped): the block's Q tile is loaded once, with the
 // first key tile, and stays in shared memory (each warp reads its 16 rows with ldmatrix per key
 // tile, as FA-2 does by default: held in registers instead it cost 30-40 more registers per
 // thread). K/V tiles stream through a ring of kStages = 2 shared-memory stages
 // (common/cp_async_ring.cuh): tile j+1's cp.async copies (zero-filled past seq) are in flight
-// while tile j's QK^T, softmax and PV run, with one barrier per tile.
-//
+// while tile j's QK^T, softmax and PV run, with one barrier per tile. Each thread issues a fixed,
+// unrolled set of 16-byte copies per tile (load_rows), one 64-bit multiply-add of address each.
+
 // Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
 // 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 25600 B for d 32, 46080 B for d 64,
 // 52224 B for d 128 (above the default 48 KiB: the launch opts in; the kernel index states all
@@ -38,7 +48,8 @@
 // sequence of 128 a 128-key tile computes 256 key rows per (b, h) where 64 compute 192. A 64-key
 // tile of d 32 is 8 KiB of K and V, 4 cp.async copies of 16 bytes per thread, and its 25 KiB
 // and fewer registers let more blocks share an SM than d 64's (5 against 4 at sm_80's counts,
-// 96 and 108 registers). The mma shapes need d and BN to be multiples of
+// 96 and 127 registers; on sm_90a ptxas takes 125 and 139, 4 and 3 blocks of 128 threads). The
+// mma shapes need d and BN to be multiples of
 // 16 (k16 steps over d for S, n-tile pairs over d for P V, k16 blocks over BN).
 //
 // Reference: `attention_forward` of the reference device (`attention_forward_head` in
@@ -67,29 +78,33 @@ constexpr unsigned kSharedBytesD32 = sizeof(Tiles<32, 64>), kSharedBytesD64 = si
 static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 46080 && kSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
-// rows row0.. of one of q / k / v (column offset `part`·d within the head) into a tile.
+// Rows row0..row0+ROWS-1 (positions; rows past seq load as zeros) of one of q / k / v into a
+// tile: `src` is that part's first column of position 0 of the block's (b, head), `pos_stride`
+// the elements from one position to the next. Thread i copies the 16 bytes at column
+// (i % (D/8))·8 of rows i / (D/8) + n·(kThreads / (D/8)): a fixed count, unrolled, one 64-bit
+// multiply-add per copy.
 template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* qkv, int part, int row0, int seq, int batch,
-                                          int b, int head, int heads) {
-  constexpr int chunks = D / 8;
-  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
-    const bf16* src = qkv;
-    int bytes = 0;
-    if (t < seq) {
-      src = qkv + ((size_t)t * batch + b) * (size_t)(3 * heads * D) + (size_t)head * 3 * D + part * D + c;
-      bytes = 16;
-    }
-    cp_async_16(&tile[r][c], src, bytes);
+__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* src, size_t pos_stride, int row0, int seq) {
+  constexpr int chunks = D / 8, rows_per_pass = kThreads / chunks;
+  static_assert(kThreads % chunks == 0 && ROWS % rows_per_pass == 0, "whole passes of the block");
+  const int r0 = threadIdx.x / chunks, c = (threadIdx.x % chunks) * 8;
+  UNROLL
+  for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
+    const int r = r0 + pass * rows_per_pass, t = row0 + r;
+    cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
   }
 }
 
 // One key tile of BN keys from k0 for the warp's 16 queries (rows row_base and row_base + 8 of
-// this lane): S = Q Kᵀ, the causal mask, the online softmax update of m, l and o, and O += P V.
-template <int D, int BN>
+// this lane): S = Q Kᵀ, the causal mask where MASK (a tile that reaches past the warp's first
+// query; below the diagonal every key is at or before every query and the compare is skipped),
+// the online softmax update of m, l and o, and O += P V. m is the running max of the raw scores
+// q·k; the softmax's exponent is s·scale_log2 - m·scale_log2 (scale_log2 = log2(e)/sqrt(d)),
+// one FFMA and one ex2.approx per score.
+template <int D, int BN, bool MASK>
 __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
                                             bf16 (*q)[D + 8], bf16 (*k)[D + 8], bf16 (*v)[D + 8], int k0,
-                                            int row_base, float scale) {
+                                            int row_base, float scale_log2) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
   // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
   float s[BN / 8][4];
@@ -111,50 +126,51 @@ __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2],
     }
   }
 
-  // Scale, causal mask, online softmax. Element e of n-tile j is row g + 8 (e / 2), key
+  // Causal mask, online softmax. Element e of n-tile j is row row_base + 8 (e / 2), key
   // k0 + 8j + 2 t4 + e % 2.
   float tile_max[2] = {-INFINITY, -INFINITY};
   UNROLL
   for (int j = 0; j < BN / 8; ++j)
     UNROLL
     for (int e = 0; e < 4; ++e) {
-      const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-      const float x = key <= row ? s[j][e] * scale : -INFINITY;
-      s[j][e] = x;
-      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      if (MASK && k0 + 8 * j + 2 * t4 + e % 2 > row_base + (e / 2) * 8) s[j][e] = -INFINITY;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
     }
-  float correction[2];
+  float correction[2], max_scaled[2];
   UNROLL
   for (int h = 0; h < 2; ++h) {
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
     tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
+    // The new max is finite: every row's first tile holds key 0 (at or before every row). A
+    // row's first tile has m = -inf, so its correction is 2^-inf = 0 (o and l are still 0).
     const float m_new = fmaxf(m[h], tile_max[h]);
-    // A row that has seen no key yet has m = -inf and nothing to rescale.
-    correction[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+    max_scaled[h] = m_new * scale_log2;
+    correction[h] = exp2_approx(m[h] * scale_log2 - max_scaled[h]);
     m[h] = m_new;
     l[h] *= correction[h];
   }
+  // P = 2^(s·scale_log2 - m·scale_log2) (a masked score, -inf, gives 2^-inf = 0), added to l in
+  // f32 and rounded to bf16 at once: the accumulator fragments of S n-tiles 2c and 2c + 1 are
+  // exactly the A fragment of P's k16 block c (a[0] = row g, keys 2t4.. of tile 2c; a[1] = row
+  // g + 8 of it; a[2], a[3] the same of tile 2c + 1), so P lives as BN/4 packed registers.
+  uint32_t pa[BN / 16][4];
   UNROLL
   for (int j = 0; j < BN / 8; ++j)
     UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const float p = m[e / 2] == -INFINITY ? 0.0f : expf(s[j][e] - m[e / 2]);
-      s[j][e] = p;
-      l[e / 2] += p;
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2_approx(fmaf(s[j][2 * h], scale_log2, -max_scaled[h]));
+      const float p1 = exp2_approx(fmaf(s[j][2 * h + 1], scale_log2, -max_scaled[h]));
+      l[h] += p0 + p1;
+      pa[j / 2][(j % 2) * 2 + h] = pack_bf16x2(p0, p1);
     }
   UNROLL
   for (int j = 0; j < D / 8; ++j)
     UNROLL
     for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
 
-  // O += P V. The accumulator fragments of S n-tiles 2c and 2c + 1 are exactly the A fragment
-  // of P's k16 block c: a[0] = row g, keys 2t4.. of tile 2c; a[1] = row g + 8 of it; a[2], a[3]
-  // the same of tile 2c + 1.
+  // O += P V.
   UNROLL
   for (int c = 0; c < BN / 16; ++c) {
-    const uint32_t pa[4] = {pack_bf16x2(s[2 * c][0], s[2 * c][1]), pack_bf16x2(s[2 * c][2], s[2 * c][3]),
-                            pack_bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                            pack_bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
     UNROLL
     for (int dp = 0; dp < D / 16; ++dp) {
       // Matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
@@ -162,8 +178,8 @@ __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2],
       uint32_t r[4];
       ldmatrix_x4_trans(r, &v[c * 16 + lane % 16][dp * 16 + (lane / 16) * 8]);
       const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_m16n8k16_bf16(o[2 * dp], pa, b0, o[2 * dp]);
-      mma_m16n8k16_bf16(o[2 * dp + 1], pa, b1, o[2 * dp + 1]);
+      mma_m16n8k16_bf16(o[2 * dp], pa[c], b0, o[2 * dp]);
+      mma_m16n8k16_bf16(o[2 * dp + 1], pa[c], b1, o[2 * dp + 1]);
     }
   }
 }
@@ -177,9 +193,11 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.cuh
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
-  const float scale = 1.0f / sqrtf((float)D);
+  const float scale = 1.0f / sqrtf((float)D), scale_log2 = 1.44269504f * scale;
+  const size_t pos_stride = (size_t)batch * 3 * heads * D;
+  const bf16* q_src = qkv + (size_t)b * 3 * heads * D + (size_t)head * 3 * D;  // position 0's q; k, v follow
 
-  load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);  // joins key tile 0's group
+  load_rows<D, kQueries>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
 
   float o[D / 8][4];
   UNROLL
@@ -189,17 +207,27 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   // Row state for the lane's two rows (g and g + 8 of the warp's 16): the running max, and this
   // lane's part of the running sum (the four lanes of a group are added at the end).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int row_base = q0 + warp * 16 + g;
+  const int row_base = q0 + warp * 16 + g, warp_first = q0 + warp * 16, warp_last = warp_first + 15;
 
   const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
   cp_async_ring<kStages>(
       last_query / BN + 1,
       [&](int stage, int kt) {
-        load_rows<D, BN>(tiles.stage[stage].k, qkv, 1, kt * BN, seq, batch, b, head, heads);
-        load_rows<D, BN>(tiles.stage[stage].v, qkv, 2, kt * BN, seq, batch, b, head, heads);
+        load_rows<D, BN>(tiles.stage[stage].k, q_src + D, pos_stride, kt * BN, seq);
+        load_rows<D, BN>(tiles.stage[stage].v, q_src + 2 * D, pos_stride, kt * BN, seq);
       },
       [&](int stage, int kt) {
-        attend_tile<D, BN>(o, m, l, tiles.q, tiles.stage[stage].k, tiles.stage[stage].v, kt * BN, row_base, scale);
+        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (all
+        // its scores are masked; so is every tile of a warp whose rows are all past seq), one
+        // that reaches past the warp's first query is masked, the tiles before run without the
+        // compare.
+        const int k0 = kt * BN;
+        auto& st = tiles.stage[stage];
+        if (k0 > warp_last || warp_first >= seq) return;
+        if (k0 + BN - 1 > warp_first)
+          attend_tile<D, BN, true>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
+        else
+          attend_tile<D, BN, false>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
       });
 
   const size_t width = (size_t)heads * D;
@@ -217,7 +245,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
       dst[8 * j + 2 * t4] = to_bf16(o[j][2 * h] * inv);
       dst[8 * j + 2 * t4 + 1] = to_bf16(o[j][2 * h + 1] * inv);
     }
-    if (t4 == 0) lse[((size_t)b * heads + head) * seq + row] = m[h] + logf(total);
+    if (t4 == 0) lse[((size_t)b * heads + head) * seq + row] = m[h] * scale + logf(total);
   }
 }
 
