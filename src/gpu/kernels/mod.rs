@@ -163,7 +163,7 @@ pub const KERNELS: &[KernelSpec] = &[
     attention(Kernel::AttentionBwdDqBf16D64, "attention_bwd_dq_bf16_d64", "attention_bwd.cu", 36864),
     attention(Kernel::AttentionBwdDqBf16D128, "attention_bwd_dq_bf16_d128", "attention_bwd.cu", 52224),
     attention(Kernel::AttentionFwdBf16D32, "attention_fwd_bf16_d32", "attention_fwd.cu", 25600),
-    attention(Kernel::AttentionFwdBf16D64, "attention_fwd_bf16_d64", "attention_fwd.cu", 46080),
+    attention(Kernel::AttentionFwdBf16D64, "attention_fwd_bf16_d64", "attention_fwd.cu", 55296),
     attention(Kernel::AttentionFwdBf16D128, "attention_fwd_bf16_d128", "attention_fwd.cu", 52224),
     spec(Kernel::CastF32ToBf16, "cast_f32_to_bf16", "casts.cu", 256, Some(256), 0),
     spec(Kernel::CastBf16ToF32, "cast_bf16_to_f32", "casts.cu", 256, Some(256), 0),
