@@ -11,7 +11,7 @@
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
 // Grid: (⌈seq/Q⌉, batch·heads) blocks of 128 threads, Q = 128 queries per block for d 64 and 64
-// for d 32 and d 128 (plan.rs's attention_fwd_queries), taken longest first (the last query
+// for d 32 and d 128 (plan.rs's attention_queries), taken longest first (the last query
 // tiles of every (b, h) first: common/tile_order.cuh's longest_first). A block owns Q queries of
 // one (b, h); each of its 4 warps owns Q/4 consecutive ones (split-Q: no cross-warp reduction),
 // as MT = Q/64 row tiles of 16 (FA-2's 128-query blocks of 4 warps for d 64: each K and V

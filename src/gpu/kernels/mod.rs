@@ -160,7 +160,7 @@ pub const KERNELS: &[KernelSpec] = &[
     attention(Kernel::AttentionBwdDkvBf16D64, "attention_bwd_dkv_bf16_d64", "attention_bwd.cu", 37376),
     attention(Kernel::AttentionBwdDkvBf16D128, "attention_bwd_dkv_bf16_d128", "attention_bwd.cu", 52480),
     attention(Kernel::AttentionBwdDqBf16D32, "attention_bwd_dq_bf16_d32", "attention_bwd.cu", 30720),
-    attention(Kernel::AttentionBwdDqBf16D64, "attention_bwd_dq_bf16_d64", "attention_bwd.cu", 36864),
+    attention(Kernel::AttentionBwdDqBf16D64, "attention_bwd_dq_bf16_d64", "attention_bwd.cu", 55296),
     attention(Kernel::AttentionBwdDqBf16D128, "attention_bwd_dq_bf16_d128", "attention_bwd.cu", 52224),
     attention(Kernel::AttentionFwdBf16D32, "attention_fwd_bf16_d32", "attention_fwd.cu", 25600),
     attention(Kernel::AttentionFwdBf16D64, "attention_fwd_bf16_d64", "attention_fwd.cu", 55296),
