@@ -47,7 +47,8 @@
 // cp.async copies (zero-filled past seq) are in flight while tile j's products run, with one
 // barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once, with
 // the first streamed tile, and stay in shared memory. Each thread issues a fixed, unrolled set of
-// 16-byte copies per tile (load_rows), one 64-bit multiply-add of address each.
+// 16-byte copies per tile (common/cp_async_ring.cuh's cp_async_rows), one 64-bit multiply-add of
+// address each.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
 // (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 31744 B (d 32), 37376 B (d 64), 52480 B
@@ -71,23 +72,6 @@ namespace attention_bwd_detail {
 
 constexpr int kBlockRows = 64, kThreads = 128, kStages = 2;
 constexpr float kLog2e = 1.44269504f;
-
-// Rows row0..row0+ROWS-1 (positions; rows past seq load as zeros) of one head's d columns into
-// a padded tile: `src` is those columns' start at position 0 of the block's sequence, `pos_stride`
-// the elements from one position to the next. Thread i copies the 16 bytes at column
-// (i % (D/8))·8 of rows i / (D/8) + n·(kThreads / (D/8)): a fixed count, unrolled, one 64-bit
-// multiply-add per copy.
-template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* src, size_t pos_stride, int row0, int seq) {
-  constexpr int chunks = D / 8, rows_per_pass = kThreads / chunks;
-  static_assert(kThreads % chunks == 0 && ROWS % rows_per_pass == 0, "whole passes of the block");
-  const int r0 = threadIdx.x / chunks, c = (threadIdx.x % chunks) * 8;
-  UNROLL
-  for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
-    const int r = r0 + pass * rows_per_pass, t = row0 + r;
-    cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
-  }
-}
 
 // The A fragment of the 16x16 block at (row0, k0) of a row-major tile.
 template <int D>
@@ -262,8 +246,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
 
   // The block's keys and values join query tile 0's commit group.
-  load_rows<D, kBlockRows>(tiles.k, q_src + D, qkv_pos, k0, seq);
-  load_rows<D, kBlockRows>(tiles.v, q_src + 2 * D, qkv_pos, k0, seq);
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.k, q_src + D, qkv_pos, k0, seq);
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.v, q_src + 2 * D, qkv_pos, k0, seq);
 
   float dk[D / 8][4], dv[D / 8][4];
   UNROLL
@@ -279,8 +263,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
       [&](int stage, int t) {
         const int qs = qs0 + t * BQ;
         auto& st = tiles.stage[stage];
-        load_rows<D, BQ>(st.q, q_src, qkv_pos, qs, seq);
-        load_rows<D, BQ>(st.dout, dout_src, out_pos, qs, seq);
+        cp_async_rows<D, BQ, kThreads>(st.q, q_src, qkv_pos, qs, seq);
+        cp_async_rows<D, BQ, kThreads>(st.dout, dout_src, out_pos, qs, seq);
         load_floats<BQ>(st.lse, lse_bh, qs, seq, 0);
         load_floats<BQ>(st.delta, delta_bh, qs, seq, BQ);
       },
@@ -375,13 +359,11 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
   }
 }
 
-// Queries per dQ block (the launch's grid tile: src/gpu/kernels/plan.rs) and dynamic shared
-// memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr int kDqQueriesD32 = DqTilesOf<32>::kQueries, kDqQueriesD64 = DqTilesOf<64>::kQueries,
-              kDqQueriesD128 = DqTilesOf<128>::kQueries;
+// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs); the queries per block,
+// DqTilesOf<D>::kQueries, are the forward's (plan.rs's attention_queries; the emulation harness
+// checks that they agree).
 constexpr unsigned kDqSharedBytesD32 = sizeof(DqTilesOf<32>), kDqSharedBytesD64 = sizeof(DqTilesOf<64>),
                    kDqSharedBytesD128 = sizeof(DqTilesOf<128>);
-static_assert(kDqQueriesD32 == 64 && kDqQueriesD64 == 128 && kDqQueriesD128 == 64, "the header and plan.rs state these");
 static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 55296 && kDqSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
@@ -405,8 +387,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
 
   // The block's queries and their output gradients join key tile 0's commit group.
-  load_rows<D, kQueries>(tiles.q, q_src, qkv_pos, q0, seq);
-  load_rows<D, kQueries>(tiles.dout, dout_src, out_pos, q0, seq);
+  cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, qkv_pos, q0, seq);
+  cp_async_rows<D, kQueries, kThreads>(tiles.dout, dout_src, out_pos, q0, seq);
 
   // The warp's rows: warp_first.. warp_last; this lane's are row_base + 16i and + 16i + 8.
   const int warp_first = q0 + warp * 16 * MT, warp_last = warp_first + 16 * MT - 1, row_base = warp_first + g;
@@ -435,8 +417,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       last_query / BK + 1,
       [&](int stage, int t) {
         auto& st = tiles.stage[stage];
-        load_rows<D, BK>(st.k, q_src + D, qkv_pos, t * BK, seq);
-        load_rows<D, BK>(st.v, q_src + 2 * D, qkv_pos, t * BK, seq);
+        cp_async_rows<D, BK, kThreads>(st.k, q_src + D, qkv_pos, t * BK, seq);
+        cp_async_rows<D, BK, kThreads>(st.v, q_src + 2 * D, qkv_pos, t * BK, seq);
       },
       [&](int stage, int t) {
         // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (so

@@ -38,7 +38,8 @@
 // thread and row tile). K/V tiles stream through a ring of kStages = 2 shared-memory stages
 // (common/cp_async_ring.cuh): tile j+1's cp.async copies (zero-filled past seq) are in flight
 // while tile j's QK^T, softmax and PV run, with one barrier per tile. Each thread issues a fixed,
-// unrolled set of 16-byte copies per tile (load_rows), one 64-bit multiply-add of address each.
+// unrolled set of 16-byte copies per tile (cp_async_ring.cuh's cp_async_rows), one 64-bit
+// multiply-add of address each.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
 // Q x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 25600 B for d 32, 55296 B for d 64,
@@ -89,23 +90,6 @@ constexpr unsigned kSharedBytesD32 = sizeof(TilesOf<32>), kSharedBytesD64 = size
 static_assert(kQueriesD32 == 64 && kQueriesD64 == 128 && kQueriesD128 == 64, "the header and plan.rs state these");
 static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedBytesD128 == 52224,
               "the header and the kernel index state these");
-
-// Rows row0..row0+ROWS-1 (positions; rows past seq load as zeros) of one of q / k / v into a
-// tile: `src` is that part's first column of position 0 of the block's (b, head), `pos_stride`
-// the elements from one position to the next. Thread i copies the 16 bytes at column
-// (i % (D/8))·8 of rows i / (D/8) + n·(kThreads / (D/8)): a fixed count, unrolled, one 64-bit
-// multiply-add per copy.
-template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* src, size_t pos_stride, int row0, int seq) {
-  constexpr int chunks = D / 8, rows_per_pass = kThreads / chunks;
-  static_assert(kThreads % chunks == 0 && ROWS % rows_per_pass == 0, "whole passes of the block");
-  const int r0 = threadIdx.x / chunks, c = (threadIdx.x % chunks) * 8;
-  UNROLL
-  for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
-    const int r = r0 + pass * rows_per_pass, t = row0 + r;
-    cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
-  }
-}
 
 // One key tile of BN keys from k0 for the warp's 16·MT queries (row tile i: rows
 // row_base + 16i and row_base + 16i + 8 of this lane): S = Q Kᵀ, the causal mask where MASK (a
@@ -225,7 +209,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const size_t pos_stride = (size_t)batch * 3 * heads * D;
   const bf16* q_src = qkv + (size_t)b * 3 * heads * D + (size_t)head * 3 * D;  // position 0's q; k, v follow
 
-  load_rows<D, kQueries>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
+  cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
 
   float o[MT][D / 8][4];
   UNROLL
@@ -245,8 +229,8 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   cp_async_ring<kStages>(
       last_query / BN + 1,
       [&](int stage, int kt) {
-        load_rows<D, BN>(tiles.stage[stage].k, q_src + D, pos_stride, kt * BN, seq);
-        load_rows<D, BN>(tiles.stage[stage].v, q_src + 2 * D, pos_stride, kt * BN, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, q_src + D, pos_stride, kt * BN, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, q_src + 2 * D, pos_stride, kt * BN, seq);
       },
       [&](int stage, int kt) {
         // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (all

@@ -46,9 +46,9 @@ constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                                attention_bwd_detail::kDqSharedBytesD128}},
                              {attention_fwd_detail::kQueriesD32, attention_fwd_detail::kQueriesD64,
                               attention_fwd_detail::kQueriesD128}};
-static_assert(attention_bwd_detail::kDqQueriesD32 == attention_fwd_detail::kQueriesD32 &&
-                  attention_bwd_detail::kDqQueriesD64 == attention_fwd_detail::kQueriesD64 &&
-                  attention_bwd_detail::kDqQueriesD128 == attention_fwd_detail::kQueriesD128,
+static_assert(attention_bwd_detail::DqTilesOf<32>::kQueries == attention_fwd_detail::kQueriesD32 &&
+                  attention_bwd_detail::DqTilesOf<64>::kQueries == attention_fwd_detail::kQueriesD64 &&
+                  attention_bwd_detail::DqTilesOf<128>::kQueries == attention_fwd_detail::kQueriesD128,
               "the forward's and dQ's blocks own the same queries (Geometry::attention_queries)");
 
 // The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
