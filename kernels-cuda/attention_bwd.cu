@@ -17,8 +17,9 @@
 //                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
-//                                  / Q through ldmatrix.trans. Query tiles: 64 (d 32), 32 (d 64),
-//                                  16 (d 128).
+//                                  / Q through ldmatrix.trans (d 64 holds its K and V A
+//                                  fragments in registers across the tiles). Query tiles: 64
+//                                  (d 32), 32 (d 64), 16 (d 128).
 //   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/Q⌉, batch·heads), 128 threads, longest first
 //                                  (the last query tiles first); a block owns Q queries
 //                                  (plan.rs's attention_queries: 128 for d 64, 64 for d 32
@@ -56,8 +57,9 @@
 // (d 64), 52224 B (d 128). dK/dV's d 128 and dQ's d 64 and d 128 are above the default 48 KiB
 // and opt in; the kernel index states all six. Registers: dkv holds dK and dV (d f32 per thread)
 // and two score tiles (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ
-// (MT·d/2) and two (MT·tile/2 each), 80, 128 and 80; ptxas takes about 160 (dkv d 32, d 64), 224
-// (dkv d 128), 109 (dq d 32), 220 (dq d 64: 2 blocks per SM) and 128 (dq d 128); `make
+// (MT·d/2) and two (MT·tile/2 each), 80, 128 and 80; dkv of d 64 also holds its warp's K and V
+// A fragments (32). ptxas takes about 160 (dkv d 32), 168 (dkv d 64: 3 blocks per SM), 224 (dkv
+// d 128), 109 (dq d 32), 220 (dq d 64: 2 blocks per SM) and 128 (dq d 128); `make
 // kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
@@ -106,13 +108,14 @@ __device__ __forceinline__ void repack_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
-// The score pair both kernels recompute, for the warp's MT row tiles of 16 (rows row0 + 16i..)
-// of a1 and a2 against the N rows of b1 and b2 (all [rows][D + 8] tiles): s1 = a1 b1ᵀ and
-// s2 = a2 b2ᵀ over d, each B fragment of b1 and b2 feeding the MT row tiles' mma.
+// The score pair both kernels recompute, for the warp's MT row tiles of 16 against the N rows
+// of b1 and b2 (both [rows][D + 8] tiles): s1 = a1 b1ᵀ and s2 = a2 b2ᵀ over d, each B fragment
+// of b1 and b2 feeding the MT row tiles' mma. a_frags(i, kk, x1, x2) gives the A fragments of
+// row tile i's k16 block at kk of a1 and a2 (from shared memory, or registers held across tiles).
 // dK/dV: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ; dQ: S = Q Kᵀ, dP = dO Vᵀ.
-template <int D, int N, int MT>
-__device__ __forceinline__ void score_pair(float (&s1)[MT][N / 8][4], float (&s2)[MT][N / 8][4], bf16 (*a1)[D + 8],
-                                           bf16 (*a2)[D + 8], bf16 (*b1)[D + 8], bf16 (*b2)[D + 8], int row0) {
+template <int D, int N, int MT, class AFrags>
+__device__ __forceinline__ void score_pair(float (&s1)[MT][N / 8][4], float (&s2)[MT][N / 8][4], AFrags a_frags,
+                                           bf16 (*b1)[D + 8], bf16 (*b2)[D + 8]) {
   UNROLL
   for (int i = 0; i < MT; ++i)
     UNROLL
@@ -123,10 +126,7 @@ __device__ __forceinline__ void score_pair(float (&s1)[MT][N / 8][4], float (&s2
   for (int kk = 0; kk < D; kk += 16) {
     uint32_t x1[MT][4], x2[MT][4];
     UNROLL
-    for (int i = 0; i < MT; ++i) {
-      load_a<D>(x1[i], a1, row0 + 16 * i, kk);
-      load_a<D>(x2[i], a2, row0 + 16 * i, kk);
-    }
+    for (int i = 0; i < MT; ++i) a_frags(i, kk, x1[i], x2[i]);
     UNROLL
     for (int p = 0; p < N / 16; ++p) {
       uint32_t b0[2], b1f[2];
@@ -173,16 +173,17 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int ro
 // tile holds a query before one of the warp's keys, so each score is checked (past the
 // diagonal every query is at or after every key and the compare is skipped).
 // P = 2^(s·scale_log2 - lse·log2(e)), scale_log2 = log2(e)/sqrt(d): one FFMA and one ex2.approx.
-template <int D, int BQ, bool MASK>
-__device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], DkvTiles<D, BQ>& tiles,
-                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base,
-                                         float scale_log2) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
+// kv_frags: score_pair's A fragments of the warp's K and V rows.
+template <int D, int BQ, bool MASK, class KvFrags>
+__device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
+                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, float scale_log2,
+                                         KvFrags kv_frags) {
+  const int t4 = threadIdx.x % 4;
   bf16(*q)[D + 8] = st.q;
   bf16(*dout)[D + 8] = st.dout;
   // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
   float sp_dpt[2][1][BQ / 8][4];
-  score_pair<D, BQ, 1>(sp_dpt[0], sp_dpt[1], tiles.k, tiles.v, q, dout, warp * 16);
+  score_pair<D, BQ, 1>(sp_dpt[0], sp_dpt[1], kv_frags, q, dout);
   float(&sp)[BQ / 8][4] = sp_dpt[0][0];
   float(&dpt)[BQ / 8][4] = sp_dpt[1][0];
   // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
@@ -258,6 +259,22 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
 
   // Query tiles from the one holding the block's first key (the diagonal) to the end.
   const int qs0 = (k0 / BQ) * BQ, warp_first = k0 + warp * 16, warp_last = warp_first + 15;
+  // The A fragments of the warp's K and V rows: for d 64 read once, at the warp's first live tile
+  // (its block rows have landed by then), and held in 32 registers, where reading them per tile
+  // cost 8 of the tile's 40 ldmatrix (ptxas stays at 168 registers, 3 blocks per SM); d 128's 64
+  // more would spill, and d 32 (4 of 36 ldmatrix) spilled on sm_80, so they read them per tile.
+  constexpr bool kHold = D == 64;
+  uint32_t ka[kHold ? D / 16 : 1][4], va[kHold ? D / 16 : 1][4];
+  bool held = false;
+  auto kv_frags = [&](int, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
+    if constexpr (kHold) {
+      UNROLL
+      for (int r = 0; r < 4; ++r) x1[r] = ka[kk / 16][r], x2[r] = va[kk / 16][r];
+    } else {
+      load_a<D>(x1, tiles.k, warp * 16, kk);
+      load_a<D>(x2, tiles.v, warp * 16, kk);
+    }
+  };
   cp_async_ring<kStages>(
       ceil_div(seq - qs0, BQ),
       [&](int stage, int t) {
@@ -275,10 +292,18 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
         const int qs = qs0 + t * BQ;
         auto& st = tiles.stage[stage];
         if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
+        if (kHold && !held) {
+          UNROLL
+          for (int kk = 0; kk < D / 16; ++kk) {
+            load_a<D>(ka[kk], tiles.k, warp * 16, kk * 16);
+            load_a<D>(va[kk], tiles.v, warp * 16, kk * 16);
+          }
+          held = true;
+        }
         if (qs < warp_last)
-          dkv_tile<D, BQ, true>(dk, dv, tiles, st, qs, key_base, scale_log2);
+          dkv_tile<D, BQ, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
         else
-          dkv_tile<D, BQ, false>(dk, dv, tiles, st, qs, key_base, scale_log2);
+          dkv_tile<D, BQ, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
       });
 
   UNROLL
@@ -326,7 +351,11 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
                                         float scale_log2) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[MT][BK / 8][4], dp[MT][BK / 8][4];
-  score_pair<D, BK, MT>(s, dp, tiles.q, tiles.dout, st.k, st.v, warp * 16 * MT);
+  auto q_dout_frags = [&](int i, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
+    load_a<D>(x1, tiles.q, (warp * MT + i) * 16, kk);
+    load_a<D>(x2, tiles.dout, (warp * MT + i) * 16, kk);
+  };
+  score_pair<D, BK, MT>(s, dp, q_dout_frags, st.k, st.v);
   // dS in place of S: element e of n-tile j of row tile i is query row_base + 16i + 8 (e / 2),
   // key k0 + 8j + 2 t4 + e % 2.
   UNROLL
