@@ -17,33 +17,50 @@
 //                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
-//                                  / Q through ldmatrix.trans. Query tiles: 64 (d 32), 32 (d 64),
-//                                  16 (d 128).
-//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, longest first
-//                                  (the last query tiles first); a block owns 64
-//                                  queries, a warp 16, and walks the key tiles up to the
-//                                  diagonal, recomputing S and dP, then dQ += dS K (K through
-//                                  ldmatrix.trans). Key tiles: 64 (d 32), 32 (d 64), 16 (d 128).
+//                                  / Q through ldmatrix.trans (d 64 holds its K and V A
+//                                  fragments in registers across the tiles). Query tiles: 64
+//                                  (d 32), 32 (d 64), 16 (d 128).
+//   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/Q⌉, batch·heads), 128 threads, longest first
+//                                  (the last query tiles first); a block owns Q queries
+//                                  (plan.rs's attention_queries: 128 for d 64, 64 for d 32
+//                                  and d 128), a warp Q/4 as MT = Q/64 row tiles of 16 (each K
+//                                  and V fragment feeds MT mma, as in the forward), and walks
+//                                  the key tiles up to the diagonal, recomputing S and dP, then
+//                                  dQ += dS K (K through ldmatrix.trans). Key tiles: 64 (d 32),
+//                                  32 (d 64), 16 (d 128).
 // The streamed tile times d is 2048 for every head dim, so each stage moves the same 8 KiB of
-// bf16 rows (4 cp.async copies of 16 bytes per thread) and holds the same score registers; the
+// bf16 rows (4 cp.async copies of 16 bytes per thread) and holds the same score registers per
+// row tile; the
 // mma shapes need d and the tile to be multiples of 16, and dK/dV's lse and delta loads (one
 // thread per entry, load_floats) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
+// Causal work per warp (warp-uniform branches, as in the forward): a streamed tile that holds a
+// pair with the key after the query is masked (the compare and select per score), the tiles
+// wholly below the diagonal run without them, and tiles with no live pair for the warp (or all
+// tiles of a warp whose own rows are all past seq) are skipped. P is rebuilt in base 2:
+// 2^(s·scale_log2 - lse·log2(e)) with scale_log2 = log2(e)/sqrt(d), one FFMA and one ex2.approx
+// (common/ptx.cuh's exp2_approx, relative error within 2^-22) per score where expf cost a
+// multiply and eight instructions.
 //
 // Pipeline: the streamed tiles (dK/dV: Q, dO and their lse and delta rows; dQ: K and V) go
 // through a ring of kStages = 2 shared-memory stages (common/cp_async_ring.cuh): tile j+1's
 // cp.async copies (zero-filled past seq) are in flight while tile j's products run, with one
 // barrier per tile. The block's own rows (dK/dV: K and V; dQ: Q and dO) are loaded once, with
-// the first streamed tile, and stay in shared memory.
+// the first streamed tile, and stay in shared memory. Each thread issues a fixed, unrolled set of
+// 16-byte copies per tile (common/cp_async_ring.cuh's cp_async_rows), one 64-bit multiply-add of
+// address each.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row): dkv: K, V 64 x (d + 8) bf16 plus kStages x
 // (Q, dO tile x (d + 8) bf16 and 2 x tile f32) = 31744 B (d 32), 37376 B (d 64), 52480 B
-// (d 128); dq: Q, dO 64 x (d + 8) plus kStages x (K, V tile x (d + 8)) = 30720 B (d 32), 36864 B
-// (d 64), 52224 B (d 128). The d 128 kernels are above the default 48 KiB and opt in; the kernel
-// index states all six. Registers: dkv holds dK and dV (d f32 per thread) and two score tiles
-// (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ (d/2) and two, 80, 64 and
-// 80; `make kernels-check` prints the counts and rejects spills.
+// (d 128); dq: Q, dO Q x (d + 8) plus kStages x (K, V tile x (d + 8)) = 30720 B (d 32), 55296 B
+// (d 64), 52224 B (d 128). dK/dV's d 128 and dQ's d 64 and d 128 are above the default 48 KiB
+// and opt in; the kernel index states all six. Registers: dkv holds dK and dV (d f32 per thread)
+// and two score tiles (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ
+// (MT·d/2) and two (MT·tile/2 each), 80, 128 and 80; dkv of d 64 also holds its warp's K and V
+// A fragments (32). ptxas takes about 160 (dkv d 32), 168 (dkv d 64: 3 blocks per SM), 224 (dkv
+// d 128), 109 (dq d 32), 220 (dq d 64: 2 blocks per SM) and 128 (dq d 128); `make
+// kernels-check` prints the counts and rejects spills.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
@@ -56,24 +73,7 @@
 namespace attention_bwd_detail {
 
 constexpr int kBlockRows = 64, kThreads = 128, kStages = 2;
-
-// Rows row0..row0+ROWS-1 (positions t; rows past seq load as zeros) of one head's d columns
-// starting at column col0 of a [seq·batch, row_stride] activation, into a padded tile.
-template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* base, size_t row_stride, size_t col0,
-                                          int row0, int seq, int batch, int b) {
-  constexpr int chunks = D / 8;
-  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
-    const bf16* src = base;
-    int bytes = 0;
-    if (t < seq) {
-      src = base + ((size_t)t * batch + b) * row_stride + col0 + c;
-      bytes = 16;
-    }
-    cp_async_16(&tile[r][c], src, bytes);
-  }
-}
+constexpr float kLog2e = 1.44269504f;
 
 // The A fragment of the 16x16 block at (row0, k0) of a row-major tile.
 template <int D>
@@ -108,30 +108,40 @@ __device__ __forceinline__ void repack_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
-// The score pair both kernels recompute, for the warp's 16 rows from row0 of a1 and a2 against
-// the N rows of b1 and b2 (all [rows][D + 8] tiles): s1 = a1 b1ᵀ and s2 = a2 b2ᵀ over d.
+// The score pair both kernels recompute, for the warp's MT row tiles of 16 against the N rows
+// of b1 and b2 (both [rows][D + 8] tiles): s1 = a1 b1ᵀ and s2 = a2 b2ᵀ over d, each B fragment
+// of b1 and b2 feeding the MT row tiles' mma. a_frags(i, kk, x1, x2) gives the A fragments of
+// row tile i's k16 block at kk of a1 and a2 (from shared memory, or registers held across tiles).
 // dK/dV: Sᵀ = K Qᵀ, dPᵀ = V dOᵀ; dQ: S = Q Kᵀ, dP = dO Vᵀ.
-template <int D, int N>
-__device__ __forceinline__ void score_pair(float (&s1)[N / 8][4], float (&s2)[N / 8][4], bf16 (*a1)[D + 8],
-                                           bf16 (*a2)[D + 8], bf16 (*b1)[D + 8], bf16 (*b2)[D + 8], int row0) {
+template <int D, int N, int MT, class AFrags>
+__device__ __forceinline__ void score_pair(float (&s1)[MT][N / 8][4], float (&s2)[MT][N / 8][4], AFrags a_frags,
+                                           bf16 (*b1)[D + 8], bf16 (*b2)[D + 8]) {
   UNROLL
-  for (int j = 0; j < N / 8; ++j)
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int e = 0; e < 4; ++e) s1[j][e] = s2[j][e] = 0.0f;
+    for (int j = 0; j < N / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) s1[i][j][e] = s2[i][j][e] = 0.0f;
   UNROLL
   for (int kk = 0; kk < D; kk += 16) {
-    uint32_t x1[4], x2[4];
-    load_a<D>(x1, a1, row0, kk);
-    load_a<D>(x2, a2, row0, kk);
+    uint32_t x1[MT][4], x2[MT][4];
+    UNROLL
+    for (int i = 0; i < MT; ++i) a_frags(i, kk, x1[i], x2[i]);
     UNROLL
     for (int p = 0; p < N / 16; ++p) {
       uint32_t b0[2], b1f[2];
       load_b_rows<D>(b0, b1f, b1, p * 16, kk);
-      mma_m16n8k16_bf16(s1[2 * p], x1, b0, s1[2 * p]);
-      mma_m16n8k16_bf16(s1[2 * p + 1], x1, b1f, s1[2 * p + 1]);
+      UNROLL
+      for (int i = 0; i < MT; ++i) {
+        mma_m16n8k16_bf16(s1[i][2 * p], x1[i], b0, s1[i][2 * p]);
+        mma_m16n8k16_bf16(s1[i][2 * p + 1], x1[i], b1f, s1[i][2 * p + 1]);
+      }
       load_b_rows<D>(b0, b1f, b2, p * 16, kk);
-      mma_m16n8k16_bf16(s2[2 * p], x2, b0, s2[2 * p]);
-      mma_m16n8k16_bf16(s2[2 * p + 1], x2, b1f, s2[2 * p + 1]);
+      UNROLL
+      for (int i = 0; i < MT; ++i) {
+        mma_m16n8k16_bf16(s2[i][2 * p], x2[i], b0, s2[i][2 * p]);
+        mma_m16n8k16_bf16(s2[i][2 * p + 1], x2[i], b1f, s2[i][2 * p + 1]);
+      }
     }
   }
 }
@@ -159,26 +169,33 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int ro
 }
 
 // One query tile of BQ queries from qs for the warp's 16 keys (key_base, key_base + 8 of this
-// lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q.
-template <int D, int BQ>
-__device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4], DkvTiles<D, BQ>& tiles,
-                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, int seq,
-                                         float scale) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
+// lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q. MASK: the
+// tile holds a query before one of the warp's keys, so each score is checked (past the
+// diagonal every query is at or after every key and the compare is skipped).
+// P = 2^(s·scale_log2 - lse·log2(e)), scale_log2 = log2(e)/sqrt(d): one FFMA and one ex2.approx.
+// kv_frags: score_pair's A fragments of the warp's K and V rows.
+template <int D, int BQ, bool MASK, class KvFrags>
+__device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
+                                         typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, float scale_log2,
+                                         KvFrags kv_frags) {
+  const int t4 = threadIdx.x % 4;
   bf16(*q)[D + 8] = st.q;
   bf16(*dout)[D + 8] = st.dout;
   // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for the warp's 16 keys and the tile's BQ queries.
-  float sp[BQ / 8][4], dpt[BQ / 8][4];
-  score_pair<D, BQ>(sp, dpt, tiles.k, tiles.v, q, dout, warp * 16);
+  float sp_dpt[2][1][BQ / 8][4];
+  score_pair<D, BQ, 1>(sp_dpt[0], sp_dpt[1], kv_frags, q, dout);
+  float(&sp)[BQ / 8][4] = sp_dpt[0][0];
+  float(&dpt)[BQ / 8][4] = sp_dpt[1][0];
   // Pᵀ and dSᵀ in place: element e of n-tile j is key key_base + 8 (e / 2), query
-  // qs + 8j + 2 t4 + e % 2. Queries past seq (zero rows, zero lse and delta) are masked.
+  // qs + 8j + 2 t4 + e % 2. A query past seq needs no mask: its q and dO rows, lse and delta
+  // load as zeros, so P = 2^0 = 1, dP = 0, dS = 0, and it adds exact zeros to dV (P dO) and dK.
   UNROLL
   for (int j = 0; j < BQ / 8; ++j)
     UNROLL
     for (int e = 0; e < 4; ++e) {
       const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
-      const bool live = key <= qs + qi && qs + qi < seq;
-      const float p = live ? expf(sp[j][e] * scale - st.lse[qi]) : 0.0f;
+      float p = exp2_approx(fmaf(sp[j][e], scale_log2, -st.lse[qi] * kLog2e));
+      if (MASK && key > qs + qi) p = 0.0f;
       sp[j][e] = p;
       dpt[j][e] = p * (dpt[j][e] - st.delta[qi]);
     }
@@ -223,9 +240,15 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
   const float scale = 1.0f / sqrtf((float)D);
 
+  const float scale_log2 = kLog2e * scale;
+  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
+  const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
+  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
+  const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
+
   // The block's keys and values join query tile 0's commit group.
-  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.k, q_src + D, qkv_pos, k0, seq);
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.v, q_src + 2 * D, qkv_pos, k0, seq);
 
   float dk[D / 8][4], dv[D / 8][4];
   UNROLL
@@ -235,19 +258,52 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const int key_base = k0 + warp * 16 + g;  // keys of this lane's rows: key_base, key_base + 8
 
   // Query tiles from the one holding the block's first key (the diagonal) to the end.
-  const int qs0 = (k0 / BQ) * BQ;
+  const int qs0 = (k0 / BQ) * BQ, warp_first = k0 + warp * 16, warp_last = warp_first + 15;
+  // The A fragments of the warp's K and V rows: for d 64 read once, at the warp's first live tile
+  // (its block rows have landed by then), and held in 32 registers, where reading them per tile
+  // cost 8 of the tile's 40 ldmatrix (ptxas stays at 168 registers, 3 blocks per SM); d 128's 64
+  // more would spill, and d 32 (4 of 36 ldmatrix) spilled on sm_80, so they read them per tile.
+  constexpr bool kHold = D == 64;
+  uint32_t ka[kHold ? D / 16 : 1][4], va[kHold ? D / 16 : 1][4];
+  bool held = false;
+  auto kv_frags = [&](int, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
+    if constexpr (kHold) {
+      UNROLL
+      for (int r = 0; r < 4; ++r) x1[r] = ka[kk / 16][r], x2[r] = va[kk / 16][r];
+    } else {
+      load_a<D>(x1, tiles.k, warp * 16, kk);
+      load_a<D>(x2, tiles.v, warp * 16, kk);
+    }
+  };
   cp_async_ring<kStages>(
       ceil_div(seq - qs0, BQ),
       [&](int stage, int t) {
         const int qs = qs0 + t * BQ;
         auto& st = tiles.stage[stage];
-        load_rows<D, BQ>(st.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
-        load_rows<D, BQ>(st.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
+        cp_async_rows<D, BQ, kThreads>(st.q, q_src, qkv_pos, qs, seq);
+        cp_async_rows<D, BQ, kThreads>(st.dout, dout_src, out_pos, qs, seq);
         load_floats<BQ>(st.lse, lse_bh, qs, seq, 0);
         load_floats<BQ>(st.delta, delta_bh, qs, seq, BQ);
       },
       [&](int stage, int t) {
-        dkv_tile<D, BQ>(dk, dv, tiles, tiles.stage[stage], qs0 + t * BQ, key_base, seq, scale);
+        // Per warp (uniform branches): a tile wholly before the warp's first key is skipped
+        // (every pair masked; so is every tile of a warp whose keys are all past seq), one that
+        // holds a query before the warp's last key is masked, the rest run without the compare.
+        const int qs = qs0 + t * BQ;
+        auto& st = tiles.stage[stage];
+        if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
+        if (kHold && !held) {
+          UNROLL
+          for (int kk = 0; kk < D / 16; ++kk) {
+            load_a<D>(ka[kk], tiles.k, warp * 16, kk * 16);
+            load_a<D>(va[kk], tiles.v, warp * 16, kk * 16);
+          }
+          held = true;
+        }
+        if (qs < warp_last)
+          dkv_tile<D, BQ, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
+        else
+          dkv_tile<D, BQ, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
       });
 
   UNROLL
@@ -266,112 +322,159 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   }
 }
 
-template <int D, int BK>
+// dQ's block: 4 warps, each owning MT row tiles of 16 consecutive queries (64·MT queries), as the
+// forward's d 64 does: each K and V fragment a warp reads feeds MT mma.
+template <int D, int BK, int MT>
 struct DqTiles {
+  static constexpr int kQueries = 64 * MT;
   struct Stage {
     bf16 k[BK][D + 8];
     bf16 v[BK][D + 8];
   };
-  bf16 q[kBlockRows][D + 8];
-  bf16 dout[kBlockRows][D + 8];
+  bf16 q[kQueries][D + 8];
+  bf16 dout[kQueries][D + 8];
   Stage stage[kStages];
 };
+// The per-head-dim instances: key tile BK (the streamed tile times d is 2048) and row tiles MT.
+template <int D>
+using DqTilesOf = DqTiles<D, 2048 / D, D == 64 ? 2 : 1>;
 
-// One key tile of BK keys from k0 for the warp's 16 queries (row_base, row_base + 8 of this lane):
-// S and dP, dS, then dQ += dS K.
-template <int D, int BK>
-__device__ __forceinline__ void dq_tile(float (&dq)[D / 8][4], DqTiles<D, BK>& tiles,
-                                        typename DqTiles<D, BK>::Stage& st, int k0, int row_base,
-                                        const float (&row_lse)[2], const float (&row_delta)[2], float scale) {
+// One key tile of BK keys from k0 for the warp's MT row tiles of 16 queries (row tile i: rows
+// row_base + 16i and row_base + 16i + 8 of this lane): S and dP, dS, then dQ += dS K. MASK: the
+// tile reaches past the warp's first query, so each score is checked (below the diagonal every
+// key is at or before every query). row_lse2 is the rows' lse·log2(e):
+// P = 2^(s·scale_log2 - row_lse2), one FFMA and one ex2.approx.
+template <int D, int BK, int MT, bool MASK>
+__device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK, MT>& tiles,
+                                        typename DqTiles<D, BK, MT>::Stage& st, int k0, int row_base,
+                                        const float (&row_lse2)[MT][2], const float (&row_delta)[MT][2],
+                                        float scale_log2) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
-  float s[BK / 8][4], dp[BK / 8][4];
-  score_pair<D, BK>(s, dp, tiles.q, tiles.dout, st.k, st.v, warp * 16);
-  // dS in place of S: element e of n-tile j is query row_base + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
+  float s[MT][BK / 8][4], dp[MT][BK / 8][4];
+  auto q_dout_frags = [&](int i, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
+    load_a<D>(x1, tiles.q, (warp * MT + i) * 16, kk);
+    load_a<D>(x2, tiles.dout, (warp * MT + i) * 16, kk);
+  };
+  score_pair<D, BK, MT>(s, dp, q_dout_frags, st.k, st.v);
+  // dS in place of S: element e of n-tile j of row tile i is query row_base + 16i + 8 (e / 2),
+  // key k0 + 8j + 2 t4 + e % 2.
   UNROLL
-  for (int j = 0; j < BK / 8; ++j)
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-      const float p = key <= row ? expf(s[j][e] * scale - row_lse[e / 2]) : 0.0f;
-      s[j][e] = p * (dp[j][e] - row_delta[e / 2]);
-    }
+    for (int j = 0; j < BK / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int row = row_base + 16 * i + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
+        float p = exp2_approx(fmaf(s[i][j][e], scale_log2, -row_lse2[i][e / 2]));
+        if (MASK && key > row) p = 0.0f;
+        s[i][j][e] = p * (dp[i][j][e] - row_delta[i][e / 2]);
+      }
   // dQ += dS K.
   UNROLL
   for (int c = 0; c < BK / 16; ++c) {
-    uint32_t dsa[4];
-    repack_a(dsa, s[2 * c], s[2 * c + 1]);
+    uint32_t dsa[MT][4];
+    UNROLL
+    for (int i = 0; i < MT; ++i) repack_a(dsa[i], s[i][2 * c], s[i][2 * c + 1]);
     UNROLL
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b0[2], b1[2];
       load_b_trans<D>(b0, b1, st.k, c * 16, dn * 16);
-      mma_m16n8k16_bf16(dq[2 * dn], dsa, b0, dq[2 * dn]);
-      mma_m16n8k16_bf16(dq[2 * dn + 1], dsa, b1, dq[2 * dn + 1]);
+      UNROLL
+      for (int i = 0; i < MT; ++i) {
+        mma_m16n8k16_bf16(dq[i][2 * dn], dsa[i], b0, dq[i][2 * dn]);
+        mma_m16n8k16_bf16(dq[i][2 * dn + 1], dsa[i], b1, dq[i][2 * dn + 1]);
+      }
     }
   }
 }
 
-// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr unsigned kDqSharedBytesD32 = sizeof(DqTiles<32, 64>), kDqSharedBytesD64 = sizeof(DqTiles<64, 32>),
-                   kDqSharedBytesD128 = sizeof(DqTiles<128, 16>);
-static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 36864 && kDqSharedBytesD128 == 52224,
+// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs); the queries per block,
+// DqTilesOf<D>::kQueries, are the forward's (plan.rs's attention_queries; the emulation harness
+// checks that they agree).
+constexpr unsigned kDqSharedBytesD32 = sizeof(DqTilesOf<32>), kDqSharedBytesD64 = sizeof(DqTilesOf<64>),
+                   kDqSharedBytesD128 = sizeof(DqTilesOf<128>);
+static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 55296 && kDqSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
-template <int D, int BK>
+template <int D>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+  using Shared = DqTilesOf<D>;
+  constexpr int BK = 2048 / D, kQueries = Shared::kQueries, MT = kQueries / 64;
   static_assert(D % 16 == 0 && BK % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
-  using Shared = DqTiles<D, BK>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);
-  const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
+  const int q0 = block.tile * kQueries, b = block.b, head = block.head;
   const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
+  const float scale_log2 = kLog2e * scale;
+  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
+  const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
+  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
+  const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
 
   // The block's queries and their output gradients join key tile 0's commit group.
-  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
-  load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
+  cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, qkv_pos, q0, seq);
+  cp_async_rows<D, kQueries, kThreads>(tiles.dout, dout_src, out_pos, q0, seq);
 
-  const int row_base = q0 + warp * 16 + g;  // queries of this lane's rows: row_base, row_base + 8
-  float row_lse[2], row_delta[2];
+  // The warp's rows: warp_first.. warp_last; this lane's are row_base + 16i and + 16i + 8.
+  const int warp_first = q0 + warp * 16 * MT, warp_last = warp_first + 16 * MT - 1, row_base = warp_first + g;
+  // The rows' lse·log2(e) (+inf past seq: P = 0) and delta.
+  float row_lse2[MT][2], row_delta[MT][2];
   UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int row = row_base + 8 * h;
-    const size_t at = ((size_t)b * heads + head) * seq + row;
-    row_lse[h] = row < seq ? lse[at] : INFINITY;
-    row_delta[h] = row < seq ? delta[at] : 0.0f;
-  }
-  float dq[D / 8][4];
-  UNROLL
-  for (int j = 0; j < D / 8; ++j)
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + 16 * i + 8 * h;
+      const size_t at = ((size_t)b * heads + head) * seq + row;
+      row_lse2[i][h] = row < seq ? lse[at] * kLog2e : INFINITY;
+      row_delta[i][h] = row < seq ? delta[at] : 0.0f;
+    }
+  float dq[MT][D / 8][4];
+  UNROLL
+  for (int i = 0; i < MT; ++i)
+    UNROLL
+    for (int j = 0; j < D / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) dq[i][j][e] = 0.0f;
 
   // Key tiles from 0 to the block's last query.
-  const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
+  const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
   cp_async_ring<kStages>(
       last_query / BK + 1,
       [&](int stage, int t) {
         auto& st = tiles.stage[stage];
-        load_rows<D, BK>(st.k, qkv, qkv_stride, head_col + D, t * BK, seq, batch, b);
-        load_rows<D, BK>(st.v, qkv, qkv_stride, head_col + 2 * D, t * BK, seq, batch, b);
+        cp_async_rows<D, BK, kThreads>(st.k, q_src + D, qkv_pos, t * BK, seq);
+        cp_async_rows<D, BK, kThreads>(st.v, q_src + 2 * D, qkv_pos, t * BK, seq);
       },
       [&](int stage, int t) {
-        dq_tile<D, BK>(dq, tiles, tiles.stage[stage], t * BK, row_base, row_lse, row_delta, scale);
+        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (so
+        // is every tile of a warp whose rows are all past seq), one that reaches past the warp's
+        // first query is masked, the tiles before run without the compare.
+        const int k0 = t * BK;
+        auto& st = tiles.stage[stage];
+        if (k0 > warp_last || warp_first >= seq) return;
+        if (k0 + BK - 1 > warp_first)
+          dq_tile<D, BK, MT, true>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
+        else
+          dq_tile<D, BK, MT, false>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
       });
 
   UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int row = row_base + 8 * h;
-    if (row >= seq) continue;
-    bf16* dst = dqkv + ((size_t)row * batch + b) * qkv_stride + head_col;
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int j = 0; j < D / 8; ++j) {
-      dst[8 * j + 2 * t4] = to_bf16(dq[j][2 * h] * scale);
-      dst[8 * j + 2 * t4 + 1] = to_bf16(dq[j][2 * h + 1] * scale);
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + 16 * i + 8 * h;
+      if (row >= seq) continue;
+      bf16* dst = dqkv + ((size_t)row * batch + b) * qkv_stride + head_col;
+      UNROLL
+      for (int j = 0; j < D / 8; ++j) {
+        dst[8 * j + 2 * t4] = to_bf16(dq[i][j][2 * h] * scale);
+        dst[8 * j + 2 * t4 + 1] = to_bf16(dq[i][j][2 * h + 1] * scale);
+      }
     }
-  }
 }
 
 }  // namespace attention_bwd_detail
@@ -406,15 +509,15 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }

@@ -10,36 +10,51 @@
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
-// Grid: (⌈seq/64⌉, batch·heads) blocks of 128 threads, taken longest first (the last query tiles
-// of every (b, h) first: common/tile_order.cuh's longest_first). A block owns 64 queries of one (b, h); each
-// warp owns 16 of them (split-Q: no cross-warp reduction). Per key tile of BN keys (64 for d 32
-// and d 64, 32 for d 128), a warp computes S = Q Kᵀ (16 x BN) with mma.sync.m16n8k16 (Q and K through
-// ldmatrix, K's rows being B's columns), masks u > t, rescales its O accumulator, and multiplies
-// P (rounded to bf16, repacked from the S accumulator fragments straight into A fragments) by V,
-// whose B fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's
-// last query, so every row sees key 0 in its first tile and the running max is finite from then
-// on.
+// Grid: (⌈seq/Q⌉, batch·heads) blocks of 128 threads, Q = 128 queries per block for d 64 and 64
+// for d 32 and d 128 (plan.rs's attention_queries), taken longest first (the last query
+// tiles of every (b, h) first: common/tile_order.cuh's longest_first). A block owns Q queries of
+// one (b, h); each of its 4 warps owns Q/4 consecutive ones (split-Q: no cross-warp reduction),
+// as MT = Q/64 row tiles of 16 (FA-2's 128-query blocks of 4 warps for d 64: each K and V
+// fragment a warp reads from shared memory feeds MT mma, so the ldmatrix traffic per mma halves
+// at MT = 2). Per key tile of BN keys (64 for d 32 and d 64, 32 for d 128), a warp computes
+// S = Q Kᵀ (16·MT x BN) with mma.sync.m16n8k16 (Q and K through ldmatrix, K's rows being B's
+// columns), masks u > t, rescales its O accumulator, and multiplies P (rounded to bf16 as it is
+// computed, packed from the S accumulator fragments straight into A fragments) by V, whose B
+// fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's last
+// query, so every row sees key 0 in its first tile and the running max is finite from then on.
+// Causal work per warp (FA-2's split of the masked steps from the rest; warp-uniform branches):
+// a key tile that reaches past the warp's first query is masked (the compare and select per
+// score), a tile wholly at or before it runs without them, and a tile wholly after the warp's
+// last query (or any tile of a warp whose rows are all past seq) is skipped. Keys past seq (zero
+// rows) lie only in masked tiles, after every live row.
+// Softmax in base 2 (FA-2's): m is the running max of the raw scores q·k, and with scale_log2 =
+// log2(e)/sqrt(d) each probability is 2^(s·scale_log2 - m·scale_log2), one FFMA and one
+// ex2.approx (common/ptx.cuh's exp2_approx, relative error within 2^-22) where expf of the
+// scaled score cost a multiply and eight instructions; lse = m/sqrt(d) + log(l).
 //
 // Pipeline (FA-2's loop with the loads overlapped): the block's Q tile is loaded once, with the
-// first key tile, and stays in shared memory (each warp reads its 16 rows with ldmatrix per key
+// first key tile, and stays in shared memory (each warp reads its rows with ldmatrix per key
 // tile, as FA-2 does by default: held in registers instead it cost 30-40 more registers per
-// thread). K/V tiles stream through a ring of kStages = 2 shared-memory stages
+// thread and row tile). K/V tiles stream through a ring of kStages = 2 shared-memory stages
 // (common/cp_async_ring.cuh): tile j+1's cp.async copies (zero-filled past seq) are in flight
-// while tile j's QK^T, softmax and PV run, with one barrier per tile.
+// while tile j's QK^T, softmax and PV run, with one barrier per tile. Each thread issues a fixed,
+// unrolled set of 16-byte copies per tile (cp_async_ring.cuh's cp_async_rows), one 64-bit
+// multiply-add of address each.
 //
 // Shared memory (dynamic, 8 bf16 of padding per row spread ldmatrix rows over the banks): Q
-// 64 x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 25600 B for d 32, 46080 B for d 64,
-// 52224 B for d 128 (above the default 48 KiB: the launch opts in; the kernel index states all
-// three). Rows of d + 8 = 40, 72 or 136 bf16 (80, 144, 272 B) put the 8 rows of an ldmatrix 8x8
-// matrix on 8 distinct 16-byte bank groups. Registers: the O accumulator is d/2 f32 per thread
-// (16, 32 or 64), S is BN/2 (32, 32 or 16); `make kernels-check` prints the counts and rejects
-// spills. d 32 keeps d 64's 64-key tile: with 128 keys (FA-2's d 32 tile, the same 16 KiB of K
-// and V per stage as d 64) S is 64 f32 per thread and ptxas spills on sm_80, and at tiny's
-// sequence of 128 a 128-key tile computes 256 key rows per (b, h) where 64 compute 192. A 64-key
-// tile of d 32 is 8 KiB of K and V, 4 cp.async copies of 16 bytes per thread, and its 25 KiB
-// and fewer registers let more blocks share an SM than d 64's (5 against 4 at sm_80's counts,
-// 96 and 108 registers). The mma shapes need d and BN to be multiples of
-// 16 (k16 steps over d for S, n-tile pairs over d for P V, k16 blocks over BN).
+// Q x (d + 8) plus kStages x (K and V BN x (d + 8)) bf16 = 25600 B for d 32, 55296 B for d 64,
+// 52224 B for d 128 (the last two above the default 48 KiB: the launch opts in; the kernel index
+// states all three). Rows of d + 8 = 40, 72 or 136 bf16 (80, 144, 272 B) put the 8 rows of an
+// ldmatrix 8x8 matrix on 8 distinct 16-byte bank groups. Registers: the O accumulator is
+// MT·d/2 f32 per thread (16, 64 or 64), S is MT·BN/2 (32, 64 or 16); ptxas takes about 100-125
+// (d 32), 210-230 (d 64) and 128 (d 128), so 2 blocks of d 64 share an SM (8 warps, as FA-2's
+// d 64 forward); `make kernels-check` prints the counts and rejects spills. d 32 stays at one
+// row tile per warp: its softmax costs as many instructions per score and half the mma, so it
+// is bound by issue rather than by shared memory, and one row tile keeps 4-5 blocks per SM.
+// d 32 keeps d 64's 64-key tile: with 128 keys (FA-2's d 32 tile) S doubles, and at tiny's
+// sequence of 128 a 128-key tile computes 256 key rows per (b, h) where 64 compute 192. The mma
+// shapes need d and BN to be multiples of 16 (k16 steps over d for S, n-tile pairs over d for
+// P V, k16 blocks over BN).
 //
 // Reference: `attention_forward` of the reference device (`attention_forward_head` in
 // src/device/kernels.rs), f64 on the same bf16 qkv (tests/cuda_emulation.rs).
@@ -50,10 +65,12 @@
 
 namespace attention_fwd_detail {
 
-constexpr int kQueries = 64, kThreads = 128, kStages = 2;
+constexpr int kThreads = 128, kStages = 2;
 
-template <int D, int BN>
+// A block of 4 warps, each owning MT m16 row tiles (16·MT consecutive queries): 64·MT queries.
+template <int D, int BN, int MT>
 struct Tiles {
+  static constexpr int kQueries = 64 * MT;
   struct Stage {
     bf16 k[BN][D + 8];
     bf16 v[BN][D + 8];
@@ -61,100 +78,106 @@ struct Tiles {
   bf16 q[kQueries][D + 8];
   Stage stage[kStages];
 };
-// Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs).
-constexpr unsigned kSharedBytesD32 = sizeof(Tiles<32, 64>), kSharedBytesD64 = sizeof(Tiles<64, 64>),
-                   kSharedBytesD128 = sizeof(Tiles<128, 32>);
-static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 46080 && kSharedBytesD128 == 52224,
+// The per-head-dim instances: key tile BN and row tiles per warp MT.
+template <int D>
+using TilesOf = Tiles<D, D == 128 ? 32 : 64, D == 64 ? 2 : 1>;
+// Queries per block (the launch's grid tile: src/gpu/kernels/plan.rs) and dynamic shared memory
+// per block (kernel index: src/gpu/kernels/mod.rs).
+constexpr int kQueriesD32 = TilesOf<32>::kQueries, kQueriesD64 = TilesOf<64>::kQueries,
+              kQueriesD128 = TilesOf<128>::kQueries;
+constexpr unsigned kSharedBytesD32 = sizeof(TilesOf<32>), kSharedBytesD64 = sizeof(TilesOf<64>),
+                   kSharedBytesD128 = sizeof(TilesOf<128>);
+static_assert(kQueriesD32 == 64 && kQueriesD64 == 128 && kQueriesD128 == 64, "the header and plan.rs state these");
+static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
-// rows row0.. of one of q / k / v (column offset `part`·d within the head) into a tile.
-template <int D, int ROWS>
-__device__ __forceinline__ void load_rows(bf16 (*tile)[D + 8], const bf16* qkv, int part, int row0, int seq, int batch,
-                                          int b, int head, int heads) {
-  constexpr int chunks = D / 8;
-  for (int i = threadIdx.x; i < ROWS * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i % chunks) * 8, t = row0 + r;
-    const bf16* src = qkv;
-    int bytes = 0;
-    if (t < seq) {
-      src = qkv + ((size_t)t * batch + b) * (size_t)(3 * heads * D) + (size_t)head * 3 * D + part * D + c;
-      bytes = 16;
-    }
-    cp_async_16(&tile[r][c], src, bytes);
-  }
-}
-
-// One key tile of BN keys from k0 for the warp's 16 queries (rows row_base and row_base + 8 of
-// this lane): S = Q Kᵀ, the causal mask, the online softmax update of m, l and o, and O += P V.
-template <int D, int BN>
-__device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
+// One key tile of BN keys from k0 for the warp's 16·MT queries (row tile i: rows
+// row_base + 16i and row_base + 16i + 8 of this lane): S = Q Kᵀ, the causal mask where MASK (a
+// tile that reaches past the warp's first query; below the diagonal every key is at or before
+// every query and the compare is skipped), the online softmax update of m, l and o, and
+// O += P V. Each K and V fragment from ldmatrix feeds the MT row tiles' mma. m is the running
+// max of the raw scores q·k; the softmax's exponent is s·scale_log2 - m·scale_log2 (scale_log2 =
+// log2(e)/sqrt(d)), one FFMA and one ex2.approx per score.
+template <int D, int BN, int MT, bool MASK>
+__device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                             bf16 (*q)[D + 8], bf16 (*k)[D + 8], bf16 (*v)[D + 8], int k0,
-                                            int row_base, float scale) {
+                                            int row_base, float scale_log2) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
-  // S = Q Kᵀ for the warp's 16 queries and the tile's BN keys.
-  float s[BN / 8][4];
+  // S = Q Kᵀ for the warp's 16·MT queries and the tile's BN keys.
+  float s[MT][BN / 8][4];
   UNROLL
-  for (int j = 0; j < BN / 8; ++j)
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) s[i][j][e] = 0.0f;
   UNROLL
   for (int kk = 0; kk < D; kk += 16) {
-    uint32_t qa[4];
-    ldmatrix_x4(qa, &q[warp * 16 + lane % 16][kk + (lane / 16) * 8]);
+    uint32_t qa[MT][4];
+    UNROLL
+    for (int i = 0; i < MT; ++i) ldmatrix_x4(qa[i], &q[(warp * MT + i) * 16 + lane % 16][kk + (lane / 16) * 8]);
     UNROLL
     for (int p = 0; p < BN / 16; ++p) {
       uint32_t r[4];
       ldmatrix_x4(r, &k[p * 16 + lane % 8 + (lane / 16) * 8][kk + ((lane / 8) % 2) * 8]);
       const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_m16n8k16_bf16(s[2 * p], qa, b0, s[2 * p]);
-      mma_m16n8k16_bf16(s[2 * p + 1], qa, b1, s[2 * p + 1]);
+      UNROLL
+      for (int i = 0; i < MT; ++i) {
+        mma_m16n8k16_bf16(s[i][2 * p], qa[i], b0, s[i][2 * p]);
+        mma_m16n8k16_bf16(s[i][2 * p + 1], qa[i], b1, s[i][2 * p + 1]);
+      }
     }
   }
 
-  // Scale, causal mask, online softmax. Element e of n-tile j is row g + 8 (e / 2), key
-  // k0 + 8j + 2 t4 + e % 2.
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  // Causal mask, online softmax. Element e of n-tile j of row tile i is row
+  // row_base + 16i + 8 (e / 2), key k0 + 8j + 2 t4 + e % 2.
+  uint32_t pa[MT][BN / 16][4];
   UNROLL
-  for (int j = 0; j < BN / 8; ++j)
+  for (int i = 0; i < MT; ++i) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
     UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const int row = row_base + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
-      const float x = key <= row ? s[j][e] * scale : -INFINITY;
-      s[j][e] = x;
-      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) {
+        if (MASK && k0 + 8 * j + 2 * t4 + e % 2 > row_base + 16 * i + (e / 2) * 8) s[i][j][e] = -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][j][e]);
+      }
+    float correction[2], max_scaled[2];
+    UNROLL
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
+      // The new max is finite: every row's first tile holds key 0 (at or before every row). A
+      // row's first tile has m = -inf, so its correction is 2^-inf = 0 (o and l are still 0).
+      const float m_new = fmaxf(m[i][h], tile_max[h]);
+      max_scaled[h] = m_new * scale_log2;
+      correction[h] = exp2_approx(m[i][h] * scale_log2 - max_scaled[h]);
+      m[i][h] = m_new;
+      l[i][h] *= correction[h];
     }
-  float correction[2];
-  UNROLL
-  for (int h = 0; h < 2; ++h) {
-    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
-    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
-    const float m_new = fmaxf(m[h], tile_max[h]);
-    // A row that has seen no key yet has m = -inf and nothing to rescale.
-    correction[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
-    m[h] = m_new;
-    l[h] *= correction[h];
+    // P = 2^(s·scale_log2 - m·scale_log2) (a masked score, -inf, gives 2^-inf = 0), added to l
+    // in f32 and rounded to bf16 at once: the accumulator fragments of S n-tiles 2c and 2c + 1
+    // are exactly the A fragment of P's k16 block c (a[0] = row g, keys 2t4.. of tile 2c; a[1] =
+    // row g + 8 of it; a[2], a[3] the same of tile 2c + 1), so P lives as BN/4 packed registers
+    // per row tile.
+    UNROLL
+    for (int j = 0; j < BN / 8; ++j)
+      UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = exp2_approx(fmaf(s[i][j][2 * h], scale_log2, -max_scaled[h]));
+        const float p1 = exp2_approx(fmaf(s[i][j][2 * h + 1], scale_log2, -max_scaled[h]));
+        l[i][h] += p0 + p1;
+        pa[i][j / 2][(j % 2) * 2 + h] = pack_bf16x2(p0, p1);
+      }
+    UNROLL
+    for (int j = 0; j < D / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) o[i][j][e] *= correction[e / 2];
   }
-  UNROLL
-  for (int j = 0; j < BN / 8; ++j)
-    UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const float p = m[e / 2] == -INFINITY ? 0.0f : expf(s[j][e] - m[e / 2]);
-      s[j][e] = p;
-      l[e / 2] += p;
-    }
-  UNROLL
-  for (int j = 0; j < D / 8; ++j)
-    UNROLL
-    for (int e = 0; e < 4; ++e) o[j][e] *= correction[e / 2];
 
-  // O += P V. The accumulator fragments of S n-tiles 2c and 2c + 1 are exactly the A fragment
-  // of P's k16 block c: a[0] = row g, keys 2t4.. of tile 2c; a[1] = row g + 8 of it; a[2], a[3]
-  // the same of tile 2c + 1.
+  // O += P V.
   UNROLL
   for (int c = 0; c < BN / 16; ++c) {
-    const uint32_t pa[4] = {pack_bf16x2(s[2 * c][0], s[2 * c][1]), pack_bf16x2(s[2 * c][2], s[2 * c][3]),
-                            pack_bf16x2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                            pack_bf16x2(s[2 * c + 1][2], s[2 * c + 1][3])};
     UNROLL
     for (int dp = 0; dp < D / 16; ++dp) {
       // Matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15)
@@ -162,78 +185,101 @@ __device__ __forceinline__ void attend_tile(float (&o)[D / 8][4], float (&m)[2],
       uint32_t r[4];
       ldmatrix_x4_trans(r, &v[c * 16 + lane % 16][dp * 16 + (lane / 16) * 8]);
       const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-      mma_m16n8k16_bf16(o[2 * dp], pa, b0, o[2 * dp]);
-      mma_m16n8k16_bf16(o[2 * dp + 1], pa, b1, o[2 * dp + 1]);
+      UNROLL
+      for (int i = 0; i < MT; ++i) {
+        mma_m16n8k16_bf16(o[i][2 * dp], pa[i][c], b0, o[i][2 * dp]);
+        mma_m16n8k16_bf16(o[i][2 * dp + 1], pa[i][c], b1, o[i][2 * dp + 1]);
+      }
     }
   }
 }
 
-template <int D, int BN>
+template <int D>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+  using Shared = TilesOf<D>;
+  constexpr int BN = sizeof(Shared::Stage::k) / sizeof(Shared::Stage::k[0]), kQueries = Shared::kQueries,
+                MT = kQueries / 64;
   static_assert(D % 16 == 0 && BN % 16 == 0, "k16 steps over d, n-tile pairs over d, k16 blocks over BN");
-  using Shared = Tiles<D, BN>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.cuh
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
-  const float scale = 1.0f / sqrtf((float)D);
+  const float scale = 1.0f / sqrtf((float)D), scale_log2 = 1.44269504f * scale;
+  const size_t pos_stride = (size_t)batch * 3 * heads * D;
+  const bf16* q_src = qkv + (size_t)b * 3 * heads * D + (size_t)head * 3 * D;  // position 0's q; k, v follow
 
-  load_rows<D, kQueries>(tiles.q, qkv, 0, q0, seq, batch, b, head, heads);  // joins key tile 0's group
+  cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
   UNROLL
-  for (int j = 0; j < D / 8; ++j)
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
-  // Row state for the lane's two rows (g and g + 8 of the warp's 16): the running max, and this
+    for (int j = 0; j < D / 8; ++j)
+      UNROLL
+      for (int e = 0; e < 4; ++e) o[i][j][e] = 0.0f;
+  // Row state for the lane's rows (g and g + 8 of each row tile): the running max, and this
   // lane's part of the running sum (the four lanes of a group are added at the end).
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int row_base = q0 + warp * 16 + g;
+  float m[MT][2], l[MT][2];
+  UNROLL
+  for (int i = 0; i < MT; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+  const int warp_first = q0 + warp * 16 * MT, warp_last = warp_first + 16 * MT - 1, row_base = warp_first + g;
 
   const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
   cp_async_ring<kStages>(
       last_query / BN + 1,
       [&](int stage, int kt) {
-        load_rows<D, BN>(tiles.stage[stage].k, qkv, 1, kt * BN, seq, batch, b, head, heads);
-        load_rows<D, BN>(tiles.stage[stage].v, qkv, 2, kt * BN, seq, batch, b, head, heads);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, q_src + D, pos_stride, kt * BN, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, q_src + 2 * D, pos_stride, kt * BN, seq);
       },
       [&](int stage, int kt) {
-        attend_tile<D, BN>(o, m, l, tiles.q, tiles.stage[stage].k, tiles.stage[stage].v, kt * BN, row_base, scale);
+        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (all
+        // its scores are masked; so is every tile of a warp whose rows are all past seq), one
+        // that reaches past the warp's first query is masked, the tiles before run without the
+        // compare.
+        const int k0 = kt * BN;
+        auto& st = tiles.stage[stage];
+        if (k0 > warp_last || warp_first >= seq) return;
+        if (k0 + BN - 1 > warp_first)
+          attend_tile<D, BN, MT, true>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
+        else
+          attend_tile<D, BN, MT, false>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
       });
 
   const size_t width = (size_t)heads * D;
   UNROLL
-  for (int h = 0; h < 2; ++h) {
-    float total = l[h];
-    total += __shfl_xor_sync(FULL_WARP_MASK, total, 1);
-    total += __shfl_xor_sync(FULL_WARP_MASK, total, 2);
-    const int row = row_base + 8 * h;
-    if (row >= seq) continue;
-    const float inv = 1.0f / total;
-    bf16* dst = out + ((size_t)row * batch + b) * width + (size_t)head * D;
+  for (int i = 0; i < MT; ++i)
     UNROLL
-    for (int j = 0; j < D / 8; ++j) {
-      dst[8 * j + 2 * t4] = to_bf16(o[j][2 * h] * inv);
-      dst[8 * j + 2 * t4 + 1] = to_bf16(o[j][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      float total = l[i][h];
+      total += __shfl_xor_sync(FULL_WARP_MASK, total, 1);
+      total += __shfl_xor_sync(FULL_WARP_MASK, total, 2);
+      const int row = row_base + 16 * i + 8 * h;
+      if (row >= seq) continue;
+      const float inv = 1.0f / total;
+      bf16* dst = out + ((size_t)row * batch + b) * width + (size_t)head * D;
+      UNROLL
+      for (int j = 0; j < D / 8; ++j) {
+        dst[8 * j + 2 * t4] = to_bf16(o[i][j][2 * h] * inv);
+        dst[8 * j + 2 * t4 + 1] = to_bf16(o[i][j][2 * h + 1] * inv);
+      }
+      if (t4 == 0) lse[((size_t)b * heads + head) * seq + row] = m[i][h] * scale + logf(total);
     }
-    if (t4 == 0) lse[((size_t)b * heads + head) * seq + row] = m[h] + logf(total);
-  }
 }
 
 }  // namespace attention_fwd_detail
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<32, 64>(out, lse, qkv, batch, seq, heads);
+  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<64, 64>(out, lse, qkv, batch, seq, heads);
+  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<128, 32>(out, lse, qkv, batch, seq, heads);
+  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads);
 }

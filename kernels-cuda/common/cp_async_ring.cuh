@@ -1,7 +1,8 @@
 // cp_async_ring.cuh: a sequence of tiles streamed through a ring of shared-memory stages with
 // cp.async, so that later tiles load while the current one is computed on. The sm_80 GEMMs
 // (gemm_pipeline.cuh, 4 stages of k-tiles) and the attention kernels (attention_fwd.cu,
-// attention_bwd.cu, 2 stages of K/V or Q/dO tiles) run their main loops on it.
+// attention_bwd.cu, 2 stages of K/V or Q/dO tiles) run their main loops on it; cp_async_rows
+// (below) issues the attention kernels' row-tile copies.
 //
 // A kernel file includes common/base.cuh and common/ptx.cuh before this header (NVRTC resolves a
 // header's own includes only among those already seen).
@@ -33,5 +34,24 @@ __device__ __forceinline__ void cp_async_ring(int tiles, Load load, Compute comp
     if (next < tiles) load(next % kStages, next);
     cp_async_commit();
     compute(t % kStages, t);
+  }
+}
+
+// Rows row0..row0+ROWS-1 of D bf16 columns (sequence positions; rows past seq load as zeros)
+// into a [ROWS][D + 8] tile, by the block's THREADS threads: `src` is the columns' start at
+// position 0, `pos_stride` the elements from one position to the next. Thread i copies the 16
+// bytes at column (i % (D/8))·8 of rows i / (D/8) + n·(THREADS / (D/8)): a fixed count,
+// unrolled, one 64-bit multiply-add of address per copy. Issues the copies, does not commit (the
+// attention kernels' tiles, loaded inside cp_async_ring).
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void cp_async_rows(bf16 (*tile)[D + 8], const bf16* src, size_t pos_stride, int row0,
+                                              int seq) {
+  constexpr int chunks = D / 8, rows_per_pass = THREADS / chunks;
+  static_assert(THREADS % chunks == 0 && ROWS % rows_per_pass == 0, "whole passes of the block");
+  const int r0 = threadIdx.x / chunks, c = (threadIdx.x % chunks) * 8;
+  UNROLL
+  for (int pass = 0; pass < ROWS / rows_per_pass; ++pass) {
+    const int r = r0 + pass * rows_per_pass, t = row0 + r;
+    cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
   }
 }

@@ -81,6 +81,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 #endif
 }
 
+// ex2.approx.ftz.f32: 2^x on the special-function unit (one MUFU.EX2; relative error within
+// 2^-22, 2^-inf = +0, results below 2^-126 flushed to +0). The emulation computes std::exp2 in f32 and
+// flushes the same way. Softmax kernels fold log2(e) into their scale and call this where expf
+// costs eight instructions (range reduction, the MUFU, the scaling).
+__device__ __forceinline__ float exp2_approx(float x) {
+#ifdef TRIDENT_EMU
+  const float y = std::exp2(x);
+  return y < 1.17549435e-38f ? 0.0f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes: copies 16 bytes from global to shared
 // memory without staging in registers, zero-filling the bytes past src_bytes (0 <= src_bytes
 // <= 16), which is how ragged tile edges load zeros. Both addresses must be 16-byte aligned

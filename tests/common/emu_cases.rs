@@ -705,10 +705,10 @@ pub fn embedding_backward_in_order(
 // ---- attention ------------------------------------------------------------------------------
 
 pub fn attention_forward_causal(v: &Vendor) {
-    // Whole and ragged query blocks (64; HIP's 32 per wave) and key tiles (CUDA's 64 for d 32 and
-    // d 64, 32 for d 128; HIP's 32), one token, several sequences and heads interleaved
-    // in the fused QKV rows, for every head dim; where the vendor reads it, qkv at an odd element
-    // offset (not 16-byte aligned: the scalar loads).
+    // Whole and ragged query blocks (64, CUDA's d 64 128; HIP's 32 per wave) and key tiles
+    // (CUDA's 64 for d 32 and d 64, 32 for d 128; HIP's 32), one token, several sequences and
+    // heads interleaved in the fused QKV rows, for every head dim; where the vendor reads it,
+    // qkv at an odd element offset (not 16-byte aligned: the scalar loads).
     let mut shapes = vec![(1, 64, 1, 64, 0), (2, 100, 3, 64, 0), (1, 1, 2, 64, 0), (1, 77, 2, 128, 0)];
     shapes.extend([(2, 130, 1, 128, 0), (1, 5, 1, 128, 0)]);
     // d 32: one ragged key tile (seq 37), two query blocks over two key tiles, the last of 36

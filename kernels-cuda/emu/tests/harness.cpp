@@ -31,7 +31,8 @@ using namespace harness;
 
 // Blocks of 4 warps (128 threads) for the row kernels (as the kernel index launches them); the
 // sm_80 GEMMs' 8 warps on 128 x 128 tiles with their dynamic shared memory
-// (common/gemm_pipeline.cuh); attention's tiles and stages in dynamic shared memory.
+// (common/gemm_pipeline.cuh); attention's tiles and stages in dynamic shared memory, and the
+// queries per block of its forward and dQ.
 constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                              128,
                              gemm_pipeline::kTile,
@@ -42,7 +43,13 @@ constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                               {attention_fwd_detail::kSharedBytesD64, attention_bwd_detail::kDkvSharedBytesD64,
                                attention_bwd_detail::kDqSharedBytesD64},
                               {attention_fwd_detail::kSharedBytesD128, attention_bwd_detail::kDkvSharedBytesD128,
-                               attention_bwd_detail::kDqSharedBytesD128}}};
+                               attention_bwd_detail::kDqSharedBytesD128}},
+                             {attention_fwd_detail::kQueriesD32, attention_fwd_detail::kQueriesD64,
+                              attention_fwd_detail::kQueriesD128}};
+static_assert(attention_bwd_detail::DqTilesOf<32>::kQueries == attention_fwd_detail::kQueriesD32 &&
+                  attention_bwd_detail::DqTilesOf<64>::kQueries == attention_fwd_detail::kQueriesD64 &&
+                  attention_bwd_detail::DqTilesOf<128>::kQueries == attention_fwd_detail::kQueriesD128,
+              "the forward's and dQ's blocks own the same queries (Geometry::attention_queries)");
 
 // The tensor map of gemm_bf16_sm90.cu over a row-major bf16 [rows, cols] matrix (cols a
 // multiple of 8): 2-D (cols, rows), 128-byte swizzle, box (64, 128) for a K-major operand,

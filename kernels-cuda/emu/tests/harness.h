@@ -115,6 +115,9 @@ struct Geometry {
   // Dynamic shared memory of attention's forward, dK/dV and dQ kernels, for head dims 32, 64 and
   // 128 (attention_dims's order).
   unsigned attention_shared[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  // Queries per block of the attention forward and of dQ, for head dims 32, 64 and 128 (the
+  // grid's tile; dK/dV's blocks own 64 keys).
+  int attention_queries[3] = {64, 64, 64};
 };
 
 // out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
@@ -394,8 +397,8 @@ inline void attention_forward(const Geometry& g) {
   const bf16* qkv = qkv_buffer.data() + offset;
   std::vector<bf16> out(rows * heads * d, to_bf16(-7.0f));
   std::vector<float> lse(rows * heads, -7.0f);
-  const dim3 grid(ceil_div(seq, 64), batch * heads);
   const int dims = attention_dims(d);
+  const dim3 grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
   auto fwd = d == 32 ? attention_fwd_bf16_d32 : d == 64 ? attention_fwd_bf16_d64 : attention_fwd_bf16_d128;
   emu::launch_dynamic(g.attention_shared[dims][0], grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads);
   write_bf16("out", out);
@@ -412,13 +415,13 @@ inline void attention_backward(const Geometry& g) {
   std::vector<bf16> dqkv(rows * 3 * heads * d, to_bf16(-7.0f));  // every element must be written
   emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(g.row_threads), attention_bwd_delta_bf16, delta.data(),
               dout.data(), out.data(), batch, seq, heads, d);
-  const dim3 grid(ceil_div(seq, 64), batch * heads);
   const int dims = attention_dims(d);
+  const dim3 grid(ceil_div(seq, 64), batch * heads), dq_grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
   auto dkv = d == 32 ? attention_bwd_dkv_bf16_d32 : d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
   auto dq = d == 32 ? attention_bwd_dq_bf16_d32 : d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
   emu::launch_dynamic(g.attention_shared[dims][1], grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(),
                       lse.data(), delta.data(), batch, seq, heads);
-  emu::launch_dynamic(g.attention_shared[dims][2], grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),
+  emu::launch_dynamic(g.attention_shared[dims][2], dq_grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),
                       lse.data(), delta.data(), batch, seq, heads);
   write_bf16("dqkv", dqkv);
 }

@@ -414,9 +414,10 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         Op::EmbeddingFwd { batch, seq, hidden } => ([hidden, seq * batch, 1], [t, 1, 1]),
         Op::EmbeddingBwdWte { segments, hidden, .. } => ([segments, hidden, 1], [1, t, 1]),
         Op::EmbeddingBwdWpe { seq, hidden, .. } => ([hidden, seq, 1], [t, 1, 1]),
-        Op::AttentionFwd { batch, seq, heads, .. }
-        | Op::AttentionBwdDkv { batch, seq, heads, .. }
-        | Op::AttentionBwdDq { batch, seq, heads, .. } => ([seq, batch * heads, 1], [64, 1, 1]),
+        Op::AttentionFwd { batch, seq, heads, head_dim } | Op::AttentionBwdDq { batch, seq, heads, head_dim } => {
+            ([seq, batch * heads, 1], [attention_queries(vendor, head_dim), 1, 1])
+        }
+        Op::AttentionBwdDkv { batch, seq, heads, .. } => ([seq, batch * heads, 1], [64, 1, 1]),
         // A warp per (row, head): 4 per block of 128.
         Op::AttentionBwdDelta { batch, seq, heads, .. } => ([seq * batch * heads, 1, 1], [4, 1, 1]),
     };
@@ -438,6 +439,16 @@ pub const fn gemm_tile(vendor: Vendor) -> usize {
     match vendor {
         Vendor::Cuda => 128,
         Vendor::Hip => 64,
+    }
+}
+
+/// The queries of a block of the attention forward and of dQ: on CUDA 128 for head dim 64 (4 warps
+/// of 32 rows) and 64 for 32 and 128 (4 warps of 16: kernels-cuda/attention_fwd.cu's `TilesOf`,
+/// attention_bwd.cu's `DqTilesOf`), on HIP 64 (kernels-hip/attention_*.hip).
+pub const fn attention_queries(vendor: Vendor, head_dim: usize) -> usize {
+    match vendor {
+        Vendor::Cuda if head_dim == 64 => 128,
+        Vendor::Cuda | Vendor::Hip => 64,
     }
 }
 
@@ -598,13 +609,14 @@ mod tests {
         assert_eq!(p(Op::EmbeddingFwd { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 15, 1]);
         assert_eq!(p(Op::EmbeddingBwdWte { positions: 15, segments: 7, hidden: 130 }).config.grid, [7, 2, 1]);
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
-        // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 64 queries per block;
-        // d 128's is above the default 48 KiB (opted in), d 64's not.
+        // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 128 queries per
+        // block for d 64, 64 for d 128; both above the default 48 KiB (opted in).
         let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
         assert_eq!(
             (a.spec.function, a.config.grid, a.spec.static_shared, a.config.shared_bytes, a.config.needs_shared_optin),
-            ("attention_fwd_bf16_d64", [2, 6, 1], 0, 46080, false)
+            ("attention_fwd_bf16_d64", [1, 6, 1], 0, 55296, true)
         );
+        assert_eq!(p(Op::AttentionFwd { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [8, 192, 1]);
         let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, head_dim: 128 });
         assert_eq!(
             (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
@@ -621,11 +633,14 @@ mod tests {
         );
         let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, head_dim: 64 });
         assert_eq!((kv.config.shared_bytes, kv.config.needs_shared_optin), (37376, false));
+        // dQ of d 64: 128 queries per block, like the forward.
         let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 64 });
         assert_eq!(
-            (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes),
-            ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 36864)
+            (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes, q.config.needs_shared_optin),
+            ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 55296, true)
         );
+        assert_eq!(p(Op::AttentionBwdDq { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [8, 192, 1]);
+        assert_eq!(p(Op::AttentionBwdDkv { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [16, 192, 1]);
         let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 128 });
         assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
         // d 32 (64-key and 64-query tiles): all three under the default 48 KiB.
@@ -634,6 +649,9 @@ mod tests {
             (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
             ("attention_fwd_bf16_d32", [2, 64, 1], 25600, false)
         );
+        // HIP's forward blocks own 64 queries at every head dim.
+        let hip = plan(&Op::AttentionFwd { batch: 16, seq: 128, heads: 4, head_dim: 64 }, Vendor::Hip, &A100, 108);
+        assert_eq!(hip.unwrap().config.grid, [2, 64, 1]);
         let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, head_dim: 32 });
         assert_eq!(
             (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
@@ -731,9 +749,10 @@ mod tests {
             (2, 457, 2, 32),
         ] {
             let grid = [cd(seq, 64), (batch * heads) as u32, 1];
-            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, grid);
+            let by_query = [cd(seq, if head_dim == 64 { 128 } else { 64 }), (batch * heads) as u32, 1];
+            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, by_query);
             assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, head_dim }).config.grid, grid);
-            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, head_dim }).config.grid, by_query);
             let delta = p(Op::AttentionBwdDelta { batch, seq, heads, head_dim });
             assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
         }
