@@ -25,7 +25,7 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
 /// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
-    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed);
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16);
     for c in &checks {
         println!("{}", c.line());
     }
@@ -42,7 +42,8 @@ pub const OPS_CHECKED: usize = 163;
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
 /// process that still has the old file mapped keeps it).
-fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
+/// `defines` add to the compiler's (`-DTRIDENT_FP16`: the fp16 module's kernels).
+fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str, defines: &[&str]) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let building = dir.join(format!("{lib}.{}", std::process::id()));
     let out_path = dir.join(lib);
@@ -50,6 +51,7 @@ fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let out = Command::new(&cxx)
         .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"])
+        .args(defines)
         .arg(&src)
         .arg("-o")
         .arg(&building)
@@ -76,7 +78,7 @@ pub fn emulate(
     more: &[(&'static str, PathBuf)],
 ) -> Emulated {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(folder);
-    let lib = build_emulator(&dir, source, lib, what);
+    let lib = build_emulator(&dir, source, lib, what, &[]);
     let mut env = vec![(lib_var, lib)];
     env.extend_from_slice(more);
     env.push(("TRIDENT_CACHE_DIR", dir.join("kernel-cache")));
@@ -92,6 +94,18 @@ pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
     let nvrtc = super::required_gpu_test_library(super::NVRTC_LIBRARY)?;
     let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
     Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
+}
+
+/// The emulating CUDA driver built for the fp16 module (`-DTRIDENT_FP16`: binary16 storage, .f16
+/// tensor-core operands; it refuses bf16 modules, as the bf16 one refuses fp16 modules) as
+/// `libcuda-emu-fp16.so` beside `emu`'s, and `emu`'s environment with it as TRIDENT_LIBCUDA: for
+/// trident processes (this process keeps the driver it loaded).
+pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
+    let bf16 = &emu.env.iter().find(|(k, _)| *k == "TRIDENT_LIBCUDA").expect("a CUDA emulation").1;
+    let dir = bf16.parent().unwrap();
+    let lib =
+        build_emulator(dir, "emu_libcuda.cpp", "libcuda-emu-fp16.so", "the fp16 emulating driver", &["-DTRIDENT_FP16"]);
+    emu.env.iter().map(|(k, v)| (*k, if *k == "TRIDENT_LIBCUDA" { lib.clone() } else { v.clone() })).collect()
 }
 
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
@@ -253,6 +267,52 @@ fn model_follows_the_cpu_bf16_losses(
     assert_eq!((cpu.len(), gpu.len()), (6, 6));
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the {device} loss never changed");
     gpu
+}
+
+/// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` for 6 iterations, its loss scaler starting
+/// at 2^18 and halving on every overflow (`--hysteresis 1`), on `device` (its fp16 module, through
+/// `env`) and on the CPU: per iteration the same loss scale and count of skipped steps (the
+/// scaler's decisions, from each run's device-side norm), at least one step skipped and one
+/// taken, and losses within fp16 precision of the CPU's. Returns the device's stdout.
+pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) -> String {
+    let data = prepared_corpus(dir);
+    let model: Vec<&str> = TINY_PRESET_GPU.iter().copied().filter(|&f| f != "--bf16").collect();
+    let run = |device: &str| {
+        let log = dir.join(format!("{device}-fp16.jsonl"));
+        let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "6"];
+        args.extend(&model);
+        let log_s = log.to_str().unwrap();
+        args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-json", log_s]);
+        args.extend(["--cpu-threads", "1"]);
+        let o = run_with(env, &args);
+        assert!(o.status.success(), "--device {device} --fp16: {}{}", stdout(&o), stderr(&o));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<(f64, f64, u64)> = text
+            .lines()
+            .map(|l| {
+                let field = |k| super::json_field(l, k).unwrap();
+                (
+                    field("loss").parse().unwrap(),
+                    field("loss_scale").parse().unwrap(),
+                    field("skipped_iterations").parse().unwrap(),
+                )
+            })
+            .collect();
+        (stdout(&o), lines)
+    };
+    let (_, cpu) = run("cpu");
+    let (out, gpu) = run(device);
+    assert!(out.contains(&format!("device {device}: Emulated")) && out.contains("fp16 GEMMs"), "{out}");
+    assert_eq!(gpu.len(), 6, "{out}");
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        let rel = (c.0 - g.0).abs() / c.0.abs();
+        eprintln!("iteration {}: cpu {c:?} {device} {g:?} (loss relative difference {rel:.2e})", i + 1);
+        assert_eq!((c.1, c.2), (g.1, g.2), "iteration {}: the loss scale and skipped steps differ", i + 1);
+        assert!(rel < 5e-4, "iteration {}: cpu loss {}, {device} loss {}", i + 1, c.0, g.0);
+    }
+    let skipped = gpu[5].2;
+    assert!((1..6).contains(&skipped), "{skipped} of 6 steps skipped: the run must overflow and then train");
+    out
 }
 
 /// `follows_the_cpu_bf16_losses` for the `tiny` preset itself (TINY_PRESET_GPU), in a scratch
