@@ -270,20 +270,28 @@ fn model_follows_the_cpu_bf16_losses(
 }
 
 /// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` for 6 iterations, its loss scaler starting
-/// at 2^18 and halving on every overflow (`--hysteresis 1`), on `device` (its fp16 module, through
-/// `env`) and on the CPU: per iteration the same loss scale and count of skipped steps (the
-/// scaler's decisions, from each run's device-side norm), at least one step skipped and one
-/// taken, and losses within fp16 precision of the CPU's. Returns the device's stdout.
-pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) -> String {
+/// at 2^18 and halving on every overflow (`--hysteresis 1`), a log line every 3 iterations, on
+/// `device` (its fp16 module, through `env`) and on the CPU: the same overflowed iterations (each
+/// run's line per skipped step, its scale before and after), the same loss scale and count of
+/// skipped steps at each log line, at least one step skipped and one taken, and losses within
+/// fp16 precision of the CPU's. On the device (`--log-device-work`) the skip decision is its one
+/// read in a step without a log line (1 device->host copy, 1 synchronisation), a step with one
+/// reads at most twice (the log reuses the decision's norms), and no step allocates or frees
+/// after the first and the first one that was not skipped (AdamW's table of tensors is made the
+/// first time it runs).
+pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
     let data = prepared_corpus(dir);
-    let model: Vec<&str> = TINY_PRESET_GPU.iter().copied().filter(|&f| f != "--bf16").collect();
+    // The preset's flags but its precision and log interval.
+    let at = TINY_PRESET_GPU.iter().position(|&a| a == "--log-interval").unwrap();
+    let model: Vec<&str> =
+        TINY_PRESET_GPU[..at].iter().chain(&TINY_PRESET_GPU[at + 2..]).copied().filter(|&f| f != "--bf16").collect();
     let run = |device: &str| {
         let log = dir.join(format!("{device}-fp16.jsonl"));
         let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "6"];
         args.extend(&model);
         let log_s = log.to_str().unwrap();
-        args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-json", log_s]);
-        args.extend(["--cpu-threads", "1"]);
+        args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-interval", "3"]);
+        args.extend(["--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
         let o = run_with(env, &args);
         assert!(o.status.success(), "--device {device} --fp16: {}{}", stdout(&o), stderr(&o));
         let text = std::fs::read_to_string(&log).unwrap();
@@ -298,21 +306,50 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
                 )
             })
             .collect();
-        (stdout(&o), lines)
+        let out = stdout(&o);
+        let skips: Vec<String> = out.lines().filter(|l| l.contains("gradients overflowed")).map(String::from).collect();
+        (out, lines, skips)
     };
-    let (_, cpu) = run("cpu");
-    let (out, gpu) = run(device);
+    let (_, cpu, cpu_skips) = run("cpu");
+    let (out, gpu, gpu_skips) = run(device);
     assert!(out.contains(&format!("device {device}: Emulated")) && out.contains("fp16 GEMMs"), "{out}");
-    assert_eq!(gpu.len(), 6, "{out}");
+    assert_eq!(gpu_skips, cpu_skips, "the overflowed iterations differ");
+    assert!((1..6).contains(&gpu_skips.len()), "{gpu_skips:?}: the run must overflow and then train");
+    assert_eq!(gpu.len(), 2, "{out}");
     for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         let rel = (c.0 - g.0).abs() / c.0.abs();
-        eprintln!("iteration {}: cpu {c:?} {device} {g:?} (loss relative difference {rel:.2e})", i + 1);
-        assert_eq!((c.1, c.2), (g.1, g.2), "iteration {}: the loss scale and skipped steps differ", i + 1);
-        assert!(rel < 5e-4, "iteration {}: cpu loss {}, {device} loss {}", i + 1, c.0, g.0);
+        eprintln!("log line {}: cpu {c:?} {device} {g:?} (loss relative difference {rel:.2e})", i + 1);
+        assert_eq!((c.1, c.2), (g.1, g.2), "log line {}: the loss scale and skipped steps differ", i + 1);
+        assert!(rel < 5e-4, "log line {}: cpu loss {}, {device} loss {}", i + 1, c.0, g.0);
     }
-    let skipped = gpu[5].2;
-    assert!((1..6).contains(&skipped), "{skipped} of 6 steps skipped: the run must overflow and then train");
-    out
+    let work: Vec<(u64, [u64; 4])> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("device work of iteration "))
+        .map(|l| {
+            let (it, rest) = l.split_once(": ").unwrap();
+            let count = |what: &str| -> u64 {
+                let before = &rest[..rest.find(what).unwrap_or_else(|| panic!("{what} missing from {l}"))];
+                before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap()
+            };
+            (it.parse().unwrap(), [" device->host copies", " synchronizations", " allocations", " frees"].map(count))
+        })
+        .collect();
+    assert_eq!(work.len(), 6, "{out}");
+    let skipped: Vec<u64> = gpu_skips
+        .iter()
+        .map(|l| l.trim().strip_prefix("iteration ").unwrap().split(':').next().unwrap().parse().unwrap())
+        .collect();
+    let first_step = (1..=6).find(|it| !skipped.contains(it)).unwrap();
+    for (it, [copies, syncs, allocs, frees]) in work {
+        if it % 3 == 0 {
+            assert!(copies <= 2 && syncs <= 2, "iteration {it} logs: {copies} copies, {syncs} syncs > 2\n{out}");
+        } else {
+            assert_eq!((copies, syncs), (1, 1), "iteration {it}: the skip decision's one read\n{out}");
+        }
+        if it > 1 && it != first_step {
+            assert_eq!((allocs, frees), (0, 0), "iteration {it} allocates or frees\n{out}");
+        }
+    }
 }
 
 /// `follows_the_cpu_bf16_losses` for the `tiny` preset itself (TINY_PRESET_GPU), in a scratch
