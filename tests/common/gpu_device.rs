@@ -269,6 +269,22 @@ fn model_follows_the_cpu_bf16_losses(
     gpu
 }
 
+/// `--log-device-work`'s lines in `out`: (iteration, [device->host copies, synchronisations,
+/// allocations, frees]).
+fn device_work(out: &str) -> Vec<(u64, [u64; 4])> {
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("device work of iteration "))
+        .map(|l| {
+            let (it, rest) = l.split_once(": ").unwrap();
+            let count = |what: &str| -> u64 {
+                let before = &rest[..rest.find(what).unwrap_or_else(|| panic!("{what} missing from {l}"))];
+                before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap()
+            };
+            (it.parse().unwrap(), [" device->host copies", " synchronizations", " allocations", " frees"].map(count))
+        })
+        .collect()
+}
+
 /// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` for 6 iterations, its loss scaler starting
 /// at 2^18 and halving on every overflow (`--hysteresis 1`), a log line every 3 iterations, on
 /// `device` (its fp16 module, through `env`) and on the CPU: the same overflowed iterations (each
@@ -322,18 +338,7 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
         assert_eq!((c.1, c.2), (g.1, g.2), "log line {}: the loss scale and skipped steps differ", i + 1);
         assert!(rel < 5e-4, "log line {}: cpu loss {}, {device} loss {}", i + 1, c.0, g.0);
     }
-    let work: Vec<(u64, [u64; 4])> = out
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("device work of iteration "))
-        .map(|l| {
-            let (it, rest) = l.split_once(": ").unwrap();
-            let count = |what: &str| -> u64 {
-                let before = &rest[..rest.find(what).unwrap_or_else(|| panic!("{what} missing from {l}"))];
-                before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap()
-            };
-            (it.parse().unwrap(), [" device->host copies", " synchronizations", " allocations", " frees"].map(count))
-        })
-        .collect();
+    let work = device_work(&out);
     assert_eq!(work.len(), 6, "{out}");
     let skipped: Vec<u64> = gpu_skips
         .iter()
@@ -715,19 +720,7 @@ pub fn train_reads_the_device_once_per_log_interval(env: &[(&'static str, PathBu
     };
     let (_, every) = train("1");
     let (out, logged) = train("4");
-    let work: Vec<(u64, [u64; 4])> = out
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("device work of iteration "))
-        .map(|l| {
-            let (it, rest) = l.split_once(": ").unwrap();
-            let count = |what: &str| -> u64 {
-                let before = &rest[..rest.find(what).unwrap_or_else(|| panic!("{what} missing from {l}"))];
-                before.trim_end().rsplit([' ', ',']).next().unwrap().parse().unwrap()
-            };
-            let counts = [" device->host copies", " synchronizations", " allocations", " frees"].map(count);
-            (it.parse().unwrap(), counts)
-        })
-        .collect();
+    let work = device_work(&out);
     assert_eq!(work.iter().map(|w| w.0).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>(), "{out}");
     for &(it, [copies, syncs, allocs, frees]) in &work {
         let logs = it == 4 || it == 6;
