@@ -474,7 +474,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 163 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 169 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -537,7 +537,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 163 outputs within their bounds",
+        "ops check: all 169 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];

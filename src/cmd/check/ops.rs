@@ -255,6 +255,20 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         dev.load_half(&half, run.half, &mut back);
         let op = run.named("to_half + load_half bf16", "to_half + load_half fp16");
         run.push_dev(op, &case, &back, &bits, Bound::Exact);
+        // The run's 16-bit storage (`alloc_in`; a CPU keeps f32 rounded where stored, hence the
+        // `round_to`, a no-op on 16-bit storage): upload rounds to nearest even, download, a copy
+        // out to f32 and `fill` are exact.
+        let mut stored = dev.alloc_in(n, run.half);
+        dev.upload(&mut stored, &a);
+        dev.round_to(&mut stored, run.half);
+        let mut out32 = dev.alloc(n);
+        dev.copy(&mut out32, 0, &stored, 0, n);
+        let op = run.named("bf16 storage upload + copy", "fp16 storage upload + copy");
+        run.push_dev(op, &case, &out32, &bits, Bound::Exact);
+        dev.fill(&mut stored, -0.3);
+        dev.round_to(&mut stored, run.half);
+        let fill = vec![run.half.round(-0.3) as f64; n];
+        run.push_dev(run.named("bf16 storage fill", "fp16 storage fill"), &case, &stored, &fill, Bound::Exact);
         dev.fill(&mut rounded, 0.25);
         run.push_dev("fill", &case, &rounded, &vec![0.25; n], Bound::Exact);
         let zeros = dev.alloc(n);
