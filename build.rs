@@ -4,7 +4,8 @@
 //! `common/*.cuh`, not the emulation in `emu/`) as text, for NVRTC to compile at run time
 //! (src/gpu/kernels/cuda.rs). When `TRIDENT_CUDA_ARCHS` is set (e.g. `80;90a`), it also compiles each
 //! kernel file ahead of time with nvcc (`$TRIDENT_NVCC`, else `nvcc` on the PATH) to one CUBIN
-//! per architecture and embeds those images; a set variable without a working nvcc is a build
+//! per architecture and 16-bit storage type (bf16, and fp16 with `-DTRIDENT_FP16`) and embeds those
+//! images; a set variable without a working nvcc is a build
 //! error, never a silent fallback. Unset (the default), no nvcc is looked for.
 //! The HIP kernels of `kernels-hip/` (every `*.hip` and `common/*.h`) are embedded the same way,
 //! for hipRTC; `TRIDENT_HIP_ARCHS` (e.g. `gfx90a;gfx942`) adds one code object (v4) per file and
@@ -86,6 +87,9 @@ fn embed_kernels(out_dir: &Path) {
         .map(aot_arch)
         .collect();
     let mut nvcc_line = String::new();
+    // Each file and architecture twice: the bf16 module (no define) into AOT_IMAGES, the fp16
+    // module (-DTRIDENT_FP16, the same sources on binary16 storage) into AOT_IMAGES_FP16.
+    let mut fp16 = String::from("pub static AOT_IMAGES_FP16: &[(&str, &str, &[u8])] = &[\n");
     gen.push_str("pub static AOT_IMAGES: &[(&str, &str, &[u8])] = &[\n");
     if !archs.is_empty() {
         let nvcc = std::env::var("TRIDENT_NVCC").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "nvcc".into());
@@ -100,27 +104,40 @@ fn embed_kernels(out_dir: &Path) {
         std::fs::create_dir_all(&aot).expect("build.rs: create OUT_DIR/aot");
         for k in &kernels {
             for arch in &archs {
-                let cubin = aot.join(format!("{}.{arch}.cubin", name(k).trim_end_matches(".cu")));
-                let virt = arch.replace("sm_", "compute_");
-                let out = Command::new(&nvcc)
-                    .args(["-cubin", "-O3", "-std=c++17", &format!("-gencode=arch={virt},code={arch}"), "-o"])
-                    .arg(&cubin)
-                    .arg(k)
-                    .output()
-                    .unwrap_or_else(|e| panic!("build.rs: running {nvcc}: {e}"));
-                if !out.status.success() {
-                    panic!(
-                        "build.rs: nvcc failed on {} for {arch}:\n{}",
-                        k.display(),
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                writeln!(gen, "    ({:?}, {:?}, include_bytes!({:?})),", name(k), arch, cubin.display().to_string())
+                for (module, defines, table) in [("", &[][..], &mut gen), (".fp16", &["-DTRIDENT_FP16"][..], &mut fp16)]
+                {
+                    let cubin = aot.join(format!("{}.{arch}{module}.cubin", name(k).trim_end_matches(".cu")));
+                    let virt = arch.replace("sm_", "compute_");
+                    let out = Command::new(&nvcc)
+                        .args(["-cubin", "-O3", "-std=c++17", &format!("-gencode=arch={virt},code={arch}")])
+                        .args(defines)
+                        .arg("-o")
+                        .arg(&cubin)
+                        .arg(k)
+                        .output()
+                        .unwrap_or_else(|e| panic!("build.rs: running {nvcc}: {e}"));
+                    if !out.status.success() {
+                        panic!(
+                            "build.rs: nvcc failed on {} for {arch}{module}:\n{}",
+                            k.display(),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                    writeln!(
+                        table,
+                        "    ({:?}, {:?}, include_bytes!({:?})),",
+                        name(k),
+                        arch,
+                        cubin.display().to_string()
+                    )
                     .unwrap();
+                }
             }
         }
     }
     gen.push_str("];\n");
+    fp16.push_str("];\n");
+    gen.push_str(&fp16);
     writeln!(gen, "pub static AOT_NVCC: &str = {nvcc_line:?};").unwrap();
     std::fs::write(out_dir.join("kernel_sources.rs"), gen).expect("build.rs: write kernel_sources.rs");
 }

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make kernels-check`: compiles every kernel in kernels-cuda/ with nvcc for sm_80 and sm_90a,
+# as both modules (bf16 storage, and fp16 with -DTRIDENT_FP16: common/base.cuh; the fp16 rows
+# name the file as file[fp16]),
 # prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
 # spill, and confirms the tensor-core instructions in the SASS: HMMA (mma.sync) in the GEMMs of
 # gemm_bf16.cu and gemm_bf16_bwd.cu and in the attention kernels (both archs; attention stays on
@@ -43,20 +45,24 @@ declare -A EVERY_KERNEL_HAS=([gemm_bf16_sm90.cu:sm_90a]="HGMMA UTMALDG")
 
 status=0
 printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
+# module -> its define (the bf16 module has none: the text it always was)
+declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
 for src in kernels-cuda/*.cu; do
   file=$(basename "$src")
+  for module in bf16 fp16; do
+  label=$file; [ "$module" = bf16 ] || label="$file[$module]"
   for arch in sm_80 sm_90a; do
-    cubin=$OUT/${file%.cu}.$arch.cubin
+    cubin=$OUT/${file%.cu}.$arch.$module.cubin
     # shellcheck disable=SC2086 # the flags are words
-    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
+    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${MODULE_FLAGS[$module]} ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
       echo "$log" >&2
-      echo "kernels-check: $file does not compile for $arch" >&2
+      echo "kernels-check: $label does not compile for $arch" >&2
       status=1
       continue
     fi
     # ptxas -v reports per entry: "Compiling entry function 'k' for 'sm_80'", then the stack and
     # spill line, then "Used N registers, ... M bytes smem ...".
-    table=$(awk -v arch="$arch" -v file="$file" '
+    table=$(awk -v arch="$arch" -v file="$label" '
       /Compiling entry function/ { match($0, /function .[^'"'"']*/); name = substr($0, RSTART + 10, RLENGTH - 10); stack = 0; st = 0; ld = 0 }
       /bytes stack frame/ { stack = $1; st = $5; ld = $9 }
       /Used [0-9]+ registers/ {
@@ -68,7 +74,7 @@ for src in kernels-cuda/*.cu; do
       END { exit spills }' <<<"$log") || { status=1; spill_seen=1; }
     echo "$table"
     if [ "${spill_seen:-0}" = 1 ]; then
-      echo "kernels-check: $file spills registers on $arch (a kernel that spills is a bug)" >&2
+      echo "kernels-check: $label spills registers on $arch (a kernel that spills is a bug)" >&2
       spill_seen=0
     fi
     want=${MUST_HAVE[$file:$arch]:-${MUST_HAVE[$file]:-}}
@@ -76,9 +82,9 @@ for src in kernels-cuda/*.cu; do
       n=$("$CUOBJDUMP" -sass "$cubin" | grep -c "$want" || true)
       if [ "$n" -gt 0 ]; then
         ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "$want[.A-Z0-9x]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
-        echo "        SASS of $file for $arch: $ops"
+        echo "        SASS of $label for $arch: $ops"
       else
-        echo "kernels-check: no $want in the SASS of $file for $arch" >&2
+        echo "kernels-check: no $want in the SASS of $label for $arch" >&2
         status=1
       fi
     fi
@@ -90,14 +96,15 @@ for src in kernels-cuda/*.cu; do
         END { if (name != "" && !seen) print name }')
       kernels=$("$CUOBJDUMP" -sass "$cubin" | grep -c "Function : " || true)
       if [ -n "$missing" ] || [ "$kernels" -eq 0 ]; then
-        echo "kernels-check: no $need in the SASS of ${missing:-any kernel} ($file, $arch)" >&2
+        echo "kernels-check: no $need in the SASS of ${missing:-any kernel} ($label, $arch)" >&2
         status=1
       else
-        echo "        every one of the $kernels kernels of $file for $arch has $need"
+        echo "        every one of the $kernels kernels of $label for $arch has $need"
       fi
     done
   done
+  done
 done
 echo "kernels-check: on sm_90a the linear layers' GEMMs (forward, backward-input, backward-weight) have wgmma + TMA versions (gemm_bf16_sm90.cu: HGMMA, UTMALDG); attention stays on mma.sync (HMMA)"
-if [ $status = 0 ]; then echo "kernels-check: all kernels compile for sm_80 and sm_90a, no spills"; fi
+if [ $status = 0 ]; then echo "kernels-check: all kernels compile for sm_80 and sm_90a, bf16 and fp16 modules, no spills"; fi
 exit $status

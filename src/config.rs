@@ -468,14 +468,35 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     }
     if let Some(d) = args.str("--device") {
         if d == "cuda" {
-            // The CUDA Device computes GEMMs and attention on bf16 operands: the run must say so.
+            // The CUDA Device computes GEMMs and attention on 16-bit operands (its bf16 module, or
+            // the fp16 one): the run must say which.
             crate::gpu::driver::Driver::load()
                 .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
-            if !args.has("--bf16") {
+            if !args.has("--bf16") && !args.has("--fp16") {
                 return Err(Error::Usage(
-                    "--device cuda needs --bf16 (the CUDA kernels multiply bf16 operands with f32 accumulation)".into(),
+                    "--device cuda needs --bf16 or --fp16 (the CUDA kernels multiply 16-bit operands with f32 accumulation)"
+                        .into(),
                 ));
             }
+        }
+        if d == "cuda" && args.has("--fp16") && args.str("--gpu-collectives").unwrap_or("nccl") == "nccl" {
+            // Tensor and pipeline parallelism move 16-bit activations on device memory; the NCCL
+            // path types its buffers f32 or bf16 only (data parallelism and ZeRO-1 move f32).
+            let parallel = |name| args.usize(name).map(|v| v.unwrap_or(1) > 1);
+            if parallel("--tensor-model-parallel-size")? || parallel("--pipeline-model-parallel-size")? {
+                return Err(Error::Unsupported(
+                    "--device cuda --fp16 with tensor or pipeline parallelism: NCCL's path moves f32 and bf16 \
+                     device buffers, not fp16 ones yet; add --gpu-collectives mpi (host-staged) or train with --bf16"
+                        .into(),
+                ));
+            }
+        }
+        if d == "hip" && args.has("--fp16") {
+            return Err(Error::Unsupported(
+                "--device hip --fp16: the HIP kernels (kernels-hip/) are built for bf16 storage only, no fp16 twins of \
+                 their MFMA kernels yet; use --bf16 on --device hip, or --fp16 on --device cuda or cpu"
+                    .into(),
+            ));
         }
         if d == "hip" {
             // As CUDA: a loadable runtime, and bf16 GEMM and attention operands said out loud.

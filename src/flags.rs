@@ -234,6 +234,7 @@ pub const CHECK_OPS_FLAGS: &[FlagSpec] = &[
     flag("--device", "D", "cuda (default), hip or cpu"),
     flag("--size", "S", "small (ragged shapes, seconds on an emulated GPU) or full (default: adds GPT-2-sized shapes)"),
     flag("--gpu", "N", "the GPU to check (default 0)"),
+    switch("--fp16", "check the GPU's fp16 module (binary16 storage) with fp16's bounds; default bf16"),
 ];
 
 /// `trident check nccl`.

@@ -394,6 +394,65 @@ fn nccl_training_ends_on_a_dead_peer_or_a_missing_library_with_one_clear_line() 
 }
 
 /// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
+/// The fp16 module's driver (`gpu_device::fp16_driver_env`), built once per test process.
+fn fp16_env() -> Option<&'static Vec<(&'static str, PathBuf)>> {
+    static BUILT: OnceLock<Option<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    BUILT.get_or_init(|| emulated().map(gpu_device::fp16_driver_env)).as_ref()
+}
+
+/// `check ops --fp16`: every Device op on the fp16 module (binary16 storage: rounding, the 16-bit
+/// copies, AdamW's working copy, GEMMs and attention on f16 operands) within fp16's bounds; and
+/// each emulating driver refuses the other storage type's modules, so no test runs one module's
+/// kernels on the other's buffers.
+#[test]
+fn the_fp16_module_passes_every_op_check_and_each_driver_refuses_the_other_module() {
+    let (Some(emu), Some(fp16)) = (emulated(), fp16_env()) else { return };
+    let o = run_with(fp16, &["check", "ops", "--device", "cuda", "--size", "small", "--fp16"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "check ops --fp16: {out}{}", stderr(&o));
+    for want in
+        ["round_to fp16", "to_half + load_half fp16", "adamw working copy fp16", "adamw_group working copy fp16"]
+    {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    assert!(out.contains(&format!("ops check: all {} outputs", gpu_device::OPS_CHECKED)), "{out}");
+    assert!(out.contains("fp16 GEMMs and attention"), "{out}");
+    for (env, flags, refused) in [
+        (fp16, &[][..], "a bf16 module on the fp16 driver"),
+        (&emu.env, &["--fp16"][..], "a fp16 module on the bf16 driver"),
+    ] {
+        let mut args = vec!["check", "ops", "--device", "cuda", "--size", "small"];
+        args.extend(flags);
+        let o = run_with(env, &args);
+        assert!(!o.status.success() && stderr(&o).contains(refused), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains("CUDA_ERROR_INVALID_IMAGE"), "{}", stderr(&o));
+    }
+}
+
+/// What `--fp16` does not do on a GPU is one clear line each: `--device hip --fp16` (kernels-hip/
+/// has no fp16 twins) and tensor or pipeline parallelism over NCCL on fp16 buffers.
+#[test]
+fn fp16_on_hip_or_over_nccl_model_parallelism_is_a_clear_error() {
+    let Some(emu) = emulated() else { return };
+    let base = ["train", "--preset", "tiny", "--data-path", "x", "--fp16"];
+    let o = run_with(&emu.env, &[&base[..], &["--device", "hip"]].concat());
+    assert_clean_error(&o, &["--device hip --fp16", "bf16 storage only", "no fp16 twins"]);
+    for parallel in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
+        let o = run_with(&emu.env, &[&base[..], &["--device", "cuda", parallel, "2"]].concat());
+        assert_clean_error(&o, &["--device cuda --fp16", "--gpu-collectives mpi"]);
+    }
+}
+
+/// `train --device cuda --fp16` on the tiny preset: the loss scaler on the device path skips the
+/// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
+#[test]
+fn train_tiny_preset_on_cuda_fp16_skips_and_backs_off_as_the_cpu_does() {
+    let Some(fp16) = fp16_env() else { return };
+    let dir = scratch("cuda-train-fp16");
+    gpu_device::tiny_preset_fp16_skips_as_the_cpu_does(fp16, &dir, "cuda");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn training_reads_the_device_once_per_log_interval() {
     let Some(emu) = emulated() else { return };
@@ -427,7 +486,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(o.status.success(), "{out}{}", stderr(&o));
     assert!(out.contains("trident_smoke_axpy launched over 1048579 elements") && out.contains("result exact"), "{out}");
     assert!(
-        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 169 op outputs"),
+        out.contains("gpu check: device 0: the CUDA Device matches the reference device on 175 op outputs"),
         "{out}"
     );
     assert!(out.contains("gpu check: passed on 1 NVIDIA device"), "{out}");
@@ -444,7 +503,7 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
-    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80").unwrap();
+    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80", trident::gpu::kernels::Storage::Bf16).unwrap();
     // A CUBIN loads; a name it does not hold is not found, even one another file defines.
     let module = rt.load_module(&image.bytes).unwrap();
     assert!(rt.function(module, "cast_f32_to_bf16").is_ok());
@@ -490,7 +549,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
     let wants = [
         "passed on 1 NVIDIA device",
-        "ops check: all 169 outputs within their bounds",
+        "ops check: all 175 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on cuda",
     ];

@@ -14,16 +14,52 @@ use common::emu_cases::{self, gemm_bwd_by, gemm_bwd_input_bf16_out_by, gemm_by, 
 
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AttentionShape, Device};
+use trident::real::Precision;
 
 const CUDA: Vendor = Vendor {
     kind: "cuda-emu",
     seed: 11,
     harness: "kernels-cuda/emu/tests/harness.cpp",
     defines: &[],
+    half: Precision::Bf16,
     unaligned_attention: false,
 };
 
 shared_kernel_tests!(CUDA);
+
+/// The same sources built as the fp16 module (`-DTRIDENT_FP16`: binary16 storage, .f16 mma and
+/// wgmma operands), fed binary16 inputs and held to fp16's bounds (`half_bounds`).
+const CUDA_FP16: Vendor = Vendor { kind: "cuda-emu-fp16", defines: &["-DTRIDENT_FP16"], half: Precision::F16, ..CUDA };
+
+/// Every shared case on the fp16 module: the GEMMs forward and backward with their epilogues,
+/// attention, the cross-entropy, AdamW's 16-bit working copy, GELU, embedding, casts, the
+/// bias-gradient sums.
+mod fp16 {
+    use super::*;
+    shared_kernel_tests!(CUDA_FP16);
+
+    #[test]
+    fn layernorm_forward_backward() {
+        emu_cases::layernorm_forward_backward(&CUDA_FP16, &[(7, 50), (6, 768), (3, 5)]);
+    }
+
+    /// The sm_80 GEMMs' larger shapes and the sm_90a wgmma GEMMs (.f16 wgmma, TMA of 16-bit
+    /// elements) on the fp16 module.
+    #[test]
+    fn gemm_sm80_and_wgmma_sm90() {
+        emu_cases::gemm(&CUDA_FP16, GemmCase { bias: true, gelu: true, residual: true, ..gemm_case(150, 131, 203) });
+        gemm_bwd_by(&CUDA_FP16, 257, 200, 136, "gemm_bwd");
+        for (m, n, k) in [(100, 70, 72), (300, 260, 520)] {
+            gemm_by(&CUDA_FP16, gemm_case(m, n, k), "gemm_sm90_f32out");
+            let fused = GemmCase { bias: true, residual: true, bf16_out: true, ..gemm_case(m, n, k) };
+            gemm_by(&CUDA_FP16, fused, "gemm_sm90_bf16out");
+        }
+        for (m, n, k) in [(100, 72, 40), (300, 264, 200)] {
+            gemm_bwd_by(&CUDA_FP16, m, n, k, "gemm_sm90_bwd");
+            gemm_bwd_input_bf16_out_by(&CUDA_FP16, m, n, k, "gemm_sm90_bwd_bf16out");
+        }
+    }
+}
 
 /// The sm_80 GEMMs' 128 x 128 tiles and 4-stage ring (common/gemm_pipeline.cuh) past the shared
 /// shapes: several blocks each way with ragged last tiles (M, N one past and between multiples of
@@ -120,13 +156,13 @@ fn gemm_wgmma_sm90_weight_slices() {
     for (m, n, k, slices) in [(520, 80, 136, 2), (300, 264, 200, 3), (1000, 136, 72, 4), (100, 8, 8, 3)] {
         let name = format!("gemm_sm90_bwd_{m}x{n}x{k}_slices{slices}");
         let case = CUDA.case(&name);
-        let dout = CUDA.bf16_values(m * n, "dout", 1.0);
-        let w = CUDA.bf16_values(n * k, "w", 0.2);
-        let inp = CUDA.bf16_values(m * k, "inp", 1.0);
+        let dout = CUDA.half_values(m * n, "dout", 1.0);
+        let w = CUDA.half_values(n * k, "w", 0.2);
+        let inp = CUDA.half_values(m * k, "inp", 1.0);
         let dweight0 = CUDA.f32_values(n * k, "dweight0", 0.5, 0.0);
-        case.put_bf16("dout", &dout);
-        case.put_bf16("w", &w);
-        case.put_bf16("inp", &inp);
+        case.put_half("dout", &dout);
+        case.put_half("w", &w);
+        case.put_half("inp", &inp);
         let mut runs = Vec::new();
         for _ in 0..2 {
             case.put_f32("dweight", &dweight0);
@@ -152,7 +188,7 @@ fn gemm_wgmma_sm90_weight_slices() {
 /// other major-ness, tiles off the 1024-byte period, a wrong MN-major LBO.
 #[test]
 fn wgmma_reads_what_tma_swizzled_and_planted_layout_bugs_fail() {
-    let (a, b) = (CUDA.bf16_values(64 * 64, "probe_a", 1.0), CUDA.bf16_values(128 * 64, "probe_b", 1.0));
+    let (a, b) = (CUDA.half_values(64 * 64, "probe_a", 1.0), CUDA.half_values(128 * 64, "probe_b", 1.0));
     let want: Vec<f64> = (0..64 * 128)
         .map(|i| (0..64).map(|k| f64::from(a[i / 128 * 64 + k]) * f64::from(b[i % 128 * 64 + k])).sum())
         .collect();
@@ -166,11 +202,11 @@ fn wgmma_reads_what_tma_swizzled_and_planted_layout_bugs_fail() {
             let case = CUDA.case(&format!("wgmma_probe_{mn_major}_{plant}"));
             // K-major: A [m][k], B [n][k] as they are; MN-major: A [k][m], B [k][n].
             if mn_major == 1 {
-                case.put_bf16("a", &transpose(&a, 64));
-                case.put_bf16("b", &transpose(&b, 128));
+                case.put_half("a", &transpose(&a, 64));
+                case.put_half("b", &transpose(&b, 128));
             } else {
-                case.put_bf16("a", &a);
-                case.put_bf16("b", &b);
+                case.put_half("a", &a);
+                case.put_half("b", &b);
             }
             let outcome = case.outcome("wgmma_probe", &args(&[&mn_major, &plant]));
             let matches = outcome.is_ok() && compare(&case.get_f32("d"), &want, 1e-4, 1e-5).violations == 0;

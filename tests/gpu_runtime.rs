@@ -401,20 +401,23 @@ fn a_driver_without_the_cuda_backend_is_reported_not_used() {
 }
 
 /// Every embedded kernel file compiles with NVRTC for sm_80 and sm_90a (headers by include name),
-/// each CUBIN holds the functions of the kernel table with the static shared memory the table
-/// states, and a second request is a cache hit. Prints the compile time and size per file.
+/// as both modules (bf16, and fp16: `-DTRIDENT_FP16`, its own cache entry), each CUBIN holds the
+/// functions of the kernel table with the static shared memory the table states, and a second
+/// request is a cache hit. Prints the compile time and size per file.
 #[test]
 fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
     use trident::gpu::kernels::cuda::{self, KernelModules, Origin};
-    use trident::gpu::kernels::{declared_functions, KERNELS};
+    use trident::gpu::kernels::{declared_functions, Storage, KERNELS};
     let Some(nvrtc) = nvrtc() else { return };
     let dir = scratch("nvrtc-kernels");
     let modules = KernelModules::nvrtc_only(ModuleCache::new(&dir), nvrtc);
     let mut report = String::new();
     for (file, _) in cuda::files() {
-        for arch in ["sm_80", "sm_90a"] {
+        for (arch, storage) in
+            [("sm_80", Storage::Bf16), ("sm_90a", Storage::Bf16), ("sm_80", Storage::F16), ("sm_90a", Storage::F16)]
+        {
             let t = std::time::Instant::now();
-            let first = modules.image(file, arch).unwrap_or_else(|e| panic!("{file} for {arch}: {e}"));
+            let first = modules.image(file, arch, storage).unwrap_or_else(|e| panic!("{file} for {arch}: {e}"));
             let seconds = t.elapsed().as_secs_f64();
             assert_eq!(first.origin, Origin::Nvrtc(Outcome::Compiled), "{file} {arch}");
             let info = cuda::read_cubin(&first.bytes).unwrap();
@@ -448,11 +451,12 @@ fn every_embedded_kernel_compiles_with_nvrtc_for_sm80_and_sm90a() {
                 assert!(info.functions.contains(&declared), "{declared} missing from {file} for {arch}");
             }
             let t = std::time::Instant::now();
-            let second = modules.image(file, arch).unwrap();
+            let second = modules.image(file, arch, storage).unwrap();
             assert_eq!(second.origin, Origin::Nvrtc(Outcome::Hit), "{file} {arch}");
             assert_eq!(second.bytes, first.bytes);
             report.push_str(&format!(
-                "{file:18} {arch:7} nvrtc {:6.2} s  cubin {:7} B  cache hit {:5.1} ms\n",
+                "{file:18} {arch:7} {:4} nvrtc {:6.2} s  cubin {:7} B  cache hit {:5.1} ms\n",
+                storage.name(),
                 seconds,
                 first.bytes.len(),
                 t.elapsed().as_secs_f64() * 1e3

@@ -267,9 +267,9 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
     let wants = [
-        "the HIP Device matches the reference device on 169 op outputs",
+        "the HIP Device matches the reference device on 175 op outputs",
         "passed on 8 AMD devices",
-        "ops check: all 169 outputs within their bounds",
+        "ops check: all 175 outputs within their bounds",
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

@@ -26,6 +26,7 @@ const HIP: Vendor = Vendor {
     seed: 13,
     harness: "kernels-hip/emu/tests/harness.cpp",
     defines: &[],
+    half: Precision::Bf16,
     unaligned_attention: true,
 };
 
@@ -80,8 +81,8 @@ fn mfma_layout() {
     let case = HIP.case("mfma_probe");
     let a: Vec<f32> = (0..32 * 8).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
     let b: Vec<f32> = (0..8 * 32).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
-    case.put_bf16("a", &a);
-    case.put_bf16("b", &b);
+    case.put_half("a", &a);
+    case.put_half("b", &b);
     case.run("mfma_probe", &[]);
     let out = case.get_f32("out");
     for lane in 0..64usize {
@@ -115,7 +116,7 @@ fn layernorm_backward_on_any_grid() {
 fn layernorm_forward(v: &Vendor, rows: usize, cols: usize) -> (Case, [Vec<f64>; 3]) {
     let case = v.case(&format!("layernorm_{rows}x{cols}"));
     let (inp, weight, bias) = layernorm_inputs(v, rows, cols);
-    case.put_bf16("inp", &inp);
+    case.put_half("inp", &inp);
     case.put_f32("weight", &weight);
     case.put_f32("bias", &bias);
     case.run("layernorm_fwd", &args(&[&rows, &cols]));
@@ -146,7 +147,7 @@ fn planted_wave32_reduction_is_caught_on(rows: usize, cols: usize) {
         let (m_atol, m_rtol) = f32_bounds(&mean, 1e-5);
         let (r_atol, r_rtol) = f32_bounds(&rstd, 1e-5);
         let results = [
-            ("out", compare(&case.get_bf16("out"), &out, bf_atol, bf_rtol)),
+            ("out", compare(&case.get_half("out"), &out, bf_atol, bf_rtol)),
             ("mean", compare(&case.get_f32("mean"), &mean, m_atol, m_rtol)),
             ("rstd", compare(&case.get_f32("rstd"), &rstd, r_atol, r_rtol)),
         ];

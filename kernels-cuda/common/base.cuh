@@ -1,16 +1,26 @@
 // base.cuh: what every kernel includes first. It selects the target: nvcc (the GPU build, where
 // the instructions of ptx.cuh are inline PTX) or the host C++ compiler with -DTRIDENT_EMU (the
 // SIMT emulation of ../emu/, where they are C++ functions with the same fragment layouts), so a
-// kernel's .cu source is the same text for both. It also holds the bf16 type and conversions;
-// kernels convert through to_float / to_bf16 only, so both builds round the same way
+// kernel's .cu source is the same text for both. It also holds the 16-bit storage type and its
+// conversions; kernels convert through to_float / to_bf16 only, so both builds round the same way
 // (round-to-nearest-even).
 //
+// The storage type is a compile-time choice of the module. By default it is bfloat16 (the bf16
+// module). Compiled with -DTRIDENT_FP16 (the fp16 module, `--fp16`: src/gpu/kernels/cuda.rs's
+// `Storage::F16` adds it to NVRTC's and nvcc's options, the emulation's builds pass it too) the
+// same sources store IEEE binary16 (10 mantissa bits, largest finite 65504, overflow rounds to
+// infinity) and the tensor-core instructions read .f16 operands (TRIDENT_HALF_PTX names the type
+// in their PTX). The names stay: in a kernel, `bf16`, `to_bf16`, `pack_bf16x2` and the `_bf16` of
+// a function's name mean the module's 16-bit storage type; nothing else in the kernels depends on
+// which one it is (f32 accumulation and statistics are the same in both).
+//
 // A third target is NVRTC (__CUDACC_RTC__, trident's run-time compilation, src/gpu/kernels.rs):
-// it has no system or toolkit include path, so neither <cuda_bf16.h>, <stdint.h> nor <math.h>
-// (INFINITY) can be included. There bf16 is the same 16-bit struct as under emulation, the
-// integer types and INFINITY are defined here, and the conversions are the sm_80 PTX
-// instructions cvt.rn.bf16{,x2}.f32 that cuda_bf16.h's __float2bfloat16_rn /
-// __floats2bfloat162_rn compile to (same rounding).
+// it has no system or toolkit include path, so neither <cuda_bf16.h>, <cuda_fp16.h>, <stdint.h>
+// nor <math.h> (INFINITY) can be included. There the storage type is the same 16-bit struct as
+// under emulation, the integer types and INFINITY are defined here, and the conversions are the
+// sm_80 PTX instructions cvt.rn.bf16{,x2}.f32 (fp16: cvt.rn.f16{,x2}.f32, cvt.f32.f16) that
+// cuda_bf16.h's __float2bfloat16_rn / __floats2bfloat162_rn (cuda_fp16.h's __float2half_rn /
+// __floats2half2_rn) compile to (same rounding).
 #pragma once
 
 #if defined(TRIDENT_EMU)
@@ -26,12 +36,37 @@ typedef int int32_t;
 typedef long long int64_t;
 typedef unsigned long long uintptr_t;
 #define INFINITY __int_as_float(0x7f800000)
+#elif defined(TRIDENT_FP16)
+#include <cuda_fp16.h>
+#include <stdint.h>
 #else
 #include <cuda_bf16.h>
 #include <stdint.h>
 #endif
 
-#ifdef TRIDENT_EMU
+// The fp16 module's mark: a symbol its images hold and the bf16 module's do not, by which the
+// emulating driver (tests/gpu/emu_libcuda.cpp, built for one storage type) refuses a module of
+// the other one.
+#if defined(TRIDENT_FP16) && !defined(TRIDENT_EMU)
+extern "C" __device__ int trident_storage_fp16;
+__device__ int trident_storage_fp16 = 1;
+#endif
+
+// The PTX name of the storage type, for the mma / wgmma instruction strings of ptx.cuh and
+// wgmma.cuh.
+#ifdef TRIDENT_FP16
+#define TRIDENT_HALF_PTX "f16"
+#else
+#define TRIDENT_HALF_PTX "bf16"
+#endif
+
+#if defined(TRIDENT_EMU) && defined(TRIDENT_FP16)
+struct bf16 {
+  uint16_t bits;
+};
+__device__ __forceinline__ float to_float(bf16 x) { return emu::f16_bits_to_float(x.bits); }
+__device__ __forceinline__ bf16 to_bf16(float f) { return bf16{emu::float_to_f16_bits(f)}; }
+#elif defined(TRIDENT_EMU)
 struct bf16 {
   uint16_t bits;
 };
@@ -43,6 +78,20 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{uint16_t(u >> 16)};
 }
+#elif defined(__CUDACC_RTC__) && defined(TRIDENT_FP16)
+struct __align__(2) bf16 {
+  uint16_t bits;
+};
+__device__ __forceinline__ float to_float(bf16 x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+  return f;
+}
+__device__ __forceinline__ bf16 to_bf16(float f) {
+  bf16 r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+  return r;
+}
 #elif defined(__CUDACC_RTC__)
 struct __align__(2) bf16 {
   uint16_t bits;
@@ -53,6 +102,10 @@ __device__ __forceinline__ bf16 to_bf16(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
   return r;
 }
+#elif defined(TRIDENT_FP16)
+typedef __half bf16;
+__device__ __forceinline__ float to_float(bf16 x) { return __half2float(x); }
+__device__ __forceinline__ bf16 to_bf16(float f) { return __float2half_rn(f); }
 #else
 typedef __nv_bfloat16 bf16;
 __device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
@@ -61,15 +114,22 @@ __device__ __forceinline__ bf16 to_bf16(float f) { return __float2bfloat16_rn(f)
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 
-// Two floats rounded to bf16 and packed as one .b32 register (lo in the low half): the operand
-// format of mma.sync's A and B fragments.
+// Two floats rounded to the storage type and packed as one .b32 register (lo in the low half):
+// the operand format of mma.sync's A and B fragments.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 #if defined(TRIDENT_EMU)
   return emu::pack_halves(to_bf16(lo).bits, to_bf16(hi).bits);
+#elif defined(__CUDACC_RTC__) && defined(TRIDENT_FP16)
+  uint32_t v;  // as below: cvt.rn.f16x2.f32 d, a, b puts a in the upper half, b in the lower
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+  return v;
 #elif defined(__CUDACC_RTC__)
   uint32_t v;  // cvt.rn.bf16x2.f32 d, a, b puts a in the upper half, b in the lower
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
   return v;
+#elif defined(TRIDENT_FP16)
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 #else
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);

@@ -4,16 +4,18 @@
 #pragma once
 #include "base.cuh"
 
-// d = a * b + c: one warp-wide mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32. a holds the
-// lane's four .b32 registers of the 16x16 bf16 A fragment, b the two of the 16x8 B fragment,
-// c and d the four f32 accumulators. d and c may be the same array.
+// d = a * b + c: one warp-wide mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (.f16.f16 in
+// the fp16 module: TRIDENT_HALF_PTX, base.cuh). a holds the lane's four .b32 registers of the
+// 16x16 16-bit A fragment, b the two of the 16x8 B fragment, c and d the four f32 accumulators.
+// d and c may be the same array.
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                   const float (&c)[4]) {
 #ifdef TRIDENT_EMU
   emu::mma_m16n8k16_bf16(d, a, b, c);
 #else
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32." TRIDENT_HALF_PTX "." TRIDENT_HALF_PTX
+      ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%11,%12,%13};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),

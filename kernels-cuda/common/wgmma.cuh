@@ -81,7 +81,8 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // d = A · B + (scale_d ? d : 0), one warpgroup-wide
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (N 128 or 256) with A (64x16) and B (16xN)
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (N 128 or 256; .f16.f16 in the fp16
+// module, TRIDENT_HALF_PTX of base.cuh) with A (64x16) and B (16xN)
 // both read from shared memory through descriptors: K-major when kTransA / kTransB is 0,
 // MN-major (the instruction's imm-trans-a / imm-trans-b = 1) when 1 (layouts in
 // ../emu/wgmma.h). d is the thread's N / 2 f32 accumulators in the m64nNk16 fragment layout.
@@ -96,7 +97,7 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, u
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TRIDENT_HALF_PTX "." TRIDENT_HALF_PTX " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -117,7 +118,7 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, u
         "{\n"
         ".reg .pred p;\n"
         "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." TRIDENT_HALF_PTX "." TRIDENT_HALF_PTX " "
         "{"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "

@@ -2,7 +2,8 @@
 // reproducing the PTX ISA's register-fragment and shared-memory layouts exactly, so a wrong
 // fragment index gives a wrong answer here just as it would on an A100.
 //
-//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   (warp-wide; see mma_m16n8k16 below)
+//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   (warp-wide; see mma_m16n8k16 below;
+//                                                          .f16.f16 under TRIDENT_FP16)
 //   ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16
 //   cp.async.cg.shared.global [dst], [src], 16, src_size;  cp.async.commit_group;  cp.async.wait_group N
 //
@@ -21,6 +22,44 @@ inline float bf16_bits_to_float(uint16_t b) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// IEEE binary16 (the fp16 module's storage, -DTRIDENT_FP16): bits to float (exact), and float to
+// the nearest binary16 with ties to even (cvt.rn.f16.f32): beyond 65504 by half an ulp or more
+// rounds to infinity, below 2^-14 to the subnormals (multiples of 2^-24), NaN stays a quiet NaN.
+inline float f16_bits_to_float(uint16_t b) {
+  const uint32_t sign = uint32_t(b & 0x8000u) << 16, exponent = (b >> 10) & 31u, mantissa = b & 0x3ffu;
+  float f;
+  if (exponent == 0) {
+    f = std::ldexp(float(mantissa), -24);
+    return sign ? -f : f;
+  }
+  const uint32_t u = sign | (exponent == 31 ? 0x7f800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_f16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;   // quiet NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and above (or infinity): infinity
+  if (a < 0x38800000u) {                        // below 2^-14: a multiple of 2^-24, ties to even
+    float magnitude;
+    std::memcpy(&magnitude, &a, 4);
+    return sign | uint16_t(std::nearbyint(magnitude * 16777216.0f));
+  }
+  const uint32_t rounded = (a + 0xfffu + ((a >> 13) & 1u)) >> 13;  // the carry may raise the exponent
+  return sign | uint16_t(rounded - (112u << 10));
+}
+// The module's 16-bit storage type (base.cuh): bf16, or binary16 under TRIDENT_FP16; what the
+// tensor-core instructions below read their operands as.
+inline float half_bits_to_float(uint16_t b) {
+#ifdef TRIDENT_FP16
+  return f16_bits_to_float(b);
+#else
+  return bf16_bits_to_float(b);
+#endif
+}
 inline uint16_t low_half(uint32_t r) { return uint16_t(r & 0xffffu); }
 inline uint16_t high_half(uint32_t r) { return uint16_t(r >> 16); }
 inline uint32_t pack_halves(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
@@ -30,7 +69,8 @@ inline uint32_t pack_halves(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (u
 //   a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
 //   b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
 //   c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]  (and D likewise)
-// The products of bf16 values are exact; the sums are taken in double and rounded once to f32,
+// The operands are the module's storage type (.bf16, or .f16 under TRIDENT_FP16). The products of
+// 16-bit values are exact; the sums are taken in double and rounded once to f32,
 // which is within the hardware's accumulation error of any order it uses.
 struct MmaOperand {
   uint32_t a[4];
@@ -53,7 +93,7 @@ inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[
       const unsigned g = lane / 4, t = lane % 4;
       const MmaOperand& o = ops[lane];
       for (int h = 0; h < 2; ++h) {
-        auto half = [h](uint32_t reg) { return bf16_bits_to_float(h ? high_half(reg) : low_half(reg)); };
+        auto half = [h](uint32_t reg) { return half_bits_to_float(h ? high_half(reg) : low_half(reg)); };
         A[g][2 * t + h] = half(o.a[0]);
         A[g + 8][2 * t + h] = half(o.a[1]);
         A[g][2 * t + 8 + h] = half(o.a[2]);

@@ -4,6 +4,7 @@
 //
 //   wgmma.fence.sync.aligned
 //   wgmma.mma_async.sync.aligned.m64n{128,256}k16.f32.bf16.bf16 d, a-desc, b-desc, scale-d, 1, 1, trans-a, trans-b
+//   (.f16.f16 under TRIDENT_FP16: the operands are read as the module's storage type)
 //   wgmma.commit_group.sync.aligned;  wgmma.wait_group.sync.aligned N
 //
 // A warpgroup is four consecutive warps (threads 128w..128w+127). Every instruction is a
@@ -120,7 +121,7 @@ inline float wgmma_operand(uint64_t desc, unsigned mn, unsigned k, bool mn_major
   if (at + 2 > shared_window.bytes) fail("wgmma operand read past the shared window");
   uint16_t v;
   std::memcpy(&v, shared_window.base + at, 2);
-  return bf16_bits_to_float(v);
+  return half_bits_to_float(v);  // .bf16, or .f16 under TRIDENT_FP16
 }
 
 // The bounding byte range [lo, hi) of shared memory an operand of `rows` x 16 occupies.

@@ -29,13 +29,14 @@ pub(super) fn bias_corrections(step: &AdamWStep) -> (f32, f32) {
     (c1 as f32, c2 as f32)
 }
 
-/// The working-copy addresses the kernels take: a bf16 copy (`param_bf16`) or an f32 copy rounded
-/// to bf16 (`param_rounded`), 0 where there is none; a copy of another precision is neither (it
-/// is copied and rounded after the kernel).
-pub(super) fn working_pointers(working: Option<&(&mut GpuBuf, Precision)>) -> (u64, u64) {
+/// The working-copy addresses the kernels take: a 16-bit copy (`param_bf16`, the module's storage
+/// type, whose precision is `stored`) or an f32 copy rounded to it (`param_rounded`), 0 where
+/// there is none; a copy of another precision is neither (it is copied and rounded after the
+/// kernel).
+pub(super) fn working_pointers(working: Option<&(&mut GpuBuf, Precision)>, stored: Precision) -> (u64, u64) {
     match working {
-        Some((w, _)) if w.elem == Elem::Bf16 => (w.ptr(), 0),
-        Some((w, Precision::Bf16)) if w.elem == Elem::F32 => (0, w.ptr()),
+        Some((w, _)) if matches!(w.elem, Elem::Bf16 | Elem::F16) => (w.ptr(), 0),
+        Some((w, p)) if *p == stored && w.elem == Elem::F32 => (0, w.ptr()),
         _ => (0, 0),
     }
 }
@@ -58,7 +59,7 @@ impl GpuDevice {
             assert!(same, "adamw_group: a tensor's parameter, gradient and moments differ in length");
             let f32s = [t.param.elem, t.grad.elem, t.m.elem, t.v.elem].iter().all(|&e| e == Elem::F32);
             assert!(f32s, "adamw_group: the master weights, gradients and moments are f32");
-            let (bf16, rounded) = working_pointers(t.working.as_ref());
+            let (bf16, rounded) = working_pointers(t.working.as_ref(), self.storage.precision());
             for address in [t.param.ptr(), bf16, t.grad.ptr(), t.m.ptr(), t.v.ptr(), rounded] {
                 table.extend(address.to_le_bytes());
             }
@@ -88,7 +89,7 @@ impl GpuDevice {
         // Working copies of other precisions are copied and rounded after the update, as
         // `Device::adamw` does.
         for t in tensors {
-            if let Some((w, precision)) = t.working.filter(|(_, p)| *p != Precision::Bf16) {
+            if let Some((w, precision)) = t.working.filter(|(_, p)| *p != self.storage.precision()) {
                 assert_eq!(w.elem, Elem::F32, "adamw: a {precision:?} working copy is kept in f32");
                 self.copy(w, 0, t.param, 0, t.param.len);
                 self.round_to(w, precision);
@@ -103,7 +104,7 @@ impl GpuDevice {
             .iter()
             .map(|b| match b.elem {
                 Elem::F32 => b.len,
-                Elem::Bf16 => b.len.div_ceil(2),
+                Elem::Bf16 | Elem::F16 => b.len.div_ceil(2),
                 e => panic!("zero_buffers: a {e:?} buffer"),
             })
             .collect();

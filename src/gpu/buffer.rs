@@ -5,6 +5,7 @@
 //! seam's `DeviceP2p`, so that the links (collectives.rs) and the Device (device.rs) meet here
 //! instead of importing each other.
 
+use super::kernels::Storage;
 use super::runtime::GpuRuntime;
 use crate::comm::Dtype;
 use crate::device::DeviceP2p;
@@ -39,22 +40,32 @@ impl Drop for DeviceMem {
     }
 }
 
-/// What a `GpuBuf` holds. The Device's ops take f32 and bf16 buffers (bf16: `alloc_in` under
-/// `--bf16`, the activations, their gradients and the GEMMs' working weights); the seam's 16-bit
-/// copies of f32 buffers (`Device::to_half`, bf16 or f16 bits) are `Bits16` (training on bf16
-/// storage stashes none), and the step's scalars are f64.
+/// What a `GpuBuf` holds. The Device's ops take f32 and 16-bit buffers of its storage type
+/// (`alloc_in` under `--bf16`: bf16, under `--fp16`: binary16 `F16`; the activations, their
+/// gradients and the GEMMs' working weights); the seam's 16-bit copies of f32 buffers
+/// (`Device::to_half`, bf16 or f16 bits) are `Bits16` (training on 16-bit storage stashes none),
+/// and the step's scalars are f64.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,
     Bf16,
+    F16,
     Bits16,
     F64,
 }
 
 impl Elem {
+    /// The element type of `storage`'s 16-bit buffers.
+    pub fn of(storage: Storage) -> Elem {
+        match storage {
+            Storage::Bf16 => Elem::Bf16,
+            Storage::F16 => Elem::F16,
+        }
+    }
+
     pub fn bytes(self) -> usize {
         match self {
-            Elem::Bf16 | Elem::Bits16 => 2,
+            Elem::Bf16 | Elem::F16 | Elem::Bits16 => 2,
             Elem::F32 => 4,
             Elem::F64 => 8,
         }

@@ -26,7 +26,7 @@
 
 use super::buffer::{DeviceMem, Elem, GpuBuf, GpuP2p};
 use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
-use super::kernels::{Kernel, Vendor};
+use super::kernels::{Kernel, Storage, Vendor};
 use super::launch::{tiled, DeviceLimits};
 use super::open::{Functions, OpenGpu};
 use super::runtime::{Arg, GpuRuntime};
@@ -243,6 +243,11 @@ pub struct GpuDevice {
     pub(super) vendor: Vendor,
     /// The architecture the kernels are built for (`sm_90a`, `gfx90a`, ...).
     pub(super) arch: String,
+    /// The 16-bit storage its modules are compiled for (bf16, or fp16 under `--fp16`), and the
+    /// element type of its 16-bit buffers (`Elem::Bf16` or `Elem::F16`): what `alloc_in` makes
+    /// and what the 16-bit kernels read and write.
+    pub(super) storage: Storage,
+    pub(super) half: Elem,
     /// Compute capability 9.0 (sm_90a): the linear layers' GEMMs run on wgmma fed by TMA.
     pub(super) wgmma: bool,
     /// `layernorm_bwd_bf16`'s last-block counters (`plan::LAYERNORM_BWD_COUNTERS` u32: one per
@@ -292,17 +297,23 @@ pub(super) fn int(what: &str, v: usize) -> i32 {
 }
 
 impl GpuDevice {
-    /// The CUDA Device on GPU `ordinal` of the driver, its kernels compiled by NVRTC through the
-    /// disk cache (or taken from this build's precompiled images).
+    /// The CUDA Device on GPU `ordinal` of the driver, on bf16 storage, its kernels compiled by
+    /// NVRTC through the disk cache (or taken from this build's precompiled images).
     pub fn cuda(ordinal: usize) -> Result<GpuDevice> {
-        GpuDevice::on(OpenGpu::cuda(ordinal)?)
+        GpuDevice::open(Vendor::Cuda, ordinal, Storage::Bf16)
     }
 
     /// The HIP Device on GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled
     /// for the device's gfx architecture by hipRTC through the disk cache (or taken from this
     /// build's precompiled code objects).
     pub fn hip(ordinal: usize) -> Result<GpuDevice> {
-        GpuDevice::on(OpenGpu::hip(ordinal)?)
+        GpuDevice::open(Vendor::Hip, ordinal, Storage::Bf16)
+    }
+
+    /// The Device of `vendor` on GPU `ordinal` whose 16-bit buffers are `storage` (`--fp16`:
+    /// binary16, CUDA only), its kernels the modules of that storage.
+    pub fn open(vendor: Vendor, ordinal: usize, storage: Storage) -> Result<GpuDevice> {
+        GpuDevice::on(OpenGpu::open(vendor, ordinal, storage)?)
     }
 
     /// The Device on an opened GPU: loads every file it uses and finds its functions.
@@ -317,6 +328,8 @@ impl GpuDevice {
             scratch: std::sync::Mutex::new(Vec::new()),
             vendor: gpu.vendor,
             arch: gpu.arch,
+            storage: gpu.storage,
+            half: Elem::of(gpu.storage),
             wgmma,
             counter: std::sync::OnceLock::new(),
             column_counters: std::sync::OnceLock::new(),
@@ -517,8 +530,9 @@ impl GpuDevice {
         let args = [Arg::Ptr(d), Arg::Ptr(s), Arg::I32(int("n", n))];
         match (src.elem, dst.elem) {
             (a, b) if a == b => ok(self.rt.copy_on_device(d, s, a.bytes() * n)),
-            (Elem::F32, Elem::Bf16) => self.run(Op::CastF32ToBf16 { n }, &args),
-            (Elem::Bf16, Elem::F32) => self.run(Op::CastBf16ToF32 { n }, &args),
+            // The cast kernels convert to and from the module's storage type.
+            (Elem::F32, h) if h == self.half => self.run(Op::CastF32ToBf16 { n }, &args),
+            (h, Elem::F32) if h == self.half => self.run(Op::CastBf16ToF32 { n }, &args),
             (a, b) => fatal(Error::Config(format!("no conversion of a {a:?} buffer into a {b:?} one on the device"))),
         }
     }

@@ -32,20 +32,26 @@ impl Device for GpuDevice {
         // The runtime names the compute capability; the kernels are built for `arch` (sm_90a on
         // 9.0, or TRIDENT_CUDA_ARCH), whose GEMMs are wgmma fed by TMA.
         let gemms = if self.wgmma { "wgmma + TMA GEMMs, mma.sync attention" } else { self.vendor.matrix_units() };
-        format!("{}, kernels for {}, bf16 GEMMs and attention ({gemms})", self.rt.describe(), self.arch)
+        format!(
+            "{}, kernels for {}, {} GEMMs and attention ({gemms})",
+            self.rt.describe(),
+            self.arch,
+            self.storage.name()
+        )
     }
     fn alloc(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F32))
     }
     fn alloc_in(&self, len: usize, precision: Precision) -> GpuBuf {
-        match precision {
-            Precision::Bf16 => ok(GpuBuf::zeroed(&self.rt, len, Elem::Bf16)),
-            // No fp16 kernels: other precisions get f32 storage (training refuses --fp16 here).
-            _ => self.alloc(len),
+        match self.stores(precision) {
+            true => ok(GpuBuf::zeroed(&self.rt, len, self.half)),
+            // The other 16-bit format has no module on this Device: f32 storage.
+            false => self.alloc(len),
         }
     }
     fn stores(&self, precision: Precision) -> bool {
-        precision == Precision::Bf16
+        // The precision its kernels store: bf16, or binary16 on the fp16 module.
+        precision == self.storage.precision()
     }
     fn len(&self, buf: &GpuBuf) -> usize {
         buf.len
@@ -55,11 +61,11 @@ impl Device for GpuDevice {
     }
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
         assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
-        if dst.elem == Elem::Bf16 {
-            let bits: Vec<u8> = src.iter().flat_map(|&x| bf16_bits(x).to_le_bytes()).collect();
+        if dst.elem == self.half {
+            let bits: Vec<u8> = src.iter().flat_map(|&x| self.half_bits(x).to_le_bytes()).collect();
             return ok(self.rt.copy_to_device(dst.ptr(), &bits));
         }
-        assert_eq!(dst.elem, Elem::F32, "upload: not an f32 or bf16 buffer");
+        assert_eq!(dst.elem, Elem::F32, "upload: not an f32 or 16-bit buffer");
         if !src.is_empty() {
             // SAFETY: f32 has no padding; the byte view covers exactly the slice.
             let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 4 * src.len()) };
@@ -68,17 +74,18 @@ impl Device for GpuDevice {
     }
     fn download(&self, src: &GpuBuf, dst: &mut [f32]) {
         assert_eq!(src.len, dst.len(), "download: buffer and host lengths differ");
-        if src.elem == Elem::Bf16 {
+        if src.elem == self.half {
             let mut bits = vec![0u8; 2 * src.len];
             if !bits.is_empty() {
                 ok(self.to_host(&mut bits, src.ptr()));
             }
+            let precision = self.storage.precision();
             for (d, b) in dst.iter_mut().zip(bits.chunks_exact(2)) {
-                *d = Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]));
+                *d = precision.from_bits16(u16::from_le_bytes([b[0], b[1]]));
             }
             return;
         }
-        assert_eq!(src.elem, Elem::F32, "download: not an f32 or bf16 buffer");
+        assert_eq!(src.elem, Elem::F32, "download: not an f32 or 16-bit buffer");
         if !dst.is_empty() {
             // SAFETY: every bit pattern is a valid f32; the byte view covers exactly the slice.
             let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), 4 * dst.len()) };
@@ -110,9 +117,9 @@ impl Device for GpuDevice {
             return;
         }
         match dst.elem {
-            // Two bf16 elements a word; the allocation is whole words.
-            Elem::Bf16 => {
-                let bits = bf16_bits(value) as u32;
+            // Two 16-bit elements a word; the allocation is whole words.
+            e if e == self.half => {
+                let bits = self.half_bits(value) as u32;
                 ok(self.rt.memset_u32(dst.ptr(), bits | bits << 16, dst.len.div_ceil(2)))
             }
             Elem::F32 => ok(self.rt.memset_u32(dst.ptr(), value.to_bits(), dst.len)),
@@ -272,7 +279,7 @@ impl Device for GpuDevice {
         let (w, b) = (self.view(weight, Elem::F32), self.view(bias, Elem::F32));
         let [o, m, s, x, w, b] = [&*o, &*m, &*s, &*x, &*w, &*b].map(|b| Ptr(b.ptr()));
         match e {
-            Elem::Bf16 => {
+            Elem::Bf16 | Elem::F16 => {
                 self.run(Op::LayernormFwd { rows, channels: cols }, &[o, m, s, Ptr(0), x, Ptr(0), w, b, r, c])
             }
             _ => self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]),
@@ -295,10 +302,10 @@ impl Device for GpuDevice {
         int("rows·cols", rows * cols);
         // bf16 gradients: layernorm_bwd_bf16, the whole backward in one launch (bf16 dinp "+=",
         // f32 dweight and dbias "+=" through its block partials and the Device's counters).
-        if activation(dout) == Elem::Bf16 {
-            let [dy, x] = [dout, inp].map(|b| self.view(b, Elem::Bf16));
+        if activation(dout) == self.half {
+            let [dy, x] = [dout, inp].map(|b| self.view(b, self.half));
             let [w, m, s] = [weight, mean, rstd].map(|b| self.view(b, Elem::F32));
-            let dx = self.view_mut(dinp, Elem::Bf16, false);
+            let dx = self.view_mut(dinp, self.half, false);
             let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
             let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
             let counter = self.zeroed_once(&self.counter, LAYERNORM_BWD_COUNTERS);
@@ -408,7 +415,7 @@ impl Device for GpuDevice {
             return;
         }
         assert!(out.len >= rows * n && weight.len >= n * k);
-        let (a, w) = (self.view(inp, Elem::Bf16), self.view(weight, Elem::Bf16));
+        let (a, w) = (self.view(inp, self.half), self.view(weight, self.half));
         self.gemm_forward(out, (&a, &w), bias, None, (rows, k, n));
     }
     fn linear_residual_forward(
@@ -427,7 +434,7 @@ impl Device for GpuDevice {
         }
         assert!(out.len == rows * n && resid.len == rows * n && weight.len >= n * k);
         // One GEMM: bias and residual in its epilogue.
-        let (a, w) = (self.view(inp, Elem::Bf16), self.view(weight, Elem::Bf16));
+        let (a, w) = (self.view(inp, self.half), self.view(weight, self.half));
         self.gemm_forward(out, (&a, &w), Some(bias), Some(resid), (rows, k, n));
     }
     fn linear_backward(
@@ -446,9 +453,9 @@ impl Device for GpuDevice {
             return;
         }
         let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
-        let d = self.view(dout, Elem::Bf16);
+        let d = self.view(dout, self.half);
         if let Some(dinp) = dinp {
-            let w = self.view(weight, Elem::Bf16);
+            let w = self.view(weight, self.half);
             // The backward-input GEMMs write f32 or bf16.
             let (out, e) = gemm_out(dinp);
             let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
@@ -463,7 +470,7 @@ impl Device for GpuDevice {
             };
             self.run(op, &args);
         }
-        let x = self.view(inp, Elem::Bf16);
+        let x = self.view(inp, self.half);
         let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
         let dw = self.view_mut(dweight, Elem::F32, false);
         match op {
@@ -487,7 +494,7 @@ impl Device for GpuDevice {
             let counters = self.zeroed_once(&self.column_counters, COLUMN_SUM_COUNTERS);
             let args = [Ptr(db.ptr()), Ptr(partials.pointer), Ptr(counters.pointer()), Ptr(d.ptr()), m_, n_];
             match e {
-                Elem::Bf16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
+                Elem::Bf16 | Elem::F16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
                 _ => self.run(Op::ColumnSumAddF32 { rows, cols: n }, &args),
             }
         }
@@ -498,8 +505,8 @@ impl Device for GpuDevice {
         let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
         let args = [Ptr(o.ptr()), Ptr(x.ptr()), I32(int("n", n))];
         match e {
-            Elem::Bf16 if n > 0 => self.run(Op::GeluFwd { n }, &args),
-            Elem::Bf16 => {}
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, &args),
+            Elem::Bf16 | Elem::F16 => {}
             _ => self.elementwise(Kernel::GeluFwdF32, n, &args),
         }
     }
@@ -508,8 +515,8 @@ impl Device for GpuDevice {
         let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
         let args = [Ptr(dx.ptr()), Ptr(x.ptr()), Ptr(dy.ptr()), I32(int("n", n))];
         match e {
-            Elem::Bf16 if n > 0 => self.run(Op::GeluBwd { n }, &args),
-            Elem::Bf16 => {}
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, &args),
+            Elem::Bf16 | Elem::F16 => {}
             _ => self.elementwise(Kernel::GeluBwdF32, n, &args),
         }
     }
@@ -521,9 +528,9 @@ impl Device for GpuDevice {
             return;
         }
         // The kernels read and write bf16; the statistics are f32.
-        let q = self.view(qkv, Elem::Bf16);
+        let q = self.view(qkv, self.half);
         let whole = out.len == rows * w;
-        let (o, lse) = (self.view_mut(out, Elem::Bf16, whole), self.view_mut(lse, Elem::F32, false));
+        let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
         self.run(
             Op::AttentionFwd { batch: shape.batch, seq: shape.seq, heads: shape.heads, head_dim: shape.head_dim },
@@ -544,11 +551,11 @@ impl Device for GpuDevice {
         if rows == 0 {
             return;
         }
-        let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, Elem::Bf16));
+        let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, self.half));
         let lse = self.view(lse, Elem::F32);
         let delta = self.scratch(4 * rows * shape.heads);
         let whole = dqkv.len == 3 * rows * w;
-        let grad = self.view_mut(dqkv, Elem::Bf16, whole);
+        let grad = self.view_mut(dqkv, self.half, whole);
         let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
         let (batch, seq, heads, head_dim) = (shape.batch, shape.seq, shape.heads, shape.head_dim);
         self.run(
@@ -577,8 +584,8 @@ impl Device for GpuDevice {
         let logits = self.view(logits, e);
         let args = [Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))];
         match e {
-            Elem::Bf16 if rows > 0 => self.run(Op::XentMax { rows, vocab }, &args),
-            Elem::Bf16 => {}
+            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentMax { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 => {}
             _ => self.rowwise(Kernel::XentMaxF32, rows, &args),
         }
     }
@@ -607,8 +614,8 @@ impl Device for GpuDevice {
             I32(int("vocab", vocab)),
         ];
         match e {
-            Elem::Bf16 if rows > 0 => self.run(Op::XentPartials { rows, vocab }, &args),
-            Elem::Bf16 => {}
+            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentPartials { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 => {}
             _ => self.rowwise(Kernel::XentPartialsF32, rows, &args),
         }
     }
@@ -643,8 +650,8 @@ impl Device for GpuDevice {
             I32(int("vocab", vocab)),
         ];
         match e {
-            Elem::Bf16 if rows > 0 => self.run(Op::XentBwd { rows, vocab }, &args),
-            Elem::Bf16 => {}
+            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentBwd { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 => {}
             _ => self.elementwise(Kernel::XentBwdF32, n, &args),
         }
     }
@@ -660,15 +667,17 @@ impl Device for GpuDevice {
 
     fn round_to(&self, buf: &mut GpuBuf, precision: Precision) {
         match precision {
-            // bf16 storage holds nothing else.
+            // 16-bit storage holds nothing else.
             Precision::F32 => {}
-            Precision::Bf16 if buf.elem == Elem::Bf16 => {}
-            Precision::Bf16 => {
+            p if p == self.storage.precision() && buf.elem == self.half => {}
+            // round_bf16_f32 rounds to the module's storage type (binary16 on the fp16 module,
+            // overflow to infinity: fp16's gradients, `train::chunk`).
+            p if p == self.storage.precision() => {
                 self.elementwise(Kernel::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
             }
-            Precision::F16 => {
-                // No fp16 kernels: the Device is bf16-only (`--device cuda` requires --bf16),
-                // so this stays correct, on the host.
+            _ => {
+                // The other 16-bit format has no module on this Device (training opens the one of
+                // its precision): correct, on the host.
                 let mut host = vec![0f32; buf.len];
                 self.download(buf, &mut host);
                 for x in host.iter_mut() {
@@ -690,12 +699,14 @@ impl Device for GpuDevice {
             return;
         }
         match precision {
-            Precision::Bf16 if buf.elem == Elem::Bf16 => ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len)),
-            // Cast on the device into device memory; the values are already bf16, so exact.
-            Precision::Bf16 => {
+            p if p == self.storage.precision() && buf.elem == self.half => {
+                ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len))
+            }
+            // Cast on the device into device memory; the values are already 16-bit, so exact.
+            p if p == self.storage.precision() => {
                 self.run(Op::CastF32ToBf16 { n: buf.len }, &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))])
             }
-            // No fp16 kernels (`--device cuda|hip` requires --bf16): correct, through the host.
+            // The other format has no module on this Device: correct, through the host.
             _ => {
                 let mut host = vec![0f32; buf.len];
                 self.download(buf, &mut host);
@@ -707,11 +718,13 @@ impl Device for GpuDevice {
     fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
         assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
         match precision {
-            Precision::Bf16 if dst.elem == Elem::Bf16 => ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len)),
-            Precision::Bf16 if src.len > 0 => {
+            p if p == self.storage.precision() && dst.elem == self.half => {
+                ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len))
+            }
+            p if p == self.storage.precision() && src.len > 0 => {
                 self.run(Op::CastBf16ToF32 { n: src.len }, &[Ptr(dst.ptr()), Ptr(src.ptr()), I32(int("n", src.len))])
             }
-            Precision::Bf16 => {}
+            p if p == self.storage.precision() => {}
             _ => {
                 let mut bits = vec![0u8; 2 * src.len];
                 if !bits.is_empty() {
@@ -745,9 +758,9 @@ impl Device for GpuDevice {
             return;
         }
         let (c1, c2) = bias_corrections(&step);
-        // The kernel writes a bf16 working copy (`param_bf16`) or an f32 one rounded to bf16
-        // itself (`param_rounded`); other precisions copy and round after it.
-        let (bf16, rounded) = working_pointers(working.as_ref());
+        // The kernel writes a 16-bit working copy (`param_bf16`, the module's storage type) or an
+        // f32 one rounded to it itself (`param_rounded`); other precisions copy and round after it.
+        let (bf16, rounded) = working_pointers(working.as_ref(), self.storage.precision());
         self.run(
             Op::AdamW { n: grad.len },
             &[
@@ -768,7 +781,7 @@ impl Device for GpuDevice {
                 Ptr(rounded),
             ],
         );
-        if let Some((w, precision)) = working.filter(|(_, p)| *p != Precision::Bf16) {
+        if let Some((w, precision)) = working.filter(|(_, p)| *p != self.storage.precision()) {
             assert_eq!(w.elem, Elem::F32, "adamw: a {precision:?} working copy is kept in f32");
             self.copy(w, 0, param, 0, param.len);
             self.round_to(w, precision);
@@ -779,27 +792,31 @@ impl Device for GpuDevice {
     }
 }
 
-/// The element type an op's kernels take for the activations of `buf`: bf16 for bf16 storage,
+/// The element type an op's kernels take for the activations of `buf`: its own for 16-bit
+/// storage (bf16, or binary16 on the fp16 module: a Device makes only its own, `alloc_in`),
 /// else f32.
 fn activation(buf: &GpuBuf) -> Elem {
-    if buf.elem == Elem::Bf16 {
-        Elem::Bf16
-    } else {
-        Elem::F32
+    match buf.elem {
+        Elem::Bf16 | Elem::F16 => buf.elem,
+        _ => Elem::F32,
     }
 }
 
-/// The output type of a GEMM writing `buf`: bf16 for bf16 storage, else f32.
+/// The output type of a GEMM writing `buf`: 16-bit for 16-bit storage, else f32.
 fn gemm_out(buf: &GpuBuf) -> (GemmOut, Elem) {
     match activation(buf) {
-        Elem::Bf16 => (GemmOut::Bf16, Elem::Bf16),
+        e @ (Elem::Bf16 | Elem::F16) => (GemmOut::Bf16, e),
         _ => (GemmOut::F32, Elem::F32),
     }
 }
 
-/// `x` as bf16 bits, rounded to nearest even (what `upload` and `fill` store in bf16 buffers).
-fn bf16_bits(x: f32) -> u16 {
-    Precision::Bf16.to_bits16(Precision::Bf16.round(x))
+impl GpuDevice {
+    /// `x` as bits of the storage type, rounded to nearest even (what `upload` and `fill` store
+    /// in 16-bit buffers).
+    fn half_bits(&self, x: f32) -> u16 {
+        let precision = self.storage.precision();
+        precision.to_bits16(precision.round(x))
+    }
 }
 
 /// The `int` arguments rows and cols of the LayerNorm kernels.

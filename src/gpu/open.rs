@@ -2,8 +2,9 @@
 //! vendor's runtime, counted: `runtime::Counted`), where its
 //! kernel images come from (`KernelModules` for CUDA, `HipKernelModules` for HIP: precompiled, or
 //! compiled for the device's architecture through the disk cache), its name, architecture,
-//! launch limits and multiprocessor count; and `Functions`, kernels of the index resolved on it
-//! once, each file loaded once.
+//! launch limits and multiprocessor count, the 16-bit storage its modules are compiled for
+//! (`Storage`: bf16, or fp16 on CUDA); and `Functions`, kernels of the index resolved on it once,
+//! each file loaded once.
 
 use super::cache::{default_root, ModuleCache};
 use super::cuda_runtime::CudaRuntime;
@@ -12,7 +13,7 @@ use super::hip::Hip;
 use super::hip_runtime::HipRuntime;
 use super::kernels::cuda::{arch_for, KernelModules};
 use super::kernels::hip::HipKernelModules;
-use super::kernels::{Kernel, Vendor, KERNELS};
+use super::kernels::{Kernel, Storage, Vendor, KERNELS};
 use super::launch::DeviceLimits;
 use super::runtime::{Counted, GpuRuntime};
 use crate::error::{Error, Result};
@@ -35,21 +36,24 @@ pub struct OpenGpu {
     /// SMs (CUDA) or compute units (HIP), at least 1.
     pub multiprocessors: usize,
     pub limits: DeviceLimits,
+    /// The storage type of the modules it loads.
+    pub storage: Storage,
     images: Images,
 }
 
 impl OpenGpu {
-    /// GPU `ordinal` of `vendor`'s runtime.
-    pub fn open(vendor: Vendor, ordinal: usize) -> Result<OpenGpu> {
+    /// GPU `ordinal` of `vendor`'s runtime, its modules of `storage`.
+    pub fn open(vendor: Vendor, ordinal: usize, storage: Storage) -> Result<OpenGpu> {
         match vendor {
-            Vendor::Cuda => OpenGpu::cuda(ordinal),
-            Vendor::Hip => OpenGpu::hip(ordinal),
+            Vendor::Cuda => OpenGpu::cuda(ordinal, storage),
+            Vendor::Hip => OpenGpu::hip(ordinal, storage),
         }
     }
 
     /// GPU `ordinal` of the CUDA driver (compute capability 8.0 or newer), its kernels compiled by
-    /// NVRTC through the disk cache (or taken from this build's precompiled images).
-    pub fn cuda(ordinal: usize) -> Result<OpenGpu> {
+    /// NVRTC through the disk cache (or taken from this build's precompiled images) as the modules
+    /// of `storage`.
+    pub fn cuda(ordinal: usize, storage: Storage) -> Result<OpenGpu> {
         let rt = CudaRuntime::new(Driver::load()?, ordinal)?;
         let info = rt.info().clone();
         Ok(OpenGpu {
@@ -59,14 +63,23 @@ impl OpenGpu {
             multiprocessors: info.multiprocessors.max(1) as usize,
             limits: info.limits,
             name: info.name,
+            storage,
             images: Images::Cuda(KernelModules::new(ModuleCache::new(&default_root(&|k| std::env::var(k).ok())?))),
         })
     }
 
     /// GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled for the device's gfx
     /// architecture by hipRTC through the disk cache (or taken from this build's precompiled code
-    /// objects).
-    pub fn hip(ordinal: usize) -> Result<OpenGpu> {
+    /// objects). The HIP suite is built for bf16 storage only: fp16 is an error naming what is
+    /// missing.
+    pub fn hip(ordinal: usize, storage: Storage) -> Result<OpenGpu> {
+        if storage != Storage::Bf16 {
+            return Err(Error::Unsupported(format!(
+                "{} storage on HIP: kernels-hip/ is built for bf16 only (no fp16 twins of its MFMA kernels yet); \
+                 train with --bf16 on --device hip, or --fp16 on --device cuda or cpu",
+                storage.name()
+            )));
+        }
         let rt = HipRuntime::new(Hip::load()?, ordinal)?;
         let (arch, limits, name) = (rt.arch().to_string(), rt.limits(), rt.info().name.clone());
         let multiprocessors = rt.info().compute_units.max(1) as usize;
@@ -78,6 +91,7 @@ impl OpenGpu {
             arch,
             multiprocessors,
             limits,
+            storage,
             images: Images::Hip(HipKernelModules::new(ModuleCache::new(&root))),
         })
     }
@@ -85,7 +99,7 @@ impl OpenGpu {
     /// The loadable image of `file` (of this vendor's suite) for this GPU's architecture.
     pub fn image(&self, file: &str) -> Result<Vec<u8>> {
         match &self.images {
-            Images::Cuda(m) => m.image(file, &self.arch).map(|i| i.bytes),
+            Images::Cuda(m) => m.image(file, &self.arch, self.storage).map(|i| i.bytes),
             Images::Hip(m) => m.image(file, &self.arch).map(|i| i.bytes),
         }
     }

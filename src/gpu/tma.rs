@@ -29,7 +29,9 @@ pub struct TiledMap {
     pub boxes: [u32; 2],
 }
 
-/// `CU_TENSOR_MAP_DATA_TYPE_BFLOAT16`.
+/// `CU_TENSOR_MAP_DATA_TYPE_BFLOAT16`; also the maps of the fp16 module's binary16 operands: TMA
+/// copies 16-bit elements as they are (the type sizes them; the out-of-bounds zero fill is the
+/// same bits in both formats).
 pub const DATA_TYPE_BF16: i32 = 9;
 /// `CU_TENSOR_MAP_SWIZZLE_128B`: 16-byte chunk bits [4:6] of each shared address XORed with
 /// bits [7:9]; the innermost box may be at most 128 bytes.

@@ -6,8 +6,10 @@
 use super::collectives::StreamApi;
 use super::device::GpuDevice;
 use super::driver::Driver;
+use super::kernels::{Storage, Vendor};
 use crate::device::DevicePeak;
 use crate::error::{Error, Result};
+use crate::real::Precision;
 
 /// The GPU runtime `--device cuda` or `--device hip` trains on, loaded before placement (which
 /// needs its device count) and kept for the process's life: the communicators' streams borrow it.
@@ -37,22 +39,24 @@ impl TrainingGpu {
         }
     }
 
-    /// The Device on GPU `ordinal` (placement's choice) for a model of `head_dim`, and the
-    /// nominal peak of its part; its collectives attach later on this runtime's streams.
-    pub fn open(self, ordinal: usize, head_dim: usize) -> Result<(GpuDevice, DevicePeak)> {
+    /// The Device on GPU `ordinal` (placement's choice) for a model of `head_dim`, its 16-bit
+    /// storage the run's `precision`'s (`Storage::of`: binary16 under `--fp16`), and the nominal
+    /// peak of its part; its collectives attach later on this runtime's streams.
+    pub fn open(self, ordinal: usize, head_dim: usize, precision: Precision) -> Result<(GpuDevice, DevicePeak)> {
+        let storage = Storage::of(precision);
         let (mut dev, peak) = match self.0 {
             StreamApi::Cuda(driver) => {
                 GpuDevice::check_head_dim(head_dim)?;
-                let dev = GpuDevice::cuda(ordinal)?;
+                let dev = GpuDevice::open(Vendor::Cuda, ordinal, storage)?;
                 let (major, minor) = driver.device_info(ordinal)?.compute_capability;
-                // Dense bf16 tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
+                // Dense bf16 (= fp16) tensor-core peaks of the data-center parts (A100: 312, H100 SXM: 989 TFLOP/s).
                 let (tflops, part) = if major >= 9 { (989.0, "H100 SXM") } else { (312.0, "A100") };
                 let what = format!("nominal dense bf16 of an {part}, sm_{major}{minor}");
                 (dev, DevicePeak { gflops: tflops * 1e3, what })
             }
             StreamApi::Hip(hip) => {
                 GpuDevice::check_head_dim_for("hip", head_dim)?;
-                let dev = GpuDevice::hip(ordinal)?;
+                let dev = GpuDevice::open(Vendor::Hip, ordinal, storage)?;
                 let arch = hip.device_info(ordinal)?.arch.unwrap_or_default();
                 // Dense bf16 matrix-core peaks: an MI250X GCD (half of 383 TFLOP/s), an MI300X.
                 let (tflops, part) = if arch.starts_with("gfx94") { (1307.4, "MI300X") } else { (191.5, "MI250X GCD") };

@@ -117,6 +117,7 @@ fn run_on<D: Device>(
         norm_sum: setup.dev.scalars(1),
         steps: setup.dev.scalars(2 * window_steps(cfg)),
         pending: Vec::new(),
+        scaler_norms: None,
         grad_norm: 0.0,
     };
     for c in trainer.chunks.iter_mut() {
@@ -179,6 +180,10 @@ struct Trainer<'a, D: Device> {
     /// AdamW's gradient factor (`Device::clip_scale`); its loss is in the models' loss slot k.
     steps: D::Scalars,
     pending: Vec<PendingStep>,
+    /// `steps` as the loss scaler last read it (its slots up to the newest pending step's norm),
+    /// which `flush` uses instead of reading the norms again: an fp16 step with a log line reads
+    /// the device twice, not three times.
+    scaler_norms: Option<Vec<f64>>,
     /// The gradient norm of the last step read (the log line prints it).
     grad_norm: f64,
 }
@@ -287,11 +292,13 @@ impl<D: Device> Trainer<'_, D> {
         setup.dev.clip_scale(&self.norm_sum, 0, &mut self.steps, 2 * slot, cfg.clip_grad, scale);
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
         // the scaled gradients overflowed: the step is skipped and the scale backs off. Deciding
-        // that is the one per-step read of the device that stays (fp16 runs on the CPU only).
+        // that is the one per-step read of the device that stays (kept for `flush`).
         let overflowed = self.progress.scaler.is_some() && {
             let mut norms = vec![0.0; 2 * slot + 1];
             setup.dev.read_scalars(&self.steps, &mut norms);
-            !norms[2 * slot].is_finite()
+            let overflowed = !norms[2 * slot].is_finite();
+            self.scaler_norms = Some(norms);
+            overflowed
         };
         if let Some(s) = self.progress.scaler.as_mut() {
             s.update(overflowed);
@@ -325,8 +332,16 @@ impl<D: Device> Trainer<'_, D> {
         }
         let mut losses = vec![0.0; n];
         self.pipe.take_step_losses(&mut self.chunks, &mut losses);
-        let mut norms = vec![0.0; 2 * n];
-        self.setup.dev.read_scalars(&self.steps, &mut norms);
+        // The window's norms: as the loss scaler read them after the newest step (they do not
+        // change after it), else in one copy.
+        let norms = match self.scaler_norms.take() {
+            Some(norms) if norms.len() == 2 * n - 1 => norms,
+            _ => {
+                let mut norms = vec![0.0; 2 * n];
+                self.setup.dev.read_scalars(&self.steps, &mut norms);
+                norms
+            }
+        };
         for (k, step) in self.pending.drain(..).enumerate() {
             let (loss, grad_norm) = (losses[k] / self.tokens_per_iter, norms[2 * k]);
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {

@@ -109,7 +109,7 @@ pub(super) fn open_gpu(
     placement: &Placement,
 ) -> Result<(impl Device, DevicePeak)> {
     let ordinal = placement.gpu.as_ref().map_or(0, |g| g.ordinal);
-    gpu.open(ordinal, cfg.model.hidden_size / cfg.model.num_attention_heads)
+    gpu.open(ordinal, cfg.model.hidden_size / cfg.model.num_attention_heads, cfg.precision)
 }
 
 /// The CPU backend on `--cpu-threads` (else this rank's share of the node) and its measured FMA

@@ -1,9 +1,10 @@
 //! What the kernel-emulation tests (`cuda_emulation.rs`, `hip_emulation.rs`) share: compiling a
 //! C++ harness against the SIMT emulation, a vendor's harness and inputs (`Vendor`), a case
 //! directory of input and output arrays the harness reads and writes, deterministic inputs, and
-//! the comparison with the reference device under DESIGN.md's bf16 rule
-//! |x - ref| <= atol + 0.079 |ref| (and a tighter bound for f32). The cases both vendors run are
-//! `emu_cases.rs`'s.
+//! the comparison with the reference device under DESIGN.md's rule for 16-bit storage,
+//! |x - ref| <= atol + rtol |ref|: bf16's 0.079 (llm.c's), or fp16's, 8 times tighter for its 3 more
+//! mantissa bits, for a harness built as the fp16 module (`-DTRIDENT_FP16`, `Vendor::half`); and a
+//! tighter bound for f32. The cases both vendors run are `emu_cases.rs`'s.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,6 +18,9 @@ use trident::rng::Stream;
 
 pub const BF16_RTOL: f64 = 0.079;
 pub const BF16_ATOL: f64 = 1e-2;
+/// fp16 (binary16) storage: bf16's bounds over 2^3, the 3 mantissa bits it has more.
+pub const FP16_RTOL: f64 = BF16_RTOL / 8.0;
+pub const FP16_ATOL: f64 = BF16_ATOL / 8.0;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -51,6 +55,10 @@ pub struct Vendor {
     /// Its harness source, relative to the checkout, and the defines it is built with.
     pub harness: &'static str,
     pub defines: &'static [&'static str],
+    /// The 16-bit storage format its kernels are built for: bf16, or f16 where `defines` has
+    /// `-DTRIDENT_FP16` (the fp16 module). Its inputs are rounded to it, its `.bf16` files hold
+    /// its bits, and its 16-bit outputs are held to its bounds.
+    pub half: Precision,
     /// Its attention forward also reads a qkv at an odd element offset (HIP's scalar loads).
     pub unaligned_attention: bool,
 }
@@ -61,7 +69,7 @@ impl Vendor {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(self.kind).join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        Case { dir, harness: self.harness_binary() }
+        Case { dir, harness: self.harness_binary(), half: self.half }
     }
     /// The harness binary of this build, compiled once per test process (about 2 s).
     fn harness_binary(&self) -> PathBuf {
@@ -70,11 +78,11 @@ impl Vendor {
         let key = (self.harness, self.defines);
         built.entry(key).or_insert_with(|| compile_harness(self.harness, self.kind, self.defines)).clone()
     }
-    /// Normal values of the given scale from stream `name`, rounded to bf16 (the kernels'
-    /// storage format), so the reference sees exactly the kernel's inputs.
-    pub fn bf16_values(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
+    /// Normal values of the given scale from stream `name`, rounded to the kernels' 16-bit
+    /// storage format (`half`), so the reference sees exactly the kernel's inputs.
+    pub fn half_values(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
         let s = Stream::new(self.seed, name, 7);
-        (0..n).map(|i| Precision::Bf16.round((scale * s.normal(i as u64)) as f32)).collect()
+        (0..n).map(|i| self.half.round((scale * s.normal(i as u64)) as f32)).collect()
     }
     pub fn f32_values(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
         let s = Stream::new(self.seed, name, 7);
@@ -91,6 +99,8 @@ impl Vendor {
 pub struct Case {
     dir: PathBuf,
     harness: PathBuf,
+    /// The harness's 16-bit storage format (`Vendor::half`).
+    half: Precision,
 }
 
 impl Case {
@@ -100,8 +110,10 @@ impl Case {
     fn read(&self, name: &str, ext: &str) -> Vec<u8> {
         std::fs::read(self.dir.join(format!("{name}.{ext}"))).unwrap()
     }
-    pub fn put_bf16(&self, name: &str, values: &[f32]) {
-        self.write(name, "bf16", values.iter().flat_map(|&x| Precision::Bf16.to_bits16(x).to_le_bytes()).collect());
+    /// 16-bit values in the harness's storage format, as the file `<name>.bf16` (the harness's
+    /// name for its 16-bit arrays, whichever the format).
+    pub fn put_half(&self, name: &str, values: &[f32]) {
+        self.write(name, "bf16", values.iter().flat_map(|&x| self.half.to_bits16(x).to_le_bytes()).collect());
     }
     pub fn put_f32(&self, name: &str, values: &[f32]) {
         self.write(name, "f32", values.iter().flat_map(|x| x.to_le_bytes()).collect());
@@ -112,9 +124,15 @@ impl Case {
     pub fn put_f64(&self, name: &str, values: &[f64]) {
         self.write(name, "f64", values.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
-    pub fn get_bf16(&self, name: &str) -> Vec<f32> {
+    pub fn get_half(&self, name: &str) -> Vec<f32> {
         let bytes = self.read(name, "bf16");
-        bytes.chunks_exact(2).map(|b| Precision::Bf16.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
+        bytes.chunks_exact(2).map(|b| self.half.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect()
+    }
+    /// The 16-bit output `name` against `want` within the storage format's bounds (`half_bounds`);
+    /// returns the largest absolute error.
+    pub fn check_half(&self, what: &str, name: &str, want: &[f64]) -> f64 {
+        let (atol, rtol) = half_bounds(self.half);
+        check(what, &self.get_half(name), want, atol, rtol)
     }
     pub fn get_f32(&self, name: &str) -> Vec<f32> {
         self.read(name, "f32").chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -212,15 +230,18 @@ pub fn bf16_bounds() -> (f64, f64) {
     (BF16_ATOL, BF16_RTOL)
 }
 
+/// 16-bit outputs in `half` (bf16 or f16): DESIGN.md's rule with the format's tolerances.
+pub fn half_bounds(half: Precision) -> (f64, f64) {
+    match half {
+        Precision::F16 => (FP16_ATOL, FP16_RTOL),
+        _ => bf16_bounds(),
+    }
+}
+
 /// f32 outputs of f32 arithmetic on exact inputs: a few f32 roundings of the largest value.
 pub fn f32_bounds(want: &[f64], rtol: f64) -> (f64, f64) {
     let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
     (rtol * scale, rtol)
-}
-
-pub fn check_bf16(what: &str, got: &[f32], want: &[f64]) -> f64 {
-    let (atol, rtol) = bf16_bounds();
-    check(what, got, want, atol, rtol)
 }
 
 pub fn check_f32(what: &str, got: &[f32], want: &[f64], rtol: f64) -> f64 {

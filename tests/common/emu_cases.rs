@@ -9,7 +9,6 @@ use super::emu::*;
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
 use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments, LAYERNORM_BWD_GROUP};
-use trident::real::Precision;
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
 /// each is the function of its name here.
@@ -63,18 +62,18 @@ pub fn gemm_by(v: &Vendor, c: GemmCase, op: &str) {
         if residual { "_res" } else { "" },
     );
     let case = v.case(&name);
-    let a = v.bf16_values(m * k, "a", 1.0);
-    let w = v.bf16_values(n * k, "w", 0.2);
+    let a = v.half_values(m * k, "a", 1.0);
+    let w = v.half_values(n * k, "w", 0.2);
     let b = v.f32_values(n, "bias", 0.5, 0.0);
-    let res: Vec<f32> = if bf16_out { v.bf16_values(m * n, "res", 1.0) } else { v.f32_values(m * n, "res", 1.0, 0.0) };
-    case.put_bf16("a", &a);
-    case.put_bf16("w", &w);
+    let res: Vec<f32> = if bf16_out { v.half_values(m * n, "res", 1.0) } else { v.f32_values(m * n, "res", 1.0, 0.0) };
+    case.put_half("a", &a);
+    case.put_half("w", &w);
     if bias {
         case.put_f32("bias", &b);
     }
     if residual {
         if bf16_out {
-            case.put_bf16("residual", &res);
+            case.put_half("residual", &res);
         } else {
             case.put_f32("residual", &res);
         }
@@ -94,7 +93,7 @@ pub fn gemm_by(v: &Vendor, c: GemmCase, op: &str) {
         dev.add(&mut want, &pre, &reference(&dev, &res));
     }
     if bf16_out {
-        check_bf16(&name, &case.get_bf16("out"), &want);
+        case.check_half(&name, "out", &want);
     } else {
         check_f32(&name, &case.get_f32("out"), &want, 1e-5);
     }
@@ -131,13 +130,13 @@ fn gemm_bwd(v: &Vendor, m: usize, n: usize, k: usize) {
 pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     let name = format!("{op}_{m}x{n}x{k}");
     let case = v.case(&name);
-    let dout = v.bf16_values(m * n, "dout", 1.0);
-    let w = v.bf16_values(n * k, "w", 0.2);
-    let inp = v.bf16_values(m * k, "inp", 1.0);
+    let dout = v.half_values(m * n, "dout", 1.0);
+    let w = v.half_values(n * k, "w", 0.2);
+    let inp = v.half_values(m * k, "inp", 1.0);
     let dweight0 = v.f32_values(n * k, "dweight0", 0.5, 0.0);
-    case.put_bf16("dout", &dout);
-    case.put_bf16("w", &w);
-    case.put_bf16("inp", &inp);
+    case.put_half("dout", &dout);
+    case.put_half("w", &w);
+    case.put_half("inp", &inp);
     case.put_f32("dweight", &dweight0);
     case.run(op, &args(&[&m, &n, &k]));
 
@@ -156,16 +155,16 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
 pub fn gemm_bwd_input_bf16_out_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     let name = format!("{op}_{m}x{n}x{k}");
     let case = v.case(&name);
-    let dout = v.bf16_values(m * n, "dout", 1.0);
-    let w = v.bf16_values(n * k, "w", 0.2);
-    case.put_bf16("dout", &dout);
-    case.put_bf16("w", &w);
+    let dout = v.half_values(m * n, "dout", 1.0);
+    let w = v.half_values(n * k, "w", 0.2);
+    case.put_half("dout", &dout);
+    case.put_half("w", &w);
     case.run(op, &args(&[&m, &n, &k]));
     let dev = ReferenceDevice;
     let (rdout, rw) = (reference(&dev, &dout), reference(&dev, &w));
     let (mut dinp, mut dweight) = (dev.alloc(m * k), dev.alloc(n * k));
     dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &dev.alloc(m * k), &rw, m, k, n);
-    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
+    case.check_half(&format!("{name} dinp"), "dinp", &dinp);
 }
 
 /// The backward-input GEMM with a bf16 output on the shapes of `gemm_backward`.
@@ -214,9 +213,9 @@ pub fn column_sum_add_bf16(v: &Vendor) {
     for (rows, cols) in [(1, 1), (7, 33), (40, 300), (3, 1000), (130, 257), (300, 70), (1300, 130), (2100, 65)] {
         let name = format!("column_sum_bf16_{rows}x{cols}");
         let case = v.case(&name);
-        let dout = v.bf16_values(rows * cols, "dout", 2.0);
+        let dout = v.half_values(rows * cols, "dout", 2.0);
         let dbias = v.f32_values(cols, "dbias", 0.5, 0.0);
-        case.put_bf16("dout", &dout);
+        case.put_half("dout", &dout);
         case.put_f32("dbias", &dbias);
         case.run("column_sum_bf16", &args(&[&rows, &cols]));
         let want = column_sums_in_kernel_order(&dbias, &dout, rows, cols);
@@ -320,15 +319,15 @@ pub fn position_forward_bf16(v: &Vendor) {
         let name = format!("position_bf16_{batch}x{positions}x{hidden}_from{t0}");
         let case = v.case(&name);
         let rows = batch * positions;
-        let out = v.bf16_values(rows * hidden, "out", 1.0);
+        let out = v.half_values(rows * hidden, "out", 1.0);
         let wpe = v.f32_values((t0 + positions) * hidden, "wpe", 0.1, 0.0);
-        case.put_bf16("out", &out);
+        case.put_half("out", &out);
         case.put_f32("wpe", &wpe);
         case.run("position_bf16", &args(&[&batch, &t0, &positions, &hidden, &blocks]));
         let want: Vec<f32> = (0..rows * hidden)
-            .map(|i| Precision::Bf16.round(out[i] + wpe[(t0 + i / hidden / batch) * hidden + i % hidden]))
+            .map(|i| v.half.round(out[i] + wpe[(t0 + i / hidden / batch) * hidden + i % hidden]))
             .collect();
-        assert_eq!(case.get_bf16("out"), want, "{name}");
+        assert_eq!(case.get_half("out"), want, "{name}");
     }
 }
 
@@ -347,13 +346,13 @@ pub fn casts_f32_bf16(v: &Vendor) {
             x[3] = 3.4e38;
             x[4] = f32::NAN;
         }
-        let h = v.bf16_values(n, "h", 2.0);
+        let h = v.half_values(n, "h", 2.0);
         case.put_f32("x", &x);
-        case.put_bf16("h", &h);
+        case.put_half("h", &h);
         case.run("casts", &args(&[&n, &offset]));
-        let rounded = case.get_bf16("rounded");
+        let rounded = case.get_half("rounded");
         for (i, (&got, &want)) in
-            rounded.iter().zip(x.iter().map(|&v| Precision::Bf16.round(v)).collect::<Vec<_>>().iter()).enumerate()
+            rounded.iter().zip(x.iter().map(|&x| v.half.round(x)).collect::<Vec<_>>().iter()).enumerate()
         {
             assert!(
                 got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
@@ -370,7 +369,7 @@ pub fn casts_f32_bf16(v: &Vendor) {
 /// Inputs of a LayerNorm case (input, weight, bias), with a nonzero mean so a wrong sum shows in
 /// every output.
 pub fn layernorm_inputs(v: &Vendor, rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let inp = v.bf16_values(rows * cols, "inp", 2.0).iter().map(|x| Precision::Bf16.round(x + 0.5)).collect();
+    let inp = v.half_values(rows * cols, "inp", 2.0).iter().map(|x| v.half.round(x + 0.5)).collect();
     (inp, v.f32_values(cols, "weight", 0.2, 1.0), v.f32_values(cols, "bias", 0.2, 0.0))
 }
 
@@ -380,10 +379,10 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
     let name = format!("layernorm_{rows}x{cols}{}", if residual { "_res" } else { "" });
     let case = v.case(&name);
     let (inp, weight, bias) = layernorm_inputs(v, rows, cols);
-    let res = v.bf16_values(rows * cols, "res", 1.0);
-    case.put_bf16("inp", &inp);
+    let res = v.half_values(rows * cols, "res", 1.0);
+    case.put_half("inp", &inp);
     if residual {
-        case.put_bf16("residual", &res);
+        case.put_half("residual", &res);
     }
     case.put_f32("weight", &weight);
     case.put_f32("bias", &bias);
@@ -391,16 +390,16 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
 
     // The fused residual add stores x + residual rounded to bf16; the reference normalises that.
     let x: Vec<f32> =
-        if residual { inp.iter().zip(&res).map(|(a, b)| Precision::Bf16.round(a + b)).collect() } else { inp.clone() };
+        if residual { inp.iter().zip(&res).map(|(a, b)| v.half.round(a + b)).collect() } else { inp.clone() };
     let dev = ReferenceDevice;
     let (rx, rw, rb) = (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias));
     let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
     dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
     if residual {
-        let got = case.get_bf16("resid_out");
+        let got = case.get_half("resid_out");
         assert_eq!(got, x, "{name}: the stored residual sum must be the bf16-rounded sum");
     }
-    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    case.check_half(&format!("{name} out"), "out", &out);
     check_f32(&format!("{name} mean"), &case.get_f32("mean"), &mean, 1e-5);
     check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
 
@@ -416,16 +415,16 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
 /// and each run leaves every counter (one per group of blocks and one for the groups) at 0.
 pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean, rstd]: [&[f32]; 4], blocks: usize) {
     let (rows, cols) = (mean.len(), weight.len());
-    let dout = v.bf16_values(rows * cols, "dout", 1.0);
-    let dinp0 = v.bf16_values(rows * cols, "dinp0", 0.1);
+    let dout = v.half_values(rows * cols, "dout", 1.0);
+    let dinp0 = v.half_values(rows * cols, "dinp0", 0.1);
     let dw0 = v.f32_values(cols, "dw0", 0.1, 0.0);
     let db0 = v.f32_values(cols, "db0", 0.1, 0.0);
-    case.put_bf16("dout", &dout);
-    case.put_bf16("inp", x);
+    case.put_half("dout", &dout);
+    case.put_half("inp", x);
     case.put_f32("weight", weight);
     case.put_f32("mean", mean);
     case.put_f32("rstd", rstd);
-    case.put_bf16("dinp", &dinp0);
+    case.put_half("dinp", &dinp0);
     case.put_f32("dweight", &dw0);
     case.put_f32("dbias", &db0);
     case.run("layernorm_bwd", &args(&[&rows, &cols, &blocks]));
@@ -435,12 +434,12 @@ pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean,
     let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, mean), reference(&dev, rstd));
     dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdout, &rx, &rw, &rmean, &rrstd, rows, cols);
     let name = format!("{name} on {blocks} blocks");
-    check_bf16(&format!("{name} dinp"), &case.get_bf16("dinp"), &dinp);
+    case.check_half(&format!("{name} dinp"), "dinp", &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
     check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
     for out in ["dinp", "dweight", "dbias"] {
         let (first, second) = match out {
-            "dinp" => (case.get_bf16("dinp"), case.get_bf16("dinp2")),
+            "dinp" => (case.get_half("dinp"), case.get_half("dinp2")),
             _ => (case.get_f32(out), case.get_f32(&format!("{out}2"))),
         };
         assert!(
@@ -511,19 +510,19 @@ pub fn gelu_forward_backward(v: &Vendor) {
     {
         let name = format!("gelu_{n}_{blocks}x{threads}+{offset}");
         let case = v.case(&name);
-        let inp = v.bf16_values(n, "inp", 2.0);
-        let dout = v.bf16_values(n, "dout", 1.0);
-        case.put_bf16("inp", &inp);
-        case.put_bf16("dout", &dout);
+        let inp = v.half_values(n, "inp", 2.0);
+        let dout = v.half_values(n, "dout", 1.0);
+        case.put_half("inp", &inp);
+        case.put_half("dout", &dout);
         let dev = ReferenceDevice;
         let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
         case.run("gelu_fwd", &args(&[&n, &blocks, &threads, &offset]));
         let mut want = dev.alloc(n);
         dev.gelu_forward(&mut want, &ri);
-        check_bf16(&format!("{name} fwd"), &case.get_bf16("out"), &want);
+        case.check_half(&format!("{name} fwd"), "out", &want);
         case.run("gelu_bwd", &args(&[&n, &blocks, &threads, &offset]));
         dev.gelu_backward(&mut want, &ri, &rd);
-        check_bf16(&format!("{name} bwd"), &case.get_bf16("out"), &want);
+        case.check_half(&format!("{name} bwd"), "out", &want);
     }
 }
 
@@ -557,12 +556,12 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
         let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &var));
         dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step, (&vec![grad_scale as f64], 0), None);
         check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
-        check_bf16(&format!("{name} param_bf16"), &case.get_bf16("param_bf16"), &rp);
+        case.check_half(&format!("{name} param_bf16"), "param_bf16", &rp);
         check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
         check_f32(&format!("{name} v"), &case.get_f32("v"), &rv, 1e-5);
         // The bf16 copy is exactly the rounded master weight.
-        let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| Precision::Bf16.round(x)).collect();
-        assert_eq!(case.get_bf16("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
+        let rounded: Vec<f32> = case.get_f32("param").iter().map(|&x| v.half.round(x)).collect();
+        assert_eq!(case.get_half("param_bf16"), rounded, "{name}: bf16 weights are the rounded master");
         assert_eq!(case.get_f32("param_rounded"), rounded, "{name}: the f32 working copy is the rounded master");
     }
 }
@@ -592,11 +591,11 @@ pub fn softmax_cross_entropy_pieces(v: &Vendor) {
     {
         let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
         let case = v.case(&name);
-        let logits = v.bf16_values(rows * vocab, "logits", 3.0);
+        let logits = v.half_values(rows * vocab, "logits", 3.0);
         let targets = v.tokens(rows, "targets", total_vocab as u32);
         let scale = 1.0f32 / 7.0;
         hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
-        case.put_bf16("logits", &logits);
+        case.put_half("logits", &logits);
         case.put_u32("targets", &targets);
         case.run("xent", &args(&[&rows, &vocab, &vocab_start, &scale]));
 
@@ -609,7 +608,7 @@ pub fn softmax_cross_entropy_pieces(v: &Vendor) {
         check_f32(&format!("{name} sum_exp"), &case.get_f64_as_f32("sum_exp"), &sum_exp, 1e-6);
         assert_eq!(case.get_f64("target_logit"), target_logit, "{name} target_logit");
         dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
-        check_bf16(&format!("{name} dlogits"), &case.get_bf16("dlogits"), &rl);
+        case.check_half(&format!("{name} dlogits"), "dlogits", &rl);
     }
     assert!(hits > 0, "some targets must fall inside the shard");
 }
@@ -628,17 +627,17 @@ pub fn embedding_forward_backward(v: &Vendor) {
         let name = format!("embedding_{batch}x{seq}x{hidden}_shard{vocab_start}+{vocab_rows}");
         let case = v.case(&name);
         let toks = v.tokens(batch * seq, "tokens", total);
-        let wte = v.bf16_values(vocab_rows * hidden, "wte", 0.5);
+        let wte = v.half_values(vocab_rows * hidden, "wte", 0.5);
         let wpe = v.f32_values(seq * hidden, "wpe", 0.1, 0.0);
-        let dout = v.bf16_values(batch * seq * hidden, "dout", 1.0);
+        let dout = v.half_values(batch * seq * hidden, "dout", 1.0);
         let dwte0 = v.f32_values(vocab_rows * hidden, "dwte0", 0.1, 0.0);
         let dwpe0 = v.f32_values(seq * hidden, "dwpe0", 0.1, 0.0);
         case.put_u32("tokens", &toks);
-        case.put_bf16("wte", &wte);
+        case.put_half("wte", &wte);
         if positions {
             case.put_f32("wpe", &wpe);
         }
-        case.put_bf16("dout", &dout);
+        case.put_half("dout", &dout);
         case.put_f32("dwte", &dwte0);
         case.put_f32("dwpe", &dwpe0);
         let [segments, words] = put_segments(&case, &toks, vocab_start, vocab_rows, batch, seq);
@@ -650,7 +649,7 @@ pub fn embedding_forward_backward(v: &Vendor) {
         if positions {
             dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
         }
-        check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+        case.check_half(&format!("{name} out"), "out", &out);
         let rd = reference(&dev, &dout);
         let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
         dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
@@ -727,13 +726,13 @@ pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize)
     let AttentionShape { batch, seq, heads, head_dim } = shape;
     let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
     let case = v.case(&name);
-    let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
-    case.put_bf16("qkv", &qkv);
+    let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    case.put_half("qkv", &qkv);
     case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
     let dev = ReferenceDevice;
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
     dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
-    check_bf16(&format!("{name} out"), &case.get_bf16("out"), &out);
+    case.check_half(&format!("{name} out"), "out", &out);
     check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
 }
 
@@ -760,21 +759,21 @@ pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
     let AttentionShape { batch, seq, heads, head_dim } = shape;
     let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
     let case = v.case(&name);
-    let qkv = v.bf16_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
-    let dout = v.bf16_values(shape.rows() * shape.width(), "dout", 1.0);
+    let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    let dout = v.half_values(shape.rows() * shape.width(), "dout", 1.0);
     let dev = ReferenceDevice;
     let rqkv = reference(&dev, &qkv);
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
     dev.attention_forward(&mut out, &mut lse, &rqkv, shape);
-    let out: Vec<f32> = out.iter().map(|&x| Precision::Bf16.round(x as f32)).collect();
+    let out: Vec<f32> = out.iter().map(|&x| v.half.round(x as f32)).collect();
     let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
-    case.put_bf16("qkv", &qkv);
-    case.put_bf16("out", &out);
-    case.put_bf16("dout", &dout);
+    case.put_half("qkv", &qkv);
+    case.put_half("out", &out);
+    case.put_half("dout", &dout);
     case.put_f32("lse", &lse);
     case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
     let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
     let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
     dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape);
-    check_bf16(&format!("{name} dqkv"), &case.get_bf16("dqkv"), &dqkv);
+    case.check_half(&format!("{name} dqkv"), "dqkv", &dqkv);
 }

@@ -25,7 +25,7 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
 /// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
-    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed);
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16);
     for c in &checks {
         println!("{}", c.line());
     }
@@ -37,13 +37,15 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// Outputs `check ops --size small` compares on a GPU (head dims 32, 64 and 128: each head dim's
 /// two attention cases add three outputs each, forward out and lse and backward dqkv, so d 32's
 /// took it from 153 to 159; an AdamW group's param, working copy, m and v took it to 163; the
-/// linear case whose dW is cut into slices on sm_90a, to 169).
-pub const OPS_CHECKED: usize = 169;
+/// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
+/// and fill, on three sizes, to 175).
+pub const OPS_CHECKED: usize = 175;
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
 /// process that still has the old file mapped keeps it).
-fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
+/// `defines` add to the compiler's (`-DTRIDENT_FP16`: the fp16 module's kernels).
+fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str, defines: &[&str]) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let building = dir.join(format!("{lib}.{}", std::process::id()));
     let out_path = dir.join(lib);
@@ -51,6 +53,7 @@ fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str) -> PathBuf {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let out = Command::new(&cxx)
         .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"])
+        .args(defines)
         .arg(&src)
         .arg("-o")
         .arg(&building)
@@ -77,7 +80,7 @@ pub fn emulate(
     more: &[(&'static str, PathBuf)],
 ) -> Emulated {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(folder);
-    let lib = build_emulator(&dir, source, lib, what);
+    let lib = build_emulator(&dir, source, lib, what, &[]);
     let mut env = vec![(lib_var, lib)];
     env.extend_from_slice(more);
     env.push(("TRIDENT_CACHE_DIR", dir.join("kernel-cache")));
@@ -93,6 +96,18 @@ pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
     let nvrtc = super::required_gpu_test_library(super::NVRTC_LIBRARY)?;
     let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
     Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
+}
+
+/// The emulating CUDA driver built for the fp16 module (`-DTRIDENT_FP16`: binary16 storage, .f16
+/// tensor-core operands; it refuses bf16 modules, as the bf16 one refuses fp16 modules) as
+/// `libcuda-emu-fp16.so` beside `emu`'s, and `emu`'s environment with it as TRIDENT_LIBCUDA: for
+/// trident processes (this process keeps the driver it loaded).
+pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
+    let bf16 = &emu.env.iter().find(|(k, _)| *k == "TRIDENT_LIBCUDA").expect("a CUDA emulation").1;
+    let dir = bf16.parent().unwrap();
+    let lib =
+        build_emulator(dir, "emu_libcuda.cpp", "libcuda-emu-fp16.so", "the fp16 emulating driver", &["-DTRIDENT_FP16"]);
+    emu.env.iter().map(|(k, v)| (*k, if *k == "TRIDENT_LIBCUDA" { lib.clone() } else { v.clone() })).collect()
 }
 
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
@@ -254,6 +269,78 @@ fn model_follows_the_cpu_bf16_losses(
     assert_eq!((cpu.len(), gpu.len()), (6, 6));
     assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the {device} loss never changed");
     gpu
+}
+
+/// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` for 6 iterations, its loss scaler starting
+/// at 2^18 and halving on every overflow (`--hysteresis 1`), a log line every 3 iterations, on
+/// `device` (its fp16 module, through `env`) and on the CPU: the same overflowed iterations (each
+/// run's line per skipped step, its scale before and after), the same loss scale and count of
+/// skipped steps at each log line, at least one step skipped and one taken, and losses within
+/// fp16 precision of the CPU's. On the device (`--log-device-work`) the skip decision is its one
+/// read in a step without a log line (1 device->host copy, 1 synchronisation), a step with one
+/// reads at most twice (the log reuses the decision's norms), and no step allocates or frees
+/// after the first and the first one that was not skipped (AdamW's table of tensors is made the
+/// first time it runs).
+pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
+    let data = prepared_corpus(dir);
+    // The preset's flags but its precision and log interval.
+    let at = TINY_PRESET_GPU.iter().position(|&a| a == "--log-interval").unwrap();
+    let model: Vec<&str> =
+        TINY_PRESET_GPU[..at].iter().chain(&TINY_PRESET_GPU[at + 2..]).copied().filter(|&f| f != "--bf16").collect();
+    let run = |device: &str| {
+        let log = dir.join(format!("{device}-fp16.jsonl"));
+        let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "6"];
+        args.extend(&model);
+        let log_s = log.to_str().unwrap();
+        args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-interval", "3"]);
+        args.extend(["--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
+        let o = run_with(env, &args);
+        assert!(o.status.success(), "--device {device} --fp16: {}{}", stdout(&o), stderr(&o));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<(f64, f64, u64)> = text
+            .lines()
+            .map(|l| {
+                let field = |k| super::json_field(l, k).unwrap();
+                (
+                    field("loss").parse().unwrap(),
+                    field("loss_scale").parse().unwrap(),
+                    field("skipped_iterations").parse().unwrap(),
+                )
+            })
+            .collect();
+        let out = stdout(&o);
+        let skips: Vec<String> = out.lines().filter(|l| l.contains("gradients overflowed")).map(String::from).collect();
+        (out, lines, skips)
+    };
+    let (_, cpu, cpu_skips) = run("cpu");
+    let (out, gpu, gpu_skips) = run(device);
+    assert!(out.contains(&format!("device {device}: Emulated")) && out.contains("fp16 GEMMs"), "{out}");
+    assert_eq!(gpu_skips, cpu_skips, "the overflowed iterations differ");
+    assert!((1..6).contains(&gpu_skips.len()), "{gpu_skips:?}: the run must overflow and then train");
+    assert_eq!(gpu.len(), 2, "{out}");
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        let rel = (c.0 - g.0).abs() / c.0.abs();
+        eprintln!("log line {}: cpu {c:?} {device} {g:?} (loss relative difference {rel:.2e})", i + 1);
+        assert_eq!((c.1, c.2), (g.1, g.2), "log line {}: the loss scale and skipped steps differ", i + 1);
+        assert!(rel < 5e-4, "log line {}: cpu loss {}, {device} loss {}", i + 1, c.0, g.0);
+    }
+    let work = device_work(&out);
+    assert_eq!(work.len(), 6, "{out}");
+    let skipped: Vec<u64> = gpu_skips
+        .iter()
+        .map(|l| l.trim().strip_prefix("iteration ").unwrap().split(':').next().unwrap().parse().unwrap())
+        .collect();
+    let first_step = (1..=6).find(|it| !skipped.contains(it)).unwrap();
+    for (it, _, [copies, syncs, allocs, frees, reused, kept]) in work {
+        if it % 3 == 0 {
+            assert!(copies <= 2 && syncs <= 2, "iteration {it} logs: {copies} copies, {syncs} syncs > 2\n{out}");
+        } else {
+            assert_eq!((copies, syncs), (1, 1), "iteration {it}: the skip decision's one read\n{out}");
+        }
+        if it > 1 && it != first_step {
+            assert_eq!((allocs, frees, reused, kept), (0, 0, 0, 0), "iteration {it} allocates or frees\n{out}");
+        }
+    }
 }
 
 /// `follows_the_cpu_bf16_losses` for the `tiny` preset itself (TINY_PRESET_GPU), in a scratch

@@ -2,7 +2,8 @@
 // them) that runs trident's kernels on the CPU, so the CUDA Device trains end to end on a machine
 // without a GPU. tests/cuda_device.rs builds it with
 //   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread emu_libcuda.cpp -o libcuda-emu.so
-// and points TRIDENT_LIBCUDA at the result.
+// and points TRIDENT_LIBCUDA at the result; built with -DTRIDENT_FP16 as well (libcuda-emu-fp16.so)
+// it runs the fp16 module's kernels instead (`--fp16`; see cuModuleLoadData).
 //
 // Model. One device that describes itself as an A100 (sm_80, 108 SMs, 48 KiB shared memory per
 // block, 163 KiB opt-in, 40 GiB); EMU_CUDA_CC=90 makes it report compute capability 9.0 (and an
@@ -164,8 +165,26 @@ CUresult cuCtxCreate_v2(void** context, unsigned, int) {
 CUresult cuCtxSetCurrent(void*) { return kSuccess; }
 CUresult cuCtxSynchronize() { return synchronize_device(); }
 
+// The storage type this driver's kernels were built for: bf16, or binary16 when built with
+// -DTRIDENT_FP16 (libcuda-emu-fp16.so, for `--fp16`). A module compiled for the other one (the
+// fp16 module's images hold the symbol trident_storage_fp16, kernels-cuda/common/base.cuh) is
+// refused as an invalid image, so a Device can never run one storage type's kernels on the
+// other's buffers here.
+#ifdef TRIDENT_FP16
+constexpr bool kFp16Driver = true;
+#else
+constexpr bool kFp16Driver = false;
+#endif
+
 CUresult cuModuleLoadData(void** module, const void* image) {
-  *module = load_elf(image);
+  Module* m = load_elf(image);
+  if (m && (m->image.find(std::string("trident_storage_fp16") + '\0') != std::string::npos) != kFp16Driver) {
+    std::fprintf(stderr, "emulated driver: a %s module on the %s driver\n", kFp16Driver ? "bf16" : "fp16",
+                 kFp16Driver ? "fp16" : "bf16");
+    delete m;
+    m = nullptr;
+  }
+  *module = m;
   return *module ? kSuccess : kInvalidImage;
 }
 CUresult cuModuleUnload(void* module) { return unload_module(module); }

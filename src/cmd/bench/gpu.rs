@@ -29,7 +29,7 @@ use crate::gpu::kernels::plan::{
     column_sum_partials, kernel_of, layernorm_bwd_partials, linear_gemms, plan, wgmma, EmbeddingSegments, GemmOut,
     KernelLaunch, Op, COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS,
 };
-use crate::gpu::kernels::{Kernel, Vendor};
+use crate::gpu::kernels::{Kernel, Storage, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
 use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
@@ -388,7 +388,8 @@ pub(super) fn open_gpu(vendor: Vendor, command: &str) -> Result<OpenGpu> {
     if devices == 0 {
         return Err(Error::Usage(format!("{command} {which} sees no device")));
     }
-    OpenGpu::open(vendor, 0)
+    // The benches time the bf16 modules.
+    OpenGpu::open(vendor, 0, Storage::Bf16)
 }
 
 /// A kernel bench's GPU: device 0 with the bench's kernels resolved, and its datasheet peak.

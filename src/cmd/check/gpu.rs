@@ -88,7 +88,7 @@ fn print_smoke(ordinal: usize, r: &SmokeReport) {
 /// The GPU Device's ops against the reference device on small shapes, as one line (`check ops`
 /// prints the table).
 fn device_ops_line<D: Device>(ordinal: usize, api: &str, dev: &D, head_dims: &[usize]) -> Result<()> {
-    let checks = run_all(dev, Size::Small, head_dims, 7);
+    let checks = run_all(dev, Size::Small, head_dims, 7, crate::real::Precision::Bf16);
     if let Some(bad) = checks.iter().find(|c| !c.passed()) {
         return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
     }

@@ -3,10 +3,13 @@
 //! emulated GPUs through `run_all`), printed as a table and one verdict line. Each case reports its largest error as a fraction of its bound:
 //! - f32 arithmetic on exact inputs: `|x - ref| <= 2e-5 (max|ref| + |ref|)`;
 //! - bf16 products (GEMMs on bf16 operands, attention): DESIGN.md's rule `1e-2 + 0.079 |ref|`;
+//!   with `--fp16` (a GPU's fp16 module: binary16 storage and operands) the rule with fp16's
+//!   tolerances, 8 times tighter for its 3 more mantissa bits: `1.25e-3 + 0.079 / 8 |ref|`;
 //! - exact ops (`round_to`, `fill`, `cross_entropy_max`, the target logit): equality.
 //!
-//! Inputs of the bf16 products are bf16 values already, so the reference sees exactly the operands
-//! the kernels multiply.
+//! Inputs of the 16-bit products are values of the run's 16-bit format already (bf16, or binary16
+//! with `--fp16`), so the reference sees exactly the operands the kernels multiply; the rounding,
+//! 16-bit copy and AdamW working-copy cases use that format too.
 
 use crate::cmd::flags;
 use crate::device::reference::ReferenceDevice;
@@ -30,6 +33,8 @@ pub enum Bound {
     F32(f64),
     /// DESIGN.md's bf16 rule: `1e-2 + 0.079 |ref|`.
     Bf16,
+    /// The same rule with fp16's tolerances: `1.25e-3 + 0.079 / 8 |ref|`.
+    Fp16,
     /// `atol + rtol |ref|`.
     Abs {
         atol: f64,
@@ -43,6 +48,7 @@ impl Bound {
         match self {
             Bound::F32(rtol) => rtol * (scale + want.abs()),
             Bound::Bf16 => 1e-2 + 0.079 * want.abs(),
+            Bound::Fp16 => 1.25e-3 + 0.079 / 8.0 * want.abs(),
             Bound::Abs { atol, rtol } => atol + rtol * want.abs(),
             Bound::Exact => 0.0,
         }
@@ -113,17 +119,14 @@ fn compare_f64(op: &'static str, case: &str, got: f64, want: f64, bound: Bound) 
     }
 }
 
-/// Normal values from a named stream (`round` to bf16 for operands of bf16 products).
-fn values(seed: u64, n: usize, name: &str, scale: f64, offset: f64, round: bool) -> Vec<f32> {
+/// Normal values from a named stream (`round` to the 16-bit format for operands of 16-bit
+/// products).
+fn values(seed: u64, n: usize, name: &str, scale: f64, offset: f64, round: Option<Precision>) -> Vec<f32> {
     let s = Stream::new(seed, name, 11);
     (0..n)
         .map(|i| {
             let x = (offset + scale * s.normal(i as u64)) as f32;
-            if round {
-                Precision::Bf16.round(x)
-            } else {
-                x
-            }
+            round.map_or(x, |p| p.round(x))
         })
         .collect()
 }
@@ -131,6 +134,8 @@ fn values(seed: u64, n: usize, name: &str, scale: f64, offset: f64, round: bool)
 struct Run<'a, D: Device> {
     dev: &'a D,
     seed: u64,
+    /// The 16-bit format of the run: bf16, or f16 (`--fp16`).
+    half: Precision,
     out: Vec<OpCheck>,
 }
 
@@ -146,10 +151,27 @@ impl<D: Device> Run<'_, D> {
         host
     }
     fn f32s(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
-        values(self.seed, n, name, scale, offset, false)
+        values(self.seed, n, name, scale, offset, None)
     }
-    fn bf16s(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
-        values(self.seed, n, name, scale, 0.0, true)
+    /// Values of the run's 16-bit format.
+    fn halves(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
+        values(self.seed, n, name, scale, 0.0, Some(self.half))
+    }
+    /// The 16-bit products' bound: DESIGN.md's rule with the format's tolerances.
+    fn half_bound(&self) -> Bound {
+        if self.half == Precision::F16 {
+            Bound::Fp16
+        } else {
+            Bound::Bf16
+        }
+    }
+    /// `bf16` or `fp16`: the name of a case of the 16-bit format.
+    fn named(&self, bf16: &'static str, fp16: &'static str) -> &'static str {
+        if self.half == Precision::F16 {
+            fp16
+        } else {
+            bf16
+        }
     }
     fn push(&mut self, op: &'static str, case: &str, got: &[f32], want: &[f64], bound: Bound) {
         self.out.push(compare(op, case, got, want, bound));
@@ -222,16 +244,31 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         }
         run.out.push(compare_f64("clip_scale factor, clip 0", &case, cs[3], 1.0, Bound::Exact));
         let mut rounded = run.up(&a);
-        dev.round_to(&mut rounded, Precision::Bf16);
-        let bits: Vec<f64> = a.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
-        run.push_dev("round_to bf16", &case, &rounded, &bits, Bound::Exact);
-        // The 16-bit copy of bf16 values (mixed precision's saved activations, in the device's
+        dev.round_to(&mut rounded, run.half);
+        let bits: Vec<f64> = a.iter().map(|&x| run.half.round(x) as f64).collect();
+        run.push_dev(run.named("round_to bf16", "round_to fp16"), &case, &rounded, &bits, Bound::Exact);
+        // The 16-bit copy of 16-bit values (mixed precision's saved activations, in the device's
         // memory) is exact both ways.
-        let half = dev.to_half(&rounded, Precision::Bf16);
+        let half = dev.to_half(&rounded, run.half);
         assert_eq!(dev.half_len(&half), n, "to_half keeps the length");
         let mut back = dev.alloc(n);
-        dev.load_half(&half, Precision::Bf16, &mut back);
-        run.push_dev("to_half + load_half bf16", &case, &back, &bits, Bound::Exact);
+        dev.load_half(&half, run.half, &mut back);
+        let op = run.named("to_half + load_half bf16", "to_half + load_half fp16");
+        run.push_dev(op, &case, &back, &bits, Bound::Exact);
+        // The run's 16-bit storage (`alloc_in`; a CPU keeps f32 rounded where stored, hence the
+        // `round_to`, a no-op on 16-bit storage): upload rounds to nearest even, download, a copy
+        // out to f32 and `fill` are exact.
+        let mut stored = dev.alloc_in(n, run.half);
+        dev.upload(&mut stored, &a);
+        dev.round_to(&mut stored, run.half);
+        let mut out32 = dev.alloc(n);
+        dev.copy(&mut out32, 0, &stored, 0, n);
+        let op = run.named("bf16 storage upload + copy", "fp16 storage upload + copy");
+        run.push_dev(op, &case, &out32, &bits, Bound::Exact);
+        dev.fill(&mut stored, -0.3);
+        dev.round_to(&mut stored, run.half);
+        let fill = vec![run.half.round(-0.3) as f64; n];
+        run.push_dev(run.named("bf16 storage fill", "fp16 storage fill"), &case, &stored, &fill, Bound::Exact);
         dev.fill(&mut rounded, 0.25);
         run.push_dev("fill", &case, &rounded, &vec![0.25; n], Bound::Exact);
         let zeros = dev.alloc(n);
@@ -257,22 +294,23 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         dev.write_scalars(&mut scale, &[0.0, 0.5]);
         r.write_scalars(&mut rscale, &[0.0, 0.5]);
         let (mut gp, mut gm, mut gv, mut gw) = (run.up(&p), run.up(&m), run.up(&v), dev.alloc(n));
-        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, (&scale, 1), Some((&mut gw, Precision::Bf16)));
+        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, (&scale, 1), Some((&mut gw, run.half)));
         let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
         r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step, (&rscale, 1), None);
         let case = format!("n={n}");
         run.push_dev("adamw param", &case, &gp, &rp, F32);
         // The working copy written in the same pass is exactly the updated master, rounded.
-        let rounded: Vec<f64> = run.down(&gp).iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
-        run.push_dev("adamw working copy bf16", &case, &gw, &rounded, Bound::Exact);
+        let rounded: Vec<f64> = run.down(&gp).iter().map(|&x| run.half.round(x) as f64).collect();
+        let op = run.named("adamw working copy bf16", "adamw working copy fp16");
+        run.push_dev(op, &case, &gw, &rounded, Bound::Exact);
         run.push_dev("adamw m", &case, &gm, &rm, F32);
         run.push_dev("adamw v", &case, &gv, &rv, F32);
     }
 }
 
 /// `Device::adamw_group` on one group of tensors of `sizes` (and a ragged 2,049: on the GPU, one
-/// launch over 2,048-element chunks), every other one decayed, each with a working copy (bf16
-/// storage on even tensors, an f32 copy rounded to bf16 on odd ones): against the reference's
+/// launch over 2,048-element chunks), every other one decayed, each with a working copy (16-bit
+/// storage on even tensors, an f32 copy rounded to 16 bits on odd ones): against the reference's
 /// group, its tensors' values end to end in one comparison per output.
 fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     let (dev, r) = (run.dev, ReferenceDevice);
@@ -291,7 +329,7 @@ fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     let mut gw: Vec<D::Buf> = sizes
         .iter()
         .enumerate()
-        .map(|(i, &n)| if i.is_multiple_of(2) { dev.alloc_in(n, Precision::Bf16) } else { dev.alloc(n) })
+        .map(|(i, &n)| if i.is_multiple_of(2) { dev.alloc_in(n, run.half) } else { dev.alloc(n) })
         .collect();
     let refs = |x: &[Vec<f32>]| -> Vec<Vec<f64>> { x.iter().map(|t| refb(t)).collect() };
     let (mut rp, rg, mut rm, mut rv) = (refs(&p), refs(&g), refs(&m), refs(&v));
@@ -302,7 +340,7 @@ fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
             m,
             v,
             decayed: i.is_multiple_of(2),
-            working: Some((w, Precision::Bf16)),
+            working: Some((w, run.half)),
         })
         .collect();
     dev.adamw_group(tensors, step, (&scale, 1));
@@ -321,11 +359,12 @@ fn adamw_group<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     let downs = |x: &[D::Buf]| -> Vec<f32> { x.iter().flat_map(|b| run.down(b)).collect() };
     let (got_p, got_w) = (downs(&gp), downs(&gw));
     // The working copy written in the same pass is exactly the updated master, rounded.
-    let rounded: Vec<f64> = got_p.iter().map(|&x| Precision::Bf16.round(x) as f64).collect();
+    let rounded: Vec<f64> = got_p.iter().map(|&x| run.half.round(x) as f64).collect();
     let (got_m, got_v) = (downs(&gm), downs(&gv));
     let flat = |x: Vec<Vec<f64>>| -> Vec<f64> { x.concat() };
     run.push("adamw_group param", &case, &got_p, &flat(rp), F32);
-    run.push("adamw_group working copy bf16", &case, &got_w, &rounded, Bound::Exact);
+    let op = run.named("adamw_group working copy bf16", "adamw_group working copy fp16");
+    run.push(op, &case, &got_w, &rounded, Bound::Exact);
     run.push("adamw_group m", &case, &got_m, &flat(rm), F32);
     run.push("adamw_group v", &case, &got_v, &flat(rv), F32);
 }
@@ -461,17 +500,17 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     }
 }
 
-/// The operands are bf16 values and products accumulate in f32 on every backend (the GPU kernels
-/// and the CPU's bf16 GEMM alike), so the outputs are held to f32's bound.
+/// The operands are 16-bit values and products accumulate in f32 on every backend (the GPU
+/// kernels and the CPU's 16-bit GEMM alike), so the outputs are held to f32's bound.
 fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
-    dev.set_matmul_precision(Precision::Bf16);
+    dev.set_matmul_precision(run.half);
     let bound = F32;
     for &(rows, k, n) in cases {
-        let x = run.bf16s(rows * k, "x", 1.0);
-        let w = run.bf16s(n * k, "w", 0.2);
+        let x = run.halves(rows * k, "x", 1.0);
+        let w = run.halves(n * k, "w", 0.2);
         let bias = run.f32s(n, "bias", 0.5, 0.0);
-        let dy = run.bf16s(rows * n, "dy", 1.0);
+        let dy = run.halves(rows * n, "dy", 1.0);
         let dw0 = run.f32s(n * k, "dw0", 1.0, 0.0);
         let case = format!("{rows}x{k}->{n}");
         let (gx, gw, gbias, gdy) = (run.up(&x), run.up(&w), run.up(&bias), run.up(&dy));
@@ -503,15 +542,15 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
     for &(batch, seq, heads, head_dim) in cases {
         let shape = AttentionShape { batch, seq, heads, head_dim };
         let (rows, w) = (shape.rows(), shape.width());
-        let qkv = run.bf16s(3 * rows * w, "qkv", 1.0);
-        let dout = run.bf16s(rows * w, "dout", 1.0);
+        let qkv = run.halves(3 * rows * w, "qkv", 1.0);
+        let dout = run.halves(rows * w, "dout", 1.0);
         let case = format!("b{batch} s{seq} h{heads} d{head_dim}");
         let gq = run.up(&qkv);
         let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
         dev.attention_forward(&mut out, &mut lse, &gq, shape);
         let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
         r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape);
-        run.push_dev("attention_forward out", &case, &out, &rout, Bound::Bf16);
+        run.push_dev("attention_forward out", &case, &out, &rout, run.half_bound());
         run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
         // Backward from the device's own forward output, as training runs it.
         let (out_host, lse_host) = (run.down(&out), run.down(&lse));
@@ -519,15 +558,16 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
         dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape);
         let mut rdqkv = r.alloc(3 * rows * w);
         r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape);
-        run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, Bound::Bf16);
+        run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
     }
 }
 
 /// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
-/// `head_dims` are the attention head dimensions the device supports. The linear layers run with
-/// bf16 matmul precision (the GPU kernels' only mode; on the CPU the bf16 GEMM).
-pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -> Vec<OpCheck> {
-    let mut run = Run { dev, seed, out: Vec::new() };
+/// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
+/// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
+/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it.
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision) -> Vec<OpCheck> {
+    let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
     elementwise(&mut run, sizes);
@@ -561,8 +601,9 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64) -
     run.out
 }
 
-/// `trident check ops [--device cpu|cuda|hip] [--size small|full] [--gpu N]`: every op of the device
-/// against the f64 reference device; a table, then one verdict line.
+/// `trident check ops [--device cpu|cuda|hip] [--size small|full] [--gpu N] [--fp16]`: every op of
+/// the device against the f64 reference device; a table, then one verdict line. `--fp16` checks a
+/// GPU Device on its fp16 module (binary16 storage) with fp16's bounds.
 pub fn run(args: &[String]) -> Result<()> {
     let Some(a) = flags("check ops", "every Device op against the f64 reference device", CHECK_OPS_FLAGS, args)? else {
         return Ok(());
@@ -574,20 +615,20 @@ pub fn run(args: &[String]) -> Result<()> {
         other => return Err(Error::flag("--size", format!("'{other}'"), "small or full")),
     };
     let ordinal = a.usize("--gpu")?.unwrap_or(0);
+    let half = if a.has("--fp16") { Precision::F16 } else { Precision::Bf16 };
     let started = std::time::Instant::now();
+    let gpu = |vendor| {
+        use crate::gpu::device::GpuDevice;
+        let dev = GpuDevice::open(vendor, ordinal, crate::gpu::kernels::Storage::of(half))?;
+        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half)))
+    };
     let (name, checks) = match device {
         "cpu" => {
             let dev = crate::device::cpu::CpuDevice::new(crate::comm::runtime::process_cpus());
-            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7))
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half))
         }
-        "cuda" => {
-            let dev = crate::gpu::device::GpuDevice::cuda(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &crate::gpu::device::GpuDevice::HEAD_DIMS, 7))
-        }
-        "hip" => {
-            let dev = crate::gpu::device::GpuDevice::hip(ordinal)?;
-            (dev.describe(), run_all(&dev, size, &crate::gpu::device::GpuDevice::HEAD_DIMS, 7))
-        }
+        "cuda" => gpu(crate::gpu::kernels::Vendor::Cuda)?,
+        "hip" => gpu(crate::gpu::kernels::Vendor::Hip)?,
         other => return Err(Error::flag("--device", format!("'{other}'"), "cpu, cuda or hip")),
     };
     println!("{:<28} {:<28} {:>9} {:>11}  verdict", "op", "case", "elements", "max |error|");
@@ -614,10 +655,12 @@ mod tests {
     #[test]
     fn the_cpu_device_passes_every_op() {
         let dev = CpuDevice::new(2);
-        let checks = run_all(&dev, Size::Small, &[32, 64], 5);
-        assert!(checks.len() > 60, "{} checks", checks.len());
-        for c in &checks {
-            assert!(c.passed(), "{}", c.line());
+        for half in [Precision::Bf16, Precision::F16] {
+            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half);
+            assert!(checks.len() > 60, "{} checks", checks.len());
+            for c in &checks {
+                assert!(c.passed(), "{half:?}: {}", c.line());
+            }
         }
     }
 
@@ -630,6 +673,9 @@ mod tests {
         assert!(!nan.passed());
         assert!(!compare("op", "case", &[1.0], &[1.0, 2.0], Bound::Exact).passed(), "a short output fails");
         assert!(compare("op", "case", &[1.005], &[1.0], Bound::Bf16).passed());
+        assert!(compare("op", "case", &[1.02], &[1.0], Bound::Bf16).passed());
+        assert!(!compare("op", "case", &[1.02], &[1.0], Bound::Fp16).passed(), "fp16's bound is tighter");
+        assert!(compare("op", "case", &[1.01], &[1.0], Bound::Fp16).passed());
         assert!(!compare("op", "case", &[1.0 + 1e-7], &[1.0], Bound::Exact).passed());
     }
 }

@@ -15,9 +15,14 @@
 //! with NVRTC otherwise (an `sm_80` image is not used on an 8.6 device: NVRTC's exact-arch build
 //! is preferred over binary compatibility). `read_cubin` reads a CUBIN's functions and sections.
 //!
+//! **Storage.** Each file compiles to one module per 16-bit storage type (`Storage`): bf16 with
+//! the options above, or fp16 with `-DTRIDENT_FP16` added (the same sources, binary16 storage and
+//! .f16 tensor-core operands, `common/base.cuh`); its own cache entry, its own precompiled images
+//! (`precompiled_in`).
+//!
 //! Which functions the files hold, and how each is launched, is the index (`kernels/mod.rs`).
 
-use super::KERNELS;
+use super::{Storage, KERNELS};
 use crate::error::{Error, Result};
 use crate::gpu::cache::{ModuleCache, Outcome};
 use crate::gpu::nvrtc::{Image, Nvrtc};
@@ -30,6 +35,11 @@ mod embedded {
 /// The options every kernel is compiled with (NVRTC optimizes by default).
 pub const NVRTC_OPTIONS: &[&str] = &["-std=c++17"];
 
+/// NVRTC's options for the module of `storage`: `NVRTC_OPTIONS` and the storage's define.
+pub fn nvrtc_options(storage: Storage) -> Vec<String> {
+    NVRTC_OPTIONS.iter().chain(storage.defines()).map(|o| o.to_string()).collect()
+}
+
 /// The embedded kernel files: (file name, text), sorted by name.
 pub fn files() -> &'static [(&'static str, &'static str)] {
     embedded::KERNEL_FILES
@@ -40,10 +50,19 @@ pub fn headers() -> &'static [(&'static str, &'static str)] {
     embedded::KERNEL_HEADERS
 }
 
-/// The precompiled images of this build: (file, arch, CUBIN). Empty unless built with
-/// `TRIDENT_CUDA_ARCHS`.
+/// The precompiled images of this build's bf16 modules: (file, arch, CUBIN). Empty unless built
+/// with `TRIDENT_CUDA_ARCHS`.
 pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
     embedded::AOT_IMAGES
+}
+
+/// The precompiled images of the modules of `storage` (build.rs compiles both for every listed
+/// architecture).
+pub fn precompiled_in(storage: Storage) -> &'static [(&'static str, &'static str, &'static [u8])] {
+    match storage {
+        Storage::Bf16 => embedded::AOT_IMAGES,
+        Storage::F16 => embedded::AOT_IMAGES_FP16,
+    }
 }
 
 /// The architectures this build holds precompiled images for, in build order.
@@ -128,6 +147,7 @@ pub enum Origin {
 pub struct KernelImage {
     pub file: &'static str,
     pub arch: String,
+    pub storage: Storage,
     pub image: Image,
     pub bytes: Vec<u8>,
     pub origin: Origin,
@@ -138,34 +158,38 @@ pub struct KernelImage {
 pub struct KernelModules {
     cache: ModuleCache,
     nvrtc: OnceCell<std::result::Result<Nvrtc, String>>,
-    precompiled: &'static [(&'static str, &'static str, &'static [u8])],
+    /// Whether this build's precompiled images are used (`precompiled_in`).
+    use_precompiled: bool,
 }
 
 impl KernelModules {
     /// Images from this build's precompiled set, else NVRTC (`Nvrtc::load`) and `cache`.
     pub fn new(cache: ModuleCache) -> KernelModules {
-        KernelModules { cache, nvrtc: OnceCell::new(), precompiled: precompiled() }
+        KernelModules { cache, nvrtc: OnceCell::new(), use_precompiled: true }
     }
 
     /// Always NVRTC (this one) through `cache`, whatever the build holds: for tests and tools.
     pub fn nvrtc_only(cache: ModuleCache, nvrtc: Nvrtc) -> KernelModules {
         let cell = OnceCell::new();
         let _ = cell.set(Ok(nvrtc));
-        KernelModules { cache, nvrtc: cell, precompiled: &[] }
+        KernelModules { cache, nvrtc: cell, use_precompiled: false }
     }
 
     pub fn cache(&self) -> &ModuleCache {
         &self.cache
     }
 
-    /// The image of kernel file `file` (e.g. `gemm_bf16.cu`) for `arch` (an `sm_XY`).
-    pub fn image(&self, file: &str, arch: &str) -> Result<KernelImage> {
+    /// The image of kernel file `file` (e.g. `gemm_bf16.cu`) for `arch` (an `sm_XY`), its module
+    /// of `storage`.
+    pub fn image(&self, file: &str, arch: &str, storage: Storage) -> Result<KernelImage> {
         let text = source(file)?;
         let file: &'static str = files().iter().find(|(f, _)| *f == file).map(|(f, _)| *f).expect("found above");
-        if let Some(bytes) = select_precompiled(file, arch, self.precompiled) {
+        let images = if self.use_precompiled { precompiled_in(storage) } else { &[] };
+        if let Some(bytes) = select_precompiled(file, arch, images) {
             return Ok(KernelImage {
                 file,
                 arch: arch.to_string(),
+                storage,
                 image: Image::Cubin,
                 bytes: bytes.to_vec(),
                 origin: Origin::Precompiled,
@@ -182,12 +206,13 @@ impl KernelModules {
                 }
             ))
         })?;
-        let options: Vec<String> = NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
         let name = file.trim_end_matches(".cu");
-        let got = self.cache.get_or_compile_with_headers(nvrtc, name, text, headers(), arch, &options)?;
+        let got =
+            self.cache.get_or_compile_with_headers(nvrtc, name, text, headers(), arch, &nvrtc_options(storage))?;
         Ok(KernelImage {
             file,
             arch: arch.to_string(),
+            storage,
             image: got.image,
             bytes: got.bytes,
             origin: Origin::Nvrtc(got.outcome),
@@ -355,12 +380,21 @@ mod tests {
             assert_eq!(precompiled().len(), files().len() * precompiled_archs().len());
             assert!(!precompiled().is_empty(), "TRIDENT_CUDA_ARCHS is set but the build holds no images");
         }
-        for (file, arch, bytes) in precompiled() {
-            let got = modules.image(file, arch).unwrap();
-            assert_eq!((got.origin, got.bytes.as_slice()), (Origin::Precompiled, *bytes), "{file} {arch}");
-            let info = read_cubin(bytes).unwrap();
-            for k in KERNELS.iter().filter(|k| k.file == *file) {
-                assert!(info.functions.iter().any(|f| f == k.function), "{} not in {file} {arch}", k.function);
+        for storage in [Storage::Bf16, Storage::F16] {
+            assert_eq!(precompiled_in(storage).len(), precompiled().len(), "{storage:?}: one image per file and arch");
+            for (file, arch, bytes) in precompiled_in(storage) {
+                let got = modules.image(file, arch, storage).unwrap();
+                assert_eq!((got.origin, got.bytes.as_slice()), (Origin::Precompiled, *bytes), "{file} {arch}");
+                let info = read_cubin(bytes).unwrap();
+                for k in KERNELS.iter().filter(|k| k.file == *file) {
+                    assert!(info.functions.iter().any(|f| f == k.function), "{} not in {file} {arch}", k.function);
+                }
+            }
+        }
+        for ((file, arch, bf16), (_, _, fp16)) in precompiled().iter().zip(precompiled_in(Storage::F16)) {
+            // gelu.cu's kernels convert their storage type, so its two modules differ.
+            if *file == "gelu.cu" {
+                assert_ne!(bf16, fp16, "{file} {arch}: the fp16 module is the bf16 one");
             }
         }
         assert!(!dir.exists(), "no NVRTC compilation, so nothing cached");

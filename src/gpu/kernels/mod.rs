@@ -18,6 +18,7 @@ pub mod hip;
 pub mod plan;
 
 use crate::error::{Error, Result};
+use crate::real::Precision;
 use plan::{sm90_gemm_shared_bytes, SM90_GEMM_COLS, SM90_GEMM_WEIGHT_COLS};
 
 /// Every kernel function, in the order of `KERNELS`: the function's name in CamelCase.
@@ -244,6 +245,53 @@ impl Kernel {
 /// The entry of a kernel function, by name.
 pub fn kernel(function: &str) -> Result<&'static KernelSpec> {
     KERNELS.iter().find(|k| k.function == function).ok_or_else(|| Error::Config(format!("no kernel named {function}")))
+}
+
+/// The 16-bit storage type a CUDA module is compiled for, from the same sources
+/// (`kernels-cuda/common/base.cuh`): bf16 (the default), or IEEE binary16 under `--fp16`, whose
+/// module is compiled with `-DTRIDENT_FP16` (binary16 storage and conversions, .f16 mma.sync and
+/// wgmma operands). The kernel functions keep their names in both modules: the `bf16` of a
+/// kernel's name is the module's 16-bit type. The HIP suite is built for bf16 only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    Bf16,
+    F16,
+}
+
+impl Storage {
+    /// The storage a run of `precision` keeps its 16-bit tensors in: f16 under `--fp16`, bf16
+    /// otherwise (f32 runs keep f32 buffers, and their GEMM operands cast to bf16).
+    pub fn of(precision: Precision) -> Storage {
+        match precision {
+            Precision::F16 => Storage::F16,
+            _ => Storage::Bf16,
+        }
+    }
+
+    /// The compiler's define that selects it (none for bf16, so the bf16 module is the text it
+    /// always was).
+    pub fn defines(self) -> &'static [&'static str] {
+        match self {
+            Storage::Bf16 => &[],
+            Storage::F16 => &["-DTRIDENT_FP16"],
+        }
+    }
+
+    /// `bf16` or `fp16`, as the flags say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::Bf16 => "bf16",
+            Storage::F16 => "fp16",
+        }
+    }
+
+    /// The precision of its values (`Precision::round` gives what the kernels store).
+    pub fn precision(self) -> Precision {
+        match self {
+            Storage::Bf16 => Precision::Bf16,
+            Storage::F16 => Precision::F16,
+        }
+    }
 }
 
 /// Whose GPU: the kernel suite (kernels-cuda/*.cu or their kernels-hip/*.hip twins, same kernel
