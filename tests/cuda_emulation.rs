@@ -154,29 +154,9 @@ fn gemm_wgmma_sm90_backward() {
 #[test]
 fn gemm_wgmma_sm90_weight_slices() {
     for (m, n, k, slices) in [(520, 80, 136, 2), (300, 264, 200, 3), (1000, 136, 72, 4), (100, 8, 8, 3)] {
-        let name = format!("gemm_sm90_bwd_{m}x{n}x{k}_slices{slices}");
-        let case = CUDA.case(&name);
-        let dout = CUDA.half_values(m * n, "dout", 1.0);
-        let w = CUDA.half_values(n * k, "w", 0.2);
-        let inp = CUDA.half_values(m * k, "inp", 1.0);
-        let dweight0 = CUDA.f32_values(n * k, "dweight0", 0.5, 0.0);
-        case.put_half("dout", &dout);
-        case.put_half("w", &w);
-        case.put_half("inp", &inp);
-        let mut runs = Vec::new();
-        for _ in 0..2 {
-            case.put_f32("dweight", &dweight0);
-            case.run("gemm_sm90_bwd", &args(&[&m, &n, &k, &slices]));
-            runs.push(case.get_f32("dweight"));
-        }
-        let dev = ReferenceDevice;
-        let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
-        let mut dinp = dev.alloc(m * k);
-        let mut dweight = reference(&dev, &dweight0);
-        dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
-        check_f32(&format!("{name} dweight"), &runs[0], &dweight, 1e-5);
+        let runs = emu_cases::gemm_bwd_runs(&CUDA, (m, n, k), "gemm_sm90_bwd", &[slices], 2);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&runs[0]) == bits(&runs[1]), "{name}: two launches gave different bits");
+        assert!(bits(&runs[0]) == bits(&runs[1]), "{m}x{n}x{k} in {slices} slices: two launches gave different bits");
     }
 }
 

@@ -128,7 +128,15 @@ fn gemm_bwd(v: &Vendor, m: usize, n: usize, k: usize) {
 
 /// The same by another harness op of the same files (CUDA's sm_90a `gemm_sm90_bwd`).
 pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
-    let name = format!("{op}_{m}x{n}x{k}");
+    gemm_bwd_runs(v, (m, n, k), op, &[], 1);
+}
+
+/// dinp and dweight by harness op `op` with `extra` arguments after M, N and K (the sm_90a
+/// backward-weight's slices), launched `runs` times from the same inputs, the first launch
+/// checked against `linear_backward`; every launch's dweight, in order.
+pub fn gemm_bwd_runs(v: &Vendor, (m, n, k): (usize, usize, usize), op: &str, extra: &[usize], runs: usize) -> Vec<Vec<f32>> {
+    let suffix: String = extra.iter().map(|e| format!("_{e}")).collect();
+    let name = format!("{op}_{m}x{n}x{k}{suffix}");
     let case = v.case(&name);
     let dout = v.half_values(m * n, "dout", 1.0);
     let w = v.half_values(n * k, "w", 0.2);
@@ -137,16 +145,21 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     case.put_half("dout", &dout);
     case.put_half("w", &w);
     case.put_half("inp", &inp);
-    case.put_f32("dweight", &dweight0);
-    case.run(op, &args(&[&m, &n, &k]));
-
+    let arguments: Vec<String> = [m, n, k].iter().chain(extra).map(|a| a.to_string()).collect();
+    let mut dweights = Vec::new();
+    for _ in 0..runs {
+        case.put_f32("dweight", &dweight0);
+        case.run(op, &arguments);
+        dweights.push(case.get_f32("dweight"));
+    }
     let dev = ReferenceDevice;
     let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
     let mut dinp = dev.alloc(m * k);
     let mut dweight = reference(&dev, &dweight0);
     dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
     check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
-    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dweight, 1e-5);
+    check_f32(&format!("{name} dweight"), &dweights[0], &dweight, 1e-5);
+    dweights
 }
 
 /// dinp = dout · W with a bf16 output (the f32 sum rounded once) by the harness op `op`
