@@ -12,8 +12,8 @@ use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, first_blocks, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
-    column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_slices, EmbeddingSegments, GemmOut, Op,
-    COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_GEMM_WEIGHT_COLS, SM90_SLICE_MAX_TILES,
+    column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
+    COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
@@ -478,9 +478,9 @@ impl Device for GpuDevice {
                 let [md, mx] = [self.operand_map(d.ptr(), rows, n, true), self.operand_map(x.ptr(), rows, k, true)];
                 // Several slices of the reduction: their partial tiles in scratch, the Device's
                 // per-tile counters (plan::sm90_weight_slices).
-                let (slices, tiles) = (sm90_weight_slices(m, n, k), n.div_ceil(128) * k.div_ceil(SM90_GEMM_WEIGHT_COLS));
-                let partials = (slices > 1).then(|| self.scratch(4 * 128 * SM90_GEMM_WEIGHT_COLS * tiles * slices));
-                let counters = (slices > 1).then(|| self.zeroed_once(&self.slice_counters, SM90_SLICE_MAX_TILES));
+                let sliced = sm90_weight_partials(m, n, k);
+                let partials = (sliced > 0).then(|| self.scratch(4 * sliced));
+                let counters = (sliced > 0).then(|| self.zeroed_once(&self.slice_counters, SM90_SLICE_MAX_TILES));
                 let (p, c) = (partials.as_ref().map_or(0, |p| p.pointer), counters.map_or(0, |c| c.pointer()));
                 self.run(op, &[md, mx, Ptr(dw.ptr()), Ptr(p), Ptr(c), m_, n_, k_]);
             }

@@ -195,13 +195,28 @@ const SM90_SLICE_COST_STEPS: usize = 8;
 /// slice, the fewest slices on a tie; 1 past `SM90_SLICE_MAX_TILES` tiles. GPT-2 124M at 16 x 1024
 /// tokens: the projection 3 slices, fc1/fc2 4, qkv (108 tiles) and the head 1.
 pub fn sm90_weight_slices(m: usize, n: usize, k: usize) -> usize {
-    let tiles = n.div_ceil(128) * k.div_ceil(SM90_GEMM_WEIGHT_COLS);
+    let tiles = sm90_weight_tiles(n, k);
     let steps = m.div_ceil(64);
     if tiles > SM90_SLICE_MAX_TILES {
         return 1;
     }
     let cost = |s: usize| (tiles * s).div_ceil(SM90_SLICE_SMS) * steps.div_ceil(s) + SM90_SLICE_COST_STEPS * (s - 1);
     (1..=4).filter(|&s| s == 1 || steps >= 8 * s).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
+/// The 128 x 128 tiles of dW [n, k] in `gemm_bwd_weight_bf16_sm90`.
+fn sm90_weight_tiles(n: usize, k: usize) -> usize {
+    n.div_ceil(128) * k.div_ceil(SM90_GEMM_WEIGHT_COLS)
+}
+
+/// The f32 elements of the `partials` scratch `gemm_bwd_weight_bf16_sm90` needs on dW [n, k]
+/// over m rows: a 128 x 128 tile per tile and slice (uninitialised; each slice writes its own
+/// before the last reads it), none where there is one slice.
+pub fn sm90_weight_partials(m: usize, n: usize, k: usize) -> usize {
+    match sm90_weight_slices(m, n, k) {
+        1 => 0,
+        slices => 128 * SM90_GEMM_WEIGHT_COLS * sm90_weight_tiles(n, k) * slices,
+    }
 }
 
 /// The dynamic shared memory of gemm_bf16_sm90.cu's kernels whose tiles have `cols` columns (its
@@ -880,6 +895,9 @@ mod tests {
         }
         assert_eq!(sm90_weight_slices(2048, 12288, 12288), 1);
         assert_eq!((sm90_weight_slices(1100, 8, 8), sm90_weight_slices(1024, 8, 8), sm90_weight_slices(64, 8, 8)), (2, 1, 1));
+        // The partials: a 128 x 128 f32 tile per tile and slice, none for one slice.
+        assert_eq!(sm90_weight_partials(16384, 768, 768), 36 * 3 * 128 * 128);
+        assert_eq!((sm90_weight_partials(1100, 8, 8), sm90_weight_partials(16384, 2304, 768)), (128 * 128 * 2, 0));
         let h100 = |op: Op| plan(&op, Vendor::Cuda, &DeviceLimits::H100, 132).unwrap();
         assert_eq!(h100(Op::GemmBwdWeightSm90 { m: 16384, n: 768, k: 768 }).config.grid, [6, 6, 3]);
         assert_eq!(h100(Op::GemmBwdWeightSm90 { m: 16384, n: 3072, k: 768 }).config.grid, [6, 24, 4]);
