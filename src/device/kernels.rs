@@ -259,13 +259,13 @@ pub fn dot<R: Real>(a: &[R], b: &[R]) -> R {
     acc[0] + tail
 }
 
-/// Offsets of the q, k and v vectors of token row `row` and head `head` inside the fused QKV
-/// activation.
+/// Offsets of the q vector of token row `row` and query head `head` inside the fused QKV
+/// activation, and of its group's k and v vectors.
 #[inline(always)]
 fn qkv_offsets(shape: &AttentionShape, row: usize, head: usize) -> (usize, usize, usize) {
-    let d = shape.head_dim;
-    let base = row * 3 * shape.width() + head * 3 * d;
-    (base, base + d, base + 2 * d)
+    let base = row * shape.qkv_width();
+    let (q, k, v) = shape.qkv_offsets(head);
+    (base + q, base + k, base + v)
 }
 
 /// Copies the q, k and v vectors of one (sequence, head) pair out of the fused QKV activation:
@@ -412,12 +412,14 @@ pub unsafe fn attention_forward_head<R: Real>(
 }
 
 /// Backward of `attention_forward_head` for one (sequence, head) pair: writes (overwrites) the
-/// q, k and v gradient columns of that pair in `dqkv`, rebuilding each tile of probabilities from
-/// the saved log-sum-exp instead of storing the [seq, seq] matrix.
+/// q gradient columns of that pair in `dqkv`, and the k and v gradient columns of its group (adds
+/// to them for every head of the group but the first: callers run a group's heads in order),
+/// rebuilding each tile of probabilities from the saved log-sum-exp instead of storing the
+/// [seq, seq] matrix.
 ///
 /// # Safety
-/// `dqkv` must point to `rows * 3 * heads * head_dim` elements, and no other thread may touch the
-/// (b, head) columns during the call.
+/// `dqkv` must point to `rows * qkv_width` elements, and no other thread may touch the (b, head)
+/// columns, or its group's k and v columns, during the call.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn attention_backward_head<R: Real>(
@@ -488,12 +490,19 @@ pub unsafe fn attention_backward_head<R: Real>(
             }
         }
     }
+    let first_of_group = head.is_multiple_of(shape.group_size());
     for t in 0..s {
         let (q0, k0, v0) = qkv_offsets(&shape, t * shape.batch + b, head);
         // SAFETY: the q, k and v columns of (row t, head) lie inside dqkv and belong to this call.
         std::slice::from_raw_parts_mut(dqkv.add(q0), d).copy_from_slice(&dq[t * d..(t + 1) * d]);
-        std::slice::from_raw_parts_mut(dqkv.add(k0), d).copy_from_slice(&dk[t * d..(t + 1) * d]);
-        std::slice::from_raw_parts_mut(dqkv.add(v0), d).copy_from_slice(&dv[t * d..(t + 1) * d]);
+        for (at, g) in [(k0, &dk), (v0, &dv)] {
+            let dst = std::slice::from_raw_parts_mut(dqkv.add(at), d);
+            if first_of_group {
+                dst.copy_from_slice(&g[t * d..(t + 1) * d]);
+            } else {
+                dst.iter_mut().zip(&g[t * d..(t + 1) * d]).for_each(|(x, &y)| *x += y);
+            }
+        }
     }
 }
 
@@ -537,7 +546,7 @@ fn lane_sum<R: Real>(xs: &mut [R], mut f: impl FnMut(&mut R) -> R) -> R {
 
 /// `Σ f(x)` over a read-only slice, in the lane order of `lane_sum`.
 #[inline(always)]
-fn lane_sum_of<R: Real>(xs: &[R], f: impl Fn(R) -> R) -> R {
+pub(super) fn lane_sum_of<R: Real>(xs: &[R], f: impl Fn(R) -> R) -> R {
     let mut acc = [R::ZERO; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {

@@ -5,29 +5,70 @@
 pub mod counters;
 pub mod cpu;
 pub mod kernels;
+pub mod llama;
 pub mod reference;
 
 pub use counters::WorkCounters;
 
 /// Geometry of one causal self-attention call. Activations are sequence-first like Megatron's:
-/// row `t * batch + b` holds token `t` of sequence `b`. The fused QKV row is laid out per head,
-/// `[q_h | k_h | v_h]` for each head `h`, so that splitting heads across tensor-parallel ranks
-/// later is a contiguous split of the QKV weight's rows.
+/// row `t * batch + b` holds token `t` of sequence `b`. The fused QKV row is laid out per query
+/// group as Megatron lays it out, `[q_g0 .. q_g(n-1) | k_g | v_g]` for each group `g` of
+/// `heads / kv_heads` query heads sharing one key and one value head, so that splitting groups
+/// across tensor-parallel ranks is a contiguous split of the QKV weight's rows. Multi-head
+/// attention is `kv_heads == heads`: `[q_h | k_h | v_h]` per head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
     pub batch: usize,
     pub seq: usize,
     pub heads: usize,
+    /// Key/value heads (query groups); divides `heads`.
+    pub kv_heads: usize,
     pub head_dim: usize,
 }
 
 impl AttentionShape {
+    /// Multi-head attention: one key and one value head per query head.
+    pub fn new(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape { batch, seq, heads, kv_heads: heads, head_dim }
+    }
+    /// Grouped-query attention over `kv_heads` key/value heads.
+    pub fn grouped(self, kv_heads: usize) -> AttentionShape {
+        assert!(kv_heads > 0 && self.heads.is_multiple_of(kv_heads), "{} heads in {kv_heads} groups", self.heads);
+        AttentionShape { kv_heads, ..self }
+    }
     pub fn rows(&self) -> usize {
         self.batch * self.seq
     }
+    /// Width of the attention output: the query heads.
     pub fn width(&self) -> usize {
         self.heads * self.head_dim
     }
+    /// Query heads per key/value head.
+    pub fn group_size(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+    /// Width of a fused QKV row: the query heads and each group's key and value heads.
+    pub fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+    /// Offsets inside a QKV row of query head `head`'s q vector and of its group's k and v.
+    pub fn qkv_offsets(&self, head: usize) -> (usize, usize, usize) {
+        let (n, d) = (self.group_size(), self.head_dim);
+        let (g, j) = (head / n, head % n);
+        let base = g * (n + 2) * d;
+        (base + j * d, base + n * d, base + (n + 1) * d)
+    }
+}
+
+/// Rotary position embedding (RoPE) of one attention call: the first `rotary_dim` components of
+/// every query and key head are rotated in pairs `(i, i + rotary_dim / 2)` (Megatron's and Hugging
+/// Face's non-interleaved layout) by `position · inv_freq[i]`. `table` (a device buffer the model
+/// makes once, `rotary_table`) holds per position the cosines then the sines of those angles,
+/// `[positions, rotary_dim]`; row `t * batch + b` has position `t0 + t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rotary {
+    pub rotary_dim: usize,
+    pub t0: usize,
 }
 
 /// One AdamW update's hyper-parameters; `step` is the 1-based count used for bias correction.
@@ -440,6 +481,44 @@ pub trait Device: Send + Sync {
     fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf);
     /// `dinp = dout · gelu'(inp)`.
     fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf);
+
+    /// RMSNorm over the last dimension (Llama's): `out = x · rstd · weight`, with the row's
+    /// `rstd = 1 / sqrt(mean(x²) + eps)` saved for backward.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    );
+    /// dinp and dweight are "+=" (dinp already holds the residual stream's gradient).
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Self::Buf,
+        dweight: &mut Self::Buf,
+        dout: &Self::Buf,
+        inp: &Self::Buf,
+        weight: &Self::Buf,
+        rstd: &Self::Buf,
+        rows: usize,
+        cols: usize,
+    );
+    /// SwiGLU of rows of `2 f` values, the gate's `f` then the up projection's `f`:
+    /// `out[r, i] = silu(inp[r, i]) · inp[r, f + i]`, `out` being [rows, f].
+    fn swiglu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, rows: usize, f: usize);
+    /// `dinp` ([rows, 2 f], overwrite) from `dout` ([rows, f]).
+    fn swiglu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, rows: usize, f: usize);
+    /// Rotary position embedding of the query and key heads of the fused QKV activation, in place
+    /// (values heads untouched); `table` as `Rotary` describes it.
+    fn rope_forward(&self, qkv: &mut Self::Buf, table: &Self::Buf, shape: AttentionShape, rotary: Rotary);
+    /// The gradient through `rope_forward`, in place on the QKV gradient: each pair rotated back
+    /// by its angle (a rotation's transpose is its inverse).
+    fn rope_backward(&self, dqkv: &mut Self::Buf, table: &Self::Buf, shape: AttentionShape, rotary: Rotary);
 
     /// Causal softmax attention; `out` is [rows, heads*head_dim], `lse` the per-(b, head, t)
     /// log-sum-exp of the scaled scores, which is all backward needs to rebuild probabilities.

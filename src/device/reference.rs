@@ -1,8 +1,8 @@
 //! The reference device: every op in plain serial f64 loops. It is the oracle the fast backends
 //! are tested against, and the device the finite-difference gradient checks run on.
 
-use super::kernels;
-use super::{AdamWStep, AttentionShape, Device};
+use super::{kernels, llama};
+use super::{AdamWStep, AttentionShape, Device, Rotary};
 use crate::real::Precision;
 
 /// Serial, f64, obviously-correct. Never used for real training.
@@ -308,6 +308,46 @@ impl Device for ReferenceDevice {
         kernels::gelu_backward_slice(dinp, inp, dout);
     }
 
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Vec<f64>,
+        rstd: &mut Vec<f64>,
+        inp: &Vec<f64>,
+        weight: &Vec<f64>,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) {
+        let n = rows * cols;
+        llama::rmsnorm_forward_rows(&mut out[..n], &mut rstd[..rows], &inp[..n], weight, cols, eps);
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Vec<f64>,
+        dweight: &mut Vec<f64>,
+        dout: &Vec<f64>,
+        inp: &Vec<f64>,
+        weight: &Vec<f64>,
+        rstd: &Vec<f64>,
+        rows: usize,
+        cols: usize,
+    ) {
+        let n = rows * cols;
+        llama::rmsnorm_backward_rows(&mut dinp[..n], dweight, &dout[..n], &inp[..n], weight, &rstd[..rows], cols);
+    }
+    fn swiglu_forward(&self, out: &mut Vec<f64>, inp: &Vec<f64>, rows: usize, f: usize) {
+        llama::swiglu_forward_rows(&mut out[..rows * f], &inp[..rows * 2 * f], f);
+    }
+    fn swiglu_backward(&self, dinp: &mut Vec<f64>, inp: &Vec<f64>, dout: &Vec<f64>, rows: usize, f: usize) {
+        llama::swiglu_backward_rows(&mut dinp[..rows * 2 * f], &inp[..rows * 2 * f], &dout[..rows * f], f);
+    }
+    fn rope_forward(&self, qkv: &mut Vec<f64>, table: &Vec<f64>, shape: AttentionShape, rotary: Rotary) {
+        llama::rope_rows(&mut qkv[..shape.rows() * shape.qkv_width()], 0, table, &shape, rotary, false);
+    }
+    fn rope_backward(&self, dqkv: &mut Vec<f64>, table: &Vec<f64>, shape: AttentionShape, rotary: Rotary) {
+        llama::rope_rows(&mut dqkv[..shape.rows() * shape.qkv_width()], 0, table, &shape, rotary, true);
+    }
+
     fn attention_forward(&self, out: &mut Vec<f64>, lse: &mut Vec<f64>, qkv: &Vec<f64>, shape: AttentionShape) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         for b in 0..shape.batch {
@@ -326,7 +366,7 @@ impl Device for ReferenceDevice {
         lse: &Vec<f64>,
         shape: AttentionShape,
     ) {
-        assert!(dqkv.len() >= 3 * shape.rows() * shape.width());
+        assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
         for b in 0..shape.batch {
             for h in 0..shape.heads {
                 // SAFETY: size checked above; serial.

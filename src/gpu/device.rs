@@ -271,6 +271,21 @@ pub(super) fn fatal(e: Error) -> ! {
     std::process::exit(1)
 }
 
+/// Ends the process on an op of a Llama-family model, which has no GPU kernels yet.
+pub(super) fn unbuilt(op: &str) -> ! {
+    fatal(Error::Unsupported(format!(
+        "{op} on a GPU: the CUDA and HIP kernels of the Llama-family ops are not built yet; train this model with \
+         --device cpu"
+    )))
+}
+
+/// Ends the process on grouped-query attention, which the GPU attention kernels do not run yet.
+pub(super) fn grouped_query_unbuilt(shape: crate::device::AttentionShape) {
+    if shape.kv_heads != shape.heads {
+        unbuilt("grouped-query attention")
+    }
+}
+
 pub(super) fn ok<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| fatal(e))
 }

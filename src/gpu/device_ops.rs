@@ -10,14 +10,14 @@
 
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
-use super::device::{aligned, first_blocks, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::device::{aligned, first_blocks, group_key, grouped_query_unbuilt, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
     COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
-use crate::device::{AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p};
+use crate::device::{AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary};
 use crate::comm::ReduceOp;
 use crate::error::Result;
 use crate::real::Precision;
@@ -521,8 +521,32 @@ impl Device for GpuDevice {
         }
     }
 
+    // The Llama-family ops have no GPU kernels yet: `train` refuses such a model on a GPU before
+    // any work (`config::reject_unbuilt`), and a direct call ends the process with that error.
+    fn rmsnorm_forward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize, _: f64) {
+        unbuilt("RMSNorm")
+    }
+    #[rustfmt::skip]
+    fn rmsnorm_backward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize,
+        _: usize) {
+        unbuilt("RMSNorm")
+    }
+    fn swiglu_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: usize, _: usize) {
+        unbuilt("SwiGLU")
+    }
+    fn swiglu_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize) {
+        unbuilt("SwiGLU")
+    }
+    fn rope_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
+        unbuilt("rotary position embedding")
+    }
+    fn rope_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
+        unbuilt("rotary position embedding")
+    }
+
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
         let (rows, w) = (shape.rows(), shape.width());
+        grouped_query_unbuilt(shape);
         assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= 3 * rows * w);
         if rows == 0 {
             return;
@@ -547,6 +571,7 @@ impl Device for GpuDevice {
         shape: AttentionShape,
     ) {
         let (rows, w) = (shape.rows(), shape.width());
+        grouped_query_unbuilt(shape);
         assert!(dqkv.len >= 3 * rows * w);
         if rows == 0 {
             return;

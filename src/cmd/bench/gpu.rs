@@ -328,7 +328,7 @@ pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str
             GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::GemmBwd => gemm_bwd(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::Attention => {
-                attention(&b, &planned, AttentionShape { batch: s[0], seq: s[1], heads: s[2], head_dim: s[3] })?
+                attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?
             }
             GpuBench::Layernorm => layernorm(&b, &planned, s[0], s[1])?,
             GpuBench::Gelu => gelu(&b, &planned, s[0])?,
@@ -605,7 +605,7 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
 /// the forward's (FlashAttention's count: the backward's 5 products, recomputation not counted),
 /// the figure `make gpu-bench` sets beside PyTorch's forward + backward.
 fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Result<Vec<GpuRecord>> {
-    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
     let (rows, width) = (seq * batch, heads * head_dim);
     let (qkv, dout) = (bf16_values(3 * rows * width, 3), bf16_values(rows * width, 4));
     let (d_qkv, d_out, d_lse) = (b.upload(&qkv)?, b.zeroed(2 * rows * width)?, b.zeroed(4 * rows * heads)?);

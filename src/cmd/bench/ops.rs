@@ -149,8 +149,8 @@ pub fn attention(dev: &CpuDevice, peak: &Peak, min_seconds: f64) -> Vec<Record> 
     const MIB: f64 = 1048576.0;
     let gemm_gflops = gemm_rate(dev.pool(), min_seconds);
     let shapes = [
-        ("tiny b16 s128 h4 d32", AttentionShape { batch: 16, seq: 128, heads: 4, head_dim: 32 }),
-        ("gpt2-124m b1 s1024 h12 d64", AttentionShape { batch: 1, seq: 1024, heads: 12, head_dim: 64 }),
+        ("tiny b16 s128 h4 d32", AttentionShape::new(16, 128, 4, 32)),
+        ("gpt2-124m b1 s1024 h12 d64", AttentionShape::new(1, 1024, 12, 64)),
     ];
     let mut out = Vec::new();
     for (name, shape) in shapes {

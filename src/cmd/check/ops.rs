@@ -540,7 +540,7 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
 fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(batch, seq, heads, head_dim) in cases {
-        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let shape = AttentionShape::new(batch, seq, heads, head_dim);
         let (rows, w) = (shape.rows(), shape.width());
         let qkv = run.halves(3 * rows * w, "qkv", 1.0);
         let dout = run.halves(rows * w, "dout", 1.0);

@@ -22,8 +22,8 @@ pub fn scratch_bytes(shape: &AttentionShape, threads: usize) -> usize {
     4 * forward.max(backward) * threads.min(shape.batch * shape.heads)
 }
 
-/// Where the q, k or v vectors of (sequence b, head) start in the fused QKV activation, and the
-/// stride between consecutive positions.
+/// Where the q vectors of (sequence b, query head `head`), or (`part` 1, 2) its group's k or v
+/// vectors, start in the fused QKV activation, and the stride between consecutive positions.
 fn qkv_view<'a>(
     qkv: &'a [f32],
     shape: &AttentionShape,
@@ -32,9 +32,9 @@ fn qkv_view<'a>(
     part: usize,
     first_row: usize,
 ) -> MatRef<'a> {
-    let d = shape.head_dim;
-    let row_stride = shape.batch * 3 * shape.width();
-    let start = (first_row * shape.batch + b) * 3 * shape.width() + head * 3 * d + part * d;
+    let row_stride = shape.batch * shape.qkv_width();
+    let (q, k, v) = shape.qkv_offsets(head);
+    let start = (first_row * shape.batch + b) * shape.qkv_width() + [q, k, v][part];
     MatRef { data: &qkv[start..], row_stride, col_stride: 1 }
 }
 

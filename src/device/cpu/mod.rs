@@ -6,11 +6,12 @@
 pub mod attention;
 pub mod gemm;
 pub mod gemm_bf16;
+mod llama;
 pub mod peak;
 pub mod pool;
 pub mod simd;
 
-use super::{kernels, AdamWStep, AttentionShape, Device};
+use super::{kernels, AdamWStep, AttentionShape, Device, Rotary};
 use gemm::MatRef;
 use pool::ThreadPool;
 
@@ -442,9 +443,47 @@ impl Device for CpuDevice {
         });
     }
 
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        eps: f64,
+    ) {
+        self.rmsnorm_fwd(out, rstd, inp, weight, rows, cols, eps);
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dweight: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) {
+        self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols);
+    }
+    fn swiglu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, f: usize) {
+        self.swiglu_fwd(out, inp, rows, f);
+    }
+    fn swiglu_backward(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>, rows: usize, f: usize) {
+        self.swiglu_bwd(dinp, inp, dout, rows, f);
+    }
+    fn rope_forward(&self, qkv: &mut Vec<f32>, table: &Vec<f32>, shape: AttentionShape, rotary: Rotary) {
+        self.rope(qkv, table, shape, rotary, false);
+    }
+    fn rope_backward(&self, dqkv: &mut Vec<f32>, table: &Vec<f32>, shape: AttentionShape, rotary: Rotary) {
+        self.rope(dqkv, table, shape, rotary, true);
+    }
+
     fn attention_forward(&self, out: &mut Vec<f32>, lse: &mut Vec<f32>, qkv: &Vec<f32>, shape: AttentionShape) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
-        assert!(qkv.len() >= 3 * shape.rows() * shape.width());
+        assert!(qkv.len() >= shape.rows() * shape.qkv_width());
         let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
         let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
         self.pool.run(shape.batch * shape.heads, &|i| {
@@ -468,17 +507,27 @@ impl Device for CpuDevice {
         lse: &Vec<f32>,
         shape: AttentionShape,
     ) {
-        assert!(dqkv.len() >= 3 * shape.rows() * shape.width());
+        assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
         let dq = SharedMut::new(dqkv);
-        let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
-        self.pool.run(shape.batch * shape.heads, &|i| {
-            let (b, head) = (i / shape.heads, i % shape.heads);
-            let grads = attention::backward_head(&self.pool, dout, qkv, out, lse, shape, b, head);
-            for t in 0..s {
-                for (part, g) in grads.iter().enumerate() {
-                    let at = (t * shape.batch + b) * 3 * w + head * 3 * d + part * d;
-                    // SAFETY: size checked above; task i owns the (b, head) columns of dqkv.
-                    unsafe { dq.slice(at, d) }.copy_from_slice(&g[t * d..(t + 1) * d]);
+        let (s, d, n) = (shape.seq, shape.head_dim, shape.group_size());
+        // One task per (sequence, group): the group's heads add their k and v gradients in order.
+        self.pool.run(shape.batch * shape.kv_heads, &|i| {
+            let (b, g) = (i / shape.kv_heads, i % shape.kv_heads);
+            for head in g * n..(g + 1) * n {
+                let grads = attention::backward_head(&self.pool, dout, qkv, out, lse, shape, b, head);
+                let (q, k, v) = shape.qkv_offsets(head);
+                for t in 0..s {
+                    let row = (t * shape.batch + b) * shape.qkv_width();
+                    for (part, (at, grad)) in [q, k, v].into_iter().zip(&grads).enumerate() {
+                        // SAFETY: size checked above; task i owns the (b, group) columns of dqkv.
+                        let dst = unsafe { dq.slice(row + at, d) };
+                        let src = &grad[t * d..(t + 1) * d];
+                        if part == 0 || head == g * n {
+                            dst.copy_from_slice(src);
+                        } else {
+                            dst.iter_mut().zip(src).for_each(|(x, &y)| *x += y);
+                        }
+                    }
                 }
             }
         });

@@ -3,8 +3,8 @@
 //! for baseline x86-64, and the best one the CPU supports is picked at run time. The kernels use
 //! no fused multiply-adds and fix their summation order, so all three give identical bits.
 
-use crate::device::kernels;
-use crate::device::AdamWStep;
+use crate::device::{kernels, llama};
+use crate::device::{AdamWStep, AttentionShape, Rotary};
 use std::sync::OnceLock;
 
 /// The vector instruction sets the dispatch distinguishes.
@@ -90,6 +90,14 @@ multiversion! {
         bias: &[f32], cols: usize) = kernels::layernorm_forward_rows::<f32>;
     fn layernorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dbias: &mut [f32], dout: &[f32], inp: &[f32],
         weight: &[f32], mean: &[f32], rstd: &[f32], cols: usize) = kernels::layernorm_backward_rows::<f32>;
+    fn rmsnorm_forward_rows(out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32], cols: usize, eps: f64)
+        = llama::rmsnorm_forward_rows::<f32>;
+    fn rmsnorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], inp: &[f32], weight: &[f32],
+        rstd: &[f32], cols: usize) = llama::rmsnorm_backward_rows::<f32>;
+    fn swiglu_forward_rows(out: &mut [f32], inp: &[f32], f: usize) = llama::swiglu_forward_rows::<f32>;
+    fn swiglu_backward_rows(dinp: &mut [f32], inp: &[f32], dout: &[f32], f: usize) = llama::swiglu_backward_rows::<f32>;
+    fn rope_rows(qkv: &mut [f32], first_row: usize, table: &[f32], shape: &AttentionShape, rotary: Rotary,
+        inverse: bool) = llama::rope_rows::<f32>;
     fn gelu_forward_slice(out: &mut [f32], inp: &[f32]) = kernels::gelu_forward_slice::<f32>;
     fn gelu_backward_slice(dinp: &mut [f32], inp: &[f32], dout: &[f32]) = kernels::gelu_backward_slice::<f32>;
     fn row_max(row: &[f32]) -> f32 = kernels::row_max::<f32>;

@@ -139,7 +139,7 @@ impl<D: Device> Gpt<D> {
     fn dims(&self, index: usize) -> Dims {
         let r = self.pool[index].1.rows;
         let wd = Widths::new(&self.cfg, &self.mp);
-        let shape = AttentionShape { batch: r.sub_batch, seq: r.seq, heads: wd.heads, head_dim: self.cfg.head_dim() };
+        let shape = AttentionShape::new(r.sub_batch, r.seq, wd.heads, self.cfg.head_dim());
         Dims { rows: r, shape, wd, precision: self.precision }
     }
 
