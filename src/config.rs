@@ -4,7 +4,7 @@
 use crate::cli::Args;
 use crate::data::tokenizer::ByteTokenizer;
 use crate::error::{Error, Result};
-use crate::model::GptConfig;
+use crate::model::{Arch, GptConfig};
 use crate::optim::lr::{DecayStyle, LrSchedule};
 use crate::optim::AdamWConfig;
 use std::path::PathBuf;
@@ -15,6 +15,11 @@ pub struct Preset {
     pub num_layers: usize,
     pub hidden_size: usize,
     pub num_attention_heads: usize,
+    /// None: 4 x hidden (GELU), or Megatron's SwiGLU default.
+    pub ffn_hidden_size: Option<usize>,
+    /// None: the byte tokenizer's 257.
+    pub vocab_size: Option<usize>,
+    pub arch: Arch,
     pub seq_length: usize,
     pub max_position_embeddings: usize,
     pub micro_batch_size: usize,
@@ -34,6 +39,9 @@ const TINY: Preset = Preset {
     num_layers: 4,
     hidden_size: 128,
     num_attention_heads: 4,
+    ffn_hidden_size: None,
+    vocab_size: None,
+    arch: Arch::GPT2,
     seq_length: 128,
     max_position_embeddings: 128,
     micro_batch_size: 16,
@@ -54,6 +62,9 @@ const GPT2_124M: Preset = Preset {
     num_layers: 12,
     hidden_size: 768,
     num_attention_heads: 12,
+    ffn_hidden_size: None,
+    vocab_size: None,
+    arch: Arch::GPT2,
     seq_length: 1024,
     max_position_embeddings: 1024,
     micro_batch_size: 1,
@@ -98,7 +109,54 @@ pub const PRESETS: &[Preset] = &[
         min_lr: 2e-5,
         ..GPT2_124M
     },
+    LLAMA_TINY,
+    // A Llama with GPT-2 124M's sizes (12 x 768, 12 heads in 4 groups, the SwiGLU width of a
+    // 4 x 768 GELU MLP's weights): the CPU step compared with gpt2-124m's.
+    Preset {
+        name: "llama-124m",
+        ffn_hidden_size: Some(2048),
+        arch: Arch { num_query_groups: Some(4), ..Arch::LLAMA },
+        ..GPT2_124M
+    },
+    LLAMA3_8B,
+    Preset {
+        name: "llama3-70b",
+        num_layers: 80,
+        hidden_size: 8192,
+        num_attention_heads: 64,
+        ffn_hidden_size: Some(28672),
+        lr: 1.5e-4,
+        min_lr: 1.5e-5,
+        ..LLAMA3_8B
+    },
 ];
+
+/// Llama 3's shapes (8B and 70B: grouped-query attention over 8 key/value heads, SwiGLU,
+/// rotary positions with base 500000, a 128256-token vocabulary, 8192 positions), with the GPT-2
+/// sizes' short recipe, for `plan`, the benchmarks and continued training.
+const LLAMA3_8B: Preset = Preset {
+    name: "llama3-8b",
+    num_layers: 32,
+    hidden_size: 4096,
+    num_attention_heads: 32,
+    ffn_hidden_size: Some(14336),
+    vocab_size: Some(128256),
+    arch: Arch { num_query_groups: Some(8), rotary_base: 500000.0, ..Arch::LLAMA },
+    seq_length: 8192,
+    max_position_embeddings: 8192,
+    lr: 3e-4,
+    min_lr: 3e-5,
+    ..GPT2_124M
+};
+
+/// The small Llamas train on a CPU like tiny and small: grouped-query attention with 2 heads per
+/// key/value head, SwiGLU, rotary positions, untied output layer, no linear biases.
+const LLAMA_TINY: Preset = Preset {
+    name: "llama-tiny",
+    ffn_hidden_size: Some(352),
+    arch: Arch { num_query_groups: Some(2), ..Arch::LLAMA },
+    ..TINY
+};
 
 pub fn preset(name: &str) -> Result<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
@@ -190,6 +248,14 @@ impl TrainConfig {
         reject_unbuilt(args)?;
         let p = preset(args.str("--preset").unwrap_or("tiny"))?;
         let (model, seq_length) = model_shape(args, p)?;
+        let features = model.arch.features();
+        if let (Some(d @ ("cuda" | "hip")), false) = (args.str("--device"), features.is_empty()) {
+            return Err(Error::Unsupported(format!(
+                "--device {d} with {}: the GPU kernels of the Llama-family ops are not built yet; train this model \
+                 with --device cpu",
+                features.join(", ")
+            )));
+        }
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
         let (train_iters, lr) = lr_schedule(args, p)?;
         let adam = adam(args)?;
@@ -275,6 +341,7 @@ impl TrainConfig {
 /// the model's own rules (`GptConfig::validate`), a padded vocabulary that holds the byte
 /// tokenizer's ids, and a sequence that fits the position table.
 fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
+    let arch = architecture(args, p)?;
     let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
     let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
     let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
@@ -284,7 +351,7 @@ fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
     if divisible_by == 0 {
         return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
     }
-    let vocab = args.usize("--vocab-size")?.unwrap_or(ByteTokenizer::VOCAB_SIZE);
+    let vocab = args.usize("--vocab-size")?.or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE);
     if vocab < ByteTokenizer::VOCAB_SIZE {
         return Err(Error::flag(
             "--vocab-size",
@@ -296,11 +363,19 @@ fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
         num_layers,
         hidden_size,
         num_attention_heads: heads,
-        ffn_hidden_size: args.usize("--ffn-hidden-size")?.unwrap_or(4 * hidden_size),
+        ffn_hidden_size: match (args.usize("--ffn-hidden-size")?, p.ffn_hidden_size) {
+            (Some(f), _) => f,
+            // A flag that changes the hidden size (or turns SwiGLU on) takes Megatron's default.
+            (None, Some(f)) if !args.has("--hidden-size") && (arch.swiglu || !args.has("--swiglu")) => f,
+            // Megatron's SwiGLU default: two thirds of 4 h, rounded down to a multiple of 64.
+            _ if arch.swiglu => 4 * hidden_size * 2 / 3 / 64 * 64,
+            _ => 4 * hidden_size,
+        },
         max_position_embeddings: max_pos,
         vocab_size: vocab,
         padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by),
         init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
+        arch,
     };
     model.validate()?;
     if seq_length == 0 {
@@ -310,6 +385,50 @@ fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
         return Err(Error::Config(format!("--seq-length {seq_length} is above --max-position-embeddings {max_pos}")));
     }
     Ok((model, seq_length))
+}
+
+/// The preset's architecture with Megatron's architecture flags applied: each turns a
+/// Llama-family feature on or names the choice (`--normalization`, `--position-embedding-type`).
+fn architecture(args: &Args, p: &Preset) -> Result<Arch> {
+    let mut a = p.arch.clone();
+    if let Some(n) = args.str("--normalization") {
+        a.normalization = Arch::parse_normalization(n)?;
+    }
+    if let Some(e) = args.f64("--norm-epsilon")? {
+        a.norm_epsilon = e;
+    }
+    if let Some(t) = args.str("--position-embedding-type") {
+        a.position_embedding = Arch::parse_position(t)?;
+    }
+    a.rotary_base = args.f64("--rotary-base")?.unwrap_or(a.rotary_base);
+    a.rotary_percent = args.f64("--rotary-percent")?.unwrap_or(a.rotary_percent);
+    a.rope_scaling |= args.has("--use-rope-scaling");
+    a.swiglu |= args.has("--swiglu");
+    a.untie_embeddings |= args.has("--untie-embeddings-and-output-weights");
+    a.add_bias_linear &= !args.has("--disable-bias-linear");
+    if args.has("--group-query-attention") {
+        // Megatron's default is one group (multi-query attention).
+        a.num_query_groups = Some(args.usize("--num-query-groups")?.unwrap_or(1));
+    } else if args.has("--num-query-groups") {
+        return Err(Error::Usage("--num-query-groups needs --group-query-attention (as in Megatron)".into()));
+    }
+    if let Some(k) = args.usize("--kv-channels")? {
+        a.kv_channels = Some(k);
+    }
+    let rope_flags = ["--rotary-base", "--rotary-percent", "--use-rope-scaling"];
+    if a.position_embedding != crate::model::PositionEmbedding::Rope {
+        if let Some(f) = rope_flags.iter().find(|f| args.has(f)) {
+            return Err(Error::Usage(format!("{f} needs --position-embedding-type rope")));
+        }
+    }
+    if a.normalization == crate::model::Normalization::LayerNorm && a.norm_epsilon != Arch::GPT2.norm_epsilon {
+        return Err(Error::Unsupported(format!(
+            "--norm-epsilon {} with LayerNorm: the LayerNorm kernels are built for Megatron's default 1e-5 (RMSNorm \
+             takes any epsilon)",
+            a.norm_epsilon
+        )));
+    }
+    Ok(a)
 }
 
 /// The micro-batch and global batch sizes: both at least 1, the global a multiple of the micro.

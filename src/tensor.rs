@@ -14,12 +14,15 @@ pub enum Init {
 }
 
 /// How a tensor-parallel parameter is split: along `dim` of its full shape into `parts` equal
-/// contiguous pieces, of which this rank holds piece `rank`.
+/// contiguous pieces, of which this rank holds piece `rank`; or, with `chunks` > 1, the dimension
+/// is first cut into `chunks` equal blocks and each block split so (SwiGLU's fc1: every rank
+/// holds its share of the gate rows, then of the up rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Partition {
     pub dim: usize,
     pub rank: usize,
     pub parts: usize,
+    pub chunks: usize,
 }
 
 /// What the model and optimizer know about a parameter besides its storage.
@@ -60,13 +63,26 @@ impl ParamInfo {
 
     /// A parameter split along `dim` over `parts` ranks, of which this is `rank`.
     pub fn split(name: String, full_shape: Vec<usize>, init: Init, dim: usize, rank: usize, parts: usize) -> ParamInfo {
+        ParamInfo::split_chunks(name, full_shape, init, dim, (rank, parts), 1)
+    }
+
+    /// A parameter whose dimension `dim` is `chunks` blocks, each split over `parts` ranks
+    /// (`Partition`); this rank's shard holds its piece of every block, in block order.
+    pub fn split_chunks(
+        name: String,
+        full_shape: Vec<usize>,
+        init: Init,
+        dim: usize,
+        (rank, parts): (usize, usize),
+        chunks: usize,
+    ) -> ParamInfo {
         let mut shape = full_shape.clone();
         assert!(
-            shape[dim].is_multiple_of(parts),
-            "{name}: dimension {dim} of {full_shape:?} does not split {parts} ways"
+            shape[dim].is_multiple_of(parts * chunks),
+            "{name}: dimension {dim} of {full_shape:?} does not split {parts} ways in {chunks} blocks"
         );
         shape[dim] /= parts;
-        let partition = (parts > 1).then_some(Partition { dim, rank, parts });
+        let partition = (parts > 1).then_some(Partition { dim, rank, parts, chunks });
         ParamInfo {
             name,
             shape,
@@ -96,7 +112,7 @@ impl ParamInfo {
             info.full_shape
         );
         info.shape[1] /= p1;
-        info.partition2 = (p1 > 1).then_some(Partition { dim: 1, rank: r1, parts: p1 });
+        info.partition2 = (p1 > 1).then_some(Partition { dim: 1, rank: r1, parts: p1, chunks: 1 });
         info
     }
 
@@ -113,7 +129,10 @@ impl ParamInfo {
                 let inner: usize = self.shape[p.dim + 1..].iter().product();
                 let (outer, rest) = (local / (self.shape[p.dim] * inner), local % (self.shape[p.dim] * inner));
                 let (coord, inner_index) = (rest / inner, rest % inner);
-                let global_coord = p.rank * self.shape[p.dim] + coord;
+                // The piece of block `coord / per_block` this rank holds.
+                let per_block = self.shape[p.dim] / p.chunks;
+                let (block, within) = (coord / per_block, coord % per_block);
+                let global_coord = block * per_block * p.parts + p.rank * per_block + within;
                 (outer * self.full_shape[p.dim] + global_coord) * inner + inner_index
             }
             (p0, p1) => {

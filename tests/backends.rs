@@ -177,11 +177,11 @@ fn layernorm_matches_reference() {
 #[test]
 fn attention_matches_reference() {
     for shape in [
-        AttentionShape { batch: 1, seq: 1, heads: 1, head_dim: 4 },
-        AttentionShape { batch: 3, seq: 17, heads: 2, head_dim: 8 },
-        AttentionShape { batch: 2, seq: 64, heads: 4, head_dim: 32 },
+        AttentionShape::new(1, 1, 1, 4),
+        AttentionShape::new(3, 17, 2, 8),
+        AttentionShape::new(2, 64, 4, 32),
         // Several query tiles of the CPU kernel (128 queries each), the last one ragged.
-        AttentionShape { batch: 2, seq: 300, heads: 2, head_dim: 24 },
+        AttentionShape::new(2, 300, 2, 24),
     ] {
         let inputs =
             vec![random(3 * shape.rows() * shape.width(), "qkv", 1.0), random(shape.rows() * shape.width(), "dy", 1.0)];
@@ -218,6 +218,7 @@ fn small_config() -> GptConfig {
         vocab_size: 257,
         padded_vocab_size: 384,
         init_method_std: 0.02,
+        arch: trident::model::Arch::GPT2,
     }
 }
 

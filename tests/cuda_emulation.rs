@@ -102,7 +102,7 @@ fn gemm_grouped_tile_order_covers_every_tile() {
 #[test]
 fn attention_pipeline_many_tiles_ragged() {
     for (batch, seq, heads, head_dim) in [(2, 300, 2, 64), (2, 203, 2, 128), (2, 457, 2, 32)] {
-        let shape = AttentionShape { batch, seq, heads, head_dim };
+        let shape = AttentionShape::new(batch, seq, heads, head_dim);
         emu_cases::attention_forward_shape(&CUDA, shape, 0);
         emu_cases::attention_backward_shape(&CUDA, shape);
     }

@@ -99,7 +99,7 @@ fn gelu_backward_matches_finite_differences() {
 #[test]
 fn attention_backward_matches_finite_differences() {
     let dev = ReferenceDevice;
-    let shape = AttentionShape { batch: 2, seq: 5, heads: 2, head_dim: 3 };
+    let shape = AttentionShape::new(2, 5, 2, 3);
     let (rows, width) = (shape.rows(), shape.width());
     let mut qkv = random(rows * 3 * width, "qkv", 1.0);
     let r = random(rows * width, "r", 1.0);
@@ -118,7 +118,7 @@ fn attention_backward_matches_finite_differences() {
 fn attention_is_causal() {
     // Changing the last token's q, k and v must not change any earlier position's output.
     let dev = ReferenceDevice;
-    let shape = AttentionShape { batch: 1, seq: 4, heads: 2, head_dim: 2 };
+    let shape = AttentionShape::new(1, 4, 2, 2);
     let mut qkv = random(shape.rows() * 3 * shape.width(), "qkv", 1.0);
     let run = |qkv: &Vec<f64>| {
         let (mut out, mut lse) = (vec![0.0; shape.rows() * shape.width()], vec![0.0; shape.rows() * shape.heads]);
@@ -191,6 +191,7 @@ pub fn tiny_config() -> GptConfig {
         vocab_size: 11,
         padded_vocab_size: 16,
         init_method_std: 0.3,
+        arch: trident::model::Arch::GPT2,
     }
 }
 
@@ -238,7 +239,7 @@ fn whole_model_backward_matches_finite_differences() {
 fn attention_forward_matches_the_textbook_formula() {
     // softmax(q k^T / sqrt(d)) v with a causal mask, written out directly, against the kernel.
     let dev = ReferenceDevice;
-    let shape = AttentionShape { batch: 2, seq: 37, heads: 3, head_dim: 5 };
+    let shape = AttentionShape::new(2, 37, 3, 5);
     let (rows, width, d) = (shape.rows(), shape.width(), shape.head_dim);
     let qkv = random(rows * 3 * width, "qkv", 1.5);
     let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);

@@ -364,8 +364,15 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
 
 /// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`.
 pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
     let cfg = &full.model;
+    let features = cfg.arch.features();
+    if !features.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "exporting a model with {} to Hugging Face: only GPT2LMHeadModel is written so far",
+            features.join(", ")
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
     let params: BTreeMap<String, Vec<f32>> =
         full.tensors.iter().filter_map(|(k, v)| k.strip_prefix("param/").map(|n| (n.to_string(), v.clone()))).collect();
     write_safetensors(&dir.join("model.safetensors"), &to_hf(cfg, &params))?;
@@ -411,6 +418,7 @@ pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> 
         vocab_size: config.get("trident_unpadded_vocab_size").and_then(Json::as_usize).unwrap_or(vocab),
         padded_vocab_size: vocab,
         init_method_std: 0.02,
+        arch: crate::model::Arch::GPT2,
     };
     cfg.validate()?;
     let st_path = dir.join("model.safetensors");

@@ -4,12 +4,12 @@
 
 use super::Shard;
 use crate::error::Result;
-use crate::model::GptConfig;
+use crate::model::{Arch, GptConfig};
 use std::path::Path;
 
 /// The model shape as checkpoint metadata.
 pub fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
-    vec![
+    let mut out = vec![
         ("num_layers", m.num_layers.to_string()),
         ("hidden_size", m.hidden_size.to_string()),
         ("num_attention_heads", m.num_attention_heads.to_string()),
@@ -17,7 +17,10 @@ pub fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
         ("max_position_embeddings", m.max_position_embeddings.to_string()),
         ("vocab_size", m.vocab_size.to_string()),
         ("padded_vocab_size", m.padded_vocab_size.to_string()),
-    ]
+    ];
+    // The architecture's keys where it differs from GPT-2's (absent keys read back as GPT-2).
+    out.extend(m.arch.metadata());
+    out
 }
 
 /// The model shape recorded in a checkpoint.
@@ -31,5 +34,7 @@ pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
         vocab_size: shard.meta_value(path, "vocab_size")?,
         padded_vocab_size: shard.meta_value(path, "padded_vocab_size")?,
         init_method_std: 0.02,
+        arch: Arch::from_metadata(&|key| shard.meta.get(key).cloned())
+            .map_err(|e| crate::error::Error::format(path, e.to_string()))?,
     })
 }

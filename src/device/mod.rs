@@ -442,7 +442,7 @@ pub trait Device: Send + Sync {
         n: usize,
     );
     /// A row-parallel linear layer without a reduction (one tensor-parallel rank) that writes
-    /// back into the residual stream: `out = resid + inp · weightᵀ + bias`, with `tmp` [rows, n]
+    /// back into the residual stream: `out = resid + inp · weightᵀ (+ bias)`, with `tmp` [rows, n]
     /// as scratch. The default is the sequence the reduced layer runs (`linear_forward` into
     /// `tmp`, `add`, `add_bias`); a device may fuse it into one GEMM epilogue.
     #[allow(clippy::too_many_arguments)]
@@ -451,7 +451,7 @@ pub trait Device: Send + Sync {
         out: &mut Self::Buf,
         resid: &Self::Buf,
         inp: &Self::Buf,
-        (weight, bias): (&Self::Buf, &Self::Buf),
+        (weight, bias): (&Self::Buf, Option<&Self::Buf>),
         tmp: &mut Self::Buf,
         rows: usize,
         k: usize,
@@ -459,7 +459,9 @@ pub trait Device: Send + Sync {
     ) {
         self.linear_forward(tmp, inp, weight, None, rows, k, n);
         self.add(out, resid, tmp);
-        self.add_bias(out, bias, rows, n);
+        if let Some(bias) = bias {
+            self.add_bias(out, bias, rows, n);
+        }
     }
     /// `dinp = dout · weight` (overwrite, skipped when None), `dweight += doutᵀ · inp`,
     /// `dbias += Σ_rows dout`.

@@ -423,7 +423,7 @@ impl Device for GpuDevice {
         out: &mut GpuBuf,
         resid: &GpuBuf,
         inp: &GpuBuf,
-        (weight, bias): (&GpuBuf, &GpuBuf),
+        (weight, bias): (&GpuBuf, Option<&GpuBuf>),
         _tmp: &mut GpuBuf,
         rows: usize,
         k: usize,
@@ -435,7 +435,7 @@ impl Device for GpuDevice {
         assert!(out.len == rows * n && resid.len == rows * n && weight.len >= n * k);
         // One GEMM: bias and residual in its epilogue.
         let (a, w) = (self.view(inp, self.half), self.view(weight, self.half));
-        self.gemm_forward(out, (&a, &w), Some(bias), Some(resid), (rows, k, n));
+        self.gemm_forward(out, (&a, &w), bias, Some(resid), (rows, k, n));
     }
     fn linear_backward(
         &self,

@@ -1,7 +1,10 @@
 //! The GPT-2 model on one device: its configuration, its parameters (Megatron's names and
 //! initialisation), and the hand-written forward and backward passes in `gpt/`.
 
+pub mod arch;
 pub mod gpt;
+
+pub use arch::{Arch, Normalization, PositionEmbedding};
 
 pub use gpt::Gpt;
 
@@ -98,6 +101,8 @@ pub struct GptConfig {
     pub vocab_size: usize,
     pub padded_vocab_size: usize,
     pub init_method_std: f64,
+    /// GPT-2's or a Llama-family architecture.
+    pub arch: Arch,
 }
 
 impl GptConfig {
@@ -115,7 +120,7 @@ impl GptConfig {
                 return Err(Error::Config(format!("{flag} must be at least 1")));
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.arch.kv_channels.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(Error::Config(format!(
                 "--hidden-size {} is not divisible by --num-attention-heads {}",
                 self.hidden_size, self.num_attention_heads
@@ -127,11 +132,39 @@ impl GptConfig {
         if !(self.init_method_std > 0.0 && self.init_method_std.is_finite()) {
             return Err(Error::Config(format!("--init-method-std {} must be positive", self.init_method_std)));
         }
-        Ok(())
+        if self.arch.kv_channels == Some(0) {
+            return Err(Error::flag("--kv-channels", 0, "a positive whole number"));
+        }
+        self.arch.validate(self.num_attention_heads, self.head_dim())
     }
 
+    /// Dimensions per attention head: `--kv-channels`, else hidden size / heads.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.arch.kv_channels.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// Key/value heads: the query groups under grouped-query attention, else one per head.
+    pub fn kv_heads(&self) -> usize {
+        self.arch.num_query_groups.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Rows of the fused QKV weight: every query head, and a key and a value head per group.
+    pub fn qkv_rows(&self) -> usize {
+        (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
+    }
+
+    /// Width of the attention output (the projection's input): heads x head dimension.
+    pub fn attention_width(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    /// Rows of fc1's weight: the MLP width, twice it under SwiGLU (gate, then up).
+    pub fn fc1_rows(&self) -> usize {
+        if self.arch.swiglu {
+            2 * self.ffn_hidden_size
+        } else {
+            self.ffn_hidden_size
+        }
     }
 
     /// Megatron's padding: the smallest multiple of `divisible_by` at or above `vocab`.
@@ -151,6 +184,13 @@ impl GptConfig {
             return Err(Error::Config(format!(
                 "--num-attention-heads {} is not divisible by {flag} {t}",
                 self.num_attention_heads
+            )));
+        }
+        if self.arch.num_query_groups.is_some() && !self.kv_heads().is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "--num-query-groups {} is not divisible by {flag} {t} (each rank holds whole query groups, as in \
+                 Megatron)",
+                self.kv_heads()
             )));
         }
         if !self.ffn_hidden_size.is_multiple_of(t) {
@@ -178,6 +218,14 @@ impl GptConfig {
     /// hidden and MLP widths by q² (LayerNorm and bias shards), the vocabulary and the position
     /// table by q (embedding blocks).
     fn validate_summa(&self, q: usize) -> Result<()> {
+        let features = self.arch.features();
+        if !features.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "2-D / 2.5-D tensor parallelism runs GPT-2's architecture only; this model has {}: use \
+                 --tensor-parallel-mode 1d",
+                features.join(", ")
+            )));
+        }
         let why = format!("which 2-D / 2.5-D tensor parallelism with a {q} x {q} grid needs");
         let checks = [
             ("--num-attention-heads", self.num_attention_heads, q, "q"),
@@ -214,53 +262,72 @@ impl GptConfig {
         if let Some(c) = mp.summa {
             return self.summa_chunk_parameters(c, plan);
         }
-        let h = self.hidden_size;
-        let f = self.ffn_hidden_size;
+        let (h, f, aw) = (self.hidden_size, self.ffn_hidden_size, self.attention_width());
         let std = self.init_method_std;
         let scaled = std / (2.0 * self.num_layers as f64).sqrt();
         let (t, r) = (mp.tp_size, mp.tp_rank);
         let sp = mp.sequence_parallel && t > 1;
+        let arch = &self.arch;
         let rep = |name: String, shape: Vec<usize>, init: Init| ParamInfo::replicated(name, shape, init);
-        // LayerNorms and the position embedding see only this rank's sequence shard under SP.
+        // Norms and the position embedding see only this rank's sequence shard under SP.
         let rep_sp =
             |name: String, shape: Vec<usize>, init: Init| ParamInfo { sequence_parallel: sp, ..rep(name, shape, init) };
         let split =
             |name: String, shape: Vec<usize>, init: Init, dim: usize| ParamInfo::split(name, shape, init, dim, r, t);
-        let word = || {
-            split("embedding.word_embeddings.weight".into(), vec![self.padded_vocab_size, h], Init::Normal { std }, 0)
+        // SwiGLU's fc1 rows are the gate's then the up projection's: each rank holds its share of both.
+        let fc1_chunks = if arch.swiglu { 2 } else { 1 };
+        let fc1 = |name: String, shape: Vec<usize>, init: Init| {
+            ParamInfo::split_chunks(name, shape, init, 0, (r, t), fc1_chunks)
         };
+        let vocab = |name: &str| split(name.into(), vec![self.padded_vocab_size, h], Init::Normal { std }, 0);
+        let bias = arch.add_bias_linear;
+        let norm_bias = arch.normalization == Normalization::LayerNorm;
+        let zero = Init::Constant(0.0);
         let mut out = Vec::new();
         if plan.first {
-            out.push(word());
-            out.push(rep_sp(
-                "embedding.position_embeddings.weight".into(),
-                vec![self.max_position_embeddings, h],
-                Init::Normal { std },
-            ));
+            out.push(vocab("embedding.word_embeddings.weight"));
+            if arch.position_embedding == PositionEmbedding::LearnedAbsolute {
+                let shape = vec![self.max_position_embeddings, h];
+                out.push(rep_sp("embedding.position_embeddings.weight".into(), shape, Init::Normal { std }));
+            }
         }
         for l in plan.layers.clone() {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");
-            out.extend([
-                rep_sp(n("input_layernorm.weight"), vec![h], Init::Constant(1.0)),
-                rep_sp(n("input_layernorm.bias"), vec![h], Init::Constant(0.0)),
-                split(n("self_attention.linear_qkv.weight"), vec![3 * h, h], Init::Normal { std }, 0),
-                split(n("self_attention.linear_qkv.bias"), vec![3 * h], Init::Constant(0.0), 0),
-                split(n("self_attention.linear_proj.weight"), vec![h, h], Init::Normal { std: scaled }, 1),
-                rep(n("self_attention.linear_proj.bias"), vec![h], Init::Constant(0.0)),
-                rep_sp(n("pre_mlp_layernorm.weight"), vec![h], Init::Constant(1.0)),
-                rep_sp(n("pre_mlp_layernorm.bias"), vec![h], Init::Constant(0.0)),
-                split(n("mlp.linear_fc1.weight"), vec![f, h], Init::Normal { std }, 0),
-                split(n("mlp.linear_fc1.bias"), vec![f], Init::Constant(0.0), 0),
-                split(n("mlp.linear_fc2.weight"), vec![h, f], Init::Normal { std: scaled }, 1),
-                rep(n("mlp.linear_fc2.bias"), vec![h], Init::Constant(0.0)),
-            ]);
+            let norm = |out: &mut Vec<ParamInfo>, name: &str| {
+                out.push(rep_sp(n(&format!("{name}.weight")), vec![h], Init::Constant(1.0)));
+                if norm_bias {
+                    out.push(rep_sp(n(&format!("{name}.bias")), vec![h], zero));
+                }
+            };
+            norm(&mut out, "input_layernorm");
+            out.push(split(n("self_attention.linear_qkv.weight"), vec![self.qkv_rows(), h], Init::Normal { std }, 0));
+            if bias {
+                out.push(split(n("self_attention.linear_qkv.bias"), vec![self.qkv_rows()], zero, 0));
+            }
+            out.push(split(n("self_attention.linear_proj.weight"), vec![h, aw], Init::Normal { std: scaled }, 1));
+            if bias {
+                out.push(rep(n("self_attention.linear_proj.bias"), vec![h], zero));
+            }
+            norm(&mut out, "pre_mlp_layernorm");
+            out.push(fc1(n("mlp.linear_fc1.weight"), vec![self.fc1_rows(), h], Init::Normal { std }));
+            if bias {
+                out.push(fc1(n("mlp.linear_fc1.bias"), vec![self.fc1_rows()], zero));
+            }
+            out.push(split(n("mlp.linear_fc2.weight"), vec![h, f], Init::Normal { std: scaled }, 1));
+            if bias {
+                out.push(rep(n("mlp.linear_fc2.bias"), vec![h], zero));
+            }
         }
         if plan.last {
             out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
-            out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], Init::Constant(0.0)));
-            if !plan.first {
+            if norm_bias {
+                out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], zero));
+            }
+            if arch.untie_embeddings {
+                out.push(vocab("output_layer.weight"));
+            } else if !plan.first {
                 // Same name, so the same initial values as the first stage's embedding.
-                out.push(ParamInfo { tied_copy: true, ..word() });
+                out.push(ParamInfo { tied_copy: true, ..vocab("embedding.word_embeddings.weight") });
             }
         }
         out
@@ -327,8 +394,18 @@ impl GptConfig {
     }
 
     /// Model FLOPs of one iteration over `samples` sequences of length `seq` (Narayanan et al.
-    /// 2021, no recompute): 72 B s l h² (1 + s/(6h) + V/(12 l h)).
+    /// 2021, no recompute): 72 B s l h² (1 + s/(6h) + V/(12 l h)) for GPT-2; for other
+    /// architectures the same count term by term: three passes of 2 FLOPs per weight per token
+    /// (QKV with its key/value groups, projection, fc1 with SwiGLU's gate, fc2, the logits), and
+    /// 4 s a per token per layer for the attention scores and values (a = heads x head dim).
     pub fn flops_per_iteration(&self, samples: usize, seq: usize) -> f64 {
+        if !self.arch.features().is_empty() {
+            let (h, f, aw) = (self.hidden_size as f64, self.ffn_hidden_size as f64, self.attention_width() as f64);
+            let weights = h * self.qkv_rows() as f64 + aw * h + h * self.fc1_rows() as f64 + f * h;
+            let per_token_layer = 2.0 * weights + 4.0 * seq as f64 * aw;
+            let per_token = self.num_layers as f64 * per_token_layer + 2.0 * h * self.padded_vocab_size as f64;
+            return 3.0 * (samples * seq) as f64 * per_token;
+        }
         let (b, s, l, h, v) = (
             samples as f64,
             seq as f64,

@@ -5,6 +5,7 @@
 
 use super::chunk::{Chunk, Optimizer};
 use crate::checkpoint::shape::{model_from_shard, model_meta};
+use std::collections::BTreeMap;
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::config::TrainConfig;
 use crate::device::Device;
@@ -157,11 +158,20 @@ pub(super) fn load_checkpoint<D: Device>(
         )));
     }
     let ours = &chunks[0].model.cfg;
-    let mismatches: Vec<String> = model_meta(&saved)
+    // Keys by name: the architecture's are present only where it differs from GPT-2's.
+    let (theirs, mine): (BTreeMap<_, _>, BTreeMap<_, _>) =
+        (model_meta(&saved).into_iter().collect(), model_meta(ours).into_iter().collect());
+    let unset = || "GPT-2's default".to_string();
+    let mismatches: Vec<String> = theirs
+        .keys()
+        .chain(mine.keys())
+        .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
-        .zip(model_meta(ours))
-        .filter(|(a, b)| a.1 != b.1)
-        .map(|(a, b)| format!("{} is {} in the checkpoint but {} here", a.0, a.1, b.1))
+        .filter(|k| theirs.get(*k) != mine.get(*k))
+        .map(|k| {
+            let (a, b) = (theirs.get(k).cloned().unwrap_or_else(unset), mine.get(k).cloned().unwrap_or_else(unset));
+            format!("{k} is {a} in the checkpoint but {b} here")
+        })
         .collect();
     if !mismatches.is_empty() {
         return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));

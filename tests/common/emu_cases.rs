@@ -730,13 +730,13 @@ pub fn attention_forward_causal(v: &Vendor) {
         shapes.extend([(2, 45, 2, 64, 1), (2, 45, 2, 32, 1)]);
     }
     for (batch, seq, heads, head_dim, offset) in shapes {
-        attention_forward_shape(v, AttentionShape { batch, seq, heads, head_dim }, offset);
+        attention_forward_shape(v, AttentionShape::new(batch, seq, heads, head_dim), offset);
     }
 }
 
 /// The forward on one shape, qkv `offset` elements into its buffer, against the reference.
 pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize) {
-    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
     let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
     let case = v.case(&name);
     let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
@@ -763,13 +763,13 @@ pub fn attention_backward_causal(v: &Vendor) {
         (2, 37, 3, 32),
         (2, 100, 2, 32),
     ] {
-        attention_backward_shape(v, AttentionShape { batch, seq, heads, head_dim });
+        attention_backward_shape(v, AttentionShape::new(batch, seq, heads, head_dim));
     }
 }
 
 /// The backward on one shape against the reference.
 pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
-    let AttentionShape { batch, seq, heads, head_dim } = shape;
+    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
     let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
     let case = v.case(&name);
     let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);

@@ -850,7 +850,7 @@ fn layer_chain<D: Device>(
     weight: &dyn Fn(usize, &[f32]) -> D::Buf,
 ) -> Vec<(&'static str, Vec<f32>)> {
     use trident::device::AttentionShape;
-    let shape = AttentionShape { batch: 2, seq: 19, heads: 1, head_dim: 64 };
+    let shape = AttentionShape::new(2, 19, 1, 64);
     let (m, h) = (shape.rows(), shape.width());
     let data = |n: usize, seed: u64, scale: f32| -> Vec<f32> {
         trident::rng::fill(n, seed).iter().map(|x| trident::real::Precision::Bf16.round(x * scale)).collect()
@@ -872,7 +872,7 @@ fn layer_chain<D: Device>(
     let (mut att, mut lse) = (zeros(m * h), dev.alloc(m));
     dev.attention_forward(&mut att, &mut lse, &qkv, shape);
     let (mut y, mut tmp) = (zeros(m * h), dev.alloc(m * h));
-    dev.linear_residual_forward(&mut y, &x, &att, (&wproj, &bproj), &mut tmp, m, h, h);
+    dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, m, h, h);
     let mut g = zeros(m * h);
     dev.gelu_forward(&mut g, &y);
     let dy = act(m * h, &data(m * h, 8, 1.0));

@@ -275,6 +275,7 @@ impl StepModel {
             vocab_size: f.vocab,
             padded_vocab_size: GptConfig::pad_vocab(f.vocab, 128),
             init_method_std: 0.02,
+            arch: crate::model::Arch::GPT2,
         };
         cfg.validate()?;
         let overrides: String = [(f.num_layers, 'L'), (f.hidden_size, 'h'), (f.num_attention_heads, 'a')]

@@ -4,7 +4,7 @@
 //! backward reuses layer after layer.
 
 use crate::device::Device;
-use crate::model::{ChunkPlan, GptConfig, ModelParallel, Recompute};
+use crate::model::{ChunkPlan, GptConfig, ModelParallel, Normalization, Recompute};
 use crate::real::Precision;
 
 /// Row counts of one micro-batch on this rank.
@@ -38,58 +38,73 @@ impl Rows {
     }
 }
 
-/// Widths of one rank's activations: the residual stream (`h`, or `h/q` under SUMMA), the
-/// attention core and QKV block (`h/t` or `h/q`), the MLP (`f/t`, `f/q`), the logits (`V/t`,
-/// `V/q`), and the heads this rank computes.
+/// Widths of one rank's activations: the residual stream (`h`, or `h/q` under SUMMA), the whole
+/// product widths the parallel linear layers divide (`attn` heads x head dim, `qkv` rows, `fc1`
+/// rows, the MLP's `f`), this rank's attention output (`al`), QKV block (`ql`), fc1 output
+/// (`f1l`), MLP activation (`fl`) and logits (`vl`), and the query and key/value heads this rank
+/// computes.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Widths {
     pub(super) h: usize,
     pub(super) f: usize,
+    pub(super) attn: usize,
+    pub(super) qkv: usize,
+    pub(super) fc1: usize,
     pub(super) hr: usize,
-    pub(super) hl: usize,
+    pub(super) al: usize,
+    pub(super) ql: usize,
+    pub(super) f1l: usize,
     pub(super) fl: usize,
     pub(super) vl: usize,
     pub(super) heads: usize,
+    pub(super) kv_heads: usize,
 }
 
 impl Widths {
     pub(super) fn new(cfg: &GptConfig, mp: &ModelParallel) -> Widths {
         let s = mp.feature_split();
         let h = cfg.hidden_size;
+        let (attn, qkv, fc1) = (cfg.attention_width(), cfg.qkv_rows(), cfg.fc1_rows());
         Widths {
             h,
             f: cfg.ffn_hidden_size,
+            attn,
+            qkv,
+            fc1,
             hr: if mp.summa.is_some() { h / s } else { h },
-            hl: h / s,
+            al: attn / s,
+            ql: qkv / s,
+            f1l: fc1 / s,
             fl: cfg.ffn_hidden_size / s,
             vl: cfg.padded_vocab_size / s,
             heads: cfg.num_attention_heads / s,
+            kv_heads: cfg.kv_heads() / s,
         }
     }
 }
 
-/// A LayerNorm's output on this rank's rows with its per-row mean and reciprocal std, and under
-/// sequence parallelism the output all-gathered to all rows (`full`).
+/// A norm's output on this rank's rows with its per-row mean (LayerNorm's; RMSNorm has none)
+/// and reciprocal std, and under sequence parallelism the output all-gathered to all rows (`full`).
 pub(super) struct LnActs<B> {
     pub(super) out: B,
-    pub(super) mean: B,
+    pub(super) mean: Option<B>,
     pub(super) rstd: B,
     pub(super) full: Option<B>,
 }
 
 impl<B> LnActs<B> {
-    /// The buffers of a LayerNorm over `rows` rows of width `h`, of which this rank holds `local`:
-    /// the output in `precision` storage (`Device::alloc_in`), the statistics in f32.
+    /// The buffers of a norm (`cfg`'s) over `rows` rows of width `h`, of which this rank holds
+    /// `local`: the output in `precision` storage (`Device::alloc_in`), the statistics in f32.
     fn new<D: Device<Buf = B>>(
         dev: &D,
-        (rows, local): (usize, usize),
+        (cfg, rows, local): (&GptConfig, usize, usize),
         h: usize,
         sequence_parallel: bool,
         precision: Precision,
     ) -> Self {
         LnActs {
             out: dev.alloc_in(local * h, precision),
-            mean: dev.alloc(local),
+            mean: alloc_if(dev, cfg.arch.normalization == Normalization::LayerNorm, local),
             rstd: dev.alloc(local),
             full: sequence_parallel.then(|| dev.alloc_in(rows * h, precision)),
         }
@@ -98,7 +113,7 @@ impl<B> LnActs<B> {
     /// Bytes of the buffers.
     fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
         dev.bytes(&self.out)
-            + dev.bytes(&self.mean)
+            + self.mean.as_ref().map_or(0, |m| dev.bytes(m))
             + dev.bytes(&self.rstd)
             + self.full.as_ref().map_or(0, |f| dev.bytes(f))
     }
@@ -129,18 +144,18 @@ impl<B> LayerActs<B> {
         with_attention: bool,
     ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
-        let Widths { hr: h, hl, fl, heads, .. } = Widths::new(cfg, mp);
+        let Widths { hr: h, al, ql, f1l, fl, heads, .. } = Widths::new(cfg, mp);
         let (m, ml) = (rows.full, rows.local);
         let lse = rows.sub_batch * heads * rows.seq;
         let act = |len| dev.alloc_in(len, precision);
         LayerActs {
-            ln1: LnActs::new(dev, (m, ml), h, sp, precision),
-            qkv: act(m * 3 * hl),
-            attn: with_attention.then(|| act(m * hl)),
+            ln1: LnActs::new(dev, (cfg, m, ml), h, sp, precision),
+            qkv: act(m * ql),
+            attn: with_attention.then(|| act(m * al)),
             lse: alloc_if(dev, with_attention, lse),
             resid_mid: act(ml * h),
-            ln2: LnActs::new(dev, (m, ml), h, sp, precision),
-            fc1: act(m * fl),
+            ln2: LnActs::new(dev, (cfg, m, ml), h, sp, precision),
+            fc1: act(m * f1l),
             gelu: act(m * fl),
         }
     }
@@ -153,16 +168,15 @@ impl<B> LayerActs<B> {
     fn buffers(&self) -> Vec<(&B, bool)> {
         let mut out = vec![
             (&self.ln1.out, true),
-            (&self.ln1.mean, false),
             (&self.ln1.rstd, false),
             (&self.qkv, true),
             (&self.resid_mid, true),
             (&self.ln2.out, true),
-            (&self.ln2.mean, false),
             (&self.ln2.rstd, false),
             (&self.fc1, true),
             (&self.gelu, true),
         ];
+        out.extend(self.ln1.mean.iter().chain(&self.ln2.mean).map(|b| (b, false)));
         out.extend(self.ln1.full.iter().chain(&self.ln2.full).chain(&self.attn).map(|b| (b, true)));
         out.extend(self.lse.iter().map(|b| (b, false)));
         out
@@ -172,16 +186,15 @@ impl<B> LayerActs<B> {
     fn buffers_mut(&mut self) -> Vec<&mut B> {
         let mut out = vec![
             &mut self.ln1.out,
-            &mut self.ln1.mean,
             &mut self.ln1.rstd,
             &mut self.qkv,
             &mut self.resid_mid,
             &mut self.ln2.out,
-            &mut self.ln2.mean,
             &mut self.ln2.rstd,
             &mut self.fc1,
             &mut self.gelu,
         ];
+        out.extend(self.ln1.mean.iter_mut().chain(self.ln2.mean.iter_mut()));
         out.extend(self.ln1.full.iter_mut().chain(self.ln2.full.iter_mut()).chain(self.attn.iter_mut()));
         out.extend(self.lse.iter_mut());
         out
@@ -375,7 +388,7 @@ impl<D: Device> Activations<D> {
     ) -> Self {
         let sp = mp.sequence_parallel && mp.tp_size > 1;
         let rows = Rows::new(mp, batch, seq);
-        let Widths { hr: h, hl, fl, vl, .. } = Widths::new(cfg, mp);
+        let Widths { hr: h, al, ql, f1l, fl, vl, .. } = Widths::new(cfg, mp);
         let (m, ml) = (rows.full, rows.local);
         // The first chunk's embedding before its reduction: all rows under sequence parallelism;
         // under SUMMA the rows of every batch block of this depth layer (also the gather target
@@ -400,7 +413,7 @@ impl<D: Device> Activations<D> {
         // Reduced gradients of LayerNorm outputs are f32 unless one rank holds the whole sum.
         let unreduced = mp.tp_size == 1 && mp.summa.is_none();
         let head = plan.last.then(|| HeadActs {
-            lnf: LnActs::new(dev, (m, ml), h, sp, precision),
+            lnf: LnActs::new(dev, (cfg, m, ml), h, sp, precision),
             logits: dev.alloc_in(m * vl, logits_precision(precision)),
             targets: vec![0; m],
             ce_max: dev.scalars(m),
@@ -421,10 +434,10 @@ impl<D: Device> Activations<D> {
                 d_full: sp.then(|| act(m * h)),
                 d_h_full: if unreduced { act(m * h) } else { dev.alloc(m * h) },
                 d_h_local: alloc_if(dev, sp, ml * h),
-                d_attn: act(m * hl),
-                d_qkv: act(m * 3 * hl),
+                d_attn: act(m * al),
+                d_qkv: act(m * ql),
                 d_ffn: act(m * fl),
-                d_ffn2: act(m * fl),
+                d_ffn2: act(m * f1l),
             },
             compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
         }

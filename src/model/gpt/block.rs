@@ -1,38 +1,65 @@
-//! One transformer block (pre-LayerNorm, causal multi-head attention, GELU MLP) of one
+//! One transformer block (pre-norm: LayerNorm or RMSNorm; causal multi-head or grouped-query
+//! attention, with rotary positions where the model has them; GELU or SwiGLU MLP) of one
 //! micro-batch: its forward, the activations its backward reads (kept from forward, or rebuilt
 //! where recomputation or 16-bit storage dropped them), and its backward.
 
 use super::activations::{GradBufs, LayerActs, Rows, SpareAttention, SpareLayer, Stash, Widths};
 use super::tensor_parallel::Pass;
-use crate::device::{AttentionShape, Device};
+use crate::device::{AttentionShape, Device, Rotary};
+use crate::model::{Arch, Normalization};
 use crate::real::Precision;
 use crate::tensor::pair_mut;
 
-/// One op of a layer that has a weight and a bias: their offsets among the layer's parameters, in
-/// the canonical order of `GptConfig::parameters`.
-#[derive(Clone, Copy)]
+/// One op of a layer that has a weight and, in some architectures, a bias: their offsets among
+/// the layer's parameters, in the canonical order of `GptConfig::parameters`.
+#[derive(Clone, Copy, Debug)]
 struct Op {
     weight: usize,
-    bias: usize,
+    bias: Option<usize>,
 }
-
-const LN1: Op = Op { weight: 0, bias: 1 };
-const QKV: Op = Op { weight: 2, bias: 3 };
-const PROJ: Op = Op { weight: 4, bias: 5 };
-const LN2: Op = Op { weight: 6, bias: 7 };
-const FC1: Op = Op { weight: 8, bias: 9 };
-const FC2: Op = Op { weight: 10, bias: 11 };
-/// Parameters per layer.
-pub(super) const PER_LAYER: usize = 12;
 
 impl Op {
     /// The op's weight and bias gradients among the layer's `grads`.
-    fn grads<B>(self, grads: &mut [B]) -> (&mut B, &mut B) {
-        pair_mut(grads, self.weight, self.bias)
+    fn grads<B>(self, grads: &mut [B]) -> (&mut B, Option<&mut B>) {
+        match self.bias {
+            Some(b) => {
+                let (w, b) = pair_mut(grads, self.weight, b);
+                (w, Some(b))
+            }
+            None => (&mut grads[self.weight], None),
+        }
     }
 }
 
-/// The sizes one layer's forward and backward work with.
+/// Where each op's parameters sit among a layer's, for the model's architecture: the norms have
+/// a bias under LayerNorm, the linear layers unless `--disable-bias-linear`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LayerOps {
+    ln1: Op,
+    qkv: Op,
+    proj: Op,
+    ln2: Op,
+    fc1: Op,
+    fc2: Op,
+    /// Parameters per layer.
+    pub(super) count: usize,
+}
+
+impl LayerOps {
+    pub(super) fn new(arch: &Arch) -> LayerOps {
+        let mut next = 0;
+        let mut op = |bias: bool| {
+            let weight = next;
+            next += 1 + usize::from(bias);
+            Op { weight, bias: bias.then_some(weight + 1) }
+        };
+        let (norm_bias, bias) = (arch.normalization == Normalization::LayerNorm, arch.add_bias_linear);
+        let (ln1, qkv, proj, ln2, fc1, fc2) = (op(norm_bias), op(bias), op(bias), op(norm_bias), op(bias), op(bias));
+        LayerOps { ln1, qkv, proj, ln2, fc1, fc2, count: next }
+    }
+}
+
+/// The sizes one layer's forward and backward work with, and the architecture's choices.
 #[derive(Clone, Copy)]
 pub(super) struct Dims {
     pub(super) rows: Rows,
@@ -40,6 +67,10 @@ pub(super) struct Dims {
     pub(super) wd: Widths,
     /// Where activations are rounded to under mixed precision.
     pub(super) precision: Precision,
+    pub(super) ops: LayerOps,
+    pub(super) swiglu: bool,
+    /// Rotary positions (the table is the pass's `rope`).
+    pub(super) rotary: Option<Rotary>,
 }
 
 /// One transformer block's forward from `x_in`, saving what backward needs into `la` (and the
@@ -59,13 +90,17 @@ pub(super) fn layer_forward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    let Dims { rows: r, shape, wd, precision } = dims;
-    let (h, f, dev) = (wd.h, wd.f, p.dev);
-    let wb = |op: Op| (w(op.weight), w(op.bias));
-    p.ln_forward(&mut la.ln1, x_in, wb(LN1), r.local, h);
+    let Dims { rows: r, shape, wd, precision, ops, .. } = dims;
+    let (h, dev) = (wd.h, p.dev);
+    let wb = |op: Op| (w(op.weight), op.bias.map(w));
+    p.ln_forward(&mut la.ln1, x_in, wb(ops.ln1), r.local, h);
     dev.round_to(&mut la.ln1.out, precision);
-    p.linear_in_forward(&mut la.qkv, &mut la.ln1, wb(QKV), r, (h, 3 * h));
+    p.linear_in_forward(&mut la.qkv, &mut la.ln1, wb(ops.qkv), r, (h, wd.qkv));
     dev.round_to(&mut la.qkv, precision);
+    if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
+        dev.rope_forward(&mut la.qkv, table, shape, rotary);
+        dev.round_to(&mut la.qkv, precision);
+    }
     let (attn, lse) = match (&mut la.attn, &mut la.lse, attn_spare) {
         (Some(attn), Some(lse), _) => (attn, lse),
         (_, _, Some(spare)) => spare,
@@ -74,17 +109,21 @@ pub(super) fn layer_forward<'w, D: Device>(
     dev.attention_forward(attn, lse, &la.qkv, shape);
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
-    p.linear_out_forward(&mut la.resid_mid, x_in, attn, wb(PROJ), tmp, r, (h, h));
+    p.linear_out_forward(&mut la.resid_mid, x_in, attn, wb(ops.proj), tmp, r, (wd.attn, h));
     dev.round_to(&mut la.resid_mid, precision);
-    p.ln_forward(&mut la.ln2, &la.resid_mid, wb(LN2), r.local, h);
+    p.ln_forward(&mut la.ln2, &la.resid_mid, wb(ops.ln2), r.local, h);
     dev.round_to(&mut la.ln2.out, precision);
-    p.linear_in_forward(&mut la.fc1, &mut la.ln2, wb(FC1), r, (h, f));
+    p.linear_in_forward(&mut la.fc1, &mut la.ln2, wb(ops.fc1), r, (h, wd.fc1));
     dev.round_to(&mut la.fc1, precision);
-    dev.gelu_forward(&mut la.gelu, &la.fc1);
+    if dims.swiglu {
+        dev.swiglu_forward(&mut la.gelu, &la.fc1, r.full, wd.fl);
+    } else {
+        dev.gelu_forward(&mut la.gelu, &la.fc1);
+    }
     dev.round_to(&mut la.gelu, precision);
     let Some(x_out) = x_out else { return };
     let tmp = (tmp_full, tmp_local);
-    p.linear_out_forward(x_out, &la.resid_mid, &la.gelu, wb(FC2), tmp, r, (f, h));
+    p.linear_out_forward(x_out, &la.resid_mid, &la.gelu, wb(ops.fc2), tmp, r, (wd.f, h));
     dev.round_to(x_out, precision);
 }
 
@@ -143,31 +182,38 @@ pub(super) fn layer_backward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    let Dims { rows: r, shape, wd, .. } = dims;
-    let (h, f, dev) = (wd.h, wd.f, p.dev);
+    let Dims { rows: r, shape, wd, ops, .. } = dims;
+    let (h, dev) = (wd.h, p.dev);
     // MLP: d_resid holds the gradient of the block's output (this rank's rows).
-    let gs = FC2.grads(grads);
+    let gs = ops.fc2.grads(grads);
     let d_out = (&d.d_resid, &mut d.d_full);
-    p.linear_out_backward(&mut d.d_ffn, gs, d_out, &la.gelu, w(FC2.weight), r, (f, h));
-    dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn);
+    p.linear_out_backward(&mut d.d_ffn, gs, d_out, &la.gelu, w(ops.fc2.weight), r, (wd.f, h));
+    if dims.swiglu {
+        dev.swiglu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, r.full, wd.fl);
+    } else {
+        dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn);
+    }
     {
-        let gs = FC1.grads(grads);
+        let gs = ops.fc1.grads(grads);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
-        let d_ln2 = p.linear_in_backward(dh, gs, &d.d_ffn2, &la.ln2, w(FC1.weight), r, (h, f));
-        let gs = LN2.grads(grads);
-        let inp = (&la.resid_mid, w(LN2.weight));
+        let d_ln2 = p.linear_in_backward(dh, gs, &d.d_ffn2, &la.ln2, w(ops.fc1.weight), r, (h, wd.fc1));
+        let gs = ops.ln2.grads(grads);
+        let inp = (&la.resid_mid, w(ops.ln2.weight));
         p.ln_backward(&mut d.d_resid, gs, d_ln2, inp, &la.ln2, r.local, h);
     }
     // Attention: d_resid now holds the gradient of the mid-block residual.
-    let gs = PROJ.grads(grads);
+    let gs = ops.proj.grads(grads);
     let d_mid = (&d.d_resid, &mut d.d_full);
-    p.linear_out_backward(&mut d.d_attn, gs, d_mid, attn, w(PROJ.weight), r, (h, h));
+    p.linear_out_backward(&mut d.d_attn, gs, d_mid, attn, w(ops.proj.weight), r, (wd.attn, h));
     dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape);
+    if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
+        dev.rope_backward(&mut d.d_qkv, table, shape, rotary);
+    }
     {
-        let gs = QKV.grads(grads);
+        let gs = ops.qkv.grads(grads);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
-        let d_ln1 = p.linear_in_backward(dh, gs, &d.d_qkv, &la.ln1, w(QKV.weight), r, (h, 3 * h));
-        let gs = LN1.grads(grads);
-        p.ln_backward(&mut d.d_resid, gs, d_ln1, (x_in, w(LN1.weight)), &la.ln1, r.local, h);
+        let d_ln1 = p.linear_in_backward(dh, gs, &d.d_qkv, &la.ln1, w(ops.qkv.weight), r, (h, wd.qkv));
+        let gs = ops.ln1.grads(grads);
+        p.ln_backward(&mut d.d_resid, gs, d_ln1, (x_in, w(ops.ln1.weight)), &la.ln1, r.local, h);
     }
 }

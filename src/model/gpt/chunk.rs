@@ -5,9 +5,9 @@
 
 use super::activations::{Activations, LayerActs, Rows, Widths};
 use super::block::{layer_backward, layer_forward, saved_layer, Dims};
-use super::tensor_parallel::{add_since, tp_counters, Pass};
-use super::{ChunkOutput, Gpt, Layout, Weights};
-use crate::device::{AttentionShape, Device, WorkCounters};
+use super::tensor_parallel::{add_since, tp_counters, Norm, Pass};
+use super::{ChunkOutput, Gpt, Weights};
+use crate::device::{AttentionShape, Device, Rotary, WorkCounters};
 use crate::model::Recompute;
 use crate::parallel::tensor::TensorParallel;
 use crate::tensor::ParamSet;
@@ -43,7 +43,7 @@ impl<D: Device> Gpt<D> {
         }
         if self.recompute == Recompute::Selective && self.spare_attention.as_ref().is_none_or(|(r, _, _)| *r != rows) {
             let wd = Widths::new(&self.cfg, &self.mp);
-            let attn = dev.alloc_in(rows.full * wd.hl, self.precision);
+            let attn = dev.alloc_in(rows.full * wd.al, self.precision);
             let lse = dev.alloc(rows.sub_batch * wd.heads * rows.seq);
             self.spare_attention = Some((rows, attn, lse));
         }
@@ -139,9 +139,13 @@ impl<D: Device> Gpt<D> {
     fn dims(&self, index: usize) -> Dims {
         let r = self.pool[index].1.rows;
         let wd = Widths::new(&self.cfg, &self.mp);
-        let shape = AttentionShape::new(r.sub_batch, r.seq, wd.heads, self.cfg.head_dim());
-        Dims { rows: r, shape, wd, precision: self.precision }
+        let d = self.cfg.head_dim();
+        let shape = AttentionShape::new(r.sub_batch, r.seq, wd.heads, d).grouped(wd.kv_heads);
+        let rotary = self.rope.as_ref().map(|_| Rotary { rotary_dim: self.cfg.arch.rotary_dim(d), t0: 0 });
+        let (ops, swiglu) = (self.layout.ops, self.cfg.arch.swiglu);
+        Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, rotary }
     }
+
 
     /// Block `l`'s forward of activation set `index`, counting what its groups moved; under
     /// 16-bit storage its saved buffers are then copied out.
@@ -165,7 +169,7 @@ impl<D: Device> Gpt<D> {
         };
         let tmp = (&mut a.tmp_full, &mut a.tmp_local);
         let before = tp_counters(dev, tp);
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
@@ -225,7 +229,7 @@ impl<D: Device> Gpt<D> {
         }
         if self.layout.first {
             self.embedding_backward(dev, tp, index);
-            ready(&self.params, Layout::WTE..Layout::WPE + 1);
+            ready(&self.params, self.layout.embeddings());
         } else {
             let d_resid = &self.pool[index].1.grad.d_resid;
             let d = d_input.expect("a chunk after the first needs a buffer for its input's gradient");
@@ -249,7 +253,7 @@ impl<D: Device> Gpt<D> {
             self.stashed -= stash.iter().map(|s| s.bytes(dev)).sum::<usize>();
         }
         let x_in = &a.resid[l];
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
         let recompute = |sp: &mut LayerActs<D::Buf>| {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);

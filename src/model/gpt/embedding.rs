@@ -1,9 +1,10 @@
 //! The first chunk's embeddings: word rows from this rank's vocabulary shard summed over the
 //! group (reduce-scattered to this rank's positions under sequence parallelism, to its batch
-//! block under SUMMA) plus the position embedding, and their backward into both tables.
+//! block under SUMMA) plus the learned position embedding where the model has one (rotary
+//! positions act in attention instead), and their backward into the tables.
 
 use super::activations::Widths;
-use super::tensor_parallel::Pass;
+use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Layout, Weights};
 use crate::device::Device;
 use crate::parallel::summa;
@@ -29,7 +30,7 @@ impl<D: Device> Gpt<D> {
         seq: usize,
     ) {
         let vocab_start = self.vocab_start();
-        let (cfg, precision, mp) = (&self.cfg, self.precision, self.mp);
+        let (cfg, precision, mp, lay) = (&self.cfg, self.precision, self.mp, self.layout);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
         let r = a.rows;
@@ -52,7 +53,8 @@ impl<D: Device> Gpt<D> {
                 s.col.reduce_scatter(&blocks, &mut out);
                 dev.upload(&mut a.resid[0], &out);
                 let mut wpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
-                summa::gather_stacked(dev, s.col, &p[Layout::WPE], &mut wpe);
+                let at = lay.wpe().expect("SUMMA runs GPT-2's learned positions");
+                summa::gather_stacked(dev, s.col, &p[at], &mut wpe);
                 dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr);
             }
             (Some(emb), _, _) => {
@@ -66,8 +68,8 @@ impl<D: Device> Gpt<D> {
                 all_reduce(dev, tp.comm, &mut a.resid[0]);
             }
         }
-        if mp.summa.is_none() {
-            dev.position_forward(&mut a.resid[0], &p[Layout::WPE], batch, r.t0, r.positions, h);
+        if let (None, Some(at)) = (mp.summa, lay.wpe()) {
+            dev.position_forward(&mut a.resid[0], &p[at], batch, r.t0, r.positions, h);
         }
         dev.round_to(&mut a.resid[0], precision);
     }
@@ -76,7 +78,7 @@ impl<D: Device> Gpt<D> {
     /// position embeddings' gradients "+=".
     pub(super) fn embedding_backward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let vocab_start = self.vocab_start();
-        let (cfg, mp) = (&self.cfg, self.mp);
+        let (cfg, mp, lay) = (&self.cfg, self.mp, self.layout);
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
         let g = &mut self.params.grads;
@@ -87,7 +89,8 @@ impl<D: Device> Gpt<D> {
                 // Position rows: this block's gradient, summed down the column into the shard.
                 let mut dwpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
                 dev.position_backward(&mut dwpe, &a.grad.d_resid, r.sub_batch, 0, r.seq, wd.hr);
-                summa::scatter_stacked_add(dev, s.col, &dwpe, &mut g[Layout::WPE]);
+                let at = lay.wpe().expect("SUMMA runs GPT-2's learned positions");
+                summa::scatter_stacked_add(dev, s.col, &dwpe, &mut g[at]);
                 // Word rows: every batch block of the depth layer against this vocabulary block.
                 let mut blocks = vec![0f32; c.q * r.full * wd.hr];
                 s.col.all_gather(&summa::host(dev, &a.grad.d_resid), &mut blocks);
@@ -100,8 +103,10 @@ impl<D: Device> Gpt<D> {
             }
             _ => {
                 let d = &mut a.grad;
-                dev.position_backward(&mut g[Layout::WPE], &d.d_resid, r.batch, r.t0, r.positions, h);
-                let pass = Pass { dev, tp, sc: &mut self.scratch };
+                if let Some(at) = lay.wpe() {
+                    dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h);
+                }
+                let pass = Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
             }

@@ -1,10 +1,10 @@
-//! The last chunk's head: the final LayerNorm, the output layer tied to the word embedding
-//! (vocab-parallel logits), the cross-entropy from three all-reduces of per-row statistics, and
+//! The last chunk's head: the final norm, the output layer (tied to the word embedding, or its
+//! own under `--untie-embeddings-and-output-weights`; vocab-parallel logits), the cross-entropy from three all-reduces of per-row statistics, and
 //! their backward from the loss.
 
 use super::activations::{logits_precision, Widths};
-use super::tensor_parallel::Pass;
-use super::{Gpt, Weights};
+use super::tensor_parallel::{Norm, Pass};
+use super::{Gpt, Layout, Weights};
 use crate::comm::ReduceOp;
 use crate::device::{all_reduce_scalars, Device};
 use crate::parallel::tensor::TensorParallel;
@@ -22,13 +22,13 @@ impl<D: Device> Gpt<D> {
     pub(super) fn head_forward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
-        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let hd = a.head.as_mut().expect("the last chunk has a head");
-        let lnf_w = lay.lnf();
+        let (lnf_w, lnf_b) = lay.lnf_params();
         let x_last = &a.resid[lay.num_layers];
-        pass.ln_forward(&mut hd.lnf, x_last, (&p[lnf_w], &p[lnf_w + 1]), r.local, h);
+        pass.ln_forward(&mut hd.lnf, x_last, (&p[lnf_w], lnf_b.map(|b| &p[b])), r.local, h);
         dev.round_to(&mut hd.lnf.out, precision);
         match tp.summa {
             None => {
@@ -81,7 +81,7 @@ impl<D: Device> Gpt<D> {
         let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let num_params = self.params.info.len();
-        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch });
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let d = &mut a.grad;
@@ -111,13 +111,19 @@ impl<D: Device> Gpt<D> {
             }
         };
         dev.fill(&mut d.d_resid, 0.0);
-        let lnf_w = lay.lnf();
+        let (lnf_w, lnf_b) = lay.lnf_params();
         let x_last = &a.resid[lay.num_layers];
-        let gs = pair_mut(g, lnf_w, lnf_w + 1);
+        let gs = match lnf_b {
+            Some(b) => {
+                let (w, b) = pair_mut(g, lnf_w, b);
+                (w, Some(b))
+            }
+            None => (&mut g[lnf_w], None),
+        };
         pass.ln_backward(&mut d.d_resid, gs, d_lnf, (x_last, &p[lnf_w]), &hd.lnf, r.local, h);
-        // The tied copy (last stage only) is final too; the first stage's word embedding is
-        // final after the embedding backward.
-        let end = if lay.first { lnf_w + 2 } else { num_params };
+        // The output layer (its own, or the last stage's tied copy) is final too; the first
+        // stage's word embedding is final after the embedding backward.
+        let end = if lay.head() == Layout::WTE { lnf_w + lay.norm_params } else { num_params };
         ready(&self.params, lnf_w..end);
     }
 }

@@ -1,6 +1,7 @@
-//! Forward and backward of GPT-2 on one device, written by hand: embeddings, pre-LayerNorm blocks
-//! (causal multi-head attention, GELU MLP), final LayerNorm, and the output layer tied to the word
-//! embedding. Activations are sequence-first, row `t * batch + b`, as in Megatron.
+//! Forward and backward of GPT-2 and the Llama family on one device, written by hand: embeddings,
+//! pre-norm blocks (causal multi-head or grouped-query attention, GELU or SwiGLU MLP), the final
+//! norm, and the output layer (tied to the word embedding, or its own). Activations are
+//! sequence-first, row `t * batch + b`, as in Megatron.
 //!
 //! With tensor parallelism (Megatron's layout) QKV and fc1 are column-parallel, the attention
 //! projection and fc2 row-parallel, the word embedding and the output layer vocab-parallel, and
@@ -21,7 +22,7 @@ mod embedding;
 mod head;
 mod tensor_parallel;
 
-use super::{ChunkPlan, GptConfig, ModelParallel, Recompute};
+use super::{ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEmbedding, Recompute};
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
 use crate::optim::WorkingCopy;
@@ -30,7 +31,7 @@ use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
 use crate::tensor::ParamSet;
 use activations::{Activations, SpareAttention, SpareLayer, Stash};
-use block::PER_LAYER;
+use block::LayerOps;
 use std::ops::Range;
 
 /// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
@@ -41,36 +42,59 @@ struct Layout {
     num_layers: usize,
     first: bool,
     last: bool,
+    /// Each layer's parameters.
+    ops: LayerOps,
+    /// The final norm's parameters: its weight, and LayerNorm's bias.
+    norm_params: usize,
+    /// The output layer is a parameter of its own (`--untie-embeddings-and-output-weights`).
+    untied: bool,
 }
 
 impl Layout {
-    fn new(plan: &ChunkPlan) -> Layout {
+    fn new(plan: &ChunkPlan, cfg: &GptConfig) -> Layout {
+        let arch = &cfg.arch;
+        let learned = arch.position_embedding == PositionEmbedding::LearnedAbsolute;
         Layout {
-            layers_base: if plan.first { 2 } else { 0 },
+            layers_base: if plan.first { 1 + usize::from(learned) } else { 0 },
             num_layers: plan.layers.len(),
             first: plan.first,
             last: plan.last,
+            ops: LayerOps::new(arch),
+            norm_params: 1 + usize::from(arch.normalization == Normalization::LayerNorm),
+            untied: arch.untie_embeddings,
         }
     }
     /// Parameter `which` of the chunk's local layer `layer`.
     fn layer(&self, layer: usize, which: usize) -> usize {
-        self.layers_base + layer * PER_LAYER + which
+        self.layers_base + layer * self.ops.count + which
     }
     fn layer_params(&self, layer: usize) -> Range<usize> {
-        self.layer(layer, 0)..self.layer(layer, PER_LAYER)
+        self.layer(layer, 0)..self.layer(layer, self.ops.count)
     }
     const WTE: usize = 0;
-    const WPE: usize = 1;
-    /// The final LayerNorm weight (bias follows), on the last chunk.
-    fn lnf(&self) -> usize {
-        self.layers_base + self.num_layers * PER_LAYER
+    /// The learned position embedding, where the model has one (first chunk).
+    fn wpe(&self) -> Option<usize> {
+        (self.layers_base == 2).then_some(1)
     }
-    /// The output layer's weight: the word embedding itself, or the last stage's tied copy.
+    /// The first chunk's embeddings: the word embedding and any position embedding.
+    fn embeddings(&self) -> Range<usize> {
+        0..self.layers_base
+    }
+    /// The final norm's weight (LayerNorm's bias follows), on the last chunk.
+    fn lnf(&self) -> usize {
+        self.layers_base + self.num_layers * self.ops.count
+    }
+    /// The final norm's weight and, under LayerNorm, bias.
+    fn lnf_params(&self) -> (usize, Option<usize>) {
+        (self.lnf(), (self.norm_params == 2).then_some(self.lnf() + 1))
+    }
+    /// The output layer's weight: its own (untied), the word embedding itself, or the last
+    /// stage's tied copy.
     fn head(&self) -> usize {
-        if self.first {
+        if self.first && !self.untied {
             Layout::WTE
         } else {
-            self.lnf() + 2
+            self.lnf() + self.norm_params
         }
     }
 }
@@ -131,6 +155,8 @@ pub struct Gpt<D: Device> {
     /// the steps' losses at once; forwards add to slot `loss_slot`.
     loss: D::Scalars,
     loss_slot: usize,
+    /// Rotary positions: the table of angles for every position (`Arch::rotary_table`).
+    rope: Option<D::Buf>,
 }
 
 impl<D: Device> Gpt<D> {
@@ -149,7 +175,13 @@ impl<D: Device> Gpt<D> {
     /// One chunk of the model (a pipeline stage or virtual stage).
     pub fn new_chunk(dev: &D, cfg: GptConfig, mp: ModelParallel, plan: ChunkPlan, seed: u64) -> Gpt<D> {
         let params = ParamSet::new(dev, cfg.chunk_parameters(&mp, &plan), seed);
-        let layout = Layout::new(&plan);
+        let layout = Layout::new(&plan, &cfg);
+        let rope = (cfg.arch.position_embedding == PositionEmbedding::Rope).then(|| {
+            let table = cfg.arch.rotary_table(cfg.head_dim(), cfg.max_position_embeddings);
+            let mut buf = dev.alloc(table.len());
+            dev.upload(&mut buf, &table);
+            buf
+        });
         Gpt {
             cfg,
             mp,
@@ -173,6 +205,7 @@ impl<D: Device> Gpt<D> {
             stash_spares: Vec::new(),
             loss: dev.scalars(1),
             loss_slot: 0,
+            rope,
         }
     }
 
@@ -348,6 +381,7 @@ impl<D: Device> Gpt<D> {
 /// or, for the word embedding, also by a lookup whose output is rounded.
 fn is_gemm_operand(name: &str) -> bool {
     name == "embedding.word_embeddings.weight"
+        || name == "output_layer.weight"
         || ["linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight"]
             .iter()
             .any(|suffix| name.ends_with(suffix))
@@ -383,6 +417,7 @@ mod tests {
             vocab_size: 257,
             padded_vocab_size: 384,
             init_method_std: 0.02,
+            arch: crate::model::Arch::GPT2,
         }
     }
 

@@ -8,15 +8,32 @@
 use super::activations::{LnActs, Rows};
 use crate::comm::CommCounters;
 use crate::device::Device;
+use crate::model::Normalization;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
 
-/// What a chunk's forward or backward pass computes with: the device, the tensor-parallel groups
-/// and SUMMA's panel buffers (unused under 1-D).
+/// What a chunk's forward or backward pass computes with: the device, the tensor-parallel groups,
+/// SUMMA's panel buffers (unused under 1-D), the model's normalization and, under rotary
+/// positions, the table of angles (`Arch::rotary_table`).
 pub(super) struct Pass<'a, D: Device> {
     pub(super) dev: &'a D,
     pub(super) tp: TensorParallel<'a>,
     pub(super) sc: &'a mut Scratch<D::Buf>,
+    pub(super) norm: Norm,
+    pub(super) rope: Option<&'a D::Buf>,
+}
+
+/// The normalization of every norm of the model and its epsilon.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Norm {
+    pub(super) kind: Normalization,
+    pub(super) eps: f64,
+}
+
+impl Norm {
+    pub(super) fn of(arch: &crate::model::Arch) -> Norm {
+        Norm { kind: arch.normalization, eps: arch.norm_epsilon }
+    }
 }
 
 impl<D: Device> Pass<'_, D> {
@@ -47,20 +64,29 @@ impl<D: Device> Pass<'_, D> {
         }
     }
 
-    /// LayerNorm of this rank's residual rows `inp` into `ln`: whole rows under 1-D, the hidden
-    /// dimension split along the SUMMA row under 2-D / 2.5-D.
+    /// The model's norm (LayerNorm, or RMSNorm without a bias) of this rank's residual rows `inp`
+    /// into `ln`: whole rows under 1-D, the hidden dimension split along the SUMMA row under 2-D /
+    /// 2.5-D (LayerNorm only: `validate_summa` refuses the rest).
     pub(super) fn ln_forward(
         &mut self,
         ln: &mut LnActs<D::Buf>,
         inp: &D::Buf,
-        (weight, bias): (&D::Buf, &D::Buf),
+        (weight, bias): (&D::Buf, Option<&D::Buf>),
         rows: usize,
         h: usize,
     ) {
-        let (dev, out, mean, rstd) = (self.dev, &mut ln.out, &mut ln.mean, &mut ln.rstd);
-        match self.tp.summa {
-            None => dev.layernorm_forward(out, mean, rstd, inp, weight, bias, rows, h),
-            Some((s, _)) => s.layernorm_forward(dev, out, mean, rstd, inp, weight, bias, rows, h, self.sc),
+        let (dev, out, rstd) = (self.dev, &mut ln.out, &mut ln.rstd);
+        match (self.norm.kind, bias, ln.mean.as_mut(), self.tp.summa) {
+            (Normalization::RmsNorm, None, None, None) => {
+                dev.rmsnorm_forward(out, rstd, inp, weight, rows, h, self.norm.eps)
+            }
+            (Normalization::LayerNorm, Some(bias), Some(mean), None) => {
+                dev.layernorm_forward(out, mean, rstd, inp, weight, bias, rows, h)
+            }
+            (Normalization::LayerNorm, Some(bias), Some(mean), Some((s, _))) => {
+                s.layernorm_forward(dev, out, mean, rstd, inp, weight, bias, rows, h, self.sc)
+            }
+            _ => unreachable!("a norm's parameters and statistics match its kind, and SUMMA runs LayerNorm"),
         }
     }
 
@@ -70,19 +96,23 @@ impl<D: Device> Pass<'_, D> {
     pub(super) fn ln_backward(
         &mut self,
         dinp: &mut D::Buf,
-        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
         dout: &D::Buf,
         (inp, weight): (&D::Buf, &D::Buf),
         ln: &LnActs<D::Buf>,
         rows: usize,
         h: usize,
     ) {
-        let (dev, mean, rstd) = (self.dev, &ln.mean, &ln.rstd);
-        match self.tp.summa {
-            None => dev.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h),
-            Some((s, _)) => {
+        let (dev, rstd) = (self.dev, &ln.rstd);
+        match (dbias, ln.mean.as_ref(), self.tp.summa) {
+            (None, None, None) => dev.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, h),
+            (Some(dbias), Some(mean), None) => {
+                dev.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h)
+            }
+            (Some(dbias), Some(mean), Some((s, _))) => {
                 s.layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h, self.sc)
             }
+            _ => unreachable!("a norm's parameters and statistics match its kind, and SUMMA runs LayerNorm"),
         }
     }
 
@@ -93,16 +123,16 @@ impl<D: Device> Pass<'_, D> {
         &mut self,
         out: &mut D::Buf,
         ln: &mut LnActs<D::Buf>,
-        (weight, bias): (&D::Buf, &D::Buf),
+        (weight, bias): (&D::Buf, Option<&D::Buf>),
         r: Rows,
         (k, n): (usize, usize),
     ) {
         match self.tp.summa {
             None => {
                 let inp = self.gathered(&ln.out, &mut ln.full);
-                self.dev.linear_forward(out, inp, weight, Some(bias), r.full, k, n / self.tp.size());
+                self.dev.linear_forward(out, inp, weight, bias, r.full, k, n / self.tp.size());
             }
-            Some((s, _)) => s.linear_forward(self.dev, out, &ln.out, weight, Some(bias), r.full, k, n, self.sc),
+            Some((s, _)) => s.linear_forward(self.dev, out, &ln.out, weight, bias, r.full, k, n, self.sc),
         }
     }
 
@@ -116,7 +146,7 @@ impl<D: Device> Pass<'_, D> {
         x_out: &mut D::Buf,
         resid: &D::Buf,
         inp: &D::Buf,
-        (weight, bias): (&D::Buf, &D::Buf),
+        (weight, bias): (&D::Buf, Option<&D::Buf>),
         (tmp_full, tmp_local): (&mut D::Buf, &mut Option<D::Buf>),
         r: Rows,
         (k, n): (usize, usize),
@@ -131,10 +161,12 @@ impl<D: Device> Pass<'_, D> {
                 dev.linear_forward(tmp_full, inp, weight, None, r.full, k / self.tp.size(), n);
                 let sum = self.reduced(tmp_full, tmp_local);
                 dev.add(x_out, resid, sum);
-                dev.add_bias(x_out, bias, r.local, n);
+                if let Some(bias) = bias {
+                    dev.add_bias(x_out, bias, r.local, n);
+                }
             }
             Some((s, _)) => {
-                s.linear_forward(dev, tmp_full, inp, weight, Some(bias), r.full, k, n, self.sc);
+                s.linear_forward(dev, tmp_full, inp, weight, bias, r.full, k, n, self.sc);
                 dev.add(x_out, resid, tmp_full);
             }
         }
@@ -146,7 +178,7 @@ impl<D: Device> Pass<'_, D> {
     pub(super) fn linear_out_backward(
         &mut self,
         d_inp: &mut D::Buf,
-        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
         (d_resid, d_full): (&D::Buf, &mut Option<D::Buf>),
         inp: &D::Buf,
         weight: &D::Buf,
@@ -157,11 +189,11 @@ impl<D: Device> Pass<'_, D> {
             None => {
                 let d_out = self.gathered(d_resid, d_full);
                 let k_local = k / self.tp.size();
-                self.dev.linear_backward(Some(d_inp), dweight, Some(dbias), d_out, inp, weight, r.full, k_local, n);
+                self.dev.linear_backward(Some(d_inp), dweight, dbias, d_out, inp, weight, r.full, k_local, n);
             }
             Some((s, _)) => {
                 let (dev, sc) = (self.dev, &mut *self.sc);
-                s.linear_backward(dev, Some(d_inp), dweight, Some(dbias), d_resid, inp, weight, r.full, k, n, sc)
+                s.linear_backward(dev, Some(d_inp), dweight, dbias, d_resid, inp, weight, r.full, k, n, sc)
             }
         }
     }
@@ -172,7 +204,7 @@ impl<D: Device> Pass<'_, D> {
     pub(super) fn linear_in_backward<'b>(
         &mut self,
         (d_full, d_local): (&'b mut D::Buf, &'b mut Option<D::Buf>),
-        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
+        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
         d_out: &D::Buf,
         ln: &LnActs<D::Buf>,
         weight: &D::Buf,
@@ -184,12 +216,12 @@ impl<D: Device> Pass<'_, D> {
             None => {
                 let inp = ln.full.as_ref().unwrap_or(inp);
                 let n_local = n / self.tp.size();
-                dev.linear_backward(Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n_local);
+                dev.linear_backward(Some(&mut *d_full), dweight, dbias, d_out, inp, weight, r.full, k, n_local);
                 self.reduced(d_full, d_local)
             }
             Some((s, _)) => {
                 let sc = &mut *self.sc;
-                s.linear_backward(dev, Some(&mut *d_full), dweight, Some(dbias), d_out, inp, weight, r.full, k, n, sc);
+                s.linear_backward(dev, Some(&mut *d_full), dweight, dbias, d_out, inp, weight, r.full, k, n, sc);
                 d_full
             }
         }
