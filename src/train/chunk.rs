@@ -80,7 +80,10 @@ impl<D: Device> Chunk<D> {
             }
         }
         let [sequence_parallel, tied] = &mut self.sums_flat;
-        reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params, tied);
+        // An untied output layer is a parameter of the last stage alone: no pair to sum over.
+        if !self.model.cfg.arch.untie_embeddings {
+            reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params, tied);
+        }
         reduce_sequence_parallel_grads(dev, &*groups.tp, &mut self.model.params, sequence_parallel);
         match &mut self.opt {
             Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, &self.model.params)),
