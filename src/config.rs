@@ -245,10 +245,9 @@ impl TrainConfig {
     /// batch, schedule, optimizer, data, stopping and layout flags in named steps (each bad flag
     /// is one error naming it), and last the flags that need no check beyond their own parse.
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
-        reject_unbuilt(args)?;
         let p = preset(args.str("--preset").unwrap_or("tiny"))?;
-        let (model, seq_length) = model_shape(args, p)?;
-        let features = model.arch.features();
+        // A Llama-family model on a GPU is refused before any GPU library is looked for.
+        let features = architecture(args, p)?.features();
         if let (Some(d @ ("cuda" | "hip")), false) = (args.str("--device"), features.is_empty()) {
             return Err(Error::Unsupported(format!(
                 "--device {d} with {}: the GPU kernels of the Llama-family ops are not built yet; train this model \
@@ -256,6 +255,8 @@ impl TrainConfig {
                 features.join(", ")
             )));
         }
+        reject_unbuilt(args)?;
+        let (model, seq_length) = model_shape(args, p)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
         let (train_iters, lr) = lr_schedule(args, p)?;
         let adam = adam(args)?;

@@ -194,6 +194,10 @@ pub const GENERATE_FLAGS: &[FlagSpec] = &[
     flag("--top-k", "K", "sample among the K likeliest tokens (default 40; 1 is greedy, 0 all)"),
     flag("--seed", "SEED", "sampling seed (default 1234)"),
     flag("--cpu-threads", "N", "CPU threads"),
+    switch(
+        "--no-kv-cache",
+        "recompute the whole context for every token (the default caches keys and values, one position per token, until the position table is full)",
+    ),
 ];
 
 /// `trident convert`.
@@ -220,12 +224,16 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
     switch("--json", "print one JSON object per measurement"),
     flag("--dtype", "T", "gemm and step: f32 (default) or bf16 (step --device cuda|hip needs bf16)"),
-    flag("--preset", "NAME", "step, summa: the model (default gpt2-124m)"),
+    flag("--preset", "NAME", "step, generate, summa: the model (default gpt2-124m)"),
     flag("--num-layers", "L", "step: transformer layers (default: the preset's)"),
     flag("--hidden-size", "H", "step, summa: hidden size (default: the preset's)"),
     flag("--num-attention-heads", "A", "step: attention heads (default: the preset's)"),
     flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
-    flag("--seq-length", "S", "step: tokens per sample (default 64); summa: (default: the preset's, at most 256)"),
+    flag(
+        "--seq-length",
+        "S",
+        "step: tokens per sample (default 64); generate: the new token's position (default 512); summa: (default: the preset's, at most 256)",
+    ),
     flag("--vocab-size", "V", "step: vocabulary (default 50257, GPT-2's)"),
     flag("--steps", "N", "step --device cuda|hip: timed steps after the first (default: enough to fill --min-seconds, at least 2)"),
     flag(

@@ -7,6 +7,7 @@ use crate::data::tokenizer::ByteTokenizer;
 use crate::device::cpu::CpuDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::model::gpt::KvCache;
 use crate::model::Gpt;
 use crate::parallel::tensor::TensorParallel;
 use crate::rng::Stream;
@@ -21,6 +22,32 @@ pub struct GenerateArgs {
     pub top_k: usize,
     pub seed: u64,
     pub cpu_threads: usize,
+    /// Keep each layer's keys and values (`Gpt::decode`); false recomputes the whole context.
+    pub kv_cache: bool,
+}
+
+/// The logits of the position after `context`: from the cache, fed the positions it has not seen
+/// (the whole prompt first, then one token per call), while the context fits the position table;
+/// else (and without a cache) from the whole context's last `window` positions, recomputed.
+fn next_logits(
+    model: &mut Gpt<CpuDevice>,
+    dev: &CpuDevice,
+    context: &[u32],
+    cache: &mut Option<KvCache<CpuDevice>>,
+    window: usize,
+) -> Vec<f32> {
+    let vocab = model.cfg.padded_vocab_size;
+    match cache {
+        Some(c) if context.len() <= window => model.decode(dev, c, &context[c.len()..]),
+        _ => {
+            let ctx = &context[context.len().saturating_sub(window)..];
+            let logits = model.forward(dev, TensorParallel::single(), ctx, 1, ctx.len());
+            // Row order is t * batch + b, so with batch 1 the last position is the last row.
+            let mut full = vec![0.0f32; dev.len(logits)];
+            dev.download(logits, &mut full);
+            full.split_off(full.len() - vocab)
+        }
+    }
 }
 
 /// Picks the next token from `logits` (the real vocabulary only): greedy when `top_k == 1` or
@@ -82,17 +109,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let io_err = |e| Error::io(std::path::Path::new("<stdout>"), "write", e);
     out.write_all(args.prompt.as_bytes()).map_err(io_err)?;
-    let mut host = vec![0.0f32; cfg.padded_vocab_size];
     let window = cfg.max_position_embeddings;
+    let mut cache = args.kv_cache.then(|| model.kv_cache(&dev));
     for step in 0..args.max_new_tokens {
-        let start = context.len().saturating_sub(window);
-        let ctx = &context[start..];
-        let logits = model.forward(&dev, TensorParallel::single(), ctx, 1, ctx.len());
-        // Row order is t * batch + b, so with batch 1 the last position is the last row.
-        let all = dev.len(logits);
-        let mut full = vec![0.0f32; all];
-        dev.download(logits, &mut full);
-        host.copy_from_slice(&full[all - cfg.padded_vocab_size..]);
+        let host = next_logits(&mut model, &dev, &context, &mut cache, window);
         let next = sample_token(&host[..cfg.vocab_size], args.temperature, args.top_k, stream.uniform(step as u64, 0));
         context.push(next as u32);
         // Raw bytes go straight out, so a multi-byte character split over tokens still prints

@@ -102,7 +102,7 @@ fn rope_rotates_query_and_key_heads_only_and_its_backward_is_the_transpose() {
     let (mut x, r) = (random(shape.rows() * w, "qkv", 1.0), random(shape.rows() * w, "r", 1.0));
     let fwd = |x: &[f64]| {
         let mut y = x.to_vec();
-        dev.rope_forward(&mut y, &tab.iter().map(|v| *v).collect(), shape, rotary);
+        dev.rope_forward(&mut y, &tab, shape, rotary);
         y
     };
     let y = fwd(&x);
@@ -123,7 +123,7 @@ fn rope_rotates_query_and_key_heads_only_and_its_backward_is_the_transpose() {
         }
     }
     let mut dx = r.clone();
-    dev.rope_backward(&mut dx, &tab.iter().map(|v| *v).collect(), shape, rotary);
+    dev.rope_backward(&mut dx, &tab, shape, rotary);
     check("rope dx", &mut x, &dx, &mut |x| dot(&fwd(x), &r));
 }
 
@@ -355,5 +355,57 @@ fn cpu_llama_matches_the_reference_and_not_the_thread_count() {
     assert_eq!(loss1.to_bits(), loss.to_bits());
     for (a, b) in grads1.iter().zip(&grads) {
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "thread count changed a gradient");
+    }
+}
+
+/// The logits of every position of `tokens` from the whole forward, and from the key/value cache
+/// fed the prompt and then one token at a time.
+fn decode_against_forward<D: Device>(dev: &D, cfg: &GptConfig, tokens: &[u32], prompt: usize) -> f64 {
+    let mut model: Gpt<D> = Gpt::new(dev, cfg.clone(), 3);
+    let vocab = cfg.padded_vocab_size;
+    let whole = {
+        let logits = model.forward(dev, TensorParallel::single(), tokens, 1, tokens.len());
+        down(dev, logits)
+    };
+    let mut cache = model.kv_cache(dev);
+    let mut worst = 0f64;
+    let mut compare = |at: usize, got: Vec<f32>| {
+        let want = &whole[at * vocab..(at + 1) * vocab];
+        let norm = want.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+        let err = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+        worst = worst.max(err / norm);
+    };
+    compare(prompt - 1, model.decode(dev, &mut cache, &tokens[..prompt]));
+    for t in prompt..tokens.len() {
+        compare(t, model.decode(dev, &mut cache, &tokens[t..t + 1]));
+    }
+    assert_eq!(cache.len(), tokens.len());
+    worst
+}
+
+#[test]
+fn decoding_with_the_cache_gives_the_whole_forwards_logits() {
+    // GPT-2 (learned positions) and two Llamas (GQA with rotary on half the head; MQA with biases
+    // and LayerNorm), to the last position of the table.
+    let configs = [
+        GptConfig { arch: Arch::GPT2, max_position_embeddings: 24, ..llama_config(Arch::GPT2) },
+        GptConfig { max_position_embeddings: 24, ..llama_config(tiny_llama()) },
+        GptConfig {
+            max_position_embeddings: 24,
+            ..llama_config(Arch {
+                normalization: trident::model::Normalization::LayerNorm,
+                add_bias_linear: true,
+                num_query_groups: Some(1),
+                ..Arch::LLAMA
+            })
+        },
+    ];
+    let tokens: Vec<u32> = (0..24).map(|i| (i * 7 % 11) as u32).collect();
+    for cfg in &configs {
+        let oracle = decode_against_forward(&ReferenceDevice, cfg, &tokens, 5);
+        // Both read back as f32: an ulp of the logits.
+        assert!(oracle < 1.2e-7, "{:?}: reference decode differs from the forward by {oracle}", cfg.arch.features());
+        let cpu = decode_against_forward(&CpuDevice::new(2), cfg, &tokens, 9);
+        assert!(cpu < 1e-5, "{:?}: CPU decode differs from the forward by {cpu}", cfg.arch.features());
     }
 }

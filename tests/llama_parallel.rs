@@ -53,8 +53,8 @@ fn llama_layouts_compute_the_single_rank_run() {
         (8, &[&tp2pp2, &["--sequence-parallel", "--use-distributed-optimizer"]]),
         // Query groups split over 2 ranks (one group each), full recompute.
         (2, &[&["--tensor-model-parallel-size", "2", "--recompute-granularity", "full"]]),
-        // Interleaved 1F1B over 2 stages of 2 virtual stages, selective recompute.
-        (2, &[&["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]]),
+        // Interleaved 1F1B over 2 stages of 2 virtual stages (two micro-batches of 8).
+        (2, &[&["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1", "--micro-batch-size", "8"]]),
         (2, &[&["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"]]),
         (4, &[&["--recompute-granularity", "selective", "--use-distributed-optimizer"]]),
     ];

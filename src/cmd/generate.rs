@@ -24,5 +24,6 @@ pub fn run(rest: &[String]) -> Result<()> {
         top_k: a.usize("--top-k")?.unwrap_or(40),
         seed: a.u64("--seed")?.unwrap_or(1234),
         cpu_threads: threads(&a)?,
+        kv_cache: !a.has("--no-kv-cache"),
     })
 }

@@ -506,6 +506,38 @@ pub unsafe fn attention_backward_head<R: Real>(
     }
 }
 
+/// Attention of the new query rows `t0..shape.seq` of one sequence (batch 1) and query head
+/// `head` against the keys and values of rows `0..=t` (generation with a key/value cache): writes
+/// the head's columns of `out`, whose row `i` is position `t0 + i`. The scores of a row are
+/// exponentiated against their max and summed in key order.
+#[inline(always)]
+pub fn attention_decode_head<R: Real>(out: &mut [R], qkv: &[R], shape: AttentionShape, head: usize, t0: usize) {
+    let (d, aw) = (shape.head_dim, shape.width());
+    let scale = R::from_f64(1.0 / (d as f64).sqrt());
+    let mut scores = vec![R::ZERO; shape.seq];
+    for t in t0..shape.seq {
+        let (q0, _, _) = qkv_offsets(&shape, t, head);
+        let q = &qkv[q0..q0 + d];
+        let mut max = R::NEG_INFINITY;
+        for (u, s) in scores[..=t].iter_mut().enumerate() {
+            let (_, k0, _) = qkv_offsets(&shape, u, head);
+            *s = dot(q, &qkv[k0..k0 + d]) * scale;
+            max = max.max(*s);
+        }
+        let mut z = R::ZERO;
+        for s in scores[..=t].iter_mut() {
+            *s = (*s - max).exp();
+            z += *s;
+        }
+        let o = &mut out[(t - t0) * aw + head * d..][..d];
+        o.fill(R::ZERO);
+        for (u, &p) in scores[..=t].iter().enumerate() {
+            let (_, _, v0) = qkv_offsets(&shape, u, head);
+            axpy(o, p / z, &qkv[v0..v0 + d]);
+        }
+    }
+}
+
 /// The largest logit of a row (the first all-reduce of the vocab-parallel cross-entropy).
 #[inline(always)]
 pub fn row_max<R: Real>(row: &[R]) -> R {

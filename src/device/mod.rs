@@ -536,6 +536,12 @@ pub trait Device: Send + Sync {
         shape: AttentionShape,
     );
 
+    /// Causal attention of the newest positions of one sequence against every position up to
+    /// each (generation with a key/value cache): `qkv` holds the fused QKV rows of positions
+    /// `0..shape.seq` (batch 1), rows `t0..` being the new queries; `out` ([seq - t0, heads ·
+    /// head_dim]) becomes their attention output, as `attention_forward` computes those rows.
+    fn attention_decode(&self, out: &mut Self::Buf, qkv: &Self::Buf, shape: AttentionShape, t0: usize);
+
     /// `out[r] += bias` for each of `rows` rows of width `cols` (the bias of a row-parallel layer,
     /// added after its all-reduce).
     fn add_bias(&self, out: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize);

@@ -29,6 +29,10 @@ impl Device for ReferenceDevice {
             *d = s as f64;
         }
     }
+    /// A copy in f64 (the default stages through f32 host memory, which would round the oracle).
+    fn copy(&self, dst: &mut Vec<f64>, dst_at: usize, src: &Vec<f64>, src_at: usize, len: usize) {
+        dst[dst_at..dst_at + len].copy_from_slice(&src[src_at..src_at + len]);
+    }
     fn download(&self, src: &Vec<f64>, dst: &mut [f32]) {
         assert_eq!(dst.len(), src.len());
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -372,6 +376,13 @@ impl Device for ReferenceDevice {
                 // SAFETY: size checked above; serial.
                 unsafe { kernels::attention_backward_head(dqkv.as_mut_ptr(), dout, qkv, out, lse, shape, b, h) }
             }
+        }
+    }
+
+    fn attention_decode(&self, out: &mut Vec<f64>, qkv: &Vec<f64>, shape: AttentionShape, t0: usize) {
+        assert!(shape.batch == 1 && out.len() >= (shape.seq - t0) * shape.width());
+        for head in 0..shape.heads {
+            kernels::attention_decode_head(out, qkv, shape, head, t0);
         }
     }
 

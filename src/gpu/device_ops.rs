@@ -537,6 +537,9 @@ impl Device for GpuDevice {
     fn swiglu_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize) {
         unbuilt("SwiGLU")
     }
+    fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
+        unbuilt("attention against a key/value cache (generation)")
+    }
     fn rope_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
         unbuilt("rotary position embedding")
     }

@@ -61,9 +61,10 @@ fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, padded_vocab: usi
     }
 }
 
-/// Every name `--model` accepts.
+/// Every name `--model` accepts (the Llama presets are refused by `named` for now).
 pub fn names() -> Vec<&'static str> {
-    PRESETS.iter().map(|p| p.name).chain(MEGATRON_2021.iter().map(|r| r.0)).chain(["gpt3-175b"]).collect()
+    let gpt2 = PRESETS.iter().filter(|p| p.arch.features().is_empty());
+    gpt2.map(|p| p.name).chain(MEGATRON_2021.iter().map(|r| r.0)).chain(["gpt3-175b"]).collect()
 }
 
 /// The shape called `name`.
@@ -76,6 +77,13 @@ pub fn named(name: &str) -> Result<Shape> {
         return Ok(gpt(96, 12288, 96, 2048, 50304));
     }
     if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
+        let features = p.arch.features();
+        if !features.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "plan --model {name}: the planner prices GPT-2's architecture only so far, not {}",
+                features.join(", ")
+            )));
+        }
         // The GPT-2 sizes are planned with GPT-2's vocabulary; tiny and small with the bytes'.
         let vocab = if p.name.starts_with("gpt2") { 50304 } else { 384 };
         return Ok(Shape {

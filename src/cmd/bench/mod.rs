@@ -1,6 +1,6 @@
 //! `trident bench <target>`: the dispatch of every benchmark to its module (their flags are
-//! `flags::BENCH_FLAGS`). On one process: `peak`, `gemm` (`gemm`), `attention`, `layernorm` and
-//! `step` (`ops`) on the CPU, `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding
+//! `flags::BENCH_FLAGS`). On one process: `peak`, `gemm` (`gemm`), `attention`, `layernorm`,
+//! `step` and `generate` (`ops`) on the CPU, `gemm`, `attention`, `layernorm`, `gelu`, `xent`, `embedding
 //! --device cuda|hip` (`gpu`), and `step --device cuda|hip` (`gpu_step`). On every rank of an
 //! MPI job: the collectives (`comm`; `allreduce --device cuda|hip` through `gpu`) and `summa`
 //! (`summa`).
@@ -40,7 +40,7 @@ fn single_process(rest: &[String]) -> Result<()> {
         Some((w, r)) if !w.starts_with('-') => (w.as_str(), r),
         _ => {
             return Err(Error::Usage(
-                "bench needs a target: peak, gemm, gemm-bwd, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
+                "bench needs a target: peak, gemm, gemm-bwd, attention, layernorm, step, generate, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv".into(),
             ))
         }
     };
@@ -74,7 +74,15 @@ fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
         if steps == Some(0) {
             return Err(Error::flag("--steps", 0, "a positive whole number"));
         }
-        let report = gpu_step::step(vendor, &step_model(a)?, secs, steps)?;
+        let model = step_model(a, (4, 64))?;
+        let features = model.cfg.arch.features();
+        if !features.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "bench step --device {device} with {}: the GPU kernels of the Llama-family ops are not built yet",
+                features.join(", ")
+            )));
+        }
+        let report = gpu_step::step(vendor, &model, secs, steps)?;
         print!("{}", if a.has("--json") { report.json() + "\n" } else { report.table() });
         return Ok(());
     }
@@ -88,7 +96,7 @@ fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
     Ok(())
 }
 
-/// `bench peak|gemm|attention|layernorm|step` on the CPU's thread pool.
+/// `bench peak|gemm|attention|layernorm|step|generate` on the CPU's thread pool.
 fn on_cpu(what: &str, a: &Args) -> Result<()> {
     let pool = pool::ThreadPool::new(threads(a)?);
     match what {
@@ -101,6 +109,14 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             Ok(())
         }
         "gemm" => gemm_on_cpu(&pool, a),
+        "generate" => {
+            let dev = crate::device::cpu::CpuDevice::new(pool.threads());
+            let m = step_model(a, (1, 512))?;
+            let m = ops::StepModel { seq: m.seq.max(2), ..m };
+            let secs = a.f64("--min-seconds")?.unwrap_or(0.3);
+            print_records(&ops::generate(&dev, &m, secs), a.has("--json"));
+            Ok(())
+        }
         "attention" | "layernorm" | "step" => {
             let dev = crate::device::cpu::CpuDevice::new(pool.threads());
             let p = peak::measure_fma_peak(dev.pool(), 300);
@@ -111,7 +127,7 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
                 _ => ops::step(
                     &dev,
                     &p,
-                    &step_model(a)?,
+                    &step_model(a, (4, 64))?,
                     match a.str("--dtype").unwrap_or("f32") {
                         "f32" => crate::real::Precision::F32,
                         "bf16" => crate::real::Precision::Bf16,
@@ -127,20 +143,21 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             Err(Error::Usage(format!("bench {what} times a GPU kernel: add --device cuda or --device hip")))
         }
         other => Err(Error::Usage(format!(
-            "unknown bench target '{other}': use peak, gemm, gemm-bwd, attention, layernorm, step, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
+            "unknown bench target '{other}': use peak, gemm, gemm-bwd, attention, layernorm, step, generate, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
 }
 
-/// `bench step`'s model from its flags (`ops::StepModel`), on the CPU and on a GPU alike.
-fn step_model(a: &Args) -> Result<ops::StepModel> {
+/// `bench step`'s (and `bench generate`'s) model from its flags (`ops::StepModel`), on the CPU
+/// and on a GPU alike; `(micro_batch, seq)` are the default micro-batch and sequence length.
+fn step_model(a: &Args, (micro_batch, seq): (usize, usize)) -> Result<ops::StepModel> {
     ops::StepModel::new(&ops::StepFlags {
         preset: a.str("--preset").unwrap_or("gpt2-124m"),
         num_layers: a.usize("--num-layers")?,
         hidden_size: a.usize("--hidden-size")?,
         num_attention_heads: a.usize("--num-attention-heads")?,
-        micro_batch: a.usize("--micro-batch-size")?.unwrap_or(4).max(1),
-        seq: a.usize("--seq-length")?.unwrap_or(64).max(1),
+        micro_batch: a.usize("--micro-batch-size")?.unwrap_or(micro_batch).max(1),
+        seq: a.usize("--seq-length")?.unwrap_or(seq).max(1),
         vocab: a.usize("--vocab-size")?.unwrap_or(50257).max(257),
     })
 }

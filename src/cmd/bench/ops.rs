@@ -266,16 +266,23 @@ impl StepModel {
         let p = preset(f.preset)?;
         let (layers, hidden) = (f.num_layers.unwrap_or(p.num_layers), f.hidden_size.unwrap_or(p.hidden_size));
         let heads = f.num_attention_heads.unwrap_or(p.num_attention_heads);
+        // The preset's MLP width and architecture (a Llama's SwiGLU width follows Megatron's
+        // default where the hidden size is overridden).
+        let ffn = match (p.ffn_hidden_size, f.hidden_size) {
+            (Some(w), None) => w,
+            _ if p.arch.swiglu => 4 * hidden * 2 / 3 / 64 * 64,
+            _ => 4 * hidden,
+        };
         let cfg = GptConfig {
             num_layers: layers,
             hidden_size: hidden,
             num_attention_heads: heads,
-            ffn_hidden_size: 4 * hidden,
+            ffn_hidden_size: ffn,
             max_position_embeddings: p.max_position_embeddings.max(f.seq),
             vocab_size: f.vocab,
             padded_vocab_size: GptConfig::pad_vocab(f.vocab, 128),
             init_method_std: 0.02,
-            arch: crate::model::Arch::GPT2,
+            arch: p.arch.clone(),
         };
         cfg.validate()?;
         let overrides: String = [(f.num_layers, 'L'), (f.hidden_size, 'h'), (f.num_attention_heads, 'a')]
@@ -359,3 +366,34 @@ pub fn step(
         note: format!("{:.0} tokens/s; MFU is the ratio", (m.micro_batch * m.seq) as f64 / secs),
     }])
 }
+
+/// `bench generate`: the time of one new token at position `m.seq` of one sequence, with the
+/// key/value cache (`Gpt::decode` of one position, the cache rolled back to `seq - 1` positions
+/// each time) and without it (the whole context's forward), and the ratio of the two.
+pub fn generate(dev: &CpuDevice, m: &StepModel, min_seconds: f64) -> Vec<Record> {
+    let mut model = Gpt::new(dev, m.cfg.clone(), 1234);
+    let (tokens, _) = m.batch();
+    let context = &tokens[..m.seq];
+    let mut cache = model.kv_cache(dev);
+    model.decode(dev, &mut cache, &context[..m.seq - 1]);
+    let cached = time_best(min_seconds, &mut || {
+        cache.truncate(m.seq - 1);
+        model.decode(dev, &mut cache, &context[m.seq - 1..]);
+    });
+    let whole = time_best(min_seconds, &mut || {
+        model.forward(dev, TensorParallel::single(), context, 1, m.seq);
+    });
+    let record = |what: &str, secs: f64| Record {
+        bench: "generate",
+        shape: format!("{} {what}", m.name),
+        dtype: "f32",
+        threads: dev.pool().threads(),
+        achieved: 1.0 / secs,
+        unit: "tokens/s",
+        peak: 1.0 / cached,
+        ms: 1e3 * secs,
+        note: format!("token at position {}; ratio: against the cache", m.seq),
+    };
+    vec![record("kv-cache", cached), record("recompute", whole)]
+}
+

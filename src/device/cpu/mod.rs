@@ -533,6 +533,20 @@ impl Device for CpuDevice {
         });
     }
 
+    fn attention_decode(&self, out: &mut Vec<f32>, qkv: &Vec<f32>, shape: AttentionShape, t0: usize) {
+        let (n, aw, d) = (shape.seq - t0, shape.width(), shape.head_dim);
+        assert!(shape.batch == 1 && out.len() >= n * aw && qkv.len() >= shape.seq * shape.qkv_width());
+        let o = SharedMut::new(out);
+        self.pool.run(shape.heads, &|head| {
+            let mut mine = vec![0f32; n * aw];
+            kernels::attention_decode_head(&mut mine, qkv, shape, head, t0);
+            for i in 0..n {
+                // SAFETY: task `head` owns the head's columns of every row.
+                unsafe { o.slice(i * aw + head * d, d) }.copy_from_slice(&mine[i * aw + head * d..][..d]);
+            }
+        });
+    }
+
     fn set_matmul_precision(&self, precision: crate::real::Precision) {
         self.bf16_matmul.store(precision == crate::real::Precision::Bf16, std::sync::atomic::Ordering::Relaxed);
     }

@@ -95,7 +95,7 @@ pub(super) struct LnActs<B> {
 impl<B> LnActs<B> {
     /// The buffers of a norm (`cfg`'s) over `rows` rows of width `h`, of which this rank holds
     /// `local`: the output in `precision` storage (`Device::alloc_in`), the statistics in f32.
-    fn new<D: Device<Buf = B>>(
+    pub(super) fn new<D: Device<Buf = B>>(
         dev: &D,
         (cfg, rows, local): (&GptConfig, usize, usize),
         h: usize,

@@ -46,6 +46,26 @@ pub(super) struct LayerOps {
 }
 
 impl LayerOps {
+    /// The (weight, bias) offsets of each op, for passes outside this file (generation).
+    pub(super) fn ln1_params(&self) -> (usize, Option<usize>) {
+        (self.ln1.weight, self.ln1.bias)
+    }
+    pub(super) fn qkv_params(&self) -> (usize, Option<usize>) {
+        (self.qkv.weight, self.qkv.bias)
+    }
+    pub(super) fn proj_params(&self) -> (usize, Option<usize>) {
+        (self.proj.weight, self.proj.bias)
+    }
+    pub(super) fn ln2_params(&self) -> (usize, Option<usize>) {
+        (self.ln2.weight, self.ln2.bias)
+    }
+    pub(super) fn fc1_params(&self) -> (usize, Option<usize>) {
+        (self.fc1.weight, self.fc1.bias)
+    }
+    pub(super) fn fc2_params(&self) -> (usize, Option<usize>) {
+        (self.fc2.weight, self.fc2.bias)
+    }
+
     pub(super) fn new(arch: &Arch) -> LayerOps {
         let mut next = 0;
         let mut op = |bias: bool| {

@@ -18,6 +18,7 @@
 mod activations;
 mod block;
 mod chunk;
+mod decode;
 mod embedding;
 mod head;
 mod tensor_parallel;
@@ -33,6 +34,8 @@ use crate::tensor::ParamSet;
 use activations::{Activations, SpareAttention, SpareLayer, Stash};
 use block::LayerOps;
 use std::ops::Range;
+
+pub use decode::KvCache;
 
 /// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
 #[derive(Clone, Copy, Debug)]
