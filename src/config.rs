@@ -491,19 +491,14 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
                 ));
             }
         }
-        if d == "hip" && args.has("--fp16") {
-            return Err(Error::Unsupported(
-                "--device hip --fp16: the HIP kernels (kernels-hip/) are built for bf16 storage only, no fp16 twins of \
-                 their MFMA kernels yet; use --bf16 on --device hip, or --fp16 on --device cuda or cpu"
-                    .into(),
-            ));
-        }
         if d == "hip" {
-            // As CUDA: a loadable runtime, and bf16 GEMM and attention operands said out loud.
+            // As CUDA: a loadable runtime, and the 16-bit GEMM and attention operands (the bf16
+            // module, or the fp16 one) said out loud.
             crate::gpu::require_hip_runtime()?;
-            if !args.has("--bf16") {
+            if !args.has("--bf16") && !args.has("--fp16") {
                 return Err(Error::Usage(
-                    "--device hip needs --bf16 (the HIP kernels multiply bf16 operands with f32 accumulation)".into(),
+                    "--device hip needs --bf16 or --fp16 (the HIP kernels multiply 16-bit operands with f32 accumulation)"
+                        .into(),
                 ));
             }
         }

@@ -13,7 +13,7 @@
 //! they skip.
 
 mod common;
-use common::gpu_device::{self, fake_nccl, train_losses, Emulated};
+use common::gpu_device::{self, fake_nccl, run_with, train_losses, Emulated};
 use common::*;
 
 use std::io::Write;
@@ -93,6 +93,53 @@ fn the_head_dim_check_names_the_device() {
 fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     let Some(emu) = emulated() else { return };
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
+}
+
+/// The fp16 module's runtime (`gpu_device::fp16_driver_env`: libamdhip64-emu-fp16.so), built
+/// once per test process.
+fn fp16_env() -> Option<&'static Vec<(&'static str, PathBuf)>> {
+    static BUILT: OnceLock<Option<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    BUILT.get_or_init(|| emulated().map(gpu_device::fp16_driver_env)).as_ref()
+}
+
+/// `check ops --device hip --fp16`: every Device op on the HIP fp16 module (binary16 storage:
+/// rounding, the 16-bit copies, AdamW's working copy, GEMMs and attention on the f16 MFMA) within
+/// fp16's bounds, its code objects compiled by hipRTC with -DTRIDENT_FP16; and each emulating
+/// runtime refuses the other storage type's code objects, so no test runs one module's kernels on
+/// the other's buffers.
+#[test]
+fn the_fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other_module() {
+    let (Some(emu), Some(fp16)) = (emulated(), fp16_env()) else { return };
+    let o = run_with(fp16, &["check", "ops", "--device", "hip", "--size", "small", "--fp16"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "check ops --device hip --fp16: {out}{}", stderr(&o));
+    for want in
+        ["round_to fp16", "to_half + load_half fp16", "adamw working copy fp16", "adamw_group working copy fp16"]
+    {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    assert!(out.contains(&format!("ops check: all {} outputs", gpu_device::OPS_CHECKED)), "{out}");
+    assert!(out.contains("Emulated AMD Instinct MI250X") && out.contains("fp16 GEMMs and attention"), "{out}");
+    for (env, flags, refused) in [
+        (fp16, &[][..], "a bf16 module on the fp16 runtime"),
+        (&emu.env, &["--fp16"][..], "a fp16 module on the bf16 runtime"),
+    ] {
+        let mut args = vec!["check", "ops", "--device", "hip", "--size", "small"];
+        args.extend(flags);
+        let o = run_with(env, &args);
+        assert!(!o.status.success() && stderr(&o).contains(refused), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains("hipErrorInvalidImage"), "{}", stderr(&o));
+    }
+}
+
+/// `train --device hip --fp16` on the tiny preset: the loss scaler on the device path skips the
+/// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
+#[test]
+fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
+    let Some(fp16) = fp16_env() else { return };
+    let dir = scratch("hip-train-fp16");
+    gpu_device::tiny_preset_fp16_skips_as_the_cpu_does(fp16, &dir, "hip");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -247,7 +294,8 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     let e = rt.load_module(&cubin).unwrap_err();
     assert!(e.to_string().contains("hipErrorNoBinaryForGpu"), "{e}");
     let cache = trident::gpu::cache::ModuleCache::new(&PathBuf::from(std::env::var("TRIDENT_CACHE_DIR").unwrap()));
-    let casts = HipKernelModules::new(cache).image("casts.hip", "gfx90a").unwrap();
+    let casts =
+        HipKernelModules::new(cache).image("casts.hip", "gfx90a", trident::gpu::kernels::Storage::Bf16).unwrap();
     let m = rt.load_module(&casts.bytes).unwrap();
     assert!(rt.function(m, "cast_f32_to_bf16").is_ok());
     let e = rt.function(m, "gemm_fwd_bf16").unwrap_err();

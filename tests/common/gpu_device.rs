@@ -98,16 +98,23 @@ pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
     Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
 }
 
-/// The emulating CUDA driver built for the fp16 module (`-DTRIDENT_FP16`: binary16 storage, .f16
-/// tensor-core operands; it refuses bf16 modules, as the bf16 one refuses fp16 modules) as
-/// `libcuda-emu-fp16.so` beside `emu`'s, and `emu`'s environment with it as TRIDENT_LIBCUDA: for
-/// trident processes (this process keeps the driver it loaded).
+/// The emulating runtimes: the variable that names each and its source in tests/gpu/.
+const EMULATED_RUNTIMES: [(&str, &str); 2] =
+    [("TRIDENT_LIBCUDA", "emu_libcuda.cpp"), ("TRIDENT_LIBAMDHIP64", "emu_libamdhip64.cpp")];
+
+/// `emu`'s emulating runtime (the CUDA driver or the HIP runtime) built for the fp16 module
+/// (`-DTRIDENT_FP16`: binary16 storage, .f16 tensor-core or MFMA operands; it refuses bf16
+/// modules, as the bf16 one refuses fp16 modules) as `<lib>-fp16.so` beside `emu`'s, and `emu`'s
+/// environment with it in its variable: for trident processes (this process keeps the runtime it
+/// loaded).
 pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
-    let bf16 = &emu.env.iter().find(|(k, _)| *k == "TRIDENT_LIBCUDA").expect("a CUDA emulation").1;
-    let dir = bf16.parent().unwrap();
-    let lib =
-        build_emulator(dir, "emu_libcuda.cpp", "libcuda-emu-fp16.so", "the fp16 emulating driver", &["-DTRIDENT_FP16"]);
-    emu.env.iter().map(|(k, v)| (*k, if *k == "TRIDENT_LIBCUDA" { lib.clone() } else { v.clone() })).collect()
+    let (var, source, bf16) = EMULATED_RUNTIMES
+        .iter()
+        .find_map(|&(var, source)| emu.env.iter().find(|(k, _)| *k == var).map(|(_, lib)| (var, source, lib)))
+        .expect("an emulated CUDA driver or HIP runtime");
+    let name = bf16.file_name().unwrap().to_str().unwrap().trim_end_matches(".so").to_string() + "-fp16.so";
+    let lib = build_emulator(bf16.parent().unwrap(), source, &name, "the fp16 emulating runtime", &["-DTRIDENT_FP16"]);
+    emu.env.iter().map(|(k, v)| (*k, if *k == var { lib.clone() } else { v.clone() })).collect()
 }
 
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
