@@ -142,6 +142,18 @@ fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Tensor or pipeline parallelism on fp16 buffers over RCCL (the default with `--device hip`) is
+/// one clear line, as over NCCL on CUDA: RCCL's path types device buffers f32 or bf16.
+#[test]
+fn fp16_over_rccl_model_parallelism_is_a_clear_error() {
+    let Some(emu) = emulated() else { return };
+    let base = ["train", "--preset", "tiny", "--data-path", "x", "--fp16", "--device", "hip"];
+    for parallel in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
+        let o = run_with(&emu.env, &[&base[..], &[parallel, "2"]].concat());
+        assert_clean_error(&o, &["--device hip --fp16", "RCCL's path", "--gpu-collectives mpi"]);
+    }
+}
+
 #[test]
 fn train_on_hip_follows_the_cpu_bf16_losses_on_one_and_four_ranks() {
     let Some(emu) = emulated() else { return };
