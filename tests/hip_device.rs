@@ -95,13 +95,6 @@ fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
-/// The fp16 module's runtime (`gpu_device::fp16_driver_env`: libamdhip64-emu-fp16.so), built
-/// once per test process.
-fn fp16_env() -> Option<&'static Vec<(&'static str, PathBuf)>> {
-    static BUILT: OnceLock<Option<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
-    BUILT.get_or_init(|| emulated().map(gpu_device::fp16_driver_env)).as_ref()
-}
-
 /// `check ops --device hip --fp16`: every Device op on the HIP fp16 module (binary16 storage:
 /// rounding, the 16-bit copies, AdamW's working copy, GEMMs and attention on the f16 MFMA) within
 /// fp16's bounds, its code objects compiled by hipRTC with -DTRIDENT_FP16; and each emulating
@@ -109,34 +102,21 @@ fn fp16_env() -> Option<&'static Vec<(&'static str, PathBuf)>> {
 /// the other's buffers.
 #[test]
 fn the_fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other_module() {
-    let (Some(emu), Some(fp16)) = (emulated(), fp16_env()) else { return };
-    let o = run_with(fp16, &["check", "ops", "--device", "hip", "--size", "small", "--fp16"]);
-    let out = stdout(&o);
-    assert!(o.status.success(), "check ops --device hip --fp16: {out}{}", stderr(&o));
-    for want in
-        ["round_to fp16", "to_half + load_half fp16", "adamw working copy fp16", "adamw_group working copy fp16"]
-    {
-        assert!(out.contains(want), "{want} missing:\n{out}");
-    }
-    assert!(out.contains(&format!("ops check: all {} outputs", gpu_device::OPS_CHECKED)), "{out}");
-    assert!(out.contains("Emulated AMD Instinct MI250X") && out.contains("fp16 GEMMs and attention"), "{out}");
-    for (env, flags, refused) in [
-        (fp16, &[][..], "a bf16 module on the fp16 runtime"),
-        (&emu.env, &["--fp16"][..], "a fp16 module on the bf16 runtime"),
-    ] {
-        let mut args = vec!["check", "ops", "--device", "hip", "--size", "small"];
-        args.extend(flags);
-        let o = run_with(env, &args);
-        assert!(!o.status.success() && stderr(&o).contains(refused), "{args:?}: {}{}", stdout(&o), stderr(&o));
-        assert!(stderr(&o).contains("hipErrorInvalidImage"), "{}", stderr(&o));
-    }
+    let (Some(emu), Some(fp16)) = (emulated(), gpu_device::fp16_env(emulated)) else { return };
+    let out = gpu_device::fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
+        &emu.env,
+        fp16,
+        "hip",
+        ("runtime", "hipErrorInvalidImage"),
+    );
+    assert!(out.contains("Emulated AMD Instinct MI250X"), "{out}");
 }
 
 /// `train --device hip --fp16` on the tiny preset: the loss scaler on the device path skips the
 /// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
 #[test]
 fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
-    let Some(fp16) = fp16_env() else { return };
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
     let dir = scratch("hip-train-fp16");
     gpu_device::tiny_preset_fp16_skips_as_the_cpu_does(fp16, &dir, "hip");
     let _ = std::fs::remove_dir_all(dir);

@@ -117,6 +117,47 @@ pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
     emu.env.iter().map(|(k, v)| (*k, if *k == var { lib.clone() } else { v.clone() })).collect()
 }
 
+/// `fp16_driver_env` of this test process's emulation (`emulated`, the CUDA driver's or the HIP
+/// runtime's: a test process has one), built once per process.
+pub fn fp16_env(emulated: fn() -> Option<&'static Emulated>) -> Option<&'static Vec<(&'static str, PathBuf)>> {
+    static BUILT: std::sync::OnceLock<Option<Vec<(&'static str, PathBuf)>>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| emulated().map(fp16_driver_env)).as_ref()
+}
+
+/// `check ops --device <device> --size small --fp16` on the fp16 module's runtime (`fp16_env`): every Device op on binary16 storage (rounding, the 16-bit copies, AdamW's
+/// working copy, GEMMs and attention on f16 operands) within fp16's bounds; and each emulating
+/// runtime refuses the other storage type's modules (`bf16_env` is the bf16 one's), naming the
+/// pairing with `runtime` ("driver" or "runtime") and failing with `invalid_image`, the runtime's
+/// code for it, so no test runs one module's kernels on the other's buffers. Returns the fp16
+/// run's stdout.
+pub fn fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
+    bf16_env: &[(&'static str, PathBuf)],
+    fp16_env: &[(&'static str, PathBuf)],
+    device: &str,
+    (runtime, invalid_image): (&str, &str),
+) -> String {
+    let o = run_with(fp16_env, &["check", "ops", "--device", device, "--size", "small", "--fp16"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "check ops --device {device} --fp16: {out}{}", stderr(&o));
+    for want in
+        ["round_to fp16", "to_half + load_half fp16", "adamw working copy fp16", "adamw_group working copy fp16"]
+    {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    assert!(out.contains(&format!("ops check: all {OPS_CHECKED} outputs")), "{out}");
+    assert!(out.contains("fp16 GEMMs and attention"), "{out}");
+    let pairings = [(fp16_env, &[][..], ("bf16", "fp16")), (bf16_env, &["--fp16"][..], ("fp16", "bf16"))];
+    for (env, flags, refused) in pairings {
+        let mut args = vec!["check", "ops", "--device", device, "--size", "small"];
+        args.extend(flags);
+        let o = run_with(env, &args);
+        let refused = format!("a {} module on the {} {runtime}", refused.0, refused.1);
+        assert!(!o.status.success() && stderr(&o).contains(&refused), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(invalid_image), "{}", stderr(&o));
+    }
+    out
+}
+
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the
 /// logs in `dir/logs-<rtol>`; `extra` adds to (or overrides) the environment.
 pub fn run_gpu_check(
