@@ -8,9 +8,9 @@
 //! images; a set variable without a working nvcc is a build
 //! error, never a silent fallback. Unset (the default), no nvcc is looked for.
 //! The HIP kernels of `kernels-hip/` (every `*.hip` and `common/*.h`) are embedded the same way,
-//! for hipRTC; `TRIDENT_HIP_ARCHS` (e.g. `gfx90a;gfx942`) adds one code object (v4) per file and
-//! architecture, compiled by `$TRIDENT_HIPCC` (else `hipcc`) with `$TRIDENT_HIP_FLAGS` and, when
-//! set, `--rocm-device-lib-path=$TRIDENT_HIP_DEVICE_LIBS` (the gfx942 shim of kernels-hip/check.sh
+//! for hipRTC; `TRIDENT_HIP_ARCHS` (e.g. `gfx90a;gfx942`) adds one code object (v4) per file,
+//! architecture and 16-bit storage type (bf16, and fp16 with `-DTRIDENT_FP16`), compiled by
+//! `$TRIDENT_HIPCC` (else `hipcc`) with `$TRIDENT_HIP_FLAGS` and, when set, `--rocm-device-lib-path=$TRIDENT_HIP_DEVICE_LIBS` (the gfx942 shim of kernels-hip/check.sh
 //! for Debian's clang-19).
 
 use std::fmt::Write as _;
@@ -184,6 +184,9 @@ fn embed_hip_kernels(out_dir: &Path) {
         .map(hip_aot_arch)
         .collect();
     let mut compiler_line = String::new();
+    // Each file and architecture twice, as for CUDA: the bf16 module into HIP_AOT_IMAGES, the fp16
+    // module (-DTRIDENT_FP16) into HIP_AOT_IMAGES_FP16.
+    let mut fp16 = String::from("pub static HIP_AOT_IMAGES_FP16: &[(&str, &str, &[u8])] = &[\n");
     gen.push_str("pub static HIP_AOT_IMAGES: &[(&str, &str, &[u8])] = &[\n");
     if !archs.is_empty() {
         let hipcc = std::env::var("TRIDENT_HIPCC").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "hipcc".into());
@@ -209,42 +212,48 @@ fn embed_hip_kernels(out_dir: &Path) {
         std::fs::create_dir_all(&aot).expect("build.rs: create OUT_DIR/hip-aot");
         for k in &kernels {
             for arch in &archs {
-                let co = aot.join(format!("{}.{arch}.co", name(k).trim_end_matches(".hip")));
-                let mut cmd = Command::new(&hipcc);
-                cmd.env("HIP_PLATFORM", "amd").args(&flags);
-                if let Some(dir) = &device_libs {
-                    cmd.arg(format!("--rocm-device-lib-path={dir}"));
+                for (module, defines, table) in [("", &[][..], &mut gen), (".fp16", &["-DTRIDENT_FP16"][..], &mut fp16)]
+                {
+                    let co = aot.join(format!("{}.{arch}{module}.co", name(k).trim_end_matches(".hip")));
+                    let mut cmd = Command::new(&hipcc);
+                    cmd.env("HIP_PLATFORM", "amd").args(&flags);
+                    if let Some(dir) = &device_libs {
+                        cmd.arg(format!("--rocm-device-lib-path={dir}"));
+                    }
+                    let out = cmd
+                        .arg(format!("--offload-arch={arch}"))
+                        .args([
+                            "-O3",
+                            "-std=c++17",
+                            "-mcode-object-version=4",
+                            "--cuda-device-only",
+                            "--no-gpu-bundle-output",
+                        ])
+                        .args(defines)
+                        .arg("-c")
+                        .arg("-I")
+                        .arg(&root)
+                        .arg("-o")
+                        .arg(&co)
+                        .arg(k)
+                        .output()
+                        .unwrap_or_else(|e| panic!("build.rs: running {hipcc}: {e}"));
+                    if !out.status.success() {
+                        panic!(
+                            "build.rs: {hipcc} failed on {} for {arch}{module}:\n{}",
+                            k.display(),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                    let path = co.display().to_string();
+                    writeln!(table, "    ({:?}, {:?}, include_bytes!({:?})),", name(k), arch, path).unwrap();
                 }
-                let out = cmd
-                    .arg(format!("--offload-arch={arch}"))
-                    .args([
-                        "-O3",
-                        "-std=c++17",
-                        "-mcode-object-version=4",
-                        "--cuda-device-only",
-                        "--no-gpu-bundle-output",
-                    ])
-                    .arg("-c")
-                    .arg("-I")
-                    .arg(&root)
-                    .arg("-o")
-                    .arg(&co)
-                    .arg(k)
-                    .output()
-                    .unwrap_or_else(|e| panic!("build.rs: running {hipcc}: {e}"));
-                if !out.status.success() {
-                    panic!(
-                        "build.rs: {hipcc} failed on {} for {arch}:\n{}",
-                        k.display(),
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                writeln!(gen, "    ({:?}, {:?}, include_bytes!({:?})),", name(k), arch, co.display().to_string())
-                    .unwrap();
             }
         }
     }
     gen.push_str("];\n");
+    fp16.push_str("];\n");
+    gen.push_str(&fp16);
     writeln!(gen, "pub static HIP_AOT_COMPILER: &str = {compiler_line:?};").unwrap();
     std::fs::write(out_dir.join("hip_kernel_sources.rs"), gen).expect("build.rs: write hip_kernel_sources.rs");
 }

@@ -9,7 +9,10 @@
 # kernel-resource-usage remarks), fails on a compile error or any scratch use or spill, and
 # requires v_mfma in the disassembly of every gemm_*.hip and attention_*.hip (the bf16 MFMA is
 # v_mfma_f32_32x32x8bf16_1k on gfx90a and v_mfma_f32_32x32x8_bf16 on gfx942: one encoding, two
-# names). No GPU is needed. The compilers come from apt (`make hip-deps`).
+# names). Every file is compiled as both modules: bf16 storage, and fp16 with -DTRIDENT_FP16
+# (common/base.h; its rows name the file as file[fp16]), whose MFMA must be the f16 one
+# (v_mfma_f32_32x32x8f16, v_mfma_f32_32x32x8_f16 on gfx942) and no bf16 one, and the other way
+# round. No GPU is needed. The compilers come from apt (`make hip-deps`).
 # KERNELS_CHECK_HIP_FLAGS adds compiler flags for experiments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,9 +47,9 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
 # arch -> the device-only compile command (a plain ELF code object, no offload bundle)
-compile() { # arch source output
+compile() { # arch source output [defines]
   local common=(-O3 -std=c++17 -mcode-object-version=4 --cuda-device-only --no-gpu-bundle-output -c
-    -Rpass-analysis=kernel-resource-usage -I kernels-hip)
+    -Rpass-analysis=kernel-resource-usage -I kernels-hip ${4:+"$4"})
   # shellcheck disable=SC2086 # the flags are words
   case $1 in
     gfx90a) "$HIPCC" --offload-arch=gfx90a "${common[@]}" ${KERNELS_CHECK_HIP_FLAGS:-} -o "$3" "$2" ;;
@@ -56,24 +59,31 @@ compile() { # arch source output
 }
 
 status=0
-printf '%-7s %-18s %-36s %5s %5s %5s %8s %6s %6s\n' arch file kernel SGPR VGPR AGPR scratch LDS waves
+# module -> its define (the bf16 module has none: the text it always was), the MFMA its GEMM and
+# attention code must issue, and the one it must not
+declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
+declare -A MODULE_MFMA=([bf16]='v_mfma_f32_32x32x8_?bf16(_1k)?' [fp16]='v_mfma_f32_32x32x8_?f16')
+printf '%-7s %-24s %-36s %5s %5s %5s %8s %6s %6s\n' arch file kernel SGPR VGPR AGPR scratch LDS waves
 for src in kernels-hip/*.hip; do
   file=$(basename "$src")
+  for module in bf16 fp16; do
+  label=$file; [ "$module" = bf16 ] || label="${file}[$module]"
+  other=$([ "$module" = bf16 ] && echo fp16 || echo bf16)
   for arch in gfx90a gfx942; do
-    co=$OUT/${file%.hip}.$arch.co
-    if ! log=$(compile "$arch" "$src" "$co" 2>&1); then
+    co=$OUT/${file%.hip}.$arch.$module.co
+    if ! log=$(compile "$arch" "$src" "$co" "${MODULE_FLAGS[$module]}" 2>&1); then
       echo "$log" | grep -v 'remark:' >&2
-      echo "kernels-check: $file does not compile for $arch" >&2
+      echo "kernels-check: $label does not compile for $arch" >&2
       status=1
       continue
     fi
     # One remark block per kernel: "Function Name: k", then "SGPRs: n", "VGPRs: n", "AGPRs: n",
     # "ScratchSize [bytes/lane]: n", "Occupancy [waves/SIMD]: n", "SGPRs Spill: n",
     # "VGPRs Spill: n", "LDS Size [bytes/block]: n".
-    if ! awk -v arch="$arch" -v file="$file" '
+    if ! awk -v arch="$arch" -v file="$label" '
       function flush() {
         if (name == "") return
-        printf "%-7s %-18s %-36s %5s %5s %5s %8s %6s %6s\n", arch, file, name, sgpr, vgpr, agpr, scratch, lds, waves
+        printf "%-7s %-24s %-36s %5s %5s %5s %8s %6s %6s\n", arch, file, name, sgpr, vgpr, agpr, scratch, lds, waves
         if (scratch + sspill + vspill > 0) {
           printf "kernels-check: %s uses scratch on %s (%s bytes/lane; %s SGPRs and %s VGPRs spilled): a kernel that spills is a bug\n", name, arch, scratch, sspill, vspill > "/dev/stderr"
           bad = 1
@@ -95,20 +105,24 @@ for src in kernels-hip/*.hip; do
     # e_ident[EI_ABIVERSION] 2 is code object v4, what the ROCm 5.x runtime loads.
     abi=$(od -An -tu1 -j8 -N1 "$co" | tr -d ' ')
     if [ "$abi" != 2 ]; then
-      echo "kernels-check: $file for $arch is not code object v4 (ELF ABI version $abi)" >&2
+      echo "kernels-check: $label for $arch is not code object v4 (ELF ABI version $abi)" >&2
       status=1
     fi
     case $file in
       gemm_*|attention_*)
         ops=$("$OBJDUMP" -d --mcpu="$arch" "$co" | { grep -oE 'v_mfma_[a-z0-9_]+' || true; } | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
-        if [ -n "$ops" ]; then
-          echo "        $file on $arch: $ops"
-        else
-          echo "kernels-check: no v_mfma in the disassembly of $file for $arch (the matrix cores are not used)" >&2
+        if [ -z "$ops" ]; then
+          echo "kernels-check: no v_mfma in the disassembly of $label for $arch (the matrix cores are not used)" >&2
           status=1
+        elif ! grep -qE "${MODULE_MFMA[$module]} " <<<"$ops" || grep -qE "${MODULE_MFMA[$other]} " <<<"$ops"; then
+          echo "kernels-check: the $module module's MFMA is not its own in $label for $arch: $ops" >&2
+          status=1
+        else
+          echo "        $label on $arch: $ops"
         fi ;;
     esac
   done
+  done
 done
-if [ $status = 0 ]; then echo "kernels-check: all HIP kernels compile for gfx90a and gfx942 (code object v4), no scratch, MFMA in the GEMM and attention code"; fi
+if [ $status = 0 ]; then echo "kernels-check: all HIP kernels compile for gfx90a and gfx942 (code object v4), bf16 and fp16 modules, no scratch, each module's own MFMA in the GEMM and attention code"; fi
 exit $status

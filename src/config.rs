@@ -599,31 +599,27 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
                 ));
             }
         }
-        if d == "cuda" && args.has("--fp16") && args.str("--gpu-collectives").unwrap_or("nccl") == "nccl" {
+        if (d == "cuda" || d == "hip") && args.has("--fp16") && args.str("--gpu-collectives") != Some("mpi") {
             // Tensor and pipeline parallelism move 16-bit activations on device memory; the NCCL
-            // path types its buffers f32 or bf16 only (data parallelism and ZeRO-1 move f32).
+            // (RCCL on hip) path types its buffers f32 or bf16 only (data parallelism and ZeRO-1
+            // move f32).
             let parallel = |name| args.usize(name).map(|v| v.unwrap_or(1) > 1);
             if parallel("--tensor-model-parallel-size")? || parallel("--pipeline-model-parallel-size")? {
-                return Err(Error::Unsupported(
-                    "--device cuda --fp16 with tensor or pipeline parallelism: NCCL's path moves f32 and bf16 \
+                let library = if d == "hip" { "RCCL" } else { "NCCL" };
+                return Err(Error::Unsupported(format!(
+                    "--device {d} --fp16 with tensor or pipeline parallelism: {library}'s path moves f32 and bf16 \
                      device buffers, not fp16 ones yet; add --gpu-collectives mpi (host-staged) or train with --bf16"
-                        .into(),
-                ));
+                )));
             }
         }
-        if d == "hip" && args.has("--fp16") {
-            return Err(Error::Unsupported(
-                "--device hip --fp16: the HIP kernels (kernels-hip/) are built for bf16 storage only, no fp16 twins of \
-                 their MFMA kernels yet; use --bf16 on --device hip, or --fp16 on --device cuda or cpu"
-                    .into(),
-            ));
-        }
         if d == "hip" {
-            // As CUDA: a loadable runtime, and bf16 GEMM and attention operands said out loud.
+            // As CUDA: a loadable runtime, and the 16-bit GEMM and attention operands (the bf16
+            // module, or the fp16 one) said out loud.
             crate::gpu::require_hip_runtime()?;
-            if !args.has("--bf16") {
+            if !args.has("--bf16") && !args.has("--fp16") {
                 return Err(Error::Usage(
-                    "--device hip needs --bf16 (the HIP kernels multiply bf16 operands with f32 accumulation)".into(),
+                    "--device hip needs --bf16 or --fp16 (the HIP kernels multiply 16-bit operands with f32 accumulation)"
+                        .into(),
                 ));
             }
         }

@@ -13,7 +13,7 @@
 //! they skip.
 
 mod common;
-use common::gpu_device::{self, fake_nccl, train_losses, Emulated};
+use common::gpu_device::{self, fake_nccl, run_with, train_losses, Emulated};
 use common::*;
 
 use std::io::Write;
@@ -93,6 +93,45 @@ fn the_head_dim_check_names_the_device() {
 fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     let Some(emu) = emulated() else { return };
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
+}
+
+/// `check ops --device hip --fp16`: every Device op on the HIP fp16 module (binary16 storage:
+/// rounding, the 16-bit copies, AdamW's working copy, GEMMs and attention on the f16 MFMA) within
+/// fp16's bounds, its code objects compiled by hipRTC with -DTRIDENT_FP16; and each emulating
+/// runtime refuses the other storage type's code objects, so no test runs one module's kernels on
+/// the other's buffers.
+#[test]
+fn the_fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other_module() {
+    let (Some(emu), Some(fp16)) = (emulated(), gpu_device::fp16_env(emulated)) else { return };
+    let out = gpu_device::fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
+        &emu.env,
+        fp16,
+        "hip",
+        ("runtime", "hipErrorInvalidImage"),
+    );
+    assert!(out.contains("Emulated AMD Instinct MI250X"), "{out}");
+}
+
+/// `train --device hip --fp16` on the tiny preset: the loss scaler on the device path skips the
+/// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
+#[test]
+fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
+    let dir = scratch("hip-train-fp16");
+    gpu_device::tiny_preset_fp16_skips_as_the_cpu_does(fp16, &dir, "hip");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Tensor or pipeline parallelism on fp16 buffers over RCCL (the default with `--device hip`) is
+/// one clear line, as over NCCL on CUDA: RCCL's path types device buffers f32 or bf16.
+#[test]
+fn fp16_over_rccl_model_parallelism_is_a_clear_error() {
+    let Some(emu) = emulated() else { return };
+    let base = ["train", "--preset", "tiny", "--data-path", "x", "--fp16", "--device", "hip"];
+    for parallel in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
+        let o = run_with(&emu.env, &[&base[..], &[parallel, "2"]].concat());
+        assert_clean_error(&o, &["--device hip --fp16", "RCCL's path", "--gpu-collectives mpi"]);
+    }
 }
 
 #[test]
@@ -247,7 +286,8 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     let e = rt.load_module(&cubin).unwrap_err();
     assert!(e.to_string().contains("hipErrorNoBinaryForGpu"), "{e}");
     let cache = trident::gpu::cache::ModuleCache::new(&PathBuf::from(std::env::var("TRIDENT_CACHE_DIR").unwrap()));
-    let casts = HipKernelModules::new(cache).image("casts.hip", "gfx90a").unwrap();
+    let casts =
+        HipKernelModules::new(cache).image("casts.hip", "gfx90a", trident::gpu::kernels::Storage::Bf16).unwrap();
     let m = rt.load_module(&casts.bytes).unwrap();
     assert!(rt.function(m, "cast_f32_to_bf16").is_ok());
     let e = rt.function(m, "gemm_fwd_bf16").unwrap_err();

@@ -11,7 +11,9 @@
 //! reductions, column sums, element-wise, embedding) and the wave64 and MFMA probes. Every kernel
 //! runs on at least three shapes, ragged ones included. Two tests build the kernels with a planted
 //! wave32 assumption (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and assert
-//! that the LayerNorm and tensor_ops comparisons catch it.
+//! that the LayerNorm and tensor_ops comparisons catch it. The same sources built as the fp16
+//! module (`-DTRIDENT_FP16`: binary16 storage, `v_mfma_f32_32x32x8f16`) run the shared cases, the
+//! wave64 LayerNorm and the MFMA probe again on binary16 inputs, within fp16's bounds (`mod fp16`).
 
 mod common;
 use common::emu::*;
@@ -34,6 +36,35 @@ const HIP: Vendor = Vendor {
 const PLANTED: Vendor = Vendor { kind: "hip-emu-planted", defines: &["-DTRIDENT_PLANT_WAVE32_BUG"], ..HIP };
 
 shared_kernel_tests!(HIP);
+
+/// The same sources built as the fp16 module (`-DTRIDENT_FP16`: binary16 storage, the f16 MFMA),
+/// fed binary16 inputs and held to fp16's bounds (`half_bounds`).
+const HIP_FP16: Vendor = Vendor { kind: "hip-emu-fp16", defines: &["-DTRIDENT_FP16"], half: Precision::F16, ..HIP };
+
+/// Every shared case on the fp16 module (the MFMA GEMMs with their epilogues and both backward
+/// products, FlashAttention for head dims 32, 64 and 128, the cross-entropy, AdamW's 16-bit
+/// working copy, GELU, embedding, casts, the bias-gradient sums), the wave64 LayerNorm, and the
+/// MFMA probe on operands binary16 holds exactly and bf16 does not.
+mod fp16 {
+    use super::*;
+    shared_kernel_tests!(HIP_FP16);
+
+    #[test]
+    fn layernorm_wave64_forward_backward() {
+        emu_cases::layernorm_forward_backward(&HIP_FP16, &[(4, 64), (7, 50), (6, 768), (5, 130)]);
+    }
+
+    /// Multiples of 1/64 up to 6 in magnitude: 9 significant bits, exact in binary16 (11) and not
+    /// all in bf16 (8), so an fp16 module that issued the bf16 MFMA (or rounded its operands to
+    /// bf16) fails here.
+    #[test]
+    fn mfma_layout() {
+        let a: Vec<f32> = (0..32 * 8).map(|i| (((i * 7) % 11) as f32 - 5.0) + ((i * 13) % 64) as f32 / 64.0).collect();
+        let b: Vec<f32> = (0..8 * 32).map(|i| (((i * 5) % 13) as f32 - 6.0) + ((i * 29) % 64) as f32 / 64.0).collect();
+        assert!(a.iter().chain(&b).any(|&x| Precision::Bf16.round(x) != x), "the probe must need binary16");
+        mfma_layout_on(&HIP_FP16, &a, &b);
+    }
+}
 
 /// The GEMMs built with groups of 2 row tiles in their grouped tile order (common/tile_order.h;
 /// 8 in the real build): grids of 3 x 3 tiles of 64 hold a full group and a short last one, and
@@ -78,21 +109,28 @@ fn wave64_collectives() {
 /// Small integers keep every product and sum exact.
 #[test]
 fn mfma_layout() {
-    let case = HIP.case("mfma_probe");
     let a: Vec<f32> = (0..32 * 8).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
     let b: Vec<f32> = (0..8 * 32).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
-    case.put_half("a", &a);
-    case.put_half("b", &b);
+    mfma_layout_on(&HIP, &a, &b);
+}
+
+/// The MFMA probe of `v`'s build on A [32 x 8] and B [8 x 32] (row-major, values of its storage
+/// type whose products and sums f32 holds exactly): every lane's 16 accumulators, which start at
+/// lane·16 + r, exactly.
+fn mfma_layout_on(v: &Vendor, a: &[f32], b: &[f32]) {
+    let case = v.case("mfma_probe");
+    case.put_half("a", a);
+    case.put_half("b", b);
     case.run("mfma_probe", &[]);
     let out = case.get_f32("out");
     for lane in 0..64usize {
         for r in 0..16usize {
             let (row, col) = (8 * (r / 4) + 4 * (lane / 32) + r % 4, lane % 32);
             let dot: f32 = (0..8).map(|k| a[row * 8 + k] * b[k * 32 + col]).sum();
-            assert_eq!(out[lane * 16 + r], (lane * 16 + r) as f32 + dot, "lane {lane} register {r}");
+            assert_eq!(out[lane * 16 + r], (lane * 16 + r) as f32 + dot, "{}: lane {lane} register {r}", v.kind);
         }
     }
-    println!("mfma probe: 64 lanes x 16 accumulators exact");
+    println!("{} mfma probe: 64 lanes x 16 accumulators exact", v.kind);
 }
 
 // ---- LayerNorm (wave64 reductions) -------------------------------------------------------------

@@ -108,7 +108,7 @@ fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
 }
 
 #[test]
-fn a_hip_runtime_is_reported_and_device_hip_needs_bf16() {
+fn a_hip_runtime_is_reported_and_device_hip_needs_bf16_or_fp16() {
     let dir = scratch("fake-libamdhip64");
     let lib = fake_libamdhip64(&dir, &[]);
     let env = [("TRIDENT_LIBAMDHIP64", lib.as_path())];
@@ -124,7 +124,7 @@ fn a_hip_runtime_is_reported_and_device_hip_needs_bf16() {
     let o = run_env(&TRAIN_HIP, &env);
     assert_clean_error(
         &o,
-        &["--device hip needs --bf16 (the HIP kernels multiply bf16 operands with f32 accumulation)"],
+        &["--device hip needs --bf16 or --fp16 (the HIP kernels multiply 16-bit operands with f32 accumulation)"],
     );
 
     // hipInit failing: the runtime's own name and message for the code.
@@ -284,26 +284,33 @@ fn check_gpu_on_amd_compiles_launches_and_checks_the_result_exactly() {
 fn hiprtc_compiles_every_hip_kernel_for_gfx90a() {
     use trident::gpu::cache::{ModuleCache, Outcome};
     use trident::gpu::kernels::hip::{self, code_object_header, HipKernelModules, HipOrigin};
-    use trident::gpu::kernels::{cuda::read_cubin, declared_functions};
+    use trident::gpu::kernels::{cuda::read_cubin, declared_functions, Storage};
     let Some(hiprtc) = real_hiprtc("hiprtc_compiles_every_hip_kernel_for_gfx90a") else { return };
     let dir = scratch("hiprtc-kernels");
     let modules = HipKernelModules::hiprtc_only(ModuleCache::new(&dir), hiprtc);
+    // Both modules of every file (bf16, and fp16: -DTRIDENT_FP16, its own cache entry); the fp16
+    // module's code objects carry its mark (kernels-hip/common/base.h) and the bf16 ones do not.
     for (file, text) in hip::files() {
-        let started = std::time::Instant::now();
-        let got = modules.image(file, "gfx90a").unwrap_or_else(|e| panic!("{file}: {e}"));
-        let ms = started.elapsed().as_millis();
-        assert_eq!(got.origin, HipOrigin::Hiprtc(Outcome::Compiled), "{file}");
-        let header = code_object_header(&got.bytes).unwrap();
-        assert_eq!(header.arch, Some("gfx90a"), "{file}");
-        assert!(header.version >= 4, "{file}: code object v{}", header.version);
-        let functions = read_cubin(&got.bytes).unwrap().functions;
-        for f in declared_functions(text) {
-            assert!(functions.contains(&f), "{f} not in the code object of {file}: {functions:?}");
+        for storage in [Storage::Bf16, Storage::F16] {
+            let started = std::time::Instant::now();
+            let got = modules.image(file, "gfx90a", storage).unwrap_or_else(|e| panic!("{file} {storage:?}: {e}"));
+            let ms = started.elapsed().as_millis();
+            assert_eq!(got.origin, HipOrigin::Hiprtc(Outcome::Compiled), "{file} {storage:?}");
+            let header = code_object_header(&got.bytes).unwrap();
+            assert_eq!(header.arch, Some("gfx90a"), "{file}");
+            assert!(header.version >= 4, "{file}: code object v{}", header.version);
+            let functions = read_cubin(&got.bytes).unwrap().functions;
+            for f in declared_functions(text) {
+                assert!(functions.contains(&f), "{f} not in the code object of {file}: {functions:?}");
+            }
+            let marked = got.bytes.windows(21).any(|w| w == b"trident_storage_fp16\0");
+            assert_eq!(marked, storage == Storage::F16, "{file} {storage:?}: the fp16 module's mark");
+            eprintln!("hipRTC {file} ({}) for gfx90a: {} bytes in {ms} ms", storage.name(), got.bytes.len());
+            let again = modules.image(file, "gfx90a", storage).unwrap().origin;
+            assert_eq!(again, HipOrigin::Hiprtc(Outcome::Hit), "{file} {storage:?}");
         }
-        eprintln!("hipRTC {file} for gfx90a: {} bytes in {ms} ms", got.bytes.len());
-        assert_eq!(modules.image(file, "gfx90a").unwrap().origin, HipOrigin::Hiprtc(Outcome::Hit), "{file}");
     }
-    let e = modules.image("gemm_bf16.hip", "sm_80").err().expect("not an AMD architecture").to_string();
+    let e = modules.image("gemm_bf16.hip", "sm_80", Storage::Bf16).err().expect("not an AMD architecture").to_string();
     assert!(e.contains("'sm_80' is not an AMD GPU architecture"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -1,9 +1,18 @@
-// mfma.h: the bf16 matrix instruction the GEMM uses, one spelling for both targets.
+// mfma.h: the 16-bit matrix instruction the GEMM uses, one spelling for both targets.
 //
-//   v_mfma_f32_32x32x8bf16_1k  (gfx90a; the same encoding is named v_mfma_f32_32x32x8_bf16 on
-//   gfx940/gfx942; clang's builtin is __builtin_amdgcn_mfma_f32_32x32x8bf16_1k for both)
+//   bf16 module: v_mfma_f32_32x32x8bf16_1k  (gfx90a; the same encoding is named
+//     v_mfma_f32_32x32x8_bf16 on gfx940/gfx942; clang's builtin is
+//     __builtin_amdgcn_mfma_f32_32x32x8bf16_1k for both)
+//   fp16 module (-DTRIDENT_FP16, base.h): v_mfma_f32_32x32x8f16  (gfx90a; v_mfma_f32_32x32x8_f16
+//     on gfx940/gfx942; __builtin_amdgcn_mfma_f32_32x32x8f16), the same shape and register
+//     layouts on binary16 operands
 //
-// acc (32x32 f32) += A (32x8 bf16) · B (8x32 bf16) over the 64 lanes of a wavefront. Per lane l
+// TRIDENT_MFMA_32X32X8 names the module's instruction once; the GPU build calls clang's builtin of
+// that name and the emulation its model of the same name (../emu/hip.h), which reads the operands
+// as that instruction does, so an fp16 module that issued the bf16 instruction would compute
+// wrong products under the emulation too.
+//
+// acc (32x32 f32) += A (32x8 16-bit) · B (8x32 16-bit) over the 64 lanes of a wavefront. Per lane l
 // (layouts from AMD's CDNA 2 ISA, section 7, as ../emu/hip.h states and emulates):
 //   a[j] = A[l % 32][4 (l / 32) + j]      b[j] = B[4 (l / 32) + j][l % 32]      j = 0..3
 //   acc[r] = D[8 (r / 4) + 4 (l / 32) + r % 4][l % 32]                          r = 0..15
@@ -19,7 +28,7 @@
 // Architectures. gfx90a (MI250X) and gfx940/941/942 (MI300) have this instruction; clang's
 // builtin has the same name on both, and the assembler prints the gfx940 spelling, so the only
 // arch selection is the guard below (gfx908 would need 2 x v_mfma_f32_32x32x4bf16 per k8, RDNA has
-// no MFMA at all). Debian's clang-15 hipcc accepts gfx90a and gfx940 but not gfx942
+// no MFMA at all; the f16 instruction is on gfx908 too, but one guard serves both modules). Debian's clang-15 hipcc accepts gfx90a and gfx940 but not gfx942
 // (gpu-toolchains.md); gfx942 builds with clang-19 and the gfx942 device-library shim.
 #pragma once
 #include "base.h"
@@ -39,6 +48,16 @@ __device__ __forceinline__ int mfma_col(int lane) { return lane % kMfmaN; }
 // The first of the 4 consecutive k indices lane `lane` supplies in its A and B operands.
 __device__ __forceinline__ int mfma_k(int lane) { return 4 * (lane / kMfmaN); }
 
+// The module's instruction (builtin and emulation name) and the element type of its operand
+// vectors (the bit patterns of `bf16`, whichever the storage type, reinterpreted as it).
+#ifdef TRIDENT_FP16
+#define TRIDENT_MFMA_32X32X8 mfma_f32_32x32x8f16
+typedef _Float16 mfma_element_t;
+#else
+#define TRIDENT_MFMA_32X32X8 mfma_f32_32x32x8bf16_1k
+typedef short mfma_element_t;
+#endif
+
 #ifdef TRIDENT_EMU
 struct mfma_acc {
   float v[16];
@@ -46,10 +65,13 @@ struct mfma_acc {
 __device__ __forceinline__ void mfma_32x32x8_bf16(mfma_acc& acc, const bf16 a[4], const bf16 b[4]) {
   uint16_t ab[4], bb[4];
   for (int j = 0; j < 4; ++j) ab[j] = a[j].bits, bb[j] = b[j].bits;
-  emu::mfma_f32_32x32x8bf16(acc.v, ab, bb);
+  emu::TRIDENT_MFMA_32X32X8(acc.v, ab, bb);
 }
 #else
+#define TRIDENT_MFMA_PASTE(a, b) a##b
+#define TRIDENT_MFMA_BUILTIN(name) TRIDENT_MFMA_PASTE(__builtin_amdgcn_, name)
 typedef short short4_t __attribute__((ext_vector_type(4)));
+typedef mfma_element_t mfma_operand_t __attribute__((ext_vector_type(4)));
 typedef float float16_t __attribute__((ext_vector_type(16)));
 struct mfma_acc {
   float16_t v;
@@ -57,14 +79,15 @@ struct mfma_acc {
 __device__ __forceinline__ void mfma_32x32x8_bf16(mfma_acc& acc, const bf16 a[4], const bf16 b[4]) {
   short4_t av, bv;
   UNROLL for (int j = 0; j < 4; ++j) av[j] = short(a[j].bits), bv[j] = short(b[j].bits);
-  acc.v = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(av, bv, acc.v, 0, 0, 0);
+  const mfma_operand_t ao = __builtin_bit_cast(mfma_operand_t, av), bo = __builtin_bit_cast(mfma_operand_t, bv);
+  acc.v = TRIDENT_MFMA_BUILTIN(TRIDENT_MFMA_32X32X8)(ao, bo, acc.v, 0, 0, 0);
 }
 #endif
 
 __device__ __forceinline__ void mfma_zero(mfma_acc& acc) {
   UNROLL for (int r = 0; r < kMfmaAcc; ++r) acc.v[r] = 0.0f;
 }
-// Registers 4kb..4kb+3 of acc, rounded to bf16: the operand of k-block kb described above.
+// Registers 4kb..4kb+3 of acc, rounded to the storage type: the operand of k-block kb described above.
 __device__ __forceinline__ void mfma_acc_operand(bf16 op[4], const mfma_acc& acc, int kb) {
   UNROLL for (int j = 0; j < 4; ++j) op[j] = to_bf16(acc.v[4 * kb + j]);
 }

@@ -5,8 +5,11 @@
 // with TRIDENT_EMU_WAVE_SIZE = 64, so every collective spans a 64-lane wavefront and lane masks
 // are 64-bit, and adds:
 //   - HIP's mask-free wave intrinsics: __shfl, __shfl_xor, __shfl_down, __ballot (64-bit), __any, __all;
-//   - v_mfma_f32_32x32x8bf16_1k (gfx90a; v_mfma_f32_32x32x8_bf16 on gfx940/942), the same
-//     operation and register layouts, in mfma_f32_32x32x8bf16 below.
+//   - v_mfma_f32_32x32x8bf16_1k (gfx90a; v_mfma_f32_32x32x8_bf16 on gfx940/942) and
+//     v_mfma_f32_32x32x8f16 (v_mfma_f32_32x32x8_f16 on gfx940/942), the same operation and
+//     register layouts on bf16 or binary16 operands, in mfma_f32_32x32x8bf16_1k and
+//     mfma_f32_32x32x8f16 below (clang's builtin names without __builtin_amdgcn_, so
+//     ../common/mfma.h names the instruction once for both targets).
 //
 // MFMA layout reference: AMD "CDNA 2 Instruction Set Architecture" (2022), section 7 "Matrix
 // Arithmetic Instructions", and the register layouts that AMD's Matrix Instruction Calculator
@@ -15,8 +18,10 @@
 //   A (32x8, M x K):  lane l holds A[l % 32][4 (l / 32) + j] in element j of its 4 x bf16 operand
 //   B (8x32, K x N):  lane l holds B[4 (l / 32) + j][l % 32] in element j
 //   C, D (32x32 f32): lane l, accumulator register r (0..15) holds D[8 (r / 4) + 4 (l / 32) + r % 4][l % 32]
-// The products of bf16 values are exact; each output's sum is taken in double and rounded once
-// to f32, which is within the hardware's accumulation error for any order it uses.
+// The f16 instruction has the same A, B, C and D layouts (the calculator's
+// `--instruction v_mfma_f32_32x32x8f16`). The products of 16-bit values are exact; each output's
+// sum is taken in double and rounded once to f32, which is within the hardware's accumulation
+// error for any order it uses.
 #pragma once
 
 #ifndef TRIDENT_EMU_WAVE_SIZE
@@ -43,7 +48,7 @@ inline int __all(int p) { return int(emu::vote(emu::Vote::All, emu::kAllLanes, p
 
 namespace emu {
 
-// Operand of one lane: its 4 A and 4 B elements (bf16 bits, element j at index j) and where its
+// Operand of one lane: its 4 A and 4 B elements (16-bit patterns, element j at index j) and where its
 // 16 accumulators live (on the lane's own fiber stack, which stays put while it waits here).
 struct MfmaOperand {
   uint16_t a[4];
@@ -52,8 +57,10 @@ struct MfmaOperand {
 };
 inline constexpr int kMfma = 100;
 
-// acc = A · B + acc over the wavefront, with the layouts above.
-inline void mfma_f32_32x32x8bf16(float acc[16], const uint16_t a[4], const uint16_t b[4]) {
+// acc = A · B + acc over the wavefront, with the layouts above, the operands' bit patterns read
+// by `element` (bf16 or binary16).
+template <float (*element)(uint16_t)>
+inline void mfma_f32_32x32x8(float acc[16], const uint16_t a[4], const uint16_t b[4]) {
   MfmaOperand op;
   std::memcpy(op.a, a, sizeof op.a);
   std::memcpy(op.b, b, sizeof op.b);
@@ -63,8 +70,8 @@ inline void mfma_f32_32x32x8bf16(float acc[16], const uint16_t a[4], const uint1
     float A[32][8], B[8][32];
     for (unsigned l = 0; l < 64; ++l)
       for (unsigned j = 0; j < 4; ++j) {
-        A[l % 32][4 * (l / 32) + j] = bf16_bits_to_float(ops[l].a[j]);
-        B[4 * (l / 32) + j][l % 32] = bf16_bits_to_float(ops[l].b[j]);
+        A[l % 32][4 * (l / 32) + j] = element(ops[l].a[j]);
+        B[4 * (l / 32) + j][l % 32] = element(ops[l].b[j]);
       }
     // Every output element lives in exactly one (lane, register), so updating in place reads
     // each C value before writing its D.
@@ -78,6 +85,12 @@ inline void mfma_f32_32x32x8bf16(float acc[16], const uint16_t a[4], const uint1
       res[l] = 0;
     }
   });
+}
+inline void mfma_f32_32x32x8bf16_1k(float acc[16], const uint16_t a[4], const uint16_t b[4]) {
+  mfma_f32_32x32x8<bf16_bits_to_float>(acc, a, b);
+}
+inline void mfma_f32_32x32x8f16(float acc[16], const uint16_t a[4], const uint16_t b[4]) {
+  mfma_f32_32x32x8<f16_bits_to_float>(acc, a, b);
 }
 
 }  // namespace emu

@@ -326,7 +326,7 @@ impl GpuDevice {
     }
 
     /// The Device of `vendor` on GPU `ordinal` whose 16-bit buffers are `storage` (`--fp16`:
-    /// binary16, CUDA only), its kernels the modules of that storage.
+    /// binary16), its kernels the modules of that storage.
     pub fn open(vendor: Vendor, ordinal: usize, storage: Storage) -> Result<GpuDevice> {
         GpuDevice::on(OpenGpu::open(vendor, ordinal, storage)?)
     }

@@ -140,7 +140,7 @@ pub fn hip_info_lines() -> Vec<String> {
             }
         },
     }
-    lines.push("hip backend: `train --device hip --bf16` (bf16 MFMA GEMMs and attention, head dims 32, 64 and 128; kernels compiled by hipRTC for the device's gfx architecture on first use and cached); `make gpu-check` launches a test kernel".into());
+    lines.push("hip backend: `train --device hip --bf16` or `--fp16` (bf16 or fp16 MFMA GEMMs and attention, head dims 32, 64 and 128; kernels compiled by hipRTC for the device's gfx architecture on first use and cached); `make gpu-check` launches a test kernel".into());
     match hiprtc::Hiprtc::load().and_then(|r| r.version().map(|v| (r, v))) {
         Ok((r, (major, minor))) => lines.push(format!("hiprtc: {major}.{minor} ({})", r.path())),
         Err(e) => lines.push(format!("hiprtc: {e}")),

@@ -3,7 +3,7 @@
 //! kernel images come from (`KernelModules` for CUDA, `HipKernelModules` for HIP: precompiled, or
 //! compiled for the device's architecture through the disk cache), its name, architecture,
 //! launch limits and multiprocessor count, the 16-bit storage its modules are compiled for
-//! (`Storage`: bf16, or fp16 on CUDA); and `Functions`, kernels of the index resolved on it once,
+//! (`Storage`: bf16, or fp16); and `Functions`, kernels of the index resolved on it once,
 //! each file loaded once.
 
 use super::cache::{default_root, ModuleCache};
@@ -70,16 +70,8 @@ impl OpenGpu {
 
     /// GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled for the device's gfx
     /// architecture by hipRTC through the disk cache (or taken from this build's precompiled code
-    /// objects). The HIP suite is built for bf16 storage only: fp16 is an error naming what is
-    /// missing.
+    /// objects) as the modules of `storage`.
     pub fn hip(ordinal: usize, storage: Storage) -> Result<OpenGpu> {
-        if storage != Storage::Bf16 {
-            return Err(Error::Unsupported(format!(
-                "{} storage on HIP: kernels-hip/ is built for bf16 only (no fp16 twins of its MFMA kernels yet); \
-                 train with --bf16 on --device hip, or --fp16 on --device cuda or cpu",
-                storage.name()
-            )));
-        }
         let rt = HipRuntime::new(Hip::load()?, ordinal)?;
         let (arch, limits, name) = (rt.arch().to_string(), rt.limits(), rt.info().name.clone());
         let multiprocessors = rt.info().compute_units.max(1) as usize;
@@ -100,7 +92,7 @@ impl OpenGpu {
     pub fn image(&self, file: &str) -> Result<Vec<u8>> {
         match &self.images {
             Images::Cuda(m) => m.image(file, &self.arch, self.storage).map(|i| i.bytes),
-            Images::Hip(m) => m.image(file, &self.arch).map(|i| i.bytes),
+            Images::Hip(m) => m.image(file, &self.arch, self.storage).map(|i| i.bytes),
         }
     }
 

@@ -98,16 +98,64 @@ pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
     Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
 }
 
-/// The emulating CUDA driver built for the fp16 module (`-DTRIDENT_FP16`: binary16 storage, .f16
-/// tensor-core operands; it refuses bf16 modules, as the bf16 one refuses fp16 modules) as
-/// `libcuda-emu-fp16.so` beside `emu`'s, and `emu`'s environment with it as TRIDENT_LIBCUDA: for
-/// trident processes (this process keeps the driver it loaded).
+/// The emulating runtimes: the variable that names each and its source in tests/gpu/.
+const EMULATED_RUNTIMES: [(&str, &str); 2] =
+    [("TRIDENT_LIBCUDA", "emu_libcuda.cpp"), ("TRIDENT_LIBAMDHIP64", "emu_libamdhip64.cpp")];
+
+/// `emu`'s emulating runtime (the CUDA driver or the HIP runtime) built for the fp16 module
+/// (`-DTRIDENT_FP16`: binary16 storage, .f16 tensor-core or MFMA operands; it refuses bf16
+/// modules, as the bf16 one refuses fp16 modules) as `<lib>-fp16.so` beside `emu`'s, and `emu`'s
+/// environment with it in its variable: for trident processes (this process keeps the runtime it
+/// loaded).
 pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
-    let bf16 = &emu.env.iter().find(|(k, _)| *k == "TRIDENT_LIBCUDA").expect("a CUDA emulation").1;
-    let dir = bf16.parent().unwrap();
-    let lib =
-        build_emulator(dir, "emu_libcuda.cpp", "libcuda-emu-fp16.so", "the fp16 emulating driver", &["-DTRIDENT_FP16"]);
-    emu.env.iter().map(|(k, v)| (*k, if *k == "TRIDENT_LIBCUDA" { lib.clone() } else { v.clone() })).collect()
+    let (var, source, bf16) = EMULATED_RUNTIMES
+        .iter()
+        .find_map(|&(var, source)| emu.env.iter().find(|(k, _)| *k == var).map(|(_, lib)| (var, source, lib)))
+        .expect("an emulated CUDA driver or HIP runtime");
+    let name = bf16.file_name().unwrap().to_str().unwrap().trim_end_matches(".so").to_string() + "-fp16.so";
+    let lib = build_emulator(bf16.parent().unwrap(), source, &name, "the fp16 emulating runtime", &["-DTRIDENT_FP16"]);
+    emu.env.iter().map(|(k, v)| (*k, if *k == var { lib.clone() } else { v.clone() })).collect()
+}
+
+/// `fp16_driver_env` of this test process's emulation (`emulated`, the CUDA driver's or the HIP
+/// runtime's: a test process has one), built once per process.
+pub fn fp16_env(emulated: fn() -> Option<&'static Emulated>) -> Option<&'static Vec<(&'static str, PathBuf)>> {
+    static BUILT: std::sync::OnceLock<Option<Vec<(&'static str, PathBuf)>>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| emulated().map(fp16_driver_env)).as_ref()
+}
+
+/// `check ops --device <device> --size small --fp16` on the fp16 module's runtime (`fp16_env`): every Device op on binary16 storage (rounding, the 16-bit copies, AdamW's
+/// working copy, GEMMs and attention on f16 operands) within fp16's bounds; and each emulating
+/// runtime refuses the other storage type's modules (`bf16_env` is the bf16 one's), naming the
+/// pairing with `runtime` ("driver" or "runtime") and failing with `invalid_image`, the runtime's
+/// code for it, so no test runs one module's kernels on the other's buffers. Returns the fp16
+/// run's stdout.
+pub fn fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
+    bf16_env: &[(&'static str, PathBuf)],
+    fp16_env: &[(&'static str, PathBuf)],
+    device: &str,
+    (runtime, invalid_image): (&str, &str),
+) -> String {
+    let o = run_with(fp16_env, &["check", "ops", "--device", device, "--size", "small", "--fp16"]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "check ops --device {device} --fp16: {out}{}", stderr(&o));
+    for want in
+        ["round_to fp16", "to_half + load_half fp16", "adamw working copy fp16", "adamw_group working copy fp16"]
+    {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    assert!(out.contains(&format!("ops check: all {OPS_CHECKED} outputs")), "{out}");
+    assert!(out.contains("fp16 GEMMs and attention"), "{out}");
+    let pairings = [(fp16_env, &[][..], ("bf16", "fp16")), (bf16_env, &["--fp16"][..], ("fp16", "bf16"))];
+    for (env, flags, refused) in pairings {
+        let mut args = vec!["check", "ops", "--device", device, "--size", "small"];
+        args.extend(flags);
+        let o = run_with(env, &args);
+        let refused = format!("a {} module on the {} {runtime}", refused.0, refused.1);
+        assert!(!o.status.success() && stderr(&o).contains(&refused), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains(invalid_image), "{}", stderr(&o));
+    }
+    out
 }
 
 /// Runs `make gpu-check`'s script on an emulated GPU with a small model and 6 iterations, the

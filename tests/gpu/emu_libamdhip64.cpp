@@ -2,7 +2,9 @@
 // names them) that runs trident's kernels-hip/ kernels on the CPU, so the HIP Device trains end
 // to end on a machine without an AMD GPU. tests/hip_device.rs builds it with
 //   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread emu_libamdhip64.cpp -o libamdhip64-emu.so
-// and points TRIDENT_LIBAMDHIP64 at the result (hipRTC is the machine's real one).
+// and points TRIDENT_LIBAMDHIP64 at the result (hipRTC is the machine's real one); built with
+// -DTRIDENT_FP16 as well (libamdhip64-emu-fp16.so) it runs the fp16 module's kernels instead
+// (`--fp16`; see hipModuleLoadData).
 //
 // Model. EMU_HIP_DEVICES devices (default 8, the GCDs of an MI250X node), each an MI250X GCD:
 // gfx90a, 110 compute units, wave64, 1024 threads and 64 KiB of LDS per workgroup, 64 GiB. Device
@@ -24,6 +26,7 @@
 // side of the ABI and written at exit to the file EMU_COUNTERS_FILE names (emu_runtime.h,
 // `Counters`), so a test can hold trident's own counts to the runtime's.
 #include <cstdarg>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -161,6 +164,17 @@ hipError_t hipSetDevice(int d) {
 }
 hipError_t hipDeviceSynchronize() { return synchronize_device(); }
 
+// The storage type this runtime's kernels were built for: bf16, or binary16 when built with
+// -DTRIDENT_FP16 (libamdhip64-emu-fp16.so, for `--fp16`). A code object compiled for the other one
+// (the fp16 module's objects hold the symbol trident_storage_fp16, kernels-hip/common/base.h) is
+// refused as an invalid image, so a Device can never run one storage type's kernels on the
+// other's buffers here.
+#ifdef TRIDENT_FP16
+constexpr bool kFp16Runtime = true;
+#else
+constexpr bool kFp16Runtime = false;
+#endif
+
 hipError_t hipModuleLoadData(void** module, const void* image) {
   Module* m = module ? load_elf(image) : nullptr;
   if (!m) return kInvalidImage;
@@ -169,6 +183,12 @@ hipError_t hipModuleLoadData(void** module, const void* image) {
   if (machine != 0xe0) {  // EM_AMDGPU
     delete m;
     return kNoBinaryForGpu;
+  }
+  if ((m->image.find(std::string("trident_storage_fp16") + '\0') != std::string::npos) != kFp16Runtime) {
+    std::fprintf(stderr, "emulated HIP runtime: a %s module on the %s runtime\n", kFp16Runtime ? "bf16" : "fp16",
+                 kFp16Runtime ? "fp16" : "bf16");
+    delete m;
+    return kInvalidImage;
   }
   *module = m;
   return kSuccess;

@@ -49,7 +49,7 @@ __global__ void wave64_probe(int* out) {
 }
 
 // A test of the MFMA model and common/mfma.h's lane mapping: one wavefront multiplies A [32 x 8]
-// by B [8 x 32] (row-major, bf16) onto accumulators that start at lane·16 + r, each lane taking
+// by B [8 x 32] (row-major, 16-bit storage) onto accumulators that start at lane·16 + r, each lane taking
 // its operands by mfma_col / mfma_k; every lane writes its 16 registers.
 __global__ void mfma_probe(float* out, const bf16* A, const bf16* B) {
   const int lane = threadIdx.x % kWaveSize;

@@ -11,8 +11,14 @@
 //! at hand also holds one code object (v4) per kernel file and listed architecture;
 //! `HipKernelModules::image` uses the one whose architecture is exactly the device's before
 //! hipRTC, and compiles with hipRTC otherwise.
+//!
+//! **Storage.** As on CUDA, each file compiles to one module per 16-bit storage type (`Storage`):
+//! bf16 with the options above, or fp16 with `-DTRIDENT_FP16` added (the same sources, binary16
+//! storage and the f16 MFMA, `kernels-hip/common/base.h`); its own cache entry, its own
+//! precompiled code objects (`precompiled_in`).
 
 use super::cuda::{archs_of, select_precompiled};
+use super::Storage;
 use crate::error::{Error, Result};
 use crate::gpu::cache::{ModuleCache, Outcome};
 use crate::gpu::hiprtc::Hiprtc;
@@ -25,6 +31,11 @@ mod embedded {
 /// The options every kernel is compiled with by hipRTC (besides `--offload-arch`).
 pub const HIPRTC_OPTIONS: &[&str] = &["-O3", "-std=c++17"];
 
+/// hipRTC's options for the module of `storage`: `HIPRTC_OPTIONS` and the storage's define.
+pub fn hiprtc_options(storage: Storage) -> Vec<String> {
+    HIPRTC_OPTIONS.iter().chain(storage.defines()).map(|o| o.to_string()).collect()
+}
+
 /// The embedded kernel files: (file name, text), sorted by name.
 pub fn files() -> &'static [(&'static str, &'static str)] {
     embedded::HIP_KERNEL_FILES
@@ -35,10 +46,19 @@ pub fn headers() -> &'static [(&'static str, &'static str)] {
     embedded::HIP_KERNEL_HEADERS
 }
 
-/// The precompiled code objects of this build: (file, arch, code object). Empty unless built
-/// with `TRIDENT_HIP_ARCHS`.
+/// The precompiled code objects of this build's bf16 modules: (file, arch, code object). Empty
+/// unless built with `TRIDENT_HIP_ARCHS`.
 pub fn precompiled() -> &'static [(&'static str, &'static str, &'static [u8])] {
     embedded::HIP_AOT_IMAGES
+}
+
+/// The precompiled code objects of the modules of `storage` (build.rs compiles both for every
+/// listed architecture).
+pub fn precompiled_in(storage: Storage) -> &'static [(&'static str, &'static str, &'static [u8])] {
+    match storage {
+        Storage::Bf16 => embedded::HIP_AOT_IMAGES,
+        Storage::F16 => embedded::HIP_AOT_IMAGES_FP16,
+    }
 }
 
 /// The architectures this build holds precompiled code objects for, in build order.
@@ -71,6 +91,7 @@ pub enum HipOrigin {
 pub struct HipKernelImage {
     pub file: &'static str,
     pub arch: String,
+    pub storage: Storage,
     pub bytes: Vec<u8>,
     pub origin: HipOrigin,
 }
@@ -80,39 +101,43 @@ pub struct HipKernelImage {
 pub struct HipKernelModules {
     cache: ModuleCache,
     hiprtc: OnceCell<std::result::Result<Hiprtc, String>>,
-    precompiled: &'static [(&'static str, &'static str, &'static [u8])],
+    /// Whether this build's precompiled code objects are used (`precompiled_in`).
+    use_precompiled: bool,
 }
 
 impl HipKernelModules {
     /// Code objects from this build's precompiled set, else hipRTC (`Hiprtc::load`) and `cache`.
     pub fn new(cache: ModuleCache) -> HipKernelModules {
-        HipKernelModules { cache, hiprtc: OnceCell::new(), precompiled: precompiled() }
+        HipKernelModules { cache, hiprtc: OnceCell::new(), use_precompiled: true }
     }
 
     /// Always hipRTC (this one) through `cache`, whatever the build holds: for tests and tools.
     pub fn hiprtc_only(cache: ModuleCache, hiprtc: Hiprtc) -> HipKernelModules {
         let cell = OnceCell::new();
         let _ = cell.set(Ok(hiprtc));
-        HipKernelModules { cache, hiprtc: cell, precompiled: &[] }
+        HipKernelModules { cache, hiprtc: cell, use_precompiled: false }
     }
 
     pub fn cache(&self) -> &ModuleCache {
         &self.cache
     }
 
-    /// The code object of kernel file `file` (e.g. `gemm_bf16.hip`) for `arch` (a `gfx...`).
-    pub fn image(&self, file: &str, arch: &str) -> Result<HipKernelImage> {
+    /// The code object of kernel file `file` (e.g. `gemm_bf16.hip`) for `arch` (a `gfx...`), its
+    /// module of `storage`.
+    pub fn image(&self, file: &str, arch: &str, storage: Storage) -> Result<HipKernelImage> {
         let (file, text) = source(file)?;
-        if let Some(bytes) = select_precompiled(file, arch, self.precompiled) {
+        let images = if self.use_precompiled { precompiled_in(storage) } else { &[] };
+        if let Some(bytes) = select_precompiled(file, arch, images) {
             return Ok(HipKernelImage {
                 file,
                 arch: arch.to_string(),
+                storage,
                 bytes: bytes.to_vec(),
                 origin: HipOrigin::Precompiled,
             });
         }
         let hiprtc = self.hiprtc.get_or_init(|| Hiprtc::load().map_err(|e| e.to_string())).as_ref().map_err(|e| {
-            let built = archs_of(self.precompiled);
+            let built = archs_of(images);
             Error::Unsupported(format!(
                 "HIP kernel {file} for {arch}: {} and {e}",
                 if built.is_empty() {
@@ -122,10 +147,15 @@ impl HipKernelModules {
                 }
             ))
         })?;
-        let options: Vec<String> = HIPRTC_OPTIONS.iter().map(|o| o.to_string()).collect();
         let name = file.trim_end_matches(".hip");
-        let got = self.cache.get_or_compile_hip(hiprtc, name, text, headers(), arch, &options)?;
-        Ok(HipKernelImage { file, arch: arch.to_string(), bytes: got.bytes, origin: HipOrigin::Hiprtc(got.outcome) })
+        let got = self.cache.get_or_compile_hip(hiprtc, name, text, headers(), arch, &hiprtc_options(storage))?;
+        Ok(HipKernelImage {
+            file,
+            arch: arch.to_string(),
+            storage,
+            bytes: got.bytes,
+            origin: HipOrigin::Hiprtc(got.outcome),
+        })
     }
 }
 
@@ -212,14 +242,20 @@ mod tests {
             assert!(!precompiled().is_empty(), "TRIDENT_HIP_ARCHS is set but the build holds no code objects");
             assert_eq!(precompiled().len(), files().len() * precompiled_archs().len());
         }
-        for (file, arch, bytes) in precompiled() {
-            let got = modules.image(file, arch).unwrap();
-            assert_eq!((got.origin, got.bytes.as_slice()), (HipOrigin::Precompiled, *bytes), "{file} {arch}");
-            let header = code_object_header(bytes).unwrap();
-            assert_eq!(header, CodeObjectHeader { arch: Some(arch), version: 4 }, "{file} {arch}");
-            let functions = read_cubin(bytes).unwrap().functions;
-            for f in declared_functions(source(file).unwrap().1) {
-                assert!(functions.contains(&f), "{f} not in {file} {arch}: {functions:?}");
+        for storage in [Storage::Bf16, Storage::F16] {
+            assert_eq!(precompiled_in(storage).len(), precompiled().len(), "{storage:?}: one object per file and arch");
+            for (file, arch, bytes) in precompiled_in(storage) {
+                let got = modules.image(file, arch, storage).unwrap();
+                assert_eq!((got.origin, got.bytes.as_slice()), (HipOrigin::Precompiled, *bytes), "{file} {arch}");
+                let header = code_object_header(bytes).unwrap();
+                assert_eq!(header, CodeObjectHeader { arch: Some(arch), version: 4 }, "{file} {arch}");
+                let functions = read_cubin(bytes).unwrap().functions;
+                for f in declared_functions(source(file).unwrap().1) {
+                    assert!(functions.contains(&f), "{f} not in {file} {arch}: {functions:?}");
+                }
+                // The fp16 module's mark (common/base.h), by which a runtime tells the modules apart.
+                let marked = bytes.windows(21).any(|w| w == b"trident_storage_fp16\0");
+                assert_eq!(marked, storage == Storage::F16, "{file} {arch} {storage:?}: the fp16 mark");
             }
         }
         assert!(!dir.exists(), "no hipRTC compilation, so nothing cached");
@@ -230,13 +266,19 @@ mod tests {
         let cell = OnceCell::new();
         let _ = cell.set(Err("libhiprtc.so not found (no ROCm on this machine)".to_string()));
         let dir = std::env::temp_dir().join(format!("trident-hip-none-{}", std::process::id()));
-        let modules = HipKernelModules { cache: ModuleCache::new(&dir), hiprtc: cell, precompiled: &[] };
-        let e = modules.image("gemm_bf16.hip", "gfx90a").err().expect("nothing to compile with").to_string();
+        let modules = HipKernelModules { cache: ModuleCache::new(&dir), hiprtc: cell, use_precompiled: false };
+        let e =
+            modules.image("gemm_bf16.hip", "gfx90a", Storage::Bf16).err().expect("nothing to compile with").to_string();
         assert_eq!(
             e,
             "not supported by this build: HIP kernel gemm_bf16.hip for gfx90a: this build holds no precompiled HIP kernels and libhiprtc.so not found (no ROCm on this machine)"
         );
-        assert!(modules.image("nope.hip", "gfx90a").err().unwrap().to_string().contains("no embedded HIP kernel file"));
+        assert!(modules
+            .image("nope.hip", "gfx90a", Storage::Bf16)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("no embedded HIP kernel file"));
     }
 
     #[test]

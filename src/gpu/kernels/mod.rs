@@ -247,11 +247,12 @@ pub fn kernel(function: &str) -> Result<&'static KernelSpec> {
     KERNELS.iter().find(|k| k.function == function).ok_or_else(|| Error::Config(format!("no kernel named {function}")))
 }
 
-/// The 16-bit storage type a CUDA module is compiled for, from the same sources
-/// (`kernels-cuda/common/base.cuh`): bf16 (the default), or IEEE binary16 under `--fp16`, whose
-/// module is compiled with `-DTRIDENT_FP16` (binary16 storage and conversions, .f16 mma.sync and
-/// wgmma operands). The kernel functions keep their names in both modules: the `bf16` of a
-/// kernel's name is the module's 16-bit type. The HIP suite is built for bf16 only.
+/// The 16-bit storage type a module is compiled for, from the same sources
+/// (`kernels-cuda/common/base.cuh`, `kernels-hip/common/base.h`): bf16 (the default), or IEEE
+/// binary16 under `--fp16`, whose module is compiled with `-DTRIDENT_FP16` (binary16 storage and
+/// conversions; .f16 mma.sync and wgmma operands on CUDA, the f16 MFMA on HIP). The kernel
+/// functions keep their names in both modules: the `bf16` of a kernel's name is the module's
+/// 16-bit type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Storage {
     Bf16,
