@@ -77,7 +77,7 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag(
         "--device",
         "KIND",
-        "cpu, cuda or hip (both need --bf16; head dim 32, 64 or 128); `trident info` lists the GPU libraries found",
+        "cpu, cuda or hip (both need --bf16 or --fp16; head dim 32, 64 or 128; GPT-2 architecture only so far); `trident info` lists the GPU libraries found",
     ),
     flag(
         "--gpu-collectives",

@@ -93,7 +93,7 @@ pub fn info_lines() -> Vec<String> {
             (Err(e), _) | (_, Err(e)) => lines.push(format!("cuda driver: {} loaded, but {e}", d.path())),
         },
     }
-    lines.push("cuda backend: `train --device cuda --bf16` (bf16 GEMMs and attention, head dims 32, 64 and 128; kernels compiled by NVRTC on first use and cached); `make gpu-check` launches a test kernel".into());
+    lines.push("cuda backend: `train --device cuda --bf16` or `--fp16` (16-bit GEMMs and attention, head dims 32, 64 and 128; kernels compiled by NVRTC on first use and cached); `make gpu-check` launches a test kernel".into());
     match nvrtc::Nvrtc::load().and_then(|n| n.version().map(|v| (n, v))) {
         Ok((n, (major, minor))) => lines.push(format!("nvrtc: {major}.{minor} ({})", n.path())),
         Err(e) => lines.push(format!("nvrtc: {e}")),
