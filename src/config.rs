@@ -479,18 +479,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
                 ));
             }
         }
-        if d == "cuda" && args.has("--fp16") && args.str("--gpu-collectives").unwrap_or("nccl") == "nccl" {
-            // Tensor and pipeline parallelism move 16-bit activations on device memory; the NCCL
-            // path types its buffers f32 or bf16 only (data parallelism and ZeRO-1 move f32).
-            let parallel = |name| args.usize(name).map(|v| v.unwrap_or(1) > 1);
-            if parallel("--tensor-model-parallel-size")? || parallel("--pipeline-model-parallel-size")? {
-                return Err(Error::Unsupported(
-                    "--device cuda --fp16 with tensor or pipeline parallelism: NCCL's path moves f32 and bf16 \
-                     device buffers, not fp16 ones yet; add --gpu-collectives mpi (host-staged) or train with --bf16"
-                        .into(),
-                ));
-            }
-        }
         if d == "hip" && args.has("--fp16") {
             return Err(Error::Unsupported(
                 "--device hip --fp16: the HIP kernels (kernels-hip/) are built for bf16 storage only, no fp16 twins of \

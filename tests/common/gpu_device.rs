@@ -271,10 +271,50 @@ fn model_follows_the_cpu_bf16_losses(
     gpu
 }
 
-/// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` for 6 iterations, its loss scaler starting
-/// at 2^18 and halving on every overflow (`--hysteresis 1`), a log line every 3 iterations, on
-/// `device` (its fp16 module, through `env`) and on the CPU: the same overflowed iterations (each
-/// run's line per skipped step, its scale before and after), the same loss scale and count of
+/// One `--fp16` run of the `tiny` preset (TINY_PRESET_GPU but its precision and log interval)
+/// for 6 iterations on `device` (through `env`) and `ranks` ranks with `extra`, its loss scaler
+/// starting at 2^18 and halving on every overflow (`--hysteresis 1`), a log line every `interval`
+/// iterations, `--log-device-work`: its output, each log line's (loss, loss scale, skipped
+/// iterations), and the lines of its skipped steps.
+fn tiny_preset_fp16_run(
+    env: &[(&'static str, PathBuf)],
+    (dir, data): (&Path, &str),
+    (device, ranks, interval): (&str, usize, &str),
+    extra: &[&str],
+) -> (String, Vec<(f64, f64, u64)>, Vec<String>) {
+    let at = TINY_PRESET_GPU.iter().position(|&a| a == "--log-interval").unwrap();
+    let model = TINY_PRESET_GPU[..at].iter().chain(&TINY_PRESET_GPU[at + 2..]).copied().filter(|&f| f != "--bf16");
+    let name = format!("{device}-{ranks}-fp16-{interval}{}.jsonl", extra.join("").replace(['-', ' '], ""));
+    let log = dir.join(name);
+    let mut args = vec!["train", "--device", device, "--data-path", data, "--train-iters", "6"];
+    args.extend(model);
+    let log_s = log.to_str().unwrap();
+    args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-interval", interval]);
+    args.extend(["--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
+    args.extend_from_slice(extra);
+    let o = if ranks == 1 {
+        run_with(env, &args)
+    } else {
+        super::mpirun_command(ranks, &args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
+    };
+    assert!(o.status.success(), "--device {device} --fp16 {extra:?}: {}{}", stdout(&o), stderr(&o));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<(f64, f64, u64)> = text
+        .lines()
+        .map(|l| {
+            let field = |k| super::json_field(l, k).unwrap();
+            let number = |k| field(k).parse::<f64>().unwrap();
+            (number("loss"), number("loss_scale"), field("skipped_iterations").parse().unwrap())
+        })
+        .collect();
+    let out = stdout(&o);
+    let skips: Vec<String> = out.lines().filter(|l| l.contains("gradients overflowed")).map(String::from).collect();
+    (out, lines, skips)
+}
+
+/// The `tiny` preset (TINY_PRESET_GPU) under `--fp16` (`tiny_preset_fp16_run`), a log line every
+/// 3 iterations, on `device` (its fp16 module, through `env`) and on the CPU: the same overflowed
+/// iterations (each run's line per skipped step, its scale before and after), the same loss scale and count of
 /// skipped steps at each log line, at least one step skipped and one taken, and losses within
 /// fp16 precision of the CPU's. On the device (`--log-device-work`) the skip decision is its one
 /// read in a step without a log line (1 device->host copy, 1 synchronisation), a step with one
@@ -283,35 +323,7 @@ fn model_follows_the_cpu_bf16_losses(
 /// first time it runs).
 pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
     let data = prepared_corpus(dir);
-    // The preset's flags but its precision and log interval.
-    let at = TINY_PRESET_GPU.iter().position(|&a| a == "--log-interval").unwrap();
-    let model: Vec<&str> =
-        TINY_PRESET_GPU[..at].iter().chain(&TINY_PRESET_GPU[at + 2..]).copied().filter(|&f| f != "--bf16").collect();
-    let run = |device: &str| {
-        let log = dir.join(format!("{device}-fp16.jsonl"));
-        let mut args = vec!["train", "--device", device, "--data-path", &data, "--train-iters", "6"];
-        args.extend(&model);
-        let log_s = log.to_str().unwrap();
-        args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-interval", "3"]);
-        args.extend(["--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
-        let o = run_with(env, &args);
-        assert!(o.status.success(), "--device {device} --fp16: {}{}", stdout(&o), stderr(&o));
-        let text = std::fs::read_to_string(&log).unwrap();
-        let lines: Vec<(f64, f64, u64)> = text
-            .lines()
-            .map(|l| {
-                let field = |k| super::json_field(l, k).unwrap();
-                (
-                    field("loss").parse().unwrap(),
-                    field("loss_scale").parse().unwrap(),
-                    field("skipped_iterations").parse().unwrap(),
-                )
-            })
-            .collect();
-        let out = stdout(&o);
-        let skips: Vec<String> = out.lines().filter(|l| l.contains("gradients overflowed")).map(String::from).collect();
-        (out, lines, skips)
-    };
+    let run = |device: &str| tiny_preset_fp16_run(env, (dir, &data), (device, 1, "3"), &[]);
     let (_, cpu, cpu_skips) = run("cpu");
     let (out, gpu, gpu_skips) = run(device);
     assert!(out.contains(&format!("device {device}: Emulated")) && out.contains("fp16 GEMMs"), "{out}");
@@ -340,6 +352,57 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
         if it > 1 && it != first_step {
             assert_eq!((allocs, frees, reused, kept), (0, 0, 0, 0), "iteration {it} allocates or frees\n{out}");
         }
+    }
+}
+
+/// `--fp16` with tensor and pipeline parallelism on device collectives: the `tiny` preset
+/// (`tiny_preset_fp16_run`, a log line per iteration) on two ranks as TP 2, TP 2 with sequence
+/// parallelism and PP 2, through the fake NCCL `nccl` (asynchronous, as NCCL is) and through
+/// `--gpu-collectives mpi` (host-staged, f32 on the host), on `device`'s fp16 module (`env`).
+/// binary16 buffers go through NCCL as ncclFloat16: TP's word-embedding rows are all-reduced
+/// (reduce-scattered under SP) in f16, SP's activations all-gathered in f16; partial sums of
+/// products and gradients stay f32, the cross-entropy's statistics f64. Those f16 sums have one
+/// non-zero term per element, so both paths give the same bits: the same losses, loss scales and
+/// skipped steps, which also follow one rank's within 1e-3 (the reduction order's rounding).
+pub fn tiny_preset_fp16_over_nccl_matches_mpi(env: &[(&'static str, PathBuf)], dir: &Path, nccl: &Path, device: &str) {
+    let data = prepared_corpus(dir);
+    let mut env = env.to_vec();
+    env.push(("TRIDENT_NCCL", nccl.to_path_buf()));
+    env.extend([("FAKE_NCCL_ASYNC", "1"), ("FAKE_NCCL_TIMEOUT_SECS", "60")].map(|(k, v)| (k, PathBuf::from(v))));
+    let (_, one, one_skips) = tiny_preset_fp16_run(&env, (dir, &data), (device, 1, "1"), &[]);
+    assert!((1..6).contains(&one_skips.len()), "{one_skips:?}: the run must overflow and then train");
+    let tp2: &[&str] = &["--tensor-model-parallel-size", "2"];
+    let layouts: [(&str, Vec<&str>, &[&str]); 3] = [
+        ("TP 2", tp2.to_vec(), &["all_reduce f16 sum", "all_reduce f32 sum", "all_reduce f64 max"]),
+        ("TP 2, sequence parallel", [tp2, &["--sequence-parallel"]].concat(), &["all_gather f16", "reduce_scatter f16 sum"]),
+        ("PP 2", vec!["--pipeline-model-parallel-size", "2"], &["send_recv"]),
+    ];
+    for (name, flags, ops) in layouts {
+        let log = dir.join(format!("nccl-fp16-{}.log", name.replace([' ', ','], "")));
+        let _ = std::fs::remove_file(&log);
+        let mut logged = env.clone();
+        logged.push(("FAKE_NCCL_LOG", log.clone()));
+        let run = |env: &[(&'static str, PathBuf)], library: &str| {
+            let extra = [&flags[..], &["--gpu-collectives", library]].concat();
+            tiny_preset_fp16_run(env, (dir, &data), (device, 2, "1"), &extra)
+        };
+        let (_, on_device, device_skips) = run(&logged, "nccl");
+        let calls = nccl_calls(&log);
+        eprintln!("{name} --fp16: NCCL calls on both ranks {calls:?}");
+        for op in ops {
+            assert!(calls.get(*op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
+        }
+        let (_, on_host, host_skips) = run(&env, "mpi");
+        assert_eq!(on_device, on_host, "{name}: --fp16 through NCCL and through MPI differ");
+        assert_eq!(device_skips, host_skips, "{name}: the skipped steps differ");
+        assert_eq!(device_skips, one_skips, "{name}: the skipped steps differ from one rank's");
+        for (i, (o, d)) in one.iter().zip(&on_device).enumerate() {
+            let rel = (o.0 - d.0).abs() / o.0.abs();
+            eprintln!("{name} --fp16, iteration {}: one rank {o:?}, NCCL {d:?} (loss relative difference {rel:.2e})", i + 1);
+            assert_eq!((o.1, o.2), (d.1, d.2), "{name}, iteration {}: the loss scale or skipped steps differ", i + 1);
+            assert!(rel < 1e-3, "{name}, iteration {}: one rank's loss {}, {name}'s {}", i + 1, o.0, d.0);
+        }
+        assert_eq!(on_device.len(), 6, "{name}: {on_device:?}");
     }
 }
 
