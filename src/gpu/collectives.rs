@@ -728,12 +728,6 @@ impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
     fn wait_sends(&self) {
         self.settle_slots(&[link_slot(false, true), link_slot(true, true)]);
     }
-    fn sends_delivered(&self) -> bool {
-        [link_slot(false, true), link_slot(true, true)].iter().all(|&slot| match &self.links[slot] {
-            Some(link) => link.lock().map(|c| c.streams.is_idle().unwrap_or(false)).unwrap_or(false),
-            None => true,
-        })
-    }
     fn counters(&self) -> crate::comm::CommCounters {
         crate::comm::CommCounters { send: self.sent.load(std::sync::atomic::Ordering::Relaxed), ..Default::default() }
     }

@@ -42,6 +42,11 @@
  * FAKE_NCCL_P2P_CHUNK=bytes (at most the channel's 256 KiB) moves point-to-point messages in
  * pieces of that size: a send larger than one piece then finishes only once its receiver has
  * taken all but the last, as a real NCCL send of a large message waits for its receive.
+ *
+ * FAKE_NCCL_P2P_LATE=n (asynchronous mode) keeps a communicator's stream busy 20 ms after each of
+ * its point-to-point groups with a send, from its n-th operation on, as a send on a loaded node
+ * finishes late: whoever reuses a sent buffer only once its stream looks idle sees a different
+ * answer from that operation on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -511,7 +516,7 @@ out:
 
 /* An operation as the worker runs it. */
 struct job {
-    int kind, type, op, root;
+    int kind, type, op, root, late;
     void *stream;
     const void *send;
     void *recv;
@@ -546,6 +551,7 @@ static void *worker_main(void *arg) {
         if (!c->async_error && !c->aborted) {
             ncclResult_t r = run_job(j);
             if (r && !c->async_error) c->async_error = r;
+            if (j->late) nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
         }
         stream_count(j->stream, 0, 1);
         free_job(j);
@@ -656,6 +662,8 @@ static ncclResult_t submit_queue(void) {
     struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c, .stream = queue[0].stream};
     queued = 0;
     maybe_fail(j.c);
+    const char *late = getenv("FAKE_NCCL_P2P_LATE");
+    for (size_t i = 0; i < j.nops; i++) j.late |= late && *late && ops[i].is_send && j.c->ops >= (uint64_t)atoll(late);
     return submit(j);
 }
 
