@@ -204,6 +204,15 @@ pub fn train_losses(
     train_model_losses(env, dir, data, device, ranks, TINY_GPU, extra)
 }
 
+/// Runs the binary with `args` on `ranks` ranks: one directly, more under mpirun.
+fn run_on(env: &[(&'static str, PathBuf)], ranks: usize, args: &[&str]) -> std::process::Output {
+    if ranks == 1 {
+        run_with(env, args)
+    } else {
+        super::mpirun_command(ranks, args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
+    }
+}
+
 /// `model`'s flags (TINY_GPU, TINY_PRESET_GPU), each with its value, but those in `set` (which
 /// the caller sets itself).
 fn model_flags<'a>(model: &[&'a str], set: &[&str]) -> Vec<&'a str> {
@@ -236,11 +245,7 @@ fn train_model_losses(
     args.extend_from_slice(&["--log-json", &log_s, "--cpu-threads", "1"]);
     args.extend_from_slice(extra);
     let t = std::time::Instant::now();
-    let o = if ranks == 1 {
-        run_with(env, &args)
-    } else {
-        super::mpirun_command(ranks, &args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
-    };
+    let o = run_on(env, ranks, &args);
     assert!(o.status.success(), "--device {device} on {ranks} ranks: {}{}", stdout(&o), stderr(&o));
     eprintln!("--device {device} on {ranks} rank(s) {extra:?}: {:.1} s", t.elapsed().as_secs_f64());
     if device != "cpu" {
@@ -298,11 +303,7 @@ fn tiny_preset_fp16_run(
     args.extend(["--fp16", "--initial-loss-scale", "262144", "--hysteresis", "1", "--log-interval", interval]);
     args.extend(["--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
     args.extend_from_slice(extra);
-    let o = if ranks == 1 {
-        run_with(env, &args)
-    } else {
-        super::mpirun_command(ranks, &args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
-    };
+    let o = run_on(env, ranks, &args);
     assert!(o.status.success(), "--device {device} --fp16 {extra:?}: {}{}", stdout(&o), stderr(&o));
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<(f64, f64, u64)> = text
@@ -764,11 +765,7 @@ fn logged_training(
     let log_s = log.to_str().unwrap();
     args.extend(["--log-interval", interval, "--log-device-work", "--log-json", log_s, "--cpu-threads", "1"]);
     args.extend_from_slice(extra);
-    let o = if ranks == 1 {
-        run_with(env, &args)
-    } else {
-        super::mpirun_command(ranks, &args).envs(env.iter().cloned()).output().expect("mpirun runs: install Open MPI")
-    };
+    let o = run_on(env, ranks, &args);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<[f64; 3]> = text
