@@ -599,19 +599,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
                 ));
             }
         }
-        if (d == "cuda" || d == "hip") && args.has("--fp16") && args.str("--gpu-collectives") != Some("mpi") {
-            // Tensor and pipeline parallelism move 16-bit activations on device memory; the NCCL
-            // (RCCL on hip) path types its buffers f32 or bf16 only (data parallelism and ZeRO-1
-            // move f32).
-            let parallel = |name| args.usize(name).map(|v| v.unwrap_or(1) > 1);
-            if parallel("--tensor-model-parallel-size")? || parallel("--pipeline-model-parallel-size")? {
-                let library = if d == "hip" { "RCCL" } else { "NCCL" };
-                return Err(Error::Unsupported(format!(
-                    "--device {d} --fp16 with tensor or pipeline parallelism: {library}'s path moves f32 and bf16 \
-                     device buffers, not fp16 ones yet; add --gpu-collectives mpi (host-staged) or train with --bf16"
-                )));
-            }
-        }
         if d == "hip" {
             // As CUDA: a loadable runtime, and the 16-bit GEMM and attention operands (the bf16
             // module, or the fp16 one) said out loud.

@@ -408,16 +408,16 @@ fn the_fp16_module_passes_every_op_check_and_each_driver_refuses_the_other_modul
     );
 }
 
-/// What `--fp16` does not do on a GPU is one clear line: tensor or pipeline parallelism over NCCL
-/// on fp16 buffers (`--device hip --fp16` trains: tests/hip_device.rs).
+/// `--device cuda --fp16` with tensor (and sequence) or pipeline parallelism on NCCL: binary16
+/// buffers through the fake NCCL as ncclFloat16, the same run as through MPI on the host, and
+/// one rank's within 1e-3.
 #[test]
-fn fp16_over_nccl_model_parallelism_is_a_clear_error() {
-    let Some(emu) = emulated() else { return };
-    let base = ["train", "--preset", "tiny", "--data-path", "x", "--fp16"];
-    for parallel in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
-        let o = run_with(&emu.env, &[&base[..], &["--device", "cuda", parallel, "2"]].concat());
-        assert_clean_error(&o, &["--device cuda --fp16", "--gpu-collectives mpi"]);
-    }
+fn fp16_tensor_and_pipeline_parallel_over_nccl_match_mpi_and_one_rank() {
+    let Some(fp16) = fp16_env() else { return };
+    let dir = scratch("cuda-nccl-fp16");
+    let nccl = fake_nccl(&dir);
+    gpu_device::tiny_preset_fp16_over_nccl_matches_mpi(fp16, &dir, ("TRIDENT_NCCL", &nccl), "cuda");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `train --device cuda --fp16` on the tiny preset: the loss scaler on the device path skips the

@@ -122,16 +122,16 @@ fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Tensor or pipeline parallelism on fp16 buffers over RCCL (the default with `--device hip`) is
-/// one clear line, as over NCCL on CUDA: RCCL's path types device buffers f32 or bf16.
+/// `--device hip --fp16` with tensor (and sequence) or pipeline parallelism on RCCL (the default
+/// with `--device hip`): binary16 buffers as ncclFloat16 through the fake NCCL as `TRIDENT_RCCL`,
+/// the same run as through MPI on the host, and one rank's within 1e-3.
 #[test]
-fn fp16_over_rccl_model_parallelism_is_a_clear_error() {
-    let Some(emu) = emulated() else { return };
-    let base = ["train", "--preset", "tiny", "--data-path", "x", "--fp16", "--device", "hip"];
-    for parallel in ["--tensor-model-parallel-size", "--pipeline-model-parallel-size"] {
-        let o = run_with(&emu.env, &[&base[..], &[parallel, "2"]].concat());
-        assert_clean_error(&o, &["--device hip --fp16", "RCCL's path", "--gpu-collectives mpi"]);
-    }
+fn fp16_tensor_and_pipeline_parallel_over_rccl_match_mpi_and_one_rank() {
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
+    let dir = scratch("hip-rccl-fp16");
+    let rccl = fake_nccl(&dir);
+    gpu_device::tiny_preset_fp16_over_nccl_matches_mpi(fp16, &dir, ("TRIDENT_RCCL", &rccl), "hip");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The Comm seam: collectives and point-to-point transfers on one process group, over host
-//! buffers of f32 or bf16. MPI implements it (`mpi.rs`); a group of one rank is `SelfComm`.
+//! buffers of f32, f64, bf16 or IEEE binary16. MPI implements it (`mpi.rs`); a group of one rank is `SelfComm`.
 //! Process groups are values (`parallel::grid::Groups`), never globals.
 
 #[cfg(feature = "mpi")]
@@ -24,6 +24,8 @@ pub enum Dtype {
     F32,
     F64,
     Bf16,
+    /// IEEE binary16 (`--fp16` storage).
+    F16,
 }
 
 impl Dtype {
@@ -31,7 +33,17 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::F64 => 8,
-            Dtype::Bf16 => 2,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+
+    /// The short name reports use ("bf16").
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
         }
     }
 }
@@ -61,6 +73,62 @@ impl Bf16 {
     }
 }
 
+/// IEEE binary16 as its bit pattern.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct F16(pub u16);
+
+// SAFETY: a transparent wrapper of u16: every bit pattern is valid and there is no padding.
+unsafe impl Zeroable for F16 {}
+// SAFETY: as above.
+unsafe impl Pod for F16 {}
+
+impl F16 {
+    /// Round to nearest even; above 65504 (from 65520 on) to infinity, below 2^-14 to the
+    /// subnormals' multiples of 2^-24, as binary16 does (NaN stays NaN).
+    pub fn from_f32(x: f32) -> F16 {
+        let f16 = crate::real::Precision::F16;
+        F16(f16.to_bits16(f16.round(x)))
+    }
+    pub fn to_f32(self) -> f32 {
+        crate::real::Precision::F16.from_bits16(self.0)
+    }
+}
+
+/// A 16-bit float a reduction widens to f32, combines and rounds back: `Bf16` or `F16`. One
+/// combination of two 16-bit values through f32 is their correctly rounded result (f32 has more
+/// than twice their significand bits, so rounding twice is rounding once), as NCCL's own sums
+/// of 16-bit elements are.
+pub trait Half16: Pod {
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+
+    /// `a op b`, rounded once.
+    fn combine(a: Self, b: Self, op: ReduceOp) -> Self {
+        let (a, b) = (a.to_f32(), b.to_f32());
+        Self::from_f32(match op {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Max => a.max(b),
+        })
+    }
+}
+impl Half16 for Bf16 {
+    fn from_f32(x: f32) -> Bf16 {
+        Bf16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        Bf16::to_f32(self)
+    }
+}
+impl Half16 for F16 {
+    fn from_f32(x: f32) -> F16 {
+        F16::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        F16::to_f32(self)
+    }
+}
+
 /// A type a Comm can move: its bytes and the dtype that names them.
 pub trait Element: Pod {
     const DTYPE: Dtype;
@@ -73,6 +141,9 @@ impl Element for f64 {
 }
 impl Element for Bf16 {
     const DTYPE: Dtype = Dtype::Bf16;
+}
+impl Element for F16 {
+    const DTYPE: Dtype = Dtype::F16;
 }
 
 /// How many elements of each kind a rank has sent, per collective kind (for `--log-comm` and the
@@ -294,6 +365,26 @@ mod tests {
         assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0); // tie -> even
         assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 4.0 / 256.0);
         assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+    }
+
+    #[test]
+    fn f16_rounds_to_nearest_even_and_combines_once() {
+        assert_eq!(F16::from_f32(1.0).0, 0x3c00);
+        assert_eq!(F16::from_f32(-2.0).0, 0xc000);
+        assert_eq!(F16::from_f32(1.0 + 1.0 / 2048.0).to_f32(), 1.0); // tie -> even
+        assert_eq!(F16::from_f32(1.0 + 3.0 / 2048.0).to_f32(), 1.0 + 2.0 / 1024.0);
+        assert_eq!(F16::from_f32(65520.0).to_f32(), f32::INFINITY);
+        assert_eq!(F16::from_f32(2f32.powi(-24)).0, 1);
+        assert!(F16::from_f32(f32::NAN).to_f32().is_nan());
+        // 2048 + 1 is a tie in binary16 (spacing 2 there): even, 2048; bf16 would keep 2048 too,
+        // but 1 + 2^-9 separates the formats (binary16 holds it, bf16 rounds it to 1).
+        let (a, b) = (F16::from_f32(2048.0), F16::from_f32(1.0));
+        assert_eq!(Half16::combine(a, b, ReduceOp::Sum).to_f32(), 2048.0);
+        let (a, b) = (F16::from_f32(1.0), F16::from_f32(2f32.powi(-9)));
+        assert_eq!(Half16::combine(a, b, ReduceOp::Sum).to_f32(), 1.0 + 2f32.powi(-9));
+        assert_eq!(Half16::combine(a, b, ReduceOp::Max), a);
+        let (a, b) = (Bf16::from_f32(1.0), Bf16::from_f32(2f32.powi(-9)));
+        assert_eq!(Half16::combine(a, b, ReduceOp::Sum).to_f32(), 1.0);
     }
 
     #[test]

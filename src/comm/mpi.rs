@@ -3,7 +3,7 @@
 //! poll yields the core between tests, because some MPI builds (Debian's MPICH) busy-wait inside
 //! blocking calls and then cost a scheduler time slice per rank per collective.
 
-use super::{Comm, CommCounters, Dtype, Pending, ReduceOp};
+use super::{Bf16, Comm, CommCounters, Dtype, Half16, Pending, ReduceOp, F16};
 use mpi::ffi;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::AsRaw;
@@ -11,30 +11,40 @@ use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::sync::OnceLock;
 
-/// bf16 reductions are user operations (MPI has no bf16 type): each element is widened to f32,
-/// combined, and rounded back.
+/// 16-bit float reductions are user operations (MPI has no bf16 or binary16 type): each element
+/// is widened to f32, combined, and rounded back (`Half16::combine`, once per pair).
 unsafe extern "C" fn bf16_sum(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
-    bf16_combine(invec, inoutvec, len, |a, b| a + b)
+    combine16::<Bf16>(invec, inoutvec, len, ReduceOp::Sum)
 }
 
 unsafe extern "C" fn bf16_max(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
-    bf16_combine(invec, inoutvec, len, f32::max)
+    combine16::<Bf16>(invec, inoutvec, len, ReduceOp::Max)
 }
 
-unsafe fn bf16_combine(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, f: impl Fn(f32, f32) -> f32) {
+unsafe extern "C" fn f16_sum(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
+    combine16::<F16>(invec, inoutvec, len, ReduceOp::Sum)
+}
+
+unsafe extern "C" fn f16_max(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
+    combine16::<F16>(invec, inoutvec, len, ReduceOp::Max)
+}
+
+unsafe fn combine16<T: Half16>(invec: *mut c_void, inoutvec: *mut c_void, len: *mut c_int, op: ReduceOp) {
     // SAFETY: MPI passes `len` elements of the uint16 datatype in both buffers.
     let n = *len as usize;
-    let a = std::slice::from_raw_parts(invec as *const super::Bf16, n);
-    let b = std::slice::from_raw_parts_mut(inoutvec as *mut super::Bf16, n);
+    let a = std::slice::from_raw_parts(invec as *const T, n);
+    let b = std::slice::from_raw_parts_mut(inoutvec as *mut T, n);
     for (y, &x) in b.iter_mut().zip(a) {
-        *y = super::Bf16::from_f32(f(x.to_f32(), y.to_f32()));
+        *y = T::combine(x, *y, op);
     }
 }
 
-/// MPI handles created once per process (the bf16 operations).
+/// MPI handles created once per process (the 16-bit float operations).
 struct Ops {
     bf16_sum: ffi::MPI_Op,
     bf16_max: ffi::MPI_Op,
+    f16_sum: ffi::MPI_Op,
+    f16_max: ffi::MPI_Op,
 }
 // SAFETY: MPI_Op handles are process-global identifiers; they are only used from MPI calls.
 unsafe impl Send for Ops {}
@@ -52,7 +62,7 @@ fn ops() -> &'static Ops {
                 op.assume_init()
             }
         };
-        Ops { bf16_sum: create(bf16_sum), bf16_max: create(bf16_max) }
+        Ops { bf16_sum: create(bf16_sum), bf16_max: create(bf16_max), f16_sum: create(f16_sum), f16_max: create(f16_max) }
     })
 }
 
@@ -62,7 +72,7 @@ fn datatype(dtype: Dtype) -> ffi::MPI_Datatype {
         match dtype {
             Dtype::F32 => ffi::RSMPI_FLOAT,
             Dtype::F64 => ffi::RSMPI_DOUBLE,
-            Dtype::Bf16 => ffi::RSMPI_UINT16_T,
+            Dtype::Bf16 | Dtype::F16 => ffi::RSMPI_UINT16_T,
         }
     }
 }
@@ -75,6 +85,8 @@ fn operation(dtype: Dtype, op: ReduceOp) -> ffi::MPI_Op {
             (Dtype::F32 | Dtype::F64, ReduceOp::Max) => ffi::RSMPI_MAX,
             (Dtype::Bf16, ReduceOp::Sum) => ops().bf16_sum,
             (Dtype::Bf16, ReduceOp::Max) => ops().bf16_max,
+            (Dtype::F16, ReduceOp::Sum) => ops().f16_sum,
+            (Dtype::F16, ReduceOp::Max) => ops().f16_max,
         }
     }
 }

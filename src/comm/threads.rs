@@ -63,13 +63,8 @@ fn reduce_into(out: &mut [u8], parts: &[&[u8]], dtype: Dtype, op: ReduceOp) {
         (Dtype::F32, ReduceOp::Max) => go::<f32>(out, parts, f32::max),
         (Dtype::F64, ReduceOp::Sum) => go::<f64>(out, parts, |a, b| a + b),
         (Dtype::F64, ReduceOp::Max) => go::<f64>(out, parts, f64::max),
-        (Dtype::Bf16, op) => {
-            let f = |a: super::Bf16, b: super::Bf16| {
-                let (a, b) = (a.to_f32(), b.to_f32());
-                super::Bf16::from_f32(if op == ReduceOp::Sum { a + b } else { a.max(b) })
-            };
-            go::<super::Bf16>(out, parts, f)
-        }
+        (Dtype::Bf16, op) => go::<super::Bf16>(out, parts, |a, b| super::Half16::combine(a, b, op)),
+        (Dtype::F16, op) => go::<super::F16>(out, parts, |a, b| super::Half16::combine(a, b, op)),
     }
 }
 
@@ -182,6 +177,29 @@ mod tests {
             assert_eq!(g, [0.0, 0.0, 1.0, 10.0, 2.0, 20.0]);
             assert_eq!(rs, 3.0 * (r + 1) as f32);
             assert_eq!(b, 2.0);
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_reductions_round_each_partial_sum_in_rank_order() {
+        use crate::comm::{Bf16, F16};
+        // Binary16's spacing at 1 is 2^-10: 1 + 2^-11 is a tie that stays 1, twice; 1 + 2^-9 is
+        // exact in binary16 and rounds to 1 in bf16.
+        let out = run_group(3, |r, c| {
+            let c: &dyn Comm = c;
+            let mut ties = [F16::from_f32([1.0, 2f32.powi(-11), 2f32.powi(-11)][r])];
+            c.all_reduce(&mut ties, ReduceOp::Sum);
+            let mut f16 = [F16::from_f32([1.0, 2f32.powi(-9), 0.0][r]), F16::from_f32(r as f32 - 5.0)];
+            c.all_reduce(&mut f16[..1], ReduceOp::Sum);
+            c.all_reduce(&mut f16[1..], ReduceOp::Max);
+            let mut bf16 = [Bf16::from_f32([1.0, 2f32.powi(-9), 0.0][r])];
+            c.all_reduce(&mut bf16, ReduceOp::Sum);
+            (ties[0].to_f32(), f16.map(F16::to_f32), bf16[0].to_f32())
+        });
+        for (ties, f16, bf16) in out {
+            assert_eq!(ties, 1.0);
+            assert_eq!(f16, [1.0 + 2f32.powi(-9), -3.0]);
+            assert_eq!(bf16, 1.0);
         }
     }
 }

@@ -128,8 +128,11 @@ pub trait DeviceComm<B> {
 /// activations to the next pipeline stage and gradients to the previous one, and receives them
 /// from the other side. Messages of one kind between two stages arrive in the order they were
 /// sent (`pipeline::fifo_order` holds for every schedule). A send reads its buffer after the
-/// compute already enqueued; compute enqueued after a receive sees what it received. Neither
-/// blocks the host: a send's buffer must be left alone until `wait_sends`.
+/// compute already enqueued; a receive writes its buffer after the compute already enqueued, and
+/// compute enqueued after it sees what it received. Neither blocks the host: a send's buffer must
+/// be left alone until `wait_sends`, or until this rank has received a message its peer sent
+/// after taking that send's (the stream order above then puts any later write after the send's
+/// read: `pipeline::send_releases`).
 pub trait DeviceP2p<B> {
     /// The library: "NCCL" or "RCCL".
     fn api(&self) -> &'static str;
@@ -140,8 +143,6 @@ pub trait DeviceP2p<B> {
     fn recv(&self, buf: &mut B, backward: bool);
     /// The host waits (bounded: a dead peer is an error) until every send has been delivered.
     fn wait_sends(&self);
-    /// Whether every send has been delivered by now, without waiting.
-    fn sends_delivered(&self) -> bool;
     /// Elements sent so far (for `--log-comm`).
     fn counters(&self) -> crate::comm::CommCounters;
 }

@@ -102,15 +102,18 @@ impl GpuBuf {
         self.len
     }
 
-    /// The NCCL / MPI type of the elements: f32, or bf16 storage (`Device::alloc_in`). The model
-    /// reduces bf16 buffers only where the sum is exact (the word embedding's rows: one rank's
-    /// non-zero per element); its reductions of partial products run on f32 buffers. Gathers
-    /// and pipeline messages move bf16 as 16-bit elements.
+    /// The NCCL / MPI type of the elements: f32, or the 16-bit storage (`Device::alloc_in`: bf16
+    /// under `--bf16`, binary16 under `--fp16`). The model reduces 16-bit buffers only where the
+    /// sum is exact (the word embedding's rows: one rank's non-zero per element, the others'
+    /// zeros); its reductions of partial products (a row-parallel layer's output, a LayerNorm
+    /// input's gradient) and of gradients run on f32 buffers, the cross-entropy's statistics on
+    /// f64. Gathers, broadcasts and pipeline messages move 16-bit elements as they are.
     pub(crate) fn dtype(&self) -> Dtype {
         match self.elem {
             Elem::F32 => Dtype::F32,
             Elem::Bf16 => Dtype::Bf16,
-            e => panic!("collectives on device buffers take f32 or bf16 buffers, not {e:?}"),
+            Elem::F16 => Dtype::F16,
+            e => panic!("collectives on device buffers take f32 or 16-bit storage buffers, not {e:?}"),
         }
     }
 

@@ -9,7 +9,7 @@
 //! blocking the host.
 //!
 //! **Operations** take device pointers with explicit element counts and dtypes: all-reduce (sum
-//! or max; f32, f64 and bf16), all-gather, reduce-scatter (sum), broadcast, and a group of sends
+//! or max; f32, f64, bf16 and binary16), all-gather, reduce-scatter (sum), broadcast, and a group of sends
 //! and receives issued between `ncclGroupStart` and `ncclGroupEnd` (pipeline p2p: a stage's send
 //! to the next stage and receive from the previous one cannot deadlock each other).
 //!
@@ -30,7 +30,7 @@ use super::driver::{CuDevicePtr, Driver, Event, PrimaryContext, Stream};
 use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
 use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
-use crate::comm::{Bf16, Comm, Dtype, ReduceOp};
+use crate::comm::{Bf16, Comm, Dtype, ReduceOp, F16};
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -728,12 +728,6 @@ impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
     fn wait_sends(&self) {
         self.settle_slots(&[link_slot(false, true), link_slot(true, true)]);
     }
-    fn sends_delivered(&self) -> bool {
-        [link_slot(false, true), link_slot(true, true)].iter().all(|&slot| match &self.links[slot] {
-            Some(link) => link.lock().map(|c| c.streams.is_idle().unwrap_or(false)).unwrap_or(false),
-            None => true,
-        })
-    }
     fn counters(&self) -> crate::comm::CommCounters {
         crate::comm::CommCounters { send: self.sent.load(std::sync::atomic::Ordering::Relaxed), ..Default::default() }
     }
@@ -792,11 +786,7 @@ impl Collective {
     }
 
     pub fn name(&self) -> String {
-        let dtype = match self.dtype() {
-            Dtype::F32 => "f32",
-            Dtype::F64 => "f64",
-            Dtype::Bf16 => "bf16",
-        };
+        let dtype = self.dtype().name();
         match *self {
             Collective::AllReduce { count, op, .. } => {
                 format!("all_reduce {} of {count} {dtype}", if op == ReduceOp::Sum { "sum" } else { "max" })
@@ -853,7 +843,7 @@ pub fn run_on_host(comm: &dyn Comm, c: &Collective, send: &[u8], recv: &mut [u8]
 }
 
 /// Rank `rank`'s input of `len` elements: multiples of 1/8 in [-4, 4), so any sum over up to 64
-/// ranks is exact in f32 and bf16 whatever the order of additions (NCCL's ring and MPI's tree
+/// ranks is exact in f32, bf16 and binary16 whatever the order of additions (NCCL's ring and MPI's tree
 /// add in different orders; with these values they must agree bit for bit).
 pub fn check_input(dtype: Dtype, len: usize, rank: usize, salt: usize) -> Vec<u8> {
     let value = |i: usize| ((i * 7 + rank * 13 + salt * 5) % 64) as f32 / 8.0 - 4.0;
@@ -861,6 +851,7 @@ pub fn check_input(dtype: Dtype, len: usize, rank: usize, salt: usize) -> Vec<u8
         Dtype::F32 => (0..len).flat_map(|i| value(i).to_le_bytes()).collect(),
         Dtype::F64 => (0..len).flat_map(|i| (value(i) as f64).to_le_bytes()).collect(),
         Dtype::Bf16 => (0..len).flat_map(|i| Bf16::from_f32(value(i)).0.to_le_bytes()).collect(),
+        Dtype::F16 => (0..len).flat_map(|i| F16::from_f32(value(i)).0.to_le_bytes()).collect(),
     }
 }
 
@@ -968,7 +959,7 @@ mod tests {
 
     #[test]
     fn check_inputs_sum_exactly_in_any_order() {
-        // Sixty-four ranks' values, summed forwards and backwards, agree exactly in both types.
+        // Sixty-four ranks' values, summed forwards and backwards, agree exactly in every type.
         let len = 257;
         let ranks: Vec<Vec<f32>> =
             (0..64).map(|r| bytemuck::cast_slice::<u8, f32>(&check_input(Dtype::F32, len, r, 1)).to_vec()).collect();
@@ -977,6 +968,7 @@ mod tests {
             let backward: f32 = ranks.iter().rev().map(|v| v[i]).sum();
             assert_eq!(forward, backward);
             assert_eq!(Bf16::from_f32(forward).to_f32(), forward, "exact in bf16");
+            assert_eq!(F16::from_f32(forward).to_f32(), forward, "exact in binary16");
         }
         let b = check_input(Dtype::Bf16, 3, 2, 0);
         assert_eq!(b.len(), 6);

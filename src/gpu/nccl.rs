@@ -61,6 +61,7 @@ impl DataType {
             Dtype::F32 => DataType::Float32,
             Dtype::F64 => DataType::Float64,
             Dtype::Bf16 => DataType::Bfloat16,
+            Dtype::F16 => DataType::Float16,
         }
     }
 }
@@ -283,6 +284,7 @@ mod tests {
         assert_eq!(DataType::of(Dtype::F32) as i32, 7);
         assert_eq!(DataType::of(Dtype::F64) as i32, 8);
         assert_eq!(DataType::of(Dtype::Bf16) as i32, 9);
+        assert_eq!(DataType::of(Dtype::F16) as i32, 6);
         assert_eq!(RedOp::of(ReduceOp::Sum) as i32, 0);
         assert_eq!(RedOp::of(ReduceOp::Max) as i32, 2);
         assert_eq!(RedOp::Avg as i32, 4);

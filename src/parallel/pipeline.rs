@@ -134,6 +134,26 @@ pub fn forward_passes(micro: usize, chunks: usize) -> Vec<Pass> {
 /// gradients backward), named by the (micro-batch, chunk) they feed on the receiving stage.
 type Stream = Vec<(usize, usize)>;
 
+/// A link: which kind of message (gradients: `backward`), from which stage to which.
+type Link = (bool, usize, usize);
+
+/// The messages `pass` on stage `s` takes and sends: each its link and the (micro-batch, chunk)
+/// it feeds on the receiving stage. Forward takes activations after the first virtual stage and
+/// sends them before the last; backward takes and sends gradients the other way round.
+fn pass_messages(stages: usize, chunks: usize, s: usize, pass: Pass) -> [Option<(Link, (usize, usize))>; 2] {
+    let (backward, micro, chunk) = match pass {
+        Pass::Forward { micro, chunk } => (false, micro, chunk),
+        Pass::Backward { micro, chunk } => (true, micro, chunk),
+    };
+    let (vs, last) = (chunk * stages + s, stages * chunks - 1);
+    let (takes, sends) = if backward { (vs < last, vs > 0) } else { (vs > 0, vs < last) };
+    let (to, to_chunk) = send_target(stages, s, chunk, backward);
+    [
+        takes.then_some(((backward, recv_source(stages, s, backward), s), (micro, chunk))),
+        sends.then_some(((backward, s, to), (micro, to_chunk))),
+    ]
+}
+
 /// Whether FIFO delivery carries every stage's pipeline messages right when `passes(s)` is the
 /// order stage s runs its passes in: for each kind (forward activations, backward gradients) and
 /// each ordered pair of stages, the order the sender sends must be the order the receiver
@@ -142,25 +162,16 @@ type Stream = Vec<(usize, usize)>;
 /// first pair and position where the orders part.
 pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Result<()> {
     use std::collections::BTreeMap;
-    let last = stages * chunks - 1;
     // (backward?, sender, receiver) -> messages in the order the sender sends / receiver takes.
     let (mut sent, mut taken): (BTreeMap<_, Stream>, BTreeMap<_, Stream>) = Default::default();
     for s in 0..stages {
         for pass in passes(s) {
-            let (backward, micro, chunk) = match pass {
-                Pass::Forward { micro, chunk } => (false, micro, chunk),
-                Pass::Backward { micro, chunk } => (true, micro, chunk),
-            };
-            let vs = chunk * stages + s;
-            // Forward takes activations after the first virtual stage and sends them before the
-            // last; backward takes and sends gradients the other way round.
-            let (takes, sends) = if backward { (vs < last, vs > 0) } else { (vs > 0, vs < last) };
-            if takes {
-                taken.entry((backward, recv_source(stages, s, backward), s)).or_default().push((micro, chunk));
+            let [takes, sends] = pass_messages(stages, chunks, s, pass);
+            if let Some((link, feeds)) = takes {
+                taken.entry(link).or_default().push(feeds);
             }
-            if sends {
-                let (to, to_chunk) = send_target(stages, s, chunk, backward);
-                sent.entry((backward, s, to)).or_default().push((micro, to_chunk));
+            if let Some((link, feeds)) = sends {
+                sent.entry(link).or_default().push(feeds);
             }
         }
     }
@@ -180,6 +191,88 @@ pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pa
         }
     }
     Ok(())
+}
+
+/// When stage `stage` may write again into the buffer of each message it sends while running
+/// `passes(stage)` (in its send order), with no wait: `Some(n)` once it has made `n` receives,
+/// `None` only after the pass list (when its sends are waited for). The rule is causal, on the
+/// streams alone: the stage that receives message X sends this stage a message in the pass that
+/// took X or a later one, so that message leaves after X arrived whole (its send is ordered after
+/// the compute that waited for X), and this stage's work ordered after receiving it (compute, and
+/// receives, which wait for compute) cannot overtake X's send reading the buffer. With in-order
+/// delivery per link (`fifo_order`), the n-th send on a link is the receiver's n-th receive on it.
+/// So the buffers a stage holds at once, and with them the buffers it allocates, are a function
+/// of the schedule alone (`message_buffers`).
+pub fn send_releases(stages: usize, chunks: usize, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Vec<Option<usize>> {
+    // Per stage, in pass order: (pass index, link) of each receive and each send.
+    let mut taken: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
+    let mut sent: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
+    for s in 0..stages {
+        for (i, pass) in passes(s).into_iter().enumerate() {
+            let [takes, sends] = pass_messages(stages, chunks, s, pass);
+            taken[s].extend(takes.map(|(link, _)| (i, link)));
+            sent[s].extend(sends.map(|(link, _)| (i, link)));
+        }
+    }
+    // The n-th message on `link` as its receiver takes it: (pass index, receive ordinal there).
+    let receipt = |link: Link, n: usize| -> Option<(usize, usize)> {
+        let on = taken[link.2].iter().enumerate().filter(|(_, (_, l))| *l == link).nth(n);
+        on.map(|(ordinal, &(pass, _))| (pass, ordinal))
+    };
+    let mut sent_on = std::collections::BTreeMap::<Link, usize>::new();
+    sent[stage]
+        .iter()
+        .map(|&(_, link)| {
+            let n = sent_on.entry(link).or_default();
+            let (took_at, _) = receipt(link, *n)?;
+            *n += 1;
+            let to = link.2;
+            // The first message back from `to`, on either kind, sent in the pass that took this
+            // one or later; released once this stage has received it.
+            [false, true]
+                .into_iter()
+                .filter_map(|backward| {
+                    let back = (backward, to, stage);
+                    let later = sent[to].iter().filter(|(_, l)| *l == back).position(|&(pass, _)| pass >= took_at)?;
+                    receipt(back, later).map(|(_, ordinal)| ordinal + 1)
+                })
+                .min()
+        })
+        .collect()
+}
+
+/// The message buffers stage `stage` holds at most at once while running `passes(stage)` with
+/// `send_releases`' rule: a receive takes a buffer, a pass whose output is sent takes one for it,
+/// the received one is free again once its pass ran, a sent one at its release (or the end).
+pub fn message_buffers(stages: usize, chunks: usize, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> usize {
+    let releases = send_releases(stages, chunks, stage, passes);
+    let (mut held, mut peak, mut received) = (0usize, 0usize, 0usize);
+    let mut in_flight: Vec<Option<usize>> = Vec::new();
+    let mut releases = releases.into_iter();
+    for pass in passes(stage) {
+        let [takes, sends] = pass_messages(stages, chunks, stage, pass);
+        let mut take = |held: &mut usize, received: usize| {
+            let before = in_flight.len();
+            in_flight.retain(|r| r.is_none_or(|r| r > received));
+            *held -= before - in_flight.len();
+            *held += 1;
+            peak = peak.max(*held);
+        };
+        if takes.is_some() {
+            take(&mut held, received);
+            received += 1;
+        }
+        if sends.is_some() {
+            take(&mut held, received);
+        }
+        if takes.is_some() {
+            held -= 1;
+        }
+        if sends.is_some() {
+            in_flight.push(releases.next().flatten());
+        }
+    }
+    peak
 }
 
 /// Checks the pipeline layout: virtual chunks need p > 1, the interleaved schedule needs a
@@ -291,6 +384,72 @@ mod tests {
                         .unwrap_or_else(|e| panic!("{schedule:?} p={stages} v={chunks} m={micro}: {e}"));
                     fifo_order(stages, chunks, &|_| forward_passes(micro, chunks))
                         .unwrap_or_else(|e| panic!("evaluation p={stages} v={chunks} m={micro}: {e}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_f_one_b_on_two_stages_frees_each_send_at_its_answer() {
+        // Stage 0: F0 F1 B0 F2 B1 F3 B2 B3; stage 1: F0 B0 F1 B1 F2 B2 F3 B3. Stage 1 takes
+        // activation k at its F_k and answers with gradient k at B_k, stage 0's k-th receive: its
+        // k-th send is free once it has received k + 1 times. Stage 1's gradient k is taken at
+        // stage 0's B_k; the activations sent after that are 2 and 3 (stage 1's receives 2 and 3)
+        // for gradients 0 and 1, none for the last two.
+        let order = |s| passes(Schedule::OneFOneB, 2, s, 4, 1);
+        assert_eq!(send_releases(2, 1, 0, &order), [Some(1), Some(2), Some(3), Some(4)]);
+        assert_eq!(send_releases(2, 1, 1, &order), [Some(3), Some(4), None, None]);
+        // Stage 0 holds two activations in flight and a received gradient; never sending four
+        // before reusing one (every send kept to the step's end would be five buffers).
+        assert_eq!(message_buffers(2, 1, 0, &order), 3);
+        assert_eq!(message_buffers(2, 1, 1, &order), 3);
+        // Evaluation: nothing answers a forward-only pass list on two stages.
+        let eval = |_| forward_passes(4, 1);
+        assert_eq!(send_releases(2, 1, 0, &eval), [None; 4]);
+    }
+
+    #[test]
+    fn every_schedule_frees_its_sends_at_an_answer_and_holds_a_bounded_pool() {
+        for stages in 2..=5 {
+            for micro in 1..=9 {
+                for (schedule, chunks) in
+                    [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::Interleaved, 2), (Schedule::Interleaved, 3)]
+                {
+                    if validate(schedule, stages, chunks, micro).is_err() {
+                        continue;
+                    }
+                    let order = |s| passes(schedule, stages, s, micro, chunks);
+                    let case = format!("{schedule:?} p={stages} v={chunks} m={micro}");
+                    for s in 0..stages {
+                        let list = order(s);
+                        let messages: Vec<_> = list.iter().map(|&p| pass_messages(stages, chunks, s, p)).collect();
+                        let receives = messages.iter().filter(|[t, _]| t.is_some()).count();
+                        let sends = messages.iter().filter(|[_, x]| x.is_some()).count();
+                        let releases = send_releases(stages, chunks, s, &order);
+                        assert_eq!(releases.len(), sends, "{case} stage {s}");
+                        // A send is freed only by a receive after it: the n-th receive comes
+                        // after the send in this stage's pass order.
+                        let mut receive_pass = Vec::new();
+                        let mut send_pass = Vec::new();
+                        for (i, [t, x]) in messages.iter().enumerate() {
+                            receive_pass.extend(t.map(|_| i));
+                            send_pass.extend(x.map(|_| i));
+                        }
+                        for (k, r) in releases.iter().enumerate() {
+                            if let Some(n) = *r {
+                                assert!(n <= receives && receive_pass[n - 1] > send_pass[k], "{case} stage {s} send {k}");
+                            }
+                        }
+                        // Outside GPipe (which holds every micro-batch by design) the pool is the
+                        // schedule's, not the step's: at most the activations in flight and their
+                        // gradients' answers, not every send of the step.
+                        let pool = message_buffers(stages, chunks, s, &order);
+                        let in_flight = peak_in_flight(&list);
+                        assert!(pool >= 1 && pool <= 2 * in_flight + 2, "{case} stage {s}: {pool} buffers");
+                        if schedule != Schedule::GPipe && micro >= 2 * stages {
+                            assert!(pool < sends + 1, "{case} stage {s}: {pool} buffers for {sends} sends");
+                        }
+                    }
                 }
             }
         }

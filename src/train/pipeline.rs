@@ -2,6 +2,9 @@
 //! rank's model chunks for a training step, and forward passes in (micro-batch, chunk) order for
 //! evaluation. Messages between stages are device buffers, reused: moved by the Device's
 //! `DeviceP2p` in order, or else through MPI on host memory matched by tag; sends never block.
+//! On the device path a sent buffer is written again only once the schedule shows its message
+//! taken (`pipeline::send_releases`), so the buffers a step holds are the schedule's
+//! (`pipeline::message_buffers`), allocated with the executor, and no step allocates more.
 
 use super::chunk::Chunk;
 use super::setup::Setup;
@@ -65,21 +68,32 @@ pub(super) struct Pipeline<'a, D: Device> {
     hidden_len: usize,
     /// Whether the optimizer is ZeRO-1 (gradients reduce-scattered after backward, not bucketed).
     pub zero: bool,
-    /// Message buffers: reused across passes; the ones of sends not yet known delivered; and the
-    /// MPI path's pending sends.
+    /// Where each send of a training step frees its buffer on the device path
+    /// (`pipeline::send_releases`, in this stage's send order).
+    releases: Vec<Option<usize>>,
+    /// Message buffers: reused across passes; the ones of sends in flight; and the MPI path's
+    /// pending sends.
     messages: std::cell::RefCell<Messages<D::Buf>>,
 }
 
 /// The pipeline's message buffers (device buffers of `hidden_len`).
 struct Messages<B> {
     free: Vec<B>,
-    in_flight: Vec<B>,
+    /// Device sends whose buffers are not free yet, each with the count of receives after which
+    /// it is (`send_releases`; None: when the sends are waited for).
+    in_flight: Vec<(B, Option<usize>)>,
     host_sends: Vec<Box<dyn Pending>>,
+    /// Device receives and sends made since the last `finish_sends`.
+    received: usize,
+    sent: usize,
+    /// A training step runs (its sends free at `releases`); else evaluation's forward passes,
+    /// whose messages get no answer: when no buffer is free they wait for the sends in flight.
+    training: bool,
 }
 
 impl<B> Default for Messages<B> {
     fn default() -> Self {
-        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new() }
+        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new(), received: 0, sent: 0, training: true }
     }
 }
 
@@ -109,6 +123,15 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 "{micro} micro-batches x {chunks} chunks exceed the pipeline's message tags"
             )));
         }
+        let (stages, stage) = (groups.grid.pp, groups.grid.pp_rank);
+        let order = |s| pipeline::passes(schedule, stages, s, micro, chunks);
+        let mut messages = Messages::default();
+        if dev.device_p2p().is_some() {
+            // Every buffer the schedule holds at once (evaluation, a forward pass at a time,
+            // holds at most a training forward's two), allocated now: no step allocates one.
+            let count = pipeline::message_buffers(stages, chunks, stage, &order);
+            messages.free = (0..count).map(|_| dev.alloc(hidden_len)).collect();
+        }
         Ok(Pipeline {
             dev,
             groups,
@@ -118,7 +141,8 @@ impl<'a, D: Device> Pipeline<'a, D> {
             micro,
             hidden_len,
             zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
-            messages: Default::default(),
+            releases: pipeline::send_releases(stages, chunks, stage, &order),
+            messages: std::cell::RefCell::new(messages),
         })
     }
 }
@@ -137,13 +161,21 @@ impl<D: Device> Pipeline<'_, D> {
         self.stages() * self.chunks - 1
     }
 
-    /// A message buffer: a reused one (sends the device has delivered by now included), else a
-    /// new one.
+    /// A message buffer: a free one (device sends the schedule shows taken by now included; in
+    /// evaluation, when none is, after waiting for the sends in flight), else a new one.
     fn buffer(&self) -> D::Buf {
         let mut m = self.messages.borrow_mut();
-        if m.free.is_empty() && !m.in_flight.is_empty() && self.dev.device_p2p().is_some_and(|p| p.sends_delivered()) {
+        let received = m.received;
+        let (taken, flying) =
+            std::mem::take(&mut m.in_flight).into_iter().partition(|(_, r)| r.is_some_and(|r| r <= received));
+        m.in_flight = flying;
+        m.free.extend(taken.into_iter().map(|(b, _): (D::Buf, _)| b));
+        if m.free.is_empty() && !m.in_flight.is_empty() && !m.training {
+            if let Some(p2p) = self.dev.device_p2p() {
+                p2p.wait_sends();
+            }
             let delivered = std::mem::take(&mut m.in_flight);
-            m.free.extend(delivered);
+            m.free.extend(delivered.into_iter().map(|(b, _)| b));
         }
         let reused = m.free.pop();
         drop(m);
@@ -162,7 +194,10 @@ impl<D: Device> Pipeline<'_, D> {
         let t0 = tl.now_us();
         let mut buf = self.buffer();
         match self.dev.device_p2p() {
-            Some(p2p) => p2p.recv(&mut buf, backward),
+            Some(p2p) => {
+                p2p.recv(&mut buf, backward);
+                self.messages.borrow_mut().received += 1;
+            }
             None => {
                 let from = pipeline::recv_source(self.stages(), self.stage(), backward);
                 let tag = p2p_tag(micro, chunk, self.chunks, backward);
@@ -181,14 +216,17 @@ impl<D: Device> Pipeline<'_, D> {
     }
 
     /// Sends (micro, chunk)'s output on to the next virtual stage, or (`backward`) the gradient
-    /// of its input back to the previous one. Neither path blocks: the buffer is kept until the
-    /// send is known delivered (`finish_sends`).
+    /// of its input back to the previous one. Neither path blocks: on the device the buffer is
+    /// kept until its release (`buffer`) or the end of the pass (`finish_sends`).
     fn send(&self, tl: &mut Timeline, buf: D::Buf, micro: usize, chunk: usize, backward: bool) {
         let t0 = tl.now_us();
         match self.dev.device_p2p() {
             Some(p2p) => {
                 p2p.send(&buf, backward);
-                self.messages.borrow_mut().in_flight.push(buf);
+                let mut m = self.messages.borrow_mut();
+                let release = if m.training { self.releases[m.sent] } else { None };
+                m.sent += 1;
+                m.in_flight.push((buf, release));
             }
             None => {
                 let (to, to_chunk) = pipeline::send_target(self.stages(), self.stage(), chunk, backward);
@@ -251,8 +289,17 @@ impl<D: Device> Pipeline<'_, D> {
             p2p.wait_sends();
         }
         let mut m = self.messages.borrow_mut();
+        if m.training && self.dev.device_p2p().is_some() {
+            assert_eq!(m.sent, self.releases.len(), "a training step sends what its schedule sends");
+        }
         let delivered = std::mem::take(&mut m.in_flight);
-        m.free.extend(delivered);
+        m.free.extend(delivered.into_iter().map(|(b, _)| b));
+        (m.received, m.sent) = (0, 0);
+    }
+
+    /// What the passes until the next `finish_sends` are: a training step's or evaluation's.
+    fn begin(&self, training: bool) {
+        self.messages.borrow_mut().training = training;
     }
 
     /// One iteration's forward and backward passes in this stage's schedule order; the last
@@ -267,6 +314,7 @@ impl<D: Device> Pipeline<'_, D> {
         tl: &mut Timeline,
     ) -> Result<()> {
         let mut batch = Batch::new(cfg);
+        self.begin(true);
         let started = tl.now_us();
         let mut peak_live = 0;
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
@@ -344,6 +392,7 @@ impl<D: Device> Pipeline<'_, D> {
         tl: &mut Timeline,
     ) -> Result<f64> {
         let mut batch = Batch::new(cfg);
+        self.begin(false);
         // The training steps' slots have been read (the log line before validation): slot 0.
         for c in chunks.iter_mut() {
             c.model.set_loss_slot(0);

@@ -8,7 +8,7 @@
  * its pid, a slot of SLOT_BYTES for collectives, and a channel of P2P_BYTES for every ordered
  * pair of ranks. A collective runs in rounds of at most a slot per rank: every rank writes its
  * part into its slot, all meet at a barrier, every rank computes its result from all slots (sums
- * in fixed rank order 0, 1, ..., n-1, in f32 for bf16, rounded once to nearest even), and all
+ * in fixed rank order 0, 1, ..., n-1, in f32 for bf16 and f16, rounded once to nearest even), and all
  * meet again before the slots are reused. Barriers spin with sched_yield and give up after
  * FAKE_NCCL_TIMEOUT_SECS (default 60) or as soon as a peer's pid is gone, returning
  * ncclRemoteError with a message for ncclGetLastError, and leaving it as the communicator's
@@ -42,6 +42,11 @@
  * FAKE_NCCL_P2P_CHUNK=bytes (at most the channel's 256 KiB) moves point-to-point messages in
  * pieces of that size: a send larger than one piece then finishes only once its receiver has
  * taken all but the last, as a real NCCL send of a large message waits for its receive.
+ *
+ * FAKE_NCCL_P2P_LATE=n (asynchronous mode) keeps a communicator's stream busy 20 ms after each of
+ * its point-to-point groups with a send, from its n-th operation on, as a send on a loaded node
+ * finishes late: whoever reuses a sent buffer only once its stream looks idle sees a different
+ * answer from that operation on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -193,8 +198,41 @@ static uint16_t f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
+/* IEEE binary16: exact widening; narrowing rounds to nearest even, to infinity from 65520 on, to
+ * multiples of 2^-24 below 2^-14 (the subnormals). */
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, u;
+    if (exponent == 31) u = sign | 0x7f800000u | (mantissa << 13);
+    else if (exponent != 0) u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else {
+        float f = (float)mantissa / 16777216.0f;
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00;  /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00; /* from 65520 on: infinity */
+    if (a < 0x38800000u) { /* below 2^-14: a whole number of 2^-24, or zero */
+        if (a <= 0x33000000u) return sign; /* at most 2^-25: zero (2^-25 itself a tie, to the even 0) */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);
+        uint32_t q = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        return sign | (uint16_t)(q + (rest > half || (rest == half && (q & 1))));
+    }
+    uint32_t rounded = a + 0xfffu + ((a >> 13) & 1); /* ties to even on the 13 dropped bits */
+    return sign | (uint16_t)(((rounded >> 23) - 112) << 10 | ((rounded >> 13) & 0x3ff));
+}
+static float half_to_f32(int t, uint16_t b) { return t == ncclFloat16 ? f16_to_f32(b) : bf16_to_f32(b); }
+static uint16_t f32_to_half(int t, float f) { return t == ncclFloat16 ? f32_to_f16(f) : f32_to_bf16(f); }
 static int reducible(int t, int op) {
-    return (t == ncclFloat32 || t == ncclFloat64 || t == ncclBfloat16 || t == ncclInt32) && op >= ncclSum && op <= ncclMin;
+    return (t == ncclFloat32 || t == ncclFloat64 || t == ncclBfloat16 || t == ncclFloat16 || t == ncclInt32) &&
+           op >= ncclSum && op <= ncclMin;
 }
 #define COMBINE(acc, x, op) \
     ((op) == ncclSum ? (acc) + (x) : (op) == ncclProd ? (acc) * (x) : (op) == ncclMax ? ((x) > (acc) ? (x) : (acc)) : ((x) < (acc) ? (x) : (acc)))
@@ -215,10 +253,10 @@ static void reduce_slots(struct fake_comm *c, void *out, size_t offset_bytes, si
             for (int r = 1; r < c->nranks; r++) acc = COMBINE(acc, ((int32_t *)(slot(c, r) + offset_bytes))[i], op);
             ((int32_t *)out)[i] = acc;
         } else {
-            float acc = bf16_to_f32(((uint16_t *)(slot(c, 0) + offset_bytes))[i]);
+            float acc = half_to_f32(t, ((uint16_t *)(slot(c, 0) + offset_bytes))[i]);
             for (int r = 1; r < c->nranks; r++)
-                acc = COMBINE(acc, bf16_to_f32(((uint16_t *)(slot(c, r) + offset_bytes))[i]), op);
-            ((uint16_t *)out)[i] = f32_to_bf16(acc);
+                acc = COMBINE(acc, half_to_f32(t, ((uint16_t *)(slot(c, r) + offset_bytes))[i]), op);
+            ((uint16_t *)out)[i] = f32_to_half(t, acc);
         }
     }
 }
@@ -478,7 +516,7 @@ out:
 
 /* An operation as the worker runs it. */
 struct job {
-    int kind, type, op, root;
+    int kind, type, op, root, late;
     void *stream;
     const void *send;
     void *recv;
@@ -513,6 +551,7 @@ static void *worker_main(void *arg) {
         if (!c->async_error && !c->aborted) {
             ncclResult_t r = run_job(j);
             if (r && !c->async_error) c->async_error = r;
+            if (j->late) nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
         }
         stream_count(j->stream, 0, 1);
         free_job(j);
@@ -535,7 +574,8 @@ static void log_job(const struct job *j) {
     size_t n = j->kind == JOB_P2P ? j->nops : j->count;
     int len = snprintf(line, sizeof line, "%s %zu %d/%d", names[j->kind], n, j->c->rank, j->c->nranks);
     if (j->kind != JOB_P2P) {
-        const char *type = j->type == ncclFloat64 ? "f64" : j->type == ncclFloat32 ? "f32" : j->type == ncclBfloat16 ? "bf16" : "other";
+        const char *type = j->type == ncclFloat64 ? "f64" : j->type == ncclFloat32 ? "f32" : j->type == ncclBfloat16 ? "bf16"
+                           : j->type == ncclFloat16 ? "f16" : "other";
         len += snprintf(line + len, sizeof line - (size_t)len, " %s", type);
         if ((j->kind == JOB_ALL_REDUCE || j->kind == JOB_REDUCE_SCATTER) && j->op >= ncclSum && j->op <= ncclMin)
             len += snprintf(line + len, sizeof line - (size_t)len, " %s", ops[j->op]);
@@ -622,6 +662,8 @@ static ncclResult_t submit_queue(void) {
     struct job j = {.kind = JOB_P2P, .ops = ops, .nops = queued, .c = queue[0].c, .stream = queue[0].stream};
     queued = 0;
     maybe_fail(j.c);
+    const char *late = getenv("FAKE_NCCL_P2P_LATE");
+    for (size_t i = 0; i < j.nops; i++) j.late |= late && *late && ops[i].is_send && j.c->ops >= (uint64_t)atoll(late);
     return submit(j);
 }
 

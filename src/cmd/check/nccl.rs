@@ -6,7 +6,7 @@
 
 use crate::cmd::{comm_library, end_after_gpu_comm_error, flags};
 use crate::comm::runtime::Runtime;
-use crate::comm::{Bf16, Comm, Dtype, ReduceOp};
+use crate::comm::{Bf16, Comm, Dtype, ReduceOp, F16};
 use crate::error::{Error, Result};
 use crate::gpu::collectives::{
     check_input, rank_device, run_on_device, run_on_host, timeout, Collective, NcclComm, RcclOnHip,
@@ -81,11 +81,12 @@ fn check(rt: &Runtime, flavor: Flavor) -> Result<String> {
     check_report(rt, cases, &nccl)
 }
 
-/// The collectives `trident check nccl` compares: every op in f32 and bf16, sizes from one
-/// element to more than a megabyte, ragged ones among them.
+/// The collectives `trident check nccl` compares: every op in f32, bf16 and binary16 (the
+/// storage types of `--bf16` and `--fp16`), sizes from one element to more than a megabyte,
+/// ragged ones among them.
 fn check_cases(ranks: usize) -> Vec<Collective> {
     let mut cases = Vec::new();
-    for dtype in [Dtype::F32, Dtype::Bf16] {
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
         for count in [1, 1000 + 3, 300_000] {
             cases.push(Collective::AllReduce { count, dtype, op: ReduceOp::Sum });
             cases.push(Collective::AllGather { send_count: count, dtype });
@@ -170,6 +171,7 @@ fn show(dtype: Dtype, b: &[u8]) -> String {
         Dtype::F32 => format!("{}", f32::from_le_bytes(b.try_into().expect("4 bytes"))),
         Dtype::F64 => format!("{}", f64::from_le_bytes(b.try_into().expect("8 bytes"))),
         Dtype::Bf16 => format!("{} (bf16)", Bf16(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32()),
+        Dtype::F16 => format!("{} (f16)", F16(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32()),
     }
 }
 
@@ -224,7 +226,12 @@ mod tests {
     #[test]
     fn the_cases_cover_every_op_and_broadcast_from_the_last_rank() {
         let cases = check_cases(4);
-        assert!(cases.iter().any(|c| matches!(c, Collective::RingSendRecv { dtype: Dtype::Bf16, .. })));
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            assert!(cases.iter().any(|c| matches!(c, Collective::RingSendRecv { dtype: d, .. } if *d == dtype)));
+            let sums = cases.iter().filter(|c| matches!(c, Collective::AllReduce { dtype: d, .. } if *d == dtype));
+            assert_eq!(sums.count(), 3 + usize::from(dtype == Dtype::F32), "{dtype:?}");
+        }
+        assert_eq!(cases.len(), 46);
         assert!(cases.iter().all(|c| !matches!(c, Collective::Broadcast { root, .. } if *root != 3)));
     }
 }
