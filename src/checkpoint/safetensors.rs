@@ -2,16 +2,18 @@
 //! `config.json` (Hugging Face tensor names and shapes; its Conv1D weights are stored [in, out],
 //! and its fused QKV columns are [all q | all k | all v] where ours are grouped per head), and the
 //! reverse, so a model trained here loads in `transformers` and a GPT-2 from there trains here.
+//! Llama-family models go to and come from `LlamaForCausalLM` in `hf_llama.rs`; this file holds
+//! the safetensors and JSON readers both use.
 
 use super::convert::FullCheckpoint;
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A parsed JSON value (the safetensors header and config.json need nothing more).
 #[derive(Clone, Debug, PartialEq)]
-enum Json {
+pub(super) enum Json {
     Null,
     Bool(bool),
     Num(f64),
@@ -21,15 +23,33 @@ enum Json {
 }
 
 impl Json {
-    fn get(&self, key: &str) -> Option<&Json> {
+    pub(super) fn get(&self, key: &str) -> Option<&Json> {
         match self {
             Json::Obj(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
         }
     }
-    fn as_usize(&self) -> Option<usize> {
+    pub(super) fn as_usize(&self) -> Option<usize> {
         match self {
             Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),
+            _ => None,
+        }
+    }
+    pub(super) fn as_f64(&self) -> Option<f64> {
+        match self {
+            Json::Num(n) => Some(*n),
+            _ => None,
+        }
+    }
+    pub(super) fn as_bool(&self) -> Option<bool> {
+        match self {
+            Json::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    pub(super) fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
             _ => None,
         }
     }
@@ -176,7 +196,7 @@ impl Parser<'_> {
     }
 }
 
-fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
+pub(super) fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
     let mut p = Parser { bytes, pos: 0 };
     let v = p.value().map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
     p.ws();
@@ -186,7 +206,7 @@ fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
     Ok(v)
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     super::write_synced(&tmp, bytes)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename", e))
@@ -282,6 +302,29 @@ pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
     Ok(out)
 }
 
+/// The weights of a Hugging Face directory: `model.safetensors`, or the files that
+/// `model.safetensors.index.json`'s `weight_map` names (large models are sharded), merged.
+/// Returns the path errors should name with them.
+pub fn read_hf_weights(dir: &Path) -> Result<(PathBuf, NamedTensors)> {
+    let single = dir.join("model.safetensors");
+    let index_path = dir.join("model.safetensors.index.json");
+    if single.exists() || !index_path.exists() {
+        return Ok((single.clone(), read_safetensors(&single)?));
+    }
+    let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, "read", e))?;
+    let Some(Json::Obj(map)) = parse_json(&text, &index_path)?.get("weight_map").cloned() else {
+        return Err(Error::format(&index_path, "no 'weight_map' object"));
+    };
+    let mut files: Vec<&str> = map.iter().filter_map(|(_, f)| f.as_str()).collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut out = NamedTensors::new();
+    for file in files {
+        out.extend(read_safetensors(&dir.join(file))?);
+    }
+    Ok((index_path, out))
+}
+
 fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h >> 15) as u32) << 31;
     let exp = ((h >> 10) & 0x1f) as u32;
@@ -362,15 +405,12 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
     out
 }
 
-/// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`.
+/// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`: a
+/// `GPT2LMHeadModel` for GPT-2's architecture, else a `LlamaForCausalLM` (`hf_llama`).
 pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
     let cfg = &full.model;
-    let features = cfg.arch.features();
-    if !features.is_empty() {
-        return Err(Error::Unsupported(format!(
-            "exporting a model with {} to Hugging Face: only GPT2LMHeadModel is written so far",
-            features.join(", ")
-        )));
+    if !cfg.arch.features().is_empty() {
+        return super::hf_llama::export(full, dir);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
     let params: BTreeMap<String, Vec<f32>> =
@@ -379,7 +419,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
     let config = format!(
         "{{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": {},\n  \
          \"n_positions\": {},\n  \"n_ctx\": {},\n  \"n_embd\": {},\n  \"n_layer\": {},\n  \"n_head\": {},\n  \
-         \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n  \
+         \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": {:?},\n  \
          \"initializer_range\": {},\n  \"tie_word_embeddings\": true,\n  \"bos_token_id\": 256,\n  \
          \"eos_token_id\": 256,\n  \"trident_unpadded_vocab_size\": {},\n  \"trident_tokenizer\": \"ByteTokenizer\"\n}}\n",
         cfg.padded_vocab_size,
@@ -389,18 +429,33 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
         cfg.num_layers,
         cfg.num_attention_heads,
         cfg.ffn_hidden_size,
+        cfg.arch.norm_epsilon,
         cfg.init_method_std,
         cfg.vocab_size
     );
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }
 
-/// Reads a Hugging Face GPT-2 directory (`config.json`, `model.safetensors`) into our model
-/// shape and full parameters.
+/// Reads a Hugging Face directory (`config.json`, `model.safetensors`) into our model shape and
+/// full parameters: a `LlamaForCausalLM` (by `model_type` or `architectures`) through `hf_llama`,
+/// else a GPT-2.
 pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
     let config_path = dir.join("config.json");
     let text = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?;
     let config = parse_json(&text, &config_path)?;
+    let model_type = config.get("model_type").and_then(Json::as_str);
+    let llama_class = matches!(config.get("architectures"), Some(Json::Arr(a)) if a.iter().any(|x| x.as_str() == Some("LlamaForCausalLM")));
+    match model_type {
+        Some("llama") => return super::hf_llama::import(&config, &config_path, dir),
+        None if llama_class => return super::hf_llama::import(&config, &config_path, dir),
+        None | Some("gpt2") => {}
+        Some(other) => {
+            return Err(Error::format(
+                &config_path,
+                format!("model_type '{other}': convert --load-hf reads GPT-2 ('gpt2') and Llama ('llama') models"),
+            ))
+        }
+    }
     let num = |key: &str| -> Result<usize> {
         config
             .get(key)
@@ -418,11 +473,13 @@ pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> 
         vocab_size: config.get("trident_unpadded_vocab_size").and_then(Json::as_usize).unwrap_or(vocab),
         padded_vocab_size: vocab,
         init_method_std: 0.02,
-        arch: crate::model::Arch::GPT2,
+        arch: crate::model::Arch {
+            norm_epsilon: config.get("layer_norm_epsilon").and_then(Json::as_f64).unwrap_or(1e-5),
+            ..crate::model::Arch::GPT2
+        },
     };
     cfg.validate()?;
-    let st_path = dir.join("model.safetensors");
-    let mut tensors = read_safetensors(&st_path)?;
+    let (st_path, mut tensors) = read_hf_weights(dir)?;
     // Some exports prefix every name with "transformer.".
     let keys: Vec<String> = tensors.keys().cloned().collect();
     for k in keys {
