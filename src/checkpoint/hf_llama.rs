@@ -16,7 +16,7 @@
 //! one error naming it.
 
 use super::convert::FullCheckpoint;
-use super::safetensors::{read_hf_weights, write_atomic, write_safetensors, Json, NamedTensors};
+use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, Json, NamedTensors};
 use crate::error::{Error, Result};
 use crate::model::arch::ROPE_SCALING;
 use crate::model::{Arch, GptConfig, Normalization, PositionEmbedding};
@@ -327,7 +327,7 @@ fn config_from_hf(c: &Fields) -> Result<GptConfig> {
 
 /// Reads a Hugging Face `LlamaForCausalLM` directory (its parsed config.json is `config`) into our
 /// model shape and full parameters.
-pub(super) fn import(config: &Json, config_path: &Path, dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
+pub fn import(config: &Json, config_path: &Path, dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
     let cfg = config_from_hf(&Fields { json: config, path: config_path })?;
     let (st_path, tensors) = read_hf_weights(dir)?;
     let params = from_hf(&cfg, tensors, &st_path)?;
