@@ -1,20 +1,22 @@
 //! Llama-family models to and from Hugging Face's `LlamaForCausalLM` (`trident convert
 //! --save-hf` / `--load-hf`). Always: trident -> Hugging Face -> trident is bit-exact (grouped-query
-//! and multi-head, untied and tied, with and without biases), and what `LlamaForCausalLM` cannot
-//! express fails with one clear error in both directions. Where transformers is installed (the
-//! Python that `TORCH_PYTHON` names, else the torch venv `.ci/run` makes, else python3): a trained
-//! llama-tiny exported here gives transformers' logits within 1e-4 (relative to each position's
-//! largest logit, f32) and the same greedy continuation as `trident generate --temperature 0`; and
-//! random models made by transformers import and give its logits here (through the library:
-//! `read_full`, `Gpt` on the `CpuDevice`, `forward`). Without transformers those comparisons say
-//! loudly that they skip.
+//! and multi-head, untied and tied, with and without biases; one file or shards), and what
+//! `LlamaForCausalLM` cannot express fails with one clear error in both directions. Where transformers is installed (the
+//! Python that `TORCH_PYTHON` names, else the torch venv `.ci/run` makes, else python3; the script
+//! is tests/hf_llama_compare.py): Llamas trained here and exported load in transformers with
+//! logits within 1e-4 of trident's (relative to each position's largest logit, f32) and the same
+//! greedy continuation as `trident generate --temperature 0`; and random models made by
+//! transformers (grouped-query and untied; tied with biases) import with the same logits and
+//! greedy continuation here (trident's logits through the library: `read_full`, `Gpt` on the
+//! `CpuDevice`, `forward`). Without transformers those two tests say loudly that they skip.
 
 mod common;
 use common::*;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use trident::checkpoint::convert::read_full;
+use trident::checkpoint::hf_files::{read_safetensors, write_safetensors};
 use trident::device::cpu::CpuDevice;
 use trident::device::Device;
 use trident::model::Gpt;
@@ -60,37 +62,39 @@ fn assert_same_params(a: &str, b: &str) -> usize {
     pa.len()
 }
 
+/// The Llamas trident exports: (name, preset, flags). llama-tiny (grouped-query attention,
+/// untied, no biases), and tiny made a Llama: tied, with biases, multi-head, Llama 3.1 rope
+/// scaling, a head dimension of its own and another norm epsilon.
+const CASES: [(&str, &str, &[&str]); 2] = [
+    ("gqa", "llama-tiny", &[]),
+    (
+        "tied",
+        "tiny",
+        &[
+            "--normalization",
+            "RMSNorm",
+            "--swiglu",
+            "--ffn-hidden-size",
+            "352",
+            "--position-embedding-type",
+            "rope",
+            "--rotary-base",
+            "500000",
+            "--use-rope-scaling",
+            "--kv-channels",
+            "24",
+            "--norm-epsilon",
+            "1e-6",
+        ],
+    ),
+];
+
 #[test]
 fn llama_export_then_import_is_bit_exact() {
     let dir = scratch("hf-llama-round-trip");
     let data = prepared_corpus(&dir);
     let p = |name: &str| dir.join(name).display().to_string();
-    // llama-tiny (GQA, untied, no biases), and tiny made a Llama: tied, with biases, multi-head,
-    // Llama 3.1 rope scaling, a head dimension of its own and another norm epsilon.
-    let cases: [(&str, &str, &[&str]); 2] = [
-        ("gqa", "llama-tiny", &[]),
-        (
-            "tied",
-            "tiny",
-            &[
-                "--normalization",
-                "RMSNorm",
-                "--swiglu",
-                "--ffn-hidden-size",
-                "352",
-                "--position-embedding-type",
-                "rope",
-                "--rotary-base",
-                "500000",
-                "--use-rope-scaling",
-                "--kv-channels",
-                "24",
-                "--norm-epsilon",
-                "1e-6",
-            ],
-        ),
-    ];
-    for (name, preset, flags) in cases {
+    for (name, preset, flags) in CASES {
         let ckpt = trained_preset(&dir, &data, name, preset, flags);
         let hf = p(&format!("{name}-hf"));
         ok(run(&["convert", "--load", &ckpt, "--save-hf", &hf]), "export");
@@ -105,6 +109,26 @@ fn llama_export_then_import_is_bit_exact() {
     for needle in ["\"tie_word_embeddings\": true", "\"attention_bias\": true", "\"head_dim\": 24", "\"llama3\""] {
         assert!(tied.contains(needle), "'{needle}' not in {tied}");
     }
+
+    // The same weights in two shards that model.safetensors.index.json lists, as large models
+    // are published, import the same.
+    let hf = dir.join("gqa-hf");
+    let tensors = read_safetensors(&hf.join("model.safetensors")).unwrap();
+    std::fs::remove_file(hf.join("model.safetensors")).unwrap();
+    let mut shards: [Vec<(String, Vec<usize>, Vec<f32>)>; 2] = [Vec::new(), Vec::new()];
+    let mut map = Vec::new();
+    for (i, (name, (shape, values))) in tensors.into_iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);
+        map.push(format!("\"{name}\": \"{file}\""));
+        shards[i % 2].push((name, shape, values));
+    }
+    for (i, shard) in shards.iter().enumerate() {
+        write_safetensors(&hf.join(format!("model-0000{}-of-00002.safetensors", i + 1)), shard).unwrap();
+    }
+    let index = format!("{{\"metadata\": {{}}, \"weight_map\": {{{}}}}}", map.join(", "));
+    std::fs::write(hf.join("model.safetensors.index.json"), index).unwrap();
+    ok(run(&["convert", "--load-hf", &p("gqa-hf"), "--save", &p("gqa-sharded")]), "import of shards");
+    assert_same_params(&p("gqa"), &p("gqa-sharded"));
 }
 
 #[test]
@@ -174,21 +198,24 @@ fn say_skipped(what: &str) {
     let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {what} !!!!!");
 }
 
-/// The Python with torch and transformers (`TORCH_PYTHON`, else `.ci/run`'s torch venv, else
-/// python3), or None, said loudly.
+/// The Python that has torch and transformers, or None, said loudly: `TORCH_PYTHON`, else the
+/// venv `.ci/run` makes (~/.cache/trident-torch-2.15.0), else the GPU nodes' /opt/torch/.venv,
+/// else python3 (the first that exists, as tests/gpu_bench.rs picks).
 fn transformers_python() -> Option<String> {
-    let venv = std::env::var("HOME").map(|h| format!("{h}/.cache/trident-torch-2.15.0/bin/python")).unwrap_or_default();
-    let candidates = [std::env::var("TORCH_PYTHON").ok(), Some(venv), Some("python3".into())];
-    let found = candidates.into_iter().flatten().find(|py| {
-        Command::new(py).args(["-c", "import torch, transformers"]).output().is_ok_and(|o| o.status.success())
-    });
-    if found.is_none() {
-        say_skipped(
-            "no Python with torch and transformers (TORCH_PYTHON, ~/.cache/trident-torch-2.15.0 or python3): the \
-             comparison with transformers' LlamaForCausalLM is not run (`.ci/run` installs it)",
-        );
+    let home = std::env::var("HOME").unwrap_or_default();
+    let venvs = [format!("{home}/.cache/trident-torch-2.15.0/bin/python"), "/opt/torch/.venv/bin/python".into()];
+    let py = std::env::var("TORCH_PYTHON")
+        .ok()
+        .or_else(|| venvs.into_iter().find(|v| Path::new(v).is_file()))
+        .unwrap_or_else(|| "python3".into());
+    let ok = Command::new(&py).args(["-c", "import torch, transformers"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        say_skipped(&format!(
+            "{py} cannot import torch and transformers: the comparison with transformers' LlamaForCausalLM is not \
+             run (`.ci/run` installs them; TORCH_PYTHON names another Python)"
+        ));
     }
-    found
+    ok.then_some(py)
 }
 
 fn python(py: &str, args: &[&str]) {
@@ -239,37 +266,37 @@ fn an_exported_llama_runs_the_same_in_transformers() {
     let Some(py) = transformers_python() else { return };
     let dir = scratch("hf-llama-transformers-export");
     let data = prepared_corpus(&dir);
-    let ckpt = trained_for(&dir, &data, "ckpt", "llama-tiny", 20, &[]);
-    let hf = dir.join("hf").display().to_string();
-    ok(run(&["convert", "--load", &ckpt, "--save-hf", &hf]), "export");
+    for (name, preset, flags) in CASES {
+        let ckpt = trained_for(&dir, &data, name, preset, 60, flags);
+        let hf = dir.join(format!("{name}-hf")).display().to_string();
+        ok(run(&["convert", "--load", &ckpt, "--save-hf", &hf]), "export");
+        let (worst, n) = compare_with_transformers(&py, &ckpt, &hf, &dir.join(format!("{name}-out")));
+        let _ = writeln!(
+            std::io::stderr(),
+            "exported '{name}' Llama: worst logit difference {worst:.2e} of the position's largest; {n} greedy tokens \
+             agree"
+        );
+    }
+}
+
+/// Runs the checkpoint `ckpt`, exported to `hf`, in transformers and here: the logits of a prompt
+/// (asserted within 1e-4) and its greedy continuation (asserted the same as `trident generate
+/// --temperature 0`'s). Returns the worst logit difference and the continuation's length.
+fn compare_with_transformers(py: &str, ckpt: &str, hf: &str, out: &Path) -> (f64, usize) {
     let prompt = "ROMEO:\nBut soft, what light";
     let tokens: Vec<u32> = prompt.bytes().map(u32::from).collect();
     let n = 40;
-    let out: PathBuf = dir.join("hf-out");
-    python(&py, &["logits", &hf, &joined(&tokens), &n.to_string(), out.to_str().unwrap()]);
-    let (ours, vocab) = trident_logits(&ckpt, &tokens);
-    let theirs = read_f32(&out.with_extension("logits"));
-    let worst = assert_logits_close("exported llama-tiny", &ours, &theirs, vocab);
+    python(py, &["logits", hf, &joined(&tokens), &n.to_string(), out.to_str().unwrap()]);
+    let (ours, vocab) = trident_logits(ckpt, &tokens);
+    let worst = assert_logits_close(hf, &ours, &read_f32(&out.with_extension("logits")), vocab);
     let greedy: Vec<u32> = std::fs::read_to_string(out.with_extension("greedy"))
         .unwrap()
         .split_whitespace()
         .map(|t| t.parse().unwrap())
         .collect();
     assert_eq!(greedy.len(), n);
-    let o = ok(
-        run(&[
-            "generate",
-            "--load",
-            &ckpt,
-            "--prompt",
-            prompt,
-            "--max-new-tokens",
-            &n.to_string(),
-            "--temperature",
-            "0",
-        ]),
-        "generate",
-    );
+    let generate = ["generate", "--load", ckpt, "--prompt", prompt, "--max-new-tokens", &n.to_string()];
+    let o = ok(run(&[&generate[..], &["--temperature", "0"]].concat()), "generate");
     let mut expected = prompt.as_bytes().to_vec();
     for &t in &greedy {
         match u8::try_from(t) {
@@ -281,12 +308,9 @@ fn an_exported_llama_runs_the_same_in_transformers() {
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&expected),
-        "trident generate's greedy continuation vs transformers'"
+        "{hf}: trident generate's greedy continuation vs transformers'"
     );
-    let _ = writeln!(
-        std::io::stderr(),
-        "exported llama-tiny: worst logit difference {worst:.2e} of the position's largest; {n} greedy tokens agree"
-    );
+    (worst, n)
 }
 
 #[test]
@@ -303,9 +327,12 @@ fn a_transformers_llama_imports_with_its_logits() {
         ok(run(&["convert", "--load-hf", &hf, "--save", &ckpt]), "import");
         let (ours, vocab) = trident_logits(&ckpt, &tokens);
         let worst = assert_logits_close(case, &ours, &read_f32(&out.with_extension("logits")), vocab);
+        // Random weights continue a prompt with varied tokens: a sharp test of the greedy path.
+        let (_, n) = compare_with_transformers(&py, &ckpt, &hf, &dir.join(format!("{case}-prompt")));
         let _ = writeln!(
             std::io::stderr(),
-            "transformers' '{case}' Llama: worst logit difference {worst:.2e} of the position's largest"
+            "transformers' '{case}' Llama: worst logit difference {worst:.2e} of the position's largest; {n} greedy \
+             tokens agree"
         );
     }
 }
