@@ -115,7 +115,7 @@ fn llama_export_then_import_is_bit_exact() {
     let hf = dir.join("gqa-hf");
     let tensors = read_safetensors(&hf.join("model.safetensors")).unwrap();
     std::fs::remove_file(hf.join("model.safetensors")).unwrap();
-    let mut shards: [Vec<(String, Vec<usize>, Vec<f32>)>; 2] = [Vec::new(), Vec::new()];
+    let mut shards = [Vec::new(), Vec::new()];
     let mut map = Vec::new();
     for (i, (name, (shape, values))) in tensors.into_iter().enumerate() {
         let file = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);
