@@ -203,7 +203,7 @@ pub const GENERATE_FLAGS: &[FlagSpec] = &[
 /// `trident convert`.
 pub const CONVERT_FLAGS: &[FlagSpec] = &[
     flag("--load", "DIR", "checkpoint to read (its latest iteration)"),
-    flag("--load-hf", "DIR", "a Hugging Face GPT-2 directory (config.json, model.safetensors) to read instead"),
+    flag("--load-hf", "DIR", "a Hugging Face GPT-2 or Llama directory (config.json, safetensors) to read instead"),
     flag("--save", "DIR", "write a checkpoint of the target layout"),
     flag("--save-hf", "DIR", "write config.json and model.safetensors for Hugging Face transformers"),
     flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),

@@ -154,6 +154,24 @@ fn hugging_face_export_and_import_round_trip_bit_exactly() {
 }
 
 #[test]
+fn a_hugging_face_gpt2_keeps_its_norm_epsilon() {
+    let dir = scratch("hf-eps");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).display().to_string();
+    ok(train_on(1, &[&TINY, &["--data-path", &data, "--train-iters", "1", "--save", &p("ckpt")]]));
+    ok(run(&["convert", "--load", &p("ckpt"), "--save-hf", &p("hf")]));
+    let config_path = dir.join("hf/config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    assert!(config.contains("\"layer_norm_epsilon\": 1e-5"), "{config}");
+    // Another epsilon is carried into the checkpoint (where training refuses it for LayerNorm),
+    // not silently replaced by the default.
+    std::fs::write(&config_path, config.replace("\"layer_norm_epsilon\": 1e-5", "\"layer_norm_epsilon\": 1e-6"))
+        .unwrap();
+    ok(run(&["convert", "--load-hf", &p("hf"), "--save", &p("back")]));
+    assert_eq!(read_full(Path::new(&p("back"))).unwrap().model.arch.norm_epsilon, 1e-6);
+}
+
+#[test]
 fn bad_checkpoints_give_one_clear_error() {
     let dir = scratch("convert-bad");
     let data = prepared_corpus(&dir);

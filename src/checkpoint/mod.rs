@@ -5,6 +5,8 @@
 //! named. Each file ends with a checksum that is verified on load.
 
 pub mod convert;
+pub mod hf_files;
+pub mod hf_llama;
 pub mod safetensors;
 pub mod shape;
 

@@ -2,302 +2,15 @@
 //! `config.json` (Hugging Face tensor names and shapes; its Conv1D weights are stored [in, out],
 //! and its fused QKV columns are [all q | all k | all v] where ours are grouped per head), and the
 //! reverse, so a model trained here loads in `transformers` and a GPT-2 from there trains here.
+//! Llama-family models go to and come from `LlamaForCausalLM` in `hf_llama.rs` (dispatched from
+//! here); the files themselves are read and written by `hf_files.rs`.
 
 use super::convert::FullCheckpoint;
+use super::hf_files::{parse_json, read_hf_weights, write_atomic, write_safetensors, Json};
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// A parsed JSON value (the safetensors header and config.json need nothing more).
-#[derive(Clone, Debug, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-    fn as_usize(&self) -> Option<usize> {
-        match self {
-            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),
-            _ => None,
-        }
-    }
-}
-
-/// A strict recursive-descent JSON parser; errors say the byte offset.
-struct Parser<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl Parser<'_> {
-    fn fail<T>(&self, what: &str) -> std::result::Result<T, String> {
-        Err(format!("{what} at byte {}", self.pos))
-    }
-    fn ws(&mut self) {
-        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_whitespace() {
-            self.pos += 1;
-        }
-    }
-    fn expect(&mut self, c: u8) -> std::result::Result<(), String> {
-        self.ws();
-        if self.bytes.get(self.pos) == Some(&c) {
-            self.pos += 1;
-            Ok(())
-        } else {
-            self.fail(&format!("expected '{}'", c as char))
-        }
-    }
-    fn value(&mut self) -> std::result::Result<Json, String> {
-        self.ws();
-        match self.bytes.get(self.pos) {
-            None => self.fail("unexpected end"),
-            Some(b'{') => {
-                self.pos += 1;
-                let mut fields = Vec::new();
-                self.ws();
-                if self.bytes.get(self.pos) == Some(&b'}') {
-                    self.pos += 1;
-                    return Ok(Json::Obj(fields));
-                }
-                loop {
-                    self.ws();
-                    let Json::Str(key) = self.value()? else { return self.fail("expected a string key") };
-                    self.expect(b':')?;
-                    fields.push((key, self.value()?));
-                    self.ws();
-                    match self.bytes.get(self.pos) {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(Json::Obj(fields));
-                        }
-                        _ => return self.fail("expected ',' or '}'"),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.bytes.get(self.pos) == Some(&b']') {
-                    self.pos += 1;
-                    return Ok(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value()?);
-                    self.ws();
-                    match self.bytes.get(self.pos) {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(Json::Arr(items));
-                        }
-                        _ => return self.fail("expected ',' or ']'"),
-                    }
-                }
-            }
-            Some(b'"') => {
-                self.pos += 1;
-                let mut out = Vec::new();
-                loop {
-                    match self.bytes.get(self.pos) {
-                        None => return self.fail("unterminated string"),
-                        Some(b'"') => {
-                            self.pos += 1;
-                            break;
-                        }
-                        Some(b'\\') => {
-                            let esc = *self.bytes.get(self.pos + 1).ok_or("unterminated escape")?;
-                            self.pos += 2;
-                            match esc {
-                                b'"' | b'\\' | b'/' => out.push(esc),
-                                b'n' => out.push(b'\n'),
-                                b't' => out.push(b'\t'),
-                                b'r' => out.push(b'\r'),
-                                b'b' => out.push(8),
-                                b'f' => out.push(12),
-                                b'u' => {
-                                    let hex = self.bytes.get(self.pos..self.pos + 4).ok_or("short \\u escape")?;
-                                    let code =
-                                        u32::from_str_radix(std::str::from_utf8(hex).map_err(|_| "bad \\u")?, 16)
-                                            .map_err(|_| format!("bad \\u escape at byte {}", self.pos))?;
-                                    self.pos += 4;
-                                    let ch = char::from_u32(code).unwrap_or('\u{fffd}');
-                                    out.extend_from_slice(ch.to_string().as_bytes());
-                                }
-                                _ => return self.fail("unknown escape"),
-                            }
-                        }
-                        Some(&c) => {
-                            out.push(c);
-                            self.pos += 1;
-                        }
-                    }
-                }
-                String::from_utf8(out)
-                    .map(Json::Str)
-                    .map_err(|_| format!("invalid UTF-8 in a string before byte {}", self.pos))
-            }
-            Some(b't') if self.bytes[self.pos..].starts_with(b"true") => {
-                self.pos += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.bytes[self.pos..].starts_with(b"false") => {
-                self.pos += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.bytes[self.pos..].starts_with(b"null") => {
-                self.pos += 4;
-                Ok(Json::Null)
-            }
-            Some(_) => {
-                let start = self.pos;
-                while self.pos < self.bytes.len()
-                    && (self.bytes[self.pos].is_ascii_digit() || b"+-.eE".contains(&self.bytes[self.pos]))
-                {
-                    self.pos += 1;
-                }
-                let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("");
-                text.parse().map(Json::Num).map_err(|_| format!("bad value at byte {start}"))
-            }
-        }
-    }
-}
-
-fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
-    let mut p = Parser { bytes, pos: 0 };
-    let v = p.value().map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
-    p.ws();
-    if p.pos != bytes.len() {
-        return Err(Error::format(path, format!("invalid JSON: trailing bytes at byte {}", p.pos)));
-    }
-    Ok(v)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    super::write_synced(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename", e))
-}
-
-/// Writes named f32 tensors as a safetensors file (header padded to 8 bytes).
-pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
-    let mut entries = Vec::new();
-    let mut offset = 0usize;
-    for (name, shape, data) in tensors {
-        let end = offset + data.len() * 4;
-        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        entries.push(format!(
-            "\"{name}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
-            dims.join(",")
-        ));
-        offset = end;
-    }
-    entries.push("\"__metadata__\":{\"format\":\"pt\"}".to_string());
-    let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
-    while header.len() % 8 != 0 {
-        header.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + header.len() + offset);
-    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    out.extend_from_slice(&header);
-    for (_, _, data) in tensors {
-        for x in data {
-            out.extend_from_slice(&x.to_le_bytes());
-        }
-    }
-    write_atomic(path, &out)
-}
-
-/// Tensors by name: shape and values.
-pub type NamedTensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
-
-/// Reads every tensor of a safetensors file as f32 (F32, F16 and BF16 are accepted).
-pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
-    let header_len = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-        .ok_or_else(|| Error::format(path, "shorter than a safetensors header"))?;
-    let data_start = 8usize.checked_add(header_len).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-        Error::format(path, format!("header of {header_len} bytes runs past the end of the {}-byte file", bytes.len()))
-    })?;
-    let header = parse_json(&bytes[8..data_start], path)?;
-    let Json::Obj(fields) = header else { return Err(Error::format(path, "the header is not a JSON object")) };
-    let data = &bytes[data_start..];
-    let mut out = BTreeMap::new();
-    for (name, info) in fields {
-        if name == "__metadata__" {
-            continue;
-        }
-        let bad = |what: &str| Error::format(path, format!("tensor '{name}': {what}"));
-        let dtype = match info.get("dtype") {
-            Some(Json::Str(s)) => s.clone(),
-            _ => return Err(bad("no dtype")),
-        };
-        let shape: Vec<usize> = match info.get("shape") {
-            Some(Json::Arr(dims)) => {
-                dims.iter().map(Json::as_usize).collect::<Option<_>>().ok_or_else(|| bad("bad shape"))?
-            }
-            _ => return Err(bad("no shape")),
-        };
-        let (begin, end) = match info.get("data_offsets") {
-            Some(Json::Arr(o)) if o.len() == 2 => (o[0].as_usize(), o[1].as_usize()),
-            _ => return Err(bad("no data_offsets")),
-        };
-        let (Some(begin), Some(end)) = (begin, end) else { return Err(bad("bad data_offsets")) };
-        if begin > end || end > data.len() {
-            return Err(bad(&format!(
-                "data [{begin}, {end}) runs past the {} bytes of data (truncated file?)",
-                data.len()
-            )));
-        }
-        let raw = &data[begin..end];
-        let numel: usize = shape.iter().product();
-        let values: Vec<f32> = match dtype.as_str() {
-            "F32" => raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect(),
-            "BF16" => {
-                raw.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
-            }
-            "F16" => raw.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            other => return Err(bad(&format!("dtype {other} (expected F32, BF16 or F16)"))),
-        };
-        if values.len() != numel {
-            return Err(bad(&format!("shape {shape:?} holds {numel} elements but the data holds {}", values.len())));
-        }
-        out.insert(name, (shape, values));
-    }
-    Ok(out)
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let frac = (h & 0x3ff) as u32;
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, f) => {
-            // Subnormal: normalise.
-            let shift = f.leading_zeros() - 21;
-            sign | ((127 - 15 + 1 - shift) << 23) | ((f << shift) & 0x3ff) << 13
-        }
-        (31, f) => sign | 0x7f80_0000 | (f << 13),
-        (e, f) => sign | ((e + 127 - 15) << 23) | (f << 13),
-    };
-    f32::from_bits(bits)
-}
 
 /// Our fused QKV row for Hugging Face's c_attn column `col`: HF orders [all q | all k | all v],
 /// we order per head [q_h | k_h | v_h].
@@ -362,15 +75,12 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
     out
 }
 
-/// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`.
+/// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`: a
+/// `GPT2LMHeadModel` for GPT-2's architecture, else a `LlamaForCausalLM` (`hf_llama`).
 pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
     let cfg = &full.model;
-    let features = cfg.arch.features();
-    if !features.is_empty() {
-        return Err(Error::Unsupported(format!(
-            "exporting a model with {} to Hugging Face: only GPT2LMHeadModel is written so far",
-            features.join(", ")
-        )));
+    if !cfg.arch.features().is_empty() {
+        return super::hf_llama::export(full, dir);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
     let params: BTreeMap<String, Vec<f32>> =
@@ -379,7 +89,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
     let config = format!(
         "{{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": {},\n  \
          \"n_positions\": {},\n  \"n_ctx\": {},\n  \"n_embd\": {},\n  \"n_layer\": {},\n  \"n_head\": {},\n  \
-         \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n  \
+         \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": {:?},\n  \
          \"initializer_range\": {},\n  \"tie_word_embeddings\": true,\n  \"bos_token_id\": 256,\n  \
          \"eos_token_id\": 256,\n  \"trident_unpadded_vocab_size\": {},\n  \"trident_tokenizer\": \"ByteTokenizer\"\n}}\n",
         cfg.padded_vocab_size,
@@ -389,18 +99,33 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
         cfg.num_layers,
         cfg.num_attention_heads,
         cfg.ffn_hidden_size,
+        cfg.arch.norm_epsilon,
         cfg.init_method_std,
         cfg.vocab_size
     );
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }
 
-/// Reads a Hugging Face GPT-2 directory (`config.json`, `model.safetensors`) into our model
-/// shape and full parameters.
+/// Reads a Hugging Face directory (`config.json`, `model.safetensors`) into our model shape and
+/// full parameters: a `LlamaForCausalLM` (by `model_type` or `architectures`) through `hf_llama`,
+/// else a GPT-2.
 pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
     let config_path = dir.join("config.json");
     let text = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?;
     let config = parse_json(&text, &config_path)?;
+    let model_type = config.get("model_type").and_then(Json::as_str);
+    let llama_class = matches!(config.get("architectures"), Some(Json::Arr(a)) if a.iter().any(|x| x.as_str() == Some("LlamaForCausalLM")));
+    match model_type {
+        Some("llama") => return super::hf_llama::import(&config, &config_path, dir),
+        None if llama_class => return super::hf_llama::import(&config, &config_path, dir),
+        None | Some("gpt2") => {}
+        Some(other) => {
+            return Err(Error::format(
+                &config_path,
+                format!("model_type '{other}': convert --load-hf reads GPT-2 ('gpt2') and Llama ('llama') models"),
+            ))
+        }
+    }
     let num = |key: &str| -> Result<usize> {
         config
             .get(key)
@@ -418,11 +143,13 @@ pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> 
         vocab_size: config.get("trident_unpadded_vocab_size").and_then(Json::as_usize).unwrap_or(vocab),
         padded_vocab_size: vocab,
         init_method_std: 0.02,
-        arch: crate::model::Arch::GPT2,
+        arch: crate::model::Arch {
+            norm_epsilon: config.get("layer_norm_epsilon").and_then(Json::as_f64).unwrap_or(1e-5),
+            ..crate::model::Arch::GPT2
+        },
     };
     cfg.validate()?;
-    let st_path = dir.join("model.safetensors");
-    let mut tensors = read_safetensors(&st_path)?;
+    let (st_path, mut tensors) = read_hf_weights(dir)?;
     // Some exports prefix every name with "transformer.".
     let keys: Vec<String> = tensors.keys().cloned().collect();
     for k in keys {
@@ -499,16 +226,5 @@ mod tests {
         // HF column of head 1's k[2] is h + 1*d + 2; our row is 1*3d + d + 2.
         assert_eq!(qkv_row(12 + 4 + 2, heads, d), 12 + 4 + 2);
         assert_eq!(qkv_row(4, heads, d), 12);
-    }
-
-    #[test]
-    fn json_and_half_floats() {
-        let j = parse_json(br#"{"a": [1, 2.5e1, "x\n\u00e9"], "b": {"c": null, "d": true}}"#, Path::new("t")).unwrap();
-        assert_eq!(j.get("a"), Some(&Json::Arr(vec![Json::Num(1.0), Json::Num(25.0), Json::Str("x\né".into())])));
-        assert!(parse_json(b"{\"a\": 1,}", Path::new("t")).is_err());
-        assert!(parse_json(b"{\"a\": 1} x", Path::new("t")).is_err());
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
     }
 }

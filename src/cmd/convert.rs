@@ -1,6 +1,7 @@
-//! `trident convert`: reads a checkpoint (trident's, or Hugging Face GPT-2 weights as a fresh
-//! checkpoint at iteration 0) and writes it in another tensor/pipeline layout
-//! (`checkpoint::convert`) and/or as Hugging Face weights (`checkpoint::safetensors`).
+//! `trident convert`: reads a checkpoint (trident's, or Hugging Face GPT-2 or Llama weights as a
+//! fresh checkpoint at iteration 0) and writes it in another tensor/pipeline layout
+//! (`checkpoint::convert`) and/or as Hugging Face weights (`checkpoint::safetensors`, which hands
+//! Llamas to `checkpoint::hf_llama`).
 
 use super::flags;
 use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
@@ -15,7 +16,7 @@ use crate::flags::CONVERT_FLAGS;
 /// `trident convert`: reshard a checkpoint, or move weights to and from Hugging Face's format.
 pub fn run(rest: &[String]) -> Result<()> {
     let Some(a) =
-        flags("convert", "reshard a checkpoint, or export / import Hugging Face GPT-2 weights", CONVERT_FLAGS, rest)?
+        flags("convert", "reshard a checkpoint, or export / import Hugging Face GPT-2 / Llama", CONVERT_FLAGS, rest)?
     else {
         return Ok(());
     };
@@ -37,7 +38,8 @@ pub fn run(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Hugging Face GPT-2 weights as a one-rank checkpoint at iteration 0, with zeroed Adam moments.
+/// Hugging Face GPT-2 or Llama weights as a one-rank checkpoint at iteration 0, with zeroed Adam
+/// moments.
 fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
     let (model, params) = import_hf(dir)?;
     let mut meta = BTreeMap::new();

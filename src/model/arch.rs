@@ -23,7 +23,7 @@ pub enum PositionEmbedding {
 /// Llama 3.1's rotary frequency scaling (`--use-rope-scaling`, megatron-core's and Hugging Face's
 /// "llama3" rope type): factor 8, low- and high-frequency factors 1 and 4, over an original
 /// context of 8192 positions.
-const ROPE_SCALING: (f64, f64, f64, f64) = (8.0, 1.0, 4.0, 8192.0);
+pub const ROPE_SCALING: (f64, f64, f64, f64) = (8.0, 1.0, 4.0, 8192.0);
 
 /// The architecture of a GPT-family model beyond its sizes.
 #[derive(Clone, Debug, PartialEq)]
