@@ -1,6 +1,8 @@
 //! The CPU backend (f32, threaded, SIMD GEMM) against the f64 reference device: every op and the
 //! whole model's loss and gradients, plus bit-identical results for any thread count.
 
+mod common;
+use common::numeric::assert_close;
 use trident::device::cpu::CpuDevice;
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AdamWStep, AttentionShape, Device};
@@ -23,15 +25,6 @@ fn host<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
     let mut h = vec![0.0; dev.len(buf)];
     dev.download(buf, &mut h);
     h
-}
-
-/// f32 results must match the f64 oracle to within a few f32 roundings of the values involved:
-/// the error norm is at most `rel` times the reference norm.
-fn assert_close(what: &str, fast: &[f32], oracle: &[f32], rel: f64) {
-    assert_eq!(fast.len(), oracle.len(), "{what}: lengths");
-    let err: f64 = fast.iter().zip(oracle).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = oracle.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
-    assert!(err <= rel * norm.max(1e-30), "{what}: error norm {err} vs reference norm {norm}");
 }
 
 /// An op under test: inputs in, every output buffer out, on whichever device it is given.

@@ -413,7 +413,7 @@ fn the_fp16_module_passes_every_op_check_and_each_driver_refuses_the_other_modul
 /// one rank's within 1e-3.
 #[test]
 fn fp16_tensor_and_pipeline_parallel_over_nccl_match_mpi_and_one_rank() {
-    let Some(fp16) = fp16_env() else { return };
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
     let dir = scratch("cuda-nccl-fp16");
     let nccl = fake_nccl(&dir);
     gpu_device::tiny_preset_fp16_over_nccl_matches_mpi(fp16, &dir, ("TRIDENT_NCCL", &nccl), "cuda");

@@ -1,13 +1,14 @@
 //! Finite-difference gradient checks: every layer's backward and the whole model's, on the f64
 //! reference device, against central differences of the forward pass.
 
+mod common;
+use common::numeric::{check_gradient as check, EPS};
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AttentionShape, Device};
 use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
-const EPS: f64 = 1e-6;
 
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(99, name, 7);
@@ -16,26 +17,6 @@ fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// Compares an analytic gradient with central differences of `objective` around `x`, element by
-/// element: |analytic - numeric| <= 1e-7 + 1e-6 |numeric|.
-fn check(what: &str, x: &mut [f64], analytic: &[f64], objective: &mut dyn FnMut(&[f64]) -> f64) {
-    assert_eq!(x.len(), analytic.len());
-    let mut worst: f64 = 0.0;
-    for i in 0..x.len() {
-        let orig = x[i];
-        x[i] = orig + EPS;
-        let up = objective(x);
-        x[i] = orig - EPS;
-        let down = objective(x);
-        x[i] = orig;
-        let numeric = (up - down) / (2.0 * EPS);
-        let err = (analytic[i] - numeric).abs();
-        worst = worst.max(err / (1e-7 + 1e-6 * numeric.abs()));
-        assert!(err <= 1e-7 + 1e-6 * numeric.abs(), "{what}[{i}]: analytic {} vs numeric {numeric}", analytic[i]);
-    }
-    assert!(worst.is_finite(), "{what}: no elements checked");
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! backend against the reference on ragged shapes (groups > 1 and = 1, rotary on part of the
 //! head), its whole-model gradients, and its independence of the thread count.
 
+mod common;
+use common::numeric::{assert_close, check_gradient as check, EPS};
 use trident::device::cpu::CpuDevice;
 use trident::device::reference::ReferenceDevice;
 use trident::device::{AttentionShape, Device, Rotary};
@@ -11,7 +13,6 @@ use trident::model::{Arch, Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
-const EPS: f64 = 1e-6;
 
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(77, name, 5);
@@ -20,22 +21,6 @@ fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// An analytic gradient against central differences of `objective` around `x`, element by element.
-fn check(what: &str, x: &mut [f64], analytic: &[f64], objective: &mut dyn FnMut(&[f64]) -> f64) {
-    assert_eq!(x.len(), analytic.len(), "{what}");
-    for i in 0..x.len() {
-        let orig = x[i];
-        x[i] = orig + EPS;
-        let up = objective(x);
-        x[i] = orig - EPS;
-        let down = objective(x);
-        x[i] = orig;
-        let numeric = (up - down) / (2.0 * EPS);
-        let err = (analytic[i] - numeric).abs();
-        assert!(err <= 1e-7 + 1e-6 * numeric.abs(), "{what}[{i}]: analytic {} vs numeric {numeric}", analytic[i]);
-    }
 }
 
 #[test]
@@ -265,14 +250,6 @@ fn a_llamas_parameters_are_megatrons() {
     // QKV: 4 query heads and 2 key + 2 value heads of 4; fc1: gate and up, 12 each.
     assert_eq!(shapes[2], [32, 16]);
     assert_eq!(shapes[5], [24, 16]);
-}
-
-/// f32 results within `rel` (error norm over reference norm) of the f64 oracle.
-fn assert_close(what: &str, fast: &[f32], oracle: &[f32], rel: f64) {
-    assert_eq!(fast.len(), oracle.len(), "{what}: lengths");
-    let err: f64 = fast.iter().zip(oracle).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = oracle.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
-    assert!(err <= rel * norm.max(1e-30), "{what}: error norm {err} vs reference norm {norm}");
 }
 
 fn up<D: Device>(dev: &D, host: &[f64]) -> D::Buf {

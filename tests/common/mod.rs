@@ -6,6 +6,7 @@
 pub mod emu;
 pub mod emu_cases;
 pub mod gpu_device;
+pub mod numeric;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
