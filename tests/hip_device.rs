@@ -13,7 +13,7 @@
 //! they skip.
 
 mod common;
-use common::gpu_device::{self, fake_nccl, run_with, train_losses, Emulated};
+use common::gpu_device::{self, fake_nccl, train_losses, Emulated};
 use common::*;
 
 use std::io::Write;

@@ -521,15 +521,17 @@ impl Device for GpuDevice {
         }
     }
 
-    // The Llama-family ops have no GPU kernels yet: `train` refuses such a model on a GPU before
-    // any work (`config::reject_unbuilt`), and a direct call ends the process with that error.
-    fn rmsnorm_forward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize, _: f64) {
-        unbuilt("RMSNorm")
+    // The Llama-family ops: `llama_ops` (what has no kernel yet ends the process with
+    // `unbuilt`'s error; `train` refuses such a model on a GPU before any work).
+    #[rustfmt::skip]
+    fn rmsnorm_forward(&self, out: &mut GpuBuf, rstd: &mut GpuBuf, inp: &GpuBuf, weight: &GpuBuf, rows: usize,
+        cols: usize, eps: f64) {
+        self.rmsnorm_fwd(out, rstd, inp, weight, rows, cols, eps)
     }
     #[rustfmt::skip]
-    fn rmsnorm_backward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize,
-        _: usize) {
-        unbuilt("RMSNorm")
+    fn rmsnorm_backward(&self, dinp: &mut GpuBuf, dweight: &mut GpuBuf, dout: &GpuBuf, inp: &GpuBuf, weight: &GpuBuf,
+        rstd: &GpuBuf, rows: usize, cols: usize) {
+        self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols)
     }
     fn swiglu_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: usize, _: usize) {
         unbuilt("SwiGLU")

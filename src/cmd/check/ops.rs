@@ -455,6 +455,35 @@ fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     }
 }
 
+/// RMSNorm on the run's 16-bit activations (f32 weight and rstd), dinp and dweight "+=".
+fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let (half, bound) = (run.half, run.half_bound());
+    let up16 = |host: &[f32]| {
+        let mut b = dev.alloc_in(host.len(), half);
+        dev.upload(&mut b, host);
+        b
+    };
+    for &(rows, cols) in cases {
+        let (x, dy, dx0) = (run.halves(rows * cols, "x", 2.0), run.halves(rows * cols, "dy", 1.0), run.halves(rows * cols, "dx0", 1.0));
+        let (w, dw0) = (run.f32s(cols, "w", 0.5, 1.0), run.f32s(cols, "b", 0.5, 0.0));
+        let case = format!("{rows}x{cols}");
+        let (gx, gdy, gw) = (up16(&x), up16(&dy), run.up(&w));
+        let (mut out, mut rstd) = (dev.alloc_in(rows * cols, half), dev.alloc(rows));
+        dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, rows, cols, 1e-5);
+        let (mut rout, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows));
+        r.rmsnorm_forward(&mut rout, &mut rrstd, &refb(&x), &refb(&w), rows, cols, 1e-5);
+        run.push_dev("rmsnorm_forward out", &case, &out, &rout, bound);
+        run.push_dev("rmsnorm_forward rstd", &case, &rstd, &rrstd, F32);
+        let (mut dx, mut dw) = (up16(&dx0), run.up(&dw0));
+        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, &gx, &gw, &rstd, rows, cols);
+        let (mut rdx, mut rdw) = (refb(&dx0), refb(&dw0));
+        r.rmsnorm_backward(&mut rdx, &mut rdw, &refb(&dy), &refb(&x), &refb(&w), &rrstd, rows, cols);
+        run.push_dev("rmsnorm_backward dinp", &case, &dx, &rdx, bound);
+        run.push_dev("rmsnorm_backward dweight", &case, &dw, &rdw, F32);
+    }
+}
+
 fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(rows, vocab, start) in cases {
@@ -565,8 +594,10 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
-/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it.
-pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision) -> Vec<OpCheck> {
+/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
+/// device runs the Llama-family ops with kernels of their own (RMSNorm so far; the GPU Device on
+/// CUDA: `GpuDevice::runs_llama`), which are then checked too.
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
@@ -574,6 +605,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     adamw_group(&mut run, sizes);
     let mut emb = vec![(1, 1, 1, 3, 0), (2, 5, 33, 10, 0), (3, 7, 130, 20, 10)];
     let mut ln = vec![(1, 1), (5, 33), (13, 200)];
+    // 70 x 64: the 16-byte path and a backward of 3 blocks; 5 x 33: one element at a time.
+    let mut rms = vec![(1, 1), (5, 33), (70, 64)];
     let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];
     // (rows, inputs, outputs); 1100 x 8 -> 8: on sm_90a, dW's one tile in 2 slices of its
     // 18-step reduction (plan::sm90_weight_slices).
@@ -585,6 +618,7 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     if full {
         emb.push((4, 256, 768, 50304, 0));
         ln.push((1024, 768));
+        rms.push((1024, 768));
         xent.push((512, 25152, 25152));
         lin.extend([(512, 768, 2304), (512, 3072, 768)]);
         for &d in head_dims {
@@ -595,6 +629,9 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     }
     embeddings(&mut run, &emb);
     layernorm(&mut run, &ln);
+    if llama {
+        rmsnorm(&mut run, &rms);
+    }
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
     attention(&mut run, &attn);
@@ -620,12 +657,12 @@ pub fn run(args: &[String]) -> Result<()> {
     let gpu = |vendor| {
         use crate::gpu::device::GpuDevice;
         let dev = GpuDevice::open(vendor, ordinal, crate::gpu::kernels::Storage::of(half))?;
-        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half)))
+        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half, dev.runs_llama())))
     };
     let (name, checks) = match device {
         "cpu" => {
             let dev = crate::device::cpu::CpuDevice::new(crate::comm::runtime::process_cpus());
-            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half))
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half, true))
         }
         "cuda" => gpu(crate::gpu::kernels::Vendor::Cuda)?,
         "hip" => gpu(crate::gpu::kernels::Vendor::Hip)?,
@@ -656,7 +693,7 @@ mod tests {
     fn the_cpu_device_passes_every_op() {
         let dev = CpuDevice::new(2);
         for half in [Precision::Bf16, Precision::F16] {
-            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half);
+            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half, true);
             assert!(checks.len() > 60, "{} checks", checks.len());
             for c in &checks {
                 assert!(c.passed(), "{half:?}: {}", c.line());

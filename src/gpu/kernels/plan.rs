@@ -92,6 +92,17 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
+    /// RMSNorm's forward (`rmsnorm_fwd_bf16`, CUDA only): LayernormFwd's grid.
+    RmsnormFwd {
+        rows: usize,
+        channels: usize,
+    },
+    /// RMSNorm's backward in one launch (`rmsnorm_bwd_bf16`, CUDA only): LayernormBwd's grid,
+    /// partials (at most `layernorm_bwd_partials`) and counters.
+    RmsnormBwd {
+        rows: usize,
+        channels: usize,
+    },
     GeluFwd {
         n: usize,
     },
@@ -412,8 +423,10 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             }
             ([strips, chunks, 1], [1, 1, 1])
         }
-        Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
-        Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
+        Op::LayernormFwd { rows, .. } | Op::RmsnormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
+        Op::LayernormBwd { rows, channels } | Op::RmsnormBwd { rows, channels } => {
+            ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1])
+        }
         Op::PositionFwd { batch, positions, hidden } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             let n = batch * positions * hidden;
@@ -495,6 +508,8 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
         Op::LayernormBwd { .. } => Kernel::LayernormBwdBf16,
+        Op::RmsnormFwd { .. } => Kernel::RmsnormFwdBf16,
+        Op::RmsnormBwd { .. } => Kernel::RmsnormBwdBf16,
         Op::GeluFwd { .. } => Kernel::GeluFwdBf16,
         Op::GeluBwd { .. } => Kernel::GeluBwdBf16,
         Op::AdamW { .. } => Kernel::AdamwF32Bf16,
@@ -539,7 +554,10 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         Op::PositionFwd { batch, positions, hidden } => {
             vec![("positions·batch·hidden", batch.saturating_mul(positions).saturating_mul(hidden))]
         }
-        Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
+        Op::LayernormFwd { rows, channels }
+        | Op::LayernormBwd { rows, channels }
+        | Op::RmsnormFwd { rows, channels }
+        | Op::RmsnormBwd { rows, channels } => {
             vec![("rows", rows), ("C", channels)]
         }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
