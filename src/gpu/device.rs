@@ -105,7 +105,14 @@ pub const SM90_DEVICE_KERNELS: &[Kernel] = &[
 
 /// The Llama-family kernels kernels-hip/ has no twin of yet, resolved besides `DEVICE_KERNELS` on
 /// CUDA.
-pub const CUDA_DEVICE_KERNELS: &[Kernel] = &[Kernel::RmsnormFwdBf16, Kernel::RmsnormBwdBf16];
+pub const CUDA_DEVICE_KERNELS: &[Kernel] = &[
+    Kernel::RmsnormFwdBf16,
+    Kernel::RmsnormBwdBf16,
+    Kernel::SwigluFwdBf16,
+    Kernel::SwigluBwdBf16,
+    Kernel::RopeFwdBf16,
+    Kernel::RopeBwdBf16,
+];
 
 /// The kernels the Device resolves on `vendor`: `DEVICE_KERNELS`, on CUDA `CUDA_DEVICE_KERNELS`,
 /// and with `wgmma` `SM90_DEVICE_KERNELS`.
@@ -412,7 +419,7 @@ impl GpuDevice {
     /// and their HIP twins).
     pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
-    /// Whether the Llama-family ops have kernels here (`llama_ops`): CUDA so far (RMSNorm), on
+    /// Whether the Llama-family ops have kernels here (`llama_ops`): CUDA so far (RMSNorm, SwiGLU, rotary), on
     /// 16-bit activations.
     pub fn runs_llama(&self) -> bool {
         self.vendor == Vendor::Cuda

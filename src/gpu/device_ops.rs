@@ -533,20 +533,20 @@ impl Device for GpuDevice {
         rstd: &GpuBuf, rows: usize, cols: usize) {
         self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols)
     }
-    fn swiglu_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: usize, _: usize) {
-        unbuilt("SwiGLU")
+    fn swiglu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_fwd(out, inp, rows, f)
     }
-    fn swiglu_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize) {
-        unbuilt("SwiGLU")
+    fn swiglu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_bwd(dinp, inp, dout, rows, f)
     }
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
         unbuilt("attention against a key/value cache (generation)")
     }
-    fn rope_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
-        unbuilt("rotary position embedding")
+    fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(qkv, table, shape, rotary, false)
     }
-    fn rope_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
-        unbuilt("rotary position embedding")
+    fn rope_backward(&self, dqkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(dqkv, table, shape, rotary, true)
     }
 
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {

@@ -42,9 +42,10 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 pub const OPS_CHECKED: usize = 175;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
-/// (CUDA): `OPS_CHECKED` and RMSNorm's four (out, rstd, dinp, dweight) on three shapes.
+/// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
+/// and rotary embedding's two (forward, backward) on three shapes each.
 pub fn ops_checked(llama: bool) -> usize {
-    OPS_CHECKED + if llama { 3 * 4 } else { 0 }
+    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) } else { 0 }
 }
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)

@@ -484,6 +484,65 @@ fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     }
 }
 
+/// SwiGLU on the run's 16-bit activations: rows of 2f (gate, up) in, [rows, f] out; the backward
+/// overwrites a dinp that starts non-zero.
+fn swiglu<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let (half, bound) = (run.half, run.half_bound());
+    let up16 = |host: &[f32]| {
+        let mut b = dev.alloc_in(host.len(), half);
+        dev.upload(&mut b, host);
+        b
+    };
+    for &(rows, f) in cases {
+        let (x, dy) = (run.halves(rows * 2 * f, "x", 2.0), run.halves(rows * f, "dy", 1.0));
+        let case = format!("{rows}x{f}");
+        let (gx, gdy) = (up16(&x), up16(&dy));
+        let mut out = dev.alloc_in(rows * f, half);
+        dev.swiglu_forward(&mut out, &gx, rows, f);
+        let mut rout = r.alloc(rows * f);
+        r.swiglu_forward(&mut rout, &refb(&x), rows, f);
+        run.push_dev("swiglu_forward", &case, &out, &rout, bound);
+        let mut dx = up16(&vec![9.0; rows * 2 * f]);
+        dev.swiglu_backward(&mut dx, &gx, &gdy, rows, f);
+        let mut rdx = r.alloc(rows * 2 * f);
+        r.swiglu_backward(&mut rdx, &refb(&x), &refb(&dy), rows, f);
+        run.push_dev("swiglu_backward", &case, &dx, &rdx, bound);
+    }
+}
+
+/// Rotary embedding in place on a 16-bit QKV of `shape` (groups of `shape.group_size()` query
+/// heads), the first `rd` components of each q and k head rotated from position `t0`, then
+/// rotated back on the same buffer (the backward); the f32 table holds real cosines and sines.
+fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let (half, bound) = (run.half, run.half_bound());
+    for &(shape, rd, t0) in cases {
+        let n = shape.rows() * shape.qkv_width();
+        let qkv = run.halves(n, "qkv", 1.0);
+        let mut table = Vec::new();
+        for t in 0..t0 + shape.seq {
+            let angle = |j: usize| t as f64 * 10000f64.powf(-2.0 * j as f64 / rd as f64);
+            table.extend((0..rd / 2).map(|j| angle(j).cos() as f32));
+            table.extend((0..rd / 2).map(|j| angle(j).sin() as f32));
+        }
+        let rotary = crate::device::Rotary { rotary_dim: rd, t0 };
+        let case = format!("b{} s{} h{}/{} d{} rd{rd} t0 {t0}", shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
+        let mut g = dev.alloc_in(n, half);
+        dev.upload(&mut g, &qkv);
+        let gt = run.up(&table);
+        let (mut rq, rt) = (refb(&qkv), refb(&table));
+        dev.rope_forward(&mut g, &gt, shape, rotary);
+        r.rope_forward(&mut rq, &rt, shape, rotary);
+        run.push_dev("rope_forward", &case, &g, &rq, bound);
+        // Backward on the device's forward output: the reference rotates the same values back.
+        let mut rq = refb(&run.down(&g));
+        dev.rope_backward(&mut g, &gt, shape, rotary);
+        r.rope_backward(&mut rq, &rt, shape, rotary);
+        run.push_dev("rope_backward", &case, &g, &rq, bound);
+    }
+}
+
 fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(rows, vocab, start) in cases {
@@ -595,7 +654,7 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
 /// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
-/// device runs the Llama-family ops with kernels of their own (RMSNorm so far; the GPU Device on
+/// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU and rotary embedding so far; the GPU Device on
 /// CUDA: `GpuDevice::runs_llama`), which are then checked too.
 pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
@@ -607,6 +666,12 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     let mut ln = vec![(1, 1), (5, 33), (13, 200)];
     // 70 x 64: the 16-byte path and a backward of 3 blocks; 5 x 33: one element at a time.
     let mut rms = vec![(1, 1), (5, 33), (70, 64)];
+    // SwiGLU's (rows, f): one element at a time, then 8 per thread.
+    let mut glu = vec![(1, 1), (5, 33), (7, 64)];
+    // Rotary (shape, rotary dim, first position): 2 groups of 2 query heads, one group of 3 with
+    // rotary on 6 of 16 components from position 5, and multi-head attention on half the head.
+    let sh = AttentionShape::new;
+    let mut rot = vec![(sh(2, 5, 4, 8).grouped(2), 8, 0), (sh(1, 3, 3, 16).grouped(1), 6, 5), (sh(2, 4, 2, 8), 4, 1)];
     let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];
     // (rows, inputs, outputs); 1100 x 8 -> 8: on sm_90a, dW's one tile in 2 slices of its
     // 18-step reduction (plan::sm90_weight_slices).
@@ -619,6 +684,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
         emb.push((4, 256, 768, 50304, 0));
         ln.push((1024, 768));
         rms.push((1024, 768));
+        glu.push((1024, 2048));
+        rot.push((sh(4, 256, 32, 128).grouped(8), 128, 0));
         xent.push((512, 25152, 25152));
         lin.extend([(512, 768, 2304), (512, 3072, 768)]);
         for &d in head_dims {
@@ -631,6 +698,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     layernorm(&mut run, &ln);
     if llama {
         rmsnorm(&mut run, &rms);
+        swiglu(&mut run, &glu);
+        rope(&mut run, &rot);
     }
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
