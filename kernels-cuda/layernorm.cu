@@ -284,6 +284,25 @@ __device__ __forceinline__ float slot_sum(const volatile float* slots, size_t pi
   return s;
 }
 
+// The first level of the backward's partial sums, after the block stored its slot (pitch floats)
+// in partials: publishes the slot and counts the block finished in its group of kLnGroup; the
+// group's last block sums the group's slots in block order into the group's slot (after the
+// blocks' slots), sets its counter back to 0, publishes that and counts the group finished.
+// Says, to every thread, whether this block is the last group's: it then sees every group's slot
+// and adds them (slot_sum over the groups) and resets counters[groups]. `last`: one word of
+// shared memory. Every thread of the block must call it.
+__device__ __forceinline__ bool last_of_all_groups(float* partials, unsigned int* counters, size_t pitch,
+                                                   unsigned int* last) {
+  const int blocks = (int)gridDim.x, groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
+  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
+  if (!last_to_count(&counters[group], members, last)) return false;  // uniform over the block
+  float* group_slot = partials + ((size_t)blocks + group) * pitch;
+  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
+    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
+  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
+  return last_to_count(&counters[groups], groups, last);
+}
+
 }  // namespace ln_detail
 
 // One launch per LayerNorm backward (grid, partials and counters above): the block's rows in
@@ -304,17 +323,8 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     backward_rows<8, 2>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
   else
     backward_rows<1, 1>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
-  // Publish the slot, then count this block finished in its group; the group's last block sums
-  // the group's slots into the group's slot.
-  const int groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
-  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
-  if (!last_to_count(&counters[group], members, &last)) return;  // uniform over the block
-  float* group_slot = partials + ((size_t)blocks + group) * pitch;
-  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
-    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
-  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
-  // Publish the group's slot, then count the group finished; the last group adds them all.
-  if (!last_to_count(&counters[groups], groups, &last)) return;  // uniform over the block
+  const int groups = (blocks + kLnGroup - 1) / kLnGroup;
+  if (!last_of_all_groups(partials, counters, pitch, &last)) return;  // uniform over the block
   for (size_t i = threadIdx.x; i < pitch; i += blockDim.x) {
     const float s = slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
     if (i < (size_t)C)
@@ -436,14 +446,8 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     rms_backward_rows<8, 2>(mine, pass_rstd, dinp, dout, inp, weight, rstd, first, end, C);
   else
     rms_backward_rows<1, 1>(mine, pass_rstd, dinp, dout, inp, weight, rstd, first, end, C);
-  const int groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
-  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
-  if (!last_to_count(&counters[group], members, &last)) return;  // uniform over the block
-  float* group_slot = partials + ((size_t)blocks + group) * pitch;
-  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
-    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
-  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
-  if (!last_to_count(&counters[groups], groups, &last)) return;  // uniform over the block
+  const int groups = (blocks + kLnGroup - 1) / kLnGroup;
+  if (!last_of_all_groups(partials, counters, pitch, &last)) return;  // uniform over the block
   for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
     dweight[i] += slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
   if (threadIdx.x == 0) counters[groups] = 0;  // every group has counted: ready for the next launch

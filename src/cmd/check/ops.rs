@@ -153,6 +153,12 @@ impl<D: Device> Run<'_, D> {
     fn f32s(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
         values(self.seed, n, name, scale, offset, None)
     }
+    /// A buffer of the run's 16-bit format (the device's 16-bit storage) holding `host`.
+    fn up16(&self, host: &[f32]) -> D::Buf {
+        let mut b = self.dev.alloc_in(host.len(), self.half);
+        self.dev.upload(&mut b, host);
+        b
+    }
     /// Values of the run's 16-bit format.
     fn halves(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
         values(self.seed, n, name, scale, 0.0, Some(self.half))
@@ -458,24 +464,19 @@ fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
 /// RMSNorm on the run's 16-bit activations (f32 weight and rstd), dinp and dweight "+=".
 fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
-    let (half, bound) = (run.half, run.half_bound());
-    let up16 = |host: &[f32]| {
-        let mut b = dev.alloc_in(host.len(), half);
-        dev.upload(&mut b, host);
-        b
-    };
+    let bound = run.half_bound();
     for &(rows, cols) in cases {
         let (x, dy, dx0) = (run.halves(rows * cols, "x", 2.0), run.halves(rows * cols, "dy", 1.0), run.halves(rows * cols, "dx0", 1.0));
         let (w, dw0) = (run.f32s(cols, "w", 0.5, 1.0), run.f32s(cols, "b", 0.5, 0.0));
         let case = format!("{rows}x{cols}");
-        let (gx, gdy, gw) = (up16(&x), up16(&dy), run.up(&w));
-        let (mut out, mut rstd) = (dev.alloc_in(rows * cols, half), dev.alloc(rows));
+        let (gx, gdy, gw) = (run.up16(&x), run.up16(&dy), run.up(&w));
+        let (mut out, mut rstd) = (dev.alloc_in(rows * cols, run.half), dev.alloc(rows));
         dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, rows, cols, 1e-5);
         let (mut rout, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows));
         r.rmsnorm_forward(&mut rout, &mut rrstd, &refb(&x), &refb(&w), rows, cols, 1e-5);
         run.push_dev("rmsnorm_forward out", &case, &out, &rout, bound);
         run.push_dev("rmsnorm_forward rstd", &case, &rstd, &rrstd, F32);
-        let (mut dx, mut dw) = (up16(&dx0), run.up(&dw0));
+        let (mut dx, mut dw) = (run.up16(&dx0), run.up(&dw0));
         dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, &gx, &gw, &rstd, rows, cols);
         let (mut rdx, mut rdw) = (refb(&dx0), refb(&dw0));
         r.rmsnorm_backward(&mut rdx, &mut rdw, &refb(&dy), &refb(&x), &refb(&w), &rrstd, rows, cols);
@@ -488,22 +489,17 @@ fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
 /// overwrites a dinp that starts non-zero.
 fn swiglu<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
-    let (half, bound) = (run.half, run.half_bound());
-    let up16 = |host: &[f32]| {
-        let mut b = dev.alloc_in(host.len(), half);
-        dev.upload(&mut b, host);
-        b
-    };
+    let bound = run.half_bound();
     for &(rows, f) in cases {
         let (x, dy) = (run.halves(rows * 2 * f, "x", 2.0), run.halves(rows * f, "dy", 1.0));
         let case = format!("{rows}x{f}");
-        let (gx, gdy) = (up16(&x), up16(&dy));
-        let mut out = dev.alloc_in(rows * f, half);
+        let (gx, gdy) = (run.up16(&x), run.up16(&dy));
+        let mut out = dev.alloc_in(rows * f, run.half);
         dev.swiglu_forward(&mut out, &gx, rows, f);
         let mut rout = r.alloc(rows * f);
         r.swiglu_forward(&mut rout, &refb(&x), rows, f);
         run.push_dev("swiglu_forward", &case, &out, &rout, bound);
-        let mut dx = up16(&vec![9.0; rows * 2 * f]);
+        let mut dx = run.up16(&vec![9.0; rows * 2 * f]);
         dev.swiglu_backward(&mut dx, &gx, &gdy, rows, f);
         let mut rdx = r.alloc(rows * 2 * f);
         r.swiglu_backward(&mut rdx, &refb(&x), &refb(&dy), rows, f);
@@ -516,7 +512,7 @@ fn swiglu<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
 /// rotated back on the same buffer (the backward); the f32 table holds real cosines and sines.
 fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
-    let (half, bound) = (run.half, run.half_bound());
+    let bound = run.half_bound();
     for &(shape, rd, t0) in cases {
         let n = shape.rows() * shape.qkv_width();
         let qkv = run.halves(n, "qkv", 1.0);
@@ -528,8 +524,7 @@ fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
         }
         let rotary = crate::device::Rotary { rotary_dim: rd, t0 };
         let case = format!("b{} s{} h{}/{} d{} rd{rd} t0 {t0}", shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
-        let mut g = dev.alloc_in(n, half);
-        dev.upload(&mut g, &qkv);
+        let mut g = run.up16(&qkv);
         let gt = run.up(&table);
         let (mut rq, rt) = (refb(&qkv), refb(&table));
         dev.rope_forward(&mut g, &gt, shape, rotary);

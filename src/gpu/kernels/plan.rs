@@ -97,8 +97,7 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
-    /// RMSNorm's backward in one launch (`rmsnorm_bwd_bf16`, CUDA only): LayernormBwd's grid,
-    /// partials (at most `layernorm_bwd_partials`) and counters.
+    /// RMSNorm's backward (`rmsnorm_bwd_bf16`): LayernormBwd's grid, partials and counters.
     RmsnormBwd {
         rows: usize,
         channels: usize,
@@ -119,8 +118,7 @@ pub enum Op {
         rows: usize,
         f: usize,
     },
-    /// Rotary embedding in place on the fused QKV (`rope_fwd_bf16`, `rope_bwd_bf16` with
-    /// `inverse`; CUDA only): a thread per (row, rotated head, pair), grid-stride.
+    /// Rotary embedding in place on the QKV (`rope_fwd_bf16`, with `inverse` `rope_bwd_bf16`).
     Rope {
         rows: usize,
         width: usize,
@@ -593,7 +591,6 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
         Op::SwigluFwd { rows, f } | Op::SwigluBwd { rows, f } => vec![("rows·2f", rows.saturating_mul(2 * f))],
-        // The element offsets are size_t; rows and the row width must fit an int.
         Op::Rope { rows, width, .. } => vec![("rows", rows), ("QKV width", width)],
         Op::XentMax { rows, vocab } | Op::XentPartials { rows, vocab } | Op::XentBwd { rows, vocab } => {
             vec![("rows", rows), ("V", vocab)]
