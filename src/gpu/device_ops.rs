@@ -521,30 +521,32 @@ impl Device for GpuDevice {
         }
     }
 
-    // The Llama-family ops have no GPU kernels yet: `train` refuses such a model on a GPU before
-    // any work (`config::reject_unbuilt`), and a direct call ends the process with that error.
-    fn rmsnorm_forward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize, _: f64) {
-        unbuilt("RMSNorm")
+    // The Llama-family ops: `llama_ops` (what has no kernel yet ends the process with
+    // `unbuilt`'s error; `train` refuses such a model on a GPU before any work).
+    #[rustfmt::skip]
+    fn rmsnorm_forward(&self, out: &mut GpuBuf, rstd: &mut GpuBuf, inp: &GpuBuf, weight: &GpuBuf, rows: usize,
+        cols: usize, eps: f64) {
+        self.rmsnorm_fwd(out, rstd, inp, weight, rows, cols, eps)
     }
     #[rustfmt::skip]
-    fn rmsnorm_backward(&self, _: &mut GpuBuf, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize,
-        _: usize) {
-        unbuilt("RMSNorm")
+    fn rmsnorm_backward(&self, dinp: &mut GpuBuf, dweight: &mut GpuBuf, dout: &GpuBuf, inp: &GpuBuf, weight: &GpuBuf,
+        rstd: &GpuBuf, rows: usize, cols: usize) {
+        self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols)
     }
-    fn swiglu_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: usize, _: usize) {
-        unbuilt("SwiGLU")
+    fn swiglu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_fwd(out, inp, rows, f)
     }
-    fn swiglu_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize) {
-        unbuilt("SwiGLU")
+    fn swiglu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_bwd(dinp, inp, dout, rows, f)
     }
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
         unbuilt("attention against a key/value cache (generation)")
     }
-    fn rope_forward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
-        unbuilt("rotary position embedding")
+    fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(qkv, table, shape, rotary, false)
     }
-    fn rope_backward(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: Rotary) {
-        unbuilt("rotary position embedding")
+    fn rope_backward(&self, dqkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(dqkv, table, shape, rotary, true)
     }
 
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {

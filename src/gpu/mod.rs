@@ -23,7 +23,8 @@
 //! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
 //! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
 //!    `PipelineNccl`, and the `Collective` cases `check nccl` and `bench allreduce` run).
-//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops`, an optimizer
+//! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops` (the
+//!    Llama-family ones in `llama_ops`), an optimizer
 //!    group's one AdamW launch and its table kept on the device in `adamw`), which holds
 //!    its communicators as `DeviceComm` / `GpuP2p` trait objects and so names no type of
 //!    `collectives`.
@@ -50,6 +51,7 @@ pub mod hip_runtime;
 pub mod hiprtc;
 pub mod kernels;
 pub mod launch;
+mod llama_ops;
 pub mod nccl;
 pub mod nvrtc;
 pub mod open;

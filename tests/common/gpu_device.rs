@@ -25,13 +25,13 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
 /// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
-    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16);
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16, dev.runs_llama());
     for c in &checks {
         println!("{}", c.line());
     }
     let failed: Vec<String> = checks.iter().filter(|c| !c.passed()).map(|c| c.line()).collect();
     assert!(failed.is_empty(), "{} of {} outputs out of bounds:\n{}", failed.len(), checks.len(), failed.join("\n"));
-    assert_eq!(checks.len(), OPS_CHECKED, "the number of compared outputs changed");
+    assert_eq!(checks.len(), ops_checked(dev.runs_llama()), "the number of compared outputs changed");
 }
 
 /// Outputs `check ops --size small` compares on a GPU (head dims 32, 64 and 128: each head dim's
@@ -40,6 +40,13 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
 /// and fill, on three sizes, to 175).
 pub const OPS_CHECKED: usize = 175;
+
+/// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
+/// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
+/// and rotary embedding's two (forward, backward) on three shapes each.
+pub fn ops_checked(llama: bool) -> usize {
+    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) } else { 0 }
+}
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
@@ -144,7 +151,7 @@ pub fn fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
     {
         assert!(out.contains(want), "{want} missing:\n{out}");
     }
-    assert!(out.contains(&format!("ops check: all {OPS_CHECKED} outputs")), "{out}");
+    assert!(out.contains(&format!("ops check: all {} outputs", ops_checked(device == "cuda"))), "{out}");
     assert!(out.contains("fp16 GEMMs and attention"), "{out}");
     let pairings = [(fp16_env, &[][..], ("bf16", "fp16")), (bf16_env, &["--fp16"][..], ("fp16", "bf16"))];
     for (env, flags, refused) in pairings {

@@ -9,7 +9,6 @@
 //! 256-thread workgroups.
 
 use super::ops::{run_all, Size};
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::gpu::cache::{ModuleCache, Outcome};
 use crate::gpu::device::GpuDevice;
@@ -69,7 +68,7 @@ fn check_each(
     // Then the Device itself on each GPU (after every smoke test, so a broken Device does not hide
     // which GPUs launch kernels at all).
     for ordinal in 0..n {
-        device_ops_line(ordinal, api, &device(ordinal)?, &GpuDevice::HEAD_DIMS)?;
+        device_ops_line(ordinal, api, &device(ordinal)?)?;
     }
     println!(
         "gpu check: passed on {n} {vendor} device{}; `trident check ops` compares every fused op with the reference",
@@ -87,8 +86,8 @@ fn print_smoke(ordinal: usize, r: &SmokeReport) {
 
 /// The GPU Device's ops against the reference device on small shapes, as one line (`check ops`
 /// prints the table).
-fn device_ops_line<D: Device>(ordinal: usize, api: &str, dev: &D, head_dims: &[usize]) -> Result<()> {
-    let checks = run_all(dev, Size::Small, head_dims, 7, crate::real::Precision::Bf16);
+fn device_ops_line(ordinal: usize, api: &str, dev: &GpuDevice) -> Result<()> {
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, 7, crate::real::Precision::Bf16, dev.runs_llama());
     if let Some(bad) = checks.iter().find(|c| !c.passed()) {
         return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
     }

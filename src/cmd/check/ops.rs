@@ -153,6 +153,12 @@ impl<D: Device> Run<'_, D> {
     fn f32s(&self, n: usize, name: &str, scale: f64, offset: f64) -> Vec<f32> {
         values(self.seed, n, name, scale, offset, None)
     }
+    /// A buffer of the run's 16-bit format (the device's 16-bit storage) holding `host`.
+    fn up16(&self, host: &[f32]) -> D::Buf {
+        let mut b = self.dev.alloc_in(host.len(), self.half);
+        self.dev.upload(&mut b, host);
+        b
+    }
     /// Values of the run's 16-bit format.
     fn halves(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
         values(self.seed, n, name, scale, 0.0, Some(self.half))
@@ -455,6 +461,83 @@ fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     }
 }
 
+/// RMSNorm on the run's 16-bit activations (f32 weight and rstd), dinp and dweight "+=".
+fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let bound = run.half_bound();
+    for &(rows, cols) in cases {
+        let (x, dy, dx0) = (run.halves(rows * cols, "x", 2.0), run.halves(rows * cols, "dy", 1.0), run.halves(rows * cols, "dx0", 1.0));
+        let (w, dw0) = (run.f32s(cols, "w", 0.5, 1.0), run.f32s(cols, "b", 0.5, 0.0));
+        let case = format!("{rows}x{cols}");
+        let (gx, gdy, gw) = (run.up16(&x), run.up16(&dy), run.up(&w));
+        let (mut out, mut rstd) = (dev.alloc_in(rows * cols, run.half), dev.alloc(rows));
+        dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, rows, cols, 1e-5);
+        let (mut rout, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows));
+        r.rmsnorm_forward(&mut rout, &mut rrstd, &refb(&x), &refb(&w), rows, cols, 1e-5);
+        run.push_dev("rmsnorm_forward out", &case, &out, &rout, bound);
+        run.push_dev("rmsnorm_forward rstd", &case, &rstd, &rrstd, F32);
+        let (mut dx, mut dw) = (run.up16(&dx0), run.up(&dw0));
+        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, &gx, &gw, &rstd, rows, cols);
+        let (mut rdx, mut rdw) = (refb(&dx0), refb(&dw0));
+        r.rmsnorm_backward(&mut rdx, &mut rdw, &refb(&dy), &refb(&x), &refb(&w), &rrstd, rows, cols);
+        run.push_dev("rmsnorm_backward dinp", &case, &dx, &rdx, bound);
+        run.push_dev("rmsnorm_backward dweight", &case, &dw, &rdw, F32);
+    }
+}
+
+/// SwiGLU on the run's 16-bit activations: rows of 2f (gate, up) in, [rows, f] out; the backward
+/// overwrites a dinp that starts non-zero.
+fn swiglu<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let bound = run.half_bound();
+    for &(rows, f) in cases {
+        let (x, dy) = (run.halves(rows * 2 * f, "x", 2.0), run.halves(rows * f, "dy", 1.0));
+        let case = format!("{rows}x{f}");
+        let (gx, gdy) = (run.up16(&x), run.up16(&dy));
+        let mut out = dev.alloc_in(rows * f, run.half);
+        dev.swiglu_forward(&mut out, &gx, rows, f);
+        let mut rout = r.alloc(rows * f);
+        r.swiglu_forward(&mut rout, &refb(&x), rows, f);
+        run.push_dev("swiglu_forward", &case, &out, &rout, bound);
+        let mut dx = run.up16(&vec![9.0; rows * 2 * f]);
+        dev.swiglu_backward(&mut dx, &gx, &gdy, rows, f);
+        let mut rdx = r.alloc(rows * 2 * f);
+        r.swiglu_backward(&mut rdx, &refb(&x), &refb(&dy), rows, f);
+        run.push_dev("swiglu_backward", &case, &dx, &rdx, bound);
+    }
+}
+
+/// Rotary embedding in place on a 16-bit QKV of `shape` (groups of `shape.group_size()` query
+/// heads), the first `rd` components of each q and k head rotated from position `t0`, then
+/// rotated back on the same buffer (the backward); the f32 table holds real cosines and sines.
+fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    let bound = run.half_bound();
+    for &(shape, rd, t0) in cases {
+        let n = shape.rows() * shape.qkv_width();
+        let qkv = run.halves(n, "qkv", 1.0);
+        let mut table = Vec::new();
+        for t in 0..t0 + shape.seq {
+            let angle = |j: usize| t as f64 * 10000f64.powf(-2.0 * j as f64 / rd as f64);
+            table.extend((0..rd / 2).map(|j| angle(j).cos() as f32));
+            table.extend((0..rd / 2).map(|j| angle(j).sin() as f32));
+        }
+        let rotary = crate::device::Rotary { rotary_dim: rd, t0 };
+        let case = format!("b{} s{} h{}/{} d{} rd{rd} t0 {t0}", shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
+        let mut g = run.up16(&qkv);
+        let gt = run.up(&table);
+        let (mut rq, rt) = (refb(&qkv), refb(&table));
+        dev.rope_forward(&mut g, &gt, shape, rotary);
+        r.rope_forward(&mut rq, &rt, shape, rotary);
+        run.push_dev("rope_forward", &case, &g, &rq, bound);
+        // Backward on the device's forward output: the reference rotates the same values back.
+        let mut rq = refb(&run.down(&g));
+        dev.rope_backward(&mut g, &gt, shape, rotary);
+        r.rope_backward(&mut rq, &rt, shape, rotary);
+        run.push_dev("rope_backward", &case, &g, &rq, bound);
+    }
+}
+
 fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(rows, vocab, start) in cases {
@@ -565,8 +648,10 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
-/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it.
-pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision) -> Vec<OpCheck> {
+/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
+/// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU and rotary embedding so far; the GPU Device on
+/// CUDA: `GpuDevice::runs_llama`), which are then checked too.
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
@@ -574,6 +659,14 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     adamw_group(&mut run, sizes);
     let mut emb = vec![(1, 1, 1, 3, 0), (2, 5, 33, 10, 0), (3, 7, 130, 20, 10)];
     let mut ln = vec![(1, 1), (5, 33), (13, 200)];
+    // 70 x 64: the 16-byte path and a backward of 3 blocks; 5 x 33: one element at a time.
+    let mut rms = vec![(1, 1), (5, 33), (70, 64)];
+    // SwiGLU's (rows, f): one element at a time, then 8 per thread.
+    let mut glu = vec![(1, 1), (5, 33), (7, 64)];
+    // Rotary (shape, rotary dim, first position): 2 groups of 2 query heads, one group of 3 with
+    // rotary on 6 of 16 components from position 5, and multi-head attention on half the head.
+    let sh = AttentionShape::new;
+    let mut rot = vec![(sh(2, 5, 4, 8).grouped(2), 8, 0), (sh(1, 3, 3, 16).grouped(1), 6, 5), (sh(2, 4, 2, 8), 4, 1)];
     let mut xent = vec![(1, 1, 0), (3, 333, 0), (6, 1000, 500)];
     // (rows, inputs, outputs); 1100 x 8 -> 8: on sm_90a, dW's one tile in 2 slices of its
     // 18-step reduction (plan::sm90_weight_slices).
@@ -585,6 +678,9 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     if full {
         emb.push((4, 256, 768, 50304, 0));
         ln.push((1024, 768));
+        rms.push((1024, 768));
+        glu.push((1024, 2048));
+        rot.push((sh(4, 256, 32, 128).grouped(8), 128, 0));
         xent.push((512, 25152, 25152));
         lin.extend([(512, 768, 2304), (512, 3072, 768)]);
         for &d in head_dims {
@@ -595,6 +691,11 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     }
     embeddings(&mut run, &emb);
     layernorm(&mut run, &ln);
+    if llama {
+        rmsnorm(&mut run, &rms);
+        swiglu(&mut run, &glu);
+        rope(&mut run, &rot);
+    }
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
     attention(&mut run, &attn);
@@ -620,12 +721,12 @@ pub fn run(args: &[String]) -> Result<()> {
     let gpu = |vendor| {
         use crate::gpu::device::GpuDevice;
         let dev = GpuDevice::open(vendor, ordinal, crate::gpu::kernels::Storage::of(half))?;
-        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half)))
+        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half, dev.runs_llama())))
     };
     let (name, checks) = match device {
         "cpu" => {
             let dev = crate::device::cpu::CpuDevice::new(crate::comm::runtime::process_cpus());
-            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half))
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half, true))
         }
         "cuda" => gpu(crate::gpu::kernels::Vendor::Cuda)?,
         "hip" => gpu(crate::gpu::kernels::Vendor::Hip)?,
@@ -656,7 +757,7 @@ mod tests {
     fn the_cpu_device_passes_every_op() {
         let dev = CpuDevice::new(2);
         for half in [Precision::Bf16, Precision::F16] {
-            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half);
+            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half, true);
             assert!(checks.len() > 60, "{} checks", checks.len());
             for c in &checks {
                 assert!(c.passed(), "{half:?}: {}", c.line());

@@ -57,6 +57,12 @@ pub enum Kernel {
     GemmBwdWeightBf16Sm90,
     LayernormFwdBf16,
     LayernormBwdBf16,
+    RmsnormFwdBf16,
+    RmsnormBwdBf16,
+    SwigluFwdBf16,
+    SwigluBwdBf16,
+    RopeFwdBf16,
+    RopeBwdBf16,
     XentMaxBf16,
     XentPartialsBf16,
     XentBwdBf16,
@@ -195,6 +201,13 @@ pub const KERNELS: &[KernelSpec] = &[
     // The whole backward in one launch: 260 bytes of shared memory (a pass's 32 row means and
     // rstds, the last-block flag).
     spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 512, Some(512), 260),
+    // RMSNorm (Llama): LayerNorm's grids without the mean and bias; no HIP twin yet.
+    spec(Kernel::RmsnormFwdBf16, "rmsnorm_fwd_bf16", "layernorm.cu", 128, None, 0),
+    spec(Kernel::RmsnormBwdBf16, "rmsnorm_bwd_bf16", "layernorm.cu", 512, None, 132),
+    spec(Kernel::SwigluFwdBf16, "swiglu_fwd_bf16", "gelu.cu", 256, None, 0),
+    spec(Kernel::SwigluBwdBf16, "swiglu_bwd_bf16", "gelu.cu", 256, None, 0),
+    spec(Kernel::RopeFwdBf16, "rope_fwd_bf16", "rope.cu", 256, None, 0),
+    spec(Kernel::RopeBwdBf16, "rope_bwd_bf16", "rope.cu", 256, None, 0),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 256),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
@@ -422,7 +435,7 @@ mod tests {
         }
         assert_eq!(
             declared_functions(source(Vendor::Cuda, "gelu.cu").unwrap()),
-            vec!["gelu_fwd_bf16".to_string(), "gelu_bwd_bf16".to_string()]
+            ["gelu_fwd_bf16", "gelu_bwd_bf16", "swiglu_fwd_bf16", "swiglu_bwd_bf16"].map(String::from)
         );
     }
 

@@ -92,11 +92,39 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
+    /// RMSNorm's forward (`rmsnorm_fwd_bf16`, CUDA only): LayernormFwd's grid.
+    RmsnormFwd {
+        rows: usize,
+        channels: usize,
+    },
+    /// RMSNorm's backward (`rmsnorm_bwd_bf16`): LayernormBwd's grid, partials and counters.
+    RmsnormBwd {
+        rows: usize,
+        channels: usize,
+    },
     GeluFwd {
         n: usize,
     },
     GeluBwd {
         n: usize,
+    },
+    /// SwiGLU over rows of 2f (`swiglu_fwd_bf16`, CUDA only): GeluFwd's grid over rows·f.
+    SwigluFwd {
+        rows: usize,
+        f: usize,
+    },
+    /// Its backward (`swiglu_bwd_bf16`): dinp [rows, 2f] overwritten, the same grid.
+    SwigluBwd {
+        rows: usize,
+        f: usize,
+    },
+    /// Rotary embedding in place on the QKV (`rope_fwd_bf16`, with `inverse` `rope_bwd_bf16`).
+    Rope {
+        rows: usize,
+        width: usize,
+        rotated_heads: usize,
+        rotary_dim: usize,
+        inverse: bool,
     },
     AdamW {
         n: usize,
@@ -401,6 +429,14 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             ([n.div_ceil(8).min(cap), 1, 1], [t, 1, 1])
         }
+        Op::Rope { rows, rotated_heads, rotary_dim, .. } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            ([(rows * rotated_heads * (rotary_dim / 2)).min(cap), 1, 1], [t, 1, 1])
+        }
+        Op::SwigluFwd { rows, f } | Op::SwigluBwd { rows, f } => {
+            let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
+            ([(rows * f).div_ceil(8).min(cap), 1, 1], [t, 1, 1])
+        }
         Op::ColumnSumAdd { rows, cols } | Op::ColumnSumAddF32 { rows, cols } => {
             let [strips, chunks, _] = column_sum_grid(rows, cols);
             if strips > COLUMN_SUM_COUNTERS {
@@ -412,8 +448,10 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             }
             ([strips, chunks, 1], [1, 1, 1])
         }
-        Op::LayernormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
-        Op::LayernormBwd { rows, channels } => ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1]),
+        Op::LayernormFwd { rows, .. } | Op::RmsnormFwd { rows, .. } => ([rows, 1, 1], [4, 1, 1]),
+        Op::LayernormBwd { rows, channels } | Op::RmsnormBwd { rows, channels } => {
+            ([layernorm_bwd_blocks(rows, channels), 1, 1], [1, 1, 1])
+        }
         Op::PositionFwd { batch, positions, hidden } => {
             let cap = GRID_STRIDE_BLOCKS_PER_SM * multiprocessors.max(1) as usize * t;
             let n = batch * positions * hidden;
@@ -495,6 +533,12 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::CastBf16ToF32 { .. } => Kernel::CastBf16ToF32,
         Op::LayernormFwd { .. } => Kernel::LayernormFwdBf16,
         Op::LayernormBwd { .. } => Kernel::LayernormBwdBf16,
+        Op::RmsnormFwd { .. } => Kernel::RmsnormFwdBf16,
+        Op::RmsnormBwd { .. } => Kernel::RmsnormBwdBf16,
+        Op::SwigluFwd { .. } => Kernel::SwigluFwdBf16,
+        Op::SwigluBwd { .. } => Kernel::SwigluBwdBf16,
+        Op::Rope { inverse: false, .. } => Kernel::RopeFwdBf16,
+        Op::Rope { inverse: true, .. } => Kernel::RopeBwdBf16,
         Op::GeluFwd { .. } => Kernel::GeluFwdBf16,
         Op::GeluBwd { .. } => Kernel::GeluBwdBf16,
         Op::AdamW { .. } => Kernel::AdamwF32Bf16,
@@ -539,10 +583,15 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         Op::PositionFwd { batch, positions, hidden } => {
             vec![("positions·batch·hidden", batch.saturating_mul(positions).saturating_mul(hidden))]
         }
-        Op::LayernormFwd { rows, channels } | Op::LayernormBwd { rows, channels } => {
+        Op::LayernormFwd { rows, channels }
+        | Op::LayernormBwd { rows, channels }
+        | Op::RmsnormFwd { rows, channels }
+        | Op::RmsnormBwd { rows, channels } => {
             vec![("rows", rows), ("C", channels)]
         }
         Op::GeluFwd { n } | Op::GeluBwd { n } | Op::AdamW { n } => vec![("n", n)],
+        Op::SwigluFwd { rows, f } | Op::SwigluBwd { rows, f } => vec![("rows·2f", rows.saturating_mul(2 * f))],
+        Op::Rope { rows, width, .. } => vec![("rows", rows), ("QKV width", width)],
         Op::XentMax { rows, vocab } | Op::XentPartials { rows, vocab } | Op::XentBwd { rows, vocab } => {
             vec![("rows", rows), ("V", vocab)]
         }
