@@ -573,12 +573,8 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
     let nccl = fake_nccl(&dir);
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
-    let wants = [
-        "passed on 1 NVIDIA device",
-        "ops check: all 175 outputs within their bounds",
-        "losses check: 6 iterations agree",
-        "gpu-check: passed on cuda",
-    ];
+    let ops = format!("ops check: all {} outputs within their bounds", gpu_device::ops_checked(true));
+    let wants = ["passed on 1 NVIDIA device", &ops, "losses check: 6 iterations agree", "gpu-check: passed on cuda"];
     gpu_device::assert_gpu_check_passed(&run("1e-2"), &wants);
     let o = run("1e-9");
     assert!(!o.status.success(), "a 1e-9 loss tolerance passed:\n{}", stdout(&o));
