@@ -16,6 +16,7 @@ pub enum Arity {
 }
 
 /// One accepted flag: its name (with the leading dashes), arity, value name and help line.
+#[derive(Clone, Copy)]
 pub struct FlagSpec {
     pub name: &'static str,
     pub arity: Arity,
@@ -33,6 +34,24 @@ pub const fn switch(name: &'static str, help: &'static str) -> FlagSpec {
 
 pub const fn many(name: &'static str, value: &'static str, help: &'static str) -> FlagSpec {
     FlagSpec { name, arity: Arity::Many, value, help }
+}
+
+/// The tables `parts` as one, in order: a group of flags several commands share is written once
+/// (`flags::ARCH_FLAGS`). `N` must be the total count.
+pub const fn join<const N: usize>(parts: &[&[FlagSpec]]) -> [FlagSpec; N] {
+    let mut out = [parts[0][0]; N];
+    let (mut i, mut n) = (0, 0);
+    while i < parts.len() {
+        let mut j = 0;
+        while j < parts[i].len() {
+            out[n] = parts[i][j];
+            n += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    assert!(n == N, "join: N is not the number of flags");
+    out
 }
 
 /// The parsed flags of one subcommand.

@@ -247,7 +247,7 @@ impl TrainConfig {
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
         let p = preset(args.str("--preset").unwrap_or("tiny"))?;
         // A Llama-family model on a GPU is refused before any GPU library is looked for.
-        let features = architecture(args, p)?.features();
+        let features = architecture(args, &p.arch)?.features();
         if let (Some(d @ ("cuda" | "hip")), false) = (args.str("--device"), features.is_empty()) {
             return Err(Error::Unsupported(format!(
                 "--device {d} with {}: the GPU kernels of the Llama-family ops are not built yet; train this model \
@@ -342,7 +342,7 @@ impl TrainConfig {
 /// the model's own rules (`GptConfig::validate`), a padded vocabulary that holds the byte
 /// tokenizer's ids, and a sequence that fits the position table.
 fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
-    let arch = architecture(args, p)?;
+    let arch = architecture(args, &p.arch)?;
     let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
     let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
     let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
@@ -388,10 +388,10 @@ fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
     Ok((model, seq_length))
 }
 
-/// The preset's architecture with Megatron's architecture flags applied: each turns a
+/// `base` (a preset's architecture) with Megatron's architecture flags applied: each turns a
 /// Llama-family feature on or names the choice (`--normalization`, `--position-embedding-type`).
-fn architecture(args: &Args, p: &Preset) -> Result<Arch> {
-    let mut a = p.arch.clone();
+pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
+    let mut a = base.clone();
     if let Some(n) = args.str("--normalization") {
         a.normalization = Arch::parse_normalization(n)?;
     }

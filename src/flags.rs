@@ -3,19 +3,10 @@
 //! The parsers that read them live with their commands (`config.rs` for `train`, `plan/request.rs`
 //! for `plan`, `cmd/` for the rest).
 
-use crate::cli::{flag, many, switch, FlagSpec};
+use crate::cli::{flag, join, many, switch, FlagSpec};
 
-/// The flags of `trident train`, with Megatron's names.
-pub const TRAIN_FLAGS: &[FlagSpec] = &[
-    flag(
-        "--preset",
-        "NAME",
-        "model and recipe: tiny, small, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b, llama-tiny, llama-124m, llama3-8b, llama3-70b (default tiny)",
-    ),
-    flag("--num-layers", "N", "transformer layers"),
-    flag("--hidden-size", "H", "hidden size"),
-    flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
-    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+/// The architecture flags (Megatron's), shared by `train` and `plan`.
+pub const ARCH_FLAGS: &[FlagSpec] = &[
     flag("--normalization", "KIND", "LayerNorm (GPT-2, default) or RMSNorm (Llama)"),
     flag("--norm-epsilon", "EPS", "epsilon of the norms (default 1e-5; LayerNorm supports only 1e-5)"),
     switch("--swiglu", "SwiGLU MLP (fc1 makes gate and up; default width 2/3 of 4 x hidden, a multiple of 64)"),
@@ -28,6 +19,25 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--kv-channels", "D", "dimensions per attention head (default hidden size / heads)"),
     switch("--untie-embeddings-and-output-weights", "an output layer of its own instead of the word embedding"),
     switch("--disable-bias-linear", "no biases in the QKV, projection and MLP layers"),
+];
+
+/// The flags of `trident train`, with Megatron's names: the model's sizes, the architecture, the rest.
+pub const TRAIN_FLAGS: &[FlagSpec] =
+    &join::<{ TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() }>(&[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST]);
+
+const TRAIN_SIZES: &[FlagSpec] = &[
+    flag(
+        "--preset",
+        "NAME",
+        "model and recipe: tiny, small, gpt2-124m, gpt2-350m, gpt2-760m, gpt2-1.5b, llama-tiny, llama-124m, llama3-8b, llama3-70b (default tiny)",
+    ),
+    flag("--num-layers", "N", "transformer layers"),
+    flag("--hidden-size", "H", "hidden size"),
+    flag("--num-attention-heads", "A", "attention heads (must divide the hidden size)"),
+    flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
+];
+
+const TRAIN_REST: &[FlagSpec] = &[
     flag("--seq-length", "S", "tokens per sample"),
     flag(
         "--max-position-embeddings",
@@ -133,12 +143,16 @@ pub const TRAIN_FLAGS: &[FlagSpec] = &[
     flag("--loss-scale", "S", "a constant loss scale instead of the dynamic one"),
 ];
 
-/// `trident plan`.
-pub const PLAN_FLAGS: &[FlagSpec] = &[
+/// `trident plan`: the model (sizes, then the architecture flags train takes), the job, the pins,
+/// the machine.
+pub const PLAN_FLAGS: &[FlagSpec] =
+    &join::<{ PLAN_SIZES.len() + ARCH_FLAGS.len() + PLAN_REST.len() }>(&[PLAN_SIZES, ARCH_FLAGS, PLAN_REST]);
+
+const PLAN_SIZES: &[FlagSpec] = &[
     flag(
         "--model",
         "NAME",
-        "a named shape: tiny .. gpt2-1.5b, megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
+        "a named shape: train's presets (tiny .. gpt2-1.5b, llama-tiny .. llama3-70b), megatron-1.7b .. megatron-1t (the 2021 paper's rows), gpt3-175b",
     ),
     flag("--num-layers", "N", "transformer layers (with the next three, instead of or over --model)"),
     flag("--hidden-size", "H", "hidden size"),
@@ -148,6 +162,9 @@ pub const PLAN_FLAGS: &[FlagSpec] = &[
     flag("--max-position-embeddings", "P", "rows of the position embedding (default the sequence length)"),
     flag("--vocab-size", "V", "vocabulary before padding (default 50257 without --model)"),
     flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+];
+
+const PLAN_REST: &[FlagSpec] = &[
     flag("--gpus", "N", "GPUs of the job (required)"),
     flag("--gpus-per-node", "G", "GPUs per node (default 8)"),
     flag("--gpu", "KIND", "a100 (default), h100, mi250x (one GCD) or mi300x"),

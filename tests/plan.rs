@@ -216,7 +216,7 @@ fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
 #[test]
 fn bad_input_is_one_clear_line() {
     // (the flags after `plan`, what the one error line must say)
-    let cases: [(&str, &[&str]); 13] = [
+    let cases: [(&str, &[&str]); 16] = [
         // GPUs that do not fill whole nodes.
         ("--model gpt2-350m --gpus 12 --global-batch-size 48", &["--gpus 12", "--gpus-per-node 8"]),
         // A model that fits nowhere names the smallest memory it needs.
@@ -251,9 +251,50 @@ fn bad_input_is_one_clear_line() {
         ("--num-layers 4 --gpus 8 --global-batch-size 8", &["--hidden-size"]),
         ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gemm-efficiency 1.5", &["--gemm-efficiency"]),
         ("--model gpt2-124m --gpus 0 --global-batch-size 8", &["--gpus"]),
+        // Grouped-query attention: each TP rank holds whole query groups (Megatron's rule).
+        (
+            "--model llama3-8b --gpus 16 --global-batch-size 16 --tensor-model-parallel-size 16",
+            &["--tensor-model-parallel-size 16", "8 query groups"],
+        ),
+        // trident's SUMMA grids run GPT-2's architecture only.
+        (
+            "--model llama3-8b --gpus 16 --global-batch-size 16 --tensor-model-parallel-size 4 --tensor-parallel-mode 2d",
+            &["--tensor-model-parallel-size 4", "GPT-2's architecture only", "SwiGLU"],
+        ),
+        (
+            "--model gpt2-124m --gpus 8 --global-batch-size 8 --group-query-attention --num-query-groups 5",
+            &["5"],
+        ),
     ];
     for (flags, needles) in cases {
         assert_clean_error(&plan(flags), needles);
+    }
+}
+
+#[test]
+fn llama_shapes_are_planned_with_their_architecture() {
+    // Llama 3 70B on 64 H100s: every layout that fits splits the 8 query groups evenly over TP,
+    // none is 2-D, and the header says what the architecture is.
+    let o = plan("--model llama3-70b --gpus 64 --global-batch-size 512 --gpu h100 --json --top 0");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<String> = stdout(&o).lines().map(String::from).collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(8.0 % number(line, "tp") == 0.0 && field(line, "tp_mode").as_deref() == Some("\"1d\""), "{line}");
+    }
+    let o = plan("--model llama3-70b --gpus 64 --global-batch-size 512 --gpu h100 --top 1");
+    let out = stdout(&o);
+    for needle in ["70.55B parameters", "64 heads in 8 query groups", "SwiGLU", "an untied output layer", "2d: runs GPT-2's"] {
+        assert!(out.contains(needle), "'{needle}' missing:\n{out}");
+    }
+    // The architecture flags on a custom shape: GQA and SwiGLU shrink a 4096-wide layer (Llama
+    // 2 7B's sizes: 6.74B as multi-head attention with an MLP of 11008; 5.93B in 8 groups).
+    let llama2 = "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --vocab-size 32000 \
+                  --swiglu --ffn-hidden-size 11008 --normalization RMSNorm --position-embedding-type rope \
+                  --untie-embeddings-and-output-weights --disable-bias-linear --gpus 8 --global-batch-size 64 --top 1";
+    for (extra, params) in [("", "6.74B parameters"), ("--group-query-attention --num-query-groups 8", "5.93B parameters")] {
+        let o = plan(&format!("{llama2} {extra}"));
+        assert!(stdout(&o).contains(params), "{params} missing:\n{}{}", stdout(&o), stderr(&o));
     }
 }
 

@@ -7,7 +7,7 @@
 //! communication, the bubble); shared/reference/megatron.md §8 (the paper's FLOP counts).
 
 use super::hardware::{Collective, Machine, Placement};
-use super::models::{layer_parameters, Shape};
+use super::models::Shape;
 use super::{Layout, Precision, TpMode};
 use crate::model::Recompute;
 
@@ -96,6 +96,17 @@ struct Dims {
     a: f64,
     f: f64,
     v: f64,
+    /// Widths of the layer's matrices: QKV's outputs, the attention output (heads x head dim),
+    /// the key/value heads', fc1's outputs (2f under SwiGLU).
+    qkv: f64,
+    aw: f64,
+    kvw: f64,
+    fc1: f64,
+    /// Activation bytes per `sbh` that the MLP keeps for backward: fc1's outputs and the
+    /// activation's (4f/h for GELU, 6f/h for SwiGLU's gate, up and product).
+    mlp_kept: f64,
+    /// A separate output layer on the last stage (no tied copy to sum).
+    untied: bool,
     /// Ranks the layer's work and (SUMMA) activations are split over: the TP group.
     t: f64,
     /// Ways the weights are split: t under 1-D, q² under SUMMA.
@@ -118,6 +129,12 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
         a: shape.num_attention_heads as f64,
         f: shape.ffn_hidden_size as f64,
         v: shape.padded_vocab_size as f64,
+        qkv: shape.qkv_width() as f64,
+        aw: shape.attention_width() as f64,
+        kvw: (shape.kv_heads() * shape.head_dim()) as f64,
+        fc1: shape.fc1_width() as f64,
+        mlp_kept: 2.0 * (shape.fc1_width() + shape.ffn_hidden_size) as f64 / shape.hidden_size as f64,
+        untied: shape.arch.untie_embeddings,
         t: layout.tp as f64,
         tw: layout.tp_degree() as f64,
         summa: layout.summa().map(|(q, d)| (q as f64, d as f64)),
@@ -132,9 +149,11 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
 /// mode: none keeps all, selective drops the attention scores (5as/h), full keeps the layer input.
 fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
     let sbh = d.s * d.b * d.h;
-    // 10 sbh is replicated over TP ranks without SP (LayerNorm inputs, QKV and fc1 inputs,
-    // dropout masks); 8 + 4f/h (24 for f = 4h) is split; 5as/h is the attention-score part.
-    let split = 8.0 + 4.0 * d.f / d.h;
+    // 10 sbh is replicated over TP ranks without SP (norm inputs, QKV and fc1 inputs, dropout
+    // masks); split over them: Q, K, V and the projection's input, 2 bytes each (8 sbh for
+    // GPT-2, less under grouped-query attention), and the MLP's kept tensors (16 sbh for a GELU
+    // MLP of 4h); 5as/h is the attention-score part (a query heads).
+    let split = (4.0 * d.aw + 4.0 * d.kvw) / d.h + d.mlp_kept;
     let scores = 5.0 * d.a * d.s / d.h;
     let bytes = match (recompute, d.sp) {
         (Recompute::None, false) => sbh * (10.0 + (split + scores) / d.t),
@@ -148,24 +167,26 @@ fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
 }
 
 /// Parameters one GPU of a stage holds: its layers' TP shards plus the replicated biases and
-/// LayerNorms, and on the first stage the word and position embeddings, on the last the final
-/// LayerNorm and (when it is not also the first) its copy of the tied word embedding.
+/// norms, and on the first stage the word and (learned) position embeddings, on the last the
+/// final norm and the output layer: its own when untied, else (when the last stage is not also
+/// the first) its copy of the tied word embedding.
 fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
-    let (h, f) = (d.h, d.f);
-    // 1-D replicates two LayerNorms and the projection and fc2 biases; SUMMA shards everything
+    let h = d.h;
+    // 1-D replicates the two norms and the projection and fc2 biases; SUMMA shards everything
     // (and the position table) over its q² blocks.
-    let (replicated, positions) = match d.summa {
-        None => (6.0 * h, shape.max_position_embeddings as f64 * h),
-        Some(_) => (0.0, shape.max_position_embeddings as f64 * h / d.tw),
+    let positions = shape.position_rows() as f64 * h;
+    let (replicated, positions, final_norm) = match d.summa {
+        None => (shape.layer_replicated_parameters(), positions, shape.norm_parameters()),
+        Some(_) => (0.0, positions / d.tw, shape.norm_parameters() / d.tw),
     };
-    let per_layer = (layer_parameters(h, f) - replicated) / d.tw + replicated;
+    let per_layer = (shape.layer_parameters() - replicated) / d.tw + replicated;
     let mut n = d.layers_per_stage * per_layer;
     if first {
         n += d.v * h / d.tw + positions;
     }
     if last {
-        n += if d.summa.is_some() { 2.0 * h / d.tw } else { 2.0 * h };
-        if !first {
+        n += final_norm;
+        if d.untied || !first {
             n += d.v * h / d.tw;
         }
     }
@@ -229,10 +250,12 @@ pub fn memory(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     }
 }
 
-/// FLOPs of one layer's forward pass for one micro-batch, whole (not divided over TP): the
-/// paper's 24bsh² + 4bs²h, with the MLP width as given.
+/// FLOPs of one layer's forward pass for one micro-batch, whole (not divided over TP): two per
+/// weight and token for QKV, the projection, fc1 and fc2, and the scores and values over the
+/// attention width (the paper's 24bsh² + 4bs²h for GPT-2 with f = 4h).
 fn layer_forward_flops(d: &Dims) -> f64 {
-    2.0 * d.b * d.s * (4.0 * d.h * d.h + 2.0 * d.h * d.f) + 4.0 * d.b * d.s * d.s * d.h
+    let weights = d.h * d.qkv + d.aw * d.h + d.h * d.fc1 + d.f * d.h;
+    2.0 * d.b * d.s * weights + 4.0 * d.b * d.s * d.s * d.aw
 }
 
 /// FLOPs one layer executes per micro-batch, forward and backward (backward = 2 x forward),
@@ -242,7 +265,7 @@ fn layer_executed_flops(d: &Dims, recompute: Recompute) -> f64 {
     3.0 * fwd
         + match recompute {
             Recompute::None => 0.0,
-            Recompute::Selective => 4.0 * d.b * d.s * d.s * d.h,
+            Recompute::Selective => 4.0 * d.b * d.s * d.s * d.aw,
             Recompute::Full => fwd,
         }
 }
@@ -356,7 +379,7 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
         (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0)
     };
     // The two copies of the tied word embedding (first and last stage) are summed every step.
-    let tied = if d.p > 1 {
+    let tied = if d.p > 1 && !d.untied {
         let embedding_grad = d.v * d.h / d.tw * 4.0;
         machine.collective_s(
             Collective::AllReduce,
@@ -410,7 +433,7 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
             let element = 2.0 * d.scale;
             let passes = if layout.recompute == Recompute::Full { 4.0 } else { 3.0 };
             let groups = summa_groups(layout, machine.gpus_per_node);
-            [(d.h, 3.0 * d.h), (d.h, d.h), (d.h, d.f), (d.f, d.h)]
+            [(d.h, d.qkv), (d.aw, d.h), (d.h, d.fc1), (d.f, d.h)]
                 .iter()
                 .map(|&(k, n)| summa_linear_s(machine, rows, k, n, qf, element, passes, groups))
                 .sum()
@@ -457,6 +480,7 @@ mod tests {
             seq_length: 1024,
             max_position_embeddings: 1024,
             padded_vocab_size: 2048,
+            arch: crate::model::Arch::GPT2,
         }
     }
 
@@ -530,6 +554,72 @@ mod tests {
         assert!((got / with_recompute - 1.0).abs() < 1e-12, "{got} vs {with_recompute}");
         let got = model_flops(&shape, &full, Precision::Fp16, 3072);
         assert!((got / without - 1.0).abs() < 1e-12, "{got} vs {without}");
+    }
+
+    /// A small Llama: h = 1024, 16 heads of 64 in 4 query groups, SwiGLU of f = 2816, RMSNorm,
+    /// rotary positions, no biases, an untied output layer; 4 layers over 2 stages, TP 2.
+    fn small_llama() -> Shape {
+        let arch = crate::model::Arch { num_query_groups: Some(4), ..crate::model::Arch::LLAMA };
+        Shape { ffn_hidden_size: 2816, arch, ..small() }
+    }
+
+    /// Worked by hand: a layer holds QKV 1024 x (16 + 2·4)·64 = 1,572,864, the projection
+    /// 1,048,576, fc1 1024 x 5632 = 5,767,168, fc2 2,883,584 and two RMSNorms of 1024: 11,274,240,
+    /// of which 2048 replicated: (11,274,240 - 2048)/2 + 2048 = 5,638,144 per GPU, 11,276,288 for
+    /// 2 layers. The first stage adds V h / 2 = 1,048,576 (no position table); the last the final
+    /// norm (1024) and its own output layer (1,048,576) even when it is also the first.
+    #[test]
+    fn llama_stages_hold_their_parameters_and_activations() {
+        let (shape, l) = (small_llama(), layout(1, Recompute::None, false));
+        let d = dims(&shape, &l, Precision::Bf16);
+        assert_eq!(shape.layer_parameters(), 11_274_240.0);
+        assert_eq!(stage_parameters(&shape, &d, true, false), 11_276_288.0 + 1_048_576.0);
+        assert_eq!(stage_parameters(&shape, &d, false, true), 11_276_288.0 + 1024.0 + 1_048_576.0);
+        assert_eq!(stage_parameters(&shape, &d, true, true), 11_276_288.0 + 1024.0 + 2.0 * 1_048_576.0);
+        // Split activations per sbh: Q and the projection input 2 x 2 x 1024/1024, K and V
+        // 2 x 2 x 256/1024, the MLP's gate, up and product 2 x 3 x 2816/1024: 5 + 16.5; with
+        // selective recompute and no SP, (10 + 21.5/2) sbh of 2 x 1024 x 1024.
+        let selective = layer_activation_bytes(&d, Recompute::Selective);
+        assert_eq!(selective, (10.0 + 21.5 / 2.0) * 2_097_152.0);
+        // The same model with multi-head attention keeps more.
+        let mha = Shape { arch: crate::model::Arch { num_query_groups: None, ..shape.arch.clone() }, ..shape.clone() };
+        assert!(layer_activation_bytes(&dims(&mha, &l, Precision::Bf16), Recompute::Selective) > selective);
+    }
+
+    #[test]
+    fn llama_flops_are_the_models_own_count() {
+        // The planner's model FLOPs against `GptConfig::flops_per_iteration` (what `train` and
+        // `bench` report MFU with), for Llama 3 8B and 70B.
+        for name in ["llama3-8b", "llama3-70b"] {
+            let shape = crate::plan::models::named(name).unwrap();
+            let model = crate::model::GptConfig {
+                num_layers: shape.num_layers,
+                hidden_size: shape.hidden_size,
+                num_attention_heads: shape.num_attention_heads,
+                ffn_hidden_size: shape.ffn_hidden_size,
+                max_position_embeddings: shape.max_position_embeddings,
+                vocab_size: shape.padded_vocab_size,
+                padded_vocab_size: shape.padded_vocab_size,
+                init_method_std: 0.02,
+                arch: shape.arch.clone(),
+            };
+            let l = Layout { tp: 8, pp: 4, dp: 2, micro_batch: 1, ..layout(2, Recompute::Full, false) };
+            let got = model_flops(&shape, &l, Precision::Bf16, 64);
+            let want = model.flops_per_iteration(64, shape.seq_length);
+            assert!((got / want - 1.0).abs() < 1e-12, "{name}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn an_untied_output_layer_has_no_embedding_sum() {
+        let machine = crate::plan::hardware::machine("h100").unwrap();
+        let untied = small_llama();
+        let tied = Shape { arch: crate::model::Arch { untie_embeddings: false, ..untied.arch.clone() }, ..untied.clone() };
+        let l = layout(1, Recompute::None, false);
+        let t = |s: &Shape| timing(s, &l, Precision::Bf16, 8, &machine).dp_comm_s;
+        // One data-parallel rank: the only data-parallel time is the tied embedding's sum.
+        assert_eq!(t(&untied), 0.0);
+        assert!(t(&tied) > 0.0);
     }
 
     #[test]

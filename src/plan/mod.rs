@@ -259,6 +259,9 @@ fn one_d_problem(req: &Request, t: usize) -> Option<String> {
     if !s.num_attention_heads.is_multiple_of(t) {
         return Some(format!("{} attention heads are not divisible by {t}", s.num_attention_heads));
     }
+    if !s.kv_heads().is_multiple_of(t) {
+        return Some(format!("{} query groups are not divisible by {t} (each rank holds whole groups)", s.kv_heads()));
+    }
     if !s.ffn_hidden_size.is_multiple_of(t) {
         return Some(format!("the MLP width {} is not divisible by {t}", s.ffn_hidden_size));
     }
@@ -275,6 +278,10 @@ fn one_d_problem(req: &Request, t: usize) -> Option<String> {
 /// `GptConfig::validate_summa`: heads by q, hidden and MLP widths by q², vocabulary by q).
 fn summa_problem(req: &Request, q: usize) -> Option<String> {
     let s = &req.shape;
+    let features = s.arch.features();
+    if !features.is_empty() {
+        return Some(format!("trident's 2-D / 2.5-D tensor parallelism runs GPT-2's architecture only, not {}", features.join(", ")));
+    }
     if !s.num_attention_heads.is_multiple_of(q) {
         return Some(format!("{} attention heads are not divisible by q = {q}", s.num_attention_heads));
     }

@@ -3,9 +3,13 @@
 //! 2104.04473, Table 1: sequence 2048, vocabulary 51,200) and GPT-3 175B.
 
 use crate::config::PRESETS;
+use crate::data::tokenizer::ByteTokenizer;
 use crate::error::{Error, Result};
+use crate::model::{Arch, GptConfig, Normalization, PositionEmbedding};
 
-/// A transformer's shape, enough to price it.
+/// A transformer's shape, enough to price it: the sizes, and the architecture's choices that
+/// change weights, activations and FLOPs (grouped-query attention, SwiGLU, untied output layer,
+/// RMSNorm, linear biases, learned or rotary positions).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
     pub num_layers: usize,
@@ -13,26 +17,77 @@ pub struct Shape {
     pub num_attention_heads: usize,
     pub ffn_hidden_size: usize,
     pub seq_length: usize,
-    /// Rows of the position embedding.
+    /// Rows of the position embedding (a learned one only; rotary positions have none).
     pub max_position_embeddings: usize,
     /// The vocabulary after Megatron's padding (rows of the word embedding).
     pub padded_vocab_size: usize,
+    pub arch: Arch,
 }
 
 impl Shape {
-    /// Parameters of the whole model (tied output layer counted once).
-    pub fn parameters(&self) -> f64 {
-        let (h, f) = (self.hidden_size as f64, self.ffn_hidden_size as f64);
-        self.num_layers as f64 * layer_parameters(h, f)
-            + (self.padded_vocab_size + self.max_position_embeddings) as f64 * h
-            + 2.0 * h
+    /// Dimensions per attention head: `--kv-channels`, else hidden size / heads.
+    pub fn head_dim(&self) -> usize {
+        self.arch.kv_channels.unwrap_or(self.hidden_size / self.num_attention_heads)
     }
-}
 
-/// Weights and biases of one GPT layer: QKV (3h² + 3h), projection (h² + h), fc1 (hf + f),
-/// fc2 (fh + h), two LayerNorms (4h).
-pub fn layer_parameters(h: f64, f: f64) -> f64 {
-    4.0 * h * h + 2.0 * h * f + 9.0 * h + f
+    /// Key/value heads: the query groups under grouped-query attention, else one per head.
+    pub fn kv_heads(&self) -> usize {
+        self.arch.num_query_groups.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of the attention output: heads x head dimension.
+    pub fn attention_width(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    /// Outputs of the fused QKV layer: every query head, a key and a value head per group.
+    pub fn qkv_width(&self) -> usize {
+        (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
+    }
+
+    /// Outputs of fc1: the MLP width, twice it under SwiGLU (gate and up).
+    pub fn fc1_width(&self) -> usize {
+        self.ffn_hidden_size * if self.arch.swiglu { 2 } else { 1 }
+    }
+
+    /// Parameters of one norm: a weight, and LayerNorm's bias.
+    pub fn norm_parameters(&self) -> f64 {
+        let per_channel = if self.arch.normalization == Normalization::LayerNorm { 2.0 } else { 1.0 };
+        per_channel * self.hidden_size as f64
+    }
+
+    /// Weights and biases of one layer: QKV, projection, fc1, fc2 (each with its bias unless
+    /// `--disable-bias-linear`), two norms. GPT-2's is 4h² + 2hf + 9h + f.
+    pub fn layer_parameters(&self) -> f64 {
+        let (h, f) = (self.hidden_size as f64, self.ffn_hidden_size as f64);
+        let (qkv, aw, fc1) = (self.qkv_width() as f64, self.attention_width() as f64, self.fc1_width() as f64);
+        let weights = h * qkv + aw * h + h * fc1 + f * h;
+        let biases = if self.arch.add_bias_linear { qkv + h + fc1 + h } else { 0.0 };
+        weights + biases + 2.0 * self.norm_parameters()
+    }
+
+    /// Parameters of one layer that 1-D tensor parallelism replicates: the two norms and the
+    /// biases of the row-parallel projection and fc2.
+    pub fn layer_replicated_parameters(&self) -> f64 {
+        let biases = if self.arch.add_bias_linear { 2.0 * self.hidden_size as f64 } else { 0.0 };
+        2.0 * self.norm_parameters() + biases
+    }
+
+    /// Rows of the learned position embedding (none under rotary or no positions).
+    pub fn position_rows(&self) -> usize {
+        match self.arch.position_embedding {
+            PositionEmbedding::LearnedAbsolute => self.max_position_embeddings,
+            _ => 0,
+        }
+    }
+
+    /// Parameters of the whole model: the layers, the word embedding (and the output layer when
+    /// untied; a tied one is counted once), the position table, the final norm.
+    pub fn parameters(&self) -> f64 {
+        let h = self.hidden_size as f64;
+        let word = self.padded_vocab_size as f64 * h * if self.arch.untie_embeddings { 2.0 } else { 1.0 };
+        self.num_layers as f64 * self.layer_parameters() + word + self.position_rows() as f64 * h + self.norm_parameters()
+    }
 }
 
 /// (name, layers, hidden, heads) of Megatron's 2021 weak-scaling rows; sequence 2048, vocab 51200.
@@ -58,13 +113,13 @@ fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, padded_vocab: usi
         seq_length: seq,
         max_position_embeddings: seq,
         padded_vocab_size: padded_vocab,
+        arch: Arch::GPT2,
     }
 }
 
-/// Every name `--model` accepts (the Llama presets are refused by `named` for now).
+/// Every name `--model` accepts.
 pub fn names() -> Vec<&'static str> {
-    let gpt2 = PRESETS.iter().filter(|p| p.arch.features().is_empty());
-    gpt2.map(|p| p.name).chain(MEGATRON_2021.iter().map(|r| r.0)).chain(["gpt3-175b"]).collect()
+    PRESETS.iter().map(|p| p.name).chain(MEGATRON_2021.iter().map(|r| r.0)).chain(["gpt3-175b"]).collect()
 }
 
 /// The shape called `name`.
@@ -77,18 +132,15 @@ pub fn named(name: &str) -> Result<Shape> {
         return Ok(gpt(96, 12288, 96, 2048, 50304));
     }
     if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
-        let features = p.arch.features();
-        if !features.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "plan --model {name}: the planner prices GPT-2's architecture only so far, not {}",
-                features.join(", ")
-            )));
-        }
-        // The GPT-2 sizes are planned with GPT-2's vocabulary; tiny and small with the bytes'.
-        let vocab = if p.name.starts_with("gpt2") { 50304 } else { 384 };
+        // A preset's own vocabulary (Llama 3's), else GPT-2's for the 124M-and-up sizes and the
+        // bytes' for the small models that train on the bundled corpus.
+        let bytes = matches!(p.name, "tiny" | "small" | "llama-tiny");
+        let vocab = p.vocab_size.unwrap_or(if bytes { ByteTokenizer::VOCAB_SIZE } else { 50257 });
         return Ok(Shape {
+            ffn_hidden_size: p.ffn_hidden_size.unwrap_or(4 * p.hidden_size),
             max_position_embeddings: p.max_position_embeddings,
-            ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, vocab)
+            arch: p.arch.clone(),
+            ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, GptConfig::pad_vocab(vocab, 128))
         });
     }
     Err(Error::flag("--model", format!("'{name}'"), format!("one of {}", names().join(", "))))
@@ -105,6 +157,36 @@ mod tests {
         for (row, want) in MEGATRON_2021.iter().zip(expected) {
             let got = named(row.0).unwrap().parameters() / 1e9;
             assert!((got - want).abs() / want < 0.03, "{}: {got:.3}B, paper {want}B", row.0);
+        }
+    }
+
+    #[test]
+    fn llama_3_shapes_have_their_published_parameter_counts() {
+        // Meta's model cards: 8,030,261,248 and 70,553,706,496 parameters.
+        assert_eq!(named("llama3-8b").unwrap().parameters(), 8_030_261_248.0);
+        assert_eq!(named("llama3-70b").unwrap().parameters(), 70_553_706_496.0);
+    }
+
+    #[test]
+    fn every_preset_has_the_models_own_parameter_count() {
+        // The planner's formula against the model's parameter list, preset by preset (GPT-2's
+        // tied embedding and learned positions, Llama's GQA, SwiGLU, RMSNorm, untied output).
+        for p in PRESETS {
+            let shape = named(p.name).unwrap();
+            let model = GptConfig {
+                num_layers: shape.num_layers,
+                hidden_size: shape.hidden_size,
+                num_attention_heads: shape.num_attention_heads,
+                ffn_hidden_size: shape.ffn_hidden_size,
+                max_position_embeddings: shape.max_position_embeddings,
+                vocab_size: shape.padded_vocab_size,
+                padded_vocab_size: shape.padded_vocab_size,
+                init_method_std: 0.02,
+                arch: shape.arch.clone(),
+            };
+            let listed: usize =
+                model.parameters(&crate::model::ModelParallel::single()).iter().map(|p| p.shape.iter().product::<usize>()).sum();
+            assert_eq!(shape.parameters(), listed as f64, "{}", p.name);
         }
     }
 

@@ -3,6 +3,7 @@
 //! or JSON lines.
 
 use super::hardware::GIB;
+use super::models::Shape;
 use super::{recompute_name, Candidate, Layout, Plan, Request};
 
 /// A layout in one short phrase, for messages.
@@ -107,8 +108,8 @@ pub fn assumptions(req: &Request) -> Vec<String> {
             m.inter.bytes_per_s / 1e9,
             m.inter.latency_s * 1e6
         ),
-        "model: Megatron's FLOPs (24bsh²+4bs²h per layer forward, backward 2x, full recompute +1 forward); attention \
-         scores held in memory (13 B per score forward, 2x backward, at HBM speed); activations per Korthikanti et al.; \
+        "model: Megatron's FLOPs (2 per weight and token, 24bsh²+4bs²h per GPT-2 layer forward; backward 2x, full \
+         recompute +1 forward); attention scores held in memory (13 B per score forward, 2x backward, at HBM speed); activations per Korthikanti et al.; \
          16-bit weights + fp32 grads, master weights and AdamW (18 B/param, 6 + 12/dp with ZeRO-1)"
             .into(),
         "comm: hierarchical ring collectives (alpha-beta); TP all-reduces and SUMMA panel gathers / reduce-scatters \
@@ -132,14 +133,16 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
     }
     let s = &req.shape;
     say!(
-        "trident plan: {} ({:.2}B parameters: {} layers, hidden {}, {} heads, sequence {}, vocabulary {}) on {} x {}, global batch {}",
+        "trident plan: {} ({:.2}B parameters: {} layers, hidden {}, {} heads{}, sequence {}, vocabulary {}{}) on {} x {}, global batch {}",
         req.model_name,
         s.parameters() / 1e9,
         s.num_layers,
         s.hidden_size,
         s.num_attention_heads,
+        heads(s),
         s.seq_length,
         s.padded_vocab_size,
+        features(s),
         req.gpus,
         req.machine.name,
         req.global_batch
@@ -223,7 +226,7 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
         say!("  ... and {} more", lines.len() - 10);
     }
     say!("");
-    for line in mode_comparison(plan) {
+    for line in mode_comparison(plan, s) {
         say!("{line}");
     }
     say!("");
@@ -244,9 +247,32 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
     out
 }
 
+/// The attention heads' departures from GPT-2 for the header: " in 8 query groups", " of 128 channels".
+fn heads(s: &Shape) -> String {
+    let mut out = String::new();
+    if s.kv_heads() != s.num_attention_heads {
+        out += &format!(" in {} query groups", s.kv_heads());
+    }
+    if s.head_dim() * s.num_attention_heads != s.hidden_size {
+        out += &format!(" of {} channels", s.head_dim());
+    }
+    out
+}
+
+/// The rest of the architecture's departures from GPT-2 for the header: "; RMSNorm, SwiGLU, ...".
+fn features(s: &Shape) -> String {
+    let features: Vec<_> =
+        s.arch.features().into_iter().filter(|f| !f.starts_with("grouped") && !f.starts_with("--kv")).collect();
+    if features.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", features.join(", "))
+    }
+}
+
 /// Whether 2-D and 2.5-D tensor parallelism beat Megatron's 1-D here: the best layout of each
 /// mode against the best 1-D one, and, at each tensor-parallel size both can use, which wins.
-pub fn mode_comparison(plan: &Plan) -> Vec<String> {
+pub fn mode_comparison(plan: &Plan, shape: &Shape) -> Vec<String> {
     let best_of = |name: &str| plan.ranked.iter().find(|c| c.layout.tp_mode.name() == name);
     let mut out = Vec::new();
     let Some(one_d) = best_of("1d") else {
@@ -261,7 +287,12 @@ pub fn mode_comparison(plan: &Plan) -> Vec<String> {
     out.push(format!("tensor-parallel modes: best 1d is {} at {:.3} s", describe(&one_d.layout), one_d.iteration_s()));
     for name in ["2d", "2.5d"] {
         let Some(c) = best_of(name) else {
-            out.push(format!("  {name}: no layout of this mode fits (or the grid does not divide the model)"));
+            let features = shape.arch.features();
+            out.push(if features.is_empty() {
+                format!("  {name}: no layout of this mode fits (or the grid does not divide the model)")
+            } else {
+                format!("  {name}: runs GPT-2's architecture only, not {}", features.join(", "))
+            });
             continue;
         };
         let gain = one_d.iteration_s() / c.iteration_s() - 1.0;

@@ -6,7 +6,7 @@ use super::models::{self, Shape};
 use super::{Pins, Precision, Request};
 use crate::cli::Args;
 use crate::error::{Error, Result};
-use crate::model::{GptConfig, Recompute};
+use crate::model::{Arch, GptConfig, Recompute};
 
 fn positive(a: &Args, name: &str) -> Result<Option<usize>> {
     match a.usize(name)? {
@@ -22,7 +22,8 @@ fn positive_f64(a: &Args, name: &str) -> Result<Option<f64>> {
     }
 }
 
-/// The model shape: `--model`, with any shape flag given on top of it, or the shape flags alone.
+/// The model shape: `--model`, with any shape or architecture flag given on top of it, or the
+/// flags alone (GPT-2's architecture unless the flags say otherwise, as for `train`).
 fn shape(a: &Args) -> Result<(String, Shape)> {
     let base = a.str("--model").map(models::named).transpose()?;
     let need = |name: &str, from_model: Option<usize>| -> Result<usize> {
@@ -37,11 +38,18 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
     let hidden = need("--hidden-size", base.as_ref().map(|s| s.hidden_size))?;
     let heads = need("--num-attention-heads", base.as_ref().map(|s| s.num_attention_heads))?;
     let seq = need("--seq-length", base.as_ref().map(|s| s.seq_length))?;
-    if !hidden.is_multiple_of(heads) {
+    let base_arch = base.as_ref().map_or(Arch::GPT2, |s| s.arch.clone());
+    let arch = crate::config::architecture(a, &base_arch)?;
+    if arch.kv_channels.is_none() && !hidden.is_multiple_of(heads) {
         return Err(Error::Config(format!("--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")));
     }
+    let head_dim = arch.kv_channels.unwrap_or(hidden / heads);
+    arch.validate(heads, head_dim)?;
+    // As `train`: the model's width while the hidden size and the MLP kind stay, else Megatron's
+    // default (two thirds of 4h, a multiple of 64, under SwiGLU).
     let ffn = positive(a, "--ffn-hidden-size")?.unwrap_or(match &base {
-        Some(s) if s.hidden_size == hidden => s.ffn_hidden_size,
+        Some(s) if s.hidden_size == hidden && s.arch.swiglu == arch.swiglu => s.ffn_hidden_size,
+        _ if arch.swiglu => 4 * hidden * 2 / 3 / 64 * 64,
         _ => 4 * hidden,
     });
     let positions = positive(a, "--max-position-embeddings")?
@@ -55,10 +63,8 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
         (None, Some(s)) => s.padded_vocab_size,
         (None, None) => GptConfig::pad_vocab(50257, divisible_by),
     };
-    let custom =
-        ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"]
-            .iter()
-            .any(|f| a.has(f));
+    let sizes = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"];
+    let custom = arch != base_arch || sizes.iter().any(|f| a.has(f));
     let name = match a.str("--model") {
         Some(m) if !custom => m.to_string(),
         Some(m) => format!("{m} (modified)"),
@@ -74,6 +80,7 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
             seq_length: seq,
             max_position_embeddings: positions,
             padded_vocab_size: padded_vocab,
+            arch,
         },
     ))
 }
