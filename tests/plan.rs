@@ -284,7 +284,9 @@ fn llama_shapes_are_planned_with_their_architecture() {
     }
     let o = plan("--model llama3-70b --gpus 64 --global-batch-size 512 --gpu h100 --top 1");
     let out = stdout(&o);
-    for needle in ["70.55B parameters", "64 heads in 8 query groups", "SwiGLU", "an untied output layer", "2d: runs GPT-2's"] {
+    for needle in
+        ["70.55B parameters", "64 heads in 8 query groups", "SwiGLU", "an untied output layer", "2d: runs GPT-2's"]
+    {
         assert!(out.contains(needle), "'{needle}' missing:\n{out}");
     }
     // The architecture flags on a custom shape: GQA and SwiGLU shrink a 4096-wide layer (Llama
@@ -292,7 +294,9 @@ fn llama_shapes_are_planned_with_their_architecture() {
     let llama2 = "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --vocab-size 32000 \
                   --swiglu --ffn-hidden-size 11008 --normalization RMSNorm --position-embedding-type rope \
                   --untie-embeddings-and-output-weights --disable-bias-linear --gpus 8 --global-batch-size 64 --top 1";
-    for (extra, params) in [("", "6.74B parameters"), ("--group-query-attention --num-query-groups 8", "5.93B parameters")] {
+    for (extra, params) in
+        [("", "6.74B parameters"), ("--group-query-attention --num-query-groups 8", "5.93B parameters")]
+    {
         let o = plan(&format!("{llama2} {extra}"));
         assert!(stdout(&o).contains(params), "{params} missing:\n{}{}", stdout(&o), stderr(&o));
     }

@@ -1,206 +1,12 @@
-//! The files of a Hugging Face model directory: a strict JSON parser (config.json, the
-//! safetensors header, a sharded model's index), safetensors read (F32, BF16, F16) and write (F32),
+//! The files of a Hugging Face model directory: safetensors read (F32, BF16, F16) and write (F32)
+//! (headers, config.json and a sharded model's index through `data::json::document`),
 //! and the weights of a directory whole or sharded. The GPT-2 (`safetensors.rs`) and Llama
 //! (`hf_llama.rs`) mappings both build on these.
 
+use crate::data::json::{document, Json};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-/// A parsed JSON value (the safetensors header and config.json need nothing more).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-    pub fn as_usize(&self) -> Option<usize> {
-        match self {
-            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),
-            _ => None,
-        }
-    }
-    pub fn as_f64(&self) -> Option<f64> {
-        match self {
-            Json::Num(n) => Some(*n),
-            _ => None,
-        }
-    }
-    pub fn as_bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-}
-
-/// A strict recursive-descent JSON parser; errors say the byte offset.
-struct Parser<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl Parser<'_> {
-    fn fail<T>(&self, what: &str) -> std::result::Result<T, String> {
-        Err(format!("{what} at byte {}", self.pos))
-    }
-    fn ws(&mut self) {
-        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_whitespace() {
-            self.pos += 1;
-        }
-    }
-    fn expect(&mut self, c: u8) -> std::result::Result<(), String> {
-        self.ws();
-        if self.bytes.get(self.pos) == Some(&c) {
-            self.pos += 1;
-            Ok(())
-        } else {
-            self.fail(&format!("expected '{}'", c as char))
-        }
-    }
-    fn value(&mut self) -> std::result::Result<Json, String> {
-        self.ws();
-        match self.bytes.get(self.pos) {
-            None => self.fail("unexpected end"),
-            Some(b'{') => {
-                self.pos += 1;
-                let mut fields = Vec::new();
-                self.ws();
-                if self.bytes.get(self.pos) == Some(&b'}') {
-                    self.pos += 1;
-                    return Ok(Json::Obj(fields));
-                }
-                loop {
-                    self.ws();
-                    let Json::Str(key) = self.value()? else { return self.fail("expected a string key") };
-                    self.expect(b':')?;
-                    fields.push((key, self.value()?));
-                    self.ws();
-                    match self.bytes.get(self.pos) {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(Json::Obj(fields));
-                        }
-                        _ => return self.fail("expected ',' or '}'"),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.bytes.get(self.pos) == Some(&b']') {
-                    self.pos += 1;
-                    return Ok(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value()?);
-                    self.ws();
-                    match self.bytes.get(self.pos) {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(Json::Arr(items));
-                        }
-                        _ => return self.fail("expected ',' or ']'"),
-                    }
-                }
-            }
-            Some(b'"') => {
-                self.pos += 1;
-                let mut out = Vec::new();
-                loop {
-                    match self.bytes.get(self.pos) {
-                        None => return self.fail("unterminated string"),
-                        Some(b'"') => {
-                            self.pos += 1;
-                            break;
-                        }
-                        Some(b'\\') => {
-                            let esc = *self.bytes.get(self.pos + 1).ok_or("unterminated escape")?;
-                            self.pos += 2;
-                            match esc {
-                                b'"' | b'\\' | b'/' => out.push(esc),
-                                b'n' => out.push(b'\n'),
-                                b't' => out.push(b'\t'),
-                                b'r' => out.push(b'\r'),
-                                b'b' => out.push(8),
-                                b'f' => out.push(12),
-                                b'u' => {
-                                    let hex = self.bytes.get(self.pos..self.pos + 4).ok_or("short \\u escape")?;
-                                    let code =
-                                        u32::from_str_radix(std::str::from_utf8(hex).map_err(|_| "bad \\u")?, 16)
-                                            .map_err(|_| format!("bad \\u escape at byte {}", self.pos))?;
-                                    self.pos += 4;
-                                    let ch = char::from_u32(code).unwrap_or('\u{fffd}');
-                                    out.extend_from_slice(ch.to_string().as_bytes());
-                                }
-                                _ => return self.fail("unknown escape"),
-                            }
-                        }
-                        Some(&c) => {
-                            out.push(c);
-                            self.pos += 1;
-                        }
-                    }
-                }
-                String::from_utf8(out)
-                    .map(Json::Str)
-                    .map_err(|_| format!("invalid UTF-8 in a string before byte {}", self.pos))
-            }
-            Some(b't') if self.bytes[self.pos..].starts_with(b"true") => {
-                self.pos += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.bytes[self.pos..].starts_with(b"false") => {
-                self.pos += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.bytes[self.pos..].starts_with(b"null") => {
-                self.pos += 4;
-                Ok(Json::Null)
-            }
-            Some(_) => {
-                let start = self.pos;
-                while self.pos < self.bytes.len()
-                    && (self.bytes[self.pos].is_ascii_digit() || b"+-.eE".contains(&self.bytes[self.pos]))
-                {
-                    self.pos += 1;
-                }
-                let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("");
-                text.parse().map(Json::Num).map_err(|_| format!("bad value at byte {start}"))
-            }
-        }
-    }
-}
-
-pub fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
-    let mut p = Parser { bytes, pos: 0 };
-    let v = p.value().map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
-    p.ws();
-    if p.pos != bytes.len() {
-        return Err(Error::format(path, format!("invalid JSON: trailing bytes at byte {}", p.pos)));
-    }
-    Ok(v)
-}
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
@@ -250,7 +56,7 @@ pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
     let data_start = 8usize.checked_add(header_len).filter(|&e| e <= bytes.len()).ok_or_else(|| {
         Error::format(path, format!("header of {header_len} bytes runs past the end of the {}-byte file", bytes.len()))
     })?;
-    let header = parse_json(&bytes[8..data_start], path)?;
+    let header = document(&bytes[8..data_start], path)?;
     let Json::Obj(fields) = header else { return Err(Error::format(path, "the header is not a JSON object")) };
     let data = &bytes[data_start..];
     let mut out = BTreeMap::new();
@@ -308,7 +114,7 @@ pub fn read_hf_weights(dir: &Path) -> Result<(PathBuf, NamedTensors)> {
         return Ok((single.clone(), read_safetensors(&single)?));
     }
     let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, "read", e))?;
-    let Some(Json::Obj(map)) = parse_json(&text, &index_path)?.get("weight_map").cloned() else {
+    let Some(Json::Obj(map)) = document(&text, &index_path)?.get("weight_map").cloned() else {
         return Err(Error::format(&index_path, "no 'weight_map' object"));
     };
     let mut files: Vec<&str> = map.iter().filter_map(|(_, f)| f.as_str()).collect();
@@ -343,11 +149,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_and_half_floats() {
-        let j = parse_json(br#"{"a": [1, 2.5e1, "x\n\u00e9"], "b": {"c": null, "d": true}}"#, Path::new("t")).unwrap();
-        assert_eq!(j.get("a"), Some(&Json::Arr(vec![Json::Num(1.0), Json::Num(25.0), Json::Str("x\né".into())])));
-        assert!(parse_json(b"{\"a\": 1,}", Path::new("t")).is_err());
-        assert!(parse_json(b"{\"a\": 1} x", Path::new("t")).is_err());
+    fn half_floats() {
         assert_eq!(f16_to_f32(0x3c00), 1.0);
         assert_eq!(f16_to_f32(0xc000), -2.0);
         assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));

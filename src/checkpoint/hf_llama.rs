@@ -16,7 +16,8 @@
 //! one error naming it.
 
 use super::convert::FullCheckpoint;
-use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, Json, NamedTensors};
+use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, NamedTensors};
+use crate::data::json::Json;
 use crate::error::{Error, Result};
 use crate::model::arch::ROPE_SCALING;
 use crate::model::{Arch, GptConfig, Normalization, PositionEmbedding};

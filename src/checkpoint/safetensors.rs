@@ -6,7 +6,8 @@
 //! here); the files themselves are read and written by `hf_files.rs`.
 
 use super::convert::FullCheckpoint;
-use super::hf_files::{parse_json, read_hf_weights, write_atomic, write_safetensors, Json};
+use super::hf_files::{read_hf_weights, write_atomic, write_safetensors};
+use crate::data::json::{document, Json};
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use std::collections::BTreeMap;
@@ -112,7 +113,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
 pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
     let config_path = dir.join("config.json");
     let text = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?;
-    let config = parse_json(&text, &config_path)?;
+    let config = document(&text, &config_path)?;
     let model_type = config.get("model_type").and_then(Json::as_str);
     let llama_class = matches!(config.get("architectures"), Some(Json::Arr(a)) if a.iter().any(|x| x.as_str() == Some("LlamaForCausalLM")));
     match model_type {

@@ -1,9 +1,10 @@
-//! A small, strict JSON reader for one line of a JSON-lines file: it validates the whole line and
-//! returns the string values of the keys `--json-keys` asks for.
-//!
-//! Only what preprocessing needs is kept: values of other keys (objects, arrays, numbers, bools,
-//! null) are checked and skipped, never built. Errors carry a 1-based column counted in
-//! characters, and `JsonError::at_line` turns them into a crate error naming file and line.
+//! A small, strict JSON reader, in two uses of one parser:
+//! - `string_values`, for one line of a JSON-lines file: it validates the whole line and returns
+//!   the string values of the keys `--json-keys` asks for; values of other keys are checked and
+//!   skipped, never built. Errors carry a 1-based column counted in characters, and
+//!   `JsonError::at_line` turns them into a crate error naming file and line.
+//! - `document`, for a whole file (tokenizer.json, vocab.json, a Hugging Face config.json, a
+//!   safetensors header): the `Json` tree; errors name the line and column.
 
 use crate::error::Error;
 use std::fmt;
@@ -39,6 +40,83 @@ impl fmt::Display for JsonError {
 }
 
 type Parsed<T> = std::result::Result<T, JsonError>;
+
+/// A parsed JSON value. Objects keep their members in file order (a key given twice is found at
+/// its first place by `get`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+    pub fn as_usize(&self) -> Option<usize> {
+        match self {
+            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Json::Num(n) => Some(*n),
+            _ => None,
+        }
+    }
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Json::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Json]> {
+        match self {
+            Json::Arr(items) => Some(items),
+            _ => None,
+        }
+    }
+    pub fn as_object(&self) -> Option<&[(String, Json)]> {
+        match self {
+            Json::Obj(fields) => Some(fields),
+            _ => None,
+        }
+    }
+}
+
+/// Parses the whole file `bytes` (read from `path`, named in errors) as one JSON value.
+pub fn document(bytes: &[u8], path: &Path) -> crate::error::Result<Json> {
+    let fail = |pos: usize, message: String| {
+        let before = &bytes[..pos.min(bytes.len())];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+        Error::format(path, format!("invalid JSON at line {line}, column {column}: {message}"))
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| fail(e.valid_up_to(), "invalid UTF-8".into()))?;
+    let mut parser = Parser { text, bytes, pos: 0 };
+    parser.skip_whitespace();
+    let value = parser.build(1).map_err(|e| fail(parser.pos, e.message))?;
+    parser.skip_whitespace();
+    if parser.peek().is_some() {
+        return Err(fail(parser.pos, parser.expected("the end of the file after the value").message));
+    }
+    Ok(value)
+}
 
 /// Parses `line` as one JSON object and returns the string value of each key in `keys`, in the
 /// order of `keys`. A key given twice in the object takes its last value, as Python's `json`
@@ -198,6 +276,49 @@ impl Parser<'_> {
         }
     }
 
+    /// Parses any value into a `Json` tree (the same grammar and errors as `value`).
+    fn build(&mut self, depth: usize) -> Parsed<Json> {
+        if depth > MAX_DEPTH {
+            return Err(self.error(format!("nesting deeper than {MAX_DEPTH} levels")));
+        }
+        match self.peek() {
+            Some(b'{') => {
+                let mut fields = Vec::new();
+                self.sequence(b'}', "an object member", |p| {
+                    let mut key = String::new();
+                    p.key(Some(&mut key))?;
+                    fields.push((key, p.build(depth + 1)?));
+                    Ok(())
+                })?;
+                Ok(Json::Obj(fields))
+            }
+            Some(b'[') => {
+                let mut items = Vec::new();
+                self.sequence(b']', "an array element", |p| {
+                    items.push(p.build(depth + 1)?);
+                    Ok(())
+                })?;
+                Ok(Json::Arr(items))
+            }
+            Some(b'"') => {
+                let mut s = String::new();
+                self.string(Some(&mut s))?;
+                Ok(Json::Str(s))
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let start = self.pos;
+                self.number()?;
+                // JSON's number grammar is a subset of what f64's parser reads.
+                let n = self.text[start..self.pos].parse().map_err(|_| self.error("number out of range".into()))?;
+                Ok(Json::Num(n))
+            }
+            Some(b't') => self.literal("true").map(|()| Json::Bool(true)),
+            Some(b'f') => self.literal("false").map(|()| Json::Bool(false)),
+            Some(b'n') => self.literal("null").map(|()| Json::Null),
+            _ => Err(self.expected("a value (string, number, object, array, true, false or null)")),
+        }
+    }
+
     fn literal(&mut self, word: &str) -> Parsed<()> {
         if self.bytes[self.pos..].starts_with(word.as_bytes()) {
             self.pos += word.len();
@@ -353,6 +474,26 @@ mod tests {
     fn failure(line: &str) -> (Option<usize>, String) {
         let err = text(line).unwrap_err();
         (err.column, err.message)
+    }
+
+    #[test]
+    fn documents_build_trees_and_name_line_and_column() {
+        let path = Path::new("t.json");
+        let j = document(
+            b"{\"a\": [1, 2.5e1, \"x\\n\\u00e9\\ud83d\\ude00\"],\n \"b\": {\"c\": null, \"d\": true}}\n",
+            path,
+        )
+        .unwrap();
+        assert_eq!(j.get("a"), Some(&Json::Arr(vec![Json::Num(1.0), Json::Num(25.0), Json::Str("x\né😀".into())])));
+        assert_eq!(j.get("b").and_then(|b| b.get("d")).and_then(Json::as_bool), Some(true));
+        for (bad, at) in [
+            (&b"{\"a\": 1,}"[..], "line 1, column 9"),
+            (b"{\"a\":\n 1} x", "line 2, column 5"),
+            (b"[1,\n\n 01]", "line 3"),
+        ] {
+            let e = document(bad, path).unwrap_err().to_string();
+            assert!(e.contains(at) && e.contains("t.json"), "{e}");
+        }
     }
 
     #[test]

@@ -614,7 +614,8 @@ mod tests {
     fn an_untied_output_layer_has_no_embedding_sum() {
         let machine = crate::plan::hardware::machine("h100").unwrap();
         let untied = small_llama();
-        let tied = Shape { arch: crate::model::Arch { untie_embeddings: false, ..untied.arch.clone() }, ..untied.clone() };
+        let tied =
+            Shape { arch: crate::model::Arch { untie_embeddings: false, ..untied.arch.clone() }, ..untied.clone() };
         let l = layout(1, Recompute::None, false);
         let t = |s: &Shape| timing(s, &l, Precision::Bf16, 8, &machine).dp_comm_s;
         // One data-parallel rank: the only data-parallel time is the tied embedding's sum.

@@ -280,7 +280,10 @@ fn summa_problem(req: &Request, q: usize) -> Option<String> {
     let s = &req.shape;
     let features = s.arch.features();
     if !features.is_empty() {
-        return Some(format!("trident's 2-D / 2.5-D tensor parallelism runs GPT-2's architecture only, not {}", features.join(", ")));
+        return Some(format!(
+            "trident's 2-D / 2.5-D tensor parallelism runs GPT-2's architecture only, not {}",
+            features.join(", ")
+        ));
     }
     if !s.num_attention_heads.is_multiple_of(q) {
         return Some(format!("{} attention heads are not divisible by q = {q}", s.num_attention_heads));

@@ -86,7 +86,10 @@ impl Shape {
     pub fn parameters(&self) -> f64 {
         let h = self.hidden_size as f64;
         let word = self.padded_vocab_size as f64 * h * if self.arch.untie_embeddings { 2.0 } else { 1.0 };
-        self.num_layers as f64 * self.layer_parameters() + word + self.position_rows() as f64 * h + self.norm_parameters()
+        self.num_layers as f64 * self.layer_parameters()
+            + word
+            + self.position_rows() as f64 * h
+            + self.norm_parameters()
     }
 }
 
@@ -184,8 +187,11 @@ mod tests {
                 init_method_std: 0.02,
                 arch: shape.arch.clone(),
             };
-            let listed: usize =
-                model.parameters(&crate::model::ModelParallel::single()).iter().map(|p| p.shape.iter().product::<usize>()).sum();
+            let listed: usize = model
+                .parameters(&crate::model::ModelParallel::single())
+                .iter()
+                .map(|p| p.shape.iter().product::<usize>())
+                .sum();
             assert_eq!(shape.parameters(), listed as f64, "{}", p.name);
         }
     }

@@ -63,7 +63,8 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
         (None, Some(s)) => s.padded_vocab_size,
         (None, None) => GptConfig::pad_vocab(50257, divisible_by),
     };
-    let sizes = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"];
+    let sizes =
+        ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"];
     let custom = arch != base_arch || sizes.iter().any(|f| a.has(f));
     let name = match a.str("--model") {
         Some(m) if !custom => m.to_string(),
