@@ -199,7 +199,16 @@ pub const PREPARE_FLAGS: &[FlagSpec] = &[
     many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
     switch("--append-eod", "end every document with the end-of-document token"),
     flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
-    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
+    flag("--tokenizer-type", "NAME", "ByteTokenizer (default), GPT2BPETokenizer or HuggingFaceTokenizer"),
+    flag("--vocab-file", "FILE", "GPT2BPETokenizer: GPT-2's vocab.json (encoder.json)"),
+    flag("--merge-file", "FILE", "GPT2BPETokenizer: GPT-2's merges.txt (vocab.bpe)"),
+    flag("--tokenizer-model", "PATH", "HuggingFaceTokenizer: a tokenizer.json, or the directory holding it"),
+    flag(
+        "--eod-token",
+        "TOKEN",
+        "HuggingFaceTokenizer: the end-of-document token (default: tokenizer_config.json's eos_token)",
+    ),
+    flag("--workers", "N", "threads that tokenize (default: every CPU)"),
 ];
 
 /// `trident generate`.

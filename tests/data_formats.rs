@@ -241,6 +241,8 @@ fn prepare_one(dir: &Path, input: &str, contents: &[u8], append_eod: bool) -> tr
         append_eod,
         text_documents: TextDocuments::Paragraph,
         force_json: None,
+        tokenizer: std::sync::Arc::new(trident::data::tokenizer::Tokenizer::Byte),
+        workers: 1,
     };
     let mut reports = 0;
     let summary = prepare(&args, &mut |_| reports += 1).unwrap();

@@ -3,8 +3,10 @@
 
 use super::flags;
 use crate::data::prepare::{self, PrepareArgs, TextDocuments};
+use crate::data::tokenizer_files::{self, TokenizerFlags};
 use crate::error::{Error, Result};
 use crate::flags::PREPARE_FLAGS;
+use std::path::Path;
 
 /// `trident prepare [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {
@@ -14,11 +16,18 @@ pub fn run(rest: &[String]) -> Result<()> {
     let inputs = a.list("--input").ok_or_else(|| Error::Usage("prepare needs --input FILE...".into()))?;
     let output_prefix =
         a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
-    if let Some(t) = a.str("--tokenizer-type") {
-        if t != "ByteTokenizer" {
-            return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
-        }
-    }
+    let tokenizer = tokenizer_files::load(&TokenizerFlags {
+        kind: a.str("--tokenizer-type"),
+        vocab_file: a.str("--vocab-file").map(Path::new),
+        merge_file: a.str("--merge-file").map(Path::new),
+        tokenizer_model: a.str("--tokenizer-model").map(Path::new),
+        eod_token: a.str("--eod-token"),
+    })?;
+    let workers = match a.usize("--workers")? {
+        Some(0) => return Err(Error::flag("--workers", 0, "a positive number of threads")),
+        Some(w) => w,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     let text_documents = match a.str("--text-documents").unwrap_or("paragraph") {
         "paragraph" => TextDocuments::Paragraph,
         "line" => TextDocuments::Line,
@@ -32,17 +41,12 @@ pub fn run(rest: &[String]) -> Result<()> {
         append_eod: a.has("--append-eod"),
         text_documents,
         force_json: None,
+        tokenizer: std::sync::Arc::new(tokenizer),
+        workers,
     };
     let mut shown = false;
     let summary = prepare::prepare(&args, &mut |p| {
-        eprint!(
-            "\r prepare: {:.1}/{:.1} MiB, {} documents, {} tokens, {:.1} s",
-            p.bytes_done as f64 / 1048576.0,
-            p.bytes_total as f64 / 1048576.0,
-            p.documents,
-            p.tokens,
-            p.seconds
-        );
+        eprint!("\r prepare: {p} | {:.1} s", p.seconds);
         shown = true;
     })?;
     if shown {

@@ -1,12 +1,17 @@
-//! Training data: the byte tokenizer, Megatron's `.bin/.idx` indexed format, the preprocessing
-//! that writes it, and the GPT dataset that turns it into shuffled fixed-length samples.
+//! Training data: the tokenizers (bytes, byte-level BPE), Megatron's `.bin/.idx` indexed format,
+//! the preprocessing that writes it, and the GPT dataset that turns it into shuffled
+//! fixed-length samples.
 
+pub mod bpe;
 pub mod gpt_dataset;
 pub mod indexed;
 pub mod json;
 pub mod numpy_rng;
 pub mod prepare;
+pub mod pretokenize;
 pub mod tokenizer;
+pub mod tokenizer_files;
+pub mod unicode_classes;
 
 /// A fresh, empty directory under the system temp dir for one unit test; the name carries the
 /// process id, the tag and a counter so tests running in parallel never share files.

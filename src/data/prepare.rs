@@ -1,12 +1,15 @@
-//! `prepare`: turns plain-text or JSON-lines files into Megatron `.bin/.idx` pairs with the byte
-//! tokenizer, as Megatron's `tools/preprocess_data.py` does with a real tokenizer.
+//! `prepare`: turns plain-text or JSON-lines files into Megatron `.bin/.idx` pairs with a
+//! tokenizer (bytes, GPT-2 BPE, a Hugging Face tokenizer.json), as Megatron's
+//! `tools/preprocess_data.py` does.
 //!
-//! Inputs are streamed line by line, so memory stays bounded by the longest document (the whole
-//! file in `TextDocuments::File` mode), not by the input size.
+//! Inputs are streamed line by line into batches of documents; `workers` threads encode a batch
+//! (each with its own piece cache) and the batch is written in input order, so memory stays
+//! bounded by the batch and the longest document (the whole file in `TextDocuments::File`
+//! mode), not by the input size, and the output does not depend on the thread count.
 
 use super::indexed::{document_prefix, dtype_for_vocab, IndexedDatasetWriter};
 use super::json;
-use super::tokenizer::ByteTokenizer;
+use super::tokenizer::{PieceCache, Tokenizer};
 use crate::error::{Error, Result};
 use std::fmt;
 use std::fs::{self, File};
@@ -33,8 +36,11 @@ pub struct PrepareArgs {
     pub output_prefix: String,
     /// JSON keys to extract, one output dataset each; empty means `["text"]`.
     pub json_keys: Vec<String>,
-    /// Append `ByteTokenizer::EOD` to every non-empty document.
+    /// Append the tokenizer's end-of-document id to every non-empty document.
     pub append_eod: bool,
+    pub tokenizer: std::sync::Arc<Tokenizer>,
+    /// Threads that encode (at least 1).
+    pub workers: usize,
     pub text_documents: TextDocuments,
     /// `Some(true)` reads every input as JSON lines, `Some(false)` as plain text; `None` decides
     /// by file name (`.json` and `.jsonl` are JSON lines).
@@ -104,11 +110,19 @@ const REPORT_INTERVAL: Duration = Duration::from_millis(500);
 /// The clock is read once per this much input, keeping it off the per-line path.
 const CLOCK_CHECK_BYTES: u64 = 64 * 1024;
 
+/// Input bytes per batch of documents handed to the workers.
+const BATCH_BYTES: usize = 4 << 20;
+
 /// Tokenizes and writes one dataset per key, and keeps the counts behind progress reports.
 struct Sink<'a> {
     writers: Vec<IndexedDatasetWriter>,
     append_eod: bool,
-    tokens: Vec<u32>,
+    tokenizer: &'a Tokenizer,
+    /// One per worker, kept across batches.
+    caches: Vec<PieceCache>,
+    /// Documents read but not yet written: per document, its text per key.
+    batch: Vec<Vec<Vec<u8>>>,
+    batch_bytes: usize,
     documents: u64,
     tokens_written: u64,
     bytes_done: u64,
@@ -120,19 +134,68 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// Writes one input document: `texts[k]` goes to the dataset of key `k`.
-    fn document<T: AsRef<[u8]>>(&mut self, texts: &[T]) -> Result<()> {
-        for (writer, text) in self.writers.iter_mut().zip(texts) {
-            let text = text.as_ref();
-            self.tokens.clear();
-            self.tokens.extend(text.iter().map(|&byte| u32::from(byte)));
-            if self.append_eod && !self.tokens.is_empty() {
-                self.tokens.push(ByteTokenizer::EOD);
+    /// Takes one input document: `texts[k]` goes to the dataset of key `k`. `place` says where it
+    /// is, for the error when a BPE tokenizer meets bytes that are not UTF-8.
+    fn document<T: AsRef<[u8]>>(&mut self, texts: &[T], place: &dyn Fn() -> String) -> Result<()> {
+        if self.tokenizer.needs_utf8() {
+            for text in texts {
+                if let Err(e) = std::str::from_utf8(text.as_ref()) {
+                    return Err(Error::Config(format!(
+                        "{}: invalid UTF-8 at byte {} of the document: {} reads UTF-8 text (the byte tokenizer \
+                         takes any bytes)",
+                        place(),
+                        e.valid_up_to(),
+                        self.tokenizer.type_name()
+                    )));
+                }
             }
-            writer.add_document(&self.tokens)?;
-            self.tokens_written += self.tokens.len() as u64;
         }
-        self.documents += 1;
+        let texts: Vec<Vec<u8>> = texts.iter().map(|t| t.as_ref().to_vec()).collect();
+        self.batch_bytes += texts.iter().map(Vec::len).sum::<usize>();
+        self.batch.push(texts);
+        if self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Encodes the batch on the workers (contiguous shares, one cache each) and writes it in order.
+    fn flush(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        let share = batch.len().div_ceil(self.caches.len()).max(1);
+        let (tokenizer, append_eod) = (self.tokenizer, self.append_eod);
+        let encode = |docs: &[Vec<Vec<u8>>], cache: &mut PieceCache| -> Vec<Vec<Vec<u32>>> {
+            docs.iter()
+                .map(|texts| {
+                    texts
+                        .iter()
+                        .map(|text| {
+                            let mut ids = tokenizer.encode(text, cache);
+                            if append_eod && !ids.is_empty() {
+                                ids.push(tokenizer.eod());
+                            }
+                            ids
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let encoded: Vec<Vec<Vec<Vec<u32>>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch
+                .chunks(share)
+                .zip(self.caches.iter_mut())
+                .map(|(docs, cache)| s.spawn(move || encode(docs, cache)))
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("an encoding thread panicked")).collect()
+        });
+        for doc in encoded.into_iter().flatten() {
+            for (writer, ids) in self.writers.iter_mut().zip(&doc) {
+                writer.add_document(ids)?;
+                self.tokens_written += ids.len() as u64;
+            }
+            self.documents += 1;
+        }
         Ok(())
     }
 
@@ -174,8 +237,8 @@ fn is_blank(line: &[u8]) -> bool {
 }
 
 /// Tokenizes every input into `{output_prefix}_{key}_document.{bin,idx}`, one pair per JSON key
-/// (plain text always fills key `text`), with uint16 tokens. Outputs appear only when all
-/// inputs succeeded.
+/// (plain text always fills key `text`), with tokens of Megatron's width for the vocabulary
+/// (uint16 below 65,500 ids, int32 above). Outputs appear only when all inputs succeeded.
 pub fn prepare(args: &PrepareArgs, progress: &mut dyn FnMut(&PrepareProgress)) -> Result<PrepareSummary> {
     let start = Instant::now();
     let keys = if args.json_keys.is_empty() { vec!["text".to_string()] } else { args.json_keys.clone() };
@@ -207,7 +270,7 @@ pub fn prepare(args: &PrepareArgs, progress: &mut dyn FnMut(&PrepareProgress)) -
         inputs.push((path, json));
     }
 
-    let dtype = dtype_for_vocab(ByteTokenizer::VOCAB_SIZE);
+    let dtype = dtype_for_vocab(args.tokenizer.vocab_size());
     let writers = keys
         .iter()
         .map(|key| IndexedDatasetWriter::create(Path::new(&document_prefix(&args.output_prefix, key)), dtype))
@@ -215,7 +278,10 @@ pub fn prepare(args: &PrepareArgs, progress: &mut dyn FnMut(&PrepareProgress)) -
     let mut sink = Sink {
         writers,
         append_eod: args.append_eod,
-        tokens: Vec::new(),
+        tokenizer: &args.tokenizer,
+        caches: (0..args.workers.max(1)).map(|_| PieceCache::default()).collect(),
+        batch: Vec::new(),
+        batch_bytes: 0,
         documents: 0,
         tokens_written: 0,
         bytes_done: 0,
@@ -236,6 +302,7 @@ pub fn prepare(args: &PrepareArgs, progress: &mut dyn FnMut(&PrepareProgress)) -
         }
     }
 
+    sink.flush()?;
     let mut outputs = Vec::with_capacity(2 * keys.len());
     for writer in std::mem::take(&mut sink.writers) {
         let written = writer.finish()?;
@@ -265,7 +332,7 @@ fn read_json_lines(path: &Path, reader: &mut impl BufRead, keys: &[String], sink
         line_number += 1;
         if !is_blank(&line) {
             let values = json::string_values(&line, keys).map_err(|e| e.at_line(path, line_number))?;
-            sink.document(&values)?;
+            sink.document(&values, &|| format!("{}: line {line_number}", path.display()))?;
         }
         sink.consumed(line.len());
     }
@@ -274,35 +341,44 @@ fn read_json_lines(path: &Path, reader: &mut impl BufRead, keys: &[String], sink
 
 fn read_text(path: &Path, reader: &mut impl BufRead, split: TextDocuments, sink: &mut Sink) -> Result<()> {
     let mut line = Vec::new();
+    let mut line_number = 0;
     match split {
         TextDocuments::File => {
             reader.read_to_end(&mut line).map_err(|e| Error::io(path, "read", e))?;
-            sink.document(&[&line])?;
+            sink.document(&[&line], &|| path.display().to_string())?;
             sink.consumed(line.len());
         }
         TextDocuments::Line => {
             while read_line(path, reader, &mut line)? > 0 {
+                line_number += 1;
                 let text = line.strip_suffix(b"\n").unwrap_or(&line);
                 let text = text.strip_suffix(b"\r").unwrap_or(text);
                 if !is_blank(text) {
-                    sink.document(&[text])?;
+                    sink.document(&[text], &|| format!("{}: line {line_number}", path.display()))?;
                 }
                 sink.consumed(line.len());
             }
         }
         TextDocuments::Paragraph => {
             let mut paragraph = Vec::new();
+            // The line the paragraph starts on, for errors.
+            let mut first = 0;
+            let place = |first: usize| move || format!("{}: the paragraph from line {first}", path.display());
             while read_line(path, reader, &mut line)? > 0 {
+                line_number += 1;
                 if !is_blank(&line) {
+                    if paragraph.is_empty() {
+                        first = line_number;
+                    }
                     paragraph.extend_from_slice(&line);
                 } else if !paragraph.is_empty() {
-                    sink.document(&[&paragraph])?;
+                    sink.document(&[&paragraph], &place(first))?;
                     paragraph.clear();
                 }
                 sink.consumed(line.len());
             }
             if !paragraph.is_empty() {
-                sink.document(&[&paragraph])?;
+                sink.document(&[&paragraph], &place(first))?;
             }
         }
     }
@@ -333,6 +409,8 @@ mod tests {
             append_eod: eod,
             text_documents: split,
             force_json: None,
+            tokenizer: std::sync::Arc::new(Tokenizer::Byte),
+            workers: 2,
         };
         let summary = prepare(&args, &mut |_| {})?;
         let keys = if keys.is_empty() { vec!["text"] } else { keys.to_vec() };

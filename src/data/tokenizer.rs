@@ -1,4 +1,11 @@
-//! The byte-level tokenizer: ids 0..=255 are raw bytes and id 256 marks the end of a document.
+//! Tokenizers: the byte tokenizer (ids 0..=255 are raw bytes, id 256 ends a document), and
+//! byte-level BPE (GPT-2's vocab.json + merges.txt, or a Hugging Face tokenizer.json; loaded by
+//! `tokenizer_files`): added tokens split out first, then the split pattern, then BPE per piece,
+//! with a cache of pieces already encoded.
+
+use super::bpe::Bpe;
+use super::pretokenize::Pattern;
+use std::collections::HashMap;
 
 /// A tokenizer that needs no vocabulary file: every byte is its own token, so any input (even
 /// invalid UTF-8) round-trips exactly, and one extra id separates documents.
@@ -30,6 +37,197 @@ impl ByteTokenizer {
             }
         }
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// Any tokenizer `prepare` (and later `train` and `generate`) can use.
+pub enum Tokenizer {
+    Byte,
+    Bpe(Box<BpeTokenizer>),
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tokenizer::Byte => write!(f, "ByteTokenizer"),
+            Tokenizer::Bpe(t) => write!(f, "{:?} ({} ids, eod {})", t.source, t.vocab_size, t.eod),
+        }
+    }
+}
+
+impl Tokenizer {
+    /// Ids 0..vocab_size.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Tokenizer::Byte => ByteTokenizer::VOCAB_SIZE,
+            Tokenizer::Bpe(t) => t.vocab_size,
+        }
+    }
+
+    /// The end-of-document id `--append-eod` appends.
+    pub fn eod(&self) -> u32 {
+        match self {
+            Tokenizer::Byte => ByteTokenizer::EOD,
+            Tokenizer::Bpe(t) => t.eod,
+        }
+    }
+
+    /// Whether text must be UTF-8 (BPE splits characters; the byte tokenizer takes any bytes).
+    pub fn needs_utf8(&self) -> bool {
+        matches!(self, Tokenizer::Bpe(_))
+    }
+
+    /// Megatron's `--tokenizer-type` name.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Tokenizer::Byte => "ByteTokenizer",
+            Tokenizer::Bpe(t) => match t.source {
+                Source::Gpt2Files { .. } => "GPT2BPETokenizer",
+                Source::HuggingFace { .. } => "HuggingFaceTokenizer",
+            },
+        }
+    }
+
+    /// The ids of `text` (UTF-8 unless `needs_utf8` is false: `prepare` checks first).
+    pub fn encode(&self, text: &[u8], cache: &mut PieceCache) -> Vec<u32> {
+        match self {
+            Tokenizer::Byte => ByteTokenizer::encode(text),
+            Tokenizer::Bpe(t) => t.encode(std::str::from_utf8(text).expect("prepare checks UTF-8 first"), cache),
+        }
+    }
+}
+
+/// Where a BPE tokenizer came from: Megatron's `--tokenizer-type` and its files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `GPT2BPETokenizer`: `--vocab-file` and `--merge-file`.
+    Gpt2Files { vocab: std::path::PathBuf, merges: std::path::PathBuf },
+    /// `HuggingFaceTokenizer`: `--tokenizer-model`, a tokenizer.json (or the directory holding it).
+    HuggingFace { path: std::path::PathBuf },
+}
+
+/// A token that `encode` matches in the text before anything else (a tokenizer.json's added
+/// tokens: `<|endoftext|>`, `<|begin_of_text|>` and the like).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddedToken {
+    pub content: String,
+    pub id: u32,
+    /// Left out by `decode` when asked to skip special tokens.
+    pub special: bool,
+}
+
+/// A byte-level BPE tokenizer.
+pub struct BpeTokenizer {
+    pub source: Source,
+    pub(super) bpe: Bpe,
+    pub(super) pattern: Pattern,
+    /// Prepend a space to text that does not start with one (a ByteLevel pre-tokenizer option).
+    pub(super) add_prefix_space: bool,
+    /// Longest first, so that the first match at a position is the longest.
+    pub(super) added: Vec<AddedToken>,
+    /// The bytes an added token can start with.
+    pub(super) added_first: [bool; 256],
+    /// Ids around every encoded text (a tokenizer.json's post-processing template: Llama 3's
+    /// `<|begin_of_text|>`), as Megatron's HuggingFaceTokenizer gets them.
+    pub(super) prefix: Vec<u32>,
+    pub(super) suffix: Vec<u32>,
+    pub eod: u32,
+    pub vocab_size: usize,
+}
+
+/// Pieces already encoded, per thread: most words recur, so most pieces skip BPE.
+#[derive(Default)]
+pub struct PieceCache(HashMap<Box<[u8]>, Box<[u32]>>);
+
+impl PieceCache {
+    /// Entries kept before the cache starts over (a few hundred MB at most).
+    const CAPACITY: usize = 1 << 20;
+}
+
+impl BpeTokenizer {
+    /// The ids of `text`: the template's prefix, the text, the suffix. `cache` is the calling
+    /// thread's own.
+    pub fn encode(&self, text: &str, cache: &mut PieceCache) -> Vec<u32> {
+        let mut out = self.prefix.clone();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let (plain, added) = self.next_added(rest);
+            self.encode_plain(plain, cache, &mut out);
+            match added {
+                Some(a) => {
+                    out.push(a.id);
+                    rest = &rest[plain.len() + a.content.len()..];
+                }
+                None => break,
+            }
+        }
+        out.extend_from_slice(&self.suffix);
+        out
+    }
+
+    /// The text before the first added token in `text`, and that token (longest at its place).
+    fn next_added<'a>(&self, text: &'a str) -> (&'a str, Option<&AddedToken>) {
+        if self.added.is_empty() {
+            return (text, None);
+        }
+        for (at, &b) in text.as_bytes().iter().enumerate() {
+            if !self.added_first[b as usize] {
+                continue;
+            }
+            if let Some(a) = self.added.iter().find(|a| text.as_bytes()[at..].starts_with(a.content.as_bytes())) {
+                return (&text[..at], Some(a));
+            }
+        }
+        (text, None)
+    }
+
+    fn encode_plain(&self, text: &str, cache: &mut PieceCache, out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let spaced;
+        let text = if self.add_prefix_space && !text.starts_with(' ') {
+            spaced = format!(" {text}");
+            spaced.as_str()
+        } else {
+            text
+        };
+        self.pattern.split(text, |piece| {
+            let piece = piece.as_bytes();
+            if let Some(ids) = cache.0.get(piece) {
+                out.extend_from_slice(ids);
+                return;
+            }
+            let start = out.len();
+            self.bpe.encode_piece(piece, out);
+            if cache.0.len() >= PieceCache::CAPACITY {
+                cache.0.clear();
+            }
+            cache.0.insert(piece.into(), out[start..].into());
+        });
+    }
+
+    /// The bytes of `ids`: each token's bytes, an added token's text (left out when special and
+    /// `skip_special`). Ids past the vocabulary give U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &id in ids {
+            if let Some(a) = self.added.iter().find(|a| a.id == id) {
+                if !(skip_special && a.special) {
+                    out.extend_from_slice(a.content.as_bytes());
+                }
+            } else if (id as usize) < self.bpe.size() && !self.bpe.bytes(id).is_empty() {
+                out.extend_from_slice(self.bpe.bytes(id));
+            } else {
+                out.extend_from_slice("\u{FFFD}".as_bytes());
+            }
+        }
+        out
+    }
+
+    /// The id of the token whose text is `token` (an added token or a vocabulary entry).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.added.iter().find(|a| a.content == token).map(|a| a.id).or_else(|| self.bpe.id(token.as_bytes()))
     }
 }
 
