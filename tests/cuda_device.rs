@@ -529,9 +529,7 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
-    let image = KernelModules::new(ModuleCache::new(&cache))
-        .image("casts.cu", "sm_80", trident::gpu::kernels::Storage::Bf16)
-        .unwrap();
+    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80", trident::gpu::kernels::Storage::Bf16).unwrap();
     // A CUBIN loads; a name it does not hold is not found, even one another file defines.
     let module = rt.load_module(&image.bytes).unwrap();
     assert!(rt.function(module, "cast_f32_to_bf16").is_ok());

@@ -9,6 +9,7 @@ use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
+
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(99, name, 7);
     (0..n).map(|i| scale * s.normal(i as u64)).collect()

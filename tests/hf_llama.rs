@@ -193,29 +193,9 @@ fn what_llama_cannot_express_is_one_clear_error() {
     );
 }
 
-fn say_skipped(what: &str) {
-    // Written to the process stderr directly: the test harness would capture eprintln!.
-    let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {what} !!!!!");
-}
-
-/// The Python that has torch and transformers, or None, said loudly: `TORCH_PYTHON`, else the
-/// venv `.ci/run` makes (~/.cache/trident-torch-2.15.0), else the GPU nodes' /opt/torch/.venv,
-/// else python3 (the first that exists, as tests/gpu_bench.rs picks).
+/// The Python with torch and transformers, or None (said loudly).
 fn transformers_python() -> Option<String> {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let venvs = [format!("{home}/.cache/trident-torch-2.15.0/bin/python"), "/opt/torch/.venv/bin/python".into()];
-    let py = std::env::var("TORCH_PYTHON")
-        .ok()
-        .or_else(|| venvs.into_iter().find(|v| Path::new(v).is_file()))
-        .unwrap_or_else(|| "python3".into());
-    let ok = Command::new(&py).args(["-c", "import torch, transformers"]).output().is_ok_and(|o| o.status.success());
-    if !ok {
-        say_skipped(&format!(
-            "{py} cannot import torch and transformers: the comparison with transformers' LlamaForCausalLM is not \
-             run (`.ci/run` installs them; TORCH_PYTHON names another Python)"
-        ));
-    }
-    ok.then_some(py)
+    python_with("torch, transformers", "the comparison with transformers' LlamaForCausalLM is not run")
 }
 
 fn python(py: &str, args: &[&str]) {

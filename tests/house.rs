@@ -105,13 +105,7 @@ fn code_only(text: &str) -> String {
 
 /// The length of a raw string literal (`r"..."`, `br#"..."#`) starting at `s[0]`, if one does.
 fn raw_string_len(s: &[u8]) -> Option<usize> {
-    let start = if s.starts_with(b"br") {
-        2
-    } else if s.starts_with(b"r") {
-        1
-    } else {
-        return None;
-    };
+    let start = if s.starts_with(b"br") { 2 } else if s.starts_with(b"r") { 1 } else { return None };
     let hashes = s[start..].iter().take_while(|&&c| c == b'#').count();
     if s.get(start + hashes) != Some(&b'"') {
         return None;
@@ -129,12 +123,7 @@ fn char_literal_len(s: &[u8]) -> Option<usize> {
         return Some(close + 3);
     }
     let ch_len = std::str::from_utf8(&s[1..s.len().min(5)]).map_or_else(
-        |e| {
-            std::str::from_utf8(&s[1..1 + e.valid_up_to()])
-                .ok()
-                .and_then(|t| t.chars().next())
-                .map_or(1, char::len_utf8)
-        },
+        |e| std::str::from_utf8(&s[1..1 + e.valid_up_to()]).ok().and_then(|t| t.chars().next()).map_or(1, char::len_utf8),
         |t| t.chars().next().map_or(1, char::len_utf8),
     );
     (s.get(1 + ch_len) == Some(&b'\'')).then_some(ch_len + 2)
@@ -547,8 +536,7 @@ fn no_import_loops() {
 
 /// A small tree written to a scratch directory, to show each check fails on what it forbids.
 fn planted(files: &[(&str, &str)]) -> Tree {
-    let dir =
-        std::env::temp_dir().join(format!("trident-house-{}-{}", std::process::id(), files[0].0.replace('/', "_")));
+    let dir = std::env::temp_dir().join(format!("trident-house-{}-{}", std::process::id(), files[0].0.replace('/', "_")));
     let _ = std::fs::remove_dir_all(&dir);
     for (path, text) in files {
         let p = dir.join(path);

@@ -13,6 +13,7 @@ use trident::model::{Arch, Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
 
+
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(77, name, 5);
     (0..n).map(|i| scale * s.normal(i as u64)).collect()
@@ -230,8 +231,7 @@ fn whole_llama_backward_matches_finite_differences() {
 #[test]
 fn a_llamas_parameters_are_megatrons() {
     let cfg = llama_config(tiny_llama());
-    let names: Vec<String> =
-        cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.name).collect();
+    let names: Vec<String> = cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.name).collect();
     let layer0: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix("decoder.layers.0.")).collect();
     assert_eq!(
         layer0,
@@ -246,8 +246,7 @@ fn a_llamas_parameters_are_megatrons() {
     );
     assert_eq!(names[0], "embedding.word_embeddings.weight");
     assert_eq!(&names[names.len() - 2..], ["decoder.final_layernorm.weight", "output_layer.weight"]);
-    let shapes: Vec<Vec<usize>> =
-        cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.shape).collect();
+    let shapes: Vec<Vec<usize>> = cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.shape).collect();
     // QKV: 4 query heads and 2 key + 2 value heads of 4; fc1: gate and up, 12 each.
     assert_eq!(shapes[2], [32, 16]);
     assert_eq!(shapes[5], [24, 16]);
@@ -267,20 +266,10 @@ fn down<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
 
 /// Every new op forward and backward on `dev`, outputs to the host: RMSNorm on rows of `cols`,
 /// SwiGLU of width `f`, rotary embedding and (grouped-query) attention of `shape`.
-fn ops_on<D: Device>(
-    dev: &D,
-    (rows, cols, f): (usize, usize, usize),
-    shape: AttentionShape,
-    rd: usize,
-) -> Vec<Vec<f32>> {
+fn ops_on<D: Device>(dev: &D, (rows, cols, f): (usize, usize, usize), shape: AttentionShape, rd: usize) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
-    let (x, w, dy) = (
-        up(dev, &random(rows * cols, "x", 1.0)),
-        up(dev, &random(cols, "w", 1.0)),
-        up(dev, &random(rows * cols, "dy", 1.0)),
-    );
-    let (mut y, mut rstd, mut dx, mut dw) =
-        (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows * cols), dev.alloc(cols));
+    let (x, w, dy) = (up(dev, &random(rows * cols, "x", 1.0)), up(dev, &random(cols, "w", 1.0)), up(dev, &random(rows * cols, "dy", 1.0)));
+    let (mut y, mut rstd, mut dx, mut dw) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows * cols), dev.alloc(cols));
     dev.rmsnorm_forward(&mut y, &mut rstd, &x, &w, rows, cols, 1e-6);
     dev.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &rstd, rows, cols);
     out.extend([&y, &rstd, &dx, &dw].map(|b| down(dev, b)));

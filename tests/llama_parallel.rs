@@ -17,8 +17,7 @@ fn ok(o: Output, what: &str) -> Output {
 
 /// `trident train --preset llama-tiny` on `ranks` ranks with the concatenated flags.
 fn train_on(ranks: usize, args: &[&[&str]]) -> Output {
-    let args: Vec<&str> =
-        ["train", "--preset", "llama-tiny", "--eval-iters", "0"].into_iter().chain(args.concat()).collect();
+    let args: Vec<&str> = ["train", "--preset", "llama-tiny", "--eval-iters", "0"].into_iter().chain(args.concat()).collect();
     if ranks == 1 {
         run(&args)
     } else {
@@ -55,17 +54,7 @@ fn llama_layouts_compute_the_single_rank_run() {
         // Query groups split over 2 ranks (one group each), full recompute.
         (2, &[&["--tensor-model-parallel-size", "2", "--recompute-granularity", "full"]]),
         // Interleaved 1F1B over 2 stages of 2 virtual stages (two micro-batches of 8).
-        (
-            2,
-            &[&[
-                "--pipeline-model-parallel-size",
-                "2",
-                "--num-layers-per-virtual-pipeline-stage",
-                "1",
-                "--micro-batch-size",
-                "8",
-            ]],
-        ),
+        (2, &[&["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1", "--micro-batch-size", "8"]]),
         (2, &[&["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"]]),
         (4, &[&["--recompute-granularity", "selective", "--use-distributed-optimizer"]]),
     ];
@@ -118,20 +107,13 @@ fn a_llama_resumes_bit_exactly_and_converts_to_one_rank_and_back() {
     // Resuming a Llama checkpoint as GPT-2 is one clear error naming the difference.
     let o = run(&["train", "--preset", "tiny", "--data-path", &data, "--load", &p("one"), "--train-iters", "12"]);
     assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("normalization is RMSNorm in the checkpoint but GPT-2's default here"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("normalization is RMSNorm in the checkpoint but GPT-2's default here"), "{}", stderr(&o));
 }
 
 #[test]
 fn what_a_llama_cannot_do_yet_is_one_clear_error() {
     let cases: &[(&[&str], &[&str])] = &[
-        (
-            &["--tensor-model-parallel-size", "4"],
-            &["--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"],
-        ),
+        (&["--tensor-model-parallel-size", "4"], &["--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"]),
         (&["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"], &["2-D / 2.5-D", "RMSNorm, SwiGLU"]),
         (&["--device", "cuda", "--bf16"], &["--device cuda with RMSNorm", "not built yet", "--device cpu"]),
         (&["--num-query-groups", "2"], &["--num-query-groups needs --group-query-attention"]),

@@ -279,9 +279,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     assert!(o.status.success(), "{}{out}", stderr(&o));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 7, "1 KiB .. 64 KiB: {out}");
-    for (i, (line, size)) in
-        lines.iter().zip(["1 KiB", "2 KiB", "4 KiB", "8 KiB", "16 KiB", "32 KiB", "64 KiB"]).enumerate()
-    {
+    for (i, (line, size)) in lines.iter().zip(["1 KiB", "2 KiB", "4 KiB", "8 KiB", "16 KiB", "32 KiB", "64 KiB"]).enumerate() {
         assert!(line.contains(&format!("\"shape\": \"{size} on 2 ranks\"")), "{line}");
         assert!(line.contains("\"device\": \"Fake A100-SXM4-40GB\"") && line.contains("\"peak\": 300.0"), "{line}");
         assert!(line.contains("\"unit\": \"GB/s bus\"") && line.contains("NCCL 2.32.99"), "{line}");
@@ -307,10 +305,7 @@ fn cuda_benchmarks_report_fractions_of_peak_or_fail_in_one_line() {
     let o = run_with(&["bench", "allreduce", "--device", "cuda"], &[("TRIDENT_LIBCUDA", none)]);
     assert_clean_error(&o, &["bench allreduce --device cuda needs an NVIDIA GPU"]);
     let o = run_with(&["bench", "peak", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
-    assert_clean_error(
-        &o,
-        &["the GPU benchmarks are gemm, gemm-bwd, attention, layernorm, gelu, xent, embedding, step and allreduce"],
-    );
+    assert_clean_error(&o, &["the GPU benchmarks are gemm, gemm-bwd, attention, layernorm, gelu, xent, embedding, step and allreduce"]);
     let o = run_with(&["bench", "step", "--device", "cuda"], &[("TRIDENT_LIBCUDA", &cuda)]);
     assert_clean_error(&o, &["bench step --device cuda needs --dtype bf16"]);
     let o = run_with(&["bench", "gemm", "--device", "gpu"], &[]);

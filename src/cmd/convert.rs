@@ -8,10 +8,10 @@ use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout
 use crate::checkpoint::safetensors::{export_hf, import_hf};
 use crate::cli::Args;
 use crate::error::{Error, Result};
-use crate::flags::CONVERT_FLAGS;
 use crate::parallel::grid::TensorMode;
 use std::collections::BTreeMap;
 use std::path::Path;
+use crate::flags::CONVERT_FLAGS;
 
 /// `trident convert`: reshard a checkpoint, or move weights to and from Hugging Face's format.
 pub fn run(rest: &[String]) -> Result<()> {

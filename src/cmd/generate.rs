@@ -3,8 +3,8 @@
 
 use super::{flags, threads};
 use crate::error::{Error, Result};
-use crate::flags::GENERATE_FLAGS;
 use crate::generate::GenerateArgs;
+use crate::flags::GENERATE_FLAGS;
 
 /// `trident generate [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {

@@ -62,12 +62,7 @@ fn ops() -> &'static Ops {
                 op.assume_init()
             }
         };
-        Ops {
-            bf16_sum: create(bf16_sum),
-            bf16_max: create(bf16_max),
-            f16_sum: create(f16_sum),
-            f16_max: create(f16_max),
-        }
+        Ops { bf16_sum: create(bf16_sum), bf16_max: create(bf16_max), f16_sum: create(f16_sum), f16_max: create(f16_max) }
     })
 }
 

@@ -33,8 +33,7 @@ pub fn rmsnorm_backward_rows<R: Real>(
     cols: usize,
 ) {
     let n = R::from_f64(cols as f64);
-    for (r, ((dx, dy), x)) in
-        dinp.chunks_exact_mut(cols).zip(dout.chunks_exact(cols)).zip(inp.chunks_exact(cols)).enumerate()
+    for (r, ((dx, dy), x)) in dinp.chunks_exact_mut(cols).zip(dout.chunks_exact(cols)).zip(inp.chunks_exact(cols)).enumerate()
     {
         let rs = rstd[r];
         let mut gx = vec![R::ZERO; cols];

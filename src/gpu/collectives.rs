@@ -500,12 +500,7 @@ unsafe impl Sync for DeviceNccl {}
 
 impl DeviceNccl {
     /// Creates the communicator of `group` (collective over the group) on the current context.
-    pub fn new(
-        nccl: &'static Nccl,
-        api: StreamApi<'static>,
-        group: &dyn Comm,
-        world_rank: usize,
-    ) -> Result<DeviceNccl> {
+    pub fn new(nccl: &'static Nccl, api: StreamApi<'static>, group: &dyn Comm, world_rank: usize) -> Result<DeviceNccl> {
         let comm = NcclComm::on_current_context(nccl, api, group, timeout()?)?;
         Ok(DeviceNccl {
             api: comm.api(),

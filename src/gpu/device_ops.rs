@@ -10,19 +10,15 @@
 
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
-use super::device::{
-    aligned, first_blocks, group_key, grouped_query_unbuilt, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK,
-};
+use super::device::{aligned, first_blocks, group_key, grouped_query_unbuilt, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
     COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
 };
 use super::kernels::Kernel;
 use super::runtime::Arg::{self, Ptr, F32, F64, I32};
+use crate::device::{AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary};
 use crate::comm::ReduceOp;
-use crate::device::{
-    AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary,
-};
 use crate::error::Result;
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
@@ -103,13 +99,7 @@ impl Device for GpuDevice {
         let key = group_key(group);
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
     }
-    fn device_all_reduce_scalars(
-        &self,
-        group: &dyn crate::comm::Comm,
-        s: &mut GpuBuf,
-        len: usize,
-        op: ReduceOp,
-    ) -> bool {
+    fn device_all_reduce_scalars(&self, group: &dyn crate::comm::Comm, s: &mut GpuBuf, len: usize, op: ReduceOp) -> bool {
         assert!(s.elem == Elem::F64 && len <= s.len, "device_all_reduce_scalars: {len} values of f64 scalars");
         self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
     }

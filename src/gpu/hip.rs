@@ -115,18 +115,9 @@ impl<'a> HipStreams<'a> {
         // SAFETY: each call writes one handle; the device was made current by the caller. A
         // failure leaves the handles made so far to the drop.
         unsafe {
-            hip.check(
-                "hipStreamCreateWithFlags",
-                hip.api.hipStreamCreateWithFlags(&mut s.stream, HIP_STREAM_NON_BLOCKING)?,
-            )?;
-            hip.check(
-                "hipEventCreateWithFlags",
-                hip.api.hipEventCreateWithFlags(&mut s.compute_done, HIP_EVENT_DISABLE_TIMING)?,
-            )?;
-            hip.check(
-                "hipEventCreateWithFlags",
-                hip.api.hipEventCreateWithFlags(&mut s.comm_done, HIP_EVENT_DISABLE_TIMING)?,
-            )?;
+            hip.check("hipStreamCreateWithFlags", hip.api.hipStreamCreateWithFlags(&mut s.stream, HIP_STREAM_NON_BLOCKING)?)?;
+            hip.check("hipEventCreateWithFlags", hip.api.hipEventCreateWithFlags(&mut s.compute_done, HIP_EVENT_DISABLE_TIMING)?)?;
+            hip.check("hipEventCreateWithFlags", hip.api.hipEventCreateWithFlags(&mut s.comm_done, HIP_EVENT_DISABLE_TIMING)?)?;
         }
         Ok(s)
     }
@@ -143,8 +134,7 @@ impl<'a> HipStreams<'a> {
         // SAFETY: as above.
         unsafe {
             self.hip.check("hipEventRecord", self.hip.api.hipEventRecord(self.comm_done, self.stream)?)?;
-            self.hip
-                .check("hipStreamWaitEvent", self.hip.api.hipStreamWaitEvent(std::ptr::null_mut(), self.comm_done, 0)?)
+            self.hip.check("hipStreamWaitEvent", self.hip.api.hipStreamWaitEvent(std::ptr::null_mut(), self.comm_done, 0)?)
         }
     }
 

@@ -8,7 +8,7 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};
 use super::kernels::plan::{layernorm_bwd_partials, Op, LAYERNORM_BWD_COUNTERS};
 use super::kernels::Vendor;
-use super::runtime::Arg::{Ptr, F32, I32};
+use super::runtime::Arg::{F32, I32, Ptr};
 use crate::device::{AttentionShape, Rotary};
 
 impl GpuDevice {
@@ -110,11 +110,7 @@ impl GpuDevice {
     pub(super) fn rope(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary, inverse: bool) {
         let (rows, width, rd) = (shape.rows(), shape.qkv_width(), rotary.rotary_dim);
         assert!(rd % 2 == 0 && rd <= shape.head_dim && qkv.len >= rows * width, "rotary {rd} of {shape:?}");
-        assert!(
-            table.len >= (rotary.t0 + shape.seq) * rd,
-            "the rotary table ends before position {}",
-            rotary.t0 + shape.seq
-        );
+        assert!(table.len >= (rotary.t0 + shape.seq) * rd, "the rotary table ends before position {}", rotary.t0 + shape.seq);
         self.llama_kernels("rotary position embedding", qkv.elem);
         let rotated_heads = shape.heads + shape.kv_heads;
         int("rotated pairs", rows * rotated_heads * (rd / 2));

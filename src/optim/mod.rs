@@ -23,7 +23,14 @@ impl AdamWConfig {
     /// The hyper-parameters of one update (`Device::adamw_group` applies the weight decay to the
     /// decayed tensors only).
     pub fn step(&self, lr: f32, step: u64) -> AdamWStep {
-        AdamWStep { lr, beta1: self.beta1, beta2: self.beta2, eps: self.eps, weight_decay: self.weight_decay, step }
+        AdamWStep {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            step,
+        }
     }
 }
 

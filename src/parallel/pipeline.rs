@@ -203,12 +203,7 @@ pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pa
 /// delivery per link (`fifo_order`), the n-th send on a link is the receiver's n-th receive on it.
 /// So the buffers a stage holds at once, and with them the buffers it allocates, are a function
 /// of the schedule alone (`message_buffers`).
-pub fn send_releases(
-    stages: usize,
-    chunks: usize,
-    stage: usize,
-    passes: &dyn Fn(usize) -> Vec<Pass>,
-) -> Vec<Option<usize>> {
+pub fn send_releases(stages: usize, chunks: usize, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Vec<Option<usize>> {
     // Per stage, in pass order: (pass index, link) of each receive and each send.
     let mut taken: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
     let mut sent: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
@@ -417,12 +412,9 @@ mod tests {
     fn every_schedule_frees_its_sends_at_an_answer_and_holds_a_bounded_pool() {
         for stages in 2..=5 {
             for micro in 1..=9 {
-                for (schedule, chunks) in [
-                    (Schedule::GPipe, 1),
-                    (Schedule::OneFOneB, 1),
-                    (Schedule::Interleaved, 2),
-                    (Schedule::Interleaved, 3),
-                ] {
+                for (schedule, chunks) in
+                    [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::Interleaved, 2), (Schedule::Interleaved, 3)]
+                {
                     if validate(schedule, stages, chunks, micro).is_err() {
                         continue;
                     }
@@ -445,10 +437,7 @@ mod tests {
                         }
                         for (k, r) in releases.iter().enumerate() {
                             if let Some(n) = *r {
-                                assert!(
-                                    n <= receives && receive_pass[n - 1] > send_pass[k],
-                                    "{case} stage {s} send {k}"
-                                );
+                                assert!(n <= receives && receive_pass[n - 1] > send_pass[k], "{case} stage {s} send {k}");
                             }
                         }
                         // Outside GPipe (which holds every micro-batch by design) the pool is the
@@ -477,12 +466,7 @@ mod tests {
             p
         };
         let e = fifo_order(2, 1, &order).unwrap_err().to_string();
-        assert!(
-            e.contains(
-                "activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"
-            ),
-            "{e}"
-        );
+        assert!(e.contains("activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"), "{e}");
     }
 
     #[test]

@@ -5,13 +5,13 @@
 
 use super::chunk::{Chunk, Optimizer};
 use crate::checkpoint::shape::{model_from_shard, model_meta};
+use std::collections::BTreeMap;
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::config::TrainConfig;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::optim::scaler::LossScaler;
 use crate::parallel::grid::{Grid, Groups};
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Where the run stands: the iterations done, the samples consumed, the loss scaler.

@@ -3,15 +3,13 @@
 //! gradients finalised, the global norm, the optimizer step. AdamW keeps its full state on every
 //! data-parallel rank, or shards it over them (ZeRO-1).
 
-use crate::comm::ReduceOp;
 use crate::config::TrainConfig;
 use crate::device::{all_reduce_scalars, Device};
 use crate::model::{ChunkPlan, Gpt, ModelParallel};
 use crate::optim::distributed::{DistributedAdamW, ShardGrads};
 use crate::optim::AdamW;
-use crate::parallel::data::{
-    global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets,
-};
+use crate::comm::ReduceOp;
+use crate::parallel::data::{global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
 use crate::parallel::grid::Groups;
 use crate::real::Precision;
 

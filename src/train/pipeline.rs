@@ -93,14 +93,7 @@ struct Messages<B> {
 
 impl<B> Default for Messages<B> {
     fn default() -> Self {
-        Messages {
-            free: Vec::new(),
-            in_flight: Vec::new(),
-            host_sends: Vec::new(),
-            received: 0,
-            sent: 0,
-            training: true,
-        }
+        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new(), received: 0, sent: 0, training: true }
     }
 }
 
@@ -271,17 +264,8 @@ impl<D: Device> Pipeline<'_, D> {
         let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
         let mut out = (vs < self.last_virtual()).then(|| self.buffer());
         let t0 = tl.now_us();
-        let result = model.forward_micro(
-            self.dev,
-            self.tp,
-            micro,
-            tokens,
-            hidden.as_ref(),
-            Some(labels),
-            mbs,
-            seq,
-            out.as_mut(),
-        );
+        let result =
+            model.forward_micro(self.dev, self.tp, micro, tokens, hidden.as_ref(), Some(labels), mbs, seq, out.as_mut());
         if timed {
             tl.span(SpanKind::Forward, micro, chunk, t0);
         }
@@ -357,15 +341,7 @@ impl<D: Device> Pipeline<'_, D> {
                         }
                     };
                     let t0 = tl.now_us();
-                    model.backward_micro(
-                        self.dev,
-                        self.tp,
-                        micro,
-                        d_out.as_ref(),
-                        d_in.as_mut(),
-                        grad_scale,
-                        &mut ready,
-                    );
+                    model.backward_micro(self.dev, self.tp, micro, d_out.as_ref(), d_in.as_mut(), grad_scale, &mut ready);
                     tl.span(SpanKind::Backward, micro, chunk, t0);
                     if let Some(d) = d_out {
                         self.done_with(d);

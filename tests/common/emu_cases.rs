@@ -134,13 +134,7 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
 /// dinp and dweight by harness op `op` with `extra` arguments after M, N and K (the sm_90a
 /// backward-weight's slices), launched `runs` times from the same inputs, the first launch
 /// checked against `linear_backward`; every launch's dweight, in order.
-pub fn gemm_bwd_runs(
-    v: &Vendor,
-    (m, n, k): (usize, usize, usize),
-    op: &str,
-    extra: &[usize],
-    runs: usize,
-) -> Vec<Vec<f32>> {
+pub fn gemm_bwd_runs(v: &Vendor, (m, n, k): (usize, usize, usize), op: &str, extra: &[usize], runs: usize) -> Vec<Vec<f32>> {
     let suffix: String = extra.iter().map(|e| format!("_{e}")).collect();
     let name = format!("{op}_{m}x{n}x{k}{suffix}");
     let case = v.case(&name);

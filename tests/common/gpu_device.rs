@@ -25,8 +25,7 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
 /// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
-    let checks =
-        run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16, dev.runs_llama());
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16, dev.runs_llama());
     for c in &checks {
         println!("{}", c.line());
     }
@@ -443,11 +442,7 @@ pub fn tiny_preset_fp16_over_nccl_matches_mpi(
     let tp2: &[&str] = &["--tensor-model-parallel-size", "2"];
     let layouts: [(&str, Vec<&str>, &[&str]); 3] = [
         ("TP 2", tp2.to_vec(), &["all_reduce f16 sum", "all_reduce f32 sum", "all_reduce f64 max"]),
-        (
-            "TP 2, sequence parallel",
-            [tp2, &["--sequence-parallel"]].concat(),
-            &["all_gather f16", "reduce_scatter f16 sum"],
-        ),
+        ("TP 2, sequence parallel", [tp2, &["--sequence-parallel"]].concat(), &["all_gather f16", "reduce_scatter f16 sum"]),
         ("PP 2", vec!["--pipeline-model-parallel-size", "2"], &["send_recv"]),
     ];
     for (name, flags, ops) in layouts {
@@ -471,10 +466,7 @@ pub fn tiny_preset_fp16_over_nccl_matches_mpi(
         assert_eq!(device_skips, one_skips, "{name}: the skipped steps differ from one rank's");
         for (i, (o, d)) in one.iter().zip(&on_device).enumerate() {
             let rel = (o.0 - d.0).abs() / o.0.abs();
-            eprintln!(
-                "{name} --fp16, iteration {}: one rank {o:?}, NCCL {d:?} (loss relative difference {rel:.2e})",
-                i + 1
-            );
+            eprintln!("{name} --fp16, iteration {}: one rank {o:?}, NCCL {d:?} (loss relative difference {rel:.2e})", i + 1);
             assert_eq!((o.1, o.2), (d.1, d.2), "{name}, iteration {}: the loss scale or skipped steps differ", i + 1);
             assert!(rel < 1e-3, "{name}, iteration {}: one rank's loss {}, {name}'s {}", i + 1, o.0, d.0);
         }
@@ -774,10 +766,8 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
     // `xent_*_f32`), and the backward GEMMs read that gradient without a cast: the step's casts
     // are the embedding's and position's alone (their f32 kernels on bf16 buffers).
     let step_kernels = json_numbers(&line, "per_step_launches_by_kernel");
-    let f32_head: Vec<&String> = step_kernels
-        .keys()
-        .filter(|k| k.contains("_f32out") || k.starts_with("xent_") && k.ends_with("_f32"))
-        .collect();
+    let f32_head: Vec<&String> =
+        step_kernels.keys().filter(|k| k.contains("_f32out") || k.starts_with("xent_") && k.ends_with("_f32")).collect();
     assert!(f32_head.is_empty(), "the head computes on f32 logits: {f32_head:?} in {line}");
     for kernel in ["xent_max_bf16", "xent_partials_bf16", "xent_bwd_bf16"] {
         assert_eq!(step_kernels.get(kernel), Some(&1.0), "{kernel} per step in {line}");

@@ -216,15 +216,11 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
         (meta("tensor_model_parallel_size"), meta("pipeline_model_parallel_size"), meta("virtual_pipeline_chunks"));
     let sp: bool = first.meta_value(&path, "sequence_parallel").unwrap();
     let cfg = trident::checkpoint::shape::model_from_shard(&first, &path).unwrap();
-    let mut full: Vec<(String, Vec<f32>)> = cfg
-        .parameters(&trident::model::ModelParallel::single())
-        .iter()
-        .map(|p| (p.name.clone(), vec![f32::NAN; p.numel()]))
-        .collect();
+    let mut full: Vec<(String, Vec<f32>)> =
+        cfg.parameters(&trident::model::ModelParallel::single()).iter().map(|p| (p.name.clone(), vec![f32::NAN; p.numel()])).collect();
     for tp_rank in 0..tp {
         for pp_rank in 0..pp {
-            let (_, path, shard) =
-                trident::checkpoint::load_latest(dir, &trident::checkpoint::shard_name(tp_rank, pp_rank, pp)).unwrap();
+            let (_, path, shard) = trident::checkpoint::load_latest(dir, &trident::checkpoint::shard_name(tp_rank, pp_rank, pp)).unwrap();
             let mut mp = trident::model::ModelParallel::one_d(tp, tp_rank, sp);
             // 2-D / 2.5-D shards are blocks of the SUMMA grid (depth copies repeat layer 0's).
             let q: usize = first.meta_value(&path, "summa_q").unwrap_or(0);
@@ -233,14 +229,9 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
                 mp.summa = Some(trident::parallel::grid::SummaCoord::of(tp_rank, q, depth));
             }
             for c in 0..chunks {
-                let layers =
-                    trident::parallel::pipeline::chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None)
-                        .unwrap();
-                let plan = trident::model::ChunkPlan {
-                    layers,
-                    first: pp_rank == 0 && c == 0,
-                    last: pp_rank == pp - 1 && c == chunks - 1,
-                };
+                let layers = trident::parallel::pipeline::chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None).unwrap();
+                let plan =
+                    trident::model::ChunkPlan { layers, first: pp_rank == 0 && c == 0, last: pp_rank == pp - 1 && c == chunks - 1 };
                 for info in cfg.chunk_parameters(&mp, &plan).iter().filter(|i| !i.tied_copy) {
                     let t = shard.tensor(&path, &format!("param/chunk{c}/{}", info.name)).unwrap();
                     let values = &mut full.iter_mut().find(|(n, _)| *n == info.name).unwrap().1;
@@ -255,4 +246,30 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
         assert!(values.iter().all(|v| !v.is_nan()), "{name} was not covered by the shards");
     }
     full
+}
+
+/// Says loudly that a test skips part of its work (on the process stderr directly: the test
+/// harness would capture eprintln!).
+pub fn say_skipped(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {what} !!!!!");
+}
+
+/// The Python that imports `modules` (e.g. "torch, transformers"): `TORCH_PYTHON`, else the venv
+/// `.ci/run` makes (~/.cache/trident-torch-2.15.0), else the GPU nodes' /opt/torch/.venv, else
+/// python3, the first that exists. None, said loudly with `what_skips`, when it cannot.
+pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let venvs = [format!("{home}/.cache/trident-torch-2.15.0/bin/python"), "/opt/torch/.venv/bin/python".into()];
+    let py = std::env::var("TORCH_PYTHON")
+        .ok()
+        .or_else(|| venvs.into_iter().find(|v| Path::new(v).is_file()))
+        .unwrap_or_else(|| "python3".into());
+    let ok = Command::new(&py).args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        say_skipped(&format!(
+            "{py} cannot import {modules}: {what_skips} (`.ci/run` installs them; TORCH_PYTHON names another Python)"
+        ));
+    }
+    ok.then_some(py)
 }

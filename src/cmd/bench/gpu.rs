@@ -327,7 +327,9 @@ pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str
         records.extend(match bench {
             GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::GemmBwd => gemm_bwd(&b, &planned, s[0], s[1], s[2])?,
-            GpuBench::Attention => attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?,
+            GpuBench::Attention => {
+                attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?
+            }
             GpuBench::Layernorm => layernorm(&b, &planned, s[0], s[1])?,
             GpuBench::Gelu => gelu(&b, &planned, s[0])?,
             GpuBench::Xent => xent(&b, &planned, s[0], s[1])?,

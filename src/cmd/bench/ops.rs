@@ -396,3 +396,4 @@ pub fn generate(dev: &CpuDevice, m: &StepModel, min_seconds: f64) -> Vec<Record>
     };
     vec![record("kv-cache", cached), record("recompute", whole)]
 }
+

@@ -8,15 +8,15 @@ use crate::cmd::{comm_library, end_after_gpu_comm_error, flags};
 use crate::comm::runtime::Runtime;
 use crate::comm::{Bf16, Comm, Dtype, ReduceOp, F16};
 use crate::error::{Error, Result};
-use crate::flags::CHECK_NCCL_FLAGS;
 use crate::gpu::collectives::{
     check_input, rank_device, run_on_device, run_on_host, timeout, Collective, NcclComm, RcclOnHip,
 };
+use crate::gpu::runtime::VendorRuntime;
 use crate::gpu::driver::{DeviceBuffer, Driver, PrimaryContext};
 use crate::gpu::hip::Hip;
 use crate::gpu::nccl::{exchange_unique_id, Flavor, Nccl, UNIQUE_ID_BYTES};
-use crate::gpu::runtime::VendorRuntime;
 use std::process::ExitCode;
+use crate::flags::CHECK_NCCL_FLAGS;
 
 /// `trident check nccl`: every collective through NCCL/RCCL on device memory against MPI.
 pub fn run(rt: &Runtime, rest: &[String]) -> ExitCode {

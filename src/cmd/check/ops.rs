@@ -15,9 +15,9 @@ use crate::cmd::flags;
 use crate::device::reference::ReferenceDevice;
 use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device};
 use crate::error::{Error, Result};
-use crate::flags::CHECK_OPS_FLAGS;
 use crate::real::Precision;
 use crate::rng::Stream;
+use crate::flags::CHECK_OPS_FLAGS;
 
 /// Case sizes: `Small` keeps an emulated GPU fast; `Full` adds GPT-2-sized shapes for a real one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -466,11 +466,7 @@ fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     let bound = run.half_bound();
     for &(rows, cols) in cases {
-        let (x, dy, dx0) = (
-            run.halves(rows * cols, "x", 2.0),
-            run.halves(rows * cols, "dy", 1.0),
-            run.halves(rows * cols, "dx0", 1.0),
-        );
+        let (x, dy, dx0) = (run.halves(rows * cols, "x", 2.0), run.halves(rows * cols, "dy", 1.0), run.halves(rows * cols, "dx0", 1.0));
         let (w, dw0) = (run.f32s(cols, "w", 0.5, 1.0), run.f32s(cols, "b", 0.5, 0.0));
         let case = format!("{rows}x{cols}");
         let (gx, gdy, gw) = (run.up16(&x), run.up16(&dy), run.up(&w));
@@ -527,10 +523,7 @@ fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
             table.extend((0..rd / 2).map(|j| angle(j).sin() as f32));
         }
         let rotary = crate::device::Rotary { rotary_dim: rd, t0 };
-        let case = format!(
-            "b{} s{} h{}/{} d{} rd{rd} t0 {t0}",
-            shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim
-        );
+        let case = format!("b{} s{} h{}/{} d{} rd{rd} t0 {t0}", shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
         let mut g = run.up16(&qkv);
         let gt = run.up(&table);
         let (mut rq, rt) = (refb(&qkv), refb(&table));
@@ -658,14 +651,7 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
 /// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU and rotary embedding so far; the GPU Device on
 /// CUDA: `GpuDevice::runs_llama`), which are then checked too.
-pub fn run_all<D: Device>(
-    dev: &D,
-    size: Size,
-    head_dims: &[usize],
-    seed: u64,
-    half: Precision,
-    llama: bool,
-) -> Vec<OpCheck> {
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };

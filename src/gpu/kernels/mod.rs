@@ -184,18 +184,12 @@ pub const KERNELS: &[KernelSpec] = &[
     gemm(Kernel::GemmFwdBf16F32out, "gemm_fwd_bf16_f32out", "gemm_bf16.cu", 81920),
     gemm(Kernel::GemmFwdBf16, "gemm_fwd_bf16", "gemm_bf16.cu", 81920),
     // gemm_bf16_bwd.cu's also hold their tile's origin in 16 bytes of static shared memory.
-    KernelSpec {
-        static_shared: 16,
-        ..gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776)
-    },
+    KernelSpec { static_shared: 16, ..gemm(Kernel::GemmBwdInputBf16, "gemm_bwd_input_bf16", "gemm_bf16_bwd.cu", 75776) },
     KernelSpec {
         static_shared: 16,
         ..gemm(Kernel::GemmBwdInputBf16Bf16out, "gemm_bwd_input_bf16_bf16out", "gemm_bf16_bwd.cu", 75776)
     },
-    KernelSpec {
-        static_shared: 16,
-        ..gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632)
-    },
+    KernelSpec { static_shared: 16, ..gemm(Kernel::GemmBwdWeightBf16, "gemm_bwd_weight_bf16", "gemm_bf16_bwd.cu", 69632) },
     // gemm_bf16_sm90.cu: sm_90a's wgmma fed by TMA, 197704 bytes of dynamic shared memory for
     // 128 x 256 tiles, 132168 for backward-weight's 128 x 128; kernels-hip/ has no twin.
     gemm_sm90(Kernel::GemmFwdBf16F32outSm90, "gemm_fwd_bf16_f32out_sm90", SM90_GEMM_COLS),

@@ -943,10 +943,7 @@ mod tests {
             assert_eq!(sm90_weight_slices(16384, n, k), want, "{n} x {k}");
         }
         assert_eq!(sm90_weight_slices(2048, 12288, 12288), 1);
-        assert_eq!(
-            (sm90_weight_slices(1100, 8, 8), sm90_weight_slices(1024, 8, 8), sm90_weight_slices(64, 8, 8)),
-            (2, 1, 1)
-        );
+        assert_eq!((sm90_weight_slices(1100, 8, 8), sm90_weight_slices(1024, 8, 8), sm90_weight_slices(64, 8, 8)), (2, 1, 1));
         // The partials: a 128 x 128 f32 tile per tile and slice, none for one slice.
         assert_eq!(sm90_weight_partials(16384, 768, 768), 36 * 3 * 128 * 128);
         assert_eq!((sm90_weight_partials(1100, 8, 8), sm90_weight_partials(16384, 2304, 768)), (128 * 128 * 2, 0));

@@ -146,6 +146,7 @@ impl<D: Device> Gpt<D> {
         Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, rotary }
     }
 
+
     /// Block `l`'s forward of activation set `index`, counting what its groups moved; under
     /// 16-bit storage its saved buffers are then copied out.
     fn forward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
@@ -168,8 +169,7 @@ impl<D: Device> Gpt<D> {
         };
         let tmp = (&mut a.tmp_full, &mut a.tmp_local);
         let before = tp_counters(dev, tp);
-        let pass =
-            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
@@ -253,8 +253,7 @@ impl<D: Device> Gpt<D> {
             self.stashed -= stash.iter().map(|s| s.bytes(dev)).sum::<usize>();
         }
         let x_in = &a.resid[l];
-        let pass =
-            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
         let recompute = |sp: &mut LayerActs<D::Buf>| {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);

@@ -40,10 +40,7 @@ impl<D: Device> KvCache<D> {
 impl<D: Device> Gpt<D> {
     /// An empty cache for this model's `max_position_embeddings` positions.
     pub fn kv_cache(&self, dev: &D) -> KvCache<D> {
-        assert!(
-            self.layout.first && self.layout.last && self.mp == ModelParallel::single(),
-            "decode runs the whole model"
-        );
+        assert!(self.layout.first && self.layout.last && self.mp == ModelParallel::single(), "decode runs the whole model");
         let capacity = self.cfg.max_position_embeddings;
         let qkv = self.cfg.qkv_rows();
         KvCache { layers: (0..self.layout.num_layers).map(|_| dev.alloc(capacity * qkv)).collect(), len: 0, capacity }

@@ -106,8 +106,7 @@ impl<D: Device> Gpt<D> {
                 if let Some(at) = lay.wpe() {
                     dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h);
                 }
-                let pass =
-                    Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+                let pass = Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
             }

@@ -22,10 +22,7 @@ impl<D: Device> Gpt<D> {
     pub(super) fn head_forward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
-        let (a, mut pass) = (
-            &mut self.pool[index].1,
-            Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() },
-        );
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let hd = a.head.as_mut().expect("the last chunk has a head");
@@ -84,10 +81,7 @@ impl<D: Device> Gpt<D> {
         let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let num_params = self.params.info.len();
-        let (a, mut pass) = (
-            &mut self.pool[index].1,
-            Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() },
-        );
+        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let d = &mut a.grad;

