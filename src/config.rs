@@ -2,7 +2,7 @@
 //! presets, and every check that makes an impossible configuration a clear error before any work.
 
 use crate::cli::Args;
-use crate::data::tokenizer::ByteTokenizer;
+use crate::data::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
 use crate::optim::lr::{DecayStyle, LrSchedule};
@@ -170,6 +170,8 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
 pub struct TrainConfig {
     pub preset: String,
     pub model: GptConfig,
+    /// Megatron's `--tokenizer-type` of the data, recorded in checkpoints.
+    pub tokenizer_type: &'static str,
     pub seq_length: usize,
     pub micro_batch_size: usize,
     /// Whether --micro-batch-size was given; a preset's micro-batch shrinks to fit the
@@ -256,7 +258,8 @@ impl TrainConfig {
             )));
         }
         reject_unbuilt(args)?;
-        let (model, seq_length) = model_shape(args, p)?;
+        let tokenizer = crate::data::tokenizer_files::from_args(args)?;
+        let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
         let (train_iters, lr) = lr_schedule(args, p)?;
         let adam = adam(args)?;
@@ -276,6 +279,7 @@ impl TrainConfig {
         Ok(TrainConfig {
             preset: p.name.to_string(),
             model,
+            tokenizer_type: tokenizer.type_name(),
             seq_length,
             micro_batch_size,
             micro_batch_explicit: args.has("--micro-batch-size"),
@@ -341,7 +345,7 @@ impl TrainConfig {
 /// The model's shape (the preset's, overridden flag by flag) and the sequence length, checked:
 /// the model's own rules (`GptConfig::validate`), a padded vocabulary that holds the byte
 /// tokenizer's ids, and a sequence that fits the position table.
-fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
+fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptConfig, usize)> {
     let arch = architecture(args, &p.arch)?;
     let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
     let hidden_size = args.usize("--hidden-size")?.unwrap_or(p.hidden_size);
@@ -352,12 +356,14 @@ fn model_shape(args: &Args, p: &Preset) -> Result<(GptConfig, usize)> {
     if divisible_by == 0 {
         return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
     }
-    let vocab = args.usize("--vocab-size")?.or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE);
-    if vocab < ByteTokenizer::VOCAB_SIZE {
+    // A BPE tokenizer's vocabulary, as Megatron takes it; else the preset's, else the bytes'.
+    let from_tokenizer = matches!(tokenizer, Tokenizer::Bpe(_)).then(|| tokenizer.vocab_size());
+    let vocab = args.usize("--vocab-size")?.or(from_tokenizer).or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE);
+    if vocab < tokenizer.vocab_size() {
         return Err(Error::flag(
             "--vocab-size",
             vocab,
-            format!("at least {} (the byte tokenizer's ids)", ByteTokenizer::VOCAB_SIZE),
+            format!("at least {} ({}'s ids)", tokenizer.vocab_size(), tokenizer.type_name()),
         ));
     }
     let model = GptConfig {
@@ -614,11 +620,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             return Err(Error::Unsupported(format!(
                 "--device {d}: the cpu, cuda and hip backends are built (not {d})"
             )));
-        }
-    }
-    if let Some(t) = args.str("--tokenizer-type") {
-        if t != "ByteTokenizer" {
-            return Err(Error::Unsupported(format!("--tokenizer-type {t}: only ByteTokenizer is built")));
         }
     }
     Ok(())

@@ -22,8 +22,9 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
 ];
 
 /// The flags of `trident train`, with Megatron's names: the model's sizes, the architecture, the rest.
-pub const TRAIN_FLAGS: &[FlagSpec] =
-    &join::<{ TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() }>(&[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST]);
+pub const TRAIN_FLAGS: &[FlagSpec] = &join::<{ TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() + TOKENIZER_FLAGS.len() }>(
+    &[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST, TOKENIZER_FLAGS],
+);
 
 const TRAIN_SIZES: &[FlagSpec] = &[
     flag(
@@ -94,7 +95,6 @@ const TRAIN_REST: &[FlagSpec] = &[
         "LIB",
         "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
     ),
-    flag("--tokenizer-type", "NAME", "ByteTokenizer (the only tokenizer of this build)"),
     flag(
         "--vocab-size",
         "V",
@@ -192,13 +192,9 @@ const PLAN_REST: &[FlagSpec] = &[
     switch("--json", "print one JSON object per layout, best first"),
 ];
 
-/// `trident prepare`.
-pub const PREPARE_FLAGS: &[FlagSpec] = &[
-    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
-    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
-    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
-    switch("--append-eod", "end every document with the end-of-document token"),
-    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
+/// Megatron's tokenizer flags, shared by `prepare`, `train` and `generate`
+/// (`data::tokenizer_files::from_args` reads them).
+pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
     flag("--tokenizer-type", "NAME", "ByteTokenizer (default), GPT2BPETokenizer or HuggingFaceTokenizer"),
     flag("--vocab-file", "FILE", "GPT2BPETokenizer: GPT-2's vocab.json (encoder.json)"),
     flag("--merge-file", "FILE", "GPT2BPETokenizer: GPT-2's merges.txt (vocab.bpe)"),
@@ -208,11 +204,25 @@ pub const PREPARE_FLAGS: &[FlagSpec] = &[
         "TOKEN",
         "HuggingFaceTokenizer: the end-of-document token (default: tokenizer_config.json's eos_token)",
     ),
+];
+
+/// `trident prepare`: its own flags and the tokenizer's.
+pub const PREPARE_FLAGS: &[FlagSpec] = &join::<{ PREPARE_OWN.len() + TOKENIZER_FLAGS.len() }>(&[PREPARE_OWN, TOKENIZER_FLAGS]);
+
+const PREPARE_OWN: &[FlagSpec] = &[
+    many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
+    flag("--output-prefix", "P", "writes P_<key>_document.bin/.idx"),
+    many("--json-keys", "KEY", "JSON fields to extract, one dataset each (default text)"),
+    switch("--append-eod", "end every document with the end-of-document token"),
+    flag("--text-documents", "MODE", "how plain text splits into documents: paragraph (default), line, file"),
     flag("--workers", "N", "threads that tokenize (default: every CPU)"),
 ];
 
-/// `trident generate`.
-pub const GENERATE_FLAGS: &[FlagSpec] = &[
+/// `trident generate`: its own flags and the tokenizer's (the one the model was trained with).
+pub const GENERATE_FLAGS: &[FlagSpec] =
+    &join::<{ GENERATE_OWN.len() + TOKENIZER_FLAGS.len() }>(&[GENERATE_OWN, TOKENIZER_FLAGS]);
+
+const GENERATE_OWN: &[FlagSpec] = &[
     flag("--load", "DIR", "checkpoint directory written by `trident train --save`"),
     flag("--prompt", "TEXT", "text to continue (default: start of a document)"),
     flag("--max-new-tokens", "N", "tokens to sample (default 256)"),

@@ -3,7 +3,7 @@
 
 use crate::checkpoint;
 use crate::checkpoint::shape::model_from_shard;
-use crate::data::tokenizer::ByteTokenizer;
+use crate::data::tokenizer::{PieceCache, Tokenizer};
 use crate::device::cpu::CpuDevice;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -24,6 +24,8 @@ pub struct GenerateArgs {
     pub cpu_threads: usize,
     /// Keep each layer's keys and values (`Gpt::decode`); false recomputes the whole context.
     pub kv_cache: bool,
+    /// The tokenizer the model was trained with (`--tokenizer-type` and its files).
+    pub tokenizer: Tokenizer,
 }
 
 /// The logits of the position after `context`: from the cache, fed the positions it has not seen
@@ -86,6 +88,23 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     let cfg = model_from_shard(&shard, &path)?;
     cfg.validate()?;
+    let trained_with = shard.meta.get("tokenizer").map_or("ByteTokenizer", String::as_str);
+    let tok = &args.tokenizer;
+    if trained_with != tok.type_name() {
+        return Err(Error::Config(format!(
+            "{} was trained with --tokenizer-type {trained_with}: pass it (and its files) to generate, not {}",
+            path.display(),
+            tok.type_name()
+        )));
+    }
+    if tok.vocab_size() > cfg.vocab_size {
+        return Err(Error::Config(format!(
+            "the tokenizer has {} ids but {} has a vocabulary of {}: not the tokenizer it was trained with",
+            tok.vocab_size(),
+            path.display(),
+            cfg.vocab_size
+        )));
+    }
     let dev = CpuDevice::new(args.cpu_threads);
     let mut model = Gpt::new(&dev, cfg.clone(), 0);
     for (i, info) in model.params.info.iter().enumerate() {
@@ -101,9 +120,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     drop(shard);
     eprintln!(" loaded {} (iteration {iteration}); sampling {} tokens", path.display(), args.max_new_tokens);
 
-    let mut context = ByteTokenizer::encode(args.prompt.as_bytes());
+    let mut context = tok.encode(args.prompt.as_bytes(), &mut PieceCache::default());
     if context.is_empty() {
-        context.push(ByteTokenizer::EOD);
+        context.push(tok.eod());
     }
     let stream = Stream::new(args.seed, "generate", 1);
     let mut out = std::io::stdout().lock();
@@ -117,11 +136,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         context.push(next as u32);
         // Raw bytes go straight out, so a multi-byte character split over tokens still prints
         // whole; the end-of-document id is shown as the paragraph break it stands for.
-        match u8::try_from(next) {
-            Ok(byte) => out.write_all(&[byte]),
-            Err(_) => out.write_all(b"\n\n"),
-        }
-        .map_err(io_err)?;
+        out.write_all(&tok.token_bytes(next as u32)).map_err(io_err)?;
         out.flush().map_err(io_err)?;
     }
     out.write_all(b"\n").map_err(io_err)?;

@@ -301,3 +301,37 @@ fn bad_tokenizer_files_and_input_are_one_clear_line() {
     ]);
     assert_clean_error(&o, &["in.txt: line 2", "invalid UTF-8", "HuggingFaceTokenizer"]);
 }
+
+#[test]
+fn train_takes_the_vocabulary_from_the_tokenizer_and_generate_decodes_with_it() {
+    let dir = scratch("tokenizers-train");
+    let (vocab, merges) = tiny_files(&dir);
+    let p = |x: &Path| x.display().to_string();
+    let corpus = dir.join("corpus.txt");
+    fs::write(&corpus, "ab abc cab\n\nabba baab\n\n".repeat(200)).unwrap();
+    let flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", &p(&vocab), "--merge-file", &p(&merges)];
+    let data = dir.join("data");
+    let (pa, pd) = (p(&corpus), p(&data));
+    let mut args = vec!["prepare", "--input", &pa, "--output-prefix", &pd, "--append-eod"];
+    args.extend(flags);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = p(&dir.join("ckpt"));
+    let mut train = one_thread_train_args(&format!("{}_text_document", p(&data)), 4, 6);
+    train.extend(["--save", &ckpt].iter().chain(&flags).map(|s| s.to_string()));
+    let o = run(&train.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The tiny files have 258 ids (256 bytes, "ab", <|endoftext|>), padded to 384.
+    assert!(stdout(&o).contains("vocab 258 (padded 384)"), "{}", stdout(&o));
+    let mut gen = vec!["generate", "--load", &ckpt, "--prompt", "ab", "--max-new-tokens", "8", "--temperature", "0"];
+    gen.extend(flags);
+    let o = run(&gen);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("ab"), "{}", stdout(&o));
+    // Without the tokenizer, generate says which one the checkpoint needs.
+    assert_clean_error(&run(&gen[..9]), &["trained with --tokenizer-type GPT2BPETokenizer"]);
+    // A vocabulary below the tokenizer's ids is refused.
+    let mut small = train.clone();
+    small.extend(["--vocab-size".to_string(), "257".to_string()]);
+    assert_clean_error(&run(&small.iter().map(String::as_str).collect::<Vec<_>>()), &["--vocab-size", "at least 258"]);
+}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tokenizer throughput, trident against Hugging Face's `tokenizers`, side by side in one run:
 # `trident prepare --workers W` (file read, JSON parse, encode, .bin/.idx write: wall time of the
-# whole command) and `tokenizers`' encode_batch with RAYON_NUM_THREADS=W (encode only, the texts
-# already in memory), on the same JSON lines: the bundled corpus's paragraphs repeated to about
+# whole command) and `tokenizers`' encode_batch and encode_batch_fast (no offsets) with
+# RAYON_NUM_THREADS=W (encode only, the texts already in memory), on the same JSON lines: the bundled corpus's paragraphs repeated to about
 # SIZE_MB, alternating REPS times. Prints MB/s (10^6 input bytes per second) per run.
 #
 #   tools/bench-tokenize.sh gpt2 DIR          GPT-2's encoder.json + vocab.bpe in DIR
@@ -50,8 +50,10 @@ else:
     tok = Tokenizer.from_file(files)
 texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
 n = sum(len(t.encode()) for t in texts)
-start = time.perf_counter()
-tok.encode_batch(texts)
-print(f"      tokenizers encode_batch: {n / (time.perf_counter() - start) / 1e6:.2f} MB/s")
+for name in ["encode_batch", "encode_batch_fast"]:
+    if hasattr(tok, name):
+        start = time.perf_counter()
+        getattr(tok, name)(texts)
+        print(f"      tokenizers {name}: {n / (time.perf_counter() - start) / 1e6:.2f} MB/s")
 PY
 done

@@ -25,5 +25,6 @@ pub fn run(rest: &[String]) -> Result<()> {
         seed: a.u64("--seed")?.unwrap_or(1234),
         cpu_threads: threads(&a)?,
         kv_cache: !a.has("--no-kv-cache"),
+        tokenizer: crate::data::tokenizer_files::from_args(&a)?,
     })
 }

@@ -3,10 +3,9 @@
 
 use super::flags;
 use crate::data::prepare::{self, PrepareArgs, TextDocuments};
-use crate::data::tokenizer_files::{self, TokenizerFlags};
+use crate::data::tokenizer_files;
 use crate::error::{Error, Result};
 use crate::flags::PREPARE_FLAGS;
-use std::path::Path;
 
 /// `trident prepare [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {
@@ -16,13 +15,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     let inputs = a.list("--input").ok_or_else(|| Error::Usage("prepare needs --input FILE...".into()))?;
     let output_prefix =
         a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
-    let tokenizer = tokenizer_files::load(&TokenizerFlags {
-        kind: a.str("--tokenizer-type"),
-        vocab_file: a.str("--vocab-file").map(Path::new),
-        merge_file: a.str("--merge-file").map(Path::new),
-        tokenizer_model: a.str("--tokenizer-model").map(Path::new),
-        eod_token: a.str("--eod-token"),
-    })?;
+    let tokenizer = tokenizer_files::from_args(&a)?;
     let workers = match a.usize("--workers")? {
         Some(0) => return Err(Error::flag("--workers", 0, "a positive number of threads")),
         Some(w) => w,

@@ -88,6 +88,19 @@ impl Tokenizer {
         }
     }
 
+    /// What token `id` prints as in `generate`: its bytes (a byte, a BPE token, an added
+    /// token's text; special added tokens print nothing), the end of document as "\n\n".
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if id == self.eod() {
+            return b"\n\n".to_vec();
+        }
+        match self {
+            // A lone byte, even half a character: the next byte completes it on the terminal.
+            Tokenizer::Byte => u8::try_from(id).map_or("\u{FFFD}".into(), |b| vec![b]),
+            Tokenizer::Bpe(t) => t.decode(&[id], true),
+        }
+    }
+
     /// The ids of `text` (UTF-8 unless `needs_utf8` is false: `prepare` checks first).
     pub fn encode(&self, text: &[u8], cache: &mut PieceCache) -> Vec<u32> {
         match self {

@@ -22,6 +22,17 @@ pub struct TokenizerFlags<'a> {
     pub eod_token: Option<&'a str>,
 }
 
+/// The tokenizer Megatron's flags (`flags::TOKENIZER_FLAGS`) in `a` describe.
+pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
+    load(&TokenizerFlags {
+        kind: a.str("--tokenizer-type"),
+        vocab_file: a.str("--vocab-file").map(Path::new),
+        merge_file: a.str("--merge-file").map(Path::new),
+        tokenizer_model: a.str("--tokenizer-model").map(Path::new),
+        eod_token: a.str("--eod-token"),
+    })
+}
+
 /// The tokenizer the flags describe; a missing file flag is one error naming it.
 pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
     fn need<'p>(p: Option<&'p Path>, name: &str, kind: &str) -> Result<&'p Path> {

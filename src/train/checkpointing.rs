@@ -47,7 +47,7 @@ pub(super) fn save_checkpoint<D: Device>(
         ("seed", cfg.seed.to_string()),
         ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
         ("seq_length", cfg.seq_length.to_string()),
-        ("tokenizer", "ByteTokenizer".to_string()),
+        ("tokenizer", cfg.tokenizer_type.to_string()),
         ("tensor_model_parallel_size", grid.tp.to_string()),
         ("tensor_model_parallel_rank", grid.tp_rank.to_string()),
         ("pipeline_model_parallel_size", grid.pp.to_string()),
