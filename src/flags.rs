@@ -204,6 +204,10 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
         "TOKEN",
         "HuggingFaceTokenizer: the end-of-document token (default: tokenizer_config.json's eos_token)",
     ),
+    switch(
+        "--tokenizer-hf-include-special-tokens",
+        "HuggingFaceTokenizer: add the tokenizer.json's template tokens (Llama 3's <|begin_of_text|>) to every text",
+    ),
 ];
 
 /// `trident prepare`: its own flags and the tokenizer's.

@@ -73,7 +73,10 @@ fn python_ids(py: &str, args: &[&str]) -> Vec<Vec<u32>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tokenizers_compare.py");
     let o = Command::new(py).arg(script).args(args).output().expect("python runs");
     assert!(o.status.success(), "tokenizers_compare.py {args:?}: {}", stderr(&o));
-    let out = fs::read_to_string(args.last().unwrap()).unwrap_or_default();
+    // The output file is the third argument after the mode (none for train-llama3 and the
+    // megatron-core writer, which writes a dataset).
+    let lists = args[0].starts_with("encode");
+    let out = args.get(3).filter(|_| lists).map(|o| fs::read_to_string(o).unwrap()).unwrap_or_default();
     out.lines()
         .map(|l| {
             let inner = l.trim().trim_start_matches('[').trim_end_matches(']');
@@ -169,6 +172,35 @@ fn gpt2_bpe_matches_tokenizers_and_transformers() {
 }
 
 #[test]
+fn prepare_writes_what_megatrons_preprocess_data_writes() {
+    let Some(files) = gpt2_dir() else { return };
+    let Some(py) = python_with("tokenizers, megatron.core", "the byte comparison with megatron-core's writer is not run")
+    else {
+        return;
+    };
+    let dir = scratch("tokenizers-megatron");
+    let (_, jsonl) = sample(&dir);
+    // An empty document: no sequence and no EOD, in both.
+    let mut lines = fs::read_to_string(&jsonl).unwrap();
+    lines.push_str("{\"text\": \"\"}\n");
+    fs::write(&jsonl, lines).unwrap();
+    let p = |x: &Path| x.display().to_string();
+    let (vocab, merges) = (p(&files.join("encoder.json")), p(&files.join("vocab.bpe")));
+    let (input, ours, theirs) = (p(&jsonl), p(&dir.join("ours")), p(&dir.join("theirs")));
+    let o = run(&[
+        "prepare", "--input", &input, "--output-prefix", &ours, "--append-eod", "--tokenizer-type", "GPT2BPETokenizer",
+        "--vocab-file", &vocab, "--merge-file", &merges,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    python_ids(&py, &["megatron-gpt2", &p(&files), &input, &theirs]);
+    for ext in ["bin", "idx"] {
+        let a = fs::read(format!("{ours}_text_document.{ext}")).unwrap();
+        let b = fs::read(format!("{theirs}.{ext}")).unwrap();
+        assert!(a == b, ".{ext} differs from megatron-core's ({} and {} bytes)", a.len(), b.len());
+    }
+}
+
+#[test]
 fn a_llama3_style_tokenizer_json_matches_tokenizers() {
     let Some(py) = python_with("tokenizers", "HuggingFaceTokenizer is not compared") else { return };
     let dir = scratch("tokenizers-llama3");
@@ -178,28 +210,26 @@ fn a_llama3_style_tokenizer_json_matches_tokenizers() {
     let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt");
     let corpus = if Path::new(corpus).is_file() { corpus } else { "/work/shared/data/tinyshakespeare.txt" };
     python_ids(&py, &["train-llama3", corpus, &p(&tok)]);
-    let prefix = dir.join("out");
-    let o = run(&[
-        "prepare",
-        "--input",
-        &p(&jsonl),
-        "--output-prefix",
-        &p(&prefix),
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        &p(&tok),
-        "--append-eod",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let mut ours = prepared(&dir.join("out_text_document"));
-    // The end of document is tokenizer_config.json's eos_token, <|end_of_text|> (id 1).
-    for ids in &mut ours {
-        assert_eq!(ids.pop(), Some(1));
+    // megatron-core's default leaves the template out; --tokenizer-hf-include-special-tokens puts
+    // its <|begin_of_text|> before every document.
+    for (flag, special) in [(None, "plain"), (Some("--tokenizer-hf-include-special-tokens"), "special")] {
+        let prefix = p(&dir.join(format!("out-{special}")));
+        let (input, model) = (p(&jsonl), p(&tok));
+        let mut args = vec!["prepare", "--input", &input, "--output-prefix", &prefix, "--append-eod"];
+        args.extend(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", &model]);
+        args.extend(flag);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let mut ours = prepared(&dir.join(format!("out-{special}_text_document")));
+        // The end of document is tokenizer_config.json's eos_token, <|end_of_text|> (id 1).
+        for ids in &mut ours {
+            assert_eq!(ids.pop(), Some(1));
+            assert_eq!(ids[0] == 0, flag.is_some(), "<|begin_of_text|> is id 0");
+        }
+        let (json, reference) = (p(&tok.join("tokenizer.json")), p(&dir.join("reference.txt")));
+        let theirs = python_ids(&py, &["encode-json", &json, &input, &reference, special]);
+        assert_same_ids(&ours, &theirs, &texts, "tokenizers");
     }
-    let reference = dir.join("reference.txt");
-    let theirs = python_ids(&py, &["encode-json", &p(&tok.join("tokenizer.json")), &p(&jsonl), &p(&reference)]);
-    assert_same_ids(&ours, &theirs, &texts, "tokenizers");
     let t =
         load(&TokenizerFlags { kind: Some("HuggingFaceTokenizer"), tokenizer_model: Some(&tok), ..Default::default() })
             .unwrap();

@@ -4,9 +4,14 @@ the bundled corpus. One JSON list of ids per input line.
 
   encode-gpt2 DIR IN OUT           GPT-2's encoder.json + vocab.bpe in DIR, with `tokenizers`
   encode-transformers DIR IN OUT   the same files through transformers' GPT2Tokenizer
-  encode-json TOKENIZER IN OUT     a tokenizer.json, add_special_tokens on (as Megatron's
-                                   HuggingFaceTokenizer calls it)
+  encode-json TOKENIZER IN OUT [special]
+                                   a tokenizer.json, add_special_tokens off (megatron-core's
+                                   default), on with `special`
   train-llama3 CORPUS DIR          writes DIR/tokenizer.json and DIR/tokenizer_config.json
+  megatron-gpt2 DIR IN PREFIX      PREFIX.bin/.idx as Megatron's tools/preprocess_data.py writes
+                                   them with --append-eod (its Encoder.encode: no EOD after an
+                                   empty document, one sequence per document) through
+                                   megatron-core's IndexedDatasetBuilder and DType.optimal_dtype
 
 IN is JSON lines with a "text" key.
 """
@@ -78,7 +83,19 @@ def main():
         write(args[2], transformers_gpt2(args[0], texts(args[1])))
     elif mode == "encode-json":
         tok = Tokenizer.from_file(args[0])
-        write(args[2], (e.ids for e in tok.encode_batch(texts(args[1]), add_special_tokens=True)))
+        special = len(args) > 3 and args[3] == "special"
+        write(args[2], (e.ids for e in tok.encode_batch(texts(args[1]), add_special_tokens=special)))
+    elif mode == "megatron-gpt2":
+        from megatron.core.datasets import indexed_dataset
+
+        tok = gpt2(args[0])
+        eod = tok.token_to_id("<|endoftext|>")
+        builder = indexed_dataset.IndexedDatasetBuilder(
+            args[2] + ".bin", dtype=indexed_dataset.DType.optimal_dtype(tok.get_vocab_size()))
+        for enc in tok.encode_batch(texts(args[1])):
+            ids = enc.ids + [eod] if enc.ids else []
+            builder.add_document(ids, [len(ids)] if ids else [])
+        builder.finalize(args[2] + ".idx")
     elif mode == "train-llama3":
         train_llama3(args[0], args[1])
     else:

@@ -141,7 +141,7 @@ pub struct BpeTokenizer {
     /// The bytes an added token can start with.
     pub(super) added_first: [bool; 256],
     /// Ids around every encoded text (a tokenizer.json's post-processing template: Llama 3's
-    /// `<|begin_of_text|>`), as Megatron's HuggingFaceTokenizer gets them.
+    /// `<|begin_of_text|>`), when `--tokenizer-hf-include-special-tokens` asks for them.
     pub(super) prefix: Vec<u32>,
     pub(super) suffix: Vec<u32>,
     pub eod: u32,

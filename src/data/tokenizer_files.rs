@@ -20,6 +20,8 @@ pub struct TokenizerFlags<'a> {
     pub merge_file: Option<&'a Path>,
     pub tokenizer_model: Option<&'a Path>,
     pub eod_token: Option<&'a str>,
+    /// Apply the tokenizer.json's post-processing template (`--tokenizer-hf-include-special-tokens`).
+    pub include_special_tokens: bool,
 }
 
 /// The tokenizer Megatron's flags (`flags::TOKENIZER_FLAGS`) in `a` describe.
@@ -30,6 +32,7 @@ pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
         merge_file: a.str("--merge-file").map(Path::new),
         tokenizer_model: a.str("--tokenizer-model").map(Path::new),
         eod_token: a.str("--eod-token"),
+        include_special_tokens: a.has("--tokenizer-hf-include-special-tokens"),
     })
 }
 
@@ -47,7 +50,7 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
         }
         kind @ "HuggingFaceTokenizer" => {
             let model = need(flags.tokenizer_model, "--tokenizer-model (a tokenizer.json or its directory)", kind)?;
-            Ok(Tokenizer::Bpe(Box::new(hugging_face(model, flags.eod_token)?)))
+            Ok(Tokenizer::Bpe(Box::new(hugging_face(model, flags.eod_token, flags.include_special_tokens)?)))
         }
         other => Err(Error::flag(
             "--tokenizer-type",
@@ -278,8 +281,10 @@ fn hf_eod(t: &BpeTokenizer, path: &Path, eod_token: Option<&str>) -> Result<u32>
     })
 }
 
-/// Megatron's `HuggingFaceTokenizer`: a tokenizer.json (or a directory holding one).
-pub fn hugging_face(path: &Path, eod_token: Option<&str>) -> Result<BpeTokenizer> {
+/// Megatron's `HuggingFaceTokenizer`: a tokenizer.json (or a directory holding one). Its
+/// post-processing template applies only with `include_special_tokens`, as megatron-core's
+/// `--tokenizer-hf-include-special-tokens` (off by default) decides.
+pub fn hugging_face(path: &Path, eod_token: Option<&str>, include_special_tokens: bool) -> Result<BpeTokenizer> {
     let path: PathBuf = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
     let json = document(&read(&path, "read the tokenizer")?, &path)?;
     for field in ["normalizer"] {
@@ -296,6 +301,7 @@ pub fn hugging_face(path: &Path, eod_token: Option<&str>) -> Result<BpeTokenizer
     let (pattern, add_prefix_space) = pre_tokenizer(json.get("pre_tokenizer").unwrap_or(&Json::Null), &path)?;
     let added = added_tokens(&json, &path)?;
     let around = template(json.get("post_processor").unwrap_or(&Json::Null), &path)?;
+    let around = if include_special_tokens { around } else { (Vec::new(), Vec::new()) };
     let source = Source::HuggingFace { path: path.clone() };
     let mut t = tokenizer(source, bpe, pattern, add_prefix_space, added, around, 0);
     t.eod = hf_eod(&t, &path, eod_token)?;
