@@ -358,8 +358,25 @@ fn train_takes_the_vocabulary_from_the_tokenizer_and_generate_decodes_with_it() 
     let o = run(&gen);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("ab"), "{}", stdout(&o));
-    // Without the tokenizer, generate says which one the checkpoint needs.
-    assert_clean_error(&run(&gen[..9]), &["trained with --tokenizer-type GPT2BPETokenizer"]);
+    // The checkpoint keeps a copy of the tokenizer: without flags (and without the original
+    // files) generate finds it and prints the same text.
+    let with_flags = stdout(&o);
+    fs::rename(&vocab, dir.join("moved.json")).unwrap();
+    let o = run(&gen[..9]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), with_flags);
+    fs::rename(dir.join("moved.json"), &vocab).unwrap();
+    // `convert` carries the tokenizer to the resharded copy.
+    let copy = p(&dir.join("copy"));
+    let o = run(&["convert", "--load", &ckpt, "--save", &copy]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut from_copy = gen[..9].to_vec();
+    from_copy[2] = &copy;
+    assert_eq!(stdout(&run(&from_copy)), with_flags);
+    // Another tokenizer than the checkpoint's is refused by name.
+    let mut bytes = gen[..9].to_vec();
+    bytes.extend(["--tokenizer-type", "ByteTokenizer"]);
+    assert_clean_error(&run(&bytes), &["trained with --tokenizer-type GPT2BPETokenizer"]);
     // A vocabulary below the tokenizer's ids is refused.
     let mut small = train.clone();
     small.extend(["--vocab-size".to_string(), "257".to_string()]);

@@ -9,6 +9,7 @@ pub mod hf_files;
 pub mod hf_llama;
 pub mod safetensors;
 pub mod shape;
+pub mod tokenizer;
 
 use crate::error::{Error, Result};
 use crate::rng::fnv1a64;

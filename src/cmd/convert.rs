@@ -34,6 +34,10 @@ pub fn run(rest: &[String]) -> Result<()> {
     }
     if let Some(dir) = a.path("--save") {
         save(&a, &full, &dir)?;
+        // The tokenizer saved beside the source checkpoints goes with them.
+        if let Some(flags) = a.path("--load").map(|src| crate::checkpoint::tokenizer::saved_flags(&src)).transpose()? {
+            crate::checkpoint::tokenizer::save(&dir, &flags.unwrap_or_default())?;
+        }
     }
     Ok(())
 }

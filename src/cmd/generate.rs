@@ -6,6 +6,18 @@ use crate::error::{Error, Result};
 use crate::generate::GenerateArgs;
 use crate::flags::GENERATE_FLAGS;
 
+/// The tokenizer flags given, else those saved beside the checkpoints in `load`, else bytes.
+fn tokenizer(a: &crate::cli::Args, load: &std::path::Path) -> Result<crate::data::tokenizer::Tokenizer> {
+    let given = crate::flags::TOKENIZER_FLAGS.iter().any(|f| a.has(f.name));
+    match crate::checkpoint::tokenizer::saved_flags(load)? {
+        Some(saved) if !given => {
+            let saved = crate::cli::parse("generate", crate::flags::TOKENIZER_FLAGS, &saved)?.unwrap_or_default();
+            crate::data::tokenizer_files::from_args(&saved)
+        }
+        _ => crate::data::tokenizer_files::from_args(a),
+    }
+}
+
 /// `trident generate [flags]`.
 pub fn run(rest: &[String]) -> Result<()> {
     let Some(a) = flags("generate", "sample a continuation from a checkpoint", GENERATE_FLAGS, rest)? else {
@@ -16,6 +28,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     if temperature < 0.0 {
         return Err(Error::flag("--temperature", temperature, "a number >= 0"));
     }
+    let tokenizer = tokenizer(&a, &load)?;
     crate::generate::run(&GenerateArgs {
         load,
         prompt: a.str("--prompt").unwrap_or("").to_string(),
@@ -25,6 +38,6 @@ pub fn run(rest: &[String]) -> Result<()> {
         seed: a.u64("--seed")?.unwrap_or(1234),
         cpu_threads: threads(&a)?,
         kv_cache: !a.has("--no-kv-cache"),
-        tokenizer: crate::data::tokenizer_files::from_args(&a)?,
+        tokenizer,
     })
 }

@@ -112,6 +112,7 @@ pub(super) fn save_checkpoint<D: Device>(
     }
     groups.world.barrier();
     if grid.rank == 0 {
+        checkpoint::tokenizer::save(dir, &cfg.tokenizer_flags)?;
         let path = checkpoint::commit(dir, progress.iteration)?;
         if say {
             println!(" saved checkpoint at iteration {} to {}", progress.iteration, path.display());
