@@ -592,17 +592,7 @@ mod tests {
         // `bench` report MFU with), for Llama 3 8B and 70B.
         for name in ["llama3-8b", "llama3-70b"] {
             let shape = crate::plan::models::named(name).unwrap();
-            let model = crate::model::GptConfig {
-                num_layers: shape.num_layers,
-                hidden_size: shape.hidden_size,
-                num_attention_heads: shape.num_attention_heads,
-                ffn_hidden_size: shape.ffn_hidden_size,
-                max_position_embeddings: shape.max_position_embeddings,
-                vocab_size: shape.padded_vocab_size,
-                padded_vocab_size: shape.padded_vocab_size,
-                init_method_std: 0.02,
-                arch: shape.arch.clone(),
-            };
+            let model = shape.model_config();
             let l = Layout { tp: 8, pp: 4, dp: 2, micro_batch: 1, ..layout(2, Recompute::Full, false) };
             let got = model_flops(&shape, &l, Precision::Bf16, 64);
             let want = model.flops_per_iteration(64, shape.seq_length);

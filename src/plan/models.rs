@@ -81,6 +81,23 @@ impl Shape {
         }
     }
 
+    /// The model this shape prices (its vocabulary taken as the padded one), for the tests that
+    /// hold the planner's counts to the model's own.
+    #[cfg(test)]
+    pub fn model_config(&self) -> GptConfig {
+        GptConfig {
+            num_layers: self.num_layers,
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            ffn_hidden_size: self.ffn_hidden_size,
+            max_position_embeddings: self.max_position_embeddings,
+            vocab_size: self.padded_vocab_size,
+            padded_vocab_size: self.padded_vocab_size,
+            init_method_std: 0.02,
+            arch: self.arch.clone(),
+        }
+    }
+
     /// Parameters of the whole model: the layers, the word embedding (and the output layer when
     /// untied; a tied one is counted once), the position table, the final norm.
     pub fn parameters(&self) -> f64 {
@@ -176,17 +193,7 @@ mod tests {
         // tied embedding and learned positions, Llama's GQA, SwiGLU, RMSNorm, untied output).
         for p in PRESETS {
             let shape = named(p.name).unwrap();
-            let model = GptConfig {
-                num_layers: shape.num_layers,
-                hidden_size: shape.hidden_size,
-                num_attention_heads: shape.num_attention_heads,
-                ffn_hidden_size: shape.ffn_hidden_size,
-                max_position_embeddings: shape.max_position_embeddings,
-                vocab_size: shape.padded_vocab_size,
-                padded_vocab_size: shape.padded_vocab_size,
-                init_method_std: 0.02,
-                arch: shape.arch.clone(),
-            };
+            let model = shape.model_config();
             let listed: usize = model
                 .parameters(&crate::model::ModelParallel::single())
                 .iter()
