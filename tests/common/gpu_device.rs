@@ -43,9 +43,10 @@ pub const OPS_CHECKED: usize = 175;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
-/// and rotary embedding's two (forward, backward) on three shapes each.
+/// and rotary embedding's two (forward, backward) on three shapes each, and grouped-query
+/// attention's three (out, lse, dqkv) on two shapes per head dim (32, 64, 128).
 pub fn ops_checked(llama: bool) -> usize {
-    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) } else { 0 }
+    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) + 3 * 2 * 3 } else { 0 }
 }
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
