@@ -250,21 +250,9 @@ const TINY_PRESET_GPU: &[&str] = &[
 /// The `llama-tiny` preset (the tiny preset's sizes with RMSNorm, SwiGLU, rotary embedding, an
 /// untied output layer, no biases, and its 4 query heads of 32 in 2 key/value groups: the d 32
 /// grouped-query attention kernels), on TINY_PRESET_GPU's sequence and batch.
-const LLAMA_TINY_PRESET_GPU: &[&str] = &[
-    "--preset",
-    "llama-tiny",
-    "--seq-length",
-    "72",
-    "--micro-batch-size",
-    "1",
-    "--global-batch-size",
-    "1",
-    "--log-interval",
-    "1",
-    "--eval-iters",
-    "1",
-    "--bf16",
-];
+fn llama_tiny_preset_gpu() -> Vec<&'static str> {
+    TINY_PRESET_GPU.iter().map(|&flag| if flag == "tiny" { "llama-tiny" } else { flag }).collect()
+}
 
 /// Trains TINY_GPU for 6 iterations on `ranks` ranks (under mpirun when more than one) and
 /// returns the losses.
@@ -509,9 +497,10 @@ pub fn tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
 pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
     let dir = scratch(&format!("{device}-train-llama-tiny"));
     let data = prepared_corpus(&dir);
-    let one = model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, LLAMA_TINY_PRESET_GPU);
+    let llama = llama_tiny_preset_gpu();
+    let one = model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, &llama);
     let tp2 = ["--tensor-model-parallel-size", "2", "--gpu-collectives", "mpi"];
-    let tp2 = train_model_losses(&emu.env, &dir, &data, device, 2, LLAMA_TINY_PRESET_GPU, &tp2);
+    let tp2 = train_model_losses(&emu.env, &dir, &data, device, 2, &llama, &tp2);
     assert_follows_one_rank(&one, "TP 2", &tp2);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -521,7 +510,7 @@ pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &st
 /// precision of each other, and moving.
 pub fn llama_tiny_preset_fp16_follows_the_cpu(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
     let data = prepared_corpus(dir);
-    let model = model_flags(LLAMA_TINY_PRESET_GPU, &["--bf16"]);
+    let model = model_flags(&llama_tiny_preset_gpu(), &["--bf16"]);
     let fp16 = ["--fp16", "--initial-loss-scale", "4096"];
     let cpu = train_model_losses(env, dir, &data, "cpu", 1, &model, &fp16);
     let gpu = train_model_losses(env, dir, &data, device, 1, &model, &fp16);
