@@ -216,6 +216,14 @@ fn train_tiny_preset_on_cuda_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "cuda");
 }
 
+/// The `llama-tiny` preset (grouped-query attention, RMSNorm, SwiGLU, rotary) trains on the CUDA
+/// Device and follows the CPU's `--bf16` losses, and on two tensor-parallel ranks the one-rank run.
+#[test]
+fn train_llama_tiny_preset_on_cuda_follows_the_cpu_bf16_losses_and_tensor_parallel_one_rank() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::llama_tiny_preset_follows_the_cpu_bf16_losses(emu, "cuda");
+}
+
 /// Trains layout `name` with `--gpu-collectives nccl` (through the fake NCCL with its `settings`)
 /// and with `--gpu-collectives mpi`, which must call NCCL for nothing: both runs' losses, and the
 /// operations of the NCCL run counted by name.
@@ -475,6 +483,16 @@ fn train_tiny_preset_on_cuda_fp16_skips_and_backs_off_as_the_cpu_does() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `train --device cuda --fp16` on the `llama-tiny` preset: the fp16 module's Llama-family
+/// kernels follow the CPU's `--fp16` losses.
+#[test]
+fn train_llama_tiny_preset_on_cuda_fp16_follows_the_cpu() {
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
+    let dir = scratch("cuda-train-llama-fp16");
+    gpu_device::llama_tiny_preset_fp16_follows_the_cpu(fp16, &dir, "cuda");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
 #[test]
 fn training_reads_the_device_once_per_log_interval() {
@@ -703,6 +721,23 @@ fn on_compute_capability_9_the_linear_layers_run_on_the_sm90_gemms() {
 fn bench_step_counts_what_the_emulating_driver_counts() {
     let Some(emu) = emulated() else { return };
     gpu_device::bench_step_counts_what_the_runtime_counts(emu, "cuda");
+}
+
+/// `bench step --device cuda` on the `llama-tiny` preset (grouped-query attention, RMSNorm,
+/// SwiGLU, rotary) runs on the emulated GPU: one record, with the Llama-family kernels launched.
+#[test]
+fn bench_step_runs_a_llama_on_cuda() {
+    let Some(emu) = emulated() else { return };
+    let shape = ["--num-layers", "2", "--seq-length", "16", "--micro-batch-size", "2", "--vocab-size", "257"];
+    let mut args = vec!["bench", "step", "--device", "cuda", "--preset", "llama-tiny", "--dtype", "bf16"];
+    args.extend(["--steps", "1", "--json"].iter().chain(&shape));
+    let o = run_with(&emu.env, &args);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert_eq!(out.lines().count(), 1, "one record: {out}");
+    for kernel in ["attention_bwd_dkv_bf16_d32", "rmsnorm_fwd_bf16", "swiglu_bwd_bf16", "rope_fwd_bf16"] {
+        assert!(out.contains(&format!("\"{kernel}\": ")), "{kernel} not launched: {out}");
+    }
 }
 
 /// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.

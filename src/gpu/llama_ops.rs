@@ -49,7 +49,9 @@ impl GpuDevice {
     }
 
     /// `Device::rmsnorm_backward`: one launch (`rmsnorm_bwd_bf16`), dweight through the block
-    /// partials and the counters LayerNorm's backward shares (every launch leaves them at 0).
+    /// partials and the counters LayerNorm's backward shares (every launch leaves them at 0). An
+    /// f32 `dout` (tensor parallelism's all-reduced gradient of the norm's output) is rounded to
+    /// the 16-bit storage on the way in, the format one rank's GEMM writes it in.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_bwd(
         &self,
@@ -63,7 +65,7 @@ impl GpuDevice {
         cols: usize,
     ) {
         int("rows·cols", rows * cols);
-        self.llama_kernels("RMSNorm", dout.elem);
+        self.llama_kernels("RMSNorm", inp.elem);
         if rows == 0 {
             return;
         }

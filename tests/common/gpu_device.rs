@@ -43,9 +43,10 @@ pub const OPS_CHECKED: usize = 175;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
-/// and rotary embedding's two (forward, backward) on three shapes each.
+/// and rotary embedding's two (forward, backward) on three shapes each, and grouped-query
+/// attention's three (out, lse, dqkv) on two shapes per head dim (32, 64, 128).
 pub fn ops_checked(llama: bool) -> usize {
-    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) } else { 0 }
+    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) + 3 * 2 * 3 } else { 0 }
 }
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
@@ -245,6 +246,13 @@ const TINY_PRESET_GPU: &[&str] = &[
     "1",
     "--bf16",
 ];
+
+/// The `llama-tiny` preset (the tiny preset's sizes with RMSNorm, SwiGLU, rotary embedding, an
+/// untied output layer, no biases, and its 4 query heads of 32 in 2 key/value groups: the d 32
+/// grouped-query attention kernels), on TINY_PRESET_GPU's sequence and batch.
+fn llama_tiny_preset_gpu() -> Vec<&'static str> {
+    TINY_PRESET_GPU.iter().map(|&flag| if flag == "tiny" { "llama-tiny" } else { flag }).collect()
+}
 
 /// Trains TINY_GPU for 6 iterations on `ranks` ranks (under mpirun when more than one) and
 /// returns the losses.
@@ -481,6 +489,38 @@ pub fn tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
     let data = prepared_corpus(&dir);
     model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, TINY_PRESET_GPU);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `llama-tiny` preset trains on `device` and follows the CPU's `--bf16` losses; with tensor
+/// parallelism 2 (each rank one key/value group of 2 query heads, `--gpu-collectives mpi`) it
+/// follows the one-rank run.
+pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
+    let dir = scratch(&format!("{device}-train-llama-tiny"));
+    let data = prepared_corpus(&dir);
+    let llama = llama_tiny_preset_gpu();
+    let one = model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, &llama);
+    let tp2 = ["--tensor-model-parallel-size", "2", "--gpu-collectives", "mpi"];
+    let tp2 = train_model_losses(&emu.env, &dir, &data, device, 2, &llama, &tp2);
+    assert_follows_one_rank(&one, "TP 2", &tp2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `llama-tiny` preset under `--fp16` (binary16 storage, a loss scale of 2^12 that does not
+/// overflow) on `device`'s fp16 module (through `env`) and on the CPU: losses within fp16
+/// precision of each other, and moving.
+pub fn llama_tiny_preset_fp16_follows_the_cpu(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
+    let data = prepared_corpus(dir);
+    let model = model_flags(&llama_tiny_preset_gpu(), &["--bf16"]);
+    let fp16 = ["--fp16", "--initial-loss-scale", "4096"];
+    let cpu = train_model_losses(env, dir, &data, "cpu", 1, &model, &fp16);
+    let gpu = train_model_losses(env, dir, &data, device, 1, &model, &fp16);
+    assert_eq!((cpu.len(), gpu.len()), (6, 6));
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        let rel = (c - g).abs() / c.abs();
+        eprintln!("iteration {}: cpu {c:.6} {device} {g:.6} (relative difference {rel:.2e})", i + 1);
+        assert!(rel < 5e-4, "iteration {}: cpu loss {c}, {device} loss {g}", i + 1);
+    }
+    assert!(gpu.windows(2).any(|w| w[0] != w[1]), "the {device} loss never changed");
 }
 
 /// A parallel layout's losses (`name`) against one rank's: the same run up to the reduction

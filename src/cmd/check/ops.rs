@@ -620,14 +620,17 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     }
 }
 
-fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]) {
+/// Causal attention forward and backward; a grouped-query shape (`kv_heads < heads`) names its
+/// key/value heads.
+fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
     let (dev, r) = (run.dev, ReferenceDevice);
-    for &(batch, seq, heads, head_dim) in cases {
-        let shape = AttentionShape::new(batch, seq, heads, head_dim);
-        let (rows, w) = (shape.rows(), shape.width());
-        let qkv = run.halves(3 * rows * w, "qkv", 1.0);
+    for &shape in cases {
+        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+        let (rows, w, qkv_w) = (shape.rows(), shape.width(), shape.qkv_width());
+        let qkv = run.halves(rows * qkv_w, "qkv", 1.0);
         let dout = run.halves(rows * w, "dout", 1.0);
-        let case = format!("b{batch} s{seq} h{heads} d{head_dim}");
+        let groups = if kv_heads < heads { format!(" kv{kv_heads}") } else { String::new() };
+        let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}");
         let gq = run.up(&qkv);
         let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
         dev.attention_forward(&mut out, &mut lse, &gq, shape);
@@ -637,9 +640,9 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
         run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
         // Backward from the device's own forward output, as training runs it.
         let (out_host, lse_host) = (run.down(&out), run.down(&lse));
-        let mut dqkv = run.up(&vec![9.0; 3 * rows * w]);
+        let mut dqkv = run.up(&vec![9.0; rows * qkv_w]);
         dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape);
-        let mut rdqkv = r.alloc(3 * rows * w);
+        let mut rdqkv = r.alloc(rows * qkv_w);
         r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape);
         run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
     }
@@ -649,8 +652,8 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
 /// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
-/// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU and rotary embedding so far; the GPU Device on
-/// CUDA: `GpuDevice::runs_llama`), which are then checked too.
+/// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU, rotary embedding and grouped-query
+/// attention; the GPU Device on CUDA: `GpuDevice::runs_llama`), which are then checked too.
 pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
@@ -671,9 +674,13 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     // (rows, inputs, outputs); 1100 x 8 -> 8: on sm_90a, dW's one tile in 2 slices of its
     // 18-step reduction (plan::sm90_weight_slices).
     let mut lin = vec![(1, 1, 1), (37, 72, 130), (100, 33, 70), (1100, 8, 8)];
-    let mut attn: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let mut attn = Vec::new();
     for &d in head_dims {
-        attn.extend([(1, 1, 1, d), (2, 37, 2, d)]);
+        attn.extend([sh(1, 1, 1, d), sh(2, 37, 2, d)]);
+        if llama {
+            // Grouped-query attention: 2 groups of 2 query heads; one group of 4 (multi-query).
+            attn.extend([sh(2, 37, 4, d).grouped(2), sh(1, 70, 4, d).grouped(1)]);
+        }
     }
     if full {
         emb.push((4, 256, 768, 50304, 0));
@@ -684,10 +691,13 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
         xent.push((512, 25152, 25152));
         lin.extend([(512, 768, 2304), (512, 3072, 768)]);
         for &d in head_dims {
-            attn.push((2, 512, 768 / d, d));
+            attn.push(sh(2, 512, 768 / d, d));
+            if llama {
+                attn.push(sh(2, 512, 768 / d, d).grouped(768 / d / 2));
+            }
         }
     } else if let Some(&d) = head_dims.last() {
-        attn.push((1, 70, 1, d));
+        attn.push(sh(1, 70, 1, d));
     }
     embeddings(&mut run, &emb);
     layernorm(&mut run, &ln);
