@@ -4,7 +4,7 @@
 //! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile). The cases the HIP kernels share are `common/emu_cases.rs`'s
-//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_80 GEMMs' larger
+//! (`shared_kernel_tests!`); this file adds LayerNorm's and RMSNorm's warp-sized shapes, the sm_80 GEMMs' larger
 //! tiles, the sm_90a wgmma GEMMs, tensor_ops.cu's f32 kernels, and the ldmatrix, shuffle,
 //! divergence and dynamic shared memory probes.
 
@@ -41,6 +41,11 @@ mod fp16 {
     #[test]
     fn layernorm_forward_backward() {
         emu_cases::layernorm_forward_backward(&CUDA_FP16, &[(7, 50), (6, 768), (3, 5)]);
+    }
+
+    #[test]
+    fn rmsnorm_forward_backward() {
+        emu_cases::rmsnorm_forward_backward(&CUDA_FP16, &[(7, 50), (6, 768), (70, 64)]);
     }
 
     /// The sm_80 GEMMs' larger shapes and the sm_90a wgmma GEMMs (.f16 wgmma, TMA of 16-bit
@@ -218,6 +223,12 @@ fn layernorm_forward_backward() {
 #[test]
 fn layernorm_backward_on_any_grid() {
     emu_cases::layernorm_backward_on_any_grid(&CUDA);
+}
+
+/// RMSNorm on LayerNorm's warp-sized shapes and a 3-block backward with 8-wide accesses.
+#[test]
+fn rmsnorm_forward_backward() {
+    emu_cases::rmsnorm_forward_backward(&CUDA, &[(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (70, 64)]);
 }
 
 // ---- tensor_ops.cu (the CUDA Device's f32 ops) ----------------------------------------------

@@ -75,6 +75,12 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmFwdBf16,
     Kernel::LayernormFwdBf16,
     Kernel::LayernormBwdBf16,
+    Kernel::RmsnormFwdBf16,
+    Kernel::RmsnormBwdBf16,
+    Kernel::SwigluFwdBf16,
+    Kernel::SwigluBwdBf16,
+    Kernel::RopeFwdBf16,
+    Kernel::RopeBwdBf16,
     Kernel::ColumnSumAddBf16,
     Kernel::GeluFwdBf16,
     Kernel::GeluBwdBf16,
@@ -103,22 +109,9 @@ pub const SM90_DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmBwdWeightBf16Sm90,
 ];
 
-/// The Llama-family kernels kernels-hip/ has no twin of yet, resolved besides `DEVICE_KERNELS` on
-/// CUDA.
-pub const CUDA_DEVICE_KERNELS: &[Kernel] = &[
-    Kernel::RmsnormFwdBf16,
-    Kernel::RmsnormBwdBf16,
-    Kernel::SwigluFwdBf16,
-    Kernel::SwigluBwdBf16,
-    Kernel::RopeFwdBf16,
-    Kernel::RopeBwdBf16,
-];
-
-/// The kernels the Device resolves on `vendor`: `DEVICE_KERNELS`, on CUDA `CUDA_DEVICE_KERNELS`,
-/// and with `wgmma` `SM90_DEVICE_KERNELS`.
-pub fn device_kernels(vendor: Vendor, wgmma: bool) -> Vec<Kernel> {
-    let cuda = if vendor == Vendor::Cuda { CUDA_DEVICE_KERNELS } else { &[] };
-    [DEVICE_KERNELS, cuda, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
+/// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
+pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
+    [DEVICE_KERNELS, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
 }
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
@@ -348,7 +341,7 @@ impl GpuDevice {
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
         let wgmma = super::kernels::plan::wgmma(gpu.vendor, &gpu.arch);
         Ok(GpuDevice {
-            functions: gpu.functions(&device_kernels(gpu.vendor, wgmma))?,
+            functions: gpu.functions(&device_kernels(wgmma))?,
             rt: gpu.rt,
             multiprocessors: gpu.multiprocessors,
             limits: gpu.limits,
@@ -419,10 +412,10 @@ impl GpuDevice {
     /// and their HIP twins).
     pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
-    /// Whether the Llama-family ops have kernels here (`llama_ops`): CUDA so far (RMSNorm, SwiGLU, rotary), on
-    /// 16-bit activations.
+    /// Whether the Llama-family ops have kernels here (`llama_ops`: RMSNorm, SwiGLU, rotary, on
+    /// 16-bit activations): on CUDA and on HIP (kernels-hip/'s twins).
     pub fn runs_llama(&self) -> bool {
-        self.vendor == Vendor::Cuda
+        matches!(self.vendor, Vendor::Cuda | Vendor::Hip)
     }
 
     /// Checks that the kernels can run a model with this head dim (`HEAD_DIMS`).

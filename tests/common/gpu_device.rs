@@ -42,7 +42,7 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 pub const OPS_CHECKED: usize = 175;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
-/// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
+/// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
 /// and rotary embedding's two (forward, backward) on three shapes each.
 pub fn ops_checked(llama: bool) -> usize {
     OPS_CHECKED + if llama { 3 * (4 + 2 + 2) } else { 0 }
@@ -151,7 +151,7 @@ pub fn fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
     {
         assert!(out.contains(want), "{want} missing:\n{out}");
     }
-    assert!(out.contains(&format!("ops check: all {} outputs", ops_checked(device == "cuda"))), "{out}");
+    assert!(out.contains(&format!("ops check: all {} outputs", ops_checked(true))), "{out}");
     assert!(out.contains("fp16 GEMMs and attention"), "{out}");
     let pairings = [(fp16_env, &[][..], ("bf16", "fp16")), (bf16_env, &["--fp16"][..], ("fp16", "bf16"))];
     for (env, flags, refused) in pairings {

@@ -650,7 +650,7 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize)]
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
 /// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
 /// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU and rotary embedding so far; the GPU Device on
-/// CUDA: `GpuDevice::runs_llama`), which are then checked too.
+/// CUDA and HIP: `GpuDevice::runs_llama`), which are then checked too.
 pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
