@@ -1,30 +1,40 @@
 // attention_bwd.cu: causal self-attention backward, FlashAttention-2 style, on sm_80+ tensor cores,
 // deterministic (no atomics).
 //
-// Computes, for each sequence b and head h, with scale s = 1/sqrt(d), P_ij = exp(s q_i·k_j - lse_i)
-// for j <= i (0 otherwise) rebuilt from the forward's log-sum-exp, and delta_i = dO_i · O_i:
-//   dV_j = Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
-//   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
-// Inputs: qkv [seq·batch, heads·3·d] bf16 (the forward's fused rows), out and dout
-// [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
+// Computes, for each sequence b and query head h (k, v: the key/value head of h's group; r =
+// heads / kv_heads query heads per group, grouped-query attention; r = 1 is multi-head), with
+// scale s = 1/sqrt(d), P_ij = exp(s q_i·k_j - lse_i) for j <= i (0 otherwise) rebuilt from the
+// forward's log-sum-exp, and delta_i = dO_i · O_i:
+//   dV_j = Σ_h Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
+//   dK_j = s Σ_h Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
+// (dK and dV of a key/value head sum over the r query heads h of its group.)
+// Inputs: qkv [seq·batch, (heads + 2·kv_heads)·d] bf16 (the forward's fused rows, Megatron's
+// per-group layout: per group g [q_(g·r) .. q_(g·r+r-1) | k_g | v_g], attention_fwd.cu), out and
+// dout [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
 // (overwritten: each of q, k, v columns is written once). Head dims 32, 64 and 128; any seq >= 1.
+// Every kernel takes (…, batch, seq, heads, kv_heads); delta's work is on out/dout alone.
 // Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:      delta [batch·heads·seq] f32. Grid ⌈seq·batch·heads / 4⌉ blocks
 //                                  of 128, a warp per (row, head), warp_sum over d.
-//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, taken longest
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·kv_heads), 128 threads, taken longest
 //                                  first (common/tile_order.cuh: first key tiles first); a block owns 64
-//                                  keys, a warp 16 of them, and walks the query tiles from the
-//                                  diagonal to the end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
+//                                  keys of one (b, key/value head), a warp 16 of them, and for
+//                                  each of the group's r query heads in turn (a ring of query
+//                                  tiles per head, a barrier between; dK and dV accumulate in
+//                                  registers over the heads, in head order, and are written once:
+//                                  deterministic) walks the query tiles from the diagonal to the
+//                                  end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
 //                                  / Q through ldmatrix.trans (d 64 holds its K and V A
 //                                  fragments in registers across the tiles). Query tiles: 64
 //                                  (d 32), 32 (d 64), 16 (d 128).
 //   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/Q⌉, batch·heads), 128 threads, longest first
-//                                  (the last query tiles first); a block owns Q queries
-//                                  (plan.rs's attention_queries: 128 for d 64, 64 for d 32
-//                                  and d 128), a warp Q/4 as MT = Q/64 row tiles of 16 (each K
-//                                  and V fragment feeds MT mma, as in the forward), and walks
+//                                  (the last query tiles first); a block owns Q queries of one
+//                                  (b, query head) (plan.rs's attention_queries: 128 for d 64,
+//                                  64 for d 32 and d 128) and streams its group's K and V, a
+//                                  warp Q/4 as MT = Q/64 row tiles of 16 (each K and V
+//                                  fragment feeds MT mma, as in the forward), and walks
 //                                  the key tiles up to the diagonal, recomputing S and dP, then
 //                                  dQ += dS K (K through ldmatrix.trans). Key tiles: 64 (d 32),
 //                                  32 (d 64), 16 (d 128).
@@ -58,9 +68,12 @@
 // and opt in; the kernel index states all six. Registers: dkv holds dK and dV (d f32 per thread)
 // and two score tiles (tile/2 f32 each), 96 for d 32 and d 64, 144 for d 128; dq holds dQ
 // (MT·d/2) and two (MT·tile/2 each), 80, 128 and 80; dkv of d 64 also holds its warp's K and V
-// A fragments (32). ptxas takes about 160 (dkv d 32), 168 (dkv d 64: 3 blocks per SM), 224 (dkv
-// d 128), 109 (dq d 32), 220 (dq d 64: 2 blocks per SM) and 128 (dq d 128); `make
-// kernels-check` prints the counts and rejects spills.
+// A fragments (32). ptxas takes about 160 (dkv d 32), 168 (dkv d 64: 3 blocks per SM), 230 (dkv
+// d 128), 110-128 (dq d 32), 225 (dq d 64: 2 blocks per SM) and 128 (dq d 128); `make
+// kernels-check` prints the counts and rejects spills. The per-position offsets (k, dO, lse and
+// delta rows; dQ's q too) are ints with the addresses formed in the loads, in the forms in which
+// ptxas keeps a tile's loads shortest and spills nothing (the forward's note); with r = 1 dK/dV
+// runs one ring, the loop multi-head attention ran.
 //
 // Reference: `attention_backward` of the reference device (`attention_backward_head` in
 // src/device/kernels.rs), f64 on the same bf16 inputs and f32 lse (tests/cuda_emulation.rs).
@@ -227,28 +240,36 @@ static_assert(kDkvSharedBytesD32 == 31744 && kDkvSharedBytesD64 == 37376 && kDkv
 template <int D, int BQ>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
-                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+                                         const float* __restrict__ delta, int batch, int seq, int heads,
+                                         int kv_heads) {
   static_assert(D % 16 == 0 && BQ % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
   static_assert(2 * BQ <= kThreads, "load_floats: one thread per lse and per delta entry of a tile");
   using Shared = DkvTiles<D, BQ>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const AttentionTile block = longest_first(false, heads);  // common/tile_order.cuh
-  const int k0 = block.tile * kBlockRows, b = block.b, head = block.head;
-  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
-  const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
-  const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+  const AttentionTile block = longest_first(false, kv_heads);  // common/tile_order.cuh
+  const int k0 = block.tile * kBlockRows, b = block.b, kv = block.head;
+  // The block's group kv of r = heads / kv_heads query heads kv·r .. kv·r + r - 1: in each
+  // per-group row their q at columns (kv (r + 2))·d.., then the group's k and v.
+  const int group = (unsigned)heads / (unsigned)kv_heads;
+  const int row_width = (heads + 2 * kv_heads) * D;
+  const size_t qkv_stride = row_width, out_stride = (size_t)heads * D;
   const float scale = 1.0f / sqrtf((float)D);
 
   const float scale_log2 = kLog2e * scale;
-  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
+  // Position 0 of the group's k (v follows), in qkv and dqkv alike; of its first query head's q,
+  // and its dO columns and lse/delta row (the next head's are d columns, d columns and seq entries
+  // on). The offsets within one position are ints, their addresses formed in the loads (the form
+  // in which ptxas keeps dK/dV's loads as short as GPT-2's were and spills nothing).
   const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
-  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
-  const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
+  const int k_at = b * (heads + 2 * kv_heads) * D + (kv * (group + 2) + group) * D;
+  const bf16* q_src = qkv + (size_t)b * qkv_stride + (size_t)kv * (group + 2) * D;
+  int dout_at = (b * heads + kv * group) * D;
+  int stats = (b * heads + kv * group) * seq;
 
-  // The block's keys and values join query tile 0's commit group.
-  cp_async_rows<D, kBlockRows, kThreads>(tiles.k, q_src + D, qkv_pos, k0, seq);
-  cp_async_rows<D, kBlockRows, kThreads>(tiles.v, q_src + 2 * D, qkv_pos, k0, seq);
+  // The block's keys and values join the first head's query tile 0's commit group.
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.k, qkv + k_at, qkv_pos, k0, seq);
+  cp_async_rows<D, kBlockRows, kThreads>(tiles.v, qkv + k_at + D, qkv_pos, k0, seq);
 
   float dk[D / 8][4], dv[D / 8][4];
   UNROLL
@@ -275,49 +296,57 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
       load_a<D>(x2, tiles.v, warp * 16, kk);
     }
   };
-  cp_async_ring<kStages>(
-      ceil_div(seq - qs0, BQ),
-      [&](int stage, int t) {
-        const int qs = qs0 + t * BQ;
-        auto& st = tiles.stage[stage];
-        cp_async_rows<D, BQ, kThreads>(st.q, q_src, qkv_pos, qs, seq);
-        cp_async_rows<D, BQ, kThreads>(st.dout, dout_src, out_pos, qs, seq);
-        load_floats<BQ>(st.lse, lse_bh, qs, seq, 0);
-        load_floats<BQ>(st.delta, delta_bh, qs, seq, BQ);
-      },
-      [&](int stage, int t) {
-        // Per warp (uniform branches): a tile wholly before the warp's first key is skipped
-        // (every pair masked; so is every tile of a warp whose keys are all past seq), one that
-        // holds a query before the warp's last key is masked, the rest run without the compare.
-        const int qs = qs0 + t * BQ;
-        auto& st = tiles.stage[stage];
-        if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
-        if (kHold && !held) {
-          UNROLL
-          for (int kk = 0; kk < D / 16; ++kk) {
-            load_a<D>(ka[kk], tiles.k, warp * 16, kk * 16);
-            load_a<D>(va[kk], tiles.v, warp * 16, kk * 16);
+  // The group's query heads one after another, dK and dV summed over them in registers (in head
+  // order: the same bits on every run); a ring per head, the stages free again after a barrier.
+  for (int left = group; left > 0; --left) {
+    cp_async_ring<kStages>(
+        ceil_div(seq - qs0, BQ),
+        [&](int stage, int t) {
+          const int qs = qs0 + t * BQ;
+          auto& st = tiles.stage[stage];
+          cp_async_rows<D, BQ, kThreads>(st.q, q_src, qkv_pos, qs, seq);
+          cp_async_rows<D, BQ, kThreads>(st.dout, dout + dout_at, out_pos, qs, seq);
+          load_floats<BQ>(st.lse, lse + stats, qs, seq, 0);
+          load_floats<BQ>(st.delta, delta + stats, qs, seq, BQ);
+        },
+        [&](int stage, int t) {
+          // Per warp (uniform branches): a tile wholly before the warp's first key is skipped
+          // (every pair masked; so is every tile of a warp whose keys are all past seq), one that
+          // holds a query before the warp's last key is masked, the rest run without the compare.
+          const int qs = qs0 + t * BQ;
+          auto& st = tiles.stage[stage];
+          if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
+          if (kHold && !held) {
+            UNROLL
+            for (int kk = 0; kk < D / 16; ++kk) {
+              load_a<D>(ka[kk], tiles.k, warp * 16, kk * 16);
+              load_a<D>(va[kk], tiles.v, warp * 16, kk * 16);
+            }
+            held = true;
           }
-          held = true;
-        }
-        if (qs < warp_last)
-          dkv_tile<D, BQ, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
-        else
-          dkv_tile<D, BQ, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
-      });
+          if (qs < warp_last)
+            dkv_tile<D, BQ, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
+          else
+            dkv_tile<D, BQ, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
+        });
+    if (left > 1) {
+      q_src += D, dout_at += D, stats += seq;
+      __syncthreads();  // every warp is done with this head's last stage before the next ring fills it
+    }
+  }
 
   UNROLL
   for (int h = 0; h < 2; ++h) {
     const int key = key_base + 8 * h;
     if (key >= seq) continue;
-    bf16* row = dqkv + ((size_t)key * batch + b) * qkv_stride + head_col;
+    bf16* row = dqkv + k_at + (size_t)key * qkv_pos;
     UNROLL
     for (int j = 0; j < D / 8; ++j) {
       const int c = 8 * j + 2 * t4;
-      row[D + c] = to_bf16(dk[j][2 * h] * scale);
-      row[D + c + 1] = to_bf16(dk[j][2 * h + 1] * scale);
-      row[2 * D + c] = to_bf16(dv[j][2 * h]);
-      row[2 * D + c + 1] = to_bf16(dv[j][2 * h + 1]);
+      row[c] = to_bf16(dk[j][2 * h] * scale);
+      row[c + 1] = to_bf16(dk[j][2 * h + 1] * scale);
+      row[D + c] = to_bf16(dv[j][2 * h]);
+      row[D + c + 1] = to_bf16(dv[j][2 * h + 1]);
     }
   }
 }
@@ -399,7 +428,8 @@ static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 55296 && kDqSha
 template <int D>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
-                                        const float* __restrict__ delta, int batch, int seq, int heads) {
+                                        const float* __restrict__ delta, int batch, int seq, int heads,
+                                        int kv_heads) {
   using Shared = DqTilesOf<D>;
   constexpr int BK = 2048 / D, kQueries = Shared::kQueries, MT = kQueries / 64;
   static_assert(D % 16 == 0 && BK % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
@@ -407,12 +437,19 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
-  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  // Position 0 of the block's (b, head): its q columns (head + 2 kv)·d and its group's k columns
+  // (kv (r + 2) + r)·d (v follows) in the per-group rows of r = heads / kv_heads query heads, and
+  // its dO columns. Offsets within a position as ints, K/V addresses formed in the loads (as in
+  // the forward: ptxas's shortest loads).
+  const int group = heads / kv_heads, kv = head / group;
+  const int row_width = (heads + 2 * kv_heads) * D;
+  const size_t qkv_stride = row_width, out_stride = (size_t)heads * D;
+  const int head_col = (head + 2 * kv) * D;
   const float scale = 1.0f / sqrtf((float)D);
   const float scale_log2 = kLog2e * scale;
-  // Position 0 of the block's (b, head): its q columns (k and v follow) and its dO columns.
   const size_t qkv_pos = (size_t)batch * qkv_stride, out_pos = (size_t)batch * out_stride;
-  const bf16* q_src = qkv + (size_t)b * qkv_stride + head_col;
+  const bf16* q_src = qkv + b * row_width + head_col;
+  const int k_at = b * (heads + 2 * kv_heads) * D + (kv * (group + 2) + group) * D;
   const bf16* dout_src = dout + (size_t)b * out_stride + (size_t)head * D;
 
   // The block's queries and their output gradients join key tile 0's commit group.
@@ -446,8 +483,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       last_query / BK + 1,
       [&](int stage, int t) {
         auto& st = tiles.stage[stage];
-        cp_async_rows<D, BK, kThreads>(st.k, q_src + D, qkv_pos, t * BK, seq);
-        cp_async_rows<D, BK, kThreads>(st.v, q_src + 2 * D, qkv_pos, t * BK, seq);
+        cp_async_rows<D, BK, kThreads>(st.k, qkv + k_at, qkv_pos, t * BK, seq);
+        cp_async_rows<D, BK, kThreads>(st.v, qkv + k_at + D, qkv_pos, t * BK, seq);
       },
       [&](int stage, int t) {
         // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (so
@@ -480,7 +517,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
 }  // namespace attention_bwd_detail
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads, int d) {
+    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads,
+                             int /* kv_heads: not read, out and dout hold the query heads */, int d) {
   const int item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (item >= seq * batch * heads) return;  // the whole warp leaves together
   const int row = item / heads, head = item % heads, t = row / batch, b = row % batch;
@@ -493,31 +531,31 @@ extern "C" __global__ void __launch_bounds__(128)
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
-  attention_bwd_detail::dkv_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
-  attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                                int batch, int seq, int heads) {
-  attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                                int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
-  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }

@@ -1,19 +1,26 @@
 // attention_fwd.cu: causal self-attention forward, FlashAttention-2 style, on sm_80+ tensor cores.
 //
-// Computes, for each sequence b, head h and query position t < seq:
+// Computes, for each sequence b, query head h and query position t < seq, with k and v the
+// key/value head of h's group (grouped-query attention: kv_heads divides heads, r = heads /
+// kv_heads query heads share a key/value head; r = 1 is multi-head attention):
 //   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u
 //   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
-// from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, each row
-// holding per head [q | k | v], as trident's model lays it out); out [seq·batch, heads·d] bf16;
-// lse f32. Head dims 32 (attention_fwd_bf16_d32), 64 (attention_fwd_bf16_d64) and 128
-// (attention_fwd_bf16_d128); any seq >= 1.
+// from the fused QKV activation qkv [seq·batch, (heads + 2·kv_heads)·d] bf16 (rows sequence-first,
+// Megatron's per-group layout, as trident's model lays it out: per key/value group g the row holds
+// [q_(g·r) .. q_(g·r+r-1) | k_g | v_g], so query head h = g·r + j sits at column (h + 2g)·d and its
+// group's k at (g·(r + 2) + r)·d; r = 1 is GPT-2's [q | k | v] per head); out [seq·batch, heads·d]
+// bf16; lse f32. Arguments (out, lse, qkv, batch, seq, heads, kv_heads). Head dims 32
+// (attention_fwd_bf16_d32), 64 (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128); any
+// seq >= 1.
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
 // Grid: (⌈seq/Q⌉, batch·heads) blocks of 128 threads, Q = 128 queries per block for d 64 and 64
 // for d 32 and d 128 (plan.rs's attention_queries), taken longest first (the last query
 // tiles of every (b, h) first: common/tile_order.cuh's longest_first). A block owns Q queries of
-// one (b, h); each of its 4 warps owns Q/4 consecutive ones (split-Q: no cross-warp reduction),
+// one (b, h) and streams its group's K and V (the group's r blocks read the same K/V rows; their
+// offsets are computed once per block, nothing per score changes with r); each of its 4 warps
+// owns Q/4 consecutive queries (split-Q: no cross-warp reduction),
 // as MT = Q/64 row tiles of 16 (FA-2's 128-query blocks of 4 warps for d 64: each K and V
 // fragment a warp reads from shared memory feeds MT mma, so the ldmatrix traffic per mma halves
 // at MT = 2). Per key tile of BN keys (64 for d 32 and d 64, 32 for d 128), a warp computes
@@ -46,11 +53,15 @@
 // 52224 B for d 128 (the last two above the default 48 KiB: the launch opts in; the kernel index
 // states all three). Rows of d + 8 = 40, 72 or 136 bf16 (80, 144, 272 B) put the 8 rows of an
 // ldmatrix 8x8 matrix on 8 distinct 16-byte bank groups. Registers: the O accumulator is
-// MT·d/2 f32 per thread (16, 64 or 64), S is MT·BN/2 (32, 64 or 16); ptxas takes about 100-125
-// (d 32), 210-230 (d 64) and 128 (d 128), so 2 blocks of d 64 share an SM (8 warps, as FA-2's
-// d 64 forward); `make kernels-check` prints the counts and rejects spills. d 32 stays at one
-// row tile per warp: its softmax costs as many instructions per score and half the mma, so it
-// is bound by issue rather than by shared memory, and one row tile keeps 4-5 blocks per SM.
+// MT·d/2 f32 per thread (16, 64 or 64), S is MT·BN/2 (32, 64 or 16); ptxas takes about 105-120
+// (d 32), 215-225 (d 64) and 128 (d 128), so 2 blocks of d 64 share an SM (8 warps, as FA-2's
+// d 64 forward); `make kernels-check` prints the counts and rejects spills. The block's q, k
+// offsets within a position are ints and the K/V addresses are formed in the loads (qkv + k_at):
+// ptxas then keeps the per-tile loads shortest and spills nothing (kept as pointers, the same
+// offsets cost 15-50 more instructions per key tile, and at 128 registers d 128 spilled). d 32
+// stays at one row tile per warp: its softmax costs as many instructions per score and half the
+// mma, so it is bound by issue rather than by shared memory, and one row tile keeps 4 blocks per
+// SM.
 // d 32 keeps d 64's 64-key tile: with 128 keys (FA-2's d 32 tile) S doubles, and at tiny's
 // sequence of 128 a 128-key tile computes 256 key rows per (b, h) where 64 compute 192. The mma
 // shapes need d and BN to be multiples of 16 (k16 steps over d for S, n-tile pairs over d for
@@ -196,7 +207,8 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
 
 template <int D>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
-                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads,
+                                                   int kv_heads) {
   using Shared = TilesOf<D>;
   constexpr int BN = sizeof(Shared::Stage::k) / sizeof(Shared::Stage::k[0]), kQueries = Shared::kQueries,
                 MT = kQueries / 64;
@@ -206,8 +218,15 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.cuh
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
   const float scale = 1.0f / sqrtf((float)D), scale_log2 = 1.44269504f * scale;
-  const size_t pos_stride = (size_t)batch * 3 * heads * D;
-  const bf16* q_src = qkv + (size_t)b * 3 * heads * D + (size_t)head * 3 * D;  // position 0's q; k, v follow
+  // Position 0's q of the block's head, at column (head + 2 kv)·d of the per-group rows of
+  // r = heads / kv_heads query heads, and its group's k at column (kv (r + 2) + r)·d (v follows);
+  // offsets within one position's rows (int), the K/V addresses formed in the loads; k_at spelt
+  // out, not from row_width: ptxas's registers depend on the form (the header).
+  const int group = heads / kv_heads, kv = head / group;
+  const int row_width = (heads + 2 * kv_heads) * D;
+  const size_t pos_stride = (size_t)batch * row_width;
+  const bf16* q_src = qkv + b * row_width + (head + 2 * kv) * D;
+  const int k_at = b * (heads + 2 * kv_heads) * D + (kv * (group + 2) + group) * D;
 
   cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
 
@@ -229,8 +248,8 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   cp_async_ring<kStages>(
       last_query / BN + 1,
       [&](int stage, int kt) {
-        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, q_src + D, pos_stride, kt * BN, seq);
-        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, q_src + 2 * D, pos_stride, kt * BN, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, qkv + k_at, pos_stride, kt * BN, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, qkv + k_at + D, pos_stride, kt * BN, seq);
       },
       [&](int stage, int kt) {
         // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (all
@@ -270,16 +289,19 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 }  // namespace attention_fwd_detail
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
-  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads, kv_heads);
 }

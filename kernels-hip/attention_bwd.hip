@@ -8,6 +8,9 @@
 //   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
 // Inputs: qkv [seq·batch, heads·3·d] bf16, out and dout [seq·batch, heads·d] bf16, lse
 // [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16 (each element written once).
+// Every kernel takes the CUDA kernels' (…, heads, kv_heads) and runs multi-head attention only
+// (kv_heads == heads, the rows above): the Device refuses grouped-query attention on HIP
+// (gpu/device.rs grouped_query_unbuilt) until these kernels read Megatron's per-group rows.
 // Head dims 32, 64 and 128 (multiples of the MFMA's 32-row blocks); any seq >= 1. Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:  delta [batch·heads·seq] f32. ⌈seq·batch·heads / 4⌉ workgroups of
 //                              256 (4 wave64s), a wave per (row, head), wave_sum over d.
@@ -211,7 +214,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
 }  // namespace attention_bwd_detail
 
 extern "C" __global__ void __launch_bounds__(256)
-    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads, int d) {
+    attention_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int batch, int seq, int heads,
+                             int /* kv_heads */, int d) {
   const int item = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   if (item >= seq * batch * heads) return;  // the whole wave leaves together
   const int row = item / heads, head = item % heads, t = row / batch, b = row % batch;
@@ -224,31 +228,31 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
+                               int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dkv_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
+                               int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                                int batch, int seq, int heads) {
+                                int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads) {
+                              int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads) {
+                              int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads) {
+                               int batch, int seq, int heads, int /* kv_heads */) {
   attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
 }

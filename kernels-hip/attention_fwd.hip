@@ -10,6 +10,10 @@
 // multiple of 32 (the 32-row d blocks of Oᵀ) and of 8 (the k steps of Sᵀ); any seq >= 1. Online softmax with the division deferred to the
 // end (FA-2); no [seq, seq] matrix exists.
 //
+// Every kernel takes the CUDA kernels' (…, heads, kv_heads) and runs multi-head attention only
+// (kv_heads == heads, the rows above): the Device refuses grouped-query attention on HIP
+// (gpu/device.rs grouped_query_unbuilt) until these kernels read Megatron's per-group rows.
+//
 // Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid and
 // longest-first order (common/tile_order.h).
 // A workgroup owns 64 queries of one (b, h), each wave 32 of them (split-Q, no cross-wave
@@ -131,16 +135,19 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 }  // namespace attention_fwd_detail
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int /* kv_heads */) {
   attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int /* kv_heads */) {
   attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads) {
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                           int /* kv_heads */) {
   attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads);
 }

@@ -551,8 +551,8 @@ impl Device for GpuDevice {
 
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
         let (rows, w) = (shape.rows(), shape.width());
-        grouped_query_unbuilt(shape);
-        assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= 3 * rows * w);
+        grouped_query_unbuilt(self.vendor, shape);
+        assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
         if rows == 0 {
             return;
         }
@@ -560,10 +560,11 @@ impl Device for GpuDevice {
         let q = self.view(qkv, self.half);
         let whole = out.len == rows * w;
         let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
-        let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
+        let [b, s, h, kv] = attention_ints(shape);
+        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
         self.run(
-            Op::AttentionFwd { batch: shape.batch, seq: shape.seq, heads: shape.heads, head_dim: shape.head_dim },
-            &[Ptr(o.ptr()), Ptr(lse.ptr()), Ptr(q.ptr()), b, s, h],
+            Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim },
+            &[Ptr(o.ptr()), Ptr(lse.ptr()), Ptr(q.ptr()), b, s, h, kv],
         );
     }
     fn attention_backward(
@@ -575,26 +576,27 @@ impl Device for GpuDevice {
         lse: &GpuBuf,
         shape: AttentionShape,
     ) {
-        let (rows, w) = (shape.rows(), shape.width());
-        grouped_query_unbuilt(shape);
-        assert!(dqkv.len >= 3 * rows * w);
+        let rows = shape.rows();
+        grouped_query_unbuilt(self.vendor, shape);
+        assert!(dqkv.len >= rows * shape.qkv_width());
         if rows == 0 {
             return;
         }
         let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, self.half));
         let lse = self.view(lse, Elem::F32);
         let delta = self.scratch(4 * rows * shape.heads);
-        let whole = dqkv.len == 3 * rows * w;
+        let whole = dqkv.len == rows * shape.qkv_width();
         let grad = self.view_mut(dqkv, self.half, whole);
-        let (b, s, h) = (I32(int("batch", shape.batch)), I32(int("seq", shape.seq)), I32(int("heads", shape.heads)));
-        let (batch, seq, heads, head_dim) = (shape.batch, shape.seq, shape.heads, shape.head_dim);
+        let [b, s, h, kv] = attention_ints(shape);
+        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
         self.run(
-            Op::AttentionBwdDelta { batch, seq, heads, head_dim },
-            &[Ptr(delta.pointer), Ptr(d.ptr()), Ptr(o.ptr()), b, s, h, I32(int("head dim", head_dim))],
+            Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim },
+            &[Ptr(delta.pointer), Ptr(d.ptr()), Ptr(o.ptr()), b, s, h, kv, I32(int("head dim", head_dim))],
         );
-        let args = [Ptr(grad.ptr()), Ptr(q.ptr()), Ptr(d.ptr()), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h];
-        self.run(Op::AttentionBwdDkv { batch, seq, heads, head_dim }, &args);
-        self.run(Op::AttentionBwdDq { batch, seq, heads, head_dim }, &args);
+        // dK/dV (a block per key/value head, summing its group's query heads), then dQ.
+        let args = [Ptr(grad.ptr()), Ptr(q.ptr()), Ptr(d.ptr()), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h, kv];
+        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, &args);
+        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, &args);
     }
 
     fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
@@ -852,6 +854,12 @@ impl GpuDevice {
 /// The `int` arguments rows and cols of the LayerNorm kernels.
 fn rows_cols(rows: usize, cols: usize) -> [Arg; 2] {
     [I32(int("rows", rows)), I32(int("cols", cols))]
+}
+
+/// The `int` arguments batch, seq, heads and kv_heads of the attention kernels.
+fn attention_ints(shape: AttentionShape) -> [Arg; 4] {
+    let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
+    [I32(int("batch", batch)), I32(int("seq", seq)), I32(int("heads", heads)), I32(int("kv heads", kv_heads))]
 }
 
 /// The `int` arguments of the position-embedding kernels.

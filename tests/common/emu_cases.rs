@@ -865,14 +865,15 @@ pub fn attention_forward_causal(v: &Vendor) {
     }
 }
 
-/// The forward on one shape, qkv `offset` elements into its buffer, against the reference.
+/// The forward on one shape (grouped-query when `shape.kv_heads < shape.heads`), qkv `offset`
+/// elements into its buffer, against the reference.
 pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize) {
-    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
-    let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_d{head_dim}_at{offset}");
+    let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+    let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}_at{offset}");
     let case = v.case(&name);
-    let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    let qkv = v.half_values(shape.rows() * shape.qkv_width(), "qkv", 1.0);
     case.put_half("qkv", &qkv);
-    case.run("attention_fwd", &args(&[&batch, &seq, &heads, &head_dim, &offset]));
+    case.run("attention_fwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim, &offset]));
     let dev = ReferenceDevice;
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
     dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape);
@@ -898,12 +899,13 @@ pub fn attention_backward_causal(v: &Vendor) {
     }
 }
 
-/// The backward on one shape against the reference.
+/// The backward on one shape (grouped-query when `shape.kv_heads < shape.heads`: dK and dV summed
+/// over each group's query heads) against the reference.
 pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
-    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
-    let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_d{head_dim}");
+    let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+    let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}");
     let case = v.case(&name);
-    let qkv = v.half_values(shape.rows() * 3 * shape.width(), "qkv", 1.0);
+    let qkv = v.half_values(shape.rows() * shape.qkv_width(), "qkv", 1.0);
     let dout = v.half_values(shape.rows() * shape.width(), "dout", 1.0);
     let dev = ReferenceDevice;
     let rqkv = reference(&dev, &qkv);
@@ -915,8 +917,8 @@ pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
     case.put_half("out", &out);
     case.put_half("dout", &dout);
     case.put_f32("lse", &lse);
-    case.run("attention_bwd", &args(&[&batch, &seq, &heads, &head_dim]));
-    let mut dqkv = dev.alloc(shape.rows() * 3 * shape.width());
+    case.run("attention_bwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim]));
+    let mut dqkv = dev.alloc(shape.rows() * shape.qkv_width());
     let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
     dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape);
     case.check_half(&format!("{name} dqkv"), "dqkv", &dqkv);

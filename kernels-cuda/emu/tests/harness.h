@@ -458,12 +458,13 @@ inline int attention_dims(int d) {
   return d == 32 ? 0 : d == 64 ? 1 : 2;
 }
 
-// qkv starts `offset` elements into its buffer (argument 4, 0 when not given; an odd offset
-// takes the scalar-load path of the kernels that have one).
+// Arguments batch, seq, heads, kv_heads, d: the qkv rows hold (heads + 2 kv_heads)·d, Megatron's
+// per-group layout. qkv starts `offset` elements into its buffer (argument 5, 0 when not given; an
+// odd offset takes the scalar-load path of the kernels that have one).
 inline void attention_forward(const Geometry& g) {
-  const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3), offset = arg_or(4, 0);
+  const int batch = arg(0), seq = arg(1), heads = arg(2), kv_heads = arg(3), d = arg(4), offset = arg_or(5, 0);
   const size_t rows = size_t(batch) * seq;
-  auto qkv_file = read_bf16("qkv", rows * 3 * heads * d);
+  auto qkv_file = read_bf16("qkv", rows * (heads + 2 * kv_heads) * d);
   std::vector<bf16> qkv_buffer(qkv_file.size() + offset);
   std::copy(qkv_file.begin(), qkv_file.end(), qkv_buffer.begin() + offset);
   const bf16* qkv = qkv_buffer.data() + offset;
@@ -472,29 +473,32 @@ inline void attention_forward(const Geometry& g) {
   const int dims = attention_dims(d);
   const dim3 grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
   auto fwd = d == 32 ? attention_fwd_bf16_d32 : d == 64 ? attention_fwd_bf16_d64 : attention_fwd_bf16_d128;
-  emu::launch_dynamic(g.attention_shared[dims][0], grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads);
+  emu::launch_dynamic(g.attention_shared[dims][0], grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads,
+                      kv_heads);
   write_bf16("out", out);
   write_f32("lse", lse);
 }
 
+// Arguments batch, seq, heads, kv_heads, d (attention_forward's layout); dK/dV's grid runs over
+// the key/value heads.
 inline void attention_backward(const Geometry& g) {
-  const int batch = arg(0), seq = arg(1), heads = arg(2), d = arg(3);
-  const size_t rows = size_t(batch) * seq;
-  auto qkv = read_bf16("qkv", rows * 3 * heads * d);
+  const int batch = arg(0), seq = arg(1), heads = arg(2), kv_heads = arg(3), d = arg(4);
+  const size_t rows = size_t(batch) * seq, width = size_t(heads + 2 * kv_heads) * d;
+  auto qkv = read_bf16("qkv", rows * width);
   auto out = read_bf16("out", rows * heads * d), dout = read_bf16("dout", rows * heads * d);
   auto lse = read_f32("lse", rows * heads);
   std::vector<float> delta(rows * heads, -7.0f);
-  std::vector<bf16> dqkv(rows * 3 * heads * d, to_bf16(-7.0f));  // every element must be written
+  std::vector<bf16> dqkv(rows * width, to_bf16(-7.0f));  // every element must be written
   emu::launch(dim3(ceil_div(int(rows) * heads, 4)), dim3(g.row_threads), attention_bwd_delta_bf16, delta.data(),
-              dout.data(), out.data(), batch, seq, heads, d);
+              dout.data(), out.data(), batch, seq, heads, kv_heads, d);
   const int dims = attention_dims(d);
-  const dim3 grid(ceil_div(seq, 64), batch * heads), dq_grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
+  const dim3 grid(ceil_div(seq, 64), batch * kv_heads), dq_grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
   auto dkv = d == 32 ? attention_bwd_dkv_bf16_d32 : d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
   auto dq = d == 32 ? attention_bwd_dq_bf16_d32 : d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
   emu::launch_dynamic(g.attention_shared[dims][1], grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(),
-                      lse.data(), delta.data(), batch, seq, heads);
+                      lse.data(), delta.data(), batch, seq, heads, kv_heads);
   emu::launch_dynamic(g.attention_shared[dims][2], dq_grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),
-                      lse.data(), delta.data(), batch, seq, heads);
+                      lse.data(), delta.data(), batch, seq, heads, kv_heads);
   write_bf16("dqkv", dqkv);
 }
 

@@ -265,10 +265,10 @@ impl GpuBench {
             GpuBench::Attention => {
                 let (batch, seq, heads, head_dim) = (s[0], s[1], s[2], s[3]);
                 vec![
-                    Op::AttentionFwd { batch, seq, heads, head_dim },
-                    Op::AttentionBwdDelta { batch, seq, heads, head_dim },
-                    Op::AttentionBwdDkv { batch, seq, heads, head_dim },
-                    Op::AttentionBwdDq { batch, seq, heads, head_dim },
+                    Op::AttentionFwd { batch, seq, heads, kv_heads: heads, head_dim },
+                    Op::AttentionBwdDelta { batch, seq, heads, kv_heads: heads, head_dim },
+                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads: heads, head_dim },
+                    Op::AttentionBwdDq { batch, seq, heads, kv_heads: heads, head_dim },
                 ]
             }
             GpuBench::Layernorm => {
@@ -610,10 +610,11 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     let (qkv, dout) = (bf16_values(3 * rows * width, 3), bf16_values(rows * width, 4));
     let (d_qkv, d_out, d_lse) = (b.upload(&qkv)?, b.zeroed(2 * rows * width)?, b.zeroed(4 * rows * heads)?);
     let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(6 * rows * width)?);
+    // Multi-head: kv_heads = heads.
     let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
-    let fwd = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph];
+    let fwd = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph, ph];
     let delta =
-        [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, int("head dim", head_dim)?];
+        [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, ph, int("head dim", head_dim)?];
     let grads = [
         Ptr(d_dqkv.pointer()),
         Ptr(d_qkv.pointer()),
@@ -622,6 +623,7 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
         Ptr(d_delta.pointer()),
         pb,
         ps,
+        ph,
         ph,
     ];
     for (launch, args) in planned.iter().zip([&fwd[..], &delta, &grads, &grads]) {

@@ -158,30 +158,13 @@ pub enum Op {
         seq: usize,
         hidden: usize,
     },
-    AttentionFwd {
-        batch: usize,
-        seq: usize,
-        heads: usize,
-        head_dim: usize,
-    },
-    AttentionBwdDelta {
-        batch: usize,
-        seq: usize,
-        heads: usize,
-        head_dim: usize,
-    },
-    AttentionBwdDkv {
-        batch: usize,
-        seq: usize,
-        heads: usize,
-        head_dim: usize,
-    },
-    AttentionBwdDq {
-        batch: usize,
-        seq: usize,
-        heads: usize,
-        head_dim: usize,
-    },
+    /// Causal attention, `heads` query heads in `kv_heads` groups (`kv_heads == heads`: multi-head): the forward
+    /// and dQ, a block per (query tile, sequence, query head); the backward's delta, a warp per (row, query head);
+    /// dK/dV, a block per (key tile, sequence, key/value head).
+    AttentionFwd { batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize },
+    AttentionBwdDelta { batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize },
+    AttentionBwdDkv { batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize },
+    AttentionBwdDq { batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize },
 }
 
 /// A planned launch: which kernel, and the checked geometry. `config.shared_bytes` is the
@@ -411,6 +394,17 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
             )));
         }
     }
+    if let Op::AttentionFwd { heads, kv_heads, .. }
+    | Op::AttentionBwdDelta { heads, kv_heads, .. }
+    | Op::AttentionBwdDkv { heads, kv_heads, .. }
+    | Op::AttentionBwdDq { heads, kv_heads, .. } = *op
+    {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::Config(format!(
+                "kernel {function}: {heads} query heads do not fall into {kv_heads} key/value groups"
+            )));
+        }
+    }
     let t = threads as usize;
     let g = gemm_tile(vendor);
     let (problem, tile) = match *op {
@@ -467,10 +461,11 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         Op::EmbeddingFwd { batch, seq, hidden } => ([hidden, seq * batch, 1], [t, 1, 1]),
         Op::EmbeddingBwdWte { segments, hidden, .. } => ([segments, hidden, 1], [1, t, 1]),
         Op::EmbeddingBwdWpe { seq, hidden, .. } => ([hidden, seq, 1], [t, 1, 1]),
-        Op::AttentionFwd { batch, seq, heads, head_dim } | Op::AttentionBwdDq { batch, seq, heads, head_dim } => {
+        Op::AttentionFwd { batch, seq, heads, head_dim, .. }
+        | Op::AttentionBwdDq { batch, seq, heads, head_dim, .. } => {
             ([seq, batch * heads, 1], [attention_queries(vendor, head_dim), 1, 1])
         }
-        Op::AttentionBwdDkv { batch, seq, heads, .. } => ([seq, batch * heads, 1], [64, 1, 1]),
+        Op::AttentionBwdDkv { batch, seq, kv_heads, .. } => ([seq, batch * kv_heads, 1], [64, 1, 1]),
         // A warp per (row, head): 4 per block of 128.
         Op::AttentionBwdDelta { batch, seq, heads, .. } => ([seq * batch * heads, 1, 1], [4, 1, 1]),
     };
@@ -599,11 +594,16 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
             vec![("batch·seq", batch.saturating_mul(seq)), ("hidden", hidden)]
         }
         Op::EmbeddingBwdWte { positions, hidden, .. } => vec![("batch·seq", positions), ("hidden", hidden)],
-        Op::AttentionFwd { batch, seq, heads, .. }
-        | Op::AttentionBwdDelta { batch, seq, heads, .. }
-        | Op::AttentionBwdDkv { batch, seq, heads, .. }
-        | Op::AttentionBwdDq { batch, seq, heads, .. } => {
-            vec![("batch·heads·seq", batch.saturating_mul(heads).saturating_mul(seq))]
+        Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }
+        | Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }
+        | Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }
+        | Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim } => {
+            // The statistics' index, and offsets within one position's QKV rows.
+            let position = heads.saturating_add(kv_heads.saturating_mul(2)).saturating_mul(head_dim);
+            vec![
+                ("batch·heads·seq", batch.saturating_mul(heads).saturating_mul(seq)),
+                ("batch·(heads + 2·kv_heads)·head_dim", batch.saturating_mul(position)),
+            ]
         }
     }
 }
@@ -675,58 +675,64 @@ mod tests {
         assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
         // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 128 queries per
         // block for d 64, 64 for d 128; both above the default 48 KiB (opted in).
-        let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64 });
         assert_eq!(
             (a.spec.function, a.config.grid, a.spec.static_shared, a.config.shared_bytes, a.config.needs_shared_optin),
             ("attention_fwd_bf16_d64", [1, 6, 1], 0, 55296, true)
         );
-        assert_eq!(p(Op::AttentionFwd { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [8, 192, 1]);
-        let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, head_dim: 128 });
+        let gpt2 = (16, 1024, 12, 64);
+        let (batch, seq, heads, head_dim) = gpt2;
+        assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [8, 192, 1]);
+        let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, kv_heads: 2, head_dim: 128 });
         assert_eq!(
             (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
             ("attention_fwd_bf16_d128", [2, 2, 1], 52224, true)
         );
         // seq·batch = 200 rows, 3 heads: 600 warps, 150 blocks of 4.
-        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64 });
         assert_eq!((dl.config.grid, dl.config.block), ([150, 1, 1], [128, 1, 1]));
-        assert_eq!(p(Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, head_dim: 128 }).config.grid, [1, 1, 1]);
-        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, head_dim: 128 });
+        let one = Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128 };
+        assert_eq!(p(one).config.grid, [1, 1, 1]);
+        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, kv_heads: 1, head_dim: 128 });
         assert_eq!(
             (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
             ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 52480, true)
         );
-        let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, head_dim: 64 });
+        let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, kv_heads: 1, head_dim: 64 });
         assert_eq!((kv.config.shared_bytes, kv.config.needs_shared_optin), (37376, false));
         // dQ of d 64: 128 queries per block, like the forward.
-        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 64 });
+        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 64 });
         assert_eq!(
             (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes, q.config.needs_shared_optin),
             ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 55296, true)
         );
-        assert_eq!(p(Op::AttentionBwdDq { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [8, 192, 1]);
-        assert_eq!(p(Op::AttentionBwdDkv { batch: 16, seq: 1024, heads: 12, head_dim: 64 }).config.grid, [16, 192, 1]);
-        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, head_dim: 128 });
+        assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [8, 192, 1]);
+        assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [16, 192, 1]);
+        // Llama 3 8B's 32 query heads in 8 groups: dK/dV's blocks over the 8 key/value heads.
+        assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads: 32, kv_heads: 8, head_dim }).config.grid, [16, 128, 1]);
+        let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128 });
         assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
         // d 32 (64-key and 64-query tiles): all three under the default 48 KiB.
-        let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, head_dim: 32 });
+        let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 32 });
         assert_eq!(
             (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
             ("attention_fwd_bf16_d32", [2, 64, 1], 25600, false)
         );
         // HIP's forward blocks own 64 queries at every head dim.
-        let hip = plan(&Op::AttentionFwd { batch: 16, seq: 128, heads: 4, head_dim: 64 }, Vendor::Hip, &A100, 108);
+        let hip = Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 64 };
+        let hip = plan(&hip, Vendor::Hip, &A100, 108);
         assert_eq!(hip.unwrap().config.grid, [2, 64, 1]);
-        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32 });
         assert_eq!(
             (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
             ("attention_bwd_dkv_bf16_d32", [2, 4, 1], 31744, false)
         );
-        let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32 });
         assert_eq!(
             (q.spec.function, q.config.grid, q.config.shared_bytes, q.config.needs_shared_optin),
             ("attention_bwd_dq_bf16_d32", [2, 4, 1], 30720, false)
         );
-        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 2, head_dim: 32 });
+        let dl = p(Op::AttentionBwdDelta { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32 });
         assert_eq!((dl.spec.function, dl.config.grid), ("attention_bwd_delta_bf16", [100, 1, 1]));
         // HIP's twins declare their LDS statically: nothing dynamic to pass.
         assert_eq!(Vendor::Hip.dynamic_shared(Kernel::AttentionFwdBf16D128), 0);
@@ -796,28 +802,21 @@ mod tests {
             assert_eq!(wte.config.grid, [segments as u32, h, 1]);
             assert_eq!(p(Op::EmbeddingBwdWpe { batch, seq, hidden }).config.grid, [h, seq as u32, 1]);
         }
-        for (batch, seq, heads, head_dim) in [
-            (1, 64, 1, 64),
-            (2, 100, 3, 64),
-            (1, 1, 2, 64),
-            (1, 77, 2, 128),
-            (2, 130, 1, 128),
-            (1, 5, 1, 128),
-            (2, 100, 2, 64),
-            (1, 1, 1, 64),
-            (2, 70, 1, 128),
-            (1, 3, 1, 128),
-            (2, 37, 3, 32),
-            (2, 100, 2, 32),
-            (1, 130, 1, 32),
-            (2, 457, 2, 32),
-        ] {
-            let grid = [cd(seq, 64), (batch * heads) as u32, 1];
+        let multi_head = [(1, 64, 1, 64), (2, 100, 3, 64), (1, 1, 2, 64), (1, 77, 2, 128), (2, 130, 1, 128)];
+        let multi_head = multi_head.into_iter().chain([(1, 5, 1, 128), (2, 100, 2, 64), (1, 1, 1, 64)]);
+        let multi_head = multi_head.chain([(2, 70, 1, 128), (1, 3, 1, 128), (2, 37, 3, 32), (2, 100, 2, 32)]);
+        let multi_head = multi_head.chain([(1, 130, 1, 32), (2, 457, 2, 32)]);
+        // Grouped-query attention: dK/dV's blocks over the key/value heads, the others' over the
+        // query heads.
+        let grouped = [(2, 100, 4, 2, 64), (1, 130, 4, 1, 64), (2, 77, 8, 2, 128), (1, 45, 2, 1, 128)];
+        let grouped = grouped.into_iter().chain([(2, 100, 6, 3, 32), (1, 70, 4, 1, 32)]);
+        for (batch, seq, heads, kv_heads, head_dim) in multi_head.map(|(b, s, h, d)| (b, s, h, h, d)).chain(grouped) {
+            let grid = [cd(seq, 64), (batch * kv_heads) as u32, 1];
             let by_query = [cd(seq, if head_dim == 64 { 128 } else { 64 }), (batch * heads) as u32, 1];
-            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, head_dim }).config.grid, by_query);
-            assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, head_dim }).config.grid, grid);
-            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, head_dim }).config.grid, by_query);
-            let delta = p(Op::AttentionBwdDelta { batch, seq, heads, head_dim });
+            assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }).config.grid, by_query);
+            assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }).config.grid, grid);
+            assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }).config.grid, by_query);
+            let delta = p(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim });
             assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
         }
     }
@@ -835,7 +834,7 @@ mod tests {
         let e = plan(&Op::GemmBwdWeight { m: 8, n: 8, k: 8 }, Vendor::Cuda, &small, 1).unwrap_err().to_string();
         assert!(e.contains("kernel gemm_bwd_weight_bf16: 69632 bytes of shared memory"), "{e}");
         let smaller = DeviceLimits { shared_bytes_optin: 50 * 1024, ..DeviceLimits::A100 };
-        let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 128 };
+        let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 128 };
         let e = plan(&op, Vendor::Cuda, &smaller, 1).unwrap_err().to_string();
         assert!(e.contains("kernel attention_bwd_dkv_bf16_d128: 52480 bytes of shared memory"), "{e}");
         assert!(
@@ -845,14 +844,15 @@ mod tests {
 
     #[test]
     fn violated_preconditions_are_errors_naming_the_kernel() {
-        let e = plan(&Op::AttentionFwd { batch: 1, seq: 8, heads: 1, head_dim: 96 }, Vendor::Cuda, &A100, 108)
-            .unwrap_err()
-            .to_string();
+        let attention = |op: Op| plan(&op, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
+        let e = attention(Op::AttentionFwd { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 96 });
         assert!(e.contains("head dims 32, 64 and 128") && e.contains("head dim is 96"), "{e}");
-        let e = plan(&Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, head_dim: 16 }, Vendor::Cuda, &A100, 108)
-            .unwrap_err()
-            .to_string();
+        let e = attention(Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 16 });
         assert!(e.contains("head dim is 16"), "{e}");
+        for kv_heads in [0, 3] {
+            let e = attention(Op::AttentionBwdDq { batch: 1, seq: 8, heads: 4, kv_heads, head_dim: 64 });
+            assert!(e.contains(&format!("4 query heads do not fall into {kv_heads} key/value groups")), "{e}");
+        }
         let e = plan(&Op::GemmFwd { m: 0, n: 8, k: 8, out: GemmOut::Bf16 }, Vendor::Cuda, &A100, 108)
             .unwrap_err()
             .to_string();
@@ -881,7 +881,7 @@ mod tests {
         let d = h(Op::LayernormBwd { rows: 70, channels: 300 });
         assert_eq!((d.config.grid, d.config.block), ([3, 1, 1], [512, 1, 1]));
         assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
-        let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, head_dim: 64 });
+        let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64 });
         assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
         let sm90 = Op::GemmFwdSm90 { m: 64, n: 64, k: 64, out: GemmOut::F32 };
         let e = plan(&sm90, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
