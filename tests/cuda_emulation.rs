@@ -113,20 +113,6 @@ fn attention_pipeline_many_tiles_ragged() {
     }
 }
 
-/// Grouped-query attention on Megatron's per-group QKV rows, for each head dim: r = 2 and r = 4
-/// query heads per key/value head, with several groups and with one (multi-query), ragged
-/// sequences, one and two sequences; the forward, and the backward whose dK/dV blocks sum their
-/// group's query heads, against the reference.
-#[test]
-fn attention_grouped_query() {
-    let shapes = [(2, 100, 4, 2, 64), (1, 130, 4, 1, 64), (2, 77, 8, 2, 128), (1, 45, 2, 1, 128)];
-    for (batch, seq, heads, kv_heads, head_dim) in shapes.into_iter().chain([(2, 100, 6, 3, 32), (1, 70, 4, 1, 32)]) {
-        let shape = AttentionShape::new(batch, seq, heads, head_dim).grouped(kv_heads);
-        emu_cases::attention_forward_shape(&CUDA, shape, 0);
-        emu_cases::attention_backward_shape(&CUDA, shape);
-    }
-}
-
 /// The sm_90a GEMMs (wgmma fed by TMA, 128 x 256 tiles, dW's 128 x 128, 4 stages): a full tile; ragged rows,
 /// columns and reduction (TMA's zero fill, guarded stores) with row pitches multiples of 8 (what
 /// TMA needs; the Device picks the mma.sync kernels otherwise); more reduction steps than stages

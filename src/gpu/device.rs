@@ -286,18 +286,6 @@ pub(super) fn unbuilt(op: &str) -> ! {
 }
 
 
-/// Ends the process on grouped-query attention on HIP, whose attention kernels (kernels-hip/) read
-/// multi-head attention's rows only so far; CUDA's run every grouping.
-pub(super) fn grouped_query_unbuilt(vendor: Vendor, shape: crate::device::AttentionShape) {
-    if vendor == Vendor::Hip && shape.kv_heads != shape.heads {
-        fatal(Error::Unsupported(format!(
-            "grouped-query attention ({} query heads in {} key/value groups) on HIP: the HIP attention kernels run \
-             multi-head attention only so far; train this model with --device cuda or --device cpu",
-            shape.heads, shape.kv_heads
-        )))
-    }
-}
-
 pub(super) fn ok<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| fatal(e))
 }

@@ -20,7 +20,7 @@ macro_rules! shared_kernel_tests {
             gemm_backward_input_bf16_out, column_sum_add_bf16, step_scalars, position_forward_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal,
-            rmsnorm_backward_on_any_grid, swiglu_forward_backward, rope_forward_backward);
+            attention_grouped_query, rmsnorm_backward_on_any_grid, swiglu_forward_backward, rope_forward_backward);
     };
     ($vendor:expr; $($test:ident),*) => {
         $(
@@ -896,6 +896,23 @@ pub fn attention_backward_causal(v: &Vendor) {
         (2, 100, 2, 32),
     ] {
         attention_backward_shape(v, AttentionShape::new(batch, seq, heads, head_dim));
+    }
+}
+
+/// Grouped-query attention on Megatron's per-group QKV rows, for each head dim: r = 2 and r = 4
+/// query heads per key/value head, with several groups and with one (multi-query), ragged
+/// sequences, one and two sequences; the forward (where the vendor reads it, also from an odd
+/// element offset: the scalar loads), and the backward whose dK/dV blocks sum their group's query
+/// heads, against the reference.
+pub fn attention_grouped_query(v: &Vendor) {
+    let shapes = [(2, 100, 4, 2, 64), (1, 130, 4, 1, 64), (2, 77, 8, 2, 128), (1, 45, 2, 1, 128)];
+    for (batch, seq, heads, kv_heads, head_dim) in shapes.into_iter().chain([(2, 100, 6, 3, 32), (1, 70, 4, 1, 32)]) {
+        let shape = AttentionShape::new(batch, seq, heads, head_dim).grouped(kv_heads);
+        attention_forward_shape(v, shape, 0);
+        attention_backward_shape(v, shape);
+    }
+    if v.unaligned_attention {
+        attention_forward_shape(v, AttentionShape::new(2, 45, 4, 64).grouped(2), 1);
     }
 }
 
