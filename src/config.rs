@@ -158,6 +158,36 @@ const LLAMA_TINY: Preset = Preset {
     ..TINY
 };
 
+/// The GPU backends whose kernels run the Llama-family ops (RMSNorm, SwiGLU, rotary embedding,
+/// grouped-query attention), on 16-bit activations.
+const LLAMA_GPUS: &[&str] = &["hip"];
+
+/// Whether `what` (`train`, `bench step`) may run a model with the Llama-family `features` (none:
+/// GPT-2) on `--device device`: on the CPU always; on a GPU whose kernels run them (`LLAMA_GPUS`)
+/// with `sixteen_bit` activations (`--bf16` or `--fp16`, which those kernels take); on another GPU
+/// not yet. One clear error otherwise, before any GPU library is looked for.
+pub fn llama_on_device(what: &str, device: &str, features: &[&str], sixteen_bit: bool) -> Result<()> {
+    if features.is_empty() || !matches!(device, "cuda" | "hip") {
+        return Ok(());
+    }
+    let has = features.join(", ");
+    if !LLAMA_GPUS.contains(&device) {
+        return Err(Error::Unsupported(format!(
+            "{what} --device {device} with {has}: the {} kernels of the Llama-family ops are not built yet; run this \
+             model with --device {} or --device cpu",
+            device.to_uppercase(),
+            LLAMA_GPUS.join(" or --device ")
+        )));
+    }
+    if !sixteen_bit {
+        return Err(Error::Usage(format!(
+            "{what} --device {device} with {has} needs --bf16 or --fp16 (the Llama-family kernels take 16-bit \
+             activations)"
+        )));
+    }
+    Ok(())
+}
+
 pub fn preset(name: &str) -> Result<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
         let names: Vec<_> = PRESETS.iter().map(|p| p.name).collect();
@@ -246,15 +276,10 @@ impl TrainConfig {
     /// is one error naming it), and last the flags that need no check beyond their own parse.
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
         let p = preset(args.str("--preset").unwrap_or("tiny"))?;
-        // A Llama-family model on a GPU is refused before any GPU library is looked for.
+        // A Llama-family model on a GPU is checked before any GPU library is looked for.
         let features = architecture(args, p)?.features();
-        if let (Some(d @ ("cuda" | "hip")), false) = (args.str("--device"), features.is_empty()) {
-            return Err(Error::Unsupported(format!(
-                "--device {d} with {}: the GPU kernels of the Llama-family ops are not built yet; train this model \
-                 with --device cpu",
-                features.join(", ")
-            )));
-        }
+        let sixteen_bit = args.has("--bf16") || args.has("--fp16");
+        llama_on_device("train", args.str("--device").unwrap_or("cpu"), &features, sixteen_bit)?;
         reject_unbuilt(args)?;
         let (model, seq_length) = model_shape(args, p)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;

@@ -95,6 +95,15 @@ fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
+/// The `llama-tiny` preset (RMSNorm, SwiGLU, rotary embedding, untied output layer, and 4 query
+/// heads of 32 in 2 key/value groups: the d 32 grouped-query attention kernels) trains on the HIP
+/// Device and follows the CPU's `--bf16` losses within the GPT-2 bound.
+#[test]
+fn train_llama_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::llama_tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
+}
+
 /// `check ops --device hip --fp16`: every Device op on the HIP fp16 module (binary16 storage:
 /// rounding, the 16-bit copies, AdamW's working copy, GEMMs and attention on the f16 MFMA) within
 /// fp16's bounds, its code objects compiled by hipRTC with -DTRIDENT_FP16; and each emulating
@@ -248,6 +257,13 @@ fn gpu_kernel_benches_launch_every_kernel_the_device_does_not() {
 fn bench_step_counts_what_the_emulating_runtime_counts() {
     let Some(emu) = emulated() else { return };
     gpu_device::bench_step_counts_what_the_runtime_counts(emu, "hip");
+}
+
+/// `bench step --device hip` runs a Llama (`llama-tiny`, shortened) on the emulated GCD.
+#[test]
+fn bench_step_runs_a_llama_on_hip() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::bench_step_runs_a_llama(emu, "hip");
 }
 
 /// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.

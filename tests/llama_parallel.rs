@@ -115,7 +115,8 @@ fn what_a_llama_cannot_do_yet_is_one_clear_error() {
     let cases: &[(&[&str], &[&str])] = &[
         (&["--tensor-model-parallel-size", "4"], &["--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"]),
         (&["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"], &["2-D / 2.5-D", "RMSNorm, SwiGLU"]),
-        (&["--device", "cuda", "--bf16"], &["--device cuda with RMSNorm", "not built yet", "--device cpu"]),
+        (&["--device", "cuda", "--bf16"], &["--device cuda with RMSNorm", "CUDA kernels", "not built yet", "--device hip"]),
+        (&["--device", "hip"], &["train --device hip with RMSNorm", "needs --bf16 or --fp16", "16-bit activations"]),
         (&["--num-query-groups", "2"], &["--num-query-groups needs --group-query-attention"]),
         (&["--rotary-percent", "0.3"], &["--rotary-percent 0.3", "even number"]),
     ];

@@ -277,14 +277,12 @@ pub(super) fn fatal(e: Error) -> ! {
     std::process::exit(1)
 }
 
-/// Ends the process on an op of a Llama-family model, which has no GPU kernels yet.
+/// Ends the process on a Llama-family op the GPU kernels do not run (on f32 activations, or
+/// decoding against a key/value cache); `train` refuses such a run before any work
+/// (`config::llama_on_device`).
 pub(super) fn unbuilt(op: &str) -> ! {
-    fatal(Error::Unsupported(format!(
-        "{op} on a GPU: the CUDA and HIP kernels of the Llama-family ops are not built yet; train this model with \
-         --device cpu"
-    )))
+    fatal(Error::Unsupported(format!("{op} on a GPU: no GPU kernel runs it yet; run this model with --device cpu")))
 }
-
 
 pub(super) fn ok<T>(r: Result<T>) -> T {
     r.unwrap_or_else(|e| fatal(e))

@@ -246,6 +246,25 @@ const TINY_PRESET_GPU: &[&str] = &[
     "--bf16",
 ];
 
+/// The `llama-tiny` preset (the tiny preset's sizes with RMSNorm, SwiGLU, rotary embedding, an
+/// untied output layer, no biases, and its 4 query heads of 32 in 2 key/value groups: the d 32
+/// grouped-query attention kernels), on TINY_PRESET_GPU's sequence and batch.
+const LLAMA_TINY_PRESET_GPU: &[&str] = &[
+    "--preset",
+    "llama-tiny",
+    "--seq-length",
+    "72",
+    "--micro-batch-size",
+    "1",
+    "--global-batch-size",
+    "1",
+    "--log-interval",
+    "1",
+    "--eval-iters",
+    "1",
+    "--bf16",
+];
+
 /// Trains TINY_GPU for 6 iterations on `ranks` ranks (under mpirun when more than one) and
 /// returns the losses.
 pub fn train_losses(
@@ -480,6 +499,14 @@ pub fn tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
     let dir = scratch(&format!("{device}-train-tiny"));
     let data = prepared_corpus(&dir);
     model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, TINY_PRESET_GPU);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `llama-tiny` preset trains on `device` and follows the CPU's `--bf16` losses.
+pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
+    let dir = scratch(&format!("{device}-train-llama-tiny"));
+    let data = prepared_corpus(&dir);
+    model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, LLAMA_TINY_PRESET_GPU);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -719,6 +746,22 @@ pub const STEP_BASELINE: StepBaseline = StepBaseline {
 /// head: the word-embedding and position kernels' f32 views of bf16 buffers (the head's bf16
 /// logits took its last cast, the logits' gradient's, away).
 pub const STEP_CASTS: f64 = 7.0;
+
+/// `bench step --device <device>` on the `llama-tiny` preset (grouped-query attention, RMSNorm,
+/// SwiGLU, rotary) on the emulated GPU, shortened: one record, with the Llama-family kernels
+/// launched.
+pub fn bench_step_runs_a_llama(emu: &Emulated, device: &str) {
+    let shape = ["--num-layers", "2", "--seq-length", "16", "--micro-batch-size", "2", "--vocab-size", "257"];
+    let mut args = vec!["bench", "step", "--device", device, "--preset", "llama-tiny", "--dtype", "bf16"];
+    args.extend(["--steps", "1", "--json"].iter().chain(&shape));
+    let o = run_with(&emu.env, &args);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert_eq!(out.lines().count(), 1, "one record: {out}");
+    for kernel in ["attention_bwd_dkv_bf16_d32", "rmsnorm_fwd_bf16", "swiglu_bwd_bf16", "rope_fwd_bf16"] {
+        assert!(out.contains(&format!("\"{kernel}\": ")), "{kernel} not launched: {out}");
+    }
+}
 
 /// `bench step --device <device>` on the emulated GPU: one JSON record with its keys; the
 /// Device's counts of the whole run equal the emulating runtime's, counted on the other side of

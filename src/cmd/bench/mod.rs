@@ -75,13 +75,8 @@ fn on_gpu(what: &str, device: &str, a: &Args) -> Result<()> {
             return Err(Error::flag("--steps", 0, "a positive whole number"));
         }
         let model = step_model(a, (4, 64))?;
-        let features = model.cfg.arch.features();
-        if !features.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "bench step --device {device} with {}: the GPU kernels of the Llama-family ops are not built yet",
-                features.join(", ")
-            )));
-        }
+        // --dtype bf16 (checked above): the Llama-family kernels' 16-bit activations.
+        crate::config::llama_on_device("bench step", device, &model.cfg.arch.features(), true)?;
         let report = gpu_step::step(vendor, &model, secs, steps)?;
         print!("{}", if a.has("--json") { report.json() + "\n" } else { report.table() });
         return Ok(());
