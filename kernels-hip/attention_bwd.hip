@@ -2,30 +2,37 @@
 // deterministic (no atomics). The CDNA counterpart of kernels-cuda/attention_bwd.cu, same kernel
 // names and arguments.
 //
-// Computes, for each sequence b and head h, with scale s = 1/sqrt(d), P_ij = exp(s q_i·k_j - lse_i)
-// for j <= i (0 otherwise) rebuilt from the forward's log-sum-exp, and delta_i = dO_i · O_i:
-//   dV_j = Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
-//   dK_j = s Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
-// Inputs: qkv [seq·batch, heads·3·d] bf16, out and dout [seq·batch, heads·d] bf16, lse
-// [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16 (each element written once).
-// Every kernel takes the CUDA kernels' (…, heads, kv_heads) and runs multi-head attention only
-// (kv_heads == heads, the rows above): the Device refuses grouped-query attention on HIP
-// (gpu/device.rs grouped_query_unbuilt) until these kernels read Megatron's per-group rows.
+// Computes, for each sequence b and query head h (of group g = h / r: r = heads / kv_heads query
+// heads share key/value head g; r = 1 is multi-head), with scale s = 1/sqrt(d),
+// P_ij = exp(s q_i·k_j - lse_i) for j <= i (0 otherwise) rebuilt from the forward's log-sum-exp,
+// and delta_i = dO_i · O_i:
+//   dV_j = Σ_h Σ_i P_ij dO_i       dS_ij = P_ij (dO_i · v_j - delta_i)
+//   dK_j = s Σ_h Σ_i dS_ij q_i     dQ_i  = s Σ_j dS_ij k_j
+// (dK and dV of head g summed over its group's query heads h). Inputs: qkv [seq·batch,
+// (heads + 2·kv_heads)·d] bf16 in Megatron's per-group rows (attention_fwd.hip's header: h's q at
+// column (h + 2g)·d, g's k at (g·(r + 2) + r)·d, v after it), out and dout [seq·batch, heads·d]
+// bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16 (each element written
+// once).
 // Head dims 32, 64 and 128 (multiples of the MFMA's 32-row blocks); any seq >= 1. Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:  delta [batch·heads·seq] f32. ⌈seq·batch·heads / 4⌉ workgroups of
-//                              256 (4 wave64s), a wave per (row, head), wave_sum over d.
-//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads (2 wave64s),
-//                              longest first (common/tile_order.h); a
-//                              workgroup owns 64 keys, a wave 32, and walks the 32-query tiles from
-//                              the diagonal to the end. Per tile a wave computes S = Q Kᵀ and
+//                              256 (4 wave64s), a wave per (row, query head), wave_sum over d
+//                              (kv_heads is not read: out and dout hold the query heads).
+//   attention_bwd_dkv_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·kv_heads), 128 threads (2 wave64s),
+//                              longest first (common/tile_order.h); a workgroup owns 64 keys of
+//                              one (b, g), a wave 32, and for each query head of the group in
+//                              order (one pass when r = 1) walks the 32-query tiles from the
+//                              diagonal to the end, dK and dV summed over the heads in the same
+//                              registers (a fixed order: the same bits on every run; the head's
+//                              columns and statistics set once per head, no work per score
+//                              added). Per tile a wave computes S = Q Kᵀ and
 //                              dP = dO Vᵀ (32 queries x the wave's 32 keys, d/8 MFMAs each), so lane
 //                              l holds key l % 32; then dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (d/32 blocks,
 //                              4 MFMAs each) with P and dS as B operands straight from the
 //                              accumulator registers (common/mfma.h), dOᵀ and Qᵀ read as columns
 //                              of the LDS tiles.
 //   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/64⌉, batch·heads), 128 threads, longest first; a
-//                              workgroup owns 64 queries, a wave 32, and walks the 32-key tiles up to the
-//                              diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
+//                              workgroup owns 64 queries of one query head, a wave 32, and walks the
+//                              32-key tiles of its group's K and V up to the diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
 //                              l % 32, so its lse and delta are per lane), then dQᵀ += Kᵀ dSᵀ.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (DESIGN.md's determinism). Tiles wholly
@@ -93,63 +100,71 @@ struct alignas(16) DkvTiles {
 template <int D>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
-                                         const float* __restrict__ delta, int batch, int seq, int heads) {
+                                         const float* __restrict__ delta, int batch, int seq, int heads,
+                                         int kv_heads) {
   __shared__ DkvTiles<D> tiles;
   static_assert(sizeof(DkvTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
-  const AttentionTile block = longest_first(false, heads);  // common/tile_order.h
-  const int k0 = block.tile * kBlockRows, b = block.b, head = block.head;
-  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
-  const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
-  const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+  const AttentionTile block = longest_first(false, kv_heads);  // common/tile_order.h
+  const int k0 = block.tile * kBlockRows, b = block.b, kv = block.head;
+  // The group's k columns (v follows) in the per-group rows, as int (attention_fwd.hip's offsets);
+  // its query heads kv·r .. kv·r + r - 1.
+  const int group = heads / kv_heads;
+  const int qkv_stride = (heads + 2 * kv_heads) * D, k_col = (kv * (group + 2) + group) * D, out_stride = heads * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_k = wave * kMfmaN;                 // the wave's first key in the block
   const int key = k0 + wave_k + mfma_col(lane);     // this lane's key
 
-  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
 
   mfma_acc dk[kDBlocks], dv[kDBlocks];
   UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(dk[n]), mfma_zero(dv[n]);
 
-  for (int qs = k0; qs < seq; qs += kTileRows) {
-    load_rows<D, kTileRows>(tiles.q, qkv, qkv_stride, head_col, qs, seq, batch, b);
-    load_rows<D, kTileRows>(tiles.dout, dout, out_stride, (size_t)head * D, qs, seq, batch, b);
-    for (int i = threadIdx.x; i < kTileRows; i += blockDim.x) {
-      // A query past the end gets lse = +inf, so its P (and dS) are exactly 0.
-      tiles.lse[i] = qs + i < seq ? lse_bh[qs + i] : INFINITY;
-      tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
-    }
-    __syncthreads();
-    if (qs + kTileRows - 1 >= k0 + wave_k) {  // some query of the tile sees some key of the wave
-      // S = Q Kᵀ and dP = dO Vᵀ: register r is query qs + mfma_row(lane, r), key `key`.
-      mfma_acc s, dp;
-      mfma_zero(s);
-      mfma_zero(dp);
-      rows_product<D>(s, tiles.q, 0, tiles.k, wave_k);
-      rows_product<D>(dp, tiles.dout, 0, tiles.v, wave_k);
-      UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
-        const int qi = mfma_row(lane, r);
-        const float p = key <= qs + qi ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
-        s.v[r] = p;
-        dp.v[r] = p * (dp.v[r] - tiles.delta[qi]);
+  // The group's query heads in order, dK and dV summed over them in the same registers.
+  for (int head = kv * group; head < (kv + 1) * group; ++head) {
+    const int q_col = (head + 2 * kv) * D;
+    const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
+    const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+    for (int qs = k0; qs < seq; qs += kTileRows) {
+      load_rows<D, kTileRows>(tiles.q, qkv, qkv_stride, q_col, qs, seq, batch, b);
+      load_rows<D, kTileRows>(tiles.dout, dout, out_stride, head * D, qs, seq, batch, b);
+      for (int i = threadIdx.x; i < kTileRows; i += blockDim.x) {
+        // A query past the end gets lse = +inf, so its P (and dS) are exactly 0.
+        tiles.lse[i] = qs + i < seq ? lse_bh[qs + i] : INFINITY;
+        tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
       }
-      // dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS (the scale of dK is applied once at the end).
-      columns_product<D>(dv, tiles.dout, s);
-      columns_product<D>(dk, tiles.q, dp);
+      __syncthreads();
+      if (qs + kTileRows - 1 >= k0 + wave_k) {  // some query of the tile sees some key of the wave
+        // S = Q Kᵀ and dP = dO Vᵀ: register r is query qs + mfma_row(lane, r), key `key`.
+        mfma_acc s, dp;
+        mfma_zero(s);
+        mfma_zero(dp);
+        rows_product<D>(s, tiles.q, 0, tiles.k, wave_k);
+        rows_product<D>(dp, tiles.dout, 0, tiles.v, wave_k);
+        UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
+          const int qi = mfma_row(lane, r);
+          const float p = key <= qs + qi ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
+          s.v[r] = p;
+          dp.v[r] = p * (dp.v[r] - tiles.delta[qi]);
+        }
+        // dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS (the scale of dK is applied once at the end).
+        columns_product<D>(dv, tiles.dout, s);
+        columns_product<D>(dk, tiles.q, dp);
+      }
+      __syncthreads();  // the tile is consumed before the next one (of this head or the next) overwrites it
     }
-    __syncthreads();  // the tile is consumed before the next one overwrites it
   }
 
   if (key >= seq) return;
-  bf16* row = dqkv + ((size_t)key * batch + b) * qkv_stride + head_col;
+  bf16* row = dqkv + ((size_t)key * batch + b) * qkv_stride + k_col;
   UNROLL for (int n = 0; n < kDBlocks; ++n)
     UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
       const int c = kMfmaM * n + mfma_row(lane, r);
-      row[D + c] = to_bf16(dk[n].v[r] * scale);
-      row[2 * D + c] = to_bf16(dv[n].v[r]);
+      row[c] = to_bf16(dk[n].v[r] * scale);
+      row[D + c] = to_bf16(dv[n].v[r]);
     }
 }
 
@@ -164,19 +179,23 @@ struct alignas(16) DqTiles {
 template <int D>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
-                                        const float* __restrict__ delta, int batch, int seq, int heads) {
+                                        const float* __restrict__ delta, int batch, int seq, int heads,
+                                        int kv_heads) {
   __shared__ DqTiles<D> tiles;
   static_assert(sizeof(DqTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const AttentionTile block = longest_first(true, heads);
   const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
-  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D, out_stride = (size_t)heads * D;
+  // The head's q columns and its group's k columns (v follows) in the per-group rows, as int.
+  const int group = heads / kv_heads, kv = head / group;
+  const int qkv_stride = (heads + 2 * kv_heads) * D, q_col = (head + 2 * kv) * D;
+  const int k_col = (kv * (group + 2) + group) * D, out_stride = heads * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_q = wave * kMfmaN, wave_last = q0 + wave_q + kMfmaN - 1;
   const int query = q0 + wave_q + mfma_col(lane);  // this lane's query
 
-  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, q_col, q0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
   const size_t at = ((size_t)b * heads + head) * seq + query;
   const float row_lse = query < seq ? lse[at] : INFINITY, row_delta = query < seq ? delta[at] : 0.0f;
@@ -186,8 +205,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
 
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
   for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
-    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-    load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
     __syncthreads();
     if (k0 <= wave_last) {
       // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: register r is key k0 + mfma_row(lane, r), query `query`.
@@ -206,7 +225,7 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   }
 
   if (query >= seq) return;
-  bf16* dst = dqkv + ((size_t)query * batch + b) * qkv_stride + head_col;
+  bf16* dst = dqkv + ((size_t)query * batch + b) * qkv_stride + q_col;
   UNROLL for (int n = 0; n < kDBlocks; ++n)
     UNROLL for (int r = 0; r < kMfmaAcc; ++r) dst[kMfmaM * n + mfma_row(lane, r)] = to_bf16(dq[n].v[r] * scale);
 }
@@ -228,31 +247,31 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dkv_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                                int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                                int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int /* kv_heads */) {
-  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }

@@ -1,21 +1,22 @@
 // attention_fwd.hip: causal self-attention forward, FlashAttention-2 style, on AMD matrix cores
 // (the CDNA counterpart of kernels-cuda/attention_fwd.cu, same kernel names and arguments).
 //
-// Computes, for each sequence b, head h and query position t < seq:
-//   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u
+// Computes, for each sequence b, query head h and query position t < seq, with g = h / r the
+// key/value head of h's group (r = heads / kv_heads query heads share it; r = 1 is multi-head):
+//   out[t·batch + b][h·d .. h·d + d) = Σ_{u <= t} softmax_u(q_t · k_u / sqrt(d)) · v_u  (k, v of head g)
 //   lse[(b·heads + h)·seq + t]       = log Σ_{u <= t} exp(q_t · k_u / sqrt(d))      (saved for backward)
-// from the fused QKV activation qkv [seq·batch, heads·3·d] bf16 (rows sequence-first, per head
-// [q | k | v]); out [seq·batch, heads·d] bf16; lse f32. Head dims 32 (attention_fwd_bf16_d32), 64
+// from the fused QKV activation qkv [seq·batch, (heads + 2·kv_heads)·d] bf16 (rows sequence-first,
+// per group g of r query heads [q_(g·r) .. q_(g·r+r-1) | k_g | v_g], Megatron's layout: h's q at
+// column (h + 2g)·d, g's k at (g·(r + 2) + r)·d, v right after; r = 1 is GPT-2's [q | k | v] per
+// head); out [seq·batch, heads·d] bf16; lse f32. Head dims 32 (attention_fwd_bf16_d32), 64
 // (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128): the MFMA tiling needs d to be a
 // multiple of 32 (the 32-row d blocks of Oᵀ) and of 8 (the k steps of Sᵀ); any seq >= 1. Online softmax with the division deferred to the
 // end (FA-2); no [seq, seq] matrix exists.
 //
-// Every kernel takes the CUDA kernels' (…, heads, kv_heads) and runs multi-head attention only
-// (kv_heads == heads, the rows above): the Device refuses grouped-query attention on HIP
-// (gpu/device.rs grouped_query_unbuilt) until these kernels read Megatron's per-group rows.
-//
 // Grid: (⌈seq/64⌉, batch·heads) workgroups of 128 threads (2 wave64s), the CUDA kernel's grid and
-// longest-first order (common/tile_order.h).
+// longest-first order (common/tile_order.h), one per query head: the r query heads of a group each
+// read their group's K and V (the offsets are set once per workgroup; the loops are the multi-head
+// ones, no work per score is added).
 // A workgroup owns 64 queries of one (b, h), each wave 32 of them (split-Q, no cross-wave
 // reduction). Per tile of 32 keys a wave computes the transposed scores Sᵀ = K Qᵀ (32 keys x 32
 // queries) with d/8 v_mfma_f32_32x32x8bf16_1k (v_mfma_f32_32x32x8_bf16 on gfx940+), so lane l
@@ -53,7 +54,8 @@ struct alignas(16) Tiles {
 
 template <int D>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
-                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads) {
+                                                   const bf16* __restrict__ qkv, int batch, int seq, int heads,
+                                                   int kv_heads) {
   __shared__ Tiles<D> tiles;
   static_assert(sizeof(Tiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
@@ -62,13 +64,18 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.h
   const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
-  const size_t qkv_stride = (size_t)3 * heads * D, head_col = (size_t)head * 3 * D;
+  // The head's q columns and its group's k columns (v follows) in the per-group rows, as int
+  // (a row's width fits one: the launcher checks it; size_t offsets from the group's division
+  // cost gfx90a 8 more VGPRs here).
+  const int group = heads / kv_heads, kv = head / group;
+  const int qkv_stride = (heads + 2 * kv_heads) * D, q_col = (head + 2 * kv) * D;
+  const int k_col = (kv * (group + 2) + group) * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_q = wave * kMfmaN;                       // the wave's first query in the block
   const int query = q0 + wave_q + mfma_col(lane);         // this lane's query
   const int wave_last = q0 + wave_q + kMfmaN - 1;         // the wave's last query
 
-  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, head_col, q0, seq, batch, b);
+  load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, q_col, q0, seq, batch, b);
 
   mfma_acc o[kDBlocks];
   UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(o[n]);
@@ -76,8 +83,8 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
   for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
-    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, head_col + D, k0, seq, batch, b);
-    load_rows_transposed<D, kTileRows>(tiles.vt, qkv, qkv_stride, head_col + 2 * D, k0, seq, batch, b);
+    load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
+    load_rows_transposed<D, kTileRows>(tiles.vt, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
     __syncthreads();  // Q (first time), K and V of this tile are in LDS
     if (k0 <= wave_last) {
       // Sᵀ = K Qᵀ: register r holds the score of key k0 + mfma_row(lane, r) for `query`.
@@ -135,19 +142,16 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 }  // namespace attention_fwd_detail
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int /* kv_heads */) {
-  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int /* kv_heads */) {
-  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int /* kv_heads */) {
-  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads);
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads, kv_heads);
 }

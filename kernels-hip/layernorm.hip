@@ -1,7 +1,7 @@
-// layernorm.hip: LayerNorm forward (optionally fused with the residual add before it) on 64-lane
-// wavefronts, one wave per row, and backward, one launch of a few hundred workgroups owning
-// contiguous row ranges (the CDNA counterpart of kernels-cuda/layernorm.cu, same kernel names,
-// arguments and design; its header is the spec).
+// layernorm.hip: LayerNorm (and RMSNorm, below) forward (LayerNorm optionally fused with the
+// residual add before it) on 64-lane wavefronts, one wave per row, and backward, one launch of a
+// few hundred workgroups owning contiguous row ranges (the CDNA counterpart of
+// kernels-cuda/layernorm.cu, same kernel names, arguments and design; its header is the spec).
 //
 // Forward  layernorm_fwd_bf16:  x = inp (+ residual, rounded to bf16 and stored in resid_out);
 //          out = (x - mean) · rstd · weight + bias, mean = Σx / C, rstd = 1 / sqrt(Σ(x - mean)² / C + 1e-5)
@@ -31,8 +31,20 @@
 // (layernorm_bwd_partials(rows, C) elements); counters u32 [groups + 1]. LDS: 2 x kLnPassRows
 // f32 and one flag (260 bytes); a few tens of VGPRs.
 //
+// RMSNorm (Llama's), the same shapes and grids without the mean and the bias:
+// Forward  rmsnorm_fwd_bf16:  out = x · rstd · weight, rstd = 1 / sqrt(Σx² / C + eps) (eps an
+//          argument); inp, out [rows, C] bf16; weight [C] f32; rstd [rows] f32 (saved). One wave
+//          per row as above, two passes (Σx², output).
+// Backward rmsnorm_bwd_bf16 (one launch): dinp += rstd · (g - x̂ · mean(g · x̂)), g = dout · weight,
+//          x̂ = inp · rstd (bf16 dinp "+=", rounded once); dweight[c] += Σ_rows dout · x̂ (f32),
+//          deterministic exactly as layernorm_bwd_bf16's: the same grid (layernorm_bwd_blocks),
+//          passes, counters and two-level last-block sum (last_of_all_groups, shared by both
+//          backwards), over slots of one column sum each (partials: [blocks + groups][C] f32,
+//          within layernorm_bwd_partials(rows, C)). LDS: kLnPassRows f32 and one flag (132 bytes).
+//
 // Reference: `layernorm_forward_rows` / `layernorm_backward_rows` of trident's reference device
-// (f64) on the same bf16 inputs (tests/hip_emulation.rs).
+// (f64) on the same bf16 inputs (tests/hip_emulation.rs); RMSNorm: src/device/llama.rs's
+// `rmsnorm_forward_rows` / `rmsnorm_backward_rows` (tests/hip_emulation.rs, `check ops`).
 #include "common/base.h"
 #include "common/reduce.h"
 
@@ -260,6 +272,25 @@ __device__ __forceinline__ float slot_sum(const volatile float* slots, size_t pi
   return s;
 }
 
+// The first level of the backward's partial sums, after the block stored its slot (pitch floats)
+// in partials: publishes the slot and counts the block finished in its group of kLnGroup; the
+// group's last block sums the group's slots in block order into the group's slot (after the
+// blocks' slots), sets its counter back to 0, publishes that and counts the group finished.
+// Says, to every thread, whether this block is the last group's: it then sees every group's slot
+// and adds them (slot_sum over the groups) and resets counters[groups]. `last`: one word of LDS.
+// Every thread of the block must call it (layernorm.cu's helper of that name).
+__device__ __forceinline__ bool last_of_all_groups(float* partials, unsigned int* counters, size_t pitch,
+                                                   unsigned int* last) {
+  const int blocks = (int)gridDim.x, groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
+  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
+  if (!last_to_count(&counters[group], members, last)) return false;  // uniform over the block
+  float* group_slot = partials + ((size_t)blocks + group) * pitch;
+  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
+    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
+  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
+  return last_to_count(&counters[groups], groups, last);
+}
+
 }  // namespace ln_detail
 
 // One launch per LayerNorm backward (grid, partials and counters above): the block's rows in
@@ -280,17 +311,8 @@ extern "C" __global__ void __launch_bounds__(512)
     backward_rows<8, 2>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
   else
     backward_rows<1, 1>(mine, pass_mean, pass_rstd, dinp, dout, inp, weight, mean, rstd, first, end, C);
-  // Publish the slot, then count this block finished in its group; the group's last block sums
-  // the group's slots into the group's slot.
-  const int groups = (blocks + kLnGroup - 1) / kLnGroup, group = (int)blockIdx.x / kLnGroup;
-  const int members = blocks - group * kLnGroup < kLnGroup ? blocks - group * kLnGroup : kLnGroup;
-  if (!last_to_count(&counters[group], members, &last)) return;  // uniform over the block
-  float* group_slot = partials + ((size_t)blocks + group) * pitch;
-  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
-    group_slot[i] = slot_sum(partials + (size_t)group * kLnGroup * pitch, pitch, members, i);
-  if (threadIdx.x == 0) counters[group] = 0;  // every block of the group has counted
-  // Publish the group's slot, then count the group finished; the last group adds them all.
-  if (!last_to_count(&counters[groups], groups, &last)) return;  // uniform over the block
+  const int groups = (blocks + kLnGroup - 1) / kLnGroup;
+  if (!last_of_all_groups(partials, counters, pitch, &last)) return;  // uniform over the block
   for (size_t i = threadIdx.x; i < pitch; i += blockDim.x) {
     const float s = slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
     if (i < (size_t)C)
@@ -298,5 +320,123 @@ extern "C" __global__ void __launch_bounds__(512)
     else
       dbias[i - C] += s;
   }
+  if (threadIdx.x == 0) counters[groups] = 0;  // every group has counted: ready for the next launch
+}
+
+namespace ln_detail {
+
+// RMSNorm's forward of one row on one wave (forward_row without the mean and the bias).
+template <int V>
+__device__ __forceinline__ void rms_forward_row(bf16* out, float* rstd, const bf16* inp, const float* weight,
+                                                float eps, int row, int C, int lane) {
+  const size_t base = (size_t)row * C;
+  float sq = 0.0f;
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
+    float x[V];
+    load<V>(inp + base + c, x);
+    UNROLL for (int e = 0; e < V; ++e) sq += x[e] * x[e];
+  }
+  const float rs = rsqrtf(wave_sum(sq) / C + eps);
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
+    float x[V], w[V];
+    load<V>(inp + base + c, x);
+    load<V>(weight + c, w);
+    UNROLL for (int e = 0; e < V; ++e) x[e] = x[e] * rs * w[e];
+    store<V>(out + base + c, x);
+  }
+  if (lane == 0) rstd[row] = rs;
+}
+
+}  // namespace ln_detail
+
+extern "C" __global__ void __launch_bounds__(256)
+    rmsnorm_fwd_bf16(bf16* out, float* rstd, const bf16* inp, const float* weight, int rows, int C, float eps) {
+  using namespace ln_detail;
+  const int row = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  if (row >= rows) return;  // the whole wave leaves together
+  if (C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight))
+    rms_forward_row<8>(out, rstd, inp, weight, eps, row, C, lane);
+  else
+    rms_forward_row<1>(out, rstd, inp, weight, eps, row, C, lane);
+}
+
+namespace ln_detail {
+
+// RMSNorm's phase 1 on one wave: mean(g·x̂), then dinp += rstd · (g - x̂ · mean(g·x̂)).
+template <int V>
+__device__ __forceinline__ void rms_backward_row(bf16* dinp, const bf16* dout, const bf16* inp, const float* weight,
+                                                 float rs, int row, int C, int lane) {
+  const size_t base = (size_t)row * C;
+  float sum_gx = 0.0f;
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
+    float dy[V], x[V], w[V];
+    load<V>(dout + base + c, dy);
+    load<V>(inp + base + c, x);
+    load<V>(weight + c, w);
+    UNROLL for (int e = 0; e < V; ++e) sum_gx += dy[e] * w[e] * (x[e] * rs);
+  }
+  const float mean_gx = wave_sum(sum_gx) / C;
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
+    float dy[V], x[V], w[V], dx[V];
+    load<V>(dout + base + c, dy);
+    load<V>(inp + base + c, x);
+    load<V>(weight + c, w);
+    load<V>(dinp + base + c, dx);
+    UNROLL for (int e = 0; e < V; ++e) dx[e] += rs * (dy[e] * w[e] - x[e] * rs * mean_gx);
+    store<V>(dinp + base + c, dx);
+  }
+}
+
+// backward_rows for RMSNorm: the block's rows in passes, one column sum (dout · x̂) per slot.
+template <int V, int P>
+__device__ __forceinline__ void rms_backward_rows(float* mine, float* pass_rstd, bf16* dinp, const bf16* dout,
+                                                  const bf16* inp, const float* weight, const float* rstd, int first,
+                                                  int end, int C) {
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize, waves = blockDim.x / kWaveSize;
+  for (int from = first;; from += kLnPassRows) {
+    const int n = end - from < kLnPassRows ? end - from : kLnPassRows;
+    for (int r = wave; r < n; r += waves) {
+      const float rs = rstd[from + r];
+      rms_backward_row<V>(dinp, dout, inp, weight, rs, from + r, C, lane);
+      if (lane == 0) pass_rstd[r] = rs;
+    }
+    __syncthreads();  // the pass's statistics are in shared memory
+    for (int c = P * threadIdx.x; c < C; c += P * blockDim.x) {
+      float dw[P] = {};
+      for (int r = 0; r < n; ++r) {
+        float dy[P], x[P];
+        load<P>(dout + (size_t)(from + r) * C + c, dy);
+        load<P>(inp + (size_t)(from + r) * C + c, x);
+        UNROLL for (int e = 0; e < P; ++e) dw[e] += dy[e] * (x[e] * pass_rstd[r]);
+      }
+      UNROLL for (int e = 0; e < P; ++e) mine[c + e] = from == first ? dw[e] : mine[c + e] + dw[e];
+    }
+    if (from + kLnPassRows >= end) break;  // uniform over the block
+    __syncthreads();  // phase 2 is done with the statistics before the next pass replaces them
+  }
+}
+
+}  // namespace ln_detail
+
+// One launch per RMSNorm backward: layernorm_bwd_bf16's structure with one column sum per slot.
+extern "C" __global__ void __launch_bounds__(512)
+    rmsnorm_bwd_bf16(bf16* dinp, float* dweight, float* partials, unsigned int* counters, const bf16* dout,
+                     const bf16* inp, const float* weight, const float* rstd, int rows, int C) {
+  using namespace ln_detail;
+  __shared__ float pass_rstd[kLnPassRows];
+  __shared__ unsigned int last;
+  const int blocks = (int)gridDim.x, per_block = (rows + blocks - 1) / blocks;
+  const long long from = (long long)blockIdx.x * per_block, to = from + per_block;
+  const int first = from < rows ? (int)from : rows, end = to < rows ? (int)to : rows;
+  const size_t pitch = (size_t)C;
+  float* mine = partials + blockIdx.x * pitch;
+  if (C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight))
+    rms_backward_rows<8, 2>(mine, pass_rstd, dinp, dout, inp, weight, rstd, first, end, C);
+  else
+    rms_backward_rows<1, 1>(mine, pass_rstd, dinp, dout, inp, weight, rstd, first, end, C);
+  const int groups = (blocks + kLnGroup - 1) / kLnGroup;
+  if (!last_of_all_groups(partials, counters, pitch, &last)) return;  // uniform over the block
+  for (size_t i = threadIdx.x; i < pitch; i += blockDim.x)
+    dweight[i] += slot_sum(partials + (size_t)blocks * pitch, pitch, groups, i);
   if (threadIdx.x == 0) counters[groups] = 0;  // every group has counted: ready for the next launch
 }

@@ -158,34 +158,19 @@ const LLAMA_TINY: Preset = Preset {
     ..TINY
 };
 
-/// The GPU backends whose kernels run the Llama-family ops (RMSNorm, SwiGLU, rotary embedding,
-/// grouped-query attention), on 16-bit activations.
-const LLAMA_GPUS: &[&str] = &["cuda"];
-
 /// Whether `what` (`train`, `bench step`) may run a model with the Llama-family `features` (none:
-/// GPT-2) on `--device device`: on the CPU always; on a GPU whose kernels run them (`LLAMA_GPUS`)
-/// with `sixteen_bit` activations (`--bf16` or `--fp16`, which those kernels take); on another GPU
-/// not yet. One clear error otherwise, before any GPU library is looked for.
+/// GPT-2) on `--device device`: on the CPU always; on a GPU (CUDA or HIP, whose kernels run
+/// RMSNorm, SwiGLU, rotary embedding and grouped-query attention on 16-bit activations) with
+/// `sixteen_bit` activations (`--bf16` or `--fp16`). One clear error otherwise, before any GPU
+/// library is looked for.
 pub fn llama_on_device(what: &str, device: &str, features: &[&str], sixteen_bit: bool) -> Result<()> {
-    if features.is_empty() || !matches!(device, "cuda" | "hip") {
+    if features.is_empty() || sixteen_bit || !matches!(device, "cuda" | "hip") {
         return Ok(());
     }
-    let has = features.join(", ");
-    if !LLAMA_GPUS.contains(&device) {
-        return Err(Error::Unsupported(format!(
-            "{what} --device {device} with {has}: the {} kernels of the Llama-family ops are not built yet; run this \
-             model with --device {} or --device cpu",
-            device.to_uppercase(),
-            LLAMA_GPUS.join(" or --device ")
-        )));
-    }
-    if !sixteen_bit {
-        return Err(Error::Usage(format!(
-            "{what} --device {device} with {has} needs --bf16 or --fp16 (the Llama-family kernels take 16-bit \
-             activations)"
-        )));
-    }
-    Ok(())
+    Err(Error::Usage(format!(
+        "{what} --device {device} with {} needs --bf16 or --fp16 (the Llama-family kernels take 16-bit activations)",
+        features.join(", ")
+    )))
 }
 
 pub fn preset(name: &str) -> Result<&'static Preset> {

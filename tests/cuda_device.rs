@@ -529,7 +529,7 @@ fn check_gpu_compares_the_device_with_the_reference() {
     assert!(
         out.contains(&format!(
             "gpu check: device 0: the CUDA Device matches the reference device on {} op outputs",
-            gpu_device::ops_checked(true)
+            gpu_device::ops_checked()
         )),
         "{out}"
     );
@@ -591,7 +591,7 @@ fn gpu_check_script_passes_on_the_emulated_gpu_and_fails_a_tight_tolerance() {
     // The GPU run's tensors move through NCCL (the fake one, on the emulated device memory).
     let nccl = fake_nccl(&dir);
     let run = |rtol: &str| gpu_device::run_gpu_check(&emu.env, &dir, &data, rtol, &[("TRIDENT_NCCL", nccl.clone())]);
-    let ops = format!("ops check: all {} outputs within their bounds", gpu_device::ops_checked(true));
+    let ops = format!("ops check: all {} outputs within their bounds", gpu_device::ops_checked());
     let wants = ["passed on 1 NVIDIA device", &ops, "losses check: 6 iterations agree", "gpu-check: passed on cuda"];
     gpu_device::assert_gpu_check_passed(&run("1e-2"), &wants);
     let o = run("1e-9");
@@ -728,16 +728,7 @@ fn bench_step_counts_what_the_emulating_driver_counts() {
 #[test]
 fn bench_step_runs_a_llama_on_cuda() {
     let Some(emu) = emulated() else { return };
-    let shape = ["--num-layers", "2", "--seq-length", "16", "--micro-batch-size", "2", "--vocab-size", "257"];
-    let mut args = vec!["bench", "step", "--device", "cuda", "--preset", "llama-tiny", "--dtype", "bf16"];
-    args.extend(["--steps", "1", "--json"].iter().chain(&shape));
-    let o = run_with(&emu.env, &args);
-    let out = stdout(&o);
-    assert!(o.status.success(), "{out}{}", stderr(&o));
-    assert_eq!(out.lines().count(), 1, "one record: {out}");
-    for kernel in ["attention_bwd_dkv_bf16_d32", "rmsnorm_fwd_bf16", "swiglu_bwd_bf16", "rope_fwd_bf16"] {
-        assert!(out.contains(&format!("\"{kernel}\": ")), "{kernel} not launched: {out}");
-    }
+    gpu_device::bench_step_runs_a_llama(emu, "cuda");
 }
 
 /// The emulating drivers' copy of `check gpu`'s smoke kernel is the binary's own source.

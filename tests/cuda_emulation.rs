@@ -4,7 +4,7 @@
 //! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile). The cases the HIP kernels share are `common/emu_cases.rs`'s
-//! (`shared_kernel_tests!`); this file adds LayerNorm's warp-sized shapes, the sm_80 GEMMs' larger
+//! (`shared_kernel_tests!`); this file adds LayerNorm's and RMSNorm's warp-sized shapes, the sm_80 GEMMs' larger
 //! tiles, the sm_90a wgmma GEMMs, tensor_ops.cu's f32 kernels, and the ldmatrix, shuffle,
 //! divergence and dynamic shared memory probes.
 
@@ -41,6 +41,11 @@ mod fp16 {
     #[test]
     fn layernorm_forward_backward() {
         emu_cases::layernorm_forward_backward(&CUDA_FP16, &[(7, 50), (6, 768), (3, 5)]);
+    }
+
+    #[test]
+    fn rmsnorm_forward_backward() {
+        emu_cases::rmsnorm_forward_backward(&CUDA_FP16, &[(7, 50), (6, 768), (70, 64)]);
     }
 
     /// The sm_80 GEMMs' larger shapes and the sm_90a wgmma GEMMs (.f16 wgmma, TMA of 16-bit
@@ -103,20 +108,6 @@ fn gemm_grouped_tile_order_covers_every_tile() {
 fn attention_pipeline_many_tiles_ragged() {
     for (batch, seq, heads, head_dim) in [(2, 300, 2, 64), (2, 203, 2, 128), (2, 457, 2, 32)] {
         let shape = AttentionShape::new(batch, seq, heads, head_dim);
-        emu_cases::attention_forward_shape(&CUDA, shape, 0);
-        emu_cases::attention_backward_shape(&CUDA, shape);
-    }
-}
-
-/// Grouped-query attention on Megatron's per-group QKV rows, for each head dim: r = 2 and r = 4
-/// query heads per key/value head, with several groups and with one (multi-query), ragged
-/// sequences, one and two sequences; the forward, and the backward whose dK/dV blocks sum their
-/// group's query heads, against the reference.
-#[test]
-fn attention_grouped_query() {
-    let shapes = [(2, 100, 4, 2, 64), (1, 130, 4, 1, 64), (2, 77, 8, 2, 128), (1, 45, 2, 1, 128)];
-    for (batch, seq, heads, kv_heads, head_dim) in shapes.into_iter().chain([(2, 100, 6, 3, 32), (1, 70, 4, 1, 32)]) {
-        let shape = AttentionShape::new(batch, seq, heads, head_dim).grouped(kv_heads);
         emu_cases::attention_forward_shape(&CUDA, shape, 0);
         emu_cases::attention_backward_shape(&CUDA, shape);
     }
@@ -232,6 +223,12 @@ fn layernorm_forward_backward() {
 #[test]
 fn layernorm_backward_on_any_grid() {
     emu_cases::layernorm_backward_on_any_grid(&CUDA);
+}
+
+/// RMSNorm on LayerNorm's warp-sized shapes and a 3-block backward with 8-wide accesses.
+#[test]
+fn rmsnorm_forward_backward() {
+    emu_cases::rmsnorm_forward_backward(&CUDA, &[(4, 32), (7, 50), (13, 200), (6, 768), (3, 5), (70, 64)]);
 }
 
 // ---- tensor_ops.cu (the CUDA Device's f32 ops) ----------------------------------------------

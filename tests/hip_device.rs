@@ -95,6 +95,15 @@ fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
+/// The `llama-tiny` preset (RMSNorm, SwiGLU, rotary embedding, untied output layer, and 4 query
+/// heads of 32 in 2 key/value groups: the d 32 grouped-query attention kernels) trains on the HIP
+/// Device and follows the CPU's `--bf16` losses within the GPT-2 bound.
+#[test]
+fn train_llama_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::llama_tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
+}
+
 /// `check ops --device hip --fp16`: every Device op on the HIP fp16 module (binary16 storage:
 /// rounding, the 16-bit copies, AdamW's working copy, GEMMs and attention on the f16 MFMA) within
 /// fp16's bounds, its code objects compiled by hipRTC with -DTRIDENT_FP16; and each emulating
@@ -119,6 +128,16 @@ fn train_tiny_preset_on_hip_fp16_skips_and_backs_off_as_the_cpu_does() {
     let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
     let dir = scratch("hip-train-fp16");
     gpu_device::tiny_preset_fp16_skips_as_the_cpu_does(fp16, &dir, "hip");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `train --device hip --fp16` on the `llama-tiny` preset: the fp16 module's Llama-family
+/// kernels follow the CPU's `--fp16` losses.
+#[test]
+fn train_llama_tiny_preset_on_hip_fp16_follows_the_cpu() {
+    let Some(fp16) = gpu_device::fp16_env(emulated) else { return };
+    let dir = scratch("hip-train-llama-fp16");
+    gpu_device::llama_tiny_preset_fp16_follows_the_cpu(fp16, &dir, "hip");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -250,6 +269,13 @@ fn bench_step_counts_what_the_emulating_runtime_counts() {
     gpu_device::bench_step_counts_what_the_runtime_counts(emu, "hip");
 }
 
+/// `bench step --device hip` runs a Llama (`llama-tiny`, shortened) on the emulated GCD.
+#[test]
+fn bench_step_runs_a_llama_on_hip() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::bench_step_runs_a_llama(emu, "hip");
+}
+
 /// Issue 18: no device read between log lines; the logged loss and norm as a per-step read gives.
 #[test]
 fn training_reads_the_device_once_per_log_interval() {
@@ -306,10 +332,13 @@ fn gpu_check_script_runs_on_the_emulated_amd_gpu() {
     // No NVIDIA driver, so check gpu and the script take the AMD side (its GPU run through RCCL,
     // here the fake NCCL).
     let extra = [("TRIDENT_LIBCUDA", dir.join("no-libcuda.so")), ("TRIDENT_RCCL", fake_nccl(&dir))];
+    let outputs = gpu_device::ops_checked();
+    let device_line = format!("the HIP Device matches the reference device on {outputs} op outputs");
+    let ops_line = format!("ops check: all {outputs} outputs within their bounds");
     let wants = [
-        "the HIP Device matches the reference device on 175 op outputs",
+        device_line.as_str(),
         "passed on 8 AMD devices",
-        "ops check: all 175 outputs within their bounds",
+        ops_line.as_str(),
         "losses check: 6 iterations agree",
         "gpu-check: passed on hip",
     ];

@@ -6,14 +6,16 @@
 //! for f32 outputs). The HIP kernels have the CUDA names and arguments, so the cases both vendors
 //! run are `common/emu_cases.rs`'s (`shared_kernel_tests!`: the MFMA GEMMs with every epilogue and
 //! both backward products, casts, GELU, AdamW, the cross-entropy pieces, the embedding, and
-//! FlashAttention forward and backward on MFMA for head dims 32, 64 and 128). This file adds LayerNorm
+//! FlashAttention forward and backward on MFMA for head dims 32, 64 and 128, and the Llama family's
+//! RMSNorm backward on any grid, SwiGLU and rotary embedding). This file adds LayerNorm and RMSNorm
 //! on wavefront-sized shapes, the f32 ops of the HIP Device (`tensor_ops.hip`: wave-per-row
 //! reductions, column sums, element-wise, embedding) and the wave64 and MFMA probes. Every kernel
 //! runs on at least three shapes, ragged ones included. Two tests build the kernels with a planted
 //! wave32 assumption (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and assert
 //! that the LayerNorm and tensor_ops comparisons catch it. The same sources built as the fp16
 //! module (`-DTRIDENT_FP16`: binary16 storage, `v_mfma_f32_32x32x8f16`) run the shared cases, the
-//! wave64 LayerNorm and the MFMA probe again on binary16 inputs, within fp16's bounds (`mod fp16`).
+//! wave64 LayerNorm and RMSNorm and the MFMA probe again on binary16 inputs, within fp16's bounds
+//! (`mod fp16`).
 
 mod common;
 use common::emu::*;
@@ -52,6 +54,11 @@ mod fp16 {
     #[test]
     fn layernorm_wave64_forward_backward() {
         emu_cases::layernorm_forward_backward(&HIP_FP16, &[(4, 64), (7, 50), (6, 768), (5, 130)]);
+    }
+
+    #[test]
+    fn rmsnorm_wave64_forward_backward() {
+        emu_cases::rmsnorm_forward_backward(&HIP_FP16, &[(4, 64), (7, 50), (6, 768), (5, 130), (70, 64)]);
     }
 
     /// Multiples of 1/64 up to 6 in magnitude: 9 significant bits, exact in binary16 (11) and not
@@ -148,6 +155,14 @@ fn layernorm_wave64_forward_backward() {
 #[test]
 fn layernorm_backward_on_any_grid() {
     emu_cases::layernorm_backward_on_any_grid(&HIP);
+}
+
+/// RMSNorm on LayerNorm's wavefront-sized shapes (widths below, at and above the 64 lanes and
+/// above 32, where a wave32 reduction would lose half the row) and a 3-block backward with 8-wide
+/// accesses (its grids of several groups: the shared `rmsnorm_backward_on_any_grid`).
+#[test]
+fn rmsnorm_wave64_forward_backward() {
+    emu_cases::rmsnorm_forward_backward(&HIP, &[(4, 64), (7, 50), (13, 200), (6, 768), (3, 5), (5, 130), (70, 64)]);
 }
 
 /// Runs the forward of `v`'s build and returns the case with (out, mean, rstd) from the reference.

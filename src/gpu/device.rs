@@ -75,6 +75,12 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmFwdBf16,
     Kernel::LayernormFwdBf16,
     Kernel::LayernormBwdBf16,
+    Kernel::RmsnormFwdBf16,
+    Kernel::RmsnormBwdBf16,
+    Kernel::SwigluFwdBf16,
+    Kernel::SwigluBwdBf16,
+    Kernel::RopeFwdBf16,
+    Kernel::RopeBwdBf16,
     Kernel::ColumnSumAddBf16,
     Kernel::GeluFwdBf16,
     Kernel::GeluBwdBf16,
@@ -103,22 +109,9 @@ pub const SM90_DEVICE_KERNELS: &[Kernel] = &[
     Kernel::GemmBwdWeightBf16Sm90,
 ];
 
-/// The Llama-family kernels kernels-hip/ has no twin of yet, resolved besides `DEVICE_KERNELS` on
-/// CUDA.
-pub const CUDA_DEVICE_KERNELS: &[Kernel] = &[
-    Kernel::RmsnormFwdBf16,
-    Kernel::RmsnormBwdBf16,
-    Kernel::SwigluFwdBf16,
-    Kernel::SwigluBwdBf16,
-    Kernel::RopeFwdBf16,
-    Kernel::RopeBwdBf16,
-];
-
-/// The kernels the Device resolves on `vendor`: `DEVICE_KERNELS`, on CUDA `CUDA_DEVICE_KERNELS`,
-/// and with `wgmma` `SM90_DEVICE_KERNELS`.
-pub fn device_kernels(vendor: Vendor, wgmma: bool) -> Vec<Kernel> {
-    let cuda = if vendor == Vendor::Cuda { CUDA_DEVICE_KERNELS } else { &[] };
-    [DEVICE_KERNELS, cuda, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
+/// The kernels the Device resolves: `DEVICE_KERNELS`, and with `wgmma` `SM90_DEVICE_KERNELS`.
+pub fn device_kernels(wgmma: bool) -> Vec<Kernel> {
+    [DEVICE_KERNELS, if wgmma { SM90_DEVICE_KERNELS } else { &[] }].concat()
 }
 
 /// Elements per block of `sum_squares_f32` (tensor_ops.cu's kSumSquaresChunk).
@@ -284,25 +277,11 @@ pub(super) fn fatal(e: Error) -> ! {
     std::process::exit(1)
 }
 
-/// Ends the process on an op of a Llama-family model, which has no GPU kernels yet.
+/// Ends the process on a Llama-family op the GPU kernels do not run (on f32 activations, or
+/// decoding against a key/value cache); `train` refuses such a run before any work
+/// (`config::llama_on_device`).
 pub(super) fn unbuilt(op: &str) -> ! {
-    fatal(Error::Unsupported(format!(
-        "{op} on a GPU: the CUDA and HIP kernels of the Llama-family ops are not built yet; train this model with \
-         --device cpu"
-    )))
-}
-
-
-/// Ends the process on grouped-query attention on HIP, whose attention kernels (kernels-hip/) read
-/// multi-head attention's rows only so far; CUDA's run every grouping.
-pub(super) fn grouped_query_unbuilt(vendor: Vendor, shape: crate::device::AttentionShape) {
-    if vendor == Vendor::Hip && shape.kv_heads != shape.heads {
-        fatal(Error::Unsupported(format!(
-            "grouped-query attention ({} query heads in {} key/value groups) on HIP: the HIP attention kernels run \
-             multi-head attention only so far; train this model with --device cuda or --device cpu",
-            shape.heads, shape.kv_heads
-        )))
-    }
+    fatal(Error::Unsupported(format!("{op} on a GPU: no GPU kernel runs it yet; run this model with --device cpu")))
 }
 
 pub(super) fn ok<T>(r: Result<T>) -> T {
@@ -354,7 +333,7 @@ impl GpuDevice {
     pub fn on(gpu: OpenGpu) -> Result<GpuDevice> {
         let wgmma = super::kernels::plan::wgmma(gpu.vendor, &gpu.arch);
         Ok(GpuDevice {
-            functions: gpu.functions(&device_kernels(gpu.vendor, wgmma))?,
+            functions: gpu.functions(&device_kernels(wgmma))?,
             rt: gpu.rt,
             multiprocessors: gpu.multiprocessors,
             limits: gpu.limits,
@@ -425,11 +404,6 @@ impl GpuDevice {
     /// and their HIP twins).
     pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
-    /// Whether the Llama-family ops have kernels here (`llama_ops`): CUDA so far (RMSNorm, SwiGLU, rotary), on
-    /// 16-bit activations.
-    pub fn runs_llama(&self) -> bool {
-        self.vendor == Vendor::Cuda
-    }
 
     /// Checks that the kernels can run a model with this head dim (`HEAD_DIMS`).
     pub fn check_head_dim(head_dim: usize) -> Result<()> {

@@ -10,7 +10,7 @@
 
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
-use super::device::{aligned, first_blocks, group_key, grouped_query_unbuilt, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::device::{aligned, first_blocks, group_key, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
     COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
@@ -551,7 +551,6 @@ impl Device for GpuDevice {
 
     fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
         let (rows, w) = (shape.rows(), shape.width());
-        grouped_query_unbuilt(self.vendor, shape);
         assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
         if rows == 0 {
             return;
@@ -577,7 +576,6 @@ impl Device for GpuDevice {
         shape: AttentionShape,
     ) {
         let rows = shape.rows();
-        grouped_query_unbuilt(self.vendor, shape);
         assert!(dqkv.len >= rows * shape.qkv_width());
         if rows == 0 {
             return;

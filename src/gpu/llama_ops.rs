@@ -1,23 +1,21 @@
 //! The GPU Device's Llama-family ops (`device_ops`'s trait methods delegate here): RMSNorm on
 //! `layernorm.cu`'s `rmsnorm_fwd_bf16` / `rmsnorm_bwd_bf16` (16-bit activations, f32 weight and
 //! statistics), SwiGLU on `gelu.cu`'s `swiglu_fwd_bf16` / `swiglu_bwd_bf16`, rotary embedding on
-//! `rope.cu`'s `rope_fwd_bf16` / `rope_bwd_bf16` (f32 table); CUDA only. What has no kernel yet (f32 activations, the HIP twins) ends the process with
-//! `device::unbuilt`'s error; `train` refuses such a run before any work (`config.rs`).
+//! `rope.cu`'s `rope_fwd_bf16` / `rope_bwd_bf16` (f32 table), on CUDA and on HIP (the
+//! kernels-hip/ twins of the same names, arguments and grids). What has no kernel (f32
+//! activations) ends the process with `device::unbuilt`'s error; `train` refuses such a run before
+//! any work (`config.rs`).
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};
 use super::kernels::plan::{layernorm_bwd_partials, Op, LAYERNORM_BWD_COUNTERS};
-use super::kernels::Vendor;
 use super::runtime::Arg::{F32, I32, Ptr};
 use crate::device::{AttentionShape, Rotary};
 
 impl GpuDevice {
-    /// Whether the Llama-family kernels run here: CUDA with 16-bit activations `e`; else the
-    /// process ends naming `op`.
+    /// Whether the Llama-family kernels run here: with 16-bit activations `e`; else the process
+    /// ends naming `op`.
     fn llama_kernels(&self, op: &str, e: Elem) {
-        if self.vendor != Vendor::Cuda {
-            unbuilt(&format!("{op} (kernels-hip/ has no twin yet)"))
-        }
         if e != self.half {
             unbuilt(&format!("{op} on f32 activations (the kernels take --bf16 or --fp16 storage)"))
         }

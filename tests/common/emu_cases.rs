@@ -2,12 +2,13 @@
 //! arguments (`kernels-cuda/emu/tests/harness.h` runs them for both harnesses), so each case here
 //! writes the inputs, runs the vendor's harness and compares its outputs with the reference
 //! device. `shared_kernel_tests!(VENDOR)` makes the `#[test]`s whose shapes both vendors share;
-//! LayerNorm's shapes follow the vendor's warp or wavefront, so its test stays in each file.
+//! LayerNorm's and RMSNorm's shapes follow the vendor's warp or wavefront, so their tests stay in
+//! each file.
 
 use super::emu::*;
 
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::device::{AdamWStep, AttentionShape, Device, Rotary};
 use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments, LAYERNORM_BWD_GROUP};
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -18,7 +19,8 @@ macro_rules! shared_kernel_tests {
         $crate::shared_kernel_tests!($vendor; gemm_plain_f32_out, gemm_fused_epilogues, gemm_backward,
             gemm_backward_input_bf16_out, column_sum_add_bf16, step_scalars, position_forward_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
-            embedding_forward_backward, attention_forward_causal, attention_backward_causal);
+            embedding_forward_backward, attention_forward_causal, attention_backward_causal,
+            attention_grouped_query, rmsnorm_backward_on_any_grid, swiglu_forward_backward, rope_forward_backward);
     };
     ($vendor:expr; $($test:ident),*) => {
         $(
@@ -450,15 +452,20 @@ pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean,
     case.check_half(&format!("{name} dinp"), "dinp", &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
     check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-4);
-    for out in ["dinp", "dweight", "dbias"] {
-        let (first, second) = match out {
-            "dinp" => (case.get_half("dinp"), case.get_half("dinp2")),
-            _ => (case.get_f32(out), case.get_f32(&format!("{out}2"))),
-        };
-        assert!(
-            first.iter().zip(&second).all(|(a, b)| a.to_bits() == b.to_bits()) && first.len() == second.len(),
-            "{name}: {out} differs between two runs"
-        );
+    assert_repeatable(case, &name, (&["dinp"], &["dweight", "dbias"]), blocks);
+}
+
+/// A one-launch backward of `blocks` blocks run twice from the same inputs (the harness's
+/// outputs `<out>` and `<out>2`) gave the same bits in each 16-bit and f32 output of `outputs`,
+/// and each run left every counter (one per group of blocks and one for the groups) at 0.
+fn assert_repeatable(case: &Case, name: &str, (halves, floats): (&[&str], &[&str]), blocks: usize) {
+    let same =
+        |a: Vec<f32>, b: Vec<f32>| a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for out in halves {
+        assert!(same(case.get_half(out), case.get_half(&format!("{out}2"))), "{name}: {out} differs between two runs");
+    }
+    for out in floats {
+        assert!(same(case.get_f32(out), case.get_f32(&format!("{out}2"))), "{name}: {out} differs between two runs");
     }
     let counters = vec![0; blocks.div_ceil(LAYERNORM_BWD_GROUP) + 1];
     assert_eq!(
@@ -509,6 +516,130 @@ pub fn layernorm_backward_on_any_grid(v: &Vendor) {
             rstd.push((1.0 / (var + 1e-5).sqrt()) as f32);
         }
         layernorm_backward(v, &case, &name, [&x, &weight, &mean, &rstd], blocks);
+    }
+}
+
+// ---- RMSNorm, SwiGLU, rotary embedding (the Llama family) ------------------------------------
+
+/// `rmsnorm_fwd_bf16` then `rmsnorm_bwd_bf16` on the forward's rstd over `blocks` blocks (the
+/// Device's grid, `layernorm_bwd_blocks`, when None): out (16-bit) and dinp (accumulated onto a
+/// nonzero 16-bit gradient) within the storage's bounds of the reference, rstd and dweight
+/// (accumulated) within f32 roundings; a second backward from the same inputs gives the same bits
+/// and each leaves every counter at 0.
+fn rmsnorm(v: &Vendor, rows: usize, cols: usize, blocks: Option<usize>) {
+    let blocks = blocks.unwrap_or_else(|| layernorm_bwd_blocks(rows, cols));
+    let name = format!("rmsnorm_{rows}x{cols}_on_{blocks}_blocks");
+    let case = v.case(&name);
+    let (inp, weight, _) = layernorm_inputs(v, rows, cols);
+    let (dout, dinp0) = (v.half_values(rows * cols, "dout", 1.0), v.half_values(rows * cols, "dinp0", 0.1));
+    let dw0 = v.f32_values(cols, "dw0", 0.1, 0.0);
+    case.put_half("inp", &inp);
+    case.put_f32("weight", &weight);
+    case.put_half("dout", &dout);
+    case.put_half("dinp", &dinp0);
+    case.put_f32("dweight", &dw0);
+    let eps = 1e-5;
+    case.run("rmsnorm", &args(&[&rows, &cols, &blocks, &eps]));
+    let dev = ReferenceDevice;
+    let (rx, rw, rdout) = (reference(&dev, &inp), reference(&dev, &weight), reference(&dev, &dout));
+    let (mut out, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows));
+    dev.rmsnorm_forward(&mut out, &mut rstd, &rx, &rw, rows, cols, eps);
+    case.check_half(&format!("{name} out"), "out", &out);
+    check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
+    // The backward on the rstd the kernel saved (f32), as the model runs it.
+    let rstd32 = reference(&dev, &case.get_f32("rstd"));
+    let (mut dinp, mut dw) = (reference(&dev, &dinp0), reference(&dev, &dw0));
+    dev.rmsnorm_backward(&mut dinp, &mut dw, &rdout, &rx, &rw, &rstd32, rows, cols);
+    case.check_half(&format!("{name} dinp"), "dinp", &dinp);
+    check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
+    assert_repeatable(&case, &name, (&["dinp"], &["dweight"]), blocks);
+}
+
+/// RMSNorm on the vendor's `shapes` (rows, cols) on the Device's grids.
+pub fn rmsnorm_forward_backward(v: &Vendor, shapes: &[(usize, usize)]) {
+    for &(rows, cols) in shapes {
+        rmsnorm(v, rows, cols, None);
+    }
+}
+
+/// `rmsnorm_bwd_bf16` on grids other than the Device's, as `layernorm_backward_on_any_grid`:
+/// blocks owning several rows or none, several passes of 32 rows, several groups of 16 blocks
+/// (a ragged last group: the two-level last-block sum), with and without 8-wide accesses.
+pub fn rmsnorm_backward_on_any_grid(v: &Vendor) {
+    for (rows, cols, blocks) in [(37, 50, 3), (5, 7, 8), (200, 96, 7), (300, 40, 37), (100, 33, 20), (1100, 64, 35)] {
+        rmsnorm(v, rows, cols, Some(blocks));
+    }
+}
+
+/// SwiGLU forward and backward (rows of 2f: gate, then up) on grids of `blocks` x `threads` over
+/// buffers `offset` elements in: f one element at a time (f % 8 != 0, or off 16 bytes) and 8 per
+/// thread, several grid-stride rounds, partial last wavefronts.
+pub fn swiglu_forward_backward(v: &Vendor) {
+    let cases = [
+        (1, 1, 1, 64, 0),
+        (5, 33, 2, 96, 0),
+        (7, 64, 3, 256, 0),
+        (4, 64, 1, 64, 1),
+        (3, 1000, 2, 128, 0),
+        (9, 40, 2, 100, 3),
+    ];
+    for (rows, f, blocks, threads, offset) in cases {
+        let name = format!("swiglu_{rows}x{f}_{blocks}x{threads}+{offset}");
+        let case = v.case(&name);
+        let inp = v.half_values(rows * 2 * f, "inp", 2.0);
+        let dout = v.half_values(rows * f, "dout", 1.0);
+        case.put_half("inp", &inp);
+        case.put_half("dout", &dout);
+        let dev = ReferenceDevice;
+        let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
+        let geometry = args(&[&rows, &f, &blocks, &threads, &offset]);
+        case.run("swiglu_fwd", &geometry);
+        let mut want = dev.alloc(rows * f);
+        dev.swiglu_forward(&mut want, &ri, rows, f);
+        case.check_half(&format!("{name} fwd"), "out", &want);
+        case.run("swiglu_bwd", &geometry);
+        let mut want = dev.alloc(rows * 2 * f);
+        dev.swiglu_backward(&mut want, &ri, &rd, rows, f);
+        case.check_half(&format!("{name} bwd"), "out", &want);
+    }
+}
+
+/// Rotary embedding in place on the QKV, forward then backward on the forward's output, against
+/// the reference: groups of 2 and 4 query heads, multi-query (one group) and multi-head
+/// attention, rotary on part of the head and on all of it, from position 0 and later ones, the
+/// head dims the attention kernels take, one grid-stride round and several.
+pub fn rope_forward_backward(v: &Vendor) {
+    let sh = AttentionShape::new;
+    let cases = [
+        (sh(2, 5, 4, 8).grouped(2), 8, 0, 3, 64),
+        (sh(1, 3, 3, 16).grouped(1), 6, 5, 1, 64),
+        (sh(2, 4, 2, 8), 4, 1, 2, 96),
+        (sh(2, 7, 8, 64).grouped(2), 64, 3, 4, 256),
+        (sh(1, 9, 4, 32).grouped(1), 16, 0, 2, 128),
+        (sh(3, 2, 4, 128), 128, 7, 1, 256),
+    ];
+    for (shape, rd, t0, blocks, threads) in cases {
+        let (b, s, h, kv, d) = (shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
+        let name = format!("rope_b{b}_s{s}_h{h}_kv{kv}_d{d}_rd{rd}_t{t0}");
+        let case = v.case(&name);
+        let qkv = v.half_values(shape.rows() * shape.qkv_width(), "qkv", 1.0);
+        let mut table = Vec::new();
+        for t in 0..t0 + s {
+            let angle = |j: usize| t as f64 * 10000f64.powf(-2.0 * j as f64 / rd as f64);
+            table.extend((0..rd / 2).map(|j| angle(j).cos() as f32));
+            table.extend((0..rd / 2).map(|j| angle(j).sin() as f32));
+        }
+        case.put_half("qkv", &qkv);
+        case.put_f32("table", &table);
+        case.run("rope", &args(&[&b, &s, &h, &kv, &d, &rd, &t0, &blocks, &threads]));
+        let dev = ReferenceDevice;
+        let (rotary, rt) = (Rotary { rotary_dim: rd, t0 }, reference(&dev, &table));
+        let mut want = reference(&dev, &qkv);
+        dev.rope_forward(&mut want, &rt, shape, rotary);
+        case.check_half(&format!("{name} fwd"), "fwd", &want);
+        let mut want = reference(&dev, &case.get_half("fwd"));
+        dev.rope_backward(&mut want, &rt, shape, rotary);
+        case.check_half(&format!("{name} bwd"), "bwd", &want);
     }
 }
 
@@ -765,6 +896,23 @@ pub fn attention_backward_causal(v: &Vendor) {
         (2, 100, 2, 32),
     ] {
         attention_backward_shape(v, AttentionShape::new(batch, seq, heads, head_dim));
+    }
+}
+
+/// Grouped-query attention on Megatron's per-group QKV rows, for each head dim: r = 2 and r = 4
+/// query heads per key/value head, with several groups and with one (multi-query), ragged
+/// sequences, one and two sequences; the forward (where the vendor reads it, also from an odd
+/// element offset: the scalar loads), and the backward whose dK/dV blocks sum their group's query
+/// heads, against the reference.
+pub fn attention_grouped_query(v: &Vendor) {
+    let shapes = [(2, 100, 4, 2, 64), (1, 130, 4, 1, 64), (2, 77, 8, 2, 128), (1, 45, 2, 1, 128)];
+    for (batch, seq, heads, kv_heads, head_dim) in shapes.into_iter().chain([(2, 100, 6, 3, 32), (1, 70, 4, 1, 32)]) {
+        let shape = AttentionShape::new(batch, seq, heads, head_dim).grouped(kv_heads);
+        attention_forward_shape(v, shape, 0);
+        attention_backward_shape(v, shape);
+    }
+    if v.unaligned_attention {
+        attention_forward_shape(v, AttentionShape::new(2, 45, 4, 64).grouped(2), 1);
     }
 }
 

@@ -25,13 +25,13 @@ pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
 /// Every Device op against the reference device: the cases and bounds of `trident check ops
 /// --size small` (`trident::cmd::check::ops`), each output within its bound, none left out.
 pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
-    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16, dev.runs_llama());
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, seed, trident::real::Precision::Bf16);
     for c in &checks {
         println!("{}", c.line());
     }
     let failed: Vec<String> = checks.iter().filter(|c| !c.passed()).map(|c| c.line()).collect();
     assert!(failed.is_empty(), "{} of {} outputs out of bounds:\n{}", failed.len(), checks.len(), failed.join("\n"));
-    assert_eq!(checks.len(), ops_checked(dev.runs_llama()), "the number of compared outputs changed");
+    assert_eq!(checks.len(), ops_checked(), "the number of compared outputs changed");
 }
 
 /// Outputs `check ops --size small` compares on a GPU (head dims 32, 64 and 128: each head dim's
@@ -42,11 +42,11 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 pub const OPS_CHECKED: usize = 175;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
-/// (CUDA): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
+/// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
 /// and rotary embedding's two (forward, backward) on three shapes each, and grouped-query
 /// attention's three (out, lse, dqkv) on two shapes per head dim (32, 64, 128).
-pub fn ops_checked(llama: bool) -> usize {
-    OPS_CHECKED + if llama { 3 * (4 + 2 + 2) + 3 * 2 * 3 } else { 0 }
+pub fn ops_checked() -> usize {
+    OPS_CHECKED + 3 * (4 + 2 + 2) + 3 * 2 * 3
 }
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
@@ -152,7 +152,7 @@ pub fn fp16_module_passes_every_op_check_and_each_runtime_refuses_the_other(
     {
         assert!(out.contains(want), "{want} missing:\n{out}");
     }
-    assert!(out.contains(&format!("ops check: all {} outputs", ops_checked(device == "cuda"))), "{out}");
+    assert!(out.contains(&format!("ops check: all {} outputs", ops_checked())), "{out}");
     assert!(out.contains("fp16 GEMMs and attention"), "{out}");
     let pairings = [(fp16_env, &[][..], ("bf16", "fp16")), (bf16_env, &["--fp16"][..], ("fp16", "bf16"))];
     for (env, flags, refused) in pairings {
@@ -759,6 +759,22 @@ pub const STEP_BASELINE: StepBaseline = StepBaseline {
 /// head: the word-embedding and position kernels' f32 views of bf16 buffers (the head's bf16
 /// logits took its last cast, the logits' gradient's, away).
 pub const STEP_CASTS: f64 = 7.0;
+
+/// `bench step --device <device>` on the `llama-tiny` preset (grouped-query attention, RMSNorm,
+/// SwiGLU, rotary) on the emulated GPU, shortened: one record, with the Llama-family kernels
+/// launched.
+pub fn bench_step_runs_a_llama(emu: &Emulated, device: &str) {
+    let shape = ["--num-layers", "2", "--seq-length", "16", "--micro-batch-size", "2", "--vocab-size", "257"];
+    let mut args = vec!["bench", "step", "--device", device, "--preset", "llama-tiny", "--dtype", "bf16"];
+    args.extend(["--steps", "1", "--json"].iter().chain(&shape));
+    let o = run_with(&emu.env, &args);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert_eq!(out.lines().count(), 1, "one record: {out}");
+    for kernel in ["attention_bwd_dkv_bf16_d32", "rmsnorm_fwd_bf16", "swiglu_bwd_bf16", "rope_fwd_bf16"] {
+        assert!(out.contains(&format!("\"{kernel}\": ")), "{kernel} not launched: {out}");
+    }
+}
 
 /// `bench step --device <device>` on the emulated GPU: one JSON record with its keys; the
 /// Device's counts of the whole run equal the emulating runtime's, counted on the other side of

@@ -43,6 +43,7 @@
 #include "../../kernels-hip/gemm_bf16.hip"
 #include "../../kernels-hip/gemm_bf16_bwd.hip"
 #include "../../kernels-hip/layernorm.hip"
+#include "../../kernels-hip/rope.hip"
 #include "../../kernels-hip/softmax_xent.hip"
 #include "../../kernels-hip/tensor_ops.hip"
 #include "smoke_axpy.inc"

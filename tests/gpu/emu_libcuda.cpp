@@ -69,10 +69,7 @@ using namespace emu_runtime;  // its error codes are the driver's (CUDA_ERROR_IN
 // The kernels of kernels-cuda/ that HIP lacks (the rest are emu_runtime.h's).
 const KernelEntry kCudaOnly[] = {EMU_KERNEL(gemm_fwd_bf16_f32out_sm90), EMU_KERNEL(gemm_fwd_bf16_sm90),
                                   EMU_KERNEL(gemm_bwd_input_bf16_sm90), EMU_KERNEL(gemm_bwd_input_bf16_bf16out_sm90),
-                                  EMU_KERNEL(gemm_bwd_weight_bf16_sm90), EMU_KERNEL(rmsnorm_fwd_bf16),
-                                  EMU_KERNEL(rmsnorm_bwd_bf16), EMU_KERNEL(swiglu_fwd_bf16),
-                                  EMU_KERNEL(swiglu_bwd_bf16), EMU_KERNEL(rope_fwd_bf16),
-                                  EMU_KERNEL(rope_bwd_bf16)};
+                                  EMU_KERNEL(gemm_bwd_weight_bf16_sm90)};
 
 int context_token;
 

@@ -21,6 +21,7 @@
 #include "../../gemm_bf16_bwd.cu"
 #include "../../gemm_bf16_sm90.cu"
 #include "../../layernorm.cu"
+#include "../../rope.cu"
 #include "../../softmax_xent.cu"
 #include "../../tensor_ops.cu"
 #include "harness.h"

@@ -3,8 +3,8 @@
 // of raw arrays the Rust test wrote, the op's command-line arguments, and the ops whose kernels
 // both vendors write under the same names and arguments (the GEMMs, the bias gradient's column
 // sums, casts, LayerNorm, GELU, AdamW, the cross-entropy pieces, the step's scalars, the embedding
-// and FlashAttention), run in the launch geometry
-// of the vendor that includes it.
+// and FlashAttention, and the Llama family's RMSNorm, SwiGLU and rotary embedding), run in the
+// launch geometry of the vendor that includes it.
 // Files in the directory are raw little-endian arrays named <name>.bf16 (u16 bit patterns),
 // <name>.f32, <name>.u32, <name>.f64 or <name>.i32; an input file that does not exist is passed to
 // the kernel as a null pointer where the kernel takes one.
@@ -288,6 +288,78 @@ inline void layernorm_backward(const Geometry& g) {
   }
 }
 
+// rmsnorm_fwd_bf16 (eps, argument 3) on ⌈rows/4⌉ blocks of 4 warps or wavefronts ("out", "rstd"),
+// then rmsnorm_bwd_bf16 on the forward's rstd and `blocks` blocks (argument 2) twice from the same
+// inputs with the same partials and counters, as layernorm_backward runs LayerNorm's: each run's
+// dinp ("+=" on "dinp") and dweight ("+=" on "dweight"), and the counters after each. Partials
+// [blocks + groups][C] f32 start as garbage, counters groups + 1 u32 at 0.
+inline void rmsnorm(const Geometry& g) {
+  const int rows = arg(0), C = arg(1), blocks = arg(2);
+  const float eps = real(3);
+  auto inp = read_bf16("inp", size_t(rows) * C), dout = read_bf16("dout", size_t(rows) * C);
+  auto weight = read_f32("weight", C);
+  const auto dinp0 = read_bf16("dinp", size_t(rows) * C);
+  const auto dweight0 = read_f32("dweight", C);
+  std::vector<bf16> out(size_t(rows) * C, to_bf16(-7.0f));
+  std::vector<float> rstd(rows, -7.0f);
+  emu::launch(dim3(ceil_div(rows, 4)), dim3(g.row_threads), rmsnorm_fwd_bf16, out.data(), rstd.data(), inp.data(),
+              weight.data(), rows, C, eps);
+  write_bf16("out", out);
+  write_f32("rstd", rstd);
+  const int groups = ceil_div(blocks, 16);
+  std::vector<float> partials((size_t(blocks) + groups) * C, -7.0f);
+  std::vector<unsigned> counter(groups + 1, 0);
+  for (const char* run : {"", "2"}) {
+    auto dinp = dinp0;
+    auto dweight = dweight0;
+    emu::launch(dim3(blocks), dim3(g.row_threads), rmsnorm_bwd_bf16, dinp.data(), dweight.data(), partials.data(),
+                counter.data(), dout.data(), inp.data(), weight.data(), rstd.data(), rows, C);
+    const std::string suffix = run;
+    write_bf16(("dinp" + suffix).c_str(), dinp);
+    write_f32(("dweight" + suffix).c_str(), dweight);
+    write(("counter" + suffix).c_str(), "u32", counter);
+  }
+}
+
+// swiglu_fwd_bf16 ("out" [rows, f]) / swiglu_bwd_bf16 ("out" [rows, 2f], preset to garbage: every
+// element must be written) on `blocks` x `threads` (arguments 2, 3), the buffers placed `offset`
+// elements (argument 4) into theirs: an odd offset takes the kernels off their 16-byte path.
+inline void swiglu(const std::string& op) {
+  const int rows = arg(0), f = arg(1), blocks = arg(2), threads = arg(3), offset = arg(4);
+  const size_t n = size_t(rows) * f;
+  auto at = [&](std::vector<bf16> v) {
+    v.insert(v.begin(), size_t(offset), to_bf16(0.0f));
+    return v;
+  };
+  auto inp = at(read_bf16("inp", 2 * n));
+  const bool forward = op == "swiglu_fwd";
+  std::vector<bf16> out((forward ? n : 2 * n) + offset, to_bf16(-7.0f));
+  if (forward) {
+    emu::launch(dim3(blocks), dim3(threads), swiglu_fwd_bf16, out.data() + offset, inp.data() + offset, rows, f);
+  } else {
+    auto dout = at(read_bf16("dout", n));
+    emu::launch(dim3(blocks), dim3(threads), swiglu_bwd_bf16, out.data() + offset, inp.data() + offset,
+                dout.data() + offset, rows, f);
+  }
+  write_bf16("out", std::vector<bf16>(out.begin() + offset, out.end()));
+}
+
+// rope_fwd_bf16 in place on "qkv" [batch·seq, (heads + 2·kv_heads)·d] from position t0 with the
+// f32 "table" [t0 + seq, rd] ("fwd"), then rope_bwd_bf16 on that result ("bwd"), each on
+// `blocks` x `threads` (arguments 7, 8).
+inline void rope() {
+  const int batch = arg(0), seq = arg(1), heads = arg(2), kv_heads = arg(3), d = arg(4), rd = arg(5), t0 = arg(6);
+  const int blocks = arg(7), threads = arg(8), rows = batch * seq;
+  auto qkv = read_bf16("qkv", size_t(rows) * (heads + 2 * kv_heads) * d);
+  auto table = read_f32("table", size_t(t0 + seq) * rd);
+  emu::launch(dim3(blocks), dim3(threads), rope_fwd_bf16, qkv.data(), table.data(), rows, batch, heads, kv_heads, d,
+              rd, t0);
+  write_bf16("fwd", qkv);
+  emu::launch(dim3(blocks), dim3(threads), rope_bwd_bf16, qkv.data(), table.data(), rows, batch, heads, kv_heads, d,
+              rd, t0);
+  write_bf16("bwd", qkv);
+}
+
 // gelu_fwd_bf16 / gelu_bwd_bf16 on `blocks` x `threads` (arguments 1, 2) over n elements placed
 // `offset` elements (argument 3, default 0) into their buffers: an odd offset takes the kernels
 // off their 16-byte path.
@@ -454,6 +526,12 @@ inline bool run_shared_op(const std::string& op, const Geometry& g) {
     layernorm_backward(g);
   } else if (op == "gelu_fwd" || op == "gelu_bwd") {
     gelu(op);
+  } else if (op == "rmsnorm") {
+    rmsnorm(g);
+  } else if (op == "swiglu_fwd" || op == "swiglu_bwd") {
+    swiglu(op);
+  } else if (op == "rope") {
+    rope();
   } else if (op == "adamw") {
     adamw();
   } else if (op == "xent") {

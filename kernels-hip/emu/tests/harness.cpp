@@ -20,6 +20,7 @@
 #include "../../gemm_bf16.hip"
 #include "../../gemm_bf16_bwd.hip"
 #include "../../layernorm.hip"
+#include "../../rope.hip"
 #include "../../softmax_xent.hip"
 #include "../../tensor_ops.hip"
 #include "../../../kernels-cuda/emu/tests/harness.h"

@@ -924,7 +924,7 @@ mod tests {
         use crate::gpu::device::device_kernels;
         use crate::gpu::kernels::KERNELS;
         for (vendor, archs) in [(Vendor::Cuda, &["sm_80", "sm_90a"][..]), (Vendor::Hip, &["gfx90a"][..])] {
-            let mut launched = device_kernels(vendor, vendor == Vendor::Cuda);
+            let mut launched = device_kernels(vendor == Vendor::Cuda);
             for arch in archs {
                 for bench in GpuBench::ALL {
                     launched.extend(bench.kernels(vendor, arch));

@@ -87,7 +87,7 @@ fn print_smoke(ordinal: usize, r: &SmokeReport) {
 /// The GPU Device's ops against the reference device on small shapes, as one line (`check ops`
 /// prints the table).
 fn device_ops_line(ordinal: usize, api: &str, dev: &GpuDevice) -> Result<()> {
-    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, 7, crate::real::Precision::Bf16, dev.runs_llama());
+    let checks = run_all(dev, Size::Small, &GpuDevice::HEAD_DIMS, 7, crate::real::Precision::Bf16);
     if let Some(bad) = checks.iter().find(|c| !c.passed()) {
         return Err(Error::Check(format!("gpu check: device {ordinal}: the {api} Device: {}", bad.line())));
     }

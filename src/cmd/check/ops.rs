@@ -651,10 +651,9 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
 /// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
-/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. `llama`: whether the
-/// device runs the Llama-family ops with kernels of their own (RMSNorm, SwiGLU, rotary embedding and grouped-query
-/// attention; the GPU Device on CUDA: `GpuDevice::runs_llama`), which are then checked too.
-pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision, llama: bool) -> Vec<OpCheck> {
+/// precision (on the CPU its 16-bit GEMM), and the 16-bit cases use it. The Llama-family ops
+/// (RMSNorm, SwiGLU, rotary embedding, grouped-query attention) run on every Device.
+pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, half: Precision) -> Vec<OpCheck> {
     let mut run = Run { dev, seed, half, out: Vec::new() };
     let full = size == Size::Full;
     let sizes: &[usize] = if full { &[1, 1000, 70_001, 4_000_037] } else { &[1, 1000, 70_001] };
@@ -677,10 +676,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     let mut attn = Vec::new();
     for &d in head_dims {
         attn.extend([sh(1, 1, 1, d), sh(2, 37, 2, d)]);
-        if llama {
-            // Grouped-query attention: 2 groups of 2 query heads; one group of 4 (multi-query).
-            attn.extend([sh(2, 37, 4, d).grouped(2), sh(1, 70, 4, d).grouped(1)]);
-        }
+        // Grouped-query attention: 2 groups of 2 query heads; one group of 4 (multi-query).
+        attn.extend([sh(2, 37, 4, d).grouped(2), sh(1, 70, 4, d).grouped(1)]);
     }
     if full {
         emb.push((4, 256, 768, 50304, 0));
@@ -692,20 +689,16 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
         lin.extend([(512, 768, 2304), (512, 3072, 768)]);
         for &d in head_dims {
             attn.push(sh(2, 512, 768 / d, d));
-            if llama {
-                attn.push(sh(2, 512, 768 / d, d).grouped(768 / d / 2));
-            }
+            attn.push(sh(2, 512, 768 / d, d).grouped(768 / d / 2));
         }
     } else if let Some(&d) = head_dims.last() {
         attn.push(sh(1, 70, 1, d));
     }
     embeddings(&mut run, &emb);
     layernorm(&mut run, &ln);
-    if llama {
-        rmsnorm(&mut run, &rms);
-        swiglu(&mut run, &glu);
-        rope(&mut run, &rot);
-    }
+    rmsnorm(&mut run, &rms);
+    swiglu(&mut run, &glu);
+    rope(&mut run, &rot);
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
     attention(&mut run, &attn);
@@ -731,12 +724,12 @@ pub fn run(args: &[String]) -> Result<()> {
     let gpu = |vendor| {
         use crate::gpu::device::GpuDevice;
         let dev = GpuDevice::open(vendor, ordinal, crate::gpu::kernels::Storage::of(half))?;
-        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half, dev.runs_llama())))
+        Ok::<_, Error>((dev.describe(), run_all(&dev, size, &GpuDevice::HEAD_DIMS, 7, half)))
     };
     let (name, checks) = match device {
         "cpu" => {
             let dev = crate::device::cpu::CpuDevice::new(crate::comm::runtime::process_cpus());
-            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half, true))
+            (dev.describe(), run_all(&dev, size, &[32, 64, 128], 7, half))
         }
         "cuda" => gpu(crate::gpu::kernels::Vendor::Cuda)?,
         "hip" => gpu(crate::gpu::kernels::Vendor::Hip)?,
@@ -767,7 +760,7 @@ mod tests {
     fn the_cpu_device_passes_every_op() {
         let dev = CpuDevice::new(2);
         for half in [Precision::Bf16, Precision::F16] {
-            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half, true);
+            let checks = run_all(&dev, Size::Small, &[32, 64], 5, half);
             assert!(checks.len() > 60, "{} checks", checks.len());
             for c in &checks {
                 assert!(c.passed(), "{half:?}: {}", c.line());

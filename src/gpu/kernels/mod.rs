@@ -201,13 +201,14 @@ pub const KERNELS: &[KernelSpec] = &[
     // The whole backward in one launch: 260 bytes of shared memory (a pass's 32 row means and
     // rstds, the last-block flag).
     spec(Kernel::LayernormBwdBf16, "layernorm_bwd_bf16", "layernorm.cu", 512, Some(512), 260),
-    // RMSNorm (Llama): LayerNorm's grids without the mean and bias; no HIP twin yet.
-    spec(Kernel::RmsnormFwdBf16, "rmsnorm_fwd_bf16", "layernorm.cu", 128, None, 0),
-    spec(Kernel::RmsnormBwdBf16, "rmsnorm_bwd_bf16", "layernorm.cu", 512, None, 132),
-    spec(Kernel::SwigluFwdBf16, "swiglu_fwd_bf16", "gelu.cu", 256, None, 0),
-    spec(Kernel::SwigluBwdBf16, "swiglu_bwd_bf16", "gelu.cu", 256, None, 0),
-    spec(Kernel::RopeFwdBf16, "rope_fwd_bf16", "rope.cu", 256, None, 0),
-    spec(Kernel::RopeBwdBf16, "rope_bwd_bf16", "rope.cu", 256, None, 0),
+    // RMSNorm (Llama): LayerNorm's grids without the mean and bias (a pass's 32 rstds and the
+    // flag: 132 bytes); SwiGLU and rotary embedding: GELU's element-wise grids.
+    spec(Kernel::RmsnormFwdBf16, "rmsnorm_fwd_bf16", "layernorm.cu", 128, Some(256), 0),
+    spec(Kernel::RmsnormBwdBf16, "rmsnorm_bwd_bf16", "layernorm.cu", 512, Some(512), 132),
+    spec(Kernel::SwigluFwdBf16, "swiglu_fwd_bf16", "gelu.cu", 256, Some(256), 0),
+    spec(Kernel::SwigluBwdBf16, "swiglu_bwd_bf16", "gelu.cu", 256, Some(256), 0),
+    spec(Kernel::RopeFwdBf16, "rope_fwd_bf16", "rope.cu", 256, Some(256), 0),
+    spec(Kernel::RopeBwdBf16, "rope_bwd_bf16", "rope.cu", 256, Some(256), 0),
     spec(Kernel::XentMaxBf16, "xent_max_bf16", "softmax_xent.cu", 256, Some(256), 128),
     spec(Kernel::XentPartialsBf16, "xent_partials_bf16", "softmax_xent.cu", 256, Some(256), 256),
     spec(Kernel::XentBwdBf16, "xent_bwd_bf16", "softmax_xent.cu", 256, Some(256), 0),
@@ -487,6 +488,8 @@ mod tests {
         assert_eq!(both(Kernel::LayernormFwdF32), (Some(128), Some(256)));
         assert_eq!(both(Kernel::AttentionBwdDeltaBf16), (Some(128), Some(256)));
         assert_eq!(both(Kernel::LayernormBwdBf16), (Some(512), Some(512)));
+        assert_eq!(both(Kernel::RmsnormFwdBf16), (Some(128), Some(256)));
+        assert_eq!(both(Kernel::RmsnormBwdBf16), (Some(512), Some(512)));
         assert_eq!(both(Kernel::GemmFwdBf16F32outSm90), (Some(384), None));
         assert_eq!(both(Kernel::GemmBwdWeightBf16Sm90), (Some(384), None));
         assert_eq!(Vendor::Hip.threads(Kernel::AttentionFwdBf16D64), Some(128));

@@ -92,7 +92,7 @@ pub enum Op {
         rows: usize,
         channels: usize,
     },
-    /// RMSNorm's forward (`rmsnorm_fwd_bf16`, CUDA only): LayernormFwd's grid.
+    /// RMSNorm's forward (`rmsnorm_fwd_bf16`): LayernormFwd's grid.
     RmsnormFwd {
         rows: usize,
         channels: usize,
@@ -108,7 +108,7 @@ pub enum Op {
     GeluBwd {
         n: usize,
     },
-    /// SwiGLU over rows of 2f (`swiglu_fwd_bf16`, CUDA only): GeluFwd's grid over rows·f.
+    /// SwiGLU over rows of 2f (`swiglu_fwd_bf16`): GeluFwd's grid over rows·f.
     SwigluFwd {
         rows: usize,
         f: usize,
