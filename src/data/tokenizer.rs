@@ -89,14 +89,16 @@ impl Tokenizer {
     }
 
     /// What token `id` prints as in `generate`: its bytes (a byte, a BPE token, an added
-    /// token's text; special added tokens print nothing), the end of document as "\n\n".
+    /// token's text; special added tokens print nothing), the end of document (and, for the byte
+    /// tokenizer, any id past the bytes) as "\n\n".
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         if id == self.eod() {
             return b"\n\n".to_vec();
         }
         match self {
-            // A lone byte, even half a character: the next byte completes it on the terminal.
-            Tokenizer::Byte => u8::try_from(id).map_or("\u{FFFD}".into(), |b| vec![b]),
+            // A lone byte, even half a character: the next byte completes it on the terminal. An id
+            // past the bytes (an imported model's larger vocabulary) prints as the break EOD does.
+            Tokenizer::Byte => u8::try_from(id).map_or(b"\n\n".to_vec(), |b| vec![b]),
             Tokenizer::Bpe(t) => t.decode(&[id], true),
         }
     }
