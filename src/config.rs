@@ -187,9 +187,8 @@ pub struct TrainConfig {
     pub model: GptConfig,
     /// Megatron's `--tokenizer-type` of the data, recorded in checkpoints.
     pub tokenizer_type: &'static str,
-    /// The tokenizer flags as given (a flag, then its value unless a switch), for
-    /// `checkpoint::tokenizer::save`.
-    pub tokenizer_flags: Vec<String>,
+    /// The tokenizer flags as given, for `checkpoint::tokenizer::save`.
+    pub tokenizer_flags: crate::checkpoint::tokenizer::Flags,
     pub seq_length: usize,
     pub micro_batch_size: usize,
     /// Whether --micro-batch-size was given; a preset's micro-batch shrinks to fit the
@@ -296,7 +295,7 @@ impl TrainConfig {
             tokenizer_flags: crate::flags::TOKENIZER_FLAGS
                 .iter()
                 .filter(|f| args.has(f.name))
-                .flat_map(|f| std::iter::once(f.name.to_string()).chain(args.str(f.name).map(String::from)))
+                .map(|f| (f.name.to_string(), args.str(f.name).map(String::from)))
                 .collect(),
             seq_length,
             micro_batch_size,

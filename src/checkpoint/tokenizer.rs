@@ -14,22 +14,21 @@ pub const DIR: &str = "tokenizer";
 const FILES: &[(&str, &str)] =
     &[("--vocab-file", "vocab.json"), ("--merge-file", "merges.txt"), ("--tokenizer-model", "tokenizer.json")];
 
-/// Copies the tokenizer that `flags` (Megatron's tokenizer flags as given: a flag, then its value
-/// unless it is a switch) describes into `save_dir/tokenizer/`; nothing for the byte tokenizer.
-pub fn save(save_dir: &Path, flags: &[String]) -> Result<()> {
+/// Megatron's tokenizer flags as given: each flag with its value (none for a switch).
+pub type Flags = Vec<(String, Option<String>)>;
+
+/// Copies the tokenizer that `flags` describes into `save_dir/tokenizer/`; nothing for the byte
+/// tokenizer (no flags).
+pub fn save(save_dir: &Path, flags: &[(String, Option<String>)]) -> Result<()> {
     if flags.is_empty() {
         return Ok(());
     }
     let dir = save_dir.join(DIR);
     fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create", e))?;
     let mut lines = Vec::new();
-    let mut i = 0;
-    while i < flags.len() {
-        let flag = &flags[i];
-        let value = flags.get(i + 1).filter(|v| !v.starts_with("--"));
-        i += 1 + usize::from(value.is_some());
+    for (flag, value) in flags {
         let (Some(&(_, name)), Some(value)) = (FILES.iter().find(|(f, _)| f == flag), value) else {
-            lines.push(value.map_or(flag.clone(), |v| format!("{flag}\t{v}")));
+            lines.push(value.as_ref().map_or(flag.clone(), |v| format!("{flag}\t{v}")));
             continue;
         };
         let mut source = PathBuf::from(value);
@@ -55,7 +54,7 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
 
 /// The tokenizer flags saved beside the checkpoints in `load_dir`, file values resolved to the
 /// copies there; None when the folder has none (a byte-tokenizer model).
-pub fn saved_flags(load_dir: &Path) -> Result<Option<Vec<String>>> {
+pub fn saved_flags(load_dir: &Path) -> Result<Option<Flags>> {
     let dir = load_dir.join(DIR);
     let path = dir.join("flags");
     let text = match fs::read_to_string(&path) {
@@ -66,11 +65,9 @@ pub fn saved_flags(load_dir: &Path) -> Result<Option<Vec<String>>> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let (flag, value) = line.split_once('\t').map_or((line, None), |(f, v)| (f, Some(v)));
-        out.push(flag.to_string());
-        if let Some(v) = value {
-            let file = FILES.iter().any(|(f, _)| *f == flag);
-            out.push(if file { dir.join(v).display().to_string() } else { v.to_string() });
-        }
+        let file = FILES.iter().any(|(f, _)| *f == flag);
+        let value = value.map(|v| if file { dir.join(v).display().to_string() } else { v.to_string() });
+        out.push((flag.to_string(), value));
     }
     Ok(Some(out))
 }
@@ -86,25 +83,22 @@ mod tests {
         fs::write(&vocab, "{}").unwrap();
         fs::write(&merges, "#version: 0.2\n").unwrap();
         let s = |p: &Path| p.display().to_string();
-        let flags: Vec<String> =
-            ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", &s(&vocab), "--merge-file", &s(&merges)]
-                .map(String::from)
-                .to_vec();
+        let pair = |f: &str, v: &str| (f.to_string(), Some(v.to_string()));
+        let flags = [
+            pair("--tokenizer-type", "GPT2BPETokenizer"),
+            pair("--vocab-file", &s(&vocab)),
+            pair("--merge-file", &s(&merges)),
+        ];
         let out = dir.join("save");
         save(&out, &flags).unwrap();
         let back = saved_flags(&out).unwrap().unwrap();
         let t = out.join(DIR);
-        assert_eq!(
-            back,
-            [
-                "--tokenizer-type",
-                "GPT2BPETokenizer",
-                "--vocab-file",
-                &s(&t.join("vocab.json")),
-                "--merge-file",
-                &s(&t.join("merges.txt"))
-            ]
-        );
+        let want = [
+            pair("--tokenizer-type", "GPT2BPETokenizer"),
+            pair("--vocab-file", &s(&t.join("vocab.json"))),
+            pair("--merge-file", &s(&t.join("merges.txt"))),
+        ];
+        assert_eq!(back, want);
         assert_eq!(fs::read_to_string(t.join("merges.txt")).unwrap(), "#version: 0.2\n");
         assert_eq!(saved_flags(&dir).unwrap(), None);
         save(&dir.join("bytes"), &[]).unwrap();

@@ -11,6 +11,7 @@ fn tokenizer(a: &crate::cli::Args, load: &std::path::Path) -> Result<crate::data
     let given = crate::flags::TOKENIZER_FLAGS.iter().any(|f| a.has(f.name));
     match crate::checkpoint::tokenizer::saved_flags(load)? {
         Some(saved) if !given => {
+            let saved: Vec<String> = saved.into_iter().flat_map(|(f, v)| std::iter::once(f).chain(v)).collect();
             let saved = crate::cli::parse("generate", crate::flags::TOKENIZER_FLAGS, &saved)?.unwrap_or_default();
             crate::data::tokenizer_files::from_args(&saved)
         }

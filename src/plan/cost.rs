@@ -122,6 +122,7 @@ struct Dims {
 }
 
 fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
+    let model = shape.model();
     Dims {
         s: shape.seq_length as f64,
         b: layout.micro_batch as f64,
@@ -129,11 +130,11 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
         a: shape.num_attention_heads as f64,
         f: shape.ffn_hidden_size as f64,
         v: shape.padded_vocab_size as f64,
-        qkv: shape.qkv_width() as f64,
-        aw: shape.attention_width() as f64,
-        kvw: (shape.kv_heads() * shape.head_dim()) as f64,
-        fc1: shape.fc1_width() as f64,
-        mlp_kept: 2.0 * (shape.fc1_width() + shape.ffn_hidden_size) as f64 / shape.hidden_size as f64,
+        qkv: model.qkv_rows() as f64,
+        aw: model.attention_width() as f64,
+        kvw: (model.kv_heads() * model.head_dim()) as f64,
+        fc1: model.fc1_rows() as f64,
+        mlp_kept: 2.0 * (model.fc1_rows() + shape.ffn_hidden_size) as f64 / shape.hidden_size as f64,
         untied: shape.arch.untie_embeddings,
         t: layout.tp as f64,
         tw: layout.tp_degree() as f64,
@@ -592,7 +593,7 @@ mod tests {
         // `bench` report MFU with), for Llama 3 8B and 70B.
         for name in ["llama3-8b", "llama3-70b"] {
             let shape = crate::plan::models::named(name).unwrap();
-            let model = shape.model_config();
+            let model = shape.model();
             let l = Layout { tp: 8, pp: 4, dp: 2, micro_batch: 1, ..layout(2, Recompute::Full, false) };
             let got = model_flops(&shape, &l, Precision::Bf16, 64);
             let want = model.flops_per_iteration(64, shape.seq_length);

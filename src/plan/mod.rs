@@ -259,8 +259,9 @@ fn one_d_problem(req: &Request, t: usize) -> Option<String> {
     if !s.num_attention_heads.is_multiple_of(t) {
         return Some(format!("{} attention heads are not divisible by {t}", s.num_attention_heads));
     }
-    if !s.kv_heads().is_multiple_of(t) {
-        return Some(format!("{} query groups are not divisible by {t} (each rank holds whole groups)", s.kv_heads()));
+    let groups = s.model().kv_heads();
+    if !groups.is_multiple_of(t) {
+        return Some(format!("{groups} query groups are not divisible by {t} (each rank holds whole groups)"));
     }
     if !s.ffn_hidden_size.is_multiple_of(t) {
         return Some(format!("the MLP width {} is not divisible by {t}", s.ffn_hidden_size));

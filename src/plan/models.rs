@@ -25,31 +25,6 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Dimensions per attention head: `--kv-channels`, else hidden size / heads.
-    pub fn head_dim(&self) -> usize {
-        self.arch.kv_channels.unwrap_or(self.hidden_size / self.num_attention_heads)
-    }
-
-    /// Key/value heads: the query groups under grouped-query attention, else one per head.
-    pub fn kv_heads(&self) -> usize {
-        self.arch.num_query_groups.unwrap_or(self.num_attention_heads)
-    }
-
-    /// Width of the attention output: heads x head dimension.
-    pub fn attention_width(&self) -> usize {
-        self.num_attention_heads * self.head_dim()
-    }
-
-    /// Outputs of the fused QKV layer: every query head, a key and a value head per group.
-    pub fn qkv_width(&self) -> usize {
-        (self.num_attention_heads + 2 * self.kv_heads()) * self.head_dim()
-    }
-
-    /// Outputs of fc1: the MLP width, twice it under SwiGLU (gate and up).
-    pub fn fc1_width(&self) -> usize {
-        self.ffn_hidden_size * if self.arch.swiglu { 2 } else { 1 }
-    }
-
     /// Parameters of one norm: a weight, and LayerNorm's bias.
     pub fn norm_parameters(&self) -> f64 {
         let per_channel = if self.arch.normalization == Normalization::LayerNorm { 2.0 } else { 1.0 };
@@ -60,7 +35,8 @@ impl Shape {
     /// `--disable-bias-linear`), two norms. GPT-2's is 4h² + 2hf + 9h + f.
     pub fn layer_parameters(&self) -> f64 {
         let (h, f) = (self.hidden_size as f64, self.ffn_hidden_size as f64);
-        let (qkv, aw, fc1) = (self.qkv_width() as f64, self.attention_width() as f64, self.fc1_width() as f64);
+        let m = self.model();
+        let (qkv, aw, fc1) = (m.qkv_rows() as f64, m.attention_width() as f64, m.fc1_rows() as f64);
         let weights = h * qkv + aw * h + h * fc1 + f * h;
         let biases = if self.arch.add_bias_linear { qkv + h + fc1 + h } else { 0.0 };
         weights + biases + 2.0 * self.norm_parameters()
@@ -81,10 +57,9 @@ impl Shape {
         }
     }
 
-    /// The model this shape prices (its vocabulary taken as the padded one), for the tests that
-    /// hold the planner's counts to the model's own.
-    #[cfg(test)]
-    pub fn model_config(&self) -> GptConfig {
+    /// The model this shape prices (its vocabulary taken as the padded one): its widths (head
+    /// dimension, key/value heads, QKV and fc1 rows, attention width) are the planner's.
+    pub fn model(&self) -> GptConfig {
         GptConfig {
             num_layers: self.num_layers,
             hidden_size: self.hidden_size,
@@ -193,7 +168,7 @@ mod tests {
         // tied embedding and learned positions, Llama's GQA, SwiGLU, RMSNorm, untied output).
         for p in PRESETS {
             let shape = named(p.name).unwrap();
-            let model = shape.model_config();
+            let model = shape.model();
             let listed: usize = model
                 .parameters(&crate::model::ModelParallel::single())
                 .iter()

@@ -250,11 +250,12 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
 /// The attention heads' departures from GPT-2 for the header: " in 8 query groups", " of 128 channels".
 fn heads(s: &Shape) -> String {
     let mut out = String::new();
-    if s.kv_heads() != s.num_attention_heads {
-        out += &format!(" in {} query groups", s.kv_heads());
+    let m = s.model();
+    if m.kv_heads() != s.num_attention_heads {
+        out += &format!(" in {} query groups", m.kv_heads());
     }
-    if s.head_dim() * s.num_attention_heads != s.hidden_size {
-        out += &format!(" of {} channels", s.head_dim());
+    if m.attention_width() != s.hidden_size {
+        out += &format!(" of {} channels", m.head_dim());
     }
     out
 }
