@@ -189,6 +189,9 @@ pub struct TrainConfig {
     pub tokenizer_type: &'static str,
     /// The tokenizer flags as given, for `checkpoint::tokenizer::save`.
     pub tokenizer_flags: crate::checkpoint::tokenizer::Flags,
+    /// `--make-vocab-size-divisible-by`: the vocabulary is padded to a multiple of it times the
+    /// tensor-parallel size (recorded in checkpoints, so `convert` pads the same way).
+    pub vocab_divisible_by: usize,
     pub seq_length: usize,
     pub micro_batch_size: usize,
     /// Whether --micro-batch-size was given; a preset's micro-batch shrinks to fit the
@@ -297,6 +300,7 @@ impl TrainConfig {
                 .filter(|f| args.has(f.name))
                 .map(|f| (f.name.to_string(), args.str(f.name).map(String::from)))
                 .collect(),
+            vocab_divisible_by: vocab_divisible_by(args)?,
             seq_length,
             micro_batch_size,
             micro_batch_explicit: args.has("--micro-batch-size"),
@@ -360,8 +364,9 @@ impl TrainConfig {
 }
 
 /// The model's shape (the preset's, overridden flag by flag) and the sequence length, checked:
-/// the model's own rules (`GptConfig::validate`), a padded vocabulary that holds the byte
-/// tokenizer's ids, and a sequence that fits the position table.
+/// the model's own rules (`GptConfig::validate`), a vocabulary that holds the tokenizer's ids,
+/// padded as Megatron pads it (to a multiple of `--make-vocab-size-divisible-by` times the
+/// tensor-parallel size), and a sequence that fits the position table.
 fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptConfig, usize)> {
     let arch = architecture(args, &p.arch)?;
     let num_layers = args.usize("--num-layers")?.unwrap_or(p.num_layers);
@@ -369,10 +374,8 @@ fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptCon
     let heads = args.usize("--num-attention-heads")?.unwrap_or(p.num_attention_heads);
     let seq_length = args.usize("--seq-length")?.unwrap_or(p.seq_length);
     let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(p.max_position_embeddings.max(seq_length));
-    let divisible_by = args.usize("--make-vocab-size-divisible-by")?.unwrap_or(128);
-    if divisible_by == 0 {
-        return Err(Error::flag("--make-vocab-size-divisible-by", 0, "a positive whole number"));
-    }
+    let divisible_by = vocab_divisible_by(args)?;
+    let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
     // A BPE tokenizer's vocabulary, as Megatron takes it; else the preset's, else the bytes'.
     let from_tokenizer = matches!(tokenizer, Tokenizer::Bpe(_)).then(|| tokenizer.vocab_size());
     let vocab = args.usize("--vocab-size")?.or(from_tokenizer).or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE);
@@ -397,7 +400,7 @@ fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptCon
         },
         max_position_embeddings: max_pos,
         vocab_size: vocab,
-        padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by),
+        padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by * tensor_parallel),
         init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
         arch,
     };
@@ -409,6 +412,11 @@ fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptCon
         return Err(Error::Config(format!("--seq-length {seq_length} is above --max-position-embeddings {max_pos}")));
     }
     Ok((model, seq_length))
+}
+
+/// `--make-vocab-size-divisible-by` (Megatron's default 128).
+fn vocab_divisible_by(args: &Args) -> Result<usize> {
+    Ok(nonzero(args, "--make-vocab-size-divisible-by", "a positive whole number")?.unwrap_or(128))
 }
 
 /// `base` (a preset's architecture) with Megatron's architecture flags applied: each turns a
@@ -640,4 +648,31 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The padded vocabulary `train` builds from `flags` (byte tokenizer: 257 ids).
+    fn padded(flags: &[&str]) -> usize {
+        let words: Vec<String> = ["--data-path", "unused"].iter().chain(flags).map(|s| s.to_string()).collect();
+        let args = crate::cli::parse("train", crate::flags::TRAIN_FLAGS, &words).unwrap().unwrap();
+        TrainConfig::from_args(&args).unwrap().model.padded_vocab_size
+    }
+
+    #[test]
+    fn the_vocabulary_pads_to_a_multiple_of_divisible_by_times_the_tensor_parallel_size() {
+        let tp = |t: &'static str| ["--tensor-model-parallel-size", t];
+        assert_eq!(padded(&[]), 384);
+        assert_eq!(padded(&tp("2")), 512);
+        assert_eq!(padded(&tp("4")), 512);
+        assert_eq!(padded(&tp("8")), 1024);
+        assert_eq!(padded(&[&tp("2")[..], &["--make-vocab-size-divisible-by", "1"]].concat()), 258);
+        // GPT-2's 50257 ids: Megatron's 50304 on one rank, 50432 on two.
+        assert_eq!(padded(&["--vocab-size", "50257"]), 50304);
+        assert_eq!(padded(&[&tp("2")[..], &["--vocab-size", "50257"]].concat()), 50432);
+        // 2-D tensor parallelism pads by its whole grid (4 ranks here).
+        assert_eq!(padded(&[&tp("4")[..], &["--tensor-parallel-mode", "2d", "--vocab-size", "50257"]].concat()), 50688);
+    }
 }

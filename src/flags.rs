@@ -252,6 +252,11 @@ pub const CONVERT_FLAGS: &[FlagSpec] = &[
     switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
     flag("--target-tensor-parallel-mode", "MODE", "1d (default), 2d or 2.5d: how the written checkpoint's TP splits"),
     flag("--target-tesseract-depth", "D", "depth of a written 2.5d checkpoint"),
+    flag(
+        "--make-vocab-size-divisible-by",
+        "K",
+        "pad the written vocabulary to a multiple of K x its tensor-parallel size (default: the checkpoint's, else 128)",
+    ),
 ];
 
 /// `trident info`.

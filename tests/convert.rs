@@ -15,9 +15,10 @@ fn ok(o: Output) -> Output {
     o
 }
 
-/// `trident train` with the concatenated `args` on `ranks` ranks (under mpirun when more than one).
+/// `trident train` with the concatenated `args` on `ranks` ranks (under mpirun when more than one),
+/// padded the same at every layout.
 fn train_on(ranks: usize, args: &[&[&str]]) -> Output {
-    let args: Vec<&str> = std::iter::once("train").chain(args.concat()).collect();
+    let args: Vec<&str> = std::iter::once("train").chain(SAME_PADDING).chain(args.concat()).collect();
     if ranks == 1 {
         run(&args)
     } else {
@@ -36,6 +37,7 @@ fn assert_same_tensors(a: &str, b: &str, prefix: &str) -> usize {
         |t: &BTreeMap<String, Vec<f32>>| t.keys().filter(|k| k.starts_with(prefix)).cloned().collect::<Vec<_>>();
     assert_eq!(names(&a.tensors), names(&b.tensors));
     for name in names(&a.tensors) {
+        assert_eq!(a.tensors[&name].len(), b.tensors[&name].len(), "{name}'s size changed");
         let same = a.tensors[&name].iter().zip(&b.tensors[&name]).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "{name} changed");
     }
@@ -80,6 +82,25 @@ fn resharded_checkpoints_continue_the_original_run() {
     for name in ["t1.jsonl", "t4.jsonl", "back.jsonl"] {
         assert_continues(&p(name), &reference, "the original layout's");
     }
+
+    // Megatron's padding for 4 ranks at the default 128 is 512 rows: convert pads the 264 rows
+    // it was trained with (new weight rows copy the last, new moment rows are zero), and a run
+    // that pads otherwise is told why the checkpoint does not fit.
+    let to_512 = ["--target-tensor-parallel-size", "4", "--make-vocab-size-divisible-by", "128"];
+    let o = ok(run(&[&["convert", "--load", &p("orig"), "--save", &p("t4pad")][..], &to_512].concat()));
+    assert!(stdout(&o).contains("from 264 to 512 rows"), "{}", stdout(&o));
+    let (orig, padded) = (read_full(Path::new(&p("orig"))).unwrap(), read_full(Path::new(&p("t4pad"))).unwrap());
+    assert_eq!(padded.model.padded_vocab_size, 512);
+    let name = "embedding.word_embeddings.weight";
+    let h = padded.model.hidden_size;
+    let (w, w0) = (&padded.tensors[&format!("param/{name}")], &orig.tensors[&format!("param/{name}")]);
+    assert_eq!(w[..264 * h], w0[..]);
+    assert!((264..512).all(|r| w[r * h..(r + 1) * h] == w0[263 * h..]));
+    assert!(padded.tensors[&format!("adam_v/{name}")][264 * h..].iter().all(|&v| v == 0.0));
+    let o = train_on(4, &[&small, &["--eval-iters", "0", "--tensor-model-parallel-size", "4", "--load", &p("t4pad")]]);
+    assert_one_error(&o, &["padded_vocab_size is 512 in the checkpoint but 264 here", "--make-vocab-size-divisible-by"]);
+    let resumed = ["train", "--load", &p("t4pad"), "--tensor-model-parallel-size", "4", "--exit-interval", "7"];
+    ok(mpirun(4, &[&resumed[..], &small, &["--eval-iters", "0"]].concat()));
 }
 
 #[test]

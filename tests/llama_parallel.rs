@@ -15,9 +15,11 @@ fn ok(o: Output, what: &str) -> Output {
     o
 }
 
-/// `trident train --preset llama-tiny` on `ranks` ranks with the concatenated flags.
+/// `trident train --preset llama-tiny` on `ranks` ranks with the concatenated flags (padded the
+/// same at every layout).
 fn train_on(ranks: usize, args: &[&[&str]]) -> Output {
-    let args: Vec<&str> = ["train", "--preset", "llama-tiny", "--eval-iters", "0"].into_iter().chain(args.concat()).collect();
+    let args: Vec<&str> =
+        ["train", "--preset", "llama-tiny", "--eval-iters", "0"].into_iter().chain(SAME_PADDING).chain(args.concat()).collect();
     if ranks == 1 {
         run(&args)
     } else {

@@ -13,6 +13,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use trident::data::indexed::IndexedDataset;
+use trident::data::json::quote;
 use trident::data::tokenizer::{PieceCache, Tokenizer};
 use trident::data::tokenizer_files::{load, TokenizerFlags};
 
@@ -30,20 +31,6 @@ const MULTILINGUAL: &[&str] = &[
     "'s 'S 'll 'LL 've's're ſ 'ſ <|endoftext|> literal",
 ];
 
-/// A JSON string literal of `s`.
-fn json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out + "\""
-}
-
 /// The texts (the corpus's paragraphs, then the sample) and a JSON-lines file holding them.
 fn sample(dir: &Path) -> (Vec<String>, PathBuf) {
     let corpus = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt"))
@@ -52,7 +39,7 @@ fn sample(dir: &Path) -> (Vec<String>, PathBuf) {
     let mut texts: Vec<String> = corpus.split("\n\n").filter(|p| !p.trim().is_empty()).map(String::from).collect();
     texts.extend(MULTILINGUAL.iter().map(|s| s.to_string()));
     let path = dir.join("sample.jsonl");
-    let lines: Vec<String> = texts.iter().map(|t| format!("{{\"text\": {}}}", json_string(t))).collect();
+    let lines: Vec<String> = texts.iter().map(|t| format!("{{\"text\": {}}}", quote(t))).collect();
     fs::write(&path, lines.join("\n") + "\n").unwrap();
     (texts, path)
 }
@@ -240,7 +227,7 @@ fn a_llama3_style_tokenizer_json_matches_tokenizers() {
 /// A tiny GPT-2-style vocabulary (the 256 byte characters, "ab", <|endoftext|>) and its merges.
 fn tiny_files(dir: &Path) -> (PathBuf, PathBuf) {
     let mut entries: Vec<String> =
-        (0..=255u8).map(|b| format!("{}: {b}", json_string(&trident::data::bpe::byte_char(b).to_string()))).collect();
+        (0..=255u8).map(|b| format!("{}: {b}", quote(&trident::data::bpe::byte_char(b).to_string()))).collect();
     entries.extend(["\"ab\": 256".to_string(), "\"<|endoftext|>\": 257".to_string()]);
     let vocab = dir.join("vocab.json");
     fs::write(&vocab, format!("{{{}}}", entries.join(", "))).unwrap();
@@ -381,4 +368,112 @@ fn train_takes_the_vocabulary_from_the_tokenizer_and_generate_decodes_with_it() 
     let mut small = train.clone();
     small.extend(["--vocab-size".to_string(), "257".to_string()]);
     assert_clean_error(&run(&small.iter().map(String::as_str).collect::<Vec<_>>()), &["--vocab-size", "at least 258"]);
+}
+
+#[test]
+fn hugging_face_exchange_carries_the_tokenizer() {
+    let Some(files) = gpt2_dir() else { return };
+    let dir = scratch("tokenizers-hf");
+    let p = |x: &Path| x.display().to_string();
+    let (vocab, merges) = (p(&files.join("encoder.json")), p(&files.join("vocab.bpe")));
+    let flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", &vocab, "--merge-file", &merges];
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/data/tinyshakespeare.txt");
+    let data = p(&dir.join("data"));
+    let o = run(&[&["prepare", "--input", corpus, "--output-prefix", &data, "--append-eod"][..], &flags].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ckpt = p(&dir.join("ckpt"));
+    // Two steps at a learning rate of 1e-6: near the random start, so greedy sampling gives
+    // varied tokens rather than the corpus's commonest (a trained tiny model's ends of document).
+    let model = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 --micro-batch-size 4 \
+                 --global-batch-size 8 --train-iters 2 --lr 1e-6 --lr-warmup-iters 1 --eval-iters 0 --cpu-threads 1";
+    let train = format!("{data}_text_document");
+    let train = [&["train", "--data-path", &train, "--save", &ckpt][..], &model.split(' ').collect::<Vec<_>>(), &flags];
+    let o = run(&train.concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let generate = |load: &str| {
+        let o = run(&["generate", "--load", load, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--temperature", "0"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let ours = generate(&ckpt);
+
+    // Exported: GPT-2's files and the tokenizer.json built from them beside the weights, and
+    // config.json naming the tokenizer and its end of document.
+    let hf = dir.join("hf");
+    let o = run(&["convert", "--load", &ckpt, "--save-hf", &p(&hf)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(hf.join(f).is_file(), "{f} not written");
+    }
+    let config = fs::read_to_string(hf.join("config.json")).unwrap();
+    assert!(config.contains("\"eos_token_id\": 50256") && config.contains("\"trident_tokenizer\": \"GPT2BPETokenizer\""));
+    // Our reader takes the built tokenizer.json as HuggingFaceTokenizer, with the same ids.
+    let (texts, jsonl) = sample(&dir);
+    let built = load(&TokenizerFlags {
+        kind: Some("HuggingFaceTokenizer"),
+        tokenizer_model: Some(&hf.join("tokenizer.json")),
+        ..Default::default()
+    })
+    .unwrap();
+    let direct = load(&TokenizerFlags {
+        kind: Some("GPT2BPETokenizer"),
+        vocab_file: Some(&files.join("encoder.json")),
+        merge_file: Some(&files.join("vocab.bpe")),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!((built.vocab_size(), built.eod()), (50257, 50256));
+    let plain: Vec<String> = texts.iter().filter(|t| !t.contains("<|endoftext|>")).cloned().collect();
+    let mut cache = PieceCache::default();
+    for t in &plain {
+        assert_eq!(built.encode(t.as_bytes(), &mut cache), direct.encode(t.as_bytes(), &mut cache), "{t:?}");
+    }
+
+    // transformers reads the directory: its tokenizer gives our ids, its model our greedy text.
+    if let Some(py) = python_with("torch, transformers", "the exported GPT-2 is not run in transformers") {
+        let reference = dir.join("auto.txt");
+        let theirs = python_ids(&py, &["encode-auto", &p(&hf), &p(&jsonl), &p(&reference)]);
+        let mine: Vec<Vec<u32>> = texts.iter().map(|t| direct.encode(t.as_bytes(), &mut cache)).collect();
+        let keep: Vec<usize> = (0..texts.len()).filter(|&k| !texts[k].contains("<|endoftext|>")).collect();
+        let pick = |v: &[Vec<u32>]| keep.iter().map(|&k| v[k].clone()).collect::<Vec<_>>();
+        assert_same_ids(&pick(&mine), &pick(&theirs), &plain, "transformers' AutoTokenizer");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tokenizers_compare.py");
+        let out = dir.join("greedy.txt");
+        let o = Command::new(&py).args([script, "greedy", &p(&hf), "ROMEO:", "12", &p(&out)]).output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        // generate ends its output with a newline.
+        assert_eq!(ours, format!("ROMEO:{}\n", fs::read_to_string(&out).unwrap()), "transformers' greedy text");
+    }
+
+    // Imported back, the tokenizer comes along: generate needs no flags.
+    let back = p(&dir.join("back"));
+    assert!(run(&["convert", "--load-hf", &p(&hf), "--save", &back]).status.success());
+    let saved = fs::read_to_string(dir.join("back/tokenizer/flags")).unwrap();
+    assert!(saved.starts_with("--tokenizer-type\tGPT2BPETokenizer\n"), "{saved}");
+    assert_eq!(generate(&back), ours);
+    // A directory with only a tokenizer.json (as Hugging Face's hub has) imports it as
+    // HuggingFaceTokenizer: the same text.
+    let hub = dir.join("hub");
+    fs::create_dir_all(&hub).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        fs::copy(hf.join(f), hub.join(f)).unwrap();
+    }
+    let config = config.replace(",\n  \"trident_tokenizer\": \"GPT2BPETokenizer\"", "");
+    fs::write(hub.join("config.json"), &config).unwrap();
+    let from_hub = p(&dir.join("from-hub"));
+    assert!(run(&["convert", "--load-hf", &p(&hub), "--save", &from_hub]).status.success());
+    let saved = fs::read_to_string(dir.join("from-hub/tokenizer/flags")).unwrap();
+    assert!(saved.starts_with("--tokenizer-type\tHuggingFaceTokenizer\n"), "{saved}");
+    assert_eq!(generate(&from_hub), ours);
+    // A tokenizer.json trident cannot read still lets the weights import, says so, and generate
+    // then asks for the tokenizer.
+    let json = fs::read_to_string(hub.join("tokenizer.json")).unwrap();
+    fs::write(hub.join("tokenizer.json"), json.replace("\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}"))
+        .unwrap();
+    let odd = p(&dir.join("odd"));
+    let o = run(&["convert", "--load-hf", &p(&hub), "--save", &odd]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("is not carried") && stdout(&o).contains("normalizer NFC"), "{}", stdout(&o));
+    let o = run(&["generate", "--load", &odd, "--prompt", "a"]);
+    assert_clean_error(&o, &["trained with --tokenizer-type HuggingFaceTokenizer"]);
 }

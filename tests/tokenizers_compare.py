@@ -13,6 +13,13 @@ the bundled corpus. One JSON list of ids per input line.
                                    empty document, one sequence per document) through
                                    megatron-core's IndexedDatasetBuilder and DType.optimal_dtype
 
+  encode-auto DIR IN OUT           transformers' AutoTokenizer of a Hugging Face directory (what
+                                   `trident convert --save-hf` wrote), add_special_tokens off
+  greedy DIR PROMPT N OUT          N greedy tokens after PROMPT from the directory's model and
+                                   tokenizer through transformers (argmax over the unpadded
+                                   vocabulary, as `trident generate --temperature 0`); OUT holds
+                                   the new text, each end of document written as a blank line
+
 IN is JSON lines with a "text" key.
 """
 import json
@@ -75,6 +82,31 @@ def train_llama3(corpus, out):
         json.dump({"eos_token": "<|end_of_text|>"}, f)
 
 
+def greedy(d, prompt, n, out):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(d)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    vocab = model.config.to_dict().get("trident_unpadded_vocab_size", model.config.vocab_size)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    new = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids + new])).logits[0, -1, :vocab]
+            new.append(int(torch.argmax(logits)))
+    eos = model.config.eos_token_id
+    parts, run = [], []
+    for i in new + [eos]:
+        if i == eos:
+            parts.append(tok.decode(run))
+            run = []
+        else:
+            run.append(i)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(parts))
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "encode-gpt2":
@@ -96,6 +128,13 @@ def main():
             ids = enc.ids + [eod] if enc.ids else []
             builder.add_document(ids, [len(ids)] if ids else [])
         builder.finalize(args[2] + ".idx")
+    elif mode == "encode-auto":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args[0])
+        write(args[2], (tok.encode(t, add_special_tokens=False) for t in texts(args[1])))
+    elif mode == "greedy":
+        greedy(args[0], args[1], int(args[2]), args[3])
     elif mode == "train-llama3":
         train_llama3(args[0], args[1])
     else:

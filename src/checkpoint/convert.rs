@@ -27,6 +27,19 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// One rank: no tensor or pipeline split.
+    pub const fn single() -> Layout {
+        Layout {
+            tp: 1,
+            pp: 1,
+            chunks: 1,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            sequence_parallel: false,
+            summa: None,
+        }
+    }
+
     /// How tensor-parallel rank `tp_rank` of this layout splits the model.
     pub fn model_parallel(&self, tp_rank: usize) -> ModelParallel {
         let mut mp = ModelParallel::one_d(self.tp, tp_rank, self.sequence_parallel);
@@ -143,6 +156,37 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     Ok(FullCheckpoint { iteration, meta: first.meta.clone(), model, layout, tensors })
 }
 
+/// The parameters with a row per vocabulary entry (the output layer only when untied).
+pub const VOCAB_ROWS: [&str; 2] = ["embedding.word_embeddings.weight", "output_layer.weight"];
+
+impl FullCheckpoint {
+    /// Pads (or trims) the vocabulary to `padded` rows, as Megatron's checkpoint converter does:
+    /// new weight rows copy the last row, new AdamW moment rows are zero; rows past `padded` are
+    /// dropped (never below the real vocabulary). Records `padded` in the model and the metadata.
+    pub fn repad_vocab(&mut self, padded: usize) {
+        let (old, h) = (self.model.padded_vocab_size, self.model.hidden_size);
+        assert!(padded >= self.model.vocab_size, "padding below the vocabulary");
+        if padded == old {
+            return;
+        }
+        for name in VOCAB_ROWS {
+            for prefix in PREFIXES {
+                let Some(t) = self.tensors.get_mut(&format!("{prefix}/{name}")) else { continue };
+                t.truncate(padded.min(old) * h);
+                let fill = match prefix {
+                    "param" => t[(old - 1).min(padded - 1) * h..].to_vec(),
+                    _ => vec![0.0; h],
+                };
+                while t.len() < padded * h {
+                    t.extend_from_slice(&fill);
+                }
+            }
+        }
+        self.model.padded_vocab_size = padded;
+        self.meta.insert("padded_vocab_size".into(), padded.to_string());
+    }
+}
+
 /// Writes `full` as a checkpoint of layout `target` in `dir`. Returns the iteration directory.
 pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result<PathBuf> {
     let cfg = &full.model;
@@ -187,4 +231,55 @@ pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result
         }
     }
     super::commit(dir, full.iteration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint holding only vocabulary-row tensors: 5 ids padded to 6 rows of width 2,
+    /// row r of the weights holding (r, r), of both moments 1.
+    fn vocab_only(untied: bool) -> FullCheckpoint {
+        let model = GptConfig {
+            num_layers: 1,
+            hidden_size: 2,
+            num_attention_heads: 1,
+            ffn_hidden_size: 8,
+            max_position_embeddings: 4,
+            vocab_size: 5,
+            padded_vocab_size: 6,
+            init_method_std: 0.02,
+            arch: crate::model::Arch::GPT2,
+        };
+        let mut tensors = BTreeMap::new();
+        for name in &VOCAB_ROWS[..1 + untied as usize] {
+            tensors.insert(format!("param/{name}"), (0..12).map(|i| (i / 2) as f32).collect());
+            tensors.insert(format!("adam_m/{name}"), vec![1.0; 12]);
+            tensors.insert(format!("adam_v/{name}"), vec![1.0; 12]);
+        }
+        FullCheckpoint { iteration: 0, meta: BTreeMap::new(), model, layout: Layout::single(), tensors }
+    }
+
+    #[test]
+    fn repadding_copies_the_last_row_zeroes_new_moments_and_trims_back() {
+        let mut c = vocab_only(true);
+        c.repad_vocab(8);
+        assert_eq!((c.model.padded_vocab_size, c.meta["padded_vocab_size"].as_str()), (8, "8"));
+        for name in VOCAB_ROWS {
+            let want: Vec<f32> = (0..16).map(|i| (i / 2).min(5) as f32).collect();
+            assert_eq!(c.tensors[&format!("param/{name}")], want, "{name}");
+            for m in ["adam_m", "adam_v"] {
+                let want: Vec<f32> = (0..16).map(|i| if i < 12 { 1.0 } else { 0.0 }).collect();
+                assert_eq!(c.tensors[&format!("{m}/{name}")], want, "{m}/{name}");
+            }
+        }
+        c.repad_vocab(5);
+        assert_eq!(c.tensors["param/embedding.word_embeddings.weight"], [0., 0., 1., 1., 2., 2., 3., 3., 4., 4.]);
+        assert_eq!(c.tensors["adam_v/output_layer.weight"], [1.0; 10]);
+        // A tied model has no output layer to pad.
+        let mut tied = vocab_only(false);
+        tied.repad_vocab(7);
+        assert_eq!(tied.tensors.len(), 3);
+        assert_eq!(tied.tensors["param/embedding.word_embeddings.weight"].len(), 14);
+    }
 }

@@ -17,6 +17,8 @@
 
 use super::convert::FullCheckpoint;
 use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, NamedTensors};
+use super::tokenizer::HfTokenizer;
+use super::tokenizer::{fields_json, trident_fields};
 use crate::data::json::Json;
 use crate::error::{Error, Result};
 use crate::model::arch::ROPE_SCALING;
@@ -73,7 +75,7 @@ fn unexpressible(cfg: &GptConfig) -> Vec<String> {
 
 /// Llama's config.json for `cfg`: both transformers 5's `rope_parameters` and the `rope_theta` /
 /// `rope_scaling` pair that earlier versions read (transformers 5 reads either).
-fn config_json(cfg: &GptConfig) -> String {
+fn config_json(cfg: &GptConfig, trident: Vec<(&'static str, String)>) -> String {
     let arch = &cfg.arch;
     let (factor, low, high, old) = ROPE_SCALING;
     let llama3 = format!(
@@ -111,13 +113,8 @@ fn config_json(cfg: &GptConfig) -> String {
         ("mlp_bias", arch.add_bias_linear.to_string()),
         ("initializer_range", format!("{:?}", cfg.init_method_std)),
         ("torch_dtype", "\"float32\"".to_string()),
-        ("bos_token_id", "256".to_string()),
-        ("eos_token_id", "256".to_string()),
-        ("trident_unpadded_vocab_size", cfg.vocab_size.to_string()),
-        ("trident_tokenizer", "\"ByteTokenizer\"".to_string()),
     ];
-    let body: Vec<String> = fields.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect();
-    format!("{{\n{}\n}}\n", body.join(",\n"))
+    format!("{{\n{}\n}}\n", fields_json(&[&fields[..], &trident].concat()))
 }
 
 /// The Hugging Face Llama tensors of our parameters: (hf name, hf shape, values).
@@ -182,7 +179,7 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
 }
 
 /// Writes `full`'s weights to `dir` as a `LlamaForCausalLM` (`model.safetensors`, `config.json`).
-pub fn export(full: &FullCheckpoint, dir: &Path) -> Result<()> {
+pub fn export(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result<()> {
     let cfg = &full.model;
     let missing = unexpressible(cfg);
     if !missing.is_empty() {
@@ -197,7 +194,7 @@ pub fn export(full: &FullCheckpoint, dir: &Path) -> Result<()> {
     let params: BTreeMap<String, Vec<f32>> =
         full.tensors.iter().filter_map(|(k, v)| k.strip_prefix("param/").map(|n| (n.to_string(), v.clone()))).collect();
     write_safetensors(&dir.join("model.safetensors"), &to_hf(cfg, &params))?;
-    write_atomic(&dir.join("config.json"), config_json(cfg).as_bytes())
+    write_atomic(&dir.join("config.json"), config_json(cfg, trident_fields(full, tok)).as_bytes())
 }
 
 /// config.json's fields, read with the path in every error.

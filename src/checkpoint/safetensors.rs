@@ -7,6 +7,7 @@
 
 use super::convert::FullCheckpoint;
 use super::hf_files::{read_hf_weights, write_atomic, write_safetensors};
+use super::tokenizer::{fields_json, trident_fields, HfTokenizer};
 use crate::data::json::{document, Json};
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
@@ -78,10 +79,10 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
 
 /// Writes `full`'s weights to `dir` as `model.safetensors` and `config.json`: a
 /// `GPT2LMHeadModel` for GPT-2's architecture, else a `LlamaForCausalLM` (`hf_llama`).
-pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
+pub fn export_hf(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result<()> {
     let cfg = &full.model;
     if !cfg.arch.features().is_empty() {
-        return super::hf_llama::export(full, dir);
+        return super::hf_llama::export(full, dir, tok);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
     let params: BTreeMap<String, Vec<f32>> =
@@ -91,8 +92,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
         "{{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": {},\n  \
          \"n_positions\": {},\n  \"n_ctx\": {},\n  \"n_embd\": {},\n  \"n_layer\": {},\n  \"n_head\": {},\n  \
          \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": {:?},\n  \
-         \"initializer_range\": {},\n  \"tie_word_embeddings\": true,\n  \"bos_token_id\": 256,\n  \
-         \"eos_token_id\": 256,\n  \"trident_unpadded_vocab_size\": {},\n  \"trident_tokenizer\": \"ByteTokenizer\"\n}}\n",
+         \"initializer_range\": {},\n  \"tie_word_embeddings\": true,\n{}\n}}\n",
         cfg.padded_vocab_size,
         cfg.max_position_embeddings,
         cfg.max_position_embeddings,
@@ -102,7 +102,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path) -> Result<()> {
         cfg.ffn_hidden_size,
         cfg.arch.norm_epsilon,
         cfg.init_method_std,
-        cfg.vocab_size
+        fields_json(&trident_fields(full, tok)),
     );
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }

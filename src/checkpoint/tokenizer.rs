@@ -1,8 +1,14 @@
 //! The tokenizer beside a checkpoint: `train --save` copies the files Megatron's tokenizer flags
 //! name into `<save>/tokenizer/`, with a `flags` file that names them there, so that `generate
-//! --load` (and anything else that reads the checkpoint) finds the tokenizer without flags.
+//! --load` (and anything else that reads the checkpoint) finds the tokenizer without flags. The
+//! same tokenizer goes beside Hugging Face weights as transformers reads it (`export_hf`), and is
+//! found there again (`from_hf`).
 
+use super::convert::FullCheckpoint;
 use super::hf_files::write_atomic;
+use crate::data::json::{document, quote, Json};
+use crate::data::tokenizer::Tokenizer;
+use crate::data::tokenizer_files::{gpt2_files, gpt2_tokenizer_json, hugging_face};
 use crate::error::{Error, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -70,6 +76,136 @@ pub fn saved_flags(load_dir: &Path) -> Result<Option<Flags>> {
         out.push((flag.to_string(), value));
     }
     Ok(Some(out))
+}
+
+/// The tokenizer `flags` describe: the byte tokenizer for none.
+pub fn load(flags: &[(String, Option<String>)]) -> Result<Tokenizer> {
+    let words: Vec<String> = flags.iter().flat_map(|(f, v)| std::iter::once(f.clone()).chain(v.clone())).collect();
+    let args = crate::cli::parse("tokenizer", crate::flags::TOKENIZER_FLAGS, &words)?.unwrap_or_default();
+    crate::data::tokenizer_files::from_args(&args)
+}
+
+/// What a Hugging Face config.json says of the tokenizer: Megatron's type, and its
+/// end-of-document id (written as both bos and eos) where known.
+pub struct HfTokenizer {
+    pub type_name: String,
+    pub eod: Option<u32>,
+}
+
+/// What trident adds to a config.json: the end-of-document id as bos and eos, the unpadded
+/// vocabulary, the tokenizer's type, and the padding multiple the checkpoint was trained with (so
+/// that an import pads it the same way).
+pub fn trident_fields(full: &FullCheckpoint, tok: &HfTokenizer) -> Vec<(&'static str, String)> {
+    let eod = tok.eod.map_or("null".into(), |e| e.to_string());
+    let mut out = vec![
+        ("bos_token_id", eod.clone()),
+        ("eos_token_id", eod),
+        ("trident_unpadded_vocab_size", full.model.vocab_size.to_string()),
+        ("trident_tokenizer", quote(&tok.type_name)),
+    ];
+    if let Some(by) = full.meta.get("make_vocab_size_divisible_by") {
+        out.push(("trident_make_vocab_size_divisible_by", by.clone()));
+    }
+    out
+}
+
+/// `"key": value` lines of a JSON object's body (the values already JSON).
+pub fn fields_json(fields: &[(&str, String)]) -> String {
+    fields.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect::<Vec<_>>().join(",\n")
+}
+
+fn flag_value<'f>(flags: &'f [(String, Option<String>)], name: &str) -> Option<&'f str> {
+    flags.iter().find(|(f, _)| f == name).and_then(|(_, v)| v.as_deref())
+}
+
+/// Writes the tokenizer `flags` describe into `hf_dir` as transformers loads it: a GPT-2 BPE's
+/// vocab.json and merges.txt with the tokenizer.json built from them and a tokenizer_config.json;
+/// a Hugging Face tokenizer's tokenizer.json and its tokenizer_config.json. `type_name` is the
+/// checkpoint's record, for a tokenizer whose files it does not hold.
+pub fn export_hf(flags: &[(String, Option<String>)], type_name: &str, hf_dir: &Path) -> Result<HfTokenizer> {
+    if flags.is_empty() {
+        let eod = (type_name == "ByteTokenizer").then_some(crate::data::tokenizer::ByteTokenizer::EOD);
+        return Ok(HfTokenizer { type_name: type_name.to_string(), eod });
+    }
+    let tok = load(flags)?;
+    match (tok.type_name(), flag_value(flags, "--vocab-file"), flag_value(flags, "--merge-file")) {
+        ("GPT2BPETokenizer", Some(vocab), Some(merges)) => {
+            let (vocab, merges) = (Path::new(vocab), Path::new(merges));
+            copy(vocab, &hf_dir.join("vocab.json"))?;
+            copy(merges, &hf_dir.join("merges.txt"))?;
+            write_atomic(&hf_dir.join("tokenizer.json"), gpt2_tokenizer_json(vocab, merges)?.as_bytes())?;
+            let config = "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"bos_token\": \"<|endoftext|>\",\n  \
+                          \"eos_token\": \"<|endoftext|>\",\n  \"unk_token\": \"<|endoftext|>\",\n  \
+                          \"add_prefix_space\": false\n}\n";
+            write_atomic(&hf_dir.join("tokenizer_config.json"), config.as_bytes())?;
+        }
+        _ => {
+            if let Some(model) = flag_value(flags, "--tokenizer-model").map(PathBuf::from) {
+                let model = if model.is_dir() { model.join("tokenizer.json") } else { model };
+                copy(&model, &hf_dir.join("tokenizer.json"))?;
+                let config = model.with_file_name("tokenizer_config.json");
+                if config.is_file() {
+                    copy(&config, &hf_dir.join("tokenizer_config.json"))?;
+                }
+            }
+        }
+    }
+    Ok(HfTokenizer { type_name: tok.type_name().to_string(), eod: Some(tok.eod()) })
+}
+
+/// The tokenizer beside Hugging Face weights in `hf_dir`, as flags naming its files there, and its
+/// type: the kind config.json's `trident_tokenizer` names, else a tokenizer.json
+/// (`HuggingFaceTokenizer`), else GPT-2's vocab.json and merges.txt; the byte tokenizer where
+/// there is none. A tokenizer trident cannot read is one line saying so: the checkpoint then
+/// records its type without files, and `generate` asks for its flags. One with more ids than the
+/// model's `vocab` is an error.
+pub fn from_hf(hf_dir: &Path, vocab: usize) -> Result<(Flags, String)> {
+    let config_path = hf_dir.join("config.json");
+    let config = document(&fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?, &config_path)?;
+    let named = config.get("trident_tokenizer").and_then(Json::as_str);
+    let (json, vocab_file, merges) =
+        (hf_dir.join("tokenizer.json"), hf_dir.join("vocab.json"), hf_dir.join("merges.txt"));
+    let s = |p: &Path| Some(p.display().to_string());
+    let pair = |f: &str, v: Option<String>| (f.to_string(), v);
+    let gpt2 = match named {
+        Some("ByteTokenizer") => return Ok((Flags::new(), "ByteTokenizer".into())),
+        Some("GPT2BPETokenizer") => true,
+        Some("HuggingFaceTokenizer") => false,
+        _ => !json.is_file(),
+    };
+    let present = if gpt2 { vocab_file.is_file() && merges.is_file() } else { json.is_file() };
+    if !present {
+        let kind = named.unwrap_or("ByteTokenizer");
+        println!(
+            "no tokenizer files in {} (tokenizer.json, or vocab.json and merges.txt): the checkpoint records {kind}; \
+             give train and generate the model's tokenizer flags",
+            hf_dir.display()
+        );
+        return Ok((Flags::new(), kind.into()));
+    }
+    let (flags, loaded) = if gpt2 {
+        let flags = vec![
+            pair("--tokenizer-type", s(Path::new("GPT2BPETokenizer"))),
+            pair("--vocab-file", s(&vocab_file)),
+            pair("--merge-file", s(&merges)),
+        ];
+        (flags, gpt2_files(&vocab_file, &merges).map(|t| t.vocab_size))
+    } else {
+        let kind = pair("--tokenizer-type", s(Path::new("HuggingFaceTokenizer")));
+        (vec![kind, pair("--tokenizer-model", s(&json))], hugging_face(&json, None, false).map(|t| t.vocab_size))
+    };
+    let kind = flags[0].1.clone().expect("a type");
+    match loaded {
+        Ok(ids) if ids > vocab => Err(Error::Config(format!(
+            "the tokenizer in {} has {ids} ids but the model's vocabulary is {vocab}: not this model's tokenizer",
+            hf_dir.display()
+        ))),
+        Ok(_) => Ok((flags, kind)),
+        Err(e) => {
+            println!("the tokenizer in {} is not carried: {e}; give train and generate its flags", hf_dir.display());
+            Ok((Flags::new(), kind))
+        }
+    }
 }
 
 #[cfg(test)]

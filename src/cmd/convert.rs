@@ -6,12 +6,15 @@
 use super::flags;
 use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
 use crate::checkpoint::safetensors::{export_hf, import_hf};
+use crate::checkpoint::tokenizer;
 use crate::cli::Args;
+use crate::data::json::{document, Json};
 use crate::error::{Error, Result};
+use crate::flags::CONVERT_FLAGS;
+use crate::model::GptConfig;
 use crate::parallel::grid::TensorMode;
 use std::collections::BTreeMap;
 use std::path::Path;
-use crate::flags::CONVERT_FLAGS;
 
 /// `trident convert`: reshard a checkpoint, or move weights to and from Hugging Face's format.
 pub fn run(rest: &[String]) -> Result<()> {
@@ -20,24 +23,32 @@ pub fn run(rest: &[String]) -> Result<()> {
     else {
         return Ok(());
     };
-    let full = match (a.path("--load"), a.path("--load-hf")) {
-        (Some(dir), None) => read_full(&dir)?,
-        (None, Some(dir)) => from_hf(&dir)?,
+    // The tokenizer goes with the weights: the one saved beside the checkpoints, or the one
+    // beside the Hugging Face weights.
+    let (mut full, tokenizer) = match (a.path("--load"), a.path("--load-hf")) {
+        (Some(dir), None) => (read_full(&dir)?, tokenizer::saved_flags(&dir)?.unwrap_or_default()),
+        (None, Some(dir)) => {
+            let mut full = from_hf(&dir)?;
+            let (flags, kind) = tokenizer::from_hf(&dir, full.model.vocab_size)?;
+            full.meta.insert("tokenizer".into(), kind);
+            (full, flags)
+        }
         _ => return Err(Error::Usage("convert needs exactly one of --load DIR or --load-hf DIR".into())),
     };
     if a.path("--save").is_none() && a.path("--save-hf").is_none() {
         return Err(Error::Usage("convert needs --save DIR and/or --save-hf DIR".into()));
     }
     if let Some(dir) = a.path("--save-hf") {
-        export_hf(&full, &dir)?;
-        println!("wrote {} and {}", dir.join("config.json").display(), dir.join("model.safetensors").display());
+        let kind = full.meta.get("tokenizer").map_or("ByteTokenizer", String::as_str);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create directory", e))?;
+        let tok = tokenizer::export_hf(&tokenizer, kind, &dir)?;
+        export_hf(&full, &dir, &tok)?;
+        let beside = if tokenizer.is_empty() { String::new() } else { format!(", with its {} files", tok.type_name) };
+        println!("wrote {} and {}{beside}", dir.join("config.json").display(), dir.join("model.safetensors").display());
     }
     if let Some(dir) = a.path("--save") {
-        save(&a, &full, &dir)?;
-        // The tokenizer saved beside the source checkpoints goes with them.
-        if let Some(flags) = a.path("--load").map(|src| crate::checkpoint::tokenizer::saved_flags(&src)).transpose()? {
-            crate::checkpoint::tokenizer::save(&dir, &flags.unwrap_or_default())?;
-        }
+        save(&a, &mut full, &dir)?;
+        tokenizer::save(&dir, &tokenizer)?;
     }
     Ok(())
 }
@@ -54,7 +65,6 @@ fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
         ("consumed_valid_samples", "0".to_string()),
         ("adam_step", "0".to_string()),
         ("seed", "1234".to_string()),
-        ("tokenizer", "ByteTokenizer".to_string()),
         ("seq_length", model.max_position_embeddings.to_string()),
         ("imported_from", dir.display().to_string()),
     ]
@@ -63,26 +73,24 @@ fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
     {
         meta.insert(k.to_string(), v);
     }
+    // The padding multiple a trident export records, so that `--save` pads as it was trained.
+    let path = dir.join("config.json");
+    let config = document(&std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?, &path)?;
+    if let Some(by) = config.get("trident_make_vocab_size_divisible_by").and_then(Json::as_usize) {
+        meta.insert("make_vocab_size_divisible_by".into(), by.to_string());
+    }
     let mut tensors = BTreeMap::new();
     for (name, values) in params {
         tensors.insert(format!("adam_m/{name}"), vec![0.0; values.len()]);
         tensors.insert(format!("adam_v/{name}"), vec![0.0; values.len()]);
         tensors.insert(format!("param/{name}"), values);
     }
-    let layout = Layout {
-        tp: 1,
-        pp: 1,
-        chunks: 1,
-        first_stage_layers: None,
-        last_stage_layers: None,
-        sequence_parallel: false,
-        summa: None,
-    };
-    Ok(FullCheckpoint { iteration: 0, meta, model, layout, tensors })
+    Ok(FullCheckpoint { iteration: 0, meta, model, layout: Layout::single(), tensors })
 }
 
-/// `--save DIR`: `full` written in the layout the `--target-*` flags describe.
-fn save(a: &Args, full: &FullCheckpoint, dir: &Path) -> Result<()> {
+/// `--save DIR`: `full` written in the layout the `--target-*` flags describe, its vocabulary
+/// padded for that layout as `train` pads it.
+fn save(a: &Args, full: &mut FullCheckpoint, dir: &Path) -> Result<()> {
     let positive = |name: &str, default: usize| -> Result<usize> {
         match a.usize(name)? {
             Some(0) => Err(Error::flag(name, 0, "a positive whole number")),
@@ -118,6 +126,7 @@ fn save(a: &Args, full: &FullCheckpoint, dir: &Path) -> Result<()> {
             TensorMode::Summa { q, depth } => Some((q, depth)),
         },
     };
+    repad_for(a, full, tp)?;
     let written = write_layout(full, dir, target)?;
     println!(
         "converted iteration {} from tensor-parallel {} [{}] x pipeline {} to tensor-parallel {tp} [{}] x pipeline \
@@ -129,5 +138,27 @@ fn save(a: &Args, full: &FullCheckpoint, dir: &Path) -> Result<()> {
         target.tensor_mode().describe(),
         written.display()
     );
+    Ok(())
+}
+
+/// Pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` (else the checkpoint's
+/// own, else Megatron's 128) times the target tensor-parallel size `tp`, saying so when it changes.
+fn repad_for(a: &Args, full: &mut FullCheckpoint, tp: usize) -> Result<()> {
+    let flag = "--make-vocab-size-divisible-by";
+    let by = match a.usize(flag)? {
+        Some(0) => return Err(Error::flag(flag, 0, "a positive whole number")),
+        Some(k) => k,
+        None => full.meta.get("make_vocab_size_divisible_by").and_then(|v| v.parse().ok()).unwrap_or(128),
+    };
+    let (from, to) = (full.model.padded_vocab_size, GptConfig::pad_vocab(full.model.vocab_size, by * tp));
+    if from != to {
+        full.repad_vocab(to);
+        println!(
+            "padded the vocabulary of {} from {from} to {to} rows ({flag} {by} x tensor-parallel size {tp}; new rows \
+             copy the last one, as Megatron's converter does)",
+            full.model.vocab_size
+        );
+    }
+    full.meta.insert("make_vocab_size_divisible_by".into(), by.to_string());
     Ok(())
 }

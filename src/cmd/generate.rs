@@ -3,18 +3,14 @@
 
 use super::{flags, threads};
 use crate::error::{Error, Result};
-use crate::generate::GenerateArgs;
 use crate::flags::GENERATE_FLAGS;
+use crate::generate::GenerateArgs;
 
 /// The tokenizer flags given, else those saved beside the checkpoints in `load`, else bytes.
 fn tokenizer(a: &crate::cli::Args, load: &std::path::Path) -> Result<crate::data::tokenizer::Tokenizer> {
     let given = crate::flags::TOKENIZER_FLAGS.iter().any(|f| a.has(f.name));
     match crate::checkpoint::tokenizer::saved_flags(load)? {
-        Some(saved) if !given => {
-            let saved: Vec<String> = saved.into_iter().flat_map(|(f, v)| std::iter::once(f).chain(v)).collect();
-            let saved = crate::cli::parse("generate", crate::flags::TOKENIZER_FLAGS, &saved)?.unwrap_or_default();
-            crate::data::tokenizer_files::from_args(&saved)
-        }
+        Some(saved) if !given => crate::checkpoint::tokenizer::load(&saved),
         _ => crate::data::tokenizer_files::from_args(a),
     }
 }

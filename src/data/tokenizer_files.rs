@@ -5,7 +5,7 @@
 //! tokenizer.json is one error naming the field and its value.
 
 use super::bpe::Bpe;
-use super::json::{document, Json};
+use super::json::{document, quote, Json};
 use super::pretokenize::{Pattern, GPT2_REGEX, LLAMA3_REGEX};
 use super::tokenizer::{AddedToken, BpeTokenizer, Source, Tokenizer};
 use crate::error::{Error, Result};
@@ -76,9 +76,12 @@ fn vocab_pairs(vocab: &Json, path: &Path) -> Result<Vec<(String, u32)>> {
         .collect()
 }
 
-/// Megatron's `GPT2BPETokenizer`: vocab.json and merges.txt (a `#version` line, then one merge
-/// per line: two tokens separated by a space). The end-of-document token is `<|endoftext|>`.
-pub fn gpt2_files(vocab_path: &Path, merges_path: &Path) -> Result<BpeTokenizer> {
+/// BPE merges: (left, right) token pairs in rank order.
+type Merges = Vec<(String, String)>;
+
+/// GPT-2's vocab.json and merges.txt (a `#version` line, then one merge per line: two tokens
+/// separated by a space), parsed.
+fn gpt2_parts(vocab_path: &Path, merges_path: &Path) -> Result<(Vec<(String, u32)>, Merges)> {
     let vocab = vocab_pairs(&document(&read(vocab_path, "read the vocabulary")?, vocab_path)?, vocab_path)?;
     let text = read(merges_path, "read the merges")?;
     let text = String::from_utf8(text).map_err(|_| Error::format(merges_path, "the merges file is not UTF-8"))?;
@@ -93,12 +96,48 @@ pub fn gpt2_files(vocab_path: &Path, merges_path: &Path) -> Result<BpeTokenizer>
             )?;
         merges.push((l.to_string(), r.to_string()));
     }
+    Ok((vocab, merges))
+}
+
+/// Megatron's `GPT2BPETokenizer`: vocab.json and merges.txt. The end-of-document token is
+/// `<|endoftext|>`.
+pub fn gpt2_files(vocab_path: &Path, merges_path: &Path) -> Result<BpeTokenizer> {
+    let (vocab, merges) = gpt2_parts(vocab_path, merges_path)?;
     let bpe = Bpe::new(&vocab, &merges, false).map_err(|e| Error::format(merges_path, e))?;
     let eod = bpe
         .id(b"<|endoftext|>")
         .ok_or_else(|| Error::format(vocab_path, "the vocabulary has no <|endoftext|> (GPT-2's end of document)"))?;
     let source = Source::Gpt2Files { vocab: vocab_path.to_path_buf(), merges: merges_path.to_path_buf() };
     Ok(tokenizer(source, bpe, Pattern::Gpt2, false, Vec::new(), (Vec::new(), Vec::new()), eod))
+}
+
+/// GPT-2's vocab.json and merges.txt as the Hugging Face tokenizer.json that encodes the same:
+/// byte-level BPE with GPT-2's split pattern, and `<|endoftext|>` as its special added token.
+pub fn gpt2_tokenizer_json(vocab_path: &Path, merges_path: &Path) -> Result<String> {
+    let (mut vocab, merges) = gpt2_parts(vocab_path, merges_path)?;
+    vocab.sort_by_key(|(_, id)| *id);
+    let eod =
+        vocab.iter().find(|(t, _)| t == "<|endoftext|>").map(|(_, id)| *id).ok_or_else(|| {
+            Error::format(vocab_path, "the vocabulary has no <|endoftext|> (GPT-2's end of document)")
+        })?;
+    let vocab: Vec<String> = vocab.iter().map(|(t, id)| format!("{}: {id}", quote(t))).collect();
+    let merges: Vec<String> = merges.iter().map(|(l, r)| format!("[{}, {}]", quote(l), quote(r))).collect();
+    let level = |prefix: bool, trim: bool| {
+        format!("{{\"type\": \"ByteLevel\", \"add_prefix_space\": {prefix}, \"trim_offsets\": {trim}, \"use_regex\": true}}")
+    };
+    Ok(format!(
+        "{{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [{{\"id\": {eod}, \
+         \"content\": \"<|endoftext|>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \
+         \"normalized\": true, \"special\": true}}],\n  \"normalizer\": null,\n  \"pre_tokenizer\": {},\n  \
+         \"post_processor\": {},\n  \"decoder\": {},\n  \"model\": {{\"type\": \"BPE\", \"dropout\": null, \
+         \"unk_token\": null, \"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\", \"fuse_unk\": false, \
+         \"byte_fallback\": false, \"ignore_merges\": false,\n    \"vocab\": {{{}}},\n    \"merges\": [{}]}}\n}}\n",
+        level(false, true),
+        level(true, false),
+        level(true, true),
+        vocab.join(", "),
+        merges.join(", ")
+    ))
 }
 
 fn tokenizer(

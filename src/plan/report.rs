@@ -321,21 +321,6 @@ fn json_number(x: f64) -> String {
     }
 }
 
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// One JSON object for a layout: the documented keys `tp pp dp vpp micro_batch recompute zero1
 /// memory_gib iteration_s tflops_per_gpu`, then the extras `tp_mode sequence_parallel
 /// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s reason`.
@@ -361,7 +346,7 @@ pub fn json(c: &Candidate, req: &Request) -> String {
         json_number(c.bubble_fraction()),
         json_number(c.model_tflops_per_gpu()),
         json_number(c.tokens_per_s()),
-        json_string(&reason(c, req))
+        crate::data::json::quote(&reason(c, req))
     )
 }
 

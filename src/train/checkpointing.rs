@@ -48,6 +48,7 @@ pub(super) fn save_checkpoint<D: Device>(
         ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
         ("seq_length", cfg.seq_length.to_string()),
         ("tokenizer", cfg.tokenizer_type.to_string()),
+        ("make_vocab_size_divisible_by", cfg.vocab_divisible_by.to_string()),
         ("tensor_model_parallel_size", grid.tp.to_string()),
         ("tensor_model_parallel_rank", grid.tp_rank.to_string()),
         ("pipeline_model_parallel_size", grid.pp.to_string()),
@@ -171,7 +172,14 @@ pub(super) fn load_checkpoint<D: Device>(
         .filter(|k| theirs.get(*k) != mine.get(*k))
         .map(|k| {
             let (a, b) = (theirs.get(k).cloned().unwrap_or_else(unset), mine.get(k).cloned().unwrap_or_else(unset));
-            format!("{k} is {a} in the checkpoint but {b} here")
+            let why = match *k {
+                "padded_vocab_size" => {
+                    " (the vocabulary is padded to --make-vocab-size-divisible-by x --tensor-model-parallel-size; \
+                     `trident convert` pads a checkpoint for another layout)"
+                }
+                _ => "",
+            };
+            format!("{k} is {a} in the checkpoint but {b} here{why}")
         })
         .collect();
     if !mismatches.is_empty() {

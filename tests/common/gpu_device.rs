@@ -207,6 +207,8 @@ pub fn run_with(env: &[(&'static str, PathBuf)], args: &[&str]) -> std::process:
 
 /// A model small enough for the emulation: 2 layers, hidden 128 in 2 heads of 64, seq 16.
 pub const TINY_GPU: &[&str] = &[
+    super::SAME_PADDING[0],
+    super::SAME_PADDING[1],
     "--num-layers",
     "2",
     "--hidden-size",
@@ -232,6 +234,8 @@ pub const TINY_GPU: &[&str] = &[
 /// on a sequence short enough for the emulation yet longer than one 64-position tile (72: two
 /// query blocks and key tiles, the second of 8), one sequence per step.
 const TINY_PRESET_GPU: &[&str] = &[
+    super::SAME_PADDING[0],
+    super::SAME_PADDING[1],
     "--preset",
     "tiny",
     "--seq-length",

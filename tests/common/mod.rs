@@ -177,6 +177,12 @@ pub fn one_thread_train_args(data: &str, global_batch_size: usize, train_iters: 
     ["train", "--data-path", data].into_iter().map(String::from).chain(words).collect()
 }
 
+/// Pads the byte tokenizer's 257 ids to 264 rows (8 x 33) at every tensor-parallel size up to 8:
+/// Megatron pads the vocabulary to a multiple of `--make-vocab-size-divisible-by` x the TP size
+/// (128 x TP by default: 384 rows on one rank, 512 on two), so a test that compares a layout with
+/// one rank gives both this, and both hold the same model.
+pub const SAME_PADDING: [&str; 2] = ["--make-vocab-size-divisible-by", "33"];
+
 /// Flags for a small, fast model used by the tests (2 micro-batches per iteration).
 pub const SMALL: &[&str] = &[
     "--num-layers",
@@ -272,4 +278,16 @@ pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
         ));
     }
     ok.then_some(py)
+}
+
+/// Asserts that an mpirun job failed, with exactly one trident error line naming `needles`.
+pub fn assert_one_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("trident: error:")).collect();
+    assert_eq!(lines.len(), 1, "expected the error once, from rank 0: {err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "'{n}' not in {}", lines[0]);
+    }
 }
