@@ -5,7 +5,7 @@ use crate::cli::Args;
 use crate::data::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
-use crate::optim::lr::{DecayStyle, LrSchedule};
+use crate::optim::lr::{DecayStyle, IncrStyle, LrSchedule};
 use crate::optim::AdamWConfig;
 use std::path::PathBuf;
 
@@ -276,7 +276,7 @@ impl TrainConfig {
         let tokenizer = crate::data::tokenizer_files::from_args(args)?;
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
-        let (train_iters, lr) = lr_schedule(args, p)?;
+        let (train_iters, lr) = lr_schedule(args, p, global_batch_size)?;
         let adam = adam(args)?;
         let data_path = args.path("--data-path").ok_or_else(|| {
             Error::Usage(
@@ -478,26 +478,86 @@ fn batch_sizes(args: &Args, p: &Preset) -> Result<(usize, usize)> {
     Ok((micro_batch_size, global_batch_size))
 }
 
-/// The iterations to train and the learning-rate schedule: `0 <= min <= max`, and a decay that
-/// ends after the warmup unless the rate is constant.
-fn lr_schedule(args: &Args, p: &Preset) -> Result<(u64, LrSchedule)> {
-    let train_iters = args.u64("--train-iters")?.unwrap_or(p.train_iters);
-    let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
-    let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
-    // A preset's warmup shrinks to a tenth of a shorter run, so `--train-iters 20` just works;
-    // an explicit --lr-warmup-iters is taken as given and checked below.
-    let warmup_iters = args.u64("--lr-warmup-iters")?.unwrap_or(p.warmup_iters.min(train_iters / 10));
-    let decay_iters = args.u64("--lr-decay-iters")?.unwrap_or(train_iters);
-    let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"))?;
-    if max_lr <= 0.0 || min_lr < 0.0 || min_lr > max_lr {
-        return Err(Error::Config(format!("need 0 <= --min-lr ({min_lr}) <= --lr ({max_lr}) and --lr > 0")));
-    }
-    if style != DecayStyle::Constant && decay_iters <= warmup_iters {
+/// The iterations to train and the learning-rate and weight-decay schedule, in samples as
+/// Megatron counts them: by iterations (`--train-iters`, `--lr-decay-iters`, `--lr-warmup-iters`,
+/// `--lr-wsd-decay-iters`, each times the global batch) or by samples (`--train-samples` and the
+/// `-samples` flags; the run is `--train-samples` / global batch iterations). Flags of the other
+/// kind are one error naming them.
+fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64, LrSchedule)> {
+    let gbs = global_batch_size as u64;
+    let by_samples = args.has("--train-samples");
+    let (wrong, right) = match by_samples {
+        true => (["--train-iters", "--lr-decay-iters", "--lr-warmup-iters", "--lr-wsd-decay-iters"], "--train-samples"),
+        false => (["--lr-decay-samples", "--lr-warmup-samples", "--lr-wsd-decay-samples", ""], "--train-iters"),
+    };
+    if let Some(flag) = wrong.iter().find(|f| !f.is_empty() && args.has(f)) {
         return Err(Error::Config(format!(
-            "--lr-decay-iters {decay_iters} must be above --lr-warmup-iters {warmup_iters}"
+            "{flag} does not go with {right}: count the run, its warmup and its decay all in iterations or all in \
+             samples"
         )));
     }
-    Ok((train_iters, LrSchedule { max_lr, min_lr, warmup_iters, decay_iters, style }))
+    let train_samples = match args.u64("--train-samples")? {
+        Some(n) => n,
+        None => args.u64("--train-iters")?.unwrap_or(p.train_iters) * gbs,
+    };
+    let train_iters = train_samples / gbs;
+    let samples = |iters: &str, samples: &str| -> Result<Option<u64>> {
+        Ok(match by_samples {
+            true => args.u64(samples)?,
+            false => args.u64(iters)?.map(|n| n * gbs),
+        })
+    };
+    let decay_steps = samples("--lr-decay-iters", "--lr-decay-samples")?.unwrap_or(train_samples);
+    let warmup_steps = match (args.f64("--lr-warmup-fraction")?, samples("--lr-warmup-iters", "--lr-warmup-samples")?) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Config("give --lr-warmup-fraction or a warmup count, not both".into()));
+        }
+        (Some(f), None) if (0.0..=1.0).contains(&f) => f * decay_steps as f64,
+        (Some(f), None) => return Err(Error::flag("--lr-warmup-fraction", f, "a fraction from 0 to 1")),
+        (None, Some(n)) => n as f64,
+        // A preset's warmup shrinks to a tenth of a shorter run, so `--train-iters 20` just works.
+        (None, None) => (p.warmup_iters.min(train_iters / 10) * gbs) as f64,
+    };
+    let style = DecayStyle::parse(args.str("--lr-decay-style").unwrap_or("cosine"), args.str("--lr-wsd-decay-style"))?;
+    let max_lr = args.f64("--lr")?.unwrap_or(p.lr);
+    let weight_decay = args.f64("--weight-decay")?.unwrap_or(0.01);
+    let wd_style = IncrStyle::parse(args.str("--weight-decay-incr-style").unwrap_or("constant"))?;
+    let (start_wd, end_wd) = match (wd_style, args.f64("--start-weight-decay")?, args.f64("--end-weight-decay")?) {
+        (IncrStyle::Constant, None, None) => (weight_decay, weight_decay),
+        (IncrStyle::Constant, _, _) => {
+            return Err(Error::Config(
+                "--start-weight-decay and --end-weight-decay need --weight-decay-incr-style linear or cosine \
+                 (constant takes --weight-decay)"
+                    .into(),
+            ))
+        }
+        (_, Some(start), Some(end)) => (start, end),
+        _ => {
+            return Err(Error::Config(
+                "--weight-decay-incr-style linear or cosine needs --start-weight-decay and --end-weight-decay".into(),
+            ))
+        }
+    };
+    let schedule = LrSchedule {
+        init_lr: args.f64("--lr-warmup-init")?.unwrap_or(0.0),
+        max_lr,
+        min_lr: args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr }),
+        warmup_steps,
+        decay_steps,
+        style,
+        wsd_decay_steps: samples("--lr-wsd-decay-iters", "--lr-wsd-decay-samples")?.unwrap_or(0),
+        start_wd,
+        end_wd,
+        wd_incr_steps: train_samples,
+        wd_style,
+    };
+    schedule.validate()?;
+    if train_iters == 0 {
+        return Err(Error::Config(format!(
+            "the run is {train_samples} samples, less than one global batch of {global_batch_size}"
+        )));
+    }
+    Ok((train_iters, schedule))
 }
 
 /// AdamW's hyper-parameters, with both betas in [0, 1).
@@ -506,6 +566,7 @@ fn adam(args: &Args) -> Result<AdamWConfig> {
         beta1: args.f64("--adam-beta1")?.unwrap_or(0.9) as f32,
         beta2: args.f64("--adam-beta2")?.unwrap_or(0.999) as f32,
         eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
+        // The schedule's first value; `LrSchedule::weight_decay` sets it at every step.
         weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
     };
     for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {

@@ -30,6 +30,13 @@ pub(super) enum Optimizer<D: Device> {
 }
 
 impl<D: Device> Optimizer<D> {
+    /// The weight decay of the next step (`--weight-decay-incr-style`'s schedule).
+    pub fn set_weight_decay(&mut self, weight_decay: f32) {
+        match self {
+            Optimizer::Replicated(o) => o.config.weight_decay = weight_decay,
+            Optimizer::Distributed(o) => o.config.weight_decay = weight_decay,
+        }
+    }
     pub fn step_count(&self) -> u64 {
         match self {
             Optimizer::Replicated(o) => o.step,

@@ -195,8 +195,11 @@ impl<D: Device> Trainer<'_, D> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
         let iteration = self.progress.iteration + 1;
         let started = Instant::now();
-        let lr = cfg.lr.at(iteration);
+        // Megatron's schedule: the rates after the samples consumed before this iteration.
+        let lr = cfg.lr.lr(self.progress.consumed_train);
+        let weight_decay = cfg.lr.weight_decay(self.progress.consumed_train) as f32;
         for c in self.chunks.iter_mut() {
+            c.opt.set_weight_decay(weight_decay);
             c.model.params.zero_grads(&setup.dev);
             c.model.reset_peak_in_flight();
             c.model.reset_layer_comm();
