@@ -566,7 +566,7 @@ fn adam(args: &Args) -> Result<AdamWConfig> {
         beta1: args.f64("--adam-beta1")?.unwrap_or(0.9) as f32,
         beta2: args.f64("--adam-beta2")?.unwrap_or(0.999) as f32,
         eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
-        // The schedule's first value; `LrSchedule::weight_decay` sets it at every step.
+        // `LrSchedule::weight_decay` replaces it before every step (`--weight-decay-incr-style`).
         weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
     };
     for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {

@@ -6,7 +6,7 @@
 
 use super::convert::FullCheckpoint;
 use super::hf_files::write_atomic;
-use crate::data::json::{document, quote, Json};
+use crate::data::json::{quote, Json};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::tokenizer_files::{gpt2_files, gpt2_tokenizer_json, hugging_face};
 use crate::error::{Error, Result};
@@ -158,15 +158,13 @@ pub fn export_hf(flags: &[(String, Option<String>)], type_name: &str, hf_dir: &P
 /// (`HuggingFaceTokenizer`), else GPT-2's vocab.json and merges.txt; the byte tokenizer where
 /// there is none. A tokenizer trident cannot read is one line saying so: the checkpoint then
 /// records its type without files, and `generate` asks for its flags. One with more ids than the
-/// model's `vocab` is an error.
-pub fn from_hf(hf_dir: &Path, vocab: usize) -> Result<(Flags, String)> {
-    let config_path = hf_dir.join("config.json");
-    let config = document(&fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?, &config_path)?;
+/// model's `vocab` is an error. `config` is the directory's config.json.
+pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, String)> {
     let named = config.get("trident_tokenizer").and_then(Json::as_str);
     let (json, vocab_file, merges) =
         (hf_dir.join("tokenizer.json"), hf_dir.join("vocab.json"), hf_dir.join("merges.txt"));
-    let s = |p: &Path| Some(p.display().to_string());
-    let pair = |f: &str, v: Option<String>| (f.to_string(), v);
+    let pair = |f: &str, v: &str| (f.to_string(), Some(v.to_string()));
+    let s = |p: &Path| p.display().to_string();
     let gpt2 = match named {
         Some("ByteTokenizer") => return Ok((Flags::new(), "ByteTokenizer".into())),
         Some("GPT2BPETokenizer") => true,
@@ -183,18 +181,15 @@ pub fn from_hf(hf_dir: &Path, vocab: usize) -> Result<(Flags, String)> {
         );
         return Ok((Flags::new(), kind.into()));
     }
-    let (flags, loaded) = if gpt2 {
-        let flags = vec![
-            pair("--tokenizer-type", s(Path::new("GPT2BPETokenizer"))),
-            pair("--vocab-file", s(&vocab_file)),
-            pair("--merge-file", s(&merges)),
-        ];
-        (flags, gpt2_files(&vocab_file, &merges).map(|t| t.vocab_size))
+    let (kind, files, loaded) = if gpt2 {
+        let files = vec![pair("--vocab-file", &s(&vocab_file)), pair("--merge-file", &s(&merges))];
+        ("GPT2BPETokenizer", files, gpt2_files(&vocab_file, &merges).map(|t| t.vocab_size))
     } else {
-        let kind = pair("--tokenizer-type", s(Path::new("HuggingFaceTokenizer")));
-        (vec![kind, pair("--tokenizer-model", s(&json))], hugging_face(&json, None, false).map(|t| t.vocab_size))
+        let files = vec![pair("--tokenizer-model", &s(&json))];
+        ("HuggingFaceTokenizer", files, hugging_face(&json, None, false).map(|t| t.vocab_size))
     };
-    let kind = flags[0].1.clone().expect("a type");
+    let flags: Flags = std::iter::once(pair("--tokenizer-type", kind)).chain(files).collect();
+    let kind = kind.to_string();
     match loaded {
         Ok(ids) if ids > vocab => Err(Error::Config(format!(
             "the tokenizer in {} has {ids} ids but the model's vocabulary is {vocab}: not this model's tokenizer",

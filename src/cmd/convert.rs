@@ -28,8 +28,10 @@ pub fn run(rest: &[String]) -> Result<()> {
     let (mut full, tokenizer) = match (a.path("--load"), a.path("--load-hf")) {
         (Some(dir), None) => (read_full(&dir)?, tokenizer::saved_flags(&dir)?.unwrap_or_default()),
         (None, Some(dir)) => {
-            let mut full = from_hf(&dir)?;
-            let (flags, kind) = tokenizer::from_hf(&dir, full.model.vocab_size)?;
+            let path = dir.join("config.json");
+            let config = document(&std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?, &path)?;
+            let mut full = from_hf(&dir, &config)?;
+            let (flags, kind) = tokenizer::from_hf(&dir, &config, full.model.vocab_size)?;
             full.meta.insert("tokenizer".into(), kind);
             (full, flags)
         }
@@ -54,8 +56,8 @@ pub fn run(rest: &[String]) -> Result<()> {
 }
 
 /// Hugging Face GPT-2 or Llama weights as a one-rank checkpoint at iteration 0, with zeroed Adam
-/// moments.
-fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
+/// moments (`config`: its config.json).
+fn from_hf(dir: &Path, config: &Json) -> Result<FullCheckpoint> {
     let (model, params) = import_hf(dir)?;
     let mut meta = BTreeMap::new();
     for (k, v) in [
@@ -74,8 +76,6 @@ fn from_hf(dir: &Path) -> Result<FullCheckpoint> {
         meta.insert(k.to_string(), v);
     }
     // The padding multiple a trident export records, so that `--save` pads as it was trained.
-    let path = dir.join("config.json");
-    let config = document(&std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?, &path)?;
     if let Some(by) = config.get("trident_make_vocab_size_divisible_by").and_then(Json::as_usize) {
         meta.insert("make_vocab_size_divisible_by".into(), by.to_string());
     }

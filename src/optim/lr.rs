@@ -58,16 +58,6 @@ impl DecayStyle {
             _ => Err(Error::flag("--lr-decay-style", s, "constant, linear, cosine, inverse-square-root or WSD")),
         }
     }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            DecayStyle::Constant => "constant",
-            DecayStyle::Linear => "linear",
-            DecayStyle::Cosine => "cosine",
-            DecayStyle::InverseSquareRoot => "inverse-square-root",
-            DecayStyle::Wsd(_) => "WSD",
-        }
-    }
 }
 
 impl IncrStyle {
