@@ -2,6 +2,9 @@
 //! presets, and every check that makes an impossible configuration a clear error before any work.
 
 use crate::cli::Args;
+use crate::data::blend::Blend;
+use crate::data::datasets::DataSource;
+use crate::data::gpt_dataset::parse_split;
 use crate::data::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
@@ -203,8 +206,14 @@ pub struct TrainConfig {
     pub adam: AdamWConfig,
     pub clip_grad: f64,
     pub seed: u64,
-    pub data_path: PathBuf,
-    pub split: Vec<f64>,
+    /// `--train-samples`, else `--train-iters` global batches: the training split's size.
+    pub train_samples: u64,
+    /// `--data-path` and `--split`, the per-split paths, or `--mock-data`.
+    pub data: crate::data::datasets::DataSource,
+    /// `--mid-level-dataset-surplus`: the extra fraction each dataset of a blend builds.
+    pub data_surplus: f64,
+    /// `--data-cache-path`: where the datasets' built indexes are kept for the next run.
+    pub data_cache_path: Option<PathBuf>,
     pub eval_interval: u64,
     pub eval_iters: u64,
     pub log_interval: u64,
@@ -276,16 +285,9 @@ impl TrainConfig {
         let tokenizer = crate::data::tokenizer_files::from_args(args)?;
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
-        let (train_iters, lr) = lr_schedule(args, p, global_batch_size)?;
+        let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size)?;
         let adam = adam(args)?;
-        let data_path = args.path("--data-path").ok_or_else(|| {
-            Error::Usage(
-                "--data-path is required: run `trident prepare --input FILE --output-prefix P` and pass \
-                          --data-path P_text_document"
-                    .into(),
-            )
-        })?;
-        let split = crate::data::gpt_dataset::parse_split(args.str("--split").unwrap_or("969,30,1"))?;
+        let data = data_source(args, &tokenizer, model.vocab_size)?;
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
@@ -310,8 +312,15 @@ impl TrainConfig {
             adam,
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
             seed: args.u64("--seed")?.unwrap_or(1234),
-            data_path,
-            split,
+            train_samples,
+            data,
+            data_cache_path: args.path("--data-cache-path"),
+            data_surplus: match args.f64("--mid-level-dataset-surplus")? {
+                Some(v) if v < 0.0 => {
+                    return Err(Error::flag("--mid-level-dataset-surplus", v, "a fraction of at least 0"))
+                }
+                v => v.unwrap_or(0.005),
+            },
             eval_interval: positive("--eval-interval", args.u64("--eval-interval")?.unwrap_or(p.eval_interval))?,
             eval_iters: args.u64("--eval-iters")?.unwrap_or(p.eval_iters),
             log_interval: positive("--log-interval", args.u64("--log-interval")?.unwrap_or(p.log_interval))?,
@@ -483,7 +492,7 @@ fn batch_sizes(args: &Args, p: &Preset) -> Result<(usize, usize)> {
 /// `--lr-wsd-decay-iters`, each times the global batch) or by samples (`--train-samples` and the
 /// `-samples` flags; the run is `--train-samples` / global batch iterations). Flags of the other
 /// kind are one error naming them.
-fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64, LrSchedule)> {
+fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64, u64, LrSchedule)> {
     let gbs = global_batch_size as u64;
     let by_samples = args.has("--train-samples");
     let (wrong, right) = match by_samples {
@@ -557,7 +566,7 @@ fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64
             "the run is {train_samples} samples, less than one global batch of {global_batch_size}"
         )));
     }
-    Ok((train_iters, schedule))
+    Ok((train_iters, train_samples, schedule))
 }
 
 /// AdamW's hyper-parameters, with both betas in [0, 1).
@@ -649,6 +658,93 @@ fn loss_scaler(args: &Args) -> Result<Option<crate::optim::scaler::LossScaler>> 
 
 /// Flags whose feature arrives with a later part of trident: any value but the neutral one is
 /// refused with a message that says so, rather than silently ignored.
+/// The run's data flags as Megatron reads them: `--data-path` (or `--data-args-path`, a file of
+/// the same list) split by `--split`; or `--train-data-path` / `--valid-data-path` /
+/// `--test-data-path` (or `--per-split-data-args-path`, a JSON object of them), unsplit; or
+/// `--mock-data`. Megatron lets one silently win; here mixing them is one error.
+fn data_source(args: &Args, tokenizer: &Tokenizer, vocab_size: usize) -> Result<DataSource> {
+    let from_file = |flag: &str| -> Result<Option<Vec<String>>> {
+        let Some(path) = args.path(flag) else { return Ok(None) };
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
+        Ok(Some(text.split_whitespace().map(String::from).collect()))
+    };
+    let whole = match (args.list("--data-path"), from_file("--data-args-path")?) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage("--data-path and --data-args-path are alternatives; give one".into()))
+        }
+        (Some(list), None) => Some(("--data-path", list.to_vec())),
+        (None, Some(list)) => Some(("--data-args-path", list)),
+        (None, None) => None,
+    };
+    let per_split = per_split_lists(args)?;
+    let kinds = [whole.is_some(), per_split.iter().any(Option::is_some), args.has("--mock-data")];
+    if kinds.iter().filter(|&&k| k).count() > 1 {
+        return Err(Error::Usage(
+            "give one source of data: --data-path (with --split), the per-split paths (--train-data-path, \
+             --valid-data-path, --test-data-path) or --mock-data"
+                .into(),
+        ));
+    }
+    if args.has("--split") && !kinds[0] {
+        return Err(Error::Usage(
+            "--split divides --data-path; the per-split paths are used whole and --mock-data always splits 1,1,1 (as in Megatron)".into(),
+        ));
+    }
+    if let Some((flag, list)) = whole {
+        let split = parse_split(args.str("--split").unwrap_or("969,30,1"))?;
+        return Ok(DataSource::Split { blend: Blend::parse(flag, &list)?, split });
+    }
+    if kinds[1] {
+        let [train, valid, test] = per_split;
+        return Ok(DataSource::PerSplit([train, valid, test]));
+    }
+    if kinds[2] {
+        return Ok(DataSource::Mock { vocab_size, eod: tokenizer.eod() });
+    }
+    Err(Error::Usage(
+        "no data: pass --data-path P_text_document (run `trident prepare --input FILE --output-prefix P` to \
+         write one), a blend such as --data-path 0.3 A 0.7 B, the per-split paths, or --mock-data"
+            .into(),
+    ))
+}
+
+/// `--train-data-path`, `--valid-data-path`, `--test-data-path`, or the same lists from the JSON
+/// object `--per-split-data-args-path` names ({"train": "0.5 a 0.5 b", "valid": ["c"], …}).
+fn per_split_lists(args: &Args) -> Result<[Option<Blend>; 3]> {
+    let flags = ["--train-data-path", "--valid-data-path", "--test-data-path"];
+    let Some(path) = args.path("--per-split-data-args-path") else {
+        let mut out = [None, None, None];
+        for (slot, flag) in out.iter_mut().zip(flags) {
+            *slot = args.list(flag).map(|list| Blend::parse(flag, list)).transpose()?;
+        }
+        return Ok(out);
+    };
+    if flags.iter().any(|f| args.has(f)) {
+        return Err(Error::Usage(
+            "--per-split-data-args-path and the per-split path flags are alternatives; give one".into(),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?;
+    let json = crate::data::json::document(&bytes, &path)?;
+    let mut out = [None, None, None];
+    for (slot, name) in out.iter_mut().zip(crate::data::datasets::SPLIT_NAMES) {
+        let list: Option<Vec<String>> = match json.get(name) {
+            None => None,
+            Some(v) if v.as_str().is_some() => v.as_str().map(|s| s.split_whitespace().map(String::from).collect()),
+            Some(v) => v.as_array().and_then(|a| a.iter().map(|x| x.as_str().map(String::from)).collect()),
+        };
+        let present = json.get(name).is_some();
+        match list {
+            Some(list) => *slot = Some(Blend::parse("--per-split-data-args-path", &list)?),
+            None if present => {
+                return Err(Error::format(&path, format!("\"{name}\" is neither a string nor a list of strings")))
+            }
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
 fn reject_unbuilt(args: &Args) -> Result<()> {
     for name in ["--hidden-dropout", "--attention-dropout"] {
         if let Some(p) = args.f64(name)? {

@@ -22,9 +22,9 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
 ];
 
 /// The flags of `trident train`, with Megatron's names: the model's sizes, the architecture, the rest.
-pub const TRAIN_FLAGS: &[FlagSpec] = &join::<{ TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() + TOKENIZER_FLAGS.len() }>(
-    &[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST, TOKENIZER_FLAGS],
-);
+pub const TRAIN_FLAGS: &[FlagSpec] = &join::<
+    { TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() + TOKENIZER_FLAGS.len() },
+>(&[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST, TOKENIZER_FLAGS]);
 
 const TRAIN_SIZES: &[FlagSpec] = &[
     flag(
@@ -76,8 +76,28 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),
     flag("--adam-eps", "EPS", "AdamW epsilon (default 1e-8)"),
     flag("--seed", "SEED", "random seed for initialisation and data order (default 1234)"),
-    flag("--data-path", "PREFIX", "dataset prefix written by `trident prepare` (P_text_document)"),
-    flag("--split", "A,B,C", "train/valid/test document split weights (default 969,30,1)"),
+    many(
+        "--data-path",
+        "PREFIX",
+        "dataset prefix written by `trident prepare` (P_text_document), or a blend: WEIGHT PREFIX WEIGHT PREFIX ...",
+    ),
+    flag("--data-args-path", "FILE", "a file holding the --data-path list (for long blends)"),
+    flag("--split", "A,B,C", "train/valid/test split weights of every --data-path dataset (default 969,30,1)"),
+    many("--train-data-path", "PREFIX", "the training split's dataset or blend, used whole (instead of --data-path)"),
+    many("--valid-data-path", "PREFIX", "the validation split's dataset or blend, used whole"),
+    many("--test-data-path", "PREFIX", "the test split's dataset or blend, used whole"),
+    flag(
+        "--per-split-data-args-path",
+        "FILE",
+        "a JSON object {\"train\": LIST, \"valid\": LIST, \"test\": LIST} of the per-split lists",
+    ),
+    flag("--data-cache-path", "DIR", "keep the datasets' built indexes here (.npy) and reuse them on the next run"),
+    switch("--mock-data", "Megatron's mock data (100,000 generated sequences, split 1,1,1) instead of a dataset"),
+    flag(
+        "--mid-level-dataset-surplus",
+        "F",
+        "extra fraction of samples each dataset of a weighted blend builds (default 0.005)",
+    ),
     flag("--eval-interval", "N", "validate every N iterations (default 1000)"),
     flag("--eval-iters", "N", "global batches per validation (default 100)"),
     flag("--log-interval", "N", "log every N iterations (default 100)"),
@@ -222,7 +242,8 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
 ];
 
 /// `trident prepare`: its own flags and the tokenizer's.
-pub const PREPARE_FLAGS: &[FlagSpec] = &join::<{ PREPARE_OWN.len() + TOKENIZER_FLAGS.len() }>(&[PREPARE_OWN, TOKENIZER_FLAGS]);
+pub const PREPARE_FLAGS: &[FlagSpec] =
+    &join::<{ PREPARE_OWN.len() + TOKENIZER_FLAGS.len() }>(&[PREPARE_OWN, TOKENIZER_FLAGS]);
 
 const PREPARE_OWN: &[FlagSpec] = &[
     many("--input", "FILE", "text files, or JSON-lines files (.json/.jsonl)"),
@@ -303,6 +324,15 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
         "S",
         "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
     ),
+];
+
+/// `trident check data`: `train`'s flags, and what to write.
+pub const CHECK_DATA_FLAGS: &[FlagSpec] =
+    &join::<{ TRAIN_FLAGS.len() + CHECK_DATA_REST.len() }>(&[TRAIN_FLAGS, CHECK_DATA_REST]);
+
+const CHECK_DATA_REST: &[FlagSpec] = &[
+    flag("--dump", "FILE", "write samples as JSON lines {\"split\", \"sample\", \"tokens\": seq-length + 1 ids}"),
+    flag("--dump-samples", "N", "samples written from the start of each split (default 1000)"),
 ];
 
 /// `trident check ops`.

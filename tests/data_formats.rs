@@ -7,6 +7,7 @@ use std::sync::Arc;
 use trident::data::gpt_dataset::GptDataset;
 use trident::data::indexed::{IndexedDataset, IndexedDatasetWriter, TokenDtype};
 use trident::data::prepare::{prepare, PrepareArgs, TextDocuments};
+use trident::data::source::Source;
 use trident::data::tokenizer::ByteTokenizer;
 
 /// A fresh directory under the system temp dir, unique per process and test.
@@ -281,7 +282,7 @@ fn samples_with_ids_outside_the_vocabulary_are_errors() {
     writer.add_document(&[1, 2, 3, 4, 5, 6]).unwrap();
     writer.add_document(&[7, 8, 300, 9, 10, 11]).unwrap();
     writer.finish().unwrap();
-    let data = Arc::new(IndexedDataset::open(&prefix).unwrap());
+    let data = Arc::new(Source::Indexed(IndexedDataset::open(&prefix).unwrap()));
     let ds = GptDataset::build(data.clone(), 0..2, 2, 4, 1234, "train", ByteTokenizer::VOCAB_SIZE).unwrap();
     let mut out = [0u32; 5];
     let errors: Vec<String> = (0..ds.len()).filter_map(|i| ds.get(i, &mut out).err()).map(|e| e.to_string()).collect();

@@ -11,8 +11,9 @@
 //! One `RandomState(seed)` feeds the document-index shuffles and then the shuffle-index shuffles,
 //! in that order; the order is what makes the result match Megatron's.
 
-use super::indexed::IndexedDataset;
+use super::index_cache::{stale, Array};
 use super::numpy_rng::RandomState;
+use super::source::Source;
 use crate::error::{Error, Result};
 use std::ops::Range;
 use std::sync::Arc;
@@ -90,7 +91,7 @@ impl ShuffleIndex {
 
 /// One split of an indexed dataset as shuffled samples of `seq_length + 1` tokens.
 pub struct GptDataset {
-    data: Arc<IndexedDataset>,
+    data: Arc<Source>,
     /// "train split of data/x_text_document", for messages.
     description: String,
     seq_length: usize,
@@ -111,7 +112,7 @@ impl GptDataset {
     /// used up to its end). `name` is the split's name ("train", "valid", "test"); `vocab_size`
     /// bounds the token ids `get` accepts.
     pub fn build(
-        data: Arc<IndexedDataset>,
+        data: Arc<Source>,
         sequences: Range<usize>,
         num_samples: usize,
         seq_length: usize,
@@ -124,7 +125,7 @@ impl GptDataset {
         if seq_length == 0 {
             return Err(Error::flag("--seq-length", 0, "a positive number of tokens"));
         }
-        let description = format!("{name} split of {}", data.path_prefix().display());
+        let description = format!("{name} split of {}", data.describe());
         if sequences.is_empty() || sequences.end > data.num_sequences() {
             return Err(Error::Data(format!(
                 "{description} has {} sequences (of {} in the file); give it a larger --split weight or use more data",
@@ -136,13 +137,10 @@ impl GptDataset {
         // Megatron's epoch arithmetic, in u64 because token counts outgrow u32.
         let s = seq_length as u64;
         let tokens_per_epoch: u64 = sequences.clone().map(|i| data.sequence_length(i) as u64).sum();
-        if tokens_per_epoch < s + 1 {
-            return Err(Error::Data(format!(
-                "{description} has {} sequences with {tokens_per_epoch} tokens, fewer than the {} \
-                 tokens one sample of --seq-length {seq_length} needs",
-                sequences.len(),
-                s + 1
-            )));
+        // Fewer tokens than a sample is fine (samples then span epochs, as in Megatron); none
+        // at all would make Megatron count epochs forever.
+        if tokens_per_epoch == 0 {
+            return Err(Error::Data(format!("{description} has {} sequences, all empty", sequences.len())));
         }
         let too_many =
             || Error::Config(format!("{num_samples} samples of {seq_length} tokens overflow a 64-bit token count"));
@@ -206,6 +204,89 @@ impl GptDataset {
         })
     }
 
+    /// The three indexes as numpy arrays in Megatron's dtypes (document index int32, sample
+    /// index int32 pairs, or int64 past int32, shuffle index uint32 or int64), for the cache.
+    pub fn to_arrays(&self) -> [(&'static str, Array); 3] {
+        let document =
+            Array::I32(vec![self.document_index.len()], self.document_index.iter().map(|&d| d as i32).collect());
+        let pairs = self.sample_positions.iter().zip(&self.sample_offsets).flat_map(|(&p, &o)| [p, o]);
+        let shape = vec![self.sample_positions.len(), 2];
+        let sample = if self.document_index.len() < i32::MAX as usize
+            && self.sample_offsets.iter().all(|&o| o <= i32::MAX as u32)
+        {
+            Array::I32(shape, pairs.map(|v| v as i32).collect())
+        } else {
+            Array::I64(shape, pairs.map(i64::from).collect())
+        };
+        let shuffle = match &self.shuffle_index {
+            ShuffleIndex::Narrow(v) => Array::U32(vec![v.len()], v.clone()),
+            ShuffleIndex::Wide(v) => Array::I64(vec![v.len()], v.iter().map(|&x| x as i64).collect()),
+        };
+        [("document_index", document), ("sample_index", sample), ("shuffle_index", shuffle)]
+    }
+
+    /// The dataset from cached indexes (`to_arrays`' order, each with the file it came from),
+    /// checked to fit `sequences` of `data` so a stale or foreign cache is an error, not a panic.
+    pub fn from_arrays(
+        data: Arc<Source>,
+        sequences: Range<usize>,
+        seq_length: usize,
+        name: &str,
+        vocab_size: usize,
+        arrays: &[(std::path::PathBuf, Array)],
+    ) -> Result<GptDataset> {
+        let [(doc_path, document), (sample_path, sample), (shuffle_path, shuffle)] = arrays else {
+            return Err(Error::Config(format!("{} cached arrays for a GPT dataset, not 3", arrays.len())));
+        };
+        let document_index: Vec<u32> = document
+            .values()
+            .into_iter()
+            .map(|d| u32::try_from(d).ok().filter(|&d| sequences.contains(&(d as usize))))
+            .collect::<Option<_>>()
+            .ok_or_else(|| stale(doc_path, format!("an entry outside sequences {sequences:?}")))?;
+        if sequences.is_empty() || document_index.is_empty() || !document_index.len().is_multiple_of(sequences.len()) {
+            return Err(stale(doc_path, format!("{} entries for {} sequences", document_index.len(), sequences.len())));
+        }
+        let pairs = sample.values();
+        if sample.shape().len() != 2 || sample.shape()[1] != 2 || pairs.len() < 2 {
+            return Err(stale(sample_path, format!("shape {:?}, not (samples + 1, 2)", sample.shape())));
+        }
+        let (mut positions, mut offsets) = (Vec::with_capacity(pairs.len() / 2), Vec::with_capacity(pairs.len() / 2));
+        for pair in pairs.chunks_exact(2) {
+            let position = usize::try_from(pair[0]).ok().filter(|&p| p < document_index.len());
+            let fits = position.is_some_and(|p| {
+                positions.last().is_none_or(|&last| p >= last as usize)
+                    && usize::try_from(pair[1])
+                        .is_ok_and(|o| o < data.sequence_length(document_index[p] as usize).max(1))
+            });
+            if !fits {
+                return Err(stale(sample_path, format!("boundary {} is ({}, {})", positions.len(), pair[0], pair[1])));
+            }
+            positions.push(pair[0] as u32);
+            offsets.push(pair[1] as u32);
+        }
+        let samples = positions.len() - 1;
+        let order = shuffle.values();
+        if order.len() != samples || order.iter().any(|&k| !(0..samples as i64).contains(&k)) {
+            return Err(stale(shuffle_path, format!("not a permutation of the {samples} samples")));
+        }
+        let shuffle_index = match shuffle {
+            Array::U32(_, v) => ShuffleIndex::Narrow(v.clone()),
+            _ => ShuffleIndex::Wide(order.iter().map(|&k| k as u64).collect()),
+        };
+        Ok(GptDataset {
+            description: format!("{name} split of {}", data.describe()),
+            data,
+            seq_length,
+            vocab_size,
+            num_epochs: document_index.len() / sequences.len(),
+            document_index,
+            sample_positions: positions,
+            sample_offsets: offsets,
+            shuffle_index,
+        })
+    }
+
     /// Samples built, which can exceed the number requested.
     pub fn len(&self) -> usize {
         self.shuffle_index.len()
@@ -217,6 +298,11 @@ impl GptDataset {
 
     pub fn seq_length(&self) -> usize {
         self.seq_length
+    }
+
+    /// "train split of data/x_text_document", for messages.
+    pub fn describe(&self) -> &str {
+        &self.description
     }
 
     pub fn num_epochs(&self) -> usize {
@@ -271,7 +357,7 @@ impl GptDataset {
                 return Err(Error::Data(format!(
                     "{}: sequence {seq} holds token id {id} at offset {}, but the vocabulary has \
                      {} ids; was it prepared with a different tokenizer?",
-                    self.data.bin_path().display(),
+                    self.data.origin(),
                     offset + k,
                     self.vocab_size
                 )));
@@ -292,7 +378,7 @@ impl GptDataset {
 /// token lies, which is also where sample k + 1 starts. The caller sized `num_samples` so that
 /// the stream holds every token walked here.
 fn build_sample_index(
-    data: &IndexedDataset,
+    data: &Source,
     document_index: &[u32],
     seq_length: usize,
     num_samples: usize,
@@ -326,10 +412,10 @@ fn build_sample_index(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::indexed::{IndexedDatasetWriter, TokenDtype};
+    use crate::data::indexed::{IndexedDataset, IndexedDatasetWriter, TokenDtype};
 
     /// A dataset whose document d has the given length and holds tokens 100·d, 100·d + 1, ….
-    fn dataset(lengths: &[u32]) -> Arc<IndexedDataset> {
+    fn dataset(lengths: &[u32]) -> Arc<Source> {
         let prefix = crate::data::test_dir("gpt").join("d");
         let mut writer = IndexedDatasetWriter::create(&prefix, TokenDtype::I32).unwrap();
         for (d, &length) in lengths.iter().enumerate() {
@@ -337,7 +423,7 @@ mod tests {
             writer.add_document(&tokens).unwrap();
         }
         writer.finish().unwrap();
-        Arc::new(IndexedDataset::open(&prefix).unwrap())
+        Arc::new(Source::Indexed(IndexedDataset::open(&prefix).unwrap()))
     }
 
     fn sample_index(ds: &GptDataset) -> Vec<(usize, usize)> {
@@ -438,7 +524,7 @@ mod tests {
     fn larger_split_matches_megatron() {
         let lengths: Vec<u32> = (0..1000).map(|i| 1 + (i * 7919) % 37).collect();
         let data = dataset(&lengths);
-        let [train, _, _] = split_ranges(&parse_split("969,30,1").unwrap(), data.num_documents()).unwrap();
+        let [train, _, _] = split_ranges(&parse_split("969,30,1").unwrap(), data.num_sequences()).unwrap();
 
         let ds = GptDataset::build(data.clone(), train.clone(), 3000, 16, 7, "train", 100_000).unwrap();
         assert_eq!((ds.num_epochs(), ds.len()), (3, 3432));
@@ -464,10 +550,11 @@ mod tests {
         let err = |documents: Range<usize>, seq_length: usize, seed: u64| {
             GptDataset::build(data.clone(), documents, 10, seq_length, seed, "valid", 500).err().unwrap().to_string()
         };
-        let prefix = data.path_prefix().display().to_string();
+        let prefix = data.describe();
         assert_eq!(err(2..2, 4, 1), format!("bad training data: valid split of {prefix} has 0 sequences (of 2 in the file); give it a larger --split weight or use more data"));
-        assert!(err(0..2, 8, 1)
-            .contains(&format!("valid split of {prefix} has 2 sequences with 8 tokens, fewer than the 9 tokens")));
+        // Eight tokens and samples of nine: every sample spans two epochs, as in Megatron.
+        let short = GptDataset::build(data.clone(), 0..2, 3, 8, 1, "valid", 500).unwrap();
+        assert_eq!((short.num_epochs(), short.len()), (4, 3));
         assert!(err(0..3, 4, 1).contains("has 3 sequences (of 2 in the file)"));
         assert!(err(0..2, 0, 1).starts_with("flag --seq-length"));
         assert!(err(0..2, 4, 1 << 32).starts_with("flag --seed"));

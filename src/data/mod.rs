@@ -1,14 +1,18 @@
 //! Training data: the tokenizers (bytes, byte-level BPE), Megatron's `.bin/.idx` indexed format,
-//! the preprocessing that writes it, and the GPT dataset that turns it into shuffled
-//! fixed-length samples.
+//! the preprocessing that writes it, Megatron's mock data, and the GPT datasets and blends that
+//! turn them into shuffled fixed-length samples in Megatron's order.
 
+pub mod blend;
 pub mod bpe;
+pub mod datasets;
 pub mod gpt_dataset;
+pub mod index_cache;
 pub mod indexed;
 pub mod json;
 pub mod numpy_rng;
 pub mod prepare;
 pub mod pretokenize;
+pub mod source;
 pub mod tokenizer;
 pub mod tokenizer_files;
 pub mod unicode_classes;

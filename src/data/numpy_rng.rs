@@ -1,5 +1,7 @@
 //! numpy's legacy `RandomState` for an integer seed (MT19937 seeded with `init_genrand`) and its
-//! 1-D `shuffle`, reproduced bit for bit so our dataset indices match Megatron's.
+//! 1-D `shuffle`, reproduced bit for bit so our dataset indices match Megatron's; and the
+//! `Generator` of `numpy.random.default_rng(seed)` (PCG64 seeded through `SeedSequence`) as far as
+//! Megatron's mock data draws from it (bounded 32-bit integers).
 
 const STATE_WORDS: usize = 624;
 const SHIFT_WORDS: usize = 397;
@@ -91,9 +93,132 @@ impl RandomState {
     }
 }
 
+/// The 32-bit hashing constants of numpy's `SeedSequence` (Melissa O'Neill's seed_seq_fe).
+const SEED_INIT_A: u32 = 0x43b0_d7e5;
+const SEED_MULT_A: u32 = 0x931e_8875;
+const SEED_INIT_B: u32 = 0x8b51_f9dd;
+const SEED_MULT_B: u32 = 0x58f3_8ded;
+const SEED_MIX_L: u32 = 0xca01_f9dd;
+const SEED_MIX_R: u32 = 0x4973_f715;
+const SEED_POOL: usize = 4;
+
+/// numpy's `SeedSequence(seed)` for a non-negative integer seed and no spawn key: the entropy
+/// pool that `generate_state` hashes into seeding words.
+struct SeedSequence {
+    pool: [u32; SEED_POOL],
+}
+
+impl SeedSequence {
+    fn new(seed: u64) -> SeedSequence {
+        // The seed as little-endian 32-bit words; zero is one word.
+        let entropy: Vec<u32> =
+            if seed >> 32 == 0 { vec![seed as u32] } else { vec![seed as u32, (seed >> 32) as u32] };
+        let mut hash_const = SEED_INIT_A;
+        let mut hashmix = |value: u32| {
+            let mut value = value ^ hash_const;
+            hash_const = hash_const.wrapping_mul(SEED_MULT_A);
+            value = value.wrapping_mul(hash_const);
+            value ^ (value >> 16)
+        };
+        let mix = |x: u32, y: u32| {
+            let r = SEED_MIX_L.wrapping_mul(x).wrapping_sub(SEED_MIX_R.wrapping_mul(y));
+            r ^ (r >> 16)
+        };
+        let mut pool = [0u32; SEED_POOL];
+        for (i, word) in pool.iter_mut().enumerate() {
+            *word = hashmix(entropy.get(i).copied().unwrap_or(0));
+        }
+        for src in 0..SEED_POOL {
+            for dst in 0..SEED_POOL {
+                if src != dst {
+                    let h = hashmix(pool[src]);
+                    pool[dst] = mix(pool[dst], h);
+                }
+            }
+        }
+        SeedSequence { pool }
+    }
+
+    /// `generate_state(n, np.uint64)`: 2n hashed 32-bit words read as n little-endian u64s.
+    fn generate_u64(&self, n: usize) -> Vec<u64> {
+        let mut hash_const = SEED_INIT_B;
+        let words: Vec<u32> = (0..2 * n)
+            .map(|i| {
+                let mut value = self.pool[i % SEED_POOL] ^ hash_const;
+                hash_const = hash_const.wrapping_mul(SEED_MULT_B);
+                value = value.wrapping_mul(hash_const);
+                value ^ (value >> 16)
+            })
+            .collect();
+        words.chunks(2).map(|w| u64::from(w[0]) | (u64::from(w[1]) << 32)).collect()
+    }
+}
+
+/// PCG's default 128-bit LCG multiplier.
+const PCG_MULTIPLIER: u128 = 0x2360_ed05_1fc6_5da4_4385_df64_9fcc_f645;
+
+/// `numpy.random.default_rng(seed)`: PCG64 (XSL-RR output) with numpy's buffered 32-bit draws.
+pub struct Pcg64 {
+    state: u128,
+    increment: u128,
+    /// The high half of the last 64-bit output, not yet used by a 32-bit draw.
+    spare: Option<u32>,
+}
+
+impl Pcg64 {
+    pub fn new(seed: u64) -> Pcg64 {
+        let words = SeedSequence::new(seed).generate_u64(4);
+        let initial = (u128::from(words[0]) << 64) | u128::from(words[1]);
+        let sequence = (u128::from(words[2]) << 64) | u128::from(words[3]);
+        let mut rng = Pcg64 { state: 0, increment: (sequence << 1) | 1, spare: None };
+        rng.step();
+        rng.state = rng.state.wrapping_add(initial);
+        rng.step();
+        rng
+    }
+
+    fn step(&mut self) {
+        self.state = self.state.wrapping_mul(PCG_MULTIPLIER).wrapping_add(self.increment);
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.step();
+        let folded = ((self.state >> 64) as u64) ^ (self.state as u64);
+        folded.rotate_right((self.state >> 122) as u32)
+    }
+
+    /// numpy's 32-bit draw: the low half of a fresh 64-bit output, then its high half.
+    pub fn next_u32(&mut self) -> u32 {
+        if let Some(high) = self.spare.take() {
+            return high;
+        }
+        let next = self.next_u64();
+        self.spare = Some((next >> 32) as u32);
+        next as u32
+    }
+
+    /// `integers(low, high, dtype=np.int32)` for one value: a uniform integer in `[low, high)` by
+    /// Lemire's multiply-and-reject on 32-bit draws, as numpy's bounded 32-bit path.
+    pub fn integer_i32(&mut self, low: i32, high: i32) -> i32 {
+        assert!(low < high, "an empty range [{low}, {high})");
+        let span = (i64::from(high) - i64::from(low)) as u64; // rng + 1 in numpy's terms
+        if span > u64::from(u32::MAX) {
+            return (i64::from(low) + i64::from(self.next_u32())) as i32;
+        }
+        let mut m = u64::from(self.next_u32()) * span;
+        if (m as u32 as u64) < span {
+            let threshold = (u64::from(u32::MAX) + 1 - span) % span;
+            while ((m as u32) as u64) < threshold {
+                m = u64::from(self.next_u32()) * span;
+            }
+        }
+        (i64::from(low) + (m >> 32) as i64) as i32
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::RandomState;
+    use super::{Pcg64, RandomState};
 
     // Expected values come from numpy 2.4.6 (legacy RandomState, unchanged since numpy 1.17):
     //   rs = np.random.RandomState(seed); rs._bit_generator.random_raw(n)   (raw 32-bit outputs)
@@ -159,5 +284,19 @@ mod tests {
         assert_eq!(first, [3, 4, 1, 0, 2]);
         assert_eq!(second, [4, 2, 3, 1, 5, 6, 0]);
         assert_eq!(rs.next_u32(), 3849549514);
+    }
+
+    // numpy 2.4.6: np.random.default_rng(seed).bit_generator.random_raw(3), and
+    // default_rng(seed).integers(1, 4096, size=12, dtype=np.int32) (Megatron's mock lengths).
+    #[test]
+    fn default_rng_matches_numpy() {
+        let mut rng = Pcg64::new(0);
+        assert_eq!(
+            [rng.next_u64(), rng.next_u64(), rng.next_u64()],
+            [0xa30febcfd9c2825f, 0x4510bdf882d9d721, 0x0a7d3da94ecde8b8]
+        );
+        let mut rng = Pcg64::new(0);
+        let draws: Vec<i32> = (0..12).map(|_| rng.integer_i32(1, 4096)).collect();
+        assert_eq!(draws, [3484, 2609, 2094, 1105, 1261, 168, 309, 68, 718, 3331, 2660, 3738]);
     }
 }

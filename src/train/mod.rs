@@ -19,7 +19,8 @@ mod trace;
 use checkpointing::{load_checkpoint, save_checkpoint, Progress};
 use chunk::{grad_sum_squares, Chunk};
 use pipeline::Pipeline;
-use setup::{build_datasets, Datasets, Setup};
+use setup::Setup;
+pub use setup::{build_datasets, Datasets};
 use trace::{write_trace, SpanKind, Timeline};
 
 use crate::comm::placement::Placement;

@@ -11,7 +11,7 @@ use super::setup::Setup;
 use super::trace::{SpanKind, Timeline};
 use crate::comm::Pending;
 use crate::config::TrainConfig;
-use crate::data::gpt_dataset::GptDataset;
+use crate::data::datasets::Dataset;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::gpt::ChunkOutput;
@@ -39,7 +39,7 @@ impl Batch {
     /// Fills the batch with micro-batch `micro` of the global batch starting at sample
     /// `consumed`: consecutive samples from this rank's first (Megatron's sampler: each chunk of
     /// micro x dp samples is split in rank order).
-    fn fetch(&mut self, ds: &GptDataset, consumed: u64, micro: usize, grid: &Grid) -> Result<()> {
+    fn fetch(&mut self, ds: &Dataset, consumed: u64, micro: usize, grid: &Grid) -> Result<()> {
         let (mbs, seq) = (self.mbs, self.seq);
         let first = consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64;
         let mut sample = vec![0u32; seq + 1];
@@ -307,7 +307,7 @@ impl<D: Device> Pipeline<'_, D> {
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],
-        ds: &GptDataset,
+        ds: &Dataset,
         cfg: &TrainConfig,
         consumed: u64,
         grad_scale: f32,
@@ -385,7 +385,7 @@ impl<D: Device> Pipeline<'_, D> {
     pub fn evaluate(
         &self,
         chunks: &mut [Chunk<D>],
-        ds: &GptDataset,
+        ds: &Dataset,
         cfg: &TrainConfig,
         first: u64,
         iters: u64,

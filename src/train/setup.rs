@@ -7,8 +7,7 @@ use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::ReduceOp;
 use crate::config::TrainConfig;
-use crate::data::gpt_dataset::{split_ranges, GptDataset};
-use crate::data::indexed::IndexedDataset;
+use crate::data::datasets::{self, DataConfig, Dataset};
 use crate::device::cpu::{peak, CpuDevice};
 use crate::device::{CollectiveLibrary, CollectivesRequest, Device, DevicePeak};
 use crate::error::{Error, Result};
@@ -16,7 +15,6 @@ use crate::gpu::training::TrainingGpu;
 use crate::model::{ChunkPlan, ModelParallel};
 use crate::parallel::grid::{Grid, Groups, TensorMode};
 use crate::parallel::pipeline::{self, Schedule};
-use std::sync::Arc;
 
 /// A run as set up on this rank: the configuration for its data-parallel size, the layout, the
 /// process groups, and the device with its collectives attached.
@@ -263,34 +261,33 @@ fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
 }
 
 /// The train, validation and test datasets of a run.
-pub(super) struct Datasets {
-    pub train: GptDataset,
-    pub valid: Option<GptDataset>,
-    pub test: Option<GptDataset>,
+pub struct Datasets {
+    pub train: Dataset,
+    pub valid: Option<Dataset>,
+    pub test: Option<Dataset>,
 }
 
-pub(super) fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
-    let data = Arc::new(IndexedDataset::open(&cfg.data_path)?);
-    // Megatron's GPT split counts sequences (its `numel_low_level_dataset`), not documents.
-    let ranges = split_ranges(&cfg.split, data.num_sequences())?;
+/// The splits as Megatron sizes them: the run's training samples, a validation pass of
+/// `--eval-iters` global batches every `--eval-interval` iterations and at the end, and one
+/// pass for the test split.
+pub fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
     let gbs = cfg.global_batch_size;
-    let train_samples = cfg.train_iters as usize * gbs;
-    let valid_samples = (cfg.train_iters / cfg.eval_interval + 1) as usize * cfg.eval_iters as usize * gbs;
-    let test_samples = cfg.eval_iters as usize * gbs;
-    let build = |range: std::ops::Range<usize>, samples: usize, name: &str| {
-        GptDataset::build(data.clone(), range, samples, cfg.seq_length, cfg.seed, name, vocab)
+    let counts = [
+        (cfg.train_samples as usize).max(1),
+        (cfg.train_iters / cfg.eval_interval + 1) as usize * cfg.eval_iters as usize * gbs,
+        cfg.eval_iters as usize * gbs,
+    ];
+    let data = DataConfig {
+        source: cfg.data.clone(),
+        seq_length: cfg.seq_length,
+        seed: cfg.seed,
+        surplus: cfg.data_surplus,
+        vocab_size: vocab,
+        cache: cfg.data_cache_path.clone(),
     };
-    let train = build(ranges[0].clone(), train_samples.max(1), "train")?;
-    let optional = |range: std::ops::Range<usize>, samples: usize, name: &str| -> Result<Option<GptDataset>> {
-        if range.is_empty() || samples == 0 {
-            Ok(None)
-        } else {
-            build(range, samples, name).map(Some)
-        }
-    };
-    Ok(Datasets {
-        valid: optional(ranges[1].clone(), valid_samples, "valid")?,
-        test: optional(ranges[2].clone(), test_samples, "test")?,
-        train,
-    })
+    let [train, valid, test] = datasets::build(&data, counts)?;
+    let train = train.ok_or_else(|| {
+        Error::Data("the training split has no sequences: give it a larger --split weight or more data".into())
+    })?;
+    Ok(Datasets { train, valid, test })
 }

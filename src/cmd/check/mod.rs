@@ -1,9 +1,11 @@
 //! `trident check <target>`: verifications a person runs on a new machine or build. On one
 //! process: `gpu` (a test kernel and the Device's ops on each GPU), `ops` (every Device op against
-//! the f64 reference) and `losses` (two runs' losses agree). On every rank of an MPI job: `comm`
+//! the f64 reference), `losses` (two runs' losses agree) and `data` (the datasets `train` would
+//! build, and their samples). On every rank of an MPI job: `comm`
 //! (the Comm seam), `nccl` (NCCL/RCCL collectives on device memory against MPI) and `nccl-id`.
 
 pub mod comm;
+pub mod data;
 pub mod gpu;
 pub mod losses;
 pub mod nccl;
@@ -19,10 +21,11 @@ pub fn run(rest: &[String]) -> ExitCode {
     match target {
         Some("ops") => return exit(ops::run(args)),
         Some("losses") => return exit(losses::run(args)),
+        Some("data") => return exit(data::run(args)),
         Some("gpu") => return exit(gpu::run()),
         Some("comm" | "nccl-id" | "nccl") => {}
         _ => {
-            eprintln!("trident: error: check needs a target: `trident check comm`, `check nccl-id` or `check nccl` (run them under mpirun), `check gpu`, `check ops` or `check losses`");
+            eprintln!("trident: error: check needs a target: `trident check comm`, `check nccl-id` or `check nccl` (run them under mpirun), `check gpu`, `check ops`, `check losses` or `check data`");
             return ExitCode::FAILURE;
         }
     }
