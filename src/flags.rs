@@ -192,7 +192,7 @@ const PLAN_SIZES: &[FlagSpec] = &[
     flag("--ffn-hidden-size", "F", "MLP width (default 4 x hidden size)"),
     flag("--max-position-embeddings", "P", "rows of the position embedding (default the sequence length)"),
     flag("--vocab-size", "V", "vocabulary before padding (default 50257 without --model)"),
-    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K (default 128)"),
+    flag("--make-vocab-size-divisible-by", "K", "pad the vocabulary to a multiple of K x the layout's TP size (default 128)"),
 ];
 
 const PLAN_REST: &[FlagSpec] = &[

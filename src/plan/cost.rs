@@ -129,7 +129,7 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
         h: shape.hidden_size as f64,
         a: shape.num_attention_heads as f64,
         f: shape.ffn_hidden_size as f64,
-        v: shape.padded_vocab_size as f64,
+        v: shape.padded_vocab_size(layout.tp) as f64,
         qkv: model.qkv_rows() as f64,
         aw: model.attention_width() as f64,
         kvw: (model.kv_heads() * model.head_dim()) as f64,
@@ -480,7 +480,8 @@ mod tests {
             ffn_hidden_size: 4096,
             seq_length: 1024,
             max_position_embeddings: 1024,
-            padded_vocab_size: 2048,
+            vocab_size: 2048,
+            vocab_divisible_by: 128,
             arch: crate::model::Arch::GPT2,
         }
     }
@@ -590,10 +591,11 @@ mod tests {
     #[test]
     fn llama_flops_are_the_models_own_count() {
         // The planner's model FLOPs against `GptConfig::flops_per_iteration` (what `train` and
-        // `bench` report MFU with), for Llama 3 8B and 70B.
+        // `bench` report MFU with), for Llama 3 8B and 70B, the vocabulary padded for TP 8 as
+        // `train` pads it.
         for name in ["llama3-8b", "llama3-70b"] {
             let shape = crate::plan::models::named(name).unwrap();
-            let model = shape.model();
+            let model = crate::model::GptConfig { padded_vocab_size: shape.padded_vocab_size(8), ..shape.model() };
             let l = Layout { tp: 8, pp: 4, dp: 2, micro_batch: 1, ..layout(2, Recompute::Full, false) };
             let got = model_flops(&shape, &l, Precision::Bf16, 64);
             let want = model.flops_per_iteration(64, shape.seq_length);

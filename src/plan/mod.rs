@@ -266,9 +266,6 @@ fn one_d_problem(req: &Request, t: usize) -> Option<String> {
     if !s.ffn_hidden_size.is_multiple_of(t) {
         return Some(format!("the MLP width {} is not divisible by {t}", s.ffn_hidden_size));
     }
-    if !s.padded_vocab_size.is_multiple_of(t) {
-        return Some(format!("the padded vocabulary {} is not divisible by {t}", s.padded_vocab_size));
-    }
     if req.sequence_parallel && !s.seq_length.is_multiple_of(t) {
         return Some(format!("the sequence {} is not divisible by {t} (sequence parallelism)", s.seq_length));
     }
@@ -276,7 +273,8 @@ fn one_d_problem(req: &Request, t: usize) -> Option<String> {
 }
 
 /// Why a SUMMA grid of side q cannot split this model, if it cannot (the same rules as
-/// `GptConfig::validate_summa`: heads by q, hidden and MLP widths by q², vocabulary by q).
+/// `GptConfig::validate_summa`: heads by q, hidden and MLP widths by q²; the vocabulary pads to
+/// a multiple of the grid).
 fn summa_problem(req: &Request, q: usize) -> Option<String> {
     let s = &req.shape;
     let features = s.arch.features();
@@ -293,9 +291,6 @@ fn summa_problem(req: &Request, q: usize) -> Option<String> {
         if !v.is_multiple_of(q * q) {
             return Some(format!("the {what} {v} is not divisible by q² = {}", q * q));
         }
-    }
-    if !s.padded_vocab_size.is_multiple_of(q) {
-        return Some(format!("the padded vocabulary {} is not divisible by q = {q}", s.padded_vocab_size));
     }
     None
 }

@@ -19,12 +19,21 @@ pub struct Shape {
     pub seq_length: usize,
     /// Rows of the position embedding (a learned one only; rotary positions have none).
     pub max_position_embeddings: usize,
-    /// The vocabulary after Megatron's padding (rows of the word embedding).
-    pub padded_vocab_size: usize,
+    /// The tokenizer's vocabulary, before padding.
+    pub vocab_size: usize,
+    /// `--make-vocab-size-divisible-by`: the vocabulary pads to a multiple of it times the
+    /// tensor-parallel size, as `train` pads it.
+    pub vocab_divisible_by: usize,
     pub arch: Arch,
 }
 
 impl Shape {
+    /// Rows of the word embedding on `tp` tensor-parallel ranks (the whole grid under 2-D /
+    /// 2.5-D): Megatron's padding to a multiple of `vocab_divisible_by` x `tp`.
+    pub fn padded_vocab_size(&self, tp: usize) -> usize {
+        GptConfig::pad_vocab(self.vocab_size, self.vocab_divisible_by * tp)
+    }
+
     /// Parameters of one norm: a weight, and LayerNorm's bias.
     pub fn norm_parameters(&self) -> f64 {
         let per_channel = if self.arch.normalization == Normalization::LayerNorm { 2.0 } else { 1.0 };
@@ -57,7 +66,7 @@ impl Shape {
         }
     }
 
-    /// The model this shape prices (its vocabulary taken as the padded one): its widths (head
+    /// The model this shape prices (its vocabulary padded as on one rank): its widths (head
     /// dimension, key/value heads, QKV and fc1 rows, attention width) are the planner's.
     pub fn model(&self) -> GptConfig {
         GptConfig {
@@ -66,18 +75,19 @@ impl Shape {
             num_attention_heads: self.num_attention_heads,
             ffn_hidden_size: self.ffn_hidden_size,
             max_position_embeddings: self.max_position_embeddings,
-            vocab_size: self.padded_vocab_size,
-            padded_vocab_size: self.padded_vocab_size,
+            vocab_size: self.vocab_size,
+            padded_vocab_size: self.padded_vocab_size(1),
             init_method_std: 0.02,
             arch: self.arch.clone(),
         }
     }
 
-    /// Parameters of the whole model: the layers, the word embedding (and the output layer when
-    /// untied; a tied one is counted once), the position table, the final norm.
+    /// Parameters of the whole model: the layers, the word embedding padded as on one rank (and
+    /// the output layer when untied; a tied one is counted once), the position table, the final
+    /// norm.
     pub fn parameters(&self) -> f64 {
         let h = self.hidden_size as f64;
-        let word = self.padded_vocab_size as f64 * h * if self.arch.untie_embeddings { 2.0 } else { 1.0 };
+        let word = self.padded_vocab_size(1) as f64 * h * if self.arch.untie_embeddings { 2.0 } else { 1.0 };
         self.num_layers as f64 * self.layer_parameters()
             + word
             + self.position_rows() as f64 * h
@@ -99,7 +109,7 @@ pub const MEGATRON_2021: &[(&str, usize, usize, usize)] = &[
     ("megatron-1t", 128, 25600, 160),
 ];
 
-fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, padded_vocab: usize) -> Shape {
+fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, vocab: usize) -> Shape {
     Shape {
         num_layers: layers,
         hidden_size: hidden,
@@ -107,7 +117,8 @@ fn gpt(layers: usize, hidden: usize, heads: usize, seq: usize, padded_vocab: usi
         ffn_hidden_size: 4 * hidden,
         seq_length: seq,
         max_position_embeddings: seq,
-        padded_vocab_size: padded_vocab,
+        vocab_size: vocab,
+        vocab_divisible_by: 128,
         arch: Arch::GPT2,
     }
 }
@@ -123,8 +134,8 @@ pub fn named(name: &str) -> Result<Shape> {
         return Ok(gpt(l, h, a, 2048, 51200));
     }
     if name == "gpt3-175b" {
-        // GPT-3's 50,257 tokens padded to a multiple of 128.
-        return Ok(gpt(96, 12288, 96, 2048, 50304));
+        // GPT-3's 50,257 tokens.
+        return Ok(gpt(96, 12288, 96, 2048, 50257));
     }
     if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
         // A preset's own vocabulary (Llama 3's), else GPT-2's for the 124M-and-up sizes and the
@@ -135,7 +146,7 @@ pub fn named(name: &str) -> Result<Shape> {
             ffn_hidden_size: p.ffn_hidden_size.unwrap_or(4 * p.hidden_size),
             max_position_embeddings: p.max_position_embeddings,
             arch: p.arch.clone(),
-            ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, GptConfig::pad_vocab(vocab, 128))
+            ..gpt(p.num_layers, p.hidden_size, p.num_attention_heads, p.seq_length, vocab)
         });
     }
     Err(Error::flag("--model", format!("'{name}'"), format!("one of {}", names().join(", "))))
@@ -153,6 +164,16 @@ mod tests {
             let got = named(row.0).unwrap().parameters() / 1e9;
             assert!((got - want).abs() / want < 0.03, "{}: {got:.3}B, paper {want}B", row.0);
         }
+    }
+
+    // As `train` pads (config::tests): GPT-3's 50,257 ids are 50,304 rows on one rank and 51,200
+    // on eight; the paper's 51,200 stays 51,200 up to TP 8.
+    #[test]
+    fn the_vocabulary_pads_by_the_tensor_parallel_size() {
+        let gpt3 = named("gpt3-175b").unwrap();
+        assert_eq!([1, 2, 8].map(|t| gpt3.padded_vocab_size(t)), [50304, 50432, 51200]);
+        let row = named("megatron-1t").unwrap();
+        assert_eq!([1, 8].map(|t| row.padded_vocab_size(t)), [51200, 51200]);
     }
 
     #[test]

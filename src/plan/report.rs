@@ -141,7 +141,7 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
         s.num_attention_heads,
         heads(s),
         s.seq_length,
-        s.padded_vocab_size,
+        s.vocab_size,
         features(s),
         req.gpus,
         req.machine.name,

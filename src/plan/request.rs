@@ -6,7 +6,7 @@ use super::models::{self, Shape};
 use super::{Pins, Precision, Request};
 use crate::cli::Args;
 use crate::error::{Error, Result};
-use crate::model::{Arch, GptConfig, Recompute};
+use crate::model::{Arch, Recompute};
 
 fn positive(a: &Args, name: &str) -> Result<Option<usize>> {
     match a.usize(name)? {
@@ -58,10 +58,10 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
         return Err(Error::Config(format!("--seq-length {seq} is above --max-position-embeddings {positions}")));
     }
     let divisible_by = positive(a, "--make-vocab-size-divisible-by")?.unwrap_or(128);
-    let padded_vocab = match (positive(a, "--vocab-size")?, &base) {
-        (Some(v), _) => GptConfig::pad_vocab(v, divisible_by),
-        (None, Some(s)) => s.padded_vocab_size,
-        (None, None) => GptConfig::pad_vocab(50257, divisible_by),
+    let vocab = match (positive(a, "--vocab-size")?, &base) {
+        (Some(v), _) => v,
+        (None, Some(s)) => s.vocab_size,
+        (None, None) => 50257,
     };
     let sizes =
         ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--vocab-size"];
@@ -80,7 +80,8 @@ fn shape(a: &Args) -> Result<(String, Shape)> {
             ffn_hidden_size: ffn,
             seq_length: seq,
             max_position_embeddings: positions,
-            padded_vocab_size: padded_vocab,
+            vocab_size: vocab,
+            vocab_divisible_by: divisible_by,
             arch,
         },
     ))
