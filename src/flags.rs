@@ -198,7 +198,12 @@ const PLAN_SIZES: &[FlagSpec] = &[
 const PLAN_REST: &[FlagSpec] = &[
     flag("--gpus", "N", "GPUs of the job (required)"),
     flag("--gpus-per-node", "G", "GPUs per node (default 8)"),
-    flag("--gpu", "KIND", "a100 (default), h100, mi250x (one GCD) or mi300x"),
+    flag(
+        "--gpu",
+        "KIND",
+        "a100 (80GB SXM, default), a100-40gb, h100 (SXM), h100-pcie, h200, b200, mi250x (one GCD) or mi300x",
+    ),
+    flag("--hardware", "FILE", "a JSON file of GPU figures instead of --gpu (README: Planning a layout)"),
     flag("--global-batch-size", "B", "sequences per iteration (required)"),
     flag("--precision", "P", "bf16 (default), fp16 or fp32"),
     flag("--tensor-model-parallel-size", "T", "pin the tensor-parallel size"),

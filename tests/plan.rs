@@ -247,7 +247,7 @@ fn bad_input_is_one_clear_line() {
         ),
         ("--model gpt2-124m --gpus 8", &["--global-batch-size"]),
         ("--model gpt-9 --gpus 8 --global-batch-size 8", &["--model", "megatron-1t"]),
-        ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gpu v100", &["--gpu", "a100"]),
+        ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gpu v100", &["--gpu", "a100", "b200", "mi300x"]),
         ("--num-layers 4 --gpus 8 --global-batch-size 8", &["--hidden-size"]),
         ("--model gpt2-124m --gpus 8 --global-batch-size 8 --gemm-efficiency 1.5", &["--gemm-efficiency"]),
         ("--model gpt2-124m --gpus 0 --global-batch-size 8", &["--gpus"]),
@@ -329,4 +329,69 @@ fn two_and_two_and_a_half_d_layouts_are_planned_with_their_volumes() {
     let text = stdout(&text);
     assert!(text.contains("tensor-parallel modes: best 1d"), "{text}");
     assert!(text.contains("2.5d: best is") && (text.contains("beats 1d") || text.contains("trails 1d")), "{text}");
+}
+
+/// The named GPUs' figures as the report prints them (bf16 peak, HBM, memory, intra-node bus
+/// bandwidth), from their data sheets (src/plan/hardware.rs names each source).
+#[test]
+fn every_named_gpu_plans_with_its_figures() {
+    let gpus = [
+        ("a100", "312 TFLOP/s", "2039 GB/s", "80 GiB", "230 GB/s"),
+        ("a100-40gb", "312 TFLOP/s", "1555 GB/s", "40 GiB", "230 GB/s"),
+        ("h100", "989 TFLOP/s", "3350 GB/s", "80 GiB", "360 GB/s"),
+        ("h100-pcie", "756 TFLOP/s", "2000 GB/s", "80 GiB", "40 GB/s"),
+        ("h200", "989 TFLOP/s", "4800 GB/s", "131 GiB", "360 GB/s"),
+        ("b200", "2250 TFLOP/s", "8000 GB/s", "168 GiB", "720 GB/s"),
+        ("mi250x", "192 TFLOP/s", "1638 GB/s", "64 GiB", "50 GB/s"),
+        ("mi300x", "1307 TFLOP/s", "5300 GB/s", "192 GiB", "300 GB/s"),
+    ];
+    for (gpu, peak, hbm, memory, busbw) in gpus {
+        let o = plan(&format!("--model llama3-8b --gpus 16 --global-batch-size 64 --gpu {gpu}"));
+        assert!(o.status.success(), "{gpu}: {}", stderr(&o));
+        let out = stdout(&o);
+        for needle in [peak, hbm, memory, busbw] {
+            assert!(out.contains(needle), "{gpu}: '{needle}' missing:\n{out}");
+        }
+    }
+}
+
+#[test]
+fn a_hardware_file_describes_a_gpu() {
+    let dir = scratch("plan-hardware");
+    let job = "--model gpt2-1.5b --gpus 16 --global-batch-size 64 --json";
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    // Every figure of the H100 written out plans exactly as --gpu h100.
+    let full = write(
+        "h100.json",
+        r#"{"name": "h100", "peak_bf16_tflops": 989, "peak_fp8_tflops": 1979, "peak_fp32_tflops": 67,
+            "hbm_gb_per_s": 3350, "memory_gib": 80, "gpus_per_node": 8, "intra_node_busbw_gb_per_s": 360,
+            "intra_node_latency_us": 5, "inter_node_gb_per_s": 45, "inter_node_latency_us": 10,
+            "gemm_efficiency": 0.65}"#,
+    );
+    let named = stdout(&plan(&format!("{job} --gpu h100")));
+    assert!(!named.is_empty());
+    assert_eq!(stdout(&plan(&format!("{job} --hardware {full}"))), named);
+    // A file that starts from a named GPU changes only what it gives: half the memory plans
+    // differently, and the text report names the GPU.
+    let small = write("small.json", r#"{"base": "h100", "name": "h100-40g", "memory_gib": 40}"#);
+    let o = plan(&format!("--model gpt2-1.5b --gpus 16 --global-batch-size 64 --hardware {small}"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("GPU h100-40g: 989 TFLOP/s") && stdout(&o).contains("40 GiB"), "{}", stdout(&o));
+    // Mistakes are one line naming the file and the key.
+    let cases = [
+        ("typo.json", r#"{"base": "h100", "memory_gb": 40}"#, "memory_gb"),
+        ("missing.json", r#"{"name": "x", "peak_bf16_tflops": 100}"#, "is missing"),
+        ("base.json", r#"{"base": "v100"}"#, "v100"),
+        ("negative.json", r#"{"base": "a100", "hbm_gb_per_s": -1}"#, "hbm_gb_per_s"),
+        ("notjson.json", "peak = 3", "notjson.json"),
+    ];
+    for (name, text, needle) in cases {
+        let path = write(name, text);
+        assert_clean_error(&plan(&format!("{job} --hardware {path}")), &[needle, name]);
+    }
+    assert_clean_error(&plan(&format!("{job} --hardware {full} --gpu a100")), &["--gpu and --hardware"]);
 }

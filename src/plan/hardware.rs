@@ -17,9 +17,12 @@ pub struct Link {
 /// What the planner needs to know about one GPU (or one GCD of an MI250X) and its node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Machine {
-    pub name: &'static str,
+    pub name: String,
     /// Dense 16-bit (bf16/fp16) tensor-core peak, FLOP/s.
     pub peak_16bit_flops: f64,
+    /// Dense fp8 tensor-core peak, FLOP/s (0 where the GPU has none). Listed for the user's
+    /// comparison; trident does not train in fp8, so no layout is priced with it.
+    pub peak_fp8_flops: f64,
     /// Dense fp32 peak without TF32 (trident's f32 path computes in true f32), FLOP/s.
     pub peak_fp32_flops: f64,
     /// Fraction of peak the large GEMMs of a transformer layer reach.
@@ -49,75 +52,174 @@ pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// (tests/plan.rs; BENCHMARKS.md), and is used unchanged for every row and every GPU.
 pub const DEFAULT_GEMM_EFFICIENCY: f64 = 0.65;
 
-/// Named GPUs. Sources (vendor data sheets unless said otherwise):
-/// - `a100`: NVIDIA A100 80GB SXM: 312 TFLOP/s dense bf16/fp16, 19.5 TFLOP/s fp32, 2039 GB/s HBM2e,
-///   80 GiB. DGX A100 node (as on Selene, where Megatron's 2021 table was measured): 8 GPUs on
-///   NVLink 3 (600 GB/s bidirectional per GPU; nccl-tests all-reduce busbw about 230 GB/s), 8
-///   Mellanox HDR 200 Gb/s NICs = 25 GB/s per GPU per direction, about 23 GB/s achieved.
-/// - `h100`: NVIDIA H100 SXM5 80GB: 989 TFLOP/s dense bf16/fp16, 67 TFLOP/s fp32, 3350 GB/s HBM3.
-///   DGX H100: 8 GPUs on NVLink 4 (900 GB/s bidirectional; nccl-tests busbw about 360 GB/s),
-///   8 ConnectX-7 400 Gb/s NICs = 50 GB/s per GPU, about 45 GB/s achieved.
-/// - `mi250x`: one GCD of an AMD Instinct MI250X (the unit a rank drives): 191.5 TFLOP/s dense
-///   bf16/fp16 and 47.9 TFLOP/s fp32 matrix (half the package's 383 / 95.7), 1638 GB/s (half of
-///   3.2 TB/s), 64 GiB. Frontier node: 8 GCDs joined by Infinity Fabric (50-200 GB/s per link;
-///   the ring is bound by the 50 GB/s links), 4 Slingshot-11 200 Gb/s NICs = 12.5 GB/s per GCD.
-/// - `mi300x`: AMD Instinct MI300X: 1307 TFLOP/s dense bf16/fp16, 163.4 TFLOP/s fp32, 5300 GB/s
-///   HBM3, 192 GiB. 8-GPU platform: 7 Infinity Fabric links of 64 GB/s per direction each
-///   (RCCL all-reduce busbw about 300 GB/s), one 400 Gb/s NIC per GPU, about 45 GB/s achieved.
+/// The GPUs `--gpu` names, as `--gpu`'s help and errors list them.
+pub const GPU_NAMES: &[&str] = &["a100", "a100-40gb", "h100", "h100-pcie", "h200", "b200", "mi250x", "mi300x"];
+
+/// One named GPU's figures, in the units a hardware file uses: TFLOP/s dense (bf16, fp8, fp32),
+/// HBM GB/s, memory GiB, GPUs per node, intra-node all-reduce bus bandwidth GB/s, inter-node
+/// GB/s per GPU.
+type Figures = (&'static str, f64, f64, f64, f64, f64, usize, f64, f64);
+
+/// Named GPUs. Peaks, memory and HBM bandwidth are the vendors' data sheets (dense, i.e. without
+/// 2:4 sparsity); node figures are the reference systems' (DGX / HGX, Frontier, the MI300X
+/// platform): link rates from their data sheets, achievable bus bandwidth as published nccl-tests /
+/// rccl-tests levels where named, else estimated from the link rate and said so.
+/// - `a100`: A100 80GB SXM: 312 TFLOP/s bf16, no fp8, 19.5 fp32, 2039 GB/s HBM2e, 80 GiB. DGX
+///   A100 (Selene, where Megatron's 2021 table was measured): NVLink 3, 600 GB/s bidirectional per
+///   GPU, nccl-tests all-reduce busbw about 230 GB/s; 8 HDR 200 Gb/s NICs = 25 GB/s per GPU, about
+///   23 GB/s achieved.
+/// - `a100-40gb`: A100 40GB SXM: as `a100` with 1555 GB/s HBM2 and 40 GiB (DGX A100 320GB).
+/// - `h100`: H100 SXM5 80GB: 989 TFLOP/s bf16, 1979 fp8, 67 fp32, 3350 GB/s HBM3. DGX H100:
+///   NVLink 4 through NVSwitch, 900 GB/s bidirectional per GPU, busbw about 360 GB/s without
+///   NVLink SHARP; 8 ConnectX-7 400 Gb/s NICs = 50 GB/s per GPU, about 45 achieved.
+/// - `h100-pcie`: H100 PCIe 80GB: 756 TFLOP/s bf16, 1513 fp8, 51 fp32, 2000 GB/s HBM2e. An
+///   8-GPU PCIe Gen5 server without NVLink bridges: x16 links of 64 GB/s per direction, busbw
+///   estimated at 40 GB/s through the PCIe switches; one 400 Gb/s NIC per 2 GPUs, 25 GB/s.
+/// - `h200`: H200 SXM 141GB: the H100 SXM's compute (989 / 1979 / 67 TFLOP/s) with 4800 GB/s
+///   HBM3e and 141 GB (131 GiB); HGX H200 links as DGX H100's.
+/// - `b200`: B200 in an HGX/DGX B200 (the 8-GPU system figures / 8): 2250 TFLOP/s bf16, 4500
+///   fp8, 75 fp32, 8000 GB/s HBM3e, 180 GB (167 GiB). NVLink 5, 1800 GB/s bidirectional per GPU;
+///   busbw estimated at twice the H100's, 720 GB/s; 8 ConnectX-7 400 Gb/s NICs, 45 GB/s achieved.
+/// - `mi250x`: one GCD of an MI250X (the unit a rank drives): 191.5 TFLOP/s bf16 (half the
+///   package's 383), no fp8, 47.9 fp32 matrix, 1638 GB/s (half of 3.2 TB/s), 64 GiB. Frontier
+///   node: 8 GCDs joined by Infinity Fabric (50-200 GB/s per link; a ring is bound by the 50 GB/s
+///   links); 4 Slingshot-11 200 Gb/s NICs = 12.5 GB/s per GCD.
+/// - `mi300x`: MI300X: 1307 TFLOP/s bf16, 2615 fp8, 163.4 fp32, 5300 GB/s HBM3, 192 GiB. 8-GPU
+///   platform: 7 Infinity Fabric links of 64 GB/s per direction each, RCCL all-reduce busbw about
+///   300 GB/s; one 400 Gb/s NIC per GPU, about 45 GB/s achieved.
 ///
 /// Latencies: about 5 us per step inside a node and 10 us between nodes (NCCL/RCCL small-message
 /// times on these systems are a few to ten microseconds).
+const GPUS: &[Figures] = &[
+    ("a100", 312.0, 0.0, 19.5, 2039.0, 80.0, 8, 230.0, 23.0),
+    ("a100-40gb", 312.0, 0.0, 19.5, 1555.0, 40.0, 8, 230.0, 23.0),
+    ("h100", 989.0, 1979.0, 67.0, 3350.0, 80.0, 8, 360.0, 45.0),
+    ("h100-pcie", 756.0, 1513.0, 51.0, 2000.0, 80.0, 8, 40.0, 25.0),
+    ("h200", 989.0, 1979.0, 67.0, 4800.0, 141e9 / GIB, 8, 360.0, 45.0),
+    ("b200", 2250.0, 4500.0, 75.0, 8000.0, 180e9 / GIB, 8, 720.0, 45.0),
+    ("mi250x", 191.5, 0.0, 47.9, 1638.0, 64.0, 8, 50.0, 12.5),
+    ("mi300x", 1307.0, 2615.0, 163.4, 5300.0, 192.0, 8, 300.0, 45.0),
+];
+
+const INTRA_LATENCY_S: f64 = 5e-6;
+const INTER_LATENCY_S: f64 = 10e-6;
+
+fn from_figures(f: &Figures) -> Machine {
+    let &(name, bf16, fp8, fp32, hbm, gib, per_node, intra, inter) = f;
+    Machine {
+        name: name.to_string(),
+        peak_16bit_flops: bf16 * 1e12,
+        peak_fp8_flops: fp8 * 1e12,
+        peak_fp32_flops: fp32 * 1e12,
+        gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
+        hbm_bytes_per_s: hbm * GB,
+        memory_bytes: gib * GIB,
+        gpus_per_node: per_node,
+        intra: Link { latency_s: INTRA_LATENCY_S, bytes_per_s: intra * GB },
+        inter: Link { latency_s: INTER_LATENCY_S, bytes_per_s: inter * GB },
+    }
+}
+
+/// The named GPU (`--gpu`).
 pub fn machine(name: &str) -> Result<Machine> {
-    let intra = |gbs: f64| Link { latency_s: 5e-6, bytes_per_s: gbs * GB };
-    let inter = |gbs: f64| Link { latency_s: 10e-6, bytes_per_s: gbs * GB };
-    let m = match name {
-        "a100" => Machine {
-            name: "a100",
-            peak_16bit_flops: 312e12,
-            peak_fp32_flops: 19.5e12,
-            gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
-            hbm_bytes_per_s: 2039.0 * GB,
-            memory_bytes: 80.0 * GIB,
-            gpus_per_node: 8,
-            intra: intra(230.0),
-            inter: inter(23.0),
-        },
-        "h100" => Machine {
-            name: "h100",
-            peak_16bit_flops: 989e12,
-            peak_fp32_flops: 67e12,
-            gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
-            hbm_bytes_per_s: 3350.0 * GB,
-            memory_bytes: 80.0 * GIB,
-            gpus_per_node: 8,
-            intra: intra(360.0),
-            inter: inter(45.0),
-        },
-        "mi250x" => Machine {
-            name: "mi250x",
-            peak_16bit_flops: 191.5e12,
-            peak_fp32_flops: 47.9e12,
-            gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
-            hbm_bytes_per_s: 1638.0 * GB,
-            memory_bytes: 64.0 * GIB,
-            gpus_per_node: 8,
-            intra: intra(50.0),
-            inter: inter(12.5),
-        },
-        "mi300x" => Machine {
-            name: "mi300x",
-            peak_16bit_flops: 1307e12,
-            peak_fp32_flops: 163.4e12,
-            gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
-            hbm_bytes_per_s: 5300.0 * GB,
-            memory_bytes: 192.0 * GIB,
-            gpus_per_node: 8,
-            intra: intra(300.0),
-            inter: inter(45.0),
-        },
-        other => return Err(Error::flag("--gpu", format!("'{other}'"), "a100, h100, mi250x or mi300x")),
+    GPUS.iter()
+        .find(|f| f.0 == name)
+        .map(from_figures)
+        .ok_or_else(|| Error::flag("--gpu", format!("'{name}'"), GPU_NAMES.join(", ")))
+}
+
+/// The keys of a hardware file, each with what it sets.
+const HARDWARE_KEYS: &[(&str, &str)] = &[
+    ("name", "the GPU's name in the plan"),
+    ("base", "a named GPU whose figures the file starts from (then every other key is optional)"),
+    ("peak_bf16_tflops", "dense bf16/fp16 TFLOP/s"),
+    ("peak_fp8_tflops", "dense fp8 TFLOP/s (0: none)"),
+    ("peak_fp32_tflops", "dense fp32 TFLOP/s"),
+    ("gemm_efficiency", "fraction of peak the layer GEMMs reach"),
+    ("hbm_gb_per_s", "memory bandwidth, GB/s"),
+    ("memory_gib", "memory per GPU, GiB"),
+    ("gpus_per_node", "GPUs on one node's fabric"),
+    ("intra_node_busbw_gb_per_s", "all-reduce bus bandwidth inside a node, GB/s"),
+    ("intra_node_latency_us", "latency per collective step inside a node"),
+    ("inter_node_gb_per_s", "network bandwidth per GPU between nodes, GB/s"),
+    ("inter_node_latency_us", "latency per collective step between nodes"),
+];
+
+/// A GPU described by a JSON file (`--hardware FILE`): an object of `HARDWARE_KEYS`, every figure
+/// given, or `"base": "h100"` and only what differs. Unknown keys, missing figures and values out
+/// of range are errors naming the file and the key.
+pub fn from_file(path: &std::path::Path) -> Result<Machine> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
+    let json = crate::data::json::document(&bytes, path)?;
+    let fields = json.as_object().ok_or_else(|| Error::format(path, "not a JSON object of GPU figures"))?;
+    let expected = || HARDWARE_KEYS.iter().map(|(k, what)| format!("{k} ({what})")).collect::<Vec<_>>().join(", ");
+    if let Some((key, _)) = fields.iter().find(|(k, _)| !HARDWARE_KEYS.iter().any(|(known, _)| known == k)) {
+        return Err(Error::format(path, format!("unknown key \"{key}\"; the keys are {}", expected())));
+    }
+    let text = |key: &str| -> Result<Option<String>> {
+        match json.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(|s| Some(s.to_string()))
+                .ok_or_else(|| Error::format(path, format!("\"{key}\" is not a string"))),
+        }
     };
-    Ok(m)
+    let base = text("base")?
+        .map(|b| {
+            machine(&b)
+                .map_err(|_| Error::format(path, format!("\"base\": \"{b}\" is not one of {}", GPU_NAMES.join(", "))))
+        })
+        .transpose()?;
+    let number = |key: &str, current: Option<f64>, positive: bool| -> Result<f64> {
+        match json.get(key) {
+            None => current
+                .ok_or_else(|| Error::format(path, format!("\"{key}\" is missing (or give \"base\": a named GPU)"))),
+            Some(v) => {
+                v.as_f64().filter(|x| x.is_finite() && if positive { *x > 0.0 } else { *x >= 0.0 }).ok_or_else(|| {
+                    Error::format(
+                        path,
+                        format!("\"{key}\" is not a {} number", if positive { "positive" } else { "non-negative" }),
+                    )
+                })
+            }
+        }
+    };
+    let b = base.as_ref();
+    let efficiency = number("gemm_efficiency", Some(b.map_or(DEFAULT_GEMM_EFFICIENCY, |m| m.gemm_efficiency)), true)?;
+    if efficiency > 1.0 {
+        return Err(Error::format(path, "\"gemm_efficiency\" is above 1"));
+    }
+    let per_node = number("gpus_per_node", b.map(|m| m.gpus_per_node as f64), true)?;
+    if per_node.fract() != 0.0 {
+        return Err(Error::format(path, "\"gpus_per_node\" is not a whole number"));
+    }
+    Ok(Machine {
+        name: text("name")?.or(b.map(|m| format!("{} (modified)", m.name))).unwrap_or_else(|| "custom".to_string()),
+        peak_16bit_flops: number("peak_bf16_tflops", b.map(|m| m.peak_16bit_flops / 1e12), true)? * 1e12,
+        peak_fp8_flops: number("peak_fp8_tflops", Some(b.map_or(0.0, |m| m.peak_fp8_flops / 1e12)), false)? * 1e12,
+        peak_fp32_flops: number("peak_fp32_tflops", b.map(|m| m.peak_fp32_flops / 1e12), true)? * 1e12,
+        gemm_efficiency: efficiency,
+        hbm_bytes_per_s: number("hbm_gb_per_s", b.map(|m| m.hbm_bytes_per_s / GB), true)? * GB,
+        memory_bytes: number("memory_gib", b.map(|m| m.memory_bytes / GIB), true)? * GIB,
+        gpus_per_node: per_node as usize,
+        intra: Link {
+            latency_s: number(
+                "intra_node_latency_us",
+                Some(b.map_or(INTRA_LATENCY_S, |m| m.intra.latency_s) * 1e6),
+                false,
+            )? * 1e-6,
+            bytes_per_s: number("intra_node_busbw_gb_per_s", b.map(|m| m.intra.bytes_per_s / GB), true)? * GB,
+        },
+        inter: Link {
+            latency_s: number(
+                "inter_node_latency_us",
+                Some(b.map_or(INTER_LATENCY_S, |m| m.inter.latency_s) * 1e6),
+                false,
+            )? * 1e-6,
+            bytes_per_s: number("inter_node_gb_per_s", b.map(|m| m.inter.bytes_per_s / GB), true)? * GB,
+        },
+    })
 }
 
 /// How a group of `size` GPUs sits on the nodes: `per_node` of its members share a node, so it

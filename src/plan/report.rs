@@ -91,14 +91,19 @@ pub fn assumptions(req: &Request) -> Vec<String> {
     };
     vec![
         format!(
-            "GPU {}: {:.0} TFLOP/s dense {} x GEMM efficiency {:.2}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free",
+            "GPU {}: {:.0} TFLOP/s dense {} x GEMM efficiency {:.2}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free{}",
             m.name,
             peak / 1e12,
             req.precision.name(),
             m.gemm_efficiency,
             m.hbm_bytes_per_s / 1e9,
             m.memory_bytes / GIB,
-            100.0 * req.memory_headroom
+            100.0 * req.memory_headroom,
+            if m.peak_fp8_flops > 0.0 {
+                format!(" (fp8: {:.0} TFLOP/s dense, not priced: trident trains in 16 or 32 bits)", m.peak_fp8_flops / 1e12)
+            } else {
+                String::new()
+            }
         ),
         format!(
             "links: {} GPUs per node; intra-node {:.0} GB/s bus bandwidth, {:.0} us per step; inter-node {:.1} GB/s per GPU, {:.0} us per step",

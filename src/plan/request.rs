@@ -1,7 +1,7 @@
 //! `trident plan`'s parsed flags (`flags::PLAN_FLAGS`: Megatron's names where Megatron has one)
 //! turned into a validated `Request`.
 
-use super::hardware::{machine, GIB};
+use super::hardware::{from_file, machine, GIB};
 use super::models::{self, Shape};
 use super::{Pins, Precision, Request};
 use crate::cli::Args;
@@ -94,7 +94,16 @@ impl Request {
         let global_batch = positive(a, "--global-batch-size")?
             .ok_or_else(|| Error::Usage("plan needs --global-batch-size B".into()))?;
         let precision = Precision::parse(a.str("--precision").unwrap_or("bf16"))?;
-        let mut m = machine(a.str("--gpu").unwrap_or("a100"))?;
+        let mut m = match (a.str("--gpu"), a.path("--hardware")) {
+            (Some(_), Some(_)) => {
+                return Err(Error::Usage(
+                    "--gpu and --hardware are alternatives (a hardware file can start from a named GPU: \"base\")"
+                        .into(),
+                ))
+            }
+            (_, Some(file)) => from_file(&file)?,
+            (gpu, None) => machine(gpu.unwrap_or("a100"))?,
+        };
         if let Some(g) = positive(a, "--gpus-per-node")? {
             m.gpus_per_node = g;
         }
