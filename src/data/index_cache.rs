@@ -178,8 +178,14 @@ impl IndexCache {
     }
 }
 
+/// Writes `bytes` under a name no other writer uses (ranks may be processes on several nodes or
+/// threads of one), then renames it into place.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let unique = format!("tmp{}-{}-{nanos}", std::process::id(), WRITES.fetch_add(1, Ordering::Relaxed));
+    let tmp = path.with_extension(unique);
     std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, "write", e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename into", e))
 }
