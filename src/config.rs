@@ -218,6 +218,8 @@ pub struct TrainConfig {
     pub eval_iters: u64,
     pub log_interval: u64,
     pub log_json: Option<PathBuf>,
+    /// `--tensorboard-dir`: where rank 0 writes TensorBoard event files.
+    pub tensorboard_dir: Option<PathBuf>,
     pub save: Option<PathBuf>,
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
@@ -325,6 +327,7 @@ impl TrainConfig {
             eval_iters: args.u64("--eval-iters")?.unwrap_or(p.eval_iters),
             log_interval: positive("--log-interval", args.u64("--log-interval")?.unwrap_or(p.log_interval))?,
             log_json: args.path("--log-json"),
+            tensorboard_dir: args.path("--tensorboard-dir"),
             save,
             save_interval: args.u64("--save-interval")?.map(|v| positive("--save-interval", v)).transpose()?,
             load: args.path("--load"),

@@ -102,6 +102,11 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--eval-iters", "N", "global batches per validation (default 100)"),
     flag("--log-interval", "N", "log every N iterations (default 100)"),
     flag("--log-json", "FILE", "also write each logged iteration as a JSON line to FILE"),
+    flag(
+        "--tensorboard-dir",
+        "DIR",
+        "write TensorBoard event files (loss, lr, grad norm, loss scale, throughput, memory, validation) to DIR",
+    ),
     flag("--save", "DIR", "checkpoint directory to write"),
     flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
     flag("--load", "DIR", "checkpoint directory to resume from"),

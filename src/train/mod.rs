@@ -29,6 +29,7 @@ use crate::comm::{CommCounters, ReduceOp};
 use crate::config::TrainConfig;
 use crate::device::{Device, DevicePeak};
 use crate::error::{Error, Result};
+use crate::log::tensorboard::EventWriter;
 use crate::log::{iteration_line, validation_line, IterationStats, JsonLog};
 use crate::stop::{self, StopReason, StopWatch};
 use std::time::Instant;
@@ -96,6 +97,10 @@ fn run_on<D: Device>(
         (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
         _ => None,
     };
+    let tensorboard = match (&cfg.tensorboard_dir, setup.say) {
+        (Some(dir), true) => Some(EventWriter::create(dir)?),
+        _ => None,
+    };
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());
@@ -108,6 +113,7 @@ fn run_on<D: Device>(
         progress,
         tl,
         json,
+        tensorboard,
         watch,
         tokens_per_iter,
         flops_per_rank: cfg.model.flops_per_iteration(cfg.global_batch_size, cfg.seq_length) / rt.world_size as f64,
@@ -166,6 +172,7 @@ struct Trainer<'a, D: Device> {
     progress: Progress,
     tl: Timeline,
     json: Option<JsonLog>,
+    tensorboard: Option<EventWriter>,
     watch: StopWatch,
     tokens_per_iter: f64,
     flops_per_rank: f64,
@@ -248,6 +255,10 @@ impl<D: Device> Trainer<'_, D> {
             }
             if let Some(j) = self.json.as_mut() {
                 j.write(&stats)?;
+            }
+            if let Some(tb) = self.tensorboard.as_mut() {
+                tb.scalars(iteration, &crate::log::tensorboard_scalars(&stats, report::peak_rss_bytes()))?;
+                tb.scalars(stats.consumed_samples, &crate::log::samples_scalars(&stats))?;
             }
             self.window = Window::default();
         }
@@ -381,6 +392,14 @@ impl<D: Device> Trainer<'_, D> {
         }
     }
 
+    /// An evaluation's loss and perplexity as TensorBoard scalars: Megatron's "lm loss
+    /// validation" and "lm loss validation ppl" (and "test" for the test split).
+    fn evaluation_scalars(&mut self, split: &str, iteration: u64, loss: f64) -> Result<()> {
+        let Some(tb) = self.tensorboard.as_mut() else { return Ok(()) };
+        let (tag, ppl) = (format!("lm loss {split}"), format!("lm loss {split} ppl"));
+        tb.scalars(iteration, &[(tag.as_str(), loss), (ppl.as_str(), loss.min(700.0).exp())])
+    }
+
     /// The validation loss over `--eval-iters` batches of the validation split, when it has
     /// samples; rank 0 prints it.
     fn validate(&mut self, iteration: u64) -> Result<Option<f64>> {
@@ -394,6 +413,7 @@ impl<D: Device> Trainer<'_, D> {
         if setup.say {
             println!("{}", validation_line("validation", iteration, v));
         }
+        self.evaluation_scalars("validation", iteration, v)?;
         self.summary.final_val_loss = Some(v);
         Ok(Some(v))
     }
@@ -473,6 +493,7 @@ impl<D: Device> Trainer<'_, D> {
                 if setup.say {
                     println!("{}", validation_line("test", self.progress.iteration, t));
                 }
+                self.evaluation_scalars("test", self.progress.iteration, t)?;
             }
         }
         if setup.grid.pp > 1 {

@@ -67,7 +67,7 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
 }
 
 /// The process's peak resident memory (VmHWM), in bytes, where /proc reports it.
-fn peak_rss_bytes() -> Option<u64> {
+pub(super) fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)

@@ -1,5 +1,8 @@
 //! Training output: aligned log lines in Megatron's format for people, and (behind
-//! `--log-json`) the same figures as JSON lines for programs.
+//! `--log-json`) the same figures as JSON lines for programs, and (behind `--tensorboard-dir`)
+//! as TensorBoard scalars under Megatron's tags.
+
+pub mod tensorboard;
 
 use crate::error::{Error, Result};
 use std::fs::File;
@@ -90,6 +93,39 @@ pub fn validation_line(label: &str, iteration: u64, loss: f64) -> String {
     );
     let rule = "-".repeat(text.len());
     format!("{rule}\n{text}\n{rule}")
+}
+
+/// A logged iteration's TensorBoard scalars, under Megatron's tags where Megatron has them (step:
+/// the iteration; Megatron's "vs samples" copies are `samples_scalars`). `peak_memory_bytes` is
+/// the process's peak resident memory, where the system reports it.
+pub fn tensorboard_scalars(s: &IterationStats, peak_memory_bytes: Option<u64>) -> Vec<(&'static str, f64)> {
+    let mut v = vec![
+        ("lm loss", s.loss),
+        ("learning-rate", s.lr),
+        ("batch-size", s.global_batch_size as f64),
+        ("loss-scale", s.loss_scale),
+        ("grad-norm", s.grad_norm),
+        ("iteration-time", s.ms_per_iter / 1e3),
+        ("throughput", s.tflops),
+        ("tokens-per-second", s.tokens_per_s),
+        ("mfu", s.mfu),
+        ("skipped-iterations", s.skipped_iterations as f64),
+    ];
+    if let Some(bytes) = peak_memory_bytes {
+        v.push(("mem-max-rss-bytes", bytes as f64));
+    }
+    v
+}
+
+/// The scalars Megatron also logs against consumed samples (step: `consumed_samples`).
+pub fn samples_scalars(s: &IterationStats) -> Vec<(&'static str, f64)> {
+    vec![
+        ("lm loss vs samples", s.loss),
+        ("learning-rate vs samples", s.lr),
+        ("batch-size vs samples", s.global_batch_size as f64),
+        ("loss-scale vs samples", s.loss_scale),
+        ("grad-norm vs samples", s.grad_norm),
+    ]
 }
 
 /// A number as JSON: non-finite values become null, since JSON has no NaN.

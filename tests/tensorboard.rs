@@ -1,0 +1,119 @@
+//! `--tensorboard-dir`: rank 0 writes TensorBoard event files that TensorBoard's own reader
+//! (`EventAccumulator`, tests/tensorboard_read.py; skipped loudly without the `tensorboard`
+//! package, which `.ci/run` installs) reads back: every logged iteration's loss, learning rate,
+//! batch size, loss scale, grad norm, throughput and memory under Megatron's tags, equal to the
+//! `--log-json` line's figures (to f32), the "vs samples" copies at the consumed samples, and
+//! the validation and test losses. A resume starts a second file; an unusable directory is one
+//! clear error.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+/// Six iterations of a small model, logged every 2, validated every 3 (and a test pass at the
+/// end), with TensorBoard scalars in `dir`/tb.
+fn train(data: &str, dir: &Path, extra: &[&str]) -> std::process::Output {
+    let flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 --micro-batch-size 4 \
+                 --global-batch-size 8 --lr 1e-3 --lr-warmup-iters 2 --train-iters 6 --log-interval 2 \
+                 --eval-interval 3 --eval-iters 1 --cpu-threads 1";
+    let tb = dir.join("tb");
+    Command::new(BIN)
+        .args(["train", "--data-path", data])
+        .args(flags.split_whitespace())
+        .arg("--tensorboard-dir")
+        .arg(&tb)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// (tag, step, value) of every scalar TensorBoard reads in `dir`.
+fn read(python: &str, dir: &Path) -> Vec<(String, u64, f64)> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tensorboard_read.py");
+    let o = Command::new(python).arg(script).arg(dir).output().unwrap();
+    assert!(o.status.success(), "tensorboard_read.py: {}", stderr(&o));
+    stdout(&o)
+        .lines()
+        .map(|l| {
+            let field = |k: &str| json_field(l, k).unwrap_or_else(|| panic!("{k} in {l}"));
+            (field("tag").trim_matches('"').to_string(), field("step").parse().unwrap(), field("value").parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn tensorboard_reads_the_scalars_back() {
+    let dir = scratch("tensorboard");
+    let data = prepared_corpus(&dir);
+    let log = dir.join("log.jsonl");
+    let o = train(&data, &dir, &["--log-json", log.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files: Vec<_> = std::fs::read_dir(dir.join("tb")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].to_string_lossy().starts_with("events.out.tfevents."), "{files:?}");
+    let Some(python) = python_with("tensorboard", "tests/tensorboard.rs does not read the event files back") else {
+        return;
+    };
+    let scalars = read(&python, &dir.join("tb"));
+    let value = |tag: &str, step: u64| {
+        scalars.iter().find(|s| s.0 == tag && s.1 == step).map(|s| s.2).unwrap_or_else(|| panic!("{tag} at {step}"))
+    };
+    let lines: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(String::from).collect();
+    // Iterations 2, 3 (validation), 4 and 6 are logged.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for line in &lines {
+        let json = |k: &str| json_field(line, k).unwrap().parse::<f64>().unwrap();
+        let (it, samples) = (json("iteration") as u64, json("consumed_samples") as u64);
+        let f32_close = |tag: &str, step: u64, want: f64| {
+            let got = value(tag, step);
+            assert_eq!(got as f32, want as f32, "{tag} at {step}: {got} vs {want}");
+        };
+        for (tag, key) in [
+            ("lm loss", "loss"),
+            ("learning-rate", "lr"),
+            ("grad-norm", "grad_norm"),
+            ("loss-scale", "loss_scale"),
+            ("throughput", "tflops"),
+            ("tokens-per-second", "tokens_per_s"),
+            ("mfu", "mfu"),
+        ] {
+            f32_close(tag, it, json(key));
+        }
+        f32_close("batch-size", it, 8.0);
+        f32_close("lm loss vs samples", samples, json("loss"));
+        f32_close("learning-rate vs samples", samples, json("lr"));
+        assert!(value("iteration-time", it) > 0.0 && value("mem-max-rss-bytes", it) > 1e6);
+    }
+    // Validation at 3 and 6, test at the end, with perplexities.
+    for step in [3, 6] {
+        let loss = value("lm loss validation", step);
+        assert!(loss > 0.0 && (value("lm loss validation ppl", step) / loss.exp() - 1.0).abs() < 1e-5);
+    }
+    assert!(value("lm loss test", 6) > 0.0);
+}
+
+#[test]
+fn a_resumed_run_starts_another_file_and_a_bad_directory_is_one_error() {
+    let dir = scratch("tensorboard-resume");
+    let data = prepared_corpus(&dir);
+    let ckpt = dir.join("ckpt");
+    let o = train(&data, &dir, &["--save", ckpt.to_str().unwrap(), "--exit-interval", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The event file names carry the start second; a resume in the same second must not reuse
+    // the name, so wait a moment.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let o = train(&data, &dir, &["--load", ckpt.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files = std::fs::read_dir(dir.join("tb")).unwrap().count();
+    assert_eq!(files, 2);
+    if let Some(python) = python_with("tensorboard", "tests/tensorboard.rs does not read the event files back") {
+        let steps: Vec<u64> = read(&python, &dir.join("tb")).into_iter().filter(|s| s.0 == "lm loss").map(|s| s.1).collect();
+        assert_eq!(steps, [2, 3, 4, 6], "the first run's 2, 3, 4 and the resumed run's 6");
+    }
+    // A file where the directory should be.
+    let blocker = dir.join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let o = train(&data, &blocker, &[]);
+    assert_clean_error(&o, &["--tensorboard-dir", "file/tb"]);
+}
