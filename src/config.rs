@@ -202,6 +202,9 @@ pub struct TrainConfig {
     pub lr: LrSchedule,
     pub adam: AdamWConfig,
     pub clip_grad: f64,
+    /// `--check-for-nan-in-loss-and-grad` (default on; `--no-...` turns it off): a non-finite loss
+    /// or gradient norm of a step that was not skipped ends the run on every rank.
+    pub check_for_nan: bool,
     pub seed: u64,
     pub data_path: PathBuf,
     pub split: Vec<f64>,
@@ -309,6 +312,7 @@ impl TrainConfig {
             lr,
             adam,
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
+            check_for_nan: check_for_nan(args)?,
             seed: args.u64("--seed")?.unwrap_or(1234),
             data_path,
             split,
@@ -575,6 +579,15 @@ fn adam(args: &Args) -> Result<AdamWConfig> {
         }
     }
     Ok(adam)
+}
+
+/// `--check-for-nan-in-loss-and-grad` (Megatron's default) unless `--no-check-for-nan-in-loss-and-grad`.
+fn check_for_nan(args: &Args) -> Result<bool> {
+    let (on, off) = ("--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad");
+    if args.has(on) && args.has(off) {
+        return Err(Error::Usage(format!("{on} and {off} contradict each other: give one")));
+    }
+    Ok(!args.has(off))
 }
 
 /// `--save`, `--exit-signal-handler` and `--exit-duration-in-mins`: a run that stops early

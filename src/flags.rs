@@ -71,6 +71,11 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--weight-decay-incr-style", "STYLE", "constant (default), linear or cosine from start to end over the run"),
     flag("--start-weight-decay", "WD", "weight decay at the start (linear or cosine incr style)"),
     flag("--end-weight-decay", "WD", "weight decay at the end (linear or cosine incr style)"),
+    switch(
+        "--check-for-nan-in-loss-and-grad",
+        "stop the run at a non-finite loss or gradient norm, before it is checkpointed (default on)",
+    ),
+    switch("--no-check-for-nan-in-loss-and-grad", "keep training through a non-finite loss or gradient norm (logged)"),
     flag("--clip-grad", "C", "global gradient-norm clip (default 1.0; 0 disables)"),
     flag("--adam-beta1", "B1", "AdamW beta1 (default 0.9)"),
     flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),

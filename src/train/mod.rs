@@ -156,6 +156,23 @@ struct Window {
     secs: f64,
 }
 
+/// The world ranks whose own share of a step's loss (`local`) is not finite, gathered from every
+/// rank (all of them call this together).
+fn nonfinite_ranks(world: &dyn crate::comm::Comm, local: f64) -> Vec<usize> {
+    let mut flags = vec![0f32; world.size()];
+    world.all_gather(&[f32::from(u8::from(!local.is_finite()))], &mut flags);
+    flags.iter().enumerate().filter(|(_, &f)| f != 0.0).map(|(r, _)| r).collect()
+}
+
+/// "0", "0 and 2", "0, 1 and 3".
+fn join_ranks(ranks: &[usize]) -> String {
+    let words: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    match words.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => words.join(""),
+    }
+}
+
 /// What the loop reads and updates from one iteration to the next.
 struct Trainer<'a, D: Device> {
     setup: &'a Setup<D>,
@@ -327,14 +344,16 @@ impl<D: Device> Trainer<'_, D> {
     /// Reads the pending steps' losses and gradient norms from the device, in one copy each, and
     /// adds them to the summary and the log window in step order (so every printed figure is the
     /// one a per-step read gives). A non-finite loss, or norm of a step that was not skipped, ends
-    /// the run naming its iteration.
+    /// the run on every rank naming its iteration and the ranks whose loss it came from (the
+    /// caller saves no checkpoint after it), or with `--no-check-for-nan-in-loss-and-grad` is
+    /// said and logged as it is.
     fn flush(&mut self) -> Result<()> {
         let n = self.pending.len();
         if n == 0 {
             return Ok(());
         }
         let mut losses = vec![0.0; n];
-        self.pipe.take_step_losses(&mut self.chunks, &mut losses);
+        let local_losses = self.pipe.take_step_losses(&mut self.chunks, &mut losses);
         // The window's norms: as the loss scaler read them after the newest step (they do not
         // change after it), else in one copy.
         let norms = match self.scaler_norms.take() {
@@ -345,13 +364,31 @@ impl<D: Device> Trainer<'_, D> {
                 norms
             }
         };
+        let setup = self.setup;
         for (k, step) in self.pending.drain(..).enumerate() {
             let (loss, grad_norm) = (losses[k] / self.tokens_per_iter, norms[2 * k]);
+            // Both figures are sums over every rank, so every rank takes this branch together.
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
-                return Err(Error::Config(format!(
-                    "iteration {}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data",
-                    step.iteration
-                )));
+                let ranks = nonfinite_ranks(&*setup.groups.world, local_losses[k]);
+                let what = format!(
+                    "iteration {}: loss {loss} / grad norm {grad_norm} is not finite ({})",
+                    step.iteration,
+                    if ranks.is_empty() {
+                        "in the gradients of every rank's norm".to_string()
+                    } else {
+                        let s = if ranks.len() == 1 { "" } else { "s" };
+                        format!("non-finite loss on rank{s} {} of {}", join_ranks(&ranks), setup.grid.world_size)
+                    }
+                );
+                if setup.cfg.check_for_nan {
+                    return Err(Error::Config(format!(
+                        "{what}; stopped before any checkpoint of it: lower --lr, check the data or the \
+                         checkpoint loaded (--no-check-for-nan-in-loss-and-grad trains on)"
+                    )));
+                }
+                if setup.say {
+                    println!(" {what}; training on (--no-check-for-nan-in-loss-and-grad)");
+                }
             }
             self.summary.losses.push(loss);
             self.window.loss += loss;

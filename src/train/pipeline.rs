@@ -367,7 +367,9 @@ impl<D: Device> Pipeline<'_, D> {
     /// Per step of the window, `out[k]`: the token loss the training forwards of step `k` summed
     /// into loss slot `k` (`Gpt::set_loss_slot`), over this rank's chunks, then over the pipeline
     /// and data-parallel groups: one read of the device, one all-gather per group.
-    pub fn take_step_losses(&self, chunks: &mut [Chunk<D>], out: &mut [f64]) {
+    /// Returns this rank's own share of each step's loss (before the sums), by which a
+    /// non-finite loss is traced to the ranks it came from.
+    pub fn take_step_losses(&self, chunks: &mut [Chunk<D>], out: &mut [f64]) -> Vec<f64> {
         out.fill(0.0);
         let mut chunk_losses = vec![0.0; out.len()];
         for c in chunks.iter_mut() {
@@ -376,8 +378,10 @@ impl<D: Device> Pipeline<'_, D> {
                 *o += l;
             }
         }
+        let local = out.to_vec();
         self.groups.pp.sum_f64s(out);
         self.groups.dp.sum_f64s(out);
+        local
     }
 
     /// Forward passes only over `iters` global batches from sample `first` (validation): every
