@@ -50,6 +50,15 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--micro-batch-size", "B", "samples per micro-batch"),
     flag("--global-batch-size", "G", "samples per iteration (a multiple of the micro-batch size)"),
     flag("--train-iters", "N", "iterations to train"),
+    many(
+        "--rampup-batch-size",
+        "START INCR SAMPLES",
+        "ramp the global batch from START up by INCR over SAMPLES samples (with --train-samples)",
+    ),
+    switch(
+        "--decrease-batch-size-if-needed",
+        "round a ramp-up batch down to a multiple of micro-batch x data-parallel size instead of an error",
+    ),
     flag("--train-samples", "N", "samples to train instead: the schedule's flags then count samples"),
     flag("--lr", "LR", "peak learning rate"),
     flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),

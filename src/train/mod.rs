@@ -98,7 +98,6 @@ fn run_on<D: Device>(
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());
-    let tokens_per_iter = (cfg.global_batch_size * cfg.seq_length) as f64;
     let mut trainer = Trainer {
         setup: &setup,
         pipe,
@@ -108,8 +107,7 @@ fn run_on<D: Device>(
         tl,
         json,
         watch,
-        tokens_per_iter,
-        flops_per_rank: cfg.model.flops_per_iteration(cfg.global_batch_size, cfg.seq_length) / rt.world_size as f64,
+        world_size: rt.world_size,
         summary: TrainSummary::default(),
         window: Window::default(),
         bubble: (0.0, 0.0),
@@ -146,14 +144,20 @@ struct PendingStep {
     /// fp16's loss scaler found the gradients overflowed and skipped the step (then a
     /// non-finite norm is expected, not an error).
     overflowed: bool,
+    /// The step's tokens (its global batch x the sequence length), by which its loss is averaged.
+    tokens: f64,
 }
 
-/// The iterations since the last log line: their summed loss and seconds.
+/// The iterations since the last log line: their summed loss, seconds, tokens and FLOPs per
+/// rank, and the global batch of the newest (under `--rampup-batch-size` each has its own).
 #[derive(Default)]
 struct Window {
     loss: f64,
     iters: u64,
     secs: f64,
+    tokens: f64,
+    flops_per_rank: f64,
+    global_batch: usize,
 }
 
 /// The world ranks whose own share of a step's loss (`local`) is not finite, gathered from every
@@ -183,8 +187,7 @@ struct Trainer<'a, D: Device> {
     tl: Timeline,
     json: Option<JsonLog>,
     watch: StopWatch,
-    tokens_per_iter: f64,
-    flops_per_rank: f64,
+    world_size: usize,
     summary: TrainSummary,
     window: Window,
     /// Pipeline busy and wall seconds for the bubble, measured from the second iteration on (the
@@ -212,7 +215,11 @@ impl<D: Device> Trainer<'_, D> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
         let iteration = self.progress.iteration + 1;
         let started = Instant::now();
-        // Megatron's schedule: the rates after the samples consumed before this iteration.
+        // Megatron's schedules: the rates, and the global batch (`--rampup-batch-size`), after the
+        // samples consumed before this iteration.
+        let per_micro = cfg.micro_batch_size * setup.grid.dp;
+        let batch = cfg.running_batch_at(self.progress.consumed_train, per_micro);
+        self.pipe.set_micro(batch / per_micro);
         let lr = cfg.lr.lr(self.progress.consumed_train);
         let weight_decay = cfg.lr.weight_decay(self.progress.consumed_train) as f32;
         for c in self.chunks.iter_mut() {
@@ -223,7 +230,8 @@ impl<D: Device> Trainer<'_, D> {
         }
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
         let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
-        self.step(iteration, lr)?;
+        let tokens = (batch * cfg.seq_length) as f64;
+        self.step(iteration, lr, tokens)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
@@ -237,9 +245,12 @@ impl<D: Device> Trainer<'_, D> {
             (step, layers)
         });
         self.progress.iteration = iteration;
-        self.progress.consumed_train += cfg.global_batch_size as u64;
+        self.progress.consumed_train += batch as u64;
         self.record();
         self.window.iters += 1;
+        self.window.tokens += tokens;
+        self.window.flops_per_rank += cfg.model.flops_per_iteration(batch, cfg.seq_length) / self.world_size as f64;
+        self.window.global_batch = batch;
         let validate = iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters;
         let log = iteration.is_multiple_of(cfg.log_interval) || validate;
         // The window's losses and norms are read once, when the log line is due (or the
@@ -276,9 +287,9 @@ impl<D: Device> Trainer<'_, D> {
     /// host reads nothing here, unless a loss scaler must decide whether to skip the step (fp16,
     /// one read of the norm) or the norm's group (model-parallel, or the world under ZeRO-1) sums
     /// it through the host (a device without a communicator for it: `--gpu-collectives mpi`).
-    fn step(&mut self, iteration: u64, lr: f64) -> Result<()> {
+    fn step(&mut self, iteration: u64, lr: f64, tokens: f64) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
-        let grad_scale = 1.0 / self.tokens_per_iter as f32;
+        let grad_scale = 1.0 / tokens as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
         let slot = self.pending.len();
@@ -336,7 +347,7 @@ impl<D: Device> Trainer<'_, D> {
                 c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
-        self.pending.push(PendingStep { iteration, overflowed });
+        self.pending.push(PendingStep { iteration, overflowed, tokens });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -366,7 +377,7 @@ impl<D: Device> Trainer<'_, D> {
         };
         let setup = self.setup;
         for (k, step) in self.pending.drain(..).enumerate() {
-            let (loss, grad_norm) = (losses[k] / self.tokens_per_iter, norms[2 * k]);
+            let (loss, grad_norm) = (losses[k] / step.tokens, norms[2 * k]);
             // Both figures are sums over every rank, so every rank takes this branch together.
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
                 let ranks = nonfinite_ranks(&*setup.groups.world, local_losses[k]);
@@ -444,12 +455,12 @@ impl<D: Device> Trainer<'_, D> {
             consumed_samples: self.progress.consumed_train,
             ms_per_iter: 1e3 * secs,
             lr,
-            global_batch_size: cfg.global_batch_size,
+            global_batch_size: self.window.global_batch,
             loss: self.window.loss / self.window.iters as f64,
             grad_norm,
-            tokens_per_s: self.tokens_per_iter / secs,
-            tflops: self.flops_per_rank / secs / 1e12,
-            mfu: self.flops_per_rank / secs / (self.setup.peak.gflops * 1e9),
+            tokens_per_s: self.window.tokens / self.window.secs,
+            tflops: self.window.flops_per_rank / self.window.secs / 1e12,
+            mfu: self.window.flops_per_rank / self.window.secs / (self.setup.peak.gflops * 1e9),
             val_loss,
             loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
             skipped_iterations: self.skipped_iterations,

@@ -64,7 +64,10 @@ pub(super) struct Pipeline<'a, D: Device> {
     tp: TensorParallel<'a>,
     schedule: Schedule,
     chunks: usize,
+    /// Micro-batches of this iteration (`set_micro`: fewer while `--rampup-batch-size` ramps),
+    /// and of a full global batch (evaluation's, whatever the ramp).
     micro: usize,
+    full_micro: usize,
     hidden_len: usize,
     /// Whether the optimizer is ZeRO-1 (gradients reduce-scattered after backward, not bucketed).
     pub zero: bool,
@@ -139,6 +142,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
             schedule,
             chunks,
             micro,
+            full_micro: micro,
             hidden_len,
             zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
             releases: pipeline::send_releases(stages, chunks, stage, &order),
@@ -148,6 +152,19 @@ impl<'a, D: Device> Pipeline<'a, D> {
 }
 
 impl<D: Device> Pipeline<'_, D> {
+    /// The micro-batches of the next training steps (the ramp's count; setup checked that the
+    /// schedule takes it): their schedule's send releases follow. The message buffers stay the
+    /// full batch's (a count that held more would get one more from `buffer`).
+    pub fn set_micro(&mut self, micro: usize) {
+        if micro != self.micro {
+            let (schedule, stages, stage, chunks) = (self.schedule, self.stages(), self.stage(), self.chunks);
+            self.releases = pipeline::send_releases(stages, chunks, stage, &|s| {
+                pipeline::passes(schedule, stages, s, micro, chunks)
+            });
+            self.micro = micro;
+        }
+    }
+
     fn stages(&self) -> usize {
         self.groups.grid.pp
     }
@@ -403,7 +420,7 @@ impl<D: Device> Pipeline<'_, D> {
         }
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
-            for micro in 0..self.micro {
+            for micro in 0..self.full_micro {
                 batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                 for chunk in 0..self.chunks {
                     let model = &mut chunks[chunk].model;
