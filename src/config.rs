@@ -9,6 +9,7 @@ use crate::data::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
 use crate::optim::lr::{DecayStyle, IncrStyle, LrSchedule};
+use crate::optim::rampup::BatchRampup;
 use crate::optim::AdamWConfig;
 use std::path::PathBuf;
 
@@ -201,10 +202,19 @@ pub struct TrainConfig {
     /// data-parallel size, an explicit one does not.
     pub micro_batch_explicit: bool,
     pub global_batch_size: usize,
+    /// `--rampup-batch-size`: the global batch of each iteration grows to `global_batch_size`
+    /// (`global_batch_at`).
+    pub rampup: Option<BatchRampup>,
+    /// `--decrease-batch-size-if-needed`: a ramp-up batch that micro-batch x data-parallel size
+    /// does not divide is rounded down to a multiple of it (megatron-core's running batch).
+    pub decrease_batch_size_if_needed: bool,
     pub train_iters: u64,
     pub lr: LrSchedule,
     pub adam: AdamWConfig,
     pub clip_grad: f64,
+    /// `--check-for-nan-in-loss-and-grad` (default on; `--no-...` turns it off): a non-finite loss
+    /// or gradient norm of a step that was not skipped ends the run on every rank.
+    pub check_for_nan: bool,
     pub seed: u64,
     /// `--train-samples`, else `--train-iters` global batches: the training split's size.
     pub train_samples: u64,
@@ -262,6 +272,24 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The global batch of an iteration that starts after `consumed` samples: the ramp's value
+    /// under `--rampup-batch-size`, else `global_batch_size`.
+    pub fn global_batch_at(&self, consumed: u64) -> usize {
+        self.rampup.map_or(self.global_batch_size, |r| r.global_batch(consumed) as usize)
+    }
+
+    /// The samples an iteration after `consumed` samples trains on with `per_micro` samples per
+    /// micro-batch over the data-parallel ranks: `global_batch_at`, rounded down to a multiple of
+    /// `per_micro` under `--decrease-batch-size-if-needed` (megatron-core's running batch).
+    pub fn running_batch_at(&self, consumed: u64, per_micro: usize) -> usize {
+        let batch = self.global_batch_at(consumed);
+        if self.decrease_batch_size_if_needed {
+            batch / per_micro * per_micro
+        } else {
+            batch
+        }
+    }
+
     /// The configuration for `dp` data-parallel ranks: a preset's micro-batch becomes the
     /// largest size at or below it that splits the global batch evenly over the ranks.
     pub fn for_data_parallel(&self, dp: usize) -> TrainConfig {
@@ -287,7 +315,8 @@ impl TrainConfig {
         let tokenizer = crate::data::tokenizer_files::from_args(args)?;
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
-        let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size)?;
+        let rampup = rampup(args, global_batch_size)?;
+        let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size, rampup)?;
         let adam = adam(args)?;
         let data = data_source(args, &tokenizer, model.vocab_size)?;
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
@@ -309,10 +338,13 @@ impl TrainConfig {
             micro_batch_size,
             micro_batch_explicit: args.has("--micro-batch-size"),
             global_batch_size,
+            rampup,
+            decrease_batch_size_if_needed: args.has("--decrease-batch-size-if-needed"),
             train_iters,
             lr,
             adam,
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
+            check_for_nan: check_for_nan(args)?,
             seed: args.u64("--seed")?.unwrap_or(1234),
             train_samples,
             data,
@@ -495,7 +527,12 @@ fn batch_sizes(args: &Args, p: &Preset) -> Result<(usize, usize)> {
 /// `--lr-wsd-decay-iters`, each times the global batch) or by samples (`--train-samples` and the
 /// `-samples` flags; the run is `--train-samples` / global batch iterations). Flags of the other
 /// kind are one error naming them.
-fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64, u64, LrSchedule)> {
+fn lr_schedule(
+    args: &Args,
+    p: &Preset,
+    global_batch_size: usize,
+    rampup: Option<BatchRampup>,
+) -> Result<(u64, u64, LrSchedule)> {
     let gbs = global_batch_size as u64;
     let by_samples = args.has("--train-samples");
     let (wrong, right) = match by_samples {
@@ -512,7 +549,14 @@ fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64
         Some(n) => n,
         None => args.u64("--train-iters")?.unwrap_or(p.train_iters) * gbs,
     };
-    let train_iters = train_samples / gbs;
+    if rampup.is_some() && !by_samples {
+        return Err(Error::Config(format!(
+            "--rampup-batch-size needs sample-based training: give --train-samples instead of {} (Megatron \
+             expects no batch-size ramp-up for iteration-based training)",
+            if args.has("--train-iters") { "--train-iters" } else { "the preset's iteration count" }
+        )));
+    }
+    let train_iters = rampup.map_or(train_samples / gbs, |r| r.train_iters(train_samples));
     let samples = |iters: &str, samples: &str| -> Result<Option<u64>> {
         Ok(match by_samples {
             true => args.u64(samples)?,
@@ -572,6 +616,20 @@ fn lr_schedule(args: &Args, p: &Preset, global_batch_size: usize) -> Result<(u64
     Ok((train_iters, train_samples, schedule))
 }
 
+/// `--rampup-batch-size START INCREMENT SAMPLES`, checked against the global batch.
+fn rampup(args: &Args, global_batch_size: usize) -> Result<Option<BatchRampup>> {
+    let Some(values) = args.list("--rampup-batch-size") else { return Ok(None) };
+    let expected = "three whole numbers: START INCREMENT SAMPLES";
+    let numbers: Vec<u64> = values
+        .iter()
+        .map(|v| v.parse().map_err(|_| Error::flag("--rampup-batch-size", format!("'{v}'"), expected)))
+        .collect::<Result<_>>()?;
+    let [start, increment, samples] = numbers[..] else {
+        return Err(Error::flag("--rampup-batch-size", format!("{} values", numbers.len()), expected));
+    };
+    BatchRampup::new(start, increment, samples, global_batch_size as u64).map(Some)
+}
+
 /// AdamW's hyper-parameters, with both betas in [0, 1).
 fn adam(args: &Args) -> Result<AdamWConfig> {
     let adam = AdamWConfig {
@@ -587,6 +645,15 @@ fn adam(args: &Args) -> Result<AdamWConfig> {
         }
     }
     Ok(adam)
+}
+
+/// `--check-for-nan-in-loss-and-grad` (Megatron's default) unless `--no-check-for-nan-in-loss-and-grad`.
+fn check_for_nan(args: &Args) -> Result<bool> {
+    let (on, off) = ("--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad");
+    if args.has(on) && args.has(off) {
+        return Err(Error::Usage(format!("{on} and {off} contradict each other: give one")));
+    }
+    Ok(!args.has(off))
 }
 
 /// `--save`, `--exit-signal-handler` and `--exit-duration-in-mins`: a run that stops early

@@ -50,6 +50,15 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--micro-batch-size", "B", "samples per micro-batch"),
     flag("--global-batch-size", "G", "samples per iteration (a multiple of the micro-batch size)"),
     flag("--train-iters", "N", "iterations to train"),
+    many(
+        "--rampup-batch-size",
+        "START INCR SAMPLES",
+        "ramp the global batch from START up by INCR over SAMPLES samples (with --train-samples)",
+    ),
+    switch(
+        "--decrease-batch-size-if-needed",
+        "round a ramp-up batch down to a multiple of micro-batch x data-parallel size instead of an error",
+    ),
     flag("--train-samples", "N", "samples to train instead: the schedule's flags then count samples"),
     flag("--lr", "LR", "peak learning rate"),
     flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
@@ -71,6 +80,11 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--weight-decay-incr-style", "STYLE", "constant (default), linear or cosine from start to end over the run"),
     flag("--start-weight-decay", "WD", "weight decay at the start (linear or cosine incr style)"),
     flag("--end-weight-decay", "WD", "weight decay at the end (linear or cosine incr style)"),
+    switch(
+        "--check-for-nan-in-loss-and-grad",
+        "stop the run at a non-finite loss or gradient norm, before it is checkpointed (default on)",
+    ),
+    switch("--no-check-for-nan-in-loss-and-grad", "keep training through a non-finite loss or gradient norm (logged)"),
     flag("--clip-grad", "C", "global gradient-norm clip (default 1.0; 0 disables)"),
     flag("--adam-beta1", "B1", "AdamW beta1 (default 0.9)"),
     flag("--adam-beta2", "B2", "AdamW beta2 (default 0.999)"),

@@ -140,8 +140,8 @@ fn json_number(x: f64) -> String {
 pub fn json_line(s: &IterationStats) -> String {
     let mut line = format!(
         "{{\"iteration\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, \"ms_per_iter\": {}, \
-         \"tokens_per_s\": {}, \"tflops\": {}, \"mfu\": {}, \"consumed_samples\": {}, \"loss_scale\": {}, \
-         \"skipped_iterations\": {}",
+         \"tokens_per_s\": {}, \"tflops\": {}, \"mfu\": {}, \"consumed_samples\": {}, \"global_batch_size\": {}, \
+         \"loss_scale\": {}, \"skipped_iterations\": {}",
         s.iteration,
         json_number(s.loss),
         json_number(s.lr),
@@ -151,6 +151,7 @@ pub fn json_line(s: &IterationStats) -> String {
         json_number(s.tflops),
         json_number(s.mfu),
         s.consumed_samples,
+        s.global_batch_size,
         json_number(s.loss_scale),
         s.skipped_iterations,
     );
@@ -226,6 +227,7 @@ mod tests {
         {
             assert!(j.contains(&format!("\"{key}\": ")), "{key} missing in {j}");
         }
+        assert!(j.contains("\"global_batch_size\": "), "global_batch_size missing in {j}");
         let nan = IterationStats { loss: f64::NAN, ..Default::default() };
         assert!(json_line(&nan).contains("\"loss\": null"));
     }

@@ -1,9 +1,10 @@
 //! The optimizer side of a training step: AdamW state per parameter (its gradient factor, the clip
 //! coefficient, read on the device: `Device::clip_scale`), ZeRO-1 (`distributed.rs`), the
-//! learning-rate schedule (`lr.rs`) and fp16's loss scaler (`scaler.rs`).
+//! learning-rate schedule (`lr.rs`), batch-size ramp-up (`rampup.rs`) and fp16's loss scaler (`scaler.rs`).
 
 pub mod distributed;
 pub mod lr;
+pub mod rampup;
 pub mod scaler;
 
 use crate::device::{AdamWStep, AdamWTensor, Device};

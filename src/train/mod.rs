@@ -104,7 +104,6 @@ fn run_on<D: Device>(
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());
-    let tokens_per_iter = (cfg.global_batch_size * cfg.seq_length) as f64;
     let mut trainer = Trainer {
         setup: &setup,
         pipe,
@@ -115,8 +114,7 @@ fn run_on<D: Device>(
         json,
         tensorboard,
         watch,
-        tokens_per_iter,
-        flops_per_rank: cfg.model.flops_per_iteration(cfg.global_batch_size, cfg.seq_length) / rt.world_size as f64,
+        world_size: rt.world_size,
         summary: TrainSummary::default(),
         window: Window::default(),
         bubble: (0.0, 0.0),
@@ -153,14 +151,37 @@ struct PendingStep {
     /// fp16's loss scaler found the gradients overflowed and skipped the step (then a
     /// non-finite norm is expected, not an error).
     overflowed: bool,
+    /// The step's tokens (its global batch x the sequence length), by which its loss is averaged.
+    tokens: f64,
 }
 
-/// The iterations since the last log line: their summed loss and seconds.
+/// The iterations since the last log line: their summed loss, seconds, tokens and FLOPs per
+/// rank, and the global batch of the newest (under `--rampup-batch-size` each has its own).
 #[derive(Default)]
 struct Window {
     loss: f64,
     iters: u64,
     secs: f64,
+    tokens: f64,
+    flops_per_rank: f64,
+    global_batch: usize,
+}
+
+/// The world ranks whose own share of a step's loss (`local`) is not finite, gathered from every
+/// rank (all of them call this together).
+fn nonfinite_ranks(world: &dyn crate::comm::Comm, local: f64) -> Vec<usize> {
+    let mut flags = vec![0f32; world.size()];
+    world.all_gather(&[f32::from(u8::from(!local.is_finite()))], &mut flags);
+    flags.iter().enumerate().filter(|(_, &f)| f != 0.0).map(|(r, _)| r).collect()
+}
+
+/// "0", "0 and 2", "0, 1 and 3".
+fn join_ranks(ranks: &[usize]) -> String {
+    let words: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    match words.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => words.join(""),
+    }
 }
 
 /// What the loop reads and updates from one iteration to the next.
@@ -174,8 +195,7 @@ struct Trainer<'a, D: Device> {
     json: Option<JsonLog>,
     tensorboard: Option<EventWriter>,
     watch: StopWatch,
-    tokens_per_iter: f64,
-    flops_per_rank: f64,
+    world_size: usize,
     summary: TrainSummary,
     window: Window,
     /// Pipeline busy and wall seconds for the bubble, measured from the second iteration on (the
@@ -203,7 +223,11 @@ impl<D: Device> Trainer<'_, D> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
         let iteration = self.progress.iteration + 1;
         let started = Instant::now();
-        // Megatron's schedule: the rates after the samples consumed before this iteration.
+        // Megatron's schedules: the rates, and the global batch (`--rampup-batch-size`), after the
+        // samples consumed before this iteration.
+        let per_micro = cfg.micro_batch_size * setup.grid.dp;
+        let batch = cfg.running_batch_at(self.progress.consumed_train, per_micro);
+        self.pipe.set_micro(batch / per_micro);
         let lr = cfg.lr.lr(self.progress.consumed_train);
         let weight_decay = cfg.lr.weight_decay(self.progress.consumed_train) as f32;
         for c in self.chunks.iter_mut() {
@@ -214,7 +238,8 @@ impl<D: Device> Trainer<'_, D> {
         }
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
         let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
-        self.step(iteration, lr)?;
+        let tokens = (batch * cfg.seq_length) as f64;
+        self.step(iteration, lr, tokens)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
@@ -228,9 +253,12 @@ impl<D: Device> Trainer<'_, D> {
             (step, layers)
         });
         self.progress.iteration = iteration;
-        self.progress.consumed_train += cfg.global_batch_size as u64;
+        self.progress.consumed_train += batch as u64;
         self.record();
         self.window.iters += 1;
+        self.window.tokens += tokens;
+        self.window.flops_per_rank += cfg.model.flops_per_iteration(batch, cfg.seq_length) / self.world_size as f64;
+        self.window.global_batch = batch;
         let validate = iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters;
         let log = iteration.is_multiple_of(cfg.log_interval) || validate;
         // The window's losses and norms are read once, when the log line is due (or the
@@ -271,9 +299,9 @@ impl<D: Device> Trainer<'_, D> {
     /// host reads nothing here, unless a loss scaler must decide whether to skip the step (fp16,
     /// one read of the norm) or the norm's group (model-parallel, or the world under ZeRO-1) sums
     /// it through the host (a device without a communicator for it: `--gpu-collectives mpi`).
-    fn step(&mut self, iteration: u64, lr: f64) -> Result<()> {
+    fn step(&mut self, iteration: u64, lr: f64, tokens: f64) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
-        let grad_scale = 1.0 / self.tokens_per_iter as f32;
+        let grad_scale = 1.0 / tokens as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
         let slot = self.pending.len();
@@ -331,7 +359,7 @@ impl<D: Device> Trainer<'_, D> {
                 c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
-        self.pending.push(PendingStep { iteration, overflowed });
+        self.pending.push(PendingStep { iteration, overflowed, tokens });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -339,14 +367,16 @@ impl<D: Device> Trainer<'_, D> {
     /// Reads the pending steps' losses and gradient norms from the device, in one copy each, and
     /// adds them to the summary and the log window in step order (so every printed figure is the
     /// one a per-step read gives). A non-finite loss, or norm of a step that was not skipped, ends
-    /// the run naming its iteration.
+    /// the run on every rank naming its iteration and the ranks whose loss it came from (the
+    /// caller saves no checkpoint after it), or with `--no-check-for-nan-in-loss-and-grad` is
+    /// said and logged as it is.
     fn flush(&mut self) -> Result<()> {
         let n = self.pending.len();
         if n == 0 {
             return Ok(());
         }
         let mut losses = vec![0.0; n];
-        self.pipe.take_step_losses(&mut self.chunks, &mut losses);
+        let local_losses = self.pipe.take_step_losses(&mut self.chunks, &mut losses);
         // The window's norms: as the loss scaler read them after the newest step (they do not
         // change after it), else in one copy.
         let norms = match self.scaler_norms.take() {
@@ -357,13 +387,31 @@ impl<D: Device> Trainer<'_, D> {
                 norms
             }
         };
+        let setup = self.setup;
         for (k, step) in self.pending.drain(..).enumerate() {
-            let (loss, grad_norm) = (losses[k] / self.tokens_per_iter, norms[2 * k]);
+            let (loss, grad_norm) = (losses[k] / step.tokens, norms[2 * k]);
+            // Both figures are sums over every rank, so every rank takes this branch together.
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
-                return Err(Error::Config(format!(
-                    "iteration {}: loss {loss} / grad norm {grad_norm} is not finite; lower --lr or check the data",
-                    step.iteration
-                )));
+                let ranks = nonfinite_ranks(&*setup.groups.world, local_losses[k]);
+                let what = format!(
+                    "iteration {}: loss {loss} / grad norm {grad_norm} is not finite ({})",
+                    step.iteration,
+                    if ranks.is_empty() {
+                        "in the gradients of every rank's norm".to_string()
+                    } else {
+                        let s = if ranks.len() == 1 { "" } else { "s" };
+                        format!("non-finite loss on rank{s} {} of {}", join_ranks(&ranks), setup.grid.world_size)
+                    }
+                );
+                if setup.cfg.check_for_nan {
+                    return Err(Error::Config(format!(
+                        "{what}; stopped before any checkpoint of it: lower --lr, check the data or the \
+                         checkpoint loaded (--no-check-for-nan-in-loss-and-grad trains on)"
+                    )));
+                }
+                if setup.say {
+                    println!(" {what}; training on (--no-check-for-nan-in-loss-and-grad)");
+                }
             }
             self.summary.losses.push(loss);
             self.window.loss += loss;
@@ -428,12 +476,12 @@ impl<D: Device> Trainer<'_, D> {
             consumed_samples: self.progress.consumed_train,
             ms_per_iter: 1e3 * secs,
             lr,
-            global_batch_size: cfg.global_batch_size,
+            global_batch_size: self.window.global_batch,
             loss: self.window.loss / self.window.iters as f64,
             grad_norm,
-            tokens_per_s: self.tokens_per_iter / secs,
-            tflops: self.flops_per_rank / secs / 1e12,
-            mfu: self.flops_per_rank / secs / (self.setup.peak.gflops * 1e9),
+            tokens_per_s: self.window.tokens / self.window.secs,
+            tflops: self.window.flops_per_rank / self.window.secs / 1e12,
+            mfu: self.window.flops_per_rank / self.window.secs / (self.setup.peak.gflops * 1e9),
             val_loss,
             loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
             skipped_iterations: self.skipped_iterations,

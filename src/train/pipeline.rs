@@ -64,7 +64,10 @@ pub(super) struct Pipeline<'a, D: Device> {
     tp: TensorParallel<'a>,
     schedule: Schedule,
     chunks: usize,
+    /// Micro-batches of this iteration (`set_micro`: fewer while `--rampup-batch-size` ramps),
+    /// and of a full global batch (evaluation's, whatever the ramp).
     micro: usize,
+    full_micro: usize,
     hidden_len: usize,
     /// Whether the optimizer is ZeRO-1 (gradients reduce-scattered after backward, not bucketed).
     pub zero: bool,
@@ -139,6 +142,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
             schedule,
             chunks,
             micro,
+            full_micro: micro,
             hidden_len,
             zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
             releases: pipeline::send_releases(stages, chunks, stage, &order),
@@ -148,6 +152,19 @@ impl<'a, D: Device> Pipeline<'a, D> {
 }
 
 impl<D: Device> Pipeline<'_, D> {
+    /// The micro-batches of the next training steps (the ramp's count; setup checked that the
+    /// schedule takes it): their schedule's send releases follow. The message buffers stay the
+    /// full batch's (a count that held more would get one more from `buffer`).
+    pub fn set_micro(&mut self, micro: usize) {
+        if micro != self.micro {
+            let (schedule, stages, stage, chunks) = (self.schedule, self.stages(), self.stage(), self.chunks);
+            self.releases = pipeline::send_releases(stages, chunks, stage, &|s| {
+                pipeline::passes(schedule, stages, s, micro, chunks)
+            });
+            self.micro = micro;
+        }
+    }
+
     fn stages(&self) -> usize {
         self.groups.grid.pp
     }
@@ -367,7 +384,9 @@ impl<D: Device> Pipeline<'_, D> {
     /// Per step of the window, `out[k]`: the token loss the training forwards of step `k` summed
     /// into loss slot `k` (`Gpt::set_loss_slot`), over this rank's chunks, then over the pipeline
     /// and data-parallel groups: one read of the device, one all-gather per group.
-    pub fn take_step_losses(&self, chunks: &mut [Chunk<D>], out: &mut [f64]) {
+    /// Returns this rank's own share of each step's loss (before the sums), by which a
+    /// non-finite loss is traced to the ranks it came from.
+    pub fn take_step_losses(&self, chunks: &mut [Chunk<D>], out: &mut [f64]) -> Vec<f64> {
         out.fill(0.0);
         let mut chunk_losses = vec![0.0; out.len()];
         for c in chunks.iter_mut() {
@@ -376,8 +395,10 @@ impl<D: Device> Pipeline<'_, D> {
                 *o += l;
             }
         }
+        let local = out.to_vec();
         self.groups.pp.sum_f64s(out);
         self.groups.dp.sum_f64s(out);
+        local
     }
 
     /// Forward passes only over `iters` global batches from sample `first` (validation): every
@@ -399,7 +420,7 @@ impl<D: Device> Pipeline<'_, D> {
         }
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
-            for micro in 0..self.micro {
+            for micro in 0..self.full_micro {
                 batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                 for chunk in 0..self.chunks {
                     let model = &mut chunks[chunk].model;

@@ -63,6 +63,20 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
             chunks.iter().map(|c| c.buckets.len()).sum::<usize>(),
             data.train.len()
         );
+        if let Some(r) = setup.cfg.rampup {
+            println!(
+                " batch-size ramp-up: global batch {} rising by {} over {} samples to {}{}",
+                r.start,
+                r.increment,
+                r.samples,
+                r.global,
+                if setup.cfg.decrease_batch_size_if_needed {
+                    " (rounded down to whole micro-batches on every data-parallel rank)".to_string()
+                } else {
+                    format!(" ({} iterations of the ramp)", r.ramp().len())
+                }
+            );
+        }
     }
 }
 

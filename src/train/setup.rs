@@ -138,8 +138,13 @@ fn attach_collectives<D: Device>(
     };
     let (p, v) = (groups.grid.pp, stage.plans.len());
     if library != CollectiveLibrary::Mpi && p > 1 {
-        let order = |s: usize| pipeline::passes(stage.schedule, p, s, n_micro, v);
-        pipeline::fifo_order(p, v, &order)
+        let ramp = ramp_micro_batches(cfg, &groups.grid)?.into_iter().map(|(_, m)| m);
+        std::iter::once(n_micro)
+            .chain(ramp)
+            .try_for_each(|m| {
+                let order = |s: usize| pipeline::passes(stage.schedule, p, s, m, v);
+                pipeline::fifo_order(p, v, &order)
+            })
             .and_then(|_| pipeline::fifo_order(p, v, &|_| pipeline::forward_passes(n_micro, v)))
             .map_err(|e| {
                 Error::Config(format!(
@@ -236,6 +241,14 @@ fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
     let schedule = cfg.pipeline_schedule.unwrap_or(if chunks > 1 { Schedule::Interleaved } else { Schedule::OneFOneB });
     let micro = num_micro_batches(cfg, grid);
     pipeline::validate(schedule, p, chunks, micro)?;
+    for (consumed, micro) in ramp_micro_batches(cfg, grid)? {
+        pipeline::validate(schedule, p, chunks, micro).map_err(|e| {
+            Error::Config(format!(
+                "--rampup-batch-size: at {consumed} consumed samples the global batch is {}: {e}",
+                micro * cfg.micro_batch_size * grid.dp
+            ))
+        })?;
+    }
     let (first, last) = (cfg.first_stage_layers, cfg.last_stage_layers);
     if (first.is_some() || last.is_some()) && chunks > 1 {
         return Err(Error::Unsupported("--decoder-first/last-pipeline-num-layers with virtual pipeline stages".into()));
@@ -258,6 +271,44 @@ fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
 /// Micro-batches of one global batch on each data-parallel rank.
 fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
     cfg.global_batch_size / (cfg.micro_batch_size * grid.dp)
+}
+
+/// Under `--rampup-batch-size`, (samples consumed before it, micro-batches per data-parallel
+/// rank) of each distinct global batch the ramp reaches below the full one; a batch that
+/// micro-batch x data-parallel size does not divide is an error naming where the ramp reaches
+/// it (megatron-core's consistency check, made before the run rather than at that iteration),
+/// unless `--decrease-batch-size-if-needed` rounds it down.
+pub(super) fn ramp_micro_batches(cfg: &TrainConfig, grid: &Grid) -> Result<Vec<(u64, usize)>> {
+    let Some(rampup) = cfg.rampup else { return Ok(Vec::new()) };
+    let per_micro = (cfg.micro_batch_size * grid.dp) as u64;
+    let mut out: Vec<(u64, usize)> = Vec::new();
+    let mut consumed = 0;
+    loop {
+        let batch = rampup.global_batch(consumed);
+        if batch == rampup.global {
+            return Ok(out);
+        }
+        let rounds = cfg.decrease_batch_size_if_needed && batch >= per_micro;
+        if !batch.is_multiple_of(per_micro) && !rounds {
+            return Err(Error::Config(format!(
+                "--rampup-batch-size: at {consumed} consumed samples the global batch is {batch}, not a multiple \
+                 of --micro-batch-size {} x the data-parallel size {}{}",
+                cfg.micro_batch_size,
+                grid.dp,
+                if cfg.decrease_batch_size_if_needed {
+                    " (and below it: --decrease-batch-size-if-needed would leave no micro-batch)"
+                } else {
+                    " (--decrease-batch-size-if-needed rounds it down)"
+                }
+            )));
+        }
+        let micro = (batch / per_micro) as usize;
+        if out.last().is_none_or(|&(_, m)| m != micro) {
+            out.push((consumed, micro));
+        }
+        // The iteration consumes the batch rounded down (megatron-core's running batch).
+        consumed += micro as u64 * per_micro;
+    }
 }
 
 /// The train, validation and test datasets of a run.
