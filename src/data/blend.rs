@@ -111,11 +111,8 @@ impl BlendedDataset {
         }
         let weights = normalize(weights);
         let (dataset_index, sample_index) = blending_indices(&weights, size);
-        let mut drawn = vec![0usize; datasets.len()];
-        for &d in &dataset_index {
-            drawn[d as usize] += 1;
-        }
-        for (k, (ds, &n)) in datasets.iter().zip(&drawn).enumerate() {
+        let blend = BlendedDataset { datasets, dataset_index, sample_index };
+        for (k, (ds, n)) in blend.datasets.iter().zip(blend.drawn()).enumerate() {
             if n > ds.len() {
                 return Err(Error::Data(format!(
                     "the {split} blend draws {n} samples from dataset {k} ({}), which has {}; raise \
@@ -125,7 +122,16 @@ impl BlendedDataset {
                 )));
             }
         }
-        Ok(BlendedDataset { datasets, dataset_index, sample_index })
+        Ok(blend)
+    }
+
+    /// Samples the blend draws from each of its datasets.
+    pub fn drawn(&self) -> Vec<usize> {
+        let mut drawn = vec![0usize; self.datasets.len()];
+        for &d in &self.dataset_index {
+            drawn[d as usize] += 1;
+        }
+        drawn
     }
 
     /// The blend's two indexes as Megatron's int16 and int64 arrays, for the cache.
@@ -173,7 +179,7 @@ impl BlendedDataset {
     }
 
     /// Which dataset, and which of its samples (a position in its shuffle), blend sample `i` is.
-    pub fn index(&self, i: usize) -> (usize, usize) {
+    fn index(&self, i: usize) -> (usize, usize) {
         (self.dataset_index[i] as usize, self.sample_index[i] as usize)
     }
 

@@ -85,7 +85,7 @@ fn run_on<D: Device>(
     if let (Some(dir), true) = (&cfg.save, setup.say) {
         stop::clear_marker(dir)?;
     }
-    let data = build_datasets(cfg, cfg.model.vocab_size)?;
+    let data = build_datasets(cfg)?;
     let mut chunks: Vec<Chunk<D>> =
         setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
     report::parameters(&setup, &chunks, &data);

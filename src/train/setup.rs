@@ -302,12 +302,14 @@ pub(super) fn ramp_micro_batches(cfg: &TrainConfig, grid: &Grid) -> Result<Vec<(
                 }
             )));
         }
-        let micro = (batch / per_micro) as usize;
+        // The iteration consumes the running batch (rounded down under
+        // --decrease-batch-size-if-needed), as the trainer does.
+        let running = cfg.running_batch_at(consumed, per_micro as usize);
+        let micro = running / per_micro as usize;
         if out.last().is_none_or(|&(_, m)| m != micro) {
             out.push((consumed, micro));
         }
-        // The iteration consumes the batch rounded down (megatron-core's running batch).
-        consumed += micro as u64 * per_micro;
+        consumed += running as u64;
     }
 }
 
@@ -321,7 +323,7 @@ pub struct Datasets {
 /// The splits as Megatron sizes them: the run's training samples, a validation pass of
 /// `--eval-iters` global batches every `--eval-interval` iterations and at the end, and one
 /// pass for the test split.
-pub fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
+pub fn build_datasets(cfg: &TrainConfig) -> Result<Datasets> {
     let gbs = cfg.global_batch_size;
     let counts = [
         (cfg.train_samples as usize).max(1),
@@ -333,7 +335,7 @@ pub fn build_datasets(cfg: &TrainConfig, vocab: usize) -> Result<Datasets> {
         seq_length: cfg.seq_length,
         seed: cfg.seed,
         surplus: cfg.data_surplus,
-        vocab_size: vocab,
+        vocab_size: cfg.model.vocab_size,
         cache: cfg.data_cache_path.clone(),
     };
     let [train, valid, test] = datasets::build(&data, counts)?;

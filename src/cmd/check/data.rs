@@ -15,7 +15,7 @@ pub fn run(args: &[String]) -> Result<()> {
         return Ok(());
     };
     let cfg = TrainConfig::from_args(&a)?;
-    let sets = crate::train::build_datasets(&cfg, cfg.model.vocab_size)?;
+    let sets = crate::train::build_datasets(&cfg)?;
     let splits = [Some(&sets.train), sets.valid.as_ref(), sets.test.as_ref()];
     for (name, split) in SPLIT_NAMES.iter().zip(splits) {
         match split {
@@ -49,10 +49,7 @@ fn describe(ds: &Dataset) -> String {
     match ds {
         Dataset::Single(d) => format!("{} samples, {} epochs, {}", d.len(), d.num_epochs(), d.describe()),
         Dataset::Blended(b) => {
-            let mut drawn = vec![0usize; b.datasets().len()];
-            for i in 0..b.len() {
-                drawn[b.index(i).0] += 1;
-            }
+            let drawn = b.drawn();
             let parts: Vec<String> = b
                 .datasets()
                 .iter()
