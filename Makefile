@@ -51,7 +51,7 @@ APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm
 # hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
 APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light gpu-calibrate slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -146,6 +146,12 @@ gpu-bench:
 # Logs and summary.json in OUT (default runs/first-light/<date>). No build here, as gpu-bench.
 gpu-first-light:
 	tests/gpu/first-light.sh $(if $(OUT),--out $(OUT))
+
+# On one GPU of the machine to plan for: the GEMM, attention and element-wise measurements
+# (PyTorch's and trident's) that `trident plan --calibrate OUT/torch.jsonl` (or trident.jsonl)
+# reads (tests/gpu/plan-calibrate.sh; its header lists the knobs). No build here, as gpu-bench.
+gpu-calibrate:
+	tests/gpu/plan-calibrate.sh $(if $(OUT),--out $(OUT))
 
 lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings

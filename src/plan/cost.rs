@@ -8,7 +8,7 @@
 
 use super::hardware::{Collective, Machine, Placement};
 use super::models::Shape;
-use super::{Layout, Precision, TpMode};
+use super::{Features, Layout, Precision, TpMode};
 use crate::model::Recompute;
 
 /// Bytes each GPU holds, for the stage that holds the most.
@@ -32,7 +32,11 @@ impl Memory {
 pub struct Timing {
     /// GEMMs of the slowest stage over all micro-batches (including recompute).
     pub gemm_s: f64,
-    /// Memory-bound work of the slowest stage: attention scores, LayerNorm, GELU, residuals.
+    /// The attention core (scores, softmax, values) of the slowest stage: flash attention's
+    /// kernels, or the batched GEMMs of unfused attention (their score traffic is memory-bound).
+    pub attention_s: f64,
+    /// Memory-bound work of the slowest stage: unfused attention's scores, LayerNorm, GELU,
+    /// residuals.
     pub memory_bound_s: f64,
     /// Tensor-parallel collectives of the slowest stage.
     pub tp_comm_s: f64,
@@ -50,6 +54,7 @@ pub struct Timing {
 impl Timing {
     pub fn iteration_s(&self) -> f64 {
         self.gemm_s
+            + self.attention_s
             + self.memory_bound_s
             + self.tp_comm_s
             + self.pp_comm_s
@@ -119,9 +124,11 @@ struct Dims {
     sp: bool,
     /// Element bytes / 2: the reference formulas count 16-bit activations.
     scale: f64,
+    /// Flash attention (no score matrix in memory) rather than Megatron 2021's unfused attention.
+    flash: bool,
 }
 
-fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
+fn dims(shape: &Shape, layout: &Layout, precision: Precision, features: &Features) -> Dims {
     let model = shape.model();
     Dims {
         s: shape.seq_length as f64,
@@ -143,11 +150,14 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision) -> Dims {
         layers_per_stage: (shape.num_layers / layout.pp) as f64,
         sp: (layout.sequence_parallel && layout.tp > 1) || layout.summa().is_some(),
         scale: bytes(precision).element / 2.0,
+        flash: features.flash_attention,
     }
 }
 
 /// Activation bytes one layer keeps for one micro-batch (tp-advanced.md §5.2) for a recompute
 /// mode: none keeps all, selective drops the attention scores (5as/h), full keeps the layer input.
+/// Flash attention keeps no scores: every mode then keeps what selective keeps (plus its
+/// per-row softmax statistics, under 1% of the rest, not counted).
 fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
     let sbh = d.s * d.b * d.h;
     // 10 sbh is replicated over TP ranks without SP (norm inputs, QKV and fc1 inputs, dropout
@@ -155,7 +165,7 @@ fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
     // GPT-2, less under grouped-query attention), and the MLP's kept tensors (16 sbh for a GELU
     // MLP of 4h); 5as/h is the attention-score part (a query heads).
     let split = (4.0 * d.aw + 4.0 * d.kvw) / d.h + d.mlp_kept;
-    let scores = 5.0 * d.a * d.s / d.h;
+    let scores = if d.flash { 0.0 } else { 5.0 * d.a * d.s / d.h };
     let bytes = match (recompute, d.sp) {
         (Recompute::None, false) => sbh * (10.0 + (split + scores) / d.t),
         (Recompute::None, true) => sbh * (10.0 + split + scores) / d.t,
@@ -210,8 +220,14 @@ fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
 }
 
 /// Bytes per GPU of the heavier of the first and the last stage.
-pub fn memory(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize) -> Memory {
-    let d = dims(shape, layout, precision);
+pub fn memory(
+    shape: &Shape,
+    layout: &Layout,
+    precision: Precision,
+    global_batch: usize,
+    features: &Features,
+) -> Memory {
+    let d = dims(shape, layout, precision, features);
     let by = bytes(precision);
     let m = layout.micro_batches(global_batch);
     let stored = layer_activation_bytes(&d, layout.recompute);
@@ -274,7 +290,7 @@ fn layer_executed_flops(d: &Dims, recompute: Recompute) -> f64 {
 /// FLOPs the whole job executes per iteration (recompute included), the numerator of the
 /// paper's TFLOP/s per GPU: with full recompute this is 96Bslh²(1 + s/6h + V/16lh).
 pub fn executed_flops(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize) -> f64 {
-    let d = dims(shape, layout, precision);
+    let d = dims(shape, layout, precision, &Features::default());
     let per_micro = shape.num_layers as f64 * layer_executed_flops(&d, layout.recompute) + 6.0 * d.b * d.s * d.h * d.v;
     per_micro * (global_batch as f64 / d.b)
 }
@@ -286,33 +302,93 @@ pub fn model_flops(shape: &Shape, layout: &Layout, precision: Precision, global_
 }
 
 /// Seconds per iteration on `machine` (see `Timing` for the parts).
-pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch: usize, machine: &Machine) -> Timing {
-    let d = dims(shape, layout, precision);
+/// Seconds of one product of `flops` FLOPs per rank whose forward, input-gradient and
+/// weight-gradient GEMMs have inner dimensions `ks` (a forward alone: one entry), at `peak` times
+/// the GPU's efficiency for each shape.
+fn product_s(flops: f64, ks: &[f64], peak: f64, machine: &Machine) -> f64 {
+    ks.iter().map(|&k| flops / (peak * machine.efficiency.gemm(k))).sum()
+}
+
+/// One layer's compute for one micro-batch on one GPU: (GEMMs, attention core, memory-bound).
+/// Each linear layer is three GEMMs (forward, input gradient, weight gradient) priced by their
+/// per-rank inner dimension, plus a forward again under full recompute. Flash attention executes
+/// its causal half of the score FLOPs (forward 2bs²·width, backward 2.5x, selective and full
+/// recompute a forward again) at the attention efficiency; Megatron 2021's unfused attention runs
+/// all of them as batched GEMMs at the large-GEMM efficiency and moves its scores through HBM.
+fn layer_compute_s(d: &Dims, layout: &Layout, peak: f64, machine: &Machine) -> (f64, f64, f64) {
+    let tokens = d.b * d.s;
+    let recompute = layout.recompute;
+    // Per-rank (M, N, K) of each product; column-parallel QKV and fc1 split N, row-parallel
+    // projection and fc2 split K; a SUMMA grid splits rows by d·q and both N and K by q.
+    let rows = match d.summa {
+        None => tokens,
+        Some((q, depth)) => tokens / (q * depth),
+    };
+    let mut gemm = 0.0;
+    for (n, k, row_parallel) in [(d.qkv, d.h, false), (d.h, d.aw, true), (d.fc1, d.h, false), (d.h, d.f, true)] {
+        let (n_rank, k_rank) = match d.summa {
+            None if row_parallel => (n, k / d.t),
+            None => (n / d.t, k),
+            Some((q, _)) => (n / q, k / q),
+        };
+        let flops = 2.0 * tokens * n * k / d.t;
+        let ks: &[f64] =
+            if recompute == Recompute::Full { &[k_rank, n_rank, rows, k_rank] } else { &[k_rank, n_rank, rows] };
+        gemm += product_s(flops, ks, peak, machine);
+    }
+    let score_flops = 4.0 * d.b * d.s * d.s * d.aw / d.t;
+    let hbm = machine.hbm_bytes_per_s;
+    let hidden_stored = layer_activation_bytes(d, Recompute::Selective);
+    let recompute_factor = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
+    let elementwise = ELEMENTWISE_PASSES * hidden_stored * recompute_factor / hbm;
+    let extra_forward = if recompute == Recompute::None { 0.0 } else { 1.0 };
+    if d.flash {
+        let executed = score_flops / 2.0 * (3.5 + extra_forward);
+        return (gemm, executed / (peak * machine.efficiency.attention), elementwise);
+    }
+    let attention = score_flops * (3.0 + extra_forward) / (peak * machine.efficiency.gemm_max);
+    let scores = d.a / d.t * d.s * d.s * d.b;
+    let score_bytes = scores * SCORE_BYTES_FWD * (3.0 + extra_forward) * d.scale;
+    (gemm, attention, elementwise + score_bytes / hbm)
+}
+
+/// Seconds per iteration on `machine` (see `Timing` for the parts).
+pub fn timing(
+    shape: &Shape,
+    layout: &Layout,
+    precision: Precision,
+    global_batch: usize,
+    machine: &Machine,
+    features: &Features,
+) -> Timing {
+    let d = dims(shape, layout, precision, features);
     let by = bytes(precision);
     let m = layout.micro_batches(global_batch) as f64;
     let g = machine.gpus_per_node;
     let peak = match precision {
         Precision::Fp32 => machine.peak_fp32_flops,
         _ => machine.peak_16bit_flops,
-    } * machine.gemm_efficiency;
+    };
     let hbm = machine.hbm_bytes_per_s;
 
     // One layer, one micro-batch, on one GPU.
-    let gemm = layer_executed_flops(&d, layout.recompute) / d.t / peak;
-    let score_passes = match layout.recompute {
-        Recompute::None => 3.0,
-        Recompute::Selective | Recompute::Full => 4.0,
-    };
-    let scores = d.a / d.t * d.s * d.s * d.b;
-    let score_bytes = scores * SCORE_BYTES_FWD * score_passes * d.scale;
-    let hidden_stored = layer_activation_bytes(&d, Recompute::Selective);
-    let recompute_factor = if layout.recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
-    let memory_bound = (score_bytes + ELEMENTWISE_PASSES * hidden_stored * recompute_factor) / hbm;
+    let step = machine.efficiency.step;
+    let (gemm, attention, memory_bound) = layer_compute_s(&d, layout, peak * step, machine);
+    let memory_bound = memory_bound / step;
     let tp_comm = tp_layer_comm_s(&d, layout, machine);
+    // Megatron's --tp-comm-overlap pipelines 1-D TP's collectives inside a node with the layer's
+    // GEMMs: only what outlasts them is exposed.
+    let overlapped = features.tp_comm_overlap && layout.tp_mode == TpMode::OneD && layout.tp <= g;
+    let tp_comm = if overlapped { (tp_comm - gemm).max(0.0) } else { tp_comm };
 
     // The output layer and loss on the last stage (not recomputed), the embedding on the first.
-    let logits_gemm = 6.0 * d.b * d.s * d.h * d.v / d.t / peak;
-    let logits_memory = 3.0 * 4.0 * d.s * d.b * d.v / d.t / hbm;
+    let tokens = d.b * d.s;
+    let vocab_rank = match d.summa {
+        None => d.v / d.t,
+        Some((q, _)) => d.v / q,
+    };
+    let logits_gemm = product_s(2.0 * tokens * d.h * d.v / d.t, &[d.h, vocab_rank, tokens], peak * step, machine);
+    let logits_memory = 3.0 * 4.0 * d.s * d.b * d.v / d.t / hbm / step;
     let activation_bytes = d.s * d.b * d.h * by.element;
     let tp = Placement::strided(layout.tp, 1, g);
     // Embedding forward and output-layer input-gradient all-reduces, and the loss's three small
@@ -344,7 +420,7 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     let pp_comm = if d.p > 1 { 2.0 * layout.vpp as f64 * machine.p2p_s(pp_bytes, across) } else { 0.0 };
 
     let layers = d.layers_per_stage;
-    let body = layers * (gemm + memory_bound + tp_comm);
+    let body = layers * (gemm + attention + memory_bound + tp_comm);
     let first = body + embedding_comm + pp_comm;
     let last = body + logits_gemm + logits_memory + loss_comm + pp_comm;
     let (slow, slow_extra_gemm, slow_extra_mem, slow_extra_comm) = if d.p == 1 {
@@ -365,18 +441,27 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
     // Data parallelism: fp32 gradients of the largest stage. Plain DP all-reduces buckets as the
     // last micro-batch's backward finishes them (overlap with up to that backward); trident's
     // ZeRO-1 reduce-scatters after the backward and all-gathers the updated fp32 shards after
-    // the step, neither overlapped.
+    // the step, neither overlapped. Megatron's --overlap-grad-reduce hides the reduce-scatter
+    // behind the last backward as plain DP's all-reduce, and --overlap-param-gather all-gathers
+    // the updated 16-bit weights behind the next iteration's first forward.
     let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
     let grad_bytes = params * 4.0;
     // Gradients are summed over data-parallel x depth: under 2.5-D the depth copies of a shard
     // sit q² ranks apart, then the data-parallel replicas (d q² apart), so one stride of q².
     let replicas = layout.dp * layout.tp_mode.summa_depth();
     let dp_group = Placement::strided(replicas, layout.tp_degree(), g);
+    let last_backward = 2.0 / 3.0 * layers * (gemm + attention + memory_bound);
     let dp_comm = if layout.zero1 {
-        machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group)
-            + machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
+        let reduce = machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group);
+        let reduce = if features.overlap_grad_reduce { (reduce - last_backward).max(0.0) } else { reduce };
+        let gather = if features.overlap_param_gather {
+            let bytes = params * by.weight;
+            (machine.collective_s(Collective::AllGather, bytes, dp_group) - last_backward / 2.0).max(0.0)
+        } else {
+            machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
+        };
+        reduce + gather
     } else {
-        let last_backward = 2.0 / 3.0 * layers * (gemm + memory_bound);
         (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0)
     };
     // The two copies of the tied word embedding (first and last stage) are summed every step.
@@ -396,6 +481,7 @@ pub fn timing(shape: &Shape, layout: &Layout, precision: Precision, global_batch
 
     Timing {
         gemm_s: m * (layers * gemm + slow_extra_gemm),
+        attention_s: m * layers * attention,
         memory_bound_s: m * (layers * memory_bound + slow_extra_mem),
         tp_comm_s: m * (layers * tp_comm + slow_extra_comm),
         pp_comm_s: m * if d.p > 1 { pp_comm } else { 0.0 },
@@ -517,7 +603,7 @@ mod tests {
         for (q, depth) in [(2usize, 1usize), (2, 2), (4, 1)] {
             let layout =
                 Layout { tp_mode: TpMode::Summa { q, depth }, tp: q * q * depth, ..layout(1, Recompute::None, false) };
-            let d = dims(&shape, &layout, Precision::Bf16);
+            let d = dims(&shape, &layout, Precision::Bf16, &Features::default());
             let seconds = tp_layer_comm_s(&d, &layout, &m);
             let elements = seconds * m.intra.bytes_per_s / 2.0;
             let (q, depth) = (q as f64, depth as f64);
@@ -526,22 +612,30 @@ mod tests {
         }
     }
 
+    /// Megatron 2021's attention, whose scores the hand-computed activations count.
+    const UNFUSED: Features = Features {
+        flash_attention: false,
+        tp_comm_overlap: false,
+        overlap_grad_reduce: false,
+        overlap_param_gather: false,
+    };
+
     #[test]
     fn memory_matches_a_hand_computed_case() {
-        let m = memory(&small(), &layout(1, Recompute::None, false), Precision::Bf16, 8);
+        let m = memory(&small(), &layout(1, Recompute::None, false), Precision::Bf16, 8, &UNFUSED);
         assert_eq!(m.weights_bytes, 14_699_520.0 * 2.0);
         assert_eq!(m.grads_bytes, 14_699_520.0 * 4.0);
         assert_eq!(m.optimizer_bytes, 14_699_520.0 * 12.0);
         assert_eq!(m.activations_bytes, 4.0 * 130_023_424.0);
         // ZeRO-1 over 2 data-parallel ranks halves the optimizer state only.
-        let z = memory(&small(), &layout(2, Recompute::None, true), Precision::Bf16, 8);
+        let z = memory(&small(), &layout(2, Recompute::None, true), Precision::Bf16, 8, &UNFUSED);
         assert_eq!(z.optimizer_bytes, 14_699_520.0 * 6.0);
         assert_eq!(z.weights_bytes, m.weights_bytes);
         // Full recompute keeps 2sbh per layer and micro-batch plus one layer's whole set.
-        let f = memory(&small(), &layout(1, Recompute::Full, false), Precision::Bf16, 8);
+        let f = memory(&small(), &layout(1, Recompute::Full, false), Precision::Bf16, 8, &UNFUSED);
         assert_eq!(f.activations_bytes, 4.0 * 2.0 * 2_097_152.0 + 130_023_424.0);
         // Selective drops the 5as/h term: 10 + 24/2 = 22 sbh.
-        let s = memory(&small(), &layout(1, Recompute::Selective, false), Precision::Bf16, 8);
+        let s = memory(&small(), &layout(1, Recompute::Selective, false), Precision::Bf16, 8, &UNFUSED);
         assert_eq!(s.activations_bytes, 4.0 * 22.0 * 2_097_152.0);
     }
 
@@ -573,7 +667,7 @@ mod tests {
     #[test]
     fn llama_stages_hold_their_parameters_and_activations() {
         let (shape, l) = (small_llama(), layout(1, Recompute::None, false));
-        let d = dims(&shape, &l, Precision::Bf16);
+        let d = dims(&shape, &l, Precision::Bf16, &Features::default());
         assert_eq!(shape.layer_parameters(), 11_274_240.0);
         assert_eq!(stage_parameters(&shape, &d, true, false), 11_276_288.0 + 1_048_576.0);
         assert_eq!(stage_parameters(&shape, &d, false, true), 11_276_288.0 + 1024.0 + 1_048_576.0);
@@ -585,7 +679,10 @@ mod tests {
         assert_eq!(selective, (10.0 + 21.5 / 2.0) * 2_097_152.0);
         // The same model with multi-head attention keeps more.
         let mha = Shape { arch: crate::model::Arch { num_query_groups: None, ..shape.arch.clone() }, ..shape.clone() };
-        assert!(layer_activation_bytes(&dims(&mha, &l, Precision::Bf16), Recompute::Selective) > selective);
+        assert!(
+            layer_activation_bytes(&dims(&mha, &l, Precision::Bf16, &Features::default()), Recompute::Selective)
+                > selective
+        );
     }
 
     #[test]
@@ -610,7 +707,7 @@ mod tests {
         let tied =
             Shape { arch: crate::model::Arch { untie_embeddings: false, ..untied.arch.clone() }, ..untied.clone() };
         let l = layout(1, Recompute::None, false);
-        let t = |s: &Shape| timing(s, &l, Precision::Bf16, 8, &machine).dp_comm_s;
+        let t = |s: &Shape| timing(s, &l, Precision::Bf16, 8, &machine, &Features::default()).dp_comm_s;
         // One data-parallel rank: the only data-parallel time is the tied embedding's sum.
         assert_eq!(t(&untied), 0.0);
         assert!(t(&tied) > 0.0);
@@ -621,7 +718,7 @@ mod tests {
         let shape = crate::plan::models::named("megatron-39.1b").unwrap();
         let machine = crate::plan::hardware::machine("a100").unwrap();
         let base = Layout { tp: 8, pp: 2, dp: 32, micro_batch: 1, ..layout(32, Recompute::None, false) };
-        let t = |l: Layout| timing(&shape, &l, Precision::Bf16, 1536, &machine);
+        let t = |l: Layout| timing(&shape, &l, Precision::Bf16, 1536, &machine, &Features::default());
         // Interleaving halves the bubble.
         let plain = t(base);
         let interleaved = t(Layout { vpp: 2, ..base });

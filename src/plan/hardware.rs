@@ -5,6 +5,7 @@
 //! user can override each one (`--gemm-efficiency`, `--intra-node-bandwidth`, ...), and `plan`
 //! prints the values it used with its result.
 
+use super::efficiency::Efficiency;
 use crate::error::{Error, Result};
 
 /// One link class: a start-up latency (alpha) and a per-GPU bandwidth in one direction (1/beta).
@@ -25,8 +26,8 @@ pub struct Machine {
     pub peak_fp8_flops: f64,
     /// Dense fp32 peak without TF32 (trident's f32 path computes in true f32), FLOP/s.
     pub peak_fp32_flops: f64,
-    /// Fraction of peak the large GEMMs of a transformer layer reach.
-    pub gemm_efficiency: f64,
+    /// Fractions of peak the GEMMs (by shape) and flash attention reach, and their source.
+    pub efficiency: Efficiency,
     /// HBM bandwidth, bytes/s (memory-bound element-wise work and the optimizer step run at it).
     pub hbm_bytes_per_s: f64,
     /// Memory per GPU, bytes.
@@ -44,13 +45,51 @@ const GB: f64 = 1e9;
 /// 1 GiB in bytes.
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// The fraction of peak the GEMMs of a layer reach in a whole training step, the same for every
-/// GPU unless overridden. cuBLAS alone reaches about 80% of the A100's 312 TFLOP/s on large square
-/// bf16 GEMMs; the model does not itemise launch gaps, the less square shapes (QKV, fc2) or
-/// unfused small kernels, so this one constant carries them. It was set once, to 0.65, so that the
-/// model reproduces the throughput level of Megatron's 2021 weak-scaling table
-/// (tests/plan.rs; BENCHMARKS.md), and is used unchanged for every row and every GPU.
-pub const DEFAULT_GEMM_EFFICIENCY: f64 = 0.65;
+/// Kernel efficiencies per GPU: GEMM `max` and `k_half` (efficiency.rs), flash attention's
+/// fraction, and where each came from.
+/// - H100 SXM (and the H200 and H100 PCIe, the same Hopper SMs): measured on an H100 SXM, bf16,
+///   PyTorch 2.11 (cuBLAS through torch.matmul; flash attention 2 through
+///   scaled_dot_product_attention), 156 GEMMs at the per-rank shapes of the Megatron-LM README's
+///   H100 table and of Korthikanti et al. 2022, forward and backward (BENCHMARKS.md, "Planner
+///   calibration"; `tests/gpu/plan-calibrate.sh`).
+/// - A100: `max` set once so the model reproduces the throughput of Megatron's 2021 table
+///   (tests/plan.rs; before shapes were priced, one constant 0.65 did that), `k_half` the H100's
+///   scaled by the ratio of compute to memory bandwidth (an A100 needs half the H100's operand
+///   reuse to keep its tensor cores fed); attention 0.45, flash attention 2's published A100
+///   forward + backward level (Dao 2023: 50-70% of peak at head dim 128, less when causal).
+/// - B200, MI250X, MI300X: not measured: the H100's GEMM `max`, `k_half` scaled by compute over
+///   bandwidth as for the A100, attention 0.3. `plan --calibrate FILE` replaces them with
+///   measurements of the machine at hand.
+/// - `step`: the fraction of the kernels' isolated speed a whole step keeps. A100: 1 (its `max`
+///   was fitted to whole steps). H100: fitted to the Megatron-LM README's 2024 H100 table (rows
+///   H1-H9 of tests/plan_published_points.md, each at its published layout); a PyTorch training
+///   step of a 1.3B GPT on one H100 measured in the same session as the kernels kept 0.85 of what
+///   the kernels alone predict (BENCHMARKS.md). Others: the H100's.
+const EFFICIENCIES: &[(&str, f64, f64, f64, f64)] = &[
+    ("a100", 0.70, 90.0, 0.45, 1.0),
+    ("a100-40gb", 0.70, 115.0, 0.45, 1.0),
+    ("h100", 0.72, 170.0, 0.21, STEP_H100),
+    ("h100-pcie", 0.72, 170.0, 0.21, STEP_H100),
+    ("h200", 0.72, 170.0, 0.21, STEP_H100),
+    ("b200", 0.72, 160.0, 0.3, STEP_H100),
+    ("mi250x", 0.72, 67.0, 0.3, STEP_H100),
+    ("mi300x", 0.72, 140.0, 0.3, STEP_H100),
+];
+
+/// The H100's whole-step fraction (above).
+const STEP_H100: f64 = 0.8;
+
+/// The built-in efficiencies of a named GPU.
+fn efficiency_of(name: &str) -> Efficiency {
+    let &(_, gemm_max, gemm_k_half, attention, step) =
+        EFFICIENCIES.iter().find(|e| e.0 == name).expect("every named GPU has efficiencies");
+    let source = match name {
+        "h100" | "h100-pcie" | "h200" => "measured on an H100 (cuBLAS, flash attention 2)",
+        "a100" | "a100-40gb" => "fitted to Megatron's 2021 A100 table",
+        _ => "estimated, not measured (use --calibrate)",
+    };
+    Efficiency { gemm_max, gemm_k_half, attention, step, source: source.to_string() }
+}
 
 /// The GPUs `--gpu` names, as `--gpu`'s help and errors list them.
 pub const GPU_NAMES: &[&str] = &["a100", "a100-40gb", "h100", "h100-pcie", "h200", "b200", "mi250x", "mi300x"];
@@ -111,7 +150,7 @@ fn from_figures(f: &Figures) -> Machine {
         peak_16bit_flops: bf16 * 1e12,
         peak_fp8_flops: fp8 * 1e12,
         peak_fp32_flops: fp32 * 1e12,
-        gemm_efficiency: DEFAULT_GEMM_EFFICIENCY,
+        efficiency: efficiency_of(name),
         hbm_bytes_per_s: hbm * GB,
         memory_bytes: gib * GIB,
         gpus_per_node: per_node,
@@ -135,7 +174,10 @@ const HARDWARE_KEYS: &[(&str, &str)] = &[
     ("peak_bf16_tflops", "dense bf16/fp16 TFLOP/s"),
     ("peak_fp8_tflops", "dense fp8 TFLOP/s (0: none)"),
     ("peak_fp32_tflops", "dense fp32 TFLOP/s"),
-    ("gemm_efficiency", "fraction of peak the layer GEMMs reach"),
+    ("gemm_efficiency", "fraction of peak GEMMs with a long inner dimension reach"),
+    ("gemm_k_half", "inner dimension at which a GEMM reaches half of gemm_efficiency (0: shape-blind)"),
+    ("attention_efficiency", "fraction of peak flash attention's forward + backward reaches"),
+    ("step_efficiency", "fraction of the kernels' isolated speed a whole training step keeps"),
     ("hbm_gb_per_s", "memory bandwidth, GB/s"),
     ("memory_gib", "memory per GPU, GiB"),
     ("gpus_per_node", "GPUs on one node's fabric"),
@@ -186,9 +228,28 @@ pub fn from_file(path: &std::path::Path) -> Result<Machine> {
         }
     };
     let b = base.as_ref();
-    let efficiency = number("gemm_efficiency", Some(b.map_or(DEFAULT_GEMM_EFFICIENCY, |m| m.gemm_efficiency)), true)?;
-    if efficiency > 1.0 {
-        return Err(Error::format(path, "\"gemm_efficiency\" is above 1"));
+    let built_in = b.map_or_else(|| efficiency_of("h100"), |m| m.efficiency.clone());
+    let mut efficiency = Efficiency {
+        gemm_max: number("gemm_efficiency", Some(built_in.gemm_max), true)?,
+        gemm_k_half: number("gemm_k_half", Some(built_in.gemm_k_half), false)?,
+        attention: number("attention_efficiency", Some(built_in.attention), true)?,
+        step: number("step_efficiency", Some(built_in.step), true)?,
+        source: built_in.source,
+    };
+    for (key, v) in [
+        ("gemm_efficiency", efficiency.gemm_max),
+        ("attention_efficiency", efficiency.attention),
+        ("step_efficiency", efficiency.step),
+    ] {
+        if v > 1.0 {
+            return Err(Error::format(path, format!("\"{key}\" is above 1")));
+        }
+    }
+    if ["gemm_efficiency", "gemm_k_half", "attention_efficiency", "step_efficiency"]
+        .iter()
+        .any(|k| json.get(k).is_some())
+    {
+        efficiency.source = format!("from {}", path.display());
     }
     let per_node = number("gpus_per_node", b.map(|m| m.gpus_per_node as f64), true)?;
     if per_node.fract() != 0.0 {
@@ -199,7 +260,7 @@ pub fn from_file(path: &std::path::Path) -> Result<Machine> {
         peak_16bit_flops: number("peak_bf16_tflops", b.map(|m| m.peak_16bit_flops / 1e12), true)? * 1e12,
         peak_fp8_flops: number("peak_fp8_tflops", Some(b.map_or(0.0, |m| m.peak_fp8_flops / 1e12)), false)? * 1e12,
         peak_fp32_flops: number("peak_fp32_tflops", b.map(|m| m.peak_fp32_flops / 1e12), true)? * 1e12,
-        gemm_efficiency: efficiency,
+        efficiency,
         hbm_bytes_per_s: number("hbm_gb_per_s", b.map(|m| m.hbm_bytes_per_s / GB), true)? * GB,
         memory_bytes: number("memory_gib", b.map(|m| m.memory_bytes / GIB), true)? * GIB,
         gpus_per_node: per_node as usize,

@@ -8,6 +8,7 @@
 //! (tp-advanced.md §1-2) with their own communication volumes and memory divisors.
 
 pub mod cost;
+pub mod efficiency;
 pub mod hardware;
 pub mod models;
 pub mod report;
@@ -138,6 +139,31 @@ pub fn recompute_name(r: Recompute) -> &'static str {
     }
 }
 
+/// The kernels and overlaps priced (`--attention-backend`, `--tp-comm-overlap`,
+/// `--overlap-grad-reduce`, `--overlap-param-gather`). The default is what trident runs: flash
+/// attention, no overlap beyond plain data parallelism's (its gradient all-reduce behind the
+/// last backward). The overlaps are Megatron-LM's, for planning and comparing its runs; trident
+/// does not overlap them yet, and the report says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// Flash attention (no score matrix in memory), else Megatron 2021's unfused attention.
+    pub flash_attention: bool,
+    pub tp_comm_overlap: bool,
+    pub overlap_grad_reduce: bool,
+    pub overlap_param_gather: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            flash_attention: true,
+            tp_comm_overlap: false,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+        }
+    }
+}
+
 /// Dimensions the user fixed; None lets the planner choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pins {
@@ -165,6 +191,7 @@ pub struct Request {
     /// Fraction of GPU memory kept free for the runtime, communication buffers and fragmentation.
     pub memory_headroom: f64,
     pub sequence_parallel: bool,
+    pub features: Features,
     pub pins: Pins,
 }
 
@@ -328,64 +355,79 @@ fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
 /// Enumerates, prices and ranks every layout `req` allows: tensor-parallel sizes, then pipeline
 /// sizes, micro-batch sizes and tensor-parallel modes, then (`Search::variants`) virtual stages,
 /// recompute and ZeRO-1. A pinned value that cannot work is an error naming its flag; an unpinned
-/// one is skipped.
+/// one is skipped. As Megatron's practice keeps tensor parallelism on a node's fast links, an
+/// unpinned tensor-parallel group spans nodes only when no layout inside a node fits.
 pub fn plan(req: &Request) -> Result<Plan> {
     check_request(req)?;
-    let (n, pins) = (req.gpus, req.pins);
     let mut search = Search::default();
-    for t in pins.tp.map(|t| vec![t]).unwrap_or_else(|| divisors(n)) {
-        if let Some(why) = tp_problem(req, t) {
-            match pins.tp {
-                Some(_) => return Err(pinned("--tensor-model-parallel-size", t, why)),
-                None => continue,
-            }
-        }
-        for p in pins.pp.map(|p| vec![p]).unwrap_or_else(|| divisors(n / t)) {
-            if let Some(why) = pp_problem(req, t, p) {
-                match pins.pp {
-                    Some(_) => return Err(pinned("--pipeline-model-parallel-size", p, why)),
-                    None => continue,
-                }
-            }
-            let dp = n / (t * p);
-            if !req.global_batch.is_multiple_of(dp) {
-                search.batch_problem.get_or_insert(format!(
-                    "--global-batch-size {} does not split over {dp} data-parallel ranks (tp {t}, pp {p})",
-                    req.global_batch
-                ));
-                continue;
-            }
-            let per_rank = req.global_batch / dp;
-            for b in pins.micro_batch.map(|b| vec![b]).unwrap_or_else(|| divisors(per_rank)) {
-                if b == 0 || !per_rank.is_multiple_of(b) {
-                    search.batch_problem.get_or_insert(format!(
-                        "--micro-batch-size {b} does not divide the {per_rank} sequences per data-parallel rank (tp {t}, pp {p})"
-                    ));
-                    continue;
-                }
-                for mode in tp_modes(req, t)? {
-                    if let TpMode::Summa { q, depth } = mode {
-                        if !b.is_multiple_of(q * depth) {
-                            continue;
-                        }
-                    }
-                    let layout = Layout {
-                        tp_mode: mode,
-                        tp: t,
-                        pp: p,
-                        dp,
-                        vpp: 1,
-                        micro_batch: b,
-                        recompute: Recompute::None,
-                        zero1: false,
-                        sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
-                    };
-                    search.variants(req, layout, per_rank / b);
-                }
-            }
+    let sizes = req.pins.tp.map(|t| vec![t]).unwrap_or_else(|| divisors(req.gpus));
+    let (inside, beyond): (Vec<usize>, Vec<usize>) =
+        sizes.into_iter().partition(|&t| t <= req.machine.gpus_per_node || req.pins.tp.is_some());
+    for t in inside {
+        search_tp(req, t, &mut search)?;
+    }
+    if search.ranked.is_empty() {
+        for t in beyond {
+            search_tp(req, t, &mut search)?;
         }
     }
     search.finish(req)
+}
+
+/// Every layout with tensor-parallel size `t` (`plan`).
+fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
+    let (n, pins) = (req.gpus, req.pins);
+    if let Some(why) = tp_problem(req, t) {
+        return match pins.tp {
+            Some(_) => Err(pinned("--tensor-model-parallel-size", t, why)),
+            None => Ok(()),
+        };
+    }
+    for p in pins.pp.map(|p| vec![p]).unwrap_or_else(|| divisors(n / t)) {
+        if let Some(why) = pp_problem(req, t, p) {
+            match pins.pp {
+                Some(_) => return Err(pinned("--pipeline-model-parallel-size", p, why)),
+                None => continue,
+            }
+        }
+        let dp = n / (t * p);
+        if !req.global_batch.is_multiple_of(dp) {
+            search.batch_problem.get_or_insert(format!(
+                "--global-batch-size {} does not split over {dp} data-parallel ranks (tp {t}, pp {p})",
+                req.global_batch
+            ));
+            continue;
+        }
+        let per_rank = req.global_batch / dp;
+        for b in pins.micro_batch.map(|b| vec![b]).unwrap_or_else(|| divisors(per_rank)) {
+            if b == 0 || !per_rank.is_multiple_of(b) {
+                search.batch_problem.get_or_insert(format!(
+                    "--micro-batch-size {b} does not divide the {per_rank} sequences per data-parallel rank (tp {t}, pp {p})"
+                ));
+                continue;
+            }
+            for mode in tp_modes(req, t)? {
+                if let TpMode::Summa { q, depth } = mode {
+                    if !b.is_multiple_of(q * depth) {
+                        continue;
+                    }
+                }
+                let layout = Layout {
+                    tp_mode: mode,
+                    tp: t,
+                    pp: p,
+                    dp,
+                    vpp: 1,
+                    micro_batch: b,
+                    recompute: Recompute::None,
+                    zero1: false,
+                    sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
+                };
+                search.variants(req, layout, per_rank / b);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The request's own errors, before any layout: no GPUs, GPUs that do not fill whole nodes, an
@@ -535,7 +577,27 @@ impl Search {
             )));
         }
         self.ranked.sort_by(ranking);
+        prefer_no_pipeline(&mut self.ranked, req);
         Ok(Plan { ranked: self.ranked, considered: self.considered, by_tp_pp: self.by_tp_pp })
+    }
+}
+
+/// How much slower (as a fraction) a layout without a pipeline may be and still come first: within
+/// the model's error, Megatron's practice takes no pipeline over one (no bubble, no stage
+/// imbalance, fewer ranks per model copy) when the model fits without.
+pub const NO_PIPELINE_TOLERANCE: f64 = 0.03;
+
+/// Moves the fastest layout without a pipeline to the front when it is within
+/// `NO_PIPELINE_TOLERANCE` of the best and the pipeline size is not pinned.
+fn prefer_no_pipeline(ranked: &mut [Candidate], req: &Request) {
+    let Some(best) = ranked.first().map(|c| c.iteration_s()) else { return };
+    if req.pins.pp.is_some() || ranked[0].layout.pp == 1 {
+        return;
+    }
+    if let Some(i) = ranked.iter().position(|c| c.layout.pp == 1) {
+        if ranked[i].iteration_s() <= best * (1.0 + NO_PIPELINE_TOLERANCE) {
+            ranked[..=i].rotate_right(1);
+        }
     }
 }
 
@@ -556,8 +618,8 @@ fn better(a: &Candidate, b: &Candidate) -> bool {
 pub fn price(req: &Request, layout: Layout) -> Candidate {
     Candidate {
         layout,
-        memory: cost::memory(&req.shape, &layout, req.precision, req.global_batch),
-        timing: cost::timing(&req.shape, &layout, req.precision, req.global_batch, &req.machine),
+        memory: cost::memory(&req.shape, &layout, req.precision, req.global_batch, &req.features),
+        timing: cost::timing(&req.shape, &layout, req.precision, req.global_batch, &req.machine, &req.features),
         executed_flops: cost::executed_flops(&req.shape, &layout, req.precision, req.global_batch),
         model_flops: cost::model_flops(&req.shape, &layout, req.precision, req.global_batch),
         gpus: req.gpus,

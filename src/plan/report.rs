@@ -64,7 +64,8 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
             },
         ),
         (t.pp_comm_s, "pipeline sends".to_string()),
-        (t.memory_bound_s, "memory-bound attention and element-wise work".to_string()),
+        (t.attention_s, "attention".to_string()),
+        (t.memory_bound_s, "memory-bound element-wise work".to_string()),
         (t.optimizer_s, "optimizer step".to_string()),
         (recompute_s, format!("{} recompute", recompute_name(c.layout.recompute))),
     ];
@@ -85,17 +86,17 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
 /// The assumptions the numbers rest on, one line each.
 pub fn assumptions(req: &Request) -> Vec<String> {
     let m = &req.machine;
+    let (e, f) = (&m.efficiency, &req.features);
     let peak = match req.precision {
         super::Precision::Fp32 => m.peak_fp32_flops,
         _ => m.peak_16bit_flops,
     };
     vec![
         format!(
-            "GPU {}: {:.0} TFLOP/s dense {} x GEMM efficiency {:.2}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free{}",
+            "GPU {}: {:.0} TFLOP/s dense {}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free{}",
             m.name,
             peak / 1e12,
             req.precision.name(),
-            m.gemm_efficiency,
             m.hbm_bytes_per_s / 1e9,
             m.memory_bytes / GIB,
             100.0 * req.memory_headroom,
@@ -113,14 +114,43 @@ pub fn assumptions(req: &Request) -> Vec<String> {
             m.inter.bytes_per_s / 1e9,
             m.inter.latency_s * 1e6
         ),
+        format!(
+            "kernels ({}): a GEMM reaches {:.2} x K/(K + {:.0}) of peak for inner dimension K (forward, input and \
+             weight gradients each by its own K after the split); a whole step keeps {:.2} of the kernels' speed; {}",
+            e.source,
+            e.gemm_max,
+            e.gemm_k_half,
+            e.step,
+            if f.flash_attention {
+                format!(
+                    "flash attention {:.2} of peak on its causal FLOPs (no scores in memory)",
+                    e.attention
+                )
+            } else {
+                "unfused attention (--attention-backend unfused): score GEMMs at the large-GEMM rate, the scores held in \
+                 memory (13 B per score forward, 2x backward, at HBM speed)"
+                    .to_string()
+            }
+        ),
         "model: Megatron's FLOPs (2 per weight and token, 24bsh²+4bs²h per GPT-2 layer forward; backward 2x, full \
-         recompute +1 forward); attention scores held in memory (13 B per score forward, 2x backward, at HBM speed); activations per Korthikanti et al.; \
+         recompute +1 forward); activations per Korthikanti et al.; \
          16-bit weights + fp32 grads, master weights and AdamW (18 B/param, 6 + 12/dp with ZeRO-1)"
             .into(),
-        "comm: hierarchical ring collectives (alpha-beta); TP all-reduces and SUMMA panel gathers / reduce-scatters \
-         (2-D, 2.5-D) not overlapped; DP all-reduce overlaps only the last micro-batch's backward; ZeRO-1 reduce-scatter + fp32 all-gather not overlapped; pipeline time \
-         m x slowest stage + (p-1)/v x mean stage"
-            .into(),
+        format!(
+            "comm: hierarchical ring collectives (alpha-beta); {}; DP all-reduce overlaps the last micro-batch's backward; ZeRO-1 {}; \
+             pipeline time m x slowest stage + (p-1)/v x mean stage",
+            if f.tp_comm_overlap {
+                "TP collectives overlapped with the layer's GEMMs (--tp-comm-overlap: Megatron's; trident does not overlap them yet)"
+            } else {
+                "TP all-reduces and SUMMA panel gathers / reduce-scatters (2-D, 2.5-D) not overlapped"
+            },
+            match (f.overlap_grad_reduce, f.overlap_param_gather) {
+                (false, false) => "reduce-scatter + fp32 all-gather not overlapped",
+                (true, false) => "reduce-scatter behind the last backward (--overlap-grad-reduce: Megatron's, not trident's yet), fp32 all-gather not overlapped",
+                (false, true) => "reduce-scatter not overlapped, 16-bit all-gather behind the next forward (--overlap-param-gather: Megatron's, not trident's yet)",
+                (true, true) => "reduce-scatter behind the last backward and 16-bit all-gather behind the next forward (Megatron's overlaps, not trident's yet)",
+            }
+        ),
     ]
 }
 

@@ -1,9 +1,9 @@
 //! `trident plan`'s parsed flags (`flags::PLAN_FLAGS`: Megatron's names where Megatron has one)
 //! turned into a validated `Request`.
 
-use super::hardware::{from_file, machine, GIB};
+use super::hardware::{from_file, machine, Machine, GIB};
 use super::models::{self, Shape};
-use super::{Pins, Precision, Request};
+use super::{Features, Pins, Precision, Request};
 use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::model::{Arch, Recompute};
@@ -94,50 +94,7 @@ impl Request {
         let global_batch = positive(a, "--global-batch-size")?
             .ok_or_else(|| Error::Usage("plan needs --global-batch-size B".into()))?;
         let precision = Precision::parse(a.str("--precision").unwrap_or("bf16"))?;
-        let mut m = match (a.str("--gpu"), a.path("--hardware")) {
-            (Some(_), Some(_)) => {
-                return Err(Error::Usage(
-                    "--gpu and --hardware are alternatives (a hardware file can start from a named GPU: \"base\")"
-                        .into(),
-                ))
-            }
-            (_, Some(file)) => from_file(&file)?,
-            (gpu, None) => machine(gpu.unwrap_or("a100"))?,
-        };
-        if let Some(g) = positive(a, "--gpus-per-node")? {
-            m.gpus_per_node = g;
-        }
-        if let Some(e) = a.f64("--gemm-efficiency")? {
-            if !(e > 0.0 && e <= 1.0) {
-                return Err(Error::flag("--gemm-efficiency", e, "a fraction in (0, 1]"));
-            }
-            m.gemm_efficiency = e;
-        }
-        if let Some(p) = positive_f64(a, "--peak-tflops")? {
-            match precision {
-                Precision::Fp32 => m.peak_fp32_flops = p * 1e12,
-                _ => m.peak_16bit_flops = p * 1e12,
-            }
-        }
-        if let Some(bw) = positive_f64(a, "--hbm-bandwidth")? {
-            m.hbm_bytes_per_s = bw * 1e9;
-        }
-        if let Some(gib) = positive_f64(a, "--memory-gib")? {
-            m.memory_bytes = gib * GIB;
-        }
-        if let Some(bw) = positive_f64(a, "--intra-node-bandwidth")? {
-            m.intra.bytes_per_s = bw * 1e9;
-        }
-        if let Some(bw) = positive_f64(a, "--inter-node-bandwidth")? {
-            m.inter.bytes_per_s = bw * 1e9;
-        }
-        for (name, link) in [("--intra-node-latency-us", &mut m.intra), ("--inter-node-latency-us", &mut m.inter)] {
-            match a.f64(name)? {
-                Some(us) if us < 0.0 => return Err(Error::flag(name, us, "a latency >= 0")),
-                Some(us) => link.latency_s = us * 1e-6,
-                None => {}
-            }
-        }
+        let machine = machine_from_args(a, precision)?;
         let memory_headroom = match a.f64("--memory-headroom")? {
             Some(h) if !(0.0..1.0).contains(&h) => {
                 return Err(Error::flag("--memory-headroom", h, "a fraction in [0, 1)"))
@@ -180,11 +137,90 @@ impl Request {
             shape,
             gpus,
             global_batch,
-            machine: m,
+            machine,
             precision,
             memory_headroom,
             sequence_parallel: a.has("--sequence-parallel"),
+            features: features(a)?,
             pins,
         })
     }
+}
+
+/// The GPU of `--gpu` or `--hardware`, with the figures the flags override, then calibrated
+/// (`--calibrate FILE`) and the efficiencies the flags set.
+fn machine_from_args(a: &Args, precision: Precision) -> Result<Machine> {
+    let mut m = match (a.str("--gpu"), a.path("--hardware")) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage(
+                "--gpu and --hardware are alternatives (a hardware file can start from a named GPU: \"base\")".into(),
+            ))
+        }
+        (_, Some(file)) => from_file(&file)?,
+        (gpu, None) => machine(gpu.unwrap_or("a100"))?,
+    };
+    if let Some(g) = positive(a, "--gpus-per-node")? {
+        m.gpus_per_node = g;
+    }
+    if let Some(p) = positive_f64(a, "--peak-tflops")? {
+        match precision {
+            Precision::Fp32 => m.peak_fp32_flops = p * 1e12,
+            _ => m.peak_16bit_flops = p * 1e12,
+        }
+    }
+    if let Some(bw) = positive_f64(a, "--hbm-bandwidth")? {
+        m.hbm_bytes_per_s = bw * 1e9;
+    }
+    if let Some(gib) = positive_f64(a, "--memory-gib")? {
+        m.memory_bytes = gib * GIB;
+    }
+    if let Some(bw) = positive_f64(a, "--intra-node-bandwidth")? {
+        m.intra.bytes_per_s = bw * 1e9;
+    }
+    if let Some(bw) = positive_f64(a, "--inter-node-bandwidth")? {
+        m.inter.bytes_per_s = bw * 1e9;
+    }
+    for (name, link) in [("--intra-node-latency-us", &mut m.intra), ("--inter-node-latency-us", &mut m.inter)] {
+        match a.f64(name)? {
+            Some(us) if us < 0.0 => return Err(Error::flag(name, us, "a latency >= 0")),
+            Some(us) => link.latency_s = us * 1e-6,
+            None => {}
+        }
+    }
+    if let Some(file) = a.path("--calibrate") {
+        let peak = m.peak_16bit_flops;
+        super::efficiency::calibrate(&file, peak, &mut m.efficiency)?;
+    }
+    for (name, slot) in
+        [("--gemm-efficiency", &mut m.efficiency.gemm_max), ("--attention-efficiency", &mut m.efficiency.attention)]
+    {
+        if let Some(e) = a.f64(name)? {
+            if !(e > 0.0 && e <= 1.0) {
+                return Err(Error::flag(name, e, "a fraction in (0, 1]"));
+            }
+            *slot = e;
+            m.efficiency.source = format!("{} (set by {name})", m.efficiency.source);
+        }
+    }
+    Ok(m)
+}
+
+/// The kernels and overlaps to price (`Features`).
+fn features(a: &Args) -> Result<Features> {
+    let flash_attention =
+        match a.str("--attention-backend").unwrap_or("flash") {
+            "flash" | "fused" | "auto" => true,
+            "unfused" | "local" => false,
+            other => return Err(Error::flag(
+                "--attention-backend",
+                format!("'{other}'"),
+                "flash (or fused, auto: flash-class kernels) or unfused (or local: Megatron 2021's, scores in memory)",
+            )),
+        };
+    Ok(Features {
+        flash_attention,
+        tp_comm_overlap: a.has("--tp-comm-overlap"),
+        overlap_grad_reduce: a.has("--overlap-grad-reduce"),
+        overlap_param_gather: a.has("--overlap-param-gather"),
+    })
 }

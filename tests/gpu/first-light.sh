@@ -110,37 +110,7 @@ run() {
   fi
 }
 
-# find_lib VAR PATTERN...: when VAR is unset and trident's loader would find nothing, the first
-# file matching a PATTERN under the site-packages of PyTorch's Python or the usual pip places.
-find_lib() {
-  local var=$1 dirs=() d f
-  shift
-  [ -z "${!var:-}" ] || return 0
-  mapfile -t dirs < <("$py" -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
-  dirs+=(/opt/torch/.venv/lib/python3*/site-packages /usr/local/lib/python3*/dist-packages /usr/lib/python3/dist-packages)
-  for d in "${dirs[@]}"; do
-    for pattern in "$@"; do
-      for f in "$d"/$pattern; do
-        if [ -f "$f" ]; then
-          export "$var=$f"
-          echo "first-light: $var=$f (found in $d)"
-          return 0
-        fi
-      done
-    done
-  done
-}
-
-if ! found=$("$bin" info 2>/dev/null); then
-  echo "first-light: $bin does not run here; build it with 'make NO_MPI=1 build' or set TRIDENT_BIN" >&2
-  exit 1
-fi
-if ! grep -q '^nvrtc: [0-9]' <<<"$found"; then
-  find_lib TRIDENT_NVRTC 'nvidia/cu13/lib/libnvrtc.so.13' 'nvidia/*/lib/libnvrtc.so.13' 'nvidia/cuda_nvrtc/lib/libnvrtc.so.12'
-fi
-if ! grep -q '^nccl: [0-9]' <<<"$found"; then
-  find_lib TRIDENT_NCCL 'nvidia/nccl/lib/libnccl.so.2' 'nvidia/*/lib/libnccl.so.2'
-fi
+gpu_libraries first-light || exit 1
 export TRIDENT_CACHE_DIR=${TRIDENT_CACHE_DIR:-$out/kernel-cache}
 
 environment() {
