@@ -370,7 +370,8 @@ fn a_hardware_file_describes_a_gpu() {
         r#"{"name": "h100", "peak_bf16_tflops": 989, "peak_fp8_tflops": 1979, "peak_fp32_tflops": 67,
             "hbm_gb_per_s": 3350, "memory_gib": 80, "gpus_per_node": 8, "intra_node_busbw_gb_per_s": 360,
             "intra_node_latency_us": 5, "inter_node_gb_per_s": 45, "inter_node_latency_us": 10,
-            "gemm_efficiency": 0.72, "gemm_k_half": 170, "attention_efficiency": 0.21, "step_efficiency": 0.8}"#,
+            "gemm_efficiency": 0.72, "gemm_k_half": 170, "attention_efficiency": 0.21, "step_efficiency": 0.8,
+            "intra_node_nvls_busbw_gb_per_s": 480}"#,
     );
     let named = stdout(&plan(&format!("{job} --gpu h100")));
     assert!(!named.is_empty());
@@ -663,6 +664,19 @@ fn documented_layout_choices_hold() {
         let best = stdout(&o);
         assert_eq!(number(&best, "pp"), 1.0, "{model} on {gpus}: {best}");
         assert!(number(&best, "tp") <= 8.0, "{model} on {gpus}: {best}");
+    }
+    // The report says why: on A100s with slow links (100 GB/s), TP 2's all-reduces make it 1.9%
+    // slower than TP 1 x PP 2, and it comes first anyway, saying so; and what limits the winner.
+    let text = stdout(&plan(
+        "--model llama3-8b --gpus 8 --global-batch-size 256 --gpu a100 --intra-node-bandwidth 100 --top 2",
+    ));
+    for needle in [
+        "why it wins:",
+        "than the next split's best (tp 1 pp 2",
+        "chosen without a pipeline: within 3%",
+        "what limits it: attention",
+    ] {
+        assert!(text.contains(needle), "'{needle}' missing:\n{text}");
     }
     // 70B on 64 H100s: TP inside the node, whatever else the best layouts do.
     let o = plan("--model llama3-70b --gpus 64 --global-batch-size 256 --gpu h100 --json --top 0");

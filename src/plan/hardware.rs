@@ -38,6 +38,9 @@ pub struct Machine {
     pub intra: Link,
     /// Between nodes: the NIC bandwidth available to one GPU (NICs per node / GPUs per node).
     pub inter: Link,
+    /// NVLink SHARP (NVLS): all-reduce bus bandwidth inside a node when the NVSwitches reduce,
+    /// bytes/s (0: the node has no such switch).
+    pub nvls_bytes_per_s: f64,
 }
 
 /// 1 GB/s in bytes/s.
@@ -140,6 +143,11 @@ const GPUS: &[Figures] = &[
     ("mi300x", 1307.0, 2615.0, 163.4, 5300.0, 192.0, 8, 300.0, 45.0),
 ];
 
+/// NVLink SHARP all-reduce bus bandwidth, GB/s, where the node's NVSwitches reduce in the switch
+/// (NCCL's NVLS algorithm, NCCL 2.17 on): H100 / H200 about 480 in nccl-tests on DGX H100 (against
+/// 360 for the ring); B200 estimated at twice that.
+const NVLS: &[(&str, f64)] = &[("h100", 480.0), ("h200", 480.0), ("b200", 960.0)];
+
 const INTRA_LATENCY_S: f64 = 5e-6;
 const INTER_LATENCY_S: f64 = 10e-6;
 
@@ -156,6 +164,7 @@ fn from_figures(f: &Figures) -> Machine {
         gpus_per_node: per_node,
         intra: Link { latency_s: INTRA_LATENCY_S, bytes_per_s: intra * GB },
         inter: Link { latency_s: INTER_LATENCY_S, bytes_per_s: inter * GB },
+        nvls_bytes_per_s: NVLS.iter().find(|n| n.0 == name).map_or(0.0, |n| n.1 * GB),
     }
 }
 
@@ -185,6 +194,7 @@ const HARDWARE_KEYS: &[(&str, &str)] = &[
     ("intra_node_latency_us", "latency per collective step inside a node"),
     ("inter_node_gb_per_s", "network bandwidth per GPU between nodes, GB/s"),
     ("inter_node_latency_us", "latency per collective step between nodes"),
+    ("intra_node_nvls_busbw_gb_per_s", "NVLink SHARP all-reduce bus bandwidth inside a node, GB/s (0: none)"),
 ];
 
 /// A GPU described by a JSON file (`--hardware FILE`): an object of `HARDWARE_KEYS`, every figure
@@ -280,6 +290,11 @@ pub fn from_file(path: &std::path::Path) -> Result<Machine> {
             )? * 1e-6,
             bytes_per_s: number("inter_node_gb_per_s", b.map(|m| m.inter.bytes_per_s / GB), true)? * GB,
         },
+        nvls_bytes_per_s: number(
+            "intra_node_nvls_busbw_gb_per_s",
+            Some(b.map_or(0.0, |m| m.nvls_bytes_per_s / GB)),
+            false,
+        )? * GB,
     })
 }
 
@@ -305,6 +320,14 @@ impl Placement {
     }
 }
 
+/// The collective algorithms of NCCL/RCCL the cost model knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    Ring,
+    Tree,
+    Nvls,
+}
+
 /// The collectives the cost model prices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Collective {
@@ -315,11 +338,26 @@ pub enum Collective {
 
 impl Machine {
     /// Seconds for one collective over `bytes` (the full buffer each member holds) on a group
-    /// placed as `at`: hierarchical, as NCCL/RCCL run it on multi-GPU nodes with one NIC per GPU.
-    /// Inside a node the buffer moves (n-1)/n of its size per step over the node's fabric; between
-    /// nodes each member carries 1/per_node of it over its own NIC. An all-reduce is a
-    /// reduce-scatter plus an all-gather, so it costs twice either; each ring step pays alpha.
+    /// placed as `at`, by the fastest algorithm NCCL/RCCL has for it (as their tuners choose):
+    /// the hierarchical ring, and for all-reduce also the tree and NVLS (`algorithm_s`).
     pub fn collective_s(&self, op: Collective, bytes: f64, at: Placement) -> f64 {
+        let algorithms: &[Algorithm] = match op {
+            Collective::AllReduce => &[Algorithm::Ring, Algorithm::Tree, Algorithm::Nvls],
+            _ => &[Algorithm::Ring],
+        };
+        algorithms.iter().map(|&a| self.algorithm_s(a, op, bytes, at)).fold(f64::INFINITY, f64::min)
+    }
+
+    /// Seconds of one collective by one algorithm (infinite where the machine lacks it):
+    /// - ring: hierarchical, as NCCL/RCCL run it on multi-GPU nodes with one NIC per GPU. Inside a
+    ///   node the buffer moves (n-1)/n of its size per step over the node's fabric; between nodes
+    ///   each member carries 1/per_node of it over its own NIC. An all-reduce is a reduce-scatter
+    ///   plus an all-gather, so it costs twice either; each ring step pays alpha.
+    /// - tree (all-reduce): the same bytes, but the steps between nodes form a pipelined double
+    ///   binary tree, 2 log2(nodes) latencies instead of 2 (nodes - 1).
+    /// - NVLS (all-reduce inside a node with NVLink SHARP): the switches reduce; the node's part
+    ///   runs at the NVLS bus bandwidth, two latencies; between nodes as the ring.
+    pub fn algorithm_s(&self, algorithm: Algorithm, op: Collective, bytes: f64, at: Placement) -> f64 {
         if at.size <= 1 || bytes <= 0.0 {
             return 0.0;
         }
@@ -329,13 +367,20 @@ impl Machine {
         };
         let k = at.per_node as f64;
         let nodes = at.nodes() as f64;
-        let intra = if at.per_node > 1 {
-            passes * ((k - 1.0) / k * bytes / self.intra.bytes_per_s + (k - 1.0) * self.intra.latency_s)
-        } else {
-            0.0
+        let intra = match (at.per_node > 1, algorithm) {
+            (false, _) => 0.0,
+            (true, Algorithm::Nvls) if self.nvls_bytes_per_s > 0.0 => {
+                passes * ((k - 1.0) / k * bytes / self.nvls_bytes_per_s + self.intra.latency_s)
+            }
+            (true, Algorithm::Nvls) => return f64::INFINITY,
+            (true, _) => passes * ((k - 1.0) / k * bytes / self.intra.bytes_per_s + (k - 1.0) * self.intra.latency_s),
+        };
+        let steps = match algorithm {
+            Algorithm::Tree => nodes.log2().ceil(),
+            _ => nodes - 1.0,
         };
         let inter = if at.nodes() > 1 {
-            passes * ((nodes - 1.0) / nodes * bytes / k / self.inter.bytes_per_s + (nodes - 1.0) * self.inter.latency_s)
+            passes * ((nodes - 1.0) / nodes * bytes / k / self.inter.bytes_per_s + steps * self.inter.latency_s)
         } else {
             0.0
         };
@@ -363,6 +408,29 @@ mod tests {
         assert_eq!(Placement::strided(4, 1, 8).nodes(), 1);
         // TP 16 spans two nodes.
         assert_eq!(Placement::strided(16, 1, 8), Placement { size: 16, per_node: 8 });
+    }
+
+    #[test]
+    fn the_fastest_algorithm_prices_each_all_reduce() {
+        let (h100, a100) = (machine("h100").unwrap(), machine("a100").unwrap());
+        let node = Placement { size: 8, per_node: 8 };
+        let ring = |m: &Machine, bytes, at| m.algorithm_s(Algorithm::Ring, Collective::AllReduce, bytes, at);
+        // NVLS inside an H100 node: 480 against the ring's 360 GB/s for a large buffer.
+        let nvls = h100.algorithm_s(Algorithm::Nvls, Collective::AllReduce, 1e10, node);
+        assert!((ring(&h100, 1e10, node) / nvls - 480.0 / 360.0).abs() < 0.01);
+        assert_eq!(h100.collective_s(Collective::AllReduce, 1e10, node), nvls);
+        // An A100 node has no NVLS: the ring prices it.
+        assert_eq!(a100.algorithm_s(Algorithm::Nvls, Collective::AllReduce, 1e9, node), f64::INFINITY);
+        assert_eq!(a100.collective_s(Collective::AllReduce, 1e9, node), ring(&a100, 1e9, node));
+        // Across 64 nodes a small all-reduce is latency-bound: the tree's 2 x 6 steps beat the
+        // ring's 2 x 63; a large one costs the same bytes either way.
+        let wide = Placement { size: 64, per_node: 1 };
+        let tree = a100.algorithm_s(Algorithm::Tree, Collective::AllReduce, 1e3, wide);
+        assert!(tree < ring(&a100, 1e3, wide) / 4.0, "{tree}");
+        assert_eq!(a100.collective_s(Collective::AllReduce, 1e3, wide), tree);
+        // Reduce-scatter and all-gather are rings only.
+        let rs = a100.collective_s(Collective::ReduceScatter, 1e3, wide);
+        assert_eq!(rs, a100.algorithm_s(Algorithm::Ring, Collective::ReduceScatter, 1e3, wide));
     }
 
     #[test]

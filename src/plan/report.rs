@@ -137,8 +137,13 @@ pub fn assumptions(req: &Request) -> Vec<String> {
          16-bit weights + fp32 grads, master weights and AdamW (18 B/param, 6 + 12/dp with ZeRO-1)"
             .into(),
         format!(
-            "comm: hierarchical ring collectives (alpha-beta); {}; DP all-reduce overlaps the last micro-batch's backward; ZeRO-1 {}; \
+            "comm: alpha-beta, each collective by the fastest algorithm the machine has (hierarchical ring; all-reduce also as a tree across nodes{}); {}; DP all-reduce overlaps the last micro-batch's backward; ZeRO-1 {}; \
              pipeline time m x slowest stage + (p-1)/v x mean stage",
+            if m.nvls_bytes_per_s > 0.0 {
+                format!(" and NVLS inside a node, {:.0} GB/s", m.nvls_bytes_per_s / 1e9)
+            } else {
+                String::new()
+            },
             if f.tp_comm_overlap {
                 "TP collectives overlapped with the layer's GEMMs (--tp-comm-overlap: Megatron's; trident does not overlap them yet)"
             } else {
@@ -228,6 +233,10 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
     }
     let best = plan.ranked[0];
     say!("");
+    for line in why_best(plan, req) {
+        say!("{line}");
+    }
+    say!("");
     say!("other tensor x pipeline splits:");
     let mut lines = Vec::new();
     for (&(t, p), (fit, smallest)) in &plan.by_tp_pp {
@@ -279,6 +288,75 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
             },
         best.model_tflops_per_gpu()
     );
+    out
+}
+
+/// Why the best layout wins and what limits it: against the best layout of the nearest other
+/// tensor x pipeline split, the parts of the iteration that differ most (seconds, signed: what the
+/// winner saves or pays); then what bounds the winner, its memory against the limit, and whether
+/// the no-pipeline rule chose it over a faster pipelined layout.
+pub fn why_best(plan: &Plan, req: &Request) -> Vec<String> {
+    let best = plan.ranked[0];
+    let (b, tp_pp) = (&best.timing, (best.layout.tp, best.layout.pp));
+    let mut out = Vec::new();
+    let rival = plan
+        .by_tp_pp
+        .iter()
+        .filter(|(&k, _)| k != tp_pp)
+        .filter_map(|(_, (fit, _))| *fit)
+        .min_by(|x, y| x.iteration_s().total_cmp(&y.iteration_s()));
+    match rival {
+        Some(r) => {
+            let t = &r.timing;
+            let mut parts = [
+                (b.gemm_s - t.gemm_s, "GEMMs"),
+                (b.attention_s - t.attention_s, "attention"),
+                (b.memory_bound_s - t.memory_bound_s, "element-wise"),
+                (b.tp_comm_s - t.tp_comm_s, "TP communication"),
+                (b.pp_comm_s - t.pp_comm_s, "pipeline sends"),
+                (b.bubble_s - t.bubble_s, "bubble"),
+                (b.dp_comm_s - t.dp_comm_s, "data-parallel communication"),
+                (b.optimizer_s - t.optimizer_s, "optimizer step"),
+            ];
+            parts.sort_by(|x, y| y.0.abs().total_cmp(&x.0.abs()));
+            let scale = best.iteration_s();
+            let differs: Vec<String> = parts
+                .iter()
+                .filter(|(d, _)| d.abs() >= 0.001 * scale)
+                .take(3)
+                .map(|(d, what)| format!("{what} {}{:.3} s", if *d < 0.0 { "-" } else { "+" }, d.abs()))
+                .collect();
+            let gap = r.iteration_s() / best.iteration_s() - 1.0;
+            out.push(format!(
+                "why it wins: {:.1}% {} than the next split's best ({}){}",
+                100.0 * gap.abs(),
+                if gap >= 0.0 { "faster" } else { "slower" },
+                describe(&r.layout),
+                if differs.is_empty() {
+                    String::new()
+                } else {
+                    format!("; against it the winner spends {}", differs.join(", "))
+                }
+            ));
+            if gap < 0.0 {
+                out.push(format!(
+                    "  chosen without a pipeline: within {:.0}% of the fastest, where Megatron's practice takes no pipeline",
+                    100.0 * super::NO_PIPELINE_TOLERANCE
+                ));
+            }
+        }
+        None => out.push("why it wins: no other tensor x pipeline split fits".to_string()),
+    }
+    let bounds = reason(&best, req);
+    out.push(if bounds.contains("memory") {
+        format!("what limits it: {bounds}")
+    } else {
+        format!(
+            "what limits it: {bounds}; memory {:.1} of {:.1} GiB usable",
+            best.memory_gib(),
+            req.usable_bytes() / GIB
+        )
+    });
     out
 }
 
