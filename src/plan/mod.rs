@@ -190,6 +190,9 @@ pub struct Request {
     pub precision: Precision,
     /// Fraction of GPU memory kept free for the runtime, communication buffers and fragmentation.
     pub memory_headroom: f64,
+    /// Bytes per GPU the runtime holds before the model's first tensor (`--runtime-reserve-gib`):
+    /// the CUDA / HIP context, NCCL / RCCL buffers of every communicator, library workspaces.
+    pub runtime_reserve_bytes: f64,
     pub sequence_parallel: bool,
     pub features: Features,
     pub pins: Pins,
@@ -197,7 +200,7 @@ pub struct Request {
 
 impl Request {
     pub fn usable_bytes(&self) -> f64 {
-        self.machine.memory_bytes * (1.0 - self.memory_headroom)
+        self.machine.memory_bytes * (1.0 - self.memory_headroom) - self.runtime_reserve_bytes
     }
 }
 
@@ -566,11 +569,12 @@ impl Search {
             let s = smallest.expect("considered > 0 means at least one priced layout");
             let pins = req.pins;
             return Err(Error::Config(format!(
-                "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable): the smallest needs {:.1} GiB ({}); \
-                 use more GPUs or a GPU with more memory{}",
+                "no layout fits in {:.1} GiB per GPU ({:.0} GiB x {:.2} usable, less {:.1} GiB for the runtime): the smallest \
+                 needs {:.1} GiB ({}); use more GPUs or a GPU with more memory{}",
                 req.usable_bytes() / GIB,
                 req.machine.memory_bytes / GIB,
                 1.0 - req.memory_headroom,
+                req.runtime_reserve_bytes / GIB,
                 s.memory_gib(),
                 report::describe(&s.layout),
                 if pins.recompute.is_some() || pins.zero1.is_some() { ", or unpin recompute / ZeRO-1" } else { "" },

@@ -93,13 +93,14 @@ pub fn assumptions(req: &Request) -> Vec<String> {
     };
     vec![
         format!(
-            "GPU {}: {:.0} TFLOP/s dense {}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free{}",
+            "GPU {}: {:.0} TFLOP/s dense {}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free and {:.1} GiB for the runtime{}",
             m.name,
             peak / 1e12,
             req.precision.name(),
             m.hbm_bytes_per_s / 1e9,
             m.memory_bytes / GIB,
             100.0 * req.memory_headroom,
+            req.runtime_reserve_bytes / GIB,
             if m.peak_fp8_flops > 0.0 {
                 format!(" (fp8: {:.0} TFLOP/s dense, not priced: trident trains in 16 or 32 bits)", m.peak_fp8_flops / 1e12)
             } else {

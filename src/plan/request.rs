@@ -8,6 +8,11 @@ use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::model::{Arch, Recompute};
 
+/// GiB per GPU the runtime holds before the model's tensors (CUDA context about 0.5, NCCL's
+/// buffers for the TP, PP, DP and embedding communicators about 1, cuBLAS / cuDNN workspaces),
+/// beside the 10% `--memory-headroom` that allocator fragmentation takes.
+pub const RUNTIME_RESERVE_GIB: f64 = 2.0;
+
 fn positive(a: &Args, name: &str) -> Result<Option<usize>> {
     match a.usize(name)? {
         Some(0) => Err(Error::flag(name, 0, "a positive whole number")),
@@ -102,6 +107,11 @@ impl Request {
             Some(h) => h,
             None => 0.1,
         };
+        let runtime_reserve_bytes = match a.f64("--runtime-reserve-gib")? {
+            Some(g) if !(g >= 0.0 && g.is_finite()) => return Err(Error::flag("--runtime-reserve-gib", g, "GiB >= 0")),
+            Some(g) => g * GIB,
+            None => RUNTIME_RESERVE_GIB * GIB,
+        };
         let pins = Pins {
             tp: positive(a, "--tensor-model-parallel-size")?,
             pp: positive(a, "--pipeline-model-parallel-size")?,
@@ -140,6 +150,7 @@ impl Request {
             machine,
             precision,
             memory_headroom,
+            runtime_reserve_bytes,
             sequence_parallel: a.has("--sequence-parallel"),
             features: features(a)?,
             pins,
