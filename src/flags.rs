@@ -229,6 +229,11 @@ const PLAN_REST: &[FlagSpec] = &[
     flag("--pipeline-model-parallel-size", "P", "pin the pipeline size"),
     flag("--micro-batch-size", "B", "pin the micro-batch size"),
     flag("--num-virtual-stages-per-pipeline-rank", "V", "pin the virtual stages per pipeline rank (1: plain 1F1B)"),
+    flag(
+        "--pipeline-schedule",
+        "NAME",
+        "pin gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1: priced only, trident does not run it)",
+    ),
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
     flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),

@@ -84,6 +84,7 @@ const JSON_KEYS: &[&str] = &[
     "bubble_fraction",
     "model_tflops_per_gpu",
     "tokens_per_s",
+    "pipeline_schedule",
     "reason",
 ];
 
@@ -216,7 +217,13 @@ fn pins_are_honoured_and_the_text_report_states_its_assumptions() {
 #[test]
 fn bad_input_is_one_clear_line() {
     // (the flags after `plan`, what the one error line must say)
-    let cases: [(&str, &[&str]); 19] = [
+    let cases: [(&str, &[&str]); 21] = [
+        // A schedule the plan does not know, and one that contradicts the pinned chunks.
+        ("--model gpt2-350m --gpus 8 --global-batch-size 48 --pipeline-schedule zigzag", &["--pipeline-schedule", "'zigzag'", "zero-bubble"]),
+        (
+            "--model gpt2-350m --gpus 8 --global-batch-size 48 --pipeline-schedule gpipe --num-virtual-stages-per-pipeline-rank 2",
+            &["--pipeline-schedule gpipe", "one model chunk"],
+        ),
         // Efficiencies and the runtime reserve out of range, an unknown attention backend.
         ("--model gpt2-350m --gpus 8 --global-batch-size 48 --runtime-reserve-gib -1", &["--runtime-reserve-gib", "GiB >= 0"]),
         ("--model gpt2-350m --gpus 8 --global-batch-size 48 --attention-efficiency 1.5", &["--attention-efficiency", "(0, 1]"]),
@@ -745,4 +752,31 @@ fn calibration_files_set_the_kernel_efficiencies() {
         )),
         &["none.jsonl"],
     );
+}
+
+/// `--pipeline-schedule`: each schedule's bubble and memory at one pinned layout (GPT-3 175B on
+/// 1024 H100s, TP 8 x PP 8, micro-batch 1, 16 micro-batches per pipeline): GPipe's bubble is
+/// 1F1B's with every micro-batch's activations held, ZB-H1's a third of it at 1F1B's memory,
+/// interleaving's (p - 1)/(v m).
+#[test]
+fn each_pipeline_schedule_has_its_bubble_and_memory() {
+    let job = "--model gpt3-175b --gpus 1024 --global-batch-size 256 --gpu h100 --tensor-model-parallel-size 8 \
+               --pipeline-model-parallel-size 8 --micro-batch-size 1 --recompute-granularity full --zero1 on --json --top 1";
+    let run = |schedule: &str| {
+        let o = plan(&format!("{job} --pipeline-schedule {schedule}"));
+        assert!(o.status.success(), "{schedule}: {}", stderr(&o));
+        let line = stdout(&o).lines().next().unwrap().to_string();
+        assert_eq!(field(&line, "pipeline_schedule").as_deref(), Some(format!("\"{schedule}\"").as_str()), "{line}");
+        (number(&line, "bubble_fraction"), number(&line, "memory_gib"), number(&line, "iteration_s"))
+    };
+    let (one, gpipe, zero) = (run("1f1b"), run("gpipe"), run("zero-bubble"));
+    let interleaved = run("interleaved-1f1b");
+    assert!((one.0 - 7.0 / 16.0).abs() < 1e-3, "{one:?}");
+    assert_eq!(gpipe.0, one.0);
+    assert!(gpipe.1 > one.1, "GPipe holds every micro-batch: {gpipe:?} {one:?}");
+    assert!((zero.0 - one.0 / 3.0).abs() < 1e-3 && zero.1 == one.1 && zero.2 < one.2, "{zero:?} {one:?}");
+    assert!(interleaved.0 < one.0 && interleaved.2 < one.2, "{interleaved:?} {one:?}");
+    // The text names a schedule trident does not run.
+    let text = stdout(&plan(&job.replace(" --json", "").replace("--top 1", "--top 1 --pipeline-schedule zero-bubble")));
+    assert!(text.contains("zero-bubble"), "{text}");
 }

@@ -8,7 +8,7 @@
 
 use super::hardware::{Collective, Machine, Placement};
 use super::models::Shape;
-use super::{Features, Layout, Precision, TpMode};
+use super::{Features, Layout, Precision, Schedule, TpMode};
 use crate::model::Recompute;
 
 /// Bytes each GPU holds, for the stage that holds the most.
@@ -204,11 +204,14 @@ fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
     n
 }
 
-/// Micro-batches whose activations stage 0 holds at its peak: 1F1B keeps min(p, m), the
-/// interleaved schedule (1 + (p-1)/(pv)) times that (tp-advanced.md §5.2, §8).
+/// Micro-batches whose activations stage 0 holds at its peak: 1F1B (and ZB-H1) keeps min(p, m),
+/// the interleaved schedule (1 + (p-1)/(pv)) times that (tp-advanced.md §5.2, §8), GPipe all m.
 fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
     if layout.pp == 1 {
         return 1.0;
+    }
+    if layout.schedule == Schedule::GPipe {
+        return m as f64;
     }
     let base = layout.pp.min(m) as f64;
     if layout.vpp > 1 {
@@ -436,7 +439,10 @@ pub fn timing(
         (first, 0.0, 0.0, embedding_comm)
     };
     let mean = if d.p == 1 { slow } else { (first + last + (d.p as f64 - 2.0) * (body + pp_comm)) / d.p as f64 };
-    let bubble = (d.p as f64 - 1.0) / layout.vpp as f64 * mean;
+    // ZB-H1 fills two thirds of 1F1B's bubble with weight-gradient work (forward, input-gradient
+    // and weight-gradient passes taken as equal: Qi et al. 2023, §3).
+    let zero_bubble = if layout.schedule == Schedule::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
+    let bubble = (d.p as f64 - 1.0) / layout.vpp as f64 * mean * zero_bubble;
 
     // Data parallelism: fp32 gradients of the largest stage. Plain DP all-reduces buckets as the
     // last micro-batch's backward finishes them (overlap with up to that backward); trident's
@@ -583,6 +589,7 @@ mod tests {
             recompute,
             zero1,
             sequence_parallel: false,
+            schedule: Schedule::OneF1B,
         }
     }
 

@@ -92,6 +92,42 @@ impl TpMode {
     }
 }
 
+/// The pipeline schedule (`--pipeline-schedule`). `OneF1B` is plain 1F1B with one model chunk per
+/// rank and Megatron's interleaved 1F1B with more (`Layout::vpp`); GPipe runs every forward first;
+/// zero-bubble is Qi et al.'s ZB-H1 (backward split into input and weight gradients, the weight
+/// gradients filling the bubble), which trident does not run: the plan prices it for comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    OneF1B,
+    GPipe,
+    ZeroBubble,
+}
+
+impl Schedule {
+    pub fn parse(s: &str) -> Result<Schedule> {
+        match s {
+            "1f1b" | "interleaved-1f1b" => Ok(Schedule::OneF1B),
+            "gpipe" => Ok(Schedule::GPipe),
+            "zero-bubble" => Ok(Schedule::ZeroBubble),
+            _ => Err(Error::flag(
+                "--pipeline-schedule",
+                format!("'{s}'"),
+                "gpipe, 1f1b, interleaved-1f1b or zero-bubble (priced only: trident does not run it)",
+            )),
+        }
+    }
+
+    /// The schedule's name for a layout with `vpp` chunks per rank.
+    pub fn name(self, vpp: usize) -> &'static str {
+        match self {
+            Schedule::OneF1B if vpp > 1 => "interleaved-1f1b",
+            Schedule::OneF1B => "1f1b",
+            Schedule::GPipe => "gpipe",
+            Schedule::ZeroBubble => "zero-bubble",
+        }
+    }
+}
+
 /// One way to lay a training job out on the GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -105,6 +141,7 @@ pub struct Layout {
     pub recompute: Recompute,
     pub zero1: bool,
     pub sequence_parallel: bool,
+    pub schedule: Schedule,
 }
 
 impl Layout {
@@ -171,6 +208,8 @@ pub struct Pins {
     pub pp: Option<usize>,
     pub micro_batch: Option<usize>,
     pub vpp: Option<usize>,
+    /// `--pipeline-schedule`: None considers 1F1B and interleaved 1F1B.
+    pub schedule: Option<(Schedule, bool)>,
     pub recompute: Option<Recompute>,
     pub zero1: Option<bool>,
     /// `--tensor-parallel-mode` (1d, 2d, 2.5d) and `--tesseract-depth`.
@@ -245,7 +284,8 @@ impl Candidate {
     }
 
     pub fn bubble_fraction(&self) -> f64 {
-        (self.layout.pp as f64 - 1.0) / (self.layout.vpp * self.micro_batches()) as f64
+        let share = if self.layout.schedule == Schedule::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
+        share * (self.layout.pp as f64 - 1.0) / (self.layout.vpp * self.micro_batches()) as f64
     }
 }
 
@@ -340,6 +380,15 @@ fn pp_problem(req: &Request, t: usize, p: usize) -> Option<String> {
 /// Why a virtual-stage count cannot be used, if it cannot (trident's interleaved schedule needs
 /// equal chunks and a micro-batch count that is a multiple of the pipeline size).
 fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
+    match req.pins.schedule {
+        Some((Schedule::GPipe | Schedule::ZeroBubble, _)) if v > 1 => {
+            return Some("gpipe and zero-bubble run one model chunk per pipeline rank".into())
+        }
+        Some((Schedule::OneF1B, true)) if v == 1 => {
+            return Some("interleaved-1f1b needs two or more virtual stages per pipeline rank".into())
+        }
+        _ => {}
+    }
     if v == 1 {
         return None;
     }
@@ -425,6 +474,7 @@ fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
                     recompute: Recompute::None,
                     zero1: false,
                     sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
+                    schedule: pins.schedule.map_or(Schedule::OneF1B, |s| s.0),
                 };
                 search.variants(req, layout, per_rank / b);
             }
@@ -506,13 +556,16 @@ impl Search {
     /// pins allow, for `micro_batches` micro-batches per pipeline.
     fn variants(&mut self, req: &Request, layout: Layout, micro_batches: usize) {
         let (pins, p) = (req.pins, layout.pp);
-        let vpps: Vec<usize> = match pins.vpp {
-            Some(v) => vec![v],
-            None => divisors(req.shape.num_layers / p),
+        // GPipe and zero-bubble run one chunk per rank; interleaved-1f1b needs more than one.
+        let vpps: Vec<usize> = match (pins.vpp, pins.schedule) {
+            (Some(v), _) => vec![v],
+            (None, Some((Schedule::GPipe | Schedule::ZeroBubble, _))) | (None, Some((_, false))) => vec![1],
+            (None, Some((_, true))) => divisors(req.shape.num_layers / p).into_iter().filter(|&v| v > 1).collect(),
+            (None, None) => divisors(req.shape.num_layers / p),
         };
         for vpp in vpps {
             if let Some(why) = vpp_problem(req, p, vpp, micro_batches) {
-                if pins.vpp.is_some() {
+                if pins.vpp.is_some() || pins.schedule.is_some() {
                     self.batch_problem.get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {vpp}: {why}"));
                 }
                 continue;

@@ -27,6 +27,9 @@ pub fn describe(l: &Layout) -> String {
     if l.zero1 {
         s.push_str(" zero1");
     }
+    if l.pp > 1 && l.schedule != super::Schedule::OneF1B {
+        s.push_str(&format!(" {}", l.schedule.name(l.vpp)));
+    }
     s
 }
 
@@ -437,13 +440,14 @@ fn json_number(x: f64) -> String {
 
 /// One JSON object for a layout: the documented keys `tp pp dp vpp micro_batch recompute zero1
 /// memory_gib iteration_s tflops_per_gpu`, then the extras `tp_mode sequence_parallel
-/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s reason`.
+/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s pipeline_schedule reason`.
 pub fn json(c: &Candidate, req: &Request) -> String {
     let l = &c.layout;
     format!(
         "{{\"tp\":{},\"pp\":{},\"dp\":{},\"vpp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"zero1\":{},\
          \"memory_gib\":{},\"iteration_s\":{},\"tflops_per_gpu\":{},\"tp_mode\":\"{}\",\"sequence_parallel\":{},\
-         \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"reason\":{}}}",
+         \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"pipeline_schedule\":\"{}\",\
+         \"reason\":{}}}",
         l.tp,
         l.pp,
         l.dp,
@@ -460,6 +464,7 @@ pub fn json(c: &Candidate, req: &Request) -> String {
         json_number(c.bubble_fraction()),
         json_number(c.model_tflops_per_gpu()),
         json_number(c.tokens_per_s()),
+        if l.pp > 1 { l.schedule.name(l.vpp) } else { "none" },
         crate::data::json::quote(&reason(c, req))
     )
 }

@@ -3,7 +3,7 @@
 
 use super::hardware::{from_file, machine, Machine, GIB};
 use super::models::{self, Shape};
-use super::{Features, Pins, Precision, Request};
+use super::{Features, Pins, Precision, Request, Schedule};
 use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::model::{Arch, Recompute};
@@ -141,7 +141,27 @@ impl Request {
                 }
             },
             depth: positive(a, "--tesseract-depth")?,
+            schedule: a
+                .str("--pipeline-schedule")
+                .map(|s| Schedule::parse(s).map(|sc| (sc, s == "interleaved-1f1b")))
+                .transpose()?,
         };
+        match (pins.schedule, pins.vpp) {
+            (Some((Schedule::GPipe | Schedule::ZeroBubble, _)), Some(v)) if v > 1 => {
+                return Err(Error::Config(format!(
+                    "--pipeline-schedule {} runs one model chunk per pipeline rank, not \
+                     --num-virtual-stages-per-pipeline-rank {v}",
+                    a.str("--pipeline-schedule").unwrap_or_default()
+                )))
+            }
+            (Some((Schedule::OneF1B, true)), Some(1)) => {
+                return Err(Error::Config(
+                    "--pipeline-schedule interleaved-1f1b needs --num-virtual-stages-per-pipeline-rank 2 or more"
+                        .into(),
+                ))
+            }
+            _ => {}
+        }
         Ok(Request {
             model_name,
             shape,
