@@ -236,6 +236,11 @@ const PLAN_REST: &[FlagSpec] = &[
     ),
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
+    flag(
+        "--data-parallel-sharding-strategy",
+        "S",
+        "no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or optim_grads_params (ZeRO-3 / FSDP; the last two priced only, trident does not run them)",
+    ),
     flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
     flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),
     switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),

@@ -780,3 +780,47 @@ fn each_pipeline_schedule_has_its_bubble_and_memory() {
     let text = stdout(&plan(&job.replace(" --json", "").replace("--top 1", "--top 1 --pipeline-schedule zero-bubble")));
     assert!(text.contains("zero-bubble"), "{text}");
 }
+
+/// `--data-parallel-sharding-strategy`: at one pinned layout (Llama 3 70B on 64 H100s, TP 8,
+/// no pipeline, data-parallel 8) each step of sharding needs less memory: ZeRO-1 the optimizer
+/// state, ZeRO-2 the gradients too, ZeRO-3 / FSDP the weights as well (two layers whole at a
+/// time); FSDP's per-layer gathers cost time where the network is slow; the flag and `--zero1`
+/// must agree.
+#[test]
+fn sharding_strategies_trade_memory_for_communication() {
+    let job = "--model llama3-70b --gpus 64 --global-batch-size 256 --gpu h100 --tensor-model-parallel-size 8 \
+               --pipeline-model-parallel-size 1 --micro-batch-size 1 --recompute-granularity full --json --top 1 \
+               --memory-gib 1000";
+    let run = |extra: &str| {
+        let o = plan(&format!("{job} {extra}"));
+        assert!(o.status.success(), "{extra}: {}", stderr(&o));
+        let line = stdout(&o).lines().next().unwrap().to_string();
+        (number(&line, "memory_gib"), number(&line, "iteration_s"), field(&line, "zero1").unwrap())
+    };
+    let plain = run("--data-parallel-sharding-strategy no_shard");
+    let optim = run("--data-parallel-sharding-strategy optim");
+    let grads = run("--data-parallel-sharding-strategy optim_grads");
+    let fsdp = run("--data-parallel-sharding-strategy optim_grads_params");
+    assert_eq!((plain.2.as_str(), optim.2.as_str(), fsdp.2.as_str()), ("false", "true", "true"));
+    assert!(plain.0 > optim.0 && optim.0 > grads.0 && grads.0 > fsdp.0, "{plain:?} {optim:?} {grads:?} {fsdp:?}");
+    // 70B / 8 = 8.8B parameters per TP rank: ZeRO-2 saves 4 x 7/8 bytes of each, ZeRO-3 2 x 7/8
+    // less two layers.
+    let per_rank = 70.55e9 / 8.0 / (1u64 << 30) as f64;
+    assert!(((optim.0 - grads.0) / (per_rank * 3.5) - 1.0).abs() < 0.05, "{optim:?} {grads:?}");
+    // A slow network exposes FSDP's gathers; ZeRO-2 communicates as ZeRO-1.
+    let slow = "--inter-node-bandwidth 1";
+    let (optim_slow, fsdp_slow) = (
+        run(&format!("{slow} --zero1 on")),
+        run(&format!("{slow} --data-parallel-sharding-strategy optim_grads_params")),
+    );
+    assert!(fsdp_slow.1 > optim_slow.1, "{fsdp_slow:?} {optim_slow:?}");
+    assert_eq!(grads.1, optim.1);
+    assert_clean_error(
+        &plan(&format!("{job} --zero1 off --data-parallel-sharding-strategy optim")),
+        &["--zero1 off contradicts --data-parallel-sharding-strategy optim"],
+    );
+    assert_clean_error(
+        &plan(&format!("{job} --data-parallel-sharding-strategy zero3")),
+        &["--data-parallel-sharding-strategy", "'zero3'", "optim_grads_params"],
+    );
+}

@@ -245,15 +245,22 @@ pub fn memory(
     // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
     let replicas = (layout.dp * layout.tp_mode.summa_depth()) as f64;
     let optimizer_share = if layout.zero1 { 1.0 / replicas } else { 1.0 };
+    // ZeRO-2 / ZeRO-3 (priced only with ZeRO-1 on) shard gradients and weights the same way; under
+    // ZeRO-3 two layers' weights are whole at a time (the one running and the one prefetched).
+    let grad_share = if layout.zero1 && features.shard_grads { 1.0 / replicas } else { 1.0 };
+    let sharded_weights = layout.zero1 && features.shard_params;
+    let gathered =
+        if sharded_weights { 2.0 * stage_parameters(shape, &d, false, false) / d.layers_per_stage } else { 0.0 };
     let stage = |first: bool, last: bool, in_flight: f64| {
         let params = stage_parameters(shape, &d, first, last);
         let mut acts = in_flight * d.layers_per_stage * stored + working;
         if last {
             acts += logits;
         }
+        let weights = if sharded_weights { params / replicas + gathered } else { params };
         Memory {
-            weights_bytes: params * by.weight,
-            grads_bytes: params * by.grad,
+            weights_bytes: weights * by.weight,
+            grads_bytes: params * by.grad * grad_share,
             optimizer_bytes: params * by.optimizer * optimizer_share,
             activations_bytes: acts,
         }
@@ -466,7 +473,19 @@ pub fn timing(
         } else {
             machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
         };
-        reduce + gather
+        if features.shard_params {
+            // ZeRO-3: every micro-batch all-gathers each layer's 16-bit weights before its forward
+            // and again before its backward, and reduce-scatters its gradients after; prefetched,
+            // so only what outlasts the layer's compute is exposed. No gather after the step.
+            let layer_params = stage_parameters(shape, &d, false, false) / layers;
+            let gather = machine.collective_s(Collective::AllGather, layer_params * by.weight, dp_group);
+            let scatter = machine.collective_s(Collective::ReduceScatter, layer_params * 4.0, dp_group);
+            let compute = gemm + attention + memory_bound;
+            let exposed = (gather - compute / 3.0).max(0.0) + (gather + scatter - 2.0 * compute / 3.0).max(0.0);
+            m * layers * exposed
+        } else {
+            reduce + gather
+        }
     } else {
         (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0)
     };
@@ -625,6 +644,8 @@ mod tests {
         tp_comm_overlap: false,
         overlap_grad_reduce: false,
         overlap_param_gather: false,
+        shard_grads: false,
+        shard_params: false,
     };
 
     #[test]

@@ -188,6 +188,12 @@ pub struct Features {
     pub tp_comm_overlap: bool,
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
+    /// Megatron's `--data-parallel-sharding-strategy` beyond the distributed optimizer (ZeRO-1):
+    /// gradients sharded too (`optim_grads`, ZeRO-2), and weights as well (`optim_grads_params`,
+    /// ZeRO-3 / FSDP: each layer's weights all-gathered before its forward and its backward).
+    /// Priced for comparison; trident runs ZeRO-1 at most.
+    pub shard_grads: bool,
+    pub shard_params: bool,
 }
 
 impl Default for Features {
@@ -197,6 +203,8 @@ impl Default for Features {
             tp_comm_overlap: false,
             overlap_grad_reduce: false,
             overlap_param_gather: false,
+            shard_grads: false,
+            shard_params: false,
         }
     }
 }

@@ -94,7 +94,7 @@ pub fn assumptions(req: &Request) -> Vec<String> {
         super::Precision::Fp32 => m.peak_fp32_flops,
         _ => m.peak_16bit_flops,
     };
-    vec![
+    let mut lines = vec![
         format!(
             "GPU {}: {:.0} TFLOP/s dense {}; HBM {:.0} GB/s; {:.0} GiB, {:.0}% kept free and {:.1} GiB for the runtime{}",
             m.name,
@@ -160,7 +160,21 @@ pub fn assumptions(req: &Request) -> Vec<String> {
                 (true, true) => "reduce-scatter behind the last backward and 16-bit all-gather behind the next forward (Megatron's overlaps, not trident's yet)",
             }
         ),
-    ]
+    ];
+    if f.shard_grads {
+        lines.push(if f.shard_params {
+            "sharding: ZeRO-3 / FSDP (--data-parallel-sharding-strategy optim_grads_params): weights, gradients and optimizer \
+             state split over data-parallel ranks, each layer's weights all-gathered before its forward and its backward and \
+             its gradients reduce-scattered, every micro-batch, prefetched behind the layer before; priced for comparison, \
+             trident runs ZeRO-1 at most"
+                .to_string()
+        } else {
+            "sharding: ZeRO-2 (--data-parallel-sharding-strategy optim_grads): gradients and optimizer state split over \
+             data-parallel ranks, communication as ZeRO-1's; priced for comparison, trident runs ZeRO-1 at most"
+                .to_string()
+        });
+    }
+    lines
 }
 
 /// The plan as `trident plan` prints it: the request and its assumptions, the best `top` layouts

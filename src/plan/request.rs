@@ -125,12 +125,7 @@ impl Request {
                     })
                 })
                 .transpose()?,
-            zero1: match a.str("--zero1") {
-                None => None,
-                Some("on") => Some(true),
-                Some("off") => Some(false),
-                Some(other) => return Err(Error::flag("--zero1", format!("'{other}'"), "on or off")),
-            },
+            zero1: zero1(a)?,
             tp_mode: match a.str("--tensor-parallel-mode") {
                 None => None,
                 Some("1d") => Some("1d"),
@@ -248,10 +243,44 @@ fn features(a: &Args) -> Result<Features> {
                 "flash (or fused, auto: flash-class kernels) or unfused (or local: Megatron 2021's, scores in memory)",
             )),
         };
+    let strategy = a.str("--data-parallel-sharding-strategy");
     Ok(Features {
         flash_attention,
         tp_comm_overlap: a.has("--tp-comm-overlap"),
         overlap_grad_reduce: a.has("--overlap-grad-reduce"),
         overlap_param_gather: a.has("--overlap-param-gather"),
+        shard_grads: matches!(strategy, Some("optim_grads" | "optim_grads_params")),
+        shard_params: strategy == Some("optim_grads_params"),
     })
+}
+
+/// The ZeRO-1 pin: `--zero1 on|off`, or what `--data-parallel-sharding-strategy` implies
+/// (`no_shard` off; `optim`, `optim_grads`, `optim_grads_params` on); the two must agree.
+fn zero1(a: &Args) -> Result<Option<bool>> {
+    let flag = match a.str("--zero1") {
+        None => None,
+        Some("on") => Some(true),
+        Some("off") => Some(false),
+        Some(other) => return Err(Error::flag("--zero1", format!("'{other}'"), "on or off")),
+    };
+    let strategy = match a.str("--data-parallel-sharding-strategy") {
+        None => None,
+        Some("no_shard") => Some(false),
+        Some("optim" | "optim_grads" | "optim_grads_params") => Some(true),
+        Some(other) => {
+            return Err(Error::flag(
+                "--data-parallel-sharding-strategy",
+                format!("'{other}'"),
+                "no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or optim_grads_params (ZeRO-3 / FSDP)",
+            ))
+        }
+    };
+    match (flag, strategy) {
+        (Some(f), Some(s)) if f != s => Err(Error::Config(format!(
+            "--zero1 {} contradicts --data-parallel-sharding-strategy {}",
+            if f { "on" } else { "off" },
+            a.str("--data-parallel-sharding-strategy").unwrap_or_default()
+        ))),
+        _ => Ok(flag.or(strategy)),
+    }
 }
