@@ -451,44 +451,13 @@ pub fn timing(
     let zero_bubble = if layout.schedule == Schedule::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
     let bubble = (d.p as f64 - 1.0) / layout.vpp as f64 * mean * zero_bubble;
 
-    // Data parallelism: fp32 gradients of the largest stage. Plain DP all-reduces buckets as the
-    // last micro-batch's backward finishes them (overlap with up to that backward); trident's
-    // ZeRO-1 reduce-scatters after the backward and all-gathers the updated fp32 shards after
-    // the step, neither overlapped. Megatron's --overlap-grad-reduce hides the reduce-scatter
-    // behind the last backward as plain DP's all-reduce, and --overlap-param-gather all-gathers
-    // the updated 16-bit weights behind the next iteration's first forward.
     let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
-    let grad_bytes = params * 4.0;
     // Gradients are summed over data-parallel x depth: under 2.5-D the depth copies of a shard
     // sit q² ranks apart, then the data-parallel replicas (d q² apart), so one stride of q².
     let replicas = layout.dp * layout.tp_mode.summa_depth();
-    let dp_group = Placement::strided(replicas, layout.tp_degree(), g);
-    let last_backward = 2.0 / 3.0 * layers * (gemm + attention + memory_bound);
-    let dp_comm = if layout.zero1 {
-        let reduce = machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group);
-        let reduce = if features.overlap_grad_reduce { (reduce - last_backward).max(0.0) } else { reduce };
-        let gather = if features.overlap_param_gather {
-            let bytes = params * by.weight;
-            (machine.collective_s(Collective::AllGather, bytes, dp_group) - last_backward / 2.0).max(0.0)
-        } else {
-            machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
-        };
-        if features.shard_params {
-            // ZeRO-3: every micro-batch all-gathers each layer's 16-bit weights before its forward
-            // and again before its backward, and reduce-scatters its gradients after; prefetched,
-            // so only what outlasts the layer's compute is exposed. No gather after the step.
-            let layer_params = stage_parameters(shape, &d, false, false) / layers;
-            let gather = machine.collective_s(Collective::AllGather, layer_params * by.weight, dp_group);
-            let scatter = machine.collective_s(Collective::ReduceScatter, layer_params * 4.0, dp_group);
-            let compute = gemm + attention + memory_bound;
-            let exposed = (gather - compute / 3.0).max(0.0) + (gather + scatter - 2.0 * compute / 3.0).max(0.0);
-            m * layers * exposed
-        } else {
-            reduce + gather
-        }
-    } else {
-        (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0)
-    };
+    let layer_params = stage_parameters(shape, &d, false, false) / layers;
+    let compute = gemm + attention + memory_bound;
+    let dp_comm = dp_comm_s(machine, layout, features, (params, layer_params), compute, (layers, m), by.weight);
     // The two copies of the tied word embedding (first and last stage) are summed every step.
     let tied = if d.p > 1 && !d.untied {
         let embedding_grad = d.v * d.h / d.tw * 4.0;
@@ -514,6 +483,49 @@ pub fn timing(
         dp_comm_s: dp_comm + tied,
         optimizer_s: optimizer,
     }
+}
+
+/// Data-parallel communication per iteration left exposed, for a stage of `params` parameters
+/// (`layer_params` per layer) whose layer takes `compute` seconds per micro-batch, with `layers`
+/// layers and `m` micro-batches. Plain DP all-reduces fp32 gradient buckets as the last
+/// micro-batch's backward finishes them (overlap with up to that backward); trident's ZeRO-1
+/// reduce-scatters after the backward and all-gathers the updated fp32 shards after the step,
+/// neither overlapped. Megatron's --overlap-grad-reduce hides the reduce-scatter behind the last
+/// backward as plain DP's all-reduce, and --overlap-param-gather all-gathers the updated 16-bit
+/// weights behind the next iteration's first forward. ZeRO-3 every micro-batch all-gathers each
+/// layer's 16-bit weights before its forward and again before its backward, and reduce-scatters
+/// its gradients after; prefetched, so only what outlasts the layer's compute is exposed, and no
+/// gather after the step.
+fn dp_comm_s(
+    machine: &Machine,
+    layout: &Layout,
+    features: &Features,
+    (params, layer_params): (f64, f64),
+    compute: f64,
+    (layers, m): (f64, f64),
+    weight_bytes: f64,
+) -> f64 {
+    let replicas = layout.dp * layout.tp_mode.summa_depth();
+    let dp_group = Placement::strided(replicas, layout.tp_degree(), machine.gpus_per_node);
+    let last_backward = 2.0 / 3.0 * layers * compute;
+    let grad_bytes = params * 4.0;
+    if !layout.zero1 {
+        return (machine.collective_s(Collective::AllReduce, grad_bytes, dp_group) - last_backward).max(0.0);
+    }
+    if features.shard_params {
+        let gather = machine.collective_s(Collective::AllGather, layer_params * weight_bytes, dp_group);
+        let scatter = machine.collective_s(Collective::ReduceScatter, layer_params * 4.0, dp_group);
+        let exposed = (gather - compute / 3.0).max(0.0) + (gather + scatter - 2.0 * compute / 3.0).max(0.0);
+        return layers * m * exposed;
+    }
+    let reduce = machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group);
+    let reduce = if features.overlap_grad_reduce { (reduce - last_backward).max(0.0) } else { reduce };
+    let gather = if features.overlap_param_gather {
+        (machine.collective_s(Collective::AllGather, params * weight_bytes, dp_group) - last_backward / 2.0).max(0.0)
+    } else {
+        machine.collective_s(Collective::AllGather, params * 4.0, dp_group)
+    };
+    reduce + gather
 }
 
 /// Tensor-parallel communication of one layer for one micro-batch (tp-advanced.md §8): 1-D
