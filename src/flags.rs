@@ -243,6 +243,11 @@ const PLAN_REST: &[FlagSpec] = &[
     ),
     flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
     flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),
+    flag(
+        "--context-parallel-size",
+        "C",
+        "split each sequence over C ranks (Megatron's context parallelism; priced only, trident does not run it)",
+    ),
     switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
     flag("--gemm-efficiency", "X", "fraction of peak GEMMs with a long inner dimension reach (default: the GPU's)"),
     flag("--attention-efficiency", "X", "fraction of peak flash attention reaches (default: the GPU's)"),

@@ -85,6 +85,7 @@ const JSON_KEYS: &[&str] = &[
     "model_tflops_per_gpu",
     "tokens_per_s",
     "pipeline_schedule",
+    "cp",
     "reason",
 ];
 
@@ -822,5 +823,37 @@ fn sharding_strategies_trade_memory_for_communication() {
     assert_clean_error(
         &plan(&format!("{job} --data-parallel-sharding-strategy zero3")),
         &["--data-parallel-sharding-strategy", "'zero3'", "optim_grads_params"],
+    );
+}
+
+/// `--context-parallel-size`: Llama 3 8B at 65,536 tokens on 64 H100s, TP 8: eight CP ranks
+/// each hold an eighth of every sequence's activations (the weights stay whole per TP rank), and
+/// the key/value ring shows where a slow network cannot hide it behind attention.
+#[test]
+fn context_parallelism_splits_the_sequence() {
+    let job = "--model llama3-8b --seq-length 65536 --max-position-embeddings 65536 --gpus 64 --global-batch-size 32 \
+               --gpu h100 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 1 --micro-batch-size 1 \
+               --recompute-granularity selective --zero1 off --memory-gib 1000 --json --top 1";
+    let run = |extra: &str| {
+        let o = plan(&format!("{job} {extra}"));
+        assert!(o.status.success(), "{extra}: {}", stderr(&o));
+        stdout(&o).lines().next().unwrap().to_string()
+    };
+    let (one, eight) = (run(""), run("--context-parallel-size 8"));
+    assert_eq!((number(&one, "cp"), number(&one, "dp")), (1.0, 8.0), "{one}");
+    assert_eq!((number(&eight, "cp"), number(&eight, "dp")), (8.0, 1.0), "{eight}");
+    // Weights, gradients and optimizer state: 8.03B / 8 x 18 bytes on both; activations / 8.
+    let states = 8.03e9 / 8.0 * 18.0 / (1u64 << 30) as f64;
+    let (a1, a8) = (number(&one, "memory_gib") - states, number(&eight, "memory_gib") - states);
+    assert!((a1 / a8 - 8.0).abs() < 0.5, "activations {a1} vs {a8} GiB");
+    let slow = run("--context-parallel-size 8 --inter-node-bandwidth 0.05");
+    assert!(field(&slow, "reason").unwrap().contains("context-parallel ring"), "{slow}");
+    assert_clean_error(
+        &plan(&format!("{job} --context-parallel-size 3")),
+        &["--context-parallel-size 3", "2 x 3 chunks"],
+    );
+    assert_clean_error(
+        &plan(&format!("{job} --context-parallel-size 2 --attention-backend unfused")),
+        &["needs flash attention"],
     );
 }

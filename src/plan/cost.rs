@@ -40,6 +40,8 @@ pub struct Timing {
     pub memory_bound_s: f64,
     /// Tensor-parallel collectives of the slowest stage.
     pub tp_comm_s: f64,
+    /// Context parallelism's key/value ring of the slowest stage, where attention does not hide it.
+    pub cp_comm_s: f64,
     /// Pipeline sends and receives of the slowest stage.
     pub pp_comm_s: f64,
     /// Fill and drain of the pipeline: (p - 1) / v micro-batch times of an average stage.
@@ -57,6 +59,7 @@ impl Timing {
             + self.attention_s
             + self.memory_bound_s
             + self.tp_comm_s
+            + self.cp_comm_s
             + self.pp_comm_s
             + self.bubble_s
             + self.dp_comm_s
@@ -96,6 +99,9 @@ fn bytes(p: Precision) -> Bytes {
 /// What every stage needs to know about the layout, in f64.
 struct Dims {
     s: f64,
+    /// The sequence each rank holds: s / cp under context parallelism.
+    sl: f64,
+    cp: f64,
     b: f64,
     h: f64,
     a: f64,
@@ -132,6 +138,8 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision, features: &Feature
     let model = shape.model();
     Dims {
         s: shape.seq_length as f64,
+        sl: shape.seq_length as f64 / layout.cp as f64,
+        cp: layout.cp as f64,
         b: layout.micro_batch as f64,
         h: shape.hidden_size as f64,
         a: shape.num_attention_heads as f64,
@@ -159,7 +167,7 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision, features: &Feature
 /// Flash attention keeps no scores: every mode then keeps what selective keeps (plus its
 /// per-row softmax statistics, under 1% of the rest, not counted).
 fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
-    let sbh = d.s * d.b * d.h;
+    let sbh = d.sl * d.b * d.h;
     // 10 sbh is replicated over TP ranks without SP (norm inputs, QKV and fc1 inputs, dropout
     // masks); split over them: Q, K, V and the projection's input, 2 bytes each (8 sbh for
     // GPT-2, less under grouped-query attention), and the MLP's kept tensors (16 sbh for a GELU
@@ -239,11 +247,11 @@ pub fn memory(
     // The loss needs fp32 logits over this rank's vocabulary shard and the final hidden states
     // (Megatron's 4sbh(1 + V/h) with the vocabulary split over TP).
     let logits = match d.summa {
-        None => 4.0 * d.s * d.b * (d.h + d.v / d.t),
-        Some(_) => 4.0 * d.s * d.b * (d.h + d.v) / d.t,
+        None => 4.0 * d.sl * d.b * (d.h + d.v / d.t),
+        Some(_) => 4.0 * d.sl * d.b * (d.h + d.v) / d.t,
     };
     // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
-    let replicas = (layout.dp * layout.tp_mode.summa_depth()) as f64;
+    let replicas = layout.replicas() as f64;
     let optimizer_share = if layout.zero1 { 1.0 / replicas } else { 1.0 };
     // ZeRO-2 / ZeRO-3 (priced only with ZeRO-1 on) shard gradients and weights the same way; under
     // ZeRO-3 two layers' weights are whole at a time (the one running and the one prefetched).
@@ -326,7 +334,7 @@ fn product_s(flops: f64, ks: &[f64], peak: f64, machine: &Machine) -> f64 {
 /// recompute a forward again) at the attention efficiency; Megatron 2021's unfused attention runs
 /// all of them as batched GEMMs at the large-GEMM efficiency and moves its scores through HBM.
 fn layer_compute_s(d: &Dims, layout: &Layout, peak: f64, machine: &Machine) -> (f64, f64, f64) {
-    let tokens = d.b * d.s;
+    let tokens = d.b * d.sl;
     let recompute = layout.recompute;
     // Per-rank (M, N, K) of each product; column-parallel QKV and fc1 split N, row-parallel
     // projection and fc2 split K; a SUMMA grid splits rows by d·q and both N and K by q.
@@ -346,7 +354,8 @@ fn layer_compute_s(d: &Dims, layout: &Layout, peak: f64, machine: &Machine) -> (
             if recompute == Recompute::Full { &[k_rank, n_rank, rows, k_rank] } else { &[k_rank, n_rank, rows] };
         gemm += product_s(flops, ks, peak, machine);
     }
-    let score_flops = 4.0 * d.b * d.s * d.s * d.aw / d.t;
+    // Under context parallelism each rank's queries meet every key (load-balanced causal halves).
+    let score_flops = 4.0 * d.b * d.sl * d.s * d.aw / d.t;
     let hbm = machine.hbm_bytes_per_s;
     let hidden_stored = layer_activation_bytes(d, Recompute::Selective);
     let recompute_factor = if recompute == Recompute::Full { 4.0 / 3.0 } else { 1.0 };
@@ -390,16 +399,17 @@ pub fn timing(
     // GEMMs: only what outlasts them is exposed.
     let overlapped = features.tp_comm_overlap && layout.tp_mode == TpMode::OneD && layout.tp <= g;
     let tp_comm = if overlapped { (tp_comm - gemm).max(0.0) } else { tp_comm };
+    let cp_comm = cp_layer_comm_s(&d, layout, machine, attention);
 
     // The output layer and loss on the last stage (not recomputed), the embedding on the first.
-    let tokens = d.b * d.s;
+    let tokens = d.b * d.sl;
     let vocab_rank = match d.summa {
         None => d.v / d.t,
         Some((q, _)) => d.v / q,
     };
     let logits_gemm = product_s(2.0 * tokens * d.h * d.v / d.t, &[d.h, vocab_rank, tokens], peak * step, machine);
-    let logits_memory = 3.0 * 4.0 * d.s * d.b * d.v / d.t / hbm / step;
-    let activation_bytes = d.s * d.b * d.h * by.element;
+    let logits_memory = 3.0 * 4.0 * d.sl * d.b * d.v / d.t / hbm / step;
+    let activation_bytes = d.sl * d.b * d.h * by.element;
     let tp = Placement::strided(layout.tp, 1, g);
     // Embedding forward and output-layer input-gradient all-reduces, and the loss's three small
     // all-reduces of per-token statistics.
@@ -409,7 +419,7 @@ pub fn timing(
         None => (
             machine.collective_s(Collective::AllReduce, activation_bytes, tp),
             machine.collective_s(Collective::AllReduce, activation_bytes, tp)
-                + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * d.s * d.b, tp),
+                + 3.0 * machine.collective_s(Collective::AllReduce, 4.0 * d.sl * d.b, tp),
         ),
         Some((q, depth)) => {
             let (row, col) = summa_groups(layout, g);
@@ -426,11 +436,11 @@ pub fn timing(
     // Pipeline messages: each stage receives an activation and sends a gradient per micro-batch
     // and chunk (sequence-sharded under SP). Stages are tp * dp ranks apart.
     let pp_bytes = if d.sp { activation_bytes / d.t } else { activation_bytes };
-    let across = layout.tp * layout.dp >= g;
+    let across = layout.tp * layout.cp * layout.dp >= g;
     let pp_comm = if d.p > 1 { 2.0 * layout.vpp as f64 * machine.p2p_s(pp_bytes, across) } else { 0.0 };
 
     let layers = d.layers_per_stage;
-    let body = layers * (gemm + attention + memory_bound + tp_comm);
+    let body = layers * (gemm + attention + memory_bound + tp_comm + cp_comm);
     let first = body + embedding_comm + pp_comm;
     let last = body + logits_gemm + logits_memory + loss_comm + pp_comm;
     let (slow, slow_extra_gemm, slow_extra_mem, slow_extra_comm) = if d.p == 1 {
@@ -454,7 +464,7 @@ pub fn timing(
     let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
     // Gradients are summed over data-parallel x depth: under 2.5-D the depth copies of a shard
     // sit q² ranks apart, then the data-parallel replicas (d q² apart), so one stride of q².
-    let replicas = layout.dp * layout.tp_mode.summa_depth();
+    let replicas = layout.replicas();
     let layer_params = stage_parameters(shape, &d, false, false) / layers;
     let compute = gemm + attention + memory_bound;
     let dp_comm = dp_comm_s(machine, layout, features, (params, layer_params), compute, (layers, m), by.weight);
@@ -478,6 +488,7 @@ pub fn timing(
         attention_s: m * layers * attention,
         memory_bound_s: m * (layers * memory_bound + slow_extra_mem),
         tp_comm_s: m * (layers * tp_comm + slow_extra_comm),
+        cp_comm_s: m * layers * cp_comm,
         pp_comm_s: m * if d.p > 1 { pp_comm } else { 0.0 },
         bubble_s: bubble,
         dp_comm_s: dp_comm + tied,
@@ -505,7 +516,7 @@ fn dp_comm_s(
     (layers, m): (f64, f64),
     weight_bytes: f64,
 ) -> f64 {
-    let replicas = layout.dp * layout.tp_mode.summa_depth();
+    let replicas = layout.replicas();
     let dp_group = Placement::strided(replicas, layout.tp_degree(), machine.gpus_per_node);
     let last_backward = 2.0 / 3.0 * layers * compute;
     let grad_bytes = params * 4.0;
@@ -528,6 +539,20 @@ fn dp_comm_s(
     reduce + gather
 }
 
+/// Context parallelism's ring for one layer and micro-batch: cp - 1 steps passing this rank's keys
+/// and values (b·(s/cp)·kv-width/t 16-bit values each) to the next rank in forward, and keys,
+/// values and their gradients in backward; the ring runs beside the attention of the chunk in
+/// hand, so only what outlasts `attention` is exposed. CP peers are `tp` ranks apart.
+fn cp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine, attention: f64) -> f64 {
+    if layout.cp == 1 {
+        return 0.0;
+    }
+    let chunk = 2.0 * d.b * d.sl * d.kvw / d.t * 2.0 * d.scale;
+    let across = layout.tp * layout.cp > machine.gpus_per_node;
+    let ring = (d.cp - 1.0) * (machine.p2p_s(chunk, across) + 2.0 * machine.p2p_s(2.0 * chunk, across));
+    (ring - attention).max(0.0)
+}
+
 /// Tensor-parallel communication of one layer for one micro-batch (tp-advanced.md §8): 1-D
 /// Megatron TP all-reduces the b·s·h activation twice in forward and twice in backward (SP's
 /// all-gathers and reduce-scatters move the same volume), and full recompute replays the two
@@ -539,7 +564,7 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
                 return 0.0;
             }
             let count = if layout.recompute == Recompute::Full { 6.0 } else { 4.0 };
-            let bytes = d.s * d.b * d.h * 2.0 * d.scale;
+            let bytes = d.sl * d.b * d.h * 2.0 * d.scale;
             count
                 * machine.collective_s(
                     Collective::AllReduce,
@@ -621,6 +646,7 @@ mod tests {
             zero1,
             sequence_parallel: false,
             schedule: Schedule::OneF1B,
+            cp: 1,
         }
     }
 

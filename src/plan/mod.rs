@@ -142,9 +142,18 @@ pub struct Layout {
     pub zero1: bool,
     pub sequence_parallel: bool,
     pub schedule: Schedule,
+    /// Context-parallel ranks splitting each sequence (Megatron's `--context-parallel-size`);
+    /// priced only when pinned, trident does not run it.
+    pub cp: usize,
 }
 
 impl Layout {
+    /// Ranks holding the same weights, over which gradients are summed and ZeRO shards:
+    /// data-parallel x context-parallel x (2.5-D) depth.
+    pub fn replicas(&self) -> usize {
+        self.dp * self.cp * self.tp_mode.summa_depth()
+    }
+
     /// The factor by which TP divides a layer's weights (t for 1-D, q² for SUMMA: the depth
     /// layers of 2.5-D hold copies). Work and activations are split over all `tp` ranks.
     pub fn tp_degree(&self) -> usize {
@@ -216,6 +225,8 @@ pub struct Pins {
     pub pp: Option<usize>,
     pub micro_batch: Option<usize>,
     pub vpp: Option<usize>,
+    /// `--context-parallel-size` (None: 1).
+    pub cp: Option<usize>,
     /// `--pipeline-schedule`: None considers 1F1B and interleaved 1F1B.
     pub schedule: Option<(Schedule, bool)>,
     pub recompute: Option<Recompute>,
@@ -443,14 +454,34 @@ fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
             None => Ok(()),
         };
     }
-    for p in pins.pp.map(|p| vec![p]).unwrap_or_else(|| divisors(n / t)) {
+    let cp = pins.cp.unwrap_or(1);
+    if !(n / t).is_multiple_of(cp) {
+        search.batch_problem.get_or_insert(format!(
+            "--context-parallel-size {cp} does not divide the {} GPUs left by tensor-parallel size {t}",
+            n / t
+        ));
+        return Ok(());
+    }
+    for p in pins.pp.map(|p| vec![p]).unwrap_or_else(|| divisors(n / t / cp)) {
         if let Some(why) = pp_problem(req, t, p) {
             match pins.pp {
                 Some(_) => return Err(pinned("--pipeline-model-parallel-size", p, why)),
                 None => continue,
             }
         }
-        let dp = n / (t * p);
+        if !(n / t / cp).is_multiple_of(p) {
+            match pins.pp {
+                Some(_) => {
+                    return Err(pinned(
+                        "--pipeline-model-parallel-size",
+                        p,
+                        format!("{p} does not divide the {} GPUs left by TP {t} x CP {cp}", n / t / cp),
+                    ))
+                }
+                None => continue,
+            }
+        }
+        let dp = n / (t * p * cp);
         if !req.global_batch.is_multiple_of(dp) {
             search.batch_problem.get_or_insert(format!(
                 "--global-batch-size {} does not split over {dp} data-parallel ranks (tp {t}, pp {p})",
@@ -466,7 +497,7 @@ fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
                 ));
                 continue;
             }
-            for mode in tp_modes(req, t)? {
+            for mode in tp_modes(req, t)?.into_iter().filter(|m| cp == 1 || *m == TpMode::OneD) {
                 if let TpMode::Summa { q, depth } = mode {
                     if !b.is_multiple_of(q * depth) {
                         continue;
@@ -483,6 +514,7 @@ fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
                     zero1: false,
                     sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
                     schedule: pins.schedule.map_or(Schedule::OneF1B, |s| s.0),
+                    cp,
                 };
                 search.variants(req, layout, per_rank / b);
             }
@@ -583,7 +615,7 @@ impl Search {
                 None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
             };
             for recompute in recomputes {
-                let replicas = layout.dp * layout.tp_mode.summa_depth();
+                let replicas = layout.replicas();
                 let zero1s = match pins.zero1 {
                     Some(z) => vec![z],
                     None if replicas == 1 => vec![false],

@@ -27,6 +27,9 @@ pub fn describe(l: &Layout) -> String {
     if l.zero1 {
         s.push_str(" zero1");
     }
+    if l.cp > 1 {
+        s.push_str(&format!(" cp {}", l.cp));
+    }
     if l.pp > 1 && l.schedule != super::Schedule::OneF1B {
         s.push_str(&format!(" {}", l.schedule.name(l.vpp)));
     }
@@ -67,6 +70,7 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
             },
         ),
         (t.pp_comm_s, "pipeline sends".to_string()),
+        (t.cp_comm_s, "context-parallel ring".to_string()),
         (t.attention_s, "attention".to_string()),
         (t.memory_bound_s, "memory-bound element-wise work".to_string()),
         (t.optimizer_s, "optimizer step".to_string()),
@@ -331,6 +335,7 @@ pub fn why_best(plan: &Plan, req: &Request) -> Vec<String> {
                 (b.attention_s - t.attention_s, "attention"),
                 (b.memory_bound_s - t.memory_bound_s, "element-wise"),
                 (b.tp_comm_s - t.tp_comm_s, "TP communication"),
+                (b.cp_comm_s - t.cp_comm_s, "context-parallel ring"),
                 (b.pp_comm_s - t.pp_comm_s, "pipeline sends"),
                 (b.bubble_s - t.bubble_s, "bubble"),
                 (b.dp_comm_s - t.dp_comm_s, "data-parallel communication"),
@@ -454,13 +459,13 @@ fn json_number(x: f64) -> String {
 
 /// One JSON object for a layout: the documented keys `tp pp dp vpp micro_batch recompute zero1
 /// memory_gib iteration_s tflops_per_gpu`, then the extras `tp_mode sequence_parallel
-/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s pipeline_schedule reason`.
+/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s pipeline_schedule cp reason`.
 pub fn json(c: &Candidate, req: &Request) -> String {
     let l = &c.layout;
     format!(
         "{{\"tp\":{},\"pp\":{},\"dp\":{},\"vpp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"zero1\":{},\
          \"memory_gib\":{},\"iteration_s\":{},\"tflops_per_gpu\":{},\"tp_mode\":\"{}\",\"sequence_parallel\":{},\
-         \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"pipeline_schedule\":\"{}\",\
+         \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"pipeline_schedule\":\"{}\",\"cp\":{},\
          \"reason\":{}}}",
         l.tp,
         l.pp,
@@ -479,6 +484,7 @@ pub fn json(c: &Candidate, req: &Request) -> String {
         json_number(c.model_tflops_per_gpu()),
         json_number(c.tokens_per_s()),
         if l.pp > 1 { l.schedule.name(l.vpp) } else { "none" },
+        l.cp,
         crate::data::json::quote(&reason(c, req))
     )
 }

@@ -136,11 +136,26 @@ impl Request {
                 }
             },
             depth: positive(a, "--tesseract-depth")?,
+            cp: positive(a, "--context-parallel-size")?,
             schedule: a
                 .str("--pipeline-schedule")
                 .map(|s| Schedule::parse(s).map(|sc| (sc, s == "interleaved-1f1b")))
                 .transpose()?,
         };
+        if let Some(cp) = pins.cp.filter(|&c| c > 1) {
+            if !shape.seq_length.is_multiple_of(2 * cp) {
+                return Err(Error::Config(format!(
+                    "--context-parallel-size {cp}: the sequence {} does not split into 2 x {cp} chunks (Megatron's \
+                     load-balanced causal split)",
+                    shape.seq_length
+                )));
+            }
+            if a.str("--attention-backend").is_some_and(|b| b == "unfused" || b == "local") {
+                return Err(Error::Config(format!(
+                    "--context-parallel-size {cp} needs flash attention (--attention-backend flash)"
+                )));
+            }
+        }
         match (pins.schedule, pins.vpp) {
             (Some((Schedule::GPipe | Schedule::ZeroBubble, _)), Some(v)) if v > 1 => {
                 return Err(Error::Config(format!(
