@@ -407,11 +407,12 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
     assert!(lines[1].starts_with("{\"bench\": \"skipped\", \"case\": \"*\", \"why\": \"PyTorch "), "{lines:?}");
 }
 
-/// The scripts (gpu-bench.sh, first-light.sh which runs it, and node-defaults.sh they source) are clean under shellcheck
+/// The scripts (gpu-bench.sh, first-light.sh which runs it, plan-calibrate.sh, and node-defaults.sh they
+/// source) are clean under shellcheck
 /// (installed by `make slurm-deps`; said loudly when absent).
 #[test]
 fn the_scripts_are_shellcheck_clean() {
-    for name in ["gpu-bench.sh", "first-light.sh", "node-defaults.sh"] {
+    for name in ["gpu-bench.sh", "first-light.sh", "node-defaults.sh", "plan-calibrate.sh"] {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu").join(name);
         let Ok(o) = Command::new("shellcheck").arg(&script).output() else {
             say_skipped("shellcheck is not installed: gpu-bench.sh and first-light.sh are not linted");

@@ -42,6 +42,10 @@ bin="" py=""
 # shellcheck disable=SC1091
 . "$here/node-defaults.sh"
 gpu_libraries plan-calibrate || exit 1
+if ! "$bin" info 2>/dev/null | grep -q "^$device device 0:"; then
+  echo "plan-calibrate: trident info lists no $device device 0: this script measures a GPU (run it on a GPU node)" >&2
+  exit 1
+fi
 export TRIDENT_CACHE_DIR=${TRIDENT_CACHE_DIR:-$out/kernel-cache}
 sides=${CALIBRATE_SIDES:-torch trident}
 layers=${CALIBRATE_LAYERS:-2048:8192:1:4096 4096:16384:2:4096 6144:24576:4:4096 7168:28672:8:4096 \
