@@ -2,7 +2,7 @@
 //! peak, the GPU libraries and devices of each vendor, and the MPI library it was built with.
 
 use super::{flags, threads};
-use crate::device::cpu::{gemm, peak, pool};
+use crate::device::cpu::{gemm, isa, peak, pool};
 use crate::error::Result;
 use crate::flags::INFO_FLAGS;
 
@@ -14,10 +14,20 @@ pub fn run(rest: &[String]) -> Result<()> {
     let pool = pool::ThreadPool::new(threads(&a)?);
     let p = peak::measure_fma_peak(&pool, 150);
     println!("trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
+    let (active, detected) = (isa::active(), isa::detected());
     println!(
-        "cpu: {} threads; gemm kernel {:?}; element-wise kernels {:?}; fma peak {:.1} GFLOP/s ({})",
+        "cpu: {}; instruction set {}{}; {} threads; gemm kernel {:?}; bf16 gemm kernel {}; element-wise kernels {:?}; \
+         fma peak {:.1} GFLOP/s ({})",
+        isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
+        active.name(),
+        if active == detected {
+            String::new()
+        } else {
+            format!(" (capped by {}; the CPU has {})", isa::ISA_VAR, detected.name())
+        },
         pool.threads(),
         gemm::best_kernel(),
+        crate::device::cpu::gemm_bf16::best_bf16_kernel().name(),
         crate::device::cpu::simd::level(),
         p.gflops,
         p.isa

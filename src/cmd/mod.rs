@@ -49,6 +49,10 @@ pub fn main(args: &[String]) -> ExitCode {
         print!("{USAGE}");
         return exit(Err(Error::Usage("no command given".into())));
     };
+    // A TRIDENT_CPU_ISA the CPU cannot honour is one error before any command (every rank).
+    if let Err(e) = crate::device::cpu::isa::check() {
+        return exit(Err(e));
+    }
     match command.as_str() {
         "prepare" => exit(prepare::run(rest)),
         "train" => train::run(rest),

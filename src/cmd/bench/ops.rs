@@ -7,6 +7,7 @@
 use crate::comm::SelfComm;
 use crate::config::preset;
 use crate::device::cpu::gemm::{gemm, MatRef};
+use crate::device::cpu::isa;
 use crate::device::cpu::peak::Peak;
 use crate::device::cpu::pool::ThreadPool;
 use crate::device::cpu::CpuDevice;
@@ -40,12 +41,14 @@ impl Record {
 
     pub fn json(&self) -> String {
         format!(
-            "{{\"bench\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"threads\": {}, \"achieved\": {:.3}, \"unit\": \"{}\", \
-             \"peak\": {:.3}, \"ratio\": {:.4}, \"ms\": {:.4}, \"note\": \"{}\"}}",
+            "{{\"bench\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"threads\": {}, \"cpu\": {}, \"isa\": \"{}\", \
+             \"achieved\": {:.3}, \"unit\": \"{}\", \"peak\": {:.3}, \"ratio\": {:.4}, \"ms\": {:.4}, \"note\": \"{}\"}}",
             self.bench,
             self.shape,
             self.dtype,
             self.threads,
+            crate::data::json::quote(&isa::cpu_model().unwrap_or_else(|| "model unknown".into())),
+            isa::active().name(),
             self.achieved,
             self.unit,
             self.peak,

@@ -1,6 +1,6 @@
 //! bf16 GEMM for the CPU backend: f32 operands rounded to bf16 while packing, multiplied in
-//! pairs along the depth with AVX512-BF16 `vdpbf16ps` (or a bit-identical portable kernel), f32
-//! accumulation and f32 output.
+//! pairs along the depth with AVX512-BF16 `vdpbf16ps`, with AVX2 FMAs on operands widened in
+//! registers, or with a bit-identical portable kernel; f32 accumulation and f32 output.
 //!
 //! `gemm_bf16` has the contract of `gemm::gemm`: `C[i*ldc + j] = (accumulate ? C : 0) +
 //! Σ_p bf16(A(i,p))·bf16(B(p,j))` for strided views A and B, where `bf16` rounds to nearest even.
@@ -9,65 +9,93 @@
 //! packed word holds the bf16 values of depth steps `2t` (low half) and `2t + 1` (high half); one
 //! step computes `acc = (acc + a_odd·b_odd) + a_even·b_even`, the odd product first, each add
 //! rounded to nearest even. Products of two bf16 values are exact in f32. Denormal inputs and
-//! outputs are flushed to zero. Packing flushes denormal inputs for both kernels, and the portable
-//! kernel flushes denormal products and sums, so the two kernels give the same bits.
+//! outputs are flushed to zero. Packing flushes denormal inputs for every kernel, and the portable
+//! kernel flushes denormal products and sums, so it gives `vdpbf16ps`'s bits. The AVX2 kernel
+//! runs the same two rounded adds as FMAs (an exact product plus the sum, rounded once, is the
+//! same add), so it gives the same bits too, except where a product or a partial sum is denormal
+//! (below 2^-126): FMA keeps it, `vdpbf16ps` flushes it, and the results differ by at most 2^-126
+//! per product. Tests check both statements.
 //!
 //! Structure: the blocking and parallel split of `gemm` (its `Grid`: one rectangle of whole tiles
 //! per task, every sum's order fixed by the shape alone, so results are bit-identical for any
-//! thread count), with one 8 × 32 tile shape shared by both kernels. Packed slivers hold `u32`
-//! words of two bf16 values, `ceil(kc / 2)` words deep; an odd depth is padded with a zero half.
-//! On the AVX512-BF16 path, unit-stride slabs are packed with AVX-512F integer rounding (and a
-//! 16×16 word transpose when the depth is the contiguous index), bit-identical to `to_bf16`; a
-//! test compares the two on random bit patterns. Packing costs more than the multiply when done
-//! scalar, which is why it is vectorized. The x86 code (that packing and the AVX512-BF16 tile)
-//! sits with the f32 kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in
-//! `gemm/tests.rs`.
+//! thread count). The depth block `KC` is the same for every kernel (so is the order of the sums);
+//! the tile is 8 × 32 for AVX512-BF16 and portable, 6 × 16 for AVX2 (`Bf16Kernel::blocking`).
+//! Packed B slivers hold `u32` words of two bf16 values, `ceil(kc / 2)` words deep, an odd depth
+//! padded with a zero half; B is packed a group of slivers at a time during the first row block,
+//! its next group's source prefetched meanwhile, as in `gemm`. Packed A slivers hold the same
+//! words, or for AVX2 the bf16 values as f32 (lines `2t`, `2t + 1` per word), which its FMAs
+//! broadcast from memory with no widening. On the AVX512-BF16 path, unit-stride slabs are packed
+//! with AVX-512F integer rounding (and a 16×16 word transpose when the depth is the contiguous
+//! index), bit-identical to `to_bf16`; a test compares the two on random bit patterns. The AVX2
+//! path packs with the f32 GEMM's packing (AVX2 8×8 transposes) into an f32 sliver and rounds that
+//! with AVX2. Packing costs more than the multiply when done scalar, which is why it is
+//! vectorized. The x86 code (that packing and the two tiles) sits with the f32 kernels in
+//! `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
-use super::gemm::pack::Slab;
+use super::gemm::pack::{pack as f32_pack, Slab};
 use super::gemm::portable::store_tile;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::x86;
 use super::gemm::MatRef;
 use super::pool::ThreadPool;
 
-/// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports.
+/// The bf16 micro-kernels; `best_bf16_kernel` picks the fastest the CPU supports (at the level
+/// `TRIDENT_CPU_ISA` allows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Bf16Kernel {
     /// AVX512-BF16 `vdpbf16ps` on zmm registers.
     Avx512Bf16,
+    /// AVX2 + FMA: bf16 pairs of B widened to f32 in registers (a mask and a shift), A's bf16
+    /// values packed as f32, two FMAs per pair in `vdpbf16ps`'s order.
+    Avx2,
     /// Plain Rust with the same rounding, for any CPU.
     Portable,
 }
 
 impl Bf16Kernel {
     /// Every kernel, fastest first.
-    pub const ALL: [Bf16Kernel; 2] = [Bf16Kernel::Avx512Bf16, Bf16Kernel::Portable];
+    pub const ALL: [Bf16Kernel; 3] = [Bf16Kernel::Avx512Bf16, Bf16Kernel::Avx2, Bf16Kernel::Portable];
 
     /// A short name for logs and benchmark tables.
     pub fn name(self) -> &'static str {
         match self {
             Bf16Kernel::Avx512Bf16 => "avx512bf16",
+            Bf16Kernel::Avx2 => "avx2",
             Bf16Kernel::Portable => "portable",
         }
     }
 
-    /// Whether this CPU can run the kernel.
+    /// Whether this CPU can run the kernel at the level `TRIDENT_CPU_ISA` allows (`isa::active`).
     pub fn is_available(self) -> bool {
+        let needs = match self {
+            Bf16Kernel::Avx512Bf16 => super::isa::Isa::Avx512Bf16,
+            Bf16Kernel::Avx2 => super::isa::Isa::Avx2,
+            Bf16Kernel::Portable => super::isa::Isa::Portable,
+        };
+        needs <= super::isa::active()
+    }
+
+    /// The tile (`MR` rows × `NR` columns) and the row block `MC` (a multiple of `MR`).
+    fn blocking(self) -> Blocking {
         match self {
-            #[cfg(target_arch = "x86_64")]
-            Bf16Kernel::Avx512Bf16 => {
-                std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16Kernel::Avx512Bf16 => false,
-            Bf16Kernel::Portable => true,
+            Bf16Kernel::Avx2 => Blocking { mr: 6, nr: 16, mc: 120 },
+            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => Blocking { mr: MR, nr: NR, mc: MC },
         }
     }
+}
+
+/// One kernel's tile and row block; the depth block `KC` and column block `NC` are shared, so
+/// every kernel sums in the same order.
+#[derive(Clone, Copy)]
+struct Blocking {
+    mr: usize,
+    nr: usize,
+    mc: usize,
 }
 
 /// The fastest bf16 kernel this CPU supports, detected once.
@@ -161,25 +189,29 @@ thread_local! {
 
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
 fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
+    let Blocking { mr, nr, mc: mc_block } = kernel.blocking();
+    let a_lines = a_lines_per_word(kernel);
     let words_max = KC.min(p.k).div_ceil(2);
-    let nc_max = NC.min(cols.len()).div_ceil(NR) * NR;
-    let mc_max = MC.min(rows.len()).div_ceil(MR) * MR;
+    let nc_max = NC.min(cols.len()).div_ceil(nr) * nr;
+    let mc_max = mc_block.min(rows.len()).div_ceil(mr) * mr;
     with_buffer(&PACKED_B, words_max * nc_max, |packed_b| {
-        with_buffer(&PACKED_A, words_max * mc_max, |packed_a| {
+        with_buffer(&PACKED_A, a_lines * words_max * mc_max, |packed_a| {
             for jc in cols.clone().step_by(NC) {
                 let nc = NC.min(cols.end - jc);
                 for pc in (0..p.k).step_by(KC) {
                     let kc = KC.min(p.k - pc);
                     let words = kc.div_ceil(2);
-                    let packed_b = &mut packed_b[..nc.div_ceil(NR) * NR * words];
-                    pack(kernel, &Slab::of_b(&p.b, (pc, kc), (jc, nc), NR), packed_b);
+                    let packed_b = &mut packed_b[..nc.div_ceil(nr) * nr * words];
+                    // B is packed sliver by sliver during the first row block (`macro_kernel`).
+                    let b_slab = Slab::of_b(&p.b, (pc, kc), (jc, nc), nr);
                     let accumulate = p.accumulate || pc > 0;
-                    for ic in rows.clone().step_by(MC) {
-                        let mc = MC.min(rows.end - ic);
-                        let packed_a = &mut packed_a[..mc.div_ceil(MR) * MR * words];
-                        pack(kernel, &Slab::of_a(&p.a, (ic, mc), (pc, kc), MR), packed_a);
-                        let packed = (&*packed_a, &*packed_b, words);
-                        macro_kernel(p, kernel, packed, (ic, mc), (jc, nc), accumulate);
+                    for (index, ic) in rows.clone().step_by(mc_block).enumerate() {
+                        let mc = mc_block.min(rows.end - ic);
+                        let packed_a = &mut packed_a[..mc.div_ceil(mr) * mr * a_lines * words];
+                        pack_a(kernel, &Slab::of_a(&p.a, (ic, mc), (pc, kc), mr), packed_a);
+                        let pack_b = if index == 0 { Some(&b_slab) } else { None };
+                        let packed = (&*packed_a, &mut *packed_b, words);
+                        macro_kernel(p, kernel, packed, pack_b, (ic, mc), (jc, nc), accumulate);
                     }
                 }
             }
@@ -187,62 +219,153 @@ fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<
     });
 }
 
+/// Lines of packed A per depth pair: one of bf16 pairs, or (AVX2) two of f32 values.
+fn a_lines_per_word(kernel: Bf16Kernel) -> usize {
+    if kernel == Bf16Kernel::Avx2 {
+        2
+    } else {
+        1
+    }
+}
+
 /// Multiplies a packed A block (rows `i0..i0+mc`) by a packed B block (columns `j0..j0+nc`),
 /// `words` pairs deep, into C. Edge tiles go through a scratch tile and then get the same single
 /// add (or store) per element that a full tile gets, so they round identically.
+///
+/// With `pack_b`, B's slivers are packed here, a group just before its first use, while the
+/// source of the next group is prefetched a part per tile, as the f32 GEMM does: reading B from
+/// memory then overlaps with arithmetic.
 fn macro_kernel(
     p: &Problem<'_>,
     kernel: Bf16Kernel,
-    (packed_a, packed_b, words): (&[u32], &[u32], usize),
+    (packed_a, packed_b, words): (&[u32], &mut [u32], usize),
+    pack_b_slab: Option<&Slab<'_>>,
     (i0, mc): (usize, usize),
     (j0, nc): (usize, usize),
     accumulate: bool,
 ) {
+    let Blocking { mr, nr, .. } = kernel.blocking();
     let mut edge = EdgeTile::new();
-    for (s, b) in packed_b.chunks_exact(words * NR).enumerate() {
-        let j = j0 + s * NR;
-        let width = NR.min(j0 + nc - j);
-        for (r, a) in packed_a.chunks_exact(words * MR).enumerate() {
-            let i = i0 + r * MR;
-            let height = MR.min(i0 + mc - i);
+    let slivers = nc.div_ceil(nr);
+    let a_sliver = a_lines_per_word(kernel) * words * mr;
+    let tiles = packed_a.len() / a_sliver;
+    let group = pack_b_slab.map_or(1, Slab::slivers_per_group);
+    if let Some(slab) = pack_b_slab {
+        (0..tiles).for_each(|part| slab.prefetch_group(0, group, part, tiles));
+    }
+    for s in 0..slivers {
+        if let Some(slab) = pack_b_slab.filter(|_| s % group == 0) {
+            let count = group.min(slivers - s);
+            let first = Slab {
+                base: slab.base + s * nr * slab.wide_stride,
+                width: (count * nr).min(slab.width - s * nr),
+                ..*slab
+            };
+            pack_b(kernel, &first, &mut packed_b[s * words * nr..(s + count) * words * nr]);
+        }
+        let b = &packed_b[s * words * nr..(s + 1) * words * nr];
+        let j = j0 + s * nr;
+        let width = nr.min(j0 + nc - j);
+        for (r, a) in packed_a.chunks_exact(a_sliver).enumerate() {
+            let i = i0 + r * mr;
+            let height = mr.min(i0 + mc - i);
+            let next_group = (s / group + 1) * group;
+            if let Some(slab) = pack_b_slab.filter(|_| next_group < slivers) {
+                slab.prefetch_group(next_group, group, (s % group) * tiles + r, group * tiles);
+            }
             // SAFETY: `i < m` and `j < n`, so the tile origin lies inside C (checked against the
             // slice length at entry); this task owns the rectangle the block lies in.
             let c = unsafe { p.c.ptr().add(i * p.ldc + j) };
-            if height == MR && width == NR {
-                // SAFETY: a full tile lies inside C with row stride ldc; the slivers hold
-                // words*MR and words*NR words; the kernel was checked available at entry.
+            if height == mr && width == nr {
+                // SAFETY: a full tile lies inside C with row stride ldc; the slivers hold what
+                // `tile` reads; the kernel was checked available at entry.
                 unsafe { tile(kernel, words, a, b, c, p.ldc, accumulate) };
             } else {
-                // SAFETY: the scratch tile holds MR*NR floats with row stride NR; rows < height and
+                // SAFETY: the scratch tile holds mr*nr floats with row stride nr; rows < height and
                 // columns < width of this tile are inside C.
                 unsafe {
-                    tile(kernel, words, a, b, edge.as_mut_ptr(), NR, false);
-                    edge.apply(NR, c, p.ldc, (height, width), accumulate);
+                    tile(kernel, words, a, b, edge.as_mut_ptr(), nr, false);
+                    edge.apply(nr, c, p.ldc, (height, width), accumulate);
                 }
             }
         }
     }
 }
 
-/// Dispatches one `MR × NR` tile: `acc = Σ_t dot2(a word t, b word t)`, then `C = acc` or
-/// `C = C + acc`.
+/// Dispatches one tile of the kernel's blocking: `acc = Σ_t dot2(a pair t, b word t)`, then
+/// `C = acc` or `C = C + acc`.
 ///
 /// # Safety
-/// `a` holds `words * MR` and `b` `words * NR` words; C rows `0..MR` at stride `ldc` have `NR`
-/// writable floats each; the CPU supports `kernel`.
+/// `a` holds one packed A sliver and `b` one packed B sliver of `words` pairs for the kernel's
+/// tile; C rows `0..mr` at stride `ldc` have `nr` writable floats each; the CPU supports `kernel`.
 unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: usize, acc: bool) {
-    debug_assert!(a.len() == words * MR && b.len() == words * NR);
+    let Blocking { mr, nr, .. } = kernel.blocking();
+    debug_assert!(a.len() == a_lines_per_word(kernel) * words * mr && b.len() == words * nr);
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; availability was asserted in `gemm_bf16_with`.
         Bf16Kernel::Avx512Bf16 => unsafe {
             x86::bf16_gemm::tile_avx512bf16::<MR>(words, a.as_ptr(), b.as_ptr(), c, ldc, acc)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: forwarded contract; A's words are f32 bit patterns; availability as above.
+        Bf16Kernel::Avx2 => unsafe {
+            x86::bf16_gemm::tile_avx2::<6>(words, a.as_ptr().cast(), b.as_ptr(), c, ldc, acc)
+        },
         #[cfg(not(target_arch = "x86_64"))]
-        Bf16Kernel::Avx512Bf16 => unreachable!("checked by is_available"),
+        Bf16Kernel::Avx512Bf16 | Bf16Kernel::Avx2 => unreachable!("checked by is_available"),
         // SAFETY: forwarded contract.
         Bf16Kernel::Portable => unsafe { tile_portable(words, a, b, c, ldc, acc) },
     }
+}
+
+/// Packs a slab of B (or, for kernels with one A line per pair, of A) into slivers of bf16
+/// pairs (`pack`); the AVX2 kernel packs through an f32 sliver (`pack_words_avx2`).
+fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Bf16Kernel::Avx2 {
+        return pack_via_f32(slab, dst, slab.kc.div_ceil(2) * slab.lanes, |lines, out| {
+            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
+            unsafe { x86::bf16_gemm::words_from_lines_avx2(lines, slab.kc, slab.lanes, out) }
+        });
+    }
+    pack(kernel, slab, dst)
+}
+
+/// Packs a slab of A: as bf16 pairs (`pack`), or for the AVX2 kernel as f32 lines of bf16
+/// values, `2 * ceil(kc / 2)` lines of `lanes` per sliver (the line past an odd `kc` zero), which
+/// its FMAs broadcast straight from memory.
+fn pack_a(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Bf16Kernel::Avx2 {
+        return pack_via_f32(slab, dst, 2 * slab.kc.div_ceil(2) * slab.lanes, |lines, out| {
+            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
+            unsafe { x86::bf16_gemm::round_lines_avx2(lines, out) }
+        });
+    }
+    pack(kernel, slab, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each thread's f32 sliver, which the AVX2 kernel's packing converts to bf16.
+    static F32_SLIVER: RefCell<AlignedBuffer<f32>> = RefCell::new(AlignedBuffer::default());
+}
+
+/// Packs each sliver of `slab` with the f32 GEMM's packing (every stride, vectorized) into a
+/// thread-local f32 sliver, then `convert`s it into the sliver's `sliver_len` words of `dst`.
+#[cfg(target_arch = "x86_64")]
+fn pack_via_f32(slab: &Slab<'_>, dst: &mut [u32], sliver_len: usize, convert: impl Fn(&[f32], &mut [u32])) {
+    let lanes = slab.lanes;
+    assert!(slab.width > 0 && slab.kc > 0 && dst.len() == slab.width.div_ceil(lanes) * sliver_len);
+    with_buffer(&F32_SLIVER, slab.kc * lanes, |lines| {
+        for (s, sliver) in dst.chunks_exact_mut(sliver_len).enumerate() {
+            let width = lanes.min(slab.width - s * lanes);
+            let one = Slab { base: slab.base + s * lanes * slab.wide_stride, width, ..*slab };
+            f32_pack::<x86::Avx2>(&one, lines);
+            convert(lines, sliver);
+        }
+    });
 }
 
 /// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16
@@ -365,6 +488,49 @@ mod tests {
                 let portable = run(Bf16Kernel::Portable, &pool, shape, storage);
                 assert!(same_bits(&fast, &portable), "{shape:?} {storage:?}: kernels differ");
             }
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_avx2_is_bitwise_equal_to_portable_where_no_product_is_denormal() {
+        if !Bf16Kernel::Avx2.is_available() {
+            eprintln!("SKIPPED: CPU lacks avx2 (or TRIDENT_CPU_ISA caps it)");
+            return;
+        }
+        let pool = ThreadPool::new(2);
+        for shape in [(257, 100, 33), (33, 257, 1537), (100, 3100, 17), (64, 768, 769), (7, 5, 3)] {
+            for storage in STORAGES {
+                let fast = run(Bf16Kernel::Avx2, &pool, shape, storage);
+                let portable = run(Bf16Kernel::Portable, &pool, shape, storage);
+                assert!(same_bits(&fast, &portable), "{shape:?} {storage:?}: kernels differ");
+            }
+        }
+    }
+
+    /// Where a product of two bf16 values is denormal, `vdpbf16ps` (and the portable kernel)
+    /// flush it to zero and the AVX2 kernel's FMA keeps it: the results differ by at most one
+    /// smallest normal (2^-126) per product, the bound ARCHITECTURE.md states.
+    #[test]
+    fn gemm_bf16_avx2_keeps_denormal_products_within_the_stated_bound() {
+        if !Bf16Kernel::Avx2.is_available() {
+            eprintln!("SKIPPED: CPU lacks avx2 (or TRIDENT_CPU_ISA caps it)");
+            return;
+        }
+        let pool = ThreadPool::new(1);
+        let (m, n, k) = (7, 19, 40);
+        let tiny = 2f32.powi(-70); // A product of two is 2^-140, below 2^-126.
+        let a: Vec<f32> = (0..m * k).map(|i| tiny * (1.0 + (i % 5) as f32 / 8.0)).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| tiny * (1.0 + (i % 3) as f32 / 4.0)).collect();
+        let mut results = Vec::new();
+        for kernel in [Bf16Kernel::Avx2, Bf16Kernel::Portable] {
+            let mut c = vec![0.0f32; m * n];
+            let (a, b) = (MatRef::row_major(&a, k), MatRef::row_major(&b, n));
+            gemm_bf16_with(kernel, &pool, m, n, k, a, b, &mut c, n, false);
+            results.push(c);
+        }
+        assert!(results[1].iter().all(|&x| x == 0.0), "the portable kernel flushes denormal products");
+        for (&kept, &flushed) in results[0].iter().zip(&results[1]) {
+            assert!(kept > 0.0 && (kept - flushed).abs() <= k as f32 * 2f32.powi(-126), "{kept:e} vs {flushed:e}");
         }
     }
 

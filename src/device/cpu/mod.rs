@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod gemm;
 pub mod gemm_bf16;
+pub mod isa;
 mod llama;
 pub mod peak;
 pub mod pool;
@@ -565,8 +566,12 @@ impl Device for CpuDevice {
         let len = b.len;
         self.for_blocks(len, ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            for x in unsafe { b.slice(s, n) } {
-                *x = precision.round(*x);
+            let block = unsafe { b.slice(s, n) };
+            if precision == crate::real::Precision::Bf16 {
+                // SAFETY: the slice is this task's block.
+                unsafe { simd::round_bf16_slice(block) };
+            } else {
+                block.iter_mut().for_each(|x| *x = precision.round(*x));
             }
         });
     }
@@ -576,8 +581,12 @@ impl Device for CpuDevice {
         let o = SharedMut::new(&mut out);
         self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            for (d, &x) in unsafe { o.slice(s, n) }.iter_mut().zip(&buf[s..s + n]) {
-                *d = precision.to_bits16(x);
+            let (out, src) = (unsafe { o.slice(s, n) }, &buf[s..s + n]);
+            if precision == crate::real::Precision::F16 {
+                out.iter_mut().zip(src).for_each(|(d, &x)| *d = precision.to_bits16(x));
+            } else {
+                // SAFETY: both slices are this task's block.
+                unsafe { simd::bf16_bits_slice(out, src) };
             }
         });
         out
@@ -593,8 +602,12 @@ impl Device for CpuDevice {
         let o = SharedMut::new(dst);
         self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            for (d, &b) in unsafe { o.slice(s, n) }.iter_mut().zip(&src[s..s + n]) {
-                *d = precision.from_bits16(b);
+            let (out, bits) = (unsafe { o.slice(s, n) }, &src[s..s + n]);
+            if precision == crate::real::Precision::F16 {
+                out.iter_mut().zip(bits).for_each(|(d, &b)| *d = precision.from_bits16(b));
+            } else {
+                // SAFETY: both slices are this task's block.
+                unsafe { simd::from_bf16_bits_slice(out, bits) };
             }
         });
     }

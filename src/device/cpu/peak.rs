@@ -125,10 +125,10 @@ impl FmaChunk {
     fn run(&mut self) {
         match self.kernel {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: best_kernel() only returns Avx512 after detecting avx512f.
+            // SAFETY: best_kernel() returns Avx512 only where isa::detected found AVX-512.
             GemmKernel::Avx512 => unsafe { x86::chunk_avx512(&mut self.state) },
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: best_kernel() only returns Avx2 after detecting avx2 and fma.
+            // SAFETY: best_kernel() returns Avx2 only where isa::detected found AVX2 and FMA.
             GemmKernel::Avx2 => unsafe { x86::chunk_avx2(&mut self.state) },
             _ => {
                 let lanes = &mut self.state[..PORTABLE_LANES];

@@ -3,9 +3,9 @@
 //! for baseline x86-64, and the best one the CPU supports is picked at run time. The kernels use
 //! no fused multiply-adds and fix their summation order, so all three give identical bits.
 
+use super::isa::Isa;
 use crate::device::{kernels, llama};
 use crate::device::{AdamWStep, AttentionShape, Rotary};
-use std::sync::OnceLock;
 
 /// The vector instruction sets the dispatch distinguishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,25 +15,13 @@ pub enum Level {
     Baseline,
 }
 
-/// The best level this CPU supports (detected once).
+/// The best level this CPU supports, capped by `TRIDENT_CPU_ISA` (`isa::active`).
 pub fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-            {
-                return Level::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Level::Avx2;
-            }
-        }
-        Level::Baseline
-    })
+    match super::isa::active() {
+        Isa::Avx512 | Isa::Avx512Bf16 => Level::Avx512,
+        Isa::Avx2 => Level::Avx2,
+        Isa::Portable => Level::Baseline,
+    }
 }
 
 /// Defines `pub unsafe fn name(args) -> ret` that runs `kernel(args)` compiled for the CPU's best
@@ -120,6 +108,40 @@ multiversion! {
     fn attention_softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 = kernels::attention_softmax_row::<f32>;
     fn attention_backward_row(p: &mut [f32], ds: &mut [f32], n: usize, scale: f32, lse: f32, delta: f32)
         = kernels::attention_backward_row::<f32>;
+    fn round_bf16_slice(xs: &mut [f32]) = bf16_casts::round_slice;
+    fn bf16_bits_slice(out: &mut [u16], xs: &[f32]) = bf16_casts::bits_slice;
+    fn from_bf16_bits_slice(out: &mut [f32], bits: &[u16]) = bf16_casts::from_bits_slice;
+}
+
+/// bf16 mixed precision's casts on f32 storage (`Device::round_to`, `to_half`, `load_half`):
+/// `Precision::Bf16`'s `round`, `to_bits16` and `from_bits16` written without branches, so that
+/// each level vectorizes them. The test below checks them against those, bit for bit.
+mod bf16_casts {
+    /// Rounds each value to the nearest bf16 (ties to even), NaNs kept as they are.
+    #[inline(always)]
+    pub fn round_slice(xs: &mut [f32]) {
+        for x in xs {
+            let bits = x.to_bits();
+            let rounded = f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000);
+            *x = if x.is_nan() { *x } else { rounded };
+        }
+    }
+
+    /// The top 16 bits of each value (the bf16 of a value already rounded).
+    #[inline(always)]
+    pub fn bits_slice(out: &mut [u16], xs: &[f32]) {
+        for (o, x) in out.iter_mut().zip(xs) {
+            *o = (x.to_bits() >> 16) as u16;
+        }
+    }
+
+    /// The f32 value of each bf16 bit pattern.
+    #[inline(always)]
+    pub fn from_bits_slice(out: &mut [f32], bits: &[u16]) {
+        for (o, &b) in out.iter_mut().zip(bits) {
+            *o = f32::from_bits((b as u32) << 16);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -204,6 +226,32 @@ mod tests {
         for (lv, r) in levels().iter().zip(&results).skip(1) {
             for (i, (a, b)) in r.iter().zip(&results[0]).enumerate() {
                 assert_eq!(a, b, "output {i} differs between {lv:?} and {:?}", levels()[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_casts_match_precision_on_every_level() {
+        use crate::real::Precision::Bf16;
+        let mut x = random(1003, "casts");
+        let specials = [f32::NAN, -f32::NAN, f32::INFINITY, f32::MAX, f32::from_bits(0x3F80_8000), f32::from_bits(1)];
+        x[..specials.len()].copy_from_slice(&specials);
+        x[10] = f32::from_bits(0x3F81_8000);
+        x[11] = -0.0;
+        for lv in levels() {
+            let mut rounded = x.clone();
+            let (mut half, mut back) = (vec![0u16; x.len()], vec![0f32; x.len()]);
+            // SAFETY: every level returned by `levels` is supported.
+            unsafe {
+                round_bf16_slice::at(lv, &mut rounded);
+                bf16_bits_slice::at(lv, &mut half, &rounded);
+                from_bf16_bits_slice::at(lv, &mut back, &half);
+            }
+            for (i, &v) in x.iter().enumerate() {
+                let want = Bf16.round(v);
+                assert_eq!(rounded[i].to_bits(), want.to_bits(), "{lv:?} round({v:e})");
+                assert_eq!(half[i], Bf16.to_bits16(want), "{lv:?} bits({v:e})");
+                assert_eq!(back[i].to_bits(), Bf16.from_bits16(half[i]).to_bits(), "{lv:?} from_bits({v:e})");
             }
         }
     }

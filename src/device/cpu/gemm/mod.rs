@@ -55,6 +55,7 @@ mod tests;
 
 use std::sync::OnceLock;
 
+use super::isa::Isa;
 use super::pool::ThreadPool;
 use driver::{drive, Problem};
 
@@ -76,6 +77,9 @@ pub(crate) trait MicroKernel {
     // Only x86 has AVX-512 packing to select, so elsewhere nothing reads this.
     #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
     const AVX512_PACKING: bool = false;
+    /// Whether packing may use AVX2 8×8 transposes (likewise bit-identical; the AVX2 kernels).
+    #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
+    const AVX2_PACKING: bool = false;
 
     /// Computes the `MR × NR` tile `acc = Σ_p a[p*MR + r] · b[p*NR + j]` over `kc` steps, then
     /// stores `C = acc` or, when `accumulate`, `C = C + acc` (one rounding per element).
@@ -128,17 +132,18 @@ impl GemmKernel {
         }
     }
 
-    /// Whether this CPU can run the kernel.
-    pub fn is_available(self) -> bool {
+    /// The instruction-set level the kernel needs.
+    pub fn isa(self) -> Isa {
         match self {
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            GemmKernel::Avx512 => std::is_x86_feature_detected!("avx512f"),
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            GemmKernel::Avx2 => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
-            #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-            GemmKernel::Avx512 | GemmKernel::Avx2 => false,
-            GemmKernel::Portable => true,
+            GemmKernel::Avx512 => Isa::Avx512,
+            GemmKernel::Avx2 => Isa::Avx2,
+            GemmKernel::Portable => Isa::Portable,
         }
+    }
+
+    /// Whether this CPU can run the kernel at the level `TRIDENT_CPU_ISA` allows (`isa::active`).
+    pub fn is_available(self) -> bool {
+        self.isa() <= super::isa::active()
     }
 }
 

@@ -3,8 +3,8 @@
 //! or a gather, by stride), zero-padded past the edge, with the prefetches that let packing B
 //! overlap with arithmetic.
 
-use super::MicroKernel;
 use super::MatRef;
+use super::MicroKernel;
 
 /// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:
 /// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`, `w` the index that becomes a
@@ -37,7 +37,7 @@ impl<'a> Slab<'a> {
 impl Slab<'_> {
     /// Slivers packed (and prefetched) together: where the sliver lines are contiguous in the
     /// source, several slivers side by side make each source line a longer, cheaper read.
-    pub(super) fn slivers_per_group(&self) -> usize {
+    pub(crate) fn slivers_per_group(&self) -> usize {
         if self.wide_stride == 1 {
             8
         } else {
@@ -60,7 +60,7 @@ impl Slab<'_> {
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
     /// L2, so that packing them later reads from cache instead of waiting on memory. Layouts
     /// with no unit stride are left to the hardware.
-    pub(super) fn prefetch_group(&self, s: usize, count: usize, part: usize, parts: usize) {
+    pub(crate) fn prefetch_group(&self, s: usize, count: usize, part: usize, parts: usize) {
         let base = self.base + s * self.lanes * self.wide_stride;
         let width = self.group_width(s, count);
         let (runs, run_len, run_stride) = if self.wide_stride == 1 {
@@ -82,7 +82,7 @@ impl Slab<'_> {
 /// Packs a slab into `ceil(width / lanes)` slivers. Sliver `s` holds
 /// `dst[s*kc*lanes + q*lanes + w] = src[base + (s*lanes + w)*wide_stride + q*deep_stride]`; lanes
 /// past `width` are zero so edge tiles multiply zeros.
-pub(super) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
+pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
     let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
     assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
     // The entry check proved every element of the view is in bounds; re-checking this slab's
@@ -131,6 +131,12 @@ pub(super) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
                 // stride `wide_stride` (checked above), `sliver` holds kc*lanes floats, and the
                 // kernel only asks for AVX-512 packing when it is an AVX-512 kernel.
                 unsafe { super::x86::pack_transposed_avx512(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
+                continue;
+            }
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            if K::AVX2_PACKING {
+                // SAFETY: as above; only AVX2 kernels ask for AVX2 packing.
+                unsafe { super::x86::pack_transposed_avx2(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
                 continue;
             }
             pack_transposed(sliver_src, wide_stride, sliver_width, kc, lanes, sliver);

@@ -27,7 +27,7 @@ impl MicroKernel for Avx512 {
 
     unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         // SAFETY: forwarded contract; `drive` only instantiates this kernel after
-        // `is_x86_feature_detected!("avx512f")`.
+        // `isa::active()` reaches AVX-512, which `isa::detected` sets only after detecting it.
         unsafe { tile_avx512::<AVX512_MR>(kc, a, b, c, ldc, accumulate) }
     }
 }
@@ -215,6 +215,7 @@ impl MicroKernel for Avx2 {
     const KC: usize = 256;
     const MC: usize = 6 * 16;
     const NC: usize = 3072;
+    const AVX2_PACKING: bool = true;
 
     unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         // SAFETY: forwarded contract; `drive` only instantiates this kernel after detecting
@@ -252,6 +253,26 @@ unsafe fn tile_avx2<const MR: usize>(
             a = a.add(MR);
             b = b.add(16);
         }
+        store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
+    }
+}
+
+/// Stores the accumulators of an `MR × 16` tile (columns 0..8 in `lo`, 8..16 in `hi`) to C:
+/// `C = acc` or, when `accumulate`, `C = C + acc`. The AVX2 bf16 kernel ends the same way.
+///
+/// # Safety
+/// C rows `0..MR` at stride `ldc` have 16 writable floats each; the CPU supports AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn store_tile_avx2<const MR: usize>(
+    c: *mut f32,
+    ldc: usize,
+    lo: &[__m256; MR],
+    hi: &[__m256; MR],
+    accumulate: bool,
+) {
+    // SAFETY: the caller guarantees the rows are writable.
+    unsafe {
         for i in 0..MR {
             let row = c.add(i * ldc);
             if accumulate {
@@ -265,10 +286,103 @@ unsafe fn tile_avx2<const MR: usize>(
     }
 }
 
+/// The AVX2 transposing pack, bit-identical to the portable `pack_transposed`: `width` rows of
+/// `kc` contiguous floats at stride `row_stride` become `kc` packed lines of `lanes` floats
+/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes.
+///
+/// # Safety
+/// The CPU must support AVX2; `src` must hold `(width - 1) * row_stride + kc` floats and `dst`
+/// exactly `kc * lanes`.
+#[target_feature(enable = "avx2")]
+pub unsafe fn pack_transposed_avx2(
+    src: &[f32],
+    row_stride: usize,
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [f32],
+) {
+    assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
+    assert!(src.len() >= (width - 1) * row_stride + kc);
+    let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+    for group in (0..lanes).step_by(8) {
+        let group_lanes = 8.min(lanes - group);
+        let store_mask = lane_mask(group_lanes);
+        let valid_rows = width.saturating_sub(group).min(8);
+        for q0 in (0..kc).step_by(8) {
+            let depth = 8.min(kc - q0);
+            let load_mask = lane_mask(depth);
+            let mut rows = [_mm256_setzero_ps(); 8];
+            for (r, row) in rows.iter_mut().enumerate().take(valid_rows) {
+                // SAFETY: row group+r < width and columns q0..q0+depth < kc lie inside `src`;
+                // the masked load reads no lane past `depth`.
+                *row = unsafe {
+                    let at = src.add((group + r) * row_stride + q0);
+                    if depth == 8 {
+                        _mm256_loadu_ps(at)
+                    } else {
+                        _mm256_maskload_ps(at, load_mask)
+                    }
+                };
+            }
+            for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
+                // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes.
+                unsafe {
+                    let at = dst.add((q0 + q) * lanes + group);
+                    if group_lanes == 8 {
+                        _mm256_storeu_ps(at, *column)
+                    } else {
+                        _mm256_maskstore_ps(at, store_mask, *column)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An AVX2 lane mask with lanes `0..count` set (`count <= 8`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lane_mask(count: usize) -> __m256i {
+    let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), index)
+}
+
+/// Transposes an 8×8 block held as 8 row vectors into 8 column vectors.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // s[4g + j]: rows 4g..4g+4 of columns j and 4 + j.
+    let s: [__m256; 8] = std::array::from_fn(|i| {
+        let (g, j) = (i / 4, i % 4);
+        let (a, b) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+        if j % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    std::array::from_fn(|q| {
+        if q < 4 {
+            _mm256_permute2f128_ps::<0x20>(s[q], s[4 + q])
+        } else {
+            _mm256_permute2f128_ps::<0x31>(s[q - 4], s[q])
+        }
+    })
+}
+
 /// The bf16 GEMM's x86-64 parts: bf16 rounding and packing on AVX-512F, and the AVX512-BF16 tile.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm {
-    use super::{prefetch_tile, store_tile, transpose16};
+    use super::{prefetch_tile, store_tile, store_tile_avx2, transpose16};
     use std::arch::x86_64::*;
 
     /// `gemm_bf16::to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
@@ -406,6 +520,129 @@ pub(crate) mod bf16_gemm {
                 b = b.add(32);
             }
             store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
+        }
+    }
+
+    /// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn to_bf16_x8(v: __m256) -> __m256i {
+        let bits = _mm256_castps_si256(v);
+        let top = _mm256_srli_epi32::<16>(bits);
+        let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
+        let odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
+        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd));
+        let quiet_nan = _mm256_or_si256(top, _mm256_set1_epi32(0x0040));
+        let signed_zero = _mm256_and_si256(top, _mm256_set1_epi32(0x8000));
+        // Magnitudes are below 2^31, so the signed compares order them correctly.
+        let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
+        let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), magnitude);
+        _mm256_blendv_epi8(_mm256_blendv_epi8(rounded, quiet_nan, nan), signed_zero, tiny)
+    }
+
+    /// The AVX2 kernel's B sliver from an f32 one: `lines` holds `kc` lines of `lanes` floats
+    /// and `out[t*lanes + w]` becomes the bf16 pair of lines `2t` (low half) and `2t + 1` (high
+    /// half, zero past `kc`) in lane `w`, rounded as `to_bf16`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `lanes` is a multiple of 8, `lines` holds `kc * lanes` floats
+    /// and `out` `ceil(kc / 2) * lanes` words.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn words_from_lines_avx2(lines: &[f32], kc: usize, lanes: usize, out: &mut [u32]) {
+        assert!(lanes.is_multiple_of(8) && lines.len() == kc * lanes && out.len() == kc.div_ceil(2) * lanes);
+        let (src, dst) = (lines.as_ptr(), out.as_mut_ptr());
+        for t in 0..kc.div_ceil(2) {
+            for w in (0..lanes).step_by(8) {
+                // SAFETY: line 2t (and 2t + 1 when below kc) lies in `lines`, line t in `out`.
+                unsafe {
+                    let even = to_bf16_x8(_mm256_loadu_ps(src.add(2 * t * lanes + w)));
+                    let odd = if 2 * t + 1 < kc {
+                        _mm256_slli_epi32::<16>(to_bf16_x8(_mm256_loadu_ps(src.add((2 * t + 1) * lanes + w))))
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    _mm256_storeu_si256(dst.add(t * lanes + w).cast(), _mm256_or_si256(even, odd));
+                }
+            }
+        }
+    }
+
+    /// The AVX2 kernel's A sliver from an f32 one: each float rounded to bf16 and kept as an f32
+    /// bit pattern, then zeros to the end of `out` (the line past an odd depth).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `out` is at least as long as `lines`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn round_lines_avx2(lines: &[f32], out: &mut [u32]) {
+        assert!(out.len() >= lines.len());
+        let (src, dst) = (lines.as_ptr(), out.as_mut_ptr());
+        let whole = lines.len() / 8 * 8;
+        for at in (0..whole).step_by(8) {
+            // SAFETY: `at + 8 <= lines.len() <= out.len()`.
+            unsafe {
+                let value = _mm256_slli_epi32::<16>(to_bf16_x8(_mm256_loadu_ps(src.add(at))));
+                _mm256_storeu_si256(dst.add(at).cast(), value);
+            }
+        }
+        for (slot, &x) in out[whole..].iter_mut().zip(&lines[whole..]) {
+            *slot = (crate::device::cpu::gemm_bf16::to_bf16(x) as u32) << 16;
+        }
+        out[lines.len()..].fill(0);
+    }
+
+    /// The AVX2 + FMA tile: `MR` rows × 2 ymm (16 columns), 2·MR accumulators. Per depth pair,
+    /// B's word vectors are widened in registers (the odd halves by a mask, the even ones by a
+    /// shift) and each row gets `acc = fma(a_odd, b_odd, acc)` then `fma(a_even, b_even, acc)`,
+    /// broadcasting A's f32 values from memory. A bf16 product is exact in f32, so each FMA
+    /// rounds the same sum `vdpbf16ps` rounds, in its order; only denormal products and sums,
+    /// which `vdpbf16ps` flushes to zero, are kept.
+    ///
+    /// # Safety
+    /// `a` holds `2 * words * MR` floats (lines 2t then 2t + 1 per pair), `b` `words * 16` words;
+    /// C rows `0..MR` at stride `ldc` have 16 writable floats each; the CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_avx2<const MR: usize>(
+        words: usize,
+        a: *const f32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
+        unsafe {
+            let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            let mut lo = [_mm256_setzero_ps(); MR];
+            let mut hi = [_mm256_setzero_ps(); MR];
+            let (mut a, mut b) = (a, b);
+            for _ in 0..words {
+                let b_lo = _mm256_loadu_si256(b.cast());
+                let b_hi = _mm256_loadu_si256(b.add(8).cast());
+                let odd_lo = _mm256_castsi256_ps(_mm256_and_si256(b_lo, high));
+                let odd_hi = _mm256_castsi256_ps(_mm256_and_si256(b_hi, high));
+                for i in 0..MR {
+                    let a_i = _mm256_broadcast_ss(&*a.add(MR + i));
+                    lo[i] = _mm256_fmadd_ps(a_i, odd_lo, lo[i]);
+                    hi[i] = _mm256_fmadd_ps(a_i, odd_hi, hi[i]);
+                }
+                // Reload B's words rather than keep them in registers: the 12 accumulators,
+                // two widened vectors and a broadcast leave too few, and the compiler would
+                // otherwise spill them to the stack every step. The empty asm may touch memory,
+                // so the loads after it are not merged with the ones above.
+                std::arch::asm!("", options(nostack, preserves_flags));
+                let b_lo = _mm256_loadu_si256(b.cast());
+                let b_hi = _mm256_loadu_si256(b.add(8).cast());
+                let even_lo = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b_lo));
+                let even_hi = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b_hi));
+                for i in 0..MR {
+                    let a_i = _mm256_broadcast_ss(&*a.add(i));
+                    lo[i] = _mm256_fmadd_ps(a_i, even_lo, lo[i]);
+                    hi[i] = _mm256_fmadd_ps(a_i, even_hi, hi[i]);
+                }
+                a = a.add(2 * MR);
+                b = b.add(16);
+            }
+            store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
         }
     }
 }

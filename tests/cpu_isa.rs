@@ -1,0 +1,59 @@
+//! `TRIDENT_CPU_ISA` from the outside: it caps the CPU kernels' instruction set (`info` and the
+//! GEMM bench say which ran), and a level the CPU lacks or a name that is no level is one clear
+//! error.
+
+mod common;
+use common::*;
+use std::process::{Command, Output};
+
+fn with_isa(isa: &str, args: &[&str]) -> Output {
+    Command::new(BIN).env("TRIDENT_CPU_ISA", isa).args(args).output().expect("the trident binary runs")
+}
+
+/// The level `trident info` reports without a cap (the CPU's best).
+fn detected() -> String {
+    let out = stdout(&run(&["info"]));
+    let line = out.lines().find(|l| l.starts_with("cpu: ")).expect("info has a cpu line").to_string();
+    let after = line.split("instruction set ").nth(1).expect("the cpu line names the instruction set");
+    after.split([';', ' ']).next().unwrap().to_string()
+}
+
+#[test]
+fn the_cap_lowers_the_level_info_and_benches_report() {
+    let best = detected();
+    let o = with_isa("portable", &["info"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("instruction set portable"), "{text}");
+    assert!(text.contains("gemm kernel Portable") && text.contains("element-wise kernels Baseline"), "{text}");
+    if best != "portable" {
+        assert!(text.contains(&format!("capped by TRIDENT_CPU_ISA; the CPU has {best}")), "{text}");
+    }
+    if !["avx2", "avx512", "avx512bf16"].contains(&best.as_str()) {
+        eprintln!("SKIPPED: this CPU has no AVX2 ({best}); the AVX2 cap is not tried");
+        return;
+    }
+    let o = with_isa("avx2", &["info"]);
+    assert!(stdout(&o).contains("gemm kernel Avx2; bf16 gemm kernel avx2;"), "{}", stdout(&o));
+    // Both GEMMs run their AVX2 kernels, and every record names the CPU and the level.
+    for dtype in ["f32", "bf16"] {
+        let o = with_isa("avx2", &["bench", "gemm", "--dtype", dtype, "--min-seconds", "0.01", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let records: Vec<String> = stdout(&o).lines().filter(|l| l.starts_with('{')).map(String::from).collect();
+        assert!(!records.is_empty(), "no records for {dtype}");
+        for r in &records {
+            assert!(r.contains("kernel avx2") && r.contains("\"isa\": \"avx2\"") && r.contains("\"cpu\": "), "{r}");
+        }
+    }
+}
+
+#[test]
+fn a_level_the_cpu_lacks_or_no_level_is_one_clear_error() {
+    assert_clean_error(&with_isa("sse9", &["info"]), &["TRIDENT_CPU_ISA='sse9'", "portable, avx2, avx512, avx512bf16"]);
+    assert_clean_error(&with_isa("sse9", &["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8"]), &["sse9"]);
+    if detected() != "avx512bf16" {
+        assert_clean_error(&with_isa("avx512bf16", &["info"]), &["TRIDENT_CPU_ISA=avx512bf16", "supports up to"]);
+    } else {
+        eprintln!("SKIPPED: this CPU has every level; no level to refuse");
+    }
+}
