@@ -27,8 +27,9 @@
 //! broadcast from memory with no widening. On the AVX512-BF16 path, unit-stride slabs are packed
 //! with AVX-512F integer rounding (and a 16×16 word transpose when the depth is the contiguous
 //! index), bit-identical to `to_bf16`; a test compares the two on random bit patterns. The AVX2
-//! path packs with the f32 GEMM's packing (AVX2 8×8 transposes) into an f32 sliver and rounds that
-//! with AVX2. Packing costs more than the multiply when done scalar, which is why it is
+//! path rounds with AVX2 in one pass (A through 8×8 transposes where its depth is contiguous; B
+//! where its width is), and packs B's other layouts with the f32 GEMM's transposes into an f32
+//! sliver that it then rounds into pairs. Packing costs more than the multiply when done scalar, which is why it is
 //! vectorized. The x86 code (that packing and the two tiles) sits with the f32 kernels in
 //! `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
 
@@ -319,9 +320,17 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
     }
 }
 
-/// Packs a slab of B (or, for kernels with one A line per pair, of A) into slivers of bf16
-/// pairs (`pack`); the AVX2 kernel packs through an f32 sliver (`pack_words_avx2`).
+/// Packs a slab of B into slivers of bf16 pairs: `pack`, or for the AVX2 kernel in one pass
+/// where the width is the contiguous index (`pack_b_wide_avx2`) and otherwise through an f32
+/// sliver packed with the f32 GEMM's transposes (`pack_via_f32`).
 fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Bf16Kernel::Avx2 && slab.wide_stride == 1 {
+        let Slab { src, base, deep_stride, width, kc, lanes, .. } = *slab;
+        // SAFETY: the AVX2 kernel is only used on CPUs with AVX2; the slab lies in its source
+        // (checked by `gemm_bf16_with`'s views), and `dst` is sized for it.
+        return unsafe { x86::bf16_gemm::pack_b_wide_avx2(&src[base..], deep_stride, (width, kc, lanes), dst) };
+    }
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
         return pack_via_f32(slab, dst, slab.kc.div_ceil(2) * slab.lanes, |lines, out| {
@@ -334,14 +343,19 @@ fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
 
 /// Packs a slab of A: as bf16 pairs (`pack`), or for the AVX2 kernel as f32 lines of bf16
 /// values, `2 * ceil(kc / 2)` lines of `lanes` per sliver (the line past an odd `kc` zero), which
-/// its FMAs broadcast straight from memory.
+/// its FMAs broadcast straight from memory (`pack_a_avx2`, one pass).
 fn pack_a(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
-        return pack_via_f32(slab, dst, 2 * slab.kc.div_ceil(2) * slab.lanes, |lines, out| {
-            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
-            unsafe { x86::bf16_gemm::round_lines_avx2(lines, out) }
-        });
+        let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
+        let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
+        assert!(last < src.len(), "bf16 GEMM pack out of bounds");
+        let dst: &mut [f32] = bytemuck::cast_slice_mut(dst);
+        // SAFETY: the AVX2 kernel is only used on CPUs with AVX2; the slab's far corner was
+        // checked above; `dst` is sized for the slab; the kernel's tile is 6 rows.
+        return unsafe {
+            x86::bf16_gemm::pack_a_avx2(&src[base..=last], (wide_stride, deep_stride), (width, kc, lanes), dst)
+        };
     }
     pack(kernel, slab, dst)
 }
@@ -353,7 +367,8 @@ thread_local! {
 }
 
 /// Packs each sliver of `slab` with the f32 GEMM's packing (every stride, vectorized) into a
-/// thread-local f32 sliver, then `convert`s it into the sliver's `sliver_len` words of `dst`.
+/// thread-local f32 sliver, then `convert`s it into the sliver's `sliver_len` words of `dst`
+/// (B slivers whose depth is the contiguous index, or strided ones).
 #[cfg(target_arch = "x86_64")]
 fn pack_via_f32(slab: &Slab<'_>, dst: &mut [u32], sliver_len: usize, convert: impl Fn(&[f32], &mut [u32])) {
     let lanes = slab.lanes;

@@ -122,3 +122,62 @@ fn best_kernel_is_available() {
     assert!(best_kernel().is_available());
     assert!(best_bf16_kernel().is_available());
 }
+
+/// AVX2 blocking variants timed alternately (best of rounds), for tuning on a noisy machine:
+/// `cargo test --release avx2_blocking_probe -- --ignored --nocapture`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn avx2_blocking_probe() {
+    use super::driver::{drive, Problem};
+    struct V<const KC: usize, const MC: usize>;
+    impl<const KC: usize, const MC: usize> MicroKernel for V<KC, MC> {
+        const MR: usize = 6;
+        const NR: usize = 16;
+        const KC: usize = KC;
+        const MC: usize = MC;
+        const NC: usize = 3072;
+        const AVX2_PACKING: bool = true;
+        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+            unsafe { x86::tile_avx2::<6>(kc, a, b, c, ldc, acc) }
+        }
+    }
+    if !GemmKernel::Avx2.is_available() {
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    type Run = fn(&ThreadPool, &Problem);
+    let variants: [(&str, Run); 5] = [
+        ("kc256 mc96", |p, q| drive::<V<256, 96>>(p, q)),
+        ("kc384 mc96", |p, q| drive::<V<384, 96>>(p, q)),
+        ("kc512 mc96", |p, q| drive::<V<512, 96>>(p, q)),
+        ("kc768 mc120", |p, q| drive::<V<768, 120>>(p, q)),
+        ("kc384 mc192", |p, q| drive::<V<384, 192>>(p, q)),
+    ];
+    for (m, n, k) in [(2048, 2048, 2048), (256, 2304, 768), (256, 768, 3072), (256, 50304, 768)] {
+        let a_data = test_support::fill(m * k, 1);
+        let b_data = test_support::fill(k * n, 2);
+        let mut c = vec![0.0f32; m * n];
+        for (layout, (sa, sb)) in [
+            ("NT", (Storage::RowMajor, Storage::Transposed)),
+            ("NN", (Storage::RowMajor, Storage::RowMajor)),
+            ("TN", (Storage::Transposed, Storage::RowMajor)),
+        ] {
+            let a = test_support::view(&a_data, m, k, sa);
+            let b = test_support::view(&b_data, k, n, sb);
+            let mut best = [f64::MAX; 5];
+            for _ in 0..6 {
+                for (i, (_, run)) in variants.iter().enumerate() {
+                    let problem = Problem::new((m, n, k), a, b, (&mut c, n), false).unwrap();
+                    let t = std::time::Instant::now();
+                    run(&pool, &problem);
+                    best[i] = best[i].min(t.elapsed().as_secs_f64());
+                }
+            }
+            let flops = 2.0 * (m * n * k) as f64;
+            let line: Vec<String> =
+                variants.iter().zip(best).map(|((name, _), t)| format!("{name} {:.1}", flops / t / 1e9)).collect();
+            println!("{m}x{n}x{k} {layout}: {}", line.join(" | "));
+        }
+    }
+}

@@ -229,7 +229,7 @@ impl MicroKernel for Avx2 {
 /// # Safety
 /// As `MicroKernel::tile` with `NR = 16`, and the CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const MR: usize>(
+pub(crate) unsafe fn tile_avx2<const MR: usize>(
     kc: usize,
     a: *const f32,
     b: *const f32,
@@ -302,6 +302,24 @@ pub unsafe fn pack_transposed_avx2(
     lanes: usize,
     dst: &mut [f32],
 ) {
+    // SAFETY: forwarded contract.
+    unsafe { transpose_pack_avx2::<false>(src, row_stride, width, kc, lanes, dst) }
+}
+
+/// `pack_transposed_avx2`, each value rounded to bf16 (kept as f32) when `ROUND`: the AVX2 bf16
+/// kernel's A packing.
+///
+/// # Safety
+/// As `pack_transposed_avx2`.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
+    src: &[f32],
+    row_stride: usize,
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [f32],
+) {
     assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
     assert!(src.len() >= (width - 1) * row_stride + kc);
     let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
@@ -326,13 +344,16 @@ pub unsafe fn pack_transposed_avx2(
                 };
             }
             for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
-                // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes.
+                let column = if ROUND { &round_bf16_x8(*column) } else { column };
+                let start = (q0 + q) * lanes + group;
+                // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes. With one
+                // group (lanes <= 8), a full-width store past its lanes writes only into later
+                // lines, which are stored afterwards (masked stores are slow on AMD).
                 unsafe {
-                    let at = dst.add((q0 + q) * lanes + group);
-                    if group_lanes == 8 {
-                        _mm256_storeu_ps(at, *column)
+                    if group_lanes == 8 || (lanes <= 8 && start + 8 <= kc * lanes) {
+                        _mm256_storeu_ps(dst.add(start), *column)
                     } else {
-                        _mm256_maskstore_ps(at, store_mask, *column)
+                        _mm256_maskstore_ps(dst.add(start), store_mask, *column)
                     }
                 }
             }
@@ -340,10 +361,34 @@ pub unsafe fn pack_transposed_avx2(
     }
 }
 
+/// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn to_bf16_x8(v: __m256) -> __m256i {
+    let bits = _mm256_castps_si256(v);
+    let top = _mm256_srli_epi32::<16>(bits);
+    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
+    let odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd));
+    let quiet_nan = _mm256_or_si256(top, _mm256_set1_epi32(0x0040));
+    let signed_zero = _mm256_and_si256(top, _mm256_set1_epi32(0x8000));
+    // Magnitudes are below 2^31, so the signed compares order them correctly.
+    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
+    let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), magnitude);
+    _mm256_blendv_epi8(_mm256_blendv_epi8(rounded, quiet_nan, nan), signed_zero, tiny)
+}
+
+/// Each lane rounded to bf16 (`to_bf16`) and widened back to f32.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn round_bf16_x8(v: __m256) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(to_bf16_x8(v)))
+}
+
 /// An AVX2 lane mask with lanes `0..count` set (`count <= 8`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn lane_mask(count: usize) -> __m256i {
+pub(crate) fn lane_mask(count: usize) -> __m256i {
     let index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), index)
 }
@@ -382,7 +427,10 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 /// The bf16 GEMM's x86-64 parts: bf16 rounding and packing on AVX-512F, and the AVX512-BF16 tile.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm {
-    use super::{prefetch_tile, store_tile, store_tile_avx2, transpose16};
+    use super::{
+        lane_mask, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16,
+        transpose_pack_avx2,
+    };
     use std::arch::x86_64::*;
 
     /// `gemm_bf16::to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
@@ -523,23 +571,6 @@ pub(crate) mod bf16_gemm {
         }
     }
 
-    /// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn to_bf16_x8(v: __m256) -> __m256i {
-        let bits = _mm256_castps_si256(v);
-        let top = _mm256_srli_epi32::<16>(bits);
-        let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
-        let odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
-        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd));
-        let quiet_nan = _mm256_or_si256(top, _mm256_set1_epi32(0x0040));
-        let signed_zero = _mm256_and_si256(top, _mm256_set1_epi32(0x8000));
-        // Magnitudes are below 2^31, so the signed compares order them correctly.
-        let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
-        let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), magnitude);
-        _mm256_blendv_epi8(_mm256_blendv_epi8(rounded, quiet_nan, nan), signed_zero, tiny)
-    }
-
     /// The AVX2 kernel's B sliver from an f32 one: `lines` holds `kc` lines of `lanes` floats
     /// and `out[t*lanes + w]` becomes the bf16 pair of lines `2t` (low half) and `2t + 1` (high
     /// half, zero past `kc`) in lane `w`, rounded as `to_bf16`.
@@ -567,27 +598,162 @@ pub(crate) mod bf16_gemm {
         }
     }
 
-    /// The AVX2 kernel's A sliver from an f32 one: each float rounded to bf16 and kept as an f32
-    /// bit pattern, then zeros to the end of `out` (the line past an odd depth).
+    /// The AVX2 kernel's A slivers in one pass: element `(w, q)` of the slab (`src[w*wide_stride
+    /// + q*deep_stride]`) rounded to bf16 as an f32 at `dst[s*lines*lanes + q*lanes + w % lanes]`
+    /// for sliver `s = w / lanes`, where `lines = 2 * ceil(kc / 2)`; lanes past `width` and the
+    /// line past an odd `kc` are zero.
     ///
     /// # Safety
-    /// The CPU must support AVX2; `out` is at least as long as `lines`.
+    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
+    /// `dst` holds `ceil(width / lanes) * lines * lanes` floats; `lanes <= 8`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn round_lines_avx2(lines: &[f32], out: &mut [u32]) {
-        assert!(out.len() >= lines.len());
-        let (src, dst) = (lines.as_ptr(), out.as_mut_ptr());
-        let whole = lines.len() / 8 * 8;
-        for at in (0..whole).step_by(8) {
-            // SAFETY: `at + 8 <= lines.len() <= out.len()`.
-            unsafe {
-                let value = _mm256_slli_epi32::<16>(to_bf16_x8(_mm256_loadu_ps(src.add(at))));
-                _mm256_storeu_si256(dst.add(at).cast(), value);
+    pub unsafe fn pack_a_avx2(
+        src: &[f32],
+        (wide_stride, deep_stride): (usize, usize),
+        (width, kc, lanes): (usize, usize, usize),
+        dst: &mut [f32],
+    ) {
+        let lines = 2 * kc.div_ceil(2);
+        assert!(lanes <= 8 && width > 0 && dst.len() == width.div_ceil(lanes) * lines * lanes);
+        if wide_stride == 1 && deep_stride != 1 {
+            // SAFETY: forwarded contract.
+            return unsafe { pack_a_wide_avx2(src, deep_stride, (width, kc, lanes), dst) };
+        }
+        for (s, sliver) in dst.chunks_exact_mut(lines * lanes).enumerate() {
+            let w0 = s * lanes;
+            let sliver_width = lanes.min(width - w0);
+            let sliver_src = &src[w0 * wide_stride..];
+            if deep_stride == 1 {
+                // SAFETY: rows w0..w0+sliver_width of kc contiguous floats lie in `src`.
+                unsafe {
+                    transpose_pack_avx2::<true>(
+                        sliver_src,
+                        wide_stride,
+                        sliver_width,
+                        kc,
+                        lanes,
+                        &mut sliver[..kc * lanes],
+                    )
+                };
+            } else {
+                for q in 0..kc {
+                    for w in 0..lanes {
+                        sliver[q * lanes + w] = if w < sliver_width {
+                            let x = sliver_src[w * wide_stride + q * deep_stride];
+                            f32::from_bits((crate::device::cpu::gemm_bf16::to_bf16(x) as u32) << 16)
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            }
+            sliver[kc * lanes..].fill(0.0);
+        }
+    }
+
+    /// `pack_a_avx2` where the width is the contiguous index: like the f32 streaming pack, a few
+    /// slivers per pass over the depth, so each source line is read once and whole, with the
+    /// lines a few steps ahead prefetched. Full-width loads and stores where they stay inside the
+    /// slices (lanes past `lanes` land in the next line, stored afterwards; masked moves are slow
+    /// on AMD); lanes past a narrow sliver's width load as zeros.
+    ///
+    /// # Safety
+    /// As `pack_a_avx2`, with `wide_stride == 1`.
+    #[target_feature(enable = "avx2")]
+    unsafe fn pack_a_wide_avx2(
+        src: &[f32],
+        deep_stride: usize,
+        (width, kc, lanes): (usize, usize, usize),
+        dst: &mut [f32],
+    ) {
+        const PASS: usize = 8;
+        const AHEAD: usize = 4;
+        let lines = 2 * kc.div_ceil(2);
+        let slivers = width.div_ceil(lanes);
+        assert!(src.len() > (width - 1) + (kc - 1) * deep_stride);
+        let store = lane_mask(lanes);
+        for first in (0..slivers).step_by(PASS) {
+            let last = slivers.min(first + PASS);
+            for q in 0..kc {
+                if q + AHEAD < kc {
+                    let line = (q + AHEAD) * deep_stride;
+                    for w in (first * lanes..width.min(last * lanes)).step_by(16) {
+                        _mm_prefetch::<_MM_HINT_T0>(src.as_ptr().wrapping_add(line + w).cast());
+                    }
+                }
+                for s in first..last {
+                    let w0 = s * lanes;
+                    let sliver_width = lanes.min(width - w0);
+                    let (at, to) = (q * deep_stride + w0, s * lines * lanes + q * lanes);
+                    // SAFETY: a full load reads 8 floats inside `src`, a masked one the
+                    // sliver_width floats of line q; a full store writes 8 floats inside this
+                    // sliver of `dst`, a masked one the `lanes` floats of its line q.
+                    unsafe {
+                        let line = if sliver_width == lanes && at + 8 <= src.len() {
+                            _mm256_loadu_ps(src.as_ptr().add(at))
+                        } else {
+                            _mm256_maskload_ps(src.as_ptr().add(at), lane_mask(sliver_width))
+                        };
+                        if q * lanes + 8 <= lines * lanes {
+                            _mm256_storeu_ps(dst.as_mut_ptr().add(to), round_bf16_x8(line));
+                        } else {
+                            _mm256_maskstore_ps(dst.as_mut_ptr().add(to), store, round_bf16_x8(line));
+                        }
+                    }
+                }
             }
         }
-        for (slot, &x) in out[whole..].iter_mut().zip(&lines[whole..]) {
-            *slot = (crate::device::cpu::gemm_bf16::to_bf16(x) as u32) << 16;
+        for sliver in dst.chunks_exact_mut(lines * lanes) {
+            sliver[kc * lanes..].fill(0.0);
         }
-        out[lines.len()..].fill(0);
+    }
+
+    /// The AVX2 kernel's B slivers in one pass where the slab's width is the contiguous index
+    /// (`wide_stride == 1`): word `t` of lane `w` holds the bf16 of `(w, 2t)` and `(w, 2t + 1)`
+    /// (`src[w + q*deep_stride]`), at `dst[s*words*lanes + t*lanes + w % lanes]` for sliver
+    /// `s = w / lanes`; lanes past `width` and the half past an odd `kc` are zero.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
+    /// `dst` holds `ceil(width / lanes) * ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pack_b_wide_avx2(
+        src: &[f32],
+        deep_stride: usize,
+        (width, kc, lanes): (usize, usize, usize),
+        dst: &mut [u32],
+    ) {
+        let words = kc.div_ceil(2);
+        assert!(lanes.is_multiple_of(8) && width > 0 && dst.len() == width.div_ceil(lanes) * words * lanes);
+        assert!(src.len() > (width - 1) + (kc - 1) * deep_stride);
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        for t in 0..words {
+            for w in (0..width.div_ceil(lanes) * lanes).step_by(8) {
+                let valid = width.saturating_sub(w).min(8);
+                let mask = lane_mask(valid);
+                // SAFETY: unmasked lanes are elements (w + i, q) with w + i < width, q < kc; the
+                // store writes word line t of sliver w / lanes, lanes w % lanes.. + 8.
+                unsafe {
+                    let load = |q: usize| {
+                        if valid == 8 {
+                            _mm256_loadu_ps(src.add(w + q * deep_stride))
+                        } else if valid == 0 {
+                            _mm256_setzero_ps()
+                        } else {
+                            _mm256_maskload_ps(src.add(w + q * deep_stride), mask)
+                        }
+                    };
+                    let even = to_bf16_x8(load(2 * t));
+                    let odd = if 2 * t + 1 < kc {
+                        _mm256_slli_epi32::<16>(to_bf16_x8(load(2 * t + 1)))
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    let at = (w / lanes) * words * lanes + t * lanes + w % lanes;
+                    _mm256_storeu_si256(dst.add(at).cast(), _mm256_or_si256(even, odd));
+                }
+            }
+        }
     }
 
     /// The AVX2 + FMA tile: `MR` rows × 2 ymm (16 columns), 2·MR accumulators. Per depth pair,
