@@ -33,6 +33,12 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
         eprintln!("SKIPPED: this CPU has no AVX2 ({best}); the AVX2 cap is not tried");
         return;
     }
+    // The text tables name the CPU and the level too.
+    for args in [&["bench", "peak"][..], &["bench", "layernorm", "--min-seconds", "0.01"][..]] {
+        let o = with_isa("avx2", args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("cpu: ") && stdout(&o).contains("instruction set avx2"), "{args:?}: {}", stdout(&o));
+    }
     let o = with_isa("avx2", &["info"]);
     assert!(stdout(&o).contains("gemm kernel Avx2; bf16 gemm kernel avx2;"), "{}", stdout(&o));
     // Both GEMMs run their AVX2 kernels, and every record names the CPU and the level.

@@ -98,8 +98,13 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
         "peak" => {
             let p = peak::measure_fma_peak(&pool, 500);
             println!(
-                "fma peak: {:.1} GFLOP/s on {} threads ({:.1} per thread), {}",
-                p.gflops, p.threads, p.gflops_per_thread, p.isa
+                "fma peak: {:.1} GFLOP/s on {} threads ({:.1} per thread), {}; cpu: {}, instruction set {}",
+                p.gflops,
+                p.threads,
+                p.gflops_per_thread,
+                p.isa,
+                crate::device::cpu::isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
+                crate::device::cpu::isa::active().name()
             );
             Ok(())
         }

@@ -67,6 +67,11 @@ pub fn print_records(records: &[Record], json: bool) {
         return;
     }
     println!(
+        "cpu: {}, instruction set {}",
+        isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
+        isa::active().name()
+    );
+    println!(
         "{:<10} {:<34} {:>5} {:>7} {:>12} {:<7} {:>10} {:>7} {:>10}  note",
         "bench", "shape", "dtype", "threads", "achieved", "unit", "peak", "ratio", "ms"
     );
