@@ -37,7 +37,11 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
     for args in [&["bench", "peak"][..], &["bench", "layernorm", "--min-seconds", "0.01"][..]] {
         let o = with_isa("avx2", args);
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        assert!(stdout(&o).contains("cpu: ") && stdout(&o).contains("instruction set avx2"), "{args:?}: {}", stdout(&o));
+        assert!(
+            stdout(&o).contains("cpu: ") && stdout(&o).contains("instruction set avx2"),
+            "{args:?}: {}",
+            stdout(&o)
+        );
     }
     let o = with_isa("avx2", &["info"]);
     assert!(stdout(&o).contains("gemm kernel Avx2; bf16 gemm kernel avx2;"), "{}", stdout(&o));
@@ -56,7 +60,10 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
 #[test]
 fn a_level_the_cpu_lacks_or_no_level_is_one_clear_error() {
     assert_clean_error(&with_isa("sse9", &["info"]), &["TRIDENT_CPU_ISA='sse9'", "portable, avx2, avx512, avx512bf16"]);
-    assert_clean_error(&with_isa("sse9", &["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8"]), &["sse9"]);
+    assert_clean_error(
+        &with_isa("sse9", &["plan", "--model", "gpt2-124m", "--gpus", "8", "--global-batch-size", "8"]),
+        &["sse9"],
+    );
     if detected() != "avx512bf16" {
         assert_clean_error(&with_isa("avx512bf16", &["info"]), &["TRIDENT_CPU_ISA=avx512bf16", "supports up to"]);
     } else {

@@ -14,14 +14,14 @@ pub mod ops;
 pub mod summa;
 
 use super::{comm_library, end_after_gpu_comm_error, exit, flags, start_mpi, threads};
-use crate::gpu::kernels::Vendor;
 use crate::cli::Args;
 use crate::device::cpu::{peak, pool};
 use crate::error::{Error, Result};
+use crate::flags::BENCH_FLAGS;
+use crate::gpu::kernels::Vendor;
 use comm::CommBench;
 use ops::{print_records, Record};
 use std::process::ExitCode;
-use crate::flags::BENCH_FLAGS;
 
 /// `trident bench <target> [flags]`: the collectives and `summa` start MPI, the others run here.
 pub fn run(rest: &[String]) -> ExitCode {

@@ -404,4 +404,3 @@ pub fn generate(dev: &CpuDevice, m: &StepModel, min_seconds: f64) -> Vec<Record>
     };
     vec![record("kv-cache", cached), record("recompute", whole)]
 }
-
