@@ -191,15 +191,13 @@ fn layer_activation_bytes(d: &Dims, recompute: Recompute) -> f64 {
 /// the first) its copy of the tied word embedding.
 fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
     let h = d.h;
-    // 1-D replicates the two norms and the projection and fc2 biases; SUMMA shards everything
-    // (and the position table) over its q² blocks.
+    // SUMMA shards the position table and the final norm over its q² blocks too.
     let positions = shape.position_rows() as f64 * h;
-    let (replicated, positions, final_norm) = match d.summa {
-        None => (shape.layer_replicated_parameters(), positions, shape.norm_parameters()),
-        Some(_) => (0.0, positions / d.tw, shape.norm_parameters() / d.tw),
+    let (positions, final_norm) = match d.summa {
+        None => (positions, shape.norm_parameters()),
+        Some(_) => (positions / d.tw, shape.norm_parameters() / d.tw),
     };
-    let per_layer = (shape.layer_parameters() - replicated) / d.tw + replicated;
-    let mut n = d.layers_per_stage * per_layer;
+    let mut n = d.layers_per_stage * layer_parameters(shape, d);
     if first {
         n += d.v * h / d.tw + positions;
     }
@@ -210,6 +208,14 @@ fn stage_parameters(shape: &Shape, d: &Dims, first: bool, last: bool) -> f64 {
         }
     }
     n
+}
+
+/// Parameters one GPU holds of one transformer layer: 1-D replicates the two norms and the
+/// projection and fc2 biases and shards the rest over `tw`; SUMMA shards everything over its q²
+/// blocks.
+fn layer_parameters(shape: &Shape, d: &Dims) -> f64 {
+    let replicated = if d.summa.is_none() { shape.layer_replicated_parameters() } else { 0.0 };
+    (shape.layer_parameters() - replicated) / d.tw + replicated
 }
 
 /// Micro-batches whose activations stage 0 holds at its peak: 1F1B (and ZB-H1) keeps min(p, m),
@@ -257,8 +263,7 @@ pub fn memory(
     // ZeRO-3 two layers' weights are whole at a time (the one running and the one prefetched).
     let grad_share = if layout.zero1 && features.shard_grads { 1.0 / replicas } else { 1.0 };
     let sharded_weights = layout.zero1 && features.shard_params;
-    let gathered =
-        if sharded_weights { 2.0 * stage_parameters(shape, &d, false, false) / d.layers_per_stage } else { 0.0 };
+    let gathered = if sharded_weights { 2.0 * layer_parameters(shape, &d) } else { 0.0 };
     let stage = |first: bool, last: bool, in_flight: f64| {
         let params = stage_parameters(shape, &d, first, last);
         let mut acts = in_flight * d.layers_per_stage * stored + working;
@@ -465,7 +470,7 @@ pub fn timing(
     // Gradients are summed over data-parallel x depth: under 2.5-D the depth copies of a shard
     // sit q² ranks apart, then the data-parallel replicas (d q² apart), so one stride of q².
     let replicas = layout.replicas();
-    let layer_params = stage_parameters(shape, &d, false, false) / layers;
+    let layer_params = layer_parameters(shape, &d);
     let compute = gemm + attention + memory_bound;
     let dp_comm = dp_comm_s(machine, layout, features, (params, layer_params), compute, (layers, m), by.weight);
     // The two copies of the tied word embedding (first and last stage) are summed every step.

@@ -68,29 +68,29 @@ pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 ///   H1-H9 of tests/plan_published_points.md, each at its published layout); a PyTorch training
 ///   step of a 1.3B GPT on one H100 measured in the same session as the kernels kept 0.85 of what
 ///   the kernels alone predict (BENCHMARKS.md). Others: the H100's.
-const EFFICIENCIES: &[(&str, f64, f64, f64, f64)] = &[
-    ("a100", 0.70, 90.0, 0.45, 1.0),
-    ("a100-40gb", 0.70, 115.0, 0.45, 1.0),
-    ("h100", 0.72, 170.0, 0.21, STEP_H100),
-    ("h100-pcie", 0.72, 170.0, 0.21, STEP_H100),
-    ("h200", 0.72, 170.0, 0.21, STEP_H100),
-    ("b200", 0.72, 160.0, 0.3, STEP_H100),
-    ("mi250x", 0.72, 67.0, 0.3, STEP_H100),
-    ("mi300x", 0.72, 140.0, 0.3, STEP_H100),
+const EFFICIENCIES: &[(&str, f64, f64, f64, f64, &str)] = &[
+    ("a100", 0.70, 90.0, 0.45, 1.0, FITTED_A100),
+    ("a100-40gb", 0.70, 115.0, 0.45, 1.0, FITTED_A100),
+    ("h100", 0.72, 170.0, 0.21, STEP_H100, MEASURED_H100),
+    ("h100-pcie", 0.72, 170.0, 0.21, STEP_H100, MEASURED_H100),
+    ("h200", 0.72, 170.0, 0.21, STEP_H100, MEASURED_H100),
+    ("b200", 0.72, 160.0, 0.3, STEP_H100, ESTIMATED),
+    ("mi250x", 0.72, 67.0, 0.3, STEP_H100, ESTIMATED),
+    ("mi300x", 0.72, 140.0, 0.3, STEP_H100, ESTIMATED),
 ];
+
+/// Where a GPU's efficiencies come from, as `plan` reports it.
+const MEASURED_H100: &str = "measured on an H100 (cuBLAS, flash attention 2)";
+const FITTED_A100: &str = "fitted to Megatron's 2021 A100 table";
+const ESTIMATED: &str = "estimated, not measured (use --calibrate)";
 
 /// The H100's whole-step fraction (above).
 const STEP_H100: f64 = 0.8;
 
 /// The built-in efficiencies of a named GPU.
 fn efficiency_of(name: &str) -> Efficiency {
-    let &(_, gemm_max, gemm_k_half, attention, step) =
+    let &(_, gemm_max, gemm_k_half, attention, step, source) =
         EFFICIENCIES.iter().find(|e| e.0 == name).expect("every named GPU has efficiencies");
-    let source = match name {
-        "h100" | "h100-pcie" | "h200" => "measured on an H100 (cuBLAS, flash attention 2)",
-        "a100" | "a100-40gb" => "fitted to Megatron's 2021 A100 table",
-        _ => "estimated, not measured (use --calibrate)",
-    };
     Efficiency { gemm_max, gemm_k_half, attention, step, source: source.to_string() }
 }
 

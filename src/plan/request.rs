@@ -142,6 +142,7 @@ impl Request {
                 .map(|s| Schedule::parse(s).map(|sc| (sc, s == "interleaved-1f1b")))
                 .transpose()?,
         };
+        let features = features(a)?;
         if let Some(cp) = pins.cp.filter(|&c| c > 1) {
             if !shape.seq_length.is_multiple_of(2 * cp) {
                 return Err(Error::Config(format!(
@@ -150,7 +151,7 @@ impl Request {
                     shape.seq_length
                 )));
             }
-            if a.str("--attention-backend").is_some_and(|b| b == "unfused" || b == "local") {
+            if !features.flash_attention {
                 return Err(Error::Config(format!(
                     "--context-parallel-size {cp} needs flash attention (--attention-backend flash)"
                 )));
@@ -182,7 +183,7 @@ impl Request {
             memory_headroom,
             runtime_reserve_bytes,
             sequence_parallel: a.has("--sequence-parallel"),
-            features: features(a)?,
+            features,
             pins,
         })
     }
