@@ -242,7 +242,9 @@ pub(crate) unsafe fn tile_avx2<const MR: usize>(
         let mut lo = [_mm256_setzero_ps(); MR];
         let mut hi = [_mm256_setzero_ps(); MR];
         let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        // Four depth steps per iteration (then the rest one at a time): the same FMAs in the
+        // same order, with a quarter of the loop overhead.
+        let step = |a: *const f32, b: *const f32, lo: &mut [__m256; MR], hi: &mut [__m256; MR]| {
             let b_lo = _mm256_loadu_ps(b);
             let b_hi = _mm256_loadu_ps(b.add(8));
             for i in 0..MR {
@@ -250,6 +252,16 @@ pub(crate) unsafe fn tile_avx2<const MR: usize>(
                 lo[i] = _mm256_fmadd_ps(a_i, b_lo, lo[i]);
                 hi[i] = _mm256_fmadd_ps(a_i, b_hi, hi[i]);
             }
+        };
+        for _ in 0..kc / 4 {
+            for u in 0..4 {
+                step(a.add(u * MR), b.add(u * 16), &mut lo, &mut hi);
+            }
+            a = a.add(4 * MR);
+            b = b.add(64);
+        }
+        for _ in 0..kc % 4 {
+            step(a, b, &mut lo, &mut hi);
             a = a.add(MR);
             b = b.add(16);
         }
@@ -288,29 +300,12 @@ pub(crate) unsafe fn store_tile_avx2<const MR: usize>(
 
 /// The AVX2 transposing pack, bit-identical to the portable `pack_transposed`: `width` rows of
 /// `kc` contiguous floats at stride `row_stride` become `kc` packed lines of `lanes` floats
-/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes.
+/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes; with `ROUND`
+/// each value is rounded to bf16 (kept as f32), the AVX2 bf16 kernel's A packing.
 ///
 /// # Safety
 /// The CPU must support AVX2; `src` must hold `(width - 1) * row_stride + kc` floats and `dst`
 /// exactly `kc * lanes`.
-#[target_feature(enable = "avx2")]
-pub unsafe fn pack_transposed_avx2(
-    src: &[f32],
-    row_stride: usize,
-    width: usize,
-    kc: usize,
-    lanes: usize,
-    dst: &mut [f32],
-) {
-    // SAFETY: forwarded contract.
-    unsafe { transpose_pack_avx2::<false>(src, row_stride, width, kc, lanes, dst) }
-}
-
-/// `pack_transposed_avx2`, each value rounded to bf16 (kept as f32) when `ROUND`: the AVX2 bf16
-/// kernel's A packing.
-///
-/// # Safety
-/// As `pack_transposed_avx2`.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
     src: &[f32],
@@ -781,7 +776,8 @@ pub(crate) mod bf16_gemm {
             let mut lo = [_mm256_setzero_ps(); MR];
             let mut hi = [_mm256_setzero_ps(); MR];
             let (mut a, mut b) = (a, b);
-            for _ in 0..words {
+            // One depth pair: the odd halves, then the even ones.
+            let pair = |a: *const f32, b: *const u32, lo: &mut [__m256; MR], hi: &mut [__m256; MR]| {
                 let b_lo = _mm256_loadu_si256(b.cast());
                 let b_hi = _mm256_loadu_si256(b.add(8).cast());
                 let odd_lo = _mm256_castsi256_ps(_mm256_and_si256(b_lo, high));
@@ -805,8 +801,16 @@ pub(crate) mod bf16_gemm {
                     lo[i] = _mm256_fmadd_ps(a_i, even_lo, lo[i]);
                     hi[i] = _mm256_fmadd_ps(a_i, even_hi, hi[i]);
                 }
-                a = a.add(2 * MR);
-                b = b.add(16);
+            };
+            // Two pairs per iteration (then the last one): the same FMAs in the same order.
+            for _ in 0..words / 2 {
+                pair(a, b, &mut lo, &mut hi);
+                pair(a.add(2 * MR), b.add(16), &mut lo, &mut hi);
+                a = a.add(4 * MR);
+                b = b.add(32);
+            }
+            if words % 2 == 1 {
+                pair(a, b, &mut lo, &mut hi);
             }
             store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
         }
