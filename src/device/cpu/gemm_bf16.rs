@@ -507,6 +507,18 @@ mod tests {
                     assert!(same_bits(&fast, &portable), "{} {shape:?} {storage:?}: kernels differ", kernel.name());
                 }
             }
+            // Views with no unit stride (every other element), packed by gathering.
+            let (m, n, k) = (13, 37, 21);
+            let (a_data, b_data) = (crate::rng::fill(2 * m * k + 2, 5), crate::rng::fill(2 * k * n + 2, 6));
+            let a = MatRef { data: &a_data, row_stride: 2 * k, col_stride: 2 };
+            let b = MatRef { data: &b_data, row_stride: 2, col_stride: 2 * k };
+            let mut results = Vec::new();
+            for kernel in [kernel, Bf16Kernel::Portable] {
+                let mut c = vec![0.0f32; m * n];
+                gemm_bf16_with(kernel, &pool, m, n, k, a, b, &mut c, n, false);
+                results.push(c);
+            }
+            assert!(same_bits(&results[0], &results[1]), "{}: strided views differ", kernel.name());
         }
     }
 

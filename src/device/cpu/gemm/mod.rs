@@ -36,10 +36,13 @@
 //! Tuning (AMD Zen 5 with AVX-512, 2 threads; see `trident bench gemm`): the AVX-512 kernel is 8 rows ×
 //! 32 columns (16 zmm accumulators; 8 divides the token counts of typical micro-batches, and the
 //! kernel alone runs at the FMA peak), KC = 768 (one depth block for d_model = 768, so C is read
-//! and written once), MC = 128 and NC = 3072.
+//! and written once), MC = 128 and NC = 3072. The AVX2 kernel is 6 × 16 (12 ymm accumulators,
+//! four depth steps per loop iteration) with KC = 256, MC = 96, NC = 3072; measured only under
+//! `TRIDENT_CPU_ISA=avx2` on an Intel Xeon so far (BENCHMARKS.md), where no other blocking beat
+//! the noise (`avx2_blocking_probe` in `tests.rs` times variants side by side).
 //!
 //! Files: this one holds the API and the `MicroKernel` contract; `driver.rs` (the split and the
-//! loop nest) uses `pack.rs` (packing), which uses `x86.rs`'s AVX-512 transposes; `portable.rs`
+//! loop nest) uses `pack.rs` (packing), which uses `x86.rs`'s AVX-512 and AVX2 transposes; `portable.rs`
 //! and `x86.rs` hold the micro-kernels.
 
 pub(crate) mod driver;

@@ -631,15 +631,16 @@ pub(crate) mod bf16_gemm {
                     )
                 };
             } else {
+                // No unit stride: gather each line, then round it as the other layouts do.
                 for q in 0..kc {
-                    for w in 0..lanes {
-                        sliver[q * lanes + w] = if w < sliver_width {
-                            let x = sliver_src[w * wide_stride + q * deep_stride];
-                            f32::from_bits((crate::device::cpu::gemm_bf16::to_bf16(x) as u32) << 16)
-                        } else {
-                            0.0
-                        };
+                    let mut line = [0.0f32; 8];
+                    for (w, slot) in line.iter_mut().enumerate().take(sliver_width) {
+                        *slot = sliver_src[w * wide_stride + q * deep_stride];
                     }
+                    let mut rounded = [0.0f32; 8];
+                    // SAFETY: both arrays hold 8 floats.
+                    unsafe { _mm256_storeu_ps(rounded.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(line.as_ptr()))) };
+                    sliver[q * lanes..(q + 1) * lanes].copy_from_slice(&rounded[..lanes]);
                 }
             }
             sliver[kc * lanes..].fill(0.0);
