@@ -29,9 +29,9 @@
 //! index), bit-identical to `to_bf16`; a test compares the two on random bit patterns. The AVX2
 //! path rounds with AVX2 in one pass (A through 8×8 transposes where its depth is contiguous; B
 //! where its width is), and packs B's other layouts with the f32 GEMM's transposes into an f32
-//! sliver that it then rounds into pairs. Packing costs more than the multiply when done scalar, which is why it is
-//! vectorized. The x86 code (that packing and the two tiles) sits with the f32 kernels in
-//! `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
+//! sliver that it then rounds into pairs. Packing costs more than the multiply when done scalar,
+//! which is why it is vectorized. The x86 code (that packing and the two tiles) sits with the f32
+//! kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -73,19 +73,24 @@ impl Bf16Kernel {
 
     /// Whether this CPU can run the kernel at the level `TRIDENT_CPU_ISA` allows (`isa::active`).
     pub fn is_available(self) -> bool {
-        let needs = match self {
+        self.isa() <= super::isa::active()
+    }
+
+    /// The instruction-set level the kernel needs.
+    pub fn isa(self) -> super::isa::Isa {
+        match self {
             Bf16Kernel::Avx512Bf16 => super::isa::Isa::Avx512Bf16,
             Bf16Kernel::Avx2 => super::isa::Isa::Avx2,
             Bf16Kernel::Portable => super::isa::Isa::Portable,
-        };
-        needs <= super::isa::active()
+        }
     }
 
-    /// The tile (`MR` rows × `NR` columns) and the row block `MC` (a multiple of `MR`).
+    /// The tile (`MR` rows × `NR` columns), the row block `MC` (a multiple of `MR`) and the
+    /// packed A lines per depth pair.
     fn blocking(self) -> Blocking {
         match self {
-            Bf16Kernel::Avx2 => Blocking { mr: 6, nr: 16, mc: 120 },
-            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => Blocking { mr: MR, nr: NR, mc: MC },
+            Bf16Kernel::Avx2 => Blocking { mr: AVX2_MR, nr: 16, mc: 120, a_lines: 2 },
+            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => Blocking { mr: MR, nr: NR, mc: MC, a_lines: 1 },
         }
     }
 }
@@ -97,7 +102,12 @@ struct Blocking {
     mr: usize,
     nr: usize,
     mc: usize,
+    /// Lines of packed A per depth pair: one of bf16 pairs, or (AVX2) two of f32 values.
+    a_lines: usize,
 }
+
+/// Rows of the AVX2 kernel's tile.
+const AVX2_MR: usize = 6;
 
 /// The fastest bf16 kernel this CPU supports, detected once.
 pub fn best_bf16_kernel() -> Bf16Kernel {
@@ -190,8 +200,7 @@ thread_local! {
 
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
 fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
-    let Blocking { mr, nr, mc: mc_block } = kernel.blocking();
-    let a_lines = a_lines_per_word(kernel);
+    let Blocking { mr, nr, mc: mc_block, a_lines } = kernel.blocking();
     let words_max = KC.min(p.k).div_ceil(2);
     let nc_max = NC.min(cols.len()).div_ceil(nr) * nr;
     let mc_max = mc_block.min(rows.len()).div_ceil(mr) * mr;
@@ -220,15 +229,6 @@ fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<
     });
 }
 
-/// Lines of packed A per depth pair: one of bf16 pairs, or (AVX2) two of f32 values.
-fn a_lines_per_word(kernel: Bf16Kernel) -> usize {
-    if kernel == Bf16Kernel::Avx2 {
-        2
-    } else {
-        1
-    }
-}
-
 /// Multiplies a packed A block (rows `i0..i0+mc`) by a packed B block (columns `j0..j0+nc`),
 /// `words` pairs deep, into C. Edge tiles go through a scratch tile and then get the same single
 /// add (or store) per element that a full tile gets, so they round identically.
@@ -245,10 +245,10 @@ fn macro_kernel(
     (j0, nc): (usize, usize),
     accumulate: bool,
 ) {
-    let Blocking { mr, nr, .. } = kernel.blocking();
+    let Blocking { mr, nr, a_lines, .. } = kernel.blocking();
     let mut edge = EdgeTile::new();
     let slivers = nc.div_ceil(nr);
-    let a_sliver = a_lines_per_word(kernel) * words * mr;
+    let a_sliver = a_lines * words * mr;
     let tiles = packed_a.len() / a_sliver;
     let group = pack_b_slab.map_or(1, Slab::slivers_per_group);
     if let Some(slab) = pack_b_slab {
@@ -257,12 +257,7 @@ fn macro_kernel(
     for s in 0..slivers {
         if let Some(slab) = pack_b_slab.filter(|_| s % group == 0) {
             let count = group.min(slivers - s);
-            let first = Slab {
-                base: slab.base + s * nr * slab.wide_stride,
-                width: (count * nr).min(slab.width - s * nr),
-                ..*slab
-            };
-            pack_b(kernel, &first, &mut packed_b[s * words * nr..(s + count) * words * nr]);
+            pack_b(kernel, &slab.group(s, count), &mut packed_b[s * words * nr..(s + count) * words * nr]);
         }
         let b = &packed_b[s * words * nr..(s + 1) * words * nr];
         let j = j0 + s * nr;
@@ -300,8 +295,8 @@ fn macro_kernel(
 /// `a` holds one packed A sliver and `b` one packed B sliver of `words` pairs for the kernel's
 /// tile; C rows `0..mr` at stride `ldc` have `nr` writable floats each; the CPU supports `kernel`.
 unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: usize, acc: bool) {
-    let Blocking { mr, nr, .. } = kernel.blocking();
-    debug_assert!(a.len() == a_lines_per_word(kernel) * words * mr && b.len() == words * nr);
+    let Blocking { mr, nr, a_lines, .. } = kernel.blocking();
+    debug_assert!(a.len() == a_lines * words * mr && b.len() == words * nr);
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; availability was asserted in `gemm_bf16_with`.
@@ -311,7 +306,7 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; A's words are f32 bit patterns; availability as above.
         Bf16Kernel::Avx2 => unsafe {
-            x86::bf16_gemm::tile_avx2::<6>(words, a.as_ptr().cast(), b.as_ptr(), c, ldc, acc)
+            x86::bf16_gemm::tile_avx2::<AVX2_MR>(words, a.as_ptr().cast(), b.as_ptr(), c, ldc, acc)
         },
         #[cfg(not(target_arch = "x86_64"))]
         Bf16Kernel::Avx512Bf16 | Bf16Kernel::Avx2 => unreachable!("checked by is_available"),
@@ -322,7 +317,7 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
 
 /// Packs a slab of B into slivers of bf16 pairs: `pack`, or for the AVX2 kernel in one pass
 /// where the width is the contiguous index (`pack_b_wide_avx2`) and otherwise through an f32
-/// sliver packed with the f32 GEMM's transposes (`pack_via_f32`).
+/// sliver packed with the f32 GEMM's transposes (`pack_b_via_f32`).
 fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 && slab.wide_stride == 1 {
@@ -333,10 +328,7 @@ fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     }
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
-        return pack_via_f32(slab, dst, slab.kc.div_ceil(2) * slab.lanes, |lines, out| {
-            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
-            unsafe { x86::bf16_gemm::words_from_lines_avx2(lines, slab.kc, slab.lanes, out) }
-        });
+        return pack_b_via_f32(slab, dst);
     }
     pack(kernel, slab, dst)
 }
@@ -366,19 +358,18 @@ thread_local! {
     static F32_SLIVER: RefCell<AlignedBuffer<f32>> = RefCell::new(AlignedBuffer::default());
 }
 
-/// Packs each sliver of `slab` with the f32 GEMM's packing (every stride, vectorized) into a
-/// thread-local f32 sliver, then `convert`s it into the sliver's `sliver_len` words of `dst`
-/// (B slivers whose depth is the contiguous index, or strided ones).
+/// Packs each sliver of a B slab with the f32 GEMM's packing (every stride, vectorized) into a
+/// thread-local f32 sliver, then rounds that into the sliver's bf16 pairs in `dst` (the AVX2
+/// kernel's B slivers whose depth is the contiguous index, or strided ones).
 #[cfg(target_arch = "x86_64")]
-fn pack_via_f32(slab: &Slab<'_>, dst: &mut [u32], sliver_len: usize, convert: impl Fn(&[f32], &mut [u32])) {
-    let lanes = slab.lanes;
-    assert!(slab.width > 0 && slab.kc > 0 && dst.len() == slab.width.div_ceil(lanes) * sliver_len);
+fn pack_b_via_f32(slab: &Slab<'_>, dst: &mut [u32]) {
+    let (lanes, words) = (slab.lanes, slab.kc.div_ceil(2));
+    assert!(slab.width > 0 && slab.kc > 0 && dst.len() == slab.width.div_ceil(lanes) * words * lanes);
     with_buffer(&F32_SLIVER, slab.kc * lanes, |lines| {
-        for (s, sliver) in dst.chunks_exact_mut(sliver_len).enumerate() {
-            let width = lanes.min(slab.width - s * lanes);
-            let one = Slab { base: slab.base + s * lanes * slab.wide_stride, width, ..*slab };
-            f32_pack::<x86::Avx2>(&one, lines);
-            convert(lines, sliver);
+        for (s, sliver) in dst.chunks_exact_mut(words * lanes).enumerate() {
+            f32_pack::<x86::Avx2>(&slab.group(s, 1), lines);
+            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
+            unsafe { x86::bf16_gemm::words_from_lines_avx2(lines, slab.kc, lanes, sliver) };
         }
     });
 }

@@ -34,7 +34,7 @@ impl<'a> Slab<'a> {
     }
 }
 
-impl Slab<'_> {
+impl<'a> Slab<'a> {
     /// Slivers packed (and prefetched) together: where the sliver lines are contiguous in the
     /// source, several slivers side by side make each source line a longer, cheaper read.
     pub(crate) fn slivers_per_group(&self) -> usize {
@@ -45,24 +45,22 @@ impl Slab<'_> {
         }
     }
 
-    /// Width of `count` slivers starting at sliver `s` (the last one may be narrower).
-    fn group_width(&self, s: usize, count: usize) -> usize {
-        (count * self.lanes).min(self.width - s * self.lanes)
+    /// The slab of `count` slivers starting at sliver `s` (the last one may be narrower).
+    pub(crate) fn group(&self, s: usize, count: usize) -> Slab<'a> {
+        let base = self.base + s * self.lanes * self.wide_stride;
+        Slab { base, width: (count * self.lanes).min(self.width - s * self.lanes), ..*self }
     }
 
     /// Packs `count` slivers starting at sliver `s` into `dst`.
     pub(super) fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
-        let base = self.base + s * self.lanes * self.wide_stride;
-        let width = self.group_width(s, count);
-        pack::<K>(&Slab { base, width, ..*self }, dst);
+        pack::<K>(&self.group(s, count), dst);
     }
 
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
     /// L2, so that packing them later reads from cache instead of waiting on memory. Layouts
     /// with no unit stride are left to the hardware.
     pub(crate) fn prefetch_group(&self, s: usize, count: usize, part: usize, parts: usize) {
-        let base = self.base + s * self.lanes * self.wide_stride;
-        let width = self.group_width(s, count);
+        let Slab { base, width, .. } = self.group(s, count);
         let (runs, run_len, run_stride) = if self.wide_stride == 1 {
             (self.kc, width, self.deep_stride)
         } else if self.deep_stride == 1 {
