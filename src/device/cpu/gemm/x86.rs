@@ -239,6 +239,7 @@ pub(crate) unsafe fn tile_avx2<const MR: usize>(
 ) {
     // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
     unsafe {
+        prefetch_tile_avx2::<MR>(c, ldc);
         let mut lo = [_mm256_setzero_ps(); MR];
         let mut hi = [_mm256_setzero_ps(); MR];
         let (mut a, mut b) = (a, b);
@@ -266,6 +267,24 @@ pub(crate) unsafe fn tile_avx2<const MR: usize>(
             b = b.add(16);
         }
         store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
+    }
+}
+
+/// Prefetches the `MR` rows of an `MR × 16` tile of C into L1 before its accumulation starts,
+/// both cache lines a row may straddle: the final add otherwise waits on C's misses (about a
+/// tenth of the AVX2 tile's time on the 2048³ GEMMs, by `perf annotate`).
+///
+/// # Safety
+/// C rows `0..MR` at stride `ldc` hold 16 floats each.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn prefetch_tile_avx2<const MR: usize>(c: *mut f32, ldc: usize) {
+    // SAFETY: the rows lie inside C, as the caller guarantees.
+    unsafe {
+        for i in 0..MR {
+            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 15) as *const i8);
+        }
     }
 }
 
@@ -773,6 +792,7 @@ pub(crate) mod bf16_gemm {
     ) {
         // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
         unsafe {
+            super::prefetch_tile_avx2::<MR>(c, ldc);
             let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
             let mut lo = [_mm256_setzero_ps(); MR];
             let mut hi = [_mm256_setzero_ps(); MR];
