@@ -170,7 +170,30 @@ impl ParamInfo {
             }
         }
     }
+
+    /// `initial_values(seed, 0..numel)` computed by up to `threads` threads, each filling one
+    /// contiguous part. Every element is a pure function of its index, so the values do not
+    /// depend on the thread count; the normal draws (a Philox block, a logarithm and a cosine
+    /// each) are what makes a large model's start slow on one thread.
+    pub fn initial_values_on(&self, seed: u64, threads: usize) -> Vec<f32> {
+        let numel = self.numel();
+        let part = numel.div_ceil(threads.max(1)).max(INIT_ELEMS_PER_THREAD);
+        if numel <= part || matches!(self.init, Init::Constant(_)) {
+            return self.initial_values(seed, 0..numel);
+        }
+        let mut values = vec![0.0f32; numel];
+        std::thread::scope(|scope| {
+            for (i, out) in values.chunks_mut(part).enumerate() {
+                let start = i * part;
+                scope.spawn(move || out.copy_from_slice(&self.initial_values(seed, start..start + out.len())));
+            }
+        });
+        values
+    }
 }
+
+/// The least work worth a thread of `initial_values_on` (about a millisecond of draws).
+const INIT_ELEMS_PER_THREAD: usize = 1 << 14;
 
 /// Parameter values and their gradients, in parallel arrays indexed like `info`, so that one
 /// parameter's gradient can be borrowed mutably while others' values are read.
@@ -187,7 +210,7 @@ impl<D: Device> ParamSet<D> {
         let mut grads = Vec::with_capacity(info.len());
         for p in &info {
             let mut v = dev.alloc(p.numel());
-            dev.upload(&mut v, &p.initial_values(seed, 0..p.numel()));
+            dev.upload(&mut v, &p.initial_values_on(seed, dev.host_threads()));
             values.push(v);
             grads.push(dev.alloc(p.numel()));
         }
@@ -236,6 +259,14 @@ mod tests {
                 }
             }
         }
+        // Any thread count gives the same values (a part per thread, and parts smaller than
+        // the least a thread takes).
+        let big = ParamInfo::split("w".into(), vec![96, 1024], init, 1, 1, 2);
+        let serial = big.initial_values(9, 0..big.numel());
+        for threads in [1, 2, 3, 7] {
+            assert_eq!(big.initial_values_on(9, threads), serial, "{threads} threads");
+        }
+        assert_eq!(full.initial_values_on(9, 4), all);
         // Blocks of a 2 x 3 grid.
         for (r0, r1) in [(0, 0), (1, 2), (0, 1)] {
             let shard = ParamInfo::block("w".into(), vec![4, 6], init, (r0, 2), (r1, 3));

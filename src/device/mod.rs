@@ -256,6 +256,10 @@ pub trait Device: Send + Sync {
         4 * self.len(buf)
     }
     fn upload(&self, dst: &mut Self::Buf, src: &[f32]);
+    /// Host threads that preparing data for this device (the initial weights) may use.
+    fn host_threads(&self) -> usize {
+        1
+    }
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, dst: &mut Self::Buf, value: f32);
     /// Every buffer of `bufs` becomes 0 (a step's gradients): `fill` with 0 on each, this default;

@@ -72,6 +72,10 @@ impl Device for GpuDevice {
             ok(self.rt.copy_to_device(dst.ptr(), bytes));
         }
     }
+    fn host_threads(&self) -> usize {
+        // The initial weights are drawn on the host: this process's CPUs (the job's share).
+        crate::comm::runtime::process_cpus()
+    }
     fn download(&self, src: &GpuBuf, dst: &mut [f32]) {
         assert_eq!(src.len, dst.len(), "download: buffer and host lengths differ");
         if src.elem == self.half {

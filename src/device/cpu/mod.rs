@@ -115,6 +115,9 @@ impl Device for CpuDevice {
     fn upload(&self, dst: &mut Vec<f32>, src: &[f32]) {
         dst.copy_from_slice(src);
     }
+    fn host_threads(&self) -> usize {
+        self.pool.threads()
+    }
     fn download(&self, src: &Vec<f32>, dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
