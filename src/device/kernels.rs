@@ -605,6 +605,24 @@ fn combine_lanes<R: Real>(mut acc: [R; LANES]) -> R {
     acc[0]
 }
 
+/// `Σ x²` of f32 values, in f64 (each square is exact there), in the lane order of `lane_sum`:
+/// one block's share of the gradient norm. Independent lanes let every level vectorize it; one
+/// running sum would wait on each add's latency.
+#[inline(always)]
+pub fn sum_squares_lanes(xs: &[f32]) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += c[l] as f64 * c[l] as f64;
+        }
+    }
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        acc[l] += x as f64 * x as f64;
+    }
+    combine_lanes(acc)
+}
+
 /// Dot product in the fixed lane order of `lane_sum`.
 #[inline(always)]
 pub fn dot_lanes<R: Real>(a: &[R], b: &[R]) -> R {
@@ -820,6 +838,17 @@ pub unsafe fn position_backward_cols<R: Real>(
         let d = std::slice::from_raw_parts_mut(dwpe.add(t * hidden + c0), c1 - c0);
         for (d, &x) in d.iter_mut().zip(g) {
             *d += x;
+        }
+    }
+}
+
+/// `out[j] += Σ_r src[r * stride + j]` for `r < rows`, each column summed in row order: the bias
+/// gradient's columns `c0..c0 + out.len()` (with `src` starting at column `c0`).
+#[inline(always)]
+pub fn add_column_sums<R: Real>(out: &mut [R], src: &[R], rows: usize, stride: usize) {
+    for r in 0..rows {
+        for (o, &g) in out.iter_mut().zip(&src[r * stride..]) {
+            *o += g;
         }
     }
 }

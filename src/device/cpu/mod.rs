@@ -152,7 +152,8 @@ impl Device for CpuDevice {
             let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
             let p = SharedMut::new(&mut partial);
             self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
-                let sum: f64 = buf[s..s + n].iter().map(|&x| (x as f64) * (x as f64)).sum();
+                // SAFETY: the slice is in bounds; the dispatch picks a level this CPU has.
+                let sum = unsafe { simd::sum_squares_lanes(&buf[s..s + n]) };
                 // SAFETY: one slot per block.
                 unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
             });
@@ -421,13 +422,9 @@ impl Device for CpuDevice {
         if let Some(dbias) = dbias {
             let db = SharedMut::new(dbias);
             self.for_blocks(n, COLS_PER_TASK, &|c0, nc| {
-                // SAFETY: columns c0..c0+nc of dbias belong to this task.
-                let out = unsafe { db.slice(c0, nc) };
-                for r in 0..rows {
-                    for (o, &g) in out.iter_mut().zip(&dout[r * n + c0..r * n + c0 + nc]) {
-                        *o += g;
-                    }
-                }
+                // SAFETY: columns c0..c0+nc of dbias belong to this task; the dispatch picks a
+                // level this CPU has.
+                unsafe { simd::add_column_sums(db.slice(c0, nc), &dout[c0..], rows, n) };
             });
         }
     }

@@ -104,7 +104,9 @@ multiversion! {
     fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, t0: usize, nt: usize, hidden: usize,
         c0: usize, c1: usize) = kernels::position_backward_cols::<f32>;
     fn add_bias_rows(out: &mut [f32], bias: &[f32]) = kernels::add_bias_rows::<f32>;
+    fn add_column_sums(out: &mut [f32], src: &[f32], rows: usize, stride: usize) = kernels::add_column_sums::<f32>;
     fn dot_lanes(a: &[f32], b: &[f32]) -> f32 = kernels::dot_lanes::<f32>;
+    fn sum_squares_lanes(xs: &[f32]) -> f64 = kernels::sum_squares_lanes;
     fn attention_softmax_row(row: &mut [f32], n: usize, scale: f32) -> f32 = kernels::attention_softmax_row::<f32>;
     fn attention_backward_row(p: &mut [f32], ds: &mut [f32], n: usize, scale: f32, lse: f32, delta: f32)
         = kernels::attention_backward_row::<f32>;
@@ -168,6 +170,17 @@ mod tests {
     }
 
     #[test]
+    fn sum_squares_lanes_matches_the_running_sum() {
+        let x = random(16 * 61 + 7, "g");
+        let running: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+        for lv in levels() {
+            // SAFETY: every level returned by `levels` is supported.
+            let lanes = unsafe { sum_squares_lanes::at(lv, &x) };
+            assert!((lanes - running).abs() <= 1e-14 * running, "{lv:?}: {lanes} vs {running}");
+        }
+    }
+
+    #[test]
     fn every_instruction_set_gives_the_same_bits() {
         let (rows, cols) = (13, 77); // ragged: not a multiple of any vector width
         let x = random(rows * cols, "x");
@@ -203,6 +216,9 @@ mod tests {
                 let lse = attention_softmax_row::at(lv, &mut scores, cols - 7, 0.125);
                 let (mut pr, mut ds) = (x[cols..2 * cols].to_vec(), dy[..cols].to_vec());
                 let delta = dot_lanes::at(lv, &x[..cols], &dy[..cols]);
+                let squares = sum_squares_lanes::at(lv, &dy[..cols - 3]);
+                let mut column_sums = b.clone();
+                add_column_sums::at(lv, &mut column_sums[..cols - 5], &dy[2..], rows, cols);
                 attention_backward_row::at(lv, &mut pr, &mut ds, cols - 7, 0.125, lse, delta);
                 r.extend([
                     bits(&y),
@@ -219,6 +235,8 @@ mod tests {
                     bits(&pr),
                     bits(&ds),
                     bits(&[lse, delta]),
+                    vec![squares.to_bits() as u32, (squares.to_bits() >> 32) as u32],
+                    bits(&column_sums),
                 ]);
             }
             results.push(r);
