@@ -16,7 +16,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     println!("trident {} ({})", env!("CARGO_PKG_VERSION"), env!("TRIDENT_BUILD_INFO"));
     let (active, detected) = (isa::active(), isa::detected());
     println!(
-        "cpu: {}; instruction set {}{}; {} threads; gemm kernel {:?}; bf16 gemm kernel {}; element-wise kernels {:?}; \
+        "cpu: {}; instruction set {}{}; {} threads; gemm kernel {}; bf16 gemm kernel {}; element-wise kernels {}; \
          fma peak {:.1} GFLOP/s ({})",
         isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
         active.name(),
@@ -26,9 +26,9 @@ pub fn run(rest: &[String]) -> Result<()> {
             format!(" (capped by {}; the CPU has {})", isa::ISA_VAR, detected.name())
         },
         pool.threads(),
-        gemm::best_kernel(),
+        gemm::best_kernel().name(),
         crate::device::cpu::gemm_bf16::best_bf16_kernel().name(),
-        crate::device::cpu::simd::level(),
+        crate::device::cpu::simd::level().name(),
         p.gflops,
         p.isa
     );

@@ -190,12 +190,12 @@ fn gemm_on_cpu(pool: &pool::ThreadPool, a: &Args) -> Result<()> {
         print_records(&records, true);
     } else {
         println!(
-            "cpu: {}, instruction set {}; fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {:?}",
+            "cpu: {}, instruction set {}; fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {}",
             crate::device::cpu::isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
             crate::device::cpu::isa::active().name(),
             p.gflops,
             p.threads,
-            crate::device::cpu::gemm::best_kernel()
+            crate::device::cpu::gemm::best_kernel().name()
         );
         gemm::print_table(&rows);
     }

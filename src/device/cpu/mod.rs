@@ -104,7 +104,7 @@ impl Device for CpuDevice {
     type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
-        format!("cpu: {} threads, gemm kernel {:?}", self.pool.threads(), gemm::best_kernel())
+        format!("cpu: {} threads, gemm kernel {}", self.pool.threads(), gemm::best_kernel().name())
     }
     fn alloc(&self, len: usize) -> Vec<f32> {
         vec![0.0; len]

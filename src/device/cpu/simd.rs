@@ -15,6 +15,17 @@ pub enum Level {
     Baseline,
 }
 
+impl Level {
+    /// A short name for logs (`trident info`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Avx512 => "avx512",
+            Level::Avx2 => "avx2",
+            Level::Baseline => "baseline",
+        }
+    }
+}
+
 /// The best level this CPU supports, capped by `TRIDENT_CPU_ISA` (`isa::active`).
 pub fn level() -> Level {
     match super::isa::active() {
