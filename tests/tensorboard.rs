@@ -37,7 +37,11 @@ fn read(python: &str, dir: &Path) -> Vec<(String, u64, f64)> {
         .lines()
         .map(|l| {
             let field = |k: &str| json_field(l, k).unwrap_or_else(|| panic!("{k} in {l}"));
-            (field("tag").trim_matches('"').to_string(), field("step").parse().unwrap(), field("value").parse().unwrap())
+            (
+                field("tag").trim_matches('"').to_string(),
+                field("step").parse().unwrap(),
+                field("value").parse().unwrap(),
+            )
         })
         .collect()
 }
@@ -108,7 +112,8 @@ fn a_resumed_run_starts_another_file_and_a_bad_directory_is_one_error() {
     let files = std::fs::read_dir(dir.join("tb")).unwrap().count();
     assert_eq!(files, 2);
     if let Some(python) = python_with("tensorboard", "tests/tensorboard.rs does not read the event files back") {
-        let steps: Vec<u64> = read(&python, &dir.join("tb")).into_iter().filter(|s| s.0 == "lm loss").map(|s| s.1).collect();
+        let steps: Vec<u64> =
+            read(&python, &dir.join("tb")).into_iter().filter(|s| s.0 == "lm loss").map(|s| s.1).collect();
         assert_eq!(steps, [2, 3, 4, 6], "the first run's 2, 3, 4 and the resumed run's 6");
     }
     // A file where the directory should be.
@@ -116,4 +121,22 @@ fn a_resumed_run_starts_another_file_and_a_bad_directory_is_one_error() {
     std::fs::write(&blocker, b"x").unwrap();
     let o = train(&data, &blocker, &[]);
     assert_clean_error(&o, &["--tensorboard-dir", "file/tb"]);
+    // On two ranks the ranks agree on rank 0's failure and all exit 1: rank 0 names the path
+    // (and a bad --log-json the same way), no rank aborts the job.
+    for flag in ["--tensorboard-dir", "--log-json"] {
+        let path = blocker.join("logs");
+        let mut args = vec!["train", "--data-path", &data];
+        args.extend(SMALL_MODEL_FLAGS.split_whitespace());
+        args.extend([flag, path.to_str().unwrap()]);
+        let o = mpirun(2, &args);
+        let err = stderr(&o);
+        assert!(!o.status.success() && !err.contains("panicked"), "{flag}: {err}");
+        assert!(err.contains("trident: error: rank 0:") && err.contains(blocker.to_str().unwrap()), "{flag}: {err}");
+        assert!(err.contains("1 rank(s) could not open their logs"), "{flag}: {err}");
+        assert!(!err.contains("MPI_ABORT"), "{flag}: the job was aborted: {err}");
+    }
 }
+
+/// The model of `train` without its logging flags, for the two-rank runs.
+const SMALL_MODEL_FLAGS: &str = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 \
+                              --micro-batch-size 4 --global-batch-size 8 --train-iters 2 --cpu-threads 1";

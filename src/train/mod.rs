@@ -68,6 +68,16 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     }
 }
 
+/// Rank 0's `--log-json` and `--tensorboard-dir` files (`say`); the other ranks open none.
+fn open_logs(cfg: &TrainConfig, say: bool) -> Result<(Option<JsonLog>, Option<EventWriter>)> {
+    if !say {
+        return Ok((None, None));
+    }
+    let json = cfg.log_json.as_ref().map(|path| JsonLog::open(path, cfg.load.is_some())).transpose()?;
+    let tensorboard = cfg.tensorboard_dir.as_ref().map(|dir| EventWriter::create(dir)).transpose()?;
+    Ok((json, tensorboard))
+}
+
 /// The training run on one device type, top-down: set up (`make_device` creates this rank's
 /// device once the ranks agree on their placement), build the chunks, restore a checkpoint, run
 /// the iterations, then the test evaluation and the closing reports.
@@ -93,14 +103,8 @@ fn run_on<D: Device>(
     if let Some(dir) = &cfg.load {
         progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
     }
-    let json = match (&cfg.log_json, setup.say) {
-        (Some(p), true) => Some(JsonLog::open(p, cfg.load.is_some())?),
-        _ => None,
-    };
-    let tensorboard = match (&cfg.tensorboard_dir, setup.say) {
-        (Some(dir), true) => Some(EventWriter::create(dir)?),
-        _ => None,
-    };
+    let (json, tensorboard) =
+        setup::agree(open_logs(cfg, setup.say), &setup.groups, "could not open their logs", true)?;
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());

@@ -78,7 +78,7 @@ impl<D: Device> Setup<D> {
 /// A step that can fail on one rank alone (its environment, its GPU): the ranks agree before any
 /// of them stops; each failing rank says why, and every rank returns "N rank(s) `what` (see
 /// above)". A rank alone in the job returns its own error instead where `own_error_alone`.
-fn agree<T>(result: Result<T>, groups: &Groups, what: &str, own_error_alone: bool) -> Result<T> {
+pub(super) fn agree<T>(result: Result<T>, groups: &Groups, what: &str, own_error_alone: bool) -> Result<T> {
     let mut failed = [f64::from(u8::from(result.is_err()))];
     groups.world.all_reduce(&mut failed, ReduceOp::Sum);
     let error = || Error::Usage(format!("{} rank(s) {what} (see above)", failed[0]));
