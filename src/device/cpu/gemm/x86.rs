@@ -430,7 +430,7 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm {
     use super::{
-        lane_mask, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16,
+        lane_mask, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16, transpose8,
         transpose_pack_avx2,
     };
     use std::arch::x86_64::*;
@@ -708,6 +708,59 @@ pub(crate) mod bf16_gemm {
         }
         for sliver in dst.chunks_exact_mut(lines * lanes) {
             sliver[kc * lanes..].fill(0.0);
+        }
+    }
+
+    /// The AVX2 kernel's B slivers in one pass where the slab's depth is the contiguous index
+    /// (`deep_stride == 1`, rows `w` of the slab at `src[w * wide_stride..]`): 8 rows by 8 depths
+    /// at a time go through an 8×8 register transpose, and each two depth lines become a line of
+    /// words, as `pack_b_wide_avx2` lays them out; lanes past `width` and the half past an odd `kc`
+    /// are zero.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
+    /// `dst` holds `ceil(width / lanes) * ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pack_b_deep_avx2(
+        src: &[f32],
+        wide_stride: usize,
+        (width, kc, lanes): (usize, usize, usize),
+        dst: &mut [u32],
+    ) {
+        let words = kc.div_ceil(2);
+        assert!(lanes.is_multiple_of(8) && width > 0 && dst.len() == width.div_ceil(lanes) * words * lanes);
+        assert!(src.len() >= (width - 1) * wide_stride + kc);
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+        for w0 in (0..width.div_ceil(lanes) * lanes).step_by(8) {
+            let rows_here = width.saturating_sub(w0).min(8);
+            let sliver = (w0 / lanes) * words * lanes + w0 % lanes;
+            for q0 in (0..kc).step_by(8) {
+                let depth = 8.min(kc - q0);
+                let load_mask = lane_mask(depth);
+                let mut rows = [_mm256_setzero_ps(); 8];
+                for (r, row) in rows.iter_mut().enumerate().take(rows_here) {
+                    // SAFETY: row w0 + r < width and depths q0..q0 + depth < kc lie in `src`; the
+                    // masked load reads no lane past `depth` (the rest are zero).
+                    *row = unsafe {
+                        let at = src.add((w0 + r) * wide_stride + q0);
+                        if depth == 8 {
+                            _mm256_loadu_ps(at)
+                        } else {
+                            _mm256_maskload_ps(at, load_mask)
+                        }
+                    };
+                }
+                // Depth lines past `depth` are zero, so an odd `kc` leaves its last high half zero.
+                let lines = transpose8(rows);
+                for t in 0..depth.div_ceil(2) {
+                    let even = to_bf16_x8(lines[2 * t]);
+                    let odd = _mm256_slli_epi32::<16>(to_bf16_x8(lines[2 * t + 1]));
+                    // SAFETY: word line q0 / 2 + t < words of this sliver, lanes w0 % lanes.. + 8.
+                    unsafe {
+                        _mm256_storeu_si256(dst.add(sliver + (q0 / 2 + t) * lanes).cast(), _mm256_or_si256(even, odd))
+                    };
+                }
+            }
         }
     }
 
