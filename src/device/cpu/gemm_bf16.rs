@@ -316,22 +316,17 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
 }
 
 /// Packs a slab of B into slivers of bf16 pairs: `pack`, or for the AVX2 kernel in one pass
-/// where the width is the contiguous index (`pack_b_wide_avx2`) or the depth is (8×8
-/// transposes, `pack_b_deep_avx2`), and otherwise (no unit stride) through an f32 sliver packed
-/// with the f32 GEMM's gather (`pack_b_via_f32`).
+/// where the width or the depth is the contiguous index (`pack_b_avx2`), and otherwise through
+/// an f32 sliver packed with the f32 GEMM's gather (`pack_b_via_f32`).
 fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
-    if kernel == Bf16Kernel::Avx2 && slab.wide_stride == 1 {
-        let Slab { src, base, deep_stride, width, kc, lanes, .. } = *slab;
+    if kernel == Bf16Kernel::Avx2 && (slab.wide_stride == 1 || slab.deep_stride == 1) {
+        let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
         // SAFETY: the AVX2 kernel is only used on CPUs with AVX2; the slab lies in its source
         // (checked by `gemm_bf16_with`'s views), and `dst` is sized for it.
-        return unsafe { x86::bf16_gemm::pack_b_wide_avx2(&src[base..], deep_stride, (width, kc, lanes), dst) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Bf16Kernel::Avx2 && slab.deep_stride == 1 {
-        let Slab { src, base, wide_stride, width, kc, lanes, .. } = *slab;
-        // SAFETY: as above.
-        return unsafe { x86::bf16_gemm::pack_b_deep_avx2(&src[base..], wide_stride, (width, kc, lanes), dst) };
+        return unsafe {
+            x86::bf16_gemm::pack_b_avx2(&src[base..], (wide_stride, deep_stride), (width, kc, lanes), dst)
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {

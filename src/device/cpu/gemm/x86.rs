@@ -331,20 +331,8 @@ pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
         let valid_rows = width.saturating_sub(group).min(8);
         for q0 in (0..kc).step_by(8) {
             let depth = 8.min(kc - q0);
-            let load_mask = lane_mask(depth);
-            let mut rows = [_mm256_setzero_ps(); 8];
-            for (r, row) in rows.iter_mut().enumerate().take(valid_rows) {
-                // SAFETY: row group+r < width and columns q0..q0+depth < kc lie inside `src`;
-                // the masked load reads no lane past `depth`.
-                *row = unsafe {
-                    let at = src.add((group + r) * row_stride + q0);
-                    if depth == 8 {
-                        _mm256_loadu_ps(at)
-                    } else {
-                        _mm256_maskload_ps(at, load_mask)
-                    }
-                };
-            }
+            // SAFETY: rows group..group + valid_rows < width, depths q0..q0 + depth < kc.
+            let rows = unsafe { load_rows8(src.add(group * row_stride + q0), row_stride, valid_rows, depth) };
             for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
                 let column = if ROUND { &round_bf16_x8(*column) } else { column };
                 let start = (q0 + q) * lanes + group;
@@ -361,6 +349,30 @@ pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
             }
         }
     }
+}
+
+/// The first `depth` floats of `rows` rows at stride `row_stride` from `src`, one register each;
+/// the lanes past `depth` and the rows past `rows` are zero (the transposing packs' loads).
+///
+/// # Safety
+/// The CPU must support AVX2; rows `0..rows` hold `depth <= 8` readable floats each.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_rows8(src: *const f32, row_stride: usize, rows: usize, depth: usize) -> [__m256; 8] {
+    let mask = lane_mask(depth);
+    let mut out = [_mm256_setzero_ps(); 8];
+    for (r, row) in out.iter_mut().enumerate().take(rows) {
+        // SAFETY: row r < rows holds `depth` floats; the masked load reads no lane past them.
+        *row = unsafe {
+            let at = src.add(r * row_stride);
+            if depth == 8 {
+                _mm256_loadu_ps(at)
+            } else {
+                _mm256_maskload_ps(at, mask)
+            }
+        };
+    }
+    out
 }
 
 /// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
@@ -430,8 +442,8 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm {
     use super::{
-        lane_mask, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16, transpose8,
-        transpose_pack_avx2,
+        lane_mask, load_rows8, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16,
+        transpose8, transpose_pack_avx2,
     };
     use std::arch::x86_64::*;
 
@@ -711,78 +723,54 @@ pub(crate) mod bf16_gemm {
         }
     }
 
-    /// The AVX2 kernel's B slivers in one pass where the slab's depth is the contiguous index
-    /// (`deep_stride == 1`, rows `w` of the slab at `src[w * wide_stride..]`): 8 rows by 8 depths
-    /// at a time go through an 8×8 register transpose, and each two depth lines become a line of
-    /// words, as `pack_b_wide_avx2` lays them out; lanes past `width` and the half past an odd `kc`
-    /// are zero.
+    /// The AVX2 kernel's B slivers in one pass, for slabs with a unit stride: word `t` of lane `w`
+    /// holds the bf16 of `(w, 2t)` and `(w, 2t + 1)` (element `(w, q)` at `src[w*wide_stride +
+    /// q*deep_stride]`), at `dst[s*words*lanes + t*lanes + w % lanes]` for sliver `s = w / lanes`;
+    /// lanes past `width` and the half past an odd `kc` are zero. Where the width is the
+    /// contiguous index the depth lines are read straight; where the depth is, 8 rows by 8 depths
+    /// go through an 8×8 register transpose and each two depth lines become a line of words.
     ///
     /// # Safety
     /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
     /// `dst` holds `ceil(width / lanes) * ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn pack_b_deep_avx2(
+    pub unsafe fn pack_b_avx2(
         src: &[f32],
-        wide_stride: usize,
+        (wide_stride, deep_stride): (usize, usize),
         (width, kc, lanes): (usize, usize, usize),
         dst: &mut [u32],
     ) {
         let words = kc.div_ceil(2);
         assert!(lanes.is_multiple_of(8) && width > 0 && dst.len() == width.div_ceil(lanes) * words * lanes);
-        assert!(src.len() >= (width - 1) * wide_stride + kc);
+        assert!(wide_stride == 1 || deep_stride == 1, "pack_b_avx2 needs a unit stride");
+        assert!(src.len() > (width - 1) * wide_stride + (kc - 1) * deep_stride);
         let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
-        for w0 in (0..width.div_ceil(lanes) * lanes).step_by(8) {
-            let rows_here = width.saturating_sub(w0).min(8);
-            let sliver = (w0 / lanes) * words * lanes + w0 % lanes;
-            for q0 in (0..kc).step_by(8) {
-                let depth = 8.min(kc - q0);
-                let load_mask = lane_mask(depth);
-                let mut rows = [_mm256_setzero_ps(); 8];
-                for (r, row) in rows.iter_mut().enumerate().take(rows_here) {
-                    // SAFETY: row w0 + r < width and depths q0..q0 + depth < kc lie in `src`; the
-                    // masked load reads no lane past `depth` (the rest are zero).
-                    *row = unsafe {
-                        let at = src.add((w0 + r) * wide_stride + q0);
-                        if depth == 8 {
-                            _mm256_loadu_ps(at)
-                        } else {
-                            _mm256_maskload_ps(at, load_mask)
-                        }
-                    };
-                }
-                // Depth lines past `depth` are zero, so an odd `kc` leaves its last high half zero.
-                let lines = transpose8(rows);
-                for t in 0..depth.div_ceil(2) {
-                    let even = to_bf16_x8(lines[2 * t]);
-                    let odd = _mm256_slli_epi32::<16>(to_bf16_x8(lines[2 * t + 1]));
-                    // SAFETY: word line q0 / 2 + t < words of this sliver, lanes w0 % lanes.. + 8.
-                    unsafe {
-                        _mm256_storeu_si256(dst.add(sliver + (q0 / 2 + t) * lanes).cast(), _mm256_or_si256(even, odd))
-                    };
+        // The first word of lanes w..w + 8 (a multiple of 8) in its sliver.
+        let sliver = |w: usize| (w / lanes) * words * lanes + w % lanes;
+        if wide_stride != 1 {
+            for w0 in (0..width.div_ceil(lanes) * lanes).step_by(8) {
+                let rows_here = width.saturating_sub(w0).min(8);
+                for q0 in (0..kc).step_by(8) {
+                    let depth = 8.min(kc - q0);
+                    // SAFETY: rows w0..w0 + rows_here < width, depths q0..q0 + depth < kc.
+                    let rows = unsafe { load_rows8(src.add(w0 * wide_stride + q0), wide_stride, rows_here, depth) };
+                    // Depth lines past `depth` are zero: an odd `kc` leaves its last high half zero.
+                    let lines = transpose8(rows);
+                    for t in 0..depth.div_ceil(2) {
+                        let even = to_bf16_x8(lines[2 * t]);
+                        let odd = _mm256_slli_epi32::<16>(to_bf16_x8(lines[2 * t + 1]));
+                        // SAFETY: word line q0 / 2 + t < words of the sliver, 8 of its lanes.
+                        unsafe {
+                            _mm256_storeu_si256(
+                                dst.add(sliver(w0) + (q0 / 2 + t) * lanes).cast(),
+                                _mm256_or_si256(even, odd),
+                            )
+                        };
+                    }
                 }
             }
+            return;
         }
-    }
-
-    /// The AVX2 kernel's B slivers in one pass where the slab's width is the contiguous index
-    /// (`wide_stride == 1`): word `t` of lane `w` holds the bf16 of `(w, 2t)` and `(w, 2t + 1)`
-    /// (`src[w + q*deep_stride]`), at `dst[s*words*lanes + t*lanes + w % lanes]` for sliver
-    /// `s = w / lanes`; lanes past `width` and the half past an odd `kc` are zero.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
-    /// `dst` holds `ceil(width / lanes) * ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn pack_b_wide_avx2(
-        src: &[f32],
-        deep_stride: usize,
-        (width, kc, lanes): (usize, usize, usize),
-        dst: &mut [u32],
-    ) {
-        let words = kc.div_ceil(2);
-        assert!(lanes.is_multiple_of(8) && width > 0 && dst.len() == width.div_ceil(lanes) * words * lanes);
-        assert!(src.len() > (width - 1) + (kc - 1) * deep_stride);
-        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
         for t in 0..words {
             for w in (0..width.div_ceil(lanes) * lanes).step_by(8) {
                 let valid = width.saturating_sub(w).min(8);
@@ -805,8 +793,7 @@ pub(crate) mod bf16_gemm {
                     } else {
                         _mm256_setzero_si256()
                     };
-                    let at = (w / lanes) * words * lanes + t * lanes + w % lanes;
-                    _mm256_storeu_si256(dst.add(at).cast(), _mm256_or_si256(even, odd));
+                    _mm256_storeu_si256(dst.add(sliver(w) + t * lanes).cast(), _mm256_or_si256(even, odd));
                 }
             }
         }
