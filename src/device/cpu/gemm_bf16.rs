@@ -27,11 +27,12 @@
 //! broadcast from memory with no widening. On the AVX512-BF16 path, unit-stride slabs are packed
 //! with AVX-512F integer rounding (and a 16×16 word transpose when the depth is the contiguous
 //! index), bit-identical to `to_bf16`; a test compares the two on random bit patterns. The AVX2
-//! path rounds with AVX2 in one pass (A through 8×8 transposes where its depth is contiguous; B
-//! where its width is), and packs B's other layouts with the f32 GEMM's transposes into an f32
-//! sliver that it then rounds into pairs. Packing costs more than the multiply when done scalar,
-//! which is why it is vectorized. The x86 code (that packing and the two tiles) sits with the f32
-//! kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
+//! path rounds with AVX2 in one pass (A, and B into pairs, through 8×8 transposes where the depth
+//! is contiguous, line by line where the width is), and gathers slabs with no unit stride (A a
+//! line at a time, B into an f32 sliver) before rounding them. Packing costs more than the
+//! multiply when done scalar, which is why it is vectorized. The x86 code (that packing and the
+//! two tiles) sits with the f32 kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs
+//! share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -38,8 +38,10 @@
 //! kernel alone runs at the FMA peak), KC = 768 (one depth block for d_model = 768, so C is read
 //! and written once), MC = 128 and NC = 3072. The AVX2 kernel is 6 × 16 (12 ymm accumulators,
 //! four depth steps per loop iteration) with KC = 256, MC = 96, NC = 3072; measured only under
-//! `TRIDENT_CPU_ISA=avx2` on an Intel Xeon so far (BENCHMARKS.md), where no other blocking beat
-//! the noise (`avx2_blocking_probe` in `tests.rs` times variants side by side).
+//! `TRIDENT_CPU_ISA=avx2` on an Intel Xeon so far (BENCHMARKS.md), where only KC = 384, MC = 192
+//! led, on the NT layer shapes, likely from that core's 48 KiB L1 (a Zen 3 has 32 KiB); KC fixes
+//! the f32 sum order, so it waits for a Zen 3 (`avx2_blocking_probe` in `tests.rs` times variants
+//! side by side).
 //!
 //! Files: this one holds the API and the `MicroKernel` contract; `driver.rs` (the split and the
 //! loop nest) uses `pack.rs` (packing), which uses `x86.rs`'s AVX-512 and AVX2 transposes; `portable.rs`
