@@ -49,6 +49,7 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
         "{}",
         stdout(&o)
     );
+    assert!(stdout(&o).contains("cpu gemm blocking: avx2 depth block 256, row block 96"), "{}", stdout(&o));
     // Both GEMMs run their AVX2 kernels, and every record names the CPU and the level.
     for dtype in ["f32", "bf16"] {
         let o = with_isa("avx2", &["bench", "gemm", "--dtype", dtype, "--min-seconds", "0.01", "--json"]);

@@ -32,6 +32,16 @@ pub fn run(rest: &[String]) -> Result<()> {
         p.gflops,
         p.isa
     );
+    let kernel = gemm::best_kernel();
+    let blocks = gemm::blocks(kernel);
+    println!(
+        "cpu gemm blocking: {} depth block {}, row block {}, column block {} (L1 data cache {})",
+        kernel.name(),
+        blocks.kc,
+        blocks.mc,
+        blocks.nc,
+        isa::l1d_bytes().map_or_else(|| "size unknown".into(), |b| format!("{} KiB per core", b >> 10))
+    );
     for line in crate::gpu::info_lines() {
         println!("{line}");
     }

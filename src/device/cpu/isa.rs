@@ -105,6 +105,40 @@ pub fn cpu_model() -> Option<String> {
         .map(|(_, v)| v.trim().to_string())
 }
 
+/// The size in bytes of one core's level-1 data cache, from sysfs (Linux), which `trident info`
+/// prints beside the GEMM blocking. `None` where the system does not say.
+pub fn l1d_bytes() -> Option<usize> {
+    static L1D: OnceLock<Option<usize>> = OnceLock::new();
+    *L1D.get_or_init(|| {
+        (0..8).find_map(|index| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{index}");
+            let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
+            let is_l1d = read("level")?.trim() == "1" && read("type")?.trim() == "Data";
+            if is_l1d {
+                parse_cache_size(&read("size")?)
+            } else {
+                None
+            }
+        })
+    })
+}
+
+/// A sysfs cache size ("48K", "2048K", "1M", "32768") in bytes.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        _ => return None,
+    };
+    digits.parse::<usize>().ok().filter(|&n| n > 0).map(|n| n * scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +153,18 @@ mod tests {
         assert!(lacks.contains("TRIDENT_CPU_ISA=avx512bf16") && lacks.contains("supports up to avx2"), "{lacks}");
         let unknown = capped(Some("sse9"), Isa::Avx2).unwrap_err();
         assert!(unknown.contains("'sse9'") && unknown.contains("portable, avx2, avx512, avx512bf16"), "{unknown}");
+    }
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("48K\n"), Some(48 << 10));
+        assert_eq!(parse_cache_size("2048K"), Some(2 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("32768"), Some(32768));
+        for bad in ["", "K", "0K", "12Q", "-4K"] {
+            assert_eq!(parse_cache_size(bad), None, "{bad}");
+        }
+        assert!(l1d_bytes().is_none_or(|b| b >= 1024), "{:?}", l1d_bytes());
     }
 
     #[test]

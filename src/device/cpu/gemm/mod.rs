@@ -39,9 +39,11 @@
 //! and written once), MC = 128 and NC = 3072. The AVX2 kernel is 6 × 16 (12 ymm accumulators,
 //! four depth steps per loop iteration) with KC = 256, MC = 96, NC = 3072; measured only under
 //! `TRIDENT_CPU_ISA=avx2` on an Intel Xeon so far (BENCHMARKS.md), where only KC = 384, MC = 192
-//! led, on the NT layer shapes, likely from that core's 48 KiB L1 (a Zen 3 has 32 KiB); KC fixes
-//! the f32 sum order, so it waits for a Zen 3 (`avx2_blocking_probe` in `tests.rs` times variants
-//! side by side).
+//! led, on the NT layer shapes, likely from that core's 48 KiB L1 (a Zen 3 has 32 KiB). A depth
+//! block sized from the L1 (the 16-wide B sliver filling half of it: 384 there) was then tried
+//! and dropped: GEMMs within noise, the gpt2-124m step 4-7% slower in three interleaved rounds.
+//! KC fixes the f32 sum order, so it waits for a Zen 3 (`avx2_blocking_probe` in `tests.rs` times
+//! variants side by side; `trident info` prints the blocking and the L1 size).
 //!
 //! Files: this one holds the API and the `MicroKernel` contract; `driver.rs` (the split and the
 //! loop nest) uses `pack.rs` (packing), which uses `x86.rs`'s AVX-512 and AVX2 transposes; `portable.rs`
@@ -93,6 +95,30 @@ pub(crate) trait MicroKernel {
     /// `a` holds `kc * MR` and `b` holds `kc * NR` readable floats, C rows `0..MR` with stride
     /// `ldc` have `NR` writable floats each, and the CPU supports the kernel's instructions.
     unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool);
+}
+
+/// A kernel's cache blocking (`MicroKernel::KC`, `MC` and `NC`), for `info` and the tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocks {
+    pub kc: usize,
+    pub mc: usize,
+    pub nc: usize,
+}
+
+/// The blocking `kernel` runs with.
+pub fn blocks(kernel: GemmKernel) -> Blocks {
+    fn of<K: MicroKernel>() -> Blocks {
+        Blocks { kc: K::KC, mc: K::MC, nc: K::NC }
+    }
+    match kernel {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx512 => of::<x86::Avx512>(),
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        GemmKernel::Avx2 => of::<x86::Avx2>(),
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        GemmKernel::Avx512 | GemmKernel::Avx2 => of::<portable::Portable>(),
+        GemmKernel::Portable => of::<portable::Portable>(),
+    }
 }
 
 /// A read-only strided matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`.

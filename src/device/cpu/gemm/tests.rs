@@ -62,8 +62,10 @@ fn crosses_every_blocking_boundary() {
     let pool = ThreadPool::new(3);
     let (nt, tn) = ((Storage::RowMajor, Storage::Transposed), (Storage::Transposed, Storage::RowMajor));
     for kernel in available_kernels() {
-        check_case(kernel, &pool, (150, 3100, 600), nt, false, 0);
-        check_case(kernel, &pool, (301, 70, 530), tn, true, 5);
+        let kc = super::blocks(kernel).kc;
+        assert!(kc < 800, "{kernel:?} kc {kc}: the cases below must cross it");
+        check_case(kernel, &pool, (150, 3100, 800), nt, false, 0);
+        check_case(kernel, &pool, (301, 70, 1100), tn, true, 5);
     }
     for kernel in bf16_kernels() {
         check_case(kernel, &pool, (150, 3100, 801), nt, false, 0);
