@@ -1,6 +1,6 @@
 //! bf16 GEMM for the CPU backend: f32 operands rounded to bf16 while packing, multiplied in
-//! pairs along the depth with AVX512-BF16 `vdpbf16ps`, with AVX2 FMAs on operands widened in
-//! registers, or with a bit-identical portable kernel; f32 accumulation and f32 output.
+//! pairs along the depth with AVX512-BF16 `vdpbf16ps`, with AVX2 FMAs on the bf16 values packed
+//! as f32, or with a bit-identical portable kernel; f32 accumulation and f32 output.
 //!
 //! `gemm_bf16` has the contract of `gemm::gemm`: `C[i*ldc + j] = (accumulate ? C : 0) +
 //! Σ_p bf16(A(i,p))·bf16(B(p,j))` for strided views A and B, where `bf16` rounds to nearest even.
@@ -20,19 +20,20 @@
 //! per task, every sum's order fixed by the shape alone, so results are bit-identical for any
 //! thread count). The depth block `KC` is the same for every kernel (so is the order of the sums);
 //! the tile is 8 × 32 for AVX512-BF16 and portable, 6 × 16 for AVX2 (`Bf16Kernel::blocking`).
-//! Packed B slivers hold `u32` words of two bf16 values, `ceil(kc / 2)` words deep, an odd depth
-//! padded with a zero half; B is packed a group of slivers at a time during the first row block,
-//! its next group's source prefetched meanwhile, as in `gemm`. Packed A slivers hold the same
-//! words, or for AVX2 the bf16 values as f32 (lines `2t`, `2t + 1` per word), which its FMAs
-//! broadcast from memory with no widening. On the AVX512-BF16 path, unit-stride slabs are packed
+//! For AVX512-BF16 and portable, packed slivers hold `u32` words of two bf16 values,
+//! `ceil(kc / 2)` words deep, an odd depth padded with a zero half; unit-stride slabs are packed
 //! with AVX-512F integer rounding (and a 16×16 word transpose when the depth is the contiguous
 //! index), bit-identical to `to_bf16`; a test compares the two on random bit patterns. The AVX2
-//! path rounds with AVX2 in one pass (A, and B into pairs, through 8×8 transposes where the depth
-//! is contiguous, line by line where the width is), and gathers slabs with no unit stride (A a
-//! line at a time, B into an f32 sliver) before rounding them. Packing costs more than the
-//! multiply when done scalar, which is why it is vectorized. The x86 code (that packing and the
-//! two tiles) sits with the f32 kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs
-//! share are in `gemm/tests.rs`.
+//! kernel is the f32 GEMM's AVX2 tile on the bf16 values held as f32, with its depth steps taken
+//! in pairs odd first (`x86::tile_avx2::<6, true>`), which is `vdpbf16ps`'s order: both operands
+//! are packed by the f32 GEMM's packing into `2 * ceil(kc / 2)` lines (an odd depth padded with a
+//! zero line), then rounded in place. Widening once while packing, rather than in the tile at
+//! every use, lets its FMAs run at the f32 tile's rate: the earlier tile, which widened bf16 pairs
+//! in registers with a mask and a shift, ran 7-40% slower on most GEMM shapes (under the AVX2 cap
+//! on an Intel Xeon, whose shifts share the FMA ports; BENCHMARKS.md). B is packed a group
+//! of slivers at a time during the first row block, its next group's source prefetched
+//! meanwhile, as in `gemm`. The x86 code (the AVX512-BF16 packing and tile) sits with the f32
+//! kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -52,8 +53,8 @@ use super::pool::ThreadPool;
 pub enum Bf16Kernel {
     /// AVX512-BF16 `vdpbf16ps` on zmm registers.
     Avx512Bf16,
-    /// AVX2 + FMA: bf16 pairs of B widened to f32 in registers (a mask and a shift), A's bf16
-    /// values packed as f32, two FMAs per pair in `vdpbf16ps`'s order.
+    /// AVX2 + FMA: both operands' bf16 values packed as f32, the f32 AVX2 tile over them with
+    /// each depth pair's two FMAs in `vdpbf16ps`'s order.
     Avx2,
     /// Plain Rust with the same rounding, for any CPU.
     Portable,
@@ -90,8 +91,8 @@ impl Bf16Kernel {
     /// packed A lines per depth pair.
     fn blocking(self) -> Blocking {
         match self {
-            Bf16Kernel::Avx2 => Blocking { mr: AVX2_MR, nr: 16, mc: 120, a_lines: 2 },
-            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => Blocking { mr: MR, nr: NR, mc: MC, a_lines: 1 },
+            Bf16Kernel::Avx2 => Blocking { mr: AVX2_MR, nr: 16, mc: 120, lines: 2 },
+            Bf16Kernel::Avx512Bf16 | Bf16Kernel::Portable => Blocking { mr: MR, nr: NR, mc: MC, lines: 1 },
         }
     }
 }
@@ -103,8 +104,9 @@ struct Blocking {
     mr: usize,
     nr: usize,
     mc: usize,
-    /// Lines of packed A per depth pair: one of bf16 pairs, or (AVX2) two of f32 values.
-    a_lines: usize,
+    /// Lines of packed A and of packed B per depth pair: one of bf16 pairs, or (AVX2) two of f32
+    /// values.
+    lines: usize,
 }
 
 /// Rows of the AVX2 kernel's tile.
@@ -201,25 +203,25 @@ thread_local! {
 
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
 fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
-    let Blocking { mr, nr, mc: mc_block, a_lines } = kernel.blocking();
+    let Blocking { mr, nr, mc: mc_block, lines } = kernel.blocking();
     let words_max = KC.min(p.k).div_ceil(2);
     let nc_max = NC.min(cols.len()).div_ceil(nr) * nr;
     let mc_max = mc_block.min(rows.len()).div_ceil(mr) * mr;
-    with_buffer(&PACKED_B, words_max * nc_max, |packed_b| {
-        with_buffer(&PACKED_A, a_lines * words_max * mc_max, |packed_a| {
+    with_buffer(&PACKED_B, lines * words_max * nc_max, |packed_b| {
+        with_buffer(&PACKED_A, lines * words_max * mc_max, |packed_a| {
             for jc in cols.clone().step_by(NC) {
                 let nc = NC.min(cols.end - jc);
                 for pc in (0..p.k).step_by(KC) {
                     let kc = KC.min(p.k - pc);
                     let words = kc.div_ceil(2);
-                    let packed_b = &mut packed_b[..nc.div_ceil(nr) * nr * words];
+                    let packed_b = &mut packed_b[..nc.div_ceil(nr) * nr * lines * words];
                     // B is packed sliver by sliver during the first row block (`macro_kernel`).
                     let b_slab = Slab::of_b(&p.b, (pc, kc), (jc, nc), nr);
                     let accumulate = p.accumulate || pc > 0;
                     for (index, ic) in rows.clone().step_by(mc_block).enumerate() {
                         let mc = mc_block.min(rows.end - ic);
-                        let packed_a = &mut packed_a[..mc.div_ceil(mr) * mr * a_lines * words];
-                        pack_a(kernel, &Slab::of_a(&p.a, (ic, mc), (pc, kc), mr), packed_a);
+                        let packed_a = &mut packed_a[..mc.div_ceil(mr) * mr * lines * words];
+                        pack_operand(kernel, &Slab::of_a(&p.a, (ic, mc), (pc, kc), mr), packed_a);
                         let pack_b = if index == 0 { Some(&b_slab) } else { None };
                         let packed = (&*packed_a, &mut *packed_b, words);
                         macro_kernel(p, kernel, packed, pack_b, (ic, mc), (jc, nc), accumulate);
@@ -246,10 +248,10 @@ fn macro_kernel(
     (j0, nc): (usize, usize),
     accumulate: bool,
 ) {
-    let Blocking { mr, nr, a_lines, .. } = kernel.blocking();
+    let Blocking { mr, nr, lines, .. } = kernel.blocking();
     let mut edge = EdgeTile::new();
     let slivers = nc.div_ceil(nr);
-    let a_sliver = a_lines * words * mr;
+    let (a_sliver, b_sliver) = (lines * words * mr, lines * words * nr);
     let tiles = packed_a.len() / a_sliver;
     let group = pack_b_slab.map_or(1, Slab::slivers_per_group);
     if let Some(slab) = pack_b_slab {
@@ -258,9 +260,9 @@ fn macro_kernel(
     for s in 0..slivers {
         if let Some(slab) = pack_b_slab.filter(|_| s % group == 0) {
             let count = group.min(slivers - s);
-            pack_b(kernel, &slab.group(s, count), &mut packed_b[s * words * nr..(s + count) * words * nr]);
+            pack_operand(kernel, &slab.group(s, count), &mut packed_b[s * b_sliver..(s + count) * b_sliver]);
         }
-        let b = &packed_b[s * words * nr..(s + 1) * words * nr];
+        let b = &packed_b[s * b_sliver..(s + 1) * b_sliver];
         let j = j0 + s * nr;
         let width = nr.min(j0 + nc - j);
         for (r, a) in packed_a.chunks_exact(a_sliver).enumerate() {
@@ -296,8 +298,8 @@ fn macro_kernel(
 /// `a` holds one packed A sliver and `b` one packed B sliver of `words` pairs for the kernel's
 /// tile; C rows `0..mr` at stride `ldc` have `nr` writable floats each; the CPU supports `kernel`.
 unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f32, ldc: usize, acc: bool) {
-    let Blocking { mr, nr, a_lines, .. } = kernel.blocking();
-    debug_assert!(a.len() == a_lines * words * mr && b.len() == words * nr);
+    let Blocking { mr, nr, lines, .. } = kernel.blocking();
+    debug_assert!(a.len() == lines * words * mr && b.len() == lines * words * nr);
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; availability was asserted in `gemm_bf16_with`.
@@ -305,9 +307,10 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
             x86::bf16_gemm::tile_avx512bf16::<MR>(words, a.as_ptr(), b.as_ptr(), c, ldc, acc)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: forwarded contract; A's words are f32 bit patterns; availability as above.
+        // SAFETY: forwarded contract; A's and B's words are f32 bit patterns, 2 * words lines
+        // deep; availability as above.
         Bf16Kernel::Avx2 => unsafe {
-            x86::bf16_gemm::tile_avx2::<AVX2_MR>(words, a.as_ptr().cast(), b.as_ptr(), c, ldc, acc)
+            x86::tile_avx2::<AVX2_MR, true>(2 * words, a.as_ptr().cast(), b.as_ptr().cast(), c, ldc, acc)
         },
         #[cfg(not(target_arch = "x86_64"))]
         Bf16Kernel::Avx512Bf16 | Bf16Kernel::Avx2 => unreachable!("checked by is_available"),
@@ -316,65 +319,34 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
     }
 }
 
-/// Packs a slab of B into slivers of bf16 pairs: `pack`, or for the AVX2 kernel in one pass
-/// where the width or the depth is the contiguous index (`pack_b_avx2`), and otherwise through
-/// an f32 sliver packed with the f32 GEMM's gather (`pack_b_via_f32`).
-fn pack_b(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Bf16Kernel::Avx2 && (slab.wide_stride == 1 || slab.deep_stride == 1) {
-        let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
-        // SAFETY: the AVX2 kernel is only used on CPUs with AVX2; the slab lies in its source
-        // (checked by `gemm_bf16_with`'s views), and `dst` is sized for it.
-        return unsafe {
-            x86::bf16_gemm::pack_b_avx2(&src[base..], (wide_stride, deep_stride), (width, kc, lanes), dst)
-        };
-    }
+/// Packs a slab of A or B: into slivers of bf16 pairs (`pack`), or for the AVX2 kernel into f32
+/// lines of bf16 values (`pack_lines`).
+fn pack_operand(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
-        return pack_b_via_f32(slab, dst);
+        return pack_lines(slab, bytemuck::cast_slice_mut(dst));
     }
     pack(kernel, slab, dst)
 }
 
-/// Packs a slab of A: as bf16 pairs (`pack`), or for the AVX2 kernel as f32 lines of bf16
-/// values, `2 * ceil(kc / 2)` lines of `lanes` per sliver (the line past an odd `kc` zero), which
-/// its FMAs broadcast straight from memory (`pack_a_avx2`, one pass).
-fn pack_a(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Bf16Kernel::Avx2 {
-        let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
-        let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
-        assert!(last < src.len(), "bf16 GEMM pack out of bounds");
-        let dst: &mut [f32] = bytemuck::cast_slice_mut(dst);
-        // SAFETY: the AVX2 kernel is only used on CPUs with AVX2; the slab's far corner was
-        // checked above; `dst` is sized for the slab; the kernel's tile is 6 rows.
-        return unsafe {
-            x86::bf16_gemm::pack_a_avx2(&src[base..=last], (wide_stride, deep_stride), (width, kc, lanes), dst)
-        };
-    }
-    pack(kernel, slab, dst)
-}
-
+/// The AVX2 kernel's packing: `2 * ceil(kc / 2)` lines of `lanes` f32 values per sliver, each
+/// rounded to bf16 (`to_bf16`), the line past an odd `kc` zero. The f32 GEMM's packing does the
+/// layout (every stride, vectorized), then one pass rounds the packed block, still in cache.
 #[cfg(target_arch = "x86_64")]
-thread_local! {
-    /// Each thread's f32 sliver, which the AVX2 kernel's packing converts to bf16.
-    static F32_SLIVER: RefCell<AlignedBuffer<f32>> = RefCell::new(AlignedBuffer::default());
-}
-
-/// Packs each sliver of a B slab with the f32 GEMM's packing (every stride, vectorized) into a
-/// thread-local f32 sliver, then rounds that into the sliver's bf16 pairs in `dst` (the AVX2
-/// kernel's B slivers with no unit stride).
-#[cfg(target_arch = "x86_64")]
-fn pack_b_via_f32(slab: &Slab<'_>, dst: &mut [u32]) {
-    let (lanes, words) = (slab.lanes, slab.kc.div_ceil(2));
-    assert!(slab.width > 0 && slab.kc > 0 && dst.len() == slab.width.div_ceil(lanes) * words * lanes);
-    with_buffer(&F32_SLIVER, slab.kc * lanes, |lines| {
-        for (s, sliver) in dst.chunks_exact_mut(words * lanes).enumerate() {
-            f32_pack::<x86::Avx2>(&slab.group(s, 1), lines);
-            // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
-            unsafe { x86::bf16_gemm::words_from_lines_avx2(lines, slab.kc, lanes, sliver) };
+fn pack_lines(slab: &Slab<'_>, dst: &mut [f32]) {
+    let (lanes, kc) = (slab.lanes, slab.kc);
+    let lines = 2 * kc.div_ceil(2);
+    assert!(slab.width > 0 && kc > 0 && dst.len() == slab.width.div_ceil(lanes) * lines * lanes);
+    if kc == lines {
+        f32_pack::<x86::Avx2>(slab, dst);
+    } else {
+        for (s, sliver) in dst.chunks_exact_mut(lines * lanes).enumerate() {
+            f32_pack::<x86::Avx2>(&slab.group(s, 1), &mut sliver[..kc * lanes]);
+            sliver[kc * lanes..].fill(0.0);
         }
-    });
+    }
+    // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
+    unsafe { x86::round_bf16_lines_avx2(dst) }
 }
 
 /// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16

@@ -134,9 +134,7 @@ pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             if K::AVX2_PACKING {
                 // SAFETY: as above; only AVX2 kernels ask for AVX2 packing.
-                unsafe {
-                    super::x86::transpose_pack_avx2::<false>(sliver_src, wide_stride, sliver_width, kc, lanes, sliver)
-                };
+                unsafe { super::x86::transpose_pack_avx2(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
                 continue;
             }
             pack_transposed(sliver_src, wide_stride, sliver_width, kc, lanes, sliver);

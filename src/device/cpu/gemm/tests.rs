@@ -141,7 +141,7 @@ fn avx2_blocking_probe() {
         const NC: usize = 3072;
         const AVX2_PACKING: bool = true;
         unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool) {
-            unsafe { x86::tile_avx2::<6>(kc, a, b, c, ldc, acc) }
+            unsafe { x86::tile_avx2::<6, false>(kc, a, b, c, ldc, acc) }
         }
     }
     if !GemmKernel::Avx2.is_available() {

@@ -1,7 +1,8 @@
 //! The x86 micro-kernels, each compiled for its instruction set and chosen at run time: the f32
 //! GEMM's (AVX-512F: 8 rows × 32 columns; AVX2+FMA: 6 rows × 16 columns) with the AVX-512 16×16
-//! transposing pack, and in `bf16_gemm` the bf16 GEMM's AVX512-BF16 tile (8 × 32, `vdpbf16ps`)
-//! with its AVX-512 packing. The AVX-512 tiles of both share their C prefetch and store.
+//! transposing pack (the AVX2 tile also serves the bf16 GEMM, its depth pairs odd first), and in
+//! `bf16_gemm` the bf16 GEMM's AVX512-BF16 tile (8 × 32, `vdpbf16ps`) with its AVX-512 packing.
+//! The AVX-512 tiles of both share their C prefetch and store.
 
 #[cfg(target_arch = "x86")]
 use std::arch::x86::*;
@@ -226,16 +227,19 @@ impl MicroKernel for Avx2 {
     unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         // SAFETY: forwarded contract; `drive` only instantiates this kernel after detecting
         // avx2 and fma.
-        unsafe { tile_avx2::<AVX2_MR>(kc, a, b, c, ldc, accumulate) }
+        unsafe { tile_avx2::<AVX2_MR, false>(kc, a, b, c, ldc, accumulate) }
     }
 }
 
-/// The AVX2 body of `MicroKernel::tile` for `MR` rows and 16 columns.
+/// The AVX2 body of `MicroKernel::tile` for `MR` rows and 16 columns. With `SWAP_PAIRS` the
+/// depth steps go in pairs, odd first (1, 0, 3, 2, ...; `kc` even): `vdpbf16ps`'s order, which
+/// the AVX2 bf16 GEMM runs on its operands rounded to bf16 and packed as f32 lines.
 ///
 /// # Safety
-/// As `MicroKernel::tile` with `NR = 16`, and the CPU must support AVX2 and FMA.
+/// As `MicroKernel::tile` with `NR = 16`, and the CPU must support AVX2 and FMA; with
+/// `SWAP_PAIRS`, `kc` is even.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn tile_avx2<const MR: usize>(
+pub(crate) unsafe fn tile_avx2<const MR: usize, const SWAP_PAIRS: bool>(
     kc: usize,
     a: *const f32,
     b: *const f32,
@@ -260,30 +264,30 @@ pub(crate) unsafe fn tile_avx2<const MR: usize>(
                 hi[i] = _mm256_fmadd_ps(a_i, b_hi, hi[i]);
             }
         };
+        let line = |u: usize| if SWAP_PAIRS { u ^ 1 } else { u };
+        debug_assert!(!SWAP_PAIRS || kc.is_multiple_of(2));
         for _ in 0..kc / 4 {
             for u in 0..4 {
-                step(a.add(u * MR), b.add(u * 16), &mut lo, &mut hi);
+                step(a.add(line(u) * MR), b.add(line(u) * 16), &mut lo, &mut hi);
             }
             a = a.add(4 * MR);
             b = b.add(64);
         }
-        for _ in 0..kc % 4 {
-            step(a, b, &mut lo, &mut hi);
-            a = a.add(MR);
-            b = b.add(16);
+        for u in 0..kc % 4 {
+            step(a.add(line(u) * MR), b.add(line(u) * 16), &mut lo, &mut hi);
         }
         store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
     }
 }
 
 /// Stores the accumulators of an `MR × 16` tile (columns 0..8 in `lo`, 8..16 in `hi`) to C:
-/// `C = acc` or, when `accumulate`, `C = C + acc`. The AVX2 bf16 kernel ends the same way.
+/// `C = acc` or, when `accumulate`, `C = C + acc`.
 ///
 /// # Safety
 /// C rows `0..MR` at stride `ldc` have 16 writable floats each; the CPU supports AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn store_tile_avx2<const MR: usize>(
+unsafe fn store_tile_avx2<const MR: usize>(
     c: *mut f32,
     ldc: usize,
     lo: &[__m256; MR],
@@ -307,14 +311,13 @@ pub(crate) unsafe fn store_tile_avx2<const MR: usize>(
 
 /// The AVX2 transposing pack, bit-identical to the portable `pack_transposed`: `width` rows of
 /// `kc` contiguous floats at stride `row_stride` become `kc` packed lines of `lanes` floats
-/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes; with `ROUND`
-/// each value is rounded to bf16 (kept as f32), the AVX2 bf16 kernel's A packing.
+/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes.
 ///
 /// # Safety
 /// The CPU must support AVX2; `src` must hold `(width - 1) * row_stride + kc` floats and `dst`
 /// exactly `kc * lanes`.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
+pub(crate) unsafe fn transpose_pack_avx2(
     src: &[f32],
     row_stride: usize,
     width: usize,
@@ -334,7 +337,6 @@ pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
             // SAFETY: rows group..group + valid_rows < width, depths q0..q0 + depth < kc.
             let rows = unsafe { load_rows8(src.add(group * row_stride + q0), row_stride, valid_rows, depth) };
             for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
-                let column = if ROUND { &round_bf16_x8(*column) } else { column };
                 let start = (q0 + q) * lanes + group;
                 // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes. With one
                 // group (lanes <= 8), a full-width store past its lanes writes only into later
@@ -399,6 +401,25 @@ pub(crate) fn round_bf16_x8(v: __m256) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(to_bf16_x8(v)))
 }
 
+/// Rounds each value to bf16 (`to_bf16`) in place, kept as f32: the AVX2 bf16 GEMM's B lines.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn round_bf16_lines_avx2(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        // SAFETY: the chunk holds 8 floats.
+        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(chunk.as_ptr()))) };
+    }
+    let rest = chunks.into_remainder();
+    let mut tail = [0.0f32; 8];
+    tail[..rest.len()].copy_from_slice(rest);
+    // SAFETY: `tail` holds 8 floats.
+    unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(tail.as_ptr()))) };
+    rest.copy_from_slice(&tail[..rest.len()]);
+}
+
 /// An AVX2 lane mask with lanes `0..count` set (`count <= 8`).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -441,10 +462,7 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 /// The bf16 GEMM's x86-64 parts: bf16 rounding and packing on AVX-512F, and the AVX512-BF16 tile.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod bf16_gemm {
-    use super::{
-        lane_mask, load_rows8, prefetch_tile, round_bf16_x8, store_tile, store_tile_avx2, to_bf16_x8, transpose16,
-        transpose8, transpose_pack_avx2,
-    };
+    use super::{prefetch_tile, store_tile, transpose16};
     use std::arch::x86_64::*;
 
     /// `gemm_bf16::to_bf16` on 16 lanes, with the same branch-free selects: each u32 lane gets the bf16
@@ -582,286 +600,6 @@ pub(crate) mod bf16_gemm {
                 b = b.add(32);
             }
             store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
-        }
-    }
-
-    /// The AVX2 kernel's B sliver from an f32 one: `lines` holds `kc` lines of `lanes` floats
-    /// and `out[t*lanes + w]` becomes the bf16 pair of lines `2t` (low half) and `2t + 1` (high
-    /// half, zero past `kc`) in lane `w`, rounded as `to_bf16`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; `lanes` is a multiple of 8, `lines` holds `kc * lanes` floats
-    /// and `out` `ceil(kc / 2) * lanes` words.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn words_from_lines_avx2(lines: &[f32], kc: usize, lanes: usize, out: &mut [u32]) {
-        assert!(lanes.is_multiple_of(8) && lines.len() == kc * lanes && out.len() == kc.div_ceil(2) * lanes);
-        let (src, dst) = (lines.as_ptr(), out.as_mut_ptr());
-        for t in 0..kc.div_ceil(2) {
-            for w in (0..lanes).step_by(8) {
-                // SAFETY: line 2t (and 2t + 1 when below kc) lies in `lines`, line t in `out`.
-                unsafe {
-                    let even = to_bf16_x8(_mm256_loadu_ps(src.add(2 * t * lanes + w)));
-                    let odd = if 2 * t + 1 < kc {
-                        _mm256_slli_epi32::<16>(to_bf16_x8(_mm256_loadu_ps(src.add((2 * t + 1) * lanes + w))))
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    _mm256_storeu_si256(dst.add(t * lanes + w).cast(), _mm256_or_si256(even, odd));
-                }
-            }
-        }
-    }
-
-    /// The AVX2 kernel's A slivers in one pass: element `(w, q)` of the slab (`src[w*wide_stride
-    /// + q*deep_stride]`) rounded to bf16 as an f32 at `dst[s*lines*lanes + q*lanes + w % lanes]`
-    /// for sliver `s = w / lanes`, where `lines = 2 * ceil(kc / 2)`; lanes past `width` and the
-    /// line past an odd `kc` are zero.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
-    /// `dst` holds `ceil(width / lanes) * lines * lanes` floats; `lanes <= 8`.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn pack_a_avx2(
-        src: &[f32],
-        (wide_stride, deep_stride): (usize, usize),
-        (width, kc, lanes): (usize, usize, usize),
-        dst: &mut [f32],
-    ) {
-        let lines = 2 * kc.div_ceil(2);
-        assert!(lanes <= 8 && width > 0 && dst.len() == width.div_ceil(lanes) * lines * lanes);
-        if wide_stride == 1 && deep_stride != 1 {
-            // SAFETY: forwarded contract.
-            return unsafe { pack_a_wide_avx2(src, deep_stride, (width, kc, lanes), dst) };
-        }
-        for (s, sliver) in dst.chunks_exact_mut(lines * lanes).enumerate() {
-            let w0 = s * lanes;
-            let sliver_width = lanes.min(width - w0);
-            let sliver_src = &src[w0 * wide_stride..];
-            if deep_stride == 1 {
-                // SAFETY: rows w0..w0+sliver_width of kc contiguous floats lie in `src`.
-                unsafe {
-                    transpose_pack_avx2::<true>(
-                        sliver_src,
-                        wide_stride,
-                        sliver_width,
-                        kc,
-                        lanes,
-                        &mut sliver[..kc * lanes],
-                    )
-                };
-            } else {
-                // No unit stride: gather each line, then round it as the other layouts do.
-                for q in 0..kc {
-                    let mut line = [0.0f32; 8];
-                    for (w, slot) in line.iter_mut().enumerate().take(sliver_width) {
-                        *slot = sliver_src[w * wide_stride + q * deep_stride];
-                    }
-                    let mut rounded = [0.0f32; 8];
-                    // SAFETY: both arrays hold 8 floats.
-                    unsafe { _mm256_storeu_ps(rounded.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(line.as_ptr()))) };
-                    sliver[q * lanes..(q + 1) * lanes].copy_from_slice(&rounded[..lanes]);
-                }
-            }
-            sliver[kc * lanes..].fill(0.0);
-        }
-    }
-
-    /// `pack_a_avx2` where the width is the contiguous index: like the f32 streaming pack, a few
-    /// slivers per pass over the depth, so each source line is read once and whole, with the
-    /// lines a few steps ahead prefetched. Full-width loads and stores where they stay inside the
-    /// slices (lanes past `lanes` land in the next line, stored afterwards; masked moves are slow
-    /// on AMD); lanes past a narrow sliver's width load as zeros.
-    ///
-    /// # Safety
-    /// As `pack_a_avx2`, with `wide_stride == 1`.
-    #[target_feature(enable = "avx2")]
-    unsafe fn pack_a_wide_avx2(
-        src: &[f32],
-        deep_stride: usize,
-        (width, kc, lanes): (usize, usize, usize),
-        dst: &mut [f32],
-    ) {
-        const PASS: usize = 8;
-        const AHEAD: usize = 4;
-        let lines = 2 * kc.div_ceil(2);
-        let slivers = width.div_ceil(lanes);
-        assert!(src.len() > (width - 1) + (kc - 1) * deep_stride);
-        let store = lane_mask(lanes);
-        for first in (0..slivers).step_by(PASS) {
-            let last = slivers.min(first + PASS);
-            for q in 0..kc {
-                if q + AHEAD < kc {
-                    let line = (q + AHEAD) * deep_stride;
-                    for w in (first * lanes..width.min(last * lanes)).step_by(16) {
-                        _mm_prefetch::<_MM_HINT_T0>(src.as_ptr().wrapping_add(line + w).cast());
-                    }
-                }
-                for s in first..last {
-                    let w0 = s * lanes;
-                    let sliver_width = lanes.min(width - w0);
-                    let (at, to) = (q * deep_stride + w0, s * lines * lanes + q * lanes);
-                    // SAFETY: a full load reads 8 floats inside `src`, a masked one the
-                    // sliver_width floats of line q; a full store writes 8 floats inside this
-                    // sliver of `dst`, a masked one the `lanes` floats of its line q.
-                    unsafe {
-                        let line = if sliver_width == lanes && at + 8 <= src.len() {
-                            _mm256_loadu_ps(src.as_ptr().add(at))
-                        } else {
-                            _mm256_maskload_ps(src.as_ptr().add(at), lane_mask(sliver_width))
-                        };
-                        if q * lanes + 8 <= lines * lanes {
-                            _mm256_storeu_ps(dst.as_mut_ptr().add(to), round_bf16_x8(line));
-                        } else {
-                            _mm256_maskstore_ps(dst.as_mut_ptr().add(to), store, round_bf16_x8(line));
-                        }
-                    }
-                }
-            }
-        }
-        for sliver in dst.chunks_exact_mut(lines * lanes) {
-            sliver[kc * lanes..].fill(0.0);
-        }
-    }
-
-    /// The AVX2 kernel's B slivers in one pass, for slabs with a unit stride: word `t` of lane `w`
-    /// holds the bf16 of `(w, 2t)` and `(w, 2t + 1)` (element `(w, q)` at `src[w*wide_stride +
-    /// q*deep_stride]`), at `dst[s*words*lanes + t*lanes + w % lanes]` for sliver `s = w / lanes`;
-    /// lanes past `width` and the half past an odd `kc` are zero. Where the width is the
-    /// contiguous index the depth lines are read straight; where the depth is, 8 rows by 8 depths
-    /// go through an 8×8 register transpose and each two depth lines become a line of words.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; every element `(w, q)` with `w < width`, `q < kc` lies in `src`;
-    /// `dst` holds `ceil(width / lanes) * ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn pack_b_avx2(
-        src: &[f32],
-        (wide_stride, deep_stride): (usize, usize),
-        (width, kc, lanes): (usize, usize, usize),
-        dst: &mut [u32],
-    ) {
-        let words = kc.div_ceil(2);
-        assert!(lanes.is_multiple_of(8) && width > 0 && dst.len() == width.div_ceil(lanes) * words * lanes);
-        assert!(wide_stride == 1 || deep_stride == 1, "pack_b_avx2 needs a unit stride");
-        assert!(src.len() > (width - 1) * wide_stride + (kc - 1) * deep_stride);
-        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
-        // The first word of lanes w..w + 8 (a multiple of 8) in its sliver.
-        let sliver = |w: usize| (w / lanes) * words * lanes + w % lanes;
-        if wide_stride != 1 {
-            for w0 in (0..width.div_ceil(lanes) * lanes).step_by(8) {
-                let rows_here = width.saturating_sub(w0).min(8);
-                for q0 in (0..kc).step_by(8) {
-                    let depth = 8.min(kc - q0);
-                    // SAFETY: rows w0..w0 + rows_here < width, depths q0..q0 + depth < kc.
-                    let rows = unsafe { load_rows8(src.add(w0 * wide_stride + q0), wide_stride, rows_here, depth) };
-                    // Depth lines past `depth` are zero: an odd `kc` leaves its last high half zero.
-                    let lines = transpose8(rows);
-                    for t in 0..depth.div_ceil(2) {
-                        let even = to_bf16_x8(lines[2 * t]);
-                        let odd = _mm256_slli_epi32::<16>(to_bf16_x8(lines[2 * t + 1]));
-                        // SAFETY: word line q0 / 2 + t < words of the sliver, 8 of its lanes.
-                        unsafe {
-                            _mm256_storeu_si256(
-                                dst.add(sliver(w0) + (q0 / 2 + t) * lanes).cast(),
-                                _mm256_or_si256(even, odd),
-                            )
-                        };
-                    }
-                }
-            }
-            return;
-        }
-        for t in 0..words {
-            for w in (0..width.div_ceil(lanes) * lanes).step_by(8) {
-                let valid = width.saturating_sub(w).min(8);
-                let mask = lane_mask(valid);
-                // SAFETY: unmasked lanes are elements (w + i, q) with w + i < width, q < kc; the
-                // store writes word line t of sliver w / lanes, lanes w % lanes.. + 8.
-                unsafe {
-                    let load = |q: usize| {
-                        if valid == 8 {
-                            _mm256_loadu_ps(src.add(w + q * deep_stride))
-                        } else if valid == 0 {
-                            _mm256_setzero_ps()
-                        } else {
-                            _mm256_maskload_ps(src.add(w + q * deep_stride), mask)
-                        }
-                    };
-                    let even = to_bf16_x8(load(2 * t));
-                    let odd = if 2 * t + 1 < kc {
-                        _mm256_slli_epi32::<16>(to_bf16_x8(load(2 * t + 1)))
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    _mm256_storeu_si256(dst.add(sliver(w) + t * lanes).cast(), _mm256_or_si256(even, odd));
-                }
-            }
-        }
-    }
-
-    /// The AVX2 + FMA tile: `MR` rows × 2 ymm (16 columns), 2·MR accumulators. Per depth pair,
-    /// B's word vectors are widened in registers (the odd halves by a mask, the even ones by a
-    /// shift) and each row gets `acc = fma(a_odd, b_odd, acc)` then `fma(a_even, b_even, acc)`,
-    /// broadcasting A's f32 values from memory. A bf16 product is exact in f32, so each FMA
-    /// rounds the same sum `vdpbf16ps` rounds, in its order; only denormal products and sums,
-    /// which `vdpbf16ps` flushes to zero, are kept.
-    ///
-    /// # Safety
-    /// `a` holds `2 * words * MR` floats (lines 2t then 2t + 1 per pair), `b` `words * 16` words;
-    /// C rows `0..MR` at stride `ldc` have 16 writable floats each; the CPU supports AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_avx2<const MR: usize>(
-        words: usize,
-        a: *const f32,
-        b: *const u32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the pointer arithmetic stays inside the ranges the caller guarantees.
-        unsafe {
-            prefetch_tile::<MR, 16>(c, ldc);
-            let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
-            let mut lo = [_mm256_setzero_ps(); MR];
-            let mut hi = [_mm256_setzero_ps(); MR];
-            let (mut a, mut b) = (a, b);
-            // One depth pair: the odd halves, then the even ones.
-            let pair = |a: *const f32, b: *const u32, lo: &mut [__m256; MR], hi: &mut [__m256; MR]| {
-                let b_lo = _mm256_loadu_si256(b.cast());
-                let b_hi = _mm256_loadu_si256(b.add(8).cast());
-                let odd_lo = _mm256_castsi256_ps(_mm256_and_si256(b_lo, high));
-                let odd_hi = _mm256_castsi256_ps(_mm256_and_si256(b_hi, high));
-                for i in 0..MR {
-                    let a_i = _mm256_broadcast_ss(&*a.add(MR + i));
-                    lo[i] = _mm256_fmadd_ps(a_i, odd_lo, lo[i]);
-                    hi[i] = _mm256_fmadd_ps(a_i, odd_hi, hi[i]);
-                }
-                // Reload B's words rather than keep them in registers: the 12 accumulators,
-                // two widened vectors and a broadcast leave too few, and the compiler would
-                // otherwise spill them to the stack every step. The empty asm may touch memory,
-                // so the loads after it are not merged with the ones above.
-                std::arch::asm!("", options(nostack, preserves_flags));
-                let b_lo = _mm256_loadu_si256(b.cast());
-                let b_hi = _mm256_loadu_si256(b.add(8).cast());
-                let even_lo = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b_lo));
-                let even_hi = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b_hi));
-                for i in 0..MR {
-                    let a_i = _mm256_broadcast_ss(&*a.add(i));
-                    lo[i] = _mm256_fmadd_ps(a_i, even_lo, lo[i]);
-                    hi[i] = _mm256_fmadd_ps(a_i, even_hi, hi[i]);
-                }
-            };
-            // Two pairs per iteration (then the last one): the same FMAs in the same order.
-            for _ in 0..words / 2 {
-                pair(a, b, &mut lo, &mut hi);
-                pair(a.add(2 * MR), b.add(16), &mut lo, &mut hi);
-                a = a.add(4 * MR);
-                b = b.add(32);
-            }
-            if words % 2 == 1 {
-                pair(a, b, &mut lo, &mut hi);
-            }
-            store_tile_avx2::<MR>(c, ldc, &lo, &hi, accumulate);
         }
     }
 }
