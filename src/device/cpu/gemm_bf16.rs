@@ -88,7 +88,7 @@ impl Bf16Kernel {
     }
 
     /// The tile (`MR` rows × `NR` columns), the row block `MC` (a multiple of `MR`) and the
-    /// packed A lines per depth pair.
+    /// packed lines per depth pair.
     fn blocking(self) -> Blocking {
         match self {
             Bf16Kernel::Avx2 => Blocking { mr: AVX2_MR, nr: 16, mc: 120, lines: 2 },
@@ -195,9 +195,9 @@ const MC: usize = 128;
 const NC: usize = 3072;
 
 thread_local! {
-    /// Each thread's packed A block (bf16 pairs), reused across calls.
+    /// Each thread's packed A block (bf16 pairs, or for AVX2 f32 lines), reused across calls.
     static PACKED_A: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
-    /// Each thread's packed B block (bf16 pairs), reused across calls.
+    /// Each thread's packed B block (bf16 pairs, or for AVX2 f32 lines), reused across calls.
     static PACKED_B: RefCell<AlignedBuffer<u32>> = RefCell::new(AlignedBuffer::default());
 }
 
