@@ -27,7 +27,8 @@
 //! kernel is the f32 GEMM's AVX2 tile on the bf16 values held as f32, with its depth steps taken
 //! in pairs odd first (`x86::tile_avx2::<6, true>`), which is `vdpbf16ps`'s order: both operands
 //! are packed by the f32 GEMM's packing into `2 * ceil(kc / 2)` lines (an odd depth padded with a
-//! zero line), then rounded in place. Widening once while packing, rather than in the tile at
+//! zero line), then rounded in place (compared with `to_bf16` on random bit patterns by a test,
+//! as the AVX-512 packing is). Widening once while packing, rather than in the tile at
 //! every use, lets its FMAs run at the f32 tile's rate: the earlier tile, which widened bf16 pairs
 //! in registers with a mask and a shift, ran 7-40% slower on most GEMM shapes (under the AVX2 cap
 //! on an Intel Xeon, whose shifts share the FMA ports; BENCHMARKS.md). B is packed a group
@@ -521,7 +522,33 @@ mod tests {
             eprintln!("skipped: CPU lacks avx512bf16");
             return;
         }
-        // Random bit patterns (NaNs, infinities, denormals, ties) plus some exact ties.
+        for_each_random_slab(&[(32, 32), (32, 17), (8, 8), (8, 3)], |slab| {
+            let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+            let size = kc.div_ceil(2) * lanes;
+            let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
+            pack(Bf16Kernel::Avx512Bf16, slab, &mut fast);
+            pack(Bf16Kernel::Portable, slab, &mut scalar);
+            assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
+        });
+    }
+
+    /// Runs `check` on slabs of random bit patterns (NaNs, infinities, denormals, ties, plus some
+    /// exact ties) for each `(lanes, width)`, depths odd and even, and each kind of stride.
+    fn for_each_random_slab(lanes_widths: &[(usize, usize)], check: impl Fn(&Slab<'_>)) {
+        let data = random_bit_patterns();
+        for &(lanes, width) in lanes_widths {
+            for kc in [1, 2, 31, 33, 64, 69] {
+                for (wide_stride, deep_stride) in [(1, 40), (70, 1), (3, 100)] {
+                    if (width - 1) * wide_stride + (kc - 1) * deep_stride < data.len() {
+                        check(&Slab { src: &data, base: 0, wide_stride, deep_stride, width, kc, lanes });
+                    }
+                }
+            }
+        }
+    }
+
+    /// 40 × 70 random bit patterns, with exact ties, a denormal and the largest f32 planted.
+    fn random_bit_patterns() -> Vec<f32> {
         let mut state = 0x1234_5678_9ABC_DEFFu64;
         let mut data: Vec<f32> = (0..40 * 70)
             .map(|_| {
@@ -535,22 +562,31 @@ mod tests {
         data[4] = f32::from_bits(0x3F81_8000);
         data[5] = f32::from_bits(0x8000_0001);
         data[6] = f32::MAX;
-        for (lanes, width) in [(32, 32), (32, 17), (8, 8), (8, 3)] {
-            for kc in [1, 2, 31, 33, 64, 69] {
-                for (wide, deep) in [(1, 40), (70, 1), (3, 100)] {
-                    let len = (width - 1) * wide + (kc - 1) * deep + 1;
-                    if len > data.len() {
-                        continue;
-                    }
-                    let size = kc.div_ceil(2) * lanes;
-                    let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
-                    let slab = Slab { src: &data, base: 0, wide_stride: wide, deep_stride: deep, width, kc, lanes };
-                    pack(Bf16Kernel::Avx512Bf16, &slab, &mut fast);
-                    pack(Bf16Kernel::Portable, &slab, &mut scalar);
-                    assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide}, {deep})");
-                }
-            }
+        data
+    }
+
+    /// The AVX2 kernel's packing holds each element as `from_bf16(to_bf16(x))`, bit for bit
+    /// (NaNs quieted, denormals flushed), in `2 * ceil(kc / 2)` lines per sliver, zero past the
+    /// slab's width and depth.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn gemm_bf16_avx2_packing_rounds_as_to_bf16() {
+        if !Bf16Kernel::Avx2.is_available() {
+            eprintln!("SKIPPED: CPU lacks avx2 (or TRIDENT_CPU_ISA caps it)");
+            return;
         }
+        for_each_random_slab(&[(16, 16), (16, 37), (6, 6), (6, 13)], |slab| {
+            let Slab { src, wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+            let (slivers, lines) = (width.div_ceil(lanes), 2 * kc.div_ceil(2));
+            let mut packed = vec![7.0f32; slivers * lines * lanes];
+            pack_lines(slab, &mut packed);
+            for (at, got) in packed.iter().enumerate() {
+                let (w, q) = (at / (lines * lanes) * lanes + at % lanes, at / lanes % lines);
+                let in_slab = w < width && q < kc;
+                let want = if in_slab { from_bf16(to_bf16(src[w * wide_stride + q * deep_stride])) } else { 0.0 };
+                assert_eq!(got.to_bits(), want.to_bits(), "lanes {lanes} width {width} kc {kc} ({w}, {q})");
+            }
+        });
     }
 
     /// GFLOP/s of bf16 vs f32 GEMM on 2 threads against the FMA peak:

@@ -108,18 +108,15 @@ pub fn cpu_model() -> Option<String> {
 /// The size in bytes of one core's level-1 data cache, from sysfs (Linux), which `trident info`
 /// prints beside the GEMM blocking. `None` where the system does not say.
 pub fn l1d_bytes() -> Option<usize> {
-    static L1D: OnceLock<Option<usize>> = OnceLock::new();
-    *L1D.get_or_init(|| {
-        (0..8).find_map(|index| {
-            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{index}");
-            let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
-            let is_l1d = read("level")?.trim() == "1" && read("type")?.trim() == "Data";
-            if is_l1d {
-                parse_cache_size(&read("size")?)
-            } else {
-                None
-            }
-        })
+    (0..8).find_map(|index| {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{index}");
+        let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
+        let is_l1d = read("level")?.trim() == "1" && read("type")?.trim() == "Data";
+        if is_l1d {
+            parse_cache_size(&read("size")?)
+        } else {
+            None
+        }
     })
 }
 

@@ -380,7 +380,7 @@ unsafe fn load_rows8(src: *const f32, row_stride: usize, rows: usize, depth: usi
 /// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) fn to_bf16_x8(v: __m256) -> __m256i {
+fn to_bf16_x8(v: __m256) -> __m256i {
     let bits = _mm256_castps_si256(v);
     let top = _mm256_srli_epi32::<16>(bits);
     let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
@@ -397,7 +397,7 @@ pub(crate) fn to_bf16_x8(v: __m256) -> __m256i {
 /// Each lane rounded to bf16 (`to_bf16`) and widened back to f32.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) fn round_bf16_x8(v: __m256) -> __m256 {
+fn round_bf16_x8(v: __m256) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(to_bf16_x8(v)))
 }
 
