@@ -27,8 +27,8 @@
 //! kernel is the f32 GEMM's AVX2 tile on the bf16 values held as f32, with its depth steps taken
 //! in pairs odd first (`x86::tile_avx2::<6, true>`), which is `vdpbf16ps`'s order: both operands
 //! are packed by the f32 GEMM's packing into `2 * ceil(kc / 2)` lines (an odd depth padded with a
-//! zero line), then rounded in place (compared with `to_bf16` on random bit patterns by a test,
-//! as the AVX-512 packing is). Widening once while packing, rather than in the tile at
+//! zero line), each value rounded to bf16 as it is written (`pack::pack_bf16_avx2`; compared
+//! with `to_bf16` on random bit patterns by a test, as the AVX-512 packing is). Widening once while packing, rather than in the tile at
 //! every use, lets its FMAs run at the f32 tile's rate: the earlier tile, which widened bf16 pairs
 //! in registers with a mask and a shift, ran 7-40% slower on most GEMM shapes (under the AVX2 cap
 //! on an Intel Xeon, whose shifts share the FMA ports; BENCHMARKS.md). B is packed a group
@@ -41,7 +41,9 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
-use super::gemm::pack::{pack as f32_pack, Slab};
+#[cfg(target_arch = "x86_64")]
+use super::gemm::pack::pack_bf16_avx2;
+use super::gemm::pack::Slab;
 use super::gemm::portable::store_tile;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::x86;
@@ -331,23 +333,21 @@ fn pack_operand(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
 }
 
 /// The AVX2 kernel's packing: `2 * ceil(kc / 2)` lines of `lanes` f32 values per sliver, each
-/// rounded to bf16 (`to_bf16`), the line past an odd `kc` zero. The f32 GEMM's packing does the
-/// layout (every stride, vectorized), then one pass rounds the packed block, still in cache.
+/// rounded to bf16 (`to_bf16`), the line past an odd `kc` zero: the f32 GEMM's packing (every
+/// stride, vectorized), rounding each line as it writes it.
 #[cfg(target_arch = "x86_64")]
 fn pack_lines(slab: &Slab<'_>, dst: &mut [f32]) {
     let (lanes, kc) = (slab.lanes, slab.kc);
     let lines = 2 * kc.div_ceil(2);
     assert!(slab.width > 0 && kc > 0 && dst.len() == slab.width.div_ceil(lanes) * lines * lanes);
     if kc == lines {
-        f32_pack::<x86::Avx2>(slab, dst);
+        pack_bf16_avx2(slab, dst);
     } else {
         for (s, sliver) in dst.chunks_exact_mut(lines * lanes).enumerate() {
-            f32_pack::<x86::Avx2>(&slab.group(s, 1), &mut sliver[..kc * lanes]);
+            pack_bf16_avx2(&slab.group(s, 1), &mut sliver[..kc * lanes]);
             sliver[kc * lanes..].fill(0.0);
         }
     }
-    // SAFETY: the AVX2 kernel is only used on CPUs with AVX2.
-    unsafe { x86::round_bf16_lines_avx2(dst) }
 }
 
 /// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16

@@ -81,8 +81,22 @@ impl<'a> Slab<'a> {
 /// `dst[s*kc*lanes + q*lanes + w] = src[base + (s*lanes + w)*wide_stride + q*deep_stride]`; lanes
 /// past `width` are zero so edge tiles multiply zeros.
 pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
+    pack_as::<K, false>(slab, dst)
+}
+
+/// The AVX2 bf16 GEMM's packing: `pack::<Avx2>`'s layout with every value rounded to bf16
+/// (`to_bf16`) and kept as f32, rounded as the lines are written rather than in a pass after.
+/// Call it only where the CPU has AVX2 (the AVX2 bf16 kernel's packing).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn pack_bf16_avx2(slab: &Slab<'_>, dst: &mut [f32]) {
+    pack_as::<super::x86::Avx2, true>(slab, dst)
+}
+
+/// `pack`, with each value rounded to bf16 where `ROUND` (only with the AVX2 kernel, on x86-64).
+fn pack_as<K: MicroKernel, const ROUND: bool>(slab: &Slab<'_>, dst: &mut [f32]) {
     let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
     assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
+    debug_assert!(!ROUND || K::AVX2_PACKING, "only the AVX2 packing rounds to bf16");
     // The entry check proved every element of the view is in bounds; re-checking this slab's
     // far corner here keeps the unchecked reads below locally sound.
     let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
@@ -104,6 +118,14 @@ pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
                     src[ahead + begin..ahead + end].iter().step_by(16).for_each(prefetch);
                 }
                 let line = &src[q * deep_stride + begin..q * deep_stride + end];
+                #[cfg(target_arch = "x86_64")]
+                if ROUND {
+                    let out = &mut dst[first * kc * lanes + q * lanes..];
+                    // SAFETY: only `pack_bf16_avx2` rounds, on CPUs with AVX2; `out` reaches
+                    // the last sliver's line `q` (`dst` holds every sliver).
+                    unsafe { super::x86::round_bf16_scatter_avx2(line, out, kc * lanes, lanes) };
+                    continue;
+                }
                 for (i, chunk) in line.chunks(lanes).enumerate() {
                     let out = &mut dst[(first + i) * kc * lanes + q * lanes..][..lanes];
                     if chunk.len() == lanes {
@@ -134,7 +156,9 @@ pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             if K::AVX2_PACKING {
                 // SAFETY: as above; only AVX2 kernels ask for AVX2 packing.
-                unsafe { super::x86::transpose_pack_avx2(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
+                unsafe {
+                    super::x86::transpose_pack_avx2::<ROUND>(sliver_src, wide_stride, sliver_width, kc, lanes, sliver)
+                };
                 continue;
             }
             pack_transposed(sliver_src, wide_stride, sliver_width, kc, lanes, sliver);
@@ -146,6 +170,11 @@ pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
                 for (w, slot) in out[..sliver_width].iter_mut().enumerate() {
                     *slot = sliver_src[w * wide_stride + q * deep_stride];
                 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if ROUND {
+                // SAFETY: only `pack_bf16_avx2` rounds, on CPUs with AVX2.
+                unsafe { super::x86::round_bf16_lines_avx2(sliver) };
             }
         }
     }

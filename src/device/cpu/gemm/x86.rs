@@ -311,13 +311,14 @@ unsafe fn store_tile_avx2<const MR: usize>(
 
 /// The AVX2 transposing pack, bit-identical to the portable `pack_transposed`: `width` rows of
 /// `kc` contiguous floats at stride `row_stride` become `kc` packed lines of `lanes` floats
-/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes.
+/// (`dst[q*lanes + w]`), lanes past `width` zero, through 8×8 register transposes; with `ROUND`
+/// each value is rounded to bf16 (`to_bf16`) and kept as f32 (the AVX2 bf16 GEMM's packing).
 ///
 /// # Safety
 /// The CPU must support AVX2; `src` must hold `(width - 1) * row_stride + kc` floats and `dst`
 /// exactly `kc * lanes`.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn transpose_pack_avx2(
+pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
     src: &[f32],
     row_stride: usize,
     width: usize,
@@ -337,6 +338,7 @@ pub(crate) unsafe fn transpose_pack_avx2(
             // SAFETY: rows group..group + valid_rows < width, depths q0..q0 + depth < kc.
             let rows = unsafe { load_rows8(src.add(group * row_stride + q0), row_stride, valid_rows, depth) };
             for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
+                let column = if ROUND { &round_bf16_x8(*column) } else { column };
                 let start = (q0 + q) * lanes + group;
                 // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes. With one
                 // group (lanes <= 8), a full-width store past its lanes writes only into later
@@ -377,31 +379,37 @@ unsafe fn load_rows8(src: *const f32, row_stride: usize, rows: usize, depth: usi
     out
 }
 
-/// `gemm_bf16::to_bf16` on 8 lanes with AVX2 (the same branch-free selects).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn to_bf16_x8(v: __m256) -> __m256i {
-    let bits = _mm256_castps_si256(v);
-    let top = _mm256_srli_epi32::<16>(bits);
-    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
-    let odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
-    let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd));
-    let quiet_nan = _mm256_or_si256(top, _mm256_set1_epi32(0x0040));
-    let signed_zero = _mm256_and_si256(top, _mm256_set1_epi32(0x8000));
-    // Magnitudes are below 2^31, so the signed compares order them correctly.
-    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
-    let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), magnitude);
-    _mm256_blendv_epi8(_mm256_blendv_epi8(rounded, quiet_nan, nan), signed_zero, tiny)
-}
-
-/// Each lane rounded to bf16 (`to_bf16`) and widened back to f32.
+/// Each lane rounded to bf16 as `gemm_bf16::to_bf16` rounds it (to nearest even, NaNs quieted,
+/// denormals flushed to signed zero) and widened back to f32, on 8 lanes with AVX2. Lanes that
+/// are normal or infinite, the common case, take the add-and-mask path alone; a vector with a
+/// zero, denormal or NaN lane also takes the selects.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn round_bf16_x8(v: __m256) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(to_bf16_x8(v)))
+    let bits = _mm256_castps_si256(v);
+    let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+    let sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+    let high_half = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let rounded = _mm256_and_si256(sum, high_half);
+    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
+    // Special lanes: `magnitude - 2^23` above 0x7F00_0000 as unsigned (below the smallest
+    // normal, or past infinity), compared signed with both sides' top bits flipped.
+    let offset =
+        _mm256_xor_si256(_mm256_sub_epi32(magnitude, _mm256_set1_epi32(0x0080_0000)), _mm256_set1_epi32(i32::MIN));
+    let special = _mm256_cmpgt_epi32(offset, _mm256_set1_epi32(0x7F00_0000 ^ i32::MIN));
+    if _mm256_movemask_ps(_mm256_castsi256_ps(special)) == 0 {
+        return _mm256_castsi256_ps(rounded);
+    }
+    let quiet_nan = _mm256_and_si256(_mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000)), high_half);
+    let signed_zero = _mm256_and_si256(bits, _mm256_set1_epi32(i32::MIN));
+    // Magnitudes are below 2^31, so the signed compares order them correctly.
+    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
+    let tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), magnitude);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_blendv_epi8(rounded, quiet_nan, nan), signed_zero, tiny))
 }
 
-/// Rounds each value to bf16 (`to_bf16`) in place, kept as f32: the AVX2 bf16 GEMM's B lines.
+/// Rounds each value to bf16 (`to_bf16`) in place, kept as f32: the AVX2 bf16 GEMM's lines
+/// where the packing gathers them one by one.
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -418,6 +426,39 @@ pub(crate) unsafe fn round_bf16_lines_avx2(xs: &mut [f32]) {
     // SAFETY: `tail` holds 8 floats.
     unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(tail.as_ptr()))) };
     rest.copy_from_slice(&tail[..rest.len()]);
+}
+
+/// The AVX2 bf16 GEMM's streaming pack of one depth step: `line` holds the step's values for
+/// consecutive slivers, `lanes` each (the last may be short); chunk `i`, rounded to bf16 and
+/// kept as f32, goes to `out[i * stride..][..lanes]`, zeros past a short chunk.
+///
+/// # Safety
+/// The CPU must support AVX2; `out` holds `(line.len().div_ceil(lanes) - 1) * stride + lanes`
+/// floats.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn round_bf16_scatter_avx2(line: &[f32], out: &mut [f32], stride: usize, lanes: usize) {
+    assert!(line.len().div_ceil(lanes).saturating_sub(1) * stride + lanes <= out.len());
+    for (i, chunk) in line.chunks(lanes).enumerate() {
+        let dst = out[i * stride..].as_mut_ptr();
+        for at in (0..lanes).step_by(8) {
+            let (have, room) = (chunk.len().saturating_sub(at).min(8), (lanes - at).min(8));
+            // SAFETY: the loads read lanes `at..at + have` of the chunk and the stores write
+            // lanes `at..at + room` of this sliver's line (the assert above bounds them).
+            unsafe {
+                let v = match have {
+                    8 => _mm256_loadu_ps(chunk.as_ptr().add(at)),
+                    0 => _mm256_setzero_ps(),
+                    _ => _mm256_maskload_ps(chunk.as_ptr().add(at), lane_mask(have)),
+                };
+                let rounded = round_bf16_x8(v);
+                if room == 8 {
+                    _mm256_storeu_ps(dst.add(at), rounded)
+                } else {
+                    _mm256_maskstore_ps(dst.add(at), lane_mask(room), rounded)
+                }
+            }
+        }
+    }
 }
 
 /// An AVX2 lane mask with lanes `0..count` set (`count <= 8`).
