@@ -578,7 +578,12 @@ impl Device for CpuDevice {
 
     fn to_half(&self, buf: &Vec<f32>, precision: crate::real::Precision) -> Vec<u16> {
         let mut out = vec![0u16; buf.len()];
-        let o = SharedMut::new(&mut out);
+        self.to_half_into(buf, precision, &mut out);
+        out
+    }
+    fn to_half_into(&self, buf: &Vec<f32>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        let o = SharedMut::new(half);
         self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
             let (out, src) = (unsafe { o.slice(s, n) }, &buf[s..s + n]);
@@ -589,11 +594,6 @@ impl Device for CpuDevice {
                 unsafe { simd::bf16_bits_slice(out, src) };
             }
         });
-        out
-    }
-    fn to_half_into(&self, buf: &Vec<f32>, precision: crate::real::Precision, half: &mut Vec<u16>) {
-        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
-        *half = self.to_half(buf, precision);
     }
     fn half_len(&self, half: &Vec<u16>) -> usize {
         half.len()
