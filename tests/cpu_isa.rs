@@ -1,6 +1,6 @@
 //! `TRIDENT_CPU_ISA` from the outside: it caps the CPU kernels' instruction set (`info` and the
 //! GEMM bench say which ran), and a level the CPU lacks or a name that is no level is one clear
-//! error.
+//! error. Also the peak the CPU step bench measures its MFU against.
 
 mod common;
 use common::*;
@@ -74,4 +74,26 @@ fn a_level_the_cpu_lacks_or_no_level_is_one_clear_error() {
     } else {
         eprintln!("SKIPPED: this CPU has every level; no level to refuse");
     }
+}
+
+/// `bench step` measures the FMA peak before and after its timed steps and reports MFU against
+/// the higher one, naming both, so that a machine whose speed drifts between start-up and the
+/// steps cannot put the ratio above what the faster moment allows.
+#[test]
+fn bench_step_reports_mfu_against_the_higher_of_two_peaks() {
+    let args = ["bench", "step", "--preset", "tiny", "--micro-batch-size", "2", "--seq-length", "16"];
+    let o = run(&[&args[..], &["--vocab-size", "257", "--min-seconds", "0.01", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let record = text.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no record: {text}"));
+    let number = |key: &str| -> f64 {
+        let at = record.find(&format!("\"{key}\": ")).unwrap_or_else(|| panic!("no {key}: {record}"));
+        let rest = &record[at + key.len() + 4..];
+        rest[..rest.find([',', '}']).unwrap()].parse().unwrap()
+    };
+    let note = record.split("(peak ").nth(1).unwrap_or_else(|| panic!("the note names no peaks: {record}"));
+    let peaks: Vec<f64> = note.split([' ', ',', ')']).filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(peaks.len(), 2, "{record}");
+    assert!((number("peak") - peaks[0].max(peaks[1])).abs() < 0.06, "{record}");
+    assert!((number("ratio") - number("achieved") / number("peak")).abs() < 1e-3, "{record}");
 }
