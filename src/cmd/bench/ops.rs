@@ -8,7 +8,7 @@ use crate::comm::SelfComm;
 use crate::config::preset;
 use crate::device::cpu::gemm::{gemm, MatRef};
 use crate::device::cpu::isa;
-use crate::device::cpu::peak::Peak;
+use crate::device::cpu::peak::{measure_fma_peak, Peak};
 use crate::device::cpu::pool::ThreadPool;
 use crate::device::cpu::CpuDevice;
 use crate::device::{AttentionShape, Device};
@@ -360,7 +360,7 @@ pub fn step(
     let secs = time_best(min_seconds, &mut || {
         train_step(dev, (&mut model, &mut opt, &mut norm), (&tokens, &labels), (m.micro_batch, m.seq));
     });
-    let peak_after = crate::device::cpu::peak::measure_fma_peak(dev.pool(), 300);
+    let peak_after = measure_fma_peak(dev.pool(), 300);
     dev.set_matmul_precision(crate::real::Precision::F32);
     Ok(vec![Record {
         bench: "step",

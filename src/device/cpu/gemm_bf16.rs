@@ -28,12 +28,12 @@
 //! in pairs odd first (`x86::tile_avx2::<6, true>`), which is `vdpbf16ps`'s order: both operands
 //! are packed by the f32 GEMM's packing into `2 * ceil(kc / 2)` lines (an odd depth padded with a
 //! zero line), each value rounded to bf16 as it is written (`pack::pack_bf16_avx2`; compared
-//! with `to_bf16` on random bit patterns by a test, as the AVX-512 packing is). Widening once while packing, rather than in the tile at
-//! every use, lets its FMAs run at the f32 tile's rate: the earlier tile, which widened bf16 pairs
-//! in registers with a mask and a shift, ran 7-40% slower on most GEMM shapes (under the AVX2 cap
-//! on an Intel Xeon, whose shifts share the FMA ports; BENCHMARKS.md). B is packed a group
-//! of slivers at a time during the first row block, its next group's source prefetched
-//! meanwhile, as in `gemm`. The x86 code (the AVX512-BF16 packing and tile) sits with the f32
+//! with `to_bf16` on random bit patterns by a test, as the AVX-512 packing is). Widening once
+//! while packing, rather than in the tile at every use, lets its FMAs run at the f32 tile's rate:
+//! the earlier tile, which widened bf16 pairs in registers with a mask and a shift, ran 7-40%
+//! slower on most GEMM shapes (under the AVX2 cap on an Intel Xeon, whose shifts share the FMA
+//! ports; BENCHMARKS.md). B is packed a group of slivers at a time during the first row block,
+//! its next group's source prefetched meanwhile, as in `gemm`. The x86 code (the AVX512-BF16 packing and tile) sits with the f32
 //! kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
