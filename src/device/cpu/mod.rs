@@ -98,6 +98,17 @@ impl CpuDevice {
     }
 }
 
+/// Rounds a block of f32 storage to `precision`'s values (`round_to` of one task's block).
+fn round_block(block: &mut [f32], precision: crate::real::Precision) {
+    match precision {
+        crate::real::Precision::F32 => {}
+        // SAFETY: the dispatch picks a level this CPU has.
+        crate::real::Precision::Bf16 => unsafe { simd::round_bf16_slice(block) },
+        // SAFETY: as above.
+        crate::real::Precision::F16 => unsafe { simd::round_f16_slice(block) },
+    }
+}
+
 impl Device for CpuDevice {
     type Buf = Vec<f32>;
     type Half = Vec<u16>;
@@ -553,8 +564,8 @@ impl Device for CpuDevice {
     }
 
     fn matmul_rounds_operands(&self, precision: crate::real::Precision) -> bool {
-        // The bf16 GEMM (on every CPU: AVX512-BF16 or its portable twin) rounds to nearest even
-        // while packing, exactly as `Precision::Bf16` rounds.
+        // The bf16 GEMM (on every CPU: AVX512-BF16, AVX2 or the portable twin) rounds to nearest
+        // even while packing, exactly as `Precision::Bf16` rounds.
         precision == crate::real::Precision::Bf16 && self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -566,13 +577,7 @@ impl Device for CpuDevice {
         let len = b.len;
         self.for_blocks(len, ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            let block = unsafe { b.slice(s, n) };
-            if precision == crate::real::Precision::Bf16 {
-                // SAFETY: the slice is this task's block.
-                unsafe { simd::round_bf16_slice(block) };
-            } else {
-                block.iter_mut().for_each(|x| *x = precision.round(*x));
-            }
+            round_block(unsafe { b.slice(s, n) }, precision);
         });
     }
 
@@ -706,15 +711,23 @@ impl Device for CpuDevice {
     ) {
         let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
         let grad_scale = scales[slot] as f32;
+        // The working copy is written block by block right behind the update, while the block
+        // is still in cache: one more stream, not two more passes.
+        let working = working.map(|(w, precision)| {
+            assert_eq!(w.len(), grad.len(), "adamw: working copy and parameter lengths differ");
+            (SharedMut::new(w), precision)
+        });
         self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks of the three state arrays.
+            // SAFETY: disjoint blocks of the three state arrays and of the working copy.
             unsafe {
-                simd::adamw_slice(p.slice(s, n), &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step, grad_scale)
+                let param = p.slice(s, n);
+                simd::adamw_slice(param, &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step, grad_scale);
+                if let Some((w, precision)) = &working {
+                    let w = w.slice(s, n);
+                    w.copy_from_slice(param);
+                    round_block(w, *precision);
+                }
             }
         });
-        if let Some((w, precision)) = working {
-            w.copy_from_slice(param);
-            self.round_to(w, precision);
-        }
     }
 }

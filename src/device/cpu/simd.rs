@@ -124,6 +124,35 @@ multiversion! {
     fn round_bf16_slice(xs: &mut [f32]) = bf16_casts::round_slice;
     fn bf16_bits_slice(out: &mut [u16], xs: &[f32]) = bf16_casts::bits_slice;
     fn from_bf16_bits_slice(out: &mut [f32], bits: &[u16]) = bf16_casts::from_bits_slice;
+    fn round_f16_slice(xs: &mut [f32]) = f16_casts::round_slice;
+}
+
+/// fp16 mixed precision's rounding on f32 storage (`Device::round_to` under `--fp16`, of every
+/// stored activation and of the parameter gradients): `Precision::F16`'s `round` without
+/// branches, so that each level vectorizes it. The test below checks it bit for bit.
+mod f16_casts {
+    /// Smallest normal binary16 magnitude, 2^-14: below it the grid is 2^-24 apart.
+    const MIN_NORMAL: f32 = 6.103_515_6e-5;
+    /// Magnitudes from here on round past binary16's largest finite value (65504) to infinity.
+    const OVERFLOW: f32 = 65520.0;
+
+    /// Rounds each value to the nearest binary16 value (ties to even; infinity past 65504's
+    /// half-way point), kept as f32; NaNs and infinities are kept as they are.
+    #[inline(always)]
+    pub fn round_slice(xs: &mut [f32]) {
+        for x in xs {
+            let magnitude = x.abs();
+            let bits = magnitude.to_bits();
+            // Normal range: drop 13 of f32's 23 mantissa bits, to nearest even.
+            let normal = f32::from_bits(bits.wrapping_add(0x0fff + ((bits >> 13) & 1)) & 0xffff_e000);
+            // Subnormal range: adding and taking away 0.5 (where f32's spacing is 2^-24) rounds
+            // to the 2^-24 grid, to nearest even.
+            let subnormal = (magnitude + 0.5) - 0.5;
+            let rounded = if magnitude < MIN_NORMAL { subnormal } else { normal };
+            let rounded = if magnitude >= OVERFLOW { f32::INFINITY } else { rounded };
+            *x = if x.is_nan() { *x } else { rounded.copysign(*x) };
+        }
+    }
 }
 
 /// bf16 mixed precision's casts on f32 storage (`Device::round_to`, `to_half`, `load_half`):
@@ -255,6 +284,51 @@ mod tests {
         for (lv, r) in levels().iter().zip(&results).skip(1) {
             for (i, (a, b)) in r.iter().zip(&results[0]).enumerate() {
                 assert_eq!(a, b, "output {i} differs between {lv:?} and {:?}", levels()[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rounding_matches_precision_on_every_level() {
+        use crate::real::Precision::F16;
+        // Random values at every scale f16 rounding treats differently (subnormal, normal,
+        // overflowing), ties of both parities, the boundaries and the specials.
+        let s = Stream::new(12, "f16", 0);
+        let mut x: Vec<f32> = (0..20_000)
+            .map(|i| {
+                let scale = 2f32.powi(i % 50 - 30);
+                scale * (2.0 * s.uniform(i as u64, 0) as f32 - 1.0)
+            })
+            .collect();
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            f32::MAX,
+            65504.0,
+            65519.996,
+            65520.0,
+            -65520.0,
+            6.103_515_6e-5,
+            6.103_515e-5,
+            2f32.powi(-24),
+            2f32.powi(-25),
+            1.5 * 2f32.powi(-25),
+            3.0 * 2f32.powi(-25),
+            f32::from_bits(1),
+            -0.0,
+            1.0 + 2f32.powi(-11),
+            1.0 + 3.0 * 2f32.powi(-11),
+        ];
+        x[..specials.len()].copy_from_slice(&specials);
+        for lv in levels() {
+            let mut rounded = x.clone();
+            // SAFETY: every level returned by `levels` is supported.
+            unsafe { round_f16_slice::at(lv, &mut rounded) };
+            for (i, &v) in x.iter().enumerate() {
+                let want = F16.round(v);
+                assert_eq!(rounded[i].to_bits(), want.to_bits(), "{lv:?} round({v:e})");
             }
         }
     }
