@@ -592,11 +592,12 @@ impl Device for CpuDevice {
         self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
             let (out, src) = (unsafe { o.slice(s, n) }, &buf[s..s + n]);
-            if precision == crate::real::Precision::F16 {
-                out.iter_mut().zip(src).for_each(|(d, &x)| *d = precision.to_bits16(x));
-            } else {
-                // SAFETY: both slices are this task's block.
-                unsafe { simd::bf16_bits_slice(out, src) };
+            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
+            unsafe {
+                match precision {
+                    crate::real::Precision::F16 => simd::f16_bits_slice(out, src),
+                    _ => simd::bf16_bits_slice(out, src),
+                }
             }
         });
     }
@@ -608,11 +609,12 @@ impl Device for CpuDevice {
         self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
             let (out, bits) = (unsafe { o.slice(s, n) }, &src[s..s + n]);
-            if precision == crate::real::Precision::F16 {
-                out.iter_mut().zip(bits).for_each(|(d, &b)| *d = precision.from_bits16(b));
-            } else {
-                // SAFETY: both slices are this task's block.
-                unsafe { simd::from_bf16_bits_slice(out, bits) };
+            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
+            unsafe {
+                match precision {
+                    crate::real::Precision::F16 => simd::from_f16_bits_slice(out, bits),
+                    _ => simd::from_bf16_bits_slice(out, bits),
+                }
             }
         });
     }

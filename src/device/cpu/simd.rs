@@ -125,11 +125,14 @@ multiversion! {
     fn bf16_bits_slice(out: &mut [u16], xs: &[f32]) = bf16_casts::bits_slice;
     fn from_bf16_bits_slice(out: &mut [f32], bits: &[u16]) = bf16_casts::from_bits_slice;
     fn round_f16_slice(xs: &mut [f32]) = f16_casts::round_slice;
+    fn f16_bits_slice(out: &mut [u16], xs: &[f32]) = f16_casts::bits_slice;
+    fn from_f16_bits_slice(out: &mut [f32], bits: &[u16]) = f16_casts::from_bits_slice;
 }
 
-/// fp16 mixed precision's rounding on f32 storage (`Device::round_to` under `--fp16`, of every
-/// stored activation and of the parameter gradients): `Precision::F16`'s `round` without
-/// branches, so that each level vectorizes it. The test below checks it bit for bit.
+/// fp16 mixed precision's casts on f32 storage (`Device::round_to` under `--fp16`, of every
+/// stored activation and of the parameter gradients; `to_half`, `load_half` of the saved
+/// layers): `Precision::F16`'s `round`, `to_bits16` and `from_bits16` without branches, so that
+/// each level vectorizes them. The tests below check them bit for bit.
 mod f16_casts {
     /// Smallest normal binary16 magnitude, 2^-14: below it the grid is 2^-24 apart.
     const MIN_NORMAL: f32 = 6.103_515_6e-5;
@@ -151,6 +154,39 @@ mod f16_casts {
             let rounded = if magnitude < MIN_NORMAL { subnormal } else { normal };
             let rounded = if magnitude >= OVERFLOW { f32::INFINITY } else { rounded };
             *x = if x.is_nan() { *x } else { rounded.copysign(*x) };
+        }
+    }
+
+    /// The binary16 pattern of each value, one `round_slice` returned (NaNs become the quiet
+    /// NaN 0x7e00, with the sign).
+    #[inline(always)]
+    pub fn bits_slice(out: &mut [u16], xs: &[f32]) {
+        for (o, x) in out.iter_mut().zip(xs) {
+            let sign = (x.to_bits() >> 16) & 0x8000;
+            let magnitude = x.abs();
+            let bits = magnitude.to_bits();
+            // f32's exponent rebased from 127 to 15, its top 10 mantissa bits kept.
+            let normal = (bits >> 13).wrapping_sub(112 << 10) & 0x7fff;
+            // A whole number of 2^-24 (exact: the value is on binary16's grid).
+            let subnormal = (magnitude * 16_777_216.0) as u32;
+            let value = if magnitude < MIN_NORMAL { subnormal } else { normal };
+            let value = if magnitude == f32::INFINITY { 0x7c00 } else { value };
+            let value = if x.is_nan() { 0x7e00 } else { value };
+            *o = (sign | value) as u16;
+        }
+    }
+
+    /// The f32 value of each binary16 pattern (NaNs become f32's quiet NaN, with the sign).
+    #[inline(always)]
+    pub fn from_bits_slice(out: &mut [f32], bits: &[u16]) {
+        for (o, &b) in out.iter_mut().zip(bits) {
+            let (exponent, mantissa) = ((b as u32 >> 10) & 0x1f, b as u32 & 0x3ff);
+            let normal = f32::from_bits((((b as u32) & 0x7fff) << 13) + (112 << 23));
+            let subnormal = mantissa as f32 / 16_777_216.0;
+            let special = if mantissa == 0 { f32::INFINITY } else { f32::NAN };
+            let value = if exponent == 0 { subnormal } else { normal };
+            let value = if exponent == 31 { special } else { value };
+            *o = if b & 0x8000 != 0 { -value } else { value };
         }
     }
 }
@@ -329,6 +365,26 @@ mod tests {
             for (i, &v) in x.iter().enumerate() {
                 let want = F16.round(v);
                 assert_eq!(rounded[i].to_bits(), want.to_bits(), "{lv:?} round({v:e})");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_bit_casts_match_precision_on_every_level() {
+        use crate::real::Precision::F16;
+        // Every binary16 pattern, and the f32 values they stand for (NaNs of both signs too).
+        let patterns: Vec<u16> = (0..=u16::MAX).collect();
+        let values: Vec<f32> = patterns.iter().map(|&b| F16.from_bits16(b)).collect();
+        for lv in levels() {
+            let (mut back, mut bits) = (vec![0f32; patterns.len()], vec![0u16; values.len()]);
+            // SAFETY: every level returned by `levels` is supported.
+            unsafe {
+                from_f16_bits_slice::at(lv, &mut back, &patterns);
+                f16_bits_slice::at(lv, &mut bits, &values);
+            }
+            for (i, &b) in patterns.iter().enumerate() {
+                assert_eq!(back[i].to_bits(), values[i].to_bits(), "{lv:?} from_bits({b:#06x})");
+                assert_eq!(bits[i], F16.to_bits16(values[i]), "{lv:?} bits({:e})", values[i]);
             }
         }
     }
