@@ -33,8 +33,9 @@
 //! the earlier tile, which widened bf16 pairs in registers with a mask and a shift, ran 7-40%
 //! slower on most GEMM shapes (under the AVX2 cap on an Intel Xeon, whose shifts share the FMA
 //! ports; BENCHMARKS.md). B is packed a group of slivers at a time during the first row block,
-//! its next group's source prefetched meanwhile, as in `gemm`. The x86 code (the AVX512-BF16 packing and tile) sits with the f32
-//! kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both GEMMs share are in `gemm/tests.rs`.
+//! its next group's source prefetched meanwhile, as in `gemm`. The x86 code (the AVX512-BF16
+//! packing and tile) sits with the f32 kernels in `gemm/x86.rs`, `bf16_gemm`; the tests both
+//! GEMMs share are in `gemm/tests.rs`.
 
 use std::cell::RefCell;
 use std::ops::Range;
