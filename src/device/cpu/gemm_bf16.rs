@@ -548,7 +548,9 @@ mod tests {
         }
     }
 
-    /// 40 × 70 random bit patterns, with exact ties, a denormal and the largest f32 planted.
+    /// 40 × 70 random bit patterns, with exact ties, a denormal, the largest f32 and signed zeros
+    /// planted (zeros mixed with a NaN, with a denormal and with normal values, in both of the
+    /// contiguous directions: runs and columns of 40 and 70).
     fn random_bit_patterns() -> Vec<f32> {
         let mut state = 0x1234_5678_9ABC_DEFFu64;
         let mut data: Vec<f32> = (0..40 * 70)
@@ -563,6 +565,11 @@ mod tests {
         data[4] = f32::from_bits(0x3F81_8000);
         data[5] = f32::from_bits(0x8000_0001);
         data[6] = f32::MAX;
+        for at in [7, 8, 47, 48, 70, 71, 140, 141, 210, 280] {
+            data[at] = if at % 2 == 0 { 0.0 } else { -0.0 };
+        }
+        data[9] = f32::from_bits(0x7FC0_1234);
+        data[120] = f32::from_bits(0x0000_0042);
         data
     }
 

@@ -381,8 +381,10 @@ unsafe fn load_rows8(src: *const f32, row_stride: usize, rows: usize, depth: usi
 
 /// Each lane rounded to bf16 as `gemm_bf16::to_bf16` rounds it (to nearest even, NaNs quieted,
 /// denormals flushed to signed zero) and widened back to f32, on 8 lanes with AVX2. Lanes that
-/// are normal or infinite, the common case, take the add-and-mask path alone; a vector with a
-/// zero, denormal or NaN lane also takes the selects.
+/// are zero, normal or infinite, the common case, take the add-and-mask path alone (it keeps a
+/// signed zero); a vector with a denormal or NaN lane also takes the selects. Zeros stay on the
+/// fast path because the packs feed it zero-padded vectors (a 6-row sliver's transposed column
+/// has two zero lanes) and activations hold real zeros.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn round_bf16_x8(v: __m256) -> __m256 {
@@ -391,15 +393,15 @@ fn round_bf16_x8(v: __m256) -> __m256 {
     let sum = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
     let high_half = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
     let rounded = _mm256_and_si256(sum, high_half);
-    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
-    // Special lanes: `magnitude - 2^23` above 0x7F00_0000 as unsigned (below the smallest
-    // normal, or past infinity), compared signed with both sides' top bits flipped.
-    let offset =
-        _mm256_xor_si256(_mm256_sub_epi32(magnitude, _mm256_set1_epi32(0x0080_0000)), _mm256_set1_epi32(i32::MIN));
-    let special = _mm256_cmpgt_epi32(offset, _mm256_set1_epi32(0x7F00_0000 ^ i32::MIN));
-    if _mm256_movemask_ps(_mm256_castsi256_ps(special)) == 0 {
+    // Special lanes: not at least the smallest normal in magnitude (true for a NaN) and not
+    // zero (true for a NaN too); `vtestps` ANDs the two masks' sign bits.
+    let abs = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)));
+    let below_normal = _mm256_cmp_ps::<_CMP_NGE_UQ>(abs, _mm256_set1_ps(f32::MIN_POSITIVE));
+    let nonzero = _mm256_cmp_ps::<_CMP_NEQ_UQ>(abs, _mm256_setzero_ps());
+    if _mm256_testz_ps(below_normal, nonzero) == 1 {
         return _mm256_castsi256_ps(rounded);
     }
+    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
     let quiet_nan = _mm256_and_si256(_mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000)), high_half);
     let signed_zero = _mm256_and_si256(bits, _mm256_set1_epi32(i32::MIN));
     // Magnitudes are below 2^31, so the signed compares order them correctly.
@@ -428,35 +430,27 @@ pub(crate) unsafe fn round_bf16_lines_avx2(xs: &mut [f32]) {
     rest.copy_from_slice(&tail[..rest.len()]);
 }
 
-/// The AVX2 bf16 GEMM's streaming pack of one depth step: `line` holds the step's values for
-/// consecutive slivers, `lanes` each (the last may be short); chunk `i`, rounded to bf16 and
-/// kept as f32, goes to `out[i * stride..][..lanes]`, zeros past a short chunk.
+/// Rounds `src` to bf16 (`to_bf16`) into `dst[..src.len()]`, kept as f32: the AVX2 bf16 GEMM's
+/// streaming pack rounds each contiguous depth step this way, whole vectors and one masked
+/// tail, before copying it to the slivers as the f32 pack does.
 ///
 /// # Safety
-/// The CPU must support AVX2; `out` holds `(line.len().div_ceil(lanes) - 1) * stride + lanes`
-/// floats.
+/// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn round_bf16_scatter_avx2(line: &[f32], out: &mut [f32], stride: usize, lanes: usize) {
-    assert!(line.len().div_ceil(lanes).saturating_sub(1) * stride + lanes <= out.len());
-    for (i, chunk) in line.chunks(lanes).enumerate() {
-        let dst = out[i * stride..].as_mut_ptr();
-        for at in (0..lanes).step_by(8) {
-            let (have, room) = (chunk.len().saturating_sub(at).min(8), (lanes - at).min(8));
-            // SAFETY: the loads read lanes `at..at + have` of the chunk and the stores write
-            // lanes `at..at + room` of this sliver's line (the assert above bounds them).
-            unsafe {
-                let v = match have {
-                    8 => _mm256_loadu_ps(chunk.as_ptr().add(at)),
-                    0 => _mm256_setzero_ps(),
-                    _ => _mm256_maskload_ps(chunk.as_ptr().add(at), lane_mask(have)),
-                };
-                let rounded = round_bf16_x8(v);
-                if room == 8 {
-                    _mm256_storeu_ps(dst.add(at), rounded)
-                } else {
-                    _mm256_maskstore_ps(dst.add(at), lane_mask(room), rounded)
-                }
-            }
+pub(crate) unsafe fn round_bf16_into_avx2(src: &[f32], dst: &mut [f32]) {
+    let dst = &mut dst[..src.len()];
+    let whole = src.len() / 8 * 8;
+    for at in (0..whole).step_by(8) {
+        // SAFETY: `at + 8 <= whole` floats of both slices.
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(at), round_bf16_x8(_mm256_loadu_ps(src.as_ptr().add(at)))) };
+    }
+    let rest = src.len() - whole;
+    if rest > 0 {
+        let mask = lane_mask(rest);
+        // SAFETY: the masked load and store touch lanes `whole..src.len()` only.
+        unsafe {
+            let v = _mm256_maskload_ps(src.as_ptr().add(whole), mask);
+            _mm256_maskstore_ps(dst.as_mut_ptr().add(whole), mask, round_bf16_x8(v));
         }
     }
 }
