@@ -96,13 +96,34 @@ pub fn check() -> Result<Isa> {
     active_or_error().clone().map_err(Error::Config)
 }
 
-/// The CPU's model name, from /proc/cpuinfo (Linux), for `info` and benchmark lines.
+/// The CPU's model name, from /proc/cpuinfo (Linux), for `info` and benchmark lines, with its
+/// family and model numbers (a VM's name is often only "AMD EPYC") and, for AMD, the core
+/// generation they mean.
 pub fn cpu_model() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    text.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
+    describe_cpu(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
+}
+
+/// `cpu_model` from the text of /proc/cpuinfo (its first processor's fields).
+fn describe_cpu(cpuinfo: &str) -> Option<String> {
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let name = field("model name")?;
+    let number = |key: &str| field(key).and_then(|v| v.parse::<u32>().ok());
+    let (Some(family), Some(model)) = (number("cpu family"), number("model")) else { return Some(name) };
+    let generation = match (field("vendor_id").as_deref(), family) {
+        (Some("AuthenticAMD"), 23) if model < 0x30 => ", Zen/Zen+",
+        (Some("AuthenticAMD"), 23) => ", Zen 2",
+        (Some("AuthenticAMD"), 25) if (0x10..=0x1F).contains(&model) || (0x60..=0xAF).contains(&model) => ", Zen 4",
+        (Some("AuthenticAMD"), 25) => ", Zen 3",
+        (Some("AuthenticAMD"), 26) => ", Zen 5",
+        _ => "",
+    };
+    Some(format!("{name} (family {family} model {model}{generation})"))
 }
 
 /// The size in bytes of one core's level-1 data cache, from sysfs (Linux), which `trident info`
@@ -139,6 +160,21 @@ fn parse_cache_size(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_is_named_with_its_family_model_and_amd_generation() {
+        let info = |vendor: &str, family: u32, model: u32| {
+            format!("processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: X Y\n")
+        };
+        let named = |vendor, family, model| describe_cpu(&info(vendor, family, model)).unwrap();
+        assert_eq!(named("AuthenticAMD", 25, 17), "X Y (family 25 model 17, Zen 4)");
+        assert_eq!(named("AuthenticAMD", 25, 1), "X Y (family 25 model 1, Zen 3)");
+        assert_eq!(named("AuthenticAMD", 23, 49), "X Y (family 23 model 49, Zen 2)");
+        assert_eq!(named("AuthenticAMD", 26, 2), "X Y (family 26 model 2, Zen 5)");
+        assert_eq!(named("GenuineIntel", 6, 207), "X Y (family 6 model 207)");
+        assert_eq!(describe_cpu("model name\t: X Y\n").unwrap(), "X Y");
+        assert_eq!(describe_cpu("cpu family\t: 25\n"), None);
+    }
 
     #[test]
     fn the_cap_lowers_the_level_and_refuses_what_the_cpu_lacks() {
