@@ -42,8 +42,10 @@
 //! led, on the NT layer shapes, likely from that core's 48 KiB L1 (a Zen 3 has 32 KiB). A depth
 //! block sized from the L1 (the 16-wide B sliver filling half of it: 384 there) was then tried
 //! and dropped: GEMMs within noise, the gpt2-124m step 4-7% slower in three interleaved rounds.
-//! KC fixes the f32 sum order, so it waits for a Zen 3 (`avx2_blocking_probe` in `tests.rs` times
-//! variants side by side; `trident info` prints the blocking and the L1 size).
+//! KC fixes the f32 sum order, so it waited for an AMD core: on a Zen 4 under the cap (32 KiB L1,
+//! a Zen 3's size) `avx2_blocking_probe` in `tests.rs` (which times variants side by side) had
+//! KC = 256, MC = 96 leading or tied on every layer and vocabulary shape, so it stays (`trident
+//! info` prints the blocking and the L1 size).
 //!
 //! Files: this one holds the API and the `MicroKernel` contract; `driver.rs` (the split and the
 //! loop nest) uses `pack.rs` (packing), which uses `x86.rs`'s AVX-512 and AVX2 transposes; `portable.rs`
