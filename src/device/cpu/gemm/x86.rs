@@ -417,41 +417,42 @@ fn round_bf16_x8(v: __m256) -> __m256 {
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn round_bf16_lines_avx2(xs: &mut [f32]) {
-    let mut chunks = xs.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        // SAFETY: the chunk holds 8 floats.
-        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(chunk.as_ptr()))) };
-    }
-    let rest = chunks.into_remainder();
-    let mut tail = [0.0f32; 8];
-    tail[..rest.len()].copy_from_slice(rest);
-    // SAFETY: `tail` holds 8 floats.
-    unsafe { _mm256_storeu_ps(tail.as_mut_ptr(), round_bf16_x8(_mm256_loadu_ps(tail.as_ptr()))) };
-    rest.copy_from_slice(&tail[..rest.len()]);
+    let at = xs.as_mut_ptr();
+    // SAFETY: `xs` holds `xs.len()` floats; reading and writing them in place is allowed.
+    unsafe { round_bf16_run(at, at, xs.len()) }
 }
 
 /// Rounds `src` to bf16 (`to_bf16`) into `dst[..src.len()]`, kept as f32: the AVX2 bf16 GEMM's
-/// streaming pack rounds each contiguous depth step this way, whole vectors and one masked
-/// tail, before copying it to the slivers as the f32 pack does.
+/// streaming pack rounds each contiguous depth step this way before copying it to the slivers
+/// as the f32 pack does.
 ///
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn round_bf16_into_avx2(src: &[f32], dst: &mut [f32]) {
     let dst = &mut dst[..src.len()];
-    let whole = src.len() / 8 * 8;
+    // SAFETY: both slices hold `src.len()` floats.
+    unsafe { round_bf16_run(src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+}
+
+/// `len` floats from `src` rounded to bf16 (kept as f32) into `dst`: whole vectors, then one
+/// masked vector for the tail. `src == dst` rounds in place.
+///
+/// # Safety
+/// The CPU must support AVX2; `src` and `dst` hold `len` floats each, and either are the same
+/// or do not overlap.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn round_bf16_run(src: *const f32, dst: *mut f32, len: usize) {
+    let whole = len / 8 * 8;
     for at in (0..whole).step_by(8) {
-        // SAFETY: `at + 8 <= whole` floats of both slices.
-        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(at), round_bf16_x8(_mm256_loadu_ps(src.as_ptr().add(at)))) };
+        // SAFETY: `at + 8 <= whole <= len` floats of both.
+        unsafe { _mm256_storeu_ps(dst.add(at), round_bf16_x8(_mm256_loadu_ps(src.add(at)))) };
     }
-    let rest = src.len() - whole;
-    if rest > 0 {
-        let mask = lane_mask(rest);
-        // SAFETY: the masked load and store touch lanes `whole..src.len()` only.
-        unsafe {
-            let v = _mm256_maskload_ps(src.as_ptr().add(whole), mask);
-            _mm256_maskstore_ps(dst.as_mut_ptr().add(whole), mask, round_bf16_x8(v));
-        }
+    if len > whole {
+        let mask = lane_mask(len - whole);
+        // SAFETY: the masked load and store touch lanes `whole..len` only.
+        unsafe { _mm256_maskstore_ps(dst.add(whole), mask, round_bf16_x8(_mm256_maskload_ps(src.add(whole), mask))) };
     }
 }
 
