@@ -376,7 +376,7 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
     flag(
         "--shape",
         "S",
-        "--device cuda|hip: one shape instead of the sweep (gemm MxNxK; attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
+        "one shape instead of the sweep (gemm MxNxK, also on the CPU; with --device cuda|hip: attention BxSxHxD; layernorm RxC; gelu N; xent RxV; embedding BxSxH)",
     ),
 ];
 

@@ -97,3 +97,22 @@ fn bench_step_reports_mfu_against_the_higher_of_two_peaks() {
     assert!((number("peak") - peaks[0].max(peaks[1])).abs() < 0.06, "{record}");
     assert!((number("ratio") - number("achieved") / number("peak")).abs() < 1e-3, "{record}");
 }
+
+/// `bench gemm --shape MxNxK` times that one shape (in each layout) instead of the sweep, at
+/// either dtype; a malformed shape is one clear error.
+#[test]
+fn bench_gemm_times_one_shape_on_the_cpu() {
+    for dtype in ["f32", "bf16"] {
+        let o = run(&["bench", "gemm", "--dtype", dtype, "--shape", "40x24x56", "--min-seconds", "0.01", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = stdout(&o);
+        let records: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(records.len(), 3, "one record per layout: {text}");
+        for (r, layout) in records.iter().zip(["NT", "NN", "TN"]) {
+            assert!(r.contains(&format!("\"shape\": \"40x24x56 {layout}\"")), "{r}");
+            assert!(r.contains(&format!("\"dtype\": \"{dtype}\"")), "{r}");
+        }
+    }
+    assert_clean_error(&run(&["bench", "gemm", "--shape", "40x24"]), &["--shape", "'40x24'", "MxNxK"]);
+    assert_clean_error(&run(&["bench", "gemm", "--shape", "40x0x8"]), &["--shape", "'40x0x8'"]);
+}

@@ -119,7 +119,15 @@ fn pack_as<K: MicroKernel, const ROUND: bool>(slab: &Slab<'_>, dst: &mut [f32]) 
                     let ahead = (q + PREFETCH_STEPS) * deep_stride;
                     src[ahead + begin..ahead + end].iter().step_by(16).for_each(prefetch);
                 }
-                let line = line_as::<ROUND>(&src[q * deep_stride + begin..q * deep_stride + end], &mut rounded);
+                let source = &src[q * deep_stride + begin..q * deep_stride + end];
+                #[cfg(target_arch = "x86_64")]
+                if ROUND && lanes.is_multiple_of(8) {
+                    let out = &mut dst[first * kc * lanes + q * lanes..];
+                    // SAFETY: only `pack_bf16_avx2` rounds, on CPUs with AVX2.
+                    unsafe { super::x86::round_bf16_line_to_slivers_avx2(source, lanes, out, kc * lanes) };
+                    continue;
+                }
+                let line = line_as::<ROUND>(source, &mut rounded);
                 for (i, chunk) in line.chunks(lanes).enumerate() {
                     let out = &mut dst[(first + i) * kc * lanes + q * lanes..][..lanes];
                     if chunk.len() == lanes {
@@ -175,9 +183,10 @@ fn pack_as<K: MicroKernel, const ROUND: bool>(slab: &Slab<'_>, dst: &mut [f32]) 
 }
 
 /// A depth step of the streaming pack as it is copied to the slivers: the source line itself, or
-/// where `ROUND` (the AVX2 bf16 packing) the line rounded to bf16 into `buf`, in whole vectors.
-/// Rounding it chunk by chunk instead, with a masked load and store per 6-wide A chunk, cost
-/// 0.073 of the tile's samples in the capped bf16 step on a Zen 4, against 0.045 this way.
+/// where `ROUND` (the AVX2 bf16 packing of 6-wide A slivers; B's 16-wide ones are rounded straight
+/// into place) the line rounded to bf16 into `buf`, in whole vectors. Rounding it chunk by chunk
+/// instead, with a masked load and store per 6-wide A chunk, cost 0.073 of the tile's samples in
+/// the capped bf16 step on a Zen 4, against 0.045 this way.
 #[inline(always)]
 fn line_as<'l, const ROUND: bool>(line: &'l [f32], buf: &'l mut [f32]) -> &'l [f32] {
     #[cfg(target_arch = "x86_64")]
