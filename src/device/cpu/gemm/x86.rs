@@ -443,7 +443,8 @@ pub(crate) unsafe fn round_bf16_into_avx2(src: &[f32], dst: &mut [f32]) {
 /// kernel's 16-wide B slivers): chunk `i` of `lanes` floats of `line` is rounded to bf16
 /// (`to_bf16`, kept as f32) straight into `dst[i * sliver_stride..][..lanes]`, a partial last
 /// chunk zero-padded. Rounding into the sliver itself, instead of into a buffer that is then
-/// copied, halves the stores: the buffered way's pack of B took 1.5x the f32 pack's samples.
+/// copied, halves the stores: at 256 x 3072 x 768 the buffered way's rounding and copy took 1.9x
+/// the samples of the f32 GEMM's streaming packs.
 ///
 /// # Safety
 /// The CPU must support AVX2.
