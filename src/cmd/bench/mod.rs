@@ -171,13 +171,8 @@ fn gemm_on_cpu(pool: &pool::ThreadPool, a: &Args) -> Result<()> {
         "bf16" => gemm::GemmDtype::Bf16,
         other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
     };
-    let one = match a.str("--shape") {
-        Some(text) => Some(match gpu::parse_shape(text, 3, "MxNxK, like 256x2304x768")?[..] {
-            [m, n, k] => (m, n, k),
-            _ => unreachable!("parse_shape gives three numbers"),
-        }),
-        None => None,
-    };
+    let parse = |text| gpu::parse_shape(text, 3, "MxNxK, like 256x2304x768");
+    let one = a.str("--shape").map(parse).transpose()?.map(|v| (v[0], v[1], v[2]));
     let shapes = one.as_ref().map_or(gemm::DEFAULT_SHAPES, std::slice::from_ref);
     let rows = gemm::gemm_sweep_dtype(pool, shapes, &p, secs, dtype);
     if a.has("--json") {

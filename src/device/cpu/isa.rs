@@ -98,8 +98,7 @@ pub fn check() -> Result<Isa> {
 
 /// The CPU's model name, from /proc/cpuinfo (Linux), for `info` and benchmark lines, with its
 /// family and model numbers (a VM's name is often only "AMD EPYC") and, for AMD, the core
-/// generation they mean.
-/// Read once: benchmark records name it on every line.
+/// generation they mean. Read once: benchmark records name it on every line.
 pub fn cpu_model() -> Option<String> {
     static MODEL: OnceLock<Option<String>> = OnceLock::new();
     MODEL.get_or_init(|| describe_cpu(&std::fs::read_to_string("/proc/cpuinfo").ok()?)).clone()

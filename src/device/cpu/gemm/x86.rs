@@ -427,8 +427,9 @@ pub(crate) unsafe fn round_bf16_lines_avx2(xs: &mut [f32]) {
 }
 
 /// Rounds `src` to bf16 (`to_bf16`) into `dst[..src.len()]`, kept as f32: the AVX2 bf16 GEMM's
-/// streaming pack rounds each contiguous depth step this way before copying it to the slivers
-/// as the f32 pack does.
+/// streaming pack of 6-wide A slivers rounds each contiguous depth step this way before copying
+/// it to the slivers as the f32 pack does (B's 16-wide slivers use
+/// `round_bf16_line_to_slivers_avx2`).
 ///
 /// # Safety
 /// The CPU must support AVX2.
