@@ -778,11 +778,27 @@ pub fn embedding_forward_rows<R: Real>(
     t0: usize,
 ) {
     let vocab_rows = wte.len() / hidden;
+    embedding_rows_with(out, tokens, vocab_rows, vocab_start, (batch, seq, hidden, t0), |row, r| {
+        row.copy_from_slice(&wte[r * hidden..(r + 1) * hidden])
+    });
+}
+
+/// `embedding_forward_rows` with the table's row `r` written into an output row by `copy_row`
+/// (a table in another storage, the CPU's bf16 working copy, widens it); `vocab_rows` rows.
+#[inline(always)]
+pub fn embedding_rows_with<R: Real>(
+    out: &mut [R],
+    tokens: &[u32],
+    vocab_rows: usize,
+    vocab_start: usize,
+    (batch, seq, hidden, t0): (usize, usize, usize, usize),
+    copy_row: impl Fn(&mut [R], usize),
+) {
     for (i, row) in out.chunks_exact_mut(hidden).enumerate() {
         let t = t0 + i / batch;
         let b = i % batch;
         match local_row(tokens[b * seq + t], vocab_start, vocab_rows) {
-            Some(r) => row.copy_from_slice(&wte[r * hidden..(r + 1) * hidden]),
+            Some(r) => copy_row(row, r),
             None => row.fill(R::ZERO),
         }
     }

@@ -250,6 +250,19 @@ pub trait Device: Send + Sync {
     fn stores(&self, _precision: crate::real::Precision) -> bool {
         false
     }
+    /// Whether mixed precision holds the working copy of the GEMM weights in `precision` storage
+    /// (`alloc_weights`): where the device stores the format (`stores`), and on the CPU where its
+    /// bf16 GEMM reads bf16 weights faster than it rounds f32 ones.
+    fn holds_weights_in(&self, precision: crate::real::Precision) -> bool {
+        self.stores(precision)
+    }
+    /// A zero-filled buffer for a GEMM weight's working copy: in `precision` storage where
+    /// `holds_weights_in`; on the CPU such a buffer reaches only the linear layers (as their
+    /// weight), the word embedding (as its table), AdamW (as its working copy) and the buffer
+    /// plumbing (`upload`, `download`, `copy`, `fill`, `round_to`).
+    fn alloc_weights(&self, len: usize, precision: crate::real::Precision) -> Self::Buf {
+        self.alloc_in(len, precision)
+    }
     fn len(&self, buf: &Self::Buf) -> usize;
     /// Bytes of device memory the buffer's elements take (4 each on f32 storage).
     fn bytes(&self, buf: &Self::Buf) -> usize {

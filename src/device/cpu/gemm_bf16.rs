@@ -43,7 +43,7 @@ use std::sync::OnceLock;
 
 use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
 #[cfg(target_arch = "x86_64")]
-use super::gemm::pack::pack_bf16_avx2;
+use super::gemm::pack::{pack_bf16_avx2, pack_bf16_bits_avx2};
 use super::gemm::pack::Slab;
 use super::gemm::portable::store_tile;
 #[cfg(target_arch = "x86_64")]
@@ -148,16 +148,54 @@ pub fn from_bf16(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
-/// `C = (accumulate ? C : 0) + bf16(A)·bf16(B)` for an `m × k` view A, a `k × n` view B and a
-/// row-major C with row stride `ldc`, using the best bf16 kernel for this CPU.
+/// An element type of the bf16 GEMM's B operand: f32 values, rounded to bf16 as they are packed
+/// (`to_bf16`), or bf16 bits, widened as they are packed (the CPU Device's bf16 working copy of
+/// the weights: half the bytes to read, nothing to round).
+pub trait Bf16Operand: Copy + Send + Sync + 'static {
+    /// The bf16 bits the GEMM multiplies: `to_bf16` of an f32; bits as they are, a denormal
+    /// flushed to a zero of the same sign (as `to_bf16` flushes one).
+    fn bf16_bits(self) -> u16;
+    /// The slice as f32 values, where the elements are f32.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// The slice as bf16 bits, where the elements are bf16.
+    fn as_bits(s: &[Self]) -> Option<&[u16]>;
+}
+
+impl Bf16Operand for f32 {
+    fn bf16_bits(self) -> u16 {
+        to_bf16(self)
+    }
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_bits(_: &[f32]) -> Option<&[u16]> {
+        None
+    }
+}
+
+impl Bf16Operand for u16 {
+    fn bf16_bits(self) -> u16 {
+        (super::gemm::pack::widen_bf16(self).to_bits() >> 16) as u16
+    }
+    fn as_f32(_: &[u16]) -> Option<&[f32]> {
+        None
+    }
+    fn as_bits(s: &[u16]) -> Option<&[u16]> {
+        Some(s)
+    }
+}
+
+/// `C = (accumulate ? C : 0) + bf16(A)·bf16(B)` for an `m × k` view A, a `k × n` view B (f32
+/// values or bf16 bits, `Bf16Operand`) and a row-major C with row stride `ldc`, using the best
+/// bf16 kernel for this CPU.
 #[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
-pub fn gemm_bf16(
+pub fn gemm_bf16<B: Bf16Operand>(
     pool: &ThreadPool,
     m: usize,
     n: usize,
     k: usize,
     a: MatRef<'_>,
-    b: MatRef<'_>,
+    b: MatRef<'_, B>,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
@@ -168,14 +206,14 @@ pub fn gemm_bf16(
 /// `gemm_bf16` with an explicit kernel, for tests and benchmarks. Panics if the CPU cannot run
 /// `kernel` (check `Bf16Kernel::is_available` first) or if a slice is too short for its shape.
 #[allow(clippy::too_many_arguments)] // The BLAS argument list is the clearest form for callers.
-pub fn gemm_bf16_with(
+pub fn gemm_bf16_with<B: Bf16Operand>(
     kernel: Bf16Kernel,
     pool: &ThreadPool,
     m: usize,
     n: usize,
     k: usize,
     a: MatRef<'_>,
-    b: MatRef<'_>,
+    b: MatRef<'_, B>,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
@@ -206,7 +244,7 @@ thread_local! {
 }
 
 /// The BLIS loop nest (`jc`, `pc`, `ic`, then B slivers, then A slivers) over one rectangle of C.
-fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
+fn blocked<B: Bf16Operand>(p: &Problem<'_, B>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<usize>) {
     let Blocking { mr, nr, mc: mc_block, lines } = kernel.blocking();
     let words_max = KC.min(p.k).div_ceil(2);
     let nc_max = NC.min(cols.len()).div_ceil(nr) * nr;
@@ -243,11 +281,11 @@ fn blocked(p: &Problem<'_>, kernel: Bf16Kernel, rows: Range<usize>, cols: Range<
 /// With `pack_b`, B's slivers are packed here, a group just before its first use, while the
 /// source of the next group is prefetched a part per tile, as the f32 GEMM does: reading B from
 /// memory then overlaps with arithmetic.
-fn macro_kernel(
-    p: &Problem<'_>,
+fn macro_kernel<B: Bf16Operand>(
+    p: &Problem<'_, B>,
     kernel: Bf16Kernel,
     (packed_a, packed_b, words): (&[u32], &mut [u32], usize),
-    pack_b_slab: Option<&Slab<'_>>,
+    pack_b_slab: Option<&Slab<'_, B>>,
     (i0, mc): (usize, usize),
     (j0, nc): (usize, usize),
     accumulate: bool,
@@ -325,7 +363,7 @@ unsafe fn tile(kernel: Bf16Kernel, words: usize, a: &[u32], b: &[u32], c: *mut f
 
 /// Packs a slab of A or B: into slivers of bf16 pairs (`pack`), or for the AVX2 kernel into f32
 /// lines of bf16 values (`pack_lines`).
-fn pack_operand(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+fn pack_operand<T: Bf16Operand>(kernel: Bf16Kernel, slab: &Slab<'_, T>, dst: &mut [u32]) {
     #[cfg(target_arch = "x86_64")]
     if kernel == Bf16Kernel::Avx2 {
         return pack_lines(slab, bytemuck::cast_slice_mut(dst));
@@ -337,18 +375,30 @@ fn pack_operand(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
 /// rounded to bf16 (`to_bf16`), the line past an odd `kc` zero: the f32 GEMM's packing (every
 /// stride, vectorized), rounding each line as it writes it.
 #[cfg(target_arch = "x86_64")]
-fn pack_lines(slab: &Slab<'_>, dst: &mut [f32]) {
+fn pack_lines<T: Bf16Operand>(slab: &Slab<'_, T>, dst: &mut [f32]) {
     let (lanes, kc) = (slab.lanes, slab.kc);
     let lines = 2 * kc.div_ceil(2);
     assert!(slab.width > 0 && kc > 0 && dst.len() == slab.width.div_ceil(lanes) * lines * lanes);
+    // f32 values are rounded, bf16 bits widened (`pack_bf16_bits_avx2`).
+    let pack_lines_of = |slab: &Slab<'_, T>, dst: &mut [f32]| match (T::as_f32(slab.src), T::as_bits(slab.src)) {
+        (Some(src), _) => pack_bf16_avx2(&Slab { src, ..retyped(slab) }, dst),
+        (None, Some(src)) => pack_bf16_bits_avx2(&Slab { src, ..retyped(slab) }, dst),
+        (None, None) => unreachable!("a bf16 GEMM operand is f32 or bf16"),
+    };
     if kc == lines {
-        pack_bf16_avx2(slab, dst);
+        pack_lines_of(slab, dst);
     } else {
         for (s, sliver) in dst.chunks_exact_mut(lines * lanes).enumerate() {
-            pack_bf16_avx2(&slab.group(s, 1), &mut sliver[..kc * lanes]);
+            pack_lines_of(&slab.group(s, 1), &mut sliver[..kc * lanes]);
             sliver[kc * lanes..].fill(0.0);
         }
     }
+}
+
+/// A slab's geometry over an empty source, to be given the source as another element type.
+fn retyped<T, U>(slab: &Slab<'_, T>) -> Slab<'static, U> {
+    let Slab { base, wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+    Slab { src: &[], base, wide_stride, deep_stride, width, kc, lanes }
 }
 
 /// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16
@@ -356,7 +406,7 @@ fn pack_lines(slab: &Slab<'_>, dst: &mut [f32]) {
 /// and `(s*lanes + w, 2t + 1)` in its high half, where element `(w, q)` is
 /// `src[base + w*wide_stride + q*deep_stride]`. Lanes past `width` and the half past an odd `kc`
 /// are zero.
-fn pack(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
+fn pack<T: Bf16Operand>(kernel: Bf16Kernel, slab: &Slab<'_, T>, dst: &mut [u32]) {
     let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
     let words = kc.div_ceil(2);
     assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * words);
@@ -365,15 +415,15 @@ fn pack(kernel: Bf16Kernel, slab: &Slab<'_>, dst: &mut [u32]) {
     let src = &src[base..=last];
     let word = |w: usize, q: usize| -> u32 {
         let at = w * wide_stride + q * deep_stride;
-        let low = to_bf16(src[at]) as u32;
-        let high = if q + 1 < kc { to_bf16(src[at + deep_stride]) as u32 } else { 0 };
+        let low = src[at].bf16_bits() as u32;
+        let high = if q + 1 < kc { src[at + deep_stride].bf16_bits() as u32 } else { 0 };
         low | high << 16
     };
     for (s, sliver) in dst.chunks_exact_mut(words * lanes).enumerate() {
         let w0 = s * lanes;
         let sliver_width = lanes.min(width - w0);
         #[cfg(target_arch = "x86_64")]
-        if kernel == Bf16Kernel::Avx512Bf16 && (wide_stride == 1 || deep_stride == 1) {
+        if let Some(src) = T::as_f32(src).filter(|_| kernel == Bf16Kernel::Avx512Bf16 && (wide_stride == 1 || deep_stride == 1)) {
             let sliver_src = &src[w0 * wide_stride..];
             // SAFETY: `sliver_src` holds elements (w, q) for w < sliver_width, q < kc at the given
             // strides (its far corner was checked above), `sliver` holds words*lanes words, and
@@ -531,6 +581,79 @@ mod tests {
             pack(Bf16Kernel::Portable, slab, &mut scalar);
             assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
         });
+    }
+
+    /// The AVX2 packing of bf16 bits holds each as its f32 value, a denormal flushed to a zero of
+    /// the same sign (NaNs and infinities kept), zero past the slab's width and depth: what the
+    /// f32 packing gives for those values (`to_bf16` flushes the same denormals).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn gemm_bf16_avx2_packing_widens_bf16_bits() {
+        if !Bf16Kernel::Avx2.is_available() {
+            eprintln!("SKIPPED: CPU lacks avx2 (or TRIDENT_CPU_ISA caps it)");
+            return;
+        }
+        let bits: Vec<u16> = random_bit_patterns().iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+        for_each_random_slab(&[(16, 16), (16, 37), (16, 130), (6, 13)], |slab| {
+            let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+            let slab = Slab { src: &bits[..], ..retyped(slab) };
+            let (slivers, lines) = (width.div_ceil(lanes), 2 * kc.div_ceil(2));
+            let mut packed = vec![7.0f32; slivers * lines * lanes];
+            pack_lines(&slab, &mut packed);
+            for (at, got) in packed.iter().enumerate() {
+                let (w, q) = (at / (lines * lanes) * lanes + at % lanes, at / lanes % lines);
+                let in_slab = w < width && q < kc;
+                let b = if in_slab { bits[w * wide_stride + q * deep_stride] } else { 0 };
+                let want = if b & 0x7F80 == 0 { from_bf16(b & 0x8000) } else { from_bf16(b) };
+                assert_eq!(got.to_bits(), want.to_bits(), "lanes {lanes} width {width} kc {kc} ({w}, {q})");
+            }
+        });
+    }
+
+    /// Every kernel multiplies a B of bf16 bits exactly as the B of their f32 values, bit for bit,
+    /// in every layout of B (row-major, transposed, no unit stride), across depth blocks and odd
+    /// depths, denormals (flushed either way), zeros and infinities included.
+    #[test]
+    fn gemm_bf16_takes_bf16_bits_as_their_values() {
+        let pool = ThreadPool::new(2);
+        let mut state = 0x9E37_79B9u32;
+        for kernel in Bf16Kernel::ALL.into_iter().filter(|k| k.is_available()) {
+            for (m, n, k) in [(13, 37, 29), (20, 70, 800), (7, 16, 6), (6, 130, 64)] {
+                let a = crate::rng::fill(m * k, 3);
+                let mut bits: Vec<u16> = (0..2 * k * n + 2)
+                    .map(|_| {
+                        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                        // Random signs and mantissas, exponents near 1 so sums stay finite.
+                        ((state >> 16) as u16 & 0x807F) | 0x3C00 | ((state >> 9) as u16 & 0x0380)
+                    })
+                    .collect();
+                for (at, special) in [(1, 0x0001), (5, 0x8042), (9, 0x0000), (12, 0x8000), (17, 0x7F80), (40, 0x0080)] {
+                    bits[at] = special;
+                }
+                let values: Vec<f32> = bits.iter().map(|&b| from_bf16(b)).collect();
+                let views = [(n, 1), (1, k), (2 * n, 2)];
+                for (row_stride, col_stride) in views {
+                    let run_with = |c: &mut Vec<f32>, bits: bool| {
+                        let a = MatRef::row_major(&a, k);
+                        match bits {
+                            true => gemm_bf16_with(kernel, &pool, m, n, k, a, MatRef { data: &bits_of(&values), row_stride, col_stride }, c, n, false),
+                            false => gemm_bf16_with(kernel, &pool, m, n, k, a, MatRef { data: &values[..], row_stride, col_stride }, c, n, false),
+                        }
+                    };
+                    let (mut from_bits, mut from_values) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+                    run_with(&mut from_bits, true);
+                    run_with(&mut from_values, false);
+                    let what = format!("{} {m}x{n}x{k} strides ({row_stride}, {col_stride})", kernel.name());
+                    assert!(same_bits(&from_bits, &from_values), "{what}: bf16 bits and f32 values differ");
+                    assert!(from_values.iter().any(|&x| x != 0.0), "{what}: a zero product");
+                }
+            }
+        }
+    }
+
+    /// The bf16 bits of values that are bf16 already.
+    fn bits_of(values: &[f32]) -> Vec<u16> {
+        values.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
     }
 
     /// Runs `check` on slabs of random bit patterns (NaNs, infinities, denormals, ties, plus some

@@ -4,6 +4,7 @@
 //! block results in a fixed order, so results are bit-identical for any `--cpu-threads`.
 
 pub mod attention;
+mod buf;
 pub mod gemm;
 pub mod gemm_bf16;
 pub mod isa;
@@ -13,6 +14,7 @@ pub mod pool;
 pub mod simd;
 
 use super::{kernels, AdamWStep, AttentionShape, Device, Rotary};
+pub use buf::CpuBuf;
 use gemm::MatRef;
 use pool::ThreadPool;
 
@@ -54,11 +56,26 @@ pub struct CpuDevice {
     pool: ThreadPool,
     /// Whether linear layers multiply bf16 operands (`gemm_bf16`) instead of f32 ones.
     bf16_matmul: std::sync::atomic::AtomicBool,
+    /// Whether bf16 mixed precision holds the GEMM weights' working copy as bf16 bits
+    /// (`holds_weights_in`): where the bf16 GEMM widens such weights faster than it rounds f32
+    /// ones (its AVX2 kernel), unless a test chose (`with_bf16_weights`).
+    bf16_weights: bool,
 }
 
 impl CpuDevice {
     pub fn new(threads: usize) -> CpuDevice {
-        CpuDevice { pool: ThreadPool::new(threads.max(1)), bf16_matmul: std::sync::atomic::AtomicBool::new(false) }
+        CpuDevice {
+            pool: ThreadPool::new(threads.max(1)),
+            bf16_matmul: std::sync::atomic::AtomicBool::new(false),
+            bf16_weights: gemm_bf16::best_bf16_kernel() == gemm_bf16::Bf16Kernel::Avx2,
+        }
+    }
+
+    /// The device with bf16 weight copies held as bf16 bits or not, whatever the kernel (tests
+    /// compare the two; every bf16 kernel multiplies either form to the same bits).
+    pub fn with_bf16_weights(mut self, held: bool) -> CpuDevice {
+        self.bf16_weights = held;
+        self
     }
 
     pub fn pool(&self) -> &ThreadPool {
@@ -82,6 +99,33 @@ impl CpuDevice {
         }
     }
 
+    /// `matmul` whose B is a weight `[out, in]` as the linear layers read it, f32 or (the bf16
+    /// working copy) bf16 bits: `X·Wᵀ` where `transposed`, else `dY·W`.
+    fn matmul_weight(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: MatRef<'_>,
+        (weight, transposed): (&CpuBuf, bool),
+        (c, ldc): (&mut [f32], usize),
+        accumulate: bool,
+    ) {
+        let (row_stride, col_stride) = if transposed { (1, k) } else { (n, 1) };
+        match weight {
+            CpuBuf::F32(w) => {
+                let b = MatRef { data: &w[..n * k], row_stride, col_stride };
+                self.matmul((m, n, k), a, b, (c, ldc), accumulate)
+            }
+            CpuBuf::Bf16(bits) => {
+                assert!(
+                    self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed),
+                    "a bf16 weight copy in an f32 GEMM (a trident bug)"
+                );
+                let b = MatRef { data: &bits[..n * k], row_stride, col_stride };
+                gemm_bf16::gemm_bf16(&self.pool, m, n, k, a, b, c, ldc, accumulate)
+            }
+        }
+    }
+
     /// Runs `f(start, len)` over `0..total` in blocks of `block`, in parallel.
     fn for_blocks(&self, total: usize, block: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         let tasks = total.div_ceil(block);
@@ -98,6 +142,19 @@ impl CpuDevice {
     }
 }
 
+impl CpuDevice {
+    /// `bits` becomes the bf16 bits of `values` (rounded to nearest even, as `round_to` rounds),
+    /// in parallel blocks.
+    fn to_bf16_bits(&self, bits: &mut [u16], values: &[f32]) {
+        assert_eq!(bits.len(), values.len(), "bf16 bits and values differ in length");
+        let o = SharedMut::new(bits);
+        self.for_blocks(values.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks; the dispatch picks a level this CPU has.
+            unsafe { simd::round_bf16_bits_slice(o.slice(s, n), &values[s..s + n]) };
+        });
+    }
+}
+
 /// Rounds a block of f32 storage to `precision`'s values (`round_to` of one task's block).
 fn round_block(block: &mut [f32], precision: crate::real::Precision) {
     match precision {
@@ -110,33 +167,75 @@ fn round_block(block: &mut [f32], precision: crate::real::Precision) {
 }
 
 impl Device for CpuDevice {
-    type Buf = Vec<f32>;
+    type Buf = CpuBuf;
     type Half = Vec<u16>;
     type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
         format!("cpu: {} threads, gemm kernel {}", self.pool.threads(), gemm::best_kernel().name())
     }
-    fn alloc(&self, len: usize) -> Vec<f32> {
-        vec![0.0; len]
+    fn alloc(&self, len: usize) -> CpuBuf {
+        CpuBuf::F32(vec![0.0; len])
     }
-    fn len(&self, buf: &Vec<f32>) -> usize {
+    fn holds_weights_in(&self, precision: crate::real::Precision) -> bool {
+        self.bf16_weights && self.matmul_rounds_operands(precision)
+    }
+    fn alloc_weights(&self, len: usize, precision: crate::real::Precision) -> CpuBuf {
+        match self.holds_weights_in(precision) {
+            true => CpuBuf::Bf16(vec![0; len]),
+            false => self.alloc(len),
+        }
+    }
+    fn len(&self, buf: &CpuBuf) -> usize {
         buf.len()
     }
-    fn upload(&self, dst: &mut Vec<f32>, src: &[f32]) {
-        dst.copy_from_slice(src);
+    fn bytes(&self, buf: &CpuBuf) -> usize {
+        match buf {
+            CpuBuf::F32(v) => 4 * v.len(),
+            CpuBuf::Bf16(v) => 2 * v.len(),
+        }
+    }
+    fn upload(&self, dst: &mut CpuBuf, src: &[f32]) {
+        match dst {
+            CpuBuf::F32(v) => v.copy_from_slice(src),
+            CpuBuf::Bf16(bits) => self.to_bf16_bits(bits, src),
+        }
+    }
+    fn copy(&self, dst: &mut CpuBuf, dst_at: usize, src: &CpuBuf, src_at: usize, len: usize) {
+        let (from, to) = (src_at..src_at + len, dst_at..dst_at + len);
+        match (dst, src) {
+            (CpuBuf::F32(d), CpuBuf::F32(s)) => d[to].copy_from_slice(&s[from]),
+            (CpuBuf::Bf16(d), CpuBuf::Bf16(s)) => d[to].copy_from_slice(&s[from]),
+            (CpuBuf::Bf16(d), CpuBuf::F32(s)) => self.to_bf16_bits(&mut d[to], &s[from]),
+            // SAFETY: equal lengths; the dispatch picks a level this CPU has.
+            (CpuBuf::F32(d), CpuBuf::Bf16(s)) => unsafe { simd::from_bf16_bits_slice(&mut d[to], &s[from]) },
+        }
     }
     fn host_threads(&self) -> usize {
         self.pool.threads()
     }
-    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) {
-        dst.copy_from_slice(src);
+    fn download(&self, src: &CpuBuf, dst: &mut [f32]) {
+        match src {
+            CpuBuf::F32(v) => dst.copy_from_slice(v),
+            // SAFETY: the lengths are checked; the dispatch picks a level this CPU has.
+            CpuBuf::Bf16(bits) => unsafe {
+                assert_eq!(bits.len(), dst.len(), "download: buffer and host lengths differ");
+                simd::from_bf16_bits_slice(dst, bits)
+            },
+        }
     }
-    fn fill(&self, dst: &mut Vec<f32>, value: f32) {
-        dst.fill(value);
+    fn fill(&self, dst: &mut CpuBuf, value: f32) {
+        match dst {
+            CpuBuf::F32(v) => v.fill(value),
+            CpuBuf::Bf16(bits) => {
+                let mut one = [0u16];
+                self.to_bf16_bits(&mut one, &[value]);
+                bits.fill(one[0]);
+            }
+        }
     }
 
-    fn add_assign(&self, acc: &mut Vec<f32>, x: &Vec<f32>) {
+    fn add_assign(&self, acc: &mut CpuBuf, x: &CpuBuf) {
         assert_eq!(acc.len(), x.len());
         let acc_ptr = SharedMut::new(acc);
         self.for_blocks(x.len(), ELEMS_PER_TASK, &|s, n| {
@@ -147,7 +246,7 @@ impl Device for CpuDevice {
             }
         });
     }
-    fn add(&self, out: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>) {
+    fn add(&self, out: &mut CpuBuf, a: &CpuBuf, b: &CpuBuf) {
         assert!(a.len() == out.len() && b.len() == out.len());
         let out_ptr = SharedMut::new(out);
         self.for_blocks(a.len(), ELEMS_PER_TASK, &|s, n| {
@@ -158,7 +257,7 @@ impl Device for CpuDevice {
             }
         });
     }
-    fn sum_squares_into(&self, bufs: &[&Vec<f32>], acc: &mut Vec<f64>, slot: usize) {
+    fn sum_squares_into(&self, bufs: &[&CpuBuf], acc: &mut Vec<f64>, slot: usize) {
         for buf in bufs {
             let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
             let p = SharedMut::new(&mut partial);
@@ -190,9 +289,9 @@ impl Device for CpuDevice {
 
     fn embedding_forward(
         &self,
-        out: &mut Vec<f32>,
+        out: &mut CpuBuf,
         tokens: &[u32],
-        wte: &Vec<f32>,
+        wte: &CpuBuf,
         vocab_start: usize,
         batch: usize,
         seq: usize,
@@ -202,13 +301,22 @@ impl Device for CpuDevice {
         self.for_blocks(seq, ROWS_PER_TASK, &|t0, nt| {
             // SAFETY: positions t0..t0+nt own rows t0*batch..(t0+nt)*batch.
             let o = unsafe { out_ptr.slice(t0 * batch * hidden, nt * batch * hidden) };
-            unsafe { simd::embedding_forward_rows(o, tokens, wte, vocab_start, batch, seq, hidden, t0) };
+            match wte {
+                CpuBuf::F32(wte) => unsafe {
+                    simd::embedding_forward_rows(o, tokens, wte, vocab_start, batch, seq, hidden, t0)
+                },
+                // The bf16 working copy: each looked-up row widened.
+                CpuBuf::Bf16(bits) => kernels::embedding_rows_with(o, tokens, bits.len() / hidden, vocab_start, (batch, seq, hidden, t0), |row, r| {
+                    // SAFETY: equal lengths; the dispatch picks a level this CPU has.
+                    unsafe { simd::from_bf16_bits_slice(row, &bits[r * hidden..(r + 1) * hidden]) }
+                }),
+            }
         });
     }
     fn embedding_backward(
         &self,
-        dwte: &mut Vec<f32>,
-        dout: &Vec<f32>,
+        dwte: &mut CpuBuf,
+        dout: &CpuBuf,
         tokens: &[u32],
         vocab_start: usize,
         batch: usize,
@@ -237,8 +345,8 @@ impl Device for CpuDevice {
     }
     fn position_forward(
         &self,
-        out: &mut Vec<f32>,
-        wpe: &Vec<f32>,
+        out: &mut CpuBuf,
+        wpe: &CpuBuf,
         batch: usize,
         t0: usize,
         positions: usize,
@@ -253,8 +361,8 @@ impl Device for CpuDevice {
     }
     fn position_backward(
         &self,
-        dwpe: &mut Vec<f32>,
-        dout: &Vec<f32>,
+        dwpe: &mut CpuBuf,
+        dout: &CpuBuf,
         batch: usize,
         t0: usize,
         positions: usize,
@@ -269,12 +377,12 @@ impl Device for CpuDevice {
 
     fn layernorm_forward(
         &self,
-        out: &mut Vec<f32>,
-        mean: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        bias: &Vec<f32>,
+        out: &mut CpuBuf,
+        mean: &mut CpuBuf,
+        rstd: &mut CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        bias: &CpuBuf,
         rows: usize,
         cols: usize,
     ) {
@@ -296,14 +404,14 @@ impl Device for CpuDevice {
     }
     fn layernorm_backward(
         &self,
-        dinp: &mut Vec<f32>,
-        dweight: &mut Vec<f32>,
-        dbias: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        mean: &Vec<f32>,
-        rstd: &Vec<f32>,
+        dinp: &mut CpuBuf,
+        dweight: &mut CpuBuf,
+        dbias: &mut CpuBuf,
+        dout: &CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        mean: &CpuBuf,
+        rstd: &CpuBuf,
         rows: usize,
         cols: usize,
     ) {
@@ -339,17 +447,17 @@ impl Device for CpuDevice {
         }
     }
 
-    fn layernorm_sums(&self, inp: &Vec<f32>, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+    fn layernorm_sums(&self, inp: &CpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
         kernels::layernorm_sums_rows(inp, rows, cols, mean, out);
     }
     fn layernorm_apply(
         &self,
-        out: &mut Vec<f32>,
-        mean_out: &mut Vec<f32>,
-        rstd_out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        bias: &Vec<f32>,
+        out: &mut CpuBuf,
+        mean_out: &mut CpuBuf,
+        rstd_out: &mut CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        bias: &CpuBuf,
         mean: &[f64],
         rstd: &[f64],
         rows: usize,
@@ -359,11 +467,11 @@ impl Device for CpuDevice {
     }
     fn layernorm_backward_sums(
         &self,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        mean: &Vec<f32>,
-        rstd: &Vec<f32>,
+        dout: &CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        mean: &CpuBuf,
+        rstd: &CpuBuf,
         rows: usize,
         cols: usize,
         out: &mut [f64],
@@ -372,14 +480,14 @@ impl Device for CpuDevice {
     }
     fn layernorm_backward_apply(
         &self,
-        dinp: &mut Vec<f32>,
-        dweight: &mut Vec<f32>,
-        dbias: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        mean: &Vec<f32>,
-        rstd: &Vec<f32>,
+        dinp: &mut CpuBuf,
+        dweight: &mut CpuBuf,
+        dbias: &mut CpuBuf,
+        dout: &CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        mean: &CpuBuf,
+        rstd: &CpuBuf,
         sums: &[f64],
         n_cols: usize,
         rows: usize,
@@ -392,10 +500,10 @@ impl Device for CpuDevice {
 
     fn linear_forward(
         &self,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        bias: Option<&Vec<f32>>,
+        out: &mut CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        bias: Option<&CpuBuf>,
         rows: usize,
         k: usize,
         n: usize,
@@ -407,25 +515,23 @@ impl Device for CpuDevice {
             }
         }
         let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
-        let b = MatRef { data: &weight[..n * k], row_stride: 1, col_stride: k };
-        self.matmul((rows, n, k), a, b, (out, n), bias.is_some());
+        self.matmul_weight((rows, n, k), a, (weight, true), (out, n), bias.is_some());
     }
     fn linear_backward(
         &self,
-        dinp: Option<&mut Vec<f32>>,
-        dweight: &mut Vec<f32>,
-        dbias: Option<&mut Vec<f32>>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
+        dinp: Option<&mut CpuBuf>,
+        dweight: &mut CpuBuf,
+        dbias: Option<&mut CpuBuf>,
+        dout: &CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
         rows: usize,
         k: usize,
         n: usize,
     ) {
         if let Some(dinp) = dinp {
             let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
-            let b = MatRef { data: &weight[..n * k], row_stride: k, col_stride: 1 };
-            self.matmul((rows, k, n), a, b, (&mut dinp[..rows * k], k), false);
+            self.matmul_weight((rows, k, n), a, (weight, false), (&mut dinp[..rows * k], k), false);
         }
         let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
         let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
@@ -440,14 +546,14 @@ impl Device for CpuDevice {
         }
     }
 
-    fn gelu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>) {
+    fn gelu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf) {
         let o = SharedMut::new(out);
         self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
             unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n]) };
         });
     }
-    fn gelu_backward(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>) {
+    fn gelu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf) {
         let d = SharedMut::new(dinp);
         self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
@@ -457,10 +563,10 @@ impl Device for CpuDevice {
 
     fn rmsnorm_forward(
         &self,
-        out: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
+        out: &mut CpuBuf,
+        rstd: &mut CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
         rows: usize,
         cols: usize,
         eps: f64,
@@ -469,31 +575,31 @@ impl Device for CpuDevice {
     }
     fn rmsnorm_backward(
         &self,
-        dinp: &mut Vec<f32>,
-        dweight: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        rstd: &Vec<f32>,
+        dinp: &mut CpuBuf,
+        dweight: &mut CpuBuf,
+        dout: &CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        rstd: &CpuBuf,
         rows: usize,
         cols: usize,
     ) {
         self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols);
     }
-    fn swiglu_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, f: usize) {
+    fn swiglu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf, rows: usize, f: usize) {
         self.swiglu_fwd(out, inp, rows, f);
     }
-    fn swiglu_backward(&self, dinp: &mut Vec<f32>, inp: &Vec<f32>, dout: &Vec<f32>, rows: usize, f: usize) {
+    fn swiglu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf, rows: usize, f: usize) {
         self.swiglu_bwd(dinp, inp, dout, rows, f);
     }
-    fn rope_forward(&self, qkv: &mut Vec<f32>, table: &Vec<f32>, shape: AttentionShape, rotary: Rotary) {
+    fn rope_forward(&self, qkv: &mut CpuBuf, table: &CpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(qkv, table, shape, rotary, false);
     }
-    fn rope_backward(&self, dqkv: &mut Vec<f32>, table: &Vec<f32>, shape: AttentionShape, rotary: Rotary) {
+    fn rope_backward(&self, dqkv: &mut CpuBuf, table: &CpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(dqkv, table, shape, rotary, true);
     }
 
-    fn attention_forward(&self, out: &mut Vec<f32>, lse: &mut Vec<f32>, qkv: &Vec<f32>, shape: AttentionShape) {
+    fn attention_forward(&self, out: &mut CpuBuf, lse: &mut CpuBuf, qkv: &CpuBuf, shape: AttentionShape) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         assert!(qkv.len() >= shape.rows() * shape.qkv_width());
         let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
@@ -512,11 +618,11 @@ impl Device for CpuDevice {
     }
     fn attention_backward(
         &self,
-        dqkv: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        qkv: &Vec<f32>,
-        out: &Vec<f32>,
-        lse: &Vec<f32>,
+        dqkv: &mut CpuBuf,
+        dout: &CpuBuf,
+        qkv: &CpuBuf,
+        out: &CpuBuf,
+        lse: &CpuBuf,
         shape: AttentionShape,
     ) {
         assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
@@ -545,7 +651,7 @@ impl Device for CpuDevice {
         });
     }
 
-    fn attention_decode(&self, out: &mut Vec<f32>, qkv: &Vec<f32>, shape: AttentionShape, t0: usize) {
+    fn attention_decode(&self, out: &mut CpuBuf, qkv: &CpuBuf, shape: AttentionShape, t0: usize) {
         let (n, aw, d) = (shape.seq - t0, shape.width(), shape.head_dim);
         assert!(shape.batch == 1 && out.len() >= n * aw && qkv.len() >= shape.seq * shape.qkv_width());
         let o = SharedMut::new(out);
@@ -569,8 +675,9 @@ impl Device for CpuDevice {
         precision == crate::real::Precision::Bf16 && self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn round_to(&self, buf: &mut Vec<f32>, precision: crate::real::Precision) {
-        if precision == crate::real::Precision::F32 {
+    fn round_to(&self, buf: &mut CpuBuf, precision: crate::real::Precision) {
+        // bf16 storage holds bf16 values already.
+        if precision == crate::real::Precision::F32 || buf.bf16().is_some() {
             return;
         }
         let b = SharedMut::new(buf);
@@ -581,12 +688,12 @@ impl Device for CpuDevice {
         });
     }
 
-    fn to_half(&self, buf: &Vec<f32>, precision: crate::real::Precision) -> Vec<u16> {
+    fn to_half(&self, buf: &CpuBuf, precision: crate::real::Precision) -> Vec<u16> {
         let mut out = vec![0u16; buf.len()];
         self.to_half_into(buf, precision, &mut out);
         out
     }
-    fn to_half_into(&self, buf: &Vec<f32>, precision: crate::real::Precision, half: &mut Vec<u16>) {
+    fn to_half_into(&self, buf: &CpuBuf, precision: crate::real::Precision, half: &mut Vec<u16>) {
         assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
         let o = SharedMut::new(half);
         self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
@@ -604,7 +711,7 @@ impl Device for CpuDevice {
     fn half_len(&self, half: &Vec<u16>) -> usize {
         half.len()
     }
-    fn load_half(&self, src: &Vec<u16>, precision: crate::real::Precision, dst: &mut Vec<f32>) {
+    fn load_half(&self, src: &Vec<u16>, precision: crate::real::Precision, dst: &mut CpuBuf) {
         let o = SharedMut::new(dst);
         self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
@@ -619,7 +726,7 @@ impl Device for CpuDevice {
         });
     }
 
-    fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) {
+    fn add_bias(&self, out: &mut CpuBuf, bias: &CpuBuf, rows: usize, cols: usize) {
         let o = SharedMut::new(out);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
             // SAFETY: rows r0..r0+nr belong to this task.
@@ -627,7 +734,7 @@ impl Device for CpuDevice {
         });
     }
 
-    fn cross_entropy_max(&self, logits: &Vec<f32>, rows: usize, vocab: usize, max: &mut Vec<f64>) {
+    fn cross_entropy_max(&self, logits: &CpuBuf, rows: usize, vocab: usize, max: &mut Vec<f64>) {
         let m = SharedMut::new(max);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
             for r in r0..r0 + nr {
@@ -638,7 +745,7 @@ impl Device for CpuDevice {
     }
     fn cross_entropy_partials(
         &self,
-        logits: &Vec<f32>,
+        logits: &CpuBuf,
         targets: &[u32],
         vocab_start: usize,
         rows: usize,
@@ -666,7 +773,7 @@ impl Device for CpuDevice {
     }
     fn cross_entropy_backward(
         &self,
-        logits: &mut Vec<f32>,
+        logits: &mut CpuBuf,
         targets: &[u32],
         vocab_start: usize,
         rows: usize,
@@ -694,40 +801,52 @@ impl Device for CpuDevice {
         });
     }
 
-    fn host_f32<'a>(&self, buf: &'a mut Vec<f32>) -> Option<&'a mut [f32]> {
-        Some(buf.as_mut_slice())
+    fn host_f32<'a>(&self, buf: &'a mut CpuBuf) -> Option<&'a mut [f32]> {
+        match buf {
+            CpuBuf::F32(v) => Some(v.as_mut_slice()),
+            CpuBuf::Bf16(_) => None,
+        }
     }
-    fn host_f32_ref<'a>(&self, buf: &'a Vec<f32>) -> Option<&'a [f32]> {
-        Some(buf.as_slice())
+    fn host_f32_ref<'a>(&self, buf: &'a CpuBuf) -> Option<&'a [f32]> {
+        buf.f32()
     }
 
     fn adamw(
         &self,
-        param: &mut Vec<f32>,
-        grad: &Vec<f32>,
-        m: &mut Vec<f32>,
-        v: &mut Vec<f32>,
+        param: &mut CpuBuf,
+        grad: &CpuBuf,
+        m: &mut CpuBuf,
+        v: &mut CpuBuf,
         step: AdamWStep,
         (scales, slot): (&Vec<f64>, usize),
-        working: Option<(&mut Vec<f32>, crate::real::Precision)>,
+        working: Option<(&mut CpuBuf, crate::real::Precision)>,
     ) {
         let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
         let grad_scale = scales[slot] as f32;
         // The working copy is written block by block right behind the update, while the block
         // is still in cache: one more stream, not two more passes.
+        // f32 storage gets the rounded values, bf16 storage their bits.
         let working = working.map(|(w, precision)| {
             assert_eq!(w.len(), grad.len(), "adamw: working copy and parameter lengths differ");
-            (SharedMut::new(w), precision)
+            match w {
+                CpuBuf::F32(w) => (Some(SharedMut::new(w)), None, precision),
+                CpuBuf::Bf16(bits) => (None, Some(SharedMut::new(bits)), precision),
+            }
         });
         self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks of the three state arrays and of the working copy.
+            // SAFETY: disjoint blocks of the three state arrays and of the working copy; the
+            // dispatch picks a level this CPU has.
             unsafe {
                 let param = p.slice(s, n);
                 simd::adamw_slice(param, &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step, grad_scale);
-                if let Some((w, precision)) = &working {
-                    let w = w.slice(s, n);
-                    w.copy_from_slice(param);
-                    round_block(w, *precision);
+                match &working {
+                    Some((Some(w), _, precision)) => {
+                        let w = w.slice(s, n);
+                        w.copy_from_slice(param);
+                        round_block(w, *precision);
+                    }
+                    Some((_, Some(bits), _)) => simd::round_bf16_bits_slice(bits.slice(s, n), param),
+                    _ => {}
                 }
             }
         });

@@ -123,6 +123,7 @@ multiversion! {
         = kernels::attention_backward_row::<f32>;
     fn round_bf16_slice(xs: &mut [f32]) = bf16_casts::round_slice;
     fn bf16_bits_slice(out: &mut [u16], xs: &[f32]) = bf16_casts::bits_slice;
+    fn round_bf16_bits_slice(out: &mut [u16], xs: &[f32]) = bf16_casts::round_bits_slice;
     fn from_bf16_bits_slice(out: &mut [f32], bits: &[u16]) = bf16_casts::from_bits_slice;
     fn round_f16_slice(xs: &mut [f32]) = f16_casts::round_slice;
     fn f16_bits_slice(out: &mut [u16], xs: &[f32]) = f16_casts::bits_slice;
@@ -210,6 +211,17 @@ mod bf16_casts {
     pub fn bits_slice(out: &mut [u16], xs: &[f32]) {
         for (o, x) in out.iter_mut().zip(xs) {
             *o = (x.to_bits() >> 16) as u16;
+        }
+    }
+
+    /// The bf16 bits of each value rounded to the nearest bf16 (ties to even), a NaN's top half
+    /// kept: `round_slice` and `bits_slice` in one pass (the CPU's bf16 weight copy).
+    #[inline(always)]
+    pub fn round_bits_slice(out: &mut [u16], xs: &[f32]) {
+        for (o, x) in out.iter_mut().zip(xs) {
+            let bits = x.to_bits();
+            let rounded = if x.is_nan() { bits } else { bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) };
+            *o = (rounded >> 16) as u16;
         }
     }
 
@@ -400,12 +412,15 @@ mod tests {
         for lv in levels() {
             let mut rounded = x.clone();
             let (mut half, mut back) = (vec![0u16; x.len()], vec![0f32; x.len()]);
+            let mut direct = vec![0u16; x.len()];
             // SAFETY: every level returned by `levels` is supported.
             unsafe {
                 round_bf16_slice::at(lv, &mut rounded);
                 bf16_bits_slice::at(lv, &mut half, &rounded);
                 from_bf16_bits_slice::at(lv, &mut back, &half);
+                round_bf16_bits_slice::at(lv, &mut direct, &x);
             }
+            assert!(direct == half, "{lv:?}: rounding to bits in one pass differs from round then bits");
             for (i, &v) in x.iter().enumerate() {
                 let want = Bf16.round(v);
                 assert_eq!(rounded[i].to_bits(), want.to_bits(), "{lv:?} round({v:e})");

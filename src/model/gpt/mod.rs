@@ -249,12 +249,14 @@ impl<D: Device> Gpt<D> {
         // as they are read) need no rounded copy where the GEMM rounds its operands itself.
         // Where the device stores the precision, those matrices are held in it (the kernels read
         // LayerNorm weights and biases in f32: their copies stay f32, rounded).
+        // Where the device holds GEMM weights in the precision without storing it (the CPU's
+        // bf16 GEMM on AVX2: bf16 bits widened while packing), they get a copy in it too.
         let gemm_rounds = dev.matmul_rounds_operands(precision);
         self.stored = precision != Precision::F32 && dev.stores(precision);
-        let stored = self.stored;
+        let held = precision != Precision::F32 && dev.holds_weights_in(precision);
         self.working = (precision != Precision::F32).then(|| {
             let copy = |p: &crate::tensor::ParamInfo| match is_gemm_operand(&p.name) {
-                true if stored => Some(dev.alloc_in(p.numel(), precision)),
+                true if held => Some(dev.alloc_weights(p.numel(), precision)),
                 true if gemm_rounds => None,
                 _ => Some(dev.alloc(p.numel())),
             };
@@ -427,15 +429,16 @@ mod tests {
     #[test]
     fn bf16_without_rounded_matrix_copies_computes_the_same_bits() {
         // Under bf16 the matrices and the word embedding are read as masters (the bf16 GEMM rounds
-        // its operands; looked-up rows are rounded): the loss and every gradient equal those of a
-        // model that keeps a rounded copy of every weight.
+        // its operands; looked-up rows are rounded), or from a copy held as bf16 bits (the CPU on
+        // AVX2, forced here on any CPU): the loss and every gradient equal those of a model that
+        // keeps a rounded f32 copy of every weight.
         let cfg = small_config();
-        let dev = CpuDevice::new(2);
-        dev.set_matmul_precision(Precision::Bf16);
         let (batch, seq) = (3usize, 16usize);
         let tokens: Vec<u32> = (0..batch * seq).map(|i| ((i * 37 + 11) % 257) as u32).collect();
         let labels: Vec<u32> = (0..batch * seq).map(|i| ((i * 53 + 5) % 257) as u32).collect();
-        let run = |keep_every_copy: bool| {
+        let run = |bf16_weights: bool, keep_every_copy: bool| {
+            let dev = CpuDevice::new(2).with_bf16_weights(bf16_weights);
+            dev.set_matmul_precision(Precision::Bf16);
             let mut m = Gpt::new(&dev, cfg.clone(), 7);
             m.set_precision(&dev, Precision::Bf16);
             if keep_every_copy {
@@ -450,12 +453,15 @@ mod tests {
                 m.forward_backward(&dev, TensorParallel::single(), &tokens, &labels, batch, seq, 1.0, &mut |_, _| {});
             (loss, m.params.grads.clone(), m.working_bytes(&dev))
         };
-        let (lean, full) = (run(false), run(true));
-        assert_eq!(lean.0.to_bits(), full.0.to_bits(), "loss {} vs {}", lean.0, full.0);
-        for (i, (a, b)) in lean.1.iter().zip(&full.1).enumerate() {
-            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "gradient {i} differs");
+        let (lean, bits, full) = (run(false, false), run(true, false), run(false, true));
+        for (name, other) in [("without copies", &lean), ("with bf16 copies", &bits)] {
+            assert_eq!(other.0.to_bits(), full.0.to_bits(), "{name}: loss {} vs {}", other.0, full.0);
+            for (i, (a, b)) in other.1.iter().zip(&full.1).enumerate() {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: gradient {i} differs");
+            }
         }
         assert!(lean.2 * 10 < full.2, "working copy {} bytes, not far below {}", lean.2, full.2);
+        assert!(bits.2 * 10 < full.2 * 6 && bits.2 * 10 > full.2 * 4, "bf16 copies {} bytes against {}", bits.2, full.2);
     }
 
     #[test]

@@ -29,18 +29,18 @@ impl SharedMut {
 }
 
 /// The validated arguments of one GEMM call (f32 or bf16).
-pub(crate) struct Problem<'a> {
+pub(crate) struct Problem<'a, B = f32> {
     pub(crate) m: usize,
     pub(crate) n: usize,
     pub(crate) k: usize,
     pub(crate) a: MatRef<'a>,
-    pub(crate) b: MatRef<'a>,
+    pub(crate) b: MatRef<'a, B>,
     pub(crate) c: SharedMut,
     pub(crate) ldc: usize,
     pub(crate) accumulate: bool,
 }
 
-impl<'a> Problem<'a> {
+impl<'a, B> Problem<'a, B> {
     /// Checks a call's views and C (with row stride `ldc`) against its shape (a slice too short
     /// panics) and returns the problem, or None when there is nothing to multiply: C is empty, or
     /// the sum is (`k == 0`), and then C keeps its value when accumulating and becomes zero
@@ -48,10 +48,10 @@ impl<'a> Problem<'a> {
     pub(crate) fn new(
         (m, n, k): (usize, usize, usize),
         a: MatRef<'a>,
-        b: MatRef<'a>,
+        b: MatRef<'a, B>,
         (c, ldc): (&mut [f32], usize),
         accumulate: bool,
-    ) -> Option<Problem<'a>> {
+    ) -> Option<Problem<'a, B>> {
         check_view("A", &a, m, k);
         check_view("B", &b, k, n);
         if m == 0 || n == 0 {
@@ -72,7 +72,7 @@ impl<'a> Problem<'a> {
 
 /// Asserts that every element of a `rows × cols` view lies inside its slice, which is what makes
 /// the unchecked reads in the packing routines sound.
-fn check_view(name: &str, view: &MatRef<'_>, rows: usize, cols: usize) {
+fn check_view<T>(name: &str, view: &MatRef<'_, T>, rows: usize, cols: usize) {
     if rows == 0 || cols == 0 {
         return;
     }
@@ -202,9 +202,9 @@ pub(crate) fn drive<K: MicroKernel>(pool: &ThreadPool, p: &Problem<'_>) {
 
 /// Cuts C into one rectangle of whole `mr × nr` tiles per task (`Grid`; a single task below
 /// `PARALLEL_MIN_MACS`) and runs `body(rows, cols)` on each non-empty one, in parallel.
-pub(crate) fn for_each_rectangle(
+pub(crate) fn for_each_rectangle<B: Sync>(
     pool: &ThreadPool,
-    p: &Problem<'_>,
+    p: &Problem<'_, B>,
     (mr, nr): (usize, usize),
     body: &(dyn Fn(Range<usize>, Range<usize>) + Sync),
 ) {

@@ -124,22 +124,31 @@ pub fn blocks(kernel: GemmKernel) -> Blocks {
 }
 
 /// A read-only strided matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
-#[derive(Clone, Copy, Debug)]
-pub struct MatRef<'a> {
-    pub data: &'a [f32],
+/// Its elements are f32, or (an operand of the bf16 GEMM only) bf16 bits.
+#[derive(Debug)]
+pub struct MatRef<'a, T = f32> {
+    pub data: &'a [T],
     pub row_stride: usize,
     pub col_stride: usize,
 }
 
-impl<'a> MatRef<'a> {
+// Manual impls: a view is a slice and two strides, copyable whatever `T` is.
+impl<T> Clone for MatRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for MatRef<'_, T> {}
+
+impl<'a, T> MatRef<'a, T> {
     /// A row-major matrix with `cols` columns per row.
-    pub fn row_major(data: &'a [f32], cols: usize) -> MatRef<'a> {
+    pub fn row_major(data: &'a [T], cols: usize) -> MatRef<'a, T> {
         MatRef { data, row_stride: cols, col_stride: 1 }
     }
 
     /// A view with `rows` rows whose storage is its transpose in row-major order, i.e. element
     /// `(i, j)` is `data[j * rows + i]` (a weight `[out, in]` seen as `in × out`).
-    pub fn transposed(data: &'a [f32], rows: usize) -> MatRef<'a> {
+    pub fn transposed(data: &'a [T], rows: usize) -> MatRef<'a, T> {
         MatRef { data, row_stride: 1, col_stride: rows }
     }
 }

@@ -9,9 +9,8 @@ use super::MicroKernel;
 /// A `width × kc` region of a strided operand that packs into `ceil(width / lanes)` slivers:
 /// element `(w, q)` is `src[base + w*wide_stride + q*deep_stride]`, `w` the index that becomes a
 /// tile row or column and `q` the depth.
-#[derive(Clone, Copy)]
-pub(crate) struct Slab<'a> {
-    pub(crate) src: &'a [f32],
+pub(crate) struct Slab<'a, T = f32> {
+    pub(crate) src: &'a [T],
     pub(crate) base: usize,
     pub(crate) wide_stride: usize,
     pub(crate) deep_stride: usize,
@@ -20,21 +19,29 @@ pub(crate) struct Slab<'a> {
     pub(crate) lanes: usize,
 }
 
-impl<'a> Slab<'a> {
+// Manual impls: a slab is a slice and its geometry, copyable whatever `T` is.
+impl<T> Clone for Slab<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Slab<'_, T> {}
+
+impl<'a, T> Slab<'a, T> {
     /// Rows `i0..i0 + rows` of A at depths `p0..p0 + kc`, packed into `lanes`-tall slivers.
-    pub(crate) fn of_a(a: &MatRef<'a>, (i0, rows): (usize, usize), (p0, kc): (usize, usize), lanes: usize) -> Self {
+    pub(crate) fn of_a(a: &MatRef<'a, T>, (i0, rows): (usize, usize), (p0, kc): (usize, usize), lanes: usize) -> Self {
         let base = i0 * a.row_stride + p0 * a.col_stride;
         Slab { src: a.data, base, wide_stride: a.row_stride, deep_stride: a.col_stride, width: rows, kc, lanes }
     }
 
     /// Columns `j0..j0 + cols` of B at depths `p0..p0 + kc`, packed into `lanes`-wide slivers.
-    pub(crate) fn of_b(b: &MatRef<'a>, (p0, kc): (usize, usize), (j0, cols): (usize, usize), lanes: usize) -> Self {
+    pub(crate) fn of_b(b: &MatRef<'a, T>, (p0, kc): (usize, usize), (j0, cols): (usize, usize), lanes: usize) -> Self {
         let base = p0 * b.row_stride + j0 * b.col_stride;
         Slab { src: b.data, base, wide_stride: b.col_stride, deep_stride: b.row_stride, width: cols, kc, lanes }
     }
 }
 
-impl<'a> Slab<'a> {
+impl<'a, T> Slab<'a, T> {
     /// Slivers packed (and prefetched) together: where the sliver lines are contiguous in the
     /// source, several slivers side by side make each source line a longer, cheaper read.
     pub(crate) fn slivers_per_group(&self) -> usize {
@@ -46,15 +53,11 @@ impl<'a> Slab<'a> {
     }
 
     /// The slab of `count` slivers starting at sliver `s` (the last one may be narrower).
-    pub(crate) fn group(&self, s: usize, count: usize) -> Slab<'a> {
+    pub(crate) fn group(&self, s: usize, count: usize) -> Slab<'a, T> {
         let base = self.base + s * self.lanes * self.wide_stride;
         Slab { base, width: (count * self.lanes).min(self.width - s * self.lanes), ..*self }
     }
 
-    /// Packs `count` slivers starting at sliver `s` into `dst`.
-    pub(super) fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
-        pack::<K>(&self.group(s, count), dst);
-    }
 
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
     /// L2, so that packing them later reads from cache instead of waiting on memory. Layouts
@@ -71,9 +74,16 @@ impl<'a> Slab<'a> {
         for run in part * runs / parts..(part + 1) * runs / parts {
             let start = base + run * run_stride;
             if let Some(line) = self.src.get(start..start + run_len) {
-                line.iter().step_by(16).chain(line.last()).for_each(prefetch_l2);
+                line.iter().step_by(64 / std::mem::size_of::<T>().max(1)).chain(line.last()).for_each(prefetch_l2);
             }
         }
+    }
+}
+
+impl Slab<'_> {
+    /// Packs `count` slivers starting at sliver `s` into `dst`.
+    pub(super) fn pack_group<K: MicroKernel>(&self, s: usize, count: usize, dst: &mut [f32]) {
+        pack::<K>(&self.group(s, count), dst);
     }
 }
 
@@ -90,6 +100,57 @@ pub(crate) fn pack<K: MicroKernel>(slab: &Slab<'_>, dst: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn pack_bf16_avx2(slab: &Slab<'_>, dst: &mut [f32]) {
     pack_as::<super::x86::Avx2, true>(slab, dst)
+}
+
+/// The AVX2 bf16 GEMM's packing of a bf16 operand (bits): `pack_bf16_avx2`'s layout, each value
+/// widened to f32 with a shift (`widen_bf16`) instead of rounded. Half the bytes of the f32
+/// operand are read, and nothing is rounded: the CPU Device's bf16 working copy of the weights.
+/// Call it only where the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn pack_bf16_bits_avx2(slab: &Slab<'_, u16>, dst: &mut [f32]) {
+    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
+    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
+    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
+    assert!(last < src.len(), "GEMM pack out of bounds");
+    let src = &src[base..=last];
+    if wide_stride == 1 && deep_stride != 1 && lanes.is_multiple_of(8) {
+        // Each depth step is one contiguous line across the slivers (see `pack_as`).
+        for q in 0..kc {
+            if q + PREFETCH_STEPS < kc {
+                let ahead = (q + PREFETCH_STEPS) * deep_stride;
+                src[ahead..ahead + width].iter().step_by(32).for_each(prefetch_to::<TO_L1, u16>);
+            }
+            let line = &src[q * deep_stride..][..width];
+            // SAFETY: this packing is only called on CPUs with AVX2.
+            unsafe { super::x86::widen_bf16_line_to_slivers_avx2(line, lanes, &mut dst[q * lanes..], kc * lanes) };
+        }
+        return;
+    }
+    for (s, sliver) in dst.chunks_exact_mut(kc * lanes).enumerate() {
+        let w0 = s * lanes;
+        let sliver_width = lanes.min(width - w0);
+        let sliver_src = &src[w0 * wide_stride..];
+        if deep_stride == 1 {
+            // SAFETY: `sliver_src` holds rows 0..sliver_width of kc contiguous values at stride
+            // `wide_stride` (checked above); `sliver` holds kc*lanes floats; the CPU has AVX2.
+            unsafe { super::x86::transpose_widen_bf16_avx2(sliver_src, wide_stride, sliver_width, kc, lanes, sliver) };
+            continue;
+        }
+        sliver.fill(0.0);
+        for (q, out) in sliver.chunks_exact_mut(lanes).enumerate() {
+            for (w, slot) in out[..sliver_width].iter_mut().enumerate() {
+                *slot = widen_bf16(sliver_src[w * wide_stride + q * deep_stride]);
+            }
+        }
+    }
+}
+
+/// The f32 value of bf16 bits, a denormal flushed to a zero of the same sign (as `to_bf16` flushes
+/// an f32 operand's): how the bf16 GEMM reads an operand held as bf16.
+#[inline(always)]
+pub(crate) fn widen_bf16(bits: u16) -> f32 {
+    let kept = if bits & 0x7F80 == 0 { bits & 0x8000 } else { bits };
+    f32::from_bits((kept as u32) << 16)
 }
 
 /// `pack`, with each value rounded to bf16 where `ROUND` (only with the AVX2 kernel, on x86-64).
@@ -236,11 +297,11 @@ const TO_L2: i32 = 2;
 /// Hints that the cache line holding `value` will be read soon, into the level `HINT` names. A
 /// no-op off x86-64.
 #[inline(always)]
-fn prefetch_to<const HINT: i32>(value: &f32) {
+fn prefetch_to<const HINT: i32, T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; SSE is part of x86-64.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<HINT>((value as *const f32).cast::<i8>())
+        std::arch::x86_64::_mm_prefetch::<HINT>((value as *const T).cast::<i8>())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;
@@ -248,12 +309,12 @@ fn prefetch_to<const HINT: i32>(value: &f32) {
 
 #[inline(always)]
 fn prefetch(value: &f32) {
-    prefetch_to::<TO_L1>(value)
+    prefetch_to::<TO_L1, f32>(value)
 }
 
 #[inline(always)]
-fn prefetch_l2(value: &f32) {
-    prefetch_to::<TO_L2>(value)
+fn prefetch_l2<T>(value: &T) {
+    prefetch_to::<TO_L2, T>(value)
 }
 
 /// The portable transposing pack: `width` rows of `kc` contiguous floats at stride `row_stride`

@@ -328,35 +328,152 @@ pub(crate) unsafe fn transpose_pack_avx2<const ROUND: bool>(
 ) {
     assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
     assert!(src.len() >= (width - 1) * row_stride + kc);
-    let (src, dst) = (src.as_ptr(), dst.as_mut_ptr());
+    let src = src.as_ptr();
+    // SAFETY: rows group..group + valid_rows < width, depths q0..q0 + depth < kc of `src`.
+    transpose_blocks8(width, kc, lanes, dst, |group, valid_rows, q0, depth| unsafe {
+        let mut rows = load_rows8(src.add(group * row_stride + q0), row_stride, valid_rows, depth);
+        if ROUND {
+            // Rounding the loaded rows rather than the transposed columns skips the zero rows
+            // past a 6-tall A sliver's edge: 6 roundings per block instead of 8.
+            rows.iter_mut().take(valid_rows).for_each(|row| *row = round_bf16_x8(*row));
+        }
+        rows
+    });
+}
+
+/// The transposing packs' loop: for each group of 8 lanes and each 8-deep block, `load(group,
+/// valid_rows, q0, depth)` gives rows `group..group + valid_rows` at depths `q0..q0 + depth` (the
+/// rest zero), which are transposed and stored as lines `q0..q0 + depth` of `dst` (`kc * lanes`).
+#[inline(always)]
+fn transpose_blocks8(
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [f32],
+    load: impl Fn(usize, usize, usize, usize) -> [__m256; 8],
+) {
+    assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
+    let dst = dst.as_mut_ptr();
     for group in (0..lanes).step_by(8) {
         let group_lanes = 8.min(lanes - group);
-        let store_mask = lane_mask(group_lanes);
         let valid_rows = width.saturating_sub(group).min(8);
         for q0 in (0..kc).step_by(8) {
             let depth = 8.min(kc - q0);
-            // SAFETY: rows group..group + valid_rows < width, depths q0..q0 + depth < kc.
-            let mut rows = unsafe { load_rows8(src.add(group * row_stride + q0), row_stride, valid_rows, depth) };
-            if ROUND {
-                // Rounding the loaded rows rather than the transposed columns skips the zero rows
-                // past a 6-tall A sliver's edge: 6 roundings per block instead of 8.
-                rows.iter_mut().take(valid_rows).for_each(|row| *row = round_bf16_x8(*row));
-            }
-            for (q, column) in transpose8(rows).iter().enumerate().take(depth) {
-                let start = (q0 + q) * lanes + group;
-                // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes. With one
-                // group (lanes <= 8), a full-width store past its lanes writes only into later
-                // lines, which are stored afterwards (masked stores are slow on AMD).
-                unsafe {
-                    if group_lanes == 8 || (lanes <= 8 && start + 8 <= kc * lanes) {
-                        _mm256_storeu_ps(dst.add(start), *column)
-                    } else {
-                        _mm256_maskstore_ps(dst.add(start), store_mask, *column)
-                    }
-                }
+            let rows = load(group, valid_rows, q0, depth);
+            // SAFETY: lines q0..q0 + depth <= kc of `dst`, lanes group..group + group_lanes; the
+            // callers run on CPUs with AVX2.
+            unsafe { store_transposed8(transpose8(rows), dst, (q0, depth), (group, group_lanes, lanes), kc) };
+        }
+    }
+}
+
+/// Stores the first `depth` transposed columns of an 8×8 block as lines `q0..q0 + depth` of a
+/// packed sliver, lanes `group..group + group_lanes` of `lanes` (the transposing packs' stores).
+///
+/// # Safety
+/// The CPU must support AVX2; `dst` holds `kc * lanes` floats, `q0 + depth <= kc` and
+/// `group + group_lanes <= lanes`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_transposed8(
+    columns: [__m256; 8],
+    dst: *mut f32,
+    (q0, depth): (usize, usize),
+    (group, group_lanes, lanes): (usize, usize, usize),
+    kc: usize,
+) {
+    let store_mask = lane_mask(group_lanes);
+    for (q, column) in columns.iter().enumerate().take(depth) {
+        let start = (q0 + q) * lanes + group;
+        // SAFETY: line q0+q < kc; lanes group..group+group_lanes <= lanes. With one group
+        // (lanes <= 8), a full-width store past its lanes writes only into later lines, which
+        // are stored afterwards (masked stores are slow on AMD).
+        unsafe {
+            if group_lanes == 8 || (lanes <= 8 && start + 8 <= kc * lanes) {
+                _mm256_storeu_ps(dst.add(start), *column)
+            } else {
+                _mm256_maskstore_ps(dst.add(start), store_mask, *column)
             }
         }
     }
+}
+
+/// `transpose_pack_avx2` of bf16 bits: `width` rows of `kc` contiguous bf16 values at stride
+/// `row_stride` become `kc` packed lines of `lanes` f32 values, each widened with a shift and a
+/// denormal flushed to signed zero (`widen_bf16_x8`), lanes past `width` zero: the AVX2 bf16
+/// GEMM's packing of a bf16 operand whose depth is contiguous (the weight of `X·Wᵀ`).
+///
+/// # Safety
+/// The CPU must support AVX2; `src` must hold `(width - 1) * row_stride + kc` values and `dst`
+/// exactly `kc * lanes`.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transpose_widen_bf16_avx2(
+    src: &[u16],
+    row_stride: usize,
+    width: usize,
+    kc: usize,
+    lanes: usize,
+    dst: &mut [f32],
+) {
+    assert!(width >= 1 && width <= lanes && dst.len() == kc * lanes);
+    assert!(src.len() >= (width - 1) * row_stride + kc);
+    let src = src.as_ptr();
+    transpose_blocks8(width, kc, lanes, dst, |group, valid_rows, q0, depth| {
+        let mut rows = [_mm256_setzero_ps(); 8];
+        for (r, row) in rows.iter_mut().enumerate().take(valid_rows) {
+            // SAFETY: row group + r < width holds depths q0..q0 + depth <= kc of `src`.
+            let at = unsafe { src.add((group + r) * row_stride + q0) };
+            let mut bits = [0u16; 8];
+            // SAFETY: 8 values at `at` where the block is 8 deep, else `depth` of them copied into
+            // `bits` (16 bytes).
+            let loaded = unsafe {
+                if depth == 8 {
+                    _mm_loadu_si128(at.cast())
+                } else {
+                    std::ptr::copy_nonoverlapping(at, bits.as_mut_ptr(), depth);
+                    _mm_loadu_si128(bits.as_ptr().cast())
+                }
+            };
+            *row = widen_bf16_x8(loaded);
+        }
+        rows
+    });
+}
+
+/// One depth step of a bf16 operand whose slivers run along its contiguous index (the weight of
+/// `dY·W`): `line` widened to f32 (`widen_bf16_x8`) into consecutive `lanes`-wide chunks at
+/// stride `sliver_stride` in `dst`, the last chunk zero-padded to `lanes`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(line: &[u16], lanes: usize, dst: &mut [f32], sliver_stride: usize) {
+    assert!(lanes.is_multiple_of(8) && lanes <= sliver_stride && !line.is_empty());
+    let chunks = line.len().div_ceil(lanes);
+    assert!(dst.len() >= (chunks - 1) * sliver_stride + lanes, "bf16 line pack out of bounds");
+    for (i, chunk) in line.chunks(lanes).enumerate() {
+        let out = &mut dst[i * sliver_stride..][..lanes];
+        let whole = chunk.len() / 8 * 8;
+        for v in (0..whole).step_by(8) {
+            // SAFETY: values v..v + 8 of `chunk` and of `out`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast()))) };
+        }
+        for (o, &b) in out[whole..chunk.len()].iter_mut().zip(&chunk[whole..]) {
+            *o = super::pack::widen_bf16(b);
+        }
+        out[chunk.len()..].fill(0.0);
+    }
+}
+
+/// Eight bf16 values (bits) widened to f32 lanes, a denormal flushed to a zero of the same sign.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen_bf16_x8(bits: __m128i) -> __m256 {
+    let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits));
+    // A zero exponent field (a zero or a denormal) keeps only the sign.
+    let denormal = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7F80_0000)), _mm256_setzero_si256());
+    let cleared = _mm256_and_si256(denormal, _mm256_set1_epi32(0x7FFF_FFFF));
+    _mm256_castsi256_ps(_mm256_andnot_si256(cleared, x))
 }
 
 /// The first `depth` floats of `rows` rows at stride `row_stride` from `src`, one register each;
