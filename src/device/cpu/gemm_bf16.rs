@@ -1,6 +1,7 @@
-//! bf16 GEMM for the CPU backend: f32 operands rounded to bf16 while packing, multiplied in
-//! pairs along the depth with AVX512-BF16 `vdpbf16ps`, with AVX2 FMAs on the bf16 values packed
-//! as f32, or with a bit-identical portable kernel; f32 accumulation and f32 output.
+//! bf16 GEMM for the CPU backend: f32 operands rounded to bf16 while packing (or a B of bf16 bits,
+//! the CPU Device's bf16 working copy of the weights, widened while packing: `Bf16Operand`),
+//! multiplied in pairs along the depth with AVX512-BF16 `vdpbf16ps`, with AVX2 FMAs on the bf16
+//! values packed as f32, or with a bit-identical portable kernel; f32 accumulation and f32 output.
 //!
 //! `gemm_bf16` has the contract of `gemm::gemm`: `C[i*ldc + j] = (accumulate ? C : 0) +
 //! Σ_p bf16(A(i,p))·bf16(B(p,j))` for strided views A and B, where `bf16` rounds to nearest even.
@@ -423,13 +424,17 @@ fn pack<T: Bf16Operand>(kernel: Bf16Kernel, slab: &Slab<'_, T>, dst: &mut [u32])
         let w0 = s * lanes;
         let sliver_width = lanes.min(width - w0);
         #[cfg(target_arch = "x86_64")]
-        if let Some(src) = T::as_f32(src).filter(|_| kernel == Bf16Kernel::Avx512Bf16 && (wide_stride == 1 || deep_stride == 1)) {
-            let sliver_src = &src[w0 * wide_stride..];
-            // SAFETY: `sliver_src` holds elements (w, q) for w < sliver_width, q < kc at the given
-            // strides (its far corner was checked above), `sliver` holds words*lanes words, and
-            // this kernel is only used after detecting AVX-512F.
+        if kernel == Bf16Kernel::Avx512Bf16 && (wide_stride == 1 || deep_stride == 1) {
+            let geometry = (wide_stride, deep_stride, sliver_width, kc, lanes);
+            // SAFETY: the sliver's source holds elements (w, q) for w < sliver_width, q < kc at the
+            // given strides (its far corner was checked above), `sliver` holds words*lanes words,
+            // and this kernel is only used after detecting AVX-512F, BW, VL and BF16.
             unsafe {
-                x86::bf16_gemm::pack_sliver(sliver_src, wide_stride, deep_stride, sliver_width, kc, lanes, sliver)
+                match (T::as_f32(src), T::as_bits(src)) {
+                    (Some(src), _) => pack_sliver_avx512(&src[w0 * wide_stride..], geometry, sliver),
+                    (None, Some(src)) => pack_sliver_avx512(&src[w0 * wide_stride..], geometry, sliver),
+                    (None, None) => unreachable!("a bf16 GEMM operand is f32 or bf16"),
+                }
             };
             continue;
         }
@@ -453,6 +458,20 @@ fn pack<T: Bf16Operand>(kernel: Bf16Kernel, slab: &Slab<'_, T>, dst: &mut [u32])
             }
         }
     }
+}
+
+/// `x86::bf16_gemm::pack_sliver` with its strides and extent as one tuple.
+///
+/// # Safety
+/// That function's contract.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_sliver_avx512<T: x86::bf16_gemm::Lanes16>(
+    src: &[T],
+    (wide_stride, deep_stride, width, kc, lanes): (usize, usize, usize, usize, usize),
+    dst: &mut [u32],
+) {
+    // SAFETY: forwarded contract.
+    unsafe { x86::bf16_gemm::pack_sliver(src, wide_stride, deep_stride, width, kc, lanes, dst) }
 }
 
 /// Flushes a denormal to zero of the same sign, as `vdpbf16ps` does with its results.
@@ -580,6 +599,13 @@ mod tests {
             pack(Bf16Kernel::Avx512Bf16, slab, &mut fast);
             pack(Bf16Kernel::Portable, slab, &mut scalar);
             assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
+            // The same slab as bf16 bits (the top halves of the patterns, denormals among them).
+            let bits = bits_of(slab.src);
+            let slab = Slab { src: &bits[..], ..retyped(slab) };
+            let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
+            pack(Bf16Kernel::Avx512Bf16, &slab, &mut fast);
+            pack(Bf16Kernel::Portable, &slab, &mut scalar);
+            assert_eq!(fast, scalar, "bits: lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
         });
     }
 
@@ -594,7 +620,7 @@ mod tests {
             return;
         }
         let bits: Vec<u16> = random_bit_patterns().iter().map(|x| (x.to_bits() >> 16) as u16).collect();
-        for_each_random_slab(&[(16, 16), (16, 37), (16, 130), (6, 13)], |slab| {
+        for_each_random_slab(&[(16, 16), (16, 24), (16, 37), (16, 130), (6, 13)], |slab| {
             let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
             let slab = Slab { src: &bits[..], ..retyped(slab) };
             let (slivers, lines) = (width.div_ceil(lanes), 2 * kc.div_ceil(2));

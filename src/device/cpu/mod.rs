@@ -57,8 +57,8 @@ pub struct CpuDevice {
     /// Whether linear layers multiply bf16 operands (`gemm_bf16`) instead of f32 ones.
     bf16_matmul: std::sync::atomic::AtomicBool,
     /// Whether bf16 mixed precision holds the GEMM weights' working copy as bf16 bits
-    /// (`holds_weights_in`): where the bf16 GEMM widens such weights faster than it rounds f32
-    /// ones (its AVX2 kernel), unless a test chose (`with_bf16_weights`).
+    /// (`holds_weights_in`), which every bf16 kernel's packing reads at half the bytes and widens
+    /// instead of rounding: yes, unless a test chose otherwise (`with_bf16_weights`).
     bf16_weights: bool,
 }
 
@@ -67,7 +67,7 @@ impl CpuDevice {
         CpuDevice {
             pool: ThreadPool::new(threads.max(1)),
             bf16_matmul: std::sync::atomic::AtomicBool::new(false),
-            bf16_weights: gemm_bf16::best_bf16_kernel() == gemm_bf16::Bf16Kernel::Avx2,
+            bf16_weights: true,
         }
     }
 

@@ -249,8 +249,8 @@ impl<D: Device> Gpt<D> {
         // as they are read) need no rounded copy where the GEMM rounds its operands itself.
         // Where the device stores the precision, those matrices are held in it (the kernels read
         // LayerNorm weights and biases in f32: their copies stay f32, rounded).
-        // Where the device holds GEMM weights in the precision without storing it (the CPU's
-        // bf16 GEMM on AVX2: bf16 bits widened while packing), they get a copy in it too.
+        // Where the device holds GEMM weights in the precision without storing it (the CPU under
+        // bf16: bits its GEMM widens while packing), they get a copy in it too.
         let gemm_rounds = dev.matmul_rounds_operands(precision);
         self.stored = precision != Precision::F32 && dev.stores(precision);
         let held = precision != Precision::F32 && dev.holds_weights_in(precision);

@@ -458,10 +458,17 @@ pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(line: &[u16], lanes: usize,
             // SAFETY: values v..v + 8 of `chunk` and of `out`.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast()))) };
         }
-        for (o, &b) in out[whole..chunk.len()].iter_mut().zip(&chunk[whole..]) {
-            *o = super::pack::widen_bf16(b);
+        let mut written = whole;
+        if whole < chunk.len() {
+            // The ragged end through a zero-padded vector (zero bits widen to zero); `lanes` is a
+            // multiple of 8, so the whole vector fits.
+            let mut bits = [0u16; 8];
+            bits[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
+            // SAFETY: `bits` holds 8 values, `out` 8 past `whole`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(whole), widen_bf16_x8(_mm_loadu_si128(bits.as_ptr().cast()))) };
+            written += 8;
         }
-        out[chunk.len()..].fill(0.0);
+        out[written..].fill(0.0);
     }
 }
 
@@ -667,22 +674,55 @@ pub(crate) mod bf16_gemm {
         _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(rounded, nan, quiet_nan), tiny, signed_zero)
     }
 
+    /// An element type the AVX-512 packing loads 16 at a time as bf16 bits, each in the low half
+    /// of a u32 lane: f32 values rounded (`to_bf16_x16`), or bf16 bits with a denormal flushed to
+    /// a zero of the same sign (as `to_bf16` flushes an f32).
+    pub trait Lanes16: Copy {
+        /// The masked lanes of 16 elements from `at` (masked-off lanes zero, not read).
+        ///
+        /// # Safety
+        /// The CPU must support AVX-512F, BW and VL; the unmasked elements are readable.
+        unsafe fn load_bf16(at: *const Self, mask: __mmask16) -> __m512i;
+    }
+
+    impl Lanes16 for f32 {
+        #[inline(always)]
+        unsafe fn load_bf16(at: *const f32, mask: __mmask16) -> __m512i {
+            // SAFETY: forwarded contract.
+            unsafe { to_bf16_x16(_mm512_maskz_loadu_ps(mask, at)) }
+        }
+    }
+
+    impl Lanes16 for u16 {
+        #[inline(always)]
+        unsafe fn load_bf16(at: *const u16, mask: __mmask16) -> __m512i {
+            // SAFETY: forwarded contract.
+            unsafe {
+                let bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, at.cast()));
+                // A zero exponent field (a zero or a denormal) keeps only the sign.
+                let tiny = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7F80));
+                _mm512_mask_and_epi32(bits, tiny, bits, _mm512_set1_epi32(0x8000))
+            }
+        }
+    }
+
     /// Lanes `0..count` set (`count <= 16`).
     fn mask(count: usize) -> __mmask16 {
         ((1u32 << count.min(16)) - 1) as __mmask16
     }
 
     /// The AVX-512 form of one sliver of `gemm_bf16::pack` (bit-identical to the scalar one): element
-    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]`, and `dst[t*lanes + w]` becomes the word of
-    /// `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and past `kc`. One of the strides is 1.
+    /// `(w, q)` is `src[w*wide_stride + q*deep_stride]` (f32 values or bf16 bits, `Lanes16`), and
+    /// `dst[t*lanes + w]` becomes the word of `(w, 2t)` and `(w, 2t + 1)`, zero past `width` and
+    /// past `kc`. One of the strides is 1.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; every element `(w, q)` with `w < width`, `q < kc` lies in
-    /// `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and `width <=
-    /// lanes`.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn pack_sliver(
-        src: &[f32],
+    /// The CPU must support AVX-512F, BW and VL; every element `(w, q)` with `w < width`, `q < kc`
+    /// lies in `src`; `dst` holds `ceil(kc / 2) * lanes` words; `lanes` is a multiple of 8 and
+    /// `width <= lanes`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn pack_sliver<T: Lanes16>(
+        src: &[T],
         wide_stride: usize,
         deep_stride: usize,
         width: usize,
@@ -706,10 +746,10 @@ pub(crate) mod bf16_gemm {
                     // SAFETY: unmasked lanes are elements (group + w, q) with w < valid, q < kc;
                     // the store writes lanes group..group+group_lanes of line t.
                     unsafe {
-                        let even = _mm512_maskz_loadu_ps(mask(valid), at(group, 2 * t));
+                        let even = T::load_bf16(at(group, 2 * t), mask(valid));
                         let odd_mask = if 2 * t + 1 < kc { mask(valid) } else { 0 };
-                        let odd = _mm512_maskz_loadu_ps(odd_mask, at(group, 2 * t + 1));
-                        let word = _mm512_or_si512(to_bf16_x16(even), _mm512_slli_epi32::<16>(to_bf16_x16(odd)));
+                        let odd = T::load_bf16(at(group, 2 * t + 1), odd_mask);
+                        let word = _mm512_or_si512(even, _mm512_slli_epi32::<16>(odd));
                         _mm512_mask_storeu_epi32(dst.add(t * lanes + group).cast(), store, word);
                     }
                 }
@@ -725,11 +765,10 @@ pub(crate) mod bf16_gemm {
                         // SAFETY: unmasked lanes are elements (group + r, q) with q < kc.
                         let (first, second) = unsafe {
                             (
-                                _mm512_maskz_loadu_ps(mask(depth), at(group + r, q0)),
-                                _mm512_maskz_loadu_ps(mask(depth.saturating_sub(16)), at(group + r, q0 + 16)),
+                                T::load_bf16(at(group + r, q0), mask(depth)),
+                                T::load_bf16(at(group + r, q0 + 16), mask(depth.saturating_sub(16))),
                             )
                         };
-                        let (first, second) = (to_bf16_x16(first), to_bf16_x16(second));
                         let even = _mm512_permutex2var_epi32(first, even_index, second);
                         let odd = _mm512_permutex2var_epi32(first, odd_index, second);
                         *row = _mm512_castsi512_ps(_mm512_or_si512(even, _mm512_slli_epi32::<16>(odd)));
