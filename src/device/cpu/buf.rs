@@ -46,7 +46,8 @@ impl CpuBuf {
         }
     }
 
-    /// The buffer as an f32 slice, or a panic naming `op`: the ops that take only f32 buffers.
+    /// The f32 values of an f32 buffer; a bf16 one panics (an op that takes only f32 buffers got
+    /// the weight copy: a bug in trident).
     fn values(&self) -> &Vec<f32> {
         match self {
             CpuBuf::F32(v) => v,
@@ -111,7 +112,13 @@ mod tests {
             let mut back = vec![0.0; n * k];
             dev.download(&bits, &mut back);
             let first = back.iter().zip(rounded.iter()).position(|(x, y)| x.to_bits() != y.to_bits());
-            assert!(first.is_none(), "{rows}x{k}x{n}: upload does not round as round_to at {first:?}: {} {} (from {})", back[first.unwrap()], rounded[first.unwrap()], w[first.unwrap()]);
+            assert!(
+                first.is_none(),
+                "{rows}x{k}x{n}: upload does not round as round_to at {first:?}: {} {} (from {})",
+                back[first.unwrap()],
+                rounded[first.unwrap()],
+                w[first.unwrap()]
+            );
             let mut copied = dev.alloc(n * k);
             dev.copy(&mut copied, 0, &bits, 0, n * k);
             assert!(copied == rounded, "{rows}x{k}x{n}: copy out of bf16");
@@ -146,7 +153,8 @@ mod tests {
         let (mut p, g) = (CpuBuf::from(crate::rng::fill(n, 5)), CpuBuf::from(crate::rng::fill(n, 6)));
         let (mut m, mut v) = (dev.alloc(n), dev.alloc(n));
         let mut working = dev.alloc_weights(n, Precision::Bf16);
-        let step = crate::device::AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1 };
+        let step =
+            crate::device::AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1 };
         dev.adamw(&mut p, &g, &mut m, &mut v, step, (&vec![1.0], 0), Some((&mut working, Precision::Bf16)));
         let mut want = dev.alloc_weights(n, Precision::Bf16);
         dev.upload(&mut want, &p);

@@ -43,9 +43,9 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::gemm::driver::{for_each_rectangle, with_buffer, AlignedBuffer, EdgeTile, Problem};
+use super::gemm::pack::Slab;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::pack::{pack_bf16_avx2, pack_bf16_bits_avx2};
-use super::gemm::pack::Slab;
 use super::gemm::portable::store_tile;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::x86;
@@ -605,7 +605,10 @@ mod tests {
             let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
             pack(Bf16Kernel::Avx512Bf16, &slab, &mut fast);
             pack(Bf16Kernel::Portable, &slab, &mut scalar);
-            assert_eq!(fast, scalar, "bits: lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
+            assert_eq!(
+                fast, scalar,
+                "bits: lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})"
+            );
         });
     }
 
@@ -662,8 +665,30 @@ mod tests {
                     let run_with = |c: &mut Vec<f32>, bits: bool| {
                         let a = MatRef::row_major(&a, k);
                         match bits {
-                            true => gemm_bf16_with(kernel, &pool, m, n, k, a, MatRef { data: &bits_of(&values), row_stride, col_stride }, c, n, false),
-                            false => gemm_bf16_with(kernel, &pool, m, n, k, a, MatRef { data: &values[..], row_stride, col_stride }, c, n, false),
+                            true => gemm_bf16_with(
+                                kernel,
+                                &pool,
+                                m,
+                                n,
+                                k,
+                                a,
+                                MatRef { data: &bits_of(&values), row_stride, col_stride },
+                                c,
+                                n,
+                                false,
+                            ),
+                            false => gemm_bf16_with(
+                                kernel,
+                                &pool,
+                                m,
+                                n,
+                                k,
+                                a,
+                                MatRef { data: &values[..], row_stride, col_stride },
+                                c,
+                                n,
+                                false,
+                            ),
                         }
                     };
                     let (mut from_bits, mut from_values) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);

@@ -126,6 +126,17 @@ impl CpuDevice {
         }
     }
 
+    /// `bits` becomes the bf16 bits of `values` (rounded to nearest even, as `round_to` rounds),
+    /// in parallel blocks.
+    fn to_bf16_bits(&self, bits: &mut [u16], values: &[f32]) {
+        assert_eq!(bits.len(), values.len(), "bf16 bits and values differ in length");
+        let o = SharedMut::new(bits);
+        self.for_blocks(values.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks; the dispatch picks a level this CPU has.
+            unsafe { simd::round_bf16_bits_slice(o.slice(s, n), &values[s..s + n]) };
+        });
+    }
+
     /// Runs `f(start, len)` over `0..total` in blocks of `block`, in parallel.
     fn for_blocks(&self, total: usize, block: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         let tasks = total.div_ceil(block);
@@ -138,19 +149,6 @@ impl CpuDevice {
         self.pool.run(tasks, &|i| {
             let start = i * block;
             f(start, block.min(total - start));
-        });
-    }
-}
-
-impl CpuDevice {
-    /// `bits` becomes the bf16 bits of `values` (rounded to nearest even, as `round_to` rounds),
-    /// in parallel blocks.
-    fn to_bf16_bits(&self, bits: &mut [u16], values: &[f32]) {
-        assert_eq!(bits.len(), values.len(), "bf16 bits and values differ in length");
-        let o = SharedMut::new(bits);
-        self.for_blocks(values.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks; the dispatch picks a level this CPU has.
-            unsafe { simd::round_bf16_bits_slice(o.slice(s, n), &values[s..s + n]) };
         });
     }
 }
@@ -306,10 +304,17 @@ impl Device for CpuDevice {
                     simd::embedding_forward_rows(o, tokens, wte, vocab_start, batch, seq, hidden, t0)
                 },
                 // The bf16 working copy: each looked-up row widened.
-                CpuBuf::Bf16(bits) => kernels::embedding_rows_with(o, tokens, bits.len() / hidden, vocab_start, (batch, seq, hidden, t0), |row, r| {
-                    // SAFETY: equal lengths; the dispatch picks a level this CPU has.
-                    unsafe { simd::from_bf16_bits_slice(row, &bits[r * hidden..(r + 1) * hidden]) }
-                }),
+                CpuBuf::Bf16(bits) => kernels::embedding_rows_with(
+                    o,
+                    tokens,
+                    bits.len() / hidden,
+                    vocab_start,
+                    (batch, seq, hidden, t0),
+                    |row, r| {
+                        // SAFETY: equal lengths; the dispatch picks a level this CPU has.
+                        unsafe { simd::from_bf16_bits_slice(row, &bits[r * hidden..(r + 1) * hidden]) }
+                    },
+                ),
             }
         });
     }

@@ -461,7 +461,12 @@ mod tests {
             }
         }
         assert!(lean.2 * 10 < full.2, "working copy {} bytes, not far below {}", lean.2, full.2);
-        assert!(bits.2 * 10 < full.2 * 6 && bits.2 * 10 > full.2 * 4, "bf16 copies {} bytes against {}", bits.2, full.2);
+        assert!(
+            bits.2 * 10 < full.2 * 6 && bits.2 * 10 > full.2 * 4,
+            "bf16 copies {} bytes against {}",
+            bits.2,
+            full.2
+        );
     }
 
     #[test]

@@ -58,7 +58,6 @@ impl<'a, T> Slab<'a, T> {
         Slab { base, width: (count * self.lanes).min(self.width - s * self.lanes), ..*self }
     }
 
-
     /// Prefetches part `part` of `parts` of the source of `count` slivers starting at `s` into
     /// L2, so that packing them later reads from cache instead of waiting on memory. Layouts
     /// with no unit stride are left to the hardware.

@@ -447,7 +447,12 @@ pub(crate) unsafe fn transpose_widen_bf16_avx2(
 /// # Safety
 /// The CPU must support AVX2.
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(line: &[u16], lanes: usize, dst: &mut [f32], sliver_stride: usize) {
+pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(
+    line: &[u16],
+    lanes: usize,
+    dst: &mut [f32],
+    sliver_stride: usize,
+) {
     assert!(lanes.is_multiple_of(8) && lanes <= sliver_stride && !line.is_empty());
     let chunks = line.len().div_ceil(lanes);
     assert!(dst.len() >= (chunks - 1) * sliver_stride + lanes, "bf16 line pack out of bounds");
@@ -456,7 +461,9 @@ pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(line: &[u16], lanes: usize,
         let whole = chunk.len() / 8 * 8;
         for v in (0..whole).step_by(8) {
             // SAFETY: values v..v + 8 of `chunk` and of `out`.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast()))) };
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast())))
+            };
         }
         let mut written = whole;
         if whole < chunk.len() {
@@ -465,7 +472,9 @@ pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(line: &[u16], lanes: usize,
             let mut bits = [0u16; 8];
             bits[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
             // SAFETY: `bits` holds 8 values, `out` 8 past `whole`.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(whole), widen_bf16_x8(_mm_loadu_si128(bits.as_ptr().cast()))) };
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(whole), widen_bf16_x8(_mm_loadu_si128(bits.as_ptr().cast())))
+            };
             written += 8;
         }
         out[written..].fill(0.0);
