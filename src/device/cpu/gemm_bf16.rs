@@ -382,8 +382,8 @@ fn pack_lines<T: Bf16Operand>(slab: &Slab<'_, T>, dst: &mut [f32]) {
     assert!(slab.width > 0 && kc > 0 && dst.len() == slab.width.div_ceil(lanes) * lines * lanes);
     // f32 values are rounded, bf16 bits widened (`pack_bf16_bits_avx2`).
     let pack_lines_of = |slab: &Slab<'_, T>, dst: &mut [f32]| match (T::as_f32(slab.src), T::as_bits(slab.src)) {
-        (Some(src), _) => pack_bf16_avx2(&Slab { src, ..retyped(slab) }, dst),
-        (None, Some(src)) => pack_bf16_bits_avx2(&Slab { src, ..retyped(slab) }, dst),
+        (Some(src), _) => pack_bf16_avx2(&slab.over(src), dst),
+        (None, Some(src)) => pack_bf16_bits_avx2(&slab.over(src), dst),
         (None, None) => unreachable!("a bf16 GEMM operand is f32 or bf16"),
     };
     if kc == lines {
@@ -396,24 +396,16 @@ fn pack_lines<T: Bf16Operand>(slab: &Slab<'_, T>, dst: &mut [f32]) {
     }
 }
 
-/// A slab's geometry over an empty source, to be given the source as another element type.
-fn retyped<T, U>(slab: &Slab<'_, T>) -> Slab<'static, U> {
-    let Slab { base, wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
-    Slab { src: &[], base, wide_stride, deep_stride, width, kc, lanes }
-}
-
 /// Packs a `width × kc` slab of a strided f32 matrix into `ceil(width / lanes)` slivers of bf16
 /// pairs: `dst[s*words*lanes + t*lanes + w]` holds element `(s*lanes + w, 2t)` in its low half
 /// and `(s*lanes + w, 2t + 1)` in its high half, where element `(w, q)` is
 /// `src[base + w*wide_stride + q*deep_stride]`. Lanes past `width` and the half past an odd `kc`
 /// are zero.
 fn pack<T: Bf16Operand>(kernel: Bf16Kernel, slab: &Slab<'_, T>, dst: &mut [u32]) {
-    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
+    let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
     let words = kc.div_ceil(2);
-    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * words);
-    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
-    assert!(last < src.len(), "bf16 GEMM pack out of bounds");
-    let src = &src[base..=last];
+    let src = slab.checked_source();
+    assert!(dst.len() == width.div_ceil(lanes) * lanes * words);
     let word = |w: usize, q: usize| -> u32 {
         let at = w * wide_stride + q * deep_stride;
         let low = src[at].bf16_bits() as u32;
@@ -601,7 +593,7 @@ mod tests {
             assert_eq!(fast, scalar, "lanes {lanes} width {width} kc {kc} strides ({wide_stride}, {deep_stride})");
             // The same slab as bf16 bits (the top halves of the patterns, denormals among them).
             let bits = bits_of(slab.src);
-            let slab = Slab { src: &bits[..], ..retyped(slab) };
+            let slab = slab.over(&bits[..]);
             let (mut fast, mut scalar) = (vec![7u32; size], vec![9u32; size]);
             pack(Bf16Kernel::Avx512Bf16, &slab, &mut fast);
             pack(Bf16Kernel::Portable, &slab, &mut scalar);
@@ -625,7 +617,7 @@ mod tests {
         let bits: Vec<u16> = random_bit_patterns().iter().map(|x| (x.to_bits() >> 16) as u16).collect();
         for_each_random_slab(&[(16, 16), (16, 24), (16, 37), (16, 130), (6, 13)], |slab| {
             let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
-            let slab = Slab { src: &bits[..], ..retyped(slab) };
+            let slab = slab.over(&bits[..]);
             let (slivers, lines) = (width.div_ceil(lanes), 2 * kc.div_ceil(2));
             let mut packed = vec![7.0f32; slivers * lines * lanes];
             pack_lines(&slab, &mut packed);

@@ -831,11 +831,15 @@ impl Device for CpuDevice {
         // The working copy is written block by block right behind the update, while the block
         // is still in cache: one more stream, not two more passes.
         // f32 storage gets the rounded values, bf16 storage their bits.
+        enum Working {
+            Rounded(SharedMut<f32>, crate::real::Precision),
+            Bits(SharedMut<u16>),
+        }
         let working = working.map(|(w, precision)| {
             assert_eq!(w.len(), grad.len(), "adamw: working copy and parameter lengths differ");
             match w {
-                CpuBuf::F32(w) => (Some(SharedMut::new(w)), None, precision),
-                CpuBuf::Bf16(bits) => (None, Some(SharedMut::new(bits)), precision),
+                CpuBuf::F32(w) => Working::Rounded(SharedMut::new(w), precision),
+                CpuBuf::Bf16(bits) => Working::Bits(SharedMut::new(bits)),
             }
         });
         self.for_blocks(grad.len(), ELEMS_PER_TASK, &|s, n| {
@@ -845,13 +849,13 @@ impl Device for CpuDevice {
                 let param = p.slice(s, n);
                 simd::adamw_slice(param, &grad[s..s + n], mm.slice(s, n), vv.slice(s, n), &step, grad_scale);
                 match &working {
-                    Some((Some(w), _, precision)) => {
+                    Some(Working::Rounded(w, precision)) => {
                         let w = w.slice(s, n);
                         w.copy_from_slice(param);
                         round_block(w, *precision);
                     }
-                    Some((_, Some(bits), _)) => simd::round_bf16_bits_slice(bits.slice(s, n), param),
-                    _ => {}
+                    Some(Working::Bits(bits)) => simd::round_bf16_bits_slice(bits.slice(s, n), param),
+                    None => {}
                 }
             }
         });

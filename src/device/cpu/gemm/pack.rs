@@ -34,6 +34,23 @@ impl<'a, T> Slab<'a, T> {
         Slab { src: a.data, base, wide_stride: a.row_stride, deep_stride: a.col_stride, width: rows, kc, lanes }
     }
 
+    /// The same region over `src`, a source of another element type (f32 values or bf16 bits).
+    pub(crate) fn over<'b, U>(&self, src: &'b [U]) -> Slab<'b, U> {
+        let Slab { base, wide_stride, deep_stride, width, kc, lanes, .. } = *self;
+        Slab { src, base, wide_stride, deep_stride, width, kc, lanes }
+    }
+
+    /// The source from the slab's first element to its far corner, checked to lie in bounds (the
+    /// entry check proved it for the whole view; re-checking the slab here keeps the packs'
+    /// unchecked reads locally sound).
+    pub(crate) fn checked_source(&self) -> &'a [T] {
+        let Slab { src, base, wide_stride, deep_stride, width, kc, .. } = *self;
+        assert!(width > 0 && kc > 0, "GEMM pack of an empty slab");
+        let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
+        assert!(last < src.len(), "GEMM pack out of bounds");
+        &src[base..=last]
+    }
+
     /// Columns `j0..j0 + cols` of B at depths `p0..p0 + kc`, packed into `lanes`-wide slivers.
     pub(crate) fn of_b(b: &MatRef<'a, T>, (p0, kc): (usize, usize), (j0, cols): (usize, usize), lanes: usize) -> Self {
         let base = p0 * b.row_stride + j0 * b.col_stride;
@@ -107,11 +124,9 @@ pub(crate) fn pack_bf16_avx2(slab: &Slab<'_>, dst: &mut [f32]) {
 /// Call it only where the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn pack_bf16_bits_avx2(slab: &Slab<'_, u16>, dst: &mut [f32]) {
-    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
-    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
-    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
-    assert!(last < src.len(), "GEMM pack out of bounds");
-    let src = &src[base..=last];
+    let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+    let src = slab.checked_source();
+    assert!(dst.len() == width.div_ceil(lanes) * lanes * kc);
     if wide_stride == 1 && deep_stride != 1 && lanes.is_multiple_of(8) {
         // Each depth step is one contiguous line across the slivers (see `pack_as`).
         for q in 0..kc {
@@ -154,14 +169,10 @@ pub(crate) fn widen_bf16(bits: u16) -> f32 {
 
 /// `pack`, with each value rounded to bf16 where `ROUND` (only with the AVX2 kernel, on x86-64).
 fn pack_as<K: MicroKernel, const ROUND: bool>(slab: &Slab<'_>, dst: &mut [f32]) {
-    let Slab { src, base, wide_stride, deep_stride, width, kc, lanes } = *slab;
-    assert!(width > 0 && kc > 0 && dst.len() == width.div_ceil(lanes) * lanes * kc);
+    let Slab { wide_stride, deep_stride, width, kc, lanes, .. } = *slab;
+    let src = slab.checked_source();
+    assert!(dst.len() == width.div_ceil(lanes) * lanes * kc);
     debug_assert!(!ROUND || K::AVX2_PACKING, "only the AVX2 packing rounds to bf16");
-    // The entry check proved every element of the view is in bounds; re-checking this slab's
-    // far corner here keeps the unchecked reads below locally sound.
-    let last = base + (width - 1) * wide_stride + (kc - 1) * deep_stride;
-    assert!(last < src.len(), "GEMM pack out of bounds");
-    let src = &src[base..=last];
 
     if wide_stride == 1 && deep_stride != 1 {
         // Each depth step is contiguous across slivers. Walk a few slivers at a time so that

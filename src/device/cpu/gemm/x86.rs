@@ -453,32 +453,22 @@ pub(crate) unsafe fn widen_bf16_line_to_slivers_avx2(
     dst: &mut [f32],
     sliver_stride: usize,
 ) {
-    assert!(lanes.is_multiple_of(8) && lanes <= sliver_stride && !line.is_empty());
-    let chunks = line.len().div_ceil(lanes);
-    assert!(dst.len() >= (chunks - 1) * sliver_stride + lanes, "bf16 line pack out of bounds");
-    for (i, chunk) in line.chunks(lanes).enumerate() {
-        let out = &mut dst[i * sliver_stride..][..lanes];
+    // SAFETY (of each call): `chunk` holds at most `lanes` values and `out` `lanes` floats, a
+    // multiple of 8.
+    line_to_slivers(line, lanes, dst, sliver_stride, |chunk, out| unsafe {
         let whole = chunk.len() / 8 * 8;
         for v in (0..whole).step_by(8) {
-            // SAFETY: values v..v + 8 of `chunk` and of `out`.
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr().add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast())))
-            };
+            _mm256_storeu_ps(out.add(v), widen_bf16_x8(_mm_loadu_si128(chunk.as_ptr().add(v).cast())));
         }
-        let mut written = whole;
-        if whole < chunk.len() {
-            // The ragged end through a zero-padded vector (zero bits widen to zero); `lanes` is a
-            // multiple of 8, so the whole vector fits.
-            let mut bits = [0u16; 8];
-            bits[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
-            // SAFETY: `bits` holds 8 values, `out` 8 past `whole`.
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr().add(whole), widen_bf16_x8(_mm_loadu_si128(bits.as_ptr().cast())))
-            };
-            written += 8;
+        if whole == chunk.len() {
+            return whole;
         }
-        out[written..].fill(0.0);
-    }
+        // The ragged end through a zero-padded vector (zero bits widen to zero).
+        let mut bits = [0u16; 8];
+        bits[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
+        _mm256_storeu_ps(out.add(whole), widen_bf16_x8(_mm_loadu_si128(bits.as_ptr().cast())));
+        whole + 8
+    });
 }
 
 /// Eight bf16 values (bits) widened to f32 lanes, a denormal flushed to a zero of the same sign.
@@ -589,14 +579,31 @@ pub(crate) unsafe fn round_bf16_line_to_slivers_avx2(
     dst: &mut [f32],
     sliver_stride: usize,
 ) {
+    line_to_slivers(line, lanes, dst, sliver_stride, |chunk, out| {
+        // SAFETY: `chunk` and `out[..chunk.len()]` hold `chunk.len()` floats and do not overlap.
+        unsafe { round_bf16_run(chunk.as_ptr(), out, chunk.len()) };
+        chunk.len()
+    });
+}
+
+/// The streaming packs' step for whole-vector slivers: chunk `i` of `lanes` values of `line` is
+/// written by `write(chunk, out)` to `out = dst[i * sliver_stride..]` (it returns how many floats
+/// it wrote, at most `lanes`), and the rest of the chunk's `lanes` floats become zero.
+#[inline(always)]
+fn line_to_slivers<T>(
+    line: &[T],
+    lanes: usize,
+    dst: &mut [f32],
+    sliver_stride: usize,
+    write: impl Fn(&[T], *mut f32) -> usize,
+) {
     assert!(lanes.is_multiple_of(8) && lanes <= sliver_stride && !line.is_empty());
     let chunks = line.len().div_ceil(lanes);
     assert!(dst.len() >= (chunks - 1) * sliver_stride + lanes, "bf16 line pack out of bounds");
     for (i, chunk) in line.chunks(lanes).enumerate() {
         let out = &mut dst[i * sliver_stride..][..lanes];
-        // SAFETY: `chunk` and `out[..chunk.len()]` hold `chunk.len()` floats and do not overlap.
-        unsafe { round_bf16_run(chunk.as_ptr(), out.as_mut_ptr(), chunk.len()) };
-        out[chunk.len()..].fill(0.0);
+        let written = write(chunk, out.as_mut_ptr());
+        out[written..].fill(0.0);
     }
 }
 
