@@ -354,7 +354,7 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--min-seconds", "S", "time per shape or size (default 0.3; 0.1 for collectives)"),
     flag("--max-size", "BYTES", "largest collective size (default 1G; suffixes K, M, G)"),
     switch("--json", "print one JSON object per measurement"),
-    flag("--dtype", "T", "gemm and step: f32 (default) or bf16 (step --device cuda|hip needs bf16)"),
+    flag("--dtype", "T", "gemm and step: f32 (default) or bf16; step on the CPU also takes two, f32,bf16: their steps interleaved one by one, with the ratio of their times (step --device cuda|hip needs bf16)"),
     flag("--preset", "NAME", "step, generate, summa: the model (default gpt2-124m)"),
     flag("--num-layers", "L", "step: transformer layers (default: the preset's)"),
     flag("--hidden-size", "H", "step, summa: hidden size (default: the preset's)"),

@@ -98,6 +98,38 @@ fn bench_step_reports_mfu_against_the_higher_of_two_peaks() {
     assert!((number("ratio") - number("achieved") / number("peak")).abs() < 1e-3, "{record}");
 }
 
+/// `bench step --dtype f32,bf16` interleaves the two precisions' steps and adds the ratio of
+/// their median step times' pairs: three records, the third naming the pair; a list of one
+/// precision twice, or of three, is one clear error.
+#[test]
+fn bench_step_compares_two_dtypes_interleaved() {
+    let args = ["bench", "step", "--preset", "tiny", "--micro-batch-size", "2", "--seq-length", "16"];
+    let o =
+        run(&[&args[..], &["--vocab-size", "257", "--min-seconds", "0.01", "--json", "--dtype", "f32,bf16"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let records: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(records.len(), 3, "{text}");
+    let number = |record: &str, key: &str| -> f64 {
+        let at = record.find(&format!("\"{key}\": ")).unwrap_or_else(|| panic!("no {key}: {record}"));
+        let rest = &record[at + key.len() + 4..];
+        rest[..rest.find([',', '}']).unwrap()].parse().unwrap()
+    };
+    assert!(records[0].contains("\"dtype\": \"f32\"") && records[0].contains("interleaved with bf16's"), "{text}");
+    assert!(records[1].contains("\"dtype\": \"bf16\"") && records[1].contains("interleaved with f32's"), "{text}");
+    assert!(records[2].contains(" bf16/f32\"") && records[2].contains("\"unit\": \"x\""), "{text}");
+    let ratio = number(records[2], "achieved");
+    assert!(ratio > 0.0 && ratio.is_finite(), "{text}");
+    assert!(records[2].contains(&format!("median {ratio:.3}")), "{text}");
+    assert!((number(records[2], "ms") - number(records[1], "ms")).abs() < 1e-3, "{text}");
+    for bad in ["bf16,bf16", "f32,bf16,f32", "f32,fp8"] {
+        assert_clean_error(
+            &run(&[&args[..], &["--dtype", bad]].concat()),
+            &["--dtype", &format!("'{bad}'"), "f32,bf16"],
+        );
+    }
+}
+
 /// `bench gemm --shape MxNxK` times that one shape (in each layout) instead of the sweep, at
 /// either dtype; a malformed shape is one clear error.
 #[test]

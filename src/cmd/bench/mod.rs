@@ -124,17 +124,11 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             let records = match what {
                 "attention" => ops::attention(&dev, &p, secs),
                 "layernorm" => ops::layernorm(&dev, ops::triad_bandwidth(dev.pool(), secs), secs),
-                _ => ops::step(
-                    &dev,
-                    &p,
-                    &step_model(a, (4, 64))?,
-                    match a.str("--dtype").unwrap_or("f32") {
-                        "f32" => crate::real::Precision::F32,
-                        "bf16" => crate::real::Precision::Bf16,
-                        other => return Err(Error::flag("--dtype", format!("'{other}'"), "f32 or bf16")),
-                    },
-                    secs,
-                )?,
+                _ => match step_dtypes(a)?[..] {
+                    [one] => ops::step(&dev, &p, &step_model(a, (4, 64))?, one, secs)?,
+                    [x, y] => ops::step_pair(&dev, &p, &step_model(a, (4, 64))?, [x, y], secs)?,
+                    _ => unreachable!("step_dtypes gives one or two"),
+                },
             };
             print_records(&records, a.has("--json"));
             Ok(())
@@ -146,6 +140,25 @@ fn on_cpu(what: &str, a: &Args) -> Result<()> {
             "unknown bench target '{other}': use peak, gemm, gemm-bwd, attention, layernorm, step, generate, gelu, xent, embedding, allreduce, allgather, reducescatter or sendrecv"
         ))),
     }
+}
+
+/// `bench step`'s `--dtype` on the CPU: f32 (the default) or bf16, or two of them to compare
+/// (`f32,bf16`).
+fn step_dtypes(a: &Args) -> Result<Vec<crate::real::Precision>> {
+    let text = a.str("--dtype").unwrap_or("f32");
+    let expected = "f32 or bf16, or two to compare, as f32,bf16";
+    let parsed: Vec<_> = text
+        .split(',')
+        .map(|d| match d {
+            "f32" => Ok(crate::real::Precision::F32),
+            "bf16" => Ok(crate::real::Precision::Bf16),
+            _ => Err(Error::flag("--dtype", format!("'{text}'"), expected)),
+        })
+        .collect::<Result<_>>()?;
+    if parsed.len() > 2 || (parsed.len() == 2 && parsed[0] == parsed[1]) {
+        return Err(Error::flag("--dtype", format!("'{text}'"), expected));
+    }
+    Ok(parsed)
 }
 
 /// `bench step`'s (and `bench generate`'s) model from its flags (`ops::StepModel`), on the CPU

@@ -17,6 +17,7 @@ use crate::model::{Gpt, GptConfig};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::parallel::data::global_grad_sum_squares;
 use crate::parallel::tensor::TensorParallel;
+use crate::real::Precision;
 use std::time::Instant;
 
 /// One measurement, as printed and as written with `--json`.
@@ -339,6 +340,67 @@ pub fn train_step<D: Device>(
     loss
 }
 
+/// A model set up to train `bench step`'s synthetic steps at one precision.
+struct StepRun {
+    model: Gpt<CpuDevice>,
+    opt: AdamW<CpuDevice>,
+    norm: [<CpuDevice as Device>::Scalars; 2],
+    precision: Precision,
+}
+
+impl StepRun {
+    fn new(dev: &CpuDevice, m: &StepModel, precision: Precision) -> StepRun {
+        let mut model = Gpt::new(dev, m.cfg.clone(), 1234);
+        dev.set_matmul_precision(precision);
+        model.set_precision(dev, precision);
+        let opt = AdamW::new(dev, &model.params, STEP_ADAMW);
+        StepRun { model, opt, norm: [dev.scalars(1), dev.scalars(2)], precision }
+    }
+
+    /// One `train_step`, the device's GEMMs set to this run's precision.
+    fn step(&mut self, dev: &CpuDevice, m: &StepModel, (tokens, labels): (&[u32], &[u32])) {
+        dev.set_matmul_precision(self.precision);
+        let run = (&mut self.model, &mut self.opt, &mut self.norm);
+        train_step(dev, run, (tokens, labels), (m.micro_batch, m.seq));
+    }
+}
+
+/// `--dtype`'s name of a precision.
+fn dtype_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::F32 => "f32",
+        Precision::Bf16 => "bf16",
+        Precision::F16 => "fp16",
+    }
+}
+
+/// The record of one precision's step, `secs` a step, its MFU against the higher of `peak` and
+/// `peak_after`.
+fn step_record(
+    m: &StepModel,
+    (dev, peak, peak_after): (&CpuDevice, &Peak, &Peak),
+    precision: Precision,
+    secs: f64,
+    note: &str,
+) -> Record {
+    Record {
+        bench: "step",
+        shape: m.name.clone(),
+        dtype: dtype_name(precision),
+        threads: dev.pool().threads(),
+        achieved: m.flops() / secs / 1e9,
+        unit: "GFLOP/s",
+        peak: peak.gflops.max(peak_after.gflops),
+        ms: 1e3 * secs,
+        note: format!(
+            "{:.0} tokens/s; {note}MFU is the ratio (peak {:.1} before, {:.1} after)",
+            (m.micro_batch * m.seq) as f64 / secs,
+            peak.gflops,
+            peak_after.gflops
+        ),
+    }
+}
+
 /// One training step (`train_step`) of a model on synthetic tokens, as MFU: Megatron's model
 /// FLOPs over the measured FMA peak, the higher of `peak` (measured at start-up) and a second
 /// measurement right after the timed steps. The best step time goes with the best peak: on a
@@ -348,40 +410,79 @@ pub fn step(
     dev: &CpuDevice,
     peak: &Peak,
     m: &StepModel,
-    precision: crate::real::Precision,
+    precision: Precision,
     min_seconds: f64,
 ) -> Result<Vec<Record>> {
-    let mut model = Gpt::new(dev, m.cfg.clone(), 1234);
-    dev.set_matmul_precision(precision);
-    model.set_precision(dev, precision);
-    let mut opt = AdamW::new(dev, &model.params, STEP_ADAMW);
-    let mut norm = [dev.scalars(1), dev.scalars(2)];
+    let mut run = StepRun::new(dev, m, precision);
     let (tokens, labels) = m.batch();
-    let secs = time_best(min_seconds, &mut || {
-        train_step(dev, (&mut model, &mut opt, &mut norm), (&tokens, &labels), (m.micro_batch, m.seq));
-    });
+    let secs = time_best(min_seconds, &mut || run.step(dev, m, (&tokens, &labels)));
     let peak_after = measure_fma_peak(dev.pool(), 300);
-    dev.set_matmul_precision(crate::real::Precision::F32);
-    Ok(vec![Record {
+    dev.set_matmul_precision(Precision::F32);
+    Ok(vec![step_record(m, (dev, peak, &peak_after), precision, secs, "")])
+}
+
+/// `bench step --dtype A,B`: the two precisions' steps interleaved one by one (A B, then B A, so
+/// that a drift of the machine's speed falls on both alike), each for at least `min_seconds`
+/// and three pairs. Records each precision's median step, and the ratio of B's step time to A's
+/// (the median over the adjacent pairs, with its quartiles): on a shared machine whose speed
+/// moves by more than the difference, timing A and B in separate runs cannot show it.
+pub fn step_pair(
+    dev: &CpuDevice,
+    peak: &Peak,
+    m: &StepModel,
+    [a, b]: [Precision; 2],
+    min_seconds: f64,
+) -> Result<Vec<Record>> {
+    let mut runs = [StepRun::new(dev, m, a), StepRun::new(dev, m, b)];
+    let (tokens, labels) = m.batch();
+    let mut secs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for run in runs.iter_mut() {
+        run.step(dev, m, (&tokens, &labels));
+    }
+    while secs[0].len() < 3 || secs.iter().any(|s| s.iter().sum::<f64>() < min_seconds) {
+        let order = if secs[0].len().is_multiple_of(2) { [0, 1] } else { [1, 0] };
+        for k in order {
+            let start = Instant::now();
+            runs[k].step(dev, m, (&tokens, &labels));
+            secs[k].push(start.elapsed().as_secs_f64());
+        }
+    }
+    let peak_after = measure_fma_peak(dev.pool(), 300);
+    dev.set_matmul_precision(Precision::F32);
+    let pairs = secs[0].len();
+    let ratios: Vec<f64> = secs[1].iter().zip(&secs[0]).map(|(tb, ta)| tb / ta).collect();
+    let (r25, r50, r75) = quartiles(&ratios);
+    let median = |s: &[f64]| quartiles(s).1;
+    let context = (dev, peak, &peak_after);
+    let interleaved = |with: Precision| format!("median of {pairs} steps interleaved with {}'s; ", dtype_name(with));
+    let mut out = vec![
+        step_record(m, context, a, median(&secs[0]), &interleaved(b)),
+        step_record(m, context, b, median(&secs[1]), &interleaved(a)),
+    ];
+    out.push(Record {
         bench: "step",
-        shape: m.name.clone(),
-        dtype: match precision {
-            crate::real::Precision::F32 => "f32",
-            crate::real::Precision::Bf16 => "bf16",
-            crate::real::Precision::F16 => "fp16",
-        },
+        shape: format!("{} {}/{}", m.name, dtype_name(b), dtype_name(a)),
+        dtype: dtype_name(b),
         threads: dev.pool().threads(),
-        achieved: m.flops() / secs / 1e9,
-        unit: "GFLOP/s",
-        peak: peak.gflops.max(peak_after.gflops),
-        ms: 1e3 * secs,
+        achieved: r50,
+        unit: "x",
+        peak: 1.0,
+        ms: 1e3 * median(&secs[1]),
         note: format!(
-            "{:.0} tokens/s; MFU is the ratio (peak {:.1} before, {:.1} after)",
-            (m.micro_batch * m.seq) as f64 / secs,
-            peak.gflops,
-            peak_after.gflops
+            "{b_name} step time over {a_name}'s, adjacent pairs: median {r50:.3}, quartiles {r25:.3}-{r75:.3} of {pairs}",
+            b_name = dtype_name(b),
+            a_name = dtype_name(a)
         ),
-    }])
+    });
+    Ok(out)
+}
+
+/// The lower quartile, median and upper quartile of `xs` (not empty), by the nearest rank.
+fn quartiles(xs: &[f64]) -> (f64, f64, f64) {
+    let mut s = xs.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
 }
 
 /// `bench generate`: the time of one new token at position `m.seq` of one sequence, with the
