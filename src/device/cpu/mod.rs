@@ -708,7 +708,7 @@ impl Device for CpuDevice {
             unsafe {
                 match precision {
                     crate::real::Precision::F16 => simd::f16_bits_slice(out, src),
-                    _ => simd::bf16_bits_slice(out, src),
+                    _ => simd::stream_bf16_bits(out, src, false),
                 }
             }
         });
@@ -854,7 +854,7 @@ impl Device for CpuDevice {
                         w.copy_from_slice(param);
                         round_block(w, *precision);
                     }
-                    Some(Working::Bits(bits)) => simd::round_bf16_bits_slice(bits.slice(s, n), param),
+                    Some(Working::Bits(bits)) => simd::stream_bf16_bits(bits.slice(s, n), param, true),
                     None => {}
                 }
             }

@@ -130,6 +130,81 @@ multiversion! {
     fn from_f16_bits_slice(out: &mut [f32], bits: &[u16]) = f16_casts::from_bits_slice;
 }
 
+/// `round_bf16_bits_slice` (with `round`) or `bf16_bits_slice` (without), the 16-bit results
+/// written by non-temporal stores on AVX2 and up: for copies that are not read again until
+/// much other memory has passed through the caches (AdamW's bf16 working copy of the weights,
+/// read by the next step; a saved layer's 16-bit copy, read back in backward), so that
+/// writing them neither reads their lines in first nor evicts what the next kernels read.
+/// The same bits as the cached forms on every level (tested).
+///
+/// # Safety
+/// `out` and `xs` have the same length; the CPU supports `simd::level()` (always true).
+pub unsafe fn stream_bf16_bits(out: &mut [u16], xs: &[f32], round: bool) {
+    assert_eq!(out.len(), xs.len(), "stream_bf16_bits: lengths differ");
+    stream_bf16_bits_at(level(), out, xs, round)
+}
+
+/// `stream_bf16_bits` at a chosen level (tests compare the levels).
+///
+/// # Safety
+/// The CPU supports `level`; `out` and `xs` have the same length.
+pub unsafe fn stream_bf16_bits_at(level: Level, out: &mut [u16], xs: &[f32], round: bool) {
+    let cached = |out: &mut [u16], xs: &[f32]| match round {
+        // SAFETY: the caller's level is supported.
+        true => unsafe { round_bf16_bits_slice::at(level, out, xs) },
+        false => unsafe { bf16_bits_slice::at(level, out, xs) },
+    };
+    #[cfg(target_arch = "x86_64")]
+    if level != Level::Baseline {
+        // Up to the first 32-byte boundary of `out` the cached form; then 16 values a store.
+        let head = (out.as_ptr().align_offset(32)).min(out.len());
+        let body = (out.len() - head) / 16 * 16;
+        cached(&mut out[..head], &xs[..head]);
+        // SAFETY: AVX2 is supported at every level above Baseline; the body starts 32-byte
+        // aligned in `out` and holds `body` values of each slice.
+        unsafe { stream_bf16_bits_avx2(&mut out[head..head + body], &xs[head..head + body], round) };
+        return cached(&mut out[head + body..], &xs[head + body..]);
+    }
+    cached(out, xs)
+}
+
+/// The 16-value blocks of `stream_bf16_bits`: `out` 32-byte aligned, its length a multiple of 16.
+///
+/// # Safety
+/// AVX2; `out` starts 32-byte aligned and has `xs.len()`, a multiple of 16, elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn stream_bf16_bits_avx2(out: &mut [u16], xs: &[f32], round: bool) {
+    use std::arch::x86_64::*;
+    debug_assert!(out.len() == xs.len() && xs.len().is_multiple_of(16) && (out.as_ptr() as usize).is_multiple_of(32));
+    let (one, bias) = (_mm256_set1_epi32(1), _mm256_set1_epi32(0x7fff));
+    // The top halves of eight values, rounded to nearest even unless NaN (`round_bits_slice`).
+    let top = |p: *const f32| {
+        // SAFETY: `p` points at eight readable values (the loop below).
+        let x = unsafe { _mm256_loadu_ps(p) };
+        let bits = _mm256_castps_si256(x);
+        let bits = match round {
+            true => {
+                let up =
+                    _mm256_add_epi32(bits, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(bits, 16), one)));
+                let nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+                _mm256_blendv_epi8(up, bits, nan)
+            }
+            false => bits,
+        };
+        _mm256_srli_epi32(bits, 16)
+    };
+    for (o, x) in out.chunks_exact_mut(16).zip(xs.chunks_exact(16)) {
+        // Packing interleaves the two vectors' 128-bit halves; the permute restores the order.
+        let packed = _mm256_packus_epi32(top(x.as_ptr()), top(x[8..].as_ptr()));
+        let ordered = _mm256_permute4x64_epi64(packed, 0b11_01_10_00);
+        // SAFETY: `o` holds 16 u16 (32 bytes) at a 32-byte aligned address.
+        unsafe { _mm256_stream_si256(o.as_mut_ptr().cast(), ordered) };
+    }
+    // Later plain stores and other threads' reads see the streamed lines after the fence.
+    _mm_sfence();
+}
+
 /// fp16 mixed precision's casts on f32 storage (`Device::round_to` under `--fp16`, of every
 /// stored activation and of the parameter gradients; `to_half`, `load_half` of the saved
 /// layers): `Precision::F16`'s `round`, `to_bits16` and `from_bits16` without branches, so that
@@ -397,6 +472,35 @@ mod tests {
             for (i, &b) in patterns.iter().enumerate() {
                 assert_eq!(back[i].to_bits(), values[i].to_bits(), "{lv:?} from_bits({b:#06x})");
                 assert_eq!(bits[i], F16.to_bits16(values[i]), "{lv:?} bits({:e})", values[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_bf16_bits_equal_the_cached_casts_on_every_level() {
+        let mut x = random(1003, "stream");
+        let specials = [f32::NAN, -f32::NAN, f32::INFINITY, f32::MAX, f32::from_bits(0x3F80_8000), f32::from_bits(1)];
+        for at in [0, 37, 64, 500, 990] {
+            x[at..at + specials.len()].copy_from_slice(&specials);
+        }
+        x[100] = f32::from_bits(0x3F81_8000);
+        x[101] = -0.0;
+        for lv in levels() {
+            // Starts off and on the 32-byte grid, lengths short of one block and ragged.
+            for (start, len) in [(0, 1003), (1, 1000), (5, 40), (3, 9), (16, 987), (0, 0)] {
+                let xs = &x[start..start + len];
+                for round in [true, false] {
+                    let (mut want, mut got) = (vec![0u16; 1003], vec![0u16; 1003]);
+                    // SAFETY: every level returned by `levels` is supported; equal lengths.
+                    unsafe {
+                        match round {
+                            true => round_bf16_bits_slice::at(lv, &mut want[start..start + len], xs),
+                            false => bf16_bits_slice::at(lv, &mut want[start..start + len], xs),
+                        }
+                        stream_bf16_bits_at(lv, &mut got[start..start + len], xs, round);
+                    }
+                    assert!(got == want, "{lv:?} start {start} len {len} round {round}");
+                }
             }
         }
     }
