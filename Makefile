@@ -203,7 +203,7 @@ bench: build
 	$(BIN) bench gemm
 	$(BIN) bench attention
 	$(BIN) bench layernorm
-	$(BIN) bench step
+	$(BIN) bench step --dtype f32,bf16
 	mpirun --oversubscribe --allow-run-as-root -np 2 $(BIN) bench allreduce --max-size 256M
 	mpirun --oversubscribe --allow-run-as-root -np 4 $(BIN) bench summa --cpu-threads 1
 
