@@ -230,6 +230,10 @@ pub struct TrainConfig {
     pub log_json: Option<PathBuf>,
     /// `--tensorboard-dir`: where rank 0 writes TensorBoard event files.
     pub tensorboard_dir: Option<PathBuf>,
+    /// `--tensorboard-log-interval`: every how many iterations the per-iteration TensorBoard
+    /// scalars (loss, learning rate, batch size, loss scale, grad norm) are written (Megatron's
+    /// default, 1: every iteration).
+    pub tensorboard_log_interval: u64,
     pub save: Option<PathBuf>,
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
@@ -360,6 +364,10 @@ impl TrainConfig {
             log_interval: positive("--log-interval", args.u64("--log-interval")?.unwrap_or(p.log_interval))?,
             log_json: args.path("--log-json"),
             tensorboard_dir: args.path("--tensorboard-dir"),
+            tensorboard_log_interval: positive(
+                "--tensorboard-log-interval",
+                args.u64("--tensorboard-log-interval")?.unwrap_or(1),
+            )?,
             save,
             save_interval: args.u64("--save-interval")?.map(|v| positive("--save-interval", v)).transpose()?,
             load: args.path("--load"),

@@ -121,6 +121,11 @@ const TRAIN_REST: &[FlagSpec] = &[
         "DIR",
         "write TensorBoard event files (loss, lr, grad norm, loss scale, throughput, memory, validation) to DIR",
     ),
+    flag(
+        "--tensorboard-log-interval",
+        "N",
+        "write each N-th iteration's loss, lr, batch size, loss scale and grad norm to TensorBoard (default 1)",
+    ),
     flag("--save", "DIR", "checkpoint directory to write"),
     flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
     flag("--load", "DIR", "checkpoint directory to resume from"),

@@ -1,10 +1,11 @@
 //! `--tensorboard-dir`: rank 0 writes TensorBoard event files that TensorBoard's own reader
 //! (`EventAccumulator`, tests/tensorboard_read.py; skipped loudly without the `tensorboard`
-//! package, which `.ci/run` installs) reads back: every logged iteration's loss, learning rate,
-//! batch size, loss scale, grad norm, throughput and memory under Megatron's tags, equal to the
-//! `--log-json` line's figures (to f32), the "vs samples" copies at the consumed samples, and
-//! the validation and test losses. A resume starts a second file; an unusable directory is one
-//! clear error.
+//! package, which `.ci/run` installs) reads back under Megatron's tags: every iteration's own
+//! loss, learning rate, batch size, loss scale and grad norm (every `--tensorboard-log-interval`
+//! iterations), agreeing with the `--log-json` lines (the window's mean loss, the logged
+//! iteration's rate, norm and scale, to f32), their "vs samples" copies at the consumed samples;
+//! each logged iteration's throughput and memory; the validation and test losses. A resume
+//! starts a second file; an unusable directory or interval is one clear error.
 
 mod common;
 use common::*;
@@ -64,17 +65,28 @@ fn tensorboard_reads_the_scalars_back() {
         scalars.iter().find(|s| s.0 == tag && s.1 == step).map(|s| s.2).unwrap_or_else(|| panic!("{tag} at {step}"))
     };
     let lines: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(String::from).collect();
-    // Iterations 2, 3 (validation), 4 and 6 are logged.
+    // Iterations 2, 3 (validation), 4 and 6 are logged; every iteration has its own scalars.
     assert_eq!(lines.len(), 4, "{lines:?}");
+    let steps = |tag: &str| scalars.iter().filter(|s| s.0 == tag).map(|s| s.1).collect::<Vec<_>>();
+    for tag in ["lm loss", "learning-rate", "batch-size", "loss-scale", "grad-norm"] {
+        assert_eq!(steps(tag), [1, 2, 3, 4, 5, 6], "{tag}");
+    }
+    assert_eq!(steps("iteration-time"), [2, 3, 4, 6]);
+    for it in 1..=6 {
+        assert_eq!(value("batch-size", it), 8.0);
+        for tag in ["lm loss", "learning-rate", "grad-norm"] {
+            assert_eq!(value(&format!("{tag} vs samples"), 8 * it), value(tag, it), "{tag} vs samples at {it}");
+        }
+    }
+    let mut previous = 0;
     for line in &lines {
         let json = |k: &str| json_field(line, k).unwrap().parse::<f64>().unwrap();
-        let (it, samples) = (json("iteration") as u64, json("consumed_samples") as u64);
+        let it = json("iteration") as u64;
         let f32_close = |tag: &str, step: u64, want: f64| {
             let got = value(tag, step);
             assert_eq!(got as f32, want as f32, "{tag} at {step}: {got} vs {want}");
         };
         for (tag, key) in [
-            ("lm loss", "loss"),
             ("learning-rate", "lr"),
             ("grad-norm", "grad_norm"),
             ("loss-scale", "loss_scale"),
@@ -84,11 +96,15 @@ fn tensorboard_reads_the_scalars_back() {
         ] {
             f32_close(tag, it, json(key));
         }
-        f32_close("batch-size", it, 8.0);
-        f32_close("lm loss vs samples", samples, json("loss"));
-        f32_close("learning-rate vs samples", samples, json("lr"));
+        // The line's loss is its window's mean; TensorBoard has each iteration's, as f32.
+        let window: Vec<f64> = (previous + 1..=it).map(|i| value("lm loss", i)).collect();
+        let mean = window.iter().sum::<f64>() / window.len() as f64;
+        assert!((mean / json("loss") - 1.0).abs() < 1e-6, "lm loss over {previous}..{it}: {window:?} vs {line}");
         assert!(value("iteration-time", it) > 0.0 && value("mem-max-rss-bytes", it) > 1e6);
+        previous = it;
     }
+    // Two iterations of a window differ: the scalars are the iterations' own, not the window's.
+    assert_ne!(value("lm loss", 1), value("lm loss", 2));
     // Validation at 3 and 6, test at the end, with perplexities.
     for step in [3, 6] {
         let loss = value("lm loss validation", step);
@@ -107,15 +123,20 @@ fn a_resumed_run_starts_another_file_and_a_bad_directory_is_one_error() {
     // The event file names carry the start second; a resume in the same second must not reuse
     // the name, so wait a moment.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let o = train(&data, &dir, &["--load", ckpt.to_str().unwrap()]);
+    // The resumed run writes its per-iteration scalars every third iteration.
+    let o = train(&data, &dir, &["--load", ckpt.to_str().unwrap(), "--tensorboard-log-interval", "3"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let files = std::fs::read_dir(dir.join("tb")).unwrap().count();
     assert_eq!(files, 2);
     if let Some(python) = python_with("tensorboard", "tests/tensorboard.rs does not read the event files back") {
-        let steps: Vec<u64> =
-            read(&python, &dir.join("tb")).into_iter().filter(|s| s.0 == "lm loss").map(|s| s.1).collect();
-        assert_eq!(steps, [2, 3, 4, 6], "the first run's 2, 3, 4 and the resumed run's 6");
+        let scalars = read(&python, &dir.join("tb"));
+        let steps = |tag: &str| scalars.iter().filter(|s| s.0 == tag).map(|s| s.1).collect::<Vec<_>>();
+        assert_eq!(steps("lm loss"), [1, 2, 3, 4, 6], "the first run's 1 to 4, the resumed run's 6");
+        assert_eq!(steps("grad-norm vs samples"), [8, 16, 24, 32, 48]);
+        assert_eq!(steps("iteration-time"), [2, 3, 4, 6], "log lines keep --log-interval");
     }
+    let o = train(&data, &dir, &["--tensorboard-log-interval", "0"]);
+    assert_clean_error(&o, &["--tensorboard-log-interval", "0"]);
     // A file where the directory should be.
     let blocker = dir.join("file");
     std::fs::write(&blocker, b"x").unwrap();

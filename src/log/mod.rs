@@ -95,16 +95,12 @@ pub fn validation_line(label: &str, iteration: u64, loss: f64) -> String {
     format!("{rule}\n{text}\n{rule}")
 }
 
-/// A logged iteration's TensorBoard scalars, under Megatron's tags where Megatron has them (step:
-/// the iteration; Megatron's "vs samples" copies are `samples_scalars`). `peak_memory_bytes` is
-/// the process's peak resident memory, where the system reports it.
+/// A logged iteration's TensorBoard scalars, the window's figures (step: the iteration; Megatron
+/// writes its "iteration-time" and "throughput" on the log line too). The iteration's own loss,
+/// rate, batch, loss scale and norm come every `--tensorboard-log-interval` (`step_scalars`).
+/// `peak_memory_bytes` is the process's peak resident memory, where the system reports it.
 pub fn tensorboard_scalars(s: &IterationStats, peak_memory_bytes: Option<u64>) -> Vec<(&'static str, f64)> {
     let mut v = vec![
-        ("lm loss", s.loss),
-        ("learning-rate", s.lr),
-        ("batch-size", s.global_batch_size as f64),
-        ("loss-scale", s.loss_scale),
-        ("grad-norm", s.grad_norm),
         ("iteration-time", s.ms_per_iter / 1e3),
         ("throughput", s.tflops),
         ("tokens-per-second", s.tokens_per_s),
@@ -117,15 +113,32 @@ pub fn tensorboard_scalars(s: &IterationStats, peak_memory_bytes: Option<u64>) -
     v
 }
 
-/// The scalars Megatron also logs against consumed samples (step: `consumed_samples`).
-pub fn samples_scalars(s: &IterationStats) -> Vec<(&'static str, f64)> {
-    vec![
-        ("lm loss vs samples", s.loss),
-        ("learning-rate vs samples", s.lr),
-        ("batch-size vs samples", s.global_batch_size as f64),
-        ("loss-scale vs samples", s.loss_scale),
-        ("grad-norm vs samples", s.grad_norm),
-    ]
+/// One iteration's own figures, as Megatron writes them every `--tensorboard-log-interval`
+/// iterations (not averaged over the log window).
+pub struct StepFigures {
+    pub loss: f64,
+    pub lr: f64,
+    pub global_batch_size: usize,
+    pub loss_scale: f64,
+    /// None for a step the loss scaler skipped (Megatron has no norm for it).
+    pub grad_norm: Option<f64>,
+}
+
+/// Megatron's per-iteration tags and their "vs samples" copies.
+const STEP_TAGS: [(&str, &str); 5] = [
+    ("lm loss", "lm loss vs samples"),
+    ("learning-rate", "learning-rate vs samples"),
+    ("batch-size", "batch-size vs samples"),
+    ("loss-scale", "loss-scale vs samples"),
+    ("grad-norm", "grad-norm vs samples"),
+];
+
+/// An iteration's per-iteration scalars under Megatron's tags: `[0]` against the iteration,
+/// `[1]` the "vs samples" copies against the consumed samples.
+pub fn step_scalars(s: &StepFigures) -> [Vec<(&'static str, f64)>; 2] {
+    let values = [Some(s.loss), Some(s.lr), Some(s.global_batch_size as f64), Some(s.loss_scale), s.grad_norm];
+    let present = || STEP_TAGS.iter().zip(values).filter_map(|(tags, v)| v.map(|v| (tags, v)));
+    [present().map(|(t, v)| (t.0, v)).collect(), present().map(|(t, v)| (t.1, v)).collect()]
 }
 
 /// A number as JSON: non-finite values become null, since JSON has no NaN.

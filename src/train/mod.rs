@@ -157,6 +157,12 @@ struct PendingStep {
     overflowed: bool,
     /// The step's tokens (its global batch x the sequence length), by which its loss is averaged.
     tokens: f64,
+    /// Its learning rate, global batch, the samples consumed after it and the loss scale after
+    /// it: TensorBoard's per-iteration scalars, written at `flush` with its loss and norm.
+    lr: f64,
+    batch: usize,
+    consumed: u64,
+    loss_scale: f64,
 }
 
 /// The iterations since the last log line: their summed loss, seconds, tokens and FLOPs per
@@ -243,7 +249,7 @@ impl<D: Device> Trainer<'_, D> {
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
         let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
         let tokens = (batch * cfg.seq_length) as f64;
-        self.step(iteration, lr, tokens)?;
+        self.step(iteration, lr, batch)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {
@@ -290,7 +296,6 @@ impl<D: Device> Trainer<'_, D> {
             }
             if let Some(tb) = self.tensorboard.as_mut() {
                 tb.scalars(iteration, &crate::log::tensorboard_scalars(&stats, report::peak_rss_bytes()))?;
-                tb.scalars(stats.consumed_samples, &crate::log::samples_scalars(&stats))?;
             }
             self.window = Window::default();
         }
@@ -303,8 +308,9 @@ impl<D: Device> Trainer<'_, D> {
     /// host reads nothing here, unless a loss scaler must decide whether to skip the step (fp16,
     /// one read of the norm) or the norm's group (model-parallel, or the world under ZeRO-1) sums
     /// it through the host (a device without a communicator for it: `--gpu-collectives mpi`).
-    fn step(&mut self, iteration: u64, lr: f64, tokens: f64) -> Result<()> {
+    fn step(&mut self, iteration: u64, lr: f64, batch: usize) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
+        let tokens = (batch * cfg.seq_length) as f64;
         let grad_scale = 1.0 / tokens as f32;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
@@ -363,7 +369,9 @@ impl<D: Device> Trainer<'_, D> {
                 c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
-        self.pending.push(PendingStep { iteration, overflowed, tokens });
+        let (consumed, loss_scale) =
+            (self.progress.consumed_train + batch as u64, self.progress.scaler.map_or(1.0, |s| s.scale));
+        self.pending.push(PendingStep { iteration, overflowed, tokens, lr, batch, consumed, loss_scale });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -420,6 +428,19 @@ impl<D: Device> Trainer<'_, D> {
             self.summary.losses.push(loss);
             self.window.loss += loss;
             self.grad_norm = grad_norm;
+            let every = setup.cfg.tensorboard_log_interval;
+            if let Some(tb) = self.tensorboard.as_mut().filter(|_| step.iteration.is_multiple_of(every)) {
+                let figures = crate::log::StepFigures {
+                    loss,
+                    lr: step.lr,
+                    global_batch_size: step.batch,
+                    loss_scale: step.loss_scale,
+                    grad_norm: (!step.overflowed).then_some(grad_norm),
+                };
+                let [by_iteration, by_samples] = crate::log::step_scalars(&figures);
+                tb.scalars(step.iteration, &by_iteration)?;
+                tb.scalars(step.consumed, &by_samples)?;
+            }
         }
         Ok(())
     }
