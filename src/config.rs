@@ -264,6 +264,9 @@ pub struct TrainConfig {
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
     pub recompute: crate::model::Recompute,
+    /// The Megatron flags given that change nothing here (`flags::MEGATRON_NO_EFFECT`), each with
+    /// why; `trident train` says so at start.
+    pub megatron_no_effect: Vec<(&'static str, &'static str)>,
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
     pub log_comm: bool,
@@ -397,11 +400,12 @@ impl TrainConfig {
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
             log_device_work: args.has("--log-device-work"),
-            recompute: args
-                .str("--recompute-granularity")
-                .map(crate::model::Recompute::parse)
-                .transpose()?
-                .unwrap_or_default(),
+            recompute: recompute(args)?,
+            megatron_no_effect: crate::flags::MEGATRON_NO_EFFECT
+                .iter()
+                .filter(|f| args.has(f.name))
+                .map(|f| (f.name, f.help.trim_start_matches("no effect: ")))
+                .collect(),
             sequence_parallel: args.has("--sequence-parallel"),
             tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
             tesseract_depth: args.usize("--tesseract-depth")?,
@@ -823,7 +827,30 @@ fn per_split_lists(args: &Args) -> Result<[Option<Blend>; 3]> {
     Ok(out)
 }
 
+/// `--recompute-granularity`, or `--recompute-activations` (Megatron's name for selective).
+fn recompute(args: &Args) -> Result<crate::model::Recompute> {
+    let granularity = match (args.str("--recompute-granularity"), args.has("--recompute-activations")) {
+        (Some(g), true) if g != "selective" => {
+            return Err(Error::Usage(format!(
+                "--recompute-activations means --recompute-granularity selective, not {g}"
+            )))
+        }
+        (g, activations) => g.or(activations.then_some("selective")),
+    };
+    Ok(granularity.map(crate::model::Recompute::parse).transpose()?.unwrap_or_default())
+}
+
 fn reject_unbuilt(args: &Args) -> Result<()> {
+    if args.has("--overlap-param-gather") {
+        return Err(Error::Unsupported(
+            "--overlap-param-gather: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next \
+             forward; drop the flag"
+                .into(),
+        ));
+    }
+    if let Some(kind) = args.str("--dataloader-type").filter(|k| *k != "single") {
+        return Err(Error::flag("--dataloader-type", kind, "single (Megatron's default order; cyclic is not built)"));
+    }
     for name in ["--hidden-dropout", "--attention-dropout"] {
         if let Some(p) = args.f64(name)? {
             if p != 0.0 {

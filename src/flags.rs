@@ -23,8 +23,54 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
 
 /// The flags of `trident train`, with Megatron's names: the model's sizes, the architecture, the rest.
 pub const TRAIN_FLAGS: &[FlagSpec] = &join::<
-    { TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() + TOKENIZER_FLAGS.len() },
->(&[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST, TOKENIZER_FLAGS]);
+    { TRAIN_SIZES.len() + ARCH_FLAGS.len() + TRAIN_REST.len() + TOKENIZER_FLAGS.len() + MEGATRON_NO_EFFECT.len() },
+>(&[TRAIN_SIZES, ARCH_FLAGS, TRAIN_REST, TOKENIZER_FLAGS, MEGATRON_NO_EFFECT]);
+
+/// Megatron flags that choose among PyTorch implementations, or ask for what trident always does,
+/// accepted so that a Megatron job script runs unchanged; `trident train` says which it got and
+/// why each changes nothing (its help line, which starts "no effect").
+pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
+    switch("--use-mcore-models", "no effect: Megatron's model classes; trident has one implementation"),
+    flag("--transformer-impl", "KIND", "no effect: local or transformer_engine; trident has one implementation"),
+    flag("--attention-backend", "KIND", "no effect: trident's attention is its own fused kernel"),
+    switch("--use-flash-attn", "no effect: trident's attention is its own fused kernel"),
+    switch("--no-masked-softmax-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-bias-gelu-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-bias-swiglu-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-bias-dropout-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-rope-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-persist-layer-norm", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--no-gradient-accumulation-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
+    switch("--attention-softmax-in-fp32", "no effect: the softmax always runs in f32"),
+    switch("--accumulate-allreduce-grads-in-fp32", "no effect: gradients are always accumulated and reduced in f32"),
+    switch(
+        "--overlap-grad-reduce",
+        "no effect: the data-parallel all-reduce always overlaps the backward (ZeRO-1's reduce-scatter does not yet)",
+    ),
+    flag(
+        "--distributed-backend",
+        "KIND",
+        "no effect: MPI starts the ranks; NCCL/RCCL or MPI move tensors, as --gpu-collectives chooses",
+    ),
+    flag("--num-workers", "N", "no effect: datasets are memory-mapped, with no loader processes"),
+    flag(
+        "--ckpt-format",
+        "FORMAT",
+        "no effect: trident writes its own checksummed shards in Megatron's directory layout",
+    ),
+    flag(
+        "--timing-log-level",
+        "N",
+        "no effect: trident times the iteration (the log line) and collectives (--log-comm)",
+    ),
+    switch("--log-throughput", "no effect: the log line always shows TFLOP/s and MFU"),
+    switch("--log-timers-to-tensorboard", "no effect: iteration-time and throughput always go to TensorBoard"),
+    switch("--log-validation-ppl-to-tensorboard", "no effect: validation perplexity always goes to TensorBoard"),
+    switch(
+        "--log-memory-to-tensorboard",
+        "no effect: the peak resident memory (mem-max-rss-bytes) always goes to TensorBoard",
+    ),
+];
 
 const TRAIN_SIZES: &[FlagSpec] = &[
     flag(
@@ -188,6 +234,9 @@ const TRAIN_REST: &[FlagSpec] = &[
         "KIND",
         "full (recompute layers from their inputs) or selective (the attention core)",
     ),
+    switch("--recompute-activations", "Megatron's name for --recompute-granularity selective"),
+    flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
+    switch("--overlap-param-gather", "not built yet: ZeRO-1's weight all-gather runs after the optimizer step"),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
     switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),

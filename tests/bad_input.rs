@@ -134,6 +134,13 @@ fn unknown_and_malformed_flags_are_named() {
     assert_clean_error(&run(&["train", "--micro-batch-size"]), &["--micro-batch-size", "no value"]);
     assert_clean_error(&run(&["frobnicate"]), &["frobnicate"]);
     assert_clean_error(&run(&["train", "--hidden-dropout", "0.1"]), &["--hidden-dropout", "not implemented"]);
+    // Megatron flags whose meaning trident does not build are refused, not ignored.
+    assert_clean_error(&run(&["train", "--overlap-param-gather"]), &["--overlap-param-gather", "drop the flag"]);
+    assert_clean_error(&run(&["train", "--dataloader-type", "cyclic"]), &["--dataloader-type", "cyclic", "single"]);
+    assert_clean_error(
+        &run(&["train", "--mock-data", "--recompute-activations", "--recompute-granularity", "full"]),
+        &["--recompute-activations", "selective", "full"],
+    );
 }
 
 #[test]

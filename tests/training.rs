@@ -1,6 +1,7 @@
 //! End-to-end training through the binary: the same flags give the same loss curve, resuming
 //! from a checkpoint continues the uninterrupted run bit for bit, a checkpoint of another shape is
-//! refused, and a trained checkpoint generates text.
+//! refused, a trained checkpoint generates text, and a Megatron script's no-effect flags change
+//! nothing.
 
 mod common;
 use common::*;
@@ -113,6 +114,53 @@ fn recompute_gives_the_same_losses_with_less_activation_memory() {
         }
         assert!(mem < base_mib, "{mode}: {mem} MiB of activations, not less than {base_mib} without recompute");
     }
+}
+
+/// A Megatron job script's implementation and logging flags run unchanged: each is named at start
+/// as having no effect, and the losses are the run's without them, bit for bit;
+/// `--recompute-activations` is Megatron's selective recompute.
+#[test]
+fn megatron_script_flags_run_unchanged() {
+    let dir = scratch("megatron-flags");
+    let data = prepared_corpus(&dir);
+    let no_effect: &[&[&str]] = &[
+        &["--use-mcore-models"],
+        &["--transformer-impl", "transformer_engine"],
+        &["--attention-backend", "auto"],
+        &["--use-flash-attn"],
+        &["--no-masked-softmax-fusion"],
+        &["--no-gradient-accumulation-fusion"],
+        &["--accumulate-allreduce-grads-in-fp32"],
+        &["--overlap-grad-reduce"],
+        &["--distributed-backend", "nccl"],
+        &["--num-workers", "2"],
+        &["--ckpt-format", "torch"],
+        &["--log-throughput"],
+        &["--log-timers-to-tensorboard"],
+    ];
+    let json = |name: &str| dir.join(format!("{name}.jsonl"));
+    let plain = train(&data, "3", &["--log-json", json("plain").to_str().unwrap()]);
+    assert!(!stdout(&plain).contains("no effect"), "{}", stdout(&plain));
+    let mut args: Vec<&str> = no_effect.concat();
+    let megatron_json = json("megatron");
+    args.extend(["--dataloader-type", "single", "--log-json", megatron_json.to_str().unwrap()]);
+    let o = train(&data, "3", &args);
+    let out = stdout(&o);
+    for flag in no_effect {
+        let said = out.lines().filter(|l| l.starts_with(&format!(" {}: accepted from Megatron, no effect (", flag[0])));
+        assert_eq!(said.count(), 1, "{}: {out}", flag[0]);
+    }
+    let (want, got) = (logged_losses(&json("plain")), logged_losses(&megatron_json));
+    assert!(want.len() == 3 && got == want, "{got:?} vs {want:?}");
+
+    let recompute = |flags: &[&str], name: &str| {
+        let path = json(name);
+        let o = train(&data, "3", &[flags, &["--log-json", path.to_str().unwrap()]].concat());
+        (logged_losses(&path), stdout(&o).contains("(recompute: Selective)"))
+    };
+    let selective = recompute(&["--recompute-granularity", "selective"], "selective");
+    assert!(selective.1, "--recompute-granularity selective is not selective");
+    assert_eq!(recompute(&["--recompute-activations"], "activations"), selective);
 }
 
 #[test]

@@ -46,6 +46,9 @@ pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime) {
     println!(" {}", setup.placement);
     if setup.say {
         println!(" {}", setup.collectives);
+        for (name, why) in &setup.cfg.megatron_no_effect {
+            println!(" {name}: accepted from Megatron, no effect ({why})");
+        }
     }
 }
 
