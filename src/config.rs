@@ -269,6 +269,8 @@ pub struct TrainConfig {
     pub megatron_no_effect: Vec<(&'static str, &'static str)>,
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
+    /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
+    pub log_params_norm: bool,
     pub log_comm: bool,
     /// `--log-device-work`: each iteration's device work, where the device counts it (the GPU).
     pub log_device_work: bool,
@@ -399,6 +401,7 @@ impl TrainConfig {
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
+            log_params_norm: args.has("--log-params-norm"),
             log_device_work: args.has("--log-device-work"),
             recompute: recompute(args)?,
             megatron_no_effect: crate::flags::MEGATRON_NO_EFFECT

@@ -1,7 +1,7 @@
 //! `--tensorboard-dir`: rank 0 writes TensorBoard event files that TensorBoard's own reader
 //! (`EventAccumulator`, tests/tensorboard_read.py; skipped loudly without the `tensorboard`
 //! package, which `.ci/run` installs) reads back under Megatron's tags: every iteration's own
-//! loss, learning rate, batch size, loss scale and grad norm (every `--tensorboard-log-interval`
+//! loss, learning rate, batch size, loss scale, grad norm and params norm (every `--tensorboard-log-interval`
 //! iterations), agreeing with the `--log-json` lines (the window's mean loss, the logged
 //! iteration's rate, norm and scale, to f32), their "vs samples" copies at the consumed samples;
 //! each logged iteration's throughput and memory; the validation and test losses. A resume
@@ -52,7 +52,7 @@ fn tensorboard_reads_the_scalars_back() {
     let dir = scratch("tensorboard");
     let data = prepared_corpus(&dir);
     let log = dir.join("log.jsonl");
-    let o = train(&data, &dir, &["--log-json", log.to_str().unwrap()]);
+    let o = train(&data, &dir, &["--log-json", log.to_str().unwrap(), "--log-params-norm"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let files: Vec<_> = std::fs::read_dir(dir.join("tb")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
@@ -68,7 +68,7 @@ fn tensorboard_reads_the_scalars_back() {
     // Iterations 2, 3 (validation), 4 and 6 are logged; every iteration has its own scalars.
     assert_eq!(lines.len(), 4, "{lines:?}");
     let steps = |tag: &str| scalars.iter().filter(|s| s.0 == tag).map(|s| s.1).collect::<Vec<_>>();
-    for tag in ["lm loss", "learning-rate", "batch-size", "loss-scale", "grad-norm"] {
+    for tag in ["lm loss", "learning-rate", "batch-size", "loss-scale", "grad-norm", "params-norm"] {
         assert_eq!(steps(tag), [1, 2, 3, 4, 5, 6], "{tag}");
     }
     assert_eq!(steps("iteration-time"), [2, 3, 4, 6]);
@@ -89,6 +89,7 @@ fn tensorboard_reads_the_scalars_back() {
         for (tag, key) in [
             ("learning-rate", "lr"),
             ("grad-norm", "grad_norm"),
+            ("params-norm", "params_norm"),
             ("loss-scale", "loss_scale"),
             ("throughput", "tflops"),
             ("tokens-per-second", "tokens_per_s"),

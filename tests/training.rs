@@ -163,6 +163,36 @@ fn megatron_script_flags_run_unchanged() {
     assert_eq!(recompute(&["--recompute-activations"], "activations"), selective);
 }
 
+/// `--log-params-norm` logs the L2 norm of the weights after each step: at the last iteration,
+/// the norm of the checkpoint saved there, on one rank and over tensor- and pipeline-parallel
+/// ranks (each parameter counted once, the tied output layer not twice); on the log line too.
+#[test]
+fn params_norm_is_the_saved_weights_norm() {
+    let dir = scratch("params-norm");
+    let data = prepared_corpus(&dir);
+    let layouts: [(usize, &[&str]); 3] =
+        [(1, &[]), (2, &["--tensor-model-parallel-size", "2"]), (2, &["--pipeline-model-parallel-size", "2"])];
+    for (case, (ranks, layout)) in layouts.into_iter().enumerate() {
+        let (ckpt, json) = (dir.join(format!("ckpt{case}")), dir.join(format!("log{case}.jsonl")));
+        let mut args = vec!["train", "--data-path", &data, "--train-iters", "3", "--log-params-norm"];
+        args.extend_from_slice(SMALL);
+        args.extend(layout);
+        args.extend(["--save", ckpt.to_str().unwrap(), "--log-json", json.to_str().unwrap()]);
+        let o = if ranks == 1 { run(&args) } else { mpirun(ranks, &args) };
+        assert!(o.status.success(), "{layout:?}: {}", stderr(&o));
+        let weights = full_weights(&ckpt);
+        let want = weights.iter().flat_map(|(_, v)| v).map(|&w| (w as f64).powi(2)).sum::<f64>().sqrt();
+        let text = std::fs::read_to_string(&json).unwrap();
+        let norms: Vec<f64> =
+            text.lines().map(|l| json_field(l, "params_norm").expect("params_norm").parse().unwrap()).collect();
+        assert_eq!(norms.len(), 3, "{layout:?}: {text}");
+        let got = norms[2];
+        assert!((got / want - 1.0).abs() < 1e-6, "{layout:?}: logged {got}, the checkpoint's weights {want}");
+        assert!(norms[0] != norms[1] && norms[1] != norms[2], "{layout:?}: the norm does not follow the steps");
+        assert!(stdout(&o).contains(&format!("params norm: {got:.3} |")), "{layout:?}: {}", stdout(&o));
+    }
+}
+
 #[test]
 fn bf16_follows_the_f32_curve_within_one_percent() {
     let dir = scratch("bf16");

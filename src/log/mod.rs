@@ -27,6 +27,8 @@ pub struct IterationStats {
     /// The loss scale in force (1 without fp16) and the steps skipped for overflow so far.
     pub loss_scale: f64,
     pub skipped_iterations: u64,
+    /// The parameters' L2 norm after the step, under `--log-params-norm`.
+    pub params_norm: Option<f64>,
 }
 
 /// `[2026-11-22 01:02:03]` in UTC, as Megatron stamps its lines.
@@ -67,7 +69,7 @@ pub fn iteration_line(s: &IterationStats) -> String {
     format!(
         " [{}] iteration {:>width$}/{:>width$} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1} | \
          learning rate: {} | global batch size: {:>5} | lm loss: {} | loss scale: {:.1} | grad norm: {:.3} | \
-         number of skipped iterations: {:>3} | tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
+         {}number of skipped iterations: {:>3} | tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
         timestamp(),
         s.iteration,
         s.train_iters,
@@ -78,6 +80,7 @@ pub fn iteration_line(s: &IterationStats) -> String {
         sci(s.loss, 6),
         s.loss_scale,
         s.grad_norm,
+        s.params_norm.map_or(String::new(), |n| format!("params norm: {n:.3} | ")),
         s.skipped_iterations,
         s.tokens_per_s,
         s.tflops,
@@ -122,21 +125,25 @@ pub struct StepFigures {
     pub loss_scale: f64,
     /// None for a step the loss scaler skipped (Megatron has no norm for it).
     pub grad_norm: Option<f64>,
+    /// Under `--log-params-norm`.
+    pub params_norm: Option<f64>,
 }
 
 /// Megatron's per-iteration tags and their "vs samples" copies.
-const STEP_TAGS: [(&str, &str); 5] = [
+const STEP_TAGS: [(&str, &str); 6] = [
     ("lm loss", "lm loss vs samples"),
     ("learning-rate", "learning-rate vs samples"),
     ("batch-size", "batch-size vs samples"),
     ("loss-scale", "loss-scale vs samples"),
     ("grad-norm", "grad-norm vs samples"),
+    ("params-norm", "params-norm vs samples"),
 ];
 
 /// An iteration's per-iteration scalars under Megatron's tags: `[0]` against the iteration,
 /// `[1]` the "vs samples" copies against the consumed samples.
 pub fn step_scalars(s: &StepFigures) -> [Vec<(&'static str, f64)>; 2] {
-    let values = [Some(s.loss), Some(s.lr), Some(s.global_batch_size as f64), Some(s.loss_scale), s.grad_norm];
+    let values =
+        [Some(s.loss), Some(s.lr), Some(s.global_batch_size as f64), Some(s.loss_scale), s.grad_norm, s.params_norm];
     let present = || STEP_TAGS.iter().zip(values).filter_map(|(tags, v)| v.map(|v| (tags, v)));
     [present().map(|(t, v)| (t.0, v)).collect(), present().map(|(t, v)| (t.1, v)).collect()]
 }
@@ -170,6 +177,9 @@ pub fn json_line(s: &IterationStats) -> String {
     );
     if let Some(v) = s.val_loss {
         line.push_str(&format!(", \"val_loss\": {}", json_number(v)));
+    }
+    if let Some(n) = s.params_norm {
+        line.push_str(&format!(", \"params_norm\": {}", json_number(n)));
     }
     line.push('}');
     line

@@ -259,16 +259,36 @@ pub fn global_grad_sum_squares<D: Device>(
     mp: &dyn Comm,
     acc: &mut D::Scalars,
 ) {
-    let counted: Vec<&D::Buf> = sets
-        .iter()
-        .flat_map(|set| (0..set.info.len()).map(move |i| (set, i)))
-        .filter(|_| counts)
-        .filter(|(set, i)| set.info[*i].counted_in_norm(tp_rank))
-        .map(|(set, i)| &set.grads[i])
-        .collect();
+    let counted: Vec<&D::Buf> = counted_in_norm(sets, tp_rank, counts).map(|(set, i)| &set.grads[i]).collect();
     dev.write_scalars(acc, &[0.0]);
     dev.sum_squares_into(&counted, acc, 0);
     all_reduce_scalars(dev, mp, acc, 1, ReduceOp::Sum);
+}
+
+/// `acc[slot] += Σ w²` over this rank's parameter values that count in a global norm, each
+/// parameter once over the model-parallel group (the gradient norm's rule): summed over that
+/// group, Megatron's `--log-params-norm` squared. Every data-parallel replica holds the same values.
+pub fn add_params_sum_squares<D: Device>(
+    dev: &D,
+    sets: &[&ParamSet<D>],
+    (tp_rank, counts): (usize, bool),
+    acc: &mut D::Scalars,
+    slot: usize,
+) {
+    let counted: Vec<&D::Buf> = counted_in_norm(sets, tp_rank, counts).map(|(set, i)| &set.values[i]).collect();
+    dev.sum_squares_into(&counted, acc, slot);
+}
+
+/// The (set, index) of every parameter this rank counts in a global norm (none where the rank's
+/// copy of the model is counted elsewhere: `counts` false).
+fn counted_in_norm<'a, D: Device>(
+    sets: &'a [&'a ParamSet<D>],
+    tp_rank: usize,
+    counts: bool,
+) -> impl Iterator<Item = (&'a ParamSet<D>, usize)> + 'a {
+    sets.iter()
+        .flat_map(|set| (0..set.info.len()).map(move |i| (*set, i)))
+        .filter(move |(set, i)| counts && set.info[*i].counted_in_norm(tp_rank))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::{CommCounters, ReduceOp};
 use crate::config::TrainConfig;
+use crate::device::all_reduce_scalars;
 use crate::device::{Device, DevicePeak};
 use crate::error::{Error, Result};
 use crate::log::tensorboard::EventWriter;
@@ -128,6 +129,8 @@ fn run_on<D: Device>(
         pending: Vec::new(),
         scaler_norms: None,
         grad_norm: 0.0,
+        params_sq: cfg.log_params_norm.then(|| setup.dev.scalars(window_steps(cfg))),
+        params_norm: None,
     };
     for c in trainer.chunks.iter_mut() {
         c.model.set_loss_slots(&setup.dev, window_steps(cfg));
@@ -224,6 +227,11 @@ struct Trainer<'a, D: Device> {
     scaler_norms: Option<Vec<f64>>,
     /// The gradient norm of the last step read (the log line prints it).
     grad_norm: f64,
+    /// Under `--log-params-norm`, per step of the window, this rank's share of the parameters'
+    /// sum of squares after the step (summed over the model-parallel group at `flush`), and the
+    /// last step's norm read.
+    params_sq: Option<D::Scalars>,
+    params_norm: Option<f64>,
 }
 
 impl<D: Device> Trainer<'_, D> {
@@ -369,6 +377,13 @@ impl<D: Device> Trainer<'_, D> {
                 c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
             }
         }
+        if let Some(acc) = self.params_sq.as_mut() {
+            if slot == 0 {
+                setup.dev.write_scalars(acc, &vec![0.0; window_steps(cfg)]);
+            }
+            let sets: Vec<_> = self.chunks.iter().map(|c| &c.model.params).collect();
+            crate::parallel::data::add_params_sum_squares(&setup.dev, &sets, (tp_rank, counts), acc, slot);
+        }
         let (consumed, loss_scale) =
             (self.progress.consumed_train + batch as u64, self.progress.scaler.map_or(1.0, |s| s.scale));
         self.pending.push(PendingStep { iteration, overflowed, tokens, lr, batch, consumed, loss_scale });
@@ -400,6 +415,12 @@ impl<D: Device> Trainer<'_, D> {
             }
         };
         let setup = self.setup;
+        let params_norms: Option<Vec<f64>> = self.params_sq.as_mut().map(|acc| {
+            all_reduce_scalars(&setup.dev, &*setup.groups.mp, acc, n, ReduceOp::Sum);
+            let mut sq = vec![0.0; n];
+            setup.dev.read_scalars(acc, &mut sq);
+            sq.iter().map(|s| s.sqrt()).collect()
+        });
         for (k, step) in self.pending.drain(..).enumerate() {
             let (loss, grad_norm) = (losses[k] / step.tokens, norms[2 * k]);
             // Both figures are sums over every rank, so every rank takes this branch together.
@@ -428,6 +449,8 @@ impl<D: Device> Trainer<'_, D> {
             self.summary.losses.push(loss);
             self.window.loss += loss;
             self.grad_norm = grad_norm;
+            let params_norm = params_norms.as_ref().map(|norms| norms[k]);
+            self.params_norm = params_norm;
             let every = setup.cfg.tensorboard_log_interval;
             if let Some(tb) = self.tensorboard.as_mut().filter(|_| step.iteration.is_multiple_of(every)) {
                 let figures = crate::log::StepFigures {
@@ -436,6 +459,7 @@ impl<D: Device> Trainer<'_, D> {
                     global_batch_size: step.batch,
                     loss_scale: step.loss_scale,
                     grad_norm: (!step.overflowed).then_some(grad_norm),
+                    params_norm,
                 };
                 let [by_iteration, by_samples] = crate::log::step_scalars(&figures);
                 tb.scalars(step.iteration, &by_iteration)?;
@@ -510,6 +534,7 @@ impl<D: Device> Trainer<'_, D> {
             val_loss,
             loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
             skipped_iterations: self.skipped_iterations,
+            params_norm: self.params_norm,
         }
     }
 
