@@ -165,13 +165,18 @@ fn megatron_script_flags_run_unchanged() {
 
 /// `--log-params-norm` logs the L2 norm of the weights after each step: at the last iteration,
 /// the norm of the checkpoint saved there, on one rank and over tensor- and pipeline-parallel
-/// ranks (each parameter counted once, the tied output layer not twice); on the log line too.
+/// ranks (each parameter counted once, the tied output layer not twice) and under ZeRO-1 over
+/// two data-parallel ranks; on the log line too.
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");
     let data = prepared_corpus(&dir);
-    let layouts: [(usize, &[&str]); 3] =
-        [(1, &[]), (2, &["--tensor-model-parallel-size", "2"]), (2, &["--pipeline-model-parallel-size", "2"])];
+    let layouts: [(usize, &[&str]); 4] = [
+        (1, &[]),
+        (2, &["--tensor-model-parallel-size", "2"]),
+        (2, &["--pipeline-model-parallel-size", "2"]),
+        (2, &["--use-distributed-optimizer"]),
+    ];
     for (case, (ranks, layout)) in layouts.into_iter().enumerate() {
         let (ckpt, json) = (dir.join(format!("ckpt{case}")), dir.join(format!("log{case}.jsonl")));
         let mut args = vec!["train", "--data-path", &data, "--train-iters", "3", "--log-params-norm"];
