@@ -271,6 +271,8 @@ pub struct TrainConfig {
     pub log_memory: bool,
     /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
     pub log_params_norm: bool,
+    /// `--log-world-size-to-tensorboard`: TensorBoard's `world-size` with the per-iteration scalars.
+    pub log_world_size_to_tensorboard: bool,
     pub log_comm: bool,
     /// `--log-device-work`: each iteration's device work, where the device counts it (the GPU).
     pub log_device_work: bool,
@@ -402,6 +404,7 @@ impl TrainConfig {
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
             log_params_norm: args.has("--log-params-norm"),
+            log_world_size_to_tensorboard: args.has("--log-world-size-to-tensorboard"),
             log_device_work: args.has("--log-device-work"),
             recompute: recompute(args)?,
             megatron_no_effect: crate::flags::MEGATRON_NO_EFFECT

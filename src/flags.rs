@@ -226,6 +226,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
     switch("--log-params-norm", "log the L2 norm of the parameters after each step (log line, JSON, TensorBoard)"),
+    switch("--log-world-size-to-tensorboard", "write the number of ranks to TensorBoard with the per-iteration scalars"),
     switch(
         "--log-device-work",
         "print each iteration's device work (launches, copies, synchronisations, allocations) on every rank where it is counted",

@@ -52,7 +52,11 @@ fn tensorboard_reads_the_scalars_back() {
     let dir = scratch("tensorboard");
     let data = prepared_corpus(&dir);
     let log = dir.join("log.jsonl");
-    let o = train(&data, &dir, &["--log-json", log.to_str().unwrap(), "--log-params-norm"]);
+    let o = train(
+        &data,
+        &dir,
+        &["--log-json", log.to_str().unwrap(), "--log-params-norm", "--log-world-size-to-tensorboard"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let files: Vec<_> = std::fs::read_dir(dir.join("tb")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(files.len(), 1, "{files:?}");
@@ -74,6 +78,7 @@ fn tensorboard_reads_the_scalars_back() {
     assert_eq!(steps("iteration-time"), [2, 3, 4, 6]);
     for it in 1..=6 {
         assert_eq!(value("batch-size", it), 8.0);
+        assert_eq!((value("world-size", it), value("world-size vs samples", 8 * it)), (1.0, 1.0));
         for tag in ["lm loss", "learning-rate", "grad-norm"] {
             assert_eq!(value(&format!("{tag} vs samples"), 8 * it), value(tag, it), "{tag} vs samples at {it}");
         }

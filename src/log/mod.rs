@@ -127,23 +127,34 @@ pub struct StepFigures {
     pub grad_norm: Option<f64>,
     /// Under `--log-params-norm`.
     pub params_norm: Option<f64>,
+    /// The ranks of the run, under `--log-world-size-to-tensorboard`.
+    pub world_size: Option<usize>,
 }
 
 /// Megatron's per-iteration tags and their "vs samples" copies.
-const STEP_TAGS: [(&str, &str); 6] = [
+const STEP_TAGS: [(&str, &str); 7] = [
     ("lm loss", "lm loss vs samples"),
     ("learning-rate", "learning-rate vs samples"),
     ("batch-size", "batch-size vs samples"),
     ("loss-scale", "loss-scale vs samples"),
     ("grad-norm", "grad-norm vs samples"),
     ("params-norm", "params-norm vs samples"),
+    ("world-size", "world-size vs samples"),
 ];
 
 /// An iteration's per-iteration scalars under Megatron's tags: `[0]` against the iteration,
 /// `[1]` the "vs samples" copies against the consumed samples.
 pub fn step_scalars(s: &StepFigures) -> [Vec<(&'static str, f64)>; 2] {
-    let values =
-        [Some(s.loss), Some(s.lr), Some(s.global_batch_size as f64), Some(s.loss_scale), s.grad_norm, s.params_norm];
+    let world_size = s.world_size.map(|w| w as f64);
+    let values = [
+        Some(s.loss),
+        Some(s.lr),
+        Some(s.global_batch_size as f64),
+        Some(s.loss_scale),
+        s.grad_norm,
+        s.params_norm,
+        world_size,
+    ];
     let present = || STEP_TAGS.iter().zip(values).filter_map(|(tags, v)| v.map(|v| (tags, v)));
     [present().map(|(t, v)| (t.0, v)).collect(), present().map(|(t, v)| (t.1, v)).collect()]
 }

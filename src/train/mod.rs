@@ -460,6 +460,7 @@ impl<D: Device> Trainer<'_, D> {
                     loss_scale: step.loss_scale,
                     grad_norm: (!step.overflowed).then_some(grad_norm),
                     params_norm,
+                    world_size: setup.cfg.log_world_size_to_tensorboard.then_some(setup.grid.world_size),
                 };
                 let [by_iteration, by_samples] = crate::log::step_scalars(&figures);
                 tb.scalars(step.iteration, &by_iteration)?;
