@@ -158,10 +158,9 @@ struct PendingStep {
     /// fp16's loss scaler found the gradients overflowed and skipped the step (then a
     /// non-finite norm is expected, not an error).
     overflowed: bool,
-    /// The step's tokens (its global batch x the sequence length), by which its loss is averaged.
-    tokens: f64,
-    /// Its learning rate, global batch, the samples consumed after it and the loss scale after
-    /// it: TensorBoard's per-iteration scalars, written at `flush` with its loss and norm.
+    /// Its learning rate, global batch (times the sequence length, the tokens by which its loss
+    /// is averaged), the samples consumed after it and the loss scale after it: TensorBoard's
+    /// per-iteration scalars, written at `flush` with its loss and norm.
     lr: f64,
     batch: usize,
     consumed: u64,
@@ -386,7 +385,7 @@ impl<D: Device> Trainer<'_, D> {
         }
         let (consumed, loss_scale) =
             (self.progress.consumed_train + batch as u64, self.progress.scaler.map_or(1.0, |s| s.scale));
-        self.pending.push(PendingStep { iteration, overflowed, tokens, lr, batch, consumed, loss_scale });
+        self.pending.push(PendingStep { iteration, overflowed, lr, batch, consumed, loss_scale });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -422,7 +421,8 @@ impl<D: Device> Trainer<'_, D> {
             sq.iter().map(|s| s.sqrt()).collect()
         });
         for (k, step) in self.pending.drain(..).enumerate() {
-            let (loss, grad_norm) = (losses[k] / step.tokens, norms[2 * k]);
+            let tokens = (step.batch * setup.cfg.seq_length) as f64;
+            let (loss, grad_norm) = (losses[k] / tokens, norms[2 * k]);
             // Both figures are sums over every rank, so every rank takes this branch together.
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
                 let ranks = nonfinite_ranks(&*setup.groups.world, local_losses[k]);
