@@ -462,7 +462,7 @@ fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptCon
         },
         max_position_embeddings: max_pos,
         vocab_size: vocab,
-        padded_vocab_size: GptConfig::pad_vocab(vocab, divisible_by * tensor_parallel),
+        padded_vocab_size: GptConfig::padded_vocab(vocab, divisible_by, tensor_parallel, None)?,
         init_method_std: args.f64("--init-method-std")?.unwrap_or(0.02),
         arch,
     };

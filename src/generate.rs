@@ -87,7 +87,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         )));
     }
     let cfg = model_from_shard(&shard, &path)?;
-    cfg.validate()?;
     let trained_with = shard.meta.get("tokenizer").map_or("ByteTokenizer", String::as_str);
     let tok = &args.tokenizer;
     if trained_with != tok.type_name() {
@@ -105,9 +104,17 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             cfg.vocab_size
         )));
     }
-    let dev = CpuDevice::new(args.cpu_threads);
-    let mut model = Gpt::new(&dev, cfg.clone(), 0);
-    for (i, info) in model.params.info.iter().enumerate() {
+    // Every parameter is checked against the shard before the model is built, so a shard's
+    // metadata cannot make this allocate a model the file does not hold.
+    let held: usize = shard.tensors.iter().map(|t| t.data.len()).sum();
+    let described = cfg.parameter_count().unwrap_or(usize::MAX);
+    if described > held {
+        return Err(Error::format(
+            &path,
+            format!("the metadata describes {described} parameters but the shard holds {held} values"),
+        ));
+    }
+    for info in cfg.parameters(&crate::model::ModelParallel::single()) {
         let t = shard.tensor(&path, &format!("param/chunk0/{}", info.name))?;
         if t.shape != info.shape {
             return Err(Error::format(
@@ -115,20 +122,34 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 format!("tensor '{}' has shape {:?}, expected {:?}", t.name, t.shape, info.shape),
             ));
         }
+    }
+    let mut context = tok.encode(args.prompt.as_bytes(), &mut PieceCache::default());
+    if context.is_empty() {
+        context.push(tok.eod());
+    }
+    // Rotary positions and the cache need no more positions than the prompt and the new tokens
+    // (a learned position table is a parameter, held whole).
+    let mut run_cfg = cfg.clone();
+    if cfg.arch.position_embedding != crate::model::PositionEmbedding::LearnedAbsolute {
+        let needed = context.len().saturating_add(args.max_new_tokens);
+        run_cfg.max_position_embeddings = cfg.max_position_embeddings.min(needed);
+    }
+    let dev = CpuDevice::new(args.cpu_threads);
+    let mut model = Gpt::new(&dev, run_cfg, 0);
+    for (i, info) in model.params.info.iter().enumerate() {
+        let t = shard.tensor(&path, &format!("param/chunk0/{}", info.name))?;
         dev.upload(&mut model.params.values[i], &t.data);
     }
     drop(shard);
     eprintln!(" loaded {} (iteration {iteration}); sampling {} tokens", path.display(), args.max_new_tokens);
 
-    let mut context = tok.encode(args.prompt.as_bytes(), &mut PieceCache::default());
-    if context.is_empty() {
-        context.push(tok.eod());
-    }
     let stream = Stream::new(args.seed, "generate", 1);
     let mut out = std::io::stdout().lock();
     let io_err = |e| Error::io(std::path::Path::new("<stdout>"), "write", e);
     out.write_all(args.prompt.as_bytes()).map_err(io_err)?;
-    let window = cfg.max_position_embeddings;
+    // Past the position table the window slides (with a shortened table the context never gets
+    // there).
+    let window = model.cfg.max_position_embeddings;
     let mut cache = args.kv_cache.then(|| model.kv_cache(&dev));
     for step in 0..args.max_new_tokens {
         let host = next_logits(&mut model, &dev, &context, &mut cache, window);

@@ -10,6 +10,7 @@ pub mod config;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod files;
 pub mod flags;
 pub mod generate;
 pub mod gpu;

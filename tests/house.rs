@@ -35,6 +35,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("cli", 8),
     ("flags", 8),
     ("error", 8),
+    ("files", 8),
     ("real", 8),
     ("rng", 8),
 ];

@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 trident=${TRIDENT:-$here/target/release/trident}
 python=${PYTHON:-python3}
 workers=${WORKERS:-2} size_mb=${SIZE_MB:-40} reps=${REPS:-3}
-corpus=${CORPUS:-$here/../shared/data/tinyshakespeare.txt}
+corpus=${CORPUS:-$here/data/tinyshakespeare.txt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$python" - "$corpus" "$tmp/in.jsonl" "$size_mb" <<'PY'

@@ -52,6 +52,29 @@ impl Layout {
         self.summa.map_or(TensorMode::OneD, |(q, depth)| TensorMode::Summa { q, depth })
     }
 
+    /// Checks that `cfg` splits over this layout: sizes of at least 1, at most two more virtual
+    /// stages than layers, a SUMMA grid of q x q x depth ranks, and the model's own divisibility
+    /// rules (`GptConfig::validate_parallel`).
+    pub fn validate(&self, cfg: &GptConfig) -> Result<()> {
+        let stages = self.pp.checked_mul(self.chunks).filter(|&v| v >= 1 && v <= cfg.num_layers.saturating_add(2));
+        if self.tp == 0 || stages.is_none() {
+            return Err(Error::Config(format!(
+                "a layout of tensor-parallel size {}, {} pipeline stages and {} virtual stages each does not fit {} \
+                 layers",
+                self.tp, self.pp, self.chunks, cfg.num_layers
+            )));
+        }
+        if let Some((q, depth)) = self.summa {
+            if q < 2 || depth == 0 || q.checked_mul(q).and_then(|g| g.checked_mul(depth)) != Some(self.tp) {
+                return Err(Error::Config(format!(
+                    "a SUMMA grid of q {q} and depth {depth} is not tensor-parallel size {}",
+                    self.tp
+                )));
+            }
+        }
+        cfg.validate_parallel(&self.model_parallel(0), 0)
+    }
+
     /// The chunks pipeline stage `pp_rank` holds.
     pub fn plans(&self, cfg: &GptConfig, pp_rank: usize) -> Result<Vec<ChunkPlan>> {
         (0..self.chunks)
@@ -88,6 +111,10 @@ const PREFIXES: [&str; 3] = ["param", "adam_m", "adam_v"];
 
 fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
     let count = |key: &str| -> Result<usize> { shard.meta_value(path, key) };
+    // Absent keys (older shards) take their defaults; a value present must parse.
+    let or = |key: &str, default: usize| -> Result<usize> {
+        shard.meta.get(key).map_or(Ok(default), |_| shard.meta_value(path, key))
+    };
     let optional = |key: &str| -> Result<Option<usize>> {
         match shard.meta.get(key).map(String::as_str) {
             None | Some("none") => Ok(None),
@@ -97,15 +124,44 @@ fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
     Ok(Layout {
         tp: count("tensor_model_parallel_size")?,
         pp: count("pipeline_model_parallel_size")?,
-        chunks: count("virtual_pipeline_chunks").unwrap_or(1),
+        chunks: or("virtual_pipeline_chunks", 1)?,
         first_stage_layers: optional("decoder_first_pipeline_num_layers")?,
         last_stage_layers: optional("decoder_last_pipeline_num_layers")?,
-        sequence_parallel: shard.meta_value(path, "sequence_parallel").unwrap_or(false),
-        summa: match count("summa_q").unwrap_or(0) {
+        sequence_parallel: shard
+            .meta
+            .get("sequence_parallel")
+            .map_or(Ok(false), |_| shard.meta_value(path, "sequence_parallel"))?,
+        summa: match or("summa_q", 0)? {
             0 => None,
             q => Some((q, count("tesseract_depth")?)),
         },
     })
+}
+
+/// Checks that the shards of `layout` in `iter_dir` hold, in all, at least the bytes of `model`'s
+/// weights and both AdamW moments, before anything that size is allocated: metadata alone cannot
+/// make a reader allocate what the files do not hold.
+fn ensure_shards_hold(iter_dir: &Path, model: &GptConfig, layout: &Layout) -> Result<()> {
+    let mut held = 0u64;
+    for tp_rank in 0..layout.tp {
+        for pp_rank in 0..layout.pp {
+            let path = iter_dir.join(super::shard_name(tp_rank, pp_rank, layout.pp)).join(super::SHARD_FILE);
+            held += std::fs::metadata(&path).map_err(|e| Error::io(&path, "read checkpoint shard", e))?.len();
+        }
+    }
+    let needed = model.parameter_count().map_or(u64::MAX, |n| (n as u64).saturating_mul(3 * 4));
+    if held < needed {
+        return Err(Error::format(
+            iter_dir,
+            format!(
+                "the metadata describes {} parameters (with both AdamW moments, {needed} bytes), but the {} shard(s) \
+                 hold {held} bytes in all",
+                model.parameter_count().unwrap_or(usize::MAX),
+                layout.tp * layout.pp
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads every shard of the latest checkpoint in `dir` and reassembles full tensors.
@@ -120,6 +176,8 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     let (_, first_path, first) = super::load_latest(dir, &first_name)?;
     let model = model_from_shard(&first, &first_path)?;
     let layout = layout_of(&first, &first_path)?;
+    layout.validate(&model).map_err(|e| Error::format(&first_path, format!("the recorded layout: {e}")))?;
+    ensure_shards_hold(&iter_dir, &model, &layout)?;
     let mut tensors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     for p in model.parameters(&ModelParallel::single()) {
         for prefix in PREFIXES {
@@ -163,11 +221,16 @@ impl FullCheckpoint {
     /// Pads (or trims) the vocabulary to `padded` rows, as Megatron's checkpoint converter does:
     /// new weight rows copy the last row, new AdamW moment rows are zero; rows past `padded` are
     /// dropped (never below the real vocabulary). Records `padded` in the model and the metadata.
-    pub fn repad_vocab(&mut self, padded: usize) {
+    pub fn repad_vocab(&mut self, padded: usize) -> Result<()> {
         let (old, h) = (self.model.padded_vocab_size, self.model.hidden_size);
-        assert!(padded >= self.model.vocab_size, "padding below the vocabulary");
+        if padded < self.model.vocab_size.max(1) || old == 0 {
+            return Err(Error::Config(format!(
+                "padding a vocabulary of {} ids held in {old} rows to {padded} rows",
+                self.model.vocab_size
+            )));
+        }
         if padded == old {
-            return;
+            return Ok(());
         }
         for name in VOCAB_ROWS {
             for prefix in PREFIXES {
@@ -184,13 +247,14 @@ impl FullCheckpoint {
         }
         self.model.padded_vocab_size = padded;
         self.meta.insert("padded_vocab_size".into(), padded.to_string());
+        self.model.validate()
     }
 }
 
 /// Writes `full` as a checkpoint of layout `target` in `dir`. Returns the iteration directory.
 pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result<PathBuf> {
     let cfg = &full.model;
-    cfg.validate_parallel(&target.model_parallel(0), 0)?;
+    target.validate(cfg)?;
     super::begin(dir, full.iteration)?;
     for tp_rank in 0..target.tp {
         for pp_rank in 0..target.pp {
@@ -263,7 +327,7 @@ mod tests {
     #[test]
     fn repadding_copies_the_last_row_zeroes_new_moments_and_trims_back() {
         let mut c = vocab_only(true);
-        c.repad_vocab(8);
+        c.repad_vocab(8).unwrap();
         assert_eq!((c.model.padded_vocab_size, c.meta["padded_vocab_size"].as_str()), (8, "8"));
         for name in VOCAB_ROWS {
             let want: Vec<f32> = (0..16).map(|i| (i / 2).min(5) as f32).collect();
@@ -273,12 +337,13 @@ mod tests {
                 assert_eq!(c.tensors[&format!("{m}/{name}")], want, "{m}/{name}");
             }
         }
-        c.repad_vocab(5);
+        c.repad_vocab(5).unwrap();
+        assert!(c.repad_vocab(4).is_err(), "below the vocabulary");
         assert_eq!(c.tensors["param/embedding.word_embeddings.weight"], [0., 0., 1., 1., 2., 2., 3., 3., 4., 4.]);
         assert_eq!(c.tensors["adam_v/output_layer.weight"], [1.0; 10]);
         // A tied model has no output layer to pad.
         let mut tied = vocab_only(false);
-        tied.repad_vocab(7);
+        tied.repad_vocab(7).unwrap();
         assert_eq!(tied.tensors.len(), 3);
         assert_eq!(tied.tensors["param/embedding.word_embeddings.weight"].len(), 14);
     }

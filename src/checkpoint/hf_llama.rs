@@ -16,7 +16,7 @@
 //! one error naming it.
 
 use super::convert::FullCheckpoint;
-use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, NamedTensors};
+use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, Fields, NamedTensors};
 use super::tokenizer::HfTokenizer;
 use super::tokenizer::{fields_json, trident_fields};
 use crate::data::json::Json;
@@ -197,36 +197,6 @@ pub fn export(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result<()
     write_atomic(&dir.join("config.json"), config_json(cfg, trident_fields(full, tok)).as_bytes())
 }
 
-/// config.json's fields, read with the path in every error.
-struct Fields<'a> {
-    json: &'a Json,
-    path: &'a Path,
-}
-
-impl Fields<'_> {
-    fn bad(&self, key: &str, what: &str) -> Error {
-        Error::format(self.path, format!("'{key}' {what}"))
-    }
-    fn count(&self, key: &str, default: Option<usize>) -> Result<usize> {
-        match self.json.get(key) {
-            None | Some(Json::Null) => default.ok_or_else(|| self.bad(key, "is missing")),
-            Some(v) => v.as_usize().ok_or_else(|| self.bad(key, "is not a whole number")),
-        }
-    }
-    fn number(&self, key: &str, default: f64) -> Result<f64> {
-        match self.json.get(key) {
-            None | Some(Json::Null) => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| self.bad(key, "is not a number")),
-        }
-    }
-    fn flag(&self, key: &str, default: bool) -> Result<bool> {
-        match self.json.get(key) {
-            None | Some(Json::Null) => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.bad(key, "is not true or false")),
-        }
-    }
-}
-
 /// The rotary base and whether Llama 3.1's scaling applies, from transformers 5's
 /// `rope_parameters` or the earlier `rope_theta` / `rope_scaling`.
 fn rope_from_hf(c: &Fields) -> Result<(f64, bool)> {
@@ -319,7 +289,7 @@ fn config_from_hf(c: &Fields) -> Result<GptConfig> {
             ..Arch::LLAMA
         },
     };
-    cfg.validate()?;
+    cfg.validate().map_err(|e| Error::format(c.path, format!("describes no valid model: {e}")))?;
     Ok(cfg)
 }
 

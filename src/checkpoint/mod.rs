@@ -3,6 +3,12 @@
 //! temporary name, fsynced and renamed, and the tracker moves only after the iteration directory
 //! is complete, so a crash at any moment leaves the previous checkpoint intact and the latest one
 //! named. Each file ends with a checksum that is verified on load.
+//!
+//! A shard is read as untrusted input: its metadata is a JSON object of strings (version 2;
+//! version 1's `key=value` lines are still read), every key must be one of `METADATA_KEYS` and
+//! appear once, tensor names are unique, and every count is checked against the bytes present
+//! before anything is allocated, so a crafted shard can neither add a key to what we write nor
+//! make a reader allocate more than the file holds (docs/formats.md states the bounds).
 
 pub mod convert;
 pub mod hf_files;
@@ -11,15 +17,69 @@ pub mod safetensors;
 pub mod shape;
 pub mod tokenizer;
 
+use crate::data::json::{document, quote, Json};
 use crate::error::{Error, Result};
 use crate::rng::fnv1a64;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 12] = b"TRIDENTCKPT\0";
-const VERSION: u32 = 1;
+/// 2: the metadata is a JSON object of strings. 1: `key=value` lines (read, never written).
+const VERSION: u32 = 2;
+
+/// Every metadata key a shard may carry (what `train`, `convert` and the Hugging Face import
+/// write); reading refuses any other, so a file cannot smuggle a key into what we write next.
+pub const METADATA_KEYS: &[&str] = &[
+    // The run's position and provenance.
+    "format",
+    "iteration",
+    "consumed_train_samples",
+    "consumed_valid_samples",
+    "adam_step",
+    "seed",
+    "rng",
+    "seq_length",
+    "tokenizer",
+    "make_vocab_size_divisible_by",
+    "imported_from",
+    "loss_scale",
+    "loss_scale_growth_tracker",
+    "loss_scale_hysteresis_left",
+    // The layout.
+    "tensor_model_parallel_size",
+    "tensor_model_parallel_rank",
+    "pipeline_model_parallel_size",
+    "pipeline_model_parallel_rank",
+    "virtual_pipeline_chunks",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "data_parallel_size",
+    "sequence_parallel",
+    "tensor_parallel_mode",
+    "summa_q",
+    "tesseract_depth",
+    // The model's shape (`shape::model_meta`) and architecture (`Arch::metadata`).
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "ffn_hidden_size",
+    "max_position_embeddings",
+    "vocab_size",
+    "padded_vocab_size",
+    "normalization",
+    "norm_epsilon",
+    "swiglu",
+    "position_embedding_type",
+    "rotary_base",
+    "rotary_percent",
+    "use_rope_scaling",
+    "num_query_groups",
+    "kv_channels",
+    "untie_embeddings_and_output_weights",
+    "disable_bias_linear",
+];
 pub const TRACKER: &str = "latest_checkpointed_iteration.txt";
 pub const SHARD_FILE: &str = "model_optim_rng.bin";
 
@@ -76,7 +136,8 @@ fn encode(shard: &Shard) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    let header: String = shard.meta.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let fields: Vec<String> = shard.meta.iter().map(|(k, v)| format!("{}: {}", quote(k), quote(v))).collect();
+    let header = format!("{{{}}}", fields.join(", "));
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(&(shard.tensors.len() as u64).to_le_bytes());
@@ -147,36 +208,38 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
     }
     let mut r = Reader { bytes: &bytes[..body_len], pos: MAGIC.len(), path };
     let version = r.u32("version")?;
-    if version != VERSION {
-        return Err(Error::format(path, format!("checkpoint version {version}, this build reads version {VERSION}")));
+    if version != 1 && version != VERSION {
+        return Err(Error::format(
+            path,
+            format!("checkpoint version {version}, this build reads versions 1 and {VERSION}"),
+        ));
     }
     let header_len = r.len("header length")?;
-    let header =
-        std::str::from_utf8(r.take(header_len, "header")?).map_err(|_| Error::format(path, "header is not UTF-8"))?;
-    let mut shard = Shard::default();
-    for line in header.lines() {
-        let (k, v) =
-            line.split_once('=').ok_or_else(|| Error::format(path, format!("malformed header line '{line}'")))?;
-        shard.meta.insert(k.to_string(), v.to_string());
-    }
+    let header = r.take(header_len, "header")?;
+    let mut shard = Shard { meta: read_metadata(header, version, path)?, tensors: Vec::new() };
     let count = r.len("tensor count")?;
+    let mut names = BTreeSet::new();
     for _ in 0..count {
         let name_len = r.u32("name length")? as usize;
         let name = String::from_utf8(r.take(name_len, "tensor name")?.to_vec())
             .map_err(|_| Error::format(path, "tensor name is not UTF-8"))?;
+        if !names.insert(name.clone()) {
+            return Err(Error::format(path, format!("tensor '{name}' appears twice")));
+        }
         let ndim = r.u32("rank")? as usize;
         let mut shape = Vec::with_capacity(ndim.min(8));
         for _ in 0..ndim {
             shape.push(r.len("dimension")?);
         }
         let numel = r.len("element count")?;
-        if shape.iter().product::<usize>() != numel {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(numel) {
             return Err(Error::format(
                 path,
                 format!("tensor '{name}': shape {shape:?} does not hold {numel} elements"),
             ));
         }
-        let raw = r.take(numel * 4, "tensor data")?;
+        let bytes = numel.checked_mul(4).ok_or_else(|| Error::format(path, "tensor larger than the file"))?;
+        let raw = r.take(bytes, "tensor data")?;
         let data = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
         shard.tensors.push(SavedTensor { name, shape, data });
     }
@@ -184,6 +247,39 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
         return Err(Error::format(path, "trailing bytes after the last tensor"));
     }
     Ok(shard)
+}
+
+/// The metadata of a shard: version 2's JSON object of strings, or version 1's `key=value`
+/// lines. A key outside `METADATA_KEYS`, or one given twice, is an error naming it.
+fn read_metadata(header: &[u8], version: u32, path: &Path) -> Result<BTreeMap<String, String>> {
+    let pairs: Vec<(String, String)> = if version == 1 {
+        let text = std::str::from_utf8(header).map_err(|_| Error::format(path, "header is not UTF-8"))?;
+        let line = |line: &str| {
+            let (k, v) =
+                line.split_once('=').ok_or_else(|| Error::format(path, format!("malformed header line '{line}'")))?;
+            Ok((k.to_string(), v.to_string()))
+        };
+        text.lines().map(line).collect::<Result<_>>()?
+    } else {
+        let Json::Obj(fields) = document(header, path)? else {
+            return Err(Error::format(path, "the metadata is not a JSON object"));
+        };
+        let value = |(k, v): (String, Json)| match v {
+            Json::Str(v) => Ok((k, v)),
+            _ => Err(Error::format(path, format!("metadata '{k}' is not a string"))),
+        };
+        fields.into_iter().map(value).collect::<Result<_>>()?
+    };
+    let mut meta = BTreeMap::new();
+    for (k, v) in pairs {
+        if !METADATA_KEYS.contains(&k.as_str()) {
+            return Err(Error::format(path, format!("unknown metadata key {}: not a shard trident wrote", quote(&k))));
+        }
+        if meta.insert(k.clone(), v).is_some() {
+            return Err(Error::format(path, format!("metadata '{k}' appears twice")));
+        }
+    }
+    Ok(meta)
 }
 
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -260,13 +356,14 @@ pub fn save(dir: &Path, iteration: u64, name: &str, shard: &Shard) -> Result<Pat
 /// The iteration the tracker file in `dir` names.
 pub fn latest_iteration(dir: &Path) -> Result<u64> {
     let tracker = dir.join(TRACKER);
-    let text = fs::read_to_string(&tracker).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Error::format(dir, format!("no {TRACKER}: not a checkpoint directory written by `trident train --save`"))
-        } else {
-            Error::io(&tracker, "read", e)
-        }
-    })?;
+    if !tracker.exists() {
+        return Err(Error::format(
+            dir,
+            format!("no {TRACKER}: not a checkpoint directory written by `trident train --save`"),
+        ));
+    }
+    let bytes = crate::files::read_regular(&tracker, "read")?;
+    let text = String::from_utf8_lossy(&bytes);
     text.trim()
         .parse()
         .map_err(|_| Error::format(&tracker, format!("expected an iteration number, found '{}'", text.trim())))
@@ -276,7 +373,7 @@ pub fn latest_iteration(dir: &Path) -> Result<u64> {
 pub fn load_latest(dir: &Path, name: &str) -> Result<(u64, PathBuf, Shard)> {
     let iteration = latest_iteration(dir)?;
     let path = shard_path(dir, iteration, name);
-    let bytes = fs::read(&path).map_err(|e| Error::io(&path, "read checkpoint shard", e))?;
+    let bytes = crate::files::read_regular(&path, "read checkpoint shard")?;
     let shard = decode(&bytes, &path)?;
     Ok((iteration, path, shard))
 }
@@ -305,6 +402,41 @@ mod tests {
         assert!(decode(&bad, p).unwrap_err().to_string().contains("checksum"));
         assert!(decode(&bytes[..bytes.len() - 3], p).is_err());
         assert!(decode(b"garbage", p).unwrap_err().to_string().contains("magic"));
+    }
+
+    /// A shard's bytes as version 1 wrote them: `key=value` lines, then `sample()`'s tensor.
+    fn version_1(header: &str) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        let tensors = encode(&Shard { meta: BTreeMap::new(), tensors: sample().tensors });
+        let start = MAGIC.len() + 4 + 8 + 2;
+        out.extend_from_slice(&tensors[start..tensors.len() - 8]);
+        let sum = fnv1a64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn metadata_values_cannot_add_keys_and_keys_are_checked() {
+        let p = Path::new("x.bin");
+        let mut s = sample();
+        let crafted = "ByteTokenizer\nnum_layers=2\nseed=999\"}, \"x\": \"";
+        s.meta.insert("tokenizer".into(), crafted.into());
+        let back = decode(&encode(&s), p).unwrap();
+        assert_eq!(back.meta, s.meta, "a value came back as something else");
+        // Version 1 files still read, with their keys checked.
+        let old = decode(&version_1("iteration=7\ntokenizer=ByteTokenizer\n"), p).unwrap();
+        assert_eq!((old.meta.len(), old.meta["iteration"].as_str()), (2, "7"));
+        assert_eq!(old.tensors, sample().tensors);
+        for (header, needle) in [("iteration=7\niteration=8\n", "twice"), ("iteration=7\nweird=1\n", "weird")] {
+            let e = decode(&version_1(header), p).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let mut unknown = sample();
+        unknown.meta.insert("weird".into(), "1".into());
+        assert!(decode(&encode(&unknown), p).unwrap_err().to_string().contains("unknown metadata key \"weird\""));
     }
 
     #[test]

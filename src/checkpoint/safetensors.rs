@@ -6,13 +6,13 @@
 //! here); the files themselves are read and written by `hf_files.rs`.
 
 use super::convert::FullCheckpoint;
-use super::hf_files::{read_hf_weights, write_atomic, write_safetensors};
+use super::hf_files::{read_hf_weights, write_atomic, write_safetensors, Fields};
 use super::tokenizer::{fields_json, trident_fields, HfTokenizer};
 use crate::data::json::{document, Json};
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Our fused QKV row for Hugging Face's c_attn column `col`: HF orders [all q | all k | all v],
 /// we order per head [q_h | k_h | v_h].
@@ -107,18 +107,23 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }
 
-/// Reads a Hugging Face directory (`config.json`, `model.safetensors`) into our model shape and
-/// full parameters: a `LlamaForCausalLM` (by `model_type` or `architectures`) through `hf_llama`,
-/// else a GPT-2.
-pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
+/// The parsed config.json of a Hugging Face directory, and its path.
+pub fn read_config(dir: &Path) -> Result<(Json, PathBuf)> {
+    let path = dir.join("config.json");
+    let text = crate::files::read_regular(&path, "read")?;
+    Ok((document(&text, &path)?, path))
+}
+
+/// Reads a Hugging Face directory (`config.json`, parsed as `config`, and `model.safetensors`)
+/// into our model shape and full parameters: a `LlamaForCausalLM` (by `model_type` or
+/// `architectures`) through `hf_llama`, else a GPT-2.
+pub fn import_hf(dir: &Path, config: &Json) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> {
     let config_path = dir.join("config.json");
-    let text = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, "read", e))?;
-    let config = document(&text, &config_path)?;
     let model_type = config.get("model_type").and_then(Json::as_str);
     let llama_class = matches!(config.get("architectures"), Some(Json::Arr(a)) if a.iter().any(|x| x.as_str() == Some("LlamaForCausalLM")));
     match model_type {
-        Some("llama") => return super::hf_llama::import(&config, &config_path, dir),
-        None if llama_class => return super::hf_llama::import(&config, &config_path, dir),
+        Some("llama") => return super::hf_llama::import(config, &config_path, dir),
+        None if llama_class => return super::hf_llama::import(config, &config_path, dir),
         None | Some("gpt2") => {}
         Some(other) => {
             return Err(Error::format(
@@ -127,29 +132,21 @@ pub fn import_hf(dir: &Path) -> Result<(GptConfig, BTreeMap<String, Vec<f32>>)> 
             ))
         }
     }
-    let num = |key: &str| -> Result<usize> {
-        config
-            .get(key)
-            .and_then(Json::as_usize)
-            .ok_or_else(|| Error::format(&config_path, format!("'{key}' is missing or not a whole number")))
-    };
-    let h = num("n_embd")?;
-    let vocab = num("vocab_size")?;
+    let c = Fields { json: config, path: &config_path };
+    let h = c.count("n_embd", None)?;
+    let vocab = c.count("vocab_size", None)?;
     let cfg = GptConfig {
-        num_layers: num("n_layer")?,
+        num_layers: c.count("n_layer", None)?,
         hidden_size: h,
-        num_attention_heads: num("n_head")?,
-        ffn_hidden_size: config.get("n_inner").and_then(Json::as_usize).unwrap_or(4 * h),
-        max_position_embeddings: num("n_positions")?,
-        vocab_size: config.get("trident_unpadded_vocab_size").and_then(Json::as_usize).unwrap_or(vocab),
+        num_attention_heads: c.count("n_head", None)?,
+        ffn_hidden_size: c.count("n_inner", Some(h.saturating_mul(4)))?,
+        max_position_embeddings: c.count("n_positions", None)?,
+        vocab_size: c.count("trident_unpadded_vocab_size", Some(vocab))?,
         padded_vocab_size: vocab,
         init_method_std: 0.02,
-        arch: crate::model::Arch {
-            norm_epsilon: config.get("layer_norm_epsilon").and_then(Json::as_f64).unwrap_or(1e-5),
-            ..crate::model::Arch::GPT2
-        },
+        arch: crate::model::Arch { norm_epsilon: c.number("layer_norm_epsilon", 1e-5)?, ..crate::model::Arch::GPT2 },
     };
-    cfg.validate()?;
+    cfg.validate().map_err(|e| Error::format(&config_path, format!("describes no valid model: {e}")))?;
     let (st_path, mut tensors) = read_hf_weights(dir)?;
     // Some exports prefix every name with "transformer.".
     let keys: Vec<String> = tensors.keys().cloned().collect();

@@ -3,7 +3,7 @@
 //! `convert` and `generate`).
 
 use super::Shard;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
 use std::path::Path;
 
@@ -23,9 +23,10 @@ pub fn model_meta(m: &GptConfig) -> Vec<(&'static str, String)> {
     out
 }
 
-/// The model shape recorded in a checkpoint.
+/// The model shape recorded in a checkpoint, validated as a model given by flags is (a shape that
+/// `GptConfig::validate` refuses is an error naming the shard).
 pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
-    Ok(GptConfig {
+    let cfg = GptConfig {
         num_layers: shard.meta_value(path, "num_layers")?,
         hidden_size: shard.meta_value(path, "hidden_size")?,
         num_attention_heads: shard.meta_value(path, "num_attention_heads")?,
@@ -35,6 +36,8 @@ pub fn model_from_shard(shard: &Shard, path: &Path) -> Result<GptConfig> {
         padded_vocab_size: shard.meta_value(path, "padded_vocab_size")?,
         init_method_std: 0.02,
         arch: Arch::from_metadata(&|key| shard.meta.get(key).cloned())
-            .map_err(|e| crate::error::Error::format(path, e.to_string()))?,
-    })
+            .map_err(|e| Error::format(path, e.to_string()))?,
+    };
+    cfg.validate().map_err(|e| Error::format(path, format!("the recorded model is not valid: {e}")))?;
+    Ok(cfg)
 }

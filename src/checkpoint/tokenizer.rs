@@ -3,6 +3,11 @@
 //! --load` (and anything else that reads the checkpoint) finds the tokenizer without flags. The
 //! same tokenizer goes beside Hugging Face weights as transformers reads it (`export_hf`), and is
 //! found there again (`from_hf`).
+//!
+//! The `flags` file is read as untrusted: each line is a known tokenizer flag, given once, with
+//! its value escaped (`\\`, `\t`, `\n`, `\r`) so no value can add a line; a file it names must
+//! lie inside the folder (`files::inside`), so a crafted checkpoint cannot make `convert` copy a
+//! file from elsewhere into its output.
 
 use super::convert::FullCheckpoint;
 use super::hf_files::write_atomic;
@@ -34,7 +39,7 @@ pub fn save(save_dir: &Path, flags: &[(String, Option<String>)]) -> Result<()> {
     let mut lines = Vec::new();
     for (flag, value) in flags {
         let (Some(&(_, name)), Some(value)) = (FILES.iter().find(|(f, _)| f == flag), value) else {
-            lines.push(value.as_ref().map_or(flag.clone(), |v| format!("{flag}\t{v}")));
+            lines.push(value.as_ref().map_or(flag.clone(), |v| format!("{flag}\t{}", escape(v))));
             continue;
         };
         let mut source = PathBuf::from(value);
@@ -54,8 +59,32 @@ pub fn save(save_dir: &Path, flags: &[(String, Option<String>)]) -> Result<()> {
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    let bytes = fs::read(from).map_err(|e| Error::io(from, "read the tokenizer file", e))?;
+    let bytes = crate::files::read_regular(from, "read the tokenizer file")?;
     write_atomic(to, &bytes)
+}
+
+/// A flag's value on one line of the flags file: backslash, tab and line breaks escaped.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\t', "\\t").replace('\n', "\\n").replace('\r', "\\r")
+}
+
+/// `escape` undone; None for an escape it never writes.
+fn unescape(value: &str) -> Option<String> {
+    let mut out = String::with_capacity(value.len());
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        out.push(match c {
+            '\\' => match chars.next()? {
+                '\\' => '\\',
+                't' => '\t',
+                'n' => '\n',
+                'r' => '\r',
+                _ => return None,
+            },
+            c => c,
+        });
+    }
+    Some(out)
 }
 
 /// The tokenizer flags saved beside the checkpoints in `load_dir`, file values resolved to the
@@ -63,17 +92,35 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
 pub fn saved_flags(load_dir: &Path) -> Result<Option<Flags>> {
     let dir = load_dir.join(DIR);
     let path = dir.join("flags");
-    let text = match fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&path, "read", e)),
-    };
-    let mut out = Vec::new();
+    if path.symlink_metadata().is_err() {
+        return Ok(None);
+    }
+    let bytes = crate::files::read_regular(&path, "read")?;
+    let text = String::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
+    let mut out: Flags = Vec::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let (flag, value) = line.split_once('\t').map_or((line, None), |(f, v)| (f, Some(v)));
-        let file = FILES.iter().any(|(f, _)| *f == flag);
-        let value = value.map(|v| if file { dir.join(v).display().to_string() } else { v.to_string() });
+        if !crate::flags::TOKENIZER_FLAGS.iter().any(|f| f.name == flag) {
+            return Err(Error::format(&path, format!("{flag:?} is not a tokenizer flag")));
+        }
+        if out.iter().any(|(f, _)| f == flag) {
+            return Err(Error::format(&path, format!("{flag} is given twice")));
+        }
+        let value = value
+            .map(|v| unescape(v).ok_or_else(|| Error::format(&path, format!("{flag}: malformed value {v:?}"))))
+            .transpose()?;
+        let value = match value {
+            Some(v) if FILES.iter().any(|(f, _)| *f == flag) => {
+                Some(crate::files::inside(&dir, &v, &path)?.display().to_string())
+            }
+            other => other,
+        };
         out.push((flag.to_string(), value));
+    }
+    // `save` carries a tokenizer_config.json found beside a tokenizer.json: it too must be the
+    // folder's own.
+    if dir.join("tokenizer_config.json").symlink_metadata().is_ok() {
+        crate::files::inside(&dir, "tokenizer_config.json", &dir.join("tokenizer_config.json"))?;
     }
     Ok(Some(out))
 }
@@ -156,9 +203,10 @@ pub fn export_hf(flags: &[(String, Option<String>)], type_name: &str, hf_dir: &P
 /// The tokenizer beside Hugging Face weights in `hf_dir`, as flags naming its files there, and its
 /// type: the kind config.json's `trident_tokenizer` names, else a tokenizer.json
 /// (`HuggingFaceTokenizer`), else GPT-2's vocab.json and merges.txt; the byte tokenizer where
-/// there is none. A tokenizer trident cannot read is one line saying so: the checkpoint then
-/// records its type without files, and `generate` asks for its flags. One with more ids than the
-/// model's `vocab` is an error. `config` is the directory's config.json.
+/// there is none. A tokenizer trident does not support is one line saying so: the checkpoint then
+/// records its type without files, and `generate` asks for its flags. One that breaks its own
+/// format, or has more ids than the model's `vocab`, is an error. `config` is the directory's
+/// config.json.
 pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, String)> {
     let named = config.get("trident_tokenizer").and_then(Json::as_str);
     let (json, vocab_file, merges) =
@@ -169,7 +217,16 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
         Some("ByteTokenizer") => return Ok((Flags::new(), "ByteTokenizer".into())),
         Some("GPT2BPETokenizer") => true,
         Some("HuggingFaceTokenizer") => false,
-        _ => !json.is_file(),
+        None => !json.is_file(),
+        Some(other) => {
+            return Err(Error::format(
+                &hf_dir.join("config.json"),
+                format!(
+                    "trident_tokenizer {}: expected ByteTokenizer, GPT2BPETokenizer or HuggingFaceTokenizer",
+                    quote(other)
+                ),
+            ))
+        }
     };
     let present = if gpt2 { vocab_file.is_file() && merges.is_file() } else { json.is_file() };
     if !present {
@@ -196,6 +253,9 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
             hf_dir.display()
         ))),
         Ok(_) => Ok((flags, kind)),
+        // A tokenizer that breaks its own format (a crafted id, malformed JSON) stops the import;
+        // one trident merely does not support lets the weights come without it.
+        Err(e @ (Error::Format { .. } | Error::Io { .. })) => Err(e),
         Err(e) => {
             println!("the tokenizer in {} is not carried: {e}; give train and generate its flags", hf_dir.display());
             Ok((Flags::new(), kind))
@@ -234,5 +294,31 @@ mod tests {
         assert_eq!(saved_flags(&dir).unwrap(), None);
         save(&dir.join("bytes"), &[]).unwrap();
         assert!(!dir.join("bytes").exists());
+    }
+
+    #[test]
+    fn values_cannot_add_lines_or_name_files_elsewhere() {
+        let dir = crate::data::test_dir("ckpt-tokenizer-crafted");
+        let out = dir.join("save");
+        let pair = |f: &str, v: &str| (f.to_string(), Some(v.to_string()));
+        let flags = [pair("--tokenizer-type", "HuggingFaceTokenizer"), pair("--eod-token", "a\tb\n--vocab-file\t/x\\")];
+        save(&out, &flags).unwrap();
+        assert_eq!(saved_flags(&out).unwrap().unwrap(), flags);
+        std::fs::write(dir.join("secret"), "{}").unwrap();
+        let t = out.join(DIR);
+        for (text, needle) in [
+            ("--vocab-file\t/etc/passwd\n", "'/etc/passwd'"),
+            ("--vocab-file\t../../secret\n", "'../../secret'"),
+            ("--weird\tx\n", "not a tokenizer flag"),
+            ("--tokenizer-type\tA\n--tokenizer-type\tB\n", "twice"),
+            ("--eod-token\ta\\q\n", "malformed"),
+        ] {
+            std::fs::write(t.join("flags"), text).unwrap();
+            let e = saved_flags(&out).unwrap_err().to_string();
+            assert!(e.contains("flags") && e.contains(needle), "{text:?}: {e}");
+        }
+        std::os::unix::fs::symlink(dir.join("secret"), t.join("vocab.json")).unwrap();
+        std::fs::write(t.join("flags"), "--vocab-file\tvocab.json\n").unwrap();
+        assert!(saved_flags(&out).unwrap_err().to_string().contains("leads out of the directory"));
     }
 }

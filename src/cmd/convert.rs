@@ -5,10 +5,10 @@
 
 use super::flags;
 use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
-use crate::checkpoint::safetensors::{export_hf, import_hf};
+use crate::checkpoint::safetensors::{export_hf, import_hf, read_config};
 use crate::checkpoint::tokenizer;
 use crate::cli::Args;
-use crate::data::json::{document, Json};
+use crate::data::json::Json;
 use crate::error::{Error, Result};
 use crate::flags::CONVERT_FLAGS;
 use crate::model::GptConfig;
@@ -28,8 +28,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     let (mut full, tokenizer) = match (a.path("--load"), a.path("--load-hf")) {
         (Some(dir), None) => (read_full(&dir)?, tokenizer::saved_flags(&dir)?.unwrap_or_default()),
         (None, Some(dir)) => {
-            let path = dir.join("config.json");
-            let config = document(&std::fs::read(&path).map_err(|e| Error::io(&path, "read", e))?, &path)?;
+            let (config, _) = read_config(&dir)?;
             let mut full = from_hf(&dir, &config)?;
             let (flags, kind) = tokenizer::from_hf(&dir, &config, full.model.vocab_size)?;
             full.meta.insert("tokenizer".into(), kind);
@@ -58,7 +57,7 @@ pub fn run(rest: &[String]) -> Result<()> {
 /// Hugging Face GPT-2 or Llama weights as a one-rank checkpoint at iteration 0, with zeroed Adam
 /// moments (`config`: its config.json).
 fn from_hf(dir: &Path, config: &Json) -> Result<FullCheckpoint> {
-    let (model, params) = import_hf(dir)?;
+    let (model, params) = import_hf(dir, config)?;
     let mut meta = BTreeMap::new();
     for (k, v) in [
         ("format", "trident-checkpoint".to_string()),
@@ -76,7 +75,12 @@ fn from_hf(dir: &Path, config: &Json) -> Result<FullCheckpoint> {
         meta.insert(k.to_string(), v);
     }
     // The padding multiple a trident export records, so that `--save` pads as it was trained.
-    if let Some(by) = config.get("trident_make_vocab_size_divisible_by").and_then(Json::as_usize) {
+    if let Some(v) = config.get("trident_make_vocab_size_divisible_by") {
+        let path = dir.join("config.json");
+        let by = v
+            .as_usize()
+            .ok_or_else(|| Error::format(&path, "'trident_make_vocab_size_divisible_by' is not a whole number"))?;
+        GptConfig::padded_vocab(model.vocab_size, by, 1, Some(&path))?;
         meta.insert("make_vocab_size_divisible_by".into(), by.to_string());
     }
     let mut tensors = BTreeMap::new();
@@ -145,14 +149,22 @@ fn save(a: &Args, full: &mut FullCheckpoint, dir: &Path) -> Result<()> {
 /// own, else Megatron's 128) times the target tensor-parallel size `tp`, saying so when it changes.
 fn repad_for(a: &Args, full: &mut FullCheckpoint, tp: usize) -> Result<()> {
     let flag = "--make-vocab-size-divisible-by";
-    let by = match a.usize(flag)? {
-        Some(0) => return Err(Error::flag(flag, 0, "a positive whole number")),
-        Some(k) => k,
-        None => full.meta.get("make_vocab_size_divisible_by").and_then(|v| v.parse().ok()).unwrap_or(128),
+    let (by, to) = match a.usize(flag)? {
+        Some(k) => (k, GptConfig::padded_vocab(full.model.vocab_size, k, tp, None)?),
+        None => {
+            let recorded = full.meta.get("make_vocab_size_divisible_by").map(|v| {
+                v.parse()
+                    .map_err(|_| Error::Config(format!("the checkpoint records make_vocab_size_divisible_by '{v}'")))
+            });
+            let by = recorded.transpose()?.unwrap_or(128);
+            let to = GptConfig::padded_vocab(full.model.vocab_size, by, tp, None)
+                .map_err(|e| Error::Config(format!("the value the checkpoint records: {e}")))?;
+            (by, to)
+        }
     };
-    let (from, to) = (full.model.padded_vocab_size, GptConfig::pad_vocab(full.model.vocab_size, by * tp));
+    let from = full.model.padded_vocab_size;
     if from != to {
-        full.repad_vocab(to);
+        full.repad_vocab(to)?;
         println!(
             "padded the vocabulary of {} from {from} to {to} rows ({flag} {by} x tensor-parallel size {tp}; new rows \
              copy the last one, as Megatron's converter does)",

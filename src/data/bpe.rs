@@ -52,6 +52,14 @@ impl Bpe {
                 .ok_or_else(|| format!("token {s:?} has a character outside the byte-level alphabet"))
         };
         let size = vocab.iter().map(|&(_, id)| id as usize + 1).max().unwrap_or(0);
+        if size > Bpe::id_limit(vocab.len()) {
+            return Err(format!(
+                "a token has id {}, but the vocabulary lists {} tokens: ids must stay below {} (twice that, plus 256)",
+                size - 1,
+                vocab.len(),
+                Bpe::id_limit(vocab.len())
+            ));
+        }
         let mut tokens = vec![Vec::new(); size];
         let mut ids = HashMap::with_capacity(vocab.len());
         for (s, id) in vocab {
@@ -78,6 +86,18 @@ impl Bpe {
             ranked.entry(key).or_insert((rank as u32, id(&merged, "the merged token")?));
         }
         Ok(Bpe { tokens, ids, merges: ranked, byte_ids, ignore_merges })
+    }
+
+    /// The ids a file that lists `listed` tokens may use: below twice that, plus 256. Real
+    /// vocabularies number their tokens densely; the rule keeps a crafted id (2^32 - 2 in a
+    /// 3 KB file) from sizing a table, or a model's vocabulary, beyond what the file holds.
+    pub fn id_limit(listed: usize) -> usize {
+        listed.saturating_mul(2).saturating_add(256)
+    }
+
+    /// The tokens the vocabulary lists.
+    pub fn listed(&self) -> usize {
+        self.ids.len()
     }
 
     /// Ids 0..size (the largest id plus one).

@@ -104,15 +104,14 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<Array> {
         .filter(|d| !d.is_empty())
         .map(|d| d.parse::<usize>().map_err(|_| bad("shape")))
         .collect::<Result<Vec<usize>>>()?;
-    let count: usize = shape.iter().product();
     let data = &bytes[10 + header_len..];
-    let width = match descr {
+    let width: usize = match descr {
         "<i2" => 2,
         "<i4" | "<u4" => 4,
         "<i8" => 8,
         other => return Err(bad(&format!("dtype {other}"))),
     };
-    if data.len() != count * width {
+    if shape.iter().try_fold(width, |n, &d| n.checked_mul(d)) != Some(data.len()) {
         return Err(bad("data length does not match the shape"));
     }
     fn items<const W: usize, T>(data: &[u8], f: fn([u8; W]) -> T) -> Vec<T> {

@@ -60,9 +60,11 @@ impl Json {
             _ => None,
         }
     }
+    /// A whole number from 0 to 2^53 (above it, an f64 no longer holds every whole number, so a
+    /// count or id read from there would not be the one the file wrote).
     pub fn as_usize(&self) -> Option<usize> {
         match self {
-            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as usize),
+            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 && *n <= 9_007_199_254_740_992.0 => Some(*n as usize),
             _ => None,
         }
     }

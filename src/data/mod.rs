@@ -2,6 +2,7 @@
 //! the preprocessing that writes it, Megatron's mock data, and the GPT datasets and blends that
 //! turn them into shuffled fixed-length samples in Megatron's order.
 
+pub mod added;
 pub mod blend;
 pub mod bpe;
 pub mod datasets;

@@ -3,6 +3,8 @@
 //! `tokenizer_files`): added tokens split out first, then the split pattern, then BPE per piece,
 //! with a cache of pieces already encoded.
 
+pub use super::added::AddedToken;
+use super::added::AddedTokens;
 use super::bpe::Bpe;
 use super::pretokenize::Pattern;
 use std::collections::HashMap;
@@ -121,16 +123,6 @@ pub enum Source {
     HuggingFace { path: std::path::PathBuf },
 }
 
-/// A token that `encode` matches in the text before anything else (a tokenizer.json's added
-/// tokens: `<|endoftext|>`, `<|begin_of_text|>` and the like).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddedToken {
-    pub content: String,
-    pub id: u32,
-    /// Left out by `decode` when asked to skip special tokens.
-    pub special: bool,
-}
-
 /// A byte-level BPE tokenizer.
 pub struct BpeTokenizer {
     pub source: Source,
@@ -138,10 +130,8 @@ pub struct BpeTokenizer {
     pub(super) pattern: Pattern,
     /// Prepend a space to text that does not start with one (a ByteLevel pre-tokenizer option).
     pub(super) add_prefix_space: bool,
-    /// Longest first, so that the first match at a position is the longest.
-    pub(super) added: Vec<AddedToken>,
-    /// The bytes an added token can start with.
-    pub(super) added_first: [bool; 256],
+    /// Matched before anything else (`AddedTokens::find`).
+    pub(super) added: AddedTokens,
     /// Ids around every encoded text (a tokenizer.json's post-processing template: Llama 3's
     /// `<|begin_of_text|>`), when `--tokenizer-hf-include-special-tokens` asks for them.
     pub(super) prefix: Vec<u32>,
@@ -164,36 +154,15 @@ impl BpeTokenizer {
     /// thread's own.
     pub fn encode(&self, text: &str, cache: &mut PieceCache) -> Vec<u32> {
         let mut out = self.prefix.clone();
-        let mut rest = text;
-        while !rest.is_empty() {
-            let (plain, added) = self.next_added(rest);
-            self.encode_plain(plain, cache, &mut out);
-            match added {
-                Some(a) => {
-                    out.push(a.id);
-                    rest = &rest[plain.len() + a.content.len()..];
-                }
-                None => break,
-            }
+        let mut at = 0;
+        for (start, added) in self.added.find(text.as_bytes()) {
+            self.encode_plain(&text[at..start], cache, &mut out);
+            out.push(added.id);
+            at = start + added.content.len();
         }
+        self.encode_plain(&text[at..], cache, &mut out);
         out.extend_from_slice(&self.suffix);
         out
-    }
-
-    /// The text before the first added token in `text`, and that token (longest at its place).
-    fn next_added<'a>(&self, text: &'a str) -> (&'a str, Option<&AddedToken>) {
-        if self.added.is_empty() {
-            return (text, None);
-        }
-        for (at, &b) in text.as_bytes().iter().enumerate() {
-            if !self.added_first[b as usize] {
-                continue;
-            }
-            if let Some(a) = self.added.iter().find(|a| text.as_bytes()[at..].starts_with(a.content.as_bytes())) {
-                return (&text[..at], Some(a));
-            }
-        }
-        (text, None)
     }
 
     fn encode_plain(&self, text: &str, cache: &mut PieceCache, out: &mut Vec<u32>) {
@@ -227,7 +196,7 @@ impl BpeTokenizer {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Vec<u8> {
         let mut out = Vec::new();
         for &id in ids {
-            if let Some(a) = self.added.iter().find(|a| a.id == id) {
+            if let Some(a) = self.added.by_id(id) {
                 if !(skip_special && a.special) {
                     out.extend_from_slice(a.content.as_bytes());
                 }
@@ -242,7 +211,7 @@ impl BpeTokenizer {
 
     /// The id of the token whose text is `token` (an added token or a vocabulary entry).
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.added.iter().find(|a| a.content == token).map(|a| a.id).or_else(|| self.bpe.id(token.as_bytes()))
+        self.added.id_of(token).or_else(|| self.bpe.id(token.as_bytes()))
     }
 }
 

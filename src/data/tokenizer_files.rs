@@ -4,10 +4,11 @@
 //! end-of-document token chosen as Megatron would. What trident does not support in a
 //! tokenizer.json is one error naming the field and its value.
 
+use super::added::{AddedToken, AddedTokens};
 use super::bpe::Bpe;
 use super::json::{document, quote, Json};
 use super::pretokenize::{Pattern, GPT2_REGEX, LLAMA3_REGEX};
-use super::tokenizer::{AddedToken, BpeTokenizer, Source, Tokenizer};
+use super::tokenizer::{BpeTokenizer, Source, Tokenizer};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -61,17 +62,26 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
 }
 
 fn read(path: &Path, what: &'static str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| Error::io(path, what, e))
+    crate::files::read_regular(path, what)
 }
 
-/// `{"token": id, ...}` as (token, id) pairs.
+/// `{"token": id, ...}` as (token, id) pairs; every id below `Bpe::id_limit` of the count.
 fn vocab_pairs(vocab: &Json, path: &Path) -> Result<Vec<(String, u32)>> {
     let fields = vocab.as_object().ok_or_else(|| Error::format(path, "the vocabulary is not a JSON object"))?;
+    let limit = Bpe::id_limit(fields.len());
     fields
         .iter()
         .map(|(k, v)| match v.as_usize() {
-            Some(id) if id < u32::MAX as usize => Ok((k.clone(), id as u32)),
-            _ => Err(Error::format(path, format!("token {k:?} has no valid id"))),
+            Some(id) if id < limit => Ok((k.clone(), id as u32)),
+            Some(id) => Err(Error::format(
+                path,
+                format!(
+                    "token {k:?} has id {id}, but the vocabulary lists {} tokens: ids must stay below {limit} (twice \
+                     that, plus 256)",
+                    fields.len()
+                ),
+            )),
+            None => Err(Error::format(path, format!("token {k:?} has no valid id"))),
         })
         .collect()
 }
@@ -108,7 +118,8 @@ pub fn gpt2_files(vocab_path: &Path, merges_path: &Path) -> Result<BpeTokenizer>
         .id(b"<|endoftext|>")
         .ok_or_else(|| Error::format(vocab_path, "the vocabulary has no <|endoftext|> (GPT-2's end of document)"))?;
     let source = Source::Gpt2Files { vocab: vocab_path.to_path_buf(), merges: merges_path.to_path_buf() };
-    Ok(tokenizer(source, bpe, Pattern::Gpt2, false, Vec::new(), (Vec::new(), Vec::new()), eod))
+    tokenizer(source, bpe, (Pattern::Gpt2, false), Vec::new(), (Vec::new(), Vec::new()), eod)
+        .map_err(|e| Error::format(vocab_path, e))
 }
 
 /// GPT-2's vocab.json and merges.txt as the Hugging Face tokenizer.json that encodes the same:
@@ -140,22 +151,31 @@ pub fn gpt2_tokenizer_json(vocab_path: &Path, merges_path: &Path) -> Result<Stri
     ))
 }
 
+/// The tokenizer of these parts. Its ids must be dense enough for what the file holds (the
+/// largest below twice the tokens listed, plus 256: `Bpe::new`'s rule, so a crafted id cannot size
+/// the model's vocabulary), and the template's ids must be among them.
 fn tokenizer(
     source: Source,
     bpe: Bpe,
-    pattern: Pattern,
-    add_prefix_space: bool,
-    mut added: Vec<AddedToken>,
+    (pattern, add_prefix_space): (Pattern, bool),
+    added: Vec<AddedToken>,
     (prefix, suffix): (Vec<u32>, Vec<u32>),
     eod: u32,
-) -> BpeTokenizer {
-    added.sort_by_key(|a| std::cmp::Reverse(a.content.len()));
-    let mut added_first = [false; 256];
-    for a in &added {
-        added_first[a.content.as_bytes()[0] as usize] = true;
+) -> std::result::Result<BpeTokenizer, String> {
+    let added = AddedTokens::new(added);
+    let vocab_size = added.max_id().map_or(0, |id| id as usize + 1).max(bpe.size());
+    let limit = Bpe::id_limit(bpe.listed() + added.len());
+    if vocab_size > limit {
+        return Err(format!(
+            "an added token has id {}, but the file lists {} tokens: ids must stay below {limit} (twice that, plus 256)",
+            vocab_size - 1,
+            bpe.listed() + added.len()
+        ));
     }
-    let vocab_size = added.iter().map(|a| a.id as usize + 1).fold(bpe.size(), usize::max);
-    BpeTokenizer { source, bpe, pattern, add_prefix_space, added, added_first, prefix, suffix, eod, vocab_size }
+    if let Some(id) = prefix.iter().chain(&suffix).find(|&&id| id as usize >= vocab_size) {
+        return Err(format!("post_processor: the template's id {id} is past the vocabulary of {vocab_size}"));
+    }
+    Ok(BpeTokenizer { source, bpe, pattern, add_prefix_space, added, prefix, suffix, eod, vocab_size })
 }
 
 /// A field of a tokenizer.json that must hold one of a few values trident supports.
@@ -224,7 +244,8 @@ fn template(post: &Json, path: &Path) -> Result<(Vec<u32>, Vec<u32>)> {
                     let ids = name
                         .and_then(|n| p.get("special_tokens")?.get(n)?.get("ids")?.as_array())
                         .ok_or_else(|| unsupported(path, "post_processor", p))?;
-                    let ids = ids.iter().map(|i| i.as_usize().map(|i| i as u32)).collect::<Option<Vec<u32>>>();
+                    let ids = ids.iter().map(|i| i.as_usize().and_then(|i| u32::try_from(i).ok()));
+                    let ids = ids.collect::<Option<Vec<u32>>>();
                     let ids = ids.ok_or_else(|| unsupported(path, "post_processor", p))?;
                     if after { &mut suffix } else { &mut prefix }.extend(ids);
                 }
@@ -251,9 +272,11 @@ fn added_tokens(json: &Json, path: &Path) -> Result<Vec<AddedToken>> {
                 )));
             }
         }
+        let id = u32::try_from(id)
+            .map_err(|_| Error::format(path, format!("added token {content:?} has id {id}, past 32 bits")))?;
         if !content.is_empty() {
             let special = t.get("special").and_then(Json::as_bool).unwrap_or(false);
-            out.push(AddedToken { content: content.to_string(), id: id as u32, special });
+            out.push(AddedToken { content: content.to_string(), id, special });
         }
     }
     Ok(out)
@@ -342,7 +365,8 @@ pub fn hugging_face(path: &Path, eod_token: Option<&str>, include_special_tokens
     let around = template(json.get("post_processor").unwrap_or(&Json::Null), &path)?;
     let around = if include_special_tokens { around } else { (Vec::new(), Vec::new()) };
     let source = Source::HuggingFace { path: path.clone() };
-    let mut t = tokenizer(source, bpe, pattern, add_prefix_space, added, around, 0);
+    let mut t =
+        tokenizer(source, bpe, (pattern, add_prefix_space), added, around, 0).map_err(|e| Error::format(&path, e))?;
     t.eod = hf_eod(&t, &path, eod_token)?;
     Ok(t)
 }

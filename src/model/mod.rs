@@ -89,6 +89,15 @@ impl ChunkPlan {
     }
 }
 
+/// The most parameters a model may have (2^44, about 17.6 trillion: ten times the largest
+/// dense models trained), so that a model's bytes, gradients and both AdamW moments (16 bytes a
+/// parameter) fit in 64-bit arithmetic with room to spare, whatever a file claims.
+pub const MAX_PARAMETERS: usize = 1 << 44;
+
+/// The largest `--make-vocab-size-divisible-by` accepted, from a flag or a file (Megatron's default
+/// is 128; 2^16 already pads a vocabulary by up to 65,535 rows per tensor-parallel rank).
+pub const MAX_VOCAB_PADDING_MULTIPLE: usize = 1 << 16;
+
 /// The shape of a GPT-2 model. `padded_vocab_size` is the vocabulary rounded up as Megatron
 /// pads it (`--make-vocab-size-divisible-by`), which is the row count of the word embedding.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,8 +135,23 @@ impl GptConfig {
                 self.hidden_size, self.num_attention_heads
             )));
         }
+        if self.vocab_size == 0 {
+            return Err(Error::Config("the vocabulary is empty (vocab_size 0)".into()));
+        }
         if self.padded_vocab_size < self.vocab_size {
             return Err(Error::Config("padded vocabulary smaller than the vocabulary".into()));
+        }
+        if self.parameter_count().is_none_or(|n| n > MAX_PARAMETERS) {
+            return Err(Error::Config(format!(
+                "the model's sizes (hidden {}, {} layers, {} heads of {}, MLP {}, vocabulary {}, {} positions) describe                  more than {MAX_PARAMETERS} parameters or overflow",
+                self.hidden_size,
+                self.num_layers,
+                self.num_attention_heads,
+                self.arch.kv_channels.map_or("hidden / heads".to_string(), |d| d.to_string()),
+                self.ffn_hidden_size,
+                self.padded_vocab_size,
+                self.max_position_embeddings
+            )));
         }
         if !(self.init_method_std > 0.0 && self.init_method_std.is_finite()) {
             return Err(Error::Config(format!("--init-method-std {} must be positive", self.init_method_std)));
@@ -136,6 +160,42 @@ impl GptConfig {
             return Err(Error::flag("--kv-channels", 0, "a positive whole number"));
         }
         self.arch.validate(self.num_attention_heads, self.head_dim())
+    }
+
+    /// The whole model's parameters (one rank, the tied output layer counted once), in checked
+    /// arithmetic: None when a product overflows. Every size the model derives (`qkv_rows`,
+    /// `attention_width`, `fc1_rows`, each parameter's elements) is a factor of a term here, so a
+    /// model that `validate` accepts cannot overflow any of them.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let (h, f, l) = (self.hidden_size, self.ffn_hidden_size, self.num_layers);
+        let d = self.arch.kv_channels.unwrap_or(h / self.num_attention_heads.max(1));
+        let kv = self.arch.num_query_groups.unwrap_or(self.num_attention_heads);
+        let qkv_rows = kv.checked_mul(2)?.checked_add(self.num_attention_heads)?.checked_mul(d)?;
+        let attention_width = self.num_attention_heads.checked_mul(d)?;
+        let fc1_rows = f.checked_mul(if self.arch.swiglu { 2 } else { 1 })?;
+        let bias = usize::from(self.arch.add_bias_linear);
+        let norms = if self.arch.normalization == Normalization::LayerNorm { 2 } else { 1 };
+        let layer = [
+            qkv_rows.checked_mul(h)?,
+            qkv_rows.checked_mul(bias)?,
+            h.checked_mul(attention_width)?,
+            h.checked_mul(bias)?,
+            fc1_rows.checked_mul(h)?,
+            fc1_rows.checked_mul(bias)?,
+            h.checked_mul(f)?,
+            h.checked_mul(bias)?,
+            h.checked_mul(2 * norms)?,
+        ];
+        let layer = layer.into_iter().try_fold(0usize, usize::checked_add)?;
+        let vocab = self.padded_vocab_size.checked_mul(h)?;
+        let positions = match self.arch.position_embedding {
+            PositionEmbedding::LearnedAbsolute => self.max_position_embeddings.checked_mul(h)?,
+            _ => 0,
+        };
+        let output = if self.arch.untie_embeddings { vocab } else { 0 };
+        [layer.checked_mul(l)?, vocab, positions, output, h.checked_mul(norms)?]
+            .into_iter()
+            .try_fold(0usize, usize::checked_add)
     }
 
     /// Dimensions per attention head: `--kv-channels`, else hidden size / heads.
@@ -170,6 +230,31 @@ impl GptConfig {
     /// Megatron's padding: the smallest multiple of `divisible_by` at or above `vocab`.
     pub fn pad_vocab(vocab: usize, divisible_by: usize) -> usize {
         vocab.div_ceil(divisible_by.max(1)) * divisible_by.max(1)
+    }
+
+    /// `vocab` padded as Megatron pads it, to a multiple of `--make-vocab-size-divisible-by`
+    /// (`divisible_by`) times the tensor-parallel size. A multiple of 0 or above
+    /// `MAX_VOCAB_PADDING_MULTIPLE` is an error, naming `file` when the value came from one.
+    pub fn padded_vocab(
+        vocab: usize,
+        divisible_by: usize,
+        tensor_parallel: usize,
+        file: Option<&std::path::Path>,
+    ) -> Result<usize> {
+        let fail = |what: String| match file {
+            Some(path) => Error::format(path, what),
+            None => Error::Config(what),
+        };
+        if divisible_by == 0 || divisible_by > MAX_VOCAB_PADDING_MULTIPLE {
+            return Err(fail(format!(
+                "--make-vocab-size-divisible-by {divisible_by} is not 1 to {MAX_VOCAB_PADDING_MULTIPLE} (Megatron's \
+                 default is 128)"
+            )));
+        }
+        let by = divisible_by.checked_mul(tensor_parallel.max(1)).filter(|&b| b <= usize::MAX / 2);
+        by.and_then(|by| vocab.div_ceil(by).checked_mul(by)).ok_or_else(|| {
+            fail(format!("{vocab} ids padded to a multiple of {divisible_by} x {tensor_parallel} overflow"))
+        })
     }
 
     /// Checks that the model splits over `mp`: heads, MLP width and padded vocabulary divide by
@@ -414,5 +499,60 @@ impl GptConfig {
             self.padded_vocab_size as f64,
         );
         72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(arch: Arch) -> GptConfig {
+        GptConfig {
+            num_layers: 3,
+            hidden_size: 24,
+            num_attention_heads: 6,
+            ffn_hidden_size: 40,
+            max_position_embeddings: 16,
+            vocab_size: 50,
+            padded_vocab_size: 64,
+            init_method_std: 0.02,
+            arch,
+        }
+    }
+
+    #[test]
+    fn the_parameter_count_is_the_parameters_elements() {
+        let archs = [
+            Arch::GPT2,
+            Arch::LLAMA,
+            Arch { num_query_groups: Some(2), kv_channels: Some(8), add_bias_linear: true, ..Arch::LLAMA },
+            Arch { untie_embeddings: false, position_embedding: PositionEmbedding::None, ..Arch::LLAMA },
+        ];
+        for arch in archs {
+            let cfg = model(arch);
+            let listed: usize = cfg.parameters(&ModelParallel::single()).iter().map(|p| p.numel()).sum();
+            assert_eq!(cfg.parameter_count(), Some(listed), "{:?}", cfg.arch);
+            cfg.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn sizes_that_overflow_or_name_nothing_are_refused() {
+        let llama = model(Arch::LLAMA);
+        let bad = [
+            GptConfig { vocab_size: 0, ..llama.clone() },
+            GptConfig { num_attention_heads: 0, ..llama.clone() },
+            GptConfig { num_layers: 0, ..llama.clone() },
+            GptConfig { arch: Arch { kv_channels: Some(1 << 63), ..Arch::LLAMA }, ..llama.clone() },
+            GptConfig { hidden_size: 1 << 40, num_attention_heads: 1, ..llama.clone() },
+            GptConfig { num_layers: usize::MAX, ..llama.clone() },
+        ];
+        for cfg in bad {
+            assert!(cfg.validate().is_err(), "{cfg:?}");
+        }
+        assert_eq!(GptConfig::padded_vocab(257, 128, 2, None).unwrap(), 512);
+        for (by, tp) in [(0, 1), (MAX_VOCAB_PADDING_MULTIPLE + 1, 1), (1 << 16, usize::MAX / 4)] {
+            assert!(GptConfig::padded_vocab(257, by, tp, None).is_err(), "{by} x {tp}");
+        }
     }
 }
