@@ -44,7 +44,7 @@
 // mma shapes need d and the tile to be multiples of 16, and dK/dV's lse and delta loads (one
 // thread per entry, load_floats) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
-// into dQ, and makes the result independent of scheduling (DESIGN.md's determinism).
+// into dQ, and makes the result independent of scheduling (docs/design.md, Determinism).
 // Causal work per warp (warp-uniform branches, as in the forward): a streamed tile that holds a
 // pair with the key after the query is masked (the compare and select per score), the tiles
 // wholly below the diagonal run without them, and tiles with no live pair for the warp (or all

@@ -35,7 +35,7 @@
 //                              32-key tiles of its group's K and V up to the diagonal, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (lane l holds query
 //                              l % 32, so its lse and delta are per lane), then dQᵀ += Kᵀ dSᵀ.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
-// into dQ, and makes the result independent of scheduling (DESIGN.md's determinism). Tiles wholly
+// into dQ, and makes the result independent of scheduling (docs/design.md, Determinism). Tiles wholly
 // above a wave's diagonal are skipped (wave-uniform). All MFMAs are v_mfma_f32_32x32x8bf16_1k
 // (v_mfma_f32_32x32x8_bf16 on gfx940+).
 //

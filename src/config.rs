@@ -909,9 +909,9 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
                 ));
             }
         }
-        if d != "cpu" && d != "cuda" && d != "hip" {
+        if !["cpu", "cuda", "hip", "reference"].contains(&d) {
             return Err(Error::Unsupported(format!(
-                "--device {d}: the cpu, cuda and hip backends are built (not {d})"
+                "--device {d}: the cpu, cuda and hip backends are built, and the f64 reference (not {d})"
             )));
         }
     }

@@ -189,7 +189,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag(
         "--device",
         "KIND",
-        "cpu, cuda or hip (both need --bf16 or --fp16; head dim 32, 64 or 128; Llama-family models on hip, GPT-2's architecture only on cuda so far); `trident info` lists the GPU libraries found",
+        "cpu, cuda or hip (both need --bf16 or --fp16; head dim 32, 64 or 128; Llama-family models on hip, GPT-2's architecture only on cuda so far); `trident info` lists the GPU libraries found; reference: the f64 oracle the others are tested against (serial, slow)",
     ),
     flag(
         "--gpu-collectives",

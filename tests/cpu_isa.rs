@@ -30,7 +30,7 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
         assert!(text.contains(&format!("capped by TRIDENT_CPU_ISA; the CPU has {best}")), "{text}");
     }
     if !["avx2", "avx512", "avx512bf16"].contains(&best.as_str()) {
-        eprintln!("SKIPPED: this CPU has no AVX2 ({best}); the AVX2 cap is not tried");
+        not_applicable(&format!("this CPU has no AVX2 ({best}): the AVX2 cap is not tried"));
         return;
     }
     // The text tables name the CPU and the level too.
@@ -72,7 +72,7 @@ fn a_level_the_cpu_lacks_or_no_level_is_one_clear_error() {
     if detected() != "avx512bf16" {
         assert_clean_error(&with_isa("avx512bf16", &["info"]), &["TRIDENT_CPU_ISA=avx512bf16", "supports up to"]);
     } else {
-        eprintln!("SKIPPED: this CPU has every level; no level to refuse");
+        not_applicable("this CPU has every level: no level to refuse");
     }
 }
 

@@ -1,7 +1,7 @@
 //! The CUDA kernels of `kernels-cuda/` on the CPU: the same sources, compiled by the host C++
 //! compiler against the SIMT emulation (`kernels-cuda/emu/`), run on inputs written here and
 //! compared with trident's reference device (serial f64) on the same bf16-rounded inputs, within
-//! DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
+//! docs/design.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound for f32
 //! outputs). Every kernel runs on at least three shapes, ragged ones included (sizes that are not
 //! multiples of any tile). The cases the HIP kernels share are `common/emu_cases.rs`'s
 //! (`shared_kernel_tests!`); this file adds LayerNorm's and RMSNorm's warp-sized shapes, the sm_80 GEMMs' larger

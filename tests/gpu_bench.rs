@@ -7,14 +7,12 @@
 //! JSON's value, that each ratio is trident's value over PyTorch's, and that what was skipped is
 //! said. Without PyTorch the comparison part says loudly that it skipped.
 //!
-//! Without NVRTC these tests fail, unless `TRIDENT_SKIP_NVRTC_TESTS=1` is set, when they say
-//! loudly that they skipped.
+//! Without NVRTC these tests skip, saying so (`common::skip`; a failure under `TRIDENT_CI=1`).
 
 mod common;
 use common::gpu_device::{self, Emulated};
 use common::*;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -48,43 +46,18 @@ const ATTENTION: &str = "d64=1x64x2x64 d128=1x32x1x128";
 const STEP: &str = "tiny=1x128x2x257x1x16";
 
 fn emulated() -> Option<&'static Emulated> {
-    static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
-    BUILT.get_or_init(|| gpu_device::emulate_cuda("gpu-bench")).as_ref()
+    static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
+    present(BUILT.get_or_init(|| gpu_device::emulate_cuda("gpu-bench")))
 }
 
 /// The emulating HIP runtime (an MI250X GCD), when hipRTC is here to compile the kernels.
 fn emulated_hip() -> Option<&'static Emulated> {
-    static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Err(e) = trident::gpu::hiprtc::Hiprtc::load() {
-                say_skipped(&format!("no hipRTC on this machine ({e}): gpu-bench --device hip is not exercised"));
-                return None;
-            }
-            let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
-            Some(gpu_device::emulate("gpu-bench-hip", runtime, "TRIDENT_LIBAMDHIP64", &[]))
-        })
-        .as_ref()
-}
-
-/// The Python the script would pick (`TORCH_PYTHON`, else the GPU nodes' venv, else python3),
-/// when it imports torch.
-fn torch_python() -> Option<String> {
-    let py = std::env::var("TORCH_PYTHON").ok().unwrap_or_else(|| {
-        let venv = "/opt/torch/.venv/bin/python";
-        if Path::new(venv).is_file() {
-            venv.into()
-        } else {
-            "python3".into()
-        }
-    });
-    let ok = Command::new(&py).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
-    ok.then_some(py)
-}
-
-fn say_skipped(what: &str) {
-    // Written to the process stderr directly: the test harness would capture eprintln!.
-    let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {what} !!!!!");
+    static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
+    present(BUILT.get_or_init(|| {
+        trident::gpu::hiprtc::Hiprtc::load().map_err(|e| missing_hiprtc(&e))?;
+        let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
+        Ok(gpu_device::emulate("gpu-bench-hip", runtime, "TRIDENT_LIBAMDHIP64", &[]))
+    }))
 }
 
 /// Runs the script with the emulated driver, the tiny cases and `env` on top, its JSON in `json`.
@@ -219,13 +192,10 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
     let Some(emu) = emulated() else { return };
     let dir = scratch("gpu-bench");
     let json = dir.join("out/gpu-bench.json");
-    let torch = torch_python();
+    let torch = python_with("torch", "gpu-bench's PyTorch comparison is exercised only in its absence");
     let mut env = vec![];
-    match &torch {
-        Some(py) => env.extend([("TORCH_PYTHON", py.as_str()), ("GPU_BENCH_TORCH_DEVICE", "cpu")]),
-        None => {
-            say_skipped("no PyTorch here (TORCH_PYTHON, /opt/torch/.venv/bin/python or python3 with torch): gpu-bench's PyTorch comparison is not exercised, only its absence")
-        }
+    if let Some(py) = &torch {
+        env.extend([("TORCH_PYTHON", py.as_str()), ("GPU_BENCH_TORCH_DEVICE", "cpu")]);
     }
     let o = gpu_bench(emu, &json, &env);
     let (out, err) = (stdout(&o), stderr(&o));
@@ -351,10 +321,9 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
         }
         lines
     };
-    let Some(py) = torch_python() else {
-        say_skipped(
-            "no PyTorch here: torch_compare.py's CPU run is not exercised, only its record saying PyTorch is absent",
-        );
+    let Some(py) =
+        python_with("torch", "torch_compare.py's CPU run is exercised only in its record saying PyTorch is absent")
+    else {
         let lines = run("python3", &["--device", "cuda", "--gemm", "g=8x8x8"]);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(
@@ -409,14 +378,16 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
 
 /// The scripts (gpu-bench.sh, first-light.sh which runs it, plan-calibrate.sh, and node-defaults.sh they
 /// source) are clean under shellcheck
-/// (installed by `make slurm-deps`; said loudly when absent).
+/// (installed by `make test`; a skip when absent).
 #[test]
 fn the_scripts_are_shellcheck_clean() {
     for name in ["gpu-bench.sh", "first-light.sh", "node-defaults.sh", "plan-calibrate.sh"] {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu").join(name);
         let Ok(o) = Command::new("shellcheck").arg(&script).output() else {
-            say_skipped("shellcheck is not installed: gpu-bench.sh and first-light.sh are not linted");
-            return;
+            return skip(
+                "shellcheck is not installed: the GPU scripts are not linted",
+                "`make test` installs it with apt",
+            );
         };
         assert!(o.status.success(), "shellcheck {}:\n{}{}", script.display(), stdout(&o), stderr(&o));
     }

@@ -6,8 +6,8 @@
 //! driver that does run them is tests/cuda_device.rs's).
 //!
 //! NVRTC and NCCL come from their pip wheels: `make test` installs them and passes their paths in
-//! `TRIDENT_NVRTC` / `TRIDENT_NCCL`. Without them these tests fail, unless
-//! `TRIDENT_SKIP_NVRTC_TESTS=1` is set, when they say loudly that they skipped.
+//! `TRIDENT_NVRTC` / `TRIDENT_NCCL`. Without them these tests skip, saying so (`common::skip`; a
+//! failure under `TRIDENT_CI=1`).
 
 mod common;
 

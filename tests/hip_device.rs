@@ -16,7 +16,6 @@ mod common;
 use common::gpu_device::{self, fake_nccl, train_losses, Emulated};
 use common::*;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -27,33 +26,24 @@ const SEED: u64 = 29;
 
 /// The emulating runtime, built once per test process (about 5 s); hipRTC is found as usual.
 fn emulated() -> Option<&'static Emulated> {
-    static BUILT: OnceLock<Option<Emulated>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Err(e) = trident::gpu::hiprtc::Hiprtc::load() {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "!!!!! SKIPPED the HIP Device tests: no hipRTC on this machine ({e}); `make test` installs Debian's (libamdhip64-5 libhiprtc-builtins5) when run as root !!!!!"
-                );
-                return None;
-            }
-            let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
-            Some(gpu_device::emulate("hip-device", runtime, "TRIDENT_LIBAMDHIP64", &[]))
-        })
-        .as_ref()
+    static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
+    present(BUILT.get_or_init(|| {
+        trident::gpu::hiprtc::Hiprtc::load().map_err(|e| missing_hiprtc(&e))?;
+        let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
+        Ok(gpu_device::emulate("hip-device", runtime, "TRIDENT_LIBAMDHIP64", &[]))
+    }))
 }
 
 /// One HIP Device for the whole test process (its kernels compile once).
 fn device() -> Option<&'static GpuDevice> {
-    static DEV: OnceLock<Option<GpuDevice>> = OnceLock::new();
-    DEV.get_or_init(|| {
-        emulated()?;
+    static DEV: OnceLock<GpuDevice> = OnceLock::new();
+    emulated()?;
+    Some(DEV.get_or_init(|| {
         let dev = GpuDevice::hip(0).unwrap_or_else(|e| panic!("the HIP Device on the emulated runtime: {e}"));
         let d = dev.describe();
         assert!(d.contains("Emulated AMD Instinct MI250X") && d.contains("gfx90a") && d.contains("MFMA"), "{d}");
-        Some(dev)
-    })
-    .as_ref()
+        dev
+    }))
 }
 
 #[test]

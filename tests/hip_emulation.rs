@@ -2,7 +2,7 @@
 //! compiler against the SIMT emulation with 64-lane wavefronts (`kernels-hip/emu/hip.h`, on
 //! `kernels-cuda/emu/simt.h`, with a model of `v_mfma_f32_32x32x8bf16_1k`), run on inputs written
 //! here and compared with trident's reference device (serial f64) on the same bf16-rounded
-//! inputs, within DESIGN.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound
+//! inputs, within docs/design.md's bf16 rule |x - ref| <= atol + 0.079 |ref| (and a much tighter bound
 //! for f32 outputs). The HIP kernels have the CUDA names and arguments, so the cases both vendors
 //! run are `common/emu_cases.rs`'s (`shared_kernel_tests!`: the MFMA GEMMs with every epilogue and
 //! both backward products, casts, GELU, AdamW, the cross-entropy pieces, the embedding, and

@@ -191,17 +191,10 @@ fn hiprtc_reports_its_version_and_names_its_codes() {
 
 /// The real hipRTC when the machine has one (`$TRIDENT_HIPRTC`, else the sonames, which include
 /// ROCm 5's libamdhip64.so.5), else None after saying why the test is skipped.
-fn real_hiprtc(test: &str) -> Option<trident::gpu::hiprtc::Hiprtc> {
+fn real_hiprtc() -> Option<trident::gpu::hiprtc::Hiprtc> {
     match trident::gpu::hiprtc::Hiprtc::load() {
         Ok(h) => Some(h),
-        Err(e) => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "!!!!! SKIPPED {test}: no hipRTC on this machine ({e}); `make test` installs Debian's (libamdhip64-5 libhiprtc-builtins5) when run as root !!!!!"
-            );
-            None
-        }
+        Err(e) => missing_hiprtc(&e).skip(),
     }
 }
 
@@ -230,7 +223,7 @@ fn check_gpu_on_amd_compiles_launches_and_checks_the_result_exactly() {
         c.output().unwrap()
     };
     // The real hipRTC when there is one (it compiles for gfx90a without a GPU), else the fake.
-    let real = real_hiprtc("the real hipRTC half of check gpu on AMD").is_some();
+    let real = real_hiprtc().is_some();
     let hiprtc = if real { None } else { Some(fake_rtc.as_path()) };
     let o = run(hiprtc, &[("FAKE_HIP_RUNS", "1")]);
     let out = stdout(&o);
@@ -285,7 +278,7 @@ fn hiprtc_compiles_every_hip_kernel_for_gfx90a() {
     use trident::gpu::cache::{ModuleCache, Outcome};
     use trident::gpu::kernels::hip::{self, code_object_header, HipKernelModules, HipOrigin};
     use trident::gpu::kernels::{cuda::read_cubin, declared_functions, Storage};
-    let Some(hiprtc) = real_hiprtc("hiprtc_compiles_every_hip_kernel_for_gfx90a") else { return };
+    let Some(hiprtc) = real_hiprtc() else { return };
     let dir = scratch("hiprtc-kernels");
     let modules = HipKernelModules::hiprtc_only(ModuleCache::new(&dir), hiprtc);
     // Both modules of every file (bf16, and fp16: -DTRIDENT_FP16, its own cache entry); the fp16

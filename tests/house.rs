@@ -597,3 +597,110 @@ fn the_checks_catch_planted_violations() {
     assert!(sizes.iter().any(|s| s.contains("bare.rs: opens without")), "{sizes:?}");
     assert_eq!(sizes.len(), 3, "{sizes:?}");
 }
+
+/// The clone's root.
+fn clone_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The text files of the clone (sources, scripts, docs, build files), skipping build outputs,
+/// caches, the bundled corpus and test data, as paths relative to `root`.
+fn text_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+    let skip_dirs = [".git", "runs", ".cache", "node_modules"];
+    let text = ["md", "rs", "sh", "py", "toml", "cu", "cuh", "hip", "h", "cpp", "c", "sbatch", "pbs", "txt", "json"];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if path.is_dir() {
+            let relative = path.strip_prefix(root).unwrap();
+            let data = relative == Path::new("data") || relative == Path::new("tests/data");
+            let top_level_skip = skip_dirs.contains(&name.as_str()) && relative.components().count() == 1;
+            let skipped = data || top_level_skip || name.starts_with("target") || name.starts_with('.');
+            if !skipped {
+                text_files(root, &path, out);
+            }
+        } else if name == "Makefile" || path.extension().is_some_and(|e| text.contains(&e.to_str().unwrap_or(""))) {
+            out.push(path.strip_prefix(root).unwrap().to_path_buf());
+        }
+    }
+}
+
+/// References out of the clone in `text` (of the file `name`): the design notes beside a
+/// developer's checkout, this build machine's folders, or the clone's own absolute path.
+fn outside_references(name: &str, text: &str, clone: &str) -> Vec<String> {
+    let outside = [concat!("../", "shared"), concat!("shared/", "reference"), concat!("DESIGN", ".md"), concat!("/wo", "rk/"), clone];
+    let mut bad = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for o in outside {
+            if line.contains(o) {
+                bad.push(format!("{name}:{}: names `{o}`, outside the clone", n + 1));
+            }
+        }
+    }
+    bad
+}
+
+/// Markdown links in `text` (of the file `file`, relative to `root`) that name no file of the
+/// clone: a missing file, an absolute path, or one that leads out of it.
+fn broken_links(root: &Path, file: &Path, text: &str) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        let end = after.find(')').unwrap_or(after.len());
+        let target = after[..end].trim().trim_matches(['<', '>']);
+        rest = &after[end..];
+        let path = target.split('#').next().unwrap_or("");
+        if path.is_empty() || target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+            continue;
+        }
+        let resolved = root.join(file.parent().unwrap_or(Path::new(""))).join(path);
+        let inside = resolved.canonicalize().is_ok_and(|r| r.starts_with(root.canonicalize().unwrap()));
+        if path.starts_with('/') || !inside {
+            bad.push(format!("{}: links to `{target}`, which is not a file of the clone", file.display()));
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_clone_stands_alone() {
+    let root = clone_root();
+    let mut files = Vec::new();
+    text_files(&root, &root, &mut files);
+    assert!(files.len() > 100 && files.iter().any(|f| f.ends_with("README.md")), "{} files", files.len());
+    let clone = root.display().to_string();
+    let mut bad = Vec::new();
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else { continue };
+        if file != Path::new("tests/house.rs") {
+            bad.extend(outside_references(&file.display().to_string(), &text, &clone));
+        }
+        if file.extension().is_some_and(|e| e == "md") {
+            bad.extend(broken_links(&root, file, &text));
+        }
+    }
+    assert!(bad.is_empty(), "the clone must stand alone:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_self_containment_checks_catch_planted_violations() {
+    let dir = std::env::temp_dir().join(format!("trident-house-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    std::fs::write(dir.join("docs/there.md"), "x").unwrap();
+    std::fs::write(dir.join("outside.md"), "x").unwrap();
+    let text = "[ok](docs/there.md#a) [web](https://x.org/y) [gone](docs/missing.md) [abs](/etc/passwd) [out](../outside.md)";
+    let clone = dir.join("clone");
+    std::fs::create_dir_all(clone.join("docs")).unwrap();
+    std::fs::write(clone.join("docs/there.md"), "x").unwrap();
+    let bad = broken_links(&clone, Path::new("README.md"), text);
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    for target in ["docs/missing.md", "/etc/passwd", "../outside.md"] {
+        assert!(bad.iter().any(|b| b.contains(target)), "{target}: {bad:?}");
+    }
+    let planted = format!("see {}/notes.md and {}\nfine\n", concat!("../", "shared"), clone.display());
+    let bad = outside_references("x.rs", &planted, &clone.display().to_string());
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad[0].starts_with("x.rs:1:"), "{bad:?}");
+}

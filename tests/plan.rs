@@ -1,5 +1,5 @@
-//! `trident plan` from the outside: Megatron's 2021 weak-scaling table (shared/reference/
-//! megatron.md §9.1) as the check of its layout choices and throughput, the JSON shape, and bad
+//! `trident plan` from the outside: Megatron's 2021 weak-scaling table (Narayanan et al.
+//! 2021, arXiv 2104.04473) as the check of its layout choices and throughput, the JSON shape, and bad
 //! input.
 
 mod common;

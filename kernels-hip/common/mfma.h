@@ -29,7 +29,7 @@
 // builtin has the same name on both, and the assembler prints the gfx940 spelling, so the only
 // arch selection is the guard below (gfx908 would need 2 x v_mfma_f32_32x32x4bf16 per k8, RDNA has
 // no MFMA at all; the f16 instruction is on gfx908 too, but one guard serves both modules). Debian's clang-15 hipcc accepts gfx90a and gfx940 but not gfx942
-// (gpu-toolchains.md); gfx942 builds with clang-19 and the gfx942 device-library shim.
+// ; gfx942 builds with clang-19 and the gfx942 device-library shim (docs/design.md).
 #pragma once
 #include "base.h"
 

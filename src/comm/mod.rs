@@ -181,7 +181,7 @@ impl CommCounters {
     }
 
     /// Elements each rank of a group of `n` moves for these calls, with the bandwidth-optimal
-    /// counts of shared/reference/tp-advanced.md §0: an all-reduce of S moves 2(n-1)/n S, an
+    /// counts of docs/design.md (Communication volumes): an all-reduce of S moves 2(n-1)/n S, an
     /// all-gather or reduce-scatter of full size S moves (n-1)/n S (the counters hold the piece
     /// S/n for an all-gather and the full S for a reduce-scatter), a broadcast or a reduce to one
     /// rank (n-1)/n S averaged over the group (every rank counts S), a send S.

@@ -5,7 +5,7 @@
 //! prints its answer as one `placement:` line per rank, so job scripts can be checked on machines
 //! without a GPU backend.
 //!
-//! The rules (shared/reference/hpc-jobs.md §1.0):
+//! The rules (docs/design.md, Placing ranks on a node):
 //! - the local rank is MPI's: under `mpirun`/`mpiexec` inside a Slurm job every rank inherits the
 //!   batch step's `SLURM_LOCALID=0`, so an environment variable that disagrees is reported, never
 //!   used;

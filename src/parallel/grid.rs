@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// How a tensor-parallel group splits each layer (`--tensor-parallel-mode`): Megatron's 1-D split
 /// of weights along one dimension, or the SUMMA layouts of Optimus (2-D: a q x q grid, t = q²) and
 /// Tesseract (2.5-D: d stacked q x q grids, t = d q²), which split weights and activations into
-/// blocks (shared/reference/tp-advanced.md §1, §2). 2-D is the depth-1 case of 2.5-D.
+/// blocks (docs/design.md, 2-D and 2.5-D tensor parallelism). 2-D is the depth-1 case of 2.5-D.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorMode {
     OneD,
@@ -79,7 +79,7 @@ impl TensorMode {
 }
 
 /// A rank's place in a SUMMA grid: tensor-parallel rank `col + q * row + q² * dep`
-/// (Colossal-AI's order, shared/reference/tp-advanced.md §4.2): row groups are q adjacent ranks.
+/// (Colossal-AI's order, docs/design.md): row groups are q adjacent ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SummaCoord {
     pub q: usize,
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn groups_match_megatrons_worked_example() {
-        // 16 ranks, t=2, p=4, d=2 (shared/reference/megatron.md §1.1).
+        // 16 ranks, t=2, p=4, d=2 (docs/design.md, The rank grid).
         let g = |r| Grid::new(16, r, 2, 4).unwrap();
         assert_eq!(g(0).dp, 2);
         assert_eq!(g(5).tp_group(), vec![4, 5]);

@@ -1,4 +1,4 @@
-//! Pipeline schedules (Megatron's, shared/reference/megatron.md §4): for each stage, the ordered
+//! Pipeline schedules (Megatron's; docs/design.md, Pipeline schedules): for each stage, the ordered
 //! list of forward and backward passes over (micro-batch, model chunk) that GPipe, 1F1B and
 //! interleaved 1F1B prescribe, and the split of layers into stages and virtual chunks. The
 //! executor (`train.rs`) runs a stage's list in order; sends are non-blocking and receives are
@@ -487,7 +487,7 @@ mod tests {
 
     #[test]
     fn interleaved_matches_megatrons_worked_example() {
-        // p=2, v=2, m=4 (shared/reference/megatron.md §4.4).
+        // p=2, v=2, m=4 (docs/design.md's table).
         let r0 = passes(Schedule::Interleaved, 2, 0, 4, 2);
         let expect0 = vec![
             F { micro: 0, chunk: 0 },

@@ -1,5 +1,5 @@
 //! SUMMA matrix products for 2-D (Optimus) and 2.5-D (Tesseract) tensor parallelism, in the
-//! panel form of shared/reference/tp-advanced.md §1.2: one all-gather per operand instead of q
+//! panel form of docs/design.md (2-D and 2.5-D tensor parallelism): one all-gather per operand instead of q
 //! broadcasts, one reduce-scatter per partial result instead of q reduces. The per-device volume
 //! is the same as broadcast-SUMMA's, 3(q-1)(MK + KN)/q² elements per linear layer (forward and both
 //! backward products), with two collectives per product instead of 2q, which is what MPI and NCCL

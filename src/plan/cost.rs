@@ -2,9 +2,9 @@
 //! seconds per iteration (GEMMs, memory-bound work, tensor-parallel collectives, pipeline
 //! point-to-point, the bubble, the data-parallel gradient reduction, the optimizer step).
 //!
-//! Formulas: shared/reference/tp-advanced.md §5.2 (activations, Korthikanti et al.), §7 (model
-//! states, Megatron's 18 bytes per parameter with fp32 gradients), §8 (per-micro-batch
-//! communication, the bubble); shared/reference/megatron.md §8 (the paper's FLOP counts).
+//! Formulas: docs/design.md (activations after Korthikanti et al., per-micro-batch communication,
+//! the bubble, the paper's FLOP counts); model states are Megatron's 18 bytes per parameter with
+//! fp32 gradients.
 
 use super::hardware::{Collective, Machine, Placement};
 use super::models::Shape;
@@ -162,7 +162,7 @@ fn dims(shape: &Shape, layout: &Layout, precision: Precision, features: &Feature
     }
 }
 
-/// Activation bytes one layer keeps for one micro-batch (tp-advanced.md §5.2) for a recompute
+/// Activation bytes one layer keeps for one micro-batch (docs/design.md, Activation memory) for a recompute
 /// mode: none keeps all, selective drops the attention scores (5as/h), full keeps the layer input.
 /// Flash attention keeps no scores: every mode then keeps what selective keeps (plus its
 /// per-row softmax statistics, under 1% of the rest, not counted).
@@ -219,7 +219,7 @@ fn layer_parameters(shape: &Shape, d: &Dims) -> f64 {
 }
 
 /// Micro-batches whose activations stage 0 holds at its peak: 1F1B (and ZB-H1) keeps min(p, m),
-/// the interleaved schedule (1 + (p-1)/(pv)) times that (tp-advanced.md §5.2, §8), GPipe all m.
+/// the interleaved schedule (1 + (p-1)/(pv)) times that (docs/design.md), GPipe all m.
 fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
     if layout.pp == 1 {
         return 1.0;
@@ -558,7 +558,7 @@ fn cp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine, attention: f64)
     (ring - attention).max(0.0)
 }
 
-/// Tensor-parallel communication of one layer for one micro-batch (tp-advanced.md §8): 1-D
+/// Tensor-parallel communication of one layer for one micro-batch (docs/design.md, Communication volumes): 1-D
 /// Megatron TP all-reduces the b·s·h activation twice in forward and twice in backward (SP's
 /// all-gathers and reduce-scatters move the same volume), and full recompute replays the two
 /// forward ones. The group is `tp` adjacent ranks: one node while tp <= GPUs per node.
@@ -580,7 +580,7 @@ fn tp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
         TpMode::Summa { q, depth } => {
             // Per linear layer, panel SUMMA: the input panel all-gathered along the row and the
             // weight panel down the column, forward and again in backward, and the two partial
-            // gradients reduce-scattered (3(q-1)(MK + KN)/q² elements, tp-advanced.md §1.4,
+            // gradients reduce-scattered (3(q-1)(MK + KN)/q² elements, docs/design.md,
             // §2.3); full recompute repeats the forward gathers.
             let (qf, df) = (q as f64, depth as f64);
             let rows = d.s * d.b / (df * qf);
@@ -664,7 +664,7 @@ mod tests {
     #[test]
     fn summa_time_is_the_volume_formula_over_the_link() {
         // Bandwidth only (no latency), inside one node: time x bandwidth / element bytes is the
-        // per-rank volume 3(q-1)/q² (7 bsh/d + 12 h²) of tp-advanced.md §2.3 (f = 4h).
+        // per-rank volume 3(q-1)/q² (7 bsh/d + 12 h²) of docs/design.md's 2.5-D volume (f = 4h).
         let mut m = crate::plan::hardware::machine("a100").unwrap();
         m.intra.latency_s = 0.0;
         m.gpus_per_node = 64;

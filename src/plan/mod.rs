@@ -5,7 +5,7 @@
 //! login node and in the `--no-default-features` build.
 //!
 //! The layout carries a `TpMode`: Megatron's 1-D split, or 2-D / 2.5-D SUMMA grids
-//! (tp-advanced.md §1-2) with their own communication volumes and memory divisors.
+//! (docs/design.md) with their own communication volumes and memory divisors.
 
 pub mod cost;
 pub mod efficiency;

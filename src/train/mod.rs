@@ -58,13 +58,15 @@ pub struct TrainSummary {
 }
 
 /// Runs `trident train` with a validated configuration on this rank of the job, on the device
-/// `--device` names: the CPU backend, or the GPU Device (CUDA or HIP) on the rank's GPU.
+/// `--device` names: the CPU backend, the GPU Device (CUDA or HIP) on the rank's GPU, or the f64
+/// reference device (the oracle the others are tested against; serial, for tests).
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
     match cfg.device.as_str() {
         "cuda" | "hip" => {
             let (gpu, count) = setup::load_gpu(cfg)?;
             run_on(cfg, rt, Some(count), |placement| setup::open_gpu(gpu, cfg, placement))
         }
+        "reference" => run_on(cfg, rt, None, |_| Ok(setup::open_reference())),
         _ => run_on(cfg, rt, None, |_| Ok(setup::open_cpu(cfg, rt))),
     }
 }

@@ -116,7 +116,7 @@ pub(super) fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'stat
 
 /// `--log-comm`: the elements this rank moved (bandwidth-optimal counts, `CommCounters::moved`)
 /// per layer per micro-batch, by group, and per step by group and collective, for comparison
-/// with the volume formulas of shared/reference/tp-advanced.md. Printed by the first tensor- and
+/// with the volume formulas of docs/design.md. Printed by the first tensor- and
 /// data-parallel rank of each pipeline stage for its own layers.
 pub(super) fn log_comm(
     grid: &Grid,

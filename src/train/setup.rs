@@ -119,6 +119,13 @@ pub(super) fn open_cpu(cfg: &TrainConfig, rt: &Runtime) -> (CpuDevice, DevicePea
     (dev, DevicePeak { gflops: peak.gflops, what: peak.isa.to_string() })
 }
 
+/// The f64 reference device, measured against one core's FMA peak (it runs serially).
+pub(super) fn open_reference() -> (crate::device::reference::ReferenceDevice, DevicePeak) {
+    let peak = peak::measure_fma_peak(CpuDevice::new(1).pool(), 150);
+    let what = format!("one {} core (the reference device is serial f64)", peak.isa);
+    (crate::device::reference::ReferenceDevice, DevicePeak { gflops: peak.gflops, what })
+}
+
 /// Asks the device for collectives for the run's groups (`Device::attach_collectives`) and
 /// returns its start-up line. Device pipeline links deliver one link's messages in the order
 /// they were sent (MPI matched them by tag): every schedule keeps that order on every stage

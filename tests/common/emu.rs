@@ -1,7 +1,7 @@
 //! What the kernel-emulation tests (`cuda_emulation.rs`, `hip_emulation.rs`) share: compiling a
 //! C++ harness against the SIMT emulation, a vendor's harness and inputs (`Vendor`), a case
 //! directory of input and output arrays the harness reads and writes, deterministic inputs, and
-//! the comparison with the reference device under DESIGN.md's rule for 16-bit storage,
+//! the comparison with the reference device under docs/design.md's rule for 16-bit storage,
 //! |x - ref| <= atol + rtol |ref|: bf16's 0.079 (llm.c's), or fp16's, 8 times tighter for its 3 more
 //! mantissa bits, for a harness built as the fp16 module (`-DTRIDENT_FP16`, `Vendor::half`); and a
 //! tighter bound for f32. The cases both vendors run are `emu_cases.rs`'s.
@@ -225,12 +225,12 @@ pub fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64
     c.worst
 }
 
-/// bf16 outputs: DESIGN.md's rule.
+/// bf16 outputs: docs/design.md's rule.
 pub fn bf16_bounds() -> (f64, f64) {
     (BF16_ATOL, BF16_RTOL)
 }
 
-/// 16-bit outputs in `half` (bf16 or f16): DESIGN.md's rule with the format's tolerances.
+/// 16-bit outputs in `half` (bf16 or f16): docs/design.md's rule with the format's tolerances.
 pub fn half_bounds(half: Precision) -> (f64, f64) {
     match half {
         Precision::F16 => (FP16_ATOL, FP16_RTOL),

@@ -166,7 +166,7 @@ pub fn gemm_bwd_runs(v: &Vendor, (m, n, k): (usize, usize, usize), op: &str, ext
 
 /// dinp = dout · W with a bf16 output (the f32 sum rounded once) by the harness op `op`
 /// (`gemm_bwd_bf16out`, CUDA's sm_90a `gemm_sm90_bwd_bf16out`), against `linear_backward` within
-/// DESIGN.md's bf16 rule; every element overwritten (the harness presets -1).
+/// docs/design.md's bf16 rule; every element overwritten (the harness presets -1).
 pub fn gemm_bwd_input_bf16_out_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
     let name = format!("{op}_{m}x{n}x{k}");
     let case = v.case(&name);
@@ -425,7 +425,7 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
 }
 
 /// `layernorm_bwd_bf16` on `blocks` blocks over `[x, weight, mean, rstd]` (x [rows, cols], the
-/// statistics the forward saved): dinp (bf16, accumulated) within DESIGN.md's bf16 rule of the reference, the
+/// statistics the forward saved): dinp (bf16, accumulated) within docs/design.md's bf16 rule of the reference, the
 /// parameter gradients within f32 roundings; a second run from the same inputs gives the same bits
 /// and each run leaves every counter (one per group of blocks and one for the groups) at 0.
 pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean, rstd]: [&[f32]; 4], blocks: usize) {

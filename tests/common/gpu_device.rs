@@ -99,11 +99,12 @@ pub fn emulate(
 }
 
 /// The emulating CUDA driver with NVRTC, built into `CARGO_TARGET_TMPDIR/<folder>` (`emulate`),
-/// or None when NVRTC is absent and its tests may skip (`required_gpu_test_library`).
-pub fn emulate_cuda(folder: &str) -> Option<Emulated> {
-    let nvrtc = super::required_gpu_test_library(super::NVRTC_LIBRARY)?;
+/// or what is missing when NVRTC is absent (its tests skip through `present`).
+pub fn emulate_cuda(folder: &str) -> Result<Emulated, super::Missing> {
+    let library = super::NVRTC_LIBRARY;
+    let nvrtc = super::gpu_test_library(library).ok_or_else(|| super::missing_gpu_test_library(library))?;
     let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
-    Some(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
+    Ok(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
 }
 
 /// The emulating runtimes: the variable that names each and its source in tests/gpu/.
@@ -1110,7 +1111,7 @@ fn layer_chain<D: Device>(
 /// A layer's ops on f32 buffers (bf16 GEMM and attention operands cast in scratch), on bf16
 /// storage (the native bf16 kernels), and on a mix of bf16 and f32 buffers (each op's operands
 /// of the other type through the Device's one fallback, its f32 / bf16 views), agree with the
-/// same ops on the CPU in f32 within DESIGN.md's bf16 rule, `|x - ref| <= atol + 0.079 |ref|`,
+/// same ops on the CPU in f32 within docs/design.md's bf16 rule, `|x - ref| <= atol + 0.079 |ref|`,
 /// atol 1% of the output's largest magnitude (the chain rounds every stored activation to bf16,
 /// as the CPU does not).
 pub fn bf16_storage_agrees_with_f32_storage(dev: &GpuDevice) {

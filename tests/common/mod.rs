@@ -53,22 +53,85 @@ pub fn gpu_test_library((var, relative): (&str, &str)) -> Option<PathBuf> {
     found.pop()
 }
 
-/// `gpu_test_library` for a test that needs the library: without it, a panic saying how to
-/// install it, or None (said loudly) when `TRIDENT_SKIP_NVRTC_TESTS=1`.
+/// `gpu_test_library` for a test that needs the library: None, after the test says it skips
+/// (`skip`), when it is absent.
 pub fn required_gpu_test_library(library: (&str, &str)) -> Option<PathBuf> {
-    let found = gpu_test_library(library);
-    let (var, relative) = library;
-    if found.is_none() && std::env::var("TRIDENT_SKIP_NVRTC_TESTS").as_deref() == Ok("1") {
-        // Written to the process stderr directly: the test harness would capture eprintln!.
-        let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {var} is not set and `make gpu-test-libs` has not run; TRIDENT_SKIP_NVRTC_TESTS=1 skips this GPU-library test !!!!!");
-        return None;
+    gpu_test_library(library).or_else(|| missing_gpu_test_library(library).skip())
+}
+
+/// What a test lacks without `library`, and how to get it.
+pub fn missing_gpu_test_library((var, relative): (&str, &str)) -> Missing {
+    Missing::new(
+        format!("{var} names no file and ~/.cache/trident-gpu-libs holds no {relative}"),
+        "`make gpu-test-libs` (or `make test`) pip-installs the NVRTC and NCCL wheels",
+    )
+}
+
+/// What a test lacks without hipRTC (`e`: why it did not load).
+pub fn missing_hiprtc(e: &dyn std::fmt::Display) -> Missing {
+    Missing::new(
+        format!("no hipRTC on this machine ({e})"),
+        "`make test` installs Debian's (libamdhip64-5 libhiprtc-builtins5) with apt when run as root",
+    )
+}
+
+/// An optional dependency a test did not find: what is missing, and how to get it.
+#[derive(Clone, Debug)]
+pub struct Missing {
+    pub what: String,
+    pub how: String,
+}
+
+impl Missing {
+    pub fn new(what: impl Into<String>, how: impl Into<String>) -> Missing {
+        Missing { what: what.into(), how: how.into() }
     }
-    assert!(
-        found.is_some(),
-        "{var} names no file and ~/.cache/trident-gpu-libs holds no {relative}: run `make gpu-test-libs` \
-         (pip-installs the NVRTC and NCCL wheels) or `make test`, or set TRIDENT_SKIP_NVRTC_TESTS=1 to skip"
-    );
-    found
+
+    /// The running test skips for want of this (`skip`); None, for `let ... else { return }`.
+    pub fn skip<T>(&self) -> Option<T> {
+        skip(&self.what, &self.how);
+        None
+    }
+}
+
+/// `built` (what a test process builds once: an emulated runtime, a device), or None after the
+/// running test says it skips for want of what `built` lacked. Every test that needs it says so,
+/// not only the first.
+pub fn present<T>(built: &Result<T, Missing>) -> Option<&T> {
+    match built {
+        Ok(t) => Some(t),
+        Err(m) => m.skip(),
+    }
+}
+
+/// The running test skips work for want of `missing`, which `how` gets: said on stderr, recorded
+/// for `make test`'s summary (a line in the file `TRIDENT_SKIP_LOG` names: test binary, test,
+/// what is missing, how to get it), and under `TRIDENT_CI=1` a failure, since CI installs every
+/// optional dependency.
+pub fn skip(missing: &str, how: &str) {
+    record_skip("skipped", missing, how);
+    if std::env::var("TRIDENT_CI").as_deref() == Ok("1") {
+        panic!("TRIDENT_CI=1 and this test would skip: {missing} ({how})");
+    }
+}
+
+/// The running test cannot apply on this machine (a CPU without the instruction set it caps
+/// to): said and recorded as `skip` is, but never a failure, since no install would change it.
+pub fn not_applicable(why: &str) {
+    record_skip("not applicable", why, "another machine");
+}
+
+fn record_skip(kind: &str, missing: &str, how: &str) {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let binary = env!("CARGO_CRATE_NAME");
+    // Written to the process stderr directly: the test harness would capture eprintln!.
+    let _ = writeln!(std::io::stderr(), "!!!!! {kind}: {binary}::{test}: {missing} ({how}) !!!!!");
+    if let Ok(log) = std::env::var("TRIDENT_SKIP_LOG") {
+        let line = format!("{kind}\t{binary}::{test}\t{missing}\t{how}\n");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log);
+        // One write per line: appends from parallel tests do not interleave.
+        let _ = file.and_then(|mut f| f.write_all(line.as_bytes()));
+    }
 }
 
 /// Runs the binary on `ranks` ranks under Open MPI's mpirun (as root, oversubscribed).
@@ -254,13 +317,6 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
     full
 }
 
-/// Says loudly that a test skips part of its work (on the process stderr directly: the test
-/// harness would capture eprintln!).
-pub fn say_skipped(what: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "!!!!! SKIPPED: {what} !!!!!");
-}
-
 /// The Python that imports `modules` (e.g. "torch, transformers"): `TORCH_PYTHON`, else the venv
 /// `.ci/run` makes (~/.cache/trident-torch-2.15.0), else the GPU nodes' /opt/torch/.venv, else
 /// python3, the first that exists. None, said loudly with `what_skips`, when it cannot.
@@ -273,9 +329,10 @@ pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
         .unwrap_or_else(|| "python3".into());
     let ok = Command::new(&py).args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success());
     if !ok {
-        say_skipped(&format!(
-            "{py} cannot import {modules}: {what_skips} (`.ci/run` installs them; TORCH_PYTHON names another Python)"
-        ));
+        skip(
+            &format!("{py} cannot import {modules}: {what_skips}"),
+            "`.ci/run` installs them into ~/.cache/trident-torch-2.15.0; TORCH_PYTHON names another Python",
+        );
     }
     ok.then_some(py)
 }

@@ -16,7 +16,7 @@
 #   check-nccl  trident check nccl (one rank: NCCL's collectives on device memory against the host)
 #   train       a 200-iteration run of the `tiny` preset (4 heads of 32) with --device cuda --bf16
 #               on the bundled corpus, and the same run with --device cpu --bf16 beside it
-#   losses      trident check losses cuda.jsonl cpu.jsonl --rtol 1e-2 --from 100 (DESIGN.md's bf16
+#   losses      trident check losses cuda.jsonl cpu.jsonl --rtol 1e-2 --from 100 (docs/design.md's bf16
 #               bound: within 1% after 100 iterations; two bf16 runs part by ~2% around iteration 20,
 #               where tiny's warmup ends, and come back)
 #   bench       tests/gpu/gpu-bench.sh: GEMMs (GPT-2 124M, GPT-3 layer, 4096^3), causal attention

@@ -10,7 +10,7 @@
 #   tests/slurm/cluster.sh stop DIR        stops slurmd(s), slurmctld, munged (pids from DIR/pids)
 #
 # After start, `export SLURM_CONF=DIR/etc/slurm.conf` points sbatch/srun/squeue at the cluster.
-# Background, measurements and pitfalls: shared/reference/hpc-jobs.md §2.
+# What it cannot check (binding, fabrics, per-host behaviour): docs/design.md, Placing ranks on a node.
 set -euo pipefail
 
 usage() { echo "usage: cluster.sh start one|two DIR | cluster.sh stop DIR" >&2; exit 2; }

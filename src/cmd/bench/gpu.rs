@@ -11,7 +11,7 @@
 //! bf16-output GEMMs (forward and backward-input; on compute capability 9.0 the sm_90a wgmma
 //! ones) run here (a unit test below holds it). Each launch takes the geometry `kernels::plan` gives; it runs once on
 //! deterministic bf16 inputs and its outputs are compared with the reference device (f64) on the
-//! same values where that is cheap (DESIGN.md's bf16 rule for bf16 outputs, a few f32 roundings
+//! same values where that is cheap (docs/design.md's bf16 rule for bf16 outputs, a few f32 roundings
 //! for f32 ones; the GEMM spot-checks 64 outputs, llm.c's tolerance), then it is timed over a
 //! warm-up and enough launches to fill `--min-seconds` (CUDA events on CUDA, the host clock
 //! around a synchronize on HIP). Memory-bound kernels report the bytes they move per second
@@ -346,7 +346,7 @@ enum Work {
     Bytes(f64),
 }
 
-/// An output's bound against the f64 reference: DESIGN.md's bf16 rule, or (f32 arithmetic on the
+/// An output's bound against the f64 reference: docs/design.md's bf16 rule, or (f32 arithmetic on the
 /// same inputs) 1e-4 of the largest reference value plus 1e-4 relative.
 #[derive(Clone, Copy)]
 enum Bound {

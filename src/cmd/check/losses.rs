@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 /// `trident check losses A.jsonl B.jsonl [--rtol R] [--from N]`: two runs' `--log-json` losses,
 /// iteration by iteration; fails when an iteration is missing from one of them, or one at or after
 /// `N` (default 0) differs by more than `R` (relative; default 5e-3, bf16's agreement between
-/// backends), naming the worst. DESIGN.md bounds a bf16 run's curve after 100 iterations: two bf16
+/// backends), naming the worst. docs/design.md bounds a bf16 run's curve after 100 iterations: two bf16
 /// runs whose rounding differs (CPU and GPU) part ways in the first steps at peak learning rate, by
 /// about 2% on tiny's 20th iteration on an H100, and come back within 1% (`--from 100`).
 pub fn run(args: &[String]) -> Result<()> {

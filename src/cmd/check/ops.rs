@@ -2,7 +2,7 @@
 //! f64 reference device (what `make gpu-check` runs on a GPU node, and what the tests run on the
 //! emulated GPUs through `run_all`), printed as a table and one verdict line. Each case reports its largest error as a fraction of its bound:
 //! - f32 arithmetic on exact inputs: `|x - ref| <= 2e-5 (max|ref| + |ref|)`;
-//! - bf16 products (GEMMs on bf16 operands, attention): DESIGN.md's rule `1e-2 + 0.079 |ref|`;
+//! - bf16 products (GEMMs on bf16 operands, attention): docs/design.md's bf16 rule `1e-2 + 0.079 |ref|`;
 //!   with `--fp16` (a GPU's fp16 module: binary16 storage and operands) the rule with fp16's
 //!   tolerances, 8 times tighter for its 3 more mantissa bits: `1.25e-3 + 0.079 / 8 |ref|`;
 //! - exact ops (`round_to`, `fill`, `cross_entropy_max`, the target logit): equality.
@@ -31,7 +31,7 @@ pub enum Size {
 pub enum Bound {
     /// f32 arithmetic: `rtol (max|ref| + |ref|)`.
     F32(f64),
-    /// DESIGN.md's bf16 rule: `1e-2 + 0.079 |ref|`.
+    /// docs/design.md's bf16 rule: `1e-2 + 0.079 |ref|`.
     Bf16,
     /// The same rule with fp16's tolerances: `1.25e-3 + 0.079 / 8 |ref|`.
     Fp16,
@@ -163,7 +163,7 @@ impl<D: Device> Run<'_, D> {
     fn halves(&self, n: usize, name: &str, scale: f64) -> Vec<f32> {
         values(self.seed, n, name, scale, 0.0, Some(self.half))
     }
-    /// The 16-bit products' bound: DESIGN.md's rule with the format's tolerances.
+    /// The 16-bit products' bound: docs/design.md's rule with the format's tolerances.
     fn half_bound(&self) -> Bound {
         if self.half == Precision::F16 {
             Bound::Fp16
