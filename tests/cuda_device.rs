@@ -22,7 +22,7 @@ const SEED: u64 = 23;
 /// The emulating driver, built once per test process (about 6 s), with NVRTC.
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
-    present(BUILT.get_or_init(|| gpu_device::emulate_cuda("cuda-device")))
+    present(BUILT.get_or_init(gpu_device::emulate_cuda))
 }
 
 /// One CUDA Device for the whole test process (its kernels compile once).

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
-    present(BUILT.get_or_init(|| gpu_device::emulate_cuda("first-light")))
+    present(BUILT.get_or_init(gpu_device::emulate_cuda))
 }
 
 /// Runs the script into `out` with the emulated driver, `steps`, and `more` arguments.

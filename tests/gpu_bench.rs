@@ -47,7 +47,7 @@ const STEP: &str = "tiny=1x128x2x257x1x16";
 
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
-    present(BUILT.get_or_init(|| gpu_device::emulate_cuda("gpu-bench")))
+    present(BUILT.get_or_init(gpu_device::emulate_cuda))
 }
 
 /// The emulating HIP runtime (an MI250X GCD), when hipRTC is here to compile the kernels.
@@ -56,7 +56,7 @@ fn emulated_hip() -> Option<&'static Emulated> {
     present(BUILT.get_or_init(|| {
         trident::gpu::hiprtc::Hiprtc::load().map_err(|e| missing_hiprtc(&e))?;
         let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
-        Ok(gpu_device::emulate("gpu-bench-hip", runtime, "TRIDENT_LIBAMDHIP64", &[]))
+        Ok(gpu_device::emulate(runtime, "TRIDENT_LIBAMDHIP64", &[]))
     }))
 }
 

@@ -30,7 +30,7 @@ fn emulated() -> Option<&'static Emulated> {
     present(BUILT.get_or_init(|| {
         trident::gpu::hiprtc::Hiprtc::load().map_err(|e| missing_hiprtc(&e))?;
         let runtime = ("emu_libamdhip64.cpp", "libamdhip64-emu.so", "the emulating HIP runtime");
-        Ok(gpu_device::emulate("hip-device", runtime, "TRIDENT_LIBAMDHIP64", &[]))
+        Ok(gpu_device::emulate(runtime, "TRIDENT_LIBAMDHIP64", &[]))
     }))
 }
 

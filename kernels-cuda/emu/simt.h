@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -193,6 +194,26 @@ inline void yield_to_scheduler() {
 
 inline constexpr size_t kStackBytes = 128 * 1024;
 
+// Fiber stacks outlive a launch: a launch takes them from this pool and gives them back, so a
+// stack is allocated once per fiber the busiest launch had. Allocating 128 KiB a fiber a launch
+// (an mmap each, at that size) made the kernel's page faults and unmaps a third of a short
+// launch's time.
+inline std::mutex stack_pool_mutex;
+inline std::vector<std::unique_ptr<unsigned char[]>> stack_pool;
+
+inline std::unique_ptr<unsigned char[]> take_stack() {
+  std::lock_guard<std::mutex> lock(stack_pool_mutex);
+  if (stack_pool.empty()) return std::unique_ptr<unsigned char[]>(new unsigned char[kStackBytes]);
+  auto stack = std::move(stack_pool.back());
+  stack_pool.pop_back();
+  return stack;
+}
+
+inline void give_back_stacks(std::vector<Fiber>& fibers) {
+  std::lock_guard<std::mutex> lock(stack_pool_mutex);
+  for (auto& f : fibers) stack_pool.push_back(std::move(f.stack));
+}
+
 inline void prepare_stack(Fiber& f) {
   // The initial frame mirrors what trident_emu_switch_stack pops: the FP control words, six
   // callee-saved registers and a return address (fiber_main). After its `ret` the stack pointer
@@ -296,7 +317,7 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
     for (unsigned t = 0; t < threads; ++t) {
       b.fibers[t].tid = unflatten(t, block_dim);
       b.fibers[t].linear = t;
-      b.fibers[t].stack.reset(new unsigned char[kStackBytes]);
+      b.fibers[t].stack = take_stack();
     }
     b.warps.resize((threads + kWaveSize - 1) / kWaveSize);
     for (unsigned w = 0; w < b.warps.size(); ++w) b.warps[w].lanes = std::min(kWaveSize, threads - kWaveSize * w);
@@ -312,6 +333,7 @@ void launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
     block = nullptr;
     dynamic_shared_bytes = 0;
     dynamic_shared_base = nullptr;
+    give_back_stacks(b.fibers);
   };
   std::vector<std::thread> pool;
   for (unsigned w = 0; w < workers; ++w) pool.emplace_back(worker);

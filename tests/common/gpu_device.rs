@@ -50,19 +50,34 @@ pub fn ops_checked() -> usize {
 }
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
-/// as `dir/<lib>` with g++: under a private name first, then renamed over the shared one (a
-/// process that still has the old file mapped keeps it).
-/// `defines` add to the compiler's (`-DTRIDENT_FP16`: the fp16 module's kernels).
-fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str, defines: &[&str]) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let building = dir.join(format!("{lib}.{}", std::process::id()));
-    let out_path = dir.join(lib);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu").join(source);
+/// with g++, or finds it built: one build per content of what it compiles (`tests/gpu/`,
+/// `kernels-cuda/`, `kernels-hip/`), the compiler and `defines` (`-DTRIDENT_FP16`: the fp16
+/// module's kernels), kept in `CARGO_TARGET_TMPDIR/emulators/` for every test binary (a build
+/// takes about 14 s; `cuda_device`, `gpu_bench` and `first_light` use the same driver). Written
+/// under a private name first, then renamed into place.
+fn build_emulator(source: &str, lib: &str, what: &str, defines: &[&str]) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let flags = ["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"];
+    let mut key = format!("{cxx} {} {} {source}\n", flags.join(" "), defines.join(" ")).into_bytes();
+    for dir in ["tests/gpu", "kernels-cuda", "kernels-hip"] {
+        for file in sources_under(&root.join(dir)) {
+            key.extend_from_slice(file.strip_prefix(root).unwrap().to_string_lossy().as_bytes());
+            key.extend_from_slice(&std::fs::read(&file).unwrap());
+        }
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("emulators");
+    let stem = lib.trim_end_matches(".so");
+    let out_path = dir.join(format!("{stem}-{:016x}.so", trident::rng::fnv1a64(&key)));
+    if out_path.is_file() {
+        return out_path;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let building = dir.join(format!("{stem}.{}", std::process::id()));
     let out = Command::new(&cxx)
-        .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
         .args(defines)
-        .arg(&src)
+        .arg(root.join("tests/gpu").join(source))
         .arg("-o")
         .arg(&building)
         .output()
@@ -72,57 +87,75 @@ fn build_emulator(dir: &Path, source: &str, lib: &str, what: &str, defines: &[&s
     out_path
 }
 
+/// What an emulating runtime compiles: C++, CUDA and HIP sources and headers.
+const SOURCE_EXTENSIONS: [&str; 7] = ["cpp", "h", "c", "cu", "cuh", "hip", "inc"];
+
+/// The source files under `dir` (`SOURCE_EXTENSIONS`), sorted.
+fn sources_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(sources_under(&path));
+        } else if path.extension().and_then(|e| e.to_str()).is_some_and(|e| SOURCE_EXTENSIONS.contains(&e)) {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
 /// An emulating runtime built for this test process, and the environment that points trident at
 /// it (`lib_var`), at what `more` adds and at a kernel cache kept between runs.
 pub struct Emulated {
     pub env: Vec<(&'static str, PathBuf)>,
 }
 
-/// Builds `tests/gpu/<source>` into `CARGO_TARGET_TMPDIR/<folder>/<lib>` (`build_emulator`)
-/// and sets its environment in this process, before any runtime is loaded (every test of the
-/// process sets the same values).
+/// Builds `tests/gpu/<source>` as `lib` (`build_emulator`) and sets its environment in this
+/// process, before any runtime is loaded (every test of the process sets the same values). The
+/// kernel cache, `CARGO_TARGET_TMPDIR/kernel-cache`, serves every test binary: its entries are
+/// keyed by source, architecture and compiler, and written by rename, as ranks sharing one do.
 pub fn emulate(
-    folder: &str,
     (source, lib, what): (&str, &str, &str),
     lib_var: &'static str,
     more: &[(&'static str, PathBuf)],
 ) -> Emulated {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(folder);
-    let lib = build_emulator(&dir, source, lib, what, &[]);
+    let lib = build_emulator(source, lib, what, &[]);
     let mut env = vec![(lib_var, lib)];
     env.extend_from_slice(more);
-    env.push(("TRIDENT_CACHE_DIR", dir.join("kernel-cache")));
+    env.push(("TRIDENT_CACHE_DIR", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kernel-cache")));
     for (k, v) in &env {
         std::env::set_var(k, v);
     }
     Emulated { env }
 }
 
-/// The emulating CUDA driver with NVRTC, built into `CARGO_TARGET_TMPDIR/<folder>` (`emulate`),
-/// or what is missing when NVRTC is absent (its tests skip through `present`).
-pub fn emulate_cuda(folder: &str) -> Result<Emulated, super::Missing> {
+/// The emulating CUDA driver with NVRTC (`emulate`), or what is missing when NVRTC is absent
+/// (its tests skip through `present`).
+pub fn emulate_cuda() -> Result<Emulated, super::Missing> {
     let library = super::NVRTC_LIBRARY;
     let nvrtc = super::gpu_test_library(library).ok_or_else(|| super::missing_gpu_test_library(library))?;
     let driver = ("emu_libcuda.cpp", "libcuda-emu.so", "the emulating driver");
-    Ok(emulate(folder, driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
+    Ok(emulate(driver, "TRIDENT_LIBCUDA", &[("TRIDENT_NVRTC", nvrtc)]))
 }
 
-/// The emulating runtimes: the variable that names each and its source in tests/gpu/.
-const EMULATED_RUNTIMES: [(&str, &str); 2] =
-    [("TRIDENT_LIBCUDA", "emu_libcuda.cpp"), ("TRIDENT_LIBAMDHIP64", "emu_libamdhip64.cpp")];
+/// The emulating runtimes: the variable that names each, its source in tests/gpu/ and its library.
+const EMULATED_RUNTIMES: [(&str, &str, &str); 2] = [
+    ("TRIDENT_LIBCUDA", "emu_libcuda.cpp", "libcuda-emu.so"),
+    ("TRIDENT_LIBAMDHIP64", "emu_libamdhip64.cpp", "libamdhip64-emu.so"),
+];
 
 /// `emu`'s emulating runtime (the CUDA driver or the HIP runtime) built for the fp16 module
 /// (`-DTRIDENT_FP16`: binary16 storage, .f16 tensor-core or MFMA operands; it refuses bf16
-/// modules, as the bf16 one refuses fp16 modules) as `<lib>-fp16.so` beside `emu`'s, and `emu`'s
-/// environment with it in its variable: for trident processes (this process keeps the runtime it
-/// loaded).
+/// modules, as the bf16 one refuses fp16 modules), and `emu`'s environment with it in its
+/// variable: for trident processes (this process keeps the runtime it loaded).
 pub fn fp16_driver_env(emu: &Emulated) -> Vec<(&'static str, PathBuf)> {
-    let (var, source, bf16) = EMULATED_RUNTIMES
-        .iter()
-        .find_map(|&(var, source)| emu.env.iter().find(|(k, _)| *k == var).map(|(_, lib)| (var, source, lib)))
+    let (var, source, lib) = EMULATED_RUNTIMES
+        .into_iter()
+        .find(|&(var, _, _)| emu.env.iter().any(|(k, _)| *k == var))
         .expect("an emulated CUDA driver or HIP runtime");
-    let name = bf16.file_name().unwrap().to_str().unwrap().trim_end_matches(".so").to_string() + "-fp16.so";
-    let lib = build_emulator(bf16.parent().unwrap(), source, &name, "the fp16 emulating runtime", &["-DTRIDENT_FP16"]);
+    let name = lib.trim_end_matches(".so").to_string() + "-fp16.so";
+    let lib = build_emulator(source, &name, "the fp16 emulating runtime", &["-DTRIDENT_FP16"]);
     emu.env.iter().map(|(k, v)| (*k, if *k == var { lib.clone() } else { v.clone() })).collect()
 }
 
