@@ -1,4 +1,4 @@
-# trident: the commands of the README. `make train` and `make test` work on a fresh clone of a
+# trident: the commands of the README and docs/. `make train` and `make test` work on a fresh clone of a
 # Debian/Ubuntu machine (they install what is missing with apt when run as root); elsewhere load
 # your site's MPI module first, or build single-rank with `make NO_MPI=1 ...`.
 

@@ -5,7 +5,7 @@
 # prints the launch line (and stops there under DRY_RUN=1), runs it, forwards the scheduler's
 # signals to it, and turns "trident stopped to be requeued" into a requeue.
 #
-# The contract with the binary (see README "Running on a cluster"):
+# The contract with the binary (see docs/clusters.md):
 #   trident train --exit-signal-handler   SIGUSR1 or SIGTERM: finish the iteration, checkpoint, exit
 #   exit code 75                          stopped early after a checkpoint: requeue me
 #   <save>/trident_stopped_for_requeue.txt  the same, written by rank 0 (srun --kill-on-bad-exit

@@ -42,7 +42,7 @@
 // LDS (8 bf16 of padding per row): dkv: K, V 64 x (d + 8) and Q, dO 32 x (d + 8) bf16 plus 2 x 32
 // f32 = 15616 B (d 32), 27904 B (d 64), 52480 B (d 128); dq: Q, dO 64 x (d + 8) and K, V
 // 32 x (d + 8) = 15360 B (d 32), 27648 B (d 64), 52224 B (d 128); all within the 64 KiB. Registers: dkv holds dKᵀ and dVᵀ (d f32 per
-// lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in the README.
+// lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in docs/kernels.md.
 //
 // Reference: `attention_backward` of the reference device (f64) on the same bf16 inputs and f32
 // lse (tests/hip_emulation.rs).

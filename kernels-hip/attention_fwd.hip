@@ -32,7 +32,7 @@
 //
 // LDS: Q 64 x (d + 8), K 32 x (d + 8), Vᵀ d x 40 bf16 = 10240 B (d 32), 18944 B (d 64), 36352 B
 // (d 128) of the 64 KiB. Registers: Oᵀ d/2 f32 per lane (16, 32 or 64, AGPRs on gfx90a), Sᵀ 16,
-// operands 4; hipcc's counts are in the README (no scratch).
+// operands 4; hipcc's counts are in docs/kernels.md (no scratch).
 //
 // Reference: `attention_forward` of the reference device (f64) on the same bf16 qkv
 // (tests/hip_emulation.rs).

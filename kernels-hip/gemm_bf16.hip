@@ -13,7 +13,7 @@
 // 64-lane waves). The tile is common/gemm_mfma.h's: wave w owns a 32x32 quadrant in one MFMA
 // accumulator (16 f32 per lane, AGPRs on gfx90a), 4 x v_mfma_f32_32x32x8bf16_1k per 32-deep step
 // (v_mfma_f32_32x32x8_bf16 on gfx940+), both operands reduction-contiguous (A's rows, W's rows).
-// LDS: 10 KiB of the 64 KiB. Registers (hipcc gfx90a): see README (no scratch).
+// LDS: 10 KiB of the 64 KiB. Registers (hipcc gfx90a): see docs/kernels.md (no scratch).
 //
 // Reference: `linear_forward` (+ `gelu_forward`, + `add`) of trident's reference device (f64) on
 // the same bf16 inputs (tests/hip_emulation.rs).

@@ -18,7 +18,7 @@
 // Grid: dinp (⌈K/64⌉, ⌈M/64⌉), dweight (⌈K/64⌉, ⌈N/64⌉) workgroups of 256 threads (4 wave64s) in
 // the grouped tile order of common/tile_order.h,
 // each wave a 32x32 MFMA accumulator, 4 x v_mfma_f32_32x32x8bf16_1k per 32-deep step. LDS: 10 KiB
-// of the 64 KiB. Registers (hipcc gfx90a): see README (no scratch).
+// of the 64 KiB. Registers (hipcc gfx90a): see docs/kernels.md (no scratch).
 //
 // Reference: `linear_backward` of trident's reference device (f64) on the same bf16 inputs
 // (tests/hip_emulation.rs).

@@ -278,7 +278,7 @@ const PLAN_REST: &[FlagSpec] = &[
         "KIND",
         "a100 (80GB SXM, default), a100-40gb, h100 (SXM), h100-pcie, h200, b200, mi250x (one GCD) or mi300x",
     ),
-    flag("--hardware", "FILE", "a JSON file of GPU figures instead of --gpu (README: Planning a layout)"),
+    flag("--hardware", "FILE", "a JSON file of GPU figures instead of --gpu (docs/planner.md)"),
     flag("--global-batch-size", "B", "sequences per iteration (required)"),
     flag("--precision", "P", "bf16 (default), fp16 or fp32"),
     flag("--tensor-model-parallel-size", "T", "pin the tensor-parallel size"),
@@ -456,3 +456,100 @@ pub const CHECK_OPS_FLAGS: &[FlagSpec] = &[
 /// `trident check nccl`.
 pub const CHECK_NCCL_FLAGS: &[FlagSpec] =
     &[flag("--comm-library", "LIB", "nccl (default; TRIDENT_NCCL names the file) or rccl (TRIDENT_RCCL)")];
+
+/// `train`'s flags that Megatron-LM does not have: trident's own.
+pub const TRIDENT_OWN: &[&str] = &[
+    "--preset",
+    "--cpu-threads",
+    "--device",
+    "--gpu-collectives",
+    "--log-comm",
+    "--log-device-work",
+    "--log-json",
+    "--log-memory",
+    "--pipeline-schedule",
+    "--summa-algorithm",
+    "--tensor-parallel-mode",
+    "--tesseract-depth",
+    "--timing-trace",
+    "--eod-token",
+];
+
+/// How a flag of `trident train` stands against Megatron-LM's, as docs/megatron.md lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MegatronStatus {
+    /// Megatron's flag, with Megatron's meaning.
+    Works,
+    /// Megatron's flag, with some of its values: the others are refused by name.
+    Limited,
+    /// Accepted so a Megatron script runs unchanged; rank 0 says why it changes nothing.
+    NoEffect,
+    /// Accepted by the parser but refused when given: the feature is not built.
+    Refused,
+    /// trident's own flag.
+    Own,
+}
+
+impl MegatronStatus {
+    /// `spec`'s status: `TRIDENT_OWN` names trident's own; a help line that opens with "no
+    /// effect" or "not built" marks the next two; one that says "only" limits the values.
+    pub fn of(spec: &FlagSpec) -> MegatronStatus {
+        if TRIDENT_OWN.contains(&spec.name) {
+            MegatronStatus::Own
+        } else if spec.help.starts_with("no effect") {
+            MegatronStatus::NoEffect
+        } else if spec.help.starts_with("not built") {
+            MegatronStatus::Refused
+        } else if spec.help.contains("only") {
+            MegatronStatus::Limited
+        } else {
+            MegatronStatus::Works
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            MegatronStatus::Works => "works",
+            MegatronStatus::Limited => "works for the values named",
+            MegatronStatus::NoEffect => "accepted, no effect",
+            MegatronStatus::Refused => "refused",
+            MegatronStatus::Own => "trident's own",
+        }
+    }
+}
+
+/// The Markdown table of `trident train`'s flags against Megatron-LM's (docs/megatron.md holds
+/// it; a test keeps the two equal).
+pub fn megatron_table() -> String {
+    let mut out = String::from("| flag | status | in trident |\n|---|---|---|\n");
+    for spec in TRAIN_FLAGS {
+        let value = if spec.value.is_empty() { String::new() } else { format!(" {}", spec.value) };
+        let help = spec.help.replace('|', "\\|");
+        out.push_str(&format!("| `{}{value}` | {} | {help} |\n", spec.name, MegatronStatus::of(spec).name()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/megatron.md holds `megatron_table()` between its markers; `TRIDENT_BLESS=1` rewrites it.
+    #[test]
+    fn the_migration_guide_lists_every_train_flag_as_it_stands() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/megatron.md");
+        let text = std::fs::read_to_string(path).expect("docs/megatron.md");
+        let (begin, end) = ("<!-- flags: generated -->\n", "<!-- flags: end -->");
+        let start = text.find(begin).expect("the opening marker") + begin.len();
+        let stop = start + text[start..].find(end).expect("the closing marker");
+        let want = megatron_table();
+        if text[start..stop] != want {
+            if std::env::var("TRIDENT_BLESS").as_deref() == Ok("1") {
+                std::fs::write(path, format!("{}{want}{}", &text[..start], &text[stop..])).unwrap();
+            } else {
+                panic!("docs/megatron.md's flag table is not src/flags.rs's: rerun with TRIDENT_BLESS=1 to write it");
+            }
+        }
+        assert!(TRIDENT_OWN.iter().all(|own| TRAIN_FLAGS.iter().any(|f| f.name == *own)), "a stale TRIDENT_OWN entry");
+    }
+}

@@ -144,7 +144,9 @@ fn plan_row(r: &Row) -> String {
 
 #[test]
 fn picks_the_papers_layouts_and_predicts_their_throughput() {
-    let mut matched = 0;
+    // docs/planner.md's claim: the paper's TP and PP for 6 of 10 rows (each within 5% of its
+    // TFLOP/s), and the TFLOP/s of 9 of 10 within 11%.
+    let (mut matched, mut close) = (0, 0);
     let mut report = String::from("params   paper tp pp TFLOP/s | planned tp pp TFLOP/s  error\n");
     for r in TABLE {
         let best = plan_row(r);
@@ -152,9 +154,8 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
             (number(&best, "tp") as usize, number(&best, "pp") as usize, number(&best, "tflops_per_gpu"));
         let error = tflops / r.tflops - 1.0;
         let same = tp == r.tp && pp == r.pp;
-        if same && error.abs() <= 0.15 {
-            matched += 1;
-        }
+        matched += usize::from(same && error.abs() <= 0.05);
+        close += usize::from(error.abs() <= 0.11);
         report.push_str(&format!(
             "{:>7.1}B  {:>6} {:>2} {:>7.0} | {:>7} {:>2} {:>7.1} {:>+6.1}% {}\n",
             r.params_b,
@@ -168,8 +169,9 @@ fn picks_the_papers_layouts_and_predicts_their_throughput() {
             if same { "same layout" } else { "" }
         ));
     }
-    eprintln!("{report}{matched} of {} rows: the paper's TP and PP, TFLOP/s within 15%", TABLE.len());
-    assert!(matched >= 5, "only {matched} rows matched:\n{report}");
+    eprintln!("{report}{matched} of {} rows: the paper's TP and PP, TFLOP/s within 5%; {close} within 11%", TABLE.len());
+    assert!(matched >= 6, "{matched} rows with the paper's layout within 5%, not 6:\n{report}");
+    assert!(close >= 9, "{close} rows within 11%, not 9:\n{report}");
 }
 
 #[test]
@@ -655,19 +657,21 @@ fn reproduce(points: &[Point], title: &str) -> (usize, usize, usize) {
 #[test]
 fn the_h100_table_is_reproduced() {
     let (close, same, stated) = reproduce(CALIBRATION, "Megatron-LM README 2024, H100 (calibration)");
+    // docs/planner.md's claim: 9 of 9 within 15%, 6 with the published TP and PP.
     assert_eq!(close, CALIBRATION.len(), "every calibration row within 15%");
-    assert!(2 * same > stated, "most rows with the published TP and PP: {same} of {stated}");
+    assert!(same >= 6, "{same} of {stated} rows with the published TP and PP, not 6");
 }
 
 #[test]
 fn held_out_runs_are_reproduced() {
     let (close, same, stated) =
         reproduce(HELD_OUT, "held out: H100 strong scaling, Korthikanti et al. 2022, MegaScale baseline");
-    assert!(2 * close > HELD_OUT.len(), "most held-out rows within 15%: {close} of {}", HELD_OUT.len());
-    assert!(2 * same > stated, "most held-out rows with the published TP and PP: {same} of {stated}");
+    // docs/planner.md's claim: 15 of 15 within 15%, 7 of the 13 with a stated layout get it.
+    assert_eq!(close, HELD_OUT.len(), "every held-out row within 15%: {close} of {}", HELD_OUT.len());
+    assert!(same >= 7, "{same} of {stated} held-out rows with the published TP and PP, not 7");
 }
 
-/// Documented choices (README, "Planning a layout"): a model that fits one node's GPUs without a
+/// Documented choices (docs/planner.md): a model that fits one node's GPUs without a
 /// pipeline gets none, and tensor parallelism stays inside a node while a layout there fits.
 #[test]
 fn documented_layout_choices_hold() {
