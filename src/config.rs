@@ -888,9 +888,8 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     if let Some(d) = args.str("--device") {
         if d == "cuda" {
             // The CUDA Device computes GEMMs and attention on 16-bit operands (its bf16 module, or
-            // the fp16 one): the run must say which.
-            crate::gpu::driver::Driver::load()
-                .map_err(|e| Error::Usage(format!("--device cuda: {e}; train on the CPU with --device cpu")))?;
+            // the fp16 one): the run must say which. The driver is loaded by `train` itself
+            // (`gpu::training`), not here: flags are checked without touching a GPU runtime.
             if !args.has("--bf16") && !args.has("--fp16") {
                 return Err(Error::Usage(
                     "--device cuda needs --bf16 or --fp16 (the CUDA kernels multiply 16-bit operands with f32 accumulation)"
@@ -899,9 +898,8 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
             }
         }
         if d == "hip" {
-            // As CUDA: a loadable runtime, and the 16-bit GEMM and attention operands (the bf16
-            // module, or the fp16 one) said out loud.
-            crate::gpu::require_hip_runtime()?;
+            // As CUDA: the 16-bit GEMM and attention operands (the bf16 module, or the fp16 one)
+            // said out loud; the runtime is loaded by `train`.
             if !args.has("--bf16") && !args.has("--fp16") {
                 return Err(Error::Usage(
                     "--device hip needs --bf16 or --fp16 (the HIP kernels multiply 16-bit operands with f32 accumulation)"

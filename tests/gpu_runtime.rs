@@ -289,11 +289,14 @@ fn without_a_driver_info_says_so_and_cuda_commands_fail_in_one_line() {
     assert!(stdout(&o).contains("nvrtc: /nonexistent/libnvrtc.so.13 not found (no CUDA toolkit"), "{}", stdout(&o));
 
     let no_driver = [("TRIDENT_LIBCUDA", Path::new("/nonexistent/libcuda.so.1"))];
-    let o = run_env(&["train", "--device", "cuda", "--preset", "tiny", "--data-path", "x"], &no_driver);
+    let o = run_env(&["train", "--device", "cuda", "--preset", "tiny", "--data-path", "x", "--bf16"], &no_driver);
     assert_clean_error(
         &o,
         &["--device cuda: /nonexistent/libcuda.so.1 not found (no NVIDIA driver on this machine)", "--device cpu"],
     );
+    // Flags are checked before any runtime is loaded.
+    let o = run_env(&["train", "--device", "cuda", "--preset", "tiny", "--data-path", "x"], &no_driver);
+    assert_clean_error(&o, &["--device cuda needs --bf16 or --fp16"]);
     let o = run_env(&["check", "gpu"], &no_driver);
     assert_clean_error(&o, &["check gpu needs an NVIDIA GPU: /nonexistent/libcuda.so.1 not found"]);
 }

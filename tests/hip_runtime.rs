@@ -61,7 +61,9 @@ fn fake_library(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
-const TRAIN_HIP: [&str; 7] = ["train", "--device", "hip", "--preset", "tiny", "--data-path", "x"];
+/// A HIP training run as a user starts it; without its last word (`--bf16`) the flags are refused
+/// before any runtime is loaded.
+const TRAIN_HIP: [&str; 8] = ["train", "--device", "hip", "--preset", "tiny", "--data-path", "x", "--bf16"];
 
 #[test]
 fn without_rocm_info_says_so_and_device_hip_fails_in_one_line() {
@@ -121,7 +123,7 @@ fn a_hip_runtime_is_reported_and_device_hip_needs_bf16_or_fp16() {
         let line = format!("hip device {i}: AMD Instinct MI250X, gfx90a, 110 compute units, 64.0 GiB");
         assert!(out.contains(&line), "{line} not in {out}");
     }
-    let o = run_env(&TRAIN_HIP, &env);
+    let o = run_env(&TRAIN_HIP[..7], &env);
     assert_clean_error(
         &o,
         &["--device hip needs --bf16 or --fp16 (the HIP kernels multiply 16-bit operands with f32 accumulation)"],

@@ -505,8 +505,9 @@ fn layers_only_point_down() {
 }
 
 /// The modules that must see only the Device trait (ARCHITECTURE.md's first invariant), and the one
-/// file allowed to name a backend because it opens one.
-const BACKEND_BLIND: &[&str] = &["train", "model", "optim", "parallel", "tensor", "checkpoint", "generate"];
+/// file allowed to name a backend because it opens one. `config` is among them so that checking
+/// flags never loads a GPU runtime (that is `train`'s first step).
+const BACKEND_BLIND: &[&str] = &["train", "model", "optim", "parallel", "tensor", "checkpoint", "generate", "config"];
 const OPENS_THE_DEVICE: &[&str] = &["train", "setup"];
 
 /// Imports of `gpu` from the modules that must see only the Device trait.
