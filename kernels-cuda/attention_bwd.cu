@@ -31,7 +31,7 @@
 //                                  (d 32), 32 (d 64), 16 (d 128).
 //   attention_bwd_dq_bf16_d{32,64,128}: grid (⌈seq/Q⌉, batch·heads), 128 threads, longest first
 //                                  (the last query tiles first); a block owns Q queries of one
-//                                  (b, query head) (plan.rs's attention_queries: 128 for d 64,
+//                                  (b, query head) (plan/mod.rs's attention_queries: 128 for d 64,
 //                                  64 for d 32 and d 128) and streams its group's K and V, a
 //                                  warp Q/4 as MT = Q/64 row tiles of 16 (each K and V
 //                                  fragment feeds MT mma, as in the forward), and walks
@@ -80,7 +80,7 @@
 #include "common/base.cuh"
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
-#include "common/reduce.cuh"
+#include "common/reduce.h"
 #include "common/tile_order.cuh"
 
 namespace attention_bwd_detail {
@@ -418,7 +418,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
 }
 
 // Dynamic shared memory per block (kernel index: src/gpu/kernels/mod.rs); the queries per block,
-// DqTilesOf<D>::kQueries, are the forward's (plan.rs's attention_queries; the emulation harness
+// DqTilesOf<D>::kQueries, are the forward's (plan/mod.rs's attention_queries; the emulation harness
 // checks that they agree).
 constexpr unsigned kDqSharedBytesD32 = sizeof(DqTilesOf<32>), kDqSharedBytesD64 = sizeof(DqTilesOf<64>),
                    kDqSharedBytesD128 = sizeof(DqTilesOf<128>);
@@ -525,35 +525,41 @@ extern "C" __global__ void __launch_bounds__(128)
   const size_t base = (size_t)row * heads * d + (size_t)head * d;
   float sum = 0.0f;
   for (int c = lane; c < d; c += 32) sum += to_float(dout[base + c]) * to_float(out[base + c]);
-  sum = warp_sum(sum);
+  sum = wave_sum(sum);
   if (lane == 0) delta[((size_t)b * heads + head) * seq + t] = sum;
 }
 
+// registry: dynamic_shared=31744
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
   attention_bwd_detail::dkv_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
+// registry: dynamic_shared=37376
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
   attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
+// registry: dynamic_shared=52480
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                 int batch, int seq, int heads, int kv_heads) {
   attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
+// registry: dynamic_shared=30720
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
   attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
+// registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
   attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
 }
+// registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {

@@ -16,7 +16,7 @@
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
 // Grid: (⌈seq/Q⌉, batch·heads) blocks of 128 threads, Q = 128 queries per block for d 64 and 64
-// for d 32 and d 128 (plan.rs's attention_queries), taken longest first (the last query
+// for d 32 and d 128 (plan/mod.rs's attention_queries), taken longest first (the last query
 // tiles of every (b, h) first: common/tile_order.cuh's longest_first). A block owns Q queries of
 // one (b, h) and streams its group's K and V (the group's r blocks read the same K/V rows; their
 // offsets are computed once per block, nothing per score changes with r); each of its 4 warps
@@ -92,13 +92,13 @@ struct Tiles {
 // The per-head-dim instances: key tile BN and row tiles per warp MT.
 template <int D>
 using TilesOf = Tiles<D, D == 128 ? 32 : 64, D == 64 ? 2 : 1>;
-// Queries per block (the launch's grid tile: src/gpu/kernels/plan.rs) and dynamic shared memory
+// Queries per block (the launch's grid tile: src/gpu/kernels/plan/mod.rs) and dynamic shared memory
 // per block (kernel index: src/gpu/kernels/mod.rs).
 constexpr int kQueriesD32 = TilesOf<32>::kQueries, kQueriesD64 = TilesOf<64>::kQueries,
               kQueriesD128 = TilesOf<128>::kQueries;
 constexpr unsigned kSharedBytesD32 = sizeof(TilesOf<32>), kSharedBytesD64 = sizeof(TilesOf<64>),
                    kSharedBytesD128 = sizeof(TilesOf<128>);
-static_assert(kQueriesD32 == 64 && kQueriesD64 == 128 && kQueriesD128 == 64, "the header and plan.rs state these");
+static_assert(kQueriesD32 == 64 && kQueriesD64 == 128 && kQueriesD128 == 64, "the header and plan/mod.rs state these");
 static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
@@ -288,18 +288,21 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
 }  // namespace attention_fwd_detail
 
+// registry: dynamic_shared=25600
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {
   attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
+// registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {
   attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads, kv_heads);
 }
 
+// registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {

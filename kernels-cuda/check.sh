@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make kernels-check`: compiles every kernel in kernels-cuda/ with nvcc for sm_80 and sm_90a,
+# `make kernels-check`: compiles every kernel in kernels/ (the portable ones) and kernels-cuda/
+# with nvcc for sm_80 and sm_90a,
 # as both modules (bf16 storage, and fp16 with -DTRIDENT_FP16: common/base.cuh; the fp16 rows
 # name the file as file[fp16]),
 # prints each kernel's registers, shared memory, stack and spills (ptxas -v), fails on any
@@ -47,14 +48,14 @@ status=0
 printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
 # module -> its define (the bf16 module has none: the text it always was)
 declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
-for src in kernels-cuda/*.cu; do
+for src in kernels/*.cu kernels-cuda/*.cu; do
   file=$(basename "$src")
   for module in bf16 fp16; do
   label=$file; [ "$module" = bf16 ] || label="$file[$module]"
   for arch in sm_80 sm_90a; do
     cubin=$OUT/${file%.cu}.$arch.$module.cubin
     # shellcheck disable=SC2086 # the flags are words
-    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${MODULE_FLAGS[$module]} ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
+    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${MODULE_FLAGS[$module]} -I kernels -I kernels-cuda ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
       echo "$log" >&2
       echo "kernels-check: $label does not compile for $arch" >&2
       status=1

@@ -25,7 +25,7 @@
 // device (src/device/reference.rs), in f64 on the same bf16-rounded inputs; tested under the
 // SIMT emulation by tests/cuda_emulation.rs.
 #include "common/base.cuh"
-#include "common/gelu.cuh"
+#include "common/gelu.h"
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
 #include "common/gemm_pipeline.cuh"
@@ -84,12 +84,14 @@ __device__ __forceinline__ void gemm_bf16_body(Out* __restrict__ out, const bf16
 
 }  // namespace gemm_bf16_detail
 
+// registry: dynamic_shared=81920
 extern "C" __global__ void __launch_bounds__(256)
     gemm_fwd_bf16_f32out(float* out, const bf16* A, const bf16* W, const float* bias, const float* residual, int M, int N,
                          int K, int gelu) {
   gemm_bf16_detail::gemm_bf16_body<float>(out, A, W, bias, residual, M, N, K, gelu);
 }
 
+// registry: dynamic_shared=81920
 extern "C" __global__ void __launch_bounds__(256)
     gemm_fwd_bf16(bf16* out, const bf16* A, const bf16* W, const float* bias, const bf16* residual, int M, int N, int K,
                   int gelu) {

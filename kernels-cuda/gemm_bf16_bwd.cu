@@ -105,6 +105,7 @@ __device__ __forceinline__ void gemm_bwd_body(Out* __restrict__ out, const bf16*
 }  // namespace gemm_bwd_detail
 
 // dinp [M, K] = dout [M, N] · W [N, K]. Grid (⌈K/128⌉, ⌈M/128⌉), 256 threads, kInputSharedBytes.
+// registry: static_shared=16 dynamic_shared=75776
 extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_input_bf16(float* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<false, false>(dinp, dout, W, M, K, N);
@@ -112,6 +113,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // dinp [M, K] bf16 = dout [M, N] · W [N, K], rounded once. Grid, threads and shared memory as
 // gemm_bwd_input_bf16's.
+// registry: static_shared=16 dynamic_shared=75776
 extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_input_bf16_bf16out(bf16* dinp, const bf16* dout, const bf16* W, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<false, false, bf16>(dinp, dout, W, M, K, N);
@@ -119,6 +121,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // dweight [N, K] += doutᵀ [N, M] · inp [M, K]. Grid (⌈K/128⌉, ⌈N/128⌉), 256 threads,
 // kWeightSharedBytes.
+// registry: static_shared=16 dynamic_shared=69632
 extern "C" __global__ void __launch_bounds__(256)
     gemm_bwd_weight_bf16(float* dweight, const bf16* dout, const bf16* inp, int M, int N, int K) {
   gemm_bwd_detail::gemm_bwd_body<true, true>(dweight, dout, inp, N, K, M);

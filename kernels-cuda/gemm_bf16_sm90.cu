@@ -86,7 +86,7 @@
 // tested under the SIMT emulation by tests/cuda_emulation.rs and, through the emulated driver,
 // tests/cuda_device.rs.
 #include "common/base.cuh"
-#include "common/gelu.cuh"
+#include "common/gelu.h"
 // wgmma.cuh before tma.cuh, which includes it: NVRTC resolves a header's relative include only to
 // a header the source has already included.
 #include "common/wgmma.cuh"
@@ -392,6 +392,7 @@ __device__ __forceinline__ void gemm_body(const TensorMap* map_p, const TensorMa
 }  // namespace gemm_sm90_detail
 
 // map_a: A [M, K] (box 64 x 128); map_w: W [N, K] (the same).
+// registry: dynamic_shared=197704 min_arch=90
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_fwd_bf16_f32out_sm90(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
                               float* out, const float* bias, const float* residual, int M, int N, int K, int gelu) {
@@ -404,6 +405,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 // The same with out and residual bf16 (gemm_fwd_bf16's arguments after the two maps).
+// registry: dynamic_shared=197704 min_arch=90
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_fwd_bf16_sm90(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w, bf16* out,
                        const float* bias, const bf16* residual, int M, int N, int K, int gelu) {
@@ -416,6 +418,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 // map_dout: dout [M, N] (box 64 x 128); map_w: W [N, K] (box 64 x 64).
+// registry: dynamic_shared=197704 min_arch=90
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_bwd_input_bf16_sm90(const __grid_constant__ TensorMap map_dout, const __grid_constant__ TensorMap map_w,
                              float* dinp, int M, int N, int K) {
@@ -428,6 +431,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 }
 
 // The same with dinp bf16 (the maps as gemm_bwd_input_bf16_sm90's).
+// registry: dynamic_shared=197704 min_arch=90
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_bwd_input_bf16_bf16out_sm90(const __grid_constant__ TensorMap map_dout,
                                      const __grid_constant__ TensorMap map_w, bf16* dinp, int M, int N, int K) {
@@ -442,6 +446,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 // map_dout: dout [M, N] (box 64 x 64); map_inp: inp [M, K] (box 64 x 64). gridDim.z slices of
 // the reduction over M; with more than one, partials holds gridDim.x · gridDim.y · gridDim.z
 // tiles of 128 x 128 f32 (uninitialised) and counters one u32 per tile, zero (left zero).
+// registry: dynamic_shared=132168 min_arch=90
 extern "C" __global__ void __launch_bounds__(384, 1)
     gemm_bwd_weight_bf16_sm90(const __grid_constant__ TensorMap map_dout, const __grid_constant__ TensorMap map_inp,
                               float* dweight, float* partials, unsigned* counters, int M, int N, int K) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make kernels-check`, the AMD half: compiles every kernel file in kernels-hip/ as a device-only
+# `make kernels-check`, the AMD half: compiles every kernel file in kernels/ (the portable ones)
+# and kernels-hip/ as a device-only
 # code object (v4, for the ROCm 5.x runtime) for gfx90a (MI250X, Frontier) with Debian's hipcc
 # (ROCm 5.2, clang-15) and for gfx942 (MI300X) with Debian's clang-19, which needs one shim: ROCm
 # 5.2 ships no oclc_isa_version_942.bc, so a device-library directory is made of links to the 5.2
@@ -49,7 +50,7 @@ trap 'rm -rf "$OUT"' EXIT
 # arch -> the device-only compile command (a plain ELF code object, no offload bundle)
 compile() { # arch source output [defines]
   local common=(-O3 -std=c++17 -mcode-object-version=4 --cuda-device-only --no-gpu-bundle-output -c
-    -Rpass-analysis=kernel-resource-usage -I kernels-hip ${4:+"$4"})
+    -Rpass-analysis=kernel-resource-usage -I kernels -I kernels-hip ${4:+"$4"})
   # shellcheck disable=SC2086 # the flags are words
   case $1 in
     gfx90a) "$HIPCC" --offload-arch=gfx90a "${common[@]}" ${KERNELS_CHECK_HIP_FLAGS:-} -o "$3" "$2" ;;
@@ -64,13 +65,13 @@ status=0
 declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
 declare -A MODULE_MFMA=([bf16]='v_mfma_f32_32x32x8_?bf16(_1k)?' [fp16]='v_mfma_f32_32x32x8_?f16')
 printf '%-7s %-24s %-36s %5s %5s %5s %8s %6s %6s\n' arch file kernel SGPR VGPR AGPR scratch LDS waves
-for src in kernels-hip/*.hip; do
+for src in kernels/*.cu kernels-hip/*.hip; do
   file=$(basename "$src")
   for module in bf16 fp16; do
   label=$file; [ "$module" = bf16 ] || label="${file}[$module]"
   other=$([ "$module" = bf16 ] && echo fp16 || echo bf16)
   for arch in gfx90a gfx942; do
-    co=$OUT/${file%.hip}.$arch.$module.co
+    co=$OUT/${file%.*}.$arch.$module.co
     if ! log=$(compile "$arch" "$src" "$co" "${MODULE_FLAGS[$module]}" 2>&1); then
       echo "$log" | grep -v 'remark:' >&2
       echo "kernels-check: $label does not compile for $arch" >&2

@@ -302,8 +302,7 @@ fn the_emulated_runtime_checks_code_objects_and_devices() {
     let e = rt.load_module(&cubin).unwrap_err();
     assert!(e.to_string().contains("hipErrorNoBinaryForGpu"), "{e}");
     let cache = trident::gpu::cache::ModuleCache::new(&PathBuf::from(std::env::var("TRIDENT_CACHE_DIR").unwrap()));
-    let casts =
-        HipKernelModules::new(cache).image("casts.hip", "gfx90a", trident::gpu::kernels::Storage::Bf16).unwrap();
+    let casts = HipKernelModules::new(cache).image("casts.cu", "gfx90a", trident::gpu::kernels::Storage::Bf16).unwrap();
     let m = rt.load_module(&casts.bytes).unwrap();
     assert!(rt.function(m, "cast_f32_to_bf16").is_ok());
     let e = rt.function(m, "gemm_fwd_bf16").unwrap_err();

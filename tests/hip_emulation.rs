@@ -8,7 +8,7 @@
 //! both backward products, casts, GELU, AdamW, the cross-entropy pieces, the embedding, and
 //! FlashAttention forward and backward on MFMA for head dims 32, 64 and 128, and the Llama family's
 //! RMSNorm backward on any grid, SwiGLU and rotary embedding). This file adds LayerNorm and RMSNorm
-//! on wavefront-sized shapes, the f32 ops of the HIP Device (`tensor_ops.hip`: wave-per-row
+//! on wavefront-sized shapes, the f32 ops of the HIP Device (`tensor_ops.cu`: wave-per-row
 //! reductions, column sums, element-wise, embedding) and the wave64 and MFMA probes. Every kernel
 //! runs on at least three shapes, ragged ones included. Two tests build the kernels with a planted
 //! wave32 assumption (`-DTRIDENT_PLANT_WAVE32_BUG`, a reduction that stops at 32 lanes) and assert
@@ -219,9 +219,9 @@ fn planted_wave32_reduction_is_caught_on(rows: usize, cols: usize) {
     assert!(detected[1], "the planted wave32 reduction was not detected by the LayerNorm comparison on {cols} columns");
 }
 
-// ---- tensor_ops.hip (the HIP Device's f32 ops) -------------------------------------------------
+// ---- tensor_ops.cu (the HIP Device's f32 ops) -------------------------------------------------
 
-/// tensor_ops.hip's row-wise (a wave per row), column-wise and element-wise kernels on one
+/// tensor_ops.cu's row-wise (a wave per row), column-wise and element-wise kernels on one
 /// [rows, cols] matrix against the reference device's f64 ops.
 fn run_tensor_rows(v: &Vendor, rows: usize, cols: usize, vocab_start: usize) {
     let name = format!("tensor_rows_{rows}x{cols}");
@@ -313,7 +313,7 @@ fn tensor_ops_rows_columns_and_reductions() {
     }
 }
 
-/// tensor_ops.hip's wave-per-row kernels built with the planted wave32 butterfly: each half-wave
+/// tensor_ops.cu's wave-per-row kernels built with the planted wave32 butterfly: each half-wave
 /// keeps its own half's sum, and the comparison must reject the row statistics.
 #[test]
 fn planted_wave32_reduction_is_caught_in_tensor_ops() {

@@ -114,6 +114,16 @@ __device__ __forceinline__ bf16 to_bf16(float f) { return __float2bfloat16_rn(f)
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 
+// The warp: 32 lanes on every NVIDIA GPU. kWaveSize is the name the portable kernels of
+// kernels/ use for it (kernels-hip/common/base.h's is an AMD wavefront's 64).
+inline constexpr int kWaveSize = 32;
+
+// Eight 16-bit values moved as one 16-byte load or store.
+struct __align__(16) bf16x8 {
+  bf16 v[8];
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Two floats rounded to the storage type and packed as one .b32 register (lo in the low half):
 // the operand format of mma.sync's A and B fragments.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

@@ -7,8 +7,8 @@
 // A kernel file includes common/base.cuh and common/ptx.cuh before this header (NVRTC resolves a
 // header's own includes only among those already seen).
 #pragma once
-#include "base.cuh"
-#include "ptx.cuh"
+#include "common/base.cuh"
+#include "common/ptx.cuh"
 
 // Runs compute(stage, t) for t = 0 .. tiles-1, tile t having been loaded into stage t % kStages
 // by load(stage, t) (which issues cp.async copies by every thread of the block and does not

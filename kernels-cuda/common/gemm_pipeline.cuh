@@ -23,9 +23,9 @@
 // A kernel file includes common/base.cuh, common/ptx.cuh and common/cp_async_ring.cuh before this
 // header (NVRTC resolves a header's own includes only among those already seen).
 #pragma once
-#include "base.cuh"
-#include "ptx.cuh"
-#include "cp_async_ring.cuh"
+#include "common/base.cuh"
+#include "common/ptx.cuh"
+#include "common/cp_async_ring.cuh"
 
 namespace gemm_pipeline {
 

@@ -2,7 +2,7 @@
 // operand first. The GPU build issues the PTX instruction named in each comment; the emulation
 // build calls its C++ model in ../emu/ptx.h, which documents the fragment layouts.
 #pragma once
-#include "base.cuh"
+#include "common/base.cuh"
 
 // d = a * b + c: one warp-wide mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (.f16.f16 in
 // the fp16 module: TRIDENT_HALF_PTX, base.cuh). a holds the lane's four .b32 registers of the

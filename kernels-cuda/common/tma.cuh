@@ -4,7 +4,7 @@
 // wgmma.cuh); the emulation build calls the C++ models of ../emu/tma.h, which document the
 // semantics (phases, parity, transaction bytes, out-of-bounds zero fill).
 #pragma once
-#include "wgmma.cuh"
+#include "common/wgmma.cuh"
 
 #if defined(TRIDENT_EMU)
 #define __grid_constant__

@@ -5,7 +5,7 @@
 // must not be launched (gemm_bf16_sm90.cu's kernels trap). The emulation build calls the C++ models of
 // ../emu/wgmma.h, which document the descriptor and accumulator layouts.
 #pragma once
-#include "base.cuh"
+#include "common/base.cuh"
 
 #if defined(TRIDENT_EMU)
 #include "../emu/wgmma.h"

@@ -4,8 +4,8 @@
 // A workgroup is kWaves wave64s; each wave owns kMfmaN (32) consecutive positions, the column
 // dimension of its MFMA accumulators, so a lane's softmax row statistics belong to one position.
 #pragma once
-#include "base.h"
-#include "mfma.h"
+#include "common/base.h"
+#include "common/mfma.h"
 
 namespace attention_common {
 

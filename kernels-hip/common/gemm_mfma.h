@@ -15,8 +15,8 @@
 // v_mfma_f32_32x32x8bf16_1k, lane l reading its 4 operand elements as one 8-byte run of an LDS row.
 // LDS: 2 x 64 x (32 + 8) bf16 = 10 KiB (8 elements of row padding spread the banks).
 #pragma once
-#include "base.h"
-#include "mfma.h"
+#include "common/base.h"
+#include "common/mfma.h"
 
 namespace gemm_mfma {
 

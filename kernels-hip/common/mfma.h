@@ -31,7 +31,7 @@
 // no MFMA at all; the f16 instruction is on gfx908 too, but one guard serves both modules). Debian's clang-15 hipcc accepts gfx90a and gfx940 but not gfx942
 // ; gfx942 builds with clang-19 and the gfx942 device-library shim (docs/design.md).
 #pragma once
-#include "base.h"
+#include "common/base.h"
 
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(TRIDENT_EMU) && !defined(__gfx90a__) && !defined(__gfx940__) && \
     !defined(__gfx941__) && !defined(__gfx942__)

@@ -1,5 +1,5 @@
 //! The GPU Device's multi-tensor ops of a step, each one launch over a table of tensors (adamw.cu
-//! / adamw.hip, a block per 2,048-element chunk of a tensor): AdamW over an optimizer group
+//! for both vendors, a block per 2,048-element chunk of a tensor): AdamW over an optimizer group
 //! (`Device::adamw_group`, `adamw_multi_f32_bf16`: the tensors' addresses, lengths and weight
 //! decays) and the gradients' zeroing (`Device::zero_buffers`, `zero_multi_u32`). The tables stay
 //! on the device (`GpuDevice::kept_table`): tensors that are the same as at an earlier step (a
@@ -8,8 +8,7 @@
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{first_blocks, int, GpuDevice};
-use super::kernels::Kernel;
-use super::runtime::Arg::{Ptr, F32, I32};
+use super::kernels::args;
 use crate::device::{AdamWStep, AdamWTensor, Device};
 use crate::real::Precision;
 
@@ -72,19 +71,11 @@ impl GpuDevice {
         if blocks > 0 {
             let tensors_at = self.kept_table(&table);
             let (c1, c2) = bias_corrections(&step);
-            let args = [
-                Ptr(tensors_at),
-                Ptr(tensors_at + (ENTRY_BYTES * tensors.len()) as u64),
-                I32(int("tensors", tensors.len())),
-                F32(step.lr),
-                F32(step.beta1),
-                F32(step.beta2),
-                F32(step.eps),
-                Ptr(scales.ptr() + 8 * slot as u64),
-                F32(c1),
-                F32(c2),
-            ];
-            self.launch(Kernel::AdamwMultiF32Bf16, [blocks, 1, 1], &args);
+            let (first, count) = (tensors_at + (ENTRY_BYTES * tensors.len()) as u64, int("tensors", tensors.len()));
+            let AdamWStep { lr, beta1, beta2, eps, .. } = step;
+            let scale = scales.ptr() + 8 * slot as u64;
+            let l = args::adamw_multi_f32_bf16(tensors_at, first, count, lr, beta1, beta2, eps, scale, c1, c2);
+            self.launch(l, [blocks, 1, 1]);
         }
         // Working copies of other precisions are copied and rounded after the update, as
         // `Device::adamw` does.
@@ -117,7 +108,7 @@ impl GpuDevice {
         let sizes = words.iter().map(|&w| int("words", w)).chain(first_block.iter().map(|&b| int("blocks", b)));
         table.extend(sizes.flat_map(|x| x.to_le_bytes()));
         let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
-        let args = [Ptr(tensors), Ptr(tensors + 8 * count), Ptr(tensors + 12 * count), I32(int("tensors", bufs.len()))];
-        self.launch(Kernel::ZeroMultiU32, [blocks, 1, 1], &args);
+        let l = args::zero_multi_u32(tensors, tensors + 8 * count, tensors + 12 * count, int("tensors", bufs.len()));
+        self.launch(l, [blocks, 1, 1]);
     }
 }

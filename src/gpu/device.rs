@@ -26,10 +26,11 @@
 
 use super::buffer::{DeviceMem, Elem, GpuBuf, GpuP2p};
 use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
-use super::kernels::{Kernel, Storage, Vendor};
+use super::kernels::{args, Kernel, Launch, Storage, Vendor};
 use super::launch::{tiled, DeviceLimits};
 use super::open::{Functions, OpenGpu};
-use super::runtime::{Arg, GpuRuntime};
+use super::runtime::GpuRuntime;
+use super::tma::TensorMap;
 use crate::device::{CollectivesRequest, DeviceComm};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
@@ -404,7 +405,6 @@ impl GpuDevice {
     /// and their HIP twins).
     pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
-
     /// Checks that the kernels can run a model with this head dim (`HEAD_DIMS`).
     pub fn check_head_dim(head_dim: usize) -> Result<()> {
         GpuDevice::check_head_dim_for("cuda", head_dim)
@@ -428,34 +428,38 @@ impl GpuDevice {
             .unwrap_or_else(|| fatal(Error::Config(format!("kernel {} is not one the Device resolved", k.function()))))
     }
 
-    /// Launches `k` over `grid` with its vendor's block size (`Vendor::threads`).
-    pub(super) fn launch(&self, k: Kernel, grid: [usize; 3], args: &[Arg]) {
-        let (function, block) = self.function(k);
-        let shared = self.vendor.dynamic_shared(k) as usize;
-        let config = ok(tiled(k.function(), grid, [1, 1, 1], [block, 1, 1], shared, &self.limits));
-        ok(self.rt.launch_args(function, &config, args));
+    /// Launches a kernel with its arguments (`kernels::args`) over `grid`, with its vendor's block
+    /// size (`Vendor::threads`).
+    pub(super) fn launch<const N: usize>(&self, l: Launch<N>, grid: [usize; 3]) {
+        let (function, block) = self.function(l.kernel);
+        let shared = self.vendor.dynamic_shared(l.kernel) as usize;
+        let config = ok(tiled(l.kernel.function(), grid, [1, 1, 1], [block, 1, 1], shared, &self.limits));
+        ok(self.rt.launch_args(function, &config, &l.args));
     }
 
-    /// Launches the kernel that computes `op`, with the geometry `plan` gives it on this device.
-    pub(super) fn run(&self, op: Op, args: &[Arg]) {
+    /// Launches the kernel that computes `op`, with the geometry `plan` gives it on this device;
+    /// `l` holds arguments of that kernel or of one with the same parameters (`Launch::retarget`:
+    /// the head dims, the GEMM output types).
+    pub(super) fn run<const N: usize>(&self, op: Op, l: Launch<N>) {
         let planned = ok(plan(&op, self.vendor, &self.limits, self.multiprocessors as u32));
-        let (function, _) = self.function(planned.spec.kernel);
-        ok(self.rt.launch_args(function, &planned.config, args));
+        let l = ok(l.retarget(planned.spec.kernel));
+        let (function, _) = self.function(l.kernel);
+        ok(self.rt.launch_args(function, &planned.config, &l.args));
     }
 
     /// A grid-stride launch over `n` elements in blocks of 256 (nothing when n is 0).
-    pub(super) fn elementwise(&self, k: Kernel, n: usize, args: &[Arg]) {
+    pub(super) fn elementwise<const N: usize>(&self, n: usize, l: Launch<N>) {
         if n == 0 {
             return;
         }
         let blocks = n.div_ceil(256).min(GRID_STRIDE_BLOCKS_PER_SM * self.multiprocessors);
-        self.launch(k, [blocks, 1, 1], args);
+        self.launch(l, [blocks, 1, 1]);
     }
 
     /// One warp (wave) per row, four rows per block.
-    pub(super) fn rowwise(&self, k: Kernel, rows: usize, args: &[Arg]) {
+    pub(super) fn rowwise<const N: usize>(&self, rows: usize, l: Launch<N>) {
         if rows > 0 {
-            self.launch(k, [rows.div_ceil(4), 1, 1], args);
+            self.launch(l, [rows.div_ceil(4), 1, 1]);
         }
     }
 
@@ -470,9 +474,9 @@ impl GpuDevice {
     }
 
     /// One thread per column, blocks of 256.
-    pub(super) fn columnwise(&self, k: Kernel, cols: usize, args: &[Arg]) {
+    pub(super) fn columnwise<const N: usize>(&self, cols: usize, l: Launch<N>) {
         if cols > 0 {
-            self.launch(k, [cols.div_ceil(256), 1, 1], args);
+            self.launch(l, [cols.div_ceil(256), 1, 1]);
         }
     }
 
@@ -541,12 +545,15 @@ impl GpuDevice {
             return;
         }
         let (d, s) = (dst.ptr() + (dst.elem.bytes() * dst_at) as u64, src.ptr() + (src.elem.bytes() * src_at) as u64);
-        let args = [Arg::Ptr(d), Arg::Ptr(s), Arg::I32(int("n", n))];
         match (src.elem, dst.elem) {
             (a, b) if a == b => ok(self.rt.copy_on_device(d, s, a.bytes() * n)),
             // The cast kernels convert to and from the module's storage type.
-            (Elem::F32, h) if h == self.half => self.run(Op::CastF32ToBf16 { n }, &args),
-            (h, Elem::F32) if h == self.half => self.run(Op::CastBf16ToF32 { n }, &args),
+            (Elem::F32, h) if h == self.half => {
+                self.run(Op::CastF32ToBf16 { n }, args::cast_f32_to_bf16(d, s, int("n", n)))
+            }
+            (h, Elem::F32) if h == self.half => {
+                self.run(Op::CastBf16ToF32 { n }, args::cast_bf16_to_f32(d, s, int("n", n)))
+            }
             (a, b) => fatal(Error::Config(format!("no conversion of a {a:?} buffer into a {b:?} one on the device"))),
         }
     }
@@ -581,7 +588,7 @@ impl GpuDevice {
     }
 
     /// The TMA tensor map of a bf16 [rows, cols] GEMM operand (`GpuRuntime::operand_map`).
-    pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Arg {
+    pub(super) fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> TensorMap {
         ok(self.rt.operand_map(pointer, rows, cols, mn_major))
     }
 }

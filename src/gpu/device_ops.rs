@@ -11,14 +11,15 @@
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
 use super::device::{aligned, first_blocks, group_key, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::kernels::args;
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
     COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
 };
-use super::kernels::Kernel;
-use super::runtime::Arg::{self, Ptr, F32, F64, I32};
-use crate::device::{AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary};
 use crate::comm::ReduceOp;
+use crate::device::{
+    AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary,
+};
 use crate::error::Result;
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
@@ -103,7 +104,13 @@ impl Device for GpuDevice {
         let key = group_key(group);
         self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
     }
-    fn device_all_reduce_scalars(&self, group: &dyn crate::comm::Comm, s: &mut GpuBuf, len: usize, op: ReduceOp) -> bool {
+    fn device_all_reduce_scalars(
+        &self,
+        group: &dyn crate::comm::Comm,
+        s: &mut GpuBuf,
+        len: usize,
+        op: ReduceOp,
+    ) -> bool {
         assert!(s.elem == Elem::F64 && len <= s.len, "device_all_reduce_scalars: {len} values of f64 scalars");
         self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
     }
@@ -137,12 +144,12 @@ impl Device for GpuDevice {
     fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
         assert_eq!(acc.len, x.len);
         let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
-        self.elementwise(Kernel::AddAssignF32, x.len, &[Ptr(acc.ptr()), Ptr(x.ptr()), I32(int("n", x.len))]);
+        self.elementwise(x.len, args::add_assign_f32(acc.ptr(), x.ptr(), int("n", x.len)));
     }
     fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
         assert!(a.len == out.len && b.len == out.len);
         let (a, b, out) = (self.view(a, Elem::F32), self.view(b, Elem::F32), self.view_mut(out, Elem::F32, true));
-        self.elementwise(Kernel::AddF32, a.len, &[Ptr(out.ptr()), Ptr(a.ptr()), Ptr(b.ptr()), I32(int("n", a.len))]);
+        self.elementwise(a.len, args::add_f32(out.ptr(), a.ptr(), b.ptr(), int("n", a.len)));
     }
     fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
@@ -158,19 +165,18 @@ impl Device for GpuDevice {
         let lens = bufs.iter().map(|b| int("n", b.len));
         table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
         let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
-        let (lens, first) = (Ptr(tensors + 8 * count), Ptr(tensors + 12 * count));
+        let (lens, first) = (tensors + 8 * count, tensors + 12 * count);
         let partials = self.scratch(8 * blocks);
-        let count = I32(int("tensors", bufs.len()));
-        self.launch(Kernel::SumSquaresF32, [blocks, 1, 1], &[Ptr(partials.pointer), Ptr(tensors), lens, first, count]);
-        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(partials.pointer), first, count];
-        self.launch(Kernel::SumIntoF64, [1, 1, 1], &args);
+        let count = int("tensors", bufs.len());
+        self.launch(args::sum_squares_f32(partials.pointer, tensors, lens, first, count), [blocks, 1, 1]);
+        let sum = args::sum_into_f64(acc.ptr(), int("slot", slot), partials.pointer, first, count);
+        self.launch(sum, [1, 1, 1]);
     }
     fn clip_scale(&self, sum: &GpuBuf, sum_slot: usize, out: &mut GpuBuf, slot: usize, clip: f64, loss_scale: f64) {
         assert!(sum.elem == Elem::F64 && sum_slot < sum.len, "clip_scale: slot {sum_slot} outside the sums");
         assert!(out.elem == Elem::F64 && slot + 2 <= out.len, "clip_scale: slots {slot}.. outside the scalars");
-        let (sum_at, out_at) = (I32(int("slot", sum_slot)), I32(int("slot", slot)));
-        let args = [Ptr(sum.ptr()), sum_at, Ptr(out.ptr()), out_at, F64(clip), F64(loss_scale)];
-        self.launch(Kernel::ClipScaleF64, [1, 1, 1], &args);
+        let (sum_at, out_at) = (int("slot", sum_slot), int("slot", slot));
+        self.launch(args::clip_scale_f64(sum.ptr(), sum_at, out.ptr(), out_at, clip, loss_scale), [1, 1, 1]);
     }
     fn scalars(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F64))
@@ -200,11 +206,7 @@ impl Device for GpuDevice {
         let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, wte.len / hidden, batch, seq, hidden);
         let n = int("batch·seq·hidden", batch * seq * hidden) as usize;
         let (wte, out) = (self.view(wte, Elem::F32), self.view_mut(out, Elem::F32, false));
-        self.elementwise(
-            Kernel::EmbeddingFwdF32,
-            n,
-            &[Ptr(out.ptr()), Ptr(t.pointer), Ptr(wte.ptr()), v0, rows, b, s, h],
-        );
+        self.elementwise(n, args::embedding_fwd_f32(out.ptr(), t.pointer, wte.ptr(), v0, rows, b, s, h));
     }
     fn embedding_backward(
         &self,
@@ -218,17 +220,17 @@ impl Device for GpuDevice {
     ) {
         // The positions grouped by vocabulary row on the host (it has the tokens) and uploaded in
         // one copy, as the tokens were: a block per touched row and strip of 256 columns.
-        let h = I32(int("hidden", hidden));
+        let h = int("hidden", hidden);
         int("batch·seq", batch * seq);
         let segments = EmbeddingSegments::new(tokens, vocab_start, dwte.len / hidden, batch, seq);
         if segments.segments == 0 || hidden == 0 {
             return;
         }
         let index = self.upload_u32(&segments.words);
-        let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| Ptr(index.pointer + 4 * o as u64));
+        let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| index.pointer + 4 * o as u64);
         let (dout, dwte) = (self.view(dout, Elem::F32), self.view_mut(dwte, Elem::F32, false));
-        let args = [Ptr(dwte.ptr()), Ptr(dout.ptr()), rows_at, starts_at, positions_at, h];
-        self.launch(Kernel::EmbeddingBwdF32, [segments.segments, hidden.div_ceil(256), 1], &args);
+        let l = args::embedding_bwd_f32(dwte.ptr(), dout.ptr(), rows_at, starts_at, positions_at, h);
+        self.launch(l, [segments.segments, hidden.div_ceil(256), 1]);
     }
     fn position_forward(
         &self,
@@ -242,7 +244,7 @@ impl Device for GpuDevice {
         let [b, t, p, h] = position_args(batch, t0, positions, hidden);
         let n = int("positions·batch·hidden", positions * batch * hidden) as usize;
         let (wpe, out) = (self.view(wpe, Elem::F32), self.view_mut(out, Elem::F32, false));
-        self.elementwise(Kernel::PositionFwdF32, n, &[Ptr(out.ptr()), Ptr(wpe.ptr()), b, t, p, h]);
+        self.elementwise(n, args::position_fwd_f32(out.ptr(), wpe.ptr(), b, t, p, h));
     }
     fn position_backward(
         &self,
@@ -259,7 +261,7 @@ impl Device for GpuDevice {
         let [b, t, p, h] = position_args(batch, t0, positions, hidden);
         let grid = [hidden.div_ceil(256), positions, 1];
         let (dout, dwpe) = (self.view(dout, Elem::F32), self.view_mut(dwpe, Elem::F32, false));
-        self.launch(Kernel::PositionBwdF32, grid, &[Ptr(dwpe.ptr()), Ptr(dout.ptr()), b, t, p, h]);
+        self.launch(args::position_bwd_f32(dwpe.ptr(), dout.ptr(), b, t, p, h), grid);
     }
 
     fn layernorm_forward(
@@ -281,12 +283,13 @@ impl Device for GpuDevice {
         let o = self.view_mut(out, e, out.len == rows * cols);
         let (m, s) = (self.view_mut(mean, Elem::F32, false), self.view_mut(rstd, Elem::F32, false));
         let (w, b) = (self.view(weight, Elem::F32), self.view(bias, Elem::F32));
-        let [o, m, s, x, w, b] = [&*o, &*m, &*s, &*x, &*w, &*b].map(|b| Ptr(b.ptr()));
+        let [o, m, s, x, w, b] = [&*o, &*m, &*s, &*x, &*w, &*b].map(|b| b.ptr());
         match e {
             Elem::Bf16 | Elem::F16 => {
-                self.run(Op::LayernormFwd { rows, channels: cols }, &[o, m, s, Ptr(0), x, Ptr(0), w, b, r, c])
+                let l = args::layernorm_fwd_bf16(o, m, s, 0, x, 0, w, b, r, c);
+                self.run(Op::LayernormFwd { rows, channels: cols }, l)
             }
-            _ => self.rowwise(Kernel::LayernormFwdF32, rows, &[o, m, s, x, w, b, r, c]),
+            _ => self.rowwise(rows, args::layernorm_fwd_f32(o, m, s, x, w, b, r, c)),
         }
     }
     fn layernorm_backward(
@@ -313,15 +316,16 @@ impl Device for GpuDevice {
             let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
             let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
             let counter = self.zeroed_once(&self.counter, LAYERNORM_BWD_COUNTERS);
-            let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
-            let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
-            return self.run(Op::LayernormBwd { rows, channels: cols }, &[dx, dw, db, p, k, dy, x, w, m, s, r, c]);
+            let [dx, dw, db, dy, x, w, m, s] = [&*dx, &*dw, &*db, &*dy, &*x, &*w, &*m, &*s].map(|b| b.ptr());
+            let (p, k) = (partials.pointer, counter.pointer());
+            let l = args::layernorm_bwd_bf16(dx, dw, db, p, k, dy, x, w, m, s, r, c);
+            return self.run(Op::LayernormBwd { rows, channels: cols }, l);
         }
         let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
         {
             let dx = self.view_mut(dinp, Elem::F32, false);
-            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
-            self.rowwise(Kernel::LayernormBwdDxF32, rows, &[dx, dy, x, w, m, s, r, c]);
+            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| b.ptr());
+            self.rowwise(rows, args::layernorm_bwd_dx_f32(dx, dy, x, w, m, s, r, c));
         }
         self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
@@ -331,8 +335,8 @@ impl Device for GpuDevice {
         let m = mean.map(|m| self.upload_f64(&m[..rows]));
         let sums = self.scratch(8 * rows);
         let [r, c] = rows_cols(rows, cols);
-        let args = [Ptr(sums.pointer), Ptr(inp.ptr()), Ptr(m.as_ref().map_or(0, |m| m.pointer)), r, c];
-        self.rowwise(Kernel::LayernormSumsF32, rows, &args);
+        let l = args::layernorm_sums_f32(sums.pointer, inp.ptr(), m.as_ref().map_or(0, |m| m.pointer), r, c);
+        self.rowwise(rows, l);
         self.download_f64(&sums, &mut out[..rows]);
     }
     fn layernorm_apply(
@@ -355,9 +359,9 @@ impl Device for GpuDevice {
         let (mean_out, rstd_out) =
             (self.view_mut(mean_out, Elem::F32, false), self.view_mut(rstd_out, Elem::F32, false));
         let [inp, weight, bias] = [&*inp, &*weight, &*bias];
-        let [o, mo, so, x, w, b] = [&*out, &*mean_out, &*rstd_out, inp, weight, bias].map(|b| Ptr(b.ptr()));
+        let [o, mo, so, x, w, b] = [&*out, &*mean_out, &*rstd_out, inp, weight, bias].map(|b| b.ptr());
         let [r, c] = rows_cols(rows, cols);
-        self.elementwise(Kernel::LayernormApplyF32, n, &[o, mo, so, x, w, b, Ptr(m.pointer), Ptr(s.pointer), r, c]);
+        self.elementwise(n, args::layernorm_apply_f32(o, mo, so, x, w, b, m.pointer, s.pointer, r, c));
     }
     fn layernorm_backward_sums(
         &self,
@@ -372,9 +376,9 @@ impl Device for GpuDevice {
     ) {
         let sums = self.scratch(16 * rows);
         let views = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
-        let [dy, x, w, m, s] = [0, 1, 2, 3, 4].map(|i| Ptr(views[i].ptr()));
+        let [dy, x, w, m, s] = [0, 1, 2, 3, 4].map(|i| views[i].ptr());
         let [r, c] = rows_cols(rows, cols);
-        self.rowwise(Kernel::LayernormBwdSumsF32, rows, &[Ptr(sums.pointer), dy, x, w, m, s, r, c]);
+        self.rowwise(rows, args::layernorm_bwd_sums_f32(sums.pointer, dy, x, w, m, s, r, c));
         self.download_f64(&sums, &mut out[..2 * rows]);
     }
     fn layernorm_backward_apply(
@@ -398,9 +402,9 @@ impl Device for GpuDevice {
         let [dy, x, w, m, s] = [dout, inp, weight, mean, rstd].map(|b| self.view(b, Elem::F32));
         {
             let dx = self.view_mut(dinp, Elem::F32, false);
-            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| Ptr(b.ptr()));
-            let args = [dx, dy, x, w, m, s, Ptr(uploaded.pointer), I32(int("n", n)), r, c];
-            self.elementwise(Kernel::LayernormBwdApplyDxF32, elements, &args);
+            let [dx, dy, x, w, m, s] = [&*dx, &*dy, &*x, &*w, &*m, &*s].map(|b| b.ptr());
+            let l = args::layernorm_bwd_apply_dx_f32(dx, dy, x, w, m, s, uploaded.pointer, int("n", n), r, c);
+            self.elementwise(elements, l);
         }
         self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
@@ -456,7 +460,7 @@ impl Device for GpuDevice {
         if rows == 0 || n == 0 || k == 0 {
             return;
         }
-        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
+        let (m_, n_, k_) = (int("rows", rows), int("n", n), int("k", k));
         let d = self.view(dout, self.half);
         if let Some(dinp) = dinp {
             let w = self.view(weight, self.half);
@@ -465,14 +469,13 @@ impl Device for GpuDevice {
             let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
             let whole = dinp.len == rows * k;
             let di = self.view_mut(dinp, e, whole);
-            let args = match op {
+            match op {
                 Op::GemmBwdInputSm90 { .. } => {
                     let [md, mw] = [self.operand_map(d.ptr(), rows, n, false), self.operand_map(w.ptr(), n, k, true)];
-                    [md, mw, Ptr(di.ptr()), m_, n_, k_]
+                    self.run(op, args::gemm_bwd_input_bf16_sm90(md, mw, di.ptr(), m_, n_, k_));
                 }
-                _ => [Ptr(di.ptr()), Ptr(d.ptr()), Ptr(w.ptr()), m_, n_, k_],
-            };
-            self.run(op, &args);
+                _ => self.run(op, args::gemm_bwd_input_bf16(di.ptr(), d.ptr(), w.ptr(), m_, n_, k_)),
+            }
         }
         let x = self.view(inp, self.half);
         let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
@@ -486,9 +489,9 @@ impl Device for GpuDevice {
                 let partials = (sliced > 0).then(|| self.scratch(4 * sliced));
                 let counters = (sliced > 0).then(|| self.zeroed_once(&self.slice_counters, SM90_SLICE_MAX_TILES));
                 let (p, c) = (partials.as_ref().map_or(0, |p| p.pointer), counters.map_or(0, |c| c.pointer()));
-                self.run(op, &[md, mx, Ptr(dw.ptr()), Ptr(p), Ptr(c), m_, n_, k_]);
+                self.run(op, args::gemm_bwd_weight_bf16_sm90(md, mx, dw.ptr(), p, c, m_, n_, k_));
             }
-            _ => self.run(op, &[Ptr(dw.ptr()), Ptr(d.ptr()), Ptr(x.ptr()), m_, n_, k_]),
+            _ => self.run(op, args::gemm_bwd_weight_bf16(dw.ptr(), d.ptr(), x.ptr(), m_, n_, k_)),
         }
         if let Some(dbias) = dbias {
             let e = activation(dout);
@@ -496,10 +499,12 @@ impl Device for GpuDevice {
             // Block partials in scratch and the Device's strip counters (plan::column_sum_grid).
             let partials = self.scratch(4 * column_sum_partials(rows, n));
             let counters = self.zeroed_once(&self.column_counters, COLUMN_SUM_COUNTERS);
-            let args = [Ptr(db.ptr()), Ptr(partials.pointer), Ptr(counters.pointer()), Ptr(d.ptr()), m_, n_];
+            let (db, p, c, d) = (db.ptr(), partials.pointer, counters.pointer(), d.ptr());
             match e {
-                Elem::Bf16 | Elem::F16 => self.run(Op::ColumnSumAdd { rows, cols: n }, &args),
-                _ => self.run(Op::ColumnSumAddF32 { rows, cols: n }, &args),
+                Elem::Bf16 | Elem::F16 => {
+                    self.run(Op::ColumnSumAdd { rows, cols: n }, args::column_sum_add_bf16(db, p, c, d, m_, n_))
+                }
+                _ => self.run(Op::ColumnSumAddF32 { rows, cols: n }, args::column_sum_add_f32(db, p, c, d, m_, n_)),
             }
         }
     }
@@ -507,21 +512,21 @@ impl Device for GpuDevice {
     fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
         let (e, n) = (activation(inp), inp.len);
         let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
-        let args = [Ptr(o.ptr()), Ptr(x.ptr()), I32(int("n", n))];
+        let (o, x, count) = (o.ptr(), x.ptr(), int("n", n));
         match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, &args),
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, args::gelu_fwd_bf16(o, x, count)),
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(Kernel::GeluFwdF32, n, &args),
+            _ => self.elementwise(n, args::gelu_fwd_f32(o, x, count)),
         }
     }
     fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
         let (e, n) = (activation(inp), inp.len);
         let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
-        let args = [Ptr(dx.ptr()), Ptr(x.ptr()), Ptr(dy.ptr()), I32(int("n", n))];
+        let (dx, x, dy, count) = (dx.ptr(), x.ptr(), dy.ptr(), int("n", n));
         match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, &args),
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, args::gelu_bwd_bf16(dx, x, dy, count)),
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(Kernel::GeluBwdF32, n, &args),
+            _ => self.elementwise(n, args::gelu_bwd_f32(dx, x, dy, count)),
         }
     }
 
@@ -565,10 +570,9 @@ impl Device for GpuDevice {
         let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
         let [b, s, h, kv] = attention_ints(shape);
         let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        self.run(
-            Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim },
-            &[Ptr(o.ptr()), Ptr(lse.ptr()), Ptr(q.ptr()), b, s, h, kv],
-        );
+        // The head dim's kernel: one signature for the three (`Launch::retarget`).
+        let l = args::attention_fwd_bf16_d64(o.ptr(), lse.ptr(), q.ptr(), b, s, h, kv);
+        self.run(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }, l);
     }
     fn attention_backward(
         &self,
@@ -591,23 +595,21 @@ impl Device for GpuDevice {
         let grad = self.view_mut(dqkv, self.half, whole);
         let [b, s, h, kv] = attention_ints(shape);
         let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        self.run(
-            Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim },
-            &[Ptr(delta.pointer), Ptr(d.ptr()), Ptr(o.ptr()), b, s, h, kv, I32(int("head dim", head_dim))],
-        );
-        // dK/dV (a block per key/value head, summing its group's query heads), then dQ.
-        let args = [Ptr(grad.ptr()), Ptr(q.ptr()), Ptr(d.ptr()), Ptr(lse.ptr()), Ptr(delta.pointer), b, s, h, kv];
-        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, &args);
-        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, &args);
+        let l = args::attention_bwd_delta_bf16(delta.pointer, d.ptr(), o.ptr(), b, s, h, kv, int("head dim", head_dim));
+        self.run(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }, l);
+        // dK/dV (a block per key/value head, summing its group's query heads), then dQ; the head
+        // dim's kernels, one signature for the three (`Launch::retarget`).
+        let [g, q, d, lse] = [&*grad, &*q, &*d, &*lse].map(|b| b.ptr());
+        let dkv = args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
+        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, dkv);
+        let dq = args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
+        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, dq);
     }
 
     fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
         let (bias, out) = (self.view(bias, Elem::F32), self.view_mut(out, Elem::F32, false));
-        self.elementwise(
-            Kernel::AddBiasF32,
-            int("rows·cols", rows * cols) as usize,
-            &[Ptr(out.ptr()), Ptr(bias.ptr()), I32(int("rows", rows)), I32(int("cols", cols))],
-        );
+        let l = args::add_bias_f32(out.ptr(), bias.ptr(), int("rows", rows), int("cols", cols));
+        self.elementwise(int("rows·cols", rows * cols) as usize, l);
     }
 
     fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut GpuBuf) {
@@ -616,11 +618,13 @@ impl Device for GpuDevice {
         // bf16 logits: the xent_*_bf16 kernels, with the f32 ones' arguments and f64 statistics.
         let e = activation(logits);
         let logits = self.view(logits, e);
-        let args = [Ptr(max.ptr()), Ptr(logits.ptr()), I32(int("rows", rows)), I32(int("vocab", vocab))];
+        let (m, l, r, v) = (max.ptr(), logits.ptr(), int("rows", rows), int("vocab", vocab));
         match e {
-            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentMax { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 if rows > 0 => {
+                self.run(Op::XentMax { rows, vocab }, args::xent_max_bf16(m, l, r, v))
+            }
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.rowwise(Kernel::XentMaxF32, rows, &args),
+            _ => self.rowwise(rows, args::xent_max_f32(m, l, r, v)),
         }
     }
     fn cross_entropy_partials(
@@ -637,26 +641,21 @@ impl Device for GpuDevice {
         let e = activation(logits);
         let logits = self.view(logits, e);
         let t = self.upload_u32(&targets[..rows]);
-        let args = [
-            Ptr(stats.ptr()),
-            Ptr(stats.ptr() + 8 * rows as u64),
-            Ptr(logits.ptr()),
-            Ptr(t.pointer),
-            I32(int("vocab_start", vocab_start)),
-            Ptr(max.ptr()),
-            I32(int("rows", rows)),
-            I32(int("vocab", vocab)),
-        ];
+        let (sums, targets, m) = ((stats.ptr(), stats.ptr() + 8 * rows as u64), t.pointer, max.ptr());
+        let (v0, r, v) = (int("vocab_start", vocab_start), int("rows", rows), int("vocab", vocab));
         match e {
-            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentPartials { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 if rows > 0 => {
+                let l = args::xent_partials_bf16(sums.0, sums.1, logits.ptr(), targets, v0, m, r, v);
+                self.run(Op::XentPartials { rows, vocab }, l)
+            }
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.rowwise(Kernel::XentPartialsF32, rows, &args),
+            _ => self.rowwise(rows, args::xent_partials_f32(sums.0, sums.1, logits.ptr(), targets, v0, m, r, v)),
         }
     }
     fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
-        let args = [Ptr(acc.ptr()), I32(int("slot", slot)), Ptr(max.ptr()), Ptr(stats.ptr()), I32(int("rows", rows))];
-        self.launch(Kernel::XentLossF64, [1, 1, 1], &args);
+        let l = args::xent_loss_f64(acc.ptr(), int("slot", slot), max.ptr(), stats.ptr(), int("rows", rows));
+        self.launch(l, [1, 1, 1]);
     }
     fn cross_entropy_backward(
         &self,
@@ -673,20 +672,14 @@ impl Device for GpuDevice {
         let e = activation(logits);
         let n = int("rows·vocab", rows * vocab) as usize;
         let logits = self.view_mut(logits, e, false);
-        let args = [
-            Ptr(logits.ptr()),
-            Ptr(t.pointer),
-            I32(int("vocab_start", vocab_start)),
-            Ptr(max.ptr()),
-            Ptr(stats.ptr()),
-            F32(grad_scale),
-            I32(int("rows", rows)),
-            I32(int("vocab", vocab)),
-        ];
+        let (l, m, s) = (logits.ptr(), max.ptr(), stats.ptr());
+        let (v0, r, v) = (int("vocab_start", vocab_start), int("rows", rows), int("vocab", vocab));
         match e {
-            Elem::Bf16 | Elem::F16 if rows > 0 => self.run(Op::XentBwd { rows, vocab }, &args),
+            Elem::Bf16 | Elem::F16 if rows > 0 => {
+                self.run(Op::XentBwd { rows, vocab }, args::xent_bwd_bf16(l, t.pointer, v0, m, s, grad_scale, r, v))
+            }
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(Kernel::XentBwdF32, n, &args),
+            _ => self.elementwise(n, args::xent_bwd_f32(l, t.pointer, v0, m, s, grad_scale, r, v)),
         }
     }
 
@@ -707,7 +700,7 @@ impl Device for GpuDevice {
             // round_bf16_f32 rounds to the module's storage type (binary16 on the fp16 module,
             // overflow to infinity: fp16's gradients, `train::chunk`).
             p if p == self.storage.precision() => {
-                self.elementwise(Kernel::RoundBf16F32, buf.len, &[Ptr(buf.ptr()), I32(int("n", buf.len))]);
+                self.elementwise(buf.len, args::round_bf16_f32(buf.ptr(), int("n", buf.len)));
             }
             _ => {
                 // The other 16-bit format has no module on this Device (training opens the one of
@@ -738,7 +731,8 @@ impl Device for GpuDevice {
             }
             // Cast on the device into device memory; the values are already 16-bit, so exact.
             p if p == self.storage.precision() => {
-                self.run(Op::CastF32ToBf16 { n: buf.len }, &[Ptr(half.ptr()), Ptr(buf.ptr()), I32(int("n", buf.len))])
+                let l = args::cast_f32_to_bf16(half.ptr(), buf.ptr(), int("n", buf.len));
+                self.run(Op::CastF32ToBf16 { n: buf.len }, l)
             }
             // The other format has no module on this Device: correct, through the host.
             _ => {
@@ -756,7 +750,8 @@ impl Device for GpuDevice {
                 ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len))
             }
             p if p == self.storage.precision() && src.len > 0 => {
-                self.run(Op::CastBf16ToF32 { n: src.len }, &[Ptr(dst.ptr()), Ptr(src.ptr()), I32(int("n", src.len))])
+                let l = args::cast_bf16_to_f32(dst.ptr(), src.ptr(), int("n", src.len));
+                self.run(Op::CastBf16ToF32 { n: src.len }, l)
             }
             p if p == self.storage.precision() => {}
             _ => {
@@ -795,26 +790,27 @@ impl Device for GpuDevice {
         // The kernel writes a 16-bit working copy (`param_bf16`, the module's storage type) or an
         // f32 one rounded to it itself (`param_rounded`); other precisions copy and round after it.
         let (bf16, rounded) = working_pointers(working.as_ref(), self.storage.precision());
-        self.run(
-            Op::AdamW { n: grad.len },
-            &[
-                Ptr(param.ptr()),
-                Ptr(bf16),
-                Ptr(grad.ptr()),
-                Ptr(m.ptr()),
-                Ptr(v.ptr()),
-                I32(int("n", grad.len)),
-                F32(step.lr),
-                F32(step.beta1),
-                F32(step.beta2),
-                F32(step.eps),
-                F32(step.weight_decay),
-                Ptr(scales.ptr() + 8 * slot as u64),
-                F32(c1),
-                F32(c2),
-                Ptr(rounded),
-            ],
+        let (n, scale) = (int("n", grad.len), scales.ptr() + 8 * slot as u64);
+        let AdamWStep { lr, beta1, beta2, eps, weight_decay, .. } = step;
+        let (p, g) = (param.ptr(), grad.ptr());
+        let l = args::adamw_f32_bf16(
+            p,
+            bf16,
+            g,
+            m.ptr(),
+            v.ptr(),
+            n,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            scale,
+            c1,
+            c2,
+            rounded,
         );
+        self.run(Op::AdamW { n: grad.len }, l);
         if let Some((w, precision)) = working.filter(|(_, p)| *p != self.storage.precision()) {
             assert_eq!(w.elem, Elem::F32, "adamw: a {precision:?} working copy is kept in f32");
             self.copy(w, 0, param, 0, param.len);
@@ -854,19 +850,19 @@ impl GpuDevice {
 }
 
 /// The `int` arguments rows and cols of the LayerNorm kernels.
-fn rows_cols(rows: usize, cols: usize) -> [Arg; 2] {
-    [I32(int("rows", rows)), I32(int("cols", cols))]
+fn rows_cols(rows: usize, cols: usize) -> [i32; 2] {
+    [int("rows", rows), int("cols", cols)]
 }
 
 /// The `int` arguments batch, seq, heads and kv_heads of the attention kernels.
-fn attention_ints(shape: AttentionShape) -> [Arg; 4] {
+fn attention_ints(shape: AttentionShape) -> [i32; 4] {
     let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
-    [I32(int("batch", batch)), I32(int("seq", seq)), I32(int("heads", heads)), I32(int("kv heads", kv_heads))]
+    [int("batch", batch), int("seq", seq), int("heads", heads), int("kv heads", kv_heads)]
 }
 
 /// The `int` arguments of the position-embedding kernels.
-fn position_args(batch: usize, t0: usize, positions: usize, hidden: usize) -> [Arg; 4] {
-    [I32(int("batch", batch)), I32(int("t0", t0)), I32(int("positions", positions)), I32(int("hidden", hidden))]
+fn position_args(batch: usize, t0: usize, positions: usize, hidden: usize) -> [i32; 4] {
+    [int("batch", batch), int("t0", t0), int("positions", positions), int("hidden", hidden)]
 }
 
 /// What more than one op launches the same way.
@@ -888,16 +884,16 @@ impl GpuDevice {
         let o = self.view_mut(out, e, whole);
         let r = resid.map(|r| self.view(r, e));
         let b = bias.map(|b| self.view(b, Elem::F32));
-        let (m_, n_, k_) = (I32(int("rows", rows)), I32(int("n", n)), I32(int("k", k)));
-        let (o, b, r) = (Ptr(o.ptr()), Ptr(b.as_ref().map_or(0, |b| b.ptr())), Ptr(r.as_ref().map_or(0, |r| r.ptr())));
-        let args = match op {
+        let (m_, n_, k_) = (int("rows", rows), int("n", n), int("k", k));
+        let (o, b, r) = (o.ptr(), b.as_ref().map_or(0, |b| b.ptr()), r.as_ref().map_or(0, |r| r.ptr()));
+        // The output type's kernel: one signature for both (`Launch::retarget`).
+        match op {
             Op::GemmFwdSm90 { .. } => {
                 let [ma, mw] = [self.operand_map(a.ptr(), rows, k, false), self.operand_map(w.ptr(), n, k, false)];
-                [ma, mw, o, b, r, m_, n_, k_, I32(0)]
+                self.run(op, args::gemm_fwd_bf16_sm90(ma, mw, o, b, r, m_, n_, k_, 0));
             }
-            _ => [o, Ptr(a.ptr()), Ptr(w.ptr()), b, r, m_, n_, k_, I32(0)],
-        };
-        self.run(op, &args);
+            _ => self.run(op, args::gemm_fwd_bf16(o, a.ptr(), w.ptr(), b, r, m_, n_, k_, 0)),
+        }
     }
 
     /// The word-embedding kernels' tokens, uploaded, and their `int` arguments (vocab_start,
@@ -910,7 +906,7 @@ impl GpuDevice {
         batch: usize,
         seq: usize,
         hidden: usize,
-    ) -> (Scratch<'_>, [Arg; 5]) {
+    ) -> (Scratch<'_>, [i32; 5]) {
         let t = self.upload_u32(&tokens[..batch * seq]);
         let sizes = [
             ("vocab_start", vocab_start),
@@ -919,7 +915,7 @@ impl GpuDevice {
             ("seq", seq),
             ("hidden", hidden),
         ];
-        (t, sizes.map(|(what, v)| I32(int(what, v))))
+        (t, sizes.map(|(what, v)| int(what, v)))
     }
 
     /// dweight += Σ_rows dout · x̂ and dbias += Σ_rows dout, one thread per column: the second half
@@ -932,10 +928,9 @@ impl GpuDevice {
         rows: usize,
         cols: usize,
     ) {
-        let [dout, inp, mean, rstd] = inputs.map(|b| Ptr(b.ptr()));
+        let [dout, inp, mean, rstd] = inputs.map(|b| b.ptr());
         let [r, c] = rows_cols(rows, cols);
         let (dw, db) = (self.view_mut(dweight, Elem::F32, false), self.view_mut(dbias, Elem::F32, false));
-        let args = [Ptr(dw.ptr()), Ptr(db.ptr()), dout, inp, mean, rstd, r, c];
-        self.columnwise(Kernel::LayernormBwdParamsF32, cols, &args);
+        self.columnwise(cols, args::layernorm_bwd_params_f32(dw.ptr(), db.ptr(), dout, inp, mean, rstd, r, c));
     }
 }

@@ -8,8 +8,8 @@
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};
+use super::kernels::args;
 use super::kernels::plan::{layernorm_bwd_partials, Op, LAYERNORM_BWD_COUNTERS};
-use super::runtime::Arg::{F32, I32, Ptr};
 use crate::device::{AttentionShape, Rotary};
 
 impl GpuDevice {
@@ -41,9 +41,9 @@ impl GpuDevice {
         let x = self.view(inp, self.half);
         let o = self.view_mut(out, self.half, out.len == rows * cols);
         let (s, w) = (self.view_mut(rstd, Elem::F32, false), self.view(weight, Elem::F32));
-        let [o, s, x, w] = [&*o, &*s, &*x, &*w].map(|b| Ptr(b.ptr()));
-        let [r, c] = [I32(int("rows", rows)), I32(int("cols", cols))];
-        self.run(Op::RmsnormFwd { rows, channels: cols }, &[o, s, x, w, r, c, F32(eps as f32)]);
+        let [o, s, x, w] = [&*o, &*s, &*x, &*w].map(|b| b.ptr());
+        let [r, c] = [int("rows", rows), int("cols", cols)];
+        self.run(Op::RmsnormFwd { rows, channels: cols }, args::rmsnorm_fwd_bf16(o, s, x, w, r, c, eps as f32));
     }
 
     /// `Device::rmsnorm_backward`: one launch (`rmsnorm_bwd_bf16`), dweight through the block
@@ -73,10 +73,10 @@ impl GpuDevice {
         let dw = self.view_mut(dweight, Elem::F32, false);
         let partials = self.scratch(4 * layernorm_bwd_partials(rows, cols));
         let counter = self.zeroed_once(&self.counter, LAYERNORM_BWD_COUNTERS);
-        let [dx, dw, dy, x, w, s] = [&*dx, &*dw, &*dy, &*x, &*w, &*s].map(|b| Ptr(b.ptr()));
-        let (p, k) = (Ptr(partials.pointer), Ptr(counter.pointer()));
-        let [r, c] = [I32(int("rows", rows)), I32(int("cols", cols))];
-        self.run(Op::RmsnormBwd { rows, channels: cols }, &[dx, dw, p, k, dy, x, w, s, r, c]);
+        let [dx, dw, dy, x, w, s] = [&*dx, &*dw, &*dy, &*x, &*w, &*s].map(|b| b.ptr());
+        let (p, k) = (partials.pointer, counter.pointer());
+        let [r, c] = [int("rows", rows), int("cols", cols)];
+        self.run(Op::RmsnormBwd { rows, channels: cols }, args::rmsnorm_bwd_bf16(dx, dw, p, k, dy, x, w, s, r, c));
     }
 
     /// `Device::swiglu_forward`: out [rows, f] from rows of 2f (`swiglu_fwd_bf16`).
@@ -88,8 +88,7 @@ impl GpuDevice {
         }
         let x = self.view(inp, self.half);
         let o = self.view_mut(out, self.half, out.len == rows * f);
-        let args = [Ptr(o.ptr()), Ptr(x.ptr()), I32(int("rows", rows)), I32(int("f", f))];
-        self.run(Op::SwigluFwd { rows, f }, &args);
+        self.run(Op::SwigluFwd { rows, f }, args::swiglu_fwd_bf16(o.ptr(), x.ptr(), int("rows", rows), int("f", f)));
     }
 
     /// `Device::swiglu_backward`: dinp [rows, 2f] overwritten (`swiglu_bwd_bf16`).
@@ -101,8 +100,8 @@ impl GpuDevice {
         }
         let (x, dy) = (self.view(inp, self.half), self.view(dout, self.half));
         let dx = self.view_mut(dinp, self.half, dinp.len == rows * 2 * f);
-        let args = [Ptr(dx.ptr()), Ptr(x.ptr()), Ptr(dy.ptr()), I32(int("rows", rows)), I32(int("f", f))];
-        self.run(Op::SwigluBwd { rows, f }, &args);
+        let l = args::swiglu_bwd_bf16(dx.ptr(), x.ptr(), dy.ptr(), int("rows", rows), int("f", f));
+        self.run(Op::SwigluBwd { rows, f }, l);
     }
 
     /// `Device::rope_forward` (`inverse`: `rope_backward`) in place on the 16-bit QKV (or its
@@ -110,7 +109,11 @@ impl GpuDevice {
     pub(super) fn rope(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary, inverse: bool) {
         let (rows, width, rd) = (shape.rows(), shape.qkv_width(), rotary.rotary_dim);
         assert!(rd % 2 == 0 && rd <= shape.head_dim && qkv.len >= rows * width, "rotary {rd} of {shape:?}");
-        assert!(table.len >= (rotary.t0 + shape.seq) * rd, "the rotary table ends before position {}", rotary.t0 + shape.seq);
+        assert!(
+            table.len >= (rotary.t0 + shape.seq) * rd,
+            "the rotary table ends before position {}",
+            rotary.t0 + shape.seq
+        );
         self.llama_kernels("rotary position embedding", qkv.elem);
         let rotated_heads = shape.heads + shape.kv_heads;
         int("rotated pairs", rows * rotated_heads * (rd / 2));
@@ -120,8 +123,11 @@ impl GpuDevice {
         let t = self.view(table, Elem::F32);
         let x = self.view_mut(qkv, self.half, false);
         let ints = [rows, shape.batch, shape.heads, shape.kv_heads, shape.head_dim, rd, rotary.t0];
-        let mut args = vec![Ptr(x.ptr()), Ptr(t.ptr())];
-        args.extend(ints.map(|v| I32(int("rotary size", v))));
-        self.run(Op::Rope { rows, width, rotated_heads, rotary_dim: rd, inverse }, &args);
+        let [r, b, h, kv, d, rd_, t0] = ints.map(|v| int("rotary size", v));
+        let op = Op::Rope { rows, width, rotated_heads, rotary_dim: rd, inverse };
+        match inverse {
+            false => self.run(op, args::rope_fwd_bf16(x.ptr(), t.ptr(), r, b, h, kv, d, rd_, t0)),
+            true => self.run(op, args::rope_bwd_bf16(x.ptr(), t.ptr(), r, b, h, kv, d, rd_, t0)),
+        }
     }
 }

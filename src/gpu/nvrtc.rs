@@ -133,8 +133,9 @@ impl Nvrtc {
     }
 
     /// As `compile`, with `headers` as (include name, text) pairs that `#include "name"` in the
-    /// source resolves to (NVRTC has no include path of its own; a header's own relative includes
-    /// resolve against its directory, so `common/gelu.cuh`'s `"base.cuh"` finds `common/base.cuh`).
+    /// source resolves to (NVRTC has no include path of its own and matches a name exactly, not
+    /// against the including file's directory: every kernel file and header includes by the full
+    /// name, `"common/base.cuh"`).
     pub fn compile_with_headers(
         &self,
         name: &str,

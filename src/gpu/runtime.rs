@@ -100,9 +100,9 @@ pub trait GpuRuntime: VendorRuntime {
     }
 
     /// The tensor map of a bf16 [rows, cols] operand of the sm_90a GEMMs at `pointer`
-    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows), as a kernel argument.
-    fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Result<Arg> {
-        Ok(Arg::Map(self.tensor_map(&gemm_operand(pointer, rows, cols, mn_major)?)?))
+    /// (`tma::gemm_operand`; `mn_major`: the reduction runs down its rows).
+    fn operand_map(&self, pointer: u64, rows: usize, cols: usize, mn_major: bool) -> Result<TensorMap> {
+        self.tensor_map(&gemm_operand(pointer, rows, cols, mn_major)?)
     }
 }
 

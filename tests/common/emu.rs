@@ -26,6 +26,13 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The include paths the emulations compile kernels with: kernels/ and both vendors' folders
+/// (files include each other as `common/<name>`; no two folders hold the same name: the CUDA
+/// headers end in `.cuh`, kernels/common/'s and kernels-hip/common/'s in `.h` with distinct names).
+pub fn kernel_include_paths() -> Vec<String> {
+    ["kernels", "kernels-cuda", "kernels-hip"].iter().map(|d| format!("-I{}", root().join(d).display())).collect()
+}
+
 /// Compiles the harness `source` (relative to the checkout) with the emulation and `defines`,
 /// into `CARGO_TARGET_TMPDIR/<kind>/harness-<defines>-<pid>`.
 fn compile_harness(source: &str, kind: &str, defines: &[&str]) -> PathBuf {
@@ -36,6 +43,7 @@ fn compile_harness(source: &str, kind: &str, defines: &[&str]) -> PathBuf {
     let src = root().join(source);
     let out = Command::new(&cxx)
         .args(["-std=c++20", "-O1", "-Wall", "-Wextra", "-Werror", "-DTRIDENT_EMU", "-pthread"])
+        .args(kernel_include_paths())
         .args(defines)
         .arg(&src)
         .arg("-o")

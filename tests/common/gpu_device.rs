@@ -51,7 +51,7 @@ pub fn ops_checked() -> usize {
 
 /// Builds an emulating GPU runtime (`tests/gpu/<source>`, every kernel under the SIMT emulation)
 /// with g++, or finds it built: one build per content of what it compiles (`tests/gpu/`,
-/// `kernels-cuda/`, `kernels-hip/`), the compiler and `defines` (`-DTRIDENT_FP16`: the fp16
+/// `kernels/`, `kernels-cuda/`, `kernels-hip/`), the compiler and `defines` (`-DTRIDENT_FP16`: the fp16
 /// module's kernels), kept in `CARGO_TARGET_TMPDIR/emulators/` for every test binary (a build
 /// takes about 14 s; `cuda_device`, `gpu_bench` and `first_light` use the same driver). Written
 /// under a private name first, then renamed into place.
@@ -60,7 +60,7 @@ fn build_emulator(source: &str, lib: &str, what: &str, defines: &[&str]) -> Path
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let flags = ["-std=c++20", "-O2", "-shared", "-fPIC", "-DTRIDENT_EMU", "-pthread", "-Wall", "-Wextra", "-Werror"];
     let mut key = format!("{cxx} {} {} {source}\n", flags.join(" "), defines.join(" ")).into_bytes();
-    for dir in ["tests/gpu", "kernels-cuda", "kernels-hip"] {
+    for dir in ["tests/gpu", "kernels", "kernels-cuda", "kernels-hip"] {
         for file in sources_under(&root.join(dir)) {
             key.extend_from_slice(file.strip_prefix(root).unwrap().to_string_lossy().as_bytes());
             key.extend_from_slice(&std::fs::read(&file).unwrap());
@@ -76,6 +76,7 @@ fn build_emulator(source: &str, lib: &str, what: &str, defines: &[&str]) -> Path
     let building = dir.join(format!("{stem}.{}", std::process::id()));
     let out = Command::new(&cxx)
         .args(flags)
+        .args(super::emu::kernel_include_paths())
         .args(defines)
         .arg(root.join("tests/gpu").join(source))
         .arg("-o")
@@ -488,7 +489,11 @@ pub fn tiny_preset_fp16_over_nccl_matches_mpi(
     let tp2: &[&str] = &["--tensor-model-parallel-size", "2"];
     let layouts: [(&str, Vec<&str>, &[&str]); 3] = [
         ("TP 2", tp2.to_vec(), &["all_reduce f16 sum", "all_reduce f32 sum", "all_reduce f64 max"]),
-        ("TP 2, sequence parallel", [tp2, &["--sequence-parallel"]].concat(), &["all_gather f16", "reduce_scatter f16 sum"]),
+        (
+            "TP 2, sequence parallel",
+            [tp2, &["--sequence-parallel"]].concat(),
+            &["all_gather f16", "reduce_scatter f16 sum"],
+        ),
         ("PP 2", vec!["--pipeline-model-parallel-size", "2"], &["send_recv"]),
     ];
     for (name, flags, ops) in layouts {
@@ -512,7 +517,10 @@ pub fn tiny_preset_fp16_over_nccl_matches_mpi(
         assert_eq!(device_skips, one_skips, "{name}: the skipped steps differ from one rank's");
         for (i, (o, d)) in one.iter().zip(&on_device).enumerate() {
             let rel = (o.0 - d.0).abs() / o.0.abs();
-            eprintln!("{name} --fp16, iteration {}: one rank {o:?}, NCCL {d:?} (loss relative difference {rel:.2e})", i + 1);
+            eprintln!(
+                "{name} --fp16, iteration {}: one rank {o:?}, NCCL {d:?} (loss relative difference {rel:.2e})",
+                i + 1
+            );
             assert_eq!((o.1, o.2), (d.1, d.2), "{name}, iteration {}: the loss scale or skipped steps differ", i + 1);
             assert!(rel < 1e-3, "{name}, iteration {}: one rank's loss {}, {name}'s {}", i + 1, o.0, d.0);
         }
@@ -860,8 +868,10 @@ pub fn bench_step_counts_what_the_runtime_counts(emu: &Emulated, device: &str) {
     // `xent_*_f32`), and the backward GEMMs read that gradient without a cast: the step's casts
     // are the embedding's and position's alone (their f32 kernels on bf16 buffers).
     let step_kernels = json_numbers(&line, "per_step_launches_by_kernel");
-    let f32_head: Vec<&String> =
-        step_kernels.keys().filter(|k| k.contains("_f32out") || k.starts_with("xent_") && k.ends_with("_f32")).collect();
+    let f32_head: Vec<&String> = step_kernels
+        .keys()
+        .filter(|k| k.contains("_f32out") || k.starts_with("xent_") && k.ends_with("_f32"))
+        .collect();
     assert!(f32_head.is_empty(), "the head computes on f32 logits: {f32_head:?} in {line}");
     for kernel in ["xent_max_bf16", "xent_partials_bf16", "xent_bwd_bf16"] {
         assert_eq!(step_kernels.get(kernel), Some(&1.0), "{kernel} per step in {line}");

@@ -1,7 +1,7 @@
 // emu_libamdhip64.cpp: a HIP runtime (libamdhip64.so's entry points, as src/gpu/hip.rs's table
-// names them) that runs trident's kernels-hip/ kernels on the CPU, so the HIP Device trains end
+// names them) that runs trident's HIP kernels (kernels/, kernels-hip/) on the CPU, so the HIP Device trains end
 // to end on a machine without an AMD GPU. tests/hip_device.rs builds it with
-//   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread emu_libamdhip64.cpp -o libamdhip64-emu.so
+//   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread -I kernels -I kernels-cuda -I kernels-hip emu_libamdhip64.cpp -o libamdhip64-emu.so
 // and points TRIDENT_LIBAMDHIP64 at the result (hipRTC is the machine's real one); built with
 // -DTRIDENT_FP16 as well (libamdhip64-emu-fp16.so) it runs the fp16 module's kernels instead
 // (`--fp16`; see hipModuleLoadData).
@@ -13,7 +13,7 @@
 // "Streams": RCCL on HIP streams), and hipFree / hipDeviceSynchronize wait for its operations.
 // hipModuleLoadData accepts only an AMDGPU code object (a 64-bit ELF
 // for EM_AMDGPU, what hipRTC writes) and keeps its bytes; hipModuleGetFunction resolves a name in
-// the table of every extern "C" kernel of kernels-hip/ (emu_runtime.h's, which the CUDA kernels
+// the table of every extern "C" kernel of the HIP suite (emu_runtime.h's, which the CUDA kernels
 // share), and answers hipErrorNotFound when
 // the code object does not contain that name (with its NUL, as the string table holds it) or the
 // table lacks it. hipModuleLaunchKernel unpacks kernelParams with the kernel's own C++ signature
@@ -34,18 +34,20 @@
 #include <string>
 #include <utility>
 
-#include "../../kernels-hip/adamw.hip"
+// The portable kernels of kernels/ pick the HIP base (kernels/common/portable.h).
+#define TRIDENT_EMU_HIP 1
+#include "../../kernels/adamw.cu"
 #include "../../kernels-hip/attention_bwd.hip"
 #include "../../kernels-hip/attention_fwd.hip"
-#include "../../kernels-hip/casts.hip"
-#include "../../kernels-hip/embedding.hip"
-#include "../../kernels-hip/gelu.hip"
+#include "../../kernels/casts.cu"
+#include "../../kernels/embedding.cu"
+#include "../../kernels/gelu.cu"
 #include "../../kernels-hip/gemm_bf16.hip"
 #include "../../kernels-hip/gemm_bf16_bwd.hip"
-#include "../../kernels-hip/layernorm.hip"
-#include "../../kernels-hip/rope.hip"
-#include "../../kernels-hip/softmax_xent.hip"
-#include "../../kernels-hip/tensor_ops.hip"
+#include "../../kernels/layernorm.cu"
+#include "../../kernels/rope.cu"
+#include "../../kernels/softmax_xent.cu"
+#include "../../kernels/tensor_ops.cu"
 #include "smoke_axpy.inc"
 #include "emu_runtime.h"
 

@@ -1,7 +1,7 @@
 // emu_libcuda.cpp: a CUDA driver (libcuda.so.1's entry points, as src/gpu/driver.rs's table names
 // them) that runs trident's kernels on the CPU, so the CUDA Device trains end to end on a machine
 // without a GPU. tests/cuda_device.rs builds it with
-//   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread emu_libcuda.cpp -o libcuda-emu.so
+//   g++ -std=c++20 -O2 -shared -fPIC -DTRIDENT_EMU -pthread -I kernels -I kernels-cuda -I kernels-hip emu_libcuda.cpp -o libcuda-emu.so
 // and points TRIDENT_LIBCUDA at the result; built with -DTRIDENT_FP16 as well (libcuda-emu-fp16.so)
 // it runs the fp16 module's kernels instead (`--fp16`; see cuModuleLoadData).
 //
@@ -42,19 +42,19 @@
 #include <string>
 #include <utility>
 
-#include "../../kernels-cuda/adamw.cu"
+#include "../../kernels/adamw.cu"
 #include "../../kernels-cuda/attention_bwd.cu"
 #include "../../kernels-cuda/attention_fwd.cu"
-#include "../../kernels-cuda/casts.cu"
-#include "../../kernels-cuda/embedding.cu"
-#include "../../kernels-cuda/gelu.cu"
+#include "../../kernels/casts.cu"
+#include "../../kernels/embedding.cu"
+#include "../../kernels/gelu.cu"
 #include "../../kernels-cuda/gemm_bf16.cu"
 #include "../../kernels-cuda/gemm_bf16_bwd.cu"
 #include "../../kernels-cuda/gemm_bf16_sm90.cu"
-#include "../../kernels-cuda/layernorm.cu"
-#include "../../kernels-cuda/rope.cu"
-#include "../../kernels-cuda/softmax_xent.cu"
-#include "../../kernels-cuda/tensor_ops.cu"
+#include "../../kernels/layernorm.cu"
+#include "../../kernels/rope.cu"
+#include "../../kernels/softmax_xent.cu"
+#include "../../kernels/tensor_ops.cu"
 
 #include "smoke_axpy.inc"
 #include "emu_runtime.h"

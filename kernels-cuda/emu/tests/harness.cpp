@@ -1,7 +1,7 @@
-// harness.cpp: runs one kernel of kernels-cuda/ under the SIMT emulation on inputs that
+// harness.cpp: runs one CUDA kernel (kernels/ and kernels-cuda/) under the SIMT emulation on inputs that
 // tests/cuda_emulation.rs wrote, and writes the outputs back for it to compare with trident's
 // reference device. Built by that test with
-//   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
+//   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread -I kernels -I kernels-cuda -I kernels-hip harness.cpp -o harness
 // Usage: harness <op> <dir> <integer and real arguments of the op>
 // The ops the HIP kernels share (and the files they read and write) are harness.h's, run here in
 // the CUDA geometry (kGeometry); this file adds the CUDA-only ones: the sm_90a wgmma + TMA GEMMs
@@ -11,19 +11,19 @@
 // another warp's read, and a launch short of the dynamic shared memory its kernel uses.
 #include <string>
 
-#include "../../adamw.cu"
+#include "../../../kernels/adamw.cu"
 #include "../../attention_bwd.cu"
 #include "../../attention_fwd.cu"
-#include "../../casts.cu"
-#include "../../embedding.cu"
-#include "../../gelu.cu"
+#include "../../../kernels/casts.cu"
+#include "../../../kernels/embedding.cu"
+#include "../../../kernels/gelu.cu"
 #include "../../gemm_bf16.cu"
 #include "../../gemm_bf16_bwd.cu"
 #include "../../gemm_bf16_sm90.cu"
-#include "../../layernorm.cu"
-#include "../../rope.cu"
-#include "../../softmax_xent.cu"
-#include "../../tensor_ops.cu"
+#include "../../../kernels/layernorm.cu"
+#include "../../../kernels/rope.cu"
+#include "../../../kernels/softmax_xent.cu"
+#include "../../../kernels/tensor_ops.cu"
 #include "harness.h"
 
 namespace {
@@ -233,7 +233,7 @@ __global__ void shuffle_probe(int* out) {
 // full-warp collective.
 __global__ void early_return_probe(float* out) {
   if (threadIdx.x == 3) return;
-  out[threadIdx.x] = warp_sum(1.0f);
+  out[threadIdx.x] = wave_sum(1.0f);
 }
 
 // A kernel with the race a cp.async ring must not have: each thread of two warps loads one

@@ -166,7 +166,7 @@ inline void gemm_backward_bf16_out(const Geometry& g) {
   write_bf16("dinp", dinp);
 }
 
-// The grid and scratch of column_sum_add_* on [rows, cols] (src/gpu/kernels/plan.rs
+// The grid and scratch of column_sum_add_* on [rows, cols] (src/gpu/kernels/plan/mod.rs
 // column_sum_grid, the same for both vendors): ⌈cols/64⌉ strips by ⌈rows/256⌉ chunks (at least
 // one) of 256 threads, the strip counters zeroed and the partials NaN, so that a partial read
 // before it is written shows.
@@ -205,7 +205,7 @@ inline void column_sum() {
   write("counters", "u32", s.counters);
 }
 
-// The word-embedding gradient's segments (src/gpu/kernels/plan.rs EmbeddingSegments, the
+// The word-embedding gradient's segments (src/gpu/kernels/plan/mod.rs EmbeddingSegments, the
 // Device's upload) from <dir>/segments.u32: `count` segments in `words` u32s.
 struct Segments {
   int count;
@@ -259,7 +259,7 @@ inline void layernorm_forward(const Geometry& g) {
   if (has_residual) write_bf16("resid_out", resid_out);
 }
 
-// layernorm_bwd_bf16 on `blocks` blocks (argument 2; the Device launches plan.rs's
+// layernorm_bwd_bf16 on `blocks` blocks (argument 2; the Device launches plan/mod.rs's
 // layernorm_bwd_blocks), twice from the same inputs with the same partials and counters: the
 // outputs of both runs and the counters after each (every one must be back at 0). The partials
 // and counters are sized as layernorm.cu's header says: [blocks + groups][2][C] f32 and

@@ -1,28 +1,30 @@
-// harness.cpp: runs one kernel of kernels-hip/ under the SIMT emulation with 64-lane wavefronts
+// harness.cpp: runs one HIP kernel (kernels/ and kernels-hip/) under the SIMT emulation with 64-lane wavefronts
 // on inputs that tests/hip_emulation.rs wrote, and writes the outputs back for it to compare with
 // trident's reference device. Built by that test with
-//   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread harness.cpp -o harness
+//   g++ -std=c++20 -O1 -DTRIDENT_EMU -pthread -I kernels -I kernels-cuda -I kernels-hip harness.cpp -o harness
 // (and once more with -DTRIDENT_PLANT_WAVE32_BUG, the planted wave32 reduction).
 // Usage: harness <op> <dir> <arguments of the op (integers, and reals for adamw / xent)>
 // The ops the CUDA kernels share (and the files they read and write) are
 // kernels-cuda/emu/tests/harness.h's, run here in workgroups of 4 wavefronts; this file adds the
-// HIP-only ones: tensor_ops.hip's f32 kernels and the probes of the wave64 collectives and MFMA.
+// HIP-only ones: tensor_ops.cu's f32 kernels on wave64 and the probes of the wave64 collectives and MFMA.
 #include <string>
 
 #include <algorithm>
 
-#include "../../adamw.hip"
+// The portable kernels of kernels/ pick the HIP base (kernels/common/portable.h).
+#define TRIDENT_EMU_HIP 1
+#include "../../../kernels/adamw.cu"
 #include "../../attention_bwd.hip"
 #include "../../attention_fwd.hip"
-#include "../../casts.hip"
-#include "../../embedding.hip"
-#include "../../gelu.hip"
+#include "../../../kernels/casts.cu"
+#include "../../../kernels/embedding.cu"
+#include "../../../kernels/gelu.cu"
 #include "../../gemm_bf16.hip"
 #include "../../gemm_bf16_bwd.hip"
-#include "../../layernorm.hip"
-#include "../../rope.hip"
-#include "../../softmax_xent.hip"
-#include "../../tensor_ops.hip"
+#include "../../../kernels/layernorm.cu"
+#include "../../../kernels/rope.cu"
+#include "../../../kernels/softmax_xent.cu"
+#include "../../../kernels/tensor_ops.cu"
 #include "../../../kernels-cuda/emu/tests/harness.h"
 
 namespace {
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
   const std::string op = parse(argc, argv);
   if (run_shared_op(op, kGeometry)) return 0;
   if (op == "tensor_rows") {
-    // tensor_ops.hip's row, column and element-wise kernels on one [rows, cols] f32 matrix x
+    // tensor_ops.cu's row, column and element-wise kernels on one [rows, cols] f32 matrix x
     // (also read as logits over a vocabulary shard of cols entries starting at vocab_start), in
     // the HIP Device's launch geometry: a wave per row in workgroups of 4 waves, a thread per
     // column in workgroups of 256, grid-stride element loops over at most 3 workgroups of 256.
@@ -127,7 +129,7 @@ int main(int argc, char** argv) {
     write_f64s({{"sums", &sums}, {"sqsums", &sqsums}, {"bsums", &bsums}, {"max", &max}, {"sum_exp", &sum_exp},
                 {"target_logit", &target_logit}, {"partials", &partials}});
   } else if (op == "tensor_elems") {
-    // The element-wise kernels of tensor_ops.hip on n elements, over `blocks` workgroups of 256.
+    // The element-wise kernels of tensor_ops.cu on n elements, over `blocks` workgroups of 256.
     const int n = arg(0), blocks = arg(1);
     auto a = read_f32("a", n), b = read_f32("b", n);
     std::vector<float> sum(n, -1.0f), acc = a, rounded = a, g(n, -1.0f), dg(n, -1.0f);

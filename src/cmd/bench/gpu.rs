@@ -29,10 +29,10 @@ use crate::gpu::kernels::plan::{
     column_sum_partials, kernel_of, layernorm_bwd_partials, linear_gemms, plan, wgmma, EmbeddingSegments, GemmOut,
     KernelLaunch, Op, COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS,
 };
-use crate::gpu::kernels::{Kernel, Storage, Vendor};
+use crate::gpu::kernels::{args, Kernel, Launch, Storage, Vendor};
 use crate::gpu::open::{Functions, OpenGpu};
 use crate::gpu::peaks::{self, Peak};
-use crate::gpu::runtime::Arg::{self, Ptr, F32, I32};
+use crate::gpu::runtime::Arg;
 
 /// One measurement.
 #[derive(Clone, Debug, PartialEq)]
@@ -327,9 +327,7 @@ pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str
         records.extend(match bench {
             GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::GemmBwd => gemm_bwd(&b, &planned, s[0], s[1], s[2])?,
-            GpuBench::Attention => {
-                attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?
-            }
+            GpuBench::Attention => attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?,
             GpuBench::Layernorm => layernorm(&b, &planned, s[0], s[1])?,
             GpuBench::Gelu => gelu(&b, &planned, s[0])?,
             GpuBench::Xent => xent(&b, &planned, s[0], s[1])?,
@@ -448,8 +446,14 @@ impl Bench {
         plan(&op, self.gpu.vendor, &self.gpu.limits, self.gpu.multiprocessors as u32)
     }
 
-    /// Launches `planned` once with `args`.
-    fn launch(&self, planned: &KernelLaunch, args: &[Arg]) -> Result<()> {
+    /// Launches `planned` once with the arguments `l` (typed: `kernels::args`) after checking
+    /// that they fit its kernel (`Launch::retarget`).
+    fn launch<const N: usize>(&self, planned: &KernelLaunch, l: &Launch<N>) -> Result<()> {
+        self.launch_args(planned, &l.retarget(planned.spec.kernel)?.args)
+    }
+
+    /// Launches `planned` once with arguments `launch` already checked.
+    fn launch_args(&self, planned: &KernelLaunch, args: &[Arg]) -> Result<()> {
         let (function, _) = self.functions.get(planned.spec.kernel).ok_or_else(|| {
             Error::Config(format!("{}: kernel {} is not one the bench loaded", self.command, planned.spec.function))
         })?;
@@ -460,17 +464,18 @@ impl Bench {
     /// long enough to fill `min_seconds` (at least 3 launches).
     fn time(&self, planned: &KernelLaunch, args: &[Arg]) -> Result<f64> {
         for _ in 0..3 {
-            self.launch(planned, args)?;
+            self.launch_args(planned, args)?;
         }
         let rt = &self.gpu.rt;
-        let once_ms = rt.time_ms(&mut || self.launch(planned, args))?.max(1e-3);
+        let once_ms = rt.time_ms(&mut || self.launch_args(planned, args))?.max(1e-3);
         let iterations = ((self.min_seconds * 1e3 / once_ms).ceil() as usize).clamp(3, 100_000);
-        let ms = rt.time_ms(&mut || (0..iterations).try_for_each(|_| self.launch(planned, args)))?;
+        let ms = rt.time_ms(&mut || (0..iterations).try_for_each(|_| self.launch_args(planned, args)))?;
         Ok(ms / iterations as f64)
     }
 
     /// Times the launches of one shape and makes a record of each: the shape's `passes` (what each
-    /// adds to the record's shape), their arguments, what each does per launch and how its
+    /// adds to the record's shape), their arguments (launched once through `launch`, so checked
+    /// against the kernel), what each does per launch and how its
     /// outputs compared with the reference (None: not checked), after failing the bench on an
     /// output out of its bound.
     fn records(
@@ -518,10 +523,8 @@ impl Bench {
 }
 
 /// An `int` kernel argument, or the error naming it.
-fn int(what: &str, v: usize) -> Result<Arg> {
-    i32::try_from(v)
-        .map(I32)
-        .map_err(|_| Error::Config(format!("{what} = {v} does not fit the kernels' int arguments")))
+fn int(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Config(format!("{what} = {v} does not fit the kernels' int arguments")))
 }
 
 /// Deterministic bf16 values in [-1, 1).
@@ -551,14 +554,14 @@ fn gemm(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -> Re
     let (d_a, d_w, d_out) = (b.upload(&a)?, b.upload(&w)?, b.zeroed(2 * m * n)?);
     let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
     let map = |d: &DeviceMem, rows| b.gpu.rt.operand_map(d.pointer(), rows, k, false);
-    let args = match planned[0].spec.kernel == Kernel::GemmFwdBf16Sm90 {
-        true => [map(&d_a, m)?, map(&d_w, n)?, Ptr(d_out.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
-        false => [Ptr(d_out.pointer()), Ptr(d_a.pointer()), Ptr(d_w.pointer()), Ptr(0), Ptr(0), pm, pn, pk, I32(0)],
+    let l = match planned[0].spec.kernel == Kernel::GemmFwdBf16Sm90 {
+        true => args::gemm_fwd_bf16_sm90(map(&d_a, m)?, map(&d_w, n)?, d_out.pointer(), 0, 0, pm, pn, pk, 0),
+        false => args::gemm_fwd_bf16(d_out.pointer(), d_a.pointer(), d_w.pointer(), 0, 0, pm, pn, pk, 0),
     };
-    b.launch(&planned[0], &args)?;
+    b.launch(&planned[0], &l)?;
     let checked = [Some(spot_check(&a, &w, &b.bf16s(&d_out, m * n)?, m, n, k))];
     let work = [Work::Flops(gemm_flops(m, n, k))];
-    b.records(&format!("{m}x{n}x{k} NT"), &[""], planned, &[&args], work, &checked)
+    b.records(&format!("{m}x{n}x{k} NT"), &[""], planned, &[&l.args], work, &checked)
 }
 
 /// `bench gemm-bwd`: dinp = dout · W (bf16 out) by `gemm_bwd_input_bf16_bf16out`, on cc 9.0 by its
@@ -570,20 +573,20 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
     let (d_dout, d_w, d_dinp) = (b.upload(&dout)?, b.upload(&w)?, b.zeroed(2 * m * k)?);
     let (pm, pn, pk) = (int("M", m)?, int("N", n)?, int("K", k)?);
     let rt = &b.gpu.rt;
-    let args = match planned[0].spec.kernel == Kernel::GemmBwdInputBf16Bf16outSm90 {
+    let dinp_l = match planned[0].spec.kernel == Kernel::GemmBwdInputBf16Bf16outSm90 {
         true => {
             let (md, mw) = (rt.operand_map(d_dout.pointer(), m, n, false)?, rt.operand_map(d_w.pointer(), n, k, true)?);
-            [md, mw, Ptr(d_dinp.pointer()), pm, pn, pk]
+            args::gemm_bwd_input_bf16_bf16out_sm90(md, mw, d_dinp.pointer(), pm, pn, pk)
         }
-        false => [Ptr(d_dinp.pointer()), Ptr(d_dout.pointer()), Ptr(d_w.pointer()), pm, pn, pk],
+        false => args::gemm_bwd_input_bf16_bf16out(d_dinp.pointer(), d_dout.pointer(), d_w.pointer(), pm, pn, pk),
     };
     // The scratch the Device keeps: the partial column sums, and the strip counters zeroed once.
     let (d_dbias, d_partials) = (b.zeroed(4 * n)?, b.zeroed(4 * column_sum_partials(m, n))?);
     let d_counters = b.zeroed(4 * COLUMN_SUM_COUNTERS)?;
-    let (partials, counters) = (Ptr(d_partials.pointer()), Ptr(d_counters.pointer()));
-    let bias_args = [Ptr(d_dbias.pointer()), partials, counters, Ptr(d_dout.pointer()), pm, pn];
-    b.launch(&planned[0], &args)?;
-    b.launch(&planned[1], &bias_args)?;
+    let (partials, counters) = (d_partials.pointer(), d_counters.pointer());
+    let bias_l = args::column_sum_add_bf16(d_dbias.pointer(), partials, counters, d_dout.pointer(), pm, pn);
+    b.launch(&planned[0], &dinp_l)?;
+    b.launch(&planned[1], &bias_l)?;
     // dinp[i][j] = Σ_p dout[i][p] · W[p][j]: the forward's check with A = dout and Wᵀ's rows.
     let wt: Vec<Bf16> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
     let dinp = spot_check(&dout, &wt, &b.bf16s(&d_dinp, m * k)?, m, k, n);
@@ -594,7 +597,7 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
     // dbias: dout once, the partials written and read once, dbias read and written.
     let partials = column_sum_partials(m, n) as f64;
     let work = [Work::Flops(gemm_flops(m, n, k)), Work::Bytes(2.0 * (m * n) as f64 + 8.0 * partials + 8.0 * n as f64)];
-    let args = [&args[..], &bias_args[..]];
+    let args = [&dinp_l.args[..], &bias_l.args[..]];
     b.records(&format!("{m}x{n}x{k}"), &[" dinp", " dbias"], planned, &args, work, &[Some(dinp), dbias.transpose()?])
 }
 
@@ -612,23 +615,19 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(6 * rows * width)?);
     // Multi-head: kv_heads = heads.
     let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
-    let fwd = [Ptr(d_out.pointer()), Ptr(d_lse.pointer()), Ptr(d_qkv.pointer()), pb, ps, ph, ph];
-    let delta =
-        [Ptr(d_delta.pointer()), Ptr(d_dout.pointer()), Ptr(d_out.pointer()), pb, ps, ph, ph, int("head dim", head_dim)?];
-    let grads = [
-        Ptr(d_dqkv.pointer()),
-        Ptr(d_qkv.pointer()),
-        Ptr(d_dout.pointer()),
-        Ptr(d_lse.pointer()),
-        Ptr(d_delta.pointer()),
-        pb,
-        ps,
-        ph,
-        ph,
-    ];
-    for (launch, args) in planned.iter().zip([&fwd[..], &delta, &grads, &grads]) {
-        b.launch(launch, args)?;
-    }
+    // The head dim's kernels: one signature for the three (`Launch::retarget`).
+    let fwd = args::attention_fwd_bf16_d64(d_out.pointer(), d_lse.pointer(), d_qkv.pointer(), pb, ps, ph, ph);
+    let (dout_at, out_at, pd) = (d_dout.pointer(), d_out.pointer(), int("head dim", head_dim)?);
+    let delta = args::attention_bwd_delta_bf16(d_delta.pointer(), dout_at, out_at, pb, ps, ph, ph, pd);
+    let [dqkv, qkv_at, lse, delta_at] = [&d_dqkv, &d_qkv, &d_lse, &d_delta].map(|d| d.pointer());
+    let dkv = args::attention_bwd_dkv_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, ph);
+    let dq = args::attention_bwd_dq_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, ph);
+    b.launch(&planned[0], &fwd)?;
+    b.launch(&planned[1], &delta)?;
+    b.launch(&planned[2], &dkv)?;
+    b.launch(&planned[3], &dq)?;
+    let (fwd, delta, grads) = (fwd.retarget(planned[0].spec.kernel)?, delta, dkv.retarget(planned[2].spec.kernel)?);
+    let dq = dq.retarget(planned[3].spec.kernel)?;
     let (mut fwd_check, mut delta_check, mut bwd_check) = (None, None, None);
     if rows * seq * width <= CHECK_ELEMENTS {
         let dev = ReferenceDevice;
@@ -659,7 +658,8 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     let name = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
     let passes = ["", " bwd delta", " bwd dkv", " bwd dq"];
     let checks = [fwd_check, delta_check, bwd_check, bwd_check];
-    let mut records = b.records(&name, &passes, planned, &[&fwd, &delta, &grads, &grads], work, &checks)?;
+    let mut records =
+        b.records(&name, &passes, planned, &[&fwd.args, &delta.args, &grads.args, &dq.args], work, &checks)?;
     let ms: f64 = records.iter().map(|r| r.ms).sum();
     let mut both = records[0].clone();
     both.shape = format!("{name} fwd+bwd");
@@ -687,15 +687,15 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     // The scratch the Device keeps per shape: the partial sums, and the counters zeroed once.
     let d_partials = b.zeroed(4 * layernorm_bwd_partials(rows, c))?;
     let d_counter = b.zeroed(4 * LAYERNORM_BWD_COUNTERS)?;
-    let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, Ptr(d_inp.pointer()), Ptr(d_dout.pointer()));
-    let (mean, rstd, w) = (Ptr(d_mean.pointer()), Ptr(d_rstd.pointer()), Ptr(d_w.pointer()));
-    let fwd_args = [Ptr(d_out.pointer()), mean, rstd, Ptr(0), x, Ptr(0), w, Ptr(d_b.pointer()), r, cc];
-    let (dinp, dw, db) = (Ptr(d_dinp.pointer()), Ptr(d_dw.pointer()), Ptr(d_db.pointer()));
-    let bwd_args = [dinp, dw, db, Ptr(d_partials.pointer()), Ptr(d_counter.pointer()), dy, x, w, mean, rstd, r, cc];
-    let args = [&fwd_args[..], &bwd_args[..]];
-    for (launch, args) in planned.iter().zip(args) {
-        b.launch(launch, args)?;
-    }
+    let (r, cc, x, dy) = (int("rows", rows)?, int("C", c)?, d_inp.pointer(), d_dout.pointer());
+    let (mean, rstd, w) = (d_mean.pointer(), d_rstd.pointer(), d_w.pointer());
+    let fwd = args::layernorm_fwd_bf16(d_out.pointer(), mean, rstd, 0, x, 0, w, d_b.pointer(), r, cc);
+    let (dinp, dw, db) = (d_dinp.pointer(), d_dw.pointer(), d_db.pointer());
+    let bwd =
+        args::layernorm_bwd_bf16(dinp, dw, db, d_partials.pointer(), d_counter.pointer(), dy, x, w, mean, rstd, r, cc);
+    b.launch(&planned[0], &fwd)?;
+    b.launch(&planned[1], &bwd)?;
+    let args = [&fwd.args[..], &bwd.args[..]];
     let p = rows.min(CHECK_ELEMENTS / c.max(1));
     let (mean, rstd) = (b.f32s(&d_mean, p)?, b.f32s(&d_rstd, p)?);
     let dev = ReferenceDevice;
@@ -730,10 +730,10 @@ fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>>
     let dout = bf16_values(n, 8);
     let (d_inp, d_dout, d_out, d_dinp) = (b.upload(&inp)?, b.upload(&dout)?, b.zeroed(2 * n)?, b.zeroed(2 * n)?);
     let nn = int("n", n)?;
-    let fwd_args = [Ptr(d_out.pointer()), Ptr(d_inp.pointer()), nn];
-    let bwd_args = [Ptr(d_dinp.pointer()), Ptr(d_inp.pointer()), Ptr(d_dout.pointer()), nn];
-    b.launch(&planned[0], &fwd_args)?;
-    b.launch(&planned[1], &bwd_args)?;
+    let fwd_l = args::gelu_fwd_bf16(d_out.pointer(), d_inp.pointer(), nn);
+    let bwd_l = args::gelu_bwd_bf16(d_dinp.pointer(), d_inp.pointer(), d_dout.pointer(), nn);
+    b.launch(&planned[0], &fwd_l)?;
+    b.launch(&planned[1], &bwd_l)?;
     let p = n.min(CHECK_ELEMENTS);
     let (dev, x_r) = (ReferenceDevice, wide_bf16(&inp[..p]));
     let (mut out_r, mut dinp_r) = (vec![0f64; p], vec![0f64; p]);
@@ -742,7 +742,7 @@ fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>>
     let fwd = worst(&b.bf16s(&d_out, p)?, &out_r, Bound::Bf16);
     let bwd = worst(&b.bf16s(&d_dinp, p)?, &dinp_r, Bound::Bf16);
     let work = [4.0 * n as f64, 6.0 * n as f64].map(Work::Bytes);
-    b.records(&n.to_string(), &[" fwd", " bwd"], planned, &[&fwd_args, &bwd_args], work, &[Some(fwd), Some(bwd)])
+    b.records(&n.to_string(), &[" fwd", " bwd"], planned, &[&fwd_l.args, &bwd_l.args], work, &[Some(fwd), Some(bwd)])
 }
 
 /// `bench xent`: `softmax_xent.cu`'s row max, partial sums (f64 statistics) and gradient (in place,
@@ -754,15 +754,15 @@ fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Ve
     let targets: Vec<u32> = (0..rows).map(|r| ((r * 7919 + 13) % v.max(1)) as u32).collect();
     let (d_logits, d_targets, d_grad) = (b.upload(&logits)?, b.upload(&targets)?, b.upload(&logits)?);
     let (d_max, d_sum, d_target) = (b.zeroed(8 * rows)?, b.zeroed(8 * rows)?, b.zeroed(8 * rows)?);
-    let (r, vv, lg, tg) = (int("rows", rows)?, int("V", v)?, Ptr(d_logits.pointer()), Ptr(d_targets.pointer()));
-    let (mx, sm) = (Ptr(d_max.pointer()), Ptr(d_sum.pointer()));
-    let max_args = [mx, lg, r, vv];
-    let partials_args = [sm, Ptr(d_target.pointer()), lg, tg, I32(0), mx, r, vv];
-    let bwd_args = [Ptr(d_grad.pointer()), tg, I32(0), mx, sm, F32(1.0), r, vv];
-    let args = [&max_args[..], &partials_args[..], &bwd_args[..]];
-    for (launch, args) in planned.iter().zip(args) {
-        b.launch(launch, args)?;
-    }
+    let (r, vv, lg, tg) = (int("rows", rows)?, int("V", v)?, d_logits.pointer(), d_targets.pointer());
+    let (mx, sm) = (d_max.pointer(), d_sum.pointer());
+    let max_l = args::xent_max_bf16(mx, lg, r, vv);
+    let partials_l = args::xent_partials_bf16(sm, d_target.pointer(), lg, tg, 0, mx, r, vv);
+    let bwd_l = args::xent_bwd_bf16(d_grad.pointer(), tg, 0, mx, sm, 1.0, r, vv);
+    b.launch(&planned[0], &max_l)?;
+    b.launch(&planned[1], &partials_l)?;
+    b.launch(&planned[2], &bwd_l)?;
+    let args = [&max_l.args[..], &partials_l.args[..], &bwd_l.args[..]];
     let p = rows.min(CHECK_ELEMENTS / v.max(1));
     let (gpu_max, gpu_sum, gpu_target) = (b.f64s(&d_max, p)?, b.f64s(&d_sum, p)?, b.f64s(&d_target, p)?);
     let (dev, mut logits_r) = (ReferenceDevice, wide_bf16(&logits[..p * v]));
@@ -792,20 +792,21 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
     let wpe = f32_values(seq * hidden, 11, 1.0, 0.0);
     let (d_tokens, d_wte, d_wpe, d_dout) = (b.upload(&tokens)?, b.upload(&wte)?, b.upload(&wpe)?, b.upload(&dout)?);
     let d_index = b.upload(&segments.words)?;
-    let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| Ptr(d_index.pointer() + 4 * o as u64));
+    let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| d_index.pointer() + 4 * o as u64);
     let (d_out, d_dwte, d_dwpe) =
         (b.zeroed(2 * rows * hidden)?, b.zeroed(4 * VOCAB * hidden)?, b.zeroed(4 * seq * hidden)?);
     let (bb, ss, hh, vr) = (int("batch", batch)?, int("seq", seq)?, int("hidden", hidden)?, int("vocab", VOCAB)?);
-    let (tk, dy) = (Ptr(d_tokens.pointer()), Ptr(d_dout.pointer()));
-    let fwd_args = [Ptr(d_out.pointer()), tk, Ptr(d_wte.pointer()), Ptr(d_wpe.pointer()), I32(0), vr, bb, ss, hh];
-    let wte_args = [Ptr(d_dwte.pointer()), dy, rows_at, starts_at, positions_at, hh];
-    let wpe_args = [Ptr(d_dwpe.pointer()), dy, bb, ss, hh];
+    let (tk, dy) = (d_tokens.pointer(), d_dout.pointer());
+    let fwd = args::embedding_fwd_bf16(d_out.pointer(), tk, d_wte.pointer(), d_wpe.pointer(), 0, vr, bb, ss, hh);
+    let wte_l = args::embedding_bwd_wte_bf16(d_dwte.pointer(), dy, rows_at, starts_at, positions_at, hh);
+    let wpe_l = args::embedding_bwd_wpe_bf16(d_dwpe.pointer(), dy, bb, ss, hh);
     let d_pos = b.zeroed(2 * rows * hidden)?;
-    let pos_args = [Ptr(d_pos.pointer()), Ptr(d_wpe.pointer()), bb, I32(0), ss, hh];
-    let args = [&fwd_args[..], &wte_args[..], &wpe_args[..], &pos_args[..]];
-    for (launch, args) in planned.iter().zip(args) {
-        b.launch(launch, args)?;
-    }
+    let pos = args::position_fwd_bf16(d_pos.pointer(), d_wpe.pointer(), bb, 0, ss, hh);
+    b.launch(&planned[0], &fwd)?;
+    b.launch(&planned[1], &wte_l)?;
+    b.launch(&planned[2], &wpe_l)?;
+    b.launch(&planned[3], &pos)?;
+    let args = [&fwd.args[..], &wte_l.args[..], &wpe_l.args[..], &pos.args[..]];
     let checked = if (VOCAB + rows) * hidden <= CHECK_ELEMENTS {
         let (dev, dout_r) = (ReferenceDevice, wide_bf16(&dout));
         let (mut out_r, mut dwte_r, mut dwpe_r) =

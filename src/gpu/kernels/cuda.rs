@@ -1,7 +1,8 @@
-//! The CUDA kernels of `kernels-cuda/`, as the binary carries them, and their images.
+//! The CUDA kernels, as the binary carries them, and their images.
 //!
-//! **Sources.** build.rs embeds every `kernels-cuda/*.cu` and `kernels-cuda/common/*.cuh` (not the
-//! emulation in `emu/`). A kernel file is compiled at run time by NVRTC for the device's exact
+//! **Sources.** build.rs embeds the portable kernels both vendors compile (every `kernels/*.cu`
+//! and `kernels/common/*.h`) and the NVIDIA ones (every `kernels-cuda/*.cu` and
+//! `kernels-cuda/common/*.cuh`; not the emulation in `emu/`). A kernel file is compiled at run time by NVRTC for the device's exact
 //! architecture (`arch_for`: compute capability X.Y gives `sm_XY`, 9.0 gives `sm_90a` so the
 //! Hopper-only instructions are available; below 8.0 is an error, since the kernels use bf16
 //! `mma.sync` and `cp.async`), with every embedded header passed by include name
@@ -315,6 +316,7 @@ mod tests {
         }
         let hs: Vec<&str> = headers().iter().map(|(h, _)| *h).collect();
         assert!(hs.contains(&"common/base.cuh") && hs.iter().all(|h| h.starts_with("common/")), "{hs:?}");
+        assert!(hs.contains(&"common/portable.h") && hs.contains(&"common/reduce.h"), "{hs:?}");
         assert!(source("gemm_bf16.cu").unwrap().contains("gemm_fwd_bf16"));
         assert!(source("nope.cu").unwrap_err().to_string().contains("no embedded kernel file 'nope.cu'"));
     }

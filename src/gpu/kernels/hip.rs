@@ -1,8 +1,9 @@
-//! The HIP kernels of `kernels-hip/`, as the binary carries them, and their code objects: the
-//! AMD counterpart of `cuda.rs`'s sources and `KernelModules`.
+//! The HIP kernels, as the binary carries them, and their code objects: the AMD counterpart of
+//! `cuda.rs`'s sources and `KernelModules`.
 //!
-//! **Sources.** build.rs embeds every `kernels-hip/*.hip` and `kernels-hip/common/*.h` (not the
-//! emulation in `emu/`). A kernel file is compiled at run time by hipRTC for the device's gfx
+//! **Sources.** build.rs embeds the portable kernels both vendors compile (every `kernels/*.cu`
+//! and `kernels/common/*.h`) and the AMD ones (every `kernels-hip/*.hip` and
+//! `kernels-hip/common/*.h`; not the emulation in `emu/`). A kernel file is compiled at run time by hipRTC for the device's gfx
 //! architecture (`--offload-arch=gfx90a`), with every embedded header passed by include name
 //! (`common/base.h`, ...), through the on-disk cache of `cache.rs`, whose key covers the file's
 //! text, every header's text, the architecture, hipRTC's version and the options.
@@ -147,7 +148,7 @@ impl HipKernelModules {
                 }
             ))
         })?;
-        let name = file.trim_end_matches(".hip");
+        let name = file.trim_end_matches(".hip").trim_end_matches(".cu");
         let got = self.cache.get_or_compile_hip(hiprtc, name, text, headers(), arch, &hiprtc_options(storage))?;
         Ok(HipKernelImage {
             file,
@@ -210,10 +211,15 @@ mod tests {
     fn every_embedded_file_is_a_hip_kernel_file_with_its_headers() {
         assert!(files().iter().any(|(f, _)| *f == "gemm_bf16.hip"));
         for (file, text) in files() {
-            assert!(file.ends_with(".hip"), "{file}");
+            // A vendor file, or a portable one that the CUDA suite holds too, the same text.
+            let portable = super::super::cuda::source(file).ok();
+            assert!(file.ends_with(".hip") || portable == Some(*text), "{file}");
             assert!(!declared_functions(text).is_empty(), "{file} declares no extern \"C\" kernel");
         }
-        assert!(headers().iter().any(|(h, _)| *h == "common/base.h"));
+        assert!(files().iter().any(|(f, _)| *f == "layernorm.cu"), "the portable kernels are embedded");
+        for h in ["common/base.h", "common/portable.h", "common/reduce.h"] {
+            assert!(headers().iter().any(|(n, _)| *n == h), "{h}");
+        }
         assert!(source("nope.hip").unwrap_err().to_string().contains("gemm_bf16.hip"));
     }
 

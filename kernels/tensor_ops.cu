@@ -1,48 +1,87 @@
-// tensor_ops.hip: the f32-storage ops of the HIP Device (src/gpu/device.rs) besides the bf16
-// GEMMs and attention (the CDNA counterpart of kernels-cuda/tensor_ops.cu, same kernel names and
-// arguments). Every buffer of the Device is f32, so these read and write f32 and accumulate every
-// reduction in f64 (the embedding, LayerNorm parameter and bias gradients excepted, which add in
-// f32: the first two in the reference's row order, the bias in fixed chunks of rows).
+// tensor_ops.cu: the f32-storage ops of the GPU Device (src/gpu/device.rs) besides the bf16
+// GEMMs and attention, one source for CUDA and HIP (common/portable.h): every buffer of the
+// Device is f32, so these read and write f32. Row and
+// block reductions (LayerNorm statistics, split-LayerNorm sums, cross-entropy, sum of squares)
+// accumulate in f64; column sums (the embedding, position, bias and LayerNorm parameter
+// gradients) add in f32 with no float atomics, in an order fixed by the shape: the reference's
+// row order (embedding, position, LayerNorm parameters) or fixed chunks of rows (the bias).
 //
-//   element-wise (grid-stride, any 1-D grid of 1-D workgroups; launched as ⌈n/256⌉ workgroups of
-//   256 = 4 wave64s, capped):
-//     add_f32, add_assign_f32, add_bias_f32, round_bf16_f32 (round to nearest even, in place),
-//     gelu_fwd_f32, gelu_bwd_f32 (common/gelu.h), embedding_fwd_f32 (zero rows for tokens outside
-//     this vocabulary shard), position_fwd_f32, position_fwd_bf16 (bf16 rows), layernorm_apply_f32 (split LayerNorm with the
-//     whole rows' f64 statistics), layernorm_bwd_apply_dx_f32, xent_bwd_f32
-//   one workgroup of 256 per (touched vocabulary row, strip of 256 columns), the host's segments:
-//     embedding_bwd_f32 (grid (segments, ⌈hidden/256⌉); positions of a segment in (t, b) order)
-//   one thread per column, rows in order (deterministic, no atomics; ⌈cols/256⌉ workgroups of 256):
-//     position_bwd_f32 (grid (⌈hidden/256⌉, positions)), layernorm_bwd_params_f32
-//   fixed chunks of 256 rows, a last workgroup per strip of 64 columns (grid (⌈cols/64⌉,
-//   ⌈rows/256⌉) of 256 = 64 columns x 4 row groups, the CUDA grid and order; counters reset):
-//     column_sum_add_f32, column_sum_add_bf16 (x bf16)
-//   one wave per row, 4 rows per workgroup of 4 wave64s = 256 threads (grid ⌈rows/4⌉, the CUDA
-//   grid; the CUDA kernels run 4 warps in 128 threads), f64 lane partials and a butterfly over
-//   all kWaveSize lanes (wave_sum_f64 starts at common/reduce.h's first offset), so every lane
-//   holds the same row total:
-//     layernorm_fwd_f32, layernorm_bwd_dx_f32, layernorm_sums_f32, layernorm_bwd_sums_f32,
-//     xent_max_f32, xent_partials_f32 (f64 out)
-//   workgroups of 256, over a table of tensors:
-//     sum_squares_f32    partials[first_block[t] + c] = Σ x² over elements c·8192 .. +8192 of
-//                        tensor t, f64; the wave totals are added in wave order, the partials by
-//                        sum_into_f64 tensor by tensor in block order.
-//   one workgroup of 1024 (grid 1), strided thread sums and shared-memory trees of a fixed shape
-//   (no wave collectives: the CUDA order, so both vendors give the same bits):
-//     sum_into_f64       for each tensor t: acc[slot] += Σ parts[first_block[t] .. first_block[t+1]]
-//                        (groups of 32 threads per tensor, 32 tensors a round)
-//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r] (a tree of 1024)
+//   element-wise (grid-stride, any 1-D grid of 1-D blocks; launched as ⌈n/256⌉ blocks of 256, capped):
+//     add_f32            out[i] = a[i] + b[i]
+//     add_assign_f32     acc[i] += x[i]
+//     add_bias_f32       out[r·cols + c] += bias[c]
+//     round_bf16_f32     buf[i] = f32(bf16(buf[i])), round to nearest even, in place
+//     gelu_fwd_f32       out[i] = gelu(inp[i])                  (common/gelu.h)
+//     gelu_bwd_f32       dinp[i] = dout[i] · gelu'(inp[i])
+//     embedding_fwd_f32  out[t·batch + b] = wte[tokens[b·seq + t] - vocab_start], zero rows for
+//                        tokens outside this vocabulary shard of vocab_rows rows
+//     position_fwd_f32   out[p·batch + b] += wpe[t0 + p]       for p < positions
+//     position_fwd_bf16  the same on bf16 rows, rounded once
+//     layernorm_apply_f32  out = (x - mean_r)·rstd_r·w + b with the whole rows' f64 statistics
+//                        (split LayerNorm), saving them as f32 in mean_out / rstd_out
+//     layernorm_bwd_apply_dx_f32  dinp += rstd (dy·w - Σg/n - x̂ Σgx̂/n) from the whole rows' sums
+//     xent_bwd_f32       logits[r][v] = scale · (exp(l - max_r) / sum_exp_r - [v == target_r])
+//   one block per touched vocabulary row (grid (segments, ⌈hidden/256⌉) of 256):
+//     embedding_bwd_f32  dwte[token - vocab_start][c] += dout[t·batch + b][c], positions in (t, b)
+//                        order. The host groups the positions by row (plan::EmbeddingSegments):
+//                        segment s adds positions[segment_starts[s] .. segment_starts[s+1]]
+//                        (row indices t·batch + b, ascending) into row segment_rows[s]; rows
+//                        outside this vocabulary shard have no segment. Each element's additions
+//                        are the reference's, in its order: the same bits as one thread walking
+//                        every position, with every touched row in parallel.
+//   one thread per column, rows in order (deterministic, no atomics; grid ⌈cols/256⌉ of 256):
+//     position_bwd_f32   dwpe[t0 + p][c] += Σ_b dout[p·batch + b][c]   (grid (⌈hidden/256⌉, positions))
+//     layernorm_bwd_params_f32  dweight[c] += Σ_r dy·x̂, dbias[c] += Σ_r dy
+//   fixed chunks of rows, a last block per strip of columns (grid (⌈cols/64⌉, ⌈rows/256⌉) of 256):
+//     column_sum_add_f32 out[c] += Σ_r x[r][c]                 (the bias gradient)
+//     column_sum_add_bf16  the same over a bf16 x (bf16 storage's dout), summed in f32
+//                        Block (strip, chunk): columns 64·strip .. +64, rows 256·chunk .. +256;
+//                        threads 64g .. 64g + 63 (row group g < 4) sum rows g, g + 4, .. of the
+//                        chunk from 0 in order, and partials[chunk][c] = ((g0 + g1) + g2) + g3.
+//                        The strip's last block (counters[strip], an atomic count after
+//                        __threadfence) sums the partials the same way (group g the chunks g,
+//                        g + 4, ..; then the 4 in order), adds that into out[c] and resets
+//                        counters[strip] to 0. partials: f32 [⌈rows/256⌉][cols], uninitialised;
+//                        counters: u32 [⌈cols/64⌉], zero before the launch and after it. Every
+//                        addition's order is a function of (rows, cols) alone.
+//   one wave per row, 4 rows per block of 4 waves (128 threads on CUDA, 256 on HIP; grid
+//   ⌈rows/4⌉ on both), f64 lane partials and a butterfly over all kWaveSize lanes (starting at
+//   common/reduce.h's first offset), so every lane holds the same row total:
+//     layernorm_fwd_f32  out, mean, rstd of each row (eps 1e-5, Megatron's default)
+//     layernorm_bwd_dx_f32  dinp += rstd (g - mean(g) - x̂ mean(g x̂)), g = dy·w
+//     layernorm_sums_f32 out[r] = Σ_c x (mean null) or Σ_c (x - mean_r)²  (f64 out)
+//     layernorm_bwd_sums_f32  out[2r] = Σ_c g, out[2r+1] = Σ_c g·x̂     (f64 out)
+//     xent_max_f32       max[r] = max_v logits[r][v]           (f64 out)
+//     xent_partials_f32  sum_exp[r] = Σ_v exp(l - max_r), target_logit[r] (0 outside the shard)
+//   blocks of a fixed size, over a table of tensors (one launch for every gradient of a step):
+//     sum_squares_f32    partials[blk] = Σ x² over elements c·8192 .. +8192 of tensor t, f64, where
+//                        block blk = first_block[t] + c (tensors[t] its address, lens[t] its
+//                        elements, first_block[count] the blocks in all); added by sum_into_f64:
+//                        the same grouping on every device and launch.
+//   one block of 1024 threads (grid 1), sums in an order fixed by the sizes alone, kept on the
+//   device (the step's scalars: no host round trip). tree(v, n): within groups of n threads,
+//   v[i] += v[i + h] for h = n/2 .. 1 in shared memory (no shuffles, so both vendors add alike):
+//     sum_into_f64       for each tensor t in order: acc[slot] += Σ parts[first_block[t] ..
+//                        first_block[t+1]] (the gradient norm's accumulator): tensors in rounds
+//                        of 32, group g of 32 threads takes tensor 32·round + g, thread j its
+//                        parts j, j + 32, .. in order, then tree(·, 32); thread 0 adds the
+//                        round's totals to acc in tensor order
+//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r]: thread i the
+//                        rows i, i + 1024, .. in order, then tree(·, 1024)
+//                        (stats: each row's sum_exp, then its target logit; the summed loss)
 //
-// The semantics of each kernel are tensor_ops.cu's (see its header). Every count is an int (the
-// Device checks that sizes fit); tokens / targets are u32. LDS: sum_squares_f32 (kMaxWaves f64),
-// column_sum_add_* (4 x 64 f32 and a flag), sum_into_f64 and xent_loss_f64 (1024 f64). No
-// wave-size literal: lanes and waves come from kWaveSize (the 64-column strips, 4 row groups and
-// 32-thread tensor groups are data layouts, the same on both vendors).
+// Shapes: every count is an int (the Device checks that sizes fit). tokens / targets are u32.
+// Shared memory: sum_squares_f32 (256 / kWaveSize f64, its per-wave totals: 8 on CUDA, 4 on HIP),
+// column_sum_add_* (4 x 64 f32 and a flag), sum_into_f64 and xent_loss_f64 (1024 f64, the tree).
+// No wave-size literal: lanes and waves come from kWaveSize (the 64-column strips, 4 row groups
+// and 32-thread tensor groups are data layouts, the same on both vendors).
 //
-// Reference: src/device/kernels.rs through the reference device, kernel by kernel under the
-// wave64 emulation (tests/hip_emulation.rs) and op by op behind the emulating HIP runtime
-// (tests/gpu/emu_libamdhip64.cpp, tests/hip_device.rs).
-#include "common/base.h"
+// Reference: src/device/kernels.rs (`layernorm_*_rows`, `gelu_*_slice`, `embedding_*`,
+// `position_*`, `cross_entropy_*_row`, `add_bias_rows`) through the reference device, compared
+// op by op by tests/cuda_device.rs and tests/hip_device.rs under the SIMT emulation behind the
+// emulating runtimes (tests/gpu/emu_libcuda.cpp, tests/gpu/emu_libamdhip64.cpp), and kernel by
+// kernel under the wave64 emulation (tests/hip_emulation.rs).
+#include "common/portable.h"
 #include "common/gelu.h"
 #include "common/reduce.h"
 
@@ -52,12 +91,12 @@ constexpr double kLayernormEps = 1e-5;
 constexpr int kSumSquaresChunk = 8192;
 
 __device__ __forceinline__ double wave_sum_f64(double v) {
-  for (int offset = wave_first_offset(); offset > 0; offset >>= 1) v += __shfl_xor(v, offset, kWaveSize);
+  for (int offset = wave_first_offset(); offset > 0; offset >>= 1) v += shfl_xor(v, offset, kWaveSize);
   return v;
 }
 __device__ __forceinline__ double wave_max_f64(double v) {
   for (int offset = wave_first_offset(); offset > 0; offset >>= 1) {
-    const double o = __shfl_xor(v, offset, kWaveSize);
+    const double o = shfl_xor(v, offset, kWaveSize);
     v = o > v ? o : v;
   }
   return v;
@@ -67,7 +106,7 @@ __device__ __forceinline__ double wave_max_f64(double v) {
 __device__ __forceinline__ int first_index() { return blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int grid_stride() { return gridDim.x * blockDim.x; }
 
-// The row a wave owns in a one-wave-per-row launch, and its lane.
+// The row a warp owns in a one-warp-per-row launch, and its lane.
 __device__ __forceinline__ int wave_row() { return blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize; }
 __device__ __forceinline__ int lane() { return threadIdx.x % kWaveSize; }
 
@@ -327,21 +366,24 @@ extern "C" __global__ void layernorm_bwd_params_f32(float* dweight, float* dbias
 
 // ---- column sums: fixed chunks of rows, the last block of a strip adds them ------------------
 
+// registry: static_shared=1028
 extern "C" __global__ void __launch_bounds__(256)
     column_sum_add_f32(float* out, float* partials, unsigned int* counters, const float* x, int rows, int cols) {
   column_sum_add(out, partials, counters, x, rows, cols);
 }
 
 // The bias gradient from a bf16 dout (bf16 storage), summed in f32 in column_sum_add's order.
+// registry: static_shared=1028
 extern "C" __global__ void __launch_bounds__(256)
     column_sum_add_bf16(float* out, float* partials, unsigned int* counters, const bf16* x, int rows, int cols) {
   column_sum_add(out, partials, counters, x, rows, cols);
 }
 
-// ---- one wave per row ------------------------------------------------------------------------
+// ---- one warp per row ------------------------------------------------------------------------
 
-extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* inp,
-                                             const float* weight, const float* bias, int rows, int cols) {
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
+    layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* inp,
+                      const float* weight, const float* bias, int rows, int cols) {
   const int r = wave_row();
   if (r >= rows) return;  // the whole wave leaves together
   const float* x = inp + (size_t)r * cols;
@@ -359,8 +401,9 @@ extern "C" __global__ void layernorm_fwd_f32(float* out, float* mean, float* rst
   }
 }
 
-extern "C" __global__ void layernorm_bwd_dx_f32(float* dinp, const float* dout, const float* inp, const float* weight,
-                                                const float* mean, const float* rstd, int rows, int cols) {
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
+    layernorm_bwd_dx_f32(float* dinp, const float* dout, const float* inp, const float* weight,
+                         const float* mean, const float* rstd, int rows, int cols) {
   const int r = wave_row();
   if (r >= rows) return;
   const float *x = inp + (size_t)r * cols, *dy = dout + (size_t)r * cols;
@@ -378,7 +421,8 @@ extern "C" __global__ void layernorm_bwd_dx_f32(float* dinp, const float* dout, 
   }
 }
 
-extern "C" __global__ void layernorm_sums_f32(double* out, const float* inp, const double* mean, int rows, int cols) {
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
+    layernorm_sums_f32(double* out, const float* inp, const double* mean, int rows, int cols) {
   const int r = wave_row();
   if (r >= rows) return;
   const float* x = inp + (size_t)r * cols;
@@ -393,9 +437,10 @@ extern "C" __global__ void layernorm_sums_f32(double* out, const float* inp, con
   if (lane() == 0) out[r] = s;
 }
 
-extern "C" __global__ void layernorm_bwd_sums_f32(double* out, const float* dout, const float* inp,
-                                                  const float* weight, const float* mean, const float* rstd, int rows,
-                                                  int cols) {
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
+    layernorm_bwd_sums_f32(double* out, const float* dout, const float* inp,
+                           const float* weight, const float* mean, const float* rstd, int rows,
+                           int cols) {
   const int r = wave_row();
   if (r >= rows) return;
   const float *x = inp + (size_t)r * cols, *dy = dout + (size_t)r * cols;
@@ -413,7 +458,8 @@ extern "C" __global__ void layernorm_bwd_sums_f32(double* out, const float* dout
   }
 }
 
-extern "C" __global__ void xent_max_f32(double* max, const float* logits, int rows, int V) {
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
+    xent_max_f32(double* max, const float* logits, int rows, int V) {
   const int r = wave_row();
   if (r >= rows) return;
   double m = -INFINITY;
@@ -425,9 +471,12 @@ extern "C" __global__ void xent_max_f32(double* max, const float* logits, int ro
   if (lane() == 0) max[r] = m;
 }
 
-extern "C" __global__ void xent_partials_f32(double* sum_exp, double* target_logit, const float* logits,
-                                             const uint32_t* targets, int vocab_start, const double* max, int rows,
-                                             int V) {
+// One block per SM is all ptxas is told to plan for: with the bound alone it spills 8 bytes on
+// sm_90a (40 registers; 34 and no spill with this).
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize CUDA_MIN_BLOCKS(1))
+    xent_partials_f32(double* sum_exp, double* target_logit, const float* logits,
+                      const uint32_t* targets, int vocab_start, const double* max, int rows,
+                      int V) {
   const int r = wave_row();
   if (r >= rows) return;
   const double m = max[r];
@@ -443,10 +492,11 @@ extern "C" __global__ void xent_partials_f32(double* sum_exp, double* target_log
 
 // ---- fixed-size blocks -----------------------------------------------------------------------
 
-// Workgroups of 256 threads; workgroup blk sums the squares of its 8192-element chunk into partials[blk].
+// Blocks of 256 threads; block blk sums the squares of its 8192-element chunk into partials[blk].
+// registry: static_shared=64
 extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partials, const unsigned long long* tensors,
                                                                  const int* lens, const int* first_block, int count) {
-  __shared__ double wave_totals[kMaxWaves];
+  __shared__ double wave_totals[256 / kWaveSize];
   // The tensor this block reads: the last t with first_block[t] <= blockIdx.x (binary search).
   int lo = 0, hi = count - 1;
   while (lo < hi) {
@@ -464,7 +514,7 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int w = 0; w < (int)(blockDim.x / kWaveSize); ++w) total += wave_totals[w];
+    for (int w = 0; w < 256 / kWaveSize; ++w) total += wave_totals[w];
     partials[blockIdx.x] = total;
   }
 }
@@ -474,6 +524,7 @@ extern "C" __global__ void __launch_bounds__(256) sum_squares_f32(double* partia
 // For each tensor t in order: acc[slot] += Σ parts[first_block[t] .. first_block[t+1]]. Rounds of
 // 32 tensors: group g (threads 32g .. 32g + 31) sums tensor 32·round + g (thread j the parts j,
 // j + 32, .. in order, then the group's tree), and thread 0 adds the round's totals in tensor order.
+// registry: static_shared=8192
 extern "C" __global__ void __launch_bounds__(1024)
     sum_into_f64(double* acc, int slot, const double* parts, const int* first_block, int count) {
   __shared__ double sums[kScalarThreads];
@@ -495,6 +546,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r]: thread i the rows i, i + 1024, .. in
 // order, then the block's tree.
+// registry: static_shared=8192
 extern "C" __global__ void __launch_bounds__(1024)
     xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
   __shared__ double sums[kScalarThreads];

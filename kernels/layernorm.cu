@@ -1,5 +1,7 @@
-// layernorm.cu: LayerNorm (and RMSNorm, below) forward (LayerNorm optionally fused with the residual add before it), one warp
-// per row, and backward, one launch of a few hundred blocks owning contiguous row ranges.
+// layernorm.cu: LayerNorm (and RMSNorm, below) forward (LayerNorm optionally fused with the
+// residual add before it), one wave per row, and backward, one launch of a few hundred blocks
+// owning contiguous row ranges. One source for CUDA and HIP (common/portable.h): a wave is a
+// 32-lane warp or a 64-lane AMD wavefront (kWaveSize), a block a CUDA block or a HIP workgroup.
 //
 // Forward  layernorm_fwd_bf16:  x = inp (+ residual, rounded to bf16 and stored in resid_out);
 //          out = (x - mean) · rstd · weight + bias, mean = Σx / C, rstd = 1 / sqrt(Σ(x - mean)² / C + 1e-5)
@@ -22,25 +24,26 @@
 // and the backward's column walk takes 2 adjacent columns (4 bytes) per thread; otherwise one
 // element at a time (any C, any alignment). The block decides once; the sums' grouping follows.
 //
-// Grid: forward: ⌈rows/4⌉ blocks of 128 threads, warp w of block b owns row 4b + w and
-// strides over its columns by 32 lanes (three passes: sum, squared deviations, output, so the
-// variance is two-pass and exact in f32); statistics come from warp_sum butterflies.
-// Backward: src/gpu/kernels/plan.rs's layernorm_bwd_blocks(rows, C) blocks of 512 threads (one per
-// 32 rows, at most 256, and fewer the wider the rows so the partials stay a few MiB); block b owns
-// rows b·⌈rows/blocks⌉ .. (the last blocks may own none) and takes them kLnPassRows at a time:
-// (1) warp w takes the pass's rows w, w + 16: reads its row (dout, inp, weight) for mean(g) and
-// mean(g·x̂) (warp_sum), reads it again (from L1) with dinp and stores dinp, and keeps the row's mean
-// and rstd in shared memory; (2) thread t takes columns P·t, P·(t + 512), .. and walks the pass's
+// Grid: forward: ⌈rows/4⌉ blocks of 4 waves (128 threads on CUDA, 256 on HIP), wave w of block
+// b owns row 4b + w and strides over its columns by kWaveSize lanes (three passes: sum, squared
+// deviations, output, so the variance is two-pass and exact in f32); statistics come from
+// wave_sum butterflies (common/reduce.h).
+// Backward: src/gpu/kernels/plan/mod.rs's layernorm_bwd_blocks(rows, C) blocks of 512 threads (one per
+// 32 rows, at most 256, and fewer the wider the rows so the partials stay a few MiB; 16 warps or 8
+// wavefronts); block b owns rows b·⌈rows/blocks⌉ .. (the last blocks may own none) and takes them
+// kLnPassRows at a time: (1) wave w takes the pass's rows w, w + waves, ..: reads its row (dout,
+// inp, weight) for mean(g) and mean(g·x̂) (wave_sum), reads it again (from L1) with dinp and stores
+// dinp, and keeps the row's mean and rstd in shared memory; (2) thread t takes columns P·t, P·(t + 512), .. and walks the pass's
 // rows in order, summing dout · x̂ and dout (L1 hits) into its slot (the block's first pass stores,
 // later passes add).
 // partials: f32 [blocks + groups][2][C] (each block's dweight then dbias column sums, then each
 // group's), groups = ⌈blocks / kLnGroup⌉: layernorm_bwd_partials(rows, C) elements; counters: u32
 // [groups + 1]. Shared memory: 2 x kLnPassRows f32 and one flag (260 bytes) whatever C (GPT-3
-// 175B's 12288 included); at most 64 registers (two blocks of 512 per SM).
+// 175B's 12288 included); on CUDA at most 64 registers (two blocks of 512 per SM).
 //
 // RMSNorm (Llama's), the same shapes and grids without the mean and the bias:
 // Forward  rmsnorm_fwd_bf16:  out = x · rstd · weight, rstd = 1 / sqrt(Σx² / C + eps) (eps an
-//          argument); inp, out [rows, C] bf16; weight [C] f32; rstd [rows] f32 (saved). One warp
+//          argument); inp, out [rows, C] bf16; weight [C] f32; rstd [rows] f32 (saved). One wave
 //          per row as above, two passes (Σx², output).
 // Backward rmsnorm_bwd_bf16 (one launch): dinp += rstd · (g - x̂ · mean(g · x̂)), g = dout · weight,
 //          x̂ = inp · rstd (bf16 dinp "+=", rounded once); dweight[c] += Σ_rows dout · x̂ (f32),
@@ -50,46 +53,44 @@
 //
 // Reference: `layernorm_forward_rows` / `layernorm_backward_rows` in src/device/kernels.rs via the
 // reference device (f64), on the same bf16 inputs; the fused residual against the reference
-// device's `add` then a bf16 rounding (tests/cuda_emulation.rs); RMSNorm: src/device/llama.rs's
-// `rmsnorm_forward_rows` / `rmsnorm_backward_rows` (`check ops`, tests/cuda_device.rs).
-#include "common/base.cuh"
-#include "common/reduce.cuh"
+// device's `add` then a bf16 rounding (tests/cuda_emulation.rs, tests/hip_emulation.rs); RMSNorm:
+// src/device/llama.rs's `rmsnorm_forward_rows` / `rmsnorm_backward_rows` (`check ops`,
+// tests/cuda_device.rs, tests/hip_device.rs).
+#include "common/portable.h"
+#include "common/reduce.h"
 
 #define LAYERNORM_EPS 1e-5f
 
 // The backward's rows per pass (phase 1 then 2) and blocks per group of the partials' first-level
-// sum (plan.rs's LAYERNORM_BWD_PASS_ROWS, LAYERNORM_BWD_GROUP).
+// sum (plan/mod.rs's LAYERNORM_BWD_PASS_ROWS, LAYERNORM_BWD_GROUP).
 constexpr int kLnPassRows = 32, kLnGroup = 16;
 
 // Loop unrolling by a fixed factor on the GPU, so the loads of several iterations are in flight
-// at once; the host build ignores it.
+// at once; the host build ignores it. The backward's column walk stays rolled on HIP (UNROLL_4
+// is CUDA's only: unrolled, it needs more than gfx90a's SGPRs).
 #ifdef TRIDENT_EMU
 #define UNROLL_2
 #define UNROLL_4
 #else
 #define UNROLL_2 _Pragma("unroll 2")
+#ifdef TRIDENT_CUDA
 #define UNROLL_4 _Pragma("unroll 4")
+#else
+#define UNROLL_4
+#endif
 #endif
 
 namespace ln_detail {
 
-struct __align__(16) Bf16x8 {
-  bf16 v[8];
-};
-struct __align__(16) F32x4 {
-  float v[4];
-};
-struct __align__(4) Bf16x2 {
+struct alignas(4) Bf16x2 {
   bf16 v[2];
 };
-
-__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // V consecutive elements at p (V = 8: one 16-byte access, p 16-byte aligned; V = 2: 4 bytes; V = 1).
 template <int V>
 __device__ __forceinline__ void load(const bf16* p, float (&v)[V]) {
   if constexpr (V == 8) {
-    const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(p);
+    const bf16x8 x = *reinterpret_cast<const bf16x8*>(p);
     UNROLL for (int e = 0; e < 8; ++e) v[e] = to_float(x.v[e]);
   } else if constexpr (V == 2) {
     const Bf16x2 x = *reinterpret_cast<const Bf16x2*>(p);
@@ -114,9 +115,9 @@ __device__ __forceinline__ void load(const float* p, float (&v)[V]) {
 template <int V>
 __device__ __forceinline__ void store(bf16* p, const float (&v)[V]) {
   if constexpr (V == 8) {
-    Bf16x8 x;
+    bf16x8 x;
     UNROLL for (int e = 0; e < 8; ++e) x.v[e] = to_bf16(v[e]);
-    *reinterpret_cast<Bf16x8*>(p) = x;
+    *reinterpret_cast<bf16x8*>(p) = x;
   } else {
     *p = to_bf16(v[0]);
   }
@@ -132,7 +133,7 @@ __device__ __forceinline__ void forward_row(bf16* out, float* mean, float* rstd,
   // Pass 1: the row's sum; with a residual, form x = inp + residual once and store it rounded,
   // so the statistics, the output and the backward pass all see the stored value.
   float sum = 0.0f;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float x[V];
     load<V>(inp + base + c, x);
     if (residual) {
@@ -144,15 +145,15 @@ __device__ __forceinline__ void forward_row(bf16* out, float* mean, float* rstd,
     UNROLL for (int e = 0; e < V; ++e) sum += x[e];
   }
   const bf16* xs = residual ? resid_out : inp;  // this lane reads back only what it wrote
-  const float mu = warp_sum(sum) / C;
+  const float mu = wave_sum(sum) / C;
   float sq = 0.0f;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float x[V];
     load<V>(xs + base + c, x);
     UNROLL for (int e = 0; e < V; ++e) sq += (x[e] - mu) * (x[e] - mu);
   }
-  const float rs = rsqrtf(warp_sum(sq) / C + LAYERNORM_EPS);
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  const float rs = rsqrtf(wave_sum(sq) / C + LAYERNORM_EPS);
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float x[V], w[V], b[V];
     load<V>(xs + base + c, x);
     load<V>(weight + c, w);
@@ -168,12 +169,12 @@ __device__ __forceinline__ void forward_row(bf16* out, float* mean, float* rstd,
 
 }  // namespace ln_detail
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
     layernorm_fwd_bf16(bf16* out, float* mean, float* rstd, bf16* resid_out, const bf16* inp, const bf16* residual,
                        const float* weight, const float* bias, int rows, int C) {
   using namespace ln_detail;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp leaves together
+  const int row = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  if (row >= rows) return;  // the whole wave leaves together
   const bool wide = C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias) &&
                     (!residual || (aligned16(residual) && aligned16(resid_out)));
   if (wide)
@@ -191,7 +192,7 @@ __device__ __forceinline__ void backward_row(bf16* dinp, const bf16* dout, const
                                              float mu, float rs, int row, int C, int lane) {
   const size_t base = (size_t)row * C;
   float sum_g = 0.0f, sum_gx = 0.0f;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float dy[V], x[V], w[V];
     load<V>(dout + base + c, dy);
     load<V>(inp + base + c, x);
@@ -202,8 +203,8 @@ __device__ __forceinline__ void backward_row(bf16* dinp, const bf16* dout, const
       sum_gx += g * (x[e] - mu) * rs;
     }
   }
-  const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  const float mean_g = wave_sum(sum_g) / C, mean_gx = wave_sum(sum_gx) / C;
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float dy[V], x[V], w[V], dx[V];
     load<V>(dout + base + c, dy);
     load<V>(inp + base + c, x);
@@ -224,10 +225,10 @@ template <int V, int P>
 __device__ __forceinline__ void backward_rows(float* mine, float* pass_mean, float* pass_rstd, bf16* dinp,
                                               const bf16* dout, const bf16* inp, const float* weight,
                                               const float* mean, const float* rstd, int first, int end, int C) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize, waves = blockDim.x / kWaveSize;
   for (int from = first;; from += kLnPassRows) {
     const int n = end - from < kLnPassRows ? end - from : kLnPassRows;
-    for (int r = warp; r < n; r += warps) {
+    for (int r = wave; r < n; r += waves) {
       const float mu = mean[from + r], rs = rstd[from + r];
       backward_row<V>(dinp, dout, inp, weight, mu, rs, from + r, C, lane);
       if (lane == 0) {
@@ -307,7 +308,8 @@ __device__ __forceinline__ bool last_of_all_groups(float* partials, unsigned int
 
 // One launch per LayerNorm backward (grid, partials and counters above): the block's rows in
 // passes (backward_rows), then the two-level last-block sum of the column partials.
-extern "C" __global__ void __launch_bounds__(512, 2)
+// registry: static_shared=260
+extern "C" __global__ void __launch_bounds__(512 CUDA_MIN_BLOCKS(2))
     layernorm_bwd_bf16(bf16* dinp, float* dweight, float* dbias, float* partials, unsigned int* counters,
                        const bf16* dout, const bf16* inp, const float* weight, const float* mean, const float* rstd,
                        int rows, int C) {
@@ -343,13 +345,13 @@ __device__ __forceinline__ void rms_forward_row(bf16* out, float* rstd, const bf
                                                 float eps, int row, int C, int lane) {
   const size_t base = (size_t)row * C;
   float sq = 0.0f;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float x[V];
     load<V>(inp + base + c, x);
     UNROLL for (int e = 0; e < V; ++e) sq += x[e] * x[e];
   }
-  const float rs = rsqrtf(warp_sum(sq) / C + eps);
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  const float rs = rsqrtf(wave_sum(sq) / C + eps);
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float x[V], w[V];
     load<V>(inp + base + c, x);
     load<V>(weight + c, w);
@@ -361,11 +363,11 @@ __device__ __forceinline__ void rms_forward_row(bf16* out, float* rstd, const bf
 
 }  // namespace ln_detail
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(4 * kWaveSize)
     rmsnorm_fwd_bf16(bf16* out, float* rstd, const bf16* inp, const float* weight, int rows, int C, float eps) {
   using namespace ln_detail;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= rows) return;  // the whole warp leaves together
+  const int row = blockIdx.x * (blockDim.x / kWaveSize) + threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
+  if (row >= rows) return;  // the whole wave leaves together
   if (C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight))
     rms_forward_row<8>(out, rstd, inp, weight, eps, row, C, lane);
   else
@@ -380,15 +382,15 @@ __device__ __forceinline__ void rms_backward_row(bf16* dinp, const bf16* dout, c
                                                  float rs, int row, int C, int lane) {
   const size_t base = (size_t)row * C;
   float sum_gx = 0.0f;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float dy[V], x[V], w[V];
     load<V>(dout + base + c, dy);
     load<V>(inp + base + c, x);
     load<V>(weight + c, w);
     UNROLL for (int e = 0; e < V; ++e) sum_gx += dy[e] * w[e] * (x[e] * rs);
   }
-  const float mean_gx = warp_sum(sum_gx) / C;
-  UNROLL_2 for (int c = V * lane; c < C; c += 32 * V) {
+  const float mean_gx = wave_sum(sum_gx) / C;
+  UNROLL_2 for (int c = V * lane; c < C; c += kWaveSize * V) {
     float dy[V], x[V], w[V], dx[V];
     load<V>(dout + base + c, dy);
     load<V>(inp + base + c, x);
@@ -404,10 +406,10 @@ template <int V, int P>
 __device__ __forceinline__ void rms_backward_rows(float* mine, float* pass_rstd, bf16* dinp, const bf16* dout,
                                                   const bf16* inp, const float* weight, const float* rstd, int first,
                                                   int end, int C) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize, waves = blockDim.x / kWaveSize;
   for (int from = first;; from += kLnPassRows) {
     const int n = end - from < kLnPassRows ? end - from : kLnPassRows;
-    for (int r = warp; r < n; r += warps) {
+    for (int r = wave; r < n; r += waves) {
       const float rs = rstd[from + r];
       rms_backward_row<V>(dinp, dout, inp, weight, rs, from + r, C, lane);
       if (lane == 0) pass_rstd[r] = rs;
@@ -431,7 +433,8 @@ __device__ __forceinline__ void rms_backward_rows(float* mine, float* pass_rstd,
 }  // namespace ln_detail
 
 // One launch per RMSNorm backward: layernorm_bwd_bf16's structure with one column sum per slot.
-extern "C" __global__ void __launch_bounds__(512, 2)
+// registry: static_shared=132
+extern "C" __global__ void __launch_bounds__(512 CUDA_MIN_BLOCKS(2))
     rmsnorm_bwd_bf16(bf16* dinp, float* dweight, float* partials, unsigned int* counters, const bf16* dout,
                      const bf16* inp, const float* weight, const float* rstd, int rows, int C) {
   using namespace ln_detail;

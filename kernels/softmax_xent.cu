@@ -1,6 +1,7 @@
 // softmax_xent.cu: the vocab-parallel softmax cross-entropy, as the three pieces between which
 // Megatron's tensor-parallel all-reduces run (max, then sum-exp and target logit, then the
 // gradient), over this rank's shard of the vocabulary (columns vocab_start .. vocab_start + V).
+// One source for CUDA and HIP (common/portable.h).
 //
 // Computes, per row r of logits [rows, V] bf16 (targets [rows] u32, global token ids):
 //   xent_max_bf16:       max[r] = max_v logits[r][v]                              (then all-reduce max)
@@ -22,15 +23,16 @@
 // the last V - head mod 8 elements (the tail), one per thread; so any V and any row start work. Each thread takes its head element, its groups in order and its
 // tail element; the partials sum the 8 exps of a group in f32, in order, and add that to the
 // thread's f64 sum (single elements add directly). Threads then combine with block_max /
-// block_sum_f64 (warp butterflies, then the warp totals): a fixed order, so the result is
-// deterministic. Shared memory: 32 floats (max) or 32 doubles (partials) of reduction scratch.
-// Few registers.
+// block_sum_f64 (wave butterflies, then the wave totals in wave order): a fixed order, so the
+// result is deterministic. Shared memory: kMaxWaves floats (max) or doubles (partials) of
+// reduction scratch (32 on CUDA, 16 on HIP). Few registers.
 //
 // Reference: `cross_entropy_max`, `cross_entropy_partials`, `cross_entropy_backward` of the
 // reference device (row_max, cross_entropy_partials_row, cross_entropy_backward_row in
-// src/device/kernels.rs), f64 on the same bf16 logits (tests/cuda_emulation.rs).
-#include "common/base.cuh"
-#include "common/reduce.cuh"
+// src/device/kernels.rs), f64 on the same bf16 logits (tests/cuda_emulation.rs,
+// tests/hip_emulation.rs).
+#include "common/portable.h"
+#include "common/reduce.h"
 
 namespace softmax_xent_detail {
 // The target's column in this shard, or -1.
@@ -39,23 +41,18 @@ __device__ __forceinline__ int local_column(uint32_t target, int vocab_start, in
   return c >= 0 && c < V ? int(c) : -1;
 }
 
-// The sum of v over the block in f64 (warp butterflies, then the warp totals in warp order, as
-// block_sum does in f32); `scratch` is 32 doubles of shared memory; ends with a barrier.
+// The sum of v over the block in f64 (wave butterflies, then the wave totals in wave order, as
+// block_sum does in f32); `scratch` is kMaxWaves doubles of shared memory; ends with a barrier.
 __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_WARP_MASK, v, o);
-  if (lane == 0) scratch[warp] = v;
+  const int lane = threadIdx.x % kWaveSize, wave = threadIdx.x / kWaveSize, waves = blockDim.x / kWaveSize;
+  for (int o = wave_first_offset(); o > 0; o >>= 1) v += shfl_xor(v, o, kWaveSize);
+  if (lane == 0) scratch[wave] = v;
   __syncthreads();
-  double total = lane < warps ? scratch[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(FULL_WARP_MASK, total, o);
+  double total = lane < waves ? scratch[lane] : 0.0;
+  for (int o = wave_first_offset(); o > 0; o >>= 1) total += shfl_xor(total, o, kWaveSize);
   __syncthreads();
   return total;
 }
-
-// Eight adjacent bf16, for one 16-byte load or store.
-struct __align__(16) Bf16x8 {
-  bf16 v[8];
-};
 
 // Visits this thread's elements of `row` [V] in its fixed order: one(v) for its element before
 // the first 16-byte boundary, group(v, x) for each of its whole 16-byte groups in order (elements
@@ -72,34 +69,35 @@ __device__ __forceinline__ void for_row(Elem* row, int V, One one, Group group) 
   for (int v = threadIdx.x; v < head; v += blockDim.x) one(v);
   int g = threadIdx.x;
   for (; g + (kBatch - 1) * int(blockDim.x) < groups; g += kBatch * blockDim.x) {
-    Bf16x8 x[kBatch];
+    bf16x8 x[kBatch];
     UNROLL
-    for (int k = 0; k < kBatch; ++k) x[k] = *reinterpret_cast<const Bf16x8*>(at(g + k * blockDim.x));
+    for (int k = 0; k < kBatch; ++k) x[k] = *reinterpret_cast<const bf16x8*>(at(g + k * blockDim.x));
     UNROLL
     for (int k = 0; k < kBatch; ++k) group(head + 8 * (g + k * blockDim.x), x[k]);
     if constexpr (kStore) {
       UNROLL
-      for (int k = 0; k < kBatch; ++k) *reinterpret_cast<Bf16x8*>(at(g + k * blockDim.x)) = x[k];
+      for (int k = 0; k < kBatch; ++k) *reinterpret_cast<bf16x8*>(at(g + k * blockDim.x)) = x[k];
     }
   }
   for (; g < groups; g += blockDim.x) {
-    Bf16x8 x = *reinterpret_cast<const Bf16x8*>(at(g));
+    bf16x8 x = *reinterpret_cast<const bf16x8*>(at(g));
     group(head + 8 * g, x);
-    if constexpr (kStore) *reinterpret_cast<Bf16x8*>(at(g)) = x;
+    if constexpr (kStore) *reinterpret_cast<bf16x8*>(at(g)) = x;
   }
   for (int v = tail + threadIdx.x; v < V; v += blockDim.x) one(v);
 }
 }  // namespace softmax_xent_detail
 
+// registry: static_shared=128
 extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, const bf16* logits, int rows, int V) {
-  __shared__ float scratch[32];
+  __shared__ float scratch[kMaxWaves];
   const int r = blockIdx.x;
   if (r >= rows) return;  // uniform over the block
   const bf16* row = logits + (size_t)r * V;
   float m = -INFINITY;
   softmax_xent_detail::for_row<false>(
       row, V, [&](int v) { m = fmaxf(m, to_float(row[v])); },
-      [&](int, const softmax_xent_detail::Bf16x8& x) {
+      [&](int, const bf16x8& x) {
         UNROLL
         for (int e = 0; e < 8; ++e) m = fmaxf(m, to_float(x.v[e]));
       });
@@ -107,10 +105,11 @@ extern "C" __global__ void __launch_bounds__(256) xent_max_bf16(double* max, con
   if (threadIdx.x == 0) max[r] = m;
 }
 
+// registry: static_shared=256
 extern "C" __global__ void __launch_bounds__(256)
     xent_partials_bf16(double* sum_exp, double* target_logit, const bf16* logits, const uint32_t* targets,
                        int vocab_start, const double* max, int rows, int V) {
-  __shared__ double scratch[32];
+  __shared__ double scratch[kMaxWaves];
   const int r = blockIdx.x;
   if (r >= rows) return;
   const bf16* row = logits + (size_t)r * V;
@@ -118,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256)
   double s = 0.0;
   softmax_xent_detail::for_row<false>(
       row, V, [&](int v) { s += (double)expf(to_float(row[v]) - m); },
-      [&](int, const softmax_xent_detail::Bf16x8& x) {
+      [&](int, const bf16x8& x) {
         float group = 0.0f;
         UNROLL
         for (int e = 0; e < 8; ++e) group += expf(to_float(x.v[e]) - m);
@@ -144,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(256)
   // Each element is read once, then written by the same thread.
   softmax_xent_detail::for_row<true>(
       row, V, [&](int v) { row[v] = grad(v, row[v]); },
-      [&](int v, softmax_xent_detail::Bf16x8& x) {
+      [&](int v, bf16x8& x) {
         UNROLL
         for (int e = 0; e < 8; ++e) x.v[e] = grad(v + e, x.v[e]);
       });

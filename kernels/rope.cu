@@ -1,5 +1,5 @@
 // rope.cu: rotary position embedding (Llama's RoPE), forward and backward, in place on the fused
-// QKV activation.
+// QKV activation. One source for CUDA and HIP (common/portable.h).
 //
 // Computes, for every row r of qkv [rows, (heads + 2·kv_heads)·d] (16-bit, rows sequence-first:
 // row t·batch + b has position p = t0 + t), every rotated head and every pair j < rd/2:
@@ -13,14 +13,15 @@
 // at most d (rotary on part of the head: rd < d).
 //
 // One thread per (row, rotated head, pair), grid-stride: element e of the rows·(heads +
-// kv_heads)·rd/2 pairs stands for j = e % (rd/2), then the head, then the row, so a warp reads 32
-// consecutive j of one head (two coalesced 64-byte runs of 16-bit values) and the table's matching
-// cos and sin. f32 arithmetic, each value rounded once. Any 1-D grid of 1-D blocks (the launcher
-// picks ⌈pairs/256⌉ blocks of 256, capped at a few per SM); no shared memory.
+// kv_heads)·rd/2 pairs stands for j = e % (rd/2), then the head, then the row, so a wave reads
+// kWaveSize consecutive j of one head (two coalesced runs of 16-bit values: 64 bytes each on a
+// CUDA warp, 128 on an AMD wavefront where rd/2 >= 64) and the table's matching cos and sin. f32
+// arithmetic, each value rounded once. Any 1-D grid of 1-D blocks (the launcher picks
+// ⌈pairs/256⌉ blocks of 256, capped at a few per SM or CU); no shared memory.
 //
 // Reference: `rope_rows` in src/device/llama.rs via the reference device (f64), on the same
-// 16-bit inputs (`check ops`).
-#include "common/base.cuh"
+// 16-bit inputs (`check ops`, on both emulations).
+#include "common/portable.h"
 
 namespace rope_detail {
 

@@ -1,8 +1,8 @@
 // gelu.h: GPT-2's tanh-approximated GELU and its derivative, in f32, with the constants and
-// formulas of `gelu` / `gelu_grad` in src/device/kernels.rs (as kernels-cuda/common/gelu.cuh;
-// shared by the GEMM epilogue and gelu.hip).
+// formulas of `gelu` / `gelu_grad` in src/device/kernels.rs (shared by gelu.cu, tensor_ops.cu
+// and the vendors' GEMM epilogues).
 #pragma once
-#include "base.h"
+#include "common/portable.h"
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
 #define GELU_CUBIC 0.044715f

@@ -1,5 +1,5 @@
 // adamw.cu: one AdamW step on f32 master copies, writing the bf16 working copy the GEMMs read,
-// and the step's gradient zeroing.
+// and the step's gradient zeroing. One source for CUDA and HIP (common/portable.h).
 //
 // adamw_f32_bf16 computes, for i < n:  g = grad[i] · f32(*grad_scale_at)
 //                       m = β1 m + (1 - β1) g;  v = β2 v + (1 - β2) g²
@@ -39,10 +39,10 @@
 // (`clip_scale` in src/device/kernels.rs, line for line; IEEE sqrt and division in both).
 //
 // Reference: `adamw_slice` in src/device/kernels.rs (Megatron's decoupled weight decay), via the
-// reference device in f64 (tests/cuda_emulation.rs). The multi-tensor kernels against the
-// per-tensor kernel and `fill`, bit for bit (tests/cuda_device.rs `adamw_group_...`,
-// `zero_buffers_...`).
-#include "common/base.cuh"
+// reference device in f64 (tests/cuda_emulation.rs, tests/hip_emulation.rs). The multi-tensor
+// kernels against the per-tensor kernel and `fill`, bit for bit (tests/cuda_device.rs and
+// tests/hip_device.rs `adamw_group_...`, `zero_buffers_...`).
+#include "common/portable.h"
 
 namespace adamw_detail {
 

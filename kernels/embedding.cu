@@ -1,28 +1,31 @@
-// embedding.hip: the GPT input embedding, word (vocab-parallel) plus position, forward and
-// backward (the CDNA counterpart of kernels-cuda/embedding.cu, same kernel names and arguments).
+// embedding.cu: the GPT input embedding, word (vocab-parallel) plus position, forward and
+// backward. One source for CUDA and HIP (common/portable.h).
 //
 // Forward  embedding_fwd_bf16:  out[t·batch + b][c] = wte[tokens[b·seq + t] - vocab_start][c]
 //          (+ wpe[t][c] when wpe is set), or 0 + wpe when the token is outside this rank's
-//          vocabulary shard (the tensor-parallel all-reduce fills it in from the owner). Rows are
-//          sequence-first as in Megatron. tokens [batch, seq] u32 (global ids); wte
-//          [vocab_rows, hidden] bf16; wpe [seq, hidden] f32 or null; out [seq·batch, hidden] bf16.
+//          vocabulary shard (the tensor-parallel all-reduce fills it in from the owner).
+//          Rows are sequence-first as in Megatron. tokens [batch, seq] u32 (global ids);
+//          wte [vocab_rows, hidden] bf16; wpe [seq, hidden] f32 or null; out [seq·batch, hidden] bf16.
 // Backward embedding_bwd_wte_bf16:  dwte[token - vocab_start][c] += dout[t·batch + b][c] for every
-//          position in order t, then b, in f32, one workgroup per (touched row, strip of columns):
-//          segment s (src/gpu/kernels/plan.rs, EmbeddingSegments) adds the rows
-//          positions[segment_starts[s] .. segment_starts[s+1]] (t·batch + b, ascending) of dout
-//          into dwte row segment_rows[s]; positions outside this vocabulary shard have no segment.
-//          Repeated tokens are summed in a fixed order (deterministic, no atomics; the reference's).
+//          position in order t, then b, in f32, one block per (touched row, strip of columns): the
+//          host groups the positions by vocabulary row (src/gpu/kernels/plan/mod.rs,
+//          EmbeddingSegments): segment s adds the rows positions[segment_starts[s] ..
+//          segment_starts[s+1]] (t·batch + b, ascending) of dout into dwte row segment_rows[s];
+//          positions outside this vocabulary shard have no segment. Repeated tokens are summed in
+//          a fixed order (deterministic, no atomics; the reference's order, so the same bits as one
+//          thread walking every position) and every touched row runs in parallel.
 //          embedding_bwd_wpe_bf16:  dwpe[t][c] += Σ_b dout[t·batch + b][c], thread per (t, c).
 //          dout [seq·batch, hidden] bf16; dwte, dwpe f32.
 //
-// Grid (as the CUDA file): forward ⌈hidden/128⌉ x (seq·batch) workgroups of 128 threads (two
-// wave64s, a thread per output element, coalesced along the row); bwd_wte segments x
-// ⌈hidden/128⌉ workgroups of 128; bwd_wpe ⌈hidden/128⌉ x seq workgroups of 128. No LDS; few VGPRs.
+// Grid: forward ⌈hidden/128⌉ x (seq·batch) blocks of 128 (thread per output element, coalesced
+// along the row); bwd_wte segments x ⌈hidden/128⌉ blocks of 128 (coalesced along the row);
+// bwd_wpe ⌈hidden/128⌉ x seq blocks of 128.
+// No shared memory; few registers.
 //
-// Reference: `embedding_forward` + `position_forward` and `embedding_backward` /
-// `position_backward` of the reference device (f64) on the same bf16 tables and gradients
-// (tests/hip_emulation.rs).
-#include "common/base.h"
+// Reference: the reference device's `embedding_forward` + `position_forward` and
+// `embedding_backward` / `position_backward` (src/device/kernels.rs), in f64 on the same bf16
+// tables and gradients (tests/cuda_emulation.rs, tests/hip_emulation.rs).
+#include "common/portable.h"
 
 extern "C" __global__ void __launch_bounds__(128)
     embedding_fwd_bf16(bf16* out, const uint32_t* tokens, const bf16* wte, const float* wpe, int vocab_start,
