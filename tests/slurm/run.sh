@@ -150,7 +150,10 @@ step "2/4 one-node cluster: dgx.sbatch, 4 ranks TP=2 x PP=2 on the CPUs"
 CLUSTERS+=("$WORK/one")
 export SLURM_CONF=$WORK/one/etc/slurm.conf
 t=$(date +%s)
-submit dgx -N 1 --ntasks-per-node=4 --gpus-per-node=4 --time=10 \
+# --time=30: the scripts ask for SIGUSR1 600 s before the limit (--signal=B:USR1@600), so a shorter
+# limit would signal a job that runs long on a loaded machine (a 10-minute one at once, and the
+# job would checkpoint and requeue instead of finishing); step 3 sends the signal itself.
+submit dgx -N 1 --ntasks-per-node=4 --gpus-per-node=4 --time=30 \
   --export=ALL,RUN_DIR="$WORK/dgx" job-scripts/dgx.sbatch || fail "dgx.sbatch: exit code $? (see $WORK/dgx.out)"
 step "    job $(cat "$WORK/dgx.id") done in $(($(date +%s) - t)) s (sbatch --wait rc 0)"
 check_finished "$WORK/dgx.out" "$ITERS"
@@ -160,7 +163,7 @@ step "3/4 the same job stopped by the wall-time signal, requeued and resumed"
 t=$(date +%s)
 rc=0
 timeout 300 sbatch --wait --parsable --output="$WORK/requeue.out" -N 1 --ntasks-per-node=4 --gpus-per-node=4 \
-  --time=10 --export=ALL,RUN_DIR="$WORK/requeue" job-scripts/dgx.sbatch >"$WORK/requeue.id" &
+  --time=30 --export=ALL,RUN_DIR="$WORK/requeue" job-scripts/dgx.sbatch >"$WORK/requeue.id" &
 waiter=$!
 for _ in $(seq 300); do [ -s "$WORK/requeue.id" ] && break; sleep 0.1; done
 job=$(cat "$WORK/requeue.id")
@@ -222,7 +225,7 @@ export OMPI_MCA_btl_tcp_if_include=lo
 ITERS=20
 export TRAIN_ARGS="--train-iters $ITERS --log-interval 5 --eval-iters 0"
 t=$(date +%s)
-RANKS_PER_NODE=2 submit frontier --time=10 --export=ALL,RUN_DIR="$WORK/frontier" job-scripts/frontier.sbatch ||
+RANKS_PER_NODE=2 submit frontier --time=30 --export=ALL,RUN_DIR="$WORK/frontier" job-scripts/frontier.sbatch ||
   fail "frontier.sbatch: exit code $? (see $WORK/frontier.out)"
 step "    job $(cat "$WORK/frontier.id") done in $(($(date +%s) - t)) s"
 check_finished "$WORK/frontier.out" "$ITERS"
@@ -231,7 +234,7 @@ check_placements "$WORK/frontier.out" 4 2
 step "    polaris.pbs through the PBS compatibility shim, 2 nodes x 2 ranks"
 t=$(date +%s)
 # srun reads the --mpi plugin from SLURM_MPI_TYPE (the shim's mpiexec calls plain srun).
-SLURM_MPI_TYPE=pmix NRANKS_PER_NODE=2 submit polaris --exclusive --time=10 \
+SLURM_MPI_TYPE=pmix NRANKS_PER_NODE=2 submit polaris --exclusive --time=30 \
   --export="ALL,RUN_DIR=$WORK/polaris,BASH_ENV=$ROOT/tests/slurm/pbs-compat.sh" job-scripts/polaris.pbs ||
   fail "polaris.pbs: exit code $? (see $WORK/polaris.out)"
 step "    job $(cat "$WORK/polaris.id") done in $(($(date +%s) - t)) s"
