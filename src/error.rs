@@ -75,3 +75,66 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+impl Error {
+    /// The same error with ` (context)` appended to its message (a flag or I/O error, whose
+    /// rendering is fixed, is returned as it is), so a caller can say where it arose.
+    pub fn within(self, context: &str) -> Error {
+        let add = |s: String| format!("{s} ({context})");
+        match self {
+            Error::Usage(m) => Error::Usage(add(m)),
+            Error::Format { path, problem } => Error::Format { path, problem: add(problem) },
+            Error::Config(m) => Error::Config(add(m)),
+            Error::Data(m) => Error::Data(add(m)),
+            Error::Unsupported(m) => Error::Unsupported(add(m)),
+            Error::Comm(m) => Error::Comm(add(m)),
+            Error::Check(m) => Error::Check(add(m)),
+            Error::GpuLibrary { library, problem } => Error::GpuLibrary { library, problem: add(problem) },
+            Error::GpuCall { api, call, code, name, message } => {
+                Error::GpuCall { api, call, code, name, message: add(message) }
+            }
+            e @ (Error::Flag { .. } | Error::Io { .. }) => e,
+        }
+    }
+}
+
+/// An error met inside an operation that has no way to return one: a GPU Device op (the `Device`
+/// trait's ops return nothing) or a collective enqueued on a device stream. `fail` unwinds the
+/// stack with it, without a panic message, to the command that ran the operation, whose
+/// `catch_failure` turns it back into its `Err`: the command then ends as on any error (one line,
+/// the job aborted where only this rank failed), and nothing in the library ends the process.
+/// Needs unwinding (Cargo.toml's `panic = "unwind"`).
+pub struct Failure(pub Error);
+
+/// Abandons the current operation with `e` (see `Failure`).
+pub fn fail(e: Error) -> ! {
+    std::panic::resume_unwind(Box::new(Failure(e)))
+}
+
+/// Runs `f`; an operation inside it that `fail`ed becomes `f`'s error. Any other unwinding (a
+/// bug's panic) continues.
+pub fn catch_failure<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => match payload.downcast::<Failure>() {
+            Ok(failure) => Err(failure.0),
+            Err(other) => std::panic::resume_unwind(other),
+        },
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_operation_becomes_the_commands_error_and_a_bug_still_panics() {
+        let e = catch_failure(|| -> Result<()> { fail(Error::Data("x".into())) }).unwrap_err();
+        assert_eq!(e.to_string(), "bad training data: x");
+        assert_eq!(catch_failure(|| Ok(3)).unwrap(), 3);
+        let bug = std::panic::catch_unwind(|| catch_failure(|| -> Result<()> { panic!("a bug") }));
+        assert!(bug.is_err());
+        let call = Error::GpuCall { api: "NCCL", call: "ncclSend", code: 6, name: "e".into(), message: "m".into() };
+        assert_eq!(call.within("pipeline p2p").to_string(), "NCCL: ncclSend failed with e (6): m (pipeline p2p)");
+    }
+}

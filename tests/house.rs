@@ -1,6 +1,6 @@
 //! The house rules of ARCHITECTURE.md, checked on the source tree: no file under `src/` over
-//! 1,000 lines, no function over 150, every module opening with a `//!` doc, and layers that only
-//! point down (`cmd` -> `train` -> ... -> `comm`/`data` -> the foundation) with no import loop
+//! 1,000 lines, no function over 150, every module opening with a `//!` doc, no library code
+//! ending the process (only `main` does), and layers that only point down (`cmd` -> `train` -> ... -> `comm`/`data` -> the foundation) with no import loop
 //! between top-level modules or between the files of one folder. The scanner reads Rust as text:
 //! it strips comments, strings and `#[cfg(test)]` modules, then follows every `crate::` and
 //! `super::` path. Each check is also run on a planted violation, so it can fail.
@@ -530,6 +530,29 @@ fn training_and_the_model_name_no_gpu_type() {
     assert!(bad.is_empty(), "only train/setup.rs may name `gpu` (it opens the device):\n{}", bad.join("\n"));
 }
 
+/// Library code that ends the process itself (`std::process::exit` or `abort`) instead of
+/// returning its error to `main` (an op that cannot return one unwinds with `error::fail`).
+fn process_exits(tree: &Tree) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (module, file) in &tree.files {
+        if module.as_slice() == ["main"] || file.test_only {
+            continue;
+        }
+        for call in ["process::exit", "process::abort"] {
+            for (at, _) in file.code.match_indices(call) {
+                bad.push(format!("{}:{}: calls {call}", file.path.display(), line_of(&file.code, at)));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn only_main_ends_the_process() {
+    let bad = process_exits(&Tree::read(&src_dir()));
+    assert!(bad.is_empty(), "library code ends the process (return the error, or error::fail):\n{}", bad.join("\n"));
+}
+
 #[test]
 fn no_import_loops() {
     let bad = import_loops(&Tree::read(&src_dir()));
@@ -585,6 +608,24 @@ fn the_checks_catch_planted_violations() {
     let named = backend_names(&tree);
     assert_eq!(named.len(), 1, "{named:?}");
     assert!(named[0].contains("train/mod.rs:2: names `gpu`"), "{named:?}");
+
+    // A library file ending the process (main may; a comment and a test module do not count).
+    let tree = planted(&[
+        ("gpu/mod.rs", "//! g
+// std::process::exit(1)
+pub fn f() { std::process::exit(1) }
+"),
+        ("main.rs", "//! m
+fn main() { std::process::exit(0) }
+"),
+        ("cmd/mod.rs", "//! c
+#[cfg(test)]
+mod tests { fn t() { std::process::abort() } }
+"),
+    ]);
+    let exits = process_exits(&tree);
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert!(exits[0].ends_with("gpu/mod.rs:3: calls process::exit"), "{exits:?}");
 
     // Sizes: a 151-line function (with a lifetime, a char and a brace in a string inside), a file
     // over 1,000 lines, a file without its doc.

@@ -56,7 +56,7 @@ pub fn main(args: &[String]) -> ExitCode {
     match command.as_str() {
         "prepare" => exit(prepare::run(rest)),
         "train" => train::run(rest),
-        "generate" => exit(generate::run(rest)),
+        "generate" => exit(crate::error::catch_failure(|| generate::run(rest))),
         "bench" => bench::run(rest),
         "check" => check::run(rest),
         "info" => exit(info::run(rest)),

@@ -16,13 +16,14 @@ pub fn run(rest: &[String]) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let result = (|| {
+    // A Device op that failed (`error::fail`) ends the run like any error.
+    let result = crate::error::catch_failure(|| {
         let Some(a) = flags("train", "train a GPT model (Megatron's flag names)", TRAIN_FLAGS, rest)? else {
             return Ok(false);
         };
         let cfg = TrainConfig::from_args(&a)?;
         crate::train::run(&cfg, &rt).map(|summary| summary.stopped.is_some())
-    })();
+    });
     match result {
         Ok(false) => ExitCode::SUCCESS,
         // Stopped early after a checkpoint (--exit-signal-handler, --exit-duration-in-mins).

@@ -217,15 +217,16 @@ impl Runtime {
     }
 
     /// Ends the whole job now: used when one rank fails alone, where returning would leave the
-    /// others waiting in a collective forever.
-    pub fn abort(&self, code: i32) -> ! {
+    /// others waiting in a collective forever. With several ranks MPI_Abort ends every one (this
+    /// one too: it does not return); alone, it is the exit status `code` for `main` to return.
+    pub fn abort(&self, code: u8) -> std::process::ExitCode {
         #[cfg(feature = "mpi")]
         if let Some(mpi) = &self.mpi {
             if self.world_size > 1 {
-                mpi.abort(code);
+                mpi.abort(code.into());
             }
         }
-        std::process::exit(code)
+        std::process::ExitCode::from(code)
     }
 }
 

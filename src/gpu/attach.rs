@@ -57,7 +57,7 @@ pub fn attach_collectives(
     let mut names = Vec::new();
     for (name, group) in request.groups {
         if group.size() > 1 {
-            let c = DeviceNccl::new(nccl, api, group, world.rank())
+            let c = DeviceNccl::new(nccl, api, group)
                 .map_err(|e| Error::Comm(format!("{flag}: creating the {name}-parallel communicator: {e}")))?;
             comms.push((group_key(group), c));
             names.push(name);
@@ -67,7 +67,7 @@ pub fn attach_collectives(
     if request.pipeline.size() > 1 {
         // NCCL delivers one link's messages in the order they were sent (MPI matched them by
         // tag); the caller checked that this run's schedule keeps that order on every stage.
-        let links = PipelineNccl::new(nccl, api, request.pipeline, request.pipeline_wraps, world.rank())
+        let links = PipelineNccl::new(nccl, api, request.pipeline, request.pipeline_wraps)
             .map_err(|e| Error::Comm(format!("{flag}: {e}")))?;
         names.push("pipeline p2p");
         dev.attach_p2p(links);

@@ -484,8 +484,6 @@ impl Drop for NcclComm<'_> {
 pub struct DeviceNccl {
     comm: std::sync::Mutex<NcclComm<'static>>,
     api: &'static str,
-    /// This process's rank in the job, for error lines.
-    world_rank: usize,
     /// Operations enqueued since the last `settle`.
     enqueued: std::sync::atomic::AtomicBool,
     /// Elements counted as the MPI Comm counts them (`--log-comm`).
@@ -500,24 +498,23 @@ unsafe impl Sync for DeviceNccl {}
 
 impl DeviceNccl {
     /// Creates the communicator of `group` (collective over the group) on the current context.
-    pub fn new(nccl: &'static Nccl, api: StreamApi<'static>, group: &dyn Comm, world_rank: usize) -> Result<DeviceNccl> {
+    pub fn new(nccl: &'static Nccl, api: StreamApi<'static>, group: &dyn Comm) -> Result<DeviceNccl> {
         let comm = NcclComm::on_current_context(nccl, api, group, timeout()?)?;
         Ok(DeviceNccl {
             api: comm.api(),
-            world_rank,
             comm: std::sync::Mutex::new(comm),
             enqueued: std::sync::atomic::AtomicBool::new(false),
             counted: std::sync::Mutex::new(crate::comm::CommCounters::default()),
         })
     }
 
-    /// Runs `f` on the communicator; a failure ends the process with one line (the Device's ops
-    /// return no `Result`), after the communicator was aborted.
+    /// Runs `f` on the communicator; a failure abandons the op (the Device's ops return no
+    /// `Result`: `error::fail`), after the communicator was aborted, and the command ends with it.
     fn run(&self, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
         let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = f(&comm) {
-            eprintln!("trident: error: rank {}: {e} (--gpu-collectives)", self.world_rank);
-            std::process::exit(1);
+            drop(comm);
+            crate::error::fail(e.within("--gpu-collectives"));
         }
         self.enqueued.store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -606,7 +603,6 @@ pub struct PipelineNccl {
     api: &'static str,
     stage: usize,
     stages: usize,
-    world_rank: usize,
     enqueued: [std::sync::atomic::AtomicBool; 4],
     sent: std::sync::atomic::AtomicU64,
 }
@@ -631,7 +627,6 @@ impl PipelineNccl {
         api: StreamApi<'static>,
         group: &dyn Comm,
         wrap: bool,
-        world_rank: usize,
     ) -> Result<PipelineNccl> {
         let (stage, stages) = (group.rank(), group.size());
         let timeout = timeout()?;
@@ -655,7 +650,6 @@ impl PipelineNccl {
             api: nccl.flavor.api(),
             stage,
             stages,
-            world_rank,
             enqueued: Default::default(),
             sent: std::sync::atomic::AtomicU64::new(0),
         })
@@ -666,8 +660,8 @@ impl PipelineNccl {
         self.links.iter().flatten().count()
     }
 
-    /// Runs `f` on the link of `slot`; a failure (or a link this stage does not have) ends the
-    /// process with one line, after the communicator was aborted.
+    /// Runs `f` on the link of `slot`; a failure (or a link this stage does not have) abandons the
+    /// op (`error::fail`), after the communicator was aborted, and the command ends with it.
     fn run(&self, slot: usize, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
         let result = match &self.links[slot] {
             Some(link) => f(&link.lock().unwrap_or_else(|p| p.into_inner())),
@@ -680,8 +674,7 @@ impl PipelineNccl {
             ))),
         };
         if let Err(e) = result {
-            eprintln!("trident: error: rank {}: {e} (pipeline p2p, --gpu-collectives)", self.world_rank);
-            std::process::exit(1);
+            crate::error::fail(e.within("pipeline p2p, --gpu-collectives"));
         }
         self.enqueued[slot].store(true, std::sync::atomic::Ordering::Relaxed);
     }

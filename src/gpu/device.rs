@@ -272,13 +272,13 @@ pub struct GpuDevice {
     tables: std::sync::Mutex<Vec<(Vec<u8>, DeviceMem)>>,
 }
 
-/// Ends the process on a failed GPU call inside an op (the trait's ops cannot return errors).
+/// Abandons an op on a failed GPU call (the trait's ops cannot return errors): the command that
+/// ran it ends with `e` (`error::fail`).
 pub(super) fn fatal(e: Error) -> ! {
-    eprintln!("trident: error: gpu device: {e}");
-    std::process::exit(1)
+    crate::error::fail(e)
 }
 
-/// Ends the process on a Llama-family op the GPU kernels do not run (on f32 activations, or
+/// Abandons a Llama-family op the GPU kernels do not run (on f32 activations, or
 /// decoding against a key/value cache); `train` refuses such a run before any work
 /// (`config::llama_on_device`).
 pub(super) fn unbuilt(op: &str) -> ! {

@@ -31,7 +31,7 @@ pub fn run(rest: &[String]) -> ExitCode {
     if rest.first().map(String::as_str) == Some("summa") {
         return run_summa(&rest[1..]);
     }
-    exit(single_process(rest))
+    exit(crate::error::catch_failure(|| single_process(rest)))
 }
 
 /// The benchmarks of one process: on the CPU, or on one GPU with `--device cuda|hip`.
@@ -241,7 +241,7 @@ fn run_collective(bench: CommBench, rest: &[String]) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let result = (|| -> Result<()> {
+    let result = crate::error::catch_failure(|| -> Result<()> {
         let Some(a) = flags("bench", "collective microbenchmarks", BENCH_FLAGS, rest)? else {
             return Ok(());
         };
@@ -276,7 +276,7 @@ fn run_collective(bench: CommBench, rest: &[String]) -> ExitCode {
             comm::print_table(bench, rt.world_size, &rt.library, &rows);
         }
         Ok(())
-    })();
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => end_after_gpu_comm_error(&rt, e),

@@ -19,10 +19,11 @@ pub fn run(rest: &[String]) -> ExitCode {
     let target = rest.first().map(String::as_str);
     let args = rest.get(1..).unwrap_or_default();
     match target {
-        Some("ops") => return exit(ops::run(args)),
-        Some("losses") => return exit(losses::run(args)),
+        // A GPU op that failed (`error::fail`) ends the check like any error.
+        Some("ops") => return exit(crate::error::catch_failure(|| ops::run(args))),
+        Some("losses") => return exit(crate::error::catch_failure(|| losses::run(args))),
         Some("data") => return exit(data::run(args)),
-        Some("gpu") => return exit(gpu::run()),
+        Some("gpu") => return exit(crate::error::catch_failure(gpu::run)),
         Some("comm" | "nccl-id" | "nccl") => {}
         _ => {
             eprintln!("trident: error: check needs a target: `trident check comm`, `check nccl-id` or `check nccl` (run them under mpirun), `check gpu`, `check ops`, `check losses` or `check data`");

@@ -20,13 +20,13 @@ use crate::flags::CHECK_NCCL_FLAGS;
 
 /// `trident check nccl`: every collective through NCCL/RCCL on device memory against MPI.
 pub fn run(rt: &Runtime, rest: &[String]) -> ExitCode {
-    let result = (|| -> Result<Option<String>> {
+    let result = crate::error::catch_failure(|| -> Result<Option<String>> {
         let Some(a) = flags("check nccl", "NCCL collectives on device memory against MPI", CHECK_NCCL_FLAGS, rest)?
         else {
             return Ok(None);
         };
         check(rt, comm_library(&a)?).map(Some)
-    })();
+    });
     match result {
         Ok(line) => {
             if let (Some(line), 0) = (line, rt.world_rank) {
