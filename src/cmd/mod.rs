@@ -138,7 +138,14 @@ fn end_after_gpu_comm_error(rt: &Runtime, e: Error) -> ExitCode {
     if matches!(&e, Error::Comm(m) if rt.world_rank != 0 && m.starts_with("rank 0 could not")) {
         return ExitCode::FAILURE;
     }
-    // One write, so that the lines of ranks failing together do not interleave.
+    abort_after(rt, &e)
+}
+
+/// Ends the job after an error only this rank met: its line in one write (so that the lines of
+/// ranks failing together, and the launcher's abort notice, cannot split it), a moment for the
+/// launcher to pass it on and for the other surviving ranks to print theirs, then
+/// `Runtime::abort`.
+fn abort_after(rt: &Runtime, e: &Error) -> ExitCode {
     let line = format!("trident: error: rank {}: {e}\n", rt.world_rank);
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     std::thread::sleep(std::time::Duration::from_millis(500));

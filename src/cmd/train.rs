@@ -34,9 +34,6 @@ pub fn run(rest: &[String]) -> ExitCode {
             }
             ExitCode::FAILURE
         }
-        Err(e) => {
-            eprintln!("trident: error: rank {}: {e}", rt.world_rank);
-            rt.abort(1)
-        }
+        Err(e) => super::abort_after(&rt, &e),
     }
 }
