@@ -27,6 +27,12 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "--allow-run-as-root", "-np", &ranks.to_string(), BIN]).args(args);
+    // Ranks waiting in MPI give up the core: the test threads run several jobs at once on few
+    // cores, and Open MPI busy-polls unless it sees the oversubscription itself (parallel.rs took
+    // 15-20% longer so, on 2 cores).
+    if std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none() {
+        c.env("OMPI_MCA_mpi_yield_when_idle", "1");
+    }
     c
 }
 
