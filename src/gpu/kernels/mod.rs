@@ -67,18 +67,11 @@ pub struct KernelSpec {
 /// A kernel and its arguments, typed by its declaration: made only by the generated
 /// `args::<function>` (one per kernel, its parameters the C parameters': a pointer is a `u64`
 /// device address, `int` an `i32`, `float` an `f32`, `double` an `f64`), so a launch with a wrong
-/// argument count or type does not compile:
-/// ```
-/// use trident::gpu::kernels::{args, Kernel};
-/// let l = args::add_f32(0x1000, 0x2000, 0x3000, 4); // float* out, const float* a, const float* b, int n
-/// assert_eq!((l.kernel, l.args.len()), (Kernel::AddF32, 4));
-/// ```
-/// A float where the kernel takes an `int`, or an argument left out:
+/// argument count or type does not compile. `add_f32(float* out, const float* a, const float* b,
+/// int n)` takes `(u64, u64, u64, i32)` (the unit test `launches_are_typed_by_the_declarations`),
+/// so a float for its `n` is refused:
 /// ```compile_fail,E0308
 /// let _ = trident::gpu::kernels::args::add_f32(0x1000, 0x2000, 0x3000, 4.0f32);
-/// ```
-/// ```compile_fail,E0061
-/// let _ = trident::gpu::kernels::args::add_f32(0x1000, 0x2000, 4);
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Launch<const N: usize> {
@@ -301,6 +294,25 @@ mod tests {
             declared_functions(source(Vendor::Cuda, "gelu.cu").unwrap()),
             ["gelu_fwd_bf16", "gelu_bwd_bf16", "swiglu_fwd_bf16", "swiglu_bwd_bf16"].map(String::from)
         );
+    }
+
+    /// The generated argument lists have the C parameters' count and types (a function pointer
+    /// of another signature would not compile), and a launch carries its kernel.
+    #[test]
+    fn launches_are_typed_by_the_declarations() {
+        let add: fn(u64, u64, u64, i32) -> Launch<4> = args::add_f32;
+        let l = add(0x1000, 0x2000, 0x3000, 4);
+        let (ptr, int) = (ParamKind::Ptr, ParamKind::I32);
+        assert_eq!((l.kernel, l.kernel.spec().params), (Kernel::AddF32, &[ptr, ptr, ptr, int][..]));
+        let rms: fn(u64, u64, u64, u64, i32, i32, f32) -> Launch<7> = args::rmsnorm_fwd_bf16;
+        let clip: fn(u64, i32, u64, i32, f64, f64) -> Launch<6> = args::clip_scale_f64;
+        let kernels = (rms(0, 0, 0, 0, 1, 1, 1e-5).kernel, clip(0, 0, 0, 0, 1.0, 1.0).kernel);
+        assert_eq!(kernels, (Kernel::RmsnormFwdBf16, Kernel::ClipScaleF64));
+        // One signature for the head dims: the planned kernel takes the arguments built for another.
+        let fwd = args::attention_fwd_bf16_d64(0, 0, 0, 1, 1, 1, 1);
+        assert_eq!(fwd.retarget(Kernel::AttentionFwdBf16D128).unwrap().kernel, Kernel::AttentionFwdBf16D128);
+        let e = fwd.retarget(Kernel::AddF32).unwrap_err().to_string();
+        assert!(e.contains("arguments of attention_fwd_bf16_d64 cannot launch add_f32"), "{e}");
     }
 
     #[test]
