@@ -744,8 +744,6 @@ fn loss_scaler(args: &Args) -> Result<Option<crate::optim::scaler::LossScaler>> 
     })
 }
 
-/// Flags whose feature arrives with a later part of trident: any value but the neutral one is
-/// refused with a message that says so, rather than silently ignored.
 /// The run's data flags as Megatron reads them: `--data-path` (or `--data-args-path`, a file of
 /// the same list) split by `--split`; or `--train-data-path` / `--valid-data-path` /
 /// `--test-data-path` (or `--per-split-data-args-path`, a JSON object of them), unsplit; or
