@@ -19,8 +19,8 @@
 //! kernel's file and block size. Everything runs on the legacy default stream, in order; `download`, `read_scalars` and the
 //! split-LayerNorm row sums copy to the host synchronously (the cross-entropy's statistics, the
 //! loss and the gradient norm's sums stay on the device as `Scalars`). A failed GPU call inside an op (the
-//! trait's ops return no `Result`) ends the process with one `trident: error:` line naming the
-//! call. Collectives and pipeline p2p on device memory are attached as trait objects
+//! trait's ops return no `Result`) abandons the op (`error::fail`) and the command ends with one
+//! `trident: error:` line naming the call. Collectives and pipeline p2p on device memory are attached as trait objects
 //! (`attach_comms`, `attach_p2p`), so this file names no communicator type. Every runtime call
 //! is counted (`runtime::Counted`): `Device::work_counters` reads the counts, `tally` shares them.
 
@@ -317,7 +317,7 @@ impl GpuDevice {
         GpuDevice::open(Vendor::Cuda, ordinal, Storage::Bf16)
     }
 
-    /// The HIP Device on GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled
+    /// The HIP Device on GPU `ordinal` of the HIP runtime, its kernels (kernels/ and kernels-hip/) compiled
     /// for the device's gfx architecture by hipRTC through the disk cache (or taken from this
     /// build's precompiled code objects).
     pub fn hip(ordinal: usize) -> Result<GpuDevice> {

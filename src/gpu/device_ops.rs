@@ -530,8 +530,8 @@ impl Device for GpuDevice {
         }
     }
 
-    // The Llama-family ops: `llama_ops` (what has no kernel yet ends the process with
-    // `unbuilt`'s error; `train` refuses such a model on a GPU before any work).
+    // The Llama-family ops: `llama_ops` (what has no kernel yet abandons the op with `unbuilt`'s
+    // error; `train` refuses such a model on a GPU before any work).
     #[rustfmt::skip]
     fn rmsnorm_forward(&self, out: &mut GpuBuf, rstd: &mut GpuBuf, inp: &GpuBuf, weight: &GpuBuf, rows: usize,
         cols: usize, eps: f64) {

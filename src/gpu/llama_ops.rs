@@ -1,10 +1,10 @@
 //! The GPU Device's Llama-family ops (`device_ops`'s trait methods delegate here): RMSNorm on
 //! `layernorm.cu`'s `rmsnorm_fwd_bf16` / `rmsnorm_bwd_bf16` (16-bit activations, f32 weight and
 //! statistics), SwiGLU on `gelu.cu`'s `swiglu_fwd_bf16` / `swiglu_bwd_bf16`, rotary embedding on
-//! `rope.cu`'s `rope_fwd_bf16` / `rope_bwd_bf16` (f32 table), on CUDA and on HIP (the
-//! kernels-hip/ twins of the same names, arguments and grids). What has no kernel (f32
-//! activations) ends the process with `device::unbuilt`'s error; `train` refuses such a run before
-//! any work (`config.rs`).
+//! `rope.cu`'s `rope_fwd_bf16` / `rope_bwd_bf16` (f32 table), on CUDA and on HIP (one source
+//! each in `kernels/`, the same names, arguments and grids). What has no kernel (f32
+//! activations) abandons the op with `device::unbuilt`'s error (`error::fail`: the command ends
+//! with it); `train` refuses such a run before any work (`config.rs`).
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};

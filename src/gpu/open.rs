@@ -68,7 +68,7 @@ impl OpenGpu {
         })
     }
 
-    /// GPU `ordinal` of the HIP runtime, its kernels (kernels-hip/) compiled for the device's gfx
+    /// GPU `ordinal` of the HIP runtime, its kernels (kernels/ and kernels-hip/) compiled for the device's gfx
     /// architecture by hipRTC through the disk cache (or taken from this build's precompiled code
     /// objects) as the modules of `storage`.
     pub fn hip(ordinal: usize, storage: Storage) -> Result<OpenGpu> {
