@@ -5,7 +5,7 @@ use crate::checkpoint;
 use crate::checkpoint::shape::model_from_shard;
 use crate::data::tokenizer::{PieceCache, Tokenizer};
 use crate::device::cpu::CpuDevice;
-use crate::device::Device;
+use crate::device::prelude::*;
 use crate::error::{Error, Result};
 use crate::model::gpt::KvCache;
 use crate::model::Gpt;

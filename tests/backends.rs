@@ -5,7 +5,7 @@ mod common;
 use common::numeric::assert_close;
 use trident::device::cpu::CpuDevice;
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AdamWStep, AttentionShape, Device};
+use trident::device::{AdamWStep, AdamWTensor, AttentionShape, Device, Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
@@ -41,9 +41,8 @@ fn compare(what: &str, inputs: &[Vec<f32>], op: Op) {
 }
 
 /// The ops under test, over host vectors, so one closure drives both devices.
-#[allow(clippy::too_many_arguments)]
 trait AnyDevice {
-    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>>;
+    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], shape: Gemm, dy: &[f32]) -> Vec<Vec<f32>>;
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
     fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>>;
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>>;
@@ -51,25 +50,31 @@ trait AnyDevice {
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
 }
 
-#[allow(clippy::too_many_arguments)]
 impl<D: Device> AnyDevice for D {
-    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, k: usize, n: usize, dy: &[f32]) -> Vec<Vec<f32>> {
+    fn linear(&self, x: &[f32], w: &[f32], b: &[f32], shape: Gemm, dy: &[f32]) -> Vec<Vec<f32>> {
+        let Gemm { rows, k, n } = shape;
         let (x, w, b, dy) = (on(self, x), on(self, w), on(self, b), on(self, dy));
         let mut out = self.alloc(rows * n);
-        self.linear_forward(&mut out, &x, &w, Some(&b), rows, k, n);
+        self.linear_forward(&mut out, &x, &w, Some(&b), shape);
         let mut dx = self.alloc(rows * k);
         let mut dw = on(self, &vec![0.5; n * k]);
         let mut db = on(self, &vec![0.25; n]);
-        self.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &dy, &x, &w, rows, k, n);
+        self.linear_backward(Some(&mut dx), (&mut dw, Some(&mut db)), &dy, &x, &w, shape);
         vec![host(self, &out), host(self, &dx), host(self, &dw), host(self, &db)]
     }
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>> {
         let (x, w, b, dy) = (on(self, x), on(self, w), on(self, b), on(self, dy));
         let (mut out, mut mean, mut rstd) = (self.alloc(rows * cols), self.alloc(rows), self.alloc(rows));
-        self.layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, rows, cols);
+        self.layernorm_forward(&mut out, (&mut mean, &mut rstd), &x, (&w, &b), Matrix { rows, cols });
         let mut dx = on(self, &vec![1.0; rows * cols]);
         let (mut dw, mut db) = (self.alloc(cols), self.alloc(cols));
-        self.layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, rows, cols);
+        self.layernorm_backward(
+            &mut dx,
+            (&mut dw, &mut db),
+            &dy,
+            LayerNormSaved { inp: &x, weight: &w, mean: &mean, rstd: &rstd },
+            Matrix { rows, cols },
+        );
         vec![host(self, &out), host(self, &dx), host(self, &dw), host(self, &db)]
     }
     fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>> {
@@ -85,10 +90,10 @@ impl<D: Device> AnyDevice for D {
         // A shard starting at 100: targets below it are in another shard.
         let (mut max, mut stats) = (self.scalars(rows), self.scalars(2 * rows));
         self.cross_entropy_max(&l, rows, vocab, &mut max);
-        self.cross_entropy_partials(&l, targets, 100, rows, vocab, &max, &mut stats);
+        self.cross_entropy_partials(&l, targets, Logits { rows, vocab, vocab_start: 100 }, &max, &mut stats);
         let mut loss = self.scalars(1);
         self.cross_entropy_loss(&max, &stats, rows, &mut loss, 0);
-        self.cross_entropy_backward(&mut l, targets, 100, rows, vocab, &max, &stats, 0.5);
+        self.cross_entropy_backward(&mut l, targets, Logits { rows, vocab, vocab_start: 100 }, &max, &stats, 0.5);
         let read = |s: &D::Scalars, n: usize| {
             let mut v = vec![0.0; n];
             self.read_scalars(s, &mut v);
@@ -101,13 +106,13 @@ impl<D: Device> AnyDevice for D {
         let [batch, seq, hidden] = dims;
         let (wte_b, wpe_b, dy) = (on(self, wte), on(self, wpe), on(self, dy));
         let mut out = self.alloc(batch * seq * hidden);
-        self.embedding_forward(&mut out, tokens, &wte_b, 3, batch, seq, hidden);
+        self.embedding_forward(&mut out, &wte_b, Tokens { ids: tokens, batch, seq, vocab_start: 3 }, hidden);
         self.position_forward(&mut out, &wpe_b, batch, 0, seq, hidden);
         let (mut dte, mut dpe) = (on(self, wte), on(self, wpe));
-        self.embedding_backward(&mut dte, &dy, tokens, 3, batch, seq, hidden);
+        self.embedding_backward(&mut dte, &dy, Tokens { ids: tokens, batch, seq, vocab_start: 3 }, hidden);
         self.position_backward(&mut dpe, &dy, batch, 0, seq, hidden);
         let mut biased = on(self, &host(self, &out));
-        self.add_bias(&mut biased, &on(self, &wpe[..hidden]), batch * seq, hidden);
+        self.add_bias(&mut biased, &on(self, &wpe[..hidden]), Matrix { rows: batch * seq, cols: hidden });
         vec![host(self, &out), host(self, &dte), host(self, &dpe), host(self, &biased)]
     }
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>> {
@@ -129,7 +134,8 @@ impl<D: Device> AnyDevice for D {
         let mut scale = self.scalars(1);
         self.write_scalars(&mut scale, &[0.5]);
         for s in 1..=3 {
-            self.adamw(&mut p, &yb, &mut m, &mut v, AdamWStep { step: s, ..step }, (&scale, 0), None);
+            let t = AdamWTensor { param: &mut p, grad: &yb, m: &mut m, v: &mut v, decayed: true, working: None };
+            self.adamw(t, AdamWStep { step: s, ..step }, (&scale, 0));
         }
         vec![
             host(self, &g),
@@ -148,7 +154,9 @@ fn linear_matches_reference_on_awkward_shapes() {
     for &(rows, k, n) in &[(1, 1, 1), (7, 5, 3), (67, 129, 200), (130, 64, 17), (33, 300, 96)] {
         let inputs =
             vec![random(rows * k, "x", 1.0), random(n * k, "w", 0.1), random(n, "b", 1.0), random(rows * n, "dy", 1.0)];
-        compare(&format!("linear {rows}x{k}x{n}"), &inputs, &|d, i| d.linear(&i[0], &i[1], &i[2], rows, k, n, &i[3]));
+        compare(&format!("linear {rows}x{k}x{n}"), &inputs, &|d, i| {
+            d.linear(&i[0], &i[1], &i[2], Gemm { rows, k, n }, &i[3])
+        });
     }
 }
 

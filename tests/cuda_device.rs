@@ -14,7 +14,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use trident::device::Device;
+use trident::device::prelude::*;
+use trident::device::Matrix;
 use trident::gpu::device::GpuDevice;
 
 const SEED: u64 = 23;
@@ -29,7 +30,11 @@ fn emulated() -> Option<&'static Emulated> {
 fn device() -> Option<&'static GpuDevice> {
     static DEV: OnceLock<GpuDevice> = OnceLock::new();
     emulated()?;
-    Some(DEV.get_or_init(|| GpuDevice::cuda(0).unwrap_or_else(|e| panic!("the CUDA Device on the emulated driver: {e}"))))
+    Some(
+        DEV.get_or_init(|| {
+            GpuDevice::cuda(0).unwrap_or_else(|e| panic!("the CUDA Device on the emulated driver: {e}"))
+        }),
+    )
 }
 
 #[test]
@@ -124,10 +129,10 @@ fn rmsnorm_backward_sums_its_block_groups_deterministically() {
     };
     let (gx, gdy, gw) = (up16(&x), up16(&dy), up(dev, &w));
     let (mut out, mut rstd) = (dev.alloc_in(rows * cols, Bf16), dev.alloc(rows));
-    dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, rows, cols, 1e-6);
+    dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, Matrix { rows, cols }, 1e-6);
     let run = || {
         let (mut dx, mut dw) = (up16(&vec![0.25; rows * cols]), up(dev, &vec![1.0; cols]));
-        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, &gx, &gw, &rstd, rows, cols);
+        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, (&gx, &gw), &rstd, Matrix { rows, cols });
         (down(dev, &dx), down(dev, &dw))
     };
     let (dx, dw) = run();
@@ -135,9 +140,9 @@ fn rmsnorm_backward_sums_its_block_groups_deterministically() {
     let r = ReferenceDevice;
     let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     let (mut rout, mut rrstd) = (vec![0.0; rows * cols], vec![0.0; rows]);
-    r.rmsnorm_forward(&mut rout, &mut rrstd, &wide(&x), &wide(&w), rows, cols, 1e-6);
+    r.rmsnorm_forward(&mut rout, &mut rrstd, &wide(&x), &wide(&w), Matrix { rows, cols }, 1e-6);
     let (mut rdx, mut rdw) = (vec![0.25; rows * cols], vec![1.0; cols]);
-    r.rmsnorm_backward(&mut rdx, &mut rdw, &wide(&dy), &wide(&x), &wide(&w), &rrstd, rows, cols);
+    r.rmsnorm_backward(&mut rdx, &mut rdw, &wide(&dy), (&wide(&x), &wide(&w)), &rrstd, Matrix { rows, cols });
     for c in [
         compare("rmsnorm_forward out", "", &down(dev, &out), &rout, Bound::Bf16),
         compare("rmsnorm_backward dinp", "", &dx, &rdx, Bound::Bf16),
@@ -544,7 +549,9 @@ fn the_emulating_driver_checks_images_names_and_launches() {
     let Some(emu) = emulated() else { return };
     let rt = CudaRuntime::new(Driver::load().unwrap(), 0).unwrap();
     let cache = emu.env.iter().find(|(k, _)| *k == "TRIDENT_CACHE_DIR").unwrap().1.clone();
-    let image = KernelModules::new(ModuleCache::new(&cache)).image("casts.cu", "sm_80", trident::gpu::kernels::Storage::Bf16).unwrap();
+    let image = KernelModules::new(ModuleCache::new(&cache))
+        .image("casts.cu", "sm_80", trident::gpu::kernels::Storage::Bf16)
+        .unwrap();
     // A CUBIN loads; a name it does not hold is not found, even one another file defines.
     let module = rt.load_module(&image.bytes).unwrap();
     assert!(rt.function(module, "cast_f32_to_bf16").is_ok());

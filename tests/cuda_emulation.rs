@@ -12,8 +12,10 @@ mod common;
 use common::emu::*;
 use common::emu_cases::{self, gemm_bwd_by, gemm_bwd_input_bf16_out_by, gemm_by, gemm_case, GemmCase};
 
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AttentionShape, Device};
+use trident::device::AttentionShape;
+use trident::device::{LayerNormSaved, Logits, Matrix, Tokens};
 use trident::real::Precision;
 
 const CUDA: Vendor = Vendor {
@@ -276,11 +278,17 @@ fn tensor_ops_reductions() {
         let f = |h: &[f32]| reference(&dev, h);
         let (rx, rdy, rw, rb) = (f(&x), f(&dy), f(&w), f(&b));
         let (mut out, mut mean, mut rstd) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
-        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+        dev.layernorm_forward(&mut out, (&mut mean, &mut rstd), &rx, (&rw, &rb), Matrix { rows, cols });
         check_f32(&format!("{name} layernorm out"), &case.get_f32("out"), &out, 1e-5);
         check_f32(&format!("{name} layernorm rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
         let (mut dinp, mut dw, mut db) = (f(&dinp0), f(&dw0), f(&db0));
-        dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdy, &rx, &rw, &mean, &rstd, rows, cols);
+        dev.layernorm_backward(
+            &mut dinp,
+            (&mut dw, &mut db),
+            &rdy,
+            LayerNormSaved { inp: &rx, weight: &rw, mean: &mean, rstd: &rstd },
+            Matrix { rows, cols },
+        );
         // The harness adds Σ_rows dy into dbias once more (column_sum_add_f32, the bias gradient).
         for (c, d) in db.iter_mut().enumerate() {
             *d += (0..rows).map(|r| rdy[r * cols + c]).sum::<f64>();
@@ -289,22 +297,29 @@ fn tensor_ops_reductions() {
         check_f32(&format!("{name} layernorm dweight"), &case.get_f32("dweight"), &dw, 1e-5);
         check_f32(&format!("{name} dbias"), &case.get_f32("dbias"), &db, 1e-5);
         let mut sums = vec![0f64; rows];
-        dev.layernorm_sums(&rx, rows, cols, None, &mut sums);
+        dev.layernorm_sums(&rx, Matrix { rows, cols }, None, &mut sums);
         check_f32(&format!("{name} layernorm_sums"), &case.get_f64_as_f32("sums"), &sums, 1e-6);
         let [max, sum_exp, target] = emu_cases::cross_entropy_reference(&rx, &tokens, 0, cols);
         assert_eq!(case.get_f64("max"), max, "{name} xent max");
         check_f32(&format!("{name} xent sum_exp"), &case.get_f64_as_f32("sum_exp"), &sum_exp, 1e-6);
         assert_eq!(case.get_f64("target_logit"), target, "{name} xent target logit");
         let mut dlogits = rx.clone();
-        dev.cross_entropy_backward(&mut dlogits, &tokens, 0, rows, cols, &max, &sum_exp, 0.5);
+        dev.cross_entropy_backward(
+            &mut dlogits,
+            &tokens,
+            Logits { rows, vocab: cols, vocab_start: 0 },
+            &max,
+            &sum_exp,
+            0.5,
+        );
         check(&format!("{name} xent backward"), &case.get_f32("dlogits"), &dlogits, 1e-6, 1e-5);
         let mut dwte = f(&dwte0);
-        dev.embedding_backward(&mut dwte, &rdy, &tokens, 0, 1, rows, cols);
+        dev.embedding_backward(&mut dwte, &rdy, Tokens { ids: &tokens, batch: 1, seq: rows, vocab_start: 0 }, cols);
         check_f32(&format!("{name} embedding backward"), &case.get_f32("dwte"), &dwte, 1e-5);
         let in_order = emu_cases::embedding_backward_in_order(&dwte0, &dy, &tokens, 0, 1, rows, cols);
         assert_eq!(case.get_f32("dwte"), in_order, "{name}: dwte is not the (t, b)-order f32 sum");
         let mut biased = rx.clone();
-        dev.add_bias(&mut biased, &rb, rows, cols);
+        dev.add_bias(&mut biased, &rb, Matrix { rows, cols });
         check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
         let mut gelu = dev.alloc(n);
         dev.gelu_forward(&mut gelu, &rx);

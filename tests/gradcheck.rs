@@ -3,12 +3,13 @@
 
 mod common;
 use common::numeric::{check_gradient as check, EPS};
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AttentionShape, Device};
+use trident::device::AttentionShape;
+use trident::device::{Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
-
 
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(99, name, 7);
@@ -29,12 +30,24 @@ fn layernorm_backward_matches_finite_differences() {
     let r = random(rows * cols, "r", 1.0);
     let fwd = |x: &[f64], w: &[f64], b: &[f64]| {
         let (mut out, mut mean, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
-        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &x.to_vec(), &w.to_vec(), &b.to_vec(), rows, cols);
+        dev.layernorm_forward(
+            &mut out,
+            (&mut mean, &mut rstd),
+            &x.to_vec(),
+            (&w.to_vec(), &b.to_vec()),
+            Matrix { rows, cols },
+        );
         (out, mean, rstd)
     };
     let (_, mean, rstd) = fwd(&x, &w, &b);
     let (mut dx, mut dw, mut db) = (vec![0.0; rows * cols], vec![0.0; cols], vec![0.0; cols]);
-    dev.layernorm_backward(&mut dx, &mut dw, &mut db, &r, &x, &w, &mean, &rstd, rows, cols);
+    dev.layernorm_backward(
+        &mut dx,
+        (&mut dw, &mut db),
+        &r,
+        LayerNormSaved { inp: &x, weight: &w, mean: &mean, rstd: &rstd },
+        Matrix { rows, cols },
+    );
     let (x0, w0, b0) = (x.clone(), w.clone(), b.clone());
     check("layernorm dx", &mut x, &dx, &mut |x| dot(&fwd(x, &w0, &b0).0, &r));
     check("layernorm dw", &mut w, &dw, &mut |w| dot(&fwd(&x0, w, &b0).0, &r));
@@ -51,11 +64,11 @@ fn linear_backward_matches_finite_differences() {
     let r = random(rows * n, "r", 1.0);
     let fwd = |x: &[f64], w: &[f64], b: &[f64]| {
         let mut out = vec![0.0; rows * n];
-        dev.linear_forward(&mut out, &x.to_vec(), &w.to_vec(), Some(&b.to_vec()), rows, k, n);
+        dev.linear_forward(&mut out, &x.to_vec(), &w.to_vec(), Some(&b.to_vec()), Gemm { rows, k, n });
         dot(&out, &r)
     };
     let (mut dx, mut dw, mut db) = (vec![0.0; rows * k], vec![0.0; n * k], vec![0.0; n]);
-    dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &r, &x, &w, rows, k, n);
+    dev.linear_backward(Some(&mut dx), (&mut dw, Some(&mut db)), &r, &x, &w, Gemm { rows, k, n });
     let (x0, w0, b0) = (x.clone(), w.clone(), b.clone());
     check("linear dx", &mut x, &dx, &mut |x| fwd(x, &w0, &b0));
     check("linear dw", &mut w, &dw, &mut |w| fwd(&x0, w, &b0));
@@ -126,7 +139,7 @@ fn cross_entropy_gradient_matches_finite_differences() {
     let stats = |l: &Vec<f64>| {
         let (mut max, mut sum_exp) = (vec![0.0; rows], vec![0.0; 2 * rows]);
         dev.cross_entropy_max(l, rows, vocab, &mut max);
-        dev.cross_entropy_partials(l, &targets, 0, rows, vocab, &max, &mut sum_exp);
+        dev.cross_entropy_partials(l, &targets, Logits { rows, vocab, vocab_start: 0 }, &max, &mut sum_exp);
         let target = sum_exp.split_off(rows);
         (max, sum_exp, target)
     };
@@ -136,7 +149,7 @@ fn cross_entropy_gradient_matches_finite_differences() {
     };
     let mut grad = logits.clone();
     let (max, sum_exp, _) = stats(&grad);
-    dev.cross_entropy_backward(&mut grad, &targets, 0, rows, vocab, &max, &sum_exp, 1.0);
+    dev.cross_entropy_backward(&mut grad, &targets, Logits { rows, vocab, vocab_start: 0 }, &max, &sum_exp, 1.0);
     check("cross entropy dlogits", &mut logits, &grad, &mut |l| loss(l));
 }
 
@@ -150,12 +163,12 @@ fn embedding_backward_matches_finite_differences() {
     let r = random(batch * seq * hidden, "r", 1.0);
     let fwd = |wte: &[f64], wpe: &[f64]| {
         let mut out = vec![0.0; batch * seq * hidden];
-        dev.embedding_forward(&mut out, &tokens, &wte.to_vec(), 0, batch, seq, hidden);
+        dev.embedding_forward(&mut out, &wte.to_vec(), Tokens { ids: &tokens, batch, seq, vocab_start: 0 }, hidden);
         dev.position_forward(&mut out, &wpe.to_vec(), batch, 0, seq, hidden);
         dot(&out, &r)
     };
     let (mut dte, mut dpe) = (vec![0.0; wte.len()], vec![0.0; wpe.len()]);
-    dev.embedding_backward(&mut dte, &r, &tokens, 0, batch, seq, hidden);
+    dev.embedding_backward(&mut dte, &r, Tokens { ids: &tokens, batch, seq, vocab_start: 0 }, hidden);
     dev.position_backward(&mut dpe, &r, batch, 0, seq, hidden);
     let (te0, pe0) = (wte.clone(), wpe.clone());
     check("embedding dwte", &mut wte, &dte, &mut |w| fwd(w, &pe0));

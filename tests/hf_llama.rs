@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 use trident::checkpoint::convert::read_full;
 use trident::checkpoint::hf_files::{read_safetensors, write_safetensors};
 use trident::device::cpu::CpuDevice;
-use trident::device::Device;
+use trident::device::prelude::*;
 use trident::model::Gpt;
 use trident::parallel::tensor::TensorParallel;
 

@@ -19,7 +19,7 @@ use common::*;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use trident::device::Device;
+use trident::device::prelude::*;
 use trident::gpu::device::GpuDevice;
 
 const SEED: u64 = 29;

@@ -21,8 +21,9 @@ mod common;
 use common::emu::*;
 use common::emu_cases::{self, gemm_bwd_by, gemm_case, layernorm_inputs, GemmCase};
 
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::Device;
+use trident::device::{LayerNormSaved, Logits, Matrix, Tokens};
 use trident::real::Precision;
 
 const HIP: Vendor = Vendor {
@@ -176,7 +177,7 @@ fn layernorm_forward(v: &Vendor, rows: usize, cols: usize) -> (Case, [Vec<f64>; 
     let dev = ReferenceDevice;
     let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
     let (rx, rw, rb) = (reference(&dev, &inp), reference(&dev, &weight), reference(&dev, &bias));
-    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    dev.layernorm_forward(&mut out, (&mut mean, &mut rstd), &rx, (&rw, &rb), Matrix { rows, cols });
     (case, [out, mean, rstd])
 }
 
@@ -238,15 +239,20 @@ fn run_tensor_rows(v: &Vendor, rows: usize, cols: usize, vocab_start: usize) {
         (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias), reference(&dev, &dout));
     // The whole rows' f64 statistics of the split LayerNorm, from the reference.
     let mut sums = vec![0.0; rows];
-    dev.layernorm_sums(&rx, rows, cols, None, &mut sums);
+    dev.layernorm_sums(&rx, Matrix { rows, cols }, None, &mut sums);
     let mean64: Vec<f64> = sums.iter().map(|s| s / cols as f64).collect();
     let mut sq = vec![0.0; rows];
-    dev.layernorm_sums(&rx, rows, cols, Some(&mean64), &mut sq);
+    dev.layernorm_sums(&rx, Matrix { rows, cols }, Some(&mean64), &mut sq);
     let rstd64: Vec<f64> = sq.iter().map(|s| 1.0 / (s / cols as f64 + 1e-5).sqrt()).collect();
     let (mut out, mut mean, mut rstd) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
-    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    dev.layernorm_forward(&mut out, (&mut mean, &mut rstd), &rx, (&rw, &rb), Matrix { rows, cols });
     let mut bsums = vec![0.0; 2 * rows];
-    dev.layernorm_backward_sums(&rd, &rx, &rw, &mean, &rstd, rows, cols, &mut bsums);
+    dev.layernorm_backward_sums(
+        &rd,
+        LayerNormSaved { inp: &rx, weight: &rw, mean: &mean, rstd: &rstd },
+        Matrix { rows, cols },
+        &mut bsums,
+    );
     let inputs = [("x", &x), ("weight", &weight), ("bias", &bias), ("dout", &dout), ("dinp", &dinp0)];
     for (k, values) in inputs.into_iter().chain([("dweight", &dw0), ("dbias", &db0)]) {
         case.put_f32(k, values);
@@ -264,22 +270,40 @@ fn run_tensor_rows(v: &Vendor, rows: usize, cols: usize, vocab_start: usize) {
     // Backward on the kernel's own f32 statistics, as the Device runs it.
     let (m32, r32) = (reference(&dev, &case.get_f32("mean")), reference(&dev, &case.get_f32("rstd")));
     let (mut dx, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
-    dev.layernorm_backward(&mut dx, &mut dw, &mut db, &rd, &rx, &rw, &m32, &r32, rows, cols);
+    dev.layernorm_backward(
+        &mut dx,
+        (&mut dw, &mut db),
+        &rd,
+        LayerNormSaved { inp: &rx, weight: &rw, mean: &m32, rstd: &r32 },
+        Matrix { rows, cols },
+    );
     check_f32(&format!("{name} dinp"), &case.get_f32("dx"), &dx, 1e-4);
     check_f32(&format!("{name} dweight"), &case.get_f32("dw"), &dw, 1e-4);
     check_f32(&format!("{name} dbias"), &case.get_f32("db"), &db, 1e-4);
     check_f32(&format!("{name} row sums"), &case.get_f64_as_f32("sums"), &sums, 1e-6);
     check_f32(&format!("{name} squared deviations"), &case.get_f64_as_f32("sqsums"), &sq, 1e-6);
     let mut bs = vec![0.0; 2 * rows];
-    dev.layernorm_backward_sums(&rd, &rx, &rw, &m32, &r32, rows, cols, &mut bs);
+    dev.layernorm_backward_sums(
+        &rd,
+        LayerNormSaved { inp: &rx, weight: &rw, mean: &m32, rstd: &r32 },
+        Matrix { rows, cols },
+        &mut bs,
+    );
     check_f32(&format!("{name} backward sums"), &case.get_f64_as_f32("bsums"), &bs, 1e-5);
     let (mut split, mut sm, mut sr) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
-    dev.layernorm_apply(&mut split, &mut sm, &mut sr, &rx, &rw, &rb, &mean64, &rstd64, rows, cols);
+    dev.layernorm_apply(&mut split, (&mut sm, &mut sr), &rx, (&rw, &rb), (&mean64, &rstd64), Matrix { rows, cols });
     check_f32(&format!("{name} split out"), &case.get_f32("split"), &split, 1e-5);
     check_f32(&format!("{name} split mean"), &case.get_f32("split_mean"), &sm, 1e-6);
     check_f32(&format!("{name} split rstd"), &case.get_f32("split_rstd"), &sr, 1e-6);
     let (mut sdx, mut sdw, mut sdb) = (reference(&dev, &dinp0), dev.alloc(cols), dev.alloc(cols));
-    dev.layernorm_backward_apply(&mut sdx, &mut sdw, &mut sdb, &rd, &rx, &rw, &m32, &r32, &bsums, cols, rows, cols);
+    dev.layernorm_backward_apply(
+        &mut sdx,
+        (&mut sdw, &mut sdb),
+        &rd,
+        LayerNormSaved { inp: &rx, weight: &rw, mean: &m32, rstd: &r32 },
+        (&bsums, cols),
+        Matrix { rows, cols },
+    );
     check_f32(&format!("{name} split dinp"), &case.get_f32("split_dx"), &sdx, 1e-4);
     // x as logits of a vocabulary shard.
     let [max, sum_exp, tl] = emu_cases::cross_entropy_reference(&rx, &targets, vocab_start, cols);
@@ -287,13 +311,13 @@ fn run_tensor_rows(v: &Vendor, rows: usize, cols: usize, vocab_start: usize) {
     check_f32(&format!("{name} xent sum_exp"), &case.get_f64_as_f32("sum_exp"), &sum_exp, 1e-6);
     check_f32(&format!("{name} xent target logit"), &case.get_f64_as_f32("target_logit"), &tl, 0.0);
     let mut dl = rx.clone();
-    dev.cross_entropy_backward(&mut dl, &targets, vocab_start, rows, cols, &max, &sum_exp, scale);
+    dev.cross_entropy_backward(&mut dl, &targets, Logits { rows, vocab: cols, vocab_start }, &max, &sum_exp, scale);
     check_f32(&format!("{name} dlogits"), &case.get_f32("dlogits"), &dl, 1e-5);
     let colsum: Vec<f64> =
         (0..cols).map(|c| db0[c] as f64 + (0..rows).map(|r| dout[r * cols + c] as f64).sum::<f64>()).collect();
     check_f32(&format!("{name} column sums"), &case.get_f32("colsum"), &colsum, 1e-5);
     let mut biased = rx.clone();
-    dev.add_bias(&mut biased, &rb, rows, cols);
+    dev.add_bias(&mut biased, &rb, Matrix { rows, cols });
     check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
     let ssq: f64 = case.get_f64("partials").iter().sum();
     let mut acc = vec![0.0];
@@ -365,12 +389,12 @@ fn tensor_ops_element_wise_and_embedding() {
         let shape = args(&[&batch, &seq, &hidden, &vocab_start, &vocab_rows, &t0, &segments, &words]);
         case.run("tensor_embedding", &shape);
         let mut out = dev.alloc(batch * seq * hidden);
-        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        dev.embedding_forward(&mut out, &reference(&dev, &wte), Tokens { ids: &toks, batch, seq, vocab_start }, hidden);
         dev.position_forward(&mut out, &reference(&dev, &wpe), batch, t0, seq, hidden);
         check_f32(&format!("{name} out"), &case.get_f32("out"), &out, 1e-6);
         let rd = reference(&dev, &dout);
         let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
-        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.embedding_backward(&mut dwte, &rd, Tokens { ids: &toks, batch, seq, vocab_start }, hidden);
         dev.position_backward(&mut dwpe, &rd, batch, t0, seq, hidden);
         check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
         let in_order = emu_cases::embedding_backward_in_order(&dwte0, &dout, &toks, vocab_start, batch, seq, hidden);

@@ -7,12 +7,13 @@
 mod common;
 use common::numeric::{assert_close, check_gradient as check, EPS};
 use trident::device::cpu::CpuDevice;
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
+use trident::device::Matrix;
 use trident::device::{AttentionShape, Device, Rotary};
 use trident::model::{Arch, Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
-
 
 fn random(n: usize, name: &str, scale: f64) -> Vec<f64> {
     let s = Stream::new(77, name, 5);
@@ -30,7 +31,7 @@ fn rmsnorm_backward_matches_finite_differences() {
     let (mut x, mut w, r) = (random(rows * cols, "x", 1.0), random(cols, "w", 1.0), random(rows * cols, "r", 1.0));
     let fwd = |x: &[f64], w: &[f64]| {
         let (mut out, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows]);
-        dev.rmsnorm_forward(&mut out, &mut rstd, &x.to_vec(), &w.to_vec(), rows, cols, eps);
+        dev.rmsnorm_forward(&mut out, &mut rstd, &x.to_vec(), &w.to_vec(), Matrix { rows, cols }, eps);
         (out, rstd)
     };
     let (out, rstd) = fwd(&x, &w);
@@ -43,7 +44,7 @@ fn rmsnorm_backward_matches_finite_differences() {
         }
     }
     let (mut dx, mut dw) = (vec![0.5; rows * cols], vec![0.25; cols]);
-    dev.rmsnorm_backward(&mut dx, &mut dw, &r, &x, &w, &rstd, rows, cols);
+    dev.rmsnorm_backward(&mut dx, &mut dw, &r, (&x, &w), &rstd, Matrix { rows, cols });
     // "+=": the gradients arrive on top of what the buffers held.
     dx.iter_mut().for_each(|v| *v -= 0.5);
     dw.iter_mut().for_each(|v| *v -= 0.25);
@@ -231,7 +232,8 @@ fn whole_llama_backward_matches_finite_differences() {
 #[test]
 fn a_llamas_parameters_are_megatrons() {
     let cfg = llama_config(tiny_llama());
-    let names: Vec<String> = cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.name).collect();
+    let names: Vec<String> =
+        cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.name).collect();
     let layer0: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix("decoder.layers.0.")).collect();
     assert_eq!(
         layer0,
@@ -246,7 +248,8 @@ fn a_llamas_parameters_are_megatrons() {
     );
     assert_eq!(names[0], "embedding.word_embeddings.weight");
     assert_eq!(&names[names.len() - 2..], ["decoder.final_layernorm.weight", "output_layer.weight"]);
-    let shapes: Vec<Vec<usize>> = cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.shape).collect();
+    let shapes: Vec<Vec<usize>> =
+        cfg.parameters(&trident::model::ModelParallel::single()).into_iter().map(|p| p.shape).collect();
     // QKV: 4 query heads and 2 key + 2 value heads of 4; fc1: gate and up, 12 each.
     assert_eq!(shapes[2], [32, 16]);
     assert_eq!(shapes[5], [24, 16]);
@@ -266,12 +269,22 @@ fn down<D: Device>(dev: &D, buf: &D::Buf) -> Vec<f32> {
 
 /// Every new op forward and backward on `dev`, outputs to the host: RMSNorm on rows of `cols`,
 /// SwiGLU of width `f`, rotary embedding and (grouped-query) attention of `shape`.
-fn ops_on<D: Device>(dev: &D, (rows, cols, f): (usize, usize, usize), shape: AttentionShape, rd: usize) -> Vec<Vec<f32>> {
+fn ops_on<D: Device>(
+    dev: &D,
+    (rows, cols, f): (usize, usize, usize),
+    shape: AttentionShape,
+    rd: usize,
+) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
-    let (x, w, dy) = (up(dev, &random(rows * cols, "x", 1.0)), up(dev, &random(cols, "w", 1.0)), up(dev, &random(rows * cols, "dy", 1.0)));
-    let (mut y, mut rstd, mut dx, mut dw) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows * cols), dev.alloc(cols));
-    dev.rmsnorm_forward(&mut y, &mut rstd, &x, &w, rows, cols, 1e-6);
-    dev.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &rstd, rows, cols);
+    let (x, w, dy) = (
+        up(dev, &random(rows * cols, "x", 1.0)),
+        up(dev, &random(cols, "w", 1.0)),
+        up(dev, &random(rows * cols, "dy", 1.0)),
+    );
+    let (mut y, mut rstd, mut dx, mut dw) =
+        (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows * cols), dev.alloc(cols));
+    dev.rmsnorm_forward(&mut y, &mut rstd, &x, &w, Matrix { rows, cols }, 1e-6);
+    dev.rmsnorm_backward(&mut dx, &mut dw, &dy, (&x, &w), &rstd, Matrix { rows, cols });
     out.extend([&y, &rstd, &dx, &dw].map(|b| down(dev, b)));
     let (g, dg) = (up(dev, &random(rows * 2 * f, "g", 2.0)), up(dev, &random(rows * f, "dg", 1.0)));
     let (mut s, mut ds) = (dev.alloc(rows * f), dev.alloc(rows * 2 * f));

@@ -1,5 +1,5 @@
 //! `WorkCounters`: what a device's work has cost so far, as the device counts it
-//! (`Device::work_counters`; the GPU Device's runtime counts every call it makes, the CPU counts
+//! (`Memory::work_counters`; the GPU Device's runtime counts every call it makes, the CPU counts
 //! nothing). A snapshot is plain numbers; `since` gives the work between two snapshots, `add`
 //! sums pieces of work, and `fields` names every total the way `bench step --json` and the
 //! emulating GPU runtimes' counter files (tests/gpu/emu_runtime.h) write them.

@@ -2,8 +2,9 @@
 //! one attention head: the reference device runs it serially in f64, the CPU device in parallel
 //! in f32, so the oracle and the fast path cannot drift apart in their formulas.
 
-use super::{AdamWStep, AttentionShape};
+use super::{AdamWStep, AttentionShape, LayerNormSaved, Matrix, Tokens};
 use crate::real::Real;
+use std::ops::Range;
 
 /// Megatron's default `--layernorm-epsilon`.
 pub const LAYERNORM_EPS: f64 = 1e-5;
@@ -16,11 +17,9 @@ const GELU_CUBIC: f64 = 0.044_715;
 #[inline(always)]
 pub fn layernorm_forward_rows<R: Real>(
     out: &mut [R],
-    mean: &mut [R],
-    rstd: &mut [R],
+    (mean, rstd): (&mut [R], &mut [R]),
     inp: &[R],
-    weight: &[R],
-    bias: &[R],
+    (weight, bias): (&[R], &[R]),
     cols: usize,
 ) {
     let eps = R::from_f64(LAYERNORM_EPS);
@@ -47,15 +46,12 @@ fn normalize_row<R: Real>(y: &mut [R], x: &[R], (mu, rs): (R, R), weight: &[R], 
 /// One row's LayerNorm gradients from the row's statistics and its means of `g = dy·weight` and
 /// of `g·x̂`: `dinp += rstd · (g - mean(g) - x̂ · mean(g·x̂))`, and the row's contributions
 /// `dweight += dy·x̂`, `dbias += dy`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn layernorm_backward_row<R: Real>(
     dx: &mut [R],
-    dweight: &mut [R],
-    dbias: &mut [R],
+    (dweight, dbias): (&mut [R], &mut [R]),
     dy: &[R],
-    x: &[R],
-    weight: &[R],
+    (x, weight): (&[R], &[R]),
     (mu, rs): (R, R),
     (mean_g, mean_gx): (R, R),
 ) {
@@ -69,17 +65,12 @@ fn layernorm_backward_row<R: Real>(
 
 /// LayerNorm backward for a block of rows: `dinp +=` the input gradient, and the block's
 /// contribution to the weight and bias gradients is added to `dweight` / `dbias`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn layernorm_backward_rows<R: Real>(
     dinp: &mut [R],
-    dweight: &mut [R],
-    dbias: &mut [R],
+    (dweight, dbias): (&mut [R], &mut [R]),
     dout: &[R],
-    inp: &[R],
-    weight: &[R],
-    mean: &[R],
-    rstd: &[R],
+    LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, [R]>,
     cols: usize,
 ) {
     let n = R::from_f64(cols as f64);
@@ -107,7 +98,7 @@ pub fn layernorm_backward_rows<R: Real>(
             column(c, c - full);
         }
         let means = (combine_lanes(acc_g) / n, combine_lanes(acc_gx) / n);
-        layernorm_backward_row(dx, dweight, dbias, dy, x, weight, (mu, rs), means);
+        layernorm_backward_row(dx, (dweight, dbias), dy, (x, weight), (mu, rs), means);
     }
 }
 
@@ -115,7 +106,7 @@ pub fn layernorm_backward_rows<R: Real>(
 /// forward: each row's sum over this rank's columns, of `x` (no `mean`) or of `(x - mean)²`.
 /// The four steps of the split LayerNorm take whole buffers and work on their first `rows` rows,
 /// serially: both host devices run them as they are (the reference in f64, the CPU in f32).
-pub fn layernorm_sums_rows<R: Real>(inp: &[R], rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+pub fn layernorm_sums_rows<R: Real>(inp: &[R], Matrix { rows, cols }: Matrix, mean: Option<&[f64]>, out: &mut [f64]) {
     for (r, x) in inp[..rows * cols].chunks_exact(cols).enumerate() {
         out[r] = match mean {
             None => x.iter().map(|v| v.to_f64()).sum(),
@@ -126,18 +117,13 @@ pub fn layernorm_sums_rows<R: Real>(inp: &[R], rows: usize, cols: usize, mean: O
 
 /// Step 2: normalise with the whole row's statistics and apply this rank's slice of the scale
 /// and shift; the statistics are saved in the device's format for backward.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_apply_rows<R: Real>(
     out: &mut [R],
-    mean_out: &mut [R],
-    rstd_out: &mut [R],
+    (mean_out, rstd_out): (&mut [R], &mut [R]),
     inp: &[R],
-    weight: &[R],
-    bias: &[R],
-    mean: &[f64],
-    rstd: &[f64],
-    rows: usize,
-    cols: usize,
+    (weight, bias): (&[R], &[R]),
+    (mean, rstd): (&[f64], &[f64]),
+    Matrix { rows, cols }: Matrix,
 ) {
     let n = rows * cols;
     for (r, (x, y)) in inp[..n].chunks_exact(cols).zip(out[..n].chunks_exact_mut(cols)).enumerate() {
@@ -150,15 +136,10 @@ pub fn layernorm_apply_rows<R: Real>(
 
 /// Backward step 1: each row's `Σ g` and `Σ g·x̂` over this rank's columns (`g = dy·weight`), as
 /// pairs in `out`.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_backward_sums_rows<R: Real>(
     dout: &[R],
-    inp: &[R],
-    weight: &[R],
-    mean: &[R],
-    rstd: &[R],
-    rows: usize,
-    cols: usize,
+    LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, [R]>,
+    Matrix { rows, cols }: Matrix,
     out: &mut [f64],
 ) {
     for r in 0..rows {
@@ -177,26 +158,19 @@ pub fn layernorm_backward_sums_rows<R: Real>(
 
 /// Backward step 2, with the whole rows' sums over `n` columns: `dinp +=` the input gradient,
 /// `dweight`/`dbias +=` this block of rows' contributions.
-#[allow(clippy::too_many_arguments)]
 pub fn layernorm_backward_apply_rows<R: Real>(
     dinp: &mut [R],
-    dweight: &mut [R],
-    dbias: &mut [R],
+    (dweight, dbias): (&mut [R], &mut [R]),
     dout: &[R],
-    inp: &[R],
-    weight: &[R],
-    mean: &[R],
-    rstd: &[R],
-    sums: &[f64],
-    n: usize,
-    rows: usize,
-    cols: usize,
+    LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, [R]>,
+    (sums, n): (&[f64], usize),
+    Matrix { rows, cols }: Matrix,
 ) {
     for r in 0..rows {
         let (x, dy) = (&inp[r * cols..(r + 1) * cols], &dout[r * cols..(r + 1) * cols]);
         let dx = &mut dinp[r * cols..(r + 1) * cols];
         let means = (R::from_f64(sums[2 * r] / n as f64), R::from_f64(sums[2 * r + 1] / n as f64));
-        layernorm_backward_row(dx, dweight, dbias, dy, x, weight, (mean[r], rstd[r]), means);
+        layernorm_backward_row(dx, (&mut *dweight, &mut *dbias), dy, (x, weight), (mean[r], rstd[r]), means);
     }
 }
 
@@ -309,19 +283,15 @@ const QUERY_TILE: usize = 8;
 const KEY_TILE: usize = 64;
 
 /// `tile[r][c] = Σ_i a[(r0 + r) * d + i] · bt[i * stride + c0 + c]` for the tile's `rows` x
-/// `cols`: query-by-key products of a tile, vectorised over keys.
+/// `cols` (`a` has rows of `d`, `bt` has `d` rows of `stride`): query-by-key products of a tile,
+/// vectorised over keys.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn tile_products<R: Real>(
     tile: &mut [[R; KEY_TILE]; QUERY_TILE],
-    a: &[R],
-    bt: &[R],
-    d: usize,
-    stride: usize,
-    r0: usize,
-    rows: usize,
-    c0: usize,
-    cols: usize,
+    (a, bt): (&[R], &[R]),
+    (d, stride): (usize, usize),
+    (r0, rows): (usize, usize),
+    (c0, cols): (usize, usize),
 ) {
     for row in tile.iter_mut().take(rows) {
         row[..cols].fill(R::ZERO);
@@ -368,7 +338,7 @@ pub unsafe fn attention_forward_head<R: Real>(
         let keys = q0 + qn;
         for k0 in (0..keys).step_by(KEY_TILE) {
             let kn = KEY_TILE.min(keys - k0);
-            tile_products(&mut tile, &h.q, &h.kt, d, s, q0, qn, k0, kn);
+            tile_products(&mut tile, (&h.q, &h.kt), (d, s), (q0, qn), (k0, kn));
             for (r, row) in tile.iter_mut().enumerate().take(qn) {
                 let t = q0 + r;
                 if t < k0 {
@@ -420,14 +390,12 @@ pub unsafe fn attention_forward_head<R: Real>(
 /// # Safety
 /// `dqkv` must point to `rows * qkv_width` elements, and no other thread may touch the (b, head)
 /// columns, or its group's k and v columns, during the call.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn attention_backward_head<R: Real>(
     dqkv: *mut R,
     dout: &[R],
     qkv: &[R],
-    out: &[R],
-    lse: &[R],
+    (out, lse): (&[R], &[R]),
     shape: AttentionShape,
     b: usize,
     head: usize,
@@ -456,8 +424,8 @@ pub unsafe fn attention_backward_head<R: Real>(
         let keys = q0 + qn;
         for k0 in (0..keys).step_by(KEY_TILE) {
             let kn = KEY_TILE.min(keys - k0);
-            tile_products(&mut p, &h.q, &h.kt, d, s, q0, qn, k0, kn);
-            tile_products(&mut ds, &dy, &vt, d, s, q0, qn, k0, kn);
+            tile_products(&mut p, (&h.q, &h.kt), (d, s), (q0, qn), (k0, kn));
+            tile_products(&mut ds, (&dy, &vt), (d, s), (q0, qn), (k0, kn));
             for r in 0..qn {
                 let t = q0 + r;
                 let valid = if t < k0 { 0 } else { kn.min(t + 1 - k0) };
@@ -765,20 +733,10 @@ pub fn adamw_slice<R: Real>(param: &mut [R], grad: &[R], m: &mut [R], v: &mut [R
 /// Word-embedding lookup for the rows of positions `t0..` (sequence-first rows `t * batch + b`),
 /// against a vocabulary shard starting at `vocab_start`: tokens outside it give zero rows, which
 /// the tensor-parallel all-reduce fills in from the shard that holds them.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub fn embedding_forward_rows<R: Real>(
-    out: &mut [R],
-    tokens: &[u32],
-    wte: &[R],
-    vocab_start: usize,
-    batch: usize,
-    seq: usize,
-    hidden: usize,
-    t0: usize,
-) {
+pub fn embedding_forward_rows<R: Real>(out: &mut [R], wte: &[R], tokens: Tokens<'_>, hidden: usize, t0: usize) {
     let vocab_rows = wte.len() / hidden;
-    embedding_rows_with(out, tokens, vocab_rows, vocab_start, (batch, seq, hidden, t0), |row, r| {
+    embedding_rows_with(out, tokens, vocab_rows, (hidden, t0), |row, r| {
         row.copy_from_slice(&wte[r * hidden..(r + 1) * hidden])
     });
 }
@@ -788,16 +746,15 @@ pub fn embedding_forward_rows<R: Real>(
 #[inline(always)]
 pub fn embedding_rows_with<R: Real>(
     out: &mut [R],
-    tokens: &[u32],
+    Tokens { ids, batch, seq, vocab_start }: Tokens<'_>,
     vocab_rows: usize,
-    vocab_start: usize,
-    (batch, seq, hidden, t0): (usize, usize, usize, usize),
+    (hidden, t0): (usize, usize),
     copy_row: impl Fn(&mut [R], usize),
 ) {
     for (i, row) in out.chunks_exact_mut(hidden).enumerate() {
         let t = t0 + i / batch;
         let b = i % batch;
-        match local_row(tokens[b * seq + t], vocab_start, vocab_rows) {
+        match local_row(ids[b * seq + t], vocab_start, vocab_rows) {
             Some(r) => copy_row(row, r),
             None => row.fill(R::ZERO),
         }
@@ -816,29 +773,24 @@ pub fn position_forward_rows<R: Real>(out: &mut [R], wpe: &[R], batch: usize, hi
     }
 }
 
-/// Word-embedding backward restricted to the hidden columns `c0..c1`, so that column blocks run
-/// in parallel while every element is still summed in token order (deterministic).
+/// Word-embedding backward restricted to the hidden columns `cols`, so that column blocks run
+/// in parallel while every element is still summed in token order (deterministic); `dwte` has
+/// `vocab_rows` rows of `hidden`.
 ///
 /// # Safety
 /// `dwte` must point to the shard's full gradient, and no other thread may touch its columns
-/// `c0..c1` during the call.
-#[allow(clippy::too_many_arguments)]
+/// `cols` during the call.
 #[inline(always)]
 pub unsafe fn embedding_backward_cols<R: Real>(
-    dwte: *mut R,
-    vocab_rows: usize,
+    (dwte, vocab_rows): (*mut R, usize),
     dout: &[R],
-    tokens: &[u32],
-    vocab_start: usize,
-    batch: usize,
-    seq: usize,
+    Tokens { ids, batch, seq, vocab_start }: Tokens<'_>,
     hidden: usize,
-    c0: usize,
-    c1: usize,
+    Range { start: c0, end: c1 }: Range<usize>,
 ) {
     for t in 0..seq {
         for b in 0..batch {
-            let Some(r) = local_row(tokens[b * seq + t], vocab_start, vocab_rows) else { continue };
+            let Some(r) = local_row(ids[b * seq + t], vocab_start, vocab_rows) else { continue };
             let g = &dout[(t * batch + b) * hidden + c0..(t * batch + b) * hidden + c1];
             // SAFETY: columns c0..c1 of row r are inside the gradient and owned by this call.
             let d = std::slice::from_raw_parts_mut(dwte.add(r * hidden + c0), c1 - c0);
@@ -849,23 +801,20 @@ pub unsafe fn embedding_backward_cols<R: Real>(
     }
 }
 
-/// Position-embedding backward for the rows of positions `t0..t0+nt`, columns `c0..c1`.
+/// Position-embedding backward for the rows of `positions` (`batch` rows each), columns `cols`.
 ///
 /// # Safety
-/// `dwpe` must point to the full gradient, and no other thread may touch its columns `c0..c1`.
-#[allow(clippy::too_many_arguments)]
+/// `dwpe` must point to the full gradient, and no other thread may touch its columns `cols`.
 #[inline(always)]
 pub unsafe fn position_backward_cols<R: Real>(
     dwpe: *mut R,
     dout: &[R],
     batch: usize,
-    t0: usize,
-    nt: usize,
+    Range { start: t0, end: t_end }: Range<usize>,
     hidden: usize,
-    c0: usize,
-    c1: usize,
+    Range { start: c0, end: c1 }: Range<usize>,
 ) {
-    for i in 0..nt * batch {
+    for i in 0..(t_end - t0) * batch {
         let t = t0 + i / batch;
         let g = &dout[i * hidden + c0..i * hidden + c1];
         // SAFETY: columns c0..c1 of row t are inside the gradient and owned by this call.

@@ -21,19 +21,18 @@ pub fn rmsnorm_forward_rows<R: Real>(out: &mut [R], rstd: &mut [R], inp: &[R], w
 
 /// RMSNorm backward for a block of rows: with `x̂ = x · rstd` and `g = dy · w`,
 /// `dinp += rstd · (g - x̂ · mean(g · x̂))` and `dweight += Σ_rows dy · x̂`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn rmsnorm_backward_rows<R: Real>(
     dinp: &mut [R],
     dweight: &mut [R],
     dout: &[R],
-    inp: &[R],
-    weight: &[R],
+    (inp, weight): (&[R], &[R]),
     rstd: &[R],
     cols: usize,
 ) {
     let n = R::from_f64(cols as f64);
-    for (r, ((dx, dy), x)) in dinp.chunks_exact_mut(cols).zip(dout.chunks_exact(cols)).zip(inp.chunks_exact(cols)).enumerate()
+    for (r, ((dx, dy), x)) in
+        dinp.chunks_exact_mut(cols).zip(dout.chunks_exact(cols)).zip(inp.chunks_exact(cols)).enumerate()
     {
         let rs = rstd[r];
         let mut gx = vec![R::ZERO; cols];

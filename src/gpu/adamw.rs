@@ -1,7 +1,7 @@
 //! The GPU Device's multi-tensor ops of a step, each one launch over a table of tensors (adamw.cu
 //! for both vendors, a block per 2,048-element chunk of a tensor): AdamW over an optimizer group
-//! (`Device::adamw_group`, `adamw_multi_f32_bf16`: the tensors' addresses, lengths and weight
-//! decays) and the gradients' zeroing (`Device::zero_buffers`, `zero_multi_u32`). The tables stay
+//! (`OptimizerOps::adamw_group`, `adamw_multi_f32_bf16`: the tensors' addresses, lengths and weight
+//! decays) and the gradients' zeroing (`Memory::zero_buffers`, `zero_multi_u32`). The tables stay
 //! on the device (`GpuDevice::kept_table`): tensors that are the same as at an earlier step (a
 //! training run's are: parameters, gradients, moments and working copies never move) find theirs
 //! there and cost no copy and no allocation. Also the bias corrections both AdamW kernels take.
@@ -9,7 +9,8 @@
 use super::buffer::{Elem, GpuBuf};
 use super::device::{first_blocks, int, GpuDevice};
 use super::kernels::args;
-use crate::device::{AdamWStep, AdamWTensor, Device};
+use crate::device::prelude::*;
+use crate::device::{AdamWStep, AdamWTensor};
 use crate::real::Precision;
 
 /// Elements (words) one block of `adamw_multi_f32_bf16` (`zero_multi_u32`) takes (adamw.cu's
@@ -41,7 +42,7 @@ pub(super) fn working_pointers(working: Option<&(&mut GpuBuf, Precision)>, store
 }
 
 impl GpuDevice {
-    /// `Device::adamw_group` on this GPU: one launch of `adamw_multi_f32_bf16` over every tensor,
+    /// `OptimizerOps::adamw_group` on this GPU: one launch of `adamw_multi_f32_bf16` over every tensor,
     /// each element updated by the formula of `adamw_f32_bf16` (the same bits), the weight decay
     /// of `step` on the decayed tensors, 0 on the others.
     pub(super) fn adamw_tensors(
@@ -63,7 +64,7 @@ impl GpuDevice {
                 table.extend(address.to_le_bytes());
             }
             table.extend(int("n", n).to_le_bytes());
-            table.extend((if t.decayed { step.weight_decay } else { 0.0f32 }).to_le_bytes());
+            table.extend(step.for_tensor(t.decayed).weight_decay.to_le_bytes());
         }
         let first_block = first_blocks(tensors.iter().map(|t| t.grad.len), ADAMW_CHUNK);
         let blocks = first_block[tensors.len()];
@@ -78,7 +79,7 @@ impl GpuDevice {
             self.launch(l, [blocks, 1, 1]);
         }
         // Working copies of other precisions are copied and rounded after the update, as
-        // `Device::adamw` does.
+        // `OptimizerOps::adamw` does.
         for t in tensors {
             if let Some((w, precision)) = t.working.filter(|(_, p)| *p != self.storage.precision()) {
                 assert_eq!(w.elem, Elem::F32, "adamw: a {precision:?} working copy is kept in f32");
@@ -88,7 +89,7 @@ impl GpuDevice {
         }
     }
 
-    /// `Device::zero_buffers` on this GPU: one launch of `zero_multi_u32` over the buffers' whole
+    /// `Memory::zero_buffers` on this GPU: one launch of `zero_multi_u32` over the buffers' whole
     /// words (a bf16 buffer's allocation is whole words, as `fill` writes it).
     pub(super) fn zero_tensors(&self, bufs: Vec<&mut GpuBuf>) {
         let words: Vec<usize> = bufs

@@ -1,4 +1,4 @@
-//! The GPU Device's collectives for a training run (`Device::attach_collectives`, through the
+//! The GPU Device's collectives for a training run (`CollectiveOps::attach_collectives`, through the
 //! maker `training.rs` gives the Device): `--gpu-collectives nccl|rccl` loads the library once every
 //! rank agrees it could, then makes a `DeviceNccl` for each group that moves tensors and the
 //! `PipelineNccl` links, on the CUDA driver's or the HIP runtime's streams.

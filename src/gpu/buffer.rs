@@ -43,7 +43,7 @@ impl Drop for DeviceMem {
 /// What a `GpuBuf` holds. The Device's ops take f32 and 16-bit buffers of its storage type
 /// (`alloc_in` under `--bf16`: bf16, under `--fp16`: binary16 `F16`; the activations, their
 /// gradients and the GEMMs' working weights); the seam's 16-bit copies of f32 buffers
-/// (`Device::to_half`, bf16 or f16 bits) are `Bits16` (training on 16-bit storage stashes none),
+/// (`Memory::to_half`, bf16 or f16 bits) are `Bits16` (training on 16-bit storage stashes none),
 /// and the step's scalars are f64.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
@@ -102,7 +102,7 @@ impl GpuBuf {
         self.len
     }
 
-    /// The NCCL / MPI type of the elements: f32, or the 16-bit storage (`Device::alloc_in`: bf16
+    /// The NCCL / MPI type of the elements: f32, or the 16-bit storage (`Memory::alloc_in`: bf16
     /// under `--bf16`, binary16 under `--fp16`). The model reduces 16-bit buffers only where the
     /// sum is exact (the word embedding's rows: one rank's non-zero per element, the others'
     /// zeros); its reductions of partial products (a row-parallel layer's output, a LayerNorm

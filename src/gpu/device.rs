@@ -1,6 +1,6 @@
 //! The GPU Device: the `Device` trait on one GPU, NVIDIA or AMD (its ops are in device_ops.rs).
 //! Buffers are `GpuBuf`s in device memory (buffer.rs) with their element type: f32, or bf16
-//! storage (`Device::alloc_in` under `--bf16`: the activations, their gradients and the GEMMs'
+//! storage (`Memory::alloc_in` under `--bf16`: the activations, their gradients and the GEMMs'
 //! working weights), 16-bit for mixed precision's saved activations on f32 storage
 //! (`Device::Half`), f64 for `Scalars`. Each op picks its kernel by the type of its activations:
 //! on bf16 storage the GEMMs (`gemm_bf16.cu` with bias, GELU and residual fused,
@@ -22,7 +22,7 @@
 //! trait's ops return no `Result`) abandons the op (`error::fail`) and the command ends with one
 //! `trident: error:` line naming the call. Collectives and pipeline p2p on device memory are attached as trait objects
 //! (`attach_comms`, `attach_p2p`), so this file names no communicator type. Every runtime call
-//! is counted (`runtime::Counted`): `Device::work_counters` reads the counts, `tally` shares them.
+//! is counted (`runtime::Counted`): `Memory::work_counters` reads the counts, `tally` shares them.
 
 use super::buffer::{DeviceMem, Elem, GpuBuf, GpuP2p};
 use super::kernels::plan::{plan, Op, GRID_STRIDE_BLOCKS_PER_SM};
@@ -226,7 +226,7 @@ pub fn group_key(group: &dyn crate::comm::Comm) -> usize {
     group as *const dyn crate::comm::Comm as *const () as usize
 }
 
-/// How a GPU Device makes its collectives (`Device::attach_collectives`): given by the code that
+/// How a GPU Device makes its collectives (`CollectiveOps::attach_collectives`): given by the code that
 /// opened it for training (`training.rs`), which holds the runtime table the communicators'
 /// streams borrow.
 pub type MakeCollectives = Box<dyn FnOnce(&mut GpuDevice, &CollectivesRequest) -> Result<String> + Send + Sync>;
@@ -356,19 +356,19 @@ impl GpuDevice {
     }
 
     /// Collectives of these process groups run through their communicators on device buffers
-    /// from now on (`Device::device_comm`).
+    /// from now on (`CollectiveOps::device_comm`).
     pub fn attach_comms<C: DeviceComm<GpuBuf> + Send + Sync + 'static>(&mut self, comms: Vec<(usize, C)>) {
         self.comms =
             comms.into_iter().map(|(key, c)| (key, Box::new(c) as Box<dyn DeviceComm<GpuBuf> + Send + Sync>)).collect();
     }
 
     /// Pipeline messages travel through these links on device buffers from now on
-    /// (`Device::device_p2p`).
+    /// (`CollectiveOps::device_p2p`).
     pub fn attach_p2p(&mut self, p2p: impl GpuP2p + 'static) {
         self.p2p = Some(Box::new(p2p));
     }
 
-    /// `Device::attach_collectives` makes this device's collectives with `make`.
+    /// `CollectiveOps::attach_collectives` makes this device's collectives with `make`.
     pub fn make_collectives_with(&mut self, make: MakeCollectives) {
         self.make_collectives = Some(make);
     }

@@ -17,16 +17,20 @@ use super::kernels::plan::{
     COLUMN_SUM_COUNTERS, LAYERNORM_BWD_COUNTERS, SM90_SLICE_MAX_TILES,
 };
 use crate::comm::ReduceOp;
+use crate::device::prelude::*;
 use crate::device::{
-    AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, Device, DeviceComm, DeviceP2p, Rotary,
+    AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, DeviceComm, DeviceP2p, Gemm, LayerNormSaved, Logits,
+    Matrix, Rotary, Tokens,
 };
 use crate::error::Result;
 use crate::real::Precision;
 use std::sync::atomic::Ordering;
 
-impl Device for GpuDevice {
+impl Memory for GpuDevice {
     type Buf = GpuBuf;
+
     type Half = GpuBuf;
+
     type Scalars = GpuBuf;
 
     fn describe(&self) -> String {
@@ -40,9 +44,11 @@ impl Device for GpuDevice {
             self.storage.name()
         )
     }
+
     fn alloc(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F32))
     }
+
     fn alloc_in(&self, len: usize, precision: Precision) -> GpuBuf {
         match self.stores(precision) {
             true => ok(GpuBuf::zeroed(&self.rt, len, self.half)),
@@ -50,16 +56,20 @@ impl Device for GpuDevice {
             false => self.alloc(len),
         }
     }
+
     fn stores(&self, precision: Precision) -> bool {
         // The precision its kernels store: bf16, or binary16 on the fp16 module.
         precision == self.storage.precision()
     }
+
     fn len(&self, buf: &GpuBuf) -> usize {
         buf.len
     }
+
     fn bytes(&self, buf: &GpuBuf) -> usize {
         buf.elem.bytes() * buf.len
     }
+
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
         assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
         if dst.elem == self.half {
@@ -73,10 +83,12 @@ impl Device for GpuDevice {
             ok(self.rt.copy_to_device(dst.ptr(), bytes));
         }
     }
+
     fn host_threads(&self) -> usize {
         // The initial weights are drawn on the host: this process's CPUs (the job's share).
         crate::comm::runtime::process_cpus()
     }
+
     fn download(&self, src: &GpuBuf, dst: &mut [f32]) {
         assert_eq!(src.len, dst.len(), "download: buffer and host lengths differ");
         if src.elem == self.half {
@@ -97,32 +109,11 @@ impl Device for GpuDevice {
             ok(self.to_host(bytes, src.ptr()));
         }
     }
+
     fn copy(&self, dst: &mut GpuBuf, dst_at: usize, src: &GpuBuf, src_at: usize, len: usize) {
         self.cast(dst, dst_at, src, src_at, len);
     }
-    fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<GpuBuf>> {
-        let key = group_key(group);
-        self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
-    }
-    fn device_all_reduce_scalars(
-        &self,
-        group: &dyn crate::comm::Comm,
-        s: &mut GpuBuf,
-        len: usize,
-        op: ReduceOp,
-    ) -> bool {
-        assert!(s.elem == Elem::F64 && len <= s.len, "device_all_reduce_scalars: {len} values of f64 scalars");
-        self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
-    }
-    fn device_p2p(&self) -> Option<&dyn DeviceP2p<GpuBuf>> {
-        self.p2p.as_deref().map(|p| p as &dyn DeviceP2p<GpuBuf>)
-    }
-    fn attach_collectives(&mut self, request: &CollectivesRequest) -> Result<String> {
-        match self.make_collectives.take() {
-            Some(make) => make(self, request),
-            None => Ok("collectives: MPI, device buffers staged through host memory".into()),
-        }
-    }
+
     fn fill(&self, dst: &mut GpuBuf, value: f32) {
         if dst.len == 0 {
             return;
@@ -141,50 +132,16 @@ impl Device for GpuDevice {
     fn zero_buffers(&self, bufs: Vec<&mut GpuBuf>) {
         self.zero_tensors(bufs);
     }
-    fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
-        assert_eq!(acc.len, x.len);
-        let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
-        self.elementwise(x.len, args::add_assign_f32(acc.ptr(), x.ptr(), int("n", x.len)));
-    }
-    fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
-        assert!(a.len == out.len && b.len == out.len);
-        let (a, b, out) = (self.view(a, Elem::F32), self.view(b, Elem::F32), self.view_mut(out, Elem::F32, true));
-        self.elementwise(a.len, args::add_f32(out.ptr(), a.ptr(), b.ptr(), int("n", a.len)));
-    }
-    fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
-        assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
-        // One launch over every buffer (a table of their addresses, lengths and first blocks,
-        // uploaded in one copy when these buffers first come, `kept_table`), then one thread adds
-        // the block partials buffer by buffer.
-        let first_block = first_blocks(bufs.iter().map(|b| b.len), SUM_SQUARES_CHUNK);
-        let blocks = first_block[bufs.len()];
-        if blocks == 0 {
-            return;
-        }
-        let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
-        let lens = bufs.iter().map(|b| int("n", b.len));
-        table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
-        let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
-        let (lens, first) = (tensors + 8 * count, tensors + 12 * count);
-        let partials = self.scratch(8 * blocks);
-        let count = int("tensors", bufs.len());
-        self.launch(args::sum_squares_f32(partials.pointer, tensors, lens, first, count), [blocks, 1, 1]);
-        let sum = args::sum_into_f64(acc.ptr(), int("slot", slot), partials.pointer, first, count);
-        self.launch(sum, [1, 1, 1]);
-    }
-    fn clip_scale(&self, sum: &GpuBuf, sum_slot: usize, out: &mut GpuBuf, slot: usize, clip: f64, loss_scale: f64) {
-        assert!(sum.elem == Elem::F64 && sum_slot < sum.len, "clip_scale: slot {sum_slot} outside the sums");
-        assert!(out.elem == Elem::F64 && slot + 2 <= out.len, "clip_scale: slots {slot}.. outside the scalars");
-        let (sum_at, out_at) = (int("slot", sum_slot), int("slot", slot));
-        self.launch(args::clip_scale_f64(sum.ptr(), sum_at, out.ptr(), out_at, clip, loss_scale), [1, 1, 1]);
-    }
+
     fn scalars(&self, len: usize) -> GpuBuf {
         ok(GpuBuf::zeroed(&self.rt, len, Elem::F64))
     }
+
     fn read_scalars(&self, src: &GpuBuf, out: &mut [f64]) {
         assert!(src.elem == Elem::F64 && out.len() <= src.len, "read_scalars: more values than the scalars hold");
         self.download_f64(&src.mem, out);
     }
+
     fn write_scalars(&self, dst: &mut GpuBuf, values: &[f64]) {
         assert!(dst.elem == Elem::F64 && values.len() <= dst.len, "write_scalars: more values than the scalars hold");
         if !values.is_empty() {
@@ -193,87 +150,149 @@ impl Device for GpuDevice {
         }
     }
 
-    fn embedding_forward(
-        &self,
-        out: &mut GpuBuf,
-        tokens: &[u32],
-        wte: &GpuBuf,
-        vocab_start: usize,
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-    ) {
-        let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, wte.len / hidden, batch, seq, hidden);
-        let n = int("batch·seq·hidden", batch * seq * hidden) as usize;
-        let (wte, out) = (self.view(wte, Elem::F32), self.view_mut(out, Elem::F32, false));
-        self.elementwise(n, args::embedding_fwd_f32(out.ptr(), t.pointer, wte.ptr(), v0, rows, b, s, h));
-    }
-    fn embedding_backward(
-        &self,
-        dwte: &mut GpuBuf,
-        dout: &GpuBuf,
-        tokens: &[u32],
-        vocab_start: usize,
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-    ) {
-        // The positions grouped by vocabulary row on the host (it has the tokens) and uploaded in
-        // one copy, as the tokens were: a block per touched row and strip of 256 columns.
-        let h = int("hidden", hidden);
-        int("batch·seq", batch * seq);
-        let segments = EmbeddingSegments::new(tokens, vocab_start, dwte.len / hidden, batch, seq);
-        if segments.segments == 0 || hidden == 0 {
-            return;
+    fn round_to(&self, buf: &mut GpuBuf, precision: Precision) {
+        match precision {
+            // 16-bit storage holds nothing else.
+            Precision::F32 => {}
+            p if p == self.storage.precision() && buf.elem == self.half => {}
+            // round_bf16_f32 rounds to the module's storage type (binary16 on the fp16 module,
+            // overflow to infinity: fp16's gradients, `train::chunk`).
+            p if p == self.storage.precision() => {
+                self.elementwise(buf.len, args::round_bf16_f32(buf.ptr(), int("n", buf.len)));
+            }
+            _ => {
+                // The other 16-bit format has no module on this Device (training opens the one of
+                // its precision): correct, on the host.
+                let mut host = vec![0f32; buf.len];
+                self.download(buf, &mut host);
+                for x in host.iter_mut() {
+                    *x = precision.round(*x);
+                }
+                self.upload(buf, &host);
+            }
         }
-        let index = self.upload_u32(&segments.words);
-        let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| index.pointer + 4 * o as u64);
-        let (dout, dwte) = (self.view(dout, Elem::F32), self.view_mut(dwte, Elem::F32, false));
-        let l = args::embedding_bwd_f32(dwte.ptr(), dout.ptr(), rows_at, starts_at, positions_at, h);
-        self.launch(l, [segments.segments, hidden.div_ceil(256), 1]);
-    }
-    fn position_forward(
-        &self,
-        out: &mut GpuBuf,
-        wpe: &GpuBuf,
-        batch: usize,
-        t0: usize,
-        positions: usize,
-        hidden: usize,
-    ) {
-        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
-        let n = int("positions·batch·hidden", positions * batch * hidden) as usize;
-        let (wpe, out) = (self.view(wpe, Elem::F32), self.view_mut(out, Elem::F32, false));
-        self.elementwise(n, args::position_fwd_f32(out.ptr(), wpe.ptr(), b, t, p, h));
-    }
-    fn position_backward(
-        &self,
-        dwpe: &mut GpuBuf,
-        dout: &GpuBuf,
-        batch: usize,
-        t0: usize,
-        positions: usize,
-        hidden: usize,
-    ) {
-        if hidden == 0 || positions == 0 {
-            return;
-        }
-        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
-        let grid = [hidden.div_ceil(256), positions, 1];
-        let (dout, dwpe) = (self.view(dout, Elem::F32), self.view_mut(dwpe, Elem::F32, false));
-        self.launch(args::position_bwd_f32(dwpe.ptr(), dout.ptr(), b, t, p, h), grid);
     }
 
+    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> GpuBuf {
+        let mut half = ok(GpuBuf::uninit(&self.rt, buf.len, Elem::Bits16));
+        self.to_half_into(buf, precision, &mut half);
+        half
+    }
+
+    fn to_half_into(&self, buf: &GpuBuf, precision: Precision, half: &mut GpuBuf) {
+        assert!(half.elem == Elem::Bits16 && half.len == buf.len, "to_half_into: buffer and copy lengths differ");
+        if buf.len == 0 {
+            return;
+        }
+        match precision {
+            p if p == self.storage.precision() && buf.elem == self.half => {
+                ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len))
+            }
+            // Cast on the device into device memory; the values are already 16-bit, so exact.
+            p if p == self.storage.precision() => {
+                let l = args::cast_f32_to_bf16(half.ptr(), buf.ptr(), int("n", buf.len));
+                self.run(Op::CastF32ToBf16 { n: buf.len }, l)
+            }
+            // The other format has no module on this Device: correct, through the host.
+            _ => {
+                let mut host = vec![0f32; buf.len];
+                self.download(buf, &mut host);
+                let bits: Vec<u8> = host.iter().flat_map(|&x| precision.to_bits16(x).to_le_bytes()).collect();
+                ok(self.rt.copy_to_device(half.ptr(), &bits));
+            }
+        }
+    }
+
+    fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
+        assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
+        match precision {
+            p if p == self.storage.precision() && dst.elem == self.half => {
+                ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len))
+            }
+            p if p == self.storage.precision() && src.len > 0 => {
+                let l = args::cast_bf16_to_f32(dst.ptr(), src.ptr(), int("n", src.len));
+                self.run(Op::CastBf16ToF32 { n: src.len }, l)
+            }
+            p if p == self.storage.precision() => {}
+            _ => {
+                let mut bits = vec![0u8; 2 * src.len];
+                if !bits.is_empty() {
+                    ok(self.to_host(&mut bits, src.ptr()));
+                }
+                let host: Vec<f32> =
+                    bits.chunks_exact(2).map(|b| precision.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect();
+                self.upload(dst, &host);
+            }
+        }
+    }
+
+    fn half_len(&self, half: &GpuBuf) -> usize {
+        half.len
+    }
+
+    fn work_counters(&self) -> Option<crate::device::WorkCounters> {
+        Some(self.rt.tally().snapshot())
+    }
+}
+
+impl ElementwiseOps for GpuDevice {
+    fn add_assign(&self, acc: &mut GpuBuf, x: &GpuBuf) {
+        assert_eq!(acc.len, x.len);
+        let (x, acc) = (self.view(x, Elem::F32), self.view_mut(acc, Elem::F32, false));
+        self.elementwise(x.len, args::add_assign_f32(acc.ptr(), x.ptr(), int("n", x.len)));
+    }
+
+    fn add(&self, out: &mut GpuBuf, a: &GpuBuf, b: &GpuBuf) {
+        assert!(a.len == out.len && b.len == out.len);
+        let (a, b, out) = (self.view(a, Elem::F32), self.view(b, Elem::F32), self.view_mut(out, Elem::F32, true));
+        self.elementwise(a.len, args::add_f32(out.ptr(), a.ptr(), b.ptr(), int("n", a.len)));
+    }
+
+    fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
+        let (e, n) = (activation(inp), inp.len);
+        let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
+        let (o, x, count) = (o.ptr(), x.ptr(), int("n", n));
+        match e {
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, args::gelu_fwd_bf16(o, x, count)),
+            Elem::Bf16 | Elem::F16 => {}
+            _ => self.elementwise(n, args::gelu_fwd_f32(o, x, count)),
+        }
+    }
+
+    fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
+        let (e, n) = (activation(inp), inp.len);
+        let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
+        let (dx, x, dy, count) = (dx.ptr(), x.ptr(), dy.ptr(), int("n", n));
+        match e {
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, args::gelu_bwd_bf16(dx, x, dy, count)),
+            Elem::Bf16 | Elem::F16 => {}
+            _ => self.elementwise(n, args::gelu_bwd_f32(dx, x, dy, count)),
+        }
+    }
+
+    fn swiglu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_fwd(out, inp, rows, f)
+    }
+
+    fn swiglu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, rows: usize, f: usize) {
+        self.swiglu_bwd(dinp, inp, dout, rows, f)
+    }
+
+    fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, Matrix { rows, cols }: Matrix) {
+        let (bias, out) = (self.view(bias, Elem::F32), self.view_mut(out, Elem::F32, false));
+        let l = args::add_bias_f32(out.ptr(), bias.ptr(), int("rows", rows), int("cols", cols));
+        self.elementwise(int("rows·cols", rows * cols) as usize, l);
+    }
+}
+
+impl NormOps for GpuDevice {
     fn layernorm_forward(
         &self,
         out: &mut GpuBuf,
-        mean: &mut GpuBuf,
-        rstd: &mut GpuBuf,
+        (mean, rstd): (&mut GpuBuf, &mut GpuBuf),
         inp: &GpuBuf,
-        weight: &GpuBuf,
-        bias: &GpuBuf,
-        rows: usize,
-        cols: usize,
+        (weight, bias): (&GpuBuf, &GpuBuf),
+        Matrix { rows, cols }: Matrix,
     ) {
         int("rows·cols", rows * cols);
         let [r, c] = rows_cols(rows, cols);
@@ -292,18 +311,14 @@ impl Device for GpuDevice {
             _ => self.rowwise(rows, args::layernorm_fwd_f32(o, m, s, x, w, b, r, c)),
         }
     }
+
     fn layernorm_backward(
         &self,
         dinp: &mut GpuBuf,
-        dweight: &mut GpuBuf,
-        dbias: &mut GpuBuf,
+        (dweight, dbias): (&mut GpuBuf, &mut GpuBuf),
         dout: &GpuBuf,
-        inp: &GpuBuf,
-        weight: &GpuBuf,
-        mean: &GpuBuf,
-        rstd: &GpuBuf,
-        rows: usize,
-        cols: usize,
+        LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, GpuBuf>,
+        Matrix { rows, cols }: Matrix,
     ) {
         let [r, c] = rows_cols(rows, cols);
         int("rows·cols", rows * cols);
@@ -330,7 +345,7 @@ impl Device for GpuDevice {
         self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
 
-    fn layernorm_sums(&self, inp: &GpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
+    fn layernorm_sums(&self, inp: &GpuBuf, Matrix { rows, cols }: Matrix, mean: Option<&[f64]>, out: &mut [f64]) {
         let inp = self.view(inp, Elem::F32);
         let m = mean.map(|m| self.upload_f64(&m[..rows]));
         let sums = self.scratch(8 * rows);
@@ -339,18 +354,15 @@ impl Device for GpuDevice {
         self.rowwise(rows, l);
         self.download_f64(&sums, &mut out[..rows]);
     }
+
     fn layernorm_apply(
         &self,
         out: &mut GpuBuf,
-        mean_out: &mut GpuBuf,
-        rstd_out: &mut GpuBuf,
+        (mean_out, rstd_out): (&mut GpuBuf, &mut GpuBuf),
         inp: &GpuBuf,
-        weight: &GpuBuf,
-        bias: &GpuBuf,
-        mean: &[f64],
-        rstd: &[f64],
-        rows: usize,
-        cols: usize,
+        (weight, bias): (&GpuBuf, &GpuBuf),
+        (mean, rstd): (&[f64], &[f64]),
+        Matrix { rows, cols }: Matrix,
     ) {
         let (m, s) = (self.upload_f64(&mean[..rows]), self.upload_f64(&rstd[..rows]));
         let n = int("rows·cols", rows * cols) as usize;
@@ -363,15 +375,12 @@ impl Device for GpuDevice {
         let [r, c] = rows_cols(rows, cols);
         self.elementwise(n, args::layernorm_apply_f32(o, mo, so, x, w, b, m.pointer, s.pointer, r, c));
     }
+
     fn layernorm_backward_sums(
         &self,
         dout: &GpuBuf,
-        inp: &GpuBuf,
-        weight: &GpuBuf,
-        mean: &GpuBuf,
-        rstd: &GpuBuf,
-        rows: usize,
-        cols: usize,
+        LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, GpuBuf>,
+        Matrix { rows, cols }: Matrix,
         out: &mut [f64],
     ) {
         let sums = self.scratch(16 * rows);
@@ -381,20 +390,15 @@ impl Device for GpuDevice {
         self.rowwise(rows, args::layernorm_bwd_sums_f32(sums.pointer, dy, x, w, m, s, r, c));
         self.download_f64(&sums, &mut out[..2 * rows]);
     }
+
     fn layernorm_backward_apply(
         &self,
         dinp: &mut GpuBuf,
-        dweight: &mut GpuBuf,
-        dbias: &mut GpuBuf,
+        (dweight, dbias): (&mut GpuBuf, &mut GpuBuf),
         dout: &GpuBuf,
-        inp: &GpuBuf,
-        weight: &GpuBuf,
-        mean: &GpuBuf,
-        rstd: &GpuBuf,
-        sums: &[f64],
-        n: usize,
-        rows: usize,
-        cols: usize,
+        LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, GpuBuf>,
+        (sums, n): (&[f64], usize),
+        Matrix { rows, cols }: Matrix,
     ) {
         let uploaded = self.upload_f64(&sums[..2 * rows]);
         let [r, c] = rows_cols(rows, cols);
@@ -409,15 +413,42 @@ impl Device for GpuDevice {
         self.layernorm_param_grads([dweight, dbias], [&*dy, &*x, &*m, &*s], rows, cols);
     }
 
+    // The Llama-family ops: `llama_ops` (what has no kernel yet abandons the op with `unbuilt`'s
+    // error; `train` refuses such a model on a GPU before any work).
+    #[rustfmt::skip]
+    fn rmsnorm_forward(
+        &self,
+        out: &mut GpuBuf,
+        rstd: &mut GpuBuf,
+        inp: &GpuBuf,
+        weight: &GpuBuf,
+        shape: Matrix,
+        eps: f64,
+    ) {
+        self.rmsnorm_fwd(out, rstd, inp, weight, shape, eps)
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut GpuBuf,
+        dweight: &mut GpuBuf,
+        dout: &GpuBuf,
+        inp_weight: (&GpuBuf, &GpuBuf),
+        rstd: &GpuBuf,
+        shape: Matrix,
+    ) {
+        self.rmsnorm_bwd(dinp, dweight, dout, inp_weight, rstd, shape)
+    }
+}
+
+impl LinearOps for GpuDevice {
     fn linear_forward(
         &self,
         out: &mut GpuBuf,
         inp: &GpuBuf,
         weight: &GpuBuf,
         bias: Option<&GpuBuf>,
-        rows: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows, k, n }: Gemm,
     ) {
         if rows == 0 || n == 0 {
             return;
@@ -426,6 +457,7 @@ impl Device for GpuDevice {
         let (a, w) = (self.view(inp, self.half), self.view(weight, self.half));
         self.gemm_forward(out, (&a, &w), bias, None, (rows, k, n));
     }
+
     fn linear_residual_forward(
         &self,
         out: &mut GpuBuf,
@@ -433,9 +465,7 @@ impl Device for GpuDevice {
         inp: &GpuBuf,
         (weight, bias): (&GpuBuf, Option<&GpuBuf>),
         _tmp: &mut GpuBuf,
-        rows: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows, k, n }: Gemm,
     ) {
         if rows == 0 || n == 0 {
             return;
@@ -445,17 +475,15 @@ impl Device for GpuDevice {
         let (a, w) = (self.view(inp, self.half), self.view(weight, self.half));
         self.gemm_forward(out, (&a, &w), bias, Some(resid), (rows, k, n));
     }
+
     fn linear_backward(
         &self,
         dinp: Option<&mut GpuBuf>,
-        dweight: &mut GpuBuf,
-        dbias: Option<&mut GpuBuf>,
+        (dweight, dbias): (&mut GpuBuf, Option<&mut GpuBuf>),
         dout: &GpuBuf,
         inp: &GpuBuf,
         weight: &GpuBuf,
-        rows: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows, k, n }: Gemm,
     ) {
         if rows == 0 || n == 0 || k == 0 {
             return;
@@ -509,51 +537,26 @@ impl Device for GpuDevice {
         }
     }
 
-    fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
-        let (e, n) = (activation(inp), inp.len);
-        let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
-        let (o, x, count) = (o.ptr(), x.ptr(), int("n", n));
-        match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, args::gelu_fwd_bf16(o, x, count)),
-            Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(n, args::gelu_fwd_f32(o, x, count)),
-        }
-    }
-    fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
-        let (e, n) = (activation(inp), inp.len);
-        let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
-        let (dx, x, dy, count) = (dx.ptr(), x.ptr(), dy.ptr(), int("n", n));
-        match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, args::gelu_bwd_bf16(dx, x, dy, count)),
-            Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(n, args::gelu_bwd_f32(dx, x, dy, count)),
-        }
+    fn set_matmul_precision(&self, precision: Precision) {
+        self.bf16_matmul.store(precision == Precision::Bf16, Ordering::Relaxed);
     }
 
-    // The Llama-family ops: `llama_ops` (what has no kernel yet abandons the op with `unbuilt`'s
-    // error; `train` refuses such a model on a GPU before any work).
-    #[rustfmt::skip]
-    fn rmsnorm_forward(&self, out: &mut GpuBuf, rstd: &mut GpuBuf, inp: &GpuBuf, weight: &GpuBuf, rows: usize,
-        cols: usize, eps: f64) {
-        self.rmsnorm_fwd(out, rstd, inp, weight, rows, cols, eps)
+    fn matmul_rounds_operands(&self, _precision: Precision) -> bool {
+        // The GEMMs do cast f32 operands to bf16, but under --bf16 the working weights they read
+        // are stored in bf16 (`stores`), so no master is read by a GEMM.
+        false
     }
-    #[rustfmt::skip]
-    fn rmsnorm_backward(&self, dinp: &mut GpuBuf, dweight: &mut GpuBuf, dout: &GpuBuf, inp: &GpuBuf, weight: &GpuBuf,
-        rstd: &GpuBuf, rows: usize, cols: usize) {
-        self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols)
-    }
-    fn swiglu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf, rows: usize, f: usize) {
-        self.swiglu_fwd(out, inp, rows, f)
-    }
-    fn swiglu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, rows: usize, f: usize) {
-        self.swiglu_bwd(dinp, inp, dout, rows, f)
-    }
+}
+
+impl AttentionOps for GpuDevice {
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
         unbuilt("attention against a key/value cache (generation)")
     }
+
     fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(qkv, table, shape, rotary, false)
     }
+
     fn rope_backward(&self, dqkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(dqkv, table, shape, rotary, true)
     }
@@ -574,6 +577,7 @@ impl Device for GpuDevice {
         let l = args::attention_fwd_bf16_d64(o.ptr(), lse.ptr(), q.ptr(), b, s, h, kv);
         self.run(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }, l);
     }
+
     fn attention_backward(
         &self,
         dqkv: &mut GpuBuf,
@@ -605,13 +609,79 @@ impl Device for GpuDevice {
         let dq = args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
         self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, dq);
     }
+}
 
-    fn add_bias(&self, out: &mut GpuBuf, bias: &GpuBuf, rows: usize, cols: usize) {
-        let (bias, out) = (self.view(bias, Elem::F32), self.view_mut(out, Elem::F32, false));
-        let l = args::add_bias_f32(out.ptr(), bias.ptr(), int("rows", rows), int("cols", cols));
-        self.elementwise(int("rows·cols", rows * cols) as usize, l);
+impl EmbeddingOps for GpuDevice {
+    fn embedding_forward(
+        &self,
+        out: &mut GpuBuf,
+        wte: &GpuBuf,
+        Tokens { ids: tokens, batch, seq, vocab_start }: Tokens<'_>,
+        hidden: usize,
+    ) {
+        let (t, [v0, rows, b, s, h]) = self.token_args(tokens, vocab_start, wte.len / hidden, batch, seq, hidden);
+        let n = int("batch·seq·hidden", batch * seq * hidden) as usize;
+        let (wte, out) = (self.view(wte, Elem::F32), self.view_mut(out, Elem::F32, false));
+        self.elementwise(n, args::embedding_fwd_f32(out.ptr(), t.pointer, wte.ptr(), v0, rows, b, s, h));
     }
 
+    fn embedding_backward(
+        &self,
+        dwte: &mut GpuBuf,
+        dout: &GpuBuf,
+        Tokens { ids: tokens, batch, seq, vocab_start }: Tokens<'_>,
+        hidden: usize,
+    ) {
+        // The positions grouped by vocabulary row on the host (it has the tokens) and uploaded in
+        // one copy, as the tokens were: a block per touched row and strip of 256 columns.
+        let h = int("hidden", hidden);
+        int("batch·seq", batch * seq);
+        let segments = EmbeddingSegments::new(tokens, vocab_start, dwte.len / hidden, batch, seq);
+        if segments.segments == 0 || hidden == 0 {
+            return;
+        }
+        let index = self.upload_u32(&segments.words);
+        let [rows_at, starts_at, positions_at] = segments.offsets().map(|o| index.pointer + 4 * o as u64);
+        let (dout, dwte) = (self.view(dout, Elem::F32), self.view_mut(dwte, Elem::F32, false));
+        let l = args::embedding_bwd_f32(dwte.ptr(), dout.ptr(), rows_at, starts_at, positions_at, h);
+        self.launch(l, [segments.segments, hidden.div_ceil(256), 1]);
+    }
+
+    fn position_forward(
+        &self,
+        out: &mut GpuBuf,
+        wpe: &GpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
+        let n = int("positions·batch·hidden", positions * batch * hidden) as usize;
+        let (wpe, out) = (self.view(wpe, Elem::F32), self.view_mut(out, Elem::F32, false));
+        self.elementwise(n, args::position_fwd_f32(out.ptr(), wpe.ptr(), b, t, p, h));
+    }
+
+    fn position_backward(
+        &self,
+        dwpe: &mut GpuBuf,
+        dout: &GpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        if hidden == 0 || positions == 0 {
+            return;
+        }
+        let [b, t, p, h] = position_args(batch, t0, positions, hidden);
+        let grid = [hidden.div_ceil(256), positions, 1];
+        let (dout, dwpe) = (self.view(dout, Elem::F32), self.view_mut(dwpe, Elem::F32, false));
+        self.launch(args::position_bwd_f32(dwpe.ptr(), dout.ptr(), b, t, p, h), grid);
+    }
+}
+
+impl LossOps for GpuDevice {
     fn cross_entropy_max(&self, logits: &GpuBuf, rows: usize, vocab: usize, max: &mut GpuBuf) {
         int("rows·vocab", rows * vocab);
         assert!(max.elem == Elem::F64 && max.len >= rows, "cross_entropy_max: scalars shorter than the rows");
@@ -627,13 +697,12 @@ impl Device for GpuDevice {
             _ => self.rowwise(rows, args::xent_max_f32(m, l, r, v)),
         }
     }
+
     fn cross_entropy_partials(
         &self,
         logits: &GpuBuf,
         targets: &[u32],
-        vocab_start: usize,
-        rows: usize,
-        vocab: usize,
+        Logits { rows, vocab, vocab_start }: Logits,
         max: &GpuBuf,
         stats: &mut GpuBuf,
     ) {
@@ -652,18 +721,18 @@ impl Device for GpuDevice {
             _ => self.rowwise(rows, args::xent_partials_f32(sums.0, sums.1, logits.ptr(), targets, v0, m, r, v)),
         }
     }
+
     fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
         let l = args::xent_loss_f64(acc.ptr(), int("slot", slot), max.ptr(), stats.ptr(), int("rows", rows));
         self.launch(l, [1, 1, 1]);
     }
+
     fn cross_entropy_backward(
         &self,
         logits: &mut GpuBuf,
         targets: &[u32],
-        vocab_start: usize,
-        rows: usize,
-        vocab: usize,
+        Logits { rows, vocab, vocab_start }: Logits,
         max: &GpuBuf,
         stats: &GpuBuf,
         grad_scale: f32,
@@ -682,106 +751,45 @@ impl Device for GpuDevice {
             _ => self.elementwise(n, args::xent_bwd_f32(l, t.pointer, v0, m, s, grad_scale, r, v)),
         }
     }
+}
 
-    fn set_matmul_precision(&self, precision: Precision) {
-        self.bf16_matmul.store(precision == Precision::Bf16, Ordering::Relaxed);
-    }
-    fn matmul_rounds_operands(&self, _precision: Precision) -> bool {
-        // The GEMMs do cast f32 operands to bf16, but under --bf16 the working weights they read
-        // are stored in bf16 (`stores`), so no master is read by a GEMM.
-        false
-    }
-
-    fn round_to(&self, buf: &mut GpuBuf, precision: Precision) {
-        match precision {
-            // 16-bit storage holds nothing else.
-            Precision::F32 => {}
-            p if p == self.storage.precision() && buf.elem == self.half => {}
-            // round_bf16_f32 rounds to the module's storage type (binary16 on the fp16 module,
-            // overflow to infinity: fp16's gradients, `train::chunk`).
-            p if p == self.storage.precision() => {
-                self.elementwise(buf.len, args::round_bf16_f32(buf.ptr(), int("n", buf.len)));
-            }
-            _ => {
-                // The other 16-bit format has no module on this Device (training opens the one of
-                // its precision): correct, on the host.
-                let mut host = vec![0f32; buf.len];
-                self.download(buf, &mut host);
-                for x in host.iter_mut() {
-                    *x = precision.round(*x);
-                }
-                self.upload(buf, &host);
-            }
-        }
-    }
-
-    fn to_half(&self, buf: &GpuBuf, precision: Precision) -> GpuBuf {
-        let mut half = ok(GpuBuf::uninit(&self.rt, buf.len, Elem::Bits16));
-        self.to_half_into(buf, precision, &mut half);
-        half
-    }
-    fn to_half_into(&self, buf: &GpuBuf, precision: Precision, half: &mut GpuBuf) {
-        assert!(half.elem == Elem::Bits16 && half.len == buf.len, "to_half_into: buffer and copy lengths differ");
-        if buf.len == 0 {
+impl OptimizerOps for GpuDevice {
+    fn sum_squares_into(&self, bufs: &[&GpuBuf], acc: &mut GpuBuf, slot: usize) {
+        assert!(acc.elem == Elem::F64 && slot < acc.len, "sum_squares_into: slot {slot} outside the scalars");
+        // One launch over every buffer (a table of their addresses, lengths and first blocks,
+        // uploaded in one copy when these buffers first come, `kept_table`), then one thread adds
+        // the block partials buffer by buffer.
+        let first_block = first_blocks(bufs.iter().map(|b| b.len), SUM_SQUARES_CHUNK);
+        let blocks = first_block[bufs.len()];
+        if blocks == 0 {
             return;
         }
-        match precision {
-            p if p == self.storage.precision() && buf.elem == self.half => {
-                ok(self.rt.copy_on_device(half.ptr(), buf.ptr(), 2 * buf.len))
-            }
-            // Cast on the device into device memory; the values are already 16-bit, so exact.
-            p if p == self.storage.precision() => {
-                let l = args::cast_f32_to_bf16(half.ptr(), buf.ptr(), int("n", buf.len));
-                self.run(Op::CastF32ToBf16 { n: buf.len }, l)
-            }
-            // The other format has no module on this Device: correct, through the host.
-            _ => {
-                let mut host = vec![0f32; buf.len];
-                self.download(buf, &mut host);
-                let bits: Vec<u8> = host.iter().flat_map(|&x| precision.to_bits16(x).to_le_bytes()).collect();
-                ok(self.rt.copy_to_device(half.ptr(), &bits));
-            }
-        }
-    }
-    fn load_half(&self, src: &GpuBuf, precision: Precision, dst: &mut GpuBuf) {
-        assert!(src.elem == Elem::Bits16 && dst.len == src.len, "load_half: buffer and copy lengths differ");
-        match precision {
-            p if p == self.storage.precision() && dst.elem == self.half => {
-                ok(self.rt.copy_on_device(dst.ptr(), src.ptr(), 2 * src.len))
-            }
-            p if p == self.storage.precision() && src.len > 0 => {
-                let l = args::cast_bf16_to_f32(dst.ptr(), src.ptr(), int("n", src.len));
-                self.run(Op::CastBf16ToF32 { n: src.len }, l)
-            }
-            p if p == self.storage.precision() => {}
-            _ => {
-                let mut bits = vec![0u8; 2 * src.len];
-                if !bits.is_empty() {
-                    ok(self.to_host(&mut bits, src.ptr()));
-                }
-                let host: Vec<f32> =
-                    bits.chunks_exact(2).map(|b| precision.from_bits16(u16::from_le_bytes([b[0], b[1]]))).collect();
-                self.upload(dst, &host);
-            }
-        }
-    }
-    fn half_len(&self, half: &GpuBuf) -> usize {
-        half.len
+        let mut table: Vec<u8> = bufs.iter().flat_map(|b| b.ptr().to_le_bytes()).collect();
+        let lens = bufs.iter().map(|b| int("n", b.len));
+        table.extend(lens.chain(first_block.iter().map(|&f| int("blocks", f))).flat_map(|x| x.to_le_bytes()));
+        let (count, tensors) = (bufs.len() as u64, self.kept_table(&table));
+        let (lens, first) = (tensors + 8 * count, tensors + 12 * count);
+        let partials = self.scratch(8 * blocks);
+        let count = int("tensors", bufs.len());
+        self.launch(args::sum_squares_f32(partials.pointer, tensors, lens, first, count), [blocks, 1, 1]);
+        let sum = args::sum_into_f64(acc.ptr(), int("slot", slot), partials.pointer, first, count);
+        self.launch(sum, [1, 1, 1]);
     }
 
-    fn work_counters(&self) -> Option<crate::device::WorkCounters> {
-        Some(self.rt.tally().snapshot())
+    fn clip_scale(&self, sum: &GpuBuf, sum_slot: usize, out: &mut GpuBuf, slot: usize, clip: f64, loss_scale: f64) {
+        assert!(sum.elem == Elem::F64 && sum_slot < sum.len, "clip_scale: slot {sum_slot} outside the sums");
+        assert!(out.elem == Elem::F64 && slot + 2 <= out.len, "clip_scale: slots {slot}.. outside the scalars");
+        let (sum_at, out_at) = (int("slot", sum_slot), int("slot", slot));
+        self.launch(args::clip_scale_f64(sum.ptr(), sum_at, out.ptr(), out_at, clip, loss_scale), [1, 1, 1]);
     }
+
     fn adamw(
         &self,
-        param: &mut GpuBuf,
-        grad: &GpuBuf,
-        m: &mut GpuBuf,
-        v: &mut GpuBuf,
+        AdamWTensor { param, grad, m, v, decayed, working }: AdamWTensor<'_, GpuBuf>,
         step: AdamWStep,
         (scales, slot): (&GpuBuf, usize),
-        working: Option<(&mut GpuBuf, Precision)>,
     ) {
+        let step = step.for_tensor(decayed);
         assert!(scales.elem == Elem::F64 && slot < scales.len, "adamw: gradient scale slot {slot} outside the scalars");
         if grad.len == 0 {
             return;
@@ -817,8 +825,38 @@ impl Device for GpuDevice {
             self.round_to(w, precision);
         }
     }
+
     fn adamw_group(&self, tensors: Vec<AdamWTensor<'_, GpuBuf>>, step: AdamWStep, grad_scale: (&GpuBuf, usize)) {
         self.adamw_tensors(tensors, step, grad_scale);
+    }
+}
+
+impl CollectiveOps for GpuDevice {
+    fn device_comm(&self, group: &dyn crate::comm::Comm) -> Option<&dyn DeviceComm<GpuBuf>> {
+        let key = group_key(group);
+        self.comms.iter().find(|(k, _)| *k == key).map(|(_, c)| &**c as &dyn DeviceComm<GpuBuf>)
+    }
+
+    fn device_all_reduce_scalars(
+        &self,
+        group: &dyn crate::comm::Comm,
+        s: &mut GpuBuf,
+        len: usize,
+        op: ReduceOp,
+    ) -> bool {
+        assert!(s.elem == Elem::F64 && len <= s.len, "device_all_reduce_scalars: {len} values of f64 scalars");
+        self.device_comm(group).map(|c| c.all_reduce_f64(s, len, op)).is_some()
+    }
+
+    fn device_p2p(&self) -> Option<&dyn DeviceP2p<GpuBuf>> {
+        self.p2p.as_deref().map(|p| p as &dyn DeviceP2p<GpuBuf>)
+    }
+
+    fn attach_collectives(&mut self, request: &CollectivesRequest) -> Result<String> {
+        match self.make_collectives.take() {
+            Some(make) => make(self, request),
+            None => Ok("collectives: MPI, device buffers staged through host memory".into()),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};
 use super::kernels::args;
 use super::kernels::plan::{layernorm_bwd_partials, Op, LAYERNORM_BWD_COUNTERS};
-use crate::device::{AttentionShape, Rotary};
+use crate::device::{AttentionShape, Matrix, Rotary};
 
 impl GpuDevice {
     /// Whether the Llama-family kernels run here: with 16-bit activations `e`; else the process
@@ -21,16 +21,14 @@ impl GpuDevice {
         }
     }
 
-    /// `Device::rmsnorm_forward`: one warp per row (`rmsnorm_fwd_bf16`).
-    #[allow(clippy::too_many_arguments)]
+    /// `NormOps::rmsnorm_forward`: one warp per row (`rmsnorm_fwd_bf16`).
     pub(super) fn rmsnorm_fwd(
         &self,
         out: &mut GpuBuf,
         rstd: &mut GpuBuf,
         inp: &GpuBuf,
         weight: &GpuBuf,
-        rows: usize,
-        cols: usize,
+        Matrix { rows, cols }: Matrix,
         eps: f64,
     ) {
         int("rows·cols", rows * cols);
@@ -46,21 +44,18 @@ impl GpuDevice {
         self.run(Op::RmsnormFwd { rows, channels: cols }, args::rmsnorm_fwd_bf16(o, s, x, w, r, c, eps as f32));
     }
 
-    /// `Device::rmsnorm_backward`: one launch (`rmsnorm_bwd_bf16`), dweight through the block
+    /// `NormOps::rmsnorm_backward`: one launch (`rmsnorm_bwd_bf16`), dweight through the block
     /// partials and the counters LayerNorm's backward shares (every launch leaves them at 0). An
     /// f32 `dout` (tensor parallelism's all-reduced gradient of the norm's output) is rounded to
     /// the 16-bit storage on the way in, the format one rank's GEMM writes it in.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_bwd(
         &self,
         dinp: &mut GpuBuf,
         dweight: &mut GpuBuf,
         dout: &GpuBuf,
-        inp: &GpuBuf,
-        weight: &GpuBuf,
+        (inp, weight): (&GpuBuf, &GpuBuf),
         rstd: &GpuBuf,
-        rows: usize,
-        cols: usize,
+        Matrix { rows, cols }: Matrix,
     ) {
         int("rows·cols", rows * cols);
         self.llama_kernels("RMSNorm", inp.elem);
@@ -79,7 +74,7 @@ impl GpuDevice {
         self.run(Op::RmsnormBwd { rows, channels: cols }, args::rmsnorm_bwd_bf16(dx, dw, p, k, dy, x, w, s, r, c));
     }
 
-    /// `Device::swiglu_forward`: out [rows, f] from rows of 2f (`swiglu_fwd_bf16`).
+    /// `ElementwiseOps::swiglu_forward`: out [rows, f] from rows of 2f (`swiglu_fwd_bf16`).
     pub(super) fn swiglu_fwd(&self, out: &mut GpuBuf, inp: &GpuBuf, rows: usize, f: usize) {
         int("rows·2f", rows * 2 * f);
         self.llama_kernels("SwiGLU", inp.elem);
@@ -91,7 +86,7 @@ impl GpuDevice {
         self.run(Op::SwigluFwd { rows, f }, args::swiglu_fwd_bf16(o.ptr(), x.ptr(), int("rows", rows), int("f", f)));
     }
 
-    /// `Device::swiglu_backward`: dinp [rows, 2f] overwritten (`swiglu_bwd_bf16`).
+    /// `ElementwiseOps::swiglu_backward`: dinp [rows, 2f] overwritten (`swiglu_bwd_bf16`).
     pub(super) fn swiglu_bwd(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, rows: usize, f: usize) {
         int("rows·2f", rows * 2 * f);
         self.llama_kernels("SwiGLU", dout.elem);
@@ -104,7 +99,7 @@ impl GpuDevice {
         self.run(Op::SwigluBwd { rows, f }, l);
     }
 
-    /// `Device::rope_forward` (`inverse`: `rope_backward`) in place on the 16-bit QKV (or its
+    /// `AttentionOps::rope_forward` (`inverse`: `rope_backward`) in place on the 16-bit QKV (or its
     /// gradient), the f32 table read as `Rotary` describes it.
     pub(super) fn rope(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary, inverse: bool) {
         let (rows, width, rd) = (shape.rows(), shape.qkv_width(), rotary.rotary_dim);

@@ -29,7 +29,7 @@
 //!    its communicators as `DeviceComm` / `GpuP2p` trait objects and so names no type of
 //!    `collectives`.
 //! 9. `attach` (the NCCL / RCCL communicators of a training run's groups, made when
-//!    `Device::attach_collectives` asks), then `training` (`trident train`'s GPU: the runtime kept
+//!    `CollectiveOps::attach_collectives` asks), then `training` (`trident train`'s GPU: the runtime kept
 //!    for the process's life, the Device on the rank's GPU with its nominal peak and the maker of
 //!    its collectives).
 //!

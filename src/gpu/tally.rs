@@ -1,5 +1,5 @@
 //! `Tally`: the counters of one GPU runtime's calls, kept by `runtime::Counted` for both vendors
-//! and read as a `device::WorkCounters` snapshot (`Device::work_counters`). Each count is a
+//! and read as a `device::WorkCounters` snapshot (`Memory::work_counters`). Each count is a
 //! relaxed atomic add, so counting takes no lock on a launch: kernel functions are registered in
 //! fixed slots when they are resolved (under a lock, once per function), and a launch finds its
 //! slot by the handle `register` gave. Shared through an `Arc`, so a bench can read the totals

@@ -1,7 +1,7 @@
 //! Opening the rank's GPU for `trident train`: the CUDA driver or the HIP runtime, loaded once and
 //! kept for the process's life (the communicators' streams borrow its table); the GPU placement
 //! chose, after the head-dim check; the nominal peak MFU is measured against; and the Device's
-//! collectives, which `attach.rs` makes on the same table when `Device::attach_collectives` asks.
+//! collectives, which `attach.rs` makes on the same table when `CollectiveOps::attach_collectives` asks.
 
 use super::collectives::StreamApi;
 use super::device::GpuDevice;

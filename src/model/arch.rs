@@ -152,7 +152,7 @@ impl Arch {
             .collect()
     }
 
-    /// The table `Device::rope_forward` reads: per position `0..positions`, the cosines and then
+    /// The table `AttentionOps::rope_forward` reads: per position `0..positions`, the cosines and then
     /// the sines of `position · inv_freq[i]` ([positions, rotary_dim], computed in f64, held f32).
     pub fn rotary_table(&self, head_dim: usize, positions: usize) -> Vec<f32> {
         let inv = self.rotary_inv_freq(head_dim);

@@ -3,7 +3,7 @@
 //! contiguous shards; each data-parallel rank keeps the AdamW state of its shard only. Gradients
 //! are reduce-scattered (each rank receives the sum of its shard), the rank updates its shard, and
 //! the updated shards are all-gathered back into every rank's parameters. Where the device has a
-//! communicator for the group (`Device::device_comm`), both collectives run on device memory
+//! communicator for the group (`CollectiveOps::device_comm`), both collectives run on device memory
 //! (the flat vector is packed with device-to-device copies into buffers kept from one step to
 //! the next) and the shard's summed gradients stay there: the norm's squares are summed on the
 //! device too (`ShardGrads::OnDevice`). Otherwise the shard comes to the host and the norm is
@@ -201,7 +201,7 @@ impl<D: Device> DistributedAdamW<D> {
     }
 
     /// One AdamW step of every segment of the shard from its staged values and gradients, as one
-    /// group (`Device::adamw_group`: on the GPU one launch).
+    /// group (`OptimizerOps::adamw_group`: on the GPU one launch).
     fn update_segments(&mut self, dev: &D, params: &ParamSet<D>, lr: f32, grad_scale: (&D::Scalars, usize)) {
         let tensors = self
             .segments

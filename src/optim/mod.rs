@@ -1,5 +1,5 @@
 //! The optimizer side of a training step: AdamW state per parameter (its gradient factor, the clip
-//! coefficient, read on the device: `Device::clip_scale`), ZeRO-1 (`distributed.rs`), the
+//! coefficient, read on the device: `OptimizerOps::clip_scale`), ZeRO-1 (`distributed.rs`), the
 //! learning-rate schedule (`lr.rs`), batch-size ramp-up (`rampup.rs`) and fp16's loss scaler (`scaler.rs`).
 
 pub mod distributed;
@@ -21,7 +21,7 @@ pub struct AdamWConfig {
 }
 
 impl AdamWConfig {
-    /// The hyper-parameters of one update (`Device::adamw_group` applies the weight decay to the
+    /// The hyper-parameters of one update (`OptimizerOps::adamw_group` applies the weight decay to the
     /// decayed tensors only).
     pub fn step(&self, lr: f32, step: u64) -> AdamWStep {
         AdamWStep {
@@ -54,9 +54,9 @@ impl<D: Device> AdamW<D> {
         AdamW { config, m: alloc(), v: alloc(), step: 0 }
     }
 
-    /// One update of every parameter, the chunk's tensors as one group (`Device::adamw_group`: on
+    /// One update of every parameter, the chunk's tensors as one group (`OptimizerOps::adamw_group`: on
     /// the GPU one launch). The factor at `grad_scale` (the device's scalars and a slot,
-    /// `Device::clip_scale`'s clip coefficient over the loss scale) multiplies each gradient
+    /// `OptimizerOps::clip_scale`'s clip coefficient over the loss scale) multiplies each gradient
     /// first, read on the device. `working`, under mixed precision, is the rounded working copy
     /// of the parameters (None where a parameter has none) and its precision: each copy is
     /// written in the same pass.

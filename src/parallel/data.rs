@@ -3,7 +3,7 @@
 //! gradient in it is final, so communication overlaps the rest of backward. Also the
 //! tensor-parallel sum of the gradients that sequence parallelism leaves partial.
 //!
-//! Where the device has a communicator for the group (`Device::device_comm`), a bucket's
+//! Where the device has a communicator for the group (`CollectiveOps::device_comm`), a bucket's
 //! gradients are packed into one flat device buffer with device-to-device copies, summed by one
 //! all-reduce on device memory, and copied back; otherwise they are flattened into host memory
 //! and summed through the MPI Comm.

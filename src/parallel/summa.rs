@@ -20,6 +20,7 @@
 use crate::comm::{Comm, Pending, ReduceOp};
 use crate::device::kernels::LAYERNORM_EPS;
 use crate::device::Device;
+use crate::device::{Gemm, LayerNormSaved, Matrix};
 use std::borrow::Cow;
 
 /// How a SUMMA linear layer moves its blocks (`--summa-algorithm`): gathered panels and one
@@ -169,22 +170,19 @@ pub fn scatter_stacked_add<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, a
 impl Summa<'_> {
     /// `out [m, n/q] = inp · weightᵀ (+ bias)` for the whole `[rows, k] x [n, k]ᵀ` product: the
     /// input's row panel gathered along the row, the weight's column panel down the column.
-    #[allow(clippy::too_many_arguments)]
     pub fn linear_forward<D: Device>(
         &self,
         dev: &D,
         out: &mut D::Buf,
         inp: &D::Buf,
-        weight: &D::Buf,
-        bias: Option<&D::Buf>,
-        m: usize,
-        k: usize,
-        n: usize,
+        (weight, bias): (&D::Buf, Option<&D::Buf>),
+        shape: Gemm,
         s: &mut Scratch<D::Buf>,
     ) {
         if self.algorithm == Algorithm::Broadcast {
-            return self.broadcast_forward(dev, out, inp, weight, bias, m, k, n, s);
+            return self.broadcast_forward(dev, out, inp, (weight, bias), shape, s);
         }
+        let Gemm { rows: m, k, n } = shape;
         let (q, kb, nb) = (self.q, k / self.q, n / self.q);
         let a = ensure(dev, &mut s.a_panel, m * k);
         gather_panel(dev, self.row, inp, a, m, kb);
@@ -201,9 +199,7 @@ impl Summa<'_> {
             s.a_panel.as_ref().expect("gathered"),
             s.w_panel.as_ref().expect("gathered"),
             bias,
-            m,
-            k,
-            nb,
+            Gemm { rows: m, k, n: nb },
         );
     }
 
@@ -216,14 +212,11 @@ impl Summa<'_> {
         &self,
         dev: &D,
         dinp: Option<&mut D::Buf>,
-        dweight: &mut D::Buf,
-        dbias: Option<&mut D::Buf>,
+        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
         dout: &D::Buf,
         inp: &D::Buf,
         weight: &D::Buf,
-        m: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows: m, k, n }: Gemm,
         s: &mut Scratch<D::Buf>,
     ) {
         if self.algorithm == Algorithm::Broadcast {
@@ -242,7 +235,7 @@ impl Summa<'_> {
         let (a, w) = (s.a_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"));
         let dw = s.dw_panel.as_mut().expect("allocated");
         let db_buf = if db.is_some() { s.bias.as_mut() } else { None };
-        dev.linear_backward(d_panel, dw, db_buf, dout, a, w, m, k, nb);
+        dev.linear_backward(d_panel, (dw, db_buf), dout, a, w, Gemm { rows: m, k, n: nb });
         if let Some(dinp) = dinp {
             let mine = scatter_panel(dev, self.row, s.d_panel.as_ref().expect("computed"), m, kb);
             dev.upload(dinp, &mine);
@@ -271,17 +264,13 @@ impl Summa<'_> {
     /// Broadcast-SUMMA forward: step l broadcasts the input block of column l along each row and
     /// the weight block of row l down each column, and every rank accumulates their product; the
     /// broadcasts of step l + 1 are posted before step l's GEMM.
-    #[allow(clippy::too_many_arguments)]
     fn broadcast_forward<D: Device>(
         &self,
         dev: &D,
         out: &mut D::Buf,
         inp: &D::Buf,
-        weight: &D::Buf,
-        bias: Option<&D::Buf>,
-        m: usize,
-        k: usize,
-        n: usize,
+        (weight, bias): (&D::Buf, Option<&D::Buf>),
+        Gemm { rows: m, k, n }: Gemm,
         s: &mut Scratch<D::Buf>,
     ) {
         let (q, kb, nb) = (self.q, k / self.q, n / self.q);
@@ -311,9 +300,7 @@ impl Summa<'_> {
                 s.a_panel.as_ref().expect("set"),
                 s.w_panel.as_ref().expect("set"),
                 None,
-                m,
-                kb,
-                nb,
+                Gemm { rows: m, k: kb, n: nb },
             );
             dev.add_assign(out, s.d_panel.as_ref().expect("computed"));
         }
@@ -366,7 +353,14 @@ impl Summa<'_> {
             dev.fill(dw, 0.0);
             let d_part = want_dinp.then(|| ensure(dev, &mut s.d_panel, m * kb));
             let (ab, wb) = (s.a_panel.as_ref().expect("set"), s.w_panel.as_ref().expect("set"));
-            dev.linear_backward(d_part, s.dw_panel.as_mut().expect("set"), None, dout, ab, wb, m, kb, nb);
+            dev.linear_backward(
+                d_part,
+                (s.dw_panel.as_mut().expect("set"), None),
+                dout,
+                ab,
+                wb,
+                Gemm { rows: m, k: kb, n: nb },
+            );
             let d_part = want_dinp.then(|| self.row.reduce_start(summa_host(dev, s.d_panel.as_ref().expect("set")), l));
             let dw_part = self.col.reduce_start(summa_host(dev, s.dw_panel.as_ref().expect("set")), l);
             reductions.push((l, d_part, dw_part));
@@ -405,7 +399,7 @@ impl Summa<'_> {
         let e = ensure(dev, &mut s.w_panel, v * hb);
         gather_stacked(dev, self.col, wte, e);
         let partial = ensure(dev, &mut s.d_panel, m * v);
-        dev.linear_forward(partial, inp, s.w_panel.as_ref().expect("gathered"), None, m, hb, v);
+        dev.linear_forward(partial, inp, s.w_panel.as_ref().expect("gathered"), None, Gemm { rows: m, k: hb, n: v });
         let mine = scatter_panel(dev, self.row, s.d_panel.as_ref().expect("computed"), m, vb);
         dev.upload(out, &mine);
     }
@@ -431,7 +425,14 @@ impl Summa<'_> {
         let de = ensure(dev, &mut s.dw_panel, v * hb);
         dev.fill(de, 0.0);
         let (d, e) = (s.d_panel.as_ref().expect("gathered"), s.w_panel.as_ref().expect("gathered"));
-        dev.linear_backward(Some(dinp), s.dw_panel.as_mut().expect("allocated"), None, d, inp, e, m, hb, v);
+        dev.linear_backward(
+            Some(dinp),
+            (s.dw_panel.as_mut().expect("allocated"), None),
+            d,
+            inp,
+            e,
+            Gemm { rows: m, k: hb, n: v },
+        );
         scatter_stacked_add(dev, self.col, s.dw_panel.as_ref().expect("computed"), dwte);
     }
 }
@@ -440,34 +441,31 @@ impl Summa<'_> {
     /// LayerNorm of `rows` rows of width `h` whose columns are split along the row group (this
     /// rank holds `h/q`): the mean and the centred sum of squares are each summed over the row
     /// (two all-reduces of one f64 per row), and the scale and shift (`[h/q²]` shards) are
-    /// gathered down the column. Saves mean and rstd like `Device::layernorm_forward`.
+    /// gathered down the column. Saves mean and rstd like `NormOps::layernorm_forward`.
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_forward<D: Device>(
         &self,
         dev: &D,
         out: &mut D::Buf,
-        mean_out: &mut D::Buf,
-        rstd_out: &mut D::Buf,
+        (mean_out, rstd_out): (&mut D::Buf, &mut D::Buf),
         inp: &D::Buf,
-        weight: &D::Buf,
-        bias: &D::Buf,
-        rows: usize,
-        h: usize,
+        (weight, bias): (&D::Buf, &D::Buf),
+        Matrix { rows, cols: h }: Matrix,
         s: &mut Scratch<D::Buf>,
     ) {
         let cols = h / self.q;
         gather_stacked(dev, self.col, weight, ensure(dev, &mut s.gamma, cols));
         gather_stacked(dev, self.col, bias, ensure(dev, &mut s.beta, cols));
         let mut mean = vec![0f64; rows];
-        dev.layernorm_sums(inp, rows, cols, None, &mut mean);
+        dev.layernorm_sums(inp, Matrix { rows, cols }, None, &mut mean);
         self.row.all_reduce(&mut mean, ReduceOp::Sum);
         mean.iter_mut().for_each(|m| *m /= h as f64);
         let mut rstd = vec![0f64; rows];
-        dev.layernorm_sums(inp, rows, cols, Some(&mean), &mut rstd);
+        dev.layernorm_sums(inp, Matrix { rows, cols }, Some(&mean), &mut rstd);
         self.row.all_reduce(&mut rstd, ReduceOp::Sum);
         rstd.iter_mut().for_each(|v| *v = 1.0 / (*v / h as f64 + LAYERNORM_EPS).sqrt());
         let (g, b) = (s.gamma.as_ref().expect("gathered"), s.beta.as_ref().expect("gathered"));
-        dev.layernorm_apply(out, mean_out, rstd_out, inp, g, b, &mean, &rstd, rows, cols);
+        dev.layernorm_apply(out, (mean_out, rstd_out), inp, (g, b), (&mean, &rstd), Matrix { rows, cols });
     }
 
     /// Backward of `layernorm_forward`: `dinp +=`, and the scale and shift gradients `+=` their
@@ -477,29 +475,36 @@ impl Summa<'_> {
         &self,
         dev: &D,
         dinp: &mut D::Buf,
-        dweight: &mut D::Buf,
-        dbias: &mut D::Buf,
+        (dweight, dbias): (&mut D::Buf, &mut D::Buf),
         dout: &D::Buf,
-        inp: &D::Buf,
-        weight: &D::Buf,
-        mean: &D::Buf,
-        rstd: &D::Buf,
-        rows: usize,
-        h: usize,
+        LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, D::Buf>,
+        Matrix { rows, cols: h }: Matrix,
         s: &mut Scratch<D::Buf>,
     ) {
         let cols = h / self.q;
         gather_stacked(dev, self.col, weight, ensure(dev, &mut s.bias, cols));
         let g = s.bias.as_ref().expect("gathered");
         let mut sums = vec![0f64; 2 * rows];
-        dev.layernorm_backward_sums(dout, inp, g, mean, rstd, rows, cols, &mut sums);
+        dev.layernorm_backward_sums(
+            dout,
+            LayerNormSaved { inp, weight: g, mean, rstd },
+            Matrix { rows, cols },
+            &mut sums,
+        );
         self.row.all_reduce(&mut sums, ReduceOp::Sum);
         let dg = ensure(dev, &mut s.gamma, cols);
         dev.fill(dg, 0.0);
         let db = ensure(dev, &mut s.beta, cols);
         dev.fill(db, 0.0);
         let (dg, db) = (s.gamma.as_mut().expect("allocated"), s.beta.as_mut().expect("allocated"));
-        dev.layernorm_backward_apply(dinp, dg, db, dout, inp, g, mean, rstd, &sums, h, rows, cols);
+        dev.layernorm_backward_apply(
+            dinp,
+            (dg, db),
+            dout,
+            LayerNormSaved { inp, weight: g, mean, rstd },
+            (&sums, h),
+            Matrix { rows, cols },
+        );
         scatter_stacked_add(dev, self.col, s.gamma.as_ref().expect("computed"), dweight);
         scatter_stacked_add(dev, self.col, s.beta.as_ref().expect("computed"), dbias);
     }
@@ -509,6 +514,7 @@ impl Summa<'_> {
 mod tests {
     use super::*;
     use crate::comm::threads::{run_group, ThreadComm};
+    use crate::device::prelude::*;
     use crate::device::reference::ReferenceDevice;
     use crate::parallel::grid::SummaCoord;
 
@@ -571,9 +577,16 @@ mod tests {
             // The whole problem: rows = q batch blocks of m rows each.
             let (x, w, b, dy) = (values(q * m * k, 1), values(n * k, 2), values(n, 3), values(q * m * n, 4));
             let mut y = dev.alloc(q * m * n);
-            dev.linear_forward(&mut y, &up(&x), &up(&w), Some(&up(&b)), q * m, k, n);
+            dev.linear_forward(&mut y, &up(&x), &up(&w), Some(&up(&b)), Gemm { rows: q * m, k, n });
             let (mut dx, mut dw, mut db) = (dev.alloc(q * m * k), dev.alloc(n * k), dev.alloc(n));
-            dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &up(&dy), &up(&x), &up(&w), q * m, k, n);
+            dev.linear_backward(
+                Some(&mut dx),
+                (&mut dw, Some(&mut db)),
+                &up(&dy),
+                &up(&x),
+                &up(&w),
+                Gemm { rows: q * m, k, n },
+            );
             let (y, dx, dw, db) = (whole(&y), whole(&dx), whole(&dw), whole(&db));
             let (kb, nb) = (k / q, n / q);
             let got = on_grid(q, algorithm, |c, s| {
@@ -584,19 +597,16 @@ mod tests {
                 let dyi = up(block(&dy, n, (c.row * m, m), (c.col * nb, nb)));
                 let mut scratch = Scratch::default();
                 let mut yi = dev.alloc(m * nb);
-                s.linear_forward(&dev, &mut yi, &xi, &wi, Some(&bi), m, k, n, &mut scratch);
+                s.linear_forward(&dev, &mut yi, &xi, (&wi, Some(&bi)), Gemm { rows: m, k, n }, &mut scratch);
                 let (mut dxi, mut dwi, mut dbi) = (dev.alloc(m * kb), dev.alloc(nb * kb), dev.alloc(nb / q));
                 s.linear_backward(
                     &dev,
                     Some(&mut dxi),
-                    &mut dwi,
-                    Some(&mut dbi),
+                    (&mut dwi, Some(&mut dbi)),
                     &dyi,
                     &xi,
                     &wi,
-                    m,
-                    k,
-                    n,
+                    Gemm { rows: m, k, n },
                     &mut scratch,
                 );
                 (c, whole(yi), whole(dxi), whole(dwi), whole(dbi))
@@ -618,9 +628,15 @@ mod tests {
         let (x, g, b, dy) = (values(q * m * h, 8), values(h, 9), values(h, 10), values(q * m * h, 11));
         let rows = q * m;
         let (mut y, mut mean, mut rstd) = (dev.alloc(rows * h), dev.alloc(rows), dev.alloc(rows));
-        dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &up(&x), &up(&g), &up(&b), rows, h);
+        dev.layernorm_forward(&mut y, (&mut mean, &mut rstd), &up(&x), (&up(&g), &up(&b)), Matrix { rows, cols: h });
         let (mut dx, mut dg, mut db) = (dev.alloc(rows * h), dev.alloc(h), dev.alloc(h));
-        dev.layernorm_backward(&mut dx, &mut dg, &mut db, &up(&dy), &up(&x), &up(&g), &mean, &rstd, rows, h);
+        dev.layernorm_backward(
+            &mut dx,
+            (&mut dg, &mut db),
+            &up(&dy),
+            LayerNormSaved { inp: &up(&x), weight: &up(&g), mean: &mean, rstd: &rstd },
+            Matrix { rows, cols: h },
+        );
         let (y, dx, dg, db) = (whole(&y), whole(&dx), whole(&dg), whole(&db));
         let (hb, hs) = (h / q, h / (q * q));
         let got = on_grid(q, Algorithm::Panel, |c, s| {
@@ -630,9 +646,25 @@ mod tests {
             let dyi = up(block(&dy, h, (c.row * m, m), (c.col * hb, hb)));
             let mut scratch = Scratch::default();
             let (mut yi, mut mi, mut ri) = (dev.alloc(m * hb), dev.alloc(m), dev.alloc(m));
-            s.layernorm_forward(&dev, &mut yi, &mut mi, &mut ri, &xi, &gi, &bi, m, h, &mut scratch);
+            s.layernorm_forward(
+                &dev,
+                &mut yi,
+                (&mut mi, &mut ri),
+                &xi,
+                (&gi, &bi),
+                Matrix { rows: m, cols: h },
+                &mut scratch,
+            );
             let (mut dxi, mut dgi, mut dbi) = (dev.alloc(m * hb), dev.alloc(hs), dev.alloc(hs));
-            s.layernorm_backward(&dev, &mut dxi, &mut dgi, &mut dbi, &dyi, &xi, &gi, &mi, &ri, m, h, &mut scratch);
+            s.layernorm_backward(
+                &dev,
+                &mut dxi,
+                (&mut dgi, &mut dbi),
+                &dyi,
+                LayerNormSaved { inp: &xi, weight: &gi, mean: &mi, rstd: &ri },
+                Matrix { rows: m, cols: h },
+                &mut scratch,
+            );
             (c, whole(yi), whole(dxi), whole(dgi), whole(dbi))
         });
         for (c, yi, dxi, dgi, dbi) in got {
@@ -649,9 +681,16 @@ mod tests {
         let (q, m, h, v) = (2usize, 3usize, 8usize, 10usize);
         let (x, e, dl) = (values(q * m * h, 5), values(v * h, 6), values(q * m * v, 7));
         let mut logits = dev.alloc(q * m * v);
-        dev.linear_forward(&mut logits, &up(&x), &up(&e), None, q * m, h, v);
+        dev.linear_forward(&mut logits, &up(&x), &up(&e), None, Gemm { rows: q * m, k: h, n: v });
         let (mut dx, mut de) = (dev.alloc(q * m * h), dev.alloc(v * h));
-        dev.linear_backward(Some(&mut dx), &mut de, None, &up(&dl), &up(&x), &up(&e), q * m, h, v);
+        dev.linear_backward(
+            Some(&mut dx),
+            (&mut de, None),
+            &up(&dl),
+            &up(&x),
+            &up(&e),
+            Gemm { rows: q * m, k: h, n: v },
+        );
         let (logits, dx, de) = (whole(&logits), whole(&dx), whole(&de));
         let (hb, vb) = (h / q, v / q);
         let got = on_grid(q, Algorithm::Panel, |c, s| {

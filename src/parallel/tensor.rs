@@ -1,7 +1,7 @@
 //! Tensor-parallel communication on device buffers: the all-reduce, all-gather and reduce-scatter
 //! that Megatron's column- and row-parallel layers, vocab-parallel embedding and sequence
 //! parallelism place around the local math. Where the device has a communicator for the group
-//! (`Device::device_comm`: NCCL on the CUDA Device) they run on device memory; buffers a device
+//! (`CollectiveOps::device_comm`: NCCL on the CUDA Device) they run on device memory; buffers a device
 //! keeps in host memory are handed to the Comm in place; others are staged through the host.
 
 use crate::comm::{Comm, ReduceOp};

@@ -219,7 +219,7 @@ struct Trainer<'a, D: Device> {
     /// The gradients' sum of squares, accumulated on the device.
     norm_sum: D::Scalars,
     /// Per step of the window (`pending`), on the device: slot 2k its gradient norm, 2k + 1
-    /// AdamW's gradient factor (`Device::clip_scale`); its loss is in the models' loss slot k.
+    /// AdamW's gradient factor (`OptimizerOps::clip_scale`); its loss is in the models' loss slot k.
     steps: D::Scalars,
     pending: Vec<PendingStep>,
     /// `steps` as the loss scaler last read it (its slots up to the newest pending step's norm),

@@ -126,7 +126,7 @@ pub(super) fn open_reference() -> (crate::device::reference::ReferenceDevice, De
     (crate::device::reference::ReferenceDevice, DevicePeak { gflops: peak.gflops, what })
 }
 
-/// Asks the device for collectives for the run's groups (`Device::attach_collectives`) and
+/// Asks the device for collectives for the run's groups (`CollectiveOps::attach_collectives`) and
 /// returns its start-up line. Device pipeline links deliver one link's messages in the order
 /// they were sent (MPI matched them by tag): every schedule keeps that order on every stage
 /// (`fifo_order`, checked for this run's layout before any link is made; a failure would be a

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::Device;
 use trident::real::Precision;
 use trident::rng::Stream;
 

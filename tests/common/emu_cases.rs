@@ -7,8 +7,10 @@
 
 use super::emu::*;
 
+use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AdamWStep, AttentionShape, Device, Rotary};
+use trident::device::{AdamWStep, AttentionShape, Rotary};
+use trident::device::{AdamWTensor, Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use trident::gpu::kernels::plan::{layernorm_bwd_blocks, EmbeddingSegments, LAYERNORM_BWD_GROUP};
 
 /// The `#[test]`s both vendors run on the same shapes, for the test file's `Vendor` constant:
@@ -85,7 +87,7 @@ pub fn gemm_by(v: &Vendor, c: GemmCase, op: &str) {
     let dev = ReferenceDevice;
     let (ra, rw, rb) = (reference(&dev, &a), reference(&dev, &w), reference(&dev, &b));
     let mut want = dev.alloc(m * n);
-    dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), m, k, n);
+    dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), Gemm { rows: m, k, n });
     if gelu {
         let pre = want.clone();
         dev.gelu_forward(&mut want, &pre);
@@ -136,7 +138,13 @@ pub fn gemm_bwd_by(v: &Vendor, m: usize, n: usize, k: usize, op: &str) {
 /// dinp and dweight by harness op `op` with `extra` arguments after M, N and K (the sm_90a
 /// backward-weight's slices), launched `runs` times from the same inputs, the first launch
 /// checked against `linear_backward`; every launch's dweight, in order.
-pub fn gemm_bwd_runs(v: &Vendor, (m, n, k): (usize, usize, usize), op: &str, extra: &[usize], runs: usize) -> Vec<Vec<f32>> {
+pub fn gemm_bwd_runs(
+    v: &Vendor,
+    (m, n, k): (usize, usize, usize),
+    op: &str,
+    extra: &[usize],
+    runs: usize,
+) -> Vec<Vec<f32>> {
     let suffix: String = extra.iter().map(|e| format!("_{e}")).collect();
     let name = format!("{op}_{m}x{n}x{k}{suffix}");
     let case = v.case(&name);
@@ -158,7 +166,7 @@ pub fn gemm_bwd_runs(v: &Vendor, (m, n, k): (usize, usize, usize), op: &str, ext
     let (rdout, rw, rinp) = (reference(&dev, &dout), reference(&dev, &w), reference(&dev, &inp));
     let mut dinp = dev.alloc(m * k);
     let mut dweight = reference(&dev, &dweight0);
-    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &rinp, &rw, m, k, n);
+    dev.linear_backward(Some(&mut dinp), (&mut dweight, None), &rdout, &rinp, &rw, Gemm { rows: m, k, n });
     check_f32(&format!("{name} dinp"), &case.get_f32("dinp"), &dinp, 1e-5);
     check_f32(&format!("{name} dweight"), &dweights[0], &dweight, 1e-5);
     dweights
@@ -178,7 +186,7 @@ pub fn gemm_bwd_input_bf16_out_by(v: &Vendor, m: usize, n: usize, k: usize, op: 
     let dev = ReferenceDevice;
     let (rdout, rw) = (reference(&dev, &dout), reference(&dev, &w));
     let (mut dinp, mut dweight) = (dev.alloc(m * k), dev.alloc(n * k));
-    dev.linear_backward(Some(&mut dinp), &mut dweight, None, &rdout, &dev.alloc(m * k), &rw, m, k, n);
+    dev.linear_backward(Some(&mut dinp), (&mut dweight, None), &rdout, &dev.alloc(m * k), &rw, Gemm { rows: m, k, n });
     case.check_half(&format!("{name} dinp"), "dinp", &dinp);
 }
 
@@ -409,7 +417,7 @@ fn layernorm(v: &Vendor, rows: usize, cols: usize, residual: bool) {
     let dev = ReferenceDevice;
     let (rx, rw, rb) = (reference(&dev, &x), reference(&dev, &weight), reference(&dev, &bias));
     let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
-    dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &rx, &rw, &rb, rows, cols);
+    dev.layernorm_forward(&mut out, (&mut mean, &mut rstd), &rx, (&rw, &rb), Matrix { rows, cols });
     if residual {
         let got = case.get_half("resid_out");
         assert_eq!(got, x, "{name}: the stored residual sum must be the bf16-rounded sum");
@@ -447,7 +455,13 @@ pub fn layernorm_backward(v: &Vendor, case: &Case, name: &str, [x, weight, mean,
     let (mut dinp, mut dw, mut db) = (reference(&dev, &dinp0), reference(&dev, &dw0), reference(&dev, &db0));
     let (rx, rw) = (reference(&dev, x), reference(&dev, weight));
     let (rdout, rmean, rrstd) = (reference(&dev, &dout), reference(&dev, mean), reference(&dev, rstd));
-    dev.layernorm_backward(&mut dinp, &mut dw, &mut db, &rdout, &rx, &rw, &rmean, &rrstd, rows, cols);
+    dev.layernorm_backward(
+        &mut dinp,
+        (&mut dw, &mut db),
+        &rdout,
+        LayerNormSaved { inp: &rx, weight: &rw, mean: &rmean, rstd: &rrstd },
+        Matrix { rows, cols },
+    );
     let name = format!("{name} on {blocks} blocks");
     case.check_half(&format!("{name} dinp"), "dinp", &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
@@ -543,13 +557,13 @@ fn rmsnorm(v: &Vendor, rows: usize, cols: usize, blocks: Option<usize>) {
     let dev = ReferenceDevice;
     let (rx, rw, rdout) = (reference(&dev, &inp), reference(&dev, &weight), reference(&dev, &dout));
     let (mut out, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows));
-    dev.rmsnorm_forward(&mut out, &mut rstd, &rx, &rw, rows, cols, eps);
+    dev.rmsnorm_forward(&mut out, &mut rstd, &rx, &rw, Matrix { rows, cols }, eps);
     case.check_half(&format!("{name} out"), "out", &out);
     check_f32(&format!("{name} rstd"), &case.get_f32("rstd"), &rstd, 1e-5);
     // The backward on the rstd the kernel saved (f32), as the model runs it.
     let rstd32 = reference(&dev, &case.get_f32("rstd"));
     let (mut dinp, mut dw) = (reference(&dev, &dinp0), reference(&dev, &dw0));
-    dev.rmsnorm_backward(&mut dinp, &mut dw, &rdout, &rx, &rw, &rstd32, rows, cols);
+    dev.rmsnorm_backward(&mut dinp, &mut dw, &rdout, (&rx, &rw), &rstd32, Matrix { rows, cols });
     case.check_half(&format!("{name} dinp"), "dinp", &dinp);
     check_f32(&format!("{name} dweight"), &case.get_f32("dweight"), &dw, 1e-4);
     assert_repeatable(&case, &name, (&["dinp"], &["dweight"]), blocks);
@@ -698,7 +712,9 @@ pub fn adamw_f32_master_bf16_weights(v: &Vendor) {
         case.run("adamw", &[args(&[&n, &blocks, &threads]), args(&hyper)].concat());
         let dev = ReferenceDevice;
         let (mut rp, mut rm, mut rv) = (reference(&dev, &param), reference(&dev, &m), reference(&dev, &var));
-        dev.adamw(&mut rp, &reference(&dev, &grad), &mut rm, &mut rv, step, (&vec![grad_scale as f64], 0), None);
+        let rg = reference(&dev, &grad);
+        let t = AdamWTensor { param: &mut rp, grad: &rg, m: &mut rm, v: &mut rv, decayed: true, working: None };
+        dev.adamw(t, step, (&vec![grad_scale as f64], 0));
         check_f32(&format!("{name} param"), &case.get_f32("param"), &rp, 1e-5);
         case.check_half(&format!("{name} param_bf16"), "param_bf16", &rp);
         check_f32(&format!("{name} m"), &case.get_f32("m"), &rm, 1e-5);
@@ -718,7 +734,7 @@ pub fn cross_entropy_reference(logits: &Vec<f64>, targets: &[u32], vocab_start: 
     let (dev, rows) = (ReferenceDevice, targets.len());
     let (mut max, mut stats) = (vec![0.0; rows], vec![0.0; 2 * rows]);
     dev.cross_entropy_max(logits, rows, vocab, &mut max);
-    dev.cross_entropy_partials(logits, targets, vocab_start, rows, vocab, &max, &mut stats);
+    dev.cross_entropy_partials(logits, targets, Logits { rows, vocab, vocab_start }, &max, &mut stats);
     let target_logit = stats.split_off(rows);
     [max, stats, target_logit]
 }
@@ -751,7 +767,7 @@ pub fn softmax_cross_entropy_pieces(v: &Vendor) {
         assert_eq!(case.get_f64("max"), max, "{name} max");
         check_f32(&format!("{name} sum_exp"), &case.get_f64_as_f32("sum_exp"), &sum_exp, 1e-6);
         assert_eq!(case.get_f64("target_logit"), target_logit, "{name} target_logit");
-        dev.cross_entropy_backward(&mut rl, &targets, vocab_start, rows, vocab, &max, &sum_exp, scale);
+        dev.cross_entropy_backward(&mut rl, &targets, Logits { rows, vocab, vocab_start }, &max, &sum_exp, scale);
         case.check_half(&format!("{name} dlogits"), "dlogits", &rl);
     }
     assert!(hits > 0, "some targets must fall inside the shard");
@@ -789,14 +805,14 @@ pub fn embedding_forward_backward(v: &Vendor) {
 
         let dev = ReferenceDevice;
         let mut out = dev.alloc(batch * seq * hidden);
-        dev.embedding_forward(&mut out, &toks, &reference(&dev, &wte), vocab_start, batch, seq, hidden);
+        dev.embedding_forward(&mut out, &reference(&dev, &wte), Tokens { ids: &toks, batch, seq, vocab_start }, hidden);
         if positions {
             dev.position_forward(&mut out, &reference(&dev, &wpe), batch, 0, seq, hidden);
         }
         case.check_half(&format!("{name} out"), "out", &out);
         let rd = reference(&dev, &dout);
         let (mut dwte, mut dwpe) = (reference(&dev, &dwte0), reference(&dev, &dwpe0));
-        dev.embedding_backward(&mut dwte, &rd, &toks, vocab_start, batch, seq, hidden);
+        dev.embedding_backward(&mut dwte, &rd, Tokens { ids: &toks, batch, seq, vocab_start }, hidden);
         dev.position_backward(&mut dwpe, &rd, batch, 0, seq, hidden);
         check_f32(&format!("{name} dwte"), &case.get_f32("dwte"), &dwte, 1e-6);
         let rows_order = embedding_backward_in_order(&dwte0, &dout, &toks, vocab_start, batch, seq, hidden);

@@ -9,15 +9,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use trident::cmd::check::ops::{run_all, Size};
+use trident::device::prelude::*;
 use trident::device::Device;
+use trident::device::{Gemm, LayerNormSaved, Logits, Matrix};
 use trident::gpu::device::GpuDevice;
 
-pub fn up(dev: &GpuDevice, host: &[f32]) -> <GpuDevice as Device>::Buf {
+pub fn up(dev: &GpuDevice, host: &[f32]) -> <GpuDevice as Memory>::Buf {
     let mut b = dev.alloc(host.len());
     dev.upload(&mut b, host);
     b
 }
-pub fn down(dev: &GpuDevice, b: &<GpuDevice as Device>::Buf) -> Vec<f32> {
+pub fn down(dev: &GpuDevice, b: &<GpuDevice as Memory>::Buf) -> Vec<f32> {
     let mut host = vec![0f32; dev.len(b)];
     dev.download(b, &mut host);
     host
@@ -1022,7 +1024,7 @@ pub fn train_reads_the_device_once_per_log_interval(env: &[(&'static str, PathBu
     }
 }
 
-/// bf16 storage (`Device::alloc_in`): upload rounds to nearest even and download is exact;
+/// bf16 storage (`Memory::alloc_in`): upload rounds to nearest even and download is exact;
 /// `fill`, `copy` (within bf16 and into and out of f32) and the 16-bit stash ops keep the values;
 /// `round_to` leaves them alone.
 pub fn bf16_buffers_round_trip(dev: &GpuDevice) {
@@ -1091,35 +1093,55 @@ fn layer_chain<D: Device>(
     let (wqkv, bqkv) = (weight(3 * h * h, &data(3 * h * h, 4, 0.15)), up(dev, &data(3 * h, 5, 0.1)));
     let (wproj, bproj) = (weight(h * h, &data(h * h, 6, 0.15)), up(dev, &data(h, 7, 0.1)));
     let (mut ln, mut mean, mut rstd) = (zeros(m * h), dev.alloc(m), dev.alloc(m));
-    dev.layernorm_forward(&mut ln, &mut mean, &mut rstd, &x, &lnw, &lnb, m, h);
+    dev.layernorm_forward(&mut ln, (&mut mean, &mut rstd), &x, (&lnw, &lnb), Matrix { rows: m, cols: h });
     let mut qkv = zeros(3 * m * h);
-    dev.linear_forward(&mut qkv, &ln, &wqkv, Some(&bqkv), m, h, 3 * h);
+    dev.linear_forward(&mut qkv, &ln, &wqkv, Some(&bqkv), Gemm { rows: m, k: h, n: 3 * h });
     let (mut att, mut lse) = (zeros(m * h), dev.alloc(m));
     dev.attention_forward(&mut att, &mut lse, &qkv, shape);
     let (mut y, mut tmp) = (zeros(m * h), dev.alloc(m * h));
-    dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, m, h, h);
+    dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, Gemm { rows: m, k: h, n: h });
     let mut g = zeros(m * h);
     dev.gelu_forward(&mut g, &y);
     let dy = act(m * h, &data(m * h, 8, 1.0));
     let mut dg = zeros(m * h);
     dev.gelu_backward(&mut dg, &y, &dy);
     let (mut datt, mut dwproj, mut dbproj) = (zeros(m * h), dev.alloc(h * h), dev.alloc(h));
-    dev.linear_backward(Some(&mut datt), &mut dwproj, Some(&mut dbproj), &dg, &att, &wproj, m, h, h);
+    dev.linear_backward(
+        Some(&mut datt),
+        (&mut dwproj, Some(&mut dbproj)),
+        &dg,
+        &att,
+        &wproj,
+        Gemm { rows: m, k: h, n: h },
+    );
     let mut dqkv = zeros(3 * m * h);
     dev.attention_backward(&mut dqkv, &datt, &qkv, &att, &lse, shape);
     let (mut dln, mut dwqkv, mut dbqkv) = (zeros(m * h), dev.alloc(3 * h * h), dev.alloc(3 * h));
-    dev.linear_backward(Some(&mut dln), &mut dwqkv, Some(&mut dbqkv), &dqkv, &ln, &wqkv, m, h, 3 * h);
+    dev.linear_backward(
+        Some(&mut dln),
+        (&mut dwqkv, Some(&mut dbqkv)),
+        &dqkv,
+        &ln,
+        &wqkv,
+        Gemm { rows: m, k: h, n: 3 * h },
+    );
     let (mut dx, mut dlnw, mut dlnb) = (act(m * h, &data(m * h, 9, 0.5)), dev.alloc(h), dev.alloc(h));
-    dev.layernorm_backward(&mut dx, &mut dlnw, &mut dlnb, &dln, &x, &lnw, &mean, &rstd, m, h);
+    dev.layernorm_backward(
+        &mut dx,
+        (&mut dlnw, &mut dlnb),
+        &dln,
+        LayerNormSaved { inp: &x, weight: &lnw, mean: &mean, rstd: &rstd },
+        Matrix { rows: m, cols: h },
+    );
     // The cross-entropy on logits of the activations' type: its loss and the logits' gradient.
     let v = 96;
     let mut logits = act(m * v, &data(m * v, 10, 4.0));
     let targets: Vec<u32> = (0..m as u32).map(|r| (r * 37 + 5) % v as u32).collect();
     let (mut max, mut stats, mut acc) = (dev.scalars(m), dev.scalars(2 * m), dev.scalars(1));
     dev.cross_entropy_max(&logits, m, v, &mut max);
-    dev.cross_entropy_partials(&logits, &targets, 0, m, v, &max, &mut stats);
+    dev.cross_entropy_partials(&logits, &targets, Logits { rows: m, vocab: v, vocab_start: 0 }, &max, &mut stats);
     dev.cross_entropy_loss(&max, &stats, m, &mut acc, 0);
-    dev.cross_entropy_backward(&mut logits, &targets, 0, m, v, &max, &stats, 0.5);
+    dev.cross_entropy_backward(&mut logits, &targets, Logits { rows: m, vocab: v, vocab_start: 0 }, &max, &stats, 0.5);
     let mut loss = [0f64];
     dev.read_scalars(&acc, &mut loss);
     let outputs = [
@@ -1204,8 +1226,8 @@ pub fn bf16_storage_agrees_with_f32_storage(dev: &GpuDevice) {
 /// One optimizer group's buffers on `dev`: per tensor its master, gradient, moments and working
 /// copy (bf16 storage, an f32 copy rounded to bf16, or none), from fixed values.
 struct AdamWGroupBufs {
-    tensors: Vec<[<GpuDevice as Device>::Buf; 4]>,
-    working: Vec<Option<<GpuDevice as Device>::Buf>>,
+    tensors: Vec<[<GpuDevice as Memory>::Buf; 4]>,
+    working: Vec<Option<<GpuDevice as Memory>::Buf>>,
 }
 
 /// The sizes `adamw_group_is_adamw_per_tensor_bit_for_bit` steps: ragged and whole 2,048-element
@@ -1235,8 +1257,8 @@ fn adamw_group_bufs(dev: &GpuDevice, sizes: &[usize]) -> AdamWGroupBufs {
     AdamWGroupBufs { tensors, working }
 }
 
-/// `Device::adamw_group` on the GPU (one launch of `adamw_multi_f32_bf16` over a table) gives
-/// exactly the bits of `Device::adamw` on each tensor (`adamw_f32_bf16`): masters, moments and
+/// `OptimizerOps::adamw_group` on the GPU (one launch of `adamw_multi_f32_bf16` over a table) gives
+/// exactly the bits of `OptimizerOps::adamw` on each tensor (`adamw_f32_bf16`): masters, moments and
 /// working copies (bf16 storage and an f32 copy rounded to bf16), over three steps, with decayed
 /// and undecayed tensors and the gradient factor read from a slot of the scalars. On a fresh
 /// Device of `open`: the group is one launch; its table is uploaded once, so a second step of
@@ -1256,8 +1278,7 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
         let s: AdamWStep = config.step(3e-3, step);
         for (i, ([p, g, m, v], w)) in each.tensors.iter_mut().zip(each.working.iter_mut()).enumerate() {
             let working = w.as_mut().map(|w| (w, Bf16));
-            let weight_decay = if decayed(i) { s.weight_decay } else { 0.0 };
-            dev.adamw(p, g, m, v, AdamWStep { weight_decay, ..s }, (&scale, 2), working);
+            dev.adamw(AdamWTensor { param: p, grad: g, m, v, decayed: decayed(i), working }, s, (&scale, 2));
         }
         let before = dev.work_counters().unwrap();
         let tensors = (group.tensors.iter_mut().zip(group.working.iter_mut()).enumerate())
@@ -1273,7 +1294,7 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
         dev.adamw_group(tensors, s, (&scale, 2));
         step_counts.push(dev.work_counters().unwrap().since(&before));
     }
-    let bits = |b: &<GpuDevice as Device>::Buf| -> Vec<u32> { down(dev, b).iter().map(|x| x.to_bits()).collect() };
+    let bits = |b: &<GpuDevice as Memory>::Buf| -> Vec<u32> { down(dev, b).iter().map(|x| x.to_bits()).collect() };
     let same = |what: &str, i: usize, got: Vec<u32>, want: Vec<u32>| {
         let wrong: Vec<usize> = (0..got.len()).filter(|&j| got[j] != want[j]).collect();
         let n = ADAMW_GROUP_SIZES[i];
@@ -1308,7 +1329,7 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     assert_eq!((c.launches, c.host_to_device_copies), (1, 1), "a changed group: {c:?}");
 }
 
-/// `Device::zero_buffers` on the GPU (one launch of `zero_multi_u32` over a kept table) zeroes
+/// `Memory::zero_buffers` on the GPU (one launch of `zero_multi_u32` over a kept table) zeroes
 /// exactly its buffers, f32 and bf16 (odd lengths included) of ragged and whole 2,048-word chunks,
 /// as `fill` with 0 does, and no buffer beside them. On a fresh Device of `open`: one launch and no
 /// memset; the table is uploaded on the first call only.

@@ -20,8 +20,9 @@
 //! `bench allreduce --device cuda|hip` is `gpu_allreduce.rs`; its records are this file's `GpuRecord`.
 
 use crate::comm::Bf16;
+use crate::device::prelude::*;
 use crate::device::reference::ReferenceDevice;
-use crate::device::{AttentionShape, Device};
+use crate::device::{AttentionShape, LayerNormSaved, Logits, Matrix, Tokens};
 use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
@@ -699,7 +700,8 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     let dev = ReferenceDevice;
     let (mut out_r, mut mean_r, mut rstd_r) = (vec![0f64; p * c], vec![0f64; p], vec![0f64; p]);
     let (x_r, w_r) = (wide_bf16(&inp[..p * c]), wide(&weight));
-    dev.layernorm_forward(&mut out_r, &mut mean_r, &mut rstd_r, &x_r, &w_r, &wide(&bias), p, c);
+    let shape = Matrix { rows: p, cols: c };
+    dev.layernorm_forward(&mut out_r, (&mut mean_r, &mut rstd_r), &x_r, (&w_r, &wide(&bias)), shape);
     let fwd = worst(&b.bf16s(&d_out, p * c)?, &out_r, Bound::Bf16).max(worst(&mean, &mean_r, Bound::F32)).max(worst(
         &rstd,
         &rstd_r,
@@ -707,7 +709,8 @@ fn layernorm(b: &Bench, planned: &[KernelLaunch], rows: usize, c: usize) -> Resu
     ));
     let (mut dinp_r, mut dw_r, mut db_r) = (vec![0f64; p * c], vec![0f64; c], vec![0f64; c]);
     let (dy_r, m_r, s_r) = (wide_bf16(&dout[..p * c]), wide(&mean), wide(&rstd));
-    dev.layernorm_backward(&mut dinp_r, &mut dw_r, &mut db_r, &dy_r, &x_r, &w_r, &m_r, &s_r, p, c);
+    let saved = LayerNormSaved { inp: &x_r, weight: &w_r, mean: &m_r, rstd: &s_r };
+    dev.layernorm_backward(&mut dinp_r, (&mut dw_r, &mut db_r), &dy_r, saved, shape);
     let dx = worst(&b.bf16s(&d_dinp, p * c)?, &dinp_r, Bound::Bf16);
     let dp = worst(&b.f32s(&d_dw, c)?, &dw_r, Bound::F32).max(worst(&b.f32s(&d_db, c)?, &db_r, Bound::F32));
     let (e, r, c_f) = ((rows * c) as f64, rows as f64, c as f64);
@@ -766,10 +769,11 @@ fn xent(b: &Bench, planned: &[KernelLaunch], rows: usize, v: usize) -> Result<Ve
     let (dev, mut logits_r) = (ReferenceDevice, wide_bf16(&logits[..p * v]));
     let (mut max_r, mut stats_r) = (vec![0f64; p], vec![0f64; 2 * p]);
     dev.cross_entropy_max(&logits_r, p, v, &mut max_r);
-    dev.cross_entropy_partials(&logits_r, &targets[..p], 0, p, v, &gpu_max, &mut stats_r);
+    let shape = Logits { rows: p, vocab: v, vocab_start: 0 };
+    dev.cross_entropy_partials(&logits_r, &targets[..p], shape, &gpu_max, &mut stats_r);
     let (sum_r, target_r) = stats_r.split_at(p);
     let gpu_stats = [gpu_sum.clone(), gpu_target.clone()].concat();
-    dev.cross_entropy_backward(&mut logits_r, &targets[..p], 0, p, v, &gpu_max, &gpu_stats, 1.0);
+    dev.cross_entropy_backward(&mut logits_r, &targets[..p], shape, &gpu_max, &gpu_stats, 1.0);
     let narrow = |x: &[f64]| x.iter().map(|&y| y as f32).collect::<Vec<_>>();
     let max = worst(&narrow(&gpu_max), &max_r, Bound::F32);
     let partials = worst(&narrow(&gpu_sum), sum_r, Bound::F32).max(worst(&narrow(&gpu_target), target_r, Bound::F32));
@@ -809,9 +813,10 @@ fn embedding(b: &Bench, planned: &[KernelLaunch], batch: usize, seq: usize, hidd
         let (dev, dout_r) = (ReferenceDevice, wide_bf16(&dout));
         let (mut out_r, mut dwte_r, mut dwpe_r) =
             (vec![0f64; rows * hidden], vec![0f64; VOCAB * hidden], vec![0f64; seq * hidden]);
-        dev.embedding_forward(&mut out_r, &tokens, &wide_bf16(&wte), 0, batch, seq, hidden);
+        let ids = Tokens { ids: &tokens, batch, seq, vocab_start: 0 };
+        dev.embedding_forward(&mut out_r, &wide_bf16(&wte), ids, hidden);
         dev.position_forward(&mut out_r, &wide(&wpe), batch, 0, seq, hidden);
-        dev.embedding_backward(&mut dwte_r, &dout_r, &tokens, 0, batch, seq, hidden);
+        dev.embedding_backward(&mut dwte_r, &dout_r, ids, hidden);
         dev.position_backward(&mut dwpe_r, &dout_r, batch, 0, seq, hidden);
         let mut pos_r = vec![0f64; rows * hidden];
         dev.position_forward(&mut pos_r, &wide(&wpe), batch, 0, seq, hidden);

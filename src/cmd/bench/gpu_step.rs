@@ -2,7 +2,7 @@
 //! forward and backward of one micro-batch, the gradient norm and clip, AdamW, the working
 //! weights refreshed) on the GPU Device, as ms per step, tokens/s, model TFLOP/s and MFU against
 //! the device's datasheet dense bf16 peak (`gpu::peaks`; none for a device not in the table), and
-//! what its GPU work costs as the Device counts it (`Device::work_counters`): the first step
+//! what its GPU work costs as the Device counts it (`Memory::work_counters`): the first step
 //! apart (it allocates activations, scratch and the blocks later steps reuse), the mean per step
 //! over the timed steps after it, per transformer layer forward and backward
 //! (`Gpt::count_layer_work`), and the whole run from opening the device to its teardown, which
@@ -14,7 +14,8 @@
 use super::gpu::{format_records, open_gpu, GpuRecord};
 use super::ops::{train_step, StepModel, STEP_ADAMW};
 use crate::device::counters::FIELDS;
-use crate::device::{Device, WorkCounters};
+use crate::device::prelude::*;
+use crate::device::WorkCounters;
 use crate::error::Result;
 use crate::gpu::device::GpuDevice;
 use crate::gpu::kernels::Vendor;

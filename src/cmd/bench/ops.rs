@@ -11,7 +11,9 @@ use crate::device::cpu::isa;
 use crate::device::cpu::peak::{measure_fma_peak, Peak};
 use crate::device::cpu::pool::ThreadPool;
 use crate::device::cpu::CpuDevice;
+use crate::device::prelude::*;
 use crate::device::{AttentionShape, Device};
+use crate::device::{LayerNormSaved, Matrix};
 use crate::error::Result;
 use crate::model::{Gpt, GptConfig};
 use crate::optim::{AdamW, AdamWConfig};
@@ -211,11 +213,18 @@ pub fn layernorm(dev: &CpuDevice, bandwidth: f64, min_seconds: f64) -> Vec<Recor
     dev.fill(&mut w, 1.0);
     let b = dev.alloc(cols);
     let (mut y, mut mean, mut rstd) = (dev.alloc(n), dev.alloc(rows), dev.alloc(rows));
-    let fwd =
-        time_best(min_seconds, &mut || dev.layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &b, rows, cols));
+    let fwd = time_best(min_seconds, &mut || {
+        dev.layernorm_forward(&mut y, (&mut mean, &mut rstd), &x, (&w, &b), Matrix { rows, cols })
+    });
     let (mut dx, mut dw, mut db) = (dev.alloc(n), dev.alloc(cols), dev.alloc(cols));
     let bwd = time_best(min_seconds, &mut || {
-        dev.layernorm_backward(&mut dx, &mut dw, &mut db, &y, &x, &w, &mean, &rstd, rows, cols)
+        dev.layernorm_backward(
+            &mut dx,
+            (&mut dw, &mut db),
+            &y,
+            LayerNormSaved { inp: &x, weight: &w, mean: &mean, rstd: &rstd },
+            Matrix { rows, cols },
+        )
     });
     let gbs = |bytes: f64, secs: f64| bytes / secs / 1e9;
     let shape = format!("{rows} x {cols}");
@@ -344,7 +353,7 @@ pub fn train_step<D: Device>(
 struct StepRun {
     model: Gpt<CpuDevice>,
     opt: AdamW<CpuDevice>,
-    norm: [<CpuDevice as Device>::Scalars; 2],
+    norm: [<CpuDevice as Memory>::Scalars; 2],
     precision: Precision,
 }
 

@@ -6,7 +6,8 @@
 use super::comm::time_op;
 use crate::comm::runtime::Runtime;
 use crate::device::cpu::CpuDevice;
-use crate::device::Device;
+use crate::device::prelude::*;
+use crate::device::Gemm;
 use crate::error::{Error, Result};
 use crate::parallel::grid::SummaCoord;
 use crate::parallel::summa::{Algorithm, Scratch, Summa};
@@ -71,9 +72,9 @@ pub fn run(rt: &Runtime, threads: usize, h: usize, rows: usize, min_seconds: f64
                 let s = Summa { row: &*row, col: &*col, q, algorithm };
                 let mut scratch = Scratch::default();
                 let mut step = || {
-                    s.linear_forward(&dev, &mut y, &x, &w, Some(&bias), rows, k, nn, &mut scratch);
+                    s.linear_forward(&dev, &mut y, &x, (&w, Some(&bias)), Gemm { rows, k, n: nn }, &mut scratch);
                     let (dx, dw, db) = (Some(&mut dx), &mut dw, Some(&mut db));
-                    s.linear_backward(&dev, dx, dw, db, &dy, &x, &w, rows, k, nn, &mut scratch);
+                    s.linear_backward(&dev, dx, (dw, db), &dy, &x, &w, Gemm { rows, k, n: nn }, &mut scratch);
                 };
                 best[i] = best[i].min(time_op(&*world, min_seconds / 3.0, &mut step));
             }

@@ -12,12 +12,14 @@
 //! 16-bit copy and AdamW working-copy cases use that format too.
 
 use crate::cmd::flags;
+use crate::device::prelude::*;
 use crate::device::reference::ReferenceDevice;
 use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device};
+use crate::device::{Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use crate::error::{Error, Result};
+use crate::flags::CHECK_OPS_FLAGS;
 use crate::real::Precision;
 use crate::rng::Stream;
-use crate::flags::CHECK_OPS_FLAGS;
 
 /// Case sizes: `Small` keeps an emulated GPU fast; `Full` adds GPT-2-sized shapes for a real one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,9 +286,9 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let x = run.f32s(rows * cols, "x", 1.0, 0.0);
         let bias = run.f32s(cols, "bias", 1.0, 0.0);
         let mut g = run.up(&x);
-        dev.add_bias(&mut g, &run.up(&bias), rows, cols);
+        dev.add_bias(&mut g, &run.up(&bias), Matrix { rows, cols });
         let mut want = refb(&x);
-        r.add_bias(&mut want, &refb(&bias), rows, cols);
+        r.add_bias(&mut want, &refb(&bias), Matrix { rows, cols });
         run.push_dev("add_bias", &format!("{rows}x{cols}"), &g, &want, F32);
     }
     for &n in sizes {
@@ -300,9 +302,14 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         dev.write_scalars(&mut scale, &[0.0, 0.5]);
         r.write_scalars(&mut rscale, &[0.0, 0.5]);
         let (mut gp, mut gm, mut gv, mut gw) = (run.up(&p), run.up(&m), run.up(&v), dev.alloc(n));
-        dev.adamw(&mut gp, &run.up(&g), &mut gm, &mut gv, step, (&scale, 1), Some((&mut gw, run.half)));
+        let gg = run.up(&g);
+        let working = Some((&mut gw, run.half));
+        let t = AdamWTensor { param: &mut gp, grad: &gg, m: &mut gm, v: &mut gv, decayed: true, working };
+        dev.adamw(t, step, (&scale, 1));
         let (mut rp, mut rm, mut rv) = (refb(&p), refb(&m), refb(&v));
-        r.adamw(&mut rp, &refb(&g), &mut rm, &mut rv, step, (&rscale, 1), None);
+        let rg = refb(&g);
+        let t = AdamWTensor { param: &mut rp, grad: &rg, m: &mut rm, v: &mut rv, decayed: true, working: None };
+        r.adamw(t, step, (&rscale, 1));
         let case = format!("n={n}");
         run.push_dev("adamw param", &case, &gp, &rp, F32);
         // The working copy written in the same pass is exactly the updated master, rounded.
@@ -314,7 +321,7 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
     }
 }
 
-/// `Device::adamw_group` on one group of tensors of `sizes` (and a ragged 2,049: on the GPU, one
+/// `OptimizerOps::adamw_group` on one group of tensors of `sizes` (and a ragged 2,049: on the GPU, one
 /// launch over 2,048-element chunks), every other one decayed, each with a working copy (16-bit
 /// storage on even tensors, an f32 copy rounded to 16 bits on odd ones): against the reference's
 /// group, its tensors' values end to end in one comparison per output.
@@ -384,18 +391,23 @@ fn embeddings<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize, usize,
         let dout = run.f32s(batch * seq * hidden, "dout", 1.0, 0.0);
         let case = format!("{batch}x{seq}x{hidden} vocab {start}+{rows}");
         let mut out = dev.alloc(batch * seq * hidden);
-        dev.embedding_forward(&mut out, &tokens, &run.up(&wte), start, batch, seq, hidden);
+        dev.embedding_forward(&mut out, &run.up(&wte), Tokens { ids: &tokens, batch, seq, vocab_start: start }, hidden);
         let mut want = r.alloc(batch * seq * hidden);
-        r.embedding_forward(&mut want, &tokens, &refb(&wte), start, batch, seq, hidden);
+        r.embedding_forward(&mut want, &refb(&wte), Tokens { ids: &tokens, batch, seq, vocab_start: start }, hidden);
         run.push_dev("embedding_forward", &case, &out, &want, F32);
         dev.position_forward(&mut out, &run.up(&wpe), batch, 2, seq, hidden);
         r.position_forward(&mut want, &refb(&wpe), batch, 2, seq, hidden);
         run.push_dev("position_forward", &case, &out, &want, F32);
         let dwte0 = run.f32s(rows * hidden, "dwte", 1.0, 0.0);
         let mut dwte = run.up(&dwte0);
-        dev.embedding_backward(&mut dwte, &run.up(&dout), &tokens, start, batch, seq, hidden);
+        dev.embedding_backward(
+            &mut dwte,
+            &run.up(&dout),
+            Tokens { ids: &tokens, batch, seq, vocab_start: start },
+            hidden,
+        );
         let mut rwte = refb(&dwte0);
-        r.embedding_backward(&mut rwte, &refb(&dout), &tokens, start, batch, seq, hidden);
+        r.embedding_backward(&mut rwte, &refb(&dout), Tokens { ids: &tokens, batch, seq, vocab_start: start }, hidden);
         run.push_dev("embedding_backward", &case, &dwte, &rwte, F32);
         let dwpe0 = run.f32s((seq + 2) * hidden, "dwpe", 1.0, 0.0);
         let mut dwpe = run.up(&dwpe0);
@@ -418,42 +430,76 @@ fn layernorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
         let (gx, gw, gb, gdy) = (run.up(&x), run.up(&w), run.up(&b), run.up(&dy));
         let (rx, rw, rb, rdy) = (refb(&x), refb(&w), refb(&b), refb(&dy));
         let (mut out, mut mean, mut rstd) = (dev.alloc(rows * cols), dev.alloc(rows), dev.alloc(rows));
-        dev.layernorm_forward(&mut out, &mut mean, &mut rstd, &gx, &gw, &gb, rows, cols);
+        dev.layernorm_forward(&mut out, (&mut mean, &mut rstd), &gx, (&gw, &gb), Matrix { rows, cols });
         let (mut rout, mut rmean, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows), r.alloc(rows));
-        r.layernorm_forward(&mut rout, &mut rmean, &mut rrstd, &rx, &rw, &rb, rows, cols);
+        r.layernorm_forward(&mut rout, (&mut rmean, &mut rrstd), &rx, (&rw, &rb), Matrix { rows, cols });
         run.push_dev("layernorm_forward out", &case, &out, &rout, F32);
         run.push_dev("layernorm_forward mean", &case, &mean, &rmean, F32);
         run.push_dev("layernorm_forward rstd", &case, &rstd, &rrstd, F32);
         let (mut dx, mut dw, mut db) = (run.up(&dx0), run.up(&b), run.up(&w));
-        dev.layernorm_backward(&mut dx, &mut dw, &mut db, &gdy, &gx, &gw, &mean, &rstd, rows, cols);
+        dev.layernorm_backward(
+            &mut dx,
+            (&mut dw, &mut db),
+            &gdy,
+            LayerNormSaved { inp: &gx, weight: &gw, mean: &mean, rstd: &rstd },
+            Matrix { rows, cols },
+        );
         let (mut rdx, mut rdw, mut rdb) = (refb(&dx0), refb(&b), refb(&w));
-        r.layernorm_backward(&mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, rows, cols);
+        r.layernorm_backward(
+            &mut rdx,
+            (&mut rdw, &mut rdb),
+            &rdy,
+            LayerNormSaved { inp: &rx, weight: &rw, mean: &rmean, rstd: &rrstd },
+            Matrix { rows, cols },
+        );
         run.push_dev("layernorm_backward dinp", &case, &dx, &rdx, F32);
         run.push_dev("layernorm_backward dweight", &case, &dw, &rdw, F32);
         run.push_dev("layernorm_backward dbias", &case, &db, &rdb, F32);
 
         // The split pieces (2-D / 2.5-D TP), on this block of columns as if it were a whole row.
         let (mut s, mut rs) = (vec![0f64; rows], vec![0f64; rows]);
-        dev.layernorm_sums(&gx, rows, cols, None, &mut s);
-        r.layernorm_sums(&rx, rows, cols, None, &mut rs);
+        dev.layernorm_sums(&gx, Matrix { rows, cols }, None, &mut s);
+        r.layernorm_sums(&rx, Matrix { rows, cols }, None, &mut rs);
         run.push_host("layernorm_sums", &case, &s, &rs, F32);
         let mu: Vec<f64> = rs.iter().map(|v| v / cols as f64).collect();
-        dev.layernorm_sums(&gx, rows, cols, Some(&mu), &mut s);
-        r.layernorm_sums(&rx, rows, cols, Some(&mu), &mut rs);
+        dev.layernorm_sums(&gx, Matrix { rows, cols }, Some(&mu), &mut s);
+        r.layernorm_sums(&rx, Matrix { rows, cols }, Some(&mu), &mut rs);
         run.push_host("layernorm_sums centred", &case, &s, &rs, F32);
         let rstd_h: Vec<f64> = rs.iter().map(|v| 1.0 / (v / cols as f64 + 1e-5).sqrt()).collect();
-        dev.layernorm_apply(&mut out, &mut mean, &mut rstd, &gx, &gw, &gb, &mu, &rstd_h, rows, cols);
-        r.layernorm_apply(&mut rout, &mut rmean, &mut rrstd, &rx, &rw, &rb, &mu, &rstd_h, rows, cols);
+        dev.layernorm_apply(&mut out, (&mut mean, &mut rstd), &gx, (&gw, &gb), (&mu, &rstd_h), Matrix { rows, cols });
+        r.layernorm_apply(&mut rout, (&mut rmean, &mut rrstd), &rx, (&rw, &rb), (&mu, &rstd_h), Matrix { rows, cols });
         run.push_dev("layernorm_apply", &case, &out, &rout, F32);
         let (mut bs, mut rbs) = (vec![0f64; 2 * rows], vec![0f64; 2 * rows]);
-        dev.layernorm_backward_sums(&gdy, &gx, &gw, &mean, &rstd, rows, cols, &mut bs);
-        r.layernorm_backward_sums(&rdy, &rx, &rw, &rmean, &rrstd, rows, cols, &mut rbs);
+        dev.layernorm_backward_sums(
+            &gdy,
+            LayerNormSaved { inp: &gx, weight: &gw, mean: &mean, rstd: &rstd },
+            Matrix { rows, cols },
+            &mut bs,
+        );
+        r.layernorm_backward_sums(
+            &rdy,
+            LayerNormSaved { inp: &rx, weight: &rw, mean: &rmean, rstd: &rrstd },
+            Matrix { rows, cols },
+            &mut rbs,
+        );
         run.push_host("layernorm_backward_sums", &case, &bs, &rbs, F32);
         let (mut dx, mut dw, mut db) = (run.up(&dx0), run.up(&b), run.up(&w));
-        dev.layernorm_backward_apply(&mut dx, &mut dw, &mut db, &gdy, &gx, &gw, &mean, &rstd, &rbs, cols, rows, cols);
+        dev.layernorm_backward_apply(
+            &mut dx,
+            (&mut dw, &mut db),
+            &gdy,
+            LayerNormSaved { inp: &gx, weight: &gw, mean: &mean, rstd: &rstd },
+            (&rbs, cols),
+            Matrix { rows, cols },
+        );
         let (mut rdx, mut rdw, mut rdb) = (refb(&dx0), refb(&b), refb(&w));
         r.layernorm_backward_apply(
-            &mut rdx, &mut rdw, &mut rdb, &rdy, &rx, &rw, &rmean, &rrstd, &rbs, cols, rows, cols,
+            &mut rdx,
+            (&mut rdw, &mut rdb),
+            &rdy,
+            LayerNormSaved { inp: &rx, weight: &rw, mean: &rmean, rstd: &rrstd },
+            (&rbs, cols),
+            Matrix { rows, cols },
         );
         run.push_dev("layernorm_backward_apply dx", &case, &dx, &rdx, F32);
         run.push_dev("layernorm_backward_apply dw", &case, &dw, &rdw, F32);
@@ -466,20 +512,24 @@ fn rmsnorm<D: Device>(run: &mut Run<D>, cases: &[(usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     let bound = run.half_bound();
     for &(rows, cols) in cases {
-        let (x, dy, dx0) = (run.halves(rows * cols, "x", 2.0), run.halves(rows * cols, "dy", 1.0), run.halves(rows * cols, "dx0", 1.0));
+        let (x, dy, dx0) = (
+            run.halves(rows * cols, "x", 2.0),
+            run.halves(rows * cols, "dy", 1.0),
+            run.halves(rows * cols, "dx0", 1.0),
+        );
         let (w, dw0) = (run.f32s(cols, "w", 0.5, 1.0), run.f32s(cols, "b", 0.5, 0.0));
         let case = format!("{rows}x{cols}");
         let (gx, gdy, gw) = (run.up16(&x), run.up16(&dy), run.up(&w));
         let (mut out, mut rstd) = (dev.alloc_in(rows * cols, run.half), dev.alloc(rows));
-        dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, rows, cols, 1e-5);
+        dev.rmsnorm_forward(&mut out, &mut rstd, &gx, &gw, Matrix { rows, cols }, 1e-5);
         let (mut rout, mut rrstd) = (r.alloc(rows * cols), r.alloc(rows));
-        r.rmsnorm_forward(&mut rout, &mut rrstd, &refb(&x), &refb(&w), rows, cols, 1e-5);
+        r.rmsnorm_forward(&mut rout, &mut rrstd, &refb(&x), &refb(&w), Matrix { rows, cols }, 1e-5);
         run.push_dev("rmsnorm_forward out", &case, &out, &rout, bound);
         run.push_dev("rmsnorm_forward rstd", &case, &rstd, &rrstd, F32);
         let (mut dx, mut dw) = (run.up16(&dx0), run.up(&dw0));
-        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, &gx, &gw, &rstd, rows, cols);
+        dev.rmsnorm_backward(&mut dx, &mut dw, &gdy, (&gx, &gw), &rstd, Matrix { rows, cols });
         let (mut rdx, mut rdw) = (refb(&dx0), refb(&dw0));
-        r.rmsnorm_backward(&mut rdx, &mut rdw, &refb(&dy), &refb(&x), &refb(&w), &rrstd, rows, cols);
+        r.rmsnorm_backward(&mut rdx, &mut rdw, &refb(&dy), (&refb(&x), &refb(&w)), &rrstd, Matrix { rows, cols });
         run.push_dev("rmsnorm_backward dinp", &case, &dx, &rdx, bound);
         run.push_dev("rmsnorm_backward dweight", &case, &dw, &rdw, F32);
     }
@@ -523,7 +573,10 @@ fn rope<D: Device>(run: &mut Run<D>, cases: &[(AttentionShape, usize, usize)]) {
             table.extend((0..rd / 2).map(|j| angle(j).sin() as f32));
         }
         let rotary = crate::device::Rotary { rotary_dim: rd, t0 };
-        let case = format!("b{} s{} h{}/{} d{} rd{rd} t0 {t0}", shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim);
+        let case = format!(
+            "b{} s{} h{}/{} d{} rd{rd} t0 {t0}",
+            shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim
+        );
         let mut g = run.up16(&qkv);
         let gt = run.up(&table);
         let (mut rq, rt) = (refb(&qkv), refb(&table));
@@ -556,8 +609,8 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         run.push_host("cross_entropy_max", &case, &max, &rmax, Bound::Exact);
         dev.write_scalars(&mut dmax, &rmax);
         let (mut dstats, mut rstats_s) = (dev.scalars(2 * rows), r.scalars(2 * rows));
-        dev.cross_entropy_partials(&g, &targets, start, rows, vocab, &dmax, &mut dstats);
-        r.cross_entropy_partials(&rl, &targets, start, rows, vocab, &rmax_s, &mut rstats_s);
+        dev.cross_entropy_partials(&g, &targets, Logits { rows, vocab, vocab_start: start }, &dmax, &mut dstats);
+        r.cross_entropy_partials(&rl, &targets, Logits { rows, vocab, vocab_start: start }, &rmax_s, &mut rstats_s);
         let (mut stats, mut rstats) = (vec![0f64; 2 * rows], vec![0f64; 2 * rows]);
         dev.read_scalars(&dstats, &mut stats);
         r.read_scalars(&rstats_s, &mut rstats);
@@ -576,9 +629,16 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         let exact = Bound::Abs { atol: 1e-12 * rloss[0].abs().max(1.0), rtol: 0.0 };
         run.out.push(compare_f64("cross_entropy_loss", &case, loss[0], rloss[0], exact));
         let mut gg = run.up(&logits);
-        dev.cross_entropy_backward(&mut gg, &targets, start, rows, vocab, &dmax, &dstats, 0.5);
+        dev.cross_entropy_backward(&mut gg, &targets, Logits { rows, vocab, vocab_start: start }, &dmax, &dstats, 0.5);
         let mut rg = rl.clone();
-        r.cross_entropy_backward(&mut rg, &targets, start, rows, vocab, &rmax_s, &rstats_s, 0.5);
+        r.cross_entropy_backward(
+            &mut rg,
+            &targets,
+            Logits { rows, vocab, vocab_start: start },
+            &rmax_s,
+            &rstats_s,
+            0.5,
+        );
         run.push_dev("cross_entropy_backward", &case, &gg, &rg, Bound::Abs { atol: 1e-6, rtol: 1e-5 });
     }
 }
@@ -600,22 +660,22 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         let (rx, rw, rbias, rdy) = (refb(&x), refb(&w), refb(&bias), refb(&dy));
         for (op, with_bias) in [("linear_forward", false), ("linear_forward + bias", true)] {
             let mut out = dev.alloc(rows * n);
-            dev.linear_forward(&mut out, &gx, &gw, with_bias.then_some(&gbias), rows, k, n);
+            dev.linear_forward(&mut out, &gx, &gw, with_bias.then_some(&gbias), Gemm { rows, k, n });
             let mut want = r.alloc(rows * n);
-            r.linear_forward(&mut want, &rx, &rw, with_bias.then_some(&rbias), rows, k, n);
+            r.linear_forward(&mut want, &rx, &rw, with_bias.then_some(&rbias), Gemm { rows, k, n });
             run.push_dev(op, &case, &out, &want, bound);
         }
         // dinp overwrites (it starts as garbage); dweight and dbias accumulate.
         let mut dx = run.up(&vec![7.0; rows * k]);
         let (mut dw, mut db) = (run.up(&dw0), run.up(&bias));
-        dev.linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &gdy, &gx, &gw, rows, k, n);
+        dev.linear_backward(Some(&mut dx), (&mut dw, Some(&mut db)), &gdy, &gx, &gw, Gemm { rows, k, n });
         let (mut rdx, mut rdw, mut rdb) = (r.alloc(rows * k), refb(&dw0), refb(&bias));
-        r.linear_backward(Some(&mut rdx), &mut rdw, Some(&mut rdb), &rdy, &rx, &rw, rows, k, n);
+        r.linear_backward(Some(&mut rdx), (&mut rdw, Some(&mut rdb)), &rdy, &rx, &rw, Gemm { rows, k, n });
         run.push_dev("linear_backward dinp", &case, &dx, &rdx, bound);
         run.push_dev("linear_backward dweight", &case, &dw, &rdw, bound);
         run.push_dev("linear_backward dbias", &case, &db, &rdb, bound);
         let mut dw = run.up(&dw0);
-        dev.linear_backward(None, &mut dw, None, &gdy, &gx, &gw, rows, k, n);
+        dev.linear_backward(None, (&mut dw, None), &gdy, &gx, &gw, Gemm { rows, k, n });
         run.push_dev("linear_backward dweight only", &case, &dw, &rdw, bound);
     }
 }

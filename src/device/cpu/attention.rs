@@ -84,13 +84,11 @@ pub fn forward_head(
 }
 
 /// Backward for one (sequence, head) pair; returns dq, dk, dv as [seq, d] rows each.
-#[allow(clippy::too_many_arguments)]
 pub fn backward_head(
     pool: &ThreadPool,
     dout: &[f32],
     qkv: &[f32],
-    out: &[f32],
-    lse: &[f32],
+    (out, lse): (&[f32], &[f32]),
     shape: AttentionShape,
     b: usize,
     head: usize,

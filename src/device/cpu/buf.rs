@@ -1,5 +1,5 @@
 //! The CPU Device's buffer: f32 values in host memory, or bf16 bits for the one kind of buffer the
-//! CPU holds in 16 bits, the bf16 working copy of the GEMM weights (`Device::alloc_weights`), which
+//! CPU holds in 16 bits, the bf16 working copy of the GEMM weights (`Memory::alloc_weights`), which
 //! AdamW writes and the bf16 GEMM packs widen with a shift instead of rounding.
 //!
 //! Every op reads and writes f32 buffers through `Deref` to `Vec<f32>`. A bf16 buffer reaches
@@ -90,7 +90,8 @@ impl<'a> IntoIterator for &'a CpuBuf {
 mod tests {
     use super::CpuBuf;
     use crate::device::cpu::CpuDevice;
-    use crate::device::Device;
+    use crate::device::prelude::*;
+    use crate::device::{Gemm, Tokens};
     use crate::real::Precision;
 
     /// A bf16 weight copy multiplies exactly as the f32 weight it was made from (forward and input
@@ -127,8 +128,8 @@ mod tests {
             let mut outs = Vec::new();
             for weight in [&CpuBuf::from(w.clone()), &bits] {
                 let (mut y, mut dx, mut dw) = (dev.alloc(rows * n), dev.alloc(rows * k), dev.alloc(n * k));
-                dev.linear_forward(&mut y, &x, weight, None, rows, k, n);
-                dev.linear_backward(Some(&mut dx), &mut dw, None, &dy, &x, weight, rows, k, n);
+                dev.linear_forward(&mut y, &x, weight, None, Gemm { rows, k, n });
+                dev.linear_backward(Some(&mut dx), (&mut dw, None), &dy, &x, weight, Gemm { rows, k, n });
                 assert!(y.iter().any(|&v| v != 0.0) && dx.iter().any(|&v| v != 0.0));
                 outs.push((y, dx));
             }
@@ -143,7 +144,7 @@ mod tests {
         let mut outs = Vec::new();
         for wte in [CpuBuf::from(table.clone()), bits] {
             let mut out = dev.alloc(batch * seq * hidden);
-            dev.embedding_forward(&mut out, &tokens, &wte, 2, batch, seq, hidden);
+            dev.embedding_forward(&mut out, &wte, Tokens { ids: &tokens, batch, seq, vocab_start: 2 }, hidden);
             dev.round_to(&mut out, Precision::Bf16);
             outs.push(out);
         }
@@ -155,7 +156,10 @@ mod tests {
         let mut working = dev.alloc_weights(n, Precision::Bf16);
         let step =
             crate::device::AdamWStep { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, step: 1 };
-        dev.adamw(&mut p, &g, &mut m, &mut v, step, (&vec![1.0], 0), Some((&mut working, Precision::Bf16)));
+        let copy = Some((&mut working, Precision::Bf16));
+        let t =
+            crate::device::AdamWTensor { param: &mut p, grad: &g, m: &mut m, v: &mut v, decayed: true, working: copy };
+        dev.adamw(t, step, (&vec![1.0], 0));
         let mut want = dev.alloc_weights(n, Precision::Bf16);
         dev.upload(&mut want, &p);
         assert!(working == want, "AdamW's bf16 copy is not the updated master's bits");

@@ -4,18 +4,16 @@
 //! not depend on the thread count.
 
 use super::{simd, CpuDevice, SharedMut, ELEMS_PER_TASK, ROWS_PER_TASK};
-use crate::device::{AttentionShape, Rotary};
+use crate::device::{AttentionShape, Matrix, Rotary};
 
 impl CpuDevice {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_fwd(
         &self,
         out: &mut [f32],
         rstd: &mut [f32],
         inp: &[f32],
         weight: &[f32],
-        rows: usize,
-        cols: usize,
+        Matrix { rows, cols }: Matrix,
         eps: f64,
     ) {
         let (o, r) = (SharedMut::new(out), SharedMut::new(rstd));
@@ -28,17 +26,14 @@ impl CpuDevice {
         });
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_bwd(
         &self,
         dinp: &mut [f32],
         dweight: &mut [f32],
         dout: &[f32],
-        inp: &[f32],
-        weight: &[f32],
+        (inp, weight): (&[f32], &[f32]),
         rstd: &[f32],
-        rows: usize,
-        cols: usize,
+        Matrix { rows, cols }: Matrix,
     ) {
         let blocks = rows.div_ceil(ROWS_PER_TASK);
         let mut partial = vec![0.0f32; blocks * cols];
@@ -51,8 +46,7 @@ impl CpuDevice {
                     dx.slice(r0 * cols, nr * cols),
                     pp.slice(r0 / ROWS_PER_TASK * cols, cols),
                     &dout[span.clone()],
-                    &inp[span],
-                    weight,
+                    (&inp[span], weight),
                     &rstd[r0..r0 + nr],
                     cols,
                 )

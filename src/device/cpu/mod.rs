@@ -13,7 +13,8 @@ pub mod peak;
 pub mod pool;
 pub mod simd;
 
-use super::{kernels, AdamWStep, AttentionShape, Device, Rotary};
+use super::prelude::*;
+use super::{kernels, AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
 pub use buf::CpuBuf;
 use gemm::MatRef;
 use pool::ThreadPool;
@@ -164,41 +165,50 @@ fn round_block(block: &mut [f32], precision: crate::real::Precision) {
     }
 }
 
-impl Device for CpuDevice {
+impl Memory for CpuDevice {
     type Buf = CpuBuf;
+
     type Half = Vec<u16>;
+
     type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
         format!("cpu: {} threads, gemm kernel {}", self.pool.threads(), gemm::best_kernel().name())
     }
+
     fn alloc(&self, len: usize) -> CpuBuf {
         CpuBuf::F32(vec![0.0; len])
     }
+
     fn holds_weights_in(&self, precision: crate::real::Precision) -> bool {
         self.bf16_weights && self.matmul_rounds_operands(precision)
     }
+
     fn alloc_weights(&self, len: usize, precision: crate::real::Precision) -> CpuBuf {
         match self.holds_weights_in(precision) {
             true => CpuBuf::Bf16(vec![0; len]),
             false => self.alloc(len),
         }
     }
+
     fn len(&self, buf: &CpuBuf) -> usize {
         buf.len()
     }
+
     fn bytes(&self, buf: &CpuBuf) -> usize {
         match buf {
             CpuBuf::F32(v) => 4 * v.len(),
             CpuBuf::Bf16(v) => 2 * v.len(),
         }
     }
+
     fn upload(&self, dst: &mut CpuBuf, src: &[f32]) {
         match dst {
             CpuBuf::F32(v) => v.copy_from_slice(src),
             CpuBuf::Bf16(bits) => self.to_bf16_bits(bits, src),
         }
     }
+
     fn copy(&self, dst: &mut CpuBuf, dst_at: usize, src: &CpuBuf, src_at: usize, len: usize) {
         let (from, to) = (src_at..src_at + len, dst_at..dst_at + len);
         match (dst, src) {
@@ -209,9 +219,11 @@ impl Device for CpuDevice {
             (CpuBuf::F32(d), CpuBuf::Bf16(s)) => unsafe { simd::from_bf16_bits_slice(&mut d[to], &s[from]) },
         }
     }
+
     fn host_threads(&self) -> usize {
         self.pool.threads()
     }
+
     fn download(&self, src: &CpuBuf, dst: &mut [f32]) {
         match src {
             CpuBuf::F32(v) => dst.copy_from_slice(v),
@@ -222,6 +234,7 @@ impl Device for CpuDevice {
             },
         }
     }
+
     fn fill(&self, dst: &mut CpuBuf, value: f32) {
         match dst {
             CpuBuf::F32(v) => v.fill(value),
@@ -233,6 +246,89 @@ impl Device for CpuDevice {
         }
     }
 
+    fn scalars(&self, len: usize) -> Vec<f64> {
+        vec![0.0; len]
+    }
+
+    fn read_scalars(&self, src: &Vec<f64>, out: &mut [f64]) {
+        out.copy_from_slice(&src[..out.len()]);
+    }
+
+    fn write_scalars(&self, dst: &mut Vec<f64>, values: &[f64]) {
+        dst[..values.len()].copy_from_slice(values);
+    }
+
+    fn host_scalars<'a>(&self, s: &'a mut Vec<f64>) -> Option<&'a mut [f64]> {
+        Some(s.as_mut_slice())
+    }
+
+    fn round_to(&self, buf: &mut CpuBuf, precision: crate::real::Precision) {
+        // bf16 storage holds bf16 values already.
+        if precision == crate::real::Precision::F32 || buf.bf16().is_some() {
+            return;
+        }
+        let b = SharedMut::new(buf);
+        let len = b.len;
+        self.for_blocks(len, ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            round_block(unsafe { b.slice(s, n) }, precision);
+        });
+    }
+
+    fn to_half(&self, buf: &CpuBuf, precision: crate::real::Precision) -> Vec<u16> {
+        let mut out = vec![0u16; buf.len()];
+        self.to_half_into(buf, precision, &mut out);
+        out
+    }
+
+    fn to_half_into(&self, buf: &CpuBuf, precision: crate::real::Precision, half: &mut Vec<u16>) {
+        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
+        let o = SharedMut::new(half);
+        self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            let (out, src) = (unsafe { o.slice(s, n) }, &buf[s..s + n]);
+            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
+            unsafe {
+                match precision {
+                    crate::real::Precision::F16 => simd::f16_bits_slice(out, src),
+                    _ => simd::stream_bf16_bits(out, src, false),
+                }
+            }
+        });
+    }
+
+    fn half_len(&self, half: &Vec<u16>) -> usize {
+        half.len()
+    }
+
+    fn load_half(&self, src: &Vec<u16>, precision: crate::real::Precision, dst: &mut CpuBuf) {
+        let o = SharedMut::new(dst);
+        self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            let (out, bits) = (unsafe { o.slice(s, n) }, &src[s..s + n]);
+            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
+            unsafe {
+                match precision {
+                    crate::real::Precision::F16 => simd::from_f16_bits_slice(out, bits),
+                    _ => simd::from_bf16_bits_slice(out, bits),
+                }
+            }
+        });
+    }
+
+    fn host_f32<'a>(&self, buf: &'a mut CpuBuf) -> Option<&'a mut [f32]> {
+        match buf {
+            CpuBuf::F32(v) => Some(v.as_mut_slice()),
+            CpuBuf::Bf16(_) => None,
+        }
+    }
+
+    fn host_f32_ref<'a>(&self, buf: &'a CpuBuf) -> Option<&'a [f32]> {
+        buf.f32()
+    }
+}
+
+impl ElementwiseOps for CpuDevice {
     fn add_assign(&self, acc: &mut CpuBuf, x: &CpuBuf) {
         assert_eq!(acc.len(), x.len());
         let acc_ptr = SharedMut::new(acc);
@@ -244,6 +340,7 @@ impl Device for CpuDevice {
             }
         });
     }
+
     fn add(&self, out: &mut CpuBuf, a: &CpuBuf, b: &CpuBuf) {
         assert!(a.len() == out.len() && b.len() == out.len());
         let out_ptr = SharedMut::new(out);
@@ -255,141 +352,48 @@ impl Device for CpuDevice {
             }
         });
     }
-    fn sum_squares_into(&self, bufs: &[&CpuBuf], acc: &mut Vec<f64>, slot: usize) {
-        for buf in bufs {
-            let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
-            let p = SharedMut::new(&mut partial);
-            self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
-                // SAFETY: the slice is in bounds; the dispatch picks a level this CPU has.
-                let sum = unsafe { simd::sum_squares_lanes(&buf[s..s + n]) };
-                // SAFETY: one slot per block.
-                unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
-            });
-            acc[slot] += partial.iter().sum::<f64>();
-        }
-    }
-    fn clip_scale(&self, sum: &Vec<f64>, sum_slot: usize, out: &mut Vec<f64>, slot: usize, clip: f64, loss_scale: f64) {
-        let (norm, coef) = kernels::clip_scale(sum[sum_slot], clip, loss_scale);
-        out[slot..slot + 2].copy_from_slice(&[norm, coef as f64]);
-    }
-    fn scalars(&self, len: usize) -> Vec<f64> {
-        vec![0.0; len]
-    }
-    fn read_scalars(&self, src: &Vec<f64>, out: &mut [f64]) {
-        out.copy_from_slice(&src[..out.len()]);
-    }
-    fn write_scalars(&self, dst: &mut Vec<f64>, values: &[f64]) {
-        dst[..values.len()].copy_from_slice(values);
-    }
-    fn host_scalars<'a>(&self, s: &'a mut Vec<f64>) -> Option<&'a mut [f64]> {
-        Some(s.as_mut_slice())
-    }
 
-    fn embedding_forward(
-        &self,
-        out: &mut CpuBuf,
-        tokens: &[u32],
-        wte: &CpuBuf,
-        vocab_start: usize,
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-    ) {
-        let out_ptr = SharedMut::new(out);
-        self.for_blocks(seq, ROWS_PER_TASK, &|t0, nt| {
-            // SAFETY: positions t0..t0+nt own rows t0*batch..(t0+nt)*batch.
-            let o = unsafe { out_ptr.slice(t0 * batch * hidden, nt * batch * hidden) };
-            match wte {
-                CpuBuf::F32(wte) => unsafe {
-                    simd::embedding_forward_rows(o, tokens, wte, vocab_start, batch, seq, hidden, t0)
-                },
-                // The bf16 working copy: each looked-up row widened.
-                CpuBuf::Bf16(bits) => kernels::embedding_rows_with(
-                    o,
-                    tokens,
-                    bits.len() / hidden,
-                    vocab_start,
-                    (batch, seq, hidden, t0),
-                    |row, r| {
-                        // SAFETY: equal lengths; the dispatch picks a level this CPU has.
-                        unsafe { simd::from_bf16_bits_slice(row, &bits[r * hidden..(r + 1) * hidden]) }
-                    },
-                ),
-            }
-        });
-    }
-    fn embedding_backward(
-        &self,
-        dwte: &mut CpuBuf,
-        dout: &CpuBuf,
-        tokens: &[u32],
-        vocab_start: usize,
-        batch: usize,
-        seq: usize,
-        hidden: usize,
-    ) {
-        let rows = dwte.len() / hidden;
-        let te = SharedMut::new(dwte);
-        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
-            // SAFETY: each task owns columns c0..c0+nc of the gradient.
-            unsafe {
-                simd::embedding_backward_cols(
-                    te.ptr(),
-                    rows,
-                    dout,
-                    tokens,
-                    vocab_start,
-                    batch,
-                    seq,
-                    hidden,
-                    c0,
-                    c0 + nc,
-                )
-            }
-        });
-    }
-    fn position_forward(
-        &self,
-        out: &mut CpuBuf,
-        wpe: &CpuBuf,
-        batch: usize,
-        t0: usize,
-        positions: usize,
-        hidden: usize,
-    ) {
-        let out_ptr = SharedMut::new(out);
-        self.for_blocks(positions, ROWS_PER_TASK, &|p0, np| {
-            // SAFETY: positions p0..p0+np own rows p0*batch..(p0+np)*batch.
-            let o = unsafe { out_ptr.slice(p0 * batch * hidden, np * batch * hidden) };
-            unsafe { simd::position_forward_rows(o, wpe, batch, hidden, t0 + p0) };
-        });
-    }
-    fn position_backward(
-        &self,
-        dwpe: &mut CpuBuf,
-        dout: &CpuBuf,
-        batch: usize,
-        t0: usize,
-        positions: usize,
-        hidden: usize,
-    ) {
-        let pe = SharedMut::new(dwpe);
-        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
-            // SAFETY: each task owns columns c0..c0+nc of the gradient.
-            unsafe { simd::position_backward_cols(pe.ptr(), dout, batch, t0, positions, hidden, c0, c0 + nc) }
+    fn gelu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf) {
+        let o = SharedMut::new(out);
+        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n]) };
         });
     }
 
+    fn gelu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf) {
+        let d = SharedMut::new(dinp);
+        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
+            // SAFETY: disjoint blocks.
+            unsafe { simd::gelu_backward_slice(d.slice(s, n), &inp[s..s + n], &dout[s..s + n]) };
+        });
+    }
+
+    fn swiglu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf, rows: usize, f: usize) {
+        self.swiglu_fwd(out, inp, rows, f);
+    }
+
+    fn swiglu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf, rows: usize, f: usize) {
+        self.swiglu_bwd(dinp, inp, dout, rows, f);
+    }
+
+    fn add_bias(&self, out: &mut CpuBuf, bias: &CpuBuf, Matrix { rows, cols }: Matrix) {
+        let o = SharedMut::new(out);
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            // SAFETY: rows r0..r0+nr belong to this task.
+            unsafe { simd::add_bias_rows(o.slice(r0 * cols, nr * cols), bias) };
+        });
+    }
+}
+
+impl NormOps for CpuDevice {
     fn layernorm_forward(
         &self,
         out: &mut CpuBuf,
-        mean: &mut CpuBuf,
-        rstd: &mut CpuBuf,
+        (mean, rstd): (&mut CpuBuf, &mut CpuBuf),
         inp: &CpuBuf,
-        weight: &CpuBuf,
-        bias: &CpuBuf,
-        rows: usize,
-        cols: usize,
+        (weight, bias): (&CpuBuf, &CpuBuf),
+        Matrix { rows, cols }: Matrix,
     ) {
         let (o, m, r) = (SharedMut::new(out), SharedMut::new(mean), SharedMut::new(rstd));
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
@@ -397,28 +401,22 @@ impl Device for CpuDevice {
             unsafe {
                 simd::layernorm_forward_rows(
                     o.slice(r0 * cols, nr * cols),
-                    m.slice(r0, nr),
-                    r.slice(r0, nr),
+                    (m.slice(r0, nr), r.slice(r0, nr)),
                     &inp[r0 * cols..(r0 + nr) * cols],
-                    weight,
-                    bias,
+                    (weight, bias),
                     cols,
                 )
             }
         });
     }
+
     fn layernorm_backward(
         &self,
         dinp: &mut CpuBuf,
-        dweight: &mut CpuBuf,
-        dbias: &mut CpuBuf,
+        (dweight, dbias): (&mut CpuBuf, &mut CpuBuf),
         dout: &CpuBuf,
-        inp: &CpuBuf,
-        weight: &CpuBuf,
-        mean: &CpuBuf,
-        rstd: &CpuBuf,
-        rows: usize,
-        cols: usize,
+        LayerNormSaved { inp, weight, mean, rstd }: LayerNormSaved<'_, CpuBuf>,
+        Matrix { rows, cols }: Matrix,
     ) {
         // Each block of rows adds its weight/bias contribution into its own slot; the slots are
         // then added in block order, which keeps the result independent of the thread count.
@@ -433,13 +431,14 @@ impl Device for CpuDevice {
                 let (dw, db) = slot.split_at_mut(cols);
                 simd::layernorm_backward_rows(
                     dx.slice(r0 * cols, nr * cols),
-                    dw,
-                    db,
+                    (dw, db),
                     &dout[r0 * cols..(r0 + nr) * cols],
-                    &inp[r0 * cols..(r0 + nr) * cols],
-                    weight,
-                    &mean[r0..r0 + nr],
-                    &rstd[r0..r0 + nr],
+                    LayerNormSaved {
+                        inp: &inp[r0 * cols..(r0 + nr) * cols],
+                        weight,
+                        mean: &mean[r0..r0 + nr],
+                        rstd: &rstd[r0..r0 + nr],
+                    },
                     cols,
                 )
             }
@@ -452,66 +451,77 @@ impl Device for CpuDevice {
         }
     }
 
-    fn layernorm_sums(&self, inp: &CpuBuf, rows: usize, cols: usize, mean: Option<&[f64]>, out: &mut [f64]) {
-        kernels::layernorm_sums_rows(inp, rows, cols, mean, out);
+    fn layernorm_sums(&self, inp: &CpuBuf, shape: Matrix, mean: Option<&[f64]>, out: &mut [f64]) {
+        kernels::layernorm_sums_rows(inp, shape, mean, out);
     }
+
     fn layernorm_apply(
         &self,
         out: &mut CpuBuf,
-        mean_out: &mut CpuBuf,
-        rstd_out: &mut CpuBuf,
+        (mean_out, rstd_out): (&mut CpuBuf, &mut CpuBuf),
         inp: &CpuBuf,
-        weight: &CpuBuf,
-        bias: &CpuBuf,
-        mean: &[f64],
-        rstd: &[f64],
-        rows: usize,
-        cols: usize,
+        (weight, bias): (&CpuBuf, &CpuBuf),
+        row_stats: (&[f64], &[f64]),
+        shape: Matrix,
     ) {
-        kernels::layernorm_apply_rows(out, mean_out, rstd_out, inp, weight, bias, mean, rstd, rows, cols);
+        kernels::layernorm_apply_rows(out, (mean_out, rstd_out), inp, (weight, bias), row_stats, shape);
     }
+
     fn layernorm_backward_sums(
         &self,
         dout: &CpuBuf,
-        inp: &CpuBuf,
-        weight: &CpuBuf,
-        mean: &CpuBuf,
-        rstd: &CpuBuf,
-        rows: usize,
-        cols: usize,
+        saved: LayerNormSaved<'_, CpuBuf>,
+        shape: Matrix,
         out: &mut [f64],
     ) {
-        kernels::layernorm_backward_sums_rows(dout, inp, weight, mean, rstd, rows, cols, out);
+        kernels::layernorm_backward_sums_rows(dout, saved.map(|b| &b[..]), shape, out);
     }
+
     fn layernorm_backward_apply(
         &self,
         dinp: &mut CpuBuf,
-        dweight: &mut CpuBuf,
-        dbias: &mut CpuBuf,
+        (dweight, dbias): (&mut CpuBuf, &mut CpuBuf),
         dout: &CpuBuf,
-        inp: &CpuBuf,
-        weight: &CpuBuf,
-        mean: &CpuBuf,
-        rstd: &CpuBuf,
-        sums: &[f64],
-        n_cols: usize,
-        rows: usize,
-        cols: usize,
+        saved: LayerNormSaved<'_, CpuBuf>,
+        row_sums: (&[f64], usize),
+        shape: Matrix,
     ) {
-        kernels::layernorm_backward_apply_rows(
-            dinp, dweight, dbias, dout, inp, weight, mean, rstd, sums, n_cols, rows, cols,
-        );
+        kernels::layernorm_backward_apply_rows(dinp, (dweight, dbias), dout, saved.map(|b| &b[..]), row_sums, shape);
     }
 
+    fn rmsnorm_forward(
+        &self,
+        out: &mut CpuBuf,
+        rstd: &mut CpuBuf,
+        inp: &CpuBuf,
+        weight: &CpuBuf,
+        shape: Matrix,
+        eps: f64,
+    ) {
+        self.rmsnorm_fwd(out, rstd, inp, weight, shape, eps);
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut CpuBuf,
+        dweight: &mut CpuBuf,
+        dout: &CpuBuf,
+        (inp, weight): (&CpuBuf, &CpuBuf),
+        rstd: &CpuBuf,
+        shape: Matrix,
+    ) {
+        self.rmsnorm_bwd(dinp, dweight, dout, (inp, weight), rstd, shape);
+    }
+}
+
+impl LinearOps for CpuDevice {
     fn linear_forward(
         &self,
         out: &mut CpuBuf,
         inp: &CpuBuf,
         weight: &CpuBuf,
         bias: Option<&CpuBuf>,
-        rows: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows, k, n }: Gemm,
     ) {
         let out = &mut out[..rows * n];
         if let Some(bias) = bias {
@@ -522,17 +532,15 @@ impl Device for CpuDevice {
         let a = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };
         self.matmul_weight((rows, n, k), a, (weight, true), (out, n), bias.is_some());
     }
+
     fn linear_backward(
         &self,
         dinp: Option<&mut CpuBuf>,
-        dweight: &mut CpuBuf,
-        dbias: Option<&mut CpuBuf>,
+        (dweight, dbias): (&mut CpuBuf, Option<&mut CpuBuf>),
         dout: &CpuBuf,
         inp: &CpuBuf,
         weight: &CpuBuf,
-        rows: usize,
-        k: usize,
-        n: usize,
+        Gemm { rows, k, n }: Gemm,
     ) {
         if let Some(dinp) = dinp {
             let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
@@ -551,55 +559,22 @@ impl Device for CpuDevice {
         }
     }
 
-    fn gelu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf) {
-        let o = SharedMut::new(out);
-        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks.
-            unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n]) };
-        });
-    }
-    fn gelu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf) {
-        let d = SharedMut::new(dinp);
-        self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks.
-            unsafe { simd::gelu_backward_slice(d.slice(s, n), &inp[s..s + n], &dout[s..s + n]) };
-        });
+    fn set_matmul_precision(&self, precision: crate::real::Precision) {
+        self.bf16_matmul.store(precision == crate::real::Precision::Bf16, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn rmsnorm_forward(
-        &self,
-        out: &mut CpuBuf,
-        rstd: &mut CpuBuf,
-        inp: &CpuBuf,
-        weight: &CpuBuf,
-        rows: usize,
-        cols: usize,
-        eps: f64,
-    ) {
-        self.rmsnorm_fwd(out, rstd, inp, weight, rows, cols, eps);
+    fn matmul_rounds_operands(&self, precision: crate::real::Precision) -> bool {
+        // The bf16 GEMM (on every CPU: AVX512-BF16, AVX2 or the portable twin) rounds to nearest
+        // even while packing, exactly as `Precision::Bf16` rounds.
+        precision == crate::real::Precision::Bf16 && self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed)
     }
-    fn rmsnorm_backward(
-        &self,
-        dinp: &mut CpuBuf,
-        dweight: &mut CpuBuf,
-        dout: &CpuBuf,
-        inp: &CpuBuf,
-        weight: &CpuBuf,
-        rstd: &CpuBuf,
-        rows: usize,
-        cols: usize,
-    ) {
-        self.rmsnorm_bwd(dinp, dweight, dout, inp, weight, rstd, rows, cols);
-    }
-    fn swiglu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf, rows: usize, f: usize) {
-        self.swiglu_fwd(out, inp, rows, f);
-    }
-    fn swiglu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf, rows: usize, f: usize) {
-        self.swiglu_bwd(dinp, inp, dout, rows, f);
-    }
+}
+
+impl AttentionOps for CpuDevice {
     fn rope_forward(&self, qkv: &mut CpuBuf, table: &CpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(qkv, table, shape, rotary, false);
     }
+
     fn rope_backward(&self, dqkv: &mut CpuBuf, table: &CpuBuf, shape: AttentionShape, rotary: Rotary) {
         self.rope(dqkv, table, shape, rotary, true);
     }
@@ -621,6 +596,7 @@ impl Device for CpuDevice {
             }
         });
     }
+
     fn attention_backward(
         &self,
         dqkv: &mut CpuBuf,
@@ -637,7 +613,7 @@ impl Device for CpuDevice {
         self.pool.run(shape.batch * shape.kv_heads, &|i| {
             let (b, g) = (i / shape.kv_heads, i % shape.kv_heads);
             for head in g * n..(g + 1) * n {
-                let grads = attention::backward_head(&self.pool, dout, qkv, out, lse, shape, b, head);
+                let grads = attention::backward_head(&self.pool, dout, qkv, (out, lse), shape, b, head);
                 let (q, k, v) = shape.qkv_offsets(head);
                 for t in 0..s {
                     let row = (t * shape.batch + b) * shape.qkv_width();
@@ -669,76 +645,72 @@ impl Device for CpuDevice {
             }
         });
     }
+}
 
-    fn set_matmul_precision(&self, precision: crate::real::Precision) {
-        self.bf16_matmul.store(precision == crate::real::Precision::Bf16, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn matmul_rounds_operands(&self, precision: crate::real::Precision) -> bool {
-        // The bf16 GEMM (on every CPU: AVX512-BF16, AVX2 or the portable twin) rounds to nearest
-        // even while packing, exactly as `Precision::Bf16` rounds.
-        precision == crate::real::Precision::Bf16 && self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn round_to(&self, buf: &mut CpuBuf, precision: crate::real::Precision) {
-        // bf16 storage holds bf16 values already.
-        if precision == crate::real::Precision::F32 || buf.bf16().is_some() {
-            return;
-        }
-        let b = SharedMut::new(buf);
-        let len = b.len;
-        self.for_blocks(len, ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks.
-            round_block(unsafe { b.slice(s, n) }, precision);
-        });
-    }
-
-    fn to_half(&self, buf: &CpuBuf, precision: crate::real::Precision) -> Vec<u16> {
-        let mut out = vec![0u16; buf.len()];
-        self.to_half_into(buf, precision, &mut out);
-        out
-    }
-    fn to_half_into(&self, buf: &CpuBuf, precision: crate::real::Precision, half: &mut Vec<u16>) {
-        assert_eq!(buf.len(), half.len(), "to_half_into: buffer and copy lengths differ");
-        let o = SharedMut::new(half);
-        self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks.
-            let (out, src) = (unsafe { o.slice(s, n) }, &buf[s..s + n]);
-            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
-            unsafe {
-                match precision {
-                    crate::real::Precision::F16 => simd::f16_bits_slice(out, src),
-                    _ => simd::stream_bf16_bits(out, src, false),
-                }
-            }
-        });
-    }
-    fn half_len(&self, half: &Vec<u16>) -> usize {
-        half.len()
-    }
-    fn load_half(&self, src: &Vec<u16>, precision: crate::real::Precision, dst: &mut CpuBuf) {
-        let o = SharedMut::new(dst);
-        self.for_blocks(src.len(), ELEMS_PER_TASK, &|s, n| {
-            // SAFETY: disjoint blocks.
-            let (out, bits) = (unsafe { o.slice(s, n) }, &src[s..s + n]);
-            // SAFETY: both slices are this task's block; the dispatch picks a level this CPU has.
-            unsafe {
-                match precision {
-                    crate::real::Precision::F16 => simd::from_f16_bits_slice(out, bits),
-                    _ => simd::from_bf16_bits_slice(out, bits),
+impl EmbeddingOps for CpuDevice {
+    fn embedding_forward(&self, out: &mut CpuBuf, wte: &CpuBuf, tokens: Tokens<'_>, hidden: usize) {
+        let (batch, seq) = (tokens.batch, tokens.seq);
+        let out_ptr = SharedMut::new(out);
+        self.for_blocks(seq, ROWS_PER_TASK, &|t0, nt| {
+            // SAFETY: positions t0..t0+nt own rows t0*batch..(t0+nt)*batch.
+            let o = unsafe { out_ptr.slice(t0 * batch * hidden, nt * batch * hidden) };
+            match wte {
+                CpuBuf::F32(wte) => unsafe { simd::embedding_forward_rows(o, wte, tokens, hidden, t0) },
+                // The bf16 working copy: each looked-up row widened.
+                CpuBuf::Bf16(bits) => {
+                    kernels::embedding_rows_with(o, tokens, bits.len() / hidden, (hidden, t0), |row, r| {
+                        // SAFETY: equal lengths; the dispatch picks a level this CPU has.
+                        unsafe { simd::from_bf16_bits_slice(row, &bits[r * hidden..(r + 1) * hidden]) }
+                    })
                 }
             }
         });
     }
 
-    fn add_bias(&self, out: &mut CpuBuf, bias: &CpuBuf, rows: usize, cols: usize) {
-        let o = SharedMut::new(out);
-        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
-            // SAFETY: rows r0..r0+nr belong to this task.
-            unsafe { simd::add_bias_rows(o.slice(r0 * cols, nr * cols), bias) };
+    fn embedding_backward(&self, dwte: &mut CpuBuf, dout: &CpuBuf, tokens: Tokens<'_>, hidden: usize) {
+        let rows = dwte.len() / hidden;
+        let te = SharedMut::new(dwte);
+        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
+            // SAFETY: each task owns columns c0..c0+nc of the gradient.
+            unsafe { simd::embedding_backward_cols((te.ptr(), rows), dout, tokens, hidden, c0..c0 + nc) }
         });
     }
 
+    fn position_forward(
+        &self,
+        out: &mut CpuBuf,
+        wpe: &CpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        let out_ptr = SharedMut::new(out);
+        self.for_blocks(positions, ROWS_PER_TASK, &|p0, np| {
+            // SAFETY: positions p0..p0+np own rows p0*batch..(p0+np)*batch.
+            let o = unsafe { out_ptr.slice(p0 * batch * hidden, np * batch * hidden) };
+            unsafe { simd::position_forward_rows(o, wpe, batch, hidden, t0 + p0) };
+        });
+    }
+
+    fn position_backward(
+        &self,
+        dwpe: &mut CpuBuf,
+        dout: &CpuBuf,
+        batch: usize,
+        t0: usize,
+        positions: usize,
+        hidden: usize,
+    ) {
+        let pe = SharedMut::new(dwpe);
+        self.for_blocks(hidden, COLS_PER_TASK, &|c0, nc| {
+            // SAFETY: each task owns columns c0..c0+nc of the gradient.
+            unsafe { simd::position_backward_cols(pe.ptr(), dout, batch, t0..t0 + positions, hidden, c0..c0 + nc) }
+        });
+    }
+}
+
+impl LossOps for CpuDevice {
     fn cross_entropy_max(&self, logits: &CpuBuf, rows: usize, vocab: usize, max: &mut Vec<f64>) {
         let m = SharedMut::new(max);
         self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
@@ -748,13 +720,12 @@ impl Device for CpuDevice {
             }
         });
     }
+
     fn cross_entropy_partials(
         &self,
         logits: &CpuBuf,
         targets: &[u32],
-        vocab_start: usize,
-        rows: usize,
-        vocab: usize,
+        Logits { rows, vocab, vocab_start }: Logits,
         max: &Vec<f64>,
         stats: &mut Vec<f64>,
     ) {
@@ -773,16 +744,16 @@ impl Device for CpuDevice {
             }
         });
     }
+
     fn cross_entropy_loss(&self, max: &Vec<f64>, stats: &Vec<f64>, rows: usize, acc: &mut Vec<f64>, slot: usize) {
         acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows]);
     }
+
     fn cross_entropy_backward(
         &self,
         logits: &mut CpuBuf,
         targets: &[u32],
-        vocab_start: usize,
-        rows: usize,
-        vocab: usize,
+        Logits { rows, vocab, vocab_start }: Logits,
         max: &Vec<f64>,
         stats: &Vec<f64>,
         grad_scale: f32,
@@ -805,27 +776,35 @@ impl Device for CpuDevice {
             }
         });
     }
+}
 
-    fn host_f32<'a>(&self, buf: &'a mut CpuBuf) -> Option<&'a mut [f32]> {
-        match buf {
-            CpuBuf::F32(v) => Some(v.as_mut_slice()),
-            CpuBuf::Bf16(_) => None,
+impl OptimizerOps for CpuDevice {
+    fn sum_squares_into(&self, bufs: &[&CpuBuf], acc: &mut Vec<f64>, slot: usize) {
+        for buf in bufs {
+            let mut partial = vec![0.0f64; buf.len().div_ceil(ELEMS_PER_TASK)];
+            let p = SharedMut::new(&mut partial);
+            self.for_blocks(buf.len(), ELEMS_PER_TASK, &|s, n| {
+                // SAFETY: the slice is in bounds; the dispatch picks a level this CPU has.
+                let sum = unsafe { simd::sum_squares_lanes(&buf[s..s + n]) };
+                // SAFETY: one slot per block.
+                unsafe { p.slice(s / ELEMS_PER_TASK, 1)[0] = sum };
+            });
+            acc[slot] += partial.iter().sum::<f64>();
         }
     }
-    fn host_f32_ref<'a>(&self, buf: &'a CpuBuf) -> Option<&'a [f32]> {
-        buf.f32()
+
+    fn clip_scale(&self, sum: &Vec<f64>, sum_slot: usize, out: &mut Vec<f64>, slot: usize, clip: f64, loss_scale: f64) {
+        let (norm, coef) = kernels::clip_scale(sum[sum_slot], clip, loss_scale);
+        out[slot..slot + 2].copy_from_slice(&[norm, coef as f64]);
     }
 
     fn adamw(
         &self,
-        param: &mut CpuBuf,
-        grad: &CpuBuf,
-        m: &mut CpuBuf,
-        v: &mut CpuBuf,
+        AdamWTensor { param, grad, m, v, decayed, working }: AdamWTensor<'_, CpuBuf>,
         step: AdamWStep,
         (scales, slot): (&Vec<f64>, usize),
-        working: Option<(&mut CpuBuf, crate::real::Precision)>,
     ) {
+        let step = step.for_tensor(decayed);
         let (p, mm, vv) = (SharedMut::new(param), SharedMut::new(m), SharedMut::new(v));
         let grad_scale = scales[slot] as f32;
         // The working copy is written block by block right behind the update, while the block
@@ -861,3 +840,5 @@ impl Device for CpuDevice {
         });
     }
 }
+
+impl CollectiveOps for CpuDevice {}

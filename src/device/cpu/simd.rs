@@ -5,7 +5,8 @@
 
 use super::isa::Isa;
 use crate::device::{kernels, llama};
-use crate::device::{AdamWStep, AttentionShape, Rotary};
+use crate::device::{AdamWStep, AttentionShape, LayerNormSaved, Rotary, Tokens};
+use std::ops::Range;
 
 /// The vector instruction sets the dispatch distinguishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +44,6 @@ macro_rules! multiversion {
         $(#[$meta])*
         /// # Safety
         /// The same contract as the kernel it dispatches to.
-        #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
             $name::at(level(), $($arg),*)
         }
@@ -56,17 +56,14 @@ macro_rules! multiversion {
             /// # Safety
             /// The kernel's contract, and the CPU must support `level` (every level up to
             /// `simd::level()` does).
-            #[allow(clippy::too_many_arguments)]
             pub unsafe fn at(level: Level, $($arg: $ty),*) $(-> $ret)? {
                 #[cfg(target_arch = "x86_64")]
                 {
                     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-                    #[allow(clippy::too_many_arguments)]
                     unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                         $kernel($($arg),*)
                     }
                     #[target_feature(enable = "avx2,fma")]
-                    #[allow(clippy::too_many_arguments)]
                     unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                         $kernel($($arg),*)
                     }
@@ -85,13 +82,13 @@ macro_rules! multiversion {
 }
 
 multiversion! {
-    fn layernorm_forward_rows(out: &mut [f32], mean: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32],
-        bias: &[f32], cols: usize) = kernels::layernorm_forward_rows::<f32>;
-    fn layernorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dbias: &mut [f32], dout: &[f32], inp: &[f32],
-        weight: &[f32], mean: &[f32], rstd: &[f32], cols: usize) = kernels::layernorm_backward_rows::<f32>;
+    fn layernorm_forward_rows(out: &mut [f32], stats: (&mut [f32], &mut [f32]), inp: &[f32],
+        scale_shift: (&[f32], &[f32]), cols: usize) = kernels::layernorm_forward_rows::<f32>;
+    fn layernorm_backward_rows(dinp: &mut [f32], dparams: (&mut [f32], &mut [f32]), dout: &[f32],
+        saved: LayerNormSaved<'_, [f32]>, cols: usize) = kernels::layernorm_backward_rows::<f32>;
     fn rmsnorm_forward_rows(out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32], cols: usize, eps: f64)
         = llama::rmsnorm_forward_rows::<f32>;
-    fn rmsnorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], inp: &[f32], weight: &[f32],
+    fn rmsnorm_backward_rows(dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], inp_weight: (&[f32], &[f32]),
         rstd: &[f32], cols: usize) = llama::rmsnorm_backward_rows::<f32>;
     fn swiglu_forward_rows(out: &mut [f32], inp: &[f32], f: usize) = llama::swiglu_forward_rows::<f32>;
     fn swiglu_backward_rows(dinp: &mut [f32], inp: &[f32], dout: &[f32], f: usize) = llama::swiglu_backward_rows::<f32>;
@@ -106,14 +103,14 @@ multiversion! {
         = kernels::cross_entropy_backward_row::<f32>;
     fn adamw_slice(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &AdamWStep, grad_scale: f32)
         = kernels::adamw_slice::<f32>;
-    fn embedding_forward_rows(out: &mut [f32], tokens: &[u32], wte: &[f32], vocab_start: usize, batch: usize,
-        seq: usize, hidden: usize, t0: usize) = kernels::embedding_forward_rows::<f32>;
+    fn embedding_forward_rows(out: &mut [f32], wte: &[f32], tokens: Tokens<'_>, hidden: usize, t0: usize)
+        = kernels::embedding_forward_rows::<f32>;
     fn position_forward_rows(out: &mut [f32], wpe: &[f32], batch: usize, hidden: usize, t0: usize)
         = kernels::position_forward_rows::<f32>;
-    fn embedding_backward_cols(dwte: *mut f32, vocab_rows: usize, dout: &[f32], tokens: &[u32], vocab_start: usize,
-        batch: usize, seq: usize, hidden: usize, c0: usize, c1: usize) = kernels::embedding_backward_cols::<f32>;
-    fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, t0: usize, nt: usize, hidden: usize,
-        c0: usize, c1: usize) = kernels::position_backward_cols::<f32>;
+    fn embedding_backward_cols(dwte: (*mut f32, usize), dout: &[f32], tokens: Tokens<'_>, hidden: usize,
+        cols: Range<usize>) = kernels::embedding_backward_cols::<f32>;
+    fn position_backward_cols(dwpe: *mut f32, dout: &[f32], batch: usize, positions: Range<usize>, hidden: usize,
+        cols: Range<usize>) = kernels::position_backward_cols::<f32>;
     fn add_bias_rows(out: &mut [f32], bias: &[f32]) = kernels::add_bias_rows::<f32>;
     fn add_column_sums(out: &mut [f32], src: &[f32], rows: usize, stride: usize) = kernels::add_column_sums::<f32>;
     fn dot_lanes(a: &[f32], b: &[f32]) -> f32 = kernels::dot_lanes::<f32>;
@@ -205,7 +202,7 @@ unsafe fn stream_bf16_bits_avx2(out: &mut [u16], xs: &[f32], round: bool) {
     _mm_sfence();
 }
 
-/// fp16 mixed precision's casts on f32 storage (`Device::round_to` under `--fp16`, of every
+/// fp16 mixed precision's casts on f32 storage (`Memory::round_to` under `--fp16`, of every
 /// stored activation and of the parameter gradients; `to_half`, `load_half` of the saved
 /// layers): `Precision::F16`'s `round`, `to_bits16` and `from_bits16` without branches, so that
 /// each level vectorizes them. The tests below check them bit for bit.
@@ -267,7 +264,7 @@ mod f16_casts {
     }
 }
 
-/// bf16 mixed precision's casts on f32 storage (`Device::round_to`, `to_half`, `load_half`):
+/// bf16 mixed precision's casts on f32 storage (`Memory::round_to`, `to_half`, `load_half`):
 /// `Precision::Bf16`'s `round`, `to_bits16` and `from_bits16` written without branches, so that
 /// each level vectorizes them. The test below checks them against those, bit for bit.
 mod bf16_casts {
@@ -355,9 +352,10 @@ mod tests {
             // SAFETY: every level returned by `levels` is supported; slices are sized for the kernels.
             unsafe {
                 let (mut y, mut mean, mut rstd) = (vec![0f32; rows * cols], vec![0f32; rows], vec![0f32; rows]);
-                layernorm_forward_rows::at(lv, &mut y, &mut mean, &mut rstd, &x, &w, &b, cols);
+                layernorm_forward_rows::at(lv, &mut y, (&mut mean, &mut rstd), &x, (&w, &b), cols);
                 let (mut dx, mut dw, mut db) = (vec![0.5f32; rows * cols], vec![0f32; cols], vec![0f32; cols]);
-                layernorm_backward_rows::at(lv, &mut dx, &mut dw, &mut db, &dy, &x, &w, &mean, &rstd, cols);
+                let saved = LayerNormSaved { inp: &x[..], weight: &w[..], mean: &mean[..], rstd: &rstd[..] };
+                layernorm_backward_rows::at(lv, &mut dx, (&mut dw, &mut db), &dy, saved, cols);
                 let (mut g, mut dg) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
                 gelu_forward_slice::at(lv, &mut g, &x);
                 gelu_backward_slice::at(lv, &mut dg, &x, &dy);

@@ -94,7 +94,7 @@ pub(super) struct LnActs<B> {
 
 impl<B> LnActs<B> {
     /// The buffers of a norm (`cfg`'s) over `rows` rows of width `h`, of which this rank holds
-    /// `local`: the output in `precision` storage (`Device::alloc_in`), the statistics in f32.
+    /// `local`: the output in `precision` storage (`Memory::alloc_in`), the statistics in f32.
     pub(super) fn new<D: Device<Buf = B>>(
         dev: &D,
         (cfg, rows, local): (&GptConfig, usize, usize),
@@ -134,7 +134,7 @@ pub(super) struct LayerActs<B> {
 }
 
 impl<B> LayerActs<B> {
-    /// One layer's saved activations, in `precision` storage (`Device::alloc_in`) but for the
+    /// One layer's saved activations, in `precision` storage (`Memory::alloc_in`) but for the
     /// f32 statistics; `with_attention` false leaves out the attention output.
     pub(super) fn new<D: Device<Buf = B>>(
         dev: &D,
@@ -372,11 +372,10 @@ impl<D: Device> Activations<D> {
 impl<D: Device> Activations<D> {
     /// The activation set of one micro-batch of `batch` samples of `seq` tokens through the chunk
     /// `plan` (layers kept as `recompute` and `compact` decide). Activations and their gradients
-    /// are held in `precision` storage (`Device::alloc_in`), the logits in `logits_precision`'s;
+    /// are held in `precision` storage (`Memory::alloc_in`), the logits in `logits_precision`'s;
     /// f32 are the statistics and the buffers reduced over the tensor-parallel group that are not
     /// sums with one term per element: the row-parallel outputs before their reduction and the
     /// gradients of LayerNorm outputs where they are reduced.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         dev: &D,
         cfg: &GptConfig,

@@ -5,7 +5,7 @@
 
 use super::activations::{GradBufs, LayerActs, Rows, SpareAttention, SpareLayer, Stash, Widths};
 use super::tensor_parallel::Pass;
-use crate::device::{AttentionShape, Device, Rotary};
+use crate::device::{AttentionShape, Device, Memory, Rotary};
 use crate::model::{Arch, Normalization};
 use crate::real::Precision;
 use crate::tensor::pair_mut;
@@ -148,7 +148,7 @@ pub(super) fn layer_forward<'w, D: Device>(
 }
 
 /// What forward left of a layer for its backward: the activations it kept, or its 16-bit copy.
-pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Device>::Buf>>, Option<&'s [Stash<D>]>);
+pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Memory>::Buf>>, Option<&'s [Stash<D>]>);
 
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
@@ -190,7 +190,6 @@ pub(super) fn saved_layer<'a, D: Device>(
 /// rank's rows), which becomes the gradient of its input `x_in`. `saved` is what `saved_layer`
 /// returns; the layer's parameter gradients (`grads`, in the order of the offsets above) are
 /// added to.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn layer_backward<'w, D: Device>(
     p: &mut Pass<D>,
     w: &dyn Fn(usize) -> &'w D::Buf,

@@ -1,13 +1,14 @@
 //! Generation with a key/value cache: the whole model (one rank, one chunk) run over only the
 //! newest positions of one sequence, each layer appending the new rows of its fused QKV
 //! activation (keys and values rotated at their positions) to the cache and attending over every
-//! cached position (`Device::attention_decode`), so a new token costs one position's work, not
+//! cached position (`AttentionOps::attention_decode`), so a new token costs one position's work, not
 //! the whole prefix's. The same ops as the training forward; f32, batch 1.
 
 use super::activations::{LnActs, Rows, Widths};
 use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Weights};
 use crate::device::{AttentionShape, Device, Rotary};
+use crate::device::{Gemm, Tokens};
 use crate::model::ModelParallel;
 use crate::parallel::tensor::TensorParallel;
 
@@ -40,7 +41,10 @@ impl<D: Device> KvCache<D> {
 impl<D: Device> Gpt<D> {
     /// An empty cache for this model's `max_position_embeddings` positions.
     pub fn kv_cache(&self, dev: &D) -> KvCache<D> {
-        assert!(self.layout.first && self.layout.last && self.mp == ModelParallel::single(), "decode runs the whole model");
+        assert!(
+            self.layout.first && self.layout.last && self.mp == ModelParallel::single(),
+            "decode runs the whole model"
+        );
         let capacity = self.cfg.max_position_embeddings;
         let qkv = self.cfg.qkv_rows();
         KvCache { layers: (0..self.layout.num_layers).map(|_| dev.alloc(capacity * qkv)).collect(), len: 0, capacity }
@@ -64,7 +68,7 @@ impl<D: Device> Gpt<D> {
             rope: self.rope.as_ref(),
         };
         let mut x = dev.alloc(n * h);
-        dev.embedding_forward(&mut x, tokens, &p[0], 0, 1, n, h);
+        dev.embedding_forward(&mut x, &p[0], Tokens { ids: tokens, batch: 1, seq: n, vocab_start: 0 }, h);
         if let Some(at) = lay.wpe() {
             dev.position_forward(&mut x, &p[at], 1, t0, n, h);
         }
@@ -102,7 +106,7 @@ impl<D: Device> Gpt<D> {
         let mut last = dev.alloc(h);
         dev.copy(&mut last, 0, &ln.out, (n - 1) * h, h);
         let mut logits = dev.alloc(wd.vl);
-        dev.linear_forward(&mut logits, &last, &p[lay.head()], None, 1, h, wd.vl);
+        dev.linear_forward(&mut logits, &last, &p[lay.head()], None, Gemm { rows: 1, k: h, n: wd.vl });
         let mut out = vec![0f32; wd.vl];
         dev.download(&logits, &mut out);
         out

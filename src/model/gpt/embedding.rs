@@ -7,6 +7,7 @@ use super::activations::Widths;
 use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Layout, Weights};
 use crate::device::Device;
+use crate::device::Tokens;
 use crate::parallel::summa;
 use crate::parallel::tensor::{all_reduce, reduce_scatter, TensorParallel};
 
@@ -45,7 +46,7 @@ impl<D: Device> Gpt<D> {
             (Some(emb), Some((s, _)), Some(c)) => {
                 let bd = batch / c.depth;
                 let mine = &tokens[c.dep * bd * seq..(c.dep + 1) * bd * seq];
-                dev.embedding_forward(emb, mine, &p[Layout::WTE], vocab_start, bd, seq, wd.hr);
+                dev.embedding_forward(emb, &p[Layout::WTE], Tokens { ids: mine, batch: bd, seq, vocab_start }, wd.hr);
                 // The rows as the compute format holds them (the table may be the master).
                 dev.round_to(emb, precision);
                 let blocks = rows_to_batch_blocks(&summa::host(dev, emb), c.q, r.sub_batch, seq, wd.hr);
@@ -58,12 +59,17 @@ impl<D: Device> Gpt<D> {
                 dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr);
             }
             (Some(emb), _, _) => {
-                dev.embedding_forward(emb, tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                dev.embedding_forward(emb, &p[Layout::WTE], Tokens { ids: tokens, batch, seq, vocab_start }, h);
                 dev.round_to(emb, precision);
                 reduce_scatter(dev, tp.comm, emb, &mut a.resid[0]);
             }
             _ => {
-                dev.embedding_forward(&mut a.resid[0], tokens, &p[Layout::WTE], vocab_start, batch, seq, h);
+                dev.embedding_forward(
+                    &mut a.resid[0],
+                    &p[Layout::WTE],
+                    Tokens { ids: tokens, batch, seq, vocab_start },
+                    h,
+                );
                 dev.round_to(&mut a.resid[0], precision);
                 all_reduce(dev, tp.comm, &mut a.resid[0]);
             }
@@ -99,16 +105,27 @@ impl<D: Device> Gpt<D> {
                 dev.upload(emb, &rows);
                 let bd = r.batch / c.depth;
                 let mine = &a.tokens[c.dep * bd * r.seq..(c.dep + 1) * bd * r.seq];
-                dev.embedding_backward(&mut g[Layout::WTE], emb, mine, vocab_start, bd, r.seq, wd.hr);
+                dev.embedding_backward(
+                    &mut g[Layout::WTE],
+                    emb,
+                    Tokens { ids: mine, batch: bd, seq: r.seq, vocab_start },
+                    wd.hr,
+                );
             }
             _ => {
                 let d = &mut a.grad;
                 if let Some(at) = lay.wpe() {
                     dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h);
                 }
-                let pass = Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+                let pass =
+                    Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
-                dev.embedding_backward(&mut g[Layout::WTE], d_emb, &a.tokens, vocab_start, r.batch, r.seq, h);
+                dev.embedding_backward(
+                    &mut g[Layout::WTE],
+                    d_emb,
+                    Tokens { ids: &a.tokens, batch: r.batch, seq: r.seq, vocab_start },
+                    h,
+                );
             }
         }
     }

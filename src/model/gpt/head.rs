@@ -7,6 +7,7 @@ use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Layout, Weights};
 use crate::comm::ReduceOp;
 use crate::device::{all_reduce_scalars, Device};
+use crate::device::{Gemm, Logits};
 use crate::parallel::tensor::TensorParallel;
 use crate::tensor::{pair_mut, ParamSet};
 use std::ops::Range;
@@ -22,7 +23,10 @@ impl<D: Device> Gpt<D> {
     pub(super) fn head_forward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let (cfg, lay, precision, mp) = (&self.cfg, self.layout, self.precision, self.mp);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
-        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
+        let (a, mut pass) = (
+            &mut self.pool[index].1,
+            Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() },
+        );
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let hd = a.head.as_mut().expect("the last chunk has a head");
@@ -33,7 +37,7 @@ impl<D: Device> Gpt<D> {
         match tp.summa {
             None => {
                 let lnf = pass.gathered(&hd.lnf.out, &mut hd.lnf.full);
-                dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, r.full, h, vl);
+                dev.linear_forward(&mut hd.logits, lnf, &p[lay.head()], None, Gemm { rows: r.full, k: h, n: vl });
             }
             Some((s, _)) => {
                 let v = cfg.padded_vocab_size;
@@ -60,7 +64,13 @@ impl<D: Device> Gpt<D> {
         reorder_to_rows(&mut hd.targets, mine, r.sub_batch, r.seq);
         dev.cross_entropy_max(&hd.logits, r.full, vl, &mut hd.ce_max);
         all_reduce_scalars(dev, comm, &mut hd.ce_max, r.full, ReduceOp::Max);
-        dev.cross_entropy_partials(&hd.logits, &hd.targets, vocab_start, r.full, vl, &hd.ce_max, &mut hd.ce_stats);
+        dev.cross_entropy_partials(
+            &hd.logits,
+            &hd.targets,
+            Logits { rows: r.full, vocab: vl, vocab_start },
+            &hd.ce_max,
+            &mut hd.ce_stats,
+        );
         // Sum-exp and target logit travel in one all-reduce.
         all_reduce_scalars(dev, comm, &mut hd.ce_stats, 2 * r.full, ReduceOp::Sum);
         dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, r.full, &mut self.loss, self.loss_slot);
@@ -81,16 +91,17 @@ impl<D: Device> Gpt<D> {
         let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let num_params = self.params.info.len();
-        let (a, mut pass) = (&mut self.pool[index].1, Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() });
+        let (a, mut pass) = (
+            &mut self.pool[index].1,
+            Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() },
+        );
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");
         let d = &mut a.grad;
         dev.cross_entropy_backward(
             &mut hd.logits,
             &hd.targets,
-            logits_start,
-            r.full,
-            vl,
+            Logits { rows: r.full, vocab: vl, vocab_start: logits_start },
             &hd.ce_max,
             &hd.ce_stats,
             grad_scale,
@@ -101,7 +112,14 @@ impl<D: Device> Gpt<D> {
             None => {
                 let lnf = hd.lnf.full.as_ref().unwrap_or(&hd.lnf.out);
                 let (dl, dw) = (&mut d.d_h_full, &mut g[lay.head()]);
-                dev.linear_backward(Some(dl), dw, None, &hd.logits, lnf, &p[lay.head()], r.full, h, vl);
+                dev.linear_backward(
+                    Some(dl),
+                    (dw, None),
+                    &hd.logits,
+                    lnf,
+                    &p[lay.head()],
+                    Gemm { rows: r.full, k: h, n: vl },
+                );
                 pass.reduced(&mut d.d_h_full, &mut d.d_h_local)
             }
             Some((s, _)) => {

@@ -133,7 +133,7 @@ pub struct Gpt<D: Device> {
     /// Mixed precision: the format weights and activations are held in for compute, and the
     /// working copy of the weights rounded to it (the f32 values in `params` are the masters).
     precision: Precision,
-    /// Whether the device stores `precision` natively (`Device::stores`): activations are then
+    /// Whether the device stores `precision` natively (`Memory::stores`): activations are then
     /// held in it, and saved layers need no 16-bit copy aside.
     stored: bool,
     /// Per parameter: None where the device's GEMM rounds its operands itself (the matrices and
@@ -145,7 +145,7 @@ pub struct Gpt<D: Device> {
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
     /// layer's forward and backward passes (recomputation included) since the last reset.
     layer_comm: Vec<[CommCounters; 3]>,
-    /// Per layer, the device's work (`Device::work_counters`) in the layer's forward and backward
+    /// Per layer, the device's work (`Memory::work_counters`) in the layer's forward and backward
     /// passes (recomputation included) since `count_layer_work`; None while not counted.
     layer_work: Option<Vec<[WorkCounters; 2]>>,
     /// Bytes of 16-bit layer copies held now, and the most since `reset_peak_in_flight`.
@@ -409,6 +409,7 @@ impl<B> std::ops::Index<usize> for Weights<'_, B> {
 mod tests {
     use super::*;
     use crate::device::cpu::CpuDevice;
+    use crate::device::prelude::*;
     use crate::parallel::tensor::TensorParallel;
 
     /// Two layers of width 64 over a 257-token vocabulary (padded to 384), 16 positions.

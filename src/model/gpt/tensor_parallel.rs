@@ -8,6 +8,7 @@
 use super::activations::{LnActs, Rows};
 use crate::comm::CommCounters;
 use crate::device::Device;
+use crate::device::{Gemm, LayerNormSaved, Matrix};
 use crate::model::Normalization;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
@@ -78,13 +79,13 @@ impl<D: Device> Pass<'_, D> {
         let (dev, out, rstd) = (self.dev, &mut ln.out, &mut ln.rstd);
         match (self.norm.kind, bias, ln.mean.as_mut(), self.tp.summa) {
             (Normalization::RmsNorm, None, None, None) => {
-                dev.rmsnorm_forward(out, rstd, inp, weight, rows, h, self.norm.eps)
+                dev.rmsnorm_forward(out, rstd, inp, weight, Matrix { rows, cols: h }, self.norm.eps)
             }
             (Normalization::LayerNorm, Some(bias), Some(mean), None) => {
-                dev.layernorm_forward(out, mean, rstd, inp, weight, bias, rows, h)
+                dev.layernorm_forward(out, (mean, rstd), inp, (weight, bias), Matrix { rows, cols: h })
             }
             (Normalization::LayerNorm, Some(bias), Some(mean), Some((s, _))) => {
-                s.layernorm_forward(dev, out, mean, rstd, inp, weight, bias, rows, h, self.sc)
+                s.layernorm_forward(dev, out, (mean, rstd), inp, (weight, bias), Matrix { rows, cols: h }, self.sc)
             }
             _ => unreachable!("a norm's parameters and statistics match its kind, and SUMMA runs LayerNorm"),
         }
@@ -105,13 +106,25 @@ impl<D: Device> Pass<'_, D> {
     ) {
         let (dev, rstd) = (self.dev, &ln.rstd);
         match (dbias, ln.mean.as_ref(), self.tp.summa) {
-            (None, None, None) => dev.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, h),
-            (Some(dbias), Some(mean), None) => {
-                dev.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h)
+            (None, None, None) => {
+                dev.rmsnorm_backward(dinp, dweight, dout, (inp, weight), rstd, Matrix { rows, cols: h })
             }
-            (Some(dbias), Some(mean), Some((s, _))) => {
-                s.layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, h, self.sc)
-            }
+            (Some(dbias), Some(mean), None) => dev.layernorm_backward(
+                dinp,
+                (dweight, dbias),
+                dout,
+                LayerNormSaved { inp, weight, mean, rstd },
+                Matrix { rows, cols: h },
+            ),
+            (Some(dbias), Some(mean), Some((s, _))) => s.layernorm_backward(
+                dev,
+                dinp,
+                (dweight, dbias),
+                dout,
+                LayerNormSaved { inp, weight, mean, rstd },
+                Matrix { rows, cols: h },
+                self.sc,
+            ),
             _ => unreachable!("a norm's parameters and statistics match its kind, and SUMMA runs LayerNorm"),
         }
     }
@@ -130,16 +143,18 @@ impl<D: Device> Pass<'_, D> {
         match self.tp.summa {
             None => {
                 let inp = self.gathered(&ln.out, &mut ln.full);
-                self.dev.linear_forward(out, inp, weight, bias, r.full, k, n / self.tp.size());
+                self.dev.linear_forward(out, inp, weight, bias, Gemm { rows: r.full, k, n: n / self.tp.size() });
             }
-            Some((s, _)) => s.linear_forward(self.dev, out, &ln.out, weight, bias, r.full, k, n, self.sc),
+            Some((s, _)) => {
+                s.linear_forward(self.dev, out, &ln.out, (weight, bias), Gemm { rows: r.full, k, n }, self.sc)
+            }
         }
     }
 
     /// A linear layer that writes back into the residual stream (the attention projection, fc2):
     /// `x_out = resid + inp · weightᵀ + bias` for the whole `[k] -> [n]` product. Row-parallel
     /// under 1-D (partial sums reduced over the group, or reduce-scattered under sequence
-    /// parallelism), SUMMA otherwise; on one rank `Device::linear_residual_forward`.
+    /// parallelism), SUMMA otherwise; on one rank `LinearOps::linear_residual_forward`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn linear_out_forward(
         &mut self,
@@ -155,18 +170,18 @@ impl<D: Device> Pass<'_, D> {
         match self.tp.summa {
             // One rank: nothing to reduce, so the device may fuse the bias and the residual.
             None if self.tp.size() == 1 => {
-                dev.linear_residual_forward(x_out, resid, inp, (weight, bias), tmp_full, r.full, k, n)
+                dev.linear_residual_forward(x_out, resid, inp, (weight, bias), tmp_full, Gemm { rows: r.full, k, n })
             }
             None => {
-                dev.linear_forward(tmp_full, inp, weight, None, r.full, k / self.tp.size(), n);
+                dev.linear_forward(tmp_full, inp, weight, None, Gemm { rows: r.full, k: k / self.tp.size(), n });
                 let sum = self.reduced(tmp_full, tmp_local);
                 dev.add(x_out, resid, sum);
                 if let Some(bias) = bias {
-                    dev.add_bias(x_out, bias, r.local, n);
+                    dev.add_bias(x_out, bias, Matrix { rows: r.local, cols: n });
                 }
             }
             Some((s, _)) => {
-                s.linear_forward(dev, tmp_full, inp, weight, bias, r.full, k, n, self.sc);
+                s.linear_forward(dev, tmp_full, inp, (weight, bias), Gemm { rows: r.full, k, n }, self.sc);
                 dev.add(x_out, resid, tmp_full);
             }
         }
@@ -189,11 +204,27 @@ impl<D: Device> Pass<'_, D> {
             None => {
                 let d_out = self.gathered(d_resid, d_full);
                 let k_local = k / self.tp.size();
-                self.dev.linear_backward(Some(d_inp), dweight, dbias, d_out, inp, weight, r.full, k_local, n);
+                self.dev.linear_backward(
+                    Some(d_inp),
+                    (dweight, dbias),
+                    d_out,
+                    inp,
+                    weight,
+                    Gemm { rows: r.full, k: k_local, n },
+                );
             }
             Some((s, _)) => {
                 let (dev, sc) = (self.dev, &mut *self.sc);
-                s.linear_backward(dev, Some(d_inp), dweight, dbias, d_resid, inp, weight, r.full, k, n, sc)
+                s.linear_backward(
+                    dev,
+                    Some(d_inp),
+                    (dweight, dbias),
+                    d_resid,
+                    inp,
+                    weight,
+                    Gemm { rows: r.full, k, n },
+                    sc,
+                )
             }
         }
     }
@@ -216,12 +247,28 @@ impl<D: Device> Pass<'_, D> {
             None => {
                 let inp = ln.full.as_ref().unwrap_or(inp);
                 let n_local = n / self.tp.size();
-                dev.linear_backward(Some(&mut *d_full), dweight, dbias, d_out, inp, weight, r.full, k, n_local);
+                dev.linear_backward(
+                    Some(&mut *d_full),
+                    (dweight, dbias),
+                    d_out,
+                    inp,
+                    weight,
+                    Gemm { rows: r.full, k, n: n_local },
+                );
                 self.reduced(d_full, d_local)
             }
             Some((s, _)) => {
                 let sc = &mut *self.sc;
-                s.linear_backward(dev, Some(&mut *d_full), dweight, dbias, d_out, inp, weight, r.full, k, n, sc);
+                s.linear_backward(
+                    dev,
+                    Some(&mut *d_full),
+                    (dweight, dbias),
+                    d_out,
+                    inp,
+                    weight,
+                    Gemm { rows: r.full, k, n },
+                    sc,
+                );
                 d_full
             }
         }
