@@ -127,9 +127,9 @@ SKIP_LOG := target/test-skips.tsv
 
 test: test-deps gpu-test-libs
 	@mkdir -p target && rm -f $(SKIP_LOG)
-	@echo "TRIDENT_SKIP_LOG=$(SKIP_LOG) TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) $(CARGO) test --release"
+	@echo "TRIDENT_SKIP_LOG=$(SKIP_LOG) TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) tests/run.sh"
 	@status=0; TRIDENT_SKIP_LOG=$(CURDIR)/$(SKIP_LOG) TRIDENT_NVRTC=$(TEST_NVRTC) TRIDENT_NCCL=$(TEST_NCCL) \
-	  $(CARGO) test --release || status=$$?; \
+	  CARGO="$(CARGO)" tests/run.sh || status=$$?; \
 	if [ -s $(SKIP_LOG) ]; then \
 	  echo "== make test: $$(cut -f2 $(SKIP_LOG) | sort -u | wc -l) test(s) skipped work (kind | test | missing | how to get it):"; \
 	  sort -u $(SKIP_LOG) | sed 's/\t/ | /g'; \
