@@ -415,6 +415,8 @@ pub const BENCH_FLAGS: &[FlagSpec] = &[
     flag("--num-layers", "L", "step: transformer layers (default: the preset's)"),
     flag("--hidden-size", "H", "step, summa: hidden size (default: the preset's)"),
     flag("--num-attention-heads", "A", "step: attention heads (default: the preset's)"),
+    flag("--num-query-groups", "G", "step: key/value heads, grouped-query attention (default: the preset's)"),
+    flag("--ffn-hidden-size", "F", "step: MLP width (default: the preset's; Megatron's default for a new hidden size)"),
     flag("--micro-batch-size", "B", "step, summa: samples per step (default 4)"),
     flag(
         "--seq-length",

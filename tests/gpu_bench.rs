@@ -40,10 +40,13 @@ fn columns() -> Vec<&'static str> {
     ["bench", "case", "shape"].into_iter().chain(NUMERIC.map(|(column, _)| column)).collect()
 }
 
-/// Tiny cases: GPT-2-like GEMMs, attention at head dims 64 and 128, a 1-layer step.
+/// Tiny cases: GPT-2-like GEMMs, attention at head dims 64 and 128 and grouped-query (4 heads on
+/// 2 key/value heads), a 1-layer GPT-2 step and a 1-layer Llama step (2 key/value heads, SwiGLU
+/// width 192). PyTorch's steps run eager only here (torch.compile on the CPU takes minutes).
 const GEMMS: &str = "gpt2.qkv=64x96x32 gpt2.head=64x384x32";
-const ATTENTION: &str = "d64=1x64x2x64 d128=1x32x1x128";
+const ATTENTION: &str = "d64=1x64x2x64 d128=1x32x1x128 gqa=1x32x4x64x2";
 const STEP: &str = "tiny=1x128x2x257x1x16";
+const LLAMA_STEP: &str = "llama=1x128x4x2x192x257x1x16";
 
 fn emulated() -> Option<&'static Emulated> {
     static BUILT: OnceLock<Result<Emulated, Missing>> = OnceLock::new();
@@ -74,6 +77,8 @@ fn gpu_bench(emu: &Emulated, json: &Path, env: &[(&str, &str)]) -> Output {
         .env("GPU_BENCH_GEMMS", GEMMS)
         .env("GPU_BENCH_ATTENTION", ATTENTION)
         .env("GPU_BENCH_STEP", STEP)
+        .env("GPU_BENCH_LLAMA_STEP", LLAMA_STEP)
+        .env("GPU_BENCH_TORCH_COMPILE", "0")
         .env_remove("GPU_BENCH_DEVICE")
         .env_remove("GPU_BENCH_TORCH_DEVICE")
         .env_remove("OUT");
@@ -215,12 +220,26 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
         ("attention", "d64"),
         ("attention", "d128.fwd"),
         ("attention", "d128"),
+        ("attention", "gqa.fwd"),
+        ("attention", "gqa"),
         ("step", "tiny"),
+        ("step", "llama"),
     ];
     assert_eq!(names, cases);
     assert_eq!(
         rows.iter().map(|r| r[2].as_str()).collect::<Vec<_>>(),
-        ["64x96x32", "64x384x32", "1x64x2x64", "1x64x2x64", "1x32x1x128", "1x32x1x128", "1x128x2x257x1x16"]
+        [
+            "64x96x32",
+            "64x384x32",
+            "1x64x2x64",
+            "1x64x2x64",
+            "1x32x1x128",
+            "1x32x1x128",
+            "1x32x4x64x2",
+            "1x32x4x64x2",
+            "1x128x2x257x1x16",
+            "1x128x4x2x192x257x1x16"
+        ]
     );
     for r in &rows {
         for (cell, column) in [(&r[3], "trident_ms"), (&r[6], "trident_tflops"), (&r[12], "trident_mfu")] {
@@ -234,10 +253,11 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
     assert!(json_report.doc.contains("\"peak_bf16_tflops\": 312,"), "{}", json_report.doc);
     assert_eq!(skipped.len(), json_report.skipped.len(), "{skipped:?} vs {:?}", json_report.skipped);
     cells_are_the_json_and_ratios_hold(&rows, &json_report, Some(312.0));
+    assert_eq!(skipped[0], "PyTorch under torch.compile: GPU_BENCH_TORCH_COMPILE=0", "{skipped:?}");
     match torch {
         None => {
-            assert_eq!(skipped.len(), 1, "{skipped:?}");
-            assert!(skipped[0].starts_with("PyTorch (every comparison): no PyTorch in "), "{skipped:?}");
+            assert_eq!(skipped.len(), 2, "{skipped:?}");
+            assert!(skipped[1].starts_with("PyTorch (every comparison): no PyTorch in "), "{skipped:?}");
             assert!(rows.iter().all(|r| r[4] == "-" && r[5] == "-"), "{out}");
         }
         Some(_) => {
@@ -247,9 +267,10 @@ fn gpu_bench_runs_end_to_end_on_the_emulated_gpu_and_says_what_it_skipped() {
                 assert!((r[4] != "-") != said, "{r:?}: compared and skipped, or neither: {skipped:?}");
             }
             let compared = rows.iter().filter(|r| r[4] != "-").count();
-            assert!(compared >= 6, "PyTorch compared only {compared} of 7 rows: {skipped:?}");
-            let step = &rows[6];
-            assert!(step[4] != "-" && step[10] != "-" && step[11] != "-", "the step is not compared: {step:?}");
+            assert!(compared >= 8, "PyTorch compared only {compared} of 10 rows: {skipped:?}");
+            for step in &rows[8..] {
+                assert!(step[4] != "-" && step[10] != "-" && step[11] != "-", "the step is not compared: {step:?}");
+            }
         }
     }
     assert!(out.contains(&format!("gpu-bench: wrote {}", json.display())), "{out}");
@@ -268,6 +289,7 @@ fn gpu_bench_says_why_a_bench_failed_and_what_it_skipped() {
         ("GPU_BENCH_GEMMS", "bad=64x0x32 gpt2.qkv=64x96x32"),
         ("GPU_BENCH_ATTENTION", ""),
         ("GPU_BENCH_STEP", ""),
+        ("GPU_BENCH_LLAMA_STEP", ""),
         ("TORCH_PYTHON", "/nonexistent/python"),
     ];
     let o = gpu_bench(emu, &json, &env);
@@ -283,6 +305,7 @@ fn gpu_bench_says_why_a_bench_failed_and_what_it_skipped() {
         "{skipped:?}"
     );
     assert!(said("attention: GPU_BENCH_ATTENTION is empty") && said("step: GPU_BENCH_STEP is empty"), "{skipped:?}");
+    assert!(said("llama step: GPU_BENCH_LLAMA_STEP is empty"), "{skipped:?}");
     assert!(said("PyTorch (every comparison): no Python at '/nonexistent/python'"), "{skipped:?}");
     cells_are_the_json_and_ratios_hold(&rows, &report(&json), Some(312.0));
 
@@ -415,7 +438,8 @@ fn gpu_bench_runs_on_the_emulated_amd_gpu_without_an_mfu_and_says_so() {
         "{out}"
     );
     let (rows, skipped) = table(&out);
-    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["gemm", "attention", "attention", "step"]);
+    let benches = ["gemm", "attention", "attention", "step", "step"];
+    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), benches);
     assert!(rows.iter().all(|r| r[3] != "-" && r[12] == "-"), "trident's time, and no MFU: {rows:?}");
     assert!(
         skipped.iter().any(|s| s.starts_with("MFU: no datasheet peak for Emulated AMD Instinct MI250X")),

@@ -37,7 +37,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Every kernel the Device launches, resolved once per device (the other kernels of the index
-/// are the benches': `cmd/bench/gpu.rs`).
+/// are the benches': `cmd/bench/gpu/mod.rs`).
 pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::AddF32,
     Kernel::AddAssignF32,

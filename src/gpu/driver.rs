@@ -74,7 +74,7 @@ api_table! {
         fn cuStreamCreate(stream: *mut CuStream, flags: u32) -> i32;
         fn cuStreamDestroy_v2(stream: CuStream) -> i32;
         fn cuStreamSynchronize(stream: CuStream) -> i32;
-        // Streams and events for the NCCL Comm and the CUDA benchmarks (collectives.rs, cmd/bench/gpu.rs).
+        // Streams and events for the NCCL Comm and the CUDA benchmarks (collectives.rs, cmd/bench/gpu/mod.rs).
         fn cuStreamQuery(stream: CuStream) -> i32;
         fn cuStreamWaitEvent(stream: CuStream, event: CuEvent, flags: u32) -> i32;
         fn cuEventCreate(event: *mut CuEvent, flags: u32) -> i32;
@@ -332,7 +332,7 @@ impl Drop for DeviceBuffer<'_> {
 }
 
 // Streams and events: the NCCL Comm's communication stream, its ordering against a compute stream,
-// and the CUDA benchmarks' timers (collectives.rs, cmd/bench/gpu.rs).
+// and the CUDA benchmarks' timers (collectives.rs, cmd/bench/gpu/mod.rs).
 
 /// `CUresult` values the stream and event wrappers tell apart.
 pub const CUDA_SUCCESS: i32 = 0;

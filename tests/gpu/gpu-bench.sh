@@ -5,8 +5,9 @@
 #   trident: `trident bench gemm|attention --device D --shape ... --json` and `trident bench step
 #            --device D --dtype bf16 --json` (src/cmd/bench/), one process per case;
 #   PyTorch: tests/gpu/torch_compare.py (an optional comparison: torch.matmul, scaled_dot_product
-#            _attention with the flash backend, forward alone (case.fwd) and forward + backward
-#            (case), a GPT-2 step in bf16 autocast with fused AdamW),
+#            _attention on its fastest backend there (named in the JSON), forward alone (case.fwd)
+#            and forward + backward (case), GPT-2 and Llama steps in bf16 autocast with fused AdamW,
+#            eager (case) and under torch.compile (case.compile) where it compiles),
 #            when a PyTorch with CUDA (ROCm for --device hip) is there; otherwise it says why not.
 # It needs no Rust toolchain and no network: only the binary, built elsewhere (`make NO_MPI=1
 # build` gives target-nompi/release/trident, which needs no MPI library on the node), bash and
@@ -22,11 +23,17 @@
 #   GPU_BENCH_STEPS         timed training steps (default: enough to fill the minimum time)
 #   GPU_BENCH_TOKENS        the GEMMs' M, tokens per micro-batch (default 8192)
 #   GPU_BENCH_GEMMS         "CASE=MxNxK ..." (default: GPT-2 124M's and a GPT-3 175B layer's)
-#   GPU_BENCH_ATTENTION     "CASE=BxSxHxD ..." (default: GPT-2 124M's 8x1024x12x64 and GPT-3
-#                           175B's 1x2048x96x128)
+#   GPU_BENCH_ATTENTION     "CASE=BxSxHxD[xG] ..." (G: key/value heads; default: GPT-2 124M's
+#                           8x1024x12x64, GPT-3 175B's 1x2048x96x128 and Llama 3 8B's 8192 tokens,
+#                           1x8192x32x128x8)
 #   GPU_BENCH_STEP          "CASE=LxHxAxVxBxS": layers, hidden, heads, vocabulary (padded to a
 #                           multiple of 128 on both sides), micro-batch, sequence (default GPT-2
 #                           124M, gpt2-124m=12x768x12x50257x8x1024)
+#   GPU_BENCH_LLAMA_STEP    "CASE=LxHxAxGxFxVxBxS": a Llama step (`bench step --preset llama3-8b`):
+#                           layers, hidden, heads, key/value heads, SwiGLU width, vocabulary,
+#                           micro-batch, sequence (default Llama 3 8B's layers, 4 of them to fit
+#                           one GPU, at 8192 tokens: llama3-8b.4l=4x4096x32x8x14336x128256x1x8192)
+#   GPU_BENCH_TORCH_COMPILE 1 (default) also times PyTorch's steps under torch.compile; 0 does not
 #   GPU_BENCH_TORCH_DEVICE  PyTorch's device when not the GPU's: cpu (the tests; numbers meaningless)
 # A list set empty runs none of its cases (and says so). Exit status: 0 when every trident bench
 # ran, 1 when one failed or there is no GPU, 2 on bad arguments; PyTorch's absence is not a failure.
@@ -64,8 +71,11 @@ read -r -a gemms <<<"${GPU_BENCH_GEMMS-gpt2-124m.qkv=${tokens}x2304x768 gpt2-124
 gpt2-124m.fc1=${tokens}x3072x768 gpt2-124m.fc2=${tokens}x768x3072 gpt2-124m.head=${tokens}x50304x768 \
 gpt3-175b.qkv=${tokens}x36864x12288 gpt3-175b.proj=${tokens}x12288x12288 gpt3-175b.fc1=${tokens}x49152x12288 \
 gpt3-175b.fc2=${tokens}x12288x49152}"
-read -r -a attentions <<<"${GPU_BENCH_ATTENTION-gpt2-124m=8x1024x12x64 gpt3-175b=1x2048x96x128}"
+read -r -a attentions <<<"${GPU_BENCH_ATTENTION-gpt2-124m=8x1024x12x64 gpt3-175b=1x2048x96x128 \
+llama3-8b=1x8192x32x128x8}"
 read -r -a steps <<<"${GPU_BENCH_STEP-gpt2-124m=12x768x12x50257x8x1024}"
+read -r -a llama_steps <<<"${GPU_BENCH_LLAMA_STEP-llama3-8b.4l=4x4096x32x8x14336x128256x1x8192}"
+compile=${GPU_BENCH_TORCH_COMPILE:-1}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/trident-gpu-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -80,6 +90,8 @@ skip() { printf '%s\t%s\n' "$1" "$2" >>"$work/skipped.tsv"; }
 [ ${#gemms[@]} -gt 0 ] || skip "gemm" "GPU_BENCH_GEMMS is empty"
 [ ${#attentions[@]} -gt 0 ] || skip "attention" "GPU_BENCH_ATTENTION is empty"
 [ ${#steps[@]} -gt 0 ] || skip "step" "GPU_BENCH_STEP is empty"
+[ ${#llama_steps[@]} -gt 0 ] || skip "llama step" "GPU_BENCH_LLAMA_STEP is empty"
+[ "$compile" = 1 ] || skip "PyTorch under torch.compile" "GPU_BENCH_TORCH_COMPILE=$compile"
 
 # trident CASE BENCH SHAPE ARGS...: one trident bench, its JSON records in $work/records (or why it
 # failed, kept as CASE's row); then `keep` takes the records the table shows.
@@ -109,6 +121,13 @@ keep() {
     printf '%s\t%s\t%s\tfailed\tno record of the bench matches %s\n' "$1" "$2" "$3" "$4" >>"$work/trident.tsv"
     failed=1
   fi
+}
+
+# keep_step CASE SHAPE: a step's record, as CASE's row and, under torch.compile, CASE.compile's
+# too (trident's one step beside PyTorch's eager and compiled ones).
+keep_step() {
+  keep "$1" step "$2" .
+  [ "$compile" != 1 ] || keep "$1.compile" step "$2" .
 }
 
 # The device: the one asked for, else device 0 of the driver or runtime trident finds.
@@ -146,7 +165,15 @@ else
     step_flags=(--dtype bf16 --preset gpt2-124m --num-layers "$layers" --hidden-size "$hidden"
       --num-attention-heads "$heads" --vocab-size "$vocab" --micro-batch-size "$batch" --seq-length "$seq")
     [ -z "${GPU_BENCH_STEPS:-}" ] || step_flags+=(--steps "$GPU_BENCH_STEPS")
-    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}" && keep "${c%%=*}" step "${c#*=}" .
+    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}" && keep_step "${c%%=*}" "${c#*=}"
+  done
+  for c in "${llama_steps[@]}"; do
+    IFS=x read -r layers hidden heads groups ffn vocab batch seq <<<"${c#*=}"
+    step_flags=(--dtype bf16 --preset llama3-8b --num-layers "$layers" --hidden-size "$hidden"
+      --num-attention-heads "$heads" --num-query-groups "$groups" --ffn-hidden-size "$ffn" --vocab-size "$vocab"
+      --micro-batch-size "$batch" --seq-length "$seq")
+    [ -z "${GPU_BENCH_STEPS:-}" ] || step_flags+=(--steps "$GPU_BENCH_STEPS")
+    trident "${c%%=*}" step "${c#*=}" "${step_flags[@]}" && keep_step "${c%%=*}" "${c#*=}"
   done
 
   torch_device=${GPU_BENCH_TORCH_DEVICE:-$device}
@@ -154,6 +181,8 @@ else
   for c in "${gemms[@]}"; do torch_args+=(--gemm "$c"); done
   for c in "${attentions[@]}"; do torch_args+=(--attention "$c"); done
   for c in "${steps[@]}"; do torch_args+=(--step "$c"); done
+  for c in "${llama_steps[@]}"; do torch_args+=(--llama-step "$c"); done
+  [ "$compile" != 1 ] || torch_args+=(--compile)
   [ -z "${GPU_BENCH_STEPS:-}" ] || torch_args+=(--steps "$GPU_BENCH_STEPS")
   echo "== PyTorch on $torch_device: $py tests/gpu/torch_compare.py"
   if ! command -v "$py" >/dev/null 2>&1; then

@@ -7,15 +7,23 @@
 # What it times, each the PyTorch counterpart of a trident bench the shell script runs:
 #   --gemm ID=MxNxK          torch.matmul(a, w.t()) on bf16 a [M, K] and w [N, K] into bf16 [M, N]
 #                            (trident: `bench gemm --shape MxNxK`, the same NT product).
-#   --attention ID=BxSxHxD   F.scaled_dot_product_attention(q, k, v, is_causal=True) on bf16
-#                            [B, H, S, D] with the flash backend only (trident: `bench attention`):
-#                            ID.fwd the forward alone, ID forward + backward (q, k, v gradients).
+#   --attention ID=BxSxHxD[xG]  F.scaled_dot_product_attention(q, k, v, is_causal=True) on bf16
+#                            [B, H, S, D] (G key/value heads: grouped-query attention, enable_gqa)
+#                            on the fastest of its flash, cuDNN and memory-efficient backends that
+#                            run here, timed each and named in the note (trident: `bench
+#                            attention`): ID.fwd the forward alone, ID forward + backward.
 #   --step ID=LxHxAxVxBxS    one GPT-2 training step in bf16 autocast: L layers, hidden H, A heads,
 #                            vocabulary V padded to a multiple of 128, micro-batch B of S tokens;
 #                            forward, backward, gradient clip at 1.0, fused AdamW (trident: `bench
 #                            step --dtype bf16`, the same model, tokens, clip and AdamW settings).
-# FLOPs are counted as trident counts them (2MNK; causal attention 4BHS²D/2; Megatron's model
-# FLOPs 72BSLH²(1 + S/6H + V/12LH) per step), so a TFLOP/s ratio is the inverse of the time ratio.
+#   --llama-step ID=LxHxAxGxFxVxBxS  the same for a Llama: G key/value heads, SwiGLU width F,
+#                            RMSNorm, rotary positions, no biases, an output layer of its own
+#                            (trident: `bench step --preset llama3-8b` with those sizes).
+#   --compile                each step also under torch.compile (ID.compile), where it compiles.
+# FLOPs are counted as trident counts them (2MNK; causal attention 4BHS²D/2; GPT-2 steps
+# Megatron's 72BSLH²(1 + S/6H + V/12LH); Llama steps 3 x tokens x (L (2 x weights + 4 S x A·D) +
+# 2 H V), attention counted whole as Megatron counts it), so a TFLOP/s ratio is the inverse of the
+# time ratio.
 # Kernels are timed as trident times them: 3 warm-up launches, one launch to size the batch, then
 # a batch that fills --min-seconds (at least 3), with CUDA events; a step with the host clock
 # around the timed steps and a synchronize after them.
@@ -47,14 +55,28 @@ def parse_case(text, parts, form):
     return case, dims
 
 
+def attention_case(text):
+    """ID=BxSxHxD or ID=BxSxHxDxG -> (ID, [B, S, H, D, G]), G defaulting to H."""
+    try:
+        case, dims = parse_case(text, 5, "BxSxHxDxG")
+    except argparse.ArgumentTypeError:
+        case, dims = parse_case(text, 4, "BxSxHxD[xG]")
+        dims = dims + [dims[2]]
+    if dims[2] % dims[4]:
+        raise argparse.ArgumentTypeError(f"'{text}': {dims[4]} key/value heads do not divide {dims[2]} heads")
+    return case, dims
+
+
 def arguments(argv):
     p = argparse.ArgumentParser(description="PyTorch's side of `make gpu-bench` (optional).")
     p.add_argument("--device", choices=["cuda", "hip", "cpu"], default="cuda")
     p.add_argument("--min-seconds", type=float, default=0.3)
     p.add_argument("--steps", type=int, default=None, help="timed training steps (default: fill --min-seconds)")
     p.add_argument("--gemm", action="append", default=[], type=lambda t: parse_case(t, 3, "MxNxK"))
-    p.add_argument("--attention", action="append", default=[], type=lambda t: parse_case(t, 4, "BxSxHxD"))
+    p.add_argument("--attention", action="append", default=[], type=attention_case)
     p.add_argument("--step", action="append", default=[], type=lambda t: parse_case(t, 6, "LxHxAxVxBxS"))
+    p.add_argument("--llama-step", action="append", default=[], type=lambda t: parse_case(t, 8, "LxHxAxGxFxVxBxS"))
+    p.add_argument("--compile", action="store_true", help="also time each step under torch.compile")
     p.add_argument("--out", default=None, help="write the JSON lines here instead of stdout")
     return p.parse_args(argv)
 
@@ -75,6 +97,16 @@ def padded_vocab(v):
 def step_flops(layers, hidden, vocab, batch, seq):
     b, s, l, h, v = batch, seq, layers, hidden, padded_vocab(vocab)
     return 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h))
+
+
+def llama_step_flops(layers, hidden, heads, groups, ffn, vocab, batch, seq):
+    """trident's count for a Llama step (GptConfig::flops_per_iteration): forward and backward of
+    every GEMM's weights, attention's two products counted over the whole sequence, the head."""
+    d = hidden // heads
+    width = heads * d
+    weights = hidden * (heads + 2 * groups) * d + width * hidden + hidden * 2 * ffn + ffn * hidden
+    per_token = layers * (2.0 * weights + 4.0 * seq * width) + 2.0 * hidden * padded_vocab(vocab)
+    return 3.0 * batch * seq * per_token
 
 
 def which_torch(device):
@@ -130,14 +162,25 @@ class Timer:
         return self.batch_ms(fn, n) / n
 
 
-def flash_only(torch):
-    """A context that lets scaled_dot_product_attention use the flash backend alone."""
+def sdpa_backends(torch):
+    """(name, context) for each fast scaled_dot_product_attention backend this PyTorch names: the
+    context lets SDPA use that backend alone."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # PyTorch before 2.3: flash alone
+        only = torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+        return [("flash", lambda: only)]
+    names = [("flash", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"), ("efficient", "EFFICIENT_ATTENTION")]
+    return [(n, lambda b=getattr(SDPBackend, b): sdpa_kernel([b])) for n, b in names if hasattr(SDPBackend, b)]
 
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
-    except ImportError:  # PyTorch before 2.3
-        return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+
+def sdpa(torch, q, k, v, groups):
+    """Causal SDPA of q [B, H, S, D] against `groups` key/value heads in k, v [B, G, S, D]."""
+    import torch.nn.functional as F
+
+    if groups == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
 def gemm(torch, dev, timer, case, dims):
@@ -152,29 +195,45 @@ def gemm(torch, dev, timer, case, dims):
 
 def attention(torch, dev, timer, case, dims):
     """Two records: CASE.fwd, the forward alone, and CASE, forward + backward (FLOPs 3.5 x the
-    forward's, as trident's fwd+bwd record counts them)."""
-    import torch.nn.functional as F
-
-    b, s, h, d = dims
+    forward's, as trident's fwd+bwd record counts them), both on the backend whose forward +
+    backward was fastest; the note names it and what the others took."""
+    b, s, h, d, groups = dims
     g = torch.Generator(device=dev).manual_seed(3)
-    q, k, v, dout = (torch.rand(b, h, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(4))
-    with flash_only(torch):
-        with torch.no_grad():
-            fwd_ms = timer.ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        for t in (q, k, v):
-            t.requires_grad_(True)
+    q, dout = (torch.rand(b, h, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(2))
+    k, v = (torch.rand(b, groups, s, d, device=dev, generator=g).sub_(0.5).to(torch.bfloat16) for _ in range(2))
+    timed, failed = [], []
+    for name, only in sdpa_backends(torch):
+        try:
+            with only():
+                with torch.no_grad():
+                    fwd_ms = timer.ms(lambda: sdpa(torch, q, k, v, groups))
+                for t in (q, k, v):
+                    t.requires_grad_(True)
 
-        def both():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(dout)
-            q.grad = k.grad = v.grad = None
+                def both():
+                    sdpa(torch, q, k, v, groups).backward(dout)
+                    q.grad = k.grad = v.grad = None
 
-        both_ms = timer.ms(both)
-    note = "scaled_dot_product_attention, flash backend, causal"
+                both_ms = timer.ms(both)
+            timed.append((both_ms, fwd_ms, name))
+        except RuntimeError as e:  # a backend that does not take this shape, dtype or device
+            failed.append(f"{name}: {str(e).splitlines()[0][:80]}")
+        finally:
+            for t in (q, k, v):
+                t.requires_grad_(False)
+    if not timed:
+        raise RuntimeError("no SDPA backend ran: " + "; ".join(failed))
+    both_ms, fwd_ms, name = min(timed)
+    others = [f"{n} {ms:.3f} ms" for ms, _, n in sorted(timed) if n != name] + [f"{f} (failed)" for f in failed]
+    gqa = f", {groups} key/value heads (enable_gqa)" if groups != h else ""
+    note = f"scaled_dot_product_attention, {name} backend (fastest fwd+bwd of those that ran), causal{gqa}"
+    if others:
+        note += "; others: " + ", ".join(others)
     flops = attention_flops(b, s, h, d)
-    shape = f"{b}x{s}x{h}x{d}"
+    shape = f"{b}x{s}x{h}x{d}" + (f"x{groups}" if groups != h else "")
     return [
-        (f"{case}.fwd", {"shape": shape, "ms": fwd_ms, "tflops": flops / fwd_ms / 1e9, "note": note + ", forward"}),
-        (case, {"shape": shape, "ms": both_ms, "tflops": 3.5 * flops / both_ms / 1e9, "note": note + ", forward + backward"}),
+        (f"{case}.fwd", {"shape": shape, "ms": fwd_ms, "tflops": flops / fwd_ms / 1e9, "backend": name, "note": note}),
+        (case, {"shape": shape, "ms": both_ms, "tflops": 3.5 * flops / both_ms / 1e9, "backend": name, "note": note}),
     ]
 
 
@@ -219,13 +278,68 @@ def gpt2(torch, layers, hidden, heads, vocab, positions):
     return Gpt2()
 
 
-def step(torch, dev, timer, case, dims, steps):
-    layers, hidden, heads, vocab, batch, seq = dims
-    if hidden % heads:
-        raise ValueError(f"hidden {hidden} does not split into {heads} heads")
-    torch.manual_seed(1234)
-    # trident's gpt2-124m preset has 1024 positions, more when the sequence is longer.
-    model = gpt2(torch, layers, hidden, heads, vocab, max(1024, seq)).to(dev)
+def llama(torch, layers, hidden, heads, groups, ffn, vocab, positions):
+    """A Llama as trident's bench step trains one: RMSNorm, rotary positions (base 500000, the
+    halves of each head rotated), grouped-query attention, SwiGLU, no biases, an output layer of
+    its own, no dropout."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    d = hidden // heads
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
+
+    def rotate(x, cos, sin):
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    def norm():
+        return nn.RMSNorm(hidden, eps=1e-5) if hasattr(nn, "RMSNorm") else nn.LayerNorm(hidden, bias=False)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm_1, self.norm_2 = norm(), norm()
+            self.qkv = nn.Linear(hidden, (heads + 2 * groups) * d, bias=False)
+            self.proj = nn.Linear(heads * d, hidden, bias=False)
+            self.fc1, self.fc2 = nn.Linear(hidden, 2 * ffn, bias=False), nn.Linear(ffn, hidden, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm_1(x)).split([heads * d, groups * d, groups * d], dim=2)
+            q, k, v = (t.view(b, s, -1, d).transpose(1, 2) for t in (q, k, v))
+            y = sdpa(torch, rotate(q, cos, sin), rotate(k, cos, sin), v, groups)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, s, heads * d))
+            gate, up = self.fc1(self.norm_2(x)).chunk(2, dim=-1)
+            return x + self.fc2(F.silu(gate) * up)
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(padded_vocab(vocab), hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm, self.output = norm(), nn.Linear(hidden, padded_vocab(vocab), bias=False)
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+            for p in self.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, std=0.02)
+
+        def forward(self, tokens, labels):
+            s = tokens.shape[1]
+            cos, sin = self.cos[:s], self.sin[:s]
+            x = self.embedding(tokens)
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            logits = self.output(self.norm(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
+
+    return Llama()
+
+
+def train(torch, dev, model, batch, seq, steps, min_seconds):
+    """Times training steps of `model` on trident's synthetic micro-batch (B x S): (seconds per
+    step, timed steps, last loss, the optimizer's note)."""
     note = "bf16 autocast, clip 1.0, AdamW fused"
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
@@ -251,28 +365,66 @@ def step(torch, dev, timer, case, dims, steps):
         if dev != "cpu":
             torch.cuda.synchronize()
 
-    # The first step makes AdamW's state; the second, a settled one, sizes the timed run.
+    # The first step makes AdamW's state (and compiles, under torch.compile); the second, a
+    # settled one, sizes the timed run.
     train_step()
     synchronize()
     t = time.perf_counter()
     train_step()
     synchronize()
     once = max(time.perf_counter() - t, 1e-6)
-    steps = steps or min(max(math.ceil(timer.min_seconds / once), 2), 10_000)
+    steps = steps or min(max(math.ceil(min_seconds / once), 2), 10_000)
     t = time.perf_counter()
     for _ in range(steps):
         loss = train_step()
     synchronize()
-    seconds = (time.perf_counter() - t) / steps
-    return {
-        "shape": f"{layers}x{hidden}x{heads}x{padded_vocab(vocab)}x{batch}x{seq}",
-        "ms": seconds * 1e3,
-        "tflops": step_flops(layers, hidden, vocab, batch, seq) / seconds / 1e12,
-        "tokens_per_s": n / seconds,
-        "timed_steps": steps,
-        "loss": float(loss.detach()),
-        "note": note,
-    }
+    return (time.perf_counter() - t) / steps, steps, float(loss.detach()), note
+
+
+def step(torch, dev, timer, case, dims, steps, compile_too, llama_dims=None):
+    """CASE's record, and CASE.compile's under --compile (or why it did not compile)."""
+    if llama_dims is None:
+        layers, hidden, heads, vocab, batch, seq = dims
+        groups, ffn = heads, 4 * hidden
+    else:
+        layers, hidden, heads, groups, ffn, vocab, batch, seq = llama_dims
+    if hidden % heads or heads % groups:
+        raise ValueError(f"hidden {hidden} does not split into {heads} heads in {groups} groups")
+    # trident's presets have 1024 positions (gpt2-124m) or 8192 (llama3-8b), more when the
+    # sequence is longer.
+    if llama_dims is None:
+        build = lambda: gpt2(torch, layers, hidden, heads, vocab, max(1024, seq)).to(dev)
+        flops = step_flops(layers, hidden, vocab, batch, seq)
+        shape = f"{layers}x{hidden}x{heads}x{padded_vocab(vocab)}x{batch}x{seq}"
+    else:
+        build = lambda: llama(torch, layers, hidden, heads, groups, ffn, vocab, max(8192, seq)).to(dev)
+        flops = llama_step_flops(layers, hidden, heads, groups, ffn, vocab, batch, seq)
+        shape = f"{layers}x{hidden}x{heads}x{groups}x{ffn}x{padded_vocab(vocab)}x{batch}x{seq}"
+    records = []
+    for variant in ["eager"] + (["compile"] if compile_too else []):
+        c = case if variant == "eager" else f"{case}.compile"
+        torch.manual_seed(1234)
+        model = build()
+        try:
+            if variant == "compile":
+                model = torch.compile(model)
+            seconds, timed, loss, note = train(torch, dev, model, batch, seq, steps, timer.min_seconds)
+        except Exception as e:  # torch.compile without a working backend here: say so
+            if variant == "eager":
+                raise
+            records.append((c, {"why": f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}))
+            continue
+        records.append((c, {
+            "shape": shape,
+            "ms": seconds * 1e3,
+            "tflops": flops / seconds / 1e12,
+            "tokens_per_s": batch * seq / seconds,
+            "timed_steps": timed,
+            "loss": loss,
+            "note": note + (", torch.compile" if variant == "compile" else ", eager"),
+        }))
+        del model
+    return records
 
 
 def main(argv):
@@ -292,13 +444,17 @@ def main(argv):
     timer = Timer(torch, dev != "cpu", args.min_seconds)
     work = [("gemm", gemm, c) for c in args.gemm]
     work += [("attention", attention, c) for c in args.attention]
-    work += [("step", lambda *a: step(*a, args.steps), c) for c in args.step]
+    work += [("step", lambda *a: step(*a, args.steps, args.compile), c) for c in args.step]
+    work += [("step", lambda *a: step(*a, args.steps, args.compile, a[4]), c) for c in args.llama_step]
     for bench, run, (case, dims) in work:
         try:
             records = run(torch, dev, timer, case, dims)
             # A bench gives one record for its case, or (case, record) pairs (attention: two).
             for c, record in records if isinstance(records, list) else [(case, records)]:
-                emit({"bench": bench, "case": c, "dtype": "bf16", **record})
+                if "why" in record:
+                    emit({"bench": "skipped", "case": c, "why": record["why"]})
+                else:
+                    emit({"bench": bench, "case": c, "dtype": "bf16", **record})
         except Exception as e:  # one case that cannot run (no flash kernel, out of memory): say so
             emit({"bench": "skipped", "case": case, "why": f"PyTorch {bench} failed: {type(e).__name__}: {e}"})
         finally:

@@ -169,6 +169,8 @@ fn step_model(a: &Args, (micro_batch, seq): (usize, usize)) -> Result<ops::StepM
         num_layers: a.usize("--num-layers")?,
         hidden_size: a.usize("--hidden-size")?,
         num_attention_heads: a.usize("--num-attention-heads")?,
+        num_query_groups: a.usize("--num-query-groups")?,
+        ffn_hidden_size: a.usize("--ffn-hidden-size")?,
         micro_batch: a.usize("--micro-batch-size")?.unwrap_or(micro_batch).max(1),
         seq: a.usize("--seq-length")?.unwrap_or(seq).max(1),
         vocab: a.usize("--vocab-size")?.unwrap_or(50257).max(257),

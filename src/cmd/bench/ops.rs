@@ -273,6 +273,8 @@ pub struct StepFlags<'a> {
     pub num_layers: Option<usize>,
     pub hidden_size: Option<usize>,
     pub num_attention_heads: Option<usize>,
+    pub num_query_groups: Option<usize>,
+    pub ffn_hidden_size: Option<usize>,
     pub micro_batch: usize,
     pub seq: usize,
     pub vocab: usize,
@@ -286,11 +288,12 @@ impl StepModel {
         let heads = f.num_attention_heads.unwrap_or(p.num_attention_heads);
         // The preset's MLP width and architecture (a Llama's SwiGLU width follows Megatron's
         // default where the hidden size is overridden).
-        let ffn = match (p.ffn_hidden_size, f.hidden_size) {
-            (Some(w), None) => w,
+        let ffn = match (f.ffn_hidden_size, p.ffn_hidden_size, f.hidden_size) {
+            (Some(w), _, _) | (None, Some(w), None) => w,
             _ if p.arch.swiglu => 4 * hidden * 2 / 3 / 64 * 64,
             _ => 4 * hidden,
         };
+        let arch = crate::model::Arch { num_query_groups: f.num_query_groups.or(p.arch.num_query_groups), ..p.arch.clone() };
         let cfg = GptConfig {
             num_layers: layers,
             hidden_size: hidden,
@@ -300,10 +303,16 @@ impl StepModel {
             vocab_size: f.vocab,
             padded_vocab_size: GptConfig::pad_vocab(f.vocab, 128),
             init_method_std: 0.02,
-            arch: p.arch.clone(),
+            arch,
         };
         cfg.validate()?;
-        let overrides: String = [(f.num_layers, 'L'), (f.hidden_size, 'h'), (f.num_attention_heads, 'a')]
+        let overrides: String = [
+            (f.num_layers, 'L'),
+            (f.hidden_size, 'h'),
+            (f.num_attention_heads, 'a'),
+            (f.num_query_groups, 'g'),
+            (f.ffn_hidden_size, 'f'),
+        ]
             .iter()
             .filter_map(|&(v, tag)| v.map(|v| format!(" {tag}{v}")))
             .collect();

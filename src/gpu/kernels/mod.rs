@@ -9,9 +9,9 @@
 //! line of `plan`.
 //! The GPU Device resolves the kernels it launches from this table once per device
 //! (`device::DEVICE_KERNELS`), the launch planning of `plan` reads it, the GPU benches launch
-//! the kernels nothing in training launches yet (`cmd/bench/gpu.rs`), and `trident info` counts it.
+//! the kernels nothing in training launches yet (`cmd/bench/gpu/mod.rs`), and `trident info` counts it.
 //! A unit test below holds the table to the embedded sources (every declared function listed,
-//! every listed function declared); another (`cmd/bench/gpu.rs`) holds every entry to a launcher.
+//! every listed function declared); another (`cmd/bench/gpu/mod.rs`) holds every entry to a launcher.
 //!
 //! Loading the files is elsewhere: `cuda` (the embedded CUDA sources, precompiled images or
 //! NVRTC through the cache), `hip` (the same for HIP and hipRTC); `plan` turns an op and its

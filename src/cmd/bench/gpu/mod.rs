@@ -158,6 +158,26 @@ pub fn parse_shape(text: &str, parts: usize, form: &str) -> Result<Vec<usize>> {
     Ok(v)
 }
 
+/// One `--shape` of `bench`: its sizes, and for attention an optional fifth, the key/value heads
+/// (grouped-query attention), which must divide the heads.
+fn bench_shape(bench: GpuBench, text: &str) -> Result<Vec<usize>> {
+    let parts = bench.shapes()[0].len();
+    if bench == GpuBench::Attention && text.split('x').count() == parts + 1 {
+        let s = parse_shape(text, parts + 1, bench.shape_form())?;
+        if !s[2].is_multiple_of(s[4]) {
+            let why = format!("'{text}': {} key/value heads do not divide {} heads", s[4], s[2]);
+            return Err(Error::flag("--shape", why, bench.shape_form()));
+        }
+        return Ok(s);
+    }
+    parse_shape(text, parts, bench.shape_form())
+}
+
+/// The attention shape of `s`, `[batch, seq, heads, head_dim]` and optionally the key/value heads.
+fn attention_shape(s: &[usize]) -> AttentionShape {
+    AttentionShape::new(s[0], s[1], s[2], s[3]).grouped(s.get(4).copied().unwrap_or(s[2]))
+}
+
 /// `(batch, seq, heads, head_dim)` of the attention sweep; the first two are GPT-2 small's 8192
 /// tokens of hidden 768 in heads of 32 (the `tiny` preset's head dim) and of 64, the same FLOPs.
 pub const ATTENTION_SHAPES: &[(usize, usize, usize, usize)] = &[
@@ -230,7 +250,10 @@ impl GpuBench {
         match self {
             GpuBench::Gemm => "MxNxK, e.g. 8192x2304x768",
             GpuBench::GemmBwd => "MxNxK (dout M x N, W N x K), e.g. 8192x2304x768",
-            GpuBench::Attention => "BxSxHxD (batch, sequence, heads, head dim 32, 64 or 128), e.g. 8x1024x12x64",
+            GpuBench::Attention => {
+                "BxSxHxD[xG] (batch, sequence, heads, head dim 32, 64 or 128, and key/value heads for \
+                 grouped-query attention; default H), e.g. 8x1024x12x64 or 1x8192x32x128x8"
+            }
             GpuBench::Layernorm => "RxC (rows, channels), e.g. 8192x768",
             GpuBench::Gelu => "N (elements), e.g. 25165824",
             GpuBench::Xent => "RxV (rows, vocabulary), e.g. 8192x50304",
@@ -264,12 +287,12 @@ impl GpuBench {
                 }
             }
             GpuBench::Attention => {
-                let (batch, seq, heads, head_dim) = (s[0], s[1], s[2], s[3]);
+                let AttentionShape { batch, seq, heads, kv_heads, head_dim } = attention_shape(s);
                 vec![
-                    Op::AttentionFwd { batch, seq, heads, kv_heads: heads, head_dim },
-                    Op::AttentionBwdDelta { batch, seq, heads, kv_heads: heads, head_dim },
-                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads: heads, head_dim },
-                    Op::AttentionBwdDq { batch, seq, heads, kv_heads: heads, head_dim },
+                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim },
+                    Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim },
+                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim },
+                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim },
                 ]
             }
             GpuBench::Layernorm => {
@@ -313,7 +336,7 @@ impl GpuBench {
 pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str>) -> Result<Vec<GpuRecord>> {
     let shapes = match shape {
         None => bench.shapes(),
-        Some(text) => vec![parse_shape(text, bench.shapes()[0].len(), bench.shape_form())?],
+        Some(text) => vec![bench_shape(bench, text)?],
     };
     let command = format!("bench {} --device {}", bench.name(), vendor.name());
     let gpu = open_gpu(vendor, &command)?;
@@ -328,7 +351,7 @@ pub fn run(bench: GpuBench, vendor: Vendor, min_seconds: f64, shape: Option<&str
         records.extend(match bench {
             GpuBench::Gemm => gemm(&b, &planned, s[0], s[1], s[2])?,
             GpuBench::GemmBwd => gemm_bwd(&b, &planned, s[0], s[1], s[2])?,
-            GpuBench::Attention => attention(&b, &planned, AttentionShape::new(s[0], s[1], s[2], s[3]))?,
+            GpuBench::Attention => attention(&b, &planned, attention_shape(s))?,
             GpuBench::Layernorm => layernorm(&b, &planned, s[0], s[1])?,
             GpuBench::Gelu => gelu(&b, &planned, s[0])?,
             GpuBench::Xent => xent(&b, &planned, s[0], s[1])?,
@@ -609,20 +632,19 @@ fn gemm_bwd(b: &Bench, planned: &[KernelLaunch], m: usize, n: usize, k: usize) -
 /// the forward's (FlashAttention's count: the backward's 5 products, recomputation not counted),
 /// the figure `make gpu-bench` sets beside PyTorch's forward + backward.
 fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Result<Vec<GpuRecord>> {
-    let AttentionShape { batch, seq, heads, head_dim, .. } = shape;
-    let (rows, width) = (seq * batch, heads * head_dim);
-    let (qkv, dout) = (bf16_values(3 * rows * width, 3), bf16_values(rows * width, 4));
+    let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+    let (rows, width, qkv_width) = (seq * batch, heads * head_dim, shape.qkv_width());
+    let (qkv, dout) = (bf16_values(rows * qkv_width, 3), bf16_values(rows * width, 4));
     let (d_qkv, d_out, d_lse) = (b.upload(&qkv)?, b.zeroed(2 * rows * width)?, b.zeroed(4 * rows * heads)?);
-    let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(6 * rows * width)?);
-    // Multi-head: kv_heads = heads.
-    let (pb, ps, ph) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?);
+    let (d_dout, d_delta, d_dqkv) = (b.upload(&dout)?, b.zeroed(4 * rows * heads)?, b.zeroed(2 * rows * qkv_width)?);
+    let (pb, ps, ph, pg) = (int("batch", batch)?, int("seq", seq)?, int("heads", heads)?, int("kv heads", kv_heads)?);
     // The head dim's kernels: one signature for the three (`Launch::retarget`).
-    let fwd = args::attention_fwd_bf16_d64(d_out.pointer(), d_lse.pointer(), d_qkv.pointer(), pb, ps, ph, ph);
+    let fwd = args::attention_fwd_bf16_d64(d_out.pointer(), d_lse.pointer(), d_qkv.pointer(), pb, ps, ph, pg);
     let (dout_at, out_at, pd) = (d_dout.pointer(), d_out.pointer(), int("head dim", head_dim)?);
-    let delta = args::attention_bwd_delta_bf16(d_delta.pointer(), dout_at, out_at, pb, ps, ph, ph, pd);
+    let delta = args::attention_bwd_delta_bf16(d_delta.pointer(), dout_at, out_at, pb, ps, ph, pg, pd);
     let [dqkv, qkv_at, lse, delta_at] = [&d_dqkv, &d_qkv, &d_lse, &d_delta].map(|d| d.pointer());
-    let dkv = args::attention_bwd_dkv_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, ph);
-    let dq = args::attention_bwd_dq_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, ph);
+    let dkv = args::attention_bwd_dkv_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, pg);
+    let dq = args::attention_bwd_dq_bf16_d64(dqkv, qkv_at, dout_at, lse, delta_at, pb, ps, ph, pg);
     b.launch(&planned[0], &fwd)?;
     b.launch(&planned[1], &delta)?;
     b.launch(&planned[2], &dkv)?;
@@ -631,7 +653,7 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
     if rows * seq * width <= CHECK_ELEMENTS {
         let dev = ReferenceDevice;
         let (mut out, mut lse, mut dqkv) =
-            (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; 3 * rows * width]);
+            (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; rows * qkv_width]);
         let wide_qkv = wide_bf16(&qkv);
         dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape);
         let gpu_out = b.bf16s(&d_out, rows * width)?;
@@ -648,13 +670,14 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
         }
         delta_check = Some(worst(&b.f32s(&d_delta, rows * heads)?, &want, Bound::F32));
         dev.attention_backward(&mut dqkv, &wide_dout, &wide_qkv, &gpu_out, &lse, shape);
-        bwd_check = Some(worst(&b.bf16s(&d_dqkv, 3 * rows * width)?, &dqkv, Bound::Bf16));
+        bwd_check = Some(worst(&b.bf16s(&d_dqkv, rows * qkv_width)?, &dqkv, Bound::Bf16));
     }
     let forward = attention_flops(batch, seq, heads, head_dim);
     let rows_heads_bytes = (2 * 2 * rows * width + 4 * rows * heads) as f64;
+    let groups = if kv_heads == heads { String::new() } else { format!(" g{kv_heads}") };
     let work =
         [Work::Flops(forward), Work::Bytes(rows_heads_bytes), Work::Flops(2.0 * forward), Work::Flops(1.5 * forward)];
-    let name = format!("b{batch} s{seq} h{heads} d{head_dim} causal");
+    let name = format!("b{batch} s{seq} h{heads}{groups} d{head_dim} causal");
     let passes = ["", " bwd delta", " bwd dkv", " bwd dq"];
     let checks = [fwd_check, delta_check, bwd_check, bwd_check];
     let mut records =
@@ -859,134 +882,4 @@ fn spot_check(a: &[Bf16], w: &[Bf16], out: &[f32], m: usize, n: usize, k: usize)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(peak: Option<f64>) -> GpuRecord {
-        GpuRecord {
-            bench: "gemm",
-            device_kind: "cuda",
-            shape: "4096x4096x4096 NT".into(),
-            dtype: "bf16",
-            device: "NVIDIA A100-SXM4-80GB".into(),
-            achieved: 156.0,
-            unit: "TFLOP/s",
-            peak,
-            ms: 0.881,
-            note: "gemm_fwd_bf16".into(),
-        }
-    }
-
-    #[test]
-    fn flops_follow_their_definitions() {
-        assert_eq!(gemm_flops(2, 3, 4), 48.0);
-        // 8 x 1024 x 12 x 64 causal: 4 · b · h · s² · d / 2.
-        assert_eq!(attention_flops(8, 1024, 12, 64), 4.0 * 8.0 * 12.0 * 1024.0 * 1024.0 * 64.0 / 2.0);
-    }
-
-    #[test]
-    fn records_report_the_fraction_of_peak_or_say_there_is_none() {
-        let r = record(Some(312.0));
-        assert_eq!(r.fraction(), Some(0.5));
-        let j = r.json();
-        assert!(
-            j.contains("\"peak\": 312.0") && j.contains("\"ratio\": 0.5000") && j.contains("\"unit\": \"TFLOP/s\""),
-            "{j}"
-        );
-        let table = format_records(&[r], false);
-        assert!(table.starts_with("device: NVIDIA A100-SXM4-80GB (peaks from the datasheet table)\n"), "{table}");
-        assert!(table.lines().nth(2).unwrap().contains("50.0%"), "{table}");
-        let unknown = record(None);
-        assert_eq!(unknown.fraction(), None);
-        assert!(unknown.json().contains("\"peak\": null, \"ratio\": null"), "{}", unknown.json());
-        let table = format_records(&[unknown], false);
-        assert!(table.contains("not in the peak table") && !table.contains('%'), "{table}");
-        assert_eq!(format_records(&[record(Some(1.0)), record(None)], true).lines().count(), 2);
-    }
-
-    /// Every shape of every sweep plans on an A100, an H100 (with the wgmma GEMM) and an MI250X
-    /// GCD: the launch geometry fits each device and the preconditions hold.
-    #[test]
-    fn every_sweep_shape_plans_on_an_a100_an_h100_and_an_mi250x() {
-        use crate::gpu::launch::DeviceLimits;
-        let mi250x = DeviceLimits { shared_bytes_optin: 64 * 1024, ..DeviceLimits::A100 };
-        let devices = [(Vendor::Cuda, "sm_80", DeviceLimits::A100), (Vendor::Cuda, "sm_90a", DeviceLimits::H100)];
-        for (vendor, arch, limits) in devices.into_iter().chain([(Vendor::Hip, "gfx90a", mi250x)]) {
-            for bench in GpuBench::ALL {
-                for shape in bench.shapes() {
-                    for op in bench.ops(&shape, wgmma(vendor, arch)) {
-                        plan(&op, vendor, &limits, 108).unwrap_or_else(|e| panic!("{bench:?} {shape:?}: {e}"));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Every kernel of the index is launched by the Device or a bench on each vendor that has it (sm_90a's: CUDA only).
-    #[test]
-    fn every_kernel_of_the_index_is_launched_by_the_device_or_a_bench() {
-        use crate::gpu::device::device_kernels;
-        use crate::gpu::kernels::KERNELS;
-        for (vendor, archs) in [(Vendor::Cuda, &["sm_80", "sm_90a"][..]), (Vendor::Hip, &["gfx90a"][..])] {
-            let mut launched = device_kernels(vendor == Vendor::Cuda);
-            for arch in archs {
-                for bench in GpuBench::ALL {
-                    launched.extend(bench.kernels(vendor, arch));
-                }
-            }
-            for k in KERNELS.iter().filter(|k| vendor.threads(k.kernel).is_some()) {
-                assert!(
-                    launched.contains(&k.kernel),
-                    "{} runs on {vendor:?} in neither the Device nor a bench",
-                    k.function
-                );
-            }
-            assert!(launched.iter().all(|&k| vendor.threads(k).is_some()), "{vendor:?} launches a kernel it lacks");
-        }
-        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_90a"), [Kernel::GemmFwdBf16Sm90]);
-        let bwd = |vendor, arch| GpuBench::GemmBwd.kernels(vendor, arch);
-        assert_eq!(bwd(Vendor::Cuda, "sm_90a"), [Kernel::GemmBwdInputBf16Bf16outSm90, Kernel::ColumnSumAddBf16]);
-        assert_eq!(bwd(Vendor::Hip, "gfx90a"), [Kernel::GemmBwdInputBf16Bf16out, Kernel::ColumnSumAddBf16]);
-        assert_eq!(GpuBench::Gemm.kernels(Vendor::Cuda, "sm_89"), [Kernel::GemmFwdBf16]);
-        assert_eq!(GpuBench::Gemm.kernels(Vendor::Hip, "gfx942"), [Kernel::GemmFwdBf16]);
-    }
-
-    #[test]
-    fn benches_are_named_as_the_command_line_names_them_and_shapes_parse() {
-        for b in GpuBench::ALL {
-            assert_eq!(GpuBench::parse(b.name()), Some(b));
-            let first = b.shapes()[0].iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x");
-            assert_eq!(parse_shape(&first, b.shapes()[0].len(), b.shape_form()).unwrap(), b.shapes()[0]);
-        }
-        assert_eq!(GpuBench::parse("step"), None);
-        let e = parse_shape("5x96x3", 2, GpuBench::Layernorm.shape_form()).unwrap_err().to_string();
-        assert!(e.contains("RxC (rows, channels)"), "{e}");
-    }
-
-    #[test]
-    fn outputs_are_bounded_by_the_bf16_rule_or_f32_roundings() {
-        assert_eq!(worst(&[1.0, 2.0], &[1.0, 2.0], Bound::F32), 0.0);
-        // bf16: 1e-2 + 0.079 |ref|.
-        assert!((worst(&[1.089], &[1.0], Bound::Bf16) - 1.0).abs() < 1e-6);
-        assert!(worst(&[1.1], &[1.0], Bound::Bf16) > 1.0);
-        // f32: 1e-4 of the largest value plus 1e-4 relative.
-        assert!(worst(&[100.0, 0.005], &[100.0, 0.0], Bound::F32) < 1.0);
-        assert!(worst(&[100.0, 0.02], &[100.0, 0.0], Bound::F32) > 1.0);
-    }
-
-    #[test]
-    fn the_spot_check_accepts_exact_products_and_rejects_wrong_ones() {
-        let (m, n, k) = (3, 2, 4);
-        let a = bf16_values(m * k, 5);
-        let w = bf16_values(n * k, 6);
-        let exact: Vec<f32> = (0..m * n)
-            .map(|e| {
-                let (i, j) = (e / n, e % n);
-                Bf16::from_f32((0..k).map(|p| a[i * k + p].to_f32() * w[j * k + p].to_f32()).sum()).to_f32()
-            })
-            .collect();
-        assert!(spot_check(&a, &w, &exact, m, n, k) <= 1.0);
-        let wrong: Vec<f32> = exact.iter().map(|x| x * 1.5 + 0.5).collect();
-        assert!(spot_check(&a, &w, &wrong, m, n, k) > 1.0);
-    }
-}
+mod tests;
