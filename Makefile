@@ -51,7 +51,7 @@ APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm
 # hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
 APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light gpu-calibrate slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light gpu-layouts gpu-mpi-bundle gpu-calibrate slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -159,6 +159,18 @@ gpu-bench:
 # Logs and summary.json in OUT (default runs/first-light/<date>). No build here, as gpu-bench.
 gpu-first-light:
 	tests/gpu/first-light.sh $(if $(OUT),--out $(OUT))
+
+# On one GPU: TP 2 x PP 2, TP 2 x DP 2 with ZeRO-1, 2-D TP 2 x 2 and a Llama TP 2 x DP 2 as 4 ranks
+# sharing it (--gpu-collectives mpi), each against the same run on the CPU (tests/gpu/layouts.sh;
+# its header lists the knobs). It needs the MPI build (target/release/trident) and an mpirun: on
+# a node without MPI, MPI_BUNDLE names the folder `make gpu-mpi-bundle` filled on the build
+# machine (Debian's Open MPI unpacked, about 20 MB; MPI_BUNDLE_DIR, default target/mpi-bundle).
+gpu-layouts:
+	tests/gpu/layouts.sh $(if $(OUT),--out $(OUT))
+
+MPI_BUNDLE_DIR ?= target/mpi-bundle
+gpu-mpi-bundle:
+	tests/gpu/mpi-bundle.sh $(MPI_BUNDLE_DIR)
 
 # On one GPU of the machine to plan for: the GEMM, attention and element-wise measurements
 # (PyTorch's and trident's) that `trident plan --calibrate OUT/torch.jsonl` (or trident.jsonl)

@@ -101,3 +101,37 @@ fn a_deadline_that_leaves_no_time_skips_every_step_and_says_so() {
     assert!(stderr(&bad).contains("--deadline takes whole seconds"), "{}", stderr(&bad));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `make gpu-layouts` (`tests/gpu/layouts.sh`) on the emulated GPU: TP 2 x PP 2 as 4 ranks sharing
+/// the one GPU (`--gpu-collectives mpi`) follows the same 4-rank run on the CPU, and the summary
+/// says so; a layout the script does not know is refused before anything runs. (Its other
+/// layouts are flags of the same loop; `tests/cuda_device.rs` trains each of them on emulation.)
+#[test]
+fn the_layouts_script_runs_four_ranks_on_the_emulated_gpu_beside_the_cpu() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("gpu-layouts");
+    let out = dir.join("out");
+    let layouts = |names: &str| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/layouts.sh");
+        let mut c = Command::new("bash");
+        c.arg(&script).arg("--out").arg(&out);
+        for (k, v) in &emu.env {
+            c.env(k, v);
+        }
+        c.env("TRIDENT_BIN", BIN).env("LAYOUTS", names).env("LAYOUTS_ITERS", "2");
+        let model = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 16 --micro-batch-size 1 \
+                     --global-batch-size 4 --lr 1e-3";
+        c.env("LAYOUTS_MODEL", model);
+        c.env("OMPI_MCA_mpi_yield_when_idle", "1").env_remove("MPI_BUNDLE").env_remove("LAYOUTS_LAUNCH");
+        c.output().expect("bash runs the script")
+    };
+    let o = layouts("tp2-pp2");
+    assert!(o.status.success(), "layouts failed:\n{}\n{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("layouts: tp2-pp2 follows the CPU (losses check: 2 iterations agree"), "{}", stdout(&o));
+    let summary = std::fs::read_to_string(out.join("summary.tsv")).unwrap();
+    assert_eq!(summary, "layout\tresult\twhy\ntp2-pp2\tpassed\t\n");
+    let bad = layouts("tp3");
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("unknown layout 'tp3'"), "{}", stderr(&bad));
+    let _ = std::fs::remove_dir_all(dir);
+}

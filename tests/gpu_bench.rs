@@ -399,12 +399,13 @@ fn the_pytorch_comparison_runs_on_the_cpu_and_says_why_it_cannot_run() {
     assert!(lines[1].starts_with("{\"bench\": \"skipped\", \"case\": \"*\", \"why\": \"PyTorch "), "{lines:?}");
 }
 
-/// The scripts (gpu-bench.sh, first-light.sh which runs it, plan-calibrate.sh, and node-defaults.sh they
-/// source) are clean under shellcheck
-/// (installed by `make test`; a skip when absent).
+/// The scripts (gpu-bench.sh, first-light.sh which runs it, plan-calibrate.sh, node-defaults.sh
+/// they source, layouts.sh and mpi-bundle.sh) are clean under shellcheck (installed by `make
+/// test`; a skip when absent).
 #[test]
 fn the_scripts_are_shellcheck_clean() {
-    for name in ["gpu-bench.sh", "first-light.sh", "node-defaults.sh", "plan-calibrate.sh"] {
+    let scripts = ["gpu-bench.sh", "first-light.sh", "node-defaults.sh", "plan-calibrate.sh", "layouts.sh", "mpi-bundle.sh"];
+    for name in scripts {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu").join(name);
         let Ok(o) = Command::new("shellcheck").arg(&script).output() else {
             return skip(
