@@ -148,6 +148,12 @@ fn end_after_gpu_comm_error(rt: &Runtime, e: Error) -> ExitCode {
 fn abort_after(rt: &Runtime, e: &Error) -> ExitCode {
     let line = format!("trident: error: rank {}: {e}\n", rt.world_rank);
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::thread::sleep(ABORT_GRACE);
     rt.abort(1)
 }
+
+/// How long a rank that met an error waits before ending the job: the surviving ranks time out
+/// on the same dead peer, but each from when it reached the collective, and on a loaded node
+/// (ranks sharing cores) one can reach it a second after another; 500 ms lost a rank's line
+/// when `make test` ran two test files at once.
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
