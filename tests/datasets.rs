@@ -82,25 +82,31 @@ fn samples_equal_megatron_cores() {
     let data = write_datasets(&dir);
     let python = python_with("megatron.core", "tests/datasets.rs does not compare samples with megatron-core's");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/datasets_compare.py");
+    let mut ours = Vec::new();
+    let mut theirs_args = Vec::new();
     for (n, (flags, spec)) in cases(&data).iter().enumerate() {
-        let ours = std::fs::read_to_string(dump(&dir, flags, &format!("ours{n}"))).unwrap();
-        let lines: Vec<&str> = ours.lines().collect();
-        let count = |split: &str| lines.iter().filter(|l| l.contains(&format!("\"split\": \"{split}\""))).count();
+        let text = std::fs::read_to_string(dump(&dir, flags, &format!("ours{n}"))).unwrap();
+        let count = |split: &str| text.lines().filter(|l| l.contains(&format!("\"split\": \"{split}\""))).count();
         // Every split the run reads is there, the validation split whole (an unweighted blend
         // offers at most one epoch of each dataset, here 69 validation samples) except the mock
         // data's, a third of 205 million tokens.
         let whole_valid = (69..2000).contains(&count("valid")) || (flags == "--mock-data" && count("valid") == 2000);
         assert!(count("train") == 2000 && whole_valid, "{flags}: {}", count("valid"));
-        let Some(py) = &python else { continue };
-        let theirs = dir.join(format!("theirs{n}.jsonl"));
         let surplus = if spec.contains("surplus") { String::new() } else { ", \"surplus\": 0.005".into() };
-        let spec = format!(
+        theirs_args.push(format!(
             "{{\"seed\": 77, \"seq_length\": 32, \"counts\": {COUNTS}, \"per_split_samples\": 2000, \"vocab\": 257, \
              \"eod\": 256{surplus}, {spec}}}"
-        );
-        let o = Command::new(py).arg(script).arg(&spec).arg(&theirs).output().unwrap();
-        assert!(o.status.success(), "megatron-core on {spec}: {}", stderr(&o));
-        let theirs = std::fs::read_to_string(&theirs).unwrap();
+        ));
+        theirs_args.push(dir.join(format!("theirs{n}.jsonl")).display().to_string());
+        ours.push((flags.clone(), text));
+    }
+    let Some(py) = &python else { return };
+    // One run for every case: megatron-core takes seconds to import.
+    let o = Command::new(py).arg(script).args(&theirs_args).output().unwrap();
+    assert!(o.status.success(), "megatron-core on {theirs_args:?}: {}", stderr(&o));
+    for (n, (flags, text)) in ours.iter().enumerate() {
+        let lines: Vec<&str> = text.lines().collect();
+        let theirs = std::fs::read_to_string(&theirs_args[2 * n + 1]).unwrap();
         let first_difference = lines.iter().zip(theirs.lines()).position(|(a, b)| *a != b);
         assert_eq!(first_difference, None, "{flags}: first different sample, line {first_difference:?}");
         assert_eq!(lines.len(), theirs.lines().count(), "{flags}: sample counts");

@@ -1,6 +1,7 @@
 """Builds the train/valid/test datasets with megatron-core's BlendedMegatronDatasetBuilder and
 GPTDataset (or MockGPTDataset) and writes their samples as `trident check data --dump` writes
-them, for tests/datasets.rs. Usage: datasets_compare.py SPEC_JSON OUT_JSONL, where SPEC has
+them, for tests/datasets.rs. Usage: datasets_compare.py SPEC_JSON OUT_JSONL [SPEC_JSON OUT_JSONL ...]
+(several pairs in one run: megatron-core takes seconds to import), where each SPEC has
 seed, seq_length, counts [train, valid, test], per_split_samples, vocab, eod, surplus, and one
 of: "data_path" (a list, with "split"), "per_split" ([list or null] x 3) or "mock": true."""
 import json
@@ -25,7 +26,14 @@ class Tokenizer:
 
 
 def main():
-    spec = json.loads(sys.argv[1])
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        sys.exit("usage: datasets_compare.py SPEC_JSON OUT_JSONL [SPEC_JSON OUT_JSONL ...]")
+    for spec, out in zip(args[::2], args[1::2]):
+        write_samples(json.loads(spec), out)
+
+
+def write_samples(spec, out_path):
     blend, per_split, split, mock = None, None, None, bool(spec.get("mock"))
     if "data_path" in spec:
         blend = get_blend_from_list(spec["data_path"])
@@ -47,7 +55,7 @@ def main():
     )
     cls = MockGPTDataset if mock else GPTDataset
     datasets = BlendedMegatronDatasetBuilder(cls, spec["counts"], lambda: True, config).build()
-    with open(sys.argv[2], "w") as out:
+    with open(out_path, "w") as out:
         for name, ds, count in zip(["train", "valid", "test"], datasets, spec["counts"]):
             # trident builds no dataset for a split nothing is asked of.
             if ds is None or count == 0:

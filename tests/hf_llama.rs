@@ -13,7 +13,7 @@
 mod common;
 use common::*;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use trident::checkpoint::convert::read_full;
 use trident::checkpoint::hf_files::{read_safetensors, write_safetensors};
@@ -198,10 +198,17 @@ fn transformers_python() -> Option<String> {
     python_with("torch, transformers", "the comparison with transformers' LlamaForCausalLM is not run")
 }
 
-fn python(py: &str, args: &[&str]) {
+/// Runs hf_llama_compare.py's `commands` in one process (torch and transformers take seconds to
+/// import).
+fn python(py: &str, commands: &[Vec<String>]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hf_llama_compare.py");
-    let o = Command::new(py).arg(script).args(args).output().expect("python runs");
+    let args = commands.join(&"--".to_string());
+    let o = Command::new(py).arg(script).args(&args).output().expect("python runs");
     assert!(o.status.success(), "hf_llama_compare.py {args:?}: {}", stderr(&o));
+}
+
+fn command(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
 }
 
 /// trident's logits for `tokens` ([len, padded vocabulary]) from the checkpoint in `ckpt`.
@@ -251,11 +258,16 @@ fn an_exported_llama_runs_the_same_in_transformers() {
     let Some(py) = transformers_python() else { return };
     let dir = scratch("hf-llama-transformers-export");
     let data = prepared_corpus(&dir);
+    let mut exported = Vec::new();
     for (name, preset, flags) in CASES {
         let ckpt = trained_for(&dir, &data, name, preset, 60, flags);
         let hf = dir.join(format!("{name}-hf")).display().to_string();
         ok(run(&["convert", "--load", &ckpt, "--save-hf", &hf]), "export");
-        let (worst, n) = compare_with_transformers(&py, &ckpt, &hf, &dir.join(format!("{name}-out")));
+        exported.push((name, ckpt, hf, dir.join(format!("{name}-out"))));
+    }
+    python(&py, &exported.iter().map(|(_, _, hf, out)| prompt_in_transformers(hf, out)).collect::<Vec<_>>());
+    for (name, ckpt, hf, out) in &exported {
+        let (worst, n) = compare_with_transformers(ckpt, hf, out);
         let _ = writeln!(
             std::io::stderr(),
             "exported '{name}' Llama: worst logit difference {worst:.2e} of the position's largest; {n} greedy tokens \
@@ -264,14 +276,23 @@ fn an_exported_llama_runs_the_same_in_transformers() {
     }
 }
 
-/// Runs the checkpoint `ckpt`, exported to `hf`, in transformers and here: the logits of a prompt
-/// (asserted within 1e-4) and its greedy continuation (asserted the same as `trident generate
-/// --temperature 0`'s). Returns the worst logit difference and the continuation's length.
-fn compare_with_transformers(py: &str, ckpt: &str, hf: &str, out: &Path) -> (f64, usize) {
-    let prompt = "ROMEO:\nBut soft, what light";
-    let tokens: Vec<u32> = prompt.bytes().map(u32::from).collect();
-    let n = 40;
-    python(py, &["logits", hf, &joined(&tokens), &n.to_string(), out.to_str().unwrap()]);
+const PROMPT: &str = "ROMEO:\nBut soft, what light";
+const CONTINUATION: usize = 40;
+
+/// The hf_llama_compare.py command that runs PROMPT and its greedy continuation in transformers
+/// on the checkpoint in `hf`, writing to `out` (.logits, .greedy).
+fn prompt_in_transformers(hf: &str, out: &Path) -> Vec<String> {
+    let tokens: Vec<u32> = PROMPT.bytes().map(u32::from).collect();
+    command(&["logits", hf, &joined(&tokens), &CONTINUATION.to_string(), out.to_str().unwrap()])
+}
+
+/// Runs the checkpoint `ckpt` here against what `prompt_in_transformers` wrote for its export
+/// `hf` to `out`: the logits of PROMPT (asserted within 1e-4) and its greedy continuation
+/// (asserted the same as `trident generate --temperature 0`'s). Returns the worst logit
+/// difference and the continuation's length.
+fn compare_with_transformers(ckpt: &str, hf: &str, out: &Path) -> (f64, usize) {
+    let tokens: Vec<u32> = PROMPT.bytes().map(u32::from).collect();
+    let n = CONTINUATION;
     let (ours, vocab) = trident_logits(ckpt, &tokens);
     let worst = assert_logits_close(hf, &ours, &read_f32(&out.with_extension("logits")), vocab);
     let greedy: Vec<u32> = std::fs::read_to_string(out.with_extension("greedy"))
@@ -280,9 +301,9 @@ fn compare_with_transformers(py: &str, ckpt: &str, hf: &str, out: &Path) -> (f64
         .map(|t| t.parse().unwrap())
         .collect();
     assert_eq!(greedy.len(), n);
-    let generate = ["generate", "--load", ckpt, "--prompt", prompt, "--max-new-tokens", &n.to_string()];
+    let generate = ["generate", "--load", ckpt, "--prompt", PROMPT, "--max-new-tokens", &n.to_string()];
     let o = ok(run(&[&generate[..], &["--temperature", "0"]].concat()), "generate");
-    let mut expected = prompt.as_bytes().to_vec();
+    let mut expected = PROMPT.as_bytes().to_vec();
     for &t in &greedy {
         match u8::try_from(t) {
             Ok(byte) => expected.push(byte),
@@ -303,17 +324,25 @@ fn a_transformers_llama_imports_with_its_logits() {
     let Some(py) = transformers_python() else { return };
     let dir = scratch("hf-llama-transformers-import");
     let tokens: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % 320).collect();
-    for case in ["gqa", "tied"] {
-        let hf = dir.join(case).display().to_string();
-        python(&py, &["make", &hf, case]);
-        let out = dir.join(format!("{case}-out"));
-        python(&py, &["logits", &hf, &joined(&tokens), "0", out.to_str().unwrap()]);
-        let ckpt = dir.join(format!("{case}-ckpt")).display().to_string();
+    let cases = ["gqa", "tied"];
+    let path = |name: String| dir.join(name).display().to_string();
+    let mut commands = Vec::new();
+    for case in cases {
+        let hf = path(case.to_string());
+        commands.push(command(&["make", &hf, case]));
+        commands.push(command(&["logits", &hf, &joined(&tokens), "0", &path(format!("{case}-out"))]));
+        commands.push(prompt_in_transformers(&hf, Path::new(&path(format!("{case}-prompt")))));
+    }
+    python(&py, &commands);
+    for case in cases {
+        let hf = path(case.to_string());
+        let ckpt = path(format!("{case}-ckpt"));
         ok(run(&["convert", "--load-hf", &hf, "--save", &ckpt]), "import");
         let (ours, vocab) = trident_logits(&ckpt, &tokens);
+        let out = PathBuf::from(path(format!("{case}-out")));
         let worst = assert_logits_close(case, &ours, &read_f32(&out.with_extension("logits")), vocab);
         // Random weights continue a prompt with varied tokens: a sharp test of the greedy path.
-        let (_, n) = compare_with_transformers(&py, &ckpt, &hf, &dir.join(format!("{case}-prompt")));
+        let (_, n) = compare_with_transformers(&ckpt, &hf, Path::new(&path(format!("{case}-prompt"))));
         let _ = writeln!(
             std::io::stderr(),
             "transformers' '{case}' Llama: worst logit difference {worst:.2e} of the position's largest; {n} greedy \

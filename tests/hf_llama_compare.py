@@ -15,6 +15,8 @@ otherwise.
       attention (4 heads, 2 key/value heads), untied output layer, no biases, Llama 3.1 rope
       scaling, base 500000. CASE "tied": tied output layer, biases on every projection, a head
       dimension other than hidden / heads, base 10000.
+
+Several commands go in one run, separated by `--` (torch and transformers take seconds to import).
 """
 
 import sys
@@ -69,11 +71,21 @@ def make(path, case):
     model.save_pretrained(path, safe_serialization=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "logits":
-        tokens = [int(t) for t in sys.argv[3].split(",")]
-        logits_and_greedy(sys.argv[2], tokens, int(sys.argv[4]), sys.argv[5])
-    elif sys.argv[1] == "make":
-        make(sys.argv[2], sys.argv[3])
+def run(command):
+    if len(command) == 5 and command[0] == "logits":
+        tokens = [int(t) for t in command[2].split(",")]
+        logits_and_greedy(command[1], tokens, int(command[3]), command[4])
+    elif len(command) == 3 and command[0] == "make":
+        make(command[1], command[2])
     else:
         raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    command = []
+    for arg in sys.argv[1:] + ["--"]:
+        if arg == "--":
+            run(command)
+            command = []
+        else:
+            command.append(arg)

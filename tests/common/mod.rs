@@ -326,6 +326,9 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
 /// The Python that imports `modules` (e.g. "torch, transformers"): `TORCH_PYTHON`, else the venv
 /// `.ci/run` makes (~/.cache/trident-torch-2.15.0), else the GPU nodes' /opt/torch/.venv, else
 /// python3, the first that exists. None, said loudly with `what_skips`, when it cannot.
+///
+/// The modules are found, not imported: megatron-core takes 5 s to import and torch 2 s, and the
+/// scripts that use them import them anyway, so a broken install fails there, naming itself.
 pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
     let home = std::env::var("HOME").unwrap_or_default();
     let venvs = [format!("{home}/.cache/trident-torch-2.15.0/bin/python"), "/opt/torch/.venv/bin/python".into()];
@@ -333,7 +336,7 @@ pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
         .ok()
         .or_else(|| venvs.into_iter().find(|v| Path::new(v).is_file()))
         .unwrap_or_else(|| "python3".into());
-    let ok = Command::new(&py).args(["-c", &format!("import {modules}")]).output().is_ok_and(|o| o.status.success());
+    let ok = Command::new(&py).args(["-c", FIND_MODULES, modules]).output().is_ok_and(|o| o.status.success());
     if !ok {
         skip(
             &format!("{py} cannot import {modules}: {what_skips}"),
@@ -342,6 +345,15 @@ pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
     }
     ok.then_some(py)
 }
+
+/// Exits 0 when every module of the comma-separated list in argv[1] is installed.
+const FIND_MODULES: &str = "import importlib.util, sys
+def found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+sys.exit(0 if all(found(m.strip()) for m in sys.argv[1].split(',')) else 1)";
 
 /// Asserts that an mpirun job failed, with exactly one trident error line naming `needles`.
 pub fn assert_one_error(o: &Output, needles: &[&str]) {
