@@ -3,7 +3,10 @@
 //! keyed by a hash of (source, headers, architecture, compiler and its version, options), so a
 //! second run loads the CUBIN (or the AMD code object, `.co`) instead of compiling it. Entries are written to a temporary file and renamed (a crash
 //! never leaves a half-written entry under the real name) and carry their length and an FNV-1a
-//! checksum; an entry that fails either check is compiled again and replaced.
+//! checksum; an entry that fails either check is compiled again and replaced. A process that
+//! misses compiles under the entry's lock file (`<entry>.lock`, `flock`), and one that finds the
+//! lock held waits and then reads what the holder stored: the ranks of a job that start together
+//! on a cold cache compile each module once, not once per rank (about 9 s of NVRTC each).
 //!
 //! Entry layout (little-endian): magic `TRIDENTK`, format version u32, image kind u32 (0 CUBIN,
 //! 1 PTX, 2 AMD code object), key u64, payload length u64, payload FNV-1a u64, payload.
@@ -257,6 +260,12 @@ impl ModuleCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(path, "read the kernel cache entry", e)),
         }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "create the kernel cache directory", e))?;
+        let _lock = EntryLock::acquire(&path.with_extension("lock"));
+        // Whoever held the lock may have stored the entry meanwhile.
+        if let Ok(payload) = std::fs::read(path).map_err(|_| String::new()).and_then(|b| decode(&b, kind, key)) {
+            return Ok((payload, Outcome::Hit));
+        }
         let bytes = build()?;
         self.store(path, &encode(kind, key, &bytes))?;
         Ok((bytes, outcome))
@@ -281,6 +290,38 @@ impl ModuleCache {
             let _ = std::fs::remove_file(&tmp);
             Error::io(path, "rename the kernel cache entry into place", e)
         })
+    }
+}
+
+/// An exclusive `flock` on a cache entry's lock file, held while the entry is compiled and
+/// released when dropped (or when the process ends, however it ends). Where the file system
+/// cannot lock (some network file systems) or the wait passes `LOCK_WAIT`, there is no lock and
+/// the caller compiles anyway, as every process did before: a lock only saves work.
+struct EntryLock {
+    _file: Option<std::fs::File>,
+}
+
+/// The longest a process waits for another's compile before doing its own.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl EntryLock {
+    fn acquire(path: &Path) -> EntryLock {
+        use std::os::fd::AsRawFd;
+        let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path) else {
+            return EntryLock { _file: None };
+        };
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: flock on a descriptor this File owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return EntryLock { _file: Some(file) };
+            }
+            let held = std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+            if !held || start.elapsed() > LOCK_WAIT {
+                return EntryLock { _file: None };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 
@@ -328,6 +369,39 @@ mod tests {
         let mut magic = e;
         magic[0] = b'X';
         assert!(decode(&magic, KIND_CUBIN, 42).unwrap_err().contains("magic"));
+    }
+
+    #[test]
+    fn a_miss_waits_for_the_compile_under_way_and_reads_its_entry() {
+        let root = std::env::temp_dir().join(format!("trident-cache-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let cache = ModuleCache::new(&root);
+        std::fs::create_dir_all(cache.dir()).unwrap();
+        let path = cache.entry_path("gelu", "sm_80", 7);
+        // Another "rank" is compiling: it holds the entry's lock, then stores the entry.
+        let held = EntryLock::acquire(&path.with_extension("lock"));
+        assert!(held._file.is_some(), "flock on {}", path.display());
+        let compiled = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                cache.get_or_build(&path, KIND_CUBIN, 7, || {
+                    compiled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(b"compiled again".to_vec())
+                })
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            cache.store(&path, &encode(KIND_CUBIN, 7, b"the holder's")).unwrap();
+            drop(held);
+            let (bytes, outcome) = waiter.join().unwrap().unwrap();
+            assert_eq!((bytes.as_slice(), outcome), (&b"the holder's"[..], Outcome::Hit));
+        });
+        assert_eq!(compiled.load(std::sync::atomic::Ordering::SeqCst), 0, "the waiter compiled too");
+        // With nobody holding it, a miss compiles and stores.
+        let other = cache.entry_path("gelu", "sm_90", 8);
+        let (bytes, outcome) = cache.get_or_build(&other, KIND_CUBIN, 8, || Ok(b"fresh".to_vec())).unwrap();
+        assert_eq!((bytes.as_slice(), outcome), (&b"fresh"[..], Outcome::Compiled));
+        assert_eq!(decode(&std::fs::read(&other).unwrap(), KIND_CUBIN, 8).unwrap(), b"fresh");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
