@@ -33,41 +33,7 @@ pub fn mpirun_command(ranks: usize, args: &[&str]) -> Command {
     if std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none() {
         c.env("OMPI_MCA_mpi_yield_when_idle", "1");
     }
-    // ... and sleep when they yield, so that the rank they wait for gets the core (yield_sleeps.c).
-    if let Some(lib) = yield_sleeps() {
-        let preload = match std::env::var("LD_PRELOAD") {
-            Ok(more) if !more.is_empty() => format!("{}:{more}", lib.display()),
-            _ => lib.display().to_string(),
-        };
-        c.env("LD_PRELOAD", preload);
-    }
     c
-}
-
-/// yield_sleeps.c built as a library to preload, once per content, into `CARGO_TARGET_TMPDIR`;
-/// None (said once) where `cc` cannot build it: the ranks then yield as Open MPI has them.
-fn yield_sleeps() -> Option<&'static Path> {
-    static LIB: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    let build = || {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/yield_sleeps.c");
-        let text = std::fs::read(&source).expect("tests/common/yield_sleeps.c");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let lib = dir.join(format!("yield-sleeps-{:016x}.so", trident::rng::fnv1a64(&text)));
-        if lib.is_file() {
-            return Some(lib);
-        }
-        let _ = std::fs::create_dir_all(&dir);
-        let building = dir.join(format!("yield-sleeps.{}", std::process::id()));
-        let o = Command::new("cc").args(["-O2", "-shared", "-fPIC", "-o"]).arg(&building).arg(&source).output();
-        match o {
-            Ok(o) if o.status.success() => std::fs::rename(&building, &lib).ok().map(|_| lib),
-            other => {
-                eprintln!("tests: cc did not build {} ({other:?}); mpirun's ranks yield unchanged", source.display());
-                None
-            }
-        }
-    };
-    LIB.get_or_init(build).as_deref()
 }
 
 /// NVRTC's and NCCL's files in `make gpu-test-libs`'s pip wheels: (the variable that names one,
