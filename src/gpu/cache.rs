@@ -4,9 +4,9 @@
 //! second run loads the CUBIN (or the AMD code object, `.co`) instead of compiling it. Entries are written to a temporary file and renamed (a crash
 //! never leaves a half-written entry under the real name) and carry their length and an FNV-1a
 //! checksum; an entry that fails either check is compiled again and replaced. A process that
-//! misses compiles under the entry's lock file (`<entry>.lock`, `flock`), and one that finds the
-//! lock held waits and then reads what the holder stored: the ranks of a job that start together
-//! on a cold cache compile each module once, not once per rank (about 9 s of NVRTC each).
+//! misses compiles under a lock on the cache's root (`flock`; no file is added), and one that
+//! finds the lock held waits and then reads what the holder stored: the ranks of a job that start
+//! together on a cold cache compile each module once, not once per rank (about 9 s of NVRTC each).
 //!
 //! Entry layout (little-endian): magic `TRIDENTK`, format version u32, image kind u32 (0 CUBIN,
 //! 1 PTX, 2 AMD code object), key u64, payload length u64, payload FNV-1a u64, payload.
@@ -260,8 +260,11 @@ impl ModuleCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(path, "read the kernel cache entry", e)),
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, "create the kernel cache directory", e))?;
-        let _lock = EntryLock::acquire(&path.with_extension("lock"));
+        // The lock is on the cache's root, which holds `kernels/` (created only when an entry is
+        // stored, so a failed compile leaves no folder).
+        let root = self.dir.parent().unwrap_or(&self.dir);
+        std::fs::create_dir_all(root).map_err(|e| Error::io(root, "create the kernel cache directory", e))?;
+        let _lock = CompileLock::acquire(root);
         // Whoever held the lock may have stored the entry meanwhile.
         if let Ok(payload) = std::fs::read(path).map_err(|_| String::new()).and_then(|b| decode(&b, kind, key)) {
             return Ok((payload, Outcome::Hit));
@@ -293,32 +296,32 @@ impl ModuleCache {
     }
 }
 
-/// An exclusive `flock` on a cache entry's lock file, held while the entry is compiled and
+/// An exclusive `flock` on the cache's root directory, held while a missing entry is compiled and
 /// released when dropped (or when the process ends, however it ends). Where the file system
 /// cannot lock (some network file systems) or the wait passes `LOCK_WAIT`, there is no lock and
-/// the caller compiles anyway, as every process did before: a lock only saves work.
-struct EntryLock {
-    _file: Option<std::fs::File>,
+/// the caller compiles anyway, as every process did before: the lock only saves work.
+struct CompileLock {
+    _dir: Option<std::fs::File>,
 }
 
 /// The longest a process waits for another's compile before doing its own.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
-impl EntryLock {
-    fn acquire(path: &Path) -> EntryLock {
+impl CompileLock {
+    fn acquire(dir: &Path) -> CompileLock {
         use std::os::fd::AsRawFd;
-        let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path) else {
-            return EntryLock { _file: None };
+        let Ok(file) = std::fs::File::open(dir) else {
+            return CompileLock { _dir: None };
         };
         let start = std::time::Instant::now();
         loop {
             // SAFETY: flock on a descriptor this File owns.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return EntryLock { _file: Some(file) };
+                return CompileLock { _dir: Some(file) };
             }
             let held = std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
             if !held || start.elapsed() > LOCK_WAIT {
-                return EntryLock { _file: None };
+                return CompileLock { _dir: None };
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -378,9 +381,9 @@ mod tests {
         let cache = ModuleCache::new(&root);
         std::fs::create_dir_all(cache.dir()).unwrap();
         let path = cache.entry_path("gelu", "sm_80", 7);
-        // Another "rank" is compiling: it holds the entry's lock, then stores the entry.
-        let held = EntryLock::acquire(&path.with_extension("lock"));
-        assert!(held._file.is_some(), "flock on {}", path.display());
+        // Another "rank" is compiling: it holds the lock, then stores the entry.
+        let held = CompileLock::acquire(&root);
+        assert!(held._dir.is_some(), "flock on {}", root.display());
         let compiled = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {
@@ -401,6 +404,7 @@ mod tests {
         let (bytes, outcome) = cache.get_or_build(&other, KIND_CUBIN, 8, || Ok(b"fresh".to_vec())).unwrap();
         assert_eq!((bytes.as_slice(), outcome), (&b"fresh"[..], Outcome::Compiled));
         assert_eq!(decode(&std::fs::read(&other).unwrap(), KIND_CUBIN, 8).unwrap(), b"fresh");
+        assert_eq!(std::fs::read_dir(cache.dir()).unwrap().count(), 2, "the entries, and no other file");
         let _ = std::fs::remove_dir_all(&root);
     }
 
