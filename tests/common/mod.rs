@@ -339,7 +339,7 @@ pub fn python_with(modules: &str, what_skips: &str) -> Option<String> {
     let ok = Command::new(&py).args(["-c", FIND_MODULES, modules]).output().is_ok_and(|o| o.status.success());
     if !ok {
         skip(
-            &format!("{py} cannot import {modules}: {what_skips}"),
+            &format!("{py} does not have {modules}: {what_skips}"),
             "`.ci/run` installs them into ~/.cache/trident-torch-2.15.0; TORCH_PYTHON names another Python",
         );
     }
