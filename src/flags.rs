@@ -174,7 +174,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     flag("--save", "DIR", "checkpoint directory to write"),
     flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
-    flag("--load", "DIR", "checkpoint directory to resume from"),
+    flag("--load", "DIR", "checkpoint directory to resume from (none there yet: start from scratch, as Megatron does)"),
     flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
     switch(
         "--exit-signal-handler",

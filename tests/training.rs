@@ -36,9 +36,15 @@ fn same_seed_same_curve_and_resume_is_bit_exact() {
     assert_ne!(logged_losses(Path::new(&c)), la);
 
     // Stop at iteration 6 with a checkpoint, resume to 12: iterations 7..12 match bit for bit.
+    // Both runs pass `--save X --load X`, as a requeued Megatron job script does: the first finds
+    // no checkpoint in X yet and starts from scratch, saying so.
     let (ckpt, r1) = (j("ckpt"), j("r1.jsonl"));
-    let o = train(&data, "12", &["--save", &ckpt, "--exit-interval", "6", "--log-json", &r1]);
+    let o = train(&data, "12", &["--save", &ckpt, "--load", &ckpt, "--exit-interval", "6", "--log-json", &r1]);
     assert!(stdout(&o).contains("exiting program at iteration 6"));
+    let scratch_line = format!(
+        " --load {ckpt}: no latest_checkpointed_iteration.txt there, so no checkpoint yet: starting from scratch"
+    );
+    assert_eq!(stdout(&o).lines().filter(|l| l.starts_with(&scratch_line)).count(), 1, "{}", stdout(&o));
     assert_eq!(std::fs::read_to_string(dir.join("ckpt/latest_checkpointed_iteration.txt")).unwrap().trim(), "6");
     train(&data, "12", &["--load", &ckpt, "--save", &ckpt, "--log-json", &r1]);
     let resumed = logged_losses(Path::new(&r1));

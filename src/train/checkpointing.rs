@@ -123,6 +123,21 @@ pub(super) fn save_checkpoint<D: Device>(
     Ok(())
 }
 
+/// Whether `--load dir` has a checkpoint to resume from. A job script passes `--save X --load X`
+/// so that a requeued job resumes; on its first run X holds no tracker file yet, and the run
+/// starts from scratch, saying so (rank 0, `say`), as Megatron-LM does.
+pub(super) fn resumes_from(dir: &Path, say: bool) -> bool {
+    let found = dir.join(checkpoint::TRACKER).exists();
+    if !found && say {
+        println!(
+            " --load {}: no {} there, so no checkpoint yet: starting from scratch (as Megatron-LM does)",
+            dir.display(),
+            checkpoint::TRACKER
+        );
+    }
+    found
+}
+
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
 pub(super) fn load_checkpoint<D: Device>(
     dir: &Path,

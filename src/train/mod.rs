@@ -72,11 +72,12 @@ pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
 }
 
 /// Rank 0's `--log-json` and `--tensorboard-dir` files (`say`); the other ranks open none.
-fn open_logs(cfg: &TrainConfig, say: bool) -> Result<(Option<JsonLog>, Option<EventWriter>)> {
+/// `--log-json` appends when the run resumes from a checkpoint.
+fn open_logs(cfg: &TrainConfig, say: bool, resumes: bool) -> Result<(Option<JsonLog>, Option<EventWriter>)> {
     if !say {
         return Ok((None, None));
     }
-    let json = cfg.log_json.as_ref().map(|path| JsonLog::open(path, cfg.load.is_some())).transpose()?;
+    let json = cfg.log_json.as_ref().map(|path| JsonLog::open(path, resumes)).transpose()?;
     let tensorboard = cfg.tensorboard_dir.as_ref().map(|dir| EventWriter::create(dir)).transpose()?;
     Ok((json, tensorboard))
 }
@@ -103,11 +104,12 @@ fn run_on<D: Device>(
         setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
     report::parameters(&setup, &chunks, &data);
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
-    if let Some(dir) = &cfg.load {
+    let resume_from = cfg.load.as_deref().filter(|dir| checkpointing::resumes_from(dir, setup.say));
+    if let Some(dir) = resume_from {
         progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
     }
-    let (json, tensorboard) =
-        setup::agree(open_logs(cfg, setup.say), &setup.groups, "could not open their logs", true)?;
+    let logs = open_logs(cfg, setup.say, resume_from.is_some());
+    let (json, tensorboard) = setup::agree(logs, &setup.groups, "could not open their logs", true)?;
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
     let tl = Timeline::new(cfg.timing_trace.is_some());
