@@ -66,6 +66,19 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     switch("--log-throughput", "no effect: the log line always shows TFLOP/s and MFU"),
     switch("--log-timers-to-tensorboard", "no effect: iteration-time and throughput always go to TensorBoard"),
     switch("--log-validation-ppl-to-tensorboard", "no effect: validation perplexity always goes to TensorBoard"),
+    switch("--manual-gc", "no effect: it schedules Python's garbage collector; trident has none"),
+    flag("--manual-gc-interval", "N", "no effect: it schedules Python's garbage collector; trident has none"),
+    switch("--no-manual-gc-eval", "no effect: it schedules Python's garbage collector; trident has none"),
+    flag(
+        "--empty-unused-memory-level",
+        "N",
+        "no effect: it empties PyTorch's caching allocator, which trident does not use",
+    ),
+    switch(
+        "--no-create-attention-mask-in-dataloader",
+        "no effect: the attention is causal by construction; no mask is ever built",
+    ),
+    switch("--no-mmap-bin-files", "no effect: the .bin files are always memory-mapped; the samples are the same"),
     switch(
         "--log-memory-to-tensorboard",
         "no effect: the peak resident memory (mem-max-rss-bytes) always goes to TensorBoard",

@@ -143,6 +143,13 @@ fn megatron_script_flags_run_unchanged() {
         &["--ckpt-format", "torch"],
         &["--log-throughput"],
         &["--log-timers-to-tensorboard"],
+        // Llama 3 8B's script (examples/llama): Python's garbage collector and PyTorch's allocator.
+        &["--manual-gc"],
+        &["--manual-gc-interval", "100"],
+        &["--no-manual-gc-eval"],
+        &["--empty-unused-memory-level", "0"],
+        &["--no-create-attention-mask-in-dataloader"],
+        &["--no-mmap-bin-files"],
     ];
     let json = |name: &str| dir.join(format!("{name}.jsonl"));
     let plain = train(&data, "3", &["--log-json", json("plain").to_str().unwrap()]);
