@@ -848,9 +848,12 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     if args.has("--overlap-param-gather") {
         return Err(Error::Unsupported(
             "--overlap-param-gather: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next \
-             forward; drop the flag"
+             forward (overlapping it is issue 53); drop the flag"
                 .into(),
         ));
+    }
+    if let Some(cp) = args.usize("--context-parallel-size")?.filter(|&cp| cp != 1) {
+        return Err(Error::flag("--context-parallel-size", cp, "1: context parallelism is not built yet (issue 52)"));
     }
     if let Some(kind) = args.str("--dataloader-type").filter(|k| *k != "single") {
         return Err(Error::flag("--dataloader-type", kind, "single (Megatron's default order; cyclic is not built)"));

@@ -251,6 +251,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     switch("--recompute-activations", "Megatron's name for --recompute-granularity selective"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
+    flag("--context-parallel-size", "N", "1 only: context parallelism (the sequence split across ranks) is not built"),
     switch("--overlap-param-gather", "not built yet: ZeRO-1's weight all-gather runs after the optimizer step"),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),

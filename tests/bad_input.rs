@@ -143,6 +143,17 @@ fn unknown_and_malformed_flags_are_named() {
     );
 }
 
+/// Megatron's `--context-parallel-size 1` (every script passes it) trains; more is refused,
+/// naming what is missing.
+#[test]
+fn context_parallel_size_one_trains_and_more_is_refused() {
+    let dir = scratch("context-parallel");
+    let p = good_dataset(&dir, "d");
+    let o = train_on(&p, &["--context-parallel-size", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean_error(&train_on(&p, &["--context-parallel-size", "2"]), &["--context-parallel-size", "not built"]);
+}
+
 #[test]
 fn load_from_a_directory_that_is_not_a_checkpoint() {
     let dir = scratch("noload");
