@@ -401,6 +401,28 @@ fn impossible_layouts_fail_once_on_every_rank() {
     );
 }
 
+/// `--load ckpt` that one rank sees with a checkpoint and another without (a directory local to
+/// each node; here each rank's own working directory): every rank stops with the count, instead
+/// of one resuming while the other starts from scratch.
+#[test]
+fn ranks_that_disagree_on_the_checkpoint_to_load_all_stop() {
+    let dir = scratch("load-disagree");
+    let data = prepared_corpus(&dir);
+    let (with, without) = (dir.join("node0"), dir.join("node1"));
+    std::fs::create_dir_all(with.join("ckpt")).unwrap();
+    std::fs::create_dir_all(&without).unwrap();
+    std::fs::write(with.join("ckpt/latest_checkpointed_iteration.txt"), "2\n").unwrap();
+    let mut args = vec!["train", "--data-path", data.as_str(), "--train-iters", "3", "--load", "ckpt"];
+    args.extend_from_slice(SMALL);
+    args.extend_from_slice(&["--tensor-model-parallel-size", "2"]);
+    // One application context per rank, each in its own working directory.
+    let mut c = std::process::Command::new("mpirun");
+    c.args(["--oversubscribe", "--allow-run-as-root", "-np", "1", "-wdir", with.to_str().unwrap(), BIN]).args(&args);
+    c.args([":", "-np", "1", "-wdir", without.to_str().unwrap(), BIN]).args(&args);
+    let o = c.env("OMPI_MCA_mpi_yield_when_idle", "1").output().expect("mpirun runs");
+    assert_one_error(&o, &["--load ckpt: 1 of 2 ranks find a checkpoint there"]);
+}
+
 #[test]
 fn a_killed_rank_ends_the_job() {
     let dir = scratch("kill");

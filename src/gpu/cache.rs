@@ -266,7 +266,7 @@ impl ModuleCache {
         std::fs::create_dir_all(root).map_err(|e| Error::io(root, "create the kernel cache directory", e))?;
         let _lock = CompileLock::acquire(root);
         // Whoever held the lock may have stored the entry meanwhile.
-        if let Ok(payload) = std::fs::read(path).map_err(|_| String::new()).and_then(|b| decode(&b, kind, key)) {
+        if let Some(payload) = std::fs::read(path).ok().and_then(|b| decode(&b, kind, key).ok()) {
             return Ok((payload, Outcome::Hit));
         }
         let bytes = build()?;

@@ -7,6 +7,7 @@ use super::chunk::{Chunk, Optimizer};
 use crate::checkpoint::shape::{model_from_shard, model_meta};
 use std::collections::BTreeMap;
 use crate::checkpoint::{self, SavedTensor, Shard};
+use crate::comm::ReduceOp;
 use crate::config::TrainConfig;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -123,19 +124,34 @@ pub(super) fn save_checkpoint<D: Device>(
     Ok(())
 }
 
-/// Whether `--load dir` has a checkpoint to resume from. A job script passes `--save X --load X`
-/// so that a requeued job resumes; on its first run X holds no tracker file yet, and the run
-/// starts from scratch, saying so (rank 0, `say`), as Megatron-LM does.
-pub(super) fn resumes_from(dir: &Path, say: bool) -> bool {
-    let found = dir.join(checkpoint::TRACKER).exists();
-    if !found && say {
+/// The directory to resume from: `--load dir` when it holds a checkpoint (its tracker file). A
+/// job script passes `--save X --load X` so that a requeued job resumes; on its first run X holds
+/// no checkpoint yet, and the run starts from scratch, saying so (rank 0, `say`), as Megatron-LM
+/// does. The ranks agree first: where some see a checkpoint there and others do not (a directory
+/// local to each node), every rank stops, rather than some resuming while others start over.
+pub(super) fn to_resume_from<'a>(load: Option<&'a Path>, groups: &Groups, say: bool) -> Result<Option<&'a Path>> {
+    let Some(dir) = load else { return Ok(None) };
+    let mut found = [f64::from(u8::from(dir.join(checkpoint::TRACKER).exists()))];
+    groups.world.all_reduce(&mut found, ReduceOp::Sum);
+    let ranks = groups.world.size();
+    if found[0] as usize == ranks {
+        return Ok(Some(dir));
+    }
+    if found[0] > 0.0 {
+        return Err(Error::Config(format!(
+            "--load {}: {} of {ranks} ranks find a checkpoint there; every rank must see the same directory",
+            dir.display(),
+            found[0]
+        )));
+    }
+    if say {
         println!(
             " --load {}: no {} there, so no checkpoint yet: starting from scratch (as Megatron-LM does)",
             dir.display(),
             checkpoint::TRACKER
         );
     }
-    found
+    Ok(None)
 }
 
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.

@@ -104,7 +104,7 @@ fn run_on<D: Device>(
         setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
     report::parameters(&setup, &chunks, &data);
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
-    let resume_from = cfg.load.as_deref().filter(|dir| checkpointing::resumes_from(dir, setup.say));
+    let resume_from = checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say)?;
     if let Some(dir) = resume_from {
         progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
     }
