@@ -1,6 +1,6 @@
 //! Every subcommand's flags in one index: the tables `trident <command> --help` prints and
 //! `cli::parse` checks a command line against, Megatron's names wherever Megatron has the flag.
-//! The parsers that read them live with their commands (`config.rs` for `train`, `plan/request.rs`
+//! The parsers that read them live with their commands (`config/` for `train`, `plan/request.rs`
 //! for `plan`, `cmd/` for the rest).
 
 use crate::cli::{flag, join, many, switch, FlagSpec};

@@ -4,7 +4,7 @@
 //! `rope.cu`'s `rope_fwd_bf16` / `rope_bwd_bf16` (f32 table), on CUDA and on HIP (one source
 //! each in `kernels/`, the same names, arguments and grids). What has no kernel (f32
 //! activations) abandons the op with `device::unbuilt`'s error (`error::fail`: the command ends
-//! with it); `train` refuses such a run before any work (`config.rs`).
+//! with it); `train` refuses such a run before any work (`config/`).
 
 use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice};

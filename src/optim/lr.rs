@@ -3,7 +3,7 @@
 //! constant, linear, cosine, inverse-square-root or WSD (warmup-stable-decay) decay to `--min-lr`
 //! over the decay span, `--min-lr` after it; weight decay from `--start-weight-decay` to
 //! `--end-weight-decay` (constant, linear or cosine) over the run. Iteration-based flags are
-//! turned into samples by the global batch size (`config.rs`), so the rate an iteration uses is
+//! turned into samples by the global batch size (`config/schedule.rs`), so the rate an iteration uses is
 //! a function of the samples consumed before it, as in Megatron.
 
 use crate::error::{Error, Result};
