@@ -66,6 +66,15 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     switch("--log-throughput", "no effect: the log line always shows TFLOP/s and MFU"),
     switch("--log-timers-to-tensorboard", "no effect: iteration-time and throughput always go to TensorBoard"),
     switch("--log-validation-ppl-to-tensorboard", "no effect: validation perplexity always goes to TensorBoard"),
+    switch(
+        "--cross-entropy-loss-fusion",
+        "no effect: trident's vocab-parallel cross-entropy is always its own fused kernels, the gradient written over the logits",
+    ),
+    flag(
+        "--cross-entropy-fusion-impl",
+        "KIND",
+        "no effect: native or te picks a PyTorch implementation; trident's cross-entropy kernels are its own",
+    ),
     switch("--manual-gc", "no effect: it schedules Python's garbage collector; trident has none"),
     flag("--manual-gc-interval", "N", "no effect: it schedules Python's garbage collector; trident has none"),
     switch("--no-manual-gc-eval", "no effect: it schedules Python's garbage collector; trident has none"),
@@ -165,7 +174,10 @@ const TRAIN_REST: &[FlagSpec] = &[
         "a JSON object {\"train\": LIST, \"valid\": LIST, \"test\": LIST} of the per-split lists",
     ),
     flag("--data-cache-path", "DIR", "keep the datasets' built indexes here (.npy) and reuse them on the next run"),
-    switch("--mock-data", "Megatron's mock data (100,000 generated sequences, split 1,1,1) instead of a dataset"),
+    switch(
+        "--mock-data",
+        "Megatron's mock data (100,000 generated sequences, split 1,1,1 whatever --split says, as in Megatron) instead of a dataset",
+    ),
     flag(
         "--mid-level-dataset-surplus",
         "F",
@@ -209,11 +221,6 @@ const TRAIN_REST: &[FlagSpec] = &[
         "LIB",
         "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
     ),
-    flag(
-        "--vocab-size",
-        "V",
-        "vocabulary size before padding (default 257, the byte tokenizer's; larger to continue a GPT-2)",
-    ),
     flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
     flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
@@ -252,7 +259,18 @@ const TRAIN_REST: &[FlagSpec] = &[
     switch("--recompute-activations", "Megatron's name for --recompute-granularity selective"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
     flag("--context-parallel-size", "N", "1 only: context parallelism (the sequence split across ranks) is not built"),
-    switch("--overlap-param-gather", "not built yet: ZeRO-1's weight all-gather runs after the optimizer step"),
+    switch(
+        "--overlap-param-gather",
+        "not built yet: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next forward (issue 53)",
+    ),
+    switch(
+        "--grad-reduce-in-bf16",
+        "not built yet: gradients are summed over data-parallel ranks in f32 (bf16 buckets are issue 53)",
+    ),
+    switch(
+        "--calculate-per-token-loss",
+        "the loss is the mean over the global batch's tokens, as trident's always is (no token is masked)",
+    ),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
     switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),
@@ -350,7 +368,16 @@ const PLAN_REST: &[FlagSpec] = &[
 /// Megatron's tokenizer flags, shared by `prepare`, `train` and `generate`
 /// (`data::tokenizer_files::from_args` reads them).
 pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
-    flag("--tokenizer-type", "NAME", "ByteTokenizer (default), GPT2BPETokenizer or HuggingFaceTokenizer"),
+    flag(
+        "--tokenizer-type",
+        "NAME",
+        "ByteTokenizer (default), GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer (ids as numbers, for --mock-data)",
+    ),
+    flag(
+        "--vocab-size",
+        "V",
+        "vocabulary before padding (default: the tokenizer's, the byte tokenizer's 257); NullTokenizer: V ids, then its end-of-document id V",
+    ),
     flag("--vocab-file", "FILE", "GPT2BPETokenizer: GPT-2's vocab.json (encoder.json)"),
     flag("--merge-file", "FILE", "GPT2BPETokenizer: GPT-2's merges.txt (vocab.bpe)"),
     flag("--tokenizer-model", "PATH", "HuggingFaceTokenizer: a tokenizer.json, or the directory holding it"),
@@ -358,6 +385,11 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
         "--eod-token",
         "TOKEN",
         "HuggingFaceTokenizer: the end-of-document token (default: tokenizer_config.json's eos_token)",
+    ),
+    flag(
+        "--tiktoken-pattern",
+        "v1|v2",
+        "TikTokenizer's split pattern; the other tokenizers do not read it, as in Megatron (TikTokenizer itself is not built yet)",
     ),
     switch(
         "--tokenizer-hf-include-special-tokens",
@@ -539,7 +571,7 @@ impl MegatronStatus {
 pub fn megatron_table() -> String {
     let mut out = String::from("| flag | status | in trident |\n|---|---|---|\n");
     for spec in TRAIN_FLAGS {
-        let value = if spec.value.is_empty() { String::new() } else { format!(" {}", spec.value) };
+        let value = if spec.value.is_empty() { String::new() } else { format!(" {}", spec.value.replace('|', "\\|")) };
         let help = spec.help.replace('|', "\\|");
         out.push_str(&format!("| `{}{value}` | {} | {help} |\n", spec.name, MegatronStatus::of(spec).name()));
     }

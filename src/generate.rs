@@ -123,6 +123,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             ));
         }
     }
+    tok.check_text(args.prompt.as_bytes(), "--prompt")?;
     let mut context = tok.encode(args.prompt.as_bytes(), &mut PieceCache::default());
     if context.is_empty() {
         context.push(tok.eod());

@@ -215,6 +215,10 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
     let s = |p: &Path| p.display().to_string();
     let gpt2 = match named {
         Some("ByteTokenizer") => return Ok((Flags::new(), "ByteTokenizer".into())),
+        Some("NullTokenizer") if vocab > 1 => {
+            let ids = (vocab - 1).to_string();
+            return Ok((vec![pair("--tokenizer-type", "NullTokenizer"), pair("--vocab-size", &ids)], "NullTokenizer".into()));
+        }
         Some("GPT2BPETokenizer") => true,
         Some("HuggingFaceTokenizer") => false,
         None => !json.is_file(),
@@ -222,7 +226,8 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
             return Err(Error::format(
                 &hf_dir.join("config.json"),
                 format!(
-                    "trident_tokenizer {}: expected ByteTokenizer, GPT2BPETokenizer or HuggingFaceTokenizer",
+                    "trident_tokenizer {}: expected ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or \
+                     NullTokenizer (with a vocabulary above 1)",
                     quote(other)
                 ),
             ))

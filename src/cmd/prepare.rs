@@ -16,6 +16,11 @@ pub fn run(rest: &[String]) -> Result<()> {
     let output_prefix =
         a.str("--output-prefix").ok_or_else(|| Error::Usage("prepare needs --output-prefix P".into()))?;
     let tokenizer = tokenizer_files::from_args(&a)?;
+    if let crate::data::tokenizer::Tokenizer::Null { .. } = tokenizer {
+        return Err(Error::Usage(
+            "NullTokenizer has no text to tokenize: train with it on --mock-data (as Megatron's scripts do)".into(),
+        ));
+    }
     let workers = match a.usize("--workers")? {
         Some(0) => return Err(Error::flag("--workers", 0, "a positive number of threads")),
         Some(w) => w,

@@ -11,8 +11,14 @@ use crate::error::{Error, Result};
 /// The run's data flags as Megatron reads them: `--data-path` (or `--data-args-path`, a file of
 /// the same list) split by `--split`; or `--train-data-path` / `--valid-data-path` /
 /// `--test-data-path` (or `--per-split-data-args-path`, a JSON object of them), unsplit; or
-/// `--mock-data`. Megatron lets one silently win; here mixing them is one error.
-pub(super) fn data_source(args: &Args, tokenizer: &Tokenizer, vocab_size: usize) -> Result<DataSource> {
+/// `--mock-data`. Megatron lets one silently win; here mixing them is one error. What the run
+/// takes in Megatron's way but does not use goes to `notes`, for the start-up lines.
+pub(super) fn data_source(
+    args: &Args,
+    tokenizer: &Tokenizer,
+    vocab_size: usize,
+    notes: &mut Vec<String>,
+) -> Result<DataSource> {
     let from_file = |flag: &str| -> Result<Option<Vec<String>>> {
         let Some(path) = args.path(flag) else { return Ok(None) };
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, "read", e))?;
@@ -35,9 +41,14 @@ pub(super) fn data_source(args: &Args, tokenizer: &Tokenizer, vocab_size: usize)
                 .into(),
         ));
     }
-    if args.has("--split") && !kinds[0] {
+    if let (Some(split), true) = (args.str("--split"), kinds[2]) {
+        parse_split(split)?;
+        notes.push(format!(
+            "--split {split}: not used, as in Megatron: its mock data always splits 1,1,1 (train, valid, test)"
+        ));
+    } else if args.has("--split") && !kinds[0] {
         return Err(Error::Usage(
-            "--split divides --data-path; the per-split paths are used whole and --mock-data always splits 1,1,1 (as in Megatron)".into(),
+            "--split divides --data-path; the per-split paths are used whole (as in Megatron, which refuses both)".into(),
         ));
     }
     if let Some((flag, list)) = whole {

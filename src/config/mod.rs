@@ -101,6 +101,9 @@ pub struct TrainConfig {
     /// The Megatron flags given that change nothing here (`flags::MEGATRON_NO_EFFECT`), each with
     /// why; `trident train` says so at start.
     pub megatron_no_effect: Vec<(&'static str, &'static str)>,
+    /// Start-up lines on values taken in Megatron's way and not used (`--split` with
+    /// `--mock-data`); rank 0 prints them after the no-effect flags.
+    pub notes: Vec<String>,
     pub use_distributed_optimizer: bool,
     pub log_memory: bool,
     /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
@@ -163,7 +166,8 @@ impl TrainConfig {
         let rampup = rampup(args, global_batch_size)?;
         let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size, rampup)?;
         let adam = adam(args)?;
-        let data = data_source(args, &tokenizer, model.vocab_size)?;
+        let mut notes = Vec::new();
+        let data = data_source(args, &tokenizer, model.vocab_size, &mut notes)?;
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
@@ -246,6 +250,7 @@ impl TrainConfig {
                 .filter(|f| args.has(f.name))
                 .map(|f| (f.name, f.help.trim_start_matches("no effect: ")))
                 .collect(),
+            notes,
             sequence_parallel: args.has("--sequence-parallel"),
             tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
             tesseract_depth: args.usize("--tesseract-depth")?,
@@ -272,9 +277,13 @@ fn model_shape(args: &Args, p: &Preset, tokenizer: &Tokenizer) -> Result<(GptCon
     let max_pos = args.usize("--max-position-embeddings")?.unwrap_or(p.max_position_embeddings.max(seq_length));
     let divisible_by = vocab_divisible_by(args)?;
     let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
-    // A BPE tokenizer's vocabulary, as Megatron takes it; else the preset's, else the bytes'.
+    // A BPE tokenizer's vocabulary, as Megatron takes it; else the preset's, else the bytes'. The
+    // null tokenizer's is `--vocab-size` and its end-of-document id.
     let from_tokenizer = matches!(tokenizer, Tokenizer::Bpe(_)).then(|| tokenizer.vocab_size());
-    let vocab = args.usize("--vocab-size")?.or(from_tokenizer).or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE);
+    let vocab = match tokenizer {
+        Tokenizer::Null { .. } => tokenizer.vocab_size(),
+        _ => args.usize("--vocab-size")?.or(from_tokenizer).or(p.vocab_size).unwrap_or(ByteTokenizer::VOCAB_SIZE),
+    };
     if vocab < tokenizer.vocab_size() {
         return Err(Error::flag(
             "--vocab-size",
@@ -452,12 +461,10 @@ fn recompute(args: &Args) -> Result<crate::model::Recompute> {
 }
 
 fn reject_unbuilt(args: &Args) -> Result<()> {
-    if args.has("--overlap-param-gather") {
-        return Err(Error::Unsupported(
-            "--overlap-param-gather: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next \
-             forward (overlapping it is issue 53); drop the flag"
-                .into(),
-        ));
+    // A Megatron flag whose help says "not built" names the missing feature and its issue.
+    let unbuilt = crate::flags::TRAIN_FLAGS.iter().filter(|f| f.help.starts_with("not built")).find(|f| args.has(f.name));
+    if let Some(f) = unbuilt {
+        return Err(Error::Unsupported(format!("{}: {}; drop the flag", f.name, f.help)));
     }
     if let Some(cp) = args.usize("--context-parallel-size")?.filter(|&cp| cp != 1) {
         return Err(Error::flag("--context-parallel-size", cp, "1: context parallelism is not built yet (issue 52)"));
@@ -546,6 +553,9 @@ mod tests {
         // GPT-2's 50257 ids: Megatron's 50304 on one rank, 50432 on two.
         assert_eq!(padded(&["--vocab-size", "50257"]), 50304);
         assert_eq!(padded(&[&tp("2")[..], &["--vocab-size", "50257"]].concat()), 50432);
+        // Megatron's null tokenizer adds its end-of-document id: Llama 3's 128256 become 128257,
+        // padded to 128384 (megatron-core 0.16).
+        assert_eq!(padded(&["--tokenizer-type", "NullTokenizer", "--vocab-size", "128256"]), 128384);
         // 2-D tensor parallelism pads by its whole grid (4 ranks here).
         assert_eq!(padded(&[&tp("4")[..], &["--tensor-parallel-mode", "2d", "--vocab-size", "50257"]].concat()), 50688);
     }

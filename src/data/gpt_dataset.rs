@@ -20,9 +20,13 @@ use std::sync::Arc;
 
 const SPLIT_EXPECTED: &str = "1 to 3 non-negative weights separated by ',' or '/', e.g. 969,30,1";
 
-/// Parses `--split` as Megatron writes it: "969,30,1", "969, 30, 1" or "98/2/0".
+/// Parses `--split` as Megatron writes it: "969,30,1", "969, 30, 1" or "98/2/0", quoted or not
+/// (a job script's `"--split '99,1,0'"` hands Megatron the quotes, which it skips).
 pub fn parse_split(s: &str) -> Result<Vec<f64>> {
+    let quotes: &[char] = &['\'', '"'];
     let weights = s
+        .trim()
+        .trim_matches(quotes)
         .split([',', '/'])
         .map(|part| part.trim().parse::<f64>().ok().filter(|w| w.is_finite() && *w >= 0.0))
         .collect::<Option<Vec<f64>>>()
@@ -441,6 +445,8 @@ mod tests {
         assert_eq!(parse_split("98/2/0").unwrap(), [98.0, 2.0, 0.0]);
         assert_eq!(parse_split("0.9,0.1").unwrap(), [0.9, 0.1]);
         assert_eq!(parse_split("100").unwrap(), [100.0]);
+        assert_eq!(parse_split("'99,1,0'").unwrap(), [99.0, 1.0, 0.0]);
+        assert_eq!(parse_split("\"99, 1, 0\"").unwrap(), [99.0, 1.0, 0.0]);
         for bad in ["", "1,,2", "a,b", "-1,2", "1,2,3,4", "inf"] {
             let err = parse_split(bad).unwrap_err().to_string();
             assert!(err.starts_with("flag --split") && err.contains("e.g. 969,30,1"), "{bad}: {err}");

@@ -1,5 +1,5 @@
-//! Tokenizers: the byte tokenizer (ids 0..=255 are raw bytes, id 256 ends a document), and
-//! byte-level BPE (GPT-2's vocab.json + merges.txt, or a Hugging Face tokenizer.json; loaded by
+//! Tokenizers: the byte tokenizer (ids 0..=255 are raw bytes, id 256 ends a document), Megatron's
+//! null tokenizer (text is ids written as numbers; for mock data), and byte-level BPE (GPT-2's vocab.json + merges.txt, or a Hugging Face tokenizer.json; loaded by
 //! `tokenizer_files`): added tokens split out first, then the split pattern, then BPE per piece,
 //! with a cache of pieces already encoded.
 
@@ -45,6 +45,11 @@ impl ByteTokenizer {
 /// Any tokenizer `prepare` (and later `train` and `generate`) can use.
 pub enum Tokenizer {
     Byte,
+    /// Megatron's `NullTokenizer` (megatron-core 0.16): `ids` ids, then the end-of-document id
+    /// `ids`, so `ids + 1` in all; text is the ids as decimal numbers separated by spaces.
+    Null {
+        ids: usize,
+    },
     Bpe(Box<BpeTokenizer>),
 }
 
@@ -52,6 +57,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Tokenizer::Byte => write!(f, "ByteTokenizer"),
+            Tokenizer::Null { ids } => write!(f, "NullTokenizer ({} ids, eod {ids})", ids + 1),
             Tokenizer::Bpe(t) => write!(f, "{:?} ({} ids, eod {})", t.source, t.vocab_size, t.eod),
         }
     }
@@ -62,6 +68,7 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Byte => ByteTokenizer::VOCAB_SIZE,
+            Tokenizer::Null { ids } => ids + 1,
             Tokenizer::Bpe(t) => t.vocab_size,
         }
     }
@@ -70,19 +77,21 @@ impl Tokenizer {
     pub fn eod(&self) -> u32 {
         match self {
             Tokenizer::Byte => ByteTokenizer::EOD,
+            Tokenizer::Null { ids } => *ids as u32,
             Tokenizer::Bpe(t) => t.eod,
         }
     }
 
     /// Whether text must be UTF-8 (BPE splits characters; the byte tokenizer takes any bytes).
     pub fn needs_utf8(&self) -> bool {
-        matches!(self, Tokenizer::Bpe(_))
+        !matches!(self, Tokenizer::Byte)
     }
 
     /// Megatron's `--tokenizer-type` name.
     pub fn type_name(&self) -> &'static str {
         match self {
             Tokenizer::Byte => "ByteTokenizer",
+            Tokenizer::Null { .. } => "NullTokenizer",
             Tokenizer::Bpe(t) => match t.source {
                 Source::Gpt2Files { .. } => "GPT2BPETokenizer",
                 Source::HuggingFace { .. } => "HuggingFaceTokenizer",
@@ -101,16 +110,37 @@ impl Tokenizer {
             // A lone byte, even half a character: the next byte completes it on the terminal. An id
             // past the bytes (an imported model's larger vocabulary) prints as the break EOD does.
             Tokenizer::Byte => u8::try_from(id).map_or(b"\n\n".to_vec(), |b| vec![b]),
+            Tokenizer::Null { .. } => format!(" {id}").into_bytes(),
             Tokenizer::Bpe(t) => t.decode(&[id], true),
         }
     }
 
-    /// The ids of `text` (UTF-8 unless `needs_utf8` is false: `prepare` checks first).
+    /// The ids of `text` (UTF-8 unless `needs_utf8` is false: `prepare` checks first; the null
+    /// tokenizer's numbers checked by `check_text` first).
     pub fn encode(&self, text: &[u8], cache: &mut PieceCache) -> Vec<u32> {
         match self {
             Tokenizer::Byte => ByteTokenizer::encode(text),
+            Tokenizer::Null { .. } => {
+                String::from_utf8_lossy(text).split_whitespace().filter_map(|w| w.parse().ok()).collect()
+            }
             Tokenizer::Bpe(t) => t.encode(std::str::from_utf8(text).expect("prepare checks UTF-8 first"), cache),
         }
+    }
+}
+
+impl Tokenizer {
+    /// Whether `encode` takes `text` as it is: for the null tokenizer, every word must be an id
+    /// below its vocabulary (`what` names the text in the error).
+    pub fn check_text(&self, text: &[u8], what: &str) -> crate::error::Result<()> {
+        let Tokenizer::Null { ids } = self else { return Ok(()) };
+        for word in String::from_utf8_lossy(text).split_whitespace() {
+            if !word.parse::<usize>().is_ok_and(|id| id <= *ids) {
+                return Err(crate::error::Error::Usage(format!(
+                    "{what}: {word:?} is not a token of NullTokenizer, whose text is ids 0 to {ids} written as numbers"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -217,7 +247,20 @@ impl BpeTokenizer {
 
 #[cfg(test)]
 mod tests {
-    use super::ByteTokenizer;
+    use super::{ByteTokenizer, PieceCache, Tokenizer};
+
+    #[test]
+    fn the_null_tokenizer_reads_and_prints_ids_as_numbers() {
+        let t = Tokenizer::Null { ids: 100 };
+        assert_eq!((t.vocab_size(), t.eod(), t.type_name()), (101, 100, "NullTokenizer"));
+        assert_eq!(t.encode(b" 5 17  100\n", &mut PieceCache::default()), [5, 17, 100]);
+        assert_eq!(t.token_bytes(17), b" 17");
+        assert!(t.check_text(b"0 99 100", "--prompt").is_ok());
+        for bad in ["101", "-1", "a", "1.5"] {
+            let e = t.check_text(bad.as_bytes(), "--prompt").unwrap_err().to_string();
+            assert!(e.contains("--prompt") && e.contains("NullTokenizer"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn round_trips_bytes_and_marks_documents() {

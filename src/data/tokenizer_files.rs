@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 /// The files Megatron's tokenizer flags name.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerFlags<'a> {
-    /// `--tokenizer-type`: ByteTokenizer (default), GPT2BPETokenizer or HuggingFaceTokenizer.
+    /// `--tokenizer-type`: ByteTokenizer (default), GPT2BPETokenizer, HuggingFaceTokenizer or
+    /// NullTokenizer.
     pub kind: Option<&'a str>,
     pub vocab_file: Option<&'a Path>,
     pub merge_file: Option<&'a Path>,
@@ -23,10 +24,15 @@ pub struct TokenizerFlags<'a> {
     pub eod_token: Option<&'a str>,
     /// Apply the tokenizer.json's post-processing template (`--tokenizer-hf-include-special-tokens`).
     pub include_special_tokens: bool,
+    /// `--vocab-size`: the null tokenizer's ids before its end-of-document id.
+    pub vocab_size: Option<usize>,
 }
 
 /// The tokenizer Megatron's flags (`flags::TOKENIZER_FLAGS`) in `a` describe.
 pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
+    if let Some(p) = a.str("--tiktoken-pattern").filter(|p| !["v1", "v2"].contains(p)) {
+        return Err(Error::flag("--tiktoken-pattern", p, "v1 or v2"));
+    }
     load(&TokenizerFlags {
         kind: a.str("--tokenizer-type"),
         vocab_file: a.str("--vocab-file").map(Path::new),
@@ -34,6 +40,7 @@ pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
         tokenizer_model: a.str("--tokenizer-model").map(Path::new),
         eod_token: a.str("--eod-token"),
         include_special_tokens: a.has("--tokenizer-hf-include-special-tokens"),
+        vocab_size: a.usize("--vocab-size")?,
     })
 }
 
@@ -44,6 +51,18 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
     }
     match flags.kind.unwrap_or("ByteTokenizer") {
         "ByteTokenizer" => Ok(Tokenizer::Byte),
+        "NullTokenizer" => match flags.vocab_size {
+            Some(ids) if ids > 0 && ids < u32::MAX as usize => Ok(Tokenizer::Null { ids }),
+            Some(ids) => Err(Error::flag("--vocab-size", ids, "from 1 to 4294967294 for NullTokenizer")),
+            None => Err(Error::Usage(
+                "--tokenizer-type NullTokenizer needs --vocab-size V (ids 0..V, then the end-of-document id V)".into(),
+            )),
+        },
+        "TikTokenizer" => Err(Error::Unsupported(
+            "--tokenizer-type TikTokenizer is not built yet (issue 50); a Hugging Face tokenizer.json of the same \
+             model (Llama 3 ships one) works with --tokenizer-type HuggingFaceTokenizer"
+                .into(),
+        )),
         kind @ "GPT2BPETokenizer" => {
             let vocab = need(flags.vocab_file, "--vocab-file (GPT-2's vocab.json / encoder.json)", kind)?;
             let merges = need(flags.merge_file, "--merge-file (GPT-2's merges.txt / vocab.bpe)", kind)?;
@@ -56,7 +75,7 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
         other => Err(Error::flag(
             "--tokenizer-type",
             format!("'{other}'"),
-            "ByteTokenizer, GPT2BPETokenizer or HuggingFaceTokenizer",
+            "ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer",
         )),
     }
 }

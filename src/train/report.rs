@@ -49,6 +49,9 @@ pub(super) fn start_up<D: Device>(setup: &Setup<D>, rt: &Runtime) {
         for (name, why) in &setup.cfg.megatron_no_effect {
             println!(" {name}: accepted from Megatron, no effect ({why})");
         }
+        for note in &setup.cfg.notes {
+            println!(" {note}");
+        }
     }
 }
 
