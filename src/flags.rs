@@ -131,6 +131,12 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--lr", "LR", "peak learning rate"),
     flag("--min-lr", "LR", "learning rate at the end of decay (default 0)"),
     flag(
+        "--decoupled-lr",
+        "LR",
+        "the word embedding's and output layer's own peak rate, on the same warmup and decay (Megatron's decoupled AdamW)",
+    ),
+    flag("--decoupled-min-lr", "LR", "their rate at the end of decay (default --min-lr)"),
+    flag(
         "--lr-warmup-iters",
         "N",
         "iterations of linear warmup (default: the preset's, at most a tenth of the run)",

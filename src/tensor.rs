@@ -153,6 +153,13 @@ impl ParamInfo {
         !self.tied_copy && (self.partition.is_some() || tp_rank == 0)
     }
 
+    /// Whether `--decoupled-lr` sets this parameter's rate: the word embedding (and its tied copy)
+    /// and the output layer, as Megatron marks them (`is_embedding_or_output_parameter`; not the
+    /// position embedding).
+    pub fn embedding_or_output(&self) -> bool {
+        self.name == "embedding.word_embeddings.weight" || self.name == "output_layer.weight"
+    }
+
     /// Weight decay applies to matrices and embeddings, not to biases or LayerNorm parameters.
     pub fn decayed(&self) -> bool {
         matches!(self.init, Init::Normal { .. })

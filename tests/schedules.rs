@@ -5,7 +5,8 @@
 //! iteration trains with equal megatron-core's to 1e-7 (relative), the schedule built by `train`'s
 //! own flag parsing. The test runs megatron-core when installed (`.ci/run` installs it) and says
 //! it skips otherwise. Also: `train` logs the schedule's rate, the weight-decay schedule reaches
-//! the optimizer, and mixed or missing flags are one clear error.
+//! the optimizer, `--decoupled-lr` rates the embedding and output layer alone, and mixed or
+//! missing flags are one clear error.
 
 mod common;
 use common::*;
@@ -65,6 +66,14 @@ const CASES: &[Case] = &[
         megatron: r#""train_samples": 1003, "lr_warmup_samples": 52, "lr_decay_style": "WSD", "lr_wsd_decay_samples": 300"#,
     },
     Case {
+        flags: "--lr-decay-style cosine --decoupled-lr 5e-4 --decoupled-min-lr 4.5e-5",
+        megatron: r#""lr_decay_style": "cosine", "decoupled_lr": 5e-4, "decoupled_min_lr": 4.5e-5"#,
+    },
+    Case {
+        flags: "--train-samples 1000 --lr-warmup-samples 40 --lr-decay-style linear --decoupled-lr 1e-3",
+        megatron: r#""train_samples": 1000, "lr_warmup_samples": 40, "lr_decay_style": "linear", "decoupled_lr": 1e-3"#,
+    },
+    Case {
         flags: "--train-samples 960 --lr-warmup-fraction 0.1 --lr-decay-style inverse-square-root",
         megatron: r#""train_samples": 960, "lr_warmup_fraction": 0.1, "lr_decay_style": "inverse-square-root""#,
     },
@@ -98,13 +107,13 @@ fn megatron_args(case: &Case) -> String {
     format!("{{{}}}", fields.join(", "))
 }
 
-/// `[[[lr, wd], ...], ...]` as numbers.
-fn parse_lists(text: &str) -> Vec<Vec<[f64; 2]>> {
+/// `[[[lr, wd, lr2], ...], ...]` as numbers.
+fn parse_lists(text: &str) -> Vec<Vec<[f64; 3]>> {
     let mut out = Vec::new();
     for case in text.trim().trim_start_matches("[[").trim_end_matches("]]").split("]], [[") {
         let pairs = case.split("], [").map(|p| {
             let v: Vec<f64> = p.trim_matches(['[', ']']).split(',').map(|x| x.trim().parse().unwrap()).collect();
-            [v[0], v[1]]
+            [v[0], v[1], v[2]]
         });
         out.push(pairs.collect());
     }
@@ -124,9 +133,11 @@ fn every_schedule_equals_megatron_cores() {
         let cfg = trident_config(case.flags).unwrap_or_else(|e| panic!("{}: {e}", case.flags));
         assert_eq!(cfg.train_iters as usize, want.len(), "{}: iterations", case.flags);
         let mut worst = 0f64;
-        for (it, [lr, wd]) in want.iter().enumerate() {
+        for (it, [lr, wd, lr2]) in want.iter().enumerate() {
             let samples = (it * cfg.global_batch_size) as u64;
-            for (what, ours, theirs) in [("lr", cfg.lr.lr(samples), *lr), ("wd", cfg.lr.weight_decay(samples), *wd)] {
+            let decoupled = cfg.lr.decoupled_lr(samples).unwrap_or(cfg.lr.lr(samples));
+            let pairs = [("lr", cfg.lr.lr(samples), *lr), ("wd", cfg.lr.weight_decay(samples), *wd)];
+            for (what, ours, theirs) in pairs.into_iter().chain([("decoupled lr", decoupled, *lr2)]) {
                 let rel = (ours - theirs).abs() / theirs.abs().max(1e-30);
                 assert!(
                     rel <= 1e-7 || (ours - theirs).abs() <= 1e-15,
@@ -154,6 +165,8 @@ fn mixed_or_missing_schedule_flags_are_one_clear_error() {
         ("--weight-decay-incr-style linear --start-weight-decay 0.2 --end-weight-decay 0.1", "<= --end-weight-decay"),
         ("--lr-warmup-fraction 0.1 --lr-warmup-iters 3", "--lr-warmup-fraction or a warmup count"),
         ("--lr-warmup-init 1", "above --lr"),
+        ("--decoupled-min-lr 1e-5", "--decoupled-min-lr needs --decoupled-lr"),
+        ("--decoupled-lr 1e-4 --decoupled-min-lr 1e-3", "<= --decoupled-lr"),
         ("--train-samples 5", "less than one global batch"),
     ] {
         let e = trident_config(flags).err().unwrap_or_else(|| panic!("{flags}: accepted"));
@@ -191,6 +204,7 @@ fn train_follows_the_schedule_and_its_weight_decay() {
         end_wd: 0.0,
         wd_incr_steps: 48,
         wd_style: trident::optim::lr::IncrStyle::Constant,
+        decoupled: None,
     };
     let lrs: Vec<f64> = log.lines().filter_map(|l| json_number(l, "lr")).collect();
     assert_eq!(lrs.len(), 6, "{log}");

@@ -2,7 +2,9 @@
 Megatron's training flags as megatron/training/training.py's get_optimizer_param_scheduler builds
 it (iteration flags times the global batch; sample flags as they are), stepped by one global batch
 per iteration. Prints, per iteration, the learning rate and weight decay that iteration trains with
-(the scheduler's values before its step): one JSON list of [lr, wd] pairs per case.
+(the scheduler's values before its step), and the rate of the embedding and output layer's group
+(decoupled_lr's, as megatron-core's get_standard_config_overrides sets its max_lr and min_lr;
+the first group's without it): one JSON list of [lr, wd, lr2] per case.
 
   schedules_compare.py CASES_JSON     a JSON list of cases, each Megatron's flags by their
                                       argument names: {"train_iters": .., "global_batch_size": .., ...}
@@ -14,8 +16,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 
 class Optimizer:
-    def __init__(self):
-        self.param_groups = [{}]
+    def __init__(self, groups):
+        self.param_groups = groups
 
 
 def schedule(a):
@@ -33,8 +35,11 @@ def schedule(a):
         wsd = a.get("lr_wsd_decay_samples")
         warmup = a["lr_warmup_fraction"] * decay if "lr_warmup_fraction" in a else a.get("lr_warmup_samples", 0)
     wd = a.get("weight_decay", 0.01)
+    groups = [{}]
+    if "decoupled_lr" in a:
+        groups.append({"max_lr": a["decoupled_lr"], "min_lr": a.get("decoupled_min_lr", a.get("min_lr", 0.0))})
     s = OptimizerParamScheduler(
-        Optimizer(),
+        Optimizer(groups),
         init_lr=a.get("lr_warmup_init", 0.0),
         max_lr=a["lr"],
         min_lr=a.get("min_lr", 0.0),
@@ -51,8 +56,8 @@ def schedule(a):
     )
     out = []
     for _ in range(train_iters):
-        group = s.optimizer.param_groups[0]
-        out.append([group["lr"], group["weight_decay"]])
+        group, last = s.optimizer.param_groups[0], s.optimizer.param_groups[-1]
+        out.append([group["lr"], group["weight_decay"], last["lr"]])
         s.step(increment=g)
     return out
 

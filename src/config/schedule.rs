@@ -95,10 +95,11 @@ pub(super) fn lr_schedule(
             ))
         }
     };
+    let min_lr = args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr });
     let schedule = LrSchedule {
         init_lr: args.f64("--lr-warmup-init")?.unwrap_or(0.0),
         max_lr,
-        min_lr: args.f64("--min-lr")?.unwrap_or(if args.has("--lr") { 0.0 } else { p.min_lr }),
+        min_lr,
         warmup_steps,
         decay_steps,
         style,
@@ -107,6 +108,11 @@ pub(super) fn lr_schedule(
         end_wd,
         wd_incr_steps: train_samples,
         wd_style,
+        decoupled: match (args.f64("--decoupled-lr")?, args.f64("--decoupled-min-lr")?) {
+            (Some(max), min) => Some((max, min.unwrap_or(min_lr))),
+            (None, Some(_)) => return Err(Error::Usage("--decoupled-min-lr needs --decoupled-lr".into())),
+            (None, None) => None,
+        },
     };
     schedule.validate()?;
     if train_iters == 0 {
@@ -139,6 +145,7 @@ pub(super) fn adam(args: &Args) -> Result<AdamWConfig> {
         eps: args.f64("--adam-eps")?.unwrap_or(1e-8) as f32,
         // `LrSchedule::weight_decay` replaces it before every step (`--weight-decay-incr-style`).
         weight_decay: args.f64("--weight-decay")?.unwrap_or(0.01) as f32,
+        decoupled_lr: None,
     };
     for (name, b) in [("--adam-beta1", adam.beta1), ("--adam-beta2", adam.beta2)] {
         if !(0.0..1.0).contains(&b) {

@@ -206,16 +206,13 @@ impl<D: Device> DistributedAdamW<D> {
         let tensors = self
             .segments
             .iter_mut()
-            .map(|s| AdamWTensor {
-                param: &mut s.value,
-                grad: &s.grad,
-                m: &mut s.m,
-                v: &mut s.v,
-                decayed: params.info[s.param].decayed(),
-                working: None,
+            .map(|s| {
+                let info = &params.info[s.param];
+                let (param, grad, m, v) = (&mut s.value, &s.grad, &mut s.m, &mut s.v);
+                (info, AdamWTensor { param, grad, m, v, decayed: info.decayed(), working: None })
             })
             .collect();
-        dev.adamw_group(tensors, self.config.step(lr, self.step), grad_scale);
+        super::adamw_groups(dev, tensors, &self.config, lr, self.step, grad_scale);
     }
 
     /// Both moments of every parameter, whole (gathered from every data-parallel rank), for a

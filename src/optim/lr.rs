@@ -87,12 +87,26 @@ pub struct LrSchedule {
     pub end_wd: f64,
     pub wd_incr_steps: u64,
     pub wd_style: IncrStyle,
+    /// `--decoupled-lr` and `--decoupled-min-lr` (default `min_lr`): the word embedding's and
+    /// output layer's peak and floor, on the same warmup and decay (megatron-core's
+    /// `ParamGroupOverride` of `max_lr` and `min_lr`).
+    pub decoupled: Option<(f64, f64)>,
 }
 
 impl LrSchedule {
     /// The learning rate after `steps` samples (the rate of the iteration those samples precede).
     pub fn lr(&self, steps: u64) -> f64 {
-        let (n, max_lr, min_lr) = (steps as f64, self.max_lr, self.min_lr);
+        self.rate(steps, self.max_lr, self.min_lr)
+    }
+
+    /// Under `--decoupled-lr`, the word embedding's and output layer's rate after `steps` samples.
+    pub fn decoupled_lr(&self, steps: u64) -> Option<f64> {
+        self.decoupled.map(|(max_lr, min_lr)| self.rate(steps, max_lr, min_lr))
+    }
+
+    /// The schedule's rate after `steps` samples for a group whose peak is `max_lr` and floor `min_lr`.
+    fn rate(&self, steps: u64, max_lr: f64, min_lr: f64) -> f64 {
+        let n = steps as f64;
         if self.warmup_steps > 0.0 && n <= self.warmup_steps {
             return self.init_lr + (max_lr - self.init_lr) * n / self.warmup_steps;
         }
@@ -153,6 +167,15 @@ impl LrSchedule {
                 lr.2, lr.1, lr.0
             )));
         }
+        if let Some((max, min)) = self.decoupled {
+            if !(max > 0.0 && (0.0..=max).contains(&min) && self.init_lr <= max) {
+                return Err(Error::Config(format!(
+                    "need 0 <= --decoupled-min-lr ({min}) <= --decoupled-lr ({max}), --decoupled-lr > 0 and \
+                     --lr-warmup-init ({}) <= --decoupled-lr",
+                    self.init_lr
+                )));
+            }
+        }
         if self.init_lr > self.max_lr {
             return Err(Error::Config(format!("--lr-warmup-init {} is above --lr {}", lr.0, lr.1)));
         }
@@ -203,6 +226,7 @@ mod tests {
             end_wd: 0.1,
             wd_incr_steps: 110,
             wd_style: IncrStyle::Constant,
+            decoupled: None,
         }
     }
 

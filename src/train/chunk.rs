@@ -31,11 +31,14 @@ pub(super) enum Optimizer<D: Device> {
 
 impl<D: Device> Optimizer<D> {
     /// The weight decay of the next step (`--weight-decay-incr-style`'s schedule).
-    pub fn set_weight_decay(&mut self, weight_decay: f32) {
-        match self {
-            Optimizer::Replicated(o) => o.config.weight_decay = weight_decay,
-            Optimizer::Distributed(o) => o.config.weight_decay = weight_decay,
-        }
+    /// The next step's weight decay and, under `--decoupled-lr`, the embedding's and output
+    /// layer's rate (both from the schedule).
+    pub fn set_rates(&mut self, weight_decay: f32, decoupled_lr: Option<f32>) {
+        let config = match self {
+            Optimizer::Replicated(o) => &mut o.config,
+            Optimizer::Distributed(o) => &mut o.config,
+        };
+        (config.weight_decay, config.decoupled_lr) = (weight_decay, decoupled_lr);
     }
     pub fn step_count(&self) -> u64 {
         match self {

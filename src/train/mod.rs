@@ -251,8 +251,9 @@ impl<D: Device> Trainer<'_, D> {
         self.pipe.set_micro(batch / per_micro);
         let lr = cfg.lr.lr(self.progress.consumed_train);
         let weight_decay = cfg.lr.weight_decay(self.progress.consumed_train) as f32;
+        let decoupled_lr = cfg.lr.decoupled_lr(self.progress.consumed_train).map(|lr| lr as f32);
         for c in self.chunks.iter_mut() {
-            c.opt.set_weight_decay(weight_decay);
+            c.opt.set_rates(weight_decay, decoupled_lr);
             c.model.params.zero_grads(&setup.dev);
             c.model.reset_peak_in_flight();
             c.model.reset_layer_comm();

@@ -69,6 +69,12 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
             chunks.iter().map(|c| c.buckets.len()).sum::<usize>(),
             data.train.len()
         );
+        if let Some((max, min)) = setup.cfg.lr.decoupled {
+            println!(
+                " --decoupled-lr {max}: the word embedding and output layer peak at {max} and end at {min}, on the \
+                 schedule's warmup and decay"
+            );
+        }
         if let Some(r) = setup.cfg.rampup {
             println!(
                 " batch-size ramp-up: global batch {} rising by {} over {} samples to {}{}",

@@ -1271,7 +1271,7 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     let (mut group, mut each) = (adamw_group_bufs(dev, &ADAMW_GROUP_SIZES), adamw_group_bufs(dev, &ADAMW_GROUP_SIZES));
     let mut scale = dev.scalars(3);
     dev.write_scalars(&mut scale, &[0.0, 0.0, 0.75]);
-    let config = trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+    let config = trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
     let decayed = |i: usize| i.is_multiple_of(2);
     let mut step_counts = Vec::new();
     for step in 1..=3u64 {

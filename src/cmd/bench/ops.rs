@@ -333,7 +333,7 @@ impl StepModel {
 }
 
 /// The optimizer every `bench step` runs (GPT-2's AdamW settings, as the presets train).
-pub const STEP_ADAMW: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+pub const STEP_ADAMW: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
 
 /// One training step as `train` runs it on one rank: gradients zeroed, forward and backward of
 /// one micro-batch (`tokens`, `labels`), the global gradient norm (its squares summed on the
