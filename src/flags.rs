@@ -19,6 +19,10 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
     flag("--kv-channels", "D", "dimensions per attention head (default hidden size / heads)"),
     switch("--untie-embeddings-and-output-weights", "an output layer of its own instead of the word embedding"),
     switch("--disable-bias-linear", "no biases in the QKV, projection and MLP layers"),
+    switch(
+        "--apply-layernorm-1p",
+        "each norm's weight w starts at 0 and scales by 1 + w (zero-centred gamma), LayerNorm and RMSNorm alike",
+    ),
 ];
 
 /// The flags of `trident train`, with Megatron's names: the model's sizes, the architecture, the rest.

@@ -141,6 +141,8 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         let t = shard.tensor(&path, &format!("param/chunk0/{}", info.name))?;
         dev.upload(&mut model.params.values[i], &t.data);
     }
+    // What the norms read under --apply-layernorm-1p (1 + w) follows the loaded weights.
+    model.refresh_working_weights(&dev);
     drop(shard);
     eprintln!(" loaded {} (iteration {iteration}); sampling {} tokens", path.display(), args.max_new_tokens);
 

@@ -1,7 +1,7 @@
 //! End-to-end training through the binary: the same flags give the same loss curve, resuming
 //! from a checkpoint continues the uninterrupted run bit for bit, a checkpoint of another shape is
-//! refused, a trained checkpoint generates text, and a Megatron script's no-effect flags change
-//! nothing.
+//! refused, a trained checkpoint generates text, a Megatron script's no-effect flags change
+//! nothing, and `--apply-layernorm-1p` trains as the plain norm scale does.
 
 mod common;
 use common::*;
@@ -150,12 +150,16 @@ fn megatron_script_flags_run_unchanged() {
         &["--empty-unused-memory-level", "0"],
         &["--no-create-attention-mask-in-dataloader"],
         &["--no-mmap-bin-files"],
+        &["--cross-entropy-loss-fusion"],
+        &["--cross-entropy-fusion-impl", "te"],
     ];
     let json = |name: &str| dir.join(format!("{name}.jsonl"));
     let plain = train(&data, "3", &["--log-json", json("plain").to_str().unwrap()]);
     assert!(!stdout(&plain).contains("no effect"), "{}", stdout(&plain));
     let mut args: Vec<&str> = no_effect.concat();
     let megatron_json = json("megatron");
+    // Flags that work as in Megatron and ask for what trident does anyway.
+    args.extend(["--calculate-per-token-loss", "--context-parallel-size", "1"]);
     args.extend(["--dataloader-type", "single", "--log-json", megatron_json.to_str().unwrap()]);
     let o = train(&data, "3", &args);
     let out = stdout(&o);
@@ -180,6 +184,59 @@ fn megatron_script_flags_run_unchanged() {
 /// the norm of the checkpoint saved there, on one rank and over tensor- and pipeline-parallel
 /// ranks (each parameter counted once, the tied output layer not twice) and under ZeRO-1 over
 /// two data-parallel ranks; on the log line too.
+/// `--apply-layernorm-1p` holds each norm's weight as `w` with the scale `1 + w`: in f32 it
+/// trains as the plain scale does to f32 rounding, its checkpoint holds the scale minus 1, a
+/// checkpoint of the other kind is refused, and the Hugging Face export holds the scale itself.
+#[test]
+fn apply_layernorm_1p_trains_as_the_plain_scale_and_exports_the_scale() {
+    let dir = scratch("layernorm-1p");
+    let data = prepared_corpus(&dir);
+    let llama: &[&str] = &["--swiglu", "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights"];
+    for (norm, arch) in [("LayerNorm", &[][..]), ("RMSNorm", llama)] {
+        let run_with = |name: &str, extra: &[&str]| {
+            let (ckpt, json) = (dir.join(format!("{norm}-{name}")), dir.join(format!("{norm}-{name}.jsonl")));
+            let mut args = vec!["--normalization", norm, "--save", ckpt.to_str().unwrap()];
+            args.extend(arch);
+            args.extend(["--log-json", json.to_str().unwrap()]);
+            args.extend(extra);
+            train(&data, "4", &args);
+            (ckpt, loss_values(&json))
+        };
+        let (plain, want) = run_with("plain", &[]);
+        let (shifted, got) = run_with("1p", &["--apply-layernorm-1p"]);
+        assert_eq!(got.len(), 4);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g / w - 1.0).abs() < 1e-6, "{norm}: losses {got:?} vs {want:?}");
+        }
+        let (a, b) = (full_weights(&plain), full_weights(&shifted));
+        for ((name, scale), (_, w)) in a.iter().zip(&b) {
+            let norm_weight = name.ends_with("layernorm.weight");
+            for (s, w) in scale.iter().zip(w) {
+                let w = if norm_weight { w + 1.0 } else { *w };
+                assert!((s - w).abs() < 1e-5, "{norm}: {name}: {s} vs {w} (plus 1 for a norm weight)");
+            }
+        }
+        let mut args = vec!["train", "--data-path", &data, "--train-iters", "5", "--normalization", norm];
+        args.extend(arch);
+        args.extend(SMALL);
+        args.extend(["--load", shifted.to_str().unwrap()]);
+        assert_clean_error(&run(&args), &["apply_layernorm_1p is true in the checkpoint"]);
+        // Hugging Face holds the scale: exported and imported again, the weights are the plain run's.
+        let (hf, back) = (dir.join(format!("{norm}-hf")), dir.join(format!("{norm}-back")));
+        for args in [
+            ["convert", "--load", shifted.to_str().unwrap(), "--save-hf", hf.to_str().unwrap()],
+            ["convert", "--load-hf", hf.to_str().unwrap(), "--save", back.to_str().unwrap()],
+        ] {
+            let o = run(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        }
+        for ((name, scale), (_, got)) in a.iter().zip(&full_weights(&back)) {
+            let close = scale.iter().zip(got).all(|(s, g)| (s - g).abs() < 1e-5);
+            assert!(close, "{norm}: {name} after the Hugging Face round trip");
+        }
+    }
+}
+
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");

@@ -99,12 +99,31 @@ impl Layout {
 }
 
 /// A checkpoint with every tensor whole: `prefix/name` (prefix param, adam_m or adam_v) to values.
+#[derive(Clone)]
 pub struct FullCheckpoint {
     pub iteration: u64,
     pub meta: BTreeMap<String, String>,
     pub model: GptConfig,
     pub layout: Layout,
     pub tensors: BTreeMap<String, Vec<f32>>,
+}
+
+impl FullCheckpoint {
+    /// The same model with each norm's scale held as itself: under `--apply-layernorm-1p` the
+    /// weights `w` become `1 + w` and the architecture drops the flag (for formats that hold
+    /// the scale, such as Hugging Face's).
+    pub fn with_norm_scales(&self) -> FullCheckpoint {
+        let mut out = self.clone();
+        if out.model.arch.zero_centered_gamma {
+            for (name, values) in out.tensors.iter_mut() {
+                if name.strip_prefix("param/").is_some_and(crate::model::Arch::is_norm_weight) {
+                    values.iter_mut().for_each(|v| *v += 1.0);
+                }
+            }
+            out.model.arch.zero_centered_gamma = false;
+        }
+        out
+    }
 }
 
 const PREFIXES: [&str; 3] = ["param", "adam_m", "adam_v"];

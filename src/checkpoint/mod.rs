@@ -79,6 +79,7 @@ pub const METADATA_KEYS: &[&str] = &[
     "kv_channels",
     "untie_embeddings_and_output_weights",
     "disable_bias_linear",
+    "apply_layernorm_1p",
 ];
 pub const TRACKER: &str = "latest_checkpointed_iteration.txt";
 pub const SHARD_FILE: &str = "model_optim_rng.bin";

@@ -81,6 +81,10 @@ pub fn to_hf(cfg: &GptConfig, params: &BTreeMap<String, Vec<f32>>) -> Vec<(Strin
 /// `GPT2LMHeadModel` for GPT-2's architecture, else a `LlamaForCausalLM` (`hf_llama`).
 pub fn export_hf(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result<()> {
     let cfg = &full.model;
+    if cfg.arch.zero_centered_gamma {
+        // Hugging Face models hold each norm's scale itself: 1 + w.
+        return export_hf(&full.with_norm_scales(), dir, tok);
+    }
     if !cfg.arch.features().is_empty() {
         return super::hf_llama::export(full, dir, tok);
     }

@@ -343,6 +343,7 @@ pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
     a.swiglu |= args.has("--swiglu");
     a.untie_embeddings |= args.has("--untie-embeddings-and-output-weights");
     a.add_bias_linear &= !args.has("--disable-bias-linear");
+    a.zero_centered_gamma |= args.has("--apply-layernorm-1p");
     if args.has("--group-query-attention") {
         // Megatron's default is one group (multi-query attention).
         a.num_query_groups = Some(args.usize("--num-query-groups")?.unwrap_or(1));

@@ -2,8 +2,9 @@
 //! (`--normalization`, `--norm-epsilon`), the MLP's activation (`--swiglu`), the positions
 //! (`--position-embedding-type`, `--rotary-base`, `--rotary-percent`, `--use-rope-scaling`), the
 //! attention's key/value heads (`--group-query-attention`, `--num-query-groups`, `--kv-channels`),
-//! the output layer (`--untie-embeddings-and-output-weights`) and the linear layers' biases
-//! (`--disable-bias-linear`); and the rotary embedding's table of angles.
+//! the output layer (`--untie-embeddings-and-output-weights`), the linear layers' biases
+//! (`--disable-bias-linear`) and the norms' zero-centred scale (`--apply-layernorm-1p`); and the
+//! rotary embedding's table of angles.
 
 use crate::error::{Error, Result};
 
@@ -43,6 +44,9 @@ pub struct Arch {
     pub kv_channels: Option<usize>,
     pub untie_embeddings: bool,
     pub add_bias_linear: bool,
+    /// `--apply-layernorm-1p`: each norm's weight `w` starts at 0 and scales by `1 + w`
+    /// (megatron-core's `layernorm_zero_centered_gamma`), LayerNorm and RMSNorm alike.
+    pub zero_centered_gamma: bool,
 }
 
 impl Arch {
@@ -59,6 +63,7 @@ impl Arch {
         kv_channels: None,
         untie_embeddings: false,
         add_bias_linear: true,
+        zero_centered_gamma: false,
     };
 
     /// Llama's recipe: RMSNorm, SwiGLU, rotary positions, untied output layer, no linear biases
@@ -91,6 +96,17 @@ impl Arch {
             }
         }
         out
+    }
+
+    /// Where a norm's weight starts: 1, or 0 under `--apply-layernorm-1p` (its scale is `1 + w`).
+    pub fn norm_weight_init(&self) -> crate::tensor::Init {
+        crate::tensor::Init::Constant(if self.zero_centered_gamma { 0.0 } else { 1.0 })
+    }
+
+    /// Whether parameter `name` is a norm's weight (Megatron's names: `input_layernorm.weight`,
+    /// `pre_mlp_layernorm.weight`, `final_layernorm.weight`).
+    pub fn is_norm_weight(name: &str) -> bool {
+        name.ends_with("layernorm.weight")
     }
 
     /// The rotated dimensions of a head of `head_dim` (Megatron: `head_dim · rotary_percent`).
@@ -189,6 +205,7 @@ impl Arch {
         put("kv_channels", self.kv_channels.is_some(), format!("{}", self.kv_channels.unwrap_or(0)));
         put("untie_embeddings_and_output_weights", self.untie_embeddings, "true".into());
         put("disable_bias_linear", !self.add_bias_linear, "true".into());
+        put("apply_layernorm_1p", self.zero_centered_gamma, "true".into());
         out
     }
 
@@ -224,6 +241,7 @@ impl Arch {
             kv_channels: count("kv_channels")?,
             untie_embeddings: flag("untie_embeddings_and_output_weights"),
             add_bias_linear: !flag("disable_bias_linear"),
+            zero_centered_gamma: flag("apply_layernorm_1p"),
         })
     }
 
@@ -272,6 +290,7 @@ mod tests {
             kv_channels: Some(48),
             rotary_percent: 0.5,
             norm_epsilon: 1e-6,
+            zero_centered_gamma: true,
             ..Arch::LLAMA
         };
         let m = llama.metadata();

@@ -368,6 +368,7 @@ impl GptConfig {
         let bias = arch.add_bias_linear;
         let norm_bias = arch.normalization == Normalization::LayerNorm;
         let zero = Init::Constant(0.0);
+        let gamma = arch.norm_weight_init();
         let mut out = Vec::new();
         if plan.first {
             out.push(vocab("embedding.word_embeddings.weight"));
@@ -379,7 +380,7 @@ impl GptConfig {
         for l in plan.layers.clone() {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");
             let norm = |out: &mut Vec<ParamInfo>, name: &str| {
-                out.push(rep_sp(n(&format!("{name}.weight")), vec![h], Init::Constant(1.0)));
+                out.push(rep_sp(n(&format!("{name}.weight")), vec![h], gamma));
                 if norm_bias {
                     out.push(rep_sp(n(&format!("{name}.bias")), vec![h], zero));
                 }
@@ -404,7 +405,7 @@ impl GptConfig {
             }
         }
         if plan.last {
-            out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], Init::Constant(1.0)));
+            out.push(rep_sp("decoder.final_layernorm.weight".into(), vec![h], gamma));
             if norm_bias {
                 out.push(rep_sp("decoder.final_layernorm.bias".into(), vec![h], zero));
             }
@@ -428,6 +429,7 @@ impl GptConfig {
         let std = self.init_method_std;
         let scaled = std / (2.0 * self.num_layers as f64).sqrt();
         let (i, j) = (c.row, c.col);
+        let gamma = self.arch.norm_weight_init();
         let matrix =
             |name: String, n: usize, k: usize, init: Init| ParamInfo::block(name, vec![n, k], init, (j, q), (i, q));
         let vector = |name: String, n: usize, init: Init| ParamInfo::split(name, vec![n], init, 0, j * q + i, q * q);
@@ -454,13 +456,13 @@ impl GptConfig {
         for l in plan.layers.clone() {
             let n = |s: &str| format!("decoder.layers.{l}.{s}");
             out.extend([
-                vector(n("input_layernorm.weight"), h, Init::Constant(1.0)),
+                vector(n("input_layernorm.weight"), h, gamma),
                 vector(n("input_layernorm.bias"), h, Init::Constant(0.0)),
                 matrix(n("self_attention.linear_qkv.weight"), 3 * h, h, Init::Normal { std }),
                 vector(n("self_attention.linear_qkv.bias"), 3 * h, Init::Constant(0.0)),
                 matrix(n("self_attention.linear_proj.weight"), h, h, Init::Normal { std: scaled }),
                 vector(n("self_attention.linear_proj.bias"), h, Init::Constant(0.0)),
-                vector(n("pre_mlp_layernorm.weight"), h, Init::Constant(1.0)),
+                vector(n("pre_mlp_layernorm.weight"), h, gamma),
                 vector(n("pre_mlp_layernorm.bias"), h, Init::Constant(0.0)),
                 matrix(n("mlp.linear_fc1.weight"), f, h, Init::Normal { std }),
                 vector(n("mlp.linear_fc1.bias"), f, Init::Constant(0.0)),
@@ -469,7 +471,7 @@ impl GptConfig {
             ]);
         }
         if plan.last {
-            out.push(vector("decoder.final_layernorm.weight".into(), h, Init::Constant(1.0)));
+            out.push(vector("decoder.final_layernorm.weight".into(), h, gamma));
             out.push(vector("decoder.final_layernorm.bias".into(), h, Init::Constant(0.0)));
             if !plan.first {
                 out.push(ParamInfo { tied_copy: true, ..word() });

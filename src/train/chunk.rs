@@ -124,7 +124,8 @@ impl<D: Device> Chunk<D> {
         match &mut self.opt {
             Optimizer::Replicated(o) => {
                 let (params, working) = self.model.params_and_working();
-                o.step(dev, params, working, lr, grad_scale)
+                o.step(dev, params, working, lr, grad_scale);
+                self.model.shift_norm_weights(dev);
             }
             Optimizer::Distributed(z) => {
                 let shard = shard.expect("a ZeRO-1 chunk's gradients are reduce-scattered before its step");

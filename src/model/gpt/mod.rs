@@ -23,7 +23,7 @@ mod embedding;
 mod head;
 mod tensor_parallel;
 
-use super::{ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEmbedding, Recompute};
+use super::{Arch, ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEmbedding, Recompute};
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
 use crate::optim::WorkingCopy;
@@ -140,6 +140,9 @@ pub struct Gpt<D: Device> {
     /// the word embedding under bf16), which then read the masters; held in `precision` storage
     /// for those where the device stores it (`stored`), f32 rounded to it otherwise.
     working: Option<Vec<Option<D::Buf>>>,
+    /// `--apply-layernorm-1p`: a buffer of ones per length of norm weight, added to their
+    /// working copies (the scale `1 + w` the norms read); empty otherwise.
+    gamma_ones: Vec<(usize, D::Buf)>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
@@ -185,7 +188,8 @@ impl<D: Device> Gpt<D> {
             dev.upload(&mut buf, &table);
             buf
         });
-        Gpt {
+        let shifted = cfg.arch.zero_centered_gamma;
+        let mut gpt = Gpt {
             cfg,
             mp,
             plan,
@@ -200,6 +204,7 @@ impl<D: Device> Gpt<D> {
             precision: Precision::F32,
             stored: false,
             working: None,
+            gamma_ones: Vec::new(),
             scratch: Scratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
             layer_work: None,
@@ -209,7 +214,12 @@ impl<D: Device> Gpt<D> {
             loss: dev.scalars(1),
             loss_slot: 0,
             rope,
+        };
+        if shifted {
+            // The norms read `1 + w` from a working copy, in f32 too.
+            gpt.set_precision(dev, Precision::F32);
         }
+        gpt
     }
 
     /// Per layer of this chunk, the elements its tensor-parallel group, SUMMA row and SUMMA column
@@ -254,15 +264,42 @@ impl<D: Device> Gpt<D> {
         let gemm_rounds = dev.matmul_rounds_operands(precision);
         self.stored = precision != Precision::F32 && dev.stores(precision);
         let held = precision != Precision::F32 && dev.holds_weights_in(precision);
-        self.working = (precision != Precision::F32).then(|| {
+        // Under `--apply-layernorm-1p` the norms' weights have a copy in f32 too: `1 + w`.
+        let shifted = |p: &crate::tensor::ParamInfo| self.cfg.arch.zero_centered_gamma && Arch::is_norm_weight(&p.name);
+        self.working = (precision != Precision::F32 || self.params.info.iter().any(shifted)).then(|| {
             let copy = |p: &crate::tensor::ParamInfo| match is_gemm_operand(&p.name) {
+                _ if precision == Precision::F32 => shifted(p).then(|| dev.alloc(p.numel())),
                 true if held => Some(dev.alloc_weights(p.numel(), precision)),
                 true if gemm_rounds => None,
                 _ => Some(dev.alloc(p.numel())),
             };
             self.params.info.iter().map(copy).collect()
         });
+        self.gamma_ones.clear();
+        for p in self.params.info.iter().filter(|p| shifted(p)) {
+            if !self.gamma_ones.iter().any(|(n, _)| *n == p.numel()) {
+                let mut ones = dev.alloc(p.numel());
+                dev.fill(&mut ones, 1.0);
+                self.gamma_ones.push((p.numel(), ones));
+            }
+        }
         self.refresh_working_weights(dev);
+    }
+
+    /// `--apply-layernorm-1p`: adds 1 to the norm weights' working copies, which hold the
+    /// (rounded) masters `w`, so the norms read their scale `1 + w` (after `refresh_working_weights`
+    /// and after the optimizer writes the copies).
+    pub fn shift_norm_weights(&mut self, dev: &D) {
+        let Some(working) = self.working.as_mut() else { return };
+        if self.gamma_ones.is_empty() {
+            return;
+        }
+        for (w, info) in working.iter_mut().zip(&self.params.info) {
+            if let (Some(w), true) = (w.as_mut(), Arch::is_norm_weight(&info.name)) {
+                let ones = &self.gamma_ones.iter().find(|(n, _)| *n == info.numel()).expect("ones of every length").1;
+                dev.add_assign(w, ones);
+            }
+        }
     }
 
     /// Rounds the master weights into the working copy (after loading a checkpoint, and after a
@@ -279,6 +316,7 @@ impl<D: Device> Gpt<D> {
                 dev.round_to(w, self.precision);
             }
         }
+        self.shift_norm_weights(dev);
     }
 
     /// The parameters and mixed precision's working copy of them (per parameter, None where it
