@@ -281,6 +281,13 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--calculate-per-token-loss",
         "the loss is the mean over the global batch's tokens, as trident's always is (no token is masked)",
     ),
+    switch(
+        "--profile",
+        "profile iterations --profile-step-start + 1 to --profile-step-end: on CUDA and HIP the profiler API's capture range (nsys --capture-range=cudaProfilerApi), and --timing-trace records only them",
+    ),
+    flag("--profile-step-start", "N", "--profile starts after N iterations (default 10)"),
+    flag("--profile-step-end", "N", "--profile stops after iteration N (default 12)"),
+    many("--profile-ranks", "R", "the global ranks that profile (default every rank)"),
     flag("--ddp-bucket-size", "N", "elements per data-parallel gradient bucket (default 40000000)"),
     switch("--bf16", "bf16 mixed precision: bf16 weights and activations, f32 masters, gradients and AdamW state"),
     switch("--fp16", "fp16 mixed precision with dynamic loss scaling"),

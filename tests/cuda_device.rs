@@ -187,9 +187,16 @@ fn train_on_cuda_follows_the_cpu_bf16_losses_and_parallel_layouts_follow_one_ran
     let ckpt = dir.join("ckpt");
     let ckpt_s = ckpt.to_str().unwrap();
     let first = train_losses(&emu.env, &dir, &data, "cuda", 1, &["--save", ckpt_s, "--exit-interval", "3"]);
-    let resumed = train_losses(&emu.env, &dir, &data, "cuda", 1, &["--load", ckpt_s]);
+    // The resumed run profiles its first iteration (4): the driver's profiler range opens before
+    // it and closes after it, and the losses do not notice.
+    let profiled = dir.join("profiler.log");
+    let mut env = emu.env.clone();
+    env.push(("EMU_PROFILER_LOG", profiled.clone()));
+    let profile = ["--profile", "--profile-step-start", "3", "--profile-step-end", "4"];
+    let resumed = train_losses(&env, &dir, &data, "cuda", 1, &[&["--load", ckpt_s][..], &profile].concat());
     assert_eq!(first, gpu[..3], "a second run differs");
     assert_eq!(resumed, gpu[3..], "the resumed run differs from the uninterrupted one");
+    assert_eq!(std::fs::read_to_string(&profiled).unwrap(), "start\nstop\n", "cuProfilerStart, then Stop");
     // Tensor x pipeline parallel on the CUDA Device, through the host-staged MPI path: the same
     // run as one rank, up to the reduction order's f32 rounding (and the bf16 roundings after it).
     // 2-D tensor parallelism (SUMMA) adds the split LayerNorm (`layernorm_sums` and friends).

@@ -237,6 +237,35 @@ fn apply_layernorm_1p_trains_as_the_plain_scale_and_exports_the_scale() {
     }
 }
 
+/// `--profile` keeps the timing trace of iterations start + 1 to end only (one optimizer span
+/// each), changes no loss, and its range flags are checked (the CUDA profiler calls are
+/// `tests/cuda_device.rs`'s).
+#[test]
+fn profile_traces_just_its_iterations() {
+    let dir = scratch("profile");
+    let data = prepared_corpus(&dir);
+    let (trace, json) = (dir.join("trace.json"), dir.join("profiled.jsonl"));
+    let (trace_s, json_s) = (trace.to_str().unwrap(), json.to_str().unwrap());
+    let profile = ["--profile", "--profile-step-start", "1", "--profile-step-end", "3", "--profile-ranks", "0"];
+    let o = train(&data, "4", &[&profile[..], &["--timing-trace", trace_s, "--log-json", json_s]].concat());
+    assert!(stdout(&o).contains(" --profile: iterations 2 to 3 on ranks [0]:"), "{}", stdout(&o));
+    let spans = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(spans.matches("\"name\": \"optimizer\"").count(), 2, "{spans}");
+    let plain = dir.join("plain.jsonl");
+    train(&data, "4", &["--log-json", plain.to_str().unwrap()]);
+    assert_eq!(logged_losses(&json), logged_losses(&plain));
+    for (flags, needle) in [
+        (&["--profile-step-start", "2"][..], "--profile-step-start sets the range of --profile, which is not given"),
+        (&["--profile", "--profile-step-start", "3", "--profile-step-end", "3"], "must be above --profile-step-start"),
+        (&["--profile", "--profile-ranks", "1"], "--profile-ranks"),
+    ] {
+        let mut args = vec!["train", "--data-path", &data, "--train-iters", "4"];
+        args.extend(SMALL);
+        args.extend(flags);
+        assert_clean_error(&run(&args), &[needle]);
+    }
+}
+
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");

@@ -97,6 +97,8 @@ pub struct TrainConfig {
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
+    /// `--profile`: the iterations it covers and the ranks that take part.
+    pub profile: Option<ProfileRange>,
     pub recompute: crate::model::Recompute,
     /// The Megatron flags given that change nothing here (`flags::MEGATRON_NO_EFFECT`), each with
     /// why; `trident train` says so at start.
@@ -236,6 +238,7 @@ impl TrainConfig {
             first_stage_layers: args.usize("--decoder-first-pipeline-num-layers")?,
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
+            profile: profile_range(args)?,
             precision: precision(args),
             loss_scaler: loss_scaler(args)?,
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),
@@ -367,6 +370,51 @@ pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
         )));
     }
     Ok(a)
+}
+
+/// `--profile`'s range: iterations `start + 1` through `end` (as the log line counts them), as
+/// Megatron starts the profiler before the iteration after `--profile-step-start` and stops it
+/// after iteration `--profile-step-end`, on `ranks` (None: every rank).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileRange {
+    pub start: u64,
+    pub end: u64,
+    pub ranks: Option<Vec<usize>>,
+}
+
+impl ProfileRange {
+    /// Whether `rank` profiles.
+    pub fn on(&self, rank: usize) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.contains(&rank))
+    }
+}
+
+/// `--profile` with `--profile-step-start`, `--profile-step-end` and `--profile-ranks`; the range
+/// flags without `--profile` are one error (they would silently profile nothing).
+fn profile_range(args: &Args) -> Result<Option<ProfileRange>> {
+    let range_flags = ["--profile-step-start", "--profile-step-end", "--profile-ranks"];
+    if !args.has("--profile") {
+        return match range_flags.iter().find(|f| args.has(f)) {
+            Some(f) => Err(Error::Usage(format!("{f} sets the range of --profile, which is not given"))),
+            None => Ok(None),
+        };
+    }
+    let (start, end) = (args.u64("--profile-step-start")?.unwrap_or(10), args.u64("--profile-step-end")?.unwrap_or(12));
+    if end <= start {
+        return Err(Error::Config(format!(
+            "--profile-step-end {end} must be above --profile-step-start {start} (the profiled iterations are \
+             start + 1 to end)"
+        )));
+    }
+    let ranks = args
+        .list("--profile-ranks")
+        .map(|list| {
+            list.iter()
+                .map(|r| r.parse::<usize>().map_err(|_| Error::flag("--profile-ranks", format!("'{r}'"), "global ranks")))
+                .collect::<Result<Vec<_>>>()
+        })
+        .transpose()?;
+    Ok(Some(ProfileRange { start, end, ranks }))
 }
 
 /// `--check-for-nan-in-loss-and-grad` (Megatron's default) unless `--no-check-for-nan-in-loss-and-grad`.

@@ -195,4 +195,12 @@ pub trait Memory: Send + Sync {
     fn work_counters(&self) -> Option<WorkCounters> {
         None
     }
+
+    /// `--profile`: starts (`on`) or stops the vendor profiler's capture range (CUDA's
+    /// `cuProfilerStart`/`cuProfilerStop`, HIP's `hipProfilerStart`/`hipProfilerStop`), so a
+    /// profiler run with capture-range on the profiler API records just those steps. Nothing on
+    /// devices without one (the CPU, the reference).
+    fn profiler(&self, _on: bool) -> crate::error::Result<()> {
+        Ok(())
+    }
 }

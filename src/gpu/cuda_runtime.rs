@@ -216,6 +216,14 @@ impl VendorRuntime for CudaRuntime {
         // SAFETY: a context is current.
         self.driver.check("cuCtxSynchronize", unsafe { self.driver.api.cuCtxSynchronize() }?)
     }
+    fn profiler(&self, on: bool) -> Result<()> {
+        self.current()?;
+        // SAFETY: a context is current; neither call takes arguments.
+        match on {
+            true => self.driver.check("cuProfilerStart", unsafe { self.driver.api.cuProfilerStart() }?),
+            false => self.driver.check("cuProfilerStop", unsafe { self.driver.api.cuProfilerStop() }?),
+        }
+    }
     fn time_with_events(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Option<Result<f64>> {
         Some((|| {
             self.current()?;

@@ -233,6 +233,10 @@ impl Memory for GpuDevice {
     fn work_counters(&self) -> Option<crate::device::WorkCounters> {
         Some(self.rt.tally().snapshot())
     }
+
+    fn profiler(&self, on: bool) -> crate::error::Result<()> {
+        self.rt.profiler(on)
+    }
 }
 
 impl ElementwiseOps for GpuDevice {

@@ -55,6 +55,8 @@ api_table! {
         fn cuCtxCreate_v2(context: *mut CuContext, flags: u32, device: CuDevice) -> i32;
         fn cuCtxSetCurrent(context: CuContext) -> i32;
         fn cuCtxSynchronize() -> i32;
+        fn cuProfilerStart() -> i32;
+        fn cuProfilerStop() -> i32;
         fn cuModuleLoadData(module: *mut CuModule, image: *const c_void) -> i32;
         fn cuModuleUnload(module: CuModule) -> i32;
         fn cuModuleGetFunction(function: *mut CuFunction, module: CuModule, name: *const c_char) -> i32;

@@ -79,6 +79,8 @@ api_table! {
         fn hipStreamDestroy(stream: HipStream) -> i32;
         fn hipStreamSynchronize(stream: HipStream) -> i32;
         fn hipDeviceSynchronize() -> i32;
+        fn hipProfilerStart() -> i32;
+        fn hipProfilerStop() -> i32;
         fn hipStreamCreateWithFlags(stream: *mut HipStream, flags: u32) -> i32;
         fn hipStreamQuery(stream: HipStream) -> i32;
         fn hipEventCreateWithFlags(event: *mut HipEvent, flags: u32) -> i32;

@@ -192,6 +192,14 @@ impl VendorRuntime for HipRuntime {
         // SAFETY: no arguments.
         self.hip.check("hipDeviceSynchronize", unsafe { self.hip.api.hipDeviceSynchronize() }?)
     }
+    fn profiler(&self, on: bool) -> Result<()> {
+        self.current()?;
+        // SAFETY: no arguments.
+        match on {
+            true => self.hip.check("hipProfilerStart", unsafe { self.hip.api.hipProfilerStart() }?),
+            false => self.hip.check("hipProfilerStop", unsafe { self.hip.api.hipProfilerStop() }?),
+        }
+    }
     fn describe(&self) -> String {
         let runtime = self.hip.runtime_version().map_or_else(|_| "HIP runtime".into(), |v| format!("HIP {v} runtime"));
         format!(

@@ -41,6 +41,9 @@ pub trait VendorRuntime: Send + Sync {
         Err(Error::Unsupported("TMA tensor maps exist on CUDA devices of compute capability 9.0 only".into()))
     }
     fn synchronize(&self) -> Result<()>;
+
+    /// Starts (`on`) or stops the vendor profiler's capture range (`--profile`).
+    fn profiler(&self, on: bool) -> Result<()>;
     /// A one-line description: the GPU, its architecture and the driver.
     fn describe(&self) -> String;
     /// Milliseconds of device time the work `enqueue` launches takes, measured with the vendor's
@@ -246,6 +249,9 @@ impl<V: VendorRuntime> VendorRuntime for Counted<V> {
         self.tally.synchronization();
         self.vendor.synchronize()
     }
+    fn profiler(&self, on: bool) -> Result<()> {
+        self.vendor.profiler(on)
+    }
     fn describe(&self) -> String {
         self.vendor.describe()
     }
@@ -320,6 +326,10 @@ mod tests {
         }
         fn synchronize(&self) -> Result<()> {
             self.log("sync".into());
+            Ok(())
+        }
+        fn profiler(&self, on: bool) -> Result<()> {
+            self.log(format!("profiler {on}"));
             Ok(())
         }
         fn describe(&self) -> String {

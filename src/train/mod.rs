@@ -112,7 +112,8 @@ fn run_on<D: Device>(
     let (json, tensorboard) = setup::agree(logs, &setup.groups, "could not open their logs", true)?;
     let pipe = Pipeline::new(&setup)?;
     setup.groups.world.barrier();
-    let tl = Timeline::new(cfg.timing_trace.is_some());
+    // Under --profile the trace keeps the profiled iterations only (`Trainer::profile`).
+    let tl = Timeline::new(cfg.timing_trace.is_some() && cfg.profile.is_none());
     let mut trainer = Trainer {
         setup: &setup,
         pipe,
@@ -238,6 +239,18 @@ struct Trainer<'a, D: Device> {
 }
 
 impl<D: Device> Trainer<'_, D> {
+    /// `--profile` on this rank: before iteration `start + 1` (`starting`) the device's profiler
+    /// range opens and the trace starts keeping spans; after iteration `end` both stop.
+    fn profile(&mut self, iteration: u64, starting: bool) -> Result<()> {
+        let (setup, cfg) = (self.setup, &self.setup.cfg);
+        let Some(p) = cfg.profile.as_ref().filter(|p| p.on(setup.grid.rank)) else { return Ok(()) };
+        if iteration == if starting { p.start + 1 } else { p.end } {
+            setup.dev.profiler(starting)?;
+            self.tl.record(starting && cfg.timing_trace.is_some());
+        }
+        Ok(())
+    }
+
     /// One iteration: the training step, `--log-comm`'s counts, validation when due, the log
     /// line, and the checkpoint or early stop. Returns whether the run goes on.
     fn iteration(&mut self) -> Result<bool> {
@@ -261,7 +274,9 @@ impl<D: Device> Trainer<'_, D> {
         let comm_before = report::group_counters(&setup.groups, &setup.dev);
         let work_before = if cfg.log_device_work { setup.dev.work_counters() } else { None };
         let tokens = (batch * cfg.seq_length) as f64;
+        self.profile(iteration, true)?;
         self.step(iteration, lr, batch)?;
+        self.profile(iteration, false)?;
         // `--log-comm`: this step's counts by group, and the layers' (taken before evaluation
         // adds its forwards).
         let comm_report = cfg.log_comm.then(|| {

@@ -69,6 +69,18 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
             chunks.iter().map(|c| c.buckets.len()).sum::<usize>(),
             data.train.len()
         );
+        if let Some(p) = &setup.cfg.profile {
+            let ranks = p.ranks.as_ref().map_or("every rank".to_string(), |r| format!("ranks {r:?}"));
+            let trace = match &setup.cfg.timing_trace {
+                Some(path) => format!("the timing trace ({}) keeps just them", path.display()),
+                None => "give --timing-trace FILE for trident's trace of them".to_string(),
+            };
+            println!(
+                " --profile: iterations {} to {} on {ranks}: the device profiler's capture range (CUDA, HIP); {trace}",
+                p.start + 1,
+                p.end
+            );
+        }
         if let Some((max, min)) = setup.cfg.lr.decoupled {
             println!(
                 " --decoupled-lr {max}: the word embedding and output layer peak at {max} and end at {min}, on the \

@@ -186,6 +186,10 @@ pub(super) struct StagePlan {
 fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelParallel)> {
     let grid = Grid::new(rt.world_size, rt.world_rank, cfg.tensor_parallel, cfg.pipeline_parallel)?;
     let cfg = cfg.for_data_parallel(grid.dp);
+    let ranks = cfg.profile.as_ref().and_then(|p| p.ranks.as_ref());
+    if let Some(r) = ranks.and_then(|r| r.iter().find(|&&r| r >= rt.world_size)) {
+        return Err(Error::flag("--profile-ranks", r, format!("global ranks below the world size {}", rt.world_size)));
+    }
     if !cfg.global_batch_size.is_multiple_of(cfg.micro_batch_size * grid.dp) {
         return Err(Error::Config(format!(
             "--global-batch-size {} is not a multiple of --micro-batch-size {} x the data-parallel size {}",

@@ -68,6 +68,10 @@ impl Timeline {
             peak_live: 0,
         }
     }
+    /// Keeps spans from now on (`on`) or stops keeping them (`--profile`'s range).
+    pub fn record(&mut self, on: bool) {
+        self.record_spans = on;
+    }
     pub fn now_us(&self) -> f64 {
         self.origin.elapsed().as_secs_f64() * 1e6
     }

@@ -166,6 +166,8 @@ hipError_t hipSetDevice(int d) {
   return kSuccess;
 }
 hipError_t hipDeviceSynchronize() { return synchronize_device(); }
+hipError_t hipProfilerStart() { return profiler_mark("start") == 0 ? kSuccess : kInvalidValue; }
+hipError_t hipProfilerStop() { return profiler_mark("stop") == 0 ? kSuccess : kInvalidValue; }
 
 // The storage type this runtime's kernels were built for: bf16, or binary16 when built with
 // -DTRIDENT_FP16 (libamdhip64-emu-fp16.so, for `--fp16`). A code object compiled for the other one

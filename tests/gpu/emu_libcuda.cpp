@@ -165,6 +165,8 @@ CUresult cuCtxCreate_v2(void** context, unsigned, int) {
 }
 CUresult cuCtxSetCurrent(void*) { return kSuccess; }
 CUresult cuCtxSynchronize() { return synchronize_device(); }
+CUresult cuProfilerStart() { return profiler_mark("start") == 0 ? kSuccess : kInvalidValue; }
+CUresult cuProfilerStop() { return profiler_mark("stop") == 0 ? kSuccess : kInvalidValue; }
 
 // The storage type this driver's kernels were built for: bf16, or binary16 when built with
 // -DTRIDENT_FP16 (libcuda-emu-fp16.so, for `--fp16`). A module compiled for the other one (the
