@@ -281,6 +281,11 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--calculate-per-token-loss",
         "the loss is the mean over the global batch's tokens, as trident's always is (no token is masked)",
     ),
+    flag(
+        "--distributed-timeout-minutes",
+        "M",
+        "stop the job when a rank waits on the others longer than M minutes (a collective, a message, the device's queued collectives; default 10, as Megatron)",
+    ),
     switch(
         "--profile",
         "profile iterations --profile-step-start + 1 to --profile-step-end: on CUDA and HIP the profiler API's capture range (nsys --capture-range=cudaProfilerApi), and --timing-trace records only them",

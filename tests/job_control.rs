@@ -1,7 +1,8 @@
 //! What batch job scripts rely on: `--exit-signal-handler` (a signal to one rank stops every rank
 //! after the same iteration, with a checkpoint, exit code 75 and the stop marker),
-//! `--exit-duration-in-mins`, a resume that continues the uninterrupted run bit for bit, and the
-//! per-rank `placement:` lines (the MPI split beats an inherited `SLURM_LOCALID`).
+//! `--exit-duration-in-mins`, a resume that continues the uninterrupted run bit for bit, the
+//! per-rank `placement:` lines (the MPI split beats an inherited `SLURM_LOCALID`), and
+//! `--distributed-timeout-minutes` ending a job whose rank stopped answering.
 
 mod common;
 use common::*;
@@ -145,6 +146,37 @@ fn sigterm_to_one_of_two_ranks_stops_both_after_the_same_iteration() {
 
     let resume = with(args, &["--load", ckpt.to_str().unwrap()]);
     resume_and_compare(mpirun_command(2, &[]), &resume, &ckpt, &json, &base);
+}
+
+/// A rank that stops answering (SIGSTOP: alive, holding its resources, never reaching the next
+/// collective) leaves the other waiting; past `--distributed-timeout-minutes` (here 0.1, six
+/// seconds) that rank says which wait timed out and the whole job ends, instead of hanging.
+#[test]
+fn a_stuck_rank_ends_the_job_after_the_distributed_timeout() {
+    let dir = scratch("timeout-2");
+    let data = prepared_corpus(&dir);
+    let json = dir.join("run.jsonl");
+    let args = with(
+        two_rank_flags(&data),
+        &["--tensor-model-parallel-size", "2", "--distributed-timeout-minutes", "0.1", "--log-json", json.to_str().unwrap()],
+    );
+    let mut child = mpirun_command(2, &[]).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_iterations(&mut child, &json, 3);
+    let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", child.id(), child.id())).unwrap();
+    let ranks: Vec<u32> = children.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(ranks.len(), 2, "mpirun's children: {children}");
+    let stuck = *ranks.iter().max().unwrap();
+    kill(stuck, "STOP");
+    let started = Instant::now();
+    let o = finish(child);
+    let _ = Command::new("kill").args(["-KILL", &stuck.to_string()]).status();
+    assert!(!o.status.success(), "the job ended cleanly with a rank stopped");
+    let err = stderr(&o);
+    assert!(
+        err.contains("has waited on the other ranks for more than --distributed-timeout-minutes 0.1"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "the job took {:?} to end", started.elapsed());
 }
 
 #[test]

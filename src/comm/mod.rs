@@ -8,6 +8,7 @@ pub mod placement;
 pub mod runtime;
 #[cfg(test)]
 pub mod threads;
+pub mod watchdog;
 
 use bytemuck::{Pod, Zeroable};
 

@@ -125,8 +125,13 @@ unsafe fn request(start: impl FnOnce(*mut ffi::MPI_Request)) -> ffi::MPI_Request
     req.assume_init()
 }
 
-/// Completes `req`, yielding the core between polls when the node is oversubscribed.
+/// Completes `req`, yielding the core between polls when the node is oversubscribed (timed by
+/// the watchdog as "an MPI message or posted collective").
 fn complete(req: &mut ffi::MPI_Request, oversubscribed: bool) {
+    super::watchdog::waiting("an MPI message or posted collective", || complete_now(req, oversubscribed))
+}
+
+fn complete_now(req: &mut ffi::MPI_Request, oversubscribed: bool) {
     // SAFETY: `req` is a live request from a non-blocking call whose buffers outlive this wait.
     unsafe {
         if !oversubscribed {
@@ -170,11 +175,14 @@ impl MpiComm {
     /// # Safety
     /// The closures must make one MPI call on buffers that outlive this function.
     unsafe fn complete_with(&self, blocking: impl FnOnce(), nonblocking: impl FnOnce(*mut ffi::MPI_Request)) {
-        if !self.oversubscribed {
-            blocking();
-            return;
-        }
-        complete(&mut request(nonblocking), true);
+        super::watchdog::waiting("an MPI collective", || {
+            if !self.oversubscribed {
+                blocking();
+                return;
+            }
+            // SAFETY: forwarded to the caller, per this function's contract.
+            complete_now(&mut unsafe { request(nonblocking) }, true);
+        })
     }
 
     fn count_sent(&self, f: impl FnOnce(&mut CommCounters)) {

@@ -97,6 +97,8 @@ pub struct TrainConfig {
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
+    /// `--distributed-timeout-minutes`: the longest a rank waits on the others (`comm::watchdog`).
+    pub distributed_timeout_minutes: f64,
     /// `--profile`: the iterations it covers and the ranks that take part.
     pub profile: Option<ProfileRange>,
     pub recompute: crate::model::Recompute,
@@ -239,6 +241,13 @@ impl TrainConfig {
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
             profile: profile_range(args)?,
+            distributed_timeout_minutes: match args.f64("--distributed-timeout-minutes")? {
+                Some(m) if m <= 0.0 => {
+                    return Err(Error::flag("--distributed-timeout-minutes", m, "a positive number of minutes"))
+                }
+                Some(m) => m,
+                None => 10.0,
+            },
             precision: precision(args),
             loss_scaler: loss_scaler(args)?,
             use_distributed_optimizer: args.has("--use-distributed-optimizer"),

@@ -222,7 +222,10 @@ impl<V: VendorRuntime> VendorRuntime for Counted<V> {
     }
     fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.tally.device_to_host(dst.len());
-        self.vendor.copy_to_host(dst, src)
+        // It waits for the queued work, collectives included (`--distributed-timeout-minutes`).
+        crate::comm::watchdog::waiting("a device-to-host copy (behind the queued work and collectives)", || {
+            self.vendor.copy_to_host(dst, src)
+        })
     }
     fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         self.tally.device_to_device(bytes);
@@ -247,7 +250,9 @@ impl<V: VendorRuntime> VendorRuntime for Counted<V> {
     }
     fn synchronize(&self) -> Result<()> {
         self.tally.synchronization();
-        self.vendor.synchronize()
+        crate::comm::watchdog::waiting("a device synchronisation (the queued work and collectives)", || {
+            self.vendor.synchronize()
+        })
     }
     fn profiler(&self, on: bool) -> Result<()> {
         self.vendor.profiler(on)

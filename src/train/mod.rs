@@ -61,6 +61,9 @@ pub struct TrainSummary {
 /// `--device` names: the CPU backend, the GPU Device (CUDA or HIP) on the rank's GPU, or the f64
 /// reference device (the oracle the others are tested against; serial, for tests).
 pub fn run(cfg: &TrainConfig, rt: &Runtime) -> Result<TrainSummary> {
+    let minutes = cfg.distributed_timeout_minutes;
+    let timeout = std::time::Duration::try_from_secs_f64(minutes * 60.0).unwrap_or(std::time::Duration::MAX);
+    crate::comm::watchdog::arm(timeout, rt.world_rank, minutes);
     match cfg.device.as_str() {
         "cuda" | "hip" => {
             let (gpu, count) = setup::load_gpu(cfg)?;
