@@ -127,6 +127,11 @@ const TRAIN_REST: &[FlagSpec] = &[
         "START INCR SAMPLES",
         "ramp the global batch from START up by INCR over SAMPLES samples (with --train-samples)",
     ),
+    flag(
+        "--step-batch-size-schedule",
+        "\"T:B T:B ...\"",
+        "global batch B from T tokens consumed on (K, M, B, T suffixes; the first T 0); --global-batch-size, if given, must be its last B",
+    ),
     switch(
         "--decrease-batch-size-if-needed",
         "round a ramp-up batch down to a multiple of micro-batch x data-parallel size instead of an error",

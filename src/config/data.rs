@@ -48,7 +48,8 @@ pub(super) fn data_source(
         ));
     } else if args.has("--split") && !kinds[0] {
         return Err(Error::Usage(
-            "--split divides --data-path; the per-split paths are used whole (as in Megatron, which refuses both)".into(),
+            "--split divides --data-path; the per-split paths are used whole (as in Megatron, which refuses both)"
+                .into(),
         ));
     }
     if let Some((flag, list)) = whole {
@@ -105,4 +106,3 @@ fn per_split_lists(args: &Args) -> Result<[Option<Blend>; 3]> {
     }
     Ok(out)
 }
-

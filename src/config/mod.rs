@@ -5,16 +5,16 @@ mod data;
 mod presets;
 mod schedule;
 
-pub use presets::{llama_on_device, preset, Preset, PRESETS};
 use data::data_source;
-use schedule::{adam, batch_sizes, lr_schedule, rampup};
+pub use presets::{llama_on_device, preset, Preset, PRESETS};
+use schedule::{adam, batch_sizes, lr_schedule, rampup, step_batches};
 
 use crate::cli::Args;
 use crate::data::tokenizer::{ByteTokenizer, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::{Arch, GptConfig};
 use crate::optim::lr::LrSchedule;
-use crate::optim::rampup::BatchRampup;
+use crate::optim::rampup::BatchSchedule;
 use crate::optim::AdamWConfig;
 use std::path::PathBuf;
 
@@ -38,7 +38,7 @@ pub struct TrainConfig {
     pub global_batch_size: usize,
     /// `--rampup-batch-size`: the global batch of each iteration grows to `global_batch_size`
     /// (`global_batch_at`).
-    pub rampup: Option<BatchRampup>,
+    pub rampup: Option<BatchSchedule>,
     /// `--decrease-batch-size-if-needed`: a ramp-up batch that micro-batch x data-parallel size
     /// does not divide is rounded down to a multiple of it (megatron-core's running batch).
     pub decrease_batch_size_if_needed: bool,
@@ -127,7 +127,7 @@ impl TrainConfig {
     /// The global batch of an iteration that starts after `consumed` samples: the ramp's value
     /// under `--rampup-batch-size`, else `global_batch_size`.
     pub fn global_batch_at(&self, consumed: u64) -> usize {
-        self.rampup.map_or(self.global_batch_size, |r| r.global_batch(consumed) as usize)
+        self.rampup.as_ref().map_or(self.global_batch_size, |r| r.global_batch(consumed) as usize)
     }
 
     /// The samples an iteration after `consumed` samples trains on with `per_micro` samples per
@@ -166,9 +166,10 @@ impl TrainConfig {
         reject_unbuilt(args)?;
         let tokenizer = crate::data::tokenizer_files::from_args(args)?;
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
-        let (micro_batch_size, global_batch_size) = batch_sizes(args, p)?;
-        let rampup = rampup(args, global_batch_size)?;
-        let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size, rampup)?;
+        let steps = step_batches(args, seq_length)?;
+        let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
+        let rampup = rampup(args, global_batch_size, steps)?;
+        let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size, rampup.as_ref())?;
         let adam = adam(args)?;
         let mut notes = Vec::new();
         let data = data_source(args, &tokenizer, model.vocab_size, &mut notes)?;
@@ -419,7 +420,9 @@ fn profile_range(args: &Args) -> Result<Option<ProfileRange>> {
         .list("--profile-ranks")
         .map(|list| {
             list.iter()
-                .map(|r| r.parse::<usize>().map_err(|_| Error::flag("--profile-ranks", format!("'{r}'"), "global ranks")))
+                .map(|r| {
+                    r.parse::<usize>().map_err(|_| Error::flag("--profile-ranks", format!("'{r}'"), "global ranks"))
+                })
                 .collect::<Result<Vec<_>>>()
         })
         .transpose()?;
@@ -520,7 +523,8 @@ fn recompute(args: &Args) -> Result<crate::model::Recompute> {
 
 fn reject_unbuilt(args: &Args) -> Result<()> {
     // A Megatron flag whose help says "not built" names the missing feature and its issue.
-    let unbuilt = crate::flags::TRAIN_FLAGS.iter().filter(|f| f.help.starts_with("not built")).find(|f| args.has(f.name));
+    let unbuilt =
+        crate::flags::TRAIN_FLAGS.iter().filter(|f| f.help.starts_with("not built")).find(|f| args.has(f.name));
     if let Some(f) = unbuilt {
         return Err(Error::Unsupported(format!("{}: {}; drop the flag", f.name, f.help)));
     }

@@ -174,4 +174,3 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
         Error::flag("--preset", format!("'{name}'"), format!("one of {}", names.join(", ")))
     })
 }
-

@@ -5,13 +5,24 @@ use super::presets::Preset;
 use crate::cli::Args;
 use crate::error::{Error, Result};
 use crate::optim::lr::{DecayStyle, IncrStyle, LrSchedule};
-use crate::optim::rampup::BatchRampup;
+use crate::optim::rampup::{BatchRampup, BatchSchedule, StepBatches};
 use crate::optim::AdamWConfig;
 
 /// The micro-batch and global batch sizes: both at least 1, the global a multiple of the micro.
-pub(super) fn batch_sizes(args: &Args, p: &Preset) -> Result<(usize, usize)> {
+pub(super) fn batch_sizes(args: &Args, p: &Preset, steps: Option<&StepBatches>) -> Result<(usize, usize)> {
     let micro_batch_size = args.usize("--micro-batch-size")?.unwrap_or(p.micro_batch_size);
-    let global_batch_size = args.usize("--global-batch-size")?.unwrap_or(p.global_batch_size.max(micro_batch_size));
+    let last = steps.map(|s| s.steps.last().expect("a step").1 as usize);
+    let global_batch_size = match (args.usize("--global-batch-size")?, last) {
+        (Some(g), Some(last)) if g != last => {
+            return Err(Error::Config(format!(
+                "--global-batch-size {g} is not the last batch of --step-batch-size-schedule ({last}): give one, or \
+                 both agreeing (Megatron takes only one)"
+            )))
+        }
+        (Some(g), _) => g,
+        (None, Some(last)) => last,
+        (None, None) => p.global_batch_size.max(micro_batch_size),
+    };
     if micro_batch_size == 0 || global_batch_size == 0 {
         return Err(Error::Config("--micro-batch-size and --global-batch-size must be at least 1".into()));
     }
@@ -32,7 +43,7 @@ pub(super) fn lr_schedule(
     args: &Args,
     p: &Preset,
     global_batch_size: usize,
-    rampup: Option<BatchRampup>,
+    rampup: Option<&BatchSchedule>,
 ) -> Result<(u64, u64, LrSchedule)> {
     let gbs = global_batch_size as u64;
     let by_samples = args.has("--train-samples");
@@ -50,14 +61,18 @@ pub(super) fn lr_schedule(
         Some(n) => n,
         None => args.u64("--train-iters")?.unwrap_or(p.train_iters) * gbs,
     };
-    if rampup.is_some() && !by_samples {
+    if matches!(rampup, Some(BatchSchedule::Ramp(_))) && !by_samples {
         return Err(Error::Config(format!(
             "--rampup-batch-size needs sample-based training: give --train-samples instead of {} (Megatron \
              expects no batch-size ramp-up for iteration-based training)",
             if args.has("--train-iters") { "--train-iters" } else { "the preset's iteration count" }
         )));
     }
-    let train_iters = rampup.map_or(train_samples / gbs, |r| r.train_iters(train_samples));
+    // By iterations, a step schedule's spans count whole final batches, as --global-batch-size does.
+    let train_iters = match rampup {
+        Some(r) if by_samples => r.train_iters(train_samples),
+        _ => train_samples / gbs,
+    };
     let samples = |iters: &str, samples: &str| -> Result<Option<u64>> {
         Ok(match by_samples {
             true => args.u64(samples)?,
@@ -123,8 +138,29 @@ pub(super) fn lr_schedule(
     Ok((train_iters, train_samples, schedule))
 }
 
-/// `--rampup-batch-size START INCREMENT SAMPLES`, checked against the global batch.
-pub(super) fn rampup(args: &Args, global_batch_size: usize) -> Result<Option<BatchRampup>> {
+/// `--step-batch-size-schedule`, its thresholds counted in tokens of `seq_length`.
+pub(super) fn step_batches(args: &Args, seq_length: usize) -> Result<Option<StepBatches>> {
+    let Some(text) = args.str("--step-batch-size-schedule") else { return Ok(None) };
+    for other in ["--rampup-batch-size", "--decrease-batch-size-if-needed"] {
+        if args.has(other) {
+            return Err(Error::Usage(format!(
+                "--step-batch-size-schedule and {other} exclude each other (as in Megatron)"
+            )));
+        }
+    }
+    StepBatches::parse(text, seq_length as u64).map(Some)
+}
+
+/// How the global batch changes: `--step-batch-size-schedule`'s steps, or `--rampup-batch-size
+/// START INCREMENT SAMPLES` checked against the global batch; None: it does not.
+pub(super) fn rampup(
+    args: &Args,
+    global_batch_size: usize,
+    steps: Option<StepBatches>,
+) -> Result<Option<BatchSchedule>> {
+    if let Some(steps) = steps {
+        return Ok(Some(BatchSchedule::Steps(steps)));
+    }
     let Some(values) = args.list("--rampup-batch-size") else { return Ok(None) };
     let expected = "three whole numbers: START INCREMENT SAMPLES";
     let numbers: Vec<u64> = values
@@ -134,7 +170,7 @@ pub(super) fn rampup(args: &Args, global_batch_size: usize) -> Result<Option<Bat
     let [start, increment, samples] = numbers[..] else {
         return Err(Error::flag("--rampup-batch-size", format!("{} values", numbers.len()), expected));
     };
-    BatchRampup::new(start, increment, samples, global_batch_size as u64).map(Some)
+    BatchRampup::new(start, increment, samples, global_batch_size as u64).map(|r| Some(BatchSchedule::Ramp(r)))
 }
 
 /// AdamW's hyper-parameters, with both betas in [0, 1).
@@ -154,4 +190,3 @@ pub(super) fn adam(args: &Args) -> Result<AdamWConfig> {
     }
     Ok(adam)
 }
-

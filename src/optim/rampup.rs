@@ -1,7 +1,8 @@
-//! Batch-size ramp-up (`--rampup-batch-size START INCREMENT SAMPLES`): the global batch of an
-//! iteration as megatron-core's `RampupBatchsizeNumMicroBatchesCalculator` computes it from the
-//! samples consumed before the iteration, and the iteration count of a `--train-samples` run with
-//! ramp-up as Megatron's `update_train_iters` counts it.
+//! Batch-size schedules: ramp-up (`--rampup-batch-size START INCREMENT SAMPLES`, megatron-core's
+//! `RampupBatchsizeNumMicroBatchesCalculator`) and steps (`--step-batch-size-schedule
+//! "0:768 250B:1536"`, its `StepBatchsizeNumMicroBatchesCalculator`): the global batch of an
+//! iteration from the samples consumed before it, and the iteration count of a `--train-samples`
+//! run as Megatron's `update_train_iters` counts it.
 
 use crate::error::{Error, Result};
 
@@ -85,6 +86,113 @@ impl BatchRampup {
     }
 }
 
+/// `--step-batch-size-schedule`: from each threshold of consumed samples on, its global batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepBatches {
+    /// (threshold in samples, global batch), the first threshold 0, strictly increasing.
+    pub steps: Vec<(u64, u64)>,
+}
+
+impl StepBatches {
+    /// Parses Megatron's "THRESHOLD:BATCH THRESHOLD:BATCH ..." (commas also separate; K, M, B and
+    /// T multiply by 1e3 to 1e12): thresholds count tokens, turned into samples by whole
+    /// `seq_length`s as megatron-core turns them, then sorted; the first must be 0, the rest
+    /// strictly increasing, every batch positive.
+    pub fn parse(text: &str, seq_length: u64) -> Result<StepBatches> {
+        let flag = "--step-batch-size-schedule";
+        let number = |v: &str| -> Option<u64> {
+            let v = v.trim().to_ascii_uppercase();
+            let (digits, scale) = match v.chars().last()? {
+                'K' => (&v[..v.len() - 1], 1e3),
+                'M' => (&v[..v.len() - 1], 1e6),
+                'B' => (&v[..v.len() - 1], 1e9),
+                'T' => (&v[..v.len() - 1], 1e12),
+                _ => (&v[..], 1.0),
+            };
+            let x = digits.parse::<f64>().ok()? * scale;
+            (x.is_finite() && x >= 0.0 && x < 1.8e19).then_some(x as u64)
+        };
+        let mut steps = Vec::new();
+        for entry in text.replace(',', " ").split_whitespace() {
+            let parsed = entry.split_once(':').and_then(|(t, b)| Some((number(t)? / seq_length.max(1), number(b)?)));
+            let Some(step) = parsed.filter(|&(_, b)| b > 0) else {
+                return Err(Error::flag(flag, format!("entry '{entry}'"), "THRESHOLD:BATCH with a positive batch"));
+            };
+            steps.push(step);
+        }
+        steps.sort_by_key(|&(t, _)| t);
+        if steps.first().is_none_or(|&(t, _)| t != 0) {
+            return Err(Error::flag(flag, format!("\"{text}\""), "a first entry at threshold 0"));
+        }
+        if let Some(w) = steps.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::flag(
+                flag,
+                format!("\"{text}\""),
+                format!("thresholds at least one sequence apart ({} samples twice)", w[0].0),
+            ));
+        }
+        Ok(StepBatches { steps })
+    }
+
+    /// The global batch after `consumed` samples: the last step whose threshold is reached.
+    pub fn global_batch(&self, consumed: u64) -> u64 {
+        self.steps.iter().take_while(|&&(t, _)| consumed >= t).last().map_or(self.steps[0].1, |&(_, b)| b)
+    }
+}
+
+/// How the global batch changes over a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BatchSchedule {
+    Ramp(BatchRampup),
+    Steps(StepBatches),
+}
+
+impl BatchSchedule {
+    /// The global batch of an iteration that starts after `consumed` samples.
+    pub fn global_batch(&self, consumed: u64) -> u64 {
+        match self {
+            BatchSchedule::Ramp(r) => r.global_batch(consumed),
+            BatchSchedule::Steps(s) => s.global_batch(consumed),
+        }
+    }
+
+    /// The batch the schedule ends at (what `--global-batch-size` is).
+    pub fn global(&self) -> u64 {
+        match self {
+            BatchSchedule::Ramp(r) => r.global,
+            BatchSchedule::Steps(s) => s.steps.last().expect("a step").1,
+        }
+    }
+
+    /// The flag that set it, for messages.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            BatchSchedule::Ramp(_) => "--rampup-batch-size",
+            BatchSchedule::Steps(_) => "--step-batch-size-schedule",
+        }
+    }
+
+    /// Iterations of a run of `train_samples` samples, as Megatron's `update_train_iters`.
+    pub fn train_iters(&self, train_samples: u64) -> u64 {
+        match self {
+            BatchSchedule::Ramp(r) => r.train_iters(train_samples),
+            BatchSchedule::Steps(s) => {
+                let (mut iterations, mut consumed) = (0, 0);
+                while consumed < train_samples {
+                    consumed += s.global_batch(consumed);
+                    iterations += 1;
+                }
+                iterations
+            }
+        }
+    }
+
+    /// The samples `iterations` iterations consume from the start of the run.
+    pub fn consumed_after(&self, iterations: u64) -> u64 {
+        (0..iterations).fold(0, |consumed, _| consumed + self.global_batch(consumed))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +220,24 @@ mod tests {
         assert_eq!(r.train_iters(14), 4);
         assert_eq!(r.train_iters(8), 4);
         assert_eq!(r.train_iters(30), 5);
+    }
+
+    #[test]
+    fn step_schedules_parse_as_megatron_and_count_their_iterations() {
+        // The GPT-3 175B script's schedule, thresholds in tokens over sequences of 2048.
+        let s = StepBatches::parse("0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536", 2048).unwrap();
+        assert_eq!(s.steps[..2], [(0, 16), (1_171_875, 320)]);
+        assert_eq!((s.global_batch(0), s.global_batch(1_171_874), s.global_batch(1_171_875)), (16, 16, 320));
+        let b = BatchSchedule::Steps(StepBatches::parse("0:2, 8:4", 1).unwrap());
+        assert_eq!((b.global(), b.flag()), (4, "--step-batch-size-schedule"));
+        // 2, 2, 2, 2 (8 consumed), then 4s: 14 samples take 6 iterations; 8 take 4.
+        assert_eq!((b.train_iters(14), b.train_iters(8), b.consumed_after(6)), (6, 4, 16));
+        for (bad, why) in
+            [("8:4", "threshold 0"), ("0:4 x:8", "entry 'x:8'"), ("0:0", "positive"), ("0:2 1:4", "apart")]
+        {
+            let e = StepBatches::parse(bad, 2).unwrap_err().to_string();
+            assert!(e.contains("--step-batch-size-schedule") && e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

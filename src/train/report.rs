@@ -9,6 +9,7 @@ use super::TrainSummary;
 use crate::comm::runtime::Runtime;
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
+use crate::optim::rampup::BatchSchedule;
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::Schedule;
 
@@ -87,8 +88,8 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
                  schedule's warmup and decay"
             );
         }
-        if let Some(r) = setup.cfg.rampup {
-            println!(
+        match &setup.cfg.rampup {
+            Some(BatchSchedule::Ramp(r)) => println!(
                 " batch-size ramp-up: global batch {} rising by {} over {} samples to {}{}",
                 r.start,
                 r.increment,
@@ -99,7 +100,16 @@ pub(super) fn parameters<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>], data:
                 } else {
                     format!(" ({} iterations of the ramp)", r.ramp().len())
                 }
-            );
+            ),
+            Some(BatchSchedule::Steps(s)) => {
+                let steps: Vec<String> = s
+                    .steps
+                    .iter()
+                    .map(|(t, b)| format!("{b} from {t} samples ({} tokens)", t * setup.cfg.seq_length as u64))
+                    .collect();
+                println!(" step batch-size schedule: global batch {}", steps.join(", "));
+            }
+            None => {}
         }
     }
 }

@@ -284,26 +284,28 @@ fn num_micro_batches(cfg: &TrainConfig, grid: &Grid) -> usize {
     cfg.global_batch_size / (cfg.micro_batch_size * grid.dp)
 }
 
-/// Under `--rampup-batch-size`, (samples consumed before it, micro-batches per data-parallel
+/// Under `--rampup-batch-size` or `--step-batch-size-schedule`, (samples consumed before it,
+/// micro-batches per data-parallel
 /// rank) of each distinct global batch the ramp reaches below the full one; a batch that
 /// micro-batch x data-parallel size does not divide is an error naming where the ramp reaches
 /// it (megatron-core's consistency check, made before the run rather than at that iteration),
 /// unless `--decrease-batch-size-if-needed` rounds it down.
 pub(super) fn ramp_micro_batches(cfg: &TrainConfig, grid: &Grid) -> Result<Vec<(u64, usize)>> {
-    let Some(rampup) = cfg.rampup else { return Ok(Vec::new()) };
+    let Some(rampup) = cfg.rampup.as_ref() else { return Ok(Vec::new()) };
     let per_micro = (cfg.micro_batch_size * grid.dp) as u64;
     let mut out: Vec<(u64, usize)> = Vec::new();
     let mut consumed = 0;
     loop {
         let batch = rampup.global_batch(consumed);
-        if batch == rampup.global {
+        if batch == rampup.global() {
             return Ok(out);
         }
         let rounds = cfg.decrease_batch_size_if_needed && batch >= per_micro;
         if !batch.is_multiple_of(per_micro) && !rounds {
             return Err(Error::Config(format!(
-                "--rampup-batch-size: at {consumed} consumed samples the global batch is {batch}, not a multiple \
-                 of --micro-batch-size {} x the data-parallel size {}{}",
+                "{}: at {consumed} consumed samples the global batch is {batch}, not a multiple of \
+                 --micro-batch-size {} x the data-parallel size {}{}",
+                rampup.flag(),
                 cfg.micro_batch_size,
                 grid.dp,
                 if cfg.decrease_batch_size_if_needed {
