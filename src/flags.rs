@@ -79,6 +79,10 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
         "KIND",
         "no effect: native or te picks a PyTorch implementation; trident's cross-entropy kernels are its own",
     ),
+    switch(
+        "--no-load-rng",
+        "no effect: trident's random numbers are a function of (seed, name, position); a checkpoint holds no generator state",
+    ),
     switch("--manual-gc", "no effect: it schedules Python's garbage collector; trident has none"),
     flag("--manual-gc-interval", "N", "no effect: it schedules Python's garbage collector; trident has none"),
     switch("--no-manual-gc-eval", "no effect: it schedules Python's garbage collector; trident has none"),
@@ -215,6 +219,15 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--save", "DIR", "checkpoint directory to write"),
     flag("--save-interval", "N", "checkpoint every N iterations (and at the end)"),
     flag("--load", "DIR", "checkpoint directory to resume from (none there yet: start from scratch, as Megatron does)"),
+    switch(
+        "--no-load-optim",
+        "--load restores no optimizer state: fresh AdamW moments and loss scale, and the learning-rate schedule restarts, as in Megatron",
+    ),
+    switch(
+        "--use-checkpoint-args",
+        "the model's shape, sequence length and tokenizer from the checkpoint --load names (flags given apply on top)",
+    ),
+    switch("--finetune", "--load restores the weights alone: iteration 0, no samples consumed, fresh optimizer and schedule"),
     flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
     switch(
         "--exit-signal-handler",

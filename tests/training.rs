@@ -266,6 +266,86 @@ fn profile_traces_just_its_iterations() {
     }
 }
 
+/// Megatron's partial loads: `--finetune` starts at iteration 0 from the weights alone (the
+/// schedule and the data from their start); `--no-load-optim` keeps the iteration and the data
+/// but restarts AdamW and the learning-rate schedule, and a checkpoint saved after it carries the
+/// restarted schedule on; `--no-load-rng` changes nothing.
+#[test]
+fn finetune_and_no_load_optim_restore_what_megatron_restores() {
+    let dir = scratch("partial-load");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let lrs = |name: &str| -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let field = |l: &str, k: &str| json_field(l, k).unwrap().parse::<f64>().unwrap();
+        text.lines().map(|l| (field(l, "iteration") as u64, field(l, "lr"))).collect()
+    };
+    train(&data, "8", &["--log-json", &p("fresh.jsonl")]);
+    let fresh = lrs("fresh.jsonl");
+    train(&data, "8", &["--save", &p("base"), "--exit-interval", "3"]);
+    // --finetune: iterations 1.. again at the fresh schedule's rates, from the trained weights.
+    let o =
+        train(&data, "8", &["--load", &p("base"), "--finetune", "--exit-interval", "3", "--log-json", &p("ft.jsonl")]);
+    assert!(stdout(&o).contains(": --finetune: its weights alone; this run starts at iteration 0"), "{}", stdout(&o));
+    assert_eq!(lrs("ft.jsonl"), fresh[..3]);
+    let (ft, plain) = (loss_values(&dir.join("ft.jsonl")), loss_values(&dir.join("fresh.jsonl")));
+    assert!(ft[0] < plain[0], "the finetuned run did not start from the trained weights: {ft:?} vs {plain:?}");
+    // --no-load-optim: iterations 4.. at the rates of 1.., and a checkpoint at 6 carries that on.
+    let args = ["--load", &p("base"), "--no-load-optim", "--no-load-rng", "--save", &p("restart")];
+    let o = train(&data, "8", &[&args[..], &["--exit-interval", "6", "--log-json", &p("restart.jsonl")]].concat());
+    let out = stdout(&o);
+    assert!(
+        out.contains("--no-load-optim: fresh AdamW state and loss scale; the learning-rate schedule restarts"),
+        "{out}"
+    );
+    assert!(out.contains(" --no-load-rng: accepted from Megatron, no effect ("), "{out}");
+    train(&data, "8", &["--load", &p("restart"), "--log-json", &p("restart.jsonl")]);
+    let restarted = lrs("restart.jsonl");
+    assert_eq!(restarted.iter().map(|r| r.0).collect::<Vec<_>>(), [4, 5, 6, 7, 8]);
+    for ((_, got), (_, want)) in restarted.iter().zip(&fresh) {
+        assert_eq!(got, want, "{restarted:?} vs the fresh schedule {fresh:?}");
+    }
+}
+
+/// `--use-checkpoint-args` takes the model's shape, sequence length and tokenizer from the
+/// checkpoint: a resume that gives none of them continues the run bit for bit; a first run
+/// (no checkpoint yet) takes the flags' model and says so.
+#[test]
+fn use_checkpoint_args_resumes_without_the_model_flags() {
+    let dir = scratch("checkpoint-args");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let llama = ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--apply-layernorm-1p"];
+    let o =
+        train(&data, "6", &[&llama[..], &["--save", &p("ck"), "--load", &p("ck"), "--use-checkpoint-args"]].concat());
+    assert!(stdout(&o).contains("--use-checkpoint-args: no checkpoint in"), "{}", stdout(&o));
+    train(&data, "6", &[&llama[..], &["--log-json", &p("whole.jsonl")]].concat());
+    train(&data, "6", &[&llama[..], &["--save", &p("half"), "--exit-interval", "3"]].concat());
+    // No shape, architecture or sequence flag: only the recipe (SMALL's batch and schedule flags).
+    let shape = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"];
+    let mut args = vec!["train", "--data-path", &data, "--train-iters", "6", "--use-checkpoint-args"];
+    let mut small = SMALL.iter().peekable();
+    while let Some(&flag) = small.next() {
+        let value = small.next_if(|v| !v.starts_with("--")).copied();
+        if !shape.contains(&flag) {
+            args.push(flag);
+            args.extend(value);
+        }
+    }
+    let (half, resumed) = (p("half"), p("resumed.jsonl"));
+    args.extend(["--load", &half, "--log-json", &resumed]);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("--use-checkpoint-args: the model, sequence length and tokenizer of"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(logged_losses(Path::new(&resumed)), logged_losses(&dir.join("whole.jsonl"))[3..]);
+    let o = run(&["train", "--data-path", &data, "--use-checkpoint-args"]);
+    assert_clean_error(&o, &["--use-checkpoint-args needs --load DIR"]);
+}
+
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");

@@ -37,6 +37,7 @@ pub const METADATA_KEYS: &[&str] = &[
     "iteration",
     "consumed_train_samples",
     "consumed_valid_samples",
+    "lr_schedule_samples",
     "adam_step",
     "seed",
     "rng",
@@ -368,6 +369,41 @@ pub fn latest_iteration(dir: &Path) -> Result<u64> {
     text.trim()
         .parse()
         .map_err(|_| Error::format(&tracker, format!("expected an iteration number, found '{}'", text.trim())))
+}
+
+/// The metadata of the latest checkpoint in `dir` (its first shard's: tensor- and pipeline-parallel
+/// rank 0), read from the file's head without its tensors: what `--use-checkpoint-args` takes
+/// before the model exists. The whole shard, checksum included, is verified when it is loaded.
+pub fn latest_metadata(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>)> {
+    let iteration = latest_iteration(dir)?;
+    let single = shard_path(dir, iteration, &shard_name(0, 0, 1));
+    let path = match single.exists() {
+        true => single,
+        // Under pipeline parallelism the first shard is mp_rank_00_000 (any pipeline size).
+        false => shard_path(dir, iteration, &shard_name(0, 0, 2)),
+    };
+    let mut file = crate::files::open_regular(&path, "read checkpoint shard")?;
+    let size = file.metadata().map_err(|e| Error::io(&path, "read", e))?.len();
+    let mut head = vec![0u8; MAGIC.len() + 12];
+    std::io::Read::read_exact(&mut file, &mut head)
+        .map_err(|_| Error::format(&path, "shorter than a shard's header"))?;
+    if &head[..MAGIC.len()] != MAGIC {
+        return Err(Error::format(&path, "not a trident checkpoint shard (bad magic)"));
+    }
+    let version = u32::from_le_bytes(head[MAGIC.len()..MAGIC.len() + 4].try_into().expect("4 bytes"));
+    let header_len = u64::from_le_bytes(head[MAGIC.len() + 4..].try_into().expect("8 bytes"));
+    if version != 1 && version != VERSION {
+        return Err(Error::format(
+            &path,
+            format!("checkpoint version {version}, this build reads versions 1 and {VERSION}"),
+        ));
+    }
+    if header_len > size.saturating_sub(head.len() as u64) {
+        return Err(Error::format(&path, format!("a header of {header_len} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    std::io::Read::read_exact(&mut file, &mut header).map_err(|e| Error::io(&path, "read", e))?;
+    Ok((path.clone(), read_metadata(&header, version, &path)?))
 }
 
 /// Reads and verifies the shard `name` of the latest checkpoint in `dir`.

@@ -2,10 +2,12 @@
 //! presets, and every check that makes an impossible configuration a clear error before any work.
 
 mod data;
+mod from_checkpoint;
 mod presets;
 mod schedule;
 
 use data::data_source;
+use from_checkpoint::{checkpoint_args, preset_for};
 pub use presets::{llama_on_device, preset, Preset, PRESETS};
 use schedule::{adam, batch_sizes, lr_schedule, rampup, step_batches};
 
@@ -71,6 +73,8 @@ pub struct TrainConfig {
     pub save: Option<PathBuf>,
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
+    /// What `--load` restores: everything, or less (`--no-load-optim`, `--finetune`).
+    pub load_parts: LoadParts,
     pub exit_interval: Option<u64>,
     /// `--exit-signal-handler`: SIGUSR1 / SIGTERM stop the run after a checkpoint (`stop.rs`).
     pub exit_signal_handler: bool,
@@ -158,20 +162,39 @@ impl TrainConfig {
     /// batch, schedule, optimizer, data, stopping and layout flags in named steps (each bad flag
     /// is one error naming it), and last the flags that need no check beyond their own parse.
     pub fn from_args(args: &Args) -> Result<TrainConfig> {
-        let p = preset(args.str("--preset").unwrap_or("tiny"))?;
+        let mut notes = Vec::new();
+        let base = preset(args.str("--preset").unwrap_or("tiny"))?;
+        let from_checkpoint = checkpoint_args(args, &mut notes)?;
+        let owned = from_checkpoint.as_ref().map(|c| preset_for(base, c));
+        let p = owned.as_ref().unwrap_or(base);
         // A Llama-family model on a GPU is checked before any GPU library is looked for.
         let features = architecture(args, &p.arch)?.features();
         let sixteen_bit = args.has("--bf16") || args.has("--fp16");
         llama_on_device("train", args.str("--device").unwrap_or("cpu"), &features, sixteen_bit)?;
         reject_unbuilt(args)?;
-        let tokenizer = crate::data::tokenizer_files::from_args(args)?;
+        // The tokenizer flags given; else, under --use-checkpoint-args, those saved beside it.
+        let given: crate::checkpoint::tokenizer::Flags = crate::flags::TOKENIZER_FLAGS
+            .iter()
+            .filter(|f| args.has(f.name))
+            .map(|f| (f.name.to_string(), args.str(f.name).map(String::from)))
+            .collect();
+        let saved = from_checkpoint.as_ref().and_then(|c| c.tokenizer.clone()).filter(|_| given.is_empty());
+        let (tokenizer, tokenizer_flags) = match saved {
+            Some(flags) => (crate::checkpoint::tokenizer::load(&flags)?, flags),
+            None => (crate::data::tokenizer_files::from_args(args)?, given),
+        };
+        if let Some(c) = &from_checkpoint {
+            notes.push(format!(
+                "--use-checkpoint-args: the model, sequence length and tokenizer of {} (flags given here apply on top)",
+                c.path.display()
+            ));
+        }
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let steps = step_batches(args, seq_length)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
         let rampup = rampup(args, global_batch_size, steps)?;
         let (train_iters, train_samples, lr) = lr_schedule(args, p, global_batch_size, rampup.as_ref())?;
         let adam = adam(args)?;
-        let mut notes = Vec::new();
         let data = data_source(args, &tokenizer, model.vocab_size, &mut notes)?;
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
@@ -182,11 +205,7 @@ impl TrainConfig {
             preset: p.name.to_string(),
             model,
             tokenizer_type: tokenizer.type_name(),
-            tokenizer_flags: crate::flags::TOKENIZER_FLAGS
-                .iter()
-                .filter(|f| args.has(f.name))
-                .map(|f| (f.name.to_string(), args.str(f.name).map(String::from)))
-                .collect(),
+            tokenizer_flags,
             vocab_divisible_by: vocab_divisible_by(args)?,
             seq_length,
             micro_batch_size,
@@ -242,6 +261,11 @@ impl TrainConfig {
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
             profile: profile_range(args)?,
+            load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
+                (true, _) => LoadParts::WeightsOnly,
+                (false, true) => LoadParts::NoOptimizer,
+                (false, false) => LoadParts::All,
+            },
             distributed_timeout_minutes: match args.f64("--distributed-timeout-minutes")? {
                 Some(m) if m <= 0.0 => {
                     return Err(Error::flag("--distributed-timeout-minutes", m, "a positive number of minutes"))
@@ -380,6 +404,19 @@ pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
         )));
     }
     Ok(a)
+}
+
+/// What a `--load` restores, as Megatron's flags choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadParts {
+    /// Weights, optimizer state, the schedule's position, the iteration and consumed samples.
+    #[default]
+    All,
+    /// `--no-load-optim`: all but the optimizer (AdamW's moments and step, the loss scaler) and
+    /// the learning-rate schedule's position, which restarts from 0 as Megatron's does.
+    NoOptimizer,
+    /// `--finetune`: the weights alone; the run starts at iteration 0 with no samples consumed.
+    WeightsOnly,
 }
 
 /// `--profile`'s range: iterations `start + 1` through `end` (as the log line counts them), as

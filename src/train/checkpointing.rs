@@ -5,14 +5,15 @@
 
 use super::chunk::{Chunk, Optimizer};
 use crate::checkpoint::shape::{model_from_shard, model_meta};
-use std::collections::BTreeMap;
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::ReduceOp;
+use crate::config::LoadParts;
 use crate::config::TrainConfig;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::optim::scaler::LossScaler;
 use crate::parallel::grid::{Grid, Groups};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Where the run stands: the iterations done, the samples consumed, the loss scaler.
@@ -23,6 +24,16 @@ pub(super) struct Progress {
     pub consumed_valid: u64,
     /// The fp16 loss scaler's state, when there is one.
     pub scaler: Option<LossScaler>,
+    /// The consumed samples at which the learning-rate schedule started counting: 0, or where
+    /// `--no-load-optim` restarted it (Megatron's scheduler counts from 0 again there).
+    pub lr_schedule_start: u64,
+}
+
+impl Progress {
+    /// The samples the learning-rate and weight-decay schedules have counted.
+    pub fn schedule_samples(&self) -> u64 {
+        self.consumed_train - self.lr_schedule_start
+    }
 }
 
 /// Saves weights, whole AdamW moments and the run's position as the checkpoint of
@@ -44,6 +55,7 @@ pub(super) fn save_checkpoint<D: Device>(
         ("iteration", progress.iteration.to_string()),
         ("consumed_train_samples", progress.consumed_train.to_string()),
         ("consumed_valid_samples", progress.consumed_valid.to_string()),
+        ("lr_schedule_samples", progress.schedule_samples().to_string()),
         ("adam_step", first.opt.step_count().to_string()),
         ("seed", cfg.seed.to_string()),
         ("rng", "philox4x32-10 keyed by (seed, name); no other state".to_string()),
@@ -161,6 +173,7 @@ pub(super) fn load_checkpoint<D: Device>(
     grid: &Grid,
     chunks: &mut [Chunk<D>],
     scaler_config: Option<LossScaler>,
+    parts: LoadParts,
     say: bool,
 ) -> Result<Progress> {
     let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
@@ -217,6 +230,7 @@ pub(super) fn load_checkpoint<D: Device>(
         return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));
     }
     let step: u64 = shard.meta_value(&path, "adam_step")?;
+    let optimizer = parts == LoadParts::All;
     for (c, chunk) in chunks.iter_mut().enumerate() {
         let model = &mut chunk.model;
         let (mut m, mut v) = (Vec::new(), Vec::new());
@@ -237,6 +251,7 @@ pub(super) fn load_checkpoint<D: Device>(
             }
         }
         match &mut chunk.opt {
+            _ if !optimizer => {}
             Optimizer::Replicated(o) => {
                 for i in 0..m.len() {
                     dev.upload(&mut o.m[i], &m[i]);
@@ -250,13 +265,30 @@ pub(super) fn load_checkpoint<D: Device>(
             }
         }
     }
+    let consumed_train: u64 = shard.meta_value(&path, "consumed_train_samples")?;
+    let counted = match shard.meta.contains_key("lr_schedule_samples") {
+        true => shard.meta_value::<u64>(&path, "lr_schedule_samples")?,
+        false => consumed_train,
+    };
+    if counted > consumed_train {
+        return Err(Error::format(
+            &path,
+            format!("lr_schedule_samples {counted} is above consumed_train_samples {consumed_train}"),
+        ));
+    }
     let mut progress = Progress {
         iteration: shard.meta_value(&path, "iteration")?,
-        consumed_train: shard.meta_value(&path, "consumed_train_samples")?,
+        consumed_train,
         consumed_valid: shard.meta_value(&path, "consumed_valid_samples")?,
         scaler: scaler_config,
+        lr_schedule_start: consumed_train - counted,
     };
-    if let (Some(sc), true) = (progress.scaler.as_mut(), shard.meta.contains_key("loss_scale")) {
+    match parts {
+        LoadParts::All => {}
+        LoadParts::NoOptimizer => progress.lr_schedule_start = consumed_train,
+        LoadParts::WeightsOnly => progress = Progress { scaler: scaler_config, ..Progress::default() },
+    }
+    if let (Some(sc), true, true) = (progress.scaler.as_mut(), shard.meta.contains_key("loss_scale"), optimizer) {
         sc.scale = shard.meta_value(&path, "loss_scale")?;
         sc.growth_tracker = shard.meta_value(&path, "loss_scale_growth_tracker")?;
         sc.hysteresis_left = shard.meta_value(&path, "loss_scale_hysteresis_left")?;
@@ -265,7 +297,17 @@ pub(super) fn load_checkpoint<D: Device>(
         c.model.refresh_working_weights(dev);
     }
     if say {
-        println!(" loaded checkpoint {} (iteration {})", path.display(), progress.iteration);
+        let saved_at: u64 = shard.meta_value(&path, "iteration")?;
+        let what = match parts {
+            LoadParts::All => String::new(),
+            LoadParts::NoOptimizer => {
+                ": --no-load-optim: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in \
+                 Megatron)"
+                    .into()
+            }
+            LoadParts::WeightsOnly => ": --finetune: its weights alone; this run starts at iteration 0".into(),
+        };
+        println!(" loaded checkpoint {} (iteration {saved_at}){what}", path.display());
     }
     Ok(progress)
 }

@@ -109,7 +109,8 @@ fn run_on<D: Device>(
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
     let resume_from = checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say)?;
     if let Some(dir) = resume_from {
-        progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, setup.say)?;
+        let parts = cfg.load_parts;
+        progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, parts, setup.say)?;
     }
     let logs = open_logs(cfg, setup.say, resume_from.is_some());
     let (json, tensorboard) = setup::agree(logs, &setup.groups, "could not open their logs", true)?;
@@ -265,9 +266,10 @@ impl<D: Device> Trainer<'_, D> {
         let per_micro = cfg.micro_batch_size * setup.grid.dp;
         let batch = cfg.running_batch_at(self.progress.consumed_train, per_micro);
         self.pipe.set_micro(batch / per_micro);
-        let lr = cfg.lr.lr(self.progress.consumed_train);
-        let weight_decay = cfg.lr.weight_decay(self.progress.consumed_train) as f32;
-        let decoupled_lr = cfg.lr.decoupled_lr(self.progress.consumed_train).map(|lr| lr as f32);
+        let counted = self.progress.schedule_samples();
+        let lr = cfg.lr.lr(counted);
+        let weight_decay = cfg.lr.weight_decay(counted) as f32;
+        let decoupled_lr = cfg.lr.decoupled_lr(counted).map(|lr| lr as f32);
         for c in self.chunks.iter_mut() {
             c.opt.set_rates(weight_decay, decoupled_lr);
             c.model.params.zero_grads(&setup.dev);
