@@ -49,7 +49,25 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
     fn need<'p>(p: Option<&'p Path>, name: &str, kind: &str) -> Result<&'p Path> {
         p.ok_or_else(|| Error::Usage(format!("--tokenizer-type {kind} needs {name}")))
     }
-    match flags.kind.unwrap_or("ByteTokenizer") {
+    // Megatron's GPT-3 script names GPT-2's files without a type: they are GPT2BPETokenizer's.
+    let files = [("--vocab-file", flags.vocab_file.is_some()), ("--merge-file", flags.merge_file.is_some())];
+    let kind = match flags.kind {
+        Some(kind) => kind,
+        None if files.iter().all(|f| f.1) => "GPT2BPETokenizer",
+        None => "ByteTokenizer",
+    };
+    let reads = |name: &str| match name {
+        "--vocab-file" | "--merge-file" => kind == "GPT2BPETokenizer",
+        _ => kind == "HuggingFaceTokenizer",
+    };
+    let given = files.into_iter().chain([("--tokenizer-model", flags.tokenizer_model.is_some())]);
+    if let Some((name, _)) = given.filter(|&(name, on)| on && !reads(name)).next() {
+        return Err(Error::Usage(format!(
+            "{name} is not read by --tokenizer-type {kind}{}",
+            if flags.kind.is_none() { " (the default; give the type the file belongs to)" } else { "" }
+        )));
+    }
+    match kind {
         "ByteTokenizer" => Ok(Tokenizer::Byte),
         "NullTokenizer" => match flags.vocab_size {
             Some(ids) if ids > 0 && ids < u32::MAX as usize => Ok(Tokenizer::Null { ids }),
