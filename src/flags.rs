@@ -273,6 +273,10 @@ const TRAIN_REST: &[FlagSpec] = &[
     switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
+    switch(
+        "--log-num-zeros-in-grad",
+        "log the gradient elements that are zero each step, each parameter counted once (copies the gradients to the host)",
+    ),
     switch("--log-params-norm", "log the L2 norm of the parameters after each step (log line, JSON, TensorBoard)"),
     switch("--log-world-size-to-tensorboard", "write the number of ranks to TensorBoard with the per-iteration scalars"),
     switch(

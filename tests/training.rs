@@ -346,6 +346,35 @@ fn use_checkpoint_args_resumes_without_the_model_flags() {
     assert_clean_error(&o, &["--use-checkpoint-args needs --load DIR"]);
 }
 
+/// `--log-num-zeros-in-grad` counts each parameter's zero gradient elements once: with an untied
+/// word embedding, the rows of tokens a step did not see; one rank, TP 2 and ZeRO-1 over DP 2
+/// count the same, in the log line and the JSON log.
+#[test]
+fn num_zeros_in_grad_counts_each_parameter_once_in_every_layout() {
+    let dir = scratch("num-zeros");
+    let data = prepared_corpus(&dir);
+    // TP 2 pads the vocabulary by 64 x 2, so every layout has the same 384 rows.
+    let tp2 = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"];
+    let layouts: [(usize, &[&str]); 3] = [(1, &[]), (2, &tp2), (2, &["--use-distributed-optimizer"])];
+    let mut counts = Vec::new();
+    for (case, (ranks, layout)) in layouts.into_iter().enumerate() {
+        let json = dir.join(format!("zeros{case}.jsonl"));
+        let mut args = vec!["train", "--data-path", &data, "--train-iters", "3", "--log-num-zeros-in-grad"];
+        args.extend_from_slice(SMALL);
+        args.extend(layout);
+        args.extend(["--untie-embeddings-and-output-weights", "--log-json", json.to_str().unwrap()]);
+        let o = if ranks == 1 { run(&args) } else { mpirun(ranks, &args) };
+        assert!(o.status.success(), "{layout:?}: {}", stderr(&o));
+        let text = std::fs::read_to_string(&json).unwrap();
+        let zeros: Vec<u64> = text.lines().map(|l| json_field(l, "num_zeros").expect("num_zeros").parse().unwrap()).collect();
+        assert!(stdout(&o).contains(&format!("| num zeros: {} |", zeros[1])), "{}", stdout(&o));
+        counts.push(zeros);
+    }
+    // Hidden 32: whole embedding rows are zero, so the counts are multiples of it.
+    assert!(counts[0].iter().all(|&n| n > 0 && n % 32 == 0), "{counts:?}");
+    assert!(counts.iter().all(|c| *c == counts[0]), "the layouts count differently: {counts:?}");
+}
+
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");

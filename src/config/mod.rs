@@ -101,6 +101,8 @@ pub struct TrainConfig {
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub timing_trace: Option<PathBuf>,
+    /// `--log-num-zeros-in-grad`: count the zero gradient elements each step.
+    pub log_num_zeros_in_grad: bool,
     /// `--distributed-timeout-minutes`: the longest a rank waits on the others (`comm::watchdog`).
     pub distributed_timeout_minutes: f64,
     /// `--profile`: the iterations it covers and the ranks that take part.
@@ -261,6 +263,7 @@ impl TrainConfig {
             last_stage_layers: args.usize("--decoder-last-pipeline-num-layers")?,
             timing_trace: args.path("--timing-trace"),
             profile: profile_range(args)?,
+            log_num_zeros_in_grad: args.has("--log-num-zeros-in-grad"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
                 (true, _) => LoadParts::WeightsOnly,
                 (false, true) => LoadParts::NoOptimizer,

@@ -29,6 +29,9 @@ pub struct IterationStats {
     pub skipped_iterations: u64,
     /// The parameters' L2 norm after the step, under `--log-params-norm`.
     pub params_norm: Option<f64>,
+    /// The gradient elements that are zero, each parameter counted once, under
+    /// `--log-num-zeros-in-grad`.
+    pub num_zeros: Option<u64>,
 }
 
 /// `[2026-11-22 01:02:03]` in UTC, as Megatron stamps its lines.
@@ -69,7 +72,7 @@ pub fn iteration_line(s: &IterationStats) -> String {
     format!(
         " [{}] iteration {:>width$}/{:>width$} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1} | \
          learning rate: {} | global batch size: {:>5} | lm loss: {} | loss scale: {:.1} | grad norm: {:.3} | \
-         {}number of skipped iterations: {:>3} | tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
+         {}{}number of skipped iterations: {:>3} | tokens/s: {:.0} | TFLOP/s: {:.3} | MFU: {:.1}% |",
         timestamp(),
         s.iteration,
         s.train_iters,
@@ -80,6 +83,7 @@ pub fn iteration_line(s: &IterationStats) -> String {
         sci(s.loss, 6),
         s.loss_scale,
         s.grad_norm,
+        s.num_zeros.map_or(String::new(), |n| format!("num zeros: {n} | ")),
         s.params_norm.map_or(String::new(), |n| format!("params norm: {n:.3} | ")),
         s.skipped_iterations,
         s.tokens_per_s,
@@ -127,17 +131,20 @@ pub struct StepFigures {
     pub grad_norm: Option<f64>,
     /// Under `--log-params-norm`.
     pub params_norm: Option<f64>,
+    /// Under `--log-num-zeros-in-grad`.
+    pub num_zeros: Option<u64>,
     /// The ranks of the run, under `--log-world-size-to-tensorboard`.
     pub world_size: Option<usize>,
 }
 
 /// Megatron's per-iteration tags and their "vs samples" copies.
-const STEP_TAGS: [(&str, &str); 7] = [
+const STEP_TAGS: [(&str, &str); 8] = [
     ("lm loss", "lm loss vs samples"),
     ("learning-rate", "learning-rate vs samples"),
     ("batch-size", "batch-size vs samples"),
     ("loss-scale", "loss-scale vs samples"),
     ("grad-norm", "grad-norm vs samples"),
+    ("num-zeros", "num-zeros vs samples"),
     ("params-norm", "params-norm vs samples"),
     ("world-size", "world-size vs samples"),
 ];
@@ -152,6 +159,7 @@ pub fn step_scalars(s: &StepFigures) -> [Vec<(&'static str, f64)>; 2] {
         Some(s.global_batch_size as f64),
         Some(s.loss_scale),
         s.grad_norm,
+        s.num_zeros.map(|n| n as f64),
         s.params_norm,
         world_size,
     ];
@@ -191,6 +199,9 @@ pub fn json_line(s: &IterationStats) -> String {
     }
     if let Some(n) = s.params_norm {
         line.push_str(&format!(", \"params_norm\": {}", json_number(n)));
+    }
+    if let Some(n) = s.num_zeros {
+        line.push_str(&format!(", \"num_zeros\": {n}"));
     }
     line.push('}');
     line

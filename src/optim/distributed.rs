@@ -134,6 +134,16 @@ impl<D: Device> DistributedAdamW<D> {
             .sum()
     }
 
+    /// The zero elements of this rank's summed-gradient shard (on the host), each parameter
+    /// counted once as in `sum_squares`.
+    pub fn count_zeros(&self, shard_grads: &[f32], params: &ParamSet<D>, tp_rank: usize) -> usize {
+        self.segments
+            .iter()
+            .filter(|s| params.info[s.param].counted_in_norm(tp_rank))
+            .map(|s| shard_grads[s.offset..s.offset + s.range.len()].iter().filter(|&&g| g == 0.0).count())
+            .sum()
+    }
+
     /// The segments' gradient buffers that count in the norm (`ParamInfo::counted_in_norm`), for
     /// the device's sum of squares when the summed shard stayed there (`ShardGrads::OnDevice`).
     pub fn counted_grads<'a>(&'a self, params: &ParamSet<D>, tp_rank: usize) -> Vec<&'a D::Buf> {

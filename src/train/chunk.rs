@@ -176,3 +176,41 @@ pub(super) fn grad_sum_squares<D: Device>(
     groups.world.all_reduce(&mut total, ReduceOp::Sum);
     dev.write_scalars(acc, &total);
 }
+
+/// `--log-num-zeros-in-grad`: the gradient elements that are zero, each counted once (the norm's
+/// rule, `grad_sum_squares`), summed over the model-parallel group (under ZeRO-1 the world, from
+/// the shards). A diagnostic: it copies the counted gradients to the host.
+pub(super) fn grad_zeros<D: Device>(
+    dev: &D,
+    chunks: &[Chunk<D>],
+    shards: &[Option<ShardGrads>],
+    zero: bool,
+    groups: &Groups,
+    (tp_rank, counts_parameters): (usize, bool),
+) -> u64 {
+    let zeros_in = |buf: &D::Buf| {
+        let mut host = vec![0f32; dev.len(buf)];
+        dev.download(buf, &mut host);
+        host.iter().filter(|&&g| g == 0.0).count() as f64
+    };
+    let (local, group): (f64, &dyn crate::comm::Comm) = if !zero {
+        let counted = chunks.iter().flat_map(|c| {
+            let p = &c.model.params;
+            (0..p.info.len()).filter(move |&i| counts_parameters && p.info[i].counted_in_norm(tp_rank)).map(move |i| &p.grads[i])
+        });
+        (counted.map(zeros_in).sum(), &*groups.mp)
+    } else {
+        let local = chunks
+            .iter()
+            .zip(shards)
+            .map(|(c, g)| match g {
+                Some(ShardGrads::Host(g)) => c.zero().count_zeros(g, &c.model.params, tp_rank) as f64,
+                _ => c.zero().counted_grads(&c.model.params, tp_rank).into_iter().map(zeros_in).sum(),
+            })
+            .sum();
+        (local, &*groups.world)
+    };
+    let mut total = [local];
+    group.all_reduce(&mut total, ReduceOp::Sum);
+    total[0] as u64
+}

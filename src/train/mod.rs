@@ -17,7 +17,7 @@ mod setup;
 mod trace;
 
 use checkpointing::{load_checkpoint, save_checkpoint, Progress};
-use chunk::{grad_sum_squares, Chunk};
+use chunk::{grad_sum_squares, grad_zeros, Chunk};
 use pipeline::Pipeline;
 use setup::Setup;
 pub use setup::{build_datasets, Datasets};
@@ -140,6 +140,7 @@ fn run_on<D: Device>(
         grad_norm: 0.0,
         params_sq: cfg.log_params_norm.then(|| setup.dev.scalars(window_steps(cfg))),
         params_norm: None,
+        num_zeros: None,
     };
     for c in trainer.chunks.iter_mut() {
         c.model.set_loss_slots(&setup.dev, window_steps(cfg));
@@ -174,6 +175,8 @@ struct PendingStep {
     batch: usize,
     consumed: u64,
     loss_scale: f64,
+    /// Under `--log-num-zeros-in-grad`: the gradient elements that were zero.
+    num_zeros: Option<u64>,
 }
 
 /// The iterations since the last log line: their summed loss, seconds, tokens and FLOPs per
@@ -240,6 +243,8 @@ struct Trainer<'a, D: Device> {
     /// last step's norm read.
     params_sq: Option<D::Scalars>,
     params_norm: Option<f64>,
+    /// Under `--log-num-zeros-in-grad`, the last step's count of zero gradient elements.
+    num_zeros: Option<u64>,
 }
 
 impl<D: Device> Trainer<'_, D> {
@@ -374,6 +379,9 @@ impl<D: Device> Trainer<'_, D> {
         let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
         let norm_sum = &mut self.norm_sum;
         grad_sum_squares(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm_sum);
+        let num_zeros = cfg
+            .log_num_zeros_in_grad
+            .then(|| grad_zeros(&setup.dev, &self.chunks, &shards, zero, &setup.groups, (tp_rank, counts)));
         setup.dev.clip_scale(&self.norm_sum, 0, &mut self.steps, 2 * slot, cfg.clip_grad, scale);
         // With a loss scaler, a non-finite norm (the same on every rank: it is a global sum) means
         // the scaled gradients overflowed: the step is skipped and the scale backs off. Deciding
@@ -410,7 +418,7 @@ impl<D: Device> Trainer<'_, D> {
         }
         let (consumed, loss_scale) =
             (self.progress.consumed_train + batch as u64, self.progress.scaler.map_or(1.0, |s| s.scale));
-        self.pending.push(PendingStep { iteration, overflowed, lr, batch, consumed, loss_scale });
+        self.pending.push(PendingStep { iteration, overflowed, lr, batch, consumed, loss_scale, num_zeros });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -476,6 +484,7 @@ impl<D: Device> Trainer<'_, D> {
             self.grad_norm = grad_norm;
             let params_norm = params_norms.as_ref().map(|norms| norms[k]);
             self.params_norm = params_norm;
+            self.num_zeros = step.num_zeros;
             let every = setup.cfg.tensorboard_log_interval;
             if let Some(tb) = self.tensorboard.as_mut().filter(|_| step.iteration.is_multiple_of(every)) {
                 let figures = crate::log::StepFigures {
@@ -485,6 +494,7 @@ impl<D: Device> Trainer<'_, D> {
                     loss_scale: step.loss_scale,
                     grad_norm: (!step.overflowed).then_some(grad_norm),
                     params_norm,
+                    num_zeros: step.num_zeros,
                     world_size: setup.cfg.log_world_size_to_tensorboard.then_some(setup.grid.world_size),
                 };
                 let [by_iteration, by_samples] = crate::log::step_scalars(&figures);
@@ -561,6 +571,7 @@ impl<D: Device> Trainer<'_, D> {
             loss_scale: self.progress.scaler.map_or(1.0, |s| s.scale),
             skipped_iterations: self.skipped_iterations,
             params_norm: self.params_norm,
+            num_zeros: self.num_zeros,
         }
     }
 
