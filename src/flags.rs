@@ -18,6 +18,14 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
     flag("--num-query-groups", "G", "key/value heads under --group-query-attention (default 1)"),
     flag("--kv-channels", "D", "dimensions per attention head (default hidden size / heads)"),
     switch("--untie-embeddings-and-output-weights", "an output layer of its own instead of the word embedding"),
+    switch(
+        "--use-rotary-position-embeddings",
+        "Megatron's older name for --position-embedding-type rope",
+    ),
+    switch(
+        "--no-position-embedding",
+        "Megatron's older flag for no learned positions: --position-embedding-type none (or rope with --use-rotary-position-embeddings)",
+    ),
     switch("--disable-bias-linear", "no biases in the QKV, projection and MLP layers"),
     switch(
         "--apply-layernorm-1p",
@@ -79,6 +87,40 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
         "KIND",
         "no effect: native or te picks a PyTorch implementation; trident's cross-entropy kernels are its own",
     ),
+    switch(
+        "--override-opt_param-scheduler",
+        "no effect: the learning-rate schedule always comes from the flags, never the checkpoint",
+    ),
+    switch("--no-save-rng", "no effect: trident keeps no generator state, so checkpoints hold none"),
+    switch(
+        "--distribute-saved-activations",
+        "no effect: a memory layout of PyTorch's recompute; trident's recompute keeps each layer's input as the layout splits it",
+    ),
+    switch(
+        "--fp16-lm-cross-entropy",
+        "no effect: a PyTorch kernel choice; trident's cross-entropy always runs in f32",
+    ),
+    switch(
+        "--no-async-tensor-model-parallel-allreduce",
+        "no effect: a PyTorch overlap choice; trident's tensor-parallel collectives are its own",
+    ),
+    switch(
+        "--async-tensor-model-parallel-allreduce",
+        "no effect: a PyTorch overlap choice; trident's tensor-parallel collectives are its own",
+    ),
+    switch(
+        "--apply-query-key-layer-scaling",
+        "no effect: it rescales fp16 attention scores around a softmax that trident always runs in f32, the same result",
+    ),
+    switch("--no-query-key-layer-scaling", "no effect: trident's attention softmax always runs in f32"),
+    switch("--use-cpu-initialization", "no effect: initial weights are a function of (seed, name, position) on any device"),
+    switch("--use-legacy-models", "no effect: Megatron's older model classes; trident has one implementation"),
+    flag("--tensorboard-queue-size", "N", "no effect: trident writes each TensorBoard event as it comes"),
+    switch("--log-batch-size-to-tensorboard", "no effect: the batch size always goes to TensorBoard"),
+    switch("--log-memory-to-tensorboard", "no effect: PyTorch's allocator statistics; trident has its own (--log-memory)"),
+    flag("--logging-level", "N", "no effect: Python's logging level; trident prints its own lines"),
+    flag("--cuda-graph-impl", "KIND", "no effect: PyTorch's CUDA-graph capture; trident launches its own kernels"),
+    switch("--init-model-with-meta-device", "no effect: PyTorch's deferred allocation; trident allocates what it initialises"),
     switch(
         "--no-load-rng",
         "no effect: trident's random numbers are a function of (seed, name, position); a checkpoint holds no generator state",
@@ -289,6 +331,60 @@ const TRAIN_REST: &[FlagSpec] = &[
         "full (recompute layers from their inputs) or selective (the attention core)",
     ),
     switch("--recompute-activations", "Megatron's name for --recompute-granularity selective"),
+    flag(
+        "--recompute-method",
+        "KIND",
+        "uniform only, with --recompute-num-layers 1: full recompute checkpoints every layer's input (block is not built)",
+    ),
+    flag("--recompute-num-layers", "N", "1 only: the layers per recomputed group of --recompute-method uniform"),
+    switch(
+        "--checkpoint-activations",
+        "Megatron's older name for --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    ),
+    switch(
+        "--eod-mask-loss",
+        "not built yet: the loss counts every token; masking the tokens after end-of-document ids is issue 50",
+    ),
+    switch("--reset-position-ids", "not built yet: positions run over whole samples; per-document positions are issue 50"),
+    switch(
+        "--reset-attention-mask",
+        "not built yet: attention spans whole samples; per-document attention masks are issue 50",
+    ),
+    switch(
+        "--fp32-residual-connection",
+        "not built yet: under --bf16 or --fp16 the residual stream is held in 16 bits, as Megatron's default",
+    ),
+    switch("--qk-layernorm", "not built yet: no norm on queries and keys (Qwen 3's, OLMo 2's)"),
+    switch("--add-qkv-bias", "not built yet: QKV biases without --disable-bias-linear's other biases (Qwen 2's)"),
+    switch("--init-method-xavier-uniform", "not built yet: weights start normal with --init-method-std"),
+    switch(
+        "--use-checkpoint-opt_param-scheduler",
+        "not built yet: the learning-rate schedule always comes from the flags (a checkpoint stores no schedule parameters)",
+    ),
+    switch(
+        "--no-save-optim",
+        "not built yet: checkpoints always hold AdamW's moments (--no-load-optim leaves them unread)",
+    ),
+    flag("--wandb-project", "NAME", "not built: Weights & Biases logging; trident writes TensorBoard and --log-json"),
+    flag("--wandb-exp-name", "NAME", "not built: Weights & Biases logging; trident writes TensorBoard and --log-json"),
+    switch(
+        "--tp-comm-overlap",
+        "not built yet: the sequence-parallel all-gather and reduce-scatter run beside, not inside, the linears (issue 53)",
+    ),
+    switch(
+        "--use-megatron-fsdp",
+        "not built yet: data parallelism is replicated or ZeRO-1 (--use-distributed-optimizer); Megatron FSDP is issue 53",
+    ),
+    flag(
+        "--data-parallel-sharding-strategy",
+        "KIND",
+        "not built yet: data parallelism is replicated or ZeRO-1 (--use-distributed-optimizer); the strategies are issue 53",
+    ),
+    switch(
+        "--use-precision-aware-optimizer",
+        "not built yet: AdamW keeps f32 masters and moments; 16-bit optimizer state is not built",
+    ),
+    flag("--fp8-format", "KIND", "not built: FP8 training (after issues 49 to 53); use --bf16"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
     flag("--context-parallel-size", "N", "1 only: context parallelism (the sequence split across ranks) is not built"),
     switch(

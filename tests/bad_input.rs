@@ -154,6 +154,37 @@ fn context_parallel_size_one_trains_and_more_is_refused() {
     assert_clean_error(&train_on(&p, &["--context-parallel-size", "2"]), &["--context-parallel-size", "not built"]);
 }
 
+/// Every Megatron flag trident has not built is refused before any work, its help line (what is
+/// missing, and the issue that builds it where one does) in the error; none trains without it.
+#[test]
+fn every_unbuilt_megatron_flag_is_refused_by_name() {
+    let dir = scratch("unbuilt-flags");
+    let p = good_dataset(&dir, "d");
+    let mut refused = 0;
+    for spec in trident::flags::TRAIN_FLAGS.iter().filter(|f| f.help.starts_with("not built")) {
+        let mut args = vec![spec.name];
+        if !spec.value.is_empty() {
+            args.push("x");
+        }
+        let why = spec.help.split(':').nth(1).unwrap_or(spec.help).trim();
+        assert_clean_error(&train_on(&p, &args), &[spec.name, why.split(';').next().unwrap()]);
+        refused += 1;
+    }
+    assert!(refused >= 15, "{refused} refused flags");
+    // The recompute flags that are built: the values trident's full recompute is.
+    let o = train_on(&p, &["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (flags, needle) in [
+        (&["--recompute-granularity", "full", "--recompute-method", "block"][..], "block is not built"),
+        (&["--recompute-granularity", "full", "--recompute-num-layers", "2"], "--recompute-num-layers"),
+        (&["--recompute-activations", "--recompute-method", "uniform"], "goes with --recompute-granularity full"),
+        (&["--checkpoint-activations", "--recompute-granularity", "selective"], "means --recompute-granularity full"),
+        (&["--use-rotary-position-embeddings", "--position-embedding-type", "none"], "contradicts the older flags"),
+    ] {
+        assert_clean_error(&train_on(&p, flags), &[needle]);
+    }
+}
+
 #[test]
 fn load_from_a_directory_that_is_not_a_checkpoint() {
     let dir = scratch("noload");

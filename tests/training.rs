@@ -152,6 +152,19 @@ fn megatron_script_flags_run_unchanged() {
         &["--no-mmap-bin-files"],
         &["--cross-entropy-loss-fusion"],
         &["--cross-entropy-fusion-impl", "te"],
+        // Older scripts (examples/academic_paper_scripts and the published GPT and Llama recipes).
+        &["--override-opt_param-scheduler"],
+        &["--no-save-rng"],
+        &["--fp16-lm-cross-entropy"],
+        &["--no-async-tensor-model-parallel-allreduce"],
+        &["--apply-query-key-layer-scaling"],
+        &["--use-cpu-initialization"],
+        &["--use-legacy-models"],
+        &["--tensorboard-queue-size", "5"],
+        &["--log-batch-size-to-tensorboard"],
+        &["--logging-level", "20"],
+        &["--cuda-graph-impl", "none"],
+        &["--init-model-with-meta-device"],
     ];
     let json = |name: &str| dir.join(format!("{name}.jsonl"));
     let plain = train(&data, "3", &["--log-json", json("plain").to_str().unwrap()]);
@@ -178,12 +191,12 @@ fn megatron_script_flags_run_unchanged() {
     let selective = recompute(&["--recompute-granularity", "selective"], "selective");
     assert!(selective.1, "--recompute-granularity selective is not selective");
     assert_eq!(recompute(&["--recompute-activations"], "activations"), selective);
+    // Megatron's older full recompute, and the method that full recompute is.
+    let full = recompute(&["--recompute-granularity", "full"], "full");
+    let older = ["--checkpoint-activations", "--recompute-method", "uniform", "--recompute-num-layers", "1"];
+    assert_eq!(recompute(&older, "older"), full);
 }
 
-/// `--log-params-norm` logs the L2 norm of the weights after each step: at the last iteration,
-/// the norm of the checkpoint saved there, on one rank and over tensor- and pipeline-parallel
-/// ranks (each parameter counted once, the tied output layer not twice) and under ZeRO-1 over
-/// two data-parallel ranks; on the log line too.
 /// `--apply-layernorm-1p` holds each norm's weight as `w` with the scale `1 + w`: in f32 it
 /// trains as the plain scale does to f32 rounding, its checkpoint holds the scale minus 1, a
 /// checkpoint of the other kind is refused, and the Hugging Face export holds the scale itself.
@@ -375,6 +388,10 @@ fn num_zeros_in_grad_counts_each_parameter_once_in_every_layout() {
     assert!(counts.iter().all(|c| *c == counts[0]), "the layouts count differently: {counts:?}");
 }
 
+/// `--log-params-norm` logs the L2 norm of the weights after each step: at the last iteration,
+/// the norm of the checkpoint saved there, on one rank and over tensor- and pipeline-parallel
+/// ranks (each parameter counted once, the tied output layer not twice) and under ZeRO-1 over
+/// two data-parallel ranks; on the log line too.
 #[test]
 fn params_norm_is_the_saved_weights_norm() {
     let dir = scratch("params-norm");

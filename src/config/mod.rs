@@ -374,8 +374,20 @@ pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
     if let Some(e) = args.f64("--norm-epsilon")? {
         a.norm_epsilon = e;
     }
-    if let Some(t) = args.str("--position-embedding-type") {
-        a.position_embedding = Arch::parse_position(t)?;
+    // Megatron's older flags: --use-rotary-position-embeddings, --no-position-embedding.
+    let older = match (args.has("--use-rotary-position-embeddings"), args.has("--no-position-embedding")) {
+        (true, _) => Some("rope"),
+        (false, true) => Some("none"),
+        (false, false) => None,
+    };
+    match (args.str("--position-embedding-type"), older) {
+        (Some(t), Some(o)) if t != o => {
+            return Err(Error::Usage(format!(
+                "--position-embedding-type {t} contradicts the older flags, which mean --position-embedding-type {o}"
+            )))
+        }
+        (Some(t), _) | (None, Some(t)) => a.position_embedding = Arch::parse_position(t)?,
+        (None, None) => {}
     }
     a.rotary_base = args.f64("--rotary-base")?.unwrap_or(a.rotary_base);
     a.rotary_percent = args.f64("--rotary-percent")?.unwrap_or(a.rotary_percent);
@@ -549,15 +561,47 @@ fn loss_scaler(args: &Args) -> Result<Option<crate::optim::scaler::LossScaler>> 
 }
 
 /// `--recompute-granularity`, or `--recompute-activations` (Megatron's name for selective).
+/// `--checkpoint-activations` (Megatron's older name for full recompute), with
+/// `--recompute-method uniform --recompute-num-layers 1`: what trident's full recompute is.
 fn recompute(args: &Args) -> Result<crate::model::Recompute> {
-    let granularity = match (args.str("--recompute-granularity"), args.has("--recompute-activations")) {
-        (Some(g), true) if g != "selective" => {
+    let old = args.has("--checkpoint-activations").then_some("full");
+    let granularity = match (args.str("--recompute-granularity"), args.has("--recompute-activations"), old) {
+        (Some(g), true, _) if g != "selective" => {
             return Err(Error::Usage(format!(
                 "--recompute-activations means --recompute-granularity selective, not {g}"
             )))
         }
-        (g, activations) => g.or(activations.then_some("selective")),
+        (Some(g), _, Some(_)) if g != "full" => {
+            return Err(Error::Usage(format!("--checkpoint-activations means --recompute-granularity full, not {g}")))
+        }
+        (_, true, Some(_)) => {
+            return Err(Error::Usage(
+                "--checkpoint-activations (full) and --recompute-activations (selective) contradict each other".into(),
+            ))
+        }
+        (g, activations, old) => g.or(old).or(activations.then_some("selective")),
     };
+    if let Some(method) = args.str("--recompute-method") {
+        if granularity != Some("full") {
+            return Err(Error::Usage(format!(
+                "--recompute-method {method} goes with --recompute-granularity full (as in Megatron)"
+            )));
+        }
+        if method != "uniform" {
+            return Err(Error::flag(
+                "--recompute-method",
+                method,
+                "uniform: trident's full recompute checkpoints every layer's input (block is not built)",
+            ));
+        }
+    }
+    if let Some(n) = args.usize("--recompute-num-layers")?.filter(|&n| n != 1) {
+        return Err(Error::flag(
+            "--recompute-num-layers",
+            n,
+            "1: trident's full recompute checkpoints every layer's input",
+        ));
+    }
     Ok(granularity.map(crate::model::Recompute::parse).transpose()?.unwrap_or_default())
 }
 
