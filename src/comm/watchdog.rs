@@ -2,7 +2,7 @@
 //! message, or the device finishing its queued work, NCCL/RCCL collectives included) longer than
 //! the timeout stops the whole job with one line naming the wait, as a collective's timeout does
 //! in PyTorch, instead of hanging until the allocation runs out. Off (no thread, one relaxed load
-//! per wait) until `arm` is called.
+//! per wait) until `arm` is called; a build without MPI has no other ranks and never arms it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -28,6 +28,9 @@ fn now_ms() -> u64 {
 /// `rank` and `flag_minutes` name the rank and the flag's value in the error. Arming again only
 /// changes the timeout.
 pub fn arm(timeout: Duration, rank: usize, flag_minutes: f64) {
+    if !cfg!(feature = "mpi") {
+        return;
+    }
     let ms = timeout.as_millis().clamp(1, u64::MAX as u128 / 2) as u64;
     let first = TIMEOUT_MS.swap(ms, Ordering::Relaxed) == 0;
     if !first {
@@ -69,22 +72,23 @@ pub fn waiting<T>(what: &'static str, wait: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Ends every rank of the job: MPI's abort where MPI runs (the launcher kills the others, the
-/// stuck one included), else this process's exit.
+/// Ends every rank of the job through MPI (the launcher kills the others, the stuck one
+/// included). The one place library code ends the job: the thread that waits is inside the
+/// library call it waits on, so no error can travel back to `main` from it. Without MPI there
+/// are no other ranks and `arm` starts no watchdog.
 fn abort() -> ! {
     #[cfg(feature = "mpi")]
-    {
+    // SAFETY: MPI_Initialized may be called at any time; MPI_Abort on the world communicator
+    // after a successful initialisation.
+    unsafe {
         let mut initialized = 0;
-        // SAFETY: MPI_Initialized may be called at any time; MPI_Abort on the world communicator
-        // after a successful initialisation.
-        unsafe {
-            ::mpi::ffi::MPI_Initialized(&mut initialized);
-            if initialized != 0 {
-                ::mpi::ffi::MPI_Abort(::mpi::ffi::RSMPI_COMM_WORLD, 1);
-            }
+        ::mpi::ffi::MPI_Initialized(&mut initialized);
+        if initialized != 0 {
+            ::mpi::ffi::MPI_Abort(::mpi::ffi::RSMPI_COMM_WORLD, 1);
         }
     }
-    std::process::exit(1)
+    // MPI_Abort does not return; without MPI no watchdog runs.
+    unreachable!("the job was aborted")
 }
 
 #[cfg(test)]

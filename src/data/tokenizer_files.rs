@@ -60,8 +60,8 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
         "--vocab-file" | "--merge-file" => kind == "GPT2BPETokenizer",
         _ => kind == "HuggingFaceTokenizer",
     };
-    let given = files.into_iter().chain([("--tokenizer-model", flags.tokenizer_model.is_some())]);
-    if let Some((name, _)) = given.filter(|&(name, on)| on && !reads(name)).next() {
+    let mut given = files.into_iter().chain([("--tokenizer-model", flags.tokenizer_model.is_some())]);
+    if let Some((name, _)) = given.find(|&(name, on)| on && !reads(name)) {
         return Err(Error::Usage(format!(
             "{name} is not read by --tokenizer-type {kind}{}",
             if flags.kind.is_none() { " (the default; give the type the file belongs to)" } else { "" }

@@ -110,7 +110,7 @@ impl StepBatches {
                 _ => (&v[..], 1.0),
             };
             let x = digits.parse::<f64>().ok()? * scale;
-            (x.is_finite() && x >= 0.0 && x < 1.8e19).then_some(x as u64)
+            (0.0..1.8e19).contains(&x).then_some(x as u64)
         };
         let mut steps = Vec::new();
         for entry in text.replace(',', " ").split_whitespace() {
