@@ -134,6 +134,30 @@ fn a_shard_cannot_describe_a_model_it_does_not_hold() {
     assert_refused(&m, bytes_under(&ck), &["model_optim_rng.bin", "holds"]);
 }
 
+/// `--use-checkpoint-args` builds the model from a shard's head before any shard is read whole and
+/// checked: a model larger than the checkpoint's files, or a header longer than its file, is one
+/// clear error within the memory bound.
+#[test]
+fn checkpoint_args_come_from_a_head_that_cannot_size_the_model() {
+    let dir = scratch("untrusted-checkpoint-args");
+    let big = [
+        ("hidden_size", Some("4096")),
+        ("ffn_hidden_size", Some("16384")),
+        ("num_attention_heads", Some("32")),
+        ("max_position_embeddings", Some("16")),
+    ];
+    let train = |ck: &Path| {
+        run_measured(&["train", "--use-checkpoint-args", "--load", s(ck), "--mock-data", "--train-iters", "1"])
+    };
+    let ck = crafted_shard(&dir, "big", &big, false);
+    assert_refused(&train(&ck), bytes_under(&ck), &["model_optim_rng.bin", "describes a model of"]);
+    let long = copy_of(&base().gpt2, &dir, "long");
+    let mut bytes = std::fs::read(shard_file(&long)).unwrap();
+    bytes[16..24].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    write_shard_file(&long, &bytes);
+    assert_refused(&train(&long), bytes_under(&long), &["model_optim_rng.bin", "a header of"]);
+}
+
 #[test]
 fn zero_and_impossible_sizes_in_a_shard_are_errors() {
     let dir = scratch("untrusted-sizes");
