@@ -269,6 +269,10 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--use-checkpoint-args",
         "the model's shape, sequence length and tokenizer from the checkpoint --load names (flags given apply on top)",
     ),
+    switch(
+        "--no-save-optim",
+        "checkpoints without AdamW's moments and loss scale (a third the size); loading one starts them fresh, as --no-load-optim",
+    ),
     switch("--finetune", "--load restores the weights alone: iteration 0, no samples consumed, fresh optimizer and schedule"),
     flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
     switch(
@@ -361,10 +365,7 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--use-checkpoint-opt_param-scheduler",
         "not built yet: the learning-rate schedule always comes from the flags (a checkpoint stores no schedule parameters)",
     ),
-    switch(
-        "--no-save-optim",
-        "not built yet: checkpoints always hold AdamW's moments (--no-load-optim leaves them unread)",
-    ),
+
     flag("--wandb-project", "NAME", "not built: Weights & Biases logging; trident writes TensorBoard and --log-json"),
     flag("--wandb-exp-name", "NAME", "not built: Weights & Biases logging; trident writes TensorBoard and --log-json"),
     switch(

@@ -320,6 +320,27 @@ fn finetune_and_no_load_optim_restore_what_megatron_restores() {
     }
 }
 
+/// `--no-save-optim` writes the weights and the run's position alone (a third of the bytes); a
+/// run that loads it starts AdamW fresh and restarts the schedule, as `--no-load-optim` does, and
+/// `convert` reshards it.
+#[test]
+fn no_save_optim_checkpoints_hold_the_weights_alone() {
+    let dir = scratch("no-save-optim");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    train(&data, "6", &["--save", &p("full"), "--exit-interval", "3"]);
+    train(&data, "6", &["--save", &p("lean"), "--exit-interval", "3", "--no-save-optim"]);
+    let bytes = |ck: &str| std::fs::metadata(dir.join(ck).join("iter_0000003/mp_rank_00/model_optim_rng.bin")).unwrap().len();
+    assert!(bytes("lean") * 5 < bytes("full") * 2, "{} vs {} bytes", bytes("lean"), bytes("full"));
+    assert_eq!(full_weights(&dir.join("lean")), full_weights(&dir.join("full")));
+    let o = train(&data, "6", &["--load", &p("lean"), "--log-json", &p("resumed.jsonl")]);
+    assert!(stdout(&o).contains(": saved with --no-save-optim: fresh AdamW state"), "{}", stdout(&o));
+    let o = run(&["convert", "--load", &p("lean"), "--save", &p("tp2"), "--target-tensor-parallel-size", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mpirun(2, &[&["train", "--data-path", &data, "--train-iters", "6"][..], SMALL, &["--tensor-model-parallel-size", "2", "--load", &p("tp2")]].concat());
+    assert!(o.status.success() && stdout(&o).contains("saved with --no-save-optim"), "{}", stderr(&o));
+}
+
 /// `--use-checkpoint-args` takes the model's shape, sequence length and tokenizer from the
 /// checkpoint: a resume that gives none of them continues the run bit for bit; a first run
 /// (no checkpoint yet) takes the flags' model and says so.

@@ -128,6 +128,15 @@ impl FullCheckpoint {
 
 const PREFIXES: [&str; 3] = ["param", "adam_m", "adam_v"];
 
+/// The tensor prefixes a checkpoint holds: all three, or the weights alone when it was saved with
+/// `--no-save-optim` (its metadata says `optimizer_state` none).
+pub fn held_prefixes(meta: &BTreeMap<String, String>) -> &'static [&'static str] {
+    match meta.get("optimizer_state").map(String::as_str) {
+        Some("none") => &PREFIXES[..1],
+        _ => &PREFIXES,
+    }
+}
+
 fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
     let count = |key: &str| -> Result<usize> { shard.meta_value(path, key) };
     // Absent keys (older shards) take their defaults; a value present must parse.
@@ -160,7 +169,7 @@ fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
 /// Checks that the shards of `layout` in `iter_dir` hold, in all, at least the bytes of `model`'s
 /// weights and both AdamW moments, before anything that size is allocated: metadata alone cannot
 /// make a reader allocate what the files do not hold.
-fn ensure_shards_hold(iter_dir: &Path, model: &GptConfig, layout: &Layout) -> Result<()> {
+fn ensure_shards_hold(iter_dir: &Path, model: &GptConfig, layout: &Layout, prefixes: &[&str]) -> Result<()> {
     let mut held = 0u64;
     for tp_rank in 0..layout.tp {
         for pp_rank in 0..layout.pp {
@@ -168,13 +177,14 @@ fn ensure_shards_hold(iter_dir: &Path, model: &GptConfig, layout: &Layout) -> Re
             held += std::fs::metadata(&path).map_err(|e| Error::io(&path, "read checkpoint shard", e))?.len();
         }
     }
-    let needed = model.parameter_count().map_or(u64::MAX, |n| (n as u64).saturating_mul(3 * 4));
+    let needed = model.parameter_count().map_or(u64::MAX, |n| (n as u64).saturating_mul(prefixes.len() as u64 * 4));
     if held < needed {
+        let what = if prefixes.len() == 1 { "without optimizer state" } else { "with both AdamW moments" };
         return Err(Error::format(
             iter_dir,
             format!(
-                "the metadata describes {} parameters (with both AdamW moments, {needed} bytes), but the {} shard(s) \
-                 hold {held} bytes in all",
+                "the metadata describes {} parameters ({what}, {needed} bytes), but the {} shard(s) hold {held} \
+                 bytes in all",
                 model.parameter_count().unwrap_or(usize::MAX),
                 layout.tp * layout.pp
             ),
@@ -196,10 +206,11 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     let model = model_from_shard(&first, &first_path)?;
     let layout = layout_of(&first, &first_path)?;
     layout.validate(&model).map_err(|e| Error::format(&first_path, format!("the recorded layout: {e}")))?;
-    ensure_shards_hold(&iter_dir, &model, &layout)?;
+    let prefixes = held_prefixes(&first.meta);
+    ensure_shards_hold(&iter_dir, &model, &layout, prefixes)?;
     let mut tensors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     for p in model.parameters(&ModelParallel::single()) {
-        for prefix in PREFIXES {
+        for prefix in prefixes {
             tensors.insert(format!("{prefix}/{}", p.name), vec![f32::NAN; p.numel()]);
         }
     }
@@ -209,7 +220,7 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
             let mp = layout.model_parallel(tp_rank);
             for (c, plan) in layout.plans(&model, pp_rank)?.iter().enumerate() {
                 for info in model.chunk_parameters(&mp, plan).iter().filter(|i| !i.tied_copy) {
-                    for prefix in PREFIXES {
+                    for prefix in prefixes {
                         let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
                         if t.data.len() != info.numel() {
                             return Err(Error::format(
@@ -299,7 +310,7 @@ pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result
             }
             for (c, plan) in target.plans(cfg, pp_rank)?.iter().enumerate() {
                 for info in cfg.chunk_parameters(&mp, plan) {
-                    for prefix in PREFIXES {
+                    for prefix in held_prefixes(&full.meta) {
                         let whole = &full.tensors[&format!("{prefix}/{}", info.name)];
                         let data = (0..info.numel()).map(|local| whole[info.global_index(local)]).collect();
                         shard.tensors.push(SavedTensor {

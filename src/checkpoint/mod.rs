@@ -38,6 +38,7 @@ pub const METADATA_KEYS: &[&str] = &[
     "consumed_train_samples",
     "consumed_valid_samples",
     "lr_schedule_samples",
+    "optimizer_state",
     "adam_step",
     "seed",
     "rng",

@@ -73,6 +73,8 @@ pub struct TrainConfig {
     pub save: Option<PathBuf>,
     pub save_interval: Option<u64>,
     pub load: Option<PathBuf>,
+    /// `--no-save-optim`: checkpoints hold the weights and the run's position, no optimizer state.
+    pub no_save_optim: bool,
     /// What `--load` restores: everything, or less (`--no-load-optim`, `--finetune`).
     pub load_parts: LoadParts,
     pub exit_interval: Option<u64>,
@@ -264,6 +266,7 @@ impl TrainConfig {
             timing_trace: args.path("--timing-trace"),
             profile: profile_range(args)?,
             log_num_zeros_in_grad: args.has("--log-num-zeros-in-grad"),
+            no_save_optim: args.has("--no-save-optim"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
                 (true, _) => LoadParts::WeightsOnly,
                 (false, true) => LoadParts::NoOptimizer,

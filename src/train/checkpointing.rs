@@ -75,7 +75,10 @@ pub(super) fn save_checkpoint<D: Device>(
         ("summa_q", grid.summa().map_or(0, |c| c.q).to_string()),
         ("tesseract_depth", grid.summa().map_or(0, |c| c.depth).to_string()),
     ];
-    if let Some(sc) = progress.scaler {
+    if cfg.no_save_optim {
+        // Megatron's --no-save-optim: no AdamW moments, no loss scaler; loads start them fresh.
+        shard.meta.insert("optimizer_state".into(), "none".into());
+    } else if let Some(sc) = progress.scaler {
         shard.meta.insert("loss_scale".into(), sc.scale.to_string());
         shard.meta.insert("loss_scale_growth_tracker".into(), sc.growth_tracker.to_string());
         shard.meta.insert("loss_scale_hysteresis_left".into(), sc.hysteresis_left.to_string());
@@ -93,6 +96,7 @@ pub(super) fn save_checkpoint<D: Device>(
         // Whole moments per parameter (gathered from the data-parallel shards under ZeRO-1), so
         // a checkpoint does not depend on the optimizer's sharding.
         let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = match &chunk.opt {
+            _ if cfg.no_save_optim => (Vec::new(), Vec::new()),
             Optimizer::Replicated(o) => (
                 o.m.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
                 o.v.iter().zip(&model.params.info).map(|(b, p)| download(b, p.numel())).collect(),
@@ -101,7 +105,8 @@ pub(super) fn save_checkpoint<D: Device>(
         };
         for (i, info) in model.params.info.iter().enumerate() {
             let value = download(&model.params.values[i], info.numel());
-            for (prefix, data) in [("param", value), ("adam_m", m[i].clone()), ("adam_v", v[i].clone())] {
+            let moments = (!cfg.no_save_optim).then(|| [("adam_m", m[i].clone()), ("adam_v", v[i].clone())]);
+            for (prefix, data) in std::iter::once(("param", value)).chain(moments.into_iter().flatten()) {
                 shard.tensors.push(SavedTensor {
                     name: format!("{prefix}/chunk{c}/{}", info.name),
                     shape: info.shape.clone(),
@@ -230,12 +235,16 @@ pub(super) fn load_checkpoint<D: Device>(
         return Err(Error::Config(format!("{} does not fit this model: {}", path.display(), mismatches.join("; "))));
     }
     let step: u64 = shard.meta_value(&path, "adam_step")?;
+    // A checkpoint saved with --no-save-optim loads as --no-load-optim would (as Megatron does).
+    let prefixes = crate::checkpoint::convert::held_prefixes(&shard.meta);
+    let unsaved = prefixes.len() == 1 && parts == LoadParts::All;
+    let parts = if unsaved { LoadParts::NoOptimizer } else { parts };
     let optimizer = parts == LoadParts::All;
     for (c, chunk) in chunks.iter_mut().enumerate() {
         let model = &mut chunk.model;
         let (mut m, mut v) = (Vec::new(), Vec::new());
         for (i, info) in model.params.info.iter().enumerate() {
-            for prefix in ["param", "adam_m", "adam_v"] {
+            for &prefix in prefixes.iter().take(if optimizer { 3 } else { 1 }) {
                 let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
                 if t.shape != info.shape {
                     return Err(Error::format(
@@ -300,11 +309,10 @@ pub(super) fn load_checkpoint<D: Device>(
         let saved_at: u64 = shard.meta_value(&path, "iteration")?;
         let what = match parts {
             LoadParts::All => String::new(),
-            LoadParts::NoOptimizer => {
-                ": --no-load-optim: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in \
-                 Megatron)"
-                    .into()
-            }
+            LoadParts::NoOptimizer => format!(
+                ": {}: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in Megatron)",
+                if unsaved { "saved with --no-save-optim" } else { "--no-load-optim" }
+            ),
             LoadParts::WeightsOnly => ": --finetune: its weights alone; this run starts at iteration 0".into(),
         };
         println!(" loaded checkpoint {} (iteration {saved_at}){what}", path.display());
