@@ -555,11 +555,12 @@ pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &st
 
 /// The `llama-tiny` preset under `--fp16` (binary16 storage, a loss scale of 2^12 that does not
 /// overflow) on `device`'s fp16 module (through `env`) and on the CPU: losses within fp16
-/// precision of each other, and moving.
+/// precision of each other, and moving. With Megatron's Llama 3 recipe flags that touch the
+/// device's working copies and optimizer groups: `--apply-layernorm-1p` and `--decoupled-lr`.
 pub fn llama_tiny_preset_fp16_follows_the_cpu(env: &[(&'static str, PathBuf)], dir: &Path, device: &str) {
     let data = prepared_corpus(dir);
     let model = model_flags(&llama_tiny_preset_gpu(), &["--bf16"]);
-    let fp16 = ["--fp16", "--initial-loss-scale", "4096"];
+    let fp16 = ["--fp16", "--initial-loss-scale", "4096", "--apply-layernorm-1p", "--decoupled-lr", "5e-3"];
     let cpu = train_model_losses(env, dir, &data, "cpu", 1, &model, &fp16);
     let gpu = train_model_losses(env, dir, &data, device, 1, &model, &fp16);
     assert_eq!((cpu.len(), gpu.len()), (6, 6));
