@@ -88,6 +88,32 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
         "no effect: native or te picks a PyTorch implementation; trident's cross-entropy kernels are its own",
     ),
     switch(
+        "--distribute-checkpointed-activations",
+        "no effect: Megatron's older name for --distribute-saved-activations, a memory layout of PyTorch's recompute",
+    ),
+    flag("--DDP-impl", "KIND", "no effect: Megatron's older choice of PyTorch's data-parallel wrapper; trident has one"),
+    switch(
+        "--use-contiguous-buffers-in-local-ddp",
+        "no effect: trident's gradients are always bucketed in contiguous buffers",
+    ),
+    switch(
+        "--no-scatter-gather-tensors-in-pipeline",
+        "no effect: a PyTorch transfer choice; trident's pipeline messages are its own",
+    ),
+    flag("--timing-log-option", "KIND", "no effect: trident times the iteration (the log line) and collectives (--log-comm)"),
+    switch("--barrier-with-L1-time", "no effect: trident's timers need no barrier"),
+    switch(
+        "--defer-embedding-wgrad-compute",
+        "no effect: a PyTorch overlap choice; trident's embedding gradient is its own kernel",
+    ),
+    switch("--use-dist-ckpt", "no effect: trident writes its own checksummed shards in Megatron's directory layout"),
+    switch("--auto-detect-ckpt-format", "no effect: trident reads its own shards, and says so of anything else"),
+    switch("--ckpt-fully-parallel-save", "no effect: every model-parallel rank already writes its own shard"),
+    switch("--no-ckpt-fully-parallel-save", "no effect: every model-parallel rank writes its own shard"),
+    switch("--ckpt-fully-parallel-load", "no effect: every rank already reads its own shard"),
+    switch("--async-save", "no effect: checkpoints are written in place of the iteration, each rank its own shard"),
+    flag("--dist-ckpt-strictness", "KIND", "no effect: trident's loads check every key and tensor, always strict"),
+    switch(
         "--override-opt_param-scheduler",
         "no effect: the learning-rate schedule always comes from the flags, never the checkpoint",
     ),
@@ -344,6 +370,16 @@ const TRAIN_REST: &[FlagSpec] = &[
     switch(
         "--checkpoint-activations",
         "Megatron's older name for --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+    ),
+    flag("--checkpoint-num-layers", "N", "1 only: Megatron's older name for --recompute-num-layers"),
+    flag("--activations-checkpoint-method", "KIND", "uniform only: Megatron's older name for --recompute-method"),
+    flag("--activations-checkpoint-num-layers", "N", "1 only: Megatron's older name for --recompute-num-layers"),
+    flag("--data-impl", "KIND", "mmap only: Megatron's older flag; the .bin files are always memory-mapped"),
+    flag("--vocab-extra-ids", "N", "0 only: T5's sentinel tokens; a GPT or Llama vocabulary has none"),
+    flag(
+        "--rotary-seq-len-interpolation-factor",
+        "F",
+        "not built yet: rotary positions are not interpolated (--use-rope-scaling is Llama 3.1's scaling)",
     ),
     switch(
         "--eod-mask-loss",

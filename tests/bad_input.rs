@@ -187,6 +187,9 @@ fn every_unbuilt_megatron_flag_is_refused_by_name() {
         (&["--recompute-activations", "--recompute-method", "uniform"], "goes with --recompute-granularity full"),
         (&["--checkpoint-activations", "--recompute-granularity", "selective"], "means --recompute-granularity full"),
         (&["--use-rotary-position-embeddings", "--position-embedding-type", "none"], "contradicts the older flags"),
+        (&["--data-impl", "lazy"], "mmap"),
+        (&["--vocab-extra-ids", "100"], "T5's sentinel tokens"),
+        (&["--activations-checkpoint-method", "uniform", "--recompute-method", "uniform"], "older name"),
     ] {
         assert_clean_error(&train_on(&p, flags), &[needle]);
     }

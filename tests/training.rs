@@ -165,6 +165,19 @@ fn megatron_script_flags_run_unchanged() {
         &["--logging-level", "20"],
         &["--cuda-graph-impl", "none"],
         &["--init-model-with-meta-device"],
+        &["--distribute-checkpointed-activations"],
+        &["--DDP-impl", "local"],
+        &["--use-contiguous-buffers-in-local-ddp"],
+        &["--no-scatter-gather-tensors-in-pipeline"],
+        &["--timing-log-option", "minmax"],
+        &["--barrier-with-L1-time"],
+        &["--defer-embedding-wgrad-compute"],
+        &["--use-dist-ckpt"],
+        &["--auto-detect-ckpt-format"],
+        &["--ckpt-fully-parallel-save"],
+        &["--ckpt-fully-parallel-load"],
+        &["--async-save"],
+        &["--dist-ckpt-strictness", "assume_ok_unexpected"],
     ];
     let json = |name: &str| dir.join(format!("{name}.jsonl"));
     let plain = train(&data, "3", &["--log-json", json("plain").to_str().unwrap()]);
@@ -172,7 +185,8 @@ fn megatron_script_flags_run_unchanged() {
     let mut args: Vec<&str> = no_effect.concat();
     let megatron_json = json("megatron");
     // Flags that work as in Megatron and ask for what trident does anyway.
-    args.extend(["--calculate-per-token-loss", "--context-parallel-size", "1"]);
+    args.extend(["--calculate-per-token-loss", "--context-parallel-size", "1", "--data-impl", "mmap"]);
+    args.extend(["--vocab-extra-ids", "0"]);
     args.extend(["--dataloader-type", "single", "--log-json", megatron_json.to_str().unwrap()]);
     let o = train(&data, "3", &args);
     let out = stdout(&o);
@@ -195,6 +209,8 @@ fn megatron_script_flags_run_unchanged() {
     let full = recompute(&["--recompute-granularity", "full"], "full");
     let older = ["--checkpoint-activations", "--recompute-method", "uniform", "--recompute-num-layers", "1"];
     assert_eq!(recompute(&older, "older"), full);
+    let oldest = ["--checkpoint-activations", "--activations-checkpoint-method", "uniform", "--checkpoint-num-layers", "1"];
+    assert_eq!(recompute(&oldest, "oldest"), full);
 }
 
 /// `--apply-layernorm-1p` holds each norm's weight as `w` with the scale `1 + w`: in f32 it

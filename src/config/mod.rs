@@ -567,6 +567,16 @@ fn loss_scaler(args: &Args) -> Result<Option<crate::optim::scaler::LossScaler>> 
 /// `--checkpoint-activations` (Megatron's older name for full recompute), with
 /// `--recompute-method uniform --recompute-num-layers 1`: what trident's full recompute is.
 fn recompute(args: &Args) -> Result<crate::model::Recompute> {
+    // The older names of the method and its layer count.
+    for (older, name) in [
+        ("--activations-checkpoint-method", "--recompute-method"),
+        ("--activations-checkpoint-num-layers", "--recompute-num-layers"),
+        ("--checkpoint-num-layers", "--recompute-num-layers"),
+    ] {
+        if args.has(older) && args.has(name) {
+            return Err(Error::Usage(format!("{older} is Megatron's older name for {name}: give one")));
+        }
+    }
     let old = args.has("--checkpoint-activations").then_some("full");
     let granularity = match (args.str("--recompute-granularity"), args.has("--recompute-activations"), old) {
         (Some(g), true, _) if g != "selective" => {
@@ -584,7 +594,7 @@ fn recompute(args: &Args) -> Result<crate::model::Recompute> {
         }
         (g, activations, old) => g.or(old).or(activations.then_some("selective")),
     };
-    if let Some(method) = args.str("--recompute-method") {
+    if let Some(method) = args.str("--recompute-method").or(args.str("--activations-checkpoint-method")) {
         if granularity != Some("full") {
             return Err(Error::Usage(format!(
                 "--recompute-method {method} goes with --recompute-granularity full (as in Megatron)"
@@ -598,12 +608,10 @@ fn recompute(args: &Args) -> Result<crate::model::Recompute> {
             ));
         }
     }
-    if let Some(n) = args.usize("--recompute-num-layers")?.filter(|&n| n != 1) {
-        return Err(Error::flag(
-            "--recompute-num-layers",
-            n,
-            "1: trident's full recompute checkpoints every layer's input",
-        ));
+    for name in ["--recompute-num-layers", "--activations-checkpoint-num-layers", "--checkpoint-num-layers"] {
+        if let Some(n) = args.usize(name)?.filter(|&n| n != 1) {
+            return Err(Error::flag(name, n, "1: trident's full recompute checkpoints every layer's input"));
+        }
     }
     Ok(granularity.map(crate::model::Recompute::parse).transpose()?.unwrap_or_default())
 }
@@ -617,6 +625,16 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     }
     if let Some(cp) = args.usize("--context-parallel-size")?.filter(|&cp| cp != 1) {
         return Err(Error::flag("--context-parallel-size", cp, "1: context parallelism is not built yet (issue 52)"));
+    }
+    if let Some(kind) = args.str("--data-impl").filter(|k| *k != "mmap") {
+        return Err(Error::flag(
+            "--data-impl",
+            kind,
+            "mmap: the .bin files are always memory-mapped (lazy and cached are not built)",
+        ));
+    }
+    if let Some(n) = args.usize("--vocab-extra-ids")?.filter(|&n| n != 0) {
+        return Err(Error::flag("--vocab-extra-ids", n, "0: T5's sentinel tokens are not built"));
     }
     if let Some(kind) = args.str("--dataloader-type").filter(|k| *k != "single") {
         return Err(Error::flag("--dataloader-type", kind, "single (Megatron's default order; cyclic is not built)"));
