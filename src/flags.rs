@@ -299,6 +299,11 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--no-save-optim",
         "checkpoints without AdamW's moments and loss scale (a third the size); loading one starts them fresh, as --no-load-optim",
     ),
+    flag(
+        "--pretrained-checkpoint",
+        "DIR",
+        "while --load holds no checkpoint yet, start from DIR's weights alone, as --finetune (a requeued fine-tuning job's first launch)",
+    ),
     switch("--finetune", "--load restores the weights alone: iteration 0, no samples consumed, fresh optimizer and schedule"),
     flag("--exit-interval", "N", "stop (after a checkpoint, with --save) when the iteration is a multiple of N"),
     switch(

@@ -295,8 +295,8 @@ fn profile_traces_just_its_iterations() {
     }
 }
 
-/// Megatron's partial loads: `--finetune` starts at iteration 0 from the weights alone (the
-/// schedule and the data from their start); `--no-load-optim` keeps the iteration and the data
+/// Megatron's partial loads: `--finetune` (and `--pretrained-checkpoint` while `--load` is empty)
+/// starts at iteration 0 from the weights alone (the schedule and the data from their start); `--no-load-optim` keeps the iteration and the data
 /// but restarts AdamW and the learning-rate schedule, and a checkpoint saved after it carries the
 /// restarted schedule on; `--no-load-rng` changes nothing.
 #[test]
@@ -315,8 +315,17 @@ fn finetune_and_no_load_optim_restore_what_megatron_restores() {
     // --finetune: iterations 1.. again at the fresh schedule's rates, from the trained weights.
     let o =
         train(&data, "8", &["--load", &p("base"), "--finetune", "--exit-interval", "3", "--log-json", &p("ft.jsonl")]);
-    assert!(stdout(&o).contains(": --finetune: its weights alone; this run starts at iteration 0"), "{}", stdout(&o));
+    assert!(stdout(&o).contains(": its weights alone (as --finetune); this run starts at iteration 0"), "{}", stdout(&o));
     assert_eq!(lrs("ft.jsonl"), fresh[..3]);
+    // --pretrained-checkpoint: a requeued fine-tuning job starts from those weights while its
+    // --load is empty (the --finetune run above, to the bit), then resumes from its own.
+    let job = ["--load", &p("job"), "--save", &p("job"), "--pretrained-checkpoint", &p("base")];
+    let o = train(&data, "8", &[&job[..], &["--exit-interval", "3", "--log-json", &p("job.jsonl")]].concat());
+    assert!(stdout(&o).contains("holds no checkpoint yet: starting from the weights of --pretrained-checkpoint"));
+    assert_eq!(logged_losses(&dir.join("job.jsonl")), logged_losses(&dir.join("ft.jsonl")));
+    let o = train(&data, "8", &[&job[..], &["--log-json", &p("job.jsonl")]].concat());
+    assert!(stdout(&o).contains("(iteration 3)") && !stdout(&o).contains("pretrained"), "{}", stdout(&o));
+    assert_eq!(lrs("job.jsonl").len(), 8);
     let (ft, plain) = (loss_values(&dir.join("ft.jsonl")), loss_values(&dir.join("fresh.jsonl")));
     assert!(ft[0] < plain[0], "the finetuned run did not start from the trained weights: {ft:?} vs {plain:?}");
     // --no-load-optim: iterations 4.. at the rates of 1.., and a checkpoint at 6 carries that on.

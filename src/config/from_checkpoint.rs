@@ -26,13 +26,20 @@ pub(super) fn checkpoint_args(args: &Args, notes: &mut Vec<String>) -> Result<Op
         return Ok(None);
     }
     let load = args.path("--load").ok_or_else(|| Error::Usage("--use-checkpoint-args needs --load DIR".into()))?;
-    if !load.join("latest_checkpointed_iteration.txt").exists() {
-        notes.push(format!(
-            "--use-checkpoint-args: no checkpoint in {} yet, so the flags give the model (as in Megatron)",
-            load.display()
-        ));
-        return Ok(None);
-    }
+    let holds = |dir: &std::path::Path| dir.join("latest_checkpointed_iteration.txt").exists();
+    // While --load holds nothing, the run starts from --pretrained-checkpoint: its arguments.
+    let pretrained = args.path("--pretrained-checkpoint").filter(|p| holds(p));
+    let load = match (holds(&load), pretrained) {
+        (true, _) => load,
+        (false, Some(p)) => p,
+        (false, None) => {
+            notes.push(format!(
+                "--use-checkpoint-args: no checkpoint in {} yet, so the flags give the model (as in Megatron)",
+                load.display()
+            ));
+            return Ok(None);
+        }
+    };
     let (path, meta) = crate::checkpoint::latest_metadata(&load)?;
     let shard = crate::checkpoint::Shard { meta, tensors: Vec::new() };
     let model = crate::checkpoint::shape::model_from_shard(&shard, &path)?;

@@ -75,6 +75,8 @@ pub struct TrainConfig {
     pub load: Option<PathBuf>,
     /// `--no-save-optim`: checkpoints hold the weights and the run's position, no optimizer state.
     pub no_save_optim: bool,
+    /// `--pretrained-checkpoint`: where a run starts, weights alone, while `--load` holds nothing.
+    pub pretrained_checkpoint: Option<PathBuf>,
     /// What `--load` restores: everything, or less (`--no-load-optim`, `--finetune`).
     pub load_parts: LoadParts,
     pub exit_interval: Option<u64>,
@@ -267,6 +269,7 @@ impl TrainConfig {
             profile: profile_range(args)?,
             log_num_zeros_in_grad: args.has("--log-num-zeros-in-grad"),
             no_save_optim: args.has("--no-save-optim"),
+            pretrained_checkpoint: args.path("--pretrained-checkpoint"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
                 (true, _) => LoadParts::WeightsOnly,
                 (false, true) => LoadParts::NoOptimizer,

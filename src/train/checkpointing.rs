@@ -171,6 +171,24 @@ pub(super) fn to_resume_from<'a>(load: Option<&'a Path>, groups: &Groups, say: b
     Ok(None)
 }
 
+/// `--pretrained-checkpoint P` while `--load` holds no checkpoint: P, which every rank must find
+/// (said by rank 0; a P without one is an error on every rank).
+pub(super) fn pretrained<'a>(p: &'a Path, load: Option<&Path>, groups: &Groups, say: bool) -> Result<&'a Path> {
+    let found = to_resume_from(Some(p), groups, false)?;
+    let dir = found.ok_or_else(|| {
+        Error::Config(format!("--pretrained-checkpoint {}: no {} there", p.display(), checkpoint::TRACKER))
+    })?;
+    if say {
+        let load = load.map_or("--load".to_string(), |l| format!("--load {}", l.display()));
+        println!(
+            " {load} holds no checkpoint yet: starting from the weights of --pretrained-checkpoint {} (as Megatron \
+             does)",
+            p.display()
+        );
+    }
+    Ok(dir)
+}
+
 /// Restores weights, optimizer state and the run's position from the latest checkpoint in `dir`.
 pub(super) fn load_checkpoint<D: Device>(
     dir: &Path,
@@ -313,7 +331,7 @@ pub(super) fn load_checkpoint<D: Device>(
                 ": {}: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in Megatron)",
                 if unsaved { "saved with --no-save-optim" } else { "--no-load-optim" }
             ),
-            LoadParts::WeightsOnly => ": --finetune: its weights alone; this run starts at iteration 0".into(),
+            LoadParts::WeightsOnly => ": its weights alone (as --finetune); this run starts at iteration 0".into(),
         };
         println!(" loaded checkpoint {} (iteration {saved_at}){what}", path.display());
     }

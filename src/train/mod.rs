@@ -26,7 +26,7 @@ use trace::{write_trace, SpanKind, Timeline};
 use crate::comm::placement::Placement;
 use crate::comm::runtime::Runtime;
 use crate::comm::{CommCounters, ReduceOp};
-use crate::config::TrainConfig;
+use crate::config::{LoadParts, TrainConfig};
 use crate::device::all_reduce_scalars;
 use crate::device::{Device, DevicePeak};
 use crate::error::{Error, Result};
@@ -107,9 +107,14 @@ fn run_on<D: Device>(
         setup.stage.plans.iter().map(|plan| Chunk::new(&setup.dev, cfg, setup.mp, plan, &setup.groups)).collect();
     report::parameters(&setup, &chunks, &data);
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
-    let resume_from = checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say)?;
-    if let Some(dir) = resume_from {
-        let parts = cfg.load_parts;
+    let pretrained = cfg.pretrained_checkpoint.as_deref();
+    let resume_from = checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say && pretrained.is_none())?;
+    let start_from = match (resume_from, pretrained) {
+        (Some(dir), _) => Some((dir, cfg.load_parts)),
+        (None, Some(p)) => Some((checkpointing::pretrained(p, cfg.load.as_deref(), &setup.groups, setup.say)?, LoadParts::WeightsOnly)),
+        (None, None) => None,
+    };
+    if let Some((dir, parts)) = start_from {
         progress = load_checkpoint(dir, &setup.dev, &setup.grid, &mut chunks, cfg.loss_scaler, parts, setup.say)?;
     }
     let logs = open_logs(cfg, setup.say, resume_from.is_some());
