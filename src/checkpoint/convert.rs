@@ -200,8 +200,13 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     // The first shard names the layout: mp_rank_00 without a pipeline, mp_rank_00_000 with one.
     let first_name = [super::shard_name(0, 0, 1), super::shard_name(0, 0, 2)]
         .into_iter()
-        .find(|n| iter_dir.join(n).exists())
-        .ok_or_else(|| Error::format(&iter_dir, "no mp_rank_00 or mp_rank_00_000 shard: not a complete checkpoint"))?;
+        .find(|n| iter_dir.join(n).join(super::SHARD_FILE).exists())
+        .ok_or_else(|| {
+            let shard = iter_dir.join(super::shard_name(0, 0, 1)).join(super::SHARD_FILE);
+            super::missing_shard(&shard, &iter_dir).unwrap_or_else(|| {
+                Error::format(&iter_dir, "no mp_rank_00 or mp_rank_00_000 shard: not a complete checkpoint")
+            })
+        })?;
     let (_, first_path, first) = super::load_latest(dir, &first_name)?;
     let model = model_from_shard(&first, &first_path)?;
     let layout = layout_of(&first, &first_path)?;

@@ -383,6 +383,9 @@ pub fn latest_metadata(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>)
         // Under pipeline parallelism the first shard is mp_rank_00_000 (any pipeline size).
         false => shard_path(dir, iteration, &shard_name(0, 0, 2)),
     };
+    if let Some(e) = missing_shard(&path, &iteration_dir(dir, iteration)) {
+        return Err(e);
+    }
     let mut file = crate::files::open_regular(&path, "read checkpoint shard")?;
     let size = file.metadata().map_err(|e| Error::io(&path, "read", e))?.len();
     let mut head = vec![0u8; MAGIC.len() + 12];
@@ -407,10 +410,39 @@ pub fn latest_metadata(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>)
     Ok((path.clone(), read_metadata(&header, version, &path)?))
 }
 
+/// Megatron-LM's own files in an iteration directory, named for an error: `torch_dist` (a
+/// `.metadata` file and `.distcp` shards) or the legacy `torch` format (`mp_rank_*/model_optim_rng.pt`).
+pub fn megatron_files(iter_dir: &Path) -> Option<String> {
+    let entries: Vec<PathBuf> = fs::read_dir(iter_dir).ok()?.flatten().map(|e| e.path()).collect();
+    if entries.iter().any(|p| p.extension().is_some_and(|e| e == "distcp") || p.ends_with(".metadata")) {
+        return Some("torch_dist (.metadata and .distcp files)".into());
+    }
+    let legacy = entries.iter().map(|d| d.join("model_optim_rng.pt")).find(|p| p.exists())?;
+    Some(format!("torch ({})", legacy.display()))
+}
+
+/// The error for a trident shard that is not there: Megatron's own files, named, where the
+/// iteration directory holds them; else the read's own error.
+pub(crate) fn missing_shard(path: &Path, iteration_dir: &Path) -> Option<Error> {
+    if path.exists() {
+        return None;
+    }
+    let found = megatron_files(iteration_dir)?;
+    Some(Error::Unsupported(format!(
+        "{} holds a Megatron-LM checkpoint in the {found} format; trident reads its own shards, and reading \
+         Megatron's files is not built yet (issue 50): convert it to Hugging Face with Megatron's tools, then \
+         `trident convert --load-hf`",
+        iteration_dir.display()
+    )))
+}
+
 /// Reads and verifies the shard `name` of the latest checkpoint in `dir`.
 pub fn load_latest(dir: &Path, name: &str) -> Result<(u64, PathBuf, Shard)> {
     let iteration = latest_iteration(dir)?;
     let path = shard_path(dir, iteration, name);
+    if let Some(e) = missing_shard(&path, &iteration_dir(dir, iteration)) {
+        return Err(e);
+    }
     let bytes = crate::files::read_regular(&path, "read checkpoint shard")?;
     let shard = decode(&bytes, &path)?;
     Ok((iteration, path, shard))
