@@ -49,7 +49,8 @@ pub fn arm(timeout: Duration, rank: usize, flag_minutes: f64) {
         let what = *WHAT.lock().unwrap_or_else(|e| e.into_inner());
         eprintln!(
             "trident: error: rank {rank}: {what} has waited on the other ranks for more than \
-             --distributed-timeout-minutes {flag_minutes}: a rank is stuck or dead; stopping the job"
+             --distributed-timeout-minutes {flag_minutes}: a rank is stuck or dead (or slower than that: raise the \
+             flag); stopping the job"
         );
         abort();
     });
