@@ -137,6 +137,18 @@ pub fn held_prefixes(meta: &BTreeMap<String, String>) -> &'static [&'static str]
     }
 }
 
+/// The layout the first shard of a checkpoint (`shard`, read from `path`, inside its iteration
+/// directory) records for `model`, validated, once its iteration's shards are known to hold the
+/// model's weights (and moments, where saved): what may be allocated from the metadata.
+pub fn recorded_layout(shard: &Shard, path: &Path, model: &GptConfig) -> Result<Layout> {
+    let layout = layout_of(shard, path)?;
+    layout.validate(model).map_err(|e| Error::format(path, format!("the recorded layout: {e}")))?;
+    let iter_dir =
+        path.parent().and_then(Path::parent).ok_or_else(|| Error::format(path, "not inside an iteration directory"))?;
+    ensure_shards_hold(iter_dir, model, &layout, held_prefixes(&shard.meta))?;
+    Ok(layout)
+}
+
 fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
     let count = |key: &str| -> Result<usize> { shard.meta_value(path, key) };
     // Absent keys (older shards) take their defaults; a value present must parse.
@@ -209,10 +221,8 @@ pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
         })?;
     let (_, first_path, first) = super::load_latest(dir, &first_name)?;
     let model = model_from_shard(&first, &first_path)?;
-    let layout = layout_of(&first, &first_path)?;
-    layout.validate(&model).map_err(|e| Error::format(&first_path, format!("the recorded layout: {e}")))?;
+    let layout = recorded_layout(&first, &first_path, &model)?;
     let prefixes = held_prefixes(&first.meta);
-    ensure_shards_hold(&iter_dir, &model, &layout, prefixes)?;
     let mut tensors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     for p in model.parameters(&ModelParallel::single()) {
         for prefix in prefixes {

@@ -194,6 +194,14 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `version` if this build reads it (1 and `VERSION`).
+fn readable_version(version: u32, path: &Path) -> Result<u32> {
+    if version != 1 && version != VERSION {
+        return Err(Error::format(path, format!("checkpoint version {version}, this build reads versions 1 and {VERSION}")));
+    }
+    Ok(version)
+}
+
 fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
     if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
         return Err(Error::format(path, "not a trident checkpoint shard (bad magic)"));
@@ -210,13 +218,7 @@ fn decode(bytes: &[u8], path: &Path) -> Result<Shard> {
         ));
     }
     let mut r = Reader { bytes: &bytes[..body_len], pos: MAGIC.len(), path };
-    let version = r.u32("version")?;
-    if version != 1 && version != VERSION {
-        return Err(Error::format(
-            path,
-            format!("checkpoint version {version}, this build reads versions 1 and {VERSION}"),
-        ));
-    }
+    let version = readable_version(r.u32("version")?, path)?;
     let header_len = r.len("header length")?;
     let header = r.take(header_len, "header")?;
     let mut shard = Shard { meta: read_metadata(header, version, path)?, tensors: Vec::new() };
@@ -395,13 +397,8 @@ pub fn latest_metadata(dir: &Path) -> Result<(PathBuf, BTreeMap<String, String>)
         return Err(Error::format(&path, "not a trident checkpoint shard (bad magic)"));
     }
     let version = u32::from_le_bytes(head[MAGIC.len()..MAGIC.len() + 4].try_into().expect("4 bytes"));
+    let version = readable_version(version, &path)?;
     let header_len = u64::from_le_bytes(head[MAGIC.len() + 4..].try_into().expect("8 bytes"));
-    if version != 1 && version != VERSION {
-        return Err(Error::format(
-            &path,
-            format!("checkpoint version {version}, this build reads versions 1 and {VERSION}"),
-        ));
-    }
     if header_len > size.saturating_sub(head.len() as u64) {
         return Err(Error::format(&path, format!("a header of {header_len} bytes in a file of {size}")));
     }

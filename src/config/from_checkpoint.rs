@@ -44,15 +44,8 @@ pub(super) fn checkpoint_args(args: &Args, notes: &mut Vec<String>) -> Result<Op
     let shard = crate::checkpoint::Shard { meta, tensors: Vec::new() };
     let model = crate::checkpoint::shape::model_from_shard(&shard, &path)?;
     // The model is built before its shards are read and checked: a crafted header must not size
-    // it beyond what the checkpoint's files hold (4 bytes a parameter at least).
-    let described = model.parameter_count().map_or(u64::MAX, |n| n as u64).saturating_mul(4);
-    let held = iteration_bytes(&path);
-    if described > held {
-        return Err(Error::format(
-            &path,
-            format!("the metadata describes a model of {described} bytes, but the checkpoint's files hold {held}"),
-        ));
-    }
+    // it beyond what the checkpoint's shards hold (`convert`'s check).
+    crate::checkpoint::convert::recorded_layout(&shard, &path, &model)?;
     let seq_length = shard.meta_value(&path, "seq_length")?;
     let tokenizer = crate::checkpoint::tokenizer::saved_flags(&load)?;
     Ok(Some(CheckpointArgs { model, seq_length, tokenizer, path }))
@@ -73,17 +66,4 @@ pub(super) fn preset_for(base: &Preset, c: &CheckpointArgs) -> Preset {
         max_position_embeddings: m.max_position_embeddings,
         ..*base
     }
-}
-
-/// The bytes of the regular files in the iteration directory of `shard` (its `mp_rank_*`
-/// folders): what the checkpoint can hold.
-fn iteration_bytes(shard: &std::path::Path) -> u64 {
-    let Some(iteration) = shard.parent().and_then(|d| d.parent()) else { return 0 };
-    let size = |p: &std::path::Path| p.symlink_metadata().ok().filter(|m| m.is_file()).map_or(0, |m| m.len());
-    let Ok(folders) = std::fs::read_dir(iteration) else { return 0 };
-    folders
-        .flatten()
-        .filter_map(|f| std::fs::read_dir(f.path()).ok())
-        .flat_map(|files| files.flatten().map(|f| size(&f.path())).collect::<Vec<_>>())
-        .sum()
 }

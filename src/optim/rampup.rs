@@ -186,11 +186,6 @@ impl BatchSchedule {
             }
         }
     }
-
-    /// The samples `iterations` iterations consume from the start of the run.
-    pub fn consumed_after(&self, iterations: u64) -> u64 {
-        (0..iterations).fold(0, |consumed, _| consumed + self.global_batch(consumed))
-    }
 }
 
 #[cfg(test)]
@@ -231,7 +226,8 @@ mod tests {
         let b = BatchSchedule::Steps(StepBatches::parse("0:2, 8:4", 1).unwrap());
         assert_eq!((b.global(), b.flag()), (4, "--step-batch-size-schedule"));
         // 2, 2, 2, 2 (8 consumed), then 4s: 14 samples take 6 iterations; 8 take 4.
-        assert_eq!((b.train_iters(14), b.train_iters(8), b.consumed_after(6)), (6, 4, 16));
+        assert_eq!((b.train_iters(14), b.train_iters(8)), (6, 4));
+        assert_eq!((b.global_batch(7), b.global_batch(8)), (2, 4));
         for (bad, why) in
             [("8:4", "threshold 0"), ("0:4 x:8", "entry 'x:8'"), ("0:0", "positive"), ("0:2 1:4", "apart")]
         {

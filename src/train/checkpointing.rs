@@ -262,7 +262,7 @@ pub(super) fn load_checkpoint<D: Device>(
         let model = &mut chunk.model;
         let (mut m, mut v) = (Vec::new(), Vec::new());
         for (i, info) in model.params.info.iter().enumerate() {
-            for &prefix in prefixes.iter().take(if optimizer { 3 } else { 1 }) {
+            for &prefix in if optimizer { prefixes } else { &prefixes[..1] } {
                 let t = shard.tensor(&path, &format!("{prefix}/chunk{c}/{}", info.name))?;
                 if t.shape != info.shape {
                     return Err(Error::format(
