@@ -10,6 +10,9 @@
 //     add_f32            out[i] = a[i] + b[i]
 //     add_assign_f32     acc[i] += x[i]
 //     add_bias_f32       out[r·cols + c] += bias[c]
+//     bias_dropout_add_f32  out = resid + mask ∘ (x + bias) · scale (common/dropout.h's masks;
+//                        bias read where has_bias)
+//     dropout_f32        x = mask ∘ x · scale, in place
 //     round_bf16_f32     buf[i] = f32(bf16(buf[i])), round to nearest even, in place
 //     gelu_fwd_f32       out[i] = gelu(inp[i])                  (common/gelu.h)
 //     gelu_bwd_f32       dinp[i] = dout[i] · gelu'(inp[i])
@@ -84,6 +87,7 @@
 #include "common/portable.h"
 #include "common/gelu.h"
 #include "common/reduce.h"
+#include "common/dropout.h"
 
 namespace tensor_ops_detail {
 
@@ -241,6 +245,31 @@ extern "C" __global__ void add_assign_f32(float* acc, const float* x, int n) {
 extern "C" __global__ void add_bias_f32(float* out, const float* bias, int rows, int cols) {
   const int n = rows * cols;
   for (int i = first_index(); i < n; i += grid_stride()) out[i] += bias[i % cols];
+}
+
+extern "C" __global__ void bias_dropout_add_f32(float* out, const float* resid, const float* x, const float* bias,
+                                                int has_bias, int rows, int cols, int d_threshold, float d_scale, int d_key0,
+                                                int d_key1, int d_place, int d_iteration, int d_sample0_lo,
+                                                int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                                int d_col0) {
+  const DropoutSite d = DROPOUT_SITE;
+  const int n = rows * cols;
+  for (int i = first_index(); i < n; i += grid_stride()) {
+    const int r = i / cols, c = i % cols;
+    const float v = has_bias ? x[i] + bias[c] : x[i];
+    out[i] = d.keeps(d.hidden_index(r, c)) ? resid[i] + v * d.scale : resid[i];
+  }
+}
+
+extern "C" __global__ void dropout_f32(float* x, int rows, int cols, int d_threshold, float d_scale, int d_key0,
+                                       int d_key1, int d_place, int d_iteration, int d_sample0_lo,
+                                       int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                       int d_col0) {
+  const DropoutSite d = DROPOUT_SITE;
+  const int n = rows * cols;
+  for (int i = first_index(); i < n; i += grid_stride()) {
+    x[i] = d.keeps(d.hidden_index(i / cols, i % cols)) ? x[i] * d.scale : 0.0f;
+  }
 }
 
 extern "C" __global__ void round_bf16_f32(float* buf, int n) {

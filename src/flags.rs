@@ -326,8 +326,8 @@ const TRAIN_REST: &[FlagSpec] = &[
         "LIB",
         "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
     ),
-    flag("--hidden-dropout", "P", "residual dropout (only 0 is supported)"),
-    flag("--attention-dropout", "P", "attention dropout (only 0 is supported)"),
+    flag("--hidden-dropout", "P", "dropout of the embeddings and residual branches (default 0.1; 0 under --preset)"),
+    flag("--attention-dropout", "P", "dropout of the attention probabilities (default 0.1; 0 under --preset; CPU)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
     flag(

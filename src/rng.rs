@@ -31,6 +31,12 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The Philox key of stream `name` under `seed`.
+pub fn key(seed: u64, name: &str) -> [u32; 2] {
+    let h = fnv1a64(name.as_bytes()) ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    [h as u32, (h >> 32) as u32]
+}
+
 /// A named stream of random numbers under a seed. `normal(i)` and `uniform(i)` are pure functions
 /// of the index, so a shard of a tensor is generated without generating what precedes it.
 #[derive(Clone, Copy, Debug)]
@@ -42,8 +48,7 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(seed: u64, name: &str, domain: u32) -> Stream {
-        let h = fnv1a64(name.as_bytes()) ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        Stream { key: [h as u32, (h >> 32) as u32], domain }
+        Stream { key: key(seed, name), domain }
     }
 
     fn block(&self, index: u64, extra: u32) -> [u32; 4] {

@@ -80,9 +80,9 @@ impl<D: Device> AnyDevice for D {
     fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>> {
         let (qkv, dy) = (on(self, qkv), on(self, dy));
         let (mut out, mut lse) = (self.alloc(shape.rows() * shape.width()), self.alloc(shape.rows() * shape.heads));
-        self.attention_forward(&mut out, &mut lse, &qkv, shape);
+        self.attention_forward(&mut out, &mut lse, &qkv, shape, None);
         let mut dqkv = self.alloc(3 * shape.rows() * shape.width());
-        self.attention_backward(&mut dqkv, &dy, &qkv, &out, &lse, shape);
+        self.attention_backward(&mut dqkv, &dy, &qkv, &out, &lse, shape, None);
         vec![host(self, &out), host(self, &lse), host(self, &dqkv)]
     }
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>> {

@@ -5,8 +5,9 @@ mod common;
 use common::numeric::{check_gradient as check, EPS};
 use trident::device::prelude::*;
 use trident::device::reference::ReferenceDevice;
-use trident::device::AttentionShape;
+use trident::device::{AttentionShape, Dropout};
 use trident::device::{Gemm, LayerNormSaved, Logits, Matrix, Tokens};
+use trident::model::gpt::{DropoutRates, DropoutStep};
 use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
@@ -99,13 +100,36 @@ fn attention_backward_matches_finite_differences() {
     let r = random(rows * width, "r", 1.0);
     let fwd = |qkv: &[f64]| {
         let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None);
         (out, lse)
     };
     let (out, lse) = fwd(&qkv);
     let mut dqkv = vec![0.0; qkv.len()];
-    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape);
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None);
     check("attention dqkv", &mut qkv, &dqkv, &mut |q| dot(&fwd(q).0, &r));
+}
+
+#[test]
+fn attention_backward_with_dropout_matches_finite_differences() {
+    // Dropout 0.4 on the probabilities of 2 sequences (samples 3 and 4 of the global batch) and
+    // heads 1 and 2 of 4: the masks are fixed, so the masked attention is a smooth function.
+    let dev = ReferenceDevice;
+    let shape = AttentionShape::new(2, 6, 2, 3);
+    let key = trident::rng::key(5, "dropout");
+    let d = Dropout { p: 0.4, key, place: 9, iteration: 2, sample0: 3, batch: 2, seq: 6, t0: 0, width: 4, col0: 1 };
+    let (rows, width) = (shape.rows(), shape.width());
+    let mut qkv = random(rows * 3 * width, "qkv", 1.0);
+    let r = random(rows * width, "r", 1.0);
+    let fwd = |qkv: &[f64], dropout: Option<&Dropout>| {
+        let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, dropout);
+        (out, lse)
+    };
+    let (out, lse) = fwd(&qkv, Some(&d));
+    assert_ne!(out, fwd(&qkv, None).0, "the masks act");
+    let mut dqkv = vec![0.0; qkv.len()];
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, Some(&d));
+    check("attention dqkv with dropout", &mut qkv, &dqkv, &mut |q| dot(&fwd(q, Some(&d)).0, &r));
 }
 
 #[test]
@@ -116,7 +140,7 @@ fn attention_is_causal() {
     let mut qkv = random(shape.rows() * 3 * shape.width(), "qkv", 1.0);
     let run = |qkv: &Vec<f64>| {
         let (mut out, mut lse) = (vec![0.0; shape.rows() * shape.width()], vec![0.0; shape.rows() * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, qkv, shape);
+        dev.attention_forward(&mut out, &mut lse, qkv, shape, None);
         out
     };
     let before = run(&qkv);
@@ -190,8 +214,18 @@ pub fn tiny_config() -> GptConfig {
 }
 
 #[test]
-#[allow(clippy::needless_range_loop)] // indices name the parameter and element in failures
 fn whole_model_backward_matches_finite_differences() {
+    whole_model_gradient(None);
+}
+
+#[test]
+fn whole_model_backward_with_dropout_matches_finite_differences() {
+    // Every dropout at 0.2, the masks of iteration 3 (the gradient through fixed masks).
+    whole_model_gradient(Some(DropoutRates { hidden: 0.2, attention: 0.2, seed: 9 }));
+}
+
+#[allow(clippy::needless_range_loop)] // indices name the parameter and element in failures
+fn whole_model_gradient(dropout: Option<DropoutRates>) {
     let dev = ReferenceDevice;
     let cfg = tiny_config();
     let (batch, seq) = (2, 5);
@@ -207,6 +241,13 @@ fn whole_model_backward_matches_finite_differences() {
                 *v += e;
             }
         }
+    }
+    if let Some(rates) = dropout {
+        let plain = model.loss(&dev, TensorParallel::single(), &tokens, &labels, batch, seq);
+        model.set_dropout(rates);
+        model.set_dropout_step(Some(DropoutStep { iteration: 3, micro_stride: 2, first: 0 }));
+        let dropped = model.loss(&dev, TensorParallel::single(), &tokens, &labels, batch, seq);
+        assert!((plain - dropped).abs() > 1e-6, "the masks act: {plain} vs {dropped}");
     }
     let scale = 1.0 / (batch * seq) as f32;
     model.params.zero_grads(&dev);
@@ -237,7 +278,7 @@ fn attention_forward_matches_the_textbook_formula() {
     let (rows, width, d) = (shape.rows(), shape.width(), shape.head_dim);
     let qkv = random(rows * 3 * width, "qkv", 1.5);
     let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-    dev.attention_forward(&mut out, &mut lse, &qkv, shape);
+    dev.attention_forward(&mut out, &mut lse, &qkv, shape, None);
     let at = |t: usize, b: usize, h: usize, part: usize, j: usize| {
         qkv[(t * shape.batch + b) * 3 * width + h * 3 * d + part * d + j]
     };

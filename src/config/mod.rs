@@ -112,6 +112,9 @@ pub struct TrainConfig {
     /// `--profile`: the iterations it covers and the ranks that take part.
     pub profile: Option<ProfileRange>,
     pub recompute: crate::model::Recompute,
+    /// `--hidden-dropout` and `--attention-dropout` (Megatron's 0.1 unless a `--preset` is named:
+    /// the presets train without dropout), drawn under `--seed`.
+    pub dropout: crate::model::gpt::DropoutRates,
     /// The Megatron flags given that change nothing here (`flags::MEGATRON_NO_EFFECT`), each with
     /// why; `trident train` says so at start.
     pub megatron_no_effect: Vec<(&'static str, &'static str)>,
@@ -225,6 +228,7 @@ impl TrainConfig {
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
             check_for_nan: check_for_nan(args)?,
             seed: args.u64("--seed")?.unwrap_or(1234),
+            dropout: dropout(args, &mut notes)?,
             train_samples,
             data,
             data_cache_path: args.path("--data-cache-path"),
@@ -642,13 +646,6 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     if let Some(kind) = args.str("--dataloader-type").filter(|k| *k != "single") {
         return Err(Error::flag("--dataloader-type", kind, "single (Megatron's default order; cyclic is not built)"));
     }
-    for name in ["--hidden-dropout", "--attention-dropout"] {
-        if let Some(p) = args.f64(name)? {
-            if p != 0.0 {
-                return Err(Error::Unsupported(format!("{name} {p}: dropout is not implemented; use 0")));
-            }
-        }
-    }
     if args.has("--bf16") && args.has("--fp16") {
         return Err(Error::Usage("--bf16 and --fp16 exclude each other".into()));
     }
@@ -701,6 +698,35 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named
+/// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout). Attention dropout
+/// runs in the CPU's attention only so far: on a GPU it is refused, naming the flag that avoids it.
+fn dropout(args: &Args, notes: &mut Vec<String>) -> Result<crate::model::gpt::DropoutRates> {
+    let default = if args.has("--preset") { 0.0 } else { 0.1 };
+    let mut p = [0f32; 2];
+    for (slot, name) in p.iter_mut().zip(["--hidden-dropout", "--attention-dropout"]) {
+        let v = args.f64(name)?.unwrap_or(default);
+        if !(0.0..1.0).contains(&v) {
+            return Err(Error::flag(name, v, "a probability in [0, 1)"));
+        }
+        *slot = v as f32;
+    }
+    let device = args.str("--device").unwrap_or("cpu");
+    if p[1] > 0.0 && device != "cpu" {
+        let given = if args.has("--attention-dropout") { "" } else { " (Megatron's default)" };
+        return Err(Error::Unsupported(format!(
+            "--attention-dropout {}{given} on --device {device}: the GPU attention kernels do not drop yet \
+             (issue 50); pass --attention-dropout 0",
+            p[1]
+        )));
+    }
+    let both_given = args.has("--hidden-dropout") && args.has("--attention-dropout");
+    if !args.has("--preset") && !both_given {
+        notes.push(format!("dropout: hidden {}, attention {} (Megatron's defaults where not given)", p[0], p[1]));
+    }
+    Ok(crate::model::gpt::DropoutRates { hidden: p[0], attention: p[1], seed: args.u64("--seed")?.unwrap_or(1234) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -730,3 +756,4 @@ mod tests {
         assert_eq!(padded(&[&tp("4")[..], &["--tensor-parallel-mode", "2d", "--vocab-size", "50257"]].concat()), 50688);
     }
 }
+

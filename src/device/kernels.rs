@@ -2,6 +2,7 @@
 //! one attention head: the reference device runs it serially in f64, the CPU device in parallel
 //! in f32, so the oracle and the fast path cannot drift apart in their formulas.
 
+use super::dropout::{Dropout, Masks};
 use super::{AdamWStep, AttentionShape, LayerNormSaved, Matrix, Tokens};
 use crate::real::Real;
 use std::ops::Range;
@@ -312,6 +313,8 @@ fn tile_products<R: Real>(
 /// so only the log-sum-exp is kept and no [seq, seq] matrix exists. `out` and `lse` are the whole
 /// output arrays; this call writes only the columns of head `head` in the rows of sequence `b`,
 /// and the lse entries of (b, head), so different pairs may run at once on disjoint memory.
+/// With `dropout`, each probability is masked and scaled (`Dropout::attention_index`) where it
+/// multiplies its value row; the sums, and so `lse`, are the unmasked ones.
 ///
 /// # Safety
 /// `out` must point to `rows * heads * head_dim` elements and `lse` to `batch * heads * seq`, and
@@ -322,12 +325,13 @@ pub unsafe fn attention_forward_head<R: Real>(
     lse: *mut R,
     qkv: &[R],
     shape: AttentionShape,
-    b: usize,
-    head: usize,
+    (b, head): (usize, usize),
+    dropout: Option<&Dropout>,
 ) {
     let (s, d) = (shape.seq, shape.head_dim);
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
     let h = gather_head(qkv, &shape, b, head);
+    let mut masks = dropout.map(|dr| (Masks::new(dr), R::from_f64(dr.scale() as f64)));
     let mut tile = [[R::ZERO; KEY_TILE]; QUERY_TILE];
     let mut acc = vec![R::ZERO; QUERY_TILE * d];
     for q0 in (0..s).step_by(QUERY_TILE) {
@@ -363,6 +367,15 @@ pub unsafe fn attention_forward_head<R: Real>(
                 for x in a.iter_mut() {
                     *x *= correction;
                 }
+                if let (Some((m, keep_scale)), Some(dr)) = (masks.as_mut(), dropout) {
+                    let first = dr.attention_index(b, head, t) + k0 as u64;
+                    for (j, &p) in row.iter().enumerate() {
+                        if m.keeps(first + j as u64) {
+                            axpy(a, p * *keep_scale, &h.v[(k0 + j) * d..(k0 + j + 1) * d]);
+                        }
+                    }
+                    continue;
+                }
                 for (j, &p) in row.iter().enumerate() {
                     axpy(a, p, &h.v[(k0 + j) * d..(k0 + j + 1) * d]);
                 }
@@ -385,7 +398,8 @@ pub unsafe fn attention_forward_head<R: Real>(
 /// q gradient columns of that pair in `dqkv`, and the k and v gradient columns of its group (adds
 /// to them for every head of the group but the first: callers run a group's heads in order),
 /// rebuilding each tile of probabilities from the saved log-sum-exp instead of storing the
-/// [seq, seq] matrix.
+/// [seq, seq] matrix. With `dropout`, the forward's masks are drawn again: dv takes the masked
+/// probabilities, and the probabilities' gradient is masked before the softmax's backward.
 ///
 /// # Safety
 /// `dqkv` must point to `rows * qkv_width` elements, and no other thread may touch the (b, head)
@@ -397,10 +411,11 @@ pub unsafe fn attention_backward_head<R: Real>(
     qkv: &[R],
     (out, lse): (&[R], &[R]),
     shape: AttentionShape,
-    b: usize,
-    head: usize,
+    (b, head): (usize, usize),
+    dropout: Option<&Dropout>,
 ) {
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
+    let mut masks = dropout.map(|dr| (Masks::new(dr), R::from_f64(dr.scale() as f64)));
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
     let h = gather_head(qkv, &shape, b, head);
     // dy as rows, and v transposed so that dy·v for a tile of keys is a sum of vector updates.
@@ -429,11 +444,20 @@ pub unsafe fn attention_backward_head<R: Real>(
             for r in 0..qn {
                 let t = q0 + r;
                 let valid = if t < k0 { 0 } else { kn.min(t + 1 - k0) };
+                let first = dropout.map_or(0, |dr| dr.attention_index(b, head, t) + k0 as u64);
                 for j in 0..kn {
                     if j < valid {
                         let pj = (p[r][j] * scale - lse[t]).exp_fast();
-                        p[r][j] = pj;
-                        ds[r][j] = pj * (ds[r][j] - delta[t]) * scale;
+                        // Dropout: dv reads the masked probability, the softmax the unmasked one.
+                        let (kept, dp) = match masks.as_mut() {
+                            Some((m, keep)) => match m.keeps(first + j as u64) {
+                                true => (pj * *keep, ds[r][j] * *keep),
+                                false => (R::ZERO, R::ZERO),
+                            },
+                            None => (pj, ds[r][j]),
+                        };
+                        p[r][j] = kept;
+                        ds[r][j] = pj * (dp - delta[t]) * scale;
                     } else {
                         p[r][j] = R::ZERO;
                         ds[r][j] = R::ZERO;

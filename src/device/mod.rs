@@ -5,6 +5,7 @@
 
 pub mod collectives;
 pub mod counters;
+pub mod dropout;
 pub mod cpu;
 pub mod kernels;
 pub mod llama;
@@ -15,6 +16,7 @@ pub use collectives::{
     all_reduce_scalars, comm_counters, CollectiveLibrary, CollectiveOps, CollectivesRequest, DeviceComm, DeviceP2p,
 };
 pub use counters::WorkCounters;
+pub use dropout::Dropout;
 pub use ops::{
     AdamWStep, AdamWTensor, AttentionOps, AttentionShape, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
     LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, Rotary, Tokens,

@@ -1,6 +1,7 @@
 //! The Device's op families, one trait each, and the shapes and operand groups their ops take.
 //! Activations are [rows, cols] row-major; a backend implements every family (`Device`).
 
+use super::dropout::Dropout;
 use super::Memory;
 
 /// The shape of a row-wise op: `rows` rows of `cols` values (a norm's, a bias's).
@@ -179,6 +180,21 @@ pub trait ElementwiseOps: Memory {
     /// `out[r] += bias` for each row of `shape` (the bias of a row-parallel layer, added after its
     /// all-reduce).
     fn add_bias(&self, out: &mut Self::Buf, bias: &Self::Buf, shape: Matrix);
+
+    /// Megatron's bias-dropout-add over `shape`'s rows: `out = resid + mask ∘ (x + bias) · scale`,
+    /// the mask and scale `dropout`'s (`device::dropout::bias_dropout_add_rows`).
+    fn bias_dropout_add(
+        &self,
+        out: &mut Self::Buf,
+        resid_and_x: (&Self::Buf, &Self::Buf),
+        bias: Option<&Self::Buf>,
+        dropout: &Dropout,
+        shape: Matrix,
+    );
+
+    /// `x = mask ∘ x · scale` in place over `shape`'s rows (`device::dropout::dropout_rows`): the
+    /// embeddings' dropout, and the backward of every hidden dropout.
+    fn dropout(&self, x: &mut Self::Buf, dropout: &Dropout, shape: Matrix);
 }
 
 /// LayerNorm and RMSNorm over the last dimension of [rows, cols] activations, whole or split
@@ -339,9 +355,20 @@ pub trait AttentionOps: Memory {
 
     /// Causal softmax attention; `out` is [rows, heads*head_dim], `lse` the per-(b, head, t)
     /// log-sum-exp of the scaled scores, which is all backward needs to rebuild probabilities.
-    fn attention_forward(&self, out: &mut Self::Buf, lse: &mut Self::Buf, qkv: &Self::Buf, shape: AttentionShape);
+    /// With `dropout`, the probabilities that multiply the values are masked and scaled first
+    /// (`Dropout::attention_index` numbers them); `lse` stays that of the unmasked ones.
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buf,
+        lse: &mut Self::Buf,
+        qkv: &Self::Buf,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+    );
 
-    /// `dqkv` (overwrite) from `dout`, recomputing probabilities from `qkv` and `lse`.
+    /// `dqkv` (overwrite) from `dout`, recomputing probabilities from `qkv` and `lse` (and the
+    /// forward's dropout masks from `dropout`).
+    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
         dqkv: &mut Self::Buf,
@@ -350,6 +377,7 @@ pub trait AttentionOps: Memory {
         out: &Self::Buf,
         lse: &Self::Buf,
         shape: AttentionShape,
+        dropout: Option<&Dropout>,
     );
 
     /// Causal attention of the newest positions of one sequence against every position up to

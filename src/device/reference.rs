@@ -2,7 +2,7 @@
 //! are tested against, and the device the finite-difference gradient checks run on.
 
 use super::prelude::*;
-use super::{kernels, llama};
+use super::{dropout, kernels, llama, Dropout};
 use super::{AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
 use crate::real::Precision;
 
@@ -130,6 +130,22 @@ impl ElementwiseOps for ReferenceDevice {
 
     fn add_bias(&self, out: &mut Vec<f64>, bias: &Vec<f64>, Matrix { rows, cols }: Matrix) {
         kernels::add_bias_rows(&mut out[..rows * cols], bias);
+    }
+
+    fn bias_dropout_add(
+        &self,
+        out: &mut Vec<f64>,
+        (resid, x): (&Vec<f64>, &Vec<f64>),
+        bias: Option<&Vec<f64>>,
+        d: &Dropout,
+        Matrix { rows, cols }: Matrix,
+    ) {
+        let n = rows * cols;
+        dropout::bias_dropout_add_rows(&mut out[..n], (&resid[..n], &x[..n]), bias.map(|b| &b[..cols]), d, 0, cols);
+    }
+
+    fn dropout(&self, x: &mut Vec<f64>, d: &Dropout, Matrix { rows, cols }: Matrix) {
+        dropout::dropout_rows(&mut x[..rows * cols], d, 0, cols);
     }
 }
 
@@ -301,12 +317,21 @@ impl AttentionOps for ReferenceDevice {
         llama::rope_rows(&mut dqkv[..shape.rows() * shape.qkv_width()], 0, table, &shape, rotary, true);
     }
 
-    fn attention_forward(&self, out: &mut Vec<f64>, lse: &mut Vec<f64>, qkv: &Vec<f64>, shape: AttentionShape) {
+    fn attention_forward(
+        &self,
+        out: &mut Vec<f64>,
+        lse: &mut Vec<f64>,
+        qkv: &Vec<f64>,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+    ) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         for b in 0..shape.batch {
             for h in 0..shape.heads {
                 // SAFETY: sizes checked above; serial, so no other writer exists.
-                unsafe { kernels::attention_forward_head(out.as_mut_ptr(), lse.as_mut_ptr(), qkv, shape, b, h) }
+                unsafe {
+                    kernels::attention_forward_head(out.as_mut_ptr(), lse.as_mut_ptr(), qkv, shape, (b, h), dropout)
+                }
             }
         }
     }
@@ -319,12 +344,15 @@ impl AttentionOps for ReferenceDevice {
         out: &Vec<f64>,
         lse: &Vec<f64>,
         shape: AttentionShape,
+        dropout: Option<&Dropout>,
     ) {
         assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
         for b in 0..shape.batch {
             for h in 0..shape.heads {
                 // SAFETY: size checked above; serial.
-                unsafe { kernels::attention_backward_head(dqkv.as_mut_ptr(), dout, qkv, (out, lse), shape, b, h) }
+                unsafe {
+                    kernels::attention_backward_head(dqkv.as_mut_ptr(), dout, qkv, (out, lse), shape, (b, h), dropout)
+                }
             }
         }
     }

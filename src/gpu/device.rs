@@ -42,6 +42,8 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::AddF32,
     Kernel::AddAssignF32,
     Kernel::AddBiasF32,
+    Kernel::BiasDropoutAddF32,
+    Kernel::DropoutF32,
     Kernel::RoundBf16F32,
     Kernel::GeluFwdF32,
     Kernel::GeluBwdF32,

@@ -10,7 +10,7 @@
 
 use super::adamw::{bias_corrections, working_pointers};
 use super::buffer::{Elem, GpuBuf};
-use super::device::{aligned, first_blocks, group_key, int, ok, unbuilt, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
+use super::device::{aligned, first_blocks, group_key, int, ok, GpuDevice, Scratch, SUM_SQUARES_CHUNK};
 use super::kernels::args;
 use super::kernels::plan::{
     column_sum_partials, layernorm_bwd_partials, linear_gemms, sm90_weight_partials, EmbeddingSegments, GemmOut, Op,
@@ -19,8 +19,8 @@ use super::kernels::plan::{
 use crate::comm::ReduceOp;
 use crate::device::prelude::*;
 use crate::device::{
-    AdamWStep, AdamWTensor, AttentionShape, CollectivesRequest, DeviceComm, DeviceP2p, Gemm, LayerNormSaved, Logits,
-    Matrix, Rotary, Tokens,
+    AdamWStep, AdamWTensor, CollectivesRequest, DeviceComm, DeviceP2p, Dropout, Gemm, LayerNormSaved, Logits, Matrix,
+    Tokens,
 };
 use crate::error::Result;
 use crate::real::Precision;
@@ -287,6 +287,21 @@ impl ElementwiseOps for GpuDevice {
         let l = args::add_bias_f32(out.ptr(), bias.ptr(), int("rows", rows), int("cols", cols));
         self.elementwise(int("rows·cols", rows * cols) as usize, l);
     }
+
+    fn bias_dropout_add(
+        &self,
+        out: &mut GpuBuf,
+        inputs: (&GpuBuf, &GpuBuf),
+        bias: Option<&GpuBuf>,
+        d: &Dropout,
+        shape: Matrix,
+    ) {
+        self.launch_bias_dropout_add(out, inputs, bias, d, shape)
+    }
+
+    fn dropout(&self, x: &mut GpuBuf, d: &Dropout, shape: Matrix) {
+        self.launch_dropout(x, d, shape)
+    }
 }
 
 impl NormOps for GpuDevice {
@@ -549,69 +564,6 @@ impl LinearOps for GpuDevice {
         // The GEMMs do cast f32 operands to bf16, but under --bf16 the working weights they read
         // are stored in bf16 (`stores`), so no master is read by a GEMM.
         false
-    }
-}
-
-impl AttentionOps for GpuDevice {
-    fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
-        unbuilt("attention against a key/value cache (generation)")
-    }
-
-    fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
-        self.rope(qkv, table, shape, rotary, false)
-    }
-
-    fn rope_backward(&self, dqkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
-        self.rope(dqkv, table, shape, rotary, true)
-    }
-
-    fn attention_forward(&self, out: &mut GpuBuf, lse: &mut GpuBuf, qkv: &GpuBuf, shape: AttentionShape) {
-        let (rows, w) = (shape.rows(), shape.width());
-        assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
-        if rows == 0 {
-            return;
-        }
-        // The kernels read and write bf16; the statistics are f32.
-        let q = self.view(qkv, self.half);
-        let whole = out.len == rows * w;
-        let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
-        let [b, s, h, kv] = attention_ints(shape);
-        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        // The head dim's kernel: one signature for the three (`Launch::retarget`).
-        let l = args::attention_fwd_bf16_d64(o.ptr(), lse.ptr(), q.ptr(), b, s, h, kv);
-        self.run(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }, l);
-    }
-
-    fn attention_backward(
-        &self,
-        dqkv: &mut GpuBuf,
-        dout: &GpuBuf,
-        qkv: &GpuBuf,
-        out: &GpuBuf,
-        lse: &GpuBuf,
-        shape: AttentionShape,
-    ) {
-        let rows = shape.rows();
-        assert!(dqkv.len >= rows * shape.qkv_width());
-        if rows == 0 {
-            return;
-        }
-        let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, self.half));
-        let lse = self.view(lse, Elem::F32);
-        let delta = self.scratch(4 * rows * shape.heads);
-        let whole = dqkv.len == rows * shape.qkv_width();
-        let grad = self.view_mut(dqkv, self.half, whole);
-        let [b, s, h, kv] = attention_ints(shape);
-        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        let l = args::attention_bwd_delta_bf16(delta.pointer, d.ptr(), o.ptr(), b, s, h, kv, int("head dim", head_dim));
-        self.run(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }, l);
-        // dK/dV (a block per key/value head, summing its group's query heads), then dQ; the head
-        // dim's kernels, one signature for the three (`Launch::retarget`).
-        let [g, q, d, lse] = [&*grad, &*q, &*d, &*lse].map(|b| b.ptr());
-        let dkv = args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
-        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, dkv);
-        let dq = args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
-        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, dq);
     }
 }
 
@@ -894,12 +846,6 @@ impl GpuDevice {
 /// The `int` arguments rows and cols of the LayerNorm kernels.
 fn rows_cols(rows: usize, cols: usize) -> [i32; 2] {
     [int("rows", rows), int("cols", cols)]
-}
-
-/// The `int` arguments batch, seq, heads and kv_heads of the attention kernels.
-fn attention_ints(shape: AttentionShape) -> [i32; 4] {
-    let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
-    [int("batch", batch), int("seq", seq), int("heads", heads), int("kv heads", kv_heads)]
 }
 
 /// The `int` arguments of the position-embedding kernels.

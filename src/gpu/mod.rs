@@ -38,6 +38,7 @@
 
 mod adamw;
 mod attach;
+mod attention_ops;
 pub mod buffer;
 pub mod cache;
 pub mod collectives;

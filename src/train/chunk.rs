@@ -61,6 +61,7 @@ impl<D: Device> Chunk<D> {
         let mut model = Gpt::new_chunk(dev, cfg.model.clone(), mp, plan.clone(), cfg.seed);
         model.set_recompute(cfg.recompute);
         model.set_precision(dev, cfg.precision);
+        model.set_dropout(cfg.dropout);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {

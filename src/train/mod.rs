@@ -364,7 +364,7 @@ impl<D: Device> Trainer<'_, D> {
             &mut self.chunks,
             &self.data.train,
             cfg,
-            self.progress.consumed_train,
+            (iteration, self.progress.consumed_train),
             grad_scale * scale as f32,
             &mut self.tl,
         )?;

@@ -14,7 +14,7 @@ use crate::config::TrainConfig;
 use crate::data::datasets::Dataset;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::model::gpt::ChunkOutput;
+use crate::model::gpt::{ChunkOutput, DropoutStep};
 use crate::model::Gpt;
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::{self, Pass, Schedule};
@@ -96,7 +96,14 @@ struct Messages<B> {
 
 impl<B> Default for Messages<B> {
     fn default() -> Self {
-        Messages { free: Vec::new(), in_flight: Vec::new(), host_sends: Vec::new(), received: 0, sent: 0, training: true }
+        Messages {
+            free: Vec::new(),
+            in_flight: Vec::new(),
+            host_sends: Vec::new(),
+            received: 0,
+            sent: 0,
+            training: true,
+        }
     }
 }
 
@@ -281,8 +288,17 @@ impl<D: Device> Pipeline<'_, D> {
         let hidden = (vs > 0).then(|| self.recv(tl, micro, chunk, false));
         let mut out = (vs < self.last_virtual()).then(|| self.buffer());
         let t0 = tl.now_us();
-        let result =
-            model.forward_micro(self.dev, self.tp, micro, tokens, hidden.as_ref(), Some(labels), mbs, seq, out.as_mut());
+        let result = model.forward_micro(
+            self.dev,
+            self.tp,
+            micro,
+            tokens,
+            hidden.as_ref(),
+            Some(labels),
+            mbs,
+            seq,
+            out.as_mut(),
+        );
         if timed {
             tl.span(SpanKind::Forward, micro, chunk, t0);
         }
@@ -319,19 +335,27 @@ impl<D: Device> Pipeline<'_, D> {
         self.messages.borrow_mut().training = training;
     }
 
-    /// One iteration's forward and backward passes in this stage's schedule order; the last
-    /// stage's summed token loss stays in its last chunk's accumulator (`take_loss`).
+    /// Iteration `iteration`'s forward and backward passes in this stage's schedule order (its
+    /// global batch starts at sample `consumed`); the last stage's summed token loss stays in its
+    /// last chunk's accumulator (`take_loss`).
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],
         ds: &Dataset,
         cfg: &TrainConfig,
-        consumed: u64,
+        (iteration, consumed): (u64, u64),
         grad_scale: f32,
         tl: &mut Timeline,
     ) -> Result<()> {
         let mut batch = Batch::new(cfg);
         self.begin(true);
+        // Micro-batch m of this rank holds samples m·mbs·dp + dp_rank·mbs .. of the global batch.
+        let grid = &self.groups.grid;
+        let mbs = cfg.micro_batch_size as u64;
+        let step = DropoutStep { iteration, micro_stride: mbs * grid.dp as u64, first: mbs * grid.dp_rank as u64 };
+        for c in chunks.iter_mut() {
+            c.model.set_dropout_step(Some(step));
+        }
         let started = tl.now_us();
         let mut peak_live = 0;
         for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
@@ -358,7 +382,15 @@ impl<D: Device> Pipeline<'_, D> {
                         }
                     };
                     let t0 = tl.now_us();
-                    model.backward_micro(self.dev, self.tp, micro, d_out.as_ref(), d_in.as_mut(), grad_scale, &mut ready);
+                    model.backward_micro(
+                        self.dev,
+                        self.tp,
+                        micro,
+                        d_out.as_ref(),
+                        d_in.as_mut(),
+                        grad_scale,
+                        &mut ready,
+                    );
                     tl.span(SpanKind::Backward, micro, chunk, t0);
                     if let Some(d) = d_out {
                         self.done_with(d);
@@ -414,6 +446,9 @@ impl<D: Device> Pipeline<'_, D> {
     ) -> Result<f64> {
         let mut batch = Batch::new(cfg);
         self.begin(false);
+        for c in chunks.iter_mut() {
+            c.model.set_dropout_step(None);
+        }
         // The training steps' slots have been read (the log line before validation): slot 0.
         for c in chunks.iter_mut() {
             c.model.set_loss_slot(0);

@@ -40,8 +40,9 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// two attention cases add three outputs each, forward out and lse and backward dqkv, so d 32's
 /// took it from 153 to 159; an AdamW group's param, working copy, m and v took it to 163; the
 /// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
-/// and fill, on three sizes, to 175).
-pub const OPS_CHECKED: usize = 175;
+/// and fill, on three sizes, to 175; bias-dropout-add with and without a bias and dropout, on
+/// three sizes, to 184).
+pub const OPS_CHECKED: usize = 184;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
@@ -1098,7 +1099,7 @@ fn layer_chain<D: Device>(
     let mut qkv = zeros(3 * m * h);
     dev.linear_forward(&mut qkv, &ln, &wqkv, Some(&bqkv), Gemm { rows: m, k: h, n: 3 * h });
     let (mut att, mut lse) = (zeros(m * h), dev.alloc(m));
-    dev.attention_forward(&mut att, &mut lse, &qkv, shape);
+    dev.attention_forward(&mut att, &mut lse, &qkv, shape, None);
     let (mut y, mut tmp) = (zeros(m * h), dev.alloc(m * h));
     dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, Gemm { rows: m, k: h, n: h });
     let mut g = zeros(m * h);
@@ -1116,7 +1117,7 @@ fn layer_chain<D: Device>(
         Gemm { rows: m, k: h, n: h },
     );
     let mut dqkv = zeros(3 * m * h);
-    dev.attention_backward(&mut dqkv, &datt, &qkv, &att, &lse, shape);
+    dev.attention_backward(&mut dqkv, &datt, &qkv, &att, &lse, shape, None);
     let (mut dln, mut dwqkv, mut dbqkv) = (zeros(m * h), dev.alloc(3 * h * h), dev.alloc(3 * h));
     dev.linear_backward(
         Some(&mut dln),

@@ -159,6 +159,8 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(add_f32),
     EMU_KERNEL(add_assign_f32),
     EMU_KERNEL(add_bias_f32),
+    EMU_KERNEL(bias_dropout_add_f32),
+    EMU_KERNEL(dropout_f32),
     EMU_KERNEL(round_bf16_f32),
     EMU_KERNEL(gelu_fwd_f32),
     EMU_KERNEL(gelu_bwd_f32),

@@ -175,8 +175,8 @@ pub fn attention(dev: &CpuDevice, peak: &Peak, min_seconds: f64) -> Vec<Record> 
             (dev.alloc(rows * width), dev.alloc(rows * shape.heads), dev.alloc(3 * rows * width));
         let dout = o.clone();
         let held = 4 * (dev.len(&qkv) + dev.len(&o) + dev.len(&lse) + dev.len(&dqkv) + dev.len(&dout));
-        let fwd = time_best(min_seconds, &mut || dev.attention_forward(&mut o, &mut lse, &qkv, shape));
-        let bwd = time_best(min_seconds, &mut || dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape));
+        let fwd = time_best(min_seconds, &mut || dev.attention_forward(&mut o, &mut lse, &qkv, shape, None));
+        let bwd = time_best(min_seconds, &mut || dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape, None));
         let s = shape.seq as f64;
         let flops_fwd = 4.0 * s * s * shape.head_dim as f64 * (shape.batch * shape.heads) as f64 / 2.0;
         let achieved = 3.5 * flops_fwd / (fwd + bwd) / 1e9;

@@ -14,7 +14,7 @@
 use crate::cmd::flags;
 use crate::device::prelude::*;
 use crate::device::reference::ReferenceDevice;
-use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device};
+use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device, Dropout};
 use crate::device::{Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use crate::error::{Error, Result};
 use crate::flags::CHECK_OPS_FLAGS;
@@ -291,6 +291,7 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         r.add_bias(&mut want, &refb(&bias), Matrix { rows, cols });
         run.push_dev("add_bias", &format!("{rows}x{cols}"), &g, &want, F32);
     }
+    dropout(run);
     for &n in sizes {
         let p = run.f32s(n, "p", 1.0, 0.0);
         let g = run.f32s(n, "g", 0.1, 0.0);
@@ -318,6 +319,40 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         run.push_dev(op, &case, &gw, &rounded, Bound::Exact);
         run.push_dev("adamw m", &case, &gm, &rm, F32);
         run.push_dev("adamw v", &case, &gv, &rv, F32);
+    }
+}
+
+/// A dropout site placed inside a larger tensor: samples from beyond 2³² in the counter, a later
+/// position and column, p = 0.3 (the masks must agree bit for bit, or the error is whole values).
+fn dropout_site(rows: usize, cols: usize) -> Dropout {
+    let batch = 3.min(rows.max(1));
+    let key = crate::rng::key(7, "dropout");
+    let (seq, t0) = (rows.div_ceil(batch) + 5, 5);
+    Dropout { p: 0.3, key, place: 4 * 2 + 3, iteration: 9, sample0: 1 << 33, batch, seq, t0, width: cols + 7, col0: 7 }
+}
+
+/// Megatron's bias-dropout-add (with and without a bias) and the in-place dropout.
+fn dropout<D: Device>(run: &mut Run<D>) {
+    let (dev, r) = (run.dev, ReferenceDevice);
+    for (rows, cols) in [(1, 1), (7, 33), (64, 300)] {
+        let (n, shape, d) = (rows * cols, Matrix { rows, cols }, dropout_site(rows, cols));
+        let (x, resid, bias) =
+            (run.f32s(n, "x", 1.0, 0.0), run.f32s(n, "resid", 1.0, 0.0), run.f32s(cols, "bias", 1.0, 0.0));
+        let case = format!("{rows}x{cols}");
+        for with_bias in [true, false] {
+            let (gb, rb) = (run.up(&bias), refb(&bias));
+            let mut g = dev.alloc(n);
+            dev.bias_dropout_add(&mut g, (&run.up(&resid), &run.up(&x)), with_bias.then_some(&gb), &d, shape);
+            let mut want = r.alloc(n);
+            r.bias_dropout_add(&mut want, (&refb(&resid), &refb(&x)), with_bias.then_some(&rb), &d, shape);
+            let op = if with_bias { "bias_dropout_add" } else { "bias_dropout_add (no bias)" };
+            run.push_dev(op, &case, &g, &want, Bound::F32(2e-5));
+        }
+        let mut g = run.up(&x);
+        dev.dropout(&mut g, &d, shape);
+        let mut want = refb(&x);
+        r.dropout(&mut want, &d, shape);
+        run.push_dev("dropout", &case, &g, &want, Bound::F32(2e-5));
     }
 }
 
@@ -693,17 +728,17 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
         let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}");
         let gq = run.up(&qkv);
         let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape);
+        dev.attention_forward(&mut out, &mut lse, &gq, shape, None);
         let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape);
+        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None);
         run.push_dev("attention_forward out", &case, &out, &rout, run.half_bound());
         run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
         // Backward from the device's own forward output, as training runs it.
         let (out_host, lse_host) = (run.down(&out), run.down(&lse));
         let mut dqkv = run.up(&vec![9.0; rows * qkv_w]);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape);
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None);
         let mut rdqkv = r.alloc(rows * qkv_w);
-        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape);
+        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape, None);
         run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
     }
 }

@@ -8,6 +8,7 @@
 use super::gemm::{gemm, MatRef};
 use super::pool::ThreadPool;
 use super::simd;
+use crate::device::dropout::{Dropout, Masks};
 use crate::device::AttentionShape;
 
 const QUERY_TILE: usize = 128;
@@ -44,12 +45,13 @@ fn transposed(view: MatRef<'_>) -> MatRef<'_> {
 }
 
 /// Forward for one (sequence, head) pair; returns its output rows [seq, d] and log-sum-exps.
+/// With `dropout`, each row of probabilities is masked and scaled after its softmax.
 pub fn forward_head(
     pool: &ThreadPool,
     qkv: &[f32],
     shape: AttentionShape,
-    b: usize,
-    head: usize,
+    (b, head): (usize, usize),
+    dropout: Option<&Dropout>,
 ) -> (Vec<f32>, Vec<f32>) {
     let (s, d) = (shape.seq, shape.head_dim);
     let scale = 1.0 / (d as f32).sqrt();
@@ -67,6 +69,9 @@ pub fn forward_head(
             let t = q0 + r;
             // SAFETY: the row kernel has no preconditions beyond its slice bounds.
             lse[t] = unsafe { simd::attention_softmax_row(&mut sc[r * kend..(r + 1) * kend], t + 1, scale) };
+            if let Some(dr) = dropout {
+                Masks::new(dr).apply(&mut sc[r * kend..r * kend + t + 1], dr.attention_index(b, head, t), dr.scale());
+            }
         }
         gemm(
             pool,
@@ -83,15 +88,18 @@ pub fn forward_head(
     (out, lse)
 }
 
-/// Backward for one (sequence, head) pair; returns dq, dk, dv as [seq, d] rows each.
+/// Backward for one (sequence, head) pair; returns dq, dk, dv as [seq, d] rows each. With
+/// `dropout`, the probabilities' gradient is masked before the softmax's backward and the
+/// probabilities after it (dv reads the masked ones).
+#[allow(clippy::too_many_arguments)]
 pub fn backward_head(
     pool: &ThreadPool,
     dout: &[f32],
     qkv: &[f32],
     (out, lse): (&[f32], &[f32]),
     shape: AttentionShape,
-    b: usize,
-    head: usize,
+    (b, head): (usize, usize),
+    dropout: Option<&Dropout>,
 ) -> [Vec<f32>; 3] {
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
     let scale = 1.0 / (d as f32).sqrt();
@@ -119,7 +127,14 @@ pub fn backward_head(
             unsafe {
                 let delta = simd::dot_lanes(&dout[o..o + d], &out[o..o + d]);
                 let (prow, dsrow) = (&mut pt[r * kend..(r + 1) * kend], &mut dst[r * kend..(r + 1) * kend]);
+                let first = dropout.map(|dr| (dr, dr.attention_index(b, head, t)));
+                if let Some((dr, at)) = first {
+                    Masks::new(dr).apply(&mut dsrow[..t + 1], at, dr.scale());
+                }
                 simd::attention_backward_row(prow, dsrow, t + 1, scale, lse[t], delta);
+                if let Some((dr, at)) = first {
+                    Masks::new(dr).apply(&mut prow[..t + 1], at, dr.scale());
+                }
             }
         }
         let ds_view = MatRef { data: dst, row_stride: kend, col_stride: 1 };

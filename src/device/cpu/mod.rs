@@ -14,7 +14,10 @@ pub mod pool;
 pub mod simd;
 
 use super::prelude::*;
-use super::{kernels, AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
+use super::{
+    dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gemm, LayerNormSaved, Logits, Matrix, Rotary,
+    Tokens,
+};
 pub use buf::CpuBuf;
 use gemm::MatRef;
 use pool::ThreadPool;
@@ -384,6 +387,34 @@ impl ElementwiseOps for CpuDevice {
             unsafe { simd::add_bias_rows(o.slice(r0 * cols, nr * cols), bias) };
         });
     }
+
+    fn bias_dropout_add(
+        &self,
+        out: &mut CpuBuf,
+        (resid, x): (&CpuBuf, &CpuBuf),
+        bias: Option<&CpuBuf>,
+        d: &Dropout,
+        Matrix { rows, cols }: Matrix,
+    ) {
+        assert!(out.len() >= rows * cols && resid.len() >= rows * cols && x.len() >= rows * cols);
+        let o = SharedMut::new(out);
+        let bias = bias.map(|b| &b[..cols]);
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            let span = r0 * cols..(r0 + nr) * cols;
+            // SAFETY: rows r0..r0+nr belong to this task.
+            let o = unsafe { o.slice(r0 * cols, nr * cols) };
+            dropout::bias_dropout_add_rows(o, (&resid[span.clone()], &x[span]), bias, d, r0, cols);
+        });
+    }
+
+    fn dropout(&self, x: &mut CpuBuf, d: &Dropout, Matrix { rows, cols }: Matrix) {
+        assert!(x.len() >= rows * cols);
+        let o = SharedMut::new(x);
+        self.for_blocks(rows, ROWS_PER_TASK, &|r0, nr| {
+            // SAFETY: rows r0..r0+nr belong to this task.
+            dropout::dropout_rows(unsafe { o.slice(r0 * cols, nr * cols) }, d, r0, cols);
+        });
+    }
 }
 
 impl NormOps for CpuDevice {
@@ -579,14 +610,21 @@ impl AttentionOps for CpuDevice {
         self.rope(dqkv, table, shape, rotary, true);
     }
 
-    fn attention_forward(&self, out: &mut CpuBuf, lse: &mut CpuBuf, qkv: &CpuBuf, shape: AttentionShape) {
+    fn attention_forward(
+        &self,
+        out: &mut CpuBuf,
+        lse: &mut CpuBuf,
+        qkv: &CpuBuf,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+    ) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         assert!(qkv.len() >= shape.rows() * shape.qkv_width());
         let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
         let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
         self.pool.run(shape.batch * shape.heads, &|i| {
             let (b, head) = (i / shape.heads, i % shape.heads);
-            let (rows, lses) = attention::forward_head(&self.pool, qkv, shape, b, head);
+            let (rows, lses) = attention::forward_head(&self.pool, qkv, shape, (b, head), dropout);
             // SAFETY: sizes checked above; task i owns the (b, head) columns and lse entries.
             unsafe {
                 for t in 0..s {
@@ -605,6 +643,7 @@ impl AttentionOps for CpuDevice {
         out: &CpuBuf,
         lse: &CpuBuf,
         shape: AttentionShape,
+        dropout: Option<&Dropout>,
     ) {
         assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
         let dq = SharedMut::new(dqkv);
@@ -613,7 +652,7 @@ impl AttentionOps for CpuDevice {
         self.pool.run(shape.batch * shape.kv_heads, &|i| {
             let (b, g) = (i / shape.kv_heads, i % shape.kv_heads);
             for head in g * n..(g + 1) * n {
-                let grads = attention::backward_head(&self.pool, dout, qkv, (out, lse), shape, b, head);
+                let grads = attention::backward_head(&self.pool, dout, qkv, (out, lse), shape, (b, head), dropout);
                 let (q, k, v) = shape.qkv_offsets(head);
                 for t in 0..s {
                     let row = (t * shape.batch + b) * shape.qkv_width();

@@ -332,6 +332,9 @@ pub(super) struct GradBufs<B> {
     pub(super) d_qkv: B,
     pub(super) d_ffn: B,
     pub(super) d_ffn2: B,
+    /// The gradient of a residual branch before its dropout (this rank's rows), made at the
+    /// first backward that drops.
+    pub(super) d_drop: Option<B>,
 }
 
 /// The precision the head's logits (and, in place, their gradient) are held in: bf16 under bf16
@@ -361,6 +364,7 @@ impl<D: Device> Activations<D> {
         let scratch = [&self.tmp_full, &g.d_resid, &g.d_h_full, &g.d_attn, &g.d_qkv, &g.d_ffn, &g.d_ffn2];
         let scratch = scratch.iter().map(|b| dev.bytes(b)).sum::<usize>()
             + opt(&self.emb_full)
+            + opt(&g.d_drop)
             + opt(&self.tmp_local)
             + opt(&g.d_full)
             + opt(&g.d_h_local);
@@ -437,6 +441,7 @@ impl<D: Device> Activations<D> {
                 d_qkv: act(m * ql),
                 d_ffn: act(m * fl),
                 d_ffn2: act(m * f1l),
+                d_drop: None,
             },
             compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
         }

@@ -4,8 +4,9 @@
 //! where recomputation or 16-bit storage dropped them), and its backward.
 
 use super::activations::{GradBufs, LayerActs, Rows, SpareAttention, SpareLayer, Stash, Widths};
+use super::dropout::LayerDropout;
 use super::tensor_parallel::Pass;
-use crate::device::{AttentionShape, Device, Memory, Rotary};
+use crate::device::{AttentionShape, Device, Dropout, Matrix, Memory, Rotary};
 use crate::model::{Arch, Normalization};
 use crate::real::Precision;
 use crate::tensor::pair_mut;
@@ -91,6 +92,8 @@ pub(super) struct Dims {
     pub(super) swiglu: bool,
     /// Rotary positions (the table is the pass's `rope`).
     pub(super) rotary: Option<Rotary>,
+    /// This layer's dropouts in a training forward (and its backward and recomputation).
+    pub(super) dropout: LayerDropout,
 }
 
 /// One transformer block's forward from `x_in`, saving what backward needs into `la` (and the
@@ -126,10 +129,11 @@ pub(super) fn layer_forward<'w, D: Device>(
         (_, _, Some(spare)) => spare,
         _ => unreachable!("a layer without its attention output has a spare"),
     };
-    dev.attention_forward(attn, lse, &la.qkv, shape);
+    dev.attention_forward(attn, lse, &la.qkv, shape, dims.dropout.attention.as_ref());
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
-    p.linear_out_forward(&mut la.resid_mid, x_in, attn, wb(ops.proj), tmp, r, (wd.attn, h));
+    let drop = dims.dropout.attention_out.as_ref();
+    p.linear_out_forward(&mut la.resid_mid, x_in, attn, wb(ops.proj), tmp, drop, r, (wd.attn, h));
     dev.round_to(&mut la.resid_mid, precision);
     p.ln_forward(&mut la.ln2, &la.resid_mid, wb(ops.ln2), r.local, h);
     dev.round_to(&mut la.ln2.out, precision);
@@ -143,7 +147,8 @@ pub(super) fn layer_forward<'w, D: Device>(
     dev.round_to(&mut la.gelu, precision);
     let Some(x_out) = x_out else { return };
     let tmp = (tmp_full, tmp_local);
-    p.linear_out_forward(x_out, &la.resid_mid, &la.gelu, wb(ops.fc2), tmp, r, (wd.f, h));
+    let drop = dims.dropout.mlp_out.as_ref();
+    p.linear_out_forward(x_out, &la.resid_mid, &la.gelu, wb(ops.fc2), tmp, drop, r, (wd.f, h));
     dev.round_to(x_out, precision);
 }
 
@@ -179,7 +184,7 @@ pub(super) fn saved_layer<'a, D: Device>(
         (Some(attn), Some(lse)) => (layer, attn, lse),
         _ => {
             let (_, attn, lse) = spare_attention.as_mut().expect("selective recompute has a spare attention");
-            dev.attention_forward(attn, lse, &layer.qkv, dims.shape);
+            dev.attention_forward(attn, lse, &layer.qkv, dims.shape, dims.dropout.attention.as_ref());
             dev.round_to(attn, dims.precision);
             (layer, &*attn, &*lse)
         }
@@ -205,8 +210,8 @@ pub(super) fn layer_backward<'w, D: Device>(
     let (h, dev) = (wd.h, p.dev);
     // MLP: d_resid holds the gradient of the block's output (this rank's rows).
     let gs = ops.fc2.grads(grads);
-    let d_out = (&d.d_resid, &mut d.d_full);
-    p.linear_out_backward(&mut d.d_ffn, gs, d_out, &la.gelu, w(ops.fc2.weight), r, (wd.f, h));
+    let d_branch = branch_gradient(dev, &d.d_resid, &mut d.d_drop, dims.dropout.mlp_out.as_ref(), r.local);
+    p.linear_out_backward(&mut d.d_ffn, gs, (d_branch, &mut d.d_full), &la.gelu, w(ops.fc2.weight), r, (wd.f, h));
     if dims.swiglu {
         dev.swiglu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, r.full, wd.fl);
     } else {
@@ -222,9 +227,9 @@ pub(super) fn layer_backward<'w, D: Device>(
     }
     // Attention: d_resid now holds the gradient of the mid-block residual.
     let gs = ops.proj.grads(grads);
-    let d_mid = (&d.d_resid, &mut d.d_full);
-    p.linear_out_backward(&mut d.d_attn, gs, d_mid, attn, w(ops.proj.weight), r, (wd.attn, h));
-    dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape);
+    let d_branch = branch_gradient(dev, &d.d_resid, &mut d.d_drop, dims.dropout.attention_out.as_ref(), r.local);
+    p.linear_out_backward(&mut d.d_attn, gs, (d_branch, &mut d.d_full), attn, w(ops.proj.weight), r, (wd.attn, h));
+    dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape, dims.dropout.attention.as_ref());
     if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
         dev.rope_backward(&mut d.d_qkv, table, shape, rotary);
     }
@@ -235,4 +240,21 @@ pub(super) fn layer_backward<'w, D: Device>(
         let gs = ops.ln1.grads(grads);
         p.ln_backward(&mut d.d_resid, gs, d_ln1, (x_in, w(ops.ln1.weight)), &la.ln1, r.local, h);
     }
+}
+
+/// The gradient of a residual branch's output from the residual's, `d_resid` (this rank's
+/// `rows`): itself, or through the branch's dropout into `d_drop` (made at the first use).
+fn branch_gradient<'b, D: Device>(
+    dev: &D,
+    d_resid: &'b D::Buf,
+    d_drop: &'b mut Option<D::Buf>,
+    dropout: Option<&Dropout>,
+    rows: usize,
+) -> &'b D::Buf {
+    let Some(dr) = dropout else { return d_resid };
+    let len = dev.len(d_resid);
+    let buf = d_drop.get_or_insert_with(|| dev.alloc(len));
+    dev.copy(buf, 0, d_resid, 0, len);
+    dev.dropout(buf, dr, Matrix { rows, cols: len / rows });
+    buf
 }

@@ -143,15 +143,15 @@ impl<D: Device> Gpt<D> {
         let shape = AttentionShape::new(r.sub_batch, r.seq, wd.heads, d).grouped(wd.kv_heads);
         let rotary = self.rope.as_ref().map(|_| Rotary { rotary_dim: self.cfg.arch.rotary_dim(d), t0: 0 });
         let (ops, swiglu) = (self.layout.ops, self.cfg.arch.swiglu);
-        Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, rotary }
+        Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, rotary, dropout: Default::default() }
     }
-
 
     /// Block `l`'s forward of activation set `index`, counting what its groups moved; under
     /// 16-bit storage its saved buffers are then copied out.
     fn forward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
         let mark = self.work_mark(dev);
-        let (dims, lay, precision) = (self.dims(index), self.layout, self.precision);
+        let dims = Dims { dropout: self.layer_dropout(index, l), ..self.dims(index) };
+        let (lay, precision) = (self.layout, self.precision);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let w = |k| &p[lay.layer(l, k)];
         let a = &mut self.pool[index].1;
@@ -169,7 +169,8 @@ impl<D: Device> Gpt<D> {
         };
         let tmp = (&mut a.tmp_full, &mut a.tmp_local);
         let before = tp_counters(dev, tp);
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let pass =
+            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
@@ -243,7 +244,8 @@ impl<D: Device> Gpt<D> {
     /// recomputation dropped them, restored where 16-bit storage copied them out), then the
     /// gradients.
     fn backward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
-        let (dims, lay) = (self.dims(index), self.layout);
+        let dims = Dims { dropout: self.layer_dropout(index, l), ..self.dims(index) };
+        let lay = self.layout;
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let w = |k| &p[lay.layer(l, k)];
         let grads = &mut self.params.grads[lay.layer_params(l)];
@@ -253,7 +255,8 @@ impl<D: Device> Gpt<D> {
             self.stashed -= stash.iter().map(|s| s.bytes(dev)).sum::<usize>();
         }
         let x_in = &a.resid[l];
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let pass =
+            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
         let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
         let recompute = |sp: &mut LayerActs<D::Buf>| {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
@@ -276,7 +279,8 @@ impl<D: Device> Gpt<D> {
         &self.pool[index].1.head.as_ref().expect("the whole model has a head").logits
     }
 
-    /// Sum over all tokens of the cross-entropy loss of the whole model, without gradients.
+    /// Sum over all tokens of the cross-entropy loss of the whole model, without gradients: the
+    /// forward of `forward_backward` (micro-batch 0: under a dropout step, the same masks).
     pub fn loss(
         &mut self,
         dev: &D,
@@ -286,8 +290,8 @@ impl<D: Device> Gpt<D> {
         batch: usize,
         seq: usize,
     ) -> f64 {
-        self.whole_model_forward(dev, tp, usize::MAX, (tokens, labels), batch, seq);
-        self.discard(usize::MAX);
+        self.whole_model_forward(dev, tp, 0, (tokens, labels), batch, seq);
+        self.discard(0);
         self.take_loss(dev, tp)
     }
 

@@ -6,8 +6,9 @@
 use super::activations::Widths;
 use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Layout, Weights};
-use crate::device::Device;
+use crate::device::dropout::Site;
 use crate::device::Tokens;
+use crate::device::{Device, Matrix};
 use crate::parallel::summa;
 use crate::parallel::tensor::{all_reduce, reduce_scatter, TensorParallel};
 
@@ -31,6 +32,7 @@ impl<D: Device> Gpt<D> {
         seq: usize,
     ) {
         let vocab_start = self.vocab_start();
+        let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, precision, mp, lay) = (&self.cfg, self.precision, self.mp, self.layout);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
@@ -77,6 +79,9 @@ impl<D: Device> Gpt<D> {
         if let (None, Some(at)) = (mp.summa, lay.wpe()) {
             dev.position_forward(&mut a.resid[0], &p[at], batch, r.t0, r.positions, h);
         }
+        if let Some(d) = dropout {
+            dev.dropout(&mut a.resid[0], &d, Matrix { rows: r.local, cols: wd.hr });
+        }
         dev.round_to(&mut a.resid[0], precision);
     }
 
@@ -84,12 +89,17 @@ impl<D: Device> Gpt<D> {
     /// position embeddings' gradients "+=".
     pub(super) fn embedding_backward(&mut self, dev: &D, tp: TensorParallel, index: usize) {
         let vocab_start = self.vocab_start();
+        let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, mp, lay) = (&self.cfg, self.mp, self.layout);
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
         let g = &mut self.params.grads;
         let a = &mut self.pool[index].1;
         let r = a.rows;
+        // The gradient of the embeddings' sum, through their dropout.
+        if let Some(d) = dropout {
+            dev.dropout(&mut a.grad.d_resid, &d, Matrix { rows: r.local, cols: wd.hr });
+        }
         match (tp.summa, mp.summa) {
             (Some((s, _)), Some(c)) => {
                 // Position rows: this block's gradient, summed down the column into the shard.

@@ -19,6 +19,7 @@ mod activations;
 mod block;
 mod chunk;
 mod decode;
+mod dropout;
 mod embedding;
 mod head;
 mod tensor_parallel;
@@ -36,6 +37,7 @@ use block::LayerOps;
 use std::ops::Range;
 
 pub use decode::KvCache;
+pub use dropout::{DropoutRates, DropoutStep};
 
 /// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
 #[derive(Clone, Copy, Debug)]
@@ -163,6 +165,9 @@ pub struct Gpt<D: Device> {
     loss_slot: usize,
     /// Rotary positions: the table of angles for every position (`Arch::rotary_table`).
     rope: Option<D::Buf>,
+    /// The dropout probabilities, and the training step whose forwards drop (`dropout.rs`).
+    dropout: DropoutRates,
+    dropout_step: Option<DropoutStep>,
 }
 
 impl<D: Device> Gpt<D> {
@@ -214,6 +219,8 @@ impl<D: Device> Gpt<D> {
             loss: dev.scalars(1),
             loss_slot: 0,
             rope,
+            dropout: DropoutRates::default(),
+            dropout_step: None,
         };
         if shifted {
             // The norms read `1 + w` from a working copy, in f32 too.

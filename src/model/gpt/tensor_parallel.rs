@@ -8,7 +8,7 @@
 use super::activations::{LnActs, Rows};
 use crate::comm::CommCounters;
 use crate::device::Device;
-use crate::device::{Gemm, LayerNormSaved, Matrix};
+use crate::device::{Dropout, Gemm, LayerNormSaved, Matrix};
 use crate::model::Normalization;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
@@ -154,7 +154,8 @@ impl<D: Device> Pass<'_, D> {
     /// A linear layer that writes back into the residual stream (the attention projection, fc2):
     /// `x_out = resid + inp · weightᵀ + bias` for the whole `[k] -> [n]` product. Row-parallel
     /// under 1-D (partial sums reduced over the group, or reduce-scattered under sequence
-    /// parallelism), SUMMA otherwise; on one rank `LinearOps::linear_residual_forward`.
+    /// parallelism), SUMMA otherwise; on one rank `LinearOps::linear_residual_forward`. With
+    /// `dropout`, Megatron's bias-dropout-add: `x_out = resid + dropout(inp · weightᵀ + bias)`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn linear_out_forward(
         &mut self,
@@ -163,26 +164,40 @@ impl<D: Device> Pass<'_, D> {
         inp: &D::Buf,
         (weight, bias): (&D::Buf, Option<&D::Buf>),
         (tmp_full, tmp_local): (&mut D::Buf, &mut Option<D::Buf>),
+        dropout: Option<&Dropout>,
         r: Rows,
         (k, n): (usize, usize),
     ) {
         let dev = self.dev;
-        match self.tp.summa {
+        // This rank's rows of the residual, as wide as it holds them.
+        let local = Matrix { rows: r.local, cols: dev.len(resid) / r.local.max(1) };
+        match (self.tp.summa, dropout) {
             // One rank: nothing to reduce, so the device may fuse the bias and the residual.
-            None if self.tp.size() == 1 => {
+            (None, None) if self.tp.size() == 1 => {
                 dev.linear_residual_forward(x_out, resid, inp, (weight, bias), tmp_full, Gemm { rows: r.full, k, n })
             }
-            None => {
+            (None, Some(d)) if self.tp.size() == 1 => {
+                dev.linear_forward(tmp_full, inp, weight, None, Gemm { rows: r.full, k, n });
+                dev.bias_dropout_add(x_out, (resid, tmp_full), bias, d, local);
+            }
+            (None, dropout) => {
                 dev.linear_forward(tmp_full, inp, weight, None, Gemm { rows: r.full, k: k / self.tp.size(), n });
                 let sum = self.reduced(tmp_full, tmp_local);
+                if let Some(d) = dropout {
+                    dev.bias_dropout_add(x_out, (resid, sum), bias, d, local);
+                    return;
+                }
                 dev.add(x_out, resid, sum);
                 if let Some(bias) = bias {
                     dev.add_bias(x_out, bias, Matrix { rows: r.local, cols: n });
                 }
             }
-            Some((s, _)) => {
+            (Some((s, _)), dropout) => {
                 s.linear_forward(dev, tmp_full, inp, (weight, bias), Gemm { rows: r.full, k, n }, self.sc);
-                dev.add(x_out, resid, tmp_full);
+                match dropout {
+                    Some(d) => dev.bias_dropout_add(x_out, (resid, tmp_full), None, d, local),
+                    None => dev.add(x_out, resid, tmp_full),
+                }
             }
         }
     }

@@ -1,0 +1,169 @@
+//! The GPU Device's attention and dropout: `impl AttentionOps` (FlashAttention-2 forward and
+//! backward on the vendor's `attention_*` kernels, 16-bit operands, f32 statistics) and the
+//! launches of `tensor_ops`'s dropout kernels that `device_ops`'s element-wise ops delegate to,
+//! with the `int` arguments both kinds of kernel take (`kernels/common/dropout.h`).
+
+use super::buffer::{Elem, GpuBuf};
+use super::device::{int, unbuilt, GpuDevice};
+use super::kernels::args;
+use super::kernels::plan::Op;
+use crate::device::prelude::*;
+use crate::device::{AttentionShape, Dropout, Matrix, Rotary};
+
+impl AttentionOps for GpuDevice {
+    fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
+        unbuilt("attention against a key/value cache (generation)")
+    }
+
+    fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(qkv, table, shape, rotary, false)
+    }
+
+    fn rope_backward(&self, dqkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
+        self.rope(dqkv, table, shape, rotary, true)
+    }
+
+    fn attention_forward(
+        &self,
+        out: &mut GpuBuf,
+        lse: &mut GpuBuf,
+        qkv: &GpuBuf,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+    ) {
+        if dropout.is_some() {
+            unbuilt("attention dropout")
+        }
+        let (rows, w) = (shape.rows(), shape.width());
+        assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
+        if rows == 0 {
+            return;
+        }
+        // The kernels read and write bf16; the statistics are f32.
+        let q = self.view(qkv, self.half);
+        let whole = out.len == rows * w;
+        let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
+        let [b, s, h, kv] = attention_ints(shape);
+        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+        // The head dim's kernel: one signature for the three (`Launch::retarget`).
+        let l = args::attention_fwd_bf16_d64(o.ptr(), lse.ptr(), q.ptr(), b, s, h, kv);
+        self.run(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }, l);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &mut GpuBuf,
+        dout: &GpuBuf,
+        qkv: &GpuBuf,
+        out: &GpuBuf,
+        lse: &GpuBuf,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+    ) {
+        if dropout.is_some() {
+            unbuilt("attention dropout")
+        }
+        let rows = shape.rows();
+        assert!(dqkv.len >= rows * shape.qkv_width());
+        if rows == 0 {
+            return;
+        }
+        let [q, o, d] = [qkv, out, dout].map(|b| self.view(b, self.half));
+        let lse = self.view(lse, Elem::F32);
+        let delta = self.scratch(4 * rows * shape.heads);
+        let whole = dqkv.len == rows * shape.qkv_width();
+        let grad = self.view_mut(dqkv, self.half, whole);
+        let [b, s, h, kv] = attention_ints(shape);
+        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
+        let l = args::attention_bwd_delta_bf16(delta.pointer, d.ptr(), o.ptr(), b, s, h, kv, int("head dim", head_dim));
+        self.run(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }, l);
+        // dK/dV (a block per key/value head, summing its group's query heads), then dQ; the head
+        // dim's kernels, one signature for the three (`Launch::retarget`).
+        let [g, q, d, lse] = [&*grad, &*q, &*d, &*lse].map(|b| b.ptr());
+        let dkv = args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
+        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, dkv);
+        let dq = args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
+        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, dq);
+    }
+}
+
+/// Dropout: `tensor_ops`'s `bias_dropout_add_f32` and `dropout_f32`.
+impl GpuDevice {
+    pub(super) fn launch_bias_dropout_add(
+        &self,
+        out: &mut GpuBuf,
+        (resid, x): (&GpuBuf, &GpuBuf),
+        bias: Option<&GpuBuf>,
+        d: &Dropout,
+        Matrix { rows, cols }: Matrix,
+    ) {
+        let n = int("rows·cols", rows * cols);
+        assert!(out.len >= n as usize && resid.len >= n as usize && x.len >= n as usize);
+        let (resid, x) = (self.view(resid, Elem::F32), self.view(x, Elem::F32));
+        let bias = bias.map(|b| self.view(b, Elem::F32));
+        let whole = out.len == n as usize;
+        let o = self.view_mut(out, Elem::F32, whole);
+        let b = bias.as_ref().map_or(x.ptr(), |b| b.ptr());
+        let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
+        let l = args::bias_dropout_add_f32(
+            o.ptr(),
+            resid.ptr(),
+            x.ptr(),
+            b,
+            i32::from(bias.is_some()),
+            int("rows", rows),
+            int("cols", cols),
+            th,
+            d.scale(),
+            k0,
+            k1,
+            place,
+            it,
+            s_lo,
+            s_hi,
+            batch,
+            seq,
+            t0,
+            width,
+            col0,
+        );
+        self.elementwise(n as usize, l);
+    }
+
+    pub(super) fn launch_dropout(&self, x: &mut GpuBuf, d: &Dropout, Matrix { rows, cols }: Matrix) {
+        let n = int("rows·cols", rows * cols);
+        assert!(x.len >= n as usize);
+        let o = self.view_mut(x, Elem::F32, false);
+        let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
+        let (r, c) = (int("rows", rows), int("cols", cols));
+        let l =
+            args::dropout_f32(o.ptr(), r, c, th, d.scale(), k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0);
+        self.elementwise(n as usize, l);
+    }
+}
+
+/// The `int` arguments of a dropout site (`kernels/common/dropout.h`), but its f32 scale: the
+/// threshold, the key and counter words, the two halves of the first sample, and the row map.
+fn site_ints(d: &Dropout) -> [i32; 12] {
+    let w = |v: u32| v as i32;
+    [
+        w(d.threshold()),
+        w(d.key[0]),
+        w(d.key[1]),
+        w(d.place),
+        w(d.iteration),
+        w(d.sample0 as u32),
+        w((d.sample0 >> 32) as u32),
+        int("dropout batch", d.batch),
+        int("dropout positions", d.seq),
+        int("dropout first position", d.t0),
+        int("dropout width", d.width),
+        int("dropout first column", d.col0),
+    ]
+}
+
+/// The `int` arguments batch, seq, heads and kv_heads of the attention kernels.
+fn attention_ints(shape: AttentionShape) -> [i32; 4] {
+    let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
+    [int("batch", batch), int("seq", seq), int("heads", heads), int("kv heads", kv_heads)]
+}

@@ -1,0 +1,91 @@
+//! Megatron's dropouts on a chunk: the embeddings' sum and each block's two residual branches
+//! (`--hidden-dropout`) and the attention probabilities (`--attention-dropout`), in training
+//! forwards only. Each call's mask is `device::dropout`'s, placed in the iteration's whole tensor
+//! from the micro-batch, this rank's batch block, positions and columns or heads, so that every
+//! layout draws the masks of one rank.
+
+use super::activations::Widths;
+use super::Gpt;
+use crate::device::dropout::{Dropout, Site};
+use crate::device::Device;
+
+/// The dropout probabilities of a run and the seed its masks are drawn under.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DropoutRates {
+    /// `--hidden-dropout`: the embeddings and the residual branches.
+    pub hidden: f32,
+    /// `--attention-dropout`: the attention probabilities.
+    pub attention: f32,
+    pub seed: u64,
+}
+
+/// Where a training step's masks are drawn: its iteration, and where this rank's micro-batches
+/// sit in the global batch (micro-batch `m` starts at sample `m · micro_stride + first`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropoutStep {
+    pub iteration: u64,
+    pub micro_stride: u64,
+    pub first: u64,
+}
+
+/// The dropouts of one block of one micro-batch (None where nothing drops).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LayerDropout {
+    pub(super) attention: Option<Dropout>,
+    pub(super) attention_out: Option<Dropout>,
+    pub(super) mlp_out: Option<Dropout>,
+}
+
+impl<D: Device> Gpt<D> {
+    /// The run's dropout probabilities (none until set).
+    pub fn set_dropout(&mut self, rates: DropoutRates) {
+        assert!((0.0..1.0).contains(&rates.hidden) && (0.0..1.0).contains(&rates.attention));
+        self.dropout = rates;
+    }
+
+    /// The training step the next forwards and backwards belong to, or None (evaluation,
+    /// generation: nothing drops).
+    pub fn set_dropout_step(&mut self, step: Option<DropoutStep>) {
+        self.dropout_step = step;
+    }
+
+    /// The dropout at `site` of global layer `layer` for activation set `index`.
+    pub(super) fn dropout_at(&self, index: usize, layer: usize, site: Site) -> Option<Dropout> {
+        let step = self.dropout_step?;
+        let p = if site == Site::Attention { self.dropout.attention } else { self.dropout.hidden };
+        if p == 0.0 {
+            return None;
+        }
+        let (micro, set) = (&self.pool[index].0, &self.pool[index].1);
+        let micro = micro.expect("a training forward's activation set belongs to a micro-batch") as u64;
+        let r = set.rows;
+        let wd = Widths::new(&self.cfg, &self.mp);
+        let column_block = self.mp.summa.map_or(self.mp.tp_rank, |c| c.col);
+        let (t0, width, col0) = match site {
+            Site::Attention => (0, self.cfg.num_attention_heads, column_block * wd.heads),
+            _ => (r.t0, self.cfg.hidden_size, self.mp.summa.map_or(0, |c| c.col * wd.hr)),
+        };
+        Some(Dropout {
+            p,
+            key: crate::rng::key(self.dropout.seed, "dropout"),
+            place: u32::try_from(4 * layer + site as usize).expect("layers fit the counter"),
+            iteration: step.iteration as u32,
+            sample0: micro * step.micro_stride + step.first + r.first_sample as u64,
+            batch: r.sub_batch,
+            seq: r.seq,
+            t0,
+            width,
+            col0,
+        })
+    }
+
+    /// The dropouts of this chunk's layer `l` for activation set `index`.
+    pub(super) fn layer_dropout(&self, index: usize, l: usize) -> LayerDropout {
+        let layer = self.plan.layers.start + l;
+        LayerDropout {
+            attention: self.dropout_at(index, layer, Site::Attention),
+            attention_out: self.dropout_at(index, layer, Site::AttentionOut),
+            mlp_out: self.dropout_at(index, layer, Site::MlpOut),
+        }
+    }
+}
