@@ -13,6 +13,10 @@
 // dout [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
 // (overwritten: each of q, k, v columns is written once). Head dims 32, 64 and 128; any seq >= 1.
 // Every kernel takes (…, batch, seq, heads, kv_heads); delta's work is on out/dout alone.
+// The *_drop_* twins of dK/dV and dQ add attention dropout (common/dropout.h's masks, its 13
+// parameters after kv_heads; the forward's attention_fwd_drop_*): with m the mask and
+// c = 1/(1 - p), dV_j takes m_ij c P_ij and dS_ij = P_ij (m_ij c dO_i · v_j - delta_i), delta
+// being the dropped output's.
 // Three kernels, launched in this order:
 //   attention_bwd_delta_bf16:      delta [batch·heads·seq] f32. Grid ⌈seq·batch·heads / 4⌉ blocks
 //                                  of 128, a warp per (row, head), warp_sum over d.
@@ -82,6 +86,7 @@
 #include "common/cp_async_ring.cuh"
 #include "common/reduce.h"
 #include "common/tile_order.cuh"
+#include "common/dropout.h"
 
 namespace attention_bwd_detail {
 
@@ -186,11 +191,13 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int ro
 // tile holds a query before one of the warp's keys, so each score is checked (past the
 // diagonal every query is at or after every key and the compare is skipped).
 // P = 2^(s·scale_log2 - lse·log2(e)), scale_log2 = log2(e)/sqrt(d): one FFMA and one ex2.approx.
-// kv_frags: score_pair's A fragments of the warp's K and V rows.
-template <int D, int BQ, bool MASK, class KvFrags>
+// kv_frags: score_pair's A fragments of the warp's K and V rows. DROP: attention dropout
+// (`drop`'s masks of the (b, query head) pair `bh`): dV takes the masked Pᵀ, and dPᵀ is masked
+// before dSᵀ.
+template <int D, int BQ, bool MASK, bool DROP, class KvFrags>
 __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
                                          typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, float scale_log2,
-                                         KvFrags kv_frags) {
+                                         KvFrags kv_frags, const DropoutSite& drop, DropPair bh) {
   const int t4 = threadIdx.x % 4;
   bf16(*q)[D + 8] = st.q;
   bf16(*dout)[D + 8] = st.dout;
@@ -209,6 +216,12 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 
       const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
       float p = exp2_approx(fmaf(sp[j][e], scale_log2, -st.lse[qi] * kLog2e));
       if (MASK && key > qs + qi) p = 0.0f;
+      if constexpr (DROP) {
+        const bool kept = drop.keeps(drop.attention_index(bh.b, bh.head, qs + qi) + key);
+        sp[j][e] = kept ? p * drop.scale : 0.0f;
+        dpt[j][e] = p * ((kept ? dpt[j][e] * drop.scale : 0.0f) - st.delta[qi]);
+        continue;
+      }
       sp[j][e] = p;
       dpt[j][e] = p * (dpt[j][e] - st.delta[qi]);
     }
@@ -237,11 +250,11 @@ constexpr unsigned kDkvSharedBytesD32 = sizeof(DkvTiles<32, 64>), kDkvSharedByte
 static_assert(kDkvSharedBytesD32 == 31744 && kDkvSharedBytesD64 == 37376 && kDkvSharedBytesD128 == 52480,
               "the header and the kernel index state these");
 
-template <int D, int BQ>
+template <int D, int BQ, bool DROP>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads,
-                                         int kv_heads) {
+                                         int kv_heads, const DropoutSite& drop) {
   static_assert(D % 16 == 0 && BQ % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
   static_assert(2 * BQ <= kThreads, "load_floats: one thread per lse and per delta entry of a tile");
   using Shared = DkvTiles<D, BQ>;
@@ -324,10 +337,12 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
             }
             held = true;
           }
+          DropPair bh{};  // the (b, query head) pair the masks are drawn for
+          if constexpr (DROP) bh = DropPair{b, kv * group + group - left};
           if (qs < warp_last)
-            dkv_tile<D, BQ, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
+            dkv_tile<D, BQ, true, DROP>(dk, dv, st, qs, key_base, scale_log2, kv_frags, drop, bh);
           else
-            dkv_tile<D, BQ, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags);
+            dkv_tile<D, BQ, false, DROP>(dk, dv, st, qs, key_base, scale_log2, kv_frags, drop, bh);
         });
     if (left > 1) {
       q_src += D, dout_at += D, stats += seq;
@@ -372,12 +387,13 @@ using DqTilesOf = DqTiles<D, 2048 / D, D == 64 ? 2 : 1>;
 // row_base + 16i and row_base + 16i + 8 of this lane): S and dP, dS, then dQ += dS K. MASK: the
 // tile reaches past the warp's first query, so each score is checked (below the diagonal every
 // key is at or before every query). row_lse2 is the rows' lse·log2(e):
-// P = 2^(s·scale_log2 - row_lse2), one FFMA and one ex2.approx.
-template <int D, int BK, int MT, bool MASK>
+// P = 2^(s·scale_log2 - row_lse2), one FFMA and one ex2.approx. DROP: dP is masked before dS
+// (`drop`'s masks of the (b, head) pair `bh`).
+template <int D, int BK, int MT, bool MASK, bool DROP>
 __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK, MT>& tiles,
                                         typename DqTiles<D, BK, MT>::Stage& st, int k0, int row_base,
                                         const float (&row_lse2)[MT][2], const float (&row_delta)[MT][2],
-                                        float scale_log2) {
+                                        float scale_log2, const DropoutSite& drop, DropPair bh) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[MT][BK / 8][4], dp[MT][BK / 8][4];
   auto q_dout_frags = [&](int i, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
@@ -388,16 +404,27 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
   // dS in place of S: element e of n-tile j of row tile i is query row_base + 16i + 8 (e / 2),
   // key k0 + 8j + 2 t4 + e % 2.
   UNROLL
-  for (int i = 0; i < MT; ++i)
+  for (int i = 0; i < MT; ++i) {
+    // DROP: the mask index of the lane's first key of the tile in its two rows.
+    unsigned long long at[2] = {0, 0};
+    if constexpr (DROP)
+      UNROLL
+      for (int h = 0; h < 2; ++h) at[h] = drop.attention_index(bh.b, bh.head, row_base + 16 * i + 8 * h) + k0 + 2 * t4;
     UNROLL
-    for (int j = 0; j < BK / 8; ++j)
+    for (int j = 0; j < BK / 8; ++j) {
+      unsigned kept[2] = {3u, 3u};
+      if constexpr (DROP) kept[0] = drop.keeps2(at[0] + 8 * j), kept[1] = drop.keeps2(at[1] + 8 * j);
       UNROLL
       for (int e = 0; e < 4; ++e) {
         const int row = row_base + 16 * i + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
         float p = exp2_approx(fmaf(s[i][j][e], scale_log2, -row_lse2[i][e / 2]));
         if (MASK && key > row) p = 0.0f;
-        s[i][j][e] = p * (dp[i][j][e] - row_delta[i][e / 2]);
+        float dpe = dp[i][j][e];
+        if constexpr (DROP) dpe = kept[e / 2] >> (e % 2) & 1u ? dpe * drop.scale : 0.0f;
+        s[i][j][e] = p * (dpe - row_delta[i][e / 2]);
       }
+    }
+  }
   // dQ += dS K.
   UNROLL
   for (int c = 0; c < BK / 16; ++c) {
@@ -425,11 +452,11 @@ constexpr unsigned kDqSharedBytesD32 = sizeof(DqTilesOf<32>), kDqSharedBytesD64 
 static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 55296 && kDqSharedBytesD128 == 52224,
               "the header and the kernel index state these");
 
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads,
-                                        int kv_heads) {
+                                        int kv_heads, const DropoutSite& drop) {
   using Shared = DqTilesOf<D>;
   constexpr int BK = 2048 / D, kQueries = Shared::kQueries, MT = kQueries / 64;
   static_assert(D % 16 == 0 && BK % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
@@ -493,10 +520,11 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
         const int k0 = t * BK;
         auto& st = tiles.stage[stage];
         if (k0 > warp_last || warp_first >= seq) return;
+        const DropPair bh{b, head};
         if (k0 + BK - 1 > warp_first)
-          dq_tile<D, BK, MT, true>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
+          dq_tile<D, BK, MT, true, DROP>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2, drop, bh);
         else
-          dq_tile<D, BK, MT, false>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2);
+          dq_tile<D, BK, MT, false, DROP>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2, drop, bh);
       });
 
   UNROLL
@@ -533,35 +561,84 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<32, 64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dkv_body<32, 64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 // registry: dynamic_shared=37376
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<64, 32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dkv_body<64, 32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 // registry: dynamic_shared=52480
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<128, 16>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128, 16, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 // registry: dynamic_shared=30720
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dq_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dq_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+}
+// At least one block per SM stated: ptxas otherwise holds it to 168 registers on sm_80 and spills.
+// registry: dynamic_shared=31744
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<32, 64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+// registry: dynamic_shared=37376
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<64, 32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+// registry: dynamic_shared=52480
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, 16, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+// registry: dynamic_shared=30720
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+// registry: dynamic_shared=55296
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+// registry: dynamic_shared=52224
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
 }

@@ -11,7 +11,10 @@
 // group's k at (g·(r + 2) + r)·d; r = 1 is GPT-2's [q | k | v] per head); out [seq·batch, heads·d]
 // bf16; lse f32. Arguments (out, lse, qkv, batch, seq, heads, kv_heads). Head dims 32
 // (attention_fwd_bf16_d32), 64 (attention_fwd_bf16_d64) and 128 (attention_fwd_bf16_d128); any
-// seq >= 1.
+// seq >= 1. The attention_fwd_drop_bf16_d* kernels add attention dropout (common/dropout.h's
+// masks, its 13 parameters after kv_heads): each probability that multiplies V is kept and
+// scaled by 1/(1 - p) or dropped, index ((b·heads_total + head0 + h)·seq + t)·seq + u, while the
+// running sum and lse stay the unmasked ones (what backward rebuilds P from).
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
@@ -73,6 +76,7 @@
 #include "common/ptx.cuh"
 #include "common/cp_async_ring.cuh"
 #include "common/tile_order.cuh"
+#include "common/dropout.h"
 
 namespace attention_fwd_detail {
 
@@ -109,10 +113,12 @@ static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedByt
 // O += P V. Each K and V fragment from ldmatrix feeds the MT row tiles' mma. m is the running
 // max of the raw scores q·k; the softmax's exponent is s·scale_log2 - m·scale_log2 (scale_log2 =
 // log2(e)/sqrt(d)), one FFMA and one ex2.approx per score.
-template <int D, int BN, int MT, bool MASK>
+// DROP: attention dropout, the probabilities that multiply V masked and scaled (`drop`, keyed
+// by the (b, head) pair `bh`), l summing the unmasked ones.
+template <int D, int BN, int MT, bool MASK, bool DROP>
 __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                             bf16 (*q)[D + 8], bf16 (*k)[D + 8], bf16 (*v)[D + 8], int k0,
-                                            int row_base, float scale_log2) {
+                                            int row_base, float scale_log2, const DropoutSite& drop, DropPair bh) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
   // S = Q Kᵀ for the warp's 16·MT queries and the tile's BN keys.
   float s[MT][BN / 8][4];
@@ -171,13 +177,23 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
     // are exactly the A fragment of P's k16 block c (a[0] = row g, keys 2t4.. of tile 2c; a[1] =
     // row g + 8 of it; a[2], a[3] the same of tile 2c + 1), so P lives as BN/4 packed registers
     // per row tile.
+    // DROP: the mask index of the lane's first key of the tile in its two rows.
+    unsigned long long at[2] = {0, 0};
+    if constexpr (DROP)
+      UNROLL
+      for (int h = 0; h < 2; ++h) at[h] = drop.attention_index(bh.b, bh.head, row_base + 16 * i + 8 * h) + k0 + 2 * t4;
     UNROLL
     for (int j = 0; j < BN / 8; ++j)
       UNROLL
       for (int h = 0; h < 2; ++h) {
-        const float p0 = exp2_approx(fmaf(s[i][j][2 * h], scale_log2, -max_scaled[h]));
-        const float p1 = exp2_approx(fmaf(s[i][j][2 * h + 1], scale_log2, -max_scaled[h]));
+        float p0 = exp2_approx(fmaf(s[i][j][2 * h], scale_log2, -max_scaled[h]));
+        float p1 = exp2_approx(fmaf(s[i][j][2 * h + 1], scale_log2, -max_scaled[h]));
         l[i][h] += p0 + p1;
+        if constexpr (DROP) {
+          const unsigned kept = drop.keeps2(at[h] + 8 * j);
+          p0 = kept & 1u ? p0 * drop.scale : 0.0f;
+          p1 = kept & 2u ? p1 * drop.scale : 0.0f;
+        }
         pa[i][j / 2][(j % 2) * 2 + h] = pack_bf16x2(p0, p1);
       }
     UNROLL
@@ -205,10 +221,10 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
   }
 }
 
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads,
-                                                   int kv_heads) {
+                                                   int kv_heads, const DropoutSite& drop) {
   using Shared = TilesOf<D>;
   constexpr int BN = sizeof(Shared::Stage::k) / sizeof(Shared::Stage::k[0]), kQueries = Shared::kQueries,
                 MT = kQueries / 64;
@@ -259,10 +275,11 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
         const int k0 = kt * BN;
         auto& st = tiles.stage[stage];
         if (k0 > warp_last || warp_first >= seq) return;
+        const DropPair bh{b, head};
         if (k0 + BN - 1 > warp_first)
-          attend_tile<D, BN, MT, true>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
+          attend_tile<D, BN, MT, true, DROP>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2, drop, bh);
         else
-          attend_tile<D, BN, MT, false>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2);
+          attend_tile<D, BN, MT, false, DROP>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2, drop, bh);
       });
 
   const size_t width = (size_t)heads * D;
@@ -292,19 +309,46 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<32, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
 }
 
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<64, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
 }
 
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
                            int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<128, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+}
+
+// registry: dynamic_shared=25600
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+
+// registry: dynamic_shared=55296
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+
+// registry: dynamic_shared=52224
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
 }

@@ -44,6 +44,8 @@
 // 32 x (d + 8) = 15360 B (d 32), 27648 B (d 64), 52224 B (d 128); all within the 64 KiB. Registers: dkv holds dKᵀ and dVᵀ (d f32 per
 // lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in docs/kernels.md.
 //
+// The *_drop_* twins of dK/dV and dQ add attention dropout as the CUDA ones do (common/dropout.h).
+//
 // Reference: `attention_backward` of the reference device (f64) on the same bf16 inputs and f32
 // lse (tests/hip_emulation.rs).
 #include "common/attention.h"
@@ -51,10 +53,37 @@
 #include "common/mfma.h"
 #include "common/reduce.h"
 #include "common/tile_order.h"
+#include "common/dropout.h"
 
 namespace attention_bwd_detail {
 
 using namespace attention_common;
+
+// `x` in a VGPR (a uniform value the compiler would keep in an SGPR); itself under emulation.
+__device__ __forceinline__ uint32_t in_vgpr(uint32_t x) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  uint32_t v;
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v) : "s"(x));
+  return v;
+#else
+  return x;
+#endif
+}
+
+// The site with its Philox key and counter words and its threshold moved to VGPRs (uniform
+// values the compiler would keep in SGPRs); the emulation has no registers to move.
+__device__ __forceinline__ DropoutSite in_vgprs(const DropoutSite& d) {
+  DropoutSite v = d;
+#if defined(__HIP_DEVICE_COMPILE__)
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.key0) : "s"(d.key0));
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.key1) : "s"(d.key1));
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.place) : "s"(d.place));
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.iteration) : "s"(d.iteration));
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.threshold) : "s"(d.threshold));
+  asm volatile("v_mov_b32 %0, %1" : "=v"(v.scale) : "s"(d.scale));
+#endif
+  return v;
+}
 
 // acc += X · Yᵀ over d for a 32 x 32 block: X rows x0.. of tile x, Y rows y0.. of tile y (both
 // [position][d] row-major), i.e. A[i][k] = x[x0 + i][k], B[k][j] = y[y0 + j][k].
@@ -97,11 +126,12 @@ struct alignas(16) DkvTiles {
   float delta[kTileRows];
 };
 
-template <int D>
+// DROP: attention dropout (`drop`'s masks): dV takes the masked P, dP is masked before dS.
+template <int D, bool DROP>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads,
-                                         int kv_heads) {
+                                         int kv_heads, const DropoutSite& drop) {
   __shared__ DkvTiles<D> tiles;
   static_assert(sizeof(DkvTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
@@ -123,11 +153,19 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   mfma_acc dk[kDBlocks], dv[kDBlocks];
   UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(dk[n]), mfma_zero(dv[n]);
 
+  // DROP: the mask index of (the group's first query head, query 0, this lane's key), advanced
+  // by a head's seq² probabilities per head, and the site's Philox words, all in VGPRs: this
+  // kernel's SGPRs are full (d 128 spilled them).
+  const unsigned long long lane_seq = DROP ? in_vgpr(seq) : 0;
+  unsigned long long drop_at = DROP ? drop.attention_index(b, kv * group, 0) + key : 0;
+  const DropoutSite lane_drop = DROP ? in_vgprs(drop) : drop;
   // The group's query heads in order, dK and dV summed over them in the same registers.
   for (int head = kv * group; head < (kv + 1) * group; ++head) {
     const int q_col = (head + 2 * kv) * D;
-    const float* lse_bh = lse + ((size_t)b * heads + head) * seq;
-    const float* delta_bh = delta + ((size_t)b * heads + head) * seq;
+    // (With DROP, the rows' statistics are addressed from VGPRs: SGPRs are full there.)
+    const int seq_at = DROP ? (int)in_vgpr(seq) : seq;
+    const float* lse_bh = lse + ((size_t)b * heads + head) * seq_at;
+    const float* delta_bh = delta + ((size_t)b * heads + head) * seq_at;
     for (int qs = k0; qs < seq; qs += kTileRows) {
       load_rows<D, kTileRows>(tiles.q, qkv, qkv_stride, q_col, qs, seq, batch, b);
       load_rows<D, kTileRows>(tiles.dout, dout, out_stride, head * D, qs, seq, batch, b);
@@ -147,8 +185,14 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
         UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
           const int qi = mfma_row(lane, r);
           const float p = key <= qs + qi ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
-          s.v[r] = p;
-          dp.v[r] = p * (dp.v[r] - tiles.delta[qi]);
+          if constexpr (DROP) {
+            const bool kept = lane_drop.keeps(drop_at + (unsigned long long)(qs + qi) * lane_seq);
+            s.v[r] = kept ? p * lane_drop.scale : 0.0f;
+            dp.v[r] = p * ((kept ? dp.v[r] * lane_drop.scale : 0.0f) - tiles.delta[qi]);
+          } else {
+            s.v[r] = p;
+            dp.v[r] = p * (dp.v[r] - tiles.delta[qi]);
+          }
         }
         // dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS (the scale of dK is applied once at the end).
         columns_product<D>(dv, tiles.dout, s);
@@ -156,6 +200,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
       }
       __syncthreads();  // the tile is consumed before the next one (of this head or the next) overwrites it
     }
+    if constexpr (DROP) drop_at += lane_seq * lane_seq;
   }
 
   if (key >= seq) return;
@@ -176,11 +221,12 @@ struct alignas(16) DqTiles {
   bf16 v[kTileRows][D + kPad];
 };
 
-template <int D>
+// DROP: dP is masked before dS (`drop`'s masks).
+template <int D, bool DROP>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads,
-                                        int kv_heads) {
+                                        int kv_heads, const DropoutSite& drop) {
   __shared__ DqTiles<D> tiles;
   static_assert(sizeof(DqTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   constexpr int kDBlocks = D / kMfmaM;
@@ -217,7 +263,10 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       rows_product<D>(dp, tiles.v, 0, tiles.dout, wave_q);
       UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
         const float p = k0 + mfma_row(lane, r) <= query ? expf(s.v[r] * scale - row_lse) : 0.0f;
-        s.v[r] = p * (dp.v[r] - row_delta);
+        float dpr = dp.v[r];
+        if constexpr (DROP)
+          dpr = drop.keeps(drop.attention_index(b, head, query) + k0 + mfma_row(lane, r)) ? dpr * drop.scale : 0.0f;
+        s.v[r] = p * (dpr - row_delta);
       }
       columns_product<D>(dq, tiles.k, s);  // dQᵀ += Kᵀ dSᵀ
     }
@@ -248,30 +297,72 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dkv_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dkv_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<32>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<64>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<128>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads);
+  attention_bwd_detail::dq_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
+                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                    int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
 }

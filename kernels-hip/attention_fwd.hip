@@ -34,12 +34,17 @@
 // (d 128) of the 64 KiB. Registers: Oᵀ d/2 f32 per lane (16, 32 or 64, AGPRs on gfx90a), Sᵀ 16,
 // operands 4; hipcc's counts are in docs/kernels.md (no scratch).
 //
+// The attention_fwd_drop_bf16_d* kernels add attention dropout as the CUDA ones do
+// (common/dropout.h; one Philox block per probability, where CUDA shares a block between a
+// lane's two neighbouring keys).
+//
 // Reference: `attention_forward` of the reference device (f64) on the same bf16 qkv
 // (tests/hip_emulation.rs).
 #include "common/attention.h"
 #include "common/base.h"
 #include "common/mfma.h"
 #include "common/tile_order.h"
+#include "common/dropout.h"
 
 namespace attention_fwd_detail {
 
@@ -52,10 +57,12 @@ struct alignas(16) Tiles {
   bf16 vt[D][kTileRows + kPad];  // V transposed: the PV product reads it along keys
 };
 
-template <int D>
+// DROP: attention dropout (`drop`'s masks), the probabilities that multiply V masked and scaled,
+// l summing the unmasked ones.
+template <int D, bool DROP>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads,
-                                                   int kv_heads) {
+                                                   int kv_heads, const DropoutSite& drop) {
   __shared__ Tiles<D> tiles;
   static_assert(sizeof(Tiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
@@ -113,8 +120,13 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
       l *= correction;
       UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
         const float p = expf(s.v[r] - m);
-        s.v[r] = p;
         l += p;
+        if constexpr (DROP) {
+          const bool kept = drop.keeps(drop.attention_index(b, head, query) + k0 + mfma_row(lane, r));
+          s.v[r] = kept ? p * drop.scale : 0.0f;
+        } else {
+          s.v[r] = p;
+        }
       }
       // Oᵀ = correction · Oᵀ + Vᵀ Pᵀ, d block n: A = Vᵀ (row d, column key), B = Pᵀ from s.
       UNROLL for (int n = 0; n < kDBlocks; ++n) {
@@ -143,15 +155,39 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<32>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<32, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<64>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<64, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<128>(out, lse, qkv, batch, seq, heads, kv_heads);
+  attention_fwd_detail::attention_fwd_body<128, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
+                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
+                                int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
 }

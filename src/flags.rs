@@ -327,7 +327,7 @@ const TRAIN_REST: &[FlagSpec] = &[
         "how GPU ranks move tensors: nccl (default with --device cuda) or rccl (default with --device hip) on device memory, or mpi (staged through host memory)",
     ),
     flag("--hidden-dropout", "P", "dropout of the embeddings and residual branches (default 0.1; 0 under --preset)"),
-    flag("--attention-dropout", "P", "dropout of the attention probabilities (default 0.1; 0 under --preset; CPU)"),
+    flag("--attention-dropout", "P", "dropout of the attention probabilities (default 0.1; 0 under --preset)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
     flag(

@@ -133,7 +133,11 @@ fn unknown_and_malformed_flags_are_named() {
     assert_clean_error(&run(&["train", "--lr", "fast"]), &["--lr", "'fast'"]);
     assert_clean_error(&run(&["train", "--micro-batch-size"]), &["--micro-batch-size", "no value"]);
     assert_clean_error(&run(&["frobnicate"]), &["frobnicate"]);
-    assert_clean_error(&run(&["train", "--hidden-dropout", "0.1"]), &["--hidden-dropout", "not implemented"]);
+    assert_clean_error(
+        &run(&["train", "--hidden-dropout", "1.5"]),
+        &["--hidden-dropout", "1.5", "a probability in [0, 1)"],
+    );
+    assert_clean_error(&run(&["train", "--attention-dropout", "-0.1"]), &["--attention-dropout", "a probability"]);
     // Megatron flags whose meaning trident does not build are refused, not ignored.
     assert_clean_error(&run(&["train", "--overlap-param-gather"]), &["--overlap-param-gather", "drop the flag"]);
     assert_clean_error(&run(&["train", "--dataloader-type", "cyclic"]), &["--dataloader-type", "cyclic", "single"]);

@@ -23,6 +23,11 @@ __device__ __forceinline__ void philox4x32_10(uint32_t c[4], uint32_t k0, uint32
   }
 }
 
+// The (sequence, query head) pair whose attention probabilities an attention kernel masks.
+struct DropPair {
+  int b, head;
+};
+
 // A dropout call as its kernel receives it (`Dropout` of src/device/dropout.rs): threshold and
 // scale, key and counter words, and the map from this buffer's rows to the whole tensor.
 struct DropoutSite {
@@ -31,10 +36,25 @@ struct DropoutSite {
   unsigned long long sample0;
   int batch, seq, t0, width, col0;
 
+  // Word w of a block, selected without indexing (a dynamic index would put the block in local
+  // memory).
+  static __device__ __forceinline__ uint32_t word(const uint32_t (&c)[4], int w) {
+    return w == 0 ? c[0] : w == 1 ? c[1] : w == 2 ? c[2] : c[3];
+  }
   __device__ __forceinline__ bool keeps(unsigned long long index) const {
     uint32_t c[4] = {(uint32_t)(index >> 2), (uint32_t)(index >> 34), place, iteration};
     philox4x32_10(c, key0, key1);
-    return c[index & 3] >= threshold;
+    return word(c, (int)(index & 3)) >= threshold;
+  }
+  // Whether indices index and index + 1 are kept (bits 0 and 1): one Philox block where both
+  // fall in it, as two neighbouring keys of an attention row mostly do.
+  __device__ __forceinline__ unsigned keeps2(unsigned long long index) const {
+    uint32_t c[4] = {(uint32_t)(index >> 2), (uint32_t)(index >> 34), place, iteration};
+    philox4x32_10(c, key0, key1);
+    const int w = (int)(index & 3);
+    const unsigned first = word(c, w) >= threshold ? 1u : 0u;
+    if (w < 3) return first | (word(c, w + 1) >= threshold ? 2u : 0u);
+    return first | (keeps(index + 1) ? 2u : 0u);
   }
   // Element (row t·batch + b, column c) of a hidden-site buffer.
   __device__ __forceinline__ unsigned long long hidden_index(int row, int col) const {

@@ -199,6 +199,7 @@ impl TrainConfig {
             ));
         }
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
+        let dropout = dropout(args, &mut notes)?;
         let steps = step_batches(args, seq_length)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
         let rampup = rampup(args, global_batch_size, steps)?;
@@ -228,7 +229,7 @@ impl TrainConfig {
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
             check_for_nan: check_for_nan(args)?,
             seed: args.u64("--seed")?.unwrap_or(1234),
-            dropout: dropout(args, &mut notes)?,
+            dropout,
             train_samples,
             data,
             data_cache_path: args.path("--data-cache-path"),
@@ -699,8 +700,7 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
 }
 
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named
-/// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout). Attention dropout
-/// runs in the CPU's attention only so far: on a GPU it is refused, naming the flag that avoids it.
+/// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout).
 fn dropout(args: &Args, notes: &mut Vec<String>) -> Result<crate::model::gpt::DropoutRates> {
     let default = if args.has("--preset") { 0.0 } else { 0.1 };
     let mut p = [0f32; 2];
@@ -710,15 +710,6 @@ fn dropout(args: &Args, notes: &mut Vec<String>) -> Result<crate::model::gpt::Dr
             return Err(Error::flag(name, v, "a probability in [0, 1)"));
         }
         *slot = v as f32;
-    }
-    let device = args.str("--device").unwrap_or("cpu");
-    if p[1] > 0.0 && device != "cpu" {
-        let given = if args.has("--attention-dropout") { "" } else { " (Megatron's default)" };
-        return Err(Error::Unsupported(format!(
-            "--attention-dropout {}{given} on --device {device}: the GPU attention kernels do not drop yet \
-             (issue 50); pass --attention-dropout 0",
-            p[1]
-        )));
     }
     let both_given = args.has("--hidden-dropout") && args.has("--attention-dropout");
     if !args.has("--preset") && !both_given {
@@ -756,4 +747,3 @@ mod tests {
         assert_eq!(padded(&[&tp("4")[..], &["--tensor-parallel-mode", "2d", "--vocab-size", "50257"]].concat()), 50688);
     }
 }
-

@@ -31,9 +31,6 @@ impl AttentionOps for GpuDevice {
         shape: AttentionShape,
         dropout: Option<&Dropout>,
     ) {
-        if dropout.is_some() {
-            unbuilt("attention dropout")
-        }
         let (rows, w) = (shape.rows(), shape.width());
         assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
         if rows == 0 {
@@ -46,8 +43,17 @@ impl AttentionOps for GpuDevice {
         let [b, s, h, kv] = attention_ints(shape);
         let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
         // The head dim's kernel: one signature for the three (`Launch::retarget`).
-        let l = args::attention_fwd_bf16_d64(o.ptr(), lse.ptr(), q.ptr(), b, s, h, kv);
-        self.run(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }, l);
+        let (o, lse, q) = (o.ptr(), lse.ptr(), q.ptr());
+        let op = Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: dropout.is_some() };
+        let Some(d) = dropout else {
+            return self.run(op, args::attention_fwd_bf16_d64(o, lse, q, b, s, h, kv));
+        };
+        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints(d);
+        let c = d.scale();
+        let l = args::attention_fwd_drop_bf16_d64(
+            o, lse, q, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
+        );
+        self.run(op, l);
     }
 
     fn attention_backward(
@@ -60,9 +66,6 @@ impl AttentionOps for GpuDevice {
         shape: AttentionShape,
         dropout: Option<&Dropout>,
     ) {
-        if dropout.is_some() {
-            unbuilt("attention dropout")
-        }
         let rows = shape.rows();
         assert!(dqkv.len >= rows * shape.qkv_width());
         if rows == 0 {
@@ -80,10 +83,23 @@ impl AttentionOps for GpuDevice {
         // dK/dV (a block per key/value head, summing its group's query heads), then dQ; the head
         // dim's kernels, one signature for the three (`Launch::retarget`).
         let [g, q, d, lse] = [&*grad, &*q, &*d, &*lse].map(|b| b.ptr());
-        let dkv = args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
-        self.run(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }, dkv);
-        let dq = args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv);
-        self.run(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }, dq);
+        let drop = dropout.is_some();
+        let dkv_op = Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: drop };
+        let dq_op = Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: drop };
+        let Some(dr) = dropout else {
+            self.run(dkv_op, args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv));
+            return self.run(dq_op, args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv));
+        };
+        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints(dr);
+        let (c, dl) = (dr.scale(), delta.pointer);
+        let dkv = args::attention_bwd_dkv_drop_bf16_d64(
+            g, q, d, lse, dl, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
+        );
+        self.run(dkv_op, dkv);
+        let dq = args::attention_bwd_dq_drop_bf16_d64(
+            g, q, d, lse, dl, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
+        );
+        self.run(dq_op, dq);
     }
 }
 

@@ -100,6 +100,15 @@ pub const DEVICE_KERNELS: &[Kernel] = &[
     Kernel::AttentionBwdDqBf16D32,
     Kernel::AttentionBwdDqBf16D64,
     Kernel::AttentionBwdDqBf16D128,
+    Kernel::AttentionFwdDropBf16D32,
+    Kernel::AttentionFwdDropBf16D64,
+    Kernel::AttentionFwdDropBf16D128,
+    Kernel::AttentionBwdDkvDropBf16D32,
+    Kernel::AttentionBwdDkvDropBf16D64,
+    Kernel::AttentionBwdDkvDropBf16D128,
+    Kernel::AttentionBwdDqDropBf16D32,
+    Kernel::AttentionBwdDqDropBf16D64,
+    Kernel::AttentionBwdDqDropBf16D128,
 ];
 
 /// The sm_90a GEMMs (wgmma fed by TMA), resolved besides `DEVICE_KERNELS` on compute capability

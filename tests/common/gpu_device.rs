@@ -41,8 +41,8 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// took it from 153 to 159; an AdamW group's param, working copy, m and v took it to 163; the
 /// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
 /// and fill, on three sizes, to 175; bias-dropout-add with and without a bias and dropout, on
-/// three sizes, to 184).
-pub const OPS_CHECKED: usize = 184;
+/// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196).
+pub const OPS_CHECKED: usize = 196;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)

@@ -252,8 +252,14 @@ pub fn one_thread_train_args(data: &str, global_batch_size: usize, train_iters: 
 /// one rank gives both this, and both hold the same model.
 pub const SAME_PADDING: [&str; 2] = ["--make-vocab-size-divisible-by", "33"];
 
-/// Flags for a small, fast model used by the tests (2 micro-batches per iteration).
+/// Flags for a small, fast model used by the tests (2 micro-batches per iteration), without
+/// dropout, so that its losses compare with fixed values, PyTorch's and other devices' runs
+/// (`tests/dropout.rs` holds dropout's own).
 pub const SMALL: &[&str] = &[
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
     "--num-layers",
     "2",
     "--hidden-size",

@@ -206,11 +206,12 @@ pub(super) fn layer_backward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    let Dims { rows: r, shape, wd, ops, .. } = dims;
+    let Dims { rows: r, shape, wd, ops, precision, .. } = dims;
     let (h, dev) = (wd.h, p.dev);
     // MLP: d_resid holds the gradient of the block's output (this rank's rows).
     let gs = ops.fc2.grads(grads);
-    let d_branch = branch_gradient(dev, &d.d_resid, &mut d.d_drop, dims.dropout.mlp_out.as_ref(), r.local);
+    let d_branch =
+        branch_gradient(dev, (&d.d_resid, &mut d.d_drop), dims.dropout.mlp_out.as_ref(), (r.local, precision));
     p.linear_out_backward(&mut d.d_ffn, gs, (d_branch, &mut d.d_full), &la.gelu, w(ops.fc2.weight), r, (wd.f, h));
     if dims.swiglu {
         dev.swiglu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, r.full, wd.fl);
@@ -227,7 +228,8 @@ pub(super) fn layer_backward<'w, D: Device>(
     }
     // Attention: d_resid now holds the gradient of the mid-block residual.
     let gs = ops.proj.grads(grads);
-    let d_branch = branch_gradient(dev, &d.d_resid, &mut d.d_drop, dims.dropout.attention_out.as_ref(), r.local);
+    let drop = dims.dropout.attention_out.as_ref();
+    let d_branch = branch_gradient(dev, (&d.d_resid, &mut d.d_drop), drop, (r.local, precision));
     p.linear_out_backward(&mut d.d_attn, gs, (d_branch, &mut d.d_full), attn, w(ops.proj.weight), r, (wd.attn, h));
     dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape, dims.dropout.attention.as_ref());
     if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
@@ -243,17 +245,17 @@ pub(super) fn layer_backward<'w, D: Device>(
 }
 
 /// The gradient of a residual branch's output from the residual's, `d_resid` (this rank's
-/// `rows`): itself, or through the branch's dropout into `d_drop` (made at the first use).
+/// `rows`): itself, or through the branch's dropout into `d_drop` (made at the first use, in
+/// `d_resid`'s storage `precision`, as the collectives that gather it need).
 fn branch_gradient<'b, D: Device>(
     dev: &D,
-    d_resid: &'b D::Buf,
-    d_drop: &'b mut Option<D::Buf>,
+    (d_resid, d_drop): (&'b D::Buf, &'b mut Option<D::Buf>),
     dropout: Option<&Dropout>,
-    rows: usize,
+    (rows, precision): (usize, Precision),
 ) -> &'b D::Buf {
     let Some(dr) = dropout else { return d_resid };
     let len = dev.len(d_resid);
-    let buf = d_drop.get_or_insert_with(|| dev.alloc(len));
+    let buf = d_drop.get_or_insert_with(|| dev.alloc_in(len, precision));
     dev.copy(buf, 0, d_resid, 0, len);
     dev.dropout(buf, dr, Matrix { rows, cols: len / rows });
     buf

@@ -167,6 +167,8 @@ pub enum Op {
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
+        dropout: bool,
     },
     AttentionBwdDelta {
         batch: usize,
@@ -181,6 +183,8 @@ pub enum Op {
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
+        dropout: bool,
     },
     AttentionBwdDq {
         batch: usize,
@@ -188,6 +192,8 @@ pub enum Op {
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
+        dropout: bool,
     },
 }
 
@@ -567,22 +573,41 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::EmbeddingFwd { .. } => Kernel::EmbeddingFwdBf16,
         Op::EmbeddingBwdWte { .. } => Kernel::EmbeddingBwdWteBf16,
         Op::EmbeddingBwdWpe { .. } => Kernel::EmbeddingBwdWpeBf16,
-        Op::AttentionFwd { head_dim, .. } => by_dim(
+        Op::AttentionFwd { head_dim, dropout: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionFwdBf16D32, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128],
+            "attention forward",
+        )?,
+        Op::AttentionFwd { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionFwdDropBf16D32, Kernel::AttentionFwdDropBf16D64, Kernel::AttentionFwdDropBf16D128],
             "attention forward",
         )?,
         Op::AttentionBwdDelta { head_dim, .. } => {
             by_dim(head_dim, [Kernel::AttentionBwdDeltaBf16; 3], "attention backward")?
         }
-        Op::AttentionBwdDkv { head_dim, .. } => by_dim(
+        Op::AttentionBwdDkv { head_dim, dropout: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionBwdDkvBf16D32, Kernel::AttentionBwdDkvBf16D64, Kernel::AttentionBwdDkvBf16D128],
             "attention backward",
         )?,
-        Op::AttentionBwdDq { head_dim, .. } => by_dim(
+        Op::AttentionBwdDkv { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBwdDkvDropBf16D32,
+                Kernel::AttentionBwdDkvDropBf16D64,
+                Kernel::AttentionBwdDkvDropBf16D128,
+            ],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, dropout: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionBwdDqBf16D32, Kernel::AttentionBwdDqBf16D64, Kernel::AttentionBwdDqBf16D128],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionBwdDqDropBf16D32, Kernel::AttentionBwdDqDropBf16D64, Kernel::AttentionBwdDqDropBf16D128],
             "attention backward",
         )?,
     })
@@ -618,10 +643,10 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
             vec![("batch·seq", batch.saturating_mul(seq)), ("hidden", hidden)]
         }
         Op::EmbeddingBwdWte { positions, hidden, .. } => vec![("batch·seq", positions), ("hidden", hidden)],
-        Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }
+        Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, .. }
         | Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }
-        | Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }
-        | Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim } => {
+        | Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, .. }
+        | Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, .. } => {
             // The statistics' index, and offsets within one position's QKV rows.
             let position = heads.saturating_add(kv_heads.saturating_mul(2)).saturating_mul(head_dim);
             vec![

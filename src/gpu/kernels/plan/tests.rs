@@ -67,15 +67,18 @@ fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
     assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
     // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 128 queries per
     // block for d 64, 64 for d 128; both above the default 48 KiB (opted in).
-    let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64 });
+    let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64, dropout: false });
     assert_eq!(
         (a.spec.function, a.config.grid, a.spec.static_shared, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d64", [1, 6, 1], 0, 55296, true)
     );
     let gpt2 = (16, 1024, 12, 64);
     let (batch, seq, heads, head_dim) = gpt2;
-    assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [8, 192, 1]);
-    let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, kv_heads: 2, head_dim: 128 });
+    assert_eq!(
+        p(Op::AttentionFwd { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
+        [8, 192, 1]
+    );
+    let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, kv_heads: 2, head_dim: 128, dropout: false });
     assert_eq!(
         (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d128", [2, 2, 1], 52224, true)
@@ -85,41 +88,50 @@ fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
     assert_eq!((dl.config.grid, dl.config.block), ([150, 1, 1], [128, 1, 1]));
     let one = Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128 };
     assert_eq!(p(one).config.grid, [1, 1, 1]);
-    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, kv_heads: 1, head_dim: 128 });
+    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, kv_heads: 1, head_dim: 128, dropout: false });
     assert_eq!(
         (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
         ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 52480, true)
     );
-    let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, kv_heads: 1, head_dim: 64 });
+    let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, kv_heads: 1, head_dim: 64, dropout: false });
     assert_eq!((kv.config.shared_bytes, kv.config.needs_shared_optin), (37376, false));
     // dQ of d 64: 128 queries per block, like the forward.
-    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 64 });
+    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 64, dropout: false });
     assert_eq!(
         (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes, q.config.needs_shared_optin),
         ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 55296, true)
     );
-    assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [8, 192, 1]);
-    assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads: 12, head_dim }).config.grid, [16, 192, 1]);
+    assert_eq!(
+        p(Op::AttentionBwdDq { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
+        [8, 192, 1]
+    );
+    assert_eq!(
+        p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
+        [16, 192, 1]
+    );
     // Llama 3 8B's 32 query heads in 8 groups: dK/dV's blocks over the 8 key/value heads.
-    assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads: 32, kv_heads: 8, head_dim }).config.grid, [16, 128, 1]);
-    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128 });
+    assert_eq!(
+        p(Op::AttentionBwdDkv { batch, seq, heads: 32, kv_heads: 8, head_dim, dropout: false }).config.grid,
+        [16, 128, 1]
+    );
+    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128, dropout: false });
     assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
     // d 32 (64-key and 64-query tiles): all three under the default 48 KiB.
-    let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 32 });
+    let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 32, dropout: false });
     assert_eq!(
         (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d32", [2, 64, 1], 25600, false)
     );
     // HIP's forward blocks own 64 queries at every head dim.
-    let hip = Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 64 };
+    let hip = Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 64, dropout: false };
     let hip = plan(&hip, Vendor::Hip, &A100, 108);
     assert_eq!(hip.unwrap().config.grid, [2, 64, 1]);
-    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32 });
+    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32, dropout: false });
     assert_eq!(
         (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
         ("attention_bwd_dkv_bf16_d32", [2, 4, 1], 31744, false)
     );
-    let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32 });
+    let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32, dropout: false });
     assert_eq!(
         (q.spec.function, q.config.grid, q.config.shared_bytes, q.config.needs_shared_optin),
         ("attention_bwd_dq_bf16_d32", [2, 4, 1], 30720, false)
@@ -205,9 +217,12 @@ fn geometry_matches_the_emulation_harness_on_its_shapes() {
     for (batch, seq, heads, kv_heads, head_dim) in multi_head.map(|(b, s, h, d)| (b, s, h, h, d)).chain(grouped) {
         let grid = [cd(seq, 64), (batch * kv_heads) as u32, 1];
         let by_query = [cd(seq, if head_dim == 64 { 128 } else { 64 }), (batch * heads) as u32, 1];
-        assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim }).config.grid, by_query);
-        assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim }).config.grid, grid);
-        assert_eq!(p(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim }).config.grid, by_query);
+        assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid, by_query);
+        assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid, grid);
+        assert_eq!(
+            p(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid,
+            by_query
+        );
         let delta = p(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim });
         assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
     }
@@ -226,7 +241,7 @@ fn dynamic_shared_memory_over_the_opt_in_limit_is_an_error_naming_the_kernel() {
     let e = plan(&Op::GemmBwdWeight { m: 8, n: 8, k: 8 }, Vendor::Cuda, &small, 1).unwrap_err().to_string();
     assert!(e.contains("kernel gemm_bwd_weight_bf16: 69632 bytes of shared memory"), "{e}");
     let smaller = DeviceLimits { shared_bytes_optin: 50 * 1024, ..DeviceLimits::A100 };
-    let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 128 };
+    let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 128, dropout: false };
     let e = plan(&op, Vendor::Cuda, &smaller, 1).unwrap_err().to_string();
     assert!(e.contains("kernel attention_bwd_dkv_bf16_d128: 52480 bytes of shared memory"), "{e}");
     assert!(plan(&Op::GemmFwd { m: 8, n: 8, k: 8, out: GemmOut::F32 }, Vendor::Cuda, &DeviceLimits::H100, 132).is_ok());
@@ -235,12 +250,12 @@ fn dynamic_shared_memory_over_the_opt_in_limit_is_an_error_naming_the_kernel() {
 #[test]
 fn violated_preconditions_are_errors_naming_the_kernel() {
     let attention = |op: Op| plan(&op, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
-    let e = attention(Op::AttentionFwd { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 96 });
+    let e = attention(Op::AttentionFwd { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 96, dropout: false });
     assert!(e.contains("head dims 32, 64 and 128") && e.contains("head dim is 96"), "{e}");
-    let e = attention(Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 16 });
+    let e = attention(Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 16, dropout: false });
     assert!(e.contains("head dim is 16"), "{e}");
     for kv_heads in [0, 3] {
-        let e = attention(Op::AttentionBwdDq { batch: 1, seq: 8, heads: 4, kv_heads, head_dim: 64 });
+        let e = attention(Op::AttentionBwdDq { batch: 1, seq: 8, heads: 4, kv_heads, head_dim: 64, dropout: false });
         assert!(e.contains(&format!("4 query heads do not fall into {kv_heads} key/value groups")), "{e}");
     }
     let e =
@@ -270,7 +285,7 @@ fn hip_launches_follow_the_hip_workgroups() {
     let d = h(Op::LayernormBwd { rows: 70, channels: 300 });
     assert_eq!((d.config.grid, d.config.block), ([3, 1, 1], [512, 1, 1]));
     assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
-    let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64 });
+    let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64, dropout: false });
     assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
     let sm90 = Op::GemmFwdSm90 { m: 64, n: 64, k: 64, out: GemmOut::F32 };
     let e = plan(&sm90, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
@@ -386,5 +401,34 @@ fn linear_gemms_pick_sm90_on_compute_capability_9() {
     for op in [bf16(false).forward, bf16(false).backward_input] {
         let l = plan(&op, Vendor::Hip, &mi250x, 110).unwrap();
         assert_eq!((l.config.block, l.config.shared_bytes), ([256, 1, 1], 0), "{}", l.spec.function);
+    }
+}
+
+/// Attention dropout runs the `_drop_` twins, on the same grids and shared memory, on both
+/// vendors.
+#[test]
+fn attention_dropout_launches_the_drop_kernels_on_the_same_grids() {
+    for vendor in [Vendor::Cuda, Vendor::Hip] {
+        let mi250x =
+            DeviceLimits { shared_bytes_per_block: 64 * 1024, shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
+        let limits = if vendor == Vendor::Cuda { A100 } else { mi250x };
+        for head_dim in [32, 64, 128] {
+            let shape = |dropout| (2, 100, 4, 2, head_dim, dropout);
+            let ops = |(batch, seq, heads, kv_heads, head_dim, dropout)| {
+                [
+                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout },
+                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout },
+                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout },
+                ]
+            };
+            for (plain, drop) in ops(shape(false)).iter().zip(ops(shape(true))) {
+                let (a, b) = (plan(plain, vendor, &limits, 108).unwrap(), plan(&drop, vendor, &limits, 108).unwrap());
+                assert_eq!(b.spec.function, a.spec.function.replace("_bf16", "_drop_bf16"), "{vendor:?}");
+                assert_eq!(
+                    (a.config.grid, a.config.block, a.config.shared_bytes),
+                    (b.config.grid, b.config.block, b.config.shared_bytes)
+                );
+            }
+        }
     }
 }
