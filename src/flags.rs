@@ -553,16 +553,20 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
     flag(
         "--tokenizer-type",
         "NAME",
-        "ByteTokenizer (default), GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer (ids as numbers, for --mock-data)",
+        "ByteTokenizer (default), GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer (ids as numbers, for --mock-data)",
     ),
     flag(
         "--vocab-size",
         "V",
-        "vocabulary before padding (default: the tokenizer's, the byte tokenizer's 257); NullTokenizer: V ids, then its end-of-document id V",
+        "vocabulary before padding (default: the tokenizer's, the byte tokenizer's 257); NullTokenizer: V ids, then its end-of-document id V; TikTokenizer: its ids (default 131072)",
     ),
     flag("--vocab-file", "FILE", "GPT2BPETokenizer: GPT-2's vocab.json (encoder.json)"),
     flag("--merge-file", "FILE", "GPT2BPETokenizer: GPT-2's merges.txt (vocab.bpe)"),
-    flag("--tokenizer-model", "PATH", "HuggingFaceTokenizer: a tokenizer.json, or the directory holding it"),
+    flag(
+        "--tokenizer-model",
+        "PATH",
+        "HuggingFaceTokenizer: a tokenizer.json, or the directory holding it; TikTokenizer: Megatron's tiktoken .json",
+    ),
     flag(
         "--eod-token",
         "TOKEN",
@@ -571,7 +575,12 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
     flag(
         "--tiktoken-pattern",
         "v1|v2",
-        "TikTokenizer's split pattern; the other tokenizers do not read it, as in Megatron (TikTokenizer itself is not built yet)",
+        "TikTokenizer's split pattern (default v2); the other tokenizers do not read it, as in Megatron",
+    ),
+    flag(
+        "--tiktoken-num-special-tokens",
+        "N",
+        "TikTokenizer: ids 0..N are special tokens (<unk> <s> </s> <mask> <pad> <cls> <sep> <SPECIAL_7> ...; default 1000)",
     ),
     switch(
         "--tokenizer-hf-include-special-tokens",

@@ -3,7 +3,8 @@
 //! to ~/.cache/trident-gpt2-bpe, `TRIDENT_GPT2_BPE` names another directory) against Hugging
 //! Face's `tokenizers` and transformers' GPT2Tokenizer, and a Llama-3-style tokenizer.json that
 //! `tokenizers` trains on the bundled corpus, on the corpus and on a multilingual sample (emoji,
-//! CJK, combining marks, odd whitespace). decode(encode(text)) gives the text back. Bad tokenizer
+//! CJK, combining marks, odd whitespace); Megatron's TikTokenizer (both patterns) against
+//! tiktoken's rules written out in Python. decode(encode(text)) gives the text back. Bad tokenizer
 //! files and bad input are one clear line each. Without the Python side or the files, the
 //! comparisons say loudly that they skip.
 
@@ -219,6 +220,77 @@ fn a_llama3_style_tokenizer_json_matches_tokenizers() {
             .unwrap();
     assert_eq!(t.vocab_size(), 3000);
     assert_round_trip(&t, &texts);
+}
+
+/// Megatron's TikTokenizer on a vocabulary made from the Llama-3-style tokenizer.json (the 256
+/// bytes, then its tokens by id), with 16 special tokens, both patterns, against tiktoken's rules
+/// written in Python over the `regex` module (tiktoken itself is not installed): the corpus and
+/// the multilingual sample, with special tokens inside the text. decode(encode(text)) gives the
+/// text back.
+#[test]
+fn tiktokenizer_matches_tiktokens_rules() {
+    let Some(py) = python_with("tokenizers, regex", "TikTokenizer is not compared") else { return };
+    let dir = scratch("tokenizers-tiktoken");
+    let (mut texts, _) = sample(&dir);
+    texts.push("specials <s> and </s>,<SPECIAL_9> then <SPECIAL_99> <unk>x".into());
+    texts.push("CamelCaseWords and ALLCAPS, mixedCASE, İstanbul ǅemal ΣΑΣ a/b//c\n\n/d".into());
+    let jsonl = dir.join("tiktoken.jsonl");
+    let lines: Vec<String> = texts.iter().map(|t| format!("{{\"text\": {}}}", quote(t))).collect();
+    fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
+    let p = |x: &Path| x.display().to_string();
+    let (tok, vocab) = (dir.join("llama3"), dir.join("tiktoken.json"));
+    python_ids(&py, &["train-llama3", CORPUS, &p(&tok)]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tokenizers_compare.py");
+    let o = Command::new(&py).arg(script).args(["tiktoken-vocab", &p(&tok.join("tokenizer.json")), &p(&vocab)]).output();
+    let o = o.expect("python runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ranks: usize = stdout(&o).trim().parse().unwrap();
+    let vocab_size = (16 + ranks).to_string();
+    for pattern in ["v1", "v2"] {
+        let prefix = p(&dir.join(format!("out-{pattern}")));
+        let (input, model) = (p(&jsonl), p(&vocab));
+        let mut args = vec!["prepare", "--input", &input, "--output-prefix", &prefix, "--append-eod"];
+        args.extend(["--tokenizer-type", "TikTokenizer", "--tokenizer-model", &model, "--tiktoken-pattern", pattern]);
+        args.extend(["--tiktoken-num-special-tokens", "16", "--vocab-size", &vocab_size]);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let mut ours = prepared(&dir.join(format!("out-{pattern}_text_document")));
+        for ids in &mut ours {
+            assert_eq!(ids.pop(), Some(2), "the end of document is </s>, id 2");
+        }
+        let reference = p(&dir.join("reference.txt"));
+        let theirs = python_ids(&py, &["encode-tiktoken", &model, &input, &reference, pattern, "16"]);
+        assert_same_ids(&ours, &theirs, &texts, &format!("tiktoken's rules, pattern {pattern}"));
+    }
+    let flags = TokenizerFlags {
+        kind: Some("TikTokenizer"),
+        tokenizer_model: Some(&vocab),
+        vocab_size: Some(16 + ranks),
+        tiktoken_specials: Some(16),
+        ..Default::default()
+    };
+    let Tokenizer::Bpe(t) = load(&flags).unwrap() else { panic!("TikTokenizer is a BPE tokenizer") };
+    assert_eq!((t.vocab_size, t.eod), (16 + ranks, 2));
+    let mut cache = PieceCache::default();
+    for text in &texts {
+        assert_eq!(String::from_utf8(t.decode(&t.encode(text, &mut cache), false)).unwrap(), *text);
+    }
+    // Training keeps the vocabulary beside the checkpoint: generate finds it without flags.
+    let ckpt = p(&dir.join("ckpt"));
+    let mut train = one_thread_train_args(&p(&dir.join("out-v2_text_document")), 4, 6);
+    let tik = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", &p(&vocab), "--vocab-size", &vocab_size];
+    train.extend(["--save", &ckpt, "--tiktoken-num-special-tokens", "16"].iter().chain(&tik).map(|s| s.to_string()));
+    let o = run(&train.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["generate", "--load", &ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "4", "--temperature", "0"]);
+    assert!(o.status.success() && stdout(&o).starts_with("ROMEO:"), "{}{}", stdout(&o), stderr(&o));
+    // Megatron's own checks of the vocabulary, and a --vocab-size the file cannot fill.
+    let short = load(&TokenizerFlags { vocab_size: Some(ranks + 17), ..flags.clone() }).err().unwrap().to_string();
+    assert!(short.contains("ranked tokens") && short.contains(&(ranks + 1).to_string()), "{short}");
+    fs::write(dir.join("bad.json"), r#"[{"rank": 1, "token_bytes": "AA=="}]"#).unwrap();
+    let bad = dir.join("bad.json");
+    let e = load(&TokenizerFlags { tokenizer_model: Some(&bad), vocab_size: Some(17), ..flags }).err().unwrap();
+    assert!(e.to_string().contains("\"rank\": 0"), "{e}");
 }
 
 /// A tiny GPT-2-style vocabulary (the 256 byte characters, "ab", <|endoftext|>) and its merges.

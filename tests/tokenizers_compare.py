@@ -13,6 +13,15 @@ the bundled corpus. One JSON list of ids per input line.
                                    empty document, one sequence per document) through
                                    megatron-core's IndexedDatasetBuilder and DType.optimal_dtype
 
+  tiktoken-vocab TOKENIZER OUT     Megatron's TikTokenizer vocabulary (a JSON list of ranks) made
+                                   from a byte-level tokenizer.json: the 256 bytes, then its
+                                   other tokens by id
+  encode-tiktoken VOCAB IN OUT PATTERN SPECIALS
+                                   TikTokenizer's ids as megatron-core's TikTokenTokenizer gives
+                                   them through tiktoken (which CI does not install), written here
+                                   from tiktoken's rules: special tokens split out first, the
+                                   pattern (the `regex` module), then each piece merged lowest
+                                   rank first; ids are SPECIALS + rank
   encode-auto DIR IN OUT           transformers' AutoTokenizer of a Hugging Face directory (what
                                    `trident convert --save-hf` wrote), add_special_tokens off
   greedy DIR PROMPT N OUT          N greedy tokens after PROMPT from the directory's model and
@@ -22,6 +31,7 @@ the bundled corpus. One JSON list of ids per input line.
 
 IN is JSON lines with a "text" key.
 """
+import base64
 import json
 import os
 import shutil
@@ -82,6 +92,78 @@ def train_llama3(corpus, out):
         json.dump({"eos_token": "<|end_of_text|>"}, f)
 
 
+TIKTOKEN = {
+    "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+    "v2": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+          r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|"
+          r"\s+(?!\S)|\s+",
+}
+
+
+def byte_decoder():
+    # GPT-2's byte-to-character alphabet, inverted.
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+def tiktoken_vocab(tokenizer, out):
+    model = json.load(open(tokenizer, encoding="utf-8"))["model"]
+    dec = byte_decoder()
+    tokens = [bytes([b]) for b in range(256)]
+    seen = set(tokens)
+    for s, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
+        b = bytes(dec[c] for c in s)
+        if b not in seen:
+            seen.add(b)
+            tokens.append(b)
+    rows = [{"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": t.decode("utf-8", "replace")}
+            for i, t in enumerate(tokens)]
+    with open(out, "w") as f:
+        json.dump(rows, f)
+    print(len(rows))
+
+
+def tiktoken_ids(vocab, docs, pattern, specials):
+    import regex
+
+    ranks = {base64.b64decode(r["token_bytes"]): r["rank"] + specials for r in json.load(open(vocab))}
+    names = ["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"]
+    names += [f"<SPECIAL_{i}>" for i in range(len(names), specials)]
+    special_re = regex.compile("|".join(regex.escape(n) for n in names))
+    split = regex.compile(TIKTOKEN[pattern])
+
+    def merged(piece):
+        if piece in ranks:
+            return [ranks[piece]]
+        cuts = list(range(len(piece) + 1))
+        while True:
+            pairs = [(ranks[piece[cuts[i]:cuts[i + 2]]], i) for i in range(len(cuts) - 2)
+                     if piece[cuts[i]:cuts[i + 2]] in ranks]
+            if not pairs:
+                break
+            del cuts[min(pairs)[1] + 1]
+        return [ranks[piece[a:b]] for a, b in zip(cuts, cuts[1:])]
+
+    def plain(text):
+        return [i for piece in split.findall(text) for i in merged(piece.encode("utf-8"))]
+
+    out = []
+    for text in docs:
+        ids, at = [], 0
+        for m in special_re.finditer(text):
+            ids += plain(text[at:m.start()]) + [names.index(m.group())]
+            at = m.end()
+        out.append(ids + plain(text[at:]))
+    return out
+
+
 def greedy(d, prompt, n, out):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,6 +210,10 @@ def main():
             ids = enc.ids + [eod] if enc.ids else []
             builder.add_document(ids, [len(ids)] if ids else [])
         builder.finalize(args[2] + ".idx")
+    elif mode == "tiktoken-vocab":
+        tiktoken_vocab(args[0], args[1])
+    elif mode == "encode-tiktoken":
+        write(args[2], tiktoken_ids(args[0], texts(args[1]), args[3], int(args[4])))
     elif mode == "encode-auto":
         from transformers import AutoTokenizer
 

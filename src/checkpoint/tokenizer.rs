@@ -167,7 +167,8 @@ fn flag_value<'f>(flags: &'f [(String, Option<String>)], name: &str) -> Option<&
 
 /// Writes the tokenizer `flags` describe into `hf_dir` as transformers loads it: a GPT-2 BPE's
 /// vocab.json and merges.txt with the tokenizer.json built from them and a tokenizer_config.json;
-/// a Hugging Face tokenizer's tokenizer.json and its tokenizer_config.json. `type_name` is the
+/// a Hugging Face tokenizer's tokenizer.json and its tokenizer_config.json; for TikTokenizer,
+/// nothing (transformers has no reader for its vocabulary). `type_name` is the
 /// checkpoint's record, for a tokenizer whose files it does not hold.
 pub fn export_hf(flags: &[(String, Option<String>)], type_name: &str, hf_dir: &Path) -> Result<HfTokenizer> {
     if flags.is_empty() {
@@ -186,6 +187,9 @@ pub fn export_hf(flags: &[(String, Option<String>)], type_name: &str, hf_dir: &P
                           \"add_prefix_space\": false\n}\n";
             write_atomic(&hf_dir.join("tokenizer_config.json"), config.as_bytes())?;
         }
+        // Megatron's tiktoken vocabulary is no file transformers reads: config.json names the
+        // type (`trident_tokenizer`), and the vocabulary stays beside the trident checkpoint.
+        ("TikTokenizer", _, _) => {}
         _ => {
             if let Some(model) = flag_value(flags, "--tokenizer-model").map(PathBuf::from) {
                 let model = if model.is_dir() { model.join("tokenizer.json") } else { model };
@@ -217,7 +221,19 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
         Some("ByteTokenizer") => return Ok((Flags::new(), "ByteTokenizer".into())),
         Some("NullTokenizer") if vocab > 1 => {
             let ids = (vocab - 1).to_string();
-            return Ok((vec![pair("--tokenizer-type", "NullTokenizer"), pair("--vocab-size", &ids)], "NullTokenizer".into()));
+            return Ok((
+                vec![pair("--tokenizer-type", "NullTokenizer"), pair("--vocab-size", &ids)],
+                "NullTokenizer".into(),
+            ));
+        }
+        // The export left its vocabulary out (`export_hf`): the type, and the flags to give.
+        Some("TikTokenizer") => {
+            println!(
+                "{} names TikTokenizer, whose vocabulary a Hugging Face directory does not hold: the checkpoint \
+                 records TikTokenizer; give train and generate its --tokenizer-model",
+                hf_dir.join("config.json").display()
+            );
+            return Ok((Flags::new(), "TikTokenizer".into()));
         }
         Some("GPT2BPETokenizer") => true,
         Some("HuggingFaceTokenizer") => false,
@@ -226,8 +242,8 @@ pub fn from_hf(hf_dir: &Path, config: &Json, vocab: usize) -> Result<(Flags, Str
             return Err(Error::format(
                 &hf_dir.join("config.json"),
                 format!(
-                    "trident_tokenizer {}: expected ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or \
-                     NullTokenizer (with a vocabulary above 1)",
+                    "trident_tokenizer {}: expected ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, \
+                     TikTokenizer or NullTokenizer (with a vocabulary above 1)",
                     quote(other)
                 ),
             ))

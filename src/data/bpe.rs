@@ -88,6 +88,41 @@ impl Bpe {
         Ok(Bpe { tokens, ids, merges: ranked, byte_ids, ignore_merges })
     }
 
+    /// A tiktoken model: `tokens[i]` (raw bytes) has id `first_id + i`, the first 256 are the bytes
+    /// in order, and a piece merges by the ids of what its neighbours make (tiktoken's rule, the
+    /// lowest first, the leftmost of equal ones): every split of a token into two tokens is a
+    /// merge ranked by the whole token's id; a piece that is a token is that token.
+    pub fn from_ranks(tokens: Vec<Vec<u8>>, first_id: u32) -> Result<Bpe, String> {
+        let size = first_id as usize + tokens.len();
+        let mut ids = HashMap::with_capacity(tokens.len());
+        for (i, t) in tokens.iter().enumerate() {
+            if i < 256 && t.as_slice() != [i as u8] {
+                return Err(format!("rank {i} is {t:?}, not the byte {i}: the first 256 ranks are the bytes in order"));
+            }
+            if ids.insert(t.clone(), first_id + i as u32).is_some() {
+                return Err(format!("the bytes {t:?} have two ranks"));
+            }
+        }
+        if tokens.len() < 256 {
+            return Err(format!("{} ranks: the first 256 must be the bytes", tokens.len()));
+        }
+        let mut merges = HashMap::new();
+        for (i, t) in tokens.iter().enumerate().skip(256) {
+            let id = first_id + i as u32;
+            for cut in 1..t.len() {
+                if let (Some(&l), Some(&r)) = (ids.get(&t[..cut]), ids.get(&t[cut..])) {
+                    merges.insert((l, r), (id, id));
+                }
+            }
+        }
+        let byte_ids = std::array::from_fn(|b| first_id + b as u32);
+        let mut all = vec![Vec::new(); size];
+        for (i, t) in tokens.into_iter().enumerate() {
+            all[first_id as usize + i] = t;
+        }
+        Ok(Bpe { tokens: all, ids, merges, byte_ids, ignore_merges: true })
+    }
+
     /// The ids a file that lists `listed` tokens may use: below twice that, plus 256. Real
     /// vocabularies number their tokens densely; the rule keeps a crafted id (2^32 - 2 in a
     /// 3 KB file) from sizing a table, or a model's vocabulary, beyond what the file holds.
@@ -210,5 +245,45 @@ mod tests {
         assert_eq!(enc("xyz"), [b'x' as u32, b'y' as u32, b'z' as u32]);
         let bad = Bpe::new(&vocab, &[("a".into(), "z".into())], false).err().unwrap();
         assert!(bad.contains("merge 1") && bad.contains("merged token"), "{bad}");
+    }
+
+    #[test]
+    fn ranks_merge_lowest_first_as_tiktoken_does() {
+        // tiktoken's loop: merge the adjacent pair whose bytes have the lowest rank, leftmost first.
+        let tiktoken = |ranks: &HashMap<Vec<u8>, u32>, piece: &[u8]| -> Vec<u32> {
+            if let Some(&r) = ranks.get(piece) {
+                return vec![r];
+            }
+            let mut parts: Vec<usize> = (0..=piece.len()).collect();
+            loop {
+                let best = (0..parts.len().saturating_sub(2))
+                    .filter_map(|i| ranks.get(&piece[parts[i]..parts[i + 2]]).map(|&r| (r, i)))
+                    .min();
+                let Some((_, i)) = best else { break };
+                parts.remove(i + 1);
+            }
+            parts.windows(2).map(|w| ranks[&piece[w[0]..w[1]]]).collect()
+        };
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for t in ["ab", "bc", "abc", "aa", "aab", "bcd", "cd", "abcd", "da"] {
+            tokens.push(t.as_bytes().to_vec());
+        }
+        let bpe = Bpe::from_ranks(tokens.clone(), 1000).unwrap();
+        let ranks: HashMap<Vec<u8>, u32> =
+            tokens.iter().enumerate().map(|(i, t)| (t.clone(), 1000 + i as u32)).collect();
+        let mut seed = 7u64;
+        for _ in 0..2000 {
+            let piece: Vec<u8> = (0..1 + seed % 9)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    b"abcdx"[(seed >> 33) as usize % 5]
+                })
+                .collect();
+            let mut got = Vec::new();
+            bpe.encode_piece(&piece, &mut got);
+            assert_eq!(got, tiktoken(&ranks, &piece), "{:?}", String::from_utf8_lossy(&piece));
+        }
+        let bad = Bpe::from_ranks(vec![vec![1]], 0).err().unwrap();
+        assert!(bad.contains("the byte 0"), "{bad}");
     }
 }

@@ -1,4 +1,4 @@
-//! Training data: the tokenizers (bytes, byte-level BPE), Megatron's `.bin/.idx` indexed format,
+//! Training data: the tokenizers (bytes, byte-level BPE, Megatron's TikTokenizer), Megatron's `.bin/.idx` indexed format,
 //! the preprocessing that writes it, Megatron's mock data, and the GPT datasets and blends that
 //! turn them into shuffled fixed-length samples in Megatron's order.
 
@@ -14,6 +14,7 @@ pub mod numpy_rng;
 pub mod prepare;
 pub mod pretokenize;
 pub mod source;
+pub mod tiktoken;
 pub mod tokenizer;
 pub mod tokenizer_files;
 pub mod unicode_classes;

@@ -1,10 +1,11 @@
-//! The pre-tokenizers of byte-level BPE: the split patterns of GPT-2 and of Llama 3 as hand
-//! scanners that cut text exactly where the regexes below do (leftmost alternative first, each
-//! quantifier greedy, backtracking as a regex engine would), over the Unicode classes of
-//! `unicode_classes` (`\p{L}`, `\p{N}`) and Unicode's White_Space (`\s`). A pattern that is
-//! neither is refused by the tokenizer loader, by name.
+//! The pre-tokenizers of byte-level BPE: the split patterns of GPT-2, of Llama 3 and of Megatron's
+//! TikTokenizer (v1, v2) as hand scanners that cut text exactly where the regexes below do
+//! (leftmost alternative first, each quantifier greedy, backtracking as a regex engine would, a
+//! possessive one never giving back), over the Unicode classes of `unicode_classes` (`\p{L}`,
+//! `\p{N}`; v2's `\p{Lu}`, `\p{Lt}`, `\p{Ll}`, `\p{M}`) and Unicode's White_Space (`\s`). Another
+//! pattern is refused by the tokenizer loader, by name.
 
-use super::unicode_classes::{LETTER, NUMBER};
+use super::unicode_classes::{LETTER, LOWER, MARK, NUMBER, UPPER};
 
 /// A split pattern trident knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +14,10 @@ pub enum Pattern {
     Gpt2,
     /// Llama 3's (and cl100k's, Qwen 2's): `LLAMA3_REGEX`.
     Llama3,
+    /// Megatron's TikTokenizer, `--tiktoken-pattern v1`: `TIKTOKEN_V1_REGEX`.
+    TiktokenV1,
+    /// `--tiktoken-pattern v2` (Megatron's default): `TIKTOKEN_V2_REGEX`.
+    TiktokenV2,
 }
 
 /// GPT-2's split pattern, as `tokenizers`' ByteLevel pre-tokenizer and Megatron's GPT-2 BPE use it.
@@ -20,6 +25,34 @@ pub const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\
 
 /// Llama 3's split pattern (a `Split` pre-tokenizer in its tokenizer.json).
 pub const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Megatron's TikTokenizer pattern v1.
+pub const TIKTOKEN_V1_REGEX: &str =
+    r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+
+/// Megatron's TikTokenizer pattern v2: letter runs split where case changes.
+pub const TIKTOKEN_V2_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// What a character is to v2's letter classes: in `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]` (upper), in
+/// `[\p{Ll}\p{Lm}\p{Lo}\p{M}]` (lower), in both (Lm, Lo, M) or in neither.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Case {
+    Neither,
+    Upper,
+    Lower,
+    Both,
+}
+
+fn case(c: char, class: Class) -> Case {
+    let at = c as u32;
+    match class {
+        Class::Letter if c.is_ascii_uppercase() || (!c.is_ascii() && in_ranges(UPPER, at)) => Case::Upper,
+        Class::Letter if c.is_ascii_lowercase() || (!c.is_ascii() && in_ranges(LOWER, at)) => Case::Lower,
+        Class::Letter => Case::Both,
+        _ if !c.is_ascii() && in_ranges(MARK, at) => Case::Both,
+        _ => Case::Neither,
+    }
+}
 
 /// What a character is to the patterns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,12 +89,13 @@ fn class(c: char) -> Class {
     }
 }
 
-/// One character of the text: its byte offset, itself and its class.
+/// One character of the text: its byte offset, itself, its class and (v2 only) its case.
 #[derive(Clone, Copy)]
 struct Ch {
     at: usize,
     c: char,
     class: Class,
+    case: Case,
 }
 
 /// The text as characters, with the scanning helpers both patterns share.
@@ -107,6 +141,36 @@ impl Scan<'_> {
         None
     }
 
+    /// The end of the run of characters from `i` that `pred` holds for.
+    fn run_while(&self, i: usize, pred: impl Fn(&Ch) -> bool) -> usize {
+        let mut e = i;
+        while self.chars.get(e).is_some_and(&pred) {
+            e += 1;
+        }
+        e
+    }
+
+    /// Whether the character at `i` is in `[^\r\n\p{L}\p{N}]`, the TikToken patterns' prefix.
+    fn prefix(&self, i: usize) -> bool {
+        self.chars.get(i).is_some_and(|ch| matches!(ch.class, Class::Space | Class::Other) && !newline(ch.c))
+    }
+
+    /// `\s*[\r\n]+` (or `\s*[\r\n]`, the same end) at `i`: through the whitespace run's last line
+    /// break, if it has one; else `\s+(?!\S)|\s+`.
+    fn line_breaks_or_spaces(&self, i: usize) -> usize {
+        let run_end = self.run(i, Class::Space, usize::MAX);
+        match (i..run_end).rev().find(|&k| newline(self.chars[k].c)) {
+            Some(k) => k + 1,
+            None => self.spaces(i),
+        }
+    }
+
+    /// ` ?[^\s\p{L}\p{N}]+` then `tail`'s characters at `i`, if it matches there.
+    fn symbols(&self, i: usize, tail: impl Fn(char) -> bool) -> Option<usize> {
+        let j = if self.is_char(i, |c| c == ' ') && self.is(i + 1, Class::Other) { i + 1 } else { i };
+        self.is(j, Class::Other).then(|| self.run_while(self.run(j, Class::Other, usize::MAX), |ch| tail(ch.c)))
+    }
+
     /// `\s+(?!\S)|\s+` at `i` (a whitespace character): the run, less its last character when
     /// more follows and the run has two or more.
     fn spaces(&self, i: usize) -> usize {
@@ -140,7 +204,6 @@ impl Scan<'_> {
         if let Some(len) = self.contraction(i, true) {
             return i + len;
         }
-        let newline = |c: char| c == '\r' || c == '\n';
         let ch = self.chars[i];
         // `[^\r\n\p{L}\p{N}]?\p{L}+`
         if ch.class == Class::Letter {
@@ -153,22 +216,54 @@ impl Scan<'_> {
         if ch.class == Class::Number {
             return self.run(i, Class::Number, 3);
         }
-        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let j = if ch.c == ' ' && self.is(i + 1, Class::Other) { i + 1 } else { i };
-        if self.is(j, Class::Other) {
-            let mut e = self.run(j, Class::Other, usize::MAX);
-            while self.is_char(e, newline) {
-                e += 1;
-            }
-            return e;
-        }
-        // `\s*[\r\n]+`: through the run's last line break, if it has one; else `\s+(?!\S)|\s+`.
-        let run_end = self.run(i, Class::Space, usize::MAX);
-        match (i..run_end).rev().find(|&k| newline(self.chars[k].c)) {
-            Some(k) => k + 1,
-            None => self.spaces(i),
-        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`, then `\s*[\r\n]+|\s+(?!\S)|\s+`.
+        self.symbols(i, newline).unwrap_or_else(|| self.line_breaks_or_spaces(i))
     }
+
+    /// TikTokenizer's v1 pattern: the end of the piece starting at `i`.
+    fn tiktoken_v1(&self, i: usize) -> usize {
+        // `[^\r\n\p{L}\p{N}]?+\p{L}+`: a prefix, once taken, is never given back.
+        let j = if self.prefix(i) { i + 1 } else { i };
+        if self.is(j, Class::Letter) {
+            return self.run(j, Class::Letter, usize::MAX);
+        }
+        if self.is(i, Class::Number) {
+            return i + 1;
+        }
+        // ` ?[^\s\p{L}\p{N}]++[\r\n]*`, then `\s*[\r\n]|\s+(?!\S)|\s+`.
+        self.symbols(i, newline).unwrap_or_else(|| self.line_breaks_or_spaces(i))
+    }
+
+    /// TikTokenizer's v2 pattern: the end of the piece starting at `i`.
+    fn tiktoken_v2(&self, i: usize) -> usize {
+        let upper = |ch: &Ch| matches!(ch.case, Case::Upper | Case::Both);
+        let lower = |ch: &Ch| matches!(ch.case, Case::Lower | Case::Both);
+        // The optional prefix is tried taken, then not, in each of the two letter alternatives.
+        let starts = if self.prefix(i) { [Some(i + 1), Some(i)] } else { [Some(i), None] };
+        // `[U]*[W]+`: the upper run gives back characters until a lower one can start the rest.
+        for j in starts.into_iter().flatten() {
+            let u = self.run_while(j, upper);
+            if let Some(k) = (j..=u).rev().find(|&k| self.chars.get(k).is_some_and(lower)) {
+                return self.run_while(k, lower);
+            }
+        }
+        // `[U]+[W]*`
+        for j in starts.into_iter().flatten() {
+            if self.chars.get(j).is_some_and(upper) {
+                return self.run_while(self.run_while(j, upper), lower);
+            }
+        }
+        if self.is(i, Class::Number) {
+            return i + 1;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`, then `\s*[\r\n]+|\s+(?!\S)|\s+`.
+        let tail = |c: char| newline(c) || c == '/';
+        self.symbols(i, tail).unwrap_or_else(|| self.line_breaks_or_spaces(i))
+    }
+}
+
+fn newline(c: char) -> bool {
+    c == '\r' || c == '\n'
 }
 
 impl Pattern {
@@ -177,19 +272,28 @@ impl Pattern {
         match regex {
             GPT2_REGEX => Some(Pattern::Gpt2),
             LLAMA3_REGEX => Some(Pattern::Llama3),
+            TIKTOKEN_V1_REGEX => Some(Pattern::TiktokenV1),
+            TIKTOKEN_V2_REGEX => Some(Pattern::TiktokenV2),
             _ => None,
         }
     }
 
     /// Calls `piece` with each piece of `text`, in order; the pieces cover `text` exactly.
     pub fn split<'a>(self, text: &'a str, mut piece: impl FnMut(&'a str)) {
-        let chars: Vec<Ch> = text.char_indices().map(|(at, c)| Ch { at, c, class: class(c) }).collect();
+        let cased = self == Pattern::TiktokenV2;
+        let ch = |(at, c): (usize, char)| {
+            let class = class(c);
+            Ch { at, c, class, case: if cased { case(c, class) } else { Case::Neither } }
+        };
+        let chars: Vec<Ch> = text.char_indices().map(ch).collect();
         let scan = Scan { text, chars };
         let mut i = 0;
         while i < scan.chars.len() {
             let e = match self {
                 Pattern::Gpt2 => scan.gpt2(i),
                 Pattern::Llama3 => scan.llama3(i),
+                Pattern::TiktokenV1 => scan.tiktoken_v1(i),
+                Pattern::TiktokenV2 => scan.tiktoken_v2(i),
             };
             let end = scan.chars.get(e).map_or(text.len(), |ch| ch.at);
             piece(&scan.text[scan.chars[i].at..end]);
@@ -228,6 +332,19 @@ mod tests {
         assert_eq!(pieces(p, "x...\n\ny"), ["x", "...\n\n", "y"]);
         assert_eq!(pieces(p, "\tfoo,bar"), ["\tfoo", ",bar"]);
         assert_eq!(pieces(p, "end  "), ["end", "  "]);
+    }
+
+    #[test]
+    fn tiktoken_pieces_follow_the_regexes() {
+        let v1 = Pattern::TiktokenV1;
+        assert_eq!(pieces(v1, "Hello world! 123"), ["Hello", " world", "!", " ", "1", "2", "3"]);
+        assert_eq!(pieces(v1, "'hello .x\n\n y"), ["'hello", " .", "x", "\n\n", " y"]);
+        let v2 = Pattern::TiktokenV2;
+        assert_eq!(pieces(v2, "HelloWorld GPTModel x2"), ["Hello", "World", " GPTModel", " x", "2"]);
+        assert_eq!(pieces(v2, "ABC def"), ["ABC", " def"]);
+        assert_eq!(pieces(v2, "a/b//\n\nc"), ["a", "/b", "//\n\n", "c"]);
+        assert_eq!(pieces(v2, "中文Ab"), ["中文Ab"]);
+        assert_eq!(pieces(v2, " \u{301}e"), [" \u{301}e"]);
     }
 
     #[test]

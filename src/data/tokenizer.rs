@@ -95,6 +95,7 @@ impl Tokenizer {
             Tokenizer::Bpe(t) => match t.source {
                 Source::Gpt2Files { .. } => "GPT2BPETokenizer",
                 Source::HuggingFace { .. } => "HuggingFaceTokenizer",
+                Source::Tiktoken { .. } => "TikTokenizer",
             },
         }
     }
@@ -151,6 +152,8 @@ pub enum Source {
     Gpt2Files { vocab: std::path::PathBuf, merges: std::path::PathBuf },
     /// `HuggingFaceTokenizer`: `--tokenizer-model`, a tokenizer.json (or the directory holding it).
     HuggingFace { path: std::path::PathBuf },
+    /// `TikTokenizer`: `--tokenizer-model`, Megatron's JSON list of ranked tokens (`tiktoken`).
+    Tiktoken { path: std::path::PathBuf },
 }
 
 /// A byte-level BPE tokenizer.

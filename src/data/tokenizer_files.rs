@@ -1,6 +1,7 @@
 //! Loading BPE tokenizers from their files: GPT-2's vocab.json + merges.txt (Megatron's
 //! `GPT2BPETokenizer`) and a Hugging Face tokenizer.json (`HuggingFaceTokenizer`: byte-level BPE
-//! with GPT-2's or Llama 3's split pattern, added tokens, a post-processing template), with the
+//! with GPT-2's or Llama 3's split pattern, added tokens, a post-processing template) and
+//! Megatron's TikTokenizer (`tiktoken`), with the
 //! end-of-document token chosen as Megatron would. What trident does not support in a
 //! tokenizer.json is one error naming the field and its value.
 
@@ -24,14 +25,17 @@ pub struct TokenizerFlags<'a> {
     pub eod_token: Option<&'a str>,
     /// Apply the tokenizer.json's post-processing template (`--tokenizer-hf-include-special-tokens`).
     pub include_special_tokens: bool,
-    /// `--vocab-size`: the null tokenizer's ids before its end-of-document id.
+    /// `--vocab-size`: the null tokenizer's ids before its end-of-document id; TikTokenizer's ids.
     pub vocab_size: Option<usize>,
+    /// TikTokenizer's `--tiktoken-pattern` and `--tiktoken-num-special-tokens`.
+    pub tiktoken_pattern: Option<&'a str>,
+    pub tiktoken_specials: Option<usize>,
 }
 
 /// The tokenizer Megatron's flags (`flags::TOKENIZER_FLAGS`) in `a` describe.
 pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
-    if let Some(p) = a.str("--tiktoken-pattern").filter(|p| !["v1", "v2"].contains(p)) {
-        return Err(Error::flag("--tiktoken-pattern", p, "v1 or v2"));
+    if let Some(p) = a.str("--tiktoken-pattern") {
+        super::tiktoken::pattern(Some(p))?;
     }
     load(&TokenizerFlags {
         kind: a.str("--tokenizer-type"),
@@ -41,6 +45,8 @@ pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
         eod_token: a.str("--eod-token"),
         include_special_tokens: a.has("--tokenizer-hf-include-special-tokens"),
         vocab_size: a.usize("--vocab-size")?,
+        tiktoken_pattern: a.str("--tiktoken-pattern"),
+        tiktoken_specials: a.usize("--tiktoken-num-special-tokens")?,
     })
 }
 
@@ -58,7 +64,7 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
     };
     let reads = |name: &str| match name {
         "--vocab-file" | "--merge-file" => kind == "GPT2BPETokenizer",
-        _ => kind == "HuggingFaceTokenizer",
+        _ => kind == "HuggingFaceTokenizer" || kind == "TikTokenizer",
     };
     let mut given = files.into_iter().chain([("--tokenizer-model", flags.tokenizer_model.is_some())]);
     if let Some((name, _)) = given.find(|&(name, on)| on && !reads(name)) {
@@ -76,11 +82,14 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
                 "--tokenizer-type NullTokenizer needs --vocab-size V (ids 0..V, then the end-of-document id V)".into(),
             )),
         },
-        "TikTokenizer" => Err(Error::Unsupported(
-            "--tokenizer-type TikTokenizer is not built yet (issue 50); a Hugging Face tokenizer.json of the same \
-             model (Llama 3 ships one) works with --tokenizer-type HuggingFaceTokenizer"
-                .into(),
-        )),
+        kind @ "TikTokenizer" => {
+            let model =
+                need(flags.tokenizer_model, "--tokenizer-model (Megatron's tiktoken vocabulary, a .json)", kind)?;
+            let pattern = super::tiktoken::pattern(flags.tiktoken_pattern)?;
+            let vocab = flags.vocab_size.unwrap_or(super::tiktoken::DEFAULT_VOCAB);
+            let specials = flags.tiktoken_specials.unwrap_or(super::tiktoken::DEFAULT_SPECIAL);
+            Ok(Tokenizer::Bpe(Box::new(super::tiktoken::load(model, pattern, vocab, specials)?)))
+        }
         kind @ "GPT2BPETokenizer" => {
             let vocab = need(flags.vocab_file, "--vocab-file (GPT-2's vocab.json / encoder.json)", kind)?;
             let merges = need(flags.merge_file, "--merge-file (GPT-2's merges.txt / vocab.bpe)", kind)?;
@@ -93,7 +102,7 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
         other => Err(Error::flag(
             "--tokenizer-type",
             format!("'{other}'"),
-            "ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer or NullTokenizer",
+            "ByteTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, TikTokenizer or NullTokenizer",
         )),
     }
 }
