@@ -582,6 +582,12 @@ pub const TOKENIZER_FLAGS: &[FlagSpec] = &[
         "N",
         "TikTokenizer: ids 0..N are special tokens (<unk> <s> </s> <mask> <pad> <cls> <sep> <SPECIAL_7> ...; default 1000)",
     ),
+    many(
+        "--tokenizer-special-tokens",
+        "TOKEN",
+        "TikTokenizer: the first special tokens, in id order (unique, holding <unk> <s> </s> <mask> <pad> <cls> <sep>)",
+    ),
+    many("--tiktoken-special-tokens", "TOKEN", "the older name of --tokenizer-special-tokens"),
     switch(
         "--tokenizer-hf-include-special-tokens",
         "HuggingFaceTokenizer: add the tokenizer.json's template tokens (Llama 3's <|begin_of_text|>) to every text",

@@ -279,11 +279,23 @@ fn tiktokenizer_matches_tiktokens_rules() {
     let ckpt = p(&dir.join("ckpt"));
     let mut train = one_thread_train_args(&p(&dir.join("out-v2_text_document")), 4, 6);
     let tik = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", &p(&vocab), "--vocab-size", &vocab_size];
-    train.extend(["--save", &ckpt, "--tiktoken-num-special-tokens", "16"].iter().chain(&tik).map(|s| s.to_string()));
+    // With its own special tokens (a list the checkpoint's flags file must carry whole).
+    let own = ["--tokenizer-special-tokens", "<s>", "</s>", "<unk>", "<mask>", "<pad>", "<cls>", "<sep>", "<|im_start|>"];
+    let more = ["--save", &ckpt, "--tiktoken-num-special-tokens", "16"];
+    train.extend(more.iter().chain(&tik).chain(&own).map(|s| s.to_string()));
     let o = run(&train.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&["generate", "--load", &ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "4", "--temperature", "0"]);
     assert!(o.status.success() && stdout(&o).starts_with("ROMEO:"), "{}{}", stdout(&o), stderr(&o));
+    let names: Vec<String> = own[1..].iter().map(|s| s.to_string()).collect();
+    let custom = TokenizerFlags { special_tokens: Some(&names), ..flags.clone() };
+    let Tokenizer::Bpe(t) = load(&custom).unwrap() else { panic!("TikTokenizer is a BPE tokenizer") };
+    let ids = t.encode("<|im_start|>hi</s><SPECIAL_8>", &mut cache);
+    assert_eq!((ids[0], t.eod, ids[ids.len() - 2], ids[ids.len() - 1]), (7, 1, 1, 8));
+    for bad in [&names[1..], &[names.clone(), names[..1].to_vec()].concat()[..]] {
+        let e = load(&TokenizerFlags { special_tokens: Some(bad), ..flags.clone() }).err().unwrap().to_string();
+        assert!(e.contains("--tokenizer-special-tokens must be unique"), "{e}");
+    }
     // Megatron's own checks of the vocabulary, and a --vocab-size the file cannot fill.
     let short = load(&TokenizerFlags { vocab_size: Some(ranks + 17), ..flags.clone() }).err().unwrap().to_string();
     assert!(short.contains("ranked tokens") && short.contains(&(ranks + 1).to_string()), "{short}");

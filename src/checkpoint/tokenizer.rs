@@ -125,9 +125,25 @@ pub fn saved_flags(load_dir: &Path) -> Result<Option<Flags>> {
     Ok(Some(out))
 }
 
+/// A tokenizer flag's value as `Flags` keeps it: a list flag's values one per line.
+pub fn value_of(args: &crate::cli::Args, spec: &crate::cli::FlagSpec) -> Option<String> {
+    match spec.arity {
+        crate::cli::Arity::Many => args.list(spec.name).map(|v| v.join("\n")),
+        _ => args.str(spec.name).map(String::from),
+    }
+}
+
 /// The tokenizer `flags` describe: the byte tokenizer for none.
 pub fn load(flags: &[(String, Option<String>)]) -> Result<Tokenizer> {
-    let words: Vec<String> = flags.iter().flat_map(|(f, v)| std::iter::once(f.clone()).chain(v.clone())).collect();
+    let many =
+        |f: &str| crate::flags::TOKENIZER_FLAGS.iter().any(|s| s.name == f && s.arity == crate::cli::Arity::Many);
+    let values = |(f, v): &(String, Option<String>)| -> Vec<String> {
+        match v {
+            Some(v) if many(f) => v.split('\n').map(String::from).collect(),
+            v => v.iter().cloned().collect(),
+        }
+    };
+    let words: Vec<String> = flags.iter().flat_map(|p| std::iter::once(p.0.clone()).chain(values(p))).collect();
     let args = crate::cli::parse("tokenizer", crate::flags::TOKENIZER_FLAGS, &words)?.unwrap_or_default();
     crate::data::tokenizer_files::from_args(&args)
 }

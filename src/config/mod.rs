@@ -185,7 +185,7 @@ impl TrainConfig {
         let given: crate::checkpoint::tokenizer::Flags = crate::flags::TOKENIZER_FLAGS
             .iter()
             .filter(|f| args.has(f.name))
-            .map(|f| (f.name.to_string(), args.str(f.name).map(String::from)))
+            .map(|f| (f.name.to_string(), crate::checkpoint::tokenizer::value_of(args, f)))
             .collect();
         let saved = from_checkpoint.as_ref().and_then(|c| c.tokenizer.clone()).filter(|_| given.is_empty());
         let (tokenizer, tokenizer_flags) = match saved {

@@ -32,25 +32,47 @@ pub fn pattern(name: Option<&str>) -> Result<Pattern> {
     }
 }
 
-/// The tokenizer of the vocabulary file at `path`, with `vocab_size` ids of which the first
-/// `specials` are special tokens.
-pub fn load(path: &Path, pattern: Pattern, vocab_size: usize, specials: usize) -> Result<BpeTokenizer> {
-    if specials < SPECIALS.len() || specials >= vocab_size || vocab_size > u32::MAX as usize {
+/// The `count` special tokens, ids 0.. in order: `given` (`--tokenizer-special-tokens`: unique,
+/// holding the seven every TikTokenizer has, at most `count`), else those seven; then
+/// `<SPECIAL_i>` up to `count`, as megatron-core names them.
+pub fn special_names(given: Option<&[String]>, count: usize) -> Result<Vec<String>> {
+    let mut names: Vec<String> = given.map_or_else(|| SPECIALS.map(String::from).to_vec(), <[String]>::to_vec);
+    let unique: std::collections::HashSet<&String> = names.iter().collect();
+    let missing: Vec<&str> = SPECIALS.iter().copied().filter(|s| !names.iter().any(|n| n == s)).collect();
+    if unique.len() != names.len() || !missing.is_empty() || names.len() > count {
+        return Err(Error::Usage(format!(
+            "--tokenizer-special-tokens must be unique, hold {} and number at most --tiktoken-num-special-tokens \
+             ({count}); {} given{}",
+            SPECIALS.join(" "),
+            names.len(),
+            if missing.is_empty() { String::new() } else { format!(", without {}", missing.join(" ")) }
+        )));
+    }
+    names.extend((names.len()..count).map(|i| format!("<SPECIAL_{i}>")));
+    Ok(names)
+}
+
+/// The tokenizer of the vocabulary file at `path`, with `vocab_size` ids of which the first are
+/// the special tokens `specials` (`special_names`).
+pub fn load(path: &Path, pattern: Pattern, vocab_size: usize, specials: Vec<String>) -> Result<BpeTokenizer> {
+    let count = specials.len();
+    if count < SPECIALS.len() || count >= vocab_size || vocab_size > u32::MAX as usize {
         return Err(Error::Usage(format!(
             "TikTokenizer needs at least {} special tokens and fewer than --vocab-size ({vocab_size}, at most \
-             4294967295): --tiktoken-num-special-tokens is {specials}",
+             4294967295): --tiktoken-num-special-tokens is {count}",
             SPECIALS.len()
         )));
     }
+    let eod = specials.iter().position(|s| s == "</s>").expect("special_names holds </s>") as u32;
     let text = crate::files::read_regular(path, "read the TikTokenizer vocabulary")?;
     let json = document(&text, path)?;
     let entries = json.as_array().ok_or_else(|| Error::format(path, "not a JSON list of ranked tokens"))?;
-    let wanted = vocab_size - specials;
+    let wanted = vocab_size - count;
     if entries.len() < wanted {
         return Err(Error::format(
             path,
             format!(
-                "{} ranked tokens, but --vocab-size {vocab_size} less {specials} special tokens needs {wanted}",
+                "{} ranked tokens, but --vocab-size {vocab_size} less {count} special tokens needs {wanted}",
                 entries.len()
             ),
         ));
@@ -67,11 +89,12 @@ pub fn load(path: &Path, pattern: Pattern, vocab_size: usize, specials: usize) -
             .ok_or_else(|| Error::format(path, format!("entry {i}'s \"token_bytes\" is not base64 text")))?;
         tokens.push(bytes);
     }
-    let bpe = Bpe::from_ranks(tokens, specials as u32).map_err(|e| Error::format(path, e))?;
-    let names =
-        SPECIALS.iter().map(|s| s.to_string()).chain((SPECIALS.len()..specials).map(|i| format!("<SPECIAL_{i}>")));
-    let added: Vec<AddedToken> =
-        names.enumerate().map(|(id, content)| AddedToken { content, id: id as u32, special: true }).collect();
+    let bpe = Bpe::from_ranks(tokens, count as u32).map_err(|e| Error::format(path, e))?;
+    let added: Vec<AddedToken> = specials
+        .into_iter()
+        .enumerate()
+        .map(|(id, content)| AddedToken { content, id: id as u32, special: true })
+        .collect();
     Ok(BpeTokenizer {
         source: Source::Tiktoken { path: path.to_path_buf() },
         bpe,
@@ -80,7 +103,7 @@ pub fn load(path: &Path, pattern: Pattern, vocab_size: usize, specials: usize) -
         added: AddedTokens::new(added),
         prefix: Vec::new(),
         suffix: Vec::new(),
-        eod: 2,
+        eod,
         vocab_size,
     })
 }

@@ -27,9 +27,11 @@ pub struct TokenizerFlags<'a> {
     pub include_special_tokens: bool,
     /// `--vocab-size`: the null tokenizer's ids before its end-of-document id; TikTokenizer's ids.
     pub vocab_size: Option<usize>,
-    /// TikTokenizer's `--tiktoken-pattern` and `--tiktoken-num-special-tokens`.
+    /// TikTokenizer's `--tiktoken-pattern`, `--tiktoken-num-special-tokens` and special tokens
+    /// (`--tokenizer-special-tokens`, or its older name `--tiktoken-special-tokens`).
     pub tiktoken_pattern: Option<&'a str>,
     pub tiktoken_specials: Option<usize>,
+    pub special_tokens: Option<&'a [String]>,
 }
 
 /// The tokenizer Megatron's flags (`flags::TOKENIZER_FLAGS`) in `a` describe.
@@ -47,6 +49,7 @@ pub fn from_args(a: &crate::cli::Args) -> Result<Tokenizer> {
         vocab_size: a.usize("--vocab-size")?,
         tiktoken_pattern: a.str("--tiktoken-pattern"),
         tiktoken_specials: a.usize("--tiktoken-num-special-tokens")?,
+        special_tokens: a.list("--tokenizer-special-tokens").or_else(|| a.list("--tiktoken-special-tokens")),
     })
 }
 
@@ -73,6 +76,9 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
             if flags.kind.is_none() { " (the default; give the type the file belongs to)" } else { "" }
         )));
     }
+    if flags.special_tokens.is_some() && kind != "TikTokenizer" {
+        return Err(Error::Usage(format!("--tokenizer-special-tokens is read by TikTokenizer only, not {kind}")));
+    }
     match kind {
         "ByteTokenizer" => Ok(Tokenizer::Byte),
         "NullTokenizer" => match flags.vocab_size {
@@ -88,7 +94,8 @@ pub fn load(flags: &TokenizerFlags) -> Result<Tokenizer> {
             let pattern = super::tiktoken::pattern(flags.tiktoken_pattern)?;
             let vocab = flags.vocab_size.unwrap_or(super::tiktoken::DEFAULT_VOCAB);
             let specials = flags.tiktoken_specials.unwrap_or(super::tiktoken::DEFAULT_SPECIAL);
-            Ok(Tokenizer::Bpe(Box::new(super::tiktoken::load(model, pattern, vocab, specials)?)))
+            let names = super::tiktoken::special_names(flags.special_tokens, specials)?;
+            Ok(Tokenizer::Bpe(Box::new(super::tiktoken::load(model, pattern, vocab, names)?)))
         }
         kind @ "GPT2BPETokenizer" => {
             let vocab = need(flags.vocab_file, "--vocab-file (GPT-2's vocab.json / encoder.json)", kind)?;
