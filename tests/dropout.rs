@@ -56,17 +56,8 @@ fn every_layout_draws_the_single_ranks_masks() {
         args.extend(["--exit-interval", "10", "--save", ckpt.to_str().unwrap()].map(String::from));
         let what = format!("{ranks} ranks {extra:?}");
         trained(&mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>()), &what);
-        let got = loss_values(&json);
-        assert_eq!(got.len(), 10, "{what}");
-        for (it, (a, b)) in got.iter().zip(&base).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs one rank's {b}", it + 1);
-        }
-        let mut worst = 0f32;
-        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
-            let d = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(d <= 1e-5, "{what}: {name} differs from one rank's by {d}");
-            worst = worst.max(d);
-        }
+        assert_losses_match(&what, &loss_values(&json), &base);
+        let worst = assert_weights_match(&what, &ckpt, &base_weights);
         eprintln!("{what}: losses and weights (within {worst:.1e}) equal one rank's");
     }
 }

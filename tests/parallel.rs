@@ -62,18 +62,9 @@ fn every_layout_computes_the_single_rank_run() {
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
         let got = loss_values(&json);
-        assert_eq!(got.len(), base_losses.len(), "{what}");
         let loss_rel = got.iter().zip(&base_losses).fold(0f64, |m, (a, b)| m.max((a - b).abs() / b.abs()));
-        let mut weight_abs = 0f32;
-        for (it, (a, b)) in got.iter().zip(&base_losses).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
-        }
-        // Every element of every tensor agrees to 1e-5 (weights are O(0.01..1)).
-        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
-            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
-            weight_abs = weight_abs.max(worst);
-        }
+        assert_losses_match(&what, &got, &base_losses);
+        let weight_abs = assert_weights_match(&what, &ckpt, &base_weights);
         eprintln!("{what}: losses within {loss_rel:.1e} relative, weights within {weight_abs:.1e}");
     }
 }
@@ -117,13 +108,8 @@ fn pipeline_layouts_compute_the_single_rank_run() {
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
-        for (it, (a, b)) in loss_values(&json).iter().zip(&base_losses).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
-        }
-        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
-            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
-        }
+        assert_losses_match(&what, &loss_values(&json), &base_losses);
+        assert_weights_match(&what, &ckpt, &base_weights);
         // Each stage held exactly as many micro-batch activations as its schedule allows.
         let text = stdout(&o);
         let stages: Vec<&str> = text.lines().filter(|l| l.contains("micro-batch activations held")).collect();
@@ -572,17 +558,9 @@ fn summa_layouts_compute_the_single_rank_run() {
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
-        let got = loss_values(&json);
-        assert_eq!(got.len(), 10, "{what}");
-        for (it, (a, b)) in got.iter().zip(&base_losses).enumerate() {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
-        }
-        let mut worst_weight = 0f32;
-        for ((name, w), (_, b)) in full_weights(&ckpt).iter().zip(&base_weights) {
-            let worst = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(worst <= 1e-5, "{what}: {name} differs from the single-rank run by {worst}");
-            worst_weight = worst_weight.max(worst);
-        }
+        assert_eq!(base_losses.len(), 10, "{what}");
+        assert_losses_match(&what, &loss_values(&json), &base_losses);
+        let worst_weight = assert_weights_match(&what, &ckpt, &base_weights);
         eprintln!("{what}: losses and weights (within {worst_weight:.1e}) match the single-rank run");
     }
 }

@@ -286,6 +286,27 @@ pub const SMALL: &[&str] = &[
     "2",
 ];
 
+/// Asserts each of `got`'s losses within 1e-5 (relative) of the one-rank run's `base` (`what`
+/// names the run).
+pub fn assert_losses_match(what: &str, got: &[f64], base: &[f64]) {
+    assert_eq!(got.len(), base.len(), "{what}");
+    for (it, (a, b)) in got.iter().zip(base).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {}: loss {a} vs single-rank {b}", it + 1);
+    }
+}
+
+/// Asserts every element of every weight in the checkpoint `ckpt` within 1e-5 of the one-rank
+/// run's `base` (`full_weights`; weights are O(0.01..1)); returns the largest difference.
+pub fn assert_weights_match(what: &str, ckpt: &Path, base: &[(String, Vec<f32>)]) -> f32 {
+    let mut worst = 0f32;
+    for ((name, w), (_, b)) in full_weights(ckpt).iter().zip(base) {
+        let d = w.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(d <= 1e-5, "{what}: {name} differs from the single-rank run by {d}");
+        worst = worst.max(d);
+    }
+    worst
+}
+
 /// Every parameter of the latest checkpoint in `dir`, reassembled from its tensor- and
 /// pipeline-parallel shards into full tensors (in the canonical parameter order).
 pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
