@@ -1,7 +1,8 @@
-//! Dropout (`--hidden-dropout`, `--attention-dropout`) on the tiny preset: every layout draws the
-//! single rank's masks (TP 2 x PP 2 x DP 2 with sequence parallelism, 2-D SUMMA, ZeRO-1: losses
-//! and every weight within 1e-5 over 10 iterations), recomputation draws them again (the same
-//! losses bit for bit), a resumed run continues bit for bit, and dropout changes the run.
+//! Dropout (`--hidden-dropout`, `--attention-dropout`) on the tiny presets: every layout draws the
+//! single rank's masks (TP 2 x PP 2 x DP 2 with sequence parallelism, 2-D SUMMA, ZeRO-1, an
+//! interleaved pipeline; the Llama one's grouped-query heads over TP 2 with sequence parallelism:
+//! losses and every weight within 1e-5 over 10 iterations), recomputation draws them again (the
+//! same losses bit for bit), a resumed run continues bit for bit, and dropout changes the run.
 
 mod common;
 use common::*;
@@ -9,11 +10,11 @@ use std::path::Path;
 
 /// The tiny preset's run with dropout 0.1 (or `p`) everywhere and `extra`.
 fn train_args(data: &str, json: &Path, extra: &[&str]) -> Vec<String> {
-    train_args_at("0.1", data, json, extra)
+    train_args_at(("tiny", "0.1"), data, json, extra)
 }
 
-fn train_args_at(p: &str, data: &str, json: &Path, extra: &[&str]) -> Vec<String> {
-    ["train", "--preset", "tiny", "--data-path", data, "--log-interval", "1", "--cpu-threads", "1"]
+fn train_args_at((preset, p): (&str, &str), data: &str, json: &Path, extra: &[&str]) -> Vec<String> {
+    ["train", "--preset", preset, "--data-path", data, "--log-interval", "1", "--cpu-threads", "1"]
         .iter()
         .chain(&SAME_PADDING)
         .chain(&["--hidden-dropout", p, "--attention-dropout", p])
@@ -29,30 +30,44 @@ fn trained(o: &std::process::Output, what: &str) {
 
 #[test]
 fn every_layout_draws_the_single_ranks_masks() {
-    let dir = scratch("dropout-layouts");
+    // Two micro-batches of 8 against one of 16: the masks follow the sample, not the micro-batch.
+    let interleaved =
+        ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1", "--micro-batch-size", "8"];
+    let layouts: &[(usize, &[&str])] = &[
+        (8, &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel"]),
+        (4, &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
+        (2, &["--use-distributed-optimizer"]),
+        (2, &interleaved),
+    ];
+    layouts_draw_one_ranks_masks("tiny", layouts);
+}
+
+#[test]
+fn llama_heads_draw_the_single_ranks_masks() {
+    // 4 query heads in 2 groups, split over TP 2 with sequence parallelism.
+    layouts_draw_one_ranks_masks("llama-tiny", &[(2, &["--tensor-model-parallel-size", "2", "--sequence-parallel"])]);
+}
+
+fn layouts_draw_one_ranks_masks(preset: &str, layouts: &[(usize, &[&str])]) {
+    let dir = scratch(&format!("dropout-{preset}"));
     let data = prepared_corpus(&dir);
     let (base_json, base_ckpt) = (dir.join("base.jsonl"), dir.join("base"));
     let ten = ["--exit-interval", "10", "--save", base_ckpt.to_str().unwrap()];
-    let args = train_args(&data, &base_json, &ten);
+    let args = train_args_at((preset, "0.1"), &data, &base_json, &ten);
     trained(&run(&args.iter().map(String::as_str).collect::<Vec<_>>()), "one rank");
     let base = loss_values(&base_json);
     assert_eq!(base.len(), 10);
     let base_weights = full_weights(&base_ckpt);
     // Without dropout the same run computes other losses: the masks act.
     let plain_json = dir.join("plain.jsonl");
-    let args = train_args_at("0", &data, &plain_json, &["--exit-interval", "10"]);
+    let args = train_args_at((preset, "0"), &data, &plain_json, &["--exit-interval", "10"]);
     trained(&run(&args.iter().map(String::as_str).collect::<Vec<_>>()), "no dropout");
     let plain = loss_values(&plain_json);
     assert!(plain.iter().zip(&base).skip(1).all(|(a, b)| (a - b).abs() > 1e-4), "{plain:?} vs {base:?}");
 
-    let layouts: &[(usize, &[&str])] = &[
-        (8, &["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel"]),
-        (4, &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
-        (2, &["--use-distributed-optimizer"]),
-    ];
     for (i, (ranks, extra)) in layouts.iter().enumerate() {
         let (json, ckpt) = (dir.join(format!("l{i}.jsonl")), dir.join(format!("l{i}")));
-        let mut args = train_args(&data, &json, extra);
+        let mut args = train_args_at((preset, "0.1"), &data, &json, extra);
         args.extend(["--exit-interval", "10", "--save", ckpt.to_str().unwrap()].map(String::from));
         let what = format!("{ranks} ranks {extra:?}");
         trained(&mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>()), &what);
