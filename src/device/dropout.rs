@@ -105,11 +105,40 @@ impl<'a> Masks<'a> {
         self.words[(index & 3) as usize] >= self.threshold
     }
 
+    /// Calls `f(j, kept)` for the indices `first ..` of `n` elements, a Philox block per four.
+    #[inline]
+    fn each(&mut self, first: u64, n: usize, mut f: impl FnMut(usize, bool)) {
+        let mut j = 0;
+        while j < n {
+            let index = first + j as u64;
+            let (block, word) = (index >> 2, (index & 3) as usize);
+            if block != self.block {
+                self.block = block;
+                self.words = self.d.block(block);
+            }
+            let run = (4 - word).min(n - j);
+            for k in 0..run {
+                f(j + k, self.words[word + k] >= self.threshold);
+            }
+            j += run;
+        }
+    }
+
+    /// `keep[j]` = whether index `first + j` is kept.
+    pub fn fill(&mut self, keep: &mut [bool], first: u64) {
+        self.each(first, keep.len(), |j, kept| keep[j] = kept);
+    }
+
     /// `row[j] = kept(first + j) ? row[j] · scale : 0`.
     pub fn apply<R: Real>(&mut self, row: &mut [R], first: u64, scale: R) {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = if self.keeps(first + j as u64) { *x * scale } else { R::ZERO };
-        }
+        self.each(first, row.len(), |j, kept| row[j] = if kept { row[j] * scale } else { R::ZERO });
+    }
+}
+
+/// `row[j] = keep[j] ? row[j] · scale : 0` (a mask `Masks::fill` drew, applied again).
+pub fn apply_kept<R: Real>(row: &mut [R], keep: &[bool], scale: R) {
+    for (x, &kept) in row.iter_mut().zip(keep) {
+        *x = if kept { *x * scale } else { R::ZERO };
     }
 }
 
@@ -206,6 +235,21 @@ mod tests {
         dropout_rows(&mut part, &Dropout { sample0: 1, batch: 1, col0: 8, ..whole }, 0, 8);
         for (i, &v) in part.iter().enumerate() {
             assert_eq!(v, at(i / 8, 1, 8 + i % 8));
+        }
+    }
+
+    #[test]
+    fn fill_and_apply_draw_what_keeps_draws() {
+        let d = site(0.4);
+        for first in [0u64, 1, 3, 7, 1 << 33] {
+            let mut keep = vec![false; 23];
+            Masks::new(&d).fill(&mut keep, first);
+            let mut row = vec![2.0f64; 23];
+            Masks::new(&d).apply(&mut row, first, 3.0);
+            for (j, (&k, &x)) in keep.iter().zip(&row).enumerate() {
+                assert_eq!(k, d.keeps(first + j as u64));
+                assert_eq!(x, if k { 6.0 } else { 0.0 });
+            }
         }
     }
 

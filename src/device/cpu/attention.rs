@@ -8,7 +8,7 @@
 use super::gemm::{gemm, MatRef};
 use super::pool::ThreadPool;
 use super::simd;
-use crate::device::dropout::{Dropout, Masks};
+use crate::device::dropout::{apply_kept, Dropout, Masks};
 use crate::device::AttentionShape;
 
 const QUERY_TILE: usize = 128;
@@ -113,6 +113,7 @@ pub fn backward_head(
         col_stride: 1,
     };
     let lse = &lse[(b * shape.heads + head) * s..(b * shape.heads + head + 1) * s];
+    let mut keep = vec![false; if dropout.is_some() { s } else { 0 }];
     for q0 in (0..s).step_by(QUERY_TILE) {
         let qn = QUERY_TILE.min(s - q0);
         let kend = q0 + qn;
@@ -127,13 +128,14 @@ pub fn backward_head(
             unsafe {
                 let delta = simd::dot_lanes(&dout[o..o + d], &out[o..o + d]);
                 let (prow, dsrow) = (&mut pt[r * kend..(r + 1) * kend], &mut dst[r * kend..(r + 1) * kend]);
-                let first = dropout.map(|dr| (dr, dr.attention_index(b, head, t)));
-                if let Some((dr, at)) = first {
-                    Masks::new(dr).apply(&mut dsrow[..t + 1], at, dr.scale());
+                // The row's mask, drawn once for both of its uses.
+                if let Some(dr) = dropout {
+                    Masks::new(dr).fill(&mut keep[..t + 1], dr.attention_index(b, head, t));
+                    apply_kept(&mut dsrow[..t + 1], &keep[..t + 1], dr.scale());
                 }
                 simd::attention_backward_row(prow, dsrow, t + 1, scale, lse[t], delta);
-                if let Some((dr, at)) = first {
-                    Masks::new(dr).apply(&mut prow[..t + 1], at, dr.scale());
+                if let Some(dr) = dropout {
+                    apply_kept(&mut prow[..t + 1], &keep[..t + 1], dr.scale());
                 }
             }
         }
