@@ -199,7 +199,8 @@ impl TrainConfig {
             ));
         }
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
-        let dropout = dropout(args, &mut notes)?;
+        let seed = args.u64("--seed")?.unwrap_or(1234);
+        let dropout = dropout(args, seed, &mut notes)?;
         let steps = step_batches(args, seq_length)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
         let rampup = rampup(args, global_batch_size, steps)?;
@@ -228,7 +229,7 @@ impl TrainConfig {
             adam,
             clip_grad: args.f64("--clip-grad")?.unwrap_or(1.0),
             check_for_nan: check_for_nan(args)?,
-            seed: args.u64("--seed")?.unwrap_or(1234),
+            seed,
             dropout,
             train_samples,
             data,
@@ -700,8 +701,8 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
 }
 
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named
-/// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout).
-fn dropout(args: &Args, notes: &mut Vec<String>) -> Result<crate::model::gpt::DropoutRates> {
+/// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout); drawn under `seed`.
+fn dropout(args: &Args, seed: u64, notes: &mut Vec<String>) -> Result<crate::model::gpt::DropoutRates> {
     let default = if args.has("--preset") { 0.0 } else { 0.1 };
     let mut p = [0f32; 2];
     for (slot, name) in p.iter_mut().zip(["--hidden-dropout", "--attention-dropout"]) {
@@ -715,7 +716,7 @@ fn dropout(args: &Args, notes: &mut Vec<String>) -> Result<crate::model::gpt::Dr
     if !args.has("--preset") && !both_given {
         notes.push(format!("dropout: hidden {}, attention {} (Megatron's defaults where not given)", p[0], p[1]));
     }
-    Ok(crate::model::gpt::DropoutRates { hidden: p[0], attention: p[1], seed: args.u64("--seed")?.unwrap_or(1234) })
+    Ok(crate::model::gpt::DropoutRates { hidden: p[0], attention: p[1], seed })
 }
 
 #[cfg(test)]

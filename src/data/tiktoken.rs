@@ -63,7 +63,11 @@ pub fn load(path: &Path, pattern: Pattern, vocab_size: usize, specials: Vec<Stri
             SPECIALS.len()
         )));
     }
-    let eod = specials.iter().position(|s| s == "</s>").expect("special_names holds </s>") as u32;
+    let eod = specials
+        .iter()
+        .position(|s| s == "</s>")
+        .ok_or_else(|| Error::Usage("TikTokenizer's special tokens must hold </s>, its end of document".into()))?
+        as u32;
     let text = crate::files::read_regular(path, "read the TikTokenizer vocabulary")?;
     let json = document(&text, path)?;
     let entries = json.as_array().ok_or_else(|| Error::format(path, "not a JSON list of ranked tokens"))?;

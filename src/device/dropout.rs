@@ -4,7 +4,7 @@
 //! the whole iteration's tensor at that place (every micro-batch of every data-parallel rank, all
 //! positions, all columns or heads), so every layout, and a recomputed or resumed forward, draws
 //! the masks one rank would. The generic row kernels here are what every backend computes
-//! (`kernels/dropout.cuh` on the GPUs, line for line).
+//! (`kernels/common/dropout.h` on the GPUs, line for line).
 
 use crate::real::Real;
 use crate::rng::philox4x32;
