@@ -68,7 +68,7 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     flag(
         "--ckpt-format",
         "FORMAT",
-        "no effect: trident writes its own checksummed shards in Megatron's directory layout",
+        "no effect: --save writes trident's checksummed shards in Megatron's layout; --load reads them and Megatron's torch_dist and torch files alike (`convert --save-megatron` writes torch_dist)",
     ),
     flag(
         "--timing-log-level",
@@ -107,7 +107,7 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
         "no effect: a PyTorch overlap choice; trident's embedding gradient is its own kernel",
     ),
     switch("--use-dist-ckpt", "no effect: trident writes its own checksummed shards in Megatron's directory layout"),
-    switch("--auto-detect-ckpt-format", "no effect: trident reads its own shards, and says so of anything else"),
+    switch("--auto-detect-ckpt-format", "no effect: --load tells trident's shards from Megatron's torch_dist and torch files itself"),
     switch("--ckpt-fully-parallel-save", "no effect: every model-parallel rank already writes its own shard"),
     switch("--no-ckpt-fully-parallel-save", "no effect: every model-parallel rank writes its own shard"),
     switch("--ckpt-fully-parallel-load", "no effect: every rank already reads its own shard"),
@@ -627,10 +627,11 @@ const GENERATE_OWN: &[FlagSpec] = &[
 
 /// `trident convert`.
 pub const CONVERT_FLAGS: &[FlagSpec] = &[
-    flag("--load", "DIR", "checkpoint to read (its latest iteration)"),
+    flag("--load", "DIR", "checkpoint to read (its latest iteration): trident's, or Megatron-LM's (torch_dist or torch)"),
     flag("--load-hf", "DIR", "a Hugging Face GPT-2 or Llama directory (config.json, safetensors) to read instead"),
     flag("--save", "DIR", "write a checkpoint of the target layout"),
     flag("--save-hf", "DIR", "write config.json and model.safetensors for Hugging Face transformers"),
+    flag("--save-megatron", "DIR", "write the weights as a Megatron-LM torch_dist checkpoint (f32, one rank)"),
     flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),
     flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
     flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),

@@ -76,7 +76,7 @@ pub fn sample_token(logits: &[f32], temperature: f64, top_k: usize, u: f64) -> u
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let (iteration, path, shard) = checkpoint::load_latest(&args.load, &checkpoint::shard_name(0, 0, 1))?;
+    let (iteration, path, shard) = checkpoint::load_single(&args.load)?;
     let saved_tp: usize = shard.meta_value(&path, "tensor_model_parallel_size").unwrap_or(1);
     let saved_pp: usize = shard.meta_value(&path, "pipeline_model_parallel_size").unwrap_or(1);
     if saved_tp != 1 || saved_pp != 1 {

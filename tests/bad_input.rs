@@ -200,23 +200,23 @@ fn every_unbuilt_megatron_flag_is_refused_by_name() {
 }
 
 /// A Megatron-LM checkpoint (legacy `torch`: `mp_rank_00/model_optim_rng.pt`; `torch_dist`:
-/// `.metadata` and `.distcp` files) under `--load` is named as one, with what to do, by every
-/// command that reads checkpoints: reading Megatron's files is not built yet.
+/// `.metadata` and `.distcp` files) under `--load` is read as one (tests/megatron_checkpoints.rs):
+/// a malformed one is a clean error naming the file, from every command that reads checkpoints.
 #[test]
-fn a_megatron_checkpoint_is_named_not_misread() {
+fn a_malformed_megatron_checkpoint_is_a_clean_error() {
     let dir = scratch("megatron-checkpoint");
     let p = good_dataset(&dir, "d");
     let (legacy, dist) = (dir.join("legacy"), dir.join("dist"));
     std::fs::create_dir_all(legacy.join("iter_0000010/mp_rank_00")).unwrap();
     std::fs::write(legacy.join("iter_0000010/mp_rank_00/model_optim_rng.pt"), b"PK").unwrap();
     std::fs::create_dir_all(dist.join("iter_0000010")).unwrap();
-    for f in [".metadata", "__0_0.distcp"] {
+    for f in [".metadata", "__0_0.distcp", "common.pt"] {
         std::fs::write(dist.join("iter_0000010").join(f), b"x").unwrap();
     }
-    for (ck, format) in [(&legacy, "in the torch ("), (&dist, "in the torch_dist (")] {
+    for (ck, needle) in [(&legacy, "model_optim_rng.pt"), (&dist, "common.pt")] {
         std::fs::write(ck.join("latest_checkpointed_iteration.txt"), "10\n").unwrap();
         let c = ck.to_str().unwrap();
-        let needles = ["holds a Megatron-LM checkpoint", format, "not built yet (issue 50)"];
+        let needles = [needle, "not a zip archive"];
         assert_clean_error(&train_on(&p, &["--load", c]), &needles);
         assert_clean_error(&run(&["convert", "--load", c, "--save", dir.join("out").to_str().unwrap()]), &needles);
         assert_clean_error(&run(&["generate", "--load", c]), &needles);

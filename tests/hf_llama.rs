@@ -17,10 +17,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use trident::checkpoint::convert::read_full;
 use trident::checkpoint::hf_files::{read_safetensors, write_safetensors};
-use trident::device::cpu::CpuDevice;
-use trident::device::prelude::*;
-use trident::model::Gpt;
-use trident::parallel::tensor::TensorParallel;
 
 fn ok(o: Output, what: &str) -> Output {
     assert!(o.status.success(), "{what}: {}", stderr(&o));
@@ -214,15 +210,7 @@ fn command(words: &[&str]) -> Vec<String> {
 /// trident's logits for `tokens` ([len, padded vocabulary]) from the checkpoint in `ckpt`.
 fn trident_logits(ckpt: &str, tokens: &[u32]) -> (Vec<f32>, usize) {
     let full = read_full(Path::new(ckpt)).unwrap();
-    let dev = CpuDevice::new(1);
-    let mut model = Gpt::new(&dev, full.model.clone(), 0);
-    for (i, info) in model.params.info.iter().enumerate() {
-        dev.upload(&mut model.params.values[i], &full.tensors[&format!("param/{}", info.name)]);
-    }
-    let logits = model.forward(&dev, TensorParallel::single(), tokens, 1, tokens.len());
-    let mut out = vec![0f32; dev.len(logits)];
-    dev.download(logits, &mut out);
-    (out, full.model.padded_vocab_size)
+    (checkpoint_logits(&full, tokens), full.model.padded_vocab_size)
 }
 
 /// Asserts every logit within 1e-4 of its position's largest |logit|; returns the worst ratio.

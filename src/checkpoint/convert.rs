@@ -205,7 +205,8 @@ fn ensure_shards_hold(iter_dir: &Path, model: &GptConfig, layout: &Layout, prefi
     Ok(())
 }
 
-/// Reads every shard of the latest checkpoint in `dir` and reassembles full tensors.
+/// Reads every shard of the latest checkpoint in `dir` and reassembles full tensors (trident's
+/// own; `checkpoint::read_any` reads Megatron-LM's too).
 pub fn read_full(dir: &Path) -> Result<FullCheckpoint> {
     let iteration = super::latest_iteration(dir)?;
     let iter_dir = super::iteration_dir(dir, iteration);

@@ -212,7 +212,7 @@ pub fn read_hf_weights(dir: &Path) -> Result<(PathBuf, NamedTensors)> {
     Ok((index_path, out))
 }
 
-fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h >> 15) as u32) << 31;
     let exp = ((h >> 10) & 0x1f) as u32;
     let frac = (h & 0x3ff) as u32;

@@ -13,6 +13,7 @@
 pub mod convert;
 pub mod hf_files;
 pub mod hf_llama;
+pub mod megatron;
 pub mod safetensors;
 pub mod shape;
 pub mod tokenizer;
@@ -197,7 +198,10 @@ impl<'a> Reader<'a> {
 /// `version` if this build reads it (1 and `VERSION`).
 fn readable_version(version: u32, path: &Path) -> Result<u32> {
     if version != 1 && version != VERSION {
-        return Err(Error::format(path, format!("checkpoint version {version}, this build reads versions 1 and {VERSION}")));
+        return Err(Error::format(
+            path,
+            format!("checkpoint version {version}, this build reads versions 1 and {VERSION}"),
+        ));
     }
     Ok(version)
 }
@@ -426,11 +430,35 @@ pub(crate) fn missing_shard(path: &Path, iteration_dir: &Path) -> Option<Error> 
     }
     let found = megatron_files(iteration_dir)?;
     Some(Error::Unsupported(format!(
-        "{} holds a Megatron-LM checkpoint in the {found} format; trident reads its own shards, and reading \
-         Megatron's files is not built yet (issue 50): convert it to Hugging Face with Megatron's tools, then \
-         `trident convert --load-hf`",
+        "{} holds a Megatron-LM checkpoint in the {found} format; this reads trident's own shards: `trident \
+         convert --load DIR --save OUT` turns it into one (`train --load` and `generate --load` read it as it is)",
         iteration_dir.display()
     )))
+}
+
+/// The latest checkpoint in `dir` as full tensors: Megatron-LM's (`megatron::read`, its weights)
+/// where `dir` holds one, else trident's (`convert::read_full`).
+pub fn read_any(dir: &Path) -> Result<convert::FullCheckpoint> {
+    match megatron::read_if_megatron(dir)? {
+        Some(full) => Ok(full),
+        None => convert::read_full(dir),
+    }
+}
+
+/// The one-rank shard of the latest checkpoint in `dir`: trident's `mp_rank_00`, or the weights of
+/// a Megatron-LM checkpoint (`megatron::read`) of any layout, gathered into one.
+pub fn load_single(dir: &Path) -> Result<(u64, PathBuf, Shard)> {
+    let Some(full) = megatron::read_if_megatron(dir)? else { return load_latest(dir, &shard_name(0, 0, 1)) };
+    let mut shard = Shard { meta: full.meta.clone(), tensors: Vec::new() };
+    for key in ["tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_chunks"] {
+        shard.meta.insert(key.into(), "1".into());
+    }
+    for info in full.model.parameters(&crate::model::ModelParallel::single()) {
+        let data = full.tensors[&format!("param/{}", info.name)].clone();
+        shard.tensors.push(SavedTensor { name: format!("param/chunk0/{}", info.name), shape: info.full_shape, data });
+    }
+    let (_, iter_dir) = megatron::latest_dir(dir)?;
+    Ok((full.iteration, iter_dir, shard))
 }
 
 /// Reads and verifies the shard `name` of the latest checkpoint in `dir`.

@@ -1,10 +1,11 @@
 //! `trident convert`: reads a checkpoint (trident's, or Hugging Face GPT-2 or Llama weights as a
 //! fresh checkpoint at iteration 0) and writes it in another tensor/pipeline layout
 //! (`checkpoint::convert`) and/or as Hugging Face weights (`checkpoint::safetensors`, which hands
-//! Llamas to `checkpoint::hf_llama`).
+//! Llamas to `checkpoint::hf_llama`), or as a Megatron-LM torch_dist checkpoint
+//! (`checkpoint::megatron`), which `--load` also reads.
 
 use super::flags;
-use crate::checkpoint::convert::{read_full, write_layout, FullCheckpoint, Layout};
+use crate::checkpoint::convert::{write_layout, FullCheckpoint, Layout};
 use crate::checkpoint::safetensors::{export_hf, import_hf, read_config};
 use crate::checkpoint::tokenizer;
 use crate::cli::Args;
@@ -26,7 +27,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     // The tokenizer goes with the weights: the one saved beside the checkpoints, or the one
     // beside the Hugging Face weights.
     let (mut full, tokenizer) = match (a.path("--load"), a.path("--load-hf")) {
-        (Some(dir), None) => (read_full(&dir)?, tokenizer::saved_flags(&dir)?.unwrap_or_default()),
+        (Some(dir), None) => (crate::checkpoint::read_any(&dir)?, tokenizer::saved_flags(&dir)?.unwrap_or_default()),
         (None, Some(dir)) => {
             let (config, _) = read_config(&dir)?;
             let mut full = from_hf(&dir, &config)?;
@@ -36,8 +37,12 @@ pub fn run(rest: &[String]) -> Result<()> {
         }
         _ => return Err(Error::Usage("convert needs exactly one of --load DIR or --load-hf DIR".into())),
     };
-    if a.path("--save").is_none() && a.path("--save-hf").is_none() {
-        return Err(Error::Usage("convert needs --save DIR and/or --save-hf DIR".into()));
+    if ["--save", "--save-hf", "--save-megatron"].iter().all(|f| a.path(f).is_none()) {
+        return Err(Error::Usage("convert needs --save DIR, --save-hf DIR and/or --save-megatron DIR".into()));
+    }
+    if let Some(dir) = a.path("--save-megatron") {
+        let written = crate::checkpoint::megatron::dist::write(&full, &dir)?;
+        println!("wrote iteration {} as a Megatron-LM torch_dist checkpoint: {}", full.iteration, written.display());
     }
     if let Some(dir) = a.path("--save-hf") {
         let kind = full.meta.get("tokenizer").map_or("ByteTokenizer", String::as_str);

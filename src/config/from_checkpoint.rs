@@ -40,12 +40,20 @@ pub(super) fn checkpoint_args(args: &Args, notes: &mut Vec<String>) -> Result<Op
             return Ok(None);
         }
     };
-    let (path, meta) = crate::checkpoint::latest_metadata(&load)?;
+    // A Megatron-LM checkpoint's arguments (its files already checked to hold the model).
+    let megatron = crate::checkpoint::megatron::saved_args(&load)?;
+    let is_megatron = megatron.is_some();
+    let (path, meta) = match megatron {
+        Some(found) => found,
+        None => crate::checkpoint::latest_metadata(&load)?,
+    };
     let shard = crate::checkpoint::Shard { meta, tensors: Vec::new() };
     let model = crate::checkpoint::shape::model_from_shard(&shard, &path)?;
     // The model is built before its shards are read and checked: a crafted header must not size
     // it beyond what the checkpoint's shards hold (`convert`'s check).
-    crate::checkpoint::convert::recorded_layout(&shard, &path, &model)?;
+    if !is_megatron {
+        crate::checkpoint::convert::recorded_layout(&shard, &path, &model)?;
+    }
     let seq_length = shard.meta_value(&path, "seq_length")?;
     let tokenizer = crate::checkpoint::tokenizer::saved_flags(&load)?;
     Ok(Some(CheckpointArgs { model, seq_length, tokenizer, path }))

@@ -4,6 +4,7 @@
 //! another layout or model shape with a line that says which.
 
 use super::chunk::{Chunk, Optimizer};
+use crate::checkpoint::convert::FullCheckpoint;
 use crate::checkpoint::shape::{model_from_shard, model_meta};
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::ReduceOp;
@@ -199,7 +200,7 @@ pub(super) fn load_checkpoint<D: Device>(
     parts: LoadParts,
     say: bool,
 ) -> Result<Progress> {
-    let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
+    let (path, shard) = read_shard(dir, grid, chunks)?;
     let saved = model_from_shard(&shard, &path)?;
     let layout = |key: &str| shard.meta_value::<usize>(&path, key).unwrap_or(1);
     let (saved_tp, saved_pp, saved_v) = (
@@ -325,15 +326,79 @@ pub(super) fn load_checkpoint<D: Device>(
     }
     if say {
         let saved_at: u64 = shard.meta_value(&path, "iteration")?;
-        let what = match parts {
-            LoadParts::All => String::new(),
-            LoadParts::NoOptimizer => format!(
-                ": {}: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in Megatron)",
-                if unsaved { "saved with --no-save-optim" } else { "--no-load-optim" }
-            ),
-            LoadParts::WeightsOnly => ": its weights alone (as --finetune); this run starts at iteration 0".into(),
-        };
-        println!(" loaded checkpoint {} (iteration {saved_at}){what}", path.display());
+        println!(
+            " loaded checkpoint {} (iteration {saved_at}){}",
+            path.display(),
+            loaded_parts(parts, unsaved, &shard)
+        );
     }
     Ok(progress)
+}
+
+/// What a load took, for its start-up line: empty for everything.
+fn loaded_parts(parts: LoadParts, unsaved: bool, shard: &Shard) -> String {
+    let megatron = shard.meta.get("imported_from").is_some_and(|m| m.starts_with("Megatron-LM"));
+    match parts {
+        LoadParts::All => String::new(),
+        LoadParts::NoOptimizer => format!(
+            ": {}: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in Megatron)",
+            match () {
+                _ if megatron => "a Megatron-LM checkpoint, whose optimizer state trident does not map yet",
+                _ if unsaved => "saved with --no-save-optim",
+                _ => "--no-load-optim",
+            }
+        ),
+        LoadParts::WeightsOnly => ": its weights alone (as --finetune); this run starts at iteration 0".into(),
+    }
+}
+
+/// This rank's shard of the latest checkpoint in `dir`: trident's own, or cut from a Megatron-LM
+/// checkpoint (`megatron_shard`).
+fn read_shard<D: Device>(dir: &Path, grid: &Grid, chunks: &[Chunk<D>]) -> Result<(std::path::PathBuf, Shard)> {
+    if let Some(full) = checkpoint::megatron::read_if_megatron(dir)? {
+        return Ok(megatron_shard(full, grid, chunks));
+    }
+    let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
+    Ok((path, shard))
+}
+
+/// This rank's shard of a Megatron-LM checkpoint read whole (`checkpoint::megatron`), cut for this
+/// run's layout as a trident shard of weights alone (`optimizer_state` none). A checkpoint that
+/// does not record its tokenizer's vocabulary (Megatron pads it and keeps only the padded size)
+/// takes this run's, where the padded sizes agree.
+fn megatron_shard<D: Device>(
+    mut full: FullCheckpoint,
+    grid: &Grid,
+    chunks: &[Chunk<D>],
+) -> (std::path::PathBuf, Shard) {
+    let ours = &chunks[0].model.cfg;
+    if full.model.vocab_size == full.model.padded_vocab_size && ours.padded_vocab_size == full.model.padded_vocab_size {
+        full.meta.insert("vocab_size".into(), ours.vocab_size.to_string());
+    }
+    let mut shard = Shard { meta: full.meta, tensors: Vec::new() };
+    for (k, v) in [
+        ("tensor_model_parallel_size", grid.tp.to_string()),
+        ("pipeline_model_parallel_size", grid.pp.to_string()),
+        ("virtual_pipeline_chunks", chunks.len().to_string()),
+        ("tensor_parallel_mode", grid.tensor_mode.describe()),
+    ] {
+        shard.meta.insert(k.into(), v);
+    }
+    for (c, chunk) in chunks.iter().enumerate() {
+        for info in &chunk.model.params.info {
+            let Some(whole) = full.tensors.get(&format!("param/{}", info.name)) else { continue };
+            if whole.len() != info.full_shape.iter().product::<usize>() {
+                continue; // another shape: the model check below names the difference
+            }
+            let data = (0..info.numel()).map(|i| whole[info.global_index(i)]).collect();
+            shard.tensors.push(SavedTensor {
+                name: format!("param/chunk{c}/{}", info.name),
+                shape: info.shape.clone(),
+                data,
+            });
+        }
+    }
+    let path =
+        shard.meta.get("imported_from").map_or_else(Default::default, |m| m.trim_start_matches("Megatron-LM ").into());
+    (path, shard)
 }

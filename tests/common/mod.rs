@@ -393,3 +393,19 @@ pub fn assert_one_error(o: &Output, needles: &[&str]) {
         assert!(lines[0].contains(n), "'{n}' not in {}", lines[0]);
     }
 }
+
+/// The logits ([len, padded vocabulary]) of a whole checkpoint's model for `tokens`, one rank on
+/// the CPU: what tests compare with transformers' and megatron-core's.
+pub fn checkpoint_logits(full: &trident::checkpoint::convert::FullCheckpoint, tokens: &[u32]) -> Vec<f32> {
+    use trident::device::prelude::*;
+    let dev = trident::device::cpu::CpuDevice::new(1);
+    let mut model = trident::model::Gpt::new(&dev, full.model.clone(), 0);
+    for (i, info) in model.params.info.iter().enumerate() {
+        dev.upload(&mut model.params.values[i], &full.tensors[&format!("param/{}", info.name)]);
+    }
+    let logits = model.forward(&dev, trident::parallel::tensor::TensorParallel::single(), tokens, 1, tokens.len());
+    let mut out = vec![0f32; dev.len(logits)];
+    dev.download(logits, &mut out);
+    out
+}
+

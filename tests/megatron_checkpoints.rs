@@ -1,0 +1,285 @@
+//! Megatron-LM checkpoints both ways (`checkpoint::megatron`). Always: a checkpoint trident
+//! writes with `convert --save-megatron` reads back bit for bit, `train --load` and `generate
+//! --load` take it as it is, a legacy `model_optim_rng.pt` of the same weights reads the same, and
+//! 60 fuzzed files of both formats give clean errors (or, where a flip lands in a weight's bytes,
+//! a clean load), never a panic or a hang. Where megatron-core is installed (the Python that
+//! `TORCH_PYTHON` names, else the torch venv `.ci/run` makes; the script is
+//! tests/megatron_checkpoints.py): a GPT and a Llama built by megatron-core's GPTModel at
+//! tensor-parallel 2 x pipeline 2 and saved by its dist_checkpointing (and as legacy per-rank
+//! files) load here with megatron-core's logits (1e-5 of each position's largest), keep training
+//! (at tensor-parallel 2 too), and come back through `convert --save-megatron` into megatron-core
+//! with trident's logits.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+use trident::checkpoint::read_any as read_full;
+use trident::checkpoint::megatron::torch_file::{save, Value};
+
+fn ok(o: Output, what: &str) -> Output {
+    assert!(o.status.success(), "{what}: {}\n{}", stderr(&o), stdout(&o));
+    o
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The model flags of tests/megatron_checkpoints.py's cases, as `train` takes them.
+fn model_flags(case: &str) -> Vec<&'static str> {
+    let mut f = vec![
+        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+        "--max-position-embeddings", "64", "--seq-length", "32", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", "300", "--hidden-dropout", "0", "--attention-dropout", "0",
+    ];
+    if case == "llama" {
+        f.extend([
+            "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--rotary-base",
+            "500000", "--group-query-attention", "--num-query-groups", "2",
+            "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+        ]);
+    }
+    f
+}
+
+/// Trains `case`'s model for `iters` iterations from `load` (if any), saving to `save`.
+fn train(data: &str, case: &str, load: Option<&Path>, save: &Path, iters: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "train", "--data-path", data, "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters",
+        iters, "--lr", "1e-3", "--eval-iters", "0", "--log-interval", "1", "--save", s(save),
+    ];
+    args.extend(model_flags(case));
+    if let Some(l) = load {
+        args.extend(["--load", s(l)]);
+    }
+    args.extend(extra);
+    run(&args)
+}
+
+/// Every logit within 1e-5 of its position's largest |logit|.
+fn assert_logits_close(what: &str, ours: &[f32], theirs: &[f32], vocab: usize) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: logit counts");
+    for (t, (a, b)) in ours.chunks(vocab).zip(theirs.chunks(vocab)).enumerate() {
+        let scale = b.iter().fold(0f64, |m, x| m.max(x.abs() as f64));
+        for (j, (x, y)) in a.iter().zip(b).enumerate() {
+            let rel = (*x as f64 - *y as f64).abs() / scale;
+            assert!(rel <= 1e-5, "{what}: position {t}, token {j}: trident {x} vs megatron-core {y} (scale {scale})");
+        }
+    }
+}
+
+const TOKENS: [u32; 6] = [1, 5, 9, 200, 33, 299];
+
+fn joined() -> String {
+    TOKENS.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn python(py: &str, args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/megatron_checkpoints.py");
+    let o = Command::new(py).arg(script).args(args).env("TRIDENT_MCORE_PORT", port()).output().expect("python runs");
+    assert!(o.status.success(), "megatron_checkpoints.py {args:?}: {}", stderr(&o));
+}
+
+/// A port for gloo's rendezvous, apart for each test process.
+fn port() -> String {
+    (20000 + std::process::id() % 20000).to_string()
+}
+
+fn megatron_logits(py: &str, ckpt: &Path, out: &Path) -> Vec<f32> {
+    python(py, &["logits", s(ckpt), &joined(), s(out)]);
+    std::fs::read(out).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn megatron_core_checkpoints_load_train_and_go_back() {
+    let Some(py) = python_with("torch, megatron.core, psutil", "trident is not compared with megatron-core's checkpoints")
+    else {
+        return;
+    };
+    let dir = scratch("megatron-core-checkpoints");
+    let data = prepared_corpus(&dir);
+    for case in ["gpt", "llama"] {
+        let made = dir.join(case);
+        python(&py, &["make", s(&made), case]);
+        let theirs = megatron_logits(&py, &made.join("dist"), &dir.join(format!("{case}.logits")));
+        for format in ["dist", "legacy"] {
+            let full = read_full(&made.join(format)).unwrap();
+            assert_eq!(full.iteration, 7, "{case} {format}");
+            assert_eq!(full.meta["consumed_train_samples"], "56");
+            let ours = checkpoint_logits(&full, &TOKENS);
+            assert_logits_close(&format!("{case} {format}"), &ours, &theirs, full.model.padded_vocab_size);
+        }
+        // It keeps training: one rank, then two tensor-parallel ranks, from the torch_dist files.
+        let saved = dir.join(format!("{case}-trained"));
+        let o = ok(train(&data, case, Some(&made.join("dist")), &saved, "9", &[]), "training on");
+        assert!(stdout(&o).contains("a Megatron-LM checkpoint"), "{}", stdout(&o));
+        assert_eq!(loss_count(&o), 2, "iterations 8 and 9");
+        let tp2 = dir.join(format!("{case}-tp2"));
+        let flags: Vec<String> = ["train", "--data-path", &data, "--micro-batch-size", "2", "--global-batch-size", "4"]
+            .iter()
+            .map(|x| x.to_string())
+            .chain(["--train-iters", "9", "--lr", "1e-3", "--eval-iters", "0", "--load"].map(String::from))
+            .chain([s(&made.join("legacy")).to_string(), "--save".into(), s(&tp2).to_string()])
+            .chain(["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"].map(String::from))
+            .chain(model_flags(case).into_iter().map(String::from))
+            .collect();
+        let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let o = mpirun(2, &refs);
+        assert!(o.status.success(), "tensor-parallel 2 from the legacy files: {}", stderr(&o));
+        // And back: trident's trained weights as a torch_dist checkpoint megatron-core loads.
+        let back = dir.join(format!("{case}-back"));
+        ok(run(&["convert", "--load", s(&saved), "--save-megatron", s(&back)]), "convert --save-megatron");
+        let trained = read_full(&saved).unwrap();
+        let theirs = megatron_logits(&py, &back, &dir.join(format!("{case}-back.logits")));
+        assert_logits_close(&format!("{case} back"), &checkpoint_logits(&trained, &TOKENS), &theirs, 384);
+    }
+}
+
+fn loss_count(o: &Output) -> usize {
+    stdout(o).lines().filter(|l| l.contains("lm loss:")).count()
+}
+
+/// A trident checkpoint of the Llama case trained 2 iterations, written as Megatron's torch_dist
+/// and as a legacy one-rank `model_optim_rng.pt` (the same weights, bf16 and f32 tensors mixed).
+fn megatron_pair(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let data = prepared_corpus(dir);
+    let trained = dir.join("trained");
+    ok(train(&data, "llama", None, &trained, "2", &[]), "training");
+    let dist = dir.join("dist");
+    ok(run(&["convert", "--load", s(&trained), "--save-megatron", s(&dist)]), "convert --save-megatron");
+    let full = read_full(&trained).unwrap();
+    let legacy = dir.join("legacy");
+    let rank = legacy.join("iter_0000002/mp_rank_00");
+    std::fs::create_dir_all(&rank).unwrap();
+    let model: Vec<(String, Value)> = full
+        .model
+        .parameters(&trident::model::ModelParallel::single())
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let data = full.tensors[&format!("param/{}", p.name)].clone();
+            (p.name, Value::Tensor { shape: p.full_shape, data, bf16: i % 2 == 1 })
+        })
+        .collect();
+    let state = Value::Dict(vec![
+        ("args".into(), trident::checkpoint::megatron::dist::args_namespace(&full)),
+        ("iteration".into(), Value::Int(2)),
+        ("model".into(), Value::Dict(model)),
+    ]);
+    std::fs::write(rank.join("model_optim_rng.pt"), save(&state, "model_optim_rng")).unwrap();
+    std::fs::write(legacy.join("latest_checkpointed_iteration.txt"), "2\n").unwrap();
+    (trained, dist, legacy)
+}
+
+#[test]
+fn megatron_files_written_here_read_back_and_run() {
+    let dir = scratch("megatron-round-trip");
+    let (trained, dist, legacy) = megatron_pair(&dir);
+    let (a, b) = (read_full(&trained).unwrap(), read_full(&dist).unwrap());
+    assert_eq!((a.model.clone(), b.iteration), (b.model.clone(), 2));
+    for (name, values) in a.tensors.iter().filter(|(k, _)| k.starts_with("param/")) {
+        assert!(values.iter().zip(&b.tensors[name]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} changed");
+    }
+    // The legacy file holds every other tensor in bf16: those read back rounded, the rest exact.
+    let c = read_full(&legacy).unwrap();
+    for (name, values) in a.tensors.iter().filter(|(k, _)| k.starts_with("param/")) {
+        let close = values.iter().zip(&c.tensors[name]).all(|(x, y)| (x - y).abs() <= x.abs() / 128.0);
+        assert!(close, "{name} is not its bf16 rounding");
+    }
+    let data = prepared_corpus(&dir);
+    let o = ok(train(&data, "llama", Some(&dist), &dir.join("resumed"), "3", &[]), "training from torch_dist");
+    assert_eq!(loss_count(&o), 1);
+    // --use-checkpoint-args takes the model from Megatron's saved arguments.
+    let resumed = dir.join("from-args");
+    let o = run(&[
+        "train", "--data-path", &data, "--load", s(&dist), "--use-checkpoint-args", "--tokenizer-type",
+        "NullTokenizer", "--vocab-size", "300", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--train-iters", "3", "--eval-iters", "0", "--save", s(&resumed),
+    ]);
+    assert_eq!(loss_count(&ok(o, "--use-checkpoint-args")), 1);
+    assert_eq!(read_full(&resumed).unwrap().model, a.model);
+    let generate = ["generate", "--load", s(&dist), "--tokenizer-type", "NullTokenizer", "--vocab-size", "300"];
+    let o = ok(run(&[&generate[..], &["--max-new-tokens", "4", "--temperature", "0"]].concat()), "generate");
+    assert!(!stdout(&o).is_empty());
+    // A model other than the flags' is refused naming what differs.
+    let o = train(&data, "gpt", Some(&dist), &dir.join("other"), "3", &[]);
+    assert_clean_error(&o, &["does not fit this model", "normalization"]);
+}
+
+/// A 32-bit linear congruential generator: the fuzzer's choices, the same every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % n.max(1)
+    }
+}
+
+/// Runs `convert --load ck` with a time limit: a hang fails the test as a panic would.
+fn convert_within(ck: &Path, out: &Path) -> Output {
+    let bin = env!("CARGO_BIN_EXE_trident");
+    let mut child = Command::new(bin)
+        .args(["convert", "--load", s(ck), "--save", s(out)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(60), "convert --load {} hangs", ck.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn fuzzed_megatron_files_are_clean_errors() {
+    let dir = scratch("megatron-fuzz");
+    let (_, dist, legacy) = megatron_pair(&dir);
+    let targets: Vec<(PathBuf, PathBuf)> = [".metadata", "common.pt", "__0_0.distcp"]
+        .iter()
+        .map(|f| (dist.clone(), PathBuf::from("iter_0000002").join(f)))
+        .chain(std::iter::once((legacy.clone(), PathBuf::from("iter_0000002/mp_rank_00/model_optim_rng.pt"))))
+        .collect();
+    let mut rng = Lcg(50);
+    let (mut refused, mut loaded) = (0, 0);
+    for trial in 0..60 {
+        let (root, file) = &targets[trial % targets.len()];
+        let copy = dir.join(format!("fuzz{trial}"));
+        let _ = std::fs::remove_dir_all(&copy);
+        let o = Command::new("cp").args(["-r", s(root), s(&copy)]).output().unwrap();
+        assert!(o.status.success());
+        let path = copy.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        match trial % 3 {
+            0 => bytes.truncate(rng.next(bytes.len())),
+            1 => {
+                for _ in 0..1 + rng.next(8) {
+                    let at = rng.next(bytes.len());
+                    bytes[at] ^= 1 << rng.next(8);
+                }
+            }
+            _ => {
+                // A run of bytes set to 0xff: lengths, counts and offsets at their largest.
+                let at = rng.next(bytes.len());
+                let end = (at + 1 + rng.next(8)).min(bytes.len());
+                bytes[at..end].iter_mut().for_each(|b| *b = 0xff);
+            }
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let o = convert_within(&copy, &dir.join(format!("out{trial}")));
+        let err = stderr(&o);
+        assert!(!err.contains("panicked"), "trial {trial} ({}): {err}", path.display());
+        if o.status.success() {
+            loaded += 1;
+        } else {
+            assert!(err.starts_with("trident: error:") && err.lines().count() == 1, "trial {trial}: {err}");
+            refused += 1;
+        }
+        let _ = std::fs::remove_dir_all(&copy);
+    }
+    assert!(refused >= 30, "{refused} of 60 refused, {loaded} loaded: the fuzzing missed the structure");
+}
