@@ -10,6 +10,10 @@ pub const ARCH_FLAGS: &[FlagSpec] = &[
     flag("--normalization", "KIND", "LayerNorm (GPT-2, default) or RMSNorm (Llama)"),
     flag("--norm-epsilon", "EPS", "epsilon of the norms (default 1e-5; LayerNorm supports only 1e-5)"),
     switch("--swiglu", "SwiGLU MLP (fc1 makes gate and up; default width 2/3 of 4 x hidden, a multiple of 64)"),
+    switch(
+        "--openai-gelu",
+        "GELU's tanh form, which trident's GELU always is (megatron-core's default, the exact erf form, is not built)",
+    ),
     flag("--position-embedding-type", "KIND", "learned_absolute (GPT-2, default), rope or none"),
     flag("--rotary-base", "B", "rotary embedding base (default 10000)"),
     flag("--rotary-percent", "P", "fraction of each head's dimensions that rotate (default 1.0)"),

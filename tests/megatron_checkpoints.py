@@ -5,9 +5,10 @@ import, and says loudly that it skips otherwise.
 
   megatron_checkpoints.py make DIR CASE
       Builds a GPTModel with random weights on 4 CPU processes (gloo), tensor-parallel 2 x pipeline 2,
-      and saves it twice, as Megatron-LM's training loop does: DIR/dist in the torch_dist format
-      (dist_checkpointing.save, with the common state Megatron-LM writes: its argument namespace,
-      iteration and checkpoint version) and DIR/legacy in the legacy torch format (one
+      takes one Adam step (megatron-core's optimizer, torch's step), and saves it twice, as
+      Megatron-LM's training loop does: DIR/dist in the torch_dist format (dist_checkpointing.save
+      of the model's and the optimizer's sharded state, with the common state Megatron-LM writes:
+      its argument namespace, iteration and checkpoint version) and DIR/legacy in the legacy torch format (one
       model_optim_rng.pt per model-parallel rank). CASE "gpt": LayerNorm, GELU (tanh form), learned positions,
       biases, tied output layer. CASE "llama": RMSNorm, SwiGLU, rotary positions (base 500000),
       grouped queries (4 heads, 2 groups), no biases, untied output layer.
@@ -29,7 +30,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -40,6 +43,17 @@ ITERATION = 7
 torch.Tensor.cuda = lambda self, *args, **kwargs: self
 torch.cuda.synchronize = lambda *args, **kwargs: None
 torch.cuda.current_device = lambda: "cpu"
+_tensor = torch.tensor
+
+
+def _cpu_tensor(*args, **kwargs):
+    """megatron-core's f32 optimizer makes its loss scale with device='cuda'."""
+    if kwargs.get("device") == "cuda":
+        kwargs["device"] = "cpu"
+    return _tensor(*args, **kwargs)
+
+
+torch.tensor = _cpu_tensor
 # Attention forks the CUDA generator for its dropout (0 here): no generator to fork on the CPU.
 tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
 
@@ -114,6 +128,20 @@ def randomize(model, seed):
             dist.all_reduce(weight, group=model.embd_group)
 
 
+def adam_step(model, rank):
+    """megatron-core's optimizer (Adam, f32, not distributed) after one step on random gradients
+    (the step itself is torch's Adam: megatron-core's own step wants a GPU for its norms). From
+    zero moments, exp_avg is 0.1 g and exp_avg_sq 0.001 g^2: exp_avg_sq = 0.1 exp_avg^2."""
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-3, params_dtype=torch.float32, clip_grad=0.0), [ddp])
+    g = torch.Generator().manual_seed(200 + rank)
+    for p in ddp.parameters():
+        p.grad = torch.randn(p.shape, generator=g) * 0.01
+    optimizer.optimizer.step()
+    return optimizer
+
+
 def tracker(root):
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(ITERATION))
@@ -126,6 +154,7 @@ def make_rank(rank, world, directory, case):
     args = case_args(case, 2, 2)
     model = build(args)
     randomize(model, 100 + rank)
+    optimizer = adam_step(model, rank)
     common = {"args": args, "checkpoint_version": 3.0, "iteration": ITERATION,
               "num_floating_point_operations_so_far": 0}
     dist_root = os.path.join(directory, "dist")
@@ -133,7 +162,9 @@ def make_rank(rank, world, directory, case):
     if rank == 0:
         os.makedirs(iter_dir, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(dict(common, model=model.sharded_state_dict()), iter_dir)
+    model_state = model.sharded_state_dict()
+    optimizer_state = optimizer.sharded_state_dict(model_state)
+    dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
     legacy_root = os.path.join(directory, "legacy")
     tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
     shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")

@@ -5,8 +5,9 @@
 //! a clean load), never a panic or a hang. Where megatron-core is installed (the Python that
 //! `TORCH_PYTHON` names, else the torch venv `.ci/run` makes; the script is
 //! tests/megatron_checkpoints.py): a GPT and a Llama built by megatron-core's GPTModel at
-//! tensor-parallel 2 x pipeline 2 and saved by its dist_checkpointing (and as legacy per-rank
-//! files) load here with megatron-core's logits (1e-5 of each position's largest), keep training
+//! tensor-parallel 2 x pipeline 2, one Adam step taken by its optimizer, and saved by its
+//! dist_checkpointing (and as legacy per-rank files) load here with megatron-core's logits (1e-5
+//! of each position's largest) and, from torch_dist, its AdamW moments and step, keep training
 //! (at tensor-parallel 2 too), and come back through `convert --save-megatron` into megatron-core
 //! with trident's logits.
 
@@ -110,11 +111,17 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
             assert_eq!(full.meta["consumed_train_samples"], "56");
             let ours = checkpoint_logits(&full, &TOKENS);
             assert_logits_close(&format!("{case} {format}"), &ours, &theirs, full.model.padded_vocab_size);
+            if format == "dist" {
+                assert_moments_of_one_step(case, &full);
+            } else {
+                assert_eq!(full.meta["optimizer_state"], "none", "the legacy files' optimizer state is not mapped");
+            }
         }
         // It keeps training: one rank, then two tensor-parallel ranks, from the torch_dist files.
         let saved = dir.join(format!("{case}-trained"));
         let o = ok(train(&data, case, Some(&made.join("dist")), &saved, "9", &[]), "training on");
-        assert!(stdout(&o).contains("a Megatron-LM checkpoint"), "{}", stdout(&o));
+        let line = stdout(&o).lines().find(|l| l.contains("loaded checkpoint")).unwrap_or_default().to_string();
+        assert!(!line.contains("fresh AdamW"), "the moments were mapped: {line}");
         assert_eq!(loss_count(&o), 2, "iterations 8 and 9");
         let tp2 = dir.join(format!("{case}-tp2"));
         let flags: Vec<String> = ["train", "--data-path", &data, "--micro-batch-size", "2", "--global-batch-size", "4"]
@@ -128,6 +135,7 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
         let o = mpirun(2, &refs);
         assert!(o.status.success(), "tensor-parallel 2 from the legacy files: {}", stderr(&o));
+        assert!(stdout(&o).contains("whose optimizer state trident does not map yet"), "{}", stdout(&o));
         // And back: trident's trained weights as a torch_dist checkpoint megatron-core loads.
         let back = dir.join(format!("{case}-back"));
         ok(run(&["convert", "--load", s(&saved), "--save-megatron", s(&back)]), "convert --save-megatron");
@@ -135,6 +143,24 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
         let theirs = megatron_logits(&py, &back, &dir.join(format!("{case}-back.logits")));
         assert_logits_close(&format!("{case} back"), &checkpoint_logits(&trained, &TOKENS), &theirs, 384);
     }
+}
+
+/// megatron-core's Adam took one step from zero moments: exp_avg is 0.1 g and exp_avg_sq
+/// 0.001 g^2, so each element's v is 0.1 m^2 (f32 rounding aside), and the step count is 1.
+fn assert_moments_of_one_step(case: &str, full: &trident::checkpoint::convert::FullCheckpoint) {
+    assert_eq!(full.meta.get("adam_step").map(String::as_str), Some("1"), "{case}");
+    let mut nonzero = 0;
+    for (name, m) in full.tensors.iter().filter(|(k, _)| k.starts_with("adam_m/")) {
+        let v = &full.tensors[&name.replace("adam_m/", "adam_v/")];
+        for (a, b) in m.iter().zip(v) {
+            let want = 0.1 * (*a as f64) * (*a as f64);
+            assert!((*b as f64 - want).abs() <= 1e-5 * want + 1e-30, "{case} {name}: m {a}, v {b}");
+            nonzero += (*a != 0.0) as usize;
+        }
+    }
+    let params = full.tensors.keys().filter(|k| k.starts_with("param/")).count();
+    assert_eq!(full.tensors.keys().filter(|k| k.starts_with("adam_m/")).count(), params, "{case}: every moment");
+    assert!(nonzero > 1000, "{case}: {nonzero} nonzero moments");
 }
 
 fn loss_count(o: &Output) -> usize {

@@ -363,7 +363,7 @@ fn read_shard<D: Device>(dir: &Path, grid: &Grid, chunks: &[Chunk<D>]) -> Result
 }
 
 /// This rank's shard of a Megatron-LM checkpoint read whole (`checkpoint::megatron`), cut for this
-/// run's layout as a trident shard of weights alone (`optimizer_state` none). A checkpoint that
+/// run's layout as a trident shard: its weights, and AdamW's moments where they were mapped. A checkpoint that
 /// does not record its tokenizer's vocabulary (Megatron pads it and keeps only the padded size)
 /// takes this run's, where the padded sizes agree.
 fn megatron_shard<D: Device>(
@@ -386,16 +386,18 @@ fn megatron_shard<D: Device>(
     }
     for (c, chunk) in chunks.iter().enumerate() {
         for info in &chunk.model.params.info {
-            let Some(whole) = full.tensors.get(&format!("param/{}", info.name)) else { continue };
-            if whole.len() != info.full_shape.iter().product::<usize>() {
-                continue; // another shape: the model check below names the difference
+            for prefix in ["param", "adam_m", "adam_v"] {
+                let Some(whole) = full.tensors.get(&format!("{prefix}/{}", info.name)) else { continue };
+                if whole.len() != info.full_shape.iter().product::<usize>() {
+                    continue; // another shape: the model check names the difference
+                }
+                let data = (0..info.numel()).map(|i| whole[info.global_index(i)]).collect();
+                shard.tensors.push(SavedTensor {
+                    name: format!("{prefix}/chunk{c}/{}", info.name),
+                    shape: info.shape.clone(),
+                    data,
+                });
             }
-            let data = (0..info.numel()).map(|i| whole[info.global_index(i)]).collect();
-            shard.tensors.push(SavedTensor {
-                name: format!("param/chunk{c}/{}", info.name),
-                shape: info.shape.clone(),
-                data,
-            });
         }
     }
     let path =

@@ -221,34 +221,49 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         let path = crate::files::inside(iter_dir, file, &md_path)?;
         held += std::fs::metadata(&path).map_err(|e| Error::io(&path, "read", e))?.len();
     }
-    super::ensure_files_hold(&model, held, iter_dir)?;
+    // What the optimizer saved beside the weights, where megatron-core keeps it per parameter in
+    // the model's shapes (its non-distributed optimizers): AdamW's moments, and the f32 master
+    // weights of a bf16 or fp16 run.
+    // A family counts where its first parameter's tensor has the model's own shape: another
+    // layout of the same keys (a flattened one) is not mapped, and the load says so.
+    let params = model.parameters(&ModelParallel::single());
+    let holds = |prefix: &str| {
+        let Some(first) = params.first() else { return false };
+        candidates(&first.name).iter().any(|(k, row)| {
+            let shape: Vec<usize> = row.map(|_| model.num_layers).into_iter().chain(first.full_shape.clone()).collect();
+            md.tensors.get(&format!("{prefix}{k}")).is_some_and(|t| t.size == shape)
+        })
+    };
+    let moments = holds(EXP_AVG) && holds(EXP_AVG_SQ);
+    let master = holds(FP32_PARAM);
+    let families = 1 + 2 * moments as u64 + master as u64;
+    super::ensure_files_hold(&model, held / families, iter_dir)?;
     let mut files = Files { dir: iter_dir, named_in: md_path.clone(), maps: BTreeMap::new() };
-    let mut stacked: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     let mut used = BTreeSet::new();
     let mut tensors = BTreeMap::new();
-    let layers = model.num_layers;
-    for info in model.parameters(&ModelParallel::single()) {
-        let found = candidates(&info.name).into_iter().find(|(k, _)| md.tensors.contains_key(k));
-        let (key, row) = found.ok_or_else(|| {
-            Error::format(
-                &md_path,
-                format!("no tensor for trident's {} (as {})", info.name, candidates(&info.name)[0].0),
-            )
-        })?;
-        used.insert(key.clone());
-        let values = match row {
-            None => global(&md, &mut files, &key, &info.full_shape, &md_path)?,
-            Some(l) => {
-                if !stacked.contains_key(&key) {
-                    let shape: Vec<usize> = std::iter::once(layers).chain(info.full_shape.iter().copied()).collect();
-                    let whole = global(&md, &mut files, &key, &shape, &md_path)?;
-                    stacked.insert(key.clone(), whole);
-                }
-                let n = info.numel();
-                stacked[&key][l * n..(l + 1) * n].to_vec()
+    let weights = [("", "param"), (FP32_PARAM, "param")];
+    let take = if master { &weights[1..] } else { &weights[..1] };
+    for (prefix, ours) in
+        take.iter().chain(if moments { &[(EXP_AVG, "adam_m"), (EXP_AVG_SQ, "adam_v")][..] } else { &[] })
+    {
+        for (name, values) in family(&md, &mut files, &model, prefix, &md_path, &mut used)? {
+            tensors.insert(format!("{ours}/{name}"), values);
+        }
+    }
+    if master {
+        // The model's own (bf16) copies of the master weights are accounted for.
+        family(&md, &mut files, &model, "", &md_path, &mut used)?;
+    }
+    let mut meta = meta;
+    if moments {
+        let common = TorchFile::parse(&common_bytes, &common_path)?;
+        match common_step(&common)? {
+            Some(step) => {
+                meta.remove("optimizer_state");
+                meta.insert("adam_step".into(), step.to_string());
             }
-        };
-        tensors.insert(format!("param/{}", info.name), values);
+            None => tensors.retain(|k, _| k.starts_with("param/")),
+        }
     }
     let tied_copy = |k: &str| k == "output_layer.weight" && !model.arch.untie_embeddings;
     if let Some(extra) = md.tensors.keys().find(|k| is_model_key(k) && !used.contains(*k) && !tied_copy(k)) {
@@ -258,6 +273,73 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         ));
     }
     Ok(FullCheckpoint { iteration, meta, model, layout: Layout::single(), tensors })
+}
+
+const EXP_AVG: &str = "optimizer.state.exp_avg.";
+const EXP_AVG_SQ: &str = "optimizer.state.exp_avg_sq.";
+const FP32_PARAM: &str = "optimizer.state.fp32_param.";
+
+/// Every parameter of `model` whole, from the keys `prefix` + megatron-core's key (`candidates`),
+/// stacked layers cut into layers; the keys read are added to `used`.
+fn family(
+    md: &Metadata,
+    files: &mut Files,
+    model: &GptConfig,
+    prefix: &str,
+    md_path: &Path,
+    used: &mut BTreeSet<String>,
+) -> Result<BTreeMap<String, Vec<f32>>> {
+    let mut stacked: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for info in model.parameters(&ModelParallel::single()) {
+        let keys: Vec<(String, Option<usize>)> =
+            candidates(&info.name).into_iter().map(|(k, row)| (format!("{prefix}{k}"), row)).collect();
+        let found = keys.iter().find(|(k, _)| md.tensors.contains_key(k)).cloned();
+        let (key, row) = found.ok_or_else(|| {
+            Error::format(md_path, format!("no tensor for trident's {} (as {})", info.name, keys[0].0))
+        })?;
+        used.insert(key.clone());
+        let values = match row {
+            None => global(md, files, &key, &info.full_shape, md_path)?,
+            Some(l) => {
+                if !stacked.contains_key(&key) {
+                    let shape: Vec<usize> =
+                        std::iter::once(model.num_layers).chain(info.full_shape.iter().copied()).collect();
+                    let whole = global(md, files, &key, &shape, md_path)?;
+                    stacked.insert(key.clone(), whole);
+                }
+                let n = info.numel();
+                stacked[&key][l * n..(l + 1) * n].to_vec()
+            }
+        };
+        out.insert(info.name, values);
+    }
+    Ok(out)
+}
+
+/// AdamW's step count as megatron-core saves it beside the moments (`common_step`, one for every
+/// parameter), from `common.pt`'s optimizer state: `optimizer.state` (an f32 optimizer) or
+/// `optimizer.optimizer.state` (bf16 and fp16's). None where it is not there.
+fn common_step(common: &TorchFile) -> Result<Option<u64>> {
+    let p = &common.pickle;
+    let Some(opt) = p.get(p.root, "optimizer") else { return Ok(None) };
+    let state = p.get(opt, "state").or_else(|| p.get(opt, "optimizer").and_then(|o| p.get(o, "state")));
+    let Some(step) = state.and_then(|s| p.get(s, "common_step")) else { return Ok(None) };
+    let value = match p.int(step) {
+        Some(v) => v as f64,
+        None if common.is_tensor(step) => {
+            let t = common.tensor(step, "common_step")?;
+            *t.data.first().ok_or_else(|| Error::format(&common.path, "an empty common_step"))? as f64
+        }
+        None => match p.node(step) {
+            super::Node::Float(v) => *v,
+            other => return Err(Error::format(&common.path, format!("common_step is {other:?}, not a count"))),
+        },
+    };
+    if !(0.0..=1e15).contains(&value) || value.fract() != 0.0 {
+        return Err(Error::format(&common.path, format!("common_step {value} is not a step count")));
+    }
+    Ok(Some(value as u64))
 }
 
 /// Megatron's stacked key of trident's parameter `name` (the fused-norm spelling, as

@@ -4,8 +4,9 @@
 //! model-parallel rank, `mp_rank_TT[_PPP]/model_optim_rng.pt`). Both hold the argument namespace
 //! of the run that wrote them, from which the model, the layout and the run's position are taken
 //! (`args_meta`); the weights are reassembled into a `FullCheckpoint` under trident's names, which
-//! are megatron-core's own. AdamW's moments are not mapped: a run that loads one starts the
-//! optimizer fresh, as `--no-load-optim` does, and says so.
+//! are megatron-core's own. AdamW's moments and step come along where megatron-core keeps them
+//! per parameter (`dist`); elsewhere a run that loads one starts the optimizer fresh, as
+//! `--no-load-optim` does, and says so.
 //!
 //! Every file is untrusted: PyTorch's pickles are parsed, never executed (`pickle`); a file a
 //! checkpoint names stays inside its directory; every size is checked against the bytes the files
@@ -234,8 +235,9 @@ pub fn is_model_key(key: &str) -> bool {
         && !key.contains("_extra_state")
 }
 
-/// The latest Megatron checkpoint in `dir` as full tensors under trident's names (weights only,
-/// `optimizer_state` none), with its model, position and layout in the metadata.
+/// The latest Megatron checkpoint in `dir` as full tensors under trident's names (the weights, and
+/// AdamW's moments where they map; else `optimizer_state` none), with its model, position and
+/// layout in the metadata.
 pub fn read(dir: &Path) -> Result<FullCheckpoint> {
     let (iteration, iter_dir) = latest_dir(dir)?;
     let mut full = match format_of(&iter_dir) {
@@ -251,11 +253,14 @@ pub fn read(dir: &Path) -> Result<FullCheckpoint> {
     if full.iteration == u64::MAX {
         full.iteration = iteration;
     }
+    // The moments, where they were mapped (`dist`), come with their step; else the weights alone.
+    if !full.tensors.keys().any(|k| k.starts_with("adam_m/")) {
+        full.meta.insert("optimizer_state".into(), "none".into());
+        full.meta.insert("adam_step".into(), "0".into());
+    }
     for (k, v) in [
         ("format", "trident-checkpoint".to_string()),
         ("iteration", full.iteration.to_string()),
-        ("optimizer_state", "none".to_string()),
-        ("adam_step", "0".to_string()),
         ("imported_from", format!("Megatron-LM {}", iter_dir.display())),
     ] {
         full.meta.insert(k.into(), v);
@@ -322,6 +327,22 @@ fn walk_files(iter_dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn saved_run(file: &torch_file::TorchFile, path: &Path) -> Result<(BTreeMap<String, String>, u64, GptConfig)> {
     let p = &file.pickle;
     let args = p.get(p.root, "args").ok_or_else(|| Error::format(path, "no 'args': not a Megatron-LM checkpoint"))?;
+    // Version 3.0 (Megatron-LM since 2020) holds QKV as [q heads of a group, k, v] per group;
+    // earlier versions ordered the rows otherwise.
+    let version = p.get(p.root, "checkpoint_version").map(|v| p.node(v));
+    let version = match version {
+        None => None,
+        Some(Node::Float(v)) => Some(*v),
+        Some(Node::Int(v)) => Some(*v as f64),
+        Some(other) => return Err(Error::format(path, format!("checkpoint_version is {other:?}, not a number"))),
+    };
+    if let Some(v) = version.filter(|&v| v < 3.0) {
+        return Err(Error::Unsupported(format!(
+            "{}: checkpoint_version {v}; trident reads version 3.0 (Megatron-LM's since 2020), whose QKV rows \
+             are grouped per query group: load and save it once with Megatron-LM to upgrade it",
+            path.display()
+        )));
+    }
     let meta = args_meta(p, args, path)?;
     let iteration = iteration_of(p, path)?;
     let model = model_of(&meta, path)?;
@@ -353,6 +374,42 @@ pub fn ensure_files_hold(model: &GptConfig, held: u64, what: &Path) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn older_checkpoint_versions_and_unbuilt_models_are_refused() {
+        use torch_file::Value;
+        let args = |extra: Vec<(String, Value)>| {
+            let mut fields: Vec<(String, Value)> = [
+                ("num_layers", 2),
+                ("hidden_size", 8),
+                ("num_attention_heads", 2),
+                ("ffn_hidden_size", 32),
+                ("max_position_embeddings", 16),
+                ("seq_length", 16),
+                ("padded_vocab_size", 64),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::Int(v)))
+            .collect();
+            fields.extend(extra);
+            Value::Namespace(fields)
+        };
+        let run = |version: f64, extra: Vec<(String, Value)>| {
+            let state = Value::Dict(vec![
+                ("args".into(), args(extra)),
+                ("checkpoint_version".into(), Value::Float(version)),
+                ("iteration".into(), Value::Int(5)),
+            ]);
+            let bytes = torch_file::save(&state, "common");
+            let file = torch_file::TorchFile::parse(&bytes, Path::new("common.pt")).unwrap();
+            saved_run(&file, Path::new("common.pt")).map(|(meta, it, model)| (meta, it, model.num_layers))
+        };
+        let (meta, iteration, layers) = run(3.0, vec![]).unwrap();
+        assert_eq!((iteration, layers, meta["vocab_size"].as_str()), (5, 2, "64"));
+        assert!(run(2.0, vec![]).unwrap_err().to_string().contains("checkpoint_version 2"));
+        let experts = run(3.0, vec![("num_experts".into(), Value::Int(8))]).unwrap_err().to_string();
+        assert!(experts.contains("mixtures of experts"), "{experts}");
+    }
 
     #[test]
     fn names_map_both_ways() {
