@@ -261,6 +261,27 @@ fn convert_within(ck: &Path, out: &Path) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Saved arguments that describe a model far larger than the files (16 million layers) are refused
+/// before anything that size, or a list of its parameters, is allocated.
+#[test]
+fn saved_arguments_cannot_size_the_model_beyond_the_files() {
+    let dir = scratch("megatron-crafted-args");
+    let (trained, dist, _) = megatron_pair(&dir);
+    let full = read_full(&trained).unwrap();
+    let Value::Namespace(mut fields) = trident::checkpoint::megatron::dist::args_namespace(&full) else {
+        unreachable!()
+    };
+    for (k, v) in fields.iter_mut() {
+        if k == "num_layers" {
+            *v = Value::Int(1 << 24);
+        }
+    }
+    let common = Value::Dict(vec![("args".into(), Value::Namespace(fields)), ("iteration".into(), Value::Int(2))]);
+    std::fs::write(dist.join("iter_0000002/common.pt"), save(&common, "common")).unwrap();
+    let o = convert_within(&dist, &dir.join("out"));
+    assert_clean_error(&o, &["the files hold"]);
+}
+
 #[test]
 fn fuzzed_megatron_files_are_clean_errors() {
     let dir = scratch("megatron-fuzz");

@@ -221,6 +221,8 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         let path = crate::files::inside(iter_dir, file, &md_path)?;
         held += std::fs::metadata(&path).map_err(|e| Error::io(&path, "read", e))?.len();
     }
+    // The weights' bound first: it also bounds the parameter list built next.
+    super::ensure_files_hold(&model, held, iter_dir)?;
     // What the optimizer saved beside the weights, where megatron-core keeps it per parameter in
     // the model's shapes (its non-distributed optimizers): AdamW's moments, and the f32 master
     // weights of a bf16 or fp16 run.
