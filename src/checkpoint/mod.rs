@@ -436,19 +436,21 @@ pub(crate) fn missing_shard(path: &Path, iteration_dir: &Path) -> Option<Error> 
     )))
 }
 
-/// The latest checkpoint in `dir` as full tensors: Megatron-LM's (`megatron::read`, its weights)
+/// The latest checkpoint in `dir` as full tensors: Megatron-LM's (`megatron::read_if_megatron`)
 /// where `dir` holds one, else trident's (`convert::read_full`).
 pub fn read_any(dir: &Path) -> Result<convert::FullCheckpoint> {
     match megatron::read_if_megatron(dir)? {
-        Some(full) => Ok(full),
+        Some((_, full)) => Ok(full),
         None => convert::read_full(dir),
     }
 }
 
 /// The one-rank shard of the latest checkpoint in `dir`: trident's `mp_rank_00`, or the weights of
-/// a Megatron-LM checkpoint (`megatron::read`) of any layout, gathered into one.
+/// a Megatron-LM checkpoint (`megatron::read_if_megatron`) of any layout, gathered into one.
 pub fn load_single(dir: &Path) -> Result<(u64, PathBuf, Shard)> {
-    let Some(full) = megatron::read_if_megatron(dir)? else { return load_latest(dir, &shard_name(0, 0, 1)) };
+    let Some((iter_dir, full)) = megatron::read_if_megatron(dir)? else {
+        return load_latest(dir, &shard_name(0, 0, 1));
+    };
     let mut shard = Shard { meta: full.meta.clone(), tensors: Vec::new() };
     for key in ["tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_chunks"] {
         shard.meta.insert(key.into(), "1".into());
@@ -457,7 +459,6 @@ pub fn load_single(dir: &Path) -> Result<(u64, PathBuf, Shard)> {
         let data = full.tensors[&format!("param/{}", info.name)].clone();
         shard.tensors.push(SavedTensor { name: format!("param/chunk0/{}", info.name), shape: info.full_shape, data });
     }
-    let (_, iter_dir) = megatron::latest_dir(dir)?;
     Ok((full.iteration, iter_dir, shard))
 }
 

@@ -355,8 +355,8 @@ fn loaded_parts(parts: LoadParts, unsaved: bool, shard: &Shard) -> String {
 /// This rank's shard of the latest checkpoint in `dir`: trident's own, or cut from a Megatron-LM
 /// checkpoint (`megatron_shard`).
 fn read_shard<D: Device>(dir: &Path, grid: &Grid, chunks: &[Chunk<D>]) -> Result<(std::path::PathBuf, Shard)> {
-    if let Some(full) = checkpoint::megatron::read_if_megatron(dir)? {
-        return Ok(megatron_shard(full, grid, chunks));
+    if let Some((iter_dir, full)) = checkpoint::megatron::read_if_megatron(dir)? {
+        return Ok((iter_dir, megatron_shard(full, grid, chunks)));
     }
     let (_, path, shard) = checkpoint::load_latest(dir, &checkpoint::shard_name(grid.tp_rank, grid.pp_rank, grid.pp))?;
     Ok((path, shard))
@@ -366,11 +366,7 @@ fn read_shard<D: Device>(dir: &Path, grid: &Grid, chunks: &[Chunk<D>]) -> Result
 /// run's layout as a trident shard: its weights, and AdamW's moments where they were mapped. A checkpoint that
 /// does not record its tokenizer's vocabulary (Megatron pads it and keeps only the padded size)
 /// takes this run's, where the padded sizes agree.
-fn megatron_shard<D: Device>(
-    mut full: FullCheckpoint,
-    grid: &Grid,
-    chunks: &[Chunk<D>],
-) -> (std::path::PathBuf, Shard) {
+fn megatron_shard<D: Device>(mut full: FullCheckpoint, grid: &Grid, chunks: &[Chunk<D>]) -> Shard {
     let ours = &chunks[0].model.cfg;
     if full.model.vocab_size == full.model.padded_vocab_size && ours.padded_vocab_size == full.model.padded_vocab_size {
         full.meta.insert("vocab_size".into(), ours.vocab_size.to_string());
@@ -400,7 +396,5 @@ fn megatron_shard<D: Device>(
             }
         }
     }
-    let path =
-        shard.meta.get("imported_from").map_or_else(Default::default, |m| m.trim_start_matches("Megatron-LM ").into());
-    (path, shard)
+    shard
 }

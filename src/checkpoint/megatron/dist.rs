@@ -212,7 +212,8 @@ fn candidates(name: &str) -> Vec<(String, Option<usize>)> {
 pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
     let common_path = iter_dir.join("common.pt");
     let common_bytes = crate::files::read_regular(&common_path, "read Megatron checkpoint")?;
-    let (meta, iteration, model) = super::saved_run(&TorchFile::parse(&common_bytes, &common_path)?, &common_path)?;
+    let common = TorchFile::parse(&common_bytes, &common_path)?;
+    let (meta, iteration, model) = super::saved_run(&common, &common_path)?;
     let md_path = iter_dir.join(".metadata");
     let md_bytes = crate::files::read_regular(&md_path, "read Megatron checkpoint")?;
     let md = parse_metadata(&Pickle::parse(&md_bytes, &md_path)?, &md_path)?;
@@ -258,7 +259,6 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
     }
     let mut meta = meta;
     if moments {
-        let common = TorchFile::parse(&common_bytes, &common_path)?;
         match common_step(&common)? {
             Some(step) => {
                 meta.remove("optimizer_state");

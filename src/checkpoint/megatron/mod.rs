@@ -235,20 +235,13 @@ pub fn is_model_key(key: &str) -> bool {
         && !key.contains("_extra_state")
 }
 
-/// The latest Megatron checkpoint in `dir` as full tensors under trident's names (the weights, and
-/// AdamW's moments where they map; else `optimizer_state` none), with its model, position and
-/// layout in the metadata.
-pub fn read(dir: &Path) -> Result<FullCheckpoint> {
-    let (iteration, iter_dir) = latest_dir(dir)?;
-    let mut full = match format_of(&iter_dir) {
-        Some(Format::TorchDist) => dist::read(&iter_dir)?,
-        Some(Format::Legacy) => legacy::read(&iter_dir)?,
-        None => {
-            return Err(Error::format(
-                &iter_dir,
-                "holds neither a torch_dist checkpoint (.metadata) nor mp_rank_*/model_optim_rng.pt",
-            ))
-        }
+/// The Megatron checkpoint in `iter_dir` (of `format`; the tracker's iteration `iteration`) as full
+/// tensors under trident's names (the weights, and AdamW's moments where they map; else
+/// `optimizer_state` none), with its model, position and layout in the metadata.
+fn read(iter_dir: &Path, format: Format, iteration: u64) -> Result<FullCheckpoint> {
+    let mut full = match format {
+        Format::TorchDist => dist::read(iter_dir)?,
+        Format::Legacy => legacy::read(iter_dir)?,
     };
     if full.iteration == u64::MAX {
         full.iteration = iteration;
@@ -268,15 +261,16 @@ pub fn read(dir: &Path) -> Result<FullCheckpoint> {
     Ok(full)
 }
 
-/// The latest checkpoint in `dir` when it is Megatron-LM's (`read`); None when `dir` holds no
-/// tracker or its iteration directory holds no Megatron files (trident's own checkpoint).
-pub fn read_if_megatron(dir: &Path) -> Result<Option<FullCheckpoint>> {
+/// The latest checkpoint in `dir` when it is Megatron-LM's, with its iteration directory; None
+/// when `dir` holds no tracker or its iteration directory holds no Megatron files (trident's own
+/// checkpoint).
+pub fn read_if_megatron(dir: &Path) -> Result<Option<(PathBuf, FullCheckpoint)>> {
     if !dir.join(super::TRACKER).is_file() {
         return Ok(None);
     }
-    let Ok((_, iter_dir)) = latest_dir(dir) else { return Ok(None) };
+    let Ok((iteration, iter_dir)) = latest_dir(dir) else { return Ok(None) };
     match format_of(&iter_dir) {
-        Some(_) => read(dir).map(Some),
+        Some(format) => Ok(Some((iter_dir.clone(), read(&iter_dir, format, iteration)?))),
         None => Ok(None),
     }
 }
