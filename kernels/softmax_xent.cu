@@ -9,7 +9,8 @@
 //                        target_logit[r] = logits[r][target - vocab_start] if the target is in this
 //                        shard, else 0                                          (then all-reduce sum)
 //   xent_bwd_bf16:       logits[r][v] = scale · (exp(logits[r][v] - max[r]) / sum_exp[r] - [v == target]),
-//                        in place: the logits become their gradient
+//                        in place: the logits become their gradient (0 where the target is
+//                        kIgnoredTarget, a token Megatron's loss mask leaves out)
 // max, sum_exp, target_logit f64 [rows], the layout and arguments of tensor_ops.cu's xent_max_f32,
 // xent_partials_f32 and xent_bwd_f32 (so the Device's f64 statistics, their all-reduces and
 // xent_loss_f64 serve bf16 logits unchanged). exp is taken in f32 (the logits and the max are bf16
@@ -137,9 +138,10 @@ extern "C" __global__ void __launch_bounds__(256)
   const int r = blockIdx.x;
   if (r >= rows) return;
   bf16* row = logits + (size_t)r * V;
-  const float m = float(max[r]), inv = scale / float(sum_exp[r]);
+  const float s = targets[r] == kIgnoredTarget ? 0.0f : scale;  // an ignored row's gradient is 0
+  const float m = float(max[r]), inv = s / float(sum_exp[r]);
   const int t = softmax_xent_detail::local_column(targets[r], vocab_start, V);
-  const auto grad = [&](int v, bf16 x) { return to_bf16(expf(to_float(x) - m) * inv - (v == t ? scale : 0.0f)); };
+  const auto grad = [&](int v, bf16 x) { return to_bf16(expf(to_float(x) - m) * inv - (v == t ? s : 0.0f)); };
   // Each element is read once, then written by the same thread.
   softmax_xent_detail::for_row<true>(
       row, V, [&](int v) { row[v] = grad(v, row[v]); },

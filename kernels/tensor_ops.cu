@@ -69,7 +69,8 @@
 //                        of 32, group g of 32 threads takes tensor 32·round + g, thread j its
 //                        parts j, j + 32, .. in order, then tree(·, 32); thread 0 adds the
 //                        round's totals to acc in tensor order
-//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r]: thread i the
+//     xent_loss_f64      acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r] over the rows
+//                        whose target is not kIgnoredTarget: thread i the
 //                        rows i, i + 1024, .. in order, then tree(·, 1024)
 //                        (stats: each row's sum_exp, then its target logit; the summed loss)
 //
@@ -346,9 +347,10 @@ extern "C" __global__ void xent_bwd_f32(float* logits, const uint32_t* targets, 
   const int n = rows * V;
   for (int i = first_index(); i < n; i += grid_stride()) {
     const int r = i / V, v = i % V;
-    const float inv = scale / float(sum_exp[r]);
+    const float s = targets[r] == kIgnoredTarget ? 0.0f : scale;  // an ignored row's gradient is 0
+    const float inv = s / float(sum_exp[r]);
     float g = expf(logits[i] - float(max[r])) * inv;
-    if (local_row(targets[r], vocab_start, V) == v) g -= scale;
+    if (local_row(targets[r], vocab_start, V) == v) g -= s;
     logits[i] = g;
   }
 }
@@ -573,14 +575,16 @@ extern "C" __global__ void __launch_bounds__(1024)
   if (threadIdx.x == 0) acc[slot] = total;
 }
 
-// acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r]: thread i the rows i, i + 1024, .. in
-// order, then the block's tree.
+// acc[slot] += Σ_r ln(stats[r]) + max[r] - stats[rows + r] over the rows whose target is not
+// kIgnoredTarget (every row when targets is null: no target is): thread i the rows i, i + 1024,
+// .. in order, then the block's tree.
 // registry: static_shared=8192
 extern "C" __global__ void __launch_bounds__(1024)
-    xent_loss_f64(double* acc, int slot, const double* max, const double* stats, int rows) {
+    xent_loss_f64(double* acc, int slot, const double* max, const double* stats, const uint32_t* targets, int rows) {
   __shared__ double sums[kScalarThreads];
   double s = 0.0;
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) s += log(stats[r]) + max[r] - stats[rows + r];
+  for (int r = threadIdx.x; r < rows; r += blockDim.x)
+    if (!targets || targets[r] != kIgnoredTarget) s += log(stats[r]) + max[r] - stats[rows + r];
   sums[threadIdx.x] = s;
   tree_sum(sums, blockDim.x);
   if (threadIdx.x == 0) acc[slot] += sums[0];

@@ -392,7 +392,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     switch(
         "--eod-mask-loss",
-        "not built yet: the loss counts every token; masking the tokens after end-of-document ids is issue 50",
+        "leave out of the loss the prediction after each end-of-document token (training and validation)",
     ),
     switch("--reset-position-ids", "not built yet: positions run over whole samples; per-document positions are issue 50"),
     switch(
@@ -443,7 +443,8 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     switch(
         "--calculate-per-token-loss",
-        "the loss is the mean over the global batch's tokens, as trident's always is (no token is masked)",
+        "the gradient of the global batch's summed loss over its counted tokens, not the mean of each \
+         micro-batch's mean (the same where --eod-mask-loss is not given)",
     ),
     flag(
         "--distributed-timeout-minutes",

@@ -41,3 +41,8 @@ __device__ __forceinline__ T shfl_xor(T v, int offset, int width) {
 struct alignas(16) F32x4 {
   float v[4];
 };
+
+// The cross-entropy target of a token the loss leaves out (Megatron's loss mask, `--eod-mask-loss`;
+// PyTorch's ignore_index): it adds nothing to the loss and its logits' gradient is 0. The Device's
+// `IGNORED_TARGET` (src/device/kernels.rs).
+inline constexpr uint32_t kIgnoredTarget = 0xFFFFFFFFu;

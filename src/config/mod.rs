@@ -107,6 +107,9 @@ pub struct TrainConfig {
     pub timing_trace: Option<PathBuf>,
     /// `--log-num-zeros-in-grad`: count the zero gradient elements each step.
     pub log_num_zeros_in_grad: bool,
+    /// `--eod-mask-loss` and `--calculate-per-token-loss`: the tokens the loss counts and how
+    /// it is averaged.
+    pub loss: LossAveraging,
     /// `--distributed-timeout-minutes`: the longest a rank waits on the others (`comm::watchdog`).
     pub distributed_timeout_minutes: f64,
     /// `--profile`: the iterations it covers and the ranks that take part.
@@ -134,6 +137,21 @@ pub struct TrainConfig {
     pub precision: crate::real::Precision,
     /// fp16's dynamic loss scaler, or a constant scale (`--loss-scale`); None without scaling.
     pub loss_scaler: Option<crate::optim::scaler::LossScaler>,
+}
+
+/// Which tokens the loss counts and how they are averaged, as Megatron's `loss_func` and
+/// schedules do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LossAveraging {
+    /// `--eod-mask-loss`: the end-of-document id; a position whose input token is this id has
+    /// its prediction (the next document's first token) left out of the loss.
+    pub eod_mask: Option<u32>,
+    /// `--calculate-per-token-loss`: the gradient is that of the global batch's summed loss over
+    /// the tokens it counts. Without it (Megatron's default) each micro-batch's loss is averaged
+    /// over its own counted tokens, then over the micro-batches and data-parallel ranks. The two
+    /// agree when every token counts. The loss logged is the summed loss over the counted
+    /// tokens either way.
+    pub per_token: bool,
 }
 
 impl TrainConfig {
@@ -274,6 +292,10 @@ impl TrainConfig {
             timing_trace: args.path("--timing-trace"),
             profile: profile_range(args)?,
             log_num_zeros_in_grad: args.has("--log-num-zeros-in-grad"),
+            loss: LossAveraging {
+                eod_mask: args.has("--eod-mask-loss").then(|| tokenizer.eod()),
+                per_token: args.has("--calculate-per-token-loss"),
+            },
             no_save_optim: args.has("--no-save-optim"),
             pretrained_checkpoint: args.path("--pretrained-checkpoint"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {

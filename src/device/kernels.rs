@@ -684,12 +684,28 @@ pub fn attention_backward_row<R: Real>(p: &mut [R], ds: &mut [R], n: usize, scal
     ds[n..].fill(R::ZERO);
 }
 
+/// The cross-entropy target of a token the loss leaves out (Megatron's loss mask under
+/// `--eod-mask-loss`; PyTorch's `ignore_index`): its row adds nothing to the loss and its logits'
+/// gradient is 0. Every Device and kernel agrees (`kIgnoredTarget` in kernels/common/portable.h).
+pub const IGNORED_TARGET: u32 = u32::MAX;
+
 /// The summed cross-entropy loss of `max.len()` rows from their global statistics: `stats` holds
-/// each row's sum of exponentials, then each row's target logit. Rows are added in order.
-pub fn cross_entropy_loss_sum(max: &[f64], stats: &[f64]) -> f64 {
+/// each row's sum of exponentials, then each row's target logit. Rows are added in order, those
+/// whose target is `IGNORED_TARGET` left out.
+pub fn cross_entropy_loss_sum(max: &[f64], stats: &[f64], targets: &[u32]) -> f64 {
     let rows = max.len();
     let (sum_exp, target_logit) = stats[..2 * rows].split_at(rows);
-    (0..rows).map(|i| sum_exp[i].ln() + max[i] - target_logit[i]).sum()
+    (0..rows).filter(|&i| targets[i] != IGNORED_TARGET).map(|i| sum_exp[i].ln() + max[i] - target_logit[i]).sum()
+}
+
+/// The gradient scale of a row with target `target`: 0 for an ignored one.
+#[inline(always)]
+pub fn row_grad_scale(target: u32, scale: f32) -> f32 {
+    if target == IGNORED_TARGET {
+        0.0
+    } else {
+        scale
+    }
 }
 
 /// This shard's part of a row's softmax denominator, `Σ exp(x - max)` against the global max, and

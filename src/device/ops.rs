@@ -438,18 +438,21 @@ pub trait LossOps: Memory {
     );
 
     /// Step 3, with the global statistics: `acc[slot] += Σ_r ln(sum_exp_r) + max_r - target_logit_r`
-    /// (the rows' summed loss, the rows added in order, then added to the accumulator).
+    /// (the rows' summed loss, the rows added in order, then added to the accumulator), over the
+    /// rows whose target is not `kernels::IGNORED_TARGET`.
     fn cross_entropy_loss(
         &self,
         max: &Self::Scalars,
         stats: &Self::Scalars,
+        targets: &[u32],
         rows: usize,
         acc: &mut Self::Scalars,
         slot: usize,
     );
 
     /// Step 4, with the global max and denominator (`stats[..rows]`): logits become
-    /// `grad_scale * (softmax - onehot)` in place, so the [rows, vocab] matrix is never copied.
+    /// `grad_scale * (softmax - onehot)` in place, so the [rows, vocab] matrix is never copied;
+    /// 0 in a row whose target is `kernels::IGNORED_TARGET`.
     fn cross_entropy_backward(
         &self,
         logits: &mut Self::Buf,

@@ -428,8 +428,16 @@ impl LossOps for ReferenceDevice {
         }
     }
 
-    fn cross_entropy_loss(&self, max: &Vec<f64>, stats: &Vec<f64>, rows: usize, acc: &mut Vec<f64>, slot: usize) {
-        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows]);
+    fn cross_entropy_loss(
+        &self,
+        max: &Vec<f64>,
+        stats: &Vec<f64>,
+        targets: &[u32],
+        rows: usize,
+        acc: &mut Vec<f64>,
+        slot: usize,
+    ) {
+        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows], &targets[..rows]);
     }
 
     fn cross_entropy_backward(
@@ -445,7 +453,8 @@ impl LossOps for ReferenceDevice {
         for r in 0..rows {
             let target = kernels::local_row(targets[r], vocab_start, vocab);
             let row = &mut logits[r * vocab..(r + 1) * vocab];
-            kernels::cross_entropy_backward_row(row, target, max[r], sum_exp[r], grad_scale as f64);
+            let scale = kernels::row_grad_scale(targets[r], grad_scale) as f64;
+            kernels::cross_entropy_backward_row(row, target, max[r], sum_exp[r], scale);
         }
     }
 }

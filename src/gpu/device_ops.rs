@@ -678,9 +678,22 @@ impl LossOps for GpuDevice {
         }
     }
 
-    fn cross_entropy_loss(&self, max: &GpuBuf, stats: &GpuBuf, rows: usize, acc: &mut GpuBuf, slot: usize) {
+    fn cross_entropy_loss(
+        &self,
+        max: &GpuBuf,
+        stats: &GpuBuf,
+        targets: &[u32],
+        rows: usize,
+        acc: &mut GpuBuf,
+        slot: usize,
+    ) {
         assert!(acc.elem == Elem::F64 && slot < acc.len, "cross_entropy_loss: slot {slot} outside the scalars");
-        let l = args::xent_loss_f64(acc.ptr(), int("slot", slot), max.ptr(), stats.ptr(), int("rows", rows));
+        // The targets go up only when the loss leaves a row out (`--eod-mask-loss`); else the
+        // kernel counts every row (a null pointer), with no copy.
+        let ignored = targets[..rows].contains(&crate::device::kernels::IGNORED_TARGET);
+        let t = ignored.then(|| self.upload_u32(&targets[..rows]));
+        let (m, s, r) = (max.ptr(), stats.ptr(), int("rows", rows));
+        let l = args::xent_loss_f64(acc.ptr(), int("slot", slot), m, s, t.as_ref().map_or(0, |t| t.pointer), r);
         self.launch(l, [1, 1, 1]);
     }
 

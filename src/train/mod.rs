@@ -108,10 +108,13 @@ fn run_on<D: Device>(
     report::parameters(&setup, &chunks, &data);
     let mut progress = Progress { scaler: cfg.loss_scaler, ..Progress::default() };
     let pretrained = cfg.pretrained_checkpoint.as_deref();
-    let resume_from = checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say && pretrained.is_none())?;
+    let resume_from =
+        checkpointing::to_resume_from(cfg.load.as_deref(), &setup.groups, setup.say && pretrained.is_none())?;
     let start_from = match (resume_from, pretrained) {
         (Some(dir), _) => Some((dir, cfg.load_parts)),
-        (None, Some(p)) => Some((checkpointing::pretrained(p, cfg.load.as_deref(), &setup.groups, setup.say)?, LoadParts::WeightsOnly)),
+        (None, Some(p)) => {
+            Some((checkpointing::pretrained(p, cfg.load.as_deref(), &setup.groups, setup.say)?, LoadParts::WeightsOnly))
+        }
         (None, None) => None,
     };
     if let Some((dir, parts)) = start_from {
@@ -173,15 +176,17 @@ struct PendingStep {
     /// fp16's loss scaler found the gradients overflowed and skipped the step (then a
     /// non-finite norm is expected, not an error).
     overflowed: bool,
-    /// Its learning rate, global batch (times the sequence length, the tokens by which its loss
-    /// is averaged), the samples consumed after it and the loss scale after it: TensorBoard's
-    /// per-iteration scalars, written at `flush` with its loss and norm.
+    /// Its learning rate, global batch, the samples consumed after it and the loss scale after
+    /// it: TensorBoard's per-iteration scalars, written at `flush` with its loss and norm.
     lr: f64,
     batch: usize,
     consumed: u64,
     loss_scale: f64,
     /// Under `--log-num-zeros-in-grad`: the gradient elements that were zero.
     num_zeros: Option<u64>,
+    /// The tokens its loss counts (the global batch's, less those `--eod-mask-loss` leaves out),
+    /// by which its summed loss is averaged.
+    loss_tokens: usize,
 }
 
 /// The iterations since the last log line: their summed loss, seconds, tokens and FLOPs per
@@ -352,8 +357,7 @@ impl<D: Device> Trainer<'_, D> {
     /// it through the host (a device without a communicator for it: `--gpu-collectives mpi`).
     fn step(&mut self, iteration: u64, lr: f64, batch: usize) -> Result<()> {
         let (setup, cfg) = (self.setup, &self.setup.cfg);
-        let tokens = (batch * cfg.seq_length) as f64;
-        let grad_scale = 1.0 / tokens as f32;
+        let tokens = self.pipe.loss_tokens(&self.data.train, cfg, self.progress.consumed_train)?;
         let (busy0, wall0) = (self.tl.busy_secs, self.tl.wall_secs);
         let scale = self.progress.scaler.map_or(1.0, |s| s.scale);
         let slot = self.pending.len();
@@ -365,7 +369,7 @@ impl<D: Device> Trainer<'_, D> {
             &self.data.train,
             cfg,
             (iteration, self.progress.consumed_train),
-            grad_scale * scale as f32,
+            (&tokens, scale as f32),
             &mut self.tl,
         )?;
         if self.summary.iterations > 0 && setup.grid.pp > 1 {
@@ -423,7 +427,17 @@ impl<D: Device> Trainer<'_, D> {
         }
         let (consumed, loss_scale) =
             (self.progress.consumed_train + batch as u64, self.progress.scaler.map_or(1.0, |s| s.scale));
-        self.pending.push(PendingStep { iteration, overflowed, lr, batch, consumed, loss_scale, num_zeros });
+        let loss_tokens = tokens.global;
+        self.pending.push(PendingStep {
+            iteration,
+            overflowed,
+            lr,
+            batch,
+            consumed,
+            loss_scale,
+            num_zeros,
+            loss_tokens,
+        });
         self.tl.span(SpanKind::Optimizer, 0, 0, t_opt);
         Ok(())
     }
@@ -459,8 +473,7 @@ impl<D: Device> Trainer<'_, D> {
             sq.iter().map(|s| s.sqrt()).collect()
         });
         for (k, step) in self.pending.drain(..).enumerate() {
-            let tokens = (step.batch * setup.cfg.seq_length) as f64;
-            let (loss, grad_norm) = (losses[k] / tokens, norms[2 * k]);
+            let (loss, grad_norm) = (losses[k] / step.loss_tokens.max(1) as f64, norms[2 * k]);
             // Both figures are sums over every rank, so every rank takes this branch together.
             if !loss.is_finite() || (!step.overflowed && !grad_norm.is_finite()) {
                 let ranks = nonfinite_ranks(&*setup.groups.world, local_losses[k]);

@@ -28,27 +28,67 @@ struct Batch {
     labels: Vec<u32>,
     mbs: usize,
     seq: usize,
+    /// `--eod-mask-loss`'s end-of-document id.
+    eod_mask: Option<u32>,
 }
 
 impl Batch {
     fn new(cfg: &TrainConfig) -> Batch {
         let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
-        Batch { tokens: vec![0u32; mbs * seq], labels: vec![0u32; mbs * seq], mbs, seq }
+        Batch { tokens: vec![0u32; mbs * seq], labels: vec![0u32; mbs * seq], mbs, seq, eod_mask: cfg.loss.eod_mask }
     }
 
     /// Fills the batch with micro-batch `micro` of the global batch starting at sample
-    /// `consumed`: consecutive samples from this rank's first (Megatron's sampler: each chunk of
-    /// micro x dp samples is split in rank order).
-    fn fetch(&mut self, ds: &Dataset, consumed: u64, micro: usize, grid: &Grid) -> Result<()> {
+    /// `consumed` (`first_sample`); returns the tokens its loss counts (`mask_loss`).
+    fn fetch(&mut self, ds: &Dataset, consumed: u64, micro: usize, grid: &Grid) -> Result<usize> {
         let (mbs, seq) = (self.mbs, self.seq);
-        let first = consumed + (micro * mbs * grid.dp + grid.dp_rank * mbs) as u64;
+        let first = first_sample(consumed, micro, mbs, (grid.dp_rank, grid.dp));
         let mut sample = vec![0u32; seq + 1];
         for i in 0..mbs {
-            ds.get(first as usize + i, &mut sample)?;
+            ds.get(first + i, &mut sample)?;
             self.tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
             self.labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
         }
-        Ok(())
+        Ok(self.mask_loss())
+    }
+
+    /// Under `--eod-mask-loss`, the label of each position whose input token is the
+    /// end-of-document id becomes `IGNORED_TARGET` (Megatron's loss mask: the first token of the
+    /// next document is not predicted from the previous one). Returns the tokens the loss counts.
+    fn mask_loss(&mut self) -> usize {
+        let Some(eod) = self.eod_mask else { return self.labels.len() };
+        let mut counted = self.labels.len();
+        for (label, _) in self.labels.iter_mut().zip(&self.tokens).filter(|(_, &t)| t == eod) {
+            *label = crate::device::kernels::IGNORED_TARGET;
+            counted -= 1;
+        }
+        counted
+    }
+}
+
+/// The first sample of data-parallel rank `dp_rank`'s micro-batch `micro` in the global batch
+/// that starts at sample `consumed`: consecutive samples from there (Megatron's sampler: each
+/// chunk of mbs x dp samples is split in rank order).
+fn first_sample(consumed: u64, micro: usize, mbs: usize, (dp_rank, dp): (usize, usize)) -> usize {
+    (consumed + (micro * mbs * dp + dp_rank * mbs) as u64) as usize
+}
+
+/// The tokens a training step's loss counts: in each of this rank's micro-batches, and in the
+/// global batch. Every token, unless `--eod-mask-loss` leaves some out.
+pub(super) struct LossTokens {
+    micro: Vec<usize>,
+    pub global: usize,
+}
+
+impl LossTokens {
+    /// The factor micro-batch `micro`'s summed token loss is scaled by for its gradient (before
+    /// the loss scale `loss_scale`): one over the global batch's counted tokens under
+    /// `--calculate-per-token-loss`, else Megatron's mean of micro-batch means (over its counted
+    /// tokens, at least 1, times the micro-batches and data-parallel ranks). Both are one over
+    /// the global batch's tokens when every token counts.
+    fn grad_scale(&self, micro: usize, per_token: bool, dp: usize, loss_scale: f32) -> f32 {
+        let tokens = if per_token { self.global } else { self.micro[micro].max(1) * self.micro.len() * dp };
+        1.0 / tokens as f32 * loss_scale
     }
 }
 
@@ -335,16 +375,44 @@ impl<D: Device> Pipeline<'_, D> {
         self.messages.borrow_mut().training = training;
     }
 
+    /// The tokens the loss of the training step over the global batch starting at sample
+    /// `consumed` counts (`LossTokens`). Under `--eod-mask-loss` every rank reads the whole
+    /// global batch's tokens for it (no communication); else nothing is read.
+    pub fn loss_tokens(&self, ds: &Dataset, cfg: &TrainConfig, consumed: u64) -> Result<LossTokens> {
+        let (mbs, seq, dp) = (cfg.micro_batch_size, cfg.seq_length, self.groups.grid.dp);
+        let Some(eod) = cfg.loss.eod_mask else {
+            return Ok(LossTokens { micro: vec![mbs * seq; self.micro], global: self.micro * dp * mbs * seq });
+        };
+        let (mut micro, mut global, mut sample) = (vec![0; self.micro], 0, vec![0u32; seq + 1]);
+        for (m, mine) in micro.iter_mut().enumerate() {
+            for rank in 0..dp {
+                let first = first_sample(consumed, m, mbs, (rank, dp));
+                let mut counted = 0;
+                for i in first..first + mbs {
+                    ds.get(i, &mut sample)?;
+                    counted += sample[..seq].iter().filter(|&&t| t != eod).count();
+                }
+                global += counted;
+                if rank == self.groups.grid.dp_rank {
+                    *mine = counted;
+                }
+            }
+        }
+        Ok(LossTokens { micro, global })
+    }
+
     /// Iteration `iteration`'s forward and backward passes in this stage's schedule order (its
-    /// global batch starts at sample `consumed`); the last stage's summed token loss stays in its
-    /// last chunk's accumulator (`take_loss`).
+    /// global batch starts at sample `consumed`, its loss counts `tokens`, its gradients are
+    /// scaled by `loss_scale`); the last stage's summed token loss stays in its last chunk's
+    /// accumulator (`take_loss`).
+    #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],
         ds: &Dataset,
         cfg: &TrainConfig,
         (iteration, consumed): (u64, u64),
-        grad_scale: f32,
+        (tokens, loss_scale): (&LossTokens, f32),
         tl: &mut Timeline,
     ) -> Result<()> {
         let mut batch = Batch::new(cfg);
@@ -388,7 +456,7 @@ impl<D: Device> Pipeline<'_, D> {
                         micro,
                         d_out.as_ref(),
                         d_in.as_mut(),
-                        grad_scale,
+                        tokens.grad_scale(micro, cfg.loss.per_token, grid.dp, loss_scale),
                         &mut ready,
                     );
                     tl.span(SpanKind::Backward, micro, chunk, t0);
@@ -453,10 +521,11 @@ impl<D: Device> Pipeline<'_, D> {
         for c in chunks.iter_mut() {
             c.model.set_loss_slot(0);
         }
+        let mut counted = 0;
         for it in 0..iters {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.full_micro {
-                batch.fetch(ds, consumed, micro, &self.groups.grid)?;
+                counted += batch.fetch(ds, consumed, micro, &self.groups.grid)?;
                 for chunk in 0..self.chunks {
                     let model = &mut chunks[chunk].model;
                     self.forward(tl, model, (micro, chunk), &batch, false);
@@ -466,8 +535,13 @@ impl<D: Device> Pipeline<'_, D> {
             self.finish_sends();
         }
         // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
-        // gives every rank the mean.
+        // gives every rank the mean over the tokens counted (Megatron's evaluation: its summed
+        // loss over its summed count).
         let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(self.take_loss(chunks)));
-        Ok(total / (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64)
+        let tokens = match cfg.loss.eod_mask {
+            None => (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64,
+            Some(_) => self.groups.dp.sum_f64(counted as f64).max(1.0),
+        };
+        Ok(total / tokens)
     }
 }

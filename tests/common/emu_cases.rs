@@ -285,6 +285,9 @@ pub fn step_scalars(v: &Vendor) {
             v.f32_values(rows, "sum_exp", 50.0, 0.0).iter().map(|&x| 1.0 + x.abs() as f64).collect();
         let target: Vec<f64> = v.f32_values(rows, "target", 2.0, 0.0).iter().map(|&x| x as f64).collect();
         let stats = [sum_exp.clone(), target.clone()].concat();
+        // Every seventh row's token is one the loss leaves out (`--eod-mask-loss`).
+        let targets: Vec<u32> =
+            (0..rows as u32).map(|r| if r % 7 == 3 { trident::device::kernels::IGNORED_TARGET } else { r }).collect();
         let mut first_block = vec![0u32];
         for s in &sizes {
             first_block.push(first_block[first_block.len() - 1] + *s as u32);
@@ -298,9 +301,10 @@ pub fn step_scalars(v: &Vendor) {
         case.put_f64("norm", &norm0);
         case.put_u32("first_block", &first_block);
         case.put_f64("parts", &parts);
+        case.put_u32("targets", &targets);
         case.run("step_scalars", &args(&[&rows, &sizes.len()]));
         let mut threads = vec![0f64; 1024];
-        for r in 0..rows {
+        for r in (0..rows).filter(|r| r % 7 != 3) {
             threads[r % 1024] += sum_exp[r].ln() + max[r] - target[r];
         }
         tree(&mut threads, 1024);
@@ -323,7 +327,7 @@ pub fn step_scalars(v: &Vendor) {
             }
         }
         assert_eq!(case.get_f64("norm"), [norm], "{name}: the norm's sum is not the fixed-order sum");
-        let plain_loss: f64 = (0..rows).map(|r| sum_exp[r].ln() + max[r] - target[r]).sum();
+        let plain_loss: f64 = (0..rows).filter(|r| r % 7 != 3).map(|r| sum_exp[r].ln() + max[r] - target[r]).sum();
         let plain_norm: f64 = norm0[0] + parts.iter().sum::<f64>();
         assert!(
             (threads[0] - plain_loss).abs() <= 1e-12 * plain_loss.abs().max(1.0),
@@ -752,7 +756,11 @@ pub fn softmax_cross_entropy_pieces(v: &Vendor) {
         let name = format!("xent_{rows}x{vocab}_from{vocab_start}");
         let case = v.case(&name);
         let logits = v.half_values(rows * vocab, "logits", 3.0);
-        let targets = v.tokens(rows, "targets", total_vocab as u32);
+        let mut targets = v.tokens(rows, "targets", total_vocab as u32);
+        // A token the loss leaves out (`--eod-mask-loss`): its row's gradient is 0.
+        if rows > 2 {
+            targets[1] = trident::device::kernels::IGNORED_TARGET;
+        }
         let scale = 1.0f32 / 7.0;
         hits += targets.iter().filter(|&&t| (t as usize).wrapping_sub(vocab_start) < vocab).count();
         case.put_half("logits", &logits);

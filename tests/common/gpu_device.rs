@@ -1142,7 +1142,7 @@ fn layer_chain<D: Device>(
     let (mut max, mut stats, mut acc) = (dev.scalars(m), dev.scalars(2 * m), dev.scalars(1));
     dev.cross_entropy_max(&logits, m, v, &mut max);
     dev.cross_entropy_partials(&logits, &targets, Logits { rows: m, vocab: v, vocab_start: 0 }, &max, &mut stats);
-    dev.cross_entropy_loss(&max, &stats, m, &mut acc, 0);
+    dev.cross_entropy_loss(&max, &stats, &targets, m, &mut acc, 0);
     dev.cross_entropy_backward(&mut logits, &targets, Logits { rows: m, vocab: v, vocab_start: 0 }, &max, &stats, 0.5);
     let mut loss = [0f64];
     dev.read_scalars(&acc, &mut loss);

@@ -415,7 +415,8 @@ inline void cross_entropy() {
 }
 
 // The step's scalars, as the Device launches them (one block of 1024): xent_loss_f64 adds the
-// loss of `rows` rows (max [rows], stats [sum_exp rows, target logit rows]) into loss[1] of 2;
+// loss of `rows` rows (max [rows], stats [sum_exp rows, target logit rows], targets [rows] u32,
+// kIgnoredTarget rows left out) into loss[1] of 2;
 // sum_into_f64 adds the `tensors` tensors' parts (first_block [tensors + 1], u32) into norm[0].
 inline void step_scalars() {
   const int rows = arg(0), tensors = arg(1);
@@ -423,7 +424,8 @@ inline void step_scalars() {
   auto loss = read<double>("loss", "f64", 2), norm = read<double>("norm", "f64", 1);
   auto first_block = read<int>("first_block", "u32", size_t(tensors) + 1);
   auto parts = read<double>("parts", "f64", size_t(first_block[tensors]));
-  emu::launch(dim3(1), dim3(1024), xent_loss_f64, loss.data(), 1, max.data(), stats.data(), rows);
+  auto targets = read_u32("targets", rows);
+  emu::launch(dim3(1), dim3(1024), xent_loss_f64, loss.data(), 1, max.data(), stats.data(), targets.data(), rows);
   emu::launch(dim3(1), dim3(1024), sum_into_f64, norm.data(), 0, parts.data(), first_block.data(), tensors);
   write_f64s({{"loss", &loss}, {"norm", &norm}});
 }

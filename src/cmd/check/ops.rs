@@ -630,7 +630,10 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &(rows, vocab, start) in cases {
         let logits = run.f32s(rows * vocab, "logits", 3.0, 0.0);
-        let targets: Vec<u32> = (0..rows).map(|i| ((i * 389) % (start + vocab)) as u32).collect();
+        // Row 1's token is one the loss leaves out (`--eod-mask-loss`).
+        let targets: Vec<u32> = (0..rows)
+            .map(|i| if i == 1 { crate::device::kernels::IGNORED_TARGET } else { ((i * 389) % (start + vocab)) as u32 })
+            .collect();
         let case = format!("{rows}x{vocab} from {start}");
         let (g, rl) = (run.up(&logits), refb(&logits));
         // The statistics live in the device's scalars; each step reads from the reference's
@@ -656,8 +659,8 @@ fn cross_entropy<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         let (mut acc, mut racc) = (dev.scalars(1), r.scalars(1));
         dev.write_scalars(&mut acc, &[1.0]);
         r.write_scalars(&mut racc, &[1.0]);
-        dev.cross_entropy_loss(&dmax, &dstats, rows, &mut acc, 0);
-        r.cross_entropy_loss(&rmax_s, &rstats_s, rows, &mut racc, 0);
+        dev.cross_entropy_loss(&dmax, &dstats, &targets, rows, &mut acc, 0);
+        r.cross_entropy_loss(&rmax_s, &rstats_s, &targets, rows, &mut racc, 0);
         let (mut loss, mut rloss) = ([0.0], [0.0]);
         dev.read_scalars(&acc, &mut loss);
         r.read_scalars(&racc, &mut rloss);

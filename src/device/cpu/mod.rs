@@ -784,8 +784,16 @@ impl LossOps for CpuDevice {
         });
     }
 
-    fn cross_entropy_loss(&self, max: &Vec<f64>, stats: &Vec<f64>, rows: usize, acc: &mut Vec<f64>, slot: usize) {
-        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows]);
+    fn cross_entropy_loss(
+        &self,
+        max: &Vec<f64>,
+        stats: &Vec<f64>,
+        targets: &[u32],
+        rows: usize,
+        acc: &mut Vec<f64>,
+        slot: usize,
+    ) {
+        acc[slot] += kernels::cross_entropy_loss_sum(&max[..rows], &stats[..2 * rows], &targets[..rows]);
     }
 
     fn cross_entropy_backward(
@@ -809,7 +817,7 @@ impl LossOps for CpuDevice {
                         target,
                         max[r] as f32,
                         sum_exp[r] as f32,
-                        grad_scale,
+                        kernels::row_grad_scale(targets[r], grad_scale),
                     )
                 };
             }

@@ -73,7 +73,7 @@ impl<D: Device> Gpt<D> {
         );
         // Sum-exp and target logit travel in one all-reduce.
         all_reduce_scalars(dev, comm, &mut hd.ce_stats, 2 * r.full, ReduceOp::Sum);
-        dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, r.full, &mut self.loss, self.loss_slot);
+        dev.cross_entropy_loss(&hd.ce_max, &hd.ce_stats, &hd.targets, r.full, &mut self.loss, self.loss_slot);
     }
 
     /// Backward of the output layer (tied to the word embedding) and the final LayerNorm from the
