@@ -51,7 +51,7 @@ APT_HIP_PACKAGES  := hipcc libamdhip64-dev rocm-device-libs clang-19 lld-19 llvm
 # hipRTC for the tests (ROCm 5.2 keeps it in libamdhip64.so.5; it compiles without a GPU).
 APT_HIPRTC_PACKAGES := libamdhip64-5 libhiprtc-builtins5
 
-.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps gpu-check gpu-bench gpu-first-light gpu-layouts gpu-mpi-bundle gpu-calibrate slurm-deps slurm-test mpich-check kernels-check clean
+.PHONY: all build train test lint bench deps test-deps gpu-test-libs hip-deps cuda-toolchain gpu-check gpu-bench gpu-first-light gpu-layouts gpu-mpi-bundle gpu-calibrate slurm-deps slurm-test mpich-check kernels-check clean
 
 # The GPU libraries the tests load at run time on a machine without a GPU: NVRTC (compiles kernels
 # to CUBIN without a driver) and NCCL (version and unique id without a GPU), from their pip wheels,
@@ -213,6 +213,11 @@ HIP_DEVLIBS ?= $(HOME)/.cache/trident-hip-devlibs
 AOT_ENV := TRIDENT_CUDA_ARCHS="80;90a" TRIDENT_NVCC=$(CURDIR)/.cache/cuda-toolchain/nvidia/cu13/bin/nvcc \
 	TRIDENT_HIP_ARCHS="gfx90a;gfx942" TRIDENT_HIPCC=clang++-19 TRIDENT_HIP_FLAGS="-x hip --rocm-path=/usr" \
 	TRIDENT_HIP_DEVICE_LIBS=$(HIP_DEVLIBS)/gfx942
+
+# nvcc's pip wheels alone (kernels-check installs them too when missing; CI fetches them first,
+# beside a build).
+cuda-toolchain:
+	kernels-cuda/check.sh --fetch-only
 
 kernels-check: hip-deps
 	kernels-cuda/check.sh

@@ -13,6 +13,7 @@
 # No GPU is needed. nvcc comes from NVIDIA's pip wheels, installed once into .cache/cuda-toolchain
 # (pip --target: no venv, and untouched by Debian's externally-managed Python rule) and reused
 # while the pinned versions match. KERNELS_CHECK_NVCC_FLAGS adds nvcc flags for experiments.
+# `--fetch-only` installs the wheels and stops (`make cuda-toolchain`, which CI runs beside a build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,7 @@ if [ ! -x "$BIN/nvcc" ] || [ "$(cat "$TOOLCHAIN/.pins" 2>/dev/null)" != "$PINS" 
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$TOOLCHAIN" $PINS
   echo "$PINS" >"$TOOLCHAIN/.pins"
 fi
+[ "${1:-}" != --fetch-only ] || exit 0
 NVCC=$BIN/nvcc
 CUOBJDUMP=$BIN/cuobjdump
 "$NVCC" --version | tail -1
