@@ -291,7 +291,9 @@ fn embed_hip_kernels(out_dir: &Path) {
 
 fn main() {
     let commit = output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"]).is_some();
+    // --no-optional-locks: git status must not write back its refreshed index, or .git/index
+    // (watched below) would change under every build and the next one would build again.
+    let dirty = output("git", &["--no-optional-locks", "status", "--porcelain", "--untracked-files=no"]).is_some();
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let rustc_version = output(&rustc, &["--version"]).unwrap_or_else(|| "rustc (unknown version)".into());
     let target = std::env::var("TARGET").unwrap_or_default();
