@@ -1,5 +1,5 @@
-// gelu.cu: GPT-2's tanh GELU on its own, forward and backward, for activations the GEMM epilogue
-// did not already cover; and Llama's SwiGLU (below), the same element-wise scheme. One source for
+// gelu.cu: GELU on its own, forward and backward (GPT-2's tanh form, or with erf != 0 the exact
+// erf form), for activations the GEMM epilogue did not already cover; and Llama's SwiGLU (below), the same element-wise scheme. One source for
 // CUDA and HIP (common/portable.h).
 //
 // Computes   gelu_fwd_bf16:  out[i] = gelu(inp[i])
@@ -29,35 +29,35 @@
 #include "common/portable.h"
 #include "common/gelu.h"
 
-extern "C" __global__ void gelu_fwd_bf16(bf16* out, const bf16* inp, int n) {
+extern "C" __global__ void gelu_fwd_bf16(bf16* out, const bf16* inp, int n, int erf) {
   const int stride = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x;
   int scalar_from = 0;
   if (aligned16(out) && aligned16(inp)) {
     for (int v = first; v < n / 8; v += stride) {
       const bf16x8 x = reinterpret_cast<const bf16x8*>(inp)[v];
       bf16x8 o;
-      UNROLL for (int e = 0; e < 8; ++e) o.v[e] = to_bf16(gelu_tanh(to_float(x.v[e])));
+      UNROLL for (int e = 0; e < 8; ++e) o.v[e] = to_bf16(gelu_of(to_float(x.v[e]), erf));
       reinterpret_cast<bf16x8*>(out)[v] = o;
     }
     scalar_from = n / 8 * 8;
   }
-  for (int i = scalar_from + first; i < n; i += stride) out[i] = to_bf16(gelu_tanh(to_float(inp[i])));
+  for (int i = scalar_from + first; i < n; i += stride) out[i] = to_bf16(gelu_of(to_float(inp[i]), erf));
 }
 
-extern "C" __global__ void gelu_bwd_bf16(bf16* dinp, const bf16* inp, const bf16* dout, int n) {
+extern "C" __global__ void gelu_bwd_bf16(bf16* dinp, const bf16* inp, const bf16* dout, int n, int erf) {
   const int stride = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x;
   int scalar_from = 0;
   if (aligned16(dinp) && aligned16(inp) && aligned16(dout)) {
     for (int v = first; v < n / 8; v += stride) {
       const bf16x8 x = reinterpret_cast<const bf16x8*>(inp)[v], dy = reinterpret_cast<const bf16x8*>(dout)[v];
       bf16x8 o;
-      UNROLL for (int e = 0; e < 8; ++e) o.v[e] = to_bf16(to_float(dy.v[e]) * gelu_tanh_grad(to_float(x.v[e])));
+      UNROLL for (int e = 0; e < 8; ++e) o.v[e] = to_bf16(to_float(dy.v[e]) * gelu_grad_of(to_float(x.v[e]), erf));
       reinterpret_cast<bf16x8*>(dinp)[v] = o;
     }
     scalar_from = n / 8 * 8;
   }
   for (int i = scalar_from + first; i < n; i += stride)
-    dinp[i] = to_bf16(to_float(dout[i]) * gelu_tanh_grad(to_float(inp[i])));
+    dinp[i] = to_bf16(to_float(dout[i]) * gelu_grad_of(to_float(inp[i]), erf));
 }
 
 namespace gelu_detail {

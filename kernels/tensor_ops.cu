@@ -14,8 +14,8 @@
 //                        bias read where has_bias)
 //     dropout_f32        x = mask ∘ x · scale, in place
 //     round_bf16_f32     buf[i] = f32(bf16(buf[i])), round to nearest even, in place
-//     gelu_fwd_f32       out[i] = gelu(inp[i])                  (common/gelu.h)
-//     gelu_bwd_f32       dinp[i] = dout[i] · gelu'(inp[i])
+//     gelu_fwd_f32       out[i] = gelu(inp[i])                  (common/gelu.h; erf != 0: the
+//     gelu_bwd_f32       dinp[i] = dout[i] · gelu'(inp[i])       exact form, else the tanh one)
 //     embedding_fwd_f32  out[t·batch + b] = wte[tokens[b·seq + t] - vocab_start], zero rows for
 //                        tokens outside this vocabulary shard of vocab_rows rows
 //     position_fwd_f32   out[p·batch + b] += wpe[t0 + p]       for p < positions
@@ -277,12 +277,12 @@ extern "C" __global__ void round_bf16_f32(float* buf, int n) {
   for (int i = first_index(); i < n; i += grid_stride()) buf[i] = to_float(to_bf16(buf[i]));
 }
 
-extern "C" __global__ void gelu_fwd_f32(float* out, const float* inp, int n) {
-  for (int i = first_index(); i < n; i += grid_stride()) out[i] = gelu_tanh(inp[i]);
+extern "C" __global__ void gelu_fwd_f32(float* out, const float* inp, int n, int erf) {
+  for (int i = first_index(); i < n; i += grid_stride()) out[i] = gelu_of(inp[i], erf);
 }
 
-extern "C" __global__ void gelu_bwd_f32(float* dinp, const float* inp, const float* dout, int n) {
-  for (int i = first_index(); i < n; i += grid_stride()) dinp[i] = dout[i] * gelu_tanh_grad(inp[i]);
+extern "C" __global__ void gelu_bwd_f32(float* dinp, const float* inp, const float* dout, int n, int erf) {
+  for (int i = first_index(); i < n; i += grid_stride()) dinp[i] = dout[i] * gelu_grad_of(inp[i], erf);
 }
 
 extern "C" __global__ void embedding_fwd_f32(float* out, const uint32_t* tokens, const float* wte, int vocab_start,

@@ -5,7 +5,7 @@ mod common;
 use common::numeric::assert_close;
 use trident::device::cpu::CpuDevice;
 use trident::device::reference::ReferenceDevice;
-use trident::device::{AdamWStep, AdamWTensor, AttentionShape, Device, Gemm, LayerNormSaved, Logits, Matrix, Tokens};
+use trident::device::{AdamWStep, AdamWTensor, AttentionShape, Device, Gelu, Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use trident::model::{Gpt, GptConfig};
 use trident::parallel::tensor::TensorParallel;
 use trident::rng::Stream;
@@ -118,9 +118,13 @@ impl<D: Device> AnyDevice for D {
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>> {
         let (xb, yb) = (on(self, x), on(self, y));
         let mut g = self.alloc(x.len());
-        self.gelu_forward(&mut g, &xb);
+        self.gelu_forward(&mut g, &xb, Gelu::Tanh);
         let mut dg = self.alloc(x.len());
-        self.gelu_backward(&mut dg, &xb, &yb);
+        self.gelu_backward(&mut dg, &xb, &yb, Gelu::Tanh);
+        let mut ge = self.alloc(x.len());
+        self.gelu_forward(&mut ge, &xb, Gelu::Erf);
+        let mut dge = self.alloc(x.len());
+        self.gelu_backward(&mut dge, &xb, &yb, Gelu::Erf);
         let mut sum = self.alloc(x.len());
         self.add(&mut sum, &xb, &yb);
         self.add_assign(&mut sum, &xb);
@@ -140,6 +144,8 @@ impl<D: Device> AnyDevice for D {
         vec![
             host(self, &g),
             host(self, &dg),
+            host(self, &ge),
+            host(self, &dge),
             host(self, &sum),
             vec![ss],
             host(self, &p),

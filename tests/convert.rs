@@ -175,7 +175,7 @@ fn hugging_face_export_and_import_round_trip_bit_exactly() {
 }
 
 #[test]
-fn a_hugging_face_gpt2_keeps_its_norm_epsilon() {
+fn a_hugging_face_gpt2_keeps_its_norm_epsilon_and_its_gelu() {
     let dir = scratch("hf-eps");
     let data = prepared_corpus(&dir);
     let p = |name: &str| dir.join(name).display().to_string();
@@ -190,6 +190,18 @@ fn a_hugging_face_gpt2_keeps_its_norm_epsilon() {
         .unwrap();
     ok(run(&["convert", "--load-hf", &p("hf"), "--save", &p("back")]));
     assert_eq!(read_full(Path::new(&p("back"))).unwrap().model.arch.norm_epsilon, 1e-6);
+    // GPT-2's tanh GELU is "gelu_new"; "gelu" is the exact one, which the model keeps; others are
+    // refused by name.
+    assert!(config.contains("\"activation_function\": \"gelu_new\""), "{config}");
+    std::fs::write(&config_path, config.replace("\"gelu_new\"", "\"gelu\"")).unwrap();
+    ok(run(&["convert", "--load-hf", &p("hf"), "--save", &p("erf")]));
+    let erf = read_full(Path::new(&p("erf"))).unwrap();
+    assert_eq!(erf.model.arch.gelu, trident::device::Gelu::Erf);
+    ok(run(&["convert", "--load", &p("erf"), "--save-hf", &p("hf-erf")]));
+    let again = std::fs::read_to_string(dir.join("hf-erf/config.json")).unwrap();
+    assert!(again.contains("\"activation_function\": \"gelu\""), "{again}");
+    std::fs::write(&config_path, config.replace("\"gelu_new\"", "\"relu\"")).unwrap();
+    assert_clean_error(&run(&["convert", "--load-hf", &p("hf"), "--save", &p("x")]), &["activation_function relu"]);
 }
 
 #[test]

@@ -322,7 +322,7 @@ fn tensor_ops_reductions() {
         dev.add_bias(&mut biased, &rb, Matrix { rows, cols });
         check_f32(&format!("{name} add_bias"), &case.get_f32("biased"), &biased, 1e-6);
         let mut gelu = dev.alloc(n);
-        dev.gelu_forward(&mut gelu, &rx);
+        dev.gelu_forward(&mut gelu, &rx, trident::device::Gelu::Tanh);
         check_f32(&format!("{name} gelu"), &case.get_f32("gelu"), &gelu, 1e-5);
         let squares = case.get_f64("squares");
         assert_eq!(squares.len(), n.div_ceil(8192), "{name}: one partial per 8192 elements");

@@ -79,16 +79,18 @@ fn linear_backward_matches_finite_differences() {
 #[test]
 fn gelu_backward_matches_finite_differences() {
     let dev = ReferenceDevice;
-    let mut x = random(40, "x", 2.0);
-    let r = random(40, "r", 1.0);
-    let fwd = |x: &[f64]| {
-        let mut out = vec![0.0; x.len()];
-        dev.gelu_forward(&mut out, &x.to_vec());
-        dot(&out, &r)
-    };
-    let mut dx = vec![0.0; 40];
-    dev.gelu_backward(&mut dx, &x, &r);
-    check("gelu dx", &mut x, &dx, &mut |x| fwd(x));
+    for form in [trident::device::Gelu::Tanh, trident::device::Gelu::Erf] {
+        let mut x = random(40, "x", 2.0);
+        let r = random(40, "r", 1.0);
+        let fwd = |x: &[f64]| {
+            let mut out = vec![0.0; x.len()];
+            dev.gelu_forward(&mut out, &x.to_vec(), form);
+            dot(&out, &r)
+        };
+        let mut dx = vec![0.0; 40];
+        dev.gelu_backward(&mut dx, &x, &r, form);
+        check(&format!("gelu {form:?} dx"), &mut x, &dx, &mut |x| fwd(x));
+    }
 }
 
 #[test]

@@ -364,10 +364,10 @@ fn tensor_ops_element_wise_and_embedding() {
         let rounded: Vec<f32> = a.iter().map(|&x| Precision::Bf16.round(x)).collect();
         assert_eq!(case.get_f32("rounded"), rounded, "{name}: round_bf16_f32 is bit-exact");
         let mut g = dev.alloc(n);
-        dev.gelu_forward(&mut g, &ra);
+        dev.gelu_forward(&mut g, &ra, trident::device::Gelu::Tanh);
         check_f32(&format!("{name} gelu"), &case.get_f32("gelu"), &g, 1e-5);
         let mut dg = dev.alloc(n);
-        dev.gelu_backward(&mut dg, &ra, &rb);
+        dev.gelu_backward(&mut dg, &ra, &rb, trident::device::Gelu::Tanh);
         check_f32(&format!("{name} gelu'"), &case.get_f32("dgelu"), &dg, 1e-5);
     }
     for (batch, seq, hidden, vocab_start, vocab_rows, total, t0) in

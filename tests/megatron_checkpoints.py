@@ -69,7 +69,8 @@ def case_args(case, tp, pp):
                   use_rope_scaling=False, kv_channels=None, tokenizer_type="NullTokenizer",
                   ckpt_format="torch_dist", seed=1234)
     if case == "gpt":
-        return argparse.Namespace(**common, normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, openai_gelu=True,
+        return argparse.Namespace(**common, normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, openai_gelu=False,
+                                  bias_gelu_fusion=False,
                                   position_embedding_type="learned_absolute", rotary_base=10000,
                                   group_query_attention=False, num_query_groups=None,
                                   untie_embeddings_and_output_weights=False, add_bias_linear=True)
@@ -79,10 +80,19 @@ def case_args(case, tp, pp):
                               untie_embeddings_and_output_weights=True, add_bias_linear=False)
 
 
-def openai_gelu(x):
-    """GELU's tanh form, Megatron-LM's `--openai-gelu` (trident's GELU; megatron-core's default
-    is the exact erf form)."""
+def tanh_gelu(x):
+    """GELU's tanh form: what Megatron-LM's fused bias-GELU (its default where fc1 has a bias) and
+    `--openai-gelu` compute."""
     return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def activation(args):
+    """The MLP's activation as Megatron-LM's arguments make it: SwiGLU's SiLU; the tanh GELU where
+    the bias-GELU fusion runs (or --openai-gelu); else the exact GELU (the GPT case: unfused)."""
+    if args.swiglu:
+        return torch.nn.functional.silu
+    fused = getattr(args, "bias_gelu_fusion", True) and getattr(args, "add_bias_linear", True)
+    return tanh_gelu if fused or getattr(args, "openai_gelu", False) else torch.nn.functional.gelu
 
 
 def build(args):
@@ -92,7 +102,7 @@ def build(args):
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
         normalization=args.normalization, layernorm_epsilon=args.norm_epsilon,
         gated_linear_unit=args.swiglu,
-        activation_func=torch.nn.functional.silu if args.swiglu else openai_gelu,
+        activation_func=activation(args),
         add_bias_linear=args.add_bias_linear, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,

@@ -35,6 +35,10 @@ fn model_flags(case: &str) -> Vec<&'static str> {
         "--max-position-embeddings", "64", "--seq-length", "32", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", "300", "--hidden-dropout", "0", "--attention-dropout", "0",
     ];
+    if case == "gpt" {
+        // The checkpoint's GELU is Megatron's unfused, exact one.
+        f.push("--no-bias-gelu-fusion");
+    }
     if case == "llama" {
         f.extend([
             "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--rotary-base",

@@ -74,6 +74,7 @@ pub const METADATA_KEYS: &[&str] = &[
     "normalization",
     "norm_epsilon",
     "swiglu",
+    "gelu_erf",
     "position_embedding_type",
     "rotary_base",
     "rotary_percent",

@@ -95,7 +95,7 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result
     let config = format!(
         "{{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": {},\n  \
          \"n_positions\": {},\n  \"n_ctx\": {},\n  \"n_embd\": {},\n  \"n_layer\": {},\n  \"n_head\": {},\n  \
-         \"n_inner\": {},\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": {:?},\n  \
+         \"n_inner\": {},\n  \"activation_function\": \"{}\",\n  \"layer_norm_epsilon\": {:?},\n  \
          \"initializer_range\": {},\n  \"tie_word_embeddings\": true,\n{}\n}}\n",
         cfg.padded_vocab_size,
         cfg.max_position_embeddings,
@@ -104,6 +104,8 @@ pub fn export_hf(full: &FullCheckpoint, dir: &Path, tok: &HfTokenizer) -> Result
         cfg.num_layers,
         cfg.num_attention_heads,
         cfg.ffn_hidden_size,
+        // Hugging Face's names: GPT-2's tanh form, or the exact GELU.
+        if cfg.arch.gelu == crate::device::Gelu::Erf { "gelu" } else { "gelu_new" },
         cfg.arch.norm_epsilon,
         cfg.init_method_std,
         fields_json(&trident_fields(full, tok)),
@@ -116,6 +118,22 @@ pub fn read_config(dir: &Path) -> Result<(Json, PathBuf)> {
     let path = dir.join("config.json");
     let text = crate::files::read_regular(&path, "read")?;
     Ok((document(&text, &path)?, path))
+}
+
+/// A GPT-2 config's `activation_function` as trident's GELU: the tanh form (`gelu_new`, GPT-2's
+/// default, or `gelu_pytorch_tanh`) or the exact one (`gelu`); any other is refused.
+fn hf_gelu(config: &Json, path: &Path) -> Result<crate::device::Gelu> {
+    match config.get("activation_function").map(|v| v.as_str()) {
+        None | Some(Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast")) => Ok(crate::device::Gelu::Tanh),
+        Some(Some("gelu")) => Ok(crate::device::Gelu::Erf),
+        Some(other) => Err(Error::format(
+            path,
+            format!(
+                "activation_function {}: trident's GPT-2 runs gelu_new (the tanh form) or gelu (the exact one)",
+                other.unwrap_or("(not a string)")
+            ),
+        )),
+    }
 }
 
 /// Reads a Hugging Face directory (`config.json`, parsed as `config`, and `model.safetensors`)
@@ -148,7 +166,11 @@ pub fn import_hf(dir: &Path, config: &Json) -> Result<(GptConfig, BTreeMap<Strin
         vocab_size: c.count("trident_unpadded_vocab_size", Some(vocab))?,
         padded_vocab_size: vocab,
         init_method_std: 0.02,
-        arch: crate::model::Arch { norm_epsilon: c.number("layer_norm_epsilon", 1e-5)?, ..crate::model::Arch::GPT2 },
+        arch: crate::model::Arch {
+            norm_epsilon: c.number("layer_norm_epsilon", 1e-5)?,
+            gelu: hf_gelu(config, &config_path)?,
+            ..crate::model::Arch::GPT2
+        },
     };
     cfg.validate().map_err(|e| Error::format(&config_path, format!("describes no valid model: {e}")))?;
     let (st_path, mut tensors) = read_hf_weights(dir)?;

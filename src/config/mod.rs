@@ -429,6 +429,7 @@ pub fn architecture(args: &Args, base: &Arch) -> Result<Arch> {
     a.swiglu |= args.has("--swiglu");
     a.untie_embeddings |= args.has("--untie-embeddings-and-output-weights");
     a.add_bias_linear &= !args.has("--disable-bias-linear");
+    a.gelu = gelu(args, &a);
     a.zero_centered_gamma |= args.has("--apply-layernorm-1p");
     if args.has("--group-query-attention") {
         // Megatron's default is one group (multi-query attention).
@@ -722,6 +723,20 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The GELU Megatron-LM computes for these flags: its fused bias-GELU (the default wherever fc1
+/// has a bias) is the tanh form, as `--openai-gelu` is; unfused (`--no-bias-gelu-fusion`, or
+/// `--disable-bias-linear`, which turns the fusion off) it is PyTorch's exact erf GELU. Otherwise
+/// the base architecture's (a preset's, a checkpoint's). A SwiGLU MLP has no GELU.
+fn gelu(args: &Args, a: &Arch) -> crate::device::Gelu {
+    use crate::device::Gelu;
+    let unfused = args.has("--no-bias-gelu-fusion") || args.has("--disable-bias-linear");
+    match () {
+        _ if a.swiglu || args.has("--openai-gelu") => Gelu::Tanh,
+        _ if unfused => Gelu::Erf,
+        _ => a.gelu,
+    }
+}
+
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named
 /// `--preset` (trident's recipes, like llm.c's GPT-2, train without dropout); drawn under `seed`.
 fn dropout(args: &Args, seed: u64, notes: &mut Vec<String>) -> Result<crate::model::gpt::DropoutRates> {
@@ -750,6 +765,22 @@ mod tests {
         let words: Vec<String> = ["--data-path", "unused"].iter().chain(flags).map(|s| s.to_string()).collect();
         let args = crate::cli::parse("train", crate::flags::TRAIN_FLAGS, &words).unwrap().unwrap();
         TrainConfig::from_args(&args).unwrap().model.padded_vocab_size
+    }
+
+    #[test]
+    fn the_gelu_is_the_one_megatron_computes_for_the_flags() {
+        use crate::device::Gelu;
+        let gelu = |flags: &[&str]| {
+            let words: Vec<String> = ["--data-path", "unused"].iter().chain(flags).map(|s| s.to_string()).collect();
+            let args = crate::cli::parse("train", crate::flags::TRAIN_FLAGS, &words).unwrap().unwrap();
+            TrainConfig::from_args(&args).unwrap().model.arch.gelu
+        };
+        assert_eq!(gelu(&[]), Gelu::Tanh, "the fused bias-GELU");
+        assert_eq!(gelu(&["--preset", "gpt2-124m"]), Gelu::Tanh);
+        assert_eq!(gelu(&["--no-bias-gelu-fusion"]), Gelu::Erf);
+        assert_eq!(gelu(&["--disable-bias-linear"]), Gelu::Erf, "no bias, no fusion");
+        assert_eq!(gelu(&["--no-bias-gelu-fusion", "--openai-gelu"]), Gelu::Tanh);
+        assert_eq!(gelu(&["--swiglu", "--no-bias-gelu-fusion"]), Gelu::Tanh, "SwiGLU has no GELU");
     }
 
     #[test]

@@ -191,17 +191,46 @@ pub fn gelu_grad<R: Real>(x: R) -> R {
     half * (R::ONE + t) + half * x * (R::ONE - t * t) * s * (R::ONE + R::from_f64(3.0) * c * x * x)
 }
 
+/// Which GELU: the tanh form (GPT-2's, Megatron's `--openai-gelu`) or the exact one,
+/// `x·Φ(x) = x/2·(1 + erf(x/√2))` (megatron-core's and PyTorch's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Gelu {
+    #[default]
+    Tanh,
+    Erf,
+}
+
+const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
+/// 1/√(2π), the standard normal density's factor.
+const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// The exact GELU, `x/2·(1 + erf(x/√2))`.
 #[inline(always)]
-pub fn gelu_forward_slice<R: Real>(out: &mut [R], inp: &[R]) {
-    for (y, &x) in out.iter_mut().zip(inp) {
-        *y = gelu(x);
+pub fn gelu_erf<R: Real>(x: R) -> R {
+    R::from_f64(0.5) * x * (R::ONE + (x * R::from_f64(FRAC_1_SQRT_2)).erf_fast())
+}
+
+/// The exact GELU's derivative, `Φ(x) + x·φ(x)`.
+#[inline(always)]
+pub fn gelu_erf_grad<R: Real>(x: R) -> R {
+    let cdf = R::from_f64(0.5) * (R::ONE + (x * R::from_f64(FRAC_1_SQRT_2)).erf_fast());
+    cdf + x * R::from_f64(INV_SQRT_2PI) * (R::from_f64(-0.5) * x * x).exp_fast()
+}
+
+#[inline(always)]
+pub fn gelu_forward_slice<R: Real>(out: &mut [R], inp: &[R], form: Gelu) {
+    match form {
+        Gelu::Tanh => out.iter_mut().zip(inp).for_each(|(y, &x)| *y = gelu(x)),
+        Gelu::Erf => out.iter_mut().zip(inp).for_each(|(y, &x)| *y = gelu_erf(x)),
     }
 }
 
 #[inline(always)]
-pub fn gelu_backward_slice<R: Real>(dinp: &mut [R], inp: &[R], dout: &[R]) {
-    for ((dx, &x), &dy) in dinp.iter_mut().zip(inp).zip(dout) {
-        *dx = dy * gelu_grad(x);
+pub fn gelu_backward_slice<R: Real>(dinp: &mut [R], inp: &[R], dout: &[R], form: Gelu) {
+    let pairs = dinp.iter_mut().zip(inp).zip(dout);
+    match form {
+        Gelu::Tanh => pairs.for_each(|((dx, &x), &dy)| *dx = dy * gelu_grad(x)),
+        Gelu::Erf => pairs.for_each(|((dx, &x), &dy)| *dx = dy * gelu_erf_grad(x)),
     }
 }
 

@@ -5,8 +5,8 @@
 
 pub mod collectives;
 pub mod counters;
-pub mod dropout;
 pub mod cpu;
+pub mod dropout;
 pub mod kernels;
 pub mod llama;
 pub mod ops;
@@ -17,6 +17,7 @@ pub use collectives::{
 };
 pub use counters::WorkCounters;
 pub use dropout::Dropout;
+pub use kernels::Gelu;
 pub use ops::{
     AdamWStep, AdamWTensor, AttentionOps, AttentionShape, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
     LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, Rotary, Tokens,

@@ -2,6 +2,7 @@
 //! Activations are [rows, cols] row-major; a backend implements every family (`Device`).
 
 use super::dropout::Dropout;
+use super::kernels::Gelu;
 use super::Memory;
 
 /// The shape of a row-wise op: `rows` rows of `cols` values (a norm's, a bias's).
@@ -164,11 +165,11 @@ pub trait ElementwiseOps: Memory {
     /// `out = a + b`, element-wise (the residual connection).
     fn add(&self, out: &mut Self::Buf, a: &Self::Buf, b: &Self::Buf);
 
-    /// GELU with the tanh approximation (GPT-2's).
-    fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf);
+    /// GELU, the tanh form (GPT-2's) or the exact erf one (`kernels::Gelu`).
+    fn gelu_forward(&self, out: &mut Self::Buf, inp: &Self::Buf, form: Gelu);
 
     /// `dinp = dout · gelu'(inp)`.
-    fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf);
+    fn gelu_backward(&self, dinp: &mut Self::Buf, inp: &Self::Buf, dout: &Self::Buf, form: Gelu);
 
     /// SwiGLU of rows of `2 f` values, the gate's `f` then the up projection's `f`:
     /// `out[r, i] = silu(inp[r, i]) · inp[r, f + i]`, `out` being [rows, f].

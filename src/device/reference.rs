@@ -2,7 +2,7 @@
 //! are tested against, and the device the finite-difference gradient checks run on.
 
 use super::prelude::*;
-use super::{dropout, kernels, llama, Dropout};
+use super::{dropout, kernels, llama, Dropout, Gelu};
 use super::{AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
 use crate::real::Precision;
 
@@ -112,12 +112,12 @@ impl ElementwiseOps for ReferenceDevice {
         }
     }
 
-    fn gelu_forward(&self, out: &mut Vec<f64>, inp: &Vec<f64>) {
-        kernels::gelu_forward_slice(out, inp);
+    fn gelu_forward(&self, out: &mut Vec<f64>, inp: &Vec<f64>, form: Gelu) {
+        kernels::gelu_forward_slice(out, inp, form);
     }
 
-    fn gelu_backward(&self, dinp: &mut Vec<f64>, inp: &Vec<f64>, dout: &Vec<f64>) {
-        kernels::gelu_backward_slice(dinp, inp, dout);
+    fn gelu_backward(&self, dinp: &mut Vec<f64>, inp: &Vec<f64>, dout: &Vec<f64>, form: Gelu) {
+        kernels::gelu_backward_slice(dinp, inp, dout, form);
     }
 
     fn swiglu_forward(&self, out: &mut Vec<f64>, inp: &Vec<f64>, rows: usize, f: usize) {

@@ -19,8 +19,8 @@ use super::kernels::plan::{
 use crate::comm::ReduceOp;
 use crate::device::prelude::*;
 use crate::device::{
-    AdamWStep, AdamWTensor, CollectivesRequest, DeviceComm, DeviceP2p, Dropout, Gemm, LayerNormSaved, Logits, Matrix,
-    Tokens,
+    AdamWStep, AdamWTensor, CollectivesRequest, DeviceComm, DeviceP2p, Dropout, Gelu, Gemm, LayerNormSaved, Logits,
+    Matrix, Tokens,
 };
 use crate::error::Result;
 use crate::real::Precision;
@@ -252,25 +252,25 @@ impl ElementwiseOps for GpuDevice {
         self.elementwise(a.len, args::add_f32(out.ptr(), a.ptr(), b.ptr(), int("n", a.len)));
     }
 
-    fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf) {
-        let (e, n) = (activation(inp), inp.len);
+    fn gelu_forward(&self, out: &mut GpuBuf, inp: &GpuBuf, form: Gelu) {
+        let (e, n, erf) = (activation(inp), inp.len, i32::from(form == Gelu::Erf));
         let (x, o) = (self.view(inp, e), self.view_mut(out, e, out.len == n));
         let (o, x, count) = (o.ptr(), x.ptr(), int("n", n));
         match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, args::gelu_fwd_bf16(o, x, count)),
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluFwd { n }, args::gelu_fwd_bf16(o, x, count, erf)),
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(n, args::gelu_fwd_f32(o, x, count)),
+            _ => self.elementwise(n, args::gelu_fwd_f32(o, x, count, erf)),
         }
     }
 
-    fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf) {
-        let (e, n) = (activation(inp), inp.len);
+    fn gelu_backward(&self, dinp: &mut GpuBuf, inp: &GpuBuf, dout: &GpuBuf, form: Gelu) {
+        let (e, n, erf) = (activation(inp), inp.len, i32::from(form == Gelu::Erf));
         let (x, dy, dx) = (self.view(inp, e), self.view(dout, e), self.view_mut(dinp, e, dinp.len == n));
         let (dx, x, dy, count) = (dx.ptr(), x.ptr(), dy.ptr(), int("n", n));
         match e {
-            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, args::gelu_bwd_bf16(dx, x, dy, count)),
+            Elem::Bf16 | Elem::F16 if n > 0 => self.run(Op::GeluBwd { n }, args::gelu_bwd_bf16(dx, x, dy, count, erf)),
             Elem::Bf16 | Elem::F16 => {}
-            _ => self.elementwise(n, args::gelu_bwd_f32(dx, x, dy, count)),
+            _ => self.elementwise(n, args::gelu_bwd_f32(dx, x, dy, count, erf)),
         }
     }
 

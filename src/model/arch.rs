@@ -1,11 +1,12 @@
 //! What makes a model GPT-2 or Llama-family, as Megatron's flags say it: the normalization
-//! (`--normalization`, `--norm-epsilon`), the MLP's activation (`--swiglu`), the positions
+//! (`--normalization`, `--norm-epsilon`), the MLP's activation (`--swiglu`, `--openai-gelu`), the positions
 //! (`--position-embedding-type`, `--rotary-base`, `--rotary-percent`, `--use-rope-scaling`), the
 //! attention's key/value heads (`--group-query-attention`, `--num-query-groups`, `--kv-channels`),
 //! the output layer (`--untie-embeddings-and-output-weights`), the linear layers' biases
 //! (`--disable-bias-linear`) and the norms' zero-centred scale (`--apply-layernorm-1p`); and the
 //! rotary embedding's table of angles.
 
+use crate::device::Gelu;
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub struct Arch {
     pub norm_epsilon: f64,
     /// The MLP is SwiGLU: fc1 makes the gate and the up projection (`2 f` rows, gate first).
     pub swiglu: bool,
+    /// The GELU of a non-SwiGLU MLP: the tanh form (GPT-2's, Megatron's `--openai-gelu`) or the
+    /// exact erf one (megatron-core's default).
+    pub gelu: Gelu,
     pub position_embedding: PositionEmbedding,
     pub rotary_base: f64,
     /// The fraction of each head's dimensions that rotate.
@@ -55,6 +59,7 @@ impl Arch {
         normalization: Normalization::LayerNorm,
         norm_epsilon: 1e-5,
         swiglu: false,
+        gelu: Gelu::Tanh,
         position_embedding: PositionEmbedding::LearnedAbsolute,
         rotary_base: 10000.0,
         rotary_percent: 1.0,
@@ -197,6 +202,7 @@ impl Arch {
         put("normalization", self.normalization != g.normalization, norm.into());
         put("norm_epsilon", self.norm_epsilon != g.norm_epsilon, format!("{:e}", self.norm_epsilon));
         put("swiglu", self.swiglu, "true".into());
+        put("gelu_erf", self.gelu == Gelu::Erf, "true".into());
         put("position_embedding_type", self.position_embedding != g.position_embedding, self.position_name().into());
         put("rotary_base", self.rotary_base != g.rotary_base, format!("{}", self.rotary_base));
         put("rotary_percent", self.rotary_percent != g.rotary_percent, format!("{}", self.rotary_percent));
@@ -233,6 +239,7 @@ impl Arch {
             normalization,
             norm_epsilon: num("norm_epsilon")?.unwrap_or(g.norm_epsilon),
             swiglu: flag("swiglu"),
+            gelu: if flag("gelu_erf") { Gelu::Erf } else { Gelu::Tanh },
             position_embedding,
             rotary_base: num("rotary_base")?.unwrap_or(g.rotary_base),
             rotary_percent: num("rotary_percent")?.unwrap_or(g.rotary_percent),
@@ -293,9 +300,13 @@ mod tests {
             zero_centered_gamma: true,
             ..Arch::LLAMA
         };
-        let m = llama.metadata();
-        let get = |k: &str| m.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
-        assert_eq!(Arch::from_metadata(&get).unwrap(), llama);
+        let erf = Arch { gelu: Gelu::Erf, ..Arch::GPT2 };
+        for arch in [llama, erf] {
+            let m = arch.metadata();
+            let get = |k: &str| m.iter().find(|(key, _)| *key == k).map(|(_, v)| v.clone());
+            assert_eq!(Arch::from_metadata(&get).unwrap(), arch);
+        }
+        assert_eq!(Arch { gelu: Gelu::Erf, ..Arch::GPT2 }.metadata(), [("gelu_erf", "true".to_string())]);
     }
 
     #[test]

@@ -245,6 +245,10 @@ pub(super) fn load_checkpoint<D: Device>(
                     " (the vocabulary is padded to --make-vocab-size-divisible-by x --tensor-model-parallel-size; \
                      `trident convert` pads a checkpoint for another layout)"
                 }
+                "gelu_erf" => {
+                    " (--no-bias-gelu-fusion or --disable-bias-linear give Megatron's exact erf GELU, \
+                     otherwise it is the tanh form)"
+                }
                 _ => "",
             };
             format!("{k} is {a} in the checkpoint but {b} here{why}")

@@ -90,7 +90,7 @@ pub fn gemm_by(v: &Vendor, c: GemmCase, op: &str) {
     dev.linear_forward(&mut want, &ra, &rw, bias.then_some(&rb), Gemm { rows: m, k, n });
     if gelu {
         let pre = want.clone();
-        dev.gelu_forward(&mut want, &pre);
+        dev.gelu_forward(&mut want, &pre, trident::device::Gelu::Tanh);
     }
     if residual {
         let pre = want.clone();
@@ -666,11 +666,20 @@ pub fn rope_forward_backward(v: &Vendor) {
 pub fn gelu_forward_backward(v: &Vendor) {
     // Element counts that leave the last block partly empty, several grid-stride rounds, and one
     // element; block sizes that are not multiples of 32 (nor of 64: a partial last wavefront);
-    // counts past the last group of 8 (a scalar tail), and buffers off 16 bytes (all scalar).
-    for (n, blocks, threads, offset) in
-        [(1000, 4, 256, 0), (4099, 3, 96, 0), (1, 1, 32, 0), (777, 2, 100, 0), (1003, 2, 64, 1), (4096, 1, 64, 3)]
-    {
-        let name = format!("gelu_{n}_{blocks}x{threads}+{offset}");
+    // counts past the last group of 8 (a scalar tail), and buffers off 16 bytes (all scalar);
+    // the tanh form, and the exact one (erf 1) on two of them.
+    for (n, blocks, threads, offset, erf) in [
+        (1000, 4, 256, 0, 0),
+        (4099, 3, 96, 0, 0),
+        (1, 1, 32, 0, 0),
+        (777, 2, 100, 0, 0),
+        (1003, 2, 64, 1, 0),
+        (4096, 1, 64, 3, 0),
+        (1000, 4, 256, 0, 1),
+        (1003, 2, 64, 1, 1),
+    ] {
+        let form = if erf == 1 { trident::device::Gelu::Erf } else { trident::device::Gelu::Tanh };
+        let name = format!("gelu_{n}_{blocks}x{threads}+{offset}_{form:?}");
         let case = v.case(&name);
         let inp = v.half_values(n, "inp", 2.0);
         let dout = v.half_values(n, "dout", 1.0);
@@ -678,12 +687,12 @@ pub fn gelu_forward_backward(v: &Vendor) {
         case.put_half("dout", &dout);
         let dev = ReferenceDevice;
         let (ri, rd) = (reference(&dev, &inp), reference(&dev, &dout));
-        case.run("gelu_fwd", &args(&[&n, &blocks, &threads, &offset]));
+        case.run("gelu_fwd", &args(&[&n, &blocks, &threads, &offset, &erf]));
         let mut want = dev.alloc(n);
-        dev.gelu_forward(&mut want, &ri);
+        dev.gelu_forward(&mut want, &ri, form);
         case.check_half(&format!("{name} fwd"), "out", &want);
-        case.run("gelu_bwd", &args(&[&n, &blocks, &threads, &offset]));
-        dev.gelu_backward(&mut want, &ri, &rd);
+        case.run("gelu_bwd", &args(&[&n, &blocks, &threads, &offset, &erf]));
+        dev.gelu_backward(&mut want, &ri, &rd, form);
         case.check_half(&format!("{name} bwd"), "out", &want);
     }
 }

@@ -41,8 +41,9 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// took it from 153 to 159; an AdamW group's param, working copy, m and v took it to 163; the
 /// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
 /// and fill, on three sizes, to 175; bias-dropout-add with and without a bias and dropout, on
-/// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196).
-pub const OPS_CHECKED: usize = 196;
+/// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196; the
+/// exact GELU's forward and backward on three sizes, to 202).
+pub const OPS_CHECKED: usize = 202;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
@@ -1103,10 +1104,11 @@ fn layer_chain<D: Device>(
     let (mut y, mut tmp) = (zeros(m * h), dev.alloc(m * h));
     dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, Gemm { rows: m, k: h, n: h });
     let mut g = zeros(m * h);
-    dev.gelu_forward(&mut g, &y);
+    // The exact GELU (the tanh form runs in the presets' training tests).
+    dev.gelu_forward(&mut g, &y, trident::device::Gelu::Erf);
     let dy = act(m * h, &data(m * h, 8, 1.0));
     let mut dg = zeros(m * h);
-    dev.gelu_backward(&mut dg, &y, &dy);
+    dev.gelu_backward(&mut dg, &y, &dy, trident::device::Gelu::Erf);
     let (mut datt, mut dwproj, mut dbproj) = (zeros(m * h), dev.alloc(h * h), dev.alloc(h));
     dev.linear_backward(
         Some(&mut datt),

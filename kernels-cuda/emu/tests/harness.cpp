@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
     emu::launch(column_scratch.grid, dim3(256), column_sum_add_f32, dbias.data(), column_scratch.partials.data(),
                 column_scratch.counters.data(), dy.data(), rows, cols);
     emu::launch(dim3(blocks), dim3(256), add_bias_f32, biased.data(), b.data(), rows, cols);
-    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, gelu.data(), x.data(), int(n));
+    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, gelu.data(), x.data(), int(n), 0);
     std::vector<double> squares(ceil_div(int(n), 8192));
     // A table of one tensor: x, its length and its blocks.
     const unsigned long long tensors[] = {reinterpret_cast<unsigned long long>(x.data())};

@@ -362,9 +362,9 @@ inline void rope() {
 
 // gelu_fwd_bf16 / gelu_bwd_bf16 on `blocks` x `threads` (arguments 1, 2) over n elements placed
 // `offset` elements (argument 3, default 0) into their buffers: an odd offset takes the kernels
-// off their 16-byte path.
+// off their 16-byte path. Argument 4 (default 0) is the kernels' erf: 1 the exact GELU.
 inline void gelu(const std::string& op) {
-  const int n = arg(0), blocks = arg(1), threads = arg(2), offset = arg_or(3, 0);
+  const int n = arg(0), blocks = arg(1), threads = arg(2), offset = arg_or(3, 0), erf = arg_or(4, 0);
   auto at = [&](std::vector<bf16> v) {
     v.insert(v.begin(), size_t(offset), to_bf16(0.0f));
     return v;
@@ -372,11 +372,11 @@ inline void gelu(const std::string& op) {
   auto inp = at(read_bf16("inp", n));
   std::vector<bf16> out(size_t(n) + offset);
   if (op == "gelu_fwd") {
-    emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data() + offset, inp.data() + offset, n);
+    emu::launch(dim3(blocks), dim3(threads), gelu_fwd_bf16, out.data() + offset, inp.data() + offset, n, erf);
   } else {
     auto dout = at(read_bf16("dout", n));
     emu::launch(dim3(blocks), dim3(threads), gelu_bwd_bf16, out.data() + offset, inp.data() + offset,
-                dout.data() + offset, n);
+                dout.data() + offset, n, erf);
   }
   write_bf16("out", std::vector<bf16>(out.begin() + offset, out.end()));
 }

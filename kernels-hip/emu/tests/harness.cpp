@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
     emu::launch(dim3(blocks), dim3(256), add_f32, sum.data(), a.data(), b.data(), n);
     emu::launch(dim3(blocks), dim3(256), add_assign_f32, acc.data(), b.data(), n);
     emu::launch(dim3(blocks), dim3(256), round_bf16_f32, rounded.data(), n);
-    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, g.data(), a.data(), n);
-    emu::launch(dim3(blocks), dim3(256), gelu_bwd_f32, dg.data(), a.data(), b.data(), n);
+    emu::launch(dim3(blocks), dim3(256), gelu_fwd_f32, g.data(), a.data(), n, 0);
+    emu::launch(dim3(blocks), dim3(256), gelu_bwd_f32, dg.data(), a.data(), b.data(), n, 0);
     write_f32s({{"sum", &sum}, {"acc", &acc}, {"rounded", &rounded}, {"gelu", &g}, {"dgelu", &dg}});
   } else if (op == "tensor_embedding") {
     // embedding_fwd_f32 + position_fwd_f32 and their backward kernels (positions t0.. of wpe);

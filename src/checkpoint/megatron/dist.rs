@@ -533,7 +533,10 @@ pub fn args_namespace(full: &FullCheckpoint) -> Value {
                 _ => Value::None,
             },
         ),
-        ("openai_gelu".into(), Value::Bool(!a.swiglu)),
+        // The tanh GELU is Megatron-LM's fused bias-GELU (`--openai-gelu` in older versions); the
+        // exact one runs unfused.
+        ("openai_gelu".into(), Value::Bool(!a.swiglu && a.gelu == crate::device::Gelu::Tanh)),
+        ("bias_gelu_fusion".into(), Value::Bool(!a.swiglu && a.gelu == crate::device::Gelu::Tanh)),
         ("padded_vocab_size".into(), int(m.padded_vocab_size)),
         ("make_vocab_size_divisible_by".into(), Value::Int(meta_count("make_vocab_size_divisible_by").max(1))),
         ("tensor_model_parallel_size".into(), Value::Int(1)),
@@ -557,6 +560,14 @@ pub fn args_namespace(full: &FullCheckpoint) -> Value {
 /// directory. Written to a staging directory and renamed into place as trident's own checkpoints.
 pub fn write(full: &FullCheckpoint, dir: &Path) -> Result<PathBuf> {
     let model: &GptConfig = &full.model;
+    let a = &model.arch;
+    if !a.swiglu && !a.add_bias_linear && a.gelu == crate::device::Gelu::Tanh {
+        return Err(Error::Unsupported(
+            "--save-megatron: a tanh-GELU MLP without biases has no Megatron-LM equivalent (its tanh GELU is \
+             the fused bias-GELU, which needs fc1's bias; without one it computes the exact erf GELU)"
+                .into(),
+        ));
+    }
     let file = "__0_0.distcp";
     let mut data = Vec::new();
     let mut items = Vec::new();

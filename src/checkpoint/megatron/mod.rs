@@ -153,6 +153,13 @@ pub fn args_meta(p: &Pickle, args: Id, path: &Path) -> Result<BTreeMap<String, S
             put(key, "true".into());
         }
     }
+    // Megatron-LM's fused bias-GELU (its default where fc1 has a bias) is the tanh form, as
+    // `--openai-gelu` is; unfused, the GELU is PyTorch's exact erf one.
+    let fused = field("bias_gelu_fusion").is_none_or(|_| flag("bias_gelu_fusion"))
+        && field("add_bias_linear").is_none_or(|_| flag("add_bias_linear"));
+    if !flag("swiglu") && !flag("openai_gelu") && !fused {
+        put("gelu_erf", "true".into());
+    }
     if field("add_bias_linear").is_some() && !flag("add_bias_linear") {
         put("disable_bias_linear", "true".into());
     }

@@ -15,7 +15,7 @@ use crate::cmd::flags;
 use crate::device::prelude::*;
 use crate::device::reference::ReferenceDevice;
 use crate::device::{AdamWStep, AdamWTensor, AttentionShape, Device, Dropout};
-use crate::device::{Gemm, LayerNormSaved, Logits, Matrix, Tokens};
+use crate::device::{Gelu, Gemm, LayerNormSaved, Logits, Matrix, Tokens};
 use crate::error::{Error, Result};
 use crate::flags::CHECK_OPS_FLAGS;
 use crate::real::Precision;
@@ -217,12 +217,16 @@ fn elementwise<D: Device>(run: &mut Run<D>, sizes: &[usize]) {
         let mut acc = run.up(&a);
         dev.add_assign(&mut acc, &gb);
         run.push_dev("add_assign", &case, &acc, &want, F32);
-        dev.gelu_forward(&mut out, &ga);
-        r.gelu_forward(&mut want, &ra);
-        run.push_dev("gelu_forward", &case, &out, &want, F32);
-        dev.gelu_backward(&mut out, &ga, &gb);
-        r.gelu_backward(&mut want, &ra, &rb);
-        run.push_dev("gelu_backward", &case, &out, &want, F32);
+        let forms =
+            [(Gelu::Tanh, "gelu_forward", "gelu_backward"), (Gelu::Erf, "gelu_forward erf", "gelu_backward erf")];
+        for (form, fwd, bwd) in forms {
+            dev.gelu_forward(&mut out, &ga, form);
+            r.gelu_forward(&mut want, &ra, form);
+            run.push_dev(fwd, &case, &out, &want, F32);
+            dev.gelu_backward(&mut out, &ga, &gb, form);
+            r.gelu_backward(&mut want, &ra, &rb, form);
+            run.push_dev(bwd, &case, &out, &want, F32);
+        }
         // Summed into a device scalar that already holds 1, so the accumulation is checked too.
         let (mut acc, mut racc) = (dev.scalars(2), r.scalars(2));
         dev.write_scalars(&mut acc, &[0.0, 1.0]);

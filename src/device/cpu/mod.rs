@@ -15,8 +15,8 @@ pub mod simd;
 
 use super::prelude::*;
 use super::{
-    dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gemm, LayerNormSaved, Logits, Matrix, Rotary,
-    Tokens,
+    dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gelu, Gemm, LayerNormSaved, Logits, Matrix,
+    Rotary, Tokens,
 };
 pub use buf::CpuBuf;
 use gemm::MatRef;
@@ -356,19 +356,19 @@ impl ElementwiseOps for CpuDevice {
         });
     }
 
-    fn gelu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf) {
+    fn gelu_forward(&self, out: &mut CpuBuf, inp: &CpuBuf, form: Gelu) {
         let o = SharedMut::new(out);
         self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n]) };
+            unsafe { simd::gelu_forward_slice(o.slice(s, n), &inp[s..s + n], form) };
         });
     }
 
-    fn gelu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf) {
+    fn gelu_backward(&self, dinp: &mut CpuBuf, inp: &CpuBuf, dout: &CpuBuf, form: Gelu) {
         let d = SharedMut::new(dinp);
         self.for_blocks(inp.len(), ELEMS_PER_TASK, &|s, n| {
             // SAFETY: disjoint blocks.
-            unsafe { simd::gelu_backward_slice(d.slice(s, n), &inp[s..s + n], &dout[s..s + n]) };
+            unsafe { simd::gelu_backward_slice(d.slice(s, n), &inp[s..s + n], &dout[s..s + n], form) };
         });
     }
 

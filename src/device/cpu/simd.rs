@@ -5,7 +5,7 @@
 
 use super::isa::Isa;
 use crate::device::{kernels, llama};
-use crate::device::{AdamWStep, AttentionShape, LayerNormSaved, Rotary, Tokens};
+use crate::device::{AdamWStep, AttentionShape, Gelu, LayerNormSaved, Rotary, Tokens};
 use std::ops::Range;
 
 /// The vector instruction sets the dispatch distinguishes.
@@ -94,8 +94,9 @@ multiversion! {
     fn swiglu_backward_rows(dinp: &mut [f32], inp: &[f32], dout: &[f32], f: usize) = llama::swiglu_backward_rows::<f32>;
     fn rope_rows(qkv: &mut [f32], first_row: usize, table: &[f32], shape: &AttentionShape, rotary: Rotary,
         inverse: bool) = llama::rope_rows::<f32>;
-    fn gelu_forward_slice(out: &mut [f32], inp: &[f32]) = kernels::gelu_forward_slice::<f32>;
-    fn gelu_backward_slice(dinp: &mut [f32], inp: &[f32], dout: &[f32]) = kernels::gelu_backward_slice::<f32>;
+    fn gelu_forward_slice(out: &mut [f32], inp: &[f32], form: Gelu) = kernels::gelu_forward_slice::<f32>;
+    fn gelu_backward_slice(dinp: &mut [f32], inp: &[f32], dout: &[f32], form: Gelu)
+        = kernels::gelu_backward_slice::<f32>;
     fn row_max(row: &[f32]) -> f32 = kernels::row_max::<f32>;
     fn cross_entropy_partials_row(row: &[f32], target: Option<usize>, max: f32) -> (f32, f32)
         = kernels::cross_entropy_partials_row::<f32>;
@@ -357,8 +358,11 @@ mod tests {
                 let saved = LayerNormSaved { inp: &x[..], weight: &w[..], mean: &mean[..], rstd: &rstd[..] };
                 layernorm_backward_rows::at(lv, &mut dx, (&mut dw, &mut db), &dy, saved, cols);
                 let (mut g, mut dg) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
-                gelu_forward_slice::at(lv, &mut g, &x);
-                gelu_backward_slice::at(lv, &mut dg, &x, &dy);
+                gelu_forward_slice::at(lv, &mut g, &x, Gelu::Tanh);
+                gelu_backward_slice::at(lv, &mut dg, &x, &dy, Gelu::Tanh);
+                let (mut ge, mut dge) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+                gelu_forward_slice::at(lv, &mut ge, &x, Gelu::Erf);
+                gelu_backward_slice::at(lv, &mut dge, &x, &dy, Gelu::Erf);
                 let mut logits = x[..cols].to_vec();
                 let m = row_max::at(lv, &logits);
                 let (se, tl) = cross_entropy_partials_row::at(lv, &logits, Some(5), m);
@@ -388,6 +392,8 @@ mod tests {
                     bits(&db),
                     bits(&g),
                     bits(&dg),
+                    bits(&ge),
+                    bits(&dge),
                     bits(&logits),
                     bits(&[m, se, tl]),
                     bits(&p),

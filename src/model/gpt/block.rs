@@ -90,6 +90,8 @@ pub(super) struct Dims {
     pub(super) precision: Precision,
     pub(super) ops: LayerOps,
     pub(super) swiglu: bool,
+    /// The GELU's form where the MLP is not SwiGLU.
+    pub(super) gelu: crate::device::Gelu,
     /// Rotary positions (the table is the pass's `rope`).
     pub(super) rotary: Option<Rotary>,
     /// This layer's dropouts in a training forward (and its backward and recomputation).
@@ -142,7 +144,7 @@ pub(super) fn layer_forward<'w, D: Device>(
     if dims.swiglu {
         dev.swiglu_forward(&mut la.gelu, &la.fc1, r.full, wd.fl);
     } else {
-        dev.gelu_forward(&mut la.gelu, &la.fc1);
+        dev.gelu_forward(&mut la.gelu, &la.fc1, dims.gelu);
     }
     dev.round_to(&mut la.gelu, precision);
     let Some(x_out) = x_out else { return };
@@ -216,7 +218,7 @@ pub(super) fn layer_backward<'w, D: Device>(
     if dims.swiglu {
         dev.swiglu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, r.full, wd.fl);
     } else {
-        dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn);
+        dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, dims.gelu);
     }
     {
         let gs = ops.fc1.grads(grads);

@@ -142,8 +142,8 @@ impl<D: Device> Gpt<D> {
         let d = self.cfg.head_dim();
         let shape = AttentionShape::new(r.sub_batch, r.seq, wd.heads, d).grouped(wd.kv_heads);
         let rotary = self.rope.as_ref().map(|_| Rotary { rotary_dim: self.cfg.arch.rotary_dim(d), t0: 0 });
-        let (ops, swiglu) = (self.layout.ops, self.cfg.arch.swiglu);
-        Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, rotary, dropout: Default::default() }
+        let (ops, swiglu, gelu) = (self.layout.ops, self.cfg.arch.swiglu, self.cfg.arch.gelu);
+        Dims { rows: r, shape, wd, precision: self.precision, ops, swiglu, gelu, rotary, dropout: Default::default() }
     }
 
     /// Block `l`'s forward of activation set `index`, counting what its groups moved; under

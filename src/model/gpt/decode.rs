@@ -89,15 +89,33 @@ impl<D: Device> Gpt<D> {
             }
             dev.copy(cached, t0 * wd.ql, &qkv, 0, n * wd.ql);
             dev.attention_decode(&mut attn, cached, shape, t0);
-            pass.linear_out_forward(&mut mid, &x, &attn, wb(ops.proj_params()), (&mut tmp, &mut None), None, r, (wd.attn, h));
+            pass.linear_out_forward(
+                &mut mid,
+                &x,
+                &attn,
+                wb(ops.proj_params()),
+                (&mut tmp, &mut None),
+                None,
+                r,
+                (wd.attn, h),
+            );
             pass.ln_forward(&mut ln, &mid, wb(ops.ln2_params()), n, h);
             pass.linear_in_forward(&mut fc1, &mut ln, wb(ops.fc1_params()), r, (h, wd.fc1));
             if cfg.arch.swiglu {
                 dev.swiglu_forward(&mut act, &fc1, n, wd.fl);
             } else {
-                dev.gelu_forward(&mut act, &fc1);
+                dev.gelu_forward(&mut act, &fc1, cfg.arch.gelu);
             }
-            pass.linear_out_forward(&mut x, &mid, &act, wb(ops.fc2_params()), (&mut tmp, &mut None), None, r, (wd.f, h));
+            pass.linear_out_forward(
+                &mut x,
+                &mid,
+                &act,
+                wb(ops.fc2_params()),
+                (&mut tmp, &mut None),
+                None,
+                r,
+                (wd.f, h),
+            );
         }
         cache.len += n;
         let (lnf, lnf_b) = lay.lnf_params();

@@ -22,7 +22,7 @@
 use crate::comm::Bf16;
 use crate::device::prelude::*;
 use crate::device::reference::ReferenceDevice;
-use crate::device::{AttentionShape, LayerNormSaved, Logits, Matrix, Tokens};
+use crate::device::{AttentionShape, Gelu, LayerNormSaved, Logits, Matrix, Tokens};
 use crate::error::{Error, Result};
 use crate::gpu::buffer::DeviceMem;
 use crate::gpu::hip::Hip;
@@ -754,15 +754,15 @@ fn gelu(b: &Bench, planned: &[KernelLaunch], n: usize) -> Result<Vec<GpuRecord>>
     let dout = bf16_values(n, 8);
     let (d_inp, d_dout, d_out, d_dinp) = (b.upload(&inp)?, b.upload(&dout)?, b.zeroed(2 * n)?, b.zeroed(2 * n)?);
     let nn = int("n", n)?;
-    let fwd_l = args::gelu_fwd_bf16(d_out.pointer(), d_inp.pointer(), nn);
-    let bwd_l = args::gelu_bwd_bf16(d_dinp.pointer(), d_inp.pointer(), d_dout.pointer(), nn);
+    let fwd_l = args::gelu_fwd_bf16(d_out.pointer(), d_inp.pointer(), nn, 0);
+    let bwd_l = args::gelu_bwd_bf16(d_dinp.pointer(), d_inp.pointer(), d_dout.pointer(), nn, 0);
     b.launch(&planned[0], &fwd_l)?;
     b.launch(&planned[1], &bwd_l)?;
     let p = n.min(CHECK_ELEMENTS);
     let (dev, x_r) = (ReferenceDevice, wide_bf16(&inp[..p]));
     let (mut out_r, mut dinp_r) = (vec![0f64; p], vec![0f64; p]);
-    dev.gelu_forward(&mut out_r, &x_r);
-    dev.gelu_backward(&mut dinp_r, &x_r, &wide_bf16(&dout[..p]));
+    dev.gelu_forward(&mut out_r, &x_r, Gelu::Tanh);
+    dev.gelu_backward(&mut dinp_r, &x_r, &wide_bf16(&dout[..p]), Gelu::Tanh);
     let fwd = worst(&b.bf16s(&d_out, p)?, &out_r, Bound::Bf16);
     let bwd = worst(&b.bf16s(&d_dinp, p)?, &dinp_r, Bound::Bf16);
     let work = [4.0 * n as f64, 6.0 * n as f64].map(Work::Bytes);
