@@ -729,11 +729,12 @@ fn reject_unbuilt(args: &Args) -> Result<()> {
 /// the base architecture's (a preset's, a checkpoint's). A SwiGLU MLP has no GELU.
 fn gelu(args: &Args, a: &Arch) -> crate::device::Gelu {
     use crate::device::Gelu;
-    let unfused = args.has("--no-bias-gelu-fusion") || args.has("--disable-bias-linear");
-    match () {
-        _ if a.swiglu || args.has("--openai-gelu") => Gelu::Tanh,
-        _ if unfused => Gelu::Erf,
-        _ => a.gelu,
+    if a.swiglu || args.has("--openai-gelu") {
+        Gelu::Tanh
+    } else if args.has("--no-bias-gelu-fusion") || args.has("--disable-bias-linear") {
+        Gelu::Erf
+    } else {
+        a.gelu
     }
 }
 

@@ -405,7 +405,6 @@ impl<D: Device> Pipeline<'_, D> {
     /// global batch starts at sample `consumed`, its loss counts `tokens`, its gradients are
     /// scaled by `loss_scale`); the last stage's summed token loss stays in its last chunk's
     /// accumulator (`take_loss`).
-    #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &self,
         chunks: &mut [Chunk<D>],

@@ -499,6 +499,7 @@ pub fn args_namespace(full: &FullCheckpoint) -> Value {
     let a = &m.arch;
     let meta_count = |k: &str| full.meta.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
     let int = |v: usize| Value::Int(v as i64);
+    let tanh_gelu = !a.swiglu && a.gelu == crate::device::Gelu::Tanh;
     let mut out: Vec<(String, Value)> = vec![
         ("num_layers".into(), int(m.num_layers)),
         ("hidden_size".into(), int(m.hidden_size)),
@@ -535,8 +536,8 @@ pub fn args_namespace(full: &FullCheckpoint) -> Value {
         ),
         // The tanh GELU is Megatron-LM's fused bias-GELU (`--openai-gelu` in older versions); the
         // exact one runs unfused.
-        ("openai_gelu".into(), Value::Bool(!a.swiglu && a.gelu == crate::device::Gelu::Tanh)),
-        ("bias_gelu_fusion".into(), Value::Bool(!a.swiglu && a.gelu == crate::device::Gelu::Tanh)),
+        ("openai_gelu".into(), Value::Bool(tanh_gelu)),
+        ("bias_gelu_fusion".into(), Value::Bool(tanh_gelu)),
         ("padded_vocab_size".into(), int(m.padded_vocab_size)),
         ("make_vocab_size_divisible_by".into(), Value::Int(meta_count("make_vocab_size_divisible_by").max(1))),
         ("tensor_model_parallel_size".into(), Value::Int(1)),
