@@ -394,7 +394,10 @@ const TRAIN_REST: &[FlagSpec] = &[
         "--eod-mask-loss",
         "leave out of the loss the prediction after each end-of-document token (training and validation)",
     ),
-    switch("--reset-position-ids", "not built yet: positions run over whole samples; per-document positions are issue 50"),
+    switch(
+        "--reset-position-ids",
+        "restart a sample's learned positions at 0 after each end-of-document token (rotary ones run on, as in Megatron)",
+    ),
     switch(
         "--reset-attention-mask",
         "not built yet: attention spans whole samples; per-document attention masks are issue 50",

@@ -181,7 +181,7 @@ fn every_unbuilt_megatron_flag_is_refused_by_name() {
         refused += 1;
     }
     assert!(refused >= 15, "{refused} refused flags");
-    assert_clean_error(&train_on(&p, &["--reset-position-ids"]), &["--reset-position-ids", "issue 50"]);
+    assert_clean_error(&train_on(&p, &["--reset-attention-mask"]), &["--reset-attention-mask", "issue 50"]);
     // The recompute flags that are built: the values trident's full recompute is.
     let o = train_on(&p, &["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));

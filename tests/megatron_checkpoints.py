@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -194,7 +195,7 @@ def latest(root):
         return os.path.join(root, f"iter_{int(f.read().strip()):07d}")
 
 
-def logits(ckpt, tokens, out):
+def logits(ckpt, tokens, out, eod=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("TRIDENT_MCORE_PORT", "29611"))
     dist.init_process_group("gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
@@ -213,6 +214,12 @@ def logits(ckpt, tokens, out):
     with torch.no_grad():
         out_logits = model(ids, positions, attention_mask=mask)[0].to(torch.float32).contiguous()
     out_logits.numpy().astype("<f4").tofile(out)
+    if eod is not None:
+        # --reset-position-ids: the position ids megatron-core's GPT dataset gives the sample.
+        _, _, reset = _get_ltor_masks_and_position_ids(ids[0], eod, True, False, False, False)
+        with torch.no_grad():
+            out_logits = model(ids, reset.unsqueeze(0), attention_mask=mask)[0].to(torch.float32).contiguous()
+        out_logits.numpy().astype("<f4").tofile(out + ".reset")
     dist.destroy_process_group()
 
 
@@ -220,7 +227,7 @@ def main(argv):
     if argv[0] == "make":
         torch.multiprocessing.spawn(make_rank, args=(4, argv[1], argv[2]), nprocs=4, join=True)
     elif argv[0] == "logits":
-        logits(argv[1], [int(t) for t in argv[2].split(",")], argv[3])
+        logits(argv[1], [int(t) for t in argv[2].split(",")], argv[3], int(argv[4]) if len(argv) > 4 else None)
     else:
         sys.exit(f"unknown command {argv[0]}")
 

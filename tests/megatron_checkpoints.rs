@@ -8,7 +8,8 @@
 //! tensor-parallel 2 x pipeline 2, one Adam step taken by its optimizer, and saved by its
 //! dist_checkpointing (and as legacy per-rank files) load here with megatron-core's logits (1e-5
 //! of each position's largest) and, from torch_dist, its AdamW moments and step, keep training
-//! (at tensor-parallel 2 too), and come back through `convert --save-megatron` into megatron-core
+//! (at tensor-parallel 2 too), give its logits under the position ids its GPT dataset makes for
+//! `--reset-position-ids` (which move GPT's learned positions only), and come back through `convert --save-megatron` into megatron-core
 //! with trident's logits.
 
 mod common;
@@ -75,7 +76,9 @@ fn assert_logits_close(what: &str, ours: &[f32], theirs: &[f32], vocab: usize) {
     }
 }
 
-const TOKENS: [u32; 6] = [1, 5, 9, 200, 33, 299];
+/// A prompt with two end-of-document tokens (299, the last id) inside it.
+const TOKENS: [u32; 8] = [1, 5, 299, 9, 200, 33, 299, 7];
+const EOD: u32 = 299;
 
 fn joined() -> String {
     TOKENS.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
@@ -92,9 +95,20 @@ fn port() -> String {
     (20000 + std::process::id() % 20000).to_string()
 }
 
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
 fn megatron_logits(py: &str, ckpt: &Path, out: &Path) -> Vec<f32> {
     python(py, &["logits", s(ckpt), &joined(), s(out)]);
-    std::fs::read(out).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    read_f32(out)
+}
+
+/// megatron-core's logits of TOKENS with its own position ids, then with those its GPT dataset
+/// gives under `--reset-position-ids` (`_get_ltor_masks_and_position_ids`).
+fn megatron_logits_and_reset(py: &str, ckpt: &Path, out: &Path) -> (Vec<f32>, Vec<f32>) {
+    python(py, &["logits", s(ckpt), &joined(), s(out), &EOD.to_string()]);
+    (read_f32(out), read_f32(&PathBuf::from(format!("{}.reset", s(out)))))
 }
 
 #[test]
@@ -108,7 +122,9 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
     for case in ["gpt", "llama"] {
         let made = dir.join(case);
         python(&py, &["make", s(&made), case]);
-        let theirs = megatron_logits(&py, &made.join("dist"), &dir.join(format!("{case}.logits")));
+        let (theirs, reset) = megatron_logits_and_reset(&py, &made.join("dist"), &dir.join(format!("{case}.logits")));
+        // megatron-core's rotary angles do not read the position ids: only GPT's positions move.
+        assert_eq!(theirs != reset, case == "gpt", "{case}: the logits under reset positions");
         for format in ["dist", "legacy"] {
             let full = read_full(&made.join(format)).unwrap();
             assert_eq!(full.iteration, 7, "{case} {format}");
@@ -116,6 +132,8 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
             let ours = checkpoint_logits(&full, &TOKENS);
             assert_logits_close(&format!("{case} {format}"), &ours, &theirs, full.model.padded_vocab_size);
             if format == "dist" {
+                let ours = checkpoint_logits_reset(&full, &TOKENS, Some(EOD));
+                assert_logits_close(&format!("{case} --reset-position-ids"), &ours, &reset, full.model.padded_vocab_size);
                 assert_moments_of_one_step(case, &full);
             } else {
                 assert_eq!(full.meta["optimizer_state"], "none", "the legacy files' optimizer state is not mapped");

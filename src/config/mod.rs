@@ -110,6 +110,8 @@ pub struct TrainConfig {
     /// `--eod-mask-loss` and `--calculate-per-token-loss`: the tokens the loss counts and how
     /// it is averaged.
     pub loss: LossAveraging,
+    /// `--reset-position-ids`: the end-of-document id after which a sample's positions restart.
+    pub reset_position_ids: Option<u32>,
     /// `--distributed-timeout-minutes`: the longest a rank waits on the others (`comm::watchdog`).
     pub distributed_timeout_minutes: f64,
     /// `--profile`: the iterations it covers and the ranks that take part.
@@ -219,6 +221,7 @@ impl TrainConfig {
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let seed = args.u64("--seed")?.unwrap_or(1234);
         let dropout = dropout(args, seed, &mut notes)?;
+        let reset_position_ids = reset_position_ids(args, &model, tokenizer.eod(), &mut notes);
         let steps = step_batches(args, seq_length)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
         let rampup = rampup(args, global_batch_size, steps)?;
@@ -296,6 +299,7 @@ impl TrainConfig {
                 eod_mask: args.has("--eod-mask-loss").then(|| tokenizer.eod()),
                 per_token: args.has("--calculate-per-token-loss"),
             },
+            reset_position_ids,
             no_save_optim: args.has("--no-save-optim"),
             pretrained_checkpoint: args.path("--pretrained-checkpoint"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
@@ -736,6 +740,24 @@ fn gelu(args: &Args, a: &Arch) -> crate::device::Gelu {
     } else {
         a.gelu
     }
+}
+
+/// `--reset-position-ids`'s end-of-document id where the model has a learned position embedding.
+/// Rotary positions are left as megatron-core leaves them (its rotary embedding runs over the whole
+/// sample and never reads the position ids), which a start-up line says.
+fn reset_position_ids(args: &Args, model: &GptConfig, eod: u32, notes: &mut Vec<String>) -> Option<u32> {
+    if !args.has("--reset-position-ids") {
+        return None;
+    }
+    if model.arch.position_embedding == crate::model::PositionEmbedding::LearnedAbsolute {
+        return Some(eod);
+    }
+    notes.push(
+        "--reset-position-ids changes nothing for this model: its positions are not learned ones, and \
+         megatron-core's rotary angles run over the whole sample whatever the position ids say"
+            .to_string(),
+    );
+    None
 }
 
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named

@@ -307,6 +307,8 @@ pub(super) struct Activations<D: Device> {
     pub(super) head: Option<HeadActs<D>>,
     /// The first chunk's tokens (its embedding backward needs them).
     pub(super) tokens: Vec<u32>,
+    /// `--reset-position-ids`: each token's position in its document (sample-major).
+    pub(super) positions: Vec<u32>,
     /// Sequence parallel, first chunk: the embedding before its reduce-scatter.
     pub(super) emb_full: Option<D::Buf>,
     /// Outputs of the row-parallel layers before their reduction (all rows)...
@@ -428,6 +430,7 @@ impl<D: Device> Activations<D> {
             layers,
             head,
             tokens: vec![0; batch * seq],
+            positions: Vec::new(),
             // The word rows of this vocabulary shard, zero elsewhere: their sum is exact in any type.
             emb_full: emb_rows.map(|rows| act(rows * h)),
             tmp_full: dev.alloc(m * h),

@@ -4,6 +4,7 @@
 //! positions act in attention instead), and their backward into the tables.
 
 use super::activations::Widths;
+use super::documents::{add_document_positions, document_positions, document_positions_backward};
 use super::tensor_parallel::{Norm, Pass};
 use super::{Gpt, Layout, Weights};
 use crate::device::dropout::Site;
@@ -34,6 +35,7 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, precision, mp, lay) = (&self.cfg, self.precision, self.mp, self.layout);
+        let reset = self.reset_positions.is_some() && self.layout.wpe().is_some();
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
         let r = a.rows;
@@ -41,6 +43,9 @@ impl<D: Device> Gpt<D> {
         let h = wd.h;
         assert_eq!(tokens.len(), batch * seq);
         a.tokens.copy_from_slice(tokens);
+        if let (Some(eod), true) = (self.reset_positions, reset) {
+            document_positions(tokens, seq, eod, &mut a.positions);
+        }
         // This shard's word rows, summed over the group (reduce-scattered to this rank's
         // positions under SP; to this rank's batch block under SUMMA), then the position
         // embedding of those positions.
@@ -58,7 +63,10 @@ impl<D: Device> Gpt<D> {
                 let mut wpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
                 let at = lay.wpe().expect("SUMMA runs GPT-2's learned positions");
                 summa::gather_stacked(dev, s.col, &p[at], &mut wpe);
-                dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr);
+                match reset {
+                    true => add_document_positions(dev, &mut a.resid[0], &wpe, &a.positions, &r, wd.hr),
+                    false => dev.position_forward(&mut a.resid[0], &wpe, r.sub_batch, 0, seq, wd.hr),
+                }
             }
             (Some(emb), _, _) => {
                 dev.embedding_forward(emb, &p[Layout::WTE], Tokens { ids: tokens, batch, seq, vocab_start }, h);
@@ -76,8 +84,10 @@ impl<D: Device> Gpt<D> {
                 all_reduce(dev, tp.comm, &mut a.resid[0]);
             }
         }
-        if let (None, Some(at)) = (mp.summa, lay.wpe()) {
-            dev.position_forward(&mut a.resid[0], &p[at], batch, r.t0, r.positions, h);
+        match (mp.summa, lay.wpe()) {
+            (None, Some(at)) if reset => add_document_positions(dev, &mut a.resid[0], &p[at], &a.positions, &r, h),
+            (None, Some(at)) => dev.position_forward(&mut a.resid[0], &p[at], batch, r.t0, r.positions, h),
+            _ => {}
         }
         if let Some(d) = dropout {
             dev.dropout(&mut a.resid[0], &d, Matrix { rows: r.local, cols: wd.hr });
@@ -91,6 +101,7 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, mp, lay) = (&self.cfg, self.mp, self.layout);
+        let reset = self.reset_positions.is_some() && self.layout.wpe().is_some();
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
         let g = &mut self.params.grads;
@@ -104,7 +115,10 @@ impl<D: Device> Gpt<D> {
             (Some((s, _)), Some(c)) => {
                 // Position rows: this block's gradient, summed down the column into the shard.
                 let mut dwpe = dev.alloc(cfg.max_position_embeddings * wd.hr);
-                dev.position_backward(&mut dwpe, &a.grad.d_resid, r.sub_batch, 0, r.seq, wd.hr);
+                match reset {
+                    true => document_positions_backward(dev, &mut dwpe, &a.grad.d_resid, &a.positions, &r, wd.hr),
+                    false => dev.position_backward(&mut dwpe, &a.grad.d_resid, r.sub_batch, 0, r.seq, wd.hr),
+                }
                 let at = lay.wpe().expect("SUMMA runs GPT-2's learned positions");
                 summa::scatter_stacked_add(dev, s.col, &dwpe, &mut g[at]);
                 // Word rows: every batch block of the depth layer against this vocabulary block.
@@ -124,8 +138,10 @@ impl<D: Device> Gpt<D> {
             }
             _ => {
                 let d = &mut a.grad;
-                if let Some(at) = lay.wpe() {
-                    dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h);
+                match lay.wpe() {
+                    Some(at) if reset => document_positions_backward(dev, &mut g[at], &d.d_resid, &a.positions, &r, h),
+                    Some(at) => dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h),
+                    None => {}
                 }
                 let pass =
                     Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };

@@ -19,6 +19,7 @@ mod activations;
 mod block;
 mod chunk;
 mod decode;
+mod documents;
 mod dropout;
 mod embedding;
 mod head;
@@ -37,6 +38,7 @@ use block::LayerOps;
 use std::ops::Range;
 
 pub use decode::KvCache;
+pub use documents::document_positions;
 pub use dropout::{DropoutRates, DropoutStep};
 
 /// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
@@ -165,6 +167,8 @@ pub struct Gpt<D: Device> {
     loss_slot: usize,
     /// Rotary positions: the table of angles for every position (`Arch::rotary_table`).
     rope: Option<D::Buf>,
+    /// `--reset-position-ids`: the end-of-document id after which the learned positions restart.
+    reset_positions: Option<u32>,
     /// The dropout probabilities, and the training step whose forwards drop (`dropout.rs`).
     dropout: DropoutRates,
     dropout_step: Option<DropoutStep>,
@@ -219,6 +223,7 @@ impl<D: Device> Gpt<D> {
             loss: dev.scalars(1),
             loss_slot: 0,
             rope,
+            reset_positions: None,
             dropout: DropoutRates::default(),
             dropout_step: None,
         };
