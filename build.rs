@@ -4,7 +4,7 @@
 //! kernels both vendors compile, and of `kernels-cuda/`, with every `common/*.h` of `kernels/` and
 //! `common/*.cuh` of `kernels-cuda/`, not the emulation in `emu/`) as text, for NVRTC to compile at
 //! run time (src/gpu/kernels/cuda.rs). When `TRIDENT_CUDA_ARCHS` is set (e.g. `80;90a`), it also compiles each
-//! kernel file ahead of time with nvcc (`$TRIDENT_NVCC`, else `nvcc` on the PATH) to one CUBIN
+//! kernel file ahead of time (as many at once as cargo's `-j`) with nvcc (`$TRIDENT_NVCC`, else `nvcc` on the PATH) to one CUBIN
 //! per architecture and 16-bit storage type (bf16, and fp16 with `-DTRIDENT_FP16`) and embeds those
 //! images; a set variable without a working nvcc is a build
 //! error, never a silent fallback. Unset (the default), no nvcc is looked for.
@@ -32,6 +32,34 @@ fn output(cmd: &str, args: &[&str]) -> Option<String> {
     let text = String::from_utf8(out.stdout).ok()?;
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_string())
+}
+
+/// Runs the ahead-of-time compiles `jobs` (each a compiler command and what it compiles) as many
+/// at a time as cargo's `-j` allows (`NUM_JOBS`; every core by default): on a login node the
+/// kernels of several architectures take minutes one after another. Panics with the first failure
+/// in `jobs`' order, and its compiler's output.
+fn compile_all(jobs: Vec<(Command, String)>) {
+    let workers = std::env::var("NUM_JOBS").ok().and_then(|n| n.parse::<usize>().ok()).unwrap_or(1).clamp(1, 64);
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let Some((i, (mut cmd, what))) = queue.lock().unwrap().pop() else { return };
+                let failure = match cmd.output() {
+                    Ok(out) if out.status.success() => continue,
+                    Ok(out) => format!("build.rs: {what} failed:\n{}", String::from_utf8_lossy(&out.stderr)),
+                    Err(e) => format!("build.rs: {what}: {e}"),
+                };
+                failures.lock().unwrap().push((i, failure));
+            });
+        }
+    });
+    let mut failures = failures.into_inner().unwrap();
+    failures.sort();
+    if let Some((_, first)) = failures.into_iter().next() {
+        panic!("{first}");
+    }
 }
 
 /// The files of `dir` ending in `ext`, sorted by name.
@@ -135,28 +163,21 @@ fn embed_kernels(out_dir: &Path) {
         nvcc_line = version.lines().last().unwrap_or("").to_string();
         let aot = out_dir.join("aot");
         std::fs::create_dir_all(&aot).expect("build.rs: create OUT_DIR/aot");
+        let mut jobs = Vec::new();
         for k in &kernels {
             for arch in &archs {
                 for (module, defines, table) in [("", &[][..], &mut gen), (".fp16", &["-DTRIDENT_FP16"][..], &mut fp16)]
                 {
                     let cubin = aot.join(format!("{}.{arch}{module}.cubin", name(k).trim_end_matches(".cu")));
                     let virt = arch.replace("sm_", "compute_");
-                    let out = Command::new(&nvcc)
-                        .args(["-cubin", "-O3", "-std=c++17", &format!("-gencode=arch={virt},code={arch}")])
+                    let mut cmd = Command::new(&nvcc);
+                    cmd.args(["-cubin", "-O3", "-std=c++17", &format!("-gencode=arch={virt},code={arch}")])
                         .args(include_paths(&root))
                         .args(defines)
                         .arg("-o")
                         .arg(&cubin)
-                        .arg(k)
-                        .output()
-                        .unwrap_or_else(|e| panic!("build.rs: running {nvcc}: {e}"));
-                    if !out.status.success() {
-                        panic!(
-                            "build.rs: nvcc failed on {} for {arch}{module}:\n{}",
-                            k.display(),
-                            String::from_utf8_lossy(&out.stderr)
-                        );
-                    }
+                        .arg(k);
+                    jobs.push((cmd, format!("{nvcc} on {} for {arch}{module}", k.display())));
                     writeln!(
                         table,
                         "    ({:?}, {:?}, include_bytes!({:?})),",
@@ -168,6 +189,7 @@ fn embed_kernels(out_dir: &Path) {
                 }
             }
         }
+        compile_all(jobs);
     }
     gen.push_str("];\n");
     fp16.push_str("];\n");
@@ -241,6 +263,7 @@ fn embed_hip_kernels(out_dir: &Path) {
         compiler_line = version.lines().find(|l| l.contains("clang version")).unwrap_or("").trim().to_string();
         let aot = out_dir.join("hip-aot");
         std::fs::create_dir_all(&aot).expect("build.rs: create OUT_DIR/hip-aot");
+        let mut jobs = Vec::new();
         for k in &kernels {
             for arch in &archs {
                 for (module, defines, table) in [("", &[][..], &mut gen), (".fp16", &["-DTRIDENT_FP16"][..], &mut fp16)]
@@ -252,8 +275,7 @@ fn embed_hip_kernels(out_dir: &Path) {
                     if let Some(dir) = &device_libs {
                         cmd.arg(format!("--rocm-device-lib-path={dir}"));
                     }
-                    let out = cmd
-                        .arg(format!("--offload-arch={arch}"))
+                    cmd.arg(format!("--offload-arch={arch}"))
                         .args([
                             "-O3",
                             "-std=c++17",
@@ -266,21 +288,14 @@ fn embed_hip_kernels(out_dir: &Path) {
                         .args(include_paths(&root))
                         .arg("-o")
                         .arg(&co)
-                        .arg(k)
-                        .output()
-                        .unwrap_or_else(|e| panic!("build.rs: running {hipcc}: {e}"));
-                    if !out.status.success() {
-                        panic!(
-                            "build.rs: {hipcc} failed on {} for {arch}{module}:\n{}",
-                            k.display(),
-                            String::from_utf8_lossy(&out.stderr)
-                        );
-                    }
+                        .arg(k);
+                    jobs.push((cmd, format!("{hipcc} on {} for {arch}{module}", k.display())));
                     let path = co.display().to_string();
                     writeln!(table, "    ({:?}, {:?}, include_bytes!({:?})),", name(k), arch, path).unwrap();
                 }
             }
         }
+        compile_all(jobs);
     }
     gen.push_str("];\n");
     fp16.push_str("];\n");

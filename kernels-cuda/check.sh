@@ -47,17 +47,34 @@ declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [gemm_bf16_bwd.cu]="HMMA" [attention
 declare -A EVERY_KERNEL_HAS=([gemm_bf16_sm90.cu:sm_90a]="HGMMA UTMALDG")
 
 status=0
-printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
 # module -> its define (the bf16 module has none: the text it always was)
 declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
-for src in kernels/*.cu kernels-cuda/*.cu; do
+# Every compile first, as many at once as there are cores (KERNELS_CHECK_JOBS), each one's ptxas
+# report and exit status kept beside its cubin; the checks below read them in order. The GEMM and
+# attention files, the longest compiles, start first.
+jobs_max=${KERNELS_CHECK_JOBS:-$(nproc)}
+for src in kernels-cuda/*.cu kernels/*.cu; do
   file=$(basename "$src")
   for module in bf16 fp16; do
-  label=$file; [ "$module" = bf16 ] || label="$file[$module]"
   for arch in sm_80 sm_90a; do
     cubin=$OUT/${file%.cu}.$arch.$module.cubin
     # shellcheck disable=SC2086 # the flags are words
-    if ! log=$("$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${MODULE_FLAGS[$module]} -I kernels -I kernels-cuda ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" 2>&1); then
+    { "$NVCC" -cubin -O3 -std=c++17 ${ARCH_FLAGS[$arch]} ${MODULE_FLAGS[$module]} -I kernels -I kernels-cuda ${KERNELS_CHECK_NVCC_FLAGS:-} -Xptxas -v -o "$cubin" "$src" >"$cubin.log" 2>&1
+      echo $? >"$cubin.status"; } &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  done
+  done
+done
+wait
+printf '%-7s %-18s %-30s %5s %10s %9s %14s\n' arch file kernel regs smem_bytes stack spill_st/ld
+for src in kernels/*.cu kernels-cuda/*.cu; do
+  file=$(basename "$src")
+  for module in bf16 fp16; do
+  label=$file; [ "$module" = bf16 ] || label="${file}[$module]"
+  for arch in sm_80 sm_90a; do
+    cubin=$OUT/${file%.cu}.$arch.$module.cubin
+    log=$(cat "$cubin.log")
+    if [ "$(cat "$cubin.status")" != 0 ]; then
       echo "$log" >&2
       echo "kernels-check: $label does not compile for $arch" >&2
       status=1
@@ -84,7 +101,7 @@ for src in kernels/*.cu kernels-cuda/*.cu; do
     if [ -n "$want" ]; then
       n=$("$CUOBJDUMP" -sass "$cubin" | grep -c "$want" || true)
       if [ "$n" -gt 0 ]; then
-        ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "$want[.A-Z0-9x]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
+        ops=$("$CUOBJDUMP" -sass "$cubin" | grep -oE "${want}[.A-Z0-9x]*" | sort | uniq -c | awk '{printf "%s x%s ", $2, $1}')
         echo "        SASS of $label for $arch: $ops"
       else
         echo "kernels-check: no $want in the SASS of $label for $arch" >&2

@@ -64,6 +64,21 @@ status=0
 # attention code must issue, and the one it must not
 declare -A MODULE_FLAGS=([bf16]="" [fp16]="-DTRIDENT_FP16")
 declare -A MODULE_MFMA=([bf16]='v_mfma_f32_32x32x8_?bf16(_1k)?' [fp16]='v_mfma_f32_32x32x8_?f16')
+# Every compile first, as many at once as there are cores (KERNELS_CHECK_JOBS), each one's
+# remarks and exit status kept beside its code object; the checks below read them in order. The
+# GEMM and attention files, the longest compiles, start first.
+jobs_max=${KERNELS_CHECK_JOBS:-$(nproc)}
+for src in kernels-hip/*.hip kernels/*.cu; do
+  file=$(basename "$src")
+  for module in bf16 fp16; do
+  for arch in gfx90a gfx942; do
+    co=$OUT/${file%.*}.$arch.$module.co
+    { compile "$arch" "$src" "$co" "${MODULE_FLAGS[$module]}" >"$co.log" 2>&1; echo $? >"$co.status"; } &
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+  done
+  done
+done
+wait
 printf '%-7s %-24s %-36s %5s %5s %5s %8s %6s %6s\n' arch file kernel SGPR VGPR AGPR scratch LDS waves
 for src in kernels/*.cu kernels-hip/*.hip; do
   file=$(basename "$src")
@@ -72,7 +87,8 @@ for src in kernels/*.cu kernels-hip/*.hip; do
   other=$([ "$module" = bf16 ] && echo fp16 || echo bf16)
   for arch in gfx90a gfx942; do
     co=$OUT/${file%.*}.$arch.$module.co
-    if ! log=$(compile "$arch" "$src" "$co" "${MODULE_FLAGS[$module]}" 2>&1); then
+    log=$(cat "$co.log")
+    if [ "$(cat "$co.status")" != 0 ]; then
       echo "$log" | grep -v 'remark:' >&2
       echo "kernels-check: $label does not compile for $arch" >&2
       status=1
