@@ -165,7 +165,7 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     ),
     switch(
         "--no-create-attention-mask-in-dataloader",
-        "no effect: the attention is causal by construction; no mask is ever built",
+        "no effect: the attention is causal by construction; no mask is ever built (refused with --reset-attention-mask)",
     ),
     switch("--no-mmap-bin-files", "no effect: the .bin files are always memory-mapped; the samples are the same"),
     switch(
@@ -400,7 +400,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     switch(
         "--reset-attention-mask",
-        "not built yet: attention spans whole samples; per-document attention masks are issue 50",
+        "attend within each document of a sample only (on the CPU; on GPUs not built yet, issue 50)",
     ),
     switch(
         "--fp32-residual-connection",

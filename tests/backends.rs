@@ -44,7 +44,7 @@ fn compare(what: &str, inputs: &[Vec<f32>], op: Op) {
 trait AnyDevice {
     fn linear(&self, x: &[f32], w: &[f32], b: &[f32], shape: Gemm, dy: &[f32]) -> Vec<Vec<f32>>;
     fn layernorm(&self, x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, dy: &[f32]) -> Vec<Vec<f32>>;
-    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>>;
+    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32], documents: Option<&[u32]>) -> Vec<Vec<f32>>;
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>>;
     fn embedding(&self, tokens: &[u32], wte: &[f32], wpe: &[f32], dy: &[f32], dims: [usize; 3]) -> Vec<Vec<f32>>;
     fn misc(&self, x: &[f32], y: &[f32]) -> Vec<Vec<f32>>;
@@ -77,12 +77,12 @@ impl<D: Device> AnyDevice for D {
         );
         vec![host(self, &out), host(self, &dx), host(self, &dw), host(self, &db)]
     }
-    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32]) -> Vec<Vec<f32>> {
+    fn attention(&self, qkv: &[f32], shape: AttentionShape, dy: &[f32], documents: Option<&[u32]>) -> Vec<Vec<f32>> {
         let (qkv, dy) = (on(self, qkv), on(self, dy));
         let (mut out, mut lse) = (self.alloc(shape.rows() * shape.width()), self.alloc(shape.rows() * shape.heads));
-        self.attention_forward(&mut out, &mut lse, &qkv, shape, None);
+        self.attention_forward(&mut out, &mut lse, &qkv, shape, None, documents);
         let mut dqkv = self.alloc(3 * shape.rows() * shape.width());
-        self.attention_backward(&mut dqkv, &dy, &qkv, &out, &lse, shape, None);
+        self.attention_backward(&mut dqkv, &dy, &qkv, &out, &lse, shape, None, documents);
         vec![host(self, &out), host(self, &lse), host(self, &dqkv)]
     }
     fn cross_entropy(&self, logits: &[f32], targets: &[u32], rows: usize, vocab: usize) -> Vec<Vec<f32>> {
@@ -192,7 +192,14 @@ fn attention_matches_reference() {
     ] {
         let inputs =
             vec![random(3 * shape.rows() * shape.width(), "qkv", 1.0), random(shape.rows() * shape.width(), "dy", 1.0)];
-        compare(&format!("attention {shape:?}"), &inputs, &|d, i| d.attention(&i[0], shape, &i[1]));
+        compare(&format!("attention {shape:?}"), &inputs, &|d, i| d.attention(&i[0], shape, &i[1], None));
+        // --reset-attention-mask: documents of 1 to 70 tokens (an end-of-document id 0 in
+        // about one token of 23), in tiles of the CPU kernel's queries too.
+        let tokens: Vec<u32> = (0..shape.rows()).map(|i| ((i * 7919 + 13) % 23) as u32).collect();
+        let mut starts = Vec::new();
+        trident::model::gpt::document_starts(&tokens, shape.seq, 0, &mut starts);
+        let within = |d: &dyn AnyDevice, i: &[Vec<f32>]| d.attention(&i[0], shape, &i[1], Some(&starts));
+        compare(&format!("attention within documents {shape:?}"), &inputs, &within);
     }
 }
 

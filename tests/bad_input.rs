@@ -181,7 +181,10 @@ fn every_unbuilt_megatron_flag_is_refused_by_name() {
         refused += 1;
     }
     assert!(refused >= 15, "{refused} refused flags");
-    assert_clean_error(&train_on(&p, &["--reset-attention-mask"]), &["--reset-attention-mask", "issue 50"]);
+    let gpu_mask = train_on(&p, &["--reset-attention-mask", "--device", "cuda", "--bf16"]);
+    assert_clean_error(&gpu_mask, &["--reset-attention-mask", "issue 50"]);
+    let no_mask = train_on(&p, &["--reset-attention-mask", "--no-create-attention-mask-in-dataloader"]);
+    assert_clean_error(&no_mask, &["--reset-attention-mask", "Megatron-LM refuses the pair"]);
     // The recompute flags that are built: the values trident's full recompute is.
     let o = train_on(&p, &["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -3,8 +3,10 @@
 //! splits what positions touch (the sequence under tensor + sequence parallelism, the layers over
 //! pipeline stages, the batch and the hidden size under 2-D tensor parallelism) trains as one rank
 //! does, and the positions change what is trained; a rotary model trains as without the flag, as
-//! in megatron-core. The logits against megatron-core's own position ids are checked in
-//! tests/megatron_checkpoints.rs.
+//! in megatron-core. Under `--reset-attention-mask` attention stays within each document, and the
+//! same layouts, with full and selective recomputation, train as one rank, GPT and Llama. The
+//! logits against megatron-core's own position ids and mask are checked in
+//! tests/megatron_checkpoints.rs, the attention op in tests/gradcheck.rs and tests/backends.rs.
 
 mod common;
 use common::*;
@@ -88,5 +90,47 @@ fn reset_positions_train_as_one_rank_in_every_layout() {
     let (whole, _) = one_rank("llama-whole", true, &[]);
     assert_eq!(reset, whole, "a rotary model trains the same");
     assert!(said.contains("--reset-position-ids changes nothing for this model"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn reset_attention_masks_train_as_one_rank_in_every_layout() {
+    // Each position attends within its own document only (--reset-attention-mask), with the
+    // positions reset too, as Megatron's scripts pass both; recomputation rebuilds the same bounds.
+    let dir = scratch("documents-attention");
+    let prefix = dir.join("docs");
+    write_u16_dataset(&prefix, &short_documents(300));
+    let data = prefix.to_str().unwrap().to_string();
+    let json = |name: &str| dir.join(format!("{name}.jsonl"));
+    let resets = ["--reset-attention-mask", "--reset-position-ids"];
+    for (model, llama) in [("gpt", false), ("llama", true)] {
+        let one_rank = |name: &str, extra: &[&str]| {
+            let j = json(&format!("{model}-{name}"));
+            let a = args(&data, j.to_str().unwrap(), (llama, "2"), extra);
+            losses(&run(&a.iter().map(String::as_str).collect::<Vec<_>>()), &j)
+        };
+        let masked = one_rank("masked", &resets);
+        let positions_only = one_rank("positions", &resets[1..]);
+        assert!(masked[0] != positions_only[0], "{model}: the mask changes nothing: {masked:?}");
+        let tp_sp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"];
+        let mut layouts = vec![
+            (
+                "TP 2 x PP 2, SP, full recompute",
+                "1",
+                [&tp_sp[..], &["--pipeline-model-parallel-size", "2", "--recompute-granularity", "full"]].concat(),
+            ),
+            ("TP 2 x DP 2, SP, selective recompute", "1", [&tp_sp[..], &["--recompute-granularity", "selective"]].concat()),
+        ];
+        if !llama {
+            layouts.push(("2-D TP 2 x 2", "2", vec!["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]));
+        }
+        for (layout, mbs, mut extra) in layouts {
+            let j = json(&format!("{model}-masked-{layout}"));
+            extra.extend(resets);
+            let a = args(&data, j.to_str().unwrap(), (llama, mbs), &extra);
+            let got = losses(&mpirun(4, &a.iter().map(String::as_str).collect::<Vec<_>>()), &j);
+            assert_losses_match(&format!("{model}, {layout}"), &got, &masked);
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -102,12 +102,12 @@ fn attention_backward_matches_finite_differences() {
     let r = random(rows * width, "r", 1.0);
     let fwd = |qkv: &[f64]| {
         let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None, None);
         (out, lse)
     };
     let (out, lse) = fwd(&qkv);
     let mut dqkv = vec![0.0; qkv.len()];
-    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None);
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None, None);
     check("attention dqkv", &mut qkv, &dqkv, &mut |q| dot(&fwd(q).0, &r));
 }
 
@@ -124,14 +124,50 @@ fn attention_backward_with_dropout_matches_finite_differences() {
     let r = random(rows * width, "r", 1.0);
     let fwd = |qkv: &[f64], dropout: Option<&Dropout>| {
         let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, dropout);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, dropout, None);
         (out, lse)
     };
     let (out, lse) = fwd(&qkv, Some(&d));
     assert_ne!(out, fwd(&qkv, None).0, "the masks act");
     let mut dqkv = vec![0.0; qkv.len()];
-    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, Some(&d));
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, Some(&d), None);
     check("attention dqkv with dropout", &mut qkv, &dqkv, &mut |q| dot(&fwd(q, Some(&d)).0, &r));
+}
+
+#[test]
+fn attention_within_documents_is_each_document_alone_and_its_gradient_checks() {
+    // --reset-attention-mask: sample 0 holds documents [0, 3) and [3, 6), sample 1 [0, 2), [2, 5)
+    // and [5, 6); 4 query heads in 2 groups.
+    let dev = ReferenceDevice;
+    let shape = AttentionShape::new(2, 6, 4, 3).grouped(2);
+    let starts: [u32; 12] = [0, 0, 0, 3, 3, 3, /**/ 0, 0, 2, 2, 2, 5];
+    let (rows, width, qw) = (shape.rows(), shape.width(), shape.qkv_width());
+    let mut qkv = random(rows * qw, "qkv", 1.0);
+    let r = random(rows * width, "r", 1.0);
+    let fwd = |qkv: &[f64], documents: Option<&[u32]>| {
+        let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None, documents);
+        (out, lse)
+    };
+    let (out, lse) = fwd(&qkv, Some(&starts));
+    // Each document's outputs are those of the document run alone (rows t * batch + b).
+    for (b, docs) in [(0, vec![0..3, 3..6]), (1, vec![0..2, 2..5, 5..6])] {
+        for doc in docs {
+            let alone = AttentionShape { batch: 1, seq: doc.len(), ..shape };
+            let own: Vec<f64> = doc.clone().flat_map(|t| qkv[(t * 2 + b) * qw..(t * 2 + b + 1) * qw].to_vec()).collect();
+            let (mut o, mut l) = (vec![0.0; doc.len() * width], vec![0.0; doc.len() * shape.heads]);
+            dev.attention_forward(&mut o, &mut l, &own, alone, None, None);
+            for (i, t) in doc.clone().enumerate() {
+                let got = &out[(t * 2 + b) * width..(t * 2 + b + 1) * width];
+                let want = &o[i * width..(i + 1) * width];
+                assert!(got.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-12), "sample {b}, position {t}");
+            }
+        }
+    }
+    assert_ne!(out, fwd(&qkv, None).0, "the documents act");
+    let mut dqkv = vec![0.0; qkv.len()];
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None, Some(&starts));
+    check("attention dqkv within documents", &mut qkv, &dqkv, &mut |q| dot(&fwd(q, Some(&starts)).0, &r));
 }
 
 #[test]
@@ -142,7 +178,7 @@ fn attention_is_causal() {
     let mut qkv = random(shape.rows() * 3 * shape.width(), "qkv", 1.0);
     let run = |qkv: &Vec<f64>| {
         let (mut out, mut lse) = (vec![0.0; shape.rows() * shape.width()], vec![0.0; shape.rows() * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, qkv, shape, None);
+        dev.attention_forward(&mut out, &mut lse, qkv, shape, None, None);
         out
     };
     let before = run(&qkv);
@@ -280,7 +316,7 @@ fn attention_forward_matches_the_textbook_formula() {
     let (rows, width, d) = (shape.rows(), shape.width(), shape.head_dim);
     let qkv = random(rows * 3 * width, "qkv", 1.5);
     let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-    dev.attention_forward(&mut out, &mut lse, &qkv, shape, None);
+    dev.attention_forward(&mut out, &mut lse, &qkv, shape, None, None);
     let at = |t: usize, b: usize, h: usize, part: usize, j: usize| {
         qkv[(t * shape.batch + b) * 3 * width + h * 3 * d + part * d + j]
     };

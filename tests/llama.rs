@@ -122,7 +122,7 @@ fn grouped_query_attention_matches_the_textbook_formula_and_finite_differences()
     let r = random(rows * width, "r", 1.0);
     let fwd = |qkv: &[f64]| {
         let (mut out, mut lse) = (vec![0.0; rows * width], vec![0.0; rows * shape.heads]);
-        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None);
+        dev.attention_forward(&mut out, &mut lse, &qkv.to_vec(), shape, None, None);
         (out, lse)
     };
     let (out, lse) = fwd(&qkv);
@@ -150,7 +150,7 @@ fn grouped_query_attention_matches_the_textbook_formula_and_finite_differences()
         }
     }
     let mut dqkv = vec![f64::NAN; qkv.len()];
-    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None);
+    dev.attention_backward(&mut dqkv, &r, &qkv, &out, &lse, shape, None, None);
     check("gqa dqkv", &mut qkv, &dqkv, &mut |q| dot(&fwd(q).0, &r));
 }
 
@@ -297,10 +297,10 @@ fn ops_on<D: Device>(
     let mut qkv = up(dev, &random(shape.rows() * shape.qkv_width(), "qkv", 1.0));
     dev.rope_forward(&mut qkv, &tab, shape, rotary);
     let (mut o, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * shape.heads));
-    dev.attention_forward(&mut o, &mut lse, &qkv, shape, None);
+    dev.attention_forward(&mut o, &mut lse, &qkv, shape, None, None);
     let dout = up(dev, &random(shape.rows() * shape.width(), "dout", 1.0));
     let mut dqkv = dev.alloc(shape.rows() * shape.qkv_width());
-    dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape, None);
+    dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape, None, None);
     dev.rope_backward(&mut dqkv, &tab, shape, rotary);
     out.extend([&qkv, &o, &lse, &dqkv].map(|b| down(dev, b)));
     out

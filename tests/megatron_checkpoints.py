@@ -220,6 +220,11 @@ def logits(ckpt, tokens, out, eod=None):
         with torch.no_grad():
             out_logits = model(ids, reset.unsqueeze(0), attention_mask=mask)[0].to(torch.float32).contiguous()
         out_logits.numpy().astype("<f4").tofile(out + ".reset")
+        # --reset-attention-mask too: the mask its dataset makes (True where a query may not look).
+        docs_mask, _, reset = _get_ltor_masks_and_position_ids(ids[0], eod, True, True, False, True)
+        with torch.no_grad():
+            out_logits = model(ids, reset.unsqueeze(0), attention_mask=docs_mask.unsqueeze(0))[0]
+        out_logits.to(torch.float32).contiguous().numpy().astype("<f4").tofile(out + ".docs")
     dist.destroy_process_group()
 
 

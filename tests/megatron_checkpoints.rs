@@ -9,7 +9,8 @@
 //! dist_checkpointing (and as legacy per-rank files) load here with megatron-core's logits (1e-5
 //! of each position's largest) and, from torch_dist, its AdamW moments and step, keep training
 //! (at tensor-parallel 2 too), give its logits under the position ids its GPT dataset makes for
-//! `--reset-position-ids` (which move GPT's learned positions only), and come back through `convert --save-megatron` into megatron-core
+//! `--reset-position-ids` (which move GPT's learned positions only) and its attention mask
+//! (`--reset-attention-mask`), and come back through `convert --save-megatron` into megatron-core
 //! with trident's logits.
 
 mod common;
@@ -105,10 +106,12 @@ fn megatron_logits(py: &str, ckpt: &Path, out: &Path) -> Vec<f32> {
 }
 
 /// megatron-core's logits of TOKENS with its own position ids, then with those its GPT dataset
-/// gives under `--reset-position-ids` (`_get_ltor_masks_and_position_ids`).
-fn megatron_logits_and_reset(py: &str, ckpt: &Path, out: &Path) -> (Vec<f32>, Vec<f32>) {
+/// gives under `--reset-position-ids` (`_get_ltor_masks_and_position_ids`), then with those and
+/// its mask under `--reset-attention-mask` too.
+fn megatron_logits_and_reset(py: &str, ckpt: &Path, out: &Path) -> [Vec<f32>; 3] {
     python(py, &["logits", s(ckpt), &joined(), s(out), &EOD.to_string()]);
-    (read_f32(out), read_f32(&PathBuf::from(format!("{}.reset", s(out)))))
+    let with = |ext: &str| read_f32(&PathBuf::from(format!("{}.{ext}", s(out))));
+    [read_f32(out), with("reset"), with("docs")]
 }
 
 #[test]
@@ -122,7 +125,8 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
     for case in ["gpt", "llama"] {
         let made = dir.join(case);
         python(&py, &["make", s(&made), case]);
-        let (theirs, reset) = megatron_logits_and_reset(&py, &made.join("dist"), &dir.join(format!("{case}.logits")));
+        let [theirs, reset, docs] =
+            megatron_logits_and_reset(&py, &made.join("dist"), &dir.join(format!("{case}.logits")));
         // megatron-core's rotary angles do not read the position ids: only GPT's positions move.
         assert_eq!(theirs != reset, case == "gpt", "{case}: the logits under reset positions");
         for format in ["dist", "legacy"] {
@@ -132,8 +136,12 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
             let ours = checkpoint_logits(&full, &TOKENS);
             assert_logits_close(&format!("{case} {format}"), &ours, &theirs, full.model.padded_vocab_size);
             if format == "dist" {
-                let ours = checkpoint_logits_reset(&full, &TOKENS, Some(EOD));
-                assert_logits_close(&format!("{case} --reset-position-ids"), &ours, &reset, full.model.padded_vocab_size);
+                let vocab = full.model.padded_vocab_size;
+                let ours = checkpoint_logits_reset(&full, &TOKENS, (Some(EOD), None));
+                assert_logits_close(&format!("{case} --reset-position-ids"), &ours, &reset, vocab);
+                let ours = checkpoint_logits_reset(&full, &TOKENS, (Some(EOD), Some(EOD)));
+                assert_logits_close(&format!("{case} --reset-attention-mask"), &ours, &docs, vocab);
+                assert!(docs != reset, "{case}: the prompt's documents must change what attention sees");
                 assert_moments_of_one_step(case, &full);
             } else {
                 assert_eq!(full.meta["optimizer_state"], "none", "the legacy files' optimizer state is not mapped");

@@ -110,8 +110,8 @@ pub struct TrainConfig {
     /// `--eod-mask-loss` and `--calculate-per-token-loss`: the tokens the loss counts and how
     /// it is averaged.
     pub loss: LossAveraging,
-    /// `--reset-position-ids`: the end-of-document id after which a sample's positions restart.
-    pub reset_position_ids: Option<u32>,
+    /// `--reset-position-ids` and `--reset-attention-mask`.
+    pub documents: DocumentResets,
     /// `--distributed-timeout-minutes`: the longest a rank waits on the others (`comm::watchdog`).
     pub distributed_timeout_minutes: f64,
     /// `--profile`: the iterations it covers and the ranks that take part.
@@ -139,6 +139,16 @@ pub struct TrainConfig {
     pub precision: crate::real::Precision,
     /// fp16's dynamic loss scaler, or a constant scale (`--loss-scale`); None without scaling.
     pub loss_scaler: Option<crate::optim::scaler::LossScaler>,
+}
+
+/// What restarts after each end-of-document token of a sample, as Megatron's GPT dataset does:
+/// each holds the end-of-document id where its flag is given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DocumentResets {
+    /// `--reset-position-ids` (learned positions only: rotary ones run on, as megatron-core's).
+    pub positions: Option<u32>,
+    /// `--reset-attention-mask`: each position attends within its own document.
+    pub attention: Option<u32>,
 }
 
 /// Which tokens the loss counts and how they are averaged, as Megatron's `loss_func` and
@@ -221,7 +231,7 @@ impl TrainConfig {
         let (model, seq_length) = model_shape(args, p, &tokenizer)?;
         let seed = args.u64("--seed")?.unwrap_or(1234);
         let dropout = dropout(args, seed, &mut notes)?;
-        let reset_position_ids = reset_position_ids(args, &model, tokenizer.eod(), &mut notes);
+        let documents = document_resets(args, &model, tokenizer.eod(), &mut notes)?;
         let steps = step_batches(args, seq_length)?;
         let (micro_batch_size, global_batch_size) = batch_sizes(args, p, steps.as_ref())?;
         let rampup = rampup(args, global_batch_size, steps)?;
@@ -299,7 +309,7 @@ impl TrainConfig {
                 eod_mask: args.has("--eod-mask-loss").then(|| tokenizer.eod()),
                 per_token: args.has("--calculate-per-token-loss"),
             },
-            reset_position_ids,
+            documents,
             no_save_optim: args.has("--no-save-optim"),
             pretrained_checkpoint: args.path("--pretrained-checkpoint"),
             load_parts: match (args.has("--finetune"), args.has("--no-load-optim")) {
@@ -742,6 +752,14 @@ fn gelu(args: &Args, a: &Arch) -> crate::device::Gelu {
     }
 }
 
+/// `--reset-position-ids` and `--reset-attention-mask` (below).
+fn document_resets(args: &Args, model: &GptConfig, eod: u32, notes: &mut Vec<String>) -> Result<DocumentResets> {
+    Ok(DocumentResets {
+        positions: reset_position_ids(args, model, eod, notes),
+        attention: reset_attention_mask(args, eod)?,
+    })
+}
+
 /// `--reset-position-ids`'s end-of-document id where the model has a learned position embedding.
 /// Rotary positions are left as megatron-core leaves them (its rotary embedding runs over the whole
 /// sample and never reads the position ids), which a start-up line says.
@@ -758,6 +776,29 @@ fn reset_position_ids(args: &Args, model: &GptConfig, eod: u32, notes: &mut Vec<
             .to_string(),
     );
     None
+}
+
+/// `--reset-attention-mask`'s end-of-document id. Megatron builds the mask in its data loader and
+/// refuses the flag with `--no-create-attention-mask-in-dataloader`, as here; the GPU attention
+/// kernels take no document bounds yet.
+fn reset_attention_mask(args: &Args, eod: u32) -> Result<Option<u32>> {
+    if !args.has("--reset-attention-mask") {
+        return Ok(None);
+    }
+    if args.has("--no-create-attention-mask-in-dataloader") {
+        return Err(Error::Usage(
+            "--reset-attention-mask needs the attention mask created in the data loader; \
+             --no-create-attention-mask-in-dataloader turns it off (Megatron-LM refuses the pair too)"
+                .into(),
+        ));
+    }
+    match args.str("--device").unwrap_or("cpu") {
+        "cpu" | "reference" => Ok(Some(eod)),
+        device => Err(Error::Unsupported(format!(
+            "--reset-attention-mask on --device {device}: the GPU attention kernels take no document bounds yet \
+             (issue 50); it runs on --device cpu"
+        ))),
+    }
 }
 
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named

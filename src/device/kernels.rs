@@ -343,7 +343,8 @@ fn tile_products<R: Real>(
 /// output arrays; this call writes only the columns of head `head` in the rows of sequence `b`,
 /// and the lse entries of (b, head), so different pairs may run at once on disjoint memory.
 /// With `dropout`, each probability is masked and scaled (`Dropout::attention_index`) where it
-/// multiplies its value row; the sums, and so `lse`, are the unmasked ones.
+/// multiplies its value row; the sums, and so `lse`, are the unmasked ones. With `documents`,
+/// query t sees the keys from `documents[b * seq + t]` (its document's start) on.
 ///
 /// # Safety
 /// `out` must point to `rows * heads * head_dim` elements and `lse` to `batch * heads * seq`, and
@@ -355,7 +356,7 @@ pub unsafe fn attention_forward_head<R: Real>(
     qkv: &[R],
     shape: AttentionShape,
     (b, head): (usize, usize),
-    dropout: Option<&Dropout>,
+    (dropout, documents): (Option<&Dropout>, Option<&[u32]>),
 ) {
     let (s, d) = (shape.seq, shape.head_dim);
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
@@ -374,10 +375,13 @@ pub unsafe fn attention_forward_head<R: Real>(
             tile_products(&mut tile, (&h.q, &h.kt), (d, s), (q0, qn), (k0, kn));
             for (r, row) in tile.iter_mut().enumerate().take(qn) {
                 let t = q0 + r;
-                if t < k0 {
+                let first = document_start(documents, s, (b, t));
+                if t < k0 || k0 + kn <= first {
                     continue;
                 }
-                let row = &mut row[..kn.min(t + 1 - k0)];
+                // Keys k0 + lo .. of this tile are the row's.
+                let lo = first.saturating_sub(k0);
+                let row = &mut row[lo..kn.min(t + 1 - k0)];
                 let mut m = max[r];
                 for v in row.iter_mut() {
                     *v *= scale;
@@ -396,6 +400,7 @@ pub unsafe fn attention_forward_head<R: Real>(
                 for x in a.iter_mut() {
                     *x *= correction;
                 }
+                let k0 = k0 + lo;
                 if let (Some((m, keep_scale)), Some(dr)) = (masks.as_mut(), dropout) {
                     let first = dr.attention_index(b, head, t) + k0 as u64;
                     for (j, &p) in row.iter().enumerate() {
@@ -423,6 +428,13 @@ pub unsafe fn attention_forward_head<R: Real>(
     }
 }
 
+/// The first key query `t` of sequence `b` sees: its document's start under `documents` (at
+/// most `t`), else 0.
+#[inline(always)]
+pub fn document_start(documents: Option<&[u32]>, seq: usize, (b, t): (usize, usize)) -> usize {
+    documents.map_or(0, |starts| (starts[b * seq + t] as usize).min(t))
+}
+
 /// Backward of `attention_forward_head` for one (sequence, head) pair: writes (overwrites) the
 /// q gradient columns of that pair in `dqkv`, and the k and v gradient columns of its group (adds
 /// to them for every head of the group but the first: callers run a group's heads in order),
@@ -441,7 +453,7 @@ pub unsafe fn attention_backward_head<R: Real>(
     (out, lse): (&[R], &[R]),
     shape: AttentionShape,
     (b, head): (usize, usize),
-    dropout: Option<&Dropout>,
+    (dropout, documents): (Option<&Dropout>, Option<&[u32]>),
 ) {
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
     let mut masks = dropout.map(|dr| (Masks::new(dr), R::from_f64(dr.scale() as f64)));
@@ -473,9 +485,10 @@ pub unsafe fn attention_backward_head<R: Real>(
             for r in 0..qn {
                 let t = q0 + r;
                 let valid = if t < k0 { 0 } else { kn.min(t + 1 - k0) };
+                let lo = document_start(documents, s, (b, t)).saturating_sub(k0).min(kn);
                 let first = dropout.map_or(0, |dr| dr.attention_index(b, head, t) + k0 as u64);
                 for j in 0..kn {
-                    if j < valid {
+                    if (lo..valid).contains(&j) {
                         let pj = (p[r][j] * scale - lse[t]).exp_fast();
                         // Dropout: dv reads the masked probability, the softmax the unmasked one.
                         let (kept, dp) = match masks.as_mut() {

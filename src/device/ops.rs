@@ -357,7 +357,10 @@ pub trait AttentionOps: Memory {
     /// Causal softmax attention; `out` is [rows, heads*head_dim], `lse` the per-(b, head, t)
     /// log-sum-exp of the scaled scores, which is all backward needs to rebuild probabilities.
     /// With `dropout`, the probabilities that multiply the values are masked and scaled first
-    /// (`Dropout::attention_index` numbers them); `lse` stays that of the unmasked ones.
+    /// (`Dropout::attention_index` numbers them); `lse` stays that of the unmasked ones. With
+    /// `documents` (`--reset-attention-mask`), query t of sequence b sees only the keys from
+    /// `documents[b * seq + t]` (its document's first position, at most t) to t.
+    #[allow(clippy::too_many_arguments)]
     fn attention_forward(
         &self,
         out: &mut Self::Buf,
@@ -365,10 +368,11 @@ pub trait AttentionOps: Memory {
         qkv: &Self::Buf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     );
 
     /// `dqkv` (overwrite) from `dout`, recomputing probabilities from `qkv` and `lse` (and the
-    /// forward's dropout masks from `dropout`).
+    /// forward's dropout masks from `dropout`, its document bounds from `documents`).
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
@@ -379,6 +383,7 @@ pub trait AttentionOps: Memory {
         lse: &Self::Buf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     );
 
     /// Causal attention of the newest positions of one sequence against every position up to

@@ -324,13 +324,15 @@ impl AttentionOps for ReferenceDevice {
         qkv: &Vec<f64>,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         for b in 0..shape.batch {
             for h in 0..shape.heads {
+                let masks = (dropout, documents);
                 // SAFETY: sizes checked above; serial, so no other writer exists.
                 unsafe {
-                    kernels::attention_forward_head(out.as_mut_ptr(), lse.as_mut_ptr(), qkv, shape, (b, h), dropout)
+                    kernels::attention_forward_head(out.as_mut_ptr(), lse.as_mut_ptr(), qkv, shape, (b, h), masks)
                 }
             }
         }
@@ -345,13 +347,15 @@ impl AttentionOps for ReferenceDevice {
         lse: &Vec<f64>,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
         assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
         for b in 0..shape.batch {
             for h in 0..shape.heads {
+                let masks = (dropout, documents);
                 // SAFETY: size checked above; serial.
                 unsafe {
-                    kernels::attention_backward_head(dqkv.as_mut_ptr(), dout, qkv, (out, lse), shape, (b, h), dropout)
+                    kernels::attention_backward_head(dqkv.as_mut_ptr(), dout, qkv, (out, lse), shape, (b, h), masks)
                 }
             }
         }

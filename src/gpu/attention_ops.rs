@@ -10,6 +10,10 @@ use super::kernels::plan::Op;
 use crate::device::prelude::*;
 use crate::device::{AttentionShape, Dropout, Matrix, Rotary};
 
+/// The GPU attention kernels span whole samples: `--reset-attention-mask` is refused on GPUs
+/// before a model is built (`config`), so no document bounds reach them.
+const NO_DOCUMENTS: &str = "per-document attention (--reset-attention-mask) is not built on GPUs";
+
 impl AttentionOps for GpuDevice {
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
         unbuilt("attention against a key/value cache (generation)")
@@ -30,7 +34,9 @@ impl AttentionOps for GpuDevice {
         qkv: &GpuBuf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
+        assert!(documents.is_none(), "{NO_DOCUMENTS}");
         let (rows, w) = (shape.rows(), shape.width());
         assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
         if rows == 0 {
@@ -65,7 +71,9 @@ impl AttentionOps for GpuDevice {
         lse: &GpuBuf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
+        assert!(documents.is_none(), "{NO_DOCUMENTS}");
         let rows = shape.rows();
         assert!(dqkv.len >= rows * shape.qkv_width());
         if rows == 0 {

@@ -62,7 +62,8 @@ impl<D: Device> Chunk<D> {
         model.set_recompute(cfg.recompute);
         model.set_precision(dev, cfg.precision);
         model.set_dropout(cfg.dropout);
-        model.set_reset_position_ids(cfg.reset_position_ids);
+        model.set_reset_position_ids(cfg.documents.positions);
+        model.set_reset_attention_mask(cfg.documents.attention);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {

@@ -909,7 +909,7 @@ pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize)
     case.run("attention_fwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim, &offset]));
     let dev = ReferenceDevice;
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-    dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape, None);
+    dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape, None, None);
     case.check_half(&format!("{name} out"), "out", &out);
     check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
 }
@@ -960,7 +960,7 @@ pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
     let dev = ReferenceDevice;
     let rqkv = reference(&dev, &qkv);
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-    dev.attention_forward(&mut out, &mut lse, &rqkv, shape, None);
+    dev.attention_forward(&mut out, &mut lse, &rqkv, shape, None, None);
     let out: Vec<f32> = out.iter().map(|&x| v.half.round(x as f32)).collect();
     let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
     case.put_half("qkv", &qkv);
@@ -970,6 +970,6 @@ pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
     case.run("attention_bwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim]));
     let mut dqkv = dev.alloc(shape.rows() * shape.qkv_width());
     let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
-    dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape, None);
+    dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape, None, None);
     case.check_half(&format!("{name} dqkv"), "dqkv", &dqkv);
 }

@@ -1103,7 +1103,7 @@ fn layer_chain<D: Device>(
     let mut qkv = zeros(3 * m * h);
     dev.linear_forward(&mut qkv, &ln, &wqkv, Some(&bqkv), Gemm { rows: m, k: h, n: 3 * h });
     let (mut att, mut lse) = (zeros(m * h), dev.alloc(m));
-    dev.attention_forward(&mut att, &mut lse, &qkv, shape, None);
+    dev.attention_forward(&mut att, &mut lse, &qkv, shape, None, None);
     let (mut y, mut tmp) = (zeros(m * h), dev.alloc(m * h));
     dev.linear_residual_forward(&mut y, &x, &att, (&wproj, Some(&bproj)), &mut tmp, Gemm { rows: m, k: h, n: h });
     let mut g = zeros(m * h);
@@ -1122,7 +1122,7 @@ fn layer_chain<D: Device>(
         Gemm { rows: m, k: h, n: h },
     );
     let mut dqkv = zeros(3 * m * h);
-    dev.attention_backward(&mut dqkv, &datt, &qkv, &att, &lse, shape, None);
+    dev.attention_backward(&mut dqkv, &datt, &qkv, &att, &lse, shape, None, None);
     let (mut dln, mut dwqkv, mut dbqkv) = (zeros(m * h), dev.alloc(3 * h * h), dev.alloc(3 * h));
     dev.linear_backward(
         Some(&mut dln),

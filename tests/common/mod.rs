@@ -397,20 +397,21 @@ pub fn assert_one_error(o: &Output, needles: &[&str]) {
 /// The logits ([len, padded vocabulary]) of a whole checkpoint's model for `tokens`, one rank on
 /// the CPU: what tests compare with transformers' and megatron-core's.
 pub fn checkpoint_logits(full: &trident::checkpoint::convert::FullCheckpoint, tokens: &[u32]) -> Vec<f32> {
-    checkpoint_logits_reset(full, tokens, None)
+    checkpoint_logits_reset(full, tokens, (None, None))
 }
 
-/// `checkpoint_logits` with the positions restarting after each `reset_eod` token
-/// (`--reset-position-ids`).
+/// `checkpoint_logits` with the positions (`--reset-position-ids`) and the attention
+/// (`--reset-attention-mask`) restarting after each end-of-document token given for each.
 pub fn checkpoint_logits_reset(
     full: &trident::checkpoint::convert::FullCheckpoint,
     tokens: &[u32],
-    reset_eod: Option<u32>,
+    (positions, attention): (Option<u32>, Option<u32>),
 ) -> Vec<f32> {
     use trident::device::prelude::*;
     let dev = trident::device::cpu::CpuDevice::new(1);
     let mut model = trident::model::Gpt::new(&dev, full.model.clone(), 0);
-    model.set_reset_position_ids(reset_eod);
+    model.set_reset_position_ids(positions);
+    model.set_reset_attention_mask(attention);
     for (i, info) in model.params.info.iter().enumerate() {
         dev.upload(&mut model.params.values[i], &full.tensors[&format!("param/{}", info.name)]);
     }

@@ -175,8 +175,9 @@ pub fn attention(dev: &CpuDevice, peak: &Peak, min_seconds: f64) -> Vec<Record> 
             (dev.alloc(rows * width), dev.alloc(rows * shape.heads), dev.alloc(3 * rows * width));
         let dout = o.clone();
         let held = 4 * (dev.len(&qkv) + dev.len(&o) + dev.len(&lse) + dev.len(&dqkv) + dev.len(&dout));
-        let fwd = time_best(min_seconds, &mut || dev.attention_forward(&mut o, &mut lse, &qkv, shape, None));
-        let bwd = time_best(min_seconds, &mut || dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape, None));
+        let fwd = time_best(min_seconds, &mut || dev.attention_forward(&mut o, &mut lse, &qkv, shape, None, None));
+        let bwd =
+            time_best(min_seconds, &mut || dev.attention_backward(&mut dqkv, &dout, &qkv, &o, &lse, shape, None, None));
         let s = shape.seq as f64;
         let flops_fwd = 4.0 * s * s * shape.head_dim as f64 * (shape.batch * shape.heads) as f64 / 2.0;
         let achieved = 3.5 * flops_fwd / (fwd + bwd) / 1e9;
@@ -293,7 +294,8 @@ impl StepModel {
             _ if p.arch.swiglu => 4 * hidden * 2 / 3 / 64 * 64,
             _ => 4 * hidden,
         };
-        let arch = crate::model::Arch { num_query_groups: f.num_query_groups.or(p.arch.num_query_groups), ..p.arch.clone() };
+        let arch =
+            crate::model::Arch { num_query_groups: f.num_query_groups.or(p.arch.num_query_groups), ..p.arch.clone() };
         let cfg = GptConfig {
             num_layers: layers,
             hidden_size: hidden,
@@ -313,9 +315,9 @@ impl StepModel {
             (f.num_query_groups, 'g'),
             (f.ffn_hidden_size, 'f'),
         ]
-            .iter()
-            .filter_map(|&(v, tag)| v.map(|v| format!(" {tag}{v}")))
-            .collect();
+        .iter()
+        .filter_map(|&(v, tag)| v.map(|v| format!(" {tag}{v}")))
+        .collect();
         let name = format!("{}{overrides} mb{} s{} V{}", f.preset, f.micro_batch, f.seq, cfg.padded_vocab_size);
         Ok(StepModel { name, cfg, micro_batch: f.micro_batch, seq: f.seq })
     }
@@ -333,7 +335,8 @@ impl StepModel {
 }
 
 /// The optimizer every `bench step` runs (GPT-2's AdamW settings, as the presets train).
-pub const STEP_ADAMW: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
+pub const STEP_ADAMW: AdamWConfig =
+    AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
 
 /// One training step as `train` runs it on one rank: gradients zeroed, forward and backward of
 /// one micro-batch (`tokens`, `labels`), the global gradient norm (its squares summed on the

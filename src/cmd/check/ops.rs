@@ -735,17 +735,26 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
         let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}");
         let gq = run.up(&qkv);
         let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, None);
+        dev.attention_forward(&mut out, &mut lse, &gq, shape, None, None);
         let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None);
+        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None, None);
         run.push_dev("attention_forward out", &case, &out, &rout, run.half_bound());
         run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
         // Backward from the device's own forward output, as training runs it.
         let (out_host, lse_host) = (run.down(&out), run.down(&lse));
         let mut dqkv = run.up(&vec![9.0; rows * qkv_w]);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None);
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None, None);
         let mut rdqkv = r.alloc(rows * qkv_w);
-        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &refb(&out_host), &refb(&lse_host), shape, None);
+        r.attention_backward(
+            &mut rdqkv,
+            &refb(&dout),
+            &refb(&qkv),
+            &refb(&out_host),
+            &refb(&lse_host),
+            shape,
+            None,
+            None,
+        );
         run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
     }
 }
@@ -764,16 +773,16 @@ fn attention_dropout<D: Device>(run: &mut Run<D>, head_dims: &[usize]) {
         let case = format!("b2 s37 h4 kv2 d{d} p0.3");
         let (qkv, dout) = (run.halves(rows * qkv_w, "qkv", 1.0), run.halves(rows * w, "dout", 1.0));
         let (gq, mut out, mut lse) = (run.up(&qkv), dev.alloc(rows * w), dev.alloc(rows * shape.heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site));
+        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site), None);
         let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * shape.heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, Some(&site));
+        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, Some(&site), None);
         run.push_dev("attention_forward out, dropout", &case, &out, &rout, run.half_bound());
         run.push_dev("attention_forward lse, dropout", &case, &lse, &rlse, Bound::F32(1e-4));
         let (out_host, lse_host) = (refb(&run.down(&out)), refb(&run.down(&lse)));
         let mut dqkv = dev.alloc(rows * qkv_w);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site));
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site), None);
         let mut rdqkv = r.alloc(rows * qkv_w);
-        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &out_host, &lse_host, shape, Some(&site));
+        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &out_host, &lse_host, shape, Some(&site), None);
         run.push_dev("attention_backward dqkv, dropout", &case, &dqkv, &rdqkv, run.half_bound());
         // The masks: one-hot values and output gradients over `seq <= d` positions.
         let seq = d.min(24);
@@ -787,9 +796,9 @@ fn attention_dropout<D: Device>(run: &mut Run<D>, head_dims: &[usize]) {
             dout[(t * 2 + b) * w + h * d + t] = 1.0;
         }
         let (gq, mut out, mut lse) = (run.up(&qkv), dev.alloc(rows * w), dev.alloc(rows * shape.heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site));
+        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site), None);
         let mut dqkv = dev.alloc(rows * qkv_w);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site));
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site), None);
         let (out, dqkv) = (run.down(&out), run.down(&dqkv));
         let (mut got, mut want) = (Vec::new(), Vec::new());
         for (t, b, h) in (0..seq).flat_map(|t| (0..2).flat_map(move |b| (0..2).map(move |h| (t, b, h)))) {

@@ -9,6 +9,7 @@ use super::gemm::{gemm, MatRef};
 use super::pool::ThreadPool;
 use super::simd;
 use crate::device::dropout::{apply_kept, Dropout, Masks};
+use crate::device::kernels::document_start;
 use crate::device::AttentionShape;
 
 const QUERY_TILE: usize = 128;
@@ -45,13 +46,14 @@ fn transposed(view: MatRef<'_>) -> MatRef<'_> {
 }
 
 /// Forward for one (sequence, head) pair; returns its output rows [seq, d] and log-sum-exps.
-/// With `dropout`, each row of probabilities is masked and scaled after its softmax.
+/// With `dropout`, each row of probabilities is masked and scaled after its softmax; with
+/// `documents`, a row's keys before its document's start get probability 0.
 pub fn forward_head(
     pool: &ThreadPool,
     qkv: &[f32],
     shape: AttentionShape,
     (b, head): (usize, usize),
-    dropout: Option<&Dropout>,
+    (dropout, documents): (Option<&Dropout>, Option<&[u32]>),
 ) -> (Vec<f32>, Vec<f32>) {
     let (s, d) = (shape.seq, shape.head_dim);
     let scale = 1.0 / (d as f32).sqrt();
@@ -67,8 +69,10 @@ pub fn forward_head(
         gemm(pool, qn, kend, d, qkv_view(qkv, &shape, b, head, 0, q0), transposed(keys), sc, kend, false);
         for r in 0..qn {
             let t = q0 + r;
+            let (row, first) = (&mut sc[r * kend..(r + 1) * kend], document_start(documents, shape.seq, (b, t)));
+            row[..first].fill(0.0);
             // SAFETY: the row kernel has no preconditions beyond its slice bounds.
-            lse[t] = unsafe { simd::attention_softmax_row(&mut sc[r * kend..(r + 1) * kend], t + 1, scale) };
+            lse[t] = unsafe { simd::attention_softmax_row(&mut row[first..], t + 1 - first, scale) };
             if let Some(dr) = dropout {
                 Masks::new(dr).apply(&mut sc[r * kend..r * kend + t + 1], dr.attention_index(b, head, t), dr.scale());
             }
@@ -90,7 +94,8 @@ pub fn forward_head(
 
 /// Backward for one (sequence, head) pair; returns dq, dk, dv as [seq, d] rows each. With
 /// `dropout`, the probabilities' gradient is masked before the softmax's backward and the
-/// probabilities after it (dv reads the masked ones).
+/// probabilities after it (dv reads the masked ones); with `documents`, the keys before a row's
+/// document start have probability and gradient 0.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_head(
     pool: &ThreadPool,
@@ -99,7 +104,7 @@ pub fn backward_head(
     (out, lse): (&[f32], &[f32]),
     shape: AttentionShape,
     (b, head): (usize, usize),
-    dropout: Option<&Dropout>,
+    (dropout, documents): (Option<&Dropout>, Option<&[u32]>),
 ) -> [Vec<f32>; 3] {
     let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
     let scale = 1.0 / (d as f32).sqrt();
@@ -133,7 +138,17 @@ pub fn backward_head(
                     Masks::new(dr).fill(&mut keep[..t + 1], dr.attention_index(b, head, t));
                     apply_kept(&mut dsrow[..t + 1], &keep[..t + 1], dr.scale());
                 }
-                simd::attention_backward_row(prow, dsrow, t + 1, scale, lse[t], delta);
+                let first = document_start(documents, shape.seq, (b, t));
+                simd::attention_backward_row(
+                    &mut prow[first..],
+                    &mut dsrow[first..],
+                    t + 1 - first,
+                    scale,
+                    lse[t],
+                    delta,
+                );
+                prow[..first].fill(0.0);
+                dsrow[..first].fill(0.0);
                 if let Some(dr) = dropout {
                     apply_kept(&mut prow[..t + 1], &keep[..t + 1], dr.scale());
                 }

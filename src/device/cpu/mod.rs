@@ -617,14 +617,16 @@ impl AttentionOps for CpuDevice {
         qkv: &CpuBuf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
         assert!(out.len() >= shape.rows() * shape.width() && lse.len() >= shape.rows() * shape.heads);
         assert!(qkv.len() >= shape.rows() * shape.qkv_width());
+        assert!(documents.is_none_or(|s| s.len() >= shape.rows()));
         let (o, l) = (SharedMut::new(out), SharedMut::new(lse));
         let (s, d, w) = (shape.seq, shape.head_dim, shape.width());
         self.pool.run(shape.batch * shape.heads, &|i| {
             let (b, head) = (i / shape.heads, i % shape.heads);
-            let (rows, lses) = attention::forward_head(&self.pool, qkv, shape, (b, head), dropout);
+            let (rows, lses) = attention::forward_head(&self.pool, qkv, shape, (b, head), (dropout, documents));
             // SAFETY: sizes checked above; task i owns the (b, head) columns and lse entries.
             unsafe {
                 for t in 0..s {
@@ -644,15 +646,18 @@ impl AttentionOps for CpuDevice {
         lse: &CpuBuf,
         shape: AttentionShape,
         dropout: Option<&Dropout>,
+        documents: Option<&[u32]>,
     ) {
         assert!(dqkv.len() >= shape.rows() * shape.qkv_width());
+        assert!(documents.is_none_or(|s| s.len() >= shape.rows()));
         let dq = SharedMut::new(dqkv);
         let (s, d, n) = (shape.seq, shape.head_dim, shape.group_size());
         // One task per (sequence, group): the group's heads add their k and v gradients in order.
         self.pool.run(shape.batch * shape.kv_heads, &|i| {
             let (b, g) = (i / shape.kv_heads, i % shape.kv_heads);
             for head in g * n..(g + 1) * n {
-                let grads = attention::backward_head(&self.pool, dout, qkv, (out, lse), shape, (b, head), dropout);
+                let grads =
+                    attention::backward_head(&self.pool, dout, qkv, (out, lse), shape, (b, head), (dropout, documents));
                 let (q, k, v) = shape.qkv_offsets(head);
                 for t in 0..s {
                     let row = (t * shape.batch + b) * shape.qkv_width();

@@ -307,6 +307,9 @@ pub(super) struct Activations<D: Device> {
     pub(super) head: Option<HeadActs<D>>,
     /// The first chunk's tokens (its embedding backward needs them).
     pub(super) tokens: Vec<u32>,
+    /// `--reset-attention-mask`: the document start of each position of this rank's samples
+    /// (sample-major); empty otherwise.
+    pub(super) starts: Vec<u32>,
     /// `--reset-position-ids`: each token's position in its document (sample-major).
     pub(super) positions: Vec<u32>,
     /// Sequence parallel, first chunk: the embedding before its reduce-scatter.
@@ -430,6 +433,7 @@ impl<D: Device> Activations<D> {
             layers,
             head,
             tokens: vec![0; batch * seq],
+            starts: Vec::new(),
             positions: Vec::new(),
             // The word rows of this vocabulary shard, zero elsewhere: their sum is exact in any type.
             emb_full: emb_rows.map(|rows| act(rows * h)),

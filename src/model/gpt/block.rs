@@ -131,7 +131,7 @@ pub(super) fn layer_forward<'w, D: Device>(
         (_, _, Some(spare)) => spare,
         _ => unreachable!("a layer without its attention output has a spare"),
     };
-    dev.attention_forward(attn, lse, &la.qkv, shape, dims.dropout.attention.as_ref());
+    dev.attention_forward(attn, lse, &la.qkv, shape, dims.dropout.attention.as_ref(), p.documents);
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
     let drop = dims.dropout.attention_out.as_ref();
@@ -160,11 +160,11 @@ pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Memory>::Buf>>, O
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
 /// spare buffers: the whole layer (full: `recompute` runs its forward from its input), or the
-/// attention core from the saved QKV (selective). Under 16-bit storage the layer's `stash` is
+/// attention core from the saved QKV (selective; within `documents`' bounds). Under 16-bit storage the layer's `stash` is
 /// restored into the spare set first.
 pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
-    dims: Dims,
+    (dims, documents): (Dims, Option<&[u32]>),
     (kept, stash): Saved<'a, '_, D>,
     (spare, spare_attention): (&'a mut SpareLayer<D::Buf>, &'a mut SpareAttention<D::Buf>),
     recompute: impl FnOnce(&mut LayerActs<D::Buf>),
@@ -186,7 +186,7 @@ pub(super) fn saved_layer<'a, D: Device>(
         (Some(attn), Some(lse)) => (layer, attn, lse),
         _ => {
             let (_, attn, lse) = spare_attention.as_mut().expect("selective recompute has a spare attention");
-            dev.attention_forward(attn, lse, &layer.qkv, dims.shape, dims.dropout.attention.as_ref());
+            dev.attention_forward(attn, lse, &layer.qkv, dims.shape, dims.dropout.attention.as_ref(), documents);
             dev.round_to(attn, dims.precision);
             (layer, &*attn, &*lse)
         }
@@ -233,7 +233,8 @@ pub(super) fn layer_backward<'w, D: Device>(
     let drop = dims.dropout.attention_out.as_ref();
     let d_branch = branch_gradient(dev, (&d.d_resid, &mut d.d_drop), drop, (r.local, precision));
     p.linear_out_backward(&mut d.d_attn, gs, (d_branch, &mut d.d_full), attn, w(ops.proj.weight), r, (wd.attn, h));
-    dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape, dims.dropout.attention.as_ref());
+    let drop = dims.dropout.attention.as_ref();
+    dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape, drop, p.documents);
     if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
         dev.rope_backward(&mut d.d_qkv, table, shape, rotary);
     }

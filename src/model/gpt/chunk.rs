@@ -119,6 +119,7 @@ impl<D: Device> Gpt<D> {
     ) {
         assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
+        self.bound_documents(index, tokens);
         if self.layout.first {
             self.embed(dev, tp, index, tokens, batch, seq);
         } else {
@@ -169,8 +170,9 @@ impl<D: Device> Gpt<D> {
         };
         let tmp = (&mut a.tmp_full, &mut a.tmp_local);
         let before = tp_counters(dev, tp);
-        let pass =
-            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let (norm, rope, documents) =
+            (Norm::of(&self.cfg.arch), self.rope.as_ref(), super::documents::bounds(&a.starts));
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm, rope, documents };
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
@@ -255,14 +257,15 @@ impl<D: Device> Gpt<D> {
             self.stashed -= stash.iter().map(|s| s.bytes(dev)).sum::<usize>();
         }
         let x_in = &a.resid[l];
-        let pass =
-            &mut Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+        let (norm, rope, documents) =
+            (Norm::of(&self.cfg.arch), self.rope.as_ref(), super::documents::bounds(&a.starts));
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm, rope, documents };
         let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
         let recompute = |sp: &mut LayerActs<D::Buf>| {
             layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
         };
         let spares = (&mut self.spare, &mut self.spare_attention);
-        let saved = saved_layer(dev, dims, (a.layers.get(l), stash.as_deref()), spares, recompute);
+        let saved = saved_layer(dev, (dims, documents), (a.layers.get(l), stash.as_deref()), spares, recompute);
         layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
         // The copy's buffers serve the next layer's stash: no allocation per layer and step.
         self.stash_spares.extend(stash);

@@ -66,6 +66,7 @@ impl<D: Device> Gpt<D> {
             sc: &mut self.scratch,
             norm: Norm::of(&cfg.arch),
             rope: self.rope.as_ref(),
+            documents: None,
         };
         let mut x = dev.alloc(n * h);
         dev.embedding_forward(&mut x, &p[0], Tokens { ids: tokens, batch: 1, seq: n, vocab_start: 0 }, h);

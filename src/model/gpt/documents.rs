@@ -1,8 +1,9 @@
 //! Megatron's `--reset-position-ids`: the positions of a sample restart at 0 after each of its
 //! end-of-document tokens (the end-of-document token itself closes its document), as megatron-core's
 //! `_get_ltor_masks_and_position_ids` numbers them, and the learned position embedding adds the
-//! row of each token's own position (an embedding lookup of the position table). Attention still
-//! spans the whole sample.
+//! row of each token's own position (an embedding lookup of the position table). Under
+//! `--reset-attention-mask` each position attends to its own document only: the chunk keeps the
+//! document start of every position of its samples, the lower bound the attention kernels take.
 
 use super::activations::Rows;
 use super::Gpt;
@@ -11,16 +12,31 @@ use crate::device::{Device, Tokens};
 /// Each token's position within its document: `tokens` holds samples of `seq` tokens
 /// (sample-major), and a sample's positions restart at 0 after each `eod`.
 pub fn document_positions(tokens: &[u32], seq: usize, eod: u32, out: &mut Vec<u32>) {
+    document_starts(tokens, seq, eod, out);
+    for (i, start) in out.iter_mut().enumerate() {
+        *start = (i % seq) as u32 - *start;
+    }
+}
+
+/// Each token's document start, the first position of its sample it may attend to under
+/// `--reset-attention-mask` (the position after the sample's last `eod` before it; megatron-core's
+/// mask hides `[i + 1.., ..= i]` for each end-of-document position i).
+pub fn document_starts(tokens: &[u32], seq: usize, eod: u32, out: &mut Vec<u32>) {
     out.clear();
     for sample in tokens.chunks(seq) {
         let mut start = 0;
         for (t, &id) in sample.iter().enumerate() {
-            out.push((t - start) as u32);
+            out.push(start as u32);
             if id == eod {
                 start = t + 1;
             }
         }
     }
+}
+
+/// `starts` as the attention kernels take them: None where empty (attention spans the sample).
+pub(super) fn bounds(starts: &[u32]) -> Option<&[u32]> {
+    (!starts.is_empty()).then_some(starts)
 }
 
 /// The positions of this rank's rows as `Tokens` ids (sample-major): positions `t0 ..
@@ -39,6 +55,26 @@ impl<D: Device> Gpt<D> {
     /// sample, as megatron-core's do (its rotary embedding never reads the position ids).
     pub fn set_reset_position_ids(&mut self, eod: Option<u32>) {
         self.reset_positions = eod;
+    }
+
+    /// `--reset-attention-mask` with its end-of-document id, or None (attention spans whole
+    /// samples): each position attends to its own document's positions only.
+    pub fn set_reset_attention_mask(&mut self, eod: Option<u32>) {
+        self.reset_attention = eod;
+    }
+
+    /// Under `--reset-attention-mask`, the document starts of activation set `index`'s samples
+    /// on this rank (its batch block under SUMMA) from the micro-batch's `tokens`.
+    pub(super) fn bound_documents(&mut self, index: usize, tokens: &[u32]) {
+        let a = &mut self.pool[index].1;
+        let Some(eod) = self.reset_attention else { return a.starts.clear() };
+        let r = a.rows;
+        document_starts(
+            &tokens[r.first_sample * r.seq..(r.first_sample + r.sub_batch) * r.seq],
+            r.seq,
+            eod,
+            &mut a.starts,
+        );
     }
 }
 
@@ -81,6 +117,16 @@ pub(super) fn document_positions_backward<D: Device>(
 #[cfg(test)]
 mod tests {
     use super::document_positions;
+
+    #[test]
+    fn starts_follow_megatrons_mask() {
+        // Megatron hides [i + 1.., ..= i] for each eod at i: position t sees from the last eod
+        // before it, plus one.
+        let tokens = [5, 0, 7, 8, 0, 0, /**/ 1, 2, 3, 0, 4, 5];
+        let mut out = Vec::new();
+        super::document_starts(&tokens, 6, 0, &mut out);
+        assert_eq!(out, [0, 0, 2, 2, 2, 5, /**/ 0, 0, 0, 0, 4, 4]);
+    }
 
     #[test]
     fn positions_restart_after_each_end_of_document_token() {

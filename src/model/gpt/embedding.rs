@@ -144,7 +144,7 @@ impl<D: Device> Gpt<D> {
                     None => {}
                 }
                 let pass =
-                    Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref() };
+                    Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref(), documents: None };
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(
                     &mut g[Layout::WTE],

@@ -38,7 +38,7 @@ use block::LayerOps;
 use std::ops::Range;
 
 pub use decode::KvCache;
-pub use documents::document_positions;
+pub use documents::{document_positions, document_starts};
 pub use dropout::{DropoutRates, DropoutStep};
 
 /// Where a chunk's parameters sit in its `ParamSet` (the order of `GptConfig::chunk_parameters`).
@@ -169,6 +169,8 @@ pub struct Gpt<D: Device> {
     rope: Option<D::Buf>,
     /// `--reset-position-ids`: the end-of-document id after which the learned positions restart.
     reset_positions: Option<u32>,
+    /// `--reset-attention-mask`: the end-of-document id after which attention restarts.
+    reset_attention: Option<u32>,
     /// The dropout probabilities, and the training step whose forwards drop (`dropout.rs`).
     dropout: DropoutRates,
     dropout_step: Option<DropoutStep>,
@@ -224,6 +226,7 @@ impl<D: Device> Gpt<D> {
             loss_slot: 0,
             rope,
             reset_positions: None,
+            reset_attention: None,
             dropout: DropoutRates::default(),
             dropout_step: None,
         };

@@ -14,14 +14,16 @@ use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
 
 /// What a chunk's forward or backward pass computes with: the device, the tensor-parallel groups,
-/// SUMMA's panel buffers (unused under 1-D), the model's normalization and, under rotary
-/// positions, the table of angles (`Arch::rotary_table`).
+/// SUMMA's panel buffers (unused under 1-D), the model's normalization, under rotary
+/// positions the table of angles (`Arch::rotary_table`), and under `--reset-attention-mask` the
+/// document start of each position of this rank's samples (`documents.rs`).
 pub(super) struct Pass<'a, D: Device> {
     pub(super) dev: &'a D,
     pub(super) tp: TensorParallel<'a>,
     pub(super) sc: &'a mut Scratch<D::Buf>,
     pub(super) norm: Norm,
     pub(super) rope: Option<&'a D::Buf>,
+    pub(super) documents: Option<&'a [u32]>,
 }
 
 /// The normalization of every norm of the model and its epsilon.

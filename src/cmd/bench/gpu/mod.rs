@@ -655,7 +655,7 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
         let (mut out, mut lse, mut dqkv) =
             (vec![0f64; rows * width], vec![0f64; rows * heads], vec![0f64; rows * qkv_width]);
         let wide_qkv = wide_bf16(&qkv);
-        dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape, None);
+        dev.attention_forward(&mut out, &mut lse, &wide_qkv, shape, None, None);
         let gpu_out = b.bf16s(&d_out, rows * width)?;
         fwd_check = Some(worst(&gpu_out, &out, Bound::Bf16));
         // The backward from the GPU's own forward output (bf16, as training feeds it).
@@ -669,7 +669,7 @@ fn attention(b: &Bench, planned: &[KernelLaunch], shape: AttentionShape) -> Resu
             *w = (at..at + head_dim).map(|j| wide_dout[j] * gpu_out[j]).sum();
         }
         delta_check = Some(worst(&b.f32s(&d_delta, rows * heads)?, &want, Bound::F32));
-        dev.attention_backward(&mut dqkv, &wide_dout, &wide_qkv, &gpu_out, &lse, shape, None);
+        dev.attention_backward(&mut dqkv, &wide_dout, &wide_qkv, &gpu_out, &lse, shape, None, None);
         bwd_check = Some(worst(&b.bf16s(&d_dqkv, rows * qkv_width)?, &dqkv, Bound::Bf16));
     }
     let forward = attention_flops(batch, seq, heads, head_dim);
