@@ -26,23 +26,6 @@ fn losses_of(o: &std::process::Output, json: &Path) -> Vec<f64> {
     loss_values(json)
 }
 
-/// Documents of 3 to 29 tokens (a fixed generator), each ending in the end-of-document id.
-fn varied_documents(n: usize) -> Vec<Vec<u16>> {
-    let mut state = 12345u64;
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as u16
-    };
-    (0..n)
-        .map(|_| {
-            let len = 2 + next() % 27;
-            let mut d: Vec<u16> = (0..len).map(|_| 32 + next() % 90).collect();
-            d.push(EOD);
-            d
-        })
-        .collect()
-}
-
 #[test]
 fn the_masked_loss_is_the_mean_over_the_predictions_not_made_at_a_document_end() {
     // Every document is [10, 20, 30, EOD] and the sequence length a multiple of 4, so every
@@ -102,7 +85,8 @@ fn the_masked_loss_is_the_mean_over_the_predictions_not_made_at_a_document_end()
 fn layouts_and_both_averagings_agree_with_one_rank_under_eod_mask_loss() {
     let dir = scratch("loss-mask-layouts");
     let prefix = dir.join("docs");
-    write_u16_dataset(&prefix, &varied_documents(400));
+    // Documents of 3 to 29 tokens, each ending in the end-of-document id.
+    write_u16_dataset(&prefix, &generated_documents(400, (12345, 27), EOD));
     let data = prefix.to_str().unwrap().to_string();
     let fixed = ["--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "4", "--lr", "3e-3"];
     let fixed = [&fixed[..], &SAME_PADDING, &["--lr-warmup-iters", "0", "--eval-iters", "0"]].concat();

@@ -194,6 +194,24 @@ pub fn assert_clean_error(o: &Output, needles: &[&str]) {
     }
 }
 
+/// `n` documents from a fixed generator seeded by `seed`: each of `2 + next % spread` ordinary
+/// tokens (32..122) followed by the end-of-document id `eod`.
+pub fn generated_documents(n: usize, (seed, spread): (u64, u16), eod: u16) -> Vec<Vec<u16>> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u16
+    };
+    (0..n)
+        .map(|_| {
+            let len = 2 + next() % spread;
+            let mut d: Vec<u16> = (0..len).map(|_| 32 + next() % 90).collect();
+            d.push(eod);
+            d
+        })
+        .collect()
+}
+
 /// Writes `prefix.bin/.idx` holding one sequence per document, uint16 tokens, by hand from the
 /// byte layout of Megatron's MMIDIDX version 1.
 pub fn write_u16_dataset(prefix: &Path, docs: &[Vec<u16>]) {

@@ -160,8 +160,8 @@ pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Memory>::Buf>>, O
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
 /// spare buffers: the whole layer (full: `recompute` runs its forward from its input), or the
-/// attention core from the saved QKV (selective; within `documents`' bounds). Under 16-bit storage the layer's `stash` is
-/// restored into the spare set first.
+/// attention core from the saved QKV (selective; within `documents`' bounds). Under 16-bit
+/// storage the layer's `stash` is restored into the spare set first.
 pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
     (dims, documents): (Dims, Option<&[u32]>),

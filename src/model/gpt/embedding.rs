@@ -35,7 +35,9 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, precision, mp, lay) = (&self.cfg, self.precision, self.mp, self.layout);
-        let reset = self.reset_positions.is_some() && self.layout.wpe().is_some();
+        // --reset-position-ids's end-of-document id, where the positions are learned ones.
+        let reset_eod = self.reset_positions.filter(|_| lay.wpe().is_some());
+        let reset = reset_eod.is_some();
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
         let r = a.rows;
@@ -43,7 +45,7 @@ impl<D: Device> Gpt<D> {
         let h = wd.h;
         assert_eq!(tokens.len(), batch * seq);
         a.tokens.copy_from_slice(tokens);
-        if let (Some(eod), true) = (self.reset_positions, reset) {
+        if let Some(eod) = reset_eod {
             document_positions(tokens, seq, eod, &mut a.positions);
         }
         // This shard's word rows, summed over the group (reduce-scattered to this rank's
@@ -101,7 +103,7 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, mp, lay) = (&self.cfg, self.mp, self.layout);
-        let reset = self.reset_positions.is_some() && self.layout.wpe().is_some();
+        let reset = self.reset_positions.is_some() && lay.wpe().is_some();
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
         let g = &mut self.params.grads;
@@ -143,8 +145,14 @@ impl<D: Device> Gpt<D> {
                     Some(at) => dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h),
                     None => {}
                 }
-                let pass =
-                    Pass { dev, tp, sc: &mut self.scratch, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref(), documents: None };
+                let pass = Pass {
+                    dev,
+                    tp,
+                    sc: &mut self.scratch,
+                    norm: Norm::of(&self.cfg.arch),
+                    rope: self.rope.as_ref(),
+                    documents: None,
+                };
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(
                     &mut g[Layout::WTE],
