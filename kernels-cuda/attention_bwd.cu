@@ -12,7 +12,13 @@
 // per-group layout: per group g [q_(g·r) .. q_(g·r+r-1) | k_g | v_g], attention_fwd.cu), out and
 // dout [seq·batch, heads·d] bf16, lse [batch·heads·seq] f32. Output: dqkv, laid out like qkv, bf16
 // (overwritten: each of q, k, v columns is written once). Head dims 32, 64 and 128; any seq >= 1.
-// Every kernel takes (…, batch, seq, heads, kv_heads); delta's work is on out/dout alone.
+// Every kernel takes (…, batch, seq, heads, kv_heads); delta's work is on out/dout alone. The
+// *_docs_* twins of dK/dV and dQ (with and without dropout) take `starts` after kv_heads,
+// per-document attention as in the forward (common/documents.h): P_ij = 0 unless j lies in i's
+// document. dQ holds its queries' starts in shared memory as the forward does; dK/dV streams each
+// query tile's starts with its lse and delta (kStages x tile ints more) and ends its query tiles
+// at the end of its last key's document (a binary search over the starts). Both state one block
+// per SM, as the forward's.
 // The *_drop_* twins of dK/dV and dQ add attention dropout (common/dropout.h's masks, its 13
 // parameters after kv_heads; the forward's attention_fwd_drop_*): with m the mask and
 // c = 1/(1 - p), dV_j takes m_ij c P_ij and dS_ij = P_ij (m_ij c dO_i · v_j - delta_i), delta
@@ -27,7 +33,7 @@
 //                                  tiles per head, a barrier between; dK and dV accumulate in
 //                                  registers over the heads, in head order, and are written once:
 //                                  deterministic) walks the query tiles from the diagonal to the
-//                                  end, computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
+//                                  end (to its keys' last document's end), computing Sᵀ = K Qᵀ and dPᵀ = V dOᵀ
 //                                  (keys as the M dimension), then dV += Pᵀ dO and dK += dSᵀ Q
 //                                  with Pᵀ / dSᵀ repacked from accumulator to A fragments and dO
 //                                  / Q through ldmatrix.trans (d 64 holds its K and V A
@@ -39,20 +45,21 @@
 //                                  64 for d 32 and d 128) and streams its group's K and V, a
 //                                  warp Q/4 as MT = Q/64 row tiles of 16 (each K and V
 //                                  fragment feeds MT mma, as in the forward), and walks
-//                                  the key tiles up to the diagonal, recomputing S and dP, then
+//                                  the key tiles from its first query's document start up to
+//                                  the diagonal, recomputing S and dP, then
 //                                  dQ += dS K (K through ldmatrix.trans). Key tiles: 64 (d 32),
 //                                  32 (d 64), 16 (d 128).
 // The streamed tile times d is 2048 for every head dim, so each stage moves the same 8 KiB of
 // bf16 rows (4 cp.async copies of 16 bytes per thread) and holds the same score registers per
 // row tile; the
 // mma shapes need d and the tile to be multiples of 16, and dK/dV's lse and delta loads (one
-// thread per entry, load_floats) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
+// thread per entry, load_words) need 2 x tile <= 128 threads, so 64 is d 32's largest tile.
 // Splitting dQ from dK/dV costs a second computation of S and dP instead of FA-2's f32 atomicAdd
 // into dQ, and makes the result independent of scheduling (docs/design.md, Determinism).
 // Causal work per warp (warp-uniform branches, as in the forward): a streamed tile that holds a
-// pair with the key after the query is masked (the compare and select per score), the tiles
-// wholly below the diagonal run without them, and tiles with no live pair for the warp (or all
-// tiles of a warp whose own rows are all past seq) are skipped. P is rebuilt in base 2:
+// pair with the key after the query or before the query's document is masked (the compares and
+// select per score), the other tiles below the diagonal run without them, and tiles with no live
+// pair for the warp (or all tiles of a warp whose own rows are all past seq) are skipped. P is rebuilt in base 2:
 // 2^(s·scale_log2 - lse·log2(e)) with scale_log2 = log2(e)/sqrt(d), one FFMA and one ex2.approx
 // (common/ptx.cuh's exp2_approx, relative error within 2^-22) per score where expf cost a
 // multiply and eight instructions.
@@ -87,6 +94,7 @@
 #include "common/reduce.h"
 #include "common/tile_order.cuh"
 #include "common/dropout.h"
+#include "common/documents.h"
 
 namespace attention_bwd_detail {
 
@@ -164,7 +172,7 @@ __device__ __forceinline__ void score_pair(float (&s1)[MT][N / 8][4], float (&s2
   }
 }
 
-template <int D, int BQ>
+template <int D, int BQ, bool DOCS = false>
 struct DkvTiles {
   struct Stage {
     bf16 q[BQ][D + 8];
@@ -176,15 +184,11 @@ struct DkvTiles {
   bf16 v[kBlockRows][D + 8];
   Stage stage[kStages];
 };
-
-// Entries row0..row0+N-1 of an f32 row (zeros past seq) into shared memory, by threads
-// first..first+N-1 of the block: one 4-byte cp.async each (the row's start need not be
-// 16-byte aligned).
-template <int N>
-__device__ __forceinline__ void load_floats(float* dst, const float* src, int row0, int seq, int first) {
-  const int i = threadIdx.x - first, t = row0 + i;
-  if (i >= 0 && i < N) cp_async_4(&dst[i], t < seq ? src + t : src, t < seq ? 4 : 0);
-}
+// DOCS: each stage's query tile's document starts too, after the rest.
+template <int D, int BQ>
+struct DkvTiles<D, BQ, true> : DkvTiles<D, BQ, false> {
+  int start[kStages][BQ];
+};
 
 // One query tile of BQ queries from qs for the warp's 16 keys (key_base, key_base + 8 of this
 // lane): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and dSᵀ, then dV += Pᵀ dO and dK += dSᵀ Q. MASK: the
@@ -194,10 +198,11 @@ __device__ __forceinline__ void load_floats(float* dst, const float* src, int ro
 // kv_frags: score_pair's A fragments of the warp's K and V rows. DROP: attention dropout
 // (`drop`'s masks of the (b, query head) pair `bh`): dV takes the masked Pᵀ, and dPᵀ is masked
 // before dSᵀ.
-template <int D, int BQ, bool MASK, bool DROP, class KvFrags>
+template <int D, int BQ, bool MASK, bool DROP, bool DOCS, class KvFrags>
 __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 8][4],
                                          typename DkvTiles<D, BQ>::Stage& st, int qs, int key_base, float scale_log2,
-                                         KvFrags kv_frags, const DropoutSite& drop, DropPair bh) {
+                                         KvFrags kv_frags, const int* tile_start, const DropoutSite& drop,
+                                         DropPair bh) {
   const int t4 = threadIdx.x % 4;
   bf16(*q)[D + 8] = st.q;
   bf16(*dout)[D + 8] = st.dout;
@@ -215,7 +220,8 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[D / 8][4], float (&dv)[D / 
     for (int e = 0; e < 4; ++e) {
       const int key = key_base + (e / 2) * 8, qi = 8 * j + 2 * t4 + e % 2;
       float p = exp2_approx(fmaf(sp[j][e], scale_log2, -st.lse[qi] * kLog2e));
-      if (MASK && key > qs + qi) p = 0.0f;
+      // DOCS: also the keys before the query's document (its start, from the stage's tile_start).
+      if (MASK && (key > qs + qi || (DOCS && key < tile_start[qi]))) p = 0.0f;
       if constexpr (DROP) {
         const bool kept = drop.keeps(drop.attention_index(bh.b, bh.head, qs + qi) + key);
         sp[j][e] = kept ? p * drop.scale : 0.0f;
@@ -249,19 +255,26 @@ constexpr unsigned kDkvSharedBytesD32 = sizeof(DkvTiles<32, 64>), kDkvSharedByte
                    kDkvSharedBytesD128 = sizeof(DkvTiles<128, 16>);
 static_assert(kDkvSharedBytesD32 == 31744 && kDkvSharedBytesD64 == 37376 && kDkvSharedBytesD128 == 52480,
               "the header and the kernel index state these");
+// The _docs_ kernels' (the stages' document starts added).
+constexpr unsigned kDkvDocsSharedBytesD32 = sizeof(DkvTiles<32, 64, true>),
+                   kDkvDocsSharedBytesD64 = sizeof(DkvTiles<64, 32, true>),
+                   kDkvDocsSharedBytesD128 = sizeof(DkvTiles<128, 16, true>);
+static_assert(kDkvDocsSharedBytesD32 == 32256 && kDkvDocsSharedBytesD64 == 37632 && kDkvDocsSharedBytesD128 == 52608,
+              "the kernel index states these");
 
-template <int D, int BQ, bool DROP>
+template <int D, int BQ, bool DROP, bool DOCS>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads,
-                                         int kv_heads, const DropoutSite& drop) {
+                                         int kv_heads, const Documents documents, const DropoutSite& drop) {
   static_assert(D % 16 == 0 && BQ % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
-  static_assert(2 * BQ <= kThreads, "load_floats: one thread per lse and per delta entry of a tile");
-  using Shared = DkvTiles<D, BQ>;
+  static_assert(2 * BQ <= kThreads, "load_words: one thread per lse and per delta entry of a tile");
+  using Shared = DkvTiles<D, BQ, DOCS>;
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(false, kv_heads);  // common/tile_order.cuh
   const int k0 = block.tile * kBlockRows, b = block.b, kv = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   // The block's group kv of r = heads / kv_heads query heads kv·r .. kv·r + r - 1: in each
   // per-group row their q at columns (kv (r + 2))·d.., then the group's k and v.
   const int group = (unsigned)heads / (unsigned)kv_heads;
@@ -291,8 +304,10 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   const int key_base = k0 + warp * 16 + g;  // keys of this lane's rows: key_base, key_base + 8
 
-  // Query tiles from the one holding the block's first key (the diagonal) to the end.
+  // Query tiles from the one holding the block's first key (the diagonal) to the end, or under
+  // documents to the last query whose document starts at or before the block's last key.
   const int qs0 = (k0 / BQ) * BQ, warp_first = k0 + warp * 16, warp_last = warp_first + 15;
+  const int q_end = DOCS ? docs.end_after(k0 + kBlockRows - 1 < seq ? k0 + kBlockRows - 1 : seq - 1) : seq;
   // The A fragments of the warp's K and V rows: for d 64 read once, at the warp's first live tile
   // (its block rows have landed by then), and held in 32 registers, where reading them per tile
   // cost 8 of the tile's 40 ldmatrix (ptxas stays at 168 registers, 3 blocks per SM); d 128's 64
@@ -313,19 +328,22 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   // order: the same bits on every run); a ring per head, the stages free again after a barrier.
   for (int left = group; left > 0; --left) {
     cp_async_ring<kStages>(
-        ceil_div(seq - qs0, BQ),
+        ceil_div(q_end - qs0, BQ),
         [&](int stage, int t) {
           const int qs = qs0 + t * BQ;
           auto& st = tiles.stage[stage];
           cp_async_rows<D, BQ, kThreads>(st.q, q_src, qkv_pos, qs, seq);
           cp_async_rows<D, BQ, kThreads>(st.dout, dout + dout_at, out_pos, qs, seq);
-          load_floats<BQ>(st.lse, lse + stats, qs, seq, 0);
-          load_floats<BQ>(st.delta, delta + stats, qs, seq, BQ);
+          load_words<BQ>(st.lse, lse + stats, qs, seq, 0);
+          load_words<BQ>(st.delta, delta + stats, qs, seq, BQ);
+          if constexpr (DOCS) load_words<BQ>(tiles.start[stage], docs.starts, qs, seq, 0);
         },
         [&](int stage, int t) {
-          // Per warp (uniform branches): a tile wholly before the warp's first key is skipped
-          // (every pair masked; so is every tile of a warp whose keys are all past seq), one that
-          // holds a query before the warp's last key is masked, the rest run without the compare.
+          // Per warp (uniform branches): a tile wholly before the warp's first key, or whose
+          // queries' documents all start after its last key, is skipped (every pair masked; so is
+          // every tile of a warp whose keys are all past seq), one that holds a query before the
+          // warp's last key or whose last query's document starts after its first key is masked,
+          // the rest run without the compare.
           const int qs = qs0 + t * BQ;
           auto& st = tiles.stage[stage];
           if (qs + BQ - 1 < warp_first || warp_first >= seq) return;
@@ -339,10 +357,21 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
           }
           DropPair bh{};  // the (b, query head) pair the masks are drawn for
           if constexpr (DROP) bh = DropPair{b, kv * group + group - left};
-          if (qs < warp_last)
-            dkv_tile<D, BQ, true, DROP>(dk, dv, st, qs, key_base, scale_log2, kv_frags, drop, bh);
-          else
-            dkv_tile<D, BQ, false, DROP>(dk, dv, st, qs, key_base, scale_log2, kv_frags, drop, bh);
+          // DOCS: `docs` is named only in the branch compiled for documents (captured by the
+          // lambda otherwise, it cost the plain kernels' ptxas a register and spilled them).
+          if constexpr (DOCS) {
+            if (docs.start(qs) > warp_last) return;
+            if (qs < warp_last || docs.start(qs + BQ - 1) > warp_first)
+              dkv_tile<D, BQ, true, DROP, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags, tiles.start[stage],
+                                                drop, bh);
+            else
+              dkv_tile<D, BQ, false, DROP, true>(dk, dv, st, qs, key_base, scale_log2, kv_frags, tiles.start[stage],
+                                                 drop, bh);
+          } else if (qs < warp_last) {
+            dkv_tile<D, BQ, true, DROP, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags, nullptr, drop, bh);
+          } else {
+            dkv_tile<D, BQ, false, DROP, false>(dk, dv, st, qs, key_base, scale_log2, kv_frags, nullptr, drop, bh);
+          }
         });
     if (left > 1) {
       q_src += D, dout_at += D, stats += seq;
@@ -368,7 +397,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
 
 // dQ's block: 4 warps, each owning MT row tiles of 16 consecutive queries (64·MT queries), as the
 // forward's d 64 does: each K and V fragment a warp reads feeds MT mma.
-template <int D, int BK, int MT>
+template <int D, int BK, int MT, bool DOCS = false>
 struct DqTiles {
   static constexpr int kQueries = 64 * MT;
   struct Stage {
@@ -379,9 +408,14 @@ struct DqTiles {
   bf16 dout[kQueries][D + 8];
   Stage stage[kStages];
 };
+// DOCS: the block's queries' document starts too, after the rest.
+template <int D, int BK, int MT>
+struct DqTiles<D, BK, MT, true> : DqTiles<D, BK, MT, false> {
+  int start[64 * MT];
+};
 // The per-head-dim instances: key tile BK (the streamed tile times d is 2048) and row tiles MT.
-template <int D>
-using DqTilesOf = DqTiles<D, 2048 / D, D == 64 ? 2 : 1>;
+template <int D, bool DOCS = false>
+using DqTilesOf = DqTiles<D, 2048 / D, D == 64 ? 2 : 1, DOCS>;
 
 // One key tile of BK keys from k0 for the warp's MT row tiles of 16 queries (row tile i: rows
 // row_base + 16i and row_base + 16i + 8 of this lane): S and dP, dS, then dQ += dS K. MASK: the
@@ -389,11 +423,12 @@ using DqTilesOf = DqTiles<D, 2048 / D, D == 64 ? 2 : 1>;
 // key is at or before every query). row_lse2 is the rows' lse·log2(e):
 // P = 2^(s·scale_log2 - row_lse2), one FFMA and one ex2.approx. DROP: dP is masked before dS
 // (`drop`'s masks of the (b, head) pair `bh`).
-template <int D, int BK, int MT, bool MASK, bool DROP>
+template <int D, int BK, int MT, bool MASK, bool DROP, bool DOCS>
 __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK, MT>& tiles,
                                         typename DqTiles<D, BK, MT>::Stage& st, int k0, int row_base,
                                         const float (&row_lse2)[MT][2], const float (&row_delta)[MT][2],
-                                        float scale_log2, const DropoutSite& drop, DropPair bh) {
+                                        const int* first_keys, float scale_log2, const DropoutSite& drop,
+                                        DropPair bh) {
   const int warp = threadIdx.x / 32, t4 = threadIdx.x % 4;
   float s[MT][BK / 8][4], dp[MT][BK / 8][4];
   auto q_dout_frags = [&](int i, int kk, uint32_t(&x1)[4], uint32_t(&x2)[4]) {
@@ -410,6 +445,12 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
     if constexpr (DROP)
       UNROLL
       for (int h = 0; h < 2; ++h) at[h] = drop.attention_index(bh.b, bh.head, row_base + 16 * i + 8 * h) + k0 + 2 * t4;
+    // MASK and DOCS: the first key each of the two rows sees (the warp's rows' starts in shared
+    // memory, read per masked tile, as forward).
+    int row_start[2] = {0, 0};
+    if constexpr (MASK && DOCS)
+      UNROLL
+      for (int h = 0; h < 2; ++h) row_start[h] = first_keys[16 * i + 8 * h + threadIdx.x % 32 / 4];
     UNROLL
     for (int j = 0; j < BK / 8; ++j) {
       unsigned kept[2] = {3u, 3u};
@@ -418,7 +459,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[MT][D / 8][4], DqTiles<D, BK
       for (int e = 0; e < 4; ++e) {
         const int row = row_base + 16 * i + (e / 2) * 8, key = k0 + 8 * j + 2 * t4 + e % 2;
         float p = exp2_approx(fmaf(s[i][j][e], scale_log2, -row_lse2[i][e / 2]));
-        if (MASK && key > row) p = 0.0f;
+        if (MASK && (key > row || (DOCS && key < row_start[e / 2]))) p = 0.0f;
         float dpe = dp[i][j][e];
         if constexpr (DROP) dpe = kept[e / 2] >> (e % 2) & 1u ? dpe * drop.scale : 0.0f;
         s[i][j][e] = p * (dpe - row_delta[i][e / 2]);
@@ -451,19 +492,25 @@ constexpr unsigned kDqSharedBytesD32 = sizeof(DqTilesOf<32>), kDqSharedBytesD64 
                    kDqSharedBytesD128 = sizeof(DqTilesOf<128>);
 static_assert(kDqSharedBytesD32 == 30720 && kDqSharedBytesD64 == 55296 && kDqSharedBytesD128 == 52224,
               "the header and the kernel index state these");
+// The _docs_ kernels' (the queries' document starts added).
+constexpr unsigned kDqDocsSharedBytesD32 = sizeof(DqTilesOf<32, true>), kDqDocsSharedBytesD64 = sizeof(DqTilesOf<64, true>),
+                   kDqDocsSharedBytesD128 = sizeof(DqTilesOf<128, true>);
+static_assert(kDqDocsSharedBytesD32 == 30976 && kDqDocsSharedBytesD64 == 55808 && kDqDocsSharedBytesD128 == 52480,
+              "the kernel index states these");
 
-template <int D, bool DROP>
+template <int D, bool DROP, bool DOCS>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads,
-                                        int kv_heads, const DropoutSite& drop) {
-  using Shared = DqTilesOf<D>;
+                                        int kv_heads, const Documents documents, const DropoutSite& drop) {
+  using Shared = DqTilesOf<D, DOCS>;
   constexpr int BK = 2048 / D, kQueries = Shared::kQueries, MT = kQueries / 64;
   static_assert(D % 16 == 0 && BK % 16 == 0, "k16 steps over d, n-tile pairs and k16 blocks over the tile");
   DYNAMIC_SHARED(Shared, tiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   // Position 0 of the block's (b, head): its q columns (head + 2 kv)·d and its group's k columns
   // (kv (r + 2) + r)·d (v follows) in the per-group rows of r = heads / kv_heads query heads, and
   // its dO columns. Offsets within a position as ints, K/V addresses formed in the loads (as in
@@ -482,11 +529,13 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   // The block's queries and their output gradients join key tile 0's commit group.
   cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, qkv_pos, q0, seq);
   cp_async_rows<D, kQueries, kThreads>(tiles.dout, dout_src, out_pos, q0, seq);
+  if constexpr (DOCS) load_words<kQueries>(tiles.start, docs.starts, q0, seq, 0);  // DOCS: the rows' starts
 
   // The warp's rows: warp_first.. warp_last; this lane's are row_base + 16i and + 16i + 8.
   const int warp_first = q0 + warp * 16 * MT, warp_last = warp_first + 16 * MT - 1, row_base = warp_first + g;
   // The rows' lse·log2(e) (+inf past seq: P = 0) and delta.
   float row_lse2[MT][2], row_delta[MT][2];
+
   UNROLL
   for (int i = 0; i < MT; ++i)
     UNROLL
@@ -504,27 +553,45 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       UNROLL
       for (int e = 0; e < 4; ++e) dq[i][j][e] = 0.0f;
 
-  // Key tiles from 0 to the block's last query.
+  // Key tiles from the one holding the block's first query's first key to its last query.
   const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
+  const int first_tile = DOCS ? docs.start(q0) / BK : 0;
   cp_async_ring<kStages>(
-      last_query / BK + 1,
+      last_query / BK + 1 - first_tile,
       [&](int stage, int t) {
         auto& st = tiles.stage[stage];
-        cp_async_rows<D, BK, kThreads>(st.k, qkv + k_at, qkv_pos, t * BK, seq);
-        cp_async_rows<D, BK, kThreads>(st.v, qkv + k_at + D, qkv_pos, t * BK, seq);
+        const int k0 = (first_tile + t) * BK;
+        cp_async_rows<D, BK, kThreads>(st.k, qkv + k_at, qkv_pos, k0, seq);
+        cp_async_rows<D, BK, kThreads>(st.v, qkv + k_at + D, qkv_pos, k0, seq);
       },
       [&](int stage, int t) {
-        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (so
-        // is every tile of a warp whose rows are all past seq), one that reaches past the warp's
-        // first query is masked, the tiles before run without the compare.
-        const int k0 = t * BK;
+        // Per warp (uniform branches): a tile wholly after the warp's last query or wholly before
+        // its rows' documents is skipped (so is every tile of a warp whose rows are all past seq),
+        // one that reaches past the warp's first query or starts before one of its rows'
+        // documents is masked, the others run without the compare (the forward's rule).
+        const int k0 = (first_tile + t) * BK;
         auto& st = tiles.stage[stage];
         if (k0 > warp_last || warp_first >= seq) return;
         const DropPair bh{b, head};
-        if (k0 + BK - 1 > warp_first)
-          dq_tile<D, BK, MT, true, DROP>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2, drop, bh);
-        else
-          dq_tile<D, BK, MT, false, DROP>(dq, tiles, st, k0, row_base, row_lse2, row_delta, scale_log2, drop, bh);
+        // DOCS: by the warp's first and last rows' documents, as the forward (`docs` named only
+        // in this branch).
+        if constexpr (DOCS) {
+          const int* first_keys = tiles.start + (warp_first - q0);
+          const int last = (warp_last < seq ? warp_last : seq - 1) - warp_first;
+          if (k0 + BK <= first_keys[0]) return;
+          if (k0 + BK - 1 > warp_first || k0 < first_keys[last])
+            dq_tile<D, BK, MT, true, DROP, true>(dq, tiles, st, k0, row_base, row_lse2, row_delta, first_keys,
+                                                 scale_log2, drop, bh);
+          else
+            dq_tile<D, BK, MT, false, DROP, true>(dq, tiles, st, k0, row_base, row_lse2, row_delta, first_keys,
+                                                  scale_log2, drop, bh);
+        } else if (k0 + BK - 1 > warp_first) {
+          dq_tile<D, BK, MT, true, DROP, false>(dq, tiles, st, k0, row_base, row_lse2, row_delta, nullptr, scale_log2,
+                                                drop, bh);
+        } else {
+          dq_tile<D, BK, MT, false, DROP, false>(dq, tiles, st, k0, row_base, row_lse2, row_delta, nullptr, scale_log2,
+                                                 drop, bh);
+        }
       });
 
   UNROLL
@@ -561,84 +628,213 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<32, 64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dkv_body<32, 64, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                       Documents{}, DropoutSite{});
 }
 // registry: dynamic_shared=37376
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<64, 32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dkv_body<64, 32, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                       Documents{}, DropoutSite{});
 }
 // registry: dynamic_shared=52480
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<128, 16, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+                                int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128, 16, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                        Documents{}, DropoutSite{});
 }
 // registry: dynamic_shared=30720
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dq_body<32, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DropoutSite{});
 }
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dq_body<64, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DropoutSite{});
 }
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+                               int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<128, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{}, DropoutSite{});
+}
+// The _docs_ kernels state at least one block per SM: ptxas then takes the registers their
+// document bounds need instead of holding them to a multiple-blocks budget and spilling.
+// registry: dynamic_shared=32256
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dkv_body<32, 64, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                      Documents{starts, seq}, DropoutSite{});
+}
+// registry: dynamic_shared=37632
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dkv_body<64, 32, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                      Documents{starts, seq}, DropoutSite{});
+}
+// registry: dynamic_shared=52608
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                     const float* delta, int batch, int seq, int heads, int kv_heads,
+                                     const int* starts) {
+  attention_bwd_detail::dkv_body<128, 16, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                       Documents{starts, seq}, DropoutSite{});
+}
+// registry: dynamic_shared=30976
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads,
+                                   const int* starts) {
+  attention_bwd_detail::dq_body<32, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DropoutSite{});
+}
+// registry: dynamic_shared=55808
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads,
+                                   const int* starts) {
+  attention_bwd_detail::dq_body<64, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DropoutSite{});
+}
+// registry: dynamic_shared=52480
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dq_body<128, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{starts, seq}, DropoutSite{});
 }
 // At least one block per SM stated: ptxas otherwise holds it to 168 registers on sm_80 and spills.
 // registry: dynamic_shared=31744
 extern "C" __global__ void __launch_bounds__(128, 1)
-    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<32, 64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dkv_body<32, 64, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                      Documents{}, DROPOUT_SITE);
 }
 // registry: dynamic_shared=37376
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<64, 32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dkv_body<64, 32, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                      Documents{}, DROPOUT_SITE);
 }
 // registry: dynamic_shared=52480
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<128, 16, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                     const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                     float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                     int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0,
+                                     int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, 16, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                       Documents{}, DROPOUT_SITE);
 }
 // registry: dynamic_shared=30720
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                   float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                   int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                   int d_col0) {
+  attention_bwd_detail::dq_body<32, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{}, DROPOUT_SITE);
 }
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                   float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                   int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                   int d_col0) {
+  attention_bwd_detail::dq_body<64, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{}, DROPOUT_SITE);
 }
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                              int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dq_body<128, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DROPOUT_SITE);
+}
+// At least one block per SM stated: ptxas otherwise holds it to 168 registers on sm_80 and spills.
+// registry: dynamic_shared=32256
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_drop_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<32, 64, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                     Documents{starts, seq}, DROPOUT_SITE);
+}
+// registry: dynamic_shared=37632
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_drop_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<64, 32, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                     Documents{starts, seq}, DROPOUT_SITE);
+}
+// registry: dynamic_shared=52608
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dkv_drop_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                          const float* delta, int batch, int seq, int heads, int kv_heads,
+                                          const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                          int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                          int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, 16, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                      Documents{starts, seq}, DROPOUT_SITE);
+}
+// registry: dynamic_shared=30976
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_drop_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                        const float* delta, int batch, int seq, int heads, int kv_heads,
+                                        const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                        int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch,
+                                        int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<32, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                Documents{starts, seq}, DROPOUT_SITE);
+}
+// registry: dynamic_shared=55808
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_drop_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                        const float* delta, int batch, int seq, int heads, int kv_heads,
+                                        const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                        int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch,
+                                        int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<64, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                Documents{starts, seq}, DROPOUT_SITE);
+}
+// registry: dynamic_shared=52480
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_bwd_dq_drop_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<128, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DROPOUT_SITE);
 }

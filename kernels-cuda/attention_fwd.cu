@@ -15,6 +15,13 @@
 // masks, its 13 parameters after kv_heads): each probability that multiplies V is kept and
 // scaled by 1/(1 - p) or dropped, index ((b·heads_total + head0 + h)·seq + t)·seq + u, while the
 // running sum and lse stay the unmasked ones (what backward rebuilds P from).
+// Per-document attention (--reset-attention-mask): the attention_fwd_docs_bf16_d* and
+// attention_fwd_drop_docs_bf16_d* kernels take `starts` after kv_heads, each position's document
+// start (common/documents.h), and query t sums over its document's keys u, from
+// min(starts[b·seq + t], t) to t, alone (a template flag: the other kernels hold no trace of it).
+// The block's queries' starts are copied to shared memory with Q (256 B for d 32 and d 128, 512 B
+// for d 64 more) and read per masked tile; these kernels state one block per SM, so that ptxas
+// gives them the registers the bounds take rather than spilling at a two-blocks budget.
 // No [seq, seq] matrix exists: scores live in registers, with the online softmax (running max m
 // and per-lane partial sums l, the division by l deferred to the end, FA-2's first change).
 //
@@ -30,13 +37,16 @@
 // S = Q Kᵀ (16·MT x BN) with mma.sync.m16n8k16 (Q and K through ldmatrix, K's rows being B's
 // columns), masks u > t, rescales its O accumulator, and multiplies P (rounded to bf16 as it is
 // computed, packed from the S accumulator fragments straight into A fragments) by V, whose B
-// fragments come from ldmatrix.trans on V's rows. Key tiles run from 0 to the block's last
-// query, so every row sees key 0 in its first tile and the running max is finite from then on.
+// fragments come from ldmatrix.trans on V's rows. Key tiles run from the one holding the
+// block's first query's document start (0 without documents) to the block's last query.
 // Causal work per warp (FA-2's split of the masked steps from the rest; warp-uniform branches):
-// a key tile that reaches past the warp's first query is masked (the compare and select per
-// score), a tile wholly at or before it runs without them, and a tile wholly after the warp's
-// last query (or any tile of a warp whose rows are all past seq) is skipped. Keys past seq (zero
-// rows) lie only in masked tiles, after every live row.
+// a key tile that reaches past the warp's first query, or begins before its last row's document,
+// is masked (the compares and select per score), a tile wholly at or before the first and within
+// every row's document runs without them, and a tile wholly after the warp's last query or
+// before its first row's document (or any tile of a warp whose rows are all past seq) is
+// skipped. Keys past seq (zero rows) lie only in masked tiles, after every live row. A row whose
+// first tiles hold no key of its document keeps the running max -inf through them, and its
+// exponents are taken from 0 there (2^-inf = 0, not the NaN of -inf + inf).
 // Softmax in base 2 (FA-2's): m is the running max of the raw scores q·k, and with scale_log2 =
 // log2(e)/sqrt(d) each probability is 2^(s·scale_log2 - m·scale_log2), one FFMA and one
 // ex2.approx (common/ptx.cuh's exp2_approx, relative error within 2^-22) where expf of the
@@ -77,13 +87,14 @@
 #include "common/cp_async_ring.cuh"
 #include "common/tile_order.cuh"
 #include "common/dropout.h"
+#include "common/documents.h"
 
 namespace attention_fwd_detail {
 
 constexpr int kThreads = 128, kStages = 2;
 
 // A block of 4 warps, each owning MT m16 row tiles (16·MT consecutive queries): 64·MT queries.
-template <int D, int BN, int MT>
+template <int D, int BN, int MT, bool DOCS = false>
 struct Tiles {
   static constexpr int kQueries = 64 * MT;
   struct Stage {
@@ -93,9 +104,14 @@ struct Tiles {
   bf16 q[kQueries][D + 8];
   Stage stage[kStages];
 };
+// DOCS: the block's queries' document starts too, after the rest.
+template <int D, int BN, int MT>
+struct Tiles<D, BN, MT, true> : Tiles<D, BN, MT, false> {
+  int start[64 * MT];
+};
 // The per-head-dim instances: key tile BN and row tiles per warp MT.
-template <int D>
-using TilesOf = Tiles<D, D == 128 ? 32 : 64, D == 64 ? 2 : 1>;
+template <int D, bool DOCS = false>
+using TilesOf = Tiles<D, D == 128 ? 32 : 64, D == 64 ? 2 : 1, DOCS>;
 // Queries per block (the launch's grid tile: src/gpu/kernels/plan/mod.rs) and dynamic shared memory
 // per block (kernel index: src/gpu/kernels/mod.rs).
 constexpr int kQueriesD32 = TilesOf<32>::kQueries, kQueriesD64 = TilesOf<64>::kQueries,
@@ -105,6 +121,11 @@ constexpr unsigned kSharedBytesD32 = sizeof(TilesOf<32>), kSharedBytesD64 = size
 static_assert(kQueriesD32 == 64 && kQueriesD64 == 128 && kQueriesD128 == 64, "the header and plan/mod.rs state these");
 static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedBytesD128 == 52224,
               "the header and the kernel index state these");
+// The _docs_ kernels' (the queries' document starts added).
+constexpr unsigned kDocsSharedBytesD32 = sizeof(TilesOf<32, true>), kDocsSharedBytesD64 = sizeof(TilesOf<64, true>),
+                   kDocsSharedBytesD128 = sizeof(TilesOf<128, true>);
+static_assert(kDocsSharedBytesD32 == 25856 && kDocsSharedBytesD64 == 55808 && kDocsSharedBytesD128 == 52480,
+              "the kernel index states these");
 
 // One key tile of BN keys from k0 for the warp's 16·MT queries (row tile i: rows
 // row_base + 16i and row_base + 16i + 8 of this lane): S = Q Kᵀ, the causal mask where MASK (a
@@ -115,10 +136,11 @@ static_assert(kSharedBytesD32 == 25600 && kSharedBytesD64 == 55296 && kSharedByt
 // log2(e)/sqrt(d)), one FFMA and one ex2.approx per score.
 // DROP: attention dropout, the probabilities that multiply V masked and scaled (`drop`, keyed
 // by the (b, head) pair `bh`), l summing the unmasked ones.
-template <int D, int BN, int MT, bool MASK, bool DROP>
+template <int D, int BN, int MT, bool MASK, bool DROP, bool DOCS>
 __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                             bf16 (*q)[D + 8], bf16 (*k)[D + 8], bf16 (*v)[D + 8], int k0,
-                                            int row_base, float scale_log2, const DropoutSite& drop, DropPair bh) {
+                                            int row_base, const int* first_keys, float scale_log2,
+                                            const DropoutSite& drop, DropPair bh) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane % 4;
   // S = Q Kᵀ for the warp's 16·MT queries and the tile's BN keys.
   float s[MT][BN / 8][4];
@@ -151,12 +173,20 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
   uint32_t pa[MT][BN / 16][4];
   UNROLL
   for (int i = 0; i < MT; ++i) {
+    // MASK and DOCS: the first key each of the row tile's two rows of this lane sees, from the
+    // warp's rows' starts in shared memory (`first_keys`; read per masked tile: held across the
+    // tiles they spilled the d 64 kernel with dropout).
+    int row_start[2] = {0, 0};
+    if constexpr (MASK && DOCS)
+      UNROLL
+      for (int h = 0; h < 2; ++h) row_start[h] = first_keys[16 * i + 8 * h + threadIdx.x % 32 / 4];
     float tile_max[2] = {-INFINITY, -INFINITY};
     UNROLL
     for (int j = 0; j < BN / 8; ++j)
       UNROLL
       for (int e = 0; e < 4; ++e) {
-        if (MASK && k0 + 8 * j + 2 * t4 + e % 2 > row_base + 16 * i + (e / 2) * 8) s[i][j][e] = -INFINITY;
+        const int key = k0 + 8 * j + 2 * t4 + e % 2;
+        if (MASK && (key > row_base + 16 * i + (e / 2) * 8 || (DOCS && key < row_start[e / 2]))) s[i][j][e] = -INFINITY;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][j][e]);
       }
     float correction[2], max_scaled[2];
@@ -164,10 +194,13 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(FULL_WARP_MASK, tile_max[h], 2));
-      // The new max is finite: every row's first tile holds key 0 (at or before every row). A
-      // row's first tile has m = -inf, so its correction is 2^-inf = 0 (o and l are still 0).
+      // Without documents the new max is finite: every row's first tile holds key 0. Under
+      // documents a row's max stays -inf through tiles wholly before its document's start, and
+      // its exponents are taken from 0 there, so that its probabilities and correction are
+      // 2^-inf = 0, not 2^(-inf + inf) = NaN. At a row's first seen key the old m = -inf gives a
+      // correction of 2^-inf = 0 (o and l are still 0).
       const float m_new = fmaxf(m[i][h], tile_max[h]);
-      max_scaled[h] = m_new * scale_log2;
+      max_scaled[h] = DOCS && m_new == -INFINITY ? 0.0f : m_new * scale_log2;
       correction[h] = exp2_approx(m[i][h] * scale_log2 - max_scaled[h]);
       m[i][h] = m_new;
       l[i][h] *= correction[h];
@@ -221,11 +254,11 @@ __device__ __forceinline__ void attend_tile(float (&o)[MT][D / 8][4], float (&m)
   }
 }
 
-template <int D, bool DROP>
+template <int D, bool DROP, bool DOCS>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads,
-                                                   int kv_heads, const DropoutSite& drop) {
-  using Shared = TilesOf<D>;
+                                                   int kv_heads, const Documents documents, const DropoutSite& drop) {
+  using Shared = TilesOf<D, DOCS>;
   constexpr int BN = sizeof(Shared::Stage::k) / sizeof(Shared::Stage::k[0]), kQueries = Shared::kQueries,
                 MT = kQueries / 64;
   static_assert(D % 16 == 0 && BN % 16 == 0, "k16 steps over d, n-tile pairs over d, k16 blocks over BN");
@@ -233,6 +266,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.cuh
   const int q0 = block.tile * kQueries, b = block.b, head = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   const float scale = 1.0f / sqrtf((float)D), scale_log2 = 1.44269504f * scale;
   // Position 0's q of the block's head, at column (head + 2 kv)·d of the per-group rows of
   // r = heads / kv_heads query heads, and its group's k at column (kv (r + 2) + r)·d (v follows);
@@ -245,6 +279,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int k_at = b * (heads + 2 * kv_heads) * D + (kv * (group + 2) + group) * D;
 
   cp_async_rows<D, kQueries, kThreads>(tiles.q, q_src, pos_stride, q0, seq);  // joins key tile 0's group
+  if constexpr (DOCS) load_words<kQueries>(tiles.start, docs.starts, q0, seq, 0);  // so do the rows' starts
 
   float o[MT][D / 8][4];
   UNROLL
@@ -260,26 +295,46 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   for (int i = 0; i < MT; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
   const int warp_first = q0 + warp * 16 * MT, warp_last = warp_first + 16 * MT - 1, row_base = warp_first + g;
 
+  // Key tiles from the one holding the block's first query's first key (0 without documents) to
+  // its last query.
   const int last_query = (q0 + kQueries < seq ? q0 + kQueries : seq) - 1;
+  const int first_tile = DOCS ? docs.start(q0) / BN : 0;
   cp_async_ring<kStages>(
-      last_query / BN + 1,
-      [&](int stage, int kt) {
-        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, qkv + k_at, pos_stride, kt * BN, seq);
-        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, qkv + k_at + D, pos_stride, kt * BN, seq);
+      last_query / BN + 1 - first_tile,
+      [&](int stage, int t) {
+        const int k0 = (first_tile + t) * BN;
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].k, qkv + k_at, pos_stride, k0, seq);
+        cp_async_rows<D, BN, kThreads>(tiles.stage[stage].v, qkv + k_at + D, pos_stride, k0, seq);
       },
-      [&](int stage, int kt) {
-        // Per warp (uniform branches): a tile wholly after the warp's last query is skipped (all
-        // its scores are masked; so is every tile of a warp whose rows are all past seq), one
-        // that reaches past the warp's first query is masked, the tiles before run without the
-        // compare.
-        const int k0 = kt * BN;
+      [&](int stage, int t) {
+        // Per warp (uniform branches): a tile wholly after the warp's last query or wholly before
+        // its rows' documents is skipped (all its scores are masked; so is every tile of a warp
+        // whose rows are all past seq), one that reaches past the warp's first query or starts
+        // before one of its rows' documents is masked, the others run without the compare.
+        const int k0 = (first_tile + t) * BN;
         auto& st = tiles.stage[stage];
         if (k0 > warp_last || warp_first >= seq) return;
         const DropPair bh{b, head};
-        if (k0 + BN - 1 > warp_first)
-          attend_tile<D, BN, MT, true, DROP>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2, drop, bh);
-        else
-          attend_tile<D, BN, MT, false, DROP>(o, m, l, tiles.q, st.k, st.v, k0, row_base, scale_log2, drop, bh);
+        // DOCS: by the warp's first and last rows' documents (their starts the smallest and the
+        // largest); `docs` named only in this branch (captured by the lambda otherwise, it would
+        // change the plain kernels' code).
+        if constexpr (DOCS) {
+          const int* first_keys = tiles.start + (warp_first - q0);
+          const int last = (warp_last < seq ? warp_last : seq - 1) - warp_first;
+          if (k0 + BN <= first_keys[0]) return;
+          if (k0 + BN - 1 > warp_first || k0 < first_keys[last])
+            attend_tile<D, BN, MT, true, DROP, true>(o, m, l, tiles.q, st.k, st.v, k0, row_base, first_keys,
+                                                     scale_log2, drop, bh);
+          else
+            attend_tile<D, BN, MT, false, DROP, true>(o, m, l, tiles.q, st.k, st.v, k0, row_base, first_keys,
+                                                      scale_log2, drop, bh);
+        } else if (k0 + BN - 1 > warp_first) {
+          attend_tile<D, BN, MT, true, DROP, false>(o, m, l, tiles.q, st.k, st.v, k0, row_base, nullptr, scale_log2,
+                                                    drop, bh);
+        } else {
+          attend_tile<D, BN, MT, false, DROP, false>(o, m, l, tiles.q, st.k, st.v, k0, row_base, nullptr, scale_log2,
+                                                     drop, bh);
+        }
       });
 
   const size_t width = (size_t)heads * D;
@@ -307,48 +362,107 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
 // registry: dynamic_shared=25600
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<32, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+    attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<32, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DropoutSite{});
 }
 
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<64, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+    attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<64, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DropoutSite{});
 }
 
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                           int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<128, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+    attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
+  attention_fwd_detail::attention_fwd_body<128, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                              DropoutSite{});
+}
+
+// The _docs_ kernels state at least one block per SM: ptxas then takes the registers their
+// document bounds need instead of holding them to a multiple-blocks budget and spilling.
+// registry: dynamic_shared=25856
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_docs_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                const int* starts) {
+  attention_fwd_detail::attention_fwd_body<32, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DropoutSite{});
+}
+
+// registry: dynamic_shared=55808
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_docs_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                const int* starts) {
+  attention_fwd_detail::attention_fwd_body<64, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DropoutSite{});
+}
+
+// registry: dynamic_shared=52480
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_docs_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                 const int* starts) {
+  attention_fwd_detail::attention_fwd_body<128, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                             Documents{starts, seq}, DropoutSite{});
 }
 
 // registry: dynamic_shared=25600
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<32, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                            DROPOUT_SITE);
 }
 
 // registry: dynamic_shared=55296
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<64, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                            DROPOUT_SITE);
 }
 
 // registry: dynamic_shared=52224
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<128, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                 int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                 int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                 int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DROPOUT_SITE);
+}
+
+// registry: dynamic_shared=25856
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_drop_docs_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                     int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                     int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                     int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                           Documents{starts, seq}, DROPOUT_SITE);
+}
+
+// registry: dynamic_shared=55808
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_drop_docs_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                     int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                     int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                     int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                           Documents{starts, seq}, DROPOUT_SITE);
+}
+
+// registry: dynamic_shared=52480
+extern "C" __global__ void __launch_bounds__(128, 1)
+    attention_fwd_drop_docs_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                      int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                      int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                      int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DROPOUT_SITE);
 }

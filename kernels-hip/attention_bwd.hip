@@ -45,6 +45,9 @@
 // lane) plus S and dP (32), dq holds dQᵀ (d/2) plus two; hipcc's counts are in docs/kernels.md.
 //
 // The *_drop_* twins of dK/dV and dQ add attention dropout as the CUDA ones do (common/dropout.h).
+// The *_docs_* twins take `starts` and keep each query to its document's keys as the CUDA ones
+// do (common/documents.h): dK/dV's query tiles end at its last key's document's end, dQ's key
+// tiles begin at its first query's document start.
 //
 // Reference: `attention_backward` of the reference device (f64) on the same bf16 inputs and f32
 // lse (tests/hip_emulation.rs).
@@ -54,6 +57,7 @@
 #include "common/reduce.h"
 #include "common/tile_order.h"
 #include "common/dropout.h"
+#include "common/documents.h"
 
 namespace attention_bwd_detail {
 
@@ -127,11 +131,11 @@ struct alignas(16) DkvTiles {
 };
 
 // DROP: attention dropout (`drop`'s masks): dV takes the masked P, dP is masked before dS.
-template <int D, bool DROP>
+template <int D, bool DROP, bool DOCS>
 __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int batch, int seq, int heads,
-                                         int kv_heads, const DropoutSite& drop) {
+                                         int kv_heads, const Documents documents, const DropoutSite& drop) {
   __shared__ DkvTiles<D> tiles;
   static_assert(sizeof(DkvTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
@@ -139,6 +143,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const AttentionTile block = longest_first(false, kv_heads);  // common/tile_order.h
   const int k0 = block.tile * kBlockRows, b = block.b, kv = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   // The group's k columns (v follows) in the per-group rows, as int (attention_fwd.hip's offsets);
   // its query heads kv·r .. kv·r + r - 1.
   const int group = heads / kv_heads;
@@ -146,6 +151,9 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_k = wave * kMfmaN;                 // the wave's first key in the block
   const int key = k0 + wave_k + mfma_col(lane);     // this lane's key
+  // The queries after q_end see none of the workgroup's keys (documents.h; seq without documents).
+  const int last_key = k0 + kBlockRows - 1 < seq ? k0 + kBlockRows - 1 : seq - 1;
+  const int q_end = DOCS ? wave_uniform(docs.end_after(last_key)) : seq;
 
   load_rows<D, kBlockRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.v, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
@@ -166,7 +174,7 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
     const int seq_at = DROP ? (int)in_vgpr(seq) : seq;
     const float* lse_bh = lse + ((size_t)b * heads + head) * seq_at;
     const float* delta_bh = delta + ((size_t)b * heads + head) * seq_at;
-    for (int qs = k0; qs < seq; qs += kTileRows) {
+    for (int qs = k0; qs < q_end; qs += kTileRows) {
       load_rows<D, kTileRows>(tiles.q, qkv, qkv_stride, q_col, qs, seq, batch, b);
       load_rows<D, kTileRows>(tiles.dout, dout, out_stride, head * D, qs, seq, batch, b);
       for (int i = threadIdx.x; i < kTileRows; i += blockDim.x) {
@@ -175,7 +183,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
         tiles.delta[i] = qs + i < seq ? delta_bh[qs + i] : 0.0f;
       }
       __syncthreads();
-      if (qs + kTileRows - 1 >= k0 + wave_k) {  // some query of the tile sees some key of the wave
+      // Some query of the tile sees some key of the wave (its document starting at or before it).
+      if (qs + kTileRows - 1 >= k0 + wave_k && (!DOCS || wave_uniform(docs.start(qs)) <= k0 + wave_k + kMfmaN - 1)) {
         // S = Q Kᵀ and dP = dO Vᵀ: register r is query qs + mfma_row(lane, r), key `key`.
         mfma_acc s, dp;
         mfma_zero(s);
@@ -184,7 +193,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
         rows_product<D>(dp, tiles.dout, 0, tiles.v, wave_k);
         UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
           const int qi = mfma_row(lane, r);
-          const float p = key <= qs + qi ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
+          const bool seen = key <= qs + qi && (!DOCS || key >= docs.start(qs + qi));
+          const float p = seen ? expf(s.v[r] * scale - tiles.lse[qi]) : 0.0f;
           if constexpr (DROP) {
             const bool kept = lane_drop.keeps(drop_at + (unsigned long long)(qs + qi) * lane_seq);
             s.v[r] = kept ? p * lane_drop.scale : 0.0f;
@@ -222,17 +232,18 @@ struct alignas(16) DqTiles {
 };
 
 // DROP: dP is masked before dS (`drop`'s masks).
-template <int D, bool DROP>
+template <int D, bool DROP, bool DOCS>
 __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv,
                                         const bf16* __restrict__ dout, const float* __restrict__ lse,
                                         const float* __restrict__ delta, int batch, int seq, int heads,
-                                        int kv_heads, const DropoutSite& drop) {
+                                        int kv_heads, const Documents documents, const DropoutSite& drop) {
   __shared__ DqTiles<D> tiles;
   static_assert(sizeof(DqTiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   constexpr int kDBlocks = D / kMfmaM;
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const AttentionTile block = longest_first(true, heads);
   const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   // The head's q columns and its group's k columns (v follows) in the per-group rows, as int.
   const int group = heads / kv_heads, kv = head / group;
   const int qkv_stride = (heads + 2 * kv_heads) * D, q_col = (head + 2 * kv) * D;
@@ -240,6 +251,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   const float scale = 1.0f / sqrtf((float)D);
   const int wave_q = wave * kMfmaN, wave_last = q0 + wave_q + kMfmaN - 1;
   const int query = q0 + wave_q + mfma_col(lane);  // this lane's query
+  // DOCS: the first key this lane's query sees, and the wave's smallest (documents.h).
+  const int first_key = DOCS ? docs.start(query) : 0, wave_lo = DOCS ? wave_uniform(docs.start(q0 + wave_q)) : 0;
 
   load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, q_col, q0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
@@ -249,12 +262,14 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   mfma_acc dq[kDBlocks];
   UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(dq[n]);
 
+  // Key tiles from the one holding the workgroup's first query's first key to its last query.
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
-  for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
+  const int first_tile_key = DOCS ? wave_uniform(docs.start(q0) / kTileRows * kTileRows) : 0;
+  for (int k0 = first_tile_key; k0 <= last_query; k0 += kTileRows) {
     load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
     load_rows<D, kTileRows>(tiles.v, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
     __syncthreads();
-    if (k0 <= wave_last) {
+    if (k0 <= wave_last && (!DOCS || k0 + kTileRows > wave_lo)) {
       // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: register r is key k0 + mfma_row(lane, r), query `query`.
       mfma_acc s, dp;
       mfma_zero(s);
@@ -262,7 +277,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
       rows_product<D>(s, tiles.k, 0, tiles.q, wave_q);
       rows_product<D>(dp, tiles.v, 0, tiles.dout, wave_q);
       UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
-        const float p = k0 + mfma_row(lane, r) <= query ? expf(s.v[r] * scale - row_lse) : 0.0f;
+        const int k = k0 + mfma_row(lane, r);
+        const float p = k <= query && (!DOCS || k >= first_key) ? expf(s.v[r] * scale - row_lse) : 0.0f;
         float dpr = dp.v[r];
         if constexpr (DROP)
           dpr = drop.keeps(drop.attention_index(b, head, query) + k0 + mfma_row(lane, r)) ? dpr * drop.scale : 0.0f;
@@ -297,72 +313,186 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dkv_body<32, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dkv_body<64, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dkv_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dkv_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+                                int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dkv_body<128, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                    Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<32, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<32, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<64, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+                              int batch, int seq, int heads, int kv_heads) {
+  attention_bwd_detail::dq_body<64, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
     attention_bwd_dq_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
                                int batch, int seq, int heads, int kv_heads) {
-  attention_bwd_detail::dq_body<128, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_bwd_detail::dq_body<128, false, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dkv_body<32, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{starts, seq}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dkv_body<64, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{starts, seq}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dkv_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dkv_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                     const float* delta, int batch, int seq, int heads, int kv_heads,
+                                     const int* starts) {
+  attention_bwd_detail::dkv_body<128, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{starts, seq}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<32, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads,
+                                   const int* starts) {
+  attention_bwd_detail::dq_body<32, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<64, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads,
+                                   const int* starts) {
+  attention_bwd_detail::dq_body<64, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DropoutSite{});
 }
 extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta,
-                               int batch, int seq, int heads, int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                    int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                    int d_t0, int d_width, int d_col0) {
-  attention_bwd_detail::dq_body<128, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_bwd_dq_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads,
+                                    const int* starts) {
+  attention_bwd_detail::dq_body<128, false, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{starts, seq}, DropoutSite{});
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dkv_body<32, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dkv_body<64, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                     const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                     float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                     int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0,
+                                     int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                   Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                   float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                   int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                   int d_col0) {
+  attention_bwd_detail::dq_body<32, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                   const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                   float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                   int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                   int d_col0) {
+  attention_bwd_detail::dq_body<64, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                    const float* delta, int batch, int seq, int heads, int kv_heads, int d_threshold,
+                                    float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                    int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                    int d_col0) {
+  attention_bwd_detail::dq_body<128, true, false>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<32, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<64, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dkv_drop_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                          const float* delta, int batch, int seq, int heads, int kv_heads,
+                                          const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                          int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                          int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dkv_body<128, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                  Documents{starts, seq}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_docs_bf16_d32(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                        const float* delta, int batch, int seq, int heads, int kv_heads,
+                                        const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                        int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch,
+                                        int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<32, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                Documents{starts, seq}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_docs_bf16_d64(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                        const float* delta, int batch, int seq, int heads, int kv_heads,
+                                        const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                        int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch,
+                                        int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<64, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                Documents{starts, seq}, DROPOUT_SITE);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_dq_drop_docs_bf16_d128(bf16* dqkv, const bf16* qkv, const bf16* dout, const float* lse,
+                                         const float* delta, int batch, int seq, int heads, int kv_heads,
+                                         const int* starts, int d_threshold, float d_scale, int d_key0, int d_key1,
+                                         int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                         int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_bwd_detail::dq_body<128, true, true>(dqkv, qkv, dout, lse, delta, batch, seq, heads, kv_heads,
+                                                 Documents{starts, seq}, DROPOUT_SITE);
 }

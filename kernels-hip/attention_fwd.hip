@@ -26,6 +26,10 @@
 // Pᵀ's B operand for keys 8kb.. is exactly registers 4kb..4kb+3 of the Sᵀ accumulator
 // (common/mfma.h), rounded to bf16, and the rescaling of Oᵀ by exp(m_old - m_new) is per lane.
 // Tiles that lie wholly above a wave's diagonal are skipped (wave-uniform).
+// Per-document attention (the _docs_ kernels' `starts`, common/documents.h, as on CUDA): a query's
+// keys begin at its document's start, the key tiles at the workgroup's first query's, and a
+// wave skips the tiles wholly before its first query's; until a query has seen a key of its
+// document its max stays -inf and its exponents are taken from 0 (e^-inf = 0, not NaN).
 //
 // Tiles are loaded with 16-byte loads; V is stored transposed (d x (32 + 8)) so that each lane's
 // Vᵀ operand is one 8-byte LDS read.
@@ -45,6 +49,7 @@
 #include "common/mfma.h"
 #include "common/tile_order.h"
 #include "common/dropout.h"
+#include "common/documents.h"
 
 namespace attention_fwd_detail {
 
@@ -59,10 +64,10 @@ struct alignas(16) Tiles {
 
 // DROP: attention dropout (`drop`'s masks), the probabilities that multiply V masked and scaled,
 // l summing the unmasked ones.
-template <int D, bool DROP>
+template <int D, bool DROP, bool DOCS>
 __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float* __restrict__ lse,
                                                    const bf16* __restrict__ qkv, int batch, int seq, int heads,
-                                                   int kv_heads, const DropoutSite& drop) {
+                                                   int kv_heads, const Documents documents, const DropoutSite& drop) {
   __shared__ Tiles<D> tiles;
   static_assert(sizeof(Tiles<D>) <= kLdsBytes, "LDS over the 64 KiB budget");
   static_assert(kWaveSize == 2 * kMfmaN, "the MFMA layout spans a 64-lane wavefront");
@@ -71,6 +76,7 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int wave = threadIdx.x / kWaveSize, lane = threadIdx.x % kWaveSize;
   const AttentionTile block = longest_first(true, heads);  // common/tile_order.h
   const int q0 = block.tile * kBlockRows, b = block.b, head = block.head;
+  const Documents docs = documents.sequence(b);  // DOCS: the block's sequence's starts
   // The head's q columns and its group's k columns (v follows) in the per-group rows, as int
   // (a row's width fits one: the launcher checks it; size_t offsets from the group's division
   // cost gfx90a 8 more VGPRs here).
@@ -81,6 +87,9 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   const int wave_q = wave * kMfmaN;                       // the wave's first query in the block
   const int query = q0 + wave_q + mfma_col(lane);         // this lane's query
   const int wave_last = q0 + wave_q + kMfmaN - 1;         // the wave's last query
+  // DOCS: the first key this lane's query sees, and the wave's smallest (documents.h).
+  const int first_key = DOCS ? docs.start(query) : 0;
+  const int wave_lo = DOCS ? wave_uniform(docs.start(q0 + wave_q)) : 0;
 
   load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, q_col, q0, seq, batch, b);
 
@@ -88,12 +97,14 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
   UNROLL for (int n = 0; n < kDBlocks; ++n) mfma_zero(o[n]);
   float m = -INFINITY, l = 0.0f;
 
+  // Key tiles from the one holding the workgroup's first query's first key to its last query.
   const int last_query = (q0 + kBlockRows < seq ? q0 + kBlockRows : seq) - 1;
-  for (int k0 = 0; k0 <= last_query; k0 += kTileRows) {
+  const int first_tile_key = DOCS ? wave_uniform(docs.start(q0) / kTileRows * kTileRows) : 0;
+  for (int k0 = first_tile_key; k0 <= last_query; k0 += kTileRows) {
     load_rows<D, kTileRows>(tiles.k, qkv, qkv_stride, k_col, k0, seq, batch, b);
     load_rows_transposed<D, kTileRows>(tiles.vt, qkv, qkv_stride, k_col + D, k0, seq, batch, b);
     __syncthreads();  // Q (first time), K and V of this tile are in LDS
-    if (k0 <= wave_last) {
+    if (k0 <= wave_last && (!DOCS || k0 + kTileRows > wave_lo)) {
       // Sᵀ = K Qᵀ: register r holds the score of key k0 + mfma_row(lane, r) for `query`.
       mfma_acc s;
       mfma_zero(s);
@@ -105,11 +116,15 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
         }
         mfma_32x32x8_bf16(s, ka, qb);
       }
-      // Scale, causal mask, online softmax. Key 0 is in every query's first tile, so m is finite
-      // from then on (both half-waves share it through the exchange below).
+      // Scale, causal (and DOCS document) mask, online softmax (both half-waves share the row max
+      // through the exchange below). Without documents key 0 is in every query's first tile, so m
+      // is finite from then on; under documents a query's max stays -inf through tiles wholly
+      // before its document and the exponents are taken from 0 there: its probabilities are
+      // e^-inf = 0, not e^(-inf + inf) = NaN.
       float tile_max = -INFINITY;
       UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
-        const float v = k0 + mfma_row(lane, r) <= query ? s.v[r] * scale : -INFINITY;
+        const int key = k0 + mfma_row(lane, r);
+        const float v = key <= query && (!DOCS || key >= first_key) ? s.v[r] * scale : -INFINITY;
         s.v[r] = v;
         tile_max = fmaxf(tile_max, v);
       }
@@ -118,8 +133,9 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
       const float correction = m == -INFINITY ? 0.0f : expf(m - m_new);
       m = m_new;
       l *= correction;
+      const float m_from = DOCS && m == -INFINITY ? 0.0f : m;
       UNROLL for (int r = 0; r < kMfmaAcc; ++r) {
-        const float p = expf(s.v[r] - m);
+        const float p = expf(s.v[r] - m_from);
         l += p;
         if constexpr (DROP) {
           const bool kept = drop.keeps(drop.attention_index(b, head, query) + k0 + mfma_row(lane, r));
@@ -155,39 +171,93 @@ __device__ __forceinline__ void attention_fwd_body(bf16* __restrict__ out, float
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<32, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_fwd_detail::attention_fwd_body<32, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<64, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_fwd_detail::attention_fwd_body<64, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads) {
-  attention_fwd_detail::attention_fwd_body<128, false>(out, lse, qkv, batch, seq, heads, kv_heads, DropoutSite{});
+  attention_fwd_detail::attention_fwd_body<128, false, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                              DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<32, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_docs_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                const int* starts) {
+  attention_fwd_detail::attention_fwd_body<32, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<64, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_docs_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                const int* starts) {
+  attention_fwd_detail::attention_fwd_body<64, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DropoutSite{});
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
-                                int kv_heads, int d_threshold, float d_scale, int d_key0, int d_key1, int d_place,
-                                int d_iteration, int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq,
-                                int d_t0, int d_width, int d_col0) {
-  attention_fwd_detail::attention_fwd_body<128, true>(out, lse, qkv, batch, seq, heads, kv_heads, DROPOUT_SITE);
+    attention_fwd_docs_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                 const int* starts) {
+  attention_fwd_detail::attention_fwd_body<128, false, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                             Documents{starts, seq}, DropoutSite{});
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                            DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                            DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads, int kv_heads,
+                                 int d_threshold, float d_scale, int d_key0, int d_key1, int d_place, int d_iteration,
+                                 int d_sample0_lo, int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
+                                 int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true, false>(out, lse, qkv, batch, seq, heads, kv_heads, Documents{},
+                                                             DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_docs_bf16_d32(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                     int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                     int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                     int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<32, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                           Documents{starts, seq}, DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_docs_bf16_d64(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                     int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                     int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                     int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<64, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                           Documents{starts, seq}, DROPOUT_SITE);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_drop_docs_bf16_d128(bf16* out, float* lse, const bf16* qkv, int batch, int seq, int heads,
+                                      int kv_heads, const int* starts, int d_threshold, float d_scale, int d_key0,
+                                      int d_key1, int d_place, int d_iteration, int d_sample0_lo, int d_sample0_hi,
+                                      int d_batch, int d_seq, int d_t0, int d_width, int d_col0) {
+  attention_fwd_detail::attention_fwd_body<128, true, true>(out, lse, qkv, batch, seq, heads, kv_heads,
+                                                            Documents{starts, seq}, DROPOUT_SITE);
 }

@@ -400,7 +400,7 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     switch(
         "--reset-attention-mask",
-        "attend within each document of a sample only (on the CPU; on GPUs not built yet, issue 50)",
+        "attend within each document of a sample (each end-of-document token ends its document), on every device",
     ),
     switch(
         "--fp32-residual-connection",

@@ -225,6 +225,13 @@ fn train_tiny_preset_on_cuda_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "cuda");
 }
 
+/// Per-document attention (`--reset-attention-mask`) trains on the CUDA Device as on the CPU.
+#[test]
+fn train_documents_on_cuda_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::tiny_preset_documents_follow_the_cpu(emu, "cuda");
+}
+
 /// The `llama-tiny` preset (grouped-query attention, RMSNorm, SwiGLU, rotary) trains on the CUDA
 /// Device and follows the CPU's `--bf16` losses, and on two tensor-parallel ranks the one-rank run.
 #[test]

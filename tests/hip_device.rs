@@ -85,6 +85,13 @@ fn train_tiny_preset_on_hip_follows_the_cpu_bf16_losses() {
     gpu_device::tiny_preset_follows_the_cpu_bf16_losses(emu, "hip");
 }
 
+/// Per-document attention (`--reset-attention-mask`) trains on the HIP Device as on the CPU.
+#[test]
+fn train_documents_on_hip_follows_the_cpu_bf16_losses() {
+    let Some(emu) = emulated() else { return };
+    gpu_device::tiny_preset_documents_follow_the_cpu(emu, "hip");
+}
+
 /// The `llama-tiny` preset (RMSNorm, SwiGLU, rotary embedding, untied output layer, and 4 query
 /// heads of 32 in 2 key/value groups: the d 32 grouped-query attention kernels) trains on the HIP
 /// Device and follows the CPU's `--bf16` losses within the GPT-2 bound.

@@ -2,7 +2,7 @@
 // cp.async, so that later tiles load while the current one is computed on. The sm_80 GEMMs
 // (gemm_pipeline.cuh, 4 stages of k-tiles) and the attention kernels (attention_fwd.cu,
 // attention_bwd.cu, 2 stages of K/V or Q/dO tiles) run their main loops on it; cp_async_rows
-// (below) issues the attention kernels' row-tile copies.
+// and load_words (below) issue the attention kernels' row-tile and per-row copies.
 //
 // A kernel file includes common/base.cuh and common/ptx.cuh before this header (NVRTC resolves a
 // header's own includes only among those already seen).
@@ -54,4 +54,14 @@ __device__ __forceinline__ void cp_async_rows(bf16 (*tile)[D + 8], const bf16* s
     const int r = r0 + pass * rows_per_pass, t = row0 + r;
     cp_async_16(&tile[r][c], t < seq ? src + (size_t)t * pos_stride + c : src, t < seq ? 16 : 0);
   }
+}
+
+// Entries row0..row0+N-1 of a row of 4-byte values (f32 or int; zeros past seq) into shared
+// memory, by threads first..first+N-1 of the block: one 4-byte cp.async each (the row's start
+// need not be 16-byte aligned).
+template <int N, class T>
+__device__ __forceinline__ void load_words(T* dst, const T* src, int row0, int seq, int first) {
+  static_assert(sizeof(T) == 4, "4-byte copies");
+  const int i = threadIdx.x - first, t = row0 + i;
+  if (i >= 0 && i < N) cp_async_4(&dst[i], t < seq ? src + t : src, t < seq ? 4 : 0);
 }

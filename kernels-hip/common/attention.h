@@ -57,4 +57,15 @@ __device__ __forceinline__ void load_rows_transposed(bf16 (*tile)[ROWS + kPad], 
   }
 }
 
+// `x`, the same in every lane of the wave, in an SGPR. The compiler cannot tell that a value
+// loaded through a pointer (a document start) is uniform: a loop bound or branch on it would run
+// divergent, with exec masks in SGPRs (the _docs_ kernels spilled SGPRs so). Itself under emulation.
+__device__ __forceinline__ int wave_uniform(int x) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_readfirstlane(x);
+#else
+  return x;
+#endif
+}
+
 }  // namespace attention_common

@@ -779,8 +779,7 @@ fn reset_position_ids(args: &Args, model: &GptConfig, eod: u32, notes: &mut Vec<
 }
 
 /// `--reset-attention-mask`'s end-of-document id. Megatron builds the mask in its data loader and
-/// refuses the flag with `--no-create-attention-mask-in-dataloader`, as here; the GPU attention
-/// kernels take no document bounds yet.
+/// refuses the flag with `--no-create-attention-mask-in-dataloader`, as here.
 fn reset_attention_mask(args: &Args, eod: u32) -> Result<Option<u32>> {
     if !args.has("--reset-attention-mask") {
         return Ok(None);
@@ -792,13 +791,7 @@ fn reset_attention_mask(args: &Args, eod: u32) -> Result<Option<u32>> {
                 .into(),
         ));
     }
-    match args.str("--device").unwrap_or("cpu") {
-        "cpu" | "reference" => Ok(Some(eod)),
-        device => Err(Error::Unsupported(format!(
-            "--reset-attention-mask on --device {device}: the GPU attention kernels take no document bounds yet \
-             (issue 50); it runs on --device cpu"
-        ))),
-    }
+    Ok(Some(eod))
 }
 
 /// The dropout probabilities: each flag's value, else Megatron's default 0.1, or 0 under a named

@@ -4,15 +4,20 @@
 //! with the `int` arguments both kinds of kernel take (`kernels/common/dropout.h`).
 
 use super::buffer::{Elem, GpuBuf};
-use super::device::{int, unbuilt, GpuDevice};
+use super::device::{int, unbuilt, GpuDevice, Scratch};
 use super::kernels::args;
 use super::kernels::plan::Op;
 use crate::device::prelude::*;
 use crate::device::{AttentionShape, Dropout, Matrix, Rotary};
 
-/// The GPU attention kernels span whole samples: `--reset-attention-mask` is refused on GPUs
-/// before a model is built (`config`), so no document bounds reach them.
-const NO_DOCUMENTS: &str = "per-document attention (--reset-attention-mask) is not built on GPUs";
+/// `$kernel`'s arguments: `$args`, then those of the dropout site `$site` (`site_ints`, its scale
+/// second), as every `_drop_` attention kernel takes them after its own.
+macro_rules! with_site {
+    ($kernel:path, $site:expr, $($args:expr),*) => {{
+        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints($site);
+        $kernel($($args,)* th, $site.scale(), k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0)
+    }};
+}
 
 impl AttentionOps for GpuDevice {
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
@@ -36,7 +41,6 @@ impl AttentionOps for GpuDevice {
         dropout: Option<&Dropout>,
         documents: Option<&[u32]>,
     ) {
-        assert!(documents.is_none(), "{NO_DOCUMENTS}");
         let (rows, w) = (shape.rows(), shape.width());
         assert!(out.len >= rows * w && lse.len >= rows * shape.heads && qkv.len >= rows * shape.qkv_width());
         if rows == 0 {
@@ -48,18 +52,21 @@ impl AttentionOps for GpuDevice {
         let (o, lse) = (self.view_mut(out, self.half, whole), self.view_mut(lse, Elem::F32, false));
         let [b, s, h, kv] = attention_ints(shape);
         let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        // The head dim's kernel: one signature for the three (`Launch::retarget`).
+        // The head dim's kernel: one signature for the three (`Launch::retarget`); the `_drop_`
+        // kernels with dropout, the `_docs_` ones with documents.
         let (o, lse, q) = (o.ptr(), lse.ptr(), q.ptr());
-        let op = Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: dropout.is_some() };
-        let Some(d) = dropout else {
-            return self.run(op, args::attention_fwd_bf16_d64(o, lse, q, b, s, h, kv));
-        };
-        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints(d);
-        let c = d.scale();
-        let l = args::attention_fwd_drop_bf16_d64(
-            o, lse, q, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
-        );
-        self.run(op, l);
+        let starts = self.document_starts(documents, shape);
+        let documents = starts.as_ref().map(|m| m.pointer);
+        let (drop, docs) = (dropout.is_some(), documents.is_some());
+        let op = Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: drop, documents: docs };
+        match (dropout, documents) {
+            (None, None) => self.run(op, args::attention_fwd_bf16_d64(o, lse, q, b, s, h, kv)),
+            (None, Some(st)) => self.run(op, args::attention_fwd_docs_bf16_d64(o, lse, q, b, s, h, kv, st)),
+            (Some(d), None) => self.run(op, with_site!(args::attention_fwd_drop_bf16_d64, d, o, lse, q, b, s, h, kv)),
+            (Some(d), Some(st)) => {
+                self.run(op, with_site!(args::attention_fwd_drop_docs_bf16_d64, d, o, lse, q, b, s, h, kv, st))
+            }
+        }
     }
 
     fn attention_backward(
@@ -73,7 +80,6 @@ impl AttentionOps for GpuDevice {
         dropout: Option<&Dropout>,
         documents: Option<&[u32]>,
     ) {
-        assert!(documents.is_none(), "{NO_DOCUMENTS}");
         let rows = shape.rows();
         assert!(dqkv.len >= rows * shape.qkv_width());
         if rows == 0 {
@@ -90,29 +96,54 @@ impl AttentionOps for GpuDevice {
         self.run(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }, l);
         // dK/dV (a block per key/value head, summing its group's query heads), then dQ; the head
         // dim's kernels, one signature for the three (`Launch::retarget`).
-        let [g, q, d, lse] = [&*grad, &*q, &*d, &*lse].map(|b| b.ptr());
-        let drop = dropout.is_some();
-        let dkv_op = Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: drop };
-        let dq_op = Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: drop };
-        let Some(dr) = dropout else {
-            self.run(dkv_op, args::attention_bwd_dkv_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv));
-            return self.run(dq_op, args::attention_bwd_dq_bf16_d64(g, q, d, lse, delta.pointer, b, s, h, kv));
-        };
-        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints(dr);
-        let (c, dl) = (dr.scale(), delta.pointer);
-        let dkv = args::attention_bwd_dkv_drop_bf16_d64(
-            g, q, d, lse, dl, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
-        );
-        self.run(dkv_op, dkv);
-        let dq = args::attention_bwd_dq_drop_bf16_d64(
-            g, q, d, lse, dl, b, s, h, kv, th, c, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0,
-        );
-        self.run(dq_op, dq);
+        // The `_drop_` kernels with dropout, the `_docs_` ones with documents, as forward.
+        let ([g, q, d, lse], dl) = ([&*grad, &*q, &*d, &*lse].map(|b| b.ptr()), delta.pointer);
+        let starts = self.document_starts(documents, shape);
+        let documents = starts.as_ref().map(|m| m.pointer);
+        let (drop, docs) = (dropout.is_some(), documents.is_some());
+        let dkv_op = Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: drop, documents: docs };
+        let dq_op = Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: drop, documents: docs };
+        match (dropout, documents) {
+            (None, None) => {
+                self.run(dkv_op, args::attention_bwd_dkv_bf16_d64(g, q, d, lse, dl, b, s, h, kv));
+                self.run(dq_op, args::attention_bwd_dq_bf16_d64(g, q, d, lse, dl, b, s, h, kv));
+            }
+            (None, Some(st)) => {
+                self.run(dkv_op, args::attention_bwd_dkv_docs_bf16_d64(g, q, d, lse, dl, b, s, h, kv, st));
+                self.run(dq_op, args::attention_bwd_dq_docs_bf16_d64(g, q, d, lse, dl, b, s, h, kv, st));
+            }
+            (Some(r), None) => {
+                self.run(dkv_op, with_site!(args::attention_bwd_dkv_drop_bf16_d64, r, g, q, d, lse, dl, b, s, h, kv));
+                self.run(dq_op, with_site!(args::attention_bwd_dq_drop_bf16_d64, r, g, q, d, lse, dl, b, s, h, kv));
+            }
+            (Some(r), Some(st)) => {
+                let dkv = with_site!(args::attention_bwd_dkv_drop_docs_bf16_d64, r, g, q, d, lse, dl, b, s, h, kv, st);
+                self.run(dkv_op, dkv);
+                let dq = with_site!(args::attention_bwd_dq_drop_docs_bf16_d64, r, g, q, d, lse, dl, b, s, h, kv, st);
+                self.run(dq_op, dq);
+            }
+        }
     }
 }
 
-/// Dropout: `tensor_ops`'s `bias_dropout_add_f32` and `dropout_f32`.
+/// Dropout: `tensor_ops`'s `bias_dropout_add_f32` and `dropout_f32`; the attention kernels'
+/// document starts.
 impl GpuDevice {
+    /// `documents` (each position's document start, at b·seq + t) on the device for the `_docs_`
+    /// attention kernels (`kernels/common/documents.h`), None without: each clamped to its
+    /// position, as the reference reads them (`document_start`). The kernels skip and mask whole
+    /// tiles from the first and last start of a run of positions, so within a sequence the starts
+    /// must not decrease (as every sample's document starts do).
+    fn document_starts(&self, documents: Option<&[u32]>, shape: AttentionShape) -> Option<Scratch<'_>> {
+        let starts = documents?;
+        let seq = shape.seq.max(1);
+        assert_eq!(starts.len(), shape.batch * shape.seq, "document starts: one per position of each sequence");
+        let first: Vec<u32> = starts.iter().enumerate().map(|(i, &s)| s.min((i % seq) as u32)).collect();
+        let rising = first.chunks(seq).all(|s| s.windows(2).all(|w| w[0] <= w[1]));
+        assert!(rising, "document starts decrease within a sequence");
+        Some(self.upload_u32(&first))
+    }
+
     pub(super) fn launch_bias_dropout_add(
         &self,
         out: &mut GpuBuf,

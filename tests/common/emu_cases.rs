@@ -22,7 +22,7 @@ macro_rules! shared_kernel_tests {
             gemm_backward_input_bf16_out, column_sum_add_bf16, step_scalars, position_forward_bf16,
             casts_f32_bf16, gelu_forward_backward, adamw_f32_master_bf16_weights, softmax_cross_entropy_pieces,
             embedding_forward_backward, attention_forward_causal, attention_backward_causal,
-            attention_grouped_query, rmsnorm_backward_on_any_grid, swiglu_forward_backward, rope_forward_backward);
+            attention_grouped_query, attention_documents, rmsnorm_backward_on_any_grid, swiglu_forward_backward, rope_forward_backward);
     };
     ($vendor:expr; $($test:ident),*) => {
         $(
@@ -898,18 +898,53 @@ pub fn attention_forward_causal(v: &Vendor) {
     }
 }
 
+/// Per-document attention (`--reset-attention-mask`, kernels/common/documents.h), forward and
+/// backward against the reference, for every head dim and grouped-query: documents that start
+/// inside a key or query tile, one that starts past a whole tile of a block's first rows (their
+/// running max is -inf over that tile: the guard against 2^(-inf + inf)), a sequence that is
+/// one document, one-position documents, and a second sequence with other bounds.
+pub fn attention_documents(v: &Vendor) {
+    for (batch, seq, heads, kv_heads, head_dim) in [(2, 130, 2, 1, 64), (2, 77, 2, 2, 128), (2, 100, 4, 2, 32)] {
+        let shape = AttentionShape::new(batch, seq, heads, head_dim).grouped(kv_heads);
+        // Each sequence's document starts after 0, ascending.
+        let cuts: [Vec<usize>; 2] = [
+            [3, 4, 37, 70, 71, 100, seq - 1].into_iter().filter(|&c| c < seq).collect(),
+            (seq > 90).then_some(90).into_iter().collect(),
+        ];
+        let starts: Vec<u32> = cuts
+            .iter()
+            .flat_map(|c| (0..seq).map(move |t| c.iter().rev().find(|&&x| x <= t).map_or(0, |&x| x as u32)))
+            .collect();
+        attention_forward_documents(v, shape, Some(&starts));
+        attention_backward_documents(v, shape, Some(&starts));
+    }
+}
+
 /// The forward on one shape (grouped-query when `shape.kv_heads < shape.heads`), qkv `offset`
 /// elements into its buffer, against the reference.
 pub fn attention_forward_shape(v: &Vendor, shape: AttentionShape, offset: usize) {
+    attention_forward_case(v, shape, offset, None)
+}
+
+fn attention_forward_documents(v: &Vendor, shape: AttentionShape, starts: Option<&[u32]>) {
+    attention_forward_case(v, shape, 0, starts)
+}
+
+/// The forward of `attention_forward_shape`, under `starts`' documents when given.
+fn attention_forward_case(v: &Vendor, shape: AttentionShape, offset: usize, starts: Option<&[u32]>) {
     let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-    let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}_at{offset}");
+    let docs = if starts.is_some() { "_docs" } else { "" };
+    let name = format!("attention_fwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}_at{offset}{docs}");
     let case = v.case(&name);
     let qkv = v.half_values(shape.rows() * shape.qkv_width(), "qkv", 1.0);
     case.put_half("qkv", &qkv);
+    if let Some(s) = starts {
+        case.put_u32("starts", s);
+    }
     case.run("attention_fwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim, &offset]));
     let dev = ReferenceDevice;
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-    dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape, None, None);
+    dev.attention_forward(&mut out, &mut lse, &reference(&dev, &qkv), shape, None, starts);
     case.check_half(&format!("{name} out"), "out", &out);
     check_f32(&format!("{name} lse"), &case.get_f32("lse"), &lse, 1e-4);
 }
@@ -952,24 +987,33 @@ pub fn attention_grouped_query(v: &Vendor) {
 /// The backward on one shape (grouped-query when `shape.kv_heads < shape.heads`: dK and dV summed
 /// over each group's query heads) against the reference.
 pub fn attention_backward_shape(v: &Vendor, shape: AttentionShape) {
+    attention_backward_documents(v, shape, None)
+}
+
+/// The backward of `attention_backward_shape`, under `starts`' documents when given.
+fn attention_backward_documents(v: &Vendor, shape: AttentionShape, starts: Option<&[u32]>) {
     let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-    let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}");
+    let docs = if starts.is_some() { "_docs" } else { "" };
+    let name = format!("attention_bwd_b{batch}_s{seq}_h{heads}_kv{kv_heads}_d{head_dim}{docs}");
     let case = v.case(&name);
     let qkv = v.half_values(shape.rows() * shape.qkv_width(), "qkv", 1.0);
     let dout = v.half_values(shape.rows() * shape.width(), "dout", 1.0);
     let dev = ReferenceDevice;
     let rqkv = reference(&dev, &qkv);
     let (mut out, mut lse) = (dev.alloc(shape.rows() * shape.width()), dev.alloc(shape.rows() * heads));
-    dev.attention_forward(&mut out, &mut lse, &rqkv, shape, None, None);
+    dev.attention_forward(&mut out, &mut lse, &rqkv, shape, None, starts);
     let out: Vec<f32> = out.iter().map(|&x| v.half.round(x as f32)).collect();
     let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
     case.put_half("qkv", &qkv);
     case.put_half("out", &out);
     case.put_half("dout", &dout);
     case.put_f32("lse", &lse);
+    if let Some(s) = starts {
+        case.put_u32("starts", s);
+    }
     case.run("attention_bwd", &args(&[&batch, &seq, &heads, &kv_heads, &head_dim]));
     let mut dqkv = dev.alloc(shape.rows() * shape.qkv_width());
     let (rdout, rout, rlse) = (reference(&dev, &dout), reference(&dev, &out), reference(&dev, &lse));
-    dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape, None, None);
+    dev.attention_backward(&mut dqkv, &rdout, &rqkv, &rout, &rlse, shape, None, starts);
     case.check_half(&format!("{name} dqkv"), "dqkv", &dqkv);
 }

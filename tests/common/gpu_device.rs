@@ -42,8 +42,9 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// linear case whose dW is cut into slices on sm_90a, to 169; 16-bit storage's upload + copy
 /// and fill, on three sizes, to 175; bias-dropout-add with and without a bias and dropout, on
 /// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196; the
-/// exact GELU's forward and backward on three sizes, to 202).
-pub const OPS_CHECKED: usize = 202;
+/// exact GELU's forward and backward on three sizes, to 202; per-document attention's out, lse
+/// and dqkv per head dim, to 211).
+pub const OPS_CHECKED: usize = 211;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
@@ -367,19 +368,19 @@ fn train_model_losses(
 /// Trains `device` and the CPU (`--bf16` both) for 6 iterations on one rank and asserts that the
 /// losses agree to bf16 precision and move; returns the device's losses.
 pub fn follows_the_cpu_bf16_losses(env: &[(&'static str, PathBuf)], dir: &Path, data: &str, device: &str) -> Vec<f64> {
-    model_follows_the_cpu_bf16_losses(env, dir, data, device, TINY_GPU)
+    model_follows_the_cpu_bf16_losses(env, dir, data, device, (TINY_GPU, &[]))
 }
 
-/// `follows_the_cpu_bf16_losses` for the model `flags` (TINY_GPU, TINY_PRESET_GPU).
+/// `follows_the_cpu_bf16_losses` for the model `flags` (TINY_GPU, TINY_PRESET_GPU) with `extra`.
 fn model_follows_the_cpu_bf16_losses(
     env: &[(&'static str, PathBuf)],
     dir: &Path,
     data: &str,
     device: &str,
-    model: &[&str],
+    (model, extra): (&[&str], &[&str]),
 ) -> Vec<f64> {
-    let cpu = train_model_losses(env, dir, data, "cpu", 1, model, &[]);
-    let gpu = train_model_losses(env, dir, data, device, 1, model, &[]);
+    let cpu = train_model_losses(env, dir, data, "cpu", 1, model, extra);
+    let gpu = train_model_losses(env, dir, data, device, 1, model, extra);
     for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         let rel = (c - g).abs() / c.abs();
         eprintln!("iteration {}: cpu {c:.6} {device} {g:.6} (relative difference {rel:.2e})", i + 1);
@@ -545,7 +546,22 @@ pub fn tiny_preset_fp16_over_nccl_matches_mpi(
 pub fn tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &str) {
     let dir = scratch(&format!("{device}-train-tiny"));
     let data = prepared_corpus(&dir);
-    model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, TINY_PRESET_GPU);
+    model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, (TINY_PRESET_GPU, &[]));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Per-document attention (`--reset-attention-mask`) on `device`: the `tiny` preset on documents
+/// of 3 to 40 tokens (several per sample of 72, some across its second 64-key tile) follows the
+/// CPU's `--bf16` losses, and the mask changes them.
+pub fn tiny_preset_documents_follow_the_cpu(emu: &Emulated, device: &str) {
+    let dir = scratch(&format!("{device}-train-documents"));
+    let prefix = dir.join("docs");
+    super::write_u16_dataset(&prefix, &super::generated_documents(400, (91, 38), 256));
+    let data = prefix.to_str().unwrap();
+    let mask = ["--reset-attention-mask"];
+    let masked = model_follows_the_cpu_bf16_losses(&emu.env, &dir, data, device, (TINY_PRESET_GPU, &mask));
+    let whole = train_model_losses(&emu.env, &dir, data, device, 1, TINY_PRESET_GPU, &[]);
+    assert!(masked[0] != whole[0], "--reset-attention-mask changes nothing on {device}: {masked:?} vs {whole:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -556,7 +572,7 @@ pub fn llama_tiny_preset_follows_the_cpu_bf16_losses(emu: &Emulated, device: &st
     let dir = scratch(&format!("{device}-train-llama-tiny"));
     let data = prepared_corpus(&dir);
     let llama = llama_tiny_preset_gpu();
-    let one = model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, &llama);
+    let one = model_follows_the_cpu_bf16_losses(&emu.env, &dir, &data, device, (&llama, &[]));
     let tp2 = ["--tensor-model-parallel-size", "2", "--gpu-collectives", "mpi"];
     let tp2 = train_model_losses(&emu.env, &dir, &data, device, 2, &llama, &tp2);
     assert_follows_one_rank(&one, "TP 2", &tp2);
@@ -1283,7 +1299,8 @@ pub fn adamw_group_is_adamw_per_tensor_bit_for_bit(open: impl Fn() -> GpuDevice)
     let (mut group, mut each) = (adamw_group_bufs(dev, &ADAMW_GROUP_SIZES), adamw_group_bufs(dev, &ADAMW_GROUP_SIZES));
     let mut scale = dev.scalars(3);
     dev.write_scalars(&mut scale, &[0.0, 0.0, 0.75]);
-    let config = trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
+    let config =
+        trident::optim::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, decoupled_lr: None };
     let decayed = |i: usize| i.is_multiple_of(2);
     let mut step_counts = Vec::new();
     for step in 1..=3u64 {

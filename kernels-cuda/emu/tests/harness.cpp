@@ -46,7 +46,13 @@ constexpr Geometry kGeometry{gemm_pipeline::kThreads,
                               {attention_fwd_detail::kSharedBytesD128, attention_bwd_detail::kDkvSharedBytesD128,
                                attention_bwd_detail::kDqSharedBytesD128}},
                              {attention_fwd_detail::kQueriesD32, attention_fwd_detail::kQueriesD64,
-                              attention_fwd_detail::kQueriesD128}};
+                              attention_fwd_detail::kQueriesD128},
+                             {{attention_fwd_detail::kDocsSharedBytesD32, attention_bwd_detail::kDkvDocsSharedBytesD32,
+                               attention_bwd_detail::kDqDocsSharedBytesD32},
+                              {attention_fwd_detail::kDocsSharedBytesD64, attention_bwd_detail::kDkvDocsSharedBytesD64,
+                               attention_bwd_detail::kDqDocsSharedBytesD64},
+                              {attention_fwd_detail::kDocsSharedBytesD128, attention_bwd_detail::kDkvDocsSharedBytesD128,
+                               attention_bwd_detail::kDqDocsSharedBytesD128}}};
 static_assert(attention_bwd_detail::DqTilesOf<32>::kQueries == attention_fwd_detail::kQueriesD32 &&
                   attention_bwd_detail::DqTilesOf<64>::kQueries == attention_fwd_detail::kQueriesD64 &&
                   attention_bwd_detail::DqTilesOf<128>::kQueries == attention_fwd_detail::kQueriesD128,

@@ -118,6 +118,9 @@ struct Geometry {
   // Queries per block of the attention forward and of dQ, for head dims 32, 64 and 128 (the
   // grid's tile; dK/dV's blocks own 64 keys).
   int attention_queries[3] = {64, 64, 64};
+  // Dynamic shared memory of the per-document (_docs_) forward, dK/dV and dQ kernels (their
+  // queries' document starts added), as attention_shared.
+  unsigned attention_docs_shared[3][3] = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
 };
 
 // out = A · Wᵀ with the fused epilogue (bias, GELU, residual) by `kernel`, whose output and
@@ -460,12 +463,23 @@ inline int attention_dims(int d) {
   return d == 32 ? 0 : d == 64 ? 1 : 2;
 }
 
+// The attention kernels' document starts (kernels/common/documents.h): the optional file
+// `starts` (batch·seq u32), else null (one document per sequence).
+struct Starts {
+  std::vector<uint32_t> values;
+  bool present = false;
+  explicit Starts(size_t rows) { values = read<uint32_t>("starts", "u32", rows, &present); }
+  const int* pointer() const { return present ? reinterpret_cast<const int*>(values.data()) : nullptr; }
+};
+
 // Arguments batch, seq, heads, kv_heads, d: the qkv rows hold (heads + 2 kv_heads)·d, Megatron's
 // per-group layout. qkv starts `offset` elements into its buffer (argument 5, 0 when not given; an
-// odd offset takes the scalar-load path of the kernels that have one).
+// odd offset takes the scalar-load path of the kernels that have one). With a `starts` file,
+// per-document attention.
 inline void attention_forward(const Geometry& g) {
   const int batch = arg(0), seq = arg(1), heads = arg(2), kv_heads = arg(3), d = arg(4), offset = arg_or(5, 0);
   const size_t rows = size_t(batch) * seq;
+  const Starts starts(rows);
   auto qkv_file = read_bf16("qkv", rows * (heads + 2 * kv_heads) * d);
   std::vector<bf16> qkv_buffer(qkv_file.size() + offset);
   std::copy(qkv_file.begin(), qkv_file.end(), qkv_buffer.begin() + offset);
@@ -474,18 +488,25 @@ inline void attention_forward(const Geometry& g) {
   std::vector<float> lse(rows * heads, -7.0f);
   const int dims = attention_dims(d);
   const dim3 grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
-  auto fwd = d == 32 ? attention_fwd_bf16_d32 : d == 64 ? attention_fwd_bf16_d64 : attention_fwd_bf16_d128;
-  emu::launch_dynamic(g.attention_shared[dims][0], grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads,
-                      kv_heads);
+  const unsigned shared = (starts.present ? g.attention_docs_shared : g.attention_shared)[dims][0];
+  if (starts.present) {
+    auto fwd = d == 32 ? attention_fwd_docs_bf16_d32 : d == 64 ? attention_fwd_docs_bf16_d64 : attention_fwd_docs_bf16_d128;
+    emu::launch_dynamic(shared, grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads, kv_heads,
+                        starts.pointer());
+  } else {
+    auto fwd = d == 32 ? attention_fwd_bf16_d32 : d == 64 ? attention_fwd_bf16_d64 : attention_fwd_bf16_d128;
+    emu::launch_dynamic(shared, grid, dim3(128), fwd, out.data(), lse.data(), qkv, batch, seq, heads, kv_heads);
+  }
   write_bf16("out", out);
   write_f32("lse", lse);
 }
 
-// Arguments batch, seq, heads, kv_heads, d (attention_forward's layout); dK/dV's grid runs over
-// the key/value heads.
+// Arguments batch, seq, heads, kv_heads, d (attention_forward's layout, its `starts`); dK/dV's
+// grid runs over the key/value heads.
 inline void attention_backward(const Geometry& g) {
   const int batch = arg(0), seq = arg(1), heads = arg(2), kv_heads = arg(3), d = arg(4);
   const size_t rows = size_t(batch) * seq, width = size_t(heads + 2 * kv_heads) * d;
+  const Starts starts(rows);
   auto qkv = read_bf16("qkv", rows * width);
   auto out = read_bf16("out", rows * heads * d), dout = read_bf16("dout", rows * heads * d);
   auto lse = read_f32("lse", rows * heads);
@@ -495,12 +516,25 @@ inline void attention_backward(const Geometry& g) {
               dout.data(), out.data(), batch, seq, heads, kv_heads, d);
   const int dims = attention_dims(d);
   const dim3 grid(ceil_div(seq, 64), batch * kv_heads), dq_grid(ceil_div(seq, g.attention_queries[dims]), batch * heads);
-  auto dkv = d == 32 ? attention_bwd_dkv_bf16_d32 : d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
-  auto dq = d == 32 ? attention_bwd_dq_bf16_d32 : d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
-  emu::launch_dynamic(g.attention_shared[dims][1], grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(),
-                      lse.data(), delta.data(), batch, seq, heads, kv_heads);
-  emu::launch_dynamic(g.attention_shared[dims][2], dq_grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(),
-                      lse.data(), delta.data(), batch, seq, heads, kv_heads);
+  const unsigned(&shared)[3] = (starts.present ? g.attention_docs_shared : g.attention_shared)[dims];
+  const unsigned dkv_shared = shared[1], dq_shared = shared[2];
+  if (starts.present) {
+    auto dkv = d == 32   ? attention_bwd_dkv_docs_bf16_d32
+               : d == 64 ? attention_bwd_dkv_docs_bf16_d64
+                         : attention_bwd_dkv_docs_bf16_d128;
+    auto dq = d == 32 ? attention_bwd_dq_docs_bf16_d32 : d == 64 ? attention_bwd_dq_docs_bf16_d64 : attention_bwd_dq_docs_bf16_d128;
+    emu::launch_dynamic(dkv_shared, grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                        delta.data(), batch, seq, heads, kv_heads, starts.pointer());
+    emu::launch_dynamic(dq_shared, dq_grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                        delta.data(), batch, seq, heads, kv_heads, starts.pointer());
+  } else {
+    auto dkv = d == 32 ? attention_bwd_dkv_bf16_d32 : d == 64 ? attention_bwd_dkv_bf16_d64 : attention_bwd_dkv_bf16_d128;
+    auto dq = d == 32 ? attention_bwd_dq_bf16_d32 : d == 64 ? attention_bwd_dq_bf16_d64 : attention_bwd_dq_bf16_d128;
+    emu::launch_dynamic(dkv_shared, grid, dim3(128), dkv, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                        delta.data(), batch, seq, heads, kv_heads);
+    emu::launch_dynamic(dq_shared, dq_grid, dim3(128), dq, dqkv.data(), qkv.data(), dout.data(), lse.data(),
+                        delta.data(), batch, seq, heads, kv_heads);
+  }
   write_bf16("dqkv", dqkv);
 }
 

@@ -722,9 +722,19 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     }
 }
 
+/// Per-document attention's starts (`--reset-attention-mask`) for `shape`: the first sequence's
+/// documents start at 3, 37, 70 and its last position, the others' at 64 when they reach it.
+fn document_starts(shape: AttentionShape) -> Vec<u32> {
+    let seq = shape.seq;
+    let cut = |cuts: &[usize], t: usize| cuts.iter().rev().find(|&&c| c <= t).map_or(0, |&c| c as u32);
+    let first: Vec<usize> = [3, 37, 70, seq - 1].into_iter().filter(|&c| c > 0).collect();
+    let s = (0..shape.batch).flat_map(|b| (0..seq).map(move |t| (b, t)));
+    s.map(|(b, t)| if b == 0 { cut(&first, t) } else { cut(&[64], t) }).collect()
+}
+
 /// Causal attention forward and backward; a grouped-query shape (`kv_heads < heads`) names its
-/// key/value heads.
-fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
+/// key/value heads. With `documents`, per-document attention (`document_starts`).
+fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape], documents: bool) {
     let (dev, r) = (run.dev, ReferenceDevice);
     for &shape in cases {
         let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
@@ -732,29 +742,23 @@ fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape]) {
         let qkv = run.halves(rows * qkv_w, "qkv", 1.0);
         let dout = run.halves(rows * w, "dout", 1.0);
         let groups = if kv_heads < heads { format!(" kv{kv_heads}") } else { String::new() };
-        let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}");
+        let starts = documents.then(|| document_starts(shape));
+        let docs = if documents { " documents" } else { "" };
+        let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}{docs}");
         let gq = run.up(&qkv);
         let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, None, None);
+        dev.attention_forward(&mut out, &mut lse, &gq, shape, None, starts.as_deref());
         let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None, None);
+        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None, starts.as_deref());
         run.push_dev("attention_forward out", &case, &out, &rout, run.half_bound());
         run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
         // Backward from the device's own forward output, as training runs it.
         let (out_host, lse_host) = (run.down(&out), run.down(&lse));
         let mut dqkv = run.up(&vec![9.0; rows * qkv_w]);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None, None);
+        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None, starts.as_deref());
         let mut rdqkv = r.alloc(rows * qkv_w);
-        r.attention_backward(
-            &mut rdqkv,
-            &refb(&dout),
-            &refb(&qkv),
-            &refb(&out_host),
-            &refb(&lse_host),
-            shape,
-            None,
-            None,
-        );
+        let (rdout, rout) = (refb(&dout), refb(&out_host));
+        r.attention_backward(&mut rdqkv, &rdout, &refb(&qkv), &rout, &refb(&lse_host), shape, None, starts.as_deref());
         run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
     }
 }
@@ -840,6 +844,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     // 18-step reduction (plan::sm90_weight_slices).
     let mut lin = vec![(1, 1, 1), (37, 72, 130), (100, 33, 70), (1100, 8, 8)];
     let mut attn = Vec::new();
+    // Per-document attention: 2 groups of 2 query heads over several tiles of every head dim.
+    let docs: Vec<AttentionShape> = head_dims.iter().map(|&d| sh(2, 130, 4, d).grouped(2)).collect();
     for &d in head_dims {
         attn.extend([sh(1, 1, 1, d), sh(2, 37, 2, d)]);
         // Grouped-query attention: 2 groups of 2 query heads; one group of 4 (multi-query).
@@ -867,7 +873,8 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     rope(&mut run, &rot);
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
-    attention(&mut run, &attn);
+    attention(&mut run, &attn, false);
+    attention(&mut run, &docs, true);
     attention_dropout(&mut run, head_dims);
     run.out
 }

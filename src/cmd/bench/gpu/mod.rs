@@ -289,10 +289,10 @@ impl GpuBench {
             GpuBench::Attention => {
                 let AttentionShape { batch, seq, heads, kv_heads, head_dim } = attention_shape(s);
                 vec![
-                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: false },
+                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false },
                     Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim },
-                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: false },
-                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: false },
+                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false },
+                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false },
                 ]
             }
             GpuBench::Layernorm => {

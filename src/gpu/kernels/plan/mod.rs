@@ -169,6 +169,8 @@ pub enum Op {
         head_dim: usize,
         /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
         dropout: bool,
+        /// The `_docs_` kernels: per-document attention (`kernels/common/documents.h`).
+        documents: bool,
     },
     AttentionBwdDelta {
         batch: usize,
@@ -185,6 +187,8 @@ pub enum Op {
         head_dim: usize,
         /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
         dropout: bool,
+        /// The `_docs_` kernels: per-document attention (`kernels/common/documents.h`).
+        documents: bool,
     },
     AttentionBwdDq {
         batch: usize,
@@ -194,6 +198,8 @@ pub enum Op {
         head_dim: usize,
         /// The `_drop_` kernels: attention dropout (`kernels/common/dropout.h`).
         dropout: bool,
+        /// The `_docs_` kernels: per-document attention (`kernels/common/documents.h`).
+        documents: bool,
     },
 }
 
@@ -573,25 +579,48 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::EmbeddingFwd { .. } => Kernel::EmbeddingFwdBf16,
         Op::EmbeddingBwdWte { .. } => Kernel::EmbeddingBwdWteBf16,
         Op::EmbeddingBwdWpe { .. } => Kernel::EmbeddingBwdWpeBf16,
-        Op::AttentionFwd { head_dim, dropout: false, .. } => by_dim(
+        Op::AttentionFwd { head_dim, dropout: false, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionFwdBf16D32, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128],
             "attention forward",
         )?,
-        Op::AttentionFwd { head_dim, dropout: true, .. } => by_dim(
+        Op::AttentionFwd { head_dim, dropout: false, documents: true, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionFwdDocsBf16D32, Kernel::AttentionFwdDocsBf16D64, Kernel::AttentionFwdDocsBf16D128],
+            "attention forward",
+        )?,
+        Op::AttentionFwd { head_dim, dropout: true, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionFwdDropBf16D32, Kernel::AttentionFwdDropBf16D64, Kernel::AttentionFwdDropBf16D128],
+            "attention forward",
+        )?,
+        Op::AttentionFwd { head_dim, dropout: true, documents: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionFwdDropDocsBf16D32,
+                Kernel::AttentionFwdDropDocsBf16D64,
+                Kernel::AttentionFwdDropDocsBf16D128,
+            ],
             "attention forward",
         )?,
         Op::AttentionBwdDelta { head_dim, .. } => {
             by_dim(head_dim, [Kernel::AttentionBwdDeltaBf16; 3], "attention backward")?
         }
-        Op::AttentionBwdDkv { head_dim, dropout: false, .. } => by_dim(
+        Op::AttentionBwdDkv { head_dim, dropout: false, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionBwdDkvBf16D32, Kernel::AttentionBwdDkvBf16D64, Kernel::AttentionBwdDkvBf16D128],
             "attention backward",
         )?,
-        Op::AttentionBwdDkv { head_dim, dropout: true, .. } => by_dim(
+        Op::AttentionBwdDkv { head_dim, dropout: false, documents: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBwdDkvDocsBf16D32,
+                Kernel::AttentionBwdDkvDocsBf16D64,
+                Kernel::AttentionBwdDkvDocsBf16D128,
+            ],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDkv { head_dim, dropout: true, documents: false, .. } => by_dim(
             head_dim,
             [
                 Kernel::AttentionBwdDkvDropBf16D32,
@@ -600,14 +629,37 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
             ],
             "attention backward",
         )?,
-        Op::AttentionBwdDq { head_dim, dropout: false, .. } => by_dim(
+        Op::AttentionBwdDkv { head_dim, dropout: true, documents: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBwdDkvDropDocsBf16D32,
+                Kernel::AttentionBwdDkvDropDocsBf16D64,
+                Kernel::AttentionBwdDkvDropDocsBf16D128,
+            ],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, dropout: false, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionBwdDqBf16D32, Kernel::AttentionBwdDqBf16D64, Kernel::AttentionBwdDqBf16D128],
             "attention backward",
         )?,
-        Op::AttentionBwdDq { head_dim, dropout: true, .. } => by_dim(
+        Op::AttentionBwdDq { head_dim, dropout: false, documents: true, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionBwdDqDocsBf16D32, Kernel::AttentionBwdDqDocsBf16D64, Kernel::AttentionBwdDqDocsBf16D128],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, dropout: true, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionBwdDqDropBf16D32, Kernel::AttentionBwdDqDropBf16D64, Kernel::AttentionBwdDqDropBf16D128],
+            "attention backward",
+        )?,
+        Op::AttentionBwdDq { head_dim, dropout: true, documents: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBwdDqDropDocsBf16D32,
+                Kernel::AttentionBwdDqDropDocsBf16D64,
+                Kernel::AttentionBwdDqDropDocsBf16D128,
+            ],
             "attention backward",
         )?,
     })

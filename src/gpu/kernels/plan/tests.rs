@@ -9,6 +9,19 @@ fn p(op: Op) -> KernelLaunch {
     plan(&op, Vendor::Cuda, &A100, 108).unwrap()
 }
 
+/// The attention ops without dropout or documents: (batch, seq, heads, kv_heads, head_dim).
+fn fwd(batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Op {
+    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false }
+}
+
+fn dkv(batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Op {
+    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false }
+}
+
+fn dq(batch: usize, seq: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Op {
+    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: false, documents: false }
+}
+
 /// The positions grouped by local row, rows ascending and positions (t·batch + b) ascending
 /// within each; tokens outside the shard dropped; the offsets of the three parts.
 #[test]
@@ -67,18 +80,15 @@ fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
     assert_eq!(p(Op::EmbeddingBwdWpe { batch: 3, seq: 5, hidden: 130 }).config.grid, [2, 5, 1]);
     // attention_fwd.cu: Q and a 2-stage K/V ring in dynamic shared memory, 128 queries per
     // block for d 64, 64 for d 128; both above the default 48 KiB (opted in).
-    let a = p(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64, dropout: false });
+    let a = p(fwd(2, 100, 3, 3, 64));
     assert_eq!(
         (a.spec.function, a.config.grid, a.spec.static_shared, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d64", [1, 6, 1], 0, 55296, true)
     );
     let gpt2 = (16, 1024, 12, 64);
     let (batch, seq, heads, head_dim) = gpt2;
-    assert_eq!(
-        p(Op::AttentionFwd { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
-        [8, 192, 1]
-    );
-    let a = p(Op::AttentionFwd { batch: 1, seq: 77, heads: 2, kv_heads: 2, head_dim: 128, dropout: false });
+    assert_eq!(p(fwd(batch, seq, heads, 12, head_dim)).config.grid, [8, 192, 1]);
+    let a = p(fwd(1, 77, 2, 2, 128));
     assert_eq!(
         (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d128", [2, 2, 1], 52224, true)
@@ -88,50 +98,41 @@ fn geometry_for_ragged_shapes_matches_the_kernel_headers() {
     assert_eq!((dl.config.grid, dl.config.block), ([150, 1, 1], [128, 1, 1]));
     let one = Op::AttentionBwdDelta { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128 };
     assert_eq!(p(one).config.grid, [1, 1, 1]);
-    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 70, heads: 1, kv_heads: 1, head_dim: 128, dropout: false });
+    let kv = p(dkv(2, 70, 1, 1, 128));
     assert_eq!(
         (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
         ("attention_bwd_dkv_bf16_d128", [2, 2, 1], 52480, true)
     );
-    let kv = p(Op::AttentionBwdDkv { batch: 1, seq: 64, heads: 1, kv_heads: 1, head_dim: 64, dropout: false });
+    let kv = p(dkv(1, 64, 1, 1, 64));
     assert_eq!((kv.config.shared_bytes, kv.config.needs_shared_optin), (37376, false));
     // dQ of d 64: 128 queries per block, like the forward.
-    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 64, dropout: false });
+    let q = p(dq(1, 1, 1, 1, 64));
     assert_eq!(
         (q.spec.function, q.config.grid, q.spec.static_shared, q.config.shared_bytes, q.config.needs_shared_optin),
         ("attention_bwd_dq_bf16_d64", [1, 1, 1], 0, 55296, true)
     );
-    assert_eq!(
-        p(Op::AttentionBwdDq { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
-        [8, 192, 1]
-    );
-    assert_eq!(
-        p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads: 12, head_dim, dropout: false }).config.grid,
-        [16, 192, 1]
-    );
+    assert_eq!(p(dq(batch, seq, heads, 12, head_dim)).config.grid, [8, 192, 1]);
+    assert_eq!(p(dkv(batch, seq, heads, 12, head_dim)).config.grid, [16, 192, 1]);
     // Llama 3 8B's 32 query heads in 8 groups: dK/dV's blocks over the 8 key/value heads.
-    assert_eq!(
-        p(Op::AttentionBwdDkv { batch, seq, heads: 32, kv_heads: 8, head_dim, dropout: false }).config.grid,
-        [16, 128, 1]
-    );
-    let q = p(Op::AttentionBwdDq { batch: 1, seq: 1, heads: 1, kv_heads: 1, head_dim: 128, dropout: false });
+    assert_eq!(p(dkv(batch, seq, 32, 8, head_dim)).config.grid, [16, 128, 1]);
+    let q = p(dq(1, 1, 1, 1, 128));
     assert_eq!((q.config.shared_bytes, q.config.needs_shared_optin), (52224, true));
     // d 32 (64-key and 64-query tiles): all three under the default 48 KiB.
-    let a = p(Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 32, dropout: false });
+    let a = p(fwd(16, 128, 4, 4, 32));
     assert_eq!(
         (a.spec.function, a.config.grid, a.config.shared_bytes, a.config.needs_shared_optin),
         ("attention_fwd_bf16_d32", [2, 64, 1], 25600, false)
     );
     // HIP's forward blocks own 64 queries at every head dim.
-    let hip = Op::AttentionFwd { batch: 16, seq: 128, heads: 4, kv_heads: 4, head_dim: 64, dropout: false };
+    let hip = fwd(16, 128, 4, 4, 64);
     let hip = plan(&hip, Vendor::Hip, &A100, 108);
     assert_eq!(hip.unwrap().config.grid, [2, 64, 1]);
-    let kv = p(Op::AttentionBwdDkv { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32, dropout: false });
+    let kv = p(dkv(2, 100, 2, 2, 32));
     assert_eq!(
         (kv.spec.function, kv.config.grid, kv.config.shared_bytes, kv.config.needs_shared_optin),
         ("attention_bwd_dkv_bf16_d32", [2, 4, 1], 31744, false)
     );
-    let q = p(Op::AttentionBwdDq { batch: 2, seq: 100, heads: 2, kv_heads: 2, head_dim: 32, dropout: false });
+    let q = p(dq(2, 100, 2, 2, 32));
     assert_eq!(
         (q.spec.function, q.config.grid, q.config.shared_bytes, q.config.needs_shared_optin),
         ("attention_bwd_dq_bf16_d32", [2, 4, 1], 30720, false)
@@ -217,12 +218,9 @@ fn geometry_matches_the_emulation_harness_on_its_shapes() {
     for (batch, seq, heads, kv_heads, head_dim) in multi_head.map(|(b, s, h, d)| (b, s, h, h, d)).chain(grouped) {
         let grid = [cd(seq, 64), (batch * kv_heads) as u32, 1];
         let by_query = [cd(seq, if head_dim == 64 { 128 } else { 64 }), (batch * heads) as u32, 1];
-        assert_eq!(p(Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid, by_query);
-        assert_eq!(p(Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid, grid);
-        assert_eq!(
-            p(Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout: false }).config.grid,
-            by_query
-        );
+        assert_eq!(p(fwd(batch, seq, heads, kv_heads, head_dim)).config.grid, by_query);
+        assert_eq!(p(dkv(batch, seq, heads, kv_heads, head_dim)).config.grid, grid);
+        assert_eq!(p(dq(batch, seq, heads, kv_heads, head_dim)).config.grid, by_query);
         let delta = p(Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim });
         assert_eq!(delta.config.grid, [cd(seq * batch * heads, 4), 1, 1]);
     }
@@ -241,7 +239,7 @@ fn dynamic_shared_memory_over_the_opt_in_limit_is_an_error_naming_the_kernel() {
     let e = plan(&Op::GemmBwdWeight { m: 8, n: 8, k: 8 }, Vendor::Cuda, &small, 1).unwrap_err().to_string();
     assert!(e.contains("kernel gemm_bwd_weight_bf16: 69632 bytes of shared memory"), "{e}");
     let smaller = DeviceLimits { shared_bytes_optin: 50 * 1024, ..DeviceLimits::A100 };
-    let op = Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 128, dropout: false };
+    let op = dkv(1, 8, 1, 1, 128);
     let e = plan(&op, Vendor::Cuda, &smaller, 1).unwrap_err().to_string();
     assert!(e.contains("kernel attention_bwd_dkv_bf16_d128: 52480 bytes of shared memory"), "{e}");
     assert!(plan(&Op::GemmFwd { m: 8, n: 8, k: 8, out: GemmOut::F32 }, Vendor::Cuda, &DeviceLimits::H100, 132).is_ok());
@@ -250,12 +248,12 @@ fn dynamic_shared_memory_over_the_opt_in_limit_is_an_error_naming_the_kernel() {
 #[test]
 fn violated_preconditions_are_errors_naming_the_kernel() {
     let attention = |op: Op| plan(&op, Vendor::Cuda, &A100, 108).unwrap_err().to_string();
-    let e = attention(Op::AttentionFwd { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 96, dropout: false });
+    let e = attention(fwd(1, 8, 1, 1, 96));
     assert!(e.contains("head dims 32, 64 and 128") && e.contains("head dim is 96"), "{e}");
-    let e = attention(Op::AttentionBwdDkv { batch: 1, seq: 8, heads: 1, kv_heads: 1, head_dim: 16, dropout: false });
+    let e = attention(dkv(1, 8, 1, 1, 16));
     assert!(e.contains("head dim is 16"), "{e}");
     for kv_heads in [0, 3] {
-        let e = attention(Op::AttentionBwdDq { batch: 1, seq: 8, heads: 4, kv_heads, head_dim: 64, dropout: false });
+        let e = attention(dq(1, 8, 4, kv_heads, 64));
         assert!(e.contains(&format!("4 query heads do not fall into {kv_heads} key/value groups")), "{e}");
     }
     let e =
@@ -285,7 +283,7 @@ fn hip_launches_follow_the_hip_workgroups() {
     let d = h(Op::LayernormBwd { rows: 70, channels: 300 });
     assert_eq!((d.config.grid, d.config.block), ([3, 1, 1], [512, 1, 1]));
     assert_eq!(h(Op::LayernormFwd { rows: 7, channels: 33 }).config.grid, [2, 1, 1]);
-    let a = h(Op::AttentionFwd { batch: 2, seq: 100, heads: 3, kv_heads: 3, head_dim: 64, dropout: false });
+    let a = h(fwd(2, 100, 3, 3, 64));
     assert_eq!((a.config.grid, a.config.block), ([2, 6, 1], [128, 1, 1]));
     let sm90 = Op::GemmFwdSm90 { m: 64, n: 64, k: 64, out: GemmOut::F32 };
     let e = plan(&sm90, Vendor::Hip, &mi250x, 110).unwrap_err().to_string();
@@ -404,30 +402,41 @@ fn linear_gemms_pick_sm90_on_compute_capability_9() {
     }
 }
 
-/// Attention dropout runs the `_drop_` twins, on the same grids and shared memory, on both
-/// vendors.
+/// Attention dropout runs the `_drop_` twins and per-document attention the `_docs_` and
+/// `_drop_docs_` ones, on the same grids, on both vendors: dropout on the same shared memory, and
+/// on CUDA documents with their starts' bytes more (the forward's and dQ's block of queries, the
+/// two stages of dK/dV's query tiles).
 #[test]
-fn attention_dropout_launches_the_drop_kernels_on_the_same_grids() {
+fn attention_dropout_and_documents_launch_their_twins_on_the_same_grids() {
     for vendor in [Vendor::Cuda, Vendor::Hip] {
         let mi250x =
             DeviceLimits { shared_bytes_per_block: 64 * 1024, shared_bytes_optin: 64 * 1024, warp_size: 64, ..A100 };
         let limits = if vendor == Vendor::Cuda { A100 } else { mi250x };
-        for head_dim in [32, 64, 128] {
-            let shape = |dropout| (2, 100, 4, 2, head_dim, dropout);
-            let ops = |(batch, seq, heads, kv_heads, head_dim, dropout)| {
+        for (head_dim, starts) in [(32, [256, 512, 256]), (64, [512, 256, 512]), (128, [256, 128, 256])] {
+            let ops = |dropout, documents| {
+                let (batch, seq, heads, kv_heads) = (2, 100, 4, 2);
                 [
-                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout },
-                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout },
-                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout },
+                    Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, dropout, documents },
+                    Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, dropout, documents },
+                    Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, dropout, documents },
                 ]
             };
-            for (plain, drop) in ops(shape(false)).iter().zip(ops(shape(true))) {
-                let (a, b) = (plan(plain, vendor, &limits, 108).unwrap(), plan(&drop, vendor, &limits, 108).unwrap());
-                assert_eq!(b.spec.function, a.spec.function.replace("_bf16", "_drop_bf16"), "{vendor:?}");
-                assert_eq!(
-                    (a.config.grid, a.config.block, a.config.shared_bytes),
-                    (b.config.grid, b.config.block, b.config.shared_bytes)
-                );
+            let launch = |op: &Op| plan(op, vendor, &limits, 108).unwrap();
+            for (i, plain) in ops(false, false).iter().map(launch).enumerate() {
+                let extra = if vendor == Vendor::Cuda { starts[i] } else { 0 };
+                for (dropout, documents, infix) in
+                    [(true, false, "_drop"), (false, true, "_docs"), (true, true, "_drop_docs")]
+                {
+                    let twin = launch(&ops(dropout, documents)[i]);
+                    assert_eq!(twin.spec.function, plain.spec.function.replace("_bf16", &format!("{infix}_bf16")));
+                    let more = if documents { extra } else { 0 };
+                    assert_eq!(
+                        (twin.config.grid, twin.config.block, twin.config.shared_bytes),
+                        (plain.config.grid, plain.config.block, plain.config.shared_bytes + more),
+                        "{vendor:?} {}",
+                        twin.spec.function
+                    );
+                }
             }
         }
     }
