@@ -184,7 +184,8 @@ __device__ __forceinline__ void dkv_body(bf16* __restrict__ dqkv, const bf16* __
       }
       __syncthreads();
       // Some query of the tile sees some key of the wave (its document starting at or before it).
-      if (qs + kTileRows - 1 >= k0 + wave_k && (!DOCS || wave_uniform(docs.start(qs)) <= k0 + wave_k + kMfmaN - 1)) {
+      const bool seen_by_wave = !DOCS || wave_uniform(docs.start(qs)) <= k0 + wave_k + kMfmaN - 1;
+      if (qs + kTileRows - 1 >= k0 + wave_k && seen_by_wave) {
         // S = Q Kᵀ and dP = dO Vᵀ: register r is query qs + mfma_row(lane, r), key `key`.
         mfma_acc s, dp;
         mfma_zero(s);
@@ -252,7 +253,8 @@ __device__ __forceinline__ void dq_body(bf16* __restrict__ dqkv, const bf16* __r
   const int wave_q = wave * kMfmaN, wave_last = q0 + wave_q + kMfmaN - 1;
   const int query = q0 + wave_q + mfma_col(lane);  // this lane's query
   // DOCS: the first key this lane's query sees, and the wave's smallest (documents.h).
-  const int first_key = DOCS ? docs.start(query) : 0, wave_lo = DOCS ? wave_uniform(docs.start(q0 + wave_q)) : 0;
+  const int first_key = DOCS ? docs.start(query) : 0;
+  const int wave_lo = DOCS ? wave_uniform(docs.start(q0 + wave_q)) : 0;
 
   load_rows<D, kBlockRows>(tiles.q, qkv, qkv_stride, q_col, q0, seq, batch, b);
   load_rows<D, kBlockRows>(tiles.dout, dout, out_stride, (size_t)head * D, q0, seq, batch, b);
