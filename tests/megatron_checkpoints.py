@@ -8,8 +8,11 @@ import, and says loudly that it skips otherwise.
       takes one Adam step (megatron-core's optimizer, torch's step), and saves it twice, as
       Megatron-LM's training loop does: DIR/dist in the torch_dist format (dist_checkpointing.save
       of the model's and the optimizer's sharded state, with the common state Megatron-LM writes:
-      its argument namespace, iteration and checkpoint version) and DIR/legacy in the legacy torch format (one
-      model_optim_rng.pt per model-parallel rank). CASE "gpt": LayerNorm, GELU (tanh form), learned positions,
+      its argument namespace, iteration and checkpoint version) and DIR/legacy in the legacy torch
+      format (one model_optim_rng.pt per model-parallel rank). Then the same model takes the same
+      step with megatron-core's distributed optimizer, saved as DIR/distopt (torch_dist, its
+      dp_reshardable buckets) and DIR/legacy-distopt (model_optim_rng.pt and distrib_optim.pt
+      per rank). CASE "gpt": LayerNorm, GELU (tanh form), learned positions,
       biases, tied output layer. CASE "llama": RMSNorm, SwiGLU, rotary positions (base 500000),
       grouped queries (4 heads, 2 groups), no biases, untied output layer.
   megatron_checkpoints.py logits CKPT TOKENS OUT
@@ -68,7 +71,7 @@ def case_args(case, tp, pp):
                   sequence_parallel=False, consumed_train_samples=56, consumed_valid_samples=16,
                   iteration=ITERATION, apply_layernorm_1p=False, rotary_percent=1.0,
                   use_rope_scaling=False, kv_channels=None, tokenizer_type="NullTokenizer",
-                  ckpt_format="torch_dist", seed=1234)
+                  ckpt_format="torch_dist", seed=1234, transformer_impl="local")
     if case == "gpt":
         return argparse.Namespace(**common, normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, openai_gelu=False,
                                   bias_gelu_fusion=False,
@@ -153,6 +156,80 @@ def adam_step(model, rank):
     return optimizer
 
 
+@contextlib.contextmanager
+def cuda_type_names():
+    """megatron-core's distributed optimizer accepts parameters whose `type()` names a CUDA tensor."""
+    plain = torch.Tensor.type
+
+    def cuda_type(self, *args, **kwargs):
+        name = plain(self, *args, **kwargs)
+        return name.replace("torch.", "torch.cuda.", 1) if not (args or kwargs) else name
+
+    torch.Tensor.type = cuda_type
+    try:
+        yield
+    finally:
+        torch.Tensor.type = plain
+
+
+def distributed_adam_step(model, rank):
+    """The same step as `adam_step` (the same gradients, drawn in the same order) taken by
+    megatron-core's distributed optimizer, which keeps its state in the gradient buffer's buckets:
+    each parameter's gradient is placed on the main parameter that holds its range."""
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True)
+    ddp = DistributedDataParallel(model.config, ddp_config, model)
+    config = OptimizerConfig(optimizer="adam", lr=1e-3, params_dtype=torch.float32, clip_grad=0.0,
+                             use_distributed_optimizer=True)
+    optimizer = get_megatron_optimizer(config, [ddp])
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    g = torch.Generator().manual_seed(200 + rank)
+    for p in ddp.parameters():
+        grad = torch.randn(p.shape, generator=g) * 0.01
+        part = next(o for o in parts if p in o.model_param_group_index_map)
+        group, order = part.model_param_group_index_map[p]
+        main = part.optimizer.param_groups[group]["params"][order]
+        span = part._get_model_param_range_map(p)["param"]
+        main.grad = grad.view(-1)[span.start:span.end].clone()
+    for part in parts:
+        part.optimizer.step()
+    return optimizer
+
+
+def save_distributed_optimizer(rank, directory, case, common):
+    """DIR/distopt: the model of `make_rank` (the same seeds) after the same step by the
+    distributed optimizer, saved as Megatron-LM saves it under --use-distributed-optimizer (its
+    default `dp_reshardable` layout of the optimizer's buckets)."""
+    model = build(case_args(case, 2, 2))
+    randomize(model, 100 + rank)
+    with cuda_type_names():
+        optimizer = distributed_adam_step(model, rank)
+        root = os.path.join(directory, "distopt")
+        iter_dir = os.path.join(root, f"iter_{ITERATION:07d}")
+        if rank == 0:
+            os.makedirs(iter_dir, exist_ok=True)
+        dist.barrier()
+        model_state = model.sharded_state_dict()
+        optimizer_state = optimizer.sharded_state_dict(
+            model_state, metadata={"distrib_optim_sharding_type": "dp_reshardable"})
+        dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
+        # And as the legacy format saves it: the optimizer's groups (with the step) beside the
+        # model, the buffers gathered into distrib_optim.pt.
+        tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+        legacy_root = os.path.join(directory, "legacy-distopt")
+        shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
+        os.makedirs(shard, exist_ok=True)
+        legacy_args = argparse.Namespace(**dict(vars(case_args(case, 2, 2)), ckpt_format="torch",
+                                                use_distributed_optimizer=True))
+        torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint(),
+                        optimizer=optimizer.state_dict()),
+                   os.path.join(shard, "model_optim_rng.pt"))
+        optimizer.save_parameter_state(os.path.join(shard, "distrib_optim.pt"))
+    dist.barrier()
+    if rank == 0:
+        tracker(root)
+        tracker(legacy_root)
+
+
 def tracker(root):
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(ITERATION))
@@ -181,12 +258,14 @@ def make_rank(rank, world, directory, case):
     shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
     os.makedirs(shard, exist_ok=True)
     legacy_args = argparse.Namespace(**dict(vars(args), ckpt_format="torch"))
-    torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint()),
+    torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint(),
+                    optimizer=optimizer.state_dict()),
                os.path.join(shard, "model_optim_rng.pt"))
     dist.barrier()
     if rank == 0:
         tracker(dist_root)
         tracker(legacy_root)
+    save_distributed_optimizer(rank, directory, case, common)
     dist.destroy_process_group()
 
 

@@ -7,7 +7,8 @@
 //! tests/megatron_checkpoints.py): a GPT and a Llama built by megatron-core's GPTModel at
 //! tensor-parallel 2 x pipeline 2, one Adam step taken by its optimizer, and saved by its
 //! dist_checkpointing (and as legacy per-rank files) load here with megatron-core's logits (1e-5
-//! of each position's largest) and, from torch_dist, its AdamW moments and step, keep training
+//! of each position's largest) and, from torch_dist, its AdamW moments and step (the same state,
+//! bit for bit, from its distributed optimizer's buffers in both formats), keep training
 //! (at tensor-parallel 2 too), give its logits under the position ids its GPT dataset makes for
 //! `--reset-position-ids` (which move GPT's learned positions only) and its attention mask
 //! (`--reset-attention-mask`), and come back through `convert --save-megatron` into megatron-core
@@ -18,8 +19,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
-use trident::checkpoint::read_any as read_full;
 use trident::checkpoint::megatron::torch_file::{save, Value};
+use trident::checkpoint::read_any as read_full;
 
 fn ok(o: Output, what: &str) -> Output {
     assert!(o.status.success(), "{what}: {}\n{}", stderr(&o), stdout(&o));
@@ -33,9 +34,26 @@ fn s(p: &Path) -> &str {
 /// The model flags of tests/megatron_checkpoints.py's cases, as `train` takes them.
 fn model_flags(case: &str) -> Vec<&'static str> {
     let mut f = vec![
-        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
-        "--max-position-embeddings", "64", "--seq-length", "32", "--tokenizer-type", "NullTokenizer",
-        "--vocab-size", "300", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--ffn-hidden-size",
+        "128",
+        "--max-position-embeddings",
+        "64",
+        "--seq-length",
+        "32",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "300",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
     ];
     if case == "gpt" {
         // The checkpoint's GELU is Megatron's unfused, exact one.
@@ -43,9 +61,18 @@ fn model_flags(case: &str) -> Vec<&'static str> {
     }
     if case == "llama" {
         f.extend([
-            "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--rotary-base",
-            "500000", "--group-query-attention", "--num-query-groups", "2",
-            "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+            "--normalization",
+            "RMSNorm",
+            "--swiglu",
+            "--position-embedding-type",
+            "rope",
+            "--rotary-base",
+            "500000",
+            "--group-query-attention",
+            "--num-query-groups",
+            "2",
+            "--untie-embeddings-and-output-weights",
+            "--disable-bias-linear",
         ]);
     }
     f
@@ -54,8 +81,23 @@ fn model_flags(case: &str) -> Vec<&'static str> {
 /// Trains `case`'s model for `iters` iterations from `load` (if any), saving to `save`.
 fn train(data: &str, case: &str, load: Option<&Path>, save: &Path, iters: &str, extra: &[&str]) -> Output {
     let mut args = vec![
-        "train", "--data-path", data, "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters",
-        iters, "--lr", "1e-3", "--eval-iters", "0", "--log-interval", "1", "--save", s(save),
+        "train",
+        "--data-path",
+        data,
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        iters,
+        "--lr",
+        "1e-3",
+        "--eval-iters",
+        "0",
+        "--log-interval",
+        "1",
+        "--save",
+        s(save),
     ];
     args.extend(model_flags(case));
     if let Some(l) = load {
@@ -116,7 +158,8 @@ fn megatron_logits_and_reset(py: &str, ckpt: &Path, out: &Path) -> [Vec<f32>; 3]
 
 #[test]
 fn megatron_core_checkpoints_load_train_and_go_back() {
-    let Some(py) = python_with("torch, megatron.core, psutil", "trident is not compared with megatron-core's checkpoints")
+    let Some(py) =
+        python_with("torch, megatron.core, psutil", "trident is not compared with megatron-core's checkpoints")
     else {
         return;
     };
@@ -142,14 +185,40 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
                 let ours = checkpoint_logits_reset(&full, &TOKENS, (Some(EOD), Some(EOD)));
                 assert_logits_close(&format!("{case} --reset-attention-mask"), &ours, &docs, vocab);
                 assert!(docs != reset, "{case}: the prompt's documents must change what attention sees");
-                assert_moments_of_one_step(case, &full);
-            } else {
-                assert_eq!(full.meta["optimizer_state"], "none", "the legacy files' optimizer state is not mapped");
+            }
+            assert_moments_of_one_step(&format!("{case} {format}"), &full);
+        }
+        // The same step taken by megatron-core's distributed optimizer (Megatron-LM's
+        // --use-distributed-optimizer) and saved in its buffers, torch_dist's buckets or the legacy
+        // format's distrib_optim.pt, reads as the same state, bit for bit; so does the legacy
+        // files' non-distributed optimizer.
+        let plain = read_full(&made.join("dist")).unwrap();
+        for format in ["distopt", "legacy-distopt", "legacy"] {
+            let distributed = read_full(&made.join(format)).unwrap();
+            assert_eq!(distributed.meta.get("adam_step"), plain.meta.get("adam_step"), "{case} {format}: the step");
+            assert!(plain.tensors.keys().eq(distributed.tensors.keys()), "{case} {format}: the state's tensors");
+            for (name, values) in &plain.tensors {
+                let same = values.iter().zip(&distributed.tensors[name]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{case} {format}: {name} from the distributed optimizer's buffers");
             }
         }
-        // It keeps training: one rank, then two tensor-parallel ranks, from the torch_dist files.
+        if case == "gpt" {
+            let targets = [
+                ("distopt", "iter_0000007/.metadata"),
+                ("distopt", "iter_0000007/__0_0.distcp"),
+                ("legacy-distopt", "iter_0000007/mp_rank_00_000/distrib_optim.pt"),
+                ("distopt", "iter_0000007/__2_1.distcp"),
+                ("legacy-distopt", "iter_0000007/mp_rank_01_001/distrib_optim.pt"),
+                ("legacy-distopt", "iter_0000007/mp_rank_00_000/model_optim_rng.pt"),
+            ];
+            let targets: Vec<_> = targets.iter().map(|(d, f)| (made.join(d), PathBuf::from(f))).collect();
+            let (refused, loaded) = fuzz(&dir, &targets, 24, 51);
+            assert!(refused >= 6, "{refused} of 24 refused, {loaded} loaded: the fuzzing missed the structure");
+        }
+        // It keeps training: one rank from the distributed optimizer's files, then two
+        // tensor-parallel ranks from the legacy ones.
         let saved = dir.join(format!("{case}-trained"));
-        let o = ok(train(&data, case, Some(&made.join("dist")), &saved, "9", &[]), "training on");
+        let o = ok(train(&data, case, Some(&made.join("distopt")), &saved, "9", &[]), "training on");
         let line = stdout(&o).lines().find(|l| l.contains("loaded checkpoint")).unwrap_or_default().to_string();
         assert!(!line.contains("fresh AdamW"), "the moments were mapped: {line}");
         assert_eq!(loss_count(&o), 2, "iterations 8 and 9");
@@ -165,7 +234,8 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
         let o = mpirun(2, &refs);
         assert!(o.status.success(), "tensor-parallel 2 from the legacy files: {}", stderr(&o));
-        assert!(stdout(&o).contains("whose optimizer state trident does not map yet"), "{}", stdout(&o));
+        let line = stdout(&o).lines().find(|l| l.contains("loaded checkpoint")).unwrap_or_default().to_string();
+        assert!(!line.contains("fresh AdamW"), "the legacy files' moments were mapped: {line}");
         // And back: trident's trained weights as a torch_dist checkpoint megatron-core loads.
         let back = dir.join(format!("{case}-back"));
         ok(run(&["convert", "--load", s(&saved), "--save-megatron", s(&back)]), "convert --save-megatron");
@@ -250,9 +320,26 @@ fn megatron_files_written_here_read_back_and_run() {
     // --use-checkpoint-args takes the model from Megatron's saved arguments.
     let resumed = dir.join("from-args");
     let o = run(&[
-        "train", "--data-path", &data, "--load", s(&dist), "--use-checkpoint-args", "--tokenizer-type",
-        "NullTokenizer", "--vocab-size", "300", "--micro-batch-size", "2", "--global-batch-size", "4",
-        "--train-iters", "3", "--eval-iters", "0", "--save", s(&resumed),
+        "train",
+        "--data-path",
+        &data,
+        "--load",
+        s(&dist),
+        "--use-checkpoint-args",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "300",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "3",
+        "--eval-iters",
+        "0",
+        "--save",
+        s(&resumed),
     ]);
     assert_eq!(loss_count(&ok(o, "--use-checkpoint-args")), 1);
     assert_eq!(read_full(&resumed).unwrap().model, a.model);
@@ -321,11 +408,19 @@ fn fuzzed_megatron_files_are_clean_errors() {
         .map(|f| (dist.clone(), PathBuf::from("iter_0000002").join(f)))
         .chain(std::iter::once((legacy.clone(), PathBuf::from("iter_0000002/mp_rank_00/model_optim_rng.pt"))))
         .collect();
-    let mut rng = Lcg(50);
+    let (refused, loaded) = fuzz(&dir, &targets, 60, 50);
+    assert!(refused >= 30, "{refused} of 60 refused, {loaded} loaded: the fuzzing missed the structure");
+}
+
+/// `trials` copies of the checkpoints in `targets` (a root and one file in it, in turn), that
+/// file truncated, bit-flipped or overwritten with 0xff, each read by `convert`: a clean
+/// one-line error or a load, never a panic or a hang. Returns (refused, loaded).
+fn fuzz(dir: &Path, targets: &[(PathBuf, PathBuf)], trials: usize, seed: u64) -> (usize, usize) {
+    let mut rng = Lcg(seed);
     let (mut refused, mut loaded) = (0, 0);
-    for trial in 0..60 {
+    for trial in 0..trials {
         let (root, file) = &targets[trial % targets.len()];
-        let copy = dir.join(format!("fuzz{trial}"));
+        let copy = dir.join(format!("fuzz{seed}-{trial}"));
         let _ = std::fs::remove_dir_all(&copy);
         let o = Command::new("cp").args(["-r", s(root), s(&copy)]).output().unwrap();
         assert!(o.status.success());
@@ -347,7 +442,8 @@ fn fuzzed_megatron_files_are_clean_errors() {
             }
         }
         std::fs::write(&path, &bytes).unwrap();
-        let o = convert_within(&copy, &dir.join(format!("out{trial}")));
+        let out = dir.join(format!("out{seed}-{trial}"));
+        let o = convert_within(&copy, &out);
         let err = stderr(&o);
         assert!(!err.contains("panicked"), "trial {trial} ({}): {err}", path.display());
         if o.status.success() {
@@ -357,6 +453,7 @@ fn fuzzed_megatron_files_are_clean_errors() {
             refused += 1;
         }
         let _ = std::fs::remove_dir_all(&copy);
+        let _ = std::fs::remove_dir_all(&out);
     }
-    assert!(refused >= 30, "{refused} of 60 refused, {loaded} loaded: the fuzzing missed the structure");
+    (refused, loaded)
 }

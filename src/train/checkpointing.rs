@@ -347,7 +347,7 @@ fn loaded_parts(parts: LoadParts, unsaved: bool, shard: &Shard) -> String {
         LoadParts::NoOptimizer => format!(
             ": {}: fresh AdamW state and loss scale; the learning-rate schedule restarts (as in Megatron)",
             match () {
-                _ if megatron => "a Megatron-LM checkpoint, whose optimizer state trident does not map yet",
+                _ if megatron => "a Megatron-LM checkpoint without AdamW state in a layout trident reads",
                 _ if unsaved => "saved with --no-save-optim",
                 _ => "--no-load-optim",
             }

@@ -8,6 +8,8 @@
 //! (`self_attention.linear_qkv.layer_norm_weight`). Per-layer keys (`decoder.layers.3.…`, from
 //! heterogeneous models) are read too.
 
+mod optim;
+
 use super::pickle::{Pickle, Writer};
 use super::torch_file::{self, TorchFile, Value};
 use super::{fused_norm_name, is_model_key, split_layer};
@@ -258,6 +260,14 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         family(&md, &mut files, &model, "", &md_path, &mut used)?;
     }
     let mut meta = meta;
+    if !moments {
+        // The distributed optimizer's buckets, where it was one.
+        if let Some(mapped) = optim::read(&md, &mut files, &model, &meta, &tensors, &md_path)? {
+            tensors.extend(mapped.tensors);
+            meta.remove("optimizer_state");
+            meta.insert("adam_step".into(), mapped.step.to_string());
+        }
+    }
     if moments {
         match common_step(&common)? {
             Some(step) => {
@@ -327,21 +337,7 @@ fn common_step(common: &TorchFile) -> Result<Option<u64>> {
     let Some(opt) = p.get(p.root, "optimizer") else { return Ok(None) };
     let state = p.get(opt, "state").or_else(|| p.get(opt, "optimizer").and_then(|o| p.get(o, "state")));
     let Some(step) = state.and_then(|s| p.get(s, "common_step")) else { return Ok(None) };
-    let value = match p.int(step) {
-        Some(v) => v as f64,
-        None if common.is_tensor(step) => {
-            let t = common.tensor(step, "common_step")?;
-            *t.data.first().ok_or_else(|| Error::format(&common.path, "an empty common_step"))? as f64
-        }
-        None => match p.node(step) {
-            super::Node::Float(v) => *v,
-            other => return Err(Error::format(&common.path, format!("common_step is {other:?}, not a count"))),
-        },
-    };
-    if !(0.0..=1e15).contains(&value) || value.fract() != 0.0 {
-        return Err(Error::format(&common.path, format!("common_step {value} is not a step count")));
-    }
-    Ok(Some(value as u64))
+    super::step_count(common, step, "common_step").map(Some)
 }
 
 /// Megatron's stacked key of trident's parameter `name` (the fused-norm spelling, as

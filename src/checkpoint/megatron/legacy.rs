@@ -5,6 +5,8 @@
 //! the full ones as trident's own layout of the same sizes places them (megatron-core and trident
 //! split every parameter alike).
 
+mod optim;
+
 use super::torch_file::TorchFile;
 use super::{fused_norm_name, is_model_key, layout_of, split_layer};
 use crate::checkpoint::convert::{FullCheckpoint, Layout};
@@ -80,6 +82,14 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         held += std::fs::metadata(path).map_err(|e| Error::io(path, "read", e))?.len();
     }
     super::ensure_files_hold(&model, held, iter_dir)?;
+    // Where the ranks saved optimizer state, each rank's weights are kept to place its state.
+    let first = TorchFile::parse(&first_map, &first_path)?;
+    let with_optimizer = files[0].2.with_file_name(optim::FILE).is_file() || optim::holds_state(&first);
+    let step = optim::step(&first)?;
+    let impl_te = first.pickle.get(first.pickle.root, "args").and_then(|a| first.pickle.get(a, "transformer_impl"));
+    let impl_te = impl_te.and_then(|id| first.pickle.str(id)).map(|s| s == "transformer_engine");
+    drop(first);
+    let mut ranks = Vec::new();
     drop(first_map);
     let mut tensors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     let mut filled: BTreeMap<String, usize> = BTreeMap::new();
@@ -97,11 +107,17 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
             let entries = p.entries(state).ok_or_else(|| Error::format(&path, format!("'{key}' is not a dict")))?;
             let mut unused: BTreeSet<&str> =
                 entries.iter().filter_map(|&(k, _)| p.str(k)).filter(|k| is_model_key(k)).collect();
-            for info in model.chunk_parameters(&mp, plan) {
+            let params = model.chunk_parameters(&mp, plan);
+            let mut weights = Vec::new();
+            for info in &params {
                 let names = local_names(&info.name, plan.layers.start);
                 let found = names.iter().find_map(|n| p.get(state, n).map(|id| (n, id)));
                 if info.tied_copy {
                     // The last stage's copy of a tied embedding (`output_layer.weight`) is the first's.
+                    if with_optimizer {
+                        let copy = p.get(state, "output_layer.weight").map(|id| file.tensor(id, "output_layer.weight"));
+                        weights.push(copy.transpose()?.map(|t| t.data));
+                    }
                     unused.remove("output_layer.weight");
                     continue;
                 }
@@ -110,7 +126,8 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
                 })?;
                 unused.remove(name.as_str());
                 // A replicated parameter is read from tensor-parallel rank 0 alone.
-                if info.partition.is_none() && info.partition2.is_none() && tp > 0 {
+                let replica = info.partition.is_none() && info.partition2.is_none() && tp > 0;
+                if replica && !with_optimizer {
                     continue;
                 }
                 let t = file.tensor(id, name)?;
@@ -123,11 +140,19 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
                         ),
                     ));
                 }
-                let full = tensors.get_mut(&format!("param/{}", info.name)).expect("every parameter was listed");
-                for (local, &v) in t.data.iter().enumerate() {
-                    full[info.global_index(local)] = v;
+                if !replica {
+                    let full = tensors.get_mut(&format!("param/{}", info.name)).expect("every parameter was listed");
+                    for (local, &v) in t.data.iter().enumerate() {
+                        full[info.global_index(local)] = v;
+                    }
+                    *filled.entry(info.name.clone()).or_default() += t.data.len();
                 }
-                *filled.entry(info.name.clone()).or_default() += t.data.len();
+                if with_optimizer {
+                    weights.push(Some(t.data));
+                }
+            }
+            if with_optimizer {
+                ranks.push(optim::RankChunk { tp, pp, chunk: c, params, weights });
             }
             if !model.arch.untie_embeddings {
                 unused.remove("output_layer.weight");
@@ -143,6 +168,13 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
     for info in model.parameters(&ModelParallel::single()) {
         if filled.get(&info.name).copied().unwrap_or(0) != info.numel() {
             return Err(Error::format(iter_dir, format!("the rank files do not cover {} exactly once", info.name)));
+        }
+    }
+    let mut meta = meta;
+    if with_optimizer {
+        if let Some(mapped) = optim::read(iter_dir, &layout, &model, &ranks, step, impl_te)? {
+            tensors.extend(mapped.tensors);
+            meta.insert("adam_step".into(), mapped.step.to_string());
         }
     }
     Ok(FullCheckpoint { iteration, meta, model, layout: Layout::single(), tensors })

@@ -4,14 +4,16 @@
 //! model-parallel rank, `mp_rank_TT[_PPP]/model_optim_rng.pt`). Both hold the argument namespace
 //! of the run that wrote them, from which the model, the layout and the run's position are taken
 //! (`args_meta`); the weights are reassembled into a `FullCheckpoint` under trident's names, which
-//! are megatron-core's own. AdamW's moments and step come along where megatron-core keeps them
-//! per parameter (`dist`); elsewhere a run that loads one starts the optimizer fresh, as
-//! `--no-load-optim` does, and says so.
+//! are megatron-core's own. AdamW's moments, step and master weights come along from
+//! megatron-core's non-distributed optimizer (per parameter) and its distributed optimizer (its
+//! gradient buffers, `buffer`), in both formats; a layout neither reader places leaves the
+//! optimizer to start fresh, as `--no-load-optim` does, and the run says so.
 //!
 //! Every file is untrusted: PyTorch's pickles are parsed, never executed (`pickle`); a file a
 //! checkpoint names stays inside its directory; every size is checked against the bytes the files
 //! hold before anything that size is allocated.
 
+pub mod buffer;
 pub mod dist;
 pub mod legacy;
 pub mod pickle;
@@ -186,6 +188,26 @@ pub fn args_meta(p: &Pickle, args: Id, path: &Path) -> Result<BTreeMap<String, S
         put(key, count(key)?.map_or("none".into(), |n| n.to_string()));
     }
     Ok(meta)
+}
+
+/// A step count `what` saved as an int, a float or a one-element tensor.
+pub fn step_count(file: &torch_file::TorchFile, step: Id, what: &str) -> Result<u64> {
+    let p = &file.pickle;
+    let value = match p.int(step) {
+        Some(v) => v as f64,
+        None if file.is_tensor(step) => {
+            let t = file.tensor(step, what)?;
+            *t.data.first().ok_or_else(|| Error::format(&file.path, format!("an empty {what}")))? as f64
+        }
+        None => match p.node(step) {
+            Node::Float(v) => *v,
+            other => return Err(Error::format(&file.path, format!("{what} is {other:?}, not a count"))),
+        },
+    };
+    if !(0.0..=1e15).contains(&value) || value.fract() != 0.0 {
+        return Err(Error::format(&file.path, format!("{what} {value} is not a step count")));
+    }
+    Ok(value as u64)
 }
 
 /// The model a Megatron checkpoint's metadata (`args_meta`) describes, validated.
