@@ -195,38 +195,34 @@ def distributed_adam_step(model, rank):
     return optimizer
 
 
-def save_distributed_optimizer(rank, directory, case, common):
-    """DIR/distopt: the model of `make_rank` (the same seeds) after the same step by the
-    distributed optimizer, saved as Megatron-LM saves it under --use-distributed-optimizer (its
-    default `dp_reshardable` layout of the optimizer's buckets)."""
-    model = build(case_args(case, 2, 2))
-    randomize(model, 100 + rank)
-    with cuda_type_names():
-        optimizer = distributed_adam_step(model, rank)
-        root = os.path.join(directory, "distopt")
-        iter_dir = os.path.join(root, f"iter_{ITERATION:07d}")
-        if rank == 0:
-            os.makedirs(iter_dir, exist_ok=True)
-        dist.barrier()
-        model_state = model.sharded_state_dict()
-        optimizer_state = optimizer.sharded_state_dict(
-            model_state, metadata={"distrib_optim_sharding_type": "dp_reshardable"})
-        dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
-        # And as the legacy format saves it: the optimizer's groups (with the step) beside the
-        # model, the buffers gathered into distrib_optim.pt.
-        tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
-        legacy_root = os.path.join(directory, "legacy-distopt")
-        shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
-        os.makedirs(shard, exist_ok=True)
-        legacy_args = argparse.Namespace(**dict(vars(case_args(case, 2, 2)), ckpt_format="torch",
-                                                use_distributed_optimizer=True))
-        torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint(),
-                        optimizer=optimizer.state_dict()),
-                   os.path.join(shard, "model_optim_rng.pt"))
+def save_both(model, optimizer, directory, names, common, distributed=False):
+    """Saves `model` and `optimizer` as Megatron-LM's training loop does: DIR/names[0] in the
+    torch_dist format (dist_checkpointing.save of their sharded state with the common state; a
+    distributed optimizer in its default `dp_reshardable` layout of its buckets) and DIR/names[1]
+    in the legacy format (model_optim_rng.pt per model-parallel rank, with the distributed
+    optimizer's buffers gathered into distrib_optim.pt beside it)."""
+    dist_root, legacy_root = (os.path.join(directory, n) for n in names)
+    iter_dir = os.path.join(dist_root, f"iter_{ITERATION:07d}")
+    if dist.get_rank() == 0:
+        os.makedirs(iter_dir, exist_ok=True)
+    dist.barrier()
+    model_state = model.sharded_state_dict()
+    metadata = {"metadata": {"distrib_optim_sharding_type": "dp_reshardable"}} if distributed else {}
+    optimizer_state = optimizer.sharded_state_dict(model_state, **metadata)
+    dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
+    tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+    shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
+    os.makedirs(shard, exist_ok=True)
+    legacy_args = argparse.Namespace(**dict(vars(common["args"]), ckpt_format="torch",
+                                            use_distributed_optimizer=distributed))
+    torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint(),
+                    optimizer=optimizer.state_dict()),
+               os.path.join(shard, "model_optim_rng.pt"))
+    if distributed:
         optimizer.save_parameter_state(os.path.join(shard, "distrib_optim.pt"))
     dist.barrier()
-    if rank == 0:
-        tracker(root)
+    if dist.get_rank() == 0:
+        tracker(dist_root)
         tracker(legacy_root)
 
 
@@ -245,27 +241,13 @@ def make_rank(rank, world, directory, case):
     optimizer = adam_step(model, rank)
     common = {"args": args, "checkpoint_version": 3.0, "iteration": ITERATION,
               "num_floating_point_operations_so_far": 0}
-    dist_root = os.path.join(directory, "dist")
-    iter_dir = os.path.join(dist_root, f"iter_{ITERATION:07d}")
-    if rank == 0:
-        os.makedirs(iter_dir, exist_ok=True)
-    dist.barrier()
-    model_state = model.sharded_state_dict()
-    optimizer_state = optimizer.sharded_state_dict(model_state)
-    dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
-    legacy_root = os.path.join(directory, "legacy")
-    tp, pp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
-    shard = os.path.join(legacy_root, f"iter_{ITERATION:07d}", f"mp_rank_{tp:02d}_{pp:03d}")
-    os.makedirs(shard, exist_ok=True)
-    legacy_args = argparse.Namespace(**dict(vars(args), ckpt_format="torch"))
-    torch.save(dict(common, args=legacy_args, model=model.state_dict_for_save_checkpoint(),
-                    optimizer=optimizer.state_dict()),
-               os.path.join(shard, "model_optim_rng.pt"))
-    dist.barrier()
-    if rank == 0:
-        tracker(dist_root)
-        tracker(legacy_root)
-    save_distributed_optimizer(rank, directory, case, common)
+    save_both(model, optimizer, directory, ("dist", "legacy"), common)
+    # The same model (the same seeds) after the same step by the distributed optimizer.
+    model = build(args)
+    randomize(model, 100 + rank)
+    with cuda_type_names():
+        optimizer = distributed_adam_step(model, rank)
+        save_both(model, optimizer, directory, ("distopt", "legacy-distopt"), common, distributed=True)
     dist.destroy_process_group()
 
 
