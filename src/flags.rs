@@ -116,6 +116,14 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     switch("--no-ckpt-fully-parallel-save", "no effect: every model-parallel rank writes its own shard"),
     switch("--ckpt-fully-parallel-load", "no effect: every rank already reads its own shard"),
     switch("--async-save", "no effect: checkpoints are written in place of the iteration, each rank its own shard"),
+    switch(
+        "--dist-ckpt-optim-fully-reshardable",
+        "no effect: trident saves its own shards; --load reads either layout of Megatron's distributed optimizer",
+    ),
+    switch(
+        "--distrib-optim-fully-reshardable-mem-efficient",
+        "no effect: trident saves its own shards, each rank its own state",
+    ),
     flag("--dist-ckpt-strictness", "KIND", "no effect: trident's loads check every key and tensor, always strict"),
     switch(
         "--override-opt_param-scheduler",

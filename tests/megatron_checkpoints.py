@@ -11,9 +11,9 @@ import, and says loudly that it skips otherwise.
       its argument namespace, iteration and checkpoint version) and DIR/legacy in the legacy torch
       format (one model_optim_rng.pt per model-parallel rank). Then the same model takes the same
       step with megatron-core's distributed optimizer, saved as DIR/distopt (torch_dist, its
-      dp_reshardable buckets) and DIR/legacy-distopt (model_optim_rng.pt and distrib_optim.pt
-      per rank). CASE "gpt": LayerNorm, GELU (tanh form), learned positions,
-      biases, tied output layer. CASE "llama": RMSNorm, SwiGLU, rotary positions (base 500000),
+      dp_reshardable buckets), DIR/distopt-full (torch_dist, its fully_reshardable layout) and
+      DIR/legacy-distopt (model_optim_rng.pt and distrib_optim.pt per rank). CASE "gpt":
+      LayerNorm, GELU (tanh form), learned positions, biases, tied output layer. CASE "llama": RMSNorm, SwiGLU, rotary positions (base 500000),
       grouped queries (4 heads, 2 groups), no biases, untied output layer.
   megatron_checkpoints.py logits CKPT TOKENS OUT
       Loads the torch_dist checkpoint CKPT (its latest iteration) into a one-rank GPTModel built from
@@ -195,6 +195,23 @@ def distributed_adam_step(model, rank):
     return optimizer
 
 
+def save_fully_reshardable(model, optimizer, directory, common):
+    """DIR/distopt-full: the distributed optimizer's state as Megatron-LM saves it under
+    --dist-ckpt-optim-fully-reshardable (torch_dist, its `fully_reshardable` layout: each
+    parameter's state in the parameter's shape)."""
+    iter_dir = os.path.join(directory, "distopt-full", f"iter_{ITERATION:07d}")
+    if dist.get_rank() == 0:
+        os.makedirs(iter_dir, exist_ok=True)
+    dist.barrier()
+    model_state = model.sharded_state_dict()
+    metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+    optimizer_state = optimizer.sharded_state_dict(model_state, metadata=metadata)
+    dist_checkpointing.save(dict(common, model=model_state, optimizer=optimizer_state), iter_dir)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        tracker(os.path.join(directory, "distopt-full"))
+
+
 def save_both(model, optimizer, directory, names, common, distributed=False):
     """Saves `model` and `optimizer` as Megatron-LM's training loop does: DIR/names[0] in the
     torch_dist format (dist_checkpointing.save of their sharded state with the common state; a
@@ -248,6 +265,7 @@ def make_rank(rank, world, directory, case):
     with cuda_type_names():
         optimizer = distributed_adam_step(model, rank)
         save_both(model, optimizer, directory, ("distopt", "legacy-distopt"), common, distributed=True)
+        save_fully_reshardable(model, optimizer, directory, common)
     dist.destroy_process_group()
 
 

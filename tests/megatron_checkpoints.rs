@@ -190,10 +190,10 @@ fn megatron_core_checkpoints_load_train_and_go_back() {
         }
         // The same step taken by megatron-core's distributed optimizer (Megatron-LM's
         // --use-distributed-optimizer) and saved in its buffers, torch_dist's buckets or the legacy
-        // format's distrib_optim.pt, reads as the same state, bit for bit; so does the legacy
-        // files' non-distributed optimizer.
+        // format's distrib_optim.pt, or per parameter (--dist-ckpt-optim-fully-reshardable),
+        // reads as the same state, bit for bit; so does the legacy files' non-distributed optimizer.
         let plain = read_full(&made.join("dist")).unwrap();
-        for format in ["distopt", "legacy-distopt", "legacy"] {
+        for format in ["distopt", "distopt-full", "legacy-distopt", "legacy"] {
             let distributed = read_full(&made.join(format)).unwrap();
             assert_eq!(distributed.meta.get("adam_step"), plain.meta.get("adam_step"), "{case} {format}: the step");
             assert!(plain.tensors.keys().eq(distributed.tensors.keys()), "{case} {format}: the state's tensors");

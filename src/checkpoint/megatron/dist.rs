@@ -227,8 +227,9 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
     // The weights' bound first: it also bounds the parameter list built next.
     super::ensure_files_hold(&model, held, iter_dir)?;
     // What the optimizer saved beside the weights, where megatron-core keeps it per parameter in
-    // the model's shapes (its non-distributed optimizers): AdamW's moments, and the f32 master
-    // weights of a bf16 or fp16 run.
+    // the model's shapes (its non-distributed optimizers, and the distributed one's
+    // `fully_reshardable` layout): AdamW's moments, and the f32 master weights (of a bf16 or fp16
+    // run; the distributed optimizer's always).
     // A family counts where its first parameter's tensor has the model's own shape: another
     // layout of the same keys (a flattened one) is not mapped, and the load says so.
     let params = model.parameters(&ModelParallel::single());
@@ -240,22 +241,21 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
         })
     };
     let moments = holds(EXP_AVG) && holds(EXP_AVG_SQ);
-    let master = holds(FP32_PARAM);
-    let families = 1 + 2 * moments as u64 + master as u64;
+    let master = [FP32_PARAM, RESHARDABLE_PARAM].into_iter().find(|&prefix| holds(prefix));
+    let families = 1 + 2 * moments as u64 + master.is_some() as u64;
     super::ensure_files_hold(&model, held / families, iter_dir)?;
     let mut files = Files { dir: iter_dir, named_in: md_path.clone(), maps: BTreeMap::new() };
     let mut used = BTreeSet::new();
     let mut tensors = BTreeMap::new();
-    let weights = [("", "param"), (FP32_PARAM, "param")];
-    let take = if master { &weights[1..] } else { &weights[..1] };
+    let weights = [(master.unwrap_or(""), "param")];
     for (prefix, ours) in
-        take.iter().chain(if moments { &[(EXP_AVG, "adam_m"), (EXP_AVG_SQ, "adam_v")][..] } else { &[] })
+        weights.iter().chain(if moments { &[(EXP_AVG, "adam_m"), (EXP_AVG_SQ, "adam_v")][..] } else { &[] })
     {
         for (name, values) in family(&md, &mut files, &model, prefix, &md_path, &mut used)? {
             tensors.insert(format!("{ours}/{name}"), values);
         }
     }
-    if master {
+    if master.is_some() {
         // The model's own (bf16) copies of the master weights are accounted for.
         family(&md, &mut files, &model, "", &md_path, &mut used)?;
     }
@@ -290,6 +290,8 @@ pub fn read(iter_dir: &Path) -> Result<FullCheckpoint> {
 const EXP_AVG: &str = "optimizer.state.exp_avg.";
 const EXP_AVG_SQ: &str = "optimizer.state.exp_avg_sq.";
 const FP32_PARAM: &str = "optimizer.state.fp32_param.";
+/// The distributed optimizer's master weights in its `fully_reshardable` layout.
+const RESHARDABLE_PARAM: &str = "optimizer.state.param.";
 
 /// Every parameter of `model` whole, from the keys `prefix` + megatron-core's key (`candidates`),
 /// stacked layers cut into layers; the keys read are added to `used`.
@@ -329,15 +331,24 @@ fn family(
     Ok(out)
 }
 
-/// AdamW's step count as megatron-core saves it beside the moments (`common_step`, one for every
-/// parameter), from `common.pt`'s optimizer state: `optimizer.state` (an f32 optimizer) or
-/// `optimizer.optimizer.state` (bf16 and fp16's). None where it is not there.
+/// AdamW's step count as megatron-core saves it beside the moments, from `common.pt`'s optimizer
+/// state: `common_step` (one for every parameter) in `optimizer.state` (an f32 optimizer) or
+/// `optimizer.optimizer.state` (bf16 and fp16's), or the distributed optimizer's parameter
+/// groups' `step` (`optimizer.optimizer.param_groups`, its `fully_reshardable` layout). None
+/// where it is not there.
 fn common_step(common: &TorchFile) -> Result<Option<u64>> {
     let p = &common.pickle;
     let Some(opt) = p.get(p.root, "optimizer") else { return Ok(None) };
-    let state = p.get(opt, "state").or_else(|| p.get(opt, "optimizer").and_then(|o| p.get(o, "state")));
-    let Some(step) = state.and_then(|s| p.get(s, "common_step")) else { return Ok(None) };
-    super::step_count(common, step, "common_step").map(Some)
+    let inner = p.get(opt, "optimizer");
+    let state = p.get(opt, "state").or_else(|| inner.and_then(|o| p.get(o, "state")));
+    if let Some(step) = state.and_then(|s| p.get(s, "common_step")) {
+        return super::step_count(common, step, "common_step").map(Some);
+    }
+    let groups = inner.and_then(|o| p.get(o, "param_groups")).and_then(|g| p.items(g)).unwrap_or_default();
+    match groups.iter().find_map(|&g| p.get(g, "step")) {
+        Some(step) => super::step_count(common, step, "the optimizer's step").map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Megatron's stacked key of trident's parameter `name` (the fused-norm spelling, as
