@@ -3,6 +3,7 @@
 //! never feeds one forever; and a path named by a value inside a file (a checkpoint's tokenizer
 //! flags, a safetensors index's `weight_map`) is resolved inside the directory that file came
 //! from, so a crafted value cannot make trident read, or copy into its output, a file elsewhere.
+//! Also where trident's own cache lives (`cache_root`).
 
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -68,6 +69,26 @@ fn in_hub_blobs(home: &Path, real: &Path) -> bool {
         && repo.is_some_and(|r| real.parent() == Some(r.join("blobs").as_path()))
 }
 
+/// The variable that moves trident's cache (compiled GPU kernels, the CPU's measured kernel
+/// choices).
+pub const CACHE_DIR_VAR: &str = "TRIDENT_CACHE_DIR";
+
+/// trident's cache root: `$TRIDENT_CACHE_DIR`, `$XDG_CACHE_HOME/trident` or
+/// `$HOME/.cache/trident`, from `env` (a lookup of the environment).
+pub fn cache_root(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
+    let set = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(d) = set(CACHE_DIR_VAR) {
+        return Ok(PathBuf::from(d));
+    }
+    if let Some(d) = set("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(d).join("trident"));
+    }
+    if let Some(h) = set("HOME") {
+        return Ok(PathBuf::from(h).join(".cache").join("trident"));
+    }
+    Err(Error::Config(format!("no place for trident's cache: set {CACHE_DIR_VAR}, XDG_CACHE_HOME or HOME")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +149,19 @@ mod tests {
         assert!(read_regular(&fifo, "read").unwrap_err().to_string().contains("regular"));
         std::fs::write(d.join("f"), b"xy").unwrap();
         assert_eq!(read_regular(&d.join("f"), "read").unwrap(), b"xy");
+    }
+
+    #[test]
+    fn the_root_follows_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(cache_root(&env(&[("TRIDENT_CACHE_DIR", "/c"), ("HOME", "/h")])).unwrap(), PathBuf::from("/c"));
+        assert_eq!(cache_root(&env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])).unwrap(), PathBuf::from("/x/trident"));
+        assert_eq!(
+            cache_root(&env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")])).unwrap(),
+            PathBuf::from("/h/.cache/trident")
+        );
+        assert!(cache_root(&env(&[])).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! `TRIDENT_CPU_ISA` from the outside: it caps the CPU kernels' instruction set (`info` and the
 //! GEMM bench say which ran), and a level the CPU lacks or a name that is no level is one clear
-//! error. Also the peak the CPU step bench measures its MFU against.
+//! error; `TRIDENT_BF16_KERNEL` likewise pins the bf16 GEMM's kernel, which is otherwise measured
+//! once per CPU model. Also the peak the CPU step bench measures its MFU against.
 
 mod common;
 use common::*;
@@ -45,7 +46,8 @@ fn the_cap_lowers_the_level_info_and_benches_report() {
     }
     let o = with_isa("avx2", &["info"]);
     assert!(
-        stdout(&o).contains("gemm kernel avx2; bf16 gemm kernel avx2; element-wise kernels avx2;"),
+        stdout(&o)
+            .contains("gemm kernel avx2; bf16 gemm kernel avx2 (the one fast kernel this CPU runs); element-wise"),
         "{}",
         stdout(&o)
     );
@@ -74,6 +76,72 @@ fn a_level_the_cpu_lacks_or_no_level_is_one_clear_error() {
     } else {
         not_applicable("this CPU has every level: no level to refuse");
     }
+}
+
+/// The bf16 GEMM's kernel: where the CPU runs more than one fast kernel, `info` says it measured
+/// them (naming each one's rate) and keeps the verdict in the cache, which the next run reads;
+/// `TRIDENT_BF16_KERNEL` pins any kernel the CPU runs (`info`, the GEMM bench's records and the
+/// step bench's note name it), and a name that is no kernel, or one the CPU cannot run, is one
+/// clear error.
+#[test]
+fn the_bf16_kernel_is_measured_once_per_model_or_pinned() {
+    let cache = scratch("bf16-kernel-cache");
+    let with = |vars: &[(&str, &str)], args: &[&str]| -> Output {
+        let mut command = Command::new(BIN);
+        command.env("TRIDENT_CACHE_DIR", &cache).env_remove("TRIDENT_BF16_KERNEL").args(args);
+        for (k, v) in vars {
+            command.env(k, v);
+        }
+        command.output().expect("the trident binary runs")
+    };
+    let info = |vars: &[(&str, &str)]| {
+        let o = with(vars, &["info"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let best = detected();
+    let first = info(&[]);
+    let file = cache.join("cpu").join("bf16-gemm");
+    if ["avx512", "avx512bf16"].contains(&best.as_str()) {
+        assert!(first.contains("(measured, GFLOP/s on one core: avx512"), "{first}");
+        let line = std::fs::read_to_string(&file).expect("the verdict is kept");
+        assert!(line.starts_with(&format!("bf16-gemm-v1\t{best}\t")), "{line}");
+        let again = info(&[]);
+        assert!(again.contains("(measured before on this CPU model, GFLOP/s on one core: avx512"), "{again}");
+    } else {
+        assert!(first.contains("(the one fast kernel this CPU runs)"), "{first}");
+        assert!(!file.exists(), "nothing measured, nothing kept");
+    }
+    let runs = ["portable", "avx2", "avx512", "avx512bf16"];
+    let level = runs.iter().position(|l| *l == best).unwrap_or(0);
+    for (at, kernel) in runs.iter().enumerate() {
+        let pin = [("TRIDENT_BF16_KERNEL", *kernel)];
+        if at > level {
+            assert_clean_error(&with(&pin, &["info"]), &[&format!("TRIDENT_BF16_KERNEL={kernel}"), "runs up to"]);
+            continue;
+        }
+        let text = info(&pin);
+        assert!(text.contains(&format!("bf16 gemm kernel {kernel} (pinned by TRIDENT_BF16_KERNEL)")), "{text}");
+        let args = ["bench", "gemm", "--dtype", "bf16", "--shape", "40x70x56", "--min-seconds", "0.01", "--json"];
+        let o = with(&pin, &args);
+        assert!(o.status.success(), "{kernel}: {}", stderr(&o));
+        let records: Vec<String> = stdout(&o).lines().filter(|l| l.starts_with('{')).map(String::from).collect();
+        assert_eq!(records.len(), 3, "{kernel}: {}", stdout(&o));
+        assert!(records.iter().all(|r| r.contains(&format!("kernel {kernel},"))), "{records:?}");
+    }
+    let step = ["bench", "step", "--preset", "tiny", "--micro-batch-size", "2", "--seq-length", "16"];
+    let o = with(
+        &[("TRIDENT_BF16_KERNEL", "portable")],
+        &[&step[..], &["--dtype", "bf16", "--min-seconds", "0.01"]].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("bf16 gemm kernel portable (pinned by TRIDENT_BF16_KERNEL)"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("bf16 gemm kernel portable; "), "the record's note: {}", stdout(&o));
+    assert_clean_error(
+        &with(&[("TRIDENT_BF16_KERNEL", "amx")], &["info"]),
+        &["TRIDENT_BF16_KERNEL='amx'", "avx512bf16, avx512, avx2, portable"],
+    );
+    let _ = std::fs::remove_dir_all(&cache);
 }
 
 /// `bench step` measures the FMA peak before and after its timed steps and reports MFU against

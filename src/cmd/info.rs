@@ -27,7 +27,7 @@ pub fn run(rest: &[String]) -> Result<()> {
         },
         pool.threads(),
         gemm::best_kernel().name(),
-        crate::device::cpu::gemm_bf16::best_bf16_kernel().name(),
+        crate::device::cpu::gemm_bf16::choose::chosen().describe(),
         crate::device::cpu::simd::level().name(),
         p.gflops,
         p.isa

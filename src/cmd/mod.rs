@@ -49,8 +49,9 @@ pub fn main(args: &[String]) -> ExitCode {
         print!("{USAGE}");
         return exit(Err(Error::Usage("no command given".into())));
     };
-    // A TRIDENT_CPU_ISA the CPU cannot honour is one error before any command (every rank).
-    if let Err(e) = crate::device::cpu::isa::check() {
+    // A TRIDENT_CPU_ISA the CPU cannot honour, or a TRIDENT_BF16_KERNEL it cannot run, is one
+    // error before any command (every rank).
+    if let Err(e) = crate::device::cpu::isa::check().and_then(|_| crate::device::cpu::gemm_bf16::choose::check()) {
         return exit(Err(e));
     }
     match command.as_str() {

@@ -34,8 +34,8 @@ fn kind_of(image: Image) -> u32 {
     }
 }
 
-/// The variable that moves the cache (the kernels go in its `kernels/` folder).
-pub const CACHE_DIR_VAR: &str = "TRIDENT_CACHE_DIR";
+/// The variable that moves the cache (the kernels go in its `kernels/` folder), and the root.
+pub use crate::files::{cache_root as default_root, CACHE_DIR_VAR};
 
 /// How an image was obtained.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,21 +64,6 @@ pub struct CachedCodeObject {
 
 pub struct ModuleCache {
     dir: PathBuf,
-}
-
-/// The cache root: `$TRIDENT_CACHE_DIR`, `$XDG_CACHE_HOME/trident` or `$HOME/.cache/trident`.
-pub fn default_root(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf> {
-    let set = |k: &str| env(k).filter(|v| !v.is_empty());
-    if let Some(d) = set(CACHE_DIR_VAR) {
-        return Ok(PathBuf::from(d));
-    }
-    if let Some(d) = set("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(d).join("trident"));
-    }
-    if let Some(h) = set("HOME") {
-        return Ok(PathBuf::from(h).join(".cache").join("trident"));
-    }
-    Err(Error::Config(format!("no place for the kernel cache: set {CACHE_DIR_VAR}, XDG_CACHE_HOME or HOME")))
 }
 
 /// The cache key of a compilation. Every field is length-prefixed so that no two different
@@ -406,22 +391,5 @@ mod tests {
         assert_eq!(decode(&std::fs::read(&other).unwrap(), KIND_CUBIN, 8).unwrap(), b"fresh");
         assert_eq!(std::fs::read_dir(cache.dir()).unwrap().count(), 2, "the entries, and no other file");
         let _ = std::fs::remove_dir_all(&root);
-    }
-
-    #[test]
-    fn the_root_follows_the_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
-        };
-        assert_eq!(default_root(&env(&[("TRIDENT_CACHE_DIR", "/c"), ("HOME", "/h")])).unwrap(), PathBuf::from("/c"));
-        assert_eq!(
-            default_root(&env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])).unwrap(),
-            PathBuf::from("/x/trident")
-        );
-        assert_eq!(
-            default_root(&env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")])).unwrap(),
-            PathBuf::from("/h/.cache/trident")
-        );
-        assert!(default_root(&env(&[])).is_err());
     }
 }

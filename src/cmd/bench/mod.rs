@@ -208,12 +208,17 @@ fn gemm_on_cpu(pool: &pool::ThreadPool, a: &Args) -> Result<()> {
         print_records(&records, true);
     } else {
         println!(
-            "cpu: {}, instruction set {}; fma peak: {:.1} GFLOP/s on {} threads, gemm kernel {}",
+            "cpu: {}, instruction set {}; fma peak: {:.1} GFLOP/s on {} threads, {}",
             crate::device::cpu::isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
             crate::device::cpu::isa::active().name(),
             p.gflops,
             p.threads,
-            crate::device::cpu::gemm::best_kernel().name()
+            match dtype {
+                gemm::GemmDtype::F32 => format!("gemm kernel {}", crate::device::cpu::gemm::best_kernel().name()),
+                gemm::GemmDtype::Bf16 => {
+                    format!("bf16 gemm kernel {}", crate::device::cpu::gemm_bf16::choose::chosen().describe())
+                }
+            }
         );
         gemm::print_table(&rows);
     }

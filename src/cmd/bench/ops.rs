@@ -70,9 +70,13 @@ pub fn print_records(records: &[Record], json: bool) {
         return;
     }
     println!(
-        "cpu: {}, instruction set {}",
+        "cpu: {}, instruction set {}{}",
         isa::cpu_model().unwrap_or_else(|| "model unknown".into()),
-        isa::active().name()
+        isa::active().name(),
+        match records.iter().any(|r| r.dtype == "bf16") {
+            true => format!(", bf16 gemm kernel {}", crate::device::cpu::gemm_bf16::choose::chosen().describe()),
+            false => String::new(),
+        }
     );
     println!(
         "{:<10} {:<34} {:>5} {:>7} {:>12} {:<7} {:>10} {:>7} {:>10}  note",
@@ -414,8 +418,13 @@ fn step_record(
         peak: peak.gflops.max(peak_after.gflops),
         ms: 1e3 * secs,
         note: format!(
-            "{:.0} tokens/s; {note}MFU is the ratio (peak {:.1} before, {:.1} after)",
+            "{:.0} tokens/s; {note}{}MFU is the ratio (peak {:.1} before, {:.1} after)",
             (m.micro_batch * m.seq) as f64 / secs,
+            match precision {
+                Precision::Bf16 =>
+                    format!("bf16 gemm kernel {}; ", crate::device::cpu::gemm_bf16::best_bf16_kernel().name()),
+                _ => String::new(),
+            },
             peak.gflops,
             peak_after.gflops
         ),

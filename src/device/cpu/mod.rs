@@ -176,7 +176,13 @@ impl Memory for CpuDevice {
     type Scalars = Vec<f64>;
 
     fn describe(&self) -> String {
-        format!("cpu: {} threads, gemm kernel {}", self.pool.threads(), gemm::best_kernel().name())
+        let bf16 = self.bf16_matmul.load(std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "cpu: {} threads, gemm kernel {}{}",
+            self.pool.threads(),
+            gemm::best_kernel().name(),
+            if bf16 { format!(", bf16 gemm kernel {}", gemm_bf16::choose::chosen().describe()) } else { String::new() }
+        )
     }
 
     fn alloc(&self, len: usize) -> CpuBuf {

@@ -33,8 +33,8 @@ fn available_kernels() -> Vec<GemmKernel> {
 
 fn bf16_kernels() -> Vec<Bf16Kernel> {
     let kernels: Vec<_> = Bf16Kernel::ALL.into_iter().filter(|k| k.is_available()).collect();
-    if !kernels.contains(&Bf16Kernel::Avx512Bf16) {
-        eprintln!("note: CPU lacks avx512bf16, only the portable kernel is tested");
+    for missing in Bf16Kernel::ALL.into_iter().filter(|k| !kernels.contains(k)) {
+        eprintln!("note: this CPU (or TRIDENT_CPU_ISA) lacks {}: its bf16 kernel is not tested", missing.isa().name());
     }
     kernels
 }

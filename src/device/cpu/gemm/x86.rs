@@ -1,6 +1,6 @@
 //! The x86 micro-kernels, each compiled for its instruction set and chosen at run time: the f32
 //! GEMM's (AVX-512F: 8 rows × 32 columns; AVX2+FMA: 6 rows × 16 columns) with the AVX-512 16×16
-//! transposing pack (the AVX2 tile also serves the bf16 GEMM, its depth pairs odd first), and in
+//! transposing pack (both tiles also serve the bf16 GEMM, its depth pairs odd first), and in
 //! `bf16_gemm` the bf16 GEMM's AVX512-BF16 tile (8 × 32, `vdpbf16ps`) with its AVX-512 packing.
 //! The AVX-512 tiles of both share their C prefetch and store.
 
@@ -29,16 +29,19 @@ impl MicroKernel for Avx512 {
     unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, accumulate: bool) {
         // SAFETY: forwarded contract; `drive` only instantiates this kernel after
         // `isa::active()` reaches AVX-512, which `isa::detected` sets only after detecting it.
-        unsafe { tile_avx512::<AVX512_MR>(kc, a, b, c, ldc, accumulate) }
+        unsafe { tile_avx512::<AVX512_MR, false>(kc, a, b, c, ldc, accumulate) }
     }
 }
 
-/// The AVX-512 body of `MicroKernel::tile` for `MR` rows and 32 columns.
+/// The AVX-512 body of `MicroKernel::tile` for `MR` rows and 32 columns. With `SWAP_PAIRS` the
+/// depth steps go in pairs, odd first (1, 0, 3, 2, ...; `kc` even): `vdpbf16ps`'s order, which
+/// the widened AVX-512 bf16 GEMM runs on its operands rounded to bf16 and packed as f32 lines.
 ///
 /// # Safety
-/// As `MicroKernel::tile` with `NR = 32`, and the CPU must support AVX-512F.
+/// As `MicroKernel::tile` with `NR = 32`, and the CPU must support AVX-512F; with `SWAP_PAIRS`,
+/// `kc` is even.
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512<const MR: usize>(
+pub(crate) unsafe fn tile_avx512<const MR: usize, const SWAP_PAIRS: bool>(
     kc: usize,
     a: *const f32,
     b: *const f32,
@@ -51,8 +54,7 @@ unsafe fn tile_avx512<const MR: usize>(
         prefetch_tile::<MR, 32>(c, ldc);
         let mut lo = [_mm512_setzero_ps(); MR];
         let mut hi = [_mm512_setzero_ps(); MR];
-        let (mut a, mut b) = (a, b);
-        for _ in 0..kc {
+        let step = |a: *const f32, b: *const f32, lo: &mut [__m512; MR], hi: &mut [__m512; MR]| {
             let b_lo = _mm512_loadu_ps(b);
             let b_hi = _mm512_loadu_ps(b.add(16));
             for i in 0..MR {
@@ -60,8 +62,22 @@ unsafe fn tile_avx512<const MR: usize>(
                 lo[i] = _mm512_fmadd_ps(a_i, b_lo, lo[i]);
                 hi[i] = _mm512_fmadd_ps(a_i, b_hi, hi[i]);
             }
-            a = a.add(MR);
-            b = b.add(32);
+        };
+        let (mut a, mut b) = (a, b);
+        if SWAP_PAIRS {
+            debug_assert!(kc.is_multiple_of(2));
+            for _ in 0..kc / 2 {
+                step(a.add(MR), b.add(32), &mut lo, &mut hi);
+                step(a, b, &mut lo, &mut hi);
+                a = a.add(2 * MR);
+                b = b.add(64);
+            }
+        } else {
+            for _ in 0..kc {
+                step(a, b, &mut lo, &mut hi);
+                a = a.add(MR);
+                b = b.add(32);
+            }
         }
         store_tile::<MR>(c, ldc, &lo, &hi, accumulate);
     }
