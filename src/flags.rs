@@ -355,7 +355,11 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     flag("--pipeline-model-parallel-size", "P", "pipeline stages (default 1)"),
     flag("--num-layers-per-virtual-pipeline-stage", "N", "layers per virtual stage (interleaved 1F1B)"),
-    flag("--pipeline-schedule", "NAME", "gpipe, 1f1b or interleaved-1f1b (default: Megatron's choice)"),
+    flag(
+        "--pipeline-schedule",
+        "NAME",
+        "gpipe, 1f1b, interleaved-1f1b or zb-h1 (zero-bubble H1: backward split into B and W; default: Megatron's choice)",
+    ),
     flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
     flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
     flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
@@ -518,7 +522,7 @@ const PLAN_REST: &[FlagSpec] = &[
     flag(
         "--pipeline-schedule",
         "NAME",
-        "pin gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1: priced only, trident does not run it)",
+        "pin gpipe, 1f1b, interleaved-1f1b or zb-h1 (zero-bubble H1; priced only where pinned)",
     ),
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),

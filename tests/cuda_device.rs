@@ -316,9 +316,12 @@ fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
     let nccl = fake_nccl(&dir);
     // Three iterations: each runs its schedule whole (warm-up, steady state, cool-down).
     let pp2: &[&str] = &["--pipeline-model-parallel-size", "2", "--global-batch-size", "8", "--train-iters", "3"];
-    let layouts: [(&str, usize, Vec<&str>); 5] = [
+    let layouts: [(&str, usize, Vec<&str>); 6] = [
         ("PP 2, 1F1B", 2, pp2.to_vec()),
         ("PP 2, GPipe", 2, [pp2, &["--pipeline-schedule", "gpipe"]].concat()),
+        // The zero-bubble W pass on the GPU Device: B's input-gradient GEMM alone, W's weight
+        // GEMM from the kept operands.
+        ("PP 2, zero-bubble H1", 2, [pp2, &["--pipeline-schedule", "zb-h1"]].concat()),
         (
             "PP 2 x 2 virtual stages, interleaved 1F1B",
             2,

@@ -92,15 +92,36 @@ fn pipeline_layouts_compute_the_single_rank_run() {
     let base_weights = full_weights(&base_ckpt);
     let trace = dir.join("trace.json");
     let trace_flag = format!("--timing-trace={}", trace.display());
+    let zb_trace = dir.join("zb-trace.json");
+    let zb_trace_flag = format!("--timing-trace={}", zb_trace.display());
+    let zb = ["--pipeline-schedule", "zb-h1"];
     let layouts: Vec<(usize, Vec<&str>)> = vec![
-        (2, vec!["--pipeline-model-parallel-size", "2"]),
-        (4, vec!["--pipeline-model-parallel-size", "4"]),
-        (2, vec!["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"]),
-        (2, vec!["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"]),
-        (4, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"]),
-        (4, vec!["--pipeline-model-parallel-size", "2"]),
-        (8, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", &trace_flag]),
-    ];
+            (2, vec!["--pipeline-model-parallel-size", "2"]),
+            (4, vec!["--pipeline-model-parallel-size", "4"]),
+            (2, vec!["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"]),
+            (2, vec!["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "gpipe"]),
+            (4, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"]),
+            (4, vec!["--pipeline-model-parallel-size", "2"]),
+            (8, vec!["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", &trace_flag]),
+            // Zero-bubble H1 (B and W split): the same losses as 1F1B's (layout 1), bit for bit.
+            (4, [&["--pipeline-model-parallel-size", "4"][..], &zb].concat()),
+            (
+                8,
+                [
+                    &[
+                        "--pipeline-model-parallel-size",
+                        "2",
+                        "--tensor-model-parallel-size",
+                        "2",
+                        "--sequence-parallel",
+                    ][..],
+                    &["--use-distributed-optimizer", &zb_trace_flag],
+                    &zb,
+                ]
+                .concat(),
+            ),
+        ];
+    let mut losses = Vec::new();
     for (i, (ranks, extra)) in layouts.iter().enumerate() {
         let (json, ckpt) = (dir.join(format!("p{i}.jsonl")), dir.join(format!("p{i}")));
         let mut args = run_args(json.to_str().unwrap(), ckpt.to_str().unwrap());
@@ -108,7 +129,8 @@ fn pipeline_layouts_compute_the_single_rank_run() {
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
-        assert_losses_match(&what, &loss_values(&json), &base_losses);
+        losses.push(loss_values(&json));
+        assert_losses_match(&what, &losses[i], &base_losses);
         assert_weights_match(&what, &ckpt, &base_weights);
         // Each stage held exactly as many micro-batch activations as its schedule allows.
         let text = stdout(&o);
@@ -127,6 +149,10 @@ fn pipeline_layouts_compute_the_single_rank_run() {
     for kind in ["forward", "backward", "send", "recv", "optimizer"] {
         assert!(events.iter().any(|e| e.get("cat").map(String::as_str) == Some(kind)), "no {kind} span in the trace");
     }
+    assert_eq!(losses[7], losses[1], "zb-h1 and 1f1b on 4 stages: the same sums in the same order");
+    let events = chrome_trace_events(&std::fs::read_to_string(&zb_trace).unwrap());
+    let spans = |kind: &str| events.iter().filter(|e| e.get("cat").map(String::as_str) == Some(kind)).count();
+    assert!(spans("weight") > 0 && spans("weight") == spans("backward"), "one W span per B span");
 }
 
 /// A small strict JSON reader for the trace: returns the `traceEvents` objects as maps of their
@@ -354,6 +380,20 @@ fn impossible_layouts_fail_once_on_every_rank() {
     let summa = ["--tensor-parallel-mode", "2d", "--micro-batch-size", "4", "--global-batch-size", "8"];
     let with = |extra: &[&'static str]| summa.iter().chain(extra).copied().collect::<Vec<&str>>();
     case(8, &with(&["--tensor-model-parallel-size", "8"]), &["--tensor-model-parallel-size 8", "square q x q grid"]);
+    // Zero-bubble H1 under SUMMA, and with virtual stages.
+    case(4, &with(&["--tensor-model-parallel-size", "4", "--pipeline-schedule", "zb-h1"]), &["zb-h1", "2d or 2.5d"]);
+    case(
+        2,
+        &[
+            "--pipeline-model-parallel-size",
+            "2",
+            "--num-layers-per-virtual-pipeline-stage",
+            "1",
+            "--pipeline-schedule",
+            "zb-h1",
+        ],
+        &["virtual pipeline stages", "zb-h1"],
+    );
     case(
         4,
         &["--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2.5d", "--tesseract-depth", "2"],

@@ -109,6 +109,12 @@ pub trait Memory: Send + Sync {
 
     fn len(&self, buf: &Self::Buf) -> usize;
 
+    /// A zero-filled buffer of `buf`'s length and storage (f32 or 16-bit), for a copy of it that
+    /// must reach the same kernels: the default is `alloc`, f32 storage.
+    fn alloc_like(&self, buf: &Self::Buf) -> Self::Buf {
+        self.alloc(self.len(buf))
+    }
+
     /// Bytes of device memory the buffer's elements take (4 each on f32 storage).
     fn bytes(&self, buf: &Self::Buf) -> usize {
         4 * self.len(buf)

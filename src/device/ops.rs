@@ -332,6 +332,10 @@ pub trait LinearOps: ElementwiseOps {
         shape: Gemm,
     );
 
+    /// `linear_backward`'s input gradient alone, `dinp = dout · weight` (overwrite): the B pass
+    /// of a zero-bubble pipeline schedule, whose W pass is `linear_backward` without `dinp`.
+    fn linear_backward_input(&self, dinp: &mut Self::Buf, dout: &Self::Buf, weight: &Self::Buf, shape: Gemm);
+
     /// The precision of the operands of matrix products from now on (bf16 mixed precision runs its
     /// GEMMs on bf16 operands with f32 accumulation where the backend has such a GEMM; others
     /// ignore it).

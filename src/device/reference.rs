@@ -271,6 +271,24 @@ impl LinearOps for ReferenceDevice {
         }
     }
 
+    fn linear_backward_input(
+        &self,
+        dinp: &mut Vec<f64>,
+        dout: &Vec<f64>,
+        weight: &Vec<f64>,
+        Gemm { rows, k, n }: Gemm,
+    ) {
+        for r in 0..rows {
+            for p in 0..k {
+                let mut acc = 0.0;
+                for j in 0..n {
+                    acc += dout[r * n + j] * weight[j * k + p];
+                }
+                dinp[r * k + p] = acc;
+            }
+        }
+    }
+
     fn linear_backward(
         &self,
         dinp: Option<&mut Vec<f64>>,
@@ -281,15 +299,7 @@ impl LinearOps for ReferenceDevice {
         Gemm { rows, k, n }: Gemm,
     ) {
         if let Some(dinp) = dinp {
-            for r in 0..rows {
-                for p in 0..k {
-                    let mut acc = 0.0;
-                    for j in 0..n {
-                        acc += dout[r * n + j] * weight[j * k + p];
-                    }
-                    dinp[r * k + p] = acc;
-                }
-            }
+            self.linear_backward_input(dinp, dout, weight, Gemm { rows, k, n });
         }
         for j in 0..n {
             for p in 0..k {

@@ -70,6 +70,10 @@ impl Memory for GpuDevice {
         buf.elem.bytes() * buf.len
     }
 
+    fn alloc_like(&self, buf: &GpuBuf) -> GpuBuf {
+        ok(GpuBuf::zeroed(&self.rt, buf.len, buf.elem))
+    }
+
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {
         assert_eq!(dst.len, src.len(), "upload: buffer and host lengths differ");
         if dst.elem == self.half {
@@ -495,6 +499,26 @@ impl LinearOps for GpuDevice {
         self.gemm_forward(out, (&a, &w), bias, Some(resid), (rows, k, n));
     }
 
+    fn linear_backward_input(&self, dinp: &mut GpuBuf, dout: &GpuBuf, weight: &GpuBuf, Gemm { rows, k, n }: Gemm) {
+        if rows == 0 || n == 0 || k == 0 {
+            return;
+        }
+        let (m_, n_, k_) = (int("rows", rows), int("n", n), int("k", k));
+        let (d, w) = (self.view(dout, self.half), self.view(weight, self.half));
+        // The backward-input GEMMs write f32 or bf16.
+        let (out, e) = gemm_out(dinp);
+        let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
+        let whole = dinp.len == rows * k;
+        let di = self.view_mut(dinp, e, whole);
+        match op {
+            Op::GemmBwdInputSm90 { .. } => {
+                let [md, mw] = [self.operand_map(d.ptr(), rows, n, false), self.operand_map(w.ptr(), n, k, true)];
+                self.run(op, args::gemm_bwd_input_bf16_sm90(md, mw, di.ptr(), m_, n_, k_));
+            }
+            _ => self.run(op, args::gemm_bwd_input_bf16(di.ptr(), d.ptr(), w.ptr(), m_, n_, k_)),
+        }
+    }
+
     fn linear_backward(
         &self,
         dinp: Option<&mut GpuBuf>,
@@ -508,22 +532,10 @@ impl LinearOps for GpuDevice {
             return;
         }
         let (m_, n_, k_) = (int("rows", rows), int("n", n), int("k", k));
-        let d = self.view(dout, self.half);
         if let Some(dinp) = dinp {
-            let w = self.view(weight, self.half);
-            // The backward-input GEMMs write f32 or bf16.
-            let (out, e) = gemm_out(dinp);
-            let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), w.ptr()]), rows, k, n, out).backward_input;
-            let whole = dinp.len == rows * k;
-            let di = self.view_mut(dinp, e, whole);
-            match op {
-                Op::GemmBwdInputSm90 { .. } => {
-                    let [md, mw] = [self.operand_map(d.ptr(), rows, n, false), self.operand_map(w.ptr(), n, k, true)];
-                    self.run(op, args::gemm_bwd_input_bf16_sm90(md, mw, di.ptr(), m_, n_, k_));
-                }
-                _ => self.run(op, args::gemm_bwd_input_bf16(di.ptr(), d.ptr(), w.ptr(), m_, n_, k_)),
-            }
+            self.linear_backward_input(dinp, dout, weight, Gemm { rows, k, n });
         }
+        let d = self.view(dout, self.half);
         let x = self.view(inp, self.half);
         let op = linear_gemms(self.wgmma, aligned(&[d.ptr(), x.ptr()]), rows, k, n, GemmOut::F32).backward_weight;
         let dw = self.view_mut(dweight, Elem::F32, false);

@@ -1,6 +1,8 @@
 //! Pipeline schedules (Megatron's; docs/design.md, Pipeline schedules): for each stage, the ordered
 //! list of forward and backward passes over (micro-batch, model chunk) that GPipe, 1F1B and
-//! interleaved 1F1B prescribe, and the split of layers into stages and virtual chunks. The
+//! interleaved 1F1B prescribe, and zero-bubble H1 (Qi et al., ICLR 2024), whose backward is
+//! split into B (input gradients) and W (weight gradients); and the split of layers into stages
+//! and virtual chunks. The
 //! executor (`train.rs`) runs a stage's list in order; sends are non-blocking and receives are
 //! matched by tag, so any of these orders completes without deadlock.
 
@@ -10,8 +12,26 @@ use std::ops::Range;
 /// One pass of the schedule on this stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
-    Forward { micro: usize, chunk: usize },
-    Backward { micro: usize, chunk: usize },
+    Forward {
+        micro: usize,
+        chunk: usize,
+    },
+    /// The whole backward.
+    Backward {
+        micro: usize,
+        chunk: usize,
+    },
+    /// A zero-bubble schedule's B: the backward but for the linear layers' weight gradients; it
+    /// takes and sends the gradients, and frees the activations, as `Backward` does.
+    Input {
+        micro: usize,
+        chunk: usize,
+    },
+    /// A zero-bubble schedule's W: the linear layers' weight gradients, after B.
+    Weight {
+        micro: usize,
+        chunk: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +42,9 @@ pub enum Schedule {
     OneFOneB,
     /// 1F1B over v virtual chunks per stage; bubble (p-1)/(v m).
     Interleaved,
+    /// Zero-bubble H1: 1F1B's order with each backward split into B and W, the gradient sent on
+    /// after B; 1F1B's in-flight bound.
+    ZbH1,
 }
 
 impl Schedule {
@@ -30,7 +53,8 @@ impl Schedule {
             "gpipe" => Ok(Schedule::GPipe),
             "1f1b" => Ok(Schedule::OneFOneB),
             "interleaved-1f1b" | "interleaved" => Ok(Schedule::Interleaved),
-            _ => Err(Error::flag("--pipeline-schedule", format!("'{s}'"), "gpipe, 1f1b or interleaved-1f1b")),
+            "zb-h1" => Ok(Schedule::ZbH1),
+            _ => Err(Error::flag("--pipeline-schedule", format!("'{s}'"), "gpipe, 1f1b, interleaved-1f1b or zb-h1")),
         }
     }
 
@@ -39,7 +63,13 @@ impl Schedule {
             Schedule::GPipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
             Schedule::Interleaved => "interleaved-1f1b",
+            Schedule::ZbH1 => "zb-h1",
         }
+    }
+
+    /// Whether the schedule splits backward into B and W passes.
+    pub fn splits_backward(self) -> bool {
+        self == Schedule::ZbH1
     }
 }
 
@@ -85,7 +115,30 @@ pub fn passes(schedule: Schedule, stages: usize, rank: usize, micro: usize, chun
             out.extend((steady..total).map(bwd));
             out
         }
+        Schedule::ZbH1 => zb_h1(stages, rank, micro),
     }
+}
+
+/// Zero-bubble H1 on stage `rank`: 1F1B's order with each backward split, its B first and its W
+/// right after. B sends the input gradient on before W runs, so the gradients cross the pipeline
+/// at B's pace (1F1B's warm-up and cool-down waits shrink by (p - 1) W each, Qi et al.'s
+/// (p-1)(F+B-W) bubble) while W fills time the stage would otherwise wait; and a micro-batch is
+/// held from its F to its W, so the stage never holds more than 1F1B's p - rank.
+fn zb_h1(stages: usize, rank: usize, micro: usize) -> Vec<Pass> {
+    let (f, b, w) = (
+        |micro| Pass::Forward { micro, chunk: 0 },
+        |micro| Pass::Input { micro, chunk: 0 },
+        |micro| Pass::Weight { micro, chunk: 0 },
+    );
+    let warmup = (stages - rank - 1).min(micro);
+    let mut out: Vec<Pass> = (0..warmup).map(f).collect();
+    for k in 0..micro {
+        if k + warmup < micro {
+            out.push(f(k + warmup));
+        }
+        out.extend([b(k), w(k)]);
+    }
+    out
 }
 
 /// The most micro-batch activations (per chunk) alive at once when running `passes`.
@@ -97,7 +150,8 @@ pub fn peak_in_flight(passes: &[Pass]) -> usize {
                 live += 1;
                 peak = peak.max(live);
             }
-            Pass::Backward { .. } => live -= 1,
+            Pass::Backward { .. } | Pass::Input { .. } => live -= 1,
+            Pass::Weight { .. } => {}
         }
     }
     peak
@@ -143,7 +197,8 @@ type Link = (bool, usize, usize);
 fn pass_messages(stages: usize, chunks: usize, s: usize, pass: Pass) -> [Option<(Link, (usize, usize))>; 2] {
     let (backward, micro, chunk) = match pass {
         Pass::Forward { micro, chunk } => (false, micro, chunk),
-        Pass::Backward { micro, chunk } => (true, micro, chunk),
+        Pass::Backward { micro, chunk } | Pass::Input { micro, chunk } => (true, micro, chunk),
+        Pass::Weight { .. } => return [None, None],
     };
     let (vs, last) = (chunk * stages + s, stages * chunks - 1);
     let (takes, sends) = if backward { (vs < last, vs > 0) } else { (vs > 0, vs < last) };
@@ -203,7 +258,12 @@ pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pa
 /// delivery per link (`fifo_order`), the n-th send on a link is the receiver's n-th receive on it.
 /// So the buffers a stage holds at once, and with them the buffers it allocates, are a function
 /// of the schedule alone (`message_buffers`).
-pub fn send_releases(stages: usize, chunks: usize, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Vec<Option<usize>> {
+pub fn send_releases(
+    stages: usize,
+    chunks: usize,
+    stage: usize,
+    passes: &dyn Fn(usize) -> Vec<Pass>,
+) -> Vec<Option<usize>> {
     // Per stage, in pass order: (pass index, link) of each receive and each send.
     let mut taken: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
     let mut sent: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
@@ -284,6 +344,7 @@ pub fn validate(schedule: Schedule, stages: usize, chunks: usize, micro: usize) 
         ));
     }
     if chunks > 1 && schedule != Schedule::Interleaved {
+        // zb-h1 included: its table is built for one chunk per stage.
         return Err(Error::Config(format!(
             "virtual pipeline stages need --pipeline-schedule interleaved-1f1b, not {}",
             schedule.name()
@@ -372,7 +433,7 @@ mod tests {
     fn every_schedule_delivers_its_messages_in_order() {
         for stages in 1..=6 {
             for micro in 1..=13 {
-                for (schedule, chunks) in [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1)]
+                for (schedule, chunks) in [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::ZbH1, 1)]
                     .into_iter()
                     .chain((2..=4).map(|v| (Schedule::Interleaved, v)))
                 {
@@ -412,9 +473,13 @@ mod tests {
     fn every_schedule_frees_its_sends_at_an_answer_and_holds_a_bounded_pool() {
         for stages in 2..=5 {
             for micro in 1..=9 {
-                for (schedule, chunks) in
-                    [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::Interleaved, 2), (Schedule::Interleaved, 3)]
-                {
+                for (schedule, chunks) in [
+                    (Schedule::GPipe, 1),
+                    (Schedule::OneFOneB, 1),
+                    (Schedule::ZbH1, 1),
+                    (Schedule::Interleaved, 2),
+                    (Schedule::Interleaved, 3),
+                ] {
                     if validate(schedule, stages, chunks, micro).is_err() {
                         continue;
                     }
@@ -437,7 +502,10 @@ mod tests {
                         }
                         for (k, r) in releases.iter().enumerate() {
                             if let Some(n) = *r {
-                                assert!(n <= receives && receive_pass[n - 1] > send_pass[k], "{case} stage {s} send {k}");
+                                assert!(
+                                    n <= receives && receive_pass[n - 1] > send_pass[k],
+                                    "{case} stage {s} send {k}"
+                                );
                             }
                         }
                         // Outside GPipe (which holds every micro-batch by design) the pool is the
@@ -466,7 +534,12 @@ mod tests {
             p
         };
         let e = fifo_order(2, 1, &order).unwrap_err().to_string();
-        assert!(e.contains("activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"), "{e}");
+        assert!(
+            e.contains(
+                "activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -483,6 +556,51 @@ mod tests {
         let g = passes(Schedule::GPipe, 4, 1, 8, 1);
         check_complete(&g, 8, 1);
         assert_eq!(peak_in_flight(&g), 8);
+    }
+
+    /// zb-h1: every micro-batch's F, B and W once each, in that order; 1F1B's in-flight bound,
+    /// counting a micro-batch from its F to its W; a worked example.
+    #[test]
+    fn zero_bubble_h1_splits_each_backward_and_keeps_one_f_one_b_in_flight() {
+        use Pass::{Forward as F, Input as B, Weight as W};
+        for p in 1..=5 {
+            for m in 1..=11 {
+                for r in 0..p {
+                    let list = passes(Schedule::ZbH1, p, r, m, 1);
+                    let case = format!("p {p} m {m} rank {r}");
+                    assert_eq!(list.len(), 3 * m, "{case}");
+                    let at =
+                        |want: Pass| list.iter().position(|&x| x == want).unwrap_or_else(|| panic!("{case}: {want:?}"));
+                    for k in 0..m {
+                        let (f, b, w) =
+                            (at(F { micro: k, chunk: 0 }), at(B { micro: k, chunk: 0 }), at(W { micro: k, chunk: 0 }));
+                        assert!(f < b && b < w, "{case}: micro-batch {k} at {f} {b} {w}");
+                    }
+                    let one_f_one_b = passes(Schedule::OneFOneB, p, r, m, 1);
+                    assert_eq!(peak_in_flight(&list), peak_in_flight(&one_f_one_b), "{case}");
+                    let (mut held, mut most) = (0usize, 0usize);
+                    for pass in &list {
+                        match pass {
+                            F { .. } => held += 1,
+                            W { .. } => held -= 1,
+                            _ => {}
+                        }
+                        most = most.max(held);
+                    }
+                    assert_eq!(most, peak_in_flight(&one_f_one_b), "{case}: held from F to W");
+                }
+            }
+        }
+        let f = |micro| F { micro, chunk: 0 };
+        let (b, w) = (|micro| B { micro, chunk: 0 }, |micro| W { micro, chunk: 0 });
+        assert_eq!(
+            passes(Schedule::ZbH1, 2, 0, 4, 1),
+            [f(0), f(1), b(0), w(0), f(2), b(1), w(1), f(3), b(2), w(2), b(3), w(3)]
+        );
+        let last: Vec<Pass> = (0..4).flat_map(|k| [f(k), b(k), w(k)]).collect();
+        assert_eq!(passes(Schedule::ZbH1, 2, 1, 4, 1), last);
+        assert_eq!(Schedule::parse("zb-h1").unwrap().name(), "zb-h1");
+        assert!(validate(Schedule::ZbH1, 2, 2, 4).is_err(), "one chunk per stage");
     }
 
     #[test]

@@ -422,6 +422,7 @@ impl<D: Device> Pipeline<'_, D> {
         let step = DropoutStep { iteration, micro_stride: mbs * grid.dp as u64, first: mbs * grid.dp_rank as u64 };
         for c in chunks.iter_mut() {
             c.model.set_dropout_step(Some(step));
+            c.model.set_weight_pass(self.schedule.splits_backward());
         }
         let started = tl.now_us();
         let mut peak_live = 0;
@@ -434,7 +435,20 @@ impl<D: Device> Pipeline<'_, D> {
                     // Activation sets the chunks hold right now, counted by the model itself.
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                 }
-                Pass::Backward { micro, chunk } => {
+                Pass::Weight { micro, chunk } => {
+                    let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
+                    let Chunk { model, buckets, .. } = &mut chunks[chunk];
+                    let (dev, dp) = (self.dev, &*self.groups.replica);
+                    let mut ready = |set: &crate::tensor::ParamSet<D>, params: std::ops::Range<usize>| {
+                        if last {
+                            buckets.mark_final(dev, dp, set, params);
+                        }
+                    };
+                    let t0 = tl.now_us();
+                    model.weight_micro(self.dev, micro, &mut ready);
+                    tl.span(SpanKind::Weight, micro, chunk, t0);
+                }
+                Pass::Backward { micro, chunk } | Pass::Input { micro, chunk } => {
                     let vs = self.virtual_stage(chunk);
                     let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
                     let mut d_in = (vs > 0).then(|| self.buffer());

@@ -239,7 +239,7 @@ pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
 
 /// Prints, per pipeline stage, the measured bubble fraction (time not spent in forward or
 /// backward passes over time spent in them, against the longest pipelined time of the iteration)
-/// beside the schedule's theory, (p-1)/m or (p-1)/(v m); and the most micro-batch activations the
+/// beside the schedule's theory, (p-1)/m, (p-1)/(v m) or zb-h1's (p-1)/(3m); and the most micro-batch activations the
 /// stage held at once beside the bound its schedule implies. `busy` and `wall`: pipeline seconds
 /// from the second iteration on; `peak`: the most activation sets held in one iteration.
 pub(super) fn report_pipeline<D: Device>(
@@ -254,8 +254,12 @@ pub(super) fn report_pipeline<D: Device>(
     let mut all = vec![0f64; 3 * groups.world.size()];
     groups.world.all_gather(&[measured, peak as f64, bound as f64], &mut all);
     let p = grid.pp as f64;
-    let theory =
-        if schedule == Schedule::Interleaved { (p - 1.0) / (v as f64 * m as f64) } else { (p - 1.0) / m as f64 };
+    let theory = match schedule {
+        Schedule::Interleaved => (p - 1.0) / (v as f64 * m as f64),
+        // Qi et al.'s (p-1)(F+B-W) idle against m(F+B+W) busy, with F, B and W equally long.
+        Schedule::ZbH1 => (p - 1.0) / (3.0 * m as f64),
+        _ => (p - 1.0) / m as f64,
+    };
     // Stage figures come from tensor- and data-parallel rank 0 of each stage.
     let at = |r: usize, k: usize| all[3 * grid.rank_of(0, 0, r) + k];
     summary.bubble_fractions = (0..grid.pp).map(|r| at(r, 0)).collect();

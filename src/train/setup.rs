@@ -252,6 +252,12 @@ fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
     let schedule = cfg.pipeline_schedule.unwrap_or(if chunks > 1 { Schedule::Interleaved } else { Schedule::OneFOneB });
     let micro = num_micro_batches(cfg, grid);
     pipeline::validate(schedule, p, chunks, micro)?;
+    if schedule.splits_backward() && grid.tensor_mode != crate::parallel::grid::TensorMode::OneD {
+        return Err(Error::Unsupported(format!(
+            "--pipeline-schedule {} with --tensor-parallel-mode 2d or 2.5d (SUMMA's weight gradients are not split              from its input gradients; use 1-D tensor parallelism)",
+            schedule.name()
+        )));
+    }
     for (consumed, micro) in ramp_micro_batches(cfg, grid)? {
         pipeline::validate(schedule, p, chunks, micro).map_err(|e| {
             Error::Config(format!(

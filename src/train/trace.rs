@@ -24,6 +24,8 @@ pub(super) enum SpanKind {
     Send,
     Recv,
     Optimizer,
+    /// A zero-bubble schedule's W pass (its B pass is a `Backward` span).
+    Weight,
 }
 
 impl SpanKind {
@@ -34,10 +36,19 @@ impl SpanKind {
             SpanKind::Send => "send",
             SpanKind::Recv => "recv",
             SpanKind::Optimizer => "optimizer",
+            SpanKind::Weight => "weight",
         }
     }
     fn from_code(code: f64) -> SpanKind {
-        [SpanKind::Forward, SpanKind::Backward, SpanKind::Send, SpanKind::Recv, SpanKind::Optimizer][code as usize]
+        const ALL: [SpanKind; 6] = [
+            SpanKind::Forward,
+            SpanKind::Backward,
+            SpanKind::Send,
+            SpanKind::Recv,
+            SpanKind::Optimizer,
+            SpanKind::Weight,
+        ];
+        ALL[code as usize]
     }
     fn code(self) -> f64 {
         self as usize as f64
@@ -77,7 +88,7 @@ impl Timeline {
     }
     pub fn span(&mut self, kind: SpanKind, micro: usize, chunk: usize, start_us: f64) {
         let dur_us = self.now_us() - start_us;
-        if matches!(kind, SpanKind::Forward | SpanKind::Backward) {
+        if matches!(kind, SpanKind::Forward | SpanKind::Backward | SpanKind::Weight) {
             self.busy_secs += dur_us * 1e-6;
         }
         if self.record_spans {

@@ -43,8 +43,9 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// and fill, on three sizes, to 175; bias-dropout-add with and without a bias and dropout, on
 /// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196; the
 /// exact GELU's forward and backward on three sizes, to 202; per-document attention's out, lse
-/// and dqkv per head dim, to 211).
-pub const OPS_CHECKED: usize = 211;
+/// and dqkv per head dim, to 211; the input gradient alone (zero-bubble's B pass) on the four
+/// linear cases, to 215).
+pub const OPS_CHECKED: usize = 215;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)

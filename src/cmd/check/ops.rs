@@ -719,6 +719,9 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
         let mut dw = run.up(&dw0);
         dev.linear_backward(None, (&mut dw, None), &gdy, &gx, &gw, Gemm { rows, k, n });
         run.push_dev("linear_backward dweight only", &case, &dw, &rdw, bound);
+        let mut dx = run.up(&vec![7.0; rows * k]);
+        dev.linear_backward_input(&mut dx, &gdy, &gw, Gemm { rows, k, n });
+        run.push_dev("linear_backward_input", &case, &dx, &rdx, bound);
     }
 }
 

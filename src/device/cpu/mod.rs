@@ -570,6 +570,11 @@ impl LinearOps for CpuDevice {
         self.matmul_weight((rows, n, k), a, (weight, true), (out, n), bias.is_some());
     }
 
+    fn linear_backward_input(&self, dinp: &mut CpuBuf, dout: &CpuBuf, weight: &CpuBuf, Gemm { rows, k, n }: Gemm) {
+        let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
+        self.matmul_weight((rows, k, n), a, (weight, false), (&mut dinp[..rows * k], k), false);
+    }
+
     fn linear_backward(
         &self,
         dinp: Option<&mut CpuBuf>,
@@ -580,8 +585,7 @@ impl LinearOps for CpuDevice {
         Gemm { rows, k, n }: Gemm,
     ) {
         if let Some(dinp) = dinp {
-            let a = MatRef { data: &dout[..rows * n], row_stride: n, col_stride: 1 };
-            self.matmul_weight((rows, k, n), a, (weight, false), (&mut dinp[..rows * k], k), false);
+            self.linear_backward_input(dinp, dout, weight, Gemm { rows, k, n });
         }
         let a = MatRef { data: &dout[..rows * n], row_stride: 1, col_stride: n };
         let b = MatRef { data: &inp[..rows * k], row_stride: k, col_stride: 1 };

@@ -6,6 +6,7 @@
 use super::activations::{GradBufs, LayerActs, Rows, SpareAttention, SpareLayer, Stash, Widths};
 use super::dropout::LayerDropout;
 use super::tensor_parallel::Pass;
+use super::weight_pass::{LayerDeferred, WeightGrads, FC1, FC2, PROJ, QKV};
 use crate::device::{AttentionShape, Device, Dropout, Matrix, Memory, Rotary};
 use crate::model::{Arch, Normalization};
 use crate::real::Precision;
@@ -196,7 +197,9 @@ pub(super) fn saved_layer<'a, D: Device>(
 /// One transformer block's backward from `d.d_resid`, the gradient of the block's output (this
 /// rank's rows), which becomes the gradient of its input `x_in`. `saved` is what `saved_layer`
 /// returns; the layer's parameter gradients (`grads`, in the order of the offsets above) are
-/// added to.
+/// added to, or with `defer` (a zero-bubble schedule's B pass) those of its linear layers are
+/// left to `layer_weight_backward`, their operands kept in `defer`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn layer_backward<'w, D: Device>(
     p: &mut Pass<D>,
     w: &dyn Fn(usize) -> &'w D::Buf,
@@ -205,13 +208,14 @@ pub(super) fn layer_backward<'w, D: Device>(
     x_in: &D::Buf,
     (la, attn, lse): (&LayerActs<D::Buf>, &D::Buf, &D::Buf),
     d: &mut GradBufs<D::Buf>,
+    mut defer: Option<&mut LayerDeferred<D::Buf>>,
 ) where
     D::Buf: 'w,
 {
     let Dims { rows: r, shape, wd, ops, precision, .. } = dims;
     let (h, dev) = (wd.h, p.dev);
     // MLP: d_resid holds the gradient of the block's output (this rank's rows).
-    let gs = ops.fc2.grads(grads);
+    let gs = weight_grads(grads, &mut defer, ops.fc2, FC2);
     let d_branch =
         branch_gradient(dev, (&d.d_resid, &mut d.d_drop), dims.dropout.mlp_out.as_ref(), (r.local, precision));
     p.linear_out_backward(&mut d.d_ffn, gs, (d_branch, &mut d.d_full), &la.gelu, w(ops.fc2.weight), r, (wd.f, h));
@@ -221,7 +225,7 @@ pub(super) fn layer_backward<'w, D: Device>(
         dev.gelu_backward(&mut d.d_ffn2, &la.fc1, &d.d_ffn, dims.gelu);
     }
     {
-        let gs = ops.fc1.grads(grads);
+        let gs = weight_grads(grads, &mut defer, ops.fc1, FC1);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
         let d_ln2 = p.linear_in_backward(dh, gs, &d.d_ffn2, &la.ln2, w(ops.fc1.weight), r, (h, wd.fc1));
         let gs = ops.ln2.grads(grads);
@@ -229,7 +233,7 @@ pub(super) fn layer_backward<'w, D: Device>(
         p.ln_backward(&mut d.d_resid, gs, d_ln2, inp, &la.ln2, r.local, h);
     }
     // Attention: d_resid now holds the gradient of the mid-block residual.
-    let gs = ops.proj.grads(grads);
+    let gs = weight_grads(grads, &mut defer, ops.proj, PROJ);
     let drop = dims.dropout.attention_out.as_ref();
     let d_branch = branch_gradient(dev, (&d.d_resid, &mut d.d_drop), drop, (r.local, precision));
     p.linear_out_backward(&mut d.d_attn, gs, (d_branch, &mut d.d_full), attn, w(ops.proj.weight), r, (wd.attn, h));
@@ -239,11 +243,56 @@ pub(super) fn layer_backward<'w, D: Device>(
         dev.rope_backward(&mut d.d_qkv, table, shape, rotary);
     }
     {
-        let gs = ops.qkv.grads(grads);
+        let gs = weight_grads(grads, &mut defer, ops.qkv, QKV);
         let dh = (&mut d.d_h_full, &mut d.d_h_local);
         let d_ln1 = p.linear_in_backward(dh, gs, &d.d_qkv, &la.ln1, w(ops.qkv.weight), r, (h, wd.qkv));
         let gs = ops.ln1.grads(grads);
         p.ln_backward(&mut d.d_resid, gs, d_ln1, (x_in, w(ops.ln1.weight)), &la.ln1, r.local, h);
+    }
+}
+
+/// Where the gradients of the linear op `op` (slot `slot` of a block's deferred W passes) go:
+/// into `grads` now, or left for the W pass in `defer`.
+fn weight_grads<'g, B>(
+    grads: &'g mut [B],
+    defer: &'g mut Option<&mut LayerDeferred<B>>,
+    op: Op,
+    slot: usize,
+) -> WeightGrads<'g, B> {
+    match defer {
+        Some(deferred) => WeightGrads::Later(&mut deferred[slot]),
+        None => {
+            let (w, b) = op.grads(grads);
+            WeightGrads::Now(w, b)
+        }
+    }
+}
+
+/// A block's W pass: the weight and bias gradients of its four linear layers (`grads`, in the
+/// order of the offsets above) from what its B pass kept in `deferred`, and the layer's saved
+/// activations `la` where B did not copy the inputs.
+pub(super) fn layer_weight_backward<'w, D: Device>(
+    dev: &D,
+    w: &dyn Fn(usize) -> &'w D::Buf,
+    grads: &mut [D::Buf],
+    ops: LayerOps,
+    deferred: &LayerDeferred<D::Buf>,
+    la: Option<&LayerActs<D::Buf>>,
+) where
+    D::Buf: 'w,
+{
+    // The inputs B multiplied (`Pass::linear_in_backward` reads the gathered norm output).
+    let inputs: [Option<&D::Buf>; 4] = match la {
+        Some(la) => [
+            Some(la.ln1.full.as_ref().unwrap_or(&la.ln1.out)),
+            la.attn.as_ref(),
+            Some(la.ln2.full.as_ref().unwrap_or(&la.ln2.out)),
+            Some(&la.gelu),
+        ],
+        None => [None; 4],
+    };
+    for (slot, op) in [(QKV, ops.qkv), (PROJ, ops.proj), (FC1, ops.fc1), (FC2, ops.fc2)] {
+        deferred[slot].add_grads(dev, op.grads(grads), w(op.weight), inputs[slot]);
     }
 }
 

@@ -4,7 +4,7 @@
 //! passes built on them (`forward`, `loss`, `forward_backward`).
 
 use super::activations::{Activations, LayerActs, Rows, Widths};
-use super::block::{layer_backward, layer_forward, saved_layer, Dims};
+use super::block::{layer_backward, layer_forward, layer_weight_backward, saved_layer, Dims};
 use super::tensor_parallel::{add_since, tp_counters, Norm, Pass};
 use super::{ChunkOutput, Gpt, Weights};
 use crate::device::{AttentionShape, Device, Rotary, WorkCounters};
@@ -202,7 +202,8 @@ impl<D: Device> Gpt<D> {
     /// their output. `ready` is told, in order, each range of parameters whose gradients this call
     /// will not touch again (so data-parallel reduction of them can start). Copies the gradient
     /// of the chunk's input for the previous stage into `d_input` (every chunk but the first),
-    /// and frees the micro-batch's activations.
+    /// and frees the micro-batch's activations. Under `set_weight_pass` this is the B pass: the
+    /// blocks' linear layers leave their parameter gradients to `weight_micro`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_micro(
         &mut self,
@@ -223,12 +224,27 @@ impl<D: Device> Gpt<D> {
             assert_eq!(dev.len(d_hidden), dev.len(d_resid), "the gradient does not match the chunk's hidden states");
             dev.copy(d_resid, 0, d_hidden, 0, dev.len(d_hidden));
         }
-        for l in (0..self.layout.num_layers).rev() {
+        let layers = self.layout.num_layers;
+        // Where every layer's activations stay whole until W, W reads its inputs there.
+        let kept = self.recompute == Recompute::None && !self.compacting();
+        let mut deferred = self.weight_pass.then(|| self.deferred_spares.pop().unwrap_or_default());
+        for l in (0..layers).rev() {
             let (before, mark) = (tp_counters(dev, tp), self.work_mark(dev));
-            self.backward_layer(dev, tp, index, l);
+            let keep = deferred.as_mut().map(|d| {
+                d.resize_with(layers, Default::default);
+                d[l].iter_mut().for_each(|linear| linear.copy_input = !kept);
+                &mut d[l]
+            });
+            self.backward_layer(dev, tp, index, l, keep);
             add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
             self.add_layer_work(dev, l, 1, mark);
-            ready(&self.params, self.layout.layer_params(l));
+            if deferred.is_none() {
+                ready(&self.params, self.layout.layer_params(l));
+            }
+        }
+        let held = deferred.is_some() && kept;
+        if let Some(d) = deferred {
+            self.deferred.push((key, d));
         }
         if self.layout.first {
             self.embedding_backward(dev, tp, index);
@@ -239,13 +255,54 @@ impl<D: Device> Gpt<D> {
             assert_eq!(dev.len(d), dev.len(d_resid), "the input-gradient buffer does not match the hidden states");
             dev.copy(d, 0, d_resid, 0, dev.len(d));
         }
-        self.release(index);
+        // The activations W reads stay with the micro-batch until then.
+        if !held {
+            self.release(index);
+        }
+    }
+
+    /// The W pass of micro-batch `key` (after its B pass, `backward_micro` under
+    /// `set_weight_pass`): the blocks' linear-layer gradients, last block first; `ready` as in
+    /// `backward_micro`, told of each block's parameters.
+    pub fn weight_micro(&mut self, dev: &D, key: usize, ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>)) {
+        let at = self.deferred.iter().position(|(k, _)| *k == key).expect("a W pass after its B pass");
+        let (_, layers) = self.deferred.remove(at);
+        // The micro-batch's activations, where B left them for W to read.
+        let index = self.pool.iter().position(|(k, _)| *k == Some(key));
+        let lay = self.layout;
+        for l in (0..lay.num_layers).rev() {
+            let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
+            let w = |k| &p[lay.layer(l, k)];
+            let mark = self.work_mark(dev);
+            let saved = index.and_then(|i| self.pool[i].1.layers.get(l));
+            let grads = &mut self.params.grads[lay.layer_params(l)];
+            layer_weight_backward(dev, &w, grads, lay.ops, &layers[l], saved);
+            self.add_layer_work(dev, l, 1, mark);
+            ready(&self.params, lay.layer_params(l));
+        }
+        self.deferred_spares.push(layers);
+        if let Some(i) = index {
+            self.release(i);
+        }
+    }
+
+    /// Whether backward is split into B and W passes (a zero-bubble schedule): `backward_micro`
+    /// then leaves the blocks' linear-layer gradients to `weight_micro`.
+    pub fn set_weight_pass(&mut self, split: bool) {
+        self.weight_pass = split;
     }
 
     /// Block `l`'s backward of activation set `index`: its saved activations (rebuilt where
     /// recomputation dropped them, restored where 16-bit storage copied them out), then the
-    /// gradients.
-    fn backward_layer(&mut self, dev: &D, tp: TensorParallel, index: usize, l: usize) {
+    /// gradients (those of its linear layers left to the W pass where `defer` keeps them).
+    fn backward_layer(
+        &mut self,
+        dev: &D,
+        tp: TensorParallel,
+        index: usize,
+        l: usize,
+        defer: Option<&mut super::weight_pass::LayerDeferred<D::Buf>>,
+    ) {
         let dims = Dims { dropout: self.layer_dropout(index, l), ..self.dims(index) };
         let lay = self.layout;
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
@@ -266,7 +323,7 @@ impl<D: Device> Gpt<D> {
         };
         let spares = (&mut self.spare, &mut self.spare_attention);
         let saved = saved_layer(dev, (dims, documents), (a.layers.get(l), stash.as_deref()), spares, recompute);
-        layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad);
+        layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad, defer);
         // The copy's buffers serve the next layer's stash: no allocation per layer and step.
         self.stash_spares.extend(stash);
     }

@@ -24,6 +24,7 @@ mod dropout;
 mod embedding;
 mod head;
 mod tensor_parallel;
+mod weight_pass;
 
 use super::{Arch, ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEmbedding, Recompute};
 use crate::comm::CommCounters;
@@ -160,6 +161,12 @@ pub struct Gpt<D: Device> {
     peak_stashed: usize,
     /// Buffers of 16-bit layer copies already restored, kept for the next layer's copy.
     stash_spares: Vec<Vec<Stash<D>>>,
+    /// A zero-bubble schedule's split backward (`set_weight_pass`): the micro-batches whose B
+    /// pass ran and whose W pass has not, with what B kept for it per layer; and kept sets whose
+    /// W pass ran, for the next B pass to reuse.
+    weight_pass: bool,
+    deferred: Vec<(usize, Vec<weight_pass::LayerDeferred<D::Buf>>)>,
+    deferred_spares: Vec<Vec<weight_pass::LayerDeferred<D::Buf>>>,
     /// The last chunk: the summed token loss of the forwards since the last `take_losses`, kept
     /// on the device, one slot per step of a log interval (`set_loss_slots`), so the host reads
     /// the steps' losses at once; forwards add to slot `loss_slot`.
@@ -222,6 +229,9 @@ impl<D: Device> Gpt<D> {
             stashed: 0,
             peak_stashed: 0,
             stash_spares: Vec::new(),
+            weight_pass: false,
+            deferred: Vec::new(),
+            deferred_spares: Vec::new(),
             loss: dev.scalars(1),
             loss_slot: 0,
             rope,
@@ -396,7 +406,9 @@ impl<D: Device> Gpt<D> {
         let sets: usize = self.pool.iter().map(|(_, a)| a.bytes(dev)).sum();
         let now: usize =
             self.pool.iter().flat_map(|(_, a)| a.compact.iter().flatten().flatten()).map(|s| s.bytes(dev)).sum();
+        let deferred = self.deferred.iter().map(|(_, d)| d).chain(&self.deferred_spares).flatten().flatten();
         sets - now
+            + deferred.map(|d| d.bytes(dev)).sum::<usize>()
             + self.peak_stashed
             + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
             + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))

@@ -6,6 +6,7 @@
 //! groups moved.
 
 use super::activations::{LnActs, Rows};
+use super::weight_pass::WeightGrads;
 use crate::comm::CommCounters;
 use crate::device::Device;
 use crate::device::{Dropout, Gemm, LayerNormSaved, Matrix};
@@ -210,7 +211,7 @@ impl<D: Device> Pass<'_, D> {
     pub(super) fn linear_out_backward(
         &mut self,
         d_inp: &mut D::Buf,
-        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
+        grads: WeightGrads<'_, D::Buf>,
         (d_resid, d_full): (&D::Buf, &mut Option<D::Buf>),
         inp: &D::Buf,
         weight: &D::Buf,
@@ -219,18 +220,15 @@ impl<D: Device> Pass<'_, D> {
     ) {
         match self.tp.summa {
             None => {
+                let dev = self.dev;
                 let d_out = self.gathered(d_resid, d_full);
                 let k_local = k / self.tp.size();
-                self.dev.linear_backward(
-                    Some(d_inp),
-                    (dweight, dbias),
-                    d_out,
-                    inp,
-                    weight,
-                    Gemm { rows: r.full, k: k_local, n },
-                );
+                linear_backward(dev, d_inp, grads, d_out, inp, weight, Gemm { rows: r.full, k: k_local, n });
             }
             Some((s, _)) => {
+                let WeightGrads::Now(dweight, dbias) = grads else {
+                    unreachable!("zero-bubble schedules are refused under 2-D tensor parallelism")
+                };
                 let (dev, sc) = (self.dev, &mut *self.sc);
                 s.linear_backward(
                     dev,
@@ -252,7 +250,7 @@ impl<D: Device> Pass<'_, D> {
     pub(super) fn linear_in_backward<'b>(
         &mut self,
         (d_full, d_local): (&'b mut D::Buf, &'b mut Option<D::Buf>),
-        (dweight, dbias): (&mut D::Buf, Option<&mut D::Buf>),
+        grads: WeightGrads<'_, D::Buf>,
         d_out: &D::Buf,
         ln: &LnActs<D::Buf>,
         weight: &D::Buf,
@@ -264,17 +262,13 @@ impl<D: Device> Pass<'_, D> {
             None => {
                 let inp = ln.full.as_ref().unwrap_or(inp);
                 let n_local = n / self.tp.size();
-                dev.linear_backward(
-                    Some(&mut *d_full),
-                    (dweight, dbias),
-                    d_out,
-                    inp,
-                    weight,
-                    Gemm { rows: r.full, k, n: n_local },
-                );
+                linear_backward(dev, &mut *d_full, grads, d_out, inp, weight, Gemm { rows: r.full, k, n: n_local });
                 self.reduced(d_full, d_local)
             }
             Some((s, _)) => {
+                let WeightGrads::Now(dweight, dbias) = grads else {
+                    unreachable!("zero-bubble schedules are refused under 2-D tensor parallelism")
+                };
                 let sc = &mut *self.sc;
                 s.linear_backward(
                     dev,
@@ -288,6 +282,28 @@ impl<D: Device> Pass<'_, D> {
                 );
                 d_full
             }
+        }
+    }
+}
+
+/// A linear layer's backward on this rank's shard: `d_inp` (overwrite), and its parameter
+/// gradients added now or left for the W pass (`grads`).
+fn linear_backward<D: Device>(
+    dev: &D,
+    d_inp: &mut D::Buf,
+    grads: WeightGrads<'_, D::Buf>,
+    d_out: &D::Buf,
+    inp: &D::Buf,
+    weight: &D::Buf,
+    shape: Gemm,
+) {
+    match grads {
+        WeightGrads::Now(dweight, dbias) => {
+            dev.linear_backward(Some(d_inp), (dweight, dbias), d_out, inp, weight, shape)
+        }
+        WeightGrads::Later(deferred) => {
+            dev.linear_backward_input(d_inp, d_out, weight, shape);
+            deferred.keep(dev, d_out, inp, shape);
         }
     }
 }
