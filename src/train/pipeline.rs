@@ -436,14 +436,8 @@ impl<D: Device> Pipeline<'_, D> {
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                 }
                 Pass::Weight { micro, chunk } => {
-                    let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
                     let Chunk { model, buckets, .. } = &mut chunks[chunk];
-                    let (dev, dp) = (self.dev, &*self.groups.replica);
-                    let mut ready = |set: &crate::tensor::ParamSet<D>, params: std::ops::Range<usize>| {
-                        if last {
-                            buckets.mark_final(dev, dp, set, params);
-                        }
-                    };
+                    let mut ready = self.bucket_marker(buckets, micro);
                     let t0 = tl.now_us();
                     model.weight_micro(self.dev, micro, &mut ready);
                     tl.span(SpanKind::Weight, micro, chunk, t0);
@@ -452,16 +446,8 @@ impl<D: Device> Pipeline<'_, D> {
                     let vs = self.virtual_stage(chunk);
                     let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
                     let mut d_in = (vs > 0).then(|| self.buffer());
-                    // Data-parallel buckets start reducing during each chunk's last backward (the
-                    // distributed optimizer reduce-scatters once backward is done instead).
-                    let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
                     let Chunk { model, buckets, .. } = &mut chunks[chunk];
-                    let (dev, dp) = (self.dev, &*self.groups.replica);
-                    let mut ready = |set: &crate::tensor::ParamSet<D>, params: std::ops::Range<usize>| {
-                        if last {
-                            buckets.mark_final(dev, dp, set, params);
-                        }
-                    };
+                    let mut ready = self.bucket_marker(buckets, micro);
                     let t0 = tl.now_us();
                     model.backward_micro(
                         self.dev,
@@ -486,6 +472,24 @@ impl<D: Device> Pipeline<'_, D> {
         tl.wall_secs += (tl.now_us() - started) * 1e-6;
         tl.peak_live = tl.peak_live.max(peak_live);
         Ok(())
+    }
+
+    /// What `backward_micro` and `weight_micro` tell of each range of finished gradients: in the
+    /// step's last micro-batch, that they are final, so the chunk's data-parallel buckets start
+    /// reducing during backward (the distributed optimizer reduce-scatters once backward is done
+    /// instead).
+    fn bucket_marker<'a>(
+        &'a self,
+        buckets: &'a mut crate::parallel::data::GradBuckets<D::Buf>,
+        micro: usize,
+    ) -> impl FnMut(&crate::tensor::ParamSet<D>, std::ops::Range<usize>) + 'a {
+        let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
+        let (dev, dp) = (self.dev, &*self.groups.replica);
+        move |set, params| {
+            if last {
+                buckets.mark_final(dev, dp, set, params);
+            }
+        }
     }
 
     /// The summed token loss of the forwards since the last call, read from the device once
