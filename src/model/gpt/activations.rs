@@ -93,6 +93,12 @@ pub(super) struct LnActs<B> {
 }
 
 impl<B> LnActs<B> {
+    /// What a 1-D linear layer after the norm multiplies: the output on all rows (gathered under
+    /// sequence parallelism), else this rank's.
+    pub(super) fn gemm_input(&self) -> &B {
+        self.full.as_ref().unwrap_or(&self.out)
+    }
+
     /// The buffers of a norm (`cfg`'s) over `rows` rows of width `h`, of which this rank holds
     /// `local`: the output in `precision` storage (`Memory::alloc_in`), the statistics in f32.
     pub(super) fn new<D: Device<Buf = B>>(

@@ -281,14 +281,9 @@ pub(super) fn layer_weight_backward<'w, D: Device>(
 ) where
     D::Buf: 'w,
 {
-    // The inputs B multiplied (`Pass::linear_in_backward` reads the gathered norm output).
+    // The inputs B multiplied.
     let inputs: [Option<&D::Buf>; 4] = match la {
-        Some(la) => [
-            Some(la.ln1.full.as_ref().unwrap_or(&la.ln1.out)),
-            la.attn.as_ref(),
-            Some(la.ln2.full.as_ref().unwrap_or(&la.ln2.out)),
-            Some(&la.gelu),
-        ],
+        Some(la) => [Some(la.ln1.gemm_input()), la.attn.as_ref(), Some(la.ln2.gemm_input()), Some(&la.gelu)],
         None => [None; 4],
     };
     for (slot, op) in [(QKV, ops.qkv), (PROJ, ops.proj), (FC1, ops.fc1), (FC2, ops.fc2)] {

@@ -227,15 +227,15 @@ impl<D: Device> Gpt<D> {
         let layers = self.layout.num_layers;
         // Where every layer's activations stay whole until W, W reads its inputs there.
         let kept = self.recompute == Recompute::None && !self.compacting();
-        let mut deferred = self.weight_pass.then(|| self.deferred_spares.pop().unwrap_or_default());
+        let mut deferred = self.weight_pass.then(|| {
+            let mut d = self.deferred_spares.pop().unwrap_or_default();
+            d.resize_with(layers, Default::default);
+            d.iter_mut().flatten().for_each(|linear| linear.copy_input = !kept);
+            d
+        });
         for l in (0..layers).rev() {
             let (before, mark) = (tp_counters(dev, tp), self.work_mark(dev));
-            let keep = deferred.as_mut().map(|d| {
-                d.resize_with(layers, Default::default);
-                d[l].iter_mut().for_each(|linear| linear.copy_input = !kept);
-                &mut d[l]
-            });
-            self.backward_layer(dev, tp, index, l, keep);
+            self.backward_layer(dev, tp, index, l, deferred.as_mut().map(|d| &mut d[l]));
             add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
             self.add_layer_work(dev, l, 1, mark);
             if deferred.is_none() {

@@ -110,7 +110,7 @@ impl<D: Device> Gpt<D> {
         let g = &mut self.params.grads;
         let d_lnf = match tp.summa {
             None => {
-                let lnf = hd.lnf.full.as_ref().unwrap_or(&hd.lnf.out);
+                let lnf = hd.lnf.gemm_input();
                 let (dl, dw) = (&mut d.d_h_full, &mut g[lay.head()]);
                 dev.linear_backward(
                     Some(dl),

@@ -260,7 +260,7 @@ impl<D: Device> Pass<'_, D> {
         let (dev, inp) = (self.dev, &ln.out);
         match self.tp.summa {
             None => {
-                let inp = ln.full.as_ref().unwrap_or(inp);
+                let inp = ln.gemm_input();
                 let n_local = n / self.tp.size();
                 linear_backward(dev, &mut *d_full, grads, d_out, inp, weight, Gemm { rows: r.full, k, n: n_local });
                 self.reduced(d_full, d_local)

@@ -34,7 +34,7 @@ impl<B> Default for Deferred<B> {
     }
 }
 
-/// The W passes of one transformer block: QKV, projection, fc1, fc2 (`LINEARS`' order).
+/// The W passes of one transformer block, in the slots below.
 pub(super) type LayerDeferred<B> = [Deferred<B>; 4];
 
 /// The slots of a block's linear layers in `LayerDeferred`.
