@@ -341,6 +341,21 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--hidden-dropout", "P", "dropout of the embeddings and residual branches (default 0.1; 0 under --preset)"),
     flag("--attention-dropout", "P", "dropout of the attention probabilities (default 0.1; 0 under --preset)"),
     flag("--tensor-model-parallel-size", "T", "tensor-parallel ranks per model replica (default 1)"),
+    flag(
+        "--context-parallel-size",
+        "C",
+        "ranks splitting each sequence (default 1): rank i holds chunks i and 2C-1-i of 2C; needs --cp-comm-type a2a",
+    ),
+    many(
+        "--cp-comm-type",
+        "KIND",
+        "a2a (heads swapped for positions around attention); Megatron's default p2p, all_gather and a2a+p2p are not built yet",
+    ),
+    many(
+        "--hierarchical-context-parallel-sizes",
+        "N",
+        "not built yet: the inner all-to-all and outer ring sizes of --cp-comm-type a2a+p2p",
+    ),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
     flag(
         "--tensor-parallel-mode",
@@ -447,7 +462,6 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     flag("--fp8-format", "KIND", "not built: FP8 training (after issues 49 to 53); use --bf16"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
-    flag("--context-parallel-size", "N", "1 only: context parallelism (the sequence split across ranks) is not built"),
     switch(
         "--overlap-param-gather",
         "not built yet: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next forward (issue 53)",

@@ -496,6 +496,17 @@ fn fp16_tensor_and_pipeline_parallel_over_nccl_match_mpi_and_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Context parallelism on the CUDA Device: the swap's all-gathers through the fake NCCL on
+/// device memory and through MPI give the same run, one rank's within 1e-3.
+#[test]
+fn context_parallel_over_nccl_matches_mpi_and_one_rank() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-cp");
+    let nccl = fake_nccl(&dir);
+    gpu_device::context_parallel_over_nccl_matches_mpi_and_one_rank(&emu.env, &dir, ("TRIDENT_NCCL", &nccl), "cuda");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `train --device cuda --fp16` on the tiny preset: the loss scaler on the device path skips the
 /// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
 #[test]

@@ -37,7 +37,7 @@ fi
 # The slowest first (seconds on 2 cores, measured; a binary not named here runs after them).
 SLOWEST=(cuda_device hip_device megatron_checkpoints parallel gpu_runtime training rampup learning
   hip_runtime hf_llama nccl_comm cuda_emulation convert hip_emulation first_light job_control dropout
-  llama_parallel tokenizers datasets cpu_isa gpu_bench checkpoint_kill)
+  llama_parallel context tokenizers datasets cpu_isa gpu_bench checkpoint_kill)
 order() {
   local n pattern
   for n in "${SLOWEST[@]}"; do grep "^$n " "$LOGS/binaries"; done

@@ -93,6 +93,9 @@ pub struct TrainConfig {
     pub tensor_parallel: usize,
     pub pipeline_parallel: usize,
     pub sequence_parallel: bool,
+    /// `--context-parallel-size` and `--cp-comm-type` (a2a where it is 1, which changes nothing).
+    pub context_parallel: usize,
+    pub cp_comm_type: crate::parallel::context::CpCommType,
     /// `--tensor-parallel-mode` and `--tesseract-depth`, checked against the group size when the
     /// layout is made.
     pub tensor_mode: String,
@@ -211,17 +214,7 @@ impl TrainConfig {
         let sixteen_bit = args.has("--bf16") || args.has("--fp16");
         llama_on_device("train", args.str("--device").unwrap_or("cpu"), &features, sixteen_bit)?;
         reject_unbuilt(args)?;
-        // The tokenizer flags given; else, under --use-checkpoint-args, those saved beside it.
-        let given: crate::checkpoint::tokenizer::Flags = crate::flags::TOKENIZER_FLAGS
-            .iter()
-            .filter(|f| args.has(f.name))
-            .map(|f| (f.name.to_string(), crate::checkpoint::tokenizer::value_of(args, f)))
-            .collect();
-        let saved = from_checkpoint.as_ref().and_then(|c| c.tokenizer.clone()).filter(|_| given.is_empty());
-        let (tokenizer, tokenizer_flags) = match saved {
-            Some(flags) => (crate::checkpoint::tokenizer::load(&flags)?, flags),
-            None => (crate::data::tokenizer_files::from_args(args)?, given),
-        };
+        let (tokenizer, tokenizer_flags) = tokenizer(args, from_checkpoint.as_ref())?;
         if let Some(c) = &from_checkpoint {
             notes.push(format!(
                 "--use-checkpoint-args: the model, sequence length and tokenizer of {} (flags given here apply on top)",
@@ -241,6 +234,7 @@ impl TrainConfig {
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
+        let (context_parallel, cp_comm_type) = context_parallel(args, &dropout)?;
         let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
             .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
         Ok(TrainConfig {
@@ -340,6 +334,8 @@ impl TrainConfig {
                 .collect(),
             notes,
             sequence_parallel: args.has("--sequence-parallel"),
+            context_parallel,
+            cp_comm_type,
             tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
             tesseract_depth: args.usize("--tesseract-depth")?,
             summa_algorithm: args
@@ -662,15 +658,79 @@ fn recompute(args: &Args) -> Result<crate::model::Recompute> {
     Ok(granularity.map(crate::model::Recompute::parse).transpose()?.unwrap_or_default())
 }
 
+/// The tokenizer and its flags: those given; else, under --use-checkpoint-args, those saved
+/// beside the checkpoint.
+fn tokenizer(
+    args: &Args,
+    from_checkpoint: Option<&from_checkpoint::CheckpointArgs>,
+) -> Result<(crate::data::tokenizer::Tokenizer, crate::checkpoint::tokenizer::Flags)> {
+    let given: crate::checkpoint::tokenizer::Flags = crate::flags::TOKENIZER_FLAGS
+        .iter()
+        .filter(|f| args.has(f.name))
+        .map(|f| (f.name.to_string(), crate::checkpoint::tokenizer::value_of(args, f)))
+        .collect();
+    let saved = from_checkpoint.and_then(|c| c.tokenizer.clone()).filter(|_| given.is_empty());
+    Ok(match saved {
+        Some(flags) => (crate::checkpoint::tokenizer::load(&flags)?, flags),
+        None => (crate::data::tokenizer_files::from_args(args)?, given),
+    })
+}
+
+/// `--context-parallel-size` and `--cp-comm-type` (Megatron's per-layer list, which trident takes
+/// when every layer has the same type). A type trident does not run is refused naming it, and
+/// so are the dropouts and document resets the context-parallel layers do not place yet.
+fn context_parallel(
+    args: &Args,
+    dropout: &crate::model::gpt::DropoutRates,
+) -> Result<(usize, crate::parallel::context::CpCommType)> {
+    use crate::parallel::context::CpCommType;
+    let size = nonzero(args, "--context-parallel-size", "a positive whole number")?.unwrap_or(1);
+    let types = args.list("--cp-comm-type").unwrap_or_default();
+    let parsed = types.iter().map(|t| CpCommType::parse(t)).collect::<Result<Vec<_>>>()?;
+    if parsed.windows(2).any(|w| w[0] != w[1]) {
+        return Err(Error::Unsupported(format!(
+            "--cp-comm-type {}: one type for every layer is built, not a type per layer",
+            types.join(" ")
+        )));
+    }
+    let kind = parsed.first().copied().unwrap_or(CpCommType::P2p);
+    if size == 1 {
+        return Ok((1, CpCommType::A2a));
+    }
+    if !kind.is_built() {
+        let default = if parsed.is_empty() { " (Megatron's default)" } else { "" };
+        return Err(Error::Unsupported(format!(
+            "--context-parallel-size {size} with --cp-comm-type {}{default}: only the all-to-all swap is built \
+             (pass --cp-comm-type a2a); the p2p ring, all_gather and a2a+p2p are not built yet",
+            kind.name()
+        )));
+    }
+    if dropout.hidden > 0.0 || dropout.attention > 0.0 {
+        return Err(Error::Unsupported(format!(
+            "--context-parallel-size {size} with dropout (--hidden-dropout {}, --attention-dropout {}): the \
+             context-parallel layers do not place dropout masks yet; pass --hidden-dropout 0 --attention-dropout 0",
+            dropout.hidden, dropout.attention
+        )));
+    }
+    for (name, what) in [
+        ("--reset-attention-mask", "per-document attention bounds"),
+        ("--reset-position-ids", "per-document positions"),
+    ] {
+        if args.has(name) {
+            return Err(Error::Unsupported(format!(
+                "{name} with --context-parallel-size {size}: the context-parallel layers do not place {what} yet"
+            )));
+        }
+    }
+    Ok((size, kind))
+}
+
 fn reject_unbuilt(args: &Args) -> Result<()> {
     // A Megatron flag whose help says "not built" names the missing feature and its issue.
     let unbuilt =
         crate::flags::TRAIN_FLAGS.iter().filter(|f| f.help.starts_with("not built")).find(|f| args.has(f.name));
     if let Some(f) = unbuilt {
         return Err(Error::Unsupported(format!("{}: {}; drop the flag", f.name, f.help)));
-    }
-    if let Some(cp) = args.usize("--context-parallel-size")?.filter(|&cp| cp != 1) {
-        return Err(Error::flag("--context-parallel-size", cp, "1: context parallelism is not built yet (issue 52)"));
     }
     if let Some(kind) = args.str("--data-impl").filter(|k| *k != "mmap") {
         return Err(Error::flag(

@@ -113,10 +113,10 @@ pub struct CollectivesRequest<'a> {
     /// Every rank of the job: the ranks agree here that each could load the library.
     pub world: &'a dyn crate::comm::Comm,
     /// The groups that move tensors, named for messages, in the order every rank creates their
-    /// communicators: tensor parallel, the tied-embedding pair, data parallel x depth, and the
-    /// group the gradient norm's sum of squares is summed over (model parallel, or the world
-    /// under ZeRO-1).
-    pub groups: [(&'static str, &'a dyn crate::comm::Comm); 4],
+    /// communicators: tensor parallel, the tied-embedding pair, data parallel x context parallel
+    /// x depth, the group the gradient norm's sum of squares is summed over (model parallel, or
+    /// the world under ZeRO-1), and context parallel.
+    pub groups: [(&'static str, &'a dyn crate::comm::Comm); 5],
     /// The pipeline group; the caller checked that its schedule keeps each link's messages in
     /// the order they were sent (`pipeline::fifo_order`), as `DeviceP2p` delivers them.
     pub pipeline: &'a dyn crate::comm::Comm,

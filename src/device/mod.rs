@@ -112,7 +112,12 @@ pub trait Memory: Send + Sync {
     /// A zero-filled buffer of `buf`'s length and storage (f32 or 16-bit), for a copy of it that
     /// must reach the same kernels: the default is `alloc`, f32 storage.
     fn alloc_like(&self, buf: &Self::Buf) -> Self::Buf {
-        self.alloc(self.len(buf))
+        self.alloc_like_len(buf, self.len(buf))
+    }
+
+    /// A zero-filled buffer of `len` elements in `buf`'s storage (f32 or 16-bit).
+    fn alloc_like_len(&self, _buf: &Self::Buf, len: usize) -> Self::Buf {
+        self.alloc(len)
     }
 
     /// Bytes of device memory the buffer's elements take (4 each on f32 storage).
@@ -195,6 +200,21 @@ pub trait Memory: Send + Sync {
         self.download(dst, &mut d);
         d[dst_at..dst_at + len].copy_from_slice(&s[src_at..src_at + len]);
         self.upload(dst, &d);
+    }
+
+    /// A block of `rows` rows of `cols` elements: row i of `dst` at `dst_at + i · dst_stride`
+    /// becomes row i of `src` at `src_at + i · src_stride`. The default copies row by row.
+    fn copy_rows(
+        &self,
+        dst: &mut Self::Buf,
+        (dst_at, dst_stride): (usize, usize),
+        src: &Self::Buf,
+        (src_at, src_stride): (usize, usize),
+        (rows, cols): (usize, usize),
+    ) {
+        for i in 0..rows {
+            self.copy(dst, dst_at + i * dst_stride, src, src_at + i * src_stride, cols);
+        }
     }
 
     /// What this device's work has cost since it was opened (kernel launches, copies,

@@ -70,8 +70,8 @@ impl Memory for GpuDevice {
         buf.elem.bytes() * buf.len
     }
 
-    fn alloc_like(&self, buf: &GpuBuf) -> GpuBuf {
-        ok(GpuBuf::zeroed(&self.rt, buf.len, buf.elem))
+    fn alloc_like_len(&self, buf: &GpuBuf, len: usize) -> GpuBuf {
+        ok(GpuBuf::zeroed(&self.rt, len, buf.elem))
     }
 
     fn upload(&self, dst: &mut GpuBuf, src: &[f32]) {

@@ -176,9 +176,15 @@ impl Arch {
     /// The table `AttentionOps::rope_forward` reads: per position `0..positions`, the cosines and then
     /// the sines of `position · inv_freq[i]` ([positions, rotary_dim], computed in f64, held f32).
     pub fn rotary_table(&self, head_dim: usize, positions: usize) -> Vec<f32> {
+        self.rotary_table_at(head_dim, 0..positions)
+    }
+
+    /// The rotary table whose row `i` holds the angles of position `positions[i]` (a
+    /// context-parallel rank's positions).
+    pub fn rotary_table_at(&self, head_dim: usize, positions: impl ExactSizeIterator<Item = usize>) -> Vec<f32> {
         let inv = self.rotary_inv_freq(head_dim);
-        let mut out = Vec::with_capacity(positions * 2 * inv.len());
-        for t in 0..positions {
+        let mut out = Vec::with_capacity(positions.len() * 2 * inv.len());
+        for t in positions {
             out.extend(inv.iter().map(|f| (t as f64 * f).cos() as f32));
             out.extend(inv.iter().map(|f| (t as f64 * f).sin() as f32));
         }

@@ -9,28 +9,31 @@ pub use arch::{Arch, Normalization, PositionEmbedding};
 pub use gpt::Gpt;
 
 use crate::error::{Error, Result};
+use crate::parallel::context::ContextSplit;
 use crate::parallel::grid::SummaCoord;
 use crate::tensor::{Init, ParamInfo};
 
 /// How this rank's model replica is split: its tensor-parallel size and rank, whether the
-/// activations outside attention and MLP are split along the sequence (1-D), and its place in a
-/// SUMMA grid under 2-D / 2.5-D tensor parallelism (None under 1-D).
+/// activations outside attention and MLP are split along the sequence (1-D), its place in a
+/// SUMMA grid under 2-D / 2.5-D tensor parallelism (None under 1-D), and which positions of each
+/// sequence it holds under context parallelism.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelParallel {
     pub tp_size: usize,
     pub tp_rank: usize,
     pub sequence_parallel: bool,
     pub summa: Option<SummaCoord>,
+    pub context: ContextSplit,
 }
 
 impl ModelParallel {
     pub fn single() -> ModelParallel {
-        ModelParallel { tp_size: 1, tp_rank: 0, sequence_parallel: false, summa: None }
+        ModelParallel::one_d(1, 0, false)
     }
 
     /// 1-D tensor parallelism over `tp_size` ranks.
     pub fn one_d(tp_size: usize, tp_rank: usize, sequence_parallel: bool) -> ModelParallel {
-        ModelParallel { tp_size, tp_rank, sequence_parallel, summa: None }
+        ModelParallel { tp_size, tp_rank, sequence_parallel, summa: None, context: ContextSplit::single() }
     }
 
     /// How many ways attention heads, and the MLP's and QKV's output features, are split: t under
@@ -291,9 +294,42 @@ impl GptConfig {
                 self.padded_vocab_size, self.vocab_size
             )));
         }
-        if mp.sequence_parallel && !seq_length.is_multiple_of(t) {
+        self.validate_context(mp.context.size, t, seq_length)?;
+        let local = seq_length / mp.context.size;
+        if mp.sequence_parallel && !local.is_multiple_of(t) {
+            let what = match mp.context.size {
+                1 => format!("--seq-length {seq_length}"),
+                c => format!("each rank's {local} positions (--seq-length {seq_length} / --context-parallel-size {c})"),
+            };
             return Err(Error::Config(format!(
-                "--seq-length {seq_length} is not divisible by {flag} {t}, which --sequence-parallel needs"
+                "{what} is not divisible by {flag} {t}, which --sequence-parallel needs"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that the sequence and the heads split over `c` context-parallel ranks under
+    /// tensor-parallel size `t`: the sequence into 2c chunks of equal length, each rank's query
+    /// heads and key/value groups into c blocks (the all-to-all swap's).
+    fn validate_context(&self, c: usize, t: usize, seq_length: usize) -> Result<()> {
+        if c == 1 {
+            return Ok(());
+        }
+        if !seq_length.is_multiple_of(2 * c) {
+            return Err(Error::Config(format!(
+                "--seq-length {seq_length} does not split into 2 x --context-parallel-size {c} = {} chunks of \
+                 equal length (each rank holds chunks i and {}-i, Megatron's load balancing)",
+                2 * c,
+                2 * c - 1
+            )));
+        }
+        let (heads, groups) = (self.num_attention_heads / t, self.kv_heads() / t);
+        if !groups.is_multiple_of(c) {
+            return Err(Error::Config(format!(
+                "--cp-comm-type a2a splits each rank's attention heads over --context-parallel-size {c}, but a \
+                 tensor-parallel rank holds {heads} query heads in {groups} key/value group{} (--num-query-groups \
+                 / --tensor-model-parallel-size), not a multiple of {c}",
+                if groups == 1 { "" } else { "s" }
             )));
         }
         Ok(())

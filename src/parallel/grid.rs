@@ -1,6 +1,7 @@
-//! Megatron's rank grid: `rank = tp + t * (dp + d * pp)`, tensor-parallel peers adjacent (one
-//! node), pipeline outermost; and the process groups built on it, created in the same order on
-//! every rank.
+//! Megatron's rank grid: `rank = tp + t * (cp + c * (dp + d * pp))`, tensor-parallel peers
+//! adjacent (one node), then the context-parallel ranks that split each sequence, pipeline
+//! outermost (Megatron's tp-cp-dp-pp order); and the process groups built on it, created in the
+//! same order on every rank.
 
 use crate::comm::runtime::Runtime;
 use crate::comm::{Comm, SelfComm};
@@ -102,15 +103,18 @@ impl SummaCoord {
     }
 }
 
-/// This rank's coordinates in a (tp, dp, pp) layout.
+/// This rank's coordinates in a (tp, cp, dp, pp) layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
     pub world_size: usize,
     pub rank: usize,
     pub tp: usize,
+    /// Context-parallel ranks splitting each sequence (`--context-parallel-size`; 1: none).
+    pub cp: usize,
     pub dp: usize,
     pub pp: usize,
     pub tp_rank: usize,
+    pub cp_rank: usize,
     pub dp_rank: usize,
     pub pp_rank: usize,
     pub tensor_mode: TensorMode,
@@ -120,28 +124,38 @@ impl Grid {
     /// The layout of `world_size` ranks with the given tensor and pipeline sizes; the
     /// data-parallel size is what remains.
     pub fn new(world_size: usize, rank: usize, tp: usize, pp: usize) -> Result<Grid> {
-        if tp == 0 || pp == 0 {
+        Grid::with_context(world_size, rank, tp, 1, pp)
+    }
+
+    /// The layout with `cp` context-parallel ranks per sequence as well.
+    pub fn with_context(world_size: usize, rank: usize, tp: usize, cp: usize, pp: usize) -> Result<Grid> {
+        if tp == 0 || pp == 0 || cp == 0 {
             return Err(Error::Config(
-                "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1".into(),
+                "--tensor-model-parallel-size, --context-parallel-size and --pipeline-model-parallel-size must \
+                 be >= 1"
+                    .into(),
             ));
         }
-        if !world_size.is_multiple_of(tp * pp) {
+        let cp_part = if cp > 1 { format!("--context-parallel-size {cp} x ") } else { String::new() };
+        if !world_size.is_multiple_of(tp * cp * pp) {
             return Err(Error::Config(format!(
                 "the world of {world_size} ranks does not factor into --tensor-model-parallel-size {tp} x \
-                 --pipeline-model-parallel-size {pp} x a data-parallel size (need a multiple of {})",
-                tp * pp
+                 {cp_part}--pipeline-model-parallel-size {pp} x a data-parallel size (need a multiple of {})",
+                tp * cp * pp
             )));
         }
-        let dp = world_size / (tp * pp);
+        let dp = world_size / (tp * cp * pp);
         Ok(Grid {
             world_size,
             rank,
             tp,
+            cp,
             dp,
             pp,
             tp_rank: rank % tp,
-            dp_rank: (rank / tp) % dp,
-            pp_rank: rank / (tp * dp),
+            cp_rank: (rank / tp) % cp,
+            dp_rank: (rank / (tp * cp)) % dp,
+            pp_rank: rank / (tp * cp * dp),
             tensor_mode: TensorMode::OneD,
         })
     }
@@ -191,10 +205,17 @@ impl Grid {
     }
 
     /// Ranks holding the same parameter shard and different data: the data-parallel group, times
-    /// the depth layers under 2.5-D (depth-major within each data-parallel replica), in the order
+    /// the context-parallel group (each holds other positions of the same samples), times the
+    /// depth layers under 2.5-D (depth-major within each data-parallel replica), in the order
     /// gradient reduction and ZeRO-1 sharding use.
     pub fn replica_group(&self) -> Vec<usize> {
-        let Some(c) = self.summa() else { return self.dp_group() };
+        let Some(c) = self.summa() else {
+            let (t, p) = (self.tp_rank, self.pp_rank);
+            return (0..self.dp)
+                .flat_map(|d| (0..self.cp).map(move |c| (c, d)))
+                .map(|(c, d)| self.rank_at(t, c, d, p))
+                .collect();
+        };
         (0..self.dp)
             .flat_map(|d| (0..c.depth).map(move |k| (d, k)))
             .map(|(d, k)| self.rank_of(c.tp_rank(c.row, c.col, k), d, self.pp_rank))
@@ -205,8 +226,18 @@ impl Grid {
         Grid::new(1, 0, 1, 1).expect("one rank always factors")
     }
 
+    /// The rank at these coordinates and this rank's context-parallel one.
     pub fn rank_of(&self, tp_rank: usize, dp_rank: usize, pp_rank: usize) -> usize {
-        tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+        self.rank_at(tp_rank, self.cp_rank, dp_rank, pp_rank)
+    }
+
+    pub fn rank_at(&self, tp_rank: usize, cp_rank: usize, dp_rank: usize, pp_rank: usize) -> usize {
+        tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
+    }
+
+    /// Ranks that hold the other positions of this rank's sequences, in cp order.
+    pub fn cp_group(&self) -> Vec<usize> {
+        (0..self.cp).map(|c| self.rank_at(self.tp_rank, c, self.dp_rank, self.pp_rank)).collect()
     }
 
     /// Ranks that differ only in their tensor-parallel coordinate, in tp order.
@@ -240,11 +271,13 @@ impl Grid {
         }
     }
 
-    /// Short description for logs: `tp 2 x dp 4 x pp 1`, or `tp 8 [2.5d (q 2, depth 2)] x ...`.
+    /// Short description for logs: `tp 2 x dp 4 x pp 1`, `tp 2 x cp 2 x dp 1 x pp 2`, or
+    /// `tp 8 [2.5d (q 2, depth 2)] x ...`.
     pub fn describe(&self) -> String {
+        let cp = if self.cp > 1 { format!(" x cp {}", self.cp) } else { String::new() };
         match self.tensor_mode {
-            TensorMode::OneD => format!("tp {} x dp {} x pp {}", self.tp, self.dp, self.pp),
-            m => format!("tp {} [{}] x dp {} x pp {}", self.tp, m.describe(), self.dp, self.pp),
+            TensorMode::OneD => format!("tp {}{cp} x dp {} x pp {}", self.tp, self.dp, self.pp),
+            m => format!("tp {} [{}]{cp} x dp {} x pp {}", self.tp, m.describe(), self.dp, self.pp),
         }
     }
 }
@@ -256,6 +289,8 @@ pub struct Groups {
     pub tp: Box<dyn Comm>,
     pub dp: Box<dyn Comm>,
     pub pp: Box<dyn Comm>,
+    /// The context-parallel group (a group of one without context parallelism).
+    pub cp: Box<dyn Comm>,
     pub mp: Box<dyn Comm>,
     pub embedding: Box<dyn Comm>,
     /// SUMMA groups (groups of one under 1-D): the row (hidden blocks), the column (batch
@@ -282,6 +317,7 @@ impl Groups {
             summa_col: rt.group(&grid.summa_col_group()),
             depth: rt.group(&grid.depth_group()),
             replica: rt.group(&grid.replica_group()),
+            cp: rt.group(&grid.cp_group()),
             grid,
         }
     }
@@ -293,6 +329,7 @@ impl Groups {
             tp: Box::new(SelfComm),
             dp: Box::new(SelfComm),
             pp: Box::new(SelfComm),
+            cp: Box::new(SelfComm),
             mp: Box::new(SelfComm),
             embedding: Box::new(SelfComm),
             summa_row: Box::new(SelfComm),
@@ -361,6 +398,24 @@ mod tests {
             let e = TensorMode::new(mode, depth, t).unwrap_err().to_string();
             assert!(e.contains(needle), "{mode} {depth:?} {t}: {e}");
         }
+    }
+
+    #[test]
+    fn context_parallel_ranks_sit_between_tensor_and_data() {
+        // 16 ranks, t=2, c=2, p=2, d=2: Megatron's tp-cp-dp-pp order.
+        let g = |r| Grid::with_context(16, r, 2, 2, 2).unwrap();
+        let c = g(13); // 13 = 1 + 2 * (0 + 2 * (1 + 2 * 1))
+        assert_eq!((c.tp_rank, c.cp_rank, c.dp_rank, c.pp_rank), (1, 0, 1, 1));
+        assert_eq!(c.tp_group(), vec![12, 13]);
+        assert_eq!(c.cp_group(), vec![13, 15]);
+        assert_eq!(c.dp_group(), vec![9, 13]);
+        assert_eq!(c.pp_group(), vec![5, 13]);
+        assert_eq!(c.replica_group(), vec![9, 11, 13, 15]);
+        assert_eq!(c.mp_group(), vec![4, 5, 12, 13]);
+        assert_eq!(c.rank_at(1, 0, 1, 1), 13);
+        assert_eq!(c.describe(), "tp 2 x cp 2 x dp 2 x pp 2");
+        let e = Grid::with_context(12, 0, 2, 4, 1).unwrap_err().to_string();
+        assert!(e.contains("--context-parallel-size 4") && e.contains("multiple of 8"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! mappings used by the model (`tensor.rs`), SUMMA products for 2-D / 2.5-D tensor parallelism
 //! (`summa.rs`), and data-parallel gradient reduction (`data.rs`).
 
+pub mod context;
 pub mod data;
 pub mod grid;
 pub mod pipeline;

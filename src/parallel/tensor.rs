@@ -9,19 +9,21 @@ use crate::device::Device;
 use crate::parallel::summa::{host, Summa};
 
 /// The tensor-parallel group of a model replica, whether activations outside the attention and
-/// MLP cores are split along the sequence (`--sequence-parallel`), and under 2-D / 2.5-D tensor
-/// parallelism the SUMMA row and column groups and the depth group.
+/// MLP cores are split along the sequence (`--sequence-parallel`), under 2-D / 2.5-D tensor
+/// parallelism the SUMMA row and column groups and the depth group, and the context-parallel
+/// group that computes attention across each sequence's positions (None: one rank holds them).
 #[derive(Clone, Copy)]
 pub struct TensorParallel<'a> {
     pub comm: &'a dyn Comm,
     pub sequence_parallel: bool,
     pub summa: Option<(Summa<'a>, &'a dyn Comm)>,
+    pub context: Option<&'a dyn Comm>,
 }
 
 impl TensorParallel<'static> {
     /// No tensor parallelism: a group of one rank.
     pub fn single() -> TensorParallel<'static> {
-        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false, summa: None }
+        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false, summa: None, context: None }
     }
 }
 

@@ -116,13 +116,13 @@ pub(super) fn save_checkpoint<D: Device>(
             }
         }
     }
-    // Rank 0 prepares the staging directory, one data-parallel replica writes a shard per
-    // model-parallel rank, and rank 0 renames it into place once all are written.
+    // Rank 0 prepares the staging directory, one data-parallel replica (its first
+    // context-parallel rank) writes a shard per model-parallel rank, and rank 0 renames it into place once all are written.
     if grid.rank == 0 {
         checkpoint::begin(dir, progress.iteration)?;
     }
     groups.world.barrier();
-    if grid.dp_rank == 0 {
+    if grid.dp_rank == 0 && grid.cp_rank == 0 {
         checkpoint::write_shard(
             dir,
             progress.iteration,

@@ -16,13 +16,15 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::gpt::{ChunkOutput, DropoutStep};
 use crate::model::Gpt;
+use crate::parallel::context::ContextSplit;
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::summa::Summa;
 use crate::parallel::tensor::TensorParallel;
 
 /// One micro-batch of this data-parallel rank: `mbs` samples of `seq` tokens and their labels
-/// (sample-major), the buffers refilled for each micro-batch.
+/// (sample-major), the buffers refilled for each micro-batch. Under context parallelism `seq` is
+/// this rank's positions of each sample (`ContextSplit`), taken from the whole samples in `full`.
 struct Batch {
     tokens: Vec<u32>,
     labels: Vec<u32>,
@@ -30,40 +32,55 @@ struct Batch {
     seq: usize,
     /// `--eod-mask-loss`'s end-of-document id.
     eod_mask: Option<u32>,
+    split: ContextSplit,
+    full: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Batch {
-    fn new(cfg: &TrainConfig) -> Batch {
-        let (mbs, seq) = (cfg.micro_batch_size, cfg.seq_length);
-        Batch { tokens: vec![0u32; mbs * seq], labels: vec![0u32; mbs * seq], mbs, seq, eod_mask: cfg.loss.eod_mask }
+    fn new(cfg: &TrainConfig, split: ContextSplit) -> Batch {
+        let (mbs, full_seq) = (cfg.micro_batch_size, cfg.seq_length);
+        let seq = split.local_seq(full_seq);
+        let full = (split.size > 1).then(|| (vec![0u32; mbs * full_seq], vec![0u32; mbs * full_seq]));
+        let (tokens, labels) = (vec![0u32; mbs * seq], vec![0u32; mbs * seq]);
+        Batch { tokens, labels, mbs, seq, eod_mask: cfg.loss.eod_mask, split, full }
     }
 
     /// Fills the batch with micro-batch `micro` of the global batch starting at sample
-    /// `consumed` (`first_sample`); returns the tokens its loss counts (`mask_loss`).
+    /// `consumed` (`first_sample`); returns the tokens its loss counts (`mask_loss`) in the whole
+    /// samples.
     fn fetch(&mut self, ds: &Dataset, consumed: u64, micro: usize, grid: &Grid) -> Result<usize> {
-        let (mbs, seq) = (self.mbs, self.seq);
+        let (mbs, seq) = (self.mbs, self.seq * self.split.size);
         let first = first_sample(consumed, micro, mbs, (grid.dp_rank, grid.dp));
         let mut sample = vec![0u32; seq + 1];
+        let (tokens, labels) = match &mut self.full {
+            Some((t, l)) => (t, l),
+            None => (&mut self.tokens, &mut self.labels),
+        };
         for i in 0..mbs {
             ds.get(first + i, &mut sample)?;
-            self.tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
-            self.labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
+            tokens[i * seq..(i + 1) * seq].copy_from_slice(&sample[..seq]);
+            labels[i * seq..(i + 1) * seq].copy_from_slice(&sample[1..]);
         }
-        Ok(self.mask_loss())
+        let counted = mask_loss(self.eod_mask, tokens, labels);
+        if let Some((t, l)) = &self.full {
+            self.split.take_local(t, seq, &mut self.tokens);
+            self.split.take_local(l, seq, &mut self.labels);
+        }
+        Ok(counted)
     }
+}
 
-    /// Under `--eod-mask-loss`, the label of each position whose input token is the
-    /// end-of-document id becomes `IGNORED_TARGET` (Megatron's loss mask: the first token of the
-    /// next document is not predicted from the previous one). Returns the tokens the loss counts.
-    fn mask_loss(&mut self) -> usize {
-        let Some(eod) = self.eod_mask else { return self.labels.len() };
-        let mut counted = self.labels.len();
-        for (label, _) in self.labels.iter_mut().zip(&self.tokens).filter(|(_, &t)| t == eod) {
-            *label = crate::device::kernels::IGNORED_TARGET;
-            counted -= 1;
-        }
-        counted
+/// Under `--eod-mask-loss`, the label of each position whose input token is the end-of-document
+/// id `eod` becomes `IGNORED_TARGET` (Megatron's loss mask: the first token of the next document
+/// is not predicted from the previous one). Returns the tokens the loss counts.
+fn mask_loss(eod: Option<u32>, tokens: &[u32], labels: &mut [u32]) -> usize {
+    let Some(eod) = eod else { return labels.len() };
+    let mut counted = labels.len();
+    for (label, _) in labels.iter_mut().zip(tokens).filter(|(_, &t)| t == eod) {
+        *label = crate::device::kernels::IGNORED_TARGET;
+        counted -= 1;
     }
+    counted
 }
 
 /// The first sample of data-parallel rank `dp_rank`'s micro-batch `micro` in the global batch
@@ -160,13 +177,15 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 let (row, col) = (&*groups.summa_row, &*groups.summa_col);
                 (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
             }),
+            context: (groups.cp.size() > 1).then_some(&*groups.cp),
         };
         // Elements of the hidden states one rank passes between pipeline stages: its rows (a
-        // sequence shard under SP, a batch block under SUMMA) of its hidden columns.
-        let hidden = cfg.model.hidden_size;
+        // sequence shard under SP, a batch block under SUMMA; its positions under context
+        // parallelism) of its hidden columns.
+        let (hidden, seq) = (cfg.model.hidden_size, mp.context.local_seq(cfg.seq_length));
         let hidden_len = match mp.summa {
-            Some(c) => cfg.micro_batch_size / (c.q * c.depth) * cfg.seq_length * hidden / c.q,
-            None => cfg.micro_batch_size * cfg.seq_length / if mp.sequence_parallel { mp.tp_size } else { 1 } * hidden,
+            Some(c) => cfg.micro_batch_size / (c.q * c.depth) * seq * hidden / c.q,
+            None => cfg.micro_batch_size * seq / if mp.sequence_parallel { mp.tp_size } else { 1 } * hidden,
         };
         if (micro * chunks * 2) as u64 >= 1 << 30 {
             return Err(Error::Config(format!(
@@ -217,6 +236,10 @@ impl<D: Device> Pipeline<'_, D> {
     }
     fn stage(&self) -> usize {
         self.groups.grid.pp_rank
+    }
+    /// This rank's positions of each sequence.
+    fn split(&self) -> ContextSplit {
+        ContextSplit { size: self.groups.grid.cp, rank: self.groups.grid.cp_rank }
     }
     fn virtual_stage(&self, chunk: usize) -> usize {
         chunk * self.stages() + self.stage()
@@ -414,7 +437,7 @@ impl<D: Device> Pipeline<'_, D> {
         (tokens, loss_scale): (&LossTokens, f32),
         tl: &mut Timeline,
     ) -> Result<()> {
-        let mut batch = Batch::new(cfg);
+        let mut batch = Batch::new(cfg, self.split());
         self.begin(true);
         // Micro-batch m of this rank holds samples m·mbs·dp + dp_rank·mbs .. of the global batch.
         let grid = &self.groups.grid;
@@ -514,6 +537,7 @@ impl<D: Device> Pipeline<'_, D> {
         }
         let local = out.to_vec();
         self.groups.pp.sum_f64s(out);
+        self.groups.cp.sum_f64s(out);
         self.groups.dp.sum_f64s(out);
         local
     }
@@ -529,7 +553,7 @@ impl<D: Device> Pipeline<'_, D> {
         iters: u64,
         tl: &mut Timeline,
     ) -> Result<f64> {
-        let mut batch = Batch::new(cfg);
+        let mut batch = Batch::new(cfg, self.split());
         self.begin(false);
         for c in chunks.iter_mut() {
             c.model.set_dropout_step(None);
@@ -554,7 +578,8 @@ impl<D: Device> Pipeline<'_, D> {
         // The loss lives on the last stage; the sum over the pipeline and data-parallel groups
         // gives every rank the mean over the tokens counted (Megatron's evaluation: its summed
         // loss over its summed count).
-        let total = self.groups.dp.sum_f64(self.groups.pp.sum_f64(self.take_loss(chunks)));
+        let g = self.groups;
+        let total = g.dp.sum_f64(g.cp.sum_f64(g.pp.sum_f64(self.take_loss(chunks))));
         let tokens = match cfg.loss.eod_mask {
             None => (iters as usize * cfg.global_batch_size * cfg.seq_length) as f64,
             Some(_) => self.groups.dp.sum_f64(counted as f64).max(1.0),

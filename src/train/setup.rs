@@ -13,6 +13,7 @@ use crate::device::{CollectiveLibrary, CollectivesRequest, Device, DevicePeak};
 use crate::error::{Error, Result};
 use crate::gpu::training::TrainingGpu;
 use crate::model::{ChunkPlan, ModelParallel};
+use crate::parallel::context::ContextSplit;
 use crate::parallel::grid::{Grid, Groups, TensorMode};
 use crate::parallel::pipeline::{self, Schedule};
 
@@ -169,7 +170,13 @@ fn attach_collectives<D: Device>(
     dev.attach_collectives(&CollectivesRequest {
         library,
         world: &*groups.world,
-        groups: [("tensor", &*groups.tp), ("embedding", &*groups.embedding), ("data", &*groups.replica), norm],
+        groups: [
+            ("tensor", &*groups.tp),
+            ("embedding", &*groups.embedding),
+            ("data", &*groups.replica),
+            norm,
+            ("context", &*groups.cp),
+        ],
         pipeline: &*groups.pp,
         pipeline_wraps: v > 1,
     })
@@ -184,7 +191,13 @@ pub(super) struct StagePlan {
 /// Checks the layout against the world and the model, before any work: each failure is the same
 /// on every rank.
 fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelParallel)> {
-    let grid = Grid::new(rt.world_size, rt.world_rank, cfg.tensor_parallel, cfg.pipeline_parallel)?;
+    let grid = Grid::with_context(
+        rt.world_size,
+        rt.world_rank,
+        cfg.tensor_parallel,
+        cfg.context_parallel,
+        cfg.pipeline_parallel,
+    )?;
     let cfg = cfg.for_data_parallel(grid.dp);
     let ranks = cfg.profile.as_ref().and_then(|p| p.ranks.as_ref());
     if let Some(r) = ranks.and_then(|r| r.iter().find(|&&r| r >= rt.world_size)) {
@@ -203,7 +216,15 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
         tp_rank: grid.tp_rank,
         sequence_parallel: cfg.sequence_parallel && grid.tp > 1,
         summa: grid.summa(),
+        context: ContextSplit { size: grid.cp, rank: grid.cp_rank },
     };
+    if mp.summa.is_some() && grid.cp > 1 {
+        return Err(Error::Unsupported(
+            "--context-parallel-size with --tensor-parallel-mode 2d or 2.5d: context parallelism runs beside 1-D \
+             tensor parallelism only"
+                .into(),
+        ));
+    }
     if let Some(c) = mp.summa {
         if cfg.sequence_parallel {
             return Err(Error::Config(

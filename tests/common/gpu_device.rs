@@ -476,6 +476,42 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
     }
 }
 
+/// Context parallelism on a GPU Device (`device`, its emulation in `env`): TINY_GPU's model with
+/// its 2 heads split over CP 2 (the a2a swap, one head per rank over the whole sequence), alone
+/// and beside DP 2 with ZeRO-1, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
+/// device memory) and through `--gpu-collectives mpi` (host-staged): both the same run bit for
+/// bit, and one rank's within 1e-3.
+pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
+    env: &[(&'static str, PathBuf)],
+    dir: &Path,
+    (var, nccl): (&'static str, &Path),
+    device: &str,
+) {
+    let data = prepared_corpus(dir);
+    let library = if var == "TRIDENT_RCCL" { "rccl" } else { "nccl" };
+    let base = ["--train-iters", "3", "--hidden-dropout", "0", "--attention-dropout", "0"];
+    let one = train_losses(env, dir, &data, device, 1, &base);
+    let cp2 = ["--context-parallel-size", "2", "--cp-comm-type", "a2a"];
+    for (name, ranks, extra) in [("CP 2", 2, vec![]), ("CP 2 x DP 2, ZeRO-1", 4, vec!["--use-distributed-optimizer"])] {
+        let flags = [&base[..], &cp2, &extra].concat();
+        let run = |library: &str| {
+            let log = dir.join(format!("nccl-cp-{ranks}-{library}.log"));
+            let _ = std::fs::remove_file(&log);
+            let mut env = env.to_vec();
+            env.extend([(var, nccl.to_path_buf()), ("FAKE_NCCL_LOG", log.clone())]);
+            let args = [&flags[..], &["--gpu-collectives", library]].concat();
+            (train_losses(&env, dir, &data, device, ranks, &args), nccl_calls(&log))
+        };
+        let (on_device, calls) = run(library);
+        eprintln!("{name} on {device}: NCCL calls on all ranks {calls:?}");
+        assert!(calls.get("all_gather").is_some_and(|&n| n > 0), "{name}: the swap did not gather through NCCL");
+        let (on_host, none) = run("mpi");
+        assert!(none.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {none:?}");
+        assert_eq!(on_device, on_host, "{name}: through NCCL and through MPI differ");
+        assert_follows_one_rank(&one, name, &on_device);
+    }
+}
+
 /// `--fp16` with tensor and pipeline parallelism on device collectives: the `tiny` preset
 /// (`tiny_preset_fp16_run`, a log line per iteration) on two ranks as TP 2, TP 2 with sequence
 /// parallelism and PP 2, through the fake NCCL `nccl` (asynchronous, as NCCL is) and through

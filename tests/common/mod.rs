@@ -336,11 +336,15 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
         (meta("tensor_model_parallel_size"), meta("pipeline_model_parallel_size"), meta("virtual_pipeline_chunks"));
     let sp: bool = first.meta_value(&path, "sequence_parallel").unwrap();
     let cfg = trident::checkpoint::shape::model_from_shard(&first, &path).unwrap();
-    let mut full: Vec<(String, Vec<f32>)> =
-        cfg.parameters(&trident::model::ModelParallel::single()).iter().map(|p| (p.name.clone(), vec![f32::NAN; p.numel()])).collect();
+    let mut full: Vec<(String, Vec<f32>)> = cfg
+        .parameters(&trident::model::ModelParallel::single())
+        .iter()
+        .map(|p| (p.name.clone(), vec![f32::NAN; p.numel()]))
+        .collect();
     for tp_rank in 0..tp {
         for pp_rank in 0..pp {
-            let (_, path, shard) = trident::checkpoint::load_latest(dir, &trident::checkpoint::shard_name(tp_rank, pp_rank, pp)).unwrap();
+            let (_, path, shard) =
+                trident::checkpoint::load_latest(dir, &trident::checkpoint::shard_name(tp_rank, pp_rank, pp)).unwrap();
             let mut mp = trident::model::ModelParallel::one_d(tp, tp_rank, sp);
             // 2-D / 2.5-D shards are blocks of the SUMMA grid (depth copies repeat layer 0's).
             let q: usize = first.meta_value(&path, "summa_q").unwrap_or(0);
@@ -349,9 +353,14 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
                 mp.summa = Some(trident::parallel::grid::SummaCoord::of(tp_rank, q, depth));
             }
             for c in 0..chunks {
-                let layers = trident::parallel::pipeline::chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None).unwrap();
-                let plan =
-                    trident::model::ChunkPlan { layers, first: pp_rank == 0 && c == 0, last: pp_rank == pp - 1 && c == chunks - 1 };
+                let layers =
+                    trident::parallel::pipeline::chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None)
+                        .unwrap();
+                let plan = trident::model::ChunkPlan {
+                    layers,
+                    first: pp_rank == 0 && c == 0,
+                    last: pp_rank == pp - 1 && c == chunks - 1,
+                };
                 for info in cfg.chunk_parameters(&mp, &plan).iter().filter(|i| !i.tied_copy) {
                     let t = shard.tensor(&path, &format!("param/chunk{c}/{}", info.name)).unwrap();
                     let values = &mut full.iter_mut().find(|(n, _)| *n == info.name).unwrap().1;
@@ -438,4 +447,3 @@ pub fn checkpoint_logits_reset(
     dev.download(logits, &mut out);
     out
 }
-

@@ -132,7 +132,7 @@ pub(super) fn layer_forward<'w, D: Device>(
         (_, _, Some(spare)) => spare,
         _ => unreachable!("a layer without its attention output has a spare"),
     };
-    dev.attention_forward(attn, lse, &la.qkv, shape, dims.dropout.attention.as_ref(), p.documents);
+    p.attention_forward((&mut *attn, &mut *lse), &la.qkv, shape, dims.dropout.attention.as_ref(), precision);
     dev.round_to(attn, precision);
     let tmp = (&mut *tmp_full, &mut *tmp_local);
     let drop = dims.dropout.attention_out.as_ref();
@@ -158,17 +158,24 @@ pub(super) fn layer_forward<'w, D: Device>(
 /// What forward left of a layer for its backward: the activations it kept, or its 16-bit copy.
 pub(super) type Saved<'a, 's, D> = (Option<&'a LayerActs<<D as Memory>::Buf>>, Option<&'s [Stash<D>]>);
 
+/// What recomputation rebuilds: a whole layer into the spare set, or the attention core's output
+/// and log-sum-exp from the saved QKV.
+pub(super) enum Redo<'r, B> {
+    Layer(&'r mut LayerActs<B>),
+    Attention { out: &'r mut B, lse: &'r mut B, qkv: &'r B },
+}
+
 /// The activations a layer's backward reads, with its attention output and log-sum-exp: those
 /// `kept` from forward, or the chunk's spare set. Rebuilds what recomputation dropped into the
-/// spare buffers: the whole layer (full: `recompute` runs its forward from its input), or the
-/// attention core from the saved QKV (selective; within `documents`' bounds). Under 16-bit
-/// storage the layer's `stash` is restored into the spare set first.
+/// spare buffers with `recompute`: the whole layer (full: its forward from its input), or the
+/// attention core from the saved QKV (selective). Under 16-bit storage the layer's `stash` is
+/// restored into the spare set first.
 pub(super) fn saved_layer<'a, D: Device>(
     dev: &D,
-    (dims, documents): (Dims, Option<&[u32]>),
+    dims: Dims,
     (kept, stash): Saved<'a, '_, D>,
     (spare, spare_attention): (&'a mut SpareLayer<D::Buf>, &'a mut SpareAttention<D::Buf>),
-    recompute: impl FnOnce(&mut LayerActs<D::Buf>),
+    mut recompute: impl FnMut(Redo<'_, D::Buf>),
 ) -> (&'a LayerActs<D::Buf>, &'a D::Buf, &'a D::Buf) {
     let layer: &LayerActs<D::Buf> = match (kept, stash) {
         (Some(la), _) => la,
@@ -179,7 +186,7 @@ pub(super) fn saved_layer<'a, D: Device>(
         }
         (None, None) => {
             let (_, sp) = spare.as_mut().expect("full recompute has a spare layer");
-            recompute(sp);
+            recompute(Redo::Layer(&mut *sp));
             sp
         }
     };
@@ -187,7 +194,7 @@ pub(super) fn saved_layer<'a, D: Device>(
         (Some(attn), Some(lse)) => (layer, attn, lse),
         _ => {
             let (_, attn, lse) = spare_attention.as_mut().expect("selective recompute has a spare attention");
-            dev.attention_forward(attn, lse, &layer.qkv, dims.shape, dims.dropout.attention.as_ref(), documents);
+            recompute(Redo::Attention { out: &mut *attn, lse: &mut *lse, qkv: &layer.qkv });
             dev.round_to(attn, dims.precision);
             (layer, &*attn, &*lse)
         }
@@ -238,7 +245,7 @@ pub(super) fn layer_backward<'w, D: Device>(
     let d_branch = branch_gradient(dev, (&d.d_resid, &mut d.d_drop), drop, (r.local, precision));
     p.linear_out_backward(&mut d.d_attn, gs, (d_branch, &mut d.d_full), attn, w(ops.proj.weight), r, (wd.attn, h));
     let drop = dims.dropout.attention.as_ref();
-    dev.attention_backward(&mut d.d_qkv, &d.d_attn, &la.qkv, attn, lse, shape, drop, p.documents);
+    p.attention_backward(&mut d.d_qkv, &d.d_attn, (&la.qkv, attn, lse), shape, drop, precision);
     if let (Some(rotary), Some(table)) = (dims.rotary, p.rope) {
         dev.rope_backward(&mut d.d_qkv, table, shape, rotary);
     }

@@ -4,7 +4,7 @@
 //! passes built on them (`forward`, `loss`, `forward_backward`).
 
 use super::activations::{Activations, LayerActs, Rows, Widths};
-use super::block::{layer_backward, layer_forward, layer_weight_backward, saved_layer, Dims};
+use super::block::{layer_backward, layer_forward, layer_weight_backward, saved_layer, Dims, Redo};
 use super::tensor_parallel::{add_since, tp_counters, Norm, Pass};
 use super::{ChunkOutput, Gpt, Weights};
 use crate::device::{AttentionShape, Device, Rotary, WorkCounters};
@@ -120,6 +120,7 @@ impl<D: Device> Gpt<D> {
         assert!(seq <= self.cfg.max_position_embeddings, "sequence longer than the position table");
         assert_eq!(tp.size(), self.mp.tp_size, "the tensor-parallel group does not match the model's split");
         self.bound_documents(index, tokens);
+        self.place_rope(dev, seq);
         if self.layout.first {
             self.embed(dev, tp, index, tokens, batch, seq);
         } else {
@@ -172,7 +173,7 @@ impl<D: Device> Gpt<D> {
         let before = tp_counters(dev, tp);
         let (norm, rope, documents) =
             (Norm::of(&self.cfg.arch), self.rope.as_ref(), super::documents::bounds(&a.starts));
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm, rope, documents };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, heads: &mut self.heads, norm, rope, documents };
         layer_forward(pass, &w, dims, x_in, Some(x_out), la, attn_spare, tmp.0, tmp.1);
         add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
         if let Some(slot) = a.compact.get_mut(l) {
@@ -316,13 +317,16 @@ impl<D: Device> Gpt<D> {
         let x_in = &a.resid[l];
         let (norm, rope, documents) =
             (Norm::of(&self.cfg.arch), self.rope.as_ref(), super::documents::bounds(&a.starts));
-        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, norm, rope, documents };
+        let pass = &mut Pass { dev, tp, sc: &mut self.scratch, heads: &mut self.heads, norm, rope, documents };
         let (tmp_full, tmp_local) = (&mut a.tmp_full, &mut a.tmp_local);
-        let recompute = |sp: &mut LayerActs<D::Buf>| {
-            layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local);
+        let recompute = |redo: Redo<'_, D::Buf>| match redo {
+            Redo::Layer(sp) => layer_forward(pass, &w, dims, x_in, None, sp, None, tmp_full, tmp_local),
+            Redo::Attention { out, lse, qkv } => {
+                pass.attention_forward((out, lse), qkv, dims.shape, dims.dropout.attention.as_ref(), dims.precision)
+            }
         };
         let spares = (&mut self.spare, &mut self.spare_attention);
-        let saved = saved_layer(dev, (dims, documents), (a.layers.get(l), stash.as_deref()), spares, recompute);
+        let saved = saved_layer(dev, dims, (a.layers.get(l), stash.as_deref()), spares, recompute);
         layer_backward(pass, &w, grads, dims, x_in, saved, &mut a.grad, defer);
         // The copy's buffers serve the next layer's stash: no allocation per layer and step.
         self.stash_spares.extend(stash);

@@ -64,6 +64,7 @@ impl<D: Device> Gpt<D> {
             dev,
             tp: TensorParallel::single(),
             sc: &mut self.scratch,
+            heads: &mut self.heads,
             norm: Norm::of(&cfg.arch),
             rope: self.rope.as_ref(),
             documents: None,

@@ -35,9 +35,11 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, precision, mp, lay) = (&self.cfg, self.precision, self.mp, self.layout);
-        // --reset-position-ids's end-of-document id, where the positions are learned ones.
+        // --reset-position-ids's end-of-document id, where the positions are learned ones; under
+        // context parallelism the positions of this rank's chunks, looked up the same way.
         let reset_eod = self.reset_positions.filter(|_| lay.wpe().is_some());
-        let reset = reset_eod.is_some();
+        let split = mp.context;
+        let reset = reset_eod.is_some() || (split.size > 1 && lay.wpe().is_some());
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let a = &mut self.pool[index].1;
         let r = a.rows;
@@ -47,6 +49,9 @@ impl<D: Device> Gpt<D> {
         a.tokens.copy_from_slice(tokens);
         if let Some(eod) = reset_eod {
             document_positions(tokens, seq, eod, &mut a.positions);
+        } else if reset {
+            a.positions.clear();
+            a.positions.extend((0..batch * seq).map(|i| split.position(seq, i % seq) as u32));
         }
         // This shard's word rows, summed over the group (reduce-scattered to this rank's
         // positions under SP; to this rank's batch block under SUMMA), then the position
@@ -103,7 +108,7 @@ impl<D: Device> Gpt<D> {
         let vocab_start = self.vocab_start();
         let dropout = self.dropout_at(index, 0, Site::Embedding);
         let (cfg, mp, lay) = (&self.cfg, self.mp, self.layout);
-        let reset = self.reset_positions.is_some() && lay.wpe().is_some();
+        let reset = (self.reset_positions.is_some() || self.mp.context.size > 1) && lay.wpe().is_some();
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
         let g = &mut self.params.grads;
@@ -149,6 +154,7 @@ impl<D: Device> Gpt<D> {
                     dev,
                     tp,
                     sc: &mut self.scratch,
+                    heads: &mut self.heads,
                     norm: Norm::of(&self.cfg.arch),
                     rope: self.rope.as_ref(),
                     documents: None,

@@ -18,6 +18,7 @@
 mod activations;
 mod block;
 mod chunk;
+mod context;
 mod decode;
 mod documents;
 mod dropout;
@@ -30,6 +31,7 @@ use super::{Arch, ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEm
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
 use crate::optim::WorkingCopy;
+use crate::parallel::context::HeadsScratch;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
@@ -150,6 +152,7 @@ pub struct Gpt<D: Device> {
     gamma_ones: Vec<(usize, D::Buf)>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
+    heads: HeadsScratch<D::Buf>,
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
     /// layer's forward and backward passes (recomputation included) since the last reset.
     layer_comm: Vec<[CommCounters; 3]>,
@@ -172,8 +175,10 @@ pub struct Gpt<D: Device> {
     /// the steps' losses at once; forwards add to slot `loss_slot`.
     loss: D::Scalars,
     loss_slot: usize,
-    /// Rotary positions: the table of angles for every position (`Arch::rotary_table`).
+    /// Rotary positions: the table of angles for every position (`Arch::rotary_table`), or under
+    /// context parallelism for this rank's `rope_seq` positions of each sequence.
     rope: Option<D::Buf>,
+    rope_seq: usize,
     /// `--reset-position-ids`: the end-of-document id after which the learned positions restart.
     reset_positions: Option<u32>,
     /// `--reset-attention-mask`: the end-of-document id after which attention restarts.
@@ -224,6 +229,7 @@ impl<D: Device> Gpt<D> {
             working: None,
             gamma_ones: Vec::new(),
             scratch: Scratch::default(),
+            heads: HeadsScratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
             layer_work: None,
             stashed: 0,
@@ -235,6 +241,7 @@ impl<D: Device> Gpt<D> {
             loss: dev.scalars(1),
             loss_slot: 0,
             rope,
+            rope_seq: 0,
             reset_positions: None,
             reset_attention: None,
             dropout: DropoutRates::default(),
@@ -412,6 +419,7 @@ impl<D: Device> Gpt<D> {
             + self.peak_stashed
             + self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
             + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
+            + self.heads.bytes(dev)
     }
 
     /// Bytes of one micro-batch's activation set while it is in flight (0 before the first
@@ -430,10 +438,12 @@ impl<D: Device> Gpt<D> {
         self.precision != Precision::F32 && self.recompute != Recompute::Full && !self.stored
     }
 
-    /// Bytes of the spare buffers recomputation rebuilds into.
+    /// Bytes of the spare buffers recomputation rebuilds into, and of the context-parallel
+    /// attention's swapped buffers.
     pub fn spare_bytes(&self, dev: &D) -> usize {
         self.spare.as_ref().map_or(0, |(_, l)| l.bytes(dev))
             + self.spare_attention.as_ref().map_or(0, |(_, a, l)| dev.bytes(a) + dev.bytes(l))
+            + self.heads.bytes(dev)
     }
 
     /// Micro-batches whose activations this chunk holds now.

@@ -1,0 +1,105 @@
+//! A block's attention core where the context-parallel group splits each sequence: this rank's
+//! fused QKV rows (its two chunks of every sample) swapped for every position of its block of
+//! heads (`parallel::context::to_heads`), the Device's causal attention over the whole sequence
+//! on those heads, and the output swapped back. The log-sum-exp stays in the heads layout (its
+//! length is the same), which is all backward needs besides the swapped QKV, output and output
+//! gradient, swapped again from what the layer saved (the activations kept are this rank's rows
+//! only). Without context parallelism these are the Device's ops.
+
+use super::tensor_parallel::Pass;
+use super::Gpt;
+use crate::device::{AttentionShape, Device, Dropout};
+use crate::comm::Comm;
+use crate::parallel::context::{ensure, to_heads, to_positions, SwapShape};
+use crate::real::Precision;
+
+impl<D: Device> Pass<'_, D> {
+    /// Causal attention of this rank's rows: `out` ([rows, heads · head_dim]) and `lse` from
+    /// `qkv`, as `AttentionOps::attention_forward` computes them over whole sequences.
+    pub(super) fn attention_forward(
+        &mut self,
+        (out, lse): (&mut D::Buf, &mut D::Buf),
+        qkv: &D::Buf,
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+        precision: Precision,
+    ) {
+        let Some(cp) = self.tp.context else {
+            return self.dev.attention_forward(out, lse, qkv, shape, dropout, self.documents);
+        };
+        let (dev, wide) = (self.dev, whole_sequences(shape, cp));
+        let h = &mut *self.heads;
+        let (rows, c) = (shape.rows(), cp.size());
+        let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
+        to_heads(dev, cp, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
+        let o = ensure(dev, &mut h.out, rows * shape.width(), precision);
+        debug_assert_eq!(dev.len(lse), wide.batch * wide.heads * wide.seq);
+        dev.attention_forward(o, lse, q, wide, dropout, None);
+        dev.round_to(o, precision);
+        to_positions(dev, cp, o, out, swap(shape, shape.width()), &mut h.gathered);
+        debug_assert_eq!(wide.heads * c, shape.heads);
+    }
+
+    /// `dqkv` (overwrite) from `dout`, as `AttentionOps::attention_backward`; `out` and `lse` are
+    /// what `attention_forward` above wrote.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_backward(
+        &mut self,
+        dqkv: &mut D::Buf,
+        dout: &D::Buf,
+        (qkv, out, lse): (&D::Buf, &D::Buf, &D::Buf),
+        shape: AttentionShape,
+        dropout: Option<&Dropout>,
+        precision: Precision,
+    ) {
+        let Some(cp) = self.tp.context else {
+            return self.dev.attention_backward(dqkv, dout, qkv, out, lse, shape, dropout, self.documents);
+        };
+        let (dev, wide) = (self.dev, whole_sequences(shape, cp));
+        let h = &mut *self.heads;
+        let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
+        let q = ensure(dev, &mut h.qkv, rows * qw, precision);
+        to_heads(dev, cp, qkv, q, swap(shape, qw), &mut h.gathered);
+        let o = ensure(dev, &mut h.out, rows * aw, precision);
+        to_heads(dev, cp, out, o, swap(shape, aw), &mut h.gathered);
+        let d_o = h.dout.get_or_insert_with(|| dev.alloc_like_len(dout, rows * aw));
+        if dev.len(d_o) != rows * aw {
+            *d_o = dev.alloc_like_len(dout, rows * aw);
+        }
+        to_heads(dev, cp, dout, d_o, swap(shape, aw), &mut h.gathered);
+        let dq = h.dqkv.get_or_insert_with(|| dev.alloc_like_len(dqkv, rows * qw));
+        if dev.len(dq) != rows * qw {
+            *dq = dev.alloc_like_len(dqkv, rows * qw);
+        }
+        dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None);
+        to_positions(dev, cp, dq, dqkv, swap(shape, qw), &mut h.gathered);
+    }
+}
+
+/// The attention shape of this rank's heads over whole sequences.
+fn whole_sequences(shape: AttentionShape, cp: &dyn Comm) -> AttentionShape {
+    let c = cp.size();
+    AttentionShape { seq: shape.seq * c, heads: shape.heads / c, kv_heads: shape.kv_heads / c, ..shape }
+}
+
+/// The swap of rows `width` wide of this rank's positions.
+fn swap(shape: AttentionShape, width: usize) -> SwapShape {
+    SwapShape { batch: shape.batch, local_seq: shape.seq, width }
+}
+
+impl<D: Device> Gpt<D> {
+    /// Under context parallelism, the rotary table of this rank's `seq` positions of each
+    /// sequence (row `t` holds the angles of `ContextSplit::position(seq, t)`), made when `seq`
+    /// changes; nothing otherwise.
+    pub(super) fn place_rope(&mut self, dev: &D, seq: usize) {
+        let split = self.mp.context;
+        if split.size == 1 || self.rope.is_none() || self.rope_seq == seq {
+            return;
+        }
+        let positions = (0..seq).map(|t| split.position(seq, t));
+        let table = self.cfg.arch.rotary_table_at(self.cfg.head_dim(), positions);
+        let mut buf = dev.alloc(table.len());
+        dev.upload(&mut buf, &table);
+        (self.rope, self.rope_seq) = (Some(buf), seq);
+    }
+}

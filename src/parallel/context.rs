@@ -1,0 +1,273 @@
+//! Context parallelism (`--context-parallel-size C`): each sequence split over C ranks in 2C
+//! chunks of equal length, rank i holding chunks i and 2C-1-i (Megatron's load balancing: under
+//! the causal mask every rank then has the same number of query-key pairs), and the attention of
+//! a rank's positions computed across its group.
+//!
+//! Built: `--cp-comm-type a2a`, DeepSpeed Ulysses' swap. Before attention each rank trades its
+//! positions of every head for every position of 1/C of the heads (`to_heads`), runs the Device's
+//! ordinary causal attention over the whole sequence on those heads, and trades back
+//! (`to_positions`). The fused QKV row is group-major (each key/value group's query heads, then
+//! its key and value head), so a rank's heads are one contiguous block of columns. The trade runs
+//! as the group's all-gather followed by each rank copying out its blocks (the volume of Megatron's
+//! `all_gather` type, C-1 times a true all-to-all's); a true all-to-all, the `p2p` ring with its
+//! log-sum-exp merge and `all_gather`'s query-offset kernels are not built.
+
+use crate::comm::Comm;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::real::Precision;
+
+/// Megatron's `--cp-comm-type`: how a context-parallel group computes attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpCommType {
+    /// A ring passing key/value blocks (Megatron's default).
+    P2p,
+    /// Keys and values all-gathered, each rank's queries attending to them.
+    AllGather,
+    /// The all-to-all swap of positions for heads (DeepSpeed Ulysses).
+    A2a,
+    /// All-to-all inside `--hierarchical-context-parallel-sizes`' inner groups, a ring across.
+    A2aP2p,
+}
+
+impl CpCommType {
+    pub fn parse(s: &str) -> Result<CpCommType> {
+        match s {
+            "p2p" => Ok(CpCommType::P2p),
+            "all_gather" => Ok(CpCommType::AllGather),
+            "a2a" => Ok(CpCommType::A2a),
+            "a2a+p2p" => Ok(CpCommType::A2aP2p),
+            _ => Err(Error::flag("--cp-comm-type", format!("'{s}'"), "p2p, all_gather, a2a or a2a+p2p")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CpCommType::P2p => "p2p",
+            CpCommType::AllGather => "all_gather",
+            CpCommType::A2a => "a2a",
+            CpCommType::A2aP2p => "a2a+p2p",
+        }
+    }
+
+    /// Whether trident runs this type; the others are refused naming what is missing.
+    pub fn is_built(self) -> bool {
+        self == CpCommType::A2a
+    }
+}
+
+/// Where a rank's positions sit in its sequences: rank `rank` of `size` holds chunks `rank` and
+/// `2 size - 1 - rank` of `2 size`, in that order (its local positions `0..L` and `L..2L`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextSplit {
+    pub size: usize,
+    pub rank: usize,
+}
+
+impl ContextSplit {
+    pub fn single() -> ContextSplit {
+        ContextSplit { size: 1, rank: 0 }
+    }
+
+    /// The chunk (of `2 size`) in local slot `slot` (0 or 1).
+    pub fn chunk(&self, slot: usize) -> usize {
+        match slot {
+            0 => self.rank,
+            _ => 2 * self.size - 1 - self.rank,
+        }
+    }
+
+    /// Positions a rank holds of a sequence of `seq`.
+    pub fn local_seq(&self, seq: usize) -> usize {
+        seq / self.size
+    }
+
+    /// The position in the whole sequence of local position `t` of a rank holding `local_seq`.
+    pub fn position(&self, local_seq: usize, t: usize) -> usize {
+        if self.size == 1 {
+            return t;
+        }
+        let l = local_seq / 2;
+        self.chunk(t / l) * l + t % l
+    }
+
+    /// This rank's positions of each sample of `full` (samples of `seq`, sample-major) into
+    /// `local` (samples of `seq / size`).
+    pub fn take_local<T: Copy>(&self, full: &[T], seq: usize, local: &mut [T]) {
+        let ls = self.local_seq(seq);
+        for (sample, out) in full.chunks(seq).zip(local.chunks_mut(ls)) {
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = sample[self.position(ls, t)];
+            }
+        }
+    }
+}
+
+impl ContextSplit {
+    /// The split of the context-parallel group `comm`.
+    pub fn of(comm: &dyn Comm) -> ContextSplit {
+        ContextSplit { size: comm.size(), rank: comm.rank() }
+    }
+}
+
+/// One swap's shape: `batch` samples of which this rank holds `local_seq` positions, rows
+/// `width` wide in the positions layout (every head) and `width / C` in the heads layout.
+#[derive(Clone, Copy, Debug)]
+pub struct SwapShape {
+    pub batch: usize,
+    pub local_seq: usize,
+    pub width: usize,
+}
+
+/// The buffer a swap gathers into, reused across calls (reallocated when a length changes).
+#[derive(Default)]
+pub struct Gathered<B> {
+    buf: Option<B>,
+}
+
+impl<B> Gathered<B> {
+    fn ensure<D: Device<Buf = B>>(&mut self, dev: &D, like: &B, len: usize) -> &mut B {
+        if self.buf.as_ref().is_none_or(|b| dev.len(b) != len) {
+            self.buf = Some(dev.alloc_like_len(like, len));
+        }
+        self.buf.as_mut().expect("just allocated")
+    }
+
+    /// Bytes held (for `--log-memory`).
+    pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        self.buf.as_ref().map_or(0, |b| dev.bytes(b))
+    }
+}
+
+/// `heads` ([batch · seq rows, width / C], rows `t · batch + b` over the whole sequence) becomes
+/// this rank's block of columns of every position, from `local` ([batch · local_seq rows, width])
+/// of every rank of the group.
+pub fn to_heads<D: Device>(
+    dev: &D,
+    cp: &dyn Comm,
+    local: &D::Buf,
+    heads: &mut D::Buf,
+    shape: SwapShape,
+    gathered: &mut Gathered<D::Buf>,
+) {
+    let (split, rows) = (ContextSplit::of(cp), shape.batch * shape.local_seq);
+    let (c, w) = (split.size, shape.width);
+    let (wc, half) = (w / c, rows / 2);
+    assert_eq!(dev.len(local), rows * w, "to_heads: the local rows");
+    assert_eq!(dev.len(heads), rows * w, "to_heads: the heads rows");
+    let all = gathered.ensure(dev, local, c * rows * w);
+    super::tensor::all_gather(dev, cp, local, all);
+    for src in 0..c {
+        let from = ContextSplit { size: c, rank: src };
+        for slot in 0..2 {
+            let chunk = from.chunk(slot);
+            let src_at = src * rows * w + slot * half * w + split.rank * wc;
+            dev.copy_rows(heads, (chunk * half * wc, wc), all, (src_at, w), (half, wc));
+        }
+    }
+}
+
+/// The inverse of `to_heads`: `local` ([batch · local_seq rows, width]) becomes this rank's
+/// positions of every head, from `heads` ([batch · seq rows, width / C]) of every rank.
+pub fn to_positions<D: Device>(
+    dev: &D,
+    cp: &dyn Comm,
+    heads: &D::Buf,
+    local: &mut D::Buf,
+    shape: SwapShape,
+    gathered: &mut Gathered<D::Buf>,
+) {
+    let (split, rows) = (ContextSplit::of(cp), shape.batch * shape.local_seq);
+    let (c, w) = (split.size, shape.width);
+    let (wc, half) = (w / c, rows / 2);
+    assert_eq!(dev.len(heads), rows * w, "to_positions: the heads rows");
+    let all = gathered.ensure(dev, heads, c * rows * w);
+    super::tensor::all_gather(dev, cp, heads, all);
+    for src in 0..c {
+        for slot in 0..2 {
+            let chunk = split.chunk(slot);
+            let src_at = src * rows * w + chunk * half * wc;
+            dev.copy_rows(local, (slot * half * w + src * wc, w), all, (src_at, wc), (half, wc));
+        }
+    }
+}
+
+/// The buffers of one layer's attention in the heads layout, reused across layers and
+/// micro-batches: the swapped QKV, output and output gradient, the QKV gradient, and the gathers.
+pub struct HeadsScratch<B> {
+    pub qkv: Option<B>,
+    pub out: Option<B>,
+    pub dout: Option<B>,
+    pub dqkv: Option<B>,
+    pub gathered: Gathered<B>,
+}
+
+impl<B> Default for HeadsScratch<B> {
+    fn default() -> Self {
+        HeadsScratch { qkv: None, out: None, dout: None, dqkv: None, gathered: Gathered { buf: None } }
+    }
+}
+
+impl<B> HeadsScratch<B> {
+    /// Bytes held (for `--log-memory`).
+    pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        [&self.qkv, &self.out, &self.dout, &self.dqkv]
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| dev.bytes(b)))
+            .sum::<usize>()
+            + self.gathered.bytes(dev)
+    }
+}
+
+/// `slot` as a buffer of `len` elements in `precision` storage.
+pub fn ensure<'b, D: Device>(
+    dev: &D,
+    slot: &'b mut Option<D::Buf>,
+    len: usize,
+    precision: Precision,
+) -> &'b mut D::Buf {
+    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
+        *slot = Some(dev.alloc_in(len, precision));
+    }
+    slot.as_mut().expect("just allocated")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_holds_chunks_i_and_2c_minus_1_minus_i() {
+        // C = 2, a sequence of 8: chunks of 2; rank 0 holds 0,1 and 6,7; rank 1 holds 2,3 and 4,5.
+        let at = |rank, t| ContextSplit { size: 2, rank }.position(4, t);
+        assert_eq!((0..4).map(|t| at(0, t)).collect::<Vec<_>>(), [0, 1, 6, 7]);
+        assert_eq!((0..4).map(|t| at(1, t)).collect::<Vec<_>>(), [2, 3, 4, 5]);
+        // Every position held once over the group, and the causal pairs balanced.
+        for c in [1usize, 2, 4] {
+            let seq = 8 * c;
+            let mut seen = vec![0; seq];
+            let mut pairs = Vec::new();
+            for rank in 0..c {
+                let s = ContextSplit { size: c, rank };
+                let ls = s.local_seq(seq);
+                (0..ls).for_each(|t| seen[s.position(ls, t)] += 1);
+                pairs.push((0..ls).map(|t| s.position(ls, t) + 1).sum::<usize>());
+            }
+            assert!(seen.iter().all(|&n| n == 1), "C {c}");
+            assert!(pairs.iter().all(|&p| p == pairs[0]), "C {c}: {pairs:?}");
+        }
+        let mut local = [0u32; 8];
+        ContextSplit { size: 2, rank: 1 }.take_local(&(0..16).collect::<Vec<u32>>(), 8, &mut local);
+        assert_eq!(local, [2, 3, 4, 5, 10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn comm_types_parse_and_only_a2a_is_built() {
+        for name in ["p2p", "all_gather", "a2a", "a2a+p2p"] {
+            let t = CpCommType::parse(name).unwrap();
+            assert_eq!(t.name(), name);
+            assert_eq!(t.is_built(), name == "a2a");
+        }
+        assert!(CpCommType::parse("ring").unwrap_err().to_string().contains("p2p, all_gather, a2a or a2a+p2p"));
+    }
+}

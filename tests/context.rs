@@ -1,0 +1,214 @@
+//! Context parallelism under Open MPI's mpirun: each sequence split over 2 and 4 ranks (the
+//! all-to-all swap, `--cp-comm-type a2a`), alone and beside tensor, sequence, pipeline and data
+//! parallelism, for GPT-2 and a Llama model with grouped-query attention, computes the
+//! single-rank run (losses and final weights within 1e-5); its checkpoints resume bit for bit and
+//! at another context-parallel size; layouts it cannot run fail once with one clear line.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+/// A `train` run of `preset` for 10 iterations (`--exit-interval` in `extra` stops it sooner)
+/// logging every loss to `json`, saving to `ckpt`.
+fn run_args(preset: &str, data: &str, json: &Path, ckpt: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["train", "--preset", preset, "--data-path", data, SAME_PADDING[0], SAME_PADDING[1]]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let (json, ckpt) = (json.to_str().unwrap(), ckpt.to_str().unwrap());
+    let exit = if extra.contains(&"--exit-interval") { &[][..] } else { &["--exit-interval", "10"][..] };
+    for s in exit.iter().chain(&["--log-interval", "1", "--log-json", json, "--save", ckpt]) {
+        args.push(s.to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Runs each layout of `preset` (with `model` flags) and checks it against one rank.
+fn layouts_match_one_rank(name: &str, preset: &str, model: &[&str], layouts: &[(usize, &[&str])]) {
+    let dir = scratch(name);
+    let data = prepared_corpus(&dir);
+    let (base_json, base_ckpt) = (dir.join("base.jsonl"), dir.join("base"));
+    let args = run_args(preset, &data, &base_json, &base_ckpt, model);
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let base_losses = loss_values(&base_json);
+    assert_eq!(base_losses.len(), 10);
+    let base_weights = full_weights(&base_ckpt);
+    for (i, (ranks, extra)) in layouts.iter().enumerate() {
+        let (json, ckpt) = (dir.join(format!("l{i}.jsonl")), dir.join(format!("l{i}")));
+        let mut args = run_args(preset, &data, &json, &ckpt, model);
+        args.extend(["--cp-comm-type", "a2a"].iter().chain(*extra).map(|s| s.to_string()));
+        let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let what = format!("{preset} on {ranks} ranks {extra:?}");
+        assert!(o.status.success(), "{what}: {}", stderr(&o));
+        let got = loss_values(&json);
+        assert_losses_match(&what, &got, &base_losses);
+        let worst = assert_weights_match(&what, &ckpt, &base_weights);
+        let rel = got.iter().zip(&base_losses).fold(0f64, |m, (a, b)| m.max((a - b).abs() / b.abs()));
+        eprintln!("{what}: losses within {rel:.1e} relative, weights within {worst:.1e}");
+    }
+}
+
+const CP2: &[&str] = &["--context-parallel-size", "2"];
+
+#[test]
+fn gpt_context_parallel_layouts_compute_the_single_rank_run() {
+    layouts_match_one_rank(
+        "cp-gpt",
+        "tiny",
+        &[],
+        &[
+            (2, CP2),
+            (4, &["--context-parallel-size", "4"]),
+            // Beside data parallelism with ZeRO-1 (gradients and shards over dp x cp) and
+            // selective recompute (the swap runs again in backward).
+            (
+                4,
+                &[
+                    "--context-parallel-size",
+                    "2",
+                    "--use-distributed-optimizer",
+                    "--recompute-granularity",
+                    "selective",
+                ],
+            ),
+            (
+                8,
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--context-parallel-size",
+                    "2",
+                    "--pipeline-model-parallel-size",
+                    "2",
+                ],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn llama_context_parallel_layouts_compute_the_single_rank_run() {
+    // llama-tiny: 4 query heads in 2 key/value groups; CP 2 leaves each rank one group of two.
+    layouts_match_one_rank(
+        "cp-llama",
+        "llama-tiny",
+        &[],
+        &[(2, CP2), (4, &["--context-parallel-size", "2", "--recompute-granularity", "full"])],
+    );
+    // 8 heads in 4 groups: CP 4, and TP 2 x CP 2 x PP 2 with SP, each rank keeping whole groups.
+    layouts_match_one_rank(
+        "cp-llama-8",
+        "llama-tiny",
+        &["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4"],
+        &[
+            (4, &["--context-parallel-size", "4"]),
+            (
+                8,
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--context-parallel-size",
+                    "2",
+                    "--pipeline-model-parallel-size",
+                    "2",
+                ],
+            ),
+        ],
+    );
+}
+
+/// A run saved at CP 2 after 5 iterations resumes at CP 2 with the uninterrupted run's losses bit
+/// for bit, and at CP 1 (the checkpoint does not depend on the split) within f32 rounding.
+#[test]
+fn context_parallel_checkpoints_resume_exactly_and_at_another_size() {
+    let dir = scratch("cp-resume");
+    let data = prepared_corpus(&dir);
+    let cp2: Vec<&str> = vec!["--context-parallel-size", "2", "--cp-comm-type", "a2a"];
+    let (whole_json, whole_ckpt) = (dir.join("whole.jsonl"), dir.join("whole"));
+    let args = run_args("tiny", &data, &whole_json, &whole_ckpt, &cp2);
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = logged_losses(&whole_json);
+    assert_eq!(whole.len(), 10);
+
+    let (half_json, ckpt) = (dir.join("half.jsonl"), dir.join("ckpt"));
+    let half: Vec<&str> = cp2.iter().chain(&["--save-interval", "5", "--exit-interval", "5"]).copied().collect();
+    let args = run_args("tiny", &data, &half_json, &ckpt, &half);
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (ranks, extra, exact) in [(2, cp2.clone(), true), (1, vec![], false)] {
+        let json = dir.join(format!("resumed{ranks}.jsonl"));
+        let mut args = run_args("tiny", &data, &json, &dir.join(format!("after{ranks}")), &extra);
+        args.extend(["--load", ckpt.to_str().unwrap()].map(String::from));
+        let o = mpirun(ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "resume on {ranks}: {}", stderr(&o));
+        let resumed = logged_losses(&json);
+        assert_eq!(resumed.len(), 5, "resume on {ranks} logs iterations 6 to 10");
+        for ((it, got), (want_it, want)) in resumed.iter().zip(&whole[5..]) {
+            assert_eq!(it, want_it);
+            match exact {
+                true => assert_eq!(got, want, "CP 2 resumed, iteration {it}"),
+                false => {
+                    let (a, b): (f64, f64) = (got.parse().unwrap(), want.parse().unwrap());
+                    assert!((a - b).abs() <= 1e-5 * b.abs(), "CP 1 resumed, iteration {it}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
+    let dir = scratch("cp-bad");
+    let data = prepared_corpus(&dir);
+    let base = [
+        "train",
+        "--data-path",
+        data.as_str(),
+        "--train-iters",
+        "3",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+    ];
+    let case = |ranks: usize, extra: &[&str], needles: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        assert_one_error(&mpirun(ranks, &args), needles);
+    };
+    let a2a = |extra: &[&'static str]| ["--cp-comm-type", "a2a"].iter().chain(extra).copied().collect::<Vec<&str>>();
+    // Megatron's default type, and the others not built.
+    case(2, &["--context-parallel-size", "2"], &["--cp-comm-type p2p (Megatron's default)", "a2a"]);
+    case(2, &["--context-parallel-size", "2", "--cp-comm-type", "all_gather"], &["all_gather", "not built"]);
+    // A sequence that does not split into 2C chunks; heads that do not split for the swap.
+    case(
+        4,
+        &a2a(&["--context-parallel-size", "4", "--seq-length", "36"]),
+        &["--seq-length 36", "2 x --context-parallel-size 4"],
+    );
+    case(
+        4,
+        &a2a(&["--context-parallel-size", "4", "--num-attention-heads", "2", "--hidden-size", "128"]),
+        &["--context-parallel-size 4", "2 key/value groups"],
+    );
+    // A world that does not factor; SP over a split sequence that does not divide; dropout.
+    case(3, &a2a(&["--context-parallel-size", "2"]), &["3 ranks", "--context-parallel-size 2"]);
+    let sp = ["--tensor-model-parallel-size", "4", "--sequence-parallel", "--num-attention-heads", "8"];
+    case(
+        8,
+        &a2a(&[&["--context-parallel-size", "2", "--seq-length", "36"][..], &sp].concat()),
+        &["18 positions", "--sequence-parallel"],
+    );
+    let o = mpirun(2, &["train", "--data-path", &data, "--context-parallel-size", "2", "--cp-comm-type", "a2a"]);
+    assert_one_error(&o, &["dropout", "--hidden-dropout 0"]);
+    case(
+        8,
+        &a2a(&["--context-parallel-size", "2", "--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),
+        &["--context-parallel-size", "1-D tensor parallelism"],
+    );
+}
