@@ -1,6 +1,6 @@
 //! Context parallelism under Open MPI's mpirun: each sequence split over 2 and 4 ranks (the
-//! all-to-all swap, `--cp-comm-type a2a`), alone and beside tensor, sequence, pipeline and data
-//! parallelism, for GPT-2 and a Llama model with grouped-query attention, computes the
+//! all-to-all swap, `--cp-comm-type a2a`, and the all-gather with blockwise attention,
+//! `all_gather`), alone and beside tensor, sequence, pipeline and data parallelism, for GPT-2 and a Llama model with grouped-query attention, computes the
 //! single-rank run (losses and final weights within 1e-5); its checkpoints resume bit for bit and
 //! at another context-parallel size; layouts it cannot run fail once with one clear line.
 
@@ -38,7 +38,7 @@ fn layouts_match_one_rank(name: &str, preset: &str, model: &[&str], layouts: &[(
     for (i, (ranks, extra)) in layouts.iter().enumerate() {
         let (json, ckpt) = (dir.join(format!("l{i}.jsonl")), dir.join(format!("l{i}")));
         let mut args = run_args(preset, &data, &json, &ckpt, model);
-        args.extend(["--cp-comm-type", "a2a"].iter().chain(*extra).map(|s| s.to_string()));
+        args.extend(extra.iter().map(|s| s.to_string()));
         let o = mpirun(*ranks, &args.iter().map(String::as_str).collect::<Vec<_>>());
         let what = format!("{preset} on {ranks} ranks {extra:?}");
         assert!(o.status.success(), "{what}: {}", stderr(&o));
@@ -50,75 +50,47 @@ fn layouts_match_one_rank(name: &str, preset: &str, model: &[&str], layouts: &[(
     }
 }
 
-const CP2: &[&str] = &["--context-parallel-size", "2"];
+/// `--context-parallel-size c --cp-comm-type kind` followed by `rest`.
+fn cp(c: &'static str, kind: &'static str, rest: &[&'static str]) -> Vec<&'static str> {
+    [&["--context-parallel-size", c, "--cp-comm-type", kind][..], rest].concat()
+}
+
+const TP2_SP_PP2: &[&str] =
+    &["--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2"];
 
 #[test]
 fn gpt_context_parallel_layouts_compute_the_single_rank_run() {
-    layouts_match_one_rank(
-        "cp-gpt",
-        "tiny",
-        &[],
-        &[
-            (2, CP2),
-            (4, &["--context-parallel-size", "4"]),
-            // Beside data parallelism with ZeRO-1 (gradients and shards over dp x cp) and
-            // selective recompute (the swap runs again in backward).
-            (
-                4,
-                &[
-                    "--context-parallel-size",
-                    "2",
-                    "--use-distributed-optimizer",
-                    "--recompute-granularity",
-                    "selective",
-                ],
-            ),
-            (
-                8,
-                &[
-                    "--tensor-model-parallel-size",
-                    "2",
-                    "--sequence-parallel",
-                    "--context-parallel-size",
-                    "2",
-                    "--pipeline-model-parallel-size",
-                    "2",
-                ],
-            ),
-        ],
-    );
+    let layouts = [
+        (2, cp("2", "a2a", &[])),
+        (4, cp("4", "a2a", &[])),
+        // Beside data parallelism with ZeRO-1 (gradients and shards over dp x cp) and
+        // selective recompute (the swap runs again in backward).
+        (4, cp("2", "a2a", &["--use-distributed-optimizer", "--recompute-granularity", "selective"])),
+        (8, cp("2", "a2a", TP2_SP_PP2)),
+        (2, cp("2", "all_gather", &[])),
+        (4, cp("4", "all_gather", &[])),
+        (8, cp("2", "all_gather", TP2_SP_PP2)),
+    ];
+    let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
+    layouts_match_one_rank("cp-gpt", "tiny", &[], &layouts);
 }
 
 #[test]
 fn llama_context_parallel_layouts_compute_the_single_rank_run() {
-    // llama-tiny: 4 query heads in 2 key/value groups; CP 2 leaves each rank one group of two.
-    layouts_match_one_rank(
-        "cp-llama",
-        "llama-tiny",
-        &[],
-        &[(2, CP2), (4, &["--context-parallel-size", "2", "--recompute-granularity", "full"])],
-    );
+    // llama-tiny: 4 query heads in 2 key/value groups; the swap at CP 2 leaves each rank one
+    // group of two; the all-gather splits positions only, so CP 4 runs too.
+    let layouts = [
+        (2, cp("2", "a2a", &[])),
+        (4, cp("2", "a2a", &["--recompute-granularity", "full"])),
+        (4, cp("4", "all_gather", &["--recompute-granularity", "selective"])),
+    ];
+    let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
+    layouts_match_one_rank("cp-llama", "llama-tiny", &[], &layouts);
     // 8 heads in 4 groups: CP 4, and TP 2 x CP 2 x PP 2 with SP, each rank keeping whole groups.
-    layouts_match_one_rank(
-        "cp-llama-8",
-        "llama-tiny",
-        &["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4"],
-        &[
-            (4, &["--context-parallel-size", "4"]),
-            (
-                8,
-                &[
-                    "--tensor-model-parallel-size",
-                    "2",
-                    "--sequence-parallel",
-                    "--context-parallel-size",
-                    "2",
-                    "--pipeline-model-parallel-size",
-                    "2",
-                ],
-            ),
-        ],
-    );
+    let layouts = [(4, cp("4", "a2a", &[])), (8, cp("2", "a2a", TP2_SP_PP2)), (8, cp("2", "all_gather", TP2_SP_PP2))];
+    let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
+    let model = ["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4"];
+    layouts_match_one_rank("cp-llama-8", "llama-tiny", &model, &layouts);
 }
 
 /// A run saved at CP 2 after 5 iterations resumes at CP 2 with the uninterrupted run's losses bit
@@ -184,7 +156,7 @@ fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
     let a2a = |extra: &[&'static str]| ["--cp-comm-type", "a2a"].iter().chain(extra).copied().collect::<Vec<&str>>();
     // Megatron's default type, and the others not built.
     case(2, &["--context-parallel-size", "2"], &["--cp-comm-type p2p (Megatron's default)", "a2a"]);
-    case(2, &["--context-parallel-size", "2", "--cp-comm-type", "all_gather"], &["all_gather", "not built"]);
+    case(2, &["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"], &["a2a+p2p", "not built"]);
     // A sequence that does not split into 2C chunks; heads that do not split for the swap.
     case(
         4,

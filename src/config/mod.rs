@@ -234,7 +234,7 @@ impl TrainConfig {
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
-        let (context_parallel, cp_comm_type) = context_parallel(args, &dropout)?;
+        let (context_parallel, cp_comm_type) = context_parallel(args, &dropout, &mut notes)?;
         let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
             .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
         Ok(TrainConfig {
@@ -682,6 +682,7 @@ fn tokenizer(
 fn context_parallel(
     args: &Args,
     dropout: &crate::model::gpt::DropoutRates,
+    notes: &mut Vec<String>,
 ) -> Result<(usize, crate::parallel::context::CpCommType)> {
     use crate::parallel::context::CpCommType;
     let size = nonzero(args, "--context-parallel-size", "a positive whole number")?.unwrap_or(1);
@@ -700,8 +701,9 @@ fn context_parallel(
     if !kind.is_built() {
         let default = if parsed.is_empty() { " (Megatron's default)" } else { "" };
         return Err(Error::Unsupported(format!(
-            "--context-parallel-size {size} with --cp-comm-type {}{default}: only the all-to-all swap is built \
-             (pass --cp-comm-type a2a); the p2p ring, all_gather and a2a+p2p are not built yet",
+            "--context-parallel-size {size} with --cp-comm-type {}{default}: the all-to-all swap and the \
+             all-gather are built (pass --cp-comm-type a2a or all_gather); the p2p ring and a2a+p2p are not \
+             built yet",
             kind.name()
         )));
     }
@@ -721,6 +723,13 @@ fn context_parallel(
                 "{name} with --context-parallel-size {size}: the context-parallel layers do not place {what} yet"
             )));
         }
+    }
+    let device = args.str("--device").unwrap_or("cpu");
+    if kind == CpCommType::AllGather && device != "cpu" {
+        notes.push(format!(
+            "--cp-comm-type all_gather on --device {device}: the blockwise attention stages through the host (no \
+             GPU kernel yet; slow); --cp-comm-type a2a runs on the device"
+        ));
     }
     Ok((size, kind))
 }

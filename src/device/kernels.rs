@@ -301,7 +301,7 @@ fn gather_head<R: Real>(qkv: &[R], shape: &AttentionShape, b: usize, head: usize
 
 /// `y += alpha · x`.
 #[inline(always)]
-fn axpy<R: Real>(y: &mut [R], alpha: R, x: &[R]) {
+pub fn axpy<R: Real>(y: &mut [R], alpha: R, x: &[R]) {
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }

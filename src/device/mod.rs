@@ -3,6 +3,7 @@
 //! together make a `Device`; no model, parallel or optimizer code branches on which backend it
 //! is. What a device's work costs, where it counts it, is `counters::WorkCounters`.
 
+pub mod blocks;
 pub mod collectives;
 pub mod counters;
 pub mod cpu;
@@ -20,7 +21,7 @@ pub use dropout::Dropout;
 pub use kernels::Gelu;
 pub use ops::{
     AdamWStep, AdamWTensor, AttentionOps, AttentionShape, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
-    LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, Rotary, Tokens,
+    LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, QkvRun, Rotary, Tokens,
 };
 
 /// The op families, for code that calls ops on a concrete backend (`CpuDevice`, `GpuDevice`)

@@ -114,6 +114,29 @@ impl AttentionShape {
     }
 }
 
+/// A run of positions of a fused-QKV buffer (or a buffer laid out like one): positions `first ..
+/// first + len` of each of the shape's `batch` samples, in a buffer of `seq` positions (rows
+/// `t · batch + b`) starting at element `base`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvRun {
+    pub base: usize,
+    pub seq: usize,
+    pub first: usize,
+    pub len: usize,
+}
+
+impl QkvRun {
+    /// The first element of position `t` of the run in sample `b`, rows `width` wide.
+    pub fn at(&self, t: usize, b: usize, batch: usize, width: usize) -> usize {
+        self.base + ((self.first + t) * batch + b) * width
+    }
+
+    /// Elements the buffer must hold, rows `width` wide.
+    pub fn end(&self, batch: usize, width: usize) -> usize {
+        self.base + self.seq * batch * width
+    }
+}
+
 /// Rotary position embedding (RoPE) of one attention call: the first `rotary_dim` components of
 /// every query and key head are rotated in pairs `(i, i + rotary_dim / 2)` (Megatron's and Hugging
 /// Face's non-interleaved layout) by `position · inv_freq[i]`. `table` (a device buffer the model
@@ -388,6 +411,44 @@ pub trait AttentionOps: Memory {
         shape: AttentionShape,
         dropout: Option<&Dropout>,
         documents: Option<&[u32]>,
+    );
+
+    /// One block of blockwise causal attention (`device::blocks::block_forward`): `out` ([q.len ·
+    /// batch, heads · head_dim]) and `lse` ([batch, heads, q.len], f32 storage) from the queries
+    /// at `q` of one fused-QKV buffer and the keys and values at `kv` of another (or the same);
+    /// every key, or key j ≤ query j on the `diagonal`.
+    fn attention_block_forward(
+        &self,
+        out_lse: (&mut Self::Buf, &mut Self::Buf),
+        q: (&Self::Buf, QkvRun),
+        kv: (&Self::Buf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    );
+
+    /// `(out, lse)` becomes the attention over the keys of both blocks (`blocks::merge`) of
+    /// `positions` queries.
+    fn attention_merge(
+        &self,
+        acc: (&mut Self::Buf, &mut Self::Buf),
+        part: (&Self::Buf, &Self::Buf),
+        shape: AttentionShape,
+        positions: usize,
+    );
+
+    /// A block's backward (`blocks::block_backward`), adding to `grad`'s query columns at `dq` and
+    /// key and value columns at `dkv`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block_backward(
+        &self,
+        grad: &mut Self::Buf,
+        runs: (QkvRun, QkvRun),
+        saved: ((&Self::Buf, &Self::Buf), usize),
+        lse: (&Self::Buf, usize),
+        q: (&Self::Buf, QkvRun),
+        kv: (&Self::Buf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
     );
 
     /// Causal attention of the newest positions of one sequence against every position up to

@@ -1,6 +1,8 @@
 //! The reference device: every op in plain serial f64 loops. It is the oracle the fast backends
 //! are tested against, and the device the finite-difference gradient checks run on.
 
+use super::blocks;
+use super::QkvRun;
 use super::prelude::*;
 use super::{dropout, kernels, llama, Dropout, Gelu};
 use super::{AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
@@ -369,6 +371,42 @@ impl AttentionOps for ReferenceDevice {
                 }
             }
         }
+    }
+
+    fn attention_block_forward(
+        &self,
+        (out, lse): (&mut Vec<f64>, &mut Vec<f64>),
+        (q_src, q): (&Vec<f64>, QkvRun),
+        (kv_src, kv): (&Vec<f64>, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, diagonal);
+    }
+
+    fn attention_merge(
+        &self,
+        acc: (&mut Vec<f64>, &mut Vec<f64>),
+        (o, l): (&Vec<f64>, &Vec<f64>),
+        shape: AttentionShape,
+        positions: usize,
+    ) {
+        blocks::merge((&mut acc.0[..], &mut acc.1[..]), (o, l), shape, positions);
+    }
+
+    fn attention_block_backward(
+        &self,
+        grad: &mut Vec<f64>,
+        runs: (QkvRun, QkvRun),
+        ((dout, out), at): ((&Vec<f64>, &Vec<f64>), usize),
+        (lse, lse_at): (&Vec<f64>, usize),
+        (q_src, q): (&Vec<f64>, QkvRun),
+        (kv_src, kv): (&Vec<f64>, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        let saved = ((&dout[..], &out[..]), at);
+        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, diagonal);
     }
 
     fn attention_decode(&self, out: &mut Vec<f64>, qkv: &Vec<f64>, shape: AttentionShape, t0: usize) {

@@ -7,8 +7,9 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice, Scratch};
 use super::kernels::args;
 use super::kernels::plan::Op;
+use crate::device::blocks;
 use crate::device::prelude::*;
-use crate::device::{AttentionShape, Dropout, Matrix, Rotary};
+use crate::device::{AttentionShape, Dropout, Matrix, QkvRun, Rotary};
 
 /// `$kernel`'s arguments: `$args`, then those of the dropout site `$site` (`site_ints`, its scale
 /// second), as every `_drop_` attention kernel takes them after its own.
@@ -22,6 +23,55 @@ macro_rules! with_site {
 impl AttentionOps for GpuDevice {
     fn attention_decode(&self, _: &mut GpuBuf, _: &GpuBuf, _: AttentionShape, _: usize) {
         unbuilt("attention against a key/value cache (generation)")
+    }
+
+    // Context parallelism's blocks (`--cp-comm-type all_gather`): no GPU kernel yet; they run on
+    // the host in f32 (`device::blocks`), the buffers copied out and back.
+    fn attention_block_forward(
+        &self,
+        (out, lse): (&mut GpuBuf, &mut GpuBuf),
+        (q_src, q): (&GpuBuf, QkvRun),
+        (kv_src, kv): (&GpuBuf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
+        let (mut o, mut l) = (self.host_copy(out), self.host_copy(lse));
+        blocks::block_forward((&mut o, &mut l), (&qs, q), (&ks, kv), shape, diagonal);
+        self.upload(out, &o);
+        self.upload(lse, &l);
+    }
+
+    fn attention_merge(
+        &self,
+        (out, lse): (&mut GpuBuf, &mut GpuBuf),
+        (part_out, part_lse): (&GpuBuf, &GpuBuf),
+        shape: AttentionShape,
+        positions: usize,
+    ) {
+        let (mut o, mut l) = (self.host_copy(out), self.host_copy(lse));
+        let (po, pl) = (self.host_copy(part_out), self.host_copy(part_lse));
+        blocks::merge((&mut o, &mut l), (&po, &pl), shape, positions);
+        self.upload(out, &o);
+        self.upload(lse, &l);
+    }
+
+    fn attention_block_backward(
+        &self,
+        grad: &mut GpuBuf,
+        runs: (QkvRun, QkvRun),
+        ((dout, out), at): ((&GpuBuf, &GpuBuf), usize),
+        (lse, lse_at): (&GpuBuf, usize),
+        (q_src, q): (&GpuBuf, QkvRun),
+        (kv_src, kv): (&GpuBuf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        let mut g = self.host_copy(grad);
+        let (d, o, l) = (self.host_copy(dout), self.host_copy(out), self.host_copy(lse));
+        let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
+        blocks::block_backward(&mut g, runs, ((&d, &o), at), (&l, lse_at), (&qs, q), (&ks, kv), shape, diagonal);
+        self.upload(grad, &g);
     }
 
     fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
@@ -221,4 +271,13 @@ fn site_ints(d: &Dropout) -> [i32; 12] {
 fn attention_ints(shape: AttentionShape) -> [i32; 4] {
     let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
     [int("batch", batch), int("seq", seq), int("heads", heads), int("kv heads", kv_heads)]
+}
+
+impl GpuDevice {
+    /// A buffer's values on the host, as f32.
+    fn host_copy(&self, buf: &GpuBuf) -> Vec<f32> {
+        let mut host = vec![0f32; buf.len];
+        self.download(buf, &mut host);
+        host
+    }
 }

@@ -294,7 +294,7 @@ impl GptConfig {
                 self.padded_vocab_size, self.vocab_size
             )));
         }
-        self.validate_context(mp.context.size, t, seq_length)?;
+        self.validate_context(mp.context.size, seq_length)?;
         let local = seq_length / mp.context.size;
         if mp.sequence_parallel && !local.is_multiple_of(t) {
             let what = match mp.context.size {
@@ -308,14 +308,10 @@ impl GptConfig {
         Ok(())
     }
 
-    /// Checks that the sequence and the heads split over `c` context-parallel ranks under
-    /// tensor-parallel size `t`: the sequence into 2c chunks of equal length, each rank's query
-    /// heads and key/value groups into c blocks (the all-to-all swap's).
-    fn validate_context(&self, c: usize, t: usize, seq_length: usize) -> Result<()> {
-        if c == 1 {
-            return Ok(());
-        }
-        if !seq_length.is_multiple_of(2 * c) {
+    /// Checks that the sequence splits over `c` context-parallel ranks: into 2c chunks of equal
+    /// length.
+    fn validate_context(&self, c: usize, seq_length: usize) -> Result<()> {
+        if c > 1 && !seq_length.is_multiple_of(2 * c) {
             return Err(Error::Config(format!(
                 "--seq-length {seq_length} does not split into 2 x --context-parallel-size {c} = {} chunks of \
                  equal length (each rank holds chunks i and {}-i, Megatron's load balancing)",
@@ -323,6 +319,12 @@ impl GptConfig {
                 2 * c - 1
             )));
         }
+        Ok(())
+    }
+
+    /// Checks that each tensor-parallel rank's (of `t`) query heads and key/value groups split
+    /// into `c` blocks, as `--cp-comm-type a2a`'s swap needs.
+    pub fn validate_head_swap(&self, c: usize, t: usize) -> Result<()> {
         let (heads, groups) = (self.num_attention_heads / t, self.kv_heads() / t);
         if !groups.is_multiple_of(c) {
             return Err(Error::Config(format!(

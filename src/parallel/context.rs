@@ -3,58 +3,19 @@
 //! the causal mask every rank then has the same number of query-key pairs), and the attention of
 //! a rank's positions computed across its group.
 //!
-//! Built: `--cp-comm-type a2a`, DeepSpeed Ulysses' swap. Before attention each rank trades its
+//! `--cp-comm-type a2a` is here, DeepSpeed Ulysses' swap. Before attention each rank trades its
 //! positions of every head for every position of 1/C of the heads (`to_heads`), runs the Device's
 //! ordinary causal attention over the whole sequence on those heads, and trades back
 //! (`to_positions`). The fused QKV row is group-major (each key/value group's query heads, then
 //! its key and value head), so a rank's heads are one contiguous block of columns. The trade runs
-//! as the group's all-gather followed by each rank copying out its blocks (the volume of Megatron's
-//! `all_gather` type, C-1 times a true all-to-all's); a true all-to-all, the `p2p` ring with its
-//! log-sum-exp merge and `all_gather`'s query-offset kernels are not built.
+//! as the group's all-gather followed by each rank copying out its blocks (the volume of
+//! Megatron's `all_gather` type, C-1 times a true all-to-all's). `all_gather` is
+//! `context_gather.rs`; the `p2p` ring and `a2a+p2p` are not built.
 
+pub use super::grid::CpCommType;
 use crate::comm::Comm;
 use crate::device::Device;
-use crate::error::{Error, Result};
 use crate::real::Precision;
-
-/// Megatron's `--cp-comm-type`: how a context-parallel group computes attention.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CpCommType {
-    /// A ring passing key/value blocks (Megatron's default).
-    P2p,
-    /// Keys and values all-gathered, each rank's queries attending to them.
-    AllGather,
-    /// The all-to-all swap of positions for heads (DeepSpeed Ulysses).
-    A2a,
-    /// All-to-all inside `--hierarchical-context-parallel-sizes`' inner groups, a ring across.
-    A2aP2p,
-}
-
-impl CpCommType {
-    pub fn parse(s: &str) -> Result<CpCommType> {
-        match s {
-            "p2p" => Ok(CpCommType::P2p),
-            "all_gather" => Ok(CpCommType::AllGather),
-            "a2a" => Ok(CpCommType::A2a),
-            "a2a+p2p" => Ok(CpCommType::A2aP2p),
-            _ => Err(Error::flag("--cp-comm-type", format!("'{s}'"), "p2p, all_gather, a2a or a2a+p2p")),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CpCommType::P2p => "p2p",
-            CpCommType::AllGather => "all_gather",
-            CpCommType::A2a => "a2a",
-            CpCommType::A2aP2p => "a2a+p2p",
-        }
-    }
-
-    /// Whether trident runs this type; the others are refused naming what is missing.
-    pub fn is_built(self) -> bool {
-        self == CpCommType::A2a
-    }
-}
 
 /// Where a rank's positions sit in its sequences: rank `rank` of `size` holds chunks `rank` and
 /// `2 size - 1 - rank` of `2 size`, in that order (its local positions `0..L` and `L..2L`).
@@ -126,7 +87,7 @@ pub struct Gathered<B> {
 }
 
 impl<B> Gathered<B> {
-    fn ensure<D: Device<Buf = B>>(&mut self, dev: &D, like: &B, len: usize) -> &mut B {
+    pub(super) fn ensure<D: Device<Buf = B>>(&mut self, dev: &D, like: &B, len: usize) -> &mut B {
         if self.buf.as_ref().is_none_or(|b| dev.len(b) != len) {
             self.buf = Some(dev.alloc_like_len(like, len));
         }
@@ -262,11 +223,11 @@ mod tests {
     }
 
     #[test]
-    fn comm_types_parse_and_only_a2a_is_built() {
+    fn comm_types_parse_and_a2a_and_all_gather_are_built() {
         for name in ["p2p", "all_gather", "a2a", "a2a+p2p"] {
             let t = CpCommType::parse(name).unwrap();
             assert_eq!(t.name(), name);
-            assert_eq!(t.is_built(), name == "a2a");
+            assert_eq!(t.is_built(), name == "a2a" || name == "all_gather");
         }
         assert!(CpCommType::parse("ring").unwrap_err().to_string().contains("p2p, all_gather, a2a or a2a+p2p"));
     }

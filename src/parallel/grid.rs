@@ -79,6 +79,45 @@ impl TensorMode {
     }
 }
 
+/// Megatron's `--cp-comm-type`: how a context-parallel group computes attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpCommType {
+    /// A ring passing key/value blocks (Megatron's default).
+    P2p,
+    /// Keys and values all-gathered, each rank's queries attending to them.
+    AllGather,
+    /// The all-to-all swap of positions for heads (DeepSpeed Ulysses).
+    A2a,
+    /// All-to-all inside `--hierarchical-context-parallel-sizes`' inner groups, a ring across.
+    A2aP2p,
+}
+
+impl CpCommType {
+    pub fn parse(s: &str) -> Result<CpCommType> {
+        match s {
+            "p2p" => Ok(CpCommType::P2p),
+            "all_gather" => Ok(CpCommType::AllGather),
+            "a2a" => Ok(CpCommType::A2a),
+            "a2a+p2p" => Ok(CpCommType::A2aP2p),
+            _ => Err(Error::flag("--cp-comm-type", format!("'{s}'"), "p2p, all_gather, a2a or a2a+p2p")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CpCommType::P2p => "p2p",
+            CpCommType::AllGather => "all_gather",
+            CpCommType::A2a => "a2a",
+            CpCommType::A2aP2p => "a2a+p2p",
+        }
+    }
+
+    /// Whether trident runs this type; the others are refused naming what is missing.
+    pub fn is_built(self) -> bool {
+        matches!(self, CpCommType::A2a | CpCommType::AllGather)
+    }
+}
+
 /// A rank's place in a SUMMA grid: tensor-parallel rank `col + q * row + q² * dep`
 /// (Colossal-AI's order, docs/design.md): row groups are q adjacent ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! (`summa.rs`), and data-parallel gradient reduction (`data.rs`).
 
 pub mod context;
+pub mod context_gather;
 pub mod data;
 pub mod grid;
 pub mod pipeline;

@@ -17,7 +17,7 @@ pub struct TensorParallel<'a> {
     pub comm: &'a dyn Comm,
     pub sequence_parallel: bool,
     pub summa: Option<(Summa<'a>, &'a dyn Comm)>,
-    pub context: Option<&'a dyn Comm>,
+    pub context: Option<(&'a dyn Comm, crate::parallel::grid::CpCommType)>,
 }
 
 impl TensorParallel<'static> {

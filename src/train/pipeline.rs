@@ -177,7 +177,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 let (row, col) = (&*groups.summa_row, &*groups.summa_col);
                 (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
             }),
-            context: (groups.cp.size() > 1).then_some(&*groups.cp),
+            context: (groups.cp.size() > 1).then_some((&*groups.cp, cfg.cp_comm_type)),
         };
         // Elements of the hidden states one rank passes between pipeline stages: its rows (a
         // sequence shard under SP, a batch block under SUMMA; its positions under context

@@ -13,7 +13,7 @@ use crate::device::{CollectiveLibrary, CollectivesRequest, Device, DevicePeak};
 use crate::error::{Error, Result};
 use crate::gpu::training::TrainingGpu;
 use crate::model::{ChunkPlan, ModelParallel};
-use crate::parallel::context::ContextSplit;
+use crate::parallel::context::{ContextSplit, CpCommType};
 use crate::parallel::grid::{Grid, Groups, TensorMode};
 use crate::parallel::pipeline::{self, Schedule};
 
@@ -246,6 +246,9 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
         }
     }
     cfg.model.validate_parallel(&mp, cfg.seq_length)?;
+    if grid.cp > 1 && cfg.cp_comm_type == CpCommType::A2a {
+        cfg.model.validate_head_swap(grid.cp, grid.tp)?;
+    }
     Ok((cfg, grid, mp))
 }
 

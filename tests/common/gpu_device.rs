@@ -478,7 +478,7 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
 
 /// Context parallelism on a GPU Device (`device`, its emulation in `env`): TINY_GPU's model with
 /// its 2 heads split over CP 2 (the a2a swap, one head per rank over the whole sequence), alone
-/// and beside DP 2 with ZeRO-1, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
+/// and beside DP 2 with ZeRO-1, and CP 2 with the all-gather's blocks, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
 /// device memory) and through `--gpu-collectives mpi` (host-staged): both the same run bit for
 /// bit, and one rank's within 1e-3.
 pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
@@ -491,11 +491,17 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
     let library = if var == "TRIDENT_RCCL" { "rccl" } else { "nccl" };
     let base = ["--train-iters", "3", "--hidden-dropout", "0", "--attention-dropout", "0"];
     let one = train_losses(env, dir, &data, device, 1, &base);
-    let cp2 = ["--context-parallel-size", "2", "--cp-comm-type", "a2a"];
-    for (name, ranks, extra) in [("CP 2", 2, vec![]), ("CP 2 x DP 2, ZeRO-1", 4, vec!["--use-distributed-optimizer"])] {
-        let flags = [&base[..], &cp2, &extra].concat();
+    let (a2a, gather) = (["--cp-comm-type", "a2a"], ["--cp-comm-type", "all_gather"]);
+    for (name, ranks, extra) in [
+        ("CP 2", 2, vec![&a2a[..]]),
+        ("CP 2 x DP 2, ZeRO-1", 4, vec![&a2a[..], &["--use-distributed-optimizer"]]),
+        // The blocks stage through the host; the gather and the gradients' reduce-scatter run on
+        // the device's collectives.
+        ("CP 2, all_gather", 2, vec![&gather[..]]),
+    ] {
+        let flags = [&base[..], &["--context-parallel-size", "2"], &extra.concat()].concat();
         let run = |library: &str| {
-            let log = dir.join(format!("nccl-cp-{ranks}-{library}.log"));
+            let log = dir.join(format!("nccl-cp-{}-{library}.log", name.replace([' ', ','], "")));
             let _ = std::fs::remove_file(&log);
             let mut env = env.to_vec();
             env.extend([(var, nccl.to_path_buf()), ("FAKE_NCCL_LOG", log.clone())]);

@@ -13,6 +13,8 @@ pub mod peak;
 pub mod pool;
 pub mod simd;
 
+use super::blocks;
+use super::QkvRun;
 use super::prelude::*;
 use super::{
     dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gelu, Gemm, LayerNormSaved, Logits, Matrix,
@@ -684,6 +686,42 @@ impl AttentionOps for CpuDevice {
                 }
             }
         });
+    }
+
+    fn attention_block_forward(
+        &self,
+        (out, lse): (&mut CpuBuf, &mut CpuBuf),
+        (q_src, q): (&CpuBuf, QkvRun),
+        (kv_src, kv): (&CpuBuf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, diagonal);
+    }
+
+    fn attention_merge(
+        &self,
+        acc: (&mut CpuBuf, &mut CpuBuf),
+        (o, l): (&CpuBuf, &CpuBuf),
+        shape: AttentionShape,
+        positions: usize,
+    ) {
+        blocks::merge((&mut acc.0[..], &mut acc.1[..]), (o, l), shape, positions);
+    }
+
+    fn attention_block_backward(
+        &self,
+        grad: &mut CpuBuf,
+        runs: (QkvRun, QkvRun),
+        ((dout, out), at): ((&CpuBuf, &CpuBuf), usize),
+        (lse, lse_at): (&CpuBuf, usize),
+        (q_src, q): (&CpuBuf, QkvRun),
+        (kv_src, kv): (&CpuBuf, QkvRun),
+        shape: AttentionShape,
+        diagonal: bool,
+    ) {
+        let saved = ((&dout[..], &out[..]), at);
+        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, diagonal);
     }
 
     fn attention_decode(&self, out: &mut CpuBuf, qkv: &CpuBuf, shape: AttentionShape, t0: usize) {

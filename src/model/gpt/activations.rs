@@ -5,6 +5,8 @@
 
 use crate::device::Device;
 use crate::model::{ChunkPlan, GptConfig, ModelParallel, Normalization, Recompute};
+use crate::parallel::context::HeadsScratch;
+use crate::parallel::context_gather::BlockScratch;
 use crate::real::Precision;
 
 /// Row counts of one micro-batch on this rank.
@@ -458,5 +460,25 @@ impl<D: Device> Activations<D> {
             },
             compact: if compact { plan.layers.clone().map(|_| None).collect() } else { Vec::new() },
         }
+    }
+}
+
+/// The context-parallel attention's buffers, reused across layers and micro-batches: the
+/// all-to-all swap's and the blocks'.
+pub(super) struct ContextScratch<B> {
+    pub(super) heads: HeadsScratch<B>,
+    pub(super) blocks: BlockScratch<B>,
+}
+
+impl<B> Default for ContextScratch<B> {
+    fn default() -> Self {
+        ContextScratch { heads: HeadsScratch::default(), blocks: BlockScratch::default() }
+    }
+}
+
+impl<B> ContextScratch<B> {
+    /// Bytes held (for `--log-memory`).
+    pub(super) fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        self.heads.bytes(dev) + self.blocks.bytes(dev)
     }
 }

@@ -6,11 +6,13 @@
 //! gradient, swapped again from what the layer saved (the activations kept are this rank's rows
 //! only). Without context parallelism these are the Device's ops.
 
+use super::activations::ContextScratch;
 use super::tensor_parallel::Pass;
 use super::Gpt;
-use crate::device::{AttentionShape, Device, Dropout};
 use crate::comm::Comm;
-use crate::parallel::context::{ensure, to_heads, to_positions, SwapShape};
+use crate::device::{AttentionShape, Device, Dropout};
+use crate::parallel::context::{ensure, to_heads, to_positions, CpCommType, SwapShape};
+use crate::parallel::context_gather;
 use crate::real::Precision;
 
 impl<D: Device> Pass<'_, D> {
@@ -24,11 +26,14 @@ impl<D: Device> Pass<'_, D> {
         dropout: Option<&Dropout>,
         precision: Precision,
     ) {
-        let Some(cp) = self.tp.context else {
+        let Some((cp, kind)) = self.tp.context else {
             return self.dev.attention_forward(out, lse, qkv, shape, dropout, self.documents);
         };
         let (dev, wide) = (self.dev, whole_sequences(shape, cp));
-        let h = &mut *self.heads;
+        let ContextScratch { heads: h, blocks } = &mut *self.heads;
+        if kind == CpCommType::AllGather {
+            return context_gather::forward(dev, cp, (out, lse), qkv, shape, (&mut h.gathered, blocks));
+        }
         let (rows, c) = (shape.rows(), cp.size());
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
         to_heads(dev, cp, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
@@ -52,11 +57,15 @@ impl<D: Device> Pass<'_, D> {
         dropout: Option<&Dropout>,
         precision: Precision,
     ) {
-        let Some(cp) = self.tp.context else {
+        let Some((cp, kind)) = self.tp.context else {
             return self.dev.attention_backward(dqkv, dout, qkv, out, lse, shape, dropout, self.documents);
         };
         let (dev, wide) = (self.dev, whole_sequences(shape, cp));
-        let h = &mut *self.heads;
+        let ContextScratch { heads: h, blocks } = &mut *self.heads;
+        if kind == CpCommType::AllGather {
+            let saved = (qkv, out, lse);
+            return context_gather::backward(dev, cp, dqkv, dout, saved, shape, (&mut h.gathered, blocks));
+        }
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
         to_heads(dev, cp, qkv, q, swap(shape, qw), &mut h.gathered);

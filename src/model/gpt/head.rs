@@ -25,8 +25,15 @@ impl<D: Device> Gpt<D> {
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let (a, mut pass) = (
             &mut self.pool[index].1,
-            Pass { dev, tp, sc: &mut self.scratch,
- heads: &mut self.heads, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref(), documents: None },
+            Pass {
+                dev,
+                tp,
+                sc: &mut self.scratch,
+                heads: &mut self.heads,
+                norm: Norm::of(&self.cfg.arch),
+                rope: self.rope.as_ref(),
+                documents: None,
+            },
         );
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
@@ -94,8 +101,15 @@ impl<D: Device> Gpt<D> {
         let num_params = self.params.info.len();
         let (a, mut pass) = (
             &mut self.pool[index].1,
-            Pass { dev, tp, sc: &mut self.scratch,
- heads: &mut self.heads, norm: Norm::of(&self.cfg.arch), rope: self.rope.as_ref(), documents: None },
+            Pass {
+                dev,
+                tp,
+                sc: &mut self.scratch,
+                heads: &mut self.heads,
+                norm: Norm::of(&self.cfg.arch),
+                rope: self.rope.as_ref(),
+                documents: None,
+            },
         );
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");

@@ -31,7 +31,6 @@ use super::{Arch, ChunkPlan, GptConfig, ModelParallel, Normalization, PositionEm
 use crate::comm::CommCounters;
 use crate::device::{Device, WorkCounters};
 use crate::optim::WorkingCopy;
-use crate::parallel::context::HeadsScratch;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::TensorParallel;
 use crate::real::Precision;
@@ -152,7 +151,7 @@ pub struct Gpt<D: Device> {
     gamma_ones: Vec<(usize, D::Buf)>,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
-    heads: HeadsScratch<D::Buf>,
+    heads: activations::ContextScratch<D::Buf>,
     /// Per layer, what the tensor-parallel group, the SUMMA row and the SUMMA column moved in the
     /// layer's forward and backward passes (recomputation included) since the last reset.
     layer_comm: Vec<[CommCounters; 3]>,
@@ -229,7 +228,7 @@ impl<D: Device> Gpt<D> {
             working: None,
             gamma_ones: Vec::new(),
             scratch: Scratch::default(),
-            heads: HeadsScratch::default(),
+            heads: activations::ContextScratch::default(),
             layer_comm: vec![[CommCounters::default(); 3]; layout.num_layers],
             layer_work: None,
             stashed: 0,

@@ -11,7 +11,6 @@ use crate::comm::CommCounters;
 use crate::device::Device;
 use crate::device::{Dropout, Gemm, LayerNormSaved, Matrix};
 use crate::model::Normalization;
-use crate::parallel::context::HeadsScratch;
 use crate::parallel::summa::Scratch;
 use crate::parallel::tensor::{all_gather, all_reduce, reduce_scatter, TensorParallel};
 
@@ -24,7 +23,7 @@ pub(super) struct Pass<'a, D: Device> {
     pub(super) tp: TensorParallel<'a>,
     pub(super) sc: &'a mut Scratch<D::Buf>,
     /// The context-parallel attention's buffers (`context.rs`).
-    pub(super) heads: &'a mut HeadsScratch<D::Buf>,
+    pub(super) heads: &'a mut super::activations::ContextScratch<D::Buf>,
     pub(super) norm: Norm,
     pub(super) rope: Option<&'a D::Buf>,
     pub(super) documents: Option<&'a [u32]>,

@@ -3,8 +3,8 @@
 //! layout, empty products and thread-count independence.
 
 use super::MatRef;
-pub(crate) use crate::rng::fill;
 use crate::device::cpu::pool::ThreadPool;
+pub(crate) use crate::rng::fill;
 
 /// A GEMM entry point with an explicit kernel, `gemm_with` or `gemm_bf16_with`.
 pub(crate) type GemmWith<K> = fn(K, &ThreadPool, usize, usize, usize, MatRef, MatRef, &mut [f32], usize, bool);

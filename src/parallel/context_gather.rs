@@ -1,0 +1,174 @@
+//! Context parallelism's `all_gather` type (Megatron's `--cp-comm-type all_gather`): every rank
+//! all-gathers the group's fused QKV rows, and each of its two query chunks attends block by
+//! block (`AttentionOps::attention_block_forward`) to its own chunk (the causal diagonal) and to
+//! every chunk before it, the blocks merged by their log-sum-exps. Backward gathers again, adds
+//! each block's query gradient to this rank's rows and its key/value gradient to the rows of the
+//! chunk's owner in a buffer of the whole group's rows, and reduce-scatters that buffer, so each
+//! rank receives the sum of every rank's contributions to its rows. The log-sum-exp of a rank's
+//! queries is kept chunk-major ([chunk][batch][heads][positions]), the same length as one rank's.
+
+use super::context::{ContextSplit, Gathered};
+use crate::comm::Comm;
+use crate::device::{AttentionShape, Device, QkvRun};
+
+/// The buffers of the blocks, reused across layers: two (output, log-sum-exp) pairs, the merged
+/// result and the block being merged in, f32; and backward's gradient of the group's rows.
+pub struct BlockScratch<B> {
+    acc: Option<(B, B)>,
+    part: Option<(B, B)>,
+    contrib: Option<B>,
+    summed: Option<B>,
+}
+
+impl<B> Default for BlockScratch<B> {
+    fn default() -> Self {
+        BlockScratch { acc: None, part: None, contrib: None, summed: None }
+    }
+}
+
+impl<B> BlockScratch<B> {
+    /// Bytes held (for `--log-memory`).
+    pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        let pair = |p: &Option<(B, B)>| p.as_ref().map_or(0, |(o, l)| dev.bytes(o) + dev.bytes(l));
+        let one = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.bytes(b));
+        pair(&self.acc) + pair(&self.part) + one(&self.contrib) + one(&self.summed)
+    }
+}
+
+/// `slot` as an f32 buffer of `len` elements.
+fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &'b mut D::Buf {
+    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
+        *slot = Some(dev.alloc(len));
+    }
+    slot.as_mut().expect("just allocated")
+}
+
+/// `slot` as an f32 (output, log-sum-exp) pair for a block of `shape`'s `seq` queries.
+fn ensure_pair<'b, D: Device>(
+    dev: &D,
+    slot: &'b mut Option<(D::Buf, D::Buf)>,
+    shape: AttentionShape,
+) -> &'b mut (D::Buf, D::Buf) {
+    let (o, l) = (shape.rows() * shape.width(), shape.batch * shape.heads * shape.seq);
+    if slot.as_ref().is_none_or(|(a, b)| dev.len(a) != o || dev.len(b) != l) {
+        *slot = Some((dev.alloc(o), dev.alloc(l)));
+    }
+    slot.as_mut().expect("just allocated")
+}
+
+/// The blocks the queries of chunk slot `slot` attend to: (rank, its slot) of every chunk at or
+/// before theirs, the diagonal (this rank's own chunk) first.
+fn key_blocks(split: ContextSplit, slot: usize) -> Vec<(usize, usize)> {
+    let x = split.chunk(slot);
+    let mut blocks = vec![(split.rank, slot)];
+    for src in 0..split.size {
+        let owner = ContextSplit { size: split.size, rank: src };
+        blocks.extend((0..2).filter(|&j| owner.chunk(j) < x).map(|j| (src, j)));
+    }
+    blocks
+}
+
+/// Positions `slot`'s chunk of rank `src`'s rows in a buffer of the group's rows (or, with
+/// `src` 0 and one rank's rows, of this rank's own buffer).
+fn run(shape: AttentionShape, src: usize, slot: usize) -> QkvRun {
+    let l = shape.seq / 2;
+    QkvRun { base: src * shape.rows() * shape.qkv_width(), seq: shape.seq, first: slot * l, len: l }
+}
+
+/// `out` ([rows, heads · head_dim]) and `lse` (chunk-major) of this rank's queries (`shape`:
+/// its rows, `seq` its local positions) from its fused `qkv` rows and the group's.
+pub fn forward<D: Device>(
+    dev: &D,
+    cp: &dyn Comm,
+    (out, lse): (&mut D::Buf, &mut D::Buf),
+    qkv: &D::Buf,
+    shape: AttentionShape,
+    (gathered, sc): (&mut Gathered<D::Buf>, &mut BlockScratch<D::Buf>),
+) {
+    let split = ContextSplit::of(cp);
+    let all = gathered.ensure(dev, qkv, split.size * dev.len(qkv));
+    super::tensor::all_gather(dev, cp, qkv, all);
+    let block = AttentionShape { seq: shape.seq / 2, ..shape };
+    let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
+    for slot in 0..2 {
+        let q = run(shape, 0, slot);
+        ensure_pair(dev, &mut sc.part, block);
+        let (acc_out, acc_lse) = ensure_pair(dev, &mut sc.acc, block);
+        for (i, (src, j)) in key_blocks(split, slot).into_iter().enumerate() {
+            if i == 0 {
+                dev.attention_block_forward((acc_out, acc_lse), (qkv, q), (qkv, q), shape, true);
+                continue;
+            }
+            let (part_out, part_lse) = sc.part.as_mut().expect("allocated above");
+            dev.attention_block_forward((part_out, part_lse), (qkv, q), (all, run(shape, src, j)), shape, false);
+            dev.attention_merge((acc_out, acc_lse), (part_out, part_lse), shape, block.seq);
+        }
+        dev.copy(out, slot * ol, acc_out, 0, ol);
+        dev.copy(lse, slot * ll, acc_lse, 0, ll);
+    }
+}
+
+/// `dqkv` (overwrite) from `dout`, through the blocks `forward` computed (`out` and `lse` are what
+/// it wrote).
+#[allow(clippy::too_many_arguments)]
+pub fn backward<D: Device>(
+    dev: &D,
+    cp: &dyn Comm,
+    dqkv: &mut D::Buf,
+    dout: &D::Buf,
+    (qkv, out, lse): (&D::Buf, &D::Buf, &D::Buf),
+    shape: AttentionShape,
+    (gathered, sc): (&mut Gathered<D::Buf>, &mut BlockScratch<D::Buf>),
+) {
+    let split = ContextSplit::of(cp);
+    let all = gathered.ensure(dev, qkv, split.size * dev.len(qkv));
+    super::tensor::all_gather(dev, cp, qkv, all);
+    let local = dev.len(qkv);
+    let contrib = ensure(dev, &mut sc.contrib, split.size * local);
+    dev.fill(contrib, 0.0);
+    let block = AttentionShape { seq: shape.seq / 2, ..shape };
+    let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
+    for slot in 0..2 {
+        let (q, dq) = (run(shape, 0, slot), run(shape, split.rank, slot));
+        for (i, (src, j)) in key_blocks(split, slot).into_iter().enumerate() {
+            let kv = run(shape, src, j);
+            let saved = ((dout, out), slot * ol);
+            dev.attention_block_backward(
+                contrib,
+                (dq, kv),
+                saved,
+                (lse, slot * ll),
+                (qkv, q),
+                (all, kv),
+                shape,
+                i == 0,
+            );
+        }
+    }
+    let summed = ensure(dev, &mut sc.summed, local);
+    super::tensor::reduce_scatter(dev, cp, contrib, summed);
+    dev.copy(dqkv, 0, summed, 0, local);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_query_chunk_sees_its_diagonal_then_every_earlier_chunk() {
+        // C = 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+        let r0 = ContextSplit { size: 2, rank: 0 };
+        assert_eq!(key_blocks(r0, 0), [(0, 0)]);
+        assert_eq!(key_blocks(r0, 1), [(0, 1), (0, 0), (1, 0), (1, 1)]);
+        let r1 = ContextSplit { size: 2, rank: 1 };
+        assert_eq!(key_blocks(r1, 0), [(1, 0), (0, 0)]);
+        assert_eq!(key_blocks(r1, 1), [(1, 1), (0, 0), (1, 0)]);
+        // Every rank has chunk x's x earlier blocks and a diagonal for each of its chunks i and
+        // 2C-1-i: 2C + 1 blocks (two of them diagonal) on every rank, C = 4.
+        for rank in 0..4 {
+            let s = ContextSplit { size: 4, rank };
+            let blocks: usize = (0..2).map(|k| key_blocks(s, k).len()).sum();
+            assert_eq!(blocks, 2 * 4 + 1, "rank {rank}");
+        }
+    }
+}
