@@ -344,12 +344,12 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag(
         "--context-parallel-size",
         "C",
-        "ranks splitting each sequence (default 1): rank i holds chunks i and 2C-1-i of 2C; needs --cp-comm-type a2a or all_gather",
+        "ranks splitting each sequence (default 1): rank i holds chunks i and 2C-1-i of 2C",
     ),
     many(
         "--cp-comm-type",
         "KIND",
-        "a2a (heads swapped for positions around attention) or all_gather (keys and values gathered, blockwise attention); Megatron's default p2p and a2a+p2p are not built yet",
+        "p2p (Megatron's default: keys and values passed around a ring, blockwise attention), all_gather (gathered, blockwise) or a2a (heads swapped for positions); a2a+p2p is not built yet",
     ),
     many(
         "--hierarchical-context-parallel-sizes",

@@ -1,6 +1,6 @@
 //! Context parallelism under Open MPI's mpirun: each sequence split over 2 and 4 ranks (the
-//! all-to-all swap, `--cp-comm-type a2a`, and the all-gather with blockwise attention,
-//! `all_gather`), alone and beside tensor, sequence, pipeline and data parallelism, for GPT-2 and a Llama model with grouped-query attention, computes the
+//! all-to-all swap, `--cp-comm-type a2a`; the all-gather and the ring, `all_gather` and `p2p`,
+//! with blockwise attention), alone and beside tensor, sequence, pipeline and data parallelism, for GPT-2 and a Llama model with grouped-query attention, computes the
 //! single-rank run (losses and final weights within 1e-5); its checkpoints resume bit for bit and
 //! at another context-parallel size; layouts it cannot run fail once with one clear line.
 
@@ -70,6 +70,10 @@ fn gpt_context_parallel_layouts_compute_the_single_rank_run() {
         (2, cp("2", "all_gather", &[])),
         (4, cp("4", "all_gather", &[])),
         (8, cp("2", "all_gather", TP2_SP_PP2)),
+        // Megatron's default type, the ring, given by omitting the flag.
+        (2, vec!["--context-parallel-size", "2"]),
+        (4, cp("4", "p2p", &["--use-distributed-optimizer"])),
+        (8, cp("2", "p2p", TP2_SP_PP2)),
     ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     layouts_match_one_rank("cp-gpt", "tiny", &[], &layouts);
@@ -83,11 +87,17 @@ fn llama_context_parallel_layouts_compute_the_single_rank_run() {
         (2, cp("2", "a2a", &[])),
         (4, cp("2", "a2a", &["--recompute-granularity", "full"])),
         (4, cp("4", "all_gather", &["--recompute-granularity", "selective"])),
+        (4, cp("4", "p2p", &["--recompute-granularity", "full"])),
     ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     layouts_match_one_rank("cp-llama", "llama-tiny", &[], &layouts);
     // 8 heads in 4 groups: CP 4, and TP 2 x CP 2 x PP 2 with SP, each rank keeping whole groups.
-    let layouts = [(4, cp("4", "a2a", &[])), (8, cp("2", "a2a", TP2_SP_PP2)), (8, cp("2", "all_gather", TP2_SP_PP2))];
+    let layouts = [
+        (4, cp("4", "a2a", &[])),
+        (8, cp("2", "a2a", TP2_SP_PP2)),
+        (8, cp("2", "all_gather", TP2_SP_PP2)),
+        (8, cp("2", "p2p", TP2_SP_PP2)),
+    ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     let model = ["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4"];
     layouts_match_one_rank("cp-llama-8", "llama-tiny", &model, &layouts);
@@ -154,9 +164,14 @@ fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
         assert_one_error(&mpirun(ranks, &args), needles);
     };
     let a2a = |extra: &[&'static str]| ["--cp-comm-type", "a2a"].iter().chain(extra).copied().collect::<Vec<&str>>();
-    // Megatron's default type, and the others not built.
-    case(2, &["--context-parallel-size", "2"], &["--cp-comm-type p2p (Megatron's default)", "a2a"]);
+    // The type not built, its sizes' flag, and a type per layer.
     case(2, &["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"], &["a2a+p2p", "not built"]);
+    case(
+        2,
+        &["--hierarchical-context-parallel-sizes", "2", "1"],
+        &["--hierarchical-context-parallel-sizes", "not built"],
+    );
+    case(2, &["--context-parallel-size", "2", "--cp-comm-type", "p2p", "a2a"], &["one type for every layer"]);
     // A sequence that does not split into 2C chunks; heads that do not split for the swap.
     case(
         4,

@@ -701,9 +701,8 @@ fn context_parallel(
     if !kind.is_built() {
         let default = if parsed.is_empty() { " (Megatron's default)" } else { "" };
         return Err(Error::Unsupported(format!(
-            "--context-parallel-size {size} with --cp-comm-type {}{default}: the all-to-all swap and the \
-             all-gather are built (pass --cp-comm-type a2a or all_gather); the p2p ring and a2a+p2p are not \
-             built yet",
+            "--context-parallel-size {size} with --cp-comm-type {}{default}: not built yet (the all-to-all \
+             inside and the ring across groups); pass --cp-comm-type p2p, all_gather or a2a",
             kind.name()
         )));
     }
@@ -725,10 +724,11 @@ fn context_parallel(
         }
     }
     let device = args.str("--device").unwrap_or("cpu");
-    if kind == CpCommType::AllGather && device != "cpu" {
+    if matches!(kind, CpCommType::AllGather | CpCommType::P2p) && device != "cpu" {
         notes.push(format!(
-            "--cp-comm-type all_gather on --device {device}: the blockwise attention stages through the host (no \
-             GPU kernel yet; slow); --cp-comm-type a2a runs on the device"
+            "--cp-comm-type {} on --device {device}: the blockwise attention stages through the host (no GPU \
+             kernel yet; slow); --cp-comm-type a2a runs on the device",
+            kind.name()
         ));
     }
     Ok((size, kind))

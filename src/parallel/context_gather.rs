@@ -11,18 +11,21 @@ use super::context::{ContextSplit, Gathered};
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device, QkvRun};
 
-/// The buffers of the blocks, reused across layers: two (output, log-sum-exp) pairs, the merged
-/// result and the block being merged in, f32; and backward's gradient of the group's rows.
+/// The buffers of the blocks, reused across layers: (output, log-sum-exp) pairs, f32, the merged
+/// result of each query chunk and the block being merged in; backward's gradient rows; and the
+/// ring's two key/value buffers and its f32 wire buffers (`context_ring.rs`).
 pub struct BlockScratch<B> {
-    acc: Option<(B, B)>,
-    part: Option<(B, B)>,
-    contrib: Option<B>,
-    summed: Option<B>,
+    pub(super) acc: [Option<(B, B)>; 2],
+    pub(super) part: Option<(B, B)>,
+    pub(super) contrib: Option<B>,
+    pub(super) summed: Option<B>,
+    pub(super) kv: [Option<B>; 2],
+    pub(super) wire: [Option<B>; 2],
 }
 
 impl<B> Default for BlockScratch<B> {
     fn default() -> Self {
-        BlockScratch { acc: None, part: None, contrib: None, summed: None }
+        BlockScratch { acc: [None, None], part: None, contrib: None, summed: None, kv: [None, None], wire: [None, None] }
     }
 }
 
@@ -31,12 +34,16 @@ impl<B> BlockScratch<B> {
     pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
         let pair = |p: &Option<(B, B)>| p.as_ref().map_or(0, |(o, l)| dev.bytes(o) + dev.bytes(l));
         let one = |b: &Option<B>| b.as_ref().map_or(0, |b| dev.bytes(b));
-        pair(&self.acc) + pair(&self.part) + one(&self.contrib) + one(&self.summed)
+        self.acc.iter().map(pair).sum::<usize>()
+            + pair(&self.part)
+            + one(&self.contrib)
+            + one(&self.summed)
+            + self.kv.iter().chain(&self.wire).map(one).sum::<usize>()
     }
 }
 
 /// `slot` as an f32 buffer of `len` elements.
-fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &'b mut D::Buf {
+pub(super) fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &'b mut D::Buf {
     if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
         *slot = Some(dev.alloc(len));
     }
@@ -44,7 +51,7 @@ fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &
 }
 
 /// `slot` as an f32 (output, log-sum-exp) pair for a block of `shape`'s `seq` queries.
-fn ensure_pair<'b, D: Device>(
+pub(super) fn ensure_pair<'b, D: Device>(
     dev: &D,
     slot: &'b mut Option<(D::Buf, D::Buf)>,
     shape: AttentionShape,
@@ -70,7 +77,7 @@ fn key_blocks(split: ContextSplit, slot: usize) -> Vec<(usize, usize)> {
 
 /// Positions `slot`'s chunk of rank `src`'s rows in a buffer of the group's rows (or, with
 /// `src` 0 and one rank's rows, of this rank's own buffer).
-fn run(shape: AttentionShape, src: usize, slot: usize) -> QkvRun {
+pub(super) fn run(shape: AttentionShape, src: usize, slot: usize) -> QkvRun {
     let l = shape.seq / 2;
     QkvRun { base: src * shape.rows() * shape.qkv_width(), seq: shape.seq, first: slot * l, len: l }
 }
@@ -93,7 +100,7 @@ pub fn forward<D: Device>(
     for slot in 0..2 {
         let q = run(shape, 0, slot);
         ensure_pair(dev, &mut sc.part, block);
-        let (acc_out, acc_lse) = ensure_pair(dev, &mut sc.acc, block);
+        let (acc_out, acc_lse) = ensure_pair(dev, &mut sc.acc[0], block);
         for (i, (src, j)) in key_blocks(split, slot).into_iter().enumerate() {
             if i == 0 {
                 dev.attention_block_forward((acc_out, acc_lse), (qkv, q), (qkv, q), shape, true);

@@ -114,7 +114,7 @@ impl CpCommType {
 
     /// Whether trident runs this type; the others are refused naming what is missing.
     pub fn is_built(self) -> bool {
-        matches!(self, CpCommType::A2a | CpCommType::AllGather)
+        self != CpCommType::A2aP2p
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod context_gather;
+pub mod context_ring;
 pub mod data;
 pub mod grid;
 pub mod pipeline;

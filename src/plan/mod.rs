@@ -140,7 +140,7 @@ pub struct Layout {
     pub sequence_parallel: bool,
     pub schedule: Schedule,
     /// Context-parallel ranks splitting each sequence (Megatron's `--context-parallel-size`);
-    /// priced only when pinned, as the `p2p` ring, which trident does not run (it runs `a2a`).
+    /// priced only when pinned, as the `p2p` ring with its passes overlapped (trident's are not yet).
     pub cp: usize,
 }
 

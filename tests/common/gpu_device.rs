@@ -478,7 +478,7 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
 
 /// Context parallelism on a GPU Device (`device`, its emulation in `env`): TINY_GPU's model with
 /// its 2 heads split over CP 2 (the a2a swap, one head per rank over the whole sequence), alone
-/// and beside DP 2 with ZeRO-1, and CP 2 with the all-gather's blocks, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
+/// and beside DP 2 with ZeRO-1, and CP 2 with the all-gather's and the ring's blocks, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
 /// device memory) and through `--gpu-collectives mpi` (host-staged): both the same run bit for
 /// bit, and one rank's within 1e-3.
 pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
@@ -498,6 +498,7 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         // The blocks stage through the host; the gather and the gradients' reduce-scatter run on
         // the device's collectives.
         ("CP 2, all_gather", 2, vec![&gather[..]]),
+        ("CP 2, p2p", 2, vec![&["--cp-comm-type", "p2p"][..]]),
     ] {
         let flags = [&base[..], &["--context-parallel-size", "2"], &extra.concat()].concat();
         let run = |library: &str| {
@@ -510,7 +511,10 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         };
         let (on_device, calls) = run(library);
         eprintln!("{name} on {device}: NCCL calls on all ranks {calls:?}");
-        assert!(calls.get("all_gather").is_some_and(|&n| n > 0), "{name}: the swap did not gather through NCCL");
+        // The ring's passes are MPI send-receives on the host; the gradients' all-reduce and the
+        // others' gathers run on the device.
+        let op = if name.ends_with("p2p") { "all_reduce" } else { "all_gather" };
+        assert!(calls.get(op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
         let (on_host, none) = run("mpi");
         assert!(none.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {none:?}");
         assert_eq!(on_device, on_host, "{name}: through NCCL and through MPI differ");

@@ -12,7 +12,7 @@ use super::Gpt;
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device, Dropout};
 use crate::parallel::context::{ensure, to_heads, to_positions, CpCommType, SwapShape};
-use crate::parallel::context_gather;
+use crate::parallel::{context_gather, context_ring};
 use crate::real::Precision;
 
 impl<D: Device> Pass<'_, D> {
@@ -31,8 +31,12 @@ impl<D: Device> Pass<'_, D> {
         };
         let (dev, wide) = (self.dev, whole_sequences(shape, cp));
         let ContextScratch { heads: h, blocks } = &mut *self.heads;
-        if kind == CpCommType::AllGather {
-            return context_gather::forward(dev, cp, (out, lse), qkv, shape, (&mut h.gathered, blocks));
+        match kind {
+            CpCommType::AllGather => {
+                return context_gather::forward(dev, cp, (out, lse), qkv, shape, (&mut h.gathered, blocks))
+            }
+            CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, shape, blocks),
+            _ => {}
         }
         let (rows, c) = (shape.rows(), cp.size());
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
@@ -62,9 +66,13 @@ impl<D: Device> Pass<'_, D> {
         };
         let (dev, wide) = (self.dev, whole_sequences(shape, cp));
         let ContextScratch { heads: h, blocks } = &mut *self.heads;
-        if kind == CpCommType::AllGather {
-            let saved = (qkv, out, lse);
-            return context_gather::backward(dev, cp, dqkv, dout, saved, shape, (&mut h.gathered, blocks));
+        let saved = (qkv, out, lse);
+        match kind {
+            CpCommType::AllGather => {
+                return context_gather::backward(dev, cp, dqkv, dout, saved, shape, (&mut h.gathered, blocks))
+            }
+            CpCommType::P2p => return context_ring::backward(dev, cp, dqkv, dout, saved, shape, blocks),
+            _ => {}
         }
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
