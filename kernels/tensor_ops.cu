@@ -252,8 +252,8 @@ extern "C" __global__ void bias_dropout_add_f32(float* out, const float* resid, 
                                                 int has_bias, int rows, int cols, int d_threshold, float d_scale, int d_key0,
                                                 int d_key1, int d_place, int d_iteration, int d_sample0_lo,
                                                 int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
-                                                int d_col0) {
-  const DropoutSite d = DROPOUT_SITE;
+                                                int d_col0, int d_jump_at, int d_jump_by) {
+  const DropoutSite d = DROPOUT_ROWS_SITE;
   const int n = rows * cols;
   for (int i = first_index(); i < n; i += grid_stride()) {
     const int r = i / cols, c = i % cols;
@@ -265,8 +265,8 @@ extern "C" __global__ void bias_dropout_add_f32(float* out, const float* resid, 
 extern "C" __global__ void dropout_f32(float* x, int rows, int cols, int d_threshold, float d_scale, int d_key0,
                                        int d_key1, int d_place, int d_iteration, int d_sample0_lo,
                                        int d_sample0_hi, int d_batch, int d_seq, int d_t0, int d_width,
-                                       int d_col0) {
-  const DropoutSite d = DROPOUT_SITE;
+                                       int d_col0, int d_jump_at, int d_jump_by) {
+  const DropoutSite d = DROPOUT_ROWS_SITE;
   const int n = rows * cols;
   for (int i = first_index(); i < n; i += grid_stride()) {
     x[i] = d.keeps(d.hidden_index(i / cols, i % cols)) ? x[i] * d.scale : 0.0f;

@@ -118,7 +118,19 @@ fn attention_backward_with_dropout_matches_finite_differences() {
     let dev = ReferenceDevice;
     let shape = AttentionShape::new(2, 6, 2, 3);
     let key = trident::rng::key(5, "dropout");
-    let d = Dropout { p: 0.4, key, place: 9, iteration: 2, sample0: 3, batch: 2, seq: 6, t0: 0, width: 4, col0: 1 };
+    let d = Dropout {
+        p: 0.4,
+        key,
+        place: 9,
+        iteration: 2,
+        sample0: 3,
+        batch: 2,
+        seq: 6,
+        t0: 0,
+        width: 4,
+        col0: 1,
+        jump: None,
+    };
     let (rows, width) = (shape.rows(), shape.width());
     let mut qkv = random(rows * 3 * width, "qkv", 1.0);
     let r = random(rows * width, "r", 1.0);

@@ -35,6 +35,8 @@ struct DropoutSite {
   float scale;
   unsigned long long sample0;
   int batch, seq, t0, width, col0;
+  // Positions t >= jump_at are jump_by further (a context-parallel rank's second chunk).
+  int jump_at, jump_by;
 
   // Word w of a block, selected without indexing (a dynamic index would put the block in local
   // memory).
@@ -59,7 +61,8 @@ struct DropoutSite {
   // Element (row t·batch + b, column c) of a hidden-site buffer.
   __device__ __forceinline__ unsigned long long hidden_index(int row, int col) const {
     const int t = row / batch, b = row % batch;
-    return ((sample0 + b) * (unsigned long long)seq + (t0 + t)) * (unsigned long long)width + (col0 + col);
+    const int p = t0 + t + (t >= jump_at ? jump_by : 0);
+    return ((sample0 + b) * (unsigned long long)seq + p) * (unsigned long long)width + (col0 + col);
   }
   // The first key's probability of (sequence b, head h, query q).
   __device__ __forceinline__ unsigned long long attention_index(int b, int head, int q) const {
@@ -77,5 +80,14 @@ struct DropoutSite {
   DropoutSite {                                                                                             \
     (uint32_t)d_threshold, (uint32_t)d_key0, (uint32_t)d_key1, (uint32_t)d_place, (uint32_t)d_iteration,      \
         d_scale, ((unsigned long long)(uint32_t)d_sample0_hi << 32) | (uint32_t)d_sample0_lo, d_batch, d_seq, \
-        d_t0, d_width, d_col0                                                                               \
+        d_t0, d_width, d_col0, 0x7fffffff, 0                                                                \
+  }
+
+// The site of a hidden-site kernel, whose list ends with `int d_jump_at, int d_jump_by` after the
+// parameters above.
+#define DROPOUT_ROWS_SITE                                                                                   \
+  DropoutSite {                                                                                             \
+    (uint32_t)d_threshold, (uint32_t)d_key0, (uint32_t)d_key1, (uint32_t)d_place, (uint32_t)d_iteration,      \
+        d_scale, ((unsigned long long)(uint32_t)d_sample0_hi << 32) | (uint32_t)d_sample0_lo, d_batch, d_seq, \
+        d_t0, d_width, d_col0, d_jump_at, d_jump_by                                                         \
   }

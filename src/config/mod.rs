@@ -678,7 +678,7 @@ fn tokenizer(
 
 /// `--context-parallel-size` and `--cp-comm-type` (Megatron's per-layer list, which trident takes
 /// when every layer has the same type). A type trident does not run is refused naming it, and
-/// so are the dropouts and document resets the context-parallel layers do not place yet.
+/// so are the attention dropout of the blockwise types and the document resets.
 fn context_parallel(
     args: &Args,
     dropout: &crate::model::gpt::DropoutRates,
@@ -706,11 +706,12 @@ fn context_parallel(
             kind.name()
         )));
     }
-    if dropout.hidden > 0.0 || dropout.attention > 0.0 {
+    if dropout.attention > 0.0 && kind != CpCommType::A2a {
         return Err(Error::Unsupported(format!(
-            "--context-parallel-size {size} with dropout (--hidden-dropout {}, --attention-dropout {}): the \
-             context-parallel layers do not place dropout masks yet; pass --hidden-dropout 0 --attention-dropout 0",
-            dropout.hidden, dropout.attention
+            "--context-parallel-size {size} --cp-comm-type {} with --attention-dropout {}: the blockwise \
+             attention does not drop yet; pass --attention-dropout 0, or --cp-comm-type a2a",
+            kind.name(),
+            dropout.attention
         )));
     }
     for (name, what) in [

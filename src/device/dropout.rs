@@ -25,7 +25,8 @@ pub enum Site {
 /// One dropout call: its probability, its Philox key and counter words, and how this buffer's
 /// elements map to indices of the whole iteration's tensor. Rows are sequence-first (`t · batch +
 /// b`). For the hidden sites, element (row, c) has index `((sample0 + b) · seq + t0 + t) · width +
-/// col0 + c`; for the attention probabilities, (sequence b, head h, query q, key k) has index
+/// col0 + c` (with `jump`, positions t ≥ at are `by` further on: a context-parallel rank's
+/// second chunk); for the attention probabilities, (sequence b, head h, query q, key k) has index
 /// `(((sample0 + b) · width + col0 + h) · seq + q) · seq + k` (`width` counts heads there).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dropout {
@@ -45,6 +46,8 @@ pub struct Dropout {
     /// Columns (or heads) of the whole tensor, and the first one this buffer holds.
     pub width: usize,
     pub col0: usize,
+    /// `(at, by)`: the buffer's positions from `at` on sit `by` further along the sequence.
+    pub jump: Option<(usize, usize)>,
 }
 
 impl Dropout {
@@ -71,6 +74,10 @@ impl Dropout {
     /// The index of element (row, column) of a hidden-site buffer (rows `t · batch + b`).
     pub fn hidden_index(&self, row: usize, col: usize) -> u64 {
         let (t, b) = (row / self.batch, row % self.batch);
+        let t = match self.jump {
+            Some((at, by)) if t >= at => t + by,
+            _ => t,
+        };
         ((self.sample0 + b as u64) * self.seq as u64 + (self.t0 + t) as u64) * self.width as u64
             + (self.col0 + col) as u64
     }
@@ -192,6 +199,7 @@ mod tests {
             t0: 0,
             width: 16,
             col0: 0,
+            jump: None,
         }
     }
 

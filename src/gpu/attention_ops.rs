@@ -210,6 +210,7 @@ impl GpuDevice {
         let o = self.view_mut(out, Elem::F32, whole);
         let b = bias.as_ref().map_or(x.ptr(), |b| b.ptr());
         let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
+        let [jump_at, jump_by] = jump_ints(d);
         let l = args::bias_dropout_add_f32(
             o.ptr(),
             resid.ptr(),
@@ -231,6 +232,8 @@ impl GpuDevice {
             t0,
             width,
             col0,
+            jump_at,
+            jump_by,
         );
         self.elementwise(n as usize, l);
     }
@@ -240,10 +243,38 @@ impl GpuDevice {
         assert!(x.len >= n as usize);
         let o = self.view_mut(x, Elem::F32, false);
         let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
+        let [jump_at, jump_by] = jump_ints(d);
         let (r, c) = (int("rows", rows), int("cols", cols));
-        let l =
-            args::dropout_f32(o.ptr(), r, c, th, d.scale(), k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0);
+        let l = args::dropout_f32(
+            o.ptr(),
+            r,
+            c,
+            th,
+            d.scale(),
+            k0,
+            k1,
+            place,
+            it,
+            s_lo,
+            s_hi,
+            batch,
+            seq,
+            t0,
+            width,
+            col0,
+            jump_at,
+            jump_by,
+        );
         self.elementwise(n as usize, l);
+    }
+}
+
+/// A hidden-site kernel's last two `int` arguments: where the buffer's positions jump and by how
+/// much (none: at `i32::MAX`).
+fn jump_ints(d: &Dropout) -> [i32; 2] {
+    match d.jump {
+        Some((at, by)) => [int("dropout jump position", at), int("dropout jump", by)],
+        None => [i32::MAX, 0],
     }
 }
 

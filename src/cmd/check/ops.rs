@@ -332,7 +332,21 @@ fn dropout_site(rows: usize, cols: usize) -> Dropout {
     let batch = 3.min(rows.max(1));
     let key = crate::rng::key(7, "dropout");
     let (seq, t0) = (rows.div_ceil(batch) + 5, 5);
-    Dropout { p: 0.3, key, place: 4 * 2 + 3, iteration: 9, sample0: 1 << 33, batch, seq, t0, width: cols + 7, col0: 7 }
+    // Positions from the second on 3 further: a context-parallel rank's second chunk.
+    let jump = Some((1, 3));
+    Dropout {
+        p: 0.3,
+        key,
+        place: 4 * 2 + 3,
+        iteration: 9,
+        sample0: 1 << 33,
+        batch,
+        seq,
+        t0,
+        width: cols + 7,
+        col0: 7,
+        jump,
+    }
 }
 
 /// Megatron's bias-dropout-add (with and without a bias) and the in-place dropout.

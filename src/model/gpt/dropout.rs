@@ -8,6 +8,7 @@ use super::activations::Widths;
 use super::Gpt;
 use crate::device::dropout::{Dropout, Site};
 use crate::device::Device;
+use crate::parallel::context::ContextSplit;
 
 /// The dropout probabilities of a run and the seed its masks are drawn under.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -61,9 +62,19 @@ impl<D: Device> Gpt<D> {
         let r = set.rows;
         let wd = Widths::new(&self.cfg, &self.mp);
         let column_block = self.mp.summa.map_or(self.mp.tp_rank, |c| c.col);
-        let (t0, width, col0) = match site {
-            Site::Attention => (0, self.cfg.num_attention_heads, column_block * wd.heads),
-            _ => (r.t0, self.cfg.hidden_size, self.mp.summa.map_or(0, |c| c.col * wd.hr)),
+        // Under context parallelism a rank's positions are two chunks of the whole sequence (the
+        // hidden sites' rows jump between them), and attention runs (as `--cp-comm-type a2a`
+        // swaps it) over every position on this rank's block of heads.
+        let split = self.mp.context;
+        let (t0, width, col0, jump) = match site {
+            Site::Attention => {
+                let cp_heads = split.rank * (wd.heads / split.size);
+                (0, self.cfg.num_attention_heads, column_block * wd.heads + cp_heads, None)
+            }
+            _ => {
+                let (t0, jump) = context_positions(split, r.seq, r.t0);
+                (t0, self.cfg.hidden_size, self.mp.summa.map_or(0, |c| c.col * wd.hr), jump)
+            }
         };
         Some(Dropout {
             p,
@@ -72,10 +83,11 @@ impl<D: Device> Gpt<D> {
             iteration: step.iteration as u32,
             sample0: micro * step.micro_stride + step.first + r.first_sample as u64,
             batch: r.sub_batch,
-            seq: r.seq,
+            seq: r.seq * split.size,
             t0,
             width,
             col0,
+            jump,
         })
     }
 
@@ -86,6 +98,47 @@ impl<D: Device> Gpt<D> {
             attention: self.dropout_at(index, layer, Site::Attention),
             attention_out: self.dropout_at(index, layer, Site::AttentionOut),
             mlp_out: self.dropout_at(index, layer, Site::MlpOut),
+        }
+    }
+}
+
+/// The whole-sequence position of the first of a buffer's rows that starts at local position
+/// `first` of a rank holding `local_seq` positions (`split`), and where its positions jump from
+/// the rank's first chunk to its second (`Dropout::jump`).
+fn context_positions(split: ContextSplit, local_seq: usize, first: usize) -> (usize, Option<(usize, usize)>) {
+    if split.size == 1 {
+        return (first, None);
+    }
+    let l = local_seq / 2;
+    let (a, b) = (split.chunk(0), split.chunk(1));
+    match first < l {
+        true => (a * l + first, Some((l - first, (b - a - 1) * l))),
+        false => (b * l + first - l, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_parallel_ranks_rows_jump_to_its_second_chunk() {
+        // C = 2, 8 local positions (chunks of 4 of a sequence of 16): rank 0 holds 0..4 and 12..16.
+        let r0 = ContextSplit { size: 2, rank: 0 };
+        assert_eq!(context_positions(r0, 8, 0), (0, Some((4, 8))));
+        // An SP shard from local position 2 (6 rows): 2, 3, then 12, 13, 14, 15.
+        assert_eq!(context_positions(r0, 8, 2), (2, Some((2, 8))));
+        assert_eq!(context_positions(r0, 8, 4), (12, None));
+        // Rank 1 holds 4..8 and 8..12: the jump is 0.
+        assert_eq!(context_positions(ContextSplit { size: 2, rank: 1 }, 8, 0), (4, Some((4, 0))));
+        assert_eq!(context_positions(ContextSplit::single(), 8, 3), (3, None));
+        for rank in 0..4 {
+            let s = ContextSplit { size: 4, rank };
+            let (t0, jump) = context_positions(s, 8, 0);
+            for t in 0..8 {
+                let p = t0 + t + jump.filter(|&(at, _)| t >= at).map_or(0, |(_, by)| by);
+                assert_eq!(p, s.position(8, t), "rank {rank} position {t}");
+            }
         }
     }
 }
