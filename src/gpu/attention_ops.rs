@@ -12,11 +12,17 @@ use crate::device::prelude::*;
 use crate::device::{AttentionShape, Dropout, Matrix, QkvRun, Rotary};
 
 /// `$kernel`'s arguments: `$args`, then those of the dropout site `$site` (`site_ints`, its scale
-/// second), as every `_drop_` attention kernel takes them after its own.
+/// second), as every `_drop_` attention kernel takes them after its own; with `rows`, the
+/// hidden-site kernels', its jump (`jump_ints`) last.
 macro_rules! with_site {
     ($kernel:path, $site:expr, $($args:expr),*) => {{
         let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints($site);
         $kernel($($args,)* th, $site.scale(), k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0)
+    }};
+    (rows $kernel:path, $site:expr, $($args:expr),*) => {{
+        let [th, k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0] = site_ints($site);
+        let [at, by] = jump_ints($site);
+        $kernel($($args,)* th, $site.scale(), k0, k1, place, it, s_lo, s_hi, db, ds, t0, width, col0, at, by)
     }};
 }
 
@@ -209,32 +215,8 @@ impl GpuDevice {
         let whole = out.len == n as usize;
         let o = self.view_mut(out, Elem::F32, whole);
         let b = bias.as_ref().map_or(x.ptr(), |b| b.ptr());
-        let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
-        let [jump_at, jump_by] = jump_ints(d);
-        let l = args::bias_dropout_add_f32(
-            o.ptr(),
-            resid.ptr(),
-            x.ptr(),
-            b,
-            i32::from(bias.is_some()),
-            int("rows", rows),
-            int("cols", cols),
-            th,
-            d.scale(),
-            k0,
-            k1,
-            place,
-            it,
-            s_lo,
-            s_hi,
-            batch,
-            seq,
-            t0,
-            width,
-            col0,
-            jump_at,
-            jump_by,
-        );
+        let (has_bias, r, c) = (i32::from(bias.is_some()), int("rows", rows), int("cols", cols));
+        let l = with_site!(rows args::bias_dropout_add_f32, d, o.ptr(), resid.ptr(), x.ptr(), b, has_bias, r, c);
         self.elementwise(n as usize, l);
     }
 
@@ -242,29 +224,8 @@ impl GpuDevice {
         let n = int("rows·cols", rows * cols);
         assert!(x.len >= n as usize);
         let o = self.view_mut(x, Elem::F32, false);
-        let [th, k0, k1, place, it, s_lo, s_hi, batch, seq, t0, width, col0] = site_ints(d);
-        let [jump_at, jump_by] = jump_ints(d);
         let (r, c) = (int("rows", rows), int("cols", cols));
-        let l = args::dropout_f32(
-            o.ptr(),
-            r,
-            c,
-            th,
-            d.scale(),
-            k0,
-            k1,
-            place,
-            it,
-            s_lo,
-            s_hi,
-            batch,
-            seq,
-            t0,
-            width,
-            col0,
-            jump_at,
-            jump_by,
-        );
+        let l = with_site!(rows args::dropout_f32, d, o.ptr(), r, c);
         self.elementwise(n as usize, l);
     }
 }

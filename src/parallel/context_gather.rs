@@ -11,6 +11,9 @@ use super::context::{ContextSplit, Gathered};
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device, QkvRun};
 
+/// A block's (output, log-sum-exp).
+type Pair<B> = (B, B);
+
 /// The buffers of the blocks, reused across layers: (output, log-sum-exp) pairs, f32, the merged
 /// result of each query chunk and the block being merged in; backward's gradient rows; and the
 /// ring's two key/value buffers and its f32 wire buffers (`context_ring.rs`).
@@ -25,7 +28,14 @@ pub struct BlockScratch<B> {
 
 impl<B> Default for BlockScratch<B> {
     fn default() -> Self {
-        BlockScratch { acc: [None, None], part: None, contrib: None, summed: None, kv: [None, None], wire: [None, None] }
+        BlockScratch {
+            acc: [None, None],
+            part: None,
+            contrib: None,
+            summed: None,
+            kv: [None, None],
+            wire: [None, None],
+        }
     }
 }
 
@@ -96,23 +106,50 @@ pub fn forward<D: Device>(
     let all = gathered.ensure(dev, qkv, split.size * dev.len(qkv));
     super::tensor::all_gather(dev, cp, qkv, all);
     let block = AttentionShape { seq: shape.seq / 2, ..shape };
-    let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
+    ensure_pair(dev, &mut sc.part, block);
     for slot in 0..2 {
         let q = run(shape, 0, slot);
-        ensure_pair(dev, &mut sc.part, block);
-        let (acc_out, acc_lse) = ensure_pair(dev, &mut sc.acc[0], block);
+        let acc = ensure_pair(dev, &mut sc.acc[0], block);
         for (i, (src, j)) in key_blocks(split, slot).into_iter().enumerate() {
-            if i == 0 {
-                dev.attention_block_forward((acc_out, acc_lse), (qkv, q), (qkv, q), shape, true);
-                continue;
-            }
-            let (part_out, part_lse) = sc.part.as_mut().expect("allocated above");
-            dev.attention_block_forward((part_out, part_lse), (qkv, q), (all, run(shape, src, j)), shape, false);
-            dev.attention_merge((acc_out, acc_lse), (part_out, part_lse), shape, block.seq);
+            let kv = if i == 0 { (qkv, q) } else { (&*all, run(shape, src, j)) };
+            attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, i == 0);
         }
-        dev.copy(out, slot * ol, acc_out, 0, ol);
-        dev.copy(lse, slot * ll, acc_lse, 0, ll);
+        store(dev, (out, lse), acc, block, slot);
     }
+}
+
+/// Adds the block of the queries at `q` against the keys at `kv` to a query chunk's running
+/// result `acc`: written into it on the `diagonal` (always the chunk's first block), else
+/// computed into `part` and merged.
+pub(super) fn attend<D: Device>(
+    dev: &D,
+    (acc, part): (&mut Pair<D::Buf>, &mut Option<Pair<D::Buf>>),
+    q: (&D::Buf, QkvRun),
+    kv: (&D::Buf, QkvRun),
+    shape: AttentionShape,
+    diagonal: bool,
+) {
+    let (acc_out, acc_lse) = acc;
+    if diagonal {
+        return dev.attention_block_forward((acc_out, acc_lse), q, kv, shape, true);
+    }
+    let (part_out, part_lse) = part.as_mut().expect("the caller allocates the block's buffers");
+    dev.attention_block_forward((part_out, part_lse), q, kv, shape, false);
+    dev.attention_merge((acc_out, acc_lse), (part_out, part_lse), shape, q.1.len);
+}
+
+/// Query chunk `slot`'s result `acc` into this rank's `out` rows and chunk-major `lse` (`block`:
+/// the shape of one chunk's queries).
+pub(super) fn store<D: Device>(
+    dev: &D,
+    (out, lse): (&mut D::Buf, &mut D::Buf),
+    (acc_out, acc_lse): &(D::Buf, D::Buf),
+    block: AttentionShape,
+    slot: usize,
+) {
+    let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
+    dev.copy(out, slot * ol, acc_out, 0, ol);
+    dev.copy(lse, slot * ll, acc_lse, 0, ll);
 }
 
 /// `dqkv` (overwrite) from `dout`, through the blocks `forward` computed (`out` and `lse` are what

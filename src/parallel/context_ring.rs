@@ -9,7 +9,7 @@
 //! before each step's blocks, not overlapped with them.
 
 use super::context::ContextSplit;
-use super::context_gather::{ensure, ensure_pair, run, BlockScratch};
+use super::context_gather::{attend, ensure, ensure_pair, run, store, BlockScratch};
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device};
 
@@ -61,24 +61,16 @@ pub fn forward<D: Device>(
         }
         for slot in 0..2 {
             let q = run(shape, 0, slot);
-            let (acc_out, acc_lse) = sc.acc[slot].as_mut().expect("allocated above");
+            let acc = sc.acc[slot].as_mut().expect("allocated above");
             for (j, diagonal) in blocks_of(split, slot, src) {
-                if diagonal {
-                    dev.attention_block_forward((acc_out, acc_lse), (qkv, q), (qkv, q), shape, true);
-                    continue;
-                }
-                let (part_out, part_lse) = sc.part.as_mut().expect("allocated above");
-                dev.attention_block_forward((part_out, part_lse), (qkv, q), (cur, run(shape, 0, j)), shape, false);
-                dev.attention_merge((acc_out, acc_lse), (part_out, part_lse), shape, block.seq);
+                let kv = if diagonal { (qkv, q) } else { (&*cur, run(shape, 0, j)) };
+                attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, diagonal);
             }
         }
         std::mem::swap(&mut cur, &mut next);
     }
-    let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
     for slot in 0..2 {
-        let (acc_out, acc_lse) = sc.acc[slot].as_ref().expect("allocated above");
-        dev.copy(out, slot * ol, acc_out, 0, ol);
-        dev.copy(lse, slot * ll, acc_lse, 0, ll);
+        store(dev, (out, lse), sc.acc[slot].as_ref().expect("allocated above"), block, slot);
     }
 }
 

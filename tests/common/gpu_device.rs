@@ -478,9 +478,10 @@ pub fn tiny_preset_fp16_skips_as_the_cpu_does(env: &[(&'static str, PathBuf)], d
 
 /// Context parallelism on a GPU Device (`device`, its emulation in `env`): TINY_GPU's model with
 /// its 2 heads split over CP 2 (the a2a swap, one head per rank over the whole sequence), alone
-/// and beside DP 2 with ZeRO-1, and CP 2 with the all-gather's and the ring's blocks, through the fake NCCL `nccl` as `var` (the swap's all-gathers on
-/// device memory) and through `--gpu-collectives mpi` (host-staged): both the same run bit for
-/// bit, and one rank's within 1e-3.
+/// and beside DP 2 with ZeRO-1, and CP 2 with the all-gather's and the ring's blocks, through
+/// the fake NCCL `nccl` as `var` (the collectives on device memory) and through
+/// `--gpu-collectives mpi` (host-staged): both the same run bit for bit, and one rank's within
+/// 1e-3.
 pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
     env: &[(&'static str, PathBuf)],
     dir: &Path,

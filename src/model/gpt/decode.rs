@@ -5,7 +5,7 @@
 //! the whole prefix's. The same ops as the training forward; f32, batch 1.
 
 use super::activations::{LnActs, Rows, Widths};
-use super::tensor_parallel::{Norm, Pass};
+use super::tensor_parallel::Pass;
 use super::{Gpt, Weights};
 use crate::device::{AttentionShape, Device, Rotary};
 use crate::device::{Gemm, Tokens};
@@ -60,15 +60,12 @@ impl<D: Device> Gpt<D> {
         let (h, d) = (wd.h, cfg.head_dim());
         let r = Rows::new(&self.mp, 1, n);
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
-        let mut pass = Pass {
-            dev,
-            tp: TensorParallel::single(),
-            sc: &mut self.scratch,
-            heads: &mut self.heads,
-            norm: Norm::of(&cfg.arch),
-            rope: self.rope.as_ref(),
-            documents: None,
-        };
+        let mut pass = Pass::plain(
+            (dev, TensorParallel::single()),
+            (&mut self.scratch, &mut self.heads),
+            &cfg.arch,
+            self.rope.as_ref(),
+        );
         let mut x = dev.alloc(n * h);
         dev.embedding_forward(&mut x, &p[0], Tokens { ids: tokens, batch: 1, seq: n, vocab_start: 0 }, h);
         if let Some(at) = lay.wpe() {

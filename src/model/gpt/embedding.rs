@@ -5,7 +5,7 @@
 
 use super::activations::Widths;
 use super::documents::{add_document_positions, document_positions, document_positions_backward};
-use super::tensor_parallel::{Norm, Pass};
+use super::tensor_parallel::Pass;
 use super::{Gpt, Layout, Weights};
 use crate::device::dropout::Site;
 use crate::device::Tokens;
@@ -150,15 +150,8 @@ impl<D: Device> Gpt<D> {
                     Some(at) => dev.position_backward(&mut g[at], &d.d_resid, r.batch, r.t0, r.positions, h),
                     None => {}
                 }
-                let pass = Pass {
-                    dev,
-                    tp,
-                    sc: &mut self.scratch,
-                    heads: &mut self.heads,
-                    norm: Norm::of(&self.cfg.arch),
-                    rope: self.rope.as_ref(),
-                    documents: None,
-                };
+                let pass =
+                    Pass::plain((dev, tp), (&mut self.scratch, &mut self.heads), &self.cfg.arch, self.rope.as_ref());
                 let d_emb = pass.gathered(&d.d_resid, &mut d.d_full);
                 dev.embedding_backward(
                     &mut g[Layout::WTE],

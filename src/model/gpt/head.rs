@@ -3,7 +3,7 @@
 //! their backward from the loss.
 
 use super::activations::{logits_precision, Widths};
-use super::tensor_parallel::{Norm, Pass};
+use super::tensor_parallel::Pass;
 use super::{Gpt, Layout, Weights};
 use crate::comm::ReduceOp;
 use crate::device::{all_reduce_scalars, Device};
@@ -25,15 +25,7 @@ impl<D: Device> Gpt<D> {
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let (a, mut pass) = (
             &mut self.pool[index].1,
-            Pass {
-                dev,
-                tp,
-                sc: &mut self.scratch,
-                heads: &mut self.heads,
-                norm: Norm::of(&self.cfg.arch),
-                rope: self.rope.as_ref(),
-                documents: None,
-            },
+            Pass::plain((dev, tp), (&mut self.scratch, &mut self.heads), &self.cfg.arch, self.rope.as_ref()),
         );
         let r = a.rows;
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
@@ -101,15 +93,7 @@ impl<D: Device> Gpt<D> {
         let num_params = self.params.info.len();
         let (a, mut pass) = (
             &mut self.pool[index].1,
-            Pass {
-                dev,
-                tp,
-                sc: &mut self.scratch,
-                heads: &mut self.heads,
-                norm: Norm::of(&self.cfg.arch),
-                rope: self.rope.as_ref(),
-                documents: None,
-            },
+            Pass::plain((dev, tp), (&mut self.scratch, &mut self.heads), &self.cfg.arch, self.rope.as_ref()),
         );
         let r = a.rows;
         let hd = a.head.as_mut().expect("the last chunk has a head");

@@ -5,7 +5,7 @@
 //! write back into the residual stream (projection, fc2); and the counters of what a layer's
 //! groups moved.
 
-use super::activations::{LnActs, Rows};
+use super::activations::{ContextScratch, LnActs, Rows};
 use super::weight_pass::WeightGrads;
 use crate::comm::CommCounters;
 use crate::device::Device;
@@ -23,7 +23,7 @@ pub(super) struct Pass<'a, D: Device> {
     pub(super) tp: TensorParallel<'a>,
     pub(super) sc: &'a mut Scratch<D::Buf>,
     /// The context-parallel attention's buffers (`context.rs`).
-    pub(super) heads: &'a mut super::activations::ContextScratch<D::Buf>,
+    pub(super) heads: &'a mut ContextScratch<D::Buf>,
     pub(super) norm: Norm,
     pub(super) rope: Option<&'a D::Buf>,
     pub(super) documents: Option<&'a [u32]>,
@@ -39,6 +39,18 @@ pub(super) struct Norm {
 impl Norm {
     pub(super) fn of(arch: &crate::model::Arch) -> Norm {
         Norm { kind: arch.normalization, eps: arch.norm_epsilon }
+    }
+}
+
+impl<'a, D: Device> Pass<'a, D> {
+    /// A pass outside the blocks: no document bounds (the head, the embeddings, generation).
+    pub(super) fn plain(
+        (dev, tp): (&'a D, TensorParallel<'a>),
+        (sc, heads): (&'a mut Scratch<D::Buf>, &'a mut ContextScratch<D::Buf>),
+        arch: &crate::model::Arch,
+        rope: Option<&'a D::Buf>,
+    ) -> Self {
+        Pass { dev, tp, sc, heads, norm: Norm::of(arch), rope, documents: None }
     }
 }
 
