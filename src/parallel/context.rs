@@ -88,10 +88,7 @@ pub struct Gathered<B> {
 
 impl<B> Gathered<B> {
     pub(super) fn ensure<D: Device<Buf = B>>(&mut self, dev: &D, like: &B, len: usize) -> &mut B {
-        if self.buf.as_ref().is_none_or(|b| dev.len(b) != len) {
-            self.buf = Some(dev.alloc_like_len(like, len));
-        }
-        self.buf.as_mut().expect("just allocated")
+        ensure_like(dev, &mut self.buf, like, len)
     }
 
     /// Bytes held (for `--log-memory`).
@@ -180,17 +177,33 @@ impl<B> HeadsScratch<B> {
     }
 }
 
-/// `slot` as a buffer of `len` elements in `precision` storage.
+/// `slot` as a buffer of `len` elements, made by `make` where it is missing or of another length
+/// (the context-parallel layers' buffers, reused across layers and micro-batches).
+fn reuse<'b, D: Device>(
+    dev: &D,
+    slot: &'b mut Option<D::Buf>,
+    len: usize,
+    make: impl FnOnce(usize) -> D::Buf,
+) -> &'b mut D::Buf {
+    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
+        *slot = Some(make(len));
+    }
+    slot.as_mut().expect("just allocated")
+}
+
+/// `slot` as a buffer of `len` elements in `precision` storage (f32 for `Precision::F32`).
 pub fn ensure<'b, D: Device>(
     dev: &D,
     slot: &'b mut Option<D::Buf>,
     len: usize,
     precision: Precision,
 ) -> &'b mut D::Buf {
-    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
-        *slot = Some(dev.alloc_in(len, precision));
-    }
-    slot.as_mut().expect("just allocated")
+    reuse(dev, slot, len, |n| dev.alloc_in(n, precision))
+}
+
+/// `slot` as a buffer of `len` elements in `like`'s storage.
+pub fn ensure_like<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, like: &D::Buf, len: usize) -> &'b mut D::Buf {
+    reuse(dev, slot, len, |n| dev.alloc_like_len(like, n))
 }
 
 #[cfg(test)]

@@ -54,10 +54,7 @@ impl<B> BlockScratch<B> {
 
 /// `slot` as an f32 buffer of `len` elements.
 pub(super) fn ensure<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, len: usize) -> &'b mut D::Buf {
-    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
-        *slot = Some(dev.alloc(len));
-    }
-    slot.as_mut().expect("just allocated")
+    super::context::ensure(dev, slot, len, crate::real::Precision::F32)
 }
 
 /// `slot` as an f32 (output, log-sum-exp) pair for a block of `shape`'s `seq` queries.

@@ -8,7 +8,7 @@
 //! group's. The passes are MPI send-receives on host memory (staged through it on a GPU), taken
 //! before each step's blocks, not overlapped with them.
 
-use super::context::ContextSplit;
+use super::context::{ensure_like, ContextSplit};
 use super::context_gather::{attend, ensure, ensure_pair, run, store, BlockScratch};
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device};
@@ -28,10 +28,7 @@ fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
 /// each is the diagonal: at or before theirs, the diagonal first.
 fn blocks_of(split: ContextSplit, slot: usize, src: usize) -> Vec<(usize, bool)> {
     let (x, owner) = (split.chunk(slot), ContextSplit { size: split.size, rank: src });
-    let mut order = vec![slot, 1 - slot];
-    if src != split.rank {
-        order = vec![0, 1];
-    }
+    let order = if src == split.rank { [slot, 1 - slot] } else { [0, 1] };
     order.into_iter().filter(|&j| owner.chunk(j) <= x).map(|j| (j, owner.chunk(j) == x)).collect()
 }
 
@@ -48,7 +45,7 @@ pub fn forward<D: Device>(
     let (split, local) = (ContextSplit::of(cp), dev.len(qkv));
     let block = AttentionShape { seq: shape.seq / 2, ..shape };
     let [a, b] = &mut sc.kv;
-    let (mut cur, mut next) = (ensure_like(dev, a, qkv), ensure_like(dev, b, qkv));
+    let (mut cur, mut next) = (ensure_like(dev, a, qkv, local), ensure_like(dev, b, qkv, local));
     dev.copy(cur, 0, qkv, 0, local);
     ensure_pair(dev, &mut sc.part, block);
     for slot in 0..2 {
@@ -89,7 +86,7 @@ pub fn backward<D: Device>(
     let block = AttentionShape { seq: shape.seq / 2, ..shape };
     let (ol, ll) = (block.rows() * block.width(), block.batch * block.heads * block.seq);
     let [a, b] = &mut sc.kv;
-    let (mut cur, mut next) = (ensure_like(dev, a, qkv), ensure_like(dev, b, qkv));
+    let (mut cur, mut next) = (ensure_like(dev, a, qkv, local), ensure_like(dev, b, qkv, local));
     dev.copy(cur, 0, qkv, 0, local);
     // This rank's query gradient, then the key/value gradient of the rows it holds.
     let grad = ensure(dev, &mut sc.contrib, 2 * local);
@@ -129,15 +126,6 @@ pub fn backward<D: Device>(
     dev.copy(summed, 0, grad, local, local);
     dev.copy(dqkv, 0, grad, 0, local);
     dev.add_assign(dqkv, summed);
-}
-
-/// `slot` as a buffer of `like`'s length and storage.
-fn ensure_like<'b, D: Device>(dev: &D, slot: &'b mut Option<D::Buf>, like: &D::Buf) -> &'b mut D::Buf {
-    let len = dev.len(like);
-    if slot.as_ref().is_none_or(|b| dev.len(b) != len) {
-        *slot = Some(dev.alloc_like_len(like, len));
-    }
-    slot.as_mut().expect("just allocated")
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::tensor_parallel::Pass;
 use super::Gpt;
 use crate::comm::Comm;
 use crate::device::{AttentionShape, Device, Dropout};
-use crate::parallel::context::{ensure, to_heads, to_positions, CpCommType, SwapShape};
+use crate::parallel::context::{ensure, ensure_like, to_heads, to_positions, CpCommType, SwapShape};
 use crate::parallel::{context_gather, context_ring};
 use crate::real::Precision;
 
@@ -38,7 +38,7 @@ impl<D: Device> Pass<'_, D> {
             CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, shape, blocks),
             _ => {}
         }
-        let (rows, c) = (shape.rows(), cp.size());
+        let rows = shape.rows();
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
         to_heads(dev, cp, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
         let o = ensure(dev, &mut h.out, rows * shape.width(), precision);
@@ -46,7 +46,6 @@ impl<D: Device> Pass<'_, D> {
         dev.attention_forward(o, lse, q, wide, dropout, None);
         dev.round_to(o, precision);
         to_positions(dev, cp, o, out, swap(shape, shape.width()), &mut h.gathered);
-        debug_assert_eq!(wide.heads * c, shape.heads);
     }
 
     /// `dqkv` (overwrite) from `dout`, as `AttentionOps::attention_backward`; `out` and `lse` are
@@ -79,15 +78,9 @@ impl<D: Device> Pass<'_, D> {
         to_heads(dev, cp, qkv, q, swap(shape, qw), &mut h.gathered);
         let o = ensure(dev, &mut h.out, rows * aw, precision);
         to_heads(dev, cp, out, o, swap(shape, aw), &mut h.gathered);
-        let d_o = h.dout.get_or_insert_with(|| dev.alloc_like_len(dout, rows * aw));
-        if dev.len(d_o) != rows * aw {
-            *d_o = dev.alloc_like_len(dout, rows * aw);
-        }
+        let d_o = ensure_like(dev, &mut h.dout, dout, rows * aw);
         to_heads(dev, cp, dout, d_o, swap(shape, aw), &mut h.gathered);
-        let dq = h.dqkv.get_or_insert_with(|| dev.alloc_like_len(dqkv, rows * qw));
-        if dev.len(dq) != rows * qw {
-            *dq = dev.alloc_like_len(dqkv, rows * qw);
-        }
+        let dq = ensure_like(dev, &mut h.dqkv, dqkv, rows * qw);
         dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None);
         to_positions(dev, cp, dq, dqkv, swap(shape, qw), &mut h.gathered);
     }
