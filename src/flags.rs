@@ -373,7 +373,8 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag(
         "--pipeline-schedule",
         "NAME",
-        "gpipe, 1f1b, interleaved-1f1b or zb-h1 (zero-bubble H1: backward split into B and W; default: Megatron's choice)",
+        "gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (zero-bubble: backward split into B and W; zb-v: two chunks \
+         per stage in a V; default: Megatron's choice)",
     ),
     flag("--decoder-first-pipeline-num-layers", "N", "layers on the first pipeline stage"),
     flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
@@ -669,6 +670,7 @@ pub const CONVERT_FLAGS: &[FlagSpec] = &[
     flag("--target-tensor-parallel-size", "T", "tensor-parallel size of the written checkpoint (default 1)"),
     flag("--target-pipeline-parallel-size", "P", "pipeline size of the written checkpoint (default 1)"),
     flag("--target-num-layers-per-virtual-pipeline-stage", "N", "virtual stages of the written checkpoint"),
+    flag("--target-pipeline-schedule", "zb-v", "place the written checkpoint's two chunks per stage in zb-v's V"),
     switch("--target-sequence-parallel", "mark the written checkpoint as sequence parallel"),
     flag("--target-tensor-parallel-mode", "MODE", "1d (default), 2d or 2.5d: how the written checkpoint's TP splits"),
     flag("--target-tesseract-depth", "D", "depth of a written 2.5d checkpoint"),

@@ -316,7 +316,7 @@ fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
     let nccl = fake_nccl(&dir);
     // Three iterations: each runs its schedule whole (warm-up, steady state, cool-down).
     let pp2: &[&str] = &["--pipeline-model-parallel-size", "2", "--global-batch-size", "8", "--train-iters", "3"];
-    let layouts: [(&str, usize, Vec<&str>); 6] = [
+    let layouts: [(&str, usize, Vec<&str>); 8] = [
         ("PP 2, 1F1B", 2, pp2.to_vec()),
         ("PP 2, GPipe", 2, [pp2, &["--pipeline-schedule", "gpipe"]].concat()),
         // The zero-bubble W pass on the GPU Device: B's input-gradient GEMM alone, W's weight
@@ -328,6 +328,15 @@ fn pipeline_p2p_on_device_memory_matches_mpi_for_every_schedule() {
             [pp2, &["--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "1"]].concat(),
         ),
         ("PP 4, 1F1B", 4, [&pp2[2..], &["--pipeline-model-parallel-size", "4", "--num-layers", "4"]].concat()),
+        // Zero-bubble V: both kinds of message flow both ways (eight links), the turn stays on
+        // the last stage.
+        ("PP 2, zero-bubble V", 2, [pp2, &["--num-layers", "4", "--pipeline-schedule", "zb-v"]].concat()),
+        (
+            "PP 4, zero-bubble V",
+            4,
+            [&pp2[2..], &["--pipeline-model-parallel-size", "4", "--num-layers", "8", "--pipeline-schedule", "zb-v"]]
+                .concat(),
+        ),
         (
             "TP 2 x PP 2 x 2 virtual stages, sequence parallel",
             4,

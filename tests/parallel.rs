@@ -95,6 +95,7 @@ fn pipeline_layouts_compute_the_single_rank_run() {
     let zb_trace = dir.join("zb-trace.json");
     let zb_trace_flag = format!("--timing-trace={}", zb_trace.display());
     let zb = ["--pipeline-schedule", "zb-h1"];
+    let zbv = ["--pipeline-schedule", "zb-v"];
     let layouts: Vec<(usize, Vec<&str>)> = vec![
             (2, vec!["--pipeline-model-parallel-size", "2"]),
             (4, vec!["--pipeline-model-parallel-size", "4"]),
@@ -117,6 +118,19 @@ fn pipeline_layouts_compute_the_single_rank_run() {
                     ][..],
                     &["--use-distributed-optimizer", &zb_trace_flag],
                     &zb,
+                ]
+                .concat(),
+            ),
+            // Zero-bubble V (two chunks per stage in a V, the tied embedding's copies both on
+            // stage 0): 1F1B's losses bit for bit (layouts 0 and 1).
+            (2, [&["--pipeline-model-parallel-size", "2"][..], &zbv].concat()),
+            (4, [&["--pipeline-model-parallel-size", "4"][..], &zbv].concat()),
+            (
+                8,
+                [
+                    &["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"][..],
+                    &["--sequence-parallel", "--use-distributed-optimizer"],
+                    &zbv,
                 ]
                 .concat(),
             ),
@@ -150,6 +164,8 @@ fn pipeline_layouts_compute_the_single_rank_run() {
         assert!(events.iter().any(|e| e.get("cat").map(String::as_str) == Some(kind)), "no {kind} span in the trace");
     }
     assert_eq!(losses[7], losses[1], "zb-h1 and 1f1b on 4 stages: the same sums in the same order");
+    assert_eq!(losses[9], losses[0], "zb-v and 1f1b on 2 stages: the same sums in the same order");
+    assert_eq!(losses[10], losses[1], "zb-v and 1f1b on 4 stages");
     let events = chrome_trace_events(&std::fs::read_to_string(&zb_trace).unwrap());
     let spans = |kind: &str| events.iter().filter(|e| e.get("cat").map(String::as_str) == Some(kind)).count();
     assert!(spans("weight") > 0 && spans("weight") == spans("backward"), "one W span per B span");

@@ -8,7 +8,7 @@ use super::{SavedTensor, Shard};
 use crate::error::{Error, Result};
 use crate::model::{ChunkPlan, GptConfig, ModelParallel};
 use crate::parallel::grid::{SummaCoord, TensorMode};
-use crate::parallel::pipeline::chunk_layers;
+use crate::parallel::pipeline::{chunk_layers, Placement};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +19,9 @@ pub struct Layout {
     pub pp: usize,
     /// Model chunks per pipeline stage (virtual stages).
     pub chunks: usize,
+    /// Whether the two chunks of each stage sit in a V (zb-v's placement) rather than Megatron's
+    /// interleaving.
+    pub v: bool,
     pub first_stage_layers: Option<usize>,
     pub last_stage_layers: Option<usize>,
     pub sequence_parallel: bool,
@@ -33,6 +36,7 @@ impl Layout {
             tp: 1,
             pp: 1,
             chunks: 1,
+            v: false,
             first_stage_layers: None,
             last_stage_layers: None,
             sequence_parallel: false,
@@ -53,7 +57,7 @@ impl Layout {
     }
 
     /// Checks that `cfg` splits over this layout: sizes of at least 1, at most two more virtual
-    /// stages than layers, a SUMMA grid of q x q x depth ranks, and the model's own divisibility
+    /// stages than layers, a V of two chunks per stage, a SUMMA grid of q x q x depth ranks, and the model's own divisibility
     /// rules (`GptConfig::validate_parallel`).
     pub fn validate(&self, cfg: &GptConfig) -> Result<()> {
         let stages = self.pp.checked_mul(self.chunks).filter(|&v| v >= 1 && v <= cfg.num_layers.saturating_add(2));
@@ -62,6 +66,12 @@ impl Layout {
                 "a layout of tensor-parallel size {}, {} pipeline stages and {} virtual stages each does not fit {} \
                  layers",
                 self.tp, self.pp, self.chunks, cfg.num_layers
+            )));
+        }
+        if self.v && (self.chunks != 2 || self.pp < 2) {
+            return Err(Error::Config(format!(
+                "a V placement needs two chunks on each of at least two stages, not {} on {}",
+                self.chunks, self.pp
             )));
         }
         if let Some((q, depth)) = self.summa {
@@ -77,22 +87,13 @@ impl Layout {
 
     /// The chunks pipeline stage `pp_rank` holds.
     pub fn plans(&self, cfg: &GptConfig, pp_rank: usize) -> Result<Vec<ChunkPlan>> {
+        let lay = Placement { stages: self.pp, chunks: self.chunks, v: self.v };
         (0..self.chunks)
             .map(|c| {
-                let layers = chunk_layers(
-                    cfg.num_layers,
-                    self.pp,
-                    self.chunks,
-                    pp_rank,
-                    c,
-                    self.first_stage_layers,
-                    self.last_stage_layers,
-                )?;
-                Ok(ChunkPlan {
-                    layers,
-                    first: pp_rank == 0 && c == 0,
-                    last: pp_rank == self.pp - 1 && c == self.chunks - 1,
-                })
+                let layers =
+                    chunk_layers(cfg.num_layers, lay, pp_rank, c, self.first_stage_layers, self.last_stage_layers)?;
+                let vs = lay.virtual_stage(pp_rank, c);
+                Ok(ChunkPlan { layers, first: vs == 0, last: vs == lay.last() })
             })
             .collect()
     }
@@ -149,6 +150,15 @@ pub fn recorded_layout(shard: &Shard, path: &Path, model: &GptConfig) -> Result<
     Ok(layout)
 }
 
+/// The `virtual_pipeline_placement` a checkpoint records for a layout's chunks.
+pub fn placement_name(v: bool) -> &'static str {
+    if v {
+        "v"
+    } else {
+        "interleaved"
+    }
+}
+
 fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
     let count = |key: &str| -> Result<usize> { shard.meta_value(path, key) };
     // Absent keys (older shards) take their defaults; a value present must parse.
@@ -165,6 +175,16 @@ fn layout_of(shard: &Shard, path: &Path) -> Result<Layout> {
         tp: count("tensor_model_parallel_size")?,
         pp: count("pipeline_model_parallel_size")?,
         chunks: or("virtual_pipeline_chunks", 1)?,
+        v: match shard.meta.get("virtual_pipeline_placement").map(String::as_str) {
+            None | Some("interleaved") => false,
+            Some("v") => true,
+            Some(other) => {
+                return Err(Error::format(
+                    path,
+                    format!("virtual_pipeline_placement is '{other}', not interleaved or v"),
+                ))
+            }
+        },
         first_stage_layers: optional("decoder_first_pipeline_num_layers")?,
         last_stage_layers: optional("decoder_last_pipeline_num_layers")?,
         sequence_parallel: shard
@@ -312,6 +332,7 @@ pub fn write_layout(full: &FullCheckpoint, dir: &Path, target: Layout) -> Result
                 ("pipeline_model_parallel_size", target.pp.to_string()),
                 ("pipeline_model_parallel_rank", pp_rank.to_string()),
                 ("virtual_pipeline_chunks", target.chunks.to_string()),
+                ("virtual_pipeline_placement", placement_name(target.v).to_string()),
                 (
                     "decoder_first_pipeline_num_layers",
                     target.first_stage_layers.map_or("none".into(), |n| n.to_string()),

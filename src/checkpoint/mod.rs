@@ -56,6 +56,7 @@ pub const METADATA_KEYS: &[&str] = &[
     "pipeline_model_parallel_size",
     "pipeline_model_parallel_rank",
     "virtual_pipeline_chunks",
+    "virtual_pipeline_placement",
     "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers",
     "data_parallel_size",

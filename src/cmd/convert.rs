@@ -107,7 +107,20 @@ fn save(a: &Args, full: &mut FullCheckpoint, dir: &Path) -> Result<()> {
         }
     };
     let (tp, pp) = (positive("--target-tensor-parallel-size", 1)?, positive("--target-pipeline-parallel-size", 1)?);
+    let v = match a.str("--target-pipeline-schedule") {
+        None => false,
+        Some("zb-v") if pp > 1 => true,
+        Some(s) => {
+            let why = if s == "zb-v" {
+                "a pipeline of at least 2 stages"
+            } else {
+                "zb-v (the one schedule that places layers its own way)"
+            };
+            return Err(Error::flag("--target-pipeline-schedule", s, why));
+        }
+    };
     let chunks = match a.usize("--target-num-layers-per-virtual-pipeline-stage")? {
+        None if v => 2,
         None => 1,
         Some(n) if n > 0 && pp > 1 && full.model.num_layers.is_multiple_of(n * pp) => full.model.num_layers / (n * pp),
         Some(n) => {
@@ -124,6 +137,7 @@ fn save(a: &Args, full: &mut FullCheckpoint, dir: &Path) -> Result<()> {
     )
     .map_err(|e| Error::Config(e.to_string().replace("--t", "--target-t")))?;
     let target = Layout {
+        v,
         tp,
         pp,
         chunks,

@@ -44,11 +44,12 @@ pub trait DeviceComm<B> {
 pub trait DeviceP2p<B> {
     /// The library: "NCCL" or "RCCL".
     fn api(&self) -> &'static str;
-    /// Sends `buf` to the next stage (activations) or, `backward`, to the previous (gradients).
-    fn send(&self, buf: &B, backward: bool);
-    /// Receives the next message from the previous stage (activations) or, `backward`, from the
-    /// next stage (gradients) into `buf` (exactly its length).
-    fn recv(&self, buf: &mut B, backward: bool);
+    /// Sends `buf` (activations, or `backward` gradients) to the next stage or, `upward`, to
+    /// the previous one (gradients do; so do the activations of a V's second arm).
+    fn send(&self, buf: &B, backward: bool, upward: bool);
+    /// Receives the next message of its kind that travelled `upward` (from the next stage) or
+    /// not (from the previous) into `buf` (exactly its length).
+    fn recv(&self, buf: &mut B, backward: bool, upward: bool);
     /// The host waits (bounded: a dead peer is an error) until every send has been delivered.
     fn wait_sends(&self);
     /// Elements sent so far (for `--log-comm`).
@@ -120,8 +121,9 @@ pub struct CollectivesRequest<'a> {
     /// The pipeline group; the caller checked that its schedule keeps each link's messages in
     /// the order they were sent (`pipeline::fifo_order`), as `DeviceP2p` delivers them.
     pub pipeline: &'a dyn crate::comm::Comm,
-    /// Whether the pipeline's links wrap from the last stage to the first (virtual stages).
-    pub pipeline_wraps: bool,
+    /// Whether the pipeline's links wrap from the last stage to the first (virtual stages), and
+    /// whether its chunks sit in a V (zb-v: both kinds of message flow both ways, no wrap).
+    pub pipeline_links: (bool, bool),
 }
 
 /// Collectives on the device's own buffers (`--gpu-collectives`). The defaults make none: tensors

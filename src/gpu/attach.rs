@@ -67,7 +67,7 @@ pub fn attach_collectives(
     if request.pipeline.size() > 1 {
         // NCCL delivers one link's messages in the order they were sent (MPI matched them by
         // tag); the caller checked that this run's schedule keeps that order on every stage.
-        let links = PipelineNccl::new(nccl, api, request.pipeline, request.pipeline_wraps)
+        let links = PipelineNccl::new(nccl, api, request.pipeline, request.pipeline_links)
             .map_err(|e| Error::Comm(format!("{flag}: {e}")))?;
         names.push("pipeline p2p");
         dev.attach_p2p(links);

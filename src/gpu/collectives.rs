@@ -588,7 +588,8 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
 /// Pipeline point-to-point of the CUDA Device on device memory: one two-rank communicator per
 /// link this rank takes part in, where a link carries one kind of message (activations or
 /// gradients) from one stage to its neighbour. A rank sends activations to the next stage and
-/// gradients to the previous one, and receives them from the other side: up to four links, each
+/// gradients to the previous one, and receives them from the other side (under zb-v's V, the
+/// second arm's the other way round as well): up to four links (eight under a V), each
 /// with its own stream, on which this rank only sends or only receives. So a send never waits
 /// behind a receive (or the reverse) on one stream, and the host blocks on neither: messages of
 /// one kind between two stages are delivered in the order they were issued
@@ -597,13 +598,14 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
 /// work the Device settles before reading device memory; sends are waited for in `wait_sends`
 /// (end of a pass over the pipeline), bounded by `TRIDENT_NCCL_TIMEOUT_SECS`.
 pub struct PipelineNccl {
-    /// [activations out, activations in, gradients out, gradients in]; None where this stage has
-    /// no such neighbour (the ends of a pipeline without virtual stages).
-    links: [Option<std::sync::Mutex<NcclComm<'static>>>; 4],
+    /// By kind (activations, gradients), direction (onward to higher stages, upward to lower)
+    /// and role (out, in): `link_slot`. None where this stage has no such neighbour (the ends of
+    /// a pipeline without virtual stages) or the layout no such flow.
+    links: [Option<std::sync::Mutex<NcclComm<'static>>>; 8],
     api: &'static str,
     stage: usize,
     stages: usize,
-    enqueued: [std::sync::atomic::AtomicBool; 4],
+    enqueued: [std::sync::atomic::AtomicBool; 8],
     sent: std::sync::atomic::AtomicU64,
 }
 
@@ -612,37 +614,41 @@ unsafe impl Send for PipelineNccl {}
 // SAFETY: as above.
 unsafe impl Sync for PipelineNccl {}
 
-/// The slot of `links` for a message kind and role.
-fn link_slot(backward: bool, send: bool) -> usize {
-    2 * usize::from(backward) + usize::from(!send)
+/// The slot of `links` for a message kind, its direction and this rank's role.
+fn link_slot(backward: bool, upward: bool, send: bool) -> usize {
+    4 * usize::from(backward) + 2 * usize::from(upward) + usize::from(!send)
 }
 
 impl PipelineNccl {
     /// Creates the links of this rank's stage in the pipeline `group` (collective over the
     /// group): activations flow stage s -> s + 1, gradients s + 1 -> s, and with `wrap` (virtual
-    /// stages) also between the last stage and the first. Every rank creates its links in one
-    /// global order (kind, then sending stage), so the pairwise initialisations cannot deadlock.
+    /// stages) also between the last stage and the first; under a V (`v`, no wrap) both kinds
+    /// flow both ways. Every rank creates its links in one global order (kind, direction, then
+    /// sending stage), so the pairwise initialisations cannot deadlock.
     pub fn new(
         nccl: &'static Nccl,
         api: StreamApi<'static>,
         group: &dyn Comm,
-        wrap: bool,
+        (wrap, v): (bool, bool),
     ) -> Result<PipelineNccl> {
         let (stage, stages) = (group.rank(), group.size());
         let timeout = timeout()?;
-        let mut links: [Option<std::sync::Mutex<NcclComm<'static>>>; 4] = Default::default();
-        for backward in [false, true] {
+        let mut links: [Option<std::sync::Mutex<NcclComm<'static>>>; 8] = Default::default();
+        for (backward, upward) in [(false, false), (false, true), (true, false), (true, true)] {
+            if upward != backward && !v {
+                continue;
+            }
             for from in 0..stages {
-                let to = if backward { (from + stages - 1) % stages } else { (from + 1) % stages };
-                let wraps = if backward { from == 0 } else { from == stages - 1 };
-                if stages < 2 || (wraps && !wrap) || (stage != from && stage != to) {
+                let to = if upward { (from + stages - 1) % stages } else { (from + 1) % stages };
+                let wraps = if upward { from == 0 } else { from == stages - 1 };
+                if stages < 2 || (wraps && (!wrap || v)) || (stage != from && stage != to) {
                     continue;
                 }
                 let what = if backward { "gradients" } else { "activations" };
                 let comm = NcclComm::link(nccl, api, group, (from, to), timeout).map_err(|e| {
                     Error::Comm(format!("creating the pipeline link for {what} from stage {from} to stage {to}: {e}"))
                 })?;
-                links[link_slot(backward, stage == from)] = Some(std::sync::Mutex::new(comm));
+                links[link_slot(backward, upward, stage == from)] = Some(std::sync::Mutex::new(comm));
             }
         }
         Ok(PipelineNccl {
@@ -670,7 +676,7 @@ impl PipelineNccl {
                 self.stage,
                 self.stages,
                 if slot.is_multiple_of(2) { "send" } else { "receive" },
-                if slot < 2 { "activations" } else { "gradients" }
+                if slot < 4 { "activations" } else { "gradients" }
             ))),
         };
         if let Err(e) = result {
@@ -692,7 +698,7 @@ impl PipelineNccl {
 
 impl GpuP2p for PipelineNccl {
     fn settle_receives(&self) {
-        self.settle_slots(&[link_slot(false, false), link_slot(true, false)]);
+        self.settle_slots(&[false, true].map(|b| [false, true].map(|u| link_slot(b, u, false))).concat());
     }
 }
 
@@ -700,18 +706,18 @@ impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
     fn api(&self) -> &'static str {
         self.api
     }
-    fn send(&self, buf: &GpuBuf, backward: bool) {
+    fn send(&self, buf: &GpuBuf, backward: bool, upward: bool) {
         let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
         self.sent.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
-        self.run(link_slot(backward, true), |c| {
+        self.run(link_slot(backward, upward, true), |c| {
             // The send reads what the compute stream wrote.
             c.after_compute(None)?;
             c.send_recv(&[Transfer::Send { buffer, count, dtype, peer: 1 }])
         });
     }
-    fn recv(&self, buf: &mut GpuBuf, backward: bool) {
+    fn recv(&self, buf: &mut GpuBuf, backward: bool, upward: bool) {
         let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
-        self.run(link_slot(backward, false), |c| {
+        self.run(link_slot(backward, upward, false), |c| {
             // The buffer may be one compute just finished reading; compute then reads the message.
             c.after_compute(None)?;
             c.send_recv(&[Transfer::Recv { buffer, count, dtype, peer: 0 }])?;
@@ -719,7 +725,7 @@ impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
         });
     }
     fn wait_sends(&self) {
-        self.settle_slots(&[link_slot(false, true), link_slot(true, true)]);
+        self.settle_slots(&[false, true].map(|b| [false, true].map(|u| link_slot(b, u, true))).concat());
     }
     fn counters(&self) -> crate::comm::CommCounters {
         crate::comm::CommCounters { send: self.sent.load(std::sync::atomic::Ordering::Relaxed), ..Default::default() }

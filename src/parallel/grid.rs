@@ -157,6 +157,9 @@ pub struct Grid {
     pub dp_rank: usize,
     pub pp_rank: usize,
     pub tensor_mode: TensorMode,
+    /// Whether the pipeline places its chunks in a V (zb-v): the first and last virtual stage
+    /// both on stage 0.
+    pub pipeline_v: bool,
 }
 
 impl Grid {
@@ -196,6 +199,7 @@ impl Grid {
             dp_rank: (rank / (tp * cp)) % dp,
             pp_rank: rank / (tp * cp * dp),
             tensor_mode: TensorMode::OneD,
+            pipeline_v: false,
         })
     }
 
@@ -205,6 +209,11 @@ impl Grid {
             assert_eq!(q * q * depth, self.tp, "a SUMMA grid fills the tensor-parallel group");
         }
         Grid { tensor_mode: mode, ..self }
+    }
+
+    /// The same layout with the pipeline's chunks in a V (`v`) or not.
+    pub fn with_v_pipeline(self, v: bool) -> Grid {
+        Grid { pipeline_v: v && self.pp > 1, ..self }
     }
 
     /// This rank's SUMMA coordinates (None under 1-D tensor parallelism).
@@ -301,9 +310,10 @@ impl Grid {
     }
 
     /// The embedding group: the first and last pipeline stage of this replica, which sum the
-    /// gradients of the tied word embedding; a group of one elsewhere and without a pipeline.
+    /// gradients of the tied word embedding; a group of one elsewhere, without a pipeline, and
+    /// under a V (stage 0 holds both copies, `sum_tied_within_stage`).
     pub fn embedding_group(&self) -> Vec<usize> {
-        if self.pp > 1 && (self.pp_rank == 0 || self.pp_rank == self.pp - 1) {
+        if self.pp > 1 && !self.pipeline_v && (self.pp_rank == 0 || self.pp_rank == self.pp - 1) {
             vec![self.rank_of(self.tp_rank, self.dp_rank, 0), self.rank_of(self.tp_rank, self.dp_rank, self.pp - 1)]
         } else {
             vec![self.rank]

@@ -4,7 +4,7 @@
 //! another layout or model shape with a line that says which.
 
 use super::chunk::{Chunk, Optimizer};
-use crate::checkpoint::convert::FullCheckpoint;
+use crate::checkpoint::convert::{placement_name, FullCheckpoint};
 use crate::checkpoint::shape::{model_from_shard, model_meta};
 use crate::checkpoint::{self, SavedTensor, Shard};
 use crate::comm::ReduceOp;
@@ -68,6 +68,7 @@ pub(super) fn save_checkpoint<D: Device>(
         ("pipeline_model_parallel_size", grid.pp.to_string()),
         ("pipeline_model_parallel_rank", grid.pp_rank.to_string()),
         ("virtual_pipeline_chunks", chunks.len().to_string()),
+        ("virtual_pipeline_placement", placement_name(grid.pipeline_v).to_string()),
         ("decoder_first_pipeline_num_layers", cfg.first_stage_layers.map_or("none".into(), |n| n.to_string())),
         ("decoder_last_pipeline_num_layers", cfg.last_stage_layers.map_or("none".into(), |n| n.to_string())),
         ("data_parallel_size", grid.dp.to_string()),
@@ -202,31 +203,7 @@ pub(super) fn load_checkpoint<D: Device>(
 ) -> Result<Progress> {
     let (path, shard) = read_shard(dir, grid, chunks)?;
     let saved = model_from_shard(&shard, &path)?;
-    let layout = |key: &str| shard.meta_value::<usize>(&path, key).unwrap_or(1);
-    let (saved_tp, saved_pp, saved_v) = (
-        layout("tensor_model_parallel_size"),
-        layout("pipeline_model_parallel_size"),
-        layout("virtual_pipeline_chunks"),
-    );
-    let saved_mode = shard.meta.get("tensor_parallel_mode").cloned().unwrap_or_else(|| "1d".into());
-    if saved_mode != grid.tensor_mode.describe() {
-        return Err(Error::Config(format!(
-            "{} was written with --tensor-parallel-mode {saved_mode}; this run uses {}: resume with the layout it \
-             was saved with, or reshard it with `trident convert --target-tensor-parallel-mode`",
-            path.display(),
-            grid.tensor_mode.describe()
-        )));
-    }
-    if (saved_tp, saved_pp, saved_v) != (grid.tp, grid.pp, chunks.len()) {
-        return Err(Error::Config(format!(
-            "{} was written with tensor-parallel size {saved_tp}, pipeline size {saved_pp} and {saved_v} virtual \
-             stages per rank; this run uses {}, {} and {}; resharding arrives with `trident convert`",
-            path.display(),
-            grid.tp,
-            grid.pp,
-            chunks.len()
-        )));
-    }
+    check_layout(&shard, &path, grid, chunks.len())?;
     let ours = &chunks[0].model.cfg;
     // Keys by name: the architecture's are present only where it differs from GPT-2's.
     let (theirs, mine): (BTreeMap<_, _>, BTreeMap<_, _>) =
@@ -356,6 +333,51 @@ fn loaded_parts(parts: LoadParts, unsaved: bool, shard: &Shard) -> String {
     }
 }
 
+/// A checkpoint resumes in the layout it was written in: the same tensor-parallel mode, pipeline
+/// placement (zb-v's V or Megatron's interleaving) and sizes; else an error naming the fix.
+fn check_layout(shard: &Shard, path: &Path, grid: &Grid, chunks: usize) -> Result<()> {
+    let layout = |key: &str| shard.meta_value::<usize>(path, key).unwrap_or(1);
+    let (saved_tp, saved_pp, saved_v) = (
+        layout("tensor_model_parallel_size"),
+        layout("pipeline_model_parallel_size"),
+        layout("virtual_pipeline_chunks"),
+    );
+    let saved_mode = shard.meta.get("tensor_parallel_mode").cloned().unwrap_or_else(|| "1d".into());
+    if saved_mode != grid.tensor_mode.describe() {
+        return Err(Error::Config(format!(
+            "{} was written with --tensor-parallel-mode {saved_mode}; this run uses {}: resume with the layout it \
+             was saved with, or reshard it with `trident convert --target-tensor-parallel-mode`",
+            path.display(),
+            grid.tensor_mode.describe()
+        )));
+    }
+    let saved_placement = shard.meta.get("virtual_pipeline_placement").map_or("interleaved", String::as_str);
+    if saved_placement != placement_name(grid.pipeline_v) {
+        return Err(Error::Config(format!(
+            "{} places its pipeline chunks {}: {}",
+            path.display(),
+            if saved_placement == "v" { "in zb-v's V" } else { "interleaved (Megatron's order)" },
+            if grid.pipeline_v {
+                "--pipeline-schedule zb-v places other layers on each stage: reshard it with `trident convert \
+                 --target-pipeline-schedule zb-v`"
+            } else {
+                "resume it with --pipeline-schedule zb-v, or reshard it with `trident convert` for other schedules"
+            }
+        )));
+    }
+    if (saved_tp, saved_pp, saved_v) != (grid.tp, grid.pp, chunks) {
+        return Err(Error::Config(format!(
+            "{} was written with tensor-parallel size {saved_tp}, pipeline size {saved_pp} and {saved_v} virtual \
+             stages per rank; this run uses {}, {} and {}; resharding arrives with `trident convert`",
+            path.display(),
+            grid.tp,
+            grid.pp,
+            chunks
+        )));
+    }
+    Ok(())
+}
+
 /// This rank's shard of the latest checkpoint in `dir`: trident's own, or cut from a Megatron-LM
 /// checkpoint (`megatron_shard`).
 fn read_shard<D: Device>(dir: &Path, grid: &Grid, chunks: &[Chunk<D>]) -> Result<(std::path::PathBuf, Shard)> {
@@ -380,6 +402,7 @@ fn megatron_shard<D: Device>(mut full: FullCheckpoint, grid: &Grid, chunks: &[Ch
         ("tensor_model_parallel_size", grid.tp.to_string()),
         ("pipeline_model_parallel_size", grid.pp.to_string()),
         ("virtual_pipeline_chunks", chunks.len().to_string()),
+        ("virtual_pipeline_placement", placement_name(grid.pipeline_v).to_string()),
         ("tensor_parallel_mode", grid.tensor_mode.describe()),
     ] {
         shard.meta.insert(k.into(), v);

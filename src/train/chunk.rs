@@ -76,22 +76,25 @@ impl<D: Device> Chunk<D> {
         Chunk { model, opt, buckets, sums_flat: [None, None] }
     }
 
-    /// Finalises the gradients after backward: the data-parallel sum (the buckets' all-reduce, or
-    /// the distributed optimizer's reduce-scatter, which says where its shard of summed
-    /// gradients is), the tied-embedding and the sequence-parallel sums.
-    pub fn finish_gradients(&mut self, dev: &D, groups: &Groups, precision: Precision) -> Option<ShardGrads> {
-        // The buckets' all-reduces were posted during backward from the gradients as they
-        // were then, so they finish before the other sums touch the gradients; the
-        // distributed optimizer's reduce-scatter reads the gradients after those sums.
+    /// The gradients as backward leaves them for the sums: the buckets' all-reduces (posted
+    /// during backward from the gradients as they were then, so they finish before the other sums
+    /// touch the gradients), and fp16's rounding (fp16 gradients overflow to infinity where real
+    /// half precision would). `finish_gradients` follows, on every chunk.
+    pub fn settle_gradients(&mut self, dev: &D, groups: &Groups, precision: Precision) {
         if let (Optimizer::Replicated(_), true) = (&self.opt, groups.replica.size() > 1) {
             self.buckets.finish(dev, &*groups.replica, &mut self.model.params);
         }
-        // fp16 gradients overflow to infinity where real half precision would.
         if precision == Precision::F16 {
             for g in self.model.params.grads.iter_mut() {
                 dev.round_to(g, Precision::F16);
             }
         }
+    }
+
+    /// Finalises the settled gradients (`settle_gradients`): the tied-embedding and the
+    /// sequence-parallel sums, then the distributed optimizer's reduce-scatter (which says where
+    /// its shard of summed gradients is; it reads the gradients after those sums).
+    pub fn finish_gradients(&mut self, dev: &D, groups: &Groups) -> Option<ShardGrads> {
         let [sequence_parallel, tied] = &mut self.sums_flat;
         // An untied output layer is a parameter of the last stage alone: no pair to sum over.
         if !self.model.cfg.arch.untie_embeddings {
@@ -136,6 +139,24 @@ impl<D: Device> Chunk<D> {
                 self.model.refresh_working_weights(dev);
             }
         }
+    }
+}
+
+/// zb-v's V puts the word embedding (chunk 0) and the output layer's tied copy of it (chunk 1) on
+/// stage 0 together: their gradients are summed here, where other layouts sum them over the
+/// embedding group (`finish_gradients`), so the two copies stay equal. Nothing elsewhere.
+pub(super) fn sum_tied_within_stage<D: Device>(dev: &D, chunks: &mut [Chunk<D>]) {
+    let [first, last] = chunks else { return };
+    if first.model.cfg.arch.untie_embeddings {
+        return;
+    }
+    let name = "embedding.word_embeddings.weight";
+    let find = |c: &Chunk<D>| c.model.params.info.iter().position(|p| p.name == name);
+    if let (Some(i), Some(j)) = (find(first), find(last)) {
+        let (a, b) = (&mut first.model.params.grads[i], &mut last.model.params.grads[j]);
+        dev.add_assign(a, b);
+        let n = dev.len(a);
+        dev.copy(b, 0, a, 0, n);
     }
 }
 

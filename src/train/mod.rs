@@ -383,8 +383,11 @@ impl<D: Device> Trainer<'_, D> {
         let t_opt = self.tl.now_us();
         // Finalise gradients: the tied embedding and sequence-parallel sums, and the data-parallel
         // sum (bucketed all-reduce, or the distributed optimizer's reduce-scatter).
-        let shards: Vec<_> =
-            self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups, cfg.precision)).collect();
+        for c in self.chunks.iter_mut() {
+            c.settle_gradients(&setup.dev, &setup.groups, cfg.precision);
+        }
+        chunk::sum_tied_within_stage(&setup.dev, &mut self.chunks);
+        let shards: Vec<_> = self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups)).collect();
         let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
         let norm_sum = &mut self.norm_sum;
         grad_sum_squares(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm_sum);

@@ -121,6 +121,8 @@ pub(super) struct Pipeline<'a, D: Device> {
     tp: TensorParallel<'a>,
     schedule: Schedule,
     chunks: usize,
+    /// Where the virtual stages sit (zb-v's V, or Megatron's interleaving).
+    lay: pipeline::Placement,
     /// Micro-batches of this iteration (`set_micro`: fewer while `--rampup-batch-size` ramps),
     /// and of a full global batch (evaluation's, whatever the ramp).
     micro: usize,
@@ -143,6 +145,9 @@ struct Messages<B> {
     /// it is (`send_releases`; None: when the sends are waited for).
     in_flight: Vec<(B, Option<usize>)>,
     host_sends: Vec<Box<dyn Pending>>,
+    /// Messages handed from one chunk of this stage to another (a V's turn), by the (micro-batch,
+    /// chunk, backward) they feed.
+    handed: Vec<((usize, usize, bool), B)>,
     /// Device receives and sends made since the last `finish_sends`.
     received: usize,
     sent: usize,
@@ -157,6 +162,7 @@ impl<B> Default for Messages<B> {
             free: Vec::new(),
             in_flight: Vec::new(),
             host_sends: Vec::new(),
+            handed: Vec::new(),
             received: 0,
             sent: 0,
             training: true,
@@ -193,12 +199,13 @@ impl<'a, D: Device> Pipeline<'a, D> {
             )));
         }
         let (stages, stage) = (groups.grid.pp, groups.grid.pp_rank);
+        let lay = pipeline::Placement::new(schedule, stages, chunks);
         let order = |s| pipeline::passes(schedule, stages, s, micro, chunks);
         let mut messages = Messages::default();
         if dev.device_p2p().is_some() {
             // Every buffer the schedule holds at once (evaluation, a forward pass at a time,
             // holds at most a training forward's two), allocated now: no step allocates one.
-            let count = pipeline::message_buffers(stages, chunks, stage, &order);
+            let count = pipeline::message_buffers(lay, stage, &order);
             messages.free = (0..count).map(|_| dev.alloc(hidden_len)).collect();
         }
         Ok(Pipeline {
@@ -207,11 +214,12 @@ impl<'a, D: Device> Pipeline<'a, D> {
             tp,
             schedule,
             chunks,
+            lay,
             micro,
             full_micro: micro,
             hidden_len,
             zero: cfg.use_distributed_optimizer && groups.replica.size() > 1,
-            releases: pipeline::send_releases(stages, chunks, stage, &order),
+            releases: pipeline::send_releases(lay, stage, &order),
             messages: std::cell::RefCell::new(messages),
         })
     }
@@ -224,9 +232,8 @@ impl<D: Device> Pipeline<'_, D> {
     pub fn set_micro(&mut self, micro: usize) {
         if micro != self.micro {
             let (schedule, stages, stage, chunks) = (self.schedule, self.stages(), self.stage(), self.chunks);
-            self.releases = pipeline::send_releases(stages, chunks, stage, &|s| {
-                pipeline::passes(schedule, stages, s, micro, chunks)
-            });
+            self.releases =
+                pipeline::send_releases(self.lay, stage, &|s| pipeline::passes(schedule, stages, s, micro, chunks));
             self.micro = micro;
         }
     }
@@ -242,10 +249,10 @@ impl<D: Device> Pipeline<'_, D> {
         ContextSplit { size: self.groups.grid.cp, rank: self.groups.grid.cp_rank }
     }
     fn virtual_stage(&self, chunk: usize) -> usize {
-        chunk * self.stages() + self.stage()
+        self.lay.virtual_stage(self.stage(), chunk)
     }
     fn last_virtual(&self) -> usize {
-        self.stages() * self.chunks - 1
+        self.lay.last()
     }
 
     /// A message buffer: a free one (device sends the schedule shows taken by now included; in
@@ -278,15 +285,20 @@ impl<D: Device> Pipeline<'_, D> {
     /// next (`backward`: gradients): through the device's pipeline links in order, or through
     /// MPI on host memory matched by tag.
     fn recv(&self, tl: &mut Timeline, micro: usize, chunk: usize, backward: bool) -> D::Buf {
+        let from = self.lay.source(self.stage(), chunk, backward).0;
+        if from == self.stage() {
+            let mut m = self.messages.borrow_mut();
+            let at = m.handed.iter().position(|(k, _)| *k == (micro, chunk, backward));
+            return m.handed.remove(at.expect("a V's turn hands its message over before the chunk takes it")).1;
+        }
         let t0 = tl.now_us();
         let mut buf = self.buffer();
         match self.dev.device_p2p() {
             Some(p2p) => {
-                p2p.recv(&mut buf, backward);
+                p2p.recv(&mut buf, backward, self.lay.upward(chunk, backward));
                 self.messages.borrow_mut().received += 1;
             }
             None => {
-                let from = pipeline::recv_source(self.stages(), self.stage(), backward);
                 let tag = p2p_tag(micro, chunk, self.chunks, backward);
                 match self.dev.host_f32(&mut buf) {
                     Some(host) => self.groups.pp.recv_tagged(host, from, tag),
@@ -306,17 +318,21 @@ impl<D: Device> Pipeline<'_, D> {
     /// of its input back to the previous one. Neither path blocks: on the device the buffer is
     /// kept until its release (`buffer`) or the end of the pass (`finish_sends`).
     fn send(&self, tl: &mut Timeline, buf: D::Buf, micro: usize, chunk: usize, backward: bool) {
+        let (to, to_chunk) = self.lay.target(self.stage(), chunk, backward);
+        if to == self.stage() {
+            self.messages.borrow_mut().handed.push(((micro, to_chunk, backward), buf));
+            return;
+        }
         let t0 = tl.now_us();
         match self.dev.device_p2p() {
             Some(p2p) => {
-                p2p.send(&buf, backward);
+                p2p.send(&buf, backward, self.lay.upward(chunk, backward));
                 let mut m = self.messages.borrow_mut();
                 let release = if m.training { self.releases[m.sent] } else { None };
                 m.sent += 1;
                 m.in_flight.push((buf, release));
             }
             None => {
-                let (to, to_chunk) = pipeline::send_target(self.stages(), self.stage(), chunk, backward);
                 let host = match self.dev.host_f32_ref(&buf) {
                     Some(h) => h.to_vec(),
                     None => {

@@ -239,7 +239,7 @@ pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
 
 /// Prints, per pipeline stage, the measured bubble fraction (time not spent in forward or
 /// backward passes over time spent in them, against the longest pipelined time of the iteration)
-/// beside the schedule's theory, (p-1)/m, (p-1)/(v m) or zb-h1's (p-1)/(3m); and the most micro-batch activations the
+/// beside the schedule's theory, (p-1)/m, (p-1)/(v m), zb-h1's (p-1)/(3m) or zb-v's (p-1)/(6m); and the most micro-batch activations the
 /// stage held at once beside the bound its schedule implies. `busy` and `wall`: pipeline seconds
 /// from the second iteration on; `peak`: the most activation sets held in one iteration.
 pub(super) fn report_pipeline<D: Device>(
@@ -256,8 +256,10 @@ pub(super) fn report_pipeline<D: Device>(
     let p = grid.pp as f64;
     let theory = match schedule {
         Schedule::Interleaved => (p - 1.0) / (v as f64 * m as f64),
-        // Qi et al.'s (p-1)(F+B-W) idle against m(F+B+W) busy, with F, B and W equally long.
+        // Qi et al.'s (p-1)(F+B-W) idle against m(F+B+W) busy, with F, B and W equally long,
+        // and ZB-V's half of that again (each chunk is half a stage): `pipeline::replay_bubble`.
         Schedule::ZbH1 => (p - 1.0) / (3.0 * m as f64),
+        Schedule::ZbV => (p - 1.0) / (6.0 * m as f64),
         _ => (p - 1.0) / m as f64,
     };
     // Stage figures come from tensor- and data-parallel rank 0 of each stage.

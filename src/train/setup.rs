@@ -145,15 +145,16 @@ fn attach_collectives<D: Device>(
         _ => CollectiveLibrary::Nccl,
     };
     let (p, v) = (groups.grid.pp, stage.plans.len());
+    let lay = pipeline::Placement::new(stage.schedule, p, v);
     if library != CollectiveLibrary::Mpi && p > 1 {
         let ramp = ramp_micro_batches(cfg, &groups.grid)?.into_iter().map(|(_, m)| m);
         std::iter::once(n_micro)
             .chain(ramp)
             .try_for_each(|m| {
                 let order = |s: usize| pipeline::passes(stage.schedule, p, s, m, v);
-                pipeline::fifo_order(p, v, &order)
+                pipeline::fifo_order(lay, &order)
             })
-            .and_then(|_| pipeline::fifo_order(p, v, &|_| pipeline::forward_passes(n_micro, v)))
+            .and_then(|_| pipeline::fifo_order(lay, &|_| pipeline::forward_passes(n_micro, v)))
             .map_err(|e| {
                 Error::Config(format!(
                     "--gpu-collectives {}: the pipeline schedule breaks in-order delivery: {e}",
@@ -178,7 +179,7 @@ fn attach_collectives<D: Device>(
             ("context", &*groups.cp),
         ],
         pipeline: &*groups.pp,
-        pipeline_wraps: v > 1,
+        pipeline_links: (v > 1, lay.v),
     })
 }
 
@@ -210,7 +211,7 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
         )));
     }
     let mode = TensorMode::new(&cfg.tensor_mode, cfg.tesseract_depth, grid.tp)?;
-    let grid = grid.with_tensor_mode(mode);
+    let grid = grid.with_tensor_mode(mode).with_v_pipeline(cfg.pipeline_schedule.is_some_and(Schedule::v_shaped));
     let mp = ModelParallel {
         tp_size: grid.tp,
         tp_rank: grid.tp_rank,
@@ -256,7 +257,10 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
 /// the schedule (Megatron's choice unless `--pipeline-schedule` says otherwise).
 fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
     let (p, layers) = (grid.pp, cfg.model.num_layers);
+    let v_shaped = cfg.pipeline_schedule.is_some_and(Schedule::v_shaped);
     let chunks = match cfg.layers_per_virtual_stage {
+        // zb-v's V: two chunks on each stage.
+        None if v_shaped && p > 1 => 2,
         None => 1,
         Some(n) => {
             if p == 1 {
@@ -294,16 +298,18 @@ fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
     if (first.is_some() || last.is_some()) && chunks > 1 {
         return Err(Error::Unsupported("--decoder-first/last-pipeline-num-layers with virtual pipeline stages".into()));
     }
+    let lay = pipeline::Placement::new(schedule, p, chunks);
     let plans = (0..chunks)
         .map(|c| {
-            let layers = pipeline::chunk_layers(layers, p, chunks, grid.pp_rank, c, first, last)?;
-            Ok(ChunkPlan { layers, first: grid.pp_rank == 0 && c == 0, last: grid.pp_rank == p - 1 && c == chunks - 1 })
+            let layers = pipeline::chunk_layers(layers, lay, grid.pp_rank, c, first, last)?;
+            let vs = lay.virtual_stage(grid.pp_rank, c);
+            Ok(ChunkPlan { layers, first: vs == 0, last: vs == lay.last() })
         })
         .collect::<Result<Vec<_>>>()?;
     // Every rank checks every stage's split, so a layout error stops all ranks alike.
     for r in 0..p {
         for c in 0..chunks {
-            pipeline::chunk_layers(layers, p, chunks, r, c, first, last)?;
+            pipeline::chunk_layers(layers, lay, r, c, first, last)?;
         }
     }
     Ok(StagePlan { plans, schedule })

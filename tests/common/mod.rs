@@ -352,15 +352,13 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
                 let depth: usize = first.meta_value(&path, "tesseract_depth").unwrap();
                 mp.summa = Some(trident::parallel::grid::SummaCoord::of(tp_rank, q, depth));
             }
+            let v = first.meta.get("virtual_pipeline_placement").is_some_and(|p| p == "v");
+            let lay = trident::parallel::pipeline::Placement { stages: pp, chunks, v };
             for c in 0..chunks {
                 let layers =
-                    trident::parallel::pipeline::chunk_layers(cfg.num_layers, pp, chunks, pp_rank, c, None, None)
-                        .unwrap();
-                let plan = trident::model::ChunkPlan {
-                    layers,
-                    first: pp_rank == 0 && c == 0,
-                    last: pp_rank == pp - 1 && c == chunks - 1,
-                };
+                    trident::parallel::pipeline::chunk_layers(cfg.num_layers, lay, pp_rank, c, None, None).unwrap();
+                let vs = lay.virtual_stage(pp_rank, c);
+                let plan = trident::model::ChunkPlan { layers, first: vs == 0, last: vs == lay.last() };
                 for info in cfg.chunk_parameters(&mp, &plan).iter().filter(|i| !i.tied_copy) {
                     let t = shard.tensor(&path, &format!("param/chunk{c}/{}", info.name)).unwrap();
                     let values = &mut full.iter_mut().find(|(n, _)| *n == info.name).unwrap().1;

@@ -220,6 +220,7 @@ pub fn model_of(meta: &BTreeMap<String, String>, path: &Path) -> Result<GptConfi
 pub fn layout_of(meta: &BTreeMap<String, String>, model: &GptConfig, path: &Path) -> Result<Layout> {
     let n = |k: &str| meta.get(k).and_then(|v| v.parse::<usize>().ok());
     let layout = Layout {
+        v: false,
         tp: n("tensor_model_parallel_size").unwrap_or(1),
         pp: n("pipeline_model_parallel_size").unwrap_or(1),
         chunks: n("virtual_pipeline_chunks").unwrap_or(1),

@@ -6,8 +6,13 @@
 //! executor (`train.rs`) runs a stage's list in order; sends are non-blocking and receives are
 //! matched by tag, so any of these orders completes without deadlock.
 
+mod replay;
+mod zero_bubble;
+
 use crate::error::{Error, Result};
 use std::ops::Range;
+
+pub use replay::replay_bubble;
 
 /// One pass of the schedule on this stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +47,12 @@ pub enum Schedule {
     OneFOneB,
     /// 1F1B over v virtual chunks per stage; bubble (p-1)/(v m).
     Interleaved,
-    /// Zero-bubble H1: 1F1B's order with each backward split into B and W, the gradient sent on
-    /// after B; 1F1B's in-flight bound.
+    /// Zero-bubble H1: 1F1B's warm-up, each backward split into B and W, stage r deferring r W
+    /// passes into the cool-down; at most p micro-batches held (1F1B's stage 0).
     ZbH1,
+    /// Zero-bubble V: two chunks per stage placed in a V (`Placement`), each backward split;
+    /// at most 1F1B's stage-0 activations on every stage.
+    ZbV,
 }
 
 impl Schedule {
@@ -54,7 +62,12 @@ impl Schedule {
             "1f1b" => Ok(Schedule::OneFOneB),
             "interleaved-1f1b" | "interleaved" => Ok(Schedule::Interleaved),
             "zb-h1" => Ok(Schedule::ZbH1),
-            _ => Err(Error::flag("--pipeline-schedule", format!("'{s}'"), "gpipe, 1f1b, interleaved-1f1b or zb-h1")),
+            "zb-v" => Ok(Schedule::ZbV),
+            _ => Err(Error::flag(
+                "--pipeline-schedule",
+                format!("'{s}'"),
+                "gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v",
+            )),
         }
     }
 
@@ -64,12 +77,18 @@ impl Schedule {
             Schedule::OneFOneB => "1f1b",
             Schedule::Interleaved => "interleaved-1f1b",
             Schedule::ZbH1 => "zb-h1",
+            Schedule::ZbV => "zb-v",
         }
     }
 
     /// Whether the schedule splits backward into B and W passes.
     pub fn splits_backward(self) -> bool {
-        self == Schedule::ZbH1
+        matches!(self, Schedule::ZbH1 | Schedule::ZbV)
+    }
+
+    /// Whether the schedule places its two chunks per stage in a V (`Placement`).
+    pub fn v_shaped(self) -> bool {
+        self == Schedule::ZbV
     }
 }
 
@@ -115,33 +134,14 @@ pub fn passes(schedule: Schedule, stages: usize, rank: usize, micro: usize, chun
             out.extend((steady..total).map(bwd));
             out
         }
-        Schedule::ZbH1 => zb_h1(stages, rank, micro),
+        Schedule::ZbH1 => zero_bubble::zb_h1(stages, rank, micro),
+        Schedule::ZbV => zero_bubble::zb_v(stages, rank, micro),
     }
 }
 
-/// Zero-bubble H1 on stage `rank`: 1F1B's order with each backward split, its B first and its W
-/// right after. B sends the input gradient on before W runs, so the gradients cross the pipeline
-/// at B's pace (1F1B's warm-up and cool-down waits shrink by (p - 1) W each, Qi et al.'s
-/// (p-1)(F+B-W) bubble) while W fills time the stage would otherwise wait; and a micro-batch is
-/// held from its F to its W, so the stage never holds more than 1F1B's p - rank.
-fn zb_h1(stages: usize, rank: usize, micro: usize) -> Vec<Pass> {
-    let (f, b, w) = (
-        |micro| Pass::Forward { micro, chunk: 0 },
-        |micro| Pass::Input { micro, chunk: 0 },
-        |micro| Pass::Weight { micro, chunk: 0 },
-    );
-    let warmup = (stages - rank - 1).min(micro);
-    let mut out: Vec<Pass> = (0..warmup).map(f).collect();
-    for k in 0..micro {
-        if k + warmup < micro {
-            out.push(f(k + warmup));
-        }
-        out.extend([b(k), w(k)]);
-    }
-    out
-}
-
-/// The most micro-batch activations (per chunk) alive at once when running `passes`.
+/// The most micro-batch activations (per chunk) alive at once when running `passes`: from a
+/// micro-batch's forward to its backward, or to its W pass where the backward is split (W reads
+/// the activations B left).
 pub fn peak_in_flight(passes: &[Pass]) -> usize {
     let (mut live, mut peak) = (0usize, 0usize);
     for p in passes {
@@ -150,32 +150,72 @@ pub fn peak_in_flight(passes: &[Pass]) -> usize {
                 live += 1;
                 peak = peak.max(live);
             }
-            Pass::Backward { .. } | Pass::Input { .. } => live -= 1,
-            Pass::Weight { .. } => {}
+            Pass::Backward { .. } | Pass::Weight { .. } => live -= 1,
+            Pass::Input { .. } => {}
         }
     }
     peak
 }
 
-/// Where stage `stage` sends its message of `chunk`: activations to the next stage, gradients
-/// (`backward`) to the previous; returns that stage and the chunk the message feeds there (one
-/// chunk on when activations wrap from the last stage to the first, one back when gradients wrap
-/// from the first to the last).
-pub fn send_target(stages: usize, stage: usize, chunk: usize, backward: bool) -> (usize, usize) {
-    if backward {
-        ((stage + stages - 1) % stages, if stage == 0 { chunk - 1 } else { chunk })
-    } else {
-        ((stage + 1) % stages, if stage == stages - 1 { chunk + 1 } else { chunk })
-    }
+/// Where the model's `stages * chunks` virtual stages (in model order) sit on the pipeline:
+/// stage r holds virtual stages r, r + p, ... (Megatron's interleaving; one chunk: stage r holds
+/// r), or, under zb-v, two in a V: r and 2p - 1 - r, so the first and the last virtual stage
+/// share stage 0 and the turn from the first arm to the second stays on stage p - 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub stages: usize,
+    pub chunks: usize,
+    pub v: bool,
 }
 
-/// The stage whose messages stage `stage` receives: the previous one's activations, the next
-/// one's gradients (`backward`).
-pub fn recv_source(stages: usize, stage: usize, backward: bool) -> usize {
-    if backward {
-        (stage + 1) % stages
-    } else {
-        (stage + stages - 1) % stages
+impl Placement {
+    /// Megatron's placement (`v` false), or zb-v's V.
+    pub fn new(schedule: Schedule, stages: usize, chunks: usize) -> Placement {
+        Placement { stages, chunks, v: schedule.v_shaped() }
+    }
+
+    /// The virtual stage of `chunk` on `stage`.
+    pub fn virtual_stage(self, stage: usize, chunk: usize) -> usize {
+        if self.v && chunk == 1 {
+            2 * self.stages - 1 - stage
+        } else {
+            chunk * self.stages + stage
+        }
+    }
+
+    /// The (stage, chunk) holding virtual stage `vs`.
+    pub fn place(self, vs: usize) -> (usize, usize) {
+        if self.v && vs >= self.stages {
+            (2 * self.stages - 1 - vs, 1)
+        } else {
+            (vs % self.stages, vs / self.stages)
+        }
+    }
+
+    /// The last virtual stage (the loss's).
+    pub fn last(self) -> usize {
+        self.stages * self.chunks - 1
+    }
+
+    /// Where (stage, chunk) sends its message: activations to the next virtual stage, gradients
+    /// (`backward`) to the previous; the (stage, chunk) the message feeds there.
+    pub fn target(self, stage: usize, chunk: usize, backward: bool) -> (usize, usize) {
+        let vs = self.virtual_stage(stage, chunk);
+        self.place(if backward { vs - 1 } else { vs + 1 })
+    }
+
+    /// Where the message (stage, chunk) takes comes from: the previous virtual stage's
+    /// activations, the next one's gradients (`backward`).
+    pub fn source(self, stage: usize, chunk: usize, backward: bool) -> (usize, usize) {
+        let vs = self.virtual_stage(stage, chunk);
+        self.place(if backward { vs + 1 } else { vs - 1 })
+    }
+
+    /// Whether the messages `chunk` sends and takes (`backward`: gradients) travel toward lower
+    /// stage numbers: gradients do, activations do not (the interleaved wrap from the last stage
+    /// to the first counts as onward), and along a V's second arm the other way round.
+    pub fn upward(self, chunk: usize, backward: bool) -> bool {
+        backward != (self.v && chunk == 1)
     }
 }
 
@@ -193,20 +233,24 @@ type Link = (bool, usize, usize);
 
 /// The messages `pass` on stage `s` takes and sends: each its link and the (micro-batch, chunk)
 /// it feeds on the receiving stage. Forward takes activations after the first virtual stage and
-/// sends them before the last; backward takes and sends gradients the other way round.
-fn pass_messages(stages: usize, chunks: usize, s: usize, pass: Pass) -> [Option<(Link, (usize, usize))>; 2] {
+/// sends them before the last; backward takes and sends gradients the other way round. A link
+/// from a stage to itself (a V's turn) is a hand-over in memory, not a message.
+fn pass_messages(lay: Placement, s: usize, pass: Pass) -> [Option<(Link, (usize, usize))>; 2] {
     let (backward, micro, chunk) = match pass {
         Pass::Forward { micro, chunk } => (false, micro, chunk),
         Pass::Backward { micro, chunk } | Pass::Input { micro, chunk } => (true, micro, chunk),
         Pass::Weight { .. } => return [None, None],
     };
-    let (vs, last) = (chunk * stages + s, stages * chunks - 1);
-    let (takes, sends) = if backward { (vs < last, vs > 0) } else { (vs > 0, vs < last) };
-    let (to, to_chunk) = send_target(stages, s, chunk, backward);
-    [
-        takes.then_some(((backward, recv_source(stages, s, backward), s), (micro, chunk))),
-        sends.then_some(((backward, s, to), (micro, to_chunk))),
-    ]
+    let vs = lay.virtual_stage(s, chunk);
+    let (takes, sends) = if backward { (vs < lay.last(), vs > 0) } else { (vs > 0, vs < lay.last()) };
+    let (to, to_chunk) = if sends { lay.target(s, chunk, backward) } else { (s, chunk) };
+    let from = if takes { lay.source(s, chunk, backward).0 } else { s };
+    [takes.then_some(((backward, from, s), (micro, chunk))), sends.then_some(((backward, s, to), (micro, to_chunk)))]
+}
+
+/// Whether a message goes from a stage to itself (a V's turn): handed over, never sent.
+fn local(((_, from, to), _): &(Link, (usize, usize))) -> bool {
+    from == to
 }
 
 /// Whether FIFO delivery carries every stage's pipeline messages right when `passes(s)` is the
@@ -215,13 +259,13 @@ fn pass_messages(stages: usize, chunks: usize, s: usize, pass: Pass) -> [Option<
 /// receives. NCCL's point-to-point calls match in issue order per communicator and peer (MPI's
 /// tags are not needed), so the device path runs only layouts this holds for. `Err` names the
 /// first pair and position where the orders part.
-pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Result<()> {
+pub fn fifo_order(lay: Placement, passes: &dyn Fn(usize) -> Vec<Pass>) -> Result<()> {
     use std::collections::BTreeMap;
     // (backward?, sender, receiver) -> messages in the order the sender sends / receiver takes.
     let (mut sent, mut taken): (BTreeMap<_, Stream>, BTreeMap<_, Stream>) = Default::default();
-    for s in 0..stages {
+    for s in 0..lay.stages {
         for pass in passes(s) {
-            let [takes, sends] = pass_messages(stages, chunks, s, pass);
+            let [takes, sends] = pass_messages(lay, s, pass);
             if let Some((link, feeds)) = takes {
                 taken.entry(link).or_default().push(feeds);
             }
@@ -257,19 +301,14 @@ pub fn fifo_order(stages: usize, chunks: usize, passes: &dyn Fn(usize) -> Vec<Pa
 /// receives, which wait for compute) cannot overtake X's send reading the buffer. With in-order
 /// delivery per link (`fifo_order`), the n-th send on a link is the receiver's n-th receive on it.
 /// So the buffers a stage holds at once, and with them the buffers it allocates, are a function
-/// of the schedule alone (`message_buffers`).
-pub fn send_releases(
-    stages: usize,
-    chunks: usize,
-    stage: usize,
-    passes: &dyn Fn(usize) -> Vec<Pass>,
-) -> Vec<Option<usize>> {
+/// of the schedule alone (`message_buffers`). Hand-overs within a stage are no messages here.
+pub fn send_releases(lay: Placement, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> Vec<Option<usize>> {
     // Per stage, in pass order: (pass index, link) of each receive and each send.
-    let mut taken: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
-    let mut sent: Vec<Vec<(usize, Link)>> = vec![Vec::new(); stages];
-    for s in 0..stages {
+    let mut taken: Vec<Vec<(usize, Link)>> = vec![Vec::new(); lay.stages];
+    let mut sent: Vec<Vec<(usize, Link)>> = vec![Vec::new(); lay.stages];
+    for s in 0..lay.stages {
         for (i, pass) in passes(s).into_iter().enumerate() {
-            let [takes, sends] = pass_messages(stages, chunks, s, pass);
+            let [takes, sends] = pass_messages(lay, s, pass).map(|m| m.filter(|m| !local(m)));
             taken[s].extend(takes.map(|(link, _)| (i, link)));
             sent[s].extend(sends.map(|(link, _)| (i, link)));
         }
@@ -303,14 +342,15 @@ pub fn send_releases(
 
 /// The message buffers stage `stage` holds at most at once while running `passes(stage)` with
 /// `send_releases`' rule: a receive takes a buffer, a pass whose output is sent takes one for it,
-/// the received one is free again once its pass ran, a sent one at its release (or the end).
-pub fn message_buffers(stages: usize, chunks: usize, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> usize {
-    let releases = send_releases(stages, chunks, stage, passes);
+/// the received one is free again once its pass ran, a sent one at its release (or the end), one
+/// handed over within the stage once the pass that takes it ran.
+pub fn message_buffers(lay: Placement, stage: usize, passes: &dyn Fn(usize) -> Vec<Pass>) -> usize {
+    let releases = send_releases(lay, stage, passes);
     let (mut held, mut peak, mut received) = (0usize, 0usize, 0usize);
     let mut in_flight: Vec<Option<usize>> = Vec::new();
     let mut releases = releases.into_iter();
     for pass in passes(stage) {
-        let [takes, sends] = pass_messages(stages, chunks, stage, pass);
+        let [takes, sends] = pass_messages(lay, stage, pass);
         let mut take = |held: &mut usize, received: usize| {
             let before = in_flight.len();
             in_flight.retain(|r| r.is_none_or(|r| r > received));
@@ -318,7 +358,7 @@ pub fn message_buffers(stages: usize, chunks: usize, stage: usize, passes: &dyn 
             *held += 1;
             peak = peak.max(*held);
         };
-        if takes.is_some() {
+        if takes.as_ref().is_some_and(|m| !local(m)) {
             take(&mut held, received);
             received += 1;
         }
@@ -328,7 +368,7 @@ pub fn message_buffers(stages: usize, chunks: usize, stage: usize, passes: &dyn 
         if takes.is_some() {
             held -= 1;
         }
-        if sends.is_some() {
+        if sends.as_ref().is_some_and(|m| !local(m)) {
             in_flight.push(releases.next().flatten());
         }
     }
@@ -338,12 +378,19 @@ pub fn message_buffers(stages: usize, chunks: usize, stage: usize, passes: &dyn 
 /// Checks the pipeline layout: virtual chunks need p > 1, the interleaved schedule needs a
 /// micro-batch count that is a multiple of p (Megatron's groups of p per chunk).
 pub fn validate(schedule: Schedule, stages: usize, chunks: usize, micro: usize) -> Result<()> {
+    if schedule == Schedule::ZbV && (stages < 2 || chunks != 2) {
+        return Err(Error::Config(format!(
+            "--pipeline-schedule zb-v places two model chunks on each of at least two stages (a V); this layout \
+             has {stages} stage(s) of {chunks} chunk(s) (leave --num-layers-per-virtual-pipeline-stage out, or \
+             make it --num-layers / (2 x --pipeline-model-parallel-size))"
+        )));
+    }
     if chunks > 1 && stages == 1 {
         return Err(Error::Config(
             "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1".into(),
         ));
     }
-    if chunks > 1 && schedule != Schedule::Interleaved {
+    if chunks > 1 && !matches!(schedule, Schedule::Interleaved | Schedule::ZbV) {
         // zb-h1 included: its table is built for one chunk per stage.
         return Err(Error::Config(format!(
             "virtual pipeline stages need --pipeline-schedule interleaved-1f1b, not {}",
@@ -361,19 +408,19 @@ pub fn validate(schedule: Schedule, stages: usize, chunks: usize, micro: usize) 
 }
 
 /// Layers of model chunk `chunk` on stage `rank`: the model is cut into `stages * chunks`
-/// virtual stages in order (stage r holds virtual stages r, r + p, ...). `first` and `last`
+/// virtual stages in order, placed by `lay` (stage r holds virtual stages r, r + p, ..., or a
+/// V's r and 2p - 1 - r). `first` and `last`
 /// optionally fix the layer counts of the first and last virtual stage, the rest splitting the
 /// remaining layers evenly.
 pub fn chunk_layers(
     num_layers: usize,
-    stages: usize,
-    chunks: usize,
+    lay: Placement,
     rank: usize,
     chunk: usize,
     first: Option<usize>,
     last: Option<usize>,
 ) -> Result<Range<usize>> {
-    let virtual_stages = stages * chunks;
+    let (stages, chunks, virtual_stages) = (lay.stages, lay.chunks, lay.stages * lay.chunks);
     let mut sizes = vec![0usize; virtual_stages];
     let mut rest = num_layers;
     let mut middle = virtual_stages;
@@ -408,7 +455,7 @@ pub fn chunk_layers(
     } else if rest != 0 {
         return Err(Error::Config(format!("the first and last stage layer counts leave {rest} layers unplaced")));
     }
-    let index = chunk * stages + rank;
+    let index = lay.virtual_stage(rank, chunk);
     let start: usize = sizes[..index].iter().sum();
     Ok(start..start + sizes[index])
 }
@@ -433,17 +480,18 @@ mod tests {
     fn every_schedule_delivers_its_messages_in_order() {
         for stages in 1..=6 {
             for micro in 1..=13 {
-                for (schedule, chunks) in [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::ZbH1, 1)]
-                    .into_iter()
-                    .chain((2..=4).map(|v| (Schedule::Interleaved, v)))
+                for (schedule, chunks) in
+                    [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::ZbH1, 1), (Schedule::ZbV, 2)]
+                        .into_iter()
+                        .chain((2..=4).map(|v| (Schedule::Interleaved, v)))
                 {
                     if validate(schedule, stages, chunks, micro).is_err() {
                         continue;
                     }
                     let order = |s| passes(schedule, stages, s, micro, chunks);
-                    fifo_order(stages, chunks, &order)
+                    fifo_order(Placement::new(schedule, stages, chunks), &order)
                         .unwrap_or_else(|e| panic!("{schedule:?} p={stages} v={chunks} m={micro}: {e}"));
-                    fifo_order(stages, chunks, &|_| forward_passes(micro, chunks))
+                    fifo_order(Placement::new(schedule, stages, chunks), &|_| forward_passes(micro, chunks))
                         .unwrap_or_else(|e| panic!("evaluation p={stages} v={chunks} m={micro}: {e}"));
                 }
             }
@@ -458,15 +506,16 @@ mod tests {
         // stage 0's B_k; the activations sent after that are 2 and 3 (stage 1's receives 2 and 3)
         // for gradients 0 and 1, none for the last two.
         let order = |s| passes(Schedule::OneFOneB, 2, s, 4, 1);
-        assert_eq!(send_releases(2, 1, 0, &order), [Some(1), Some(2), Some(3), Some(4)]);
-        assert_eq!(send_releases(2, 1, 1, &order), [Some(3), Some(4), None, None]);
+        let one = Placement::new(Schedule::OneFOneB, 2, 1);
+        assert_eq!(send_releases(one, 0, &order), [Some(1), Some(2), Some(3), Some(4)]);
+        assert_eq!(send_releases(one, 1, &order), [Some(3), Some(4), None, None]);
         // Stage 0 holds two activations in flight and a received gradient; never sending four
         // before reusing one (every send kept to the step's end would be five buffers).
-        assert_eq!(message_buffers(2, 1, 0, &order), 3);
-        assert_eq!(message_buffers(2, 1, 1, &order), 3);
+        assert_eq!(message_buffers(one, 0, &order), 3);
+        assert_eq!(message_buffers(one, 1, &order), 3);
         // Evaluation: nothing answers a forward-only pass list on two stages.
         let eval = |_| forward_passes(4, 1);
-        assert_eq!(send_releases(2, 1, 0, &eval), [None; 4]);
+        assert_eq!(send_releases(one, 0, &eval), [None; 4]);
     }
 
     #[test]
@@ -477,6 +526,7 @@ mod tests {
                     (Schedule::GPipe, 1),
                     (Schedule::OneFOneB, 1),
                     (Schedule::ZbH1, 1),
+                    (Schedule::ZbV, 2),
                     (Schedule::Interleaved, 2),
                     (Schedule::Interleaved, 3),
                 ] {
@@ -484,13 +534,16 @@ mod tests {
                         continue;
                     }
                     let order = |s| passes(schedule, stages, s, micro, chunks);
+                    let lay = Placement::new(schedule, stages, chunks);
                     let case = format!("{schedule:?} p={stages} v={chunks} m={micro}");
                     for s in 0..stages {
                         let list = order(s);
-                        let messages: Vec<_> = list.iter().map(|&p| pass_messages(stages, chunks, s, p)).collect();
+                        // Device messages: a V's hand-overs within the stage are none.
+                        let messages: Vec<_> =
+                            list.iter().map(|&p| pass_messages(lay, s, p).map(|m| m.filter(|m| !local(m)))).collect();
                         let receives = messages.iter().filter(|[t, _]| t.is_some()).count();
                         let sends = messages.iter().filter(|[_, x]| x.is_some()).count();
-                        let releases = send_releases(stages, chunks, s, &order);
+                        let releases = send_releases(lay, s, &order);
                         assert_eq!(releases.len(), sends, "{case} stage {s}");
                         // A send is freed only by a receive after it: the n-th receive comes
                         // after the send in this stage's pass order.
@@ -511,7 +564,7 @@ mod tests {
                         // Outside GPipe (which holds every micro-batch by design) the pool is the
                         // schedule's, not the step's: at most the activations in flight and their
                         // gradients' answers, not every send of the step.
-                        let pool = message_buffers(stages, chunks, s, &order);
+                        let pool = message_buffers(lay, s, &order);
                         let in_flight = peak_in_flight(&list);
                         assert!(pool >= 1 && pool <= 2 * in_flight + 2, "{case} stage {s}: {pool} buffers");
                         if schedule != Schedule::GPipe && micro >= 2 * stages {
@@ -533,7 +586,7 @@ mod tests {
             }
             p
         };
-        let e = fifo_order(2, 1, &order).unwrap_err().to_string();
+        let e = fifo_order(Placement::new(Schedule::GPipe, 2, 1), &order).unwrap_err().to_string();
         assert!(
             e.contains(
                 "activations from stage 0 to stage 1: message 0 is sent as Some((0, 0)) and received as Some((1, 0))"
@@ -558,10 +611,10 @@ mod tests {
         assert_eq!(peak_in_flight(&g), 8);
     }
 
-    /// zb-h1: every micro-batch's F, B and W once each, in that order; 1F1B's in-flight bound,
-    /// counting a micro-batch from its F to its W; a worked example.
+    /// zb-h1: every micro-batch's F, B and W once each, in that order; stage r holds from F to B
+    /// 1F1B's p - r and from F to W at most p (1F1B's stage 0); a worked example.
     #[test]
-    fn zero_bubble_h1_splits_each_backward_and_keeps_one_f_one_b_in_flight() {
+    fn zero_bubble_h1_splits_each_backward_and_keeps_one_f_one_b_memory() {
         use Pass::{Forward as F, Input as B, Weight as W};
         for p in 1..=5 {
             for m in 1..=11 {
@@ -577,17 +630,18 @@ mod tests {
                         assert!(f < b && b < w, "{case}: micro-batch {k} at {f} {b} {w}");
                     }
                     let one_f_one_b = passes(Schedule::OneFOneB, p, r, m, 1);
-                    assert_eq!(peak_in_flight(&list), peak_in_flight(&one_f_one_b), "{case}");
-                    let (mut held, mut most) = (0usize, 0usize);
+                    let (mut to_b, mut most_to_b) = (0usize, 0usize);
                     for pass in &list {
                         match pass {
-                            F { .. } => held += 1,
-                            W { .. } => held -= 1,
+                            F { .. } => to_b += 1,
+                            B { .. } => to_b -= 1,
                             _ => {}
                         }
-                        most = most.max(held);
+                        most_to_b = most_to_b.max(to_b);
                     }
-                    assert_eq!(most, peak_in_flight(&one_f_one_b), "{case}: held from F to W");
+                    assert_eq!(most_to_b, peak_in_flight(&one_f_one_b), "{case}: held from F to B");
+                    let stage0 = peak_in_flight(&passes(Schedule::OneFOneB, p, 0, m, 1));
+                    assert!(peak_in_flight(&list) <= stage0, "{case}: held from F to W");
                 }
             }
         }
@@ -597,8 +651,11 @@ mod tests {
             passes(Schedule::ZbH1, 2, 0, 4, 1),
             [f(0), f(1), b(0), w(0), f(2), b(1), w(1), f(3), b(2), w(2), b(3), w(3)]
         );
-        let last: Vec<Pass> = (0..4).flat_map(|k| [f(k), b(k), w(k)]).collect();
-        assert_eq!(passes(Schedule::ZbH1, 2, 1, 4, 1), last);
+        // Stage 1 leaves W0 until after B1, and runs it in the time stage 0 spends on B1.
+        assert_eq!(
+            passes(Schedule::ZbH1, 2, 1, 4, 1),
+            [f(0), b(0), f(1), b(1), w(0), f(2), b(2), w(1), f(3), b(3), w(2), w(3)]
+        );
         assert_eq!(Schedule::parse("zb-h1").unwrap().name(), "zb-h1");
         assert!(validate(Schedule::ZbH1, 2, 2, 4).is_err(), "one chunk per stage");
     }
@@ -640,12 +697,15 @@ mod tests {
     #[test]
     fn layers_split_into_virtual_stages() {
         // L=16, p=4, v=2: rank 0 holds layers 0-1 and 8-9.
-        assert_eq!(chunk_layers(16, 4, 2, 0, 0, None, None).unwrap(), 0..2);
-        assert_eq!(chunk_layers(16, 4, 2, 0, 1, None, None).unwrap(), 8..10);
-        assert_eq!(chunk_layers(16, 4, 2, 3, 1, None, None).unwrap(), 14..16);
-        assert_eq!(chunk_layers(10, 4, 1, 0, 0, Some(1), Some(3)).unwrap(), 0..1);
-        assert_eq!(chunk_layers(10, 4, 1, 1, 0, Some(1), Some(3)).unwrap(), 1..4);
-        assert_eq!(chunk_layers(10, 4, 1, 3, 0, Some(1), Some(3)).unwrap(), 7..10);
-        assert!(chunk_layers(10, 4, 1, 0, 0, None, None).unwrap_err().to_string().contains("do not split evenly"));
+        assert_eq!(chunk_layers(16, Placement::new(Schedule::Interleaved, 4, 2), 0, 0, None, None).unwrap(), 0..2);
+        assert_eq!(chunk_layers(16, Placement::new(Schedule::Interleaved, 4, 2), 0, 1, None, None).unwrap(), 8..10);
+        assert_eq!(chunk_layers(16, Placement::new(Schedule::Interleaved, 4, 2), 3, 1, None, None).unwrap(), 14..16);
+        assert_eq!(chunk_layers(10, Placement::new(Schedule::OneFOneB, 4, 1), 0, 0, Some(1), Some(3)).unwrap(), 0..1);
+        assert_eq!(chunk_layers(10, Placement::new(Schedule::OneFOneB, 4, 1), 1, 0, Some(1), Some(3)).unwrap(), 1..4);
+        assert_eq!(chunk_layers(10, Placement::new(Schedule::OneFOneB, 4, 1), 3, 0, Some(1), Some(3)).unwrap(), 7..10);
+        assert!(chunk_layers(10, Placement::new(Schedule::OneFOneB, 4, 1), 0, 0, None, None)
+            .unwrap_err()
+            .to_string()
+            .contains("do not split evenly"));
     }
 }
