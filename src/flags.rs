@@ -537,7 +537,8 @@ const PLAN_REST: &[FlagSpec] = &[
     flag(
         "--pipeline-schedule",
         "NAME",
-        "pin gpipe, 1f1b, interleaved-1f1b or zb-h1 (zero-bubble H1; priced only where pinned)",
+        "pin gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v, or megatron (1F1B or interleaved only, as Megatron-LM \
+         runs; default: all but gpipe)",
     ),
     flag("--recompute-granularity", "KIND", "pin recompute: none, selective or full"),
     flag("--zero1", "on|off", "pin ZeRO-1 (the distributed optimizer) on or off"),
@@ -551,7 +552,12 @@ const PLAN_REST: &[FlagSpec] = &[
     flag(
         "--context-parallel-size",
         "C",
-        "split each sequence over C ranks (Megatron's context parallelism; priced only, trident does not run it)",
+        "pin context parallelism: each sequence split over C ranks (default: none, or what wins)",
+    ),
+    flag(
+        "--cp-comm-type",
+        "TYPE",
+        "a2a (the heads swap; the search's choice) or p2p (Megatron's ring, priced with its passes hidden)",
     ),
     switch("--sequence-parallel", "plan with sequence parallelism wherever tp > 1"),
     flag("--gemm-efficiency", "X", "fraction of peak GEMMs with a long inner dimension reach (default: the GPU's)"),

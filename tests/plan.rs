@@ -135,7 +135,8 @@ fn number(line: &str, key: &str) -> f64 {
 fn plan_row(r: &Row) -> String {
     let o = plan(&format!(
         "--num-layers {} --hidden-size {} --num-attention-heads {} --seq-length 2048 --vocab-size 51200 --gpus {} \
-         --global-batch-size {} --gpu a100 --precision fp16 --zero1 off --tensor-parallel-mode 1d --attention-backend unfused --json --top 1",
+         --global-batch-size {} --gpu a100 --precision fp16 --zero1 off --tensor-parallel-mode 1d --attention-backend unfused \
+         --pipeline-schedule megatron --json --top 1",
         r.layers, r.hidden, r.heads, r.gpus, r.batch
     ));
     assert!(o.status.success(), "{}", stderr(&o));
@@ -259,7 +260,7 @@ fn bad_input_is_one_clear_line() {
         ),
         (
             "--model megatron-1.7b --gpus 32 --global-batch-size 100 --tensor-model-parallel-size 1 \
-             --pipeline-model-parallel-size 1",
+             --pipeline-model-parallel-size 1 --context-parallel-size 1",
             &["--global-batch-size 100"],
         ),
         ("--model gpt2-124m --gpus 8", &["--global-batch-size"]),
@@ -628,7 +629,7 @@ fn reproduce(points: &[Point], title: &str) -> (usize, usize, usize) {
     let mut report = format!("{title}\nid    published tp pp TFLOP/s | planned tp pp TFLOP/s  error\n");
     for p in points {
         let o = plan(&format!(
-            "{} {} --gpus {} --global-batch-size {} --json --top 1",
+            "{} {} --gpus {} --global-batch-size {} --pipeline-schedule megatron --json --top 1",
             p.model, p.features, p.gpus, p.batch
         ));
         assert!(o.status.success(), "{}: {}", p.id, stderr(&o));
@@ -784,9 +785,21 @@ fn each_pipeline_schedule_has_its_bubble_and_memory() {
     assert!(gpipe.1 > one.1, "GPipe holds every micro-batch: {gpipe:?} {one:?}");
     assert!((zero.0 - one.0 / 3.0).abs() < 1e-3 && zero.1 == one.1 && zero.2 < one.2, "{zero:?} {one:?}");
     assert!(interleaved.0 < one.0 && interleaved.2 < one.2, "{interleaved:?} {one:?}");
+    // zb-v: two chunks per rank in a V, half of zb-h1's bubble at 1F1B's memory.
+    let v = run("zb-v");
+    assert!((v.0 - one.0 / 6.0).abs() < 1e-3 && v.1 == one.1 && v.2 < zero.2, "{v:?} {one:?}");
     // The text names the schedule as `train` takes it; the paper's name is accepted too.
     let text = stdout(&plan(&job.replace(" --json", "").replace("--top 1", "--top 1 --pipeline-schedule zero-bubble")));
     assert!(text.contains("zb-h1"), "{text}");
+    // Unpinned, the planner runs what it prices: a zero-bubble schedule where it wins, Megatron's
+    // own where `megatron` says so.
+    let best = |extra: &str| {
+        let o = plan(&format!("{} {extra}", job.replace("--pipeline-model-parallel-size 8 ", "")));
+        assert!(o.status.success(), "{extra}: {}", stderr(&o));
+        field(stdout(&o).lines().next().unwrap(), "pipeline_schedule").unwrap()
+    };
+    assert!(["\"zb-v\"", "\"zb-h1\""].contains(&best("").as_str()), "{}", best(""));
+    assert!(["\"1f1b\"", "\"interleaved-1f1b\""].contains(&best("--pipeline-schedule megatron").as_str()));
 }
 
 /// `--data-parallel-sharding-strategy`: at one pinned layout (Llama 3 70B on 64 H100s, TP 8,
@@ -863,4 +876,17 @@ fn context_parallelism_splits_the_sequence() {
         &plan(&format!("{job} --context-parallel-size 2 --attention-backend unfused")),
         &["needs flash attention"],
     );
+    // TP 8 leaves one key/value group per rank: no all-to-all swap to pin.
+    assert_clean_error(
+        &plan(&format!("{job} --context-parallel-size 8 --cp-comm-type a2a")),
+        &["--context-parallel-size 8", "key/value groups"],
+    );
+    // Unpinned, the search splits the 64K sequence where that wins, with the swap trident runs
+    // on the device (the heads allow it beside TP 2 or 1).
+    let free = "--model llama3-8b --seq-length 65536 --max-position-embeddings 65536 --gpus 64 --global-batch-size 32 \
+                --gpu h100 --top 1";
+    let best = stdout(&plan(&format!("{free} --json"))).lines().next().unwrap().to_string();
+    assert!(number(&best, "cp") > 1.0 && number(&best, "tp") <= 2.0, "{best}");
+    let text = stdout(&plan(free));
+    assert!(text.contains(" a2a") && text.contains("context-parallel swaps"), "{text}");
 }

@@ -218,7 +218,7 @@ fn layer_parameters(shape: &Shape, d: &Dims) -> f64 {
     (shape.layer_parameters() - replicated) / d.tw + replicated
 }
 
-/// Micro-batches whose activations stage 0 holds at its peak: 1F1B (and ZB-H1) keeps min(p, m),
+/// Micro-batches whose activations stage 0 holds at its peak: 1F1B (and ZB-H1 and ZB-V) keeps min(p, m),
 /// the interleaved schedule (1 + (p-1)/(pv)) times that (docs/design.md), GPipe all m.
 fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
     if layout.pp == 1 {
@@ -228,7 +228,8 @@ fn in_flight_first_stage(layout: &Layout, m: usize) -> f64 {
         return m as f64;
     }
     let base = layout.pp.min(m) as f64;
-    if layout.vpp > 1 {
+    // ZB-V holds 2p chunks of half a stage: 1F1B's p stages' worth.
+    if layout.vpp > 1 && layout.schedule != Schedule::ZeroBubbleV {
         let (p, v) = (layout.pp as f64, layout.vpp as f64);
         base * (1.0 + (p - 1.0) / (p * v))
     } else {
@@ -461,9 +462,9 @@ pub fn timing(
         (first, 0.0, 0.0, embedding_comm)
     };
     let mean = if d.p == 1 { slow } else { (first + last + (d.p as f64 - 2.0) * (body + pp_comm)) / d.p as f64 };
-    // ZB-H1 fills two thirds of 1F1B's bubble with weight-gradient work (forward, input-gradient
-    // and weight-gradient passes taken as equal: Qi et al. 2023, §3).
-    let zero_bubble = if layout.schedule == Schedule::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
+    // ZB-H1 and ZB-V fill two thirds of 1F1B's bubble (per virtual stage) with weight-gradient
+    // work (forward, input-gradient and weight-gradient passes taken as equal: Qi et al. 2023, §3).
+    let zero_bubble = layout.schedule.bubble_share();
     let bubble = (d.p as f64 - 1.0) / layout.vpp as f64 * mean * zero_bubble;
 
     let params = stage_parameters(shape, &d, true, d.p == 1).max(stage_parameters(shape, &d, false, true));
@@ -552,10 +553,24 @@ fn cp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine, attention: f64)
     if layout.cp == 1 {
         return 0.0;
     }
+    if layout.cp_a2a {
+        return cp_swap_s(d, layout, machine);
+    }
     let chunk = 2.0 * d.b * d.sl * d.kvw / d.t * 2.0 * d.scale;
     let across = layout.tp * layout.cp > machine.gpus_per_node;
     let ring = (d.cp - 1.0) * (machine.p2p_s(chunk, across) + 2.0 * machine.p2p_s(2.0 * chunk, across));
     (ring - attention).max(0.0)
+}
+
+/// Context parallelism's all-to-all swap for one layer and micro-batch, as trident runs it: each
+/// swap an all-gather over the CP group (ranks `tp` apart) of the whole sequence's rows of this
+/// TP rank's columns, not overlapped: QKV to heads and the attention output back in forward, the
+/// output's gradient and QKV's in backward, and full recompute's forward pair again.
+fn cp_swap_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
+    let group = Placement::strided(layout.cp, layout.tp, machine.gpus_per_node);
+    let swap = |width: f64| machine.collective_s(Collective::AllGather, d.b * d.s * width / d.t * 2.0 * d.scale, group);
+    let forward = swap(d.qkv) + swap(d.aw);
+    forward * if layout.recompute == Recompute::Full { 3.0 } else { 2.0 }
 }
 
 /// Tensor-parallel communication of one layer for one micro-batch (docs/design.md, Communication volumes): 1-D
@@ -652,6 +667,7 @@ mod tests {
             sequence_parallel: false,
             schedule: Schedule::OneF1B,
             cp: 1,
+            cp_a2a: false,
         }
     }
 

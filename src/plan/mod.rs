@@ -95,13 +95,15 @@ impl TpMode {
 /// The pipeline schedule (`--pipeline-schedule`). `OneF1B` is plain 1F1B with one model chunk per
 /// rank and Megatron's interleaved 1F1B with more (`Layout::vpp`); GPipe runs every forward first;
 /// zero-bubble is Qi et al.'s ZB-H1 (backward split into input and weight gradients, the weight
-/// gradients filling the bubble), which `train --pipeline-schedule zb-h1` runs; priced where
-/// pinned, not yet proposed unpinned (its gain over 1F1B has not been measured on a GPU here).
+/// gradients filling the bubble) and ZB-V (two chunks per rank in a V), which
+/// `train --pipeline-schedule zb-h1|zb-v` runs; every pipeline is priced under 1F1B, interleaved
+/// 1F1B, zb-h1 and zb-v unless the schedule is pinned (GPipe only where pinned).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
     OneF1B,
     GPipe,
     ZeroBubble,
+    ZeroBubbleV,
 }
 
 impl Schedule {
@@ -110,7 +112,12 @@ impl Schedule {
             "1f1b" | "interleaved-1f1b" => Ok(Schedule::OneF1B),
             "gpipe" => Ok(Schedule::GPipe),
             "zb-h1" | "zero-bubble" => Ok(Schedule::ZeroBubble),
-            _ => Err(Error::flag("--pipeline-schedule", format!("'{s}'"), "gpipe, 1f1b, interleaved-1f1b or zb-h1")),
+            "zb-v" => Ok(Schedule::ZeroBubbleV),
+            _ => Err(Error::flag(
+                "--pipeline-schedule",
+                format!("'{s}'"),
+                "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v or megatron",
+            )),
         }
     }
 
@@ -121,6 +128,26 @@ impl Schedule {
             Schedule::OneF1B => "1f1b",
             Schedule::GPipe => "gpipe",
             Schedule::ZeroBubble => "zb-h1",
+            Schedule::ZeroBubbleV => "zb-v",
+        }
+    }
+
+    /// The share of 1F1B's bubble (per virtual stage) the schedule leaves: a third for both
+    /// zero-bubble schedules (Qi et al. 2023, §3: forward, input-gradient and weight-gradient
+    /// passes taken as equal; zb-v's two chunks per rank halve it again through `Layout::vpp`).
+    pub fn bubble_share(self) -> f64 {
+        match self {
+            Schedule::ZeroBubble | Schedule::ZeroBubbleV => 1.0 / 3.0,
+            Schedule::OneF1B | Schedule::GPipe => 1.0,
+        }
+    }
+
+    /// The model chunks per pipeline rank the schedule runs, where it fixes them.
+    pub fn fixed_chunks(self) -> Option<usize> {
+        match self {
+            Schedule::GPipe | Schedule::ZeroBubble => Some(1),
+            Schedule::ZeroBubbleV => Some(2),
+            Schedule::OneF1B => None,
         }
     }
 }
@@ -139,9 +166,12 @@ pub struct Layout {
     pub zero1: bool,
     pub sequence_parallel: bool,
     pub schedule: Schedule,
-    /// Context-parallel ranks splitting each sequence (Megatron's `--context-parallel-size`);
-    /// priced only when pinned, as the `p2p` ring with its passes overlapped (trident's are not yet).
+    /// Context-parallel ranks splitting each sequence (Megatron's `--context-parallel-size`).
     pub cp: usize,
+    /// Context parallelism's type: the all-to-all swap of positions for heads (`a2a`, what the
+    /// search proposes: trident runs it on the device), or Megatron's `p2p` ring with its passes
+    /// hidden behind attention (priced where `--cp-comm-type p2p` pins it).
+    pub cp_a2a: bool,
 }
 
 impl Layout {
@@ -222,10 +252,15 @@ pub struct Pins {
     pub pp: Option<usize>,
     pub micro_batch: Option<usize>,
     pub vpp: Option<usize>,
-    /// `--context-parallel-size` (None: 1).
+    /// `--context-parallel-size` (None: the search's choice).
     pub cp: Option<usize>,
-    /// `--pipeline-schedule`: None considers 1F1B and interleaved 1F1B.
+    /// `--cp-comm-type`: `a2a` or `p2p` (None: a2a where the heads split, else p2p).
+    pub cp_ring: Option<bool>,
+    /// `--pipeline-schedule`: None considers 1F1B, interleaved 1F1B, zb-h1 and zb-v.
     pub schedule: Option<(Schedule, bool)>,
+    /// `--pipeline-schedule megatron`: Megatron-LM's own schedules only (1F1B and interleaved
+    /// 1F1B, what its published runs used), for comparing with them.
+    pub megatron_schedules: bool,
     pub recompute: Option<Recompute>,
     pub zero1: Option<bool>,
     /// `--tensor-parallel-mode` (1d, 2d, 2.5d) and `--tesseract-depth`.
@@ -300,7 +335,7 @@ impl Candidate {
     }
 
     pub fn bubble_fraction(&self) -> f64 {
-        let share = if self.layout.schedule == Schedule::ZeroBubble { 1.0 / 3.0 } else { 1.0 };
+        let share = self.layout.schedule.bubble_share();
         share * (self.layout.pp as f64 - 1.0) / (self.layout.vpp * self.micro_batches()) as f64
     }
 }
@@ -393,17 +428,24 @@ fn pp_problem(req: &Request, t: usize, p: usize) -> Option<String> {
     None
 }
 
-/// Why a virtual-stage count cannot be used, if it cannot (trident's interleaved schedule needs
-/// equal chunks and a micro-batch count that is a multiple of the pipeline size).
-fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
-    match req.pins.schedule {
-        Some((Schedule::GPipe | Schedule::ZeroBubble, _)) if v > 1 => {
-            return Some("gpipe and zero-bubble run one model chunk per pipeline rank".into())
-        }
-        Some((Schedule::OneF1B, true)) if v == 1 => {
-            return Some("interleaved-1f1b needs two or more virtual stages per pipeline rank".into())
-        }
-        _ => {}
+/// "one model chunk", "two model chunks".
+pub fn chunk_count(n: usize) -> &'static str {
+    if n == 1 {
+        "one model chunk"
+    } else {
+        "two model chunks"
+    }
+}
+
+/// Why a virtual-stage count cannot be used under `schedule`, if it cannot (GPipe and zb-h1 run
+/// one chunk per rank, zb-v two; trident's interleaved schedule needs equal chunks and a
+/// micro-batch count that is a multiple of the pipeline size).
+fn vpp_problem(req: &Request, schedule: Schedule, p: usize, v: usize, m: usize) -> Option<String> {
+    if let Some(fixed) = schedule.fixed_chunks().filter(|&f| f != v) {
+        return Some(format!("{} runs {} per pipeline rank", schedule.name(fixed), chunk_count(fixed)));
+    }
+    if matches!(req.pins.schedule, Some((Schedule::OneF1B, true))) && v == 1 {
+        return Some("interleaved-1f1b needs two or more virtual stages per pipeline rank".into());
     }
     if v == 1 {
         return None;
@@ -414,7 +456,7 @@ fn vpp_problem(req: &Request, p: usize, v: usize, m: usize) -> Option<String> {
     if !req.shape.num_layers.is_multiple_of(p * v) {
         return Some(format!("{} layers do not split into {p} x {v} equal chunks", req.shape.num_layers));
     }
-    if m < p || !m.is_multiple_of(p) {
+    if schedule == Schedule::OneF1B && (m < p || !m.is_multiple_of(p)) {
         return Some(format!("{m} micro-batches are not a multiple of the pipeline size {p}"));
     }
     None
@@ -442,16 +484,56 @@ pub fn plan(req: &Request) -> Result<Plan> {
     search.finish(req)
 }
 
-/// Every layout with tensor-parallel size `t` (`plan`).
+/// Every layout with tensor-parallel size `t` (`plan`): each context-parallel size, the pinned
+/// one or (unpinned) none and each the all-to-all swap can take (`swap_sizes`).
 fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
-    let (n, pins) = (req.gpus, req.pins);
     if let Some(why) = tp_problem(req, t) {
-        return match pins.tp {
+        return match req.pins.tp {
             Some(_) => Err(pinned("--tensor-model-parallel-size", t, why)),
             None => Ok(()),
         };
     }
-    let cp = pins.cp.unwrap_or(1);
+    if let (Some(c), Some(false)) = (req.pins.cp, req.pins.cp_ring) {
+        if c > 1 && !swaps(req, t, c) {
+            let why = format!(
+                "--cp-comm-type a2a splits each tensor-parallel rank's key/value groups ({} / TP {t}) over the {c} ranks",
+                req.shape.model().kv_heads()
+            );
+            return match req.pins.tp {
+                Some(_) => Err(pinned("--context-parallel-size", c, why)),
+                None => Ok(()),
+            };
+        }
+    }
+    let pinned_cp = req.pins.cp.map(|c| (c, req.pins.cp_ring.map_or(swaps(req, t, c), |ring| !ring)));
+    let sizes =
+        pinned_cp.map(|c| vec![c]).unwrap_or_else(|| swap_sizes(req, t).into_iter().map(|c| (c, c > 1)).collect());
+    for cp in sizes {
+        search_tp_cp(req, t, cp, search)?;
+    }
+    Ok(())
+}
+
+/// Whether context parallelism over `c` ranks beside TP `t` can swap positions for heads
+/// (`a2a`): each tensor-parallel rank's key/value groups split over the `c` ranks.
+fn swaps(req: &Request, t: usize, c: usize) -> bool {
+    let groups = req.shape.model().kv_heads();
+    groups.is_multiple_of(t) && (groups / t).is_multiple_of(c)
+}
+
+/// The context-parallel sizes the search tries beside TP `t`: 1, and every size dividing the GPUs
+/// left whose swap the heads allow, with flash attention and a sequence of 2C chunks.
+fn swap_sizes(req: &Request, t: usize) -> Vec<usize> {
+    let s = req.shape.seq_length;
+    divisors(req.gpus / t)
+        .into_iter()
+        .filter(|&c| c == 1 || (req.features.flash_attention && s.is_multiple_of(2 * c) && swaps(req, t, c)))
+        .collect()
+}
+
+/// Every layout with tensor-parallel size `t` and context parallelism `(cp, a2a)`.
+fn search_tp_cp(req: &Request, t: usize, (cp, cp_a2a): (usize, bool), search: &mut Search) -> Result<()> {
+    let (n, pins) = (req.gpus, req.pins);
     if !(n / t).is_multiple_of(cp) {
         search.batch_problem.get_or_insert(format!(
             "--context-parallel-size {cp} does not divide the {} GPUs left by tensor-parallel size {t}",
@@ -512,6 +594,7 @@ fn search_tp(req: &Request, t: usize, search: &mut Search) -> Result<()> {
                     sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
                     schedule: pins.schedule.map_or(Schedule::OneF1B, |s| s.0),
                     cp,
+                    cp_a2a,
                 };
                 search.variants(req, layout, per_rank / b);
             }
@@ -589,38 +672,59 @@ struct Search {
 }
 
 impl Search {
-    /// Prices `layout` with every virtual-stage count, recompute choice and ZeRO-1 setting the
-    /// pins allow, for `micro_batches` micro-batches per pipeline.
+    /// Prices `layout` under every schedule trident runs (1F1B, interleaved 1F1B, zb-h1 and zb-v;
+    /// the pinned one only, GPipe only pinned), with every virtual-stage count, recompute choice
+    /// and ZeRO-1 setting the pins allow, for `micro_batches` micro-batches per pipeline.
     fn variants(&mut self, req: &Request, layout: Layout, micro_batches: usize) {
         let (pins, p) = (req.pins, layout.pp);
-        // GPipe and zero-bubble run one chunk per rank; interleaved-1f1b needs more than one.
-        let vpps: Vec<usize> = match (pins.vpp, pins.schedule) {
-            (Some(v), _) => vec![v],
-            (None, Some((Schedule::GPipe | Schedule::ZeroBubble, _))) | (None, Some((_, false))) => vec![1],
-            (None, Some((_, true))) => divisors(req.shape.num_layers / p).into_iter().filter(|&v| v > 1).collect(),
-            (None, None) => divisors(req.shape.num_layers / p),
-        };
-        for vpp in vpps {
-            if let Some(why) = vpp_problem(req, p, vpp, micro_batches) {
-                if pins.vpp.is_some() || pins.schedule.is_some() {
-                    self.batch_problem.get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {vpp}: {why}"));
-                }
-                continue;
+        let schedules = match pins.schedule {
+            Some((s, _)) => vec![s],
+            None if p > 1 && !pins.megatron_schedules => {
+                vec![Schedule::OneF1B, Schedule::ZeroBubble, Schedule::ZeroBubbleV]
             }
-            let recomputes = match pins.recompute {
-                Some(r) => vec![r],
-                None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            None => vec![Schedule::OneF1B],
+        };
+        for schedule in schedules {
+            let fixed = schedule.fixed_chunks();
+            if pins.schedule.is_none() && fixed.is_some_and(|f| pins.vpp.is_some_and(|v| v != f)) {
+                continue; // a pinned virtual-stage count this schedule does not run
+            }
+            // GPipe and the zero-bubble schedules fix their chunks per rank; interleaved-1f1b
+            // needs more than one.
+            let vpps: Vec<usize> = match (pins.vpp.or(fixed), pins.schedule) {
+                (Some(v), _) => vec![v],
+                (None, Some((_, false))) => vec![1],
+                (None, Some((_, true))) => divisors(req.shape.num_layers / p).into_iter().filter(|&v| v > 1).collect(),
+                (None, None) => divisors(req.shape.num_layers / p),
             };
-            for recompute in recomputes {
-                let replicas = layout.replicas();
-                let zero1s = match pins.zero1 {
-                    Some(z) => vec![z],
-                    None if replicas == 1 => vec![false],
-                    None => vec![false, true],
-                };
-                for zero1 in zero1s {
-                    self.record(req, Layout { vpp, recompute, zero1, ..layout });
+            for vpp in vpps {
+                if let Some(why) = vpp_problem(req, schedule, p, vpp, micro_batches) {
+                    if pins.vpp.is_some() || pins.schedule.is_some() {
+                        self.batch_problem
+                            .get_or_insert(format!("--num-virtual-stages-per-pipeline-rank {vpp}: {why}"));
+                    }
+                    continue;
                 }
+                self.recompute_variants(req, Layout { vpp, schedule, ..layout });
+            }
+        }
+    }
+
+    /// Prices `layout` with every recompute choice and ZeRO-1 setting the pins allow.
+    fn recompute_variants(&mut self, req: &Request, layout: Layout) {
+        let pins = req.pins;
+        let recomputes = match pins.recompute {
+            Some(r) => vec![r],
+            None => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        };
+        for recompute in recomputes {
+            let zero1s = match pins.zero1 {
+                Some(z) => vec![z],
+                None if layout.replicas() == 1 => vec![false],
+                None => vec![false, true],
+            };
+            for zero1 in zero1s {
+                self.record(req, Layout { recompute, zero1, ..layout });
             }
         }
     }

@@ -28,7 +28,7 @@ pub fn describe(l: &Layout) -> String {
         s.push_str(" zero1");
     }
     if l.cp > 1 {
-        s.push_str(&format!(" cp {}", l.cp));
+        s.push_str(&format!(" cp {} {}", l.cp, if l.cp_a2a { "a2a" } else { "p2p" }));
     }
     if l.pp > 1 && l.schedule != super::Schedule::OneF1B {
         s.push_str(&format!(" {}", l.schedule.name(l.vpp)));
@@ -70,7 +70,7 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
             },
         ),
         (t.pp_comm_s, "pipeline sends".to_string()),
-        (t.cp_comm_s, "context-parallel ring".to_string()),
+        (t.cp_comm_s, if c.layout.cp_a2a { "context-parallel swaps" } else { "context-parallel ring" }.to_string()),
         (t.attention_s, "attention".to_string()),
         (t.memory_bound_s, "memory-bound element-wise work".to_string()),
         (t.optimizer_s, "optimizer step".to_string()),
@@ -335,7 +335,7 @@ pub fn why_best(plan: &Plan, req: &Request) -> Vec<String> {
                 (b.attention_s - t.attention_s, "attention"),
                 (b.memory_bound_s - t.memory_bound_s, "element-wise"),
                 (b.tp_comm_s - t.tp_comm_s, "TP communication"),
-                (b.cp_comm_s - t.cp_comm_s, "context-parallel ring"),
+                (b.cp_comm_s - t.cp_comm_s, "context-parallel communication"),
                 (b.pp_comm_s - t.pp_comm_s, "pipeline sends"),
                 (b.bubble_s - t.bubble_s, "bubble"),
                 (b.dp_comm_s - t.dp_comm_s, "data-parallel communication"),

@@ -137,10 +137,18 @@ impl Request {
             },
             depth: positive(a, "--tesseract-depth")?,
             cp: positive(a, "--context-parallel-size")?,
+            cp_ring: match a.str("--cp-comm-type") {
+                None => None,
+                Some("a2a") => Some(false),
+                Some("p2p") => Some(true),
+                Some(other) => return Err(Error::flag("--cp-comm-type", format!("'{other}'"), "a2a or p2p")),
+            },
             schedule: a
                 .str("--pipeline-schedule")
+                .filter(|&s| s != "megatron")
                 .map(|s| Schedule::parse(s).map(|sc| (sc, s == "interleaved-1f1b")))
                 .transpose()?,
+            megatron_schedules: a.str("--pipeline-schedule") == Some("megatron"),
         };
         let features = features(a)?;
         if let Some(cp) = pins.cp.filter(|&c| c > 1) {
@@ -158,11 +166,12 @@ impl Request {
             }
         }
         match (pins.schedule, pins.vpp) {
-            (Some((Schedule::GPipe | Schedule::ZeroBubble, _)), Some(v)) if v > 1 => {
+            (Some((s, _)), Some(v)) if s.fixed_chunks().is_some_and(|f| f != v) => {
                 return Err(Error::Config(format!(
-                    "--pipeline-schedule {} runs one model chunk per pipeline rank, not \
+                    "--pipeline-schedule {} runs {} per pipeline rank, not \
                      --num-virtual-stages-per-pipeline-rank {v}",
-                    a.str("--pipeline-schedule").unwrap_or_default()
+                    a.str("--pipeline-schedule").unwrap_or_default(),
+                    super::chunk_count(s.fixed_chunks().unwrap_or(1))
                 )))
             }
             (Some((Schedule::OneF1B, true)), Some(1)) => {
