@@ -349,12 +349,12 @@ const TRAIN_REST: &[FlagSpec] = &[
     many(
         "--cp-comm-type",
         "KIND",
-        "p2p (Megatron's default: keys and values passed around a ring, blockwise attention), all_gather (gathered, blockwise) or a2a (heads swapped for positions); a2a+p2p is not built yet",
+        "p2p (Megatron's default: keys and values passed around a ring, blockwise attention), all_gather (gathered, blockwise), a2a (heads swapped for positions) or a2a+p2p (a2a inside groups, the ring across)",
     ),
     many(
         "--hierarchical-context-parallel-sizes",
         "N",
-        "not built yet: the inner all-to-all and outer ring sizes of --cp-comm-type a2a+p2p",
+        "the inner all-to-all and outer ring sizes of --cp-comm-type a2a+p2p (adjacent CP ranks swap), multiplying to C",
     ),
     switch("--sequence-parallel", "split LayerNorm, dropout and residuals along the sequence over the TP group"),
     flag(

@@ -148,7 +148,7 @@ fn unknown_and_malformed_flags_are_named() {
 }
 
 /// Megatron's `--context-parallel-size 1` (every script passes it) trains; a size the world
-/// cannot hold, and the type not built, are one clear error each (tests/context.rs has the rest).
+/// cannot hold, and a2a+p2p without its levels, are one clear error each (tests/context.rs has the rest).
 #[test]
 fn context_parallel_size_one_trains_and_impossible_sizes_are_refused() {
     let dir = scratch("context-parallel");
@@ -157,7 +157,7 @@ fn context_parallel_size_one_trains_and_impossible_sizes_are_refused() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_clean_error(&train_on(&p, &["--context-parallel-size", "2"]), &["--context-parallel-size 2", "1 ranks"]);
     let hierarchical = ["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"];
-    assert_clean_error(&train_on(&p, &hierarchical), &["a2a+p2p", "not built"]);
+    assert_clean_error(&train_on(&p, &hierarchical), &["a2a+p2p", "--hierarchical-context-parallel-sizes A B"]);
 }
 
 /// Every Megatron flag trident has not built is refused before any work, its help line (what is

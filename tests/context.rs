@@ -55,6 +55,8 @@ fn cp(c: &'static str, kind: &'static str, rest: &[&'static str]) -> Vec<&'stati
     [&["--context-parallel-size", c, "--cp-comm-type", kind][..], rest].concat()
 }
 
+const LEVELS: &str = "--hierarchical-context-parallel-sizes";
+
 const TP2_SP_PP2: &[&str] =
     &["--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "2"];
 
@@ -74,6 +76,10 @@ fn gpt_context_parallel_layouts_compute_the_single_rank_run() {
         (2, vec!["--context-parallel-size", "2"]),
         (4, cp("4", "p2p", &["--use-distributed-optimizer"])),
         (8, cp("2", "p2p", TP2_SP_PP2)),
+        // The swap inside pairs of adjacent ranks, the ring across the pairs; and the ring alone
+        // behind a swap of one rank.
+        (4, cp("4", "a2a+p2p", &[LEVELS, "2", "2"])),
+        (8, cp("2", "a2a+p2p", &[TP2_SP_PP2, &[LEVELS, "1", "2"]].concat())),
     ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     layouts_match_one_rank("cp-gpt", "tiny", &[], &layouts);
@@ -97,6 +103,8 @@ fn llama_context_parallel_layouts_compute_the_single_rank_run() {
         (8, cp("2", "a2a", TP2_SP_PP2)),
         (8, cp("2", "all_gather", TP2_SP_PP2)),
         (8, cp("2", "p2p", TP2_SP_PP2)),
+        (4, cp("4", "a2a+p2p", &[LEVELS, "2", "2", "--recompute-granularity", "full"])),
+        (8, cp("2", "a2a+p2p", &[TP2_SP_PP2, &[LEVELS, "2", "1"]].concat())),
     ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     let model = ["--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4"];
@@ -180,12 +188,15 @@ fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
         assert_one_error(&mpirun(ranks, &args), needles);
     };
     let a2a = |extra: &[&'static str]| ["--cp-comm-type", "a2a"].iter().chain(extra).copied().collect::<Vec<&str>>();
-    // The type not built, its sizes' flag, and a type per layer.
-    case(2, &["--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"], &["a2a+p2p", "not built"]);
+    // a2a+p2p without its sizes, with sizes that do not make C or split the heads; a type per layer.
+    let levels =
+        |sizes: &[&'static str]| [&["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p"][..], sizes].concat();
+    case(4, &levels(&[]), &["a2a+p2p", "--hierarchical-context-parallel-sizes A B"]);
+    case(4, &levels(&[LEVELS, "2", "3"]), &["A x B = --context-parallel-size 4", "[2, 3]"]);
     case(
-        2,
-        &["--hierarchical-context-parallel-sizes", "2", "1"],
-        &["--hierarchical-context-parallel-sizes", "not built"],
+        4,
+        &levels(&[LEVELS, "4", "1", "--num-attention-heads", "2", "--hidden-size", "128"]),
+        &["--hierarchical-context-parallel-sizes level, 4 ranks", "2 key/value groups"],
     );
     case(2, &["--context-parallel-size", "2", "--cp-comm-type", "p2p", "a2a"], &["one type for every layer"]);
     // A sequence that does not split into 2C chunks; heads that do not split for the swap.

@@ -96,6 +96,9 @@ pub struct TrainConfig {
     /// `--context-parallel-size` and `--cp-comm-type` (a2a where it is 1, which changes nothing).
     pub context_parallel: usize,
     pub cp_comm_type: crate::parallel::context::CpCommType,
+    /// Under `--cp-comm-type a2a+p2p`, the inner all-to-all groups' size
+    /// (`--hierarchical-context-parallel-sizes`' first level); 1 otherwise.
+    pub cp_a2a_size: usize,
     /// `--tensor-parallel-mode` and `--tesseract-depth`, checked against the group size when the
     /// layout is made.
     pub tensor_mode: String,
@@ -234,7 +237,7 @@ impl TrainConfig {
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
-        let (context_parallel, cp_comm_type) = context_parallel(args, &dropout, &mut notes)?;
+        let (context_parallel, cp_comm_type, cp_a2a_size) = context_parallel(args, &dropout, &mut notes)?;
         let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
             .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
         Ok(TrainConfig {
@@ -336,6 +339,7 @@ impl TrainConfig {
             sequence_parallel: args.has("--sequence-parallel"),
             context_parallel,
             cp_comm_type,
+            cp_a2a_size,
             tensor_mode: args.str("--tensor-parallel-mode").unwrap_or("1d").to_string(),
             tesseract_depth: args.usize("--tesseract-depth")?,
             summa_algorithm: args
@@ -677,13 +681,13 @@ fn tokenizer(
 }
 
 /// `--context-parallel-size` and `--cp-comm-type` (Megatron's per-layer list, which trident takes
-/// when every layer has the same type). A type trident does not run is refused naming it, and
-/// so are the attention dropout of the blockwise types and the document resets.
+/// when every layer has the same type), and a2a+p2p's inner size (`hierarchy`). The attention
+/// dropout of the blockwise types and the document resets are refused by name.
 fn context_parallel(
     args: &Args,
     dropout: &crate::model::gpt::DropoutRates,
     notes: &mut Vec<String>,
-) -> Result<(usize, crate::parallel::context::CpCommType)> {
+) -> Result<(usize, crate::parallel::context::CpCommType, usize)> {
     use crate::parallel::context::CpCommType;
     let size = nonzero(args, "--context-parallel-size", "a positive whole number")?.unwrap_or(1);
     let types = args.list("--cp-comm-type").unwrap_or_default();
@@ -696,16 +700,9 @@ fn context_parallel(
     }
     let kind = parsed.first().copied().unwrap_or(CpCommType::P2p);
     if size == 1 {
-        return Ok((1, CpCommType::A2a));
+        return Ok((1, CpCommType::A2a, 1));
     }
-    if !kind.is_built() {
-        let default = if parsed.is_empty() { " (Megatron's default)" } else { "" };
-        return Err(Error::Unsupported(format!(
-            "--context-parallel-size {size} with --cp-comm-type {}{default}: not built yet (the all-to-all \
-             inside and the ring across groups); pass --cp-comm-type p2p, all_gather or a2a",
-            kind.name()
-        )));
-    }
+    let inner = hierarchy(args, size, kind, notes)?;
     if dropout.attention > 0.0 && kind != CpCommType::A2a {
         return Err(Error::Unsupported(format!(
             "--context-parallel-size {size} --cp-comm-type {} with --attention-dropout {}: the blockwise \
@@ -725,14 +722,50 @@ fn context_parallel(
         }
     }
     let device = args.str("--device").unwrap_or("cpu");
-    if matches!(kind, CpCommType::AllGather | CpCommType::P2p) && device != "cpu" {
+    if matches!(kind, CpCommType::AllGather | CpCommType::P2p | CpCommType::A2aP2p) && device != "cpu" {
         notes.push(format!(
             "--cp-comm-type {} on --device {device}: the blockwise attention stages through the host (no GPU \
              kernel yet; slow); --cp-comm-type a2a runs on the device",
             kind.name()
         ));
     }
-    Ok((size, kind))
+    Ok((size, kind, inner))
+}
+
+/// `--hierarchical-context-parallel-sizes A B` (Megatron's: adjacent CP ranks in groups of A, the
+/// ranks with the same place in their group forming the second level), which a2a+p2p needs: the
+/// all-to-all inside the groups of A, the ring across the B of them. Returns A (1 for another
+/// type, where the sizes change nothing and a note says so).
+fn hierarchy(
+    args: &Args,
+    size: usize,
+    kind: crate::parallel::context::CpCommType,
+    notes: &mut Vec<String>,
+) -> Result<usize> {
+    let flag = "--hierarchical-context-parallel-sizes";
+    let sizes = match args.list(flag) {
+        None => Vec::new(),
+        Some(list) => {
+            let parse = |s: &String| s.parse::<usize>().ok().filter(|&n| n > 0);
+            list.iter()
+                .map(|s| parse(s).ok_or_else(|| Error::flag(flag, s, "positive whole numbers")))
+                .collect::<Result<_>>()?
+        }
+    };
+    if kind != crate::parallel::context::CpCommType::A2aP2p {
+        if !sizes.is_empty() {
+            notes.push(format!("{flag} changes nothing under --cp-comm-type {} (it shapes a2a+p2p only)", kind.name()));
+        }
+        return Ok(1);
+    }
+    match sizes[..] {
+        [a, b] if a * b == size => Ok(a),
+        _ => Err(Error::Config(format!(
+            "--cp-comm-type a2a+p2p needs {flag} A B with A x B = --context-parallel-size {size} (the all-to-all \
+             inside groups of A adjacent ranks, the ring across B of them){}",
+            if sizes.is_empty() { String::new() } else { format!(", not {sizes:?}") }
+        ))),
+    }
 }
 
 fn reject_unbuilt(args: &Args) -> Result<()> {

@@ -323,12 +323,20 @@ impl GptConfig {
     }
 
     /// Checks that each tensor-parallel rank's (of `t`) query heads and key/value groups split
-    /// into `c` blocks, as `--cp-comm-type a2a`'s swap needs.
-    pub fn validate_head_swap(&self, c: usize, t: usize) -> Result<()> {
+    /// into `c` blocks, as `--cp-comm-type a2a`'s swap needs (over the whole group, or over
+    /// a2a+p2p's inner groups: `hierarchical`).
+    pub fn validate_head_swap(&self, c: usize, t: usize, hierarchical: bool) -> Result<()> {
         let (heads, groups) = (self.num_attention_heads / t, self.kv_heads() / t);
+        let over = match hierarchical {
+            true => format!(
+                "--cp-comm-type a2a+p2p splits each rank's attention heads over its first \
+                 --hierarchical-context-parallel-sizes level, {c} ranks"
+            ),
+            false => format!("--cp-comm-type a2a splits each rank's attention heads over --context-parallel-size {c}"),
+        };
         if !groups.is_multiple_of(c) {
             return Err(Error::Config(format!(
-                "--cp-comm-type a2a splits each rank's attention heads over --context-parallel-size {c}, but a \
+                "{over}, but a \
                  tensor-parallel rank holds {heads} query heads in {groups} key/value group{} (--num-query-groups \
                  / --tensor-model-parallel-size), not a multiple of {c}",
                 if groups == 1 { "" } else { "s" }

@@ -10,7 +10,10 @@
 //! its key and value head), so a rank's heads are one contiguous block of columns. The trade runs
 //! as the group's all-gather followed by each rank copying out its blocks (the volume of
 //! Megatron's `all_gather` type, C-1 times a true all-to-all's). `all_gather` is
-//! `context_gather.rs`, the `p2p` ring `context_ring.rs`; `a2a+p2p` is not built.
+//! `context_gather.rs`, the `p2p` ring `context_ring.rs`. `a2a+p2p` is this swap inside groups of
+//! adjacent ranks and the ring across them (`model::gpt::context`): rank r of C holds chunks r
+//! and 2C-1-r, so after the swap inside group g of A ranks each holds 1/A of the heads for two
+//! runs of A chunks, g's and 2B-1-g's of 2B runs: the ring's split of B ranks, on runs.
 
 pub use super::grid::CpCommType;
 use crate::comm::Comm;
@@ -236,11 +239,9 @@ mod tests {
     }
 
     #[test]
-    fn comm_types_parse_and_all_but_a2a_p2p_are_built() {
+    fn comm_types_parse() {
         for name in ["p2p", "all_gather", "a2a", "a2a+p2p"] {
-            let t = CpCommType::parse(name).unwrap();
-            assert_eq!(t.name(), name);
-            assert_eq!(t.is_built(), name != "a2a+p2p");
+            assert_eq!(CpCommType::parse(name).unwrap().name(), name);
         }
         assert!(CpCommType::parse("ring").unwrap_err().to_string().contains("p2p, all_gather, a2a or a2a+p2p"));
     }

@@ -111,11 +111,6 @@ impl CpCommType {
             CpCommType::A2aP2p => "a2a+p2p",
         }
     }
-
-    /// Whether trident runs this type; the others are refused naming what is missing.
-    pub fn is_built(self) -> bool {
-        self != CpCommType::A2aP2p
-    }
 }
 
 /// A rank's place in a SUMMA grid: tensor-parallel rank `col + q * row + q² * dep`
@@ -160,6 +155,9 @@ pub struct Grid {
     /// Whether the pipeline places its chunks in a V (zb-v): the first and last virtual stage
     /// both on stage 0.
     pub pipeline_v: bool,
+    /// Under `--cp-comm-type a2a+p2p`, the size of the inner groups of adjacent CP ranks that
+    /// swap heads (the outer groups, `cp / cp_a2a` ranks, run the ring); 1 otherwise.
+    pub cp_a2a: usize,
 }
 
 impl Grid {
@@ -200,6 +198,7 @@ impl Grid {
             pp_rank: rank / (tp * cp * dp),
             tensor_mode: TensorMode::OneD,
             pipeline_v: false,
+            cp_a2a: 1,
         })
     }
 
@@ -214,6 +213,20 @@ impl Grid {
     /// The same layout with the pipeline's chunks in a V (`v`) or not.
     pub fn with_v_pipeline(self, v: bool) -> Grid {
         Grid { pipeline_v: v && self.pp > 1, ..self }
+    }
+
+    /// The same layout with a2a+p2p's inner groups of `a2a` adjacent context-parallel ranks.
+    pub fn with_cp_levels(self, a2a: usize) -> Grid {
+        assert!(a2a >= 1 && self.cp.is_multiple_of(a2a), "the inner groups tile the context-parallel group");
+        Grid { cp_a2a: a2a, ..self }
+    }
+
+    /// This rank's a2a+p2p inner group (adjacent CP ranks, `cp_a2a` of them) and outer group (the
+    /// CP ranks at the same place in their inner groups), both in CP order.
+    pub fn cp_level_groups(&self) -> [Vec<usize>; 2] {
+        let (a, group) = (self.cp_a2a, self.cp_group());
+        let first = self.cp_rank / a * a;
+        [group[first..first + a].to_vec(), group.iter().skip(self.cp_rank % a).step_by(a).copied().collect()]
     }
 
     /// This rank's SUMMA coordinates (None under 1-D tensor parallelism).
@@ -338,8 +351,10 @@ pub struct Groups {
     pub tp: Box<dyn Comm>,
     pub dp: Box<dyn Comm>,
     pub pp: Box<dyn Comm>,
-    /// The context-parallel group (a group of one without context parallelism).
+    /// The context-parallel group (a group of one without context parallelism), and a2a+p2p's
+    /// inner (all-to-all) and outer (ring) groups (`Grid::cp_level_groups`; of one otherwise).
     pub cp: Box<dyn Comm>,
+    pub cp_levels: [Box<dyn Comm>; 2],
     pub mp: Box<dyn Comm>,
     pub embedding: Box<dyn Comm>,
     /// SUMMA groups (groups of one under 1-D): the row (hidden blocks), the column (batch
@@ -367,6 +382,7 @@ impl Groups {
             depth: rt.group(&grid.depth_group()),
             replica: rt.group(&grid.replica_group()),
             cp: rt.group(&grid.cp_group()),
+            cp_levels: grid.cp_level_groups().map(|g| rt.group(&g)),
             grid,
         }
     }
@@ -379,6 +395,7 @@ impl Groups {
             dp: Box::new(SelfComm),
             pp: Box::new(SelfComm),
             cp: Box::new(SelfComm),
+            cp_levels: [Box::new(SelfComm), Box::new(SelfComm)],
             mp: Box::new(SelfComm),
             embedding: Box::new(SelfComm),
             summa_row: Box::new(SelfComm),

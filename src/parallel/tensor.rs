@@ -18,12 +18,20 @@ pub struct TensorParallel<'a> {
     pub sequence_parallel: bool,
     pub summa: Option<(Summa<'a>, &'a dyn Comm)>,
     pub context: Option<(&'a dyn Comm, crate::parallel::grid::CpCommType)>,
+    /// Under `--cp-comm-type a2a+p2p`, the inner (all-to-all) and outer (ring) groups.
+    pub context_levels: Option<[&'a dyn Comm; 2]>,
 }
 
 impl TensorParallel<'static> {
     /// No tensor parallelism: a group of one rank.
     pub fn single() -> TensorParallel<'static> {
-        TensorParallel { comm: &crate::comm::SelfComm, sequence_parallel: false, summa: None, context: None }
+        TensorParallel {
+            comm: &crate::comm::SelfComm,
+            sequence_parallel: false,
+            summa: None,
+            context: None,
+            context_levels: None,
+        }
     }
 }
 

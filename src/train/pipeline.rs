@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::model::gpt::{ChunkOutput, DropoutStep};
 use crate::model::Gpt;
-use crate::parallel::context::ContextSplit;
+use crate::parallel::context::{ContextSplit, CpCommType};
 use crate::parallel::grid::{Grid, Groups};
 use crate::parallel::pipeline::{self, Pass, Schedule};
 use crate::parallel::summa::Summa;
@@ -184,6 +184,8 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
             }),
             context: (groups.cp.size() > 1).then_some((&*groups.cp, cfg.cp_comm_type)),
+            context_levels: (groups.grid.cp_a2a > 1 || cfg.cp_comm_type == CpCommType::A2aP2p)
+                .then(|| [&*groups.cp_levels[0], &*groups.cp_levels[1]]),
         };
         // Elements of the hidden states one rank passes between pipeline stages: its rows (a
         // sequence shard under SP, a batch block under SUMMA; its positions under context

@@ -211,7 +211,10 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
         )));
     }
     let mode = TensorMode::new(&cfg.tensor_mode, cfg.tesseract_depth, grid.tp)?;
-    let grid = grid.with_tensor_mode(mode).with_v_pipeline(cfg.pipeline_schedule.is_some_and(Schedule::v_shaped));
+    let grid = grid
+        .with_tensor_mode(mode)
+        .with_v_pipeline(cfg.pipeline_schedule.is_some_and(Schedule::v_shaped))
+        .with_cp_levels(cfg.cp_a2a_size);
     let mp = ModelParallel {
         tp_size: grid.tp,
         tp_rank: grid.tp_rank,
@@ -248,7 +251,10 @@ fn layout(cfg: &TrainConfig, rt: &Runtime) -> Result<(TrainConfig, Grid, ModelPa
     }
     cfg.model.validate_parallel(&mp, cfg.seq_length)?;
     if grid.cp > 1 && cfg.cp_comm_type == CpCommType::A2a {
-        cfg.model.validate_head_swap(grid.cp, grid.tp)?;
+        cfg.model.validate_head_swap(grid.cp, grid.tp, false)?;
+    }
+    if grid.cp > 1 && cfg.cp_comm_type == CpCommType::A2aP2p {
+        cfg.model.validate_head_swap(grid.cp_a2a, grid.tp, true)?;
     }
     Ok((cfg, grid, mp))
 }

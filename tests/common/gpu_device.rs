@@ -500,6 +500,13 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         // the device's collectives.
         ("CP 2, all_gather", 2, vec![&gather[..]]),
         ("CP 2, p2p", 2, vec![&["--cp-comm-type", "p2p"][..]]),
+        // The swap inside a pair (its gathers through MPI: the pair has no communicator of its
+        // own), a ring of one.
+        (
+            "CP 2, a2a+p2p",
+            2,
+            vec![&["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "1"][..]],
+        ),
     ] {
         let flags = [&base[..], &["--context-parallel-size", "2"], &extra.concat()].concat();
         let run = |library: &str| {

@@ -38,14 +38,20 @@ impl<D: Device> Pass<'_, D> {
             CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, shape, blocks),
             _ => {}
         }
+        // a2a swaps over the whole group; a2a+p2p inside its inner groups, the ring across.
+        let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
+        let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
         let rows = shape.rows();
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
-        to_heads(dev, cp, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
+        to_heads(dev, swap_group, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
         let o = ensure(dev, &mut h.out, rows * shape.width(), precision);
         debug_assert_eq!(dev.len(lse), wide.batch * wide.heads * wide.seq);
-        dev.attention_forward(o, lse, q, wide, dropout, None);
+        match ring {
+            Some(outer) => context_ring::forward(dev, outer, (o, lse), q, wide, blocks),
+            None => dev.attention_forward(o, lse, q, wide, dropout, None),
+        }
         dev.round_to(o, precision);
-        to_positions(dev, cp, o, out, swap(shape, shape.width()), &mut h.gathered);
+        to_positions(dev, swap_group, o, out, swap(shape, shape.width()), &mut h.gathered);
     }
 
     /// `dqkv` (overwrite) from `dout`, as `AttentionOps::attention_backward`; `out` and `lse` are
@@ -73,16 +79,35 @@ impl<D: Device> Pass<'_, D> {
             CpCommType::P2p => return context_ring::backward(dev, cp, dqkv, dout, saved, shape, blocks),
             _ => {}
         }
+        let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
+        let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
-        to_heads(dev, cp, qkv, q, swap(shape, qw), &mut h.gathered);
+        to_heads(dev, swap_group, qkv, q, swap(shape, qw), &mut h.gathered);
         let o = ensure(dev, &mut h.out, rows * aw, precision);
-        to_heads(dev, cp, out, o, swap(shape, aw), &mut h.gathered);
+        to_heads(dev, swap_group, out, o, swap(shape, aw), &mut h.gathered);
         let d_o = ensure_like(dev, &mut h.dout, dout, rows * aw);
-        to_heads(dev, cp, dout, d_o, swap(shape, aw), &mut h.gathered);
+        to_heads(dev, swap_group, dout, d_o, swap(shape, aw), &mut h.gathered);
         let dq = ensure_like(dev, &mut h.dqkv, dqkv, rows * qw);
-        dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None);
-        to_positions(dev, cp, dq, dqkv, swap(shape, qw), &mut h.gathered);
+        match ring {
+            Some(outer) => context_ring::backward(dev, outer, dq, d_o, (q, o, lse), wide, blocks),
+            None => dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None),
+        }
+        to_positions(dev, swap_group, dq, dqkv, swap(shape, qw), &mut h.gathered);
+    }
+}
+
+/// The group the heads swap over, and the ring's group where one follows (a2a+p2p: the swap
+/// inside the inner groups `levels`, the ring across them over each inner group's runs of chunks,
+/// which are the ring's split of the outer group: `parallel::context`).
+fn swap_levels<'c>(
+    cp: &'c dyn Comm,
+    kind: CpCommType,
+    levels: Option<[&'c dyn Comm; 2]>,
+) -> (&'c dyn Comm, Option<&'c dyn Comm>) {
+    match (kind, levels) {
+        (CpCommType::A2aP2p, Some([inner, outer])) => (inner, Some(outer)),
+        _ => (cp, None),
     }
 }
 
