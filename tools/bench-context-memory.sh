@@ -12,12 +12,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 trident=${TRIDENT:-$here/target/release/trident}
 seq=${SEQ:-4096}
-root=""
-[ "$(id -u)" = 0 ] && root="--allow-run-as-root"
-mpirun=${MPIRUN:-mpirun --oversubscribe $root}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-"$trident" prepare --input "$here/data/tinyshakespeare.txt" --output-prefix "$tmp/sh" --append-eod > /dev/null
+. "$here/tools/mpi-bench-setup.sh"
 args=(train --preset tiny --data-path "$tmp/sh_text_document" --train-iters 1 --eval-iters 0
     --log-interval 1 --cpu-threads 1 --num-layers 8 --hidden-size 512 --num-attention-heads 8
     --seq-length "$seq" --max-position-embeddings "$seq" --micro-batch-size 1 --global-batch-size 1

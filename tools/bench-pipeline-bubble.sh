@@ -25,12 +25,7 @@ if [ "$cores" -lt "$stages" ] && [ "${FORCE:-0}" != 1 ]; then
         "STAGES=$cores measures here (FORCE=1 runs anyway, measuring the cores' sharing)" >&2
     exit 2
 fi
-root=""
-[ "$(id -u)" = 0 ] && root="--allow-run-as-root"
-mpirun=${MPIRUN:-mpirun --oversubscribe $root}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-"$trident" prepare --input "$here/data/tinyshakespeare.txt" --output-prefix "$tmp/sh" --append-eod > /dev/null
+. "$here/tools/mpi-bench-setup.sh"
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $cores cores; $stages stages, 8 micro-batches"
 worst_1f1b=""
 for schedule in 1f1b zb-h1 zb-v; do

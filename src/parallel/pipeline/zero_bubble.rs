@@ -50,38 +50,17 @@ pub(super) fn zb_v(stages: usize, rank: usize, micro: usize) -> Vec<Pass> {
     let (p, r) = (stages, rank);
     let n = micro.max(2 * p - 1);
     let mut t = Table::default();
-    for _ in 0..2 * (p - r) - 1 {
-        t.f(0);
-    }
-    for _ in 0..r {
-        t.f(1);
-        t.f(0);
-    }
-    for _ in 0..p - r {
-        t.f(1);
-        t.b(1);
-        t.w(1);
-    }
+    t.times(2 * (p - r) - 1, |t| t.f(0));
+    t.times(r, |t| [t.f(1), t.f(0)]);
+    t.times(p - r, |t| [t.f(1), t.b(1), t.w(1)]);
     while t.f[1] < t.f[0] || t.f[0] < n {
         if t.f[0] < n {
             t.f(0);
         }
-        for chunk in [0, 1] {
-            if chunk == 1 {
-                t.f(1);
-            }
-            t.b(chunk);
-            t.w(chunk);
-        }
+        t.times(1, |t| [t.b(0), t.w(0), t.f(1), t.b(1), t.w(1)]);
     }
-    for _ in 0..r {
-        t.b(0);
-        t.b(1);
-    }
-    for _ in 0..p - r {
-        t.b(0);
-        t.w(0);
-    }
+    t.times(r, |t| [t.b(0), t.b(1)]);
+    t.times(p - r, |t| [t.b(0), t.w(0)]);
     for chunk in [1, 0] {
         while t.w[chunk] < t.b[chunk] {
             t.w(chunk);
@@ -113,6 +92,12 @@ struct Table {
 }
 
 impl Table {
+    /// Lays out `step` `n` times.
+    fn times<R>(&mut self, n: usize, step: impl Fn(&mut Table) -> R) {
+        for _ in 0..n {
+            step(self);
+        }
+    }
     fn f(&mut self, chunk: usize) {
         self.out.push(Pass::Forward { micro: self.f[chunk], chunk });
         self.f[chunk] += 1;
