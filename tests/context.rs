@@ -112,13 +112,19 @@ fn llama_context_parallel_layouts_compute_the_single_rank_run() {
 }
 
 /// Dropout under context parallelism draws one rank's masks: the hidden sites' rows jump from a
-/// rank's first chunk to its second, and the swap's attention numbers its heads and positions in
-/// the whole tensor (the ring and the gather do not drop attention yet).
+/// rank's first chunk to its second, the swap's attention numbers its heads and positions in the
+/// whole tensor, and each block of the ring and the gather draws its probabilities' masks at its
+/// queries' and keys' positions in the whole sequence.
 #[test]
 fn dropout_under_context_parallelism_draws_the_single_ranks_masks() {
     let both = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"];
-    let layouts =
-        [(2, cp("2", "a2a", &[])), (4, cp("2", "a2a", &["--tensor-model-parallel-size", "2", "--sequence-parallel"]))];
+    let layouts = [
+        (2, cp("2", "a2a", &[])),
+        (4, cp("2", "a2a", &["--tensor-model-parallel-size", "2", "--sequence-parallel"])),
+        (2, vec!["--context-parallel-size", "2"]),
+        (4, cp("4", "all_gather", &["--recompute-granularity", "full"])),
+        (4, cp("4", "a2a+p2p", &[LEVELS, "2", "2"])),
+    ];
     let layouts: Vec<(usize, &[&str])> = layouts.iter().map(|(n, f)| (*n, &f[..])).collect();
     layouts_match_one_rank("cp-dropout", "tiny", &both, &layouts);
     let hidden = ["--hidden-dropout", "0.1", "--attention-dropout", "0"];
@@ -218,9 +224,6 @@ fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
         &a2a(&[&["--context-parallel-size", "2", "--seq-length", "36"][..], &sp].concat()),
         &["18 positions", "--sequence-parallel"],
     );
-    // Megatron's default dropouts with the default ring: its blocks do not drop attention yet.
-    let o = mpirun(2, &["train", "--data-path", &data, "--context-parallel-size", "2"]);
-    assert_one_error(&o, &["--attention-dropout 0.1", "blockwise attention does not drop"]);
     case(
         8,
         &a2a(&["--context-parallel-size", "2", "--tensor-model-parallel-size", "4", "--tensor-parallel-mode", "2d"]),

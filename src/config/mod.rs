@@ -237,7 +237,7 @@ impl TrainConfig {
         let cpu_threads = nonzero(args, "--cpu-threads", "a positive whole number")?;
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
-        let (context_parallel, cp_comm_type, cp_a2a_size) = context_parallel(args, &dropout, &mut notes)?;
+        let (context_parallel, cp_comm_type, cp_a2a_size) = context_parallel(args, &mut notes)?;
         let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
             .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
         Ok(TrainConfig {
@@ -681,11 +681,10 @@ fn tokenizer(
 }
 
 /// `--context-parallel-size` and `--cp-comm-type` (Megatron's per-layer list, which trident takes
-/// when every layer has the same type), and a2a+p2p's inner size (`hierarchy`). The attention
-/// dropout of the blockwise types and the document resets are refused by name.
+/// when every layer has the same type), and a2a+p2p's inner size (`hierarchy`). The document
+/// resets are refused by name.
 fn context_parallel(
     args: &Args,
-    dropout: &crate::model::gpt::DropoutRates,
     notes: &mut Vec<String>,
 ) -> Result<(usize, crate::parallel::context::CpCommType, usize)> {
     use crate::parallel::context::CpCommType;
@@ -703,14 +702,6 @@ fn context_parallel(
         return Ok((1, CpCommType::A2a, 1));
     }
     let inner = hierarchy(args, size, kind, notes)?;
-    if dropout.attention > 0.0 && kind != CpCommType::A2a {
-        return Err(Error::Unsupported(format!(
-            "--context-parallel-size {size} --cp-comm-type {} with --attention-dropout {}: the blockwise \
-             attention does not drop yet; pass --attention-dropout 0, or --cp-comm-type a2a",
-            kind.name(),
-            dropout.attention
-        )));
-    }
     for (name, what) in [
         ("--reset-attention-mask", "per-document attention bounds"),
         ("--reset-position-ids", "per-document positions"),

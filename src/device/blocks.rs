@@ -6,17 +6,9 @@
 //! attention's output and log-sum-exp, adding to the query and the key/value gradients. Generic
 //! over `Real`: the reference device runs it in f64, the CPU in f32 (GPU kernels are not built).
 
-use super::ops::{AttentionShape, QkvRun};
+use super::dropout::Masks;
+use super::ops::{AttentionShape, BlockMask, QkvRun};
 use crate::real::Real;
-
-/// Keys of query `t` in a block: all of them, or up to `t` on the diagonal.
-fn keys(t: usize, len: usize, diagonal: bool) -> usize {
-    if diagonal {
-        t + 1
-    } else {
-        len
-    }
-}
 
 /// `out` ([q.len · batch, heads · head_dim]) and `lse` ([batch, heads, q.len]) become the block
 /// of the queries at `q` of `q_src` against the keys and values at `kv` of `kv_src`.
@@ -25,10 +17,11 @@ pub fn block_forward<R: Real>(
     (q_src, q): (&[R], QkvRun),
     (kv_src, kv): (&[R], QkvRun),
     shape: AttentionShape,
-    diagonal: bool,
+    mask: BlockMask,
 ) {
     let (bt, d, qw, aw) = (shape.batch, shape.head_dim, shape.qkv_width(), shape.width());
-    assert!(!diagonal || q.len == kv.len, "a diagonal block is square");
+    assert!(!mask.diagonal || q.len == kv.len, "a diagonal block is square");
+    let mut masks = mask.dropout.map(|(dr, _, _)| Masks::new(dr));
     assert!(q_src.len() >= q.end(bt, qw) && kv_src.len() >= kv.end(bt, qw));
     assert!(out.len() >= q.len * bt * aw && lse.len() >= bt * shape.heads * q.len);
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
@@ -38,7 +31,7 @@ pub fn block_forward<R: Real>(
             let (qo, ko, vo) = shape.qkv_offsets(head);
             for t in 0..q.len {
                 let qv = &q_src[q.at(t, b, bt, qw) + qo..][..d];
-                let n = keys(t, kv.len, diagonal);
+                let n = mask.keys(t, kv.len);
                 let mut max = R::NEG_INFINITY;
                 for (j, s) in scores[..n].iter_mut().enumerate() {
                     *s = super::kernels::dot(qv, &kv_src[kv.at(j, b, bt, qw) + ko..][..d]) * scale;
@@ -47,10 +40,19 @@ pub fn block_forward<R: Real>(
                 let o = &mut out[(t * bt + b) * aw + head * d..][..d];
                 o.fill(R::ZERO);
                 let mut sum = R::ZERO;
+                // Dropout: the value rows take the masked probabilities, the sum the unmasked.
+                let first = mask.first::<R>((b, head, t));
                 for (j, s) in scores[..n].iter().enumerate() {
                     let p = (*s - max).exp_fast();
                     sum += p;
-                    super::kernels::axpy(o, p, &kv_src[kv.at(j, b, bt, qw) + vo..][..d]);
+                    let kept = match (first, masks.as_mut()) {
+                        (Some((at, keep)), Some(m)) => match m.keeps(at + j as u64) {
+                            true => p * keep,
+                            false => continue,
+                        },
+                        _ => p,
+                    };
+                    super::kernels::axpy(o, kept, &kv_src[kv.at(j, b, bt, qw) + vo..][..d]);
                 }
                 let inv = R::ONE / sum;
                 o.iter_mut().for_each(|x| *x *= inv);
@@ -102,10 +104,11 @@ pub fn block_backward<R: Real>(
     (q_src, q): (&[R], QkvRun),
     (kv_src, kv): (&[R], QkvRun),
     shape: AttentionShape,
-    diagonal: bool,
+    mask: BlockMask,
 ) {
     let (bt, d, qw, aw) = (shape.batch, shape.head_dim, shape.qkv_width(), shape.width());
     assert!(grad.len() >= dq.end(bt, qw) && grad.len() >= dkv.end(bt, qw));
+    let mut masks = mask.dropout.map(|(dr, _, _)| Masks::new(dr));
     assert!(dout.len() >= at + q.len * bt * aw && out.len() >= at + q.len * bt * aw);
     let scale = R::from_f64(1.0 / (d as f64).sqrt());
     let mut ds = vec![R::ZERO; kv.len];
@@ -119,15 +122,25 @@ pub fn block_backward<R: Real>(
                 let delta = super::kernels::dot(go, o);
                 let l = lse[lse_at + (b * shape.heads + head) * q.len + t];
                 let qv = &q_src[q.at(t, b, bt, qw) + qo..][..d];
-                let n = keys(t, kv.len, diagonal);
+                let n = mask.keys(t, kv.len);
+                let first = mask.first::<R>((b, head, t));
                 dq_t.fill(R::ZERO);
                 for (j, g) in ds[..n].iter_mut().enumerate() {
                     let k = &kv_src[kv.at(j, b, bt, qw) + ko..][..d];
                     let v = &kv_src[kv.at(j, b, bt, qw) + vo..][..d];
                     let p = (super::kernels::dot(qv, k) * scale - l).exp_fast();
-                    *g = p * (super::kernels::dot(go, v) - delta) * scale;
+                    // Dropout, as the one-rank kernel: dv takes the masked probability, and the
+                    // probability's gradient is masked before the softmax's backward.
+                    let (kept, dp) = match (first, masks.as_mut()) {
+                        (Some((at, keep)), Some(m)) => match m.keeps(at + j as u64) {
+                            true => (p * keep, super::kernels::dot(go, v) * keep),
+                            false => (R::ZERO, R::ZERO),
+                        },
+                        _ => (p, super::kernels::dot(go, v)),
+                    };
+                    *g = p * (dp - delta) * scale;
                     super::kernels::axpy(&mut dq_t, *g, k);
-                    super::kernels::axpy(&mut grad[dkv.at(j, b, bt, qw) + vo..][..d], p, go);
+                    super::kernels::axpy(&mut grad[dkv.at(j, b, bt, qw) + vo..][..d], kept, go);
                 }
                 for (j, &g) in ds[..n].iter().enumerate() {
                     super::kernels::axpy(&mut grad[dkv.at(j, b, bt, qw) + ko..][..d], g, qv);
@@ -142,13 +155,32 @@ pub fn block_backward<R: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::kernels;
+    use crate::device::{kernels, Dropout};
 
     /// Causal attention over 12 positions as three blocks of 4 queries, each against every
     /// earlier block and its own diagonal, merged: the output, log-sum-exp and the gradients of
-    /// the whole-sequence kernels, in f64 (grouped-query attention, batch 2).
+    /// the whole-sequence kernels, in f64 (grouped-query attention, batch 2), without and with
+    /// attention dropout (each block drawing the whole kernel's masks at its positions).
     #[test]
     fn blocks_merged_are_the_whole_attention() {
+        let dropout = Dropout {
+            p: 0.3,
+            key: [7, 11],
+            place: 5,
+            iteration: 3,
+            sample0: 2,
+            batch: 2,
+            seq: 12,
+            t0: 0,
+            width: 8,
+            col0: 4,
+            jump: None,
+        };
+        blocks_merged_are_the_whole_attention_with(None);
+        blocks_merged_are_the_whole_attention_with(Some(&dropout));
+    }
+
+    fn blocks_merged_are_the_whole_attention_with(dropout: Option<&Dropout>) {
         let shape = AttentionShape::new(2, 12, 4, 3).grouped(2);
         let (bt, qw, aw, n) = (shape.batch, shape.qkv_width(), shape.width(), 4);
         let qkv: Vec<f64> = crate::rng::fill(shape.rows() * qw, 1).into_iter().map(f64::from).collect();
@@ -165,7 +197,7 @@ mod tests {
                         &qkv,
                         shape,
                         (b, h),
-                        (None, None),
+                        (dropout, None),
                     );
                 }
             }
@@ -182,7 +214,7 @@ mod tests {
                         saved,
                         shape,
                         (b, h),
-                        (None, None),
+                        (dropout, None),
                     );
                 }
             }
@@ -194,7 +226,8 @@ mod tests {
             let (mut acc, mut acc_lse) = (vec![0f64; n * bt * aw], vec![f64::NEG_INFINITY; bt * 4 * n]);
             let (mut part, mut part_lse) = (acc.clone(), acc_lse.clone());
             for y in 0..=x {
-                block_forward((&mut part, &mut part_lse), (&qkv, run(x)), (&qkv, run(y)), shape, x == y);
+                let mask = BlockMask { diagonal: x == y, dropout: dropout.map(|d| (d, x * n, y * n)) };
+                block_forward((&mut part, &mut part_lse), (&qkv, run(x)), (&qkv, run(y)), shape, mask);
                 merge((&mut acc, &mut acc_lse), (&part, &part_lse), block, n);
             }
             for t in 0..n * bt {
@@ -222,7 +255,7 @@ mod tests {
                     (&qkv, run(x)),
                     (&qkv, run(y)),
                     shape,
-                    x == y,
+                    BlockMask { diagonal: x == y, dropout: dropout.map(|d| (d, x * n, y * n)) },
                 );
             }
         }

@@ -20,7 +20,7 @@ pub use counters::WorkCounters;
 pub use dropout::Dropout;
 pub use kernels::Gelu;
 pub use ops::{
-    AdamWStep, AdamWTensor, AttentionOps, AttentionShape, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
+    AdamWStep, AdamWTensor, AttentionOps, AttentionShape, BlockMask, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
     LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, QkvRun, Rotary, Tokens,
 };
 

@@ -137,6 +137,38 @@ impl QkvRun {
     }
 }
 
+/// Which keys of a block its queries see, and how its probabilities drop.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockMask<'a> {
+    /// The diagonal block (queries and keys the same positions): query t sees keys 0..=t.
+    pub diagonal: bool,
+    /// Attention dropout, with the whole-sequence positions of the block's first query and first
+    /// key: the probability of (query t, key j) drops as the one-rank kernel's of (q0 + t, k0 + j)
+    /// (`Dropout::attention_index`; the dropout's `seq` is the whole sequence's).
+    pub dropout: Option<(&'a Dropout, usize, usize)>,
+}
+
+impl BlockMask<'_> {
+    /// A block without dropout.
+    pub fn plain(diagonal: bool) -> BlockMask<'static> {
+        BlockMask { diagonal, dropout: None }
+    }
+
+    /// Keys of query `t` in a block of `len` keys: all of them, or up to `t` on the diagonal.
+    pub(super) fn keys(&self, t: usize, len: usize) -> usize {
+        if self.diagonal {
+            t + 1
+        } else {
+            len
+        }
+    }
+
+    /// The masks and keep scale, and the index of (batch b, head, query t)'s first key.
+    pub(super) fn first<R: crate::real::Real>(&self, (b, head, t): (usize, usize, usize)) -> Option<(u64, R)> {
+        self.dropout.map(|(d, q0, k0)| (d.attention_index(b, head, q0 + t) + k0 as u64, R::from_f64(d.scale() as f64)))
+    }
+}
+
 /// Rotary position embedding (RoPE) of one attention call: the first `rotary_dim` components of
 /// every query and key head are rotated in pairs `(i, i + rotary_dim / 2)` (Megatron's and Hugging
 /// Face's non-interleaved layout) by `position · inv_freq[i]`. `table` (a device buffer the model
@@ -416,14 +448,14 @@ pub trait AttentionOps: Memory {
     /// One block of blockwise causal attention (`device::blocks::block_forward`): `out` ([q.len ·
     /// batch, heads · head_dim]) and `lse` ([batch, heads, q.len], f32 storage) from the queries
     /// at `q` of one fused-QKV buffer and the keys and values at `kv` of another (or the same);
-    /// every key, or key j ≤ query j on the `diagonal`.
+    /// every key, or key j ≤ query j on `mask`'s diagonal; its probabilities dropped as `mask` says.
     fn attention_block_forward(
         &self,
         out_lse: (&mut Self::Buf, &mut Self::Buf),
         q: (&Self::Buf, QkvRun),
         kv: (&Self::Buf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     );
 
     /// `(out, lse)` becomes the attention over the keys of both blocks (`blocks::merge`) of
@@ -448,7 +480,7 @@ pub trait AttentionOps: Memory {
         q: (&Self::Buf, QkvRun),
         kv: (&Self::Buf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     );
 
     /// Causal attention of the newest positions of one sequence against every position up to

@@ -2,7 +2,7 @@
 //! are tested against, and the device the finite-difference gradient checks run on.
 
 use super::blocks;
-use super::QkvRun;
+use super::{BlockMask, QkvRun};
 use super::prelude::*;
 use super::{dropout, kernels, llama, Dropout, Gelu};
 use super::{AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
@@ -379,9 +379,9 @@ impl AttentionOps for ReferenceDevice {
         (q_src, q): (&Vec<f64>, QkvRun),
         (kv_src, kv): (&Vec<f64>, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
-        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, diagonal);
+        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, mask);
     }
 
     fn attention_merge(
@@ -403,10 +403,10 @@ impl AttentionOps for ReferenceDevice {
         (q_src, q): (&Vec<f64>, QkvRun),
         (kv_src, kv): (&Vec<f64>, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
         let saved = ((&dout[..], &out[..]), at);
-        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, diagonal);
+        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, mask);
     }
 
     fn attention_decode(&self, out: &mut Vec<f64>, qkv: &Vec<f64>, shape: AttentionShape, t0: usize) {

@@ -9,7 +9,7 @@ use super::kernels::args;
 use super::kernels::plan::Op;
 use crate::device::blocks;
 use crate::device::prelude::*;
-use crate::device::{AttentionShape, Dropout, Matrix, QkvRun, Rotary};
+use crate::device::{AttentionShape, BlockMask, Dropout, Matrix, QkvRun, Rotary};
 
 /// `$kernel`'s arguments: `$args`, then those of the dropout site `$site` (`site_ints`, its scale
 /// second), as every `_drop_` attention kernel takes them after its own; with `rows`, the
@@ -39,11 +39,11 @@ impl AttentionOps for GpuDevice {
         (q_src, q): (&GpuBuf, QkvRun),
         (kv_src, kv): (&GpuBuf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
         let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
         let (mut o, mut l) = (self.host_copy(out), self.host_copy(lse));
-        blocks::block_forward((&mut o, &mut l), (&qs, q), (&ks, kv), shape, diagonal);
+        blocks::block_forward((&mut o, &mut l), (&qs, q), (&ks, kv), shape, mask);
         self.upload(out, &o);
         self.upload(lse, &l);
     }
@@ -71,12 +71,12 @@ impl AttentionOps for GpuDevice {
         (q_src, q): (&GpuBuf, QkvRun),
         (kv_src, kv): (&GpuBuf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
         let mut g = self.host_copy(grad);
         let (d, o, l) = (self.host_copy(dout), self.host_copy(out), self.host_copy(lse));
         let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
-        blocks::block_backward(&mut g, runs, ((&d, &o), at), (&l, lse_at), (&qs, q), (&ks, kv), shape, diagonal);
+        blocks::block_backward(&mut g, runs, ((&d, &o), at), (&l, lse_at), (&qs, q), (&ks, kv), shape, mask);
         self.upload(grad, &g);
     }
 

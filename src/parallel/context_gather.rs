@@ -9,7 +9,7 @@
 
 use super::context::{ContextSplit, Gathered};
 use crate::comm::Comm;
-use crate::device::{AttentionShape, Device, QkvRun};
+use crate::device::{AttentionShape, BlockMask, Device, Dropout, QkvRun};
 
 /// A block's (output, log-sum-exp).
 type Pair<B> = (B, B);
@@ -89,14 +89,30 @@ pub(super) fn run(shape: AttentionShape, src: usize, slot: usize) -> QkvRun {
     QkvRun { base: src * shape.rows() * shape.qkv_width(), seq: shape.seq, first: slot * l, len: l }
 }
 
+/// The mask of the block of this rank's query chunk `slot` against chunk slot `j` of `src`'s
+/// rows (`diagonal`: the queries' own chunk), with `dropout` placed at their whole-sequence
+/// positions (`shape.seq` this rank's positions: chunks of half of it).
+pub(super) fn block_mask(
+    split: ContextSplit,
+    (slot, (src, j)): (usize, (usize, usize)),
+    diagonal: bool,
+    shape: AttentionShape,
+    dropout: Option<&Dropout>,
+) -> BlockMask<'_> {
+    let half = shape.seq / 2;
+    let key_chunk = ContextSplit { size: split.size, rank: src }.chunk(j);
+    BlockMask { diagonal, dropout: dropout.map(|d| (d, split.chunk(slot) * half, key_chunk * half)) }
+}
+
 /// `out` ([rows, heads · head_dim]) and `lse` (chunk-major) of this rank's queries (`shape`:
-/// its rows, `seq` its local positions) from its fused `qkv` rows and the group's.
+/// its rows, `seq` its local positions) from its fused `qkv` rows and the group's; `dropout` the
+/// attention's (its `seq` the whole sequence).
 pub fn forward<D: Device>(
     dev: &D,
     cp: &dyn Comm,
     (out, lse): (&mut D::Buf, &mut D::Buf),
     qkv: &D::Buf,
-    shape: AttentionShape,
+    (shape, dropout): (AttentionShape, Option<&Dropout>),
     (gathered, sc): (&mut Gathered<D::Buf>, &mut BlockScratch<D::Buf>),
 ) {
     let split = ContextSplit::of(cp);
@@ -109,14 +125,15 @@ pub fn forward<D: Device>(
         let acc = ensure_pair(dev, &mut sc.acc[0], block);
         for (i, (src, j)) in key_blocks(split, slot).into_iter().enumerate() {
             let kv = if i == 0 { (qkv, q) } else { (&*all, run(shape, src, j)) };
-            attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, i == 0);
+            let mask = block_mask(split, (slot, (src, j)), i == 0, shape, dropout);
+            attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, mask);
         }
         store(dev, (out, lse), acc, block, slot);
     }
 }
 
 /// Adds the block of the queries at `q` against the keys at `kv` to a query chunk's running
-/// result `acc`: written into it on the `diagonal` (always the chunk's first block), else
+/// result `acc`: written into it on the diagonal (always the chunk's first block), else
 /// computed into `part` and merged.
 pub(super) fn attend<D: Device>(
     dev: &D,
@@ -124,14 +141,14 @@ pub(super) fn attend<D: Device>(
     q: (&D::Buf, QkvRun),
     kv: (&D::Buf, QkvRun),
     shape: AttentionShape,
-    diagonal: bool,
+    mask: BlockMask,
 ) {
     let (acc_out, acc_lse) = acc;
-    if diagonal {
-        return dev.attention_block_forward((acc_out, acc_lse), q, kv, shape, true);
+    if mask.diagonal {
+        return dev.attention_block_forward((acc_out, acc_lse), q, kv, shape, mask);
     }
     let (part_out, part_lse) = part.as_mut().expect("the caller allocates the block's buffers");
-    dev.attention_block_forward((part_out, part_lse), q, kv, shape, false);
+    dev.attention_block_forward((part_out, part_lse), q, kv, shape, mask);
     dev.attention_merge((acc_out, acc_lse), (part_out, part_lse), shape, q.1.len);
 }
 
@@ -158,7 +175,7 @@ pub fn backward<D: Device>(
     dqkv: &mut D::Buf,
     dout: &D::Buf,
     (qkv, out, lse): (&D::Buf, &D::Buf, &D::Buf),
-    shape: AttentionShape,
+    (shape, dropout): (AttentionShape, Option<&Dropout>),
     (gathered, sc): (&mut Gathered<D::Buf>, &mut BlockScratch<D::Buf>),
 ) {
     let split = ContextSplit::of(cp);
@@ -182,7 +199,7 @@ pub fn backward<D: Device>(
                 (qkv, q),
                 (all, kv),
                 shape,
-                i == 0,
+                block_mask(split, (slot, (src, j)), i == 0, shape, dropout),
             );
         }
     }

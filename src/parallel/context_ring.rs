@@ -9,9 +9,9 @@
 //! before each step's blocks, not overlapped with them.
 
 use super::context::{ensure_like, ContextSplit};
-use super::context_gather::{attend, ensure, ensure_pair, run, store, BlockScratch};
+use super::context_gather::{attend, block_mask, ensure, ensure_pair, run, store, BlockScratch};
 use crate::comm::Comm;
-use crate::device::{AttentionShape, Device};
+use crate::device::{AttentionShape, Device, Dropout};
 
 /// `recv` becomes the `send` of the previous rank of the ring as `send` goes to the next.
 fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
@@ -33,13 +33,13 @@ fn blocks_of(split: ContextSplit, slot: usize, src: usize) -> Vec<(usize, bool)>
 }
 
 /// `out` ([rows, heads · head_dim]) and `lse` (chunk-major, as `context_gather`'s) of this rank's
-/// queries from its fused `qkv` rows and, around the ring, the group's.
+/// queries from its fused `qkv` rows and, around the ring, the group's; `dropout` the attention's.
 pub fn forward<D: Device>(
     dev: &D,
     cp: &dyn Comm,
     (out, lse): (&mut D::Buf, &mut D::Buf),
     qkv: &D::Buf,
-    shape: AttentionShape,
+    (shape, dropout): (AttentionShape, Option<&Dropout>),
     sc: &mut BlockScratch<D::Buf>,
 ) {
     let (split, local) = (ContextSplit::of(cp), dev.len(qkv));
@@ -61,7 +61,8 @@ pub fn forward<D: Device>(
             let acc = sc.acc[slot].as_mut().expect("allocated above");
             for (j, diagonal) in blocks_of(split, slot, src) {
                 let kv = if diagonal { (qkv, q) } else { (&*cur, run(shape, 0, j)) };
-                attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, diagonal);
+                let mask = block_mask(split, (slot, (src, j)), diagonal, shape, dropout);
+                attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, mask);
             }
         }
         std::mem::swap(&mut cur, &mut next);
@@ -79,7 +80,7 @@ pub fn backward<D: Device>(
     dqkv: &mut D::Buf,
     dout: &D::Buf,
     (qkv, out, lse): (&D::Buf, &D::Buf, &D::Buf),
-    shape: AttentionShape,
+    (shape, dropout): (AttentionShape, Option<&Dropout>),
     sc: &mut BlockScratch<D::Buf>,
 ) {
     let (split, local) = (ContextSplit::of(cp), dev.len(qkv));
@@ -109,7 +110,7 @@ pub fn backward<D: Device>(
                     (qkv, q),
                     (cur, kv),
                     shape,
-                    diagonal,
+                    block_mask(split, (slot, (src, j)), diagonal, shape, dropout),
                 );
             }
         }

@@ -14,7 +14,7 @@ pub mod pool;
 pub mod simd;
 
 use super::blocks;
-use super::QkvRun;
+use super::{BlockMask, QkvRun};
 use super::prelude::*;
 use super::{
     dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gelu, Gemm, LayerNormSaved, Logits, Matrix,
@@ -694,9 +694,9 @@ impl AttentionOps for CpuDevice {
         (q_src, q): (&CpuBuf, QkvRun),
         (kv_src, kv): (&CpuBuf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
-        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, diagonal);
+        blocks::block_forward((out, lse), (q_src, q), (kv_src, kv), shape, mask);
     }
 
     fn attention_merge(
@@ -718,10 +718,10 @@ impl AttentionOps for CpuDevice {
         (q_src, q): (&CpuBuf, QkvRun),
         (kv_src, kv): (&CpuBuf, QkvRun),
         shape: AttentionShape,
-        diagonal: bool,
+        mask: BlockMask,
     ) {
         let saved = ((&dout[..], &out[..]), at);
-        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, diagonal);
+        blocks::block_backward(grad, runs, saved, (lse, lse_at), (q_src, q), (kv_src, kv), shape, mask);
     }
 
     fn attention_decode(&self, out: &mut CpuBuf, qkv: &CpuBuf, shape: AttentionShape, t0: usize) {

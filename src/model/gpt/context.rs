@@ -33,21 +33,23 @@ impl<D: Device> Pass<'_, D> {
         let ContextScratch { heads: h, blocks } = &mut *self.heads;
         match kind {
             CpCommType::AllGather => {
-                return context_gather::forward(dev, cp, (out, lse), qkv, shape, (&mut h.gathered, blocks))
+                return context_gather::forward(dev, cp, (out, lse), qkv, (shape, dropout), (&mut h.gathered, blocks))
             }
-            CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, shape, blocks),
+            CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, (shape, dropout), blocks),
             _ => {}
         }
         // a2a swaps over the whole group; a2a+p2p inside its inner groups, the ring across.
         let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
         let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
+        let dropout = dropout.map(|d| swapped(d, swap_group, wide));
+        let dropout = dropout.as_ref();
         let rows = shape.rows();
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
         to_heads(dev, swap_group, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
         let o = ensure(dev, &mut h.out, rows * shape.width(), precision);
         debug_assert_eq!(dev.len(lse), wide.batch * wide.heads * wide.seq);
         match ring {
-            Some(outer) => context_ring::forward(dev, outer, (o, lse), q, wide, blocks),
+            Some(outer) => context_ring::forward(dev, outer, (o, lse), q, (wide, dropout), blocks),
             None => dev.attention_forward(o, lse, q, wide, dropout, None),
         }
         dev.round_to(o, precision);
@@ -74,13 +76,23 @@ impl<D: Device> Pass<'_, D> {
         let saved = (qkv, out, lse);
         match kind {
             CpCommType::AllGather => {
-                return context_gather::backward(dev, cp, dqkv, dout, saved, shape, (&mut h.gathered, blocks))
+                return context_gather::backward(
+                    dev,
+                    cp,
+                    dqkv,
+                    dout,
+                    saved,
+                    (shape, dropout),
+                    (&mut h.gathered, blocks),
+                )
             }
-            CpCommType::P2p => return context_ring::backward(dev, cp, dqkv, dout, saved, shape, blocks),
+            CpCommType::P2p => return context_ring::backward(dev, cp, dqkv, dout, saved, (shape, dropout), blocks),
             _ => {}
         }
         let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
         let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
+        let dropout = dropout.map(|d| swapped(d, swap_group, wide));
+        let dropout = dropout.as_ref();
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
         to_heads(dev, swap_group, qkv, q, swap(shape, qw), &mut h.gathered);
@@ -90,7 +102,7 @@ impl<D: Device> Pass<'_, D> {
         to_heads(dev, swap_group, dout, d_o, swap(shape, aw), &mut h.gathered);
         let dq = ensure_like(dev, &mut h.dqkv, dqkv, rows * qw);
         match ring {
-            Some(outer) => context_ring::backward(dev, outer, dq, d_o, (q, o, lse), wide, blocks),
+            Some(outer) => context_ring::backward(dev, outer, dq, d_o, (q, o, lse), (wide, dropout), blocks),
             None => dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None),
         }
         to_positions(dev, swap_group, dq, dqkv, swap(shape, qw), &mut h.gathered);
@@ -109,6 +121,12 @@ fn swap_levels<'c>(
         (CpCommType::A2aP2p, Some([inner, outer])) => (inner, Some(outer)),
         _ => (cp, None),
     }
+}
+
+/// The attention dropout of this rank's heads after the swap over `group`: its block of `wide`'s
+/// heads sits `rank · heads` further on.
+fn swapped(d: &Dropout, group: &dyn Comm, wide: AttentionShape) -> Dropout {
+    Dropout { col0: d.col0 + group.rank() * wide.heads, ..*d }
 }
 
 /// The attention shape of this rank's heads over whole sequences.

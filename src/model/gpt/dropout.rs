@@ -63,14 +63,12 @@ impl<D: Device> Gpt<D> {
         let wd = Widths::new(&self.cfg, &self.mp);
         let column_block = self.mp.summa.map_or(self.mp.tp_rank, |c| c.col);
         // Under context parallelism a rank's positions are two chunks of the whole sequence (the
-        // hidden sites' rows jump between them), and attention runs (as `--cp-comm-type a2a`
-        // swaps it) over every position on this rank's block of heads.
+        // hidden sites' rows jump between them); the attention's are numbered over the whole
+        // sequence and this rank's heads (the swap of a2a moves its block of them further on:
+        // `model::gpt::context`; the blocks of the other types place their positions).
         let split = self.mp.context;
         let (t0, width, col0, jump) = match site {
-            Site::Attention => {
-                let cp_heads = split.rank * (wd.heads / split.size);
-                (0, self.cfg.num_attention_heads, column_block * wd.heads + cp_heads, None)
-            }
+            Site::Attention => (0, self.cfg.num_attention_heads, column_block * wd.heads, None),
             _ => {
                 let (t0, jump) = context_positions(split, r.seq, r.t0);
                 (t0, self.cfg.hidden_size, self.mp.summa.map_or(0, |c| c.col * wd.hr), jump)
