@@ -92,8 +92,8 @@ impl Layout {
             .map(|c| {
                 let layers =
                     chunk_layers(cfg.num_layers, lay, pp_rank, c, self.first_stage_layers, self.last_stage_layers)?;
-                let vs = lay.virtual_stage(pp_rank, c);
-                Ok(ChunkPlan { layers, first: vs == 0, last: vs == lay.last() })
+                let (first, last) = lay.ends(pp_rank, c);
+                Ok(ChunkPlan { layers, first, last })
             })
             .collect()
     }

@@ -120,8 +120,8 @@ pub(super) struct Pipeline<'a, D: Device> {
     groups: &'a Groups,
     tp: TensorParallel<'a>,
     schedule: Schedule,
-    chunks: usize,
-    /// Where the virtual stages sit (zb-v's V, or Megatron's interleaving).
+    /// Where the virtual stages sit (zb-v's V, or Megatron's interleaving), and how many chunks
+    /// this rank holds.
     lay: pipeline::Placement,
     /// Micro-batches of this iteration (`set_micro`: fewer while `--rampup-batch-size` ramps),
     /// and of a full global batch (evaluation's, whatever the ramp).
@@ -184,7 +184,7 @@ impl<'a, D: Device> Pipeline<'a, D> {
                 (Summa { row, col, q: c.q, algorithm: cfg.summa_algorithm }, &*groups.depth)
             }),
             context: (groups.cp.size() > 1).then_some((&*groups.cp, cfg.cp_comm_type)),
-            context_levels: (groups.grid.cp_a2a > 1 || cfg.cp_comm_type == CpCommType::A2aP2p)
+            context_levels: (cfg.cp_comm_type == CpCommType::A2aP2p)
                 .then(|| [&*groups.cp_levels[0], &*groups.cp_levels[1]]),
         };
         // Elements of the hidden states one rank passes between pipeline stages: its rows (a
@@ -215,7 +215,6 @@ impl<'a, D: Device> Pipeline<'a, D> {
             groups,
             tp,
             schedule,
-            chunks,
             lay,
             micro,
             full_micro: micro,
@@ -233,7 +232,7 @@ impl<D: Device> Pipeline<'_, D> {
     /// full batch's (a count that held more would get one more from `buffer`).
     pub fn set_micro(&mut self, micro: usize) {
         if micro != self.micro {
-            let (schedule, stages, stage, chunks) = (self.schedule, self.stages(), self.stage(), self.chunks);
+            let (schedule, stages, stage, chunks) = (self.schedule, self.stages(), self.stage(), self.lay.chunks);
             self.releases =
                 pipeline::send_releases(self.lay, stage, &|s| pipeline::passes(schedule, stages, s, micro, chunks));
             self.micro = micro;
@@ -301,7 +300,7 @@ impl<D: Device> Pipeline<'_, D> {
                 self.messages.borrow_mut().received += 1;
             }
             None => {
-                let tag = p2p_tag(micro, chunk, self.chunks, backward);
+                let tag = p2p_tag(micro, chunk, self.lay.chunks, backward);
                 match self.dev.host_f32(&mut buf) {
                     Some(host) => self.groups.pp.recv_tagged(host, from, tag),
                     None => {
@@ -343,7 +342,7 @@ impl<D: Device> Pipeline<'_, D> {
                         h
                     }
                 };
-                let pending = self.groups.pp.send_start(host, to, p2p_tag(micro, to_chunk, self.chunks, backward));
+                let pending = self.groups.pp.send_start(host, to, p2p_tag(micro, to_chunk, self.lay.chunks, backward));
                 let mut m = self.messages.borrow_mut();
                 m.host_sends.push(pending);
                 m.free.push(buf);
@@ -467,7 +466,7 @@ impl<D: Device> Pipeline<'_, D> {
         }
         let started = tl.now_us();
         let mut peak_live = 0;
-        for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.chunks) {
+        for pass in pipeline::passes(self.schedule, self.stages(), self.stage(), self.micro, self.lay.chunks) {
             match pass {
                 Pass::Forward { micro, chunk } => {
                     batch.fetch(ds, consumed, micro, &self.groups.grid)?;
@@ -585,7 +584,7 @@ impl<D: Device> Pipeline<'_, D> {
             let consumed = first + it * cfg.global_batch_size as u64;
             for micro in 0..self.full_micro {
                 counted += batch.fetch(ds, consumed, micro, &self.groups.grid)?;
-                for chunk in 0..self.chunks {
+                for chunk in 0..self.lay.chunks {
                     let model = &mut chunks[chunk].model;
                     self.forward(tl, model, (micro, chunk), &batch, false);
                     model.discard(micro);

@@ -308,8 +308,8 @@ fn stage_plan(cfg: &TrainConfig, grid: &Grid) -> Result<StagePlan> {
     let plans = (0..chunks)
         .map(|c| {
             let layers = pipeline::chunk_layers(layers, lay, grid.pp_rank, c, first, last)?;
-            let vs = lay.virtual_stage(grid.pp_rank, c);
-            Ok(ChunkPlan { layers, first: vs == 0, last: vs == lay.last() })
+            let (first, last) = lay.ends(grid.pp_rank, c);
+            Ok(ChunkPlan { layers, first, last })
         })
         .collect::<Result<Vec<_>>>()?;
     // Every rank checks every stage's split, so a layout error stops all ranks alike.

@@ -357,8 +357,8 @@ pub fn full_weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
             for c in 0..chunks {
                 let layers =
                     trident::parallel::pipeline::chunk_layers(cfg.num_layers, lay, pp_rank, c, None, None).unwrap();
-                let vs = lay.virtual_stage(pp_rank, c);
-                let plan = trident::model::ChunkPlan { layers, first: vs == 0, last: vs == lay.last() };
+                let (first, last) = lay.ends(pp_rank, c);
+                let plan = trident::model::ChunkPlan { layers, first, last };
                 for info in cfg.chunk_parameters(&mp, &plan).iter().filter(|i| !i.tied_copy) {
                     let t = shard.tensor(&path, &format!("param/chunk{c}/{}", info.name)).unwrap();
                     let values = &mut full.iter_mut().find(|(n, _)| *n == info.name).unwrap().1;

@@ -29,7 +29,7 @@ impl<D: Device> Pass<'_, D> {
         let Some((cp, kind)) = self.tp.context else {
             return self.dev.attention_forward(out, lse, qkv, shape, dropout, self.documents);
         };
-        let (dev, wide) = (self.dev, whole_sequences(shape, cp));
+        let dev = self.dev;
         let ContextScratch { heads: h, blocks } = &mut *self.heads;
         match kind {
             CpCommType::AllGather => {
@@ -38,10 +38,7 @@ impl<D: Device> Pass<'_, D> {
             CpCommType::P2p => return context_ring::forward(dev, cp, (out, lse), qkv, (shape, dropout), blocks),
             _ => {}
         }
-        // a2a swaps over the whole group; a2a+p2p inside its inner groups, the ring across.
-        let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
-        let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
-        let dropout = dropout.map(|d| swapped(d, swap_group, wide));
+        let (swap_group, ring, wide, dropout) = swap_levels(cp, self.tp.context_levels, shape, dropout);
         let dropout = dropout.as_ref();
         let rows = shape.rows();
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
@@ -71,7 +68,7 @@ impl<D: Device> Pass<'_, D> {
         let Some((cp, kind)) = self.tp.context else {
             return self.dev.attention_backward(dqkv, dout, qkv, out, lse, shape, dropout, self.documents);
         };
-        let (dev, wide) = (self.dev, whole_sequences(shape, cp));
+        let dev = self.dev;
         let ContextScratch { heads: h, blocks } = &mut *self.heads;
         let saved = (qkv, out, lse);
         match kind {
@@ -89,9 +86,7 @@ impl<D: Device> Pass<'_, D> {
             CpCommType::P2p => return context_ring::backward(dev, cp, dqkv, dout, saved, (shape, dropout), blocks),
             _ => {}
         }
-        let (swap_group, ring) = swap_levels(cp, kind, self.tp.context_levels);
-        let wide = ring.map_or(wide, |_| whole_sequences(shape, swap_group));
-        let dropout = dropout.map(|d| swapped(d, swap_group, wide));
+        let (swap_group, ring, wide, dropout) = swap_levels(cp, self.tp.context_levels, shape, dropout);
         let dropout = dropout.as_ref();
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
@@ -109,24 +104,21 @@ impl<D: Device> Pass<'_, D> {
     }
 }
 
-/// The group the heads swap over, and the ring's group where one follows (a2a+p2p: the swap
-/// inside the inner groups `levels`, the ring across them over each inner group's runs of chunks,
-/// which are the ring's split of the outer group: `parallel::context`).
+/// The group the heads swap over (a2a: the whole group; a2a+p2p: its inner group `levels[0]`),
+/// the ring's group where one follows (a2a+p2p's outer group, over each inner group's runs of
+/// chunks, which are the ring's split of it: `parallel::context`), the shape of this rank's
+/// heads after the swap, and the attention dropout of those heads (their block sits
+/// `rank · heads` further on).
 fn swap_levels<'c>(
     cp: &'c dyn Comm,
-    kind: CpCommType,
     levels: Option<[&'c dyn Comm; 2]>,
-) -> (&'c dyn Comm, Option<&'c dyn Comm>) {
-    match (kind, levels) {
-        (CpCommType::A2aP2p, Some([inner, outer])) => (inner, Some(outer)),
-        _ => (cp, None),
-    }
-}
-
-/// The attention dropout of this rank's heads after the swap over `group`: its block of `wide`'s
-/// heads sits `rank · heads` further on.
-fn swapped(d: &Dropout, group: &dyn Comm, wide: AttentionShape) -> Dropout {
-    Dropout { col0: d.col0 + group.rank() * wide.heads, ..*d }
+    shape: AttentionShape,
+    dropout: Option<&Dropout>,
+) -> (&'c dyn Comm, Option<&'c dyn Comm>, AttentionShape, Option<Dropout>) {
+    let (group, ring) = levels.map_or((cp, None), |[inner, outer]| (inner, Some(outer)));
+    let wide = whole_sequences(shape, group);
+    let dropout = dropout.map(|d| Dropout { col0: d.col0 + group.rank() * wide.heads, ..*d });
+    (group, ring, wide, dropout)
 }
 
 /// The attention shape of this rank's heads over whole sequences.

@@ -197,6 +197,13 @@ impl Placement {
         self.stages * self.chunks - 1
     }
 
+    /// Whether `chunk` on `stage` is the model's first virtual stage (the embedding's) and its
+    /// last (the loss's).
+    pub fn ends(self, stage: usize, chunk: usize) -> (bool, bool) {
+        let vs = self.virtual_stage(stage, chunk);
+        (vs == 0, vs == self.last())
+    }
+
     /// Where (stage, chunk) sends its message: activations to the next virtual stage, gradients
     /// (`backward`) to the previous; the (stage, chunk) the message feeds there.
     pub fn target(self, stage: usize, chunk: usize, backward: bool) -> (usize, usize) {
