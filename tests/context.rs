@@ -173,6 +173,34 @@ fn context_parallel_checkpoints_resume_exactly_and_at_another_size() {
     }
 }
 
+/// The a2a swap is an all-to-all: at CP 2 and CP 4 the context-parallel group moves, per layer
+/// and micro-batch, `3 (c - 1) / c² b s (w_qkv + w_a)` elements (docs/design.md, Communication
+/// volumes: QKV and the output forward, the saved QKV and output, the output's gradient and
+/// QKV's gradient backward), and gathers nothing.
+#[test]
+fn the_a2a_swap_moves_an_all_to_alls_volume() {
+    let dir = scratch("cp-a2a-volume");
+    let data = prepared_corpus(&dir);
+    // The tiny preset: 4 layers, hidden 128 (QKV 384 wide), micro-batch 16 of 128 tokens.
+    let (layers, b, s, w) = (4.0, 16.0, 128.0, 384.0 + 128.0);
+    for (c, c_arg) in [(2usize, "2"), (4, "4")] {
+        let args = ["train", "--preset", "tiny", "--data-path", &data, "--train-iters", "1", "--eval-iters", "0"];
+        let o = mpirun(c, &[&args[..], &cp(c_arg, "a2a", &["--log-comm", "--cpu-threads", "1"])].concat());
+        let out = stdout(&o);
+        assert!(o.status.success(), "CP {c}: {}", stderr(&o));
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("context-parallel group of {c}:")))
+            .unwrap_or_else(|| panic!("CP {c}: no context-parallel line in\n{out}"));
+        let moved: f64 = line.split(':').nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let c = c as f64;
+        let expect = layers * 3.0 * (c - 1.0) / (c * c) * b * s * w;
+        assert_eq!(moved, expect, "CP {c}: {line}");
+        assert!(line.contains("all-gather 0,"), "CP {c}: {line}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn impossible_context_parallel_layouts_fail_once_on_every_rank() {
     let dir = scratch("cp-bad");

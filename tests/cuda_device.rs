@@ -505,7 +505,7 @@ fn fp16_tensor_and_pipeline_parallel_over_nccl_match_mpi_and_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Context parallelism on the CUDA Device: the swap's all-gathers through the fake NCCL on
+/// Context parallelism on the CUDA Device: the swap's all-to-alls through the fake NCCL on
 /// device memory and through MPI give the same run, one rank's within 1e-3.
 #[test]
 fn context_parallel_over_nccl_matches_mpi_and_one_rank() {

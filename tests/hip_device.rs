@@ -150,7 +150,7 @@ fn fp16_tensor_and_pipeline_parallel_over_rccl_match_mpi_and_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Context parallelism on the HIP Device: the swap's all-gathers through the fake NCCL as RCCL
+/// Context parallelism on the HIP Device: the swap's all-to-alls through the fake NCCL as RCCL
 /// on device memory and through MPI give the same run, one rank's within 1e-3.
 #[test]
 fn context_parallel_over_rccl_matches_mpi_and_one_rank() {

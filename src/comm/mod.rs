@@ -157,6 +157,7 @@ pub struct CommCounters {
     pub broadcast: u64,
     pub reduce: u64,
     pub send: u64,
+    pub all_to_all: u64,
 }
 
 impl CommCounters {
@@ -169,6 +170,7 @@ impl CommCounters {
             broadcast: self.broadcast - before.broadcast,
             reduce: self.reduce - before.reduce,
             send: self.send - before.send,
+            all_to_all: self.all_to_all - before.all_to_all,
         }
     }
 
@@ -179,18 +181,20 @@ impl CommCounters {
         self.broadcast += other.broadcast;
         self.reduce += other.reduce;
         self.send += other.send;
+        self.all_to_all += other.all_to_all;
     }
 
     /// Elements each rank of a group of `n` moves for these calls, with the bandwidth-optimal
     /// counts of docs/design.md (Communication volumes): an all-reduce of S moves 2(n-1)/n S, an
     /// all-gather or reduce-scatter of full size S moves (n-1)/n S (the counters hold the piece
     /// S/n for an all-gather and the full S for a reduce-scatter), a broadcast or a reduce to one
-    /// rank (n-1)/n S averaged over the group (every rank counts S), a send S.
+    /// rank (n-1)/n S averaged over the group (every rank counts S), a send S, an all-to-all of
+    /// S sent (n-1)/n S (the block a rank keeps for itself does not travel).
     pub fn moved(&self, n: usize) -> f64 {
         let f = (n.max(1) - 1) as f64 / n.max(1) as f64;
         2.0 * f * self.all_reduce as f64
             + (n.max(1) - 1) as f64 * self.all_gather as f64
-            + f * (self.reduce_scatter + self.broadcast + self.reduce) as f64
+            + f * (self.reduce_scatter + self.broadcast + self.reduce + self.all_to_all) as f64
             + self.send as f64
     }
 }
@@ -226,6 +230,9 @@ pub trait Comm {
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
     /// `recv` (len(send) / size) becomes the sum over ranks of this rank's chunk of `send`.
     fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
+    /// Block `j` of `recv` becomes block `rank` of rank j's `send` (both `size` equal blocks):
+    /// every rank sends each rank its own block.
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype);
     /// `buf` becomes root's `buf`.
     fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize);
     /// Root's `recv` becomes the element-wise sum of every rank's `send` (other ranks' `recv` is
@@ -264,6 +271,11 @@ impl dyn Comm + '_ {
     pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T]) {
         assert_eq!(recv.len() * self.size(), send.len(), "reduce_scatter: send buffer must hold size x receive");
         self.reduce_scatter_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE);
+    }
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) {
+        assert_eq!(send.len(), recv.len(), "all_to_all: send and receive buffers have the same length");
+        assert_eq!(send.len() % self.size(), 0, "all_to_all: the buffers split into size equal blocks");
+        self.all_to_all_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE);
     }
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) {
         if self.size() > 1 {
@@ -324,6 +336,9 @@ impl Comm for SelfComm {
         recv.copy_from_slice(send);
     }
     fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype) {
+        recv.copy_from_slice(send);
+    }
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype) {
         recv.copy_from_slice(send);
     }
     fn broadcast_bytes(&self, _buf: &mut [u8], _dtype: Dtype, _root: usize) {}

@@ -315,6 +315,26 @@ impl Comm for MpiComm {
         }
     }
 
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype) {
+        assert_eq!(send.len(), recv.len());
+        assert_eq!(send.len() % (self.size * dtype.bytes()), 0);
+        self.count_sent(|c| c.all_to_all += (send.len() / dtype.bytes()) as u64);
+        let n = count(send.len() / self.size, dtype);
+        let (dt, comm) = (datatype(dtype), self.comm.as_raw());
+        let (s, r) = (send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void);
+        // SAFETY: both buffers outlive the call, which completes before returning.
+        unsafe {
+            self.complete_with(
+                || {
+                    ffi::MPI_Alltoall(s, n, dt, r, n, dt, comm);
+                },
+                |req| {
+                    ffi::MPI_Ialltoall(s, n, dt, r, n, dt, comm, req);
+                },
+            )
+        }
+    }
+
     fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize) {
         self.count_sent(|c| c.broadcast += (buf.len() / dtype.bytes()) as u64);
         let n = c_int::try_from(buf.len()).expect("broadcast of at most 2 GiB");

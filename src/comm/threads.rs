@@ -95,6 +95,14 @@ impl Comm for ThreadComm {
         let parts: Vec<&[u8]> = all.iter().map(|p| &p[self.rank * n..(self.rank + 1) * n]).collect();
         reduce_into(recv, &parts, dtype, ReduceOp::Sum);
     }
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8], dtype: Dtype) {
+        self.count(|c| c.all_to_all += (send.len() / dtype.bytes()) as u64);
+        let all = self.exchange(send);
+        let n = send.len() / self.size;
+        for (block, part) in recv.chunks_exact_mut(n).zip(&all) {
+            block.copy_from_slice(&part[self.rank * n..(self.rank + 1) * n]);
+        }
+    }
     fn broadcast_bytes(&self, buf: &mut [u8], dtype: Dtype, root: usize) {
         self.count(|c| c.broadcast += (buf.len() / dtype.bytes()) as u64);
         let all = self.exchange(buf);
@@ -170,9 +178,14 @@ mod tests {
             c.reduce_scatter(&[1.0, 2.0, 3.0], &mut rs);
             let mut b = [r as f32];
             c.broadcast(&mut b, 2);
-            (x, g, rs[0], b[0])
+            let mut a2a = [0f32; 6];
+            c.all_to_all(&(0..6).map(|j| (10 * r + j) as f32).collect::<Vec<_>>(), &mut a2a);
+            (x, g, rs[0], b[0], a2a)
         });
-        for (r, (x, g, rs, b)) in out.into_iter().enumerate() {
+        for (r, (x, g, rs, b, a2a)) in out.into_iter().enumerate() {
+            // Block j of what rank r received is block r of rank j's: 10 j + 2 r and the next.
+            let expect: Vec<f32> = (0..3).flat_map(|j| [0, 1].map(|k| (10 * j + 2 * r + k) as f32)).collect();
+            assert_eq!(a2a.to_vec(), expect, "rank {r}");
             assert_eq!(x, [3.0, 3.0]);
             assert_eq!(g, [0.0, 0.0, 1.0, 10.0, 2.0, 20.0]);
             assert_eq!(rs, 3.0 * (r + 1) as f32);

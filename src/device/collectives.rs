@@ -28,6 +28,8 @@ pub trait DeviceComm<B> {
     fn all_gather(&self, local: &B, full: &mut B);
     /// `local` becomes the sum over ranks of this rank's block of `full`.
     fn reduce_scatter(&self, full: &B, local: &mut B);
+    /// Block `j` of `recv` becomes block `rank` of rank j's `send` (both of `size` equal blocks).
+    fn all_to_all(&self, send: &B, recv: &mut B);
     /// Elements counted so far, as the MPI Comm counts them (for `--log-comm`).
     fn counters(&self) -> crate::comm::CommCounters;
 }
@@ -116,8 +118,8 @@ pub struct CollectivesRequest<'a> {
     /// The groups that move tensors, named for messages, in the order every rank creates their
     /// communicators: tensor parallel, the tied-embedding pair, data parallel x context parallel
     /// x depth, the group the gradient norm's sum of squares is summed over (model parallel, or
-    /// the world under ZeRO-1), and context parallel.
-    pub groups: [(&'static str, &'a dyn crate::comm::Comm); 5],
+    /// the world under ZeRO-1), context parallel, and a2a+p2p's inner (all-to-all) groups.
+    pub groups: [(&'static str, &'a dyn crate::comm::Comm); 6],
     /// The pipeline group; the caller checked that its schedule keeps each link's messages in
     /// the order they were sent (`pipeline::fifo_order`), as `DeviceP2p` delivers them.
     pub pipeline: &'a dyn crate::comm::Comm,

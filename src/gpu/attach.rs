@@ -3,9 +3,10 @@
 //! rank agrees it could, then makes a `DeviceNccl` for each group that moves tensors and the
 //! `PipelineNccl` links, on the CUDA driver's or the HIP runtime's streams.
 
-use super::collectives::{DeviceNccl, PipelineNccl, StreamApi};
+use super::collectives::{DeviceNccl, StreamApi};
 use super::device::{group_key, GpuDevice};
 use super::nccl::{Flavor, Nccl};
+use super::pipeline_nccl::PipelineNccl;
 use crate::comm::ReduceOp;
 use crate::device::{CollectiveLibrary, CollectivesRequest};
 use crate::error::{Error, Result};
@@ -58,7 +59,7 @@ pub fn attach_collectives(
     for (name, group) in request.groups {
         if group.size() > 1 {
             let c = DeviceNccl::new(nccl, api, group)
-                .map_err(|e| Error::Comm(format!("{flag}: creating the {name}-parallel communicator: {e}")))?;
+                .map_err(|e| Error::Comm(format!("{flag}: creating the communicator of the {name} group: {e}")))?;
             comms.push((group_key(group), c));
             names.push(name);
         }

@@ -25,7 +25,7 @@
 //! through NCCL and `run_on_host` through the MPI Comm on host buffers, so `trident check nccl`
 //! compares the two bit for bit on every rank.
 
-use super::buffer::{GpuBuf, GpuP2p};
+use super::buffer::GpuBuf;
 use super::driver::{CuDevicePtr, Driver, Event, PrimaryContext, Stream};
 use super::nccl::{self, DataType, Flavor, Nccl, RedOp};
 use crate::comm::placement::Placement;
@@ -424,6 +424,22 @@ impl<'a> NcclComm<'a> {
         }
     }
 
+    /// Block `j` of `recv` becomes block `rank` of rank j's `send`, each block `count` elements:
+    /// one grouped send and receive per rank (this one included), as NCCL has no all-to-all call.
+    pub fn all_to_all(&self, send: CuDevicePtr, recv: CuDevicePtr, count: usize, dtype: Dtype) -> Result<()> {
+        let bytes = (count * dtype.bytes()) as CuDevicePtr;
+        let transfers: Vec<Transfer> = (0..self.size())
+            .flat_map(|peer| {
+                let at = peer as CuDevicePtr * bytes;
+                [
+                    Transfer::Send { buffer: send + at, count, dtype, peer },
+                    Transfer::Recv { buffer: recv + at, count, dtype, peer },
+                ]
+            })
+            .collect();
+        self.send_recv(&transfers)
+    }
+
     /// Waits until every operation enqueued on the communication stream has finished, polling
     /// the stream and the communicator's asynchronous error; after the timeout, aborts the
     /// communicator and returns an error naming the wait.
@@ -580,158 +596,17 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.count(|k| k.reduce_scatter += full.len() as u64);
         self.ordered(|c| c.reduce_scatter(send, recv, n, t));
     }
+    fn all_to_all(&self, send: &GpuBuf, recv: &mut GpuBuf) {
+        let (s, r, n, t) = (send.ptr(), recv.ptr(), send.len(), send.dtype_with(recv));
+        let size = self.comm.lock().map_or(1, |c| c.size());
+        assert!(recv.len() == n && n % size == 0, "all_to_all: buffer sizes");
+        self.count(|k| k.all_to_all += n as u64);
+        self.ordered(|c| c.all_to_all(s, r, n / size, t));
+    }
     fn counters(&self) -> crate::comm::CommCounters {
         *self.counted.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
-
-/// Pipeline point-to-point of the CUDA Device on device memory: one two-rank communicator per
-/// link this rank takes part in, where a link carries one kind of message (activations or
-/// gradients) from one stage to its neighbour. A rank sends activations to the next stage and
-/// gradients to the previous one, and receives them from the other side (under zb-v's V, the
-/// second arm's the other way round as well): up to four links (eight under a V), each
-/// with its own stream, on which this rank only sends or only receives. So a send never waits
-/// behind a receive (or the reverse) on one stream, and the host blocks on neither: messages of
-/// one kind between two stages are delivered in the order they were issued
-/// (`pipeline::fifo_order` holds for every schedule), as MPI's tags delivered them, and the host
-/// waits only where the MPI path would have blocked in a receive. Receives count as enqueued
-/// work the Device settles before reading device memory; sends are waited for in `wait_sends`
-/// (end of a pass over the pipeline), bounded by `TRIDENT_NCCL_TIMEOUT_SECS`.
-pub struct PipelineNccl {
-    /// By kind (activations, gradients), direction (onward to higher stages, upward to lower)
-    /// and role (out, in): `link_slot`. None where this stage has no such neighbour (the ends of
-    /// a pipeline without virtual stages) or the layout no such flow.
-    links: [Option<std::sync::Mutex<NcclComm<'static>>>; 8],
-    api: &'static str,
-    stage: usize,
-    stages: usize,
-    enqueued: [std::sync::atomic::AtomicBool; 8],
-    sent: std::sync::atomic::AtomicU64,
-}
-
-// SAFETY: as DeviceNccl: each communicator is used by one thread at a time through its mutex.
-unsafe impl Send for PipelineNccl {}
-// SAFETY: as above.
-unsafe impl Sync for PipelineNccl {}
-
-/// The slot of `links` for a message kind, its direction and this rank's role.
-fn link_slot(backward: bool, upward: bool, send: bool) -> usize {
-    4 * usize::from(backward) + 2 * usize::from(upward) + usize::from(!send)
-}
-
-impl PipelineNccl {
-    /// Creates the links of this rank's stage in the pipeline `group` (collective over the
-    /// group): activations flow stage s -> s + 1, gradients s + 1 -> s, and with `wrap` (virtual
-    /// stages) also between the last stage and the first; under a V (`v`, no wrap) both kinds
-    /// flow both ways. Every rank creates its links in one global order (kind, direction, then
-    /// sending stage), so the pairwise initialisations cannot deadlock.
-    pub fn new(
-        nccl: &'static Nccl,
-        api: StreamApi<'static>,
-        group: &dyn Comm,
-        (wrap, v): (bool, bool),
-    ) -> Result<PipelineNccl> {
-        let (stage, stages) = (group.rank(), group.size());
-        let timeout = timeout()?;
-        let mut links: [Option<std::sync::Mutex<NcclComm<'static>>>; 8] = Default::default();
-        for (backward, upward) in [(false, false), (false, true), (true, false), (true, true)] {
-            if upward != backward && !v {
-                continue;
-            }
-            for from in 0..stages {
-                let to = if upward { (from + stages - 1) % stages } else { (from + 1) % stages };
-                let wraps = if upward { from == 0 } else { from == stages - 1 };
-                if stages < 2 || (wraps && (!wrap || v)) || (stage != from && stage != to) {
-                    continue;
-                }
-                let what = if backward { "gradients" } else { "activations" };
-                let comm = NcclComm::link(nccl, api, group, (from, to), timeout).map_err(|e| {
-                    Error::Comm(format!("creating the pipeline link for {what} from stage {from} to stage {to}: {e}"))
-                })?;
-                links[link_slot(backward, upward, stage == from)] = Some(std::sync::Mutex::new(comm));
-            }
-        }
-        Ok(PipelineNccl {
-            links,
-            api: nccl.flavor.api(),
-            stage,
-            stages,
-            enqueued: Default::default(),
-            sent: std::sync::atomic::AtomicU64::new(0),
-        })
-    }
-
-    /// How many links this rank has (for the start-up line and the tests).
-    pub fn link_count(&self) -> usize {
-        self.links.iter().flatten().count()
-    }
-
-    /// Runs `f` on the link of `slot`; a failure (or a link this stage does not have) abandons the
-    /// op (`error::fail`), after the communicator was aborted, and the command ends with it.
-    fn run(&self, slot: usize, f: impl FnOnce(&NcclComm<'static>) -> Result<()>) {
-        let result = match &self.links[slot] {
-            Some(link) => f(&link.lock().unwrap_or_else(|p| p.into_inner())),
-            None => Err(Error::Comm(format!(
-                "pipeline stage {} of {} has no link to {} {} (a schedule bug)",
-                self.stage,
-                self.stages,
-                if slot.is_multiple_of(2) { "send" } else { "receive" },
-                if slot < 4 { "activations" } else { "gradients" }
-            ))),
-        };
-        if let Err(e) = result {
-            crate::error::fail(e.within("pipeline p2p, --gpu-collectives"));
-        }
-        self.enqueued[slot].store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Waits (polled, bounded) for the enqueued work of the links in `slots`.
-    fn settle_slots(&self, slots: &[usize]) {
-        for &slot in slots {
-            if self.enqueued[slot].swap(false, std::sync::atomic::Ordering::Relaxed) {
-                self.run(slot, |c| c.synchronize());
-                self.enqueued[slot].store(false, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-impl GpuP2p for PipelineNccl {
-    fn settle_receives(&self) {
-        self.settle_slots(&[false, true].map(|b| [false, true].map(|u| link_slot(b, u, false))).concat());
-    }
-}
-
-impl crate::device::DeviceP2p<GpuBuf> for PipelineNccl {
-    fn api(&self) -> &'static str {
-        self.api
-    }
-    fn send(&self, buf: &GpuBuf, backward: bool, upward: bool) {
-        let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
-        self.sent.fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
-        self.run(link_slot(backward, upward, true), |c| {
-            // The send reads what the compute stream wrote.
-            c.after_compute(None)?;
-            c.send_recv(&[Transfer::Send { buffer, count, dtype, peer: 1 }])
-        });
-    }
-    fn recv(&self, buf: &mut GpuBuf, backward: bool, upward: bool) {
-        let (buffer, count, dtype) = (buf.ptr(), buf.len(), buf.dtype());
-        self.run(link_slot(backward, upward, false), |c| {
-            // The buffer may be one compute just finished reading; compute then reads the message.
-            c.after_compute(None)?;
-            c.send_recv(&[Transfer::Recv { buffer, count, dtype, peer: 0 }])?;
-            c.before_compute(None)
-        });
-    }
-    fn wait_sends(&self) {
-        self.settle_slots(&[false, true].map(|b| [false, true].map(|u| link_slot(b, u, true))).concat());
-    }
-    fn counters(&self) -> crate::comm::CommCounters {
-        crate::comm::CommCounters { send: self.sent.load(std::sync::atomic::Ordering::Relaxed), ..Default::default() }
-    }
-}
-
 /// One collective with its sizes, runnable through NCCL on device memory (`run_on_device`) or
 /// through the MPI Comm on host memory (`run_on_host`), for comparing the two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -760,6 +635,11 @@ pub enum Collective {
         count: usize,
         dtype: Dtype,
     },
+    /// Every rank sends each rank (itself included) its own block of `count` elements.
+    AllToAll {
+        count: usize,
+        dtype: Dtype,
+    },
 }
 
 impl Collective {
@@ -769,7 +649,8 @@ impl Collective {
             | Collective::AllGather { dtype, .. }
             | Collective::ReduceScatter { dtype, .. }
             | Collective::Broadcast { dtype, .. }
-            | Collective::RingSendRecv { dtype, .. } => dtype,
+            | Collective::RingSendRecv { dtype, .. }
+            | Collective::AllToAll { dtype, .. } => dtype,
         }
     }
 
@@ -781,6 +662,7 @@ impl Collective {
             | Collective::RingSendRecv { count, .. } => (count, count),
             Collective::AllGather { send_count, .. } => (send_count, send_count * ranks),
             Collective::ReduceScatter { recv_count, .. } => (recv_count * ranks, recv_count),
+            Collective::AllToAll { count, .. } => (count * ranks, count * ranks),
         }
     }
 
@@ -794,6 +676,7 @@ impl Collective {
             Collective::ReduceScatter { recv_count, .. } => format!("reduce_scatter to {recv_count} {dtype} per rank"),
             Collective::Broadcast { count, root, .. } => format!("broadcast of {count} {dtype} from rank {root}"),
             Collective::RingSendRecv { count, .. } => format!("grouped send/recv of {count} {dtype} around the ring"),
+            Collective::AllToAll { count, .. } => format!("all-to-all of {count} {dtype} per pair of ranks"),
         }
     }
 }
@@ -812,6 +695,7 @@ pub fn run_on_device(comm: &NcclComm, c: &Collective, send: CuDevicePtr, recv: C
                 Transfer::Recv { buffer: recv, count, dtype, peer: (comm.rank() + n - 1) % n },
             ])
         }
+        Collective::AllToAll { count, dtype } => comm.all_to_all(send, recv, count, dtype),
     }
 }
 
@@ -838,6 +722,7 @@ pub fn run_on_host(comm: &dyn Comm, c: &Collective, send: &[u8], recv: &mut [u8]
             let (next, prev) = ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n);
             comm.send_recv_bytes(Some((send, next)), Some((recv, prev)));
         }
+        Collective::AllToAll { dtype, .. } => comm.all_to_all_bytes(send, recv, dtype),
     }
 }
 
@@ -982,6 +867,7 @@ mod tests {
             Collective::ReduceScatter { recv_count: 5, dtype: Dtype::F32 },
             Collective::Broadcast { count: 5, dtype: Dtype::F32, root: 0 },
             Collective::RingSendRecv { count: 5, dtype: Dtype::F32 },
+            Collective::AllToAll { count: 5, dtype: Dtype::F32 },
         ] {
             let mut recv = vec![0u8; 20];
             run_on_host(&SelfComm, &c, &send, &mut recv);

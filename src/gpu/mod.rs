@@ -21,8 +21,9 @@
 //!    `open` (`OpenGpu`: one GPU of either vendor opened with its runtime, kernel images and
 //!    limits; `Functions`, kernels of the index resolved on it).
 //! 6. `buffer` (`DeviceMem`, `GpuBuf`, and `GpuP2p`, what the Device asks of its pipeline links).
-//! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl`,
-//!    `PipelineNccl`, and the `Collective` cases `check nccl` and `bench allreduce` run).
+//! 7. `collectives` (NCCL / RCCL communicators on device memory: `NcclComm`, `DeviceNccl` with
+//!    its all-to-all as grouped sends and receives, and the `Collective` cases `check nccl` and
+//!    `bench allreduce` run); `pipeline_nccl` (`PipelineNccl`, the pipeline's links).
 //! 8. `device` (`GpuDevice`, the `Device` trait on a GPU; its ops in `device_ops` (the
 //!    Llama-family ones in `llama_ops`), an optimizer
 //!    group's one AdamW launch and its table kept on the device in `adamw`), which holds
@@ -57,6 +58,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod open;
 pub mod peaks;
+mod pipeline_nccl;
 pub mod rtc;
 pub mod runtime;
 pub mod status;

@@ -7,9 +7,9 @@
 //! positions of every head for every position of 1/C of the heads (`to_heads`), runs the Device's
 //! ordinary causal attention over the whole sequence on those heads, and trades back
 //! (`to_positions`). The fused QKV row is group-major (each key/value group's query heads, then
-//! its key and value head), so a rank's heads are one contiguous block of columns. The trade runs
-//! as the group's all-gather followed by each rank copying out its blocks (the volume of
-//! Megatron's `all_gather` type, C-1 times a true all-to-all's). `all_gather` is
+//! its key and value head), so a rank's heads are one contiguous block of columns. Each trade is
+//! one all-to-all of the local rows' size (a rank keeps 1/C and sends the rest), packed and
+//! unpacked by strided copies on the Device. `all_gather` is
 //! `context_gather.rs`, the `p2p` ring `context_ring.rs`. `a2a+p2p` is this swap inside groups of
 //! adjacent ranks and the ring across them (`model::gpt::context`): rank r of C holds chunks r
 //! and 2C-1-r, so after the swap inside group g of A ranks each holds 1/A of the heads for two
@@ -100,72 +100,119 @@ impl<B> Gathered<B> {
     }
 }
 
+/// The send and receive buffers of the swaps' all-to-alls, one pair per length and storage (a
+/// layer swaps QKV rows, output rows and output-gradient rows, the last in f32 storage where the
+/// others are 16-bit), reused across layers and micro-batches.
+pub struct Exchange<B> {
+    pairs: Vec<(B, B)>,
+}
+
+impl<B> Default for Exchange<B> {
+    fn default() -> Self {
+        Exchange { pairs: Vec::new() }
+    }
+}
+
+impl<B> Exchange<B> {
+    /// The pair of `len` elements in `like`'s storage.
+    fn ensure<D: Device<Buf = B>>(&mut self, dev: &D, like: &B, len: usize) -> (&mut B, &mut B) {
+        let bytes = dev.bytes(like) / dev.len(like).max(1) * len;
+        let found = self.pairs.iter().position(|(s, _)| dev.len(s) == len && dev.bytes(s) == bytes);
+        let at = found.unwrap_or_else(|| {
+            self.pairs.push((dev.alloc_like_len(like, len), dev.alloc_like_len(like, len)));
+            self.pairs.len() - 1
+        });
+        let (send, recv) = &mut self.pairs[at];
+        (send, recv)
+    }
+
+    /// Bytes held (for `--log-memory`).
+    pub fn bytes<D: Device<Buf = B>>(&self, dev: &D) -> usize {
+        self.pairs.iter().map(|(s, r)| dev.bytes(s) + dev.bytes(r)).sum()
+    }
+}
+
 /// `heads` ([batch · seq rows, width / C], rows `t · batch + b` over the whole sequence) becomes
 /// this rank's block of columns of every position, from `local` ([batch · local_seq rows, width])
-/// of every rank of the group.
+/// of every rank of the group: each rank sends rank j the columns of j's block (one all-to-all),
+/// and places what it received at the sender's two chunks.
 pub fn to_heads<D: Device>(
     dev: &D,
     cp: &dyn Comm,
     local: &D::Buf,
     heads: &mut D::Buf,
     shape: SwapShape,
-    gathered: &mut Gathered<D::Buf>,
+    exchange: &mut Exchange<D::Buf>,
 ) {
-    let (split, rows) = (ContextSplit::of(cp), shape.batch * shape.local_seq);
-    let (c, w) = (split.size, shape.width);
-    let (wc, half) = (w / c, rows / 2);
+    let (c, rows) = (cp.size(), shape.batch * shape.local_seq);
+    let (w, wc, half) = (shape.width, shape.width / c, rows / 2);
     assert_eq!(dev.len(local), rows * w, "to_heads: the local rows");
     assert_eq!(dev.len(heads), rows * w, "to_heads: the heads rows");
-    let all = gathered.ensure(dev, local, c * rows * w);
-    super::tensor::all_gather(dev, cp, local, all);
+    let (send, recv) = exchange.ensure(dev, local, rows * w);
+    for dst in 0..c {
+        dev.copy_rows(send, (dst * rows * wc, wc), local, (dst * wc, w), (rows, wc));
+    }
+    super::tensor::all_to_all(dev, cp, send, recv);
     for src in 0..c {
         let from = ContextSplit { size: c, rank: src };
         for slot in 0..2 {
-            let chunk = from.chunk(slot);
-            let src_at = src * rows * w + slot * half * w + split.rank * wc;
-            dev.copy_rows(heads, (chunk * half * wc, wc), all, (src_at, w), (half, wc));
+            let at = (src * rows + slot * half) * wc;
+            dev.copy_rows(heads, (from.chunk(slot) * half * wc, wc), recv, (at, wc), (half, wc));
         }
     }
 }
 
 /// The inverse of `to_heads`: `local` ([batch · local_seq rows, width]) becomes this rank's
-/// positions of every head, from `heads` ([batch · seq rows, width / C]) of every rank.
+/// positions of every head, from `heads` ([batch · seq rows, width / C]) of every rank: each rank
+/// sends rank j the rows of j's two chunks (one all-to-all), and places what it received at the
+/// sender's block of columns.
 pub fn to_positions<D: Device>(
     dev: &D,
     cp: &dyn Comm,
     heads: &D::Buf,
     local: &mut D::Buf,
     shape: SwapShape,
-    gathered: &mut Gathered<D::Buf>,
+    exchange: &mut Exchange<D::Buf>,
 ) {
-    let (split, rows) = (ContextSplit::of(cp), shape.batch * shape.local_seq);
-    let (c, w) = (split.size, shape.width);
-    let (wc, half) = (w / c, rows / 2);
+    let (c, rows) = (cp.size(), shape.batch * shape.local_seq);
+    let (w, wc, half) = (shape.width, shape.width / c, rows / 2);
     assert_eq!(dev.len(heads), rows * w, "to_positions: the heads rows");
-    let all = gathered.ensure(dev, heads, c * rows * w);
-    super::tensor::all_gather(dev, cp, heads, all);
-    for src in 0..c {
+    let (send, recv) = exchange.ensure(dev, heads, rows * w);
+    for dst in 0..c {
+        let to = ContextSplit { size: c, rank: dst };
         for slot in 0..2 {
-            let chunk = split.chunk(slot);
-            let src_at = src * rows * w + chunk * half * wc;
-            dev.copy_rows(local, (slot * half * w + src * wc, w), all, (src_at, wc), (half, wc));
+            let at = (dst * rows + slot * half) * wc;
+            dev.copy_rows(send, (at, wc), heads, (to.chunk(slot) * half * wc, wc), (half, wc));
         }
+    }
+    super::tensor::all_to_all(dev, cp, send, recv);
+    for src in 0..c {
+        dev.copy_rows(local, (src * wc, w), recv, (src * rows * wc, wc), (rows, wc));
     }
 }
 
 /// The buffers of one layer's attention in the heads layout, reused across layers and
-/// micro-batches: the swapped QKV, output and output gradient, the QKV gradient, and the gathers.
+/// micro-batches: the swapped QKV, output and output gradient, the QKV gradient, the swaps'
+/// all-to-all buffers and the `all_gather` type's gathered rows.
 pub struct HeadsScratch<B> {
     pub qkv: Option<B>,
     pub out: Option<B>,
     pub dout: Option<B>,
     pub dqkv: Option<B>,
+    pub exchange: Exchange<B>,
     pub gathered: Gathered<B>,
 }
 
 impl<B> Default for HeadsScratch<B> {
     fn default() -> Self {
-        HeadsScratch { qkv: None, out: None, dout: None, dqkv: None, gathered: Gathered { buf: None } }
+        HeadsScratch {
+            qkv: None,
+            out: None,
+            dout: None,
+            dqkv: None,
+            exchange: Exchange::default(),
+            gathered: Gathered { buf: None },
+        }
     }
 }
 
@@ -176,6 +223,7 @@ impl<B> HeadsScratch<B> {
             .iter()
             .map(|b| b.as_ref().map_or(0, |b| dev.bytes(b)))
             .sum::<usize>()
+            + self.exchange.bytes(dev)
             + self.gathered.bytes(dev)
     }
 }
@@ -236,6 +284,44 @@ mod tests {
         let mut local = [0u32; 8];
         ContextSplit { size: 2, rank: 1 }.take_local(&(0..16).collect::<Vec<u32>>(), 8, &mut local);
         assert_eq!(local, [2, 3, 4, 5, 10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn the_swap_gives_each_rank_its_heads_of_every_position_and_back() {
+        use crate::comm::threads::run_group;
+        use crate::device::cpu::CpuDevice;
+        use crate::device::Memory;
+        let (batch, seq, w) = (2, 16, 12);
+        let value = |t: usize, b: usize, col: usize| (t * 1000 + b * 100 + col) as f32;
+        for c in [1, 2, 4] {
+            let out = run_group(c, |rank, comm| {
+                let dev = CpuDevice::new(1);
+                let split = ContextSplit { size: c, rank };
+                let ls = split.local_seq(seq);
+                let rows: Vec<f32> = (0..ls * batch)
+                    .flat_map(|row| (0..w).map(move |col| (row, col)))
+                    .map(|(row, col)| value(split.position(ls, row / batch), row % batch, col))
+                    .collect();
+                let mut local = dev.alloc(rows.len());
+                dev.upload(&mut local, &rows);
+                let (mut heads, mut back) = (dev.alloc(rows.len()), dev.alloc(rows.len()));
+                let (shape, mut ex) = (SwapShape { batch, local_seq: ls, width: w }, Exchange::default());
+                to_heads(&dev, comm, &local, &mut heads, shape, &mut ex);
+                to_positions(&dev, comm, &heads, &mut back, shape, &mut ex);
+                let (mut h, mut b) = (vec![0f32; rows.len()], vec![0f32; rows.len()]);
+                dev.download(&heads, &mut h);
+                dev.download(&back, &mut b);
+                (h, b == rows)
+            });
+            let wc = w / c;
+            for (rank, (heads, round_trip)) in out.into_iter().enumerate() {
+                let expect: Vec<f32> = (0..seq * batch)
+                    .flat_map(|row| (0..wc).map(move |j| value(row / batch, row % batch, rank * wc + j)))
+                    .collect();
+                assert_eq!(heads, expect, "C {c} rank {rank}: heads of every position");
+                assert!(round_trip, "C {c} rank {rank}: back to its positions");
+            }
+        }
     }
 
     #[test]

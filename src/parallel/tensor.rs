@@ -84,6 +84,16 @@ pub fn reduce_scatter<D: Device>(dev: &D, comm: &dyn Comm, full: &D::Buf, local:
     through_host(dev, full, local, |f, l| comm.reduce_scatter(f, l));
 }
 
+/// Block `j` of `recv` becomes block `rank` of rank j's `send` (both of the group's size in equal
+/// blocks): context parallelism's swap of positions for heads.
+pub fn all_to_all<D: Device>(dev: &D, comm: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
+    if let Some(c) = dev.device_comm(comm) {
+        c.all_to_all(send, recv);
+        return;
+    }
+    through_host(dev, send, recv, |s, r| comm.all_to_all(s, r));
+}
+
 /// Runs a host collective from `src` into `dst`, which it overwrites whole: on the buffers
 /// themselves where the device keeps them in host memory, staged through the host otherwise.
 fn through_host<D: Device>(dev: &D, src: &D::Buf, dst: &mut D::Buf, collective: impl FnOnce(&[f32], &mut [f32])) {

@@ -563,14 +563,15 @@ fn cp_layer_comm_s(d: &Dims, layout: &Layout, machine: &Machine, attention: f64)
 }
 
 /// Context parallelism's all-to-all swap for one layer and micro-batch, as trident runs it: each
-/// swap an all-gather over the CP group (ranks `tp` apart) of the whole sequence's rows of this
-/// TP rank's columns, not overlapped: QKV to heads and the attention output back in forward, the
-/// output's gradient and QKV's in backward, and full recompute's forward pair again.
+/// swap one all-to-all over the CP group (ranks `tp` apart) of this rank's rows of the TP rank's
+/// columns, not overlapped: QKV to heads and the attention output back in forward; in backward
+/// the saved QKV and output and the output's gradient to heads and QKV's gradient back (twice
+/// the forward pair); and full recompute's forward pair again.
 fn cp_swap_s(d: &Dims, layout: &Layout, machine: &Machine) -> f64 {
     let group = Placement::strided(layout.cp, layout.tp, machine.gpus_per_node);
-    let swap = |width: f64| machine.collective_s(Collective::AllGather, d.b * d.s * width / d.t * 2.0 * d.scale, group);
+    let swap = |width: f64| machine.collective_s(Collective::AllToAll, d.b * d.sl * width / d.t * 2.0 * d.scale, group);
     let forward = swap(d.qkv) + swap(d.aw);
-    forward * if layout.recompute == Recompute::Full { 3.0 } else { 2.0 }
+    forward * if layout.recompute == Recompute::Full { 4.0 } else { 3.0 }
 }
 
 /// Tensor-parallel communication of one layer for one micro-batch (docs/design.md, Communication volumes): 1-D

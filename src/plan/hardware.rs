@@ -334,6 +334,8 @@ pub enum Collective {
     AllReduce,
     ReduceScatter,
     AllGather,
+    /// Every member sends each other member its own 1/n of a buffer (`bytes` is that buffer).
+    AllToAll,
 }
 
 impl Machine {
@@ -364,6 +366,7 @@ impl Machine {
         let passes = match op {
             Collective::AllReduce => 2.0,
             Collective::ReduceScatter | Collective::AllGather => 1.0,
+            Collective::AllToAll => return self.all_to_all_s(bytes, at),
         };
         let k = at.per_node as f64;
         let nodes = at.nodes() as f64;
@@ -387,6 +390,17 @@ impl Machine {
         intra + inter
     }
 
+    /// An all-to-all of `bytes` per member, as NCCL/RCCL run it (a grouped send and receive per
+    /// peer, all at once): of its buffer a member keeps 1/n, sends (k-1)/n to the other members
+    /// on its node over the node's fabric and (n-k)/n over its own NIC, both at once; one latency
+    /// per peer on each.
+    fn all_to_all_s(&self, bytes: f64, at: Placement) -> f64 {
+        let (n, k) = (at.size as f64, at.per_node as f64);
+        let intra = (k - 1.0) * (bytes / n / self.intra.bytes_per_s + self.intra.latency_s);
+        let inter = (n - k) * (bytes / n / self.inter.bytes_per_s + self.inter.latency_s);
+        intra.max(inter)
+    }
+
     /// Seconds to send `bytes` from one GPU to another, inside a node or across nodes.
     pub fn p2p_s(&self, bytes: f64, across_nodes: bool) -> f64 {
         let link = if across_nodes { self.inter } else { self.intra };
@@ -408,6 +422,24 @@ mod tests {
         assert_eq!(Placement::strided(4, 1, 8).nodes(), 1);
         // TP 16 spans two nodes.
         assert_eq!(Placement::strided(16, 1, 8), Placement { size: 16, per_node: 8 });
+    }
+
+    #[test]
+    fn an_all_to_all_moves_what_leaves_each_member() {
+        let h100 = machine("h100").unwrap();
+        let bytes = 1e9;
+        // Inside a node, 4 members: 3/4 of the buffer over NVLink, n times less than gathering
+        // every member's buffer (latencies aside).
+        let node = Placement { size: 4, per_node: 4 };
+        let a2a = h100.collective_s(Collective::AllToAll, bytes, node);
+        let expect = 0.75 * bytes / h100.intra.bytes_per_s + 3.0 * h100.intra.latency_s;
+        assert!((a2a / expect - 1.0).abs() < 1e-12, "{a2a} {expect}");
+        let gather = h100.collective_s(Collective::AllGather, 4.0 * bytes, node);
+        assert!((gather / a2a - 4.0).abs() < 0.05, "{gather} {a2a}");
+        // Across 4 nodes, one member each: all of it leaves over the NIC.
+        let across = Placement { size: 4, per_node: 1 };
+        let a2a = h100.collective_s(Collective::AllToAll, bytes, across);
+        assert!((a2a / (0.75 * bytes / h100.inter.bytes_per_s + 3.0 * h100.inter.latency_s) - 1.0).abs() < 1e-12);
     }
 
     #[test]

@@ -121,8 +121,9 @@ pub(super) fn peak_rss_bytes() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
 }
 
-/// Every group's counters, named, with its size.
+/// Every group's counters, named, with its size (a2a+p2p's two levels where they are in use).
 pub(super) fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'static str, usize, CommCounters)> {
+    let levels = groups.cp_levels[0].size() > 1;
     [
         ("tensor", &groups.tp),
         ("summa row", &groups.summa_row),
@@ -131,8 +132,15 @@ pub(super) fn group_counters<D: Device>(groups: &Groups, dev: &D) -> Vec<(&'stat
         ("data-parallel x depth", &groups.replica),
         ("pipeline", &groups.pp),
         ("embedding", &groups.embedding),
+        ("context-parallel", &groups.cp),
     ]
     .into_iter()
+    .chain(
+        levels
+            .then(|| [("context all-to-all", &groups.cp_levels[0]), ("context ring", &groups.cp_levels[1])])
+            .into_iter()
+            .flatten(),
+    )
     .map(|(name, c)| {
         let mut counted = crate::device::comm_counters(dev, &**c);
         if name == "pipeline" {
@@ -174,14 +182,15 @@ pub(super) fn log_comm(
     }
     for (name, n, k) in step.iter().filter(|(_, n, _)| *n > 1) {
         println!(
-            "   step, {name} group of {n}: {:.0} (all-reduce {}, all-gather {}, reduce-scatter {}, broadcast {}, send {} \
-             elements counted)",
+            "   step, {name} group of {n}: {:.0} (all-reduce {}, all-gather {}, reduce-scatter {}, broadcast {}, send {}, \
+             all-to-all {} elements counted)",
             k.moved(*n),
             k.all_reduce,
             k.all_gather,
             k.reduce_scatter,
             k.broadcast,
-            k.send
+            k.send,
+            k.all_to_all
         );
     }
 }

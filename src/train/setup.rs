@@ -177,6 +177,7 @@ fn attach_collectives<D: Device>(
             ("data", &*groups.replica),
             norm,
             ("context", &*groups.cp),
+            ("context all-to-all", &*groups.cp_levels[0]),
         ],
         pipeline: &*groups.pp,
         pipeline_links: (v > 1, lay.v),

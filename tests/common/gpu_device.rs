@@ -500,8 +500,7 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         // the device's collectives.
         ("CP 2, all_gather", 2, vec![&gather[..]]),
         ("CP 2, p2p", 2, vec![&["--cp-comm-type", "p2p"][..]]),
-        // The swap inside a pair (its gathers through MPI: the pair has no communicator of its
-        // own), a ring of one.
+        // The swap inside a pair (on the pair's own communicator), a ring of one.
         (
             "CP 2, a2a+p2p",
             2,
@@ -519,9 +518,14 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         };
         let (on_device, calls) = run(library);
         eprintln!("{name} on {device}: NCCL calls on all ranks {calls:?}");
-        // The ring's passes are MPI send-receives on the host; the gradients' all-reduce and the
-        // others' gathers run on the device.
-        let op = if name.ends_with("p2p") { "all_reduce" } else { "all_gather" };
+        // The ring's passes are MPI send-receives on the host; the gradients' all-reduce, the
+        // all_gather type's gathers and the swaps' all-to-alls (grouped sends and receives, one
+        // per peer) run on the device.
+        let op = match name {
+            "CP 2, p2p" => "all_reduce",
+            "CP 2, all_gather" => "all_gather",
+            _ => "send_recv",
+        };
         assert!(calls.get(op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
         let (on_host, none) = run("mpi");
         assert!(none.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {none:?}");

@@ -67,6 +67,12 @@ pub fn run(rt: &Runtime) -> Result<usize> {
         world.reduce_scatter(&contribution.iter().map(|&v| Bf16::from_f32(v)).collect::<Vec<_>>(), &mut chunk_b);
         check(&format!("bf16 reduce-scatter of {len}"), chunk_b.iter().zip(&expect).all(|(a, e)| a.to_f32() == *e))?;
 
+        // All-to-all: block j of what rank `me` receives is block `me` of rank j's `contribution`.
+        let mut swapped = vec![0f32; n * len];
+        world.all_to_all(&contribution, &mut swapped);
+        let expect: Vec<f32> = (0..n).flat_map(|r| (0..len).map(move |i| value(r, me * len + i))).collect();
+        check(&format!("f32 all-to-all of {len} per rank"), swapped == expect)?;
+
         let root = n - 1;
         let mut x = if me == root { mine.clone() } else { vec![-1.0; len] };
         world.broadcast(&mut x, root);

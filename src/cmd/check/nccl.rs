@@ -93,6 +93,7 @@ fn check_cases(ranks: usize) -> Vec<Collective> {
             cases.push(Collective::ReduceScatter { recv_count: count, dtype });
             cases.push(Collective::Broadcast { count, dtype, root: ranks - 1 });
             cases.push(Collective::RingSendRecv { count, dtype });
+            cases.push(Collective::AllToAll { count, dtype });
         }
     }
     cases.push(Collective::AllReduce { count: 4099, dtype: Dtype::F32, op: ReduceOp::Max });
@@ -228,10 +229,11 @@ mod tests {
         let cases = check_cases(4);
         for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
             assert!(cases.iter().any(|c| matches!(c, Collective::RingSendRecv { dtype: d, .. } if *d == dtype)));
+            assert!(cases.iter().any(|c| matches!(c, Collective::AllToAll { dtype: d, .. } if *d == dtype)));
             let sums = cases.iter().filter(|c| matches!(c, Collective::AllReduce { dtype: d, .. } if *d == dtype));
             assert_eq!(sums.count(), 3 + usize::from(dtype == Dtype::F32), "{dtype:?}");
         }
-        assert_eq!(cases.len(), 46);
+        assert_eq!(cases.len(), 55);
         assert!(cases.iter().all(|c| !matches!(c, Collective::Broadcast { root, .. } if *root != 3)));
     }
 }

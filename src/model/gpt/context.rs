@@ -42,7 +42,7 @@ impl<D: Device> Pass<'_, D> {
         let dropout = dropout.as_ref();
         let rows = shape.rows();
         let q = ensure(dev, &mut h.qkv, rows * shape.qkv_width(), precision);
-        to_heads(dev, swap_group, qkv, q, swap(shape, shape.qkv_width()), &mut h.gathered);
+        to_heads(dev, swap_group, qkv, q, swap(shape, shape.qkv_width()), &mut h.exchange);
         let o = ensure(dev, &mut h.out, rows * shape.width(), precision);
         debug_assert_eq!(dev.len(lse), wide.batch * wide.heads * wide.seq);
         match ring {
@@ -50,7 +50,7 @@ impl<D: Device> Pass<'_, D> {
             None => dev.attention_forward(o, lse, q, wide, dropout, None),
         }
         dev.round_to(o, precision);
-        to_positions(dev, swap_group, o, out, swap(shape, shape.width()), &mut h.gathered);
+        to_positions(dev, swap_group, o, out, swap(shape, shape.width()), &mut h.exchange);
     }
 
     /// `dqkv` (overwrite) from `dout`, as `AttentionOps::attention_backward`; `out` and `lse` are
@@ -90,17 +90,17 @@ impl<D: Device> Pass<'_, D> {
         let dropout = dropout.as_ref();
         let (rows, qw, aw) = (shape.rows(), shape.qkv_width(), shape.width());
         let q = ensure(dev, &mut h.qkv, rows * qw, precision);
-        to_heads(dev, swap_group, qkv, q, swap(shape, qw), &mut h.gathered);
+        to_heads(dev, swap_group, qkv, q, swap(shape, qw), &mut h.exchange);
         let o = ensure(dev, &mut h.out, rows * aw, precision);
-        to_heads(dev, swap_group, out, o, swap(shape, aw), &mut h.gathered);
+        to_heads(dev, swap_group, out, o, swap(shape, aw), &mut h.exchange);
         let d_o = ensure_like(dev, &mut h.dout, dout, rows * aw);
-        to_heads(dev, swap_group, dout, d_o, swap(shape, aw), &mut h.gathered);
+        to_heads(dev, swap_group, dout, d_o, swap(shape, aw), &mut h.exchange);
         let dq = ensure_like(dev, &mut h.dqkv, dqkv, rows * qw);
         match ring {
             Some(outer) => context_ring::backward(dev, outer, dq, d_o, (q, o, lse), (wide, dropout), blocks),
             None => dev.attention_backward(dq, d_o, q, o, lse, wide, dropout, None),
         }
-        to_positions(dev, swap_group, dq, dqkv, swap(shape, qw), &mut h.gathered);
+        to_positions(dev, swap_group, dq, dqkv, swap(shape, qw), &mut h.exchange);
     }
 }
 
