@@ -59,10 +59,6 @@ pub const MEGATRON_NO_EFFECT: &[FlagSpec] = &[
     switch("--no-gradient-accumulation-fusion", "no effect: a PyTorch kernel choice; trident's kernels are its own"),
     switch("--attention-softmax-in-fp32", "no effect: the softmax always runs in f32"),
     switch("--accumulate-allreduce-grads-in-fp32", "no effect: gradients are always accumulated and reduced in f32"),
-    switch(
-        "--overlap-grad-reduce",
-        "no effect: the data-parallel all-reduce always overlaps the backward (ZeRO-1's reduce-scatter does not yet)",
-    ),
     flag(
         "--distributed-backend",
         "KIND",
@@ -380,6 +376,22 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag("--decoder-last-pipeline-num-layers", "N", "layers on the last pipeline stage"),
     flag("--timing-trace", "FILE", "write a Chrome trace (Perfetto) of every rank's passes and waits"),
     switch("--use-distributed-optimizer", "shard AdamW state over data-parallel ranks (ZeRO-1)"),
+    flag(
+        "--data-parallel-sharding-strategy",
+        "KIND",
+        "no_shard (AdamW's state whole) or optim (sharded: ZeRO-1, as --use-distributed-optimizer); optim_grads and \
+         optim_grads_params are not built yet",
+    ),
+    switch(
+        "--use-megatron-fsdp",
+        "Megatron FSDP: runs with --data-parallel-sharding-strategy no_shard or optim (its default, optim_grads_params, \
+         is not built yet)",
+    ),
+    switch(
+        "--overlap-grad-reduce",
+        "under the distributed optimizer, reduce-scatter each gradient bucket during the last micro-batch's backward \
+         (the replicated all-reduce always overlaps it)",
+    ),
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
     switch(
@@ -447,15 +459,6 @@ const TRAIN_REST: &[FlagSpec] = &[
     switch(
         "--tp-comm-overlap",
         "not built yet: the sequence-parallel all-gather and reduce-scatter run beside, not inside, the linears (issue 53)",
-    ),
-    switch(
-        "--use-megatron-fsdp",
-        "not built yet: data parallelism is replicated or ZeRO-1 (--use-distributed-optimizer); Megatron FSDP is issue 53",
-    ),
-    flag(
-        "--data-parallel-sharding-strategy",
-        "KIND",
-        "not built yet: data parallelism is replicated or ZeRO-1 (--use-distributed-optimizer); the strategies are issue 53",
     ),
     switch(
         "--use-precision-aware-optimizer",

@@ -302,6 +302,35 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The distributed optimizer in buckets on device memory: under `--overlap-grad-reduce` each
+/// bucket's reduce-scatter is enqueued on the communicator's stream during the last backward
+/// (the fake NCCL asynchronous, as NCCL is: its worker is that stream, ordered after the compute
+/// enqueued before by an event, and compute after the step waits on it), with the same bits as
+/// reduce-scatters after backward and as the MPI path; one reduce-scatter and one all-gather of
+/// the weights per bucket and step.
+#[test]
+fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-zero-overlap");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let zero = ["--train-iters", "3", "--use-distributed-optimizer", "--ddp-bucket-size", "100000"];
+    let overlap = [&zero[..], &["--overlap-grad-reduce"]].concat();
+    let settings = [("FAKE_NCCL_ASYNC", "1")];
+    let (after, after_calls) =
+        through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), ("after backward", 2, &zero));
+    let (during, calls) = through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), ("overlapped", 2, &overlap));
+    assert_eq!(after[0], after[1], "after backward: NCCL and MPI paths differ");
+    assert_eq!(during[0], during[1], "overlapped: NCCL and MPI paths differ");
+    assert_eq!(during[0], after[0], "the overlap changed the losses");
+    assert_eq!(calls, after_calls, "the same collectives, only earlier");
+    // Two ranks, three steps: the 858,880 parameters in buckets of at least 100,000.
+    let per_step = calls.get("reduce_scatter f32 sum").copied().unwrap_or(0) / (2 * 3);
+    assert!((3..=9).contains(&per_step), "{per_step} reduce-scatters per step: {calls:?}");
+    assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter f32 sum"), "{calls:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Pipeline p2p through NCCL on device memory, for every schedule, against the same runs with
 /// pipeline messages through MPI on host memory. The fake NCCL runs asynchronously here, as the
 /// real one does (each communicator's operations finish later on its own "stream"; the emulated

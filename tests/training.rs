@@ -137,7 +137,6 @@ fn megatron_script_flags_run_unchanged() {
         &["--no-masked-softmax-fusion"],
         &["--no-gradient-accumulation-fusion"],
         &["--accumulate-allreduce-grads-in-fp32"],
-        &["--overlap-grad-reduce"],
         &["--distributed-backend", "nccl"],
         &["--num-workers", "2"],
         &["--ckpt-format", "torch"],
@@ -186,7 +185,7 @@ fn megatron_script_flags_run_unchanged() {
     let megatron_json = json("megatron");
     // Flags that work as in Megatron and ask for what trident does anyway.
     args.extend(["--calculate-per-token-loss", "--context-parallel-size", "1", "--data-impl", "mmap"]);
-    args.extend(["--vocab-extra-ids", "0"]);
+    args.extend(["--vocab-extra-ids", "0", "--overlap-grad-reduce", "--data-parallel-sharding-strategy", "no_shard"]);
     args.extend(["--dataloader-type", "single", "--log-json", megatron_json.to_str().unwrap()]);
     let o = train(&data, "3", &args);
     let out = stdout(&o);

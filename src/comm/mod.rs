@@ -245,6 +245,9 @@ pub trait Comm {
     fn counters(&self) -> CommCounters;
     /// Starts a sum all-reduce that completes later, so communication overlaps computation.
     fn all_reduce_start(&self, buf: Vec<f32>) -> Box<dyn Pending>;
+    /// Starts a sum reduce-scatter of `send` (size equal blocks); `wait` returns this rank's
+    /// block of the sum. Lets the distributed optimizer's gradient buckets reduce during backward.
+    fn reduce_scatter_start(&self, send: Vec<f32>) -> Box<dyn Pending>;
     /// Starts a broadcast of root's `buf` (every rank passes a buffer of the same length); `wait`
     /// returns it filled. Lets broadcast-SUMMA fetch the next step's blocks during this one's GEMM.
     fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending>;
@@ -344,6 +347,9 @@ impl Comm for SelfComm {
     fn broadcast_bytes(&self, _buf: &mut [u8], _dtype: Dtype, _root: usize) {}
     fn reduce_bytes(&self, send: &[u8], recv: &mut [u8], _dtype: Dtype, _root: usize) {
         recv.copy_from_slice(send);
+    }
+    fn reduce_scatter_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
+        Box::new(Ready(send))
     }
     fn broadcast_start(&self, buf: Vec<f32>, _root: usize) -> Box<dyn Pending> {
         Box::new(Ready(buf))

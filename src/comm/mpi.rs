@@ -454,6 +454,22 @@ impl Comm for MpiComm {
         }
     }
 
+    /// Starts a sum reduce-scatter of `send` that completes in `PendingAllReduce::wait` (which
+    /// returns this rank's block), so the distributed optimizer's buckets reduce during backward.
+    fn reduce_scatter_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
+        assert_eq!(send.len() % self.size, 0, "reduce_scatter_start: size equal blocks");
+        self.count_sent(|c| c.reduce_scatter += send.len() as u64);
+        let recv = vec![0f32; send.len() / self.size];
+        let n = count(recv.len() * 4, Dtype::F32);
+        let (dt, op, comm) = (datatype(Dtype::F32), operation(Dtype::F32, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(send, recv, |s, r, req| {
+                ffi::MPI_Ireduce_scatter_block(s, r, n, dt, op, comm, req);
+            })
+        }
+    }
+
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
         self.count_sent(|c| c.send += buf.len() as u64);
         let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());

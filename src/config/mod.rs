@@ -5,6 +5,7 @@ mod data;
 mod from_checkpoint;
 mod presets;
 mod schedule;
+mod sharding;
 
 use data::data_source;
 use from_checkpoint::{checkpoint_args, preset_for};
@@ -133,6 +134,8 @@ pub struct TrainConfig {
     /// `--mock-data`); rank 0 prints them after the no-effect flags.
     pub notes: Vec<String>,
     pub use_distributed_optimizer: bool,
+    /// `--overlap-grad-reduce`: the distributed optimizer's reduce-scatters start during backward.
+    pub overlap_grad_reduce: bool,
     pub log_memory: bool,
     /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
     pub log_params_norm: bool,
@@ -323,7 +326,8 @@ impl TrainConfig {
             },
             precision: precision(args),
             loss_scaler: loss_scaler(args)?,
-            use_distributed_optimizer: args.has("--use-distributed-optimizer"),
+            use_distributed_optimizer: sharding::distributed_optimizer(args)?,
+            overlap_grad_reduce: args.has("--overlap-grad-reduce"),
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
             log_params_norm: args.has("--log-params-norm"),

@@ -28,6 +28,8 @@ pub trait DeviceComm<B> {
     fn all_gather(&self, local: &B, full: &mut B);
     /// `local` becomes the sum over ranks of this rank's block of `full`.
     fn reduce_scatter(&self, full: &B, local: &mut B);
+    /// Starts `reduce_scatter`; the caller leaves both buffers alone until `wait`.
+    fn reduce_scatter_start(&self, full: &B, local: &mut B);
     /// Block `j` of `recv` becomes block `rank` of rank j's `send` (both of `size` equal blocks).
     fn all_to_all(&self, send: &B, recv: &mut B);
     /// Elements counted so far, as the MPI Comm counts them (for `--log-comm`).

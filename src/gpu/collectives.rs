@@ -596,6 +596,15 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.count(|k| k.reduce_scatter += full.len() as u64);
         self.ordered(|c| c.reduce_scatter(send, recv, n, t));
     }
+    fn reduce_scatter_start(&self, full: &GpuBuf, local: &mut GpuBuf) {
+        let (send, recv, n, t) = (full.ptr(), local.ptr(), local.len(), full.dtype_with(local));
+        assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
+        self.count(|k| k.reduce_scatter += full.len() as u64);
+        self.run(|c| {
+            c.after_compute(None)?;
+            c.reduce_scatter(send, recv, n, t)
+        });
+    }
     fn all_to_all(&self, send: &GpuBuf, recv: &mut GpuBuf) {
         let (s, r, n, t) = (send.ptr(), recv.ptr(), send.len(), send.dtype_with(recv));
         let size = self.comm.lock().map_or(1, |c| c.size());

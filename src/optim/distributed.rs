@@ -1,16 +1,19 @@
-//! The distributed optimizer (ZeRO-1, `--use-distributed-optimizer`): a chunk's parameters are
-//! seen as one flat vector, padded to a multiple of the data-parallel size and cut into equal
-//! contiguous shards; each data-parallel rank keeps the AdamW state of its shard only. Gradients
-//! are reduce-scattered (each rank receives the sum of its shard), the rank updates its shard, and
-//! the updated shards are all-gathered back into every rank's parameters. Where the device has a
-//! communicator for the group (`CollectiveOps::device_comm`), both collectives run on device memory
-//! (the flat vector is packed with device-to-device copies into buffers kept from one step to
-//! the next) and the shard's summed gradients stay there: the norm's squares are summed on the
-//! device too (`ShardGrads::OnDevice`). Otherwise the shard comes to the host and the norm is
-//! summed there.
+//! The distributed optimizer (ZeRO-1, `--use-distributed-optimizer`), sharded bucket by bucket as
+//! Megatron's is: each data-parallel gradient bucket (a range of parameters) is seen as one flat
+//! vector, padded to a multiple of the data-parallel size and cut into equal blocks; rank r keeps
+//! the AdamW state of block r of every bucket, its shard. Gradients are reduce-scattered bucket by
+//! bucket (each rank receives the sum of its blocks), under `--overlap-grad-reduce` each as soon
+//! as backward's last micro-batch has finished it (`mark_final`), else after backward; the rank
+//! updates its shard, and the updated blocks are all-gathered back into every rank's parameters.
+//! Where the device has a communicator for the group (`CollectiveOps::device_comm`), both
+//! collectives run on device memory (each bucket packed with device-to-device copies into buffers
+//! kept from one step to the next) and the shard's summed gradients stay there: the norm's
+//! squares are summed on the device too (`ShardGrads::OnDevice`). Otherwise the shard comes to the
+//! host and the norm is summed there. The reduce-scatters are the same calls with or without the
+//! overlap (only their start moves), so both give the same bits.
 
 use super::AdamWConfig;
-use crate::comm::Comm;
+use crate::comm::{Comm, Pending};
 use crate::device::{AdamWTensor, Device};
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
@@ -30,6 +33,28 @@ struct Segment<B> {
     grad: B,
 }
 
+/// One gradient bucket (the data-parallel buckets' ranges of parameters): its elements padded to
+/// a multiple of the data-parallel size and cut into equal blocks, block r this rank's when r is
+/// its rank, and its reduce-scatter in flight.
+struct Bucket<B> {
+    params: Range<usize>,
+    padded: usize,
+    /// The data-parallel size: `padded / ranks` elements per block.
+    ranks: usize,
+    /// Where this rank's block starts in its shard.
+    shard_at: usize,
+    /// Whether its reduce-scatter may start during backward (`mark_final`): no parameter in it
+    /// needs a sum over another group first.
+    early: bool,
+    /// The host path's reduce-scatter in flight.
+    pending: Option<Box<dyn Pending>>,
+    /// The device path's buffers, made at the first step and kept: the packed bucket and this
+    /// rank's block; and whether its reduce-scatter was started this step.
+    flat: Option<B>,
+    block: Option<B>,
+    started: bool,
+}
+
 /// Where a step's summed gradients of this rank's shard are after `reduce_scatter_grads`.
 pub enum ShardGrads {
     /// On the host (the collectives went through MPI), in shard order.
@@ -41,55 +66,58 @@ pub enum ShardGrads {
 pub struct DistributedAdamW<D: Device> {
     pub config: AdamWConfig,
     pub step: u64,
-    /// This rank's shard of the flat (padded) parameter vector.
-    shard: Range<usize>,
-    padded_len: usize,
+    shard_len: usize,
     segments: Vec<Segment<D::Buf>>,
-    /// The device collectives' buffers, made at the first step and kept: the flat vector (the
-    /// gradients reduce-scattered from it, the parameters all-gathered into it) and the shard.
-    flat: Option<D::Buf>,
-    shard_buf: Option<D::Buf>,
+    buckets: Vec<Bucket<D::Buf>>,
+    final_params: Vec<bool>,
 }
 
 impl<D: Device> DistributedAdamW<D> {
+    /// The optimizer of `params` sharded over `dp_size` ranks bucket by bucket (`buckets`: ranges
+    /// of parameters covering them all, in any order); `early(i)` says whether parameter `i`'s
+    /// gradient is final when backward leaves it (no sum over another group to wait for).
     pub fn new(
         dev: &D,
         params: &ParamSet<D>,
         config: AdamWConfig,
-        dp_rank: usize,
-        dp_size: usize,
+        (dp_rank, dp_size): (usize, usize),
+        buckets: &[Range<usize>],
+        early: impl Fn(usize) -> bool,
     ) -> DistributedAdamW<D> {
-        let total: usize = params.info.iter().map(|p| p.numel()).sum();
-        let shard_len = total.div_ceil(dp_size);
-        let shard = dp_rank * shard_len..(dp_rank + 1) * shard_len;
-        let mut segments = Vec::new();
-        let mut start = 0;
-        for (i, p) in params.info.iter().enumerate() {
-            let end = start + p.numel();
-            let (lo, hi) = (start.max(shard.start), end.min(shard.end));
-            if lo < hi {
-                let n = hi - lo;
-                segments.push(Segment {
-                    param: i,
-                    range: lo - start..hi - start,
-                    offset: lo - shard.start,
-                    m: dev.alloc(n),
-                    v: dev.alloc(n),
-                    value: dev.alloc(n),
-                    grad: dev.alloc(n),
-                });
+        let mut ranges = buckets.to_vec();
+        ranges.sort_by_key(|r| r.start);
+        let (mut segments, mut made, mut shard_len) = (Vec::new(), Vec::new(), 0);
+        for params_of in ranges {
+            let total: usize = params_of.clone().map(|i| params.info[i].numel()).sum();
+            let block = total.div_ceil(dp_size);
+            let mine = dp_rank * block..(dp_rank + 1) * block;
+            let mut start = 0;
+            for i in params_of.clone() {
+                let end = start + params.info[i].numel();
+                let (lo, hi) = (start.max(mine.start), end.min(mine.end));
+                if lo < hi {
+                    let n = hi - lo;
+                    let [m, v, value, grad] = [(); 4].map(|_| dev.alloc(n));
+                    let (range, offset) = (lo - start..hi - start, shard_len + lo - mine.start);
+                    segments.push(Segment { param: i, range, offset, m, v, value, grad });
+                }
+                start = end;
             }
-            start = end;
+            made.push(Bucket {
+                early: params_of.clone().all(&early),
+                params: params_of,
+                padded: block * dp_size,
+                ranks: dp_size,
+                shard_at: shard_len,
+                pending: None,
+                flat: None,
+                block: None,
+                started: false,
+            });
+            shard_len += block;
         }
-        DistributedAdamW {
-            config,
-            step: 0,
-            shard,
-            padded_len: shard_len * dp_size,
-            segments,
-            flat: None,
-            shard_buf: None,
-        }
+        let final_params = vec![false; params.info.len()];
+        DistributedAdamW { config, step: 0, shard_len, segments, buckets: made, final_params }
     }
 
     /// Bytes of optimizer state (both moments) this rank holds.
@@ -97,28 +125,48 @@ impl<D: Device> DistributedAdamW<D> {
         self.segments.iter().map(|s| 4 * (dev.len(&s.m) + dev.len(&s.v))).sum()
     }
 
-    /// Sums the gradients over the data-parallel group, keeping only this rank's shard: on the
-    /// device into the segments' gradient buffers where the device has a communicator for the
-    /// group, else on the host.
-    pub fn reduce_scatter_grads(&mut self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> ShardGrads {
-        if let Some(c) = dev.device_comm(dp) {
-            let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded_len));
-            let mut offset = 0;
-            for (i, p) in params.info.iter().enumerate() {
-                dev.copy(flat, offset, &params.grads[i], 0, p.numel());
-                offset += p.numel();
+    /// Records that the gradients of `params` are final for this step (backward's last
+    /// micro-batch left them), and starts the reduce-scatter of every early bucket now complete
+    /// (`--overlap-grad-reduce`), on the device where it has a communicator for the group.
+    pub fn mark_final(&mut self, dev: &D, dp: &dyn Comm, set: &ParamSet<D>, params: Range<usize>) {
+        for i in params {
+            self.final_params[i] = true;
+        }
+        let finals = &self.final_params;
+        for b in self.buckets.iter_mut().filter(|b| b.early) {
+            if !b.started && b.params.clone().all(|i| finals[i]) {
+                b.start(dev, dp, set);
+            } else if let Some(p) = b.pending.as_mut() {
+                p.poll();
             }
-            let shard = self.shard_buf.get_or_insert_with(|| dev.alloc(self.shard.len()));
-            c.reduce_scatter(flat, shard);
-            for s in &mut self.segments {
-                dev.copy(&mut s.grad, 0, shard, s.offset, s.range.len());
+        }
+    }
+
+    /// Sums the gradients over the data-parallel group, keeping only this rank's shard: starts
+    /// every bucket `mark_final` did not, then waits for all; on the device into the segments'
+    /// gradient buffers where the device has a communicator for the group, else on the host.
+    pub fn reduce_scatter_grads(&mut self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> ShardGrads {
+        for b in self.buckets.iter_mut().filter(|b| !b.started) {
+            b.start(dev, dp, params);
+        }
+        self.final_params.fill(false);
+        if let Some(c) = dev.device_comm(dp) {
+            c.wait();
+            for b in &mut self.buckets {
+                b.started = false;
+                let block = b.block.as_ref().expect("started");
+                for s in self.segments.iter_mut().filter(|s| b.params.contains(&s.param)) {
+                    dev.copy(&mut s.grad, 0, block, s.offset - b.shard_at, s.range.len());
+                }
             }
             return ShardGrads::OnDevice;
         }
-        let mut flat = flatten(dev, params, 0..params.info.len());
-        flat.resize(self.padded_len, 0.0);
-        let mut shard = vec![0f32; self.shard.len()];
-        dp.reduce_scatter(&flat, &mut shard);
+        let mut shard = vec![0f32; self.shard_len];
+        for b in &mut self.buckets {
+            b.started = false;
+            let block = b.pending.take().expect("started").wait();
+            shard[b.shard_at..b.shard_at + block.len()].copy_from_slice(&block);
+        }
         ShardGrads::Host(shard)
     }
 
@@ -150,7 +198,8 @@ impl<D: Device> DistributedAdamW<D> {
         self.segments.iter().filter(|s| params.info[s.param].counted_in_norm(tp_rank)).map(|s| &s.grad).collect()
     }
 
-    /// Updates this rank's shard from its summed gradients and all-gathers the parameters.
+    /// Updates this rank's shard from its summed gradients and all-gathers the parameters, bucket
+    /// by bucket.
     pub fn step(
         &mut self,
         dev: &D,
@@ -166,48 +215,47 @@ impl<D: Device> DistributedAdamW<D> {
                 dev.upload(&mut s.grad, &g[s.offset..s.offset + s.range.len()]);
             }
         }
-        if let Some(c) = dev.device_comm(dp) {
-            // The shard's values come from device memory, its summed gradients are in the
-            // segments already; the updated shard goes out by one all-gather on the device, into
-            // the kept buffers (the compute that reuses them is ordered after the collectives on
-            // the device, so the host waits for nothing).
-            for s in &mut self.segments {
-                dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, s.range.len());
-            }
-            self.update_segments(dev, params, lr, grad_scale);
-            let shard = self.shard_buf.get_or_insert_with(|| dev.alloc(self.shard.len()));
-            for s in &self.segments {
-                dev.copy(shard, s.offset, &s.value, 0, s.range.len());
-            }
-            let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded_len));
-            c.all_gather(shard, flat);
-            let mut offset = 0;
-            for (i, p) in params.info.iter().enumerate() {
-                dev.copy(&mut params.values[i], 0, flat, offset, p.numel());
-                offset += p.numel();
-            }
-            return;
-        }
-        let all = 0..params.info.len();
-        let mut flat = flatten_values(dev, params);
-        flat.resize(self.padded_len, 0.0);
-        let mut updated = flat[self.shard.clone()].to_vec();
         for s in &mut self.segments {
-            dev.upload(&mut s.value, &updated[s.offset..s.offset + s.range.len()]);
+            dev.copy(&mut s.value, 0, &params.values[s.param], s.range.start, s.range.len());
         }
         self.update_segments(dev, params, lr, grad_scale);
-        for s in &self.segments {
-            dev.download(&s.value, &mut updated[s.offset..s.offset + s.range.len()]);
+        let on_device = dev.device_comm(dp);
+        for b in &mut self.buckets {
+            let (range, shard_at) = (b.params.clone(), b.shard_at);
+            let segments = self.segments.iter().filter(|s| range.contains(&s.param));
+            let gathered = match on_device {
+                // The updated block goes out by one all-gather on the device, into the kept
+                // buffers (the compute that reuses them is ordered after the collectives on the
+                // device, so the host waits for nothing).
+                Some(c) => {
+                    let (flat, block) = b.buffers(dev);
+                    for s in segments {
+                        dev.copy(block, s.offset - shard_at, &s.value, 0, s.range.len());
+                    }
+                    c.all_gather(block, flat);
+                    None
+                }
+                None => {
+                    let mut block = vec![0f32; b.padded / dp.size()];
+                    for s in segments {
+                        let at = s.offset - shard_at;
+                        dev.download(&s.value, &mut block[at..at + s.range.len()]);
+                    }
+                    let mut flat = vec![0f32; b.padded];
+                    dp.all_gather(&block, &mut flat);
+                    Some(flat)
+                }
+            };
+            let mut offset = 0;
+            for i in b.params.clone() {
+                let n = params.info[i].numel();
+                match &gathered {
+                    Some(flat) => dev.upload(&mut params.values[i], &flat[offset..offset + n]),
+                    None => dev.copy(&mut params.values[i], 0, b.flat.as_ref().expect("gathered"), offset, n),
+                }
+                offset += n;
+            }
         }
-        dp.all_gather(&updated, &mut flat);
-        let total: usize = params.info.iter().map(|p| p.numel()).sum();
-        let mut offset = 0;
-        for i in all {
-            let n = params.info[i].numel();
-            dev.upload(&mut params.values[i], &flat[offset..offset + n]);
-            offset += n;
-        }
-        debug_assert_eq!(offset, total);
     }
 
     /// One AdamW step of every segment of the shard from its staged values and gradients, as one
@@ -228,25 +276,25 @@ impl<D: Device> DistributedAdamW<D> {
     /// Both moments of every parameter, whole (gathered from every data-parallel rank), for a
     /// checkpoint that does not depend on the data-parallel size.
     pub fn gather_state(&self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        let mut moments = Vec::new();
-        for which in 0..2 {
-            let mut shard = vec![0f32; self.shard.len()];
-            for s in &self.segments {
-                let buf = if which == 0 { &s.m } else { &s.v };
-                dev.download(buf, &mut shard[s.offset..s.offset + s.range.len()]);
+        let mut moments = [vec![Vec::new(); params.info.len()], vec![Vec::new(); params.info.len()]];
+        for b in &self.buckets {
+            for (which, per_param) in moments.iter_mut().enumerate() {
+                let mut block = vec![0f32; b.padded / dp.size()];
+                for s in self.segments.iter().filter(|s| b.params.contains(&s.param)) {
+                    let at = s.offset - b.shard_at;
+                    dev.download(if which == 0 { &s.m } else { &s.v }, &mut block[at..at + s.range.len()]);
+                }
+                let mut flat = vec![0f32; b.padded];
+                dp.all_gather(&block, &mut flat);
+                let mut offset = 0;
+                for i in b.params.clone() {
+                    let n = params.info[i].numel();
+                    per_param[i] = flat[offset..offset + n].to_vec();
+                    offset += n;
+                }
             }
-            let mut flat = vec![0f32; self.padded_len];
-            dp.all_gather(&shard, &mut flat);
-            let mut per_param = Vec::new();
-            let mut offset = 0;
-            for p in &params.info {
-                per_param.push(flat[offset..offset + p.numel()].to_vec());
-                offset += p.numel();
-            }
-            moments.push(per_param);
         }
-        let v = moments.pop().expect("two moments");
-        let m = moments.pop().expect("two moments");
+        let [m, v] = moments;
         (m, v)
     }
 
@@ -259,13 +307,82 @@ impl<D: Device> DistributedAdamW<D> {
     }
 }
 
-/// The parameter values as one flat host vector.
-fn flatten_values<D: Device>(dev: &D, params: &ParamSet<D>) -> Vec<f32> {
-    let mut flat = Vec::new();
-    for (i, p) in params.info.iter().enumerate() {
-        let start = flat.len();
-        flat.resize(start + p.numel(), 0.0);
-        dev.download(&params.values[i], &mut flat[start..]);
+impl<B> Bucket<B> {
+    /// The device path's packed bucket and block buffers, made on first use (zero-filled: the
+    /// padding past the last parameter stays zero).
+    fn buffers<D: Device<Buf = B>>(&mut self, dev: &D) -> (&mut B, &mut B) {
+        let block_len = self.padded / self.ranks;
+        let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded));
+        let block = self.block.get_or_insert_with(|| dev.alloc(block_len));
+        (flat, block)
     }
-    flat
+
+    /// Starts the sum reduce-scatter of the bucket's gradients as `set` holds them now: packed on
+    /// the device and reduced by its communicator for the group, else flattened to the host and
+    /// reduced by the Comm (both complete in `reduce_scatter_grads`).
+    fn start<D: Device<Buf = B>>(&mut self, dev: &D, dp: &dyn Comm, set: &ParamSet<D>) {
+        self.started = true;
+        if let Some(c) = dev.device_comm(dp) {
+            let params = self.params.clone();
+            let (flat, block) = self.buffers(dev);
+            let mut offset = 0;
+            for i in params {
+                let n = set.info[i].numel();
+                dev.copy(flat, offset, &set.grads[i], 0, n);
+                offset += n;
+            }
+            c.reduce_scatter_start(flat, block);
+            return;
+        }
+        let mut flat = flatten(dev, set, self.params.clone());
+        flat.resize(self.padded, 0.0);
+        self.pending = Some(dp.reduce_scatter_start(flat));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::threads::run_group;
+    use crate::device::cpu::CpuDevice;
+    use crate::device::Memory;
+    use crate::tensor::{Init, ParamInfo};
+
+    /// Two ranks, four parameters in two buckets: under the overlap the bucket whose gradients
+    /// are final starts its reduce-scatter in `mark_final`, the other waits for
+    /// `reduce_scatter_grads`; the shard is block r of each padded bucket, summed.
+    #[test]
+    fn each_bucket_reduce_scatters_its_own_padded_blocks_and_early_ones_start_in_backward() {
+        let out = run_group(2, |rank, comm| {
+            let dev = CpuDevice::new(1);
+            let info: Vec<ParamInfo> = [3, 2, 4, 1]
+                .iter()
+                .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
+                .collect();
+            let mut set = ParamSet::new(&dev, info, 0);
+            for (i, g) in set.grads.iter_mut().enumerate() {
+                let n = dev.len(g);
+                dev.upload(g, &(0..n).map(|k| (10 * i + k + 100 * rank) as f32).collect::<Vec<_>>());
+            }
+            let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
+            let mut z = DistributedAdamW::new(&dev, &set, config, (rank, 2), &[2..4, 0..2], |i| i >= 2);
+            z.mark_final(&dev, comm, &set, 2..4);
+            let early = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
+            z.mark_final(&dev, comm, &set, 0..2);
+            let late = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
+            let ShardGrads::Host(shard) = z.reduce_scatter_grads(&dev, comm, &set) else { unreachable!() };
+            (early, late, shard)
+        });
+        // Buckets in parameter order: [p0 p1] of 5 elements (padded to 6), [p2 p3] of 5 (6).
+        // Summed over ranks: element k of parameter i is 2 (10 i + k) + 100.
+        let sum = |i: usize, k: usize| (2 * (10 * i + k) + 100) as f32;
+        let flat0 = [sum(0, 0), sum(0, 1), sum(0, 2), sum(1, 0), sum(1, 1), 0.0];
+        let flat1 = [sum(2, 0), sum(2, 1), sum(2, 2), sum(2, 3), sum(3, 0), 0.0];
+        for (rank, (early, late, shard)) in out.into_iter().enumerate() {
+            assert_eq!(early, [false, true], "rank {rank}: only the final early bucket started");
+            assert_eq!(late, [false, true], "rank {rank}: a bucket that is not early waits");
+            let expect: Vec<f32> = [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat();
+            assert_eq!(shard, expect, "rank {rank}");
+        }
+    }
 }

@@ -129,6 +129,11 @@ impl<B> GradBuckets<B> {
         self.buckets.len()
     }
 
+    /// Each bucket's parameters, last bucket first.
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
     }

@@ -3,13 +3,15 @@
 //! gradients finalised, the global norm, the optimizer step. AdamW keeps its full state on every
 //! data-parallel rank, or shards it over them (ZeRO-1).
 
+use crate::comm::ReduceOp;
 use crate::config::TrainConfig;
 use crate::device::{all_reduce_scalars, Device};
 use crate::model::{ChunkPlan, Gpt, ModelParallel};
 use crate::optim::distributed::{DistributedAdamW, ShardGrads};
 use crate::optim::AdamW;
-use crate::comm::ReduceOp;
-use crate::parallel::data::{global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets};
+use crate::parallel::data::{
+    global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets,
+};
 use crate::parallel::grid::Groups;
 use crate::real::Precision;
 
@@ -66,13 +68,14 @@ impl<D: Device> Chunk<D> {
         model.set_reset_attention_mask(cfg.documents.attention);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
+        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
-            let (rank, size) = (replica.rank(), replica.size());
-            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, rank, size))
+            let ranks = (replica.rank(), replica.size());
+            let early = early_reduce(cfg, &model, groups);
+            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, ranks, &buckets.ranges(), early))
         } else {
             Optimizer::Replicated(AdamW::new(dev, &model.params, cfg.adam))
         };
-        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
         Chunk { model, opt, buckets, sums_flat: [None, None] }
     }
 
@@ -140,6 +143,21 @@ impl<D: Device> Chunk<D> {
             }
         }
     }
+}
+
+/// Under the distributed optimizer with `--overlap-grad-reduce`, which parameters' gradients
+/// are final when backward leaves them, so their buckets may reduce-scatter during backward: not
+/// the tied word embedding where another copy of it is summed in first (the first and last
+/// stages' embedding group, or zb-v's two chunks on one stage), not the sequence-parallel ones
+/// under tensor parallelism (summed over the tensor-parallel group first), none under fp16
+/// (rounded to binary16 before the reduction) and none without the flag.
+fn early_reduce<D: Device>(cfg: &TrainConfig, model: &Gpt<D>, groups: &Groups) -> impl Fn(usize) -> bool {
+    let on = cfg.overlap_grad_reduce && cfg.precision != Precision::F16;
+    let copies = groups.embedding.size() > 1 || groups.grid.pipeline_v;
+    let (tied, tp) = (!model.cfg.arch.untie_embeddings && copies, groups.tp.size() > 1);
+    let info: Vec<(bool, bool)> =
+        model.params.info.iter().map(|p| (p.name == "embedding.word_embeddings.weight", p.sequence_parallel)).collect();
+    move |i| on && !(tied && info[i].0) && !(tp && info[i].1)
 }
 
 /// zb-v's V puts the word embedding (chunk 0) and the output layer's tied copy of it (chunk 1) on
@@ -220,7 +238,9 @@ pub(super) fn grad_zeros<D: Device>(
     let (local, group): (f64, &dyn crate::comm::Comm) = if !zero {
         let counted = chunks.iter().flat_map(|c| {
             let p = &c.model.params;
-            (0..p.info.len()).filter(move |&i| counts_parameters && p.info[i].counted_in_norm(tp_rank)).map(move |i| &p.grads[i])
+            (0..p.info.len())
+                .filter(move |&i| counts_parameters && p.info[i].counted_in_norm(tp_rank))
+                .map(move |i| &p.grads[i])
         });
         (counted.map(zeros_in).sum(), &*groups.mp)
     } else {

@@ -388,6 +388,7 @@ impl<D: Device> Trainer<'_, D> {
         }
         chunk::sum_tied_within_stage(&setup.dev, &mut self.chunks);
         let shards: Vec<_> = self.chunks.iter_mut().map(|c| c.finish_gradients(&setup.dev, &setup.groups)).collect();
+        self.tl.span(SpanKind::GradSync, 0, 0, t_opt);
         let (tp_rank, counts, zero) = (setup.grid.tp_rank, setup.mp.counts_parameters(), self.pipe.zero);
         let norm_sum = &mut self.norm_sum;
         grad_sum_squares(&setup.dev, &self.chunks, &shards, zero, &setup.groups, tp_rank, counts, norm_sum);

@@ -476,8 +476,8 @@ impl<D: Device> Pipeline<'_, D> {
                     peak_live = peak_live.max(chunks.iter().map(|c| c.model.in_flight()).sum::<usize>());
                 }
                 Pass::Weight { micro, chunk } => {
-                    let Chunk { model, buckets, .. } = &mut chunks[chunk];
-                    let mut ready = self.bucket_marker(buckets, micro);
+                    let Chunk { model, buckets, opt, .. } = &mut chunks[chunk];
+                    let mut ready = self.bucket_marker(buckets, opt, micro);
                     let t0 = tl.now_us();
                     model.weight_micro(self.dev, micro, &mut ready);
                     tl.span(SpanKind::Weight, micro, chunk, t0);
@@ -486,8 +486,8 @@ impl<D: Device> Pipeline<'_, D> {
                     let vs = self.virtual_stage(chunk);
                     let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
                     let mut d_in = (vs > 0).then(|| self.buffer());
-                    let Chunk { model, buckets, .. } = &mut chunks[chunk];
-                    let mut ready = self.bucket_marker(buckets, micro);
+                    let Chunk { model, buckets, opt, .. } = &mut chunks[chunk];
+                    let mut ready = self.bucket_marker(buckets, opt, micro);
                     let t0 = tl.now_us();
                     model.backward_micro(
                         self.dev,
@@ -516,18 +516,22 @@ impl<D: Device> Pipeline<'_, D> {
 
     /// What `backward_micro` and `weight_micro` tell of each range of finished gradients: in the
     /// step's last micro-batch, that they are final, so the chunk's data-parallel buckets start
-    /// reducing during backward (the distributed optimizer reduce-scatters once backward is done
-    /// instead).
+    /// reducing during backward (the distributed optimizer's reduce-scatters under
+    /// `--overlap-grad-reduce`, bucket by bucket as well).
     fn bucket_marker<'a>(
         &'a self,
         buckets: &'a mut crate::parallel::data::GradBuckets<D::Buf>,
+        opt: &'a mut super::chunk::Optimizer<D>,
         micro: usize,
     ) -> impl FnMut(&crate::tensor::ParamSet<D>, std::ops::Range<usize>) + 'a {
-        let last = micro + 1 == self.micro && self.groups.replica.size() > 1 && !self.zero;
+        let last = micro + 1 == self.micro && self.groups.replica.size() > 1;
         let (dev, dp) = (self.dev, &*self.groups.replica);
         move |set, params| {
             if last {
-                buckets.mark_final(dev, dp, set, params);
+                match opt {
+                    super::chunk::Optimizer::Distributed(z) => z.mark_final(dev, dp, set, params),
+                    super::chunk::Optimizer::Replicated(_) => buckets.mark_final(dev, dp, set, params),
+                }
             }
         }
     }

@@ -1,6 +1,8 @@
 //! The timing record of a run on this rank: trace spans of forward, backward, send, receive and
-//! optimizer work (`--timing-trace`, written as one Chrome trace of every rank), and the pipeline
-//! busy and wall time behind the measured bubble fraction.
+//! optimizer work, and on a track of its own the communication the step waits for (the gradient
+//! sync: the data-parallel buckets' wait and the other sums) (`--timing-trace`, written as one
+//! Chrome trace of every rank), and the pipeline busy and wall time behind the measured bubble
+//! fraction.
 
 use crate::error::{Error, Result};
 use crate::parallel::grid::{Grid, Groups};
@@ -26,6 +28,10 @@ pub(super) enum SpanKind {
     Optimizer,
     /// A zero-bubble schedule's W pass (its B pass is a `Backward` span).
     Weight,
+    /// The gradient sync after the pipeline's passes: waiting for the data-parallel buckets'
+    /// all-reduces (or the distributed optimizer's reduce-scatters) and the tied-embedding and
+    /// sequence-parallel sums: the step's exposed gradient communication.
+    GradSync,
 }
 
 impl SpanKind {
@@ -37,16 +43,18 @@ impl SpanKind {
             SpanKind::Recv => "recv",
             SpanKind::Optimizer => "optimizer",
             SpanKind::Weight => "weight",
+            SpanKind::GradSync => "grad-sync",
         }
     }
     fn from_code(code: f64) -> SpanKind {
-        const ALL: [SpanKind; 6] = [
+        const ALL: [SpanKind; 7] = [
             SpanKind::Forward,
             SpanKind::Backward,
             SpanKind::Send,
             SpanKind::Recv,
             SpanKind::Optimizer,
             SpanKind::Weight,
+            SpanKind::GradSync,
         ];
         ALL[code as usize]
     }
@@ -116,17 +124,24 @@ pub(super) fn write_trace(path: &Path, groups: &Groups, tl: &Timeline) -> Result
     for (rank, block) in all.chunks(longest.max(1)).enumerate().take(world.size()) {
         let g = Grid { rank, ..groups.grid };
         let (tp, dp, pp) = (rank % g.tp, (rank / g.tp) % g.dp, rank / (g.tp * g.dp));
+        // Each rank's passes on track `rank`, the communication it waited for on track
+        // `world + rank` beside it.
+        let comm_tid = world.size() + rank;
         events.push(format!(
             "{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": {rank}, \"args\": {{\"name\": \"rank {rank} (pp {pp}, tp {tp}, dp {dp})\"}}}}"
         ));
+        events.push(format!(
+            "{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": {comm_tid}, \"args\": {{\"name\": \"rank {rank} communication waited for\"}}}}"
+        ));
         for e in block[..counts[rank] as usize].chunks_exact(5) {
             let kind = SpanKind::from_code(e[0]);
-            let label = match kind {
-                SpanKind::Optimizer => "optimizer".to_string(),
-                _ => format!("{} mb{} c{}", kind.name(), e[1], e[2]),
+            let (label, tid) = match kind {
+                SpanKind::Optimizer => ("optimizer".to_string(), rank),
+                SpanKind::GradSync => ("gradient sync".to_string(), comm_tid),
+                _ => (format!("{} mb{} c{}", kind.name(), e[1], e[2]), rank),
             };
             events.push(format!(
-                "{{\"name\": \"{label}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3}, \"dur\": {:.3}, \"pid\": 0, \"tid\": {rank}}}",
+                "{{\"name\": \"{label}\", \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3}, \"dur\": {:.3}, \"pid\": 0, \"tid\": {tid}}}",
                 kind.name(),
                 e[3],
                 e[4]
