@@ -307,7 +307,8 @@ fn nccl_collectives_on_device_memory_match_mpi_and_one_rank() {
 /// (the fake NCCL asynchronous, as NCCL is: its worker is that stream, ordered after the compute
 /// enqueued before by an event, and compute after the step waits on it), with the same bits as
 /// reduce-scatters after backward and as the MPI path; one reduce-scatter and one all-gather of
-/// the weights per bucket and step.
+/// the weights per bucket and step. Under TP 2 with sequence parallelism the sequence-parallel
+/// gradients are summed over the pair on the device after the reduce-scatter.
 #[test]
 fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
     let Some(emu) = emulated() else { return };
@@ -315,19 +316,25 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
     let data = prepared_corpus(&dir);
     let nccl = fake_nccl(&dir);
     let zero = ["--train-iters", "3", "--use-distributed-optimizer", "--ddp-bucket-size", "100000"];
-    let overlap = [&zero[..], &["--overlap-grad-reduce"]].concat();
     let settings = [("FAKE_NCCL_ASYNC", "1")];
-    let (after, after_calls) =
-        through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), ("after backward", 2, &zero));
-    let (during, calls) = through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), ("overlapped", 2, &overlap));
-    assert_eq!(after[0], after[1], "after backward: NCCL and MPI paths differ");
-    assert_eq!(during[0], during[1], "overlapped: NCCL and MPI paths differ");
-    assert_eq!(during[0], after[0], "the overlap changed the losses");
-    assert_eq!(calls, after_calls, "the same collectives, only earlier");
-    // Two ranks, three steps: the 858,880 parameters in buckets of at least 100,000.
-    let per_step = calls.get("reduce_scatter f32 sum").copied().unwrap_or(0) / (2 * 3);
-    assert!((3..=9).contains(&per_step), "{per_step} reduce-scatters per step: {calls:?}");
-    assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter f32 sum"), "{calls:?}");
+    let sp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"];
+    for (name, ranks, extra) in [("DP 2", 2, &[][..]), ("TP 2 x DP 2, SP", 4, &sp[..])] {
+        let plain = [&zero[..], extra].concat();
+        let overlap = [&plain[..], &["--overlap-grad-reduce"]].concat();
+        let go = |flags: &[&str]| through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), (name, ranks, flags));
+        let ((after, after_calls), (during, calls)) = (go(&plain), go(&overlap));
+        assert_eq!(after[0], after[1], "{name}, after backward: NCCL and MPI paths differ");
+        assert_eq!(during[0], during[1], "{name}, overlapped: NCCL and MPI paths differ");
+        assert_eq!(during[0], after[0], "{name}: the overlap changed the losses");
+        assert_eq!(calls, after_calls, "{name}: the same collectives, only earlier");
+        // Three steps: each rank's parameters in buckets of at least 100,000 elements, their
+        // weights all-gathered in f32 (sequence parallelism's activations go in bf16).
+        let per_step = calls.get("all_gather f32").copied().unwrap_or(0) / (ranks * 3);
+        assert!((2..=9).contains(&per_step), "{name}: {per_step} buckets per step: {calls:?}");
+        if extra.is_empty() {
+            assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter f32 sum"), "{calls:?}");
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

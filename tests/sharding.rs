@@ -53,6 +53,27 @@ fn overlapped_bucket_reduce_scatters_give_the_plain_runs_bits() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// TP 2 x DP 2 with sequence parallelism: the sequence-parallel gradients are summed over the
+/// tensor-parallel pair on the shard after the reduce-scatter, so their buckets reduce during
+/// backward too; overlapped and not give the same bits, and plain data parallelism's losses.
+#[test]
+fn sequence_parallel_buckets_overlap_too() {
+    let dir = scratch("sharding-sp");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name);
+    let tp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"];
+    let zero = [&tp[..], &["--use-distributed-optimizer", "--ddp-bucket-size", "100000"]].concat();
+    let overlap = [&zero[..], &["--overlap-grad-reduce"]].concat();
+    run4(&data, &p("plain.jsonl"), "10", &tp);
+    run4(&data, &p("after.jsonl"), "10", &zero);
+    let out = run4(&data, &p("overlap.jsonl"), "10", &[&overlap[..], &["--log-comm"]].concat());
+    let [plain, after, overlapped] = ["plain", "after", "overlap"].map(|n| loss_values(&p(&format!("{n}.jsonl"))));
+    assert_eq!(after, overlapped, "the overlapped reduce-scatters changed the losses");
+    assert_losses_match("TP 2 x DP 2, SP, ZeRO-1 in buckets", &after, &plain);
+    assert!(out.contains("reduce-scatter"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--data-parallel-sharding-strategy` and `--use-megatron-fsdp`: `optim` is ZeRO-1 and `no_shard`
 /// the replicated optimizer; what is not built, contradictions and unknown strategies get one
 /// clear line and a non-zero exit.

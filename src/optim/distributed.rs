@@ -70,6 +70,8 @@ pub struct DistributedAdamW<D: Device> {
     segments: Vec<Segment<D::Buf>>,
     buckets: Vec<Bucket<D::Buf>>,
     final_params: Vec<bool>,
+    /// The device buffer of `sum_segments`, made on first use and kept.
+    sums_flat: Option<D::Buf>,
 }
 
 impl<D: Device> DistributedAdamW<D> {
@@ -117,7 +119,7 @@ impl<D: Device> DistributedAdamW<D> {
             shard_len += block;
         }
         let final_params = vec![false; params.info.len()];
-        DistributedAdamW { config, step: 0, shard_len, segments, buckets: made, final_params }
+        DistributedAdamW { config, step: 0, shard_len, segments, buckets: made, final_params, sums_flat: None }
     }
 
     /// Bytes of optimizer state (both moments) this rank holds.
@@ -168,6 +170,64 @@ impl<D: Device> DistributedAdamW<D> {
             shard[b.shard_at..b.shard_at + block.len()].copy_from_slice(&block);
         }
         ShardGrads::Host(shard)
+    }
+
+    /// Sums, over `group`, this shard's summed gradients of the parameters `which` selects, in
+    /// place: the tensor-parallel sum of the sequence-parallel parameters' gradients after the
+    /// data-parallel reduce-scatter (a sum over both groups in either order), which lets their
+    /// buckets reduce during backward. `group`'s ranks must hold the same layout (1-D tensor
+    /// parallelism's peers: the same parameters' shapes, so the same buckets and blocks).
+    pub fn sum_segments(
+        &mut self,
+        dev: &D,
+        group: &dyn Comm,
+        shard_grads: &mut ShardGrads,
+        which: impl Fn(usize) -> bool,
+    ) {
+        let picked: Vec<usize> = (0..self.segments.len()).filter(|&k| which(self.segments[k].param)).collect();
+        let total: usize = picked.iter().map(|&k| self.segments[k].range.len()).sum();
+        if group.size() == 1 || total == 0 {
+            return;
+        }
+        if let (ShardGrads::OnDevice, Some(c)) = (&*shard_grads, dev.device_comm(group)) {
+            let flat = self.sums_flat.get_or_insert_with(|| dev.alloc(total));
+            let mut at = 0;
+            for &k in &picked {
+                let s = &self.segments[k];
+                dev.copy(flat, at, &s.grad, 0, s.range.len());
+                at += s.range.len();
+            }
+            c.all_reduce(flat);
+            let mut at = 0;
+            for &k in &picked {
+                let s = &mut self.segments[k];
+                dev.copy(&mut s.grad, 0, flat, at, s.range.len());
+                at += s.range.len();
+            }
+            return;
+        }
+        let mut flat = vec![0f32; total];
+        let mut at = 0;
+        for &k in &picked {
+            let s = &self.segments[k];
+            let part = &mut flat[at..at + s.range.len()];
+            match &*shard_grads {
+                ShardGrads::Host(g) => part.copy_from_slice(&g[s.offset..s.offset + s.range.len()]),
+                ShardGrads::OnDevice => dev.download(&s.grad, part),
+            }
+            at += s.range.len();
+        }
+        group.all_reduce(&mut flat, crate::comm::ReduceOp::Sum);
+        let mut at = 0;
+        for &k in &picked {
+            let s = &mut self.segments[k];
+            let part = &flat[at..at + s.range.len()];
+            match shard_grads {
+                ShardGrads::Host(g) => g[s.offset..s.offset + s.range.len()].copy_from_slice(part),
+                ShardGrads::OnDevice => dev.upload(&mut s.grad, part),
+            }
+            at += s.range.len();
+        }
     }
 
     /// This shard's share of the squared gradient norm from its summed gradients on the host,

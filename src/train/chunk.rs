@@ -96,17 +96,30 @@ impl<D: Device> Chunk<D> {
 
     /// Finalises the settled gradients (`settle_gradients`): the tied-embedding and the
     /// sequence-parallel sums, then the distributed optimizer's reduce-scatter (which says where
-    /// its shard of summed gradients is; it reads the gradients after those sums).
+    /// its shard of summed gradients is; it reads the gradients after the tied sum). Under the
+    /// distributed optimizer with 1-D tensor parallelism the sequence-parallel sum runs on the
+    /// shard after the reduce-scatter (`sp_after_scatter`), so those buckets need not wait.
     pub fn finish_gradients(&mut self, dev: &D, groups: &Groups) -> Option<ShardGrads> {
         let [sequence_parallel, tied] = &mut self.sums_flat;
         // An untied output layer is a parameter of the last stage alone: no pair to sum over.
         if !self.model.cfg.arch.untie_embeddings {
             reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params, tied);
         }
-        reduce_sequence_parallel_grads(dev, &*groups.tp, &mut self.model.params, sequence_parallel);
+        let params = &mut self.model.params;
         match &mut self.opt {
-            Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, &self.model.params)),
-            Optimizer::Replicated(_) => None,
+            Optimizer::Distributed(z) if sp_after_scatter(groups) => {
+                let mut shard = z.reduce_scatter_grads(dev, &*groups.replica, params);
+                let info = &params.info;
+                z.sum_segments(dev, &*groups.tp, &mut shard, |i| info[i].sequence_parallel);
+                Some(shard)
+            }
+            opt => {
+                reduce_sequence_parallel_grads(dev, &*groups.tp, params, sequence_parallel);
+                match opt {
+                    Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, params)),
+                    Optimizer::Replicated(_) => None,
+                }
+            }
         }
     }
 
@@ -149,15 +162,24 @@ impl<D: Device> Chunk<D> {
 /// are final when backward leaves them, so their buckets may reduce-scatter during backward: not
 /// the tied word embedding where another copy of it is summed in first (the first and last
 /// stages' embedding group, or zb-v's two chunks on one stage), not the sequence-parallel ones
-/// under tensor parallelism (summed over the tensor-parallel group first), none under fp16
+/// under 2-D / 2.5-D tensor parallelism (summed over the tensor-parallel group first; under 1-D
+/// that sum follows the reduce-scatter: `sp_after_scatter`), none under fp16
 /// (rounded to binary16 before the reduction) and none without the flag.
 fn early_reduce<D: Device>(cfg: &TrainConfig, model: &Gpt<D>, groups: &Groups) -> impl Fn(usize) -> bool {
     let on = cfg.overlap_grad_reduce && cfg.precision != Precision::F16;
     let copies = groups.embedding.size() > 1 || groups.grid.pipeline_v;
     let (tied, tp) = (!model.cfg.arch.untie_embeddings && copies, groups.tp.size() > 1);
+    let sp_after = sp_after_scatter(groups);
     let info: Vec<(bool, bool)> =
         model.params.info.iter().map(|p| (p.name == "embedding.word_embeddings.weight", p.sequence_parallel)).collect();
-    move |i| on && !(tied && info[i].0) && !(tp && info[i].1)
+    move |i| on && !(tied && info[i].0) && !(tp && info[i].1 && !sp_after)
+}
+
+/// Whether the distributed optimizer sums the sequence-parallel gradients over the
+/// tensor-parallel group after its reduce-scatter, on its shard: under 1-D tensor parallelism,
+/// whose peers hold the same parameters' shapes and so the same shard layout.
+fn sp_after_scatter(groups: &Groups) -> bool {
+    groups.tp.size() > 1 && groups.grid.summa().is_none()
 }
 
 /// zb-v's V puts the word embedding (chunk 0) and the output layer's tied copy of it (chunk 1) on
