@@ -392,6 +392,11 @@ const TRAIN_REST: &[FlagSpec] = &[
         "under the distributed optimizer, reduce-scatter each gradient bucket during the last micro-batch's backward \
          (the replicated all-reduce always overlaps it)",
     ),
+    switch(
+        "--overlap-param-gather",
+        "under the distributed optimizer, each bucket's weight all-gather finishes as the next forward reaches it \
+         (over MPI; with NCCL/RCCL the gathers are ordered on their stream before the next forward)",
+    ),
     switch("--log-memory", "report bytes per rank of weights, gradients, optimizer state and activations"),
     switch("--log-comm", "report the elements each rank moves per layer and per step, by group and collective"),
     switch(
@@ -466,10 +471,6 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     flag("--fp8-format", "KIND", "not built: FP8 training (after issues 49 to 53); use --bf16"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
-    switch(
-        "--overlap-param-gather",
-        "not built yet: ZeRO-1's weight all-gather runs after the optimizer step, not behind the next forward (issue 53)",
-    ),
     switch(
         "--grad-reduce-in-bf16",
         "not built yet: gradients are summed over data-parallel ranks in f32 (bf16 buckets are issue 53)",

@@ -320,7 +320,8 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
     let sp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"];
     for (name, ranks, extra) in [("DP 2", 2, &[][..]), ("TP 2 x DP 2, SP", 4, &sp[..])] {
         let plain = [&zero[..], extra].concat();
-        let overlap = [&plain[..], &["--overlap-grad-reduce"]].concat();
+        // Through MPI, the weights' all-gathers also finish as the next forward reaches them.
+        let overlap = [&plain[..], &["--overlap-grad-reduce", "--overlap-param-gather"]].concat();
         let go = |flags: &[&str]| through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), (name, ranks, flags));
         let ((after, after_calls), (during, calls)) = (go(&plain), go(&overlap));
         assert_eq!(after[0], after[1], "{name}, after backward: NCCL and MPI paths differ");

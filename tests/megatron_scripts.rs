@@ -57,7 +57,7 @@ const GPT3: &[&str] = &[
 ];
 
 /// Flags a script gives that trident refuses, each with the issue its error must name.
-const REFUSED: &[(&str, &str)] = &[("--grad-reduce-in-bf16", "issue 53"), ("--overlap-param-gather", "issue 53")];
+const REFUSED: &[(&str, &str)] = &[("--grad-reduce-in-bf16", "issue 53")];
 
 /// `script` with its placeholders filled from `paths` and the refused flags left out.
 fn flags(script: &[&str], paths: &[(&str, String)]) -> Vec<String> {

@@ -1,7 +1,8 @@
 //! Data-parallel sharding under Open MPI's mpirun: the distributed optimizer (ZeRO-1) sharded
 //! bucket by bucket, with its reduce-scatters overlapped with backward (`--overlap-grad-reduce`)
-//! or after it; both give the same bits, plain data parallelism's losses to f32 rounding, and
-//! checkpoints that resume bit for bit.
+//! or after it, and its weight all-gathers finished as the next forward reaches each bucket
+//! (`--overlap-param-gather`) or at once; all give the same bits, plain data parallelism's
+//! losses to f32 rounding, and checkpoints that resume bit for bit.
 
 mod common;
 use common::*;
@@ -28,7 +29,7 @@ fn overlapped_bucket_reduce_scatters_give_the_plain_runs_bits() {
     run4(&data, &p("plain.jsonl"), "10", &[]);
     run4(&data, &p("after.jsonl"), "10", &zero);
     let ckpt = p("ckpt").display().to_string();
-    let overlap = [&zero[..], &["--overlap-grad-reduce"]].concat();
+    let overlap = [&zero[..], &["--overlap-grad-reduce", "--overlap-param-gather"]].concat();
     let trace = p("trace.json").display().to_string();
     let saving = [&overlap[..], &["--save", &ckpt, "--save-interval", "5", "--timing-trace", &trace]].concat();
     let out = run4(&data, &p("overlap.jsonl"), "10", &saving);
@@ -71,6 +72,35 @@ fn sequence_parallel_buckets_overlap_too() {
     assert_eq!(after, overlapped, "the overlapped reduce-scatters changed the losses");
     assert_losses_match("TP 2 x DP 2, SP, ZeRO-1 in buckets", &after, &plain);
     assert!(out.contains("reduce-scatter"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--overlap-param-gather` under bf16 (each bucket's working copy rounded as it arrives), and
+/// with `--log-params-norm` (which reads every weight right after the step): the bits of the
+/// gathers finished at once.
+#[test]
+fn weights_gathered_as_the_forward_reaches_them_give_the_same_bits() {
+    let dir = scratch("sharding-gather");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name);
+    let text = |n: &str| std::fs::read_to_string(p(n)).unwrap();
+    // Every logged field but the timings.
+    let timing = ["\"ms_per_iter\"", "\"tokens_per_s\"", "\"tflops\"", "\"mfu\""];
+    let strip = |t: String| -> Vec<String> {
+        let fields =
+            t.lines().flat_map(|l| l.trim_matches(['{', '}']).split(", ").map(str::to_string).collect::<Vec<_>>());
+        fields.filter(|f| !timing.iter().any(|k| f.starts_with(k))).collect()
+    };
+    let zero = ["--use-distributed-optimizer", "--ddp-bucket-size", "100000"];
+    for (name, extra) in [("bf16", "--bf16"), ("norm", "--log-params-norm")] {
+        let flags = [&zero[..], &[extra]].concat();
+        let (at_once, arriving) = (format!("{name}-at-once.jsonl"), format!("{name}-arriving.jsonl"));
+        run4(&data, &p(&at_once), "6", &flags);
+        run4(&data, &p(&arriving), "6", &[&flags[..], &["--overlap-param-gather"]].concat());
+        assert_eq!(logged_losses(&p(&at_once)).len(), 6);
+        assert_eq!(strip(text(&arriving)), strip(text(&at_once)), "{name}: every logged value");
+    }
+    assert!(text("norm-at-once.jsonl").contains("params_norm"), "{}", text("norm-at-once.jsonl"));
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -248,6 +248,9 @@ pub trait Comm {
     /// Starts a sum reduce-scatter of `send` (size equal blocks); `wait` returns this rank's
     /// block of the sum. Lets the distributed optimizer's gradient buckets reduce during backward.
     fn reduce_scatter_start(&self, send: Vec<f32>) -> Box<dyn Pending>;
+    /// Starts an all-gather of every rank's `send` (in rank order); `wait` returns it. Lets the
+    /// distributed optimizer's updated weights travel while the next forward starts.
+    fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending>;
     /// Starts a broadcast of root's `buf` (every rank passes a buffer of the same length); `wait`
     /// returns it filled. Lets broadcast-SUMMA fetch the next step's blocks during this one's GEMM.
     fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending>;
@@ -349,6 +352,9 @@ impl Comm for SelfComm {
         recv.copy_from_slice(send);
     }
     fn reduce_scatter_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
+        Box::new(Ready(send))
+    }
+    fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
         Box::new(Ready(send))
     }
     fn broadcast_start(&self, buf: Vec<f32>, _root: usize) -> Box<dyn Pending> {

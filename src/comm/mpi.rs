@@ -470,6 +470,21 @@ impl Comm for MpiComm {
         }
     }
 
+    /// Starts an all-gather of `send` that completes in `PendingAllReduce::wait` (which returns
+    /// every rank's `send` in rank order).
+    fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
+        self.count_sent(|c| c.all_gather += send.len() as u64);
+        let recv = vec![0f32; send.len() * self.size];
+        let n = count(send.len() * 4, Dtype::F32);
+        let (dt, comm) = (datatype(Dtype::F32), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive.
+        unsafe {
+            self.post(send, recv, |s, r, req| {
+                ffi::MPI_Iallgather(s, n, dt, r, n, dt, comm, req);
+            })
+        }
+    }
+
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
         self.count_sent(|c| c.send += buf.len() as u64);
         let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());

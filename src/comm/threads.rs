@@ -121,6 +121,11 @@ impl Comm for ThreadComm {
         self.reduce_scatter_bytes(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), Dtype::F32);
         Box::new(Ready(out))
     }
+    fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
+        let mut out = vec![0f32; send.len() * self.size];
+        self.all_gather_bytes(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), Dtype::F32);
+        Box::new(Ready(out))
+    }
     fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.broadcast_bytes(bytemuck::cast_slice_mut(&mut buf), Dtype::F32, root);
         Box::new(Ready(buf))

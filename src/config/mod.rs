@@ -136,6 +136,9 @@ pub struct TrainConfig {
     pub use_distributed_optimizer: bool,
     /// `--overlap-grad-reduce`: the distributed optimizer's reduce-scatters start during backward.
     pub overlap_grad_reduce: bool,
+    /// `--overlap-param-gather`: the distributed optimizer's weight all-gathers finish as the next
+    /// forward reaches each bucket.
+    pub overlap_param_gather: bool,
     pub log_memory: bool,
     /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
     pub log_params_norm: bool,
@@ -328,6 +331,7 @@ impl TrainConfig {
             loss_scaler: loss_scaler(args)?,
             use_distributed_optimizer: sharding::distributed_optimizer(args)?,
             overlap_grad_reduce: args.has("--overlap-grad-reduce"),
+            overlap_param_gather: args.has("--overlap-param-gather"),
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
             log_params_norm: args.has("--log-params-norm"),

@@ -15,6 +15,7 @@
 use super::AdamWConfig;
 use crate::comm::{Comm, Pending};
 use crate::device::{AdamWTensor, Device};
+use crate::parallel::arriving::Arriving;
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
 use std::ops::Range;
@@ -259,7 +260,11 @@ impl<D: Device> DistributedAdamW<D> {
     }
 
     /// Updates this rank's shard from its summed gradients and all-gathers the parameters, bucket
-    /// by bucket.
+    /// by bucket. With `gather_later` (`--overlap-param-gather`) the host path's all-gathers are
+    /// only started: the returned `Arriving` writes each bucket's weights when the next forward
+    /// first reads one of them (the device path's all-gathers are enqueued on the
+    /// communicator's stream either way, and nothing arrives later).
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
         dev: &D,
@@ -268,7 +273,9 @@ impl<D: Device> DistributedAdamW<D> {
         shard_grads: &ShardGrads,
         lr: f32,
         grad_scale: (&D::Scalars, usize),
-    ) {
+        gather_later: bool,
+    ) -> Arriving {
+        let mut arriving = Arriving::default();
         self.step += 1;
         if let ShardGrads::Host(g) = shard_grads {
             for s in &mut self.segments {
@@ -301,6 +308,10 @@ impl<D: Device> DistributedAdamW<D> {
                         let at = s.offset - shard_at;
                         dev.download(&s.value, &mut block[at..at + s.range.len()]);
                     }
+                    if gather_later {
+                        arriving.push(range, dp.all_gather_start(block));
+                        continue;
+                    }
                     let mut flat = vec![0f32; b.padded];
                     dp.all_gather(&block, &mut flat);
                     Some(flat)
@@ -316,6 +327,7 @@ impl<D: Device> DistributedAdamW<D> {
                 offset += n;
             }
         }
+        arriving
     }
 
     /// One AdamW step of every segment of the shard from its staged values and gradients, as one

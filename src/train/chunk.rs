@@ -134,13 +134,14 @@ impl<D: Device> Chunk<D> {
     /// One AdamW step at `lr`, the clip and loss scale folded into the factor at `grad_scale` (on
     /// the device), from the finalised gradients (`shard`: the ZeRO-1 shard `finish_gradients`
     /// returned); the mixed-precision working copy of the weights follows the masters (written by
-    /// the replicated AdamW in the same pass, refreshed after ZeRO-1's all-gather).
+    /// the replicated AdamW in the same pass, refreshed after ZeRO-1's all-gather, or as each
+    /// bucket arrives under `gather_later`: `--overlap-param-gather`).
     pub fn step(
         &mut self,
         dev: &D,
         groups: &Groups,
         shard: Option<&ShardGrads>,
-        lr: f32,
+        (lr, gather_later): (f32, bool),
         grad_scale: (&D::Scalars, usize),
     ) {
         match &mut self.opt {
@@ -151,8 +152,12 @@ impl<D: Device> Chunk<D> {
             }
             Optimizer::Distributed(z) => {
                 let shard = shard.expect("a ZeRO-1 chunk's gradients are reduce-scattered before its step");
-                z.step(dev, &*groups.replica, &mut self.model.params, shard, lr, grad_scale);
-                self.model.refresh_working_weights(dev);
+                let params = &mut self.model.params;
+                let arriving = z.step(dev, &*groups.replica, params, shard, lr, grad_scale, gather_later);
+                if arriving.is_empty() {
+                    self.model.refresh_working_weights(dev);
+                }
+                self.model.set_arriving(arriving);
             }
         }
     }

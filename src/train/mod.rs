@@ -419,10 +419,12 @@ impl<D: Device> Trainer<'_, D> {
             }
         } else {
             for (c, shard) in self.chunks.iter_mut().zip(&shards) {
-                c.step(&setup.dev, &setup.groups, shard.as_ref(), lr as f32, (&self.steps, 2 * slot + 1));
+                let rate = (lr as f32, cfg.overlap_param_gather);
+                c.step(&setup.dev, &setup.groups, shard.as_ref(), rate, (&self.steps, 2 * slot + 1));
             }
         }
         if let Some(acc) = self.params_sq.as_mut() {
+            self.chunks.iter_mut().for_each(|c| c.model.settle_params(&setup.dev));
             if slot == 0 {
                 setup.dev.write_scalars(acc, &vec![0.0; window_steps(cfg)]);
             }
@@ -614,6 +616,7 @@ impl<D: Device> Trainer<'_, D> {
         }
         if let Some(dir) = &cfg.save {
             if at_interval || exiting || iteration == cfg.train_iters {
+                self.chunks.iter_mut().for_each(|c| c.model.settle_params(&setup.dev));
                 save_checkpoint(dir, &setup.dev, &setup.groups, &self.chunks, cfg, self.progress, setup.say)?;
             }
         }

@@ -122,6 +122,7 @@ impl<D: Device> Gpt<D> {
         self.bound_documents(index, tokens);
         self.place_rope(dev, seq);
         if self.layout.first {
+            self.await_params(dev, self.layout.embeddings());
             self.embed(dev, tp, index, tokens, batch, seq);
         } else {
             let a = &mut self.pool[index].1;
@@ -130,8 +131,10 @@ impl<D: Device> Gpt<D> {
             dev.copy(&mut a.resid[0], 0, hidden, 0, dev.len(hidden));
         }
         for l in 0..self.layout.num_layers {
+            self.await_params(dev, self.layout.layer_params(l));
             self.forward_layer(dev, tp, index, l);
         }
+        self.settle_params(dev);
         if self.layout.last {
             self.head_forward(dev, tp, index);
         }

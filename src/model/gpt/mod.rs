@@ -149,6 +149,9 @@ pub struct Gpt<D: Device> {
     /// `--apply-layernorm-1p`: a buffer of ones per length of norm weight, added to their
     /// working copies (the scale `1 + w` the norms read); empty otherwise.
     gamma_ones: Vec<(usize, D::Buf)>,
+    /// Weights still on their way (`--overlap-param-gather`): each bucket written, with its
+    /// working copy, just before a forward first reads it (`await_params`).
+    arriving: crate::parallel::arriving::Arriving,
     /// SUMMA's panel buffers (unused under 1-D).
     scratch: Scratch<D::Buf>,
     heads: activations::ContextScratch<D::Buf>,
@@ -226,6 +229,7 @@ impl<D: Device> Gpt<D> {
             precision: Precision::F32,
             stored: false,
             working: None,
+            arriving: Default::default(),
             gamma_ones: Vec::new(),
             scratch: Scratch::default(),
             heads: activations::ContextScratch::default(),
@@ -321,11 +325,15 @@ impl<D: Device> Gpt<D> {
     /// (rounded) masters `w`, so the norms read their scale `1 + w` (after `refresh_working_weights`
     /// and after the optimizer writes the copies).
     pub fn shift_norm_weights(&mut self, dev: &D) {
+        self.shift_norm_range(dev, 0..self.params.info.len());
+    }
+
+    fn shift_norm_range(&mut self, dev: &D, range: Range<usize>) {
         let Some(working) = self.working.as_mut() else { return };
         if self.gamma_ones.is_empty() {
             return;
         }
-        for (w, info) in working.iter_mut().zip(&self.params.info) {
+        for (w, info) in working[range.clone()].iter_mut().zip(&self.params.info[range]) {
             if let (Some(w), true) = (w.as_mut(), Arch::is_norm_weight(&info.name)) {
                 let ones = &self.gamma_ones.iter().find(|(n, _)| *n == info.numel()).expect("ones of every length").1;
                 dev.add_assign(w, ones);
@@ -336,8 +344,14 @@ impl<D: Device> Gpt<D> {
     /// Rounds the master weights into the working copy (after loading a checkpoint, and after a
     /// ZeRO-1 step; the replicated AdamW writes the copy itself).
     pub fn refresh_working_weights(&mut self, dev: &D) {
+        self.refresh_working(dev, 0..self.params.info.len());
+    }
+
+    /// `refresh_working_weights` of the parameters in `range`.
+    fn refresh_working(&mut self, dev: &D, range: Range<usize>) {
         if let Some(working) = self.working.as_mut() {
-            let pairs = working.iter_mut().zip(self.params.values.iter().zip(&self.params.info));
+            let masters = self.params.values[range.clone()].iter().zip(&self.params.info[range.clone()]);
+            let pairs = working[range.clone()].iter_mut().zip(masters);
             for (w, (m, info)) in pairs.filter_map(|(w, rest)| w.as_mut().map(|w| (w, rest))) {
                 // Copy in place where the device keeps buffers in host memory; on the device otherwise.
                 match (dev.host_f32_ref(m), dev.host_f32(w)) {
@@ -347,7 +361,31 @@ impl<D: Device> Gpt<D> {
                 dev.round_to(w, self.precision);
             }
         }
-        self.shift_norm_weights(dev);
+        self.shift_norm_range(dev, range);
+    }
+
+    /// Takes the distributed optimizer's all-gathers in flight (`--overlap-param-gather`): the
+    /// weights they carry are written by `await_params` (or `settle_params`), not before.
+    pub fn set_arriving(&mut self, arriving: crate::parallel::arriving::Arriving) {
+        self.arriving = arriving;
+    }
+
+    /// Writes the weights of every bucket in flight that holds a parameter of `range` (and their
+    /// working copies), waiting for their all-gathers: before a forward reads them.
+    fn await_params(&mut self, dev: &D, range: Range<usize>) {
+        if self.arriving.is_empty() {
+            return;
+        }
+        for written in self.arriving.settle(dev, &mut self.params, range) {
+            self.refresh_working(dev, written);
+        }
+        self.arriving.poll();
+    }
+
+    /// Writes every weight still in flight: before anything but a forward reads the weights (a
+    /// checkpoint, the parameter norm).
+    pub fn settle_params(&mut self, dev: &D) {
+        self.await_params(dev, 0..self.params.info.len());
     }
 
     /// The parameters and mixed precision's working copy of them (per parameter, None where it
