@@ -393,6 +393,10 @@ const TRAIN_REST: &[FlagSpec] = &[
          (the replicated all-reduce always overlaps it)",
     ),
     switch(
+        "--grad-reduce-in-bf16",
+        "sum the data-parallel gradient buckets in bf16 (half the bytes; with --bf16); they accumulate in f32",
+    ),
+    switch(
         "--overlap-param-gather",
         "under the distributed optimizer, each bucket's weight all-gather finishes as the next forward reaches it \
          (over MPI; with NCCL/RCCL the gathers are ordered on their stream before the next forward)",
@@ -471,10 +475,6 @@ const TRAIN_REST: &[FlagSpec] = &[
     ),
     flag("--fp8-format", "KIND", "not built: FP8 training (after issues 49 to 53); use --bf16"),
     flag("--dataloader-type", "KIND", "single (Megatron's default sample order, the only one built)"),
-    switch(
-        "--grad-reduce-in-bf16",
-        "not built yet: gradients are summed over data-parallel ranks in f32 (bf16 buckets are issue 53)",
-    ),
     switch(
         "--calculate-per-token-loss",
         "the gradient of the global batch's summed loss over its counted tokens, not the mean of each \

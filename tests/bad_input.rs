@@ -183,7 +183,8 @@ fn every_unbuilt_megatron_flag_is_refused_by_name() {
         assert!(e.contains(spec.name) && e.contains(why.split(';').next().unwrap()), "{}: {e}", spec.name);
         refused += 1;
     }
-    assert!(refused >= 15, "{refused} refused flags");
+    // The features of later issues (FP8, sharded gradients and weights, TP overlap, ...).
+    assert!(refused >= 8, "{refused} refused flags");
     let no_mask = train_on(&p, &["--reset-attention-mask", "--no-create-attention-mask-in-dataloader"]);
     assert_clean_error(&no_mask, &["--reset-attention-mask", "Megatron-LM refuses the pair"]);
     // The recompute flags that are built: the values trident's full recompute is.

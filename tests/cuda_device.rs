@@ -318,7 +318,9 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
     let zero = ["--train-iters", "3", "--use-distributed-optimizer", "--ddp-bucket-size", "100000"];
     let settings = [("FAKE_NCCL_ASYNC", "1")];
     let sp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"];
-    for (name, ranks, extra) in [("DP 2", 2, &[][..]), ("TP 2 x DP 2, SP", 4, &sp[..])] {
+    // `--grad-reduce-in-bf16`: the reduce-scatters on bf16 device buffers (NCCL's bf16 sum).
+    let bf16 = ["--bf16", "--grad-reduce-in-bf16"];
+    for (name, ranks, extra) in [("DP 2", 2, &[][..]), ("TP 2 x DP 2, SP", 4, &sp[..]), ("DP 2, bf16 sums", 2, &bf16)] {
         let plain = [&zero[..], extra].concat();
         // Through MPI, the weights' all-gathers also finish as the next forward reaches them.
         let overlap = [&plain[..], &["--overlap-grad-reduce", "--overlap-param-gather"]].concat();
@@ -332,8 +334,12 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
         // weights all-gathered in f32 (sequence parallelism's activations go in bf16).
         let per_step = calls.get("all_gather f32").copied().unwrap_or(0) / (ranks * 3);
         assert!((2..=9).contains(&per_step), "{name}: {per_step} buckets per step: {calls:?}");
-        if extra.is_empty() {
-            assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter f32 sum"), "{calls:?}");
+        match name {
+            "DP 2" => assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter f32 sum"), "{calls:?}"),
+            "DP 2, bf16 sums" => {
+                assert_eq!(calls.get("all_gather f32"), calls.get("reduce_scatter bf16 sum"), "{calls:?}")
+            }
+            _ => {}
         }
     }
     let _ = std::fs::remove_dir_all(dir);

@@ -3,8 +3,8 @@
 //! (its bf16 variant, on mock data, as the script runs without a tokenizer) and
 //! `examples/gpt3/train_gpt3_175b_distributed.sh`. Each passes `--save X --load X` from an empty X,
 //! as the scripts do: the first launch starts from scratch and stops after 3 iterations, the
-//! second resumes and matches an uninterrupted run bit for bit. The flags still refused each
-//! name the open issue that builds them.
+//! second resumes and matches an uninterrupted run bit for bit. Every flag of both scripts runs,
+//! `--overlap-param-gather` and `--grad-reduce-in-bf16` included.
 
 mod common;
 #[path = "common/untrusted.rs"]
@@ -56,13 +56,10 @@ const GPT3: &[&str] = &[
     "--eval-iters", "2", "--tensorboard-dir", "TB",
 ];
 
-/// Flags a script gives that trident refuses, each with the issue its error must name.
-const REFUSED: &[(&str, &str)] = &[("--grad-reduce-in-bf16", "issue 53")];
-
-/// `script` with its placeholders filled from `paths` and the refused flags left out.
+/// `script` with its placeholders filled from `paths`.
 fn flags(script: &[&str], paths: &[(&str, String)]) -> Vec<String> {
     let fill = |w: &str| paths.iter().find(|(k, _)| *k == w).map_or(w.to_string(), |(_, v)| v.clone());
-    script.iter().filter(|w| !REFUSED.iter().any(|(f, _)| f == *w)).map(|w| fill(w)).collect()
+    script.iter().map(|w| fill(w)).collect()
 }
 
 /// Runs `args` on `ranks` ranks, asserting success; returns stdout.
@@ -75,7 +72,7 @@ fn launch(ranks: usize, args: &[String]) -> String {
 }
 
 /// The script's run twice over an empty `--save X --load X` (stopping after iteration 3, then
-/// resuming) against one uninterrupted run; then each refused flag alone.
+/// resuming) against one uninterrupted run.
 fn runs_twice_and_resumes(name: &str, script: &[&str], ranks: usize, paths: &[(&str, String)], dir: &Path) {
     let ckpt = dir.join(format!("{name}-ckpt"));
     let with = |ckpt: &Path, tb: &str| {
@@ -94,14 +91,6 @@ fn runs_twice_and_resumes(name: &str, script: &[&str], ranks: usize, paths: &[(&
     let (whole, split) = (logged_losses(&json("whole")), logged_losses(&json("split")));
     assert_eq!(whole.len(), 6, "{name}: {whole:?}");
     assert_eq!(split, whole, "{name}: the resumed run differs from the uninterrupted one");
-    for (flag, issue) in REFUSED.iter().filter(|(f, _)| script.contains(f)) {
-        let mut args = with(&dir.join(format!("{name}-refused")), "tb-refused");
-        args.push(flag.to_string());
-        let mut all = vec!["train".to_string()];
-        all.extend(args);
-        let o = mpirun_command(ranks, &[]).args(&all).output().unwrap();
-        assert_one_error(&o, &[flag, issue]);
-    }
 }
 
 #[test]

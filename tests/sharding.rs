@@ -104,6 +104,35 @@ fn weights_gathered_as_the_forward_reaches_them_give_the_same_bits() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `--grad-reduce-in-bf16`: the buckets' all-reduces (plain data parallelism) and the
+/// distributed optimizer's reduce-scatters (overlapped or not: the same bits) sum in bf16; the
+/// losses follow the f32 sums' closely but not bit for bit (the rounding happens), and the flag
+/// needs `--bf16`.
+#[test]
+fn gradients_summed_in_bf16() {
+    let dir = scratch("sharding-bf16");
+    let data = prepared_corpus(&dir);
+    let p = |name: &str| dir.join(name);
+    let bf16 = ["--bf16", "--ddp-bucket-size", "100000"];
+    let zero = ["--use-distributed-optimizer", "--grad-reduce-in-bf16"];
+    run4(&data, &p("f32-sums.jsonl"), "6", &bf16);
+    run4(&data, &p("plain.jsonl"), "6", &[&bf16[..], &["--grad-reduce-in-bf16"]].concat());
+    run4(&data, &p("zero.jsonl"), "6", &[&bf16[..], &zero[..]].concat());
+    run4(&data, &p("overlap.jsonl"), "6", &[&bf16[..], &zero[..], &["--overlap-grad-reduce"]].concat());
+    let [f32_sums, plain, zero, overlap] =
+        ["f32-sums", "plain", "zero", "overlap"].map(|n| loss_values(&p(&format!("{n}.jsonl"))));
+    assert_eq!(zero, overlap, "the overlap changed the bf16 sums");
+    assert_ne!(plain, f32_sums, "the sums were not rounded to bf16");
+    for (name, got) in [("plain", &plain), ("ZeRO-1", &zero)] {
+        for (a, b) in got.iter().zip(&f32_sums) {
+            assert!((a - b).abs() <= 2e-3 * b.abs(), "{name}: bf16 sums' loss {a} vs f32 sums' {b}");
+        }
+    }
+    let o = run(&["train", "--preset", "tiny", "--data-path", &data, "--train-iters", "1", "--grad-reduce-in-bf16"]);
+    assert_clean_error(&o, &["--grad-reduce-in-bf16", "needs --bf16"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--data-parallel-sharding-strategy` and `--use-megatron-fsdp`: `optim` is ZeRO-1 and `no_shard`
 /// the replicated optimizer; what is not built, contradictions and unknown strategies get one
 /// clear line and a non-zero exit.

@@ -207,6 +207,37 @@ pub trait Pending {
     fn wait(self: Box<Self>) -> Vec<f32>;
 }
 
+/// `values` rounded to bf16, packed two to an f32 slot (the buffer a 16-bit collective in flight
+/// keeps alive), and the inverse: the first `len` bf16 values of `packed`, widened.
+pub fn pack_bf16(values: &[f32]) -> Vec<f32> {
+    let mut packed = vec![0f32; values.len().div_ceil(2)];
+    let halves: &mut [Bf16] = bytemuck::cast_slice_mut(&mut packed);
+    for (h, &x) in halves.iter_mut().zip(values) {
+        *h = Bf16::from_f32(x);
+    }
+    packed
+}
+
+pub fn unpack_bf16(packed: &[f32], len: usize) -> Vec<f32> {
+    bytemuck::cast_slice::<f32, Bf16>(packed)[..len].iter().map(|h| h.to_f32()).collect()
+}
+
+/// A 16-bit collective in flight on packed buffers (`pack_bf16`): `wait` widens its result.
+pub struct Widened {
+    pub inner: Box<dyn Pending>,
+    pub len: usize,
+}
+
+impl Pending for Widened {
+    fn poll(&mut self) -> bool {
+        self.inner.poll()
+    }
+    fn wait(self: Box<Self>) -> Vec<f32> {
+        let len = self.len;
+        unpack_bf16(&self.inner.wait(), len)
+    }
+}
+
 /// A reduction that was complete when it started (a group of one).
 pub struct Ready(pub Vec<f32>);
 
@@ -251,6 +282,10 @@ pub trait Comm {
     /// Starts an all-gather of every rank's `send` (in rank order); `wait` returns it. Lets the
     /// distributed optimizer's updated weights travel while the next forward starts.
     fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending>;
+    /// Starts a sum of `buf` in bf16 (`--grad-reduce-in-bf16`): every value rounded to bf16 and
+    /// each partial sum rounded, half the bytes of f32; an all-reduce, or with `scatter` a
+    /// reduce-scatter (size equal blocks). `wait` returns the sum (this rank's block) as f32.
+    fn sum_start_bf16(&self, buf: Vec<f32>, scatter: bool) -> Box<dyn Pending>;
     /// Starts a broadcast of root's `buf` (every rank passes a buffer of the same length); `wait`
     /// returns it filled. Lets broadcast-SUMMA fetch the next step's blocks during this one's GEMM.
     fn broadcast_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending>;
@@ -356,6 +391,9 @@ impl Comm for SelfComm {
     }
     fn all_gather_start(&self, send: Vec<f32>) -> Box<dyn Pending> {
         Box::new(Ready(send))
+    }
+    fn sum_start_bf16(&self, buf: Vec<f32>, _scatter: bool) -> Box<dyn Pending> {
+        Box::new(Ready(buf.into_iter().map(|x| Bf16::from_f32(x).to_f32()).collect()))
     }
     fn broadcast_start(&self, buf: Vec<f32>, _root: usize) -> Box<dyn Pending> {
         Box::new(Ready(buf))

@@ -485,6 +485,31 @@ impl Comm for MpiComm {
         }
     }
 
+    /// Starts a bf16 sum (all-reduce, or with `scatter` reduce-scatter) of `buf` rounded to bf16,
+    /// on buffers packed two values to an f32 slot; `wait` widens the result.
+    fn sum_start_bf16(&self, buf: Vec<f32>, scatter: bool) -> Box<dyn Pending> {
+        let len = if scatter { buf.len() / self.size } else { buf.len() };
+        assert!(!scatter || buf.len().is_multiple_of(self.size), "sum_start_bf16: size equal blocks");
+        let sent = buf.len() as u64;
+        self.count_sent(|c| if scatter { c.reduce_scatter += sent } else { c.all_reduce += sent });
+        let (send, recv) = (super::pack_bf16(&buf), vec![0f32; len.div_ceil(2)]);
+        let (n, dt, op, comm) =
+            (len as c_int, datatype(Dtype::Bf16), operation(Dtype::Bf16, ReduceOp::Sum), self.comm.as_raw());
+        // SAFETY: one non-blocking call on the buffers `post` keeps alive (each holds at least
+        // the `n` or `n x size` bf16 values the call reads or writes).
+        let inner = unsafe {
+            self.post(send, recv, |s, r, req| match scatter {
+                true => {
+                    ffi::MPI_Ireduce_scatter_block(s, r, n, dt, op, comm, req);
+                }
+                false => {
+                    ffi::MPI_Iallreduce(s, r, n, dt, op, comm, req);
+                }
+            })
+        };
+        Box::new(super::Widened { inner, len })
+    }
+
     fn send_start(&self, buf: Vec<f32>, peer: usize, tag: u32) -> Box<dyn Pending> {
         self.count_sent(|c| c.send += buf.len() as u64);
         let (n, dt, comm) = (count(buf.len() * 4, Dtype::F32), datatype(Dtype::F32), self.comm.as_raw());

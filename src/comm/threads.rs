@@ -3,7 +3,7 @@
 //! shared slots between two barriers; reductions add the ranks' contributions in rank order, so
 //! every rank gets bit-identical results, as MPI's do.
 
-use super::{Comm, CommCounters, Dtype, Pending, Ready, ReduceOp};
+use super::{Bf16, Comm, CommCounters, Dtype, Pending, Ready, ReduceOp};
 use std::sync::{Arc, Barrier, Mutex};
 
 struct Shared {
@@ -125,6 +125,19 @@ impl Comm for ThreadComm {
         let mut out = vec![0f32; send.len() * self.size];
         self.all_gather_bytes(bytemuck::cast_slice(&send), bytemuck::cast_slice_mut(&mut out), Dtype::F32);
         Box::new(Ready(out))
+    }
+    fn sum_start_bf16(&self, buf: Vec<f32>, scatter: bool) -> Box<dyn Pending> {
+        let halves: Vec<Bf16> = buf.iter().map(|&x| Bf16::from_f32(x)).collect();
+        let mut out = vec![Bf16::default(); if scatter { buf.len() / self.size } else { buf.len() }];
+        let c: &dyn Comm = self;
+        match scatter {
+            true => c.reduce_scatter(&halves, &mut out),
+            false => {
+                out.copy_from_slice(&halves);
+                c.all_reduce(&mut out, ReduceOp::Sum);
+            }
+        }
+        Box::new(Ready(out.iter().map(|h| h.to_f32()).collect()))
     }
     fn broadcast_start(&self, mut buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
         self.broadcast_bytes(bytemuck::cast_slice_mut(&mut buf), Dtype::F32, root);

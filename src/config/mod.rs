@@ -139,6 +139,8 @@ pub struct TrainConfig {
     /// `--overlap-param-gather`: the distributed optimizer's weight all-gathers finish as the next
     /// forward reaches each bucket.
     pub overlap_param_gather: bool,
+    /// `--grad-reduce-in-bf16`: the data-parallel gradient sums in bf16.
+    pub grad_reduce_in_bf16: bool,
     pub log_memory: bool,
     /// `--log-params-norm`: the parameters' L2 norm after each step, logged as Megatron logs it.
     pub log_params_norm: bool,
@@ -332,6 +334,7 @@ impl TrainConfig {
             use_distributed_optimizer: sharding::distributed_optimizer(args)?,
             overlap_grad_reduce: args.has("--overlap-grad-reduce"),
             overlap_param_gather: args.has("--overlap-param-gather"),
+            grad_reduce_in_bf16: sharding::grad_reduce_in_bf16(args)?,
             log_memory: args.has("--log-memory"),
             log_comm: args.has("--log-comm"),
             log_params_norm: args.has("--log-params-norm"),

@@ -1,6 +1,6 @@
-//! The data-parallel sharding flags: `--use-distributed-optimizer` (ZeRO-1), and Megatron FSDP's
+//! The data-parallel flags: `--use-distributed-optimizer` (ZeRO-1), Megatron FSDP's
 //! `--data-parallel-sharding-strategy` (alone, or with `--use-megatron-fsdp`, whose default
-//! strategy is `optim_grads_params`).
+//! strategy is `optim_grads_params`), and `--grad-reduce-in-bf16`.
 
 use crate::cli::Args;
 use crate::error::{Error, Result};
@@ -35,4 +35,18 @@ pub(super) fn distributed_optimizer(args: &Args) -> Result<bool> {
         ))),
         other => Err(Error::flag(FLAG, other, "no_shard, optim, optim_grads or optim_grads_params")),
     }
+}
+
+/// `--grad-reduce-in-bf16`: the data-parallel gradient sums in bf16, with `--bf16` (Megatron's
+/// scripts pair them; on a GPU the sums run on bf16 buffers).
+pub(super) fn grad_reduce_in_bf16(args: &Args) -> Result<bool> {
+    let on = args.has("--grad-reduce-in-bf16");
+    if on && !args.has("--bf16") {
+        return Err(Error::Usage(
+            "--grad-reduce-in-bf16 sums the data-parallel gradients in bf16 and needs --bf16 (as Megatron's scripts \
+             pair them)"
+                .into(),
+        ));
+    }
+    Ok(on)
 }

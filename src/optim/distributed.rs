@@ -54,6 +54,9 @@ struct Bucket<B> {
     flat: Option<B>,
     block: Option<B>,
     started: bool,
+    /// `--grad-reduce-in-bf16`: the reduce-scatter in bf16, on the device through this pair of
+    /// bf16 buffers (the weights' all-gather keeps `flat` and `block`, f32).
+    bf16: Option<Option<(B, B)>>,
 }
 
 /// Where a step's summed gradients of this rank's shard are after `reduce_scatter_grads`.
@@ -77,14 +80,15 @@ pub struct DistributedAdamW<D: Device> {
 
 impl<D: Device> DistributedAdamW<D> {
     /// The optimizer of `params` sharded over `dp_size` ranks bucket by bucket (`buckets`: ranges
-    /// of parameters covering them all, in any order); `early(i)` says whether parameter `i`'s
+    /// of parameters covering them all, in any order; reduce-scattered in bf16 with `bf16`:
+    /// `--grad-reduce-in-bf16`); `early(i)` says whether parameter `i`'s
     /// gradient is final when backward leaves it (no sum over another group to wait for).
     pub fn new(
         dev: &D,
         params: &ParamSet<D>,
         config: AdamWConfig,
         (dp_rank, dp_size): (usize, usize),
-        buckets: &[Range<usize>],
+        (buckets, bf16): (&[Range<usize>], bool),
         early: impl Fn(usize) -> bool,
     ) -> DistributedAdamW<D> {
         let mut ranges = buckets.to_vec();
@@ -116,6 +120,7 @@ impl<D: Device> DistributedAdamW<D> {
                 flat: None,
                 block: None,
                 started: false,
+                bf16: bf16.then_some(None),
             });
             shard_len += block;
         }
@@ -157,9 +162,10 @@ impl<D: Device> DistributedAdamW<D> {
             c.wait();
             for b in &mut self.buckets {
                 b.started = false;
-                let block = b.block.as_ref().expect("started");
-                for s in self.segments.iter_mut().filter(|s| b.params.contains(&s.param)) {
-                    dev.copy(&mut s.grad, 0, block, s.offset - b.shard_at, s.range.len());
+                let (range, shard_at) = (b.params.clone(), b.shard_at);
+                let block = &*b.grad_buffers(dev).1;
+                for s in self.segments.iter_mut().filter(|s| range.contains(&s.param)) {
+                    dev.copy(&mut s.grad, 0, block, s.offset - shard_at, s.range.len());
                 }
             }
             return ShardGrads::OnDevice;
@@ -389,14 +395,27 @@ impl<B> Bucket<B> {
         (flat, block)
     }
 
+    /// The device path's buffers of the gradients' reduce-scatter: `buffers`, or under
+    /// `--grad-reduce-in-bf16` a pair in bf16 storage of their own.
+    fn grad_buffers<D: Device<Buf = B>>(&mut self, dev: &D) -> (&mut B, &mut B) {
+        let (padded, block_len) = (self.padded, self.padded / self.ranks);
+        if self.bf16.is_none() {
+            return self.buffers(dev);
+        }
+        let bf16 = |n| dev.alloc_in(n, crate::real::Precision::Bf16);
+        let pair = self.bf16.as_mut().expect("checked").get_or_insert_with(|| (bf16(padded), bf16(block_len)));
+        (&mut pair.0, &mut pair.1)
+    }
+
     /// Starts the sum reduce-scatter of the bucket's gradients as `set` holds them now: packed on
     /// the device and reduced by its communicator for the group, else flattened to the host and
-    /// reduced by the Comm (both complete in `reduce_scatter_grads`).
+    /// reduced by the Comm (both complete in `reduce_scatter_grads`); in bf16 under
+    /// `--grad-reduce-in-bf16`.
     fn start<D: Device<Buf = B>>(&mut self, dev: &D, dp: &dyn Comm, set: &ParamSet<D>) {
         self.started = true;
         if let Some(c) = dev.device_comm(dp) {
             let params = self.params.clone();
-            let (flat, block) = self.buffers(dev);
+            let (flat, block) = self.grad_buffers(dev);
             let mut offset = 0;
             for i in params {
                 let n = set.info[i].numel();
@@ -408,7 +427,10 @@ impl<B> Bucket<B> {
         }
         let mut flat = flatten(dev, set, self.params.clone());
         flat.resize(self.padded, 0.0);
-        self.pending = Some(dp.reduce_scatter_start(flat));
+        self.pending = Some(match self.bf16 {
+            Some(_) => dp.sum_start_bf16(flat, true),
+            None => dp.reduce_scatter_start(flat),
+        });
     }
 }
 
@@ -437,7 +459,7 @@ mod tests {
                 dev.upload(g, &(0..n).map(|k| (10 * i + k + 100 * rank) as f32).collect::<Vec<_>>());
             }
             let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
-            let mut z = DistributedAdamW::new(&dev, &set, config, (rank, 2), &[2..4, 0..2], |i| i >= 2);
+            let mut z = DistributedAdamW::new(&dev, &set, config, (rank, 2), (&[2..4, 0..2], false), |i| i >= 2);
             z.mark_final(&dev, comm, &set, 2..4);
             let early = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
             z.mark_final(&dev, comm, &set, 0..2);

@@ -29,12 +29,18 @@ struct Bucket<B> {
 pub struct GradBuckets<B> {
     buckets: Vec<Bucket<B>>,
     final_params: Vec<bool>,
+    /// `--grad-reduce-in-bf16`: the sums in bf16 (device buffers in bf16 storage).
+    bf16: bool,
 }
 
-/// Copies the gradients of `params` into `flat` (allocated on first use) on the device.
-fn pack<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>, flat: &mut Option<D::Buf>) {
+/// Copies the gradients of `params` into `flat` (allocated on first use, in bf16 storage with
+/// `bf16`; the copy rounds) on the device.
+fn pack<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>, flat: &mut Option<D::Buf>, bf16: bool) {
     let total: usize = params.clone().map(|i| set.info[i].numel()).sum();
-    let flat = flat.get_or_insert_with(|| dev.alloc(total));
+    let flat = flat.get_or_insert_with(|| match bf16 {
+        true => dev.alloc_in(total, crate::real::Precision::Bf16),
+        false => dev.alloc(total),
+    });
     let mut offset = 0;
     for i in params {
         let n = set.info[i].numel();
@@ -122,7 +128,12 @@ impl<B> GradBuckets<B> {
                 size = 0;
             }
         }
-        GradBuckets { buckets, final_params: vec![false; info.len()] }
+        GradBuckets { buckets, final_params: vec![false; info.len()], bf16: false }
+    }
+
+    /// The same buckets summed in bf16 (`--grad-reduce-in-bf16`) or not.
+    pub fn with_bf16(self, bf16: bool) -> GradBuckets<B> {
+        GradBuckets { bf16, ..self }
     }
 
     pub fn len(&self) -> usize {
@@ -154,12 +165,12 @@ impl<B> GradBuckets<B> {
         for bucket in &mut self.buckets {
             if let Some(c) = on_device {
                 if !bucket.started && bucket.params.clone().all(|i| self.final_params[i]) {
-                    pack(dev, set, bucket.params.clone(), &mut bucket.flat);
+                    pack(dev, set, bucket.params.clone(), &mut bucket.flat, self.bf16);
                     c.all_reduce_start(bucket.flat.as_mut().expect("packed"));
                     bucket.started = true;
                 }
             } else if bucket.pending.is_none() && bucket.params.clone().all(|i| self.final_params[i]) {
-                bucket.pending = Some(comm.all_reduce_start(flatten(dev, set, bucket.params.clone())));
+                bucket.pending = Some(sum_start(comm, flatten(dev, set, bucket.params.clone()), self.bf16));
             } else if let Some(p) = bucket.pending.as_mut() {
                 p.poll();
             }
@@ -172,7 +183,7 @@ impl<B> GradBuckets<B> {
         if let Some(c) = dev.device_comm(comm) {
             for bucket in &mut self.buckets {
                 if !bucket.started {
-                    pack(dev, set, bucket.params.clone(), &mut bucket.flat);
+                    pack(dev, set, bucket.params.clone(), &mut bucket.flat, self.bf16);
                     c.all_reduce_start(bucket.flat.as_mut().expect("packed"));
                 }
                 bucket.started = false;
@@ -187,12 +198,20 @@ impl<B> GradBuckets<B> {
         for bucket in &mut self.buckets {
             let pending = match bucket.pending.take() {
                 Some(p) => p,
-                None => comm.all_reduce_start(flatten(dev, set, bucket.params.clone())),
+                None => sum_start(comm, flatten(dev, set, bucket.params.clone()), self.bf16),
             };
             let flat = pending.wait();
             unflatten(dev, set, bucket.params.clone(), &flat);
         }
         self.final_params.fill(false);
+    }
+}
+
+/// Starts the sum all-reduce of a bucket's flattened gradients, in bf16 with `bf16`.
+fn sum_start(comm: &dyn Comm, flat: Vec<f32>, bf16: bool) -> Box<dyn Pending> {
+    match bf16 {
+        true => comm.sum_start_bf16(flat, false),
+        false => comm.all_reduce_start(flat),
     }
 }
 

@@ -68,11 +68,12 @@ impl<D: Device> Chunk<D> {
         model.set_reset_attention_mask(cfg.documents.attention);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
-        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size);
+        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size).with_bf16(cfg.grad_reduce_in_bf16);
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
             let ranks = (replica.rank(), replica.size());
             let early = early_reduce(cfg, &model, groups);
-            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, ranks, &buckets.ranges(), early))
+            let ranges = (&buckets.ranges()[..], cfg.grad_reduce_in_bf16);
+            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, ranks, ranges, early))
         } else {
             Optimizer::Replicated(AdamW::new(dev, &model.params, cfg.adam))
         };
