@@ -577,7 +577,7 @@ const PLAN_REST: &[FlagSpec] = &[
         "flash (default; fused, auto: the same) or unfused (local: Megatron 2021's, scores in memory)",
     ),
     switch("--tp-comm-overlap", "price Megatron's TP collectives overlapped with the GEMMs (trident does not yet)"),
-    switch("--overlap-grad-reduce", "price the ZeRO-1 gradient reduce-scatter behind the backward (Megatron's)"),
+    switch("--overlap-grad-reduce", "price the ZeRO-1 gradient reduce-scatter behind the backward (as trident and Megatron run it)"),
     switch("--overlap-param-gather", "price the ZeRO-1 weight all-gather behind the next forward (Megatron's)"),
     flag("--peak-tflops", "X", "dense peak of --precision, TFLOP/s (default: the GPU's)"),
     flag("--hbm-bandwidth", "GB/s", "memory bandwidth per GPU (default: the GPU's)"),

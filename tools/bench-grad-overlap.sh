@@ -21,12 +21,7 @@ ranks=${RANKS:-4}
 preset=${PRESET:-gpt2-124m}
 iters=${ITERS:-6}
 bucket=${BUCKET:-10000000}
-cores=$(nproc)
-if [ "$cores" -lt "$ranks" ] && [ "${FORCE:-0}" != 1 ]; then
-    echo "bench-grad-overlap: $ranks ranks need $ranks cores and this machine has $cores;" \
-        "RANKS=$cores measures here (FORCE=1 runs anyway, measuring the cores' sharing)" >&2
-    exit 2
-fi
+need=$ranks knob=RANKS
 . "$here/tools/mpi-bench-setup.sh"
 echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $cores cores; $ranks ranks, $preset"
 for mode in after overlap; do

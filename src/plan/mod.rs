@@ -215,8 +215,9 @@ pub fn recompute_name(r: Recompute) -> &'static str {
 /// The kernels and overlaps priced (`--attention-backend`, `--tp-comm-overlap`,
 /// `--overlap-grad-reduce`, `--overlap-param-gather`). The default is what trident runs: flash
 /// attention, no overlap beyond plain data parallelism's (its gradient all-reduce behind the
-/// last backward). The overlaps are Megatron-LM's, for planning and comparing its runs; trident
-/// does not overlap them yet, and the report says so.
+/// last backward). The overlaps are Megatron-LM's, for planning and comparing its runs: trident
+/// runs `--overlap-grad-reduce` as priced, `--overlap-param-gather` with fp32 weights, and not
+/// `--tp-comm-overlap`; the report says so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Features {
     /// Flash attention (no score matrix in memory), else Megatron 2021's unfused attention.

@@ -159,9 +159,9 @@ pub fn assumptions(req: &Request) -> Vec<String> {
             },
             match (f.overlap_grad_reduce, f.overlap_param_gather) {
                 (false, false) => "reduce-scatter + fp32 all-gather not overlapped",
-                (true, false) => "reduce-scatter behind the last backward (--overlap-grad-reduce: Megatron's, not trident's yet), fp32 all-gather not overlapped",
-                (false, true) => "reduce-scatter not overlapped, 16-bit all-gather behind the next forward (--overlap-param-gather: Megatron's, not trident's yet)",
-                (true, true) => "reduce-scatter behind the last backward and 16-bit all-gather behind the next forward (Megatron's overlaps, not trident's yet)",
+                (true, false) => "reduce-scatter behind the last backward (--overlap-grad-reduce, as trident's buckets run it), fp32 all-gather not overlapped",
+                (false, true) => "reduce-scatter not overlapped, 16-bit all-gather behind the next forward (--overlap-param-gather: Megatron's; trident's gathers fp32)",
+                (true, true) => "reduce-scatter behind the last backward and 16-bit all-gather behind the next forward (--overlap-param-gather's 16-bit gather is Megatron's; trident's gathers fp32)",
             }
         ),
     ];
