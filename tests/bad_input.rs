@@ -139,7 +139,7 @@ fn unknown_and_malformed_flags_are_named() {
     );
     assert_clean_error(&run(&["train", "--attention-dropout", "-0.1"]), &["--attention-dropout", "a probability"]);
     // Megatron flags whose meaning trident does not build are refused, not ignored.
-    assert_clean_error(&run(&["train", "--overlap-param-gather"]), &["--overlap-param-gather", "drop the flag"]);
+    assert_clean_error(&run(&["train", "--tp-comm-overlap"]), &["--tp-comm-overlap", "drop the flag"]);
     assert_clean_error(&run(&["train", "--dataloader-type", "cyclic"]), &["--dataloader-type", "cyclic", "single"]);
     assert_clean_error(
         &run(&["train", "--mock-data", "--recompute-activations", "--recompute-granularity", "full"]),
