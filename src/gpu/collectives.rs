@@ -591,10 +591,8 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.ordered(|c| c.all_gather(send, recv, n, t));
     }
     fn reduce_scatter(&self, full: &GpuBuf, local: &mut GpuBuf) {
-        let (send, recv, n, t) = (full.ptr(), local.ptr(), local.len(), full.dtype_with(local));
-        assert_eq!(full.len(), n * self.comm.lock().map_or(1, |c| c.size()), "reduce_scatter: buffer sizes");
-        self.count(|k| k.reduce_scatter += full.len() as u64);
-        self.ordered(|c| c.reduce_scatter(send, recv, n, t));
+        self.reduce_scatter_start(full, local);
+        self.wait();
     }
     fn reduce_scatter_start(&self, full: &GpuBuf, local: &mut GpuBuf) {
         let (send, recv, n, t) = (full.ptr(), local.ptr(), local.len(), full.dtype_with(local));

@@ -39,9 +39,9 @@ struct Segment<B> {
 /// its rank, and its reduce-scatter in flight.
 struct Bucket<B> {
     params: Range<usize>,
+    /// Elements of the padded bucket, and of each block (`padded` / the data-parallel size).
     padded: usize,
-    /// The data-parallel size: `padded / ranks` elements per block.
-    ranks: usize,
+    block_len: usize,
     /// Where this rank's block starts in its shard.
     shard_at: usize,
     /// Whether its reduce-scatter may start during backward (`mark_final`): no parameter in it
@@ -54,9 +54,10 @@ struct Bucket<B> {
     flat: Option<B>,
     block: Option<B>,
     started: bool,
-    /// `--grad-reduce-in-bf16`: the reduce-scatter in bf16, on the device through this pair of
-    /// bf16 buffers (the weights' all-gather keeps `flat` and `block`, f32).
-    bf16: Option<Option<(B, B)>>,
+    /// `--grad-reduce-in-bf16`: the reduce-scatter in bf16, on the device through a pair of bf16
+    /// buffers of its own, made on first use (the weights' all-gather keeps `flat` and `block`).
+    bf16: bool,
+    bf16_buffers: Option<(B, B)>,
 }
 
 /// Where a step's summed gradients of this rank's shard are after `reduce_scatter_grads`.
@@ -114,13 +115,14 @@ impl<D: Device> DistributedAdamW<D> {
                 early: params_of.clone().all(&early),
                 params: params_of,
                 padded: block * dp_size,
-                ranks: dp_size,
+                block_len: block,
                 shard_at: shard_len,
                 pending: None,
                 flat: None,
                 block: None,
                 started: false,
-                bf16: bf16.then_some(None),
+                bf16,
+                bf16_buffers: None,
             });
             shard_len += block;
         }
@@ -191,49 +193,48 @@ impl<D: Device> DistributedAdamW<D> {
         shard_grads: &mut ShardGrads,
         which: impl Fn(usize) -> bool,
     ) {
-        let picked: Vec<usize> = (0..self.segments.len()).filter(|&k| which(self.segments[k].param)).collect();
-        let total: usize = picked.iter().map(|&k| self.segments[k].range.len()).sum();
+        // The picked segments and where each sits in the packed buffer of their sum.
+        let mut total = 0;
+        let picked: Vec<(usize, usize)> = (0..self.segments.len())
+            .filter(|&k| which(self.segments[k].param))
+            .map(|k| {
+                total += self.segments[k].range.len();
+                (k, total - self.segments[k].range.len())
+            })
+            .collect();
         if group.size() == 1 || total == 0 {
             return;
         }
         if let (ShardGrads::OnDevice, Some(c)) = (&*shard_grads, dev.device_comm(group)) {
             let flat = self.sums_flat.get_or_insert_with(|| dev.alloc(total));
-            let mut at = 0;
-            for &k in &picked {
+            for &(k, at) in &picked {
                 let s = &self.segments[k];
                 dev.copy(flat, at, &s.grad, 0, s.range.len());
-                at += s.range.len();
             }
             c.all_reduce(flat);
-            let mut at = 0;
-            for &k in &picked {
+            for &(k, at) in &picked {
                 let s = &mut self.segments[k];
                 dev.copy(&mut s.grad, 0, flat, at, s.range.len());
-                at += s.range.len();
             }
             return;
         }
         let mut flat = vec![0f32; total];
-        let mut at = 0;
-        for &k in &picked {
+        for &(k, at) in &picked {
             let s = &self.segments[k];
             let part = &mut flat[at..at + s.range.len()];
             match &*shard_grads {
                 ShardGrads::Host(g) => part.copy_from_slice(&g[s.offset..s.offset + s.range.len()]),
                 ShardGrads::OnDevice => dev.download(&s.grad, part),
             }
-            at += s.range.len();
         }
         group.all_reduce(&mut flat, crate::comm::ReduceOp::Sum);
-        let mut at = 0;
-        for &k in &picked {
+        for &(k, at) in &picked {
             let s = &mut self.segments[k];
             let part = &flat[at..at + s.range.len()];
             match shard_grads {
                 ShardGrads::Host(g) => g[s.offset..s.offset + s.range.len()].copy_from_slice(part),
                 ShardGrads::OnDevice => dev.upload(&mut s.grad, part),
             }
-            at += s.range.len();
         }
     }
 
@@ -266,10 +267,10 @@ impl<D: Device> DistributedAdamW<D> {
     }
 
     /// Updates this rank's shard from its summed gradients and all-gathers the parameters, bucket
-    /// by bucket. With `gather_later` (`--overlap-param-gather`) the host path's all-gathers are
-    /// only started: the returned `Arriving` writes each bucket's weights when the next forward
-    /// first reads one of them (the device path's all-gathers are enqueued on the
-    /// communicator's stream either way, and nothing arrives later).
+    /// by bucket. The host path's all-gathers are started and, without `gather_later`, finished
+    /// here; with it (`--overlap-param-gather`) the returned `Arriving` writes each bucket's
+    /// weights when the next forward first reads one of them (the device path's all-gathers are
+    /// enqueued on the communicator's stream either way, and nothing arrives later).
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
@@ -296,42 +297,32 @@ impl<D: Device> DistributedAdamW<D> {
         for b in &mut self.buckets {
             let (range, shard_at) = (b.params.clone(), b.shard_at);
             let segments = self.segments.iter().filter(|s| range.contains(&s.param));
-            let gathered = match on_device {
-                // The updated block goes out by one all-gather on the device, into the kept
-                // buffers (the compute that reuses them is ordered after the collectives on the
-                // device, so the host waits for nothing).
-                Some(c) => {
-                    let (flat, block) = b.buffers(dev);
-                    for s in segments {
-                        dev.copy(block, s.offset - shard_at, &s.value, 0, s.range.len());
-                    }
-                    c.all_gather(block, flat);
-                    None
+            let Some(c) = on_device else {
+                let mut block = vec![0f32; b.block_len];
+                for s in segments {
+                    let at = s.offset - shard_at;
+                    dev.download(&s.value, &mut block[at..at + s.range.len()]);
                 }
-                None => {
-                    let mut block = vec![0f32; b.padded / dp.size()];
-                    for s in segments {
-                        let at = s.offset - shard_at;
-                        dev.download(&s.value, &mut block[at..at + s.range.len()]);
-                    }
-                    if gather_later {
-                        arriving.push(range, dp.all_gather_start(block));
-                        continue;
-                    }
-                    let mut flat = vec![0f32; b.padded];
-                    dp.all_gather(&block, &mut flat);
-                    Some(flat)
-                }
+                arriving.push(range, dp.all_gather_start(block));
+                continue;
             };
+            // The updated block goes out by one all-gather on the device, into the kept buffers
+            // (the compute that reuses them is ordered after the collectives on the device, so
+            // the host waits for nothing).
+            let (flat, block) = b.buffers(dev);
+            for s in segments {
+                dev.copy(block, s.offset - shard_at, &s.value, 0, s.range.len());
+            }
+            c.all_gather(block, flat);
             let mut offset = 0;
-            for i in b.params.clone() {
+            for i in range {
                 let n = params.info[i].numel();
-                match &gathered {
-                    Some(flat) => dev.upload(&mut params.values[i], &flat[offset..offset + n]),
-                    None => dev.copy(&mut params.values[i], 0, b.flat.as_ref().expect("gathered"), offset, n),
-                }
+                dev.copy(&mut params.values[i], 0, flat, offset, n);
                 offset += n;
             }
+        }
+        if !gather_later {
+            arriving.settle_all(dev, params);
         }
         arriving
     }
@@ -357,7 +348,7 @@ impl<D: Device> DistributedAdamW<D> {
         let mut moments = [vec![Vec::new(); params.info.len()], vec![Vec::new(); params.info.len()]];
         for b in &self.buckets {
             for (which, per_param) in moments.iter_mut().enumerate() {
-                let mut block = vec![0f32; b.padded / dp.size()];
+                let mut block = vec![0f32; b.block_len];
                 for s in self.segments.iter().filter(|s| b.params.contains(&s.param)) {
                     let at = s.offset - b.shard_at;
                     dev.download(if which == 0 { &s.m } else { &s.v }, &mut block[at..at + s.range.len()]);
@@ -389,7 +380,7 @@ impl<B> Bucket<B> {
     /// The device path's packed bucket and block buffers, made on first use (zero-filled: the
     /// padding past the last parameter stays zero).
     fn buffers<D: Device<Buf = B>>(&mut self, dev: &D) -> (&mut B, &mut B) {
-        let block_len = self.padded / self.ranks;
+        let block_len = self.block_len;
         let flat = self.flat.get_or_insert_with(|| dev.alloc(self.padded));
         let block = self.block.get_or_insert_with(|| dev.alloc(block_len));
         (flat, block)
@@ -398,13 +389,13 @@ impl<B> Bucket<B> {
     /// The device path's buffers of the gradients' reduce-scatter: `buffers`, or under
     /// `--grad-reduce-in-bf16` a pair in bf16 storage of their own.
     fn grad_buffers<D: Device<Buf = B>>(&mut self, dev: &D) -> (&mut B, &mut B) {
-        let (padded, block_len) = (self.padded, self.padded / self.ranks);
-        if self.bf16.is_none() {
+        if !self.bf16 {
             return self.buffers(dev);
         }
+        let (padded, block_len) = (self.padded, self.block_len);
         let bf16 = |n| dev.alloc_in(n, crate::real::Precision::Bf16);
-        let pair = self.bf16.as_mut().expect("checked").get_or_insert_with(|| (bf16(padded), bf16(block_len)));
-        (&mut pair.0, &mut pair.1)
+        let (flat, block) = self.bf16_buffers.get_or_insert_with(|| (bf16(padded), bf16(block_len)));
+        (flat, block)
     }
 
     /// Starts the sum reduce-scatter of the bucket's gradients as `set` holds them now: packed on
@@ -428,8 +419,8 @@ impl<B> Bucket<B> {
         let mut flat = flatten(dev, set, self.params.clone());
         flat.resize(self.padded, 0.0);
         self.pending = Some(match self.bf16 {
-            Some(_) => dp.sum_start_bf16(flat, true),
-            None => dp.reduce_scatter_start(flat),
+            true => dp.sum_start_bf16(flat, true),
+            false => dp.reduce_scatter_start(flat),
         });
     }
 }

@@ -1,7 +1,7 @@
 //! Parameters whose values are still on their way: the distributed optimizer's all-gathers of
-//! its updated weights, started after its step under `--overlap-param-gather` (through the MPI
-//! Comm), each finished just before the next forward reads one of its bucket's parameters, or
-//! before anything else reads them (`settle_all`).
+//! its updated weights through the MPI Comm, started in its step and finished there
+//! (`settle_all`) or, under `--overlap-param-gather`, each just before the next forward reads one
+//! of its bucket's parameters, or before anything else reads them.
 
 use crate::comm::Pending;
 use crate::device::Device;

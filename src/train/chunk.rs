@@ -107,21 +107,17 @@ impl<D: Device> Chunk<D> {
             reduce_tied_embedding(dev, &*groups.embedding, &mut self.model.params, tied);
         }
         let params = &mut self.model.params;
-        match &mut self.opt {
-            Optimizer::Distributed(z) if sp_after_scatter(groups) => {
-                let mut shard = z.reduce_scatter_grads(dev, &*groups.replica, params);
-                let info = &params.info;
-                z.sum_segments(dev, &*groups.tp, &mut shard, |i| info[i].sequence_parallel);
-                Some(shard)
-            }
-            opt => {
-                reduce_sequence_parallel_grads(dev, &*groups.tp, params, sequence_parallel);
-                match opt {
-                    Optimizer::Distributed(z) => Some(z.reduce_scatter_grads(dev, &*groups.replica, params)),
-                    Optimizer::Replicated(_) => None,
-                }
-            }
+        let sp_after = matches!(self.opt, Optimizer::Distributed(_)) && sp_after_scatter(groups);
+        if !sp_after {
+            reduce_sequence_parallel_grads(dev, &*groups.tp, params, sequence_parallel);
         }
+        let Optimizer::Distributed(z) = &mut self.opt else { return None };
+        let mut shard = z.reduce_scatter_grads(dev, &*groups.replica, params);
+        if sp_after {
+            let info = &params.info;
+            z.sum_segments(dev, &*groups.tp, &mut shard, |i| info[i].sequence_parallel);
+        }
+        Some(shard)
     }
 
     /// The distributed optimizer, which every chunk has under ZeRO-1.

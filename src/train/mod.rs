@@ -419,8 +419,8 @@ impl<D: Device> Trainer<'_, D> {
             }
         } else {
             for (c, shard) in self.chunks.iter_mut().zip(&shards) {
-                let rate = (lr as f32, cfg.overlap_param_gather);
-                c.step(&setup.dev, &setup.groups, shard.as_ref(), rate, (&self.steps, 2 * slot + 1));
+                let update = (lr as f32, cfg.overlap_param_gather);
+                c.step(&setup.dev, &setup.groups, shard.as_ref(), update, (&self.steps, 2 * slot + 1));
             }
         }
         if let Some(acc) = self.params_sq.as_mut() {
