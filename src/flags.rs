@@ -379,13 +379,13 @@ const TRAIN_REST: &[FlagSpec] = &[
     flag(
         "--data-parallel-sharding-strategy",
         "KIND",
-        "no_shard (AdamW's state whole) or optim (sharded: ZeRO-1, as --use-distributed-optimizer); optim_grads and \
-         optim_grads_params are not built yet",
+        "no_shard (AdamW's state whole), optim (sharded: ZeRO-1, as --use-distributed-optimizer) or optim_grads \
+         (gradients too: ZeRO-2); optim_grads_params is not built yet",
     ),
     switch(
         "--use-megatron-fsdp",
-        "Megatron FSDP: runs with --data-parallel-sharding-strategy no_shard or optim (its default, optim_grads_params, \
-         is not built yet)",
+        "Megatron FSDP: runs with --data-parallel-sharding-strategy no_shard, optim or optim_grads (its default, \
+         optim_grads_params, is not built yet)",
     ),
     switch(
         "--overlap-grad-reduce",
@@ -549,7 +549,7 @@ const PLAN_REST: &[FlagSpec] = &[
     flag(
         "--data-parallel-sharding-strategy",
         "S",
-        "no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or optim_grads_params (ZeRO-3 / FSDP; the last two priced only, trident does not run them)",
+        "no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or optim_grads_params (ZeRO-3 / FSDP; priced only, trident does not run it yet)",
     ),
     flag("--tensor-parallel-mode", "MODE", "pin 1d, 2d or 2.5d (default: consider all three)"),
     flag("--tesseract-depth", "D", "pin the depth of 2.5d grids"),

@@ -3,6 +3,7 @@
 
 use crate::device::Device;
 use crate::rng::Stream;
+use std::ops::Range;
 
 /// How a parameter is initialised (Megatron's rules) and whether weight decay applies to it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -203,11 +204,15 @@ impl ParamInfo {
 const INIT_ELEMS_PER_THREAD: usize = 1 << 14;
 
 /// Parameter values and their gradients, in parallel arrays indexed like `info`, so that one
-/// parameter's gradient can be borrowed mutably while others' values are read.
+/// parameter's gradient can be borrowed mutably while others' values are read. A gradient may be
+/// released between uses (`free_grads`, ZeRO-2) and is then made again, zeroed, before backward
+/// next adds into it (`ensure_grads`).
 pub struct ParamSet<D: Device> {
     pub info: Vec<ParamInfo>,
     pub values: Vec<D::Buf>,
     pub grads: Vec<D::Buf>,
+    /// The most bytes of gradients held at once since `ensure_grads` first made one again.
+    peak_grad_bytes: usize,
 }
 
 impl<D: Device> ParamSet<D> {
@@ -221,7 +226,40 @@ impl<D: Device> ParamSet<D> {
             values.push(v);
             grads.push(dev.alloc(p.numel()));
         }
-        ParamSet { info, values, grads }
+        ParamSet { info, values, grads, peak_grad_bytes: 0 }
+    }
+
+    /// Makes again, zeroed, the gradients of `range` that `free_grads` released, before backward
+    /// adds into them; a no-op for gradients held.
+    pub fn ensure_grads(&mut self, dev: &D, range: Range<usize>) {
+        let mut made = false;
+        for i in range {
+            if dev.len(&self.grads[i]) == 0 {
+                self.grads[i] = dev.alloc(self.info[i].numel());
+                made = true;
+            }
+        }
+        if made {
+            self.peak_grad_bytes = self.peak_grad_bytes.max(self.grad_bytes(dev));
+        }
+    }
+
+    /// Releases the gradients of `range` (their sums went elsewhere: ZeRO-2's shard).
+    pub fn free_grads(&mut self, dev: &D, range: Range<usize>) {
+        for i in range {
+            self.grads[i] = dev.alloc(0);
+        }
+    }
+
+    /// Bytes of the gradients held now.
+    pub fn grad_bytes(&self, dev: &D) -> usize {
+        self.grads.iter().map(|g| 4 * dev.len(g)).sum()
+    }
+
+    /// The most bytes of gradients held at once: all of them, unless some were released and
+    /// made again since (then the peak of those moments).
+    pub fn peak_grad_bytes(&self, dev: &D) -> usize {
+        self.peak_grad_bytes.max(self.grad_bytes(dev))
     }
 
     pub fn zero_grads(&mut self, dev: &D) {

@@ -345,6 +345,37 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// ZeRO-2 (`--data-parallel-sharding-strategy optim_grads`) on device memory: every bucket is
+/// reduce-scattered each micro-batch from a packed copy made for it (its whole gradients
+/// released) and summed into its block on the device; overlapped or not, through NCCL or MPI,
+/// the same bits, and two micro-batches make two reduce-scatters per weight all-gather.
+#[test]
+fn zero2_reduce_scatters_every_micro_batch_on_nccl_with_the_same_bits() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-zero2");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    // 4 samples over 2 ranks in micro-batches of 1: two micro-batches per step.
+    let zero2 = ["--train-iters", "3", "--data-parallel-sharding-strategy", "optim_grads", "--micro-batch-size", "1"];
+    let settings = [("FAKE_NCCL_ASYNC", "1")];
+    let bf16 = ["--bf16", "--grad-reduce-in-bf16"];
+    for (name, extra, sums) in
+        [("DP 2", &[][..], "reduce_scatter f32 sum"), ("DP 2, bf16 sums", &bf16, "reduce_scatter bf16 sum")]
+    {
+        let plain = [&zero2[..], extra].concat();
+        let overlap = [&plain[..], &["--overlap-grad-reduce", "--overlap-param-gather"]].concat();
+        let go = |flags: &[&str]| through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), (name, 2, flags));
+        let ((after, after_calls), (during, calls)) = (go(&plain), go(&overlap));
+        assert_eq!(after[0], after[1], "{name}: NCCL and MPI paths differ");
+        assert_eq!(during[0], during[1], "{name}, overlapped: NCCL and MPI paths differ");
+        assert_eq!(during[0], after[0], "{name}: the overlap changed the losses");
+        assert_eq!(calls, after_calls, "{name}: the same collectives");
+        let (gathers, scatters) = (calls.get("all_gather f32").copied(), calls.get(sums).copied());
+        assert!(gathers.is_some_and(|g| g > 0 && scatters == Some(2 * g)), "{name}: {calls:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Pipeline p2p through NCCL on device memory, for every schedule, against the same runs with
 /// pipeline messages through MPI on host memory. The fake NCCL runs asynchronously here, as the
 /// real one does (each communicator's operations finish later on its own "stream"; the emulated

@@ -808,8 +808,8 @@ fn each_pipeline_schedule_has_its_bubble_and_memory() {
 /// `--data-parallel-sharding-strategy`: at one pinned layout (Llama 3 70B on 64 H100s, TP 8,
 /// no pipeline, data-parallel 8) each step of sharding needs less memory: ZeRO-1 the optimizer
 /// state, ZeRO-2 the gradients too, ZeRO-3 / FSDP the weights as well (two layers whole at a
-/// time); FSDP's per-layer gathers cost time where the network is slow; the flag and `--zero1`
-/// must agree.
+/// time); ZeRO-2's reduce-scatter every micro-batch and FSDP's per-layer gathers cost time; the
+/// flag and `--zero1` must agree.
 #[test]
 fn sharding_strategies_trade_memory_for_communication() {
     let job = "--model llama3-70b --gpus 64 --global-batch-size 256 --gpu h100 --tensor-model-parallel-size 8 \
@@ -831,14 +831,15 @@ fn sharding_strategies_trade_memory_for_communication() {
     // less two layers.
     let per_rank = 70.55e9 / 8.0 / (1u64 << 30) as f64;
     assert!(((optim.0 - grads.0) / (per_rank * 3.5) - 1.0).abs() < 0.05, "{optim:?} {grads:?}");
-    // A slow network exposes FSDP's gathers; ZeRO-2 communicates as ZeRO-1.
+    // A slow network exposes FSDP's gathers; ZeRO-2 reduce-scatters every micro-batch's
+    // gradients where ZeRO-1 sums the step's once.
     let slow = "--inter-node-bandwidth 1";
     let (optim_slow, fsdp_slow) = (
         run(&format!("{slow} --zero1 on")),
         run(&format!("{slow} --data-parallel-sharding-strategy optim_grads_params")),
     );
     assert!(fsdp_slow.1 > optim_slow.1, "{fsdp_slow:?} {optim_slow:?}");
-    assert_eq!(grads.1, optim.1);
+    assert!(grads.1 > optim.1, "{grads:?} {optim:?}");
     assert_clean_error(
         &plan(&format!("{job} --zero1 off --data-parallel-sharding-strategy optim")),
         &["--zero1 off contradicts --data-parallel-sharding-strategy optim"],

@@ -105,7 +105,9 @@ pub struct TrainConfig {
     pub tensor_mode: String,
     pub tesseract_depth: Option<usize>,
     pub summa_algorithm: crate::parallel::summa::Algorithm,
-    pub ddp_bucket_size: usize,
+    /// `--ddp-bucket-size`; None: Megatron's 40M elements (`DEFAULT_BUCKET_ELEMENTS`), or under
+    /// ZeRO-2 one layer's parameters, Megatron FSDP's unit (`Chunk::new`).
+    pub ddp_bucket_size: Option<usize>,
     pub layers_per_virtual_stage: Option<usize>,
     /// None: Megatron's choice (interleaved with virtual stages, else 1F1B).
     pub pipeline_schedule: Option<crate::parallel::pipeline::Schedule>,
@@ -134,6 +136,9 @@ pub struct TrainConfig {
     /// `--mock-data`); rank 0 prints them after the no-effect flags.
     pub notes: Vec<String>,
     pub use_distributed_optimizer: bool,
+    /// `--data-parallel-sharding-strategy optim_grads` (ZeRO-2): the distributed optimizer keeps
+    /// only its shard of the summed gradients, each bucket reduce-scattered every micro-batch.
+    pub shard_grads: bool,
     /// `--overlap-grad-reduce`: the distributed optimizer's reduce-scatters start during backward.
     pub overlap_grad_reduce: bool,
     /// `--overlap-param-gather`: the distributed optimizer's weight all-gathers finish as the next
@@ -246,8 +251,8 @@ impl TrainConfig {
         let (save, exit_signal_handler, exit_duration_mins) = stop_rules(args)?;
         let tensor_parallel = nonzero(args, "--tensor-model-parallel-size", "a positive whole number")?.unwrap_or(1);
         let (context_parallel, cp_comm_type, cp_a2a_size) = context_parallel(args, &mut notes)?;
-        let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?
-            .unwrap_or(crate::parallel::data::DEFAULT_BUCKET_ELEMENTS);
+        let ddp_bucket_size = nonzero(args, "--ddp-bucket-size", "a positive number of elements")?;
+        let sharded = sharding::strategy(args)?;
         Ok(TrainConfig {
             preset: p.name.to_string(),
             model,
@@ -331,7 +336,8 @@ impl TrainConfig {
             },
             precision: precision(args),
             loss_scaler: loss_scaler(args)?,
-            use_distributed_optimizer: sharding::distributed_optimizer(args)?,
+            use_distributed_optimizer: sharded.0,
+            shard_grads: sharded.1,
             overlap_grad_reduce: args.has("--overlap-grad-reduce"),
             overlap_param_gather: args.has("--overlap-param-gather"),
             grad_reduce_in_bf16: sharding::grad_reduce_in_bf16(args)?,

@@ -7,31 +7,32 @@ use crate::error::{Error, Result};
 
 const FLAG: &str = "--data-parallel-sharding-strategy";
 
-/// Whether AdamW's state is sharded over the data-parallel ranks: `optim` (or
-/// `--use-distributed-optimizer`) shards it, `no_shard` keeps it whole; the strategies that also
-/// shard gradients and weights are refused, naming what runs instead.
-pub(super) fn distributed_optimizer(args: &Args) -> Result<bool> {
+/// What the data-parallel ranks shard: `(optimizer state, gradients)`. `optim` (or
+/// `--use-distributed-optimizer`) shards AdamW's state (ZeRO-1), `optim_grads` the gradients too
+/// (ZeRO-2), `no_shard` neither; `optim_grads_params` (weights too) is refused, naming what runs.
+pub(super) fn strategy(args: &Args) -> Result<(bool, bool)> {
     let zero1 = args.has("--use-distributed-optimizer");
     let strategy = match (args.str(FLAG), args.has("--use-megatron-fsdp")) {
         (Some(s), _) => s,
         (None, true) => {
             return Err(Error::Unsupported(format!(
-                "--use-megatron-fsdp: its default strategy, {FLAG} optim_grads_params (weights and gradients \
-                 sharded too), is not built yet (issue 53); {FLAG} optim runs (ZeRO-1)"
+                "--use-megatron-fsdp: its default strategy, {FLAG} optim_grads_params (weights sharded too), \
+                 is not built yet (issue 53); {FLAG} optim_grads (ZeRO-2) and optim (ZeRO-1) run"
             )))
         }
-        (None, false) => return Ok(zero1),
+        (None, false) => return Ok((zero1, false)),
     };
     match strategy {
-        "optim" => Ok(true),
+        "optim" => Ok((true, false)),
+        "optim_grads" => Ok((true, true)),
         "no_shard" if zero1 => Err(Error::Usage(format!(
             "{FLAG} no_shard keeps AdamW's state whole on every rank; --use-distributed-optimizer shards it: \
              drop one, or use {FLAG} optim"
         ))),
-        "no_shard" => Ok(false),
-        "optim_grads" | "optim_grads_params" => Err(Error::Unsupported(format!(
-            "{FLAG} {strategy}: not built yet: gradients (optim_grads) and weights (optim_grads_params) stay whole \
-             on every rank (issue 53); optim (ZeRO-1: AdamW's state sharded) and no_shard run"
+        "no_shard" => Ok((false, false)),
+        "optim_grads_params" => Err(Error::Unsupported(format!(
+            "{FLAG} optim_grads_params: not built yet: the weights stay whole on every rank (issue 53); \
+             optim_grads (ZeRO-2), optim (ZeRO-1) and no_shard run"
         ))),
         other => Err(Error::flag(FLAG, other, "no_shard, optim, optim_grads or optim_grads_params")),
     }

@@ -18,6 +18,7 @@ use crate::device::{AdamWTensor, Device};
 use crate::parallel::arriving::Arriving;
 use crate::parallel::data::flatten;
 use crate::tensor::ParamSet;
+use std::collections::VecDeque;
 use std::ops::Range;
 
 /// The part of one parameter inside this rank's shard, with its optimizer state.
@@ -34,9 +35,20 @@ struct Segment<B> {
     grad: B,
 }
 
+/// How the buckets' gradients are summed: in bf16 (`--grad-reduce-in-bf16`); starting during
+/// backward (`--overlap-grad-reduce`); and under ZeRO-2 (`shard_grads`,
+/// `--data-parallel-sharding-strategy optim_grads`) every micro-batch, into a shard-sized sum,
+/// each bucket's whole gradients released as soon as they are sent.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GradReduce {
+    pub bf16: bool,
+    pub overlap: bool,
+    pub shard_grads: bool,
+}
+
 /// One gradient bucket (the data-parallel buckets' ranges of parameters): its elements padded to
 /// a multiple of the data-parallel size and cut into equal blocks, block r this rank's when r is
-/// its rank, and its reduce-scatter in flight.
+/// its rank, and its reduce-scatters in flight.
 struct Bucket<B> {
     params: Range<usize>,
     /// Elements of the padded bucket, and of each block (`padded` / the data-parallel size).
@@ -44,21 +56,41 @@ struct Bucket<B> {
     block_len: usize,
     /// Where this rank's block starts in its shard.
     shard_at: usize,
-    /// Whether its reduce-scatter may start during backward (`mark_final`): no parameter in it
-    /// needs a sum over another group first.
+    /// Whether its reduce-scatter may start during backward (`mark_final`): under
+    /// `--overlap-grad-reduce`, when no parameter in it needs a sum over another group first.
     early: bool,
-    /// The host path's reduce-scatter in flight.
-    pending: Option<Box<dyn Pending>>,
+    /// ZeRO-2: reduce-scattered every micro-batch (`grads_ready`), each result added into
+    /// `sum` in the order sent, its whole gradients released once packed. Buckets whose
+    /// gradients need another sum first keep them whole and reduce once, as under ZeRO-1.
+    per_micro: bool,
+    /// The host path's reduce-scatters in flight, oldest first.
+    pending: VecDeque<Box<dyn Pending>>,
     /// The device path's buffers, made at the first step and kept: the packed bucket and this
-    /// rank's block; and whether its reduce-scatter was started this step.
+    /// rank's block; and whether a reduce-scatter was started into them and not yet landed.
     flat: Option<B>,
     block: Option<B>,
     started: bool,
-    /// `--grad-reduce-in-bf16`: the reduce-scatter in bf16, on the device through a pair of bf16
-    /// buffers of its own, made on first use (the weights' all-gather keeps `flat` and `block`).
+    /// `--grad-reduce-in-bf16`: the reduce-scatter in bf16, on the device through bf16 buffers
+    /// of its own, made on first use (the weights' all-gather keeps `flat` and `block`).
     bf16: bool,
-    bf16_buffers: Option<(B, B)>,
+    flat16: Option<B>,
+    block16: Option<B>,
+    /// ZeRO-2's sum of this rank's block over the step's micro-batches, on the host or the
+    /// device (whichever path the reduce-scatters take), made on first use; and on the device
+    /// the packed bucket of the reduce-scatter in flight, made for it and freed once it lands.
+    sum: Option<Summed<B>>,
+    sending: Option<B>,
 }
+
+/// ZeRO-2's running sum of one bucket's block.
+enum Summed<B> {
+    Host(Vec<f32>),
+    Device(B),
+}
+
+/// ZeRO-2's reduce-scatters in flight at most under `--overlap-grad-reduce` (the oldest lands
+/// when another starts): enough to hide one bucket's sum behind the next one's backward.
+const IN_FLIGHT: usize = 2;
 
 /// Where a step's summed gradients of this rank's shard are after `reduce_scatter_grads`.
 pub enum ShardGrads {
@@ -74,23 +106,32 @@ pub struct DistributedAdamW<D: Device> {
     shard_len: usize,
     segments: Vec<Segment<D::Buf>>,
     buckets: Vec<Bucket<D::Buf>>,
+    reduce: GradReduce,
+    /// ZeRO-2's buckets with a reduce-scatter in flight, oldest first (at most `IN_FLIGHT`), and
+    /// the most bytes of packed gradients they held at once.
+    in_flight: VecDeque<usize>,
+    peak_packed: usize,
+    /// Per parameter: final this step (`mark_final`), and ZeRO-2's reported since its bucket was
+    /// last sent (`grads_ready`).
     final_params: Vec<bool>,
+    unsent: Vec<bool>,
     /// The device buffer of `sum_segments`, made on first use and kept.
     sums_flat: Option<D::Buf>,
 }
 
 impl<D: Device> DistributedAdamW<D> {
     /// The optimizer of `params` sharded over `dp_size` ranks bucket by bucket (`buckets`: ranges
-    /// of parameters covering them all, in any order; reduce-scattered in bf16 with `bf16`:
-    /// `--grad-reduce-in-bf16`); `early(i)` says whether parameter `i`'s
-    /// gradient is final when backward leaves it (no sum over another group to wait for).
+    /// of parameters covering them all, in any order; reduced as `reduce` says); `early(i)` says
+    /// whether parameter `i`'s gradient is final when backward leaves it (no sum over another
+    /// group to wait for). Under ZeRO-2 the whole gradients of the buckets reduced every
+    /// micro-batch are released here, until backward makes them again.
     pub fn new(
         dev: &D,
-        params: &ParamSet<D>,
+        params: &mut ParamSet<D>,
         config: AdamWConfig,
         (dp_rank, dp_size): (usize, usize),
-        (buckets, bf16): (&[Range<usize>], bool),
-        early: impl Fn(usize) -> bool,
+        buckets: &[Range<usize>],
+        (reduce, early): (GradReduce, impl Fn(usize) -> bool),
     ) -> DistributedAdamW<D> {
         let mut ranges = buckets.to_vec();
         ranges.sort_by_key(|r| r.start);
@@ -111,23 +152,114 @@ impl<D: Device> DistributedAdamW<D> {
                 }
                 start = end;
             }
+            let final_early = params_of.clone().all(&early);
+            if reduce.shard_grads && final_early {
+                params.free_grads(dev, params_of.clone());
+            }
             made.push(Bucket {
-                early: params_of.clone().all(&early),
+                early: reduce.overlap && final_early,
+                per_micro: reduce.shard_grads && final_early,
                 params: params_of,
                 padded: block * dp_size,
                 block_len: block,
                 shard_at: shard_len,
-                pending: None,
+                pending: VecDeque::new(),
                 flat: None,
                 block: None,
                 started: false,
-                bf16,
-                bf16_buffers: None,
+                bf16: reduce.bf16,
+                flat16: None,
+                block16: None,
+                sum: None,
+                sending: None,
             });
             shard_len += block;
         }
-        let final_params = vec![false; params.info.len()];
-        DistributedAdamW { config, step: 0, shard_len, segments, buckets: made, final_params, sums_flat: None }
+        let (n, buckets) = (params.info.len(), made);
+        let (final_params, unsent) = (vec![false; n], vec![false; n]);
+        let (in_flight, peak_packed) = (VecDeque::new(), 0);
+        let (step, sums_flat) = (0, None);
+        DistributedAdamW {
+            config,
+            step,
+            shard_len,
+            segments,
+            buckets,
+            reduce,
+            in_flight,
+            peak_packed,
+            final_params,
+            unsent,
+            sums_flat,
+        }
+    }
+
+    /// Bytes of ZeRO-2's summed shard of the gradients, and the most its packed copies in
+    /// flight held at once (nothing under ZeRO-1).
+    pub fn summed_grad_bytes(&self, dev: &D) -> usize {
+        let bytes = |s: &Summed<D::Buf>| match s {
+            Summed::Host(v) => 4 * v.len(),
+            Summed::Device(b) => 4 * dev.len(b),
+        };
+        self.buckets.iter().filter_map(|b| b.sum.as_ref()).map(bytes).sum::<usize>() + self.peak_packed
+    }
+
+    /// Bytes of gradients the sharding's formula gives this rank: without ZeRO-2 every
+    /// parameter's. Under it the sums of its blocks (Ψ/N), and on top what the buckets hold
+    /// during backward at worst: their whole gradients, replayed over backward's `order`
+    /// (`Gpt::backward_order`: each bucket released once all its parameters were told of; the
+    /// buckets reduced once held throughout), and a packed copy of the largest bucket for each
+    /// reduce-scatter in flight (one; the `IN_FLIGHT` largest under `--overlap-grad-reduce`).
+    pub fn formula_grad_bytes(&self, params: &ParamSet<D>, order: &[(Vec<usize>, Range<usize>)]) -> usize {
+        let numel = |i: usize| params.info[i].numel();
+        if !self.reduce.shard_grads {
+            return 4 * params.num_elements();
+        }
+        let n = params.info.len();
+        let (mut live, mut told, mut peak) = (vec![false; n], vec![false; n], 0);
+        for b in self.buckets.iter().filter(|b| !b.per_micro) {
+            live[b.params.clone()].fill(true);
+        }
+        for (made, finished) in order {
+            made.iter().for_each(|&i| live[i] = true);
+            peak = peak.max((0..n).filter(|&i| live[i]).map(numel).sum::<usize>());
+            told[finished.clone()].fill(true);
+            for b in self.buckets.iter().filter(|b| b.per_micro) {
+                if b.params.clone().all(|i| told[i]) {
+                    told[b.params.clone()].fill(false);
+                    live[b.params.clone()].fill(false);
+                }
+            }
+        }
+        let mut padded: Vec<usize> = self.buckets.iter().filter(|b| b.per_micro).map(|b| b.padded).collect();
+        padded.sort_unstable_by(|a, b| b.cmp(a));
+        let copies = if self.reduce.overlap { IN_FLIGHT } else { 1 };
+        let packed = padded.iter().take(copies).sum::<usize>() * if self.reduce.bf16 { 2 } else { 4 };
+        let sums: usize = self.buckets.iter().filter(|b| b.per_micro).map(|b| b.block_len).sum();
+        4 * (sums + peak) + packed
+    }
+
+    /// What backward tells of each range of parameters whose gradients it will not touch again in
+    /// this micro-batch (`last`: of the step). Under ZeRO-2 every bucket whose parameters have
+    /// all been told of since it was last sent is reduce-scattered now and its whole gradients
+    /// released; in the step's last micro-batch the other early buckets start (`mark_final`).
+    pub fn grads_ready(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>, params: Range<usize>, last: bool) {
+        if self.reduce.shard_grads {
+            for i in params.clone() {
+                self.unsent[i] = true;
+            }
+            for k in 0..self.buckets.len() {
+                let b = &mut self.buckets[k];
+                if b.per_micro && b.params.clone().all(|i| self.unsent[i]) {
+                    self.send(dev, dp, set, k);
+                } else if let Some(p) = b.pending.front_mut() {
+                    p.poll();
+                }
+            }
+        }
+        if last {
+            self.mark_final(dev, dp, set, params);
+        }
     }
 
     /// Bytes of optimizer state (both moments) this rank holds.
@@ -143,31 +275,62 @@ impl<D: Device> DistributedAdamW<D> {
             self.final_params[i] = true;
         }
         let finals = &self.final_params;
-        for b in self.buckets.iter_mut().filter(|b| b.early) {
+        for b in self.buckets.iter_mut().filter(|b| b.early && !b.per_micro) {
             if !b.started && b.params.clone().all(|i| finals[i]) {
                 b.start(dev, dp, set);
-            } else if let Some(p) = b.pending.as_mut() {
+            } else if let Some(p) = b.pending.front_mut() {
                 p.poll();
             }
         }
     }
 
-    /// Sums the gradients over the data-parallel group, keeping only this rank's shard: starts
-    /// every bucket `mark_final` did not, then waits for all; on the device into the segments'
-    /// gradient buffers where the device has a communicator for the group, else on the host.
-    pub fn reduce_scatter_grads(&mut self, dev: &D, dp: &dyn Comm, params: &ParamSet<D>) -> ShardGrads {
-        for b in self.buckets.iter_mut().filter(|b| !b.started) {
-            b.start(dev, dp, params);
+    /// ZeRO-2: sends bucket `k` (`Bucket::send`), first landing the oldest in flight where
+    /// `IN_FLIGHT` are, so that packed copies of the gradients never add up to the whole of them.
+    fn send(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>, k: usize) {
+        self.unsent[self.buckets[k].params.clone()].fill(false);
+        self.in_flight.retain(|&j| j != k);
+        while self.in_flight.len() >= IN_FLIGHT {
+            let oldest = self.in_flight.pop_front().expect("IN_FLIGHT is positive");
+            self.buckets[oldest].land(dev, dp);
         }
+        let sent = self.buckets[k].send(dev, dp, set, self.reduce.overlap);
+        let others = self.buckets.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, b)| b.packed_bytes());
+        self.peak_packed = self.peak_packed.max(sent + others.sum::<usize>());
+        if self.reduce.overlap {
+            self.in_flight.push_back(k);
+        }
+    }
+
+    /// Sums the gradients over the data-parallel group, keeping only this rank's shard: sends
+    /// ZeRO-2's buckets that gained gradients since they were last sent (a zero-bubble W pass can
+    /// add to one after), starts every other bucket `mark_final` did not, then waits for all; on
+    /// the device into the segments' gradient buffers where the device has a communicator for the
+    /// group, else on the host. ZeRO-2's sums start again from zero.
+    pub fn reduce_scatter_grads(&mut self, dev: &D, dp: &dyn Comm, params: &mut ParamSet<D>) -> ShardGrads {
+        for k in 0..self.buckets.len() {
+            let b = &mut self.buckets[k];
+            if b.per_micro && b.params.clone().any(|i| self.unsent[i]) {
+                self.send(dev, dp, params, k);
+            } else if !b.per_micro && !b.started {
+                b.start(dev, dp, params);
+            }
+        }
+        self.in_flight.clear();
         self.final_params.fill(false);
         if let Some(c) = dev.device_comm(dp) {
             c.wait();
             for b in &mut self.buckets {
-                b.started = false;
                 let (range, shard_at) = (b.params.clone(), b.shard_at);
-                let block = &*b.grad_buffers(dev).1;
+                let block = match b.per_micro {
+                    true => b.land(dev, dp).expect("a ZeRO-2 bucket is sent every micro-batch"),
+                    false => &*b.grad_buffers(dev).1,
+                };
                 for s in self.segments.iter_mut().filter(|s| range.contains(&s.param)) {
                     dev.copy(&mut s.grad, 0, block, s.offset - shard_at, s.range.len());
+                }
+                b.started = false;
+                if let Some(Summed::Device(sum)) = b.sum.as_mut() {
+                    dev.fill(sum, 0.0);
                 }
             }
             return ShardGrads::OnDevice;
@@ -175,8 +338,16 @@ impl<D: Device> DistributedAdamW<D> {
         let mut shard = vec![0f32; self.shard_len];
         for b in &mut self.buckets {
             b.started = false;
-            let block = b.pending.take().expect("started").wait();
-            shard[b.shard_at..b.shard_at + block.len()].copy_from_slice(&block);
+            let at = b.shard_at..b.shard_at + b.block_len;
+            if !b.per_micro {
+                shard[at].copy_from_slice(&b.pending.pop_front().expect("started").wait());
+            } else {
+                b.land(dev, dp);
+                if let Some(Summed::Host(sum)) = b.sum.as_mut() {
+                    shard[at].copy_from_slice(sum);
+                    sum.fill(0.0);
+                }
+            }
         }
         ShardGrads::Host(shard)
     }
@@ -394,8 +565,7 @@ impl<B> Bucket<B> {
         }
         let (padded, block_len) = (self.padded, self.block_len);
         let bf16 = |n| dev.alloc_in(n, crate::real::Precision::Bf16);
-        let (flat, block) = self.bf16_buffers.get_or_insert_with(|| (bf16(padded), bf16(block_len)));
-        (flat, block)
+        (self.flat16.get_or_insert_with(|| bf16(padded)), self.block16.get_or_insert_with(|| bf16(block_len)))
     }
 
     /// Starts the sum reduce-scatter of the bucket's gradients as `set` holds them now: packed on
@@ -407,21 +577,100 @@ impl<B> Bucket<B> {
         if let Some(c) = dev.device_comm(dp) {
             let params = self.params.clone();
             let (flat, block) = self.grad_buffers(dev);
-            let mut offset = 0;
-            for i in params {
-                let n = set.info[i].numel();
-                dev.copy(flat, offset, &set.grads[i], 0, n);
-                offset += n;
-            }
+            pack(dev, set, params, flat);
             c.reduce_scatter_start(flat, block);
             return;
         }
+        self.pending.push_back(self.host_start(dev, dp, set));
+    }
+
+    /// The host path's reduce-scatter of the bucket's gradients as `set` holds them now.
+    fn host_start<D: Device<Buf = B>>(&self, dev: &D, dp: &dyn Comm, set: &ParamSet<D>) -> Box<dyn Pending> {
         let mut flat = flatten(dev, set, self.params.clone());
         flat.resize(self.padded, 0.0);
-        self.pending = Some(match self.bf16 {
+        match self.bf16 {
             true => dp.sum_start_bf16(flat, true),
             false => dp.reduce_scatter_start(flat),
-        });
+        }
+    }
+
+    /// ZeRO-2: lands the bucket's reduce-scatter before (on the device its block buffer is
+    /// reused), starts the reduce-scatter of its gradients as `set` holds them, and releases them;
+    /// on the device from a packed copy made for it. Without `overlap` it lands at once. Returns
+    /// the bytes of the packed copy.
+    fn send<D: Device<Buf = B>>(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>, overlap: bool) -> usize {
+        self.land(dev, dp);
+        match dev.device_comm(dp) {
+            Some(c) => {
+                self.started = true;
+                let n = self.padded;
+                let mut flat = if self.bf16 { dev.alloc_in(n, crate::real::Precision::Bf16) } else { dev.alloc(n) };
+                pack(dev, set, self.params.clone(), &mut flat);
+                c.reduce_scatter_start(&flat, self.grad_buffers(dev).1);
+                self.sending = Some(flat);
+            }
+            None => {
+                let pending = self.host_start(dev, dp, set);
+                self.pending.push_back(pending);
+            }
+        }
+        set.free_grads(dev, self.params.clone());
+        let packed = self.packed_bytes();
+        if !overlap {
+            self.land(dev, dp);
+        } else if let Some(p) = self.pending.front_mut() {
+            p.poll();
+        }
+        packed
+    }
+
+    /// Bytes of packed gradients this bucket has in flight (ZeRO-2's reduce-scatters not landed).
+    fn packed_bytes(&self) -> usize {
+        let count = self.pending.len() + usize::from(self.sending.is_some());
+        count * self.padded * if self.bf16 { 2 } else { 4 }
+    }
+
+    /// ZeRO-2: adds the reduce-scatters in flight into the bucket's sum of its block, oldest
+    /// first (on the device the one its block buffer receives, widened from bf16 first), and
+    /// returns the device's sum.
+    fn land<D: Device<Buf = B>>(&mut self, dev: &D, dp: &dyn Comm) -> Option<&B> {
+        let n = self.block_len;
+        if let Some(c) = dev.device_comm(dp) {
+            let Summed::Device(sum) = self.sum.get_or_insert_with(|| Summed::Device(dev.alloc(n))) else {
+                unreachable!("the device path sums on the device")
+            };
+            if std::mem::take(&mut self.started) {
+                c.wait();
+                self.sending = None;
+                let block = self.block.get_or_insert_with(|| dev.alloc(n));
+                if let (true, Some(half)) = (self.bf16, &self.block16) {
+                    dev.copy(block, 0, half, 0, n);
+                }
+                dev.add_assign(sum, block);
+            }
+            return Some(sum);
+        }
+        let Summed::Host(sum) = self.sum.get_or_insert_with(|| Summed::Host(vec![0.0; n])) else {
+            unreachable!("the host path sums on the host")
+        };
+        while let Some(p) = self.pending.pop_front() {
+            for (s, x) in sum.iter_mut().zip(p.wait()) {
+                *s += x;
+            }
+        }
+        self.started = false;
+        None
+    }
+}
+
+/// Copies the gradients of `params` as `set` holds them into `flat` on the device, one after
+/// another (rounded to its storage).
+fn pack<D: Device>(dev: &D, set: &ParamSet<D>, params: Range<usize>, flat: &mut D::Buf) {
+    let mut offset = 0;
+    for i in params {
+        let n = set.info[i].numel();
+        dev.copy(flat, offset, &set.grads[i], 0, n);
+        offset += n;
     }
 }
 
@@ -450,12 +699,13 @@ mod tests {
                 dev.upload(g, &(0..n).map(|k| (10 * i + k + 100 * rank) as f32).collect::<Vec<_>>());
             }
             let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
-            let mut z = DistributedAdamW::new(&dev, &set, config, (rank, 2), (&[2..4, 0..2], false), |i| i >= 2);
+            let reduce = GradReduce { overlap: true, ..Default::default() };
+            let mut z = DistributedAdamW::new(&dev, &mut set, config, (rank, 2), &[2..4, 0..2], (reduce, |i| i >= 2));
             z.mark_final(&dev, comm, &set, 2..4);
             let early = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
             z.mark_final(&dev, comm, &set, 0..2);
             let late = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
-            let ShardGrads::Host(shard) = z.reduce_scatter_grads(&dev, comm, &set) else { unreachable!() };
+            let ShardGrads::Host(shard) = z.reduce_scatter_grads(&dev, comm, &mut set) else { unreachable!() };
             (early, late, shard)
         });
         // Buckets in parameter order: [p0 p1] of 5 elements (padded to 6), [p2 p3] of 5 (6).
@@ -468,6 +718,68 @@ mod tests {
             assert_eq!(late, [false, true], "rank {rank}: a bucket that is not early waits");
             let expect: Vec<f32> = [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat();
             assert_eq!(shard, expect, "rank {rank}");
+        }
+    }
+
+    /// ZeRO-2 on two ranks over three micro-batches: the bucket whose gradients are final in
+    /// backward is reduce-scattered each micro-batch as soon as all of it is told of, its whole
+    /// gradients released, and made again (zeroed) before the next backward adds; the other
+    /// bucket keeps its gradients and reduces once. The shard is the sum over micro-batches and
+    /// ranks, with the overlap or without; the next step's sums start from zero.
+    #[test]
+    fn zero2_sends_each_micro_batch_and_releases_the_whole_gradients() {
+        for overlap in [false, true] {
+            let out = run_group(2, move |rank, comm| {
+                let dev = CpuDevice::new(1);
+                let info: Vec<ParamInfo> = [3, 2, 4, 1]
+                    .iter()
+                    .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
+                    .collect();
+                let mut set = ParamSet::new(&dev, info, 0);
+                let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
+                let reduce = GradReduce { overlap, shard_grads: true, ..Default::default() };
+                let ranks = (rank, 2);
+                let mut z = DistributedAdamW::new(&dev, &mut set, config, ranks, &[2..4, 0..2], (reduce, |i| i >= 2));
+                let held = |set: &ParamSet<CpuDevice>| set.grads.iter().map(|g| dev.len(g)).collect::<Vec<_>>();
+                assert_eq!(held(&set), [3, 2, 0, 0], "the per-micro-batch bucket's gradients start released");
+                let mut shards = Vec::new();
+                for _step in 0..2 {
+                    for micro in 0..3 {
+                        let last = micro == 2;
+                        set.ensure_grads(&dev, 2..4);
+                        for i in 0..4 {
+                            let n = set.info[i].numel();
+                            let g: Vec<f32> = (0..n).map(|k| (10 * i + k + 100 * rank + 1000 * micro) as f32).collect();
+                            let mut now = vec![0f32; n];
+                            dev.download(&set.grads[i], &mut now);
+                            let sum: Vec<f32> = now.iter().zip(&g).map(|(a, b)| a + b).collect();
+                            dev.upload(&mut set.grads[i], &sum);
+                        }
+                        z.grads_ready(&dev, comm, &mut set, 3..4, last);
+                        assert_eq!(held(&set), [3, 2, 4, 1], "half a bucket told of: nothing sent");
+                        z.grads_ready(&dev, comm, &mut set, 2..3, last);
+                        assert_eq!(held(&set), [3, 2, 0, 0], "the told bucket was sent and released");
+                        z.grads_ready(&dev, comm, &mut set, 0..2, last);
+                    }
+                    let ShardGrads::Host(shard) = z.reduce_scatter_grads(&dev, comm, &mut set) else { unreachable!() };
+                    set.zero_grads(&dev);
+                    shards.push(shard);
+                }
+                (shards, z.summed_grad_bytes(&dev), set.peak_grad_bytes(&dev))
+            });
+            // Element k of parameter i summed over 3 micro-batches and 2 ranks:
+            // 6 (10 i + k) + 3 * 100 + 2 * 3000.
+            let sum = |i: usize, k: usize| (6 * (10 * i + k) + 300 + 6000) as f32;
+            let flat0 = [sum(0, 0), sum(0, 1), sum(0, 2), sum(1, 0), sum(1, 1), 0.0];
+            let flat1 = [sum(2, 0), sum(2, 1), sum(2, 2), sum(2, 3), sum(3, 0), 0.0];
+            for (rank, (shards, summed, peak)) in out.into_iter().enumerate() {
+                let expect: Vec<f32> = [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat();
+                assert_eq!(shards[0], expect, "rank {rank}, overlap {overlap}");
+                assert_eq!(shards[1], expect, "rank {rank}, overlap {overlap}: the second step's sums start at zero");
+                // One block of the per-micro-batch bucket summed, one padded bucket in flight.
+                assert_eq!(summed, 4 * 3 + 4 * 6, "summed and packed gradients");
+                assert_eq!(peak, 4 * 10, "every gradient at once, at most");
+            }
         }
     }
 }

@@ -509,7 +509,9 @@ pub fn timing(
 /// reduce-scatters after the backward and all-gathers the updated fp32 shards after the step,
 /// neither overlapped. Megatron's --overlap-grad-reduce hides the reduce-scatter behind the last
 /// backward as plain DP's all-reduce, and --overlap-param-gather all-gathers the updated 16-bit
-/// weights behind the next iteration's first forward. ZeRO-3 every micro-batch all-gathers each
+/// weights behind the next iteration's first forward. ZeRO-2 reduce-scatters as ZeRO-1 but every
+/// micro-batch (trident's: so that only a shard of the gradients outlives it). ZeRO-3 every
+/// micro-batch all-gathers each
 /// layer's 16-bit weights before its forward and again before its backward, and reduce-scatters
 /// its gradients after; prefetched, so only what outlasts the layer's compute is exposed, and no
 /// gather after the step.
@@ -537,6 +539,8 @@ fn dp_comm_s(
     }
     let reduce = machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group);
     let reduce = if features.overlap_grad_reduce { (reduce - last_backward).max(0.0) } else { reduce };
+    // ZeRO-2 reduce-scatters every micro-batch's gradients, each behind its own backward.
+    let reduce = if features.shard_grads { m * reduce } else { reduce };
     let gather = if features.overlap_param_gather {
         (machine.collective_s(Collective::AllGather, params * weight_bytes, dp_group) - last_backward / 2.0).max(0.0)
     } else {

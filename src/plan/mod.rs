@@ -226,9 +226,9 @@ pub struct Features {
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
     /// Megatron's `--data-parallel-sharding-strategy` beyond the distributed optimizer (ZeRO-1):
-    /// gradients sharded too (`optim_grads`, ZeRO-2), and weights as well (`optim_grads_params`,
-    /// ZeRO-3 / FSDP: each layer's weights all-gathered before its forward and its backward).
-    /// Priced for comparison; trident runs ZeRO-1 at most.
+    /// gradients sharded too (`optim_grads`, ZeRO-2, which trident runs), and weights as well
+    /// (`optim_grads_params`, ZeRO-3 / FSDP: each layer's weights all-gathered before its forward
+    /// and its backward; priced for comparison, not run).
     pub shard_grads: bool,
     pub shard_params: bool,
 }

@@ -170,11 +170,12 @@ pub fn assumptions(req: &Request) -> Vec<String> {
             "sharding: ZeRO-3 / FSDP (--data-parallel-sharding-strategy optim_grads_params): weights, gradients and optimizer \
              state split over data-parallel ranks, each layer's weights all-gathered before its forward and its backward and \
              its gradients reduce-scattered, every micro-batch, prefetched behind the layer before; priced for comparison, \
-             trident runs ZeRO-1 at most"
+             trident runs ZeRO-2 at most"
                 .to_string()
         } else {
-            "sharding: ZeRO-2 (--data-parallel-sharding-strategy optim_grads): gradients and optimizer state split over \
-             data-parallel ranks, communication as ZeRO-1's; priced for comparison, trident runs ZeRO-1 at most"
+            "sharding: ZeRO-2 (--data-parallel-sharding-strategy optim_grads, as trident runs it): gradients and optimizer \
+             state split over data-parallel ranks, each micro-batch's gradients reduce-scattered bucket by bucket (behind \
+             its backward under --overlap-grad-reduce), the weights all-gathered as under ZeRO-1"
                 .to_string()
         });
     }

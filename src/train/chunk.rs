@@ -7,10 +7,11 @@ use crate::comm::ReduceOp;
 use crate::config::TrainConfig;
 use crate::device::{all_reduce_scalars, Device};
 use crate::model::{ChunkPlan, Gpt, ModelParallel};
-use crate::optim::distributed::{DistributedAdamW, ShardGrads};
+use crate::optim::distributed::{DistributedAdamW, GradReduce, ShardGrads};
 use crate::optim::AdamW;
 use crate::parallel::data::{
     global_grad_sum_squares, reduce_sequence_parallel_grads, reduce_tied_embedding, GradBuckets,
+    DEFAULT_BUCKET_ELEMENTS,
 };
 use crate::parallel::grid::Groups;
 use crate::real::Precision;
@@ -57,6 +58,20 @@ impl<D: Device> Optimizer<D> {
 }
 
 impl<D: Device> Chunk<D> {
+    /// Bytes of gradients by the sharding's formula (`DistributedAdamW::formula_grad_bytes`) and
+    /// measured (the most whole gradients held at once, and ZeRO-2's summed shard and packed
+    /// copies).
+    pub fn grad_bytes(&self, dev: &D) -> (usize, usize) {
+        let params = &self.model.params;
+        match &self.opt {
+            Optimizer::Replicated(_) => (4 * params.num_elements(), params.peak_grad_bytes(dev)),
+            Optimizer::Distributed(z) => (
+                z.formula_grad_bytes(params, &self.model.backward_order()),
+                params.peak_grad_bytes(dev) + z.summed_grad_bytes(dev),
+            ),
+        }
+    }
+
     /// The chunk `plan` describes, its weights initialised from the seed, with its optimizer and
     /// buckets.
     pub fn new(dev: &D, cfg: &TrainConfig, mp: ModelParallel, plan: &ChunkPlan, groups: &Groups) -> Chunk<D> {
@@ -68,12 +83,29 @@ impl<D: Device> Chunk<D> {
         model.set_reset_attention_mask(cfg.documents.attention);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
-        let buckets = GradBuckets::new(&model.params.info, cfg.ddp_bucket_size).with_bf16(cfg.grad_reduce_in_bf16);
+        // ZeRO-2 sends a bucket every micro-batch and holds it whole until then: a layer apiece.
+        let bucket = match (cfg.ddp_bucket_size, cfg.shard_grads && cfg.use_distributed_optimizer) {
+            (Some(elements), _) => elements,
+            (None, true) => model.largest_layer_elements(),
+            (None, false) => DEFAULT_BUCKET_ELEMENTS,
+        };
+        let buckets = GradBuckets::new(&model.params.info, bucket).with_bf16(cfg.grad_reduce_in_bf16);
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
             let ranks = (replica.rank(), replica.size());
-            let early = early_reduce(cfg, &model, groups);
-            let ranges = (&buckets.ranges()[..], cfg.grad_reduce_in_bf16);
-            Optimizer::Distributed(DistributedAdamW::new(dev, &model.params, cfg.adam, ranks, ranges, early))
+            let reduce = GradReduce {
+                bf16: cfg.grad_reduce_in_bf16,
+                overlap: cfg.overlap_grad_reduce,
+                shard_grads: cfg.shard_grads,
+            };
+            let early = (reduce, final_in_backward(cfg, &model, groups));
+            Optimizer::Distributed(DistributedAdamW::new(
+                dev,
+                &mut model.params,
+                cfg.adam,
+                ranks,
+                &buckets.ranges(),
+                early,
+            ))
         } else {
             Optimizer::Replicated(AdamW::new(dev, &model.params, cfg.adam))
         };
@@ -160,15 +192,15 @@ impl<D: Device> Chunk<D> {
     }
 }
 
-/// Under the distributed optimizer with `--overlap-grad-reduce`, which parameters' gradients
-/// are final when backward leaves them, so their buckets may reduce-scatter during backward: not
-/// the tied word embedding where another copy of it is summed in first (the first and last
-/// stages' embedding group, or zb-v's two chunks on one stage), not the sequence-parallel ones
-/// under 2-D / 2.5-D tensor parallelism (summed over the tensor-parallel group first; under 1-D
-/// that sum follows the reduce-scatter: `sp_after_scatter`), none under fp16
-/// (rounded to binary16 before the reduction) and none without the flag.
-fn early_reduce<D: Device>(cfg: &TrainConfig, model: &Gpt<D>, groups: &Groups) -> impl Fn(usize) -> bool {
-    let on = cfg.overlap_grad_reduce && cfg.precision != Precision::F16;
+/// Under the distributed optimizer, which parameters' gradients are final when backward leaves
+/// them, so their buckets may reduce-scatter during backward (`--overlap-grad-reduce`) and, under
+/// ZeRO-2, every micro-batch: not the tied word embedding where another copy of it is summed in
+/// first (the first and last stages' embedding group, or zb-v's two chunks on one stage), not
+/// the sequence-parallel ones under 2-D / 2.5-D tensor parallelism (summed over the
+/// tensor-parallel group first; under 1-D that sum follows the reduce-scatter:
+/// `sp_after_scatter`), and none under fp16 (rounded to binary16 before the reduction).
+fn final_in_backward<D: Device>(cfg: &TrainConfig, model: &Gpt<D>, groups: &Groups) -> impl Fn(usize) -> bool {
+    let on = cfg.precision != Precision::F16;
     let copies = groups.embedding.size() > 1 || groups.grid.pipeline_v;
     let (tied, tp) = (!model.cfg.arch.untie_embeddings && copies, groups.tp.size() > 1);
     let sp_after = sp_after_scatter(groups);

@@ -514,25 +514,23 @@ impl<D: Device> Pipeline<'_, D> {
         Ok(())
     }
 
-    /// What `backward_micro` and `weight_micro` tell of each range of finished gradients: in the
-    /// step's last micro-batch, that they are final, so the chunk's data-parallel buckets start
-    /// reducing during backward (the distributed optimizer's reduce-scatters under
+    /// What `backward_micro` and `weight_micro` tell of each range of finished gradients: to
+    /// ZeRO-2, every micro-batch, which buckets it may reduce-scatter and release; in the step's
+    /// last micro-batch, that they are final, so the chunk's data-parallel buckets start reducing
+    /// during backward (the distributed optimizer's reduce-scatters under
     /// `--overlap-grad-reduce`, bucket by bucket as well).
     fn bucket_marker<'a>(
         &'a self,
         buckets: &'a mut crate::parallel::data::GradBuckets<D::Buf>,
         opt: &'a mut super::chunk::Optimizer<D>,
         micro: usize,
-    ) -> impl FnMut(&crate::tensor::ParamSet<D>, std::ops::Range<usize>) + 'a {
+    ) -> impl FnMut(&mut crate::tensor::ParamSet<D>, std::ops::Range<usize>) + 'a {
         let last = micro + 1 == self.micro && self.groups.replica.size() > 1;
         let (dev, dp) = (self.dev, &*self.groups.replica);
-        move |set, params| {
-            if last {
-                match opt {
-                    super::chunk::Optimizer::Distributed(z) => z.mark_final(dev, dp, set, params),
-                    super::chunk::Optimizer::Replicated(_) => buckets.mark_final(dev, dp, set, params),
-                }
-            }
+        move |set, params| match opt {
+            super::chunk::Optimizer::Distributed(z) => z.grads_ready(dev, dp, set, params, last),
+            super::chunk::Optimizer::Replicated(_) if last => buckets.mark_final(dev, dp, set, params),
+            super::chunk::Optimizer::Replicated(_) => {}
         }
     }
 

@@ -196,14 +196,15 @@ pub(super) fn log_comm(
 }
 
 /// `--log-memory`: per rank, bytes of weights, gradients, optimizer state and activations,
-/// predicted (from parameter counts, the data-parallel sharding and the schedule's in-flight
-/// bound) beside measured (the buffers held, and the process's peak resident memory).
+/// predicted (from parameter counts, the data-parallel sharding's formula and the schedule's
+/// in-flight bound) beside measured (the buffers held, the most gradients held at once, and the
+/// process's peak resident memory), and the sum of the first three both ways.
 pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
     let (dev, groups, bound) = (&setup.dev, &setup.groups, setup.in_flight_bound());
     let params: usize = chunks.iter().map(|c| c.model.params.num_elements()).sum();
     let replicas = groups.replica.size();
     let zero = setup.cfg.use_distributed_optimizer && replicas > 1;
-    let predicted_state = if zero {
+    let formula_state = if zero {
         chunks.iter().map(|c| 8 * c.model.params.num_elements().div_ceil(replicas)).sum::<usize>()
     } else {
         8 * params
@@ -211,13 +212,16 @@ pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
     let predicted_acts: usize = chunks.iter().map(|c| c.model.set_bytes(dev) * bound + c.model.spare_bytes(dev)).sum();
     let measured_state: usize = chunks.iter().map(|c| c.opt.state_bytes(dev)).sum();
     let measured_acts: usize = chunks.iter().map(|c| c.model.activation_bytes(dev)).sum();
+    // Summed over chunks both ways (a bound where a rank has several: their peaks need not meet).
+    let grads = chunks.iter().map(|c| c.grad_bytes(dev)).fold((0, 0), |(f, m), (a, b)| (f + a, m + b));
     let rss = peak_rss_bytes().unwrap_or(0);
     // Masters, plus mixed precision's working copy.
     let working: usize = chunks.iter().map(|c| c.model.working_bytes(dev)).sum();
     let mine = [
         (4 * params + working) as f64,
-        4.0 * params as f64,
-        predicted_state as f64,
+        grads.0 as f64,
+        grads.1 as f64,
+        formula_state as f64,
         measured_state as f64,
         predicted_acts as f64,
         measured_acts as f64,
@@ -226,21 +230,27 @@ pub(super) fn log_memory<D: Device>(setup: &Setup<D>, chunks: &[Chunk<D>]) {
     let mut all = vec![0f64; mine.len() * groups.world.size()];
     groups.world.all_gather(&mine, &mut all);
     if setup.say {
-        let mib = |b: f64| b / 1048576.0;
         println!(
-            " memory per rank (MiB): weights | gradients | optimizer state predicted / measured | activations \
-             predicted / measured | peak RSS"
+            " memory per rank (MiB): weights | gradients formula / measured | optimizer state formula / measured \
+             | activations predicted / measured | peak RSS | weights + gradients + state formula / measured"
         );
         for (rank, r) in all.chunks_exact(mine.len()).enumerate() {
+            let mib = |k: usize| r[k] / 1048576.0;
+            let (formula, measured) = (r[0] + r[1] + r[3], r[0] + r[2] + r[4]);
             println!(
-                "   rank {rank:>3}: {:>9.2} | {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.1}",
-                mib(r[0]),
-                mib(r[1]),
-                mib(r[2]),
-                mib(r[3]),
-                mib(r[4]),
-                mib(r[5]),
-                mib(r[6])
+                "   rank {rank:>3}: {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.2} / {:>9.2} | {:>9.1} | \
+                 {:>9.2} / {:>9.2} ({:+.1}%)",
+                mib(0),
+                mib(1),
+                mib(2),
+                mib(3),
+                mib(4),
+                mib(5),
+                mib(6),
+                mib(7),
+                formula / 1048576.0,
+                measured / 1048576.0,
+                100.0 * (measured / formula - 1.0)
             );
         }
     }

@@ -217,7 +217,7 @@ impl<D: Device> Gpt<D> {
         d_hidden: Option<&D::Buf>,
         d_input: Option<&mut D::Buf>,
         grad_scale: f32,
-        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+        ready: &mut dyn FnMut(&mut ParamSet<D>, Range<usize>),
     ) {
         let index = self.held(key);
         if self.layout.last {
@@ -243,7 +243,7 @@ impl<D: Device> Gpt<D> {
             add_since(&mut self.layer_comm[l], &tp_counters(dev, tp), &before);
             self.add_layer_work(dev, l, 1, mark);
             if deferred.is_none() {
-                ready(&self.params, self.layout.layer_params(l));
+                ready(&mut self.params, self.layout.layer_params(l));
             }
         }
         let held = deferred.is_some() && kept;
@@ -252,7 +252,7 @@ impl<D: Device> Gpt<D> {
         }
         if self.layout.first {
             self.embedding_backward(dev, tp, index);
-            ready(&self.params, self.layout.embeddings());
+            ready(&mut self.params, self.layout.embeddings());
         } else {
             let d_resid = &self.pool[index].1.grad.d_resid;
             let d = d_input.expect("a chunk after the first needs a buffer for its input's gradient");
@@ -268,21 +268,22 @@ impl<D: Device> Gpt<D> {
     /// The W pass of micro-batch `key` (after its B pass, `backward_micro` under
     /// `set_weight_pass`): the blocks' linear-layer gradients, last block first; `ready` as in
     /// `backward_micro`, told of each block's parameters.
-    pub fn weight_micro(&mut self, dev: &D, key: usize, ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>)) {
+    pub fn weight_micro(&mut self, dev: &D, key: usize, ready: &mut dyn FnMut(&mut ParamSet<D>, Range<usize>)) {
         let at = self.deferred.iter().position(|(k, _)| *k == key).expect("a W pass after its B pass");
         let (_, layers) = self.deferred.remove(at);
         // The micro-batch's activations, where B left them for W to read.
         let index = self.pool.iter().position(|(k, _)| *k == Some(key));
         let lay = self.layout;
         for l in (0..lay.num_layers).rev() {
+            let mark = self.work_mark(dev);
+            self.params.ensure_grads(dev, lay.layer_params(l));
             let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
             let w = |k| &p[lay.layer(l, k)];
-            let mark = self.work_mark(dev);
             let saved = index.and_then(|i| self.pool[i].1.layers.get(l));
             let grads = &mut self.params.grads[lay.layer_params(l)];
             layer_weight_backward(dev, &w, grads, lay.ops, &layers[l], saved);
             self.add_layer_work(dev, l, 1, mark);
-            ready(&self.params, lay.layer_params(l));
+            ready(&mut self.params, lay.layer_params(l));
         }
         self.deferred_spares.push(layers);
         if let Some(i) = index {
@@ -309,6 +310,7 @@ impl<D: Device> Gpt<D> {
     ) {
         let dims = Dims { dropout: self.layer_dropout(index, l), ..self.dims(index) };
         let lay = self.layout;
+        self.params.ensure_grads(dev, lay.layer_params(l));
         let p = Weights { working: self.working.as_deref(), masters: &self.params.values };
         let w = |k| &p[lay.layer(l, k)];
         let grads = &mut self.params.grads[lay.layer_params(l)];
@@ -374,7 +376,7 @@ impl<D: Device> Gpt<D> {
         batch: usize,
         seq: usize,
         grad_scale: f32,
-        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+        ready: &mut dyn FnMut(&mut ParamSet<D>, Range<usize>),
     ) -> f64 {
         self.whole_model_forward(dev, tp, 0, (tokens, labels), batch, seq);
         self.backward_micro(dev, tp, 0, None, None, grad_scale, ready);

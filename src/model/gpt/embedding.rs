@@ -111,6 +111,7 @@ impl<D: Device> Gpt<D> {
         let reset = (self.reset_positions.is_some() || self.mp.context.size > 1) && lay.wpe().is_some();
         let wd = Widths::new(cfg, &mp);
         let h = wd.h;
+        self.params.ensure_grads(dev, lay.embeddings());
         let g = &mut self.params.grads;
         let a = &mut self.pool[index].1;
         let r = a.rows;

@@ -85,12 +85,15 @@ impl<D: Device> Gpt<D> {
         tp: TensorParallel,
         index: usize,
         grad_scale: f32,
-        ready: &mut dyn FnMut(&ParamSet<D>, Range<usize>),
+        ready: &mut dyn FnMut(&mut ParamSet<D>, Range<usize>),
     ) {
         let logits_start = self.logits_start();
         let (cfg, lay, mp) = (&self.cfg, self.layout, self.mp);
         let Widths { h, vl, .. } = Widths::new(cfg, &mp);
         let num_params = self.params.info.len();
+        let (lnf_w, _) = lay.lnf_params();
+        self.params.ensure_grads(dev, lay.head()..lay.head() + 1);
+        self.params.ensure_grads(dev, lnf_w..lnf_w + lay.norm_params);
         let (a, mut pass) = (
             &mut self.pool[index].1,
             Pass::plain((dev, tp), (&mut self.scratch, &mut self.heads), &self.cfg.arch, self.rope.as_ref()),
@@ -142,7 +145,7 @@ impl<D: Device> Gpt<D> {
         // The output layer (its own, or the last stage's tied copy) is final too; the first
         // stage's word embedding is final after the embedding backward.
         let end = if lay.head() == Layout::WTE { lnf_w + lay.norm_params } else { num_params };
-        ready(&self.params, lnf_w..end);
+        ready(&mut self.params, lnf_w..end);
     }
 }
 

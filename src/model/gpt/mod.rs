@@ -430,6 +430,40 @@ impl<D: Device> Gpt<D> {
         self.loss_slot = slot;
     }
 
+    /// Elements of the chunk's largest layer (of all its parameters where it has no layer).
+    pub fn largest_layer_elements(&self) -> usize {
+        let numel = |r: Range<usize>| r.map(|i| self.params.info[i].numel()).sum::<usize>();
+        let layers = (0..self.layout.num_layers).map(|l| numel(self.layout.layer_params(l))).max();
+        layers.unwrap_or_else(|| self.params.num_elements())
+    }
+
+    /// The order in which one micro-batch's backward makes gradients (zeroed, `ensure_grads`)
+    /// and tells `ready` of them: per step, (the parameters made, the range told of). The output
+    /// layer and final norm first (the tied word embedding is made there and told of last), the
+    /// blocks last first (under a W pass, `set_weight_pass`, made in B and told of in W), then
+    /// the embeddings.
+    pub fn backward_order(&self) -> Vec<(Vec<usize>, Range<usize>)> {
+        let (lay, n) = (&self.layout, self.params.info.len());
+        let mut order = Vec::new();
+        if lay.last {
+            let lnf = lay.lnf()..lay.lnf() + lay.norm_params;
+            let told = if lay.head() == Layout::WTE { lnf.clone() } else { lnf.start..n };
+            order.push((std::iter::once(lay.head()).chain(lnf).collect(), told));
+        }
+        let layers = (0..lay.num_layers).rev().map(|l| lay.layer_params(l));
+        match self.weight_pass {
+            false => order.extend(layers.map(|r| (r.clone().collect(), r))),
+            true => {
+                order.extend(layers.clone().map(|r| (r.collect(), 0..0)));
+                order.extend(layers.map(|r| (Vec::new(), r)));
+            }
+        }
+        if lay.first {
+            order.push((lay.embeddings().collect(), lay.embeddings()));
+        }
+        order
+    }
+
     /// Bytes of the working copy of the weights mixed precision computes with (its values are
     /// 16-bit, held in f32 buffers or, where the device stores the format, in 16 bits), 0 in f32.
     pub fn working_bytes(&self, dev: &D) -> usize {
