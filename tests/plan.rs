@@ -86,6 +86,7 @@ const JSON_KEYS: &[&str] = &[
     "tokens_per_s",
     "pipeline_schedule",
     "cp",
+    "zero2",
     "reason",
 ];
 
@@ -840,6 +841,18 @@ fn sharding_strategies_trade_memory_for_communication() {
     );
     assert!(fsdp_slow.1 > optim_slow.1, "{fsdp_slow:?} {optim_slow:?}");
     assert!(grads.1 > optim.1, "{grads:?} {optim:?}");
+    // Unpinned, no sharding, ZeRO-1 and ZeRO-2 are all priced and the fastest that fits wins:
+    // no sharding with room for it, ZeRO-1 on 100 GiB, ZeRO-2 on an 80 GiB H100 (ZeRO-1's 73
+    // GiB leave no room).
+    let unpinned = |gib: &str| {
+        let o = plan(&job.replace("--memory-gib 1000", &format!("--memory-gib {gib}")));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let line = stdout(&o).lines().next().unwrap().to_string();
+        (number(&line, "memory_gib"), field(&line, "zero1").unwrap(), field(&line, "zero2").unwrap())
+    };
+    assert_eq!(unpinned("1000"), (plain.0, "false".into(), "false".into()));
+    assert_eq!(unpinned("100"), (optim.0, "true".into(), "false".into()));
+    assert_eq!(unpinned("80"), (grads.0, "true".into(), "true".into()));
     assert_clean_error(
         &plan(&format!("{job} --zero1 off --data-parallel-sharding-strategy optim")),
         &["--zero1 off contradicts --data-parallel-sharding-strategy optim"],

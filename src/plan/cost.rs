@@ -262,7 +262,7 @@ pub fn memory(
     let optimizer_share = if layout.zero1 { 1.0 / replicas } else { 1.0 };
     // ZeRO-2 / ZeRO-3 (priced only with ZeRO-1 on) shard gradients and weights the same way; under
     // ZeRO-3 two layers' weights are whole at a time (the one running and the one prefetched).
-    let grad_share = if layout.zero1 && features.shard_grads { 1.0 / replicas } else { 1.0 };
+    let grad_share = if layout.zero1 && layout.shard_grads { 1.0 / replicas } else { 1.0 };
     let sharded_weights = layout.zero1 && features.shard_params;
     let gathered = if sharded_weights { 2.0 * layer_parameters(shape, &d) } else { 0.0 };
     let stage = |first: bool, last: bool, in_flight: f64| {
@@ -540,7 +540,7 @@ fn dp_comm_s(
     let reduce = machine.collective_s(Collective::ReduceScatter, grad_bytes, dp_group);
     let reduce = if features.overlap_grad_reduce { (reduce - last_backward).max(0.0) } else { reduce };
     // ZeRO-2 reduce-scatters every micro-batch's gradients, each behind its own backward.
-    let reduce = if features.shard_grads { m * reduce } else { reduce };
+    let reduce = if layout.shard_grads { m * reduce } else { reduce };
     let gather = if features.overlap_param_gather {
         (machine.collective_s(Collective::AllGather, params * weight_bytes, dp_group) - last_backward / 2.0).max(0.0)
     } else {
@@ -669,6 +669,7 @@ mod tests {
             micro_batch: 2,
             recompute,
             zero1,
+            shard_grads: false,
             sequence_parallel: false,
             schedule: Schedule::OneF1B,
             cp: 1,
@@ -708,7 +709,6 @@ mod tests {
         tp_comm_overlap: false,
         overlap_grad_reduce: false,
         overlap_param_gather: false,
-        shard_grads: false,
         shard_params: false,
     };
 

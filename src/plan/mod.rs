@@ -164,6 +164,8 @@ pub struct Layout {
     pub micro_batch: usize,
     pub recompute: Recompute,
     pub zero1: bool,
+    /// ZeRO-2 (with `zero1`): the gradients sharded too, reduce-scattered every micro-batch.
+    pub shard_grads: bool,
     pub sequence_parallel: bool,
     pub schedule: Schedule,
     /// Context-parallel ranks splitting each sequence (Megatron's `--context-parallel-size`).
@@ -225,11 +227,9 @@ pub struct Features {
     pub tp_comm_overlap: bool,
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
-    /// Megatron's `--data-parallel-sharding-strategy` beyond the distributed optimizer (ZeRO-1):
-    /// gradients sharded too (`optim_grads`, ZeRO-2, which trident runs), and weights as well
-    /// (`optim_grads_params`, ZeRO-3 / FSDP: each layer's weights all-gathered before its forward
-    /// and its backward; priced for comparison, not run).
-    pub shard_grads: bool,
+    /// Megatron's `--data-parallel-sharding-strategy optim_grads_params` (ZeRO-3 / FSDP: each
+    /// layer's weights all-gathered before its forward and its backward, gradients sharded as
+    /// ZeRO-2's, `Layout::shard_grads`); priced for comparison, not run.
     pub shard_params: bool,
 }
 
@@ -240,7 +240,6 @@ impl Default for Features {
             tp_comm_overlap: false,
             overlap_grad_reduce: false,
             overlap_param_gather: false,
-            shard_grads: false,
             shard_params: false,
         }
     }
@@ -264,6 +263,9 @@ pub struct Pins {
     pub megatron_schedules: bool,
     pub recompute: Option<Recompute>,
     pub zero1: Option<bool>,
+    /// ZeRO-2 pinned on or off by `--data-parallel-sharding-strategy` (None: both priced where
+    /// ZeRO-1 is on).
+    pub shard_grads: Option<bool>,
     /// `--tensor-parallel-mode` (1d, 2d, 2.5d) and `--tesseract-depth`.
     pub tp_mode: Option<&'static str>,
     pub depth: Option<usize>,
@@ -592,6 +594,7 @@ fn search_tp_cp(req: &Request, t: usize, (cp, cp_a2a): (usize, bool), search: &m
                     micro_batch: b,
                     recompute: Recompute::None,
                     zero1: false,
+                    shard_grads: false,
                     sequence_parallel: req.sequence_parallel && t > 1 && mode == TpMode::OneD,
                     schedule: pins.schedule.map_or(Schedule::OneF1B, |s| s.0),
                     cp,
@@ -711,7 +714,7 @@ impl Search {
         }
     }
 
-    /// Prices `layout` with every recompute choice and ZeRO-1 setting the pins allow.
+    /// Prices `layout` with every recompute choice and ZeRO-1 / ZeRO-2 setting the pins allow.
     fn recompute_variants(&mut self, req: &Request, layout: Layout) {
         let pins = req.pins;
         let recomputes = match pins.recompute {
@@ -725,7 +728,16 @@ impl Search {
                 None => vec![false, true],
             };
             for zero1 in zero1s {
-                self.record(req, Layout { recompute, zero1, ..layout });
+                // Megatron's published runs sharded the optimizer state at most.
+                let shards = match (zero1, pins.shard_grads) {
+                    (false, _) => vec![false],
+                    (true, Some(s)) => vec![s],
+                    (true, None) if pins.megatron_schedules => vec![false],
+                    (true, None) => vec![false, true],
+                };
+                for shard_grads in shards {
+                    self.record(req, Layout { recompute, zero1, shard_grads, ..layout });
+                }
             }
         }
     }

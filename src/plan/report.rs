@@ -25,7 +25,7 @@ pub fn describe(l: &Layout) -> String {
         s.push_str(&format!(" vpp {}", l.vpp));
     }
     if l.zero1 {
-        s.push_str(" zero1");
+        s.push_str(if l.shard_grads { " zero2" } else { " zero1" });
     }
     if l.cp > 1 {
         s.push_str(&format!(" cp {} {}", l.cp, if l.cp_a2a { "a2a" } else { "p2p" }));
@@ -63,7 +63,9 @@ pub fn reason(c: &Candidate, req: &Request) -> String {
         ),
         (
             t.dp_comm_s,
-            if c.layout.zero1 {
+            if c.layout.shard_grads {
+                "ZeRO-2 reduce-scatters (every micro-batch) + all-gather".to_string()
+            } else if c.layout.zero1 {
                 "ZeRO-1 reduce-scatter + all-gather".to_string()
             } else {
                 "DP gradient all-reduce".to_string()
@@ -165,19 +167,22 @@ pub fn assumptions(req: &Request) -> Vec<String> {
             }
         ),
     ];
-    if f.shard_grads {
-        lines.push(if f.shard_params {
-            "sharding: ZeRO-3 / FSDP (--data-parallel-sharding-strategy optim_grads_params): weights, gradients and optimizer \
-             state split over data-parallel ranks, each layer's weights all-gathered before its forward and its backward and \
-             its gradients reduce-scattered, every micro-batch, prefetched behind the layer before; priced for comparison, \
-             trident runs ZeRO-2 at most"
-                .to_string()
-        } else {
-            "sharding: ZeRO-2 (--data-parallel-sharding-strategy optim_grads, as trident runs it): gradients and optimizer \
-             state split over data-parallel ranks, each micro-batch's gradients reduce-scattered bucket by bucket (behind \
-             its backward under --overlap-grad-reduce), the weights all-gathered as under ZeRO-1"
-                .to_string()
-        });
+    let zero2 = "ZeRO-2 (--data-parallel-sharding-strategy optim_grads, as trident runs it): gradients and optimizer \
+                 state split over data-parallel ranks, each micro-batch's gradients reduce-scattered bucket by bucket \
+                 (behind its backward under --overlap-grad-reduce), the weights all-gathered as under ZeRO-1";
+    match (f.shard_params, req.pins.shard_grads, req.pins.zero1) {
+        (true, ..) => lines.push(
+            "sharding: ZeRO-3 / FSDP (--data-parallel-sharding-strategy optim_grads_params): weights, gradients and \
+             optimizer state split over data-parallel ranks, each layer's weights all-gathered before its forward and its \
+             backward and its gradients reduce-scattered, every micro-batch, prefetched behind the layer before; priced \
+             for comparison, trident runs ZeRO-2 at most"
+                .to_string(),
+        ),
+        (false, Some(true), _) => lines.push(format!("sharding: {zero2}")),
+        (false, None, None | Some(true)) => {
+            lines.push(format!("sharding: ZeRO-1 and, where it is, {zero2}; both priced (zero 1 / 2 below)"))
+        }
+        _ => {}
     }
     lines
 }
@@ -224,7 +229,7 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
         "vpp",
         "micro",
         "recompute",
-        "zero1",
+        "zero",
         "memory GiB",
         "iteration s",
         "TFLOP/s/GPU",
@@ -246,7 +251,11 @@ pub fn text(plan: &Plan, req: &Request, top: usize) -> String {
             l.vpp,
             l.micro_batch,
             recompute_name(l.recompute),
-            if l.zero1 { "yes" } else { "no" },
+            match (l.zero1, l.shard_grads) {
+                (false, _) => "no",
+                (true, false) => "1",
+                (true, true) => "2",
+            },
             c.memory_gib(),
             c.iteration_s(),
             c.tflops_per_gpu(),
@@ -460,14 +469,14 @@ fn json_number(x: f64) -> String {
 
 /// One JSON object for a layout: the documented keys `tp pp dp vpp micro_batch recompute zero1
 /// memory_gib iteration_s tflops_per_gpu`, then the extras `tp_mode sequence_parallel
-/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s pipeline_schedule cp reason`.
+/// micro_batches bubble_fraction model_tflops_per_gpu tokens_per_s pipeline_schedule cp zero2 reason`.
 pub fn json(c: &Candidate, req: &Request) -> String {
     let l = &c.layout;
     format!(
         "{{\"tp\":{},\"pp\":{},\"dp\":{},\"vpp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"zero1\":{},\
          \"memory_gib\":{},\"iteration_s\":{},\"tflops_per_gpu\":{},\"tp_mode\":\"{}\",\"sequence_parallel\":{},\
          \"micro_batches\":{},\"bubble_fraction\":{},\"model_tflops_per_gpu\":{},\"tokens_per_s\":{},\"pipeline_schedule\":\"{}\",\"cp\":{},\
-         \"reason\":{}}}",
+         \"zero2\":{},\"reason\":{}}}",
         l.tp,
         l.pp,
         l.dp,
@@ -486,6 +495,7 @@ pub fn json(c: &Candidate, req: &Request) -> String {
         json_number(c.tokens_per_s()),
         if l.pp > 1 { l.schedule.name(l.vpp) } else { "none" },
         l.cp,
+        l.shard_grads,
         crate::data::json::quote(&reason(c, req))
     )
 }

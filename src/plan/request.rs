@@ -126,6 +126,7 @@ impl Request {
                 })
                 .transpose()?,
             zero1: zero1(a)?,
+            shard_grads: a.str("--data-parallel-sharding-strategy").map(|s| s.starts_with("optim_grads")),
             tp_mode: match a.str("--tensor-parallel-mode") {
                 None => None,
                 Some("1d") => Some("1d"),
@@ -268,14 +269,12 @@ fn features(a: &Args) -> Result<Features> {
                 "flash (or fused, auto: flash-class kernels) or unfused (or local: Megatron 2021's, scores in memory)",
             )),
         };
-    let strategy = a.str("--data-parallel-sharding-strategy");
     Ok(Features {
         flash_attention,
         tp_comm_overlap: a.has("--tp-comm-overlap"),
         overlap_grad_reduce: a.has("--overlap-grad-reduce"),
         overlap_param_gather: a.has("--overlap-param-gather"),
-        shard_grads: matches!(strategy, Some("optim_grads" | "optim_grads_params")),
-        shard_params: strategy == Some("optim_grads_params"),
+        shard_params: a.str("--data-parallel-sharding-strategy") == Some("optim_grads_params"),
     })
 }
 
