@@ -348,7 +348,9 @@ fn zero1_buckets_reduce_scatter_during_backward_on_nccl_with_the_same_bits() {
 /// ZeRO-2 (`--data-parallel-sharding-strategy optim_grads`) on device memory: every bucket is
 /// reduce-scattered each micro-batch from a packed copy made for it (its whole gradients
 /// released) and summed into its block on the device; overlapped or not, through NCCL or MPI,
-/// the same bits, and two micro-batches make two reduce-scatters per weight all-gather.
+/// the same bits, and two micro-batches make two reduce-scatters per weight all-gather. The
+/// collectives run on a stream of their own, each after an event the compute stream recorded,
+/// and the compute stream waits for events recorded on theirs (`assert_ordered_by_events`).
 #[test]
 fn zero2_reduce_scatters_every_micro_batch_on_nccl_with_the_same_bits() {
     let Some(emu) = emulated() else { return };
@@ -357,7 +359,8 @@ fn zero2_reduce_scatters_every_micro_batch_on_nccl_with_the_same_bits() {
     let nccl = fake_nccl(&dir);
     // 4 samples over 2 ranks in micro-batches of 1: two micro-batches per step.
     let zero2 = ["--train-iters", "3", "--data-parallel-sharding-strategy", "optim_grads", "--micro-batch-size", "1"];
-    let settings = [("FAKE_NCCL_ASYNC", "1")];
+    let streams = dir.join("streams.log");
+    let settings = [("FAKE_NCCL_ASYNC", "1"), ("EMU_STREAM_LOG", streams.to_str().unwrap())];
     let bf16 = ["--bf16", "--grad-reduce-in-bf16"];
     for (name, extra, sums) in
         [("DP 2", &[][..], "reduce_scatter f32 sum"), ("DP 2, bf16 sums", &bf16, "reduce_scatter bf16 sum")]
@@ -373,7 +376,48 @@ fn zero2_reduce_scatters_every_micro_batch_on_nccl_with_the_same_bits() {
         let (gathers, scatters) = (calls.get("all_gather f32").copied(), calls.get(sums).copied());
         assert!(gathers.is_some_and(|g| g > 0 && scatters == Some(2 * g)), "{name}: {calls:?}");
     }
+    assert_ordered_by_events(&std::fs::read_to_string(&streams).unwrap());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// From the emulated driver's and the fake NCCL's EMU_STREAM_LOG, for every process that ran
+/// reduce-scatters or all-gathers through NCCL: no kernel was launched on their streams; each
+/// followed, since the operation before it on its stream, that stream's wait for an event last
+/// recorded on a compute stream (one kernels run on); and the compute stream waited for events
+/// recorded on the collectives' streams.
+fn assert_ordered_by_events(log: &str) {
+    use std::collections::{HashMap, HashSet};
+    let mut by_pid: HashMap<&str, Vec<Vec<&str>>> = HashMap::new();
+    for line in log.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        by_pid.entry(words[0]).or_default().push(words[1..].to_vec());
+    }
+    let mut checked = 0;
+    for (pid, lines) in by_pid {
+        let compute: HashSet<&str> = lines.iter().filter(|w| w[0] == "launch").map(|w| w[1]).collect();
+        let (mut recorded_on, mut ready, mut collectives, mut back) = (HashMap::new(), HashSet::new(), 0, 0);
+        for w in &lines {
+            match w[..] {
+                ["record", event, stream] => drop(recorded_on.insert(event, stream)),
+                ["wait", stream, event] => match recorded_on.get(event) {
+                    Some(on) if compute.contains(on) => drop(ready.insert(stream)),
+                    Some(_) if compute.contains(stream) => back += 1,
+                    _ => {}
+                },
+                ["nccl", "reduce_scatter" | "all_gather", stream] => {
+                    assert!(!compute.contains(stream), "process {pid}: a collective on the compute stream {stream}");
+                    assert!(ready.remove(stream), "process {pid}: a collective on {stream} not ordered after compute");
+                    collectives += 1;
+                }
+                _ => {}
+            }
+        }
+        if collectives > 0 {
+            assert!(back > 0, "process {pid}: the compute stream never waited for the collectives' stream");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} processes ran collectives through NCCL");
 }
 
 /// Pipeline p2p through NCCL on device memory, for every schedule, against the same runs with

@@ -195,7 +195,8 @@ CUresult cuModuleGetFunction(void** function, void* module, const char* name) {
   return get_function(function, module, name, kCudaOnly, std::size(kCudaOnly));
 }
 CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shared_bytes, void*, void** params, void** extra) {
+                        unsigned shared_bytes, void* stream, void** params, void** extra) {
+  log_launch_stream(stream);
   return launch(function, dim3(gx, gy, gz), dim3(bx, by, bz), shared_bytes, params, extra, 65535,
                 function ? allowance(function) : 0);
 }
@@ -249,7 +250,10 @@ CUresult cuStreamCreate(void** stream, unsigned) { return create_stream(stream);
 CUresult cuStreamDestroy_v2(void* stream) { return destroy_stream(stream); }
 CUresult cuStreamQuery(void* stream) { return query_stream(stream); }
 CUresult cuStreamSynchronize(void* stream) { return synchronize_stream(stream); }
-CUresult cuStreamWaitEvent(void*, void* event, unsigned) { return synchronize_event(event, false); }
+CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
+  stream_log("wait", stream, event);
+  return synchronize_event(event, false);
+}
 
 CUresult cuEventCreate(void** event, unsigned) { return create_event(event); }
 CUresult cuEventRecord(void* event, void* stream) { return record_event(event, stream); }

@@ -302,6 +302,31 @@ inline void wait_device_idle() {
   if (!pending) pending = nccl_symbol<NcclPending>("fake_nccl_pending");
   while (pending && pending() > 0) sched_yield();
 }
+// EMU_STREAM_LOG=path appends "<pid> launch <stream>" the first time a kernel is launched on a
+// stream, "<pid> record <event> <stream>" per event record and "<pid> wait <stream> <event>" per
+// stream wait (the fake NCCL adds "<pid> nccl <op> <stream>"), so a test sees which streams the
+// compute and the collectives run on and the events that order them.
+inline void stream_log(const char* kind, void* a, void* b, bool pair = true) {
+  const char* path = std::getenv("EMU_STREAM_LOG");
+  if (!path || !*path) return;
+  char line[128];
+  int len = pair ? std::snprintf(line, sizeof line, "%d %s %p %p\n", int(getpid()), kind, a, b)
+                 : std::snprintf(line, sizeof line, "%d %s %p\n", int(getpid()), kind, a);
+  FILE* f = std::fopen(path, "a");
+  if (!f) return;
+  std::fwrite(line, 1, size_t(len), f);
+  std::fclose(f);
+}
+inline void log_launch_stream(void* stream) {
+  static std::mutex lock;
+  static std::map<void*, bool> seen;
+  std::lock_guard<std::mutex> hold(lock);
+  if (!seen[stream]) {
+    seen[stream] = true;
+    stream_log("launch", stream, nullptr, false);
+  }
+}
+
 // An event: the host's clock when recorded (elapsed time is the difference: what the benches
 // read) and the point of its stream it marks.
 struct Event {
@@ -433,6 +458,7 @@ inline int create_event(void** event) {
   return kSuccess;
 }
 inline int record_event(void* event, void* stream) {
+  stream_log("record", event, stream);
   static_cast<Event*>(event)->record(stream);
   return kSuccess;
 }

@@ -30,6 +30,10 @@
  * a reduction, its operation: "all_reduce 32 0/2 f64 max"), so tests can prove that tensors (and
  * the cross-entropy's f64 statistics) took this path.
  *
+ * EMU_STREAM_LOG=path (shared with the emulated libcuda, tests/gpu/emu_runtime.h) appends
+ * "<pid> nccl <op> <stream>" per submitted operation, so a test sees which stream each runs on
+ * beside the driver's launches, event records and stream waits.
+ *
  * FAKE_NCCL_ASYNC=1 makes calls asynchronous, as NCCL's are: each communicator runs its operations
  * in order on a worker thread (its "stream"), a failure becomes the communicator's asynchronous
  * error, and the exported fake_nccl_pending() counts operations not yet finished, which the fake
@@ -587,9 +591,23 @@ static void log_job(const struct job *j) {
     close(fd);
 }
 
+/* EMU_STREAM_LOG: the operation and the stream it runs on, one line appended whole. */
+static void log_stream(const struct job *j) {
+    const char *path = getenv("EMU_STREAM_LOG");
+    if (!path || !*path) return;
+    static const char *names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"};
+    char line[128];
+    int len = snprintf(line, sizeof line, "%d nccl %s %p\n", (int)getpid(), names[j->kind], j->stream);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) return;
+    if (write(fd, line, (size_t)len) < 0) { /* best effort */ }
+    close(fd);
+}
+
 /* Runs the job now (synchronous mode) or hands it to its communicator's worker. */
 static ncclResult_t submit(struct job j) {
     log_job(&j);
+    log_stream(&j);
     if (!async_mode()) {
         ncclResult_t r = run_job(&j);
         free(j.ops);
