@@ -682,6 +682,26 @@ mod tests {
     use crate::device::Memory;
     use crate::tensor::{Init, ParamInfo};
 
+    const ADAM: AdamWConfig = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
+
+    /// Parameters of 3, 2, 4 and 1 elements, zero: buckets [p0 p1] and [p2 p3] of 5 elements
+    /// each, padded to 6 over two ranks.
+    fn four_parameters(dev: &CpuDevice) -> ParamSet<CpuDevice> {
+        let info = [3, 2, 4, 1]
+            .iter()
+            .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
+            .collect();
+        ParamSet::new(dev, info, 0)
+    }
+
+    /// Rank `rank`'s shard of two: block `rank` of each padded bucket, element k of parameter i
+    /// being `sum(i, k)`.
+    fn shard_of(rank: usize, sum: impl Fn(usize, usize) -> f32) -> Vec<f32> {
+        let flat0 = [sum(0, 0), sum(0, 1), sum(0, 2), sum(1, 0), sum(1, 1), 0.0];
+        let flat1 = [sum(2, 0), sum(2, 1), sum(2, 2), sum(2, 3), sum(3, 0), 0.0];
+        [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat()
+    }
+
     /// Two ranks, four parameters in two buckets: under the overlap the bucket whose gradients
     /// are final starts its reduce-scatter in `mark_final`, the other waits for
     /// `reduce_scatter_grads`; the shard is block r of each padded bucket, summed.
@@ -689,18 +709,13 @@ mod tests {
     fn each_bucket_reduce_scatters_its_own_padded_blocks_and_early_ones_start_in_backward() {
         let out = run_group(2, |rank, comm| {
             let dev = CpuDevice::new(1);
-            let info: Vec<ParamInfo> = [3, 2, 4, 1]
-                .iter()
-                .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
-                .collect();
-            let mut set = ParamSet::new(&dev, info, 0);
+            let mut set = four_parameters(&dev);
             for (i, g) in set.grads.iter_mut().enumerate() {
                 let n = dev.len(g);
                 dev.upload(g, &(0..n).map(|k| (10 * i + k + 100 * rank) as f32).collect::<Vec<_>>());
             }
-            let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
             let reduce = GradReduce { overlap: true, ..Default::default() };
-            let mut z = DistributedAdamW::new(&dev, &mut set, config, (rank, 2), &[2..4, 0..2], (reduce, |i| i >= 2));
+            let mut z = DistributedAdamW::new(&dev, &mut set, ADAM, (rank, 2), &[2..4, 0..2], (reduce, |i| i >= 2));
             z.mark_final(&dev, comm, &set, 2..4);
             let early = z.buckets.iter().map(|b| b.started).collect::<Vec<_>>();
             z.mark_final(&dev, comm, &set, 0..2);
@@ -708,16 +723,12 @@ mod tests {
             let ShardGrads::Host(shard) = z.reduce_scatter_grads(&dev, comm, &mut set) else { unreachable!() };
             (early, late, shard)
         });
-        // Buckets in parameter order: [p0 p1] of 5 elements (padded to 6), [p2 p3] of 5 (6).
         // Summed over ranks: element k of parameter i is 2 (10 i + k) + 100.
         let sum = |i: usize, k: usize| (2 * (10 * i + k) + 100) as f32;
-        let flat0 = [sum(0, 0), sum(0, 1), sum(0, 2), sum(1, 0), sum(1, 1), 0.0];
-        let flat1 = [sum(2, 0), sum(2, 1), sum(2, 2), sum(2, 3), sum(3, 0), 0.0];
         for (rank, (early, late, shard)) in out.into_iter().enumerate() {
             assert_eq!(early, [false, true], "rank {rank}: only the final early bucket started");
             assert_eq!(late, [false, true], "rank {rank}: a bucket that is not early waits");
-            let expect: Vec<f32> = [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat();
-            assert_eq!(shard, expect, "rank {rank}");
+            assert_eq!(shard, shard_of(rank, sum), "rank {rank}");
         }
     }
 
@@ -731,15 +742,9 @@ mod tests {
         for overlap in [false, true] {
             let out = run_group(2, move |rank, comm| {
                 let dev = CpuDevice::new(1);
-                let info: Vec<ParamInfo> = [3, 2, 4, 1]
-                    .iter()
-                    .map(|&n| ParamInfo::replicated(format!("p{n}"), vec![n], Init::Constant(0.0)))
-                    .collect();
-                let mut set = ParamSet::new(&dev, info, 0);
-                let config = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.0, decoupled_lr: None };
+                let mut set = four_parameters(&dev);
                 let reduce = GradReduce { overlap, shard_grads: true, ..Default::default() };
-                let ranks = (rank, 2);
-                let mut z = DistributedAdamW::new(&dev, &mut set, config, ranks, &[2..4, 0..2], (reduce, |i| i >= 2));
+                let mut z = DistributedAdamW::new(&dev, &mut set, ADAM, (rank, 2), &[2..4, 0..2], (reduce, |i| i >= 2));
                 let held = |set: &ParamSet<CpuDevice>| set.grads.iter().map(|g| dev.len(g)).collect::<Vec<_>>();
                 assert_eq!(held(&set), [3, 2, 0, 0], "the per-micro-batch bucket's gradients start released");
                 let mut shards = Vec::new();
@@ -770,10 +775,8 @@ mod tests {
             // Element k of parameter i summed over 3 micro-batches and 2 ranks:
             // 6 (10 i + k) + 3 * 100 + 2 * 3000.
             let sum = |i: usize, k: usize| (6 * (10 * i + k) + 300 + 6000) as f32;
-            let flat0 = [sum(0, 0), sum(0, 1), sum(0, 2), sum(1, 0), sum(1, 1), 0.0];
-            let flat1 = [sum(2, 0), sum(2, 1), sum(2, 2), sum(2, 3), sum(3, 0), 0.0];
             for (rank, (shards, summed, peak)) in out.into_iter().enumerate() {
-                let expect: Vec<f32> = [&flat0[3 * rank..3 * rank + 3], &flat1[3 * rank..3 * rank + 3]].concat();
+                let expect = shard_of(rank, sum);
                 assert_eq!(shards[0], expect, "rank {rank}, overlap {overlap}");
                 assert_eq!(shards[1], expect, "rank {rank}, overlap {overlap}: the second step's sums start at zero");
                 // One block of the per-micro-batch bucket summed, one padded bucket in flight.
