@@ -211,8 +211,10 @@ pub struct ParamSet<D: Device> {
     pub info: Vec<ParamInfo>,
     pub values: Vec<D::Buf>,
     pub grads: Vec<D::Buf>,
-    /// The most bytes of gradients held at once since `ensure_grads` first made one again.
+    /// The most bytes of gradients held at once since `ensure_grads` first made one again, with
+    /// `outside`: gradient bytes held elsewhere now (ZeRO-2's packed copies in flight).
     peak_grad_bytes: usize,
+    outside: usize,
 }
 
 impl<D: Device> ParamSet<D> {
@@ -226,7 +228,7 @@ impl<D: Device> ParamSet<D> {
             values.push(v);
             grads.push(dev.alloc(p.numel()));
         }
-        ParamSet { info, values, grads, peak_grad_bytes: 0 }
+        ParamSet { info, values, grads, peak_grad_bytes: 0, outside: 0 }
     }
 
     /// Makes again, zeroed, the gradients of `range` that `free_grads` released, before backward
@@ -240,8 +242,15 @@ impl<D: Device> ParamSet<D> {
             }
         }
         if made {
-            self.peak_grad_bytes = self.peak_grad_bytes.max(self.grad_bytes(dev));
+            self.peak_grad_bytes = self.peak_grad_bytes.max(self.grad_bytes(dev) + self.outside);
         }
+    }
+
+    /// Records `bytes` of this set's gradients held outside it now (packed for a collective), so
+    /// that the peak counts them beside the gradients held.
+    pub fn held_outside(&mut self, dev: &D, bytes: usize) {
+        self.outside = bytes;
+        self.peak_grad_bytes = self.peak_grad_bytes.max(self.grad_bytes(dev) + bytes);
     }
 
     /// Releases the gradients of `range` (their sums went elsewhere: ZeRO-2's shard).
@@ -257,7 +266,7 @@ impl<D: Device> ParamSet<D> {
     }
 
     /// The most bytes of gradients held at once: all of them, unless some were released and
-    /// made again since (then the peak of those moments).
+    /// made again since (then the peak of those moments, with those held outside the set).
     pub fn peak_grad_bytes(&self, dev: &D) -> usize {
         self.peak_grad_bytes.max(self.grad_bytes(dev))
     }

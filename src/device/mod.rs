@@ -20,8 +20,8 @@ pub use counters::WorkCounters;
 pub use dropout::Dropout;
 pub use kernels::Gelu;
 pub use ops::{
-    AdamWStep, AdamWTensor, AttentionOps, AttentionShape, BlockMask, ElementwiseOps, EmbeddingOps, Gemm, LayerNormSaved,
-    LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, QkvRun, Rotary, Tokens,
+    AdamWStep, AdamWTensor, AttentionOps, AttentionShape, BlockMask, ElementwiseOps, EmbeddingOps, Gemm,
+    LayerNormSaved, LinearOps, Logits, LossOps, Matrix, NormOps, OptimizerOps, QkvRun, Rotary, Tokens,
 };
 
 /// The op families, for code that calls ops on a concrete backend (`CpuDevice`, `GpuDevice`)
@@ -190,6 +190,12 @@ pub trait Memory: Send + Sync {
 
     fn host_f32_ref<'a>(&self, _buf: &'a Self::Buf) -> Option<&'a [f32]> {
         None
+    }
+
+    /// The buffer's host f32 memory itself, handed over (a collective then sends it without a
+    /// packed copy), where the device keeps it there; else the buffer back.
+    fn take_host_f32(&self, buf: Self::Buf) -> std::result::Result<Vec<f32>, Self::Buf> {
+        Err(buf)
     }
 
     /// `dst[dst_at..dst_at+len] = src[src_at..src_at+len]`, on the device where it has such a copy

@@ -2,10 +2,10 @@
 //! are tested against, and the device the finite-difference gradient checks run on.
 
 use super::blocks;
-use super::{BlockMask, QkvRun};
 use super::prelude::*;
 use super::{dropout, kernels, llama, Dropout, Gelu};
 use super::{AdamWStep, AdamWTensor, AttentionShape, Gemm, LayerNormSaved, Logits, Matrix, Rotary, Tokens};
+use super::{BlockMask, QkvRun};
 use crate::real::Precision;
 
 /// Serial, f64, obviously-correct. Never used for real training.

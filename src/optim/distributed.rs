@@ -108,9 +108,10 @@ pub struct DistributedAdamW<D: Device> {
     buckets: Vec<Bucket<D::Buf>>,
     reduce: GradReduce,
     /// ZeRO-2's buckets with a reduce-scatter in flight, oldest first (at most `IN_FLIGHT`), and
-    /// the most bytes of packed gradients they held at once.
+    /// whether the device hands a lone parameter's buffer to the reduce-scatter
+    /// (`Memory::take_host_f32`) instead of packing a copy.
     in_flight: VecDeque<usize>,
-    peak_packed: usize,
+    hands_over: bool,
     /// Per parameter: final this step (`mark_final`), and ZeRO-2's reported since its bucket was
     /// last sent (`grads_ready`).
     final_params: Vec<bool>,
@@ -177,7 +178,7 @@ impl<D: Device> DistributedAdamW<D> {
         }
         let (n, buckets) = (params.info.len(), made);
         let (final_params, unsent) = (vec![false; n], vec![false; n]);
-        let (in_flight, peak_packed) = (VecDeque::new(), 0);
+        let (in_flight, hands_over) = (VecDeque::new(), dev.take_host_f32(dev.alloc(0)).is_ok());
         let (step, sums_flat) = (0, None);
         DistributedAdamW {
             config,
@@ -187,56 +188,69 @@ impl<D: Device> DistributedAdamW<D> {
             buckets,
             reduce,
             in_flight,
-            peak_packed,
+            hands_over,
             final_params,
             unsent,
             sums_flat,
         }
     }
 
-    /// Bytes of ZeRO-2's summed shard of the gradients, and the most its packed copies in
-    /// flight held at once (nothing under ZeRO-1).
+    /// Bytes of ZeRO-2's summed shard of the gradients (nothing under ZeRO-1; its packed copies
+    /// in flight count with the whole gradients, `ParamSet::held_outside`).
     pub fn summed_grad_bytes(&self, dev: &D) -> usize {
         let bytes = |s: &Summed<D::Buf>| match s {
             Summed::Host(v) => 4 * v.len(),
             Summed::Device(b) => 4 * dev.len(b),
         };
-        self.buckets.iter().filter_map(|b| b.sum.as_ref()).map(bytes).sum::<usize>() + self.peak_packed
+        self.buckets.iter().filter_map(|b| b.sum.as_ref()).map(bytes).sum::<usize>()
     }
 
     /// Bytes of gradients the sharding's formula gives this rank: without ZeRO-2 every
-    /// parameter's. Under it the sums of its blocks (Ψ/N), and on top what the buckets hold
-    /// during backward at worst: their whole gradients, replayed over backward's `order`
-    /// (`Gpt::backward_order`: each bucket released once all its parameters were told of; the
-    /// buckets reduced once held throughout), and a packed copy of the largest bucket for each
-    /// reduce-scatter in flight (one; the `IN_FLIGHT` largest under `--overlap-grad-reduce`).
+    /// parameter's. Under it the sums of its blocks (Ψ/N), and on top the most the buckets hold
+    /// during backward, replayed over backward's `order` (`Gpt::backward_order`: one pass, what
+    /// was in flight before it landed, `land_in_flight`) as `grads_ready` runs it: whole gradients from the step that makes them until their bucket is sent (the
+    /// buckets reduced once held throughout), beside the packed copies in flight (one for the
+    /// moment of the send, `IN_FLIGHT` under `--overlap-grad-reduce`; a lone parameter's buffer
+    /// handed over is not copied).
     pub fn formula_grad_bytes(&self, params: &ParamSet<D>, order: &[(Vec<usize>, Range<usize>)]) -> usize {
-        let numel = |i: usize| params.info[i].numel();
+        let numel = |r: Range<usize>| r.map(|i| params.info[i].numel()).sum::<usize>();
         if !self.reduce.shard_grads {
             return 4 * params.num_elements();
         }
         let n = params.info.len();
-        let (mut live, mut told, mut peak) = (vec![false; n], vec![false; n], 0);
+        let (mut live, mut told) = (vec![false; n], vec![false; n]);
+        let (mut whole, mut peak, mut flight) = (0, 0, VecDeque::<(usize, usize)>::new());
         for b in self.buckets.iter().filter(|b| !b.per_micro) {
             live[b.params.clone()].fill(true);
+            whole += 4 * numel(b.params.clone());
         }
         for (made, finished) in order {
-            made.iter().for_each(|&i| live[i] = true);
-            peak = peak.max((0..n).filter(|&i| live[i]).map(numel).sum::<usize>());
+            for &i in made.iter().filter(|&&i| !std::mem::replace(&mut live[i], true)) {
+                whole += 4 * numel(i..i + 1);
+            }
+            peak = peak.max(whole + flight.iter().map(|f| f.1).sum::<usize>());
             told[finished.clone()].fill(true);
-            for b in self.buckets.iter().filter(|b| b.per_micro) {
-                if b.params.clone().all(|i| told[i]) {
-                    told[b.params.clone()].fill(false);
-                    live[b.params.clone()].fill(false);
+            for (k, b) in self.buckets.iter().enumerate().filter(|(_, b)| b.per_micro) {
+                if !b.params.clone().all(|i| told[i]) {
+                    continue;
+                }
+                told[b.params.clone()].fill(false);
+                live[b.params.clone()].fill(false);
+                flight.retain(|f| f.0 != k);
+                while flight.len() >= IN_FLIGHT {
+                    flight.pop_front();
+                }
+                let copy = b.packed_len() * if self.reduce.bf16 { 2 } else { 4 };
+                let handed = if self.hands_over && b.lone(params) { copy } else { 0 };
+                peak = peak.max(whole - handed + copy + flight.iter().map(|f| f.1).sum::<usize>());
+                whole -= 4 * numel(b.params.clone());
+                if self.reduce.overlap {
+                    flight.push_back((k, copy));
                 }
             }
         }
-        let mut padded: Vec<usize> = self.buckets.iter().filter(|b| b.per_micro).map(|b| b.padded).collect();
-        padded.sort_unstable_by(|a, b| b.cmp(a));
-        let copies = if self.reduce.overlap { IN_FLIGHT } else { 1 };
-        let packed = padded.iter().take(copies).sum::<usize>() * if self.reduce.bf16 { 2 } else { 4 };
         let sums: usize = self.buckets.iter().filter(|b| b.per_micro).map(|b| b.block_len).sum();
-        4 * (sums + peak) + packed
+        4 * sums + peak
     }
 
     /// What backward tells of each range of parameters whose gradients it will not touch again in
@@ -284,6 +298,20 @@ impl<D: Device> DistributedAdamW<D> {
         }
     }
 
+    /// ZeRO-2: lands every reduce-scatter in flight, before a backward pass makes gradients
+    /// again (so that a bucket's next whole gradients and its last packed copy do not meet).
+    pub fn land_in_flight(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>) {
+        for k in std::mem::take(&mut self.in_flight) {
+            self.buckets[k].land(dev, dp);
+        }
+        set.held_outside(dev, self.packed_bytes());
+    }
+
+    /// Bytes of ZeRO-2's packed gradients in flight.
+    fn packed_bytes(&self) -> usize {
+        self.buckets.iter().map(Bucket::packed_bytes).sum()
+    }
+
     /// ZeRO-2: sends bucket `k` (`Bucket::send`), first landing the oldest in flight where
     /// `IN_FLIGHT` are, so that packed copies of the gradients never add up to the whole of them.
     fn send(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>, k: usize) {
@@ -293,9 +321,11 @@ impl<D: Device> DistributedAdamW<D> {
             let oldest = self.in_flight.pop_front().expect("IN_FLIGHT is positive");
             self.buckets[oldest].land(dev, dp);
         }
-        let sent = self.buckets[k].send(dev, dp, set, self.reduce.overlap);
-        let others = self.buckets.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, b)| b.packed_bytes());
-        self.peak_packed = self.peak_packed.max(sent + others.sum::<usize>());
+        self.buckets[k].land(dev, dp);
+        let others = self.packed_bytes();
+        let hand_over = self.hands_over && self.buckets[k].lone(set);
+        self.buckets[k].send(dev, dp, set, (others, hand_over), self.reduce.overlap);
+        set.held_outside(dev, self.packed_bytes());
         if self.reduce.overlap {
             self.in_flight.push_back(k);
         }
@@ -317,6 +347,7 @@ impl<D: Device> DistributedAdamW<D> {
         }
         self.in_flight.clear();
         self.final_params.fill(false);
+        params.held_outside(dev, 0);
         if let Some(c) = dev.device_comm(dp) {
             c.wait();
             for b in &mut self.buckets {
@@ -581,25 +612,43 @@ impl<B> Bucket<B> {
             c.reduce_scatter_start(flat, block);
             return;
         }
-        self.pending.push_back(self.host_start(dev, dp, set));
-    }
-
-    /// The host path's reduce-scatter of the bucket's gradients as `set` holds them now.
-    fn host_start<D: Device<Buf = B>>(&self, dev: &D, dp: &dyn Comm, set: &ParamSet<D>) -> Box<dyn Pending> {
         let mut flat = flatten(dev, set, self.params.clone());
         flat.resize(self.padded, 0.0);
+        self.pending.push_back(self.host_start(dp, flat));
+    }
+
+    /// The host path's reduce-scatter of `flat`, the bucket's gradients padded.
+    fn host_start(&self, dp: &dyn Comm, flat: Vec<f32>) -> Box<dyn Pending> {
         match self.bf16 {
             true => dp.sum_start_bf16(flat, true),
             false => dp.reduce_scatter_start(flat),
         }
     }
 
-    /// ZeRO-2: lands the bucket's reduce-scatter before (on the device its block buffer is
-    /// reused), starts the reduce-scatter of its gradients as `set` holds them, and releases them;
-    /// on the device from a packed copy made for it. Without `overlap` it lands at once. Returns
-    /// the bytes of the packed copy.
-    fn send<D: Device<Buf = B>>(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>, overlap: bool) -> usize {
-        self.land(dev, dp);
+    /// Whether the bucket is one parameter that needs no padding: its own buffer can go to the
+    /// reduce-scatter as it is.
+    fn lone<D: Device<Buf = B>>(&self, set: &ParamSet<D>) -> bool {
+        self.params.len() == 1 && set.info[self.params.start].numel() == self.padded
+    }
+
+    /// Elements of the bucket's packed copy (padded).
+    fn packed_len(&self) -> usize {
+        self.padded
+    }
+
+    /// ZeRO-2: starts the reduce-scatter of the bucket's gradients as `set` holds them (its
+    /// reduce-scatter before landed: on the device its block buffer is reused) and releases them;
+    /// on the device from a packed copy made for it, on the host from one or, `hand_over`, from
+    /// the lone parameter's own buffer. `set` counts the packed bytes in flight (`others`
+    /// beside this one's) with the gradients still whole. Without `overlap` it lands at once.
+    fn send<D: Device<Buf = B>>(
+        &mut self,
+        dev: &D,
+        dp: &dyn Comm,
+        set: &mut ParamSet<D>,
+        (others, hand_over): (usize, bool),
+        overlap: bool,
+    ) {
         match dev.device_comm(dp) {
             Some(c) => {
                 self.started = true;
@@ -610,24 +659,36 @@ impl<B> Bucket<B> {
                 self.sending = Some(flat);
             }
             None => {
-                let pending = self.host_start(dev, dp, set);
+                let i = self.params.start;
+                let handed = match hand_over {
+                    true => dev.take_host_f32(std::mem::replace(&mut set.grads[i], dev.alloc(0))),
+                    false => Err(dev.alloc(0)),
+                };
+                let flat = handed.unwrap_or_else(|kept| {
+                    if hand_over {
+                        set.grads[i] = kept;
+                    }
+                    let mut flat = flatten(dev, set, self.params.clone());
+                    flat.resize(self.padded, 0.0);
+                    flat
+                });
+                let pending = self.host_start(dp, flat);
                 self.pending.push_back(pending);
             }
         }
+        set.held_outside(dev, others + self.packed_bytes());
         set.free_grads(dev, self.params.clone());
-        let packed = self.packed_bytes();
         if !overlap {
             self.land(dev, dp);
         } else if let Some(p) = self.pending.front_mut() {
             p.poll();
         }
-        packed
     }
 
     /// Bytes of packed gradients this bucket has in flight (ZeRO-2's reduce-scatters not landed).
     fn packed_bytes(&self) -> usize {
         let count = self.pending.len() + usize::from(self.sending.is_some());
-        count * self.padded * if self.bf16 { 2 } else { 4 }
+        count * self.packed_len() * if self.bf16 { 2 } else { 4 }
     }
 
     /// ZeRO-2: adds the reduce-scatters in flight into the bucket's sum of its block, oldest
@@ -779,9 +840,10 @@ mod tests {
                 let expect = shard_of(rank, sum);
                 assert_eq!(shards[0], expect, "rank {rank}, overlap {overlap}");
                 assert_eq!(shards[1], expect, "rank {rank}, overlap {overlap}: the second step's sums start at zero");
-                // One block of the per-micro-batch bucket summed, one padded bucket in flight.
-                assert_eq!(summed, 4 * 3 + 4 * 6, "summed and packed gradients");
-                assert_eq!(peak, 4 * 10, "every gradient at once, at most");
+                // One block of the per-micro-batch bucket summed; at most every gradient whole
+                // beside the packed copy of the bucket being sent.
+                assert_eq!(summed, 4 * 3, "summed gradients");
+                assert_eq!(peak, 4 * 10 + 4 * 6, "whole and packed gradients at once");
             }
         }
     }

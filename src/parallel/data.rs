@@ -117,10 +117,24 @@ impl<B> GradBuckets<B> {
     /// Buckets of at least `bucket_elements` elements (the last one may be smaller), each a
     /// contiguous range of parameters, built from the last parameter backwards.
     pub fn new(info: &[ParamInfo], bucket_elements: usize) -> GradBuckets<B> {
+        GradBuckets::made(info, bucket_elements, false)
+    }
+
+    /// As `new`, but a parameter of at least `bucket_elements` closes the bucket before it and
+    /// has one of its own (ZeRO-2 then sends its buffer as it is, with no packed copy).
+    pub fn with_large_apart(info: &[ParamInfo], bucket_elements: usize) -> GradBuckets<B> {
+        GradBuckets::made(info, bucket_elements, true)
+    }
+
+    fn made(info: &[ParamInfo], bucket_elements: usize, apart: bool) -> GradBuckets<B> {
         let mut buckets = Vec::new();
         let mut end = info.len();
         let mut size = 0;
         for i in (0..info.len()).rev() {
+            if apart && info[i].numel() >= bucket_elements && end > i + 1 {
+                buckets.push(Bucket { params: i + 1..end, pending: None, flat: None, started: false });
+                (end, size) = (i + 1, 0);
+            }
             size += info[i].numel();
             if size >= bucket_elements || i == 0 {
                 buckets.push(Bucket { params: i..end, pending: None, flat: None, started: false });
@@ -330,5 +344,9 @@ mod tests {
         let ranges: Vec<_> = b.buckets.iter().map(|b| b.params.clone()).collect();
         assert_eq!(ranges, vec![3..5, 1..3, 0..1]);
         assert_eq!(GradBuckets::<()>::new(&info, usize::MAX).len(), 1);
+        // A parameter of at least 7 elements alone: p7 and p8 each close what came before.
+        let apart = GradBuckets::<()>::with_large_apart(&info, 7);
+        let ranges: Vec<_> = apart.buckets.iter().map(|b| b.params.clone()).collect();
+        assert_eq!(ranges, vec![4..5, 3..4, 2..3, 0..2]);
     }
 }

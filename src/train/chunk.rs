@@ -83,13 +83,17 @@ impl<D: Device> Chunk<D> {
         model.set_reset_attention_mask(cfg.documents.attention);
         // ZeRO-1 shards over the ranks that hold the same parameters: data-parallel x depth.
         let replica = &*groups.replica;
-        // ZeRO-2 sends a bucket every micro-batch and holds it whole until then: a layer apiece.
-        let bucket = match (cfg.ddp_bucket_size, cfg.shard_grads && cfg.use_distributed_optimizer) {
+        // ZeRO-2 sends a bucket every micro-batch and holds it whole until then: a layer apiece,
+        // and a parameter as large alone (sent from its own buffer where the device can).
+        let zero2 = cfg.shard_grads && cfg.use_distributed_optimizer;
+        let bucket = match (cfg.ddp_bucket_size, zero2) {
             (Some(elements), _) => elements,
             (None, true) => model.largest_layer_elements(),
             (None, false) => DEFAULT_BUCKET_ELEMENTS,
         };
-        let buckets = GradBuckets::new(&model.params.info, bucket).with_bf16(cfg.grad_reduce_in_bf16);
+        let info = &model.params.info;
+        let buckets = if zero2 { GradBuckets::with_large_apart(info, bucket) } else { GradBuckets::new(info, bucket) };
+        let buckets = buckets.with_bf16(cfg.grad_reduce_in_bf16);
         let opt = if cfg.use_distributed_optimizer && replica.size() > 1 {
             let ranks = (replica.rank(), replica.size());
             let reduce = GradReduce {

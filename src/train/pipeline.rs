@@ -477,7 +477,7 @@ impl<D: Device> Pipeline<'_, D> {
                 }
                 Pass::Weight { micro, chunk } => {
                     let Chunk { model, buckets, opt, .. } = &mut chunks[chunk];
-                    let mut ready = self.bucket_marker(buckets, opt, micro);
+                    let mut ready = self.bucket_marker(buckets, opt, &mut model.params, micro);
                     let t0 = tl.now_us();
                     model.weight_micro(self.dev, micro, &mut ready);
                     tl.span(SpanKind::Weight, micro, chunk, t0);
@@ -487,7 +487,7 @@ impl<D: Device> Pipeline<'_, D> {
                     let d_out = (vs < self.last_virtual()).then(|| self.recv(tl, micro, chunk, true));
                     let mut d_in = (vs > 0).then(|| self.buffer());
                     let Chunk { model, buckets, opt, .. } = &mut chunks[chunk];
-                    let mut ready = self.bucket_marker(buckets, opt, micro);
+                    let mut ready = self.bucket_marker(buckets, opt, &mut model.params, micro);
                     let t0 = tl.now_us();
                     model.backward_micro(
                         self.dev,
@@ -518,15 +518,20 @@ impl<D: Device> Pipeline<'_, D> {
     /// ZeRO-2, every micro-batch, which buckets it may reduce-scatter and release; in the step's
     /// last micro-batch, that they are final, so the chunk's data-parallel buckets start reducing
     /// during backward (the distributed optimizer's reduce-scatters under
-    /// `--overlap-grad-reduce`, bucket by bucket as well).
+    /// `--overlap-grad-reduce`, bucket by bucket as well). ZeRO-2's reduce-scatters still in
+    /// flight from the pass before land first, before this pass makes gradients again.
     fn bucket_marker<'a>(
         &'a self,
         buckets: &'a mut crate::parallel::data::GradBuckets<D::Buf>,
         opt: &'a mut super::chunk::Optimizer<D>,
+        params: &mut crate::tensor::ParamSet<D>,
         micro: usize,
     ) -> impl FnMut(&mut crate::tensor::ParamSet<D>, std::ops::Range<usize>) + 'a {
         let last = micro + 1 == self.micro && self.groups.replica.size() > 1;
         let (dev, dp) = (self.dev, &*self.groups.replica);
+        if let super::chunk::Optimizer::Distributed(z) = opt {
+            z.land_in_flight(dev, dp, params);
+        }
         move |set, params| match opt {
             super::chunk::Optimizer::Distributed(z) => z.grads_ready(dev, dp, set, params, last),
             super::chunk::Optimizer::Replicated(_) if last => buckets.mark_final(dev, dp, set, params),

@@ -14,12 +14,12 @@ pub mod pool;
 pub mod simd;
 
 use super::blocks;
-use super::{BlockMask, QkvRun};
 use super::prelude::*;
 use super::{
     dropout, kernels, AdamWStep, AdamWTensor, AttentionShape, Dropout, Gelu, Gemm, LayerNormSaved, Logits, Matrix,
     Rotary, Tokens,
 };
+use super::{BlockMask, QkvRun};
 pub use buf::CpuBuf;
 use gemm::MatRef;
 use pool::ThreadPool;
@@ -336,6 +336,13 @@ impl Memory for CpuDevice {
 
     fn host_f32_ref<'a>(&self, buf: &'a CpuBuf) -> Option<&'a [f32]> {
         buf.f32()
+    }
+
+    fn take_host_f32(&self, buf: CpuBuf) -> std::result::Result<Vec<f32>, CpuBuf> {
+        match buf {
+            CpuBuf::F32(v) => Ok(v),
+            other => Err(other),
+        }
     }
 }
 
