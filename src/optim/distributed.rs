@@ -207,11 +207,12 @@ impl<D: Device> DistributedAdamW<D> {
 
     /// Bytes of gradients the sharding's formula gives this rank: without ZeRO-2 every
     /// parameter's. Under it the sums of its blocks (Ψ/N), and on top the most the buckets hold
-    /// during backward, replayed over backward's `order` (`Gpt::backward_order`: one pass, what
-    /// was in flight before it landed, `land_in_flight`) as `grads_ready` runs it: whole gradients from the step that makes them until their bucket is sent (the
-    /// buckets reduced once held throughout), beside the packed copies in flight (one for the
-    /// moment of the send, `IN_FLIGHT` under `--overlap-grad-reduce`; a lone parameter's buffer
-    /// handed over is not copied).
+    /// during backward, replayed over backward's `order` (`Gpt::backward_order`; one pass, since
+    /// what was in flight before it landed, `land_in_flight`) as `grads_ready` runs it: whole
+    /// gradients from the step that makes them until their bucket is sent (the buckets reduced
+    /// once held throughout), beside the packed copies in flight (one for the moment of the send,
+    /// `IN_FLIGHT` under `--overlap-grad-reduce`; a lone parameter's buffer handed over is not
+    /// copied).
     pub fn formula_grad_bytes(&self, params: &ParamSet<D>, order: &[(Vec<usize>, Range<usize>)]) -> usize {
         let numel = |r: Range<usize>| r.map(|i| params.info[i].numel()).sum::<usize>();
         if !self.reduce.shard_grads {
@@ -240,7 +241,7 @@ impl<D: Device> DistributedAdamW<D> {
                 while flight.len() >= IN_FLIGHT {
                     flight.pop_front();
                 }
-                let copy = b.packed_len() * if self.reduce.bf16 { 2 } else { 4 };
+                let copy = b.copy_bytes();
                 let handed = if self.hands_over && b.lone(params) { copy } else { 0 };
                 peak = peak.max(whole - handed + copy + flight.iter().map(|f| f.1).sum::<usize>());
                 whole -= 4 * numel(b.params.clone());
@@ -301,6 +302,9 @@ impl<D: Device> DistributedAdamW<D> {
     /// ZeRO-2: lands every reduce-scatter in flight, before a backward pass makes gradients
     /// again (so that a bucket's next whole gradients and its last packed copy do not meet).
     pub fn land_in_flight(&mut self, dev: &D, dp: &dyn Comm, set: &mut ParamSet<D>) {
+        if !self.reduce.shard_grads {
+            return;
+        }
         for k in std::mem::take(&mut self.in_flight) {
             self.buckets[k].land(dev, dp);
         }
@@ -612,9 +616,7 @@ impl<B> Bucket<B> {
             c.reduce_scatter_start(flat, block);
             return;
         }
-        let mut flat = flatten(dev, set, self.params.clone());
-        flat.resize(self.padded, 0.0);
-        self.pending.push_back(self.host_start(dp, flat));
+        self.pending.push_back(self.host_start(dp, self.host_flat(dev, set)));
     }
 
     /// The host path's reduce-scatter of `flat`, the bucket's gradients padded.
@@ -631,9 +633,16 @@ impl<B> Bucket<B> {
         self.params.len() == 1 && set.info[self.params.start].numel() == self.padded
     }
 
-    /// Elements of the bucket's packed copy (padded).
-    fn packed_len(&self) -> usize {
-        self.padded
+    /// Bytes of one packed copy of the bucket (padded; bf16 under `--grad-reduce-in-bf16`).
+    fn copy_bytes(&self) -> usize {
+        self.padded * if self.bf16 { 2 } else { 4 }
+    }
+
+    /// The bucket's gradients as `set` holds them, packed on the host and padded.
+    fn host_flat<D: Device<Buf = B>>(&self, dev: &D, set: &ParamSet<D>) -> Vec<f32> {
+        let mut flat = flatten(dev, set, self.params.clone());
+        flat.resize(self.padded, 0.0);
+        flat
     }
 
     /// ZeRO-2: starts the reduce-scatter of the bucket's gradients as `set` holds them (its
@@ -660,18 +669,15 @@ impl<B> Bucket<B> {
             }
             None => {
                 let i = self.params.start;
-                let handed = match hand_over {
-                    true => dev.take_host_f32(std::mem::replace(&mut set.grads[i], dev.alloc(0))),
-                    false => Err(dev.alloc(0)),
-                };
-                let flat = handed.unwrap_or_else(|kept| {
-                    if hand_over {
+                let handed = hand_over.then(|| dev.take_host_f32(std::mem::replace(&mut set.grads[i], dev.alloc(0))));
+                let flat = match handed {
+                    Some(Ok(own)) => own,
+                    Some(Err(kept)) => {
                         set.grads[i] = kept;
+                        self.host_flat(dev, set)
                     }
-                    let mut flat = flatten(dev, set, self.params.clone());
-                    flat.resize(self.padded, 0.0);
-                    flat
-                });
+                    None => self.host_flat(dev, set),
+                };
                 let pending = self.host_start(dp, flat);
                 self.pending.push_back(pending);
             }
@@ -688,7 +694,7 @@ impl<B> Bucket<B> {
     /// Bytes of packed gradients this bucket has in flight (ZeRO-2's reduce-scatters not landed).
     fn packed_bytes(&self) -> usize {
         let count = self.pending.len() + usize::from(self.sending.is_some());
-        count * self.packed_len() * if self.bf16 { 2 } else { 4 }
+        count * self.copy_bytes()
     }
 
     /// ZeRO-2: adds the reduce-scatters in flight into the bucket's sum of its block, oldest

@@ -127,22 +127,22 @@ impl<B> GradBuckets<B> {
     }
 
     fn made(info: &[ParamInfo], bucket_elements: usize, apart: bool) -> GradBuckets<B> {
-        let mut buckets = Vec::new();
+        let mut ranges = Vec::new();
         let mut end = info.len();
         let mut size = 0;
         for i in (0..info.len()).rev() {
             if apart && info[i].numel() >= bucket_elements && end > i + 1 {
-                buckets.push(Bucket { params: i + 1..end, pending: None, flat: None, started: false });
+                ranges.push(i + 1..end);
                 (end, size) = (i + 1, 0);
             }
             size += info[i].numel();
             if size >= bucket_elements || i == 0 {
-                buckets.push(Bucket { params: i..end, pending: None, flat: None, started: false });
-                end = i;
-                size = 0;
+                ranges.push(i..end);
+                (end, size) = (i, 0);
             }
         }
-        GradBuckets { buckets, final_params: vec![false; info.len()], bf16: false }
+        let buckets = ranges.into_iter().map(|params| Bucket { params, pending: None, flat: None, started: false });
+        GradBuckets { buckets: buckets.collect(), final_params: vec![false; info.len()], bf16: false }
     }
 
     /// The same buckets summed in bf16 (`--grad-reduce-in-bf16`) or not.
