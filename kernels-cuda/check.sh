@@ -42,7 +42,7 @@ declare -A ARCH_FLAGS=([sm_80]="-arch=sm_80" [sm_90a]="-gencode=arch=compute_90a
 # kernel file (or file:arch) -> SASS instruction that must appear (the tensor-core path is
 # really taken)
 declare -A MUST_HAVE=([gemm_bf16.cu]="HMMA" [gemm_bf16_bwd.cu]="HMMA" [attention_fwd.cu]="HMMA"
-  [attention_bwd.cu]="HMMA" [gemm_bf16_sm90.cu:sm_90a]="HGMMA")
+  [attention_bwd.cu]="HMMA" [attention_block.cu]="HMMA" [gemm_bf16_sm90.cu:sm_90a]="HGMMA")
 # file:arch -> SASS instructions that must appear in every kernel function of the file
 declare -A EVERY_KERNEL_HAS=([gemm_bf16_sm90.cu:sm_90a]="HGMMA UTMALDG")
 

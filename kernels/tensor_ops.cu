@@ -13,6 +13,11 @@
 //     bias_dropout_add_f32  out = resid + mask ∘ (x + bias) · scale (common/dropout.h's masks;
 //                        bias read where has_bias)
 //     dropout_f32        x = mask ∘ x · scale, in place
+//     attention_merge_f32  (out, lse) of a block of context parallelism's blockwise attention
+//                        become the attention over its keys and part_out/part_lse's (disjoint
+//                        keys, src/device/blocks.rs's merge); item i = (row t·batch + b, head h)
+//                        of positions·batch·heads, lse at (b·heads + h)·positions + t; an lse of
+//                        -inf has no keys yet
 //     round_bf16_f32     buf[i] = f32(bf16(buf[i])), round to nearest even, in place
 //     gelu_fwd_f32       out[i] = gelu(inp[i])                  (common/gelu.h; erf != 0: the
 //     gelu_bwd_f32       dinp[i] = dout[i] · gelu'(inp[i])       exact form, else the tanh one)
@@ -241,6 +246,20 @@ extern "C" __global__ void add_f32(float* out, const float* a, const float* b, i
 
 extern "C" __global__ void add_assign_f32(float* acc, const float* x, int n) {
   for (int i = first_index(); i < n; i += grid_stride()) acc[i] += x[i];
+}
+
+extern "C" __global__ void attention_merge_f32(float* out, float* lse, const float* part_out, const float* part_lse,
+                                               int batch, int positions, int heads, int d) {
+  const int n = positions * batch * heads;
+  for (int i = first_index(); i < n; i += grid_stride()) {
+    const int head = i % heads, row = i / heads, t = row / batch, b = row % batch;
+    const size_t l = ((size_t)b * heads + head) * positions + t, at = (size_t)i * d;
+    const float a = lse[l], p = part_lse[l], m = fmaxf(a, p);
+    const float merged = m + logf(expf(a - m) + expf(p - m));
+    const float wa = expf(a - merged), wp = expf(p - merged);
+    for (int c = 0; c < d; ++c) out[at + c] = out[at + c] * wa + part_out[at + c] * wp;
+    lse[l] = merged;
+  }
 }
 
 extern "C" __global__ void add_bias_f32(float* out, const float* bias, int rows, int cols) {

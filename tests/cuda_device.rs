@@ -634,6 +634,81 @@ fn context_parallel_over_nccl_matches_mpi_and_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The context-parallel ring (`--cp-comm-type p2p`, CP 2) on the CUDA Device through the
+/// asynchronous fake NCCL: the same losses as through MPI, and in the emulated driver's and the
+/// fake NCCL's stream log every pass on a stream no kernel runs on, after an event recorded on
+/// the compute stream, the compute stream waiting for it again, and block kernels launched on the
+/// compute stream while passes were in flight (the forward's and the backward's key/value
+/// passes; the gradients' follow the blocks that made them). Mutating `ring_pass_start` into a
+/// whole pass (`pass`) fails it.
+#[test]
+fn the_ring_passes_keys_and_values_beside_the_blocks_on_nccl() {
+    let Some(emu) = emulated() else { return };
+    let dir = scratch("cuda-nccl-ring");
+    let data = prepared_corpus(&dir);
+    let nccl = fake_nccl(&dir);
+    let streams = dir.join("streams.log");
+    let settings =
+        [("FAKE_NCCL_ASYNC", "1"), ("EMU_STREAM_LOG", streams.to_str().unwrap()), ("EMU_STREAM_LOG_LAUNCHES", "all")];
+    let flags = ["--train-iters", "2", "--context-parallel-size", "2", "--cp-comm-type", "p2p"];
+    let ([on_device, on_host], calls) =
+        through_nccl_and_mpi(emu, (&dir, &data), (&nccl, &settings), ("CP 2, p2p", 2, &flags));
+    assert_eq!(on_device, on_host, "the ring through NCCL and through MPI differ");
+    assert!(calls.get("send_recv").is_some_and(|&n| n > 0), "{calls:?}");
+    let overlapped = passes_beside_compute(&std::fs::read_to_string(&streams).unwrap());
+    assert!(
+        overlapped.len() >= 2 && overlapped.iter().all(|&(passes, beside)| passes > 0 && beside > 0),
+        "{overlapped:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Per process of `log` (EMU_STREAM_LOG with every launch) that ran sends and receives through
+/// NCCL: how many it ran, and how many of them had kernels launched on a compute stream between
+/// their submission and the compute stream's wait for their stream; each checked to run on a
+/// stream no kernel runs on, after its stream waited for an event recorded on a compute stream.
+fn passes_beside_compute(log: &str) -> Vec<(usize, usize)> {
+    use std::collections::{HashMap, HashSet};
+    let mut by_pid: HashMap<&str, Vec<Vec<&str>>> = HashMap::new();
+    for line in log.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        by_pid.entry(words[0]).or_default().push(words[1..].to_vec());
+    }
+    let mut out = Vec::new();
+    for (pid, lines) in by_pid {
+        let compute: HashSet<&str> = lines.iter().filter(|w| w[0] == "launch").map(|w| w[1]).collect();
+        let (mut recorded_on, mut ready) = (HashMap::new(), HashSet::new());
+        // Passes in flight: their stream and the compute launches since.
+        let (mut open, mut passes, mut beside): (Vec<(&str, usize)>, usize, usize) = (Vec::new(), 0, 0);
+        for w in &lines {
+            match w[..] {
+                ["launch", _] => open.iter_mut().for_each(|p| p.1 += 1),
+                ["record", event, stream] => drop(recorded_on.insert(event, stream)),
+                ["wait", stream, event] => match recorded_on.get(event) {
+                    Some(on) if compute.contains(on) => drop(ready.insert(stream)),
+                    Some(on) if compute.contains(stream) => {
+                        let (landed, left): (Vec<_>, Vec<_>) = open.into_iter().partition(|p| p.0 == *on);
+                        beside += landed.iter().filter(|p| p.1 > 0).count();
+                        open = left;
+                    }
+                    _ => {}
+                },
+                ["nccl", "send_recv", stream] => {
+                    assert!(!compute.contains(stream), "process {pid}: a pass on the compute stream {stream}");
+                    assert!(ready.remove(stream), "process {pid}: a pass on {stream} not ordered after compute");
+                    open.push((stream, 0));
+                    passes += 1;
+                }
+                _ => {}
+            }
+        }
+        if passes > 0 {
+            out.push((passes, beside));
+        }
+    }
+    out
+}
+
 /// `train --device cuda --fp16` on the tiny preset: the loss scaler on the device path skips the
 /// same overflowed steps and backs its scale off as the CPU's `--fp16` does.
 #[test]

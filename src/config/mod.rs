@@ -730,10 +730,13 @@ fn context_parallel(
         }
     }
     let device = args.str("--device").unwrap_or("cpu");
-    if matches!(kind, CpCommType::AllGather | CpCommType::P2p | CpCommType::A2aP2p) && device != "cpu" {
+    if matches!(kind, CpCommType::P2p | CpCommType::A2aP2p)
+        && device != "cpu"
+        && args.str("--gpu-collectives") == Some("mpi")
+    {
         notes.push(format!(
-            "--cp-comm-type {} on --device {device}: the blockwise attention stages through the host (no GPU \
-             kernel yet; slow); --cp-comm-type a2a runs on the device",
+            "--cp-comm-type {} on --device {device} with --gpu-collectives mpi: the ring's passes stage through \
+             host memory between the blocks (over NCCL/RCCL its key/value passes run beside them)",
             kind.name()
         ));
     }

@@ -32,6 +32,10 @@ pub trait DeviceComm<B> {
     fn reduce_scatter_start(&self, full: &B, local: &mut B);
     /// Block `j` of `recv` becomes block `rank` of rank j's `send` (both of `size` equal blocks).
     fn all_to_all(&self, send: &B, recv: &mut B);
+    /// Starts a pass around the group's ring (context parallelism's `p2p`): `send` goes to the
+    /// next rank (wrapping) as `recv` becomes the previous rank's `send`; compute enqueued before
+    /// `wait` runs beside it, and the caller leaves both buffers alone until then.
+    fn ring_pass_start(&self, send: &B, recv: &mut B);
     /// Elements counted so far, as the MPI Comm counts them (for `--log-comm`).
     fn counters(&self) -> crate::comm::CommCounters;
 }

@@ -7,7 +7,6 @@ use super::buffer::{Elem, GpuBuf};
 use super::device::{int, unbuilt, GpuDevice, Scratch};
 use super::kernels::args;
 use super::kernels::plan::Op;
-use crate::device::blocks;
 use crate::device::prelude::*;
 use crate::device::{AttentionShape, BlockMask, Dropout, Matrix, QkvRun, Rotary};
 
@@ -31,8 +30,8 @@ impl AttentionOps for GpuDevice {
         unbuilt("attention against a key/value cache (generation)")
     }
 
-    // Context parallelism's blocks (`--cp-comm-type all_gather`): no GPU kernel yet; they run on
-    // the host in f32 (`device::blocks`), the buffers copied out and back.
+    // Context parallelism's blocks: the `attention_block_fwd` kernels (`kernels/common/key_block.h`),
+    // 16-bit operands, f32 output and log-sum-exp; the merge on `tensor_ops`'s f32 kernel.
     fn attention_block_forward(
         &self,
         (out, lse): (&mut GpuBuf, &mut GpuBuf),
@@ -41,11 +40,48 @@ impl AttentionOps for GpuDevice {
         shape: AttentionShape,
         mask: BlockMask,
     ) {
-        let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
-        let (mut o, mut l) = (self.host_copy(out), self.host_copy(lse));
-        blocks::block_forward((&mut o, &mut l), (&qs, q), (&ks, kv), shape, mask);
-        self.upload(out, &o);
-        self.upload(lse, &l);
+        let (bt, qw) = (shape.batch, shape.qkv_width());
+        assert!(!mask.diagonal || q.len == kv.len, "a diagonal block is square");
+        assert!(q_src.len >= q.end(bt, qw) && kv_src.len >= kv.end(bt, qw));
+        assert!(out.len >= q.len * bt * shape.width() && lse.len >= bt * shape.heads * q.len);
+        if q.len == 0 {
+            return;
+        }
+        assert!(kv.len > 0, "a block's queries see at least one key");
+        let (qs, ks) = (self.view(q_src, self.half), self.view(kv_src, self.half));
+        let (o, l) = (self.view_mut(out, Elem::F32, false), self.view_mut(lse, Elem::F32, false));
+        // Each run from its first position's row; query t sees keys up to t + shift.
+        let at = |b: &GpuBuf, run: QkvRun| b.ptr() + (run.at(0, 0, bt, qw) * b.elem.bytes()) as u64;
+        let (qp, kp, o, l) = (at(&qs, q), at(&ks, kv), o.ptr(), l.ptr());
+        let [b, s, h, kvh] = attention_ints(AttentionShape { seq: q.len, ..shape });
+        let keys = int("block keys", kv.len);
+        let shift = if mask.diagonal { 0 } else { keys };
+        let AttentionShape { batch, heads, kv_heads, head_dim, .. } = shape;
+        let dropout = mask.dropout.is_some();
+        let op = Op::AttentionBlockFwd { batch, seq: q.len, heads, kv_heads, head_dim, dropout };
+        match mask.dropout {
+            None => self.run(op, args::attention_block_fwd_bf16_d64(o, l, qp, kp, b, s, h, kvh, keys, shift)),
+            Some((d, q0, k0)) => {
+                let (q0, k0) = (int("block's first query", q0), int("block's first key", k0));
+                let launch = with_site!(
+                    args::attention_block_fwd_drop_bf16_d64,
+                    d,
+                    o,
+                    l,
+                    qp,
+                    kp,
+                    b,
+                    s,
+                    h,
+                    kvh,
+                    keys,
+                    shift,
+                    q0,
+                    k0
+                );
+                self.run(op, launch)
+            }
+        }
     }
 
     fn attention_merge(
@@ -55,17 +91,21 @@ impl AttentionOps for GpuDevice {
         shape: AttentionShape,
         positions: usize,
     ) {
-        let (mut o, mut l) = (self.host_copy(out), self.host_copy(lse));
-        let (po, pl) = (self.host_copy(part_out), self.host_copy(part_lse));
-        blocks::merge((&mut o, &mut l), (&po, &pl), shape, positions);
-        self.upload(out, &o);
-        self.upload(lse, &l);
+        let rows = positions * shape.batch;
+        assert!(out.len >= rows * shape.width() && part_out.len >= rows * shape.width());
+        assert!(lse.len >= rows * shape.heads && part_lse.len >= rows * shape.heads);
+        let (po, pl) = (self.view(part_out, Elem::F32), self.view(part_lse, Elem::F32));
+        let (o, l) = (self.view_mut(out, Elem::F32, false), self.view_mut(lse, Elem::F32, false));
+        let [b, p, h, d] = [shape.batch, positions, shape.heads, shape.head_dim].map(|v| int("merge size", v));
+        let n = rows * shape.heads;
+        int("positions·batch·heads", n);
+        self.elementwise(n, args::attention_merge_f32(o.ptr(), l.ptr(), po.ptr(), pl.ptr(), b, p, h, d));
     }
 
     fn attention_block_backward(
         &self,
         grad: &mut GpuBuf,
-        runs: (QkvRun, QkvRun),
+        (dq, dkv): (QkvRun, QkvRun),
         ((dout, out), at): ((&GpuBuf, &GpuBuf), usize),
         (lse, lse_at): (&GpuBuf, usize),
         (q_src, q): (&GpuBuf, QkvRun),
@@ -73,11 +113,49 @@ impl AttentionOps for GpuDevice {
         shape: AttentionShape,
         mask: BlockMask,
     ) {
-        let mut g = self.host_copy(grad);
-        let (d, o, l) = (self.host_copy(dout), self.host_copy(out), self.host_copy(lse));
-        let (qs, ks) = (self.host_copy(q_src), self.host_copy(kv_src));
-        blocks::block_backward(&mut g, runs, ((&d, &o), at), (&l, lse_at), (&qs, q), (&ks, kv), shape, mask);
-        self.upload(grad, &g);
+        let (bt, qw, aw) = (shape.batch, shape.qkv_width(), shape.width());
+        assert!(grad.len >= dq.end(bt, qw) && grad.len >= dkv.end(bt, qw));
+        assert!(dout.len >= at + q.len * bt * aw && out.len >= at + q.len * bt * aw);
+        assert!(lse.len >= lse_at + bt * shape.heads * q.len);
+        assert!(q_src.len >= q.end(bt, qw) && kv_src.len >= kv.end(bt, qw));
+        if q.len == 0 {
+            return;
+        }
+        let [qs, ks, d, o] = [q_src, kv_src, dout, out].map(|b| self.view(b, self.half));
+        let (l, g) = (self.view(lse, Elem::F32), self.view_mut(grad, Elem::F32, false));
+        let at_elem = |b: &GpuBuf, elems: usize| b.ptr() + (elems * b.elem.bytes()) as u64;
+        let row = |b: &GpuBuf, run: QkvRun| at_elem(b, run.at(0, 0, bt, qw));
+        // delta = dO · O of the block's queries (the whole attention's rows), then dK/dV and dQ.
+        let delta = self.scratch(4 * q.len * bt * shape.heads);
+        let block = AttentionShape { seq: q.len, ..shape };
+        let [b, s, h, kvh] = attention_ints(block);
+        let AttentionShape { batch, heads, kv_heads, head_dim, .. } = shape;
+        let (dp, op) = (at_elem(&d, at), at_elem(&o, at));
+        let l_delta = args::attention_bwd_delta_bf16(delta.pointer, dp, op, b, s, h, kvh, int("head dim", head_dim));
+        self.run(Op::AttentionBwdDelta { batch, seq: q.len, heads, kv_heads, head_dim }, l_delta);
+        let (qp, kp, lp, dl) = (row(&qs, q), row(&ks, kv), at_elem(&l, lse_at), delta.pointer);
+        let (gq, gkv) = (row(&g, dq), row(&g, dkv));
+        let keys = int("block keys", kv.len);
+        let shift = if mask.diagonal { 0 } else { keys };
+        let dropout = mask.dropout.is_some();
+        let dkv_op = Op::AttentionBlockBwdDkv { batch, keys: kv.len, heads, kv_heads, head_dim, dropout };
+        let dq_op = Op::AttentionBlockBwdDq { batch, seq: q.len, heads, kv_heads, head_dim, dropout };
+        match mask.dropout {
+            None => {
+                let dkv_args =
+                    args::attention_block_bwd_dkv_bf16_d64(gkv, qp, kp, dp, lp, dl, b, s, h, kvh, keys, shift);
+                self.run(dkv_op, dkv_args);
+                let dq_args = args::attention_block_bwd_dq_bf16_d64(gq, qp, kp, dp, lp, dl, b, s, h, kvh, keys, shift);
+                self.run(dq_op, dq_args);
+            }
+            Some((r, q0, k0)) => {
+                let (q0, k0) = (int("block's first query", q0), int("block's first key", k0));
+                let f = args::attention_block_bwd_dkv_drop_bf16_d64;
+                self.run(dkv_op, with_site!(f, r, gkv, qp, kp, dp, lp, dl, b, s, h, kvh, keys, shift, q0, k0));
+                let f = args::attention_block_bwd_dq_drop_bf16_d64;
+                self.run(dq_op, with_site!(f, r, gq, qp, kp, dp, lp, dl, b, s, h, kvh, keys, shift, q0, k0));
+            }
+        }
     }
 
     fn rope_forward(&self, qkv: &mut GpuBuf, table: &GpuBuf, shape: AttentionShape, rotary: Rotary) {
@@ -263,13 +341,4 @@ fn site_ints(d: &Dropout) -> [i32; 12] {
 fn attention_ints(shape: AttentionShape) -> [i32; 4] {
     let AttentionShape { batch, seq, heads, kv_heads, .. } = shape;
     [int("batch", batch), int("seq", seq), int("heads", heads), int("kv heads", kv_heads)]
-}
-
-impl GpuDevice {
-    /// A buffer's values on the host, as f32.
-    fn host_copy(&self, buf: &GpuBuf) -> Vec<f32> {
-        let mut host = vec![0f32; buf.len];
-        self.download(buf, &mut host);
-        host
-    }
 }

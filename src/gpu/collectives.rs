@@ -610,6 +610,18 @@ impl crate::device::DeviceComm<GpuBuf> for DeviceNccl {
         self.count(|k| k.all_to_all += n as u64);
         self.ordered(|c| c.all_to_all(s, r, n / size, t));
     }
+    fn ring_pass_start(&self, send: &GpuBuf, recv: &mut GpuBuf) {
+        let (s, r, n, t) = (send.ptr(), recv.ptr(), send.len(), send.dtype_with(recv));
+        assert_eq!(recv.len(), n, "ring pass: buffer sizes");
+        self.count(|k| k.send += n as u64);
+        self.run(|c| {
+            let (rank, size) = (c.rank(), c.size());
+            let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+            c.after_compute(None)?;
+            let send = Transfer::Send { buffer: s, count: n, dtype: t, peer: next };
+            c.send_recv(&[send, Transfer::Recv { buffer: r, count: n, dtype: t, peer: prev }])
+        });
+    }
     fn counters(&self) -> crate::comm::CommCounters {
         *self.counted.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -5,16 +5,30 @@
 //! chunk's running output and log-sum-exp; meanwhile the rows move on to `rank + 1`. Backward
 //! runs the same ring, the key/value gradient of the rows a rank holds travelling with them and
 //! arriving at their owner after the last step. A rank holds two ranks' rows at a time, not the
-//! group's. The passes are MPI send-receives on host memory (staged through it on a GPU), taken
-//! before each step's blocks, not overlapped with them.
+//! group's. On a device with a communicator for the group (NCCL/RCCL) the key/value passes run on
+//! its stream while the step's blocks run on the compute stream (`DeviceComm::ring_pass_start`),
+//! the gradients' passes after the blocks that made them; else each pass is an MPI send-receive
+//! on host memory (staged through it on a GPU) before the step's blocks.
 
 use super::context::{ensure_like, ContextSplit};
 use super::context_gather::{attend, block_mask, ensure, ensure_pair, run, store, BlockScratch};
 use crate::comm::Comm;
-use crate::device::{AttentionShape, Device, Dropout};
+use crate::device::{AttentionShape, Device, DeviceComm, Dropout};
 
-/// `recv` becomes the `send` of the previous rank of the ring as `send` goes to the next.
-fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
+/// Starts `recv` becoming the `send` of the previous rank of the ring as `send` goes to the next:
+/// on the device's communicator for the group, returned to wait on (the caller leaves both
+/// buffers alone until then; compute enqueued meanwhile runs beside the pass), else through the
+/// MPI Comm on host memory, done on return (None).
+fn pass_start<'d, D: Device>(
+    dev: &'d D,
+    cp: &dyn Comm,
+    send: &D::Buf,
+    recv: &mut D::Buf,
+) -> Option<&'d dyn DeviceComm<D::Buf>> {
+    if let Some(comm) = dev.device_comm(cp) {
+        comm.ring_pass_start(send, recv);
+        return Some(comm);
+    }
     let (rank, c) = (cp.rank(), cp.size());
     let (next, prev) = ((rank + 1) % c, (rank + c - 1) % c);
     let mut out = vec![0f32; dev.len(send)];
@@ -22,6 +36,14 @@ fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
     let mut back = vec![0f32; dev.len(recv)];
     cp.send_recv(Some((&out, next)), Some((&mut back, prev)));
     dev.upload(recv, &back);
+    None
+}
+
+/// A whole pass (`pass_start`, then its wait).
+fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
+    if let Some(comm) = pass_start(dev, cp, send, recv) {
+        comm.wait();
+    }
 }
 
 /// The chunk slots of rank `src` that the queries of this rank's `slot` attend to, and whether
@@ -53,9 +75,8 @@ pub fn forward<D: Device>(
     }
     for step in 0..split.size {
         let src = (split.rank + split.size - step) % split.size;
-        if step + 1 < split.size {
-            pass(dev, cp, cur, next);
-        }
+        // The next rank's rows travel while this step's blocks run.
+        let passing = (step + 1 < split.size).then(|| pass_start(dev, cp, cur, next)).flatten();
         for slot in 0..2 {
             let q = run(shape, 0, slot);
             let acc = sc.acc[slot].as_mut().expect("allocated above");
@@ -64,6 +85,9 @@ pub fn forward<D: Device>(
                 let mask = block_mask(split, (slot, (src, j)), diagonal, shape, dropout);
                 attend(dev, (acc, &mut sc.part), (qkv, q), kv, shape, mask);
             }
+        }
+        if let Some(comm) = passing {
+            comm.wait();
         }
         std::mem::swap(&mut cur, &mut next);
     }
@@ -96,6 +120,7 @@ pub fn backward<D: Device>(
     let (send, recv) = (ensure(dev, send, local), ensure(dev, recv, local));
     for step in 0..split.size {
         let src = (split.rank + split.size - step) % split.size;
+        let passing = (step + 1 < split.size).then(|| pass_start(dev, cp, cur, next)).flatten();
         for slot in 0..2 {
             let q = run(shape, 0, slot);
             for (j, diagonal) in blocks_of(split, slot, src) {
@@ -114,8 +139,10 @@ pub fn backward<D: Device>(
                 );
             }
         }
+        if let Some(comm) = passing {
+            comm.wait();
+        }
         if step + 1 < split.size {
-            pass(dev, cp, cur, next);
             std::mem::swap(&mut cur, &mut next);
         }
         // The gradient of the rows held goes on with them (after the last step, to their owner).

@@ -44,8 +44,10 @@ pub fn every_op_matches_the_reference(dev: &GpuDevice, seed: u64) {
 /// three sizes, to 184; attention dropout's out, lse, dqkv and masks per head dim, to 196; the
 /// exact GELU's forward and backward on three sizes, to 202; per-document attention's out, lse
 /// and dqkv per head dim, to 211; the input gradient alone (zero-bubble's B pass) on the four
-/// linear cases, to 215).
-pub const OPS_CHECKED: usize = 215;
+/// linear cases, to 215; context parallelism's blocks, per head dim plain and with dropout,
+/// forward out and lse of two blocks, their merge's out and lse and their backward's gradient,
+/// to 257).
+pub const OPS_CHECKED: usize = 257;
 
 /// Outputs `check ops --size small` compares on a GPU Device that runs the Llama-family ops
 /// (CUDA and HIP): `OPS_CHECKED`, RMSNorm's four (out, rstd, dinp, dweight), SwiGLU's two (out, dinp)
@@ -496,8 +498,8 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
     for (name, ranks, extra) in [
         ("CP 2", 2, vec![&a2a[..]]),
         ("CP 2 x DP 2, ZeRO-1", 4, vec![&a2a[..], &["--use-distributed-optimizer"]]),
-        // The blocks stage through the host; the gather and the gradients' reduce-scatter run on
-        // the device's collectives.
+        // The blocks run on the attention kernels' block variants; the gather and the gradients'
+        // reduce-scatter on the device's collectives, as the ring's passes.
         ("CP 2, all_gather", 2, vec![&gather[..]]),
         ("CP 2, p2p", 2, vec![&["--cp-comm-type", "p2p"][..]]),
         // The swap inside a pair (on the pair's own communicator), a ring of one.
@@ -518,14 +520,9 @@ pub fn context_parallel_over_nccl_matches_mpi_and_one_rank(
         };
         let (on_device, calls) = run(library);
         eprintln!("{name} on {device}: NCCL calls on all ranks {calls:?}");
-        // The ring's passes are MPI send-receives on the host; the gradients' all-reduce, the
-        // all_gather type's gathers and the swaps' all-to-alls (grouped sends and receives, one
-        // per peer) run on the device.
-        let op = match name {
-            "CP 2, p2p" => "all_reduce",
-            "CP 2, all_gather" => "all_gather",
-            _ => "send_recv",
-        };
+        // The ring's passes (a grouped send and receive), the all_gather type's gathers and the
+        // swaps' all-to-alls (grouped sends and receives, one per peer) run on the device.
+        let op = if name == "CP 2, all_gather" { "all_gather" } else { "send_recv" };
         assert!(calls.get(op).is_some_and(|&n| n > 0), "{name}: no {op} through NCCL: {calls:?}");
         let (on_host, none) = run("mpi");
         assert!(none.is_empty(), "{name}: --gpu-collectives mpi called NCCL: {none:?}");

@@ -37,6 +37,7 @@
 // The portable kernels of kernels/ pick the HIP base (kernels/common/portable.h).
 #define TRIDENT_EMU_HIP 1
 #include "../../kernels/adamw.cu"
+#include "../../kernels-hip/attention_block.hip"
 #include "../../kernels-hip/attention_bwd.hip"
 #include "../../kernels-hip/attention_fwd.hip"
 #include "../../kernels/casts.cu"

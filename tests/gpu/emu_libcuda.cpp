@@ -43,6 +43,7 @@
 #include <utility>
 
 #include "../../kernels/adamw.cu"
+#include "../../kernels-cuda/attention_block.cu"
 #include "../../kernels-cuda/attention_bwd.cu"
 #include "../../kernels-cuda/attention_fwd.cu"
 #include "../../kernels/casts.cu"

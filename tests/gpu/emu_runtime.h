@@ -160,6 +160,24 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(attention_bwd_dq_drop_docs_bf16_d32),
     EMU_KERNEL(attention_bwd_dq_drop_docs_bf16_d64),
     EMU_KERNEL(attention_bwd_dq_drop_docs_bf16_d128),
+    EMU_KERNEL(attention_block_fwd_bf16_d32),
+    EMU_KERNEL(attention_block_fwd_bf16_d64),
+    EMU_KERNEL(attention_block_fwd_bf16_d128),
+    EMU_KERNEL(attention_block_fwd_drop_bf16_d32),
+    EMU_KERNEL(attention_block_fwd_drop_bf16_d64),
+    EMU_KERNEL(attention_block_fwd_drop_bf16_d128),
+    EMU_KERNEL(attention_block_bwd_dkv_bf16_d32),
+    EMU_KERNEL(attention_block_bwd_dkv_bf16_d64),
+    EMU_KERNEL(attention_block_bwd_dkv_bf16_d128),
+    EMU_KERNEL(attention_block_bwd_dkv_drop_bf16_d32),
+    EMU_KERNEL(attention_block_bwd_dkv_drop_bf16_d64),
+    EMU_KERNEL(attention_block_bwd_dkv_drop_bf16_d128),
+    EMU_KERNEL(attention_block_bwd_dq_bf16_d32),
+    EMU_KERNEL(attention_block_bwd_dq_bf16_d64),
+    EMU_KERNEL(attention_block_bwd_dq_bf16_d128),
+    EMU_KERNEL(attention_block_bwd_dq_drop_bf16_d32),
+    EMU_KERNEL(attention_block_bwd_dq_drop_bf16_d64),
+    EMU_KERNEL(attention_block_bwd_dq_drop_bf16_d128),
     EMU_KERNEL(cast_f32_to_bf16),
     EMU_KERNEL(cast_bf16_to_f32),
     EMU_KERNEL(embedding_fwd_bf16),
@@ -185,6 +203,7 @@ inline const KernelEntry kKernelsOfBothVendors[] = {
     EMU_KERNEL(xent_bwd_bf16),
     EMU_KERNEL(add_f32),
     EMU_KERNEL(add_assign_f32),
+    EMU_KERNEL(attention_merge_f32),
     EMU_KERNEL(add_bias_f32),
     EMU_KERNEL(bias_dropout_add_f32),
     EMU_KERNEL(dropout_f32),
@@ -303,9 +322,10 @@ inline void wait_device_idle() {
   while (pending && pending() > 0) sched_yield();
 }
 // EMU_STREAM_LOG=path appends "<pid> launch <stream>" the first time a kernel is launched on a
-// stream, "<pid> record <event> <stream>" per event record and "<pid> wait <stream> <event>" per
-// stream wait (the fake NCCL adds "<pid> nccl <op> <stream>"), so a test sees which streams the
-// compute and the collectives run on and the events that order them.
+// stream (every time with EMU_STREAM_LOG_LAUNCHES=all), "<pid> record <event> <stream>" per event
+// record and "<pid> wait <stream> <event>" per stream wait (the fake NCCL adds "<pid> nccl <op>
+// <stream>"), so a test sees which streams the compute and the collectives run on, the events
+// that order them, and what compute was enqueued while a collective was in flight.
 inline void stream_log(const char* kind, void* a, void* b, bool pair = true) {
   const char* path = std::getenv("EMU_STREAM_LOG");
   if (!path || !*path) return;
@@ -321,7 +341,11 @@ inline void log_launch_stream(void* stream) {
   static std::mutex lock;
   static std::map<void*, bool> seen;
   std::lock_guard<std::mutex> hold(lock);
-  if (!seen[stream]) {
+  static const bool every = [] {
+    const char* v = std::getenv("EMU_STREAM_LOG_LAUNCHES");
+    return v && std::strcmp(v, "all") == 0;
+  }();
+  if (!seen[stream] || every) {
     seen[stream] = true;
     stream_log("launch", stream, nullptr, false);
   }

@@ -21,6 +21,8 @@ use crate::flags::CHECK_OPS_FLAGS;
 use crate::real::Precision;
 use crate::rng::Stream;
 
+mod attention;
+
 /// Case sizes: `Small` keeps an emulated GPU fast; `Full` adds GPT-2-sized shapes for a real one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {
@@ -739,102 +741,6 @@ fn linear<D: Device>(run: &mut Run<D>, cases: &[(usize, usize, usize)]) {
     }
 }
 
-/// Per-document attention's starts (`--reset-attention-mask`) for `shape`: the first sequence's
-/// documents start at 3, 37, 70 and its last position, the others' at 64 when they reach it.
-fn document_starts(shape: AttentionShape) -> Vec<u32> {
-    let seq = shape.seq;
-    let cut = |cuts: &[usize], t: usize| cuts.iter().rev().find(|&&c| c <= t).map_or(0, |&c| c as u32);
-    let first: Vec<usize> = [3, 37, 70, seq - 1].into_iter().filter(|&c| c > 0).collect();
-    let s = (0..shape.batch).flat_map(|b| (0..seq).map(move |t| (b, t)));
-    s.map(|(b, t)| if b == 0 { cut(&first, t) } else { cut(&[64], t) }).collect()
-}
-
-/// Causal attention forward and backward; a grouped-query shape (`kv_heads < heads`) names its
-/// key/value heads. With `documents`, per-document attention (`document_starts`).
-fn attention<D: Device>(run: &mut Run<D>, cases: &[AttentionShape], documents: bool) {
-    let (dev, r) = (run.dev, ReferenceDevice);
-    for &shape in cases {
-        let AttentionShape { batch, seq, heads, kv_heads, head_dim } = shape;
-        let (rows, w, qkv_w) = (shape.rows(), shape.width(), shape.qkv_width());
-        let qkv = run.halves(rows * qkv_w, "qkv", 1.0);
-        let dout = run.halves(rows * w, "dout", 1.0);
-        let groups = if kv_heads < heads { format!(" kv{kv_heads}") } else { String::new() };
-        let starts = documents.then(|| document_starts(shape));
-        let docs = if documents { " documents" } else { "" };
-        let case = format!("b{batch} s{seq} h{heads}{groups} d{head_dim}{docs}");
-        let gq = run.up(&qkv);
-        let (mut out, mut lse) = (dev.alloc(rows * w), dev.alloc(rows * heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, None, starts.as_deref());
-        let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, None, starts.as_deref());
-        run.push_dev("attention_forward out", &case, &out, &rout, run.half_bound());
-        run.push_dev("attention_forward lse", &case, &lse, &rlse, Bound::F32(1e-4));
-        // Backward from the device's own forward output, as training runs it.
-        let (out_host, lse_host) = (run.down(&out), run.down(&lse));
-        let mut dqkv = run.up(&vec![9.0; rows * qkv_w]);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, None, starts.as_deref());
-        let mut rdqkv = r.alloc(rows * qkv_w);
-        let (rdout, rout) = (refb(&dout), refb(&out_host));
-        r.attention_backward(&mut rdqkv, &rdout, &refb(&qkv), &rout, &refb(&lse_host), shape, None, starts.as_deref());
-        run.push_dev("attention_backward dqkv", &case, &dqkv, &rdqkv, run.half_bound());
-    }
-}
-
-/// Attention dropout: forward and backward against the reference on random inputs
-/// (`dropout_site`'s masks, with the heads of a wider tensor), and the masks themselves, which
-/// must be the reference's bit for bit. With q = 0 every probability of row t is 1/(t+1); with
-/// v_u and dO_t one-hot (at component u and t), out[t][u] and dV[u][t] are m_tu / ((t+1)(1-p)),
-/// so which entries are zero is the mask of the forward's kernel and of dK/dV's.
-fn attention_dropout<D: Device>(run: &mut Run<D>, head_dims: &[usize]) {
-    let (dev, r) = (run.dev, ReferenceDevice);
-    for &d in head_dims {
-        let shape = AttentionShape::new(2, 37, 4, d).grouped(2);
-        let (rows, w, qkv_w) = (shape.rows(), shape.width(), shape.qkv_width());
-        let site = Dropout { batch: 2, seq: 37, t0: 0, width: 9, col0: 3, ..dropout_site(rows, w) };
-        let case = format!("b2 s37 h4 kv2 d{d} p0.3");
-        let (qkv, dout) = (run.halves(rows * qkv_w, "qkv", 1.0), run.halves(rows * w, "dout", 1.0));
-        let (gq, mut out, mut lse) = (run.up(&qkv), dev.alloc(rows * w), dev.alloc(rows * shape.heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site), None);
-        let (mut rout, mut rlse) = (r.alloc(rows * w), r.alloc(rows * shape.heads));
-        r.attention_forward(&mut rout, &mut rlse, &refb(&qkv), shape, Some(&site), None);
-        run.push_dev("attention_forward out, dropout", &case, &out, &rout, run.half_bound());
-        run.push_dev("attention_forward lse, dropout", &case, &lse, &rlse, Bound::F32(1e-4));
-        let (out_host, lse_host) = (refb(&run.down(&out)), refb(&run.down(&lse)));
-        let mut dqkv = dev.alloc(rows * qkv_w);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site), None);
-        let mut rdqkv = r.alloc(rows * qkv_w);
-        r.attention_backward(&mut rdqkv, &refb(&dout), &refb(&qkv), &out_host, &lse_host, shape, Some(&site), None);
-        run.push_dev("attention_backward dqkv, dropout", &case, &dqkv, &rdqkv, run.half_bound());
-        // The masks: one-hot values and output gradients over `seq <= d` positions.
-        let seq = d.min(24);
-        let shape = AttentionShape::new(2, seq, 2, d);
-        let (rows, w, qkv_w) = (shape.rows(), shape.width(), shape.qkv_width());
-        let site = Dropout { batch: 2, seq, t0: 0, width: 5, col0: 1, ..dropout_site(rows, w) };
-        let (mut qkv, mut dout) = (vec![0f32; rows * qkv_w], vec![0f32; rows * w]);
-        for (t, b, h) in (0..seq).flat_map(|t| (0..2).flat_map(move |b| (0..2).map(move |h| (t, b, h)))) {
-            let (_, _, v) = shape.qkv_offsets(h);
-            qkv[(t * 2 + b) * qkv_w + v + t] = 1.0;
-            dout[(t * 2 + b) * w + h * d + t] = 1.0;
-        }
-        let (gq, mut out, mut lse) = (run.up(&qkv), dev.alloc(rows * w), dev.alloc(rows * shape.heads));
-        dev.attention_forward(&mut out, &mut lse, &gq, shape, Some(&site), None);
-        let mut dqkv = dev.alloc(rows * qkv_w);
-        dev.attention_backward(&mut dqkv, &run.up(&dout), &gq, &out, &lse, shape, Some(&site), None);
-        let (out, dqkv) = (run.down(&out), run.down(&dqkv));
-        let (mut got, mut want) = (Vec::new(), Vec::new());
-        for (t, b, h) in (0..seq).flat_map(|t| (0..2).flat_map(move |b| (0..2).map(move |h| (t, b, h)))) {
-            let (_, _, v) = shape.qkv_offsets(h);
-            for u in 0..=t {
-                let kept = site.keeps(site.attention_index(b, h, t) + u as u64);
-                want.extend([kept as u8 as f64; 2]);
-                got.push((out[(t * 2 + b) * w + h * d + u] != 0.0) as u8 as f32);
-                got.push((dqkv[(u * 2 + b) * qkv_w + v + t] != 0.0) as u8 as f32);
-            }
-        }
-        run.push("attention dropout masks (out, dV)", &format!("b2 s{seq} h2 d{d}"), &got, &want, Bound::Exact);
-    }
-}
-
 /// Runs every op of `dev` on the cases of `size` and compares each output with the reference.
 /// `head_dims` are the attention head dimensions the device supports. `half` is the 16-bit format
 /// (bf16, or f16 for a GPU Device on its fp16 module): the linear layers run with that matmul
@@ -890,9 +796,10 @@ pub fn run_all<D: Device>(dev: &D, size: Size, head_dims: &[usize], seed: u64, h
     rope(&mut run, &rot);
     cross_entropy(&mut run, &xent);
     linear(&mut run, &lin);
-    attention(&mut run, &attn, false);
-    attention(&mut run, &docs, true);
-    attention_dropout(&mut run, head_dims);
+    attention::attention(&mut run, &attn, false);
+    attention::attention(&mut run, &docs, true);
+    attention::attention_dropout(&mut run, head_dims);
+    attention::attention_blocks(&mut run, head_dims);
     run.out
 }
 

@@ -172,6 +172,35 @@ pub enum Op {
         /// The `_docs_` kernels: per-document attention (`kernels/common/documents.h`).
         documents: bool,
     },
+    /// One block of context parallelism's blockwise attention (`kernels/common/key_block.h`):
+    /// `seq` queries of one fused-QKV buffer against keys of another, as the forward's grid.
+    AttentionBlockFwd {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        /// The `_drop_` kernels: attention dropout at the block's whole-sequence positions.
+        dropout: bool,
+    },
+    /// A block's dK/dV, a block per (key tile, sequence, key/value head) over its `keys`, and
+    /// its dQ, as the whole attention's over its `seq` queries.
+    AttentionBlockBwdDkv {
+        batch: usize,
+        keys: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dropout: bool,
+    },
+    AttentionBlockBwdDq {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dropout: bool,
+    },
     AttentionBwdDelta {
         batch: usize,
         seq: usize,
@@ -431,6 +460,9 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         }
     }
     if let Op::AttentionFwd { heads, kv_heads, .. }
+    | Op::AttentionBlockFwd { heads, kv_heads, .. }
+    | Op::AttentionBlockBwdDkv { heads, kv_heads, .. }
+    | Op::AttentionBlockBwdDq { heads, kv_heads, .. }
     | Op::AttentionBwdDelta { heads, kv_heads, .. }
     | Op::AttentionBwdDkv { heads, kv_heads, .. }
     | Op::AttentionBwdDq { heads, kv_heads, .. } = *op
@@ -498,10 +530,13 @@ pub fn plan(op: &Op, vendor: Vendor, limits: &DeviceLimits, multiprocessors: u32
         Op::EmbeddingBwdWte { segments, hidden, .. } => ([segments, hidden, 1], [1, t, 1]),
         Op::EmbeddingBwdWpe { seq, hidden, .. } => ([hidden, seq, 1], [t, 1, 1]),
         Op::AttentionFwd { batch, seq, heads, head_dim, .. }
+        | Op::AttentionBlockFwd { batch, seq, heads, head_dim, .. }
+        | Op::AttentionBlockBwdDq { batch, seq, heads, head_dim, .. }
         | Op::AttentionBwdDq { batch, seq, heads, head_dim, .. } => {
             ([seq, batch * heads, 1], [attention_queries(vendor, head_dim), 1, 1])
         }
-        Op::AttentionBwdDkv { batch, seq, kv_heads, .. } => ([seq, batch * kv_heads, 1], [64, 1, 1]),
+        Op::AttentionBwdDkv { batch, seq, kv_heads, .. }
+        | Op::AttentionBlockBwdDkv { batch, keys: seq, kv_heads, .. } => ([seq, batch * kv_heads, 1], [64, 1, 1]),
         // A warp per (row, head): 4 per block of 128.
         Op::AttentionBwdDelta { batch, seq, heads, .. } => ([seq * batch * heads, 1, 1], [4, 1, 1]),
     };
@@ -538,14 +573,6 @@ pub const fn attention_queries(vendor: Vendor, head_dim: usize) -> usize {
 
 /// The kernel that computes `op`.
 pub fn kernel_of(op: &Op) -> Result<Kernel> {
-    let by_dim = |d: usize, [d32, d64, d128]: [Kernel; 3], what: &str| match d {
-        32 => Ok(d32),
-        64 => Ok(d64),
-        128 => Ok(d128),
-        _ => Err(Error::Unsupported(format!(
-            "{what} on the GPU: the kernels are built for head dims 32, 64 and 128, and this model's head dim is {d}"
-        ))),
-    };
     Ok(match *op {
         Op::GemmFwd { out: GemmOut::F32, .. } => Kernel::GemmFwdBf16F32out,
         Op::GemmFwd { out: GemmOut::Bf16, .. } => Kernel::GemmFwdBf16,
@@ -579,6 +606,27 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
         Op::EmbeddingFwd { .. } => Kernel::EmbeddingFwdBf16,
         Op::EmbeddingBwdWte { .. } => Kernel::EmbeddingBwdWteBf16,
         Op::EmbeddingBwdWpe { .. } => Kernel::EmbeddingBwdWpeBf16,
+        Op::AttentionFwd { .. }
+        | Op::AttentionBlockFwd { .. }
+        | Op::AttentionBlockBwdDkv { .. }
+        | Op::AttentionBlockBwdDq { .. }
+        | Op::AttentionBwdDelta { .. }
+        | Op::AttentionBwdDkv { .. }
+        | Op::AttentionBwdDq { .. } => attention_kernel(op)?,
+    })
+}
+
+/// The attention ops' kernels, by head dim and variant.
+fn attention_kernel(op: &Op) -> Result<Kernel> {
+    let by_dim = |d: usize, [d32, d64, d128]: [Kernel; 3], what: &str| match d {
+        32 => Ok(d32),
+        64 => Ok(d64),
+        128 => Ok(d128),
+        _ => Err(Error::Unsupported(format!(
+            "{what} on the GPU: the kernels are built for head dims 32, 64 and 128, and this model's head dim is {d}"
+        ))),
+    };
+    Ok(match *op {
         Op::AttentionFwd { head_dim, dropout: false, documents: false, .. } => by_dim(
             head_dim,
             [Kernel::AttentionFwdBf16D32, Kernel::AttentionFwdBf16D64, Kernel::AttentionFwdBf16D128],
@@ -602,6 +650,56 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
                 Kernel::AttentionFwdDropDocsBf16D128,
             ],
             "attention forward",
+        )?,
+        Op::AttentionBlockFwd { head_dim, dropout: false, .. } => by_dim(
+            head_dim,
+            [Kernel::AttentionBlockFwdBf16D32, Kernel::AttentionBlockFwdBf16D64, Kernel::AttentionBlockFwdBf16D128],
+            "attention block forward",
+        )?,
+        Op::AttentionBlockFwd { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBlockFwdDropBf16D32,
+                Kernel::AttentionBlockFwdDropBf16D64,
+                Kernel::AttentionBlockFwdDropBf16D128,
+            ],
+            "attention block forward",
+        )?,
+        Op::AttentionBlockBwdDkv { head_dim, dropout: false, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBlockBwdDkvBf16D32,
+                Kernel::AttentionBlockBwdDkvBf16D64,
+                Kernel::AttentionBlockBwdDkvBf16D128,
+            ],
+            "attention block backward",
+        )?,
+        Op::AttentionBlockBwdDkv { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBlockBwdDkvDropBf16D32,
+                Kernel::AttentionBlockBwdDkvDropBf16D64,
+                Kernel::AttentionBlockBwdDkvDropBf16D128,
+            ],
+            "attention block backward",
+        )?,
+        Op::AttentionBlockBwdDq { head_dim, dropout: false, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBlockBwdDqBf16D32,
+                Kernel::AttentionBlockBwdDqBf16D64,
+                Kernel::AttentionBlockBwdDqBf16D128,
+            ],
+            "attention block backward",
+        )?,
+        Op::AttentionBlockBwdDq { head_dim, dropout: true, .. } => by_dim(
+            head_dim,
+            [
+                Kernel::AttentionBlockBwdDqDropBf16D32,
+                Kernel::AttentionBlockBwdDqDropBf16D64,
+                Kernel::AttentionBlockBwdDqDropBf16D128,
+            ],
+            "attention block backward",
         )?,
         Op::AttentionBwdDelta { head_dim, .. } => {
             by_dim(head_dim, [Kernel::AttentionBwdDeltaBf16; 3], "attention backward")?
@@ -662,6 +760,7 @@ pub fn kernel_of(op: &Op) -> Result<Kernel> {
             ],
             "attention backward",
         )?,
+        _ => unreachable!("kernel_of passes attention ops alone"),
     })
 }
 
@@ -696,6 +795,9 @@ fn int_arguments(op: &Op) -> Vec<(&'static str, usize)> {
         }
         Op::EmbeddingBwdWte { positions, hidden, .. } => vec![("batch·seq", positions), ("hidden", hidden)],
         Op::AttentionFwd { batch, seq, heads, kv_heads, head_dim, .. }
+        | Op::AttentionBlockFwd { batch, seq, heads, kv_heads, head_dim, .. }
+        | Op::AttentionBlockBwdDkv { batch, keys: seq, heads, kv_heads, head_dim, .. }
+        | Op::AttentionBlockBwdDq { batch, seq, heads, kv_heads, head_dim, .. }
         | Op::AttentionBwdDelta { batch, seq, heads, kv_heads, head_dim }
         | Op::AttentionBwdDkv { batch, seq, heads, kv_heads, head_dim, .. }
         | Op::AttentionBwdDq { batch, seq, heads, kv_heads, head_dim, .. } => {
