@@ -160,8 +160,8 @@ gpu-bench:
 gpu-first-light:
 	tests/gpu/first-light.sh $(if $(OUT),--out $(OUT))
 
-# On one GPU: TP 2 x PP 2, TP 2 x DP 2 with ZeRO-1, 2-D TP 2 x 2 and a Llama TP 2 x DP 2 as 4 ranks
-# sharing it (--gpu-collectives mpi), each against the same run on the CPU (tests/gpu/layouts.sh;
+# On one GPU: TP 2 x PP 2, TP 2 x DP 2 with ZeRO-1, 2-D TP 2 x 2, a Llama TP 2 x DP 2, CP 2 x DP 2
+# (the ring) and CP 4 (all_gather) as 4 ranks sharing it (--gpu-collectives mpi), each against the same run on the CPU (tests/gpu/layouts.sh;
 # its header lists the knobs). It needs the MPI build (target/release/trident) and an mpirun: on
 # a node without MPI, MPI_BUNDLE names the folder `make gpu-mpi-bundle` filled on the build
 # machine (Debian's Open MPI unpacked, about 20 MB; MPI_BUNDLE_DIR, default target/mpi-bundle).

@@ -638,9 +638,8 @@ fn context_parallel_over_nccl_matches_mpi_and_one_rank() {
 /// asynchronous fake NCCL: the same losses as through MPI, and in the emulated driver's and the
 /// fake NCCL's stream log every pass on a stream no kernel runs on, after an event recorded on
 /// the compute stream, the compute stream waiting for it again, and block kernels launched on the
-/// compute stream while passes were in flight (the forward's and the backward's key/value
-/// passes; the gradients' follow the blocks that made them). Mutating `ring_pass_start` into a
-/// whole pass (`pass`) fails it.
+/// compute stream while passes were in flight (the key/value rows forward and backward, and the
+/// key/value gradient beside the next step's blocks). Waiting at once in `pass_start` fails it.
 #[test]
 fn the_ring_passes_keys_and_values_beside_the_blocks_on_nccl() {
     let Some(emu) = emulated() else { return };

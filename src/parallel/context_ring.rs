@@ -5,10 +5,11 @@
 //! chunk's running output and log-sum-exp; meanwhile the rows move on to `rank + 1`. Backward
 //! runs the same ring, the key/value gradient of the rows a rank holds travelling with them and
 //! arriving at their owner after the last step. A rank holds two ranks' rows at a time, not the
-//! group's. On a device with a communicator for the group (NCCL/RCCL) the key/value passes run on
-//! its stream while the step's blocks run on the compute stream (`DeviceComm::ring_pass_start`),
-//! the gradients' passes after the blocks that made them; else each pass is an MPI send-receive
-//! on host memory (staged through it on a GPU) before the step's blocks.
+//! group's. On a device with a communicator for the group (NCCL/RCCL) every pass runs on its
+//! stream while a step's blocks run on the compute stream (`DeviceComm::ring_pass_start`): the
+//! key/value rows a step's blocks read next, and backward's key/value gradient, which a rank
+//! sends on as its own contribution plus the sum that arrived from the rank before; else each
+//! pass is an MPI send-receive on host memory (staged through it on a GPU).
 
 use super::context::{ensure_like, ContextSplit};
 use super::context_gather::{attend, block_mask, ensure, ensure_pair, run, store, BlockScratch};
@@ -37,13 +38,6 @@ fn pass_start<'d, D: Device>(
     cp.send_recv(Some((&out, next)), Some((&mut back, prev)));
     dev.upload(recv, &back);
     None
-}
-
-/// A whole pass (`pass_start`, then its wait).
-fn pass<D: Device>(dev: &D, cp: &dyn Comm, send: &D::Buf, recv: &mut D::Buf) {
-    if let Some(comm) = pass_start(dev, cp, send, recv) {
-        comm.wait();
-    }
 }
 
 /// The chunk slots of rank `src` that the queries of this rank's `slot` attend to, and whether
@@ -113,11 +107,15 @@ pub fn backward<D: Device>(
     let [a, b] = &mut sc.kv;
     let (mut cur, mut next) = (ensure_like(dev, a, qkv, local), ensure_like(dev, b, qkv, local));
     dev.copy(cur, 0, qkv, 0, local);
-    // This rank's query gradient, then the key/value gradient of the rows it holds.
+    // This rank's query gradient, then this step's key/value gradient of the rows it holds (the
+    // sum over the ranks that held them before travels with them, `recv`; zeros from `zeros`).
     let grad = ensure(dev, &mut sc.contrib, 2 * local);
     dev.fill(grad, 0.0);
+    let zeros = ensure(dev, &mut sc.summed, local);
+    dev.fill(zeros, 0.0);
     let [send, recv] = &mut sc.wire;
     let (send, recv) = (ensure(dev, send, local), ensure(dev, recv, local));
+    let mut arriving: Option<&dyn DeviceComm<D::Buf>> = None;
     for step in 0..split.size {
         let src = (split.rank + split.size - step) % split.size;
         let passing = (step + 1 < split.size).then(|| pass_start(dev, cp, cur, next)).flatten();
@@ -145,15 +143,24 @@ pub fn backward<D: Device>(
         if step + 1 < split.size {
             std::mem::swap(&mut cur, &mut next);
         }
-        // The gradient of the rows held goes on with them (after the last step, to their owner).
+        // The gradient of the rows held, the earlier holders' (arrived meanwhile) and this
+        // step's, goes on with them while the next step's blocks run (after the last step, to
+        // their owner).
+        if let Some(comm) = arriving.take() {
+            comm.wait();
+        }
         dev.copy(send, 0, grad, local, local);
-        pass(dev, cp, send, recv);
-        dev.copy(grad, local, recv, 0, local);
+        if step > 0 {
+            dev.add_assign(send, recv);
+        }
+        dev.copy(grad, local, zeros, 0, local);
+        arriving = pass_start(dev, cp, send, recv);
     }
-    let summed = ensure(dev, &mut sc.summed, local);
-    dev.copy(summed, 0, grad, local, local);
+    if let Some(comm) = arriving {
+        comm.wait();
+    }
     dev.copy(dqkv, 0, grad, 0, local);
-    dev.add_assign(dqkv, summed);
+    dev.add_assign(dqkv, recv);
 }
 
 #[cfg(test)]

@@ -7,13 +7,15 @@
 #   tp2-dp2-zero1   TP 2 x DP 2 with the distributed optimizer (ZeRO-1)
 #   tp2d            2-D tensor parallelism, 2 x 2 (SUMMA: the split LayerNorm)
 #   llama-tp2-dp2   the llama-tiny preset (RMSNorm, SwiGLU, rotary, grouped queries), TP 2 x DP 2
+#   cp2-dp2-p2p     context parallelism's ring (--cp-comm-type p2p, the block kernels), CP 2 x DP 2
+#   cp4-all-gather  context parallelism's all_gather blocks, CP 4
 # Usage: layouts.sh [--out DIR]   (logs, and summary.tsv: layout, passed or failed, why)
 # Environment:
 #   TRIDENT_BIN      the binary, built with MPI (default target/release/trident)
 #   MPI_BUNDLE       a folder `tests/gpu/mpi-bundle.sh` filled (Debian's Open MPI unpacked), for a
 #                    node without MPI: its mpirun and libraries are used
 #   LAYOUTS_LAUNCH   the 4-rank launcher (default: Open MPI's mpirun with -np 4; e.g. "srun -n 4")
-#   LAYOUTS          the layouts to run, space-separated (default: all four)
+#   LAYOUTS          the layouts to run, space-separated (default: all six)
 #   LAYOUTS_ITERS    iterations (default 20); LAYOUTS_RTOL the loss agreement (default 1e-2)
 #   LAYOUTS_MODEL    the GPT layouts' model and batch flags (default: 4 layers of 128 in 4 heads,
 #                    64 tokens, micro-batch 2, global batch 8)
@@ -38,7 +40,7 @@ mkdir -p "$out" || exit 2
 bin=${TRIDENT_BIN:-$root/target/release/trident}
 iters=${LAYOUTS_ITERS:-20}
 rtol=${LAYOUTS_RTOL:-1e-2}
-read -r -a layouts <<<"${LAYOUTS:-tp2-pp2 tp2-dp2-zero1 tp2d llama-tp2-dp2}"
+read -r -a layouts <<<"${LAYOUTS:-tp2-pp2 tp2-dp2-zero1 tp2d llama-tp2-dp2 cp2-dp2-p2p cp4-all-gather}"
 
 if [ -n "${MPI_BUNDLE:-}" ]; then
   # Debian's Open MPI unpacked under MPI_BUNDLE/usr: its programs, libraries, components and
@@ -92,6 +94,8 @@ flags_of() {
     tp2-dp2-zero1) echo "${gpt[*]} --tensor-model-parallel-size 2 --use-distributed-optimizer" ;;
     tp2d) echo "${gpt[*]} --tensor-model-parallel-size 4 --tensor-parallel-mode 2d" ;;
     llama-tp2-dp2) echo "--preset llama-tiny --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --tensor-model-parallel-size 2" ;;
+    cp2-dp2-p2p) echo "${gpt[*]} --context-parallel-size 2 --cp-comm-type p2p" ;;
+    cp4-all-gather) echo "${gpt[*]} --context-parallel-size 4 --cp-comm-type all_gather" ;;
     *) return 1 ;;
   esac
 }
@@ -100,7 +104,7 @@ printf 'layout\tresult\twhy\n' >"$out/summary.tsv"
 failed=0
 for layout in "${layouts[@]}"; do
   if ! flags=$(flags_of "$layout"); then
-    echo "layouts: unknown layout '$layout' (tp2-pp2 tp2-dp2-zero1 tp2d llama-tp2-dp2)" >&2
+    echo "layouts: unknown layout '$layout' (tp2-pp2 tp2-dp2-zero1 tp2d llama-tp2-dp2 cp2-dp2-p2p cp4-all-gather)" >&2
     exit 2
   fi
   read -r -a flags <<<"$flags"
