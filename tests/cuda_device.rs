@@ -387,11 +387,7 @@ fn zero2_reduce_scatters_every_micro_batch_on_nccl_with_the_same_bits() {
 /// recorded on the collectives' streams.
 fn assert_ordered_by_events(log: &str) {
     use std::collections::{HashMap, HashSet};
-    let mut by_pid: HashMap<&str, Vec<Vec<&str>>> = HashMap::new();
-    for line in log.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        by_pid.entry(words[0]).or_default().push(words[1..].to_vec());
-    }
+    let by_pid = by_process(log);
     let mut checked = 0;
     for (pid, lines) in by_pid {
         let compute: HashSet<&str> = lines.iter().filter(|w| w[0] == "launch").map(|w| w[1]).collect();
@@ -418,6 +414,16 @@ fn assert_ordered_by_events(log: &str) {
         }
     }
     assert!(checked >= 2, "{checked} processes ran collectives through NCCL");
+}
+
+/// EMU_STREAM_LOG's lines by process id, each as its words after the id.
+fn by_process(log: &str) -> std::collections::HashMap<&str, Vec<Vec<&str>>> {
+    let mut by_pid: std::collections::HashMap<&str, Vec<Vec<&str>>> = std::collections::HashMap::new();
+    for line in log.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        by_pid.entry(words[0]).or_default().push(words[1..].to_vec());
+    }
+    by_pid
 }
 
 /// Pipeline p2p through NCCL on device memory, for every schedule, against the same runs with
@@ -668,11 +674,7 @@ fn the_ring_passes_keys_and_values_beside_the_blocks_on_nccl() {
 /// stream no kernel runs on, after its stream waited for an event recorded on a compute stream.
 fn passes_beside_compute(log: &str) -> Vec<(usize, usize)> {
     use std::collections::{HashMap, HashSet};
-    let mut by_pid: HashMap<&str, Vec<Vec<&str>>> = HashMap::new();
-    for line in log.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        by_pid.entry(words[0]).or_default().push(words[1..].to_vec());
-    }
+    let by_pid = by_process(log);
     let mut out = Vec::new();
     for (pid, lines) in by_pid {
         let compute: HashSet<&str> = lines.iter().filter(|w| w[0] == "launch").map(|w| w[1]).collect();
