@@ -63,22 +63,8 @@ impl AttentionOps for GpuDevice {
             None => self.run(op, args::attention_block_fwd_bf16_d64(o, l, qp, kp, b, s, h, kvh, keys, shift)),
             Some((d, q0, k0)) => {
                 let (q0, k0) = (int("block's first query", q0), int("block's first key", k0));
-                let launch = with_site!(
-                    args::attention_block_fwd_drop_bf16_d64,
-                    d,
-                    o,
-                    l,
-                    qp,
-                    kp,
-                    b,
-                    s,
-                    h,
-                    kvh,
-                    keys,
-                    shift,
-                    q0,
-                    k0
-                );
+                let f = args::attention_block_fwd_drop_bf16_d64;
+                let launch = with_site!(f, d, o, l, qp, kp, b, s, h, kvh, keys, shift, q0, k0);
                 self.run(op, launch)
             }
         }
