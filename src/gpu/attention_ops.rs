@@ -50,19 +50,16 @@ impl AttentionOps for GpuDevice {
         assert!(kv.len > 0, "a block's queries see at least one key");
         let (qs, ks) = (self.view(q_src, self.half), self.view(kv_src, self.half));
         let (o, l) = (self.view_mut(out, Elem::F32, false), self.view_mut(lse, Elem::F32, false));
-        // Each run from its first position's row; query t sees keys up to t + shift.
-        let at = |b: &GpuBuf, run: QkvRun| b.ptr() + (run.at(0, 0, bt, qw) * b.elem.bytes()) as u64;
-        let (qp, kp, o, l) = (at(&qs, q), at(&ks, kv), o.ptr(), l.ptr());
+        let (qp, kp, o, l) = (run_at(&qs, q, shape), run_at(&ks, kv, shape), o.ptr(), l.ptr());
         let [b, s, h, kvh] = attention_ints(AttentionShape { seq: q.len, ..shape });
-        let keys = int("block keys", kv.len);
-        let shift = if mask.diagonal { 0 } else { keys };
+        let [keys, shift] = key_block_ints(kv, mask);
         let AttentionShape { batch, heads, kv_heads, head_dim, .. } = shape;
         let dropout = mask.dropout.is_some();
         let op = Op::AttentionBlockFwd { batch, seq: q.len, heads, kv_heads, head_dim, dropout };
         match mask.dropout {
             None => self.run(op, args::attention_block_fwd_bf16_d64(o, l, qp, kp, b, s, h, kvh, keys, shift)),
             Some((d, q0, k0)) => {
-                let (q0, k0) = (int("block's first query", q0), int("block's first key", k0));
+                let [q0, k0] = [q0, k0].map(|p| int("block's first position", p));
                 let f = args::attention_block_fwd_drop_bf16_d64;
                 let launch = with_site!(f, d, o, l, qp, kp, b, s, h, kvh, keys, shift, q0, k0);
                 self.run(op, launch)
@@ -109,20 +106,17 @@ impl AttentionOps for GpuDevice {
         }
         let [qs, ks, d, o] = [q_src, kv_src, dout, out].map(|b| self.view(b, self.half));
         let (l, g) = (self.view(lse, Elem::F32), self.view_mut(grad, Elem::F32, false));
-        let at_elem = |b: &GpuBuf, elems: usize| b.ptr() + (elems * b.elem.bytes()) as u64;
-        let row = |b: &GpuBuf, run: QkvRun| at_elem(b, run.at(0, 0, bt, qw));
         // delta = dO · O of the block's queries (the whole attention's rows), then dK/dV and dQ.
         let delta = self.scratch(4 * q.len * bt * shape.heads);
         let block = AttentionShape { seq: q.len, ..shape };
         let [b, s, h, kvh] = attention_ints(block);
         let AttentionShape { batch, heads, kv_heads, head_dim, .. } = shape;
-        let (dp, op) = (at_elem(&d, at), at_elem(&o, at));
+        let (dp, op) = (element_at(&d, at), element_at(&o, at));
         let l_delta = args::attention_bwd_delta_bf16(delta.pointer, dp, op, b, s, h, kvh, int("head dim", head_dim));
         self.run(Op::AttentionBwdDelta { batch, seq: q.len, heads, kv_heads, head_dim }, l_delta);
-        let (qp, kp, lp, dl) = (row(&qs, q), row(&ks, kv), at_elem(&l, lse_at), delta.pointer);
-        let (gq, gkv) = (row(&g, dq), row(&g, dkv));
-        let keys = int("block keys", kv.len);
-        let shift = if mask.diagonal { 0 } else { keys };
+        let (qp, kp, lp, dl) = (run_at(&qs, q, shape), run_at(&ks, kv, shape), element_at(&l, lse_at), delta.pointer);
+        let (gq, gkv) = (run_at(&g, dq, shape), run_at(&g, dkv, shape));
+        let [keys, shift] = key_block_ints(kv, mask);
         let dropout = mask.dropout.is_some();
         let dkv_op = Op::AttentionBlockBwdDkv { batch, keys: kv.len, heads, kv_heads, head_dim, dropout };
         let dq_op = Op::AttentionBlockBwdDq { batch, seq: q.len, heads, kv_heads, head_dim, dropout };
@@ -135,7 +129,7 @@ impl AttentionOps for GpuDevice {
                 self.run(dq_op, dq_args);
             }
             Some((r, q0, k0)) => {
-                let (q0, k0) = (int("block's first query", q0), int("block's first key", k0));
+                let [q0, k0] = [q0, k0].map(|p| int("block's first position", p));
                 let f = args::attention_block_bwd_dkv_drop_bf16_d64;
                 self.run(dkv_op, with_site!(f, r, gkv, qp, kp, dp, lp, dl, b, s, h, kvh, keys, shift, q0, k0));
                 let f = args::attention_block_bwd_dq_drop_bf16_d64;
@@ -321,6 +315,23 @@ fn site_ints(d: &Dropout) -> [i32; 12] {
         int("dropout width", d.width),
         int("dropout first column", d.col0),
     ]
+}
+
+/// The device address of element `elems` of `b`.
+fn element_at(b: &GpuBuf, elems: usize) -> u64 {
+    b.ptr() + (elems * b.elem.bytes()) as u64
+}
+
+/// The device address of the first row of `run` in the fused-QKV-wide buffer `b`.
+fn run_at(b: &GpuBuf, run: QkvRun, shape: AttentionShape) -> u64 {
+    element_at(b, run.at(0, 0, shape.batch, shape.qkv_width()))
+}
+
+/// A block's `keys` and `shift` arguments (`kernels/common/key_block.h`): query t sees the keys
+/// up to t + shift, so the diagonal block shifts by 0 and a block of earlier keys by all of them.
+fn key_block_ints(kv: QkvRun, mask: BlockMask) -> [i32; 2] {
+    let keys = int("block keys", kv.len);
+    [keys, if mask.diagonal { 0 } else { keys }]
 }
 
 /// The `int` arguments batch, seq, heads and kv_heads of the attention kernels.

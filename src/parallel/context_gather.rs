@@ -15,8 +15,9 @@ use crate::device::{AttentionShape, BlockMask, Device, Dropout, QkvRun};
 type Pair<B> = (B, B);
 
 /// The buffers of the blocks, reused across layers: (output, log-sum-exp) pairs, f32, the merged
-/// result of each query chunk and the block being merged in; backward's gradient rows; and the
-/// ring's two key/value buffers and its f32 wire buffers (`context_ring.rs`).
+/// result of each query chunk and the block being merged in; backward's gradient rows (`summed`:
+/// the all_gather type's reduce-scattered sum, the ring's zeros); and the ring's two key/value
+/// buffers and its f32 wire buffers (`context_ring.rs`).
 pub struct BlockScratch<B> {
     pub(super) acc: [Option<(B, B)>; 2],
     pub(super) part: Option<(B, B)>,
